@@ -1,0 +1,267 @@
+/* dgemma.h: public C API of dgemma, an inference engine for block-diffusion
+ * language models (Google DiffusionGemma and models of the same architecture).
+ *
+ * The model math, tokenizer and sampler follow ../shared/spec/diffusiongemma.md
+ * ("the spec"); section numbers below refer to it. Ground truth is Hugging Face
+ * Transformers' DiffusionGemmaForBlockDiffusion.
+ *
+ * Conventions
+ *  - Every fallible function returns a dg_status. DG_OK is 0. On failure a
+ *    message naming the file, field or tensor and the offending value is
+ *    available from dg_last_error() (thread-local; valid until the next failing
+ *    call on the same thread). The library never prints and never exits.
+ *  - Token ids are int32. Shapes are written [rows, cols], row-major.
+ *  - Memory returned through a `**out` pointer is owned by the caller and freed
+ *    with dg_free() unless a dedicated *_free function is named.
+ *  - Handles are opaque. A dg_model is read-only after loading and may be shared
+ *    by several dg_context objects (one per thread).
+ */
+#ifndef DGEMMA_H
+#define DGEMMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DGEMMA_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------------- */
+/* Status codes. New values are only ever appended.                          */
+/* ------------------------------------------------------------------------- */
+typedef enum dg_status {
+  DG_OK = 0,
+  DG_ERR_INVALID_ARG = 1,       /* bad argument or option value */
+  DG_ERR_NOT_FOUND = 2,         /* a required file does not exist */
+  DG_ERR_IO = 3,                /* open/read/mmap failed */
+  DG_ERR_JSON = 4,              /* a JSON file does not parse */
+  DG_ERR_CONFIG = 5,            /* a config field is missing or invalid */
+  DG_ERR_UNSUPPORTED_MODEL = 6, /* unknown model_type / architecture */
+  DG_ERR_SAFETENSORS = 7,       /* malformed safetensors container */
+  DG_ERR_TENSOR_MISSING = 8,    /* a required tensor is absent */
+  DG_ERR_TENSOR_DTYPE = 9,      /* a tensor has an unsupported or wrong dtype */
+  DG_ERR_TENSOR_SHAPE = 10,     /* a tensor's shape disagrees with the config */
+  DG_ERR_TOKENIZER = 11,        /* tokenizer.json missing fields / bad text */
+  DG_ERR_VOCAB_MISMATCH = 12,   /* tokenizer and model vocabularies disagree */
+  DG_ERR_OUT_OF_MEMORY = 13,
+  DG_ERR_CONTEXT_FULL = 14,     /* request exceeds the context's capacity */
+  DG_ERR_NUMERIC = 15,          /* NaN or Inf in logits */
+  DG_ERR_ABORTED = 16,          /* a callback asked to stop */
+  DG_ERR_REPLAY = 17,           /* replay stream exhausted or malformed */
+  DG_ERR_BACKEND = 18           /* backend (e.g. CUDA) failure */
+} dg_status;
+
+/* Short constant description of a status ("tensor missing"). Never NULL. */
+const char *dg_status_str(dg_status st);
+/* Detailed message of the last failure on this thread ("" if none). */
+const char *dg_last_error(void);
+/* Free memory returned by the library (token arrays, strings, results). */
+void dg_free(void *p);
+
+/* ------------------------------------------------------------------------- */
+/* Model                                                                     */
+/* ------------------------------------------------------------------------- */
+typedef struct dg_model dg_model;
+
+typedef struct dg_model_params {
+  int n_threads;        /* OpenMP threads for the CPU backend; 0 = all cores */
+  int reference_kernels;/* 1 = scalar fp32 oracle kernels only (slow, for tests) */
+  const char *tokenizer_path; /* tokenizer.json to use instead of MODEL_DIR's; NULL = MODEL_DIR/tokenizer.json */
+  int no_tokenizer;     /* 1 = do not load a tokenizer (ids-only use) */
+} dg_model_params;
+
+dg_model_params dg_model_default_params(void);
+
+/* Load a Hugging Face DiffusionGemma directory: config.json,
+ * generation_config.json (optional: defaults of spec 1.3 when absent),
+ * model.safetensors or model.safetensors.index.json + shards (mmap'd), and
+ * tokenizer.json. Every header offset, dtype and shape is validated.
+ * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
+ * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
+ * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY. */
+dg_status dg_model_load(const char *model_dir, const dg_model_params *params, dg_model **out);
+void dg_model_free(dg_model *m);
+
+typedef struct dg_model_info {
+  int32_t vocab_size, hidden_size, n_layers, n_heads;
+  int32_t n_kv_heads, head_dim;               /* sliding layers */
+  int32_t n_global_kv_heads, global_head_dim; /* full layers */
+  int32_t sliding_window, intermediate_size, moe_intermediate_size;
+  int32_t n_experts, top_k_experts, canvas_length;
+  int32_t n_full_layers;
+  int64_t n_params;          /* text parameters (tied embedding counted once) */
+  const char *weight_dtype;  /* "bf16", "f16" or "f32" (embedding's dtype) */
+  int has_tokenizer;
+} dg_model_info;
+
+dg_status dg_model_get_info(const dg_model *m, dg_model_info *info);
+
+/* ------------------------------------------------------------------------- */
+/* Tokenizer and chat template (spec section 2)                              */
+/* ------------------------------------------------------------------------- */
+
+/* Encode UTF-8 text (no <bos> is added). parse_special = 1 matches special
+ * (control) tokens written literally in the text, as the `tokenizers` library
+ * does; 0 keeps such text as plain text (use it for user content).
+ * Non-special added tokens (e.g. "\n" = 107) are always matched.
+ * Errors: DG_ERR_INVALID_ARG (no tokenizer, invalid UTF-8). */
+dg_status dg_tokenize(const dg_model *m, const char *text, size_t len, int parse_special,
+                      int32_t **ids, size_t *n_ids);
+
+/* Decode ids to UTF-8 (byte-fallback pieces fused; "▁" -> " "). Special tokens
+ * are rendered by name when keep_special = 1 and dropped otherwise.
+ * Errors: DG_ERR_INVALID_ARG for an id outside [0, vocab). */
+dg_status dg_detokenize(const dg_model *m, const int32_t *ids, size_t n_ids, int keep_special,
+                        char **text);
+
+typedef struct dg_chat_message {
+  const char *role;    /* "system", "developer", "user", "assistant" or "model" */
+  const char *content; /* UTF-8, encoded as plain text (control tokens stay text) */
+} dg_chat_message;
+
+/* Render a conversation with the Gemma 4 chat template straight to ids:
+ * <bos>, optional system turn (present if a system/developer message exists or
+ * thinking is enabled), one <|turn>{role}\n{content}<turn|>\n per message, and
+ * the generation prompt (thinking off: <|turn>model\n<|channel>thought\n<channel|>;
+ * thinking on: <|turn>model\n). */
+dg_status dg_chat_apply(const dg_model *m, const dg_chat_message *msgs, size_t n_msgs,
+                        int enable_thinking, int32_t **ids, size_t *n_ids);
+
+/* ------------------------------------------------------------------------- */
+/* Generation parameters (generation_config.json, spec 1.3 and 6.1)          */
+/* ------------------------------------------------------------------------- */
+typedef enum dg_proposal {
+  DG_PROPOSAL_SAMPLE = 0,        /* multinomial from softmax(z), the reference */
+  DG_PROPOSAL_ARGMAX = 1,        /* greedy proposals (mlx-vlm temperature 0) */
+  DG_PROPOSAL_REPLAY_UNIFORM = 2 /* inverse CDF with uniforms from replay_uniforms */
+} dg_proposal;
+
+#define DG_MAX_STOP_IDS 16
+
+/* Per-step progress. Return nonzero from the callback to abort (DG_ERR_ABORTED). */
+typedef struct dg_step_info {
+  int32_t block;            /* 0-based canvas index */
+  int32_t step;             /* 0-based denoising step within the block */
+  int32_t steps_remaining;  /* s in spec 6.1 (N..1) */
+  float temperature;        /* T_s */
+  int32_t n_accepted;       /* positions accepted by the entropy bound */
+  float mean_entropy;       /* mean per-position entropy of softmax(z), nats */
+  int stop;                 /* 1 if the stable-and-confident stop fired */
+  const int32_t *argmax;    /* [canvas_length] argmax canvas of this step */
+  const int32_t *canvas;    /* [canvas_length] next (renoised) canvas */
+  int32_t canvas_length;
+} dg_step_info;
+
+typedef struct dg_block_info {
+  int32_t block;
+  const int32_t *tokens;    /* [n_tokens] block output (pads after EOS) */
+  int32_t n_tokens;
+  int32_t n_valid;          /* tokens up to and including the first stop id */
+  int32_t n_steps;          /* decoder forwards spent on this block */
+  int finished;             /* 1 if a stop id ended the sequence */
+} dg_block_info;
+
+typedef int (*dg_step_callback)(const dg_step_info *info, void *user_data);
+typedef int (*dg_block_callback)(const dg_block_info *info, void *user_data);
+
+typedef struct dg_gen_params {
+  int32_t max_new_tokens;        /* rounded up to whole canvases (spec 6.1) */
+  int32_t max_denoising_steps;   /* N */
+  float entropy_bound;           /* EB-sampler budget, nats */
+  float t_min, t_max;            /* linear temperature schedule */
+  int32_t stability_threshold;   /* argmax canvases compared for the stop rule; 0 = always stable */
+  float confidence_threshold;    /* mean entropy threshold (nats); <= 0 disables the adaptive stop */
+  int32_t stop_ids[DG_MAX_STOP_IDS];
+  int32_t n_stop_ids;
+  int32_t pad_id;
+  uint64_t seed;                 /* counter-based RNG key (Philox4x32-10) */
+  dg_proposal proposal;
+  /* Replay (spec 6.1, design notes): every random canvas (each block's initial
+   * canvas, then one renoise canvas per step, including the step on which
+   * denoising stops) is read in order from replay_canvases (int32 ids,
+   * canvas_length per canvas). With DG_PROPOSAL_REPLAY_UNIFORM, proposals use
+   * one uniform per canvas position per step from replay_uniforms. NULL =
+   * draw from the seeded generator. */
+  const int32_t *replay_canvases;
+  size_t replay_canvases_len;    /* in int32 values */
+  const float *replay_uniforms;
+  size_t replay_uniforms_len;    /* in floats */
+  dg_step_callback on_step;
+  dg_block_callback on_block;
+  void *user_data;
+} dg_gen_params;
+
+/* Defaults from the model's generation_config.json (spec 1.3), falling back to
+ * the reference defaults for absent fields. */
+dg_gen_params dg_gen_default_params(const dg_model *m);
+
+/* Apply a JSON object of generation-config fields to *p (the --gen-kwargs of
+ * the CLI): max_new_tokens, max_denoising_steps, entropy_bound (or
+ * sampler_config.entropy_bound), t_min, t_max, stability_threshold,
+ * confidence_threshold, eos_token_id (int or list), pad_token_id, seed,
+ * proposal ("sample"|"argmax"), and the nested older layout
+ * (linear_temperature_schedule_config, diffusion_stopping_config).
+ * Errors: DG_ERR_JSON; DG_ERR_INVALID_ARG naming an unknown key or a value of the
+ * wrong type or range. */
+dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json);
+
+/* ------------------------------------------------------------------------- */
+/* Context: KV cache + work buffers for one sequence                         */
+/* ------------------------------------------------------------------------- */
+typedef struct dg_context dg_context;
+
+typedef struct dg_context_params {
+  int32_t max_context;  /* prompt + generated tokens the KV cache holds; 0 = 4096 */
+} dg_context_params;
+
+dg_context_params dg_context_default_params(void);
+dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out);
+void dg_context_free(dg_context *ctx);
+/* Drop the KV cache (length back to 0). */
+void dg_context_reset(dg_context *ctx);
+/* Number of tokens in the KV cache. */
+int32_t dg_context_length(const dg_context *ctx);
+
+typedef struct dg_gen_result {
+  int32_t *tokens;       /* [n_tokens] all generated canvases, pads after the first stop id */
+  int32_t n_tokens;
+  int32_t n_valid;       /* generated tokens up to and including the first stop id */
+  int32_t n_blocks;
+  int32_t n_steps;       /* decoder forwards in total */
+  int32_t finished;      /* 1 if a stop id was produced */
+  double seconds;        /* wall time, prefill included */
+  double tokens_per_forward;
+} dg_gen_result;
+
+/* Block-diffusion generation (spec 6.1): prefill the prompt (appended to the
+ * context's KV cache), then denoise canvases until a stop id or
+ * max_new_tokens. result->tokens must be released with dg_gen_result_free.
+ * Errors: DG_ERR_INVALID_ARG, DG_ERR_CONTEXT_FULL, DG_ERR_NUMERIC (naming
+ * block and step), DG_ERR_REPLAY, DG_ERR_ABORTED. */
+dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt,
+                      const dg_gen_params *params, dg_gen_result *result);
+void dg_gen_result_free(dg_gen_result *r);
+
+/* ------------------------------------------------------------------------- */
+/* Low-level passes (parity and debugging)                                   */
+/* ------------------------------------------------------------------------- */
+
+/* Encoder pass (spec 4.5): run ids[n] causally at positions L..L+n-1 and append
+ * their K/V to the cache. Errors: DG_ERR_CONTEXT_FULL, DG_ERR_INVALID_ARG (id
+ * outside the vocabulary). */
+dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n);
+
+/* Decoder pass (spec 4.5, 4.8, 5): canvas[C] at positions L..L+C-1 attending to
+ * the cache, with self-conditioning from sc_logits [C, V] (the previous step's
+ * processed logits z = softcapped logits / T; NULL = zero signal, the first
+ * step of a block). Writes softcapped fp32 logits [C, V] to logits_out. The
+ * cache is not modified. C must equal the model's canvas_length. */
+dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits,
+                    float *logits_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGEMMA_H */

