@@ -12,9 +12,9 @@ for dir in "$@"; do
     bins=$((bins+1))
     echo "== $t"
     out=$("$t" 2>&1); rc=$?
-    echo "$out" | grep -E '^\[  (PASSED|FAILED|  ERROR|  SKIPPED)|^\[==========\]|^#|FAIL|tol|max' | head -100
-    p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END{print s+0}')
-    f=$(echo "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END{print s+0}')
+    echo "$out" | grep -E '\[  (PASSED|FAILED|  ERROR|SKIPPED)|\[==========\]|^#|FAIL' | head -100
+    p=$(echo "$out" | grep -o '\[  PASSED  \] [0-9]*' | awk '{s+=$NF} END{print s+0}')
+    f=$(echo "$out" | grep -o '\[  FAILED  \] [0-9]*' | awk '{s+=$NF} END{print s+0}')
     passed=$((passed+p)); failed=$((failed+f))
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
       crashed=$((crashed+1)); echo "$out" | tail -30; echo "!! $t exited with status $rc"

@@ -22,7 +22,13 @@ dg_status dg_prefixerr(dg_status st, const char *fmt, ...) {
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
   memcpy(old, dg_errbuf, sizeof old);
-  snprintf(dg_errbuf, sizeof dg_errbuf, "%s: %s", prefix, old);
+  size_t lp = strlen(prefix), lo = strlen(old);
+  if (lp > sizeof dg_errbuf - 3) lp = sizeof dg_errbuf - 3;
+  memcpy(dg_errbuf, prefix, lp);
+  memcpy(dg_errbuf + lp, ": ", 2);
+  if (lo > sizeof dg_errbuf - 3 - lp) lo = sizeof dg_errbuf - 3 - lp; /* truncate the tail */
+  memcpy(dg_errbuf + lp + 2, old, lo);
+  dg_errbuf[lp + 2 + lo] = 0;
   return st;
 }
 

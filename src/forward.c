@@ -1,0 +1,560 @@
+/* forward.c: the DiffusionGemma forward pass on the CPU (spec section 4).
+ *
+ *   encoder  causal over clean tokens, appends K/V to the cache      (4.5)
+ *   decoder  bidirectional over the canvas, reads the cache only     (4.5, 4.8)
+ *   layer    attention + dense GeGLU + 128-expert MoE, layer scalar  (4.4, 4.6)
+ *   head     final norm, tied LM head, softcap                       (4.7)
+ *   self-conditioning soft embedding                                 (5, 4.9)
+ *
+ * Activations are fp32 throughout; weights are widened by the kernels. The
+ * reference's dtype casts that change results (embedding scale, the
+ * self-conditioning logits and probabilities) are reproduced explicitly via
+ * dg_round_act (spec 4.9). Matrix products go through m->kern (the scalar
+ * oracle or a SIMD implementation); everything else here is plain C.
+ */
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dg_error.h"
+#include "model.h"
+
+#define ENC_CHUNK 256 /* encoder tokens per pass; results do not depend on it */
+
+/* ------------------------------------------------------------------------ */
+/* Primitives (spec 4.1)                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* y = x * (mean(x^2) + eps)^-1/2 [* w]; fp32 like the reference (sum in double). */
+static void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+  double ss = 0.0;
+  for (int i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+  float ms = (float)(ss / n) + eps;
+  float r = powf(ms, -0.5f);
+  if (w)
+    for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+  else
+    for (int i = 0; i < n; i++) y[i] = x[i] * r;
+}
+
+static void rmsnorm_rows(float *y, const float *x, const float *w, int rows, int n, float eps, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int r = 0; r < rows; r++) rmsnorm(y + (size_t)r * n, x + (size_t)r * n, w, n, eps);
+}
+
+/* tanh-approximated GELU (gelu_pytorch_tanh). */
+static inline float gelu_tanh(float a) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+}
+
+static void matmul(const dg_model *m, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T,
+                   const dg_weight *w, int64_t row0, int64_t N) {
+  m->kern->matmul(y, ldy, x, ldx, T, w, row0, N, m->n_threads);
+}
+
+/* Rotate-half rope on one head vector (spec 4.3): pair i with i + D/2. */
+static inline void rope_apply(float *x, const float *cs, const float *sn, int D) {
+  int h = D / 2;
+  for (int i = 0; i < h; i++) {
+    float a = x[i], b = x[i + h];
+    x[i] = a * cs[i] - b * sn[i];
+    x[i + h] = b * cs[i] + a * sn[i];
+  }
+}
+
+/* cos/sin tables for positions pos0..pos0+T-1: [T, D/2] (fp32 angle = inv_freq * pos). */
+static void rope_tables(float *cs, float *sn, const float *inv_freq, int D, int32_t pos0, int T) {
+  int h = D / 2;
+  for (int t = 0; t < T; t++) {
+    float p = (float)(pos0 + t);
+    for (int i = 0; i < h; i++) {
+      float ang = inv_freq[i] * p;
+      cs[t * h + i] = cosf(ang);
+      sn[t * h + i] = sinf(ang);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Context                                                                   */
+/* ------------------------------------------------------------------------ */
+
+dg_context_params dg_context_default_params(void) {
+  dg_context_params p;
+  memset(&p, 0, sizeof p);
+  return p;
+}
+
+static void *xcalloc(size_t n, size_t sz, int *fail) {
+  void *p = calloc(n ? n : 1, sz);
+  if (!p) *fail = 1;
+  return p;
+}
+
+dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out) {
+  if (!m || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_new: NULL argument");
+  *out = NULL;
+  const dg_config *c = &m->cfg;
+  int32_t cap = p && p->max_context > 0 ? p->max_context : 4096;
+  if (cap > c->max_position_embeddings) cap = c->max_position_embeddings;
+  dg_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  ctx->m = m;
+  ctx->cap = cap;
+  int fail = 0;
+  int dmax = 0, kvmax = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->head_dim[i] > dmax) dmax = c->head_dim[i];
+    if (c->n_kv_heads[i] * c->head_dim[i] > kvmax) kvmax = c->n_kv_heads[i] * c->head_dim[i];
+  }
+  ctx->kv = xcalloc((size_t)c->n_layers, sizeof *ctx->kv, &fail);
+  for (int i = 0; !fail && i < c->n_layers; i++) {
+    size_t n = (size_t)c->n_kv_heads[i] * (size_t)cap * (size_t)c->head_dim[i];
+    ctx->kv[i].k = xcalloc(n, sizeof(float), &fail);
+    ctx->kv[i].v = xcalloc(n, sizeof(float), &fail);
+  }
+  int32_t T = c->canvas_length > ENC_CHUNK ? c->canvas_length : ENC_CHUNK;
+  ctx->tmax = T;
+  size_t H = (size_t)c->hidden_size, W = (size_t)(c->intermediate_size > c->moe_intermediate_size
+                                                      ? c->intermediate_size
+                                                      : c->moe_intermediate_size);
+  size_t TK = (size_t)T * (size_t)c->top_k_experts;
+  ctx->x = xcalloc((size_t)T * H, sizeof(float), &fail);
+  ctx->xa = xcalloc((size_t)T * H, sizeof(float), &fail);
+  ctx->xb = xcalloc((size_t)T * H, sizeof(float), &fail);
+  ctx->q = xcalloc((size_t)T * c->n_heads * dmax, sizeof(float), &fail);
+  ctx->k = xcalloc((size_t)T * kvmax, sizeof(float), &fail);
+  ctx->v = xcalloc((size_t)T * kvmax, sizeof(float), &fail);
+  ctx->att = xcalloc((size_t)T * c->n_heads * dmax, sizeof(float), &fail);
+  ctx->h1 = xcalloc((size_t)T * W, sizeof(float), &fail);
+  ctx->h2 = xcalloc((size_t)T * W, sizeof(float), &fail);
+  ctx->router_logits = xcalloc((size_t)T * c->n_experts, sizeof(float), &fail);
+  ctx->topk_idx = xcalloc(TK, sizeof(int32_t), &fail);
+  ctx->topk_w = xcalloc(TK, sizeof(float), &fail);
+  ctx->exp_tokens = xcalloc(TK, sizeof(int32_t), &fail);
+  ctx->exp_count = xcalloc((size_t)c->n_experts, sizeof(int32_t), &fail);
+  ctx->exp_start = xcalloc((size_t)c->n_experts + 1, sizeof(int32_t), &fail);
+  ctx->ebuf_in = xcalloc(TK * H, sizeof(float), &fail);
+  ctx->ebuf_out = xcalloc(TK * H, sizeof(float), &fail);
+  ctx->eh1 = xcalloc(TK * (size_t)c->moe_intermediate_size, sizeof(float), &fail);
+  ctx->eh2 = xcalloc(TK * (size_t)c->moe_intermediate_size, sizeof(float), &fail);
+  ctx->rope_cos = xcalloc((size_t)T * dmax / 2, sizeof(float), &fail);
+  ctx->rope_sin = xcalloc((size_t)T * dmax / 2, sizeof(float), &fail);
+  ctx->n_score_threads = m->n_threads;
+  ctx->scores = xcalloc((size_t)m->n_threads * ((size_t)cap + T), sizeof(float), &fail);
+  ctx->soft = xcalloc((size_t)c->canvas_length * H, sizeof(float), &fail);
+  ctx->probs = xcalloc((size_t)c->canvas_length * (size_t)c->vocab_size, sizeof(float), &fail);
+  if (fail) {
+    dg_context_free(ctx);
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory allocating a context of %d positions", cap);
+  }
+  *out = ctx;
+  return DG_OK;
+}
+
+void dg_context_free(dg_context *ctx) {
+  if (!ctx) return;
+  if (ctx->kv)
+    for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->kv[i].k); free(ctx->kv[i].v); }
+  free(ctx->kv);
+  float *bufs[] = {ctx->x, ctx->xa, ctx->xb, ctx->q, ctx->k, ctx->v, ctx->att, ctx->h1, ctx->h2,
+                   ctx->router_logits, ctx->topk_w, ctx->ebuf_in, ctx->ebuf_out, ctx->eh1, ctx->eh2,
+                   ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->soft, ctx->probs};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  free(ctx->topk_idx);
+  free(ctx->exp_tokens);
+  free(ctx->exp_count);
+  free(ctx->exp_start);
+  free(ctx);
+}
+
+void dg_context_reset(dg_context *ctx) {
+  if (ctx) ctx->len = 0;
+}
+
+int32_t dg_context_length(const dg_context *ctx) { return ctx ? ctx->len : 0; }
+
+/* ------------------------------------------------------------------------ */
+/* Attention (spec 4.4 step 3, masks of 4.5)                                 */
+/* ------------------------------------------------------------------------ */
+
+/* For T queries q [T, NH, D] at positions pos0.., attend over
+ *   cache positions [lo(t), hi(t)) of layer li, and
+ *   if ck != NULL, all T chunk keys ck/cv [T, NKV, D] (decoder canvas).
+ * Encoder (ck == NULL): hi(t) = pos0 + t + 1 (causal; the chunk is already in
+ * the cache), lo(t) = 0 (full) or hi(t) - window (sliding).
+ * Decoder: hi = pos0 (= L), lo = 0 (full) or max(0, L - (window - 1)).
+ * Scale 1.0, no softcap, softmax in fp32. out: [T, NH, D]. */
+static void attention(dg_context *ctx, int li, const float *q, int T, int32_t pos0, const float *ck,
+                      const float *cv, float *out) {
+  const dg_model *m = ctx->m;
+  const dg_layer *l = &m->layers[li];
+  const int NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim, G = NH / NKV;
+  const int32_t S = ctx->cap, win = m->cfg.sliding_window;
+  const float *kc = ctx->kv[li].k, *vc = ctx->kv[li].v;
+  const int ntask = NH * T;
+#pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
+  for (int task = 0; task < ntask; task++) {
+    int t = task / NH, h = task % NH, g = h / G;
+    float *sc = ctx->scores + (size_t)omp_get_thread_num() * ((size_t)S + (size_t)ctx->tmax);
+    const float *qv = q + ((size_t)t * NH + h) * D;
+    int32_t lo, hi;
+    if (!ck) {
+      hi = pos0 + t + 1;
+      lo = l->is_full ? 0 : (hi - win > 0 ? hi - win : 0);
+    } else {
+      hi = pos0;
+      lo = l->is_full ? 0 : (pos0 - (win - 1) > 0 ? pos0 - (win - 1) : 0);
+    }
+    int n1 = hi - lo, n2 = ck ? T : 0;
+    float mx = -FLT_MAX;
+    for (int j = 0; j < n1; j++) {
+      const float *kv = kc + ((size_t)g * S + (size_t)(lo + j)) * D;
+      float s = 0.0f;
+      for (int d = 0; d < D; d++) s += qv[d] * kv[d];
+      sc[j] = s;
+      if (s > mx) mx = s;
+    }
+    for (int j = 0; j < n2; j++) {
+      const float *kv = ck + ((size_t)j * NKV + g) * D;
+      float s = 0.0f;
+      for (int d = 0; d < D; d++) s += qv[d] * kv[d];
+      sc[n1 + j] = s;
+      if (s > mx) mx = s;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < n1 + n2; j++) {
+      sc[j] = expf(sc[j] - mx);
+      sum += sc[j];
+    }
+    float inv = 1.0f / sum;
+    float *o = out + ((size_t)t * NH + h) * D;
+    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    for (int j = 0; j < n1; j++) {
+      const float *vv = vc + ((size_t)g * S + (size_t)(lo + j)) * D;
+      float p = sc[j] * inv;
+      for (int d = 0; d < D; d++) o[d] += p * vv[d];
+    }
+    for (int j = 0; j < n2; j++) {
+      const float *vv = cv + ((size_t)j * NKV + g) * D;
+      float p = sc[n1 + j] * inv;
+      for (int d = 0; d < D; d++) o[d] += p * vv[d];
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* One transformer layer (spec 4.4)                                          */
+/* ------------------------------------------------------------------------ */
+
+/* q/k/v projections, norms and rope for T tokens at positions pos0.. into
+ * ctx->q [T,NH,D], ctx->k / ctx->v [T,NKV,D]. */
+static void qkv(dg_context *ctx, int li, int T, int32_t pos0) {
+  const dg_model *m = ctx->m;
+  const dg_layer *l = &m->layers[li];
+  const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim;
+  const float eps = m->cfg.rms_norm_eps;
+  float *a = ctx->xa;
+  rmsnorm_rows(a, ctx->x, l->input_norm, T, H, eps, m->n_threads);
+  matmul(m, ctx->q, NH * D, a, H, T, &l->q, 0, NH * D);
+  matmul(m, ctx->k, NKV * D, a, H, T, &l->k, 0, NKV * D);
+  if (l->v.data) matmul(m, ctx->v, NKV * D, a, H, T, &l->v, 0, NKV * D);
+  else memcpy(ctx->v, ctx->k, (size_t)T * NKV * D * sizeof(float)); /* K = V, before k_norm and rope */
+  rope_tables(ctx->rope_cos, ctx->rope_sin, l->is_full ? m->inv_freq_full : m->inv_freq_sliding, D, pos0, T);
+#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+  for (int t = 0; t < T; t++) {
+    const float *cs = ctx->rope_cos + (size_t)t * (D / 2), *sn = ctx->rope_sin + (size_t)t * (D / 2);
+    for (int h = 0; h < NH; h++) {
+      float *qv = ctx->q + ((size_t)t * NH + h) * D;
+      rmsnorm(qv, qv, l->q_norm, D, eps);
+      rope_apply(qv, cs, sn, D);
+    }
+    for (int h = 0; h < NKV; h++) {
+      float *kv = ctx->k + ((size_t)t * NKV + h) * D;
+      rmsnorm(kv, kv, l->k_norm, D, eps);
+      rope_apply(kv, cs, sn, D);
+      float *vv = ctx->v + ((size_t)t * NKV + h) * D;
+      rmsnorm(vv, vv, NULL, D, eps);
+    }
+  }
+}
+
+/* Dense GeGLU branch + MoE branch + combination, on r = ctx->x [T, H] (the
+ * residual after attention). Writes ctx->x = (r + post_ff(m + g)) * scalar. */
+static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const dg_layer *l = &m->layers[li];
+  const int H = c->hidden_size, I = c->intermediate_size, IE = c->moe_intermediate_size;
+  const int E = c->n_experts, K = c->top_k_experts, nt = m->n_threads;
+  const float eps = c->rms_norm_eps;
+  float *r = ctx->x, *a = ctx->xa, *dense = ctx->xb;
+
+  /* dense branch: post_ff1(down(gelu(gate(a)) * up(a))), a = pre_ff(r) */
+  rmsnorm_rows(a, r, l->pre_ff_norm, T, H, eps, nt);
+  matmul(m, ctx->h1, I, a, H, T, &l->mlp_gate, 0, I);
+  matmul(m, ctx->h2, I, a, H, T, &l->mlp_up, 0, I);
+  for (size_t i = 0; i < (size_t)T * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
+  matmul(m, dense, H, ctx->h1, I, T, &l->mlp_down, 0, H);
+  rmsnorm_rows(dense, dense, l->post_ff1_norm, T, H, eps, nt);
+
+  /* router on the un-normalised residual (spec 4.6) */
+  const float root = (float)pow((double)H, -0.5);
+  for (int t = 0; t < T; t++) {
+    float *u = a + (size_t)t * H;
+    rmsnorm(u, r + (size_t)t * H, NULL, H, eps);
+    for (int i = 0; i < H; i++) u[i] = (u[i] * l->router_scale[i]) * root;
+  }
+  matmul(m, ctx->router_logits, E, a, H, T, &l->router, 0, E);
+  memset(ctx->exp_count, 0, (size_t)E * sizeof(int32_t));
+  for (int t = 0; t < T; t++) {
+    float *s = ctx->router_logits + (size_t)t * E;
+    float mx = -FLT_MAX, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = s[e] > mx ? s[e] : mx;
+    for (int e = 0; e < E; e++) { s[e] = expf(s[e] - mx); sum += s[e]; }
+    for (int e = 0; e < E; e++) s[e] /= sum;
+    int32_t *idx = ctx->topk_idx + (size_t)t * K;
+    float *w = ctx->topk_w + (size_t)t * K, wsum = 0.0f;
+    for (int k = 0; k < K; k++) { /* top-k by probability, ties to the lower expert id */
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        int used = 0;
+        for (int j = 0; j < k; j++) used |= idx[j] == e;
+        if (!used && (best < 0 || s[e] > s[best])) best = e;
+      }
+      idx[k] = best;
+      w[k] = s[best];
+      wsum += s[best];
+    }
+    for (int k = 0; k < K; k++) {
+      w[k] /= wsum;
+      w[k] *= l->per_expert_scale[idx[k]];
+      ctx->exp_count[idx[k]]++;
+    }
+  }
+  /* group (token, slot) pairs by expert, tokens ascending within an expert */
+  ctx->exp_start[0] = 0;
+  for (int e = 0; e < E; e++) ctx->exp_start[e + 1] = ctx->exp_start[e] + ctx->exp_count[e];
+  memset(ctx->exp_count, 0, (size_t)E * sizeof(int32_t));
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < K; k++) {
+      int e = ctx->topk_idx[(size_t)t * K + k];
+      ctx->exp_tokens[ctx->exp_start[e] + ctx->exp_count[e]++] = t * K + k;
+    }
+  /* experts read x̂ = pre_ff2(r) */
+  float *xe = ctx->xa;
+  rmsnorm_rows(xe, r, l->pre_ff2_norm, T, H, eps, nt);
+  const int total = ctx->exp_start[E];
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int i = 0; i < total; i++)
+    memcpy(ctx->ebuf_in + (size_t)i * H, xe + (size_t)(ctx->exp_tokens[i] / K) * H, (size_t)H * sizeof(float));
+  for (int e = 0; e < E; e++) {
+    int n = ctx->exp_start[e + 1] - ctx->exp_start[e];
+    if (!n) continue;
+    const float *in = ctx->ebuf_in + (size_t)ctx->exp_start[e] * H;
+    float *g = ctx->eh1 + (size_t)ctx->exp_start[e] * IE, *u = ctx->eh2 + (size_t)ctx->exp_start[e] * IE;
+    matmul(m, g, IE, in, H, n, &l->experts_gate_up, (int64_t)e * 2 * IE, IE);
+    matmul(m, u, IE, in, H, n, &l->experts_gate_up, (int64_t)e * 2 * IE + IE, IE);
+    for (size_t i = 0; i < (size_t)n * IE; i++) g[i] = gelu_tanh(g[i]) * u[i];
+    matmul(m, ctx->ebuf_out + (size_t)ctx->exp_start[e] * H, H, g, IE, n, &l->experts_down, (int64_t)e * H, H);
+  }
+  /* combine in expert order per token (as the reference's index_add_) */
+  float *gsum = ctx->xa; /* x̂ no longer needed */
+  memset(gsum, 0, (size_t)T * H * sizeof(float));
+  for (int e = 0; e < E; e++)
+    for (int i = ctx->exp_start[e]; i < ctx->exp_start[e + 1]; i++) {
+      int tk = ctx->exp_tokens[i], t = tk / K;
+      float w = ctx->topk_w[tk];
+      const float *y = ctx->ebuf_out + (size_t)i * H;
+      float *o = gsum + (size_t)t * H;
+      for (int j = 0; j < H; j++) o[j] += y[j] * w;
+    }
+  rmsnorm_rows(gsum, gsum, l->post_ff2_norm, T, H, eps, nt);
+  /* x = (r + post_ff(dense + moe)) * layer_scalar */
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < T; t++) {
+    float *d = dense + (size_t)t * H;
+    const float *gg = gsum + (size_t)t * H;
+    for (int j = 0; j < H; j++) d[j] = d[j] + gg[j];
+    rmsnorm(d, d, l->post_ff_norm, H, eps);
+    float *x = r + (size_t)t * H;
+    for (int j = 0; j < H; j++) x[j] = (x[j] + d[j]) * layer_scalar;
+  }
+}
+
+/* Attention output projection and residual: x += post_attn_norm(o(att)). */
+static void attn_out(dg_context *ctx, int li, int T) {
+  const dg_model *m = ctx->m;
+  const dg_layer *l = &m->layers[li];
+  const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, D = l->head_dim;
+  matmul(m, ctx->xb, H, ctx->att, NH * D, T, &l->o, 0, H);
+  rmsnorm_rows(ctx->xb, ctx->xb, l->post_attn_norm, T, H, m->cfg.rms_norm_eps, m->n_threads);
+  for (size_t i = 0; i < (size_t)T * H; i++) ctx->x[i] += ctx->xb[i];
+}
+
+/* x[T,H] = E[ids] * embed_scale */
+static dg_status embed(dg_context *ctx, const int32_t *ids, int T) {
+  const dg_model *m = ctx->m;
+  const int H = m->cfg.hidden_size;
+  const size_t es = dg_dtype_size(m->embed.dtype);
+  for (int t = 0; t < T; t++) {
+    if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size)
+      return dg_seterr(DG_ERR_INVALID_ARG, "token id %d at position %d is outside the vocabulary [0, %d)", ids[t], t,
+                       m->cfg.vocab_size);
+    const char *row = (const char *)m->embed.data + (size_t)ids[t] * H * es;
+    for (int j = 0; j < H; j++) ctx->x[(size_t)t * H + j] = dg_load_elem(m->embed.dtype, row, j) * m->embed_scale;
+  }
+  return DG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Encoder and decoder passes                                                */
+/* ------------------------------------------------------------------------ */
+
+static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int32_t pos0 = ctx->len;
+  DG_TRY(embed(ctx, ids, T));
+  for (int li = 0; li < c->n_layers; li++) {
+    const dg_layer *l = &m->layers[li];
+    const int NKV = l->n_kv, D = l->head_dim;
+    qkv(ctx, li, T, pos0);
+    /* append K/V to the cache: [NKV, S, D] */
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < NKV; h++) {
+        memcpy(ctx->kv[li].k + ((size_t)h * ctx->cap + pos0 + t) * D, ctx->k + ((size_t)t * NKV + h) * D,
+               (size_t)D * sizeof(float));
+        memcpy(ctx->kv[li].v + ((size_t)h * ctx->cap + pos0 + t) * D, ctx->v + ((size_t)t * NKV + h) * D,
+               (size_t)D * sizeof(float));
+      }
+    /* The encoder's outputs are discarded: after the last layer's K/V nothing
+     * is needed (spec 4.4, last paragraph). */
+    if (li == c->n_layers - 1) break;
+    attention(ctx, li, ctx->q, T, pos0, NULL, NULL, ctx->att);
+    attn_out(ctx, li, T);
+    ffn(ctx, li, T, l->layer_scalar_enc);
+  }
+  ctx->len += T;
+  return DG_OK;
+}
+
+dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
+  if (n < 0 || (int64_t)ctx->len + n > ctx->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "encoding %d tokens after %d would exceed the context capacity of %d", n,
+                     ctx->len, ctx->cap);
+  for (int32_t i = 0; i < n; i += ENC_CHUNK) {
+    int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
+    DG_TRY(encode_chunk(ctx, ids + i, T));
+  }
+  return DG_OK;
+}
+
+dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int T = c->canvas_length, H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads;
+  const int32_t pos0 = ctx->len;
+  const float eps = c->rms_norm_eps;
+  if ((int64_t)pos0 + T > c->max_position_embeddings)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", pos0,
+                     pos0 + T - 1, c->max_position_embeddings);
+  DG_TRY(embed(ctx, canvas, T));
+  /* h0 = post_norm(e + down(gelu(gate(pre_norm(soft))) * up(pre_norm(soft)))) (spec 4.8, 5). A zero
+   * signal contributes exactly zero (pre_norm(0) = 0, gelu(0) = 0), so the MLP is skipped. */
+  if (soft) {
+    float *a = ctx->xa;
+    rmsnorm_rows(a, soft, m->sc_pre_norm, T, H, eps, nt);
+    matmul(m, ctx->h1, I, a, H, T, &m->sc_gate, 0, I);
+    matmul(m, ctx->h2, I, a, H, T, &m->sc_up, 0, I);
+    for (size_t i = 0; i < (size_t)T * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
+    matmul(m, ctx->xb, H, ctx->h1, I, T, &m->sc_down, 0, H);
+    for (size_t i = 0; i < (size_t)T * H; i++) ctx->x[i] += ctx->xb[i];
+  }
+  rmsnorm_rows(ctx->x, ctx->x, NULL, T, H, eps, nt);
+  for (int li = 0; li < c->n_layers; li++) {
+    qkv(ctx, li, T, pos0);
+    attention(ctx, li, ctx->q, T, pos0, ctx->k, ctx->v, ctx->att);
+    attn_out(ctx, li, T);
+    ffn(ctx, li, T, m->layers[li].layer_scalar_dec);
+  }
+  /* final norm, tied LM head, softcap (spec 4.7) */
+  rmsnorm_rows(ctx->xa, ctx->x, m->final_norm, T, H, eps, nt);
+  matmul(m, logits, c->vocab_size, ctx->xa, H, T, &m->embed, 0, c->vocab_size);
+  const float cap = c->final_logit_softcapping;
+  if (cap > 0.0f) {
+    size_t n = (size_t)T * c->vocab_size;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+  }
+  return DG_OK;
+}
+
+dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
+  const dg_model *m = ctx->m;
+  const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  float *P = ctx->probs;
+  const size_t es = dg_dtype_size(m->embed.dtype);
+  /* P = cast(softmax(cast(z))) row by row (spec 4.9) */
+#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+  for (int c = 0; c < C; c++) {
+    const float *zr = z + (size_t)c * V;
+    float *p = P + (size_t)c * V;
+    float mx = -FLT_MAX;
+    for (int v = 0; v < V; v++) {
+      p[v] = dg_round_act(m, zr[v]);
+      if (p[v] > mx) mx = p[v];
+    }
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
+    float inv = (float)(1.0 / sum);
+    for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
+  }
+  /* soft[c] = (sum_v P[c,v] E[v]) * embed_scale */
+#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+  for (int c = 0; c < C; c++) {
+    float *s = soft + (size_t)c * H;
+    const float *p = P + (size_t)c * V;
+    for (int j = 0; j < H; j++) s[j] = 0.0f;
+    for (int v = 0; v < V; v++) {
+      float pv = p[v];
+      if (pv == 0.0f) continue; /* adds exactly zero */
+      const char *row = (const char *)m->embed.data + (size_t)v * H * es;
+      if (m->embed.dtype == DG_F32) {
+        const float *er = (const float *)(const void *)row;
+        for (int j = 0; j < H; j++) s[j] += pv * er[j];
+      } else {
+        for (int j = 0; j < H; j++) s[j] += pv * dg_load_elem(m->embed.dtype, row, j);
+      }
+    }
+    for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
+  }
+  return DG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public low-level API                                                      */
+/* ------------------------------------------------------------------------ */
+
+dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n) {
+  if (!ctx || (!ids && n)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_encode: NULL argument");
+  if (n > (size_t)INT32_MAX) return dg_seterr(DG_ERR_INVALID_ARG, "dg_encode: %zu tokens is too many", n);
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= ctx->m->cfg.vocab_size)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_encode: token id %d at index %zu is outside the vocabulary [0, %d)",
+                       ids[i], i, ctx->m->cfg.vocab_size);
+  return dg_forward_encode(ctx, ids, (int32_t)n);
+}
+
+dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out) {
+  if (!ctx || !canvas || !logits_out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: NULL argument");
+  const float *soft = NULL;
+  if (sc_logits) {
+    DG_TRY(dg_soft_embedding(ctx, sc_logits, ctx->soft));
+    soft = ctx->soft;
+  }
+  return dg_forward_decode(ctx, canvas, soft, logits_out);
+}

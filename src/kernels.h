@@ -1,0 +1,66 @@
+/* kernels.h: the CPU kernel interface. One forward pass (forward.c) calls
+ * these; a scalar fp32 reference (cpu/ref.c) is the oracle every other
+ * implementation (AVX2, AVX-512) is tested against (tests/test_kernels.c).
+ *
+ * Weights stay in the checkpoint's dtype (f32, bf16 or f16) inside the mmap;
+ * kernels widen them to fp32 on the fly and accumulate in fp32. */
+#ifndef DG_KERNELS_H
+#define DG_KERNELS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+/* A row-major matrix view [rows, cols] into a checkpoint (or owned memory).
+ * Row r starts at (char*)data + r*cols*dg_dtype_size(dtype). */
+typedef struct dg_weight {
+  dg_dtype dtype; /* DG_F32, DG_BF16 or DG_F16 */
+  const void *data;
+  int64_t rows, cols;
+} dg_weight;
+
+typedef struct dg_kernels {
+  const char *name;
+  /* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k]
+   * for t in [0, T), n in [0, N), k in [0, W.cols). fp32 accumulation.
+   * Parallel over n with n_threads OpenMP threads. */
+  void (*matmul)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                 int64_t row0, int64_t N, int n_threads);
+} dg_kernels;
+
+/* The scalar oracle: plain loops, k summed in increasing order. */
+const dg_kernels *dg_kernels_ref(void);
+/* Best implementation for this CPU (cpuid): AVX-512, AVX2+FMA or the oracle.
+ * DGEMMA_KERNELS=ref|avx2|avx512 in the environment overrides the choice. */
+const dg_kernels *dg_kernels_best(void);
+const dg_kernels *dg_kernels_avx2(void);   /* NULL if the CPU lacks AVX2+FMA+F16C */
+const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW/VL/DQ */
+
+/* bf16 and f16 <-> f32 (round to nearest even; NaN preserved). */
+static inline float dg_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t dg_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+float dg_f16_to_f32(uint16_t h);
+uint16_t dg_f32_to_f16(float f);
+
+/* Element i of a row-major typed vector as fp32 (slow path helper). */
+static inline float dg_load_elem(dg_dtype t, const void *p, int64_t i) {
+  switch (t) {
+  case DG_BF16: { uint16_t h; memcpy(&h, (const char *)p + 2 * i, 2); return dg_bf16_to_f32(h); }
+  case DG_F16: { uint16_t h; memcpy(&h, (const char *)p + 2 * i, 2); return dg_f16_to_f32(h); }
+  default: { float f; memcpy(&f, (const char *)p + 4 * i, 4); return f; }
+  }
+}
+
+#endif

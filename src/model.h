@@ -1,0 +1,118 @@
+/* model.h: internal definition of dg_model (weights bound to the mmap'd
+ * checkpoint) and dg_context (KV cache + scratch), shared by model.c,
+ * forward.c and generate.c. Not a public header.
+ *
+ * Dimension letters used in shape comments:
+ *   V vocab, H hidden, L layers, NH query heads, NKV kv heads of a layer,
+ *   D head_dim of a layer, I dense/self-conditioning MLP width,
+ *   IE expert width, E experts, K top-k, C canvas length, T tokens in a pass,
+ *   S KV-cache capacity (positions). */
+#ifndef DG_MODEL_H
+#define DG_MODEL_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "dgemma.h"
+#include "kernels.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+typedef struct dg_layer {
+  int is_full;            /* full_attention layer (K=V when v is absent) */
+  int n_kv, head_dim;     /* NKV, D */
+  dg_weight q;            /* [NH*D, H] */
+  dg_weight k;            /* [NKV*D, H] */
+  dg_weight v;            /* [NKV*D, H]; data == NULL on K=V full layers */
+  dg_weight o;            /* [H, NH*D] */
+  float *q_norm, *k_norm; /* [D] */
+  float *input_norm, *post_attn_norm;          /* [H] */
+  float *pre_ff_norm, *post_ff1_norm;          /* [H] dense branch */
+  float *pre_ff2_norm, *post_ff2_norm;         /* [H] MoE branch */
+  float *post_ff_norm;                         /* [H] norm of (dense + MoE) */
+  dg_weight mlp_gate, mlp_up;                  /* [I, H] */
+  dg_weight mlp_down;                          /* [H, I] */
+  dg_weight router;                            /* [E, H] */
+  float *router_scale;                         /* [H] */
+  float *per_expert_scale;                     /* [E] */
+  dg_weight experts_gate_up;                   /* [E*2*IE, H]: expert e rows e*2IE.. (gate IE, then up IE) */
+  dg_weight experts_down;                      /* [E*H, IE]: expert e rows e*H.. */
+  float layer_scalar_dec, layer_scalar_enc;    /* decoder / encoder layer_scalar */
+} dg_layer;
+
+struct dg_model {
+  dg_config cfg;
+  dg_gen_params gen_defaults;
+  char *dir;
+  dg_safetensors *st;
+  dg_tokenizer *tok;      /* NULL if loaded without a tokenizer */
+  dg_weight embed;        /* [V, H] tied embedding / LM head */
+  dg_dtype act_dtype;     /* embedding dtype: drives the reference's casts (spec 4.9) */
+  float embed_scale;      /* sqrt(H) rounded to act_dtype (53.0 for bf16 H=2816) */
+  float *final_norm;      /* [H] */
+  float *sc_pre_norm;     /* [H] self-conditioning pre_norm */
+  dg_weight sc_gate, sc_up; /* [I, H] */
+  dg_weight sc_down;        /* [H, I] */
+  dg_layer *layers;         /* [L] */
+  /* rope inverse frequencies per layer kind: [D/2] each (0 for pass-through dims) */
+  float *inv_freq_sliding, *inv_freq_full;
+  int d_sliding, d_full;    /* head dims the tables were built for (0 if kind absent) */
+  int n_threads;
+  const dg_kernels *kern;
+  float **owned;            /* fp32 copies of small tensors, freed with the model */
+  int n_owned, cap_owned;
+  int64_t n_params;
+};
+
+/* Per-layer KV cache: all positions are kept (sliding layers read only the
+ * last window-1 positions before a chunk). K and V: [NKV, S, D] fp32. */
+typedef struct dg_kv {
+  float *k, *v;
+} dg_kv;
+
+struct dg_context {
+  const dg_model *m;
+  int32_t cap;  /* S */
+  int32_t len;  /* positions filled */
+  dg_kv *kv;    /* [L] */
+  /* scratch, sized for T_MAX = max(C, encoder chunk) tokens */
+  int32_t tmax;
+  float *x, *xa, *xb;   /* [T, H] residual / normed / branch output */
+  float *q;             /* [T, NH*Dmax] */
+  float *k, *v;         /* [T, NKVmax*Dmax] */
+  float *att;           /* [T, NH*Dmax] */
+  float *h1, *h2;       /* [T, max(I, IE)] */
+  float *router_logits; /* [T, E] */
+  int32_t *topk_idx;    /* [T, K] */
+  float *topk_w;        /* [T, K] */
+  int32_t *exp_tokens;  /* [T*K] token lists grouped by expert */
+  int32_t *exp_count;   /* [E] */
+  int32_t *exp_start;   /* [E+1] */
+  float *ebuf_in, *ebuf_out; /* [T*K, H] gathered expert rows */
+  float *eh1, *eh2;     /* [T*K, IE] */
+  float *rope_cos, *rope_sin; /* [T, Dmax/2] */
+  float *scores;        /* [nthreads, S + T] attention scratch */
+  int32_t n_score_threads;
+  float *soft;          /* [C, H] self-conditioning soft embedding */
+  float *probs;         /* [C, V] probabilities for self-conditioning */
+};
+
+/* forward.c ---------------------------------------------------------------- */
+
+/* Encoder pass over ids[n] at positions ctx->len.., appending K/V (spec 4.5). */
+dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n);
+
+/* Decoder pass over canvas[C] at positions ctx->len.. (spec 4.5, 4.8).
+ * soft: [C, H] self-conditioning soft embedding (already scaled by the
+ * embedding scale), or NULL for the zero signal. logits: [C, V] softcapped. */
+dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits);
+
+/* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
+ * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to
+ * the embedding dtype, times E, times embed_scale. Writes soft [C, H]. */
+dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
+
+/* Round a float to the model's activation dtype (identity for f32). */
+float dg_round_act(const dg_model *m, float x);
+
+#endif

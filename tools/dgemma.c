@@ -1,0 +1,444 @@
+/* dgemma.c: the command-line tool. The only place that prints and exits.
+ *
+ *   dgemma run      [-m DIR] -p PROMPT   generate (chat template, streamed)
+ *   dgemma info     [-m DIR]             model summary
+ *   dgemma tokenize [-m DIR] TEXT        ids of TEXT (no BOS)
+ *   dgemma logits   ...                  decoder logits as raw float32 (parity)
+ *   dgemma replay   ...                  generation from injected random streams (parity)
+ *
+ * Without -m the bundled small model is used ($DGEMMA_MODEL, else
+ * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dgemma.h"
+
+#define DEFAULT_MODEL "models/dgemma-small"
+
+static void die(const char *what, dg_status st) {
+  fprintf(stderr, "dgemma: %s: %s\n", what, dg_status_str(st));
+  const char *msg = dg_last_error();
+  if (msg && *msg) fprintf(stderr, "  %s\n", msg);
+  exit(1);
+}
+
+static void usage_exit(const char *msg) {
+  if (msg) fprintf(stderr, "dgemma: %s\n\n", msg);
+  fprintf(stderr,
+          "usage: dgemma COMMAND [options]\n"
+          "\n"
+          "commands:\n"
+          "  run       generate text: dgemma run [-m DIR] -p PROMPT\n"
+          "  info      print the model configuration\n"
+          "  tokenize  print the ids of a text: dgemma tokenize [-m DIR] [--special] TEXT\n"
+          "  logits    write decoder logits [canvas, vocab] as little-endian float32\n"
+          "  replay    generate from injected random canvases/uniforms, print the ids\n"
+          "\n"
+          "common options:\n"
+          "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: bundled %s)\n"
+          "  -t, --threads N          CPU threads (default: all)\n"
+          "      --ref                use the scalar fp32 oracle kernels\n"
+          "\n"
+          "run options:\n"
+          "  -p, --prompt TEXT        the user message (chat template applied)\n"
+          "      --system TEXT        a system message\n"
+          "      --think              enable thinking in the chat template\n"
+          "      --raw                use PROMPT as raw text (no template, no BOS added)\n"
+          "  -n, --max-new-tokens N   tokens to generate (whole canvases)\n"
+          "  -s, --steps N            max denoising steps per canvas\n"
+          "      --seed N             random seed (default 0)\n"
+          "      --greedy             argmax proposals instead of sampling\n"
+          "      --gen-kwargs JSON    any generation_config field, e.g. '{\"entropy_bound\": 0.2}'\n"
+          "  -v, --verbose            show the canvas as it denoises (stderr)\n"
+          "\n"
+          "logits / replay options:\n"
+          "      --prompt-ids LIST|@FILE   prompt ids: comma-separated, or @file of int32\n"
+          "      --canvas-ids LIST|@FILE   canvas ids (logits)\n"
+          "      --sc-logits FILE          previous step's processed logits [C,V] float32 (logits)\n"
+          "  -o, --out FILE                output file (logits)\n"
+          "      --canvases FILE           replay: int32 canvases, C ids each, in draw order\n"
+          "      --uniforms FILE           replay: float32 uniforms, C per step (else argmax proposals)\n",
+          DEFAULT_MODEL);
+  exit(2);
+}
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static void *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) { fprintf(stderr, "dgemma: cannot open %s: %s\n", path, strerror(errno)); exit(1); }
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  void *buf = malloc(n > 0 ? (size_t)n : 1);
+  if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) { fprintf(stderr, "dgemma: cannot read %s\n", path); exit(1); }
+  fclose(f);
+  *len = (size_t)n;
+  return buf;
+}
+
+/* "1,2,3" or "@file.i32" -> int32 array */
+static int32_t *parse_ids(const char *arg, size_t *n) {
+  if (arg[0] == '@') {
+    size_t len;
+    int32_t *ids = read_all(arg + 1, &len);
+    if (len % 4) { fprintf(stderr, "dgemma: %s: size %zu is not a multiple of 4 (int32)\n", arg + 1, len); exit(1); }
+    *n = len / 4;
+    return ids;
+  }
+  size_t cap = 16, cnt = 0;
+  int32_t *ids = malloc(cap * sizeof *ids);
+  const char *p = arg;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
+      fprintf(stderr, "dgemma: bad id list near \"%s\"\n", p);
+      exit(2);
+    }
+    if (cnt == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
+    ids[cnt++] = (int32_t)v;
+    p = end;
+    while (*p == ',' || *p == ' ') p++;
+  }
+  *n = cnt;
+  return ids;
+}
+
+static const char *default_model(void) {
+  static char buf[PATH_MAX + 64];
+  const char *env = getenv("DGEMMA_MODEL");
+  if (env && *env) return env;
+  char exe[PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k > 0) {
+    exe[k] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = 0;
+      snprintf(buf, sizeof buf, "%s/../%s", exe, DEFAULT_MODEL);
+      if (access(buf, R_OK) == 0) return buf;
+    }
+  }
+  return DEFAULT_MODEL;
+}
+
+typedef struct opts {
+  const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
+  int threads, ref, think, raw, verbose, greedy, special;
+  long max_new, steps;
+  long long seed;
+  int seed_set;
+  const char *positional;
+} opts;
+
+static long parse_long(const char *s, const char *name) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || errno) {
+    fprintf(stderr, "dgemma: %s expects an integer, got \"%s\"\n", name, s);
+    exit(2);
+  }
+  return v;
+}
+
+static void parse_opts(int argc, char **argv, opts *o) {
+  memset(o, 0, sizeof *o);
+  o->max_new = -1;
+  o->steps = -1;
+  for (int i = 2; i < argc; i++) {
+    const char *a = argv[i];
+#define ARG() (i + 1 < argc ? argv[++i] : (usage_exit("missing value for an option"), ""))
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = ARG();
+    else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = ARG();
+    else if (!strcmp(a, "--system")) o->system = ARG();
+    else if (!strcmp(a, "--think")) o->think = 1;
+    else if (!strcmp(a, "--raw")) o->raw = 1;
+    else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) o->max_new = parse_long(ARG(), a);
+    else if (!strcmp(a, "-s") || !strcmp(a, "--steps")) o->steps = parse_long(ARG(), a);
+    else if (!strcmp(a, "--seed")) { o->seed = parse_long(ARG(), a); o->seed_set = 1; }
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)parse_long(ARG(), a);
+    else if (!strcmp(a, "--ref")) o->ref = 1;
+    else if (!strcmp(a, "--greedy")) o->greedy = 1;
+    else if (!strcmp(a, "--special")) o->special = 1;
+    else if (!strcmp(a, "--gen-kwargs")) o->gen_kwargs = ARG();
+    else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
+    else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = ARG();
+    else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = ARG();
+    else if (!strcmp(a, "--sc-logits")) o->sc_logits = ARG();
+    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = ARG();
+    else if (!strcmp(a, "--canvases")) o->canvases = ARG();
+    else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage_exit(NULL);
+    else if (a[0] == '-' && a[1]) { fprintf(stderr, "dgemma: unknown option %s\n", a); usage_exit(NULL); }
+    else if (!o->positional) o->positional = a;
+    else { fprintf(stderr, "dgemma: unexpected argument \"%s\"\n", a); usage_exit(NULL); }
+#undef ARG
+  }
+  if (o->threads < 0) usage_exit("--threads must be >= 0");
+}
+
+static dg_model *load_model(const opts *o, int need_tokenizer) {
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = o->threads;
+  mp.reference_kernels = o->ref;
+  mp.no_tokenizer = !need_tokenizer;
+  dg_model *m = NULL;
+  const char *dir = o->model ? o->model : default_model();
+  dg_status st = dg_model_load(dir, &mp, &m);
+  if (st) {
+    fprintf(stderr, "dgemma: cannot load model %s\n", dir);
+    if (!o->model && st == DG_ERR_NOT_FOUND)
+      fprintf(stderr, "  (no -m given and the bundled model was not found; pass -m MODEL_DIR)\n");
+    die("load", st);
+  }
+  return m;
+}
+
+static dg_gen_params gen_params(const dg_model *m, const opts *o) {
+  dg_gen_params gp = dg_gen_default_params(m);
+  if (o->gen_kwargs) {
+    dg_status st = dg_gen_params_apply_json(&gp, o->gen_kwargs);
+    if (st) die("--gen-kwargs", st);
+  }
+  if (o->max_new > 0) gp.max_new_tokens = (int32_t)o->max_new;
+  else if (o->max_new == 0 || o->max_new < -1) usage_exit("--max-new-tokens must be positive");
+  if (o->steps > 0) gp.max_denoising_steps = (int32_t)o->steps;
+  else if (o->steps == 0 || o->steps < -1) usage_exit("--steps must be positive");
+  if (o->seed_set) gp.seed = (uint64_t)o->seed;
+  if (o->greedy) gp.proposal = DG_PROPOSAL_ARGMAX;
+  return gp;
+}
+
+/* ---- run ----------------------------------------------------------------- */
+
+typedef struct stream_state {
+  const dg_model *m;
+  int32_t *ids;
+  size_t n, cap;
+  size_t printed; /* bytes of decoded text already written */
+  int verbose;
+} stream_state;
+
+static int on_block(const dg_block_info *bi, void *ud) {
+  stream_state *s = ud;
+  if (s->n + (size_t)bi->n_valid > s->cap) {
+    s->cap = (s->n + (size_t)bi->n_valid) * 2;
+    s->ids = realloc(s->ids, s->cap * sizeof *s->ids);
+  }
+  memcpy(s->ids + s->n, bi->tokens, (size_t)bi->n_valid * sizeof(int32_t));
+  s->n += (size_t)bi->n_valid;
+  char *text = NULL;
+  if (dg_detokenize(s->m, s->ids, s->n, 0, &text) == DG_OK) {
+    size_t len = strlen(text);
+    if (len > s->printed) fwrite(text + s->printed, 1, len - s->printed, stdout);
+    s->printed = len;
+    fflush(stdout);
+    dg_free(text);
+  }
+  return 0;
+}
+
+static int on_step(const dg_step_info *si, void *ud) {
+  stream_state *s = ud;
+  char *text = NULL;
+  fprintf(stderr, "\x1b[2m[block %d step %2d T=%.3f accepted %3d mean H %.4f%s]\x1b[0m ", si->block, si->step,
+          si->temperature, si->n_accepted, si->mean_entropy, si->stop ? " stop" : "");
+  if (dg_detokenize(s->m, si->argmax, (size_t)si->canvas_length, 1, &text) == DG_OK) {
+    for (char *c = text; *c; c++)
+      if (*c == '\n') *c = ' ';
+    fprintf(stderr, "%.160s\n", text);
+    dg_free(text);
+  } else {
+    fprintf(stderr, "\n");
+  }
+  return 0;
+}
+
+static int cmd_run(const opts *o) {
+  const char *prompt = o->prompt ? o->prompt : o->positional;
+  if (!prompt) usage_exit("run needs a prompt (-p TEXT)");
+  dg_model *m = load_model(o, 1);
+  dg_gen_params gp = gen_params(m, o);
+  int32_t *ids = NULL;
+  size_t n = 0;
+  dg_status st;
+  if (o->raw) {
+    st = dg_tokenize(m, prompt, strlen(prompt), 1, &ids, &n);
+  } else {
+    dg_chat_message msgs[2];
+    size_t nm = 0;
+    if (o->system) msgs[nm++] = (dg_chat_message){"system", o->system};
+    msgs[nm++] = (dg_chat_message){"user", prompt};
+    st = dg_chat_apply(m, msgs, nm, o->think, &ids, &n);
+  }
+  if (st) die("prompt", st);
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  int32_t n_canvases = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)n + n_canvases * info.canvas_length;
+  dg_context *ctx = NULL;
+  if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  stream_state ss = {m, NULL, 0, 0, 0, o->verbose};
+  gp.on_block = on_block;
+  gp.on_step = o->verbose ? on_step : NULL;
+  gp.user_data = &ss;
+  dg_gen_result r;
+  if ((st = dg_generate(ctx, ids, n, &gp, &r))) die("generate", st);
+  printf("\n");
+  fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
+          r.n_valid, r.n_blocks, r.n_steps, r.tokens_per_forward, r.seconds,
+          r.seconds > 0 ? r.n_valid / r.seconds : 0.0);
+  dg_gen_result_free(&r);
+  free(ss.ids);
+  dg_free(ids);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return 0;
+}
+
+/* ---- info / tokenize ------------------------------------------------------ */
+
+static int cmd_info(const opts *o) {
+  dg_model *m = load_model(o, 1);
+  dg_model_info i;
+  dg_model_get_info(m, &i);
+  dg_gen_params gp = dg_gen_default_params(m);
+  printf("vocab %d, hidden %d, layers %d (%d full), heads %d, kv heads %d/%d, head dim %d/%d, window %d\n",
+         i.vocab_size, i.hidden_size, i.n_layers, i.n_full_layers, i.n_heads, i.n_kv_heads, i.n_global_kv_heads,
+         i.head_dim, i.global_head_dim, i.sliding_window);
+  printf("dense MLP %d, experts %d x %d (top-%d), canvas %d, weights %s, %.2f M text parameters\n",
+         i.intermediate_size, i.n_experts, i.moe_intermediate_size, i.top_k_experts, i.canvas_length, i.weight_dtype,
+         (double)i.n_params / 1e6);
+  printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
+         gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
+         gp.confidence_threshold);
+  for (int k = 0; k < gp.n_stop_ids; k++) printf(" %d", gp.stop_ids[k]);
+  printf("\n");
+  dg_model_free(m);
+  return 0;
+}
+
+static int cmd_tokenize(const opts *o) {
+  const char *text = o->positional ? o->positional : o->prompt;
+  if (!text) usage_exit("tokenize needs a TEXT argument");
+  dg_model *m = load_model(o, 1);
+  int32_t *ids;
+  size_t n;
+  dg_status st = dg_tokenize(m, text, strlen(text), o->special, &ids, &n);
+  if (st) die("tokenize", st);
+  for (size_t i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+  printf("\n");
+  dg_free(ids);
+  dg_model_free(m);
+  return 0;
+}
+
+/* ---- logits / replay -------------------------------------------------------- */
+
+static int cmd_logits(const opts *o) {
+  if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
+  dg_model *m = load_model(o, 0);
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  size_t np, nc;
+  int32_t *prompt = parse_ids(o->prompt_ids, &np);
+  int32_t *canvas = parse_ids(o->canvas_ids, &nc);
+  if (nc != (size_t)info.canvas_length) {
+    fprintf(stderr, "dgemma: --canvas-ids has %zu ids; the model's canvas_length is %d\n", nc, info.canvas_length);
+    return 2;
+  }
+  size_t CV = (size_t)info.canvas_length * (size_t)info.vocab_size;
+  float *sc = NULL;
+  if (o->sc_logits) {
+    size_t len;
+    sc = read_all(o->sc_logits, &len);
+    if (len != CV * 4) {
+      fprintf(stderr, "dgemma: %s has %zu bytes; expected %zu (float32 [%d, %d])\n", o->sc_logits, len, CV * 4,
+              info.canvas_length, info.vocab_size);
+      return 2;
+    }
+  }
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)np + 1;
+  dg_context *ctx = NULL;
+  dg_status st;
+  if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  if ((st = dg_encode(ctx, prompt, np))) die("encode", st);
+  float *logits = malloc(CV * sizeof(float));
+  if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
+  FILE *f = fopen(o->out, "wb");
+  if (!f || fwrite(logits, sizeof(float), CV, f) != CV || fclose(f)) {
+    fprintf(stderr, "dgemma: cannot write %s\n", o->out);
+    return 1;
+  }
+  fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s\n", info.canvas_length, info.vocab_size, o->out);
+  free(logits); free(sc); free(prompt); free(canvas);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return 0;
+}
+
+static int cmd_replay(const opts *o) {
+  if (!o->prompt_ids || !o->canvases) usage_exit("replay needs --prompt-ids and --canvases");
+  dg_model *m = load_model(o, 0);
+  dg_gen_params gp = gen_params(m, o);
+  size_t np, ncv, nu = 0;
+  int32_t *prompt = parse_ids(o->prompt_ids, &np);
+  size_t len;
+  int32_t *canv = read_all(o->canvases, &len);
+  if (len % 4) { fprintf(stderr, "dgemma: %s is not int32 data\n", o->canvases); return 2; }
+  ncv = len / 4;
+  float *uni = NULL;
+  if (o->uniforms) {
+    uni = read_all(o->uniforms, &len);
+    if (len % 4) { fprintf(stderr, "dgemma: %s is not float32 data\n", o->uniforms); return 2; }
+    nu = len / 4;
+  }
+  gp.replay_canvases = canv;
+  gp.replay_canvases_len = ncv;
+  gp.replay_uniforms = uni;
+  gp.replay_uniforms_len = nu;
+  gp.proposal = uni ? DG_PROPOSAL_REPLAY_UNIFORM : DG_PROPOSAL_ARGMAX;
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)np + ((gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length) * info.canvas_length;
+  dg_context *ctx = NULL;
+  dg_status st;
+  if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  dg_gen_result r;
+  if ((st = dg_generate(ctx, prompt, np, &gp, &r))) die("replay", st);
+  for (int32_t i = 0; i < r.n_tokens; i++) printf("%s%d", i ? "," : "", r.tokens[i]);
+  printf("\n");
+  fprintf(stderr, "dgemma: %d blocks, %d denoising steps\n", r.n_blocks, r.n_steps);
+  dg_gen_result_free(&r);
+  free(prompt); free(canv); free(uni);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) usage_exit(NULL);
+  opts o;
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) usage_exit(NULL);
+  if (!strcmp(cmd, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return 0; }
+  parse_opts(argc, argv, &o);
+  if (!strcmp(cmd, "run")) return cmd_run(&o);
+  if (!strcmp(cmd, "info")) return cmd_info(&o);
+  if (!strcmp(cmd, "tokenize")) return cmd_tokenize(&o);
+  if (!strcmp(cmd, "logits")) return cmd_logits(&o);
+  if (!strcmp(cmd, "replay")) return cmd_replay(&o);
+  fprintf(stderr, "dgemma: unknown command \"%s\"\n", cmd);
+  usage_exit(NULL);
+  return 2;
+}
