@@ -9,10 +9,11 @@
 # CUDA is optional and detected; the CPU build never needs nvcc.
 
 CC      ?= cc
-CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter \
+OPT     ?= -O2 -g
+SAN     ?=
+CFLAGS  := $(OPT) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter \
            -fopenmp -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lcjson -lm -fopenmp
+LDLIBS  := -lcjson -lm -fopenmp $(SAN)
 BUILD   ?= build
 
 # Per-ISA kernel files get their own flags; the code dispatches at run time.
@@ -51,13 +52,15 @@ setup:
 # The README's test command. Runs setup (dependencies, tokenizer fetch) first.
 test: setup
 	@$(MAKE) --no-print-directory all $(TESTS)
-	@$(MAKE) --no-print-directory BUILD=build-asan \
-	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  LDLIBS="-lcjson -lm -fopenmp -fsanitize=address,undefined" build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -g" \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
 	@scripts/run_tests.sh $(BUILD) build-asan
 
-run: setup all
-	$(CLI) run -p "What is 12 plus 30?"
+PROMPT ?= Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?
+run: setup
+	@$(MAKE) --no-print-directory all
+	$(CLI) run -p "$(PROMPT)"
 
 clean:
 	rm -rf build build-asan

@@ -278,15 +278,20 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   }
   c->is_full[c->n_layers - 1] = 1; /* the last layer must be full (HF forces it) */
 
+  const cJSON *plc = cJSON_GetObjectItemCaseSensitive(tc, "per_layer_config");
+  const int have_plc = plc && !cJSON_IsNull(plc);
   for (int i = 0; i < c->n_layers; i++) {
     c->head_dim[i] = head_dim;
     c->n_kv_heads[i] = n_kv;
-    if (c->is_full[i]) {
-      if (g_hd) c->head_dim[i] = g_hd;
+    if (c->is_full[i] && !have_plc) {
+      /* Transformers 5.17 (DiffusionGemmaTextConfig.__post_init__): without a
+       * per_layer_config, full layers take global_head_dim (default 512) and
+       * num_global_key_value_heads (default: num_key_value_heads). */
+      c->head_dim[i] = g_hd ? g_hd : 512;
       if (g_kv) c->n_kv_heads[i] = g_kv;
     }
   }
-  DG_TRY(parse_per_layer(file, cJSON_GetObjectItemCaseSensitive(tc, "per_layer_config"), c));
+  DG_TRY(parse_per_layer(file, plc, c));
   for (int i = 0; i < c->n_layers; i++) {
     if (c->n_heads % c->n_kv_heads[i] != 0)
       return dg_seterr(DG_ERR_CONFIG, "%s: layer %d has %d KV heads, which does not divide num_attention_heads = %d",
