@@ -39,7 +39,7 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-$(CLI): $(BUILD)/tools/dgemma.o $(LIB)
+$(CLI): $(BUILD)/tools/dgemma.o $(BUILD)/tools/eval.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/testutil.h
@@ -65,4 +65,4 @@ run: setup
 clean:
 	rm -rf build build-asan
 
--include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d
+-include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d $(BUILD)/tools/eval.d

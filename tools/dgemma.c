@@ -5,6 +5,7 @@
  *   dgemma tokenize [-m DIR] TEXT        ids of TEXT (no BOS)
  *   dgemma logits   ...                  decoder logits as raw float32 (parity)
  *   dgemma replay   ...                  generation from injected random streams (parity)
+ *   dgemma eval     problems|text ...    held-out evaluation of the small model (tools/eval.c)
  *
  * Without -m the bundled small model is used ($DGEMMA_MODEL, else
  * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "dgemma.h"
+#include "eval.h"
 
 #define DEFAULT_MODEL "models/dgemma-small"
 
@@ -37,6 +39,7 @@ static void usage_exit(const char *msg) {
           "  tokenize  print the ids of a text: dgemma tokenize [-m DIR] [--special] TEXT\n"
           "  logits    write decoder logits [canvas, vocab] as little-endian float32\n"
           "  replay    generate from injected random canvases/uniforms, print the ids\n"
+          "  eval      dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
           "\n"
           "common options:\n"
           "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: bundled %s)\n"
@@ -130,6 +133,8 @@ static const char *default_model(void) {
 
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
+  const char *file;
+  long limit;
   int threads, ref, think, raw, verbose, greedy, special;
   long max_new, steps;
   long long seed;
@@ -175,6 +180,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = ARG();
     else if (!strcmp(a, "--canvases")) o->canvases = ARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
+    else if (!strcmp(a, "--file")) o->file = ARG();
+    else if (!strcmp(a, "--limit")) o->limit = parse_long(ARG(), a);
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage_exit(NULL);
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "dgemma: unknown option %s\n", a); usage_exit(NULL); }
     else if (!o->positional) o->positional = a;
@@ -426,6 +433,15 @@ static int cmd_replay(const opts *o) {
   return 0;
 }
 
+static int cmd_eval(const opts *o) {
+  if (!o->positional || !o->file) usage_exit("eval needs problems|text and --file F.jsonl");
+  dg_model *m = load_model(o, 1);
+  eval_opts eo = {o->positional, o->file, o->out, o->gen_kwargs, o->seed_set ? o->seed : 0, (int)o->limit, isatty(2)};
+  int rc = dg_cli_eval(m, &eo);
+  dg_model_free(m);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) usage_exit(NULL);
   opts o;
@@ -438,6 +454,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(&o);
   if (!strcmp(cmd, "logits")) return cmd_logits(&o);
   if (!strcmp(cmd, "replay")) return cmd_replay(&o);
+  if (!strcmp(cmd, "eval")) return cmd_eval(&o);
   fprintf(stderr, "dgemma: unknown command \"%s\"\n", cmd);
   usage_exit(NULL);
   return 2;

@@ -1,0 +1,253 @@
+/* eval.c: `dgemma eval` for the small-model evaluation (issue 3), the same
+ * inputs as tools/smallmodel/eval_hf.py so that dgemma and Transformers are
+ * compared on identical problems and windows.
+ *
+ *   dgemma eval problems -m DIR --file prompts.jsonl [--limit N] [--seed S] [-o items.jsonl]
+ *     One generation per problem with the model's generation config (the
+ *     reference sampler); seed S + problem id. Answer = the integer after the
+ *     last "####" (else the last integer) of the text up to the first stop id.
+ *     Prints accuracy per step count with Wilson 95% intervals.
+ *   dgemma eval text -m DIR --file shakespeare_windows.jsonl [--limit N]
+ *     Sequential canvas code length in nats/token: target token i is scored
+ *     from one decoder pass whose canvas holds the clean target[:i] and the
+ *     window's fixed noise at positions >= i (no self-conditioning).
+ *
+ * Input lines are JSON objects (cJSON); a malformed line is an error naming
+ * the file and the line number. */
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dgemma.h"
+#include "eval.h"
+
+static double wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+/* Wilson score interval for k successes out of n (z = 1.96). */
+static void wilson(int k, int n, double *lo, double *hi) {
+  if (n == 0) { *lo = 0; *hi = 1; return; }
+  const double z = 1.959963984540054, p = (double)k / n, z2 = z * z;
+  double c = (p + z2 / (2 * n)) / (1 + z2 / n);
+  double h = z * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n)) / (1 + z2 / n);
+  *lo = c - h;
+  *hi = c + h;
+}
+
+/* integer after the last "####", else the last integer in s; returns 0 if none */
+static int parse_answer(const char *s, long long *out) {
+  const char *h = NULL, *p = s;
+  while ((p = strstr(p, "####"))) { h = p + 4; p += 4; }
+  const char *scan = h ? h : s;
+  int found = 0;
+  for (const char *q = scan; *q; q++) {
+    if (isdigit((unsigned char)*q) || (*q == '-' && isdigit((unsigned char)q[1]))) {
+      char *end;
+      long long v = strtoll(q, &end, 10);
+      /* thousands separators: 1,000 */
+      while (*end == ',' && isdigit((unsigned char)end[1]) && isdigit((unsigned char)end[2]) &&
+             isdigit((unsigned char)end[3]) && !isdigit((unsigned char)end[4])) {
+        v = v * 1000 + strtoll(end + 1, &end, 10);
+      }
+      *out = v;
+      found = 1;
+      if (h) return 1; /* first integer after the last #### */
+      q = end - 1;
+    }
+  }
+  return found;
+}
+
+static int32_t *json_ids(const cJSON *a, size_t *n) {
+  if (!cJSON_IsArray(a)) return NULL;
+  int k = cJSON_GetArraySize(a);
+  int32_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof *ids);
+  int i = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, a) {
+    if (!cJSON_IsNumber(e)) { free(ids); return NULL; }
+    ids[i++] = (int32_t)e->valuedouble;
+  }
+  *n = (size_t)k;
+  return ids;
+}
+
+static FILE *open_or_die(const char *path, const char *mode) {
+  FILE *f = fopen(path, mode);
+  if (!f) { fprintf(stderr, "dgemma eval: cannot open %s\n", path); exit(1); }
+  return f;
+}
+
+static void die_st(const char *what, dg_status st) {
+  fprintf(stderr, "dgemma eval: %s: %s\n  %s\n", what, dg_status_str(st), dg_last_error());
+  exit(1);
+}
+
+static int eval_problems(dg_model *m, const eval_opts *o) {
+  FILE *f = open_or_die(o->file, "r");
+  FILE *out = o->out ? open_or_die(o->out, "w") : NULL;
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  dg_gen_params gp = dg_gen_default_params(m);
+  if (o->gen_kwargs) {
+    dg_status st = dg_gen_params_apply_json(&gp, o->gen_kwargs);
+    if (st) die_st("--gen-kwargs", st);
+  }
+  dg_context_params cp = dg_context_default_params();
+  int32_t ncanv = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
+  cp.max_context = 1024 + ncanv * info.canvas_length;
+  dg_context *ctx;
+  dg_status st = dg_context_new(m, &cp, &ctx);
+  if (st) die_st("context", st);
+  int n[9] = {0}, k[9] = {0}, total = 0, correct = 0;
+  long long steps_total = 0, valid_total = 0;
+  char *line = NULL;
+  size_t cap = 0;
+  int lineno = 0;
+  double t0 = wall();
+  while (getline(&line, &cap, f) > 0) {
+    lineno++;
+    if (o->limit > 0 && total >= o->limit) break;
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(j, "id"), *jst = cJSON_GetObjectItemCaseSensitive(j, "steps"),
+                *jfin = cJSON_GetObjectItemCaseSensitive(j, "final");
+    size_t np = 0;
+    int32_t *prompt = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "prompt_ids"), &np) : NULL;
+    if (!j || !cJSON_IsNumber(jid) || !cJSON_IsNumber(jst) || !cJSON_IsNumber(jfin) || !prompt) {
+      fprintf(stderr, "dgemma eval: %s line %d: expected {\"id\", \"steps\", \"final\", \"prompt_ids\"}\n", o->file, lineno);
+      exit(1);
+    }
+    int id = (int)jid->valuedouble, steps = (int)jst->valuedouble;
+    long long final = (long long)jfin->valuedouble;
+    gp.seed = (uint64_t)(o->seed + id);
+    dg_context_reset(ctx);
+    dg_gen_result r;
+    if ((st = dg_generate(ctx, prompt, np, &gp, &r))) die_st("generate", st);
+    char *text = NULL;
+    if ((st = dg_detokenize(m, r.tokens, (size_t)r.n_valid, 0, &text))) die_st("detokenize", st);
+    long long pred = 0;
+    int has = parse_answer(text, &pred);
+    int ok = has && pred == final;
+    if (steps >= 1 && steps <= 8) { n[steps]++; k[steps] += ok; }
+    total++;
+    correct += ok;
+    steps_total += r.n_steps;
+    valid_total += r.n_valid;
+    if (out) {
+      cJSON *o2 = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o2, "id", id);
+      cJSON_AddNumberToObject(o2, "steps", steps);
+      cJSON_AddNumberToObject(o2, "final", (double)final);
+      if (has) cJSON_AddNumberToObject(o2, "pred", (double)pred);
+      else cJSON_AddNullToObject(o2, "pred");
+      cJSON_AddBoolToObject(o2, "correct", ok);
+      cJSON_AddStringToObject(o2, "generated", text);
+      cJSON_AddNumberToObject(o2, "denoising_steps", r.n_steps);
+      char *s = cJSON_PrintUnformatted(o2);
+      fprintf(out, "%s\n", s);
+      free(s);
+      cJSON_Delete(o2);
+    }
+    if (o->progress && total % 25 == 0)
+      fprintf(stderr, "\r[%d problems, %d correct, %.1f s]", total, correct, wall() - t0);
+    dg_free(text);
+    dg_gen_result_free(&r);
+    free(prompt);
+    cJSON_Delete(j);
+  }
+  if (o->progress) fprintf(stderr, "\n");
+  free(line);
+  fclose(f);
+  if (out) fclose(out);
+  double secs = wall() - t0, lo, hi;
+  printf("| steps | n | correct | accuracy | Wilson 95%% |\n|---|---|---|---|---|\n");
+  for (int s = 1; s <= 8; s++) {
+    if (!n[s]) continue;
+    wilson(k[s], n[s], &lo, &hi);
+    printf("| %d | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", s, n[s], k[s], 100.0 * k[s] / n[s], 100 * lo, 100 * hi);
+  }
+  wilson(k[1] + k[2], n[1] + n[2], &lo, &hi);
+  if (n[1] + n[2])
+    printf("| 1–2 | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", n[1] + n[2], k[1] + k[2],
+           100.0 * (k[1] + k[2]) / (n[1] + n[2]), 100 * lo, 100 * hi);
+  wilson(correct, total, &lo, &hi);
+  printf("| all | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", total, correct, total ? 100.0 * correct / total : 0.0,
+         100 * lo, 100 * hi);
+  printf("\n%d problems in %.1f s; %.2f tokens per decoder forward; seed %lld + id\n", total, secs,
+         steps_total ? (double)valid_total / steps_total : 0.0, o->seed);
+  dg_context_free(ctx);
+  return 0;
+}
+
+static int eval_text(dg_model *m, const eval_opts *o) {
+  FILE *f = open_or_die(o->file, "r");
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  const int C = info.canvas_length, V = info.vocab_size;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 4096;
+  dg_context *ctx;
+  dg_status st = dg_context_new(m, &cp, &ctx);
+  if (st) die_st("context", st);
+  float *lg = malloc((size_t)C * V * sizeof(float));
+  int32_t *canvas = malloc((size_t)C * sizeof(int32_t));
+  double tot = 0;
+  long long ntok = 0;
+  int nwin = 0, lineno = 0;
+  char *line = NULL;
+  size_t cap = 0;
+  double t0 = wall();
+  while (getline(&line, &cap, f) > 0) {
+    lineno++;
+    if (o->limit > 0 && nwin >= o->limit) break;
+    cJSON *j = cJSON_Parse(line);
+    size_t nc = 0, nt = 0, nn = 0;
+    int32_t *c = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "context"), &nc) : NULL;
+    int32_t *t = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "target"), &nt) : NULL;
+    int32_t *z = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "noise"), &nn) : NULL;
+    if (!c || !t || !z || nt != (size_t)C || nn != (size_t)C) {
+      fprintf(stderr, "dgemma eval: %s line %d: expected {\"context\", \"target\" [%d], \"noise\" [%d]}\n", o->file,
+              lineno, C, C);
+      exit(1);
+    }
+    dg_context_reset(ctx);
+    if ((st = dg_encode(ctx, c, nc))) die_st("encode", st);
+    for (int i = 0; i < C; i++) {
+      for (int q = 0; q < C; q++) canvas[q] = q < i ? t[q] : z[q];
+      if ((st = dg_decode(ctx, canvas, NULL, lg))) die_st("decode", st);
+      const float *row = lg + (size_t)i * V;
+      double mx = -INFINITY, s = 0;
+      for (int v = 0; v < V; v++) mx = fmax(mx, row[v]);
+      for (int v = 0; v < V; v++) s += exp(row[v] - mx);
+      tot += -(row[t[i]] - mx - log(s));
+      ntok++;
+    }
+    nwin++;
+    if (o->progress) fprintf(stderr, "\r[%d windows, %.4f nats/token, %.1f s]", nwin, tot / ntok, wall() - t0);
+    free(c); free(t); free(z);
+    cJSON_Delete(j);
+  }
+  if (o->progress) fprintf(stderr, "\n");
+  printf("sequential canvas code length: %.4f nats/token over %lld tokens (%d windows, canvas %d), %.1f s\n",
+         ntok ? tot / ntok : 0.0, ntok, nwin, C, wall() - t0);
+  free(line);
+  free(lg);
+  free(canvas);
+  fclose(f);
+  dg_context_free(ctx);
+  return 0;
+}
+
+int dg_cli_eval(dg_model *m, const eval_opts *o) {
+  if (!strcmp(o->what, "problems")) return eval_problems(m, o);
+  if (!strcmp(o->what, "text")) return eval_text(m, o);
+  fprintf(stderr, "dgemma eval: unknown evaluation \"%s\" (problems, text)\n", o->what);
+  return 2;
+}
