@@ -21,5 +21,15 @@ for dir in "$@"; do
     fi
   done
 done
+# Python tests of the small-model tools (plain python3, no third-party packages)
+if command -v python3 >/dev/null 2>&1 && [ -d tests/python ]; then
+  echo "== python3 -m unittest discover -s tests/python"
+  pout=$(python3 -m unittest discover -s tests/python 2>&1); prc=$?
+  echo "$pout" | tail -4
+  pr=$(echo "$pout" | sed -n 's/^Ran \([0-9]*\) test.*/\1/p')
+  pf=$(echo "$pout" | sed -n 's/^FAILED (\(.*\))/\1/p' | grep -o '[0-9]\+' | awk '{s+=$1} END{print s+0}')
+  bins=$((bins+1))
+  if [ $prc -eq 0 ]; then passed=$((passed+${pr:-0})); else failed=$((failed+${pf:-1})); passed=$((passed+${pr:-0}-${pf:-1})); fi
+fi
 echo "dgemma tests: $passed passed, $failed failed ($bins binaries, $crashed crashed)"
 [ $failed -eq 0 ] && [ $crashed -eq 0 ] && [ $bins -gt 0 ]
