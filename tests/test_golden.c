@@ -302,43 +302,78 @@ static void test_teacher_forced(void **state) {
   teacher_forced("dg_c_confident");
 }
 
-/* bf16: weights bf16, our compute fp32 with the reference's casts (spec 4.9). */
+/* bf16: weights bf16; our compute is fp32 with the reference's casts (spec 4.9).
+ * (a) With those casts switched off (activation dtype fp32, embedding scale the
+ *     fp32 sqrt(H)), the engine must equal Transformers' fp32 run on the same
+ *     bf16 weights (logits_f32w: the checkpoint loaded with dtype=float32,
+ *     whose embed_scale buffer is rebuilt in fp32) within the fp32 bound: this
+ *     checks bf16 weight handling exactly.
+ * (b) With the casts on, the engine must sit closer to the reference's bf16
+ *     run than the negative controls do (embedding scale not rounded to bf16;
+ *     SC logits not cast), and within the measured bf16 activation spread. */
 static void test_fixture_bf16(void **state) {
   (void)state;
   fixture f;
   fixture_open(&f, "dg_a_gqa_swa_eos_bf16", 0);
   dg_model *m = f.m;
   const int C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  const size_t CV = (size_t)C * V;
   /* the embedding scale is sqrt(H) rounded to bf16 (6.9375 for H = 48) */
   assert_true(m->embed_scale == (float)meta_num(f.meta, "embed_scale_used"));
   size_t P;
   const int32_t *prompt = gi(&f, "prompt_ids", &P);
+  const int32_t *canvas = gi(&f, "canvas_ids", NULL), *canvas2 = gi(&f, "canvas2_ids", NULL);
+  const float *sc_in = gf(&f, "sc_logits_in", NULL);
+  float *lg = malloc(CV * sizeof(float)), *lsc = malloc(CV * sizeof(float));
+  char form[160], form_sc[160];
+  double tol = fp32_tol(m, 0, form, sizeof form), tol_sc = fp32_tol(m, 1, form_sc, sizeof form_sc);
+
+  /* (a) fp32 semantics on bf16 weights */
+  const float scale_bf16 = m->embed_scale;
+  const dg_dtype act = m->act_dtype;
+  m->act_dtype = DG_F32;
+  m->embed_scale = (float)meta_num(f.meta, "embed_scale_f32");
   dg_context *ctx;
   assert_dg_ok(dg_context_new(m, NULL, &ctx));
-  float *lg = malloc((size_t)C * V * sizeof(float));
   assert_dg_ok(dg_encode(ctx, prompt, P));
-  assert_dg_ok(dg_decode(ctx, gi(&f, "canvas_ids", NULL), NULL, lg));
-  char form[160];
-  double tol = fp32_tol(m, 0, form, sizeof form);
-  /* fp32 compute on the same bf16 weights is what we do: fp32 tolerance */
-  check_close("logits vs f32w (step 0)", &f, lg, gf(&f, "logits_f32w", NULL), (size_t)C * V, tol, form);
-  /* against the bf16 run: within the measured bf16 activation spread, and
-   * closer than the negative control with the unrounded embedding scale */
+  assert_dg_ok(dg_decode(ctx, canvas, NULL, lg));
+  check_close("fp32 casts vs f32w (step 0)", &f, lg, gf(&f, "logits_f32w", NULL), CV, tol, form);
+  assert_dg_ok(dg_decode(ctx, canvas2, sc_in, lsc));
+  check_close("fp32 casts vs f32w (SC)", &f, lsc, gf(&f, "logits_sc_f32w", NULL), CV, tol_sc, form_sc);
+  dg_context_free(ctx);
+
+  /* (b) the reference's bf16 casts */
+  m->act_dtype = act;
+  m->embed_scale = scale_bf16;
+  assert_dg_ok(dg_context_new(m, NULL, &ctx));
+  assert_dg_ok(dg_encode(ctx, prompt, P));
+  assert_dg_ok(dg_decode(ctx, canvas, NULL, lg));
+  assert_dg_ok(dg_decode(ctx, canvas2, sc_in, lsc));
   double spread = meta_num(f.meta, "max_abs_diff_bf16_vs_f32w.logits");
-  double d_ref = max_abs_diff(lg, gf(&f, "logits", NULL), (size_t)C * V);
-  double d_neg = max_abs_diff(gf(&f, "logits_neg_embed_scale", NULL), gf(&f, "logits", NULL), (size_t)C * V);
-  printf("# bf16 step 0: |ours - bf16 ref| %.3g (bf16 spread %.3g), |neg control (fp32 sqrt(H)) - ref| %.3g\n", d_ref,
-         spread, d_neg);
-  assert_true(d_ref <= spread * 1.0001 + tol);
+  double d_ref = max_abs_diff(lg, gf(&f, "logits", NULL), CV);
+  double d_neg = max_abs_diff(gf(&f, "logits_neg_embed_scale", NULL), gf(&f, "logits", NULL), CV);
+  printf("# bf16 step 0: |ours - bf16 ref| %.3g (bf16 activation spread %.3g); negative control "
+         "(embedding scale fp32 sqrt(H)) |neg - ref| %.3g\n", d_ref, spread, d_neg);
+  assert_true(d_ref <= spread + tol);
   assert_true(d_ref < d_neg);
-  /* self-conditioning step: the input is already bf16-valued; probabilities are cast to bf16 */
-  assert_dg_ok(dg_decode(ctx, gi(&f, "canvas2_ids", NULL), gf(&f, "sc_logits_in", NULL), lg));
-  double d_sc = max_abs_diff(lg, gf(&f, "logits_sc_f32w", NULL), (size_t)C * V);
-  double d_sc_ref = max_abs_diff(lg, gf(&f, "logits_sc", NULL), (size_t)C * V);
-  double spread_sc = meta_num(f.meta, "max_abs_diff_bf16_vs_f32w.logits_sc");
-  printf("# bf16 self-cond: |ours - f32w| %.3g, |ours - bf16 ref| %.3g (bf16 spread %.3g)\n", d_sc, d_sc_ref, spread_sc);
-  assert_true(d_sc_ref <= spread_sc * 1.0001 + tol);
+  /* SC step: compare away from the positions where bf16 rounding flips an expert choice */
+  const cJSON *flips = cJSON_GetObjectItemCaseSensitive(
+      cJSON_GetObjectItemCaseSensitive(f.meta, "router_choice_differences_bf16_vs_f32w"), "sc_canvas_positions");
+  uint8_t skip[1024] = {0};
+  const cJSON *e;
+  cJSON_ArrayForEach(e, flips) if (cJSON_IsNumber(e) && e->valueint < C) skip[e->valueint] = 1;
+  const float *ref_sc = gf(&f, "logits_sc", NULL), *neg_sc = gf(&f, "logits_sc_neg_no_sc_cast", NULL);
+  double d_sc = 0, d_sc_neg = 0;
+  for (int i = 0; i < C; i++) {
+    if (skip[i]) continue;
+    d_sc = fmax(d_sc, max_abs_diff(lsc + (size_t)i * V, ref_sc + (size_t)i * V, V));
+    d_sc_neg = fmax(d_sc_neg, max_abs_diff(neg_sc + (size_t)i * V, ref_sc + (size_t)i * V, V));
+  }
+  printf("# bf16 self-cond (router-flip positions excluded): |ours - bf16 ref| %.3g; negative control "
+         "(SC logits not cast) |neg - ref| %.3g\n", d_sc, d_sc_neg);
+  assert_true(d_sc <= meta_num(f.meta, "max_abs_diff_bf16_vs_f32w.logits_sc") + tol_sc);
   free(lg);
+  free(lsc);
   dg_context_free(ctx);
   fixture_close(&f);
 }
