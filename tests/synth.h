@@ -17,13 +17,14 @@
 typedef struct synth_cfg {
   int vocab, hidden, n_layers, heads, kv, head_dim, gkv, ghd, inter, moe_inter, experts, topk, window, canvas;
   const char *pattern; /* one char per layer: 'S' sliding, 'F' full */
-  dg_dtype dt;         /* DG_F32 or DG_BF16 */
+  dg_dtype dt;         /* DG_F32, DG_BF16 or DG_F16 */
+  int round_f16;       /* with DG_F32: store f16-representable values */
   unsigned seed;
   int with_tokenizer;
 } synth_cfg;
 
 static inline synth_cfg synth_default(void) {
-  synth_cfg c = {384, 32, 3, 4, 2, 8, 1, 16, 24, 12, 5, 2, 6, 8, "SSF", DG_F32, 1, 0};
+  synth_cfg c = {384, 32, 3, 4, 2, 8, 1, 16, 24, 12, 5, 2, 6, 8, "SSF", DG_F32, 0, 1, 0};
   return c;
 }
 
@@ -31,6 +32,7 @@ typedef struct synth_buf {
   dg_tensor *t;
   size_t n, cap;
   void **data;
+  int round_f16; /* f32 tensors hold f16-representable values (to compare with an f16 twin) */
 } synth_buf;
 
 static inline float synth_rand(unsigned *s) { /* LCG, uniform [-1, 1) */
@@ -52,6 +54,8 @@ static inline void synth_add(synth_buf *b, const char *name, dg_dtype dt, int nd
   for (size_t i = 0; i < numel; i++) {
     float v = offset + scale * synth_rand(seed);
     if (dt == DG_BF16) { uint16_t h = dg_f32_to_bf16(v); memcpy(d + 2 * i, &h, 2); }
+    else if (dt == DG_F16) { uint16_t h = dg_f32_to_f16(v); memcpy(d + 2 * i, &h, 2); }
+    else if (dt == DG_F32 && b->round_f16) { float r = dg_f16_to_f32(dg_f32_to_f16(v)); memcpy(d + 4 * i, &r, 4); }
     else memcpy(d + 4 * i, &v, 4);
   }
   dg_tensor *t = &b->t[b->n];
@@ -135,6 +139,7 @@ static inline int synth_model_dir(const char *dir, const synth_cfg *c) {
   if (c->with_tokenizer) synth_tokenizer(dir, -1);
 
   synth_buf b = {0};
+  b.round_f16 = c->round_f16;
   unsigned seed = c->seed;
   const int64_t H = c->hidden, V = c->vocab, I = c->inter, IE = c->moe_inter, E = c->experts;
   char n[256];

@@ -425,12 +425,50 @@ static void test_generate_deterministic(void **state) {
   dg_model_free(m);
 }
 
+
+/* An f16 checkpoint loads, uses the f16-rounded embedding scale (spec 4.9:
+ * the scale follows the embedding dtype), and computes exactly what the f32
+ * twin with the same (f16-representable) weights computes once the twin is
+ * given the same scale: f16 -> f32 widening is exact. */
+static void test_f16_checkpoint(void **state) {
+  (void)state;
+  synth_cfg c = synth_default();
+  c.dt = DG_F16;
+  dg_model *mh = load_synth("f16", c, 0);
+  c.dt = DG_F32;
+  c.round_f16 = 1;
+  dg_model *mf = load_synth("f32twin", c, 0);
+  assert_true(mh->embed_scale == dg_f16_to_f32(dg_f32_to_f16(sqrtf(32.0f))));
+  assert_true(mf->embed_scale == sqrtf(32.0f));
+  assert_true(mh->embed_scale != mf->embed_scale);
+  mf->embed_scale = mh->embed_scale;
+  const int P = 20, C = c.canvas, V = c.vocab;
+  int32_t prompt[20], canvas[8];
+  random_ids(prompt, P, V, 21);
+  random_ids(canvas, C, V, 22);
+  dg_context *a, *b;
+  assert_dg_ok(dg_context_new(mh, NULL, &a));
+  assert_dg_ok(dg_context_new(mf, NULL, &b));
+  float *la = malloc((size_t)C * V * 4), *lb = malloc((size_t)C * V * 4);
+  assert_dg_ok(dg_encode(a, prompt, P));
+  assert_dg_ok(dg_encode(b, prompt, P));
+  assert_dg_ok(dg_decode(a, canvas, NULL, la));
+  assert_dg_ok(dg_decode(b, canvas, NULL, lb));
+  assert_memory_equal(la, lb, (size_t)C * V * 4);
+  free(la); free(lb);
+  dg_context_free(a);
+  dg_context_free(b);
+  dg_model_free(mh);
+  dg_model_free(mf);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_model_dirs),
       cmocka_unit_test(test_chunking_and_readonly_cache),
       cmocka_unit_test(test_simd_vs_oracle),
       cmocka_unit_test(test_generate_deterministic),
+      cmocka_unit_test(test_f16_checkpoint),
   };
   return cmocka_run_group_tests_name("model", tests, setup, teardown);
 }
