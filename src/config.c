@@ -181,7 +181,6 @@ static dg_status parse_per_layer(const char *file, const cJSON *plc, dg_config *
   const cJSON *e;
   cJSON_ArrayForEach(e, plc) {
     const char *k = e->string;
-    int lo = 0, hi = -1;
     if (strcmp(k, "full_attention") == 0 || strcmp(k, "sliding_attention") == 0) {
       int full = k[0] == 'f';
       for (int i = 0; i < c->n_layers; i++)
@@ -199,11 +198,10 @@ static dg_status parse_per_layer(const char *file, const cJSON *plc, dg_config *
                        file, k, c->n_layers);
     if (!cJSON_IsObject(e))
       return dg_seterr(DG_ERR_CONFIG, "%s: text_config.per_layer_config.%s must be an object", file, k);
-    lo = hi = (int)idx;
     char path[96];
     snprintf(path, sizeof path, "text_config.per_layer_config.%s.", k);
-    DG_TRY(get_int(file, path, e, "head_dim", 0, 1, 65536, &c->head_dim[lo]));
-    DG_TRY(get_int(file, path, e, "num_key_value_heads", 0, 1, 65536, &c->n_kv_heads[hi]));
+    DG_TRY(get_int(file, path, e, "head_dim", 0, 1, 65536, &c->head_dim[idx]));
+    DG_TRY(get_int(file, path, e, "num_key_value_heads", 0, 1, 65536, &c->n_kv_heads[idx]));
   }
   return DG_OK;
 }

@@ -264,7 +264,7 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
       for (size_t i = 0; i < (size_t)C * V; i++) z[i] = logits[i] / T;
       if ((st = draw_uniforms(&cs, b, k, uni))) goto done;
       int bad = -1;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+#pragma omp parallel for num_threads(m->n_threads) schedule(static) reduction(max : bad)
       for (int32_t i = 0; i < C; i++)
         if (dg_position_stats(z + (size_t)i * V, V, uni[i], (int)p->proposal, &ps[i]) != DG_OK) bad = i;
       if (bad >= 0) {

@@ -183,7 +183,8 @@ static float *make_inv_freq(const dg_rope_params *rp, int D) {
   for (int i = 0; i < rotated && i < D / 2; i++) {
     float e = (float)(2 * i) / denom;
     f[i] = 1.0f / powf((float)rp->theta, e);
-    if (rp->factor != 0.0 && rp->factor != 1.0) f[i] /= (float)rp->factor;
+    /* only the proportional init divides by "factor"; the default one ignores it */
+    if (rp->type == DG_ROPE_PROPORTIONAL && rp->factor != 0.0 && rp->factor != 1.0) f[i] /= (float)rp->factor;
   }
   return f;
 }
