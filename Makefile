@@ -57,10 +57,14 @@ test: setup
 	  build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
 	@scripts/run_tests.sh $(BUILD) build-asan
 
+# The main job: generation with the bundled model (needs only the Debian packages).
+# PROMPT reaches the program through the environment, so any text is safe.
 PROMPT ?= Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?
-run: setup
+export PROMPT
+run:
+	@scripts/setup.sh --deps-only
 	@$(MAKE) --no-print-directory all
-	$(CLI) run -p "$(PROMPT)"
+	$(CLI) run -p "$$PROMPT"
 
 clean:
 	rm -rf build build-asan

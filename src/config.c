@@ -374,20 +374,38 @@ static const char *const GEN_KEYS[] = {
     "stability_threshold", "confidence_threshold", "eos_token_id", "pad_token_id", "seed", "proposal",
     "linear_temperature_schedule_config", "diffusion_stopping_config", NULL};
 
-static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params *p, int strict) {
+static const char *const SC_KEYS[] = {"_cls_name", "entropy_bound", NULL};
+static const char *const LTS_KEYS[] = {"_cls_name", "t_min", "t_max", NULL};
+static const char *const DSC_KEYS[] = {"_cls_name", "stability_threshold", "confidence_threshold", NULL};
+
+/* DG_ERR_INVALID_ARG naming the first key of object `j` not in `keys`, with the valid list. */
+static dg_status check_keys(const char *src, const char *where, const cJSON *j, const char *const *keys) {
   const cJSON *e;
-  if (strict) {
-    cJSON_ArrayForEach(e, j) {
-      int known = 0;
-      for (int i = 0; GEN_KEYS[i]; i++) known |= strcmp(e->string, GEN_KEYS[i]) == 0;
-      if (!known) {
-        char list[512] = "";
-        for (int i = 0; GEN_KEYS[i]; i++) {
-          strncat(list, GEN_KEYS[i], sizeof list - strlen(list) - 3);
-          if (GEN_KEYS[i + 1]) strncat(list, ", ", sizeof list - strlen(list) - 1);
-        }
-        return dg_seterr(DG_ERR_INVALID_ARG, "%s: unknown key \"%s\"; valid keys: %s", src, e->string, list);
+  cJSON_ArrayForEach(e, j) {
+    int known = 0;
+    for (int i = 0; keys[i]; i++) known |= strcmp(e->string, keys[i]) == 0;
+    if (!known) {
+      char list[512] = "";
+      for (int i = 0; keys[i]; i++) {
+        strncat(list, keys[i], sizeof list - strlen(list) - 3);
+        if (keys[i + 1]) strncat(list, ", ", sizeof list - strlen(list) - 1);
       }
+      return dg_seterr(DG_ERR_INVALID_ARG, "%s: unknown key \"%s%s%s\"; valid keys%s%s: %s", src, where,
+                       *where ? "." : "", e->string, *where ? " of " : "", where, list);
+    }
+  }
+  return DG_OK;
+}
+
+static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params *p, int strict) {
+  if (strict) {
+    DG_TRY(check_keys(src, "", j, GEN_KEYS));
+    const struct { const char *name; const char *const *keys; } nested[] = {
+        {"sampler_config", SC_KEYS}, {"linear_temperature_schedule_config", LTS_KEYS},
+        {"diffusion_stopping_config", DSC_KEYS}};
+    for (size_t i = 0; i < sizeof nested / sizeof nested[0]; i++) {
+      const cJSON *o = cJSON_GetObjectItemCaseSensitive(j, nested[i].name);
+      if (cJSON_IsObject(o)) DG_TRY(check_keys(src, nested[i].name, o, nested[i].keys));
     }
   }
   dg_status errc = strict ? DG_ERR_INVALID_ARG : DG_ERR_CONFIG;

@@ -249,6 +249,10 @@ dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model
     goto fail;
   }
 
+  if (p.n_threads < 0 || p.n_threads > DG_MAX_THREADS) {
+    st = dg_seterr(DG_ERR_INVALID_ARG, "n_threads = %d is outside [0, %d] (0 = all cores)", p.n_threads, DG_MAX_THREADS);
+    goto fail;
+  }
   m->n_threads = p.n_threads > 0 ? p.n_threads : omp_get_max_threads();
   m->kern = p.reference_kernels ? dg_kernels_ref() : dg_kernels_best();
 

@@ -416,10 +416,13 @@ static void test_generate_deterministic(void **state) {
   /* invalid parameters are rejected before any work */
   dg_gen_params bad = gp;
   bad.t_min = 0.9f;
-  assert_int_equal(dg_generate(ctx, prompt, 12, &bad, &r3), DG_ERR_INVALID_ARG);
+  dg_gen_result rbad;
+  assert_int_equal(dg_generate(ctx, prompt, 12, &bad, &rbad), DG_ERR_INVALID_ARG);
+  assert_null(rbad.tokens); /* a failed call leaves an empty result */
   bad = gp;
   bad.stop_ids[0] = c.vocab;
-  assert_int_equal(dg_generate(ctx, prompt, 12, &bad, &r3), DG_ERR_INVALID_ARG);
+  assert_int_equal(dg_generate(ctx, prompt, 12, &bad, &rbad), DG_ERR_INVALID_ARG);
+  assert_null(rbad.tokens);
   dg_gen_result_free(&r1); dg_gen_result_free(&r2); dg_gen_result_free(&r3); dg_gen_result_free(&r4);
   dg_context_free(ctx);
   dg_model_free(m);

@@ -63,32 +63,47 @@ static void usage_exit(const char *msg) {
           "      --canvas-ids LIST|@FILE   canvas ids (logits)\n"
           "      --sc-logits FILE          previous step's processed logits [C,V] float32 (logits)\n"
           "  -o, --out FILE                output file (logits)\n"
-          "      --canvases FILE           replay: int32 canvases, C ids each, in draw order\n"
-          "      --uniforms FILE           replay: float32 uniforms, C per step (else argmax proposals)\n",
+          "      --canvases [@]FILE        replay: int32 canvases, C ids each, in draw order\n"
+          "      --uniforms [@]FILE        replay: float32 uniforms, C per step (else argmax proposals)\n",
           DEFAULT_MODEL);
   exit(2);
 }
 
 /* ---- small helpers ------------------------------------------------------- */
 
+/* Whole file (a leading '@' is accepted and skipped), or exit naming the file and the reason. */
 static void *read_all(const char *path, size_t *len) {
+  if (path[0] == '@') path++;
   FILE *f = fopen(path, "rb");
   if (!f) { fprintf(stderr, "dgemma: cannot open %s: %s\n", path, strerror(errno)); exit(1); }
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  void *buf = malloc(n > 0 ? (size_t)n : 1);
-  if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) { fprintf(stderr, "dgemma: cannot read %s\n", path); exit(1); }
+  size_t cap = 1 << 16, n = 0, k;
+  char *buf = malloc(cap);
+  while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += k;
+    if (n == cap) {
+      char *nb = realloc(buf, cap *= 2);
+      if (!nb) { free(buf); buf = NULL; }
+      buf = nb;
+    }
+  }
+  if (!buf || ferror(f)) { fprintf(stderr, "dgemma: cannot read %s: %s\n", path, buf ? strerror(errno) : "out of memory"); exit(1); }
   fclose(f);
-  *len = (size_t)n;
+  *len = n;
   return buf;
+}
+
+/* Open an output file before any work, or exit naming it and the reason. */
+static FILE *open_out(const char *path) {
+  FILE *f = fopen(path, "wb");
+  if (!f) { fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(errno)); exit(1); }
+  return f;
 }
 
 /* "1,2,3" or "@file.i32" -> int32 array */
 static int32_t *parse_ids(const char *arg, size_t *n) {
   if (arg[0] == '@') {
     size_t len;
-    int32_t *ids = read_all(arg + 1, &len);
+    int32_t *ids = read_all(arg, &len);
     if (len % 4) { fprintf(stderr, "dgemma: %s: size %zu is not a multiple of 4 (int32)\n", arg + 1, len); exit(1); }
     *n = len / 4;
     return ids;
@@ -134,20 +149,19 @@ static const char *default_model(void) {
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
   const char *file;
-  long limit;
   int threads, ref, think, raw, verbose, greedy, special;
-  long max_new, steps;
-  long long seed;
-  int seed_set;
+  long long max_new, steps, seed, limit;
+  int max_new_set, steps_set, seed_set;
   const char *positional;
 } opts;
 
-static long parse_long(const char *s, const char *name) {
+/* An integer option in [lo, hi]; anything else is a usage error naming the option. */
+static long long parse_int(const char *s, const char *name, long long lo, long long hi) {
   char *end;
   errno = 0;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || errno) {
-    fprintf(stderr, "dgemma: %s expects an integer, got \"%s\"\n", name, s);
+  long long v = strtoll(s, &end, 10);
+  if (!*s || *end || errno || v < lo || v > hi) {
+    fprintf(stderr, "dgemma: %s expects an integer in [%lld, %lld], got \"%s\"\n", name, lo, hi, s);
     exit(2);
   }
   return v;
@@ -155,20 +169,18 @@ static long parse_long(const char *s, const char *name) {
 
 static void parse_opts(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
-  o->max_new = -1;
-  o->steps = -1;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (usage_exit("missing value for an option"), ""))
+#define ARG() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "dgemma: %s needs a value\n", a), exit(2), ""))
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = ARG();
     else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = ARG();
     else if (!strcmp(a, "--system")) o->system = ARG();
     else if (!strcmp(a, "--think")) o->think = 1;
     else if (!strcmp(a, "--raw")) o->raw = 1;
-    else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) o->max_new = parse_long(ARG(), a);
-    else if (!strcmp(a, "-s") || !strcmp(a, "--steps")) o->steps = parse_long(ARG(), a);
-    else if (!strcmp(a, "--seed")) { o->seed = parse_long(ARG(), a); o->seed_set = 1; }
-    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)parse_long(ARG(), a);
+    else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) { o->max_new = parse_int(ARG(), a, 1, 1 << 24); o->max_new_set = 1; }
+    else if (!strcmp(a, "-s") || !strcmp(a, "--steps")) { o->steps = parse_int(ARG(), a, 1, 1 << 20); o->steps_set = 1; }
+    else if (!strcmp(a, "--seed")) { o->seed = parse_int(ARG(), a, 0, (1LL << 53)); o->seed_set = 1; }
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)parse_int(ARG(), a, 0, DG_MAX_THREADS);
     else if (!strcmp(a, "--ref")) o->ref = 1;
     else if (!strcmp(a, "--greedy")) o->greedy = 1;
     else if (!strcmp(a, "--special")) o->special = 1;
@@ -181,14 +193,32 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--canvases")) o->canvases = ARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
     else if (!strcmp(a, "--file")) o->file = ARG();
-    else if (!strcmp(a, "--limit")) o->limit = parse_long(ARG(), a);
+    else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 0, INT32_MAX);
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage_exit(NULL);
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "dgemma: unknown option %s\n", a); usage_exit(NULL); }
     else if (!o->positional) o->positional = a;
     else { fprintf(stderr, "dgemma: unexpected argument \"%s\"\n", a); usage_exit(NULL); }
 #undef ARG
   }
-  if (o->threads < 0) usage_exit("--threads must be >= 0");
+}
+
+/* Reject a positional argument for commands that take none. */
+static void no_positional(const opts *o, const char *cmd) {
+  if (o->positional) {
+    fprintf(stderr, "dgemma: %s takes no argument \"%s\" (options only)\n", cmd, o->positional);
+    exit(2);
+  }
+}
+
+/* Context capacity for a prompt of n tokens and the canvases of gp, or exit if it overflows. */
+static int32_t context_size(size_t n, const dg_gen_params *gp, int32_t canvas) {
+  long long c = ((long long)gp->max_new_tokens + canvas - 1) / canvas;
+  long long need = (long long)n + c * canvas;
+  if (need > INT32_MAX) {
+    fprintf(stderr, "dgemma: prompt of %zu tokens + %d new tokens is too long\n", n, gp->max_new_tokens);
+    exit(2);
+  }
+  return (int32_t)need;
 }
 
 static dg_model *load_model(const opts *o, int need_tokenizer) {
@@ -214,10 +244,8 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
     dg_status st = dg_gen_params_apply_json(&gp, o->gen_kwargs);
     if (st) die("--gen-kwargs", st);
   }
-  if (o->max_new > 0) gp.max_new_tokens = (int32_t)o->max_new;
-  else if (o->max_new == 0 || o->max_new < -1) usage_exit("--max-new-tokens must be positive");
-  if (o->steps > 0) gp.max_denoising_steps = (int32_t)o->steps;
-  else if (o->steps == 0 || o->steps < -1) usage_exit("--steps must be positive");
+  if (o->max_new_set) gp.max_new_tokens = (int32_t)o->max_new;
+  if (o->steps_set) gp.max_denoising_steps = (int32_t)o->steps;
   if (o->seed_set) gp.seed = (uint64_t)o->seed;
   if (o->greedy) gp.proposal = DG_PROPOSAL_ARGMAX;
   return gp;
@@ -255,8 +283,9 @@ static int on_block(const dg_block_info *bi, void *ud) {
 static int on_step(const dg_step_info *si, void *ud) {
   stream_state *s = ud;
   char *text = NULL;
-  fprintf(stderr, "\x1b[2m[block %d step %2d T=%.3f accepted %3d mean H %.4f%s]\x1b[0m ", si->block, si->step,
-          si->temperature, si->n_accepted, si->mean_entropy, si->stop ? " stop" : "");
+  const int tty = isatty(2);
+  fprintf(stderr, "%s[block %d step %2d T=%.3f accepted %3d mean H %.4f%s]%s ", tty ? "\x1b[2m" : "", si->block,
+          si->step, si->temperature, si->n_accepted, si->mean_entropy, si->stop ? " stop" : "", tty ? "\x1b[0m" : "");
   if (dg_detokenize(s->m, si->argmax, (size_t)si->canvas_length, 1, &text) == DG_OK) {
     for (char *c = text; *c; c++)
       if (*c == '\n') *c = ' ';
@@ -271,6 +300,10 @@ static int on_step(const dg_step_info *si, void *ud) {
 static int cmd_run(const opts *o) {
   const char *prompt = o->prompt ? o->prompt : o->positional;
   if (!prompt) usage_exit("run needs a prompt (-p TEXT)");
+  if (o->prompt && o->positional) {
+    fprintf(stderr, "dgemma: run got both -p and the argument \"%s\"\n", o->positional);
+    return 2;
+  }
   dg_model *m = load_model(o, 1);
   dg_gen_params gp = gen_params(m, o);
   int32_t *ids = NULL;
@@ -288,9 +321,8 @@ static int cmd_run(const opts *o) {
   if (st) die("prompt", st);
   dg_model_info info;
   dg_model_get_info(m, &info);
-  int32_t n_canvases = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
   dg_context_params cp = dg_context_default_params();
-  cp.max_context = (int32_t)n + n_canvases * info.canvas_length;
+  cp.max_context = context_size(n, &gp, info.canvas_length);
   dg_context *ctx = NULL;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
   stream_state ss = {m, NULL, 0, 0, 0, o->verbose};
@@ -300,6 +332,7 @@ static int cmd_run(const opts *o) {
   dg_gen_result r;
   if ((st = dg_generate(ctx, ids, n, &gp, &r))) die("generate", st);
   printf("\n");
+  fflush(stdout);
   fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
           r.n_valid, r.n_blocks, r.n_steps, r.tokens_per_forward, r.seconds,
           r.seconds > 0 ? r.n_valid / r.seconds : 0.0);
@@ -314,7 +347,8 @@ static int cmd_run(const opts *o) {
 /* ---- info / tokenize ------------------------------------------------------ */
 
 static int cmd_info(const opts *o) {
-  dg_model *m = load_model(o, 1);
+  no_positional(o, "info");
+  dg_model *m = load_model(o, 0);
   dg_model_info i;
   dg_model_get_info(m, &i);
   dg_gen_params gp = dg_gen_default_params(m);
@@ -352,6 +386,8 @@ static int cmd_tokenize(const opts *o) {
 
 static int cmd_logits(const opts *o) {
   if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
+  no_positional(o, "logits");
+  FILE *f = open_out(o->out);
   dg_model *m = load_model(o, 0);
   dg_model_info info;
   dg_model_get_info(m, &info);
@@ -381,9 +417,8 @@ static int cmd_logits(const opts *o) {
   if ((st = dg_encode(ctx, prompt, np))) die("encode", st);
   float *logits = malloc(CV * sizeof(float));
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
-  FILE *f = fopen(o->out, "wb");
-  if (!f || fwrite(logits, sizeof(float), CV, f) != CV || fclose(f)) {
-    fprintf(stderr, "dgemma: cannot write %s\n", o->out);
+  if (fwrite(logits, sizeof(float), CV, f) != CV || fclose(f)) {
+    fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
     return 1;
   }
   fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s\n", info.canvas_length, info.vocab_size, o->out);
@@ -395,13 +430,20 @@ static int cmd_logits(const opts *o) {
 
 static int cmd_replay(const opts *o) {
   if (!o->prompt_ids || !o->canvases) usage_exit("replay needs --prompt-ids and --canvases");
+  no_positional(o, "replay");
   dg_model *m = load_model(o, 0);
   dg_gen_params gp = gen_params(m, o);
   size_t np, ncv, nu = 0;
   int32_t *prompt = parse_ids(o->prompt_ids, &np);
   size_t len;
   int32_t *canv = read_all(o->canvases, &len);
-  if (len % 4) { fprintf(stderr, "dgemma: %s is not int32 data\n", o->canvases); return 2; }
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  if (len % (4 * (size_t)info.canvas_length)) {
+    fprintf(stderr, "dgemma: %s has %zu bytes, not a whole number of int32 canvases of %d ids\n", o->canvases, len,
+            info.canvas_length);
+    return 2;
+  }
   ncv = len / 4;
   float *uni = NULL;
   if (o->uniforms) {
@@ -414,10 +456,8 @@ static int cmd_replay(const opts *o) {
   gp.replay_uniforms = uni;
   gp.replay_uniforms_len = nu;
   gp.proposal = uni ? DG_PROPOSAL_REPLAY_UNIFORM : DG_PROPOSAL_ARGMAX;
-  dg_model_info info;
-  dg_model_get_info(m, &info);
   dg_context_params cp = dg_context_default_params();
-  cp.max_context = (int32_t)np + ((gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length) * info.canvas_length;
+  cp.max_context = context_size(np, &gp, info.canvas_length);
   dg_context *ctx = NULL;
   dg_status st;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
@@ -425,6 +465,7 @@ static int cmd_replay(const opts *o) {
   if ((st = dg_generate(ctx, prompt, np, &gp, &r))) die("replay", st);
   for (int32_t i = 0; i < r.n_tokens; i++) printf("%s%d", i ? "," : "", r.tokens[i]);
   printf("\n");
+  fflush(stdout);
   fprintf(stderr, "dgemma: %d blocks, %d denoising steps\n", r.n_blocks, r.n_steps);
   dg_gen_result_free(&r);
   free(prompt); free(canv); free(uni);
@@ -436,7 +477,7 @@ static int cmd_replay(const opts *o) {
 static int cmd_eval(const opts *o) {
   if (!o->positional || !o->file) usage_exit("eval needs problems|text and --file F.jsonl");
   dg_model *m = load_model(o, 1);
-  eval_opts eo = {o->positional, o->file, o->out, o->gen_kwargs, o->seed_set ? o->seed : 0, (int)o->limit, isatty(2)};
+  eval_opts eo = {o->positional, o->file, o->out, gen_params(m, o), o->seed_set ? o->seed : 0, (int)o->limit, isatty(2)};
   int rc = dg_cli_eval(m, &eo);
   dg_model_free(m);
   return rc;

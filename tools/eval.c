@@ -65,18 +65,34 @@ static int parse_answer(const char *s, long long *out) {
   return found;
 }
 
-static int32_t *json_ids(const cJSON *a, size_t *n) {
+/* An integer JSON number in [lo, hi] (no fraction), or 0 if it is not one. */
+static int json_int(const cJSON *v, double lo, double hi, long long *out) {
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi)
+    return 0;
+  *out = (long long)v->valuedouble;
+  return 1;
+}
+
+/* An array of token ids in [0, V); NULL if absent, not an array, or any entry is not such an id. */
+static int32_t *json_ids(const cJSON *a, int32_t V, size_t *n) {
   if (!cJSON_IsArray(a)) return NULL;
   int k = cJSON_GetArraySize(a);
   int32_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof *ids);
   int i = 0;
   const cJSON *e;
   cJSON_ArrayForEach(e, a) {
-    if (!cJSON_IsNumber(e)) { free(ids); return NULL; }
-    ids[i++] = (int32_t)e->valuedouble;
+    long long v;
+    if (!json_int(e, 0, (double)V - 1, &v)) { free(ids); return NULL; }
+    ids[i++] = (int32_t)v;
   }
   *n = (size_t)k;
   return ids;
+}
+
+static int blank(const char *line) {
+  for (; *line; line++)
+    if (!isspace((unsigned char)*line)) return 0;
+  return 1;
 }
 
 static FILE *open_or_die(const char *path, const char *mode) {
@@ -95,11 +111,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   FILE *out = o->out ? open_or_die(o->out, "w") : NULL;
   dg_model_info info;
   dg_model_get_info(m, &info);
-  dg_gen_params gp = dg_gen_default_params(m);
-  if (o->gen_kwargs) {
-    dg_status st = dg_gen_params_apply_json(&gp, o->gen_kwargs);
-    if (st) die_st("--gen-kwargs", st);
-  }
+  dg_gen_params gp = o->gen;
   dg_context_params cp = dg_context_default_params();
   int32_t ncanv = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
   cp.max_context = 1024 + ncanv * info.canvas_length;
@@ -114,18 +126,28 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   double t0 = wall();
   while (getline(&line, &cap, f) > 0) {
     lineno++;
+    if (blank(line)) continue;
     if (o->limit > 0 && total >= o->limit) break;
     cJSON *j = cJSON_Parse(line);
-    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(j, "id"), *jst = cJSON_GetObjectItemCaseSensitive(j, "steps"),
-                *jfin = cJSON_GetObjectItemCaseSensitive(j, "final");
+    long long id, steps, final;
     size_t np = 0;
-    int32_t *prompt = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "prompt_ids"), &np) : NULL;
-    if (!j || !cJSON_IsNumber(jid) || !cJSON_IsNumber(jst) || !cJSON_IsNumber(jfin) || !prompt) {
-      fprintf(stderr, "dgemma eval: %s line %d: expected {\"id\", \"steps\", \"final\", \"prompt_ids\"}\n", o->file, lineno);
+    int32_t *prompt = NULL;
+    const cJSON *jq = cJSON_GetObjectItemCaseSensitive(j, "question");
+    if (j && cJSON_GetObjectItemCaseSensitive(j, "prompt_ids")) {
+      prompt = json_ids(cJSON_GetObjectItemCaseSensitive(j, "prompt_ids"), info.vocab_size, &np);
+    } else if (cJSON_IsString(jq)) { /* render the question with the chat template (thinking off) */
+      dg_chat_message msg = {"user", jq->valuestring};
+      if ((st = dg_chat_apply(m, &msg, 1, 0, &prompt, &np))) die_st("chat template", st);
+    }
+    if (!j || !json_int(cJSON_GetObjectItemCaseSensitive(j, "id"), 0, INT32_MAX, &id) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "steps"), 0, 1000, &steps) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "final"), -9e15, 9e15, &final) || !prompt || !np) {
+      fprintf(stderr,
+              "dgemma eval: %s line %d: expected {\"id\": int, \"steps\": int, \"final\": int, and \"prompt_ids\": "
+              "[ids in [0, %d)] or \"question\": text}\n",
+              o->file, lineno, info.vocab_size);
       exit(1);
     }
-    int id = (int)jid->valuedouble, steps = (int)jst->valuedouble;
-    long long final = (long long)jfin->valuedouble;
     gp.seed = (uint64_t)(o->seed + id);
     dg_context_reset(ctx);
     dg_gen_result r;
@@ -166,6 +188,10 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   free(line);
   fclose(f);
   if (out) fclose(out);
+  if (total == 0) {
+    fprintf(stderr, "dgemma eval: %s holds no problems\n", o->file);
+    exit(1);
+  }
   double secs = wall() - t0, lo, hi;
   printf("| steps | n | correct | accuracy | Wilson 95%% |\n|---|---|---|---|---|\n");
   for (int s = 1; s <= 8; s++) {
@@ -206,15 +232,18 @@ static int eval_text(dg_model *m, const eval_opts *o) {
   double t0 = wall();
   while (getline(&line, &cap, f) > 0) {
     lineno++;
+    if (blank(line)) continue;
     if (o->limit > 0 && nwin >= o->limit) break;
     cJSON *j = cJSON_Parse(line);
     size_t nc = 0, nt = 0, nn = 0;
-    int32_t *c = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "context"), &nc) : NULL;
-    int32_t *t = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "target"), &nt) : NULL;
-    int32_t *z = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "noise"), &nn) : NULL;
-    if (!c || !t || !z || nt != (size_t)C || nn != (size_t)C) {
-      fprintf(stderr, "dgemma eval: %s line %d: expected {\"context\", \"target\" [%d], \"noise\" [%d]}\n", o->file,
-              lineno, C, C);
+    int32_t *c = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "context"), V, &nc) : NULL;
+    int32_t *t = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "target"), V, &nt) : NULL;
+    int32_t *z = j ? json_ids(cJSON_GetObjectItemCaseSensitive(j, "noise"), V, &nn) : NULL;
+    if (!c || !t || !z || !nc || nt != (size_t)C || nn != (size_t)C) {
+      fprintf(stderr,
+              "dgemma eval: %s line %d: expected {\"context\": [ids], \"target\": [%d ids], \"noise\": [%d ids]}, ids in "
+              "[0, %d)\n",
+              o->file, lineno, C, C, V);
       exit(1);
     }
     dg_context_reset(ctx);
@@ -235,6 +264,10 @@ static int eval_text(dg_model *m, const eval_opts *o) {
     cJSON_Delete(j);
   }
   if (o->progress) fprintf(stderr, "\n");
+  if (nwin == 0) {
+    fprintf(stderr, "dgemma eval: %s holds no windows\n", o->file);
+    exit(1);
+  }
   printf("sequential canvas code length: %.4f nats/token over %lld tokens (%d windows, canvas %d), %.1f s\n",
          ntok ? tot / ntok : 0.0, ntok, nwin, C, wall() - t0);
   free(line);

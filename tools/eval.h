@@ -8,7 +8,7 @@ typedef struct eval_opts {
   const char *what;       /* "problems" or "text" */
   const char *file;       /* JSONL input */
   const char *out;        /* per-item JSONL output (problems), or NULL */
-  const char *gen_kwargs; /* JSON generation-config overrides, or NULL */
+  dg_gen_params gen;      /* generation parameters (model defaults + CLI options) */
   long long seed;         /* base seed; problem i uses seed + id */
   int limit;              /* 0 = all lines */
   int progress;           /* progress on stderr */
