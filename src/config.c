@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dg_error.h"
+#include "dg_json.h"
 
 dg_status dg_read_file(const char *path, char **buf, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -72,15 +73,6 @@ static dg_status parse_json_file(const char *path, cJSON **out) {
 
 /* ---- typed field readers ------------------------------------------------ */
 
-static const char *json_kind(const cJSON *v) {
-  if (!v) return "missing";
-  if (cJSON_IsNull(v)) return "null";
-  if (cJSON_IsBool(v)) return "a boolean";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsArray(v)) return "an array";
-  return "an object";
-}
 
 /* Integer field. required: error if absent/null; else *out untouched. */
 static dg_status get_int(const char *file, const char *obj_name, const cJSON *obj, const char *key,
@@ -92,7 +84,7 @@ static dg_status get_int(const char *file, const char *obj_name, const cJSON *ob
   }
   if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be an integer, got %s", file, obj_name, key,
-                     json_kind(v));
+                     dg_json_kind(v));
   double d = v->valuedouble;
   if (d < (double)lo || d > (double)hi)
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s = %.0f is out of range [%lld, %lld]", file, obj_name,
@@ -110,7 +102,7 @@ static dg_status get_num(const char *file, const char *obj_name, const cJSON *ob
   }
   if (!cJSON_IsNumber(v))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be a number, got %s", file, obj_name, key,
-                     json_kind(v));
+                     dg_json_kind(v));
   if (!(v->valuedouble >= lo && v->valuedouble <= hi))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s = %g is out of range [%g, %g]", file, obj_name, key,
                      v->valuedouble, lo, hi);
@@ -135,7 +127,7 @@ static dg_status get_id_list(const char *file, const char *obj_name, const cJSON
       if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
           e->valuedouble > INT32_MAX)
         return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s[%d] is not a token id (%s)", file, obj_name, key,
-                         cnt, json_kind(e));
+                         cnt, dg_json_kind(e));
       if (cnt >= DG_MAX_STOP_IDS)
         return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s lists more than %d ids", file, obj_name, key,
                          DG_MAX_STOP_IDS);
@@ -143,7 +135,7 @@ static dg_status get_id_list(const char *file, const char *obj_name, const cJSON
     }
   } else {
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be an id or a list of ids, got %s", file,
-                     obj_name, key, json_kind(v));
+                     obj_name, key, dg_json_kind(v));
   }
   *n = cnt;
   return DG_OK;
@@ -155,7 +147,7 @@ static dg_status parse_rope(const char *file, const cJSON *rp, const char *kind,
   char path[96];
   snprintf(path, sizeof path, "text_config.rope_parameters.%s.", kind);
   if (!cJSON_IsObject(r))
-    return dg_seterr(DG_ERR_CONFIG, "%s: field %s must be an object, got %s", file, path, json_kind(r));
+    return dg_seterr(DG_ERR_CONFIG, "%s: field %s must be an object, got %s", file, path, dg_json_kind(r));
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
   if (t) {
     if (!cJSON_IsString(t))
@@ -177,7 +169,7 @@ static dg_status parse_per_layer(const char *file, const cJSON *plc, dg_config *
   if (!plc || cJSON_IsNull(plc)) return DG_OK;
   if (!cJSON_IsObject(plc))
     return dg_seterr(DG_ERR_CONFIG, "%s: field text_config.per_layer_config must be an object, got %s", file,
-                     json_kind(plc));
+                     dg_json_kind(plc));
   const cJSON *e;
   cJSON_ArrayForEach(e, plc) {
     const char *k = e->string;
@@ -211,7 +203,7 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(tc, "hidden_activation");
   if (act && !(cJSON_IsString(act) && (strcmp(act->valuestring, "gelu_pytorch_tanh") == 0)))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %shidden_activation = %s%s%s is not supported (gelu_pytorch_tanh)",
-                     file, P, cJSON_IsString(act) ? "\"" : "", cJSON_IsString(act) ? act->valuestring : json_kind(act),
+                     file, P, cJSON_IsString(act) ? "\"" : "", cJSON_IsString(act) ? act->valuestring : dg_json_kind(act),
                      cJSON_IsString(act) ? "\"" : "");
   const cJSON *ab = cJSON_GetObjectItemCaseSensitive(tc, "attention_bias");
   if (cJSON_IsTrue(ab))
@@ -258,7 +250,7 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   const cJSON *lt = cJSON_GetObjectItemCaseSensitive(tc, "layer_types");
   if (lt && !cJSON_IsNull(lt)) {
     if (!cJSON_IsArray(lt))
-      return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types must be an array, got %s", file, P, json_kind(lt));
+      return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types must be an array, got %s", file, P, dg_json_kind(lt));
     if (cJSON_GetArraySize(lt) < c->n_layers)
       return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types has %d entries for num_hidden_layers = %d", file, P,
                        cJSON_GetArraySize(lt), c->n_layers);
@@ -268,7 +260,7 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
       else if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) c->is_full[i] = 0;
       else
         return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types[%d] = %s%s%s is not sliding_attention/full_attention",
-                         file, P, i, cJSON_IsString(e) ? "\"" : "", cJSON_IsString(e) ? e->valuestring : json_kind(e),
+                         file, P, i, cJSON_IsString(e) ? "\"" : "", cJSON_IsString(e) ? e->valuestring : dg_json_kind(e),
                          cJSON_IsString(e) ? "\"" : "");
     }
   } else {
@@ -305,7 +297,7 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   const cJSON *rp = cJSON_GetObjectItemCaseSensitive(tc, "rope_parameters");
   if (rp && !cJSON_IsNull(rp)) {
     if (!cJSON_IsObject(rp))
-      return dg_seterr(DG_ERR_CONFIG, "%s: field %srope_parameters must be an object, got %s", file, P, json_kind(rp));
+      return dg_seterr(DG_ERR_CONFIG, "%s: field %srope_parameters must be an object, got %s", file, P, dg_json_kind(rp));
     DG_TRY(parse_rope(file, rp, "sliding_attention", &c->rope_sliding));
     DG_TRY(parse_rope(file, rp, "full_attention", &c->rope_full));
   }
@@ -429,11 +421,11 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
   const cJSON *sc = cJSON_GetObjectItemCaseSensitive(j, "sampler_config");
   if (sc && !cJSON_IsNull(sc)) {
     if (!cJSON_IsObject(sc))
-      return dg_seterr(errc, "%s: field sampler_config must be an object, got %s", src, json_kind(sc));
+      return dg_seterr(errc, "%s: field sampler_config must be an object, got %s", src, dg_json_kind(sc));
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(sc, "_cls_name");
     if (cls && (!cJSON_IsString(cls) || strcmp(cls->valuestring, "EntropyBoundSamplerConfig") != 0))
       return dg_seterr(errc, "%s: field sampler_config._cls_name = %s is not supported (EntropyBoundSamplerConfig)",
-                       src, cJSON_IsString(cls) ? cls->valuestring : json_kind(cls));
+                       src, cJSON_IsString(cls) ? cls->valuestring : dg_json_kind(cls));
     GEN_NUM(sc, "sampler_config.", "entropy_bound", 1e-30, 1e9, &p->entropy_bound);
   }
   GEN_NUM(j, "", "t_min", 0.0, 1e9, &p->t_min);
@@ -461,7 +453,7 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
   if (seed && !cJSON_IsNull(seed)) {
     if (!cJSON_IsNumber(seed) || seed->valuedouble < 0 || seed->valuedouble != floor(seed->valuedouble) ||
         seed->valuedouble > 9007199254740992.0)
-      return dg_seterr(errc, "%s: field seed must be a non-negative integer, got %s", src, json_kind(seed));
+      return dg_seterr(errc, "%s: field seed must be a non-negative integer, got %s", src, dg_json_kind(seed));
     p->seed = (uint64_t)seed->valuedouble;
   }
   const cJSON *prop = cJSON_GetObjectItemCaseSensitive(j, "proposal");
@@ -470,7 +462,7 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
     else if (cJSON_IsString(prop) && strcmp(prop->valuestring, "argmax") == 0) p->proposal = DG_PROPOSAL_ARGMAX;
     else
       return dg_seterr(errc, "%s: field proposal must be \"sample\" or \"argmax\", got %s%s%s", src,
-                       cJSON_IsString(prop) ? "\"" : "", cJSON_IsString(prop) ? prop->valuestring : json_kind(prop),
+                       cJSON_IsString(prop) ? "\"" : "", cJSON_IsString(prop) ? prop->valuestring : dg_json_kind(prop),
                        cJSON_IsString(prop) ? "\"" : "");
   }
 #undef GEN_INT

@@ -104,6 +104,7 @@ dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_conte
   if (!ctx) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   ctx->m = m;
   ctx->cap = cap;
+  ctx->rope_pos0 = -1;
   int fail = 0;
   int dmax = 0, kvmax = 0;
   for (int i = 0; i < c->n_layers; i++) {
@@ -263,7 +264,12 @@ static void qkv(dg_context *ctx, int li, int T, int32_t pos0) {
   matmul(m, ctx->k, NKV * D, a, H, T, &l->k, 0, NKV * D);
   if (l->v.data) matmul(m, ctx->v, NKV * D, a, H, T, &l->v, 0, NKV * D);
   else memcpy(ctx->v, ctx->k, (size_t)T * NKV * D * sizeof(float)); /* K = V, before k_norm and rope */
-  rope_tables(ctx->rope_cos, ctx->rope_sin, l->is_full ? m->inv_freq_full : m->inv_freq_sliding, D, pos0, T);
+  if (ctx->rope_pos0 != pos0 || ctx->rope_T != T || ctx->rope_full != l->is_full) { /* once per pass and layer kind */
+    rope_tables(ctx->rope_cos, ctx->rope_sin, l->is_full ? m->inv_freq_full : m->inv_freq_sliding, D, pos0, T);
+    ctx->rope_pos0 = pos0;
+    ctx->rope_T = T;
+    ctx->rope_full = l->is_full;
+  }
 #pragma omp parallel for num_threads(m->n_threads) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *cs = ctx->rope_cos + (size_t)t * (D / 2), *sn = ctx->rope_sin + (size_t)t * (D / 2);

@@ -91,6 +91,7 @@ struct dg_context {
   float *ebuf_in, *ebuf_out; /* [T*K, H] gathered expert rows */
   float *eh1, *eh2;     /* [T*K, IE] */
   float *rope_cos, *rope_sin; /* [T, Dmax/2] */
+  int32_t rope_pos0, rope_T, rope_full; /* what the tables hold (rope_pos0 = -1: nothing) */
   float *scores;        /* [nthreads, S + T] attention scratch */
   int32_t n_score_threads;
   float *soft;          /* [C, H] self-conditioning soft embedding */

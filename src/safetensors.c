@@ -32,6 +32,7 @@
 #include <cjson/cJSON.h>
 
 #include "dg_error.h"
+#include "dg_json.h"
 
 #define ST_MAX_HEADER 100000000ull     /* same limit as the reference library */
 #define ST_MAX_INDEX  100000000ull     /* cap for model.safetensors.index.json */
@@ -172,16 +173,6 @@ static int st_utf8_valid(const uint8_t *s, size_t n, size_t *bad) {
 
 static int st_is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-static const char *st_json_type(const cJSON *v) {
-  if (!v) return "nothing";
-  if (cJSON_IsObject(v)) return "an object";
-  if (cJSON_IsArray(v)) return "an array";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsBool(v)) return "a bool";
-  if (cJSON_IsNull(v)) return "null";
-  return "invalid";
-}
 
 /* Read a JSON number that must be an integer in [0, 2^53). Returns NULL and
  * sets *out if fine, else a short description of what is wrong. */
@@ -344,7 +335,7 @@ static dg_status st_parse_metadata(st_file *f, const cJSON *meta) {
   if (cJSON_IsNull(meta)) return DG_OK; /* the reference accepts null */
   if (!cJSON_IsObject(meta))
     return dg_seterr(DG_ERR_SAFETENSORS, "%s: \"__metadata__\" is %s, not an object of strings",
-                     f->path, st_json_type(meta));
+                     f->path, dg_json_kind(meta));
   size_t n = (size_t)cJSON_GetArraySize(meta);
   f->meta_keys = calloc(n ? n : 1, sizeof(char *));
   f->meta_vals = calloc(n ? n : 1, sizeof(char *));
@@ -353,7 +344,7 @@ static dg_status st_parse_metadata(st_file *f, const cJSON *meta) {
   cJSON_ArrayForEach(kv, meta) {
     if (!cJSON_IsString(kv))
       return dg_seterr(DG_ERR_SAFETENSORS, "%s: \"__metadata__\" key \"%s\": value is %s, not a string",
-                       f->path, kv->string, st_json_type(kv));
+                       f->path, kv->string, dg_json_kind(kv));
     for (size_t i = 0; i < f->n_meta; i++)
       if (strcmp(f->meta_keys[i], kv->string) == 0)
         return dg_seterr(DG_ERR_SAFETENSORS, "%s: \"__metadata__\" key \"%s\" appears twice",
@@ -374,7 +365,7 @@ static dg_status st_parse_entry(const char *path, const cJSON *e, const uint8_t 
   const char *name = e->string;
   if (!cJSON_IsObject(e))
     return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": entry is %s, not an object",
-                     path, name, st_json_type(e));
+                     path, name, dg_json_kind(e));
 
   /* Pick the three fields; a repeated one is an error (serde rejects it too),
    * unknown ones are ignored (as the reference does). */
@@ -395,7 +386,7 @@ static dg_status st_parse_entry(const char *path, const cJSON *e, const uint8_t 
     return dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor \"%s\": field \"dtype\" missing", path, name);
   if (!cJSON_IsString(dtype))
     return dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor \"%s\": field \"dtype\" is %s, not a string",
-                     path, name, st_json_type(dtype));
+                     path, name, dg_json_kind(dtype));
   if (!dg_dtype_parse(dtype->valuestring, &t->dtype))
     return dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor \"%s\": dtype \"%s\" is not supported",
                      path, name, dtype->valuestring);
@@ -405,7 +396,7 @@ static dg_status st_parse_entry(const char *path, const cJSON *e, const uint8_t 
     return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": field \"shape\" missing", path, name);
   if (!cJSON_IsArray(shape))
     return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": field \"shape\" is %s, not an array",
-                     path, name, st_json_type(shape));
+                     path, name, dg_json_kind(shape));
   int ndim = cJSON_GetArraySize(shape);
   if (ndim > DG_MAX_DIMS)
     return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": shape has %d dims (at most %d supported)",
@@ -419,7 +410,7 @@ static dg_status st_parse_entry(const char *path, const cJSON *e, const uint8_t 
         return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": shape[%d] = %.17g %s",
                          path, name, t->ndim, c->valuedouble, why);
       return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": shape[%d] is %s, not an integer",
-                       path, name, t->ndim, st_json_type(c));
+                       path, name, t->ndim, dg_json_kind(c));
     }
     t->shape[t->ndim++] = (int64_t)d;
   }
@@ -430,7 +421,7 @@ static dg_status st_parse_entry(const char *path, const cJSON *e, const uint8_t 
   if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
     return dg_seterr(DG_ERR_SAFETENSORS,
                      "%s: tensor \"%s\": field \"data_offsets\" is %s of %d items, not [begin, end]",
-                     path, name, st_json_type(offs), cJSON_IsArray(offs) ? cJSON_GetArraySize(offs) : 1);
+                     path, name, dg_json_kind(offs), cJSON_IsArray(offs) ? cJSON_GetArraySize(offs) : 1);
   uint64_t be[2] = {0, 0};
   for (int i = 0; i < 2; i++) {
     c = cJSON_GetArrayItem(offs, i);
@@ -440,7 +431,7 @@ static dg_status st_parse_entry(const char *path, const cJSON *e, const uint8_t 
         return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": data_offsets[%d] = %.17g %s",
                          path, name, i, c->valuedouble, why);
       return dg_seterr(DG_ERR_SAFETENSORS, "%s: tensor \"%s\": data_offsets[%d] is %s, not an integer",
-                       path, name, i, st_json_type(c));
+                       path, name, i, dg_json_kind(c));
     }
   }
   if (be[0] > be[1])
@@ -633,7 +624,7 @@ static dg_status st_parse_file(dg_safetensors *st, st_file *f) {
     }
   }
   if (!cJSON_IsObject(root)) { /* unreachable after the '{' check; kept as a guard */
-    rc = dg_seterr(DG_ERR_SAFETENSORS, "%s: header is %s, not a JSON object", path, st_json_type(root));
+    rc = dg_seterr(DG_ERR_SAFETENSORS, "%s: header is %s, not a JSON object", path, dg_json_kind(root));
     goto done;
   }
   if ((rc = st_scan_header(path, text, (size_t)(end - text))) != DG_OK) goto done;
@@ -805,13 +796,13 @@ dg_status dg_st_open_dir(const char *dir, dg_safetensors **out) {
     goto done;
   }
   if (!cJSON_IsObject(root)) {
-    rc = dg_seterr(DG_ERR_JSON, "%s: top level is %s, not an object", ipath, st_json_type(root));
+    rc = dg_seterr(DG_ERR_JSON, "%s: top level is %s, not an object", ipath, dg_json_kind(root));
     goto done;
   }
   const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
   if (!cJSON_IsObject(wm)) {
     rc = dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is %s, not an object", ipath,
-                   wm ? st_json_type(wm) : "missing");
+                   wm ? dg_json_kind(wm) : "missing");
     goto done;
   }
 
@@ -824,7 +815,7 @@ dg_status dg_st_open_dir(const char *dir, dg_safetensors **out) {
   cJSON_ArrayForEach(e, wm) {
     if (!cJSON_IsString(e)) {
       rc = dg_seterr(DG_ERR_CONFIG, "%s: weight_map[\"%s\"] is %s, not a shard file name", ipath,
-                     e->string, st_json_type(e));
+                     e->string, dg_json_kind(e));
       goto done;
     }
     if (!st_plain_name(e->valuestring)) {
