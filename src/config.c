@@ -16,37 +16,14 @@
 #include <string.h>
 
 #include "dg_error.h"
+#include "dg_io.h"
 #include "dg_json.h"
 
-dg_status dg_read_file(const char *path, char **buf, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    if (errno == ENOENT) return dg_seterr(DG_ERR_NOT_FOUND, "%s: file not found", path);
-    return dg_seterr(DG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  }
-  if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return dg_seterr(DG_ERR_IO, "%s: cannot seek", path); }
-  long n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    fclose(f);
-    return dg_seterr(DG_ERR_IO, "%s: cannot determine size (is it a directory?)", path);
-  }
-  char *b = malloc((size_t)n + 1);
-  if (!b) { fclose(f); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "%s: cannot allocate %ld bytes", path, n); }
-  if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-    free(b); fclose(f);
-    return dg_seterr(DG_ERR_IO, "%s: short read", path);
-  }
-  fclose(f);
-  b[n] = 0;
-  *buf = b;
-  if (len) *len = (size_t)n;
-  return DG_OK;
-}
 
 static dg_status parse_json_file(const char *path, cJSON **out) {
   char *text = NULL;
   size_t len = 0;
-  DG_TRY(dg_read_file(path, &text, &len));
+  DG_TRY(dg_read_file(path, 0, &text, &len));
   const char *end = NULL;
   cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (!j) {

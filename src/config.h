@@ -61,8 +61,5 @@ dg_status dg_gen_config_load(const char *path, dg_gen_params *p, int *found);
 /* Reference defaults of spec 1.3 (no file). */
 void dg_gen_params_reference_defaults(dg_gen_params *p);
 
-/* Read a whole file into a malloc'd NUL-terminated buffer.
- * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO. */
-dg_status dg_read_file(const char *path, char **buf, size_t *len);
 
 #endif

@@ -32,6 +32,7 @@
 #include <cjson/cJSON.h>
 
 #include "dg_error.h"
+#include "dg_io.h"
 #include "dg_json.h"
 
 #define ST_MAX_HEADER 100000000ull     /* same limit as the reference library */
@@ -716,40 +717,6 @@ dg_status dg_st_open_file(const char *path, dg_safetensors **out) {
 /* Sharded directories                                                       */
 /* ------------------------------------------------------------------------- */
 
-/* Read a small file into a NUL-terminated malloc'd buffer. */
-static dg_status st_read_small(const char *path, char **buf, size_t *len) {
-  *buf = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return st_open_err(path, errno);
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    close(fd);
-    return dg_seterr(DG_ERR_IO, "%s: not a readable regular file", path);
-  }
-  if ((uint64_t)sb.st_size > ST_MAX_INDEX) {
-    close(fd);
-    return dg_seterr(DG_ERR_IO, "%s: %lld bytes is too large for an index file", path, (long long)sb.st_size);
-  }
-  size_t n = (size_t)sb.st_size, got = 0;
-  char *p = malloc(n + 1);
-  if (!p) { close(fd); return st_oom(path); }
-  while (got < n) {
-    ssize_t r = read(fd, p + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      int err = r < 0 ? errno : EIO;
-      free(p);
-      close(fd);
-      return dg_seterr(DG_ERR_IO, "%s: read failed: %s", path, strerror(err));
-    }
-    got += (size_t)r;
-  }
-  close(fd);
-  p[n] = 0;
-  *buf = p;
-  *len = n;
-  return DG_OK;
-}
 
 static int st_cmp_str(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -769,7 +736,7 @@ dg_status dg_st_open_dir(const char *dir, dg_safetensors **out) {
   if (!ipath) return st_oom(dir);
   char *text = NULL;
   size_t len = 0;
-  dg_status rc = st_read_small(ipath, &text, &len);
+  dg_status rc = dg_read_file(ipath, ST_MAX_INDEX, &text, &len);
   if (rc == DG_ERR_NOT_FOUND) { /* not sharded: a single model.safetensors */
     free(ipath);
     char *single = st_join(dir, ST_SINGLE_NAME);

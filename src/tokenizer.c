@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 
 #include "dg_error.h"
+#include "dg_io.h"
 
 /* ------------------------------------------------------------------------- */
 /* DiffusionGemma special-token names, applied by id (spec section 2 table).  */
@@ -434,29 +435,6 @@ static int arena_add(dg_tokenizer *t, const char *s, size_t n, uint32_t *off) {
 /* Loading                                                                   */
 /* ========================================================================= */
 
-/* Read a whole file. */
-static dg_status read_file(const char *path, char **data, size_t *len) {
-  struct stat sb;
-  if (stat(path, &sb) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR)
-      return dg_seterr(DG_ERR_NOT_FOUND, "%s: tokenizer file not found", path);
-    return dg_seterr(DG_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-  }
-  if (!S_ISREG(sb.st_mode)) return dg_seterr(DG_ERR_IO, "%s: not a regular file", path);
-  FILE *f = fopen(path, "rb");
-  if (!f) return dg_seterr(DG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  size_t n = (size_t)sb.st_size;
-  char *buf = malloc(n + 1);
-  if (!buf) { fclose(f); return oom(); }
-  size_t got = fread(buf, 1, n, f);
-  int err = ferror(f);
-  fclose(f);
-  if (got != n || err) { free(buf); return dg_seterr(DG_ERR_IO, "%s: read failed (%zu of %zu bytes)", path, got, n); }
-  buf[n] = 0;
-  *data = buf;
-  *len = n;
-  return DG_OK;
-}
 
 /* Optional boolean field: absent/null -> def; otherwise must be a boolean. */
 static dg_status json_bool(const cJSON *obj, const char *key, int def, int *out, const char *path, const char *where) {
@@ -510,23 +488,29 @@ static const char *json_type(const cJSON *obj) {
   return cJSON_IsString(ty) ? ty->valuestring : NULL;
 }
 
+/* A "Sequence" node: call `load` on every element of n[key] (normalizers,
+ * pretokenizers or decoders), naming each where[i] in messages. */
+typedef dg_status (*node_loader)(dg_tokenizer *t, const cJSON *n, const char *path, const char *where);
+static dg_status load_sequence(dg_tokenizer *t, const cJSON *n, const char *key, node_loader load, const char *path,
+                               const char *where) {
+  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, key);
+  if (!cJSON_IsArray(arr)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.%s missing or not an array", path, where, key);
+  char sub[160];
+  int i = 0;
+  const cJSON *c;
+  cJSON_ArrayForEach(c, arr) {
+    snprintf(sub, sizeof sub, "%s.%s[%d]", where, key, i++);
+    DG_TRY(load(t, c, path, sub));
+  }
+  return DG_OK;
+}
+
 /* --- normalizer: Replace, or a Sequence of them ------------------------- */
 static dg_status load_normalizer(dg_tokenizer *t, const cJSON *n, const char *path, const char *where) {
   if (!cJSON_IsObject(n)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s is not an object", path, where);
   const char *ty = json_type(n);
   if (!ty) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.type missing", path, where);
-  char sub[160];
-  if (!strcmp(ty, "Sequence")) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-    if (!cJSON_IsArray(arr)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.normalizers missing or not an array", path, where);
-    int i = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, arr) {
-      snprintf(sub, sizeof sub, "%s.normalizers[%d]", where, i++);
-      DG_TRY(load_normalizer(t, c, path, sub));
-    }
-    return DG_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_sequence(t, n, "normalizers", load_normalizer, path, where);
   if (!strcmp(ty, "Replace")) {
     dg_replace r;
     DG_TRY(json_pattern(t, n, path, where, &r.pat_off, &r.pat_len));
@@ -544,18 +528,7 @@ static dg_status load_pretok(dg_tokenizer *t, const cJSON *n, const char *path, 
   if (!cJSON_IsObject(n)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s is not an object", path, where);
   const char *ty = json_type(n);
   if (!ty) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.type missing", path, where);
-  char sub[160];
-  if (!strcmp(ty, "Sequence")) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "pretokenizers");
-    if (!cJSON_IsArray(arr)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.pretokenizers missing or not an array", path, where);
-    int i = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, arr) {
-      snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, i++);
-      DG_TRY(load_pretok(t, c, path, sub));
-    }
-    return DG_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_sequence(t, n, "pretokenizers", load_pretok, path, where);
   if (!strcmp(ty, "Split")) {
     dg_split s;
     DG_TRY(json_pattern(t, n, path, where, &s.pat_off, &s.pat_len));
@@ -583,18 +556,7 @@ static dg_status load_decoder(dg_tokenizer *t, const cJSON *n, const char *path,
   if (!cJSON_IsObject(n)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s is not an object", path, where);
   const char *ty = json_type(n);
   if (!ty) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.type missing", path, where);
-  char sub[160];
-  if (!strcmp(ty, "Sequence")) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "decoders");
-    if (!cJSON_IsArray(arr)) return dg_seterr(DG_ERR_TOKENIZER, "%s: %s.decoders missing or not an array", path, where);
-    int i = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, arr) {
-      snprintf(sub, sizeof sub, "%s.decoders[%d]", where, i++);
-      DG_TRY(load_decoder(t, c, path, sub));
-    }
-    return DG_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_sequence(t, n, "decoders", load_decoder, path, where);
   dg_decop op = {0};
   if (!strcmp(ty, "Replace")) {
     op.type = DG_DEC_REPLACE;
@@ -871,7 +833,7 @@ dg_status dg_tokenizer_load(const char *path, int32_t model_vocab, dg_tokenizer 
   if (!path || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_tokenizer_load: NULL argument");
   char *data = NULL;
   size_t len = 0;
-  DG_TRY(read_file(path, &data, &len));
+  DG_TRY(dg_read_file(path, 0, &data, &len));
   cJSON *root = cJSON_ParseWithLength(data, len);
   if (!root) {
     const char *e = cJSON_GetErrorPtr();
