@@ -44,6 +44,15 @@ class Problems(unittest.TestCase):
         # held-out questions are also unique among themselves
         self.assertEqual(len(set(gp.normalize_question(p["question"]) for p in self.held)), len(self.held))
 
+    def test_validation_disjoint_from_train_and_heldout(self):
+        val, _ = gp.generate_validation(self.train, self.held)
+        self.assertEqual(collections.Counter(p["steps"] for p in val), {s: gp.VAL_PER_STEPS for s in range(1, 9)})
+        self.assertEqual(gp.check_disjoint(self.train, val), [])
+        self.assertEqual(gp.check_disjoint(self.held, val), [])
+        self.assertNotIn(gp.VAL_SEED, (gp.TRAIN_SEED, gp.HELDOUT_SEED))
+        for p in val:
+            gp.verify_problem(p)
+
     def test_check_detects_collisions(self):
         q = self.train[7]["question"]
         exact = dict(self.held[0], question=q)

@@ -79,7 +79,10 @@ def main(argv=None):
     ap.add_argument("--sh-windows", type=int, default=128)
     ap.add_argument("--sh-ctx", type=int, default=128, help="context length incl. <bos>")
     ap.add_argument("--sh-seed", type=int, default=1000)
+    ap.add_argument("--problems-file", default="problems_heldout.jsonl",
+                    help="problems file under --data (problems_val.jsonl to choose between variants)")
     ap.add_argument("--skip-problems", action="store_true")
+    ap.add_argument("--skip-shakespeare", action="store_true")
     ap.add_argument("--skip-untrained", action="store_true")
     a = ap.parse_args(argv)
 
@@ -108,7 +111,8 @@ def main(argv=None):
                "generation_config": gen_cfg, "canvas_length": C, "vocab_size": V}
 
     # ---- 1. held-out problems --------------------------------------------------------------
-    held = common.read_jsonl(os.path.join(a.data, "problems_heldout.jsonl"))
+    held = common.read_jsonl(os.path.join(a.data, a.problems_file))
+    results["problems_file"] = a.problems_file
     for i, p in enumerate(held):
         p["id"] = i
     if a.per_step:
@@ -161,6 +165,9 @@ def main(argv=None):
             k, len(items), 100 * k / len(items), 100 * k12 / max(1, len(one_two)), time.time() - t0))
 
     # ---- 2. Shakespeare held-out tail ---------------------------------------------------------
+    if a.skip_shakespeare:
+        finish(a, results, t_all)
+        return
     t0 = time.time()
     with open(os.path.join(a.data, "shakespeare_heldout.txt"), encoding="utf-8") as f:
         held_text = f.read()
@@ -203,6 +210,11 @@ def main(argv=None):
         "nats/token; %.1fs" % (len(windows), ntok, trained,
                                "%.3f" % sh["untrained_nats_per_token"] if "untrained_nats_per_token" in sh
                                else "-", sh["bigram_nats_per_token"], math.log(V), time.time() - t0))
+    finish(a, results, t_all)
+
+
+def finish(a, results, t_all):
+    """Write results.json and results.md under --out and print the markdown."""
     results["seconds"] = round(time.time() - t_all, 1)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -217,7 +229,9 @@ def render_md(r):
                                                                           r["torch"]), ""]
     p = r.get("problems")
     if p:
-        out += ["Held-out generated problems, reference sampler (default generation config), seed %d:" % r["seed"],
+        out += ["%s generated problems (`%s`), reference sampler (default generation config), seed %d:" % (
+                    "Validation" if "val" in r.get("problems_file", "") else "Held-out",
+                    r.get("problems_file", "problems_heldout.jsonl"), r["seed"]),
                 "", "| steps | n | correct | accuracy | Wilson 95% |", "|---|---|---|---|---|"]
         for s in range(1, 9):
             x = p["per_steps"][s] if s in p["per_steps"] else p["per_steps"][str(s)]
@@ -231,7 +245,9 @@ def render_md(r):
         if p.get("mean_tokens_per_forward"):
             out += ["", "Mean tokens per decoder forward: %.2f" % p["mean_tokens_per_forward"]]
         out.append("")
-    s = r["shakespeare"]
+    s = r.get("shakespeare")
+    if not s:
+        return "\n".join(out) + "\n"
     out += ["Held-out Shakespeare tail, sequential canvas code length (%d windows, context %d, canvas %d, "
             "%d tokens):" % (s["windows"], s["context_len"], s["canvas"], s["tokens"]), "",
             "| model | nats/token |", "|---|---|",

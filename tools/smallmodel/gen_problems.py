@@ -12,10 +12,11 @@ A problem is one start sentence, one sentence per step and a question:
     Mia has 23 apples. She buys 14 more apples. Then she gives 5 apples to
     Leo. How many apples does Mia have now?
 
-and its worked solution has one line per step plus the final line:
+and its worked solution has one line per step, numbers zero-padded to three
+digits (LINE_FORMAT), plus the final line with the plain number:
 
-    23 + 14 = 37
-    37 - 5 = 32
+    023 + 014 = 037
+    037 - 005 = 032
     #### 32
 
 Records (JSONL): {"question", "answer", "steps", "final", "start", "ops"}, where
@@ -40,6 +41,8 @@ TRAIN_SEED = 1234
 HELDOUT_SEED = 5678
 TRAIN_N = 100_000          # documented training-set size
 HELDOUT_PER_STEPS = 125    # held-out problems per step count (1..8) -> 1000
+VAL_SEED = 9012            # validation set: picks among training variants, never the held-out set
+VAL_PER_STEPS = 25         # validation problems per step count -> 200
 MIN_STEPS, MAX_STEPS = 1, 8
 
 # Operand ranges (every intermediate value stays in [VMIN, VMAX]).
@@ -69,6 +72,12 @@ STEP_TEMPLATES = {
     "/": ["{P} splits the {x} into {b} equal groups and keeps one group.",
           "{P} divides the {x} into {b} equal piles and keeps one pile."],
 }
+# Solution lines write every number with 3 digits, zero-padded ("035 - 026 = 009"): values stay
+# in 1..200, so every line has the same token layout and the canvas positions of digits, operators
+# and line ends follow from the number of steps alone. A diffusion decoder writes all canvas
+# positions in parallel; with natural numbers the length of each result shifts everything after it
+# and the model must settle lengths before digits. The final line stays natural: "#### 9".
+LINE_FORMAT = "%03d %s %03d = %03d"
 THEN_PROB = 0.5            # "Then " before a step sentence (never the first one)
 QUESTION_TEMPLATES = ["How many {x} does {N} have now?", "How many {x} does {N} have at the end?"]
 
@@ -136,7 +145,7 @@ def generate_problem(rng, steps):
         if s > 0 and rng.random() < THEN_PROB:
             sent = "Then " + sent[0].lower() + sent[1:] if not sent.startswith(other) else "Then " + sent
         sentences.append(sent)
-        lines.append("%d %s %d = %d" % (v, op, b, r))
+        lines.append(LINE_FORMAT % (v, op, b, r))
         ops.append([op, b, r])
         v = r
     sentences.append(rng.choice(QUESTION_TEMPLATES).format(N=name, x=item))
@@ -212,6 +221,13 @@ def generate_heldout(train, per_steps=HELDOUT_PER_STEPS, seed=HELDOUT_SEED):
     return out, dropped
 
 
+def generate_validation(train, heldout, per_steps=VAL_PER_STEPS, seed=VAL_SEED):
+    """Validation set (seed VAL_SEED): drawn like the held-out set, disjoint from both the
+    training and the held-out questions. Used to choose between training variants so that the
+    held-out set is only ever used for the final report. Returns (items, dropped)."""
+    return generate_heldout(list(train) + list(heldout), per_steps, seed)
+
+
 def verify_problem(p):
     """Recompute the answer from the structured ops; raise AssertionError on any mismatch."""
     v = p["start"]
@@ -220,7 +236,7 @@ def verify_problem(p):
     for (op, b, r), line in zip(p["ops"], lines):
         nv = _apply(v, op, b)
         assert nv == r, (p, op, b, r)
-        assert line == "%d %s %d = %d" % (v, op, b, r), (line, p)
+        assert line == LINE_FORMAT % (v, op, b, r), (line, p)
         assert VMIN <= nv <= VMAX
         v = nv
     assert lines[-1] == "#### %d" % v and p["final"] == v, p

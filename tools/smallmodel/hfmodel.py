@@ -233,22 +233,42 @@ class Forward:
     model.model.encoder returns `encoder_kv` and the decoder takes `encoder_kv=`), or, if this
     Transformers version lacks that, the public DiffusionGemmaForBlockDiffusion.forward."""
 
-    def __init__(self, model, log=print):
+    def __init__(self, model, log=print, impl="public"):
+        """impl "public": Transformers' forward (or its encoder_kv fast path where it exists);
+        impl "own": fastfwd.OwnForward over the same parameters (checked by consistency_check)."""
         self.m = model
         self.cap = model.config.text_config.final_logit_softcapping
         dec_params = inspect.signature(model.model.decoder.forward).parameters
-        self.fast = "encoder_kv" in dec_params
-        self.sc_mask_ok = ("self_conditioning_mask" in dec_params and
-                           "self_conditioning_mask" in inspect.signature(model.forward).parameters)
+        self.own = None
+        if impl == "own":
+            import fastfwd
+            try:
+                self.own = fastfwd.OwnForward(model)
+            except Exception as e:  # noqa: BLE001 - report and use Transformers' forward
+                log("our own forward could not be built (%s: %s): using the public forward" % (type(e).__name__, e))
+        self.hf_fast = "encoder_kv" in dec_params
+        self.fast = self.own is not None or self.hf_fast
+        self.hf_sc_mask_ok = ("self_conditioning_mask" in dec_params and
+                              "self_conditioning_mask" in inspect.signature(model.forward).parameters)
+        self.sc_mask_ok = self.own is not None or self.hf_sc_mask_ok
         log("training forward: %s; self_conditioning_mask %s" % (
+            "our own (fastfwd.py: encoder once, dense tiny MoE, flash attention)" if self.own is not None else
             "fast path (encoder once, encoder_kv tensors to the decoder)" if self.fast else "public forward",
             "supported" if self.sc_mask_ok else "not supported (rows split)"))
+
+    def use_public(self):
+        """Fall back to Transformers' public forward."""
+        self.own = None
+        self.fast = False
+        self.sc_mask_ok = self.hf_sc_mask_ok
 
     def logits(self, h):
         return softcap(self.m.lm_head(h).float(), self.cap)
 
     def encode(self, seq):
         """(state, encoder_logits_or_None). The encoder is causal over the whole sequence."""
+        if self.own is not None:
+            return self.own.encode(seq), None
         if not self.fast:
             return {"seq": seq}, None
         out = self.m.model.encoder(input_ids=seq)
@@ -270,6 +290,9 @@ class Forward:
             kw["self_conditioning_logits"] = sc
             if scm is not None:
                 kw["self_conditioning_mask"] = scm
+        if "kv" in state and self.own is not None:
+            m = mask["full_attention"] if isinstance(mask, dict) else mask
+            return self.own.decode(state, canvas, m, pos, sc, scm), None
         if "kv" in state:
             h = self.m.model.decoder(encoder_kv=state["kv"], **kw).last_hidden_state
             return self.logits(h), None
@@ -309,7 +332,7 @@ class Forward:
 
 
 @torch.no_grad()
-def consistency_check(model, seq, resp_start, C, log=print, sc_check=True):
+def consistency_check(model, seq, resp_start, C, log=print, sc_check=True, impl="public", train_fwd=None):
     """On one chat sequence (fp32, eval mode), compare the decoder logits of the second response
     block (or the first if there is one) computed three ways:
       A. training fast path: encoder over the whole sequence, decoder masked to the prefix;
@@ -319,12 +342,12 @@ def consistency_check(model, seq, resp_start, C, log=print, sc_check=True):
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        return _consistency_check(model, seq, resp_start, C, log, sc_check)
+        return _consistency_check(model, seq, resp_start, C, log, sc_check, impl, train_fwd)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _consistency_check(model, seq, resp_start, C, log, sc_check):
+def _consistency_check(model, seq, resp_start, C, log, sc_check, impl="public", train_fwd=None):
     from transformers import DynamicCache
     was_training = model.training
     model.eval()
@@ -337,9 +360,28 @@ def _consistency_check(model, seq, resp_start, C, log, sc_check):
     canvas = torch.randint(V, (1, C), generator=g).to(dev)
     pos = (b + torch.arange(C, device=dev))[None]
     mask = decoder_mask(torch.tensor([b], device=dev), L, C)
-    fwd = Forward(model, log=lambda *_: None)
+    fwd = Forward(model, log=lambda *_: None, impl=impl)
     res = {}
     sc = None
+    if fwd.own is not None:
+        # The AR co-loss reads the encoder's last hidden state: find out whether Transformers'
+        # encoder returns it before or after the final norm, and check ours against it.
+        hf_h = getattr(model(input_ids=s, decoder_input_ids=canvas, decoder_attention_mask=mask,
+                             decoder_position_ids=pos), "encoder_last_hidden_state", None)
+        if hf_h is not None:
+            diffs = {}
+            scale = hf_h.float().abs().max().item() or 1.0
+            for normed in (True, False):  # relative to the largest |value|: raw states are large
+                fwd.own.ar_normed = normed
+                diffs[normed] = (fwd.own.encode(s)["h"].float() - hf_h.float()).abs().max().item() / scale
+            fwd.own.ar_normed = min(diffs, key=diffs.get)
+            if train_fwd is not None and train_fwd.own is not None:
+                train_fwd.own.ar_normed = fwd.own.ar_normed
+            res["encoder_hidden"] = {"fast_vs_public": diffs[fwd.own.ar_normed], "fast_vs_cache": 0.0,
+                                     "public_vs_cache": 0.0}
+            log("own forward: encoder last hidden state %s the final norm (max relative diff %.2e; other %.2e)"
+                % ("after" if fwd.own.ar_normed else "before", diffs[fwd.own.ar_normed],
+                   diffs[not fwd.own.ar_normed]))
     for tag in (("plain", "self-conditioned") if sc_check else ("plain",)):
         st, _ = fwd.encode(s)
         a, _ = fwd.decode(st, canvas, mask, pos, sc)

@@ -7,6 +7,7 @@ DIR holds copies of ../shared/data/gsm8k/train.jsonl and
 ../shared/data/text/tinyshakespeare/input.txt (any layout; see common.find_data_files).
 Writes to --out:
   problems_train.jsonl, problems_heldout.jsonl  generated problems (gen_problems.py)
+  problems_val.jsonl                            validation problems (choosing among variants)
   gsm8k_train.jsonl                             GSM8K train, calculator annotations stripped
   shakespeare_train.txt, shakespeare_heldout.txt   tinyshakespeare split (held-out tail = last 10%)
   data_meta.json                                counts, seeds, sha256 of the inputs
@@ -62,6 +63,10 @@ def main(argv=None):
         sys.exit("prepare_data: held-out problems share %d questions with train" % len(bad))
     common.write_jsonl(os.path.join(a.out, "problems_train.jsonl"), train)
     common.write_jsonl(os.path.join(a.out, "problems_heldout.jsonl"), held)
+    val, val_dropped = gen_problems.generate_validation(train, held)
+    if gen_problems.check_disjoint(train + held, val):
+        sys.exit("prepare_data: validation problems share questions with train or held-out")
+    common.write_jsonl(os.path.join(a.out, "problems_val.jsonl"), val)
 
     meta = {"gsm8k_train": {"path": os.path.basename(gsm_path), "sha256": sha256(gsm_path), "n": len(gsm)},
             "tinyshakespeare": {"sha256": sha256(sh_path), "chars": len(text), "train_chars": len(sh_train),
@@ -69,7 +74,8 @@ def main(argv=None):
             "problems": {"train_n": len(train), "train_seed": gen_problems.TRAIN_SEED,
                          "heldout_n": len(held), "heldout_seed": gen_problems.HELDOUT_SEED,
                          "heldout_per_steps": a.heldout_per_steps, "heldout_dropped": dropped,
-                         "disjoint": True}}
+                         "disjoint": True, "val_n": len(val), "val_seed": gen_problems.VAL_SEED,
+                         "val_dropped": val_dropped}}
     with open(os.path.join(a.out, "data_meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print("prepare_data: gsm8k %d, shakespeare %d train / %d held-out chars, problems %d train / %d held-out "

@@ -59,6 +59,12 @@ def parse_args(argv=None):
     ap.add_argument("--ar-weight", type=float, default=1.0, help="weight of the encoder AR co-loss")
     ap.add_argument("--mix", default="problems:0.65,gsm8k:0.1,shakespeare:0.25",
                     help="rows per batch by source (fractions)")
+    ap.add_argument("--batch-mode", choices=["mixed", "single"], default="mixed",
+                    help="mixed: every batch has --mix rows of each source; single: each batch is one source, "
+                         "drawn with the --mix probabilities (tighter padding)")
+    ap.add_argument("--no-truncate", action="store_true",
+                    help="keep chat tokens past the canvas (they only feed the encoder's AR loss)")
+    ap.add_argument("--len-multiple", type=int, default=32, help="pad batch length to a multiple of this")
     ap.add_argument("--max-len", type=int, default=448, help="drop chat sequences longer than this")
     ap.add_argument("--sh-len", type=int, default=192, help="Shakespeare window length (with <bos>)")
     ap.add_argument("--seed", type=int, default=0)
@@ -66,6 +72,9 @@ def parse_args(argv=None):
     ap.add_argument("--vision", choices=["auto", "none", "tiny"], default="auto")
     ap.add_argument("--experts-impl", choices=["eager", "grouped_mm"], default=None,
                     help="MoE experts implementation (default: Transformers' own, with a fallback to eager)")
+    ap.add_argument("--forward", choices=["public", "own"], default="public",
+                    help="training forward: Transformers' public forward, or our own (fastfwd.py) over the same "
+                         "parameters, checked against it at start-up (falls back to public on a mismatch)")
     ap.add_argument("--no-check", action="store_true", help="skip the consistency and HF checks")
     import hfmodel
     hfmodel.add_arch_args(ap)
@@ -125,9 +134,13 @@ def load_data(a, tok, C):
 class Batcher:
     """Draws training batches on the GPU: a fixed number of rows per source (--mix), one block each."""
 
-    def __init__(self, torch, data, mix, B, C, sh_len, device):
+    def __init__(self, torch, data, mix, B, C, sh_len, device, mode="mixed", truncate=True, len_multiple=1,
+                 seed=0):
+        import random
         self.t = torch
         self.B, self.C, self.sh_len, self.dev = B, C, sh_len, device
+        self.mode, self.truncate, self.mult = mode, truncate, max(1, len_multiple)
+        self.rng = random.Random(seed)
         seqs = data["seqs"]
         W = max(max(len(s) for s in seqs), sh_len)
         tok = torch.zeros(len(seqs), W, dtype=torch.int32)
@@ -144,11 +157,25 @@ class Batcher:
         self.plan = [(n, c) for n, c in zip(names, counts) if c > 0]
         self.src_id = {n: i for i, n in enumerate(names)}
         self.names = names
+        self.probs = [(n, p) for n, p in mix if p > 0]
 
     def next(self):
+        """(seq [B, L], lens [B], b [B], tgt [B, C], src [B]). Chat rows are cut after the canvas
+        (b + C) unless truncation is off: those tokens only feed the encoder's AR loss. L is rounded
+        up to --len-multiple so that few distinct shapes reach the kernels."""
         t, C, dev = self.t, self.C, self.dev
+        plan = self.plan
+        if self.mode == "single":
+            r, acc = self.rng.random() * sum(p for _, p in self.probs), 0.0
+            pick = self.probs[-1][0]
+            for n, p in self.probs:
+                acc += p
+                if r < acc:
+                    pick = n
+                    break
+            plan = [(pick, self.B)]
         chat_idx, chat_src, sh_n, sh_src = [], [], 0, None
-        for name, n in self.plan:
+        for name, n in plan:
             if name == "shakespeare":
                 sh_n, sh_src = n, self.src_id[name]
             else:
@@ -162,11 +189,20 @@ class Batcher:
             cl, rs = self.len[ci], self.rs[ci]
             nb = (cl - rs - 1).clamp(min=0) // C + 1
             k = (t.rand(len(ci), device=dev) * nb).long()
-            parts_b.append(rs + k * C)
+            bb = rs + k * C
+            if self.truncate:
+                cl = t.minimum(cl, bb + C)
+            parts_b.append(bb)
             parts_len.append(cl)
             parts_src.append(t.cat(chat_src))
             Lmax = max(Lmax, int(cl.max()))
-            parts_seq.append(self.tok[ci, :Lmax].long())
+            Lmax = min(-(-Lmax // self.mult) * self.mult, self.tok.shape[1])
+            seq = self.tok[ci, :Lmax].long()
+            if self.truncate:  # tokens past the (truncated) length become padding
+                seq = t.where(t.arange(Lmax, device=dev)[None] < cl[:, None], seq, t.zeros_like(seq))
+            if seq.shape[1] < Lmax:
+                seq = t.nn.functional.pad(seq, (0, Lmax - seq.shape[1]), value=common.PAD)
+            parts_seq.append(seq)
         if sh_n:
             M = self.stream.numel()
             s = t.randint(M - self.sh_len + 1, (sh_n,), device=dev)
@@ -235,10 +271,15 @@ def main(argv=None):
 
     data = load_data(a, tok, C)
     mix = [(k, float(v)) for k, v in (x.split(":") for x in a.mix.split(","))]
-    batcher = Batcher(torch, data, mix, a.batch, C, a.sh_len, dev)
-    log("mix per batch of %d: %s" % (a.batch, batcher.plan))
+    batcher = Batcher(torch, data, mix, a.batch, C, a.sh_len, dev, mode=a.batch_mode, truncate=not a.no_truncate,
+                      len_multiple=a.len_multiple, seed=a.seed)
+    if a.batch_mode == "single":
+        log("batches of %d rows from one source each, drawn with probabilities %s; chat rows cut after the canvas: %s"
+            % (a.batch, batcher.probs, not a.no_truncate))
+    else:
+        log("mix per batch of %d: %s; chat rows cut after the canvas: %s" % (a.batch, batcher.plan, not a.no_truncate))
 
-    fwd = hfmodel.Forward(model, log)
+    fwd = hfmodel.Forward(model, log, impl=a.forward)
     autocast = (torch.autocast(device_type="cuda", dtype=torch.bfloat16) if dev.type == "cuda"
                 else torch.autocast(device_type="cpu", dtype=torch.bfloat16))
 
@@ -253,9 +294,18 @@ def main(argv=None):
         scm = torch.rand(B, device=dev) < a.sc_prob
         with autocast:
             state, _ = fwd.encode(seq)
-            with torch.no_grad():
-                sc_logits, _ = fwd.decode(fwd.detach(state), noisy, mask, pos)
-            logits, enc_h = fwd.decode(state, noisy, mask, pos, sc_logits, scm)
+            # The first (no-grad) pass is only needed for the rows that use self-conditioning; the
+            # other rows get zeros, which the self-conditioning mask ignores.
+            sc_rows = scm.nonzero().flatten()
+            sc_logits = None
+            if sc_rows.numel() > 0:
+                with torch.no_grad():
+                    sub = fwd._rows(fwd.detach(state), sc_rows)
+                    sc_sub, _ = fwd.decode(sub, noisy[sc_rows], {k: v[sc_rows] for k, v in mask.items()},
+                                           pos[sc_rows])
+                    sc_logits = sc_sub.new_zeros((B,) + sc_sub.shape[1:])
+                    sc_logits[sc_rows] = sc_sub
+            logits, enc_h = fwd.decode(state, noisy, mask, pos, sc_logits, scm if sc_logits is not None else None)
             if enc_h is None:
                 enc_h = state.get("h")
         ce = F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1), reduction="none").view(B, C)
@@ -280,7 +330,17 @@ def main(argv=None):
         model.zero_grad(set_to_none=True)
         return float(loss)
     t_probe = time.time()
-    l0 = hfmodel.with_experts_fallback(model, probe, "training probe step", log)
+    if a.forward == "own" and a.no_check:
+        sys.exit("train: --forward own is only used after the start-up consistency check; drop --no-check")
+    try:
+        l0 = hfmodel.with_experts_fallback(model, probe, "training probe step", log)
+    except Exception:  # noqa: BLE001 - our own forward failed: use Transformers' instead
+        if fwd.own is None:
+            raise
+        traceback.print_exc()
+        log("our own forward failed in the probe step: training with the public forward")
+        fwd.use_public()
+        l0 = hfmodel.with_experts_fallback(model, probe, "training probe step", log)
     log("probe step ok: loss %.3f (ln V = %.3f), %.1fs; experts implementation %r" % (
         l0, math.log(V), time.time() - t_probe, hfmodel.experts_impl(model)))
 
@@ -290,17 +350,20 @@ def main(argv=None):
         try:
             consistency, worst = hfmodel.with_experts_fallback(
                 model, lambda: hfmodel.consistency_check(model, data["seqs"][long_ex], data["starts"][long_ex], C,
-                                                         log), "consistency check", log)
+                                                         log, impl=a.forward, train_fwd=fwd), "consistency check", log)
             tol = 2e-3
             if fwd.fast and any(v["fast_vs_public"] > tol for v in consistency.values()) and \
                     all(v["public_vs_cache"] <= tol for v in consistency.values()):
-                fwd.fast = False
+                fwd.use_public()
                 log("the fast training path disagrees with the inference path but the public forward agrees: "
                     "training with the public forward")
         except Exception as e:  # noqa: BLE001 - report, do not stop the run
             traceback.print_exc()
             consistency = {"error": "%s: %s" % (type(e).__name__, e)}
             log("consistency check FAILED to run: %s" % consistency["error"])
+            if fwd.own is not None:
+                fwd.use_public()
+                log("our own forward is unverified: training with the public forward")
 
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
