@@ -80,6 +80,12 @@ dg_model_params dg_model_default_params(void);
  * generation_config.json (optional: defaults of spec 1.3 when absent),
  * model.safetensors or model.safetensors.index.json + shards (mmap'd), and
  * tokenizer.json. Every header offset, dtype and shape is validated.
+ * MLX affine-quantized checkpoints (spec 3.2) load as they are: a matrix is
+ * quantized when <module>.scales exists (U32 <module>.weight + scales +
+ * biases), with bits and group size from config.json's "quantization" block
+ * (per-module overrides first); expert stacks may be stored stacked or per
+ * expert. A missing scales/biases tensor, unsupported bits or group size, or
+ * shapes that disagree with the block fail with a message naming the tensor.
  * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
  * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
  * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY. */
@@ -94,8 +100,10 @@ typedef struct dg_model_info {
   int32_t n_experts, top_k_experts, canvas_length;
   int32_t n_full_layers;
   int64_t n_params;          /* text parameters (tied embedding counted once) */
-  const char *weight_dtype;  /* "bf16", "f16" or "f32" (embedding's dtype) */
+  const char *weight_dtype;  /* "bf16", "f16" or "f32" (embedding's dtype, or its scales' when quantized) */
   int has_tokenizer;
+  int32_t n_quantized;       /* matrices stored MLX affine-quantized (0 = none) */
+  int32_t quant_bits_min, quant_bits_max; /* their bit widths (0 if none) */
 } dg_model_info;
 
 dg_status dg_model_get_info(const dg_model *m, dg_model_info *info);

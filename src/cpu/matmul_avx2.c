@@ -1,6 +1,12 @@
 /* matmul_avx2.c: y = x · Wᵀ with AVX2 + FMA + F16C (compiled with -mavx2
  * -mfma -mf16c, selected at run time). Same 4x4 register tiling as the
- * AVX-512 kernel with 8 lanes; K tails fall back to scalar loads. */
+ * AVX-512 kernel with 8 lanes; K tails fall back to scalar loads.
+ *
+ * MLX affine-quantized weights (quant.h) use the same tiles: 8 codes are
+ * unpacked to fp32 lanes and dequantized with a separate multiply and add
+ * (w = q*s + b, two roundings, bit-identical to dg_quant_dequant_row), then
+ * multiplied into the accumulators. K is a multiple of the group size (>= 32),
+ * so quantized rows have no K tail. */
 #include <immintrin.h>
 
 #include "kernels.h"
@@ -52,7 +58,52 @@ TILE(4, 1)
 TILE(1, 4)
 TILE(1, 1)
 
+/* Codes k..k+7 (k % 8 == 0) of a packed row: the 8 codes are `bits` bytes at
+ * byte k*bits/8; code i sits at bit i*bits of that little-endian stream
+ * (quant.h). Codes 0-3 lie in the low 32 bits, codes 4-7 start at bit 4*bits. */
+static inline __m256 codes8(const uint8_t *p, const int bits) {
+  if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+  uint64_t u = 0;
+  memcpy(&u, p, (size_t)bits);
+  const uint32_t lo = (uint32_t)u, hi = (uint32_t)(u >> (4 * bits));
+  const __m256i v = _mm256_setr_epi32((int)lo, (int)lo, (int)lo, (int)lo, (int)hi, (int)hi, (int)hi, (int)hi);
+  const __m256i sh = _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 0, bits, 2 * bits, 3 * bits);
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi32((1 << bits) - 1)));
+}
+
+#define QTILE(B, RT, TT)                                                                                 \
+  static void qtile_##B##_##RT##x##TT(float *y, int64_t ldy, const float *x, int64_t ldx,              \
+                                      const uint8_t *const *rows, const char *const *sc,               \
+                                      const char *const *bi, dg_dtype sbt, int G, int64_t K) {         \
+    __m256 acc[RT][TT];                                                                                  \
+    for (int i = 0; i < RT; i++)                                                                         \
+      for (int j = 0; j < TT; j++) acc[i][j] = _mm256_setzero_ps();                                      \
+    for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
+      __m256 s[RT], b[RT];                                                                               \
+      for (int i = 0; i < RT; i++) {                                                                     \
+        s[i] = _mm256_set1_ps(dg_load_elem(sbt, sc[i], g0 / G));                                         \
+        b[i] = _mm256_set1_ps(dg_load_elem(sbt, bi[i], g0 / G));                                         \
+      }                                                                                                  \
+      for (int64_t k = g0; k < g0 + G; k += 8) {                                                         \
+        __m256 xv[TT];                                                                                   \
+        for (int j = 0; j < TT; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);                           \
+        for (int i = 0; i < RT; i++) {                                                                   \
+          __m256 wv = _mm256_add_ps(_mm256_mul_ps(codes8(rows[i] + k * B / 8, B), s[i]), b[i]);          \
+          for (int j = 0; j < TT; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);                \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+    for (int i = 0; i < RT; i++)                                                                         \
+      for (int j = 0; j < TT; j++) y[j * ldy + i] = hsum8(acc[i][j]);                                    \
+  }
+#define QTILES(B) QTILE(B, 4, 4) QTILE(B, 4, 1) QTILE(B, 1, 4) QTILE(B, 1, 1)
+QTILES(2)
+QTILES(3)
+QTILES(4)
+QTILES(6)
+QTILES(8)
+
 #include "matmul_driver.h"
 
-static const dg_kernels AVX2 = {"avx2", matmul_driver};
+static const dg_kernels AVX2 = {"avx2", matmul_driver, matmul_grouped_driver};
 const dg_kernels *dg_kernels_avx2_impl(void) { return &AVX2; }

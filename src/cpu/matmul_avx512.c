@@ -5,7 +5,12 @@
  * 16 lanes; each weight vector is widened once (bf16: shift, f16: vcvtph2ps)
  * and used for 4 activation rows. K tails use masked loads. The lane sums are
  * reduced at the end, so the summation order differs from the oracle; the
- * tolerance in tests/test_kernels.c is derived for that. */
+ * tolerance in tests/test_kernels.c is derived for that.
+ *
+ * MLX affine-quantized weights (quant.h): 16 codes are unpacked to fp32
+ * lanes and dequantized with a separate multiply and add (w = q*s + b,
+ * bit-identical to dg_quant_dequant_row), then used like widened bf16
+ * weights. K is a multiple of the group size (>= 32): no masks needed. */
 #include <immintrin.h>
 
 #include "kernels.h"
@@ -48,7 +53,57 @@ TILE(4, 1)
 TILE(1, 4)
 TILE(1, 1)
 
+/* 8 codes from `bits` bytes at p (code i at bit i*bits, quant.h) as epi32. */
+static inline __m256i codes8i(const uint8_t *p, const int bits) {
+  if (bits == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+  uint64_t u = 0;
+  memcpy(&u, p, (size_t)bits);
+  const uint32_t lo = (uint32_t)u, hi = (uint32_t)(u >> (4 * bits));
+  const __m256i v = _mm256_setr_epi32((int)lo, (int)lo, (int)lo, (int)lo, (int)hi, (int)hi, (int)hi, (int)hi);
+  const __m256i sh = _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 0, bits, 2 * bits, 3 * bits);
+  return _mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi32((1 << bits) - 1));
+}
+
+/* Codes k..k+15 (k % 16 == 0): two runs of 8 codes, `bits` bytes each. */
+static inline __m512 codes16(const uint8_t *p, const int bits) {
+  if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+  __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(codes8i(p, bits)), codes8i(p + bits, bits), 1);
+  return _mm512_cvtepi32_ps(v);
+}
+
+#define QTILE(B, RT, TT)                                                                                 \
+  static void qtile_##B##_##RT##x##TT(float *y, int64_t ldy, const float *x, int64_t ldx,              \
+                                      const uint8_t *const *rows, const char *const *sc,               \
+                                      const char *const *bi, dg_dtype sbt, int G, int64_t K) {         \
+    __m512 acc[RT][TT];                                                                                  \
+    for (int i = 0; i < RT; i++)                                                                         \
+      for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps();                                      \
+    for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
+      __m512 s[RT], b[RT];                                                                               \
+      for (int i = 0; i < RT; i++) {                                                                     \
+        s[i] = _mm512_set1_ps(dg_load_elem(sbt, sc[i], g0 / G));                                         \
+        b[i] = _mm512_set1_ps(dg_load_elem(sbt, bi[i], g0 / G));                                         \
+      }                                                                                                  \
+      for (int64_t k = g0; k < g0 + G; k += 16) {                                                        \
+        __m512 xv[TT];                                                                                   \
+        for (int j = 0; j < TT; j++) xv[j] = _mm512_loadu_ps(x + j * ldx + k);                           \
+        for (int i = 0; i < RT; i++) {                                                                   \
+          __m512 wv = _mm512_add_ps(_mm512_mul_ps(codes16(rows[i] + k * B / 8, B), s[i]), b[i]);         \
+          for (int j = 0; j < TT; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);                \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+    for (int i = 0; i < RT; i++)                                                                         \
+      for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                     \
+  }
+#define QTILES(B) QTILE(B, 4, 4) QTILE(B, 4, 1) QTILE(B, 1, 4) QTILE(B, 1, 1)
+QTILES(2)
+QTILES(3)
+QTILES(4)
+QTILES(6)
+QTILES(8)
+
 #include "matmul_driver.h"
 
-static const dg_kernels AVX512 = {"avx512", matmul_driver};
+static const dg_kernels AVX512 = {"avx512", matmul_driver, matmul_grouped_driver};
 const dg_kernels *dg_kernels_avx512_impl(void) { return &AVX512; }
