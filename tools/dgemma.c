@@ -20,6 +20,7 @@
 
 #include "dgemma.h"
 #include "eval.h"
+#include "qreport.h"
 
 #define DEFAULT_MODEL "models/dgemma-small"
 
@@ -559,6 +560,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "replay")) return cmd_replay(&o);
   if (!strcmp(cmd, "eval")) return cmd_eval(&o);
   if (!strcmp(cmd, "quantize")) return cmd_quantize(&o);
+  if (!strcmp(cmd, "qreport")) {
+    no_positional(&o, "qreport");
+    qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
+    return dg_cli_qreport(o.model ? o.model : default_model(), &qo);
+  }
   fprintf(stderr, "dgemma: unknown command \"%s\"\n", cmd);
   usage_exit(NULL);
   return 2;
