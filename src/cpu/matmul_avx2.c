@@ -58,17 +58,45 @@ TILE(4, 1)
 TILE(1, 4)
 TILE(1, 1)
 
-/* Codes k..k+7 (k % 8 == 0) of a packed row: the 8 codes are `bits` bytes at
- * byte k*bits/8; code i sits at bit i*bits of that little-endian stream
- * (quant.h). Codes 0-3 lie in the low 32 bits, codes 4-7 start at bit 4*bits. */
-static inline __m256 codes8(const uint8_t *p, const int bits) {
+/* Unpacking 8 codes (k % 8 == 0) of a packed row, any width b: the codes
+ * are b bytes at byte k*b/8 and code i sits at bit i*b of that little-endian
+ * stream (quant.h), in bytes floor(i*b/8) and the next one, shifted right by
+ * (i*b) % 8. Load the b bytes, broadcast them to both 128-bit lanes, one
+ * in-lane byte shuffle putting code i's two bytes into dword i, one variable
+ * shift, one mask. */
+typedef struct qunpack { __m256i ctrl, shift, mask; } qunpack;
+
+static inline qunpack qunpack_for(int b) {
+  int8_t ctrl[32];
+  int32_t shift[8];
+  for (int i = 0; i < 8; i++) {
+    int byte = i * b / 8;
+    ctrl[4 * i] = (int8_t)byte;
+    ctrl[4 * i + 1] = byte + 1 < b ? (int8_t)(byte + 1) : (int8_t)-128; /* -128: zero */
+    ctrl[4 * i + 2] = ctrl[4 * i + 3] = (int8_t)-128;
+    shift[i] = (i * b) % 8;
+  }
+  qunpack u;
+  u.ctrl = _mm256_loadu_si256((const __m256i *)ctrl);
+  u.shift = _mm256_loadu_si256((const __m256i *)shift);
+  u.mask = _mm256_set1_epi32((1 << b) - 1);
+  return u;
+}
+
+static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *p, const int bits, const qunpack *u) {
   if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-  uint64_t u = 0;
-  memcpy(&u, p, (size_t)bits);
-  const uint32_t lo = (uint32_t)u, hi = (uint32_t)(u >> (4 * bits));
-  const __m256i v = _mm256_setr_epi32((int)lo, (int)lo, (int)lo, (int)lo, (int)hi, (int)hi, (int)hi, (int)hi);
-  const __m256i sh = _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 0, bits, 2 * bits, 3 * bits);
-  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi32((1 << bits) - 1)));
+  /* the b bytes as one integer, built from whole-register loads (a memcpy of
+   * 3 or 6 bytes into a stack word stalls on store forwarding) */
+  uint64_t w;
+  uint16_t h;
+  uint32_t d;
+  if (bits == 2) { memcpy(&h, p, 2); w = h; }
+  else if (bits == 3) { memcpy(&h, p, 2); w = h | (uint64_t)p[2] << 16; }
+  else if (bits == 4) { memcpy(&d, p, 4); w = d; }
+  else { memcpy(&d, p, 4); memcpy(&h, p + 4, 2); w = d | (uint64_t)h << 32; } /* 6 */
+  __m256i v = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((long long)w));
+  v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(v, u->ctrl), u->shift), u->mask);
+  return _mm256_cvtepi32_ps(v);
 }
 
 #define QTILE(B, RT, TT)                                                                                 \
@@ -76,6 +104,7 @@ static inline __m256 codes8(const uint8_t *p, const int bits) {
                                       const uint8_t *const *rows, const char *const *sc,               \
                                       const char *const *bi, dg_dtype sbt, int G, int64_t K) {         \
     __m256 acc[RT][TT];                                                                                  \
+    const qunpack un = qunpack_for(B);                                                                   \
     for (int i = 0; i < RT; i++)                                                                         \
       for (int j = 0; j < TT; j++) acc[i][j] = _mm256_setzero_ps();                                      \
     for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
@@ -88,7 +117,7 @@ static inline __m256 codes8(const uint8_t *p, const int bits) {
         __m256 xv[TT];                                                                                   \
         for (int j = 0; j < TT; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);                           \
         for (int i = 0; i < RT; i++) {                                                                   \
-          __m256 wv = _mm256_add_ps(_mm256_mul_ps(codes8(rows[i] + k * B / 8, B), s[i]), b[i]);          \
+          __m256 wv = _mm256_add_ps(_mm256_mul_ps(codes8(rows[i] + k * B / 8, B, &un), s[i]), b[i]);          \
           for (int j = 0; j < TT; j++) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);                \
         }                                                                                                \
       }                                                                                                  \

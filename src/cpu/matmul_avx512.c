@@ -53,21 +53,36 @@ TILE(4, 1)
 TILE(1, 4)
 TILE(1, 1)
 
-/* 8 codes from `bits` bytes at p (code i at bit i*bits, quant.h) as epi32. */
-static inline __m256i codes8i(const uint8_t *p, const int bits) {
-  if (bits == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-  uint64_t u = 0;
-  memcpy(&u, p, (size_t)bits);
-  const uint32_t lo = (uint32_t)u, hi = (uint32_t)(u >> (4 * bits));
-  const __m256i v = _mm256_setr_epi32((int)lo, (int)lo, (int)lo, (int)lo, (int)hi, (int)hi, (int)hi, (int)hi);
-  const __m256i sh = _mm256_setr_epi32(0, bits, 2 * bits, 3 * bits, 0, bits, 2 * bits, 3 * bits);
-  return _mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi32((1 << bits) - 1));
+/* Unpacking 16 codes (k % 16 == 0) of a packed row, any width b: the codes
+ * are 2b bytes at byte k*b/8 and code i sits at bit i*b of that
+ * little-endian stream (quant.h), so it lies in bytes floor(i*b/8) and the
+ * next one, shifted right by (i*b) % 8. One byte-masked load of the 2b bytes,
+ * broadcast to the four 128-bit lanes, one in-lane byte shuffle putting code
+ * i's two bytes into dword i, one variable shift, one mask. */
+typedef struct qunpack { __m512i ctrl, shift, mask; __mmask16 load; } qunpack;
+
+static inline qunpack qunpack_for(int b) {
+  int8_t ctrl[64];
+  int32_t shift[16];
+  for (int i = 0; i < 16; i++) {
+    int byte = i * b / 8;
+    ctrl[4 * i] = (int8_t)byte;
+    ctrl[4 * i + 1] = byte + 1 < 2 * b ? (int8_t)(byte + 1) : (int8_t)-128; /* -128: zero */
+    ctrl[4 * i + 2] = ctrl[4 * i + 3] = (int8_t)-128;
+    shift[i] = (i * b) % 8;
+  }
+  qunpack u;
+  u.ctrl = _mm512_loadu_si512(ctrl);
+  u.shift = _mm512_loadu_si512(shift);
+  u.mask = _mm512_set1_epi32((1 << b) - 1);
+  u.load = (__mmask16)((1u << (2 * b)) - 1u);
+  return u;
 }
 
-/* Codes k..k+15 (k % 16 == 0): two runs of 8 codes, `bits` bytes each. */
-static inline __m512 codes16(const uint8_t *p, const int bits) {
+static inline __attribute__((always_inline)) __m512 codes16(const uint8_t *p, const int bits, const qunpack *u) {
   if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-  __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(codes8i(p, bits)), codes8i(p + bits, bits), 1);
+  __m512i v = _mm512_broadcast_i32x4(_mm_maskz_loadu_epi8(u->load, p));
+  v = _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi8(v, u->ctrl), u->shift), u->mask);
   return _mm512_cvtepi32_ps(v);
 }
 
@@ -76,6 +91,7 @@ static inline __m512 codes16(const uint8_t *p, const int bits) {
                                       const uint8_t *const *rows, const char *const *sc,               \
                                       const char *const *bi, dg_dtype sbt, int G, int64_t K) {         \
     __m512 acc[RT][TT];                                                                                  \
+    const qunpack un = qunpack_for(B);                                                                   \
     for (int i = 0; i < RT; i++)                                                                         \
       for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps();                                      \
     for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
@@ -88,7 +104,7 @@ static inline __m512 codes16(const uint8_t *p, const int bits) {
         __m512 xv[TT];                                                                                   \
         for (int j = 0; j < TT; j++) xv[j] = _mm512_loadu_ps(x + j * ldx + k);                           \
         for (int i = 0; i < RT; i++) {                                                                   \
-          __m512 wv = _mm512_add_ps(_mm512_mul_ps(codes16(rows[i] + k * B / 8, B), s[i]), b[i]);         \
+          __m512 wv = _mm512_add_ps(_mm512_mul_ps(codes16(rows[i] + k * B / 8, B, &un), s[i]), b[i]);         \
           for (int j = 0; j < TT; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);                \
         }                                                                                                \
       }                                                                                                  \
