@@ -268,6 +268,8 @@ static void test_round_trip(void **state) {
  * product of the same K terms in different orders; each is within
  * gamma_K sum|x_k w_k| of the exact value (Higham eq. 3.5, gamma_K = K u /
  * (1 - K u), u = 2^-24), so they differ by at most 2 gamma_K sum|x w|. */
+static double worst_err, worst_bound; /* |diff| and its bound where |diff| / bound is largest */
+
 static void check_q(const dg_kernels *impl, int bits, int G, int T, int N, int K, int row0, double *worst) {
   const dg_kernels *ref = dg_kernels_ref();
   int rows = N + row0;
@@ -298,7 +300,7 @@ static void check_q(const dg_kernels *impl, int bits, int G, int T, int N, int K
       double bound = 2.0 * gam * mag + 1e-30, err = fabs((double)y0[t * ldy + n] - y1[t * ldy + n]);
       /* the oracle itself is the dequantize-then-multiply product */
       assert_true(fabs((double)y0[t * ldy + n] - exact) <= gam * mag + 1e-30);
-      if (err / bound > *worst) *worst = err / bound;
+      if (err / bound > *worst) { *worst = err / bound; worst_err = err; worst_bound = bound; }
       if (err > bound)
         fail_msg("%s %d-bit g%d T=%d N=%d K=%d: y[%d,%d] = %.9g, oracle %.9g, |diff| %.3g > bound %.3g", impl->name,
                  bits, G, T, N, K, t, n, y1[t * ldy + n], y0[t * ldy + n], err, bound);
@@ -326,13 +328,14 @@ static void run_q(const dg_kernels *impl) {
   static const int shapes[][4] = {{1, 1, 1, 0}, {3, 5, 2, 1}, {4, 4, 3, 0}, {5, 9, 1, 2}, {7, 13, 2, 3}, {17, 6, 4, 1}};
   const int bitsv[5] = {2, 3, 4, 6, 8}, Gv[3] = {32, 64, 128};
   double worst = 0.0;
+  worst_err = worst_bound = 0.0;
   for (int b = 0; b < 5; b++)
     for (int g = 0; g < 3; g++)
       for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         check_q(impl, bitsv[b], Gv[g], shapes[s][0], shapes[s][1], shapes[s][2] * Gv[g], shapes[s][3], &worst);
   printf("# %s quantized vs dequantize-then-multiply oracle (2/3/4/6/8 bits, g32/64/128): largest |diff| / "
-         "(2 gamma_K sum|x w|) = %.4f (must be <= 1)\n",
-         impl->name, worst);
+         "(2 gamma_K sum|x w|) = %.4f (must be <= 1): |diff| %.3g where the bound is %.3g\n",
+         impl->name, worst, worst_err, worst_bound);
   /* grouped entry, float and quantized stacks [5 experts x 12 rows, 64] */
   const int E = 5, R = 12, K = 64;
   float *wf = malloc(sizeof(float) * E * R * K);
