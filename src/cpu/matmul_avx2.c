@@ -125,7 +125,19 @@ static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *p, con
     for (int i = 0; i < RT; i++)                                                                         \
       for (int j = 0; j < TT; j++) y[j * ldy + i] = hsum8(acc[i][j]);                                    \
   }
-#define QTILES(B) QTILE(B, 4, 4) QTILE(B, 4, 1) QTILE(B, 1, 4) QTILE(B, 1, 1)
+/* Dequantize one packed row into out[K] (fp32), the same multiply then add. */
+#define QDEQ(B)                                                                                          \
+  static void qdeq_##B(const uint8_t *row, const char *sc, const char *bi, dg_dtype sbt, int G, int64_t K, \
+                       float *out) {                                                                     \
+    const qunpack un = qunpack_for(B);                                                                   \
+    for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
+      const __m256 s = _mm256_set1_ps(dg_load_elem(sbt, sc, g0 / G));                                    \
+      const __m256 b = _mm256_set1_ps(dg_load_elem(sbt, bi, g0 / G));                                    \
+      for (int64_t k = g0; k < g0 + G; k += 8)                                                           \
+        _mm256_storeu_ps(out + k, _mm256_add_ps(_mm256_mul_ps(codes8(row + k * B / 8, B, &un), s), b));  \
+    }                                                                                                    \
+  }
+#define QTILES(B) QTILE(B, 4, 4) QTILE(B, 4, 1) QTILE(B, 1, 4) QTILE(B, 1, 1) QDEQ(B)
 QTILES(2)
 QTILES(3)
 QTILES(4)

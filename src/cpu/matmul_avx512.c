@@ -112,7 +112,19 @@ static inline __attribute__((always_inline)) __m512 codes16(const uint8_t *p, co
     for (int i = 0; i < RT; i++)                                                                         \
       for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                     \
   }
-#define QTILES(B) QTILE(B, 4, 4) QTILE(B, 4, 1) QTILE(B, 1, 4) QTILE(B, 1, 1)
+/* Dequantize one packed row into out[K] (fp32), the same multiply then add. */
+#define QDEQ(B)                                                                                          \
+  static void qdeq_##B(const uint8_t *row, const char *sc, const char *bi, dg_dtype sbt, int G, int64_t K, \
+                       float *out) {                                                                     \
+    const qunpack un = qunpack_for(B);                                                                   \
+    for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
+      const __m512 s = _mm512_set1_ps(dg_load_elem(sbt, sc, g0 / G));                                    \
+      const __m512 b = _mm512_set1_ps(dg_load_elem(sbt, bi, g0 / G));                                    \
+      for (int64_t k = g0; k < g0 + G; k += 16)                                                          \
+        _mm512_storeu_ps(out + k, _mm512_add_ps(_mm512_mul_ps(codes16(row + k * B / 8, B, &un), s), b)); \
+    }                                                                                                    \
+  }
+#define QTILES(B) QTILE(B, 4, 4) QTILE(B, 4, 1) QTILE(B, 1, 4) QTILE(B, 1, 1) QDEQ(B)
 QTILES(2)
 QTILES(3)
 QTILES(4)

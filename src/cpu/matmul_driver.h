@@ -3,8 +3,14 @@
  * register tiles (weight rows x activation rows)
  *   tile_4x4, tile_4x1, tile_1x4, tile_1x1        float weights (f32/bf16/f16)
  *   QTILES(B) = qtile_B_4x4 ... qtile_B_1x1        MLX affine B-bit weights
+ *   qdeq_B                                          one B-bit row dequantized to fp32
  * This driver walks blocks of 4 weight rows in parallel (OpenMP) and tiles the
- * activation rows by 4, with 1-wide tails. Each output element's summation
+ * activation rows by 4, with 1-wide tails. With many activation rows
+ * (T >= QDEQ_MIN_T) a block of quantized rows is first dequantized into a
+ * per-thread fp32 buffer and then run through the f32 tiles, so the unpacking
+ * is paid once per block instead of once per 4 activation rows; the f32 tiles
+ * and the quantized tiles sum the same (bit-identical) values in the same
+ * order, so this changes no result. Each output element's summation
  * order depends only on K (and, when quantized, on the group size), not on the
  * tile used, so results do not depend on T, on how a pass is chunked, or on
  * whether the grouped (MoE) entry or plain calls computed them. */
@@ -26,11 +32,29 @@ static const qtile_fn QTILE_TABLE[5][4] = {
 
 static inline int qbits_index(int bits) { return bits == 2 ? 0 : bits == 3 ? 1 : bits == 4 ? 2 : bits == 6 ? 3 : 4; }
 
+typedef void (*qdeq_fn)(const uint8_t *row, const char *sc, const char *bi, dg_dtype sbt, int G, int64_t K, float *out);
+static const qdeq_fn QDEQ_TABLE[5] = {qdeq_2, qdeq_3, qdeq_4, qdeq_6, qdeq_8};
+
+#define QDEQ_MIN_T 8 /* activation rows from which a block is dequantized once */
+
 /* Rows [n, n+rt) (rt <= 4) of W, starting at absolute row r0 = row0 + n, times
  * T activation rows: y[t*ldy + n + i]. */
+/* buf: NULL, or 4*K floats of per-thread scratch for the dequantize-once path. */
 static void block_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t r0,
-                       int64_t rt) {
+                       int64_t rt, float *buf) {
   const int64_t K = w->cols;
+  if (w->bits && buf && T >= QDEQ_MIN_T) {
+    const int G = w->group_size;
+    const size_t rb = (size_t)dg_quant_row_bytes(K, w->bits), sb = (size_t)(K / G) * dg_dtype_size(w->sb_dtype);
+    for (int i = 0; i < rt; i++)
+      QDEQ_TABLE[qbits_index(w->bits)]((const uint8_t *)w->data + (size_t)(r0 + i) * rb,
+                                       (const char *)w->scales + (size_t)(r0 + i) * sb,
+                                       (const char *)w->biases + (size_t)(r0 + i) * sb, w->sb_dtype, G, K,
+                                       buf + (size_t)i * K);
+    const dg_weight f = {.dtype = DG_F32, .data = buf, .rows = rt, .cols = K};
+    block_rows(y, ldy, x, ldx, T, &f, 0, rt, NULL);
+    return;
+  }
   if (!w->bits) {
     const size_t rb = (size_t)K * dg_dtype_size(w->dtype);
     const char *rows[4];
@@ -74,13 +98,25 @@ static void block_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64
   }
 }
 
+/* Per-thread scratch for the dequantize-once path (NULL when not needed or
+ * out of memory: the quantized tiles are used then). */
+static float *qbuf_new(const dg_weight *w, int64_t T) {
+  return w->bits && T >= QDEQ_MIN_T ? aligned_alloc(64, ((size_t)4 * (size_t)w->cols * sizeof(float) + 63) / 64 * 64)
+                                    : NULL;
+}
+
 static void matmul_driver(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
                           int64_t row0, int64_t N, int n_threads) {
   const int64_t nblk = (N + 3) / 4;
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-  for (int64_t b = 0; b < nblk; b++) {
-    int64_t n = b * 4;
-    block_rows(y + n, ldy, x, ldx, T, w, row0 + n, N - n < 4 ? N - n : 4);
+#pragma omp parallel num_threads(n_threads)
+  {
+    float *buf = qbuf_new(w, T);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nblk; b++) {
+      int64_t n = b * 4;
+      block_rows(y + n, ldy, x, ldx, T, w, row0 + n, N - n < 4 ? N - n : 4, buf);
+    }
+    free(buf);
   }
 }
 
@@ -88,14 +124,21 @@ static void matmul_grouped_driver(float *y, int64_t ldy, const float *x, int64_t
                                   const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N,
                                   int n_threads) {
   const int64_t nblk = (N + 3) / 4, ntask = (int64_t)E * nblk;
+  int64_t tmax = 0;
+  for (int e = 0; e < E; e++) tmax = start[e + 1] - start[e] > tmax ? start[e + 1] - start[e] : tmax;
   /* dynamic: experts carry different numbers of rows, and empty ones cost nothing */
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 8)
-  for (int64_t task = 0; task < ntask; task++) {
-    int e = (int)(task / nblk);
-    int64_t n = (task % nblk) * 4, T = start[e + 1] - start[e];
-    if (T <= 0) continue;
-    block_rows(y + (int64_t)start[e] * ldy + n, ldy, x + (int64_t)start[e] * ldx, ldx, T, w,
-               (int64_t)e * rows_per_expert + row_off + n, N - n < 4 ? N - n : 4);
+#pragma omp parallel num_threads(n_threads)
+  {
+    float *buf = qbuf_new(w, tmax);
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t task = 0; task < ntask; task++) {
+      int e = (int)(task / nblk);
+      int64_t n = (task % nblk) * 4, T = start[e + 1] - start[e];
+      if (T <= 0) continue;
+      block_rows(y + (int64_t)start[e] * ldy + n, ldy, x + (int64_t)start[e] * ldx, ldx, T, w,
+                 (int64_t)e * rows_per_expert + row_off + n, N - n < 4 ? N - n : 4, buf);
+    }
+    free(buf);
   }
 }
 
