@@ -105,7 +105,10 @@ dg_status dg_quant_recipe_parse(const char *recipe, int bits, int group_size, dg
     while (n && isspace((unsigned char)tok[n - 1])) n--;
     const char *eq = memchr(tok, '=', n);
     if (!eq) {
-      if (n == 3 && !strncmp(tok, "mlx", 3)) { /* mlx-vlm's quant_predicate for this model (spec 3.2) */
+      /* mlx-vlm's choice for this model (Blaizzy/mlx-vlm, mlx_vlm/models/diffusion_gemma/
+       * diffusion_gemma.py: quant_predicate): embed_tokens, mlp.{gate,up,down}_proj,
+       * .self_attn.* and router at {group_size 64, bits 8}, the rest at the defaults */
+      if (n == 3 && !strncmp(tok, "mlx", 3)) {
         for (int c = DG_QCLASS_EMBED; c <= DG_QCLASS_ROUTER; c++) out->cls[c] = (dg_quant_class_spec){8, 64};
         continue;
       }
