@@ -849,6 +849,103 @@ static void test_small_model_q8(void **state) {
   rm_rf(q);
 }
 
+/* What dg_quantize writes: an MLX-layout directory (config block with
+ * defaults, per-module overrides and the quantization_config mirror; shards +
+ * index; the other files copied; float tensors for the skip rule and the
+ * recipe's float classes), loadable, and independent of the sharding. */
+static void test_quantize_output(void **state) {
+  (void)state;
+  synth_cfg c = synth_default();
+  c.with_tokenizer = 1;
+  char f[512], q1[512], q2[512], p[1024];
+  snprintf(f, sizeof f, "%s/of", tmp_root);
+  snprintf(q1, sizeof q1, "%s/oq1", tmp_root);
+  snprintf(q2, sizeof q2, "%s/oq2", tmp_root);
+  assert_int_equal(synth_model_dir(f, &c), 0);
+  dg_quantize_params qp = dg_quantize_default_params();
+  qp.bits = 4;
+  qp.group_size = 32;
+  qp.recipe = "experts=3,embed=bf16,router=8";
+  dg_quantize_result r1, r2;
+  assert_dg_ok(dg_quantize(f, q1, &qp, &r1));
+  qp.max_shard_bytes = 20000; /* several shards */
+  assert_dg_ok(dg_quantize(f, q2, &qp, &r2));
+  assert_int_equal(r1.n_shards, 1);
+  assert_true(r2.n_shards > 2);
+  assert_int_equal(r1.n_quantized, r2.n_quantized);
+  assert_int_equal(r1.n_kept_float, 1);                 /* the embedding */
+  assert_int_equal(r1.n_indivisible, 3 * 2 + 1);        /* mlp.down (24) and experts.down (12) per layer, sc.down */
+  printf("# quantize: %d quantized, %d kept float by the recipe, %d by the group-size rule; %lld -> %lld bytes; "
+         "%d shards at a 20000-byte limit\n", r1.n_quantized, r1.n_kept_float, r1.n_indivisible,
+         (long long)r1.bytes_in, (long long)r1.bytes_out, r2.n_shards);
+  /* config block */
+  snprintf(p, sizeof p, "%s/config.json", q1);
+  char *txt = dg_test_read_file(p, NULL);
+  cJSON *cj = cJSON_Parse(txt), *qb = cJSON_GetObjectItemCaseSensitive(cj, "quantization");
+  assert_non_null(qb);
+  assert_non_null(cJSON_GetObjectItemCaseSensitive(cj, "quantization_config"));
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(qb, "bits")->valueint, 4);
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(qb, "group_size")->valueint, 32);
+  assert_string_equal(cJSON_GetObjectItemCaseSensitive(qb, "mode")->valuestring, "affine");
+  cJSON *o = cJSON_GetObjectItemCaseSensitive(qb, "model.decoder.layers.1.experts.gate_up_proj");
+  assert_non_null(o);
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(o, "bits")->valueint, 3);
+  assert_non_null(cJSON_GetObjectItemCaseSensitive(qb, "model.decoder.layers.2.router.proj"));
+  assert_null(cJSON_GetObjectItemCaseSensitive(qb, "model.decoder.layers.0.self_attn.q_proj")); /* default bits: no entry */
+  assert_null(cJSON_GetObjectItemCaseSensitive(qb, "model.decoder.embed_tokens"));             /* float: no entry */
+  cJSON_Delete(cj);
+  free(txt);
+  /* tensors */
+  dg_safetensors *st;
+  assert_dg_ok(dg_st_open_dir(q2, &st));
+  const dg_tensor *t = dg_st_find(st, "model.decoder.layers.0.experts.gate_up_proj.weight");
+  assert_non_null(t);
+  assert_int_equal(t->dtype, DG_U32);
+  assert_int_equal(t->shape[2], 32 * 3 / 32);
+  assert_non_null(dg_st_find(st, "model.decoder.layers.0.experts.gate_up_proj.scales"));
+  t = dg_st_find(st, "model.decoder.layers.0.experts.down_proj.weight"); /* float, MLX name */
+  assert_non_null(t);
+  assert_int_equal(t->dtype, DG_F32);
+  assert_int_equal(dg_st_find(st, "model.decoder.embed_tokens.weight")->dtype, DG_F32);
+  assert_null(dg_st_find(st, "model.decoder.embed_tokens.scales"));
+  assert_string_equal(dg_st_metadata(st, "format"), "mlx");
+  dg_st_close(st);
+  const char *copied[3] = {"tokenizer.json", "generation_config.json", "model.safetensors.index.json"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s/%s", q1, copied[i]);
+    assert_int_equal(access(p, R_OK), 0);
+  }
+  /* one shard or many: the same logits */
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 2;
+  dg_model *m1, *m2;
+  assert_dg_ok(dg_model_load(q1, &mp, &m1));
+  assert_dg_ok(dg_model_load(q2, &mp, &m2));
+  const int C = c.canvas, V = c.vocab;
+  int32_t prompt[5] = {2, 105, 7, 9, 11}, canvas[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  float *l1 = malloc((size_t)C * V * 4), *l2 = malloc((size_t)C * V * 4);
+  dg_model *ms[2] = {m1, m2};
+  float *ls[2] = {l1, l2};
+  for (int k = 0; k < 2; k++) {
+    dg_context *ctx;
+    assert_dg_ok(dg_context_new(ms[k], NULL, &ctx));
+    assert_dg_ok(dg_encode(ctx, prompt, 5));
+    assert_dg_ok(dg_decode(ctx, canvas, NULL, ls[k]));
+    dg_context_free(ctx);
+  }
+  assert_memory_equal(l1, l2, (size_t)C * V * 4);
+  free(l1); free(l2);
+  dg_model_free(m1);
+  dg_model_free(m2);
+  /* refusals: a non-empty output directory, an already quantized input */
+  assert_int_equal(dg_quantize(f, q1, &qp, NULL), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "not empty"));
+  snprintf(p, sizeof p, "%s/oq3", tmp_root);
+  assert_int_equal(dg_quantize(q1, p, &qp, NULL), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "quantization block"));
+  rm_rf(p); rm_rf(f); rm_rf(q1); rm_rf(q2);
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   char a0[1024];
@@ -863,6 +960,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_kernels_avx512),
       cmocka_unit_test(test_bad_quantized),
       cmocka_unit_test(test_twin),
+      cmocka_unit_test(test_quantize_output),
       cmocka_unit_test(test_small_model_q8),
   };
   return cmocka_run_group_tests_name("quant", tests, setup, teardown);
