@@ -39,7 +39,7 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-$(CLI): $(BUILD)/tools/dgemma.o $(BUILD)/tools/eval.o $(LIB)
+$(CLI): $(BUILD)/tools/dgemma.o $(BUILD)/tools/eval.o $(BUILD)/tools/qreport.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/testutil.h
@@ -69,4 +69,4 @@ run:
 clean:
 	rm -rf build build-asan
 
--include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d $(BUILD)/tools/eval.d
+-include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d $(BUILD)/tools/eval.d $(BUILD)/tools/qreport.d

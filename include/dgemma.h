@@ -80,6 +80,12 @@ dg_model_params dg_model_default_params(void);
  * generation_config.json (optional: defaults of spec 1.3 when absent),
  * model.safetensors or model.safetensors.index.json + shards (mmap'd), and
  * tokenizer.json. Every header offset, dtype and shape is validated.
+ * MLX affine-quantized checkpoints (spec 3.2) load as they are: a matrix is
+ * quantized when <module>.scales exists (U32 <module>.weight + scales +
+ * biases), with bits and group size from config.json's "quantization" block
+ * (per-module overrides first); expert stacks may be stored stacked or per
+ * expert. A missing scales/biases tensor, unsupported bits or group size, or
+ * shapes that disagree with the block fail with a message naming the tensor.
  * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
  * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
  * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY. */
@@ -94,8 +100,10 @@ typedef struct dg_model_info {
   int32_t n_experts, top_k_experts, canvas_length;
   int32_t n_full_layers;
   int64_t n_params;          /* text parameters (tied embedding counted once) */
-  const char *weight_dtype;  /* "bf16", "f16" or "f32" (embedding's dtype) */
+  const char *weight_dtype;  /* "bf16", "f16" or "f32" (embedding's dtype, or its scales' when quantized) */
   int has_tokenizer;
+  int32_t n_quantized;       /* matrices stored MLX affine-quantized (0 = none) */
+  int32_t quant_bits_min, quant_bits_max; /* their bit widths (0 if none) */
 } dg_model_info;
 
 dg_status dg_model_get_info(const dg_model *m, dg_model_info *info);
@@ -265,6 +273,79 @@ dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n);
  * cache is not modified. C must equal the model's canvas_length. */
 dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits,
                     float *logits_out);
+
+/* ------------------------------------------------------------------------- */
+/* Quantization (MLX affine format, spec 3.2)                                */
+/* ------------------------------------------------------------------------- */
+
+/* Module classes a recipe assigns bits to (names as in a recipe string). */
+typedef enum dg_quant_class {
+  DG_QCLASS_EMBED = 0,   /* "embed":   model.decoder.embed_tokens (also the tied LM head) */
+  DG_QCLASS_ATTN = 1,    /* "attn":    self_attn.{q,k,v,o}_proj */
+  DG_QCLASS_MLP = 2,     /* "mlp":     dense mlp.{gate,up,down}_proj */
+  DG_QCLASS_ROUTER = 3,  /* "router":  router.proj */
+  DG_QCLASS_EXPERTS = 4, /* "experts": experts.gate_up_proj, experts.down_proj */
+  DG_QCLASS_SC = 5,      /* "sc":      self_conditioning.{gate,up,down}_proj */
+  DG_QCLASS_COUNT = 6
+} dg_quant_class;
+
+typedef struct dg_quant_class_spec {
+  int bits;        /* 0 = keep in the checkpoint's float dtype */
+  int group_size;
+} dg_quant_class_spec;
+
+typedef struct dg_quant_recipe {
+  int bits, group_size;                      /* the defaults (config.json's top-level block) */
+  dg_quant_class_spec cls[DG_QCLASS_COUNT];
+} dg_quant_recipe;
+
+/* Parse a recipe: comma-separated CLASS=SPEC items applied left to right on
+ * top of the defaults (every class at bits/group_size). CLASS is embed, attn,
+ * mlp, router, experts, sc or all; SPEC is BITS (2, 3, 4, 6, 8), BITS:GROUP
+ * (group 32, 64 or 128) or bf16 (also f16, float, none, keep: not quantized).
+ * The item "mlx" is mlx-vlm's choice for this model: embed, attn, mlp and
+ * router at 8 bits, group 64. Example: "mlx,experts=3" or "experts=2:32,embed=bf16".
+ * NULL or "" = uniform. Errors: DG_ERR_INVALID_ARG naming the item. */
+dg_status dg_quant_recipe_parse(const char *recipe, int bits, int group_size, dg_quant_recipe *out);
+
+/* Class of a checkpoint tensor name (DG_QCLASS_*), or -1 if it is never
+ * quantized (norms, scalars, router scales, vision tower, ...). */
+int dg_quant_class_of(const char *tensor_name);
+
+typedef struct dg_quantize_params {
+  int bits;                 /* default bits (4) */
+  int group_size;           /* default group size (64) */
+  const char *recipe;       /* see dg_quant_recipe_parse; NULL = uniform */
+  int64_t max_shard_bytes;  /* output shard size limit; <= 0 = 5e9 */
+  int n_threads;            /* OpenMP threads; <= 0 = 1 */
+  /* Called before each tensor (and once at the end with done == total);
+   * bytes are input bytes. Nonzero return aborts (DG_ERR_ABORTED). */
+  int (*progress)(int64_t done, int64_t total, const char *tensor, void *user_data);
+  void *user_data;
+} dg_quantize_params;
+
+typedef struct dg_quantize_result {
+  int32_t n_quantized;      /* matrices written quantized */
+  int32_t n_kept_float;     /* quantizable matrices the recipe kept in float */
+  int32_t n_indivisible;    /* kept in float: input dim not a multiple of the group size (MLX's rule) */
+  int32_t n_shards;
+  int64_t bytes_in, bytes_out;
+} dg_quantize_result;
+
+dg_quantize_params dg_quantize_default_params(void);
+
+/* Quantize the float (bf16/f16/f32) DiffusionGemma checkpoint in in_dir into
+ * an MLX-layout directory out_dir (created; must be empty): affine-quantized
+ * <module>.weight/.scales/.biases with MLX's packing and rounding (quant.h),
+ * other tensors copied, config.json with the "quantization" block (defaults +
+ * per-module overrides) and its "quantization_config" mirror, sharded
+ * safetensors + index, every other file of in_dir copied. *result (may be
+ * NULL) is filled even on failure. Errors: DG_ERR_INVALID_ARG (bad recipe,
+ * non-empty output, already quantized input), DG_ERR_NOT_FOUND, DG_ERR_IO,
+ * DG_ERR_JSON, DG_ERR_SAFETENSORS, DG_ERR_NUMERIC (a non-finite weight, named
+ * with its row and column), DG_ERR_OUT_OF_MEMORY, DG_ERR_ABORTED. */
+dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize_params *params,
+                      dg_quantize_result *result);
 
 #ifdef __cplusplus
 }

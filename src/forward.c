@@ -357,16 +357,13 @@ static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int i = 0; i < total; i++)
     memcpy(ctx->ebuf_in + (size_t)i * H, xe + (size_t)(ctx->exp_tokens[i] / K) * H, (size_t)H * sizeof(float));
-  for (int e = 0; e < E; e++) {
-    int n = ctx->exp_start[e + 1] - ctx->exp_start[e];
-    if (!n) continue;
-    const float *in = ctx->ebuf_in + (size_t)ctx->exp_start[e] * H;
-    float *g = ctx->eh1 + (size_t)ctx->exp_start[e] * IE, *u = ctx->eh2 + (size_t)ctx->exp_start[e] * IE;
-    matmul(m, g, IE, in, H, n, &l->experts_gate_up, (int64_t)e * 2 * IE, IE);
-    matmul(m, u, IE, in, H, n, &l->experts_gate_up, (int64_t)e * 2 * IE + IE, IE);
-    for (size_t i = 0; i < (size_t)n * IE; i++) g[i] = gelu_tanh(g[i]) * u[i];
-    matmul(m, ctx->ebuf_out + (size_t)ctx->exp_start[e] * H, H, g, IE, n, &l->experts_down, (int64_t)e * H, H);
-  }
+  /* gathered expert products: one kernel call per matrix for all experts */
+  const dg_kernels *kn = m->kern;
+  kn->matmul_grouped(ctx->eh1, IE, ctx->ebuf_in, H, ctx->exp_start, E, &l->experts_gate_up, 2 * IE, 0, IE, nt);
+  kn->matmul_grouped(ctx->eh2, IE, ctx->ebuf_in, H, ctx->exp_start, E, &l->experts_gate_up, 2 * IE, IE, IE, nt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int i = 0; i < total * IE; i++) ctx->eh1[i] = gelu_tanh(ctx->eh1[i]) * ctx->eh2[i];
+  kn->matmul_grouped(ctx->ebuf_out, H, ctx->eh1, IE, ctx->exp_start, E, &l->experts_down, H, 0, H, nt);
   /* combine in expert order per token (as the reference's index_add_) */
   float *gsum = ctx->xa; /* x̂ no longer needed */
   memset(gsum, 0, (size_t)T * H * sizeof(float));
@@ -401,17 +398,18 @@ static void attn_out(dg_context *ctx, int li, int T) {
   for (size_t i = 0; i < (size_t)T * H; i++) ctx->x[i] += ctx->xb[i];
 }
 
-/* x[T,H] = E[ids] * embed_scale */
+/* x[T,H] = E[ids] * embed_scale; a quantized embedding dequantizes the rows
+ * it looks up (spec 3.2), in fp32. */
 static dg_status embed(dg_context *ctx, const int32_t *ids, int T) {
   const dg_model *m = ctx->m;
   const int H = m->cfg.hidden_size;
-  const size_t es = dg_dtype_size(m->embed.dtype);
   for (int t = 0; t < T; t++) {
     if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size)
       return dg_seterr(DG_ERR_INVALID_ARG, "token id %d at position %d is outside the vocabulary [0, %d)", ids[t], t,
                        m->cfg.vocab_size);
-    const char *row = (const char *)m->embed.data + (size_t)ids[t] * H * es;
-    for (int j = 0; j < H; j++) ctx->x[(size_t)t * H + j] = dg_load_elem(m->embed.dtype, row, j) * m->embed_scale;
+    float *xr = ctx->x + (size_t)t * H;
+    dg_weight_row_f32(&m->embed, ids[t], xr);
+    for (int j = 0; j < H; j++) xr[j] *= m->embed_scale;
   }
   return DG_OK;
 }
@@ -503,7 +501,6 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const dg_model *m = ctx->m;
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
   float *P = ctx->probs;
-  const size_t es = dg_dtype_size(m->embed.dtype);
   /* P = cast(softmax(cast(z))) row by row (spec 4.9) */
 #pragma omp parallel for num_threads(m->n_threads) schedule(static)
   for (int c = 0; c < C; c++) {
@@ -528,12 +525,11 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
     for (int v = 0; v < V; v++) {
       float pv = p[v];
       if (pv == 0.0f) continue; /* adds exactly zero */
-      const char *row = (const char *)m->embed.data + (size_t)v * H * es;
-      if (m->embed.dtype == DG_F32) {
-        const float *er = (const float *)(const void *)row;
+      if (m->embed.dtype == DG_F32 && !m->embed.bits) {
+        const float *er = (const float *)m->embed.data + (size_t)v * H;
         for (int j = 0; j < H; j++) s[j] += pv * er[j];
-      } else {
-        for (int j = 0; j < H; j++) s[j] += pv * dg_load_elem(m->embed.dtype, row, j);
+      } else { /* bf16/f16 widened, or a quantized row dequantized (spec 5 with a quantized tied embedding) */
+        dg_weight_axpy_row(s, pv, &m->embed, v);
       }
     }
     for (int j = 0; j < H; j++) s[j] *= m->embed_scale;

@@ -13,20 +13,41 @@
 #include "safetensors.h"
 
 /* A row-major matrix view [rows, cols] into a checkpoint (or owned memory).
- * Row r starts at (char*)data + r*cols*dg_dtype_size(dtype). */
+ * Float weights (bits == 0): row r starts at (char*)data + r*cols*dg_dtype_size(dtype).
+ * MLX affine-quantized weights (bits != 0, dtype DG_U32; format in quant.h):
+ * packed row r starts at (char*)data + r*cols*bits/8, its group g has scale
+ * scales[r*cols/group_size + g] and bias biases[...] of type sb_dtype, and
+ * w[r,k] = (float)q * scale + bias. rows/cols are the logical (dequantized)
+ * shape; cols is a multiple of group_size. */
 typedef struct dg_weight {
-  dg_dtype dtype; /* DG_F32, DG_BF16 or DG_F16 */
+  dg_dtype dtype; /* DG_F32, DG_BF16 or DG_F16; DG_U32 when quantized */
   const void *data;
   int64_t rows, cols;
+  int bits;                     /* 0 = float; 2, 3, 4, 6 or 8 */
+  int group_size;               /* 32, 64 or 128 (quantized only) */
+  dg_dtype sb_dtype;            /* scales/biases dtype: DG_BF16, DG_F16 or DG_F32 */
+  const void *scales, *biases;  /* [rows, cols/group_size] (quantized only) */
 } dg_weight;
 
 typedef struct dg_kernels {
   const char *name;
   /* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k]
    * for t in [0, T), n in [0, N), k in [0, W.cols). fp32 accumulation.
-   * Parallel over n with n_threads OpenMP threads. */
+   * Parallel over n with n_threads OpenMP threads.
+   * Quantized weights (w->bits != 0) are dequantized on the fly exactly as
+   * dg_quant_dequant_row does, so results differ from the float path on the
+   * dequantized matrix only by summation order. */
   void (*matmul)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
                  int64_t row0, int64_t N, int n_threads);
+  /* The gathered MoE product: activation rows are grouped by expert; rows
+   * [start[e], start[e+1]) of x go through expert e:
+   *   y[i*ldy + n] = sum_k x[i*ldx + k] * W[e*rows_per_expert + row_off + n, k]
+   * for e in [0, E), n in [0, N). One parallel region over (expert, block of
+   * 4 output rows) pairs instead of one per expert. Each element is summed in
+   * the same order as `matmul` computes it, so the result equals E calls of
+   * matmul bit for bit. */
+  void (*matmul_grouped)(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
+                         const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads);
 } dg_kernels;
 
 /* The scalar oracle: plain loops, k summed in increasing order. */

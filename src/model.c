@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dg_error.h"
+#include "quant.h"
 
 void dg_free(void *p) { free(p); }
 
@@ -69,9 +70,116 @@ static dg_status find_tensor(const dg_model *m, const char *name, int nd, const 
   return DG_OK;
 }
 
-/* Matrix [rows, cols] (or a 3-D stack [e, r, c] viewed as [e*r, c]). */
+/* Module path of a weight tensor name: the name without a trailing ".weight"
+ * (MLX keys scales, biases and config overrides by it, spec 3.2). */
+static void module_of(const char *name, char *out, size_t n) {
+  snprintf(out, n, "%s", name);
+  size_t l = strlen(out);
+  if (l > 7 && strcmp(out + l - 7, ".weight") == 0) out[l - 7] = 0;
+}
+
+static void dims_str(const int64_t *dims, int nd, char *buf, size_t n) {
+  dg_tensor w;
+  memset(&w, 0, sizeof w);
+  w.ndim = nd;
+  for (int i = 0; i < nd; i++) w.shape[i] = dims[i];
+  shape_str(&w, buf, n);
+}
+
+/* An MLX affine-quantized matrix (spec 3.2, quant.h): `name` (U32 packed
+ * codes [..., out, in*bits/32]) with <module>.scales and <module>.biases
+ * [..., out, in/group_size]; bits and group size from config.json's
+ * quantization block (the module's override, else the defaults). dims is the
+ * logical shape from config.json. */
+static dg_status bind_quantized(dg_model *m, const char *name, const dg_tensor *t, int nd, const int64_t *dims,
+                                dg_weight *w) {
+  char mod[256], sn[300], bn[300], got[128], want[128];
+  module_of(name, mod, sizeof mod);
+  snprintf(sn, sizeof sn, "%s.scales", mod);
+  snprintf(bn, sizeof bn, "%s.biases", mod);
+  const dg_tensor *ts = dg_st_find(m->st, sn), *tb = dg_st_find(m->st, bn);
+  if (t->dtype != DG_U32)
+    return dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor %s has dtype %s but %s exists (a quantized weight is U32)",
+                     t->file, name, dg_dtype_name(t->dtype), sn);
+  if (!ts)
+    return dg_seterr(DG_ERR_TENSOR_MISSING, "%s: tensor %s is missing (%s is U32, i.e. quantized)", m->dir, sn, name);
+  if (!tb)
+    return dg_seterr(DG_ERR_TENSOR_MISSING, "%s: tensor %s is missing (%s is U32, i.e. quantized)", m->dir, bn, name);
+  if (!m->qcfg.present)
+    return dg_seterr(DG_ERR_CONFIG, "%s/config.json: no quantization block, but tensor %s is quantized (U32 + %s)",
+                     m->dir, name, sn);
+  int bits, G;
+  if (!dg_quant_config_lookup(&m->qcfg, mod, &bits, &G))
+    return dg_seterr(DG_ERR_CONFIG, "%s/config.json: quantization[\"%s\"] is false, but tensor %s is quantized", m->dir,
+                     mod, name);
+  const int64_t in = dims[nd - 1];
+  int64_t pdims[DG_MAX_DIMS], sdims[DG_MAX_DIMS];
+  for (int i = 0; i < nd; i++) pdims[i] = sdims[i] = dims[i];
+  pdims[nd - 1] = in * bits / 32;
+  sdims[nd - 1] = in / G;
+  int ok = t->ndim == nd && in % G == 0;
+  for (int i = 0; ok && i < nd; i++) ok = t->shape[i] == pdims[i];
+  if (!ok) {
+    shape_str(t, got, sizeof got);
+    dims_str(pdims, nd, want, sizeof want);
+    double implied = t->ndim == nd && in ? 32.0 * (double)t->shape[nd - 1] / (double)in : 0.0;
+    if (in % G)
+      return dg_seterr(DG_ERR_TENSOR_SHAPE,
+                       "%s: tensor %s: input dimension %lld is not a multiple of group_size %d (config.json quantization)",
+                       t->file, name, (long long)in, G);
+    return dg_seterr(DG_ERR_TENSOR_SHAPE,
+                     "%s: tensor %s has shape %s, expected %s for bits = %d (config.json quantization); its width "
+                     "implies bits = %g for input dimension %lld",
+                     t->file, name, got, want, bits, implied, (long long)in);
+  }
+  const dg_tensor *sb[2] = {ts, tb};
+  for (int k = 0; k < 2; k++) {
+    const dg_tensor *u = sb[k];
+    if (u->dtype != DG_F32 && u->dtype != DG_BF16 && u->dtype != DG_F16)
+      return dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor %s has dtype %s (expected F32, BF16 or F16)", u->file, u->name,
+                       dg_dtype_name(u->dtype));
+    if (u->dtype != ts->dtype)
+      return dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor %s has dtype %s but %s has %s", u->file, u->name,
+                       dg_dtype_name(u->dtype), sn, dg_dtype_name(ts->dtype));
+    int sok = u->ndim == nd;
+    for (int i = 0; sok && i < nd; i++) sok = u->shape[i] == sdims[i];
+    if (!sok) {
+      shape_str(u, got, sizeof got);
+      dims_str(sdims, nd, want, sizeof want);
+      return dg_seterr(DG_ERR_TENSOR_SHAPE,
+                       "%s: tensor %s has shape %s, expected %s for group_size = %d (config.json quantization)", u->file,
+                       u->name, got, want, G);
+    }
+  }
+  w->dtype = DG_U32;
+  w->data = t->data;
+  w->cols = in;
+  w->rows = 1;
+  for (int i = 0; i < nd - 1; i++) w->rows *= dims[i];
+  w->bits = bits;
+  w->group_size = G;
+  w->sb_dtype = ts->dtype;
+  w->scales = ts->data;
+  w->biases = tb->data;
+  m->n_params += w->rows * w->cols;
+  m->n_quantized++;
+  if (!m->min_bits || bits < m->min_bits) m->min_bits = bits;
+  if (bits > m->max_bits) m->max_bits = bits;
+  return DG_OK;
+}
+
+/* Matrix [rows, cols] (or a 3-D stack [e, r, c] viewed as [e*r, c]): a float
+ * tensor, or an MLX quantized one when <module>.scales exists or the tensor
+ * is U32. */
 static dg_status bind_matrix(dg_model *m, const char *name, int nd, const int64_t *dims, dg_weight *w) {
-  const dg_tensor *t;
+  memset(w, 0, sizeof *w);
+  const dg_tensor *t = dg_st_find(m->st, name);
+  if (t) {
+    char mod[256], sn[300];
+    module_of(name, mod, sizeof mod);
+    snprintf(sn, sizeof sn, "%s.scales", mod);
+    if (t->dtype == DG_U32 || dg_st_find(m->st, sn)) return bind_quantized(m, name, t, nd, dims, w);
+  }
   DG_TRY(find_tensor(m, name, nd, dims, &t));
   w->dtype = t->dtype;
   w->cols = dims[nd - 1];
@@ -88,6 +196,58 @@ static dg_status bind_matrix(dg_model *m, const char *name, int nd, const int64_
   }
   m->n_params += w->rows * w->cols;
   return DG_OK;
+}
+
+/* An expert stack [E, R, C] (spec 3.1/3.2): stored stacked under the HF name
+ * ("experts.gate_up_proj") or the MLX name (".weight" added), or per expert
+ * ("experts.{e}.gate_up_proj.weight", each [R, C], float or quantized). Per
+ * expert tensors are concatenated into one owned stack so the kernels see a
+ * single [E*R, C] matrix. */
+static dg_status bind_experts(dg_model *m, int li, const char *what, int64_t E, int64_t R, int64_t C, dg_weight *w) {
+  char hf[200], mlx[256], one[256];
+  snprintf(hf, sizeof hf, "model.decoder.layers.%d.experts.%s", li, what);
+  snprintf(mlx, sizeof mlx, "%s.weight", hf);
+  snprintf(one, sizeof one, "model.decoder.layers.%d.experts.0.%s.weight", li, what);
+  if (dg_st_find(m->st, hf) || dg_st_find(m->st, mlx) || !dg_st_find(m->st, one))
+    return bind_matrix(m, dg_st_find(m->st, hf) ? hf : mlx, 3, (int64_t[]){E, R, C}, w);
+  dg_weight *ew = calloc((size_t)E, sizeof *ew);
+  if (!ew) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  dg_status st = DG_OK;
+  for (int64_t e = 0; e < E && !st; e++) {
+    snprintf(one, sizeof one, "model.decoder.layers.%d.experts.%lld.%s.weight", li, (long long)e, what);
+    st = bind_matrix(m, one, 2, (int64_t[]){R, C}, &ew[e]);
+    if (!st && (ew[e].bits != ew[0].bits || ew[e].group_size != ew[0].group_size || ew[e].dtype != ew[0].dtype ||
+                ew[e].sb_dtype != ew[0].sb_dtype))
+      st = dg_seterr(DG_ERR_TENSOR_DTYPE, "%s: tensor %s is stored as %s/%d bits, expert 0 as %s/%d bits (one stack needs one format)",
+                     m->dir, one, dg_dtype_name(ew[e].dtype), ew[e].bits, dg_dtype_name(ew[0].dtype), ew[0].bits);
+  }
+  if (!st) {
+    *w = ew[0];
+    w->rows = E * R;
+    int q = ew[0].bits != 0;
+    size_t rb = q ? (size_t)dg_quant_row_bytes(C, ew[0].bits) : (size_t)C * dg_dtype_size(ew[0].dtype);
+    size_t sbb = q ? (size_t)(C / ew[0].group_size) * dg_dtype_size(ew[0].sb_dtype) : 0;
+    char *d = aligned_alloc(64, ((size_t)(E * R) * rb + 63) / 64 * 64);
+    char *sc = q ? malloc((size_t)(E * R) * sbb) : NULL, *bi = q ? malloc((size_t)(E * R) * sbb) : NULL;
+    if (!d || (q && (!sc || !bi))) {
+      free(d); free(sc); free(bi);
+      st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory stacking the experts of layer %d", li);
+    } else {
+      for (int64_t e = 0; e < E; e++) {
+        memcpy(d + (size_t)(e * R) * rb, ew[e].data, (size_t)R * rb);
+        if (q) {
+          memcpy(sc + (size_t)(e * R) * sbb, ew[e].scales, (size_t)R * sbb);
+          memcpy(bi + (size_t)(e * R) * sbb, ew[e].biases, (size_t)R * sbb);
+        }
+      }
+      w->data = d;
+      w->scales = sc;
+      w->biases = bi;
+      if ((st = own(m, (float *)d)) == DG_OK && q && (st = own(m, (float *)sc)) == DG_OK) st = own(m, (float *)bi);
+    }
+  }
+  free(ew);
+  return st;
 }
 
 /* Vector [n] widened to an owned fp32 copy. */
@@ -123,9 +283,6 @@ static dg_status bind_scalar(dg_model *m, const char *name, float *out) {
   return DG_OK;
 }
 
-/* First tensor name that exists among the alternatives (MLX renames expert stacks). */
-static const char *pick(const dg_model *m, char *a, char *b) { return dg_st_find(m->st, a) ? a : b; }
-
 static dg_status bind_layer(dg_model *m, int i) {
   const dg_config *c = &m->cfg;
   dg_layer *l = &m->layers[i];
@@ -134,7 +291,7 @@ static dg_status bind_layer(dg_model *m, int i) {
   l->is_full = c->is_full[i];
   l->n_kv = (int)NKV;
   l->head_dim = (int)D;
-  char n[256], n2[256];
+  char n[256];
 #define NAME(fmt) (snprintf(n, sizeof n, "model.decoder.layers.%d." fmt, i), n)
   DG_TRY(bind_matrix(m, NAME("self_attn.q_proj.weight"), 2, (int64_t[]){NH * D, H}, &l->q));
   DG_TRY(bind_matrix(m, NAME("self_attn.k_proj.weight"), 2, (int64_t[]){NKV * D, H}, &l->k));
@@ -159,12 +316,8 @@ static dg_status bind_layer(dg_model *m, int i) {
   DG_TRY(bind_matrix(m, NAME("router.proj.weight"), 2, (int64_t[]){E, H}, &l->router));
   DG_TRY(bind_vector(m, NAME("router.scale"), H, &l->router_scale));
   DG_TRY(bind_vector(m, NAME("router.per_expert_scale"), E, &l->per_expert_scale));
-  snprintf(n2, sizeof n2, "model.decoder.layers.%d.experts.gate_up_proj.weight", i);
-  NAME("experts.gate_up_proj");
-  DG_TRY(bind_matrix(m, pick(m, n, n2), 3, (int64_t[]){E, 2 * IE, H}, &l->experts_gate_up));
-  snprintf(n2, sizeof n2, "model.decoder.layers.%d.experts.down_proj.weight", i);
-  NAME("experts.down_proj");
-  DG_TRY(bind_matrix(m, pick(m, n, n2), 3, (int64_t[]){E, H, IE}, &l->experts_down));
+  DG_TRY(bind_experts(m, i, "gate_up_proj", E, 2 * IE, H, &l->experts_gate_up));
+  DG_TRY(bind_experts(m, i, "down_proj", E, H, IE, &l->experts_down));
   DG_TRY(bind_scalar(m, NAME("layer_scalar"), &l->layer_scalar_dec));
   snprintf(n, sizeof n, "model.encoder.language_model.layers.%d.layer_scalar", i);
   DG_TRY(bind_scalar(m, n, &l->layer_scalar_enc));
@@ -210,12 +363,15 @@ dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model
     memcpy(m->gen_defaults.stop_ids, m->cfg.eos_ids, sizeof m->cfg.eos_ids);
   }
 
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  if ((st = dg_quant_config_load(path, &m->qcfg))) goto fail;
   if ((st = dg_st_open_dir(dir, &m->st))) goto fail;
 
   const dg_config *c = &m->cfg;
   const int64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size;
   if ((st = bind_matrix(m, "model.decoder.embed_tokens.weight", 2, (int64_t[]){V, H}, &m->embed))) goto fail;
-  m->act_dtype = m->embed.dtype;
+  /* a quantized embedding's scales carry the model dtype (spec 3.2) */
+  m->act_dtype = m->embed.bits ? m->embed.sb_dtype : m->embed.dtype;
   /* HF: embed_scale = tensor(sqrt(H)) (fp32), cast to the weight dtype (spec 4.9). */
   m->embed_scale = dg_round_act(m, (float)sqrt((double)H));
   if ((st = bind_vector(m, "model.decoder.norm.weight", H, &m->final_norm))) goto fail;
@@ -287,6 +443,7 @@ void dg_model_free(dg_model *m) {
   free(m->inv_freq_full);
   free(m->inv_freq_sliding);
   if (m->tok) dg_tokenizer_free(m->tok);
+  dg_quant_config_free(&m->qcfg);
   dg_st_close(m->st);
   free(m->dir);
   free(m);
@@ -321,6 +478,9 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_params = m->n_params;
   info->weight_dtype = m->act_dtype == DG_BF16 ? "bf16" : m->act_dtype == DG_F16 ? "f16" : "f32";
   info->has_tokenizer = m->tok != NULL;
+  info->n_quantized = m->n_quantized;
+  info->quant_bits_min = m->min_bits;
+  info->quant_bits_max = m->max_bits;
   return DG_OK;
 }
 

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "dgemma.h"
 #include "kernels.h"
+#include "quant.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 
@@ -36,6 +37,7 @@ typedef struct dg_layer {
   float *router_scale;                         /* [H] */
   float *per_expert_scale;                     /* [E] */
   dg_weight experts_gate_up;                   /* [E*2*IE, H]: expert e rows e*2IE.. (gate IE, then up IE) */
+                                               /* every dg_weight may be MLX-quantized (quant.h) */
   dg_weight experts_down;                      /* [E*H, IE]: expert e rows e*H.. */
   float layer_scalar_dec, layer_scalar_enc;    /* decoder / encoder layer_scalar */
 } dg_layer;
@@ -62,6 +64,9 @@ struct dg_model {
   float **owned;            /* fp32 copies of small tensors, freed with the model */
   int n_owned, cap_owned;
   int64_t n_params;
+  dg_quant_config qcfg;     /* config.json's quantization block (present = 0 if none) */
+  int n_quantized;          /* matrices stored MLX-quantized */
+  int min_bits, max_bits;   /* their bit widths (0 if none) */
 };
 
 /* Per-layer KV cache: all positions are kept (sliding layers read only the

@@ -36,7 +36,7 @@ static void check_impl(const dg_kernels *impl, dg_dtype dt, int T, int N, int K,
   }
   for (int i = 0; i < T * ldx; i++) x[i] = frand();
   for (int i = 0; i < T * ldy; i++) y0[i] = y1[i] = 12345.0f; /* guard values outside [0, N) must survive */
-  dg_weight W = {dt, w, rows, K};
+  dg_weight W = {.dtype = dt, .data = w, .rows = rows, .cols = K};
   ref->matmul(y0, ldy, x, ldx, T, &W, row0, N, 2);
   impl->matmul(y1, ldy, x, ldx, T, &W, row0, N, 2);
   const double u = ldexp(1.0, -24), gam = K * u / (1.0 - K * u);

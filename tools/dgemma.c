@@ -6,6 +6,8 @@
  *   dgemma logits   ...                  decoder logits as raw float32 (parity)
  *   dgemma replay   ...                  generation from injected random streams (parity)
  *   dgemma eval     problems|text ...    held-out evaluation of the small model (tools/eval.c)
+ *   dgemma quantize IN_DIR OUT_DIR ...   MLX affine quantization of a float checkpoint
+ *   dgemma qreport  [-m DIR] ...         quantization quality: KL and top-1 vs the float model (tools/qreport.c)
  *
  * Without -m the bundled small model is used ($DGEMMA_MODEL, else
  * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
@@ -18,6 +20,7 @@
 
 #include "dgemma.h"
 #include "eval.h"
+#include "qreport.h"
 
 #define DEFAULT_MODEL "models/dgemma-small"
 
@@ -40,6 +43,10 @@ static void usage_exit(const char *msg) {
           "  logits    write decoder logits [canvas, vocab] as little-endian float32\n"
           "  replay    generate from injected random canvases/uniforms, print the ids\n"
           "  eval      dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
+          "  quantize  dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
+          "            (MLX affine; SPEC e.g. \"mlx,experts=3\" or \"experts=2:32,embed=bf16\"; see README)\n"
+          "  qreport   dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G]\n"
+          "            (KL divergence and top-1 agreement of quantized logits vs the float model)\n"
           "\n"
           "common options:\n"
           "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: bundled %s)\n"
@@ -148,7 +155,9 @@ static const char *default_model(void) {
 
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
-  const char *file;
+  const char *file, *recipe, *recipes;
+  int bits, group_size;
+  const char *positional2;
   int threads, ref, think, raw, verbose, greedy, special;
   long long max_new, steps, seed, limit;
   int max_new_set, steps_set, seed_set;
@@ -194,9 +203,14 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
     else if (!strcmp(a, "--file")) o->file = ARG();
     else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 0, INT32_MAX);
+    else if (!strcmp(a, "--bits")) o->bits = (int)parse_int(ARG(), a, 2, 8);
+    else if (!strcmp(a, "--group-size")) o->group_size = (int)parse_int(ARG(), a, 32, 128);
+    else if (!strcmp(a, "--recipe")) o->recipe = ARG();
+    else if (!strcmp(a, "--recipes")) o->recipes = ARG();
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage_exit(NULL);
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "dgemma: unknown option %s\n", a); usage_exit(NULL); }
     else if (!o->positional) o->positional = a;
+    else if (!o->positional2 && !strcmp(argv[1], "quantize")) o->positional2 = a;
     else { fprintf(stderr, "dgemma: unexpected argument \"%s\"\n", a); usage_exit(NULL); }
 #undef ARG
   }
@@ -358,6 +372,8 @@ static int cmd_info(const opts *o) {
   printf("dense MLP %d, experts %d x %d (top-%d), canvas %d, weights %s, %.2f M text parameters\n",
          i.intermediate_size, i.n_experts, i.moe_intermediate_size, i.top_k_experts, i.canvas_length, i.weight_dtype,
          (double)i.n_params / 1e6);
+  if (i.n_quantized)
+    printf("quantized: %d matrices MLX affine, %d..%d bits\n", i.n_quantized, i.quant_bits_min, i.quant_bits_max);
   printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
          gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
          gp.confidence_threshold);
@@ -483,6 +499,53 @@ static int cmd_eval(const opts *o) {
   return rc;
 }
 
+/* ---- quantize -------------------------------------------------------------- */
+
+typedef struct bar_state { int tty; int last; } bar_state;
+
+/* A progress bar on stderr (redrawn in place on a terminal, else one line per 10%). */
+static int quant_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
+  bar_state *b = ud;
+  int pct = total > 0 ? (int)(100.0 * (double)done / (double)total) : 100;
+  if (b->tty) {
+    char bar[41];
+    int fill = pct * 40 / 100;
+    for (int i = 0; i < 40; i++) bar[i] = i < fill ? '#' : '.';
+    bar[40] = 0;
+    fprintf(stderr, "\r[%s] %3d%% %-60.60s", bar, pct, tensor);
+    if (done >= total) fprintf(stderr, "\n");
+  } else if (pct / 10 != b->last / 10 || done >= total) {
+    fprintf(stderr, "quantize: %3d%% %s\n", pct, tensor);
+  }
+  b->last = pct;
+  return 0;
+}
+
+static int cmd_quantize(const opts *o) {
+  if (!o->positional || !o->positional2) usage_exit("quantize needs IN_DIR and OUT_DIR");
+  dg_quantize_params qp = dg_quantize_default_params();
+  if (o->bits) qp.bits = o->bits;
+  if (o->group_size) qp.group_size = o->group_size;
+  qp.recipe = o->recipe;
+  qp.n_threads = o->threads;
+  if (qp.n_threads <= 0) {
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    qp.n_threads = nc > 0 ? (int)nc : 1;
+  }
+  bar_state bs = {isatty(2), -1};
+  qp.progress = quant_progress;
+  qp.user_data = &bs;
+  dg_quantize_result r;
+  dg_status st = dg_quantize(o->positional, o->positional2, &qp, &r);
+  if (st) die("quantize", st);
+  fprintf(stderr,
+          "dgemma: %d matrices quantized, %d kept in float by the recipe, %d kept in float (input dim not a multiple "
+          "of the group size); %.2f MB -> %.2f MB in %d shard(s): %s\n",
+          r.n_quantized, r.n_kept_float, r.n_indivisible, r.bytes_in / 1e6, r.bytes_out / 1e6, r.n_shards,
+          o->positional2);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) usage_exit(NULL);
   opts o;
@@ -496,6 +559,12 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "logits")) return cmd_logits(&o);
   if (!strcmp(cmd, "replay")) return cmd_replay(&o);
   if (!strcmp(cmd, "eval")) return cmd_eval(&o);
+  if (!strcmp(cmd, "quantize")) return cmd_quantize(&o);
+  if (!strcmp(cmd, "qreport")) {
+    no_positional(&o, "qreport");
+    qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
+    return dg_cli_qreport(o.model ? o.model : default_model(), &qo);
+  }
   fprintf(stderr, "dgemma: unknown command \"%s\"\n", cmd);
   usage_exit(NULL);
   return 2;

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "quant.h"
 
 float dg_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -43,6 +44,16 @@ uint16_t dg_f32_to_f16(float f) {
   return (uint16_t)(sign | (r >> 13));
 }
 
+/* Element k of row r of a quantized weight: (float)q * s + b (quant.h). */
+static inline float qelem(const dg_weight *w, int64_t r, int64_t k) {
+  const int64_t ng = w->cols / w->group_size, g = k / w->group_size;
+  const uint8_t *row = (const uint8_t *)w->data + r * dg_quant_row_bytes(w->cols, w->bits);
+  float s = dg_load_elem(w->sb_dtype, w->scales, r * ng + g), b = dg_load_elem(w->sb_dtype, w->biases, r * ng + g);
+  return (float)dg_quant_code(row, w->bits, k) * s + b;
+}
+
+/* The oracle: every weight widened (or dequantized) to fp32 as it is read,
+ * products summed in increasing k. */
 static void matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
                        int64_t row0, int64_t N, int n_threads) {
   const int64_t K = w->cols;
@@ -53,11 +64,22 @@ static void matmul_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64
     for (int64_t t = 0; t < T; t++) {
       const float *xt = x + t * ldx;
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; k++) acc += xt[k] * dg_load_elem(w->dtype, row, k);
+      if (w->bits)
+        for (int64_t k = 0; k < K; k++) acc += xt[k] * qelem(w, row0 + n, k);
+      else
+        for (int64_t k = 0; k < K; k++) acc += xt[k] * dg_load_elem(w->dtype, row, k);
       y[t * ldy + n] = acc;
     }
   }
 }
 
-static const dg_kernels REF = {"ref", matmul_ref};
+static void matmul_grouped_ref(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
+                               const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads) {
+  for (int e = 0; e < E; e++)
+    if (start[e + 1] > start[e])
+      matmul_ref(y + (int64_t)start[e] * ldy, ldy, x + (int64_t)start[e] * ldx, ldx, start[e + 1] - start[e], w,
+                 (int64_t)e * rows_per_expert + row_off, N, n_threads);
+}
+
+static const dg_kernels REF = {"ref", matmul_ref, matmul_grouped_ref};
 const dg_kernels *dg_kernels_ref(void) { return &REF; }
