@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/backend.h"
 #include "dg_error.h"
 
 void dg_free(void *p) { free(p); }
@@ -272,6 +273,15 @@ dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model
                      m->gen_defaults.stop_ids[i], c->vocab_size);
       goto fail;
     }
+  if (p.device == DG_DEVICE_CUDA) {
+    if ((st = dg_model_to_cuda(m, p.cuda_device))) {
+      dg_prefixerr(st, "%s: --device cuda", dir);
+      goto fail;
+    }
+  } else if (p.device != DG_DEVICE_CPU) {
+    st = dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d (DG_DEVICE_CPU or DG_DEVICE_CUDA)", (int)p.device);
+    goto fail;
+  }
   *out = m;
   return DG_OK;
 fail:
@@ -281,6 +291,7 @@ fail:
 
 void dg_model_free(dg_model *m) {
   if (!m) return;
+  dg_cuda_model_free(m->cuda);
   for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
   free(m->owned);
   free(m->layers);
@@ -321,6 +332,8 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_params = m->n_params;
   info->weight_dtype = m->act_dtype == DG_BF16 ? "bf16" : m->act_dtype == DG_F16 ? "f16" : "f32";
   info->has_tokenizer = m->tok != NULL;
+  info->device = m->cuda ? DG_DEVICE_CUDA : DG_DEVICE_CPU;
+  info->device_bytes = dg_cuda_model_bytes(m->cuda);
   return DG_OK;
 }
 

@@ -62,6 +62,7 @@ struct dg_model {
   float **owned;            /* fp32 copies of small tensors, freed with the model */
   int n_owned, cap_owned;
   int64_t n_params;
+  struct dg_cuda_model *cuda; /* device copy of the weights (DG_DEVICE_CUDA), else NULL */
 };
 
 /* Per-layer KV cache: all positions are kept (sliding layers read only the
@@ -96,6 +97,8 @@ struct dg_context {
   int32_t n_score_threads;
   float *soft;          /* [C, H] self-conditioning soft embedding */
   float *probs;         /* [C, V] probabilities for self-conditioning */
+  struct dg_cuda_ctx *cuda; /* device KV cache and buffers when the model is on CUDA; the CPU
+                               buffers above are then not allocated */
 };
 
 /* forward.c ---------------------------------------------------------------- */
@@ -115,5 +118,11 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
 
 /* Round a float to the model's activation dtype (identity for f32). */
 float dg_round_act(const dg_model *m, float x);
+
+/* device.c ----------------------------------------------------------------- */
+
+/* Upload a loaded model's weights to CUDA device `device` (m->cuda).
+ * Errors: those of dg_cuda_model_new (src/cuda/backend.h). */
+dg_status dg_model_to_cuda(dg_model *m, int device);
 
 #endif
