@@ -292,6 +292,12 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
   }
 #undef T_
   free(stage);
+  if ((st = (cudaDeviceSynchronize() == cudaSuccess ? DG_OK
+                                                     : dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize after the upload failed: %s",
+                                                                 cudaGetErrorString(cudaGetLastError()))))) {
+    stage = NULL;
+    goto fail;
+  }
   *out = m;
   return DG_OK;
 fail:
@@ -405,6 +411,9 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
     bs = cublasSetStream(c->blas, c->stream);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
     if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs)); goto fail; }
+    /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e)); goto fail; }
   }
   *out = c;
   return DG_OK;
