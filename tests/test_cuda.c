@@ -20,10 +20,17 @@
  * accumulates in fp32, keeps K/V in bf16 and everything else in fp32. Each of
  * the n_mm products on a logit's path (11 per layer, the LM head, 3 for
  * self-conditioning, 1 for the soft embedding) contributes a relative error
- * of at most 2u (both operands), and the RMS norms after every product keep
- * these errors from compounding; taken as independent they add in
- * quadrature, so normwise
- *     ||gpu - cpu|| / ||cpu|| <= 2 * sqrt(n_mm) * 2u      (factor 2: safety)
+ * of at most 2u (both operands); if the RMS norms after every product kept
+ * these from compounding, independent errors would add in quadrature:
+ *     e_formula = 2 * sqrt(n_mm) * 2u                      (factor 2: safety)
+ * Small random models amplify errors more than that (measured below), so the
+ * test also measures the error that bf16 rounding of the products' operands
+ * alone causes on the same model and inputs: the CPU path with a kernel that
+ * rounds both operands to bf16 (e_sim, relative to the fp32 CPU). The GPU
+ * must satisfy, normwise over [C, V],
+ *     ||gpu - cpu|| / ||cpu|| <= max(e_formula, 2 * e_sim)
+ * (factor 2: the GPU's extra bf16 roundings of K/V and of the
+ * self-conditioning probabilities, and a different summation order).
  * Per position, the argmax must agree unless the CPU's top-2 gap is within
  * twice the largest absolute difference seen (a near-tie, logged).
  *
@@ -51,11 +58,32 @@ static int g_gpu = -1; /* -1 unknown, 0 none, 1 usable */
 static char g_why[1024];
 
 /* DG_TEST_CUDA_AS_CPU=1 runs the whole file with the CPU's scalar oracle
- * kernels standing in for the GPU (the checks' own plumbing, on any machine). */
+ * kernels standing in for the GPU (the checks' own plumbing, on any machine);
+ * DG_TEST_CUDA_AS_CPU=bf16 uses a CPU kernel that rounds both operands of
+ * every product to bf16 (the GPU's main error source, without its bf16 KV
+ * cache and probabilities) to see the tolerance against realistic errors. */
 static int as_cpu(void) {
   const char *e = getenv("DG_TEST_CUDA_AS_CPU");
-  return e && *e == '1';
+  return e && (*e == '1' || !strcmp(e, "bf16"));
 }
+
+static float bf16r(float x) { return dg_bf16_to_f32(dg_f32_to_bf16(x)); }
+
+static void matmul_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                        int64_t row0, int64_t N, int n_threads) {
+  const int64_t K = w->cols;
+  const size_t es = dg_dtype_size(w->dtype);
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const char *row = (const char *)w->data + (size_t)(row0 + n) * (size_t)K * es;
+    for (int64_t t = 0; t < T; t++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k++) acc += bf16r(x[t * ldx + k]) * bf16r(dg_load_elem(w->dtype, row, k));
+      y[t * ldy + n] = acc;
+    }
+  }
+}
+static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16};
 
 static void need_gpu(void) {
   if (g_gpu < 0 && as_cpu()) {
@@ -76,28 +104,50 @@ static void need_gpu(void) {
   if (!g_gpu) skip();
 }
 
-static void load_pair(const char *dir, dg_model **cpu, dg_model **gpu) {
+/* cpu: the oracle; gpu: the CUDA model; sim (if not NULL): the CPU path with
+ * the bf16-rounding product kernel. */
+static void load_models(const char *dir, dg_model **cpu, dg_model **gpu, dg_model **sim) {
   dg_model_params mp = dg_model_default_params();
   mp.no_tokenizer = 1;
   assert_dg_ok(dg_model_load(dir, &mp, cpu));
+  if (sim) {
+    assert_dg_ok(dg_model_load(dir, &mp, sim));
+    (*sim)->kern = &k_bf16;
+  }
   if (as_cpu()) mp.reference_kernels = 1;
   else mp.device = DG_DEVICE_CUDA;
   assert_dg_ok(dg_model_load(dir, &mp, gpu));
+  if (as_cpu() && !strcmp(getenv("DG_TEST_CUDA_AS_CPU"), "bf16")) (*gpu)->kern = &k_bf16;
 }
+
+static void load_pair(const char *dir, dg_model **cpu, dg_model **gpu) { load_models(dir, cpu, gpu, NULL); }
 
 /* ---- logits comparison ---------------------------------------------------- */
 
-static double rel_tol(const dg_model *m, int with_sc, char *formula, size_t n) {
+static double rel_err(const float *a, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t k = 0; k < n; k++) {
+    double d = (double)a[k] - ref[k];
+    num += d * d;
+    den += (double)ref[k] * ref[k];
+  }
+  return sqrt(num / fmax(den, 1e-300));
+}
+
+/* max(e_formula, 2 e_sim) of the header comment; s: the bf16-simulated logits. */
+static double rel_tol(const dg_model *m, int with_sc, const float *c, const float *s, char *formula, size_t n) {
   const double u = ldexp(1.0, -8);
   double n_mm = 11.0 * m->cfg.n_layers + 1 + (with_sc ? 4 : 0);
-  double tol = 2.0 * sqrt(n_mm) * 2.0 * u;
-  snprintf(formula, n, "2*sqrt(n_mm=%.0f)*2u(bf16) = %.3g", n_mm, tol);
-  return tol;
+  double ef = 2.0 * sqrt(n_mm) * 2.0 * u;
+  double es = rel_err(s, c, (size_t)m->cfg.canvas_length * m->cfg.vocab_size);
+  snprintf(formula, n, "max(2*sqrt(n_mm=%.0f)*2u = %.3g, 2*e_sim = 2*%.3g)", n_mm, ef, es);
+  return fmax(ef, 2.0 * es);
 }
 
 /* Compare GPU logits g with CPU logits c [C, V]; fail on a relative error
  * above the derived tolerance or an argmax that differs outside a near-tie. */
-static void compare_logits(const char *label, const dg_model *m, const float *c, const float *g, int with_sc) {
+static void compare_logits(const char *label, const dg_model *m, const float *c, const float *g, const float *sim,
+                           int with_sc) {
   const int C = m->cfg.canvas_length, V = m->cfg.vocab_size;
   double maxd = 0, num = 0, den = 0;
   for (size_t k = 0; k < (size_t)C * V; k++) {
@@ -127,50 +177,51 @@ static void compare_logits(const char *label, const dg_model *m, const float *c,
                2 * maxd);
     }
   }
-  char form[128];
-  double tol = rel_tol(m, with_sc, form, sizeof form);
-  printf("# %-44s max|diff| %.3g  rel %.3g  tol %s  argmax %d/%d (+%d near-ties)\n", label, maxd, rel, form, agree, C,
-         ties);
+  char form[160];
+  double tol = rel_tol(m, with_sc, c, sim, form, sizeof form);
+  printf("# %-40s max|diff| %.3g  rel %.3g  tol %s = %.3g  argmax %d/%d (+%d near-ties)\n", label, maxd, rel, form,
+         tol, agree, C, ties);
   if (!(rel <= tol)) fail_msg("%s: relative error %.4g exceeds %.4g", label, rel, tol);
 }
 
 /* Prompt encode, step 0, self-conditioned step, commit a block, step at the
  * new position: the same calls on both backends. prompt[P], canvas[C]. */
-static void logits_case(const char *label, dg_model *cm, dg_model *gm, const int32_t *prompt, int P,
+static void logits_case(const char *label, dg_model *cm, dg_model *gm, dg_model *sm, const int32_t *prompt, int P,
                         const int32_t *canvas, const int32_t *canvas2, const float *sc_in) {
   const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size;
+  const size_t CV = (size_t)C * V;
   dg_context_params cp = dg_context_default_params();
   cp.max_context = P + 2 * C;
-  dg_context *cc, *gc;
-  assert_dg_ok(dg_context_new(cm, &cp, &cc));
-  assert_dg_ok(dg_context_new(gm, &cp, &gc));
-  float *lc = malloc((size_t)C * V * sizeof(float)), *lg = malloc((size_t)C * V * sizeof(float));
-  float *z = malloc((size_t)C * V * sizeof(float));
+  dg_model *ms[3] = {cm, gm, sm};
+  dg_context *cx[3];
+  float *l[3];
+  for (int k = 0; k < 3; k++) {
+    assert_dg_ok(dg_context_new(ms[k], &cp, &cx[k]));
+    l[k] = malloc(CV * sizeof(float));
+  }
+  float *z = malloc(CV * sizeof(float));
   char nm[160];
-  assert_dg_ok(dg_encode(cc, prompt, (size_t)P));
-  assert_dg_ok(dg_encode(gc, prompt, (size_t)P));
-  assert_dg_ok(dg_decode(cc, canvas, NULL, lc));
-  assert_dg_ok(dg_decode(gc, canvas, NULL, lg));
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_encode(cx[k], prompt, (size_t)P));
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_decode(cx[k], canvas, NULL, l[k]));
   snprintf(nm, sizeof nm, "%s step 0", label);
-  compare_logits(nm, cm, lc, lg, 0);
+  compare_logits(nm, cm, l[0], l[1], l[2], 0);
   if (!sc_in) { /* previous step's processed logits at T = 0.7 */
-    for (size_t k = 0; k < (size_t)C * V; k++) z[k] = lc[k] / 0.7f;
+    for (size_t k = 0; k < CV; k++) z[k] = l[0][k] / 0.7f;
     sc_in = z;
   }
-  assert_dg_ok(dg_decode(cc, canvas2, sc_in, lc));
-  assert_dg_ok(dg_decode(gc, canvas2, sc_in, lg));
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_decode(cx[k], canvas2, sc_in, l[k]));
   snprintf(nm, sizeof nm, "%s self-cond", label);
-  compare_logits(nm, cm, lc, lg, 1);
-  assert_dg_ok(dg_encode(cc, canvas, (size_t)C)); /* commit a block */
-  assert_dg_ok(dg_encode(gc, canvas, (size_t)C));
-  assert_int_equal(dg_context_length(cc), dg_context_length(gc));
-  assert_dg_ok(dg_decode(cc, canvas2, NULL, lc));
-  assert_dg_ok(dg_decode(gc, canvas2, NULL, lg));
+  compare_logits(nm, cm, l[0], l[1], l[2], 1);
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_encode(cx[k], canvas, (size_t)C)); /* commit a block */
+  assert_int_equal(dg_context_length(cx[0]), dg_context_length(cx[1]));
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_decode(cx[k], canvas2, NULL, l[k]));
   snprintf(nm, sizeof nm, "%s block 2", label);
-  compare_logits(nm, cm, lc, lg, 0);
-  free(lc); free(lg); free(z);
-  dg_context_free(cc);
-  dg_context_free(gc);
+  compare_logits(nm, cm, l[0], l[1], l[2], 0);
+  for (int k = 0; k < 3; k++) {
+    free(l[k]);
+    dg_context_free(cx[k]);
+  }
+  free(z);
 }
 
 typedef struct synth_case {
@@ -203,18 +254,19 @@ static void test_synth_logits(void **state) {
     char dir[] = "/tmp/dg_cuda_synthXXXXXX";
     assert_non_null(mkdtemp(dir));
     assert_int_equal(synth_model_dir(dir, &cases[k].c), 0);
-    dg_model *cm, *gm;
-    load_pair(dir, &cm, &gm);
+    dg_model *cm, *gm, *sm;
+    load_models(dir, &cm, &gm, &sm);
     const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size, P = 3 * cases[k].c.window + 5;
     int32_t *prompt = malloc((size_t)P * 4), *canvas = malloc((size_t)C * 4), *canvas2 = malloc((size_t)C * 4);
     unsigned s = 1234u + (unsigned)k;
     for (int i = 0; i < P; i++) prompt[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
     for (int i = 0; i < C; i++) canvas[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
     for (int i = 0; i < C; i++) canvas2[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
-    logits_case(cases[k].name, cm, gm, prompt, P, canvas, canvas2, NULL);
+    logits_case(cases[k].name, cm, gm, sm, prompt, P, canvas, canvas2, NULL);
     free(prompt); free(canvas); free(canvas2);
     dg_model_free(cm);
     dg_model_free(gm);
+    dg_model_free(sm);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
@@ -251,14 +303,15 @@ static void test_golden_logits(void **state) {
   for (int k = 0; k < 4; k++) {
     golden f;
     golden_open(&f, k_fixtures[k]);
-    dg_model *cm, *gm;
-    load_pair(f.dir, &cm, &gm);
+    dg_model *cm, *gm, *sm;
+    load_models(f.dir, &cm, &gm, &sm);
     size_t P;
     const int32_t *prompt = gdata(&f, "prompt_ids", DG_I32, &P);
-    logits_case(k_fixtures[k], cm, gm, prompt, (int)P, gdata(&f, "canvas_ids", DG_I32, NULL),
+    logits_case(k_fixtures[k], cm, gm, sm, prompt, (int)P, gdata(&f, "canvas_ids", DG_I32, NULL),
                 gdata(&f, "canvas2_ids", DG_I32, NULL), gdata(&f, "sc_logits_in", DG_F32, NULL));
     dg_model_free(cm);
     dg_model_free(gm);
+    dg_model_free(sm);
     dg_st_close(f.g);
   }
 }
@@ -347,7 +400,7 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
   for (size_t k = 0; k < (size_t)C * V; k++) dz = fmax(dz, fabs((double)zc[k] - zg[k]));
   dg_pos_stats *sc = malloc((size_t)C * sizeof *sc), *sg = malloc((size_t)C * sizeof *sg);
   float *ec = malloc((size_t)C * 4), *eg = malloc((size_t)C * 4);
-  double dH = 0, mc = 0, mg = 0;
+  double dH = 0, sdH = 0, mc = 0, mg = 0;
   for (int i = 0; i < C; i++) {
     float u = 0.0f;
     if (gp->proposal == DG_PROPOSAL_REPLAY_UNIFORM) {
@@ -363,6 +416,7 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
     ec[i] = sc[i].entropy;
     eg[i] = sg[i].entropy;
     dH = fmax(dH, fabs((double)ec[i] - eg[i]));
+    sdH += fabs((double)ec[i] - eg[i]);
     mc += ec[i];
     mg += eg[i];
     const float *z = zc + (size_t)i * V;
@@ -391,16 +445,27 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
   dg_entropy_bound_accept(eg, C, gp->entropy_bound, ag, scratch);
   for (int i = 0; i < C; i++) {
     if (ac[i] == ag[i]) continue;
+    /* The decision compares the entropy ranked before i with the bound. It may
+     * flip because that sum moved by at most sum|dH| across the bound, or
+     * because a position ranked on the other side of i on the GPU (possible
+     * only when their entropies are within 2 max|dH|: a ranking near-tie). */
     double before = 0; /* cpu entropy accumulated before position i in sorted order */
-    for (int k = 0; k < C; k++)
-      if (ec[k] < ec[i] || (ec[k] == ec[i] && k < i)) before += ec[k];
-    double margin = fabs(before - gp->entropy_bound), allow = (double)C * dH;
-    if (margin > allow) fail_msg("%s: block %d step %d pos %d acceptance %d/%d, |cum H - bound| %.3g > C max|dH| %.3g",
-                                 label, b, kstep, i, ac[i], ag[i], margin, allow);
-    printf("#   %s: block %d step %d pos %d acceptance near-tie (|cum H - bound| %.3g)\n", label, b, kstep, i, margin);
+    int swaps = 0;
+    for (int k = 0; k < C; k++) {
+      int below_c = ec[k] < ec[i] || (ec[k] == ec[i] && k < i), below_g = eg[k] < eg[i] || (eg[k] == eg[i] && k < i);
+      if (below_c) before += ec[k];
+      swaps += k != i && below_c != below_g;
+    }
+    double margin = fabs(before - gp->entropy_bound);
+    if (!swaps && margin > sdH)
+      fail_msg("%s: block %d step %d pos %d acceptance %d/%d, |cum H - bound| %.3g > sum|dH| %.3g and no ranking change",
+               label, b, kstep, i, ac[i], ag[i], margin, sdH);
+    printf("#   %s: block %d step %d pos %d acceptance near-tie (|cum H - bound| %.3g, sum|dH| %.3g, %d ranking swaps)\n",
+           label, b, kstep, i, margin, sdH, swaps);
   }
   if (tc->stop[j] != tg->stop[j]) {
     double margin = fabs(mc / C - gp->confidence_threshold);
+    (void)mg;
     if (margin > dH) fail_msg("%s: block %d step %d stop %d/%d, |mean H - threshold| %.3g > max|dH| %.3g", label, b,
                               kstep, tc->stop[j], tg->stop[j], margin, dH);
     printf("#   %s: block %d step %d stop near-tie (|mean H - threshold| %.3g)\n", label, b, kstep, margin);
