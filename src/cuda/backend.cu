@@ -191,10 +191,9 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     if (l->head_dim > 512 || l->head_dim % 2 || l->head_dim <= 0)
       return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d head_dim %d (supported: even, <= 512)", i,
                        l->head_dim);
-    if (l->n_kv <= 0 || d->n_heads % l->n_kv || d->n_heads / l->n_kv > 32)
-      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL,
-                       "CUDA backend: layer %d has %d query heads per KV head (supported: a divisor, <= 32)", i,
-                       l->n_kv ? d->n_heads / l->n_kv : 0);
+    if (l->n_kv <= 0 || d->n_heads % l->n_kv)
+      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d has %d KV heads for %d query heads", i,
+                       l->n_kv, d->n_heads);
   }
   if (d->top_k > 64 || d->top_k <= 0)
     return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: top_k_experts %d (supported: 1..64)", d->top_k);

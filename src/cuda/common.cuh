@@ -148,9 +148,9 @@ cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temp
 cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype);
 
 /* ---- MoE (moe.cu) ---- */
-/* Router softmax, top-k (ties to the lower expert), renormalisation and
- * per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
-cudaError_t k_route(cudaStream_t s, const float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+/* Router softmax (in place over rlog), top-k (ties to the lower expert),
+ * renormalisation and per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
+cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K);
 /* The expert product behind one function, so that a quantized variant can
  * replace it: y[row] = down_e(gelu(G_e xe[tok]) * U_e xe[tok]) for every

@@ -211,8 +211,9 @@ cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, b
 
 /* ---- attention (spec 4.4 step 3, masks 4.5) ------------------------------- */
 
-/* Block (t, g): one warp per query head of KV group g (G = NH/NKV warps), so
- * the warps of a block read the same K/V rows. Lane l holds dims l + 32 i,
+/* Block (t, y): W warps, warp w serving query head h = y*W + w; W divides
+ * G = NH/NKV, so the warps of a block share one KV group g = h / G and read
+ * the same K/V rows (at most 8 warps: 256 threads). Lane l holds dims l + 32 i,
  * i < NPL = ceil(D/32). Keys are the cache slots [lo, hi) of the layer:
  *   encoder (causal): hi = pos + 1 (the chunk's K/V are already in the
  *     cache), lo = 0 on full layers, hi - window on sliding layers;
@@ -220,10 +221,10 @@ cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, b
  *     committed), lo = 0 on full layers, pos0 - (window - 1) on sliding ones.
  * Scale 1.0, no softcap; online softmax in fp32. out: bf16 [T, NH*D]. */
 template <int NPL>
-__global__ void attention_kernel(const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T, int NH,
+__global__ void __launch_bounds__(256) attention_kernel(const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T, int NH,
                                  int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
-  const int t = blockIdx.x, g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int G = NH / NKV, h = g * G + w;
+  const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
+  const int G = NH / NKV, h = blockIdx.y * W + w, g = h / G;
   const int32_t pos = pos0 + t;
   int32_t lo, hi;
   if (causal) {
@@ -276,8 +277,11 @@ __global__ void attention_kernel(const float *q, const bf16 *kc, const bf16 *vc,
 
 cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T,
                         int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
-  dim3 grid(T, NKV);
-  int threads = 32 * (NH / NKV);
+  const int G = NH / NKV;
+  int W = 8; /* warps per block: the largest of 8, 4, 2, 1 that divides G */
+  while (G % W) W /= 2;
+  dim3 grid(T, NH / W);
+  int threads = 32 * W;
 #define ATT(n) attention_kernel<n><<<grid, threads, 0, s>>>(q, kc, vc, out, S, T, NH, NKV, D, pos0, causal, is_full, window)
   if (D <= 32) ATT(1);
   else if (D <= 64) ATT(2);

@@ -23,30 +23,29 @@ using namespace nvcuda;
 #define PADB 8 /* bf16 row padding of the shared tiles (keeps 16-byte rows, fewer bank conflicts) */
 #define PADF 4 /* fp32 row padding of the output staging */
 
-/* One thread per token: p = softmax(logits) over E, top-K by p with ties to
- * the lower expert id, w = p / sum(top-K p) * per_expert_scale (the CPU's
- * exact sequence of fp32 operations). */
-__global__ void topk_kernel(const float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
+/* One thread per token: p = softmax(logits) over E (in place), top-K by p
+ * with ties to the lower expert id, w = p / sum(top-K p) * per_expert_scale
+ * (the CPU's exact sequence of fp32 operations, src/forward.c). */
+__global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= T) return;
-  const float *s = rlog + (size_t)t * E;
+  float *s = rlog + (size_t)t * E;
   float mx = -FLT_MAX, sum = 0.0f;
   for (int e = 0; e < E; e++) mx = s[e] > mx ? s[e] : mx;
-  for (int e = 0; e < E; e++) sum += expf(s[e] - mx);
+  for (int e = 0; e < E; e++) { s[e] = expf(s[e] - mx); sum += s[e]; }
+  for (int e = 0; e < E; e++) s[e] /= sum;
   int32_t *id = idx + (size_t)t * K;
   float *w = wout + (size_t)t * K, wsum = 0.0f;
   for (int k = 0; k < K; k++) {
     int best = -1;
-    float bp = 0.0f;
     for (int e = 0; e < E; e++) {
       int used = 0;
       for (int j = 0; j < k; j++) used |= id[j] == e;
-      float p = expf(s[e] - mx) / sum;
-      if (!used && (best < 0 || p > bp)) { best = e; bp = p; }
+      if (!used && (best < 0 || s[e] > s[best])) best = e;
     }
     id[k] = best;
-    w[k] = bp;
-    wsum += bp;
+    w[k] = s[best];
+    wsum += s[best];
   }
   for (int k = 0; k < K; k++) w[k] = (w[k] / wsum) * pes[id[k]];
 }
@@ -80,7 +79,7 @@ __global__ void group_kernel(const int32_t *idx, int T, int E, int K, int32_t *c
   }
 }
 
-cudaError_t k_route(cudaStream_t s, const float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K) {
   topk_kernel<<<(T + 127) / 128, 128, 0, s>>>(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
   cudaError_t e = cudaGetLastError();
