@@ -36,10 +36,17 @@ ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
 SRC     := $(wildcard src/*.c) $(wildcard src/cpu/*.c)
 OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(SRC))
-ifeq ($(CUDA),1)
+ifeq ($(EMU),1) # the CUDA sources on the CPU emulation of dev/cuda_emu (no GPU, no nvcc needed)
+CUSRC   := $(wildcard src/cuda/*.cu)
+OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)) $(BUILD)/dev/cuda_emu/emu.o
+LDLIBS  += -lstdc++
+CUCOMPILE = $(CXX) -x c++ -std=c++17 $(OPT) -fopenmp -Wall -Wno-unknown-pragmas -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h \
+            -Iinclude -Isrc -MMD -MP $(XCFLAGS)
+else ifeq ($(CUDA),1)
 CUSRC   := $(wildcard src/cuda/*.cu)
 OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC))
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUCOMPILE = $(NVCC) $(NVFLAGS)
 else
 OBJ     += $(BUILD)/src/cuda/stub.o
 endif
@@ -49,7 +56,7 @@ TESTSRC := $(wildcard tests/test_*.c)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
 TESTLIB := -lcmocka
 
-.PHONY: all test run asan clean setup check-deps
+.PHONY: all test run asan clean setup check-deps emu-test
 all: $(CLI)
 
 $(BUILD)/%.o: %.c
@@ -58,7 +65,11 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(CUCOMPILE) -c $< -o $@
+
+$(BUILD)/dev/cuda_emu/emu.o: dev/cuda_emu/emu.cpp
+	@mkdir -p $(dir $@)
+	$(CUCOMPILE) -c $< -o $@
 
 $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
@@ -91,7 +102,13 @@ run:
 	@$(MAKE) --no-print-directory all
 	$(CLI) run -p "$$PROMPT"
 
+# The CUDA backend's kernels on the CPU emulation (dev/cuda_emu): correctness of
+# indexing, masks and reductions against the CPU path, without a GPU. Slow.
+emu-test:
+	@$(MAKE) --no-print-directory BUILD=build-emu EMU=1 CUDA=0 OPT="-O2 -g" build-emu/dgemma build-emu/tests/test_cuda
+	build-emu/tests/test_cuda
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-emu
 
 -include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d $(BUILD)/tools/eval.d

@@ -38,6 +38,14 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
+/* Kernel launch and dynamic shared memory, spelled as macros so that
+ * dev/cuda_emu (a CPU emulation used to check the kernels' indexing without a
+ * GPU) can compile the same sources with a host compiler. */
+#ifndef DG_CUDA_EMU
+#define DG_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#define DG_DYN_SMEM(type, name) extern __shared__ type name[]
+#endif
+
 /* Device copy of one layer (pointers into device memory). */
 struct dg_cuda_layer {
   int is_full, n_kv, head_dim, has_v;

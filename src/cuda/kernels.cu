@@ -57,7 +57,7 @@ __global__ void embed_kernel(float *x, const bf16 *E, const int32_t *ids, int H,
 }
 
 cudaError_t k_embed(cudaStream_t s, float *x, const bf16 *E, const int32_t *ids, int T, int H, float scale) {
-  embed_kernel<<<T, NT, 0, s>>>(x, E, ids, H, scale);
+  DG_LAUNCH(embed_kernel, T, NT, 0, s)(x, E, ids, H, scale);
   return cudaGetLastError();
 }
 
@@ -75,7 +75,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *yf, bf16 *
 }
 
 cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *yf, bf16 *yb, int T, int H, float eps) {
-  rmsnorm_kernel<<<T, NT, 0, s>>>(x, w, yf, yb, H, eps);
+  DG_LAUNCH(rmsnorm_kernel, T, NT, 0, s)(x, w, yf, yb, H, eps);
   return cudaGetLastError();
 }
 
@@ -107,7 +107,7 @@ __global__ void attn_residual_kernel(float *x, const float *o, const float *w_po
 cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const float *w_post, const float *w_ff,
                             const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe, float *u, int T,
                             int H, float eps) {
-  attn_residual_kernel<<<T, NT, 0, s>>>(x, o, w_post, w_ff, w_ff2, rscale, root, a, xe, u, H, eps);
+  DG_LAUNCH(attn_residual_kernel, T, NT, 0, s)(x, o, w_post, w_ff, w_ff2, rscale, root, a, xe, u, H, eps);
   return cudaGetLastError();
 }
 
@@ -126,7 +126,7 @@ static int grid_for(size_t n) {
 
 cudaError_t k_geglu(cudaStream_t s, const float *gu, bf16 *h, int T, int I) {
   size_t n = (size_t)T * I;
-  geglu_kernel<<<grid_for(n), NT, 0, s>>>(gu, h, I, n);
+  DG_LAUNCH(geglu_kernel, grid_for(n), NT, 0, s)(gu, h, I, n);
   return cudaGetLastError();
 }
 
@@ -136,7 +136,7 @@ __global__ void add_kernel(float *x, const float *y, size_t n) {
 }
 
 cudaError_t k_add(cudaStream_t s, float *x, const float *y, size_t n) {
-  add_kernel<<<grid_for(n), NT, 0, s>>>(x, y, n);
+  DG_LAUNCH(add_kernel, grid_for(n), NT, 0, s)(x, y, n);
   return cudaGetLastError();
 }
 
@@ -146,7 +146,7 @@ __global__ void softcap_kernel(float *x, size_t n, float cap) {
 }
 
 cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap) {
-  softcap_kernel<<<grid_for(n), NT, 0, s>>>(x, n, cap);
+  DG_LAUNCH(softcap_kernel, grid_for(n), NT, 0, s)(x, n, cap);
   return cudaGetLastError();
 }
 
@@ -205,7 +205,7 @@ cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, b
                        int has_v, int32_t pos0, float eps) {
   dim3 grid(T, NH + 2 * NKV);
   int nt = D >= 256 ? 128 : D >= 64 ? 64 : 32;
-  qkv_post_kernel<<<grid, nt, 0, s>>>(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, pos0, eps);
+  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, pos0, eps);
   return cudaGetLastError();
 }
 
@@ -282,7 +282,7 @@ cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf
   while (G % W) W /= 2;
   dim3 grid(T, NH / W);
   int threads = 32 * W;
-#define ATT(n) attention_kernel<n><<<grid, threads, 0, s>>>(q, kc, vc, out, S, T, NH, NKV, D, pos0, causal, is_full, window)
+#define ATT(n) DG_LAUNCH(attention_kernel<n>, grid, threads, 0, s)(q, kc, vc, out, S, T, NH, NKV, D, pos0, causal, is_full, window)
   if (D <= 32) ATT(1);
   else if (D <= 64) ATT(2);
   else if (D <= 128) ATT(4);
@@ -301,7 +301,7 @@ cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf
 __global__ void ffn_combine_kernel(float *x, const float *dense, const float *y, const int32_t *slot_row,
                                    const int32_t *topk_idx, const float *topk_w, const float *w_ff1,
                                    const float *w_ff2, const float *w_ff, float scalar, int H, int K, float eps) {
-  extern __shared__ float dyn[];
+  DG_DYN_SMEM(float, dyn);
   __shared__ float sh[32];
   __shared__ int order[64];
   float *sg = dyn, *sd = dyn + H;
@@ -347,7 +347,7 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
     cudaError_t e = cudaFuncSetAttribute(ffn_combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
   }
-  ffn_combine_kernel<<<T, NT, smem, s>>>(x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K,
+  DG_LAUNCH(ffn_combine_kernel, T, NT, smem, s)(x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K,
                                          eps);
   return cudaGetLastError();
 }
@@ -477,7 +477,7 @@ __global__ void step_stats_kernel(float *logits, int V, float temperature, int m
 
 cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
                          uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
-  step_stats_kernel<<<C, SNT, 0, s>>>(logits, V, temperature, mode, seed, block, step, uni, out, bad);
+  DG_LAUNCH(step_stats_kernel, C, SNT, 0, s)(logits, V, temperature, mode, seed, block, step, uni, out, bad);
   return cudaGetLastError();
 }
 
@@ -517,7 +517,7 @@ __global__ void sc_probs_kernel(const float *z, bf16 *P, int V, int act) {
 }
 
 cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype) {
-  sc_probs_kernel<<<C, SNT, 0, s>>>(z, P, V, act_dtype);
+  DG_LAUNCH(sc_probs_kernel, C, SNT, 0, s)(z, P, V, act_dtype);
   return cudaGetLastError();
 }
 

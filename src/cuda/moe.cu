@@ -81,10 +81,10 @@ __global__ void group_kernel(const int32_t *idx, int T, int E, int K, int32_t *c
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K) {
-  topk_kernel<<<(T + 127) / 128, 128, 0, s>>>(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
+  DG_LAUNCH(topk_kernel, (T + 127) / 128, 128, 0, s)(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  group_kernel<<<1, 256, 0, s>>>(b->topk_idx, T, E, K, b->count, b->start, b->pairs, b->slot_row, b->tiles,
+  DG_LAUNCH(group_kernel, 1, 256, 0, s)(b->topk_idx, T, E, K, b->count, b->start, b->pairs, b->slot_row, b->tiles,
                                  b->n_tiles);
   return cudaGetLastError();
 }
@@ -207,12 +207,12 @@ cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *
                             int IE, int E, int K) {
   const int max_tiles = (T * K + TM - 1) / TM + E; /* sum over experts of ceil(count / TM) */
   dim3 g1(max_tiles, (IE + TN - 1) / TN);
-  grouped_kernel<1><<<g1, 128, 0, s>>>(xe, l->experts_gate_up, b->tiles, b->n_tiles, b->count, b->start, b->pairs, K,
-                                       H, IE, IE, H, b->h, NULL);
+  DG_LAUNCH(grouped_kernel<1>, g1, 128, 0, s)(xe, l->experts_gate_up, b->tiles, b->n_tiles, b->count, b->start,
+                                              b->pairs, K, H, IE, IE, H, b->h, (float *)nullptr);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   dim3 g2(max_tiles, (H + TN - 1) / TN);
-  grouped_kernel<0><<<g2, 128, 0, s>>>(b->h, l->experts_down, b->tiles, b->n_tiles, b->count, b->start, b->pairs, K,
-                                       IE, H, IE, H, NULL, b->y);
+  DG_LAUNCH(grouped_kernel<0>, g2, 128, 0, s)(b->h, l->experts_down, b->tiles, b->n_tiles, b->count, b->start,
+                                              b->pairs, K, IE, H, IE, H, (bf16 *)nullptr, b->y);
   return cudaGetLastError();
 }
