@@ -606,10 +606,48 @@ static void test_no_gpu_error(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* A model or context that does not fit is refused up front, naming the bytes
+ * needed and free (DGEMMA_CUDA_MEM_LIMIT caps the free memory considered). */
+static void test_refuse_too_big(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  char dir[] = "/tmp/dg_cuda_bigXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = synth_default();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m = NULL;
+  setenv("DGEMMA_CUDA_MEM_LIMIT", "4096", 1);
+  dg_status st = dg_model_load(dir, &mp, &m);
+  printf("# 4 KiB of device memory: dg_model_load -> %s: %s\n", dg_status_str(st), dg_last_error());
+  assert_int_equal(st, DG_ERR_OUT_OF_MEMORY);
+  assert_null(m);
+  assert_non_null(strstr(dg_last_error(), "bytes"));
+  /* the weights fit, a context of 1M positions' KV cache does not */
+  unsetenv("DGEMMA_CUDA_MEM_LIMIT");
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  setenv("DGEMMA_CUDA_MEM_LIMIT", "1000000", 1);
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 4000;
+  dg_context *ctx = NULL;
+  st = dg_context_new(m, &cp, &ctx);
+  printf("# 1 MB of device memory: dg_context_new -> %s: %s\n", dg_status_str(st), dg_last_error());
+  assert_int_equal(st, DG_ERR_OUT_OF_MEMORY);
+  assert_null(ctx);
+  unsetenv("DGEMMA_CUDA_MEM_LIMIT");
+  dg_model_free(m);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
-      cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled),
+      cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
   };
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

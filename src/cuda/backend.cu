@@ -25,6 +25,18 @@ cudaError_t k_probe(void);
 
 /* ---- device ----------------------------------------------------------------- */
 
+/* Free and total device memory; DGEMMA_CUDA_MEM_LIMIT=BYTES in the environment
+ * caps what dgemma considers free (to share a GPU, and to test the refusal). */
+static cudaError_t mem_info(size_t *fr, size_t *tot) {
+  cudaError_t e = cudaMemGetInfo(fr, tot);
+  const char *lim = getenv("DGEMMA_CUDA_MEM_LIMIT");
+  if (e == cudaSuccess && lim && *lim) {
+    unsigned long long v = strtoull(lim, NULL, 10);
+    if ((size_t)v < *fr) *fr = (size_t)v;
+  }
+  return e;
+}
+
 extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -47,7 +59,7 @@ extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
     return dg_seterr(DG_ERR_BACKEND, "GPU %d (%s, sm_%d%d) cannot run this build's kernels (built for %s): %s", device,
                      p.name, p.major, p.minor, DG_CUDA_ARCHS, cudaGetErrorString(e));
   size_t fr = 0, tot = 0;
-  CK(cudaMemGetInfo(&fr, &tot));
+  CK(mem_info(&fr, &tot));
   int drv = 0, rt = 0;
   CK(cudaDriverGetVersion(&drv));
   CK(cudaRuntimeGetVersion(&rt));
@@ -199,7 +211,7 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: top_k_experts %d (supported: 1..64)", d->top_k);
   const size_t need = weight_bytes(d);
   size_t fr = 0, tot = 0;
-  CK(cudaMemGetInfo(&fr, &tot));
+  CK(mem_info(&fr, &tot));
   if (need + RESERVE > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
                      "the model does not fit on the GPU: its weights need %zu bytes (%.2f GiB) of device memory as "
@@ -339,7 +351,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
                          (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64;
   size_t fr = 0, tot = 0;
-  CK(cudaMemGetInfo(&fr, &tot));
+  CK(mem_info(&fr, &tot));
   if (kv + scratch + (RESERVE / 2) > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
                      "a context of %d positions needs %zu bytes of device memory (KV cache %zu, work buffers %zu) "
