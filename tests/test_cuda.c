@@ -45,6 +45,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cuda/backend.h"
 #include "model.h"
 #include "rng.h"
 #include "safetensors.h"
@@ -606,6 +607,61 @@ static void test_no_gpu_error(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* The sampler statistics kernel against dg_position_stats on the same logits:
+ * argmax and proposals (device Philox uniforms, replayed uniforms, argmax)
+ * must be identical (z = logits / T is the same fp32 division on both sides;
+ * only the order of the double sums differs), entropies within 1e-5 relative. */
+static void test_step_stats(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  golden f;
+  golden_open(&f, k_fixtures[0]);
+  dg_model *gm;
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(f.dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  size_t P;
+  const int32_t *prompt = gdata(&f, "prompt_ids", DG_I32, &P);
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(gm, NULL, &ctx));
+  assert_dg_ok(dg_encode(ctx, prompt, P));
+  float *lg = malloc((size_t)C * V * 4), *z = malloc((size_t)C * V * 4), *uni = malloc((size_t)C * 4);
+  uint32_t *bits = malloc((size_t)C * 4);
+  dg_pos_stats *dev = malloc((size_t)C * sizeof *dev), host;
+  const int modes[3] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE, DG_PROPOSAL_REPLAY_UNIFORM};
+  const uint64_t seed = 0x0123456789abcdefull;
+  int32_t block = 2, step = 5;
+  double worst = 0;
+  for (int k = 0; k < 3; k++) {
+    const float T = k == 0 ? 0.8f : k == 1 ? 0.55f : 0.41f;
+    assert_dg_ok(dg_decode(ctx, gdata(&f, "canvas_ids", DG_I32, NULL), NULL, lg)); /* logits left on the device too */
+    for (size_t i = 0; i < (size_t)C * V; i++) z[i] = lg[i] / T;
+    dg_rng_u32(seed, DG_RNG_PROPOSAL, (uint32_t)block, (uint32_t)step, (uint32_t)C, bits);
+    for (int i = 0; i < C; i++) uni[i] = modes[k] == DG_PROPOSAL_SAMPLE ? dg_rng_to_unit(bits[i]) : (float)(i + 0.5) / C;
+    int32_t bad = -1;
+    assert_dg_ok(dg_cuda_step_stats(ctx->cuda, T, modes[k], seed, block, step, uni, dev, &bad));
+    for (int i = 0; i < C; i++) {
+      assert_int_equal(dg_position_stats(z + (size_t)i * V, V, uni[i], modes[k], &host), DG_OK);
+      if (dev[i].argmax != host.argmax || dev[i].proposal != host.proposal)
+        fail_msg("mode %d position %d: argmax %d/%d proposal %d/%d (gpu/cpu)", modes[k], i, dev[i].argmax, host.argmax,
+                 dev[i].proposal, host.proposal);
+      double e = fabs((double)dev[i].entropy - host.entropy) / fmax(1e-3, host.entropy);
+      worst = fmax(worst, e);
+      if (e > 1e-5) fail_msg("mode %d position %d: entropy %.9g vs %.9g", modes[k], i, dev[i].entropy, host.entropy);
+      if (fabs((double)dev[i].max_prob - host.max_prob) > 1e-6) fail_msg("position %d: max prob differs", i);
+    }
+  }
+  printf("# step statistics kernel: argmax and proposals (argmax, Philox, replayed uniforms) identical to the CPU on "
+         "%d positions x 3 modes; entropy rel diff %.2g\n", C, worst);
+  free(lg); free(z); free(uni); free(bits); free(dev);
+  dg_context_free(ctx);
+  dg_model_free(gm);
+  dg_st_close(f.g);
+}
+
 /* A model or context that does not fit is refused up front, naming the bytes
  * needed and free (DGEMMA_CUDA_MEM_LIMIT caps the free memory considered). */
 static void test_refuse_too_big(void **state) {
@@ -648,6 +704,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
+      cmocka_unit_test(test_step_stats),
   };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

@@ -354,9 +354,10 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   CK(mem_info(&fr, &tot));
   if (kv + scratch + (RESERVE / 2) > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
-                     "a context of %d positions needs %zu bytes of device memory (KV cache %zu, work buffers %zu) "
-                     "plus a %.2f GiB reserve; GPU %d has %zu bytes free of %zu",
-                     cap, kv + scratch, kv, scratch, RESERVE / 2 / GiB, m->device, fr, tot);
+                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
+                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     cap, kv + scratch, (kv + scratch) / GiB, kv, scratch, RESERVE / 2 / GiB, m->device, fr, fr / GiB,
+                     tot / GiB);
   ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv);
   if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
   dg_cuda_ctx *c = &pv->c;
