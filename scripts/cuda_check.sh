@@ -21,7 +21,7 @@ fi
 LOG=${1:-}
 [ -n "$LOG" ] && mkdir -p "$LOG"
 
-X=()
+XC=""; XL=""
 probe='#include <stddef.h>
 #include <stdarg.h>
 #include <setjmp.h>
@@ -37,14 +37,29 @@ if ! echo "$probe" | cc -E -x c - >/dev/null 2>&1; then
   P=/tmp/dgdeps
   for f in .devdeb/*.deb; do dpkg -x "$f" "$P"; done
   L=$P/usr/lib/x86_64-linux-gnu
-  X=(XCFLAGS="-I$P/usr/include" XLDFLAGS="-L$L -Wl,-rpath,$L")
+  XC="-I$P/usr/include"; XL="-L$L -Wl,-rpath,$L"
   echo "cuda_check: using cJSON/cmocka unpacked under $P"
+fi
+
+# cuBLAS: the toolkit's, else the one of the nvidia-cublas Python package (a CUDA image may carry only that)
+NV=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+CUDA_LIB=$(dirname "$NV")/../lib64
+if ! ls "$CUDA_LIB"/libcublas.so >/dev/null 2>&1 || ! echo '#include <cublas_v2.h>' | "$NV" -E -x cu - >/dev/null 2>&1; then
+  d=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__))' 2>/dev/null)
+  if [ -n "$d" ] && ls "$d"/lib/libcublas.so.* >/dev/null 2>&1; then
+    mkdir -p /tmp/dgcublas
+    for l in "$d"/lib/libcublas.so.* "$d"/lib/libcublasLt.so.*; do ln -sf "$l" /tmp/dgcublas/"$(basename "$l" | sed 's/\.so\..*/.so/')"; done
+    XC="$XC -I$d/include"; XL="$XL -L/tmp/dgcublas -Wl,-rpath,$d/lib"
+    echo "cuda_check: using cuBLAS from $d"
+  else
+    echo "cuda_check: cuBLAS not found in $CUDA_LIB nor in the nvidia-cublas Python package" >&2
+  fi
 fi
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 set -o pipefail
 run() { if [ -n "$LOG" ]; then "$@" 2>&1 | tee -a "$LOG/$(basename "$1").log"; else "$@"; fi; }
-make -j"$(nproc)" CUDA=1 WERROR= "${X[@]}" all build/tests/test_cuda 2>&1 | grep -E "error|warning|^make" ; [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "cuda_check: build failed"; exit 1; }
+make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda 2>&1 | grep -E "error|warning|^make" ; [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "cuda_check: build failed"; exit 1; }
 rc=0
 echo "== build/dgemma info --device cuda"
 run build/dgemma info --device cuda || rc=1
