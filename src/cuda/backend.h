@@ -77,8 +77,8 @@ typedef struct dg_cuda_ctx dg_cuda_ctx;
  * capability and what the build was compiled for). */
 dg_status dg_cuda_info(int device, char *buf, size_t n);
 
-/* Upload a model's weights (bf16) and build its cuBLAS-independent state.
- * Refuses up front, with DG_ERR_OUT_OF_MEMORY naming the bytes needed and
+/* Upload a model's weights to device d->device (matrices as bf16, vectors
+ * fp32); the host pointers in d are not kept. Refuses up front, with DG_ERR_OUT_OF_MEMORY naming the bytes needed and
  * available, a model that does not fit in device memory.
  * Errors: DG_ERR_BACKEND, DG_ERR_OUT_OF_MEMORY, DG_ERR_UNSUPPORTED_MODEL
  * (a head dim above 512 or odd). */
@@ -94,9 +94,10 @@ size_t dg_cuda_model_bytes(const dg_cuda_model *m);
 dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out);
 void dg_cuda_ctx_free(dg_cuda_ctx *c);
 
-/* Encoder pass (spec 4.5) over ids[n] (n <= 256) at positions pos0..pos0+n-1:
- * writes their K/V into the device cache. Ids must be valid (checked by the
- * caller). Asynchronous: errors of the kernels surface at the next sync. */
+/* Encoder pass (spec 4.5) over ids[n] at positions pos0..pos0+n-1, in
+ * chunks of 256 tokens: writes their K/V into the device cache (pos0 + n <=
+ * cap). Ids must be valid (checked by the caller). Synchronises once at the
+ * end, so kernel errors are reported here. */
 dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0);
 
 /* Decoder pass (spec 4.5, 4.8) over canvas[C] at positions pos0.. reading the
