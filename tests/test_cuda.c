@@ -24,13 +24,15 @@
  * these from compounding, independent errors would add in quadrature:
  *     e_formula = 2 * sqrt(n_mm) * 2u                      (factor 2: safety)
  * Small random models amplify errors more than that (measured below), so the
- * test also measures the error that bf16 rounding of the products' operands
- * alone causes on the same model and inputs: the CPU path with a kernel that
- * rounds both operands to bf16 (e_sim, relative to the fp32 CPU). The GPU
- * must satisfy, normwise over [C, V],
- *     ||gpu - cpu|| / ||cpu|| <= max(e_formula, 2 * e_sim)
- * (factor 2: the GPU's extra bf16 roundings of K/V and of the
- * self-conditioning probabilities, and a different summation order).
+ * test also measures the error that bf16 rounding alone causes on the same
+ * model and inputs: the CPU path with a kernel that rounds both operands of
+ * every product to bf16, and self-conditioning probabilities rounded to bf16
+ * (e_sim, relative to the fp32 CPU). The GPU must satisfy, normwise over [C, V],
+ *     ||gpu - cpu|| / ||cpu|| <= max(e_formula, 3 * e_sim)
+ * Factor 3: the GPU rounds more than the simulation (the K/V cache, the
+ * embedding rows on f32 checkpoints, E in the soft embedding) and sums in
+ * another order; on the CPU emulation of the GPU's arithmetic (dev/cuda_emu)
+ * the ratio GPU error / e_sim reached 2.6 on these cases.
  * Per position, the argmax must agree unless the CPU's top-2 gap is within
  * twice the largest absolute difference seen (a near-tie, logged).
  *
@@ -114,6 +116,7 @@ static void load_models(const char *dir, dg_model **cpu, dg_model **gpu, dg_mode
   if (sim) {
     assert_dg_ok(dg_model_load(dir, &mp, sim));
     (*sim)->kern = &k_bf16;
+    (*sim)->act_dtype = DG_BF16; /* SC logits and probabilities rounded to bf16, as the GPU's P */
   }
   if (as_cpu()) mp.reference_kernels = 1;
   else mp.device = DG_DEVICE_CUDA;
@@ -135,14 +138,14 @@ static double rel_err(const float *a, const float *ref, size_t n) {
   return sqrt(num / fmax(den, 1e-300));
 }
 
-/* max(e_formula, 2 e_sim) of the header comment; s: the bf16-simulated logits. */
+/* max(e_formula, 3 e_sim) of the header comment; s: the bf16-simulated logits. */
 static double rel_tol(const dg_model *m, int with_sc, const float *c, const float *s, char *formula, size_t n) {
   const double u = ldexp(1.0, -8);
   double n_mm = 11.0 * m->cfg.n_layers + 1 + (with_sc ? 4 : 0);
   double ef = 2.0 * sqrt(n_mm) * 2.0 * u;
   double es = rel_err(s, c, (size_t)m->cfg.canvas_length * m->cfg.vocab_size);
-  snprintf(formula, n, "max(2*sqrt(n_mm=%.0f)*2u = %.3g, 2*e_sim = 2*%.3g)", n_mm, ef, es);
-  return fmax(ef, 2.0 * es);
+  snprintf(formula, n, "max(2*sqrt(n_mm=%.0f)*2u = %.3g, 3*e_sim = 3*%.3g)", n_mm, ef, es);
+  return fmax(ef, 3.0 * es);
 }
 
 /* Compare GPU logits g with CPU logits c [C, V]; fail on a relative error
