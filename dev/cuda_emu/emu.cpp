@@ -49,6 +49,13 @@ int warp_size(int w) { int n = nthreads - 32 * w; return n < 32 ? n : 32; }
 }  // namespace
 
 int lane() { return cur & 31; }
+void check_aligned(const void *p, unsigned bytes, const char *what, const char *file, int line) {
+  if ((uintptr_t)p % bytes) {
+    fprintf(stderr, "emu: %s:%d: %s = %p is not %u-byte aligned (a vector access would fault on the GPU)\n", file,
+            line, what, p, bytes);
+    abort();
+  }
+}
 void *dyn_smem() { return smem.data(); }
 
 void syncthreads() {

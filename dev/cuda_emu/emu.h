@@ -45,6 +45,7 @@ void warp_exchange(const void *v, void *out, int size, int src_lane); /* all lan
 void *dyn_smem();
 void run(dim3 grid, dim3 block, size_t smem, std::function<void()> fn);
 int lane();
+void check_aligned(const void *p, unsigned bytes, const char *what, const char *file, int line);
 }  // namespace emu
 
 #define threadIdx emu::threadIdx_
@@ -70,6 +71,7 @@ using std::min;
 
 #define DG_LAUNCH(kernel, grid, block, smem, stream) emu::launcher(dim3(grid), dim3(block), (smem), kernel)
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
+#define DG_ASSERT_ALIGNED(ptr, bytes) emu::check_aligned((const void *)(ptr), (bytes), #ptr, __FILE__, __LINE__)
 
 namespace emu {
 template <typename F> struct launch {

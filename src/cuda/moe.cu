@@ -98,7 +98,11 @@ __device__ __forceinline__ void load_tile(bf16 *dst, int rows, const bf16 *const
     for (int i = threadIdx.x; i < rows * (TK / 8); i += blockDim.x) {
       int r = i / (TK / 8), kk = (i % (TK / 8)) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (rowp[r] && k0 + kk < Kdim) v = *(const uint4 *)(rowp[r] + k0 + kk);
+      if (rowp[r] && k0 + kk < Kdim) {
+        DG_ASSERT_ALIGNED(rowp[r] + k0 + kk, 16);
+        v = *(const uint4 *)(rowp[r] + k0 + kk);
+      }
+      DG_ASSERT_ALIGNED(dst + r * (TK + PADB) + kk, 16);
       *(uint4 *)(dst + r * (TK + PADB) + kk) = v;
     }
   } else {
