@@ -405,6 +405,7 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
   dg_pos_stats *sc = malloc((size_t)C * sizeof *sc), *sg = malloc((size_t)C * sizeof *sg);
   float *ec = malloc((size_t)C * 4), *eg = malloc((size_t)C * 4);
   double dH = 0, sdH = 0, mc = 0, mg = 0;
+  int n_diff = 0; /* differing decisions found at step j */
   for (int i = 0; i < C; i++) {
     float u = 0.0f;
     if (gp->proposal == DG_PROPOSAL_REPLAY_UNIFORM) {
@@ -425,12 +426,14 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
     mg += eg[i];
     const float *z = zc + (size_t)i * V;
     if (sc[i].argmax != sg[i].argmax) {
+      n_diff++;
       double gap = (double)z[sc[i].argmax] - z[sg[i].argmax];
       if (gap > 2 * dz) fail_msg("%s: block %d step %d pos %d argmax %d/%d, cpu gap %.3g > 2 max|dz| %.3g", label, b,
                                  kstep, i, sc[i].argmax, sg[i].argmax, gap, 2 * dz);
       printf("#   %s: block %d step %d pos %d argmax near-tie (gap %.3g, max|dz| %.3g)\n", label, b, kstep, i, gap, dz);
     }
     if (sc[i].proposal != sg[i].proposal && gp->proposal != DG_PROPOSAL_ARGMAX) {
+      n_diff++;
       /* the cpu cdf at the boundary between the two proposals vs the target u * total */
       double mx = z[sc[i].argmax], sum = 0, tot = 0, cdf = 0, at = 0;
       for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
@@ -449,6 +452,7 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
   dg_entropy_bound_accept(eg, C, gp->entropy_bound, ag, scratch);
   for (int i = 0; i < C; i++) {
     if (ac[i] == ag[i]) continue;
+    n_diff++;
     /* The decision compares the entropy ranked before i with the bound. It may
      * flip because that sum moved by at most sum|dH| across the bound, or
      * because a position ranked on the other side of i on the GPU (possible
@@ -468,12 +472,15 @@ static void check_divergence(const char *label, dg_model *cm, dg_model *gm, cons
            label, b, kstep, i, margin, sdH, swaps);
   }
   if (tc->stop[j] != tg->stop[j]) {
+    n_diff++;
     double margin = fabs(mc / C - gp->confidence_threshold);
     (void)mg;
     if (margin > dH) fail_msg("%s: block %d step %d stop %d/%d, |mean H - threshold| %.3g > max|dH| %.3g", label, b,
                               kstep, tc->stop[j], tg->stop[j], margin, dH);
     printf("#   %s: block %d step %d stop near-tie (|mean H - threshold| %.3g)\n", label, b, kstep, margin);
   }
+  /* both recomputations reproduce their runs exactly, so the step must show a difference */
+  if (n_diff == 0) fail_msg("%s: traces diverge at block %d step %d but the recomputed decisions agree", label, b, kstep);
   printf("# %-44s diverged at block %d step %d on near-ties only (max|dz| %.3g, max|dH| %.3g): logged\n", label, b,
          kstep, dz, dH);
   free(canvas); free(lc); free(lg); free(zc); free(zg); free(sc); free(sg); free(ec); free(eg); free(ac); free(ag);
