@@ -366,6 +366,10 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   c->cap = cap;
   c->S = (int32_t)S;
   c->tmax = (int32_t)T;
+  {
+    const char *dbg = getenv("DGEMMA_CUDA_SYNC");
+    c->debug_sync = dbg && *dbg == '1';
+  }
   dg_status st = DG_OK;
   c->kc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
   c->vc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
@@ -465,7 +469,7 @@ static dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const bf16 *w_g
                            float *out) {
   const int H = c->m->d.hidden, I = c->m->d.inter;
   DG_TRY(gemm(c, a, H, T, w_gate_up, 2 * I, H, c->gu, 2 * I, 1.0f, 0.0f));
-  CK(k_geglu(c->stream, c->gu, c->h, T, I));
+  CKK(c, k_geglu(c->stream, c->gu, c->h, T, I));
   DG_TRY(gemm(c, c->h, I, T, w_down, H, I, out, H, 1.0f, 0.0f));
   return DG_OK;
 }
@@ -478,16 +482,16 @@ static dg_status layer(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal) 
   const int H = d->hidden, NH = d->n_heads, NKV = l->n_kv, D = l->head_dim;
   const float eps = d->eps;
   cudaStream_t s = c->stream;
-  CK(k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
   DG_TRY(gemm(c, c->a, H, T, l->wqkv, (int)l->n_qkv, H, c->qkv, (int)l->n_qkv, 1.0f, 0.0f));
-  CK(k_qkv_post(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
+  CKK(c, k_qkv_post(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
                 l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, pos0, eps));
   /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
   if (causal && li == d->n_layers - 1) return DG_OK;
-  CK(k_attention(s, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
+  CKK(c, k_attention(s, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
   DG_TRY(gemm(c, c->att, NH * D, T, l->wo, H, NH * D, c->f1, H, 1.0f, 0.0f));
   const float root = (float)pow((double)H, -0.5);
-  CK(k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
+  CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
                      c->xe, c->u, T, H, eps));
   DG_TRY(geglu_mlp(c, c->a, T, l->w_gate_up, l->w_down, c->dense));
   { /* router logits in fp32 (spec 4.6 step 2) */
@@ -495,9 +499,9 @@ static dg_status layer(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal) 
     CKB(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->n_experts, T, H, &one, l->router, H, c->u, H, &zero, c->rlog,
                     d->n_experts));
   }
-  CK(k_route(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
-  CK(dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
-  CK(k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
+  CKK(c, k_route(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
+  CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
+  CKK(c, k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
                    l->post_ff2_norm, l->post_ff_norm, causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H,
                    d->top_k, eps));
   return DG_OK;
@@ -512,7 +516,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
   for (int32_t i = 0; i < n; i += ENC_CHUNK) {
     const int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
     CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
-    CK(k_embed(c->stream, c->x, c->m->embed, c->ids, T, d->hidden, d->embed_scale));
+    CKK(c, k_embed(c->stream, c->x, c->m->embed, c->ids, T, d->hidden, d->embed_scale));
     for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0 + i, 1));
   }
   CK(cudaStreamSynchronize(c->stream));
@@ -522,7 +526,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
 /* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
 static dg_status soft_from(dg_cuda_ctx *c, const float *z) {
   const dg_cuda_model_desc *d = &c->m->d;
-  CK(k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype));
+  CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype));
   const float alpha = d->embed_scale, beta = 0.0f;
   /* column-major view: soft^T [H, C] = E^T [H, V] . P^T [V, C] */
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed,
@@ -554,19 +558,19 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
   }
   if (sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
   CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
-  CK(k_embed(s, c->x, m->embed, c->ids, T, H, d->embed_scale));
+  CKK(c, k_embed(s, c->x, m->embed, c->ids, T, H, d->embed_scale));
   /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
   if (sc == 1) {
-    CK(k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
+    CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
     DG_TRY(geglu_mlp(c, c->a, T, m->sc_gate_up, m->sc_down, c->f1));
-    CK(k_add(s, c->x, c->f1, (size_t)T * H));
+    CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
   }
-  CK(k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
+  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
   for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
   /* final norm, tied LM head, softcap (spec 4.7) */
-  CK(k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
+  CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
   DG_TRY(gemm(c, c->a, H, T, m->embed, d->vocab, H, c->logits, d->vocab, 1.0f, 0.0f));
-  if (d->softcap > 0.0f) CK(k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
+  if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
   if (logits_out) {
     CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
@@ -583,7 +587,7 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int m
   if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
-  CK(k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
+  CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
                   c->stats, c->bad));
   CK(cudaMemcpyAsync(c->h_stats, c->stats, (size_t)C * sizeof(dg_cuda_pos_stats), cudaMemcpyDeviceToHost, s));
   CK(cudaMemcpyAsync(c->h_bad, c->bad, 4, cudaMemcpyDeviceToHost, s));

@@ -33,8 +33,20 @@ extern "C" {
                        cublasGetStatusString(ckb_s_));                                                    \
   } while (0)
 
-/* After a kernel launch: a bad configuration is reported at once. */
-#define CK_LAUNCH(what) CK(cudaGetLastError())
+/* A kernel launcher (returns the launch's cudaError_t): a bad configuration is
+ * reported at once; with DGEMMA_CUDA_SYNC=1 in the environment the context
+ * also synchronises after every launch, so a fault in the kernel is reported
+ * with the launcher's name instead of at the next synchronisation. */
+#define CKK(ctx, call)                                                                                    \
+  do {                                                                                                    \
+    CK(call);                                                                                             \
+    if ((ctx)->debug_sync) {                                                                              \
+      cudaError_t ckk_e_ = cudaStreamSynchronize((ctx)->stream);                                          \
+      if (ckk_e_ != cudaSuccess)                                                                          \
+        return dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed while running: %s (%s)", __FILE__, __LINE__,   \
+                         #call, cudaGetErrorName(ckk_e_), cudaGetErrorString(ckk_e_));                    \
+    }                                                                                                     \
+  } while (0)
 
 typedef __nv_bfloat16 bf16;
 
@@ -123,6 +135,7 @@ struct dg_cuda_ctx {
   bf16 *P;                  /* [C, V] self-conditioning probabilities */
   float *soft;              /* [C, H] soft embedding */
   int have_soft;
+  int debug_sync;           /* DGEMMA_CUDA_SYNC=1: synchronise after every kernel (CKK) */
   float *uni;               /* [C] uniforms (replay) */
   dg_cuda_pos_stats *stats; /* [C] */
   int32_t *bad;             /* [1] first non-finite position or INT32_MAX */
@@ -163,7 +176,8 @@ cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, 
                     int K);
 /* The expert product behind one function, so that a quantized variant can
  * replace it: y[row] = down_e(gelu(G_e xe[tok]) * U_e xe[tok]) for every
- * grouped row (spec 4.6 step 4). max_rows = T*K bounds the work list. */
+ * grouped row (spec 4.6 step 4). The launch grid is the worst case of the
+ * work list (T*K/32 + E tiles); surplus blocks exit at once. */
 cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                             int IE, int E, int K);
 
