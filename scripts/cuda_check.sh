@@ -62,7 +62,11 @@ run() { if [ -n "$LOG" ]; then "$@" 2>&1 | tee -a "$LOG/$(basename "$1").log"; e
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda 2>&1 | grep -E "error|warning|^make" ; [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "cuda_check: build failed"; exit 1; }
 rc=0
 echo "== build/dgemma info --device cuda"
-run build/dgemma info --device cuda || rc=1
+if ! run build/dgemma info --device cuda; then
+  rc=1
+  echo "== again with DGEMMA_CUDA_SYNC=1 (a device fault then names its kernel)"
+  DGEMMA_CUDA_SYNC=1 run build/dgemma info --device cuda
+fi
 echo "== build/tests/test_cuda"
 run build/tests/test_cuda || rc=1
 echo "cuda_check: $([ $rc -eq 0 ] && echo ok || echo FAILED)"
