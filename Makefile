@@ -7,14 +7,30 @@
 #   make clean
 #
 # CUDA is optional and detected; the CPU build never needs nvcc.
+#   CUDA=1|0        force the CUDA backend on or off (default: on if nvcc is found)
+#   NVCC=PATH       the nvcc to use (default: nvcc on the PATH, else /usr/local/cuda/bin/nvcc)
+#   CUDA_ARCH=...   nvcc -gencode flags (default: sm_90 code + compute_90 PTX)
+#   XCFLAGS, XLDFLAGS  extra include/library flags (e.g. cjson/cmocka unpacked under a prefix)
+#   WERROR=         warnings stay warnings (another compiler version on another machine)
+# The sanitizer build of `make test` is CPU-only (CUDA=0): its CUDA tests skip.
 
 CC      ?= cc
 OPT     ?= -O2 -g
 SAN     ?=
-CFLAGS  := $(OPT) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter \
-           -fopenmp -Iinclude -Isrc -MMD -MP
-LDLIBS  := -lcjson -lm -fopenmp $(SAN)
+XCFLAGS ?=
+XLDFLAGS ?=
+WERROR  ?= -Werror
+CFLAGS  := $(OPT) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter \
+           -fopenmp -Iinclude -Isrc -MMD -MP $(XCFLAGS)
+LDLIBS  := $(XLDFLAGS) -lcjson -lm -fopenmp $(SAN)
 BUILD   ?= build
+
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA      ?= $(if $(NVCC),1,0)
+CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+NVFLAGS   := -O2 -g -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -Xcompiler -Wall \
+             -DDG_CUDA_ARCHS='"$(subst -gencode=arch=,,$(CUDA_ARCH))"' $(XCFLAGS)
 
 # Per-ISA kernel files get their own flags; the code dispatches at run time.
 ISA_avx2   := -mavx2 -mfma -mf16c
@@ -22,18 +38,40 @@ ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
 SRC     := $(wildcard src/*.c) $(wildcard src/cpu/*.c)
 OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(SRC))
+ifeq ($(EMU),1) # the CUDA sources on the CPU emulation of dev/cuda_emu (no GPU, no nvcc needed)
+CUSRC   := $(wildcard src/cuda/*.cu)
+OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)) $(BUILD)/dev/cuda_emu/emu.o
+LDLIBS  += -lstdc++
+CUCOMPILE = $(CXX) -x c++ -std=c++17 $(OPT) -fopenmp -Wall -Wno-unknown-pragmas -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h \
+            -Iinclude -Isrc -MMD -MP $(XCFLAGS)
+else ifeq ($(CUDA),1)
+CUSRC   := $(wildcard src/cuda/*.cu)
+OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC))
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUCOMPILE = $(NVCC) $(NVFLAGS)
+else
+OBJ     += $(BUILD)/src/cuda/stub.o
+endif
 LIB     := $(BUILD)/libdgemma.a
 CLI     := $(BUILD)/dgemma
 TESTSRC := $(wildcard tests/test_*.c)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
 TESTLIB := -lcmocka
 
-.PHONY: all test run asan clean setup check-deps
+.PHONY: all test run asan clean setup check-deps emu-test
 all: $(CLI)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(ISA_$(lastword $(subst _, ,$(basename $(notdir $<))))) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CUCOMPILE) -c $< -o $@
+
+$(BUILD)/dev/cuda_emu/emu.o: dev/cuda_emu/emu.cpp
+	@mkdir -p $(dir $@)
+	$(CUCOMPILE) -c $< -o $@
 
 $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
@@ -52,7 +90,7 @@ setup:
 # The README's test command. Runs setup (dependencies, tokenizer fetch) first.
 test: setup
 	@$(MAKE) --no-print-directory all $(TESTS)
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1 -g" \
+	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -g" \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
 	@scripts/run_tests.sh $(BUILD) build-asan
@@ -66,7 +104,13 @@ run:
 	@$(MAKE) --no-print-directory all
 	$(CLI) run -p "$$PROMPT"
 
+# The CUDA backend's kernels on the CPU emulation (dev/cuda_emu): correctness of
+# indexing, masks and reductions against the CPU path, without a GPU. Slow.
+emu-test:
+	@$(MAKE) --no-print-directory BUILD=build-emu EMU=1 CUDA=0 OPT="-O2 -g" build-emu/dgemma build-emu/tests/test_cuda
+	build-emu/tests/test_cuda
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-emu
 
 -include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d $(BUILD)/tools/eval.d $(BUILD)/tools/qreport.d

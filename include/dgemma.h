@@ -67,12 +67,28 @@ typedef struct dg_model dg_model;
 
 #define DG_MAX_THREADS 1024
 
+/* Where the forward pass runs. */
+typedef enum dg_device {
+  DG_DEVICE_CPU = 0,  /* fp32 activations, the checkpoint's weights (the oracle) */
+  DG_DEVICE_CUDA = 1  /* one NVIDIA GPU, compute capability >= 8.0: bf16 weights resident in device
+                         memory, bf16 products with fp32 accumulation (src/cuda/backend.h) */
+} dg_device;
+
 typedef struct dg_model_params {
   int n_threads;        /* OpenMP threads for the CPU backend, 0..DG_MAX_THREADS; 0 = all cores */
   int reference_kernels;/* 1 = scalar fp32 oracle kernels only (slow, for tests) */
   const char *tokenizer_path; /* tokenizer.json to use instead of MODEL_DIR's; NULL = MODEL_DIR/tokenizer.json */
   int no_tokenizer;     /* 1 = do not load a tokenizer (ids-only use) */
+  dg_device device;     /* DG_DEVICE_CPU (default) or DG_DEVICE_CUDA */
+  int cuda_device;      /* CUDA device ordinal with DG_DEVICE_CUDA (default 0) */
 } dg_model_params;
+
+/* One line describing a device into buf (at most n bytes, NUL-terminated):
+ * for DG_DEVICE_CPU the kernel set in use, for DG_DEVICE_CUDA the GPU `index`
+ * (name, compute capability, memory). Errors: DG_ERR_BACKEND for CUDA when the
+ * library was built without CUDA, no GPU is visible, or the GPU is too old
+ * (the message says which); DG_ERR_INVALID_ARG for an unknown device. */
+dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n);
 
 dg_model_params dg_model_default_params(void);
 
@@ -88,7 +104,11 @@ dg_model_params dg_model_default_params(void);
  * shapes that disagree with the block fail with a message naming the tensor.
  * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
  * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
- * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY. */
+ * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY.
+ * With params->device = DG_DEVICE_CUDA every weight is also uploaded to the GPU
+ * (bf16); a model that does not fit is refused with DG_ERR_OUT_OF_MEMORY
+ * naming the bytes needed and free; no GPU, a too-old GPU or a build without
+ * CUDA give DG_ERR_BACKEND. */
 dg_status dg_model_load(const char *model_dir, const dg_model_params *params, dg_model **out);
 void dg_model_free(dg_model *m);
 
@@ -104,6 +124,8 @@ typedef struct dg_model_info {
   int has_tokenizer;
   int32_t n_quantized;       /* matrices stored MLX affine-quantized (0 = none) */
   int32_t quant_bits_min, quant_bits_max; /* their bit widths (0 if none) */
+  dg_device device;          /* where the forward pass runs */
+  size_t device_bytes;       /* device memory held by the weights (CUDA), else 0 */
 } dg_model_info;
 
 dg_status dg_model_get_info(const dg_model *m, dg_model_info *info);
@@ -228,6 +250,9 @@ typedef struct dg_context_params {
 } dg_context_params;
 
 dg_context_params dg_context_default_params(void);
+/* A context on the model's device. With DG_DEVICE_CUDA the KV cache and the
+ * work buffers live in device memory (refused up front with
+ * DG_ERR_OUT_OF_MEMORY naming the bytes needed and free if they do not fit). */
 dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out);
 void dg_context_free(dg_context *ctx);
 /* Drop the KV cache (length back to 0). */

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
 
@@ -105,6 +106,12 @@ dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_conte
   ctx->m = m;
   ctx->cap = cap;
   ctx->rope_pos0 = -1;
+  if (m->cuda) { /* everything lives on the device */
+    dg_status st = dg_cuda_ctx_new(m->cuda, cap, &ctx->cuda);
+    if (st) { free(ctx); return st; }
+    *out = ctx;
+    return DG_OK;
+  }
   int fail = 0;
   int dmax = 0, kvmax = 0;
   for (int i = 0; i < c->n_layers; i++) {
@@ -158,6 +165,7 @@ dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_conte
 
 void dg_context_free(dg_context *ctx) {
   if (!ctx) return;
+  dg_cuda_ctx_free(ctx->cuda);
   if (ctx->kv)
     for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->kv[i].k); free(ctx->kv[i].v); }
   free(ctx->kv);
@@ -450,6 +458,11 @@ dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
   if (n < 0 || (int64_t)ctx->len + n > ctx->cap)
     return dg_seterr(DG_ERR_CONTEXT_FULL, "encoding %d tokens after %d would exceed the context capacity of %d", n,
                      ctx->len, ctx->cap);
+  if (ctx->cuda) {
+    DG_TRY(dg_cuda_encode(ctx->cuda, ids, n, ctx->len));
+    ctx->len += n;
+    return DG_OK;
+  }
   for (int32_t i = 0; i < n; i += ENC_CHUNK) {
     int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
     DG_TRY(encode_chunk(ctx, ids + i, T));
@@ -553,6 +566,17 @@ dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n) {
 
 dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out) {
   if (!ctx || !canvas || !logits_out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: NULL argument");
+  for (int i = 0; i < ctx->m->cfg.canvas_length; i++)
+    if (canvas[i] < 0 || canvas[i] >= ctx->m->cfg.vocab_size)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: canvas id %d at position %d is outside the vocabulary [0, %d)",
+                       canvas[i], i, ctx->m->cfg.vocab_size);
+  if (ctx->cuda) {
+    const dg_config *c = &ctx->m->cfg;
+    if ((int64_t)ctx->len + c->canvas_length > c->max_position_embeddings)
+      return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", ctx->len,
+                       ctx->len + c->canvas_length - 1, c->max_position_embeddings);
+    return dg_cuda_decode(ctx->cuda, canvas, ctx->len, sc_logits ? 2 : 0, sc_logits, logits_out);
+  }
   const float *soft = NULL;
   if (sc_logits) {
     DG_TRY(dg_soft_embedding(ctx, sc_logits, ctx->soft));

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
 #include "rng.h"
@@ -87,6 +88,8 @@ dg_status dg_position_stats(const float *z, int32_t V, float u, int mode, dg_pos
  * sum is accumulated in double and rounded to fp32 like torch.cumsum on the
  * CPU; the comparison is in fp32. order: scratch [n]. Returns the count. */
 typedef struct { float h; int32_t i; } ent_idx;
+/* dg_cuda_step_stats writes dg_pos_stats records (its dg_cuda_pos_stats has this layout) */
+_Static_assert(sizeof(dg_pos_stats) == 16, "dg_pos_stats layout is shared with src/cuda/common.cuh");
 static int cmp_ent(const void *a, const void *b) {
   const ent_idx *x = a, *y = b;
   if (x->h < y->h) return -1;
@@ -227,8 +230,10 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
   double t0 = now_s();
   dg_status st = DG_OK;
   const int32_t SH = p->stability_threshold;
-  float *logits = malloc((size_t)C * V * sizeof(float));
-  float *z = malloc((size_t)C * V * sizeof(float));
+  /* on CUDA the logits stay on the device: only [C] statistics come back per step */
+  const size_t CV = ctx->cuda ? 1 : (size_t)C * V;
+  float *logits = malloc(CV * sizeof(float));
+  float *z = malloc(CV * sizeof(float));
   int32_t *canvas = malloc((size_t)C * sizeof(int32_t));
   int32_t *next = malloc((size_t)C * sizeof(int32_t));
   int32_t *amax = malloc((size_t)C * sizeof(int32_t));
@@ -259,14 +264,22 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
     for (int32_t s = p->max_denoising_steps; s >= 1; s--) {
       int32_t k = p->max_denoising_steps - s; /* 0-based step index */
       steps++;
-      if ((st = dg_forward_decode(ctx, canvas, soft, logits))) goto done;
       const float T = dg_temperature(p, s);
-      for (size_t i = 0; i < (size_t)C * V; i++) z[i] = logits[i] / T;
-      if ((st = draw_uniforms(&cs, b, k, uni))) goto done;
       int bad = -1;
+      if (ctx->cuda) { /* decoder and per-position statistics on the device (uniforms drawn there too) */
+        if ((st = dg_cuda_decode(ctx->cuda, canvas, ctx->len, soft ? 1 : 0, NULL, NULL))) goto done;
+        if (p->proposal == DG_PROPOSAL_REPLAY_UNIFORM && (st = draw_uniforms(&cs, b, k, uni))) goto done;
+        st = dg_cuda_step_stats(ctx->cuda, T, (int)p->proposal, p->seed, b, k, uni, ps, &bad);
+        if (st != DG_OK && st != DG_ERR_NUMERIC) goto done;
+        st = DG_OK;
+      } else {
+        if ((st = dg_forward_decode(ctx, canvas, soft, logits))) goto done;
+        for (size_t i = 0; i < (size_t)C * V; i++) z[i] = logits[i] / T;
+        if ((st = draw_uniforms(&cs, b, k, uni))) goto done;
 #pragma omp parallel for num_threads(m->n_threads) schedule(static) reduction(max : bad)
-      for (int32_t i = 0; i < C; i++)
-        if (dg_position_stats(z + (size_t)i * V, V, uni[i], (int)p->proposal, &ps[i]) != DG_OK) bad = i;
+        for (int32_t i = 0; i < C; i++)
+          if (dg_position_stats(z + (size_t)i * V, V, uni[i], (int)p->proposal, &ps[i]) != DG_OK) bad = i;
+      }
       if (bad >= 0) {
         st = dg_seterr(DG_ERR_NUMERIC, "non-finite logits at block %d, denoising step %d, canvas position %d", b, k, bad);
         goto done;
@@ -294,6 +307,11 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
       }
       if (stop || s == 1) break;
       /* self-conditioning for the next step from z (spec 5) */
+      if (ctx->cuda) {
+        if ((st = dg_cuda_soft_from_z(ctx->cuda))) goto done;
+        soft = z; /* marks "soft embedding on the device" */
+        continue;
+      }
       if ((st = dg_soft_embedding(ctx, z, ctx->soft))) goto done;
       soft = ctx->soft;
     }

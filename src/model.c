@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/backend.h"
 #include "dg_error.h"
 #include "quant.h"
 
@@ -428,6 +429,15 @@ dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model
                      m->gen_defaults.stop_ids[i], c->vocab_size);
       goto fail;
     }
+  if (p.device == DG_DEVICE_CUDA) {
+    if ((st = dg_model_to_cuda(m, p.cuda_device))) {
+      dg_prefixerr(st, "%s: --device cuda", dir);
+      goto fail;
+    }
+  } else if (p.device != DG_DEVICE_CPU) {
+    st = dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d (DG_DEVICE_CPU or DG_DEVICE_CUDA)", (int)p.device);
+    goto fail;
+  }
   *out = m;
   return DG_OK;
 fail:
@@ -437,6 +447,7 @@ fail:
 
 void dg_model_free(dg_model *m) {
   if (!m) return;
+  dg_cuda_model_free(m->cuda);
   for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
   free(m->owned);
   free(m->layers);
@@ -481,6 +492,8 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_quantized = m->n_quantized;
   info->quant_bits_min = m->min_bits;
   info->quant_bits_max = m->max_bits;
+  info->device = m->cuda ? DG_DEVICE_CUDA : DG_DEVICE_CPU;
+  info->device_bytes = dg_cuda_model_bytes(m->cuda);
   return DG_OK;
 }
 

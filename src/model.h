@@ -67,6 +67,7 @@ struct dg_model {
   dg_quant_config qcfg;     /* config.json's quantization block (present = 0 if none) */
   int n_quantized;          /* matrices stored MLX-quantized */
   int min_bits, max_bits;   /* their bit widths (0 if none) */
+  struct dg_cuda_model *cuda; /* device copy of the weights (DG_DEVICE_CUDA), else NULL */
 };
 
 /* Per-layer KV cache: all positions are kept (sliding layers read only the
@@ -101,6 +102,8 @@ struct dg_context {
   int32_t n_score_threads;
   float *soft;          /* [C, H] self-conditioning soft embedding */
   float *probs;         /* [C, V] probabilities for self-conditioning */
+  struct dg_cuda_ctx *cuda; /* device KV cache and buffers when the model is on CUDA; the CPU
+                               buffers above are then not allocated */
 };
 
 /* forward.c ---------------------------------------------------------------- */
@@ -120,5 +123,11 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
 
 /* Round a float to the model's activation dtype (identity for f32). */
 float dg_round_act(const dg_model *m, float x);
+
+/* device.c ----------------------------------------------------------------- */
+
+/* Upload a loaded model's weights to CUDA device `device` (m->cuda).
+ * Errors: those of dg_cuda_model_new (src/cuda/backend.h). */
+dg_status dg_model_to_cuda(dg_model *m, int device);
 
 #endif

@@ -1,0 +1,89 @@
+/* emu.h: a CPU emulation of the small part of CUDA that src/cuda uses, so
+ * that the kernels' indexing, masks, reductions and tile bookkeeping can be
+ * checked against the CPU path on a machine without a GPU (dev/cuda_emu/README.md).
+ *
+ * Model: blocks run one after another; the threads of a block are cooperative
+ * user-space contexts (ucontext) switched round-robin at __syncthreads and at
+ * warp shuffles, so barrier semantics are exact and the run is deterministic.
+ * __shared__ becomes `static` (one block at a time). WMMA fragments hold whole
+ * 16x16 tiles per lane. Not emulated: timing, memory coalescing, bank
+ * conflicts, races between blocks (blocks are sequential), warp divergence
+ * hazards other than barriers. It says nothing about speed. */
+#ifndef DG_CUDA_EMU_H
+#define DG_CUDA_EMU_H
+
+#define DG_CUDA_EMU 1
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct uint3_ { unsigned x, y, z; };
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+
+namespace emu {
+extern uint3_ threadIdx_, blockIdx_;
+extern dim3 blockDim_, gridDim_;
+void syncthreads();
+void warp_exchange(const void *v, void *out, int size, int src_lane); /* all lanes of the warp */
+void *dyn_smem();
+void run(dim3 grid, dim3 block, size_t smem, std::function<void()> fn);
+int lane();
+void check_aligned(const void *p, unsigned bytes, const char *what, const char *file, int line);
+}  // namespace emu
+
+#define threadIdx emu::threadIdx_
+#define blockIdx emu::blockIdx_
+#define blockDim emu::blockDim_
+#define gridDim emu::gridDim_
+
+static inline void __syncthreads() { emu::syncthreads(); }
+
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
+  (void)mask;
+  T r;
+  emu::warp_exchange(&v, &r, (int)sizeof(T), emu::lane() ^ o);
+  return r;
+}
+
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
+static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
+static inline float emu_rsqrtf(float x) { return 1.0f / sqrtf(x); }
+#define rsqrtf emu_rsqrtf
+using std::max;
+using std::min;
+
+#define DG_LAUNCH(kernel, grid, block, smem, stream) emu::launcher(dim3(grid), dim3(block), (smem), kernel)
+#define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
+#define DG_ASSERT_ALIGNED(ptr, bytes) emu::check_aligned((const void *)(ptr), (bytes), #ptr, __FILE__, __LINE__)
+
+namespace emu {
+template <typename F> struct launch {
+  dim3 g, b;
+  size_t sm;
+  F *k;
+  template <typename... A> void operator()(A... a) const {
+    F *kk = k;
+    run(g, b, sm, [=]() { kk(a...); });
+  }
+};
+template <typename F> launch<F> launcher(dim3 g, dim3 b, size_t sm, F *k) { return launch<F>{g, b, sm, k}; }
+}  // namespace emu
+
+#endif

@@ -1,0 +1,601 @@
+/* backend.cu: host side of the CUDA backend (interface: backend.h): device
+ * checks, weight upload (bf16, resident), contexts (KV cache, work buffers,
+ * one stream, one cuBLAS handle) and the encoder/decoder passes of spec
+ * section 4 as a sequence of cuBLAS products and kernels (kernels.cu,
+ * moe.cu), mirroring src/forward.c step by step.
+ *
+ * Not here: the generation loop (src/generate.c drives both backends) and
+ * quantized weights (dg_cuda_experts is the slot for them). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+
+#ifndef DG_CUDA_ARCHS
+#define DG_CUDA_ARCHS "unknown"
+#endif
+
+cudaError_t k_probe(void);
+
+#define GiB (1024.0 * 1024.0 * 1024.0)
+#define ENC_CHUNK 256 /* as src/forward.c */
+#define RESERVE ((size_t)512 << 20) /* CUDA context, cuBLAS workspace and fragmentation */
+
+/* ---- device ----------------------------------------------------------------- */
+
+/* Free and total device memory; DGEMMA_CUDA_MEM_LIMIT=BYTES in the environment
+ * caps what dgemma considers free (to share a GPU, and to test the refusal). */
+static cudaError_t mem_info(size_t *fr, size_t *tot) {
+  cudaError_t e = cudaMemGetInfo(fr, tot);
+  const char *lim = getenv("DGEMMA_CUDA_MEM_LIMIT");
+  if (e == cudaSuccess && lim && *lim) {
+    unsigned long long v = strtoull(lim, NULL, 10);
+    if ((size_t)v < *fr) *fr = (size_t)v;
+  }
+  return e;
+}
+
+extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "no usable CUDA GPU: cudaGetDeviceCount failed: %s (%s)", cudaGetErrorName(e),
+                     cudaGetErrorString(e));
+  if (count == 0) return dg_seterr(DG_ERR_BACKEND, "no CUDA GPU is visible (cudaGetDeviceCount = 0)");
+  if (device < 0 || device >= count)
+    return dg_seterr(DG_ERR_BACKEND, "CUDA device %d does not exist (%d visible)", device, count);
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, device));
+  if (p.major < 8)
+    return dg_seterr(DG_ERR_BACKEND,
+                     "GPU %d (%s) has compute capability %d.%d; dgemma's CUDA backend needs 8.0 or newer (bf16 "
+                     "tensor cores); this build targets %s",
+                     device, p.name, p.major, p.minor, DG_CUDA_ARCHS);
+  CK(cudaSetDevice(device));
+  e = k_probe();
+  if (e != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "GPU %d (%s, sm_%d%d) cannot run this build's kernels (built for %s): %s", device,
+                     p.name, p.major, p.minor, DG_CUDA_ARCHS, cudaGetErrorString(e));
+  size_t fr = 0, tot = 0;
+  CK(mem_info(&fr, &tot));
+  int drv = 0, rt = 0;
+  CK(cudaDriverGetVersion(&drv));
+  CK(cudaRuntimeGetVersion(&rt));
+  if (buf && n)
+    snprintf(buf, n, "%s, sm_%d%d, %d SMs, %.1f GiB free of %.1f GiB, driver %d.%d, runtime %d.%d (build: %s)", p.name,
+             p.major, p.minor, p.multiProcessorCount, fr / GiB, tot / GiB, drv / 1000, (drv % 1000) / 10, rt / 1000,
+             (rt % 1000) / 10, DG_CUDA_ARCHS);
+  return DG_OK;
+}
+
+/* ---- upload ----------------------------------------------------------------- */
+
+static uint16_t f32_to_bf16_bits(float f) { /* round to nearest even, NaN kept quiet (as kernels.h) */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static float f16_bits_to_f32(uint16_t h) {
+  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+  if (e == 0) {
+    if (m == 0) u = s;
+    else { /* subnormal */
+      int k = -1;
+      do { k++; m <<= 1; } while (!(m & 0x400));
+      u = s | ((uint32_t)(127 - 15 - k) << 23) | ((m & 0x3ff) << 13);
+    }
+  } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+  else u = s | ((e - 15 + 127) << 23) | (m << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static float mat_elem(const dg_cuda_mat *m, size_t i) {
+  if (m->dtype == DG_CUDA_F32) { float f; memcpy(&f, (const char *)m->data + 4 * i, 4); return f; }
+  uint16_t h;
+  memcpy(&h, (const char *)m->data + 2 * i, 2);
+  if (m->dtype == DG_CUDA_F16) return f16_bits_to_f32(h);
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+#define STAGE_ELEMS ((size_t)8 << 20)
+
+/* Copy elements [off, off + n) of a host matrix to dst as bf16, staged in chunks. */
+static dg_status upload_bf16(bf16 *dst, const dg_cuda_mat *m, size_t off, size_t n, uint16_t *stage) {
+  if (m->dtype == DG_CUDA_BF16) {
+    CK(cudaMemcpy(dst, (const char *)m->data + 2 * off, 2 * n, cudaMemcpyHostToDevice));
+    return DG_OK;
+  }
+  for (size_t i = 0; i < n; i += STAGE_ELEMS) {
+    size_t k = n - i < STAGE_ELEMS ? n - i : STAGE_ELEMS;
+    for (size_t j = 0; j < k; j++) stage[j] = f32_to_bf16_bits(mat_elem(m, off + i + j));
+    CK(cudaMemcpy(dst + i, stage, 2 * k, cudaMemcpyHostToDevice));
+  }
+  return DG_OK;
+}
+
+typedef struct alloc_list {
+  void **p;
+  int n, cap;
+} alloc_list;
+
+/* All device allocations of a model or context, freed together. */
+static dg_status dalloc(alloc_list *al, void **out, size_t bytes, const char *what) {
+  if (al->n == al->cap) {
+    int nc = al->cap ? 2 * al->cap : 64;
+    void **np = (void **)realloc(al->p, (size_t)nc * sizeof *np);
+    if (!np) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+    al->p = np;
+    al->cap = nc;
+  }
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+  if (e != cudaSuccess)
+    return dg_seterr(e == cudaErrorMemoryAllocation ? DG_ERR_OUT_OF_MEMORY : DG_ERR_BACKEND,
+                     "cudaMalloc(%zu bytes) for %s failed: %s", bytes, what, cudaGetErrorString(e));
+  al->p[al->n++] = p;
+  *out = p;
+  return DG_OK;
+}
+
+static void dfree_all(alloc_list *al) {
+  for (int i = 0; i < al->n; i++) cudaFree(al->p[i]);
+  free(al->p);
+  al->p = NULL;
+  al->n = al->cap = 0;
+}
+
+/* Model-side bookkeeping kept next to the public struct. */
+struct model_priv {
+  dg_cuda_model m;
+  alloc_list al;
+};
+
+static dg_status up_vec(alloc_list *al, float **dst, const float *src, size_t n, const char *what) {
+  DG_TRY(dalloc(al, (void **)dst, n * sizeof(float), what));
+  CK(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+  return DG_OK;
+}
+
+static dg_status up_mat(alloc_list *al, bf16 **dst, const dg_cuda_mat *const *parts, int nparts, const char *what,
+                        uint16_t *stage) {
+  size_t tot = 0;
+  for (int i = 0; i < nparts; i++) tot += (size_t)(parts[i]->rows * parts[i]->cols);
+  DG_TRY(dalloc(al, (void **)dst, tot * 2, what));
+  size_t off = 0;
+  for (int i = 0; i < nparts; i++) {
+    size_t n = (size_t)(parts[i]->rows * parts[i]->cols);
+    DG_TRY(upload_bf16(*dst + off, parts[i], 0, n, stage));
+    off += n;
+  }
+  return DG_OK;
+}
+
+/* Device bytes of the weights described by d (what dg_cuda_model_new allocates). */
+static size_t weight_bytes(const dg_cuda_model_desc *d) {
+  const size_t H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts, NH = d->n_heads;
+  size_t b = V * H * 2 + 2 * H * 4 + 3 * I * H * 2;
+  for (int i = 0; i < d->n_layers; i++) {
+    const dg_cuda_layer_desc *l = &d->layers[i];
+    const size_t D = l->head_dim, NKV = l->n_kv;
+    b += (NH * D + NKV * D * (l->v.data ? 2 : 1)) * H * 2 + H * NH * D * 2 + 2 * D * 4 + 7 * H * 4;
+    b += 3 * I * H * 2 + E * H * 4 + H * 4 + E * 4 + E * 2 * IE * H * 2 + E * H * IE * 2;
+  }
+  b += 2 * 512 * 4;
+  return b;
+}
+
+extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out) {
+  *out = NULL;
+  char info[512];
+  DG_TRY(dg_cuda_info(d->device, info, sizeof info));
+  for (int i = 0; i < d->n_layers; i++) {
+    const dg_cuda_layer_desc *l = &d->layers[i];
+    if (l->head_dim > 512 || l->head_dim % 2 || l->head_dim <= 0)
+      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d head_dim %d (supported: even, <= 512)", i,
+                       l->head_dim);
+    if (l->n_kv <= 0 || d->n_heads % l->n_kv)
+      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d has %d KV heads for %d query heads", i,
+                       l->n_kv, d->n_heads);
+  }
+  if (d->top_k > 64 || d->top_k <= 0)
+    return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: top_k_experts %d (supported: 1..64)", d->top_k);
+  const size_t need = weight_bytes(d);
+  size_t fr = 0, tot = 0;
+  CK(mem_info(&fr, &tot));
+  if (need + RESERVE > fr)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
+                     "the model does not fit on the GPU: its weights need %zu bytes (%.2f GiB) of device memory as "
+                     "bf16, plus a %.1f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     need, need / GiB, RESERVE / GiB, d->device, fr, fr / GiB, tot / GiB);
+
+  model_priv *pv = (model_priv *)calloc(1, sizeof *pv);
+  uint16_t *stage = (uint16_t *)malloc(STAGE_ELEMS * 2);
+  dg_cuda_layer *layers = (dg_cuda_layer *)calloc((size_t)d->n_layers, sizeof *layers);
+  if (!pv || !stage || !layers) {
+    free(pv); free(stage); free(layers);
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  }
+  dg_cuda_model *m = &pv->m;
+  alloc_list *al = &pv->al;
+  m->d = *d;
+  m->d.layers = NULL;
+  m->device = d->device;
+  m->layers = layers;
+  m->bytes = need;
+  dg_status st = DG_OK;
+  const size_t H = d->hidden, E = d->n_experts;
+  const dg_cuda_mat *p2[3];
+#define T_(x) do { if ((st = (x)) != DG_OK) goto fail; } while (0)
+  p2[0] = &d->embed;
+  T_(up_mat(al, &m->embed, p2, 1, "embed_tokens", stage));
+  T_(up_vec(al, &m->final_norm, d->final_norm, H, "norm"));
+  T_(up_vec(al, &m->sc_pre_norm, d->sc_pre_norm, H, "self_conditioning.pre_norm"));
+  p2[0] = &d->sc_gate; p2[1] = &d->sc_up;
+  T_(up_mat(al, &m->sc_gate_up, p2, 2, "self_conditioning gate/up", stage));
+  p2[0] = &d->sc_down;
+  T_(up_mat(al, &m->sc_down, p2, 1, "self_conditioning.down_proj", stage));
+  {
+    float zeros[256] = {0};
+    int ds = 0, df = 0;
+    for (int i = 0; i < d->n_layers; i++) {
+      if (d->layers[i].is_full) df = d->layers[i].head_dim; else ds = d->layers[i].head_dim;
+    }
+    T_(up_vec(al, &m->inv_freq_sliding, ds ? d->inv_freq_sliding : zeros, ds ? (size_t)ds / 2 : 1, "rope sliding"));
+    T_(up_vec(al, &m->inv_freq_full, df ? d->inv_freq_full : zeros, df ? (size_t)df / 2 : 1, "rope full"));
+  }
+  for (int i = 0; i < d->n_layers; i++) {
+    const dg_cuda_layer_desc *ld = &d->layers[i];
+    dg_cuda_layer *l = &layers[i];
+    const size_t D = ld->head_dim;
+    char what[96];
+    snprintf(what, sizeof what, "layer %d", i);
+    l->is_full = ld->is_full;
+    l->n_kv = ld->n_kv;
+    l->head_dim = ld->head_dim;
+    l->has_v = ld->v.data != NULL;
+    l->n_qkv = (int64_t)(d->n_heads * D + ld->n_kv * D * (l->has_v ? 2 : 1));
+    p2[0] = &ld->q; p2[1] = &ld->k; p2[2] = &ld->v;
+    T_(up_mat(al, &l->wqkv, p2, l->has_v ? 3 : 2, what, stage));
+    p2[0] = &ld->o;
+    T_(up_mat(al, &l->wo, p2, 1, what, stage));
+    T_(up_vec(al, &l->q_norm, ld->q_norm, D, what));
+    T_(up_vec(al, &l->k_norm, ld->k_norm, D, what));
+    T_(up_vec(al, &l->input_norm, ld->input_norm, H, what));
+    T_(up_vec(al, &l->post_attn_norm, ld->post_attn_norm, H, what));
+    T_(up_vec(al, &l->pre_ff_norm, ld->pre_ff_norm, H, what));
+    T_(up_vec(al, &l->post_ff1_norm, ld->post_ff1_norm, H, what));
+    T_(up_vec(al, &l->pre_ff2_norm, ld->pre_ff2_norm, H, what));
+    T_(up_vec(al, &l->post_ff2_norm, ld->post_ff2_norm, H, what));
+    T_(up_vec(al, &l->post_ff_norm, ld->post_ff_norm, H, what));
+    p2[0] = &ld->mlp_gate; p2[1] = &ld->mlp_up;
+    T_(up_mat(al, &l->w_gate_up, p2, 2, what, stage));
+    p2[0] = &ld->mlp_down;
+    T_(up_mat(al, &l->w_down, p2, 1, what, stage));
+    { /* router kept in fp32 (spec 4.6: fp32 router logits) */
+      float *tmp = (float *)malloc(E * H * sizeof(float));
+      if (!tmp) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
+      for (size_t j = 0; j < E * H; j++) tmp[j] = mat_elem(&ld->router, j);
+      st = up_vec(al, &l->router, tmp, E * H, what);
+      free(tmp);
+      if (st) goto fail;
+    }
+    T_(up_vec(al, &l->router_scale, ld->router_scale, H, what));
+    T_(up_vec(al, &l->per_expert_scale, ld->per_expert_scale, E, what));
+    p2[0] = &ld->experts_gate_up;
+    T_(up_mat(al, &l->experts_gate_up, p2, 1, what, stage));
+    p2[0] = &ld->experts_down;
+    T_(up_mat(al, &l->experts_down, p2, 1, what, stage));
+    l->layer_scalar_dec = ld->layer_scalar_dec;
+    l->layer_scalar_enc = ld->layer_scalar_enc;
+    if ((int)D > m->dmax) m->dmax = (int)D;
+    if (ld->n_kv * (int)D > m->kvmax) m->kvmax = ld->n_kv * (int)D;
+    if ((int)l->n_qkv > m->qkvmax) m->qkvmax = (int)l->n_qkv;
+  }
+#undef T_
+  free(stage);
+  if ((st = (cudaDeviceSynchronize() == cudaSuccess ? DG_OK
+                                                     : dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize after the upload failed: %s",
+                                                                 cudaGetErrorString(cudaGetLastError()))))) {
+    stage = NULL;
+    goto fail;
+  }
+  *out = m;
+  return DG_OK;
+fail:
+  free(stage);
+  dfree_all(al);
+  free(layers);
+  free(pv);
+  return st;
+}
+
+extern "C" void dg_cuda_model_free(dg_cuda_model *m) {
+  if (!m) return;
+  model_priv *pv = (model_priv *)m; /* m is the first member */
+  cudaSetDevice(m->device);
+  dfree_all(&pv->al);
+  free(m->layers);
+  free(pv);
+}
+
+extern "C" size_t dg_cuda_model_bytes(const dg_cuda_model *m) { return m ? m->bytes : 0; }
+
+/* ---- context ---------------------------------------------------------------- */
+
+struct ctx_priv {
+  dg_cuda_ctx c;
+  alloc_list al;
+};
+
+extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out) {
+  *out = NULL;
+  const dg_cuda_model_desc *d = &m->d;
+  CK(cudaSetDevice(m->device));
+  const size_t C = d->canvas, H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts,
+               K = d->top_k, NH = d->n_heads;
+  const size_t T = C > ENC_CHUNK ? C : ENC_CHUNK, S = (size_t)cap + C;
+  size_t kv = 0;
+  for (int i = 0; i < d->n_layers; i++) kv += 2 * (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
+  const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
+  const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
+                         T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
+                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64;
+  size_t fr = 0, tot = 0;
+  CK(mem_info(&fr, &tot));
+  if (kv + scratch + (RESERVE / 2) > fr)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
+                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
+                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     cap, kv + scratch, (kv + scratch) / GiB, kv, scratch, RESERVE / 2 / GiB, m->device, fr, fr / GiB,
+                     tot / GiB);
+  ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv);
+  if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  dg_cuda_ctx *c = &pv->c;
+  alloc_list *al = &pv->al;
+  c->m = m;
+  c->cap = cap;
+  c->S = (int32_t)S;
+  c->tmax = (int32_t)T;
+  {
+    const char *dbg = getenv("DGEMMA_CUDA_SYNC");
+    c->debug_sync = dbg && *dbg == '1';
+  }
+  dg_status st = DG_OK;
+  c->kc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
+  c->vc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
+  if (!c->kc || !c->vc) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
+#define A_(ptr, bytes) do { if ((st = dalloc(al, (void **)&(ptr), (bytes), #ptr)) != DG_OK) goto fail; } while (0)
+  for (int i = 0; i < d->n_layers; i++) {
+    size_t n = (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
+    A_(c->kc[i], n);
+    A_(c->vc[i], n);
+    if (cudaMemset(c->kc[i], 0, n) != cudaSuccess || cudaMemset(c->vc[i], 0, n) != cudaSuccess) {
+      st = dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache failed");
+      goto fail;
+    }
+  }
+  A_(c->ids, T * 4);
+  A_(c->x, T * H * 4);
+  A_(c->f1, T * W * 4);
+  A_(c->dense, T * H * 4);
+  A_(c->a, T * H * 2);
+  A_(c->xe, T * H * 2);
+  A_(c->u, T * H * 4);
+  A_(c->qkv, T * (size_t)m->qkvmax * 4);
+  A_(c->q, T * NH * (size_t)m->dmax * 4);
+  A_(c->att, T * NH * (size_t)m->dmax * 2);
+  A_(c->gu, T * 2 * I * 4);
+  A_(c->h, T * (I > IE ? I : IE) * 2);
+  A_(c->rlog, T * E * 4);
+  A_(c->moe.topk_idx, TK * 4);
+  A_(c->moe.topk_w, TK * 4);
+  A_(c->moe.count, E * 4);
+  A_(c->moe.start, (E + 1) * 4);
+  A_(c->moe.pairs, TK * 4);
+  A_(c->moe.slot_row, TK * 4);
+  A_(c->moe.tiles, (TK + E) * 2 * 4);
+  A_(c->moe.n_tiles, 4);
+  A_(c->moe.h, TK * IE * 2);
+  A_(c->moe.y, TK * H * 4);
+  A_(c->logits, C * V * 4);
+  A_(c->P, C * V * 2);
+  A_(c->soft, C * H * 4);
+  A_(c->uni, C * 4);
+  A_(c->stats, C * sizeof(dg_cuda_pos_stats));
+  A_(c->bad, 4);
+#undef A_
+  if (cudaMallocHost((void **)&c->h_stats, C * sizeof(dg_cuda_pos_stats)) != cudaSuccess ||
+      cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess) {
+    st = dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %zu bytes failed", C * sizeof(dg_cuda_pos_stats) + 4);
+    goto fail;
+  }
+  {
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e)); goto fail; }
+    cublasStatus_t bs = cublasCreate(&c->blas);
+    if (bs != CUBLAS_STATUS_SUCCESS) { c->blas = NULL; st = dg_seterr(DG_ERR_BACKEND, "cublasCreate failed: %s", cublasGetStatusString(bs)); goto fail; }
+    bs = cublasSetStream(c->blas, c->stream);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
+    if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs)); goto fail; }
+    /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e)); goto fail; }
+  }
+  *out = c;
+  return DG_OK;
+fail:
+  dg_cuda_ctx_free(c);
+  return st;
+}
+
+extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
+  if (!c) return;
+  ctx_priv *pv = (ctx_priv *)c;
+  cudaSetDevice(c->m->device);
+  if (c->stream) cudaStreamSynchronize(c->stream);
+  if (c->blas) cublasDestroy(c->blas);
+  if (c->stream) cudaStreamDestroy(c->stream);
+  if (c->h_stats) cudaFreeHost(c->h_stats);
+  if (c->h_bad) cudaFreeHost(c->h_bad);
+  dfree_all(&pv->al);
+  free(c->kc);
+  free(c->vc);
+  free(pv);
+}
+
+/* ---- products ----------------------------------------------------------------- */
+
+/* y[t, n] (ld ldy, fp32) = alpha * sum_k x[t, k] * W[n, k] + beta * y: x bf16 [T, K] (ld ldx),
+ * W bf16 [N, K] row-major; fp32 accumulation. */
+static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
+                      float alpha, float beta) {
+  CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta,
+                   y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return DG_OK;
+}
+
+/* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
+static dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const bf16 *w_gate_up, const bf16 *w_down,
+                           float *out) {
+  const int H = c->m->d.hidden, I = c->m->d.inter;
+  DG_TRY(gemm(c, a, H, T, w_gate_up, 2 * I, H, c->gu, 2 * I, 1.0f, 0.0f));
+  CKK(c, k_geglu(c->stream, c->gu, c->h, T, I));
+  DG_TRY(gemm(c, c->h, I, T, w_down, H, I, out, H, 1.0f, 0.0f));
+  return DG_OK;
+}
+
+/* One layer (spec 4.4) over c->x [T, H] at positions pos0..; causal = encoder. */
+static dg_status layer(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const dg_cuda_layer *l = &m->layers[li];
+  const int H = d->hidden, NH = d->n_heads, NKV = l->n_kv, D = l->head_dim;
+  const float eps = d->eps;
+  cudaStream_t s = c->stream;
+  CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  DG_TRY(gemm(c, c->a, H, T, l->wqkv, (int)l->n_qkv, H, c->qkv, (int)l->n_qkv, 1.0f, 0.0f));
+  CKK(c, k_qkv_post(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
+                l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, pos0, eps));
+  /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
+  if (causal && li == d->n_layers - 1) return DG_OK;
+  CKK(c, k_attention(s, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
+  DG_TRY(gemm(c, c->att, NH * D, T, l->wo, H, NH * D, c->f1, H, 1.0f, 0.0f));
+  const float root = (float)pow((double)H, -0.5);
+  CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
+                     c->xe, c->u, T, H, eps));
+  DG_TRY(geglu_mlp(c, c->a, T, l->w_gate_up, l->w_down, c->dense));
+  { /* router logits in fp32 (spec 4.6 step 2) */
+    const float one = 1.0f, zero = 0.0f;
+    CKB(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->n_experts, T, H, &one, l->router, H, c->u, H, &zero, c->rlog,
+                    d->n_experts));
+  }
+  CKK(c, k_route(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
+  CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
+  CKK(c, k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
+                   l->post_ff2_norm, l->post_ff_norm, causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H,
+                   d->top_k, eps));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (n < 0 || pos0 < 0 || (int64_t)pos0 + n > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA encode: positions %d..%d exceed the context capacity %d", pos0,
+                     pos0 + n - 1, c->cap);
+  CK(cudaSetDevice(c->m->device));
+  for (int32_t i = 0; i < n; i += ENC_CHUNK) {
+    const int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
+    CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
+    CKK(c, k_embed(c->stream, c->x, c->m->embed, c->ids, T, d->hidden, d->embed_scale));
+    for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0 + i, 1));
+  }
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
+/* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
+static dg_status soft_from(dg_cuda_ctx *c, const float *z) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype));
+  const float alpha = d->embed_scale, beta = 0.0f;
+  /* column-major view: soft^T [H, C] = E^T [H, V] . P^T [V, C] */
+  CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed,
+                   CUDA_R_16BF, d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->soft, CUDA_R_32F, d->hidden,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  c->have_soft = 1;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
+  CK(cudaSetDevice(c->m->device));
+  return soft_from(c, c->logits);
+}
+
+extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc,
+                                    const float *sc_logits, float *logits_out) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int T = d->canvas, H = d->hidden;
+  cudaStream_t s = c->stream;
+  if (pos0 < 0 || pos0 > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
+                     c->cap);
+  CK(cudaSetDevice(m->device));
+  if (sc == 2) {
+    CK(cudaMemcpyAsync(c->logits, sc_logits, (size_t)T * d->vocab * 4, cudaMemcpyHostToDevice, s));
+    DG_TRY(soft_from(c, c->logits));
+    sc = 1;
+  }
+  if (sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
+  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_embed(s, c->x, m->embed, c->ids, T, H, d->embed_scale));
+  /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
+  if (sc == 1) {
+    CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
+    DG_TRY(geglu_mlp(c, c->a, T, m->sc_gate_up, m->sc_down, c->f1));
+    CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
+  }
+  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
+  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
+  /* final norm, tied LM head, softcap (spec 4.7) */
+  CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
+  DG_TRY(gemm(c, c->a, H, T, m->embed, d->vocab, H, c->logits, d->vocab, 1.0f, 0.0f));
+  if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
+  if (logits_out) {
+    CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+  }
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int mode, uint64_t seed, int32_t block,
+                                        int32_t step, const float *uni, void *out, int32_t *bad_pos) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  const int C = d->canvas;
+  cudaStream_t s = c->stream;
+  CK(cudaSetDevice(c->m->device));
+  if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
+  *c->h_bad = INT32_MAX;
+  CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
+                  c->stats, c->bad));
+  CK(cudaMemcpyAsync(c->h_stats, c->stats, (size_t)C * sizeof(dg_cuda_pos_stats), cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(c->h_bad, c->bad, 4, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  if (*c->h_bad != INT32_MAX) {
+    *bad_pos = *c->h_bad;
+    return DG_ERR_NUMERIC;
+  }
+  memcpy(out, c->h_stats, (size_t)C * sizeof(dg_cuda_pos_stats));
+  return DG_OK;
+}

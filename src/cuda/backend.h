@@ -1,0 +1,135 @@
+/* backend.h: the C interface of dgemma's CUDA backend (kernels in src/cuda/, .cu files).
+ *
+ * The forward pass of spec section 4 (encoder and decoder), the exact
+ * self-conditioning of section 5 and the per-position sampler math of 6.1 run
+ * on one NVIDIA GPU with every weight resident in device memory as bf16
+ * (norm weights, router and rope tables in fp32). Dense products go through
+ * cuBLAS (bf16 in, fp32 accumulate and out); the MoE is a grouped product over
+ * the experts the tokens chose (moe.cu, dg_cuda_experts). One stream per
+ * context; the host synchronises once per denoising step, to read [C]
+ * per-position statistics.
+ *
+ * This header is plain C and includes no CUDA header, so the CPU-only build
+ * never needs nvcc: without nvcc, stub.c implements every function by
+ * returning DG_ERR_BACKEND ("built without CUDA").
+ *
+ * Errors: every function returns a dg_status; a failing CUDA or cuBLAS call
+ * gives DG_ERR_BACKEND with dg_last_error() naming the call, the file and
+ * line, and the CUDA message. Nothing aborts. */
+#ifndef DG_CUDA_BACKEND_H
+#define DG_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dgemma.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Host matrix view handed to the upload: row-major [rows, cols]. dtype is
+ * one of DG_CUDA_F32, DG_CUDA_BF16, DG_CUDA_F16 (converted to bf16 on upload). */
+enum { DG_CUDA_F32 = 0, DG_CUDA_BF16 = 1, DG_CUDA_F16 = 2 };
+typedef struct dg_cuda_mat {
+  int dtype;
+  const void *data; /* NULL = absent (v on K=V full layers) */
+  int64_t rows, cols;
+} dg_cuda_mat;
+
+typedef struct dg_cuda_layer_desc {
+  int is_full, n_kv, head_dim;          /* NKV, D */
+  dg_cuda_mat q, k, v, o;               /* [NH*D,H], [NKV*D,H], [NKV*D,H] or absent, [H,NH*D] */
+  const float *q_norm, *k_norm;         /* [D] */
+  const float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff1_norm; /* [H] */
+  const float *pre_ff2_norm, *post_ff2_norm, *post_ff_norm;               /* [H] */
+  dg_cuda_mat mlp_gate, mlp_up, mlp_down; /* [I,H], [I,H], [H,I] */
+  dg_cuda_mat router;                   /* [E,H] (kept fp32 on the device) */
+  const float *router_scale;            /* [H] */
+  const float *per_expert_scale;        /* [E] */
+  dg_cuda_mat experts_gate_up;          /* [E*2*IE, H]: per expert IE gate rows then IE up rows */
+  dg_cuda_mat experts_down;             /* [E*H, IE] */
+  float layer_scalar_dec, layer_scalar_enc;
+} dg_cuda_layer_desc;
+
+/* Everything the device needs from a loaded dg_model (built by src/device.c). */
+typedef struct dg_cuda_model_desc {
+  int32_t vocab, hidden, n_layers, n_heads, inter, moe_inter, n_experts, top_k;
+  int32_t window, canvas;
+  float eps, softcap;           /* rms_norm_eps; final_logit_softcapping (0 = none) */
+  float embed_scale;            /* sqrt(H) rounded to the activation dtype (spec 4.9) */
+  int act_dtype;                /* DG_CUDA_*: dtype the reference casts SC logits/probs to */
+  dg_cuda_mat embed;            /* [V,H] tied embedding and LM head */
+  const float *final_norm, *sc_pre_norm; /* [H] */
+  dg_cuda_mat sc_gate, sc_up, sc_down;   /* [I,H], [I,H], [H,I] */
+  const float *inv_freq_sliding, *inv_freq_full; /* [D/2] each, 0 = pass-through pair (spec 4.3) */
+  const dg_cuda_layer_desc *layers;      /* [n_layers] */
+  int device;                   /* CUDA ordinal */
+} dg_cuda_model_desc;
+
+typedef struct dg_cuda_model dg_cuda_model;
+typedef struct dg_cuda_ctx dg_cuda_ctx;
+
+/* One line describing GPU `device` ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB
+ * free of 139.8 GiB, driver 13.0, runtime 13.0") into buf. Errors:
+ * DG_ERR_BACKEND when built without CUDA, when no GPU is visible, or when the
+ * GPU is older than this build supports (message names the compute
+ * capability and what the build was compiled for). */
+dg_status dg_cuda_info(int device, char *buf, size_t n);
+
+/* Upload a model's weights to device d->device (matrices as bf16, vectors
+ * fp32); the host pointers in d are not kept. Refuses up front, with DG_ERR_OUT_OF_MEMORY naming the bytes needed and
+ * available, a model that does not fit in device memory.
+ * Errors: DG_ERR_BACKEND, DG_ERR_OUT_OF_MEMORY, DG_ERR_UNSUPPORTED_MODEL
+ * (a head dim above 512 or odd). */
+dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out);
+void dg_cuda_model_free(dg_cuda_model *m);
+/* Bytes of device memory the weights occupy. */
+size_t dg_cuda_model_bytes(const dg_cuda_model *m);
+
+/* A context: KV cache for `cap` positions (plus one canvas, bf16, [NKV, S, D]
+ * per layer), work buffers for max(canvas, 256) tokens, logits [C, V], one
+ * stream and one cuBLAS handle. Errors: DG_ERR_OUT_OF_MEMORY (bytes needed
+ * and free), DG_ERR_BACKEND. */
+dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out);
+void dg_cuda_ctx_free(dg_cuda_ctx *c);
+
+/* Encoder pass (spec 4.5) over ids[n] at positions pos0..pos0+n-1, in
+ * chunks of 256 tokens: writes their K/V into the device cache (pos0 + n <=
+ * cap). Ids must be valid (checked by the caller). Synchronises once at the
+ * end, so kernel errors are reported here. */
+dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0);
+
+/* Decoder pass (spec 4.5, 4.8) over canvas[C] at positions pos0.. reading the
+ * cache [0, pos0). Self-conditioning (spec 5):
+ *   sc = 0: zero signal (first step of a block);
+ *   sc = 1: soft embedding already on the device (dg_cuda_soft_from_z);
+ *   sc = 2: from host processed logits sc_logits [C, V] (uploaded).
+ * Leaves softcapped fp32 logits [C, V] on the device; if logits_out != NULL
+ * they are copied there (synchronous). */
+dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc, const float *sc_logits,
+                         float *logits_out);
+
+/* Per-position statistics on the device logits of the last decode (spec 6.1
+ * steps 2-4): z = logits / T in place, argmax, entropy of softmax(z), max
+ * probability, and the proposal:
+ *   mode DG_PROPOSAL_ARGMAX: the argmax;
+ *   DG_PROPOSAL_SAMPLE: inverse CDF with u from Philox4x32-10 (src/rng.h:
+ *     seed, stream DG_RNG_PROPOSAL, block, step), the same numbers as the CPU;
+ *   DG_PROPOSAL_REPLAY_UNIFORM: inverse CDF with host uniforms uni[C].
+ * out: host array of C records laid out as dg_pos_stats (sampler.h).
+ * Returns DG_ERR_NUMERIC (no message) with *bad_pos set if a logit is not
+ * finite. Synchronous: the one host sync of a denoising step. */
+dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int mode, uint64_t seed, int32_t block,
+                             int32_t step, const float *uni, void *out, int32_t *bad_pos);
+
+/* Self-conditioning soft embedding (spec 5, 4.9) from the processed logits z
+ * left on the device by dg_cuda_step_stats: P = cast(softmax(cast(z))) in
+ * bf16, soft = (P . E) * embed_scale [C, H] kept on the device for the next
+ * dg_cuda_decode(..., sc = 1, ...). */
+dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,184 @@
+/* common.cuh: shared definitions of the CUDA backend's .cu files: status
+ * checks that turn CUDA/cuBLAS failures into DG_ERR_BACKEND with the call
+ * named (never abort), bf16 helpers, the device-side model and context
+ * structs, and the kernel launchers (kernels.cu, moe.cu) used by backend.cu. */
+#ifndef DG_CUDA_COMMON_CUH
+#define DG_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "dg_error.h"
+}
+#include "cuda/backend.h"
+
+/* Return DG_ERR_BACKEND from the enclosing function if a CUDA call fails. */
+#define CK(call)                                                                                          \
+  do {                                                                                                    \
+    cudaError_t ck_e_ = (call);                                                                           \
+    if (ck_e_ != cudaSuccess)                                                                             \
+      return dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call,            \
+                       cudaGetErrorName(ck_e_), cudaGetErrorString(ck_e_));                               \
+  } while (0)
+
+/* Same for cuBLAS. */
+#define CKB(call)                                                                                         \
+  do {                                                                                                    \
+    cublasStatus_t ckb_s_ = (call);                                                                       \
+    if (ckb_s_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+      return dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,                 \
+                       cublasGetStatusString(ckb_s_));                                                    \
+  } while (0)
+
+/* A kernel launcher (returns the launch's cudaError_t): a bad configuration is
+ * reported at once; with DGEMMA_CUDA_SYNC=1 in the environment the context
+ * also synchronises after every launch, so a fault in the kernel is reported
+ * with the launcher's name instead of at the next synchronisation. */
+#define CKK(ctx, call)                                                                                    \
+  do {                                                                                                    \
+    CK(call);                                                                                             \
+    if ((ctx)->debug_sync) {                                                                              \
+      cudaError_t ckk_e_ = cudaStreamSynchronize((ctx)->stream);                                          \
+      if (ckk_e_ != cudaSuccess)                                                                          \
+        return dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed while running: %s (%s)", __FILE__, __LINE__,   \
+                         #call, cudaGetErrorName(ckk_e_), cudaGetErrorString(ckk_e_));                    \
+    }                                                                                                     \
+  } while (0)
+
+typedef __nv_bfloat16 bf16;
+
+/* Kernel launch and dynamic shared memory, spelled as macros so that
+ * dev/cuda_emu (a CPU emulation used to check the kernels' indexing without a
+ * GPU) can compile the same sources with a host compiler. */
+#ifndef DG_CUDA_EMU
+#define DG_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+#define DG_DYN_SMEM(type, name) extern __shared__ type name[]
+#define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
+#endif
+
+/* Device copy of one layer (pointers into device memory). */
+struct dg_cuda_layer {
+  int is_full, n_kv, head_dim, has_v;
+  int64_t n_qkv;            /* NH*D + NKV*D (+ NKV*D when v exists): rows of wqkv */
+  bf16 *wqkv;               /* [n_qkv, H]: q rows, k rows, v rows */
+  bf16 *wo;                 /* [H, NH*D] */
+  float *q_norm, *k_norm;   /* [D] */
+  float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff1_norm, *pre_ff2_norm, *post_ff2_norm, *post_ff_norm;
+  bf16 *w_gate_up;          /* [2I, H]: gate rows then up rows */
+  bf16 *w_down;             /* [H, I] */
+  float *router;            /* [E, H] fp32 */
+  float *router_scale;      /* [H] */
+  float *per_expert_scale;  /* [E] */
+  bf16 *experts_gate_up;    /* [E*2*IE, H] */
+  bf16 *experts_down;       /* [E*H, IE] */
+  float layer_scalar_dec, layer_scalar_enc;
+};
+
+struct dg_cuda_model {
+  dg_cuda_model_desc d;     /* dims (pointers in it are host pointers, not kept valid) */
+  int device;
+  bf16 *embed;              /* [V, H] */
+  float *final_norm, *sc_pre_norm;
+  bf16 *sc_gate_up;         /* [2I, H] */
+  bf16 *sc_down;            /* [H, I] */
+  float *inv_freq_sliding, *inv_freq_full;
+  dg_cuda_layer *layers;    /* host array of device pointers */
+  size_t bytes;             /* device bytes of the weights */
+  int dmax, kvmax, qkvmax;  /* max D, max NKV*D, max n_qkv over layers */
+};
+
+/* Per-position statistics written by the sampler kernel; same layout as dg_pos_stats. */
+struct dg_cuda_pos_stats {
+  int32_t argmax, proposal;
+  float entropy, max_prob;
+};
+
+/* Expert-grouping state of one MoE call (moe.cu). */
+struct dg_cuda_moe_buf {
+  int32_t *topk_idx;   /* [T, K] */
+  float *topk_w;       /* [T, K] */
+  int32_t *count;      /* [E] */
+  int32_t *start;      /* [E+1] */
+  int32_t *pairs;      /* [T*K] (t*K + k) grouped by expert, tokens ascending */
+  int32_t *slot_row;   /* [T*K] row in grouped order of pair t*K+k */
+  int32_t *tiles;      /* [T*K/16 + E] (expert, row0) work list of the grouped product */
+  int32_t *n_tiles;    /* [1] */
+  bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
+  float *y;            /* [T*K, H] expert outputs in grouped order */
+};
+
+struct dg_cuda_ctx {
+  dg_cuda_model *m;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  int32_t cap, S;           /* cache capacity (positions) and allocated slots (cap + C) */
+  int32_t tmax;             /* tokens per pass */
+  bf16 **kc, **vc;          /* [L] -> [NKV, S, D] */
+  int32_t *ids;             /* [tmax] */
+  float *x;                 /* [T, H] residual stream, fp32 */
+  float *f1;                /* [T, max(H, ...)] fp32 GEMM output (o proj, down proj) */
+  float *dense;             /* [T, H] dense branch output */
+  bf16 *a;                  /* [T, H] normed activations for the next product */
+  bf16 *xe;                 /* [T, H] expert input pre_ff2(r) */
+  float *u;                 /* [T, H] router input */
+  float *qkv;               /* [T, qkvmax] */
+  float *q;                 /* [T, NH, Dmax] */
+  bf16 *att;                /* [T, NH*Dmax] */
+  float *gu;                /* [T, 2I] */
+  bf16 *h;                  /* [T, I] */
+  float *rlog;              /* [T, E] router logits */
+  dg_cuda_moe_buf moe;
+  float *logits;            /* [C, V] softcapped logits, then z = logits / T */
+  bf16 *P;                  /* [C, V] self-conditioning probabilities */
+  float *soft;              /* [C, H] soft embedding */
+  int have_soft;
+  int debug_sync;           /* DGEMMA_CUDA_SYNC=1: synchronise after every kernel (CKK) */
+  float *uni;               /* [C] uniforms (replay) */
+  dg_cuda_pos_stats *stats; /* [C] */
+  int32_t *bad;             /* [1] first non-finite position or INT32_MAX */
+  dg_cuda_pos_stats *h_stats; /* pinned host [C] */
+  int32_t *h_bad;             /* pinned host [1] */
+};
+
+/* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
+cudaError_t k_embed(cudaStream_t s, float *x, const bf16 *E, const int32_t *ids, int T, int H, float scale);
+/* y = x * rms(x)^-1 * w (w may be NULL); writes fp32 yf and/or bf16 yb (either may be NULL). */
+cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *yf, bf16 *yb, int T, int H, float eps);
+/* x += rms(o) * w_post; then a = bf16(rms(x) * w_ff), xe = bf16(rms(x) * w_ff2), u = rms(x) * rscale * root */
+cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const float *w_post, const float *w_ff,
+                            const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe, float *u, int T,
+                            int H, float eps);
+cudaError_t k_geglu(cudaStream_t s, const float *gu, bf16 *h, int T, int I);
+cudaError_t k_add(cudaStream_t s, float *x, const float *y, size_t n);
+/* q/k norms, rope at positions pos0+t, v = rms_noweight(v_raw); K/V into the cache slots pos0+t. */
+cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
+                       const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV, int D,
+                       int has_v, int32_t pos0, float eps);
+/* causal = 1: encoder masks; 0: decoder (all of [lo, pos0 + T)). */
+cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T,
+                        int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window);
+/* x = (x + post_ff(post_ff1(dense) + post_ff2(sum_k w y))) * scalar */
+cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
+                          const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
+                          const float *w_ff, float scalar, int T, int H, int K, float eps);
+cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap);
+cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
+                         uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad);
+cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype);
+
+/* ---- MoE (moe.cu) ---- */
+/* Router softmax (in place over rlog), top-k (ties to the lower expert),
+ * renormalisation and per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
+cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+                    int K);
+/* The expert product behind one function, so that a quantized variant can
+ * replace it: y[row] = down_e(gelu(G_e xe[tok]) * U_e xe[tok]) for every
+ * grouped row (spec 4.6 step 4). The launch grid is the worst case of the
+ * work list (T*K/32 + E tiles); surplus blocks exit at once. */
+cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
+                            int IE, int E, int K);
+
+#endif

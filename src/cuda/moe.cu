@@ -1,0 +1,222 @@
+/* moe.cu: the mixture-of-experts block on the GPU (spec 4.6).
+ *
+ *   k_route          router softmax, top-k, renormalisation, per-expert scale;
+ *                    grouping of the (token, slot) pairs by expert and the
+ *                    work list of the grouped product, all on the device
+ *                    (no host sync: the launch grid is the worst case and
+ *                    surplus blocks exit at once)
+ *   dg_cuda_experts  the grouped expert product over only the chosen experts:
+ *                    y = down_e(gelu_tanh(G_e x) * U_e x), bf16 tensor cores
+ *                    (WMMA 16x16x16) with fp32 accumulation
+ *
+ * dg_cuda_experts is the one function a quantized expert format replaces. */
+#include <float.h>
+#include <mma.h>
+
+#include "cuda/common.cuh"
+
+using namespace nvcuda;
+
+#define TM 32  /* grouped rows per tile */
+#define TN 64  /* output columns per tile */
+#define TK 32  /* reduction step */
+#define PADB 8 /* bf16 row padding of the shared tiles (keeps 16-byte rows, fewer bank conflicts) */
+#define PADF 4 /* fp32 row padding of the output staging */
+
+/* One thread per token: p = softmax(logits) over E (in place), top-K by p
+ * with ties to the lower expert id, w = p / sum(top-K p) * per_expert_scale
+ * (the CPU's exact sequence of fp32 operations, src/forward.c). */
+__global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  float *s = rlog + (size_t)t * E;
+  float mx = -FLT_MAX, sum = 0.0f;
+  for (int e = 0; e < E; e++) mx = s[e] > mx ? s[e] : mx;
+  for (int e = 0; e < E; e++) { s[e] = expf(s[e] - mx); sum += s[e]; }
+  for (int e = 0; e < E; e++) s[e] /= sum;
+  int32_t *id = idx + (size_t)t * K;
+  float *w = wout + (size_t)t * K, wsum = 0.0f;
+  for (int k = 0; k < K; k++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      int used = 0;
+      for (int j = 0; j < k; j++) used |= id[j] == e;
+      if (!used && (best < 0 || s[e] > s[best])) best = e;
+    }
+    id[k] = best;
+    w[k] = s[best];
+    wsum += s[best];
+  }
+  for (int k = 0; k < K; k++) w[k] = (w[k] / wsum) * pes[id[k]];
+}
+
+/* One block: count pairs per expert, exclusive scan, pairs in (token, slot)
+ * order within each expert, and the tile work list (expert, first row). */
+__global__ void group_kernel(const int32_t *idx, int T, int E, int K, int32_t *count, int32_t *start, int32_t *pairs,
+                             int32_t *slot_row, int32_t *tiles, int32_t *n_tiles) {
+  const int n = T * K;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int cnt = 0;
+    for (int i = 0; i < n; i++) cnt += idx[i] == e;
+    count[e] = cnt;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0, nt = 0;
+    for (int e = 0; e < E; e++) {
+      start[e] = run;
+      for (int r = 0; r < count[e]; r += TM) { tiles[2 * nt] = e; tiles[2 * nt + 1] = r; nt++; }
+      run += count[e];
+    }
+    start[E] = run;
+    *n_tiles = nt;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int j = start[e];
+    for (int i = 0; i < n; i++)
+      if (idx[i] == e) { pairs[j] = i; slot_row[i] = j; j++; }
+  }
+}
+
+cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+                    int K) {
+  DG_LAUNCH(topk_kernel, (T + 127) / 128, 128, 0, s)(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  DG_LAUNCH(group_kernel, 1, 256, 0, s)(b->topk_idx, T, E, K, b->count, b->start, b->pairs, b->slot_row, b->tiles,
+                                 b->n_tiles);
+  return cudaGetLastError();
+}
+
+/* Load a [rows, TK] bf16 tile into shared memory (row stride TK + PADB):
+ * element (r, kk) = src(r)[k0 + kk], zero outside [0, nrows) x [0, Kdim).
+ * src(r) is the row pointer for tile row r (NULL when r is out of range). */
+__device__ __forceinline__ void load_tile(bf16 *dst, int rows, const bf16 *const *rowp, int k0, int Kdim, int vec) {
+  const bf16 zero = __float2bfloat16_rn(0.0f);
+  if (vec) { /* Kdim % 8 == 0: 16-byte loads, a chunk of 8 is wholly inside or outside */
+    for (int i = threadIdx.x; i < rows * (TK / 8); i += blockDim.x) {
+      int r = i / (TK / 8), kk = (i % (TK / 8)) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (rowp[r] && k0 + kk < Kdim) {
+        DG_ASSERT_ALIGNED(rowp[r] + k0 + kk, 16);
+        v = *(const uint4 *)(rowp[r] + k0 + kk);
+      }
+      DG_ASSERT_ALIGNED(dst + r * (TK + PADB) + kk, 16);
+      *(uint4 *)(dst + r * (TK + PADB) + kk) = v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < rows * TK; i += blockDim.x) {
+      int r = i / TK, kk = i % TK;
+      dst[r * (TK + PADB) + kk] = rowp[r] && k0 + kk < Kdim ? rowp[r][k0 + kk] : zero;
+    }
+  }
+}
+
+/* Grouped product tile kernel. Block = 4 warps over a TM x TN output tile of
+ * one expert (warp w: rows 16*(w/2), cols 32*(w%2): two 16x16 fragments).
+ * GATEUP = 1: A rows are xe[token of pair], Kdim = H; two weight tiles (gate
+ *   rows e*2IE + n, up rows e*2IE + IE + n); epilogue h = bf16(gelu(g) * u).
+ * GATEUP = 0: A rows are h[grouped row], Kdim = IE; weight rows e*H + n;
+ *   epilogue y = acc (fp32). */
+template <int GATEUP>
+__global__ void __launch_bounds__(128) grouped_kernel(const bf16 *A, const bf16 *W, const int32_t *tiles,
+                                                      const int32_t *n_tiles, const int32_t *count,
+                                                      const int32_t *start, const int32_t *pairs, int K, int Kdim,
+                                                      int N, int IE, int H, bf16 *hout, float *yout) {
+  const int tile = blockIdx.x;
+  if (tile >= *n_tiles) return;
+  const int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], n0 = blockIdx.y * TN;
+  const int cnt = count[e], base = start[e];
+  __shared__ __align__(32) bf16 As[TM * (TK + PADB)];
+  __shared__ __align__(32) bf16 Bg[TN * (TK + PADB)];
+  __shared__ __align__(32) bf16 Bu[GATEUP ? TN * (TK + PADB) : 16];
+  __shared__ __align__(32) float Cg[TM * (TN + PADF)];
+  __shared__ __align__(32) float Cu[GATEUP ? TM * (TN + PADF) : 8];
+  __shared__ const bf16 *arow[TM];
+  __shared__ const bf16 *grow[TN];
+  __shared__ const bf16 *urow[TN];
+  for (int r = threadIdx.x; r < TM; r += blockDim.x) {
+    int row = r0 + r;
+    const bf16 *p = NULL;
+    if (row < cnt) p = GATEUP ? A + (size_t)(pairs[base + row] / K) * Kdim : A + (size_t)(base + row) * Kdim;
+    arow[r] = p;
+  }
+  for (int c = threadIdx.x; c < TN; c += blockDim.x) {
+    int n = n0 + c;
+    const bf16 *pg = NULL, *pu = NULL;
+    if (n < N) {
+      if (GATEUP) {
+        pg = W + ((size_t)e * 2 * IE + n) * Kdim;
+        pu = W + ((size_t)e * 2 * IE + IE + n) * Kdim;
+      } else {
+        pg = W + ((size_t)e * H + n) * Kdim;
+      }
+    }
+    grow[c] = pg;
+    urow[c] = pu;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, wr = (warp >> 1) * 16, wc = (warp & 1) * 32;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> accg[2], accu[2];
+  for (int j = 0; j < 2; j++) {
+    wmma::fill_fragment(accg[j], 0.0f);
+    wmma::fill_fragment(accu[j], 0.0f);
+  }
+  const int vec = (Kdim % 8) == 0;
+  for (int k0 = 0; k0 < Kdim; k0 += TK) {
+    load_tile(As, TM, arow, k0, Kdim, vec);
+    load_tile(Bg, TN, grow, k0, Kdim, vec);
+    if (GATEUP) load_tile(Bu, TN, urow, k0, Kdim, vec);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < TK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+      wmma::load_matrix_sync(a, As + wr * (TK + PADB) + kk, TK + PADB);
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        /* B(k, n) = W[n][k]: the weight tile read column-major */
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+        wmma::load_matrix_sync(b, Bg + (wc + 16 * j) * (TK + PADB) + kk, TK + PADB);
+        wmma::mma_sync(accg[j], a, b, accg[j]);
+        if (GATEUP) {
+          wmma::load_matrix_sync(b, Bu + (wc + 16 * j) * (TK + PADB) + kk, TK + PADB);
+          wmma::mma_sync(accu[j], a, b, accu[j]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int j = 0; j < 2; j++) {
+    wmma::store_matrix_sync(Cg + wr * (TN + PADF) + wc + 16 * j, accg[j], TN + PADF, wmma::mem_row_major);
+    if (GATEUP) wmma::store_matrix_sync(Cu + wr * (TN + PADF) + wc + 16 * j, accu[j], TN + PADF, wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < TM * TN; i += blockDim.x) {
+    int r = i / TN, c = i % TN, row = r0 + r, n = n0 + c;
+    if (row >= cnt || n >= N) continue;
+    float g = Cg[r * (TN + PADF) + c];
+    if (GATEUP) {
+      float a = g, u = Cu[r * (TN + PADF) + c];
+      const float k = 0.7978845608028654f;
+      float gl = 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+      hout[(size_t)(base + row) * IE + n] = __float2bfloat16_rn(gl * u);
+    } else {
+      yout[(size_t)(base + row) * H + n] = g;
+    }
+  }
+}
+
+cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
+                            int IE, int E, int K) {
+  const int max_tiles = (T * K + TM - 1) / TM + E; /* sum over experts of ceil(count / TM) */
+  dim3 g1(max_tiles, (IE + TN - 1) / TN);
+  DG_LAUNCH(grouped_kernel<1>, g1, 128, 0, s)(xe, l->experts_gate_up, b->tiles, b->n_tiles, b->count, b->start,
+                                              b->pairs, K, H, IE, IE, H, b->h, (float *)nullptr);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  dim3 g2(max_tiles, (H + TN - 1) / TN);
+  DG_LAUNCH(grouped_kernel<0>, g2, 128, 0, s)(b->h, l->experts_down, b->tiles, b->n_tiles, b->count, b->start,
+                                              b->pairs, K, IE, H, IE, H, (bf16 *)nullptr, b->y);
+  return cudaGetLastError();
+}

@@ -1,0 +1,46 @@
+/* stub.c: the CUDA backend's interface (backend.h) in a build without CUDA
+ * (no nvcc found, CUDA=0, or the sanitizer build): every entry point returns
+ * DG_ERR_BACKEND saying so, and the CPU path is unaffected. */
+#include "cuda/backend.h"
+#include "dg_error.h"
+
+#define NO_CUDA                                                                                                 \
+  dg_seterr(DG_ERR_BACKEND, "this dgemma was built without CUDA (no nvcc found at build time, or CUDA=0); "   \
+                            "rebuild with nvcc on the PATH for --device cuda")
+
+dg_status dg_cuda_info(int device, char *buf, size_t n) {
+  (void)device;
+  if (buf && n) buf[0] = 0;
+  return NO_CUDA;
+}
+dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out) {
+  (void)d;
+  *out = NULL;
+  return NO_CUDA;
+}
+void dg_cuda_model_free(dg_cuda_model *m) { (void)m; }
+size_t dg_cuda_model_bytes(const dg_cuda_model *m) { (void)m; return 0; }
+dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out) {
+  (void)m; (void)cap;
+  *out = NULL;
+  return NO_CUDA;
+}
+void dg_cuda_ctx_free(dg_cuda_ctx *c) { (void)c; }
+dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0) {
+  (void)c; (void)ids; (void)n; (void)pos0;
+  return NO_CUDA;
+}
+dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc, const float *sc_logits,
+                         float *logits_out) {
+  (void)c; (void)canvas; (void)pos0; (void)sc; (void)sc_logits; (void)logits_out;
+  return NO_CUDA;
+}
+dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int mode, uint64_t seed, int32_t block, int32_t step,
+                             const float *uni, void *out, int32_t *bad_pos) {
+  (void)c; (void)temperature; (void)mode; (void)seed; (void)block; (void)step; (void)uni; (void)out; (void)bad_pos;
+  return NO_CUDA;
+}
+dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
+  (void)c;
+  return NO_CUDA;
+}

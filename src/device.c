@@ -1,0 +1,104 @@
+/* device.c: device selection glue. Describes a loaded model's tensors to the
+ * CUDA backend (src/cuda/backend.h, plain host pointers into the mmap'd
+ * checkpoint and the model's fp32 vectors) so that the .cu files never
+ * include the CPU-side headers, and answers dg_device_info. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/backend.h"
+#include "dg_error.h"
+#include "model.h"
+
+static dg_cuda_mat mat(const dg_weight *w) {
+  dg_cuda_mat m;
+  m.dtype = w->dtype == DG_BF16 ? DG_CUDA_BF16 : w->dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
+  m.data = w->data;
+  m.rows = w->rows;
+  m.cols = w->cols;
+  return m;
+}
+
+dg_status dg_model_to_cuda(dg_model *m, int device) {
+  const dg_config *c = &m->cfg;
+  /* The backend's kernels read bf16/f16/f32 matrices only; quantized experts
+   * (MLX affine) are a later variant of dg_cuda_experts. Refuse instead of
+   * uploading packed U32 words as if they were floats. */
+  if (m->n_quantized > 0)
+    return dg_seterr(DG_ERR_BACKEND,
+                     "%d weight matrices of this model are MLX-quantized (%d-%d bits); the CUDA backend does not "
+                     "run quantized weights yet: use --device cpu",
+                     m->n_quantized, m->min_bits, m->max_bits);
+  dg_cuda_layer_desc *ls = calloc((size_t)c->n_layers, sizeof *ls);
+  if (!ls) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  for (int i = 0; i < c->n_layers; i++) {
+    const dg_layer *l = &m->layers[i];
+    dg_cuda_layer_desc *d = &ls[i];
+    d->is_full = l->is_full;
+    d->n_kv = l->n_kv;
+    d->head_dim = l->head_dim;
+    d->q = mat(&l->q);
+    d->k = mat(&l->k);
+    d->v = mat(&l->v); /* data NULL on K=V full layers */
+    d->o = mat(&l->o);
+    d->q_norm = l->q_norm;
+    d->k_norm = l->k_norm;
+    d->input_norm = l->input_norm;
+    d->post_attn_norm = l->post_attn_norm;
+    d->pre_ff_norm = l->pre_ff_norm;
+    d->post_ff1_norm = l->post_ff1_norm;
+    d->pre_ff2_norm = l->pre_ff2_norm;
+    d->post_ff2_norm = l->post_ff2_norm;
+    d->post_ff_norm = l->post_ff_norm;
+    d->mlp_gate = mat(&l->mlp_gate);
+    d->mlp_up = mat(&l->mlp_up);
+    d->mlp_down = mat(&l->mlp_down);
+    d->router = mat(&l->router);
+    d->router_scale = l->router_scale;
+    d->per_expert_scale = l->per_expert_scale;
+    d->experts_gate_up = mat(&l->experts_gate_up);
+    d->experts_down = mat(&l->experts_down);
+    d->layer_scalar_dec = l->layer_scalar_dec;
+    d->layer_scalar_enc = l->layer_scalar_enc;
+  }
+  dg_cuda_model_desc d;
+  memset(&d, 0, sizeof d);
+  d.vocab = c->vocab_size;
+  d.hidden = c->hidden_size;
+  d.n_layers = c->n_layers;
+  d.n_heads = c->n_heads;
+  d.inter = c->intermediate_size;
+  d.moe_inter = c->moe_intermediate_size;
+  d.n_experts = c->n_experts;
+  d.top_k = c->top_k_experts;
+  d.window = c->sliding_window;
+  d.canvas = c->canvas_length;
+  d.eps = c->rms_norm_eps;
+  d.softcap = c->final_logit_softcapping;
+  d.embed_scale = m->embed_scale;
+  d.act_dtype = m->act_dtype == DG_BF16 ? DG_CUDA_BF16 : m->act_dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
+  d.embed = mat(&m->embed);
+  d.final_norm = m->final_norm;
+  d.sc_pre_norm = m->sc_pre_norm;
+  d.sc_gate = mat(&m->sc_gate);
+  d.sc_up = mat(&m->sc_up);
+  d.sc_down = mat(&m->sc_down);
+  d.inv_freq_sliding = m->inv_freq_sliding;
+  d.inv_freq_full = m->inv_freq_full;
+  d.layers = ls;
+  d.device = device;
+  dg_status st = dg_cuda_model_new(&d, &m->cuda);
+  free(ls);
+  return st;
+}
+
+dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n) {
+  if (!buf || !n) return dg_seterr(DG_ERR_INVALID_ARG, "dg_device_info: no buffer");
+  buf[0] = 0;
+  if (dev == DG_DEVICE_CPU) {
+    snprintf(buf, n, "cpu, %s kernels", dg_kernels_best()->name);
+    return DG_OK;
+  }
+  if (dev == DG_DEVICE_CUDA) return dg_cuda_info(index, buf, n);
+  return dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d", (int)dev);
+}

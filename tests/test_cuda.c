@@ -1,0 +1,721 @@
+/* test_cuda.c: the CUDA backend against the CPU path (the oracle), same
+ * inputs, same model directory loaded twice (dg_model_params.device).
+ *
+ * Without a usable GPU (no driver, no device, a build without CUDA, the
+ * sanitizer build) every test is skipped with the reason printed once:
+ *   "# SKIP cuda: <dg_last_error()>".
+ *
+ * Checks:
+ *   - logits: synthetic configurations (GQA and MQA, head dims 8/16, 64/128
+ *     and 256/512, K=V full layers, partial rope, prompts longer than the
+ *     window, top-k 2..8, f32/bf16/f16 weights) and the golden fixtures:
+ *     step 0, self-conditioned step, and a step after committing a block;
+ *   - replays of the golden fixtures in both modes (argmax, inverse CDF):
+ *     the same tokens and step counts as the CPU;
+ *   - sampled generations (Philox proposals drawn on the device) with a seed:
+ *     identical to the CPU.
+ *
+ * Tolerance (bf16 backend). The GPU rounds every product's operands to bf16
+ * (unit roundoff u = 2^-8; the weights too when the checkpoint is f32/f16),
+ * accumulates in fp32, keeps K/V in bf16 and everything else in fp32. Each of
+ * the n_mm products on a logit's path (11 per layer, the LM head, 3 for
+ * self-conditioning, 1 for the soft embedding) contributes a relative error
+ * of at most 2u (both operands); if the RMS norms after every product kept
+ * these from compounding, independent errors would add in quadrature:
+ *     e_formula = 2 * sqrt(n_mm) * 2u                      (factor 2: safety)
+ * Small random models amplify errors more than that (measured below), so the
+ * test also measures the error that bf16 rounding alone causes on the same
+ * model and inputs: the CPU path with a kernel that rounds both operands of
+ * every product to bf16, and self-conditioning probabilities rounded to bf16
+ * (e_sim, relative to the fp32 CPU). The GPU must satisfy, normwise over [C, V],
+ *     ||gpu - cpu|| / ||cpu|| <= max(e_formula, 3 * e_sim)
+ * Factor 3: the GPU rounds more than the simulation (the K/V cache, the
+ * embedding rows on f32 checkpoints, E in the soft embedding) and sums in
+ * another order; on the CPU emulation of the GPU's arithmetic (dev/cuda_emu)
+ * the ratio GPU error / e_sim reached 2.6 on these cases.
+ * Per position, the argmax must agree unless the CPU's top-2 gap is within
+ * twice the largest absolute difference seen (a near-tie, logged).
+ *
+ * Generations: a decision differs only if it is a near-tie under the
+ * measured logit difference. When the traces diverge, the first diverging
+ * step is recomputed teacher-forced on both backends and every differing
+ * decision there (argmax, proposal, acceptance, stop) must be within the
+ * measured difference of its threshold; the divergence is then logged, not
+ * failed. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda/backend.h"
+#include "model.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "sampler.h"
+#include "synth.h"
+#include "testutil.h"
+
+#define GOLDEN_DIR DG_FIXTURES "/golden"
+
+static int g_gpu = -1; /* -1 unknown, 0 none, 1 usable */
+static char g_why[1024];
+
+/* DG_TEST_CUDA_AS_CPU=1 runs the whole file with the CPU's scalar oracle
+ * kernels standing in for the GPU (the checks' own plumbing, on any machine);
+ * DG_TEST_CUDA_AS_CPU=bf16 uses a CPU kernel that rounds both operands of
+ * every product to bf16 (the GPU's main error source, without its bf16 KV
+ * cache and probabilities) to see the tolerance against realistic errors. */
+static int as_cpu(void) {
+  const char *e = getenv("DG_TEST_CUDA_AS_CPU");
+  return e && (*e == '1' || !strcmp(e, "bf16"));
+}
+
+static float bf16r(float x) { return dg_bf16_to_f32(dg_f32_to_bf16(x)); }
+
+static void matmul_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                        int64_t row0, int64_t N, int n_threads) {
+  const int64_t K = w->cols;
+  const size_t es = dg_dtype_size(w->dtype);
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const char *row = (const char *)w->data + (size_t)(row0 + n) * (size_t)K * es;
+    for (int64_t t = 0; t < T; t++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; k++) acc += bf16r(x[t * ldx + k]) * bf16r(dg_load_elem(w->dtype, row, k));
+      y[t * ldy + n] = acc;
+    }
+  }
+}
+static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16};
+
+static void need_gpu(void) {
+  if (g_gpu < 0 && as_cpu()) {
+    g_gpu = 1;
+    printf("# DG_TEST_CUDA_AS_CPU=1: the CPU oracle kernels stand in for the GPU\n");
+  }
+  if (g_gpu < 0) {
+    char info[512];
+    if (dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK) {
+      g_gpu = 1;
+      printf("# cuda device: %s\n", info);
+    } else {
+      g_gpu = 0;
+      snprintf(g_why, sizeof g_why, "%s", dg_last_error());
+      printf("# SKIP cuda: %s\n", g_why);
+    }
+  }
+  if (!g_gpu) skip();
+}
+
+/* cpu: the oracle; gpu: the CUDA model; sim (if not NULL): the CPU path with
+ * the bf16-rounding product kernel. */
+static void load_models(const char *dir, dg_model **cpu, dg_model **gpu, dg_model **sim) {
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  assert_dg_ok(dg_model_load(dir, &mp, cpu));
+  if (sim) {
+    assert_dg_ok(dg_model_load(dir, &mp, sim));
+    (*sim)->kern = &k_bf16;
+    (*sim)->act_dtype = DG_BF16; /* SC logits and probabilities rounded to bf16, as the GPU's P */
+  }
+  if (as_cpu()) mp.reference_kernels = 1;
+  else mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, gpu));
+  if (as_cpu() && !strcmp(getenv("DG_TEST_CUDA_AS_CPU"), "bf16")) (*gpu)->kern = &k_bf16;
+}
+
+static void load_pair(const char *dir, dg_model **cpu, dg_model **gpu) { load_models(dir, cpu, gpu, NULL); }
+
+/* ---- logits comparison ---------------------------------------------------- */
+
+static double rel_err(const float *a, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t k = 0; k < n; k++) {
+    double d = (double)a[k] - ref[k];
+    num += d * d;
+    den += (double)ref[k] * ref[k];
+  }
+  return sqrt(num / fmax(den, 1e-300));
+}
+
+/* max(e_formula, 3 e_sim) of the header comment; s: the bf16-simulated logits. */
+static double rel_tol(const dg_model *m, int with_sc, const float *c, const float *s, char *formula, size_t n) {
+  const double u = ldexp(1.0, -8);
+  double n_mm = 11.0 * m->cfg.n_layers + 1 + (with_sc ? 4 : 0);
+  double ef = 2.0 * sqrt(n_mm) * 2.0 * u;
+  double es = rel_err(s, c, (size_t)m->cfg.canvas_length * m->cfg.vocab_size);
+  snprintf(formula, n, "max(2*sqrt(n_mm=%.0f)*2u = %.3g, 3*e_sim = 3*%.3g)", n_mm, ef, es);
+  return fmax(ef, 3.0 * es);
+}
+
+/* Compare GPU logits g with CPU logits c [C, V]; fail on a relative error
+ * above the derived tolerance or an argmax that differs outside a near-tie. */
+static void compare_logits(const char *label, const dg_model *m, const float *c, const float *g, const float *sim,
+                           int with_sc) {
+  const int C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  double maxd = 0, num = 0, den = 0;
+  for (size_t k = 0; k < (size_t)C * V; k++) {
+    if (!isfinite(g[k])) fail_msg("%s: GPU logit %zu is not finite (%g)", label, k, g[k]);
+    double d = fabs((double)g[k] - c[k]);
+    maxd = fmax(maxd, d);
+    num += d * d;
+    den += (double)c[k] * c[k];
+  }
+  double rel = sqrt(num / fmax(den, 1e-300));
+  int agree = 0, ties = 0;
+  for (int i = 0; i < C; i++) {
+    const float *cr = c + (size_t)i * V, *gr = g + (size_t)i * V;
+    int ac = 0, ag = 0;
+    for (int v = 1; v < V; v++) {
+      if (cr[v] > cr[ac]) ac = v;
+      if (gr[v] > gr[ag]) ag = v;
+    }
+    if (ac == ag) { agree++; continue; }
+    double gap = (double)cr[ac] - cr[ag];
+    if (gap <= 2 * maxd) {
+      ties++;
+      printf("#   %s: position %d argmax %d (cpu) vs %d (gpu), cpu gap %.3g <= 2 max|diff|: near-tie\n", label, i, ac,
+             ag, gap);
+    } else {
+      fail_msg("%s: position %d argmax %d (cpu) vs %d (gpu), cpu gap %.3g > 2 max|diff| %.3g", label, i, ac, ag, gap,
+               2 * maxd);
+    }
+  }
+  char form[160];
+  double tol = rel_tol(m, with_sc, c, sim, form, sizeof form);
+  printf("# %-40s max|diff| %.3g  rel %.3g  tol %s = %.3g  argmax %d/%d (+%d near-ties)\n", label, maxd, rel, form,
+         tol, agree, C, ties);
+  if (!(rel <= tol)) fail_msg("%s: relative error %.4g exceeds %.4g", label, rel, tol);
+}
+
+/* Prompt encode, step 0, self-conditioned step, commit a block, step at the
+ * new position: the same calls on both backends. prompt[P], canvas[C]. */
+static void logits_case(const char *label, dg_model *cm, dg_model *gm, dg_model *sm, const int32_t *prompt, int P,
+                        const int32_t *canvas, const int32_t *canvas2, const float *sc_in) {
+  const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size;
+  const size_t CV = (size_t)C * V;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + 2 * C;
+  dg_model *ms[3] = {cm, gm, sm};
+  dg_context *cx[3];
+  float *l[3];
+  for (int k = 0; k < 3; k++) {
+    assert_dg_ok(dg_context_new(ms[k], &cp, &cx[k]));
+    l[k] = malloc(CV * sizeof(float));
+  }
+  float *z = malloc(CV * sizeof(float));
+  char nm[160];
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_encode(cx[k], prompt, (size_t)P));
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_decode(cx[k], canvas, NULL, l[k]));
+  snprintf(nm, sizeof nm, "%s step 0", label);
+  compare_logits(nm, cm, l[0], l[1], l[2], 0);
+  if (!sc_in) { /* previous step's processed logits at T = 0.7 */
+    for (size_t k = 0; k < CV; k++) z[k] = l[0][k] / 0.7f;
+    sc_in = z;
+  }
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_decode(cx[k], canvas2, sc_in, l[k]));
+  snprintf(nm, sizeof nm, "%s self-cond", label);
+  compare_logits(nm, cm, l[0], l[1], l[2], 1);
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_encode(cx[k], canvas, (size_t)C)); /* commit a block */
+  assert_int_equal(dg_context_length(cx[0]), dg_context_length(cx[1]));
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_decode(cx[k], canvas2, NULL, l[k]));
+  snprintf(nm, sizeof nm, "%s block 2", label);
+  compare_logits(nm, cm, l[0], l[1], l[2], 0);
+  for (int k = 0; k < 3; k++) {
+    free(l[k]);
+    dg_context_free(cx[k]);
+  }
+  free(z);
+}
+
+typedef struct synth_case {
+  const char *name;
+  synth_cfg c;
+} synth_case;
+
+static void test_synth_logits(void **state) {
+  (void)state;
+  need_gpu();
+  synth_case cases[4];
+  cases[0].name = "synth default bf16 (D 8/16)";
+  cases[0].c = synth_default();
+  cases[0].c.dt = DG_BF16;
+  cases[1].name = "synth f32 (D 64/128, top-3)";
+  cases[1].c = synth_default();
+  cases[1].c.hidden = 64; cases[1].c.head_dim = 64; cases[1].c.ghd = 128; cases[1].c.inter = 96;
+  cases[1].c.moe_inter = 32; cases[1].c.experts = 8; cases[1].c.topk = 3; cases[1].c.window = 16;
+  cases[1].c.canvas = 16; cases[1].c.vocab = 512; cases[1].c.seed = 7;
+  cases[2].name = "synth bf16 (D 256/512, NKV 8/2, top-8)";
+  cases[2].c = synth_default();
+  cases[2].c.hidden = 128; cases[2].c.n_layers = 2; cases[2].c.pattern = "SF"; cases[2].c.heads = 16;
+  cases[2].c.kv = 8; cases[2].c.head_dim = 256; cases[2].c.gkv = 2; cases[2].c.ghd = 512; cases[2].c.inter = 64;
+  cases[2].c.moe_inter = 40; cases[2].c.experts = 16; cases[2].c.topk = 8; cases[2].c.window = 24;
+  cases[2].c.canvas = 32; cases[2].c.vocab = 700; cases[2].c.dt = DG_BF16; cases[2].c.seed = 11;
+  cases[3].name = "synth f16 (MQA, D 8/16)";
+  cases[3].c = synth_default();
+  cases[3].c.kv = 1; cases[3].c.dt = DG_F16; cases[3].c.seed = 5;
+  for (int k = 0; k < 4; k++) {
+    char dir[] = "/tmp/dg_cuda_synthXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(synth_model_dir(dir, &cases[k].c), 0);
+    dg_model *cm, *gm, *sm;
+    load_models(dir, &cm, &gm, &sm);
+    const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size, P = 3 * cases[k].c.window + 5;
+    int32_t *prompt = malloc((size_t)P * 4), *canvas = malloc((size_t)C * 4), *canvas2 = malloc((size_t)C * 4);
+    unsigned s = 1234u + (unsigned)k;
+    for (int i = 0; i < P; i++) prompt[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
+    for (int i = 0; i < C; i++) canvas[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
+    for (int i = 0; i < C; i++) canvas2[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
+    logits_case(cases[k].name, cm, gm, sm, prompt, P, canvas, canvas2, NULL);
+    free(prompt); free(canvas); free(canvas2);
+    dg_model_free(cm);
+    dg_model_free(gm);
+    dg_model_free(sm);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+  }
+}
+
+/* ---- golden fixtures -------------------------------------------------------- */
+
+typedef struct golden {
+  char dir[512];
+  dg_safetensors *g;
+} golden;
+
+static void golden_open(golden *f, const char *name) {
+  snprintf(f->dir, sizeof f->dir, "%s/%s", GOLDEN_DIR, name);
+  char p[600];
+  snprintf(p, sizeof p, "%s/golden.safetensors", f->dir);
+  assert_dg_ok(dg_st_open_file(p, &f->g));
+}
+
+static const void *gdata(const golden *f, const char *name, dg_dtype dt, size_t *n) {
+  const dg_tensor *t = dg_st_find(f->g, name);
+  if (!t) fail_msg("%s: golden tensor %s missing", f->dir, name);
+  assert_int_equal(t->dtype, dt);
+  if (n) *n = t->nbytes / 4;
+  return t->data;
+}
+
+static const char *k_fixtures[] = {"dg_a_gqa_swa_eos", "dg_b_mqa_nested", "dg_c_confident", "dg_a_gqa_swa_eos_bf16"};
+
+static void test_golden_logits(void **state) {
+  (void)state;
+  need_gpu();
+  for (int k = 0; k < 4; k++) {
+    golden f;
+    golden_open(&f, k_fixtures[k]);
+    dg_model *cm, *gm, *sm;
+    load_models(f.dir, &cm, &gm, &sm);
+    size_t P;
+    const int32_t *prompt = gdata(&f, "prompt_ids", DG_I32, &P);
+    logits_case(k_fixtures[k], cm, gm, sm, prompt, (int)P, gdata(&f, "canvas_ids", DG_I32, NULL),
+                gdata(&f, "canvas2_ids", DG_I32, NULL), gdata(&f, "sc_logits_in", DG_F32, NULL));
+    dg_model_free(cm);
+    dg_model_free(gm);
+    dg_model_free(sm);
+    dg_st_close(f.g);
+  }
+}
+
+/* ---- generations ------------------------------------------------------------ */
+
+typedef struct trace {
+  int n, cap, C;
+  int32_t *block, *step, *n_acc, *stop;
+  int32_t *argmax, *canvas; /* [n, C] */
+} trace;
+
+static int on_step(const dg_step_info *si, void *ud) {
+  trace *t = ud;
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 64;
+    t->block = realloc(t->block, (size_t)t->cap * 4);
+    t->step = realloc(t->step, (size_t)t->cap * 4);
+    t->n_acc = realloc(t->n_acc, (size_t)t->cap * 4);
+    t->stop = realloc(t->stop, (size_t)t->cap * 4);
+    t->argmax = realloc(t->argmax, (size_t)t->cap * t->C * 4);
+    t->canvas = realloc(t->canvas, (size_t)t->cap * t->C * 4);
+  }
+  t->block[t->n] = si->block;
+  t->step[t->n] = si->step;
+  t->n_acc[t->n] = si->n_accepted;
+  t->stop[t->n] = si->stop;
+  memcpy(t->argmax + (size_t)t->n * t->C, si->argmax, (size_t)t->C * 4);
+  memcpy(t->canvas + (size_t)t->n * t->C, si->canvas, (size_t)t->C * 4);
+  t->n++;
+  return 0;
+}
+
+static void trace_free(trace *t) {
+  free(t->block); free(t->step); free(t->n_acc); free(t->stop); free(t->argmax); free(t->canvas);
+}
+
+/* The initial canvas of block b as the generator draws it (replay stream or Philox). */
+static void initial_canvas(const dg_gen_params *gp, const trace *t, int b, int C, int V, int32_t *out) {
+  if (gp->replay_canvases) { /* one canvas per block start and one per step, in order */
+    size_t used = 0;
+    for (int i = 0; i < t->n && t->block[i] < b; i++) used++;
+    used += (size_t)b;
+    memcpy(out, gp->replay_canvases + used * C, (size_t)C * 4);
+  } else {
+    uint32_t *bits = malloc((size_t)C * 4);
+    dg_rng_u32(gp->seed, DG_RNG_CANVAS, (uint32_t)b, 0, (uint32_t)C, bits);
+    for (int i = 0; i < C; i++) out[i] = dg_rng_to_id(bits[i], V);
+    free(bits);
+  }
+}
+
+/* The first diverging step j (same block and step on both traces): recompute
+ * it teacher-forced on both backends and check that every differing decision
+ * is a near-tie under the measured difference of the processed logits. */
+static void check_divergence(const char *label, dg_model *cm, dg_model *gm, const int32_t *prompt, size_t P,
+                             const int32_t *blocks_out, const dg_gen_params *gp, const trace *tc, const trace *tg,
+                             int j) {
+  const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size;
+  const int b = tc->block[j], kstep = tc->step[j];
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)P + (b + 1) * C;
+  dg_context *cc, *gc;
+  assert_dg_ok(dg_context_new(cm, &cp, &cc));
+  assert_dg_ok(dg_context_new(gm, &cp, &gc));
+  assert_dg_ok(dg_encode(cc, prompt, P));
+  assert_dg_ok(dg_encode(gc, prompt, P));
+  for (int bb = 0; bb < b; bb++) { /* committed blocks, identical on both before the divergence */
+    assert_dg_ok(dg_encode(cc, blocks_out + (size_t)bb * C, (size_t)C));
+    assert_dg_ok(dg_encode(gc, blocks_out + (size_t)bb * C, (size_t)C));
+  }
+  int32_t *canvas = malloc((size_t)C * 4);
+  float *lc = malloc((size_t)C * V * 4), *lg = malloc((size_t)C * V * 4);
+  float *zc = malloc((size_t)C * V * 4), *zg = malloc((size_t)C * V * 4);
+  initial_canvas(gp, tc, b, C, V, canvas);
+  int first = j;
+  while (first > 0 && tc->block[first - 1] == b) first--;
+  for (int s = first; s <= j; s++) {
+    assert_dg_ok(dg_decode(cc, canvas, s == first ? NULL : zc, lc));
+    assert_dg_ok(dg_decode(gc, canvas, s == first ? NULL : zg, lg));
+    const float T = dg_temperature(gp, gp->max_denoising_steps - tc->step[s]);
+    for (size_t k = 0; k < (size_t)C * V; k++) { zc[k] = lc[k] / T; zg[k] = lg[k] / T; }
+    if (s < j) memcpy(canvas, tc->canvas + (size_t)s * C, (size_t)C * 4);
+  }
+  double dz = 0;
+  for (size_t k = 0; k < (size_t)C * V; k++) dz = fmax(dz, fabs((double)zc[k] - zg[k]));
+  dg_pos_stats *sc = malloc((size_t)C * sizeof *sc), *sg = malloc((size_t)C * sizeof *sg);
+  float *ec = malloc((size_t)C * 4), *eg = malloc((size_t)C * 4);
+  double dH = 0, sdH = 0, mc = 0, mg = 0;
+  int n_diff = 0; /* differing decisions found at step j */
+  for (int i = 0; i < C; i++) {
+    float u = 0.0f;
+    if (gp->proposal == DG_PROPOSAL_REPLAY_UNIFORM) {
+      u = gp->replay_uniforms[(size_t)j * C + i]; /* one row of C uniforms per step, in order */
+    } else if (gp->proposal == DG_PROPOSAL_SAMPLE) {
+      uint32_t *bits = malloc((size_t)C * 4);
+      dg_rng_u32(gp->seed, DG_RNG_PROPOSAL, (uint32_t)b, (uint32_t)kstep, (uint32_t)C, bits);
+      u = dg_rng_to_unit(bits[i]);
+      free(bits);
+    }
+    assert_int_equal(dg_position_stats(zc + (size_t)i * V, V, u, (int)gp->proposal, &sc[i]), DG_OK);
+    assert_int_equal(dg_position_stats(zg + (size_t)i * V, V, u, (int)gp->proposal, &sg[i]), DG_OK);
+    ec[i] = sc[i].entropy;
+    eg[i] = sg[i].entropy;
+    dH = fmax(dH, fabs((double)ec[i] - eg[i]));
+    sdH += fabs((double)ec[i] - eg[i]);
+    mc += ec[i];
+    mg += eg[i];
+    const float *z = zc + (size_t)i * V;
+    if (sc[i].argmax != sg[i].argmax) {
+      n_diff++;
+      double gap = (double)z[sc[i].argmax] - z[sg[i].argmax];
+      if (gap > 2 * dz) fail_msg("%s: block %d step %d pos %d argmax %d/%d, cpu gap %.3g > 2 max|dz| %.3g", label, b,
+                                 kstep, i, sc[i].argmax, sg[i].argmax, gap, 2 * dz);
+      printf("#   %s: block %d step %d pos %d argmax near-tie (gap %.3g, max|dz| %.3g)\n", label, b, kstep, i, gap, dz);
+    }
+    if (sc[i].proposal != sg[i].proposal && gp->proposal != DG_PROPOSAL_ARGMAX) {
+      n_diff++;
+      /* the cpu cdf at the boundary between the two proposals vs the target u * total */
+      double mx = z[sc[i].argmax], sum = 0, tot = 0, cdf = 0, at = 0;
+      for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
+      for (int v = 0; v < V; v++) tot += exp((double)z[v] - mx) / sum;
+      int lo = sc[i].proposal < sg[i].proposal ? sc[i].proposal : sg[i].proposal;
+      for (int v = 0; v <= lo; v++) cdf += exp((double)z[v] - mx) / sum;
+      at = fabs(cdf - (double)u * tot);
+      if (at > 2 * dz) fail_msg("%s: block %d step %d pos %d proposal %d/%d, |cdf - u| %.3g > 2 max|dz| %.3g", label,
+                                b, kstep, i, sc[i].proposal, sg[i].proposal, at, 2 * dz);
+      printf("#   %s: block %d step %d pos %d proposal near-tie (|cdf - u| %.3g)\n", label, b, kstep, i, at);
+    }
+  }
+  uint8_t *ac = malloc((size_t)C), *ag = malloc((size_t)C);
+  char *scratch = malloc((size_t)C * 8);
+  dg_entropy_bound_accept(ec, C, gp->entropy_bound, ac, scratch);
+  dg_entropy_bound_accept(eg, C, gp->entropy_bound, ag, scratch);
+  for (int i = 0; i < C; i++) {
+    if (ac[i] == ag[i]) continue;
+    n_diff++;
+    /* The decision compares the entropy ranked before i with the bound. It may
+     * flip because that sum moved by at most sum|dH| across the bound, or
+     * because a position ranked on the other side of i on the GPU (possible
+     * only when their entropies are within 2 max|dH|: a ranking near-tie). */
+    double before = 0; /* cpu entropy accumulated before position i in sorted order */
+    int swaps = 0;
+    for (int k = 0; k < C; k++) {
+      int below_c = ec[k] < ec[i] || (ec[k] == ec[i] && k < i), below_g = eg[k] < eg[i] || (eg[k] == eg[i] && k < i);
+      if (below_c) before += ec[k];
+      swaps += k != i && below_c != below_g;
+    }
+    double margin = fabs(before - gp->entropy_bound);
+    if (!swaps && margin > sdH)
+      fail_msg("%s: block %d step %d pos %d acceptance %d/%d, |cum H - bound| %.3g > sum|dH| %.3g and no ranking change",
+               label, b, kstep, i, ac[i], ag[i], margin, sdH);
+    printf("#   %s: block %d step %d pos %d acceptance near-tie (|cum H - bound| %.3g, sum|dH| %.3g, %d ranking swaps)\n",
+           label, b, kstep, i, margin, sdH, swaps);
+  }
+  if (tc->stop[j] != tg->stop[j]) {
+    n_diff++;
+    double margin = fabs(mc / C - gp->confidence_threshold);
+    (void)mg;
+    if (margin > dH) fail_msg("%s: block %d step %d stop %d/%d, |mean H - threshold| %.3g > max|dH| %.3g", label, b,
+                              kstep, tc->stop[j], tg->stop[j], margin, dH);
+    printf("#   %s: block %d step %d stop near-tie (|mean H - threshold| %.3g)\n", label, b, kstep, margin);
+  }
+  /* both recomputations reproduce their runs exactly, so the step must show a difference */
+  if (n_diff == 0) fail_msg("%s: traces diverge at block %d step %d but the recomputed decisions agree", label, b, kstep);
+  printf("# %-44s diverged at block %d step %d on near-ties only (max|dz| %.3g, max|dH| %.3g): logged\n", label, b,
+         kstep, dz, dH);
+  free(canvas); free(lc); free(lg); free(zc); free(zg); free(sc); free(sg); free(ec); free(eg); free(ac); free(ag);
+  free(scratch);
+  dg_context_free(cc);
+  dg_context_free(gc);
+}
+
+/* Generate with gp on both backends; identical tokens and steps, or a
+ * divergence explained by near-ties. */
+static void compare_generation(const char *label, dg_model *cm, dg_model *gm, const int32_t *prompt, size_t P,
+                               dg_gen_params gp) {
+  const int C = cm->cfg.canvas_length;
+  const int32_t n_canv = (gp.max_new_tokens + C - 1) / C;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)P + n_canv * C;
+  trace tc = {0, 0, C, 0, 0, 0, 0, 0, 0}, tg = tc;
+  dg_context *cc, *gc;
+  assert_dg_ok(dg_context_new(cm, &cp, &cc));
+  assert_dg_ok(dg_context_new(gm, &cp, &gc));
+  dg_gen_result rc, rg;
+  gp.on_step = on_step;
+  gp.user_data = &tc;
+  assert_dg_ok(dg_generate(cc, prompt, P, &gp, &rc));
+  gp.user_data = &tg;
+  assert_dg_ok(dg_generate(gc, prompt, P, &gp, &rg));
+  int j = -1;
+  for (int s = 0; s < tc.n && s < tg.n && j < 0; s++)
+    if (tc.block[s] != tg.block[s] || tc.step[s] != tg.step[s] || tc.stop[s] != tg.stop[s] ||
+        memcmp(tc.argmax + (size_t)s * C, tg.argmax + (size_t)s * C, (size_t)C * 4) ||
+        memcmp(tc.canvas + (size_t)s * C, tg.canvas + (size_t)s * C, (size_t)C * 4))
+      j = s;
+  if (j < 0 && tc.n != tg.n) j = tc.n < tg.n ? tc.n - 1 : tg.n - 1;
+  int same = j < 0 && rc.n_tokens == rg.n_tokens && !memcmp(rc.tokens, rg.tokens, (size_t)rc.n_tokens * 4);
+  if (same) {
+    printf("# %-44s identical: %d tokens, %d blocks, %d steps\n", label, rc.n_tokens, rc.n_blocks, rc.n_steps);
+  } else {
+    if (j < 0) fail_msg("%s: traces agree but the outputs differ", label);
+    check_divergence(label, cm, gm, prompt, P, rc.tokens, &gp, &tc, &tg, j);
+  }
+  dg_gen_result_free(&rc);
+  dg_gen_result_free(&rg);
+  trace_free(&tc);
+  trace_free(&tg);
+  dg_context_free(cc);
+  dg_context_free(gc);
+}
+
+static void test_replay(void **state) {
+  (void)state;
+  need_gpu();
+  for (int k = 0; k < 3; k++) {
+    golden f;
+    golden_open(&f, k_fixtures[k]);
+    dg_model *cm, *gm;
+    load_pair(f.dir, &cm, &gm);
+    size_t P, ncanv, nuni;
+    const int32_t *prompt = gdata(&f, "prompt_ids", DG_I32, &P);
+    const cJSON *meta = cJSON_Parse(dg_st_metadata(f.g, "golden"));
+    const cJSON *gen = cJSON_GetObjectItemCaseSensitive(meta, "generation");
+    const cJSON *mnt = cJSON_GetObjectItemCaseSensitive(gen, "max_new_tokens");
+    assert_true(cJSON_IsNumber(mnt));
+    dg_gen_params gp = dg_gen_default_params(cm);
+    gp.max_new_tokens = mnt->valueint;
+    gp.replay_canvases = gdata(&f, "replay_canvases", DG_I32, &ncanv);
+    gp.replay_canvases_len = ncanv;
+    gp.replay_uniforms = gdata(&f, "replay_uniforms", DG_F32, &nuni);
+    gp.replay_uniforms_len = nuni;
+    char nm[128];
+    gp.proposal = DG_PROPOSAL_ARGMAX;
+    snprintf(nm, sizeof nm, "%s replay argmax", k_fixtures[k]);
+    compare_generation(nm, cm, gm, prompt, P, gp);
+    gp.proposal = DG_PROPOSAL_REPLAY_UNIFORM;
+    snprintf(nm, sizeof nm, "%s replay cdf", k_fixtures[k]);
+    compare_generation(nm, cm, gm, prompt, P, gp);
+    cJSON_Delete((cJSON *)meta);
+    dg_model_free(cm);
+    dg_model_free(gm);
+    dg_st_close(f.g);
+  }
+}
+
+static void test_sampled(void **state) {
+  (void)state;
+  need_gpu();
+  for (int k = 0; k < 2; k++) {
+    golden f;
+    golden_open(&f, k_fixtures[k]);
+    dg_model *cm, *gm;
+    load_pair(f.dir, &cm, &gm);
+    size_t P;
+    const int32_t *prompt = gdata(&f, "prompt_ids", DG_I32, &P);
+    dg_gen_params gp = dg_gen_default_params(cm);
+    gp.max_new_tokens = 3 * cm->cfg.canvas_length;
+    gp.proposal = DG_PROPOSAL_SAMPLE;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+      char nm[128];
+      gp.seed = seed * 0x9E3779B97F4A7C15ull;
+      snprintf(nm, sizeof nm, "%s sampled seed %llu", k_fixtures[k], (unsigned long long)seed);
+      compare_generation(nm, cm, gm, prompt, P, gp);
+    }
+    dg_model_free(cm);
+    dg_model_free(gm);
+    dg_st_close(f.g);
+  }
+}
+
+/* No GPU: loading on CUDA must fail with DG_ERR_BACKEND and a message, and the
+ * CPU path must still work (runs everywhere, also without a GPU). */
+static void test_no_gpu_error(void **state) {
+  (void)state;
+  char info[512];
+  if (dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK) {
+    printf("# cuda device present: the no-GPU error path is not exercised\n");
+    return;
+  }
+  char dir[] = "/tmp/dg_cuda_nogpuXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = synth_default();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m = NULL;
+  assert_int_equal(dg_model_load(dir, &mp, &m), DG_ERR_BACKEND);
+  assert_null(m);
+  assert_true(strlen(dg_last_error()) > 0);
+  printf("# no GPU: dg_model_load(device = cuda) -> %s: %s\n", dg_status_str(DG_ERR_BACKEND), dg_last_error());
+  mp.device = DG_DEVICE_CPU;
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  dg_model_free(m);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* The sampler statistics kernel against dg_position_stats on the same logits:
+ * argmax and proposals (device Philox uniforms, replayed uniforms, argmax)
+ * must be identical (z = logits / T is the same fp32 division on both sides;
+ * only the order of the double sums differs), entropies within 1e-5 relative. */
+static void test_step_stats(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  golden f;
+  golden_open(&f, k_fixtures[0]);
+  dg_model *gm;
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(f.dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  size_t P;
+  const int32_t *prompt = gdata(&f, "prompt_ids", DG_I32, &P);
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(gm, NULL, &ctx));
+  assert_dg_ok(dg_encode(ctx, prompt, P));
+  float *lg = malloc((size_t)C * V * 4), *z = malloc((size_t)C * V * 4), *uni = malloc((size_t)C * 4);
+  uint32_t *bits = malloc((size_t)C * 4);
+  dg_pos_stats *dev = malloc((size_t)C * sizeof *dev), host;
+  const int modes[3] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE, DG_PROPOSAL_REPLAY_UNIFORM};
+  const uint64_t seed = 0x0123456789abcdefull;
+  int32_t block = 2, step = 5;
+  double worst = 0;
+  for (int k = 0; k < 3; k++) {
+    const float T = k == 0 ? 0.8f : k == 1 ? 0.55f : 0.41f;
+    assert_dg_ok(dg_decode(ctx, gdata(&f, "canvas_ids", DG_I32, NULL), NULL, lg)); /* logits left on the device too */
+    for (size_t i = 0; i < (size_t)C * V; i++) z[i] = lg[i] / T;
+    dg_rng_u32(seed, DG_RNG_PROPOSAL, (uint32_t)block, (uint32_t)step, (uint32_t)C, bits);
+    for (int i = 0; i < C; i++) uni[i] = modes[k] == DG_PROPOSAL_SAMPLE ? dg_rng_to_unit(bits[i]) : (float)(i + 0.5) / C;
+    int32_t bad = -1;
+    assert_dg_ok(dg_cuda_step_stats(ctx->cuda, T, modes[k], seed, block, step, uni, dev, &bad));
+    for (int i = 0; i < C; i++) {
+      assert_int_equal(dg_position_stats(z + (size_t)i * V, V, uni[i], modes[k], &host), DG_OK);
+      if (dev[i].argmax != host.argmax || dev[i].proposal != host.proposal)
+        fail_msg("mode %d position %d: argmax %d/%d proposal %d/%d (gpu/cpu)", modes[k], i, dev[i].argmax, host.argmax,
+                 dev[i].proposal, host.proposal);
+      double e = fabs((double)dev[i].entropy - host.entropy) / fmax(1e-3, host.entropy);
+      worst = fmax(worst, e);
+      if (e > 1e-5) fail_msg("mode %d position %d: entropy %.9g vs %.9g", modes[k], i, dev[i].entropy, host.entropy);
+      if (fabs((double)dev[i].max_prob - host.max_prob) > 1e-6) fail_msg("position %d: max prob differs", i);
+    }
+  }
+  printf("# step statistics kernel: argmax and proposals (argmax, Philox, replayed uniforms) identical to the CPU on "
+         "%d positions x 3 modes; entropy rel diff %.2g\n", C, worst);
+  free(lg); free(z); free(uni); free(bits); free(dev);
+  dg_context_free(ctx);
+  dg_model_free(gm);
+  dg_st_close(f.g);
+}
+
+/* A model or context that does not fit is refused up front, naming the bytes
+ * needed and free (DGEMMA_CUDA_MEM_LIMIT caps the free memory considered). */
+static void test_refuse_too_big(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  char dir[] = "/tmp/dg_cuda_bigXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = synth_default();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m = NULL;
+  setenv("DGEMMA_CUDA_MEM_LIMIT", "4096", 1);
+  dg_status st = dg_model_load(dir, &mp, &m);
+  printf("# 4 KiB of device memory: dg_model_load -> %s: %s\n", dg_status_str(st), dg_last_error());
+  assert_int_equal(st, DG_ERR_OUT_OF_MEMORY);
+  assert_null(m);
+  assert_non_null(strstr(dg_last_error(), "bytes"));
+  /* the weights fit, a context of 1M positions' KV cache does not */
+  unsetenv("DGEMMA_CUDA_MEM_LIMIT");
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  setenv("DGEMMA_CUDA_MEM_LIMIT", "1000000", 1);
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 4000;
+  dg_context *ctx = NULL;
+  st = dg_context_new(m, &cp, &ctx);
+  printf("# 1 MB of device memory: dg_context_new -> %s: %s\n", dg_status_str(st), dg_last_error());
+  assert_int_equal(st, DG_ERR_OUT_OF_MEMORY);
+  assert_null(ctx);
+  unsetenv("DGEMMA_CUDA_MEM_LIMIT");
+  dg_model_free(m);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
+      cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
+      cmocka_unit_test(test_step_stats),
+  };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
+  return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+}
