@@ -86,7 +86,17 @@ static void matmul_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int6
     }
   }
 }
-static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16};
+/* The gathered MoE product through matmul_bf16, one expert at a time (the
+ * contract of dg_kernels.matmul_grouped in kernels.h). */
+static void matmul_grouped_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
+                                const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N,
+                                int n_threads) {
+  for (int e = 0; e < E; e++)
+    if (start[e + 1] > start[e])
+      matmul_bf16(y + (int64_t)start[e] * ldy, ldy, x + (int64_t)start[e] * ldx, ldx, start[e + 1] - start[e], w,
+                  (int64_t)e * rows_per_expert + row_off, N, n_threads);
+}
+static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16};
 
 static void need_gpu(void) {
   if (g_gpu < 0 && as_cpu()) {
