@@ -457,7 +457,9 @@ dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
   return DG_OK;
 }
 
-dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits) {
+/* Embedding, self-conditioning and every decoder layer over canvas[C]; the
+ * last hidden state is left in ctx->x [C, H]. */
+static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const float *soft) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
   const int T = c->canvas_length, H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads;
@@ -485,8 +487,16 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
     attn_out(ctx, li, T);
     ffn(ctx, li, T, m->layers[li].layer_scalar_dec);
   }
+  return DG_OK;
+}
+
+dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int T = c->canvas_length, H = c->hidden_size, nt = m->n_threads;
+  DG_TRY(decode_layers(ctx, canvas, soft));
   /* final norm, tied LM head, softcap (spec 4.7) */
-  rmsnorm_rows(ctx->xa, ctx->x, m->final_norm, T, H, eps, nt);
+  rmsnorm_rows(ctx->xa, ctx->x, m->final_norm, T, H, c->rms_norm_eps, nt);
   matmul(m, logits, c->vocab_size, ctx->xa, H, T, &m->embed, 0, c->vocab_size);
   const float cap = c->final_logit_softcapping;
   if (cap > 0.0f) {
@@ -497,43 +507,60 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
   return DG_OK;
 }
 
+/* LM head (final norm + tied embedding, no softcap) for the n rows `rows` of
+ * the hidden state hid [*, H]: raw [n, V]. */
+static void head_rows_raw(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int H = c->hidden_size;
+  for (int32_t r = 0; r < n; r++)
+    rmsnorm(ctx->xa + (size_t)r * H, hid + (size_t)rows[r] * H, m->final_norm, H, c->rms_norm_eps);
+  matmul(m, raw, c->vocab_size, ctx->xa, H, n, &m->embed, 0, c->vocab_size);
+}
+
+dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                 int32_t n_rows, float *raw) {
+  const int C = ctx->m->cfg.canvas_length;
+  for (int32_t r = 0; r < n_rows; r++)
+    if (rows[r] < 0 || rows[r] >= C)
+      return dg_seterr(DG_ERR_INVALID_ARG, "decoder head row %d is outside the canvas [0, %d)", rows[r], C);
+  DG_TRY(decode_layers(ctx, canvas, soft));
+  if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw);
+  return DG_OK;
+}
+
+void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s) {
+  const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  /* P = cast(softmax(cast(z))) (spec 4.9) */
+  float mx = -FLT_MAX;
+  for (int v = 0; v < V; v++) {
+    p[v] = dg_round_act(m, zr[v]);
+    if (p[v] > mx) mx = p[v];
+  }
+  double sum = 0.0;
+  for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
+  float inv = (float)(1.0 / sum);
+  for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
+  /* s = (sum_v P[v] E[v]) * embed_scale */
+  for (int j = 0; j < H; j++) s[j] = 0.0f;
+  for (int v = 0; v < V; v++) {
+    float pv = p[v];
+    if (pv == 0.0f) continue; /* adds exactly zero */
+    if (m->embed.dtype == DG_F32 && !m->embed.bits) {
+      const float *er = (const float *)m->embed.data + (size_t)v * H;
+      for (int j = 0; j < H; j++) s[j] += pv * er[j];
+    } else { /* bf16/f16 widened, or a quantized row dequantized (spec 5 with a quantized tied embedding) */
+      dg_weight_axpy_row(s, pv, &m->embed, v);
+    }
+  }
+  for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
+}
+
 dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const dg_model *m = ctx->m;
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-  float *P = ctx->probs;
-  /* P = cast(softmax(cast(z))) row by row (spec 4.9) */
 #pragma omp parallel for num_threads(m->n_threads) schedule(static)
-  for (int c = 0; c < C; c++) {
-    const float *zr = z + (size_t)c * V;
-    float *p = P + (size_t)c * V;
-    float mx = -FLT_MAX;
-    for (int v = 0; v < V; v++) {
-      p[v] = dg_round_act(m, zr[v]);
-      if (p[v] > mx) mx = p[v];
-    }
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
-    float inv = (float)(1.0 / sum);
-    for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
-  }
-  /* soft[c] = (sum_v P[c,v] E[v]) * embed_scale */
-#pragma omp parallel for num_threads(m->n_threads) schedule(static)
-  for (int c = 0; c < C; c++) {
-    float *s = soft + (size_t)c * H;
-    const float *p = P + (size_t)c * V;
-    for (int j = 0; j < H; j++) s[j] = 0.0f;
-    for (int v = 0; v < V; v++) {
-      float pv = p[v];
-      if (pv == 0.0f) continue; /* adds exactly zero */
-      if (m->embed.dtype == DG_F32 && !m->embed.bits) {
-        const float *er = (const float *)m->embed.data + (size_t)v * H;
-        for (int j = 0; j < H; j++) s[j] += pv * er[j];
-      } else { /* bf16/f16 widened, or a quantized row dequantized (spec 5 with a quantized tied embedding) */
-        dg_weight_axpy_row(s, pv, &m->embed, v);
-      }
-    }
-    for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
-  }
+  for (int c = 0; c < C; c++) dg_soft_row(m, z + (size_t)c * V, ctx->probs + (size_t)c * V, soft + (size_t)c * H);
   return DG_OK;
 }
 

@@ -113,6 +113,17 @@ dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n);
  * embedding scale), or NULL for the zero signal. logits: [C, V] softcapped. */
 dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits);
 
+/* Decoder pass like dg_forward_decode, but the LM head runs only for the
+ * n_rows canvas positions rows[] (each in [0, C)) and writes RAW logits (no
+ * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits). */
+dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                 int32_t n_rows, float *raw);
+
+/* One row of the exact self-conditioning signal (spec 5, 4.9): zr [V]
+ * processed logits, p [V] scratch (left holding the cast probabilities),
+ * s [H] = scale * sum_v p_v E[v]. */
+void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
+
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
  * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to
  * the embedding dtype, times E, times embed_scale. Writes soft [C, H]. */
