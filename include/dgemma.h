@@ -164,6 +164,8 @@ typedef struct dg_step_info {
   int32_t canvas_length;
   int32_t n_active;         /* turbo: positions sampled this step (not frozen); reference: canvas_length */
   int32_t n_forwarded;      /* turbo: positions run through the decoder this step; reference: canvas_length */
+  int32_t forward_shape;    /* rows the decoder pass computed (n_forwarded rounded up to a bucket with turbo_bucket) */
+  int32_t head_shape;       /* rows the LM head computed (n_active, or its bucket) */
 } dg_step_info;
 
 typedef struct dg_block_info {

@@ -310,7 +310,7 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
       int stop = p->confidence_threshold > 0.0f && stable && mean_ent < p->confidence_threshold;
       memcpy(canvas, next, (size_t)C * sizeof(int32_t));
       if (p->on_step) {
-        dg_step_info si = {b, k, s, T, n_acc, mean_ent, stop, amax, canvas, C, C, C};
+        dg_step_info si = {b, k, s, T, n_acc, mean_ent, stop, amax, canvas, C, C, C, C, C};
         if (p->on_step(&si, p->user_data)) { st = dg_seterr(DG_ERR_ABORTED, "aborted by the step callback at block %d, step %d", b, k); goto done; }
       }
       if (stop || s == 1) break;

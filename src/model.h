@@ -100,6 +100,8 @@ struct dg_context {
   float *scores;        /* [nthreads, S + T] attention scratch */
   int32_t n_score_threads;
   float *soft;          /* [C, H] self-conditioning soft embedding */
+  float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
+  int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
   float *probs;         /* [C, V] probabilities for self-conditioning */
 };
 
@@ -118,6 +120,29 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
  * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits). */
 dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
                                  int32_t n_rows, float *raw);
+
+/* Allocate the per-layer canvas K/V buffers (once per context). */
+dg_status dg_compact_buffers(dg_context *ctx);
+
+/* Compacted active-set decoder pass (spec 7.4). The forward set F is n
+ * canvas positions pos[n] (in [0, C); duplicates allowed: they recompute
+ * identical values and scatter idempotently) holding tokens tok[n]; soft:
+ * [C, H] self-conditioning rows by canvas position (NULL = zero signal).
+ * Each layer computes F's fresh K/V at absolute positions L + pos, scatters
+ * them into the layer's canvas buffer rows, and attends from F's queries over
+ * [cached prefix, the whole canvas buffer] with no mask; rows of the buffer
+ * not in F keep the K/V of the last pass that wrote them (stale K/V). The LM
+ * head runs on the nh forward-set rows head[] (indices into F): raw [nh, V],
+ * no softcap. Errors: DG_ERR_INVALID_ARG (no buffers, bad sizes or
+ * positions), DG_ERR_CONTEXT_FULL. */
+dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
+                             const int32_t *head, int32_t nh, float *raw);
+
+/* The same semantics computed token by token (one-row passes per layer: all
+ * of F's K/V scattered first, then each query's attention and FFN): the slow
+ * oracle that dg_forward_compact is tested against. */
+dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
+                                    const float *soft, const int32_t *head, int32_t nh, float *raw);
 
 /* One row of the exact self-conditioning signal (spec 5, 4.9): zr [V]
  * processed logits, p [V] scratch (left holding the cast probabilities),

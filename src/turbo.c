@@ -20,9 +20,14 @@
  * out (no flush, no repair) emit the argmax of their last forward rather than
  * the noise left in the committed canvas.
  *
- * What is not here yet: the compacted active-set decoder and shape
- * bucketing (turbo_compact / turbo_bucket are rejected), multi-canvas
- * batching. */
+ * turbo_compact runs the compacted active-set decoder (spec 7.4,
+ * dg_forward_compact): the forward set is the active positions plus those
+ * frozen on the previous step; other frozen positions are served from the
+ * per-layer canvas K/V buffers with the K/V of their last forward (stale).
+ * turbo_bucket pads the forward set and the LM-head rows up to a shape bucket
+ * with duplicates of the last real entry; all bookkeeping uses real counts.
+ *
+ * Not here yet: multi-canvas batching. */
 #include "turbo.h"
 
 #include <float.h>
@@ -229,6 +234,13 @@ int32_t dg_repeat_guard_feed(int32_t *last, int32_t *run, const int32_t *tok, in
   return n;
 }
 
+int32_t dg_turbo_bucket(int32_t n, int32_t C) {
+  static const int32_t b[] = {16, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  for (size_t i = 0; i < sizeof b / sizeof *b; i++)
+    if (b[i] >= n) return b[i] < C ? b[i] : C;
+  return C;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Self-conditioning modes (spec 5.5, 7.3)                                   */
 /* ------------------------------------------------------------------------ */
@@ -335,7 +347,8 @@ typedef struct turbo_state {
   float *ent, *top1;   /* [C] by canvas position */
   int32_t *prop, *amax;/* [C] proposal / argmax by canvas position */
   int32_t *canvas, *committed, *noise, *active, *hist, *step_amax;
-  uint8_t *frozen, *dropped, *acc;
+  int32_t *fpos, *ftok, *head; /* [C] forward set (positions, tokens) and LM-head rows (indices into it) */
+  uint8_t *frozen, *dropped, *acc, *newly;
   float *uni;          /* [C] */
   uint32_t *bits;      /* [C] */
   void *acc_scratch;   /* 16 C bytes */
@@ -351,7 +364,7 @@ typedef struct turbo_state {
 static void turbo_free(turbo_state *s) {
   free(s->raw); free(s->kp); free(s->kidx); free(s->kval); free(s->ent); free(s->top1); free(s->prop);
   free(s->amax); free(s->canvas); free(s->committed); free(s->noise); free(s->active); free(s->hist);
-  free(s->step_amax); free(s->frozen); free(s->dropped); free(s->acc); free(s->uni); free(s->bits);
+  free(s->step_amax); free(s->fpos); free(s->ftok); free(s->head); free(s->newly); free(s->frozen); free(s->dropped); free(s->acc); free(s->uni); free(s->bits);
   free(s->acc_scratch); free(s->tk_scratch); free(s->sc_work); free(s->zrow); free(s->colsum);
 }
 
@@ -375,6 +388,10 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->active = calloc((size_t)C, sizeof(int32_t));
   s->hist = calloc((size_t)SH * C, sizeof(int32_t));
   s->step_amax = calloc((size_t)C, sizeof(int32_t));
+  s->fpos = calloc((size_t)C, sizeof(int32_t));
+  s->ftok = calloc((size_t)C, sizeof(int32_t));
+  s->head = calloc((size_t)C, sizeof(int32_t));
+  s->newly = calloc((size_t)C, 1);
   s->frozen = calloc((size_t)C, 1);
   s->dropped = calloc((size_t)C, 1);
   s->acc = calloc((size_t)C, 1);
@@ -384,7 +401,7 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->tk_size = (dg_topk_scratch_size(V, s->K) + 63) & ~(size_t)63;
   s->tk_scratch = malloc((size_t)s->nt * s->tk_size);
   int ok = s->raw && s->kp && s->kidx && s->kval && s->ent && s->top1 && s->prop && s->amax && s->canvas &&
-           s->committed && s->noise && s->active && s->hist && s->step_amax && s->frozen && s->dropped && s->acc &&
+           s->committed && s->noise && s->active && s->hist && s->step_amax && s->fpos && s->ftok && s->head && s->newly && s->frozen && s->dropped && s->acc &&
            s->uni && s->bits && s->acc_scratch && s->tk_scratch;
   if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) {
     s->zrow = malloc((size_t)s->nt * V * sizeof(float));
@@ -465,8 +482,6 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
   const dg_model *m = ctx->m;
   const dg_turbo_params *tp = &p->turbo;
   const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-  if (tp->compact || tp->bucket)
-    return dg_seterr(DG_ERR_INVALID_ARG, "turbo_compact and turbo_bucket are not implemented yet on this branch");
   if (p->replay_canvases || p->proposal == DG_PROPOSAL_REPLAY_UNIFORM)
     return dg_seterr(DG_ERR_INVALID_ARG, "the turbo engine does not replay injected canvases or uniforms");
   const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
@@ -481,6 +496,7 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
   if (!st && !out) st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", n_canvases);
   if (st) goto done;
   s.soft = ctx->soft;
+  if (tp->compact && (st = dg_compact_buffers(ctx))) goto done;
   if ((st = dg_encode(ctx, prompt, n_prompt))) goto done;
 
   int32_t n_steps_total = 0, n_blocks = 0, n_out = 0, rg_last = -1, rg_run = 0;
@@ -492,6 +508,7 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
     for (int32_t i = 0; i < C; i++) s.canvas[i] = s.committed[i] = dg_rng_to_id(s.bits[i], V);
     memset(s.frozen, 0, (size_t)C);
     memset(s.dropped, 0, (size_t)C);
+    memset(s.newly, 0, (size_t)C);
     memcpy(s.step_amax, s.canvas, (size_t)C * sizeof(int32_t));
     for (int32_t i = 0; i < (SH > 0 ? SH : 1) * C; i++) s.hist[i] = -1;
     memset(s.soft, 0, (size_t)C * H * sizeof(float));
@@ -504,8 +521,32 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
         if (!tp->monotone || !s.frozen[i]) s.active[n_act++] = i;
       if (n_act == 0) break;
       steps++;
-      if ((st = dg_forward_decode_rows(ctx, s.canvas, sc_any ? s.soft : NULL, s.active, n_act, s.raw))) goto done;
-      n_fwd_rows += C;
+      /* forward set: active + frozen on the previous step (compact), else the whole canvas */
+      int32_t n_f = 0, n_h = 0;
+      for (int32_t i = 0; i < C; i++) {
+        int act = !tp->monotone || !s.frozen[i];
+        if (!tp->compact || act || s.newly[i]) {
+          if (act) s.head[n_h++] = tp->compact ? n_f : i;
+          s.fpos[n_f] = i;
+          s.ftok[n_f++] = s.canvas[i];
+        }
+      }
+      int32_t shape_f = n_f, shape_h = n_h;
+      if (tp->bucket) { /* pad with duplicates of the last real entry (idempotent) */
+        shape_h = dg_turbo_bucket(n_h, C);
+        for (int32_t r = n_h; r < shape_h; r++) s.head[r] = s.head[n_h - 1];
+        if (tp->compact) {
+          shape_f = dg_turbo_bucket(n_f, C);
+          for (int32_t r = n_f; r < shape_f; r++) { s.fpos[r] = s.fpos[n_f - 1]; s.ftok[r] = s.ftok[n_f - 1]; }
+        }
+      }
+      if (!tp->compact) shape_f = C;
+      if (tp->compact)
+        st = dg_forward_compact(ctx, s.ftok, s.fpos, shape_f, sc_any ? s.soft : NULL, s.head, shape_h, s.raw);
+      else
+        st = dg_forward_decode_rows(ctx, s.canvas, sc_any ? s.soft : NULL, s.head, shape_h, s.raw);
+      if (st) goto done;
+      n_fwd_rows += tp->compact ? n_f : C;
       T = dg_turbo_temperature(p, k, N);
       if (p->proposal == DG_PROPOSAL_SAMPLE) {
         dg_rng_u32(p->seed, DG_RNG_PROPOSAL, (uint32_t)b, (uint32_t)k, (uint32_t)C, s.bits);
@@ -517,6 +558,7 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
                                       s.acc_scratch);
       dg_rng_u32(p->seed, DG_RNG_CANVAS, (uint32_t)b, (uint32_t)(k + 1), (uint32_t)C, s.bits);
       int newly = 0;
+      memset(s.newly, 0, (size_t)C);
       double ent_sum = 0.0;
       for (int32_t a = 0; a < n_act; a++) {
         int32_t i = s.active[a];
@@ -524,7 +566,7 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
         ent_sum += s.ent[i];
         if (s.acc[i]) {
           s.canvas[i] = s.committed[i] = s.prop[i];
-          if (tp->monotone) { s.frozen[i] = 1; newly = 1; }
+          if (tp->monotone) { s.frozen[i] = 1; s.newly[i] = 1; newly = 1; }
         } else {
           s.canvas[i] = dg_rng_to_id(s.bits[i], V);
         }
@@ -546,7 +588,8 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
         if (e > 0) { emit = e; eos_stop = 1; }
       }
       if (p->on_step) {
-        dg_step_info si = {b, k, N - k, T, n_acc, mean_ent, stop || eos_stop, s.step_amax, s.canvas, C, n_act, C};
+        dg_step_info si = {b, k, N - k, T, n_acc, mean_ent, stop || eos_stop, s.step_amax, s.canvas, C, n_act,
+                           tp->compact ? n_f : C, shape_f, shape_h};
         if (p->on_step(&si, p->user_data)) {
           st = dg_seterr(DG_ERR_ABORTED, "aborted by the step callback at block %d, step %d", b, k);
           goto done;

@@ -93,6 +93,12 @@ void dg_turbo_sc_row(const struct dg_model *m, dg_turbo_sc mode, const float *ra
                      const float *p, int32_t K, float tail_bound, const float *colsum, void *work, float *soft,
                      int32_t *k_used, float *tail);
 
+/* Shape bucket (spec 7.4): the first of {16, 32, 48, 64, 96, 128, 160, 192,
+ * 224, 256} that is >= n, clipped to the canvas length C (and C when n > 256),
+ * so at most 10 distinct sizes for canvases up to 256; n itself without
+ * bucketing. */
+int32_t dg_turbo_bucket(int32_t n, int32_t C);
+
 /* Column sums of the embedding, colsum [H] (sum in double). */
 void dg_embed_colsum(const struct dg_model *m, float *colsum);
 

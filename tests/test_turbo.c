@@ -780,12 +780,299 @@ static void test_turbo_generate(void **state) {
   dg_model_free(m);
 }
 
+/* ---- compacted active-set decoder (spec 7.4) ----------------------------------------- */
+
+typedef struct kvsnap { float **k, **v; int L; size_t *n; } kvsnap;
+
+static kvsnap kv_save(const dg_context *ctx) {
+  const dg_model *m = ctx->m;
+  kvsnap s = {calloc((size_t)m->cfg.n_layers, sizeof(float *)), calloc((size_t)m->cfg.n_layers, sizeof(float *)),
+              m->cfg.n_layers, calloc((size_t)m->cfg.n_layers, sizeof(size_t))};
+  for (int i = 0; i < s.L; i++) {
+    s.n[i] = (size_t)m->cfg.canvas_length * m->cfg.n_kv_heads[i] * m->cfg.head_dim[i];
+    s.k[i] = malloc(s.n[i] * 4);
+    s.v[i] = malloc(s.n[i] * 4);
+    memcpy(s.k[i], ctx->cbuf_k[i], s.n[i] * 4);
+    memcpy(s.v[i], ctx->cbuf_v[i], s.n[i] * 4);
+  }
+  return s;
+}
+static void kv_restore(dg_context *ctx, const kvsnap *s) {
+  for (int i = 0; i < s->L; i++) {
+    memcpy(ctx->cbuf_k[i], s->k[i], s->n[i] * 4);
+    memcpy(ctx->cbuf_v[i], s->v[i], s->n[i] * 4);
+  }
+}
+static int kv_equal(const dg_context *ctx, const kvsnap *s) {
+  for (int i = 0; i < s->L; i++)
+    if (memcmp(ctx->cbuf_k[i], s->k[i], s->n[i] * 4) || memcmp(ctx->cbuf_v[i], s->v[i], s->n[i] * 4)) return 0;
+  return 1;
+}
+static void kv_free(kvsnap *s) {
+  for (int i = 0; i < s->L; i++) { free(s->k[i]); free(s->v[i]); }
+  free(s->k); free(s->v); free(s->n);
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+  double d = 0;
+  for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+  return d;
+}
+
+/* (1) F = all positions, nothing frozen: one compacted step equals the plain
+ * decoder step bit for bit (with and without a self-conditioning signal).
+ * (2) A partial forward set over stale buffers equals the token-by-token
+ * oracle (bit for bit with the scalar kernels; SIMD kernels within the
+ * fp32 bound of test_golden, printed), and the buffers end up identical.
+ * (3) Duplicated forward-set entries (bucket padding) change nothing. */
+static void compact_checks(int ref) {
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth(ref ? "cref" : "csimd", c, ref);
+  const int C = c.canvas, V = c.vocab, H = c.hidden;
+  int32_t prompt[20], canvas[16], pos[16], head[16];
+  random_ids(prompt, 20, V, 31);
+  random_ids(canvas, C, V, 32);
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(m, NULL, &ctx));
+  assert_dg_ok(dg_encode(ctx, prompt, 20));
+  assert_dg_ok(dg_compact_buffers(ctx));
+  float *a = malloc((size_t)C * V * 4), *b = malloc((size_t)C * V * 4), *soft = malloc((size_t)C * H * 4);
+  for (int i = 0; i < C; i++) pos[i] = head[i] = i;
+  unsigned sd = 5;
+  for (int i = 0; i < C * H; i++) soft[i] = synth_rand(&sd) * 3.0f;
+  for (int with_sc = 0; with_sc < 2; with_sc++) {
+    assert_dg_ok(dg_forward_decode_rows(ctx, canvas, with_sc ? soft : NULL, head, C, a));
+    assert_dg_ok(dg_forward_compact(ctx, canvas, pos, C, with_sc ? soft : NULL, head, C, b));
+    if (memcmp(a, b, (size_t)C * V * 4) != 0)
+      fail_msg("compact F = all (%s kernels, SC %d): max |diff| %.3g, want bit-identical", m->kern->name, with_sc,
+               max_diff(a, b, (size_t)C * V));
+  }
+  /* partial step: new tokens at some positions, F = those + a few "newly frozen" ones */
+  int32_t tok[16], fpos[16], nf = 0;
+  for (int i = 0; i < C; i++)
+    if (i % 3 != 1) { fpos[nf] = i; tok[nf] = (canvas[i] * 7 + 11) % V; nf++; }
+  int32_t hrow[16], nh = 0;
+  for (int r = 0; r < nf; r += 2) hrow[nh++] = r;
+  kvsnap before = kv_save(ctx);
+  assert_dg_ok(dg_forward_compact(ctx, tok, fpos, nf, soft, hrow, nh, a));
+  kvsnap after = kv_save(ctx);
+  kv_restore(ctx, &before);
+  assert_dg_ok(dg_forward_compact_oracle(ctx, tok, fpos, nf, soft, hrow, nh, b));
+  double d = max_diff(a, b, (size_t)nh * V);
+  char form[64];
+  const double u = ldexp(1.0, -24), K = fmax(fmax(c.hidden, c.inter), (double)c.heads * c.ghd);
+  double tol = 2.0 * (11.0 * c.n_layers + 4) * (K * u / (1 - K * u)) * 30.0; /* test_golden's fp32 bound */
+  snprintf(form, sizeof form, "%.3g", tol);
+  printf("# compact vs token-by-token oracle (%s kernels, |F| %d of %d, %d head rows): max |raw logit diff| %.3g "
+         "(%s; fp32 bound %s)\n", m->kern->name, nf, C, nh, d, ref ? "must be 0" : "SIMD", form);
+  if (ref) assert_memory_equal(a, b, (size_t)nh * V * 4);
+  else assert_true(d <= tol);
+  if (ref) assert_true(kv_equal(ctx, &after)); /* the same buffer rows written */
+  /* duplicates of the last entry (bucket padding): the real rows and the buffers are unchanged */
+  kv_restore(ctx, &before);
+  int32_t tokp[16], fposp[16], hrowp[16];
+  memcpy(tokp, tok, sizeof tok);
+  memcpy(fposp, fpos, sizeof fpos);
+  memcpy(hrowp, hrow, sizeof hrow);
+  int nfp = C, nhp = C;
+  for (int r = nf; r < nfp; r++) { tokp[r] = tok[nf - 1]; fposp[r] = fpos[nf - 1]; }
+  for (int r = nh; r < nhp; r++) hrowp[r] = hrow[nh - 1];
+  assert_dg_ok(dg_forward_compact(ctx, tokp, fposp, nfp, soft, hrowp, nhp, b));
+  double dp = max_diff(a, b, (size_t)nh * V);
+  printf("# compact with duplicate padding %d -> %d rows (%s kernels): max |diff| on the real rows %.3g\n", nf, nfp,
+         m->kern->name, dp);
+  assert_memory_equal(a, b, (size_t)nh * V * 4);
+  assert_true(kv_equal(ctx, &after));
+  kv_free(&before);
+  kv_free(&after);
+  free(a); free(b); free(soft);
+  dg_context_free(ctx);
+  dg_model_free(m);
+}
+
+static void test_compact(void **state) {
+  (void)state;
+  compact_checks(1);
+  compact_checks(0);
+}
+
+/* The cost of stale K/V (spec 7.4) on teacher-forced steps: at every step a
+ * third of the live positions is committed (their argmax) and the others are
+ * renoised; the compacted pass (forward set = live + just committed) is
+ * compared with the plain decoder over the same canvas. Step 1 forwards
+ * every position (all are live or just committed), so it must be exact;
+ * staleness starts at step 2 and is measured. */
+static void stale_on(dg_model *m, const char *label) {
+  const int C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  const float cap = m->cfg.final_logit_softcapping;
+  int32_t prompt[24], canvas[256], tok[256], fpos[256], head[256], full[256];
+  uint8_t frozen[256] = {0}, newly[256] = {0};
+  random_ids(prompt, 24, V, 41);
+  random_ids(canvas, C, V, 42);
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(m, NULL, &ctx));
+  assert_dg_ok(dg_encode(ctx, prompt, 24));
+  assert_dg_ok(dg_compact_buffers(ctx));
+  float *a = malloc((size_t)C * V * 4), *b = malloc((size_t)C * V * 4);
+  for (int i = 0; i < C; i++) full[i] = i;
+  unsigned sd = 77;
+  for (int step = 0; step < 5; step++) {
+    int nf = 0, nh = 0;
+    for (int i = 0; i < C; i++)
+      if (!frozen[i] || newly[i]) {
+        if (!frozen[i]) head[nh++] = nf;
+        fpos[nf] = i;
+        tok[nf++] = canvas[i];
+      }
+    if (nh == 0) break;
+    assert_dg_ok(dg_forward_compact(ctx, tok, fpos, nf, NULL, head, nh, a));
+    assert_dg_ok(dg_forward_decode_rows(ctx, canvas, NULL, full, C, b));
+    double d = 0;
+    int agree = 0;
+    for (int r = 0; r < nh; r++) {
+      int i = fpos[head[r]], aa = 0, ab = 0;
+      const float *ra = a + (size_t)r * V, *rb = b + (size_t)i * V;
+      for (int v = 0; v < V; v++) {
+        d = fmax(d, fabs(tanhf(ra[v] / cap) * cap - tanhf(rb[v] / cap) * cap));
+        if (ra[v] > ra[aa]) aa = v;
+        if (rb[v] > rb[ab]) ab = v;
+      }
+      agree += aa == ab;
+    }
+    printf("# stale K/V %-6s step %d: forward set %2d of %d (live %2d): max |logit diff| vs full decoder %.3g, "
+           "argmax agrees at %d/%d live positions\n", label, step, nf, C, nh, d, agree, nh);
+    if (step <= 1) assert_true(d == 0.0); /* every position forwarded: exact */
+    /* commit every third live position (its argmax), renoise the others */
+    memset(newly, 0, sizeof newly);
+    int cnt = 0;
+    for (int r = 0; r < nh; r++) {
+      int i = fpos[head[r]];
+      if (cnt++ % 3 == 0) {
+        const float *rb = b + (size_t)i * V;
+        int ab = 0;
+        for (int v = 0; v < V; v++) if (rb[v] > rb[ab]) ab = v;
+        canvas[i] = ab;
+        frozen[i] = newly[i] = 1;
+      } else {
+        sd = sd * 1103515245u + 12345u;
+        canvas[i] = (int32_t)((sd >> 8) % (unsigned)V);
+      }
+    }
+  }
+  free(a); free(b);
+  dg_context_free(ctx);
+}
+
+static void test_compact_stale(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth("stale", c, 0);
+  stale_on(m, "synth");
+  dg_model_free(m);
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  if (access("models/dgemma-small/config.json", R_OK) == 0 && dg_model_load("models/dgemma-small", &mp, &m) == DG_OK) {
+    stale_on(m, "small");
+    /* end to end: the same turbo generation with and without compaction, on a question the model was trained on */
+    int32_t *prompt = NULL;
+    size_t np = 0;
+    dg_chat_message msg = {"user", "Tom has 23 apples and buys 14 more. How many apples does he have?"};
+    assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &prompt, &np));
+    dg_context *ctx;
+    assert_dg_ok(dg_context_new(m, NULL, &ctx));
+    dg_gen_result r[2];
+    for (int k = 0; k < 2; k++) {
+      dg_gen_params gp = dg_gen_default_params(m);
+      gp.max_new_tokens = m->cfg.canvas_length;
+      assert_dg_ok(dg_gen_params_apply_json(&gp, "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", "
+                                                 "\"turbo_threshold\": [0.95, 0.80, 8], \"turbo_repair\": true}"));
+      gp.turbo.compact = k;
+      dg_context_reset(ctx);
+      assert_dg_ok(dg_generate(ctx, prompt, np, &gp, &r[k]));
+    }
+    int diff = 0;
+    for (int i = 0; i < r[0].n_tokens; i++) diff += r[0].tokens[i] != r[1].tokens[i];
+    printf("# compact vs non-compact turbo, small model, apples question: %d of %d tokens differ (%d vs %d valid); "
+           "forwards %d vs %d; positions per forward %.1f vs %.1f; %.2f s vs %.2f s\n", diff, r[0].n_tokens,
+           r[1].n_valid, r[0].n_valid, r[1].n_steps, r[0].n_steps,
+           (double)r[1].n_forwarded / r[1].n_steps, (double)r[0].n_forwarded / r[0].n_steps, r[1].seconds,
+           r[0].seconds);
+    assert_true(r[1].n_forwarded < r[0].n_forwarded);
+    dg_gen_result_free(&r[0]);
+    dg_gen_result_free(&r[1]);
+    dg_free(prompt);
+    dg_context_free(ctx);
+    dg_model_free(m);
+  }
+}
+
+/* Shape bucketing (spec 7.4): a long compacted run gives the same tokens and
+ * forwards with and without buckets, and at most 10 distinct forward-set and
+ * LM-head shapes with them. */
+typedef struct shapes { int seen_f[257], seen_h[257], nf, nh; } shapes;
+static int shape_step(const dg_step_info *si, void *ud) {
+  shapes *s = ud;
+  if (si->forward_shape < 0 || si->forward_shape > 256 || si->head_shape < 0 || si->head_shape > 256) return 1;
+  if (!s->seen_f[si->forward_shape]++) s->nf++;
+  if (!s->seen_h[si->head_shape]++) s->nh++;
+  return 0;
+}
+
+static void test_bucketing(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  c.canvas = 64;
+  dg_model *m = load_synth("bucket", c, 0);
+  int32_t prompt[12];
+  random_ids(prompt, 12, c.vocab, 51);
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 12 + 10 * 64;
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  dg_gen_result r[2];
+  shapes sh[2];
+  memset(sh, 0, sizeof sh);
+  for (int k = 0; k < 2; k++) {
+    dg_gen_params gp = dg_gen_default_params(m);
+    gp.max_new_tokens = 8 * 64;
+    gp.max_denoising_steps = 64;
+    gp.n_stop_ids = 0;
+    gp.seed = 9;
+    assert_dg_ok(dg_gen_params_apply_json(&gp, "{\"diffusion_turbo\": true, \"turbo_compact\": true, "
+                                               "\"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.5, 0.2, 3], "
+                                               "\"turbo_topk\": 32}"));
+    gp.turbo.bucket = k;
+    gp.on_step = shape_step;
+    gp.user_data = &sh[k];
+    dg_context_reset(ctx);
+    assert_dg_ok(dg_generate(ctx, prompt, 12, &gp, &r[k]));
+  }
+  printf("# bucketing over %d blocks / %d forwards: distinct forward-set shapes %d -> %d, LM-head shapes %d -> %d\n",
+         r[1].n_blocks, r[1].n_steps, sh[0].nf, sh[1].nf, sh[0].nh, sh[1].nh);
+  assert_int_equal(r[1].n_steps, r[0].n_steps);
+  assert_int_equal(r[1].n_forwarded, r[0].n_forwarded); /* bookkeeping counts real positions */
+  assert_memory_equal(r[1].tokens, r[0].tokens, (size_t)r[0].n_tokens * 4);
+  assert_true(sh[1].nf <= 10 && sh[1].nh <= 10);
+  for (int n = 0; n <= 256; n++)
+    if (sh[1].seen_f[n] || sh[1].seen_h[n]) assert_int_equal(dg_turbo_bucket(n, 64), n);
+  assert_int_equal(dg_turbo_bucket(1, 256), 16);
+  assert_int_equal(dg_turbo_bucket(17, 256), 32);
+  assert_int_equal(dg_turbo_bucket(97, 256), 128);
+  assert_int_equal(dg_turbo_bucket(256, 256), 256);
+  assert_int_equal(dg_turbo_bucket(70, 64), 64);
+  dg_gen_result_free(&r[0]);
+  dg_gen_result_free(&r[1]);
+  dg_context_free(ctx);
+  dg_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kwargs),     cmocka_unit_test(test_turbo_off_unchanged),
       cmocka_unit_test(test_topk_exact), cmocka_unit_test(test_turbo_dist),
       cmocka_unit_test(test_schedule),   cmocka_unit_test(test_sc_modes),
-      cmocka_unit_test(test_turbo_generate),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_compact),
+      cmocka_unit_test(test_compact_stale),  cmocka_unit_test(test_bucketing),
   };
   return cmocka_run_group_tests_name("turbo", tests, setup, teardown);
 }
