@@ -315,6 +315,21 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt,
                       const dg_gen_params *params, dg_gen_result *result);
 void dg_gen_result_free(dg_gen_result *r);
 
+/* Multi-canvas batching (turbo engine, spec 7): generate for B prompts at
+ * once, one context per prompt (ctxs[B], distinct, same model), each with
+ * its own parameters params[B] (all with turbo.enabled; seeds, schedules and
+ * callbacks are per canvas) and result results[B]. Every denoising step runs
+ * the live canvases' forward sets (turbo_compact: live + just committed
+ * positions; otherwise the whole canvas) through one decoder pass; commits
+ * and repair forwards run per canvas. A canvas's tokens do not depend on B
+ * or on the other prompts: they equal dg_generate with the same context
+ * state and parameters (exactly with float weights; the quantized kernels'
+ * row-count-dependent tiling may change the last bits). results[] are zeroed
+ * on entry and hold memory only on DG_OK. Errors: those of dg_generate,
+ * prefixed with the canvas index. */
+dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts, const size_t *n_prompts,
+                            const dg_gen_params *params, dg_gen_result *results);
+
 /* ------------------------------------------------------------------------- */
 /* Low-level passes (parity and debugging)                                   */
 /* ------------------------------------------------------------------------- */

@@ -109,6 +109,10 @@ static void *xcalloc(size_t n, size_t sz, int *fail) {
 }
 
 dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out) {
+  return dg_context_new_rows(m, p, 0, out);
+}
+
+dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out) {
   if (!m || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_new: NULL argument");
   *out = NULL;
   const dg_config *c = &m->cfg;
@@ -132,6 +136,7 @@ dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_conte
     ctx->kv[i].v = xcalloc(n, sizeof(float), &fail);
   }
   int32_t T = c->canvas_length > ENC_CHUNK ? c->canvas_length : ENC_CHUNK;
+  if (rows > T) T = rows;
   ctx->tmax = T;
   size_t H = (size_t)c->hidden_size, W = (size_t)(c->intermediate_size > c->moe_intermediate_size
                                                       ? c->intermediate_size
@@ -623,28 +628,87 @@ static void compact_scatter(dg_context *ctx, int li, const int32_t *pos, int32_t
   }
 }
 
+dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
+  const dg_model *m = work->m;
+  const dg_config *c = &m->cfg;
+  const int H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads, C = c->canvas_length;
+  const float eps = c->rms_norm_eps;
+  int64_t total = 0;
+  for (int32_t q = 0; q < B; q++) {
+    if (seqs[q].ctx->m != m)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d belongs to another model", q);
+    DG_TRY(compact_args(seqs[q].ctx, seqs[q].pos, seqs[q].n, seqs[q].head, seqs[q].nh));
+    total += seqs[q].n;
+  }
+  if (total > work->tmax)
+    return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch of %lld rows exceeds the work context's %d rows",
+                     (long long)total, work->tmax);
+  const int32_t N = (int32_t)total;
+  int32_t *buf = calloc((size_t)N * 3 + 1, sizeof(int32_t));
+  int32_t *off = malloc((size_t)(B + 1) * sizeof(int32_t));
+  if (!buf || !off) { free(buf); free(off); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
+  int32_t *tok = buf, *ap = buf + N, *sc_rows = buf + 2 * N;
+  dg_status st = DG_OK;
+  off[0] = 0;
+  for (int32_t q = 0; q < B; q++) {
+    off[q + 1] = off[q] + seqs[q].n;
+    for (int32_t t = 0; t < seqs[q].n; t++) {
+      tok[off[q] + t] = seqs[q].tok[t];
+      ap[off[q] + t] = seqs[q].ctx->len + seqs[q].pos[t];
+    }
+  }
+  /* decoder input (spec 4.8): embedding, then the SC MLP on the rows that have a signal */
+  st = embed(work, tok, N);
+  int32_t n_sc = 0;
+  for (int32_t q = 0; !st && q < B; q++)
+    if (seqs[q].soft)
+      for (int32_t t = 0; t < seqs[q].n; t++) {
+        memcpy(work->xb + (size_t)n_sc * H, seqs[q].soft + (size_t)seqs[q].pos[t] * H, (size_t)H * sizeof(float));
+        sc_rows[n_sc++] = off[q] + t;
+      }
+  if (!st && n_sc > 0) {
+    float *a = work->xa;
+    rmsnorm_rows(a, work->xb, m->sc_pre_norm, n_sc, H, eps, nt);
+    matmul(m, work->h1, I, a, H, n_sc, &m->sc_gate, 0, I);
+    matmul(m, work->h2, I, a, H, n_sc, &m->sc_up, 0, I);
+    for (size_t i = 0; i < (size_t)n_sc * I; i++) work->h1[i] = gelu_tanh(work->h1[i]) * work->h2[i];
+    matmul(m, work->xb, H, work->h1, I, n_sc, &m->sc_down, 0, H);
+    for (int32_t r = 0; r < n_sc; r++) {
+      float *x = work->x + (size_t)sc_rows[r] * H;
+      const float *d = work->xb + (size_t)r * H;
+      for (int j = 0; j < H; j++) x[j] += d[j];
+    }
+  }
+  if (!st) rmsnorm_rows(work->x, work->x, NULL, N, H, eps, nt);
+  work->rope_scatter_id++;
+  for (int li = 0; !st && li < c->n_layers; li++) {
+    const dg_layer *l = &m->layers[li];
+    const size_t qrow = (size_t)c->n_heads * l->head_dim, kvrow = (size_t)l->n_kv * l->head_dim;
+    qkv(work, li, N, 0, ap);
+    for (int32_t q = 0; q < B; q++) {
+      dg_context *sq = seqs[q].ctx;
+      for (int32_t t = 0; t < seqs[q].n; t++) { /* scatter (a duplicated position writes identical values) */
+        memcpy(sq->cbuf_k[li] + (size_t)seqs[q].pos[t] * kvrow, work->k + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
+        memcpy(sq->cbuf_v[li] + (size_t)seqs[q].pos[t] * kvrow, work->v + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
+      }
+      /* the canvas's queries over [its prefix K/V, its whole canvas buffer], no mask (spec 7.4) */
+      attention(sq, li, work->q + (size_t)off[q] * qrow, seqs[q].n, sq->len, sq->cbuf_k[li], sq->cbuf_v[li], C,
+                work->att + (size_t)off[q] * qrow);
+    }
+    attn_out(work, li, N);
+    ffn(work, li, N, l->layer_scalar_dec);
+  }
+  for (int32_t q = 0; !st && q < B; q++)
+    if (seqs[q].nh > 0) head_rows_raw(work, work->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw);
+  free(buf);
+  free(off);
+  return st;
+}
+
 dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
                              const int32_t *head, int32_t nh, float *raw) {
-  const dg_model *m = ctx->m;
-  const dg_config *c = &m->cfg;
-  DG_TRY(compact_args(ctx, pos, n, head, nh));
-  const int32_t L = ctx->len, C = c->canvas_length;
-  int32_t abs_pos[1024], *ap = n <= 1024 ? abs_pos : malloc((size_t)n * sizeof(int32_t));
-  if (!ap) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-  for (int32_t t = 0; t < n; t++) ap[t] = L + pos[t];
-  dg_status st = compact_input(ctx, tok, pos, n, soft);
-  ctx->rope_scatter_id++;
-  for (int li = 0; !st && li < c->n_layers; li++) {
-    qkv(ctx, li, n, L, ap);
-    compact_scatter(ctx, li, pos, n);
-    /* F's queries over [prefix K/V, the whole canvas buffer], no mask (spec 7.4) */
-    attention(ctx, li, ctx->q, n, L, ctx->cbuf_k[li], ctx->cbuf_v[li], C, ctx->att);
-    attn_out(ctx, li, n);
-    ffn(ctx, li, n, m->layers[li].layer_scalar_dec);
-  }
-  if (!st && nh > 0) head_rows_raw(ctx, ctx->x, head, nh, raw);
-  if (ap != abs_pos) free(ap);
-  return st;
+  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw};
+  return dg_forward_compact_batch(ctx, &q, 1);
 }
 
 dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,

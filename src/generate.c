@@ -224,12 +224,9 @@ dg_status dg_gen_params_validate(const dg_model *m, const dg_gen_params *p) {
   return DG_OK;
 }
 
-dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
-                      dg_gen_result *res) {
-  if (!ctx || !p || !res || (!prompt && n_prompt)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: NULL argument");
-  memset(res, 0, sizeof *res);
+dg_status dg_generate_check(const dg_context *ctx, size_t n_prompt, const dg_gen_params *p) {
   const dg_model *m = ctx->m;
-  const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  const int32_t C = m->cfg.canvas_length;
   DG_TRY(dg_gen_params_validate(m, p));
   if (n_prompt == 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: empty prompt");
   const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
@@ -242,7 +239,17 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
   if (need + C > m->cfg.max_position_embeddings)
     return dg_seterr(DG_ERR_CONTEXT_FULL, "generation would reach position %lld, past max_position_embeddings %d",
                      (long long)(need + C), m->cfg.max_position_embeddings);
+  return DG_OK;
+}
 
+dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
+                      dg_gen_result *res) {
+  if (!ctx || !p || !res || (!prompt && n_prompt)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: NULL argument");
+  memset(res, 0, sizeof *res);
+  const dg_model *m = ctx->m;
+  const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  DG_TRY(dg_generate_check(ctx, n_prompt, p));
+  const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
   if (p->turbo.enabled) return dg_turbo_generate(ctx, prompt, n_prompt, p, res);
 
   double t0 = now_s();

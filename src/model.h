@@ -138,6 +138,30 @@ dg_status dg_compact_buffers(dg_context *ctx);
 dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
                              const int32_t *head, int32_t nh, float *raw);
 
+/* One canvas of a batched compacted pass: its context (prefix KV cache,
+ * canvas buffers, canvas positions L..L+C-1) and the arguments of
+ * dg_forward_compact. */
+typedef struct dg_compact_seq {
+  dg_context *ctx;
+  const int32_t *tok, *pos;
+  int32_t n;
+  const float *soft;
+  const int32_t *head;
+  int32_t nh;
+  float *raw;
+} dg_compact_seq;
+
+/* Multi-canvas batching: the B canvases' forward sets run through every
+ * layer's matrix products as one stack of rows (scratch from `work`, whose
+ * row capacity must hold the sum of the n); attention, K/V scatter and the
+ * LM head stay per canvas. Each canvas's results equal its own
+ * dg_forward_compact (rows do not interact outside attention).
+ * dg_forward_compact is this with B = 1 and work = ctx. */
+dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
+
+/* dg_context_new with scratch for at least `rows` rows per pass (batching). */
+dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out);
+
 /* The same semantics computed token by token (one-row passes per layer: all
  * of F's K/V scattered first, then each query's attention and FFN): the slow
  * oracle that dg_forward_compact is tested against. */

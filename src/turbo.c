@@ -27,7 +27,9 @@
  * turbo_bucket pads the forward set and the LM-head rows up to a shape bucket
  * with duplicates of the last real entry; all bookkeeping uses real counts.
  *
- * Not here yet: multi-canvas batching. */
+ * dg_generate_batch denoises B canvases of different prompts (one context
+ * each) in one decoder pass per step: each sequence keeps its own schedule,
+ * random streams and KV cache, and its outputs do not depend on B. */
 #include "turbo.h"
 
 #include <float.h>
@@ -477,200 +479,346 @@ static void turbo_sc(turbo_state *s, const dg_model *m, const dg_gen_params *p, 
   }
 }
 
-dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
-                            dg_gen_result *res) {
+/* One sequence (prompt) of the engine: its context, parameters, result and
+ * the state of its current canvas. Sequences advance independently; a step
+ * of every live sequence shares one decoder pass when batched. */
+typedef struct turbo_seq {
+  dg_context *ctx;
+  const dg_gen_params *p;
+  dg_gen_result *res;
+  turbo_state s;
+  int32_t *out;            /* [n_canvases, C] */
+  int32_t n_canvases, N, flush_step;
+  int32_t b, k, steps;     /* canvas, step within it, forwards spent on it */
+  int32_t emit, sc_any, eos_stop, in_block, block_over, done;
+  int32_t n_act, n_f, n_h, shape_f, shape_h;
+  int32_t n_steps_total, n_blocks, n_out, rg_last, rg_run;
+  int64_t n_fwd_rows;
+  dg_finish_reason why;
+  double t0;
+} turbo_seq;
+
+static void seq_free(turbo_seq *q) {
+  turbo_free(&q->s);
+  free(q->out);
+}
+
+static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, size_t n_prompt,
+                          const dg_gen_params *p, dg_gen_result *res, int need_buffers) {
   const dg_model *m = ctx->m;
   const dg_turbo_params *tp = &p->turbo;
-  const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+  const int32_t C = m->cfg.canvas_length;
+  memset(q, 0, sizeof *q);
+  q->ctx = ctx;
+  q->p = p;
+  q->res = res;
+  q->t0 = now_s();
+  q->rg_last = -1;
+  q->why = DG_FINISH_LENGTH;
   if (p->replay_canvases || p->proposal == DG_PROPOSAL_REPLAY_UNIFORM)
     return dg_seterr(DG_ERR_INVALID_ARG, "the turbo engine does not replay injected canvases or uniforms");
-  const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
-  const int32_t N = tp->steps > 0 && tp->steps < p->max_denoising_steps ? tp->steps : p->max_denoising_steps;
-  const int32_t flush_step = tp->steps > 0 ? N - 1 : -1;
-  const int32_t SH = p->stability_threshold;
-  double t0 = now_s();
-  turbo_state s;
-  memset(&s, 0, sizeof s);
-  dg_status st = turbo_alloc(&s, m, p);
-  int32_t *out = malloc((size_t)n_canvases * C * sizeof(int32_t));
-  if (!st && !out) st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", n_canvases);
-  if (st) goto done;
-  s.soft = ctx->soft;
-  if (tp->compact && (st = dg_compact_buffers(ctx))) goto done;
-  if ((st = dg_encode(ctx, prompt, n_prompt))) goto done;
+  q->n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
+  q->N = tp->steps > 0 && tp->steps < p->max_denoising_steps ? tp->steps : p->max_denoising_steps;
+  q->flush_step = tp->steps > 0 ? q->N - 1 : -1;
+  DG_TRY(turbo_alloc(&q->s, m, p));
+  q->out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
+  if (!q->out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
+  q->s.soft = ctx->soft;
+  if ((tp->compact || need_buffers)) DG_TRY(dg_compact_buffers(ctx));
+  return dg_encode(ctx, prompt, n_prompt);
+}
 
-  int32_t n_steps_total = 0, n_blocks = 0, n_out = 0, rg_last = -1, rg_run = 0;
-  int64_t n_fwd_rows = 0;
-  dg_finish_reason why = DG_FINISH_LENGTH;
-  for (int32_t b = 0; b < n_canvases && why == DG_FINISH_LENGTH; b++) {
-    if (b > 0 && (st = dg_forward_encode(ctx, out + (size_t)(b - 1) * C, C))) goto done; /* commit */
-    dg_rng_u32(p->seed, DG_RNG_CANVAS, (uint32_t)b, 0, (uint32_t)C, s.bits);
-    for (int32_t i = 0; i < C; i++) s.canvas[i] = s.committed[i] = dg_rng_to_id(s.bits[i], V);
-    memset(s.frozen, 0, (size_t)C);
-    memset(s.dropped, 0, (size_t)C);
-    memset(s.newly, 0, (size_t)C);
-    memcpy(s.step_amax, s.canvas, (size_t)C * sizeof(int32_t));
-    for (int32_t i = 0; i < (SH > 0 ? SH : 1) * C; i++) s.hist[i] = -1;
-    memset(s.soft, 0, (size_t)C * H * sizeof(float));
-    int sc_any = 0, eos_stop = 0;
-    int32_t emit = C, steps = 0;
-    float T = 0.0f;
-    for (int32_t k = 0; k < N; k++) {
-      int32_t n_act = 0;
-      for (int32_t i = 0; i < C; i++)
-        if (!tp->monotone || !s.frozen[i]) s.active[n_act++] = i;
-      if (n_act == 0) break;
-      steps++;
-      /* forward set: active + frozen on the previous step (compact), else the whole canvas */
-      int32_t n_f = 0, n_h = 0;
-      for (int32_t i = 0; i < C; i++) {
-        int act = !tp->monotone || !s.frozen[i];
-        if (!tp->compact || act || s.newly[i]) {
-          if (act) s.head[n_h++] = tp->compact ? n_f : i;
-          s.fpos[n_f] = i;
-          s.ftok[n_f++] = s.canvas[i];
-        }
-      }
-      int32_t shape_f = n_f, shape_h = n_h;
-      if (tp->bucket) { /* pad with duplicates of the last real entry (idempotent) */
-        shape_h = dg_turbo_bucket(n_h, C);
-        for (int32_t r = n_h; r < shape_h; r++) s.head[r] = s.head[n_h - 1];
-        if (tp->compact) {
-          shape_f = dg_turbo_bucket(n_f, C);
-          for (int32_t r = n_f; r < shape_f; r++) { s.fpos[r] = s.fpos[n_f - 1]; s.ftok[r] = s.ftok[n_f - 1]; }
-        }
-      }
-      if (!tp->compact) shape_f = C;
-      if (tp->compact)
-        st = dg_forward_compact(ctx, s.ftok, s.fpos, shape_f, sc_any ? s.soft : NULL, s.head, shape_h, s.raw);
-      else
-        st = dg_forward_decode_rows(ctx, s.canvas, sc_any ? s.soft : NULL, s.head, shape_h, s.raw);
-      if (st) goto done;
-      n_fwd_rows += tp->compact ? n_f : C;
-      T = dg_turbo_temperature(p, k, N);
-      if (p->proposal == DG_PROPOSAL_SAMPLE) {
-        dg_rng_u32(p->seed, DG_RNG_PROPOSAL, (uint32_t)b, (uint32_t)k, (uint32_t)C, s.bits);
-        for (int32_t i = 0; i < C; i++) s.uni[i] = dg_rng_to_unit(s.bits[i]);
-      }
-      if ((st = turbo_rows(&s, m, p, b, k, n_act, T))) goto done;
-      int flush = k == flush_step;
-      int32_t n_acc = dg_turbo_accept_step(tp, p->entropy_bound, k, flush, s.active, n_act, s.ent, s.top1, s.acc,
-                                      s.acc_scratch);
-      dg_rng_u32(p->seed, DG_RNG_CANVAS, (uint32_t)b, (uint32_t)(k + 1), (uint32_t)C, s.bits);
-      int newly = 0;
-      memset(s.newly, 0, (size_t)C);
-      double ent_sum = 0.0;
-      for (int32_t a = 0; a < n_act; a++) {
-        int32_t i = s.active[a];
-        s.step_amax[i] = s.amax[i];
-        ent_sum += s.ent[i];
-        if (s.acc[i]) {
-          s.canvas[i] = s.committed[i] = s.prop[i];
-          if (tp->monotone) { s.frozen[i] = 1; s.newly[i] = 1; newly = 1; }
-        } else {
-          s.canvas[i] = dg_rng_to_id(s.bits[i], V);
-        }
-      }
-      float mean_ent = (float)(ent_sum / n_act);
-      int stop = 0;
-      if (!tp->monotone) { /* the reference's stable-and-confident stop on top-K statistics (spec 7.5) */
-        int stable = 1;
-        for (int32_t h = 0; h < SH && stable; h++)
-          for (int32_t i = 0; i < C; i++)
-            if (s.hist[(size_t)h * C + i] != s.step_amax[i]) { stable = 0; break; }
-        if (SH > 0) {
-          memmove(s.hist, s.hist + C, (size_t)(SH - 1) * C * sizeof(int32_t));
-          memcpy(s.hist + (size_t)(SH - 1) * C, s.step_amax, (size_t)C * sizeof(int32_t));
-        }
-        stop = p->confidence_threshold > 0.0f && stable && mean_ent < p->confidence_threshold;
-      } else if (tp->eos_early_stop && (newly || flush)) {
-        int32_t e = dg_turbo_eos_tail(p, C, s.committed, s.frozen, s.dropped);
-        if (e > 0) { emit = e; eos_stop = 1; }
-      }
-      if (p->on_step) {
-        dg_step_info si = {b, k, N - k, T, n_acc, mean_ent, stop || eos_stop, s.step_amax, s.canvas, C, n_act,
-                           tp->compact ? n_f : C, shape_f, shape_h};
-        if (p->on_step(&si, p->user_data)) {
-          st = dg_seterr(DG_ERR_ABORTED, "aborted by the step callback at block %d, step %d", b, k);
-          goto done;
-        }
-      }
-      if (stop || eos_stop) break;
-      int more = k + 1 < N;
-      if (tp->monotone) {
-        int any = 0;
-        for (int32_t i = 0; i < C; i++) any |= !s.frozen[i];
-        more = more && any;
-      }
-      if (more || tp->repair) { /* self-conditioning rows for the next forward */
-        turbo_sc(&s, m, p, n_act, T);
-        sc_any = 1;
-      }
-      if (!more) break;
-    }
-    int32_t *blk = out + (size_t)b * C;
-    if (!tp->monotone) {
-      memcpy(blk, s.step_amax, (size_t)C * sizeof(int32_t)); /* the argmax of the last forward */
-    } else {
-      for (int32_t i = 0; i < C; i++) blk[i] = s.frozen[i] ? s.committed[i] : s.step_amax[i];
-    }
-    if (tp->repair && !eos_stop) { /* one more full forward; block = its argmax (spec 7.5) */
-      for (int32_t i = 0; i < C; i++) s.active[i] = i;
-      if ((st = dg_forward_decode_rows(ctx, blk, sc_any ? s.soft : NULL, s.active, C, s.raw))) goto done;
-      steps++;
-      n_fwd_rows += C;
-      int bad_row = -1, bad_col = -1;
-#pragma omp parallel for num_threads(s.nt) schedule(static)
-      for (int32_t i = 0; i < C; i++) {
-        float v1;
-        int32_t i1, bad = -1;
-        void *tk = s.tk_scratch + (size_t)omp_get_thread_num() * s.tk_size;
-        if (dg_topk_hier(s.raw + (size_t)i * V, V, 1, 1, &v1, &i1, tk, &bad) != DG_OK) {
-#pragma omp critical(dg_turbo_bad)
-          if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
-        } else {
-          blk[i] = i1;
-        }
-      }
-      if (bad_row >= 0) {
-        st = dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
-                       bad_col, b, steps - 1, bad_row);
-        goto done;
-      }
-    }
-    /* emission: up to and including the first stop id, then the repeat guard */
-    int32_t n_valid = emit;
-    for (int32_t i = 0; i < emit; i++)
-      if (is_stop(p, blk[i])) { n_valid = i + 1; why = DG_FINISH_STOP; break; }
-    int32_t keep = dg_repeat_guard_feed(&rg_last, &rg_run, blk, n_valid, tp->repeat_guard);
-    if (keep < n_valid) { n_valid = keep; why = DG_FINISH_REPETITION; }
-    for (int32_t i = n_valid; i < C; i++) blk[i] = p->pad_id;
-    n_steps_total += steps;
-    n_blocks++;
-    n_out += C;
-    res->n_valid += n_valid;
-    if (p->on_block) {
-      dg_block_info bi = {b, blk, C, n_valid, steps, why != DG_FINISH_LENGTH};
-      if (p->on_block(&bi, p->user_data)) {
-        st = dg_seterr(DG_ERR_ABORTED, "aborted by the block callback at block %d", b);
-        goto done;
-      }
+/* Start canvas q->b: commit the previous one, draw the random canvas. */
+static dg_status seq_begin_block(turbo_seq *q) {
+  turbo_state *s = &q->s;
+  const int32_t C = s->C, V = s->V, SH = q->p->stability_threshold;
+  if (C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "canvas length %d", C);
+  if (q->b > 0) DG_TRY(dg_forward_encode(q->ctx, q->out + (size_t)(q->b - 1) * C, C)); /* commit */
+  dg_rng_u32(q->p->seed, DG_RNG_CANVAS, (uint32_t)q->b, 0, (uint32_t)C, s->bits);
+  for (int32_t i = 0; i < C; i++) s->canvas[i] = s->committed[i] = dg_rng_to_id(s->bits[i], V);
+  memset(s->frozen, 0, (size_t)C);
+  memset(s->dropped, 0, (size_t)C);
+  memset(s->newly, 0, (size_t)C);
+  memcpy(s->step_amax, s->canvas, (size_t)C * sizeof(int32_t));
+  for (int32_t i = 0; i < (SH > 0 ? SH : 1) * C; i++) s->hist[i] = -1;
+  memset(s->soft, 0, (size_t)C * s->H * sizeof(float));
+  q->sc_any = q->eos_stop = 0;
+  q->emit = C;
+  q->steps = q->k = 0;
+  q->in_block = 1;
+  q->block_over = 0;
+  return DG_OK;
+}
+
+/* Build the forward set and LM-head rows of the next step; 0 if the canvas is over. */
+static int seq_prepare(turbo_seq *q, int batched) {
+  turbo_state *s = &q->s;
+  const dg_turbo_params *tp = &q->p->turbo;
+  const int32_t C = s->C;
+  if (q->k >= q->N) return 0;
+  const int compact = tp->compact || batched; /* a batch always runs the compacted pass (F = all when not compact) */
+  int32_t n_act = 0, n_f = 0, n_h = 0;
+  for (int32_t i = 0; i < C; i++) {
+    int act = !tp->monotone || !s->frozen[i];
+    if (act) s->active[n_act++] = i;
+    if (!compact || !tp->compact || act || s->newly[i]) {
+      if (act) s->head[n_h++] = compact ? n_f : i;
+      if (compact) { s->fpos[n_f] = i; s->ftok[n_f] = s->canvas[i]; }
+      n_f++;
     }
   }
-  res->tokens = out;
-  out = NULL;
-  res->n_tokens = n_out;
-  res->n_blocks = n_blocks;
-  res->n_steps = n_steps_total;
-  res->finished = why == DG_FINISH_STOP;
-  res->finish_reason = why;
-  res->n_forwarded = n_fwd_rows;
+  if (n_act == 0) return 0;
+  int32_t shape_f = n_f, shape_h = n_h;
+  if (tp->bucket) { /* pad with duplicates of the last real entry (idempotent) */
+    shape_h = dg_turbo_bucket(n_h, C);
+    for (int32_t r = n_h; r < shape_h; r++) s->head[r] = s->head[n_h - 1];
+    if (compact) {
+      shape_f = dg_turbo_bucket(n_f, C);
+      for (int32_t r = n_f; r < shape_f; r++) { s->fpos[r] = s->fpos[n_f - 1]; s->ftok[r] = s->ftok[n_f - 1]; }
+    }
+  }
+  q->n_act = n_act;
+  q->n_f = n_f;
+  q->n_h = n_h;
+  q->shape_f = shape_f;
+  q->shape_h = shape_h;
+  return 1;
+}
+
+/* Everything after the step's forward: sampler chain, acceptance, update, SC, EOS; ends the canvas if due. */
+static dg_status seq_after_forward(turbo_seq *q) {
+  turbo_state *s = &q->s;
+  const dg_gen_params *p = q->p;
+  const dg_turbo_params *tp = &p->turbo;
+  const dg_model *m = q->ctx->m;
+  const int32_t C = s->C, V = s->V, SH = p->stability_threshold, k = q->k, b = q->b, n_act = q->n_act;
+  q->steps++;
+  q->n_fwd_rows += q->n_f;
+  const float T = dg_turbo_temperature(p, k, q->N);
+  if (p->proposal == DG_PROPOSAL_SAMPLE) {
+    dg_rng_u32(p->seed, DG_RNG_PROPOSAL, (uint32_t)b, (uint32_t)k, (uint32_t)C, s->bits);
+    for (int32_t i = 0; i < C; i++) s->uni[i] = dg_rng_to_unit(s->bits[i]);
+  }
+  DG_TRY(turbo_rows(s, m, p, b, k, n_act, T));
+  const int flush = k == q->flush_step;
+  int32_t n_acc = dg_turbo_accept_step(tp, p->entropy_bound, k, flush, s->active, n_act, s->ent, s->top1, s->acc,
+                                       s->acc_scratch);
+  dg_rng_u32(p->seed, DG_RNG_CANVAS, (uint32_t)b, (uint32_t)(k + 1), (uint32_t)C, s->bits);
+  int newly = 0;
+  memset(s->newly, 0, (size_t)C);
+  double ent_sum = 0.0;
+  for (int32_t a = 0; a < n_act; a++) {
+    int32_t i = s->active[a];
+    s->step_amax[i] = s->amax[i];
+    ent_sum += s->ent[i];
+    if (s->acc[i]) {
+      s->canvas[i] = s->committed[i] = s->prop[i];
+      if (tp->monotone) { s->frozen[i] = 1; s->newly[i] = 1; newly = 1; }
+    } else {
+      s->canvas[i] = dg_rng_to_id(s->bits[i], V);
+    }
+  }
+  const float mean_ent = (float)(ent_sum / n_act);
+  int stop = 0;
+  if (!tp->monotone) { /* the reference's stable-and-confident stop on top-K statistics (spec 7.5) */
+    int stable = 1;
+    for (int32_t h = 0; h < SH && stable; h++)
+      for (int32_t i = 0; i < C; i++)
+        if (s->hist[(size_t)h * C + i] != s->step_amax[i]) { stable = 0; break; }
+    if (SH > 0) {
+      memmove(s->hist, s->hist + C, (size_t)(SH - 1) * C * sizeof(int32_t));
+      memcpy(s->hist + (size_t)(SH - 1) * C, s->step_amax, (size_t)C * sizeof(int32_t));
+    }
+    stop = p->confidence_threshold > 0.0f && stable && mean_ent < p->confidence_threshold;
+  } else if (tp->eos_early_stop && (newly || flush)) {
+    int32_t e = dg_turbo_eos_tail(p, C, s->committed, s->frozen, s->dropped);
+    if (e > 0) { q->emit = e; q->eos_stop = 1; }
+  }
+  if (p->on_step) {
+    dg_step_info si = {b, k, q->N - k, T, n_acc, mean_ent, stop || q->eos_stop, s->step_amax, s->canvas, C, n_act,
+                       q->n_f, q->shape_f, q->shape_h};
+    if (p->on_step(&si, p->user_data))
+      return dg_seterr(DG_ERR_ABORTED, "aborted by the step callback at block %d, step %d", b, k);
+  }
+  q->k++;
+  if (stop || q->eos_stop) { q->block_over = 1; return DG_OK; }
+  int more = q->k < q->N;
+  if (tp->monotone) {
+    int any = 0;
+    for (int32_t i = 0; i < C; i++) any |= !s->frozen[i];
+    more = more && any;
+  }
+  if (more || tp->repair) { /* self-conditioning rows for the next forward */
+    turbo_sc(s, m, p, n_act, T);
+    q->sc_any = 1;
+  }
+  if (!more) q->block_over = 1;
+  return DG_OK;
+}
+
+/* End of canvas: output tokens, optional repair forward, emission, repeat guard. */
+static dg_status seq_end_block(turbo_seq *q) {
+  turbo_state *s = &q->s;
+  const dg_gen_params *p = q->p;
+  const dg_turbo_params *tp = &p->turbo;
+  const int32_t C = s->C, V = s->V, b = q->b;
+  int32_t *blk = q->out + (size_t)b * C;
+  if (!tp->monotone) memcpy(blk, s->step_amax, (size_t)C * sizeof(int32_t)); /* argmax of the last forward */
+  else
+    for (int32_t i = 0; i < C; i++) blk[i] = s->frozen[i] ? s->committed[i] : s->step_amax[i];
+  if (tp->repair && !q->eos_stop) { /* one more full forward; block = its argmax (spec 7.5) */
+    for (int32_t i = 0; i < C; i++) s->active[i] = i;
+    DG_TRY(dg_forward_decode_rows(q->ctx, blk, q->sc_any ? s->soft : NULL, s->active, C, s->raw));
+    q->steps++;
+    q->n_fwd_rows += C;
+    int bad_row = -1, bad_col = -1;
+#pragma omp parallel for num_threads(s->nt) schedule(static)
+    for (int32_t i = 0; i < C; i++) {
+      float v1;
+      int32_t i1, bad = -1;
+      void *tk = s->tk_scratch + (size_t)omp_get_thread_num() * s->tk_size;
+      if (dg_topk_hier(s->raw + (size_t)i * V, V, 1, 1, &v1, &i1, tk, &bad) != DG_OK) {
+#pragma omp critical(dg_turbo_bad)
+        if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
+      } else {
+        blk[i] = i1;
+      }
+    }
+    if (bad_row >= 0)
+      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
+                       bad_col, b, q->steps - 1, bad_row);
+  }
+  /* emission: up to and including the first stop id, then the repeat guard */
+  int32_t n_valid = q->emit;
+  for (int32_t i = 0; i < q->emit; i++)
+    if (is_stop(p, blk[i])) { n_valid = i + 1; q->why = DG_FINISH_STOP; break; }
+  int32_t keep = dg_repeat_guard_feed(&q->rg_last, &q->rg_run, blk, n_valid, tp->repeat_guard);
+  if (keep < n_valid) { n_valid = keep; q->why = DG_FINISH_REPETITION; }
+  for (int32_t i = n_valid; i < C; i++) blk[i] = p->pad_id;
+  q->n_steps_total += q->steps;
+  q->n_blocks++;
+  q->n_out += C;
+  q->res->n_valid += n_valid;
+  if (p->on_block) {
+    dg_block_info bi = {b, blk, C, n_valid, q->steps, q->why != DG_FINISH_LENGTH};
+    if (p->on_block(&bi, p->user_data))
+      return dg_seterr(DG_ERR_ABORTED, "aborted by the block callback at block %d", b);
+  }
+  q->b++;
+  if (q->why != DG_FINISH_LENGTH || q->b >= q->n_canvases) q->done = 1;
+  return DG_OK;
+}
+
+static void seq_result(turbo_seq *q) {
+  dg_gen_result *res = q->res;
+  res->tokens = q->out;
+  q->out = NULL;
+  res->n_tokens = q->n_out;
+  res->n_blocks = q->n_blocks;
+  res->n_steps = q->n_steps_total;
+  res->finished = q->why == DG_FINISH_STOP;
+  res->finish_reason = q->why;
+  res->n_forwarded = q->n_fwd_rows;
   int32_t non_pad = 0;
-  for (int32_t i = 0; i < n_out; i++) non_pad += res->tokens[i] != p->pad_id;
-  res->tokens_per_forward = n_steps_total ? (double)non_pad / n_steps_total : 0.0;
-  res->seconds = now_s() - t0;
-done:
-  turbo_free(&s);
-  free(out);
+  for (int32_t i = 0; i < q->n_out; i++) non_pad += res->tokens[i] != q->p->pad_id;
+  res->tokens_per_forward = q->n_steps_total ? (double)non_pad / q->n_steps_total : 0.0;
+  res->seconds = now_s() - q->t0;
+}
+
+/* Advance sequence q to its next pending forward (ending and starting
+ * canvases as needed); sets q->done when it has finished. */
+static dg_status seq_advance(turbo_seq *q, int batched) {
+  while (!q->done) {
+    if (!q->in_block) DG_TRY(seq_begin_block(q));
+    if (!q->block_over && seq_prepare(q, batched)) return DG_OK;
+    q->in_block = q->block_over = 0;
+    DG_TRY(seq_end_block(q));
+  }
+  return DG_OK;
+}
+
+/* The engine over B sequences; work = scratch context for the batched pass
+ * (NULL when B == 1: the sequence's own context and the plain or compacted
+ * single-canvas pass). */
+static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
+  const int batched = work != NULL;
+  dg_compact_seq *cs = calloc((size_t)B, sizeof *cs);
+  if (!cs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  dg_status st = DG_OK;
+  for (;;) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < B && !st; i++) {
+      turbo_seq *q = &qs[i];
+      if ((st = seq_advance(q, batched))) break;
+      if (q->done) continue;
+      turbo_state *s = &q->s;
+      const float *soft = q->sc_any ? s->soft : NULL;
+      if (batched) {
+        cs[n++] = (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw};
+      } else if (q->p->turbo.compact) {
+        st = dg_forward_compact(q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw);
+        n++;
+      } else {
+        st = dg_forward_decode_rows(q->ctx, s->canvas, soft, s->head, q->shape_h, s->raw);
+        n++;
+      }
+    }
+    if (st || n == 0) break;
+    if (batched && (st = dg_forward_compact_batch(work, cs, n))) break;
+    for (int32_t i = 0; i < B && !st; i++)
+      if (!qs[i].done) st = seq_after_forward(&qs[i]);
+    if (st) break;
+  }
+  free(cs);
+  return st;
+}
+
+dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
+                            dg_gen_result *res) {
+  turbo_seq q;
+  dg_status st = seq_init(&q, ctx, prompt, n_prompt, p, res, 0);
+  if (!st) st = turbo_run(&q, 1, NULL);
+  if (!st) seq_result(&q);
+  seq_free(&q);
+  return st;
+}
+
+dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts, const size_t *n_prompts,
+                            const dg_gen_params *params, dg_gen_result *results) {
+  if (!ctxs || B < 1 || !prompts || !n_prompts || !params || !results)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: NULL argument or B = %d < 1", B);
+  for (int32_t i = 0; i < B; i++) memset(&results[i], 0, sizeof results[i]);
+  const dg_model *m = ctxs[0] ? ctxs[0]->m : NULL;
+  for (int32_t i = 0; i < B; i++) {
+    if (!ctxs[i] || ctxs[i]->m != m)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: context %d is NULL or belongs to another model", i);
+    for (int32_t j = 0; j < i; j++)
+      if (ctxs[j] == ctxs[i]) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: contexts %d and %d are the same", j, i);
+    if (!params[i].turbo.enabled)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: canvas %d does not enable diffusion_turbo (batching is a turbo technique)", i);
+    if (!prompts[i] || n_prompts[i] == 0)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: prompt %d is empty", i);
+    dg_status st = dg_generate_check(ctxs[i], n_prompts[i], &params[i]);
+    if (st) return dg_prefixerr(st, "canvas %d", i);
+  }
+  const int32_t C = m->cfg.canvas_length;
+  turbo_seq *qs = calloc((size_t)B, sizeof *qs);
+  dg_context *work = NULL;
+  if (!qs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  dg_context_params wp = dg_context_default_params();
+  wp.max_context = 1; /* scratch only: no KV cache of its own */
+  dg_status st = B > 1 ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
+  int32_t inited = 0;
+  for (int32_t i = 0; i < B && !st; i++) {
+    st = seq_init(&qs[i], ctxs[i], prompts[i], n_prompts[i], &params[i], &results[i], B > 1);
+    inited = i + 1; /* a failed init may hold part of its state */
+  }
+  if (!st) st = turbo_run(qs, B, work);
+  for (int32_t i = 0; i < B && !st; i++) seq_result(&qs[i]);
+  if (st)
+    for (int32_t i = 0; i < B; i++) dg_gen_result_free(&results[i]);
+  for (int32_t i = 0; i < inited; i++) seq_free(&qs[i]);
+  free(qs);
+  dg_context_free(work);
   return st;
 }

@@ -1066,6 +1066,110 @@ static void test_bucketing(void **state) {
   dg_model_free(m);
 }
 
+/* Multi-canvas batching: B canvases of different prompts, each with its own
+ * schedule, share one decoder pass per step; every canvas's result equals
+ * its own dg_generate (tokens, forwards, positions, finish reason), for
+ * B = 3 and for a subset with B = 2. */
+static void batch_check(dg_model *m, int32_t B, const int32_t *const *prompts, const size_t *np,
+                        const dg_gen_params *gp, const char *label) {
+  dg_gen_result single[4], batch[4];
+  dg_context *ctx[4];
+  double t_single = 0;
+  for (int32_t i = 0; i < B; i++) {
+    assert_dg_ok(dg_context_new(m, NULL, &ctx[i]));
+    assert_dg_ok(dg_generate(ctx[i], prompts[i], np[i], &gp[i], &single[i]));
+    t_single += single[i].seconds;
+    dg_context_reset(ctx[i]);
+  }
+  assert_dg_ok(dg_generate_batch(ctx, B, prompts, np, gp, batch));
+  int tokens = 0;
+  double t_batch = 0;
+  for (int32_t i = 0; i < B; i++) {
+    assert_int_equal(batch[i].n_tokens, single[i].n_tokens);
+    assert_memory_equal(batch[i].tokens, single[i].tokens, (size_t)single[i].n_tokens * 4);
+    assert_int_equal(batch[i].n_steps, single[i].n_steps);
+    assert_int_equal(batch[i].n_valid, single[i].n_valid);
+    assert_int_equal(batch[i].n_blocks, single[i].n_blocks);
+    assert_int_equal(batch[i].n_forwarded, single[i].n_forwarded);
+    assert_int_equal(batch[i].finish_reason, single[i].finish_reason);
+    tokens += batch[i].n_valid;
+    t_batch = fmax(t_batch, batch[i].seconds);
+  }
+  printf("# batch %-6s B=%d: every canvas equals its own run (%d tokens); %.2f s one by one, %.2f s batched\n", label,
+         B, tokens, t_single, t_batch);
+  for (int32_t i = 0; i < B; i++) {
+    dg_gen_result_free(&single[i]);
+    dg_gen_result_free(&batch[i]);
+    dg_context_free(ctx[i]);
+  }
+}
+
+static void test_batch(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth("batch", c, 0);
+  int32_t p0[9], p1[23], p2[14];
+  random_ids(p0, 9, c.vocab, 61);
+  random_ids(p1, 23, c.vocab, 62);
+  random_ids(p2, 14, c.vocab, 63);
+  const int32_t *prompts[3] = {p0, p1, p2};
+  size_t np[3] = {9, 23, 14};
+  dg_gen_params gp[3];
+  const char *kw[3] = {"{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_topk\": 16}",
+                       "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+                       "\"turbo_repair\": true, \"turbo_bucket\": true}",
+                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"adaptive\", "
+                       "\"turbo_bucket\": true}"};
+  for (int i = 0; i < 3; i++) {
+    gp[i] = dg_gen_default_params(m);
+    gp[i].max_new_tokens = (i + 1) * c.canvas;
+    gp[i].max_denoising_steps = 12;
+    gp[i].seed = 100 + (uint64_t)i;
+    gp[i].n_stop_ids = 0;
+    assert_dg_ok(dg_gen_params_apply_json(&gp[i], kw[i]));
+  }
+  batch_check(m, 3, prompts, np, gp, "synth");
+  const int32_t *sub[2] = {p0, p2};
+  size_t nsub[2] = {9, 14};
+  dg_gen_params gsub[2] = {gp[0], gp[2]};
+  batch_check(m, 2, sub, nsub, gsub, "synth");
+  /* a canvas without turbo is refused */
+  dg_context *cx[2];
+  dg_gen_result r[2];
+  assert_dg_ok(dg_context_new(m, NULL, &cx[0]));
+  assert_dg_ok(dg_context_new(m, NULL, &cx[1]));
+  gsub[1].turbo.enabled = 0;
+  assert_int_equal(dg_generate_batch(cx, 2, sub, nsub, gsub, r), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "canvas 1"));
+  dg_context_free(cx[0]);
+  dg_context_free(cx[1]);
+  dg_model_free(m);
+
+  /* the bundled model, two questions, the recommended setting with compaction */
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  if (access("models/dgemma-small/config.json", R_OK) == 0 && dg_model_load("models/dgemma-small", &mp, &m) == DG_OK) {
+    const char *q[2] = {"Tom has 23 apples and buys 14 more. How many apples does he have?", "What is 7 times 8?"};
+    int32_t *ids[2];
+    size_t n[2];
+    dg_gen_params g[2];
+    for (int i = 0; i < 2; i++) {
+      dg_chat_message msg = {"user", q[i]};
+      assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &ids[i], &n[i]));
+      g[i] = dg_gen_default_params(m);
+      g[i].max_new_tokens = m->cfg.canvas_length;
+      g[i].seed = (uint64_t)i;
+      assert_dg_ok(dg_gen_params_apply_json(&g[i], "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", "
+                                                   "\"turbo_threshold\": [0.95, 0.80, 8], \"turbo_repair\": true, "
+                                                   "\"turbo_compact\": true}"));
+    }
+    batch_check(m, 2, (const int32_t *const *)ids, n, g, "small");
+    dg_free(ids[0]);
+    dg_free(ids[1]);
+    dg_model_free(m);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kwargs),     cmocka_unit_test(test_turbo_off_unchanged),
@@ -1073,6 +1177,7 @@ int main(void) {
       cmocka_unit_test(test_schedule),   cmocka_unit_test(test_sc_modes),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_compact),
       cmocka_unit_test(test_compact_stale),  cmocka_unit_test(test_bucketing),
+      cmocka_unit_test(test_batch),
   };
   return cmocka_run_group_tests_name("turbo", tests, setup, teardown);
 }
