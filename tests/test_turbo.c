@@ -1073,7 +1073,7 @@ static void test_bucketing(void **state) {
 static void batch_check(dg_model *m, int32_t B, const int32_t *const *prompts, const size_t *np,
                         const dg_gen_params *gp, const char *label) {
   dg_gen_result single[4], batch[4];
-  dg_context *ctx[4];
+  dg_context *ctx[4] = {NULL, NULL, NULL, NULL};
   double t_single = 0;
   for (int32_t i = 0; i < B; i++) {
     assert_dg_ok(dg_context_new(m, NULL, &ctx[i]));
