@@ -199,7 +199,7 @@ typedef struct dg_turbo_params {
   int enabled;             /* "diffusion_turbo" (false): 0 = the reference sampler of spec 6.1, unchanged */
   int32_t topk;            /* "turbo_topk" (64): K of the top-K sampler chain (spec 7.3), 1..4096, <= vocab */
   int monotone;            /* "turbo_monotone" (true): accepted positions are committed and frozen */
-  int eos_early_stop;      /* "turbo_eos_early_stop" (true): EOS tail-drop and early canvas end (spec 7.5) */
+  int eos_early_stop;      /* "turbo_eos_early_stop" (true): EOS tail-drop and early canvas end (spec 7.5; monotone only) */
   int32_t steps;           /* "turbo_steps" (null = 0): at most this many forwards per canvas, the last one a
                               flush that accepts every active position; 0 = max_denoising_steps, no flush */
   dg_turbo_accept accept;  /* "turbo_accept" ("entropy-bound") */

@@ -285,12 +285,10 @@ void dg_turbo_sc_row(const dg_model *m, dg_turbo_sc mode, const float *raw, floa
   const float cap = m->cfg.final_logit_softcapping;
   for (int j = 0; j < H; j++) soft[j] = 0.0f;
   if (mode == DG_TURBO_SC_TOPK) {
-    double kept = 0.0;
-    for (int32_t k = 0; k < K; k++) { axpy_row(m, soft, p[k], idx[k]); kept += p[k]; }
+    for (int32_t k = 0; k < K; k++) axpy_row(m, soft, p[k], idx[k]);
     for (int j = 0; j < H; j++) soft[j] *= m->embed_scale;
     if (k_used) *k_used = K;
     if (tail) *tail = 0.0f; /* renormalized: the tail is dropped, not measured here */
-    (void)kept;
     return;
   }
   /* adaptive: exact probabilities of the kept tokens, tail spread evenly */
