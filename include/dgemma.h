@@ -184,6 +184,10 @@ typedef struct dg_step_info {
   const int32_t *argmax;    /* [canvas_length] argmax canvas of this step */
   const int32_t *canvas;    /* [canvas_length] next (renoised) canvas */
   int32_t canvas_length;
+  int32_t n_active;         /* turbo: positions sampled this step (not frozen); reference: canvas_length */
+  int32_t n_forwarded;      /* turbo: positions run through the decoder this step; reference: canvas_length */
+  int32_t forward_shape;    /* rows the decoder pass computed (n_forwarded rounded up to a bucket with turbo_bucket) */
+  int32_t head_shape;       /* rows the LM head computed (n_active, or its bucket) */
 } dg_step_info;
 
 typedef struct dg_block_info {
@@ -194,6 +198,44 @@ typedef struct dg_block_info {
   int32_t n_steps;          /* decoder forwards spent on this block */
   int finished;             /* 1 if a stop id ended the sequence */
 } dg_block_info;
+
+/* The turbo engine (spec 7, after mlx-vlm PR #1384): opt-in, every technique
+ * switched separately. Names in quotes are the --gen-kwargs keys; defaults in
+ * parentheses are the write-up's (spec 7.2) except where marked "ours".
+ * Recommended interactive setting: turbo_accept "confidence",
+ * turbo_threshold [0.95, 0.80, 8], turbo_repair true, no turbo_steps flush. */
+typedef enum dg_turbo_accept {
+  DG_TURBO_ACCEPT_ENTROPY_BOUND = 0, /* "entropy-bound": spec 6.1 rule on the top-K entropies of active positions */
+  DG_TURBO_ACCEPT_CONFIDENCE = 1     /* "confidence": top-1 probability of the K-way distribution >= threshold */
+} dg_turbo_accept;
+
+typedef enum dg_turbo_sc {
+  DG_TURBO_SC_EXACT = 0,    /* "exact": softmax over the full vocabulary times E (spec 5), the reference signal */
+  DG_TURBO_SC_TOPK = 1,     /* "topk": the write-up's shortcut, K-way renormalized probabilities times the K rows */
+  DG_TURBO_SC_ADAPTIVE = 2  /* "adaptive" (ours): exact probabilities of the top K' tokens, K' doubled from K until
+                               the tail mass m <= sc_tail_mass, the tail spread evenly over the other V-K' rows
+                               through a precomputed column sum of E. |error| <= 2 m * scale * max|E| per component. */
+} dg_turbo_sc;
+
+typedef struct dg_turbo_params {
+  int enabled;             /* "diffusion_turbo" (false): 0 = the reference sampler of spec 6.1, unchanged */
+  int32_t topk;            /* "turbo_topk" (64): K of the top-K sampler chain (spec 7.3), 1..4096, <= vocab */
+  int monotone;            /* "turbo_monotone" (true): accepted positions are committed and frozen */
+  int eos_early_stop;      /* "turbo_eos_early_stop" (true): EOS tail-drop and early canvas end (spec 7.5; monotone only) */
+  int32_t steps;           /* "turbo_steps" (null = 0): at most this many forwards per canvas, the last one a
+                              flush that accepts every active position; 0 = max_denoising_steps, no flush */
+  dg_turbo_accept accept;  /* "turbo_accept" ("entropy-bound") */
+  float threshold_hi;      /* "turbo_threshold" (0.9): a number in (0, 1] (hi = lo), or [hi, lo, k0]: */
+  float threshold_lo;      /*   tau = hi on denoising steps < k0, lo from step k0 on */
+  int32_t threshold_k0;
+  int repair;              /* "turbo_repair" (false): one more full-canvas forward, block = its argmax */
+  int compact;             /* "turbo_compact" (false): forward only live + newly frozen positions (spec 7.4) */
+  int32_t repeat_guard;    /* "turbo_repeat_guard" (16): end with DG_FINISH_REPETITION when one id is emitted
+                              this many times in a row; 0 disables */
+  dg_turbo_sc sc_mode;     /* "turbo_sc" (ours; "exact") */
+  float sc_tail_mass;      /* "turbo_sc_tail_mass" (ours; 0.01): the bound m of DG_TURBO_SC_ADAPTIVE, (0, 1] */
+  int bucket;              /* "turbo_bucket" (ours; false): round forward/active set sizes up to <= 10 buckets */
+} dg_turbo_params;
 
 typedef int (*dg_step_callback)(const dg_step_info *info, void *user_data);
 typedef int (*dg_block_callback)(const dg_block_info *info, void *user_data);
@@ -223,6 +265,7 @@ typedef struct dg_gen_params {
   dg_step_callback on_step;
   dg_block_callback on_block;
   void *user_data;
+  dg_turbo_params turbo;         /* spec 7; turbo.enabled = 0 (the default) leaves everything above unchanged */
 } dg_gen_params;
 
 /* Defaults from the model's generation_config.json (spec 1.3), falling back to
@@ -234,7 +277,11 @@ dg_gen_params dg_gen_default_params(const dg_model *m);
  * sampler_config.entropy_bound), t_min, t_max, stability_threshold,
  * confidence_threshold, eos_token_id (int or list), pad_token_id, seed,
  * proposal ("sample"|"argmax"), and the nested older layout
- * (linear_temperature_schedule_config, diffusion_stopping_config). Unknown keys,
+ * (linear_temperature_schedule_config, diffusion_stopping_config), plus the
+ * turbo keys of dg_turbo_params (diffusion_turbo, turbo_topk, turbo_monotone,
+ * turbo_eos_early_stop, turbo_steps, turbo_accept, turbo_threshold,
+ * turbo_repair, turbo_compact, turbo_repeat_guard, turbo_sc,
+ * turbo_sc_tail_mass, turbo_bucket). Unknown keys,
  * at the top level and inside the nested objects, are rejected.
  * Errors: DG_ERR_JSON; DG_ERR_INVALID_ARG naming an unknown key or a value of the
  * wrong type or range. *p is unchanged on failure. */
@@ -260,6 +307,12 @@ void dg_context_reset(dg_context *ctx);
 /* Number of tokens in the KV cache. */
 int32_t dg_context_length(const dg_context *ctx);
 
+typedef enum dg_finish_reason {
+  DG_FINISH_LENGTH = 0,     /* max_new_tokens reached */
+  DG_FINISH_STOP = 1,       /* a stop id was produced */
+  DG_FINISH_REPETITION = 2  /* turbo repeat guard: one id emitted turbo.repeat_guard times in a row */
+} dg_finish_reason;
+
 typedef struct dg_gen_result {
   int32_t *tokens;       /* [n_tokens] all generated canvases, pads after the first stop id */
   int32_t n_tokens;
@@ -269,6 +322,9 @@ typedef struct dg_gen_result {
   int32_t finished;      /* 1 if a stop id was produced */
   double seconds;        /* wall time, prefill included */
   double tokens_per_forward;
+  dg_finish_reason finish_reason;
+  int64_t n_forwarded;   /* canvas positions run through the decoder, summed over forwards (C per forward
+                            unless turbo.compact) */
 } dg_gen_result;
 
 /* Block-diffusion generation (spec 6.1): prefill the prompt (appended to the
@@ -276,11 +332,28 @@ typedef struct dg_gen_result {
  * max_new_tokens (rounded up to whole canvases). *result is zeroed on entry;
  * only a DG_OK return leaves memory in it, to be released with
  * dg_gen_result_free (so never pass a result that still holds tokens).
+ * With params->turbo.enabled the turbo engine of spec 7 runs instead (src/turbo.c);
+ * replay streams are not supported there.
  * Errors: DG_ERR_INVALID_ARG, DG_ERR_CONTEXT_FULL, DG_ERR_NUMERIC (naming
  * block and step), DG_ERR_REPLAY, DG_ERR_ABORTED. */
 dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt,
                       const dg_gen_params *params, dg_gen_result *result);
 void dg_gen_result_free(dg_gen_result *r);
+
+/* Multi-canvas batching (turbo engine, spec 7): generate for B prompts at
+ * once, one context per prompt (ctxs[B], distinct, same model), each with
+ * its own parameters params[B] (all with turbo.enabled; seeds, schedules and
+ * callbacks are per canvas) and result results[B]. Every denoising step runs
+ * the live canvases' forward sets (turbo_compact: live + just committed
+ * positions; otherwise the whole canvas) through one decoder pass; commits
+ * and repair forwards run per canvas. A canvas's tokens do not depend on B
+ * or on the other prompts: they equal dg_generate with the same context
+ * state and parameters (exactly with float weights; the quantized kernels'
+ * row-count-dependent tiling may change the last bits). results[] are zeroed
+ * on entry and hold memory only on DG_OK. Errors: those of dg_generate,
+ * prefixed with the canvas index. */
+dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts, const size_t *n_prompts,
+                            const dg_gen_params *params, dg_gen_result *results);
 
 /* ------------------------------------------------------------------------- */
 /* Low-level passes (parity and debugging)                                   */

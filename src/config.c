@@ -334,6 +334,25 @@ void dg_gen_params_reference_defaults(dg_gen_params *p) {
   p->pad_id = 0;
   p->seed = 0;
   p->proposal = DG_PROPOSAL_SAMPLE;
+  dg_turbo_default_params(&p->turbo);
+}
+
+void dg_turbo_default_params(dg_turbo_params *t) {
+  memset(t, 0, sizeof *t);
+  t->enabled = 0;
+  t->topk = 64;
+  t->monotone = 1;
+  t->eos_early_stop = 1;
+  t->steps = 0;
+  t->accept = DG_TURBO_ACCEPT_ENTROPY_BOUND;
+  t->threshold_hi = t->threshold_lo = 0.9f;
+  t->threshold_k0 = 0;
+  t->repair = 0;
+  t->compact = 0;
+  t->repeat_guard = 16;
+  t->sc_mode = DG_TURBO_SC_EXACT;
+  t->sc_tail_mass = 0.01f;
+  t->bucket = 0;
 }
 
 /* Fields shared by generation_config.json and --gen-kwargs. `strict` rejects
@@ -341,7 +360,11 @@ void dg_gen_params_reference_defaults(dg_gen_params *p) {
 static const char *const GEN_KEYS[] = {
     "max_new_tokens", "max_denoising_steps", "entropy_bound", "sampler_config", "t_min", "t_max",
     "stability_threshold", "confidence_threshold", "eos_token_id", "pad_token_id", "seed", "proposal",
-    "linear_temperature_schedule_config", "diffusion_stopping_config", NULL};
+    "linear_temperature_schedule_config", "diffusion_stopping_config",
+    /* the turbo engine (spec 7.2; the last three are ours) */
+    "diffusion_turbo", "turbo_topk", "turbo_monotone", "turbo_eos_early_stop", "turbo_steps", "turbo_accept",
+    "turbo_threshold", "turbo_repair", "turbo_compact", "turbo_repeat_guard", "turbo_sc", "turbo_sc_tail_mass",
+    "turbo_bucket", NULL};
 
 static const char *const SC_KEYS[] = {"_cls_name", "entropy_bound", NULL};
 static const char *const LTS_KEYS[] = {"_cls_name", "t_min", "t_max", NULL};
@@ -354,7 +377,7 @@ static dg_status check_keys(const char *src, const char *where, const cJSON *j, 
     int known = 0;
     for (int i = 0; keys[i]; i++) known |= strcmp(e->string, keys[i]) == 0;
     if (!known) {
-      char list[512] = "";
+      char list[900] = "";
       for (int i = 0; keys[i]; i++) {
         strncat(list, keys[i], sizeof list - strlen(list) - 3);
         if (keys[i + 1]) strncat(list, ", ", sizeof list - strlen(list) - 1);
@@ -363,6 +386,106 @@ static dg_status check_keys(const char *src, const char *where, const cJSON *j, 
                        *where ? "." : "", e->string, *where ? " of " : "", where, list);
     }
   }
+  return DG_OK;
+}
+
+/* ---- turbo options (spec 7.2) --------------------------------------------- */
+
+static const char TURBO_LIST[] =
+    "diffusion_turbo (bool), turbo_topk (int 1..4096), turbo_monotone (bool), turbo_eos_early_stop (bool), "
+    "turbo_steps (null or int >= 1), turbo_accept (\"entropy-bound\" | \"confidence\"), turbo_threshold "
+    "(number in (0, 1] or [hi, lo, k0]), turbo_repair (bool), turbo_compact (bool), turbo_repeat_guard (int >= 0), "
+    "turbo_sc (\"exact\" | \"topk\" | \"adaptive\"), turbo_sc_tail_mass (number in (0, 1]), turbo_bucket (bool)";
+
+static dg_status turbo_bad(dg_status errc, const char *src, const char *key, const char *what, const cJSON *v) {
+  return dg_seterr(errc, "%s: turbo option %s must be %s, got %s; turbo options: %s", src, key, what, dg_json_kind(v),
+                   TURBO_LIST);
+}
+
+static dg_status turbo_bool(const char *src, const cJSON *j, const char *key, int *dst, dg_status errc) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!v) return DG_OK;
+  if (!cJSON_IsBool(v)) return turbo_bad(errc, src, key, "true or false", v);
+  *dst = cJSON_IsTrue(v);
+  return DG_OK;
+}
+
+static dg_status turbo_int(const char *src, const cJSON *j, const char *key, int32_t lo, int32_t hi, int32_t *dst,
+                           dg_status errc) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (!v) return DG_OK;
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return turbo_bad(errc, src, key, "an integer", v);
+  if (v->valuedouble < lo || v->valuedouble > hi)
+    return dg_seterr(errc, "%s: turbo option %s = %g is out of range [%d, %d]; turbo options: %s", src, key,
+                     v->valuedouble, lo, hi, TURBO_LIST);
+  *dst = (int32_t)v->valuedouble;
+  return DG_OK;
+}
+
+/* A probability threshold in (0, 1]. */
+static dg_status turbo_prob(const char *src, const char *key, const cJSON *v, float *dst, dg_status errc) {
+  if (!cJSON_IsNumber(v)) return turbo_bad(errc, src, key, "a number in (0, 1]", v);
+  if (!(v->valuedouble > 0.0 && v->valuedouble <= 1.0))
+    return dg_seterr(errc, "%s: turbo option %s = %g is out of range (0, 1]; turbo options: %s", src, key,
+                     v->valuedouble, TURBO_LIST);
+  *dst = (float)v->valuedouble;
+  return DG_OK;
+}
+
+static dg_status apply_turbo(const char *src, const cJSON *j, dg_turbo_params *t, dg_status errc) {
+  DG_TRY(turbo_bool(src, j, "diffusion_turbo", &t->enabled, errc));
+  DG_TRY(turbo_int(src, j, "turbo_topk", 1, 4096, &t->topk, errc));
+  DG_TRY(turbo_bool(src, j, "turbo_monotone", &t->monotone, errc));
+  DG_TRY(turbo_bool(src, j, "turbo_eos_early_stop", &t->eos_early_stop, errc));
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "turbo_steps");
+  if (v && cJSON_IsNull(v)) t->steps = 0;
+  else DG_TRY(turbo_int(src, j, "turbo_steps", 1, 1 << 20, &t->steps, errc));
+  v = cJSON_GetObjectItemCaseSensitive(j, "turbo_accept");
+  if (v) {
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "entropy-bound") == 0) t->accept = DG_TURBO_ACCEPT_ENTROPY_BOUND;
+    else if (cJSON_IsString(v) && strcmp(v->valuestring, "confidence") == 0) t->accept = DG_TURBO_ACCEPT_CONFIDENCE;
+    else if (cJSON_IsString(v))
+      return dg_seterr(errc, "%s: turbo option turbo_accept = \"%s\" is not \"entropy-bound\" or \"confidence\"; "
+                       "turbo options: %s", src, v->valuestring, TURBO_LIST);
+    else return turbo_bad(errc, src, "turbo_accept", "a string", v);
+  }
+  v = cJSON_GetObjectItemCaseSensitive(j, "turbo_threshold");
+  if (v) {
+    float hi, lo;
+    int32_t k0 = 0;
+    if (cJSON_IsNumber(v)) {
+      DG_TRY(turbo_prob(src, "turbo_threshold", v, &hi, errc));
+      lo = hi;
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 3) {
+      DG_TRY(turbo_prob(src, "turbo_threshold[0] (hi)", cJSON_GetArrayItem(v, 0), &hi, errc));
+      DG_TRY(turbo_prob(src, "turbo_threshold[1] (lo)", cJSON_GetArrayItem(v, 1), &lo, errc));
+      const cJSON *k = cJSON_GetArrayItem(v, 2);
+      if (!cJSON_IsNumber(k) || k->valuedouble != floor(k->valuedouble) || k->valuedouble < 0 ||
+          k->valuedouble > (1 << 20))
+        return turbo_bad(errc, src, "turbo_threshold[2] (k0)", "an integer in [0, 1048576]", k);
+      k0 = (int32_t)k->valuedouble;
+    } else {
+      return turbo_bad(errc, src, "turbo_threshold", "a number or a list [hi, lo, k0]", v);
+    }
+    t->threshold_hi = hi;
+    t->threshold_lo = lo;
+    t->threshold_k0 = k0;
+  }
+  DG_TRY(turbo_bool(src, j, "turbo_repair", &t->repair, errc));
+  DG_TRY(turbo_bool(src, j, "turbo_compact", &t->compact, errc));
+  DG_TRY(turbo_int(src, j, "turbo_repeat_guard", 0, INT32_MAX, &t->repeat_guard, errc));
+  v = cJSON_GetObjectItemCaseSensitive(j, "turbo_sc");
+  if (v) {
+    static const char *const names[] = {"exact", "topk", "adaptive"};
+    int found = -1;
+    for (int i = 0; i < 3; i++)
+      if (cJSON_IsString(v) && strcmp(v->valuestring, names[i]) == 0) found = i;
+    if (found < 0) return turbo_bad(errc, src, "turbo_sc", "\"exact\", \"topk\" or \"adaptive\"", v);
+    t->sc_mode = (dg_turbo_sc)found;
+  }
+  v = cJSON_GetObjectItemCaseSensitive(j, "turbo_sc_tail_mass");
+  if (v) DG_TRY(turbo_prob(src, "turbo_sc_tail_mass", v, &t->sc_tail_mass, errc));
+  DG_TRY(turbo_bool(src, j, "turbo_bucket", &t->bucket, errc));
   return DG_OK;
 }
 
@@ -444,6 +567,7 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
   }
 #undef GEN_INT
 #undef GEN_NUM
+  DG_TRY(apply_turbo(src, j, &p->turbo, errc));
   if (p->t_max < p->t_min)
     return dg_seterr(errc, "%s: t_max = %g is below t_min = %g", src, p->t_max, p->t_min);
   return DG_OK;

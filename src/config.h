@@ -61,5 +61,8 @@ dg_status dg_gen_config_load(const char *path, dg_gen_params *p, int *found);
 /* Reference defaults of spec 1.3 (no file). */
 void dg_gen_params_reference_defaults(dg_gen_params *p);
 
+/* Turbo defaults of spec 7.2 (turbo disabled). */
+void dg_turbo_default_params(dg_turbo_params *t);
+
 
 #endif

@@ -79,6 +79,20 @@ static void rope_tables(float *cs, float *sn, const float *inv_freq, int D, int3
   }
 }
 
+/* The same tables at scattered absolute positions pos[T] (spec 7.4); the
+ * angle is computed exactly as rope_tables does for the same position. */
+static void rope_tables_at(float *cs, float *sn, const float *inv_freq, int D, const int32_t *pos, int T) {
+  int h = D / 2;
+  for (int t = 0; t < T; t++) {
+    float p = (float)pos[t];
+    for (int i = 0; i < h; i++) {
+      float ang = inv_freq[i] * p;
+      cs[t * h + i] = cosf(ang);
+      sn[t * h + i] = sinf(ang);
+    }
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Context                                                                   */
 /* ------------------------------------------------------------------------ */
@@ -96,6 +110,10 @@ static void *xcalloc(size_t n, size_t sz, int *fail) {
 }
 
 dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out) {
+  return dg_context_new_rows(m, p, 0, out);
+}
+
+dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out) {
   if (!m || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_new: NULL argument");
   *out = NULL;
   const dg_config *c = &m->cfg;
@@ -125,6 +143,7 @@ dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_conte
     ctx->kv[i].v = xcalloc(n, sizeof(float), &fail);
   }
   int32_t T = c->canvas_length > ENC_CHUNK ? c->canvas_length : ENC_CHUNK;
+  if (rows > T) T = rows;
   ctx->tmax = T;
   size_t H = (size_t)c->hidden_size, W = (size_t)(c->intermediate_size > c->moe_intermediate_size
                                                       ? c->intermediate_size
@@ -169,6 +188,10 @@ void dg_context_free(dg_context *ctx) {
   if (ctx->kv)
     for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->kv[i].k); free(ctx->kv[i].v); }
   free(ctx->kv);
+  if (ctx->cbuf_k)
+    for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->cbuf_k[i]); free(ctx->cbuf_v[i]); }
+  free(ctx->cbuf_k);
+  free(ctx->cbuf_v);
   float *bufs[] = {ctx->x, ctx->xa, ctx->xb, ctx->q, ctx->k, ctx->v, ctx->att, ctx->h1, ctx->h2,
                    ctx->router_logits, ctx->topk_w, ctx->ebuf_in, ctx->ebuf_out, ctx->eh1, ctx->eh2,
                    ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->soft, ctx->probs};
@@ -198,7 +221,7 @@ int32_t dg_context_length(const dg_context *ctx) { return ctx ? ctx->len : 0; }
  * Decoder: hi = pos0 (= L), lo = 0 (full) or max(0, L - (window - 1)).
  * Scale 1.0, no softcap, softmax in fp32. out: [T, NH, D]. */
 static void attention(dg_context *ctx, int li, const float *q, int T, int32_t pos0, const float *ck,
-                      const float *cv, float *out) {
+                      const float *cv, int n_ck, float *out) {
   const dg_model *m = ctx->m;
   const dg_layer *l = &m->layers[li];
   const int NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim, G = NH / NKV;
@@ -218,7 +241,7 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
       hi = pos0;
       lo = l->is_full ? 0 : (pos0 - (win - 1) > 0 ? pos0 - (win - 1) : 0);
     }
-    int n1 = hi - lo, n2 = ck ? T : 0;
+    int n1 = hi - lo, n2 = ck ? n_ck : 0;
     float mx = -FLT_MAX;
     for (int j = 0; j < n1; j++) {
       const float *kv = kc + ((size_t)g * S + (size_t)(lo + j)) * D;
@@ -259,9 +282,10 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
 /* One transformer layer (spec 4.4)                                          */
 /* ------------------------------------------------------------------------ */
 
-/* q/k/v projections, norms and rope for T tokens at positions pos0.. into
+/* q/k/v projections, norms and rope for T tokens at positions pos0.. (or, if
+ * pos != NULL, at the scattered absolute positions pos[T]) into
  * ctx->q [T,NH,D], ctx->k / ctx->v [T,NKV,D]. */
-static void qkv(dg_context *ctx, int li, int T, int32_t pos0) {
+static void qkv(dg_context *ctx, int li, int T, int32_t pos0, const int32_t *pos) {
   const dg_model *m = ctx->m;
   const dg_layer *l = &m->layers[li];
   const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim;
@@ -272,9 +296,13 @@ static void qkv(dg_context *ctx, int li, int T, int32_t pos0) {
   matmul(m, ctx->k, NKV * D, a, H, T, &l->k, 0, NKV * D);
   if (l->v.data) matmul(m, ctx->v, NKV * D, a, H, T, &l->v, 0, NKV * D);
   else memcpy(ctx->v, ctx->k, (size_t)T * NKV * D * sizeof(float)); /* K = V, before k_norm and rope */
-  if (ctx->rope_pos0 != pos0 || ctx->rope_T != T || ctx->rope_full != l->is_full) { /* once per pass and layer kind */
-    rope_tables(ctx->rope_cos, ctx->rope_sin, l->is_full ? m->inv_freq_full : m->inv_freq_sliding, D, pos0, T);
-    ctx->rope_pos0 = pos0;
+  /* tables once per pass and layer kind; a scattered pass is keyed by -2 - its serial number */
+  const int32_t key = pos ? -2 - ctx->rope_scatter_id : pos0;
+  if (ctx->rope_pos0 != key || ctx->rope_T != T || ctx->rope_full != l->is_full) {
+    const float *inv = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
+    if (pos) rope_tables_at(ctx->rope_cos, ctx->rope_sin, inv, D, pos, T);
+    else rope_tables(ctx->rope_cos, ctx->rope_sin, inv, D, pos0, T);
+    ctx->rope_pos0 = key;
     ctx->rope_T = T;
     ctx->rope_full = l->is_full;
   }
@@ -434,7 +462,7 @@ static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
   for (int li = 0; li < c->n_layers; li++) {
     const dg_layer *l = &m->layers[li];
     const int NKV = l->n_kv, D = l->head_dim;
-    qkv(ctx, li, T, pos0);
+    qkv(ctx, li, T, pos0, NULL);
     /* append K/V to the cache: [NKV, S, D] */
     for (int t = 0; t < T; t++)
       for (int h = 0; h < NKV; h++) {
@@ -446,7 +474,7 @@ static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
     /* The encoder's outputs are discarded: after the last layer's K/V nothing
      * is needed (spec 4.4, last paragraph). */
     if (li == c->n_layers - 1) break;
-    attention(ctx, li, ctx->q, T, pos0, NULL, NULL, ctx->att);
+    attention(ctx, li, ctx->q, T, pos0, NULL, NULL, 0, ctx->att);
     attn_out(ctx, li, T);
     ffn(ctx, li, T, l->layer_scalar_enc);
   }
@@ -470,7 +498,9 @@ dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
   return DG_OK;
 }
 
-dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits) {
+/* Embedding, self-conditioning and every decoder layer over canvas[C]; the
+ * last hidden state is left in ctx->x [C, H]. */
+static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const float *soft) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
   const int T = c->canvas_length, H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads;
@@ -493,13 +523,21 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
   }
   rmsnorm_rows(ctx->x, ctx->x, NULL, T, H, eps, nt);
   for (int li = 0; li < c->n_layers; li++) {
-    qkv(ctx, li, T, pos0);
-    attention(ctx, li, ctx->q, T, pos0, ctx->k, ctx->v, ctx->att);
+    qkv(ctx, li, T, pos0, NULL);
+    attention(ctx, li, ctx->q, T, pos0, ctx->k, ctx->v, T, ctx->att);
     attn_out(ctx, li, T);
     ffn(ctx, li, T, m->layers[li].layer_scalar_dec);
   }
+  return DG_OK;
+}
+
+dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int T = c->canvas_length, H = c->hidden_size, nt = m->n_threads;
+  DG_TRY(decode_layers(ctx, canvas, soft));
   /* final norm, tied LM head, softcap (spec 4.7) */
-  rmsnorm_rows(ctx->xa, ctx->x, m->final_norm, T, H, eps, nt);
+  rmsnorm_rows(ctx->xa, ctx->x, m->final_norm, T, H, c->rms_norm_eps, nt);
   matmul(m, logits, c->vocab_size, ctx->xa, H, T, &m->embed, 0, c->vocab_size);
   const float cap = c->final_logit_softcapping;
   if (cap > 0.0f) {
@@ -510,43 +548,257 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
   return DG_OK;
 }
 
+/* LM head (final norm + tied embedding, no softcap) for the n rows `rows` of
+ * the hidden state hid [*, H]: raw [n, V]. */
+static void head_rows_raw(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int H = c->hidden_size;
+  for (int32_t r = 0; r < n; r++)
+    rmsnorm(ctx->xa + (size_t)r * H, hid + (size_t)rows[r] * H, m->final_norm, H, c->rms_norm_eps);
+  matmul(m, raw, c->vocab_size, ctx->xa, H, n, &m->embed, 0, c->vocab_size);
+}
+
+dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                 int32_t n_rows, float *raw) {
+  const int C = ctx->m->cfg.canvas_length;
+  for (int32_t r = 0; r < n_rows; r++)
+    if (rows[r] < 0 || rows[r] >= C)
+      return dg_seterr(DG_ERR_INVALID_ARG, "decoder head row %d is outside the canvas [0, %d)", rows[r], C);
+  DG_TRY(decode_layers(ctx, canvas, soft));
+  if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw);
+  return DG_OK;
+}
+
+dg_status dg_compact_buffers(dg_context *ctx) {
+  if (ctx->cbuf_k) return DG_OK;
+  const dg_config *c = &ctx->m->cfg;
+  ctx->cbuf_k = calloc((size_t)c->n_layers, sizeof(float *));
+  ctx->cbuf_v = calloc((size_t)c->n_layers, sizeof(float *));
+  int fail = !ctx->cbuf_k || !ctx->cbuf_v;
+  for (int i = 0; !fail && i < c->n_layers; i++) {
+    size_t n = (size_t)c->canvas_length * c->n_kv_heads[i] * c->head_dim[i];
+    ctx->cbuf_k[i] = xcalloc(n, sizeof(float), &fail);
+    ctx->cbuf_v[i] = xcalloc(n, sizeof(float), &fail);
+  }
+  if (fail) {
+    if (ctx->cbuf_k)
+      for (int i = 0; i < c->n_layers; i++) { free(ctx->cbuf_k[i]); free(ctx->cbuf_v ? ctx->cbuf_v[i] : NULL); }
+    free(ctx->cbuf_k);
+    free(ctx->cbuf_v);
+    ctx->cbuf_k = ctx->cbuf_v = NULL;
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the canvas K/V buffers (%d layers x canvas %d)",
+                     c->n_layers, c->canvas_length);
+  }
+  return DG_OK;
+}
+
+/* Checks shared by the compacted pass and its oracle. */
+static dg_status compact_args(dg_context *ctx, const int32_t *pos, int32_t n, const int32_t *head, int32_t nh) {
+  const int C = ctx->m->cfg.canvas_length;
+  if (!ctx->cbuf_k) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
+  if (n < 1 || n > C || nh < 0 || nh > C)
+    return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass: forward set %d / head rows %d outside [1, %d]", n, nh, C);
+  for (int32_t t = 0; t < n; t++)
+    if (pos[t] < 0 || pos[t] >= C)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass: position %d outside the canvas [0, %d)", pos[t], C);
+  for (int32_t r = 0; r < nh; r++)
+    if (head[r] < 0 || head[r] >= n)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass: head row %d outside the forward set [0, %d)", head[r], n);
+  if ((int64_t)ctx->len + C > ctx->m->cfg.max_position_embeddings)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", ctx->len,
+                     ctx->len + C - 1, ctx->m->cfg.max_position_embeddings);
+  return DG_OK;
+}
+
+/* Decoder input of the forward set: E[tok]*scale + SC MLP(soft rows of pos), post_norm (spec 4.8). */
+static dg_status compact_input(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft) {
+  const dg_model *m = ctx->m;
+  const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size, nt = m->n_threads;
+  const float eps = m->cfg.rms_norm_eps;
+  DG_TRY(embed(ctx, tok, n));
+  if (soft) {
+    for (int32_t t = 0; t < n; t++) memcpy(ctx->xb + (size_t)t * H, soft + (size_t)pos[t] * H, (size_t)H * sizeof(float));
+    float *a = ctx->xa;
+    rmsnorm_rows(a, ctx->xb, m->sc_pre_norm, n, H, eps, nt);
+    matmul(m, ctx->h1, I, a, H, n, &m->sc_gate, 0, I);
+    matmul(m, ctx->h2, I, a, H, n, &m->sc_up, 0, I);
+    for (size_t i = 0; i < (size_t)n * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
+    matmul(m, ctx->xb, H, ctx->h1, I, n, &m->sc_down, 0, H);
+    for (size_t i = 0; i < (size_t)n * H; i++) ctx->x[i] += ctx->xb[i];
+  }
+  rmsnorm_rows(ctx->x, ctx->x, NULL, n, H, eps, nt);
+  return DG_OK;
+}
+
+/* Fresh K/V of the n tokens in ctx->k / ctx->v scattered into the layer's canvas rows pos[]. */
+static void compact_scatter(dg_context *ctx, int li, const int32_t *pos, int32_t n) {
+  const dg_layer *l = &ctx->m->layers[li];
+  const size_t row = (size_t)l->n_kv * l->head_dim;
+  for (int32_t t = 0; t < n; t++) { /* a duplicated position writes identical values (idempotent) */
+    memcpy(ctx->cbuf_k[li] + (size_t)pos[t] * row, ctx->k + (size_t)t * row, row * sizeof(float));
+    memcpy(ctx->cbuf_v[li] + (size_t)pos[t] * row, ctx->v + (size_t)t * row, row * sizeof(float));
+  }
+}
+
+dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
+  const dg_model *m = work->m;
+  const dg_config *c = &m->cfg;
+  const int H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads, C = c->canvas_length;
+  const float eps = c->rms_norm_eps;
+  int64_t total = 0;
+  for (int32_t q = 0; q < B; q++) {
+    if (seqs[q].ctx->m != m)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d belongs to another model", q);
+    DG_TRY(compact_args(seqs[q].ctx, seqs[q].pos, seqs[q].n, seqs[q].head, seqs[q].nh));
+    total += seqs[q].n;
+  }
+  if (total > work->tmax)
+    return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch of %lld rows exceeds the work context's %d rows",
+                     (long long)total, work->tmax);
+  const int32_t N = (int32_t)total;
+  int32_t *buf = calloc((size_t)N * 3 + 1, sizeof(int32_t));
+  int32_t *off = malloc((size_t)(B + 1) * sizeof(int32_t));
+  if (!buf || !off) { free(buf); free(off); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
+  int32_t *tok = buf, *ap = buf + N, *sc_rows = buf + 2 * N;
+  dg_status st = DG_OK;
+  off[0] = 0;
+  for (int32_t q = 0; q < B; q++) {
+    off[q + 1] = off[q] + seqs[q].n;
+    for (int32_t t = 0; t < seqs[q].n; t++) {
+      tok[off[q] + t] = seqs[q].tok[t];
+      ap[off[q] + t] = seqs[q].ctx->len + seqs[q].pos[t];
+    }
+  }
+  /* decoder input (spec 4.8): embedding, then the SC MLP on the rows that have a signal */
+  st = embed(work, tok, N);
+  int32_t n_sc = 0;
+  for (int32_t q = 0; !st && q < B; q++)
+    if (seqs[q].soft)
+      for (int32_t t = 0; t < seqs[q].n; t++) {
+        memcpy(work->xb + (size_t)n_sc * H, seqs[q].soft + (size_t)seqs[q].pos[t] * H, (size_t)H * sizeof(float));
+        sc_rows[n_sc++] = off[q] + t;
+      }
+  if (!st && n_sc > 0) {
+    float *a = work->xa;
+    rmsnorm_rows(a, work->xb, m->sc_pre_norm, n_sc, H, eps, nt);
+    matmul(m, work->h1, I, a, H, n_sc, &m->sc_gate, 0, I);
+    matmul(m, work->h2, I, a, H, n_sc, &m->sc_up, 0, I);
+    for (size_t i = 0; i < (size_t)n_sc * I; i++) work->h1[i] = gelu_tanh(work->h1[i]) * work->h2[i];
+    matmul(m, work->xb, H, work->h1, I, n_sc, &m->sc_down, 0, H);
+    for (int32_t r = 0; r < n_sc; r++) {
+      float *x = work->x + (size_t)sc_rows[r] * H;
+      const float *d = work->xb + (size_t)r * H;
+      for (int j = 0; j < H; j++) x[j] += d[j];
+    }
+  }
+  if (!st) rmsnorm_rows(work->x, work->x, NULL, N, H, eps, nt);
+  work->rope_scatter_id++;
+  for (int li = 0; !st && li < c->n_layers; li++) {
+    const dg_layer *l = &m->layers[li];
+    const size_t qrow = (size_t)c->n_heads * l->head_dim, kvrow = (size_t)l->n_kv * l->head_dim;
+    qkv(work, li, N, 0, ap);
+    for (int32_t q = 0; q < B; q++) {
+      dg_context *sq = seqs[q].ctx;
+      for (int32_t t = 0; t < seqs[q].n; t++) { /* scatter (a duplicated position writes identical values) */
+        memcpy(sq->cbuf_k[li] + (size_t)seqs[q].pos[t] * kvrow, work->k + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
+        memcpy(sq->cbuf_v[li] + (size_t)seqs[q].pos[t] * kvrow, work->v + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
+      }
+      /* the canvas's queries over [its prefix K/V, its whole canvas buffer], no mask (spec 7.4) */
+      attention(sq, li, work->q + (size_t)off[q] * qrow, seqs[q].n, sq->len, sq->cbuf_k[li], sq->cbuf_v[li], C,
+                work->att + (size_t)off[q] * qrow);
+    }
+    attn_out(work, li, N);
+    ffn(work, li, N, l->layer_scalar_dec);
+  }
+  for (int32_t q = 0; !st && q < B; q++)
+    if (seqs[q].nh > 0) head_rows_raw(work, work->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw);
+  free(buf);
+  free(off);
+  return st;
+}
+
+dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
+                             const int32_t *head, int32_t nh, float *raw) {
+  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw};
+  return dg_forward_compact_batch(ctx, &q, 1);
+}
+
+dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
+                                    const float *soft, const int32_t *head, int32_t nh, float *raw) {
+  const dg_model *m = ctx->m;
+  const dg_config *c = &m->cfg;
+  const int H = c->hidden_size;
+  DG_TRY(compact_args(ctx, pos, n, head, nh));
+  const int32_t L = ctx->len, C = c->canvas_length;
+  float *X = malloc((size_t)n * H * sizeof(float)), *Y = malloc((size_t)n * H * sizeof(float));
+  if (!X || !Y) { free(X); free(Y); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
+  dg_status st = DG_OK;
+  /* the input, one token at a time */
+  for (int32_t t = 0; t < n && !st; t++) {
+    st = compact_input(ctx, tok + t, pos + t, 1, soft);
+    memcpy(X + (size_t)t * H, ctx->x, (size_t)H * sizeof(float));
+  }
+  for (int li = 0; li < c->n_layers && !st; li++) {
+    /* every token's fresh K/V into the buffer first ... */
+    for (int32_t t = 0; t < n; t++) {
+      int32_t ap = L + pos[t];
+      memcpy(ctx->x, X + (size_t)t * H, (size_t)H * sizeof(float));
+      ctx->rope_scatter_id++;
+      qkv(ctx, li, 1, L, &ap);
+      compact_scatter(ctx, li, pos + t, 1);
+    }
+    /* ... then each token's attention over [prefix, canvas buffer] and its FFN */
+    for (int32_t t = 0; t < n; t++) {
+      int32_t ap = L + pos[t];
+      memcpy(ctx->x, X + (size_t)t * H, (size_t)H * sizeof(float));
+      ctx->rope_scatter_id++;
+      qkv(ctx, li, 1, L, &ap);
+      attention(ctx, li, ctx->q, 1, L, ctx->cbuf_k[li], ctx->cbuf_v[li], C, ctx->att);
+      attn_out(ctx, li, 1);
+      ffn(ctx, li, 1, m->layers[li].layer_scalar_dec);
+      memcpy(Y + (size_t)t * H, ctx->x, (size_t)H * sizeof(float));
+    }
+    float *tmp = X; X = Y; Y = tmp;
+  }
+  if (!st && nh > 0) head_rows_raw(ctx, X, head, nh, raw);
+  free(X);
+  free(Y);
+  return st;
+}
+
+void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s) {
+  const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  /* P = cast(softmax(cast(z))) (spec 4.9) */
+  float mx = -FLT_MAX;
+  for (int v = 0; v < V; v++) {
+    p[v] = dg_round_act(m, zr[v]);
+    if (p[v] > mx) mx = p[v];
+  }
+  double sum = 0.0;
+  for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
+  float inv = (float)(1.0 / sum);
+  for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
+  /* s = (sum_v P[v] E[v]) * embed_scale */
+  for (int j = 0; j < H; j++) s[j] = 0.0f;
+  for (int v = 0; v < V; v++) {
+    float pv = p[v];
+    if (pv == 0.0f) continue; /* adds exactly zero */
+    if (m->embed.dtype == DG_F32 && !m->embed.bits) {
+      const float *er = (const float *)m->embed.data + (size_t)v * H;
+      for (int j = 0; j < H; j++) s[j] += pv * er[j];
+    } else { /* bf16/f16 widened, or a quantized row dequantized (spec 5 with a quantized tied embedding) */
+      dg_weight_axpy_row(s, pv, &m->embed, v);
+    }
+  }
+  for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
+}
+
 dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const dg_model *m = ctx->m;
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-  float *P = ctx->probs;
-  /* P = cast(softmax(cast(z))) row by row (spec 4.9) */
 #pragma omp parallel for num_threads(m->n_threads) schedule(static)
-  for (int c = 0; c < C; c++) {
-    const float *zr = z + (size_t)c * V;
-    float *p = P + (size_t)c * V;
-    float mx = -FLT_MAX;
-    for (int v = 0; v < V; v++) {
-      p[v] = dg_round_act(m, zr[v]);
-      if (p[v] > mx) mx = p[v];
-    }
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
-    float inv = (float)(1.0 / sum);
-    for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
-  }
-  /* soft[c] = (sum_v P[c,v] E[v]) * embed_scale */
-#pragma omp parallel for num_threads(m->n_threads) schedule(static)
-  for (int c = 0; c < C; c++) {
-    float *s = soft + (size_t)c * H;
-    const float *p = P + (size_t)c * V;
-    for (int j = 0; j < H; j++) s[j] = 0.0f;
-    for (int v = 0; v < V; v++) {
-      float pv = p[v];
-      if (pv == 0.0f) continue; /* adds exactly zero */
-      if (m->embed.dtype == DG_F32 && !m->embed.bits) {
-        const float *er = (const float *)m->embed.data + (size_t)v * H;
-        for (int j = 0; j < H; j++) s[j] += pv * er[j];
-      } else { /* bf16/f16 widened, or a quantized row dequantized (spec 5 with a quantized tied embedding) */
-        dg_weight_axpy_row(s, pv, &m->embed, v);
-      }
-    }
-    for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
-  }
+  for (int c = 0; c < C; c++) dg_soft_row(m, z + (size_t)c * V, ctx->probs + (size_t)c * V, soft + (size_t)c * H);
   return DG_OK;
 }
 

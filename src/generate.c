@@ -28,6 +28,7 @@
 #include "model.h"
 #include "rng.h"
 #include "sampler.h"
+#include "turbo.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -205,15 +206,30 @@ dg_status dg_gen_params_validate(const dg_model *m, const dg_gen_params *p) {
     return dg_seterr(DG_ERR_INVALID_ARG, "unknown proposal mode %d", (int)p->proposal);
   if (p->proposal == DG_PROPOSAL_REPLAY_UNIFORM && !p->replay_uniforms)
     return dg_seterr(DG_ERR_INVALID_ARG, "proposal = replay-uniform needs replay_uniforms");
+  if (p->turbo.enabled) {
+    const dg_turbo_params *t = &p->turbo;
+    if (t->topk < 1 || t->topk > 4096 || t->topk > V)
+      return dg_seterr(DG_ERR_INVALID_ARG, "turbo_topk = %d must be in [1, min(4096, vocab %d)]", t->topk, V);
+    if (t->steps < 0) return dg_seterr(DG_ERR_INVALID_ARG, "turbo_steps = %d must be >= 1 (0 = none)", t->steps);
+    if (t->accept != DG_TURBO_ACCEPT_ENTROPY_BOUND && t->accept != DG_TURBO_ACCEPT_CONFIDENCE)
+      return dg_seterr(DG_ERR_INVALID_ARG, "unknown turbo_accept rule %d", (int)t->accept);
+    if (!(t->threshold_hi > 0.0f && t->threshold_hi <= 1.0f) || !(t->threshold_lo > 0.0f && t->threshold_lo <= 1.0f) ||
+        t->threshold_k0 < 0)
+      return dg_seterr(DG_ERR_INVALID_ARG, "turbo_threshold [%g, %g, %d]: hi and lo must be in (0, 1], k0 >= 0",
+                       t->threshold_hi, t->threshold_lo, t->threshold_k0);
+    if (t->repeat_guard < 0)
+      return dg_seterr(DG_ERR_INVALID_ARG, "turbo_repeat_guard = %d must be >= 0", t->repeat_guard);
+    if (t->sc_mode != DG_TURBO_SC_EXACT && t->sc_mode != DG_TURBO_SC_TOPK && t->sc_mode != DG_TURBO_SC_ADAPTIVE)
+      return dg_seterr(DG_ERR_INVALID_ARG, "unknown turbo_sc mode %d", (int)t->sc_mode);
+    if (!(t->sc_tail_mass > 0.0f && t->sc_tail_mass <= 1.0f))
+      return dg_seterr(DG_ERR_INVALID_ARG, "turbo_sc_tail_mass = %g must be in (0, 1]", t->sc_tail_mass);
+  }
   return DG_OK;
 }
 
-dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
-                      dg_gen_result *res) {
-  if (!ctx || !p || !res || (!prompt && n_prompt)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: NULL argument");
-  memset(res, 0, sizeof *res);
+dg_status dg_generate_check(const dg_context *ctx, size_t n_prompt, const dg_gen_params *p) {
   const dg_model *m = ctx->m;
-  const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  const int32_t C = m->cfg.canvas_length;
   DG_TRY(dg_gen_params_validate(m, p));
   if (n_prompt == 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: empty prompt");
   const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
@@ -226,6 +242,22 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
   if (need + C > m->cfg.max_position_embeddings)
     return dg_seterr(DG_ERR_CONTEXT_FULL, "generation would reach position %lld, past max_position_embeddings %d",
                      (long long)(need + C), m->cfg.max_position_embeddings);
+  return DG_OK;
+}
+
+dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
+                      dg_gen_result *res) {
+  if (!ctx || !p || !res || (!prompt && n_prompt)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: NULL argument");
+  memset(res, 0, sizeof *res);
+  const dg_model *m = ctx->m;
+  const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+  DG_TRY(dg_generate_check(ctx, n_prompt, p));
+  const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
+  if (p->turbo.enabled) {
+    if (ctx->cuda) /* the turbo engine's compacted decoder and batching are CPU code so far */
+      return dg_seterr(DG_ERR_BACKEND, "diffusion_turbo runs on the CPU only so far: use --device cpu");
+    return dg_turbo_generate(ctx, prompt, n_prompt, p, res);
+  }
 
   double t0 = now_s();
   dg_status st = DG_OK;
@@ -302,7 +334,7 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
       int stop = p->confidence_threshold > 0.0f && stable && mean_ent < p->confidence_threshold;
       memcpy(canvas, next, (size_t)C * sizeof(int32_t));
       if (p->on_step) {
-        dg_step_info si = {b, k, s, T, n_acc, mean_ent, stop, amax, canvas, C};
+        dg_step_info si = {b, k, s, T, n_acc, mean_ent, stop, amax, canvas, C, C, C, C, C};
         if (p->on_step(&si, p->user_data)) { st = dg_seterr(DG_ERR_ABORTED, "aborted by the step callback at block %d, step %d", b, k); goto done; }
       }
       if (stop || s == 1) break;
@@ -342,6 +374,8 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
   res->n_blocks = n_blocks;
   res->n_steps = n_steps_total;
   res->finished = finished;
+  res->finish_reason = finished ? DG_FINISH_STOP : DG_FINISH_LENGTH;
+  res->n_forwarded = (int64_t)n_steps_total * C;
   int32_t non_pad = 0;
   for (int32_t i = 0; i < n_out; i++) non_pad += res->tokens[i] != p->pad_id;
   res->tokens_per_forward = n_steps_total ? (double)non_pad / n_steps_total : 0.0;

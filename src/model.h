@@ -101,6 +101,8 @@ struct dg_context {
   float *scores;        /* [nthreads, S + T] attention scratch */
   int32_t n_score_threads;
   float *soft;          /* [C, H] self-conditioning soft embedding */
+  float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
+  int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
   float *probs;         /* [C, V] probabilities for self-conditioning */
   struct dg_cuda_ctx *cuda; /* device KV cache and buffers when the model is on CUDA; the CPU
                                buffers above are then not allocated */
@@ -115,6 +117,64 @@ dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n);
  * soft: [C, H] self-conditioning soft embedding (already scaled by the
  * embedding scale), or NULL for the zero signal. logits: [C, V] softcapped. */
 dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits);
+
+/* Decoder pass like dg_forward_decode, but the LM head runs only for the
+ * n_rows canvas positions rows[] (each in [0, C)) and writes RAW logits (no
+ * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits). */
+dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                 int32_t n_rows, float *raw);
+
+/* Allocate the per-layer canvas K/V buffers (once per context). */
+dg_status dg_compact_buffers(dg_context *ctx);
+
+/* Compacted active-set decoder pass (spec 7.4). The forward set F is n
+ * canvas positions pos[n] (in [0, C); duplicates allowed: they recompute
+ * identical values and scatter idempotently) holding tokens tok[n]; soft:
+ * [C, H] self-conditioning rows by canvas position (NULL = zero signal).
+ * Each layer computes F's fresh K/V at absolute positions L + pos, scatters
+ * them into the layer's canvas buffer rows, and attends from F's queries over
+ * [cached prefix, the whole canvas buffer] with no mask; rows of the buffer
+ * not in F keep the K/V of the last pass that wrote them (stale K/V). The LM
+ * head runs on the nh forward-set rows head[] (indices into F): raw [nh, V],
+ * no softcap. Errors: DG_ERR_INVALID_ARG (no buffers, bad sizes or
+ * positions), DG_ERR_CONTEXT_FULL. */
+dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
+                             const int32_t *head, int32_t nh, float *raw);
+
+/* One canvas of a batched compacted pass: its context (prefix KV cache,
+ * canvas buffers, canvas positions L..L+C-1) and the arguments of
+ * dg_forward_compact. */
+typedef struct dg_compact_seq {
+  dg_context *ctx;
+  const int32_t *tok, *pos;
+  int32_t n;
+  const float *soft;
+  const int32_t *head;
+  int32_t nh;
+  float *raw;
+} dg_compact_seq;
+
+/* Multi-canvas batching: the B canvases' forward sets run through every
+ * layer's matrix products as one stack of rows (scratch from `work`, whose
+ * row capacity must hold the sum of the n); attention, K/V scatter and the
+ * LM head stay per canvas. Each canvas's results equal its own
+ * dg_forward_compact (rows do not interact outside attention).
+ * dg_forward_compact is this with B = 1 and work = ctx. */
+dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
+
+/* dg_context_new with scratch for at least `rows` rows per pass (batching). */
+dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out);
+
+/* The same semantics computed token by token (one-row passes per layer: all
+ * of F's K/V scattered first, then each query's attention and FFN): the slow
+ * oracle that dg_forward_compact is tested against. */
+dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
+                                    const float *soft, const int32_t *head, int32_t nh, float *raw);
+
+/* One row of the exact self-conditioning signal (spec 5, 4.9): zr [V]
+ * processed logits, p [V] scratch (left holding the cast probabilities),
+ * s [H] = scale * sum_v p_v E[v]. */
+void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
 
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
  * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to

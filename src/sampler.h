@@ -3,6 +3,7 @@
 #ifndef DG_SAMPLER_H
 #define DG_SAMPLER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dgemma.h"
@@ -34,5 +35,10 @@ float dg_temperature(const dg_gen_params *p, int32_t s);
 /* Check a parameter set against a model: DG_ERR_INVALID_ARG naming the field. */
 struct dg_model;
 dg_status dg_gen_params_validate(const struct dg_model *m, const dg_gen_params *p);
+
+/* dg_gen_params_validate plus the context-capacity checks of dg_generate for
+ * a prompt of n_prompt tokens. */
+struct dg_context;
+dg_status dg_generate_check(const struct dg_context *ctx, size_t n_prompt, const dg_gen_params *p);
 
 #endif

@@ -66,7 +66,9 @@ static void usage_exit(const char *msg) {
           "  -s, --steps N            max denoising steps per canvas\n"
           "      --seed N             random seed (default 0)\n"
           "      --greedy             argmax proposals instead of sampling\n"
-          "      --gen-kwargs JSON    any generation_config field, e.g. '{\"entropy_bound\": 0.2}'\n"
+          "      --gen-kwargs JSON    any generation_config field, e.g. '{\"entropy_bound\": 0.2}', or the\n"
+          "                           turbo engine: '{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\",\n"
+          "                           \"turbo_threshold\": [0.95, 0.80, 8], \"turbo_repair\": true}' (README)\n"
           "  -v, --verbose            show the canvas as it denoises (stderr)\n"
           "\n"
           "logits / replay options:\n"
@@ -361,9 +363,14 @@ static int cmd_run(const opts *o) {
   if ((st = dg_generate(ctx, ids, n, &gp, &r))) die("generate", st);
   printf("\n");
   fflush(stdout);
+  static const char *const why[] = {"length", "stop", "repetition"};
   fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
           r.n_valid, r.n_blocks, r.n_steps, r.tokens_per_forward, r.seconds,
           r.seconds > 0 ? r.n_valid / r.seconds : 0.0);
+  fprintf(stderr, "dgemma: %s sampler, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
+          gp.turbo.enabled ? "turbo" : "reference", r.n_blocks ? (double)r.n_steps / r.n_blocks : 0.0,
+          r.n_steps ? (double)r.n_forwarded / r.n_steps : 0.0,
+          (unsigned)r.finish_reason < 3 ? why[r.finish_reason] : "?");
   dg_gen_result_free(&r);
   free(ss.ids);
   dg_free(ids);
