@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -369,6 +370,91 @@ static void test_cli_errors(void **state) {
   free(e);
 }
 
+/* The bundled model on the fixture, 1 canvas of 64 and 2 steps per item: a few seconds. */
+#define FAST "eval gsm8k -m models/dgemma-small --data " FIX " -t 1 -n 64 -s 2 "
+
+static void test_cli_resume(void **state) {
+  (void)state;
+  char args[2048], items[600], summ[600], *e;
+  snprintf(items, sizeof items, "%s/cli_items.jsonl", g_dir);
+  snprintf(summ, sizeof summ, "%s/cli_summary.json", g_dir);
+  snprintf(args, sizeof args, FAST "--limit 2 -o %s --summary %s", items, summ);
+  assert_int_equal(run_cli(args, &e), 0);
+  free(e);
+  assert_int_equal(count_lines(items), 2);
+  char *first = dg_test_read_file(items, NULL);
+  /* extend to 4 items: the 2 done are skipped and counted */
+  snprintf(args, sizeof args, FAST "--limit 4 -o %s --summary %s", items, summ);
+  assert_int_equal(run_cli(args, &e), 0);
+  if (!strstr(e, "resuming: 2 of 4 items already in")) fail_msg("stderr: %s", e);
+  free(e);
+  assert_int_equal(count_lines(items), 4);
+  char *all = dg_test_read_file(items, NULL);
+  assert_memory_equal(all, first, strlen(first)); /* the first two lines untouched */
+  for (int i = 0; i < 4; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "{\"idx\":%d,", i);
+    assert_non_null(strstr(all, key));
+  }
+  assert_non_null(strstr(all, "\"label\":\"2000\""));
+  free(all);
+  free(first);
+  char *js = dg_test_read_file(summ, NULL);
+  assert_non_null(strstr(js, "\"items\":4,\"items_target\":4,"));
+  assert_non_null(strstr(js, "\"complete\":true"));
+  free(js);
+  /* another configuration on the same file is refused, the file unchanged */
+  snprintf(args, sizeof args, FAST "--chat --limit 4 -o %s", items);
+  assert_int_equal(run_cli(args, &e), 1);
+  assert_non_null(strstr(e, "written by another configuration"));
+  free(e);
+  assert_int_equal(count_lines(items), 4);
+}
+
+/* SIGINT during generation: exit status 130, a clear message, the partial summary on stdout. */
+static void test_cli_interrupt(void **state) {
+  (void)state;
+  char exe[1024], errf[600], outf[600], items[600];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  strcat(exe, "/../dgemma");
+  snprintf(errf, sizeof errf, "%s/int.err", g_dir);
+  snprintf(outf, sizeof outf, "%s/int.out", g_dir);
+  snprintf(items, sizeof items, "%s/int_items.jsonl", g_dir);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    freopen(errf, "w", stderr);
+    freopen(outf, "w", stdout);
+    execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256", "-s", "48",
+          "--limit", "4", "-o", items, (char *)NULL);
+    _exit(127);
+  }
+  /* wait until the handler is installed (the start line), then interrupt */
+  int started = 0;
+  for (int i = 0; i < 600 && !started; i++) {
+    char *e = dg_test_read_file(errf, NULL);
+    started = e && strstr(e, "gsm8k: 4 items from");
+    free(e);
+    if (!started) usleep(100000);
+  }
+  assert_true(started);
+  usleep(200000);
+  kill(pid, SIGINT);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 130);
+  char *e = dg_test_read_file(errf, NULL), *o = dg_test_read_file(outf, NULL);
+  if (!strstr(e, "interrupted after ") || !strstr(e, "of 4 items; rerun the same command to resume"))
+    fail_msg("stderr: %s", e);
+  assert_non_null(strstr(o, "(partial)"));
+  assert_non_null(strstr(o, "INTERRUPTED: rerun the same command to resume"));
+  free(e);
+  free(o);
+}
+
 /* ---- bench helpers ------------------------------------------------------------------- */
 
 static void test_bench_helpers(void **state) {
@@ -405,6 +491,7 @@ int main(void) {
       cmocka_unit_test(test_fewshot_prompt), cmocka_unit_test(test_wilson),
       cmocka_unit_test(test_load_errors),    cmocka_unit_test(test_resume),
       cmocka_unit_test(test_resume_malformed), cmocka_unit_test(test_cli_errors),
+      cmocka_unit_test(test_cli_resume),     cmocka_unit_test(test_cli_interrupt),
       cmocka_unit_test(test_bench_helpers),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -514,6 +514,8 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  if (o->progress)
+    fprintf(stderr, "gsm8k: %d items from %s: %s\n", in->test.n, in->dir, title);
   char err[2048] = "";
   gsm8k_summary s;
   int rc = gsm8k_run(&ro, gsm8k_generate, &g, &s, err, sizeof err);
