@@ -146,7 +146,7 @@ double bench_copy_bandwidth(size_t bytes, int n_threads, int reps) {
 
 #include <immintrin.h>
 
-#define FMA_ITERS 4000000L
+#define FMA_ITERS 20000000L
 
 /* 12 independent accumulators hide the FMA latency; FLOPs = iters * 12 * lanes * 2. */
 __attribute__((target("avx512f"))) static double fma_avx512(void) {

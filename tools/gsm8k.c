@@ -14,9 +14,13 @@
  *     "Assistant:", "<|separator|>"]); stop strings are cut out of the text;
  *   - the chat variant (--use-chat-completions) sends the same prompt text as
  *     one user message; with --num-shots 0 that is "Question: {q}\nAnswer:".
- * lm-evaluation-harness's gsm8k task (5-shot "Question: ... Answer:" with a
- * "#### N" strict-match and a last-number flexible-extract filter) is the
- * common alternative; we report vLLM's rule only. */
+ * The other common definition, lm-evaluation-harness's
+ * lm_eval/tasks/gsm8k/gsm8k.yaml (EleutherAI/lm-evaluation-harness @0391928),
+ * uses the same "Question: {{question}}\nAnswer:" text with 5 examples drawn
+ * from the train split by its few-shot sampler (not items 0-4), stops at
+ * "\n\n" and "Question:", and takes the first "#### (-?[0-9.,]+)" match
+ * (later versions add a last-number "flexible-extract" filter). Its scores
+ * are not comparable with vLLM's; we implement vLLM's only. */
 #include "gsm8k.h"
 
 #include <cjson/cJSON.h>
