@@ -472,6 +472,46 @@ static void test_bench_helpers(void **state) {
   assert_true(fabs(bench_floor_s(&c, 16e9, 1e12, &mb) - 2.0) < 1e-12 && mb == 0);
 }
 
+/* The cost model on the bundled model, against a hand count from its config.json:
+ * H 256, V 4096, I 512, IE 128, E 8 (top 2), 4 query heads; 4 sliding layers (D 64, 2 KV heads, v_proj)
+ * and 2 full layers (D 128, 1 KV head, K = V: no v_proj); canvas 64. Per token:
+ *   sliding: q 65,536 + k 32,768 + v 32,768 + o 65,536 + MLP 393,216 + router 2,048 + 2 experts 196,608 = 788,480
+ *   full:    q 131,072 + k 32,768 + o 131,072 + MLP 393,216 + router 2,048 + experts 196,608 = 886,784
+ *   layers 2 * 64 * (4 * 788,480 + 2 * 886,784) = 630,718,464
+ *   attention (64 queries x 64 keys, QK and PV) 4*64*64*4*(4*64 + 2*128) = 33,554,432
+ *   LM head + self-conditioning 2 * 64 * (2 * 4096 * 256 + 3 * 512 * 256) = 318,767,104
+ *   total 983,040,000 FLOPs. */
+static void test_bench_cost(void **state) {
+  (void)state;
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.n_threads = 1;
+  dg_model *m = NULL;
+  assert_dg_ok(dg_model_load("models/dgemma-small", &mp, &m));
+  dg_model_info info;
+  assert_dg_ok(dg_model_get_info(m, &info));
+  assert_string_equal(info.weight_dtype, "bf16");
+  bench_cost c = bench_decoder_cost(m, 0);
+  assert_true(fabs(c.flops - 983040000.0) < 1.0);
+  /* bytes: every bf16 parameter once (experts: 1 - (3/4)^64 of them, i.e. all), the embedding twice
+   * (LM head, self-conditioning); the norms (~0.2%) are not counted */
+  double want = 2.0 * ((double)info.n_params + 4096.0 * 256.0);
+  if (fabs(c.weight_bytes - want) > 0.005 * want) fail_msg("weight bytes %.0f vs %.0f", c.weight_bytes, want);
+  assert_true(c.weight_bytes < want);
+  assert_true(c.other_bytes == 64.0 * 4096 * 4); /* fp32 logits */
+  /* K/V: 64 keys, sliding 2*64*2 (K and V) and full 1*128 (K = V) floats per key */
+  assert_true(c.kv_bytes == 64.0 * 4 * (4 * 2 * 64 * 2 + 2 * 1 * 128));
+  /* context grows the attention term only; a sliding layer's queries see at most its window (512) keys:
+   * +448 keys per query on the 4 sliding layers, +1000 on the 2 full ones */
+  bench_cost c2 = bench_decoder_cost(m, 1000);
+  assert_true(c2.weight_bytes == c.weight_bytes);
+  assert_true(fabs((c2.flops - c.flops) - 4.0 * 64 * 4 * (4 * 64 * 448 + 2 * 128 * 1000)) < 1.0);
+  /* a 1-token encoder pass hits 2 of 8 experts in expectation */
+  bench_cost e1 = bench_encoder_cost(m, 1, 0), e64 = bench_encoder_cost(m, 64, 0);
+  assert_true(e1.weight_bytes < e64.weight_bytes);
+  dg_model_free(m);
+}
+
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/dgemma_test_eval_XXXXXX");
@@ -492,7 +532,7 @@ int main(void) {
       cmocka_unit_test(test_load_errors),    cmocka_unit_test(test_resume),
       cmocka_unit_test(test_resume_malformed), cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_resume),     cmocka_unit_test(test_cli_interrupt),
-      cmocka_unit_test(test_bench_helpers),
+      cmocka_unit_test(test_bench_helpers),  cmocka_unit_test(test_bench_cost),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
