@@ -520,7 +520,10 @@ static int cmd_eval(const opts *o) {
     eo.tty = isatty(2);
     eo.data = o->data;
     eo.summary = o->summary;
+    /* canonical path in the configuration key, so that a rerun spelling the directory differently resumes */
+    char model_real[PATH_MAX];
     eo.model_dir = o->model ? o->model : default_model();
+    if (realpath(eo.model_dir, model_real)) eo.model_dir = model_real;
     eo.gen_kwargs = o->gen_kwargs;
     eo.chat = o->chat;
     eo.shots = o->shots_set ? o->shots : -1;
