@@ -77,8 +77,14 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-$(CLI): $(BUILD)/tools/dgemma.o $(BUILD)/tools/eval.o $(BUILD)/tools/qreport.o $(LIB)
+CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench qreport)
+$(CLI): $(CLIOBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# test_eval also links the CLI's model-independent GSM8K harness and bench helpers.
+$(BUILD)/tests/test_eval: tests/test_eval.c $(BUILD)/tools/gsm8k.o $(BUILD)/tools/bench.o $(LIB) tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -Itools -o $@ $< $(BUILD)/tools/gsm8k.o $(BUILD)/tools/bench.o $(LIB) $(TESTLIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/testutil.h
 	@mkdir -p $(dir $@)
@@ -113,4 +119,4 @@ emu-test:
 clean:
 	rm -rf build build-asan build-emu
 
--include $(OBJ:.o=.d) $(BUILD)/tools/dgemma.d $(BUILD)/tools/eval.d $(BUILD)/tools/qreport.d
+-include $(OBJ:.o=.d) $(CLIOBJ:.o=.d)

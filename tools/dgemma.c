@@ -5,7 +5,9 @@
  *   dgemma tokenize [-m DIR] TEXT        ids of TEXT (no BOS)
  *   dgemma logits   ...                  decoder logits as raw float32 (parity)
  *   dgemma replay   ...                  generation from injected random streams (parity)
+ *   dgemma eval     gsm8k ...            GSM8K, vLLM harness conventions (tools/eval.c, tools/gsm8k.c)
  *   dgemma eval     problems|text ...    held-out evaluation of the small model (tools/eval.c)
+ *   dgemma bench    ...                  throughput protocols with their floors (tools/bench.c)
  *   dgemma quantize IN_DIR OUT_DIR ...   MLX affine quantization of a float checkpoint
  *   dgemma qreport  [-m DIR] ...         quantization quality: KL and top-1 vs the float model (tools/qreport.c)
  *
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "dgemma.h"
+#include "bench.h"
 #include "eval.h"
 #include "qreport.h"
 
@@ -44,7 +47,11 @@ static void usage_exit(const char *msg) {
           "  tokenize  print the ids of a text: dgemma tokenize [-m DIR] [--special] TEXT\n"
           "  logits    write decoder logits [canvas, vocab] as little-endian float32\n"
           "  replay    generate from injected random canvases/uniforms, print the ids\n"
-          "  eval      dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
+          "  eval      dgemma eval gsm8k [-m DIR] [--data DIR] [--chat] [--shots K] [--limit N] [-o items.jsonl]\n"
+          "                       [--summary S.json] [--sample] [-n N] [-s STEPS] [--seed S] (docs/eval.md)\n"
+          "            dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
+          "  bench     dgemma bench [-m DIR] [--protocol vllm|p512|all] [--reps N] [--warmup N] [-o rows.jsonl]\n"
+          "                       [--prompt-tokens P] [-n N] (docs/eval.md)\n"
           "  quantize  dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
           "            (MLX affine; SPEC e.g. \"mlx,experts=3\" or \"experts=2:32,embed=bf16\"; see README)\n"
           "  qreport   dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G]\n"
@@ -162,6 +169,8 @@ static const char *default_model(void) {
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
   const char *file, *recipe, *recipes;
+  const char *data, *summary, *protocol;
+  int chat, sample, shots_set, shots, reps, warmup, prompt_tokens;
   int bits, group_size;
   const char *positional2;
   int threads, ref, think, raw, verbose, greedy, special;
@@ -216,6 +225,15 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--canvases")) o->canvases = ARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
     else if (!strcmp(a, "--file")) o->file = ARG();
+    else if (!strcmp(a, "--data")) o->data = ARG();
+    else if (!strcmp(a, "--summary")) o->summary = ARG();
+    else if (!strcmp(a, "--chat")) o->chat = 1;
+    else if (!strcmp(a, "--sample")) o->sample = 1;
+    else if (!strcmp(a, "--shots")) { o->shots = (int)parse_int(ARG(), a, 0, 64); o->shots_set = 1; }
+    else if (!strcmp(a, "--protocol")) o->protocol = ARG();
+    else if (!strcmp(a, "--reps")) o->reps = (int)parse_int(ARG(), a, 1, 1000);
+    else if (!strcmp(a, "--warmup")) o->warmup = (int)parse_int(ARG(), a, 0, 100) + 1;
+    else if (!strcmp(a, "--prompt-tokens")) o->prompt_tokens = (int)parse_int(ARG(), a, 1, 1 << 20);
     else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 0, INT32_MAX);
     else if (!strcmp(a, "--bits")) o->bits = (int)parse_int(ARG(), a, 2, 8);
     else if (!strcmp(a, "--group-size")) o->group_size = (int)parse_int(ARG(), a, 32, 128);
@@ -588,10 +606,62 @@ static int cmd_replay(const opts *o) {
 }
 
 static int cmd_eval(const opts *o) {
-  if (!o->positional || !o->file) usage_exit("eval needs problems|text and --file F.jsonl");
+  if (o->positional && !strcmp(o->positional, "gsm8k")) {
+    if (o->file) usage_exit("eval gsm8k reads --data DIR (test.jsonl, train.jsonl), not --file");
+    if (o->greedy && o->sample) usage_exit("--greedy and --sample exclude each other");
+    eval_opts eo = {0};
+    eo.what = "gsm8k";
+    eo.out = o->out;
+    eo.limit = (int)o->limit;
+    eo.progress = 1;
+    eo.tty = isatty(2);
+    eo.data = o->data;
+    eo.summary = o->summary;
+    /* canonical path in the configuration key, so that a rerun spelling the directory differently resumes */
+    char model_real[PATH_MAX];
+    eo.model_dir = o->model ? o->model : default_model();
+    if (realpath(eo.model_dir, model_real)) eo.model_dir = model_real;
+    eo.gen_kwargs = o->gen_kwargs;
+    eo.chat = o->chat;
+    eo.shots = o->shots_set ? o->shots : -1;
+    eo.reference_kernels = o->ref;
+    eo.seed = o->seed_set ? o->seed : 42; /* vLLM's harness default */
+    gsm8k_inputs in;
+    if (dg_cli_gsm8k_load(&eo, &in)) return 1; /* data errors before the (slow) model load */
+    dg_model *m = load_model(o, 1);
+    eo.gen = gen_params(m, o);
+    if (!o->max_new_set) eo.gen.max_new_tokens = 256; /* vLLM's harness: max_tokens 256 */
+    /* vLLM's harness samples at temperature 0: argmax proposals (spec 6.3) unless --sample */
+    eo.gen.proposal = o->sample ? DG_PROPOSAL_SAMPLE : DG_PROPOSAL_ARGMAX;
+    int rc = dg_cli_gsm8k(m, &eo, &in);
+    gsm8k_set_free(&in.test);
+    gsm8k_set_free(&in.train);
+    dg_model_free(m);
+    return rc;
+  }
+  if (!o->positional || !o->file) usage_exit("eval needs gsm8k, or problems|text and --file F.jsonl");
   dg_model *m = load_model(o, 1);
-  eval_opts eo = {o->positional, o->file, o->out, gen_params(m, o), o->seed_set ? o->seed : 0, (int)o->limit, isatty(2)};
+  eval_opts eo = {.what = o->positional, .file = o->file, .out = o->out, .gen = gen_params(m, o),
+                  .seed = o->seed_set ? o->seed : 0, .limit = (int)o->limit, .progress = isatty(2), .shots = -1};
   int rc = dg_cli_eval(m, &eo);
+  dg_model_free(m);
+  return rc;
+}
+
+static int cmd_bench(const opts *o) {
+  no_positional(o, "bench");
+  dg_model *m = load_model(o, 1);
+  bench_opts bo = {0};
+  bo.model_dir = o->model ? o->model : default_model();
+  bo.protocol = o->protocol;
+  bo.reps = o->reps;
+  bo.warmup = o->warmup - 1; /* stored + 1 so that 0 means "not given" (-1: the default) */
+  bo.prompt_tokens = o->prompt_tokens;
+  bo.gen_tokens = o->max_new_set ? (int)o->max_new : 0;
+  bo.out = o->out;
+  bo.seed = o->seed_set ? (uint64_t)o->seed : 0;
+  bo.tty = isatty(2);
+  int rc = dg_cli_bench(m, &bo);
   dg_model_free(m);
   return rc;
 }
@@ -656,6 +726,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "logits")) return cmd_logits(&o);
   if (!strcmp(cmd, "replay")) return cmd_replay(&o);
   if (!strcmp(cmd, "eval")) return cmd_eval(&o);
+  if (!strcmp(cmd, "bench")) return cmd_bench(&o);
   if (!strcmp(cmd, "quantize")) return cmd_quantize(&o);
   if (!strcmp(cmd, "qreport")) {
     no_positional(&o, "qreport");

@@ -12,15 +12,25 @@
  *     from one decoder pass whose canvas holds the clean target[:i] and the
  *     window's fixed noise at positions >= i (no self-conditioning).
  *
+ *   dgemma eval gsm8k [-m DIR] [--data DIR] [--chat] [--shots K] [--limit N] [-o items.jsonl] [--summary s.json]
+ *     GSM8K with vLLM's harness conventions (tools/gsm8k.c says which and
+ *     where from): k-shot "Question:/Answer:" completion prompts (k = 5) or
+ *     the zero-shot chat variant (thinking off); answer = last integer;
+ *     per-item JSONL, resumable; docs/eval.md.
+ *
  * Input lines are JSON objects (cJSON); a malformed line is an error naming
  * the file and the line number. */
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dgemma.h"
 #include "eval.h"
@@ -283,4 +293,254 @@ int dg_cli_eval(dg_model *m, const eval_opts *o) {
   if (!strcmp(o->what, "text")) return eval_text(m, o);
   fprintf(stderr, "dgemma eval: unknown evaluation \"%s\" (problems, text)\n", o->what);
   return 2;
+}
+
+/* ---- gsm8k (tools/gsm8k.c holds the harness; this is the model side) ------ */
+
+static volatile sig_atomic_t g_interrupted = 0;
+
+static void on_signal(int sig) {
+  g_interrupted = 1;
+  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+}
+
+/* test.jsonl and train.jsonl in dir? */
+static int gsm8k_dir_ok(const char *dir) {
+  char *a = NULL, *b = NULL;
+  int ok = asprintf(&a, "%s/test.jsonl", dir) > 0 && asprintf(&b, "%s/train.jsonl", dir) > 0 &&
+           access(a, R_OK) == 0 && access(b, R_OK) == 0;
+  free(a);
+  free(b);
+  return ok;
+}
+
+int dg_cli_gsm8k_load(const eval_opts *o, gsm8k_inputs *in) {
+  memset(in, 0, sizeof *in);
+  if (o->data) {
+    snprintf(in->dir, sizeof in->dir, "%s", o->data);
+  } else {
+    /* the repository is the executable's ../ (build/dgemma); the data lives next to it in ../shared */
+    char exe[PATH_MAX], *cand[2] = {NULL, NULL};
+    int nc = 0;
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+      exe[k] = 0;
+      char *slash = strrchr(exe, '/');
+      if (slash) { *slash = 0; if (asprintf(&cand[nc], "%s/../../shared/data/gsm8k", exe) > 0) nc++; }
+    }
+    if ((cand[nc] = strdup("../shared/data/gsm8k"))) nc++;
+    for (int i = 0; i < nc && !in->dir[0]; i++)
+      if (gsm8k_dir_ok(cand[i])) snprintf(in->dir, sizeof in->dir, "%s", cand[i]);
+    if (!in->dir[0])
+      fprintf(stderr, "dgemma eval: GSM8K data not found (looked for test.jsonl and train.jsonl in %s%s%s); "
+                      "pass --data DIR\n", nc ? cand[0] : "", nc > 1 ? " and " : "", nc > 1 ? cand[1] : "");
+    for (int i = 0; i < nc; i++) free(cand[i]);
+    if (!in->dir[0]) return 1;
+  }
+  char path[sizeof in->dir + 16], err[sizeof in->dir + 256];
+  snprintf(path, sizeof path, "%s/test.jsonl", in->dir);
+  if (gsm8k_load(path, o->limit, &in->test, err, sizeof err)) {
+    fprintf(stderr, "dgemma eval: %s\n", err);
+    return 1;
+  }
+  int shots = o->shots >= 0 ? o->shots : (o->chat ? 0 : 5);
+  snprintf(path, sizeof path, "%s/train.jsonl", in->dir);
+  if (gsm8k_load(path, shots > 0 ? shots : 1, &in->train, err, sizeof err)) {
+    fprintf(stderr, "dgemma eval: %s\n", err);
+    gsm8k_set_free(&in->test);
+    return 1;
+  }
+  if (in->train.n < shots) {
+    fprintf(stderr, "dgemma eval: %s holds %d records; %d-shot prompts need %d\n", path, in->train.n, shots, shots);
+    gsm8k_set_free(&in->test);
+    gsm8k_set_free(&in->train);
+    return 1;
+  }
+  return 0;
+}
+
+typedef struct gsm8k_gen_state {
+  dg_model *m;
+  dg_context *ctx;
+  int32_t ctx_cap, C;
+  dg_gen_params gp;
+  long long seed;
+  int chat;
+  int32_t bos;
+  /* per generation */
+  int32_t *ids;
+  size_t n, cap;
+  int32_t forwards, blocks, eos, stopped, oom;
+} gsm8k_gen_state;
+
+static int gsm8k_on_step(const dg_step_info *si, void *ud) {
+  (void)si; (void)ud;
+  return g_interrupted ? 1 : 0;
+}
+
+/* Collect the block; stop early once a stop string has appeared (vLLM stops
+ * at the token that completes it; a block-diffusion model can only stop at a
+ * block boundary, and the text is cut at the string either way). */
+static int gsm8k_on_block(const dg_block_info *bi, void *ud) {
+  gsm8k_gen_state *g = ud;
+  if (g->n + (size_t)bi->n_valid > g->cap) {
+    size_t cap = (g->n + (size_t)bi->n_valid) * 2;
+    int32_t *ni = realloc(g->ids, cap * sizeof *ni);
+    if (!ni) { g->oom = 1; return 1; }
+    g->ids = ni;
+    g->cap = cap;
+  }
+  memcpy(g->ids + g->n, bi->tokens, (size_t)bi->n_valid * sizeof(int32_t));
+  g->n += (size_t)bi->n_valid;
+  g->forwards += bi->n_steps;
+  g->blocks++;
+  g->eos = bi->finished;
+  if (g_interrupted) return 1;
+  if (bi->finished) return 0;
+  char *text = NULL;
+  if (dg_detokenize(g->m, g->ids, g->n, 0, &text) != DG_OK) return 0;
+  size_t cut = gsm8k_stop_cut(text, gsm8k_stop_strings, gsm8k_n_stop_strings, NULL);
+  g->stopped = cut < strlen(text);
+  dg_free(text);
+  return g->stopped;
+}
+
+static int gsm8k_generate(void *ud, const char *prompt, int idx, gsm8k_gen_out *out, char *err, size_t errlen) {
+  gsm8k_gen_state *g = ud;
+  int32_t *ids = NULL, *pids = NULL;
+  size_t n = 0, np = 0;
+  dg_status st;
+  if (g->chat) {
+    dg_chat_message msg = {"user", prompt};
+    st = dg_chat_apply(g->m, &msg, 1, 0, &ids, &n);
+  } else {
+    /* completion prompt: <bos> + the text (Gemma tokenizers do not add it; the chat template does) */
+    st = dg_tokenize(g->m, prompt, strlen(prompt), 0, &pids, &np);
+    if (!st) {
+      ids = malloc((np + 1) * sizeof *ids);
+      if (!ids) st = DG_ERR_OUT_OF_MEMORY;
+      else { ids[0] = g->bos; memcpy(ids + 1, pids, np * sizeof *ids); n = np + 1; }
+    }
+    dg_free(pids);
+  }
+  if (st) { snprintf(err, errlen, "item %d: prompt: %s: %s", idx, dg_status_str(st), dg_last_error()); goto fail; }
+  int32_t ncanv = (g->gp.max_new_tokens + g->C - 1) / g->C;
+  int64_t need = (int64_t)n + (int64_t)ncanv * g->C;
+  if (need > INT32_MAX) { snprintf(err, errlen, "item %d: prompt of %zu tokens is too long", idx, n); goto fail; }
+  if (!g->ctx || need > g->ctx_cap) {
+    dg_context_free(g->ctx);
+    g->ctx = NULL;
+    dg_context_params cp = dg_context_default_params();
+    cp.max_context = (int32_t)(need + need / 4 < INT32_MAX ? need + need / 4 : need);
+    if ((st = dg_context_new(g->m, &cp, &g->ctx))) {
+      snprintf(err, errlen, "item %d: context of %d tokens: %s: %s", idx, cp.max_context, dg_status_str(st),
+               dg_last_error());
+      goto fail;
+    }
+    g->ctx_cap = cp.max_context;
+  }
+  dg_context_reset(g->ctx);
+  g->n = 0; g->forwards = 0; g->blocks = 0; g->eos = 0; g->stopped = 0; g->oom = 0;
+  dg_gen_params gp = g->gp;
+  gp.seed = (uint64_t)(g->seed + idx);
+  gp.on_block = gsm8k_on_block;
+  gp.on_step = gsm8k_on_step;
+  gp.user_data = g;
+  dg_gen_result r;
+  double t0 = wall();
+  st = dg_generate(g->ctx, ids, n, &gp, &r);
+  double secs = wall() - t0;
+  free(ids);
+  ids = NULL;
+  if (st == DG_OK) dg_gen_result_free(&r);
+  if (g_interrupted) return 1;
+  if (g->oom) { snprintf(err, errlen, "item %d: out of memory", idx); return -1; }
+  if (st && !(st == DG_ERR_ABORTED && g->stopped)) {
+    snprintf(err, errlen, "item %d: generate: %s: %s", idx, dg_status_str(st), dg_last_error());
+    return -1;
+  }
+  char *text = NULL;
+  if ((st = dg_detokenize(g->m, g->ids, g->n, 0, &text))) {
+    snprintf(err, errlen, "item %d: detokenize: %s: %s", idx, dg_status_str(st), dg_last_error());
+    return -1;
+  }
+  out->text = strdup(text);
+  dg_free(text);
+  if (!out->text) { snprintf(err, errlen, "out of memory"); return -1; }
+  out->tokens = (int32_t)g->n;
+  out->forwards = g->forwards;
+  out->blocks = g->blocks;
+  out->eos = g->eos;
+  out->seconds = secs;
+  return 0;
+fail:
+  free(ids);
+  return -1;
+}
+
+int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  const int shots = o->shots >= 0 ? o->shots : (o->chat ? 0 : 5);
+  gsm8k_gen_state g = {0};
+  g.m = m;
+  g.C = info.canvas_length;
+  g.gp = o->gen;
+  g.seed = o->seed;
+  g.chat = o->chat;
+  int32_t *bos = NULL;
+  size_t nb = 0;
+  if (!o->chat) {
+    if (dg_tokenize(m, "<bos>", 5, 1, &bos, &nb) != DG_OK || nb != 1) {
+      fprintf(stderr, "dgemma eval: the tokenizer has no single <bos> token for the completion prompt\n");
+      dg_free(bos);
+      return 1;
+    }
+    g.bos = bos[0];
+    dg_free(bos);
+  }
+  char config[2048], title[1024];
+  snprintf(config, sizeof config,
+           "gsm8k %s shots=%d max_new_tokens=%d steps=%d proposal=%s seed=%lld%s%s%s model=%s",
+           o->chat ? "chat" : "completion", shots, g.gp.max_new_tokens, g.gp.max_denoising_steps,
+           g.gp.proposal == DG_PROPOSAL_ARGMAX ? "argmax" : "sample", o->seed, o->reference_kernels ? " kernels=ref" : "",
+           o->gen_kwargs ? " gen_kwargs=" : "", o->gen_kwargs ? o->gen_kwargs : "", o->model_dir);
+  snprintf(title, sizeof title, "GSM8K %d-shot %s (vLLM harness conventions), %s", shots,
+           o->chat ? "chat, thinking off" : "completion", o->model_dir);
+  gsm8k_run_opts ro = {&in->test, &in->train, shots, o->chat, o->out, config, o->progress, o->tty};
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  if (o->progress)
+    fprintf(stderr, "gsm8k: %d items from %s: %s\n", in->test.n, in->dir, title);
+  char err[2048] = "";
+  gsm8k_summary s;
+  int rc = gsm8k_run(&ro, gsm8k_generate, &g, &s, err, sizeof err);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  dg_context_free(g.ctx);
+  free(g.ids);
+  if (rc < 0) fprintf(stderr, "dgemma eval: %s\n", err);
+  if (rc < 0 && s.n == 0) return 1;
+  gsm8k_summary_markdown(stdout, title, &s);
+  fflush(stdout);
+  if (o->summary) {
+    char *js = gsm8k_summary_json(title, config, &s);
+    FILE *f = fopen(o->summary, "w");
+    if (!f || !js || fprintf(f, "%s\n", js) < 0 || fclose(f) != 0) {
+      fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, strerror(errno));
+      free(js);
+      return 1;
+    }
+    free(js);
+  }
+  if (rc > 0) {
+    fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,
+            o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
+    return 130;
+  }
+  return rc < 0 ? 1 : 0;
 }
