@@ -18,20 +18,6 @@
 
 static char tmp_root[256];
 
-static void rm_rf(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char p[1024];
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  rmdir(dir);
-}
-
 static int setup(void **state) {
   (void)state;
   snprintf(tmp_root, sizeof tmp_root, "/tmp/dgemma-test-model-XXXXXX");
@@ -255,7 +241,7 @@ static void test_bad_model_dirs(void **state) {
     assert_null(m);
     if (BAD[i].msg1 && !strstr(msg, BAD[i].msg1)) fail_msg("%s: message lacks \"%s\": %s", BAD[i].what, BAD[i].msg1, msg);
     if (BAD[i].msg2 && !strstr(msg, BAD[i].msg2)) fail_msg("%s: message lacks \"%s\": %s", BAD[i].what, BAD[i].msg2, msg);
-    rm_rf(dir);
+    dg_test_rm_dir(dir);
   }
   assert_true(sizeof BAD / sizeof BAD[0] >= 15);
 }
@@ -272,7 +258,7 @@ static dg_model *load_synth(const char *name, synth_cfg c, int ref) {
   mp.n_threads = 2;
   dg_model *m = NULL;
   assert_dg_ok(dg_model_load(dir, &mp, &m));
-  rm_rf(dir);
+  dg_test_rm_dir(dir);
   return m;
 }
 

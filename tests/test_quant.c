@@ -30,20 +30,6 @@
 static char tmp_root[256];
 static char exe_dir[1024];
 
-static void rm_rf(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char p[1024];
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  rmdir(dir);
-}
-
 static int setup(void **state) {
   (void)state;
   snprintf(tmp_root, sizeof tmp_root, "/tmp/dgemma-test-quant-XXXXXX");
@@ -528,8 +514,8 @@ static void test_bad_quantized(void **state) {
     assert_null(m);
     if (QBAD[i].msg1 && !strstr(msg, QBAD[i].msg1)) fail_msg("%s: message lacks \"%s\": %s", QBAD[i].what, QBAD[i].msg1, msg);
     if (QBAD[i].msg2 && !strstr(msg, QBAD[i].msg2)) fail_msg("%s: message lacks \"%s\": %s", QBAD[i].what, QBAD[i].msg2, msg);
-    rm_rf(fdir);
-    rm_rf(qdir);
+    dg_test_rm_dir(fdir);
+    dg_test_rm_dir(qdir);
   }
   /* bad recipes and parameters are the library's errors, named */
   dg_quant_recipe rc;
@@ -756,7 +742,7 @@ static void test_twin(void **state) {
     dg_model_free(mq);
     dg_model_free(mt);
   }
-  rm_rf(f); rm_rf(q); rm_rf(t); rm_rf(pe);
+  dg_test_rm_dir(f); dg_test_rm_dir(q); dg_test_rm_dir(t); dg_test_rm_dir(pe);
 }
 
 /* The bundled small model (bf16) quantized to 8 bits, group 64.
@@ -846,7 +832,7 @@ static void test_small_model_q8(void **state) {
   free(canvas); free(lf); free(lq);
   dg_model_free(mf);
   dg_model_free(mq);
-  rm_rf(q);
+  dg_test_rm_dir(q);
 }
 
 /* What dg_quantize writes: an MLX-layout directory (config block with
@@ -943,7 +929,7 @@ static void test_quantize_output(void **state) {
   snprintf(p, sizeof p, "%s/oq3", tmp_root);
   assert_int_equal(dg_quantize(q1, p, &qp, NULL), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "quantization block"));
-  rm_rf(p); rm_rf(f); rm_rf(q1); rm_rf(q2);
+  dg_test_rm_dir(p); dg_test_rm_dir(f); dg_test_rm_dir(q1); dg_test_rm_dir(q2);
 }
 
 int main(int argc, char **argv) {

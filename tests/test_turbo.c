@@ -44,20 +44,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void rm_rf(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char p[1024];
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  rmdir(dir);
-}
-
 static dg_model *load_synth(const char *name, synth_cfg c, int ref) {
   char dir[512];
   snprintf(dir, sizeof dir, "%s/%s", tmp_root, name);
@@ -68,7 +54,7 @@ static dg_model *load_synth(const char *name, synth_cfg c, int ref) {
   mp.n_threads = 1; /* CI has 2 shared cores: one thread avoids OpenMP spinning against the other binaries */
   dg_model *m = NULL;
   assert_dg_ok(dg_model_load(dir, &mp, &m));
-  rm_rf(dir);
+  dg_test_rm_dir(dir);
   return m;
 }
 

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <unistd.h>
 
 #include "dgemma.h"
 
@@ -26,6 +28,21 @@
     if (st_ != DG_OK)                                                          \
       fail_msg("%s -> %s: %s", #expr, dg_status_str(st_), dg_last_error());    \
   } while (0)
+
+/* Remove a flat directory: its files, then the directory (tests write model
+ * directories without subdirectories). Silent if it does not exist. */
+static inline void dg_test_rm_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char p[1024];
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
+  }
+  closedir(d);
+  rmdir(dir);
+}
 
 /* Read a whole file into a malloc'd buffer (NUL-terminated); NULL if absent. */
 static inline char *dg_test_read_file(const char *path, size_t *len) {
