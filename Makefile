@@ -105,10 +105,13 @@ test: setup
 # PROMPT reaches the program through the environment, so any text is safe.
 PROMPT ?= Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?
 export PROMPT
+# OMP_WAIT_POLICY=passive: idle OpenMP threads sleep instead of spinning; on a
+# machine whose cores are shared with other jobs, spinning threads made a
+# generation 15-20x slower (docs/eval.md). THREADS=N passes -t N.
 run:
 	@scripts/setup.sh --deps-only
 	@$(MAKE) --no-print-directory all
-	$(CLI) run -p "$$PROMPT"
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(CLI) run $(if $(THREADS),-t $(THREADS)) -p "$$PROMPT"
 
 # The CUDA backend's kernels on the CPU emulation (dev/cuda_emu): correctness of
 # indexing, masks and reductions against the CPU path, without a GPU. Slow.

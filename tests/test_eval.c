@@ -411,6 +411,25 @@ static void test_cli_resume(void **state) {
   assert_int_equal(count_lines(items), 4);
 }
 
+/* `eval problems` on the committed held-out file (records without "id"): the record index
+ * is the id (and seed + id the seed), as eval_hf.py numbers the same file; 1 canvas, 2 steps. */
+static void test_cli_problems_ids(void **state) {
+  (void)state;
+  char args[2048], items[600], *e;
+  snprintf(items, sizeof items, "%s/problems_items.jsonl", g_dir);
+  snprintf(args, sizeof args,
+           "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 2 "
+           "--file tools/smallmodel/data/problems_heldout.jsonl -o %s", items);
+  int rc = run_cli(args, &e);
+  if (rc != 0) fail_msg("exit %d, stderr: %s", rc, e);
+  free(e);
+  assert_int_equal(count_lines(items), 2);
+  char *all = dg_test_read_file(items, NULL);
+  assert_non_null(strstr(all, "{\"id\":0,\"steps\":1,\"final\":9,"));  /* line 1 of the held-out file */
+  assert_non_null(strstr(all, "{\"id\":1,\"steps\":1,\"final\":8,"));  /* line 2 */
+  free(all);
+}
+
 /* SIGINT during generation: exit status 130, a clear message, the partial summary on stdout. */
 static void test_cli_interrupt(void **state) {
   (void)state;
@@ -531,7 +550,8 @@ int main(void) {
       cmocka_unit_test(test_fewshot_prompt), cmocka_unit_test(test_wilson),
       cmocka_unit_test(test_load_errors),    cmocka_unit_test(test_resume),
       cmocka_unit_test(test_resume_malformed), cmocka_unit_test(test_cli_errors),
-      cmocka_unit_test(test_cli_resume),     cmocka_unit_test(test_cli_interrupt),
+      cmocka_unit_test(test_cli_resume),     cmocka_unit_test(test_cli_problems_ids),
+      cmocka_unit_test(test_cli_interrupt),
       cmocka_unit_test(test_bench_helpers),  cmocka_unit_test(test_bench_cost),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -234,7 +234,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--reps")) o->reps = (int)parse_int(ARG(), a, 1, 1000);
     else if (!strcmp(a, "--warmup")) o->warmup = (int)parse_int(ARG(), a, 0, 100) + 1;
     else if (!strcmp(a, "--prompt-tokens")) o->prompt_tokens = (int)parse_int(ARG(), a, 1, 1 << 20);
-    else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 0, INT32_MAX);
+    else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 1, INT32_MAX); /* absent = all */
     else if (!strcmp(a, "--bits")) o->bits = (int)parse_int(ARG(), a, 2, 8);
     else if (!strcmp(a, "--group-size")) o->group_size = (int)parse_int(ARG(), a, 32, 128);
     else if (!strcmp(a, "--recipe")) o->recipe = ARG();

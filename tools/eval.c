@@ -133,11 +133,13 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   char *line = NULL;
   size_t cap = 0;
   int lineno = 0;
+  long long record_no = 0;
   double t0 = wall();
   while (getline(&line, &cap, f) > 0) {
     lineno++;
     if (blank(line)) continue;
     if (o->limit > 0 && total >= o->limit) break;
+    const long long record = record_no++;
     cJSON *j = cJSON_Parse(line);
     long long id, steps, final;
     size_t np = 0;
@@ -149,11 +151,16 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
       dg_chat_message msg = {"user", jq->valuestring};
       if ((st = dg_chat_apply(m, &msg, 1, 0, &prompt, &np))) die_st("chat template", st);
     }
-    if (!j || !json_int(cJSON_GetObjectItemCaseSensitive(j, "id"), 0, INT32_MAX, &id) ||
+    /* "id" (eval_hf.py's prompts.jsonl) or, when absent, the record's index among
+     * the file's non-blank lines from 0 (the held-out file's order, the id
+     * eval_hf.py gives it) */
+    const cJSON *jid = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
+    id = record;
+    if (!j || (jid && !json_int(jid, 0, INT32_MAX, &id)) ||
         !json_int(cJSON_GetObjectItemCaseSensitive(j, "steps"), 0, 1000, &steps) ||
         !json_int(cJSON_GetObjectItemCaseSensitive(j, "final"), -9e15, 9e15, &final) || !prompt || !np) {
       fprintf(stderr,
-              "dgemma eval: %s line %d: expected {\"id\": int, \"steps\": int, \"final\": int, and \"prompt_ids\": "
+              "dgemma eval: %s line %d: expected {\"id\": int (optional), \"steps\": int, \"final\": int, and \"prompt_ids\": "
               "[ids in [0, %d)] or \"question\": text}\n",
               o->file, lineno, info.vocab_size);
       exit(1);
