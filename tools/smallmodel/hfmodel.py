@@ -2,7 +2,9 @@
 paths, export to a Hugging Face directory and the reload/generate check.
 
 Everything here goes through Transformers' own DiffusionGemma classes
-(transformers.DiffusionGemmaForBlockDiffusion); nothing re-implements the model.
+(transformers.DiffusionGemmaForBlockDiffusion). The one re-implementation, the optional
+training forward of fastfwd.py (Forward(impl="own")), runs over the same parameters and is
+only used after consistency_check has compared it with Transformers' forward.
 """
 
 import copy
