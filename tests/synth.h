@@ -40,6 +40,11 @@ static inline float synth_rand(unsigned *s) { /* LCG, uniform [-1, 1) */
   return (float)((*s >> 8) & 0xffffff) / 8388608.0f - 1.0f;
 }
 
+/* n token ids in [0, V) from an LCG seeded with seed (deterministic test inputs). */
+static inline void synth_random_ids(int32_t *ids, int n, int V, unsigned seed) {
+  for (int i = 0; i < n; i++) { seed = seed * 1103515245u + 12345u; ids[i] = (int32_t)((seed >> 8) % (unsigned)V); }
+}
+
 static inline void synth_add(synth_buf *b, const char *name, dg_dtype dt, int nd, const int64_t *shape, unsigned *seed,
                              float scale, float offset) {
   if (b->n == b->cap) {

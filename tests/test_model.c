@@ -262,18 +262,14 @@ static dg_model *load_synth(const char *name, synth_cfg c, int ref) {
   return m;
 }
 
-static void random_ids(int32_t *ids, int n, int V, unsigned seed) {
-  for (int i = 0; i < n; i++) { seed = seed * 1103515245u + 12345u; ids[i] = (int32_t)((seed >> 8) % (unsigned)V); }
-}
-
 static void test_chunking_and_readonly_cache(void **state) {
   (void)state;
   synth_cfg c = synth_default();
   dg_model *m = load_synth("inv", c, 0);
   const int P = 300, C = c.canvas, V = c.vocab; /* P > 256 = the encoder chunk, and > window */
   int32_t prompt[300], canvas[8];
-  random_ids(prompt, P, V, 7);
-  random_ids(canvas, C, V, 9);
+  synth_random_ids(prompt, P, V, 7);
+  synth_random_ids(canvas, C, V, 9);
   dg_context_params cp = dg_context_default_params();
   cp.max_context = 512;
   dg_context *a, *b;
@@ -328,8 +324,8 @@ static void test_simd_vs_oracle(void **state) {
   if (ms->kern == mr->kern) skip();
   const int P = 40, C = c.canvas, V = c.vocab;
   int32_t prompt[40], canvas[8];
-  random_ids(prompt, P, V, 3);
-  random_ids(canvas, C, V, 4);
+  synth_random_ids(prompt, P, V, 3);
+  synth_random_ids(canvas, C, V, 4);
   dg_context *a, *b;
   assert_dg_ok(dg_context_new(mr, NULL, &a));
   assert_dg_ok(dg_context_new(ms, NULL, &b));
@@ -362,7 +358,7 @@ static void test_generate_deterministic(void **state) {
   c.with_tokenizer = 1;
   dg_model *m = load_synth("gen", c, 0);
   int32_t prompt[12];
-  random_ids(prompt, 12, c.vocab, 5);
+  synth_random_ids(prompt, 12, c.vocab, 5);
   dg_gen_params gp = dg_gen_default_params(m);
   assert_int_equal(gp.max_denoising_steps, 4); /* from the synthesized generation_config.json */
   gp.max_new_tokens = 20;                       /* -> 3 canvases of 8 */
@@ -433,8 +429,8 @@ static void test_f16_checkpoint(void **state) {
   mf->embed_scale = mh->embed_scale;
   const int P = 20, C = c.canvas, V = c.vocab;
   int32_t prompt[20], canvas[8];
-  random_ids(prompt, P, V, 21);
-  random_ids(canvas, C, V, 22);
+  synth_random_ids(prompt, P, V, 21);
+  synth_random_ids(canvas, C, V, 22);
   dg_context *a, *b;
   assert_dg_ok(dg_context_new(mh, NULL, &a));
   assert_dg_ok(dg_context_new(mf, NULL, &b));

@@ -58,10 +58,6 @@ static dg_model *load_synth(const char *name, synth_cfg c, int ref) {
   return m;
 }
 
-static void random_ids(int32_t *ids, int n, int V, unsigned seed) {
-  for (int i = 0; i < n; i++) { seed = seed * 1103515245u + 12345u; ids[i] = (int32_t)((seed >> 8) % (unsigned)V); }
-}
-
 /* ---- options ---------------------------------------------------------------- */
 
 static void expect_reject(dg_gen_params *p, const char *json, const char *name) {
@@ -242,7 +238,7 @@ static void turbo_off_fixture(const char *name) {
   }
   /* the turbo head: raw logits of selected rows + softcap == the reference logits, bit for bit */
   int32_t canvas[64], rows[64];
-  random_ids(canvas, C, V, 17);
+  synth_random_ids(canvas, C, V, 17);
   float *ref = malloc((size_t)C * V * 4), *raw = malloc((size_t)C * V * 4);
   dg_context_reset(ctx);
   assert_dg_ok(dg_encode(ctx, prompt, P));
@@ -543,9 +539,9 @@ static synth_cfg turbo_synth(void);
 static void sc_modes_on(dg_model *m, const char *label, int K, int n_modes) {
   const int C = m->cfg.canvas_length, V = m->cfg.vocab_size, H = m->cfg.hidden_size;
   int32_t prompt[24], canvas[256], canvas2[256], rows[256];
-  random_ids(prompt, 24, V, 21);
-  random_ids(canvas, C, V, 22);
-  random_ids(canvas2, C, V, 23);
+  synth_random_ids(prompt, 24, V, 21);
+  synth_random_ids(canvas, C, V, 22);
+  synth_random_ids(canvas2, C, V, 23);
   for (int i = 0; i < C; i++) rows[i] = i;
   dg_context *ctx;
   assert_dg_ok(dg_context_new(m, NULL, &ctx));
@@ -644,7 +640,7 @@ static void test_turbo_generate(void **state) {
   dg_model *m = load_synth("gen", c, 0);
   const int C = c.canvas, V = c.vocab;
   int32_t prompt[12];
-  random_ids(prompt, 12, V, 5);
+  synth_random_ids(prompt, 12, V, 5);
   dg_context *ctx;
   assert_dg_ok(dg_context_new(m, NULL, &ctx));
   dg_gen_params gp = dg_gen_default_params(m);
@@ -816,8 +812,8 @@ static void compact_checks(int ref) {
   dg_model *m = load_synth(ref ? "cref" : "csimd", c, ref);
   const int C = c.canvas, V = c.vocab, H = c.hidden;
   int32_t prompt[20], canvas[16], pos[16], head[16];
-  random_ids(prompt, 20, V, 31);
-  random_ids(canvas, C, V, 32);
+  synth_random_ids(prompt, 20, V, 31);
+  synth_random_ids(canvas, C, V, 32);
   dg_context *ctx;
   assert_dg_ok(dg_context_new(m, NULL, &ctx));
   assert_dg_ok(dg_encode(ctx, prompt, 20));
@@ -893,8 +889,8 @@ static void stale_on(dg_model *m, const char *label) {
   const float cap = m->cfg.final_logit_softcapping;
   int32_t prompt[24], canvas[256], tok[256], fpos[256], head[256], full[256];
   uint8_t frozen[256] = {0}, newly[256] = {0};
-  random_ids(prompt, 24, V, 41);
-  random_ids(canvas, C, V, 42);
+  synth_random_ids(prompt, 24, V, 41);
+  synth_random_ids(canvas, C, V, 42);
   dg_context *ctx;
   assert_dg_ok(dg_context_new(m, NULL, &ctx));
   assert_dg_ok(dg_encode(ctx, prompt, 24));
@@ -1010,7 +1006,7 @@ static void test_bucketing(void **state) {
   c.canvas = 64;
   dg_model *m = load_synth("bucket", c, 0);
   int32_t prompt[12];
-  random_ids(prompt, 12, c.vocab, 51);
+  synth_random_ids(prompt, 12, c.vocab, 51);
   dg_context_params cp = dg_context_default_params();
   cp.max_context = 12 + 10 * 64;
   dg_context *ctx;
@@ -1095,9 +1091,9 @@ static void test_batch(void **state) {
   synth_cfg c = turbo_synth();
   dg_model *m = load_synth("batch", c, 0);
   int32_t p0[9], p1[23], p2[14];
-  random_ids(p0, 9, c.vocab, 61);
-  random_ids(p1, 23, c.vocab, 62);
-  random_ids(p2, 14, c.vocab, 63);
+  synth_random_ids(p0, 9, c.vocab, 61);
+  synth_random_ids(p1, 23, c.vocab, 62);
+  synth_random_ids(p2, 14, c.vocab, 63);
   const int32_t *prompts[3] = {p0, p1, p2};
   size_t np[3] = {9, 23, 14};
   dg_gen_params gp[3];
