@@ -794,8 +794,6 @@ dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *c
       if (ctxs[j] == ctxs[i]) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: contexts %d and %d are the same", j, i);
     if (!params[i].turbo.enabled)
       return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: canvas %d does not enable diffusion_turbo (batching is a turbo technique)", i);
-    if (ctxs[i]->cuda)
-      return dg_seterr(DG_ERR_BACKEND, "dg_generate_batch: the turbo engine runs on the CPU only so far (context %d is on CUDA)", i);
     if (!prompts[i] || n_prompts[i] == 0)
       return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: prompt %d is empty", i);
     dg_status st = dg_generate_check(ctxs[i], n_prompts[i], &params[i]);
