@@ -9,6 +9,8 @@
 # CUDA is optional and detected; the CPU build never needs nvcc.
 #   CUDA=1|0        force the CUDA backend on or off (default: on if nvcc is found)
 #   NVCC=PATH       the nvcc to use (default: nvcc on the PATH, else /usr/local/cuda/bin/nvcc)
+#   CUDA_LIBDIR=DIR where libcudart.so and libcublas.so are (default: asked of nvcc;
+#                   without them the default is CUDA=0)
 #   CUDA_ARCH=...   nvcc -gencode flags (default: sm_90 code + compute_90 PTX)
 #   XCFLAGS, XLDFLAGS  extra include/library flags (e.g. cjson/cmocka unpacked under a prefix)
 #   WERROR=         warnings stay warnings (another compiler version on another machine)
@@ -25,10 +27,22 @@ CFLAGS  := $(OPT) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unu
 LDLIBS  := $(XLDFLAGS) -lcjson -lm -fopenmp $(SAN)
 BUILD   ?= build
 
-NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
-CUDA      ?= $(if $(NVCC),1,0)
+# nvcc finds its headers and libraries from the path it was started by, so a
+# symlink (/usr/local/bin/nvcc -> the toolkit's) is resolved first.
+ifeq ($(origin NVCC),undefined)
+NVCC      := $(shell n=$$(command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; }) && \
+                test -n "$$n" && readlink -f "$$n")
+endif
+# Where the CUDA runtime and cuBLAS live: ask nvcc (its --dryrun prints the -L
+# directories it links with), then the usual places. nvcc without libcudart.so
+# and libcublas.so next to it builds the CPU-only library unless CUDA=1 says
+# otherwise (a CI machine had nvcc at /usr/local/bin and no /usr/local/lib64).
+CUDA_LIBDIRS := $(if $(NVCC),$(shell $(NVCC) --dryrun -x cu -o /dev/null /dev/null 2>&1 | \
+                  sed -n 's/^#[$$] LIBRARIES=//p' | tr ' "' '\n\n' | sed -n 's/^-L//p' | grep -v '/stubs$$') \
+                  $(patsubst %/bin/nvcc,%/lib64,$(NVCC)) /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+CUDA_LIBDIR  ?= $(firstword $(foreach d,$(CUDA_LIBDIRS),$(if $(and $(wildcard $(d)/libcudart.so),$(wildcard $(d)/libcublas.so)),$(realpath $(d)))))
+CUDA      ?= $(if $(and $(NVCC),$(CUDA_LIBDIR)),1,0)
 CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
-CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 NVFLAGS   := -O2 -g -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -Xcompiler -Wall \
              -DDG_CUDA_ARCHS='"$(subst -gencode=arch=,,$(CUDA_ARCH))"' $(XCFLAGS)
 
@@ -47,7 +61,10 @@ CUCOMPILE = $(CXX) -x c++ -std=c++17 $(OPT) -fopenmp -Wall -Wno-unknown-pragmas 
 else ifeq ($(CUDA),1)
 CUSRC   := $(wildcard src/cuda/*.cu)
 OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC))
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+ifeq ($(CUDA_LIBDIR),)
+$(error CUDA=1 but libcudart.so and libcublas.so were not found (looked in: $(CUDA_LIBDIRS)); set CUDA_LIBDIR=DIR or CUDA=0)
+endif
+LDLIBS  += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart -lstdc++
 CUCOMPILE = $(NVCC) $(NVFLAGS)
 else
 OBJ     += $(BUILD)/src/cuda/stub.o
