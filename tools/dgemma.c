@@ -642,7 +642,12 @@ static int cmd_eval(const opts *o) {
   if (!o->positional || !o->file) usage_exit("eval needs gsm8k, or problems|text and --file F.jsonl");
   dg_model *m = load_model(o, 1);
   eval_opts eo = {.what = o->positional, .file = o->file, .out = o->out, .gen = gen_params(m, o),
-                  .seed = o->seed_set ? o->seed : 0, .limit = (int)o->limit, .progress = isatty(2), .shots = -1};
+                  .seed = o->seed_set ? o->seed : 0, .limit = (int)o->limit, .progress = isatty(2), .shots = -1,
+                  .gen_kwargs = o->gen_kwargs, .reference_kernels = o->ref};
+  /* canonical model path in the configuration key of `eval problems -o` (resume) */
+  char model_real[PATH_MAX];
+  eo.model_dir = o->model ? o->model : default_model();
+  if (realpath(eo.model_dir, model_real)) eo.model_dir = model_real;
   int rc = dg_cli_eval(m, &eo);
   dg_model_free(m);
   return rc;

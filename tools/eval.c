@@ -2,11 +2,17 @@
  * inputs as tools/smallmodel/eval_hf.py so that dgemma and Transformers are
  * compared on identical problems and windows.
  *
- *   dgemma eval problems -m DIR --file prompts.jsonl [--limit N] [--seed S] [-o items.jsonl]
+ *   dgemma eval problems -m DIR --file prompts.jsonl [--limit N] [--seed S] [-o items.jsonl] [--gen-kwargs J]
  *     One generation per problem with the model's generation config (the
- *     reference sampler); seed S + problem id. Answer = the integer after the
- *     last "####" (else the last integer) of the text up to the first stop id.
- *     Prints accuracy per step count with Wilson 95% intervals.
+ *     reference sampler, or the turbo engine through --gen-kwargs); seed S +
+ *     problem id. Answer = the integer after the last "####" (else the last
+ *     integer) of the text up to the first stop id. Prints accuracy per step
+ *     count with Wilson 95% intervals, tok/s and forwards per block. -o
+ *     writes one line per problem (with its tokens, forwards, blocks,
+ *     positions forwarded and seconds) and resumes: a rerun of the same
+ *     configuration skips the ids already in the file; Ctrl-C stops at the
+ *     next denoising step with status 130. --limit N takes the file's first N
+ *     records.
  *   dgemma eval text -m DIR --file shakespeare_windows.jsonl [--limit N]
  *     Sequential canvas code length in nats/token: target token i is scored
  *     from one decoder pass whose canvas holds the clean target[:i] and the
@@ -34,6 +40,13 @@
 
 #include "dgemma.h"
 #include "eval.h"
+
+static volatile sig_atomic_t g_interrupted = 0;
+
+static void on_signal(int sig) {
+  g_interrupted = 1;
+  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+}
 
 static double wall(void) {
   struct timespec ts;
@@ -116,29 +129,147 @@ static void die_st(const char *what, dg_status st) {
   exit(1);
 }
 
+/* One finished problem, as counted in the summary. */
+typedef struct problem_tally {
+  int n[9], k[9], total, correct;
+  long long forwards, blocks, tokens, positions;
+  double seconds;
+} problem_tally;
+
+static void tally_add(problem_tally *t, long long steps, int ok, long long tokens, long long forwards, long long blocks,
+                      long long positions, double seconds) {
+  if (steps >= 1 && steps <= 8) { t->n[steps]++; t->k[steps] += ok; }
+  t->total++;
+  t->correct += ok;
+  t->tokens += tokens;
+  t->forwards += forwards;
+  t->blocks += blocks;
+  t->positions += positions;
+  t->seconds += seconds;
+}
+
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return (x > y) - (x < y);
+}
+
+/* Resume: read the result lines of an earlier run of the same configuration
+ * from `path` (absent file: nothing done), add them to *t and return the
+ * sorted ids done in *ids_out. A line of another configuration, a line that is
+ * not a result line, or an id seen twice is an error (message on stderr,
+ * exit 1); a torn last line (no newline) is dropped from the file. */
+static long long *problems_resume(const char *path, const char *config, problem_tally *t, size_t *n_ids) {
+  *n_ids = 0;
+  FILE *f = fopen(path, "r+");
+  if (!f) {
+    if (errno == ENOENT) return NULL;
+    fprintf(stderr, "dgemma eval: cannot open %s for resuming: %s\n", path, strerror(errno));
+    exit(1);
+  }
+  long long *ids = NULL;
+  size_t cap_ids = 0;
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  long good_end = 0;
+  int lineno = 0;
+  while ((len = getline(&line, &cap, f)) > 0) {
+    lineno++;
+    if (line[len - 1] != '\n') break; /* torn last write: dropped below */
+    good_end += (long)len;
+    if (blank(line)) continue;
+    cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
+    const cJSON *ok = cJSON_GetObjectItemCaseSensitive(j, "correct");
+    const cJSON *sec = cJSON_GetObjectItemCaseSensitive(j, "seconds");
+    long long id, steps, tok, fw, bl, pos;
+    if (!cJSON_IsObject(j) || !cJSON_IsString(cfg) || !cJSON_IsBool(ok) || !cJSON_IsNumber(sec) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "id"), 0, INT32_MAX, &id) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "steps"), 0, 1000, &steps) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "tokens"), 0, 9e15, &tok) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "forwards"), 0, 9e15, &fw) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "blocks"), 0, 9e15, &bl) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "positions"), 0, 9e15, &pos)) {
+      fprintf(stderr,
+              "dgemma eval: %s line %d is not a problems result line (id, config, steps, correct, tokens, forwards, "
+              "blocks, positions, seconds); remove the file or pass another -o\n", path, lineno);
+      exit(1);
+    }
+    if (strcmp(cfg->valuestring, config)) {
+      fprintf(stderr,
+              "dgemma eval: %s line %d was written by another configuration:\n    file: %s\n    now:  %s\n  "
+              "pass another -o (or delete the file) to start over\n", path, lineno, cfg->valuestring, config);
+      exit(1);
+    }
+    for (size_t i = 0; i < *n_ids; i++)
+      if (ids[i] == id) {
+        fprintf(stderr, "dgemma eval: %s line %d: id %lld appears twice\n", path, lineno, id);
+        exit(1);
+      }
+    if (*n_ids == cap_ids) {
+      cap_ids = cap_ids ? 2 * cap_ids : 256;
+      ids = realloc(ids, cap_ids * sizeof *ids);
+      if (!ids) { fprintf(stderr, "dgemma eval: out of memory\n"); exit(1); }
+    }
+    ids[(*n_ids)++] = id;
+    tally_add(t, steps, cJSON_IsTrue(ok), tok, fw, bl, pos, sec->valuedouble);
+    cJSON_Delete(j);
+  }
+  free(line);
+  if (len > 0 && ftruncate(fileno(f), good_end) != 0) {
+    fprintf(stderr, "dgemma eval: cannot drop the torn last line of %s: %s\n", path, strerror(errno));
+    exit(1);
+  }
+  fclose(f);
+  if (*n_ids) qsort(ids, *n_ids, sizeof *ids, cmp_ll);
+  return ids;
+}
+
+static int problems_on_step(const dg_step_info *si, void *ud) {
+  (void)si; (void)ud;
+  return g_interrupted ? 1 : 0;
+}
+
 static int eval_problems(dg_model *m, const eval_opts *o) {
   FILE *f = open_or_die(o->file, "r");
-  FILE *out = o->out ? open_or_die(o->out, "w") : NULL;
   dg_model_info info;
   dg_model_get_info(m, &info);
   dg_gen_params gp = o->gen;
+  char config[2048];
+  snprintf(config, sizeof config, "problems max_new_tokens=%d steps=%d proposal=%s seed=%lld%s%s%s model=%s",
+           gp.max_new_tokens, gp.max_denoising_steps, gp.proposal == DG_PROPOSAL_ARGMAX ? "argmax" : "sample",
+           o->seed, o->reference_kernels ? " kernels=ref" : "", o->gen_kwargs ? " gen_kwargs=" : "",
+           o->gen_kwargs ? o->gen_kwargs : "", o->model_dir ? o->model_dir : "?");
+  problem_tally t;
+  memset(&t, 0, sizeof t);
+  size_t n_done = 0;
+  long long *done = o->out ? problems_resume(o->out, config, &t, &n_done) : NULL;
+  const int resumed = t.total;
+  if (resumed && o->progress) fprintf(stderr, "dgemma eval: resuming: %d problems already in %s\n", resumed, o->out);
+  FILE *out = o->out ? open_or_die(o->out, "a") : NULL;
   dg_context_params cp = dg_context_default_params();
   int32_t ncanv = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
   cp.max_context = 1024 + ncanv * info.canvas_length;
   dg_context *ctx;
   dg_status st = dg_context_new(m, &cp, &ctx);
   if (st) die_st("context", st);
-  int n[9] = {0}, k[9] = {0}, total = 0, correct = 0;
-  long long steps_total = 0, valid_total = 0;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  gp.on_step = problems_on_step;
+  gp.user_data = NULL;
   char *line = NULL;
   size_t cap = 0;
-  int lineno = 0;
+  int lineno = 0, interrupted = 0, limit_reached = 0;
   long long record_no = 0;
   double t0 = wall();
-  while (getline(&line, &cap, f) > 0) {
+  while (!interrupted && getline(&line, &cap, f) > 0) {
     lineno++;
     if (blank(line)) continue;
-    if (o->limit > 0 && total >= o->limit) break;
+    if (o->limit > 0 && record_no >= o->limit) { limit_reached = 1; break; }
     const long long record = record_no++;
     cJSON *j = cJSON_Parse(line);
     long long id, steps, final;
@@ -165,67 +296,99 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
               o->file, lineno, info.vocab_size);
       exit(1);
     }
+    if (n_done && bsearch(&id, done, n_done, sizeof *done, cmp_ll)) { /* resumed */
+      free(prompt);
+      cJSON_Delete(j);
+      continue;
+    }
     gp.seed = (uint64_t)(o->seed + id);
     dg_context_reset(ctx);
     dg_gen_result r;
-    if ((st = dg_generate(ctx, prompt, np, &gp, &r))) die_st("generate", st);
+    st = dg_generate(ctx, prompt, np, &gp, &r);
+    if (st == DG_ERR_ABORTED && g_interrupted) {
+      interrupted = 1;
+      free(prompt);
+      cJSON_Delete(j);
+      break;
+    }
+    if (st) die_st("generate", st);
     char *text = NULL;
     if ((st = dg_detokenize(m, r.tokens, (size_t)r.n_valid, 0, &text))) die_st("detokenize", st);
     long long pred = 0;
     int has = parse_answer(text, &pred);
     int ok = has && pred == final;
-    if (steps >= 1 && steps <= 8) { n[steps]++; k[steps] += ok; }
-    total++;
-    correct += ok;
-    steps_total += r.n_steps;
-    valid_total += r.n_valid;
+    tally_add(&t, steps, ok, r.n_valid, r.n_steps, r.n_blocks, r.n_forwarded, r.seconds);
     if (out) {
       cJSON *o2 = cJSON_CreateObject();
       cJSON_AddNumberToObject(o2, "id", id);
+      cJSON_AddStringToObject(o2, "config", config);
       cJSON_AddNumberToObject(o2, "steps", steps);
       cJSON_AddNumberToObject(o2, "final", (double)final);
       if (has) cJSON_AddNumberToObject(o2, "pred", (double)pred);
       else cJSON_AddNullToObject(o2, "pred");
       cJSON_AddBoolToObject(o2, "correct", ok);
       cJSON_AddStringToObject(o2, "generated", text);
-      cJSON_AddNumberToObject(o2, "denoising_steps", r.n_steps);
+      cJSON_AddNumberToObject(o2, "tokens", r.n_valid);
+      cJSON_AddNumberToObject(o2, "forwards", r.n_steps);
+      cJSON_AddNumberToObject(o2, "blocks", r.n_blocks);
+      cJSON_AddNumberToObject(o2, "positions", (double)r.n_forwarded);
+      cJSON_AddNumberToObject(o2, "seconds", r.seconds);
+      cJSON_AddStringToObject(o2, "finish", r.finish_reason == DG_FINISH_STOP ? "stop"
+                                            : r.finish_reason == DG_FINISH_REPETITION ? "repetition" : "length");
       char *s = cJSON_PrintUnformatted(o2);
       fprintf(out, "%s\n", s);
+      fflush(out);
       free(s);
       cJSON_Delete(o2);
     }
-    if (o->progress && total % 25 == 0)
-      fprintf(stderr, "\r[%d problems, %d correct, %.1f s]", total, correct, wall() - t0);
+    if (o->progress && t.total % 25 == 0)
+      fprintf(stderr, "\r[%d problems, %d correct, %.1f s]", t.total, t.correct, wall() - t0);
     dg_free(text);
     dg_gen_result_free(&r);
     free(prompt);
     cJSON_Delete(j);
   }
+  (void)limit_reached;
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   if (o->progress) fprintf(stderr, "\n");
   free(line);
+  free(done);
   fclose(f);
   if (out) fclose(out);
-  if (total == 0) {
-    fprintf(stderr, "dgemma eval: %s holds no problems\n", o->file);
-    exit(1);
+  if (t.total == 0) {
+    fprintf(stderr, "dgemma eval: %s\n", interrupted ? "interrupted before the first problem finished"
+                                                     : "no problems to evaluate (empty file)");
+    dg_context_free(ctx);
+    return interrupted ? 130 : 1;
   }
-  double secs = wall() - t0, lo, hi;
+  double lo, hi;
   printf("| steps | n | correct | accuracy | Wilson 95%% |\n|---|---|---|---|---|\n");
   for (int s = 1; s <= 8; s++) {
-    if (!n[s]) continue;
-    wilson(k[s], n[s], &lo, &hi);
-    printf("| %d | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", s, n[s], k[s], 100.0 * k[s] / n[s], 100 * lo, 100 * hi);
+    if (!t.n[s]) continue;
+    wilson(t.k[s], t.n[s], &lo, &hi);
+    printf("| %d | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", s, t.n[s], t.k[s], 100.0 * t.k[s] / t.n[s], 100 * lo,
+           100 * hi);
   }
-  wilson(k[1] + k[2], n[1] + n[2], &lo, &hi);
-  if (n[1] + n[2])
-    printf("| 1–2 | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", n[1] + n[2], k[1] + k[2],
-           100.0 * (k[1] + k[2]) / (n[1] + n[2]), 100 * lo, 100 * hi);
-  wilson(correct, total, &lo, &hi);
-  printf("| all | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", total, correct, total ? 100.0 * correct / total : 0.0,
-         100 * lo, 100 * hi);
-  printf("\n%d problems in %.1f s; %.2f tokens per decoder forward; seed %lld + id\n", total, secs,
-         steps_total ? (double)valid_total / steps_total : 0.0, o->seed);
+  wilson(t.k[1] + t.k[2], t.n[1] + t.n[2], &lo, &hi);
+  if (t.n[1] + t.n[2])
+    printf("| 1–2 | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", t.n[1] + t.n[2], t.k[1] + t.k[2],
+           100.0 * (t.k[1] + t.k[2]) / (t.n[1] + t.n[2]), 100 * lo, 100 * hi);
+  wilson(t.correct, t.total, &lo, &hi);
+  printf("| all | %d | %d | %.1f%% | %.1f%% – %.1f%% |\n", t.total, t.correct, 100.0 * t.correct / t.total, 100 * lo,
+         100 * hi);
+  printf("\n%d problems (%d resumed from the output file); %lld tokens in %.1f s of generation (prefill included): "
+         "%.2f tok/s; %.2f forwards per block; %.2f tokens per forward; %.1f positions per forward; seed %lld + id%s\n",
+         t.total, resumed, t.tokens, t.seconds, t.seconds > 0 ? t.tokens / t.seconds : 0.0,
+         t.blocks ? (double)t.forwards / t.blocks : 0.0, t.forwards ? (double)t.tokens / t.forwards : 0.0,
+         t.forwards ? (double)t.positions / t.forwards : 0.0, o->seed,
+         interrupted ? "; INTERRUPTED: rerun the same command to resume" : "");
   dg_context_free(ctx);
+  if (interrupted) {
+    fprintf(stderr, "dgemma eval: interrupted after %d problems; %s\n", t.total,
+            o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
+    return 130;
+  }
   return 0;
 }
 
@@ -303,13 +466,6 @@ int dg_cli_eval(dg_model *m, const eval_opts *o) {
 }
 
 /* ---- gsm8k (tools/gsm8k.c holds the harness; this is the model side) ------ */
-
-static volatile sig_atomic_t g_interrupted = 0;
-
-static void on_signal(int sig) {
-  g_interrupted = 1;
-  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
-}
 
 /* test.jsonl and train.jsonl in dir? */
 static int gsm8k_dir_ok(const char *dir) {
