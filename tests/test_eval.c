@@ -337,6 +337,22 @@ static int run_cli(const char *args, char **stderr_text) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* run_cli, keeping stdout too */
+static int run_cli_out(const char *args, char **stdout_text, char **stderr_text) {
+  char exe[1024], cmd[8192], errf[512], outf[512];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  assert_true(k > 0);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  snprintf(errf, sizeof errf, "%s/cli.err", g_dir);
+  snprintf(outf, sizeof outf, "%s/cli.out", g_dir);
+  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >%s 2>%s", exe, args, outf, errf);
+  int rc = system(cmd);
+  *stderr_text = dg_test_read_file(errf, NULL);
+  *stdout_text = dg_test_read_file(outf, NULL);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
 static void test_cli_errors(void **state) {
   (void)state;
   char args[1024], *e;
@@ -425,9 +441,37 @@ static void test_cli_problems_ids(void **state) {
   free(e);
   assert_int_equal(count_lines(items), 2);
   char *all = dg_test_read_file(items, NULL);
-  assert_non_null(strstr(all, "{\"id\":0,\"steps\":1,\"final\":9,"));  /* line 1 of the held-out file */
-  assert_non_null(strstr(all, "{\"id\":1,\"steps\":1,\"final\":8,"));  /* line 2 */
+  char *l2 = strchr(all, '\n');
+  assert_non_null(l2);
+  *l2++ = 0;
+  assert_non_null(strstr(all, "{\"id\":0,"));  /* line 1 of the held-out file */
+  assert_non_null(strstr(all, "\"steps\":1,\"final\":9,"));
+  assert_non_null(strstr(l2, "{\"id\":1,"));   /* line 2 */
+  assert_non_null(strstr(l2, "\"steps\":1,\"final\":8,"));
+  assert_non_null(strstr(all, "\"tokens\":"));
+  assert_non_null(strstr(all, "\"forwards\":"));
+  assert_non_null(strstr(all, "\"seconds\":"));
   free(all);
+  /* a larger --limit resumes: only the third problem is generated */
+  snprintf(args, sizeof args,
+           "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 3 "
+           "--file tools/smallmodel/data/problems_heldout.jsonl -o %s", items);
+  char *out = NULL;
+  rc = run_cli_out(args, &out, &e);
+  if (rc != 0) fail_msg("exit %d, stderr: %s", rc, e);
+  assert_non_null(strstr(e, "resuming: 2 problems already in"));
+  assert_non_null(strstr(out, "3 problems (2 resumed from the output file)"));
+  free(e);
+  free(out);
+  assert_int_equal(count_lines(items), 3);
+  /* another configuration on the same file is refused, the file unchanged */
+  snprintf(args, sizeof args,
+           "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 3 --gen-kwargs '{\"diffusion_turbo\": true}' "
+           "--file tools/smallmodel/data/problems_heldout.jsonl -o %s", items);
+  assert_int_equal(run_cli(args, &e), 1);
+  assert_non_null(strstr(e, "written by another configuration"));
+  free(e);
+  assert_int_equal(count_lines(items), 3);
 }
 
 /* SIGINT during generation: exit status 130, a clear message, the partial summary on stdout. */

@@ -245,7 +245,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   size_t n_done = 0;
   long long *done = o->out ? problems_resume(o->out, config, &t, &n_done) : NULL;
   const int resumed = t.total;
-  if (resumed && o->progress) fprintf(stderr, "dgemma eval: resuming: %d problems already in %s\n", resumed, o->out);
+  if (resumed) fprintf(stderr, "dgemma eval: resuming: %d problems already in %s\n", resumed, o->out);
   FILE *out = o->out ? open_or_die(o->out, "a") : NULL;
   dg_context_params cp = dg_context_default_params();
   int32_t ncanv = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
