@@ -18,7 +18,9 @@
  *     bit-identical to the plain CUDA step; a partial forward set vs the
  *     CPU's compacted step within the bound below), the hierarchical top-K
  *     (bit-identical to dg_topk_hier), the exact/topk self-conditioning rows
- *     (per-element bf16 bound).
+ *     (per-element bf16 bound), turbo generations vs the CPU (decisions
+ *     identical or near-ties, measured from dg_turbo_trace_hook) and
+ *     batches (each canvas equals its own CUDA run).
  *
  * Tolerance (bf16 backend). The GPU rounds every product's operands to bf16
  * (unit roundoff u = 2^-8; the weights too when the checkpoint is f32/f16),
@@ -978,12 +980,322 @@ static void test_turbo_sc(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* Per-step records of a turbo generation (dg_turbo_trace_hook), by canvas position. */
+typedef struct tstep {
+  int32_t block, step, n_active, K, C;
+  float T;
+  int32_t *active, *kidx, *prop;
+  float *kval, *kp, *top1, *ent, *uni;
+  uint8_t *acc;
+} tstep;
+typedef struct ttrace {
+  int n, cap;
+  tstep *s;
+} ttrace;
+
+static void *dupn(const void *p, size_t n) {
+  if (!p) return NULL;
+  void *q = malloc(n ? n : 1);
+  memcpy(q, p, n);
+  return q;
+}
+
+static void trace_hook(const dg_turbo_trace *t, void *user) {
+  ttrace *tr = user;
+  if (tr->n == tr->cap) {
+    tr->cap = tr->cap ? 2 * tr->cap : 64;
+    tr->s = realloc(tr->s, (size_t)tr->cap * sizeof *tr->s);
+  }
+  const size_t C = (size_t)t->C, CK = C * (size_t)t->K;
+  tstep *s = &tr->s[tr->n++];
+  s->block = t->block; s->step = t->step; s->n_active = t->n_active; s->K = t->K; s->C = t->C; s->T = t->temperature;
+  s->active = dupn(t->active, (size_t)t->n_active * 4);
+  s->kidx = dupn(t->kidx, CK * 4);
+  s->kval = dupn(t->kval, CK * 4);
+  s->kp = dupn(t->kp, CK * 4);
+  s->prop = dupn(t->prop, C * 4);
+  s->top1 = dupn(t->top1, C * 4);
+  s->ent = dupn(t->ent, C * 4);
+  s->uni = dupn(t->uni, C * 4);
+  s->acc = dupn(t->acc, C);
+}
+
+static void ttrace_free(ttrace *tr) {
+  for (int i = 0; i < tr->n; i++) {
+    tstep *s = &tr->s[i];
+    free(s->active); free(s->kidx); free(s->kval); free(s->kp); free(s->prop); free(s->top1); free(s->ent);
+    free(s->uni); free(s->acc);
+  }
+  free(tr->s);
+}
+
+/* The CPU's value of id among position i's top-K (or its K-th value, an upper bound, if absent). */
+static float cpu_value(const tstep *s, int i, int32_t id) {
+  for (int k = 0; k < s->K; k++)
+    if (s->kidx[(size_t)i * s->K + k] == id) return s->kval[(size_t)i * s->K + k];
+  return s->kval[(size_t)i * s->K + s->K - 1];
+}
+
+/* Check the first step j whose decisions differ between the CPU (a) and the
+ * GPU (b) (the state before it is identical): every differing decision must
+ * be a near-tie under the differences measured at that step:
+ *   delta = max |raw value| difference over the ids both top-K lists hold;
+ *   argmax / repair argmax: CPU gap between the two ids <= 2 delta;
+ *   sampled proposal: a rank order change within 2 delta, or the CPU's cdf
+ *     within sum_k |p_a - p_b| of the target u * total at its boundary;
+ *   acceptance (confidence): |top1 - tau| <= max |dtop1| (or, for the forced
+ *     commit, a top1 ranking within 2 max |dtop1|); (entropy bound): the
+ *     cumulative entropy before the position within sum |dH| of the bound,
+ *     or a ranking change. Returns the number of near-ties logged. */
+static int turbo_near_ties(const char *label, const dg_gen_params *gp, const tstep *a, const tstep *b) {
+  const int K = a->K;
+  double delta = 0, dtop = 0, sdH = 0;
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    for (int k = 0; k < K; k++)
+      for (int k2 = 0; k2 < K; k2++)
+        if (a->kidx[(size_t)i * K + k] == b->kidx[(size_t)i * K + k2])
+          delta = fmax(delta, fabs((double)a->kval[(size_t)i * K + k] - b->kval[(size_t)i * K + k2]));
+    if (a->step >= 0) {
+      dtop = fmax(dtop, fabs((double)a->top1[i] - b->top1[i]));
+      sdH += fabs((double)a->ent[i] - b->ent[i]);
+    }
+  }
+  int ties = 0;
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    const int32_t *ia = a->kidx + (size_t)i * K, *ib = b->kidx + (size_t)i * K;
+    if (a->step < 0 || gp->proposal == DG_PROPOSAL_ARGMAX) { /* argmax decisions */
+      if (ia[0] == ib[0]) continue;
+      double gap = (double)a->kval[(size_t)i * K] - cpu_value(a, i, ib[0]);
+      if (gap > 2 * delta)
+        fail_msg("%s: block %d step %d pos %d argmax %d (cpu) vs %d (gpu), cpu gap %.3g > 2 delta %.3g", label,
+                 a->block, a->step, i, ia[0], ib[0], gap, 2 * delta);
+      printf("#   %s: block %d step %d pos %d argmax near-tie (gap %.3g, delta %.3g)\n", label, a->block, a->step, i,
+             gap, delta);
+      ties++;
+    } else if (a->prop[i] != b->prop[i]) {
+      int r = 0;
+      while (r < K && ia[r] == ib[r]) r++;
+      double ok_order = r < K ? (double)a->kval[(size_t)i * K + r] - cpu_value(a, i, ib[r]) : INFINITY;
+      double tot = 0, cdf = 0, dp = 0, margin = INFINITY;
+      for (int k = 0; k < K; k++) {
+        tot += a->kp[(size_t)i * K + k];
+        dp += fabs((double)a->kp[(size_t)i * K + k] - b->kp[(size_t)i * K + k]);
+      }
+      const double target = (double)a->uni[i] * tot;
+      for (int k = 0; k < K; k++) {
+        cdf += a->kp[(size_t)i * K + k];
+        margin = fmin(margin, fabs(cdf - target));
+        if (ia[k] == a->prop[i]) break;
+      }
+      if (ok_order > 2 * delta && margin > dp)
+        fail_msg("%s: block %d step %d pos %d proposal %d/%d: |cdf - u total| %.3g > sum|dp| %.3g, no order near-tie",
+                 label, a->block, a->step, i, a->prop[i], b->prop[i], margin, dp);
+      printf("#   %s: block %d step %d pos %d proposal near-tie (|cdf - u total| %.3g, sum|dp| %.3g; first rank order "
+             "change: cpu gap %.3g, 2 delta %.3g)\n", label, a->block, a->step, i, margin, dp, ok_order, 2 * delta);
+      ties++;
+    }
+  }
+  if (a->step < 0) return ties;
+  const dg_turbo_params *tp = &gp->turbo;
+  float best = -1;
+  for (int x = 0; x < a->n_active; x++) best = fmaxf(best, a->top1[a->active[x]]);
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    if (a->acc[i] == b->acc[i]) continue;
+    double margin;
+    if (tp->accept == DG_TURBO_ACCEPT_CONFIDENCE) {
+      const float tau = a->step < tp->threshold_k0 ? tp->threshold_hi : tp->threshold_lo;
+      margin = fmin(fabs((double)a->top1[i] - tau), fabs((double)a->top1[i] - best) / 2);
+      if (margin > dtop)
+        fail_msg("%s: block %d step %d pos %d acceptance %d/%d, top1 %.4g: |top1 - tau %.3g| and the forced-commit "
+                 "gap exceed max|dtop1| %.3g", label, a->block, a->step, i, a->acc[i], b->acc[i], a->top1[i], tau, dtop);
+    } else {
+      double before = 0;
+      int swaps = 0;
+      for (int y = 0; y < a->n_active; y++) {
+        const int k = a->active[y];
+        int bc = a->ent[k] < a->ent[i] || (a->ent[k] == a->ent[i] && k < i);
+        int bg = b->ent[k] < b->ent[i] || (b->ent[k] == b->ent[i] && k < i);
+        if (bc) before += a->ent[k];
+        swaps += k != i && bc != bg;
+      }
+      margin = fabs(before - gp->entropy_bound);
+      if (!swaps && margin > sdH)
+        fail_msg("%s: block %d step %d pos %d acceptance %d/%d, |cum H - bound| %.3g > sum|dH| %.3g, no ranking change",
+                 label, a->block, a->step, i, a->acc[i], b->acc[i], margin, sdH);
+    }
+    printf("#   %s: block %d step %d pos %d acceptance near-tie (margin %.3g)\n", label, a->block, a->step, i, margin);
+    ties++;
+  }
+  return ties;
+}
+
+static int tstep_same(const tstep *a, const tstep *b) {
+  if (a->block != b->block || a->step != b->step || a->n_active != b->n_active || a->K != b->K) return 0;
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    if (i != b->active[x]) return 0;
+    if (a->step < 0) {
+      if (a->kidx[(size_t)i * a->K] != b->kidx[(size_t)i * b->K]) return 0;
+    } else if (a->prop[i] != b->prop[i] || a->acc[i] != b->acc[i]) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* One turbo generation on the CPU and on the GPU: identical decisions and
+ * tokens, or a first difference made only of near-ties (logged). */
+static void compare_turbo(const char *label, dg_model *cm, dg_model *gm, const int32_t *prompt, size_t P,
+                          dg_gen_params gp) {
+  const int C = cm->cfg.canvas_length;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)P + ((gp.max_new_tokens + C - 1) / C) * C;
+  dg_context *cc, *gc;
+  assert_dg_ok(dg_context_new(cm, &cp, &cc));
+  assert_dg_ok(dg_context_new(gm, &cp, &gc));
+  ttrace ta = {0, 0, NULL}, tb = {0, 0, NULL};
+  dg_gen_result ra, rb;
+  dg_turbo_trace_hook = trace_hook;
+  dg_turbo_trace_user = &ta;
+  assert_dg_ok(dg_generate(cc, prompt, P, &gp, &ra));
+  dg_turbo_trace_user = &tb;
+  assert_dg_ok(dg_generate(gc, prompt, P, &gp, &rb));
+  dg_turbo_trace_hook = NULL;
+  int j = -1;
+  for (int s = 0; s < ta.n && s < tb.n && j < 0; s++)
+    if (!tstep_same(&ta.s[s], &tb.s[s])) j = s;
+  if (j < 0) {
+    if (ta.n != tb.n || ra.n_tokens != rb.n_tokens || memcmp(ra.tokens, rb.tokens, (size_t)ra.n_tokens * 4))
+      fail_msg("%s: every step's decisions agree but the runs differ (%d/%d steps, %d/%d tokens)", label, ta.n, tb.n,
+               ra.n_tokens, rb.n_tokens);
+    printf("# %-52s identical: %d tokens (%d valid), %d forwards\n", label, ra.n_tokens, ra.n_valid, ra.n_steps);
+  } else {
+    int ties = turbo_near_ties(label, &gp, &ta.s[j], &tb.s[j]);
+    if (ties == 0) fail_msg("%s: the runs diverge at record %d but no differing decision was found", label, j);
+    printf("# %-52s diverged at block %d step %d on %d near-tie(s) only: logged\n", label, ta.s[j].block,
+           ta.s[j].step, ties);
+  }
+  dg_gen_result_free(&ra);
+  dg_gen_result_free(&rb);
+  ttrace_free(&ta);
+  ttrace_free(&tb);
+  dg_context_free(cc);
+  dg_context_free(gc);
+}
+
+/* Turbo generations, CPU vs CUDA, on the synthetic model: entropy-bound and
+ * confidence acceptance, sampled and argmax proposals, compaction, buckets,
+ * repair, turbo_steps, the three self-conditioning modes (two canvases each,
+ * so the commit between canvases is crossed when the runs agree that long). */
+static void test_turbo_generate(void **state) {
+  (void)state;
+  need_gpu();
+  dg_model *cm, *gm;
+  char dir[] = "/tmp/dg_cuda_tgenXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  load_pair(dir, &cm, &gm);
+  const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size;
+  int32_t prompt[30];
+  synth_random_ids(prompt, 30, V, 81);
+  const char *kw[] = {
+      "{\"diffusion_turbo\": true, \"turbo_topk\": 16}",
+      "{\"diffusion_turbo\": true, \"turbo_topk\": 16, \"turbo_compact\": true, \"turbo_bucket\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+      "\"turbo_repair\": true, \"turbo_compact\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", \"turbo_topk\": 8}",
+      "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_sc\": \"adaptive\", \"turbo_topk\": 8}",
+  };
+  const int n_kw = (int)(sizeof kw / sizeof *kw);
+  for (int k = 0; k < n_kw; k++) { /* the emulation is slow: each configuration once, proposals alternating */
+    const int prop = k % 2 == 0;
+    {
+      dg_gen_params gp = dg_gen_default_params(cm);
+      gp.max_new_tokens = 2 * C;
+      gp.max_denoising_steps = 8;
+      gp.n_stop_ids = 0;
+      gp.seed = 7 + (uint64_t)k;
+      gp.proposal = prop ? DG_PROPOSAL_SAMPLE : DG_PROPOSAL_ARGMAX;
+      assert_dg_ok(dg_gen_params_apply_json(&gp, kw[k]));
+      char nm[96];
+      snprintf(nm, sizeof nm, "turbo config %d (%s)", k, prop ? "sampled" : "argmax");
+      compare_turbo(nm, cm, gm, prompt, 30, gp);
+    }
+  }
+  dg_model_free(cm);
+  dg_model_free(gm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* dg_generate_batch on CUDA contexts (one device pass per canvas): every
+ * canvas equals its own CUDA run bit for bit (compact + repair + confidence,
+ * and turbo_steps + topk SC, with different prompt lengths). */
+static void test_turbo_batch(void **state) {
+  (void)state;
+  need_gpu();
+  dg_model *gm;
+  char dir[] = "/tmp/dg_cuda_tbatXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  if (as_cpu()) mp.reference_kernels = 1;
+  else mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  int32_t prompt[30], p2[11];
+  synth_random_ids(prompt, 30, V, 81);
+  synth_random_ids(p2, 11, V, 82);
+  const char *kw[2] = {"{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+                       "\"turbo_repair\": true, \"turbo_compact\": true}",
+                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", "
+                       "\"turbo_topk\": 8}"};
+  const int32_t *ps[2] = {prompt, p2};
+  size_t np[2] = {30, 11};
+  dg_gen_params g[2];
+  for (int i = 0; i < 2; i++) {
+    g[i] = dg_gen_default_params(gm);
+    g[i].max_new_tokens = 2 * C;
+    g[i].max_denoising_steps = 8;
+    g[i].n_stop_ids = 0;
+    g[i].seed = 30 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&g[i], kw[i]));
+  }
+  dg_context *cx[2];
+  dg_gen_result rb[2], r1;
+  for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+  assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rb));
+  for (int i = 0; i < 2; i++) {
+    dg_context_reset(cx[i]);
+    assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
+    assert_int_equal(r1.n_tokens, rb[i].n_tokens);
+    assert_int_equal(r1.n_steps, rb[i].n_steps);
+    assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
+    dg_gen_result_free(&r1);
+    dg_gen_result_free(&rb[i]);
+    dg_context_free(cx[i]);
+  }
+  printf("# cuda batch B=2: every canvas equals its own CUDA run\n");
+  dg_model_free(gm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
