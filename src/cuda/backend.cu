@@ -662,18 +662,29 @@ static void turbo_free(dg_cuda_ctx *c) {
                        cudaGetErrorString(tb_e_));                                                           \
   } while (0)
 
-/* c->tb with its index buffers; with K > 0 also the top-K buffers for K. */
+static dg_status turbo_index_bufs(dg_cuda_turbo *t, size_t C, size_t T) {
+  t->h_pos = (int32_t *)malloc(T * 4);
+  if (!t->h_pos) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  TB_MALLOC(t->pos, T * 4, "positions");
+  TB_MALLOC(t->cpos, T * 4, "positions");
+  TB_MALLOC(t->rows, C * 4, "rows");
+  return DG_OK;
+}
+
+/* c->tb with its index buffers; with K > 0 also the top-K buffers for K
+ * (kept across calls for the largest K asked; a failed allocation leaves
+ * nothing half-made behind). */
 static dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
   const size_t C = c->m->d.canvas, V = c->m->d.vocab, T = c->tmax;
   if (!c->tb) {
     dg_cuda_turbo *t = (dg_cuda_turbo *)calloc(1, sizeof *t);
     if (!t) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
     c->tb = t;
-    t->h_pos = (int32_t *)malloc(T * 4);
-    if (!t->h_pos) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
-    TB_MALLOC(t->pos, T * 4, "positions");
-    TB_MALLOC(t->cpos, T * 4, "positions");
-    TB_MALLOC(t->rows, C * 4, "rows");
+    dg_status st = turbo_index_bufs(t, C, T);
+    if (st) {
+      turbo_free(c);
+      return st;
+    }
   }
   dg_cuda_turbo *t = c->tb;
   if (K > t->K) {
@@ -687,7 +698,7 @@ static dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
     TB_MALLOC(t->idx, C * (size_t)K * 4, "top-K ids");
     TB_MALLOC(t->p, C * (size_t)K * 4, "top-K probabilities");
     TB_MALLOC(t->bad, (C + 1) * 4, "flags");
-    t->K = K;
+    t->K = K; /* only when all succeeded: a later call retries after freeing the partial set */
   }
   return DG_OK;
 }
