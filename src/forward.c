@@ -565,13 +565,24 @@ dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const f
   for (int32_t r = 0; r < n_rows; r++)
     if (rows[r] < 0 || rows[r] >= C)
       return dg_seterr(DG_ERR_INVALID_ARG, "decoder head row %d is outside the canvas [0, %d)", rows[r], C);
+  if (ctx->cuda) { /* soft rows uploaded, raw rows copied back */
+    const dg_config *c = &ctx->m->cfg;
+    if ((int64_t)ctx->len + C > c->max_position_embeddings)
+      return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", ctx->len,
+                       ctx->len + C - 1, c->max_position_embeddings);
+    for (int i = 0; i < C; i++)
+      if (canvas[i] < 0 || canvas[i] >= c->vocab_size)
+        return dg_seterr(DG_ERR_INVALID_ARG, "token id %d at position %d is outside the vocabulary [0, %d)", canvas[i],
+                         i, c->vocab_size);
+    return dg_cuda_decode_rows(ctx->cuda, canvas, ctx->len, soft ? 2 : 0, soft, rows, n_rows, raw);
+  }
   DG_TRY(decode_layers(ctx, canvas, soft));
   if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw);
   return DG_OK;
 }
 
 dg_status dg_compact_buffers(dg_context *ctx) {
-  if (ctx->cbuf_k) return DG_OK;
+  if (ctx->cbuf_k || ctx->cuda) return DG_OK; /* CUDA: the device cache's canvas slots are the buffers */
   const dg_config *c = &ctx->m->cfg;
   ctx->cbuf_k = calloc((size_t)c->n_layers, sizeof(float *));
   ctx->cbuf_v = calloc((size_t)c->n_layers, sizeof(float *));
@@ -596,7 +607,7 @@ dg_status dg_compact_buffers(dg_context *ctx) {
 /* Checks shared by the compacted pass and its oracle. */
 static dg_status compact_args(dg_context *ctx, const int32_t *pos, int32_t n, const int32_t *head, int32_t nh) {
   const int C = ctx->m->cfg.canvas_length;
-  if (!ctx->cbuf_k) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
+  if (!ctx->cbuf_k && !ctx->cuda) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
   if (n < 1 || n > C || nh < 0 || nh > C)
     return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass: forward set %d / head rows %d outside [1, %d]", n, nh, C);
   for (int32_t t = 0; t < n; t++)
@@ -651,7 +662,17 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
     if (seqs[q].ctx->m != m)
       return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d belongs to another model", q);
     DG_TRY(compact_args(seqs[q].ctx, seqs[q].pos, seqs[q].n, seqs[q].head, seqs[q].nh));
+    for (int32_t t = 0; t < seqs[q].n; t++)
+      if (seqs[q].tok[t] < 0 || seqs[q].tok[t] >= c->vocab_size)
+        return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d token id %d outside the vocabulary [0, %d)", q,
+                         seqs[q].tok[t], c->vocab_size);
     total += seqs[q].n;
+  }
+  if (m->cuda) { /* one device pass per canvas; soft rows uploaded, raw rows copied back */
+    for (int32_t q = 0; q < B; q++)
+      DG_TRY(dg_cuda_compact(seqs[q].ctx->cuda, seqs[q].tok, seqs[q].pos, seqs[q].n, seqs[q].ctx->len,
+                             seqs[q].soft ? 2 : 0, seqs[q].soft, seqs[q].head, seqs[q].nh, seqs[q].raw));
+    return DG_OK;
   }
   if (total > work->tmax)
     return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch of %lld rows exceeds the work context's %d rows",
@@ -729,6 +750,7 @@ dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const i
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
   const int H = c->hidden_size;
+  if (ctx->cuda) return dg_seterr(DG_ERR_INVALID_ARG, "the compacted-pass oracle is CPU code: use a CPU context");
   DG_TRY(compact_args(ctx, pos, n, head, nh));
   const int32_t L = ctx->len, C = c->canvas_length;
   float *X = malloc((size_t)n * H * sizeof(float)), *Y = malloc((size_t)n * H * sizeof(float));

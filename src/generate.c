@@ -232,8 +232,6 @@ dg_status dg_generate_check(const dg_context *ctx, size_t n_prompt, const dg_gen
   const int32_t C = m->cfg.canvas_length;
   DG_TRY(dg_gen_params_validate(m, p));
   if (n_prompt == 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate: empty prompt");
-  if (p->turbo.enabled && ctx->cuda) /* the turbo engine's compacted decoder and batching are CPU code so far */
-    return dg_seterr(DG_ERR_BACKEND, "diffusion_turbo runs on the CPU only so far: use --device cpu");
   const int32_t n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
   /* the last canvas is never committed: the cache holds prompt + (n-1) canvases */
   int64_t need = (int64_t)ctx->len + (int64_t)n_prompt + (int64_t)(n_canvases - 1) * C;

@@ -120,11 +120,13 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
 
 /* Decoder pass like dg_forward_decode, but the LM head runs only for the
  * n_rows canvas positions rows[] (each in [0, C)) and writes RAW logits (no
- * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits). */
+ * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits).
+ * On a CUDA context: dg_cuda_decode_rows (soft uploaded, raw copied back). */
 dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
                                  int32_t n_rows, float *raw);
 
-/* Allocate the per-layer canvas K/V buffers (once per context). */
+/* Allocate the per-layer canvas K/V buffers (once per context; nothing on a
+ * CUDA context, whose device cache slots L..L+C-1 serve as the buffers). */
 dg_status dg_compact_buffers(dg_context *ctx);
 
 /* Compacted active-set decoder pass (spec 7.4). The forward set F is n
@@ -159,7 +161,9 @@ typedef struct dg_compact_seq {
  * row capacity must hold the sum of the n); attention, K/V scatter and the
  * LM head stay per canvas. Each canvas's results equal its own
  * dg_forward_compact (rows do not interact outside attention).
- * dg_forward_compact is this with B = 1 and work = ctx. */
+ * dg_forward_compact is this with B = 1 and work = ctx. On CUDA contexts
+ * each canvas runs its own device pass (dg_cuda_compact: soft uploaded, raw
+ * copied back); work is then not used for scratch. */
 dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
 
 /* dg_context_new with scratch for at least `rows` rows per pass (batching). */

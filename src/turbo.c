@@ -29,7 +29,16 @@
  *
  * dg_generate_batch denoises B canvases of different prompts (one context
  * each) in one decoder pass per step: each sequence keeps its own schedule,
- * random streams and KV cache, and its outputs do not depend on B. */
+ * random streams and KV cache, and its outputs do not depend on B.
+ *
+ * On a CUDA context (ctx->cuda) the decoder pass (plain or compacted, the
+ * canvas slots of the device KV cache serving as the canvas K/V buffers),
+ * the hierarchical top-K and the exact / topk self-conditioning run on the
+ * device: per step the forward set goes up and only the [n, K] top-K values
+ * and ids come back; the K-way distribution, acceptance, schedule and
+ * guards run here on the host. The adaptive self-conditioning mode brings
+ * the active rows' raw logits back and runs on the host (its rows are then
+ * uploaded with the next pass). A batch on CUDA runs one pass per canvas. */
 #include "turbo.h"
 
 #include <float.h>
@@ -39,6 +48,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
 #include "rng.h"
@@ -332,6 +342,9 @@ void dg_turbo_sc_row(const dg_model *m, dg_turbo_sc mode, const float *raw, floa
 /* The engine                                                                */
 /* ------------------------------------------------------------------------ */
 
+void (*dg_turbo_trace_hook)(const dg_turbo_trace *t, void *user) = NULL;
+void *dg_turbo_trace_user = NULL;
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -358,7 +371,12 @@ typedef struct turbo_state {
   size_t sc_size;
   float *zrow;         /* [nt, V] processed logits for exact SC */
   float *colsum;       /* [H] (adaptive SC) */
-  float *soft;         /* [C, H] per-position SC rows (ctx->soft) */
+  float *soft;         /* [C, H] per-position SC rows (ctx->soft; on CUDA host rows of the adaptive mode only) */
+  float *soft_own;     /* soft when allocated here (CUDA contexts have no ctx->soft) */
+  float *pk;           /* [C, K] packed by active row (CUDA: top-K values, then probabilities) */
+  int32_t *pidx;       /* [C, K] packed ids (CUDA) */
+  float *rval;         /* [C, 2] repair forward: top-2 values */
+  int32_t *ridx;       /* [C, 2] and ids */
 } turbo_state;
 
 static void turbo_free(turbo_state *s) {
@@ -366,6 +384,7 @@ static void turbo_free(turbo_state *s) {
   free(s->amax); free(s->canvas); free(s->committed); free(s->noise); free(s->active); free(s->hist);
   free(s->step_amax); free(s->fpos); free(s->ftok); free(s->head); free(s->newly); free(s->frozen); free(s->dropped); free(s->acc); free(s->uni); free(s->bits);
   free(s->acc_scratch); free(s->tk_scratch); free(s->sc_work); free(s->zrow); free(s->colsum);
+  free(s->soft_own); free(s->pk); free(s->pidx); free(s->rval); free(s->ridx);
 }
 
 static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_params *p) {
@@ -374,7 +393,9 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->C = C; s->V = V; s->H = m->cfg.hidden_size; s->nt = m->n_threads > 0 ? m->n_threads : 1;
   s->K = p->turbo.topk < V ? p->turbo.topk : V;
   const size_t CK = (size_t)C * s->K;
-  s->raw = malloc((size_t)C * V * sizeof(float));
+  /* on CUDA the raw rows stay on the device unless the adaptive SC mode needs them here */
+  const int host_raw = !m->cuda || p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE;
+  s->raw = malloc((host_raw ? (size_t)C * V : 1) * sizeof(float));
   s->kp = malloc(CK * sizeof(float));
   s->kidx = malloc(CK * sizeof(int32_t));
   s->kval = malloc(CK * sizeof(float));
@@ -398,11 +419,13 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->uni = calloc((size_t)C, sizeof(float));
   s->bits = calloc((size_t)C, sizeof(uint32_t));
   s->acc_scratch = calloc((size_t)C + 1, 16);
+  s->rval = calloc((size_t)C * 2, sizeof(float));
+  s->ridx = calloc((size_t)C * 2, sizeof(int32_t));
   s->tk_size = (dg_topk_scratch_size(V, s->K) + 63) & ~(size_t)63;
   s->tk_scratch = malloc((size_t)s->nt * s->tk_size);
   int ok = s->raw && s->kp && s->kidx && s->kval && s->ent && s->top1 && s->prop && s->amax && s->canvas &&
            s->committed && s->noise && s->active && s->hist && s->step_amax && s->fpos && s->ftok && s->head && s->newly && s->frozen && s->dropped && s->acc &&
-           s->uni && s->bits && s->acc_scratch && s->tk_scratch;
+           s->uni && s->bits && s->acc_scratch && s->tk_scratch && s->rval && s->ridx;
   if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) {
     s->zrow = malloc((size_t)s->nt * V * sizeof(float));
     ok = ok && s->zrow;
@@ -416,17 +439,42 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
       if (s->colsum) dg_embed_colsum(m, s->colsum);
     }
   }
+  if (m->cuda) {
+    s->soft_own = calloc((size_t)C * s->H, sizeof(float));
+    s->pk = malloc(CK * sizeof(float));
+    s->pidx = malloc(CK * sizeof(int32_t));
+    ok = ok && s->soft_own && s->pk && s->pidx;
+  }
   if (!ok) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the turbo sampler state (canvas %d x vocab %d)", C, V);
   return DG_OK;
 }
 
+/* The self-conditioning argument of the CUDA passes (backend.h): 0 none, 1
+ * rows kept on the device (exact, topk), 2 host rows uploaded (adaptive). */
+static int dev_sc(const dg_gen_params *p, int sc_any) {
+  if (!sc_any) return 0;
+  return p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? 2 : 1;
+}
+
 /* The turbo chain on the n active rows: top-K, distribution, proposal.
  * Returns DG_ERR_NUMERIC naming block, step and position on NaN/Inf. */
-static dg_status turbo_rows(turbo_state *s, const dg_model *m, const dg_gen_params *p, int32_t b, int32_t k,
-                            int32_t n, float T) {
+static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t b,
+                            int32_t k, int32_t n, float T) {
   const int32_t V = s->V, K = s->K;
   const float cap = m->cfg.final_logit_softcapping;
   int bad_row = -1, bad_col = -1;
+  if (ctx->cuda) { /* top-K on the device: only [n, K] comes back (packed by active row) */
+    int32_t br = -1, bc = -1;
+    dg_status st = dg_cuda_topk(ctx->cuda, n, K, s->pk, s->pidx, &br, &bc);
+    if (st == DG_ERR_NUMERIC)
+      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
+                       bc, b, k, br >= 0 && br < n ? s->active[br] : br);
+    DG_TRY(st);
+    for (int32_t a = 0; a < n; a++) {
+      memcpy(s->kval + (size_t)s->active[a] * K, s->pk + (size_t)a * K, (size_t)K * sizeof(float));
+      memcpy(s->kidx + (size_t)s->active[a] * K, s->pidx + (size_t)a * K, (size_t)K * sizeof(int32_t));
+    }
+  }
 #pragma omp parallel for num_threads(s->nt) schedule(dynamic)
   for (int32_t a = 0; a < n; a++) {
     const int32_t i = s->active[a];
@@ -434,7 +482,7 @@ static dg_status turbo_rows(turbo_state *s, const dg_model *m, const dg_gen_para
     int32_t bad = -1;
     float *val = s->kval + (size_t)i * K;
     int32_t *idx = s->kidx + (size_t)i * K;
-    if (dg_topk_hier(s->raw + (size_t)a * V, V, K, 1, val, idx, tk, &bad) != DG_OK) {
+    if (!ctx->cuda && dg_topk_hier(s->raw + (size_t)a * V, V, K, 1, val, idx, tk, &bad) != DG_OK) {
 #pragma omp critical(dg_turbo_bad)
       if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
       continue;
@@ -455,9 +503,19 @@ static dg_status turbo_rows(turbo_state *s, const dg_model *m, const dg_gen_para
 }
 
 /* Self-conditioning rows of the n active positions from this step (spec 5, 7.5). */
-static void turbo_sc(turbo_state *s, const dg_model *m, const dg_gen_params *p, int32_t n, float T) {
+static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t n,
+                          float T) {
   const int32_t V = s->V, K = s->K, H = s->H;
   const float cap = m->cfg.final_logit_softcapping;
+  if (ctx->cuda) {
+    if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) return dg_cuda_turbo_sc(ctx->cuda, 0, n, s->active, cap, T, NULL);
+    if (p->turbo.sc_mode == DG_TURBO_SC_TOPK) {
+      for (int32_t a = 0; a < n; a++)
+        memcpy(s->pk + (size_t)a * K, s->kp + (size_t)s->active[a] * K, (size_t)K * sizeof(float));
+      return dg_cuda_turbo_sc(ctx->cuda, 1, n, s->active, cap, T, s->pk);
+    }
+    DG_TRY(dg_cuda_raw_rows(ctx->cuda, n, s->raw)); /* adaptive: on the host, from the raw rows */
+  }
 #pragma omp parallel for num_threads(s->nt) schedule(dynamic)
   for (int32_t a = 0; a < n; a++) {
     const int32_t i = s->active[a];
@@ -475,6 +533,7 @@ static void turbo_sc(turbo_state *s, const dg_model *m, const dg_gen_params *p, 
                       p->turbo.sc_tail_mass, s->colsum, s->sc_work + (size_t)th * s->sc_size, soft, NULL, NULL);
     }
   }
+  return DG_OK;
 }
 
 /* One sequence (prompt) of the engine: its context, parameters, result and
@@ -521,8 +580,8 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
   DG_TRY(turbo_alloc(&q->s, m, p));
   q->out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
   if (!q->out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
-  q->s.soft = ctx->soft;
-  if ((tp->compact || need_buffers)) DG_TRY(dg_compact_buffers(ctx));
+  q->s.soft = ctx->cuda ? q->s.soft_own : ctx->soft;
+  if ((tp->compact || need_buffers) && !ctx->cuda) DG_TRY(dg_compact_buffers(ctx)); /* CUDA: the cache's canvas slots */
   return dg_encode(ctx, prompt, n_prompt);
 }
 
@@ -597,10 +656,15 @@ static dg_status seq_after_forward(turbo_seq *q) {
     dg_rng_u32(p->seed, DG_RNG_PROPOSAL, (uint32_t)b, (uint32_t)k, (uint32_t)C, s->bits);
     for (int32_t i = 0; i < C; i++) s->uni[i] = dg_rng_to_unit(s->bits[i]);
   }
-  DG_TRY(turbo_rows(s, m, p, b, k, n_act, T));
+  DG_TRY(turbo_rows(s, m, q->ctx, p, b, k, n_act, T));
   const int flush = k == q->flush_step;
   int32_t n_acc = dg_turbo_accept_step(tp, p->entropy_bound, k, flush, s->active, n_act, s->ent, s->top1, s->acc,
                                        s->acc_scratch);
+  if (dg_turbo_trace_hook) {
+    dg_turbo_trace tr = {b, k, n_act, s->K, C, T, s->active, s->kval, s->kp, s->top1, s->ent, s->uni, s->kidx, s->prop,
+                         s->acc};
+    dg_turbo_trace_hook(&tr, dg_turbo_trace_user);
+  }
   dg_rng_u32(p->seed, DG_RNG_CANVAS, (uint32_t)b, (uint32_t)(k + 1), (uint32_t)C, s->bits);
   int newly = 0;
   memset(s->newly, 0, (size_t)C);
@@ -647,7 +711,7 @@ static dg_status seq_after_forward(turbo_seq *q) {
     more = more && any;
   }
   if (more || tp->repair) { /* self-conditioning rows for the next forward */
-    turbo_sc(s, m, p, n_act, T);
+    DG_TRY(turbo_sc(s, m, q->ctx, p, n_act, T));
     q->sc_any = 1;
   }
   if (!more) q->block_over = 1;
@@ -666,25 +730,39 @@ static dg_status seq_end_block(turbo_seq *q) {
     for (int32_t i = 0; i < C; i++) blk[i] = s->frozen[i] ? s->committed[i] : s->step_amax[i];
   if (tp->repair && !q->eos_stop) { /* one more full forward; block = its argmax (spec 7.5) */
     for (int32_t i = 0; i < C; i++) s->active[i] = i;
-    DG_TRY(dg_forward_decode_rows(q->ctx, blk, q->sc_any ? s->soft : NULL, s->active, C, s->raw));
     q->steps++;
     q->n_fwd_rows += C;
     int bad_row = -1, bad_col = -1;
+    const int32_t K2 = V < 2 ? V : 2; /* the argmax and the runner-up (for the trace) */
+    if (q->ctx->cuda) { /* argmax = the device top-1 of each row */
+      DG_TRY(dg_cuda_decode_rows(q->ctx->cuda, blk, q->ctx->len, dev_sc(p, q->sc_any), s->soft, s->active, C, NULL));
+      int32_t br = -1, bc = -1;
+      dg_status st = dg_cuda_topk(q->ctx->cuda, C, K2, s->rval, s->ridx, &br, &bc);
+      if (st == DG_ERR_NUMERIC)
+        return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
+                         bc, b, q->steps - 1, br);
+      DG_TRY(st);
+    } else {
+      DG_TRY(dg_forward_decode_rows(q->ctx, blk, q->sc_any ? s->soft : NULL, s->active, C, s->raw));
 #pragma omp parallel for num_threads(s->nt) schedule(static)
-    for (int32_t i = 0; i < C; i++) {
-      float v1;
-      int32_t i1, bad = -1;
-      void *tk = s->tk_scratch + (size_t)omp_get_thread_num() * s->tk_size;
-      if (dg_topk_hier(s->raw + (size_t)i * V, V, 1, 1, &v1, &i1, tk, &bad) != DG_OK) {
+      for (int32_t i = 0; i < C; i++) {
+        int32_t bad = -1;
+        void *tk = s->tk_scratch + (size_t)omp_get_thread_num() * s->tk_size;
+        if (dg_topk_hier(s->raw + (size_t)i * V, V, K2, 1, s->rval + (size_t)i * K2, s->ridx + (size_t)i * K2, tk,
+                         &bad) != DG_OK) {
 #pragma omp critical(dg_turbo_bad)
-        if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
-      } else {
-        blk[i] = i1;
+          if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
+        }
       }
+      if (bad_row >= 0)
+        return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
+                         bad_col, b, q->steps - 1, bad_row);
     }
-    if (bad_row >= 0)
-      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
-                       bad_col, b, q->steps - 1, bad_row);
+    for (int32_t i = 0; i < C; i++) blk[i] = s->ridx[(size_t)i * K2];
+    if (dg_turbo_trace_hook) {
+      dg_turbo_trace tr = {b, -1, C, K2, C, 0.0f, s->active, s->rval, NULL, NULL, NULL, NULL, s->ridx, NULL, NULL};
+      dg_turbo_trace_hook(&tr, dg_turbo_trace_user);
+    }
   }
   /* emission: up to and including the first stop id, then the repeat guard */
   int32_t n_valid = q->emit;
@@ -739,7 +817,7 @@ static dg_status seq_advance(turbo_seq *q, int batched) {
  * (NULL when B == 1: the sequence's own context and the plain or compacted
  * single-canvas pass). */
 static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
-  const int batched = work != NULL;
+  const int batched = work != NULL && !qs[0].ctx->cuda; /* CUDA: one pass per canvas */
   dg_compact_seq *cs = calloc((size_t)B, sizeof *cs);
   if (!cs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_status st = DG_OK;
@@ -751,7 +829,15 @@ static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
       if (q->done) continue;
       turbo_state *s = &q->s;
       const float *soft = q->sc_any ? s->soft : NULL;
-      if (batched) {
+      if (q->ctx->cuda) {
+        const int sc = dev_sc(q->p, q->sc_any);
+        if (q->p->turbo.compact)
+          st = dg_cuda_compact(q->ctx->cuda, s->ftok, s->fpos, q->shape_f, q->ctx->len, sc, s->soft, s->head,
+                               q->shape_h, NULL);
+        else
+          st = dg_cuda_decode_rows(q->ctx->cuda, s->canvas, q->ctx->len, sc, s->soft, s->head, q->shape_h, NULL);
+        n++;
+      } else if (batched) {
         cs[n++] = (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw};
       } else if (q->p->turbo.compact) {
         st = dg_forward_compact(q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw);
@@ -805,7 +891,8 @@ dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *c
   if (!qs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_context_params wp = dg_context_default_params();
   wp.max_context = 1; /* scratch only: no KV cache of its own */
-  dg_status st = B > 1 ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
+  /* CUDA contexts run one pass per canvas: no work context */
+  dg_status st = B > 1 && !m->cuda ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
   int32_t inited = 0;
   for (int32_t i = 0; i < B && !st; i++) {
     st = seq_init(&qs[i], ctxs[i], prompts[i], n_prompts[i], &params[i], &results[i], B > 1);

@@ -102,6 +102,27 @@ int32_t dg_turbo_bucket(int32_t n, int32_t C);
 /* Column sums of the embedding, colsum [H] (sum in double). */
 void dg_embed_colsum(const struct dg_model *m, float *colsum);
 
+/* What one turbo step decided from, for tests that compare backends (the
+ * CUDA-vs-CPU generations measure their near-ties from it). Arrays are by
+ * canvas position and valid for the n_active positions active[]: kval/kidx
+ * [C, K] the raw top-K values and ids, kp [C, K] the K-way probabilities,
+ * top1/ent/uni [C], prop [C] the proposals, acc [C] the acceptance. The
+ * repair forward reports step = -1, K = min(2, V), n_active = C, and only
+ * kval/kidx. */
+typedef struct dg_turbo_trace {
+  int32_t block, step, n_active, K, C;
+  float temperature;
+  const int32_t *active;
+  const float *kval, *kp, *top1, *ent, *uni;
+  const int32_t *kidx, *prop;
+  const uint8_t *acc;
+} dg_turbo_trace;
+
+/* Called (if not NULL) after every turbo step's sampler chain and
+ * acceptance, and after a repair forward; process-wide, for tests only. */
+extern void (*dg_turbo_trace_hook)(const dg_turbo_trace *t, void *user);
+extern void *dg_turbo_trace_user;
+
 /* The turbo engine (spec 7): called by dg_generate after validation when
  * params->turbo.enabled. Same contract as dg_generate. */
 dg_status dg_turbo_generate(struct dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,

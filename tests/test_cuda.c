@@ -14,6 +14,13 @@
  *     the same tokens and step counts as the CPU;
  *   - sampled generations (Philox proposals drawn on the device) with a seed:
  *     identical to the CPU.
+ *   - the turbo engine (spec 7) on the device: the compacted decoder (F = all
+ *     bit-identical to the plain CUDA step; a partial forward set vs the
+ *     CPU's compacted step within the bound below), the hierarchical top-K
+ *     (bit-identical to dg_topk_hier), the exact/topk self-conditioning rows
+ *     (per-element bf16 bound), turbo generations vs the CPU (decisions
+ *     identical or near-ties, measured from dg_turbo_trace_hook) and
+ *     batches (each canvas equals its own CUDA run).
  *
  * Tolerance (bf16 backend). The GPU rounds every product's operands to bf16
  * (unit roundoff u = 2^-8; the weights too when the checkpoint is f32/f16),
@@ -43,6 +50,7 @@
  * measured difference of its threshold; the divergence is then logged, not
  * failed. */
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,6 +62,7 @@
 #include "sampler.h"
 #include "synth.h"
 #include "testutil.h"
+#include "turbo.h"
 
 #define GOLDEN_DIR DG_FIXTURES "/golden"
 
@@ -148,21 +157,22 @@ static double rel_err(const float *a, const float *ref, size_t n) {
   return sqrt(num / fmax(den, 1e-300));
 }
 
-/* max(e_formula, 3 e_sim) of the header comment; s: the bf16-simulated logits. */
-static double rel_tol(const dg_model *m, int with_sc, const float *c, const float *s, char *formula, size_t n) {
+/* max(e_formula, 3 e_sim) of the header comment over `rows` rows; s: the bf16-simulated logits. */
+static double rel_tol_n(const dg_model *m, int rows, int with_sc, const float *c, const float *s, char *formula,
+                        size_t n) {
   const double u = ldexp(1.0, -8);
   double n_mm = 11.0 * m->cfg.n_layers + 1 + (with_sc ? 4 : 0);
   double ef = 2.0 * sqrt(n_mm) * 2.0 * u;
-  double es = rel_err(s, c, (size_t)m->cfg.canvas_length * m->cfg.vocab_size);
+  double es = rel_err(s, c, (size_t)rows * m->cfg.vocab_size);
   snprintf(formula, n, "max(2*sqrt(n_mm=%.0f)*2u = %.3g, 3*e_sim = 3*%.3g)", n_mm, ef, es);
   return fmax(ef, 3.0 * es);
 }
 
 /* Compare GPU logits g with CPU logits c [C, V]; fail on a relative error
  * above the derived tolerance or an argmax that differs outside a near-tie. */
-static void compare_logits(const char *label, const dg_model *m, const float *c, const float *g, const float *sim,
-                           int with_sc) {
-  const int C = m->cfg.canvas_length, V = m->cfg.vocab_size;
+static void compare_rows(const char *label, const dg_model *m, int C, const float *c, const float *g, const float *sim,
+                         int with_sc) {
+  const int V = m->cfg.vocab_size;
   double maxd = 0, num = 0, den = 0;
   for (size_t k = 0; k < (size_t)C * V; k++) {
     if (!isfinite(g[k])) fail_msg("%s: GPU logit %zu is not finite (%g)", label, k, g[k]);
@@ -192,10 +202,14 @@ static void compare_logits(const char *label, const dg_model *m, const float *c,
     }
   }
   char form[160];
-  double tol = rel_tol(m, with_sc, c, sim, form, sizeof form);
+  double tol = rel_tol_n(m, C, with_sc, c, sim, form, sizeof form);
   printf("# %-40s max|diff| %.3g  rel %.3g  tol %s = %.3g  argmax %d/%d (+%d near-ties)\n", label, maxd, rel, form,
          tol, agree, C, ties);
   if (!(rel <= tol)) fail_msg("%s: relative error %.4g exceeds %.4g", label, rel, tol);
+}
+static void compare_logits(const char *label, const dg_model *m, const float *c, const float *g, const float *sim,
+                           int with_sc) {
+  compare_rows(label, m, m->cfg.canvas_length, c, g, sim, with_sc);
 }
 
 /* Prompt encode, step 0, self-conditioned step, commit a block, step at the
@@ -720,11 +734,568 @@ static void test_refuse_too_big(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* ---- turbo engine on the device (spec 7; src/turbo.c, backend.h) ------------------ */
+
+static synth_cfg turbo_cfg(void) {
+  synth_cfg c = synth_default();
+  c.vocab = 333; /* not a multiple of the 64-element top-K chunk */
+  c.canvas = 16;
+  return c;
+}
+
+static void load_turbo_models(dg_model **cm, dg_model **gm, dg_model **sm) {
+  char dir[] = "/tmp/dg_cuda_turboXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  load_models(dir, cm, gm, sm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* The compacted decoder (spec 7.4) on the device:
+ * (1) forward set = all positions in order, nothing frozen: one compacted step
+ *     through dg_cuda_compact (scattered-position rope, canvas-slot scatter,
+ *     canvas attention) equals the plain CUDA decoder step with the same LM
+ *     head rows bit for bit, without and with a self-conditioning signal;
+ * (2) after a full step, a partial forward set (new tokens at 2/3 of the
+ *     positions, the rest served stale from the canvas slots) matches the
+ *     CPU's compacted step within the derived bf16 bound of the logits tests
+ *     (max(2 sqrt(n_mm) 2u, 3 e_sim), e_sim from the bf16-rounding CPU path
+ *     over the same compacted calls), argmax outside near-ties. */
+static void test_turbo_compact(void **state) {
+  (void)state;
+  need_gpu();
+  dg_model *ms[3];
+  load_turbo_models(&ms[0], &ms[1], &ms[2]);
+  const int C = ms[0]->cfg.canvas_length, V = ms[0]->cfg.vocab_size, H = ms[0]->cfg.hidden_size;
+  int32_t prompt[40], canvas[16], all[16], tok[16], fpos[16], hrow[16];
+  synth_random_ids(prompt, 40, V, 71);
+  synth_random_ids(canvas, C, V, 72);
+  for (int i = 0; i < C; i++) all[i] = i;
+  float *soft = malloc((size_t)C * H * 4), *a = malloc((size_t)C * V * 4), *b = malloc((size_t)C * V * 4);
+  float *l[3];
+  unsigned sd = 9;
+  for (int i = 0; i < C * H; i++) soft[i] = synth_rand(&sd) * 3.0f;
+  dg_context *cx[3];
+  for (int k = 0; k < 3; k++) {
+    assert_dg_ok(dg_context_new(ms[k], NULL, &cx[k]));
+    assert_dg_ok(dg_encode(cx[k], prompt, 40));
+    assert_dg_ok(dg_compact_buffers(cx[k]));
+    l[k] = malloc((size_t)C * V * 4);
+  }
+  for (int with_sc = 0; with_sc < 2; with_sc++) {
+    assert_dg_ok(dg_forward_decode_rows(cx[1], canvas, with_sc ? soft : NULL, all, C, a));
+    assert_dg_ok(dg_forward_compact(cx[1], canvas, all, C, with_sc ? soft : NULL, all, C, b));
+    double d = 0;
+    for (size_t k = 0; k < (size_t)C * V; k++) d = fmax(d, fabs((double)a[k] - b[k]));
+    printf("# cuda compact F = all (SC %d) vs plain CUDA decoder step: max |raw logit diff| %.3g (must be 0)\n", with_sc,
+           d);
+    if (memcmp(a, b, (size_t)C * V * 4)) fail_msg("compact F = all, SC %d: not bit-identical (max |diff| %.3g)", with_sc, d);
+  }
+  /* (2) a full compacted step on all three, then a partial one over stale slots */
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_forward_compact(cx[k], canvas, all, C, NULL, all, C, l[k]));
+  compare_rows("compact step 1 (F = all)", ms[0], C, l[0], l[1], l[2], 0);
+  int nf = 0, nh = 0;
+  for (int i = 0; i < C; i++)
+    if (i % 3 != 1) { fpos[nf] = i; tok[nf] = (canvas[i] * 7 + 11) % V; nf++; }
+  for (int r = 0; r < nf; r += 2) hrow[nh++] = r;
+  for (int k = 0; k < 3; k++) assert_dg_ok(dg_forward_compact(cx[k], tok, fpos, nf, soft, hrow, nh, l[k]));
+  char nm[96];
+  snprintf(nm, sizeof nm, "compact step 2 (|F| %d of %d, %d head rows)", nf, C, nh);
+  compare_rows(nm, ms[0], nh, l[0], l[1], l[2], 1);
+  /* bucket padding: duplicates of the last entry change nothing on the real rows */
+  for (int r = nf; r < C; r++) { tok[r] = tok[nf - 1]; fpos[r] = fpos[nf - 1]; }
+  for (int r = nh; r < C; r++) hrow[r] = hrow[nh - 1];
+  assert_dg_ok(dg_forward_compact(cx[1], tok, fpos, nf, soft, hrow, nh, a)); /* same pass again: same slots */
+  assert_dg_ok(dg_forward_compact(cx[1], tok, fpos, C, soft, hrow, C, b));
+  if (memcmp(a, b, (size_t)nh * V * 4)) fail_msg("duplicate padding changed the real rows on the device");
+  printf("# cuda compact with duplicate padding %d -> %d rows: real rows bit-identical\n", nf, C);
+  for (int k = 0; k < 3; k++) {
+    free(l[k]);
+    dg_context_free(cx[k]);
+    dg_model_free(ms[k]);
+  }
+  free(soft); free(a); free(b);
+}
+
+/* The device hierarchical top-K equals dg_topk_hier (finite_only) exactly,
+ * ids and value bits, on random, tied, extreme and constant rows, K from 1
+ * to V; a NaN or an infinity is DG_ERR_NUMERIC naming the first bad row and
+ * its first bad column. */
+static void test_turbo_topk(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  dg_model *cm, *gm;
+  char dir[] = "/tmp/dg_cuda_topkXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  load_pair(dir, &cm, &gm);
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(gm, NULL, &ctx));
+  float *x = malloc((size_t)C * V * 4), *gv = malloc((size_t)C * V * 4), *cv = malloc((size_t)V * 4);
+  int32_t *gi = malloc((size_t)C * V * 4), *ci = malloc((size_t)V * 4);
+  void *scr = malloc(dg_topk_scratch_size(V, V));
+  const int Ks[] = {1, 2, 7, 64, 65, V};
+  unsigned sd = 4242;
+  int cases = 0;
+  for (int kind = 0; kind < 4; kind++) {
+    for (int r = 0; r < C; r++)
+      for (int v = 0; v < V; v++) {
+        float f = synth_rand(&sd);
+        float *e = &x[(size_t)r * V + v];
+        if (kind == 0) *e = f * 30.0f;
+        else if (kind == 1) *e = floorf((f + 1.0f) * 1.5f); /* {0, 1, 2}: heavy ties */
+        else if (kind == 2) { /* extremes, signed zeros and subnormals */
+          const float ex[6] = {FLT_MAX, -FLT_MAX, 0.0f, -0.0f, 1e-40f, -1e-40f};
+          *e = ex[(unsigned)((f + 1.0f) * 3.0f) % 6];
+        } else *e = 0.5f; /* constant */
+      }
+    assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, C, x));
+    for (size_t kk = 0; kk < sizeof Ks / sizeof *Ks; kk++) {
+      const int K = Ks[kk];
+      int32_t br = -1, bc = -1;
+      assert_dg_ok(dg_cuda_topk(ctx->cuda, C, K, gv, gi, &br, &bc));
+      for (int r = 0; r < C; r++) {
+        int32_t bad;
+        assert_int_equal(dg_topk_hier(x + (size_t)r * V, V, K, 1, cv, ci, scr, &bad), DG_OK);
+        for (int k = 0; k < K; k++)
+          if (gi[(size_t)r * K + k] != ci[k] || memcmp(&gv[(size_t)r * K + k], &cv[k], 4))
+            fail_msg("kind %d K %d row %d rank %d: device id %d (%g), CPU id %d (%g)", kind, K, r, k,
+                     gi[(size_t)r * K + k], gv[(size_t)r * K + k], ci[k], cv[k]);
+      }
+      cases++;
+    }
+  }
+  /* non-finite values: rows 3 (NaN at 200, +inf at 250) and 9 (-inf at 5) */
+  x[(size_t)3 * V + 200] = NAN;
+  x[(size_t)3 * V + 250] = INFINITY;
+  x[(size_t)9 * V + 5] = -INFINITY;
+  assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, C, x));
+  int32_t br = -1, bc = -1;
+  assert_int_equal(dg_cuda_topk(ctx->cuda, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
+  assert_int_equal(br, 3);
+  assert_int_equal(bc, 200);
+  x[(size_t)3 * V + 200] = 0.0f;
+  x[(size_t)3 * V + 250] = 0.0f;
+  assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, C, x));
+  assert_int_equal(dg_cuda_topk(ctx->cuda, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
+  assert_int_equal(br, 9);
+  assert_int_equal(bc, 5);
+  printf("# device hierarchical top-K equals dg_topk_hier bit for bit in %d cases (V %d, %d rows, K 1..V; random, "
+         "ties, extremes/signed zeros/subnormals, constant); NaN/Inf reported at row and column\n", cases, V, C);
+  free(x); free(gv); free(cv); free(gi); free(ci); free(scr);
+  dg_context_free(ctx);
+  dg_model_free(cm);
+  dg_model_free(gm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* Self-conditioning rows on the device vs the CPU (src/turbo.c): exact
+ * (z = softcap(raw)/T, P = softmax, soft = scale P.E) and topk (scale
+ * sum_k p_k E[idx_k]). Per element the GPU rounds P and E to bf16 (u =
+ * 2^-8 each, relative) and sums n terms in fp32, so
+ *   |gpu_j - cpu_j| <= 2 * (2u + n 2^-24) * scale * sum_v |P_v E_vj|
+ * (factor 2: safety), computed here from the CPU's P. Rows not named keep
+ * their values. */
+static void test_turbo_sc(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  dg_model *cm, *gm;
+  char dir[] = "/tmp/dg_cuda_tscXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  load_pair(dir, &cm, &gm);
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, H = gm->cfg.hidden_size, K = 16, n = 5;
+  const float cap = gm->cfg.final_logit_softcapping, T = 0.7f;
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(gm, NULL, &ctx));
+  float *x = malloc((size_t)C * V * 4), *z = malloc((size_t)V * 4), *p = malloc((size_t)V * 4);
+  float *sg = malloc((size_t)C * H * 4), *s0 = malloc((size_t)C * H * 4), *sc = malloc((size_t)H * 4);
+  float *kv = malloc((size_t)n * K * 4), *kp = malloc((size_t)n * K * 4), *e = malloc((size_t)H * 4);
+  int32_t *ki = malloc((size_t)n * K * 4), rows[5] = {14, 2, 7, 0, 11};
+  void *work = malloc(dg_turbo_sc_work_size(V, K));
+  unsigned sd = 17;
+  for (size_t i = 0; i < (size_t)C * V; i++) x[i] = synth_rand(&sd) * 8.0f;
+  const double u = ldexp(1.0, -8), u32 = ldexp(1.0, -24);
+  for (int mode = 0; mode < 2; mode++) {
+    assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, n, x));
+    int32_t br, bc;
+    assert_dg_ok(dg_cuda_topk(ctx->cuda, n, K, kv, ki, &br, &bc));
+    for (int r = 0; r < n; r++) {
+      dg_turbo_pos tp;
+      dg_turbo_dist(kv + (size_t)r * K, ki + (size_t)r * K, K, cap, T, 0.0f, DG_PROPOSAL_ARGMAX, kp + (size_t)r * K, &tp);
+    }
+    assert_dg_ok(dg_cuda_get_soft(ctx->cuda, s0));
+    assert_dg_ok(dg_cuda_turbo_sc(ctx->cuda, mode, n, rows, cap, T, kp));
+    assert_dg_ok(dg_cuda_get_soft(ctx->cuda, sg));
+    double worst = 0; /* largest |diff| / bound */
+    for (int r = 0; r < n; r++) {
+      const float *raw = x + (size_t)r * V;
+      memset(e, 0, (size_t)H * 4);
+      if (mode == 0) {
+        for (int v = 0; v < V; v++) z[v] = (cap > 0.0f ? tanhf(raw[v] / cap) * cap : raw[v]) / T;
+        dg_soft_row(cm, z, p, sc);
+        for (int v = 0; v < V; v++)
+          for (int j = 0; j < H; j++) e[j] += fabsf(p[v] * ((const float *)cm->embed.data)[(size_t)v * H + j]);
+      } else {
+        dg_turbo_sc_row(cm, DG_TURBO_SC_TOPK, raw, T, ki + (size_t)r * K, kp + (size_t)r * K, K, 0.01f, NULL, work, sc,
+                        NULL, NULL);
+        for (int k = 0; k < K; k++)
+          for (int j = 0; j < H; j++)
+            e[j] += fabsf(kp[(size_t)r * K + k] * ((const float *)cm->embed.data)[(size_t)ki[(size_t)r * K + k] * H + j]);
+      }
+      const int nt = mode == 0 ? V : K;
+      for (int j = 0; j < H; j++) {
+        double bound = 2.0 * (2.0 * u + nt * u32) * cm->embed_scale * e[j];
+        double d = fabs((double)sg[(size_t)rows[r] * H + j] - sc[j]);
+        worst = fmax(worst, d / fmax(bound, 1e-30));
+        if (d > bound) fail_msg("mode %d row %d col %d: device %.7g cpu %.7g, |diff| %.3g > bound %.3g", mode, r, j,
+                                sg[(size_t)rows[r] * H + j], sc[j], d, bound);
+      }
+    }
+    for (int i = 0; i < C; i++) { /* the other rows are untouched */
+      int named = 0;
+      for (int r = 0; r < n; r++) named |= rows[r] == i;
+      if (!named && memcmp(sg + (size_t)i * H, s0 + (size_t)i * H, (size_t)H * 4))
+        fail_msg("mode %d: row %d changed but was not named", mode, i);
+    }
+    printf("# device self-conditioning %s: %d rows within the derived bf16 bound (largest |diff|/bound %.3g)\n",
+           mode == 0 ? "exact" : "topk (K 16)", n, worst);
+  }
+  free(x); free(z); free(p); free(sg); free(s0); free(sc); free(kv); free(kp); free(e); free(ki); free(work);
+  dg_context_free(ctx);
+  dg_model_free(cm);
+  dg_model_free(gm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* Per-step records of a turbo generation (dg_turbo_trace_hook), by canvas position. */
+typedef struct tstep {
+  int32_t block, step, n_active, K, C;
+  float T;
+  int32_t *active, *kidx, *prop;
+  float *kval, *kp, *top1, *ent, *uni;
+  uint8_t *acc;
+} tstep;
+typedef struct ttrace {
+  int n, cap;
+  tstep *s;
+} ttrace;
+
+static void *dupn(const void *p, size_t n) {
+  if (!p) return NULL;
+  void *q = malloc(n ? n : 1);
+  memcpy(q, p, n);
+  return q;
+}
+
+static void trace_hook(const dg_turbo_trace *t, void *user) {
+  ttrace *tr = user;
+  if (tr->n == tr->cap) {
+    tr->cap = tr->cap ? 2 * tr->cap : 64;
+    tr->s = realloc(tr->s, (size_t)tr->cap * sizeof *tr->s);
+  }
+  const size_t C = (size_t)t->C, CK = C * (size_t)t->K;
+  tstep *s = &tr->s[tr->n++];
+  s->block = t->block; s->step = t->step; s->n_active = t->n_active; s->K = t->K; s->C = t->C; s->T = t->temperature;
+  s->active = dupn(t->active, (size_t)t->n_active * 4);
+  s->kidx = dupn(t->kidx, CK * 4);
+  s->kval = dupn(t->kval, CK * 4);
+  s->kp = dupn(t->kp, CK * 4);
+  s->prop = dupn(t->prop, C * 4);
+  s->top1 = dupn(t->top1, C * 4);
+  s->ent = dupn(t->ent, C * 4);
+  s->uni = dupn(t->uni, C * 4);
+  s->acc = dupn(t->acc, C);
+}
+
+static void ttrace_free(ttrace *tr) {
+  for (int i = 0; i < tr->n; i++) {
+    tstep *s = &tr->s[i];
+    free(s->active); free(s->kidx); free(s->kval); free(s->kp); free(s->prop); free(s->top1); free(s->ent);
+    free(s->uni); free(s->acc);
+  }
+  free(tr->s);
+}
+
+/* The CPU's value of id among position i's top-K (or its K-th value, an upper bound, if absent). */
+static float cpu_value(const tstep *s, int i, int32_t id) {
+  for (int k = 0; k < s->K; k++)
+    if (s->kidx[(size_t)i * s->K + k] == id) return s->kval[(size_t)i * s->K + k];
+  return s->kval[(size_t)i * s->K + s->K - 1];
+}
+
+/* Check the first step j whose decisions differ between the CPU (a) and the
+ * GPU (b) (the state before it is identical): every differing decision must
+ * be a near-tie under the differences measured at that step:
+ *   delta = max |raw value| difference over the ids both top-K lists hold;
+ *   argmax / repair argmax: CPU gap between the two ids <= 2 delta;
+ *   sampled proposal: a rank order change within 2 delta, or the CPU's cdf
+ *     within sum_k |p_a - p_b| of the target u * total at its boundary;
+ *   acceptance (confidence): |top1 - tau| <= max |dtop1| (or, for the forced
+ *     commit, a top1 ranking within 2 max |dtop1|); (entropy bound): the
+ *     cumulative entropy before the position within sum |dH| of the bound,
+ *     or a ranking change. Returns the number of near-ties logged. */
+static int turbo_near_ties(const char *label, const dg_gen_params *gp, const tstep *a, const tstep *b) {
+  const int K = a->K;
+  double delta = 0, dtop = 0, sdH = 0;
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    for (int k = 0; k < K; k++)
+      for (int k2 = 0; k2 < K; k2++)
+        if (a->kidx[(size_t)i * K + k] == b->kidx[(size_t)i * K + k2])
+          delta = fmax(delta, fabs((double)a->kval[(size_t)i * K + k] - b->kval[(size_t)i * K + k2]));
+    if (a->step >= 0) {
+      dtop = fmax(dtop, fabs((double)a->top1[i] - b->top1[i]));
+      sdH += fabs((double)a->ent[i] - b->ent[i]);
+    }
+  }
+  int ties = 0;
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    const int32_t *ia = a->kidx + (size_t)i * K, *ib = b->kidx + (size_t)i * K;
+    if (a->step < 0 || gp->proposal == DG_PROPOSAL_ARGMAX) { /* argmax decisions */
+      if (ia[0] == ib[0]) continue;
+      double gap = (double)a->kval[(size_t)i * K] - cpu_value(a, i, ib[0]);
+      if (gap > 2 * delta)
+        fail_msg("%s: block %d step %d pos %d argmax %d (cpu) vs %d (gpu), cpu gap %.3g > 2 delta %.3g", label,
+                 a->block, a->step, i, ia[0], ib[0], gap, 2 * delta);
+      printf("#   %s: block %d step %d pos %d argmax near-tie (gap %.3g, delta %.3g)\n", label, a->block, a->step, i,
+             gap, delta);
+      ties++;
+    } else if (a->prop[i] != b->prop[i]) {
+      int r = 0;
+      while (r < K && ia[r] == ib[r]) r++;
+      double ok_order = r < K ? (double)a->kval[(size_t)i * K + r] - cpu_value(a, i, ib[r]) : INFINITY;
+      double tot = 0, cdf = 0, dp = 0, margin = INFINITY;
+      for (int k = 0; k < K; k++) {
+        tot += a->kp[(size_t)i * K + k];
+        dp += fabs((double)a->kp[(size_t)i * K + k] - b->kp[(size_t)i * K + k]);
+      }
+      const double target = (double)a->uni[i] * tot;
+      for (int k = 0; k < K; k++) {
+        cdf += a->kp[(size_t)i * K + k];
+        margin = fmin(margin, fabs(cdf - target));
+        if (ia[k] == a->prop[i]) break;
+      }
+      if (ok_order > 2 * delta && margin > dp)
+        fail_msg("%s: block %d step %d pos %d proposal %d/%d: |cdf - u total| %.3g > sum|dp| %.3g, no order near-tie",
+                 label, a->block, a->step, i, a->prop[i], b->prop[i], margin, dp);
+      printf("#   %s: block %d step %d pos %d proposal near-tie (|cdf - u total| %.3g, sum|dp| %.3g; first rank order "
+             "change: cpu gap %.3g, 2 delta %.3g)\n", label, a->block, a->step, i, margin, dp, ok_order, 2 * delta);
+      ties++;
+    }
+  }
+  if (a->step < 0) return ties;
+  const dg_turbo_params *tp = &gp->turbo;
+  float best = -1;
+  for (int x = 0; x < a->n_active; x++) best = fmaxf(best, a->top1[a->active[x]]);
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    if (a->acc[i] == b->acc[i]) continue;
+    double margin;
+    if (tp->accept == DG_TURBO_ACCEPT_CONFIDENCE) {
+      const float tau = a->step < tp->threshold_k0 ? tp->threshold_hi : tp->threshold_lo;
+      margin = fmin(fabs((double)a->top1[i] - tau), fabs((double)a->top1[i] - best) / 2);
+      if (margin > dtop)
+        fail_msg("%s: block %d step %d pos %d acceptance %d/%d, top1 %.4g: |top1 - tau %.3g| and the forced-commit "
+                 "gap exceed max|dtop1| %.3g", label, a->block, a->step, i, a->acc[i], b->acc[i], a->top1[i], tau, dtop);
+    } else {
+      double before = 0;
+      int swaps = 0;
+      for (int y = 0; y < a->n_active; y++) {
+        const int k = a->active[y];
+        int bc = a->ent[k] < a->ent[i] || (a->ent[k] == a->ent[i] && k < i);
+        int bg = b->ent[k] < b->ent[i] || (b->ent[k] == b->ent[i] && k < i);
+        if (bc) before += a->ent[k];
+        swaps += k != i && bc != bg;
+      }
+      margin = fabs(before - gp->entropy_bound);
+      if (!swaps && margin > sdH)
+        fail_msg("%s: block %d step %d pos %d acceptance %d/%d, |cum H - bound| %.3g > sum|dH| %.3g, no ranking change",
+                 label, a->block, a->step, i, a->acc[i], b->acc[i], margin, sdH);
+    }
+    printf("#   %s: block %d step %d pos %d acceptance near-tie (margin %.3g)\n", label, a->block, a->step, i, margin);
+    ties++;
+  }
+  return ties;
+}
+
+static int tstep_same(const tstep *a, const tstep *b) {
+  if (a->block != b->block || a->step != b->step || a->n_active != b->n_active || a->K != b->K) return 0;
+  for (int x = 0; x < a->n_active; x++) {
+    const int i = a->active[x];
+    if (i != b->active[x]) return 0;
+    if (a->step < 0) {
+      if (a->kidx[(size_t)i * a->K] != b->kidx[(size_t)i * b->K]) return 0;
+    } else if (a->prop[i] != b->prop[i] || a->acc[i] != b->acc[i]) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* One turbo generation on the CPU and on the GPU: identical decisions and
+ * tokens, or a first difference made only of near-ties (logged). */
+static void compare_turbo(const char *label, dg_model *cm, dg_model *gm, const int32_t *prompt, size_t P,
+                          dg_gen_params gp) {
+  const int C = cm->cfg.canvas_length;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)P + ((gp.max_new_tokens + C - 1) / C) * C;
+  dg_context *cc, *gc;
+  assert_dg_ok(dg_context_new(cm, &cp, &cc));
+  assert_dg_ok(dg_context_new(gm, &cp, &gc));
+  ttrace ta = {0, 0, NULL}, tb = {0, 0, NULL};
+  dg_gen_result ra, rb;
+  dg_turbo_trace_hook = trace_hook;
+  dg_turbo_trace_user = &ta;
+  assert_dg_ok(dg_generate(cc, prompt, P, &gp, &ra));
+  dg_turbo_trace_user = &tb;
+  assert_dg_ok(dg_generate(gc, prompt, P, &gp, &rb));
+  dg_turbo_trace_hook = NULL;
+  int j = -1;
+  for (int s = 0; s < ta.n && s < tb.n && j < 0; s++)
+    if (!tstep_same(&ta.s[s], &tb.s[s])) j = s;
+  if (j < 0) {
+    if (ta.n != tb.n || ra.n_tokens != rb.n_tokens || memcmp(ra.tokens, rb.tokens, (size_t)ra.n_tokens * 4))
+      fail_msg("%s: every step's decisions agree but the runs differ (%d/%d steps, %d/%d tokens)", label, ta.n, tb.n,
+               ra.n_tokens, rb.n_tokens);
+    printf("# %-52s identical: %d tokens (%d valid), %d forwards\n", label, ra.n_tokens, ra.n_valid, ra.n_steps);
+  } else {
+    int ties = turbo_near_ties(label, &gp, &ta.s[j], &tb.s[j]);
+    if (ties == 0) fail_msg("%s: the runs diverge at record %d but no differing decision was found", label, j);
+    printf("# %-52s diverged at block %d step %d on %d near-tie(s) only: logged\n", label, ta.s[j].block,
+           ta.s[j].step, ties);
+  }
+  dg_gen_result_free(&ra);
+  dg_gen_result_free(&rb);
+  ttrace_free(&ta);
+  ttrace_free(&tb);
+  dg_context_free(cc);
+  dg_context_free(gc);
+}
+
+/* Turbo generations, CPU vs CUDA, on the synthetic model: entropy-bound and
+ * confidence acceptance, sampled and argmax proposals, compaction, buckets,
+ * repair, turbo_steps, the three self-conditioning modes (two canvases each,
+ * so the commit between canvases is crossed when the runs agree that long). */
+static void test_turbo_generate(void **state) {
+  (void)state;
+  need_gpu();
+  dg_model *cm, *gm;
+  char dir[] = "/tmp/dg_cuda_tgenXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  load_pair(dir, &cm, &gm);
+  const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size;
+  int32_t prompt[30];
+  synth_random_ids(prompt, 30, V, 81);
+  const char *kw[] = {
+      "{\"diffusion_turbo\": true, \"turbo_topk\": 16}",
+      "{\"diffusion_turbo\": true, \"turbo_topk\": 16, \"turbo_compact\": true, \"turbo_bucket\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+      "\"turbo_repair\": true, \"turbo_compact\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", \"turbo_topk\": 8}",
+      "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_sc\": \"adaptive\", \"turbo_topk\": 8}",
+  };
+  const int n_kw = (int)(sizeof kw / sizeof *kw);
+  for (int k = 0; k < n_kw; k++) { /* the emulation is slow: each configuration once, proposals alternating */
+    const int prop = k % 2 == 0;
+    {
+      dg_gen_params gp = dg_gen_default_params(cm);
+      gp.max_new_tokens = 2 * C;
+      gp.max_denoising_steps = 8;
+      gp.n_stop_ids = 0;
+      gp.seed = 7 + (uint64_t)k;
+      gp.proposal = prop ? DG_PROPOSAL_SAMPLE : DG_PROPOSAL_ARGMAX;
+      assert_dg_ok(dg_gen_params_apply_json(&gp, kw[k]));
+      char nm[96];
+      snprintf(nm, sizeof nm, "turbo config %d (%s)", k, prop ? "sampled" : "argmax");
+      compare_turbo(nm, cm, gm, prompt, 30, gp);
+    }
+  }
+  dg_model_free(cm);
+  dg_model_free(gm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* dg_generate_batch on CUDA contexts (one device pass per canvas): every
+ * canvas equals its own CUDA run bit for bit (compact + repair + confidence,
+ * and turbo_steps + topk SC, with different prompt lengths). */
+static void test_turbo_batch(void **state) {
+  (void)state;
+  need_gpu();
+  dg_model *gm;
+  char dir[] = "/tmp/dg_cuda_tbatXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  if (as_cpu()) mp.reference_kernels = 1;
+  else mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  int32_t prompt[30], p2[11];
+  synth_random_ids(prompt, 30, V, 81);
+  synth_random_ids(p2, 11, V, 82);
+  const char *kw[2] = {"{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+                       "\"turbo_repair\": true, \"turbo_compact\": true}",
+                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", "
+                       "\"turbo_topk\": 8}"};
+  const int32_t *ps[2] = {prompt, p2};
+  size_t np[2] = {30, 11};
+  dg_gen_params g[2];
+  for (int i = 0; i < 2; i++) {
+    g[i] = dg_gen_default_params(gm);
+    g[i].max_new_tokens = 2 * C;
+    g[i].max_denoising_steps = 3; /* two canvases of at most 3 steps (+ repair): the emulation is slow */
+    g[i].n_stop_ids = 0;
+    g[i].seed = 30 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&g[i], kw[i]));
+  }
+  dg_context *cx[2];
+  dg_gen_result rb[2], r1;
+  for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+  assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rb));
+  for (int i = 0; i < 2; i++) {
+    dg_context_reset(cx[i]);
+    assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
+    assert_int_equal(r1.n_tokens, rb[i].n_tokens);
+    assert_int_equal(r1.n_steps, rb[i].n_steps);
+    assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
+    dg_gen_result_free(&r1);
+    dg_gen_result_free(&rb[i]);
+    dg_context_free(cx[i]);
+  }
+  printf("# cuda batch B=2: every canvas equals its own CUDA run\n");
+  dg_model_free(gm);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats),
+      cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -129,6 +129,60 @@ dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int mode, uint64
  * dg_cuda_decode(..., sc = 1, ...). */
 dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c);
 
+/* ---- turbo engine (spec 7; the engine is src/turbo.c) ----
+ * Self-conditioning argument sc of the passes below: 0 zero signal; 1 the
+ * device's per-position rows c->soft [C, H] (left by an earlier pass's
+ * upload or by dg_cuda_turbo_sc); 2 upload host rows soft [C, H] (already
+ * scaled, by canvas position) first. Each pass leaves RAW logits (final norm
+ * and tied LM head, no softcap: the turbo chain ranks raw logits, spec 7.3)
+ * of its head rows on the device, [n, V] in head-row order, for
+ * dg_cuda_topk / dg_cuda_turbo_sc / dg_cuda_raw_rows. */
+
+/* Plain decoder pass over canvas[C] at positions pos0.. (as dg_cuda_decode),
+ * LM head on the n canvas rows rows[] only. raw_out [n, V] (host) receives
+ * the raw logits if not NULL (synchronous). Errors: DG_ERR_INVALID_ARG,
+ * DG_ERR_CONTEXT_FULL, DG_ERR_BACKEND. */
+dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc, const float *soft,
+                              const int32_t *rows, int32_t n, float *raw_out);
+
+/* Compacted active-set decoder pass (spec 7.4; CPU: dg_forward_compact). The
+ * forward set is n canvas positions pos[n] holding tokens tok[n] (duplicates
+ * allowed: identical values, idempotent scatter). Every layer computes their
+ * K/V at absolute positions pos0 + pos[t] (rope at scattered positions),
+ * writes them into the cache slots pos0 + pos[t] (the slots pos0..pos0+C-1
+ * are the canvas K/V buffer; rows not forwarded keep the K/V of the last
+ * pass that wrote them), and attends from the n queries over the prefix and
+ * the whole canvas [pos0, pos0 + C) with no mask. The LM head runs on the nh
+ * forward-set rows head[] (indices into pos). raw_out as above. */
+dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0, int sc,
+                          const float *soft, const int32_t *head, int32_t nh, float *raw_out);
+
+/* Copy the first n raw logit rows of the last pass to raw_out [n, V]. */
+dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out);
+/* Upload n host rows raw [n, V] as if a pass had left them (tests of the top-K). */
+dg_status dg_cuda_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw);
+/* Copy the device self-conditioning rows c->soft [C, H] to the host (tests). */
+dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft);
+
+/* Hierarchical exact top-K (spec 7.3; CPU: dg_topk_hier with finite_only) of
+ * the first n raw rows of the last pass, on the device: chunk maxima over
+ * chunks of 64, the K best chunks, the K best elements inside them, ranked
+ * by value with ties to the lower id. Only val/idx [n, K] (host) come back.
+ * A NaN or infinity gives DG_ERR_NUMERIC (no message) with *bad_row (first
+ * such row) and *bad_col (its first such column). */
+dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t *idx, int32_t *bad_row,
+                       int32_t *bad_col);
+
+/* Self-conditioning rows of the n active positions from the first n raw rows
+ * of the last pass, written into the device rows c->soft[rows[r]] (the other
+ * rows keep theirs) for the next pass with sc = 1 (spec 5, 7.3):
+ *   mode 0 (exact): z = softcap(raw)/T, P = cast(softmax(cast(z))) in bf16,
+ *     soft = embed_scale * P . E  (as src/turbo.c's exact mode);
+ *   mode 1 (topk): soft = embed_scale * sum_k p[r, k] E[idx_k], with p [n, K]
+ *     (host) the K-way probabilities and idx the last dg_cuda_topk's ids. */
+dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const int32_t *rows, float cap, float T,
+                           const float *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -141,6 +141,7 @@ struct dg_cuda_ctx {
   int32_t *bad;             /* [1] first non-finite position or INT32_MAX */
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
   int32_t *h_bad;             /* pinned host [1] */
+  struct dg_cuda_turbo *tb;   /* turbo engine buffers (backend.cu), allocated on first use */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
@@ -157,6 +158,15 @@ cudaError_t k_add(cudaStream_t s, float *x, const float *y, size_t n);
 cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
                        const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV, int D,
                        int has_v, int32_t pos0, float eps);
+/* The same at scattered absolute positions tpos[T] (device array): rope angle and cache slot tpos[t]
+ * (the compacted decoder's forward set, spec 7.4; duplicates write identical values). */
+cudaError_t k_qkv_post_at(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
+                          const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
+                          int D, int has_v, const int32_t *tpos, float eps);
+/* Decoder attention of nq query rows over the cache slots [lo, pos0 + C): the
+ * prefix and the whole canvas of C slots (spec 7.4: the canvas K/V buffer). */
+cudaError_t k_attention_canvas(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S,
+                               int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full, int window);
 /* causal = 1: encoder masks; 0: decoder (all of [lo, pos0 + T)). */
 cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T,
                         int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window);
@@ -168,6 +178,20 @@ cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap);
 cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
                          uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad);
 cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype);
+
+/* ---- turbo engine (turbo.cu; spec 7) ---- */
+/* dst[r] = src[rows[r]] for r < n, rows of H floats. */
+cudaError_t k_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n, int H);
+/* dst[rows[r]] = src[r] for r < n (rows distinct or carrying identical values). */
+cudaError_t k_scatter_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n, int H);
+/* Hierarchical exact top-K of each of n rows of raw [n, V] (spec 7.3), see turbo.cu. */
+cudaError_t k_topk_hier(cudaStream_t s, const float *raw, int n, int V, int K, float *cv, int32_t *ci, float *candv,
+                        int32_t *candi, float *val, int32_t *idx, int32_t *bad);
+/* P[r] = bf16(cast(softmax(cast(z)))) with z = softcap(raw[r]) / T (spec 5, 4.9, 7.3). */
+cudaError_t k_turbo_sc_probs(cudaStream_t s, const float *raw, bf16 *P, int n, int V, float cap, float T, int act);
+/* soft[rows[r]] = scale * sum_k p[r, k] E[idx[r, k]] (the top-K self-conditioning signal, spec 7.3). */
+cudaError_t k_turbo_sc_topk(cudaStream_t s, const float *p, const int32_t *idx, const int32_t *rows, const bf16 *E,
+                            float *soft, int n, int K, int H, float scale);
 
 /* ---- MoE (moe.cu) ---- */
 /* Router softmax (in place over rlog), top-k (ties to the lower expert),

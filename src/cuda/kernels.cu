@@ -160,10 +160,10 @@ cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap) {
  * rotate-half (pair i with i + D/2), angle inv_freq[i] * position in fp32. */
 __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S, const float *q_norm,
                                 const float *k_norm, const float *inv_freq, int NH, int NKV, int D, int has_v,
-                                int32_t pos0, float eps) {
+                                int32_t pos0, const int32_t *tpos, float eps) {
   __shared__ float sh[32];
   const int t = blockIdx.x, slot = blockIdx.y;
-  const int32_t pos = pos0 + t;
+  const int32_t pos = tpos ? tpos[t] : pos0 + t; /* scattered positions: the compacted decoder (spec 7.4) */
   const float *row = qkv + (size_t)t * ld;
   const float *src;
   int kind; /* 0 q, 1 k, 2 v */
@@ -205,7 +205,16 @@ cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, b
                        int has_v, int32_t pos0, float eps) {
   dim3 grid(T, NH + 2 * NKV);
   int nt = D >= 256 ? 128 : D >= 64 ? 64 : 32;
-  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, pos0, eps);
+  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, pos0, (const int32_t *)NULL, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t k_qkv_post_at(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
+                          const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
+                          int D, int has_v, const int32_t *tpos, float eps) {
+  dim3 grid(T, NH + 2 * NKV);
+  int nt = D >= 256 ? 128 : D >= 64 ? 64 : 32;
+  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, 0, tpos, eps);
   return cudaGetLastError();
 }
 
@@ -275,12 +284,14 @@ __global__ void __launch_bounds__(256) attention_kernel(const float *q, const bf
   }
 }
 
-cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T,
-                        int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
+/* nq query rows (grid x); T is the kernel's T (decoder: keys end at pos0 + T). */
+static cudaError_t attention_launch(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S,
+                                    int nq, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full,
+                                    int window) {
   const int G = NH / NKV;
   int W = 8; /* warps per block: the largest of 8, 4, 2, 1 that divides G */
   while (G % W) W /= 2;
-  dim3 grid(T, NH / W);
+  dim3 grid(nq, NH / W);
   int threads = 32 * W;
 #define ATT(n) DG_LAUNCH(attention_kernel<n>, grid, threads, 0, s)(q, kc, vc, out, S, T, NH, NKV, D, pos0, causal, is_full, window)
   if (D <= 32) ATT(1);
@@ -290,6 +301,17 @@ cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf
   else ATT(16);
 #undef ATT
   return cudaGetLastError();
+}
+
+cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T,
+                        int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
+  return attention_launch(s, q, kc, vc, out, S, T, T, NH, NKV, D, pos0, causal, is_full, window);
+}
+
+cudaError_t k_attention_canvas(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S,
+                               int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full, int window) {
+  /* decoder mode: no mask, so a query's own position does not enter; keys [lo, pos0 + C) */
+  return attention_launch(s, q, kc, vc, out, S, nq, C, NH, NKV, D, pos0, 0, is_full, window);
 }
 
 /* ---- end of the layer: dense + MoE combination (spec 4.4 step 7) ---------- */

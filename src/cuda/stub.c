@@ -44,3 +44,35 @@ dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   (void)c;
   return NO_CUDA;
 }
+dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc, const float *soft,
+                              const int32_t *rows, int32_t n, float *raw_out) {
+  (void)c; (void)canvas; (void)pos0; (void)sc; (void)soft; (void)rows; (void)n; (void)raw_out;
+  return NO_CUDA;
+}
+dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0, int sc,
+                          const float *soft, const int32_t *head, int32_t nh, float *raw_out) {
+  (void)c; (void)tok; (void)pos; (void)n; (void)pos0; (void)sc; (void)soft; (void)head; (void)nh; (void)raw_out;
+  return NO_CUDA;
+}
+dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out) {
+  (void)c; (void)n; (void)raw_out;
+  return NO_CUDA;
+}
+dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t *idx, int32_t *bad_row,
+                       int32_t *bad_col) {
+  (void)c; (void)n; (void)K; (void)val; (void)idx; (void)bad_row; (void)bad_col;
+  return NO_CUDA;
+}
+dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const int32_t *rows, float cap, float T,
+                           const float *p) {
+  (void)c; (void)mode; (void)n; (void)rows; (void)cap; (void)T; (void)p;
+  return NO_CUDA;
+}
+dg_status dg_cuda_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw) {
+  (void)c; (void)n; (void)raw;
+  return NO_CUDA;
+}
+dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft) {
+  (void)c; (void)soft;
+  return NO_CUDA;
+}

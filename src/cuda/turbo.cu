@@ -1,0 +1,236 @@
+/* turbo.cu: kernels of the turbo engine on the device (spec 7, after mlx-vlm
+ * PR #1384; the host engine is src/turbo.c, the CUDA host side backend.cu):
+ * row gather/scatter for the compacted decoder (7.4), the hierarchical exact
+ * top-K (7.3) and the self-conditioning signals of the active rows (5, 7.3).
+ *
+ * The top-K order is total and the one of dg_topk_hier (src/turbo.c): a
+ * precedes b iff x[a] > x[b], or x[a] == x[b] and a < b. Every row must be
+ * finite (the turbo chain's finite_only): a NaN or an infinity is reported
+ * with its row and its first column, and the row's results are not written. */
+#include <float.h>
+#include <math.h>
+
+#include "cuda/common.cuh"
+
+#define TB_CHUNK 64 /* = DG_TOPK_CHUNK (src/turbo.h): elements per chunk */
+#ifdef DG_CUDA_EMU
+#define TK_NT 64 /* two warps: the cross-warp reduction is exercised, the emulation stays fast */
+#else
+#define TK_NT 256
+#endif
+
+/* ---- row gather / scatter -------------------------------------------------- */
+
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int H) {
+  const int r = blockIdx.x;
+  const float *s = src + (size_t)rows[r] * H;
+  for (int j = threadIdx.x; j < H; j += blockDim.x) dst[(size_t)r * H + j] = s[j];
+}
+
+cudaError_t k_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n, int H) {
+  if (n <= 0) return cudaSuccess;
+  DG_LAUNCH(gather_rows_kernel, n, 256, 0, s)(dst, src, rows, H);
+  return cudaGetLastError();
+}
+
+__global__ void scatter_rows_kernel(float *dst, const float *src, const int32_t *rows, int H) {
+  const int r = blockIdx.x;
+  float *d = dst + (size_t)rows[r] * H;
+  for (int j = threadIdx.x; j < H; j += blockDim.x) d[j] = src[(size_t)r * H + j];
+}
+
+cudaError_t k_scatter_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n, int H) {
+  if (n <= 0) return cudaSuccess;
+  DG_LAUNCH(scatter_rows_kernel, n, 256, 0, s)(dst, src, rows, H);
+  return cudaGetLastError();
+}
+
+/* ---- hierarchical exact top-K (spec 7.3) ----------------------------------- */
+
+static __device__ __forceinline__ bool tk_before(float a, int ia, float b, int ib) {
+  return a > b || (a == b && ia < ib);
+}
+
+/* The best (v, i) of the block under tk_before; every thread gets it. The
+ * empty element is (-inf, INT32_MAX): any finite element precedes it. */
+static __device__ void tk_block_best(float &v, int &i, float *shv, int *shi) {
+  for (int o = 16; o; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (tk_before(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+  __syncthreads(); /* shv/shi may still be read by the previous call */
+  if (l == 0) { shv[w] = v; shi[w] = i; }
+  __syncthreads();
+  if (w == 0) {
+    v = l < nw ? shv[l] : -INFINITY;
+    i = l < nw ? shi[l] : INT32_MAX;
+    for (int o = 16; o; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      int oi = __shfl_xor_sync(0xffffffffu, i, o);
+      if (tk_before(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+    if (l == 0) { shv[0] = v; shi[0] = i; }
+  }
+  __syncthreads();
+  v = shv[0];
+  i = shi[0];
+}
+
+/* One block per row r of raw [n, V]:
+ *   1. chunk maxima over chunks of 64 (the first maximal element represents
+ *      its chunk) into cv/ci [nC], checking that the row is finite;
+ *   2. the nsel = min(K, nC) best chunks, one block-wide selection per rank,
+ *      their elements copied to the candidates candv/candi [nsel * 64]
+ *      (a short last chunk padded with empty elements);
+ *   3. the K best candidates, one selection per rank, into val/idx [K].
+ * Equal to the first K of a full sort under the order (the K best elements
+ * lie in the K best chunks). bad[0]: the first non-finite row (atomicMin,
+ * INT32_MAX if none), bad[1 + r]: its first non-finite column. */
+__global__ void __launch_bounds__(TK_NT) topk_hier_kernel(const float *raw, int V, int K, float *cv, int32_t *ci,
+                                                          float *candv, int32_t *candi, float *val, int32_t *idx,
+                                                          int32_t *bad) {
+  __shared__ float shv[32];
+  __shared__ int shi[32];
+  __shared__ int shbad;
+  const int r = blockIdx.x, tid = threadIdx.x;
+  const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, nsel = min(K, nC), ncand = nsel * TB_CHUNK;
+  const float *x = raw + (size_t)r * V;
+  float *cvr = cv + (size_t)r * nC, *cdv = candv + (size_t)r * ncand;
+  int32_t *cir = ci + (size_t)r * nC, *cdi = candi + (size_t)r * ncand;
+  if (tid == 0) shbad = INT32_MAX;
+  __syncthreads();
+  for (int c = tid; c < nC; c += blockDim.x) {
+    const int lo = c * TB_CHUNK, hi = min(V, lo + TB_CHUNK);
+    int b = lo;
+    for (int v = lo; v < hi; v++) {
+      const float f = x[v];
+      if (!isfinite(f)) { atomicMin(&shbad, v); break; }
+      if (f > x[b]) b = v;
+    }
+    cvr[c] = x[b];
+    cir[c] = b;
+  }
+  __syncthreads();
+  if (shbad != INT32_MAX) {
+    if (tid == 0) {
+      bad[1 + r] = shbad;
+      atomicMin(bad, r);
+    }
+    return;
+  }
+  for (int s = 0; s < nsel; s++) {
+    float bv = -INFINITY;
+    int bi = INT32_MAX;
+    for (int c = tid; c < nC; c += blockDim.x)
+      if (tk_before(cvr[c], cir[c], bv, bi)) { bv = cvr[c]; bi = cir[c]; }
+    tk_block_best(bv, bi, shv, shi);
+    const int ch = bi / TB_CHUNK;
+    for (int j = tid; j < TB_CHUNK; j += blockDim.x) {
+      const int v = ch * TB_CHUNK + j;
+      cdv[s * TB_CHUNK + j] = v < V ? x[v] : -INFINITY;
+      cdi[s * TB_CHUNK + j] = v < V ? v : INT32_MAX;
+    }
+    if (tid == 0) { cvr[ch] = -INFINITY; cir[ch] = INT32_MAX; } /* taken */
+    __syncthreads();
+  }
+  for (int k = 0; k < K; k++) {
+    float bv = -INFINITY;
+    int bi = INT32_MAX, bp = -1;
+    for (int j = tid; j < ncand; j += blockDim.x)
+      if (tk_before(cdv[j], cdi[j], bv, bi)) { bv = cdv[j]; bi = cdi[j]; bp = j; }
+    const int mine = bi;
+    tk_block_best(bv, bi, shv, shi);
+    if (bp >= 0 && mine == bi) { cdv[bp] = -INFINITY; cdi[bp] = INT32_MAX; } /* ids are unique: one owner */
+    if (tid == 0) {
+      val[(size_t)r * K + k] = bv;
+      idx[(size_t)r * K + k] = bi;
+    }
+    __syncthreads();
+  }
+}
+
+cudaError_t k_topk_hier(cudaStream_t s, const float *raw, int n, int V, int K, float *cv, int32_t *ci, float *candv,
+                        int32_t *candi, float *val, int32_t *idx, int32_t *bad) {
+  if (n <= 0) return cudaSuccess;
+  DG_LAUNCH(topk_hier_kernel, n, TK_NT, 0, s)(raw, V, K, cv, ci, candv, candi, val, idx, bad);
+  return cudaGetLastError();
+}
+
+/* ---- self-conditioning of the active rows (spec 5, 4.9, 7.3) --------------- */
+
+static __device__ __forceinline__ float tb_round_act(float x, int act) {
+  if (act == DG_CUDA_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+  if (act == DG_CUDA_F16) return __half2float(__float2half_rn(x));
+  return x;
+}
+
+static __device__ __forceinline__ float tb_z(float raw, float cap, float T) {
+  return (cap > 0.0f ? tanhf(raw / cap) * cap : raw) / T;
+}
+
+/* One block per row: z = softcap(raw)/T as src/turbo.c's exact mode, then
+ * P = cast(softmax(cast(z))) as dg_soft_row (max and sum over the row,
+ * the sum of the fp32 exponentials in double), stored as bf16 for the product. */
+__global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float cap, float T, int act) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  const int r = blockIdx.x, tid = threadIdx.x, w = tid >> 5, l = tid & 31, nw = blockDim.x >> 5;
+  const float *x = raw + (size_t)r * V;
+  float mx = -FLT_MAX;
+  for (int v = tid; v < V; v += blockDim.x) mx = fmaxf(mx, tb_round_act(tb_z(x[v], cap, T), act));
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (l == 0) shf[w] = mx;
+  __syncthreads();
+  if (w == 0) {
+    float mm = l < nw ? shf[l] : -FLT_MAX;
+    for (int o = 16; o; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+    if (l == 0) shf[0] = mm;
+  }
+  __syncthreads();
+  mx = shf[0];
+  double sum = 0.0;
+  for (int v = tid; v < V; v += blockDim.x) sum += (double)expf(tb_round_act(tb_z(x[v], cap, T), act) - mx);
+  for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (l == 0) shd[w] = sum;
+  __syncthreads();
+  if (w == 0) {
+    double ss = l < nw ? shd[l] : 0.0;
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (l == 0) shd[0] = ss;
+  }
+  __syncthreads();
+  const float inv = (float)(1.0 / shd[0]);
+  for (int v = tid; v < V; v += blockDim.x)
+    P[(size_t)r * V + v] =
+        __float2bfloat16_rn(tb_round_act(expf(tb_round_act(tb_z(x[v], cap, T), act) - mx) * inv, act));
+}
+
+cudaError_t k_turbo_sc_probs(cudaStream_t s, const float *raw, bf16 *P, int n, int V, float cap, float T, int act) {
+  if (n <= 0) return cudaSuccess;
+  DG_LAUNCH(turbo_sc_probs_kernel, n, 512, 0, s)(raw, P, V, cap, T, act);
+  return cudaGetLastError();
+}
+
+/* One block per row r: soft[rows[r], j] = scale * sum_k p[r, k] E[idx[r, k], j],
+ * summed in the order k = 0..K-1 (as dg_turbo_sc_row). */
+__global__ void turbo_sc_topk_kernel(const float *p, const int32_t *idx, const int32_t *rows, const bf16 *E,
+                                     float *soft, int K, int H, float scale) {
+  const int r = blockIdx.x;
+  const float *pr = p + (size_t)r * K;
+  const int32_t *ir = idx + (size_t)r * K;
+  float *d = soft + (size_t)rows[r] * H;
+  for (int j = threadIdx.x; j < H; j += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++) acc += pr[k] * __bfloat162float(E[(size_t)ir[k] * H + j]);
+    d[j] = acc * scale;
+  }
+}
+
+cudaError_t k_turbo_sc_topk(cudaStream_t s, const float *p, const int32_t *idx, const int32_t *rows, const bf16 *E,
+                            float *soft, int n, int K, int H, float scale) {
+  if (n <= 0) return cudaSuccess;
+  DG_LAUNCH(turbo_sc_topk_kernel, n, 256, 0, s)(p, idx, rows, E, soft, K, H, scale);
+  return cudaGetLastError();
+}
