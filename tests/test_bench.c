@@ -127,6 +127,13 @@ static void test_decoder_batch_cost(void **state) {
   dg_model_free(m);
 }
 
+/* want[0] += the pass's floor, want[1] += its bytes term, want[2] += its FLOPs term. */
+static void add_floor(const bench_cost *c, double bw, double rate, double *want) {
+  want[0] += bench_floor_s(c, bw, rate, NULL);
+  want[1] += (c->weight_bytes + c->kv_bytes + c->other_bytes) / bw;
+  want[2] += c->flops / rate;
+}
+
 /* The floor of a recorded batch: passes grouped by the canvas order rule, repairs and commits per canvas. */
 static void test_batch_floor(void **state) {
   (void)state;
@@ -140,27 +147,31 @@ static void test_batch_floor(void **state) {
   size_t P[2] = {10, 20};
   int mb;
   int32_t passes = 0;
-  double f = bench_batch_floor(m, 2, P, &tr, bw, rate, &mb, &passes);
+  double bs = 0, fs = 0;
+  double f = bench_batch_floor(m, 2, P, &tr, bw, rate, &mb, &passes, &bs, &fs);
   assert_int_equal(passes, 3);
-  double want = 0;
+  double want[3] = {0, 0, 0};
   bench_cost c;
-  c = bench_encoder_cost(m, 10, 0); want += bench_floor_s(&c, bw, rate, NULL);
-  c = bench_encoder_cost(m, 20, 0); want += bench_floor_s(&c, bw, rate, NULL);
+  c = bench_encoder_cost(m, 10, 0); add_floor(&c, bw, rate, want);
+  c = bench_encoder_cost(m, 20, 0); add_floor(&c, bw, rate, want);
   bench_pass_seq p1[2] = {{64, 64, 10}, {64, 64, 20}}, p2[2] = {{20, 10, 10}, {30, 12, 20}}, p3 = {64, 64, 74};
-  c = bench_decoder_batch_cost(m, p1, 2); want += bench_floor_s(&c, bw, rate, NULL);
-  c = bench_decoder_batch_cost(m, p2, 2); want += bench_floor_s(&c, bw, rate, NULL);
-  c = bench_decoder_batch_cost(m, &p3, 1); want += bench_floor_s(&c, bw, rate, NULL);
+  c = bench_decoder_batch_cost(m, p1, 2); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, p2, 2); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, &p3, 1); add_floor(&c, bw, rate, want);
   bench_pass_seq r0 = {64, 64, 10}, r1 = {64, 64, 20}, r2 = {64, 64, 74}; /* repairs */
-  c = bench_decoder_batch_cost(m, &r0, 1); want += bench_floor_s(&c, bw, rate, NULL);
-  c = bench_decoder_batch_cost(m, &r1, 1); want += bench_floor_s(&c, bw, rate, NULL);
-  c = bench_decoder_batch_cost(m, &r2, 1); want += bench_floor_s(&c, bw, rate, NULL);
-  c = bench_encoder_cost(m, 64, 10); want += bench_floor_s(&c, bw, rate, NULL); /* commit of canvas 0's block 0 */
-  if (fabs(f - want) > 1e-12 * want) fail_msg("floor %.9g s, want %.9g s", f, want);
+  c = bench_decoder_batch_cost(m, &r0, 1); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, &r1, 1); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, &r2, 1); add_floor(&c, bw, rate, want);
+  c = bench_encoder_cost(m, 64, 10); add_floor(&c, bw, rate, want); /* commit of canvas 0's block 0 */
+  if (fabs(f - want[0]) > 1e-12 * want[0]) fail_msg("floor %.9g s, want %.9g s", f, want[0]);
+  if (fabs(bs - want[1]) > 1e-12 * want[1] || fabs(fs - want[2]) > 1e-12 * want[2])
+    fail_msg("terms %.9g / %.9g s, want %.9g / %.9g s", bs, fs, want[1], want[2]);
+  assert_true(f <= bs + fs && f >= fmax(bs, fs) * (1 - 1e-12)); /* a sum of maxima */
   /* the same steps as one canvas each (B = 1 rows): every step is a pass of its own */
   bench_step_rec solo[] = {{0, 0, 64, 64}, {0, 0, 20, 10}, {0, 1, 64, 64}};
   bench_block_rec sb[] = {{0, 0, 3}, {0, 1, 2}};
   bench_trace t1 = {solo, 3, 3, sb, 2, 2, 0};
-  bench_batch_floor(m, 1, P, &t1, bw, rate, &mb, &passes);
+  bench_batch_floor(m, 1, P, &t1, bw, rate, &mb, &passes, NULL, NULL);
   assert_int_equal(passes, 3);
   dg_model_free(m);
 }
@@ -237,7 +248,7 @@ static void test_batch_equals_single(void **state) {
   assert_int_equal(tr.n_steps + blocks, steps); /* one repair forward per block */
   int32_t passes = 0;
   int mb;
-  double f = bench_batch_floor(m, B, n, &tr, 20e9, 50e9, &mb, &passes);
+  double f = bench_batch_floor(m, B, n, &tr, 20e9, 50e9, &mb, &passes, NULL, NULL);
   assert_true(f > 0);
   /* the canvases advance together: a pass per step of the slowest canvas in each block */
   int32_t want = 0;

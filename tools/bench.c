@@ -475,17 +475,19 @@ dg_status bench_batch_run(dg_context *const *ctxs, int B, int32_t *const *prompt
   return st;
 }
 
-static double add_pass(const bench_cost *c, double bw, double rate, double *mem_t) {
+static double add_pass(const bench_cost *c, double bw, double rate, double *mem_t, double *terms) {
   int mb;
   double f = bench_floor_s(c, bw, rate, &mb);
+  terms[0] += (c->weight_bytes + c->kv_bytes + c->other_bytes) / bw;
+  terms[1] += c->flops / rate;
   if (mb) *mem_t += f;
   return f;
 }
 
 double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, const bench_trace *tr, double bw,
-                         double rate, int *memory_bound, int32_t *n_passes) {
+                         double rate, int *memory_bound, int32_t *n_passes, double *bytes_s, double *flops_s) {
   const int32_t C = m->cfg.canvas_length;
-  double all = 0, mem_t = 0;
+  double all = 0, mem_t = 0, terms[2] = {0, 0};
   int32_t nblk = 1, passes = 0;
   for (int32_t i = 0; i < tr->n_blocks; i++) nblk = tr->blocks[i].block + 1 > nblk ? tr->blocks[i].block + 1 : nblk;
   for (int32_t i = 0; i < tr->n_steps; i++) nblk = tr->steps[i].block + 1 > nblk ? tr->steps[i].block + 1 : nblk;
@@ -494,7 +496,7 @@ double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, cons
   if (!cnt || !ps) { free(cnt); free(ps); return 0; }
   for (int b = 0; b < B; b++) { /* prefill */
     bench_cost c = bench_encoder_cost(m, (int32_t)n_prompts[b], 0);
-    all += add_pass(&c, bw, rate, &mem_t);
+    all += add_pass(&c, bw, rate, &mem_t, terms);
   }
   /* batched decoder passes */
   int n = 0, last = -1;
@@ -502,7 +504,7 @@ double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, cons
     const bench_step_rec *r = i < tr->n_steps ? &tr->steps[i] : NULL;
     if (n > 0 && (!r || r->canvas <= last)) {
       bench_cost c = bench_decoder_batch_cost(m, ps, n);
-      all += add_pass(&c, bw, rate, &mem_t);
+      all += add_pass(&c, bw, rate, &mem_t, terms);
       passes++;
       n = 0;
     }
@@ -519,25 +521,27 @@ double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, cons
     const int32_t L = (int32_t)n_prompts[r->canvas] + r->block * C;
     if (r->block > 0) {
       bench_cost c = bench_encoder_cost(m, C, L - C);
-      all += add_pass(&c, bw, rate, &mem_t);
+      all += add_pass(&c, bw, rate, &mem_t, terms);
     }
     for (int32_t k = cnt[(size_t)r->canvas * nblk + r->block]; k < r->n_steps; k++) {
       bench_pass_seq one = {C, C, L};
       bench_cost c = bench_decoder_batch_cost(m, &one, 1);
-      all += add_pass(&c, bw, rate, &mem_t);
+      all += add_pass(&c, bw, rate, &mem_t, terms);
     }
   }
   free(cnt);
   free(ps);
   if (memory_bound) *memory_bound = mem_t >= all / 2;
   if (n_passes) *n_passes = passes;
+  if (bytes_s) *bytes_s = terms[0];
+  if (flops_s) *flops_s = terms[1];
   return all;
 }
 
 typedef struct batch_row {
   int B;
   int32_t P, G, blocks, forwards, passes;
-  double med, lo, hi, floor_s;
+  double med, lo, hi, floor_s, bytes_s, flops_s;
   int memory_bound;
   int checked, equal; /* canvases compared with a smaller B's row, and how many had the same tokens */
 } batch_row;
@@ -607,7 +611,7 @@ static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, 
       row->lo = row->hi = t[0];
       for (int i = 1; i < reps; i++) { row->lo = fmin(row->lo, t[i]); row->hi = fmax(row->hi, t[i]); }
       row->med = bench_median(t, reps);
-      row->floor_s = bench_batch_floor(m, B, n, &tr, bw, rate, &row->memory_bound, &row->passes);
+      row->floor_s = bench_batch_floor(m, B, n, &tr, bw, rate, &row->memory_bound, &row->passes, &row->bytes_s, &row->flops_s);
     }
     bench_trace_free(&tr);
   }
@@ -848,14 +852,16 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     fflush(stdout);
     if (run_batch(m, o, &bgp, Bs, nB, bw, rate, br)) { if (out) fclose(out); return 1; }
     printf("| B | in | out | passes | forwards | median s | spread s | tok/s | per-canvas tok/s | floor s | floor ms/token "
-           "| floor/median | bound | same tokens as smaller B |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| bytes term ms/token | floor/median | bound | same tokens as smaller B |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nB; i++) {
       batch_row *r = &br[i];
       char same[32] = "–";
       if (r->checked) snprintf(same, sizeof same, "%d/%d", r->equal, r->checked);
-      printf("| %d | %d | %d | %d | %d | %.3f | %.3f–%.3f | %.1f | %.1f | %.3f | %.3f | %.1f%% | %s | %s |\n", r->B, r->P,
-             r->G, r->passes, r->forwards, r->med, r->lo, r->hi, r->G / r->med, r->G / r->med / r->B, r->floor_s,
-             1e3 * r->floor_s / r->G, 100 * r->floor_s / r->med, r->memory_bound ? "memory" : "compute", same);
+      printf("| %d | %d | %d | %d | %d | %.3f | %.3f–%.3f | %.1f | %.1f | %.3f | %.3f | %.3f | %.1f%% | %s | %s |\n", r->B,
+             r->P, r->G, r->passes, r->forwards, r->med, r->lo, r->hi, r->G / r->med, r->G / r->med / r->B, r->floor_s,
+             1e3 * r->floor_s / r->G, 1e3 * r->bytes_s / r->G, 100 * r->floor_s / r->med,
+             r->memory_bound ? "memory" : "compute", same);
       if (out) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "protocol", "batch");
@@ -877,6 +883,8 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
         cJSON_AddNumberToObject(j, "per_canvas_tok_per_s", r->G / r->med / r->B);
         cJSON_AddNumberToObject(j, "floor_s", r->floor_s);
         cJSON_AddNumberToObject(j, "floor_tok_per_s", r->floor_s > 0 ? r->G / r->floor_s : 0);
+        cJSON_AddNumberToObject(j, "floor_bytes_s", r->bytes_s);
+        cJSON_AddNumberToObject(j, "floor_flops_s", r->flops_s);
         cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
         cJSON_AddNumberToObject(j, "same_tokens_checked", r->checked);
         cJSON_AddNumberToObject(j, "same_tokens_equal", r->equal);
@@ -887,7 +895,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     printf("\nmedian of %d runs after %d warm-up, wall time of dg_generate_batch (prefills included); tok/s = all "
            "canvases' tokens / median, per-canvas = tok/s / B; passes = batched decoder passes (the repair forwards "
            "and commits run per canvas); floor = sum over passes of max(bytes / copy, FLOPs / FMA rate) with the "
-           "weights read once per pass; same tokens: canvases whose tokens equal those of the first (smaller-B) row "
+           "weights read once per pass (bytes term: the bytes / copy part alone); same tokens: canvases whose tokens equal those of the first (smaller-B) row "
            "that generated them.\n", reps, warm);
   }
   if (out && fclose(out) != 0) { fprintf(stderr, "dgemma bench: cannot write %s\n", o->out); return 1; }

@@ -165,9 +165,12 @@ dg_status bench_batch_run(dg_context *const *ctxs, int B, int32_t *const *prompt
  * and every repair forward (a block's n_steps minus its step records: a full
  * canvas pass of its own). Each pass costs max(bytes / bw, flops / rate).
  * *memory_bound (may be NULL) = 1 if memory-bound passes take at least half
- * of it; *n_passes (may be NULL) = the batched decoder passes. */
+ * of it; *n_passes (may be NULL) = the batched decoder passes; *bytes_s and
+ * *flops_s (may be NULL) = the sums of the two terms alone (bytes / bw and
+ * flops / rate over the same passes: the first shows the weights shared by a
+ * batch even where the second dominates). */
 double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, const bench_trace *tr, double bw,
-                         double rate, int *memory_bound, int32_t *n_passes);
+                         double rate, int *memory_bound, int32_t *n_passes, double *bytes_s, double *flops_s);
 
 /* The ceiling sweep (tools/ceiling.c): for each format and M, the expert
  * matrices of the real MoE (gate/up [2 x 704, 2816], down [2816, 704]) with M
