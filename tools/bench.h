@@ -176,9 +176,10 @@ double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, cons
  * matrices of the real MoE (gate/up [2 x 704, 2816], down [2816, 704]) with M
  * activation rows, and the gathered MoE of a canvas (128 experts, top-8, the
  * grouped kernel), in GB/s of weights read and GFLOP/s against the roofline
- * max(weight bytes / copy bandwidth, FLOPs / FMA rate) measured in the same
- * run. Markdown on stdout, JSON lines to out (may be NULL). Returns the exit
- * status (0, or 1 after printing an error). */
+ * max(weight bytes / copy bandwidth, FLOPs / FMA rate), the ceilings measured
+ * before and after the sweep (the best of both), with n_threads threads.
+ * Markdown on stdout, JSON lines to out (may be NULL). Returns the exit
+ * status (0; 1 after printing an error; 2 for a bad list option). */
 int bench_ceiling(const bench_opts *o, int n_threads, FILE *out);
 
 /* Run the protocols; prints the ceilings and a markdown table to stdout.

@@ -22,7 +22,8 @@
  * Per row: median of `reps` timed runs after `warmup` (time per call), the
  * min-max spread, GB/s of weights read, GFLOP/s (2 per multiply-add), and
  * the roofline max(weight bytes / copy bandwidth, FLOPs / FMA rate) with
- * the ceilings measured at the start of the same command (bench.c), and the
+ * the ceilings (bench.c) measured before and after the sweep in the same
+ * command (the best of both: on a shared machine the load moves), and the
  * fraction of it reached (roofline time / measured time). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -275,6 +276,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
     for (int i = 0; i < nT; i++) {
       if (Ts[i] <= 0) continue;
       const int hit = bench_route(Ts[i], CE_E, CE_TOPK, 42, start, NULL);
+      if (hit <= 0) { fprintf(stderr, "dgemma bench: out of memory routing %d tokens\n", Ts[i]); rc = 1; break; }
       const int64_t R = (int64_t)Ts[i] * CE_TOPK;
       ce_row r = {"moe_gathered", fm[f], hit, Ts[i], 1, CE_IE, CE_H, (double)R / hit, {0, 0, 0, 0}, 0, 0, 0};
       bench_cost a1 = bench_matmul_cost(2 * CE_IE, CE_H, fm[f], CE_G, 0), a2 = bench_matmul_cost(CE_H, CE_IE, fm[f], CE_G, 0);
