@@ -7,7 +7,8 @@
 #     -> ceiling_gbs.png       GB/s of weights read vs M, against the roofline, one panel per shape
 #     -> ceiling_fraction.png  fraction of the roofline reached vs M
 #   rows {"protocol": "batch", ...}    (dgemma bench --protocol batch -o)
-#     -> batch_toks.png        aggregate and per-canvas tok/s vs B, with the floor's tok/s
+#     -> batch_toks.png        aggregate and per-canvas tok/s vs B, with the floor's tok/s (and that of
+#                              its bytes term alone, where the rows have floor_bytes_s)
 #   rows {"config": NAME, "tok_s": X, "accuracy": A, "acc_lo": L, "acc_hi": H}
 #     -> turbo_accuracy.png    accuracy (with its interval) vs tok/s per turbo configuration
 # Series are kept apart by device, kernel and format (ceiling) or device, model
@@ -54,7 +55,9 @@ for path in files:
                 elif p == "batch":
                     batch.append((r["device"], r.get("model", ""), r.get("gen_kwargs", ""), int(r["B"]),
                                   float(r["tok_per_s"]), float(r["per_canvas_tok_per_s"]), float(r["floor_tok_per_s"]),
-                                  float(r["min_s"]), float(r["max_s"]), float(r["median_s"])))
+                                  float(r["min_s"]), float(r["max_s"]), float(r["median_s"]),
+                                  float(r["generated_tokens"]) / float(r["floor_bytes_s"])
+                                  if float(r.get("floor_bytes_s", 0)) > 0 else 0.0))
                 elif "config" in r and "accuracy" in r:
                     turbo.append((str(r["config"]), float(r["tok_s"]), float(r["accuracy"]),
                                   float(r.get("acc_lo", r["accuracy"])), float(r.get("acc_hi", r["accuracy"]))))
@@ -134,13 +137,16 @@ if batch:
             for b in rows:
                 # aggregate tok/s at min and max wall time give the spread
                 lo, hi = b[4] * b[9] / b[8], b[4] * b[9] / b[7]
-                f.write(f"{b[3]} {b[4]} {b[5]} {b[6]} {lo} {hi}\n")
+                f.write(f"{b[3]} {b[4]} {b[5]} {b[6]} {lo} {hi} {b[10]}\n")
         name = os.path.basename(k[1].rstrip("/")) or "model"
         tag = f"{k[0]}, {name}" + (f", {k[2]}" if k[2] else "")
         color = COLORS[i % len(COLORS)]
         plots.append(f"{q(fn)} using 1:2:5:6 with yerrorlines lw 2 pt 7 lc rgb {q(color)} title {q('aggregate (' + tag + ')')}")
         plots.append(f"{q(fn)} using 1:3 with linespoints lw 1.5 pt 6 dt 3 lc rgb {q(color)} title {q('per canvas')}")
         plots.append(f"{q(fn)} using 1:4 with linespoints lw 1.5 pt 4 dt 2 lc rgb {q(color)} title {q('floor (aggregate)')}")
+        if all(b[10] > 0 for b in rows):  # the bytes term alone: weights read once per batched pass
+            plots.append(f"{q(fn)} using 1:7 with linespoints lw 1 pt 2 dt 4 lc rgb {q(color)} "
+                         f"title {q('bytes term of the floor alone')}")
     sc = ["set terminal pngcairo size 720,480 font 'Sans,10'",
           f"set output {q(os.path.join(out_dir, 'batch_toks.png'))}",
           "set logscale x 2", "set logscale y", "set grid", "set key outside bottom center horizontal font 'Sans,9'",
