@@ -102,13 +102,13 @@ if ceil:
                 color = COLORS[i % len(COLORS)]
                 if what == "gbs":
                     plots.append(f"{q(fn)} using 1:2 with linespoints lw 2 pt 7 lc rgb {q(color)} title {q(lbl)}")
-                    plots.append(f"{q(fn)} using 1:3 with lines dt 2 lw 1.5 lc rgb {q(color)} notitle")
+                    plots.append(f"{q(fn)} using 1:3 with linespoints dt 2 lw 1.5 pt 6 ps 0.7 lc rgb {q(color)} notitle")
                 else:
                     plots.append(f"{q(fn)} using 1:(100*$4) with linespoints lw 2 pt 7 lc rgb {q(color)} title {q(lbl)}")
             if plots:
                 panels.append((s, plots))
         n = len(panels)
-        ylabel = "GB/s of weights read (dashed: roofline)" if what == "gbs" else "% of the roofline reached"
+        ylabel = "GB/s of weights read (dashed, open: roofline)" if what == "gbs" else "% of the roofline reached"
         ms = [c[4] for c in ceil]
         key = "top right" if what == "gbs" else "bottom right"
         sc = [f"set terminal pngcairo size {560 * n},480 font 'Sans,10'",
