@@ -94,14 +94,15 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench qreport)
+CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport)
 $(CLI): $(CLIOBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-# test_eval also links the CLI's model-independent GSM8K harness and bench helpers.
-$(BUILD)/tests/test_eval: tests/test_eval.c $(BUILD)/tools/gsm8k.o $(BUILD)/tools/bench.o $(LIB) tests/testutil.h
+# test_eval and test_bench also link the CLI's GSM8K harness and bench code.
+TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling)
+$(BUILD)/tests/test_eval $(BUILD)/tests/test_bench: $(BUILD)/tests/%: tests/%.c $(TOOLOBJ) $(LIB) tests/testutil.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -Itools -o $@ $< $(BUILD)/tools/gsm8k.o $(BUILD)/tools/bench.o $(LIB) $(TESTLIB) $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests -Itools -o $@ $< $(TOOLOBJ) $(LIB) $(TESTLIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/testutil.h
 	@mkdir -p $(dir $@)

@@ -381,7 +381,7 @@ static void test_cli_errors(void **state) {
   assert_int_equal(run_cli(args, &e), 1);
   assert_non_null(strstr(e, "9-shot prompts need 9"));
   free(e);
-  assert_int_equal(run_cli("bench --protocol nope -m /nonexistent/model", &e), 1);
+  assert_int_equal(run_cli("bench --protocol vllm -m /nonexistent/model", &e), 1);
   assert_non_null(strstr(e, "cannot load model /nonexistent/model"));
   free(e);
 }

@@ -12,6 +12,11 @@
  *   p512  512 generated tokens (stop ids off) for each of three fixed chat
  *         prompts (short Q&A, technical, creative) with the model's
  *         generation config (reference sampler, adaptive stop).
+ * *   batch B = 1, 2, 4, 8 canvases of different prompts generated together by
+ *         dg_generate_batch with the turbo engine's recommended setting
+ *         (issue 6 item 6); the floor counts the weights once per batched
+ *         decoder pass, reconstructed from the step callbacks.
+ *   ceiling  the kernels alone at the MoE's shapes (tools/ceiling.c).
  *
  * Every row: median wall time of `reps` runs after `warmup` untimed ones,
  * min-max spread, tok/s, decoder forwards, and the floor: the sum over the
@@ -30,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dg_error.h"
 #include "kernels.h"
 #include "model.h"
 
@@ -52,13 +58,13 @@ static double wbytes(const dg_weight *w) {
 static double wparams(const dg_weight *w) { return w->data ? (double)w->rows * (double)w->cols : 0; }
 
 /* Expected fraction of E experts hit when T tokens each pick k of them uniformly. */
-static double expert_hit(int32_t E, int32_t k, int32_t T) {
+static double expert_hit(int32_t E, int32_t k, double T) {
   if (E <= 0) return 0;
   return 1.0 - pow(1.0 - (double)k / E, (double)T);
 }
 
-/* Layers over T tokens whose keys span [0, ctx_len + T); avg_keys = keys a query sees on average. */
-static void layers_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *c) {
+/* Layer weights read once by a pass over T rows (experts: the expected number hit) and their matrix FLOPs. */
+static void layers_weights(const dg_model *m, double T, bench_cost *c) {
   const dg_config *cf = &m->cfg;
   const double hit = expert_hit(cf->n_experts, cf->top_k_experts, T);
   for (int l = 0; l < cf->n_layers; l++) {
@@ -71,10 +77,18 @@ static void layers_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causa
     /* per token: top_k experts of (2 IE x H) + (H x IE) */
     double per_expert = (wparams(&L->experts_gate_up) + wparams(&L->experts_down)) / (cf->n_experts ? cf->n_experts : 1);
     c->flops += 2.0 * T * (dense + cf->top_k_experts * per_expert);
-    /* attention: keys in the cache plus the new ones */
-    double keys_total = (double)ctx_len + T, avg_keys = causal ? ctx_len + (T + 1) / 2.0 : ctx_len + T;
+  }
+}
+
+/* Attention of T queries over keys [0, ctx_len + span) (span = T for an encoder pass, C for a decoder
+ * pass): K/V read once (and the T new rows written by an encoder pass), Q K^T and P V FLOPs. */
+static void layers_attention(const dg_model *m, int32_t T, int32_t ctx_len, int32_t span, int causal, bench_cost *c) {
+  const dg_config *cf = &m->cfg;
+  for (int l = 0; l < cf->n_layers; l++) {
+    const dg_layer *L = &m->layers[l];
+    double keys_total = (double)ctx_len + span, avg_keys = causal ? ctx_len + (T + 1) / 2.0 : (double)ctx_len + span;
     if (!L->is_full) {
-      keys_total = fmin(keys_total, (double)cf->sliding_window + T - 1);
+      keys_total = fmin(keys_total, (double)cf->sliding_window + span - 1);
       avg_keys = fmin(avg_keys, (double)cf->sliding_window);
     }
     const double kvw = (double)L->n_kv * L->head_dim * (L->v.data ? 2 : 1) * sizeof(float);
@@ -83,21 +97,35 @@ static void layers_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causa
   }
 }
 
-bench_cost bench_decoder_cost(const dg_model *m, int32_t ctx_len) {
+bench_cost bench_decoder_batch_cost(const dg_model *m, const bench_pass_seq *seqs, int n) {
   bench_cost c = {0, 0, 0, 0};
   const dg_config *cf = &m->cfg;
   const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
-  layers_cost(m, C, ctx_len, 0, &c);
-  /* tied LM head, and self-conditioning: probs [C, V] x E [V, H] re-reads the embedding, then its MLP */
+  double rows = 0, head = 0;
+  for (int i = 0; i < n; i++) {
+    rows += seqs[i].rows;
+    head += seqs[i].head_rows;
+    layers_attention(m, seqs[i].rows, seqs[i].ctx_len, C, 0, &c);
+  }
+  if (rows <= 0) return c;
+  layers_weights(m, rows, &c);
+  /* tied LM head, and self-conditioning: probs [rows, V] x E [V, H] re-reads the embedding, then its MLP */
   c.weight_bytes += 2 * wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
-  c.flops += 2.0 * C * (2.0 * V * H + wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
-  c.other_bytes += (double)C * V * sizeof(float); /* logits written */
+  c.flops += 2.0 * rows * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down)) + 2.0 * head * 2.0 * V * H;
+  c.other_bytes += head * V * sizeof(float); /* logits written */
   return c;
+}
+
+bench_cost bench_decoder_cost(const dg_model *m, int32_t ctx_len) {
+  const int32_t C = m->cfg.canvas_length;
+  bench_pass_seq s = {C, C, ctx_len};
+  return bench_decoder_batch_cost(m, &s, 1);
 }
 
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
   bench_cost c = {0, 0, 0, 0};
-  layers_cost(m, T, ctx_len, 1, &c);
+  layers_weights(m, T, &c);
+  layers_attention(m, T, ctx_len, T, 1, &c);
   return c;
 }
 
@@ -116,6 +144,115 @@ double bench_median(double *v, int n) {
   if (n <= 0) return 0;
   qsort(v, (size_t)n, sizeof *v, cmp_d);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+bench_cost bench_matmul_cost(int64_t N, int64_t K, int bits, int group_size, int64_t M) {
+  bench_cost c = {0, 0, 0, 0};
+  if (bits >= 16) c.weight_bytes = 2.0 * (double)N * (double)K;
+  else c.weight_bytes = (double)N * (double)K * bits / 8.0 + 2.0 * (double)N * (double)(K / group_size) * 2.0;
+  c.flops = 2.0 * (double)M * (double)N * (double)K;
+  return c;
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int32_t *token_of) {
+  int *perm = malloc((size_t)E * sizeof *perm), *pick = malloc((size_t)T * top_k * sizeof *pick);
+  if (!perm || !pick || top_k > E) { free(perm); free(pick); return -1; }
+  uint64_t st = seed;
+  for (int32_t t = 0; t < T; t++) { /* top_k distinct experts: the first top_k of a partial shuffle */
+    for (int e = 0; e < E; e++) perm[e] = e;
+    for (int j = 0; j < top_k; j++) {
+      int r = j + (int)(splitmix64(&st) % (uint64_t)(E - j)), x = perm[j];
+      perm[j] = perm[r];
+      perm[r] = x;
+      pick[(size_t)t * top_k + j] = perm[j];
+    }
+  }
+  for (int e = 0; e <= E; e++) start[e] = 0;
+  for (size_t i = 0; i < (size_t)T * top_k; i++) start[pick[i] + 1]++;
+  int hit = 0;
+  for (int e = 0; e < E; e++) { hit += start[e + 1] > 0; start[e + 1] += start[e]; }
+  if (token_of) { /* rows grouped by expert, tokens in increasing order within an expert */
+    for (int e = 0; e < E; e++) perm[e] = start[e];
+    for (size_t i = 0; i < (size_t)T * top_k; i++) token_of[perm[pick[i]]++] = (int32_t)(i / (size_t)top_k);
+  }
+  free(perm);
+  free(pick);
+  return hit;
+}
+
+/* ---- options ------------------------------------------------------------------ */
+
+int bench_parse_list(const char *s, const char *name, int lo, int hi, int *v, int cap, char *err, size_t n_err) {
+  int n = 0;
+  const char *p = s ? s : "";
+  for (;;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    char item[32];
+    if (len == 0 || len >= sizeof item) {
+      snprintf(err, n_err, "%s: \"%s\": %s", name, s ? s : "", len ? "item too long" : "empty item (expected e.g. 1,2,4,8)");
+      return -1;
+    }
+    memcpy(item, p, len);
+    item[len] = 0;
+    char *end;
+    errno = 0;
+    long x = strtol(item, &end, 10);
+    if (*end || errno) { snprintf(err, n_err, "%s: \"%s\" is not an integer", name, item); return -1; }
+    if (x < lo || x > hi) { snprintf(err, n_err, "%s: %ld is not in [%d, %d]", name, x, lo, hi); return -1; }
+    if (n == cap) { snprintf(err, n_err, "%s: more than %d values", name, cap); return -1; }
+    v[n++] = (int)x;
+    if (!e) break;
+    p = e + 1;
+  }
+  return n;
+}
+
+int bench_parse_formats(const char *s, int *bits, int cap, char *err, size_t n_err) {
+  int n = 0;
+  const char *p = s ? s : "";
+  for (;;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    int b = -1;
+    if (len == 4 && !strncmp(p, "bf16", 4)) b = 16;
+    else if (len == 1 && strchr("23468", *p)) b = *p - '0';
+    if (b < 0) {
+      snprintf(err, n_err, "--formats: \"%.*s\" is not a format (bf16, 8, 6, 4, 3, 2: bits of MLX affine group 64)",
+               (int)len, p);
+      return -1;
+    }
+    if (n == cap) { snprintf(err, n_err, "--formats: more than %d values", cap); return -1; }
+    bits[n++] = b;
+    if (!e) break;
+    p = e + 1;
+  }
+  return n;
+}
+
+static const char *kProtocols = "vllm, p512, batch, ceiling, all";
+
+int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
+  const char *p = o->protocol ? o->protocol : "all";
+  if (strcmp(p, "vllm") && strcmp(p, "p512") && strcmp(p, "batch") && strcmp(p, "ceiling") && strcmp(p, "all")) {
+    snprintf(err, n_err, "unknown --protocol \"%s\" (%s)", p, kProtocols);
+    return -1;
+  }
+  int v[BENCH_MAX_LIST];
+  if (o->canvases && bench_parse_list(o->canvases, "--canvases", 1, BENCH_MAX_B, v, BENCH_MAX_LIST, err, n_err) < 0)
+    return -1;
+  if (o->rows && bench_parse_list(o->rows, "--rows", 1, 4096, v, BENCH_MAX_LIST, err, n_err) < 0) return -1;
+  if (o->moe_tokens && bench_parse_list(o->moe_tokens, "--moe-tokens", 0, 4096, v, BENCH_MAX_LIST, err, n_err) < 0)
+    return -1;
+  if (o->formats && bench_parse_formats(o->formats, v, BENCH_MAX_LIST, err, n_err) < 0) return -1;
+  return 0;
 }
 
 /* ---- ceilings --------------------------------------------------------------- */
@@ -196,7 +333,7 @@ double bench_fma_rate(int n_threads, int reps, const char **isa) {
 }
 
 /* Rate of this build's matmul kernel on a compute-heavy f32 shape (context, not a ceiling). */
-static double matmul_rate(int n_threads, const char **name) {
+double bench_matmul_rate(int n_threads, const char **name) {
   const int64_t T = 64, K = 2048, N = 2048;
   float *w = malloc((size_t)(K * N) * sizeof(float)), *x = malloc((size_t)(T * K) * sizeof(float));
   float *y = malloc((size_t)(T * N) * sizeof(float));
@@ -229,10 +366,16 @@ static const char *kFiller =
     "the weather in his book, and wondered how many more winters the lamp would turn. Children ran to school "
     "along the sea wall while the market filled with apples, cheese, rope and paint. ";
 
-static const char *kPrompts[3][2] = {
+/* p512 uses the first three; the batch rows give canvas b prompt b % 8 (our own words). */
+static const char *kPrompts[8][2] = {
     {"qa", "What is the capital of France, and on which river does it lie?"},
     {"technical", "Explain how a hash table resolves collisions, and compare chaining with open addressing."},
     {"creative", "Write a short story about a lighthouse keeper who finds a message in a bottle."},
+    {"math", "A train leaves at 9:40 and arrives at 13:05. How long is the journey, in minutes?"},
+    {"code", "Write a C function that reverses a singly linked list, and explain each step."},
+    {"summary", "Summarize the main causes of the French Revolution in a few sentences."},
+    {"advice", "Give me three practical tips for learning to play the piano as an adult."},
+    {"translate", "Translate into German: The weather is nice today, so let us walk along the river."},
 };
 
 typedef struct run_trace {
@@ -245,6 +388,252 @@ static int trace_block(const dg_block_info *bi, void *ud) {
   if (t->n_blocks < 4096) t->steps[t->n_blocks] = bi->n_steps;
   t->n_blocks++;
   return 0;
+}
+
+/* ---- batch protocol ------------------------------------------------------------- */
+
+void bench_trace_free(bench_trace *t) {
+  free(t->steps);
+  free(t->blocks);
+  memset(t, 0, sizeof *t);
+}
+
+/* The write-up's recommended interactive setting, stop ids and the repeat guard off. */
+static const char *kBatchDefaults =
+    "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.95, 0.80, 8], "
+    "\"turbo_repair\": true, \"turbo_repeat_guard\": 0, \"eos_token_id\": []}";
+
+dg_status bench_batch_params(const dg_model *m, const char *gen_kwargs, int gen_tokens, uint64_t seed,
+                             dg_gen_params *out) {
+  dg_gen_params gp = dg_gen_default_params(m);
+  dg_status st = dg_gen_params_apply_json(&gp, kBatchDefaults);
+  if (st) return st;
+  gp.max_new_tokens = 4 * m->cfg.canvas_length;
+  gp.seed = seed;
+  if (gen_kwargs && (st = dg_gen_params_apply_json(&gp, gen_kwargs))) return st;
+  if (gen_tokens > 0) gp.max_new_tokens = gen_tokens;
+  if (!gp.turbo.enabled)
+    return dg_seterr(DG_ERR_INVALID_ARG, "the batch protocol needs diffusion_turbo (dg_generate_batch is a turbo "
+                                         "technique); --gen-kwargs set it false");
+  *out = gp;
+  return DG_OK;
+}
+
+dg_status bench_batch_prompt(const dg_model *m, int b, int32_t **ids, size_t *n, const char **label) {
+  const int k = b % 8;
+  dg_chat_message msg = {"user", kPrompts[k][1]};
+  if (label) *label = kPrompts[k][0];
+  return dg_chat_apply(m, &msg, 1, 0, ids, n);
+}
+
+typedef struct batch_cb { bench_trace *tr; int32_t canvas; } batch_cb;
+
+static int rec_step(const dg_step_info *si, void *ud) {
+  batch_cb *cb = ud;
+  bench_trace *t = cb->tr;
+  if (t->n_steps == t->cap_steps) {
+    int32_t cap = t->cap_steps ? 2 * t->cap_steps : 1024;
+    bench_step_rec *p = realloc(t->steps, (size_t)cap * sizeof *p);
+    if (!p) { t->oom = 1; return 0; }
+    t->steps = p;
+    t->cap_steps = cap;
+  }
+  t->steps[t->n_steps++] = (bench_step_rec){cb->canvas, si->block, si->forward_shape, si->head_shape};
+  return 0;
+}
+
+static int rec_block(const dg_block_info *bi, void *ud) {
+  batch_cb *cb = ud;
+  bench_trace *t = cb->tr;
+  if (t->n_blocks == t->cap_blocks) {
+    int32_t cap = t->cap_blocks ? 2 * t->cap_blocks : 64;
+    bench_block_rec *p = realloc(t->blocks, (size_t)cap * sizeof *p);
+    if (!p) { t->oom = 1; return 0; }
+    t->blocks = p;
+    t->cap_blocks = cap;
+  }
+  t->blocks[t->n_blocks++] = (bench_block_rec){cb->canvas, bi->block, bi->n_steps};
+  return 0;
+}
+
+dg_status bench_batch_run(dg_context *const *ctxs, int B, int32_t *const *prompts, const size_t *n_prompts,
+                          const dg_gen_params *gp, dg_gen_result *results, double *seconds, bench_trace *tr) {
+  dg_gen_params *ps = malloc((size_t)B * sizeof *ps);
+  batch_cb *cbs = malloc((size_t)B * sizeof *cbs);
+  if (!ps || !cbs) { free(ps); free(cbs); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
+  for (int b = 0; b < B; b++) {
+    ps[b] = *gp;
+    ps[b].seed = gp->seed + (uint64_t)b;
+    if (tr) {
+      cbs[b] = (batch_cb){tr, b};
+      ps[b].on_step = rec_step;
+      ps[b].on_block = rec_block;
+      ps[b].user_data = &cbs[b];
+    }
+    dg_context_reset(ctxs[b]);
+  }
+  double t0 = now_s();
+  dg_status st = dg_generate_batch(ctxs, B, (const int32_t *const *)prompts, n_prompts, ps, results);
+  if (seconds) *seconds = now_s() - t0;
+  free(ps);
+  free(cbs);
+  return st;
+}
+
+static double add_pass(const bench_cost *c, double bw, double rate, double *mem_t, double *terms) {
+  int mb;
+  double f = bench_floor_s(c, bw, rate, &mb);
+  terms[0] += (c->weight_bytes + c->kv_bytes + c->other_bytes) / bw;
+  terms[1] += c->flops / rate;
+  if (mb) *mem_t += f;
+  return f;
+}
+
+double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, const bench_trace *tr, double bw,
+                         double rate, int *memory_bound, int32_t *n_passes, double *bytes_s, double *flops_s) {
+  const int32_t C = m->cfg.canvas_length;
+  double all = 0, mem_t = 0, terms[2] = {0, 0};
+  int32_t nblk = 1, passes = 0;
+  for (int32_t i = 0; i < tr->n_blocks; i++) nblk = tr->blocks[i].block + 1 > nblk ? tr->blocks[i].block + 1 : nblk;
+  for (int32_t i = 0; i < tr->n_steps; i++) nblk = tr->steps[i].block + 1 > nblk ? tr->steps[i].block + 1 : nblk;
+  int32_t *cnt = calloc((size_t)B * nblk, sizeof *cnt);
+  bench_pass_seq *ps = malloc((size_t)B * sizeof *ps);
+  if (!cnt || !ps) { free(cnt); free(ps); return 0; }
+  for (int b = 0; b < B; b++) { /* prefill */
+    bench_cost c = bench_encoder_cost(m, (int32_t)n_prompts[b], 0);
+    all += add_pass(&c, bw, rate, &mem_t, terms);
+  }
+  /* batched decoder passes */
+  int n = 0, last = -1;
+  for (int32_t i = 0; i <= tr->n_steps; i++) {
+    const bench_step_rec *r = i < tr->n_steps ? &tr->steps[i] : NULL;
+    if (n > 0 && (!r || r->canvas <= last)) {
+      bench_cost c = bench_decoder_batch_cost(m, ps, n);
+      all += add_pass(&c, bw, rate, &mem_t, terms);
+      passes++;
+      n = 0;
+    }
+    if (!r) break;
+    if (r->canvas < 0 || r->canvas >= B) continue;
+    ps[n++] = (bench_pass_seq){r->rows, r->head_rows, (int32_t)n_prompts[r->canvas] + r->block * C};
+    last = r->canvas;
+    cnt[(size_t)r->canvas * nblk + r->block]++;
+  }
+  /* commits and repair forwards, per canvas */
+  for (int32_t i = 0; i < tr->n_blocks; i++) {
+    const bench_block_rec *r = &tr->blocks[i];
+    if (r->canvas < 0 || r->canvas >= B) continue;
+    const int32_t L = (int32_t)n_prompts[r->canvas] + r->block * C;
+    if (r->block > 0) {
+      bench_cost c = bench_encoder_cost(m, C, L - C);
+      all += add_pass(&c, bw, rate, &mem_t, terms);
+    }
+    for (int32_t k = cnt[(size_t)r->canvas * nblk + r->block]; k < r->n_steps; k++) {
+      bench_pass_seq one = {C, C, L};
+      bench_cost c = bench_decoder_batch_cost(m, &one, 1);
+      all += add_pass(&c, bw, rate, &mem_t, terms);
+    }
+  }
+  free(cnt);
+  free(ps);
+  if (memory_bound) *memory_bound = mem_t >= all / 2;
+  if (n_passes) *n_passes = passes;
+  if (bytes_s) *bytes_s = terms[0];
+  if (flops_s) *flops_s = terms[1];
+  return all;
+}
+
+typedef struct batch_row {
+  int B;
+  int32_t P, G, blocks, forwards, passes;
+  double med, lo, hi, floor_s, bytes_s, flops_s;
+  double bw, rate; /* the ceilings of this row: measured just before and after it, the best of both */
+  int memory_bound;
+  int checked, equal; /* canvases compared with a smaller B's row, and how many had the same tokens */
+} batch_row;
+
+/* The rows of the batch protocol: for each B, canvases 0..B-1 (prompt b % 8, seed + b) generated together. */
+static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, const int *Bs, int nB,
+                     batch_row *rows) {
+  const int32_t C = m->cfg.canvas_length;
+  int Bmax = 0;
+  for (int i = 0; i < nB; i++) Bmax = Bs[i] > Bmax ? Bs[i] : Bmax;
+  int32_t **ids = calloc((size_t)Bmax, sizeof *ids), **seen = calloc((size_t)Bmax, sizeof *seen);
+  size_t *n = calloc((size_t)Bmax, sizeof *n);
+  dg_context **ctx = calloc((size_t)Bmax, sizeof *ctx);
+  dg_gen_result *res = calloc((size_t)Bmax, sizeof *res);
+  int rc = !ids || !seen || !n || !ctx || !res;
+  if (rc) fprintf(stderr, "dgemma bench: out of memory\n");
+  const int32_t n_canv = (gp->max_new_tokens + C - 1) / C;
+  for (int b = 0; !rc && b < Bmax; b++) {
+    dg_context_params cp = dg_context_default_params();
+    dg_status st = bench_batch_prompt(m, b, &ids[b], &n[b], NULL);
+    if (!st) {
+      cp.max_context = (int32_t)n[b] + n_canv * C;
+      st = dg_context_new(m, &cp, &ctx[b]);
+    }
+    if (st) { fprintf(stderr, "dgemma bench: batch canvas %d: %s: %s\n", b, dg_status_str(st), dg_last_error()); rc = 1; }
+  }
+  const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
+  for (int r = 0; !rc && r < nB; r++) {
+    const int B = Bs[r];
+    batch_row *row = &rows[r];
+    memset(row, 0, sizeof *row);
+    row->B = B;
+    double t[1000];
+    bench_trace tr = {0};
+    /* a row lasts minutes at large B: on a shared machine the load moves, so each row gets its own ceilings */
+    row->bw = bench_copy_bandwidth((size_t)256 << 20, m->n_threads, 5);
+    row->rate = bench_fma_rate(m->n_threads, 5, NULL);
+    for (int i = 0; !rc && i < warm + reps; i++) {
+      const int last = i == warm + reps - 1;
+      if (last) bench_trace_free(&tr);
+      double sec = 0;
+      dg_status st = bench_batch_run(ctx, B, ids, n, gp, res, &sec, last ? &tr : NULL);
+      if (st) {
+        fprintf(stderr, "dgemma bench: batch B = %d: %s: %s\n", B, dg_status_str(st), dg_last_error());
+        rc = 1;
+        break;
+      }
+      if (i >= warm) t[i - warm] = sec;
+      if (last) {
+        row->P = row->G = row->blocks = row->forwards = 0;
+        for (int b = 0; b < B; b++) {
+          row->P += (int32_t)n[b];
+          row->G += res[b].n_valid;
+          row->blocks += res[b].n_blocks;
+          row->forwards += res[b].n_steps;
+          if (seen[b]) { /* outputs do not depend on B: compare with the first row that had canvas b */
+            row->checked++;
+            row->equal += !memcmp(seen[b], res[b].tokens, (size_t)res[b].n_tokens * sizeof(int32_t));
+          } else if ((seen[b] = malloc((size_t)res[b].n_tokens * sizeof(int32_t) + 1))) {
+            memcpy(seen[b], res[b].tokens, (size_t)res[b].n_tokens * sizeof(int32_t));
+          }
+        }
+      }
+      for (int b = 0; b < B; b++) dg_gen_result_free(&res[b]);
+      if (o->tty) fprintf(stderr, "\rbatch B=%d: run %d/%d%s", B, i + 1, warm + reps, i < warm ? " (warm-up)" : "          ");
+    }
+    if (o->tty) fprintf(stderr, "\r%60s\r", "");
+    if (!rc && tr.oom) { fprintf(stderr, "dgemma bench: out of memory recording the batch trace\n"); rc = 1; }
+    if (!rc) {
+      row->lo = row->hi = t[0];
+      for (int i = 1; i < reps; i++) { row->lo = fmin(row->lo, t[i]); row->hi = fmax(row->hi, t[i]); }
+      row->med = bench_median(t, reps);
+      row->bw = fmax(row->bw, bench_copy_bandwidth((size_t)256 << 20, m->n_threads, 5));
+      row->rate = fmax(row->rate, bench_fma_rate(m->n_threads, 5, NULL));
+      row->floor_s = bench_batch_floor(m, B, n, &tr, row->bw, row->rate, &row->memory_bound, &row->passes,
+                                       &row->bytes_s, &row->flops_s);
+    }
+    bench_trace_free(&tr);
+  }
+  for (int b = 0; b < Bmax; b++) {
+    if (ids) dg_free(ids[b]);
+    if (seen) free(seen[b]);
+    if (ctx) dg_context_free(ctx[b]);
+  }
+  free(ids); free(seen); free(n); free(ctx); free(res);
+  return rc;
 }
 
 typedef struct row {
@@ -320,25 +709,59 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
   return 0;
 }
 
+static void json_ceilings(cJSON *j, const char *device, double bw, double rate, double mm, int nt) {
+  cJSON_AddStringToObject(j, "device", device);
+  cJSON_AddNumberToObject(j, "copy_gb_s", bw / 1e9);
+  cJSON_AddNumberToObject(j, "fma_gflop_s", rate / 1e9);
+  cJSON_AddNumberToObject(j, "matmul_gflop_s", mm / 1e9);
+  cJSON_AddNumberToObject(j, "threads", nt);
+}
+
+static void json_line(FILE *out, cJSON *j) {
+  char *s = cJSON_PrintUnformatted(j);
+  if (s) fprintf(out, "%s\n", s);
+  free(s);
+  cJSON_Delete(j);
+  fflush(out);
+}
+
 int dg_cli_bench(dg_model *m, const bench_opts *o) {
+  char err[256];
+  if (bench_check_opts(o, err, sizeof err)) { fprintf(stderr, "dgemma bench: %s\n", err); return 2; }
   const char *proto = o->protocol ? o->protocol : "all";
-  int do_vllm = !strcmp(proto, "vllm") || !strcmp(proto, "all"), do_512 = !strcmp(proto, "p512") || !strcmp(proto, "all");
-  if (!do_vllm && !do_512) { fprintf(stderr, "dgemma bench: unknown --protocol \"%s\" (vllm, p512, all)\n", proto); return 2; }
+  const int all = !strcmp(proto, "all");
+  const int do_vllm = all || !strcmp(proto, "vllm"), do_512 = all || !strcmp(proto, "p512");
+  const int do_batch = all || !strcmp(proto, "batch"), do_ceil = !strcmp(proto, "ceiling");
+  int Bs[BENCH_MAX_LIST], nB = bench_parse_list(o->canvases ? o->canvases : "1,2,4,8", "--canvases", 1, BENCH_MAX_B,
+                                                Bs, BENCH_MAX_LIST, err, sizeof err);
+  if (!m && !do_ceil) { fprintf(stderr, "dgemma bench: protocol %s needs a model\n", proto); return 1; }
+  dg_gen_params bgp;
+  if (do_batch) { /* bad --gen-kwargs are reported before anything is measured */
+    dg_status st = bench_batch_params(m, o->gen_kwargs, o->gen_tokens, o->seed, &bgp);
+    if (st) { fprintf(stderr, "dgemma bench: --gen-kwargs: %s: %s\n", dg_status_str(st), dg_last_error()); return 2; }
+  }
   FILE *out = NULL;
   if (o->out && !(out = fopen(o->out, "w"))) {
     fprintf(stderr, "dgemma bench: cannot write %s: %s\n", o->out, strerror(errno));
     return 1;
   }
+  if (do_ceil) {
+    int nt = o->n_threads > 0 ? o->n_threads : m ? m->n_threads : omp_get_max_threads();
+    int rc = bench_ceiling(o, nt, out);
+    if (out && fclose(out) != 0 && !rc) { fprintf(stderr, "dgemma bench: cannot write %s\n", o->out); rc = 1; }
+    return rc;
+  }
   dg_model_info info;
   dg_model_get_info(m, &info);
+  const char *device = info.device == DG_DEVICE_CUDA ? "cuda" : "cpu";
   const int32_t C = info.canvas_length;
   const int nt = m->n_threads;
   /* ceilings, measured now */
   const char *isa = "", *kname = "";
   double bw = bench_copy_bandwidth((size_t)256 << 20, nt, 5);
   double rate = bench_fma_rate(nt, 5, &isa);
-  double mm = matmul_rate(nt, &kname);
-  if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); return 1; }
+  double mm = bench_matmul_rate(nt, &kname);
+  if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); if (out) fclose(out); return 1; }
   printf("ceilings (%d threads, measured now): copy %.1f GB/s (bytes read + written, memcpy 256 MiB, best of 5); "
          "%s %.1f GFLOP/s (best of 5); this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
          nt, bw / 1e9, isa, rate / 1e9, kname, mm / 1e9);
@@ -348,6 +771,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
          dc.flops / 1e9, 1e3 * bench_floor_s(&dc, bw, rate, NULL));
   row rows[8];
   int nr = 0, rc = 0;
+  const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   if (do_vllm) {
     int32_t P = o->prompt_tokens > 0 ? o->prompt_tokens : 4 * C, G = o->gen_tokens > 0 ? o->gen_tokens : 4 * C;
     if (C != 256 && o->prompt_tokens <= 0)
@@ -397,8 +821,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     dg_free(ids);
   }
   if (rc) { if (out) fclose(out); return 1; }
-  const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
-  printf("| protocol | prompt | in | out | blocks | forwards | median s | spread s | tok/s | ms/forward | floor s | "
+  if (nr) printf("| protocol | prompt | in | out | blocks | forwards | median s | spread s | tok/s | ms/forward | floor s | "
          "floor/median | bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < nr; i++) {
     row *r = &rows[i];
@@ -424,19 +847,70 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
       cJSON_AddNumberToObject(j, "tok_per_s", r->G / r->med);
       cJSON_AddNumberToObject(j, "floor_s", r->floor_s);
       cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
-      cJSON_AddNumberToObject(j, "copy_gb_s", bw / 1e9);
-      cJSON_AddNumberToObject(j, "fma_gflop_s", rate / 1e9);
-      cJSON_AddNumberToObject(j, "matmul_gflop_s", mm / 1e9);
-      cJSON_AddNumberToObject(j, "threads", nt);
-      char *s = cJSON_PrintUnformatted(j);
-      fprintf(out, "%s\n", s);
-      free(s);
-      cJSON_Delete(j);
+      json_ceilings(j, device, bw, rate, mm, nt);
+      json_line(out, j);
     }
   }
-  printf("\nmedian of %d runs after %d warm-up; wall time from the request's start (prefill included) to its last "
-         "token; ms/forward = median / (decoder forwards + encoder passes); floor = sum over passes of max(bytes / "
-         "copy, FLOPs / FMA rate).\n", reps, warm);
+  if (nr)
+    printf("\nmedian of %d runs after %d warm-up; wall time from the request's start (prefill included) to its last "
+           "token; ms/forward = median / (decoder forwards + encoder passes); floor = sum over passes of max(bytes / "
+           "copy, FLOPs / FMA rate).\n", reps, warm);
+  if (do_batch) {
+    batch_row br[BENCH_MAX_LIST];
+    printf("%sbatch protocol: B canvases of different prompts (canvas b: chat prompt b %% 8, seed %llu + b) through "
+           "dg_generate_batch, %d tokens each (stop ids and repeat guard off), turbo engine: %s%s%s\n\n",
+           nr ? "\n" : "", (unsigned long long)o->seed, bgp.max_new_tokens, kBatchDefaults,
+           o->gen_kwargs ? " then " : "", o->gen_kwargs ? o->gen_kwargs : "");
+    fflush(stdout);
+    if (run_batch(m, o, &bgp, Bs, nB, br)) { if (out) fclose(out); return 1; }
+    printf("| B | in | out | passes | forwards | median s | spread s | tok/s | per-canvas tok/s | floor s | floor ms/token "
+           "| bytes term ms/token | floor/median | bound | copy GB/s, FMA GFLOP/s | same tokens as smaller B |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nB; i++) {
+      batch_row *r = &br[i];
+      char same[32] = "–";
+      if (r->checked) snprintf(same, sizeof same, "%d/%d", r->equal, r->checked);
+      printf("| %d | %d | %d | %d | %d | %.3f | %.3f–%.3f | %.1f | %.1f | %.3f | %.3f | %.3f | %.1f%% | %s | %.1f, %.1f | %s |\n",
+             r->B, r->P, r->G, r->passes, r->forwards, r->med, r->lo, r->hi, r->G / r->med, r->G / r->med / r->B,
+             r->floor_s, 1e3 * r->floor_s / r->G, 1e3 * r->bytes_s / r->G, 100 * r->floor_s / r->med,
+             r->memory_bound ? "memory" : "compute", r->bw / 1e9, r->rate / 1e9, same);
+      if (out) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "protocol", "batch");
+        cJSON_AddStringToObject(j, "model", o->model_dir);
+        cJSON_AddNumberToObject(j, "canvas", C);
+        cJSON_AddNumberToObject(j, "B", r->B);
+        cJSON_AddStringToObject(j, "gen_kwargs", o->gen_kwargs ? o->gen_kwargs : "");
+        cJSON_AddNumberToObject(j, "prompt_tokens", r->P);
+        cJSON_AddNumberToObject(j, "generated_tokens", r->G);
+        cJSON_AddNumberToObject(j, "blocks", r->blocks);
+        cJSON_AddNumberToObject(j, "forwards", r->forwards);
+        cJSON_AddNumberToObject(j, "passes", r->passes);
+        cJSON_AddNumberToObject(j, "warmup", warm);
+        cJSON_AddNumberToObject(j, "reps", reps);
+        cJSON_AddNumberToObject(j, "median_s", r->med);
+        cJSON_AddNumberToObject(j, "min_s", r->lo);
+        cJSON_AddNumberToObject(j, "max_s", r->hi);
+        cJSON_AddNumberToObject(j, "tok_per_s", r->G / r->med);
+        cJSON_AddNumberToObject(j, "per_canvas_tok_per_s", r->G / r->med / r->B);
+        cJSON_AddNumberToObject(j, "floor_s", r->floor_s);
+        cJSON_AddNumberToObject(j, "floor_tok_per_s", r->floor_s > 0 ? r->G / r->floor_s : 0);
+        cJSON_AddNumberToObject(j, "floor_bytes_s", r->bytes_s);
+        cJSON_AddNumberToObject(j, "floor_flops_s", r->flops_s);
+        cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
+        cJSON_AddNumberToObject(j, "same_tokens_checked", r->checked);
+        cJSON_AddNumberToObject(j, "same_tokens_equal", r->equal);
+        json_ceilings(j, device, r->bw, r->rate, mm, nt);
+        json_line(out, j);
+      }
+    }
+    printf("\nmedian of %d runs after %d warm-up, wall time of dg_generate_batch (prefills included); tok/s = all "
+           "canvases' tokens / median, per-canvas = tok/s / B; passes = batched decoder passes (the repair forwards "
+           "and commits run per canvas); floor = sum over passes of max(bytes / copy, FLOPs / FMA rate) with the "
+           "weights read once per pass and the ceilings measured just before and after the row (the best of both; the "
+           "load of a shared machine moves over minutes) (bytes term: the bytes / copy part alone); same tokens: canvases whose tokens equal those of the first (smaller-B) row "
+           "that generated them.\n", reps, warm);
+  }
   if (out && fclose(out) != 0) { fprintf(stderr, "dgemma bench: cannot write %s\n", o->out); return 1; }
   return 0;
 }

@@ -5,13 +5,15 @@
 #ifndef DG_CLI_BENCH_H
 #define DG_CLI_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dgemma.h"
 
 typedef struct bench_opts {
   const char *model_dir;  /* for the output rows */
-  const char *protocol;   /* "vllm", "p512" or "all" (NULL = all) */
+  const char *protocol;   /* "vllm", "p512", "batch", "ceiling" or "all" (vllm + p512 + batch; NULL = all) */
   int reps;               /* timed runs per row (<= 0: 3) */
   int warmup;             /* untimed runs before them (< 0: 1) */
   int prompt_tokens;      /* vllm: prompt length (<= 0: 4 canvases, = 1024 at canvas 256) */
@@ -19,7 +21,32 @@ typedef struct bench_opts {
   const char *out;        /* JSON lines, or NULL */
   uint64_t seed;
   int tty;
+  /* batch protocol */
+  const char *canvases;   /* B values, comma-separated ("1,2,4,8" when NULL), each in [1, BENCH_MAX_B] */
+  const char *gen_kwargs; /* JSON applied over the recommended turbo setting (NULL: none) */
+  /* ceiling protocol (needs no model) */
+  const char *rows;       /* M values, activation rows per weight (NULL: 1,2,4,...,256; --quick 1,16,256) */
+  const char *formats;    /* weight formats: bf16 and bit widths 2, 3, 4, 6, 8 (NULL: "bf16,8,4,3,2"; --quick "bf16,4") */
+  const char *moe_tokens; /* canvas tokens of the gathered-MoE rows (NULL: "256"; "0": none) */
+  int quick;              /* shorter ceiling sweep (M 1, 16, 256; bf16 and 4-bit) */
+  int n_threads;          /* ceiling without a model: threads (<= 0: all cores) */
 } bench_opts;
+
+#define BENCH_MAX_B 64   /* canvases in one batch row */
+#define BENCH_MAX_LIST 32 /* values in one list option */
+
+/* Parse a comma-separated list of integers, each in [lo, hi], into v[cap];
+ * returns the count (>= 1), or -1 with a message naming the option `name`
+ * and the bad item written to err[n_err] (empty item, not an integer, out of
+ * range, more than cap values). */
+int bench_parse_list(const char *s, const char *name, int lo, int hi, int *v, int cap, char *err, size_t n_err);
+
+/* Ceiling formats: "bf16" -> 16, a bit width 2, 3, 4, 6 or 8 -> itself; -1 with a message otherwise. */
+int bench_parse_formats(const char *s, int *bits, int cap, char *err, size_t n_err);
+
+/* Check the options that need no model (protocol name, lists); 0, or -1 with
+ * the message in err[n_err]. The CLI calls it before loading the model. */
+int bench_check_opts(const bench_opts *o, char *err, size_t n_err);
 
 /* Bytes moved and floating-point operations of one forward pass. */
 typedef struct bench_cost {
@@ -34,6 +61,27 @@ typedef struct bench_cost {
  * top_k of E (E (1 - (1 - k/E)^C) experts' bytes; all of them when C k >> E).
  * K/V read once per pass (a sliding layer at most window + C - 1 keys). */
 bench_cost bench_decoder_cost(const dg_model *m, int32_t ctx_len);
+
+/* One canvas's share of a (batched) decoder pass: `rows` canvas positions
+ * run through the layers (C without turbo_compact, the live + just
+ * committed ones with it), `head_rows` of them through the LM head and the
+ * self-conditioning product, after ctx_len cached tokens; every position
+ * attends to ctx_len + C keys (canvas K/V of frozen positions come from the
+ * per-layer buffers). */
+typedef struct bench_pass_seq {
+  int32_t rows, head_rows, ctx_len;
+} bench_pass_seq;
+
+/* One decoder pass over n canvases (dg_forward_compact_batch): the weights
+ * are read once per pass (experts: the expected number hit by the sum of
+ * the rows, routed uniformly), the tied embedding twice (LM head and
+ * self-conditioning); per canvas its K/V (ctx_len + C keys, a sliding layer
+ * at most window + C - 1) and its logits [head_rows, V] fp32 written.
+ * FLOPs: 2 per multiply-add: rows x (layer matrices, top_k experts, SC MLP),
+ * head_rows x 2 V H (LM head, probabilities x embedding), attention
+ * 4 rows (ctx_len + C) heads D per layer (a sliding layer: at most window keys).
+ * bench_decoder_cost(m, L) = this with n = 1, rows = head_rows = C. */
+bench_cost bench_decoder_batch_cost(const dg_model *m, const bench_pass_seq *seqs, int n);
 
 /* One encoder (causal) pass over T tokens after ctx_len cached tokens (prefill
  * when ctx_len = 0, the commit of a block otherwise): layers only, no LM head. */
@@ -52,6 +100,87 @@ double bench_median(double *v, int n);
  * FLOP/s, best of reps; *isa gets the instruction set used. */
 double bench_copy_bandwidth(size_t bytes, int n_threads, int reps);
 double bench_fma_rate(int n_threads, int reps, const char **isa);
+/* FLOP/s of this build's matmul kernel on 64 x 2048 x 2048 f32 (context, not a
+ * ceiling), best of 3 after one untimed call; *name = the kernel set. */
+double bench_matmul_rate(int n_threads, const char **name);
+
+/* Bytes and FLOPs of one product y[M, N] = x[M, K] W^T with W [N, K] in
+ * `bits` (16 = bf16; else MLX affine with group_size and bf16 scales and
+ * biases, quant.h): bytes = N K 2, or N K bits / 8 + 2 N (K / G) 2; flops
+ * = 2 M N K. Activations and outputs are not counted (the ceiling sweep
+ * reports GB/s of weights read). */
+bench_cost bench_matmul_cost(int64_t N, int64_t K, int bits, int group_size, int64_t M);
+
+/* Route T tokens to top_k distinct experts of E each, uniformly at random
+ * from seed (splitmix64 + partial Fisher-Yates): start[E + 1] gets the row
+ * offsets of each expert's gathered rows (start[E] = T top_k), token_of[T
+ * top_k] (may be NULL) the token of each gathered row. Returns the number of
+ * experts hit (with at least one row). */
+int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int32_t *token_of);
+
+/* ---- batch protocol (turbo engine, dg_generate_batch) ---------------------- */
+
+/* What the callbacks of one batched generation saw, in call order: a step
+ * record per canvas per denoising forward, a block record per canvas block. */
+typedef struct bench_step_rec { int32_t canvas, block, rows, head_rows; } bench_step_rec;
+typedef struct bench_block_rec { int32_t canvas, block, n_steps; } bench_block_rec;
+typedef struct bench_trace {
+  bench_step_rec *steps;
+  int32_t n_steps, cap_steps;
+  bench_block_rec *blocks;
+  int32_t n_blocks, cap_blocks;
+  int oom; /* a record could not be stored */
+} bench_trace;
+void bench_trace_free(bench_trace *t);
+
+/* Generation parameters of the batch rows: the model's generation config, the
+ * recommended turbo setting (diffusion_turbo, turbo_accept "confidence",
+ * turbo_threshold [0.95, 0.80, 8], turbo_repair), stop ids off and
+ * turbo_repeat_guard 0 (every canvas is generated), max_new_tokens = gen_tokens
+ * (<= 0: 4 canvases), seed; then gen_kwargs (may be NULL) on top.
+ * Errors: those of dg_gen_params_apply_json; DG_ERR_INVALID_ARG when the
+ * result does not enable the turbo engine (batching is a turbo technique). */
+dg_status bench_batch_params(const dg_model *m, const char *gen_kwargs, int gen_tokens, uint64_t seed,
+                             dg_gen_params *out);
+
+/* The prompt of canvas b: the chat template over a fixed set of 8 different
+ * user messages (short Q&A, technical, creative, ...), cycled; *label gets a
+ * short name. ids freed with dg_free. */
+dg_status bench_batch_prompt(const dg_model *m, int b, int32_t **ids, size_t *n, const char **label);
+
+/* One batched generation: canvas b gets prompts[b] and *gp with seed
+ * gp->seed + b (so canvas b of any B equals a B = 1 run of prompt b with that
+ * seed); every context is reset first; *seconds = wall time of
+ * dg_generate_batch; tr (may be NULL) records the callbacks. results[B] are
+ * the caller's to free on DG_OK. Errors: those of dg_generate_batch. */
+dg_status bench_batch_run(dg_context *const *ctxs, int B, int32_t *const *prompts, const size_t *n_prompts,
+                          const dg_gen_params *gp, dg_gen_result *results, double *seconds, bench_trace *tr);
+
+/* Floor of one recorded batched generation, in seconds: each canvas's
+ * prefill (n_prompts[b] tokens) and commits (an encoder pass of C tokens per
+ * block after the first), every batched decoder pass (the step records of the
+ * live canvases, grouped into passes: dg_generate_batch reports the canvases
+ * of one pass in increasing canvas order, so a record whose canvas is not
+ * greater than the previous one starts a new pass) at each canvas's context,
+ * and every repair forward (a block's n_steps minus its step records: a full
+ * canvas pass of its own). Each pass costs max(bytes / bw, flops / rate).
+ * *memory_bound (may be NULL) = 1 if memory-bound passes take at least half
+ * of it; *n_passes (may be NULL) = the batched decoder passes; *bytes_s and
+ * *flops_s (may be NULL) = the sums of the two terms alone (bytes / bw and
+ * flops / rate over the same passes: the first shows the weights shared by a
+ * batch even where the second dominates). */
+double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, const bench_trace *tr, double bw,
+                         double rate, int *memory_bound, int32_t *n_passes, double *bytes_s, double *flops_s);
+
+/* The ceiling sweep (tools/ceiling.c): for each format and M, the expert
+ * matrices of the real MoE (gate/up [2 x 704, 2816], down [2816, 704]) with M
+ * activation rows, and the gathered MoE of a canvas (128 experts, top-8, the
+ * grouped kernel), in GB/s of weights read and GFLOP/s against the roofline
+ * max(weight bytes / copy bandwidth, FLOPs / FMA rate), the ceilings measured
+ * before and after the sweep (the best of both), with n_threads threads.
+ * Markdown on stdout, JSON lines to out (may be NULL). Returns the exit
+ * status (0; 1 after printing an error; 2 for a bad list option). */
+int bench_ceiling(const bench_opts *o, int n_threads, FILE *out);
 
 /* Run the protocols; prints the ceilings and a markdown table to stdout.
  * Returns the exit status (0, or 1 after printing an error). */

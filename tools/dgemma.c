@@ -50,8 +50,10 @@ static void usage_exit(const char *msg) {
           "  eval      dgemma eval gsm8k [-m DIR] [--data DIR] [--chat] [--shots K] [--limit N] [-o items.jsonl]\n"
           "                       [--summary S.json] [--sample] [-n N] [-s STEPS] [--seed S] (docs/eval.md)\n"
           "            dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
-          "  bench     dgemma bench [-m DIR] [--protocol vllm|p512|all] [--reps N] [--warmup N] [-o rows.jsonl]\n"
-          "                       [--prompt-tokens P] [-n N] (docs/eval.md)\n"
+          "  bench     dgemma bench [-m DIR] [--protocol vllm|p512|batch|ceiling|all] [--reps N] [--warmup N]\n"
+          "                       [-o rows.jsonl] [--prompt-tokens P] [-n N] [--canvases 1,2,4,8] [--gen-kwargs JSON]\n"
+          "                       [--rows 1,2,...,256] [--formats bf16,8,4,3,2] [--moe-tokens 256] [--quick]\n"
+          "                       (docs/eval.md)\n"
           "  quantize  dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
           "            (MLX affine; SPEC e.g. \"mlx,experts=3\" or \"experts=2:32,embed=bf16\"; see README)\n"
           "  qreport   dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G]\n"
@@ -84,6 +86,7 @@ static void usage_exit(const char *msg) {
           "      --sc-logits FILE          previous step's processed logits [C,V] float32 (logits)\n"
           "  -o, --out FILE                output file (logits)\n"
           "      --canvases [@]FILE        replay: int32 canvases, C ids each, in draw order\n"
+          "                                (bench: the B values of the batch protocol, e.g. 1,2,4,8)\n"
           "      --uniforms [@]FILE        replay: float32 uniforms, C per step (else argmax proposals)\n",
           DEFAULT_MODEL);
   exit(2);
@@ -170,6 +173,8 @@ typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
   const char *file, *recipe, *recipes;
   const char *data, *summary, *protocol;
+  const char *rows, *formats, *moe_tokens; /* bench --protocol ceiling */
+  int quick;
   int chat, sample, shots_set, shots, reps, warmup, prompt_tokens;
   int bits, group_size;
   const char *positional2;
@@ -231,6 +236,10 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--sample")) o->sample = 1;
     else if (!strcmp(a, "--shots")) { o->shots = (int)parse_int(ARG(), a, 0, 64); o->shots_set = 1; }
     else if (!strcmp(a, "--protocol")) o->protocol = ARG();
+    else if (!strcmp(a, "--rows")) o->rows = ARG();
+    else if (!strcmp(a, "--formats")) o->formats = ARG();
+    else if (!strcmp(a, "--moe-tokens")) o->moe_tokens = ARG();
+    else if (!strcmp(a, "--quick")) o->quick = 1;
     else if (!strcmp(a, "--reps")) o->reps = (int)parse_int(ARG(), a, 1, 1000);
     else if (!strcmp(a, "--warmup")) o->warmup = (int)parse_int(ARG(), a, 0, 100) + 1;
     else if (!strcmp(a, "--prompt-tokens")) o->prompt_tokens = (int)parse_int(ARG(), a, 1, 1 << 20);
@@ -655,7 +664,6 @@ static int cmd_eval(const opts *o) {
 
 static int cmd_bench(const opts *o) {
   no_positional(o, "bench");
-  dg_model *m = load_model(o, 1);
   bench_opts bo = {0};
   bo.model_dir = o->model ? o->model : default_model();
   bo.protocol = o->protocol;
@@ -666,6 +674,20 @@ static int cmd_bench(const opts *o) {
   bo.out = o->out;
   bo.seed = o->seed_set ? (uint64_t)o->seed : 0;
   bo.tty = isatty(2);
+  bo.canvases = o->canvases;
+  bo.gen_kwargs = o->gen_kwargs;
+  bo.rows = o->rows;
+  bo.formats = o->formats;
+  bo.moe_tokens = o->moe_tokens;
+  bo.quick = o->quick;
+  bo.n_threads = o->threads;
+  char err[256];
+  if (bench_check_opts(&bo, err, sizeof err)) { /* before the model loads */
+    fprintf(stderr, "dgemma bench: %s\n", err);
+    return 2;
+  }
+  /* the ceiling sweep needs no model (it builds its own matrices at the MoE's shapes) */
+  dg_model *m = o->protocol && !strcmp(o->protocol, "ceiling") ? NULL : load_model(o, 1);
   int rc = dg_cli_bench(m, &bo);
   dg_model_free(m);
   return rc;

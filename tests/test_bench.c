@@ -1,0 +1,389 @@
+/* test_bench.c: the accounting of `dgemma bench` (tools/bench.c,
+ * tools/ceiling.c), not its speed: bytes and FLOPs of the ceiling shapes and
+ * of batched decoder passes against hand counts, the MoE routing, the
+ * grouping of a recorded batch into passes for the floor, the batch
+ * protocol's outputs against B = 1 runs canvas by canvas on the bundled
+ * model, and the option errors of the CLI. No timing is asserted. */
+#include "testutil.h"
+
+#include <math.h>
+#include <sys/wait.h>
+
+#include "bench.h"
+
+static char g_dir[256];
+
+/* Run build/dgemma ARGS; returns its exit status, stdout and stderr in *out / *err (malloc'd). */
+static int run_cli(const char *args, char **out, char **err) {
+  char exe[1024], cmd[4096], of[512], ef[512];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  assert_true(k > 0);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  snprintf(of, sizeof of, "%s/cli.out", g_dir);
+  snprintf(ef, sizeof ef, "%s/cli.err", g_dir);
+  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >%s 2>%s", exe, args, of, ef);
+  int rc = system(cmd);
+  *out = dg_test_read_file(of, NULL);
+  *err = dg_test_read_file(ef, NULL);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* ---- ceiling shapes ------------------------------------------------------------------ */
+
+/* Hand counts at the 26B model's MoE shapes: gate/up [1408, 2816], down [2816, 704].
+ * bf16: 2 bytes per weight. Affine B bits, group 64: B/8 bytes per weight, plus a bf16 scale
+ * and bias per group of 64 (2816 / 64 = 44 groups per gate/up row, 704 / 64 = 11 per down row). */
+static void test_matmul_cost(void **state) {
+  (void)state;
+  bench_cost c = bench_matmul_cost(1408, 2816, 16, 64, 16);
+  assert_true(c.weight_bytes == 7929856.0);       /* 1408 * 2816 * 2 */
+  assert_true(c.flops == 126877696.0);            /* 2 * 16 * 1408 * 2816 */
+  c = bench_matmul_cost(1408, 2816, 4, 64, 1);
+  assert_true(c.weight_bytes == 2230272.0);       /* 1,982,464 codes + 2 * 1408 * 44 * 2 */
+  assert_true(c.flops == 7929856.0);
+  c = bench_matmul_cost(1408, 2816, 3, 64, 256);
+  assert_true(c.weight_bytes == 1734656.0);       /* 1,486,848 + 247,808 */
+  assert_true(c.flops == 2030043136.0);           /* 2 * 256 * 1408 * 2816 */
+  c = bench_matmul_cost(2816, 704, 4, 64, 8);
+  assert_true(c.weight_bytes == 1115136.0);       /* 991,232 + 2 * 2816 * 11 * 2 */
+  assert_true(c.flops == 31719424.0);
+  c = bench_matmul_cost(2816, 704, 2, 64, 1);
+  assert_true(c.weight_bytes == 619520.0);        /* 495,616 + 123,904 */
+  assert_true(c.kv_bytes == 0 && c.other_bytes == 0);
+}
+
+/* The gathered-MoE routing: every token picks top_k distinct experts; rows grouped by expert. */
+static void test_route(void **state) {
+  (void)state;
+  int32_t start[129], start2[129], tok[2048];
+  int hit = bench_route(256, 128, 8, 42, start, tok);
+  assert_int_equal(start[0], 0);
+  assert_int_equal(start[128], 2048);
+  int nonempty = 0, per_token[256] = {0};
+  for (int e = 0; e < 128; e++) {
+    assert_true(start[e + 1] >= start[e]);
+    nonempty += start[e + 1] > start[e];
+    for (int32_t r = start[e]; r < start[e + 1]; r++) {
+      assert_true(tok[r] >= 0 && tok[r] < 256);
+      per_token[tok[r]]++;
+      if (r > start[e]) assert_true(tok[r] > tok[r - 1]); /* a token at most once per expert: distinct experts */
+    }
+  }
+  for (int t = 0; t < 256; t++) assert_int_equal(per_token[t], 8);
+  assert_int_equal(hit, nonempty);
+  /* 128 (1 - (120/128)^256) = 128 - 8e-6 experts expected: all of them */
+  assert_int_equal(hit, 128);
+  assert_int_equal(bench_route(256, 128, 8, 42, start2, NULL), hit); /* deterministic */
+  assert_memory_equal(start, start2, sizeof start);
+  /* 2 tokens x top-8 of 128: at most 16 experts, exactly 8 for 1 token */
+  assert_int_equal(bench_route(1, 128, 8, 7, start, NULL), 8);
+  hit = bench_route(2, 128, 8, 7, start, NULL);
+  assert_true(hit >= 8 && hit <= 16);
+}
+
+/* ---- batched decoder passes (the bundled model) ---------------------------------------- */
+
+static dg_model *load_small(int tokenizer) {
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = !tokenizer;
+  mp.n_threads = 1;
+  dg_model *m = NULL;
+  assert_dg_ok(dg_model_load("models/dgemma-small", &mp, &m));
+  return m;
+}
+
+/* Hand count on the bundled model (config.json: H 256, V 4096, I 512, IE 128, 8 experts top-2, 4 query
+ * heads, 4 sliding layers of D 64 and 2 full of D 128, canvas 64; test_eval's test_bench_cost has the
+ * per-token sums): per forwarded row 4,927,488 layer and 393,216 SC-MLP multiply-adds; attention
+ * 4 * rows * 64 keys * 4 heads * (4 * 64 + 2 * 128); LM head + SC product 2 * head * 2 * 4096 * 256. */
+static void test_decoder_batch_cost(void **state) {
+  (void)state;
+  dg_model *m = load_small(0);
+  bench_pass_seq full = {64, 64, 0}, two[2] = {{64, 64, 0}, {64, 64, 0}}, part = {16, 8, 0};
+  bench_cost c1 = bench_decoder_batch_cost(m, &full, 1), c0 = bench_decoder_cost(m, 0);
+  assert_true(c1.flops == c0.flops && c1.weight_bytes == c0.weight_bytes && c1.kv_bytes == c0.kv_bytes &&
+              c1.other_bytes == c0.other_bytes);
+  assert_true(fabs(c1.flops - 983040000.0) < 1.0);
+  /* two canvases in one pass: twice the FLOPs, K/V and logits; the weights once (the experts' expected
+   * hit fraction goes from 1 - 0.75^64 to 1 - 0.75^128, a relative change below 1e-8) */
+  bench_cost c2 = bench_decoder_batch_cost(m, two, 2);
+  assert_true(c2.flops == 2 * c1.flops);
+  assert_true(c2.kv_bytes == 2 * c1.kv_bytes && c2.other_bytes == 2 * c1.other_bytes);
+  assert_true(fabs(c2.weight_bytes - c1.weight_bytes) <= 1e-8 * c1.weight_bytes);
+  /* 16 forwarded rows, 8 through the LM head: 2*16*(4,927,488 + 393,216) + 4*16*64*4*512 + 2*8*2*4096*256 */
+  bench_cost cp = bench_decoder_batch_cost(m, &part, 1);
+  assert_true(fabs(cp.flops - 212205568.0) < 1.0);
+  assert_true(cp.other_bytes == 8.0 * 4096 * 4);
+  assert_true(cp.kv_bytes == c1.kv_bytes); /* every position attends to the whole canvas */
+  /* experts: 6 layers x (1024 x 256 + 2048 x 128) bf16 = 9,437,184 bytes, hit fraction 1 - 0.75^T */
+  double want = c1.weight_bytes - ((1 - pow(0.75, 64)) - (1 - pow(0.75, 16))) * 9437184.0;
+  if (fabs(cp.weight_bytes - want) > 1e-6 * want) fail_msg("weight bytes %.1f, want %.1f", cp.weight_bytes, want);
+  /* context adds attention and K/V, not weights */
+  bench_pass_seq late = {16, 8, 100};
+  bench_cost cl = bench_decoder_batch_cost(m, &late, 1);
+  assert_true(cl.weight_bytes == cp.weight_bytes);
+  assert_true(fabs((cl.flops - cp.flops) - 4.0 * 16 * 100 * 4 * 512) < 1.0);
+  dg_model_free(m);
+}
+
+/* want[0] += the pass's floor, want[1] += its bytes term, want[2] += its FLOPs term. */
+static void add_floor(const bench_cost *c, double bw, double rate, double *want) {
+  want[0] += bench_floor_s(c, bw, rate, NULL);
+  want[1] += (c->weight_bytes + c->kv_bytes + c->other_bytes) / bw;
+  want[2] += c->flops / rate;
+}
+
+/* The floor of a recorded batch: passes grouped by the canvas order rule, repairs and commits per canvas. */
+static void test_batch_floor(void **state) {
+  (void)state;
+  dg_model *m = load_small(0);
+  const double bw = 20e9, rate = 50e9;
+  /* canvas 0: 2 blocks, canvas 1: 1 block; block 0 of both takes 2 steps in the same passes,
+   * block 1 of canvas 0 takes 1 step alone; every block has a repair forward (n_steps = steps + 1) */
+  bench_step_rec steps[] = {{0, 0, 64, 64}, {1, 0, 64, 64}, {0, 0, 20, 10}, {1, 0, 30, 12}, {0, 1, 64, 64}};
+  bench_block_rec blocks[] = {{1, 0, 3}, {0, 0, 3}, {0, 1, 2}};
+  bench_trace tr = {steps, 5, 5, blocks, 3, 3, 0};
+  size_t P[2] = {10, 20};
+  int mb;
+  int32_t passes = 0;
+  double bs = 0, fs = 0;
+  double f = bench_batch_floor(m, 2, P, &tr, bw, rate, &mb, &passes, &bs, &fs);
+  assert_int_equal(passes, 3);
+  double want[3] = {0, 0, 0};
+  bench_cost c;
+  c = bench_encoder_cost(m, 10, 0); add_floor(&c, bw, rate, want);
+  c = bench_encoder_cost(m, 20, 0); add_floor(&c, bw, rate, want);
+  bench_pass_seq p1[2] = {{64, 64, 10}, {64, 64, 20}}, p2[2] = {{20, 10, 10}, {30, 12, 20}}, p3 = {64, 64, 74};
+  c = bench_decoder_batch_cost(m, p1, 2); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, p2, 2); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, &p3, 1); add_floor(&c, bw, rate, want);
+  bench_pass_seq r0 = {64, 64, 10}, r1 = {64, 64, 20}, r2 = {64, 64, 74}; /* repairs */
+  c = bench_decoder_batch_cost(m, &r0, 1); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, &r1, 1); add_floor(&c, bw, rate, want);
+  c = bench_decoder_batch_cost(m, &r2, 1); add_floor(&c, bw, rate, want);
+  c = bench_encoder_cost(m, 64, 10); add_floor(&c, bw, rate, want); /* commit of canvas 0's block 0 */
+  if (fabs(f - want[0]) > 1e-12 * want[0]) fail_msg("floor %.9g s, want %.9g s", f, want[0]);
+  if (fabs(bs - want[1]) > 1e-12 * want[1] || fabs(fs - want[2]) > 1e-12 * want[2])
+    fail_msg("terms %.9g / %.9g s, want %.9g / %.9g s", bs, fs, want[1], want[2]);
+  assert_true(f <= bs + fs && f >= fmax(bs, fs) * (1 - 1e-12)); /* a sum of maxima */
+  /* the same steps as one canvas each (B = 1 rows): every step is a pass of its own */
+  bench_step_rec solo[] = {{0, 0, 64, 64}, {0, 0, 20, 10}, {0, 1, 64, 64}};
+  bench_block_rec sb[] = {{0, 0, 3}, {0, 1, 2}};
+  bench_trace t1 = {solo, 3, 3, sb, 2, 2, 0};
+  bench_batch_floor(m, 1, P, &t1, bw, rate, &mb, &passes, NULL, NULL);
+  assert_int_equal(passes, 3);
+  dg_model_free(m);
+}
+
+/* ---- the batch protocol on the bundled model --------------------------------------------- */
+
+static void test_batch_params(void **state) {
+  (void)state;
+  dg_model *m = load_small(1);
+  dg_gen_params gp;
+  assert_dg_ok(bench_batch_params(m, NULL, 0, 7, &gp));
+  assert_true(gp.turbo.enabled && gp.turbo.repair);
+  assert_int_equal(gp.turbo.accept, DG_TURBO_ACCEPT_CONFIDENCE);
+  assert_true(gp.turbo.threshold_hi == 0.95f && gp.turbo.threshold_lo == 0.80f && gp.turbo.threshold_k0 == 8);
+  assert_int_equal(gp.turbo.repeat_guard, 0);
+  assert_int_equal(gp.n_stop_ids, 0);
+  assert_int_equal(gp.max_new_tokens, 4 * 64);
+  assert_true(gp.seed == 7);
+  assert_dg_ok(bench_batch_params(m, "{\"turbo_compact\": true, \"max_new_tokens\": 128}", 0, 0, &gp));
+  assert_true(gp.turbo.compact && gp.turbo.repair);
+  assert_int_equal(gp.max_new_tokens, 128);
+  assert_dg_ok(bench_batch_params(m, "{\"max_new_tokens\": 128}", 192, 0, &gp)); /* -n wins */
+  assert_int_equal(gp.max_new_tokens, 192);
+  assert_int_equal(bench_batch_params(m, "{\"diffusion_turbo\": false}", 0, 0, &gp), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "needs diffusion_turbo"));
+  assert_int_equal(bench_batch_params(m, "{\"turbo_nope\": 1}", 0, 0, &gp), DG_ERR_INVALID_ARG);
+  dg_model_free(m);
+}
+
+/* Canvases generated together equal the B = 1 runs of the same prompts and seeds, token for token
+ * (float weights: dg_generate_batch is exact there, include/dgemma.h), and the recorded trace accounts
+ * for every forward: step records + one repair per block = the forwards each result reports. */
+static void test_batch_equals_single(void **state) {
+  (void)state;
+  dg_model *m = load_small(1);
+  enum { B = 3 };
+  dg_gen_params gp;
+  assert_dg_ok(bench_batch_params(m, "{\"max_denoising_steps\": 6}", 128, 11, &gp));
+  int32_t *ids[B];
+  size_t n[B];
+  dg_context *ctx[B];
+  for (int b = 0; b < B; b++) {
+    const char *label = NULL;
+    assert_dg_ok(bench_batch_prompt(m, b, &ids[b], &n[b], &label));
+    assert_non_null(label);
+    dg_context_params cp = dg_context_default_params();
+    cp.max_context = (int32_t)n[b] + 128;
+    assert_dg_ok(dg_context_new(m, &cp, &ctx[b]));
+  }
+  for (int b = 1; b < B; b++) /* different prompts */
+    assert_true(n[b] != n[0] || memcmp(ids[b], ids[0], n[0] * sizeof(int32_t)));
+  dg_gen_result one[B], all[B];
+  double sec = 0;
+  for (int b = 0; b < B; b++) { /* B = 1 runs: prompt b with seed 11 + b */
+    dg_gen_params g1 = gp;
+    g1.seed = gp.seed + (uint64_t)b;
+    assert_dg_ok(bench_batch_run(&ctx[b], 1, &ids[b], &n[b], &g1, &one[b], &sec, NULL));
+  }
+  bench_trace tr = {0};
+  assert_dg_ok(bench_batch_run(ctx, B, ids, n, &gp, all, &sec, &tr));
+  assert_true(sec > 0);
+  int32_t steps = 0, blocks = 0;
+  for (int b = 0; b < B; b++) {
+    assert_int_equal(all[b].n_tokens, 128); /* stop ids and repeat guard off: both canvases generated */
+    assert_int_equal(all[b].n_valid, 128);
+    assert_int_equal(all[b].n_tokens, one[b].n_tokens);
+    assert_memory_equal(all[b].tokens, one[b].tokens, (size_t)one[b].n_tokens * sizeof(int32_t));
+    assert_int_equal(all[b].n_steps, one[b].n_steps);
+    steps += all[b].n_steps;
+    blocks += all[b].n_blocks;
+  }
+  assert_false(tr.oom);
+  assert_int_equal(tr.n_blocks, blocks);
+  assert_int_equal(tr.n_steps + blocks, steps); /* one repair forward per block */
+  int32_t passes = 0;
+  int mb;
+  double f = bench_batch_floor(m, B, n, &tr, 20e9, 50e9, &mb, &passes, NULL, NULL);
+  assert_true(f > 0);
+  /* the canvases advance together: a pass per step of the slowest canvas in each block */
+  int32_t want = 0;
+  for (int blk = 0; blk < 2; blk++) {
+    int32_t mx = 0;
+    for (int b = 0; b < B; b++) {
+      int32_t k = 0;
+      for (int32_t i = 0; i < tr.n_steps; i++) k += tr.steps[i].canvas == b && tr.steps[i].block == blk;
+      mx = k > mx ? k : mx;
+    }
+    want += mx;
+  }
+  assert_true(passes >= want && passes <= tr.n_steps);
+  bench_trace_free(&tr);
+  for (int b = 0; b < B; b++) {
+    dg_gen_result_free(&one[b]);
+    dg_gen_result_free(&all[b]);
+    dg_context_free(ctx[b]);
+    dg_free(ids[b]);
+  }
+  dg_model_free(m);
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+static void test_parse_lists(void **state) {
+  (void)state;
+  int v[8];
+  char err[256];
+  assert_int_equal(bench_parse_list("1,2,4,8", "--canvases", 1, 64, v, 8, err, sizeof err), 4);
+  assert_true(v[0] == 1 && v[1] == 2 && v[2] == 4 && v[3] == 8);
+  assert_int_equal(bench_parse_list("0", "--canvases", 1, 64, v, 8, err, sizeof err), -1);
+  assert_string_equal(err, "--canvases: 0 is not in [1, 64]");
+  assert_int_equal(bench_parse_list("2,x", "--rows", 1, 4096, v, 8, err, sizeof err), -1);
+  assert_string_equal(err, "--rows: \"x\" is not an integer");
+  assert_int_equal(bench_parse_list("2,", "--rows", 1, 4096, v, 8, err, sizeof err), -1);
+  assert_non_null(strstr(err, "empty item"));
+  assert_int_equal(bench_parse_list("1,2,3", "--rows", 1, 4096, v, 2, err, sizeof err), -1);
+  assert_string_equal(err, "--rows: more than 2 values");
+  assert_int_equal(bench_parse_formats("bf16,4,3", v, 8, err, sizeof err), 3);
+  assert_true(v[0] == 16 && v[1] == 4 && v[2] == 3);
+  assert_int_equal(bench_parse_formats("4,fp8", v, 8, err, sizeof err), -1);
+  assert_non_null(strstr(err, "\"fp8\" is not a format"));
+  bench_opts o = {0};
+  o.protocol = "batch";
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
+  o.protocol = "speed";
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
+  assert_string_equal(err, "unknown --protocol \"speed\" (vllm, p512, batch, ceiling, all)");
+}
+
+/* The CLI rejects bad options with exit status 2 before loading a model (none exists at -m here). */
+static void test_cli_errors(void **state) {
+  (void)state;
+  static const char *cases[][2] = {
+      {"bench --canvases 0 -m /nonexistent/model", "dgemma bench: --canvases: 0 is not in [1, 64]"},
+      {"bench --canvases 1,2,65 -m /nonexistent/model", "--canvases: 65 is not in [1, 64]"},
+      {"bench --protocol speed -m /nonexistent/model", "unknown --protocol \"speed\" (vllm, p512, batch, ceiling, all)"},
+      {"bench --protocol ceiling --rows 0", "--rows: 0 is not in [1, 4096]"},
+      {"bench --protocol ceiling --formats bf16,5", "--formats: \"5\" is not a format"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *o, *e;
+    int rc = run_cli(cases[i][0], &o, &e);
+    if (rc != 2 || !strstr(e, cases[i][1])) fail_msg("%s: exit %d, stderr \"%s\"", cases[i][0], rc, e);
+    free(o);
+    free(e);
+  }
+  char *o, *e;
+  assert_int_equal(run_cli("bench --protocol batch -m /nonexistent/model", &o, &e), 1);
+  assert_non_null(strstr(e, "cannot load model /nonexistent/model"));
+  free(o);
+  free(e);
+  assert_int_equal(run_cli("bench --protocol batch -t 1 --gen-kwargs '{\"diffusion_turbo\": false}'", &o, &e), 2);
+  assert_non_null(strstr(e, "needs diffusion_turbo"));
+  free(o);
+  free(e);
+}
+
+/* One small run of each new protocol through the CLI: rows written, accounting consistent. */
+static void test_cli_rows(void **state) {
+  (void)state;
+  char args[1024], path[600], *o, *e;
+  snprintf(path, sizeof path, "%s/batch.jsonl", g_dir);
+  snprintf(args, sizeof args,
+           "bench --protocol batch -t 1 --canvases 1,2 --reps 1 --warmup 0 -n 64 "
+           "--gen-kwargs '{\"max_denoising_steps\": 4}' -o %s", path);
+  if (run_cli(args, &o, &e) != 0) fail_msg("%s: %s", args, e);
+  assert_non_null(strstr(o, "| B | in | out | passes |"));
+  free(o);
+  free(e);
+  char *j = dg_test_read_file(path, NULL);
+  assert_non_null(j);
+  assert_non_null(strstr(j, "\"protocol\":\"batch\""));
+  assert_non_null(strstr(j, "\"device\":\"cpu\""));
+  assert_non_null(strstr(j, "\"B\":2,"));
+  assert_non_null(strstr(j, "\"generated_tokens\":128,"));  /* 2 canvases x 64 */
+  assert_non_null(strstr(j, "\"same_tokens_checked\":1,\"same_tokens_equal\":1")); /* canvas 0 of B = 2 = B = 1 */
+  free(j);
+  snprintf(path, sizeof path, "%s/ceiling.jsonl", g_dir);
+  snprintf(args, sizeof args,
+           "bench --protocol ceiling -t 1 --rows 1 --formats 2 --moe-tokens 0 --reps 1 --warmup 0 -o %s", path);
+  if (run_cli(args, &o, &e) != 0) fail_msg("%s: %s", args, e);
+  free(o);
+  free(e);
+  j = dg_test_read_file(path, NULL);
+  assert_non_null(j);
+  /* two rows (gate/up and down at M = 1), 2-bit weight bytes as in test_matmul_cost */
+  assert_non_null(strstr(j, "\"shape\":\"expert_gate_up\""));
+  assert_non_null(strstr(j, "\"weight_bytes\":1239040,"));  /* 991,232 codes + 247,808 */
+  assert_non_null(strstr(j, "\"shape\":\"expert_down\""));
+  assert_non_null(strstr(j, "\"weight_bytes\":619520,"));
+  assert_non_null(strstr(j, "\"device\":\"cpu\""));
+  free(j);
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(g_dir, sizeof g_dir, "/tmp/dgemma_test_bench_XXXXXX");
+  return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  dg_test_rm_dir(g_dir);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_matmul_cost),       cmocka_unit_test(test_route),
+      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_batch_floor),
+      cmocka_unit_test(test_batch_params),      cmocka_unit_test(test_batch_equals_single),
+      cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
+      cmocka_unit_test(test_cli_rows),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
