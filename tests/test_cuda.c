@@ -1069,7 +1069,7 @@ static void test_quant_synth_logits(void **state) {
   static const struct { const char *name; int bits, G; const char *recipe; } qc[] = {
       {"synth q4 g32 (uniform)", 4, 32, NULL},
       {"synth mixed (8 attn, 6 mlp, 3/2 experts, 4 embed g64)", 4, 32, "attn=8,mlp=6,experts=3,sc=2,embed=4:64,router=8"},
-      {"synth q8 g64 (mlp kept float)", 8, 64, "experts=2:32"},
+      {"synth q8 g64 (down projections float: input 96), 2-bit g32 experts", 8, 64, "experts=2:32"},
   };
   char root[] = "/tmp/dg_cuda_qsynthXXXXXX";
   assert_non_null(mkdtemp(root));
