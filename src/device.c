@@ -9,28 +9,44 @@
 #include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
+#include "quant.h"
 
+static int cuda_dtype(dg_dtype t) { return t == DG_BF16 ? DG_CUDA_BF16 : t == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32; }
+
+/* The backend's view of a weight: float, or MLX affine-quantized as stored
+ * (packed words, scales, biases; src/quant.h), which the CUDA kernels
+ * dequantize themselves. */
 static dg_cuda_mat mat(const dg_weight *w) {
   dg_cuda_mat m;
-  m.dtype = w->dtype == DG_BF16 ? DG_CUDA_BF16 : w->dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
+  memset(&m, 0, sizeof m);
+  m.dtype = cuda_dtype(w->dtype);
   m.data = w->data;
   m.rows = w->rows;
   m.cols = w->cols;
+  if (w->bits) {
+    m.bits = w->bits;
+    m.group_size = w->group_size;
+    m.sb_dtype = cuda_dtype(w->sb_dtype);
+    m.scales = w->scales;
+    m.biases = w->biases;
+  }
   return m;
 }
 
 dg_status dg_model_to_cuda(dg_model *m, int device) {
   const dg_config *c = &m->cfg;
-  /* The backend's kernels read bf16/f16/f32 matrices only; quantized experts
-   * (MLX affine) are a later variant of dg_cuda_experts. Refuse instead of
-   * uploading packed U32 words as if they were floats. */
-  if (m->n_quantized > 0)
-    return dg_seterr(DG_ERR_BACKEND,
-                     "%d weight matrices of this model are MLX-quantized (%d-%d bits); the CUDA backend does not "
-                     "run quantized weights yet: use --device cpu",
-                     m->n_quantized, m->min_bits, m->max_bits);
   dg_cuda_layer_desc *ls = calloc((size_t)c->n_layers, sizeof *ls);
-  if (!ls) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  /* A quantized router (`router.proj`, recipe class `router`) is dequantized
+   * here to fp32, exactly as the CPU reads it: the device keeps every router
+   * in fp32 for fp32 router logits (spec 4.6; cublasSgemm). The cost is small:
+   * [E, H] fp32 is 1.4 MB per layer at E = 128, H = 2816, against 0.4 MB
+   * packed at 8 bits. */
+  float **routers = calloc((size_t)c->n_layers, sizeof *routers);
+  dg_status st = DG_OK;
+  if (!ls || !routers) {
+    st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+    goto done;
+  }
   for (int i = 0; i < c->n_layers; i++) {
     const dg_layer *l = &m->layers[i];
     dg_cuda_layer_desc *d = &ls[i];
@@ -54,6 +70,19 @@ dg_status dg_model_to_cuda(dg_model *m, int device) {
     d->mlp_up = mat(&l->mlp_up);
     d->mlp_down = mat(&l->mlp_down);
     d->router = mat(&l->router);
+    if (l->router.bits) {
+      const int64_t E = l->router.rows, H = l->router.cols;
+      if (!(routers[i] = malloc((size_t)(E * H) * sizeof(float)))) {
+        st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+        goto done;
+      }
+      for (int64_t r = 0; r < E; r++) dg_weight_row_f32(&l->router, r, routers[i] + r * H);
+      memset(&d->router, 0, sizeof d->router);
+      d->router.dtype = DG_CUDA_F32;
+      d->router.data = routers[i];
+      d->router.rows = E;
+      d->router.cols = H;
+    }
     d->router_scale = l->router_scale;
     d->per_expert_scale = l->per_expert_scale;
     d->experts_gate_up = mat(&l->experts_gate_up);
@@ -87,7 +116,11 @@ dg_status dg_model_to_cuda(dg_model *m, int device) {
   d.inv_freq_full = m->inv_freq_full;
   d.layers = ls;
   d.device = device;
-  dg_status st = dg_cuda_model_new(&d, &m->cuda);
+  st = dg_cuda_model_new(&d, &m->cuda);
+done:
+  if (routers)
+    for (int i = 0; i < c->n_layers; i++) free(routers[i]);
+  free(routers);
   free(ls);
   return st;
 }

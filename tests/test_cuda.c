@@ -57,6 +57,7 @@
 
 #include "cuda/backend.h"
 #include "model.h"
+#include "quant.h"
 #include "rng.h"
 #include "safetensors.h"
 #include "sampler.h"
@@ -81,18 +82,27 @@ static int as_cpu(void) {
 
 static float bf16r(float x) { return dg_bf16_to_f32(dg_f32_to_bf16(x)); }
 
+/* Quantized weights (MLX affine) are not rounded: the GPU dequantizes them
+ * exactly in fp32 and rounds only the activations to bf16. */
 static void matmul_bf16(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
                         int64_t row0, int64_t N, int n_threads) {
   const int64_t K = w->cols;
-  const size_t es = dg_dtype_size(w->dtype);
+  const size_t es = w->bits ? 0 : dg_dtype_size(w->dtype);
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (int64_t n = 0; n < N; n++) {
-    const char *row = (const char *)w->data + (size_t)(row0 + n) * (size_t)K * es;
+    float *wr = malloc((size_t)K * sizeof(float));
+    if (w->bits) {
+      dg_quant_dequant_row(w, row0 + n, wr);
+    } else {
+      const char *row = (const char *)w->data + (size_t)(row0 + n) * (size_t)K * es;
+      for (int64_t k = 0; k < K; k++) wr[k] = bf16r(dg_load_elem(w->dtype, row, k));
+    }
     for (int64_t t = 0; t < T; t++) {
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; k++) acc += bf16r(x[t * ldx + k]) * bf16r(dg_load_elem(w->dtype, row, k));
+      for (int64_t k = 0; k < K; k++) acc += bf16r(x[t * ldx + k]) * wr[k];
       y[t * ldy + n] = acc;
     }
+    free(wr);
   }
 }
 /* The gathered MoE product through matmul_bf16, one expert at a time (the
@@ -1289,6 +1299,383 @@ static void test_turbo_batch(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* ---- MLX affine-quantized weights (src/cuda/quant.cu) ----------------------
+ *
+ * Kernel tests: each quantized kernel against the CPU's dequantize-then-
+ * multiply oracle (src/cpu/ref.c, quant.h) on the same inputs, every bit
+ * width (2, 3, 4, 6, 8), group sizes 32/64/128, odd shapes that cross the
+ * kernels' tiles (32 activation rows x 64 weight rows, reduction step 64),
+ * and scales stored as bf16, f16 and f32.
+ *
+ * Bound (derived): the GPU dequantizes each weight exactly as the CPU (fp32
+ * product, then fp32 sum, both rounded), so its weights are bit-identical to
+ * dg_quant_dequant_row's; the activations are bf16 on both sides (the test
+ * rounds them before handing them to the oracle). What remains is the order
+ * of two fp32 dot products of the same K terms: each is within gamma_K
+ * sum|x w| of the exact value (Higham eq. 3.5, gamma_K = K u / (1 - K u),
+ * u = 2^-24; an FMA accumulation rounds once per step, so also within it),
+ * hence they differ by at most 2 gamma_K sum|x w|. The embedding lookup has
+ * no sum: it must match bit for bit. */
+
+static uint64_t q_rs = 0x243F6A8885A308D3ull;
+static float q_rand(void) { /* xorshift64, uniform in [-1, 1) */
+  q_rs ^= q_rs << 13;
+  q_rs ^= q_rs >> 7;
+  q_rs ^= q_rs << 17;
+  return (float)((q_rs >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+/* A random [rows, cols] matrix quantized with bits/G, scales in sb; the
+ * caller frees qm->pk, ->sc, ->bi. */
+typedef struct qmat {
+  dg_weight w;
+  uint8_t *pk;
+  void *sc, *bi;
+} qmat;
+
+static void qmat_make(qmat *qm, int64_t rows, int64_t cols, int bits, int G, dg_dtype sb) {
+  const size_t ss = dg_dtype_size(sb), ng = (size_t)(cols / G);
+  float *wf = malloc(sizeof(float) * (size_t)cols);
+  qm->pk = malloc((size_t)(rows * cols * bits / 8));
+  qm->sc = malloc((size_t)rows * ng * ss);
+  qm->bi = malloc((size_t)rows * ng * ss);
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t k = 0; k < cols; k++) wf[k] = q_rand() * (1.0f + (float)(r % 3)); /* rows of different ranges */
+    dg_quant_row(wf, cols, bits, G, sb, qm->pk + r * cols * bits / 8, (char *)qm->sc + (size_t)r * ng * ss,
+                 (char *)qm->bi + (size_t)r * ng * ss);
+  }
+  free(wf);
+  dg_weight w = {.dtype = DG_U32, .data = qm->pk, .rows = rows, .cols = cols, .bits = bits, .group_size = G,
+                 .sb_dtype = sb, .scales = qm->sc, .biases = qm->bi};
+  qm->w = w;
+}
+
+static void qmat_free(qmat *qm) { free(qm->pk); free(qm->sc); free(qm->bi); }
+
+static dg_cuda_mat qmat_cuda(const qmat *qm) {
+  dg_cuda_mat m;
+  memset(&m, 0, sizeof m);
+  m.data = qm->pk;
+  m.rows = qm->w.rows;
+  m.cols = qm->w.cols;
+  m.bits = qm->w.bits;
+  m.group_size = qm->w.group_size;
+  m.sb_dtype = qm->w.sb_dtype == DG_BF16 ? DG_CUDA_BF16 : qm->w.sb_dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
+  m.scales = qm->sc;
+  m.biases = qm->bi;
+  return m;
+}
+
+/* n random values rounded to bf16: bits in xb, values in xf. */
+static void rand_bf16(uint16_t *xb, float *xf, size_t n, float scale) {
+  for (size_t i = 0; i < n; i++) {
+    xb[i] = dg_f32_to_bf16(q_rand() * scale);
+    xf[i] = dg_bf16_to_f32(xb[i]);
+  }
+}
+
+static double q_worst, q_worst_err, q_worst_bound; /* largest |diff| / bound, and its parts */
+
+static void q_note(double err, double bound) {
+  if (err / bound > q_worst) { q_worst = err / bound; q_worst_err = err; q_worst_bound = bound; }
+}
+
+/* One dense product y = x W[row0 .. row0+N)^T on the GPU vs the oracle. */
+static void check_qmatmul(int bits, int G, dg_dtype sb, int T, int N, int K, int row0) {
+  qmat qm;
+  qmat_make(&qm, N + row0, K, bits, G, sb);
+  const int ldx = K + 3, ldy = N + 5;
+  uint16_t *xb = malloc(2 * (size_t)T * ldx);
+  float *xf = malloc(4 * (size_t)T * ldx), *y0 = malloc(4 * (size_t)T * ldy), *y1 = malloc(4 * (size_t)T * ldy);
+  float *deq = malloc(4 * (size_t)K);
+  rand_bf16(xb, xf, (size_t)T * ldx, 1.0f);
+  for (int i = 0; i < T * ldy; i++) y0[i] = y1[i] = 12345.0f;
+  dg_kernels_ref()->matmul(y0, ldy, xf, ldx, T, &qm.w, row0, N, 1);
+  dg_cuda_mat m = qmat_cuda(&qm);
+  assert_dg_ok(dg_cuda_test_matmul(0, &m, row0, N, xb, ldx, T, y1, ldy));
+  const double u = ldexp(1.0, -24), gam = K * u / (1.0 - K * u);
+  for (int n = 0; n < N; n++) {
+    dg_quant_dequant_row(&qm.w, row0 + n, deq);
+    for (int t = 0; t < T; t++) {
+      double mag = 0.0;
+      for (int k = 0; k < K; k++) mag += fabs((double)xf[t * ldx + k] * deq[k]);
+      const double bound = 2.0 * gam * mag + 1e-30, err = fabs((double)y1[t * ldy + n] - y0[t * ldy + n]);
+      q_note(err, bound);
+      if (!(err <= bound))
+        fail_msg("qmatmul %d-bit g%d sb %s T=%d N=%d K=%d row0=%d: y[%d,%d] = %.9g, oracle %.9g, |diff| %.3g > %.3g",
+                 bits, G, dg_dtype_name(sb), T, N, K, row0, t, n, y1[t * ldy + n], y0[t * ldy + n], err, bound);
+    }
+  }
+  for (int t = 0; t < T; t++) /* columns past N untouched */
+    for (int n = N; n < ldy; n++) assert_true(y1[t * ldy + n] == 12345.0f);
+  qmat_free(&qm);
+  free(xb); free(xf); free(y0); free(y1); free(deq);
+}
+
+static void test_quant_matmul(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  /* T, N, K / G, row0: one element; odd sizes; T > 32 and N > 64 cross the tiles; K / G = 3 with G = 32 is a
+   * reduction of 96 (one and a half steps of 64) */
+  static const int shapes[][4] = {{1, 1, 1, 0}, {3, 5, 2, 1}, {7, 13, 3, 3}, {33, 70, 1, 2}, {40, 129, 2, 0}};
+  const int bitsv[5] = {2, 3, 4, 6, 8}, Gv[3] = {32, 64, 128};
+  int n = 0;
+  q_worst = q_worst_err = q_worst_bound = 0.0;
+  for (int b = 0; b < 5; b++)
+    for (int g = 0; g < 3; g++)
+      for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++, n++)
+        check_qmatmul(bitsv[b], Gv[g], DG_BF16, shapes[s][0], shapes[s][1], shapes[s][2] * Gv[g], shapes[s][3]);
+  for (int b = 0; b < 5; b++, n += 2) { /* f16 and f32 scales and biases */
+    check_qmatmul(bitsv[b], 64, DG_F16, 9, 67, 128, 1);
+    check_qmatmul(bitsv[b], 32, DG_F32, 5, 20, 96, 0);
+  }
+  printf("# quantized matmul kernel vs dequantize-then-multiply oracle, %d cases (2/3/4/6/8 bits, g32/64/128, "
+         "bf16/f16/f32 scales): largest |diff| / (2 gamma_K sum|x w|) = %.4f (<= 1): |diff| %.3g, bound %.3g\n",
+         n, q_worst, q_worst_err, q_worst_bound);
+}
+
+/* Embedding rows (bit for bit) and the soft embedding alpha P E. Soft bound:
+ * the GPU sums over v in another order than the CPU (dg_weight_axpy_row, v
+ * ascending) and multiplies by alpha before instead of after rounding the
+ * sum: |diff| <= alpha 2 gamma_V sum|P E| + 2 u |alpha sum P E|. */
+static void test_quant_embed_soft(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  const int bitsv[5] = {2, 3, 4, 6, 8}, Gv[3] = {32, 64, 128};
+  const double u = ldexp(1.0, -24);
+  q_worst = q_worst_err = q_worst_bound = 0.0;
+  int n = 0;
+  for (int b = 0; b < 5; b++)
+    for (int g = 0; g < 3; g++, n++) {
+      const int V = 77 + 10 * b, H = Gv[g] * (g == 2 ? 1 : 3), C = 35, T = 9; /* V > 64 crosses a step; C > 32 */
+      const dg_dtype sb = g == 1 && b == 2 ? DG_F16 : DG_BF16;
+      qmat qm;
+      qmat_make(&qm, V, H, bitsv[b], Gv[g], sb);
+      dg_cuda_mat m = qmat_cuda(&qm);
+      /* embedding: x = dequant(E[id]) * scale, exactly as src/forward.c */
+      int32_t ids[9] = {0, V - 1, 5, 5, 17, 2, V / 2, 1, 40};
+      const float scale = 8.0f;
+      float *xg = malloc(4 * (size_t)T * H), *xc = malloc(4 * (size_t)H);
+      assert_dg_ok(dg_cuda_test_embed(0, &m, ids, T, scale, xg));
+      for (int t = 0; t < T; t++) {
+        dg_weight_row_f32(&qm.w, ids[t], xc);
+        for (int j = 0; j < H; j++) xc[j] *= scale;
+        if (memcmp(xc, xg + (size_t)t * H, 4 * (size_t)H))
+          fail_msg("embedding %d-bit g%d: row %d differs from the CPU's dequantized row", bitsv[b], Gv[g], ids[t]);
+      }
+      /* soft embedding: P [C, V] bf16 probabilities (some exactly 0, skipped by the CPU) */
+      uint16_t *pb = malloc(2 * (size_t)C * V);
+      float *pf = malloc(4 * (size_t)C * V), *sg = malloc(4 * (size_t)C * H), *sc = malloc(4 * (size_t)H);
+      float *deq = malloc(4 * (size_t)V * H);
+      for (int i = 0; i < C * V; i++) {
+        float r = 0.5f * (q_rand() + 1.0f);
+        pb[i] = dg_f32_to_bf16(i % 7 == 3 ? 0.0f : r * r / (float)V);
+        pf[i] = dg_bf16_to_f32(pb[i]);
+      }
+      for (int v = 0; v < V; v++) dg_quant_dequant_row(&qm.w, v, deq + (size_t)v * H);
+      const float alpha = 53.0f;
+      assert_dg_ok(dg_cuda_test_soft(0, &m, pb, C, alpha, sg));
+      const double gam = V * u / (1.0 - V * u);
+      for (int c = 0; c < C; c++) {
+        for (int j = 0; j < H; j++) sc[j] = 0.0f;
+        for (int v = 0; v < V; v++)
+          if (pf[(size_t)c * V + v] != 0.0f) dg_weight_axpy_row(sc, pf[(size_t)c * V + v], &qm.w, v);
+        for (int j = 0; j < H; j++) {
+          double mag = 0.0, ex = 0.0;
+          for (int v = 0; v < V; v++) {
+            mag += fabs((double)pf[(size_t)c * V + v] * deq[(size_t)v * H + j]);
+            ex += (double)pf[(size_t)c * V + v] * deq[(size_t)v * H + j];
+          }
+          const double ref = (double)(sc[j] * alpha), got = sg[(size_t)c * H + j];
+          const double bound = alpha * 2.0 * gam * mag + 2.0 * u * fabs(alpha * ex) + 1e-30, err = fabs(got - ref);
+          q_note(err, bound);
+          if (!(err <= bound))
+            fail_msg("soft %d-bit g%d V=%d H=%d: soft[%d,%d] = %.9g, cpu %.9g, |diff| %.3g > %.3g", bitsv[b], Gv[g],
+                     V, H, c, j, got, ref, err, bound);
+        }
+      }
+      qmat_free(&qm);
+      free(xg); free(xc); free(pb); free(pf); free(sg); free(sc); free(deq);
+    }
+  printf("# quantized embedding rows: bit-identical to the CPU (%d cases); soft embedding alpha P E vs the CPU: "
+         "largest |diff| / bound = %.4f (<= 1): |diff| %.3g, bound %.3g\n", n, q_worst, q_worst_err, q_worst_bound);
+}
+
+static double gelu_d(double a) { return 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))); }
+
+/* The gathered MoE products (dg_cuda_experts with quantized stacks) against
+ * sums in double over the dequantized weights, per (token, slot):
+ *   h: the GPU's fp32 gate and up sums g', u' are within d = gamma_H sum|x w|
+ *      of the exact g, u; |gelu_tanh'| <= 1.1290 everywhere (its maximum, near
+ *      a = 1.4, found numerically), so by the mean value theorem gelu(g') u' is
+ *      within E1 = 1.13 dg (|u| + du) + |gelu(g)| du of gelu(g) u; the fp32
+ *      evaluation of gelu_tanh (tanhf, a few roundings) adds at most
+ *      64 u_f32 (|g| + 1) |u'|, and the bf16 store rounds by at most
+ *      2^-8 of the value: bound 2^-8 (|h| + E) + E with E the sum of both.
+ *   y: from the GPU's own h (bf16, exact in fp32): one fp32 dot product of
+ *      IE terms, within gamma_IE sum|h w| of the exact sum.
+ * Routing: slot 0 of every token is expert 0 (T = 37 rows: two tiles of 32),
+ * expert 1 is never chosen (an empty group), slot 1 cycles over 2..4. */
+static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, double *wh, double *wy) {
+  const int T = 37, E = 5, K = 2;
+  qmat gu, dn;
+  qmat_make(&gu, (int64_t)E * 2 * IE, H, bits_gu, G, DG_BF16);
+  qmat_make(&dn, (int64_t)E * H, IE, bits_d, G, DG_BF16);
+  int32_t idx[74];
+  for (int t = 0; t < T; t++) {
+    idx[t * K] = 0;
+    idx[t * K + 1] = 2 + t % 3;
+  }
+  uint16_t *xb = malloc(2 * (size_t)T * H), *h = malloc(2 * (size_t)T * K * IE);
+  float *xf = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
+  float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE);
+  rand_bf16(xb, xf, (size_t)T * H, 2.0f);
+  dg_cuda_mat mg = qmat_cuda(&gu), md = qmat_cuda(&dn);
+  assert_dg_ok(dg_cuda_test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
+  const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
+  const double gH = H * u / (1.0 - H * u), gI = IE * u / (1.0 - IE * u);
+  for (int p = 0; p < T * K; p++) {
+    const int t = p / K, e = idx[p];
+    const float *x = xf + (size_t)t * H;
+    for (int n = 0; n < IE; n++) {
+      dg_quant_dequant_row(&gu.w, (int64_t)e * 2 * IE + n, wg);
+      dg_quant_dequant_row(&gu.w, (int64_t)e * 2 * IE + IE + n, wu);
+      double g = 0, uu = 0, mg_ = 0, mu = 0;
+      for (int k = 0; k < H; k++) {
+        g += (double)x[k] * wg[k];
+        uu += (double)x[k] * wu[k];
+        mg_ += fabs((double)x[k] * wg[k]);
+        mu += fabs((double)x[k] * wu[k]);
+      }
+      const double dg = gH * mg_, du = gH * mu, ref = gelu_d(g) * uu;
+      const double e1 = 1.13 * dg * (fabs(uu) + du) + fabs(gelu_d(g)) * du + 64.0 * u * (fabs(g) + 1.0) * (fabs(uu) + du);
+      const double bound = ub * (fabs(ref) + e1) + e1 + 1e-30;
+      const double got = dg_bf16_to_f32(h[(size_t)p * IE + n]), err = fabs(got - ref);
+      if (err / bound > *wh) *wh = err / bound;
+      if (!(err <= bound))
+        fail_msg("experts gate/up %d-bit g%d H=%d IE=%d: token %d expert %d h[%d] = %.6g, exact %.6g, |diff| %.3g > "
+                 "%.3g", bits_gu, G, H, IE, t, e, n, got, ref, err, bound);
+    }
+    for (int n = 0; n < H; n++) {
+      dg_quant_dequant_row(&dn.w, (int64_t)e * H + n, wd);
+      double ex = 0, mag = 0;
+      for (int k = 0; k < IE; k++) {
+        const double hv = dg_bf16_to_f32(h[(size_t)p * IE + k]);
+        ex += hv * wd[k];
+        mag += fabs(hv * wd[k]);
+      }
+      const double bound = gI * mag + 1e-30, err = fabs((double)y[(size_t)p * H + n] - ex);
+      if (err / bound > *wy) *wy = err / bound;
+      if (!(err <= bound))
+        fail_msg("experts down %d-bit g%d H=%d IE=%d: token %d expert %d y[%d] = %.9g, exact %.9g, |diff| %.3g > %.3g",
+                 bits_d, G, H, IE, t, e, n, y[(size_t)p * H + n], ex, err, bound);
+    }
+  }
+  qmat_free(&gu);
+  qmat_free(&dn);
+  free(xb); free(h); free(xf); free(y); free(wg); free(wu); free(wd);
+}
+
+static void test_quant_experts(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  const int bitsv[5] = {2, 3, 4, 6, 8};
+  double wh = 0, wy = 0;
+  for (int b = 0; b < 5; b++) {
+    check_qexperts(bitsv[b], bitsv[b], 32, 64, 96, &wh, &wy);       /* IE 96: one and a half column tiles */
+    check_qexperts(bitsv[b], bitsv[(b + 2) % 5], 64, 128, 64, &wh, &wy); /* gate/up and down of different widths */
+  }
+  check_qexperts(4, 8, 128, 128, 128, &wh, &wy);
+  printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, 37 tokens x top-2, an empty "
+         "expert): largest |diff| / bound: h %.4f, y %.4f (<= 1)\n", wh, wy);
+}
+
+/* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
+ * compare_logits: the bf16-simulating CPU kernel rounds only the activations
+ * of quantized products (matmul_bf16), as the GPU does, so e_sim measures the
+ * same error sources. */
+static void quant_logits_case(const char *label, const char *qdir, int P) {
+  dg_model *cm, *gm, *sm;
+  load_models(qdir, &cm, &gm, &sm);
+  assert_true(cm->n_quantized > 0);
+  dg_model_info info;
+  dg_model_get_info(gm, &info);
+  printf("# %s: %d quantized matrices (%d-%d bits), %zu bytes of device memory for the weights\n", label,
+         cm->n_quantized, cm->min_bits, cm->max_bits, (size_t)info.device_bytes);
+  const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size;
+  int32_t *prompt = malloc((size_t)P * 4), *canvas = malloc((size_t)C * 4), *canvas2 = malloc((size_t)C * 4);
+  synth_random_ids(prompt, P, V, 99u);
+  synth_random_ids(canvas, C, V, 123u);
+  synth_random_ids(canvas2, C, V, 321u);
+  logits_case(label, cm, gm, sm, prompt, P, canvas, canvas2, NULL);
+  free(prompt); free(canvas); free(canvas2);
+  dg_model_free(cm);
+  dg_model_free(gm);
+  dg_model_free(sm);
+}
+
+static void quantize_dir(const char *in, const char *out, int bits, int G, const char *recipe) {
+  dg_quantize_params qp = dg_quantize_default_params();
+  qp.bits = bits;
+  qp.group_size = G;
+  qp.recipe = recipe;
+  qp.n_threads = 2;
+  dg_quantize_result r;
+  assert_dg_ok(dg_quantize(in, out, &qp, &r));
+  assert_true(r.n_quantized > 0);
+}
+
+static void test_quant_synth_logits(void **state) {
+  (void)state;
+  need_gpu();
+  /* hidden 64, head dims 64/128, intermediate 96, experts 32 wide: every
+   * matrix divisible by 32 (intermediate 96 not by 64: stays float at g64) */
+  synth_cfg c = synth_default();
+  c.hidden = 64; c.head_dim = 64; c.ghd = 128; c.inter = 96; c.moe_inter = 32; c.experts = 8; c.topk = 3;
+  c.window = 16; c.canvas = 16; c.vocab = 512; c.seed = 7; c.dt = DG_BF16;
+  static const struct { const char *name; int bits, G; const char *recipe; } qc[] = {
+      {"synth q4 g32 (uniform)", 4, 32, NULL},
+      {"synth mixed (8 attn, 6 mlp, 3/2 experts, 4 embed g64)", 4, 32, "attn=8,mlp=6,experts=3,sc=2,embed=4:64,router=8"},
+      {"synth q8 g64 (down projections float: input 96), 2-bit g32 experts", 8, 64, "experts=2:32"},
+  };
+  char root[] = "/tmp/dg_cuda_qsynthXXXXXX";
+  assert_non_null(mkdtemp(root));
+  char fdir[600], qdir[600];
+  snprintf(fdir, sizeof fdir, "%s/float", root);
+  assert_int_equal(mkdir(fdir, 0755), 0);
+  assert_int_equal(synth_model_dir(fdir, &c), 0);
+  for (size_t k = 0; k < sizeof qc / sizeof qc[0]; k++) {
+    snprintf(qdir, sizeof qdir, "%s/q%zu", root, k);
+    quantize_dir(fdir, qdir, qc[k].bits, qc[k].G, qc[k].recipe);
+    quant_logits_case(qc[k].name, qdir, 3 * c.window + 5);
+  }
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* The bundled model through `dgemma quantize` (dg_quantize) with mlx-vlm's
+ * layout and 3-bit experts (8-bit embedding, attention, dense MLP and router,
+ * 4-bit self-conditioning MLP, 3-bit experts). */
+static void test_quant_small_model(void **state) {
+  (void)state;
+  need_gpu();
+  const char *src = "models/dgemma-small";
+  if (access(src, R_OK) != 0) skip();
+  char root[] = "/tmp/dg_cuda_qsmallXXXXXX";
+  assert_non_null(mkdtemp(root));
+  char qdir[600];
+  snprintf(qdir, sizeof qdir, "%s/q", root);
+  quantize_dir(src, qdir, 4, 64, "mlx,experts=3");
+  quant_logits_case("dgemma-small mlx,experts=3", qdir, 70);
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
@@ -1296,6 +1683,9 @@ int main(void) {
       cmocka_unit_test(test_step_stats),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
+      cmocka_unit_test(test_quant_matmul),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts),
+      cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -500,7 +500,8 @@ static int cmd_info(const opts *o) {
   printf("\n");
   int rc = 0;
   if (i.device == DG_DEVICE_CUDA) {
-    printf("weights on the GPU: %.1f MiB (bf16)\n", (double)i.device_bytes / (1 << 20));
+    printf("weights on the GPU: %.1f MiB (%s)\n", (double)i.device_bytes / (1 << 20),
+           i.n_quantized ? "quantized matrices packed as stored, float ones as bf16" : "bf16");
     rc = cuda_smoke(o, m);
   }
   dg_model_free(m);

@@ -35,6 +35,10 @@ struct dim3 {
 };
 struct uint3_ { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+/* fp32 product and sum, each rounded (no contraction into an FMA) */
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 
 namespace emu {

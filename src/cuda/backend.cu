@@ -4,8 +4,10 @@
  * section 4 as a sequence of cuBLAS products and kernels (kernels.cu,
  * moe.cu), mirroring src/forward.c step by step.
  *
- * Not here: the generation loop (src/generate.c drives both backends) and
- * quantized weights (dg_cuda_experts is the slot for them). */
+ * MLX affine-quantized matrices stay packed on the device and go through
+ * the dequantizing kernels of quant.cu instead of cuBLAS / the bf16 expert
+ * kernel. Not here: the generation loop (src/generate.c drives both
+ * backends). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,32 +168,106 @@ static dg_status up_vec(alloc_list *al, float **dst, const float *src, size_t n,
   return DG_OK;
 }
 
-static dg_status up_mat(alloc_list *al, bf16 **dst, const dg_cuda_mat *const *parts, int nparts, const char *what,
-                        uint16_t *stage) {
-  size_t tot = 0;
-  for (int i = 0; i < nparts; i++) tot += (size_t)(parts[i]->rows * parts[i]->cols);
-  DG_TRY(dalloc(al, (void **)dst, tot * 2, what));
-  size_t off = 0;
+static size_t sb_size(int sb) { return sb == DG_CUDA_F32 ? 4 : 2; }
+
+/* Device bytes of one matrix: bf16, or packed words + scales + biases. */
+static size_t mat_bytes(const dg_cuda_mat *m) {
+  if (!m->data) return 0;
+  const size_t n = (size_t)m->rows * (size_t)m->cols;
+  if (!m->bits) return n * 2;
+  return n * (size_t)m->bits / 8 + 2 * (n / (size_t)m->group_size) * sb_size(m->sb_dtype);
+}
+
+/* Same format: both float (any float dtype becomes bf16), or both quantized
+ * alike (so that their rows concatenate into one quantized matrix). */
+static int same_format(const dg_cuda_mat *a, const dg_cuda_mat *b) {
+  if (!a->bits || !b->bits) return !a->bits && !b->bits;
+  return a->bits == b->bits && a->group_size == b->group_size && a->sb_dtype == b->sb_dtype && a->cols == b->cols;
+}
+
+/* Upload the row blocks parts[0..nparts) (one format, same cols) as one
+ * device matrix: bf16, or packed words, scales and biases as stored. */
+static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *parts, int nparts, const char *what,
+                      uint16_t *stage) {
+  memset(dst, 0, sizeof *dst);
+  dst->cols = parts[0]->cols;
+  for (int i = 0; i < nparts; i++) dst->rows += parts[i]->rows;
+  const size_t tot = (size_t)dst->rows * (size_t)dst->cols;
+  if (!parts[0]->bits) {
+    DG_TRY(dalloc(al, (void **)&dst->w, tot * 2, what));
+    size_t off = 0;
+    for (int i = 0; i < nparts; i++) {
+      size_t n = (size_t)(parts[i]->rows * parts[i]->cols);
+      DG_TRY(upload_bf16(dst->w + off, parts[i], 0, n, stage));
+      off += n;
+    }
+    return DG_OK;
+  }
+  const int bits = parts[0]->bits, G = parts[0]->group_size;
+  const size_t ss = sb_size(parts[0]->sb_dtype);
+  dst->bits = bits;
+  dst->group = G;
+  dst->sb = parts[0]->sb_dtype;
+  DG_TRY(dalloc(al, (void **)&dst->q, tot * (size_t)bits / 8, what));
+  DG_TRY(dalloc(al, &dst->s, tot / (size_t)G * ss, what));
+  DG_TRY(dalloc(al, &dst->b, tot / (size_t)G * ss, what));
+  size_t off = 0; /* elements */
   for (int i = 0; i < nparts; i++) {
-    size_t n = (size_t)(parts[i]->rows * parts[i]->cols);
-    DG_TRY(upload_bf16(*dst + off, parts[i], 0, n, stage));
+    const size_t n = (size_t)(parts[i]->rows * parts[i]->cols);
+    CK(cudaMemcpy((char *)dst->q + off * bits / 8, parts[i]->data, n * bits / 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy((char *)dst->s + off / G * ss, parts[i]->scales, n / G * ss, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy((char *)dst->b + off / G * ss, parts[i]->biases, n / G * ss, cudaMemcpyHostToDevice));
     off += n;
+  }
+  return DG_OK;
+}
+
+/* Upload the row blocks of a fused product: runs of consecutive blocks of one
+ * format become one matrix each (dg_cuda_wset). */
+static dg_status up_wset(alloc_list *al, dg_cuda_wset *dst, const dg_cuda_mat *const *parts, int nparts,
+                         const char *what, uint16_t *stage) {
+  dst->n = 0;
+  for (int i = 0; i < nparts;) {
+    int j = i + 1;
+    while (j < nparts && same_format(parts[i], parts[j])) j++;
+    DG_TRY(up_w(al, &dst->p[dst->n++], parts + i, j - i, what, stage));
+    i = j;
   }
   return DG_OK;
 }
 
 /* Device bytes of the weights described by d (what dg_cuda_model_new allocates). */
 static size_t weight_bytes(const dg_cuda_model_desc *d) {
-  const size_t H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts, NH = d->n_heads;
-  size_t b = V * H * 2 + 2 * H * 4 + 3 * I * H * 2;
+  const size_t H = d->hidden, E = d->n_experts;
+  size_t b = mat_bytes(&d->embed) + 2 * H * 4 + mat_bytes(&d->sc_gate) + mat_bytes(&d->sc_up) + mat_bytes(&d->sc_down);
   for (int i = 0; i < d->n_layers; i++) {
     const dg_cuda_layer_desc *l = &d->layers[i];
-    const size_t D = l->head_dim, NKV = l->n_kv;
-    b += (NH * D + NKV * D * (l->v.data ? 2 : 1)) * H * 2 + H * NH * D * 2 + 2 * D * 4 + 7 * H * 4;
-    b += 3 * I * H * 2 + E * H * 4 + H * 4 + E * 4 + E * 2 * IE * H * 2 + E * H * IE * 2;
+    const size_t D = l->head_dim;
+    b += mat_bytes(&l->q) + mat_bytes(&l->k) + mat_bytes(&l->v) + mat_bytes(&l->o) + 2 * D * 4 + 7 * H * 4;
+    b += mat_bytes(&l->mlp_gate) + mat_bytes(&l->mlp_up) + mat_bytes(&l->mlp_down) + E * H * 4 + H * 4 + E * 4;
+    b += mat_bytes(&l->experts_gate_up) + mat_bytes(&l->experts_down);
   }
   b += 2 * 512 * 4;
   return b;
+}
+
+/* A quantized matrix the kernels take: bits 2/3/4/6/8, group 32/64/128
+ * dividing cols, scales of a float dtype; else DG_ERR_UNSUPPORTED_MODEL. */
+static dg_status check_mat(const dg_cuda_mat *m, const char *what, int layer) {
+  if (!m->data || !m->bits) return DG_OK;
+  const int b = m->bits, g = m->group_size;
+  if ((b != 2 && b != 3 && b != 4 && b != 6 && b != 8) || (g != 32 && g != 64 && g != 128) || m->cols % g ||
+      (m->sb_dtype != DG_CUDA_BF16 && m->sb_dtype != DG_CUDA_F16 && m->sb_dtype != DG_CUDA_F32) || !m->scales ||
+      !m->biases) {
+    char where[32] = "";
+    if (layer >= 0) snprintf(where, sizeof where, " of layer %d", layer);
+    return dg_seterr(DG_ERR_UNSUPPORTED_MODEL,
+                     "CUDA backend: %s%s is quantized with %d bits, group size %d, %lld columns, scales dtype %d "
+                     "(supported: bits 2/3/4/6/8, group 32/64/128 dividing the columns, bf16/f16/f32 scales and "
+                     "biases)",
+                     what, where, b, g, (long long)m->cols, m->sb_dtype);
+  }
+  return DG_OK;
 }
 
 extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out) {
@@ -209,13 +285,28 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
   }
   if (d->top_k > 64 || d->top_k <= 0)
     return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: top_k_experts %d (supported: 1..64)", d->top_k);
+  DG_TRY(check_mat(&d->embed, "embed_tokens", -1));
+  DG_TRY(check_mat(&d->sc_gate, "self_conditioning.gate_proj", -1));
+  DG_TRY(check_mat(&d->sc_up, "self_conditioning.up_proj", -1));
+  DG_TRY(check_mat(&d->sc_down, "self_conditioning.down_proj", -1));
+  for (int i = 0; i < d->n_layers; i++) {
+    const dg_cuda_layer_desc *l = &d->layers[i];
+    const dg_cuda_mat *ms[] = {&l->q, &l->k, &l->v, &l->o, &l->mlp_gate, &l->mlp_up, &l->mlp_down,
+                               &l->experts_gate_up, &l->experts_down};
+    const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                           "experts.gate_up_proj", "experts.down_proj"};
+    for (int j = 0; j < 9; j++) DG_TRY(check_mat(ms[j], names[j], i));
+    if (l->router.bits)
+      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d router is passed quantized (device.c "
+                                                 "dequantizes it to fp32)", i);
+  }
   const size_t need = weight_bytes(d);
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
   if (need + RESERVE > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
-                     "the model does not fit on the GPU: its weights need %zu bytes (%.2f GiB) of device memory as "
-                     "bf16, plus a %.1f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     "the model does not fit on the GPU: its weights need %zu bytes (%.2f GiB) of device memory "
+                     "(float matrices as bf16, quantized ones packed), plus a %.1f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
                      need, need / GiB, RESERVE / GiB, d->device, fr, fr / GiB, tot / GiB);
 
   model_priv *pv = (model_priv *)calloc(1, sizeof *pv);
@@ -237,13 +328,13 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
   const dg_cuda_mat *p2[3];
 #define T_(x) do { if ((st = (x)) != DG_OK) goto fail; } while (0)
   p2[0] = &d->embed;
-  T_(up_mat(al, &m->embed, p2, 1, "embed_tokens", stage));
+  T_(up_w(al, &m->embed, p2, 1, "embed_tokens", stage));
   T_(up_vec(al, &m->final_norm, d->final_norm, H, "norm"));
   T_(up_vec(al, &m->sc_pre_norm, d->sc_pre_norm, H, "self_conditioning.pre_norm"));
   p2[0] = &d->sc_gate; p2[1] = &d->sc_up;
-  T_(up_mat(al, &m->sc_gate_up, p2, 2, "self_conditioning gate/up", stage));
+  T_(up_wset(al, &m->sc_gate_up, p2, 2, "self_conditioning gate/up", stage));
   p2[0] = &d->sc_down;
-  T_(up_mat(al, &m->sc_down, p2, 1, "self_conditioning.down_proj", stage));
+  T_(up_w(al, &m->sc_down, p2, 1, "self_conditioning.down_proj", stage));
   {
     float zeros[256] = {0};
     int ds = 0, df = 0;
@@ -265,9 +356,9 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     l->has_v = ld->v.data != NULL;
     l->n_qkv = (int64_t)(d->n_heads * D + ld->n_kv * D * (l->has_v ? 2 : 1));
     p2[0] = &ld->q; p2[1] = &ld->k; p2[2] = &ld->v;
-    T_(up_mat(al, &l->wqkv, p2, l->has_v ? 3 : 2, what, stage));
+    T_(up_wset(al, &l->wqkv, p2, l->has_v ? 3 : 2, what, stage));
     p2[0] = &ld->o;
-    T_(up_mat(al, &l->wo, p2, 1, what, stage));
+    T_(up_w(al, &l->wo, p2, 1, what, stage));
     T_(up_vec(al, &l->q_norm, ld->q_norm, D, what));
     T_(up_vec(al, &l->k_norm, ld->k_norm, D, what));
     T_(up_vec(al, &l->input_norm, ld->input_norm, H, what));
@@ -278,9 +369,9 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     T_(up_vec(al, &l->post_ff2_norm, ld->post_ff2_norm, H, what));
     T_(up_vec(al, &l->post_ff_norm, ld->post_ff_norm, H, what));
     p2[0] = &ld->mlp_gate; p2[1] = &ld->mlp_up;
-    T_(up_mat(al, &l->w_gate_up, p2, 2, what, stage));
+    T_(up_wset(al, &l->w_gate_up, p2, 2, what, stage));
     p2[0] = &ld->mlp_down;
-    T_(up_mat(al, &l->w_down, p2, 1, what, stage));
+    T_(up_w(al, &l->w_down, p2, 1, what, stage));
     { /* router kept in fp32 (spec 4.6: fp32 router logits) */
       float *tmp = (float *)malloc(E * H * sizeof(float));
       if (!tmp) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
@@ -292,9 +383,9 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     T_(up_vec(al, &l->router_scale, ld->router_scale, H, what));
     T_(up_vec(al, &l->per_expert_scale, ld->per_expert_scale, E, what));
     p2[0] = &ld->experts_gate_up;
-    T_(up_mat(al, &l->experts_gate_up, p2, 1, what, stage));
+    T_(up_w(al, &l->experts_gate_up, p2, 1, what, stage));
     p2[0] = &ld->experts_down;
-    T_(up_mat(al, &l->experts_down, p2, 1, what, stage));
+    T_(up_w(al, &l->experts_down, p2, 1, what, stage));
     l->layer_scalar_dec = ld->layer_scalar_dec;
     l->layer_scalar_enc = ld->layer_scalar_enc;
     if ((int)D > m->dmax) m->dmax = (int)D;
@@ -467,13 +558,32 @@ static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 
   return DG_OK;
 }
 
+/* y[t, n] (ld ldy, fp32) = sum_k x[t, k] * W[n, k] for every row n of W:
+ * cuBLAS for bf16, the dequantizing kernel (quant.cu) for quantized W. */
+static dg_status wmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_w *W, float *y, int ldy) {
+  if (!W->bits) return gemm(c, x, ldx, T, W->w, (int)W->rows, (int)W->cols, y, ldy, 1.0f, 0.0f);
+  CKK(c, k_qmatmul(c->stream, x, ldx, T, W, 0, (int)W->rows, y, ldy));
+  return DG_OK;
+}
+
+/* The same over the row blocks of a fused product: block i writes columns
+ * [sum of the rows before it, + its rows) of y. */
+static dg_status wsetmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_wset *S, float *y, int ldy) {
+  int64_t off = 0;
+  for (int i = 0; i < S->n; i++) {
+    DG_TRY(wmatmul(c, x, ldx, T, &S->p[i], y + off, ldy));
+    off += S->p[i].rows;
+  }
+  return DG_OK;
+}
+
 /* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
-static dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const bf16 *w_gate_up, const bf16 *w_down,
-                           float *out) {
+static dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up,
+                           const dg_cuda_w *w_down, float *out) {
   const int H = c->m->d.hidden, I = c->m->d.inter;
-  DG_TRY(gemm(c, a, H, T, w_gate_up, 2 * I, H, c->gu, 2 * I, 1.0f, 0.0f));
+  DG_TRY(wsetmatmul(c, a, H, T, w_gate_up, c->gu, 2 * I));
   CKK(c, k_geglu(c->stream, c->gu, c->h, T, I));
-  DG_TRY(gemm(c, c->h, I, T, w_down, H, I, out, H, 1.0f, 0.0f));
+  DG_TRY(wmatmul(c, c->h, I, T, w_down, out, H));
   return DG_OK;
 }
 
@@ -489,7 +599,7 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
   const float eps = d->eps;
   cudaStream_t s = c->stream;
   CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
-  DG_TRY(gemm(c, c->a, H, T, l->wqkv, (int)l->n_qkv, H, c->qkv, (int)l->n_qkv, 1.0f, 0.0f));
+  DG_TRY(wsetmatmul(c, c->a, H, T, &l->wqkv, c->qkv, (int)l->n_qkv));
   if (dpos)
     CKK(c, k_qkv_post_at(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
                          l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, dpos, eps));
@@ -503,11 +613,11 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
                               d->window));
   else
   CKK(c, k_attention(s, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
-  DG_TRY(gemm(c, c->att, NH * D, T, l->wo, H, NH * D, c->f1, H, 1.0f, 0.0f));
+  DG_TRY(wmatmul(c, c->att, NH * D, T, &l->wo, c->f1, H));
   const float root = (float)pow((double)H, -0.5);
   CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
                      c->xe, c->u, T, H, eps));
-  DG_TRY(geglu_mlp(c, c->a, T, l->w_gate_up, l->w_down, c->dense));
+  DG_TRY(geglu_mlp(c, c->a, T, &l->w_gate_up, &l->w_down, c->dense));
   { /* router logits in fp32 (spec 4.6 step 2) */
     const float one = 1.0f, zero = 0.0f;
     CKB(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->n_experts, T, H, &one, l->router, H, c->u, H, &zero, c->rlog,
@@ -534,7 +644,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
   for (int32_t i = 0; i < n; i += ENC_CHUNK) {
     const int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
     CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
-    CKK(c, k_embed(c->stream, c->x, c->m->embed, c->ids, T, d->hidden, d->embed_scale));
+    CKK(c, k_embed(c->stream, c->x, &c->m->embed, c->ids, T, d->hidden, d->embed_scale));
     for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0 + i, 1));
   }
   CK(cudaStreamSynchronize(c->stream));
@@ -546,8 +656,13 @@ static dg_status soft_from(dg_cuda_ctx *c, const float *z) {
   const dg_cuda_model_desc *d = &c->m->d;
   CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype));
   const float alpha = d->embed_scale, beta = 0.0f;
+  if (c->m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel */
+    CKK(c, k_qsoft(c->stream, c->P, d->canvas, &c->m->embed, alpha, c->soft));
+    c->have_soft = 1;
+    return DG_OK;
+  }
   /* column-major view: soft^T [H, C] = E^T [H, V] . P^T [V, C] */
-  CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed,
+  CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed.w,
                    CUDA_R_16BF, d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->soft, CUDA_R_32F, d->hidden,
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   c->have_soft = 1;
@@ -576,18 +691,18 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
   }
   if (sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
   CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_embed(s, c->x, m->embed, c->ids, T, H, d->embed_scale));
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
   /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
   if (sc == 1) {
     CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
-    DG_TRY(geglu_mlp(c, c->a, T, m->sc_gate_up, m->sc_down, c->f1));
+    DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
     CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
   }
   CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
   for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
   /* final norm, tied LM head, softcap (spec 4.7) */
   CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
-  DG_TRY(gemm(c, c->a, H, T, m->embed, d->vocab, H, c->logits, d->vocab, 1.0f, 0.0f));
+  DG_TRY(wmatmul(c, c->a, H, T, &m->embed, c->logits, d->vocab));
   if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
   if (logits_out) {
     CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
@@ -729,7 +844,7 @@ static dg_status turbo_head(dg_cuda_ctx *c, const int32_t *rows, int32_t n, floa
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   CKK(c, k_gather_rows(s, c->u, c->x, t->rows, n, d->hidden));
   CKK(c, k_rmsnorm(s, c->u, m->final_norm, NULL, c->a, n, d->hidden, d->eps));
-  DG_TRY(gemm(c, c->a, d->hidden, n, m->embed, d->vocab, d->hidden, c->logits, d->vocab, 1.0f, 0.0f));
+  DG_TRY(wmatmul(c, c->a, d->hidden, n, &m->embed, c->logits, d->vocab));
   if (raw_out) {
     CK(cudaMemcpyAsync(raw_out, c->logits, (size_t)n * d->vocab * 4, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
@@ -751,10 +866,10 @@ extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, 
   DG_TRY(turbo_bufs(c, 0));
   DG_TRY(turbo_soft_in(c, &sc, soft));
   CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_embed(s, c->x, m->embed, c->ids, T, H, d->embed_scale));
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
   if (sc == 1) { /* as dg_cuda_decode */
     CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
-    DG_TRY(geglu_mlp(c, c->a, T, m->sc_gate_up, m->sc_down, c->f1));
+    DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
     CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
   }
   CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
@@ -782,12 +897,12 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   for (int32_t i = 0; i < n; i++) t->h_pos[i] = pos0 + pos[i];
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   CK(cudaMemcpyAsync(c->ids, tok, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_embed(s, c->x, m->embed, c->ids, n, H, d->embed_scale));
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, n, H, d->embed_scale));
   if (sc == 1) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
     CK(cudaMemcpyAsync(t->cpos, pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
     CKK(c, k_gather_rows(s, c->u, c->soft, t->cpos, n, H));
     CKK(c, k_rmsnorm(s, c->u, m->sc_pre_norm, NULL, c->a, n, H, d->eps));
-    DG_TRY(geglu_mlp(c, c->a, n, m->sc_gate_up, m->sc_down, c->f1));
+    DG_TRY(geglu_mlp(c, c->a, n, &m->sc_gate_up, &m->sc_down, c->f1));
     CKK(c, k_add(s, c->x, c->f1, (size_t)n * H));
   }
   CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, n, H, d->eps));
@@ -849,14 +964,21 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const
   if (mode == 0) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
     CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
     const float alpha = d->embed_scale, beta = 0.0f;
-    CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed, CUDA_R_16BF,
+    if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
+      CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
+    } else
+    CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
                      d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT));
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
   } else if (mode == 1) { /* top-K: the K probabilities of the host chain times the K rows of E */
     if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
+    if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
+      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
+                                                 "quantized (%d bits): use turbo_sc \"exact\" or \"adaptive\"",
+                       m->embed.bits);
     CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, s));
-    CKK(c, k_turbo_sc_topk(s, t->p, t->idx, t->rows, m->embed, c->soft, n, t->klast, d->hidden, d->embed_scale));
+    CKK(c, k_turbo_sc_topk(s, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden, d->embed_scale));
   } else {
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", mode);
   }
@@ -882,3 +1004,144 @@ extern "C" dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft) {
   CK(cudaStreamSynchronize(c->stream));
   return DG_OK;
 }
+
+/* ---- test entry points (backend.h) --------------------------------------------- */
+
+/* Upload one matrix for a test (float or quantized) into al. */
+static dg_status test_up(alloc_list *al, dg_cuda_w *w, const dg_cuda_mat *m) {
+  DG_TRY(check_mat(m, "test matrix", -1));
+  uint16_t *stage = NULL;
+  if (!m->bits && m->dtype != DG_CUDA_BF16 && !(stage = (uint16_t *)malloc(STAGE_ELEMS * 2)))
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  const dg_cuda_mat *p1[1] = {m};
+  dg_status st = up_w(al, w, p1, 1, "test matrix", stage);
+  free(stage);
+  return st;
+}
+
+/* Device copy of n host bytes. */
+static dg_status test_in(alloc_list *al, void **dst, const void *src, size_t n, const char *what) {
+  DG_TRY(dalloc(al, dst, n, what));
+  CK(cudaMemcpy(*dst, src, n, cudaMemcpyHostToDevice));
+  return DG_OK;
+}
+
+#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
+#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    goto done; } } while (0)
+
+extern "C" dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x,
+                                         int ldx, int T, float *y, int ldy) {
+  if (!w->bits || row0 < 0 || row0 + N > w->rows || ldx < w->cols || ldy < N || T <= 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_matmul: needs a quantized matrix and row0 + N <= rows, "
+                                         "ldx >= cols, ldy >= N, T > 0");
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  dg_cuda_w W;
+  void *dx = NULL, *dy = NULL;
+  TT_(test_up(&al, &W, w));
+  TT_(test_in(&al, &dx, x, (size_t)T * ldx * 2, "x"));
+  TT_(test_in(&al, &dy, y, (size_t)T * ldy * 4, "y"));
+  TC_(k_qmatmul(0, (const bf16 *)dx, ldx, T, &W, row0, N, (float *)dy, ldy));
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(y, dy, (size_t)T * ldy * 4, cudaMemcpyDeviceToHost));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale,
+                                        float *x) {
+  for (int t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= e->rows) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_embed: id %d", ids[t]);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  dg_cuda_w W;
+  void *dids = NULL, *dx = NULL;
+  TT_(test_up(&al, &W, e));
+  TT_(test_in(&al, &dids, ids, (size_t)T * 4, "ids"));
+  TT_(dalloc(&al, &dx, (size_t)T * e->cols * 4, "x"));
+  TC_(k_embed(0, (float *)dx, &W, (const int32_t *)dids, T, (int)e->cols, scale));
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(x, dx, (size_t)T * e->cols * 4, cudaMemcpyDeviceToHost));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha,
+                                       float *soft) {
+  if (!e->bits || C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_soft: needs a quantized matrix, C > 0");
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  dg_cuda_w W;
+  void *dp = NULL, *ds = NULL;
+  TT_(test_up(&al, &W, e));
+  TT_(test_in(&al, &dp, P, (size_t)C * e->rows * 2, "P"));
+  TT_(dalloc(&al, &ds, (size_t)C * e->cols * 4, "soft"));
+  TC_(k_qsoft(0, (const bf16 *)dp, C, &W, alpha, (float *)ds));
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(soft, ds, (size_t)C * e->cols * 4, cudaMemcpyDeviceToHost));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down,
+                                          const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K,
+                                          uint16_t *h, float *y) {
+  if (gate_up->rows != (int64_t)E * 2 * IE || gate_up->cols != H || down->rows != (int64_t)E * H || down->cols != IE ||
+      T <= 0 || K <= 0 || K > E)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts: shapes [%lld, %lld] and [%lld, %lld] do not match "
+                                         "E %d, H %d, IE %d", (long long)gate_up->rows, (long long)gate_up->cols,
+                     (long long)down->rows, (long long)down->cols, E, H, IE);
+  for (int i = 0; i < T * K; i++)
+    if (idx[i] < 0 || idx[i] >= E) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts: expert id %d", idx[i]);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  dg_cuda_layer l;
+  memset(&l, 0, sizeof l);
+  dg_cuda_moe_buf b;
+  memset(&b, 0, sizeof b);
+  void *dxe = NULL;
+  const size_t TK = (size_t)T * K;
+  int32_t *slot_row = (int32_t *)malloc(TK * 4);
+  uint16_t *hd = (uint16_t *)malloc(TK * IE * 2);
+  float *yd = (float *)malloc(TK * H * 4);
+  if (!slot_row || !hd || !yd) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TT_(test_up(&al, &l.experts_gate_up, gate_up));
+  TT_(test_up(&al, &l.experts_down, down));
+  TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "xe"));
+  TT_(test_in(&al, (void **)&b.topk_idx, idx, TK * 4, "topk_idx"));
+  TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
+  TT_(dalloc(&al, (void **)&b.start, (size_t)(E + 1) * 4, "start"));
+  TT_(dalloc(&al, (void **)&b.pairs, TK * 4, "pairs"));
+  TT_(dalloc(&al, (void **)&b.slot_row, TK * 4, "slot_row"));
+  TT_(dalloc(&al, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
+  TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
+  TT_(dalloc(&al, (void **)&b.h, TK * IE * 2, "h"));
+  TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
+  TC_(k_group(0, &b, T, E, K));
+  TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(slot_row, b.slot_row, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hd, b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < TK; i++) { /* grouped order -> (token, slot) order */
+    memcpy(h + i * IE, hd + (size_t)slot_row[i] * IE, (size_t)IE * 2);
+    memcpy(y + i * H, yd + (size_t)slot_row[i] * H, (size_t)H * 4);
+  }
+done:
+  free(slot_row);
+  free(hd);
+  free(yd);
+  dfree_all(&al);
+  return st;
+}
+#undef TT_
+#undef TC_

@@ -28,13 +28,25 @@
 extern "C" {
 #endif
 
-/* Host matrix view handed to the upload: row-major [rows, cols]. dtype is
- * one of DG_CUDA_F32, DG_CUDA_BF16, DG_CUDA_F16 (converted to bf16 on upload). */
+/* Host matrix view handed to the upload: row-major [rows, cols] (logical,
+ * dequantized shape). Float: dtype is one of DG_CUDA_F32, DG_CUDA_BF16,
+ * DG_CUDA_F16 (converted to bf16 on upload). MLX affine-quantized (bits 2, 3,
+ * 4, 6 or 8; src/quant.h): dtype is ignored, data holds the packed rows
+ * (rows * cols * bits / 8 bytes, code k of a row at bits [k*bits, (k+1)*bits)
+ * of the row's little-endian bit stream), scales and biases are [rows,
+ * cols / group_size] of type sb_dtype (DG_CUDA_BF16, DG_CUDA_F16 or
+ * DG_CUDA_F32), and w[r, k] = (float)q * scale + bias in fp32. Quantized
+ * matrices are uploaded as they are (packed words, scales and biases in their
+ * stored dtype) and dequantized inside the kernels. */
 enum { DG_CUDA_F32 = 0, DG_CUDA_BF16 = 1, DG_CUDA_F16 = 2 };
 typedef struct dg_cuda_mat {
   int dtype;
   const void *data; /* NULL = absent (v on K=V full layers) */
   int64_t rows, cols;
+  int bits;                    /* 0 = float */
+  int group_size;              /* 32, 64 or 128 (quantized only) */
+  int sb_dtype;                /* DG_CUDA_* of scales and biases (quantized only) */
+  const void *scales, *biases; /* [rows, cols / group_size] (quantized only) */
 } dg_cuda_mat;
 
 typedef struct dg_cuda_layer_desc {
@@ -44,7 +56,8 @@ typedef struct dg_cuda_layer_desc {
   const float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff1_norm; /* [H] */
   const float *pre_ff2_norm, *post_ff2_norm, *post_ff_norm;               /* [H] */
   dg_cuda_mat mlp_gate, mlp_up, mlp_down; /* [I,H], [I,H], [H,I] */
-  dg_cuda_mat router;                   /* [E,H] (kept fp32 on the device) */
+  dg_cuda_mat router;                   /* [E,H] float (kept fp32 on the device; device.c
+                                           dequantizes a quantized router on the host) */
   const float *router_scale;            /* [H] */
   const float *per_expert_scale;        /* [E] */
   dg_cuda_mat experts_gate_up;          /* [E*2*IE, H]: per expert IE gate rows then IE up rows */
@@ -77,14 +90,17 @@ typedef struct dg_cuda_ctx dg_cuda_ctx;
  * capability and what the build was compiled for). */
 dg_status dg_cuda_info(int device, char *buf, size_t n);
 
-/* Upload a model's weights to device d->device (matrices as bf16, vectors
- * fp32); the host pointers in d are not kept. Refuses up front, with DG_ERR_OUT_OF_MEMORY naming the bytes needed and
+/* Upload a model's weights to device d->device (float matrices as bf16,
+ * quantized ones packed as stored, vectors fp32); the host pointers in d are
+ * not kept. Errors also: DG_ERR_UNSUPPORTED_MODEL for a quantized matrix with
+ * bits, group size or scales dtype outside the list above. Refuses up front, with DG_ERR_OUT_OF_MEMORY naming the bytes needed and
  * available, a model that does not fit in device memory.
  * Errors: DG_ERR_BACKEND, DG_ERR_OUT_OF_MEMORY, DG_ERR_UNSUPPORTED_MODEL
  * (a head dim above 512 or odd). */
 dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out);
 void dg_cuda_model_free(dg_cuda_model *m);
-/* Bytes of device memory the weights occupy. */
+/* Bytes of device memory the weights occupy (quantized matrices count their
+ * packed words, scales and biases). */
 size_t dg_cuda_model_bytes(const dg_cuda_model *m);
 
 /* A context: KV cache for `cap` positions (plus one canvas, bf16, [NKV, S, D]
@@ -182,6 +198,30 @@ dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t
  *     (host) the K-way probabilities and idx the last dg_cuda_topk's ids. */
 dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const int32_t *rows, float cap, float T,
                            const float *p);
+/* ---- test entry points (tests/test_cuda.c): one kernel on host data ------
+ * Each uploads its inputs to device `device`, runs the kernel the forward
+ * pass uses, copies the result back and frees everything. bf16 inputs are
+ * raw bf16 bits (uint16_t). Errors: DG_ERR_BACKEND, DG_ERR_INVALID_ARG (a
+ * shape the kernel does not take), DG_ERR_OUT_OF_MEMORY. */
+
+/* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k] for t < T, n < N (the
+ * dense product of every linear layer and the LM head); x bf16 [T, ldx]. */
+dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x, int ldx,
+                              int T, float *y, int ldy);
+/* x[t, :] = E[ids[t], :] * scale (the embedding lookup), x fp32 [T, E.cols]. */
+dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale, float *x);
+/* soft[c, h] = alpha * sum_v P[c, v] * E[v, h] (the self-conditioning soft
+ * embedding, spec 5), P bf16 [C, E.rows], soft fp32 [C, E.cols]. */
+dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha, float *soft);
+/* The gathered MoE product (spec 4.6 step 4) for the routing idx [T, K]
+ * (expert ids; every token's K ids distinct), through the device grouping and
+ * dg_cuda_experts: per (token t, slot k) with e = idx[t*K + k],
+ *   h[t*K + k, :] = bf16(gelu_tanh(G_e xe[t]) * U_e xe[t])   [IE] (bf16 bits)
+ *   y[t*K + k, :] = D_e h[t*K + k]                            [H] fp32
+ * gate_up [E*2*IE, H] (per expert IE gate rows then IE up rows), down [E*H, IE],
+ * xe bf16 [T, H]. h and y are returned in (token, slot) order. */
+dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
+                               const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
 
 #ifdef __cplusplus
 }

@@ -59,31 +59,52 @@ typedef __nv_bfloat16 bf16;
 #define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
 #endif
 
+/* One weight matrix [rows, cols] on the device: bf16, or MLX affine-quantized
+ * as stored (backend.h, dg_cuda_mat): packed rows of cols*bits/32 uint32
+ * words, scales and biases [rows, cols/group] of dtype sb (DG_CUDA_*). The
+ * quantized kernels (quant.cu) dequantize w = (float)q * s + b in fp32. */
+struct dg_cuda_w {
+  int bits;                 /* 0: bf16 in w */
+  int group, sb;            /* quantized only: group size, scales/biases dtype */
+  int64_t rows, cols;
+  bf16 *w;                  /* bits == 0: [rows, cols] */
+  uint32_t *q;              /* bits != 0: [rows, cols*bits/32] */
+  void *s, *b;              /* bits != 0: [rows, cols/group] */
+};
+
+/* The weights of a fused product (q|k|v, gate|up): the row blocks in order,
+ * consecutive blocks of one format concatenated into one matrix (so an
+ * all-bf16 or uniformly quantized set is one matrix, one product). */
+struct dg_cuda_wset {
+  int n;
+  dg_cuda_w p[3];
+};
+
 /* Device copy of one layer (pointers into device memory). */
 struct dg_cuda_layer {
   int is_full, n_kv, head_dim, has_v;
   int64_t n_qkv;            /* NH*D + NKV*D (+ NKV*D when v exists): rows of wqkv */
-  bf16 *wqkv;               /* [n_qkv, H]: q rows, k rows, v rows */
-  bf16 *wo;                 /* [H, NH*D] */
+  dg_cuda_wset wqkv;        /* [n_qkv, H]: q rows, k rows, v rows */
+  dg_cuda_w wo;             /* [H, NH*D] */
   float *q_norm, *k_norm;   /* [D] */
   float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff1_norm, *pre_ff2_norm, *post_ff2_norm, *post_ff_norm;
-  bf16 *w_gate_up;          /* [2I, H]: gate rows then up rows */
-  bf16 *w_down;             /* [H, I] */
+  dg_cuda_wset w_gate_up;   /* [2I, H]: gate rows then up rows */
+  dg_cuda_w w_down;         /* [H, I] */
   float *router;            /* [E, H] fp32 */
   float *router_scale;      /* [H] */
   float *per_expert_scale;  /* [E] */
-  bf16 *experts_gate_up;    /* [E*2*IE, H] */
-  bf16 *experts_down;       /* [E*H, IE] */
+  dg_cuda_w experts_gate_up; /* [E*2*IE, H] */
+  dg_cuda_w experts_down;   /* [E*H, IE] */
   float layer_scalar_dec, layer_scalar_enc;
 };
 
 struct dg_cuda_model {
   dg_cuda_model_desc d;     /* dims (pointers in it are host pointers, not kept valid) */
   int device;
-  bf16 *embed;              /* [V, H] */
+  dg_cuda_w embed;          /* [V, H] */
   float *final_norm, *sc_pre_norm;
-  bf16 *sc_gate_up;         /* [2I, H] */
-  bf16 *sc_down;            /* [H, I] */
+  dg_cuda_wset sc_gate_up;  /* [2I, H] */
+  dg_cuda_w sc_down;        /* [H, I] */
   float *inv_freq_sliding, *inv_freq_full;
   dg_cuda_layer *layers;    /* host array of device pointers */
   size_t bytes;             /* device bytes of the weights */
@@ -145,7 +166,8 @@ struct dg_cuda_ctx {
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
-cudaError_t k_embed(cudaStream_t s, float *x, const bf16 *E, const int32_t *ids, int T, int H, float scale);
+/* x[t] = E[ids[t]] * scale (fp32; a quantized E is dequantized, quant.cu). */
+cudaError_t k_embed(cudaStream_t s, float *x, const dg_cuda_w *E, const int32_t *ids, int T, int H, float scale);
 /* y = x * rms(x)^-1 * w (w may be NULL); writes fp32 yf and/or bf16 yb (either may be NULL). */
 cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *yf, bf16 *yb, int T, int H, float eps);
 /* x += rms(o) * w_post; then a = bf16(rms(x) * w_ff), xe = bf16(rms(x) * w_ff2), u = rms(x) * rscale * root */
@@ -198,11 +220,33 @@ cudaError_t k_turbo_sc_topk(cudaStream_t s, const float *p, const int32_t *idx, 
  * renormalisation and per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K);
+/* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
+ * tile work list (the second half of k_route). */
+cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);
 /* The expert product behind one function, so that a quantized variant can
  * replace it: y[row] = down_e(gelu(G_e xe[tok]) * U_e xe[tok]) for every
  * grouped row (spec 4.6 step 4). The launch grid is the worst case of the
  * work list (T*K/32 + E tiles); surplus blocks exit at once. */
 cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                             int IE, int E, int K);
+
+/* ---- MLX affine-quantized weights (quant.cu) ---- */
+/* Rows of the expert work list per tile (moe.cu builds the list with it; the
+ * quantized expert kernels take the same tiles). */
+#define DG_MOE_TM 32
+/* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k], t < T, n < N; x bf16,
+ * W quantized, dequantized in fp32 and accumulated in fp32. */
+cudaError_t k_qmatmul(cudaStream_t s, const bf16 *x, int ldx, int T, const dg_cuda_w *W, int64_t row0, int N, float *y,
+                      int ldy);
+/* soft[c*H + h] = alpha * sum_v P[c*V + v] * E[v, h], c < C (spec 5), E quantized [V, H]. */
+cudaError_t k_qsoft(cudaStream_t s, const bf16 *P, int C, const dg_cuda_w *E, float alpha, float *soft);
+/* Embedding rows of a quantized E: x[t*H + j] = dequant(E[ids[t], j]) * scale. */
+cudaError_t k_qembed(cudaStream_t s, float *x, const dg_cuda_w *E, const int32_t *ids, int T, float scale);
+/* The grouped expert products of dg_cuda_experts for a quantized stack:
+ * gate/up (h = bf16(gelu(G x) * U x)) and down (y = D h). Grids: tiles of the
+ * work list x column tiles; surplus tiles exit at once. */
+cudaError_t k_qexperts_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
+                               int IE, int E, int K);
+cudaError_t k_qexperts_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K);
 
 #endif

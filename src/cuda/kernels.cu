@@ -56,8 +56,9 @@ __global__ void embed_kernel(float *x, const bf16 *E, const int32_t *ids, int H,
   for (int j = threadIdx.x; j < H; j += blockDim.x) x[(size_t)t * H + j] = __bfloat162float(row[j]) * scale;
 }
 
-cudaError_t k_embed(cudaStream_t s, float *x, const bf16 *E, const int32_t *ids, int T, int H, float scale) {
-  DG_LAUNCH(embed_kernel, T, NT, 0, s)(x, E, ids, H, scale);
+cudaError_t k_embed(cudaStream_t s, float *x, const dg_cuda_w *E, const int32_t *ids, int T, int H, float scale) {
+  if (E->bits) return k_qembed(s, x, E, ids, T, scale);
+  DG_LAUNCH(embed_kernel, T, NT, 0, s)(x, E->w, ids, H, scale);
   return cudaGetLastError();
 }
 

@@ -7,7 +7,8 @@
  *                    surplus blocks exit at once)
  *   dg_cuda_experts  the grouped expert product over only the chosen experts:
  *                    y = down_e(gelu_tanh(G_e x) * U_e x), bf16 tensor cores
- *                    (WMMA 16x16x16) with fp32 accumulation
+ *                    (WMMA 16x16x16) with fp32 accumulation; MLX affine-
+ *                    quantized stacks go to the variants in quant.cu
  *
  * dg_cuda_experts is the one function a quantized expert format replaces. */
 #include <float.h>
@@ -17,7 +18,7 @@
 
 using namespace nvcuda;
 
-#define TM 32  /* grouped rows per tile */
+#define TM DG_MOE_TM /* grouped rows per tile (32; the quantized kernels take the same tiles) */
 #define TN 64  /* output columns per tile */
 #define TK 32  /* reduction step */
 #define PADB 8 /* bf16 row padding of the shared tiles (keeps 16-byte rows, fewer bank conflicts) */
@@ -84,6 +85,10 @@ cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, 
   DG_LAUNCH(topk_kernel, (T + 127) / 128, 128, 0, s)(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  return k_group(s, b, T, E, K);
+}
+
+cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K) {
   DG_LAUNCH(group_kernel, 1, 256, 0, s)(b->topk_idx, T, E, K, b->count, b->start, b->pairs, b->slot_row, b->tiles,
                                  b->n_tiles);
   return cudaGetLastError();
@@ -207,16 +212,26 @@ __global__ void __launch_bounds__(128) grouped_kernel(const bf16 *A, const bf16 
   }
 }
 
+/* Each of the two products runs the bf16 WMMA kernel above or, for an MLX
+ * affine-quantized stack, its quantized variant (quant.cu: same work list,
+ * same epilogues, weights dequantized in the kernel); the two stacks may
+ * differ (e.g. 4-bit gate/up, 8-bit down). */
 cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                             int IE, int E, int K) {
   const int max_tiles = (T * K + TM - 1) / TM + E; /* sum over experts of ceil(count / TM) */
-  dim3 g1(max_tiles, (IE + TN - 1) / TN);
-  DG_LAUNCH(grouped_kernel<1>, g1, 128, 0, s)(xe, l->experts_gate_up, b->tiles, b->n_tiles, b->count, b->start,
-                                              b->pairs, K, H, IE, IE, H, b->h, (float *)nullptr);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e;
+  if (l->experts_gate_up.bits) {
+    e = k_qexperts_gate_up(s, &l->experts_gate_up, xe, b, T, H, IE, E, K);
+  } else {
+    dim3 g1(max_tiles, (IE + TN - 1) / TN);
+    DG_LAUNCH(grouped_kernel<1>, g1, 128, 0, s)(xe, l->experts_gate_up.w, b->tiles, b->n_tiles, b->count, b->start,
+                                                b->pairs, K, H, IE, IE, H, b->h, (float *)nullptr);
+    e = cudaGetLastError();
+  }
   if (e != cudaSuccess) return e;
+  if (l->experts_down.bits) return k_qexperts_down(s, &l->experts_down, b, T, H, IE, E, K);
   dim3 g2(max_tiles, (H + TN - 1) / TN);
-  DG_LAUNCH(grouped_kernel<0>, g2, 128, 0, s)(b->h, l->experts_down, b->tiles, b->n_tiles, b->count, b->start,
+  DG_LAUNCH(grouped_kernel<0>, g2, 128, 0, s)(b->h, l->experts_down.w, b->tiles, b->n_tiles, b->count, b->start,
                                               b->pairs, K, IE, H, IE, H, (bf16 *)nullptr, b->y);
   return cudaGetLastError();
 }

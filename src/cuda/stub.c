@@ -76,3 +76,22 @@ dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft) {
   (void)c; (void)soft;
   return NO_CUDA;
 }
+dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x, int ldx,
+                              int T, float *y, int ldy) {
+  (void)device; (void)w; (void)row0; (void)N; (void)x; (void)ldx; (void)T; (void)y; (void)ldy;
+  return NO_CUDA;
+}
+dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale, float *x) {
+  (void)device; (void)e; (void)ids; (void)T; (void)scale; (void)x;
+  return NO_CUDA;
+}
+dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha, float *soft) {
+  (void)device; (void)e; (void)P; (void)C; (void)alpha; (void)soft;
+  return NO_CUDA;
+}
+dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
+                               const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y) {
+  (void)device; (void)gate_up; (void)down; (void)xe; (void)idx; (void)T; (void)H; (void)IE; (void)E; (void)K;
+  (void)h; (void)y;
+  return NO_CUDA;
+}
