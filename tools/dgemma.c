@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -701,6 +702,19 @@ static int quant_progress(int64_t done, int64_t total, const char *tensor, void 
   return 0;
 }
 
+static volatile sig_atomic_t mk_interrupted = 0;
+
+static void mk_on_signal(int sig) {
+  mk_interrupted = 1;
+  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+}
+
+/* The progress bar, and a stop (the library then removes the partial output) after Ctrl-C. */
+static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
+  quant_progress(done, total, tensor, ud);
+  return mk_interrupted;
+}
+
 /* dgemma mkrandom OUT_DIR: dg_mkrandom with a progress bar, then what was written. */
 static int cmd_mkrandom(const opts *o) {
   if (!o->positional) usage_exit("mkrandom needs OUT_DIR");
@@ -718,8 +732,14 @@ static int cmd_mkrandom(const opts *o) {
     mp.n_threads = nc > 0 ? (int)nc : 1;
   }
   bar_state bs = {isatty(2), -1};
-  mp.progress = quant_progress;
+  mp.progress = mk_progress;
   mp.user_data = &bs;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = mk_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   dg_mkrandom_result r;
