@@ -528,6 +528,11 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
     int64_t ne = 1;
     for (int d = 0; d < it->ndim; d++) ne *= it->shape[d];
     res.n_params += ne;
+    if (ne > ((int64_t)1 << 34)) { /* the draw's 32-bit block counter (mkrandom.h) */
+      st = dg_seterr(DG_ERR_CONFIG, "%s: tensor %s would have %lld elements; mkrandom draws at most 2^34 per tensor",
+                     cfg_name, it->hf_name, (long long)ne);
+      goto done;
+    }
     if (it->cls >= 0 && it->ndim >= 2) {
       const dg_quant_class_spec *sp = &rc.cls[it->cls];
       if (sp->bits && cols % sp->group_size) res.n_indivisible++; /* MLX leaves these in float */
@@ -600,7 +605,8 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
         }
       }
     snprintf(path, sizeof path, "%s/%s", out_dir, shard_name);
-    const char *mk[1] = {"format"}, *mv[1] = {"pt"};
+    /* "pt" as Transformers writes a float checkpoint, "mlx" as dg_quantize writes a quantized one */
+    const char *mk[1] = {"format"}, *mv[1] = {res.n_quantized ? "mlx" : "pt"};
     dg_st_out *w = NULL;
     st = dg_st_create(path, ts, k, mk, mv, 1, &w);
     free(ts);

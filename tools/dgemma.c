@@ -554,14 +554,21 @@ static int cmd_logits(const opts *o) {
   dg_context *ctx = NULL;
   dg_status st;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  struct timespec t0, t1, t2;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   if ((st = dg_encode(ctx, prompt, np))) die("encode", st);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
   float *logits = malloc(CV * sizeof(float));
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
+  clock_gettime(CLOCK_MONOTONIC, &t2);
   if (fwrite(logits, sizeof(float), CV, f) != CV || fclose(f)) {
     fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
     return 1;
   }
-  fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s\n", info.canvas_length, info.vocab_size, o->out);
+  fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s (encode %zu tokens %.3f s, decode %.3f s; wall times)\n",
+          info.canvas_length, info.vocab_size, o->out, np,
+          (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
+          (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec));
   free(logits); free(sc); free(prompt); free(canvas);
   dg_context_free(ctx);
   dg_model_free(m);
