@@ -544,7 +544,7 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
     for (int k = 0; k < it->n_out; k++) {
       static const char *const sfx[3] = {"weight", "scales", "biases"};
       if (it->bits) snprintf(it->out_name[k], sizeof it->out_name[k], "%s.%s", it->module, sfx[k]);
-      else snprintf(it->out_name[k], sizeof it->out_name[k], "%s", it->hf_name);
+      else memcpy(it->out_name[k], it->hf_name, sizeof it->hf_name); /* hf_name is shorter, NUL-terminated */
       memcpy(it->out_shape[k], it->shape, sizeof it->shape);
       if (it->bits) it->out_shape[k][it->ndim - 1] = k == 0 ? cols * it->bits / 32 : cols / it->group_size;
       it->out_dtype[k] = it->bits && k == 0 ? DG_U32 : DG_BF16;
