@@ -751,6 +751,10 @@ static int cmd_mkrandom(const opts *o) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   dg_mkrandom_result r;
   dg_status st = dg_mkrandom(o->positional, &mp, &r);
+  if (st == DG_ERR_ABORTED && mk_interrupted) {
+    fprintf(stderr, "\ndgemma: mkrandom: interrupted; what was written to %s has been removed\n", o->positional);
+    return 130;
+  }
   if (st) die("mkrandom", st);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   fprintf(stderr,
