@@ -544,12 +544,51 @@ static void test_source_copied(void **state) {
   assert_int_not_equal(files_equal(a, p), 1);
 }
 
+/* ---- the streaming writer (dg_st_create) ------------------------------------------ */
+
+/* Filled out of order and in pieces, it makes the same bytes as dg_st_write;
+ * a range outside a tensor is refused; a file left incomplete is an error and
+ * is removed. */
+static void test_stream_writer(void **state) {
+  (void)state;
+  uint32_t a[6] = {1, 2, 3, 4, 5, 6};
+  uint16_t b[5] = {7, 8, 9, 10, 11};
+  dg_tensor ts[2] = {{.name = "a", .dtype = DG_U32, .ndim = 2, .shape = {2, 3}, .data = a, .nbytes = sizeof a},
+                     {.name = "b", .dtype = DG_BF16, .ndim = 1, .shape = {5}, .data = b, .nbytes = sizeof b}};
+  const char *mk[1] = {"format"}, *mv[1] = {"pt"};
+  char p1[512], p2[512];
+  snprintf(p1, sizeof p1, "%s/whole.safetensors", tmp_root);
+  snprintf(p2, sizeof p2, "%s/stream.safetensors", tmp_root);
+  assert_dg_ok(dg_st_write(p1, ts, 2, mk, mv, 1));
+  dg_tensor hdr[2] = {ts[0], ts[1]};
+  hdr[0].data = hdr[1].data = NULL; /* the header needs no data */
+  dg_st_out *o;
+  assert_dg_ok(dg_st_create(p2, hdr, 2, mk, mv, 1, &o));
+  assert_int_equal(dg_st_out_offset(o, 1) - dg_st_out_offset(o, 0), sizeof a);
+  assert_dg_ok(dg_st_out_pwrite(o, 1, 4, b + 2, 6)); /* b[2..5) first */
+  assert_dg_ok(dg_st_out_pwrite(o, 0, 12, a + 3, 12));
+  assert_dg_ok(dg_st_out_pwrite(o, 1, 0, b, 4));
+  assert_int_equal(dg_st_out_pwrite(o, 1, 8, b, 4), DG_ERR_INVALID_ARG); /* bytes [8, 12) of a 10-byte tensor */
+  assert_non_null(strstr(dg_last_error(), "outside its 10 bytes"));
+  assert_dg_ok(dg_st_out_pwrite(o, 0, 0, a, 12));
+  assert_dg_ok(dg_st_out_close(o));
+  assert_int_equal(files_equal(p1, p2), 1);
+  /* incomplete: refused at close, file removed */
+  snprintf(p2, sizeof p2, "%s/partial.safetensors", tmp_root);
+  assert_dg_ok(dg_st_create(p2, hdr, 2, mk, mv, 1, &o));
+  assert_dg_ok(dg_st_out_pwrite(o, 0, 0, a, sizeof a));
+  assert_int_equal(dg_st_out_close(o), DG_ERR_IO);
+  assert_non_null(strstr(dg_last_error(), "24 of 34 data bytes were written"));
+  assert_int_not_equal(access(p2, F_OK), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_real_plan),        cmocka_unit_test(test_loads_and_runs),
       cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_values_bf16),
       cmocka_unit_test(test_values_quantized), cmocka_unit_test(test_same_as_quantize),
       cmocka_unit_test(test_errors),           cmocka_unit_test(test_source_copied),
+      cmocka_unit_test(test_stream_writer),
   };
   return cmocka_run_group_tests_name("mkrandom", tests, setup, teardown);
 }
