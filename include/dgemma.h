@@ -445,6 +445,61 @@ dg_quantize_params dg_quantize_default_params(void);
 dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize_params *params,
                       dg_quantize_result *result);
 
+/* ------------------------------------------------------------------------- */
+/* Random-weight checkpoints (dgemma mkrandom)                               */
+/* ------------------------------------------------------------------------- */
+
+typedef struct dg_mkrandom_params {
+  const char *config;       /* "real" (google/diffusiongemma-26B-A4B-it, spec 1.1-1.2), "small" (a 6-layer
+                             * model of the same structure, ~3 M parameters), or the path of a
+                             * config.json; NULL = "real" */
+  const char *source_dir;   /* tokenizer files (tokenizer*, special_tokens_map.json, chat_template*)
+                             * are copied from here; NULL = none */
+  int bits, group_size;     /* default bits (4) and group size (64) */
+  const char *recipe;       /* NULL or "": the experts at bits/group_size, everything else bf16;
+                             * otherwise as dg_quant_recipe_parse (every class at bits, then the
+                             * recipe: "mlx" is the mlx-community layout, "all=bf16" no quantization) */
+  uint64_t seed;            /* the values are a function of (seed, tensor name, element) only */
+  int64_t max_shard_bytes;  /* <= 0 = 5e9 */
+  int n_threads;            /* OpenMP threads; <= 0 = 1. The output does not depend on it */
+  int dry_run;              /* 1 = validate and plan only (the result's counts and bytes), write nothing */
+  /* Called before each chunk of rows (and once at the end with done == total);
+   * bytes are output bytes. Nonzero return aborts (DG_ERR_ABORTED). */
+  int (*progress)(int64_t done, int64_t total, const char *tensor, void *user_data);
+  void *user_data;
+} dg_mkrandom_params;
+
+typedef struct dg_mkrandom_result {
+  int32_t n_tensors;        /* tensors written (a quantized module counts 3) */
+  int32_t n_quantized;      /* matrices written quantized */
+  int32_t n_indivisible;    /* kept in bf16: input dim not a multiple of the group size (MLX's rule) */
+  int32_t n_shards, n_copied;
+  int64_t n_params;         /* weights of the float model */
+  int64_t bytes_out;        /* tensor bytes written */
+} dg_mkrandom_result;
+
+dg_mkrandom_params dg_mkrandom_default_params(void);
+
+/* Write a DiffusionGemma checkpoint with random weights into out_dir
+ * (created; must be empty or absent): the Hugging Face layout of spec 3.1
+ * with every text tensor at the shapes of the config, drawn as Transformers
+ * initialises the model (linears, expert stacks and the embedding
+ * normal(0, initializer_range), the embedding's pad_token_id row zero, norm
+ * weights, router scales and layer scalars one; src/mkrandom.c cites the
+ * source), stored in bf16, the modules the recipe names MLX affine-quantized
+ * (as dg_quantize would quantize those bf16 values), config.json (+ the
+ * quantization block), generation_config.json (spec 1.3), sharded
+ * safetensors + index, the source directory's tokenizer files. Streams row
+ * chunks: memory is ~16 MB per chunk, never a whole tensor. Deterministic in
+ * the seed (src/mkrandom.h gives each value). On failure everything written
+ * is removed. *result (may be NULL) is filled even on failure.
+ * Errors: DG_ERR_INVALID_ARG (non-empty output, bad recipe), DG_ERR_NOT_FOUND
+ * (config file or source directory), DG_ERR_JSON, DG_ERR_CONFIG (naming the
+ * file and field: a bad value, a quantization block, no experts),
+ * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_IO (including a full disk, detected when
+ * a shard is created), DG_ERR_OUT_OF_MEMORY, DG_ERR_ABORTED. */
+dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_mkrandom_result *result);
+
 #ifdef __cplusplus
 }
 #endif

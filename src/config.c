@@ -20,32 +20,36 @@
 #include "dg_json.h"
 
 
-static dg_status parse_json_file(const char *path, cJSON **out) {
-  char *text = NULL;
-  size_t len = 0;
-  DG_TRY(dg_read_file(path, 0, &text, &len));
+/* Parse `text` (len bytes) as a JSON object; `path` names it in messages. */
+static dg_status parse_json_text(const char *path, const char *text, size_t len, cJSON **out) {
   const char *end = NULL;
   cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (!j) {
     const char *e = cJSON_GetErrorPtr();
     size_t off = e && e >= text && e <= text + len ? (size_t)(e - text) : 0;
-    free(text);
     return dg_seterr(DG_ERR_JSON, "%s: malformed JSON near byte %zu", path, off);
   }
   for (const char *q = end; q < text + len; q++)
     if (*q != ' ' && *q != '\n' && *q != '\r' && *q != '\t') {
       size_t off = (size_t)(q - text);
       cJSON_Delete(j);
-      free(text);
       return dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte %zu", path, off);
     }
-  free(text);
   if (!cJSON_IsObject(j)) {
     cJSON_Delete(j);
     return dg_seterr(DG_ERR_JSON, "%s: top level is not a JSON object", path);
   }
   *out = j;
   return DG_OK;
+}
+
+static dg_status parse_json_file(const char *path, cJSON **out) {
+  char *text = NULL;
+  size_t len = 0;
+  DG_TRY(dg_read_file(path, 0, &text, &len));
+  dg_status st = parse_json_text(path, text, len, out);
+  free(text);
+  return st;
 }
 
 /* ---- typed field readers ------------------------------------------------ */
@@ -281,10 +285,24 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   return DG_OK;
 }
 
+static dg_status config_from_json(const char *path, cJSON *j, dg_config *c);
+
 dg_status dg_config_load(const char *path, dg_config *c) {
   memset(c, 0, sizeof *c);
   cJSON *j = NULL;
   DG_TRY(parse_json_file(path, &j));
+  return config_from_json(path, j, c);
+}
+
+dg_status dg_config_parse(const char *name, const char *text, size_t len, dg_config *c) {
+  memset(c, 0, sizeof *c);
+  cJSON *j = NULL;
+  DG_TRY(parse_json_text(name, text, len, &j));
+  return config_from_json(name, j, c);
+}
+
+/* Fill *c from the parsed config.json j (freed here). */
+static dg_status config_from_json(const char *path, cJSON *j, dg_config *c) {
   dg_status st = DG_OK;
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
   const cJSON *tc = j;

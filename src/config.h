@@ -52,6 +52,10 @@ typedef struct dg_config {
  * DG_ERR_CONFIG (naming the field and the value). */
 dg_status dg_config_load(const char *path, dg_config *cfg);
 
+/* The same from the text of a config.json (len bytes); `name` stands for the
+ * file in messages. */
+dg_status dg_config_parse(const char *name, const char *text, size_t len, dg_config *cfg);
+
 /* Fill *p with the reference defaults (spec 1.3) and then the fields of
  * generation_config.json at `path` (flat layout, or the older nested
  * linear_temperature_schedule_config / diffusion_stopping_config layout).

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-enum { DG_RNG_CANVAS = 1, DG_RNG_PROPOSAL = 2 };
+enum { DG_RNG_CANVAS = 1, DG_RNG_PROPOSAL = 2, DG_RNG_INIT = 3 /* weight init, src/mkrandom.h */ };
 
 /* One Philox4x32-10 block: out = philox(ctr, key). */
 void dg_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

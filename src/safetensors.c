@@ -905,7 +905,7 @@ static int st_cmp_tensor_ptr_name(const void *a, const void *b) {
 
 /* Argument checks for dg_st_write. */
 static dg_status st_write_check(const char *path, const dg_tensor *tensors, size_t n,
-                                const char *const *mk, const char *const *mv, size_t n_meta) {
+                                const char *const *mk, const char *const *mv, size_t n_meta, int need_data) {
   size_t bad;
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) {
@@ -930,7 +930,7 @@ static dg_status st_write_check(const char *path, const dg_tensor *tensors, size
       return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensor \"%s\": nbytes %zu != shape %s x %s",
                        path, t->name, t->nbytes, st_fmt_shape(sbuf, sizeof sbuf, t->shape, t->ndim),
                        dg_dtype_name(t->dtype));
-    if (t->nbytes && !t->data)
+    if (need_data && t->nbytes && !t->data)
       return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensor \"%s\": data is NULL", path, t->name);
     total += nb;
     if ((double)total >= ST_MAX_INT)
@@ -962,12 +962,9 @@ static dg_status st_write_check(const char *path, const dg_tensor *tensors, size
   return DG_OK;
 }
 
-dg_status dg_st_write(const char *path, const dg_tensor *tensors, size_t n,
-                      const char *const *meta_keys, const char *const *meta_vals, size_t n_meta) {
-  if (!path) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_write: path is NULL");
-  if (n && !tensors) return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensors is NULL but n = %zu", path, n);
-  DG_TRY(st_write_check(path, tensors, n, meta_keys, meta_vals, n_meta));
-
+/* The header of dg_st_write / dg_st_create into *b (padded to 8 bytes). */
+static dg_status st_header(const char *path, const dg_tensor *tensors, size_t n, const char *const *meta_keys,
+                           const char *const *meta_vals, size_t n_meta, st_buf *out) {
   /* Header: {"__metadata__":{...},"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},...} */
   st_buf b = {0};
   sb_puts(&b, "{");
@@ -1008,6 +1005,17 @@ dg_status dg_st_write(const char *path, const dg_tensor *tensors, size_t n,
     return dg_seterr(DG_ERR_INVALID_ARG, "%s: header of %zu bytes exceeds the %llu-byte limit",
                      path, b.len, ST_MAX_HEADER);
   }
+  *out = b;
+  return DG_OK;
+}
+
+dg_status dg_st_write(const char *path, const dg_tensor *tensors, size_t n,
+                      const char *const *meta_keys, const char *const *meta_vals, size_t n_meta) {
+  if (!path) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_write: path is NULL");
+  if (n && !tensors) return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensors is NULL but n = %zu", path, n);
+  DG_TRY(st_write_check(path, tensors, n, meta_keys, meta_vals, n_meta, 1));
+  st_buf b;
+  DG_TRY(st_header(path, tensors, n, meta_keys, meta_vals, n_meta, &b));
 
   FILE *fp = fopen(path, "wb");
   if (!fp) {
@@ -1028,4 +1036,118 @@ dg_status dg_st_write(const char *path, const dg_tensor *tensors, size_t n,
     return dg_seterr(DG_ERR_IO, "%s: write failed: %s", path, strerror(err));
   }
   return DG_OK;
+}
+
+/* ---- streaming writer ---------------------------------------------------- */
+
+struct dg_st_out {
+  char *path;
+  int fd;
+  size_t n;
+  uint64_t *offset;   /* [n] absolute file offset of each tensor's data */
+  uint64_t *nbytes;   /* [n] */
+  uint64_t data_bytes, written; /* written: sum of bytes passed to dg_st_out_pwrite (atomic) */
+};
+
+dg_status dg_st_create(const char *path, const dg_tensor *tensors, size_t n, const char *const *meta_keys,
+                       const char *const *meta_vals, size_t n_meta, dg_st_out **out) {
+  if (!out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_create: out is NULL");
+  *out = NULL;
+  if (!path) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_create: path is NULL");
+  if (n && !tensors) return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensors is NULL but n = %zu", path, n);
+  DG_TRY(st_write_check(path, tensors, n, meta_keys, meta_vals, n_meta, 0));
+  st_buf b;
+  DG_TRY(st_header(path, tensors, n, meta_keys, meta_vals, n_meta, &b));
+  dg_st_out *o = calloc(1, sizeof *o);
+  if (o) {
+    o->path = strdup(path);
+    o->offset = malloc((n ? n : 1) * sizeof *o->offset);
+    o->nbytes = malloc((n ? n : 1) * sizeof *o->nbytes);
+  }
+  if (!o || !o->path || !o->offset || !o->nbytes) {
+    if (o) { free(o->path); free(o->offset); free(o->nbytes); }
+    free(o);
+    free(b.p);
+    return st_oom(path);
+  }
+  o->n = n;
+  uint64_t off = 8 + (uint64_t)b.len;
+  for (size_t i = 0; i < n; i++) {
+    o->offset[i] = off;
+    o->nbytes[i] = tensors[i].nbytes;
+    off += tensors[i].nbytes;
+  }
+  o->data_bytes = off - 8 - (uint64_t)b.len;
+  o->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int ok = o->fd >= 0, err = errno;
+  uint8_t len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)b.len >> (8 * i));
+  if (ok) ok = pwrite(o->fd, len8, 8, 0) == 8 && pwrite(o->fd, b.p, b.len, 8) == (ssize_t)b.len;
+  /* the final size up front: a short disk fails here rather than half way (posix_fallocate
+   * reserves the blocks where the file system can; ftruncate alone leaves a sparse file) */
+  if (ok) {
+    int fe = posix_fallocate(o->fd, 0, (off_t)off);
+    if (fe == EOPNOTSUPP || fe == EINVAL) ok = ftruncate(o->fd, (off_t)off) == 0;
+    else if (fe) { ok = 0; errno = fe; }
+  }
+  if (!ok) err = errno;
+  free(b.p);
+  if (!ok) {
+    if (o->fd >= 0) { close(o->fd); unlink(path); }
+    dg_status st = dg_seterr(DG_ERR_IO, "%s: cannot create (%llu bytes): %s", path, (unsigned long long)off,
+                             strerror(err));
+    free(o->path); free(o->offset); free(o->nbytes); free(o);
+    return st;
+  }
+  *out = o;
+  return DG_OK;
+}
+
+uint64_t dg_st_out_offset(const dg_st_out *o, size_t i) { return o && i < o->n ? o->offset[i] : 0; }
+
+dg_status dg_st_out_pwrite(dg_st_out *o, size_t i, uint64_t off, const void *data, size_t nbytes) {
+  if (!o || i >= o->n || (nbytes && !data))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_out_pwrite: bad argument (tensor %zu)", i);
+  if (off > o->nbytes[i] || nbytes > o->nbytes[i] - off)
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensor %zu: bytes [%llu, %llu) outside its %llu bytes", o->path, i,
+                     (unsigned long long)off, (unsigned long long)(off + nbytes), (unsigned long long)o->nbytes[i]);
+  const char *p = data;
+  uint64_t at = o->offset[i] + off;
+  size_t left = nbytes;
+  while (left) {
+    ssize_t w = pwrite(o->fd, p, left, (off_t)at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return dg_seterr(DG_ERR_IO, "%s: write failed: %s", o->path, w < 0 ? strerror(errno) : "no progress");
+    p += w;
+    at += (uint64_t)w;
+    left -= (size_t)w;
+  }
+  __atomic_fetch_add(&o->written, (uint64_t)nbytes, __ATOMIC_RELAXED);
+  return DG_OK;
+}
+
+static void st_out_free(dg_st_out *o) {
+  free(o->path);
+  free(o->offset);
+  free(o->nbytes);
+  free(o);
+}
+
+dg_status dg_st_out_close(dg_st_out *o) {
+  if (!o) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_out_close: NULL");
+  dg_status st = DG_OK;
+  if (o->written != o->data_bytes)
+    st = dg_seterr(DG_ERR_IO, "%s: %llu of %llu data bytes were written", o->path, (unsigned long long)o->written,
+                   (unsigned long long)o->data_bytes);
+  if (close(o->fd) != 0 && !st) st = dg_seterr(DG_ERR_IO, "%s: close failed: %s", o->path, strerror(errno));
+  if (st) unlink(o->path);
+  st_out_free(o);
+  return st;
+}
+
+void dg_st_out_abort(dg_st_out *o) {
+  if (!o) return;
+  close(o->fd);
+  unlink(o->path);
+  st_out_free(o);
 }

@@ -139,4 +139,27 @@ void dg_st_close(dg_safetensors *st);
 dg_status dg_st_write(const char *path, const dg_tensor *tensors, size_t n,
                       const char *const *meta_keys, const char *const *meta_vals, size_t n_meta);
 
+/* Streaming writer: the same file as dg_st_write, with the data filled in
+ * afterwards in any order (and from several threads), so that a tensor never
+ * has to be held whole in memory (dgemma mkrandom).
+ *
+ * dg_st_create writes the header for tensors[0..n) (name, dtype, ndim, shape,
+ * nbytes are used; data is ignored and may be NULL) exactly as dg_st_write
+ * would, and gives the file its final size (posix_fallocate where the file
+ * system supports it, so a full disk fails here). Errors: as dg_st_write.
+ * dg_st_out_pwrite writes nbytes of tensor i's data starting `off` bytes into
+ * the tensor; thread-safe for disjoint ranges. Errors: DG_ERR_INVALID_ARG (a
+ * range outside the tensor), DG_ERR_IO.
+ * dg_st_out_close closes the file; DG_ERR_IO (and the file removed) if the
+ * bytes written do not add up to the data region, or close fails.
+ * dg_st_out_abort closes and removes the file. Both free the writer. */
+typedef struct dg_st_out dg_st_out;
+dg_status dg_st_create(const char *path, const dg_tensor *tensors, size_t n, const char *const *meta_keys,
+                       const char *const *meta_vals, size_t n_meta, dg_st_out **out);
+/* Absolute file offset of tensor i's first data byte (0 if i is out of range). */
+uint64_t dg_st_out_offset(const dg_st_out *o, size_t i);
+dg_status dg_st_out_pwrite(dg_st_out *o, size_t i, uint64_t off, const void *data, size_t nbytes);
+dg_status dg_st_out_close(dg_st_out *o);
+void dg_st_out_abort(dg_st_out *o);
+
 #endif /* DG_SAFETENSORS_H */

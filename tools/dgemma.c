@@ -9,6 +9,7 @@
  *   dgemma eval     problems|text ...    held-out evaluation of the small model (tools/eval.c)
  *   dgemma bench    ...                  throughput protocols with their floors (tools/bench.c)
  *   dgemma quantize IN_DIR OUT_DIR ...   MLX affine quantization of a float checkpoint
+ *   dgemma mkrandom OUT_DIR ...          a random-weight checkpoint (26B-A4B shapes by default)
  *   dgemma qreport  [-m DIR] ...         quantization quality: KL and top-1 vs the float model (tools/qreport.c)
  *
  * Without -m the bundled small model is used ($DGEMMA_MODEL, else
@@ -16,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,10 @@ static void usage_exit(const char *msg) {
           "                       (docs/eval.md)\n"
           "  quantize  dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
           "            (MLX affine; SPEC e.g. \"mlx,experts=3\" or \"experts=2:32,embed=bf16\"; see README)\n"
+          "  mkrandom  dgemma mkrandom OUT_DIR [--config real|small|FILE.json] [--source DIR] [--seed S]\n"
+          "                       [--bits B] [--group-size G] [--recipe SPEC] [-t N] [--dry-run]\n"
+          "            (random weights drawn as Transformers initialises them; default: the 26B-A4B config,\n"
+          "            experts 4-bit group 64, the rest bf16; --source copies tokenizer files; docs/cuda.md)\n"
           "  qreport   dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G]\n"
           "            (KL divergence and top-1 agreement of quantized logits vs the float model)\n"
           "\n"
@@ -171,14 +177,14 @@ static const char *default_model(void) {
 
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
-  const char *file, *recipe, *recipes;
+  const char *file, *recipe, *recipes, *config, *source;
   const char *data, *summary, *protocol;
   const char *rows, *formats, *moe_tokens; /* bench --protocol ceiling */
   int quick;
   int chat, sample, shots_set, shots, reps, warmup, prompt_tokens;
   int bits, group_size;
   const char *positional2;
-  int threads, ref, think, raw, verbose, greedy, special;
+  int threads, ref, think, raw, verbose, greedy, special, dry_run;
   int device, cuda_device; /* dg_device and CUDA ordinal (--device) */
   long long max_new, steps, seed, limit;
   int max_new_set, steps_set, seed_set;
@@ -248,6 +254,9 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--group-size")) o->group_size = (int)parse_int(ARG(), a, 32, 128);
     else if (!strcmp(a, "--recipe")) o->recipe = ARG();
     else if (!strcmp(a, "--recipes")) o->recipes = ARG();
+    else if (!strcmp(a, "--config")) o->config = ARG();
+    else if (!strcmp(a, "--source")) o->source = ARG();
+    else if (!strcmp(a, "--dry-run")) o->dry_run = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage_exit(NULL);
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "dgemma: unknown option %s\n", a); usage_exit(NULL); }
     else if (!o->positional) o->positional = a;
@@ -555,14 +564,21 @@ static int cmd_logits(const opts *o) {
   dg_context *ctx = NULL;
   dg_status st;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  struct timespec t0, t1, t2;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   if ((st = dg_encode(ctx, prompt, np))) die("encode", st);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
   float *logits = malloc(CV * sizeof(float));
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
+  clock_gettime(CLOCK_MONOTONIC, &t2);
   if (fwrite(logits, sizeof(float), CV, f) != CV || fclose(f)) {
     fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
     return 1;
   }
-  fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s\n", info.canvas_length, info.vocab_size, o->out);
+  fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s (encode %zu tokens %.3f s, decode %.3f s; wall times)\n",
+          info.canvas_length, info.vocab_size, o->out, np,
+          (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
+          (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec));
   free(logits); free(sc); free(prompt); free(canvas);
   dg_context_free(ctx);
   dg_model_free(m);
@@ -710,9 +726,68 @@ static int quant_progress(int64_t done, int64_t total, const char *tensor, void 
     fprintf(stderr, "\r[%s] %3d%% %-60.60s", bar, pct, tensor);
     if (done >= total) fprintf(stderr, "\n");
   } else if (pct / 10 != b->last / 10 || done >= total) {
-    fprintf(stderr, "quantize: %3d%% %s\n", pct, tensor);
+    fprintf(stderr, "%3d%% %s\n", pct, tensor);
   }
   b->last = pct;
+  return 0;
+}
+
+static volatile sig_atomic_t mk_interrupted = 0;
+
+static void mk_on_signal(int sig) {
+  mk_interrupted = 1;
+  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+}
+
+/* The progress bar, and a stop (the library then removes the partial output) after Ctrl-C. */
+static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
+  quant_progress(done, total, tensor, ud);
+  return mk_interrupted;
+}
+
+/* dgemma mkrandom OUT_DIR: dg_mkrandom with a progress bar, then what was written. */
+static int cmd_mkrandom(const opts *o) {
+  if (!o->positional) usage_exit("mkrandom needs OUT_DIR");
+  dg_mkrandom_params mp = dg_mkrandom_default_params();
+  if (o->config) mp.config = o->config;
+  mp.source_dir = o->source;
+  if (o->bits) mp.bits = o->bits;
+  if (o->group_size) mp.group_size = o->group_size;
+  mp.recipe = o->recipe;
+  mp.seed = o->seed_set ? (uint64_t)o->seed : 0;
+  mp.n_threads = o->threads;
+  mp.dry_run = o->dry_run;
+  if (mp.n_threads <= 0) {
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    mp.n_threads = nc > 0 ? (int)nc : 1;
+  }
+  bar_state bs = {isatty(2), -1};
+  mp.progress = mk_progress;
+  mp.user_data = &bs;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = mk_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  dg_mkrandom_result r;
+  dg_status st = dg_mkrandom(o->positional, &mp, &r);
+  if (st == DG_ERR_ABORTED && mk_interrupted) {
+    fprintf(stderr, "\ndgemma: mkrandom: interrupted; what was written to %s has been removed\n", o->positional);
+    return 130;
+  }
+  if (st) die("mkrandom", st);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  fprintf(stderr,
+          "dgemma: %s%s: %.3f %s parameters (config %s, seed %llu), %d tensors, %d matrices quantized, %d kept in bf16 "
+          "(input dim not a multiple of the group size), %.2f GB in %d shard(s), %d tokenizer file(s) copied, "
+          "%.1f s\n",
+          o->positional, mp.dry_run ? " (dry run, nothing written)" : "",
+          r.n_params >= 1e9 ? r.n_params / 1e9 : r.n_params / 1e6, r.n_params >= 1e9 ? "B" : "M", mp.config, (unsigned long long)mp.seed, r.n_tensors, r.n_quantized,
+          r.n_indivisible, r.bytes_out / 1e9, r.n_shards, r.n_copied,
+          (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
   return 0;
 }
 
@@ -756,6 +831,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "eval")) return cmd_eval(&o);
   if (!strcmp(cmd, "bench")) return cmd_bench(&o);
   if (!strcmp(cmd, "quantize")) return cmd_quantize(&o);
+  if (!strcmp(cmd, "mkrandom")) return cmd_mkrandom(&o);
   if (!strcmp(cmd, "qreport")) {
     no_positional(&o, "qreport");
     qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
