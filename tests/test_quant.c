@@ -232,12 +232,12 @@ static void test_round_trip(void **state) {
          * |s|/2, except at the far end of a group: edge snapping, s = edge /
          * round(edge / s0), can put the far extreme up to one step past the
          * last code, where it is clamped; derivation in docs/quantization.md)
-         * + (2^b - 1) |s| 2^-9 + |b| 2^-9 (s, b rounded to bf16, relative
-         * error <= 2^-9) + fp32 roundings of the result (2^-22 |w|) */
+         * + (2^b - 1) |s| 2^-8 + |b| 2^-8 (s, b rounded to bf16: 8 significant
+         * bits, unit roundoff u = 2^-8) + fp32 roundings of the result (2^-22 |w|) */
         for (int k = 0; k < cols; k++) {
           float s = dg_bf16_to_f32(s1[r * cols / G + k / G]), b = dg_bf16_to_f32(b1[r * cols / G + k / G]);
-          double bound = fabs(s) * (1 + ldexp(1, -8)) + ((1 << bits) - 1) * fabs(s) * ldexp(1, -9) +
-                         fabs(b) * ldexp(1, -9) + ldexp(fabs(w[r * cols + k]), -22);
+          double bound = fabs(s) * (1 + ldexp(1, -8)) + ((1 << bits) - 1) * fabs(s) * ldexp(1, -8) +
+                         fabs(b) * ldexp(1, -8) + ldexp(fabs(w[r * cols + k]), -22);
           double err = fabs((double)w[r * cols + k] - deq[k]);
           if (err / bound > worst) worst = err / bound;
           if (err > bound) fail_msg("%d-bit G%d: |w - deq| = %g > bound %g at [%d,%d]", bits, G, err, bound, r, k);
