@@ -87,7 +87,7 @@ def paired_diff(b, c, n, z=1.959963984540054):
     d = (c - b) / n
     var = (b + c) / n - d * d
     se = math.sqrt(max(var, 0.0) / n)
-    return d, d - z * se, d + z * se
+    return d, max(-1.0, d - z * se), min(1.0, d + z * se)  # a difference of proportions lies in [-1, 1]
 
 
 def median(xs):
@@ -130,8 +130,10 @@ def file_ids(path, limit):
 def summarize(items, warmup):
     """Accuracy per step count and speed figures of one configuration's items (dict id -> record)."""
     ids = sorted(items)
+    # with no more problems than --warmup, nothing is excluded (flagged in the row: warmup_excluded)
     timed = [items[i] for i in ids[warmup:]] if len(ids) > warmup else [items[i] for i in ids]
-    s = {"n": len(ids), "correct": sum(1 for i in ids if items[i]["correct"])}
+    s = {"n": len(ids), "correct": sum(1 for i in ids if items[i]["correct"]),
+         "warmup_excluded": min(warmup, len(ids)) if len(ids) > warmup else 0}
     s["accuracy"] = s["correct"] / s["n"] if s["n"] else 0.0
     s["acc_lo"], s["acc_hi"] = wilson(s["correct"], s["n"])
     per = {}
@@ -227,6 +229,10 @@ def parse_args(argv):
         ap.error("configuration names must be distinct")
     if a.limit < 0 or a.warmup < 0:
         ap.error("--limit and --warmup must be >= 0")
+    if not os.path.isfile(a.file):
+        ap.error("--file %s: no such problems file" % a.file)
+    if a.analyze_only and not os.path.isdir(a.out):
+        ap.error("--analyze-only: %s is not a directory of earlier runs" % a.out)
     a.extra = extra
     return a
 
@@ -287,4 +293,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("turbo_table: interrupted; rerun the same command to resume", file=sys.stderr)
+        sys.exit(130)

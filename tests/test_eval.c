@@ -459,11 +459,52 @@ static void test_cli_problems_ids(void **state) {
   char *out = NULL;
   rc = run_cli_out(args, &out, &e);
   if (rc != 0) fail_msg("exit %d, stderr: %s", rc, e);
-  assert_non_null(strstr(e, "resuming: 2 problems already in"));
+  assert_non_null(strstr(e, "2 problems resumed from"));
   assert_non_null(strstr(out, "3 problems (2 resumed from the output file)"));
   free(e);
   free(out);
   assert_int_equal(count_lines(items), 3);
+  /* a smaller --limit counts only the problems within it (nothing generated, the file kept) */
+  snprintf(args, sizeof args,
+           "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 1 "
+           "--file tools/smallmodel/data/problems_heldout.jsonl -o %s", items);
+  rc = run_cli_out(args, &out, &e);
+  if (rc != 0) fail_msg("exit %d, stderr: %s", rc, e);
+  assert_non_null(strstr(out, "1 problems (1 resumed from the output file)"));
+  free(e);
+  free(out);
+  assert_int_equal(count_lines(items), 3);
+  /* the same ids from another problems file: refused, naming the id */
+  char other[600];
+  snprintf(other, sizeof other, "%s/other_problems.jsonl", g_dir);
+  FILE *f = fopen(other, "w");
+  assert_non_null(f);
+  fputs("{\"id\": 0, \"question\": \"Tom has 5 pens. He buys 2 more pens. How many pens does Tom have?\", "
+        "\"steps\": 1, \"final\": 7}\n", f);
+  fclose(f);
+  snprintf(args, sizeof args, "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --file %s -o %s", other, items);
+  assert_int_equal(run_cli(args, &e), 1);
+  assert_non_null(strstr(e, "problem id 0 is not the problem"));
+  free(e);
+  /* an id twice in the problems file: refused before a second answer is written */
+  char dup[600], dupout[600];
+  snprintf(dup, sizeof dup, "%s/dup_problems.jsonl", g_dir);
+  snprintf(dupout, sizeof dupout, "%s/dup_items.jsonl", g_dir);
+  f = fopen(dup, "w");
+  assert_non_null(f);
+  fputs("{\"id\": 7, \"question\": \"Tom has 5 pens. How many pens does Tom have?\", \"steps\": 1, \"final\": 5}\n"
+        "{\"id\": 7, \"question\": \"Mia has 3 cards. How many cards does Mia have?\", \"steps\": 1, \"final\": 3}\n", f);
+  fclose(f);
+  snprintf(args, sizeof args, "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --file %s -o %s", dup, dupout);
+  assert_int_equal(run_cli(args, &e), 1);
+  assert_non_null(strstr(e, "line 2: problem id 7 appears twice"));
+  free(e);
+  assert_int_equal(count_lines(dupout), 1);
+  /* gsm8k-only options are refused, not ignored */
+  snprintf(args, sizeof args, "eval problems --summary /tmp/x.json --file %s", dup);
+  assert_int_equal(run_cli(args, &e), 2);
+  assert_non_null(strstr(e, "options of eval gsm8k"));
+  free(e);
   /* another configuration on the same file is refused, the file unchanged */
   snprintf(args, sizeof args,
            "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 3 --gen-kwargs '{\"diffusion_turbo\": true}' "

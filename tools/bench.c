@@ -762,7 +762,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   double rate = bench_fma_rate(nt, 5, &isa);
   double mm = bench_matmul_rate(nt, &kname);
   if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); if (out) fclose(out); return 1; }
-  printf("ceilings (%d threads, measured now): copy %.1f GB/s (bytes read + written, memcpy 256 MiB, best of 5); "
+  printf("ceilings (%d threads, measured at the start of the command; batch rows measure their own): copy %.1f GB/s (bytes read + written, memcpy 256 MiB, best of 5); "
          "%s %.1f GFLOP/s (best of 5); this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
          nt, bw / 1e9, isa, rate / 1e9, kname, mm / 1e9);
   bench_cost dc = bench_decoder_cost(m, 0);

@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@ static void usage_exit(const char *msg) {
           "  eval      dgemma eval gsm8k [-m DIR] [--data DIR] [--chat] [--shots K] [--limit N] [-o items.jsonl]\n"
           "                       [--summary S.json] [--sample] [-n N] [-s STEPS] [--seed S] (docs/eval.md)\n"
           "            dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
+          "                       [--gen-kwargs J] [--greedy] [-n N] [-s STEPS] [--ref] [-t N] (problems: -o resumes)\n"
           "  bench     dgemma bench [-m DIR] [--protocol vllm|p512|batch|ceiling|all] [--reps N] [--warmup N]\n"
           "                       [-o rows.jsonl] [--prompt-tokens P] [-n N] [--canvases 1,2,4,8] [--gen-kwargs JSON]\n"
           "                       [--rows 1,2,...,256] [--formats bf16,8,4,3,2] [--moe-tokens 256] [--quick]\n"
@@ -631,6 +633,17 @@ static int cmd_replay(const opts *o) {
   return 0;
 }
 
+/* --gen-kwargs as the configuration key of an eval output file: the JSON
+ * re-printed without spaces, so that spellings of the same object match.
+ * Returns NULL without --gen-kwargs; free with cJSON_free. */
+static char *gen_kwargs_key(const opts *o) {
+  if (!o->gen_kwargs) return NULL;
+  cJSON *j = cJSON_Parse(o->gen_kwargs); /* already validated by gen_params */
+  char *k = j ? cJSON_PrintUnformatted(j) : NULL;
+  cJSON_Delete(j);
+  return k;
+}
+
 static int cmd_eval(const opts *o) {
   if (o->positional && !strcmp(o->positional, "gsm8k")) {
     if (o->file) usage_exit("eval gsm8k reads --data DIR (test.jsonl, train.jsonl), not --file");
@@ -656,16 +669,21 @@ static int cmd_eval(const opts *o) {
     if (dg_cli_gsm8k_load(&eo, &in)) return 1; /* data errors before the (slow) model load */
     dg_model *m = load_model(o, 1);
     eo.gen = gen_params(m, o);
+    char *kw = gen_kwargs_key(o);
+    if (kw) eo.gen_kwargs = kw;
     if (!o->max_new_set) eo.gen.max_new_tokens = 256; /* vLLM's harness: max_tokens 256 */
     /* vLLM's harness samples at temperature 0: argmax proposals (spec 6.3) unless --sample */
     eo.gen.proposal = o->sample ? DG_PROPOSAL_SAMPLE : DG_PROPOSAL_ARGMAX;
     int rc = dg_cli_gsm8k(m, &eo, &in);
+    cJSON_free(kw);
     gsm8k_set_free(&in.test);
     gsm8k_set_free(&in.train);
     dg_model_free(m);
     return rc;
   }
   if (!o->positional || !o->file) usage_exit("eval needs gsm8k, or problems|text and --file F.jsonl");
+  if (o->summary || o->chat || o->shots_set || o->data || o->sample)
+    usage_exit("--summary, --chat, --shots, --data and --sample are options of eval gsm8k, not of eval problems|text");
   dg_model *m = load_model(o, 1);
   eval_opts eo = {.what = o->positional, .file = o->file, .out = o->out, .gen = gen_params(m, o),
                   .seed = o->seed_set ? o->seed : 0, .limit = (int)o->limit, .progress = isatty(2), .shots = -1,
@@ -674,7 +692,10 @@ static int cmd_eval(const opts *o) {
   char model_real[PATH_MAX];
   eo.model_dir = o->model ? o->model : default_model();
   if (realpath(eo.model_dir, model_real)) eo.model_dir = model_real;
+  char *kw = gen_kwargs_key(o);
+  if (kw) eo.gen_kwargs = kw;
   int rc = dg_cli_eval(m, &eo);
+  cJSON_free(kw);
   dg_model_free(m);
   return rc;
 }

@@ -148,31 +148,52 @@ static void tally_add(problem_tally *t, long long steps, int ok, long long token
   t->seconds += seconds;
 }
 
-static int cmp_ll(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
+/* A result line of an earlier run (resume). */
+typedef struct problem_done {
+  long long id, steps, tokens, forwards, blocks, positions;
+  uint64_t hash; /* of the prompt ids: the same id must be the same problem */
+  int ok;
+  double seconds;
+} problem_done;
+
+static int cmp_done(const void *a, const void *b) {
+  long long x = ((const problem_done *)a)->id, y = ((const problem_done *)b)->id;
   return (x > y) - (x < y);
 }
 
+/* FNV-1a over the prompt's token ids (little-endian int32). */
+static uint64_t prompt_hash(const int32_t *ids, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++)
+    for (int b = 0; b < 4; b++) {
+      h ^= (uint8_t)((uint32_t)ids[i] >> (8 * b));
+      h *= 1099511628211ull;
+    }
+  return h;
+}
+
 /* Resume: read the result lines of an earlier run of the same configuration
- * from `path` (absent file: nothing done), add them to *t and return the
- * sorted ids done in *ids_out. A line of another configuration, a line that is
- * not a result line, or an id seen twice is an error (message on stderr,
- * exit 1); a torn last line (no newline) is dropped from the file. */
-static long long *problems_resume(const char *path, const char *config, problem_tally *t, size_t *n_ids) {
-  *n_ids = 0;
+ * from `path` (absent file: nothing done); returns them sorted by id in
+ * *n_out records. They are counted only when the problems file holds their id
+ * (within --limit) with the same prompt. A line of another configuration, a
+ * line that is not a result line, or an id seen twice is an error (message on
+ * stderr, exit 1); a torn last line (no newline) is dropped from the file. */
+static problem_done *problems_resume(const char *path, const char *config, size_t *n_out) {
+  *n_out = 0;
   FILE *f = fopen(path, "r+");
   if (!f) {
     if (errno == ENOENT) return NULL;
     fprintf(stderr, "dgemma eval: cannot open %s for resuming: %s\n", path, strerror(errno));
     exit(1);
   }
-  long long *ids = NULL;
-  size_t cap_ids = 0;
+  problem_done *d = NULL;
+  size_t n = 0, cap_d = 0;
   char *line = NULL;
   size_t cap = 0;
   ssize_t len;
   long good_end = 0;
   int lineno = 0;
+  const char *why = NULL;
   while ((len = getline(&line, &cap, f)) > 0) {
     lineno++;
     if (line[len - 1] != '\n') break; /* torn last write: dropped below */
@@ -182,47 +203,69 @@ static long long *problems_resume(const char *path, const char *config, problem_
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
     const cJSON *ok = cJSON_GetObjectItemCaseSensitive(j, "correct");
     const cJSON *sec = cJSON_GetObjectItemCaseSensitive(j, "seconds");
-    long long id, steps, tok, fw, bl, pos;
-    if (!cJSON_IsObject(j) || !cJSON_IsString(cfg) || !cJSON_IsBool(ok) || !cJSON_IsNumber(sec) ||
-        !json_int(cJSON_GetObjectItemCaseSensitive(j, "id"), 0, INT32_MAX, &id) ||
-        !json_int(cJSON_GetObjectItemCaseSensitive(j, "steps"), 0, 1000, &steps) ||
-        !json_int(cJSON_GetObjectItemCaseSensitive(j, "tokens"), 0, 9e15, &tok) ||
-        !json_int(cJSON_GetObjectItemCaseSensitive(j, "forwards"), 0, 9e15, &fw) ||
-        !json_int(cJSON_GetObjectItemCaseSensitive(j, "blocks"), 0, 9e15, &bl) ||
-        !json_int(cJSON_GetObjectItemCaseSensitive(j, "positions"), 0, 9e15, &pos)) {
-      fprintf(stderr,
-              "dgemma eval: %s line %d is not a problems result line (id, config, steps, correct, tokens, forwards, "
-              "blocks, positions, seconds); remove the file or pass another -o\n", path, lineno);
-      exit(1);
-    }
-    if (strcmp(cfg->valuestring, config)) {
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(j, "prompt_hash");
+    problem_done r;
+    memset(&r, 0, sizeof r);
+    char *hend = NULL;
+    if (cJSON_IsString(ph)) r.hash = strtoull(ph->valuestring, &hend, 16);
+    if (!cJSON_IsObject(j) || !cJSON_IsString(cfg) || !cJSON_IsBool(ok) || !cJSON_IsNumber(sec) || !hend ||
+        *hend || hend == ph->valuestring ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "id"), 0, INT32_MAX, &r.id) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "steps"), 0, 1000, &r.steps) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "tokens"), 0, 9e15, &r.tokens) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "forwards"), 0, 9e15, &r.forwards) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "blocks"), 0, 9e15, &r.blocks) ||
+        !json_int(cJSON_GetObjectItemCaseSensitive(j, "positions"), 0, 9e15, &r.positions)) {
+      why = "is not a problems result line (id, config, prompt_hash, steps, correct, tokens, forwards, blocks, "
+            "positions, seconds); remove the file or pass another -o";
+    } else if (strcmp(cfg->valuestring, config)) {
       fprintf(stderr,
               "dgemma eval: %s line %d was written by another configuration:\n    file: %s\n    now:  %s\n  "
               "pass another -o (or delete the file) to start over\n", path, lineno, cfg->valuestring, config);
+      cJSON_Delete(j);
+      free(line);
+      free(d);
+      fclose(f);
       exit(1);
+    } else {
+      r.ok = cJSON_IsTrue(ok);
+      r.seconds = sec->valuedouble;
     }
-    for (size_t i = 0; i < *n_ids; i++)
-      if (ids[i] == id) {
-        fprintf(stderr, "dgemma eval: %s line %d: id %lld appears twice\n", path, lineno, id);
+    cJSON_Delete(j);
+    if (why) break;
+    if (n == cap_d) {
+      cap_d = cap_d ? 2 * cap_d : 256;
+      problem_done *nd = realloc(d, cap_d * sizeof *d);
+      if (!nd) { why = "could not be read: out of memory"; break; }
+      d = nd;
+    }
+    d[n++] = r;
+  }
+  if (!why && n) {
+    qsort(d, n, sizeof *d, cmp_done);
+    for (size_t i = 1; i < n; i++)
+      if (d[i].id == d[i - 1].id) {
+        fprintf(stderr, "dgemma eval: %s: id %lld appears twice; remove the file or pass another -o\n", path, d[i].id);
+        free(line);
+        free(d);
+        fclose(f);
         exit(1);
       }
-    if (*n_ids == cap_ids) {
-      cap_ids = cap_ids ? 2 * cap_ids : 256;
-      ids = realloc(ids, cap_ids * sizeof *ids);
-      if (!ids) { fprintf(stderr, "dgemma eval: out of memory\n"); exit(1); }
-    }
-    ids[(*n_ids)++] = id;
-    tally_add(t, steps, cJSON_IsTrue(ok), tok, fw, bl, pos, sec->valuedouble);
-    cJSON_Delete(j);
   }
   free(line);
+  if (why) {
+    fprintf(stderr, "dgemma eval: %s line %d %s\n", path, lineno, why);
+    free(d);
+    fclose(f);
+    exit(1);
+  }
   if (len > 0 && ftruncate(fileno(f), good_end) != 0) {
     fprintf(stderr, "dgemma eval: cannot drop the torn last line of %s: %s\n", path, strerror(errno));
     exit(1);
   }
   fclose(f);
-  if (*n_ids) qsort(ids, *n_ids, sizeof *ids, cmp_ll);
-  return ids;
+  *n_out = n;
+  return d;
 }
 
 static int problems_on_step(const dg_step_info *si, void *ud) {
@@ -243,9 +286,10 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   problem_tally t;
   memset(&t, 0, sizeof t);
   size_t n_done = 0;
-  long long *done = o->out ? problems_resume(o->out, config, &t, &n_done) : NULL;
-  const int resumed = t.total;
-  if (resumed) fprintf(stderr, "dgemma eval: resuming: %d problems already in %s\n", resumed, o->out);
+  problem_done *done = o->out ? problems_resume(o->out, config, &n_done) : NULL;
+  int resumed = 0;
+  long long *seen = NULL; /* ids of this file so far: an id twice is an error */
+  size_t n_seen = 0, cap_seen = 0;
   FILE *out = o->out ? open_or_die(o->out, "a") : NULL;
   dg_context_params cp = dg_context_default_params();
   int32_t ncanv = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
@@ -294,9 +338,32 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
               "dgemma eval: %s line %d: expected {\"id\": int (optional), \"steps\": int, \"final\": int, and \"prompt_ids\": "
               "[ids in [0, %d)] or \"question\": text}\n",
               o->file, lineno, info.vocab_size);
+      cJSON_Delete(j);
+      free(prompt);
       exit(1);
     }
-    if (n_done && bsearch(&id, done, n_done, sizeof *done, cmp_ll)) { /* resumed */
+    for (size_t i = 0; i < n_seen; i++)
+      if (seen[i] == id) {
+        fprintf(stderr, "dgemma eval: %s line %d: problem id %lld appears twice in the file\n", o->file, lineno, id);
+        exit(1);
+      }
+    if (n_seen == cap_seen) {
+      cap_seen = cap_seen ? 2 * cap_seen : 256;
+      if (!(seen = realloc(seen, cap_seen * sizeof *seen))) { fprintf(stderr, "dgemma eval: out of memory\n"); exit(1); }
+    }
+    seen[n_seen++] = id;
+    const uint64_t hash = prompt_hash(prompt, np);
+    problem_done key = {.id = id};
+    const problem_done *dn = n_done ? bsearch(&key, done, n_done, sizeof *done, cmp_done) : NULL;
+    if (dn) { /* resumed: the same problem answered by the same configuration */
+      if (dn->hash != hash) {
+        fprintf(stderr,
+                "dgemma eval: %s line %d: problem id %lld is not the problem %s answered under that id (another "
+                "problems file?); pass another -o\n", o->file, lineno, id, o->out);
+        exit(1);
+      }
+      tally_add(&t, dn->steps, dn->ok, dn->tokens, dn->forwards, dn->blocks, dn->positions, dn->seconds);
+      resumed++;
       free(prompt);
       cJSON_Delete(j);
       continue;
@@ -322,6 +389,9 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
       cJSON *o2 = cJSON_CreateObject();
       cJSON_AddNumberToObject(o2, "id", id);
       cJSON_AddStringToObject(o2, "config", config);
+      char hx[17];
+      snprintf(hx, sizeof hx, "%016llx", (unsigned long long)hash);
+      cJSON_AddStringToObject(o2, "prompt_hash", hx);
       cJSON_AddNumberToObject(o2, "steps", steps);
       cJSON_AddNumberToObject(o2, "final", (double)final);
       if (has) cJSON_AddNumberToObject(o2, "pred", (double)pred);
@@ -354,8 +424,10 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   if (o->progress) fprintf(stderr, "\n");
   free(line);
   free(done);
+  free(seen);
   fclose(f);
   if (out) fclose(out);
+  if (resumed) fprintf(stderr, "dgemma eval: %d problems resumed from %s\n", resumed, o->out);
   if (t.total == 0) {
     fprintf(stderr, "dgemma eval: %s\n", interrupted ? "interrupted before the first problem finished"
                                                      : "no problems to evaluate (empty file)");

@@ -137,6 +137,21 @@ class TestDriver(unittest.TestCase):
             self.assertIn("| fast | 9 |", read(os.path.join(out, "turbo_table.md")))
             self.assertIn("0.50x", r.stdout)
 
+    def test_paired_diff_clipped(self):
+        # n = 2, b = 1, c = 0: d = -0.5, var = 0.5 - 0.25, se = sqrt(0.125): -0.5 - 1.96 se < -1, clipped
+        d, lo, hi = tt.paired_diff(1, 0, 2)
+        self.assertEqual((d, lo), (-0.5, -1.0))
+        self.assertLessEqual(hi, 1.0)
+
+    def test_missing_inputs(self):
+        r = subprocess.run([sys.executable, DRIVER, "--file", "/nonexistent/p.jsonl"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no such problems file", r.stderr)
+        r = subprocess.run([sys.executable, DRIVER, "--analyze-only", "--out", "/nonexistent/dir"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not a directory of earlier runs", r.stderr)
+
     def test_bad_config(self):
         r = subprocess.run([sys.executable, DRIVER, "--config", "x={not json"], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
