@@ -443,9 +443,10 @@ static dg_status turbo_int(const char *src, const cJSON *j, const char *key, int
 /* A probability threshold in (0, 1]. */
 static dg_status turbo_prob(const char *src, const char *key, const cJSON *v, float *dst, dg_status errc) {
   if (!cJSON_IsNumber(v)) return turbo_bad(errc, src, key, "a number in (0, 1]", v);
-  if (!(v->valuedouble > 0.0 && v->valuedouble <= 1.0))
-    return dg_seterr(errc, "%s: turbo option %s = %g is out of range (0, 1]; turbo options: %s", src, key,
-                     v->valuedouble, TURBO_LIST);
+  /* checked as the float it is stored as: 1e-300 is in (0, 1] as a double but 0 as a float */
+  if (!(v->valuedouble > 0.0 && v->valuedouble <= 1.0) || !((float)v->valuedouble > 0.0f))
+    return dg_seterr(errc, "%s: turbo option %s = %g is out of range (0, 1] (as a float); turbo options: %s", src,
+                     key, v->valuedouble, TURBO_LIST);
   *dst = (float)v->valuedouble;
   return DG_OK;
 }

@@ -134,6 +134,7 @@ static void test_kwargs(void **state) {
   expect_reject(&p, "{\"turbo_topk\": 5000}", "turbo_topk");
   expect_reject(&p, "{\"turbo_threshold\": 1.5}", "turbo_threshold");
   expect_reject(&p, "{\"turbo_threshold\": 0}", "turbo_threshold");
+  expect_reject(&p, "{\"turbo_threshold\": 1e-300}", "turbo_threshold"); /* > 0 as a double, 0 as a float */
   expect_reject(&p, "{\"turbo_threshold\": -0.2}", "turbo_threshold");
   expect_reject(&p, "{\"turbo_threshold\": [0.9, 1.2, 8]}", "turbo_threshold");
   expect_reject(&p, "{\"turbo_threshold\": [0.9, 0.8, -1]}", "turbo_threshold");
