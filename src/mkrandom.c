@@ -52,6 +52,7 @@
 #include "quant.h"
 #include "rng.h"
 #include "safetensors.h"
+#include "tokenizer.h"
 
 /* ---- the draws ------------------------------------------------------------ */
 
@@ -505,6 +506,22 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
     st = dg_seterr(DG_ERR_CONFIG, "%s: num_experts = %d, moe_intermediate_size = %d: DiffusionGemma needs experts",
                    cfg_name, c.n_experts, c.moe_intermediate_size);
     goto done;
+  }
+  if (p.source_dir) { /* the copied tokenizer must fit the vocabulary, or the output would not load */
+    char tpath[4096];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", p.source_dir);
+    struct stat tsb;
+    if (stat(tpath, &tsb) == 0) {
+      dg_tokenizer *tk = NULL;
+      if ((st = dg_tokenizer_load(tpath, (int32_t)c.vocab_size, &tk))) {
+        char why[1024]; /* dg_seterr writes the buffer dg_last_error reads */
+        snprintf(why, sizeof why, "%s", dg_last_error());
+        st = dg_seterr(st, "--source %s: its tokenizer does not fit %s (vocab_size %lld): %s", p.source_dir, cfg_name,
+                       (long long)c.vocab_size, why);
+        goto done;
+      }
+      dg_tokenizer_free(tk);
+    }
   }
   cfg = cJSON_ParseWithLength(text, len);
   if (!cfg || !cJSON_IsObject(cfg)) { st = dg_seterr(DG_ERR_JSON, "%s: not a JSON object", cfg_name); goto done; }

@@ -502,6 +502,9 @@ static void test_errors(void **state) {
   /* recipe, source */
   expect_error("small", "experts=5", NULL, tdir("o9"), DG_ERR_INVALID_ARG, "bits 5");
   expect_error("small", NULL, tdir("nosuchsource"), tdir("o10"), DG_ERR_NOT_FOUND, "nosuchsource");
+  /* a source tokenizer with more ids than the config's vocabulary (the bundled model's 4096 vs
+   * "small"'s 1024): refused before anything is written, since the output would not load */
+  expect_error("small", NULL, "models/dgemma-small", tdir("o11"), DG_ERR_VOCAB_MISMATCH, "does not fit");
   /* an input dim the group does not divide stays bf16, as MLX leaves it (and still loads) */
   const char *odd = small_variant("odd", "\"moe_intermediate_size\": 128", "\"moe_intermediate_size\": 96");
   dg_mkrandom_params mp = small_params(NULL, 0, 2);
