@@ -14,20 +14,7 @@
 static char g_dir[256];
 
 /* Run build/dgemma ARGS; returns its exit status, stdout and stderr in *out / *err (malloc'd). */
-static int run_cli(const char *args, char **out, char **err) {
-  char exe[1024], cmd[4096], of[512], ef[512];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  assert_true(k > 0);
-  exe[k] = 0;
-  *strrchr(exe, '/') = 0;
-  snprintf(of, sizeof of, "%s/cli.out", g_dir);
-  snprintf(ef, sizeof ef, "%s/cli.err", g_dir);
-  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >%s 2>%s", exe, args, of, ef);
-  int rc = system(cmd);
-  *out = dg_test_read_file(of, NULL);
-  *err = dg_test_read_file(ef, NULL);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+static int run_cli(const char *args, char **out, char **err) { return dg_test_run_cli(g_dir, args, out, err); }
 
 /* ---- ceiling shapes ------------------------------------------------------------------ */
 

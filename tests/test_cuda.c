@@ -305,9 +305,7 @@ static void test_synth_logits(void **state) {
     dg_model_free(cm);
     dg_model_free(gm);
     dg_model_free(sm);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    dg_test_rm_dir(dir);
   }
 }
 
@@ -646,9 +644,7 @@ static void test_no_gpu_error(void **state) {
   mp.device = DG_DEVICE_CPU;
   assert_dg_ok(dg_model_load(dir, &mp, &m));
   dg_model_free(m);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* The sampler statistics kernel against dg_position_stats on the same logits:
@@ -739,9 +735,7 @@ static void test_refuse_too_big(void **state) {
   assert_null(ctx);
   unsetenv("DGEMMA_CUDA_MEM_LIMIT");
   dg_model_free(m);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* ---- turbo engine on the device (spec 7; src/turbo.c, backend.h) ------------------ */
@@ -759,9 +753,7 @@ static void load_turbo_models(dg_model **cm, dg_model **gm, dg_model **sm) {
   synth_cfg c = turbo_cfg();
   assert_int_equal(synth_model_dir(dir, &c), 0);
   load_models(dir, cm, gm, sm);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* The compacted decoder (spec 7.4) on the device:
@@ -902,9 +894,7 @@ static void test_turbo_topk(void **state) {
   dg_context_free(ctx);
   dg_model_free(cm);
   dg_model_free(gm);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* Self-conditioning rows on the device vs the CPU (src/turbo.c): exact
@@ -985,9 +975,7 @@ static void test_turbo_sc(void **state) {
   dg_context_free(ctx);
   dg_model_free(cm);
   dg_model_free(gm);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* Per-step records of a turbo generation (dg_turbo_trace_hook), by canvas position. */
@@ -1238,9 +1226,7 @@ static void test_turbo_generate(void **state) {
   }
   dg_model_free(cm);
   dg_model_free(gm);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* dg_generate_batch on CUDA contexts (one device pass per canvas): every
@@ -1294,9 +1280,7 @@ static void test_turbo_batch(void **state) {
   }
   printf("# cuda batch B=2: every canvas equals its own CUDA run\n");
   dg_model_free(gm);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(dir);
 }
 
 /* ---- MLX affine-quantized weights (src/cuda/quant.cu) ----------------------
@@ -1652,9 +1636,7 @@ static void test_quant_synth_logits(void **state) {
     quantize_dir(fdir, qdir, qc[k].bits, qc[k].G, qc[k].recipe);
     quant_logits_case(qc[k].name, qdir, 3 * c.window + 5);
   }
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(root);
 }
 
 /* The bundled model through `dgemma quantize` (dg_quantize) with mlx-vlm's
@@ -1671,9 +1653,7 @@ static void test_quant_small_model(void **state) {
   snprintf(qdir, sizeof qdir, "%s/q", root);
   quantize_dir(src, qdir, 4, 64, "mlx,experts=3");
   quant_logits_case("dgemma-small mlx,experts=3", qdir, 70);
-  char cmd[700];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-  assert_int_equal(system(cmd), 0);
+  dg_test_rm_dir(root);
 }
 
 int main(void) {

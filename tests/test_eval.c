@@ -324,33 +324,11 @@ static void test_resume_malformed(void **state) {
 /* ---- the CLI's error paths (no generation) --------------------------------------------- */
 
 /* Run the CLI next to this test binary (build/tests/test_eval -> build/dgemma); stderr to a file. */
-static int run_cli(const char *args, char **stderr_text) {
-  char exe[1024], cmd[4096], errf[512];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  assert_true(k > 0);
-  exe[k] = 0;
-  *strrchr(exe, '/') = 0;
-  snprintf(errf, sizeof errf, "%s/cli.err", g_dir);
-  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >/dev/null 2>%s", exe, args, errf);
-  int rc = system(cmd);
-  *stderr_text = dg_test_read_file(errf, NULL);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+static int run_cli(const char *args, char **stderr_text) { return dg_test_run_cli(g_dir, args, NULL, stderr_text); }
 
 /* run_cli, keeping stdout too */
 static int run_cli_out(const char *args, char **stdout_text, char **stderr_text) {
-  char exe[1024], cmd[8192], errf[512], outf[512];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  assert_true(k > 0);
-  exe[k] = 0;
-  *strrchr(exe, '/') = 0;
-  snprintf(errf, sizeof errf, "%s/cli.err", g_dir);
-  snprintf(outf, sizeof outf, "%s/cli.out", g_dir);
-  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >%s 2>%s", exe, args, outf, errf);
-  int rc = system(cmd);
-  *stderr_text = dg_test_read_file(errf, NULL);
-  *stdout_text = dg_test_read_file(outf, NULL);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return dg_test_run_cli(g_dir, args, stdout_text, stderr_text);
 }
 
 static void test_cli_errors(void **state) {

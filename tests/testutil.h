@@ -13,6 +13,9 @@
 
 #include <cmocka.h>
 #include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dgemma.h"
@@ -29,19 +32,16 @@
       fail_msg("%s -> %s: %s", #expr, dg_status_str(st_), dg_last_error());    \
   } while (0)
 
-/* Remove a flat directory: its files, then the directory (tests write model
- * directories without subdirectories). Silent if it does not exist. */
+static inline int dg_test_rm_entry_(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
+  (void)sb; (void)type; (void)ftw;
+  remove(path); /* keep going: what cannot be removed is left */
+  return 0;
+}
+
+/* Remove a directory tree (depth first, links not followed). Silent if it
+ * does not exist. */
 static inline void dg_test_rm_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  char p[1024];
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
-  }
-  closedir(d);
-  rmdir(dir);
+  nftw(dir, dg_test_rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Read a whole file into a malloc'd buffer (NUL-terminated); NULL if absent. */
@@ -56,6 +56,25 @@ static inline char *dg_test_read_file(const char *path, size_t *len) {
   fclose(f);
   if (buf) { buf[n] = 0; if (len) *len = (size_t)n; }
   return buf;
+}
+
+/* Run the CLI (the dgemma binary of the same build: <test binary dir>/../dgemma)
+ * with ARGS through the shell; stdout and stderr go to files in tmpdir and
+ * come back malloc'd in *out / *err (out may be NULL: stdout is dropped).
+ * Returns the exit status, or -1 if the process did not exit normally. */
+static inline int dg_test_run_cli(const char *tmpdir, const char *args, char **out, char **err) {
+  char exe[1024], cmd[8192], of[512], ef[512];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  assert_true(k > 0);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  snprintf(of, sizeof of, "%s/cli.out", tmpdir);
+  snprintf(ef, sizeof ef, "%s/cli.err", tmpdir);
+  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >%s 2>%s", exe, args, out ? of : "/dev/null", ef);
+  int rc = system(cmd);
+  if (out) *out = dg_test_read_file(of, NULL);
+  *err = dg_test_read_file(ef, NULL);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 #endif

@@ -48,6 +48,27 @@ static void on_signal(int sig) {
   signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
+/* SIGINT and SIGTERM stop a run at the next denoising step (g_interrupted);
+ * a signal the process was started with ignored (a background job) stays
+ * ignored. stop_signals_restore puts the earlier dispositions back. */
+static struct sigaction g_old_int, g_old_term;
+
+static void stop_signals_catch(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, NULL, &g_old_int);
+  sigaction(SIGTERM, NULL, &g_old_term);
+  if (g_old_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
+  if (g_old_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
+}
+
+static void stop_signals_restore(void) {
+  sigaction(SIGINT, &g_old_int, NULL);
+  sigaction(SIGTERM, &g_old_term, NULL);
+}
+
 static double wall(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -297,12 +318,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   dg_context *ctx;
   dg_status st = dg_context_new(m, &cp, &ctx);
   if (st) die_st("context", st);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  stop_signals_catch();
   gp.on_step = problems_on_step;
   gp.user_data = NULL;
   char *line = NULL;
@@ -419,8 +435,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
     cJSON_Delete(j);
   }
   (void)limit_reached;
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  stop_signals_restore();
   if (o->progress) fprintf(stderr, "\n");
   free(line);
   free(done);
@@ -743,19 +758,13 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   snprintf(title, sizeof title, "GSM8K %d-shot %s (vLLM harness conventions), %s", shots,
            o->chat ? "chat, thinking off" : "completion", o->model_dir);
   gsm8k_run_opts ro = {&in->test, &in->train, shots, o->chat, o->out, config, o->progress, o->tty};
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  stop_signals_catch();
   if (o->progress)
     fprintf(stderr, "gsm8k: %d items from %s: %s\n", in->test.n, in->dir, title);
   char err[2048] = "";
   gsm8k_summary s;
   int rc = gsm8k_run(&ro, gsm8k_generate, &g, &s, err, sizeof err);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  stop_signals_restore();
   dg_context_free(g.ctx);
   free(g.ids);
   if (rc < 0) fprintf(stderr, "dgemma eval: %s\n", err);
