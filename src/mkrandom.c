@@ -237,6 +237,13 @@ typedef struct mk_item {
   uint64_t out_bytes[3];
 } mk_item;
 
+static const char *mk_module(const void *items, size_t i, int *bits, int *group_size) {
+  const mk_item *it = (const mk_item *)items + i;
+  *bits = it->bits;
+  *group_size = it->group_size;
+  return it->module;
+}
+
 typedef struct mk_plan {
   mk_item *it;
   size_t n, cap;
@@ -652,21 +659,7 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
 
   /* config.json again, with the quantization block (as dg_quantize writes it) */
   if (!st && res.n_quantized) {
-    cJSON *q = cJSON_CreateObject();
-    cJSON_AddNumberToObject(q, "group_size", rc.group_size);
-    cJSON_AddNumberToObject(q, "bits", rc.bits);
-    cJSON_AddStringToObject(q, "mode", "affine");
-    for (size_t i = 0; i < plan.n; i++) {
-      const mk_item *it = &plan.it[i];
-      if (!it->bits || (it->bits == rc.bits && it->group_size == rc.group_size)) continue;
-      cJSON *o = cJSON_CreateObject();
-      cJSON_AddNumberToObject(o, "group_size", it->group_size);
-      cJSON_AddNumberToObject(o, "bits", it->bits);
-      cJSON_AddItemToObject(q, it->module, o);
-    }
-    cJSON_AddItemToObject(cfg, "quantization", q);
-    cJSON_AddItemToObject(cfg, "quantization_config", cJSON_Duplicate(q, 1));
-    char *js = cJSON_Print(cfg);
+    char *js = dg_quant_config_block(cfg, rc.bits, rc.group_size, plan.it, plan.n, mk_module) ? NULL : cJSON_Print(cfg);
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
     free(js);

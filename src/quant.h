@@ -139,4 +139,17 @@ void dg_quant_config_free(dg_quant_config *qc);
  * the defaults. Returns 0 if the block marks the module `false`, 1 otherwise. */
 int dg_quant_config_lookup(const dg_quant_config *qc, const char *path, int *bits, int *group_size);
 
+/* The MLX "quantization" block of config.json (spec 3.2; mlx-lm's
+ * `quantization` / `quantization_config`): {"group_size": G, "bits": B,
+ * "mode": "affine"} plus, for every quantized module whose format differs
+ * from (B, G), "module.path": {"group_size", "bits"}. item(items, i, &bits,
+ * &group_size) returns module i's path and format (bits 0: a float module,
+ * not listed), for i < n. Added to cfg under both keys, as mlx-lm writes
+ * them. Returns 0, or -1 when out of memory. Used by dg_quantize and
+ * dg_mkrandom so that both write the same block. */
+struct cJSON;
+typedef const char *(*dg_quant_module_fn)(const void *items, size_t i, int *bits, int *group_size);
+int dg_quant_config_block(struct cJSON *cfg, int bits, int group_size, const void *items, size_t n,
+                          dg_quant_module_fn item);
+
 #endif

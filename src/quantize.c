@@ -184,6 +184,43 @@ typedef struct plan_item {
   out_tensor out[3];
 } plan_item;
 
+static const char *plan_module(const void *items, size_t i, int *bits, int *group_size) {
+  const plan_item *it = (const plan_item *)items + i;
+  *bits = it->bits;
+  *group_size = it->group_size;
+  return it->module;
+}
+
+int dg_quant_config_block(cJSON *cfg, int bits, int group_size, const void *items, size_t n,
+                          dg_quant_module_fn item) {
+  cJSON *q = cJSON_CreateObject();
+  if (!q || !cJSON_AddNumberToObject(q, "group_size", group_size) || !cJSON_AddNumberToObject(q, "bits", bits) ||
+      !cJSON_AddStringToObject(q, "mode", "affine")) {
+    cJSON_Delete(q);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    int b, g;
+    const char *module = item(items, i, &b, &g);
+    if (!b || (b == bits && g == group_size)) continue;
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddNumberToObject(o, "group_size", g) || !cJSON_AddNumberToObject(o, "bits", b)) {
+      cJSON_Delete(o);
+      cJSON_Delete(q);
+      return -1;
+    }
+    cJSON_AddItemToObject(q, module, o);
+  }
+  cJSON *q2 = cJSON_Duplicate(q, 1);
+  if (!q2) {
+    cJSON_Delete(q);
+    return -1;
+  }
+  cJSON_AddItemToObject(cfg, "quantization", q);
+  cJSON_AddItemToObject(cfg, "quantization_config", q2);
+  return 0;
+}
+
 static int has_suffix(const char *s, const char *suf) {
   size_t a = strlen(s), b = strlen(suf);
   return a >= b && !strcmp(s + a - b, suf);
@@ -434,21 +471,7 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
 
   /* config.json with the quantization block (top level, as mlx-lm writes it) */
   if (!st) {
-    cJSON *q = cJSON_CreateObject();
-    cJSON_AddNumberToObject(q, "group_size", rc.group_size);
-    cJSON_AddNumberToObject(q, "bits", rc.bits);
-    cJSON_AddStringToObject(q, "mode", "affine");
-    for (size_t i = 0; i < n; i++) {
-      const plan_item *it = &items[i];
-      if (!it->bits || (it->bits == rc.bits && it->group_size == rc.group_size)) continue;
-      cJSON *o = cJSON_CreateObject();
-      cJSON_AddNumberToObject(o, "group_size", it->group_size);
-      cJSON_AddNumberToObject(o, "bits", it->bits);
-      cJSON_AddItemToObject(q, it->module, o);
-    }
-    cJSON_AddItemToObject(cfg, "quantization", q);
-    cJSON_AddItemToObject(cfg, "quantization_config", cJSON_Duplicate(q, 1));
-    char *js = cJSON_Print(cfg);
+    char *js = dg_quant_config_block(cfg, rc.bits, rc.group_size, items, n, plan_module) ? NULL : cJSON_Print(cfg);
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
     free(js);
