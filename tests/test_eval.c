@@ -509,6 +509,10 @@ static void test_cli_interrupt(void **state) {
   if (pid == 0) {
     freopen(errf, "w", stderr);
     freopen(outf, "w", stdout);
+    /* the default disposition, as at an interactive shell: a test run launched in the
+     * background inherits an ignored SIGINT, which dgemma (rightly) keeps ignoring */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256", "-s", "48",
           "--limit", "4", "-o", items, (char *)NULL);
     _exit(127);
