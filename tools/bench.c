@@ -709,6 +709,22 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
   return 0;
 }
 
+/* The timing fields every throughput row writes: tokens in and out, passes,
+ * the repetitions and the median / min / max wall time in seconds. */
+static void json_timing(cJSON *j, int P, int G, int blocks, int forwards, int warm, int reps, double med, double lo,
+                        double hi) {
+  cJSON_AddNumberToObject(j, "prompt_tokens", P);
+  cJSON_AddNumberToObject(j, "generated_tokens", G);
+  cJSON_AddNumberToObject(j, "blocks", blocks);
+  cJSON_AddNumberToObject(j, "forwards", forwards);
+  cJSON_AddNumberToObject(j, "warmup", warm);
+  cJSON_AddNumberToObject(j, "reps", reps);
+  cJSON_AddNumberToObject(j, "median_s", med);
+  cJSON_AddNumberToObject(j, "min_s", lo);
+  cJSON_AddNumberToObject(j, "max_s", hi);
+  cJSON_AddNumberToObject(j, "tok_per_s", G / med);
+}
+
 static void json_ceilings(cJSON *j, const char *device, double bw, double rate, double mm, int nt) {
   cJSON_AddStringToObject(j, "device", device);
   cJSON_AddNumberToObject(j, "copy_gb_s", bw / 1e9);
@@ -835,16 +851,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
       cJSON_AddStringToObject(j, "prompt", r->prompt);
       cJSON_AddStringToObject(j, "model", o->model_dir);
       cJSON_AddNumberToObject(j, "canvas", r->C);
-      cJSON_AddNumberToObject(j, "prompt_tokens", r->P);
-      cJSON_AddNumberToObject(j, "generated_tokens", r->G);
-      cJSON_AddNumberToObject(j, "blocks", r->blocks);
-      cJSON_AddNumberToObject(j, "forwards", r->forwards);
-      cJSON_AddNumberToObject(j, "warmup", warm);
-      cJSON_AddNumberToObject(j, "reps", reps);
-      cJSON_AddNumberToObject(j, "median_s", r->med);
-      cJSON_AddNumberToObject(j, "min_s", r->lo);
-      cJSON_AddNumberToObject(j, "max_s", r->hi);
-      cJSON_AddNumberToObject(j, "tok_per_s", r->G / r->med);
+      json_timing(j, r->P, r->G, r->blocks, r->forwards, warm, reps, r->med, r->lo, r->hi);
       cJSON_AddNumberToObject(j, "floor_s", r->floor_s);
       cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
       json_ceilings(j, device, bw, rate, mm, nt);
@@ -881,17 +888,8 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
         cJSON_AddNumberToObject(j, "canvas", C);
         cJSON_AddNumberToObject(j, "B", r->B);
         cJSON_AddStringToObject(j, "gen_kwargs", o->gen_kwargs ? o->gen_kwargs : "");
-        cJSON_AddNumberToObject(j, "prompt_tokens", r->P);
-        cJSON_AddNumberToObject(j, "generated_tokens", r->G);
-        cJSON_AddNumberToObject(j, "blocks", r->blocks);
-        cJSON_AddNumberToObject(j, "forwards", r->forwards);
+        json_timing(j, r->P, r->G, r->blocks, r->forwards, warm, reps, r->med, r->lo, r->hi);
         cJSON_AddNumberToObject(j, "passes", r->passes);
-        cJSON_AddNumberToObject(j, "warmup", warm);
-        cJSON_AddNumberToObject(j, "reps", reps);
-        cJSON_AddNumberToObject(j, "median_s", r->med);
-        cJSON_AddNumberToObject(j, "min_s", r->lo);
-        cJSON_AddNumberToObject(j, "max_s", r->hi);
-        cJSON_AddNumberToObject(j, "tok_per_s", r->G / r->med);
         cJSON_AddNumberToObject(j, "per_canvas_tok_per_s", r->G / r->med / r->B);
         cJSON_AddNumberToObject(j, "floor_s", r->floor_s);
         cJSON_AddNumberToObject(j, "floor_tok_per_s", r->floor_s > 0 ? r->G / r->floor_s : 0);

@@ -674,6 +674,29 @@ extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   return soft_from(c, c->logits);
 }
 
+/* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4):
+ * c->x [C, H] = layers(post_norm(embed(canvas) + SC_MLP(pre_norm(soft)))),
+ * the SC term only with sc = 1 (c->soft on the device; a zero signal adds
+ * exactly zero, so sc = 0 skips it). Shared by dg_cuda_decode and
+ * dg_cuda_decode_rows, which differ only in the LM head. */
+static dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int T = d->canvas, H = d->hidden;
+  cudaStream_t s = c->stream;
+  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
+  /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
+  if (sc == 1) {
+    CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
+    DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
+    CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
+  }
+  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
+  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
+  return DG_OK;
+}
+
 extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc,
                                     const float *sc_logits, float *logits_out) {
   const dg_cuda_model *m = c->m;
@@ -690,16 +713,7 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
     sc = 1;
   }
   if (sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
-  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
-  /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
-  if (sc == 1) {
-    CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
-    DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
-    CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
-  }
-  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
-  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
+  DG_TRY(decoder_layers(c, canvas, pos0, sc));
   /* final norm, tied LM head, softcap (spec 4.7) */
   CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
   DG_TRY(wmatmul(c, c->a, H, T, &m->embed, c->logits, d->vocab));
@@ -855,9 +869,7 @@ static dg_status turbo_head(dg_cuda_ctx *c, const int32_t *rows, int32_t n, floa
 extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc,
                                          const float *soft, const int32_t *rows, int32_t n, float *raw_out) {
   const dg_cuda_model *m = c->m;
-  const dg_cuda_model_desc *d = &m->d;
-  const int T = d->canvas, H = d->hidden;
-  cudaStream_t s = c->stream;
+  const int T = m->d.canvas;
   if (pos0 < 0 || pos0 > c->cap)
     return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
                      c->cap);
@@ -865,15 +877,7 @@ extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, 
   CK(cudaSetDevice(m->device));
   DG_TRY(turbo_bufs(c, 0));
   DG_TRY(turbo_soft_in(c, &sc, soft));
-  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
-  if (sc == 1) { /* as dg_cuda_decode */
-    CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
-    DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
-    CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
-  }
-  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
-  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
+  DG_TRY(decoder_layers(c, canvas, pos0, sc));
   return turbo_head(c, rows, n, raw_out);
 }
 
