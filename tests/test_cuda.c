@@ -1489,24 +1489,63 @@ static void test_quant_embed_soft(void **state) {
 
 static double gelu_d(double a) { return 0.5 * a * (1.0 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))); }
 
+/* Scale or bias i of a quantized matrix, widened to double. */
+static double q_sbval(const dg_weight *w, const void *p, size_t i) {
+  if (w->sb_dtype == DG_F32) return ((const float *)p)[i];
+  const uint16_t h = ((const uint16_t *)p)[i];
+  return w->sb_dtype == DG_BF16 ? dg_bf16_to_f32(h) : dg_f16_to_f32(h);
+}
+
+/* Bound on |GPU - CPU| of one quantized dot product y = sum_k x_k w_k of the
+ * tensor-core expert kernels (src/cuda/qmoe.cu). The CPU takes the
+ * dequantized w_k = fl(fl(q_k s) + b); the GPU the exact decomposition
+ * sum_j (s_j P_j + b_j S_j), P_j = sum_{k in j} x_k q_k (exact products,
+ * fp32 additions in the tensor core, counted at 2u each to allow truncating
+ * adders), S_j = sum_{k in j} x_k (fp32), folded by two fmaf per group:
+ *   |w_k - (q_k s + b)| <= u (|q_k s| + |w_k|)                 (CPU's two roundings)
+ *   |dP_j| <= g2(G) sum_j |x q|,  |dS_j| <= g(G) sum_j |x|      (the sums)
+ *   fold: 2 ng roundings of the running sum: g(2 ng) sum_j (|s P_j| + |b S_j|)
+ * so with Aq = sum |x_k q_k s_j|, Ab = sum |x_k b_j|, Aw = sum |x_k w_k|:
+ *   D = u (Aq + Aw) + (g2(G) + g(2 ng + 1)) (Aq + Ab), times 1.01 for the
+ * second-order terms. g(n) = n u / (1 - n u), g2(n) = g(2n), u = 2^-24. The
+ * CPU's own fp32 dot product (gamma_K Aw) is part of ref's error, so the
+ * reference here is the double sum over the CPU's dequantized weights. */
+static double qdot_bound(const dg_weight *W, int64_t row, const float *x, const float *w, double *ex) {
+  const double u = ldexp(1.0, -24);
+  const int64_t K = W->cols, G = W->group_size, ng = K / G;
+  const uint8_t *pk = (const uint8_t *)W->data + row * K * W->bits / 8;
+  double aq = 0, ab = 0, aw = 0, e = 0;
+  for (int64_t k = 0; k < K; k++) {
+    const size_t gi = (size_t)(row * ng + k / G);
+    const double sv = q_sbval(W, W->scales, gi), bv = q_sbval(W, W->biases, gi);
+    const double q = dg_quant_code(pk, W->bits, k);
+    aq += fabs(x[k] * q * sv);
+    ab += fabs(x[k] * bv);
+    aw += fabs((double)x[k] * w[k]);
+    e += (double)x[k] * w[k];
+  }
+  const double g2 = 2.0 * G * u / (1.0 - 2.0 * G * u), gf = (2.0 * ng + 1) * u / (1.0 - (2.0 * ng + 1) * u);
+  *ex = e;
+  return 1.01 * (u * (aq + aw) + (g2 + gf) * (aq + ab));
+}
+
 /* The gathered MoE products (dg_cuda_experts with quantized stacks) against
- * sums in double over the dequantized weights, per (token, slot):
- *   h: the GPU's fp32 gate and up sums g', u' are within d = gamma_H sum|x w|
+ * sums in double over the CPU's dequantized weights, per (token, slot):
+ *   h: the GPU's fp32 gate and up sums g', u' are within dg, du = qdot_bound
  *      of the exact g, u; |gelu_tanh'| <= 1.1290 everywhere (its maximum, near
  *      a = 1.4, found numerically), so by the mean value theorem gelu(g') u' is
  *      within E1 = 1.13 dg (|u| + du) + |gelu(g)| du of gelu(g) u; the fp32
  *      evaluation of gelu_tanh (tanhf, a few roundings) adds at most
  *      64 u_f32 (|g| + 1) |u'|, and the bf16 store rounds by at most
  *      2^-8 of the value: bound 2^-8 (|h| + E) + E with E the sum of both.
- *   y: from the GPU's own h (bf16, exact in fp32): one fp32 dot product of
- *      IE terms, within gamma_IE sum|h w| of the exact sum.
- * Routing: slot 0 of every token is expert 0 (T = 37 rows: two tiles of 32),
- * expert 1 is never chosen (an empty group), slot 1 cycles over 2..4. */
-static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, double *wh, double *wy) {
+ *   y: from the GPU's own h (bf16, exact in fp32): qdot_bound of the down row.
+ * Routing: slot 0 of every token is expert 0 (T = 37 rows: more than one pass
+ * of 32), expert 1 is never chosen (an empty group), slot 1 cycles over 2..4. */
+static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, double *wh, double *wy) {
   const int T = 37, E = 5, K = 2;
   qmat gu, dn;
-  qmat_make(&gu, (int64_t)E * 2 * IE, H, bits_gu, G, DG_BF16);
-  qmat_make(&dn, (int64_t)E * H, IE, bits_d, G, DG_BF16);
+  qmat_make(&gu, (int64_t)E * 2 * IE, H, bits_gu, G, sb);
+  qmat_make(&dn, (int64_t)E * H, IE, bits_d, G, sb);
   int32_t idx[74];
   for (int t = 0; t < T; t++) {
     idx[t * K] = 0;
@@ -1514,26 +1553,21 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, double
   }
   uint16_t *xb = malloc(2 * (size_t)T * H), *h = malloc(2 * (size_t)T * K * IE);
   float *xf = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
-  float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE);
+  float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE), *hf = malloc(4 * (size_t)IE);
   rand_bf16(xb, xf, (size_t)T * H, 2.0f);
   dg_cuda_mat mg = qmat_cuda(&gu), md = qmat_cuda(&dn);
   assert_dg_ok(dg_cuda_test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
-  const double gH = H * u / (1.0 - H * u), gI = IE * u / (1.0 - IE * u);
   for (int p = 0; p < T * K; p++) {
     const int t = p / K, e = idx[p];
     const float *x = xf + (size_t)t * H;
     for (int n = 0; n < IE; n++) {
-      dg_quant_dequant_row(&gu.w, (int64_t)e * 2 * IE + n, wg);
-      dg_quant_dequant_row(&gu.w, (int64_t)e * 2 * IE + IE + n, wu);
-      double g = 0, uu = 0, mg_ = 0, mu = 0;
-      for (int k = 0; k < H; k++) {
-        g += (double)x[k] * wg[k];
-        uu += (double)x[k] * wu[k];
-        mg_ += fabs((double)x[k] * wg[k]);
-        mu += fabs((double)x[k] * wu[k]);
-      }
-      const double dg = gH * mg_, du = gH * mu, ref = gelu_d(g) * uu;
+      const int64_t rg = (int64_t)e * 2 * IE + n, ru = rg + IE;
+      dg_quant_dequant_row(&gu.w, rg, wg);
+      dg_quant_dequant_row(&gu.w, ru, wu);
+      double g, uu;
+      const double dg = qdot_bound(&gu.w, rg, x, wg, &g), du = qdot_bound(&gu.w, ru, x, wu, &uu);
+      const double ref = gelu_d(g) * uu;
       const double e1 = 1.13 * dg * (fabs(uu) + du) + fabs(gelu_d(g)) * du + 64.0 * u * (fabs(g) + 1.0) * (fabs(uu) + du);
       const double bound = ub * (fabs(ref) + e1) + e1 + 1e-30;
       const double got = dg_bf16_to_f32(h[(size_t)p * IE + n]), err = fabs(got - ref);
@@ -1542,15 +1576,12 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, double
         fail_msg("experts gate/up %d-bit g%d H=%d IE=%d: token %d expert %d h[%d] = %.6g, exact %.6g, |diff| %.3g > "
                  "%.3g", bits_gu, G, H, IE, t, e, n, got, ref, err, bound);
     }
+    for (int k = 0; k < IE; k++) hf[k] = dg_bf16_to_f32(h[(size_t)p * IE + k]);
     for (int n = 0; n < H; n++) {
       dg_quant_dequant_row(&dn.w, (int64_t)e * H + n, wd);
-      double ex = 0, mag = 0;
-      for (int k = 0; k < IE; k++) {
-        const double hv = dg_bf16_to_f32(h[(size_t)p * IE + k]);
-        ex += hv * wd[k];
-        mag += fabs(hv * wd[k]);
-      }
-      const double bound = gI * mag + 1e-30, err = fabs((double)y[(size_t)p * H + n] - ex);
+      double ex;
+      const double bound = qdot_bound(&dn.w, (int64_t)e * H + n, hf, wd, &ex) + 1e-30;
+      const double err = fabs((double)y[(size_t)p * H + n] - ex);
       if (err / bound > *wy) *wy = err / bound;
       if (!(err <= bound))
         fail_msg("experts down %d-bit g%d H=%d IE=%d: token %d expert %d y[%d] = %.9g, exact %.9g, |diff| %.3g > %.3g",
@@ -1559,7 +1590,7 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, double
   }
   qmat_free(&gu);
   qmat_free(&dn);
-  free(xb); free(h); free(xf); free(y); free(wg); free(wu); free(wd);
+  free(xb); free(h); free(xf); free(y); free(wg); free(wu); free(wd); free(hf);
 }
 
 static void test_quant_experts(void **state) {
@@ -1569,12 +1600,14 @@ static void test_quant_experts(void **state) {
   const int bitsv[5] = {2, 3, 4, 6, 8};
   double wh = 0, wy = 0;
   for (int b = 0; b < 5; b++) {
-    check_qexperts(bitsv[b], bitsv[b], 32, 64, 96, &wh, &wy);       /* IE 96: one and a half column tiles */
-    check_qexperts(bitsv[b], bitsv[(b + 2) % 5], 64, 128, 64, &wh, &wy); /* gate/up and down of different widths */
+    check_qexperts(bitsv[b], bitsv[b], 32, 64, 96, DG_BF16, &wh, &wy); /* IE 96: one and a half row slabs */
+    check_qexperts(bitsv[b], bitsv[(b + 2) % 5], 64, 128, 64, DG_BF16, &wh, &wy); /* gate/up and down differ */
   }
-  check_qexperts(4, 8, 128, 128, 128, &wh, &wy);
-  printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, 37 tokens x top-2, an empty "
-         "expert): largest |diff| / bound: h %.4f, y %.4f (<= 1)\n", wh, wy);
+  check_qexperts(4, 8, 128, 128, 128, DG_BF16, &wh, &wy);
+  check_qexperts(4, 3, 64, 192, 192, DG_F16, &wh, &wy); /* f16 scales; K = 192: a stage of 128 and a tail of 64 */
+  check_qexperts(2, 6, 32, 288, 64, DG_F32, &wh, &wy);  /* f32 scales; H = 288: a tail of 32, 2.25 down slabs */
+  printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, bf16/f16/f32 scales, 37 "
+         "tokens x top-2, an empty expert): largest |diff| / bound: h %.4f, y %.4f (<= 1)\n", wh, wy);
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of

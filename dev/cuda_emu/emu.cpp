@@ -33,7 +33,7 @@ unsigned bar_gen = 0;
 struct warp {
   int count;
   unsigned gen;
-  unsigned char val[32][8];
+  unsigned char val[32][64]; /* one lane's published value (a shuffle's 8 bytes, an mma fragment set) */
 };
 std::vector<warp> warps;
 std::vector<unsigned char> smem;
@@ -89,6 +89,17 @@ void warp_exchange(const void *v, void *out, int size, int src) {
   warp_barrier(w, n);
   if (src >= n) { fprintf(stderr, "emu: shuffle from inactive lane %d\n", src); abort(); }
   memcpy(out, w.val[src], (size_t)size);
+  warp_barrier(w, n);
+}
+
+/* Each lane publishes `size` bytes; every lane gets all 32 (the warp-wide mma of src/cuda/mma.cuh). */
+void warp_gather(const void *v, void *all, int size) {
+  const int wi = cur >> 5, n = warp_size(wi);
+  warp &w = warps[wi];
+  if (size > 64 || n != 32) { fprintf(stderr, "emu: warp_gather of %d bytes over %d lanes\n", size, n); abort(); }
+  memcpy(w.val[cur & 31], v, (size_t)size);
+  warp_barrier(w, n);
+  for (int l = 0; l < 32; l++) memcpy((unsigned char *)all + (size_t)l * size, w.val[l], (size_t)size);
   warp_barrier(w, n);
 }
 

@@ -40,12 +40,16 @@ struct uint2 { unsigned x, y; };
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+struct float2 { float x, y; };
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 
 namespace emu {
 extern uint3_ threadIdx_, blockIdx_;
 extern dim3 blockDim_, gridDim_;
 void syncthreads();
 void warp_exchange(const void *v, void *out, int size, int src_lane); /* all lanes of the warp */
+void warp_gather(const void *v, void *all, int size);              /* all lanes: everyone's `size` (<= 64) bytes */
 void *dyn_smem();
 void run(dim3 grid, dim3 block, size_t smem, std::function<void()> fn);
 int lane();

@@ -222,6 +222,62 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
   return DG_OK;
 }
 
+/* Pairs per row of an expert stack's (scale, bias) array: cols / group
+ * rounded up to 4, so that each row starts on 16 bytes (qmoe.cu copies them
+ * with cp.async). */
+static int64_t expert_sbld(const dg_cuda_mat *m) { return (m->cols / m->group_size + 3) / 4 * 4; }
+
+/* Device bytes of an expert stack: bf16, or packed words + padded (scale, bias) pairs. */
+static size_t expert_bytes(const dg_cuda_mat *m) {
+  if (!m->data || !m->bits) return mat_bytes(m);
+  return (size_t)m->rows * (size_t)m->cols * (size_t)m->bits / 8 +
+         (size_t)m->rows * (size_t)expert_sbld(m) * 2 * sb_size(m->sb_dtype);
+}
+
+/* Upload an expert stack [E * rows, cols]: bf16 as up_w; quantized: the
+ * packed words as stored and, instead of the separate scales and biases, one
+ * array of (scale, bias) pairs per group in their dtype, rows padded to
+ * expert_sbld pairs (zero), the layout of the tensor-core kernels (qmoe.cu). */
+static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m, const char *what, uint16_t *stage) {
+  if (!m->bits) {
+    const dg_cuda_mat *p1[1] = {m};
+    return up_w(al, dst, p1, 1, what, stage);
+  }
+  memset(dst, 0, sizeof *dst);
+  dst->rows = m->rows;
+  dst->cols = m->cols;
+  dst->bits = m->bits;
+  dst->group = m->group_size;
+  dst->sb = m->sb_dtype;
+  const size_t n = (size_t)m->rows * (size_t)m->cols, ss = sb_size(m->sb_dtype);
+  const int64_t ng = m->cols / m->group_size, ld = expert_sbld(m);
+  dst->sbld = (int)ld;
+  DG_TRY(dalloc(al, (void **)&dst->q, n * (size_t)m->bits / 8, what));
+  CK(cudaMemcpy(dst->q, m->data, n * (size_t)m->bits / 8, cudaMemcpyHostToDevice));
+  const size_t pair = 2 * ss, rows_per = 1 << 14; /* staged 16 K rows at a time */
+  DG_TRY(dalloc(al, &dst->sbp, (size_t)m->rows * (size_t)ld * pair, what));
+  unsigned char *h = (unsigned char *)calloc(rows_per * (size_t)ld, pair);
+  if (!h) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory packing the scales of %s", what);
+  dg_status st = DG_OK;
+  for (int64_t r0 = 0; r0 < m->rows && st == DG_OK; r0 += (int64_t)rows_per) {
+    const int64_t nr = m->rows - r0 < (int64_t)rows_per ? m->rows - r0 : (int64_t)rows_per;
+    for (int64_t r = 0; r < nr; r++)
+      for (int64_t j = 0; j < ng; j++) {
+        const size_t src = ((size_t)(r0 + r) * (size_t)ng + (size_t)j) * ss;
+        unsigned char *d = h + ((size_t)r * (size_t)ld + (size_t)j) * pair;
+        memcpy(d, (const unsigned char *)m->scales + src, ss);
+        memcpy(d + ss, (const unsigned char *)m->biases + src, ss);
+      }
+    cudaError_t e = cudaMemcpy((unsigned char *)dst->sbp + (size_t)r0 * (size_t)ld * pair, h, (size_t)nr * ld * pair,
+                               cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+      st = dg_seterr(DG_ERR_BACKEND, "%s:%d: cudaMemcpy of the scale pairs of %s failed: %s", __FILE__, __LINE__, what,
+                     cudaGetErrorString(e));
+  }
+  free(h);
+  return st;
+}
+
 /* Upload the row blocks of a fused product: runs of consecutive blocks of one
  * format become one matrix each (dg_cuda_wset). */
 static dg_status up_wset(alloc_list *al, dg_cuda_wset *dst, const dg_cuda_mat *const *parts, int nparts,
@@ -245,7 +301,7 @@ static size_t weight_bytes(const dg_cuda_model_desc *d) {
     const size_t D = l->head_dim;
     b += mat_bytes(&l->q) + mat_bytes(&l->k) + mat_bytes(&l->v) + mat_bytes(&l->o) + 2 * D * 4 + 7 * H * 4;
     b += mat_bytes(&l->mlp_gate) + mat_bytes(&l->mlp_up) + mat_bytes(&l->mlp_down) + E * H * 4 + H * 4 + E * 4;
-    b += mat_bytes(&l->experts_gate_up) + mat_bytes(&l->experts_down);
+    b += expert_bytes(&l->experts_gate_up) + expert_bytes(&l->experts_down);
   }
   b += 2 * 512 * 4;
   return b;
@@ -382,10 +438,8 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     }
     T_(up_vec(al, &l->router_scale, ld->router_scale, H, what));
     T_(up_vec(al, &l->per_expert_scale, ld->per_expert_scale, E, what));
-    p2[0] = &ld->experts_gate_up;
-    T_(up_w(al, &l->experts_gate_up, p2, 1, what, stage));
-    p2[0] = &ld->experts_down;
-    T_(up_w(al, &l->experts_down, p2, 1, what, stage));
+    T_(up_experts(al, &l->experts_gate_up, &ld->experts_gate_up, what, stage));
+    T_(up_experts(al, &l->experts_down, &ld->experts_down, what, stage));
     l->layer_scalar_dec = ld->layer_scalar_dec;
     l->layer_scalar_enc = ld->layer_scalar_enc;
     if ((int)D > m->dmax) m->dmax = (int)D;
@@ -442,7 +496,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
   const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
-                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64;
+                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64;
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
   if (kv + scratch + (RESERVE / 2) > fr)
@@ -500,6 +554,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->moe.n_tiles, 4);
   A_(c->moe.h, TK * IE * 2);
   A_(c->moe.y, TK * H * 4);
+  A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
   A_(c->logits, C * V * 4);
   A_(c->P, C * V * 2);
   A_(c->soft, C * H * 4);
@@ -1118,8 +1173,10 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up
   uint16_t *hd = (uint16_t *)malloc(TK * IE * 2);
   float *yd = (float *)malloc(TK * H * 4);
   if (!slot_row || !hd || !yd) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
-  TT_(test_up(&al, &l.experts_gate_up, gate_up));
-  TT_(test_up(&al, &l.experts_down, down));
+  TT_(check_mat(gate_up, "test gate_up", -1));
+  TT_(check_mat(down, "test down", -1));
+  TT_(up_experts(&al, &l.experts_gate_up, gate_up, "test gate_up", NULL));
+  TT_(up_experts(&al, &l.experts_down, down, "test down", NULL));
   TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "xe"));
   TT_(test_in(&al, (void **)&b.topk_idx, idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
@@ -1130,6 +1187,7 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up
   TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
   TT_(dalloc(&al, (void **)&b.h, TK * IE * 2, "h"));
   TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
+  TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
   TC_(k_group(0, &b, T, E, K));
   TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
   TC_(cudaDeviceSynchronize());

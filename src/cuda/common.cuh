@@ -69,7 +69,10 @@ struct dg_cuda_w {
   int64_t rows, cols;
   bf16 *w;                  /* bits == 0: [rows, cols] */
   uint32_t *q;              /* bits != 0: [rows, cols*bits/32] */
-  void *s, *b;              /* bits != 0: [rows, cols/group] */
+  void *s, *b;              /* bits != 0: [rows, cols/group]; NULL for expert stacks (they keep sbp) */
+  void *sbp;                /* expert stacks (bits != 0): (scale, bias) pairs [rows, sbld] in dtype sb
+                               (qmoe.cu), sbld = cols/group rounded up to 4 (16-byte rows) */
+  int sbld;
 };
 
 /* The weights of a fused product (q|k|v, gate|up): the row blocks in order,
@@ -129,6 +132,7 @@ struct dg_cuda_moe_buf {
   int32_t *n_tiles;    /* [1] */
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
+  float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
 };
 
 struct dg_cuda_ctx {
@@ -248,5 +252,20 @@ cudaError_t k_qembed(cudaStream_t s, float *x, const dg_cuda_w *E, const int32_t
 cudaError_t k_qexperts_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                                int IE, int E, int K);
 cudaError_t k_qexperts_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K);
+
+/* ---- quantized experts on tensor cores (qmoe.cu) ---- */
+/* The gathered MoE products over a quantized stack with (scale, bias) pairs
+ * (W->sbp): gate/up h[row] = bf16(gelu(G_e x) U_e x) over xe [T, H] and
+ * down y[row] = D_e h[row], for every grouped row of the work of k_group
+ * (count, start, pairs). Both need b->xs to hold the group sums of their
+ * input (k_group_sums: of xe [T, H] for gate/up, of b->h [T*K, IE] for down,
+ * with the stack's group size). Grid: E x row slabs; experts without rows
+ * exit at once. nt: tokens per pass / 8 (1, 2, 4 or 8; <= 0 chooses from T K / E). */
+cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H, int IE,
+                         int E, int K, int nt);
+cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K,
+                      int nt);
+/* out[r * (cols / G) + j] = sum_{k < G} x[r * cols + j G + k] in fp32, r < rows. */
+cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out);
 
 #endif

@@ -1,0 +1,113 @@
+/* mma.cuh: the warp-level tensor-core product and the asynchronous copies of
+ * the quantized MoE kernels (qmoe.cu), with CPU-emulation equivalents so that
+ * dev/cuda_emu runs the same kernels with the same fragment layouts.
+ *
+ *   dg_mma_bf16      D += A B, mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+ *                    (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
+ *                    point type"): lane l, g = l / 4, t = l % 4 holds
+ *                      A: a[0] = (A[g][2t], A[g][2t+1]), a[1] = rows g+8,
+ *                         a[2] = (A[g][2t+8], A[g][2t+9]), a[3] = rows g+8;
+ *                      B: b[0] = (B[2t][g], B[2t+1][g]), b[1] = (B[2t+8][g], B[2t+9][g]);
+ *                      C, D: d[0], d[1] = (C[g][2t], C[g][2t+1]), d[2], d[3] = rows g+8;
+ *                    bf16 pairs with the lower column (row for B) in the low half.
+ *   dg_cp_async{4,8,16}  cp.async.{ca,cg}.shared.global of 4/8/16 bytes; the 16-byte
+ *                    one with a source size (0: the destination is zero-filled)
+ *   dg_cp_commit, dg_cp_wait<N>  cp.async.commit_group / wait_group N
+ *   dg_prmt          __byte_perm
+ *   dg_bf16x2_sub128 (x - 128, y - 128) of a bf16 pair, exact for |x|, |y| < 512
+ *                    integers (fma.rn.bf16x2 with 1 and -128) */
+#ifndef DG_CUDA_MMA_CUH
+#define DG_CUDA_MMA_CUH
+
+#include <stdint.h>
+
+#ifndef DG_CUDA_EMU
+
+__device__ __forceinline__ void dg_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t dg_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void dg_cp_async16(void *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dg_smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void dg_cp_async8(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dg_smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void dg_cp_async4(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dg_smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void dg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void dg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t dg_prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+__device__ __forceinline__ uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+  return __funnelshift_r(lo, hi, sh);
+}
+
+__device__ __forceinline__ uint32_t dg_bf16x2_sub128(uint32_t x) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(x), "r"(0x3f803f80u), "r"(0xc300c300u));
+  return r;
+}
+
+#else /* the CPU emulation (dev/cuda_emu): same semantics, one lane at a time */
+
+static inline float dg_emu_bf16_lo(uint32_t v) { uint32_t u = v << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float dg_emu_bf16_hi(uint32_t v) { uint32_t u = v & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
+
+/* Every lane publishes its fragments to the warp (32 exchanges), then computes its own D elements. */
+static inline void dg_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  struct frag { uint32_t a[4], b[2]; } mine = {{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, all[32];
+  emu::warp_gather(&mine, all, (int)sizeof mine);
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; l++) {
+    const int g = l >> 2, t = l & 3;
+    const frag &f = all[l];
+    A[g][2 * t] = dg_emu_bf16_lo(f.a[0]); A[g][2 * t + 1] = dg_emu_bf16_hi(f.a[0]);
+    A[g + 8][2 * t] = dg_emu_bf16_lo(f.a[1]); A[g + 8][2 * t + 1] = dg_emu_bf16_hi(f.a[1]);
+    A[g][2 * t + 8] = dg_emu_bf16_lo(f.a[2]); A[g][2 * t + 9] = dg_emu_bf16_hi(f.a[2]);
+    A[g + 8][2 * t + 8] = dg_emu_bf16_lo(f.a[3]); A[g + 8][2 * t + 9] = dg_emu_bf16_hi(f.a[3]);
+    B[2 * t][g] = dg_emu_bf16_lo(f.b[0]); B[2 * t + 1][g] = dg_emu_bf16_hi(f.b[0]);
+    B[2 * t + 8][g] = dg_emu_bf16_lo(f.b[1]); B[2 * t + 9][g] = dg_emu_bf16_hi(f.b[1]);
+  }
+  const int l = emu::lane(), g = l >> 2, t = l & 3;
+  for (int i = 0; i < 4; i++) {
+    const int r = g + 8 * (i >> 1), c = 2 * t + (i & 1);
+    float s = d[i];
+    for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];
+    d[i] = s;
+  }
+}
+
+static inline void dg_cp_async16(void *dst, const void *src, int src_bytes) {
+  if (src_bytes) memcpy(dst, src, 16); else memset(dst, 0, 16);
+}
+static inline void dg_cp_async8(void *dst, const void *src) { memcpy(dst, src, 8); }
+static inline void dg_cp_async4(void *dst, const void *src) { memcpy(dst, src, 4); }
+static inline void dg_cp_commit() {}
+template <int N> static inline void dg_cp_wait() {}
+
+static inline uint32_t dg_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  const uint64_t v = (uint64_t)a | ((uint64_t)b << 32);
+  uint32_t r = 0;
+  for (int i = 0; i < 4; i++) r |= (uint32_t)((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+static inline uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+  return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+static inline uint32_t dg_bf16x2_sub128(uint32_t x) { /* exact for the small integers the kernels pass */
+  const float lo = dg_emu_bf16_lo(x) - 128.0f, hi = dg_emu_bf16_hi(x) - 128.0f;
+  uint32_t ul, uh;
+  memcpy(&ul, &lo, 4);
+  memcpy(&uh, &hi, 4);
+  return (ul >> 16) | (uh & 0xffff0000u);
+}
+#endif
+
+#endif
