@@ -3,7 +3,8 @@
 # tool: the build and the tests never need it; Debian package `gnuplot`).
 #
 # Reads every *.jsonl file in IN_DIR and plots what it finds:
-#   rows {"protocol": "ceiling", ...}  (dgemma bench --protocol ceiling -o)
+#   rows {"protocol": "ceiling", ...}  (dgemma bench --protocol ceiling [--device cuda] -o, and the PyTorch
+#                                       anchors of scripts/torch_anchors.py -o: "impl" keeps them apart)
 #     -> ceiling_gbs.png       GB/s of weights read vs M, against the roofline, one panel per shape
 #     -> ceiling_fraction.png  fraction of the roofline reached vs M
 #   rows {"protocol": "batch", ...}    (dgemma bench --protocol batch -o)
@@ -11,7 +12,7 @@
 #                              its bytes term alone, where the rows have floor_bytes_s)
 #   rows {"config": NAME, "tok_s": X, "accuracy": A, "acc_lo": L, "acc_hi": H}
 #     -> turbo_accuracy.png    accuracy (with its interval) vs tok/s per turbo configuration
-# Series are kept apart by device, kernel and format (ceiling) or device, model
+# Series are kept apart by device, impl + kernel and format (ceiling) or device, model
 # and --gen-kwargs (batch), so CPU and GPU rows can share a file or directory.
 # A malformed line is an error naming the file and line. Plots without data are skipped.
 set -euo pipefail
@@ -50,8 +51,9 @@ for path in files:
             p = r.get("protocol")
             try:
                 if p == "ceiling":
-                    ceil.append((r["device"], r["kernel"], r["shape"], r["format"], float(r["M"]), float(r["gb_s"]),
-                                 float(r["roofline_gb_s"]), float(r["fraction"])))
+                    # impl: "dgemma" (absent in older rows) or a PyTorch anchor (scripts/torch_anchors.py)
+                    ceil.append((r["device"], r.get("impl", "dgemma") + " " + r["kernel"], r["shape"], r["format"],
+                                 float(r["M"]), float(r["gb_s"]), float(r["roofline_gb_s"]), float(r["fraction"])))
                 elif p == "batch":
                     batch.append((r["device"], r.get("model", ""), r.get("gen_kwargs", ""), int(r["B"]),
                                   float(r["tok_per_s"]), float(r["per_canvas_tok_per_s"]), float(r["floor_tok_per_s"]),
@@ -78,13 +80,14 @@ def gnuplot(name, script):
     made.append(os.path.join(out_dir, name + ".png"))
 
 if ceil:
-    shapes = [s for s in ("expert_gate_up", "expert_down", "moe_gathered") if any(c[2] == s for c in ceil)]
+    shapes = [s for s in ("expert_gate_up", "expert_down", "experts_all", "moe_gathered") if any(c[2] == s for c in ceil)]
     series = []  # (device, kernel, format) in first-seen order
     for c in ceil:
         k = (c[0], c[1], c[3])
         if k not in series:
             series.append(k)
     titles = {"expert_gate_up": "expert gate/up [1408 x 2816]", "expert_down": "expert down [2816 x 704]",
+              "experts_all": "128 experts, gate/up + down, M rows each",
               "moe_gathered": "gathered MoE (128 experts, top-8)"}
     for what, col in (("gbs", 5), ("fraction", 7)):
         panels = []

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "bench.h"
+#include "cuda/backend.h"
 
 static char g_dir[256];
 
@@ -352,6 +353,137 @@ static void test_cli_rows(void **state) {
   free(j);
 }
 
+
+/* ---- GPU ceilings and the CUDA ceiling protocol (host logic) ------------------------------ */
+
+#define assert_near(a, b, tol)                                                                  \
+  do {                                                                                          \
+    const double an_a_ = (a), an_b_ = (b);                                                      \
+    if (!(fabs(an_a_ - an_b_) <= (tol))) fail_msg("%s = %.17g, expected %.17g", #a, an_a_, an_b_); \
+  } while (0)
+
+/* The even routing of the CUDA ceiling rows: every expert exactly M rows, K distinct experts per
+ * token; the random routing's ids give bench_route's counts. */
+static void test_route_even(void **state) {
+  (void)state;
+  static int32_t ids[128 * 256];
+  const int Ms[4] = {1, 3, 16, 256};
+  for (int i = 0; i < 4; i++) {
+    const int32_t T = bench_route_even(Ms[i], 128, 8, ids);
+    assert_int_equal(T, 16 * Ms[i]);
+    int cnt[128] = {0};
+    for (int32_t t = 0; t < T; t++)
+      for (int k = 0; k < 8; k++) {
+        cnt[ids[t * 8 + k]]++;
+        for (int j = 0; j < k; j++) assert_int_not_equal(ids[t * 8 + j], ids[t * 8 + k]);
+      }
+    for (int e = 0; e < 128; e++) assert_int_equal(cnt[e], Ms[i]);
+  }
+  assert_int_equal(bench_route_even(1, 10, 4, ids), -1); /* 4 does not divide 10 */
+  assert_int_equal(bench_route_even(0, 128, 8, ids), -1);
+  int32_t start[129];
+  const int hit = bench_route(256, 128, 8, 42, start, NULL);
+  assert_int_equal(bench_route_ids(256, 128, 8, 42, ids), 0);
+  int cnt[128] = {0}, hit2 = 0;
+  for (int i = 0; i < 256 * 8; i++) cnt[ids[i]]++;
+  for (int e = 0; e < 128; e++) {
+    assert_int_equal(cnt[e], start[e + 1] - start[e]);
+    hit2 += cnt[e] > 0;
+  }
+  assert_int_equal(hit, hit2);
+}
+
+/* Bytes and FLOPs of the expert MLP (the CUDA rows) by hand, and the floor with given GPU ceilings:
+ * all 128 experts at 4-bit g64: per expert gate/up 1,982,464 code bytes + 1408 x 44 x 2 x 2 = 247,808
+ * scale/bias bytes, down 991,232 + 2816 x 11 x 4 = 123,904: 3,345,408 bytes, x 128 = 428,212,224
+ * (the ~428 MB of issue 11); FLOPs 2 x rows x 3 x 704 x 2816. */
+static void test_gpu_floor(void **state) {
+  (void)state;
+  bench_cost c = bench_experts_cost(4, 64, 2816, 704, 128, 128 * 16);
+  assert_near(c.weight_bytes, 428212224.0, 0);
+  assert_near(c.flops, 2.0 * 2048 * 3 * 704 * 2816, 0);
+  bench_cost b = bench_experts_cost(16, 64, 2816, 704, 100, 7);
+  assert_near(b.weight_bytes, 100.0 * 3 * 704 * 2816 * 2, 0);
+  dg_cuda_ceilings g0, g1;
+  memset(&g0, 0, sizeof g0);
+  memset(&g1, 0, sizeof g1);
+  snprintf(g0.name, sizeof g0.name, "test GPU");
+  g0.read_bps = 4.0e12;
+  g0.bf16_flops = 6.0e14;
+  g1.read_bps = 3.9e12;
+  g1.bf16_flops = 7.0e14;
+  double bw = 0, rate = 0;
+  assert_string_equal(bench_gpu_rates(&g0, &g1, &bw, &rate), "test GPU");
+  assert_near(bw, 4.0e12, 0); /* the best of both */
+  assert_near(rate, 7.0e14, 0);
+  int mb = -1;
+  assert_near(bench_floor_s(&c, bw, rate, &mb), 428212224.0 / 4.0e12, 1e-15);
+  assert_int_equal(mb, 1);
+  bench_cost big = bench_experts_cost(4, 64, 2816, 704, 128, 128 * 256); /* M = 256: compute-bound */
+  assert_near(bench_floor_s(&big, bw, rate, &mb), big.flops / 7.0e14, 1e-15);
+  assert_int_equal(mb, 0);
+  /* a generation's floor with those ceilings: the sum of its passes, by hand */
+  dg_model *m = load_small(0);
+  dg_model_info mi;
+  dg_model_get_info(m, &mi);
+  const int32_t C = mi.canvas_length, P = 100, steps[3] = {16, 16, 5};
+  double by = 0, fl = 0, want = 0, wby = 0, wfl = 0;
+  int mem = -1;
+  const double f = bench_gen_floor(m, P, steps, 3, bw, rate, &mem, &by, &fl);
+  bench_cost e = bench_encoder_cost(m, P, 0);
+  want += bench_floor_s(&e, bw, rate, NULL);
+  wby += e.weight_bytes + e.kv_bytes + e.other_bytes;
+  wfl += e.flops;
+  for (int k = 0; k < 3; k++) {
+    if (k) {
+      e = bench_encoder_cost(m, C, P + (k - 1) * C);
+      want += bench_floor_s(&e, bw, rate, NULL);
+      wby += e.weight_bytes + e.kv_bytes + e.other_bytes;
+      wfl += e.flops;
+    }
+    bench_cost d = bench_decoder_cost(m, P + k * C);
+    want += steps[k] * bench_floor_s(&d, bw, rate, NULL);
+    wby += steps[k] * (d.weight_bytes + d.kv_bytes + d.other_bytes);
+    wfl += steps[k] * d.flops;
+  }
+  assert_near(f, want, want * 1e-12);
+  assert_near(by, wby, wby * 1e-12);
+  assert_near(fl, wfl, wfl * 1e-12);
+  assert_int_equal(mem, 1); /* the bundled model at batch 1: memory-bound on any such GPU */
+  dg_model_free(m);
+}
+
+/* --protocol ceiling --device cuda: without a usable GPU a clear error and exit status 1 (not a
+ * crash, not the CPU sweep); with one, a tiny sweep whose rows carry the GPU ceilings. */
+static void test_cli_ceiling_cuda(void **state) {
+  (void)state;
+  char args[1024], path[600], *o, *e, info[512];
+  snprintf(path, sizeof path, "%s/ceiling_cuda.jsonl", g_dir);
+  snprintf(args, sizeof args,
+           "bench --protocol ceiling --device cuda --rows 1 --formats 4 --moe-tokens 0 --reps 2 --warmup 1 -o %s", path);
+  const int gpu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK;
+  const int rc = run_cli(args, &o, &e);
+  if (!gpu) {
+    if (rc != 1 || !strstr(e, "dgemma bench: --protocol ceiling --device cuda: GPU ceilings on cuda:0: backend error: "))
+      fail_msg("%s: exit %d, stderr \"%s\"", args, rc, e);
+    assert_null(strstr(o, "| shape |")); /* no CPU sweep instead */
+    printf("# no GPU: %s", e);
+  } else {
+    if (rc != 0) fail_msg("%s: exit %d, stderr \"%s\"", args, rc, e);
+    char *j = dg_test_read_file(path, NULL);
+    assert_non_null(j);
+    assert_non_null(strstr(j, "\"device\":\"cuda\""));
+    assert_non_null(strstr(j, "\"shape\":\"experts_all\""));
+    assert_non_null(strstr(j, "\"weight_bytes\":428212224,"));
+    assert_non_null(strstr(j, "\"gpu_read_gb_s\":"));
+    assert_non_null(strstr(j, "\"gpu_bf16_tflop_s\":"));
+    printf("# GPU (%s):\n%s", info, o);
+    free(j);
+  }
+  free(o);
+  free(e);
+}
+
 static int setup(void **state) {
   (void)state;
   snprintf(g_dir, sizeof g_dir, "/tmp/dgemma_test_bench_XXXXXX");
@@ -371,6 +503,8 @@ int main(void) {
       cmocka_unit_test(test_batch_params),      cmocka_unit_test(test_batch_equals_single),
       cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_rows),
+      cmocka_unit_test(test_route_even),        cmocka_unit_test(test_gpu_floor),
+      cmocka_unit_test(test_cli_ceiling_cuda),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1689,6 +1689,74 @@ static void test_quant_small_model(void **state) {
   dg_test_rm_dir(root);
 }
 
+
+/* The GPU ceilings (ceil.cu) at tiny sizes: the read kernel's reduction
+ * equals the host's sum of the buffer words (every 16-byte chunk read exactly
+ * once, the data as documented), every rate is positive and finite, and the
+ * sizes are rounded as documented. On the emulator the rates mean nothing. */
+static void test_ceilings(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  dg_cuda_ceilings c;
+  const int64_t rb = (1 << 16) + 24; /* not a multiple of 16, nor of the grid's stride */
+  assert_dg_ok(dg_cuda_ceilings_measure(0, rb, 4096, 40, 3, &c));
+  assert_int_equal(c.read_bytes, (size_t)((1 << 16) + 16));
+  assert_int_equal(c.copy_bytes, 4096);
+  assert_int_equal(c.gemm_n, 32);
+  assert_int_equal(c.reps, 3);
+  uint32_t want = 0;
+  for (uint64_t i = 0; i < c.read_bytes / 4; i++) want += dg_cuda_ceil_word(i);
+  assert_int_equal(c.read_sum, want);
+  assert_true(c.read_bps > 0 && isfinite(c.read_bps) && c.read_med_bps > 0 && c.read_med_bps <= c.read_bps);
+  assert_true(c.copy_bps > 0 && isfinite(c.copy_bps) && c.copy_med_bps <= c.copy_bps);
+  assert_true(c.bf16_flops > 0 && isfinite(c.bf16_flops) && c.bf16_med_flops <= c.bf16_flops);
+  assert_true(strlen(c.name) > 0);
+  assert_int_equal(dg_cuda_ceilings_measure(0, -1, 0, 0, 0, &c), DG_ERR_INVALID_ARG);
+  printf("# ceilings (tiny): %s: read %.2f GB/s, copy %.2f GB/s, bf16 %.3f TFLOP/s, read sum %08x\n", c.name,
+         c.read_bps / 1e9, c.copy_bps / 1e9, c.bf16_flops / 1e12, c.read_sum);
+}
+
+/* dg_cuda_bench_experts at tiny shapes, bf16 and 4-bit: it runs, times every
+ * rep, reports the stacks' bytes as the format says, and the outputs are
+ * finite; bad arguments are refused with DG_ERR_INVALID_ARG. */
+static void test_bench_experts(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) skip();
+  enum { H = 64, IE = 64, E = 4, K = 2, T = 6 };
+  int32_t idx[T * K];
+  for (int i = 0; i < T * K; i++) idx[i] = (i / K + i % K) % E; /* distinct within a token */
+  const int bitsv[2] = {0, 4};
+  for (int b = 0; b < 2; b++) {
+    dg_cuda_bench_experts_args a = {bitsv[b], 64, H, IE, E, K, T, idx, 1, 3, 1 << 16, 5};
+    dg_cuda_bench_result r;
+    assert_dg_ok(dg_cuda_bench_experts(0, &a, &r));
+    assert_int_equal(r.reps, 3);
+    assert_true(r.min_ms >= 0 && r.min_ms <= r.med_ms && r.med_ms <= r.max_ms);
+    const size_t n = (size_t)E * 3 * IE * H; /* gate/up + down weights */
+    const size_t want = bitsv[b] ? n * 4 / 8 + 2 * (n / 64) * 2 : n * 2;
+    assert_int_equal(r.weight_bytes, want);
+    assert_true(isfinite(r.out_sum) && r.out_sum != 0);
+    printf("# bench_experts (tiny, %s): median %.3f ms, out sum %g\n", bitsv[b] ? "4-bit g64" : "bf16", r.med_ms,
+           r.out_sum);
+  }
+  dg_cuda_bench_experts_args bad = {4, 64, H, IE, E, K, T, idx, 1, 3, 0, 5};
+  dg_cuda_bench_result r;
+  bad.bits = 5;
+  assert_int_equal(dg_cuda_bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
+  bad.bits = 4;
+  bad.H = 96; /* not a multiple of 64 */
+  assert_int_equal(dg_cuda_bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
+  bad.H = H;
+  int32_t dup[T * K];
+  memcpy(dup, idx, sizeof dup);
+  dup[1] = dup[0];
+  bad.idx = dup;
+  assert_int_equal(dg_cuda_bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "twice"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
@@ -1699,6 +1767,7 @@ int main(void) {
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
+      cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -37,6 +37,7 @@
 
 #include "dg_error.h"
 #include "kernels.h"
+#include "cuda/backend.h"
 #include "model.h"
 
 static double now_s(void) {
@@ -161,9 +162,9 @@ static uint64_t splitmix64(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int32_t *token_of) {
-  int *perm = malloc((size_t)E * sizeof *perm), *pick = malloc((size_t)T * top_k * sizeof *pick);
-  if (!perm || !pick || top_k > E) { free(perm); free(pick); return -1; }
+int bench_route_ids(int32_t T, int E, int top_k, uint64_t seed, int32_t *ids) {
+  int *perm = malloc((size_t)E * sizeof *perm);
+  if (!perm || top_k > E) { free(perm); return -1; }
   uint64_t st = seed;
   for (int32_t t = 0; t < T; t++) { /* top_k distinct experts: the first top_k of a partial shuffle */
     for (int e = 0; e < E; e++) perm[e] = e;
@@ -171,9 +172,17 @@ int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int3
       int r = j + (int)(splitmix64(&st) % (uint64_t)(E - j)), x = perm[j];
       perm[j] = perm[r];
       perm[r] = x;
-      pick[(size_t)t * top_k + j] = perm[j];
+      ids[(size_t)t * top_k + j] = perm[j];
     }
   }
+  free(perm);
+  return 0;
+}
+
+int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int32_t *token_of) {
+  int *perm = malloc((size_t)E * sizeof *perm);
+  int32_t *pick = malloc((size_t)T * top_k * sizeof *pick);
+  if (!perm || !pick || bench_route_ids(T, E, top_k, seed, pick)) { free(perm); free(pick); return -1; }
   for (int e = 0; e <= E; e++) start[e] = 0;
   for (size_t i = 0; i < (size_t)T * top_k; i++) start[pick[i] + 1]++;
   int hit = 0;
@@ -185,6 +194,31 @@ int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int3
   free(perm);
   free(pick);
   return hit;
+}
+
+int32_t bench_route_even(int M, int E, int top_k, int32_t *ids) {
+  if (M <= 0 || E <= 0 || top_k <= 0 || E % top_k || ((int64_t)E * M) % top_k) return -1;
+  const int32_t T = (int32_t)((int64_t)E * M / top_k);
+  for (int64_t i = 0; i < (int64_t)T * top_k; i++) ids[i] = (int32_t)(i % E);
+  return T;
+}
+
+bench_cost bench_experts_cost(int bits, int group_size, int64_t H, int64_t IE, int64_t experts, int64_t rows) {
+  bench_cost gu = bench_matmul_cost(2 * IE, H, bits, group_size, rows), dn = bench_matmul_cost(H, IE, bits, group_size, rows);
+  bench_cost c = {0, 0, 0, 0};
+  c.weight_bytes = (double)experts * (gu.weight_bytes + dn.weight_bytes);
+  c.flops = gu.flops + dn.flops;
+  return c;
+}
+
+const char *bench_gpu_rates(const dg_cuda_ceilings *a, const dg_cuda_ceilings *b, double *bw, double *rate) {
+  *bw = a->read_bps;
+  *rate = a->bf16_flops;
+  if (b) {
+    *bw = fmax(*bw, b->read_bps);
+    *rate = fmax(*rate, b->bf16_flops);
+  }
+  return a->name;
 }
 
 /* ---- options ------------------------------------------------------------------ */
@@ -554,7 +588,7 @@ typedef struct batch_row {
 
 /* The rows of the batch protocol: for each B, canvases 0..B-1 (prompt b % 8, seed + b) generated together. */
 static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, const int *Bs, int nB,
-                     batch_row *rows) {
+                     const dg_cuda_ceilings *gc, batch_row *rows) {
   const int32_t C = m->cfg.canvas_length;
   int Bmax = 0;
   for (int i = 0; i < nB; i++) Bmax = Bs[i] > Bmax ? Bs[i] : Bmax;
@@ -583,8 +617,12 @@ static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, 
     double t[1000];
     bench_trace tr = {0};
     /* a row lasts minutes at large B: on a shared machine the load moves, so each row gets its own ceilings */
-    row->bw = bench_copy_bandwidth((size_t)256 << 20, m->n_threads, 5);
-    row->rate = bench_fma_rate(m->n_threads, 5, NULL);
+    if (gc) { /* a GPU: its ceilings of the command's start (no other load moves them) */
+      bench_gpu_rates(gc, NULL, &row->bw, &row->rate);
+    } else {
+      row->bw = bench_copy_bandwidth((size_t)256 << 20, m->n_threads, 5);
+      row->rate = bench_fma_rate(m->n_threads, 5, NULL);
+    }
     for (int i = 0; !rc && i < warm + reps; i++) {
       const int last = i == warm + reps - 1;
       if (last) bench_trace_free(&tr);
@@ -620,8 +658,10 @@ static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, 
       row->lo = row->hi = t[0];
       for (int i = 1; i < reps; i++) { row->lo = fmin(row->lo, t[i]); row->hi = fmax(row->hi, t[i]); }
       row->med = bench_median(t, reps);
-      row->bw = fmax(row->bw, bench_copy_bandwidth((size_t)256 << 20, m->n_threads, 5));
-      row->rate = fmax(row->rate, bench_fma_rate(m->n_threads, 5, NULL));
+      if (!gc) {
+        row->bw = fmax(row->bw, bench_copy_bandwidth((size_t)256 << 20, m->n_threads, 5));
+        row->rate = fmax(row->rate, bench_fma_rate(m->n_threads, 5, NULL));
+      }
       row->floor_s = bench_batch_floor(m, B, n, &tr, row->bw, row->rate, &row->memory_bound, &row->passes,
                                        &row->bytes_s, &row->flops_s);
     }
@@ -640,29 +680,35 @@ typedef struct row {
   const char *protocol, *prompt;
   int32_t P, G, C, blocks, forwards;
   double med, lo, hi, floor_s;
+  double bytes, flops; /* over all passes of one run (the floor's cost model) */
   int memory_bound;
 } row;
 
-/* Floor of one generation: prefill, then per block its decoder forwards at the block's context and the commit. */
-static double gen_floor(const dg_model *m, int32_t P, const run_trace *tr, double bw, double rate, int *mem_bound) {
+double bench_gen_floor(const dg_model *m, int32_t P, const int32_t *steps, int32_t n_blocks, double bw, double rate,
+                       int *memory_bound, double *bytes, double *flops) {
   const int32_t C = m->cfg.canvas_length;
   int mb;
-  double mem_t = 0, all = 0;
+  double mem_t = 0, all = 0, by = 0, fl = 0;
   bench_cost c = bench_encoder_cost(m, P, 0);
   double f = bench_floor_s(&c, bw, rate, &mb);
   all += f; mem_t += mb ? f : 0;
-  for (int32_t b = 0; b < tr->n_blocks && b < 4096; b++) {
+  by += c.weight_bytes + c.kv_bytes + c.other_bytes; fl += c.flops;
+  for (int32_t b = 0; b < n_blocks; b++) {
     int32_t L = P + b * C;
     if (b > 0) {
       c = bench_encoder_cost(m, C, L - C);
       f = bench_floor_s(&c, bw, rate, &mb);
       all += f; mem_t += mb ? f : 0;
+      by += c.weight_bytes + c.kv_bytes + c.other_bytes; fl += c.flops;
     }
     c = bench_decoder_cost(m, L);
-    f = tr->steps[b] * bench_floor_s(&c, bw, rate, &mb);
+    f = steps[b] * bench_floor_s(&c, bw, rate, &mb);
     all += f; mem_t += mb ? f : 0;
+    by += steps[b] * (c.weight_bytes + c.kv_bytes + c.other_bytes); fl += steps[b] * c.flops;
   }
-  *mem_bound = mem_t >= all / 2;
+  if (memory_bound) *memory_bound = mem_t >= all / 2;
+  if (bytes) *bytes = by;
+  if (flops) *flops = fl;
   return all;
 }
 
@@ -705,7 +751,8 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
   r->lo = t[0]; r->hi = t[0];
   for (int i = 1; i < reps; i++) { r->lo = fmin(r->lo, t[i]); r->hi = fmax(r->hi, t[i]); }
   r->med = bench_median(t, reps);
-  r->floor_s = gen_floor(m, r->P, &tr, bw, rate, &r->memory_bound);
+  r->floor_s = bench_gen_floor(m, r->P, tr.steps, tr.n_blocks < 4096 ? tr.n_blocks : 4096, bw, rate, &r->memory_bound,
+                               &r->bytes, &r->flops);
   return 0;
 }
 
@@ -725,12 +772,42 @@ static void json_timing(cJSON *j, int P, int G, int blocks, int forwards, int wa
   cJSON_AddNumberToObject(j, "tok_per_s", G / med);
 }
 
-static void json_ceilings(cJSON *j, const char *device, double bw, double rate, double mm, int nt) {
+/* The ceilings of a row's floor: the host's (copy, FMA, matmul) on the CPU,
+ * the GPU's (bench_json_gpu) on CUDA. */
+static void json_ceilings(cJSON *j, const char *device, const dg_cuda_ceilings *gc, double bw, double rate, double mm,
+                          int nt) {
   cJSON_AddStringToObject(j, "device", device);
-  cJSON_AddNumberToObject(j, "copy_gb_s", bw / 1e9);
-  cJSON_AddNumberToObject(j, "fma_gflop_s", rate / 1e9);
-  cJSON_AddNumberToObject(j, "matmul_gflop_s", mm / 1e9);
+  if (gc) {
+    bench_json_gpu(j, gc);
+  } else {
+    cJSON_AddNumberToObject(j, "copy_gb_s", bw / 1e9);
+    cJSON_AddNumberToObject(j, "fma_gflop_s", rate / 1e9);
+    cJSON_AddNumberToObject(j, "matmul_gflop_s", mm / 1e9);
+  }
   cJSON_AddNumberToObject(j, "threads", nt);
+}
+
+void bench_json_gpu(cJSON *j, const dg_cuda_ceilings *g) {
+  cJSON_AddStringToObject(j, "gpu", g->name);
+  cJSON_AddNumberToObject(j, "gpu_read_gb_s", g->read_bps / 1e9);
+  cJSON_AddNumberToObject(j, "gpu_read_median_gb_s", g->read_med_bps / 1e9);
+  cJSON_AddNumberToObject(j, "gpu_read_bytes", (double)g->read_bytes);
+  cJSON_AddNumberToObject(j, "gpu_copy_gb_s", g->copy_bps / 1e9);
+  cJSON_AddNumberToObject(j, "gpu_copy_median_gb_s", g->copy_med_bps / 1e9);
+  cJSON_AddNumberToObject(j, "gpu_copy_bytes", (double)g->copy_bytes);
+  cJSON_AddNumberToObject(j, "gpu_bf16_tflop_s", g->bf16_flops / 1e12);
+  cJSON_AddNumberToObject(j, "gpu_bf16_median_tflop_s", g->bf16_med_flops / 1e12);
+  cJSON_AddNumberToObject(j, "gpu_gemm_n", g->gemm_n);
+  cJSON_AddNumberToObject(j, "gpu_ceiling_reps", g->reps);
+}
+
+void bench_print_gpu(const dg_cuda_ceilings *g, const char *when) {
+  printf("GPU ceilings (%s, %d SMs, %s; best / median of %d, cudaEvents): read %.1f / %.1f GB/s (streaming-read "
+         "kernel over %.2f GiB, bytes read); copy %.1f / %.1f GB/s (cudaMemcpyAsync device-to-device of %.2f GiB, "
+         "bytes read + written); bf16 %.1f / %.1f TFLOP/s (cuBLAS GEMM %d^3, fp32 accumulate)\n",
+         g->name, g->sms, when, g->reps, g->read_bps / 1e9, g->read_med_bps / 1e9, g->read_bytes / 1073741824.0,
+         g->copy_bps / 1e9, g->copy_med_bps / 1e9, g->copy_bytes / 1073741824.0, g->bf16_flops / 1e12,
+         g->bf16_med_flops / 1e12, g->gemm_n);
 }
 
 static void json_line(FILE *out, cJSON *j) {
@@ -772,15 +849,30 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   const char *device = info.device == DG_DEVICE_CUDA ? "cuda" : "cpu";
   const int32_t C = info.canvas_length;
   const int nt = m->n_threads;
-  /* ceilings, measured now */
+  /* ceilings, measured now: the GPU's for a model on CUDA, else the host's */
   const char *isa = "", *kname = "";
-  double bw = bench_copy_bandwidth((size_t)256 << 20, nt, 5);
-  double rate = bench_fma_rate(nt, 5, &isa);
-  double mm = bench_matmul_rate(nt, &kname);
+  double bw = 0, rate = 0, mm = 0;
+  dg_cuda_ceilings gceil, *gc = NULL;
+  if (info.device == DG_DEVICE_CUDA) {
+    dg_status st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &gceil);
+    if (st) {
+      fprintf(stderr, "dgemma bench: GPU ceilings: %s: %s\n", dg_status_str(st), dg_last_error());
+      if (out) fclose(out);
+      return 1;
+    }
+    gc = &gceil;
+    bench_gpu_rates(gc, NULL, &bw, &rate);
+    bench_print_gpu(gc, "measured at the start of the command; every row's floor = max(bytes / read, FLOPs / bf16)");
+  } else {
+    bw = bench_copy_bandwidth((size_t)256 << 20, nt, 5);
+    rate = bench_fma_rate(nt, 5, &isa);
+    mm = bench_matmul_rate(nt, &kname);
+  }
   if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); if (out) fclose(out); return 1; }
-  printf("ceilings (%d threads, measured at the start of the command; batch rows measure their own): copy %.1f GB/s (bytes read + written, memcpy 256 MiB, best of 5); "
-         "%s %.1f GFLOP/s (best of 5); this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
-         nt, bw / 1e9, isa, rate / 1e9, kname, mm / 1e9);
+  if (!gc)
+    printf("ceilings (%d threads, measured at the start of the command; batch rows measure their own): copy %.1f GB/s (bytes read + written, memcpy 256 MiB, best of 5); "
+           "%s %.1f GFLOP/s (best of 5); this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
+           nt, bw / 1e9, isa, rate / 1e9, kname, mm / 1e9);
   bench_cost dc = bench_decoder_cost(m, 0);
   printf("one decoder step (canvas %d, empty context): %.1f MB (weights %.1f, logits %.1f), %.3f GFLOP -> floor %.2f ms\n\n",
          C, (dc.weight_bytes + dc.kv_bytes + dc.other_bytes) / 1e6, dc.weight_bytes / 1e6, dc.other_bytes / 1e6,
@@ -838,13 +930,15 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   }
   if (rc) { if (out) fclose(out); return 1; }
   if (nr) printf("| protocol | prompt | in | out | blocks | forwards | median s | spread s | tok/s | ms/forward | floor s | "
-         "floor/median | bound |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+         "floor/median | bound | GB/pass | GFLOP/pass | GB/s | TFLOP/s |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < nr; i++) {
     row *r = &rows[i];
-    printf("| %s | %s | %d | %d | %d | %d | %.3f | %.3f–%.3f | %.1f | %.1f | %.3f | %.1f%% | %s |\n", r->protocol,
-           r->prompt, r->P, r->G, r->blocks, r->forwards, r->med, r->lo, r->hi, r->G / r->med,
-           1e3 * r->med / (r->forwards + r->blocks), r->floor_s, 100 * r->floor_s / r->med,
-           r->memory_bound ? "memory" : "compute");
+    const int passes = r->forwards + r->blocks;
+    printf("| %s | %s | %d | %d | %d | %d | %.3f | %.3f–%.3f | %.1f | %.1f | %.3f | %.1f%% | %s | %.3f | %.1f | %.1f | %.3f |\n",
+           r->protocol, r->prompt, r->P, r->G, r->blocks, r->forwards, r->med, r->lo, r->hi, r->G / r->med,
+           1e3 * r->med / passes, r->floor_s, 100 * r->floor_s / r->med, r->memory_bound ? "memory" : "compute",
+           r->bytes / passes / 1e9, r->flops / passes / 1e9, r->bytes / r->med / 1e9, r->flops / r->med / 1e12);
     if (out) {
       cJSON *j = cJSON_CreateObject();
       cJSON_AddStringToObject(j, "protocol", r->protocol);
@@ -853,15 +947,23 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
       cJSON_AddNumberToObject(j, "canvas", r->C);
       json_timing(j, r->P, r->G, r->blocks, r->forwards, warm, reps, r->med, r->lo, r->hi);
       cJSON_AddNumberToObject(j, "floor_s", r->floor_s);
+      cJSON_AddNumberToObject(j, "floor_fraction", r->floor_s / r->med);
       cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
-      json_ceilings(j, device, bw, rate, mm, nt);
+      cJSON_AddNumberToObject(j, "bytes", r->bytes);
+      cJSON_AddNumberToObject(j, "flops", r->flops);
+      cJSON_AddNumberToObject(j, "bytes_per_pass", r->bytes / passes);
+      cJSON_AddNumberToObject(j, "flops_per_pass", r->flops / passes);
+      cJSON_AddNumberToObject(j, "gb_s", r->bytes / r->med / 1e9);
+      cJSON_AddNumberToObject(j, "tflop_s", r->flops / r->med / 1e12);
+      json_ceilings(j, device, gc, bw, rate, mm, nt);
       json_line(out, j);
     }
   }
   if (nr)
     printf("\nmedian of %d runs after %d warm-up; wall time from the request's start (prefill included) to its last "
            "token; ms/forward = median / (decoder forwards + encoder passes); floor = sum over passes of max(bytes / "
-           "copy, FLOPs / FMA rate).\n", reps, warm);
+           "%s); GB/pass and GFLOP/pass = the cost model's bytes and FLOPs over all passes / passes; GB/s and TFLOP/s "
+           "= those totals / median.\n", reps, warm, gc ? "GPU read, FLOPs / GPU bf16 rate" : "copy, FLOPs / FMA rate");
   if (do_batch) {
     batch_row br[BENCH_MAX_LIST];
     printf("%sbatch protocol: B canvases of different prompts (canvas b: chat prompt b %% 8, seed %llu + b) through "
@@ -869,10 +971,11 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
            nr ? "\n" : "", (unsigned long long)o->seed, bgp.max_new_tokens, kBatchDefaults,
            o->gen_kwargs ? " then " : "", o->gen_kwargs ? o->gen_kwargs : "");
     fflush(stdout);
-    if (run_batch(m, o, &bgp, Bs, nB, br)) { if (out) fclose(out); return 1; }
+    if (run_batch(m, o, &bgp, Bs, nB, gc, br)) { if (out) fclose(out); return 1; }
     printf("| B | in | out | passes | forwards | median s | spread s | tok/s | per-canvas tok/s | floor s | floor ms/token "
-           "| bytes term ms/token | floor/median | bound | copy GB/s, FMA GFLOP/s | same tokens as smaller B |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| bytes term ms/token | floor/median | bound | %s | same tokens as smaller B |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+           gc ? "GPU read GB/s, bf16 GFLOP/s" : "copy GB/s, FMA GFLOP/s");
     for (int i = 0; i < nB; i++) {
       batch_row *r = &br[i];
       char same[32] = "–";
@@ -898,7 +1001,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
         cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
         cJSON_AddNumberToObject(j, "same_tokens_checked", r->checked);
         cJSON_AddNumberToObject(j, "same_tokens_equal", r->equal);
-        json_ceilings(j, device, r->bw, r->rate, mm, nt);
+        json_ceilings(j, device, gc, r->bw, r->rate, mm, nt);
         json_line(out, j);
       }
     }
@@ -907,7 +1010,8 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
            "and commits run per canvas); floor = sum over passes of max(bytes / copy, FLOPs / FMA rate) with the "
            "weights read once per pass and the ceilings measured just before and after the row (the best of both; the "
            "load of a shared machine moves over minutes) (bytes term: the bytes / copy part alone); same tokens: canvases whose tokens equal those of the first (smaller-B) row "
-           "that generated them.\n", reps, warm);
+           "that generated them.%s\n", reps, warm,
+           gc ? " On CUDA: copy = the GPU's read bandwidth, FMA rate = its bf16 GEMM rate, both of the command's start." : "");
   }
   if (out && fclose(out) != 0) { fprintf(stderr, "dgemma bench: cannot write %s\n", o->out); return 1; }
   return 0;

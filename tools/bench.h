@@ -30,6 +30,10 @@ typedef struct bench_opts {
   const char *moe_tokens; /* canvas tokens of the gathered-MoE rows (NULL: "256"; "0": none) */
   int quick;              /* shorter ceiling sweep (M 1, 16, 256; bf16 and 4-bit) */
   int n_threads;          /* ceiling without a model: threads (<= 0: all cores) */
+  /* where the rows run: DG_DEVICE_CPU, or DG_DEVICE_CUDA (the model's device for the generation
+   * protocols; the ceiling protocol's kernels and ceilings, on GPU cuda_device) */
+  int device;
+  int cuda_device;
 } bench_opts;
 
 #define BENCH_MAX_B 64   /* canvases in one batch row */
@@ -118,6 +122,48 @@ bench_cost bench_matmul_cost(int64_t N, int64_t K, int bits, int group_size, int
  * experts hit (with at least one row). */
 int bench_route(int32_t T, int E, int top_k, uint64_t seed, int32_t *start, int32_t *token_of);
 
+/* bench_route's draws alone: ids[T, top_k] (token t's top_k distinct experts
+ * in draw order), the same sequence as bench_route with the same seed.
+ * Returns 0, or -1 (top_k > E, or out of memory). */
+int bench_route_ids(int32_t T, int E, int top_k, uint64_t seed, int32_t *ids);
+
+/* A routing that gives every one of E experts exactly M rows: T = E M /
+ * top_k tokens, token t slot k -> expert (t top_k + k) mod E (K distinct
+ * experts per token when top_k divides E). ids [T, top_k]. Returns T, or -1
+ * when top_k does not divide E or E M. */
+int32_t bench_route_even(int M, int E, int top_k, int32_t *ids);
+
+/* Bytes and FLOPs of the gathered expert MLP: `experts` experts' weights
+ * read once (gate/up [2 IE, H] and down [H, IE] each, in `bits` as in
+ * bench_matmul_cost) and `rows` gathered rows through gate/up and down:
+ * flops = 2 rows (2 IE H + H IE). */
+bench_cost bench_experts_cost(int bits, int group_size, int64_t H, int64_t IE, int64_t experts, int64_t rows);
+
+/* The GPU ceilings of a CUDA row's floor (bench.c): bw = the streaming-read
+ * bandwidth (bytes/s), rate = the cuBLAS bf16 GEMM rate (FLOP/s); *both* are
+ * the best of two measurements a and b (b may be NULL). Returns the name of
+ * the GPU. */
+struct dg_cuda_ceilings;
+const char *bench_gpu_rates(const struct dg_cuda_ceilings *a, const struct dg_cuda_ceilings *b, double *bw,
+                            double *rate);
+
+/* The GPU ceilings g as JSON fields of a row j (a cJSON object): gpu (name),
+ * gpu_read_gb_s, gpu_copy_gb_s, gpu_bf16_tflop_s (best; _median_ too), the
+ * sizes and the repetitions. */
+struct cJSON;
+void bench_json_gpu(struct cJSON *j, const struct dg_cuda_ceilings *g);
+/* One line on stdout describing g; `when` says when and how they are used. */
+void bench_print_gpu(const struct dg_cuda_ceilings *g, const char *when);
+
+/* Floor of one generation (tools/bench.c's rows): the prefill of P tokens,
+ * then per block b < n_blocks steps[b] decoder passes at context P + b C
+ * and, after the first block, the commit (an encoder pass of C tokens), each
+ * max(bytes / bw, flops / rate). *memory_bound (may be NULL) = 1 if memory-
+ * bound passes take at least half of it; *bytes and *flops (may be NULL) =
+ * totals over the passes (achieved GB/s = bytes / time). */
+double bench_gen_floor(const dg_model *m, int32_t P, const int32_t *steps, int32_t n_blocks, double bw, double rate,
+                       int *memory_bound, double *bytes, double *flops);
+
 /* ---- batch protocol (turbo engine, dg_generate_batch) ---------------------- */
 
 /* What the callbacks of one batched generation saw, in call order: a step
@@ -172,7 +218,16 @@ dg_status bench_batch_run(dg_context *const *ctxs, int B, int32_t *const *prompt
 double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, const bench_trace *tr, double bw,
                          double rate, int *memory_bound, int32_t *n_passes, double *bytes_s, double *flops_s);
 
-/* The ceiling sweep (tools/ceiling.c): for each format and M, the expert
+/* The ceiling sweep (tools/ceiling.c). With o->device == DG_DEVICE_CUDA it
+ * runs on GPU o->cuda_device instead: for each format, the expert MLP
+ * (gate/up, GeGLU, down) over all 128 experts in one grouped call with M
+ * rows each ("experts_all"), and the gathered MoE of T-token canvases
+ * ("moe_gathered"), through the backend's dg_cuda_experts
+ * (dg_cuda_bench_experts), median of reps (default 50) with the L2 flushed
+ * before each, against max(weight bytes / GPU read bandwidth, FLOPs / GPU
+ * bf16 rate) with the GPU ceilings (dg_cuda_ceilings_measure) measured
+ * before and after the sweep; without a usable GPU it prints the backend's
+ * error and returns 1. On the CPU: for each format and M, the expert
  * matrices of the real MoE (gate/up [2 x 704, 2816], down [2816, 704]) with M
  * activation rows, and the gathered MoE of a canvas (128 experts, top-8, the
  * grouped kernel), in GB/s of weights read and GFLOP/s against the roofline

@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "cuda/backend.h"
 #include "kernels.h"
 
 #define CE_H 2816   /* hidden size */
@@ -221,16 +222,174 @@ static void emit(const ce_row *r, const dg_kernels *kn, double bw, double rate, 
   fflush(out);
 }
 
+/* ---- the GPU sweep (--device cuda) ------------------------------------------------ */
+
+typedef struct cu_row {
+  const char *shape;
+  int bits, experts, tokens;
+  double M;
+  bench_cost cost;
+  dg_cuda_bench_result r;
+} cu_row;
+
+static void cu_emit(const cu_row *r, const dg_cuda_ceilings *g, double bw, double rate, int reps, int warm,
+                    int64_t flush, FILE *out) {
+  char f[32];
+  int mb;
+  const double roof = bench_floor_s(&r->cost, bw, rate, &mb), med = 1e-3 * r->r.med_ms;
+  printf("| %s | %s | %d | %g | %.2f | %.3f | %.4f | %.4f–%.4f | %.1f | %.2f | %.4f | %s | %.1f%% |\n", r->shape,
+         fmt_name(r->bits, f, sizeof f), r->tokens, r->M, r->cost.weight_bytes / 1e6, r->cost.flops / 1e9, r->r.med_ms,
+         r->r.min_ms, r->r.max_ms, r->cost.weight_bytes / med / 1e9, r->cost.flops / med / 1e12, 1e3 * roof,
+         mb ? "memory" : "compute", 100 * roof / med);
+  fflush(stdout);
+  if (!out) return;
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "protocol", "ceiling");
+  cJSON_AddStringToObject(j, "device", "cuda");
+  cJSON_AddStringToObject(j, "impl", "dgemma");
+  cJSON_AddStringToObject(j, "kernel", "dg_cuda_experts");
+  cJSON_AddStringToObject(j, "shape", r->shape);
+  cJSON_AddNumberToObject(j, "N", CE_IE);
+  cJSON_AddNumberToObject(j, "K", CE_H);
+  cJSON_AddNumberToObject(j, "experts", r->experts);
+  cJSON_AddNumberToObject(j, "tokens", r->tokens);
+  cJSON_AddStringToObject(j, "format", r->bits >= 16 ? "bf16" : fmt_name(r->bits, f, sizeof f));
+  cJSON_AddNumberToObject(j, "bits", r->bits);
+  cJSON_AddNumberToObject(j, "group_size", r->bits >= 16 ? 0 : CE_G);
+  cJSON_AddNumberToObject(j, "M", r->M);
+  cJSON_AddNumberToObject(j, "calls_per_run", 1);
+  cJSON_AddNumberToObject(j, "reps", reps);
+  cJSON_AddNumberToObject(j, "warmup", warm);
+  cJSON_AddNumberToObject(j, "l2_flush_bytes", (double)flush);
+  cJSON_AddNumberToObject(j, "weight_bytes", r->cost.weight_bytes);
+  cJSON_AddNumberToObject(j, "device_weight_bytes", (double)r->r.weight_bytes);
+  cJSON_AddNumberToObject(j, "flops", r->cost.flops);
+  cJSON_AddNumberToObject(j, "median_s", med);
+  cJSON_AddNumberToObject(j, "min_s", 1e-3 * r->r.min_ms);
+  cJSON_AddNumberToObject(j, "max_s", 1e-3 * r->r.max_ms);
+  cJSON_AddNumberToObject(j, "gb_s", r->cost.weight_bytes / med / 1e9);
+  cJSON_AddNumberToObject(j, "gflop_s", r->cost.flops / med / 1e9);
+  cJSON_AddNumberToObject(j, "tflop_s", r->cost.flops / med / 1e12);
+  cJSON_AddNumberToObject(j, "roofline_s", roof);
+  cJSON_AddNumberToObject(j, "roofline_gb_s", r->cost.weight_bytes / roof / 1e9);
+  cJSON_AddStringToObject(j, "bound", mb ? "memory" : "compute");
+  cJSON_AddNumberToObject(j, "fraction", roof / med);
+  cJSON_AddNumberToObject(j, "out_sum", r->r.out_sum);
+  bench_json_gpu(j, g); /* the ceilings of the command's start; the roofline used the best of start and end: */
+  cJSON_AddNumberToObject(j, "roofline_read_gb_s", bw / 1e9);
+  cJSON_AddNumberToObject(j, "roofline_bf16_tflop_s", rate / 1e12);
+  char *s = cJSON_PrintUnformatted(j);
+  if (s) fprintf(out, "%s\n", s);
+  free(s);
+  cJSON_Delete(j);
+  fflush(out);
+}
+
+/* One row: route (ids [T, K]), run on the GPU, fill *r. */
+static int cu_run(const bench_opts *o, int bits, const int32_t *ids, int32_t T, int reps, int warm, int64_t flush,
+                  cu_row *r) {
+  dg_cuda_bench_experts_args a = {bits >= 16 ? 0 : bits, CE_G, CE_H, CE_IE, CE_E, CE_TOPK, T, ids, warm, reps, flush,
+                                  o->seed + 7};
+  dg_status st = dg_cuda_bench_experts(o->cuda_device, &a, &r->r);
+  if (st) {
+    fprintf(stderr, "dgemma bench: ceiling on cuda:%d (%s, T %d): %s: %s\n", o->cuda_device, r->shape, T,
+            dg_status_str(st), dg_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+static int bench_ceiling_cuda(const bench_opts *o, const int *Ms, int nM, const int *fm, int nF, const int *Ts, int nT,
+                              FILE *out) {
+  const int reps = o->reps > 0 ? o->reps : 50, warm = o->warmup >= 0 ? o->warmup : 5;
+  const int64_t flush = (int64_t)256 << 20;
+  dg_cuda_ceilings g0, g1;
+  dg_status st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &g0);
+  if (st) {
+    fprintf(stderr, "dgemma bench: --protocol ceiling --device cuda: GPU ceilings on cuda:%d: %s: %s\n",
+            o->cuda_device, dg_status_str(st), dg_last_error());
+    return 1;
+  }
+  int Mmax = 0, Tmax = 0;
+  for (int i = 0; i < nM; i++) Mmax = Ms[i] > Mmax ? Ms[i] : Mmax;
+  for (int i = 0; i < nT; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
+  const int64_t tmax = (int64_t)CE_E * Mmax / CE_TOPK > Tmax ? (int64_t)CE_E * Mmax / CE_TOPK : Tmax;
+  int32_t *ids = malloc((size_t)tmax * CE_TOPK * sizeof *ids), *start = malloc((CE_E + 1) * sizeof *start);
+  const size_t cap = (size_t)nF * (size_t)(nM + nT);
+  cu_row *rs = calloc(cap, sizeof *rs);
+  size_t nr = 0;
+  int rc = 0;
+  if (!ids || !start || !rs) { fprintf(stderr, "dgemma bench: out of memory\n"); rc = 1; }
+  for (int f = 0; !rc && f < nF; f++) {
+    for (int i = 0; !rc && i < nM; i++) { /* all 128 experts, exactly M rows each */
+      cu_row *r = &rs[nr];
+      const int32_t T = bench_route_even(Ms[i], CE_E, CE_TOPK, ids);
+      *r = (cu_row){"experts_all", fm[f], CE_E, T, Ms[i], bench_experts_cost(fm[f], CE_G, CE_H, CE_IE, CE_E,
+                                                                                (int64_t)T * CE_TOPK), {0, 0, 0, 0, 0, 0}};
+      if (T <= 0) { fprintf(stderr, "dgemma bench: --rows %d: no even routing\n", Ms[i]); rc = 1; break; }
+      rc = cu_run(o, fm[f], ids, T, reps, warm, flush, r);
+      nr += !rc;
+      if (o->tty) fprintf(stderr, "\rceiling (cuda): %zu/%zu rows", nr, cap);
+    }
+    for (int i = 0; !rc && i < nT; i++) { /* a canvas of T tokens routed top-8 of 128 at random */
+      if (Ts[i] <= 0) continue;
+      cu_row *r = &rs[nr];
+      const int hit = bench_route(Ts[i], CE_E, CE_TOPK, 42, start, NULL);
+      if (hit <= 0 || bench_route_ids(Ts[i], CE_E, CE_TOPK, 42, ids)) {
+        fprintf(stderr, "dgemma bench: out of memory routing %d tokens\n", Ts[i]);
+        rc = 1;
+        break;
+      }
+      const int64_t R = (int64_t)Ts[i] * CE_TOPK;
+      *r = (cu_row){"moe_gathered", fm[f], hit, Ts[i], (double)R / hit,
+                    bench_experts_cost(fm[f], CE_G, CE_H, CE_IE, hit, R), {0, 0, 0, 0, 0, 0}};
+      rc = cu_run(o, fm[f], ids, Ts[i], reps, warm, flush, r);
+      nr += !rc;
+      if (o->tty) fprintf(stderr, "\rceiling (cuda): %zu/%zu rows", nr, cap);
+    }
+  }
+  if (o->tty) fprintf(stderr, "\r%40s\r", "");
+  if (!rc && (st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &g1))) {
+    fprintf(stderr, "dgemma bench: GPU ceilings after the sweep: %s: %s\n", dg_status_str(st), dg_last_error());
+    rc = 1;
+  }
+  if (!rc) {
+    double bw, rate;
+    bench_print_gpu(&g0, "before the sweep");
+    bench_print_gpu(&g1, "after the sweep");
+    bench_gpu_rates(&g0, &g1, &bw, &rate);
+    printf("ceiling sweep on the GPU: dg_cuda_experts (gate/up + GeGLU + down, the backend's expert path), MoE shapes "
+           "of the 26B model (hidden %d, expert intermediate %d, %d experts, top-%d), MLX affine g%d with bf16 scales "
+           "and biases; per call: median of %d after %d warm-up, each timed alone (cudaEvents) after %lld MiB written "
+           "to flush the L2; roofline = max(weight bytes / read %.1f GB/s, FLOPs / bf16 %.1f TFLOP/s) (the best of "
+           "before and after)\n\n",
+           CE_H, CE_IE, CE_E, CE_TOPK, CE_G, reps, warm, (long long)(flush >> 20), bw / 1e9, rate / 1e12);
+    printf("| shape | format | tokens | M | weight MB | GFLOP | median ms | spread ms | GB/s | TFLOP/s | roofline ms | "
+           "bound | of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < nr; i++) cu_emit(&rs[i], &g0, bw, rate, reps, warm, flush, out);
+    printf("\nexperts_all: all %d experts in one grouped call, exactly M rows each (T = %d M / %d tokens); "
+           "moe_gathered: T tokens routed top-%d of %d uniformly at random (seed 42), M = rows per expert hit; weight "
+           "MB = the experts' weights read once (hit experts only); GB/s = weight bytes / median; of roofline = "
+           "roofline / median. The routing is grouped on the device once (k_group), outside the timing.\n",
+           CE_E, CE_E, CE_TOPK, CE_TOPK, CE_E);
+  }
+  free(ids);
+  free(start);
+  free(rs);
+  return rc;
+}
+
 int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
   char err[256];
   int Ms[BENCH_MAX_LIST], fm[BENCH_MAX_LIST], Ts[BENCH_MAX_LIST];
   const char *rows = o->rows ? o->rows : o->quick ? "1,16,256" : "1,2,4,8,16,32,64,128,256";
   const char *fmts = o->formats ? o->formats : o->quick ? "bf16,4" : "bf16,8,4,3,2";
-  const char *toks = o->moe_tokens ? o->moe_tokens : "256";
+  const char *toks = o->moe_tokens ? o->moe_tokens : o->device == DG_DEVICE_CUDA && !o->quick ? "256,512,1024" : "256";
   int nM = bench_parse_list(rows, "--rows", 1, 4096, Ms, BENCH_MAX_LIST, err, sizeof err), nF = -1, nT = -1;
   if (nM > 0) nF = bench_parse_formats(fmts, fm, BENCH_MAX_LIST, err, sizeof err);
   if (nF > 0) nT = bench_parse_list(toks, "--moe-tokens", 0, 4096, Ts, BENCH_MAX_LIST, err, sizeof err);
   if (nM < 0 || nF < 0 || nT < 0) { fprintf(stderr, "dgemma bench: %s\n", err); return 2; }
+  if (o->device == DG_DEVICE_CUDA) return bench_ceiling_cuda(o, Ms, nM, fm, nF, Ts, nT, out);
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   const dg_kernels *kn = dg_kernels_best();
   const char *isa = "", *kname = "";

@@ -719,6 +719,8 @@ static int cmd_bench(const opts *o) {
   bo.moe_tokens = o->moe_tokens;
   bo.quick = o->quick;
   bo.n_threads = o->threads;
+  bo.device = o->device;
+  bo.cuda_device = o->cuda_device;
   char err[256];
   if (bench_check_opts(&bo, err, sizeof err)) { /* before the model loads */
     fprintf(stderr, "dgemma bench: %s\n", err);

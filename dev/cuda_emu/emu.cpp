@@ -2,6 +2,7 @@
  * calls of the emulation described in emu.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <ucontext.h>
 
 #include <vector>
@@ -183,6 +184,22 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cu
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+struct emu_event { double t; };
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)calloc(1, sizeof(emu_event)); return *e ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (!e) return cudaErrorInvalidValue;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  if (!a || !b) return cudaErrorInvalidValue;
+  *ms = (float)(1e3 * (b->t - a->t));
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }

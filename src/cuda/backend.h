@@ -223,6 +223,92 @@ dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P,
 dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
                                const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
 
+/* ---- ceilings and benchmarks (ceil.cu, bench.cu; `dgemma bench`) ---------- */
+
+/* What device `device` reaches in this process, measured now (ceil.cu).
+ * Every figure is the best of `reps` repetitions timed with cudaEvents (the
+ * median is given too); the buffers hold random non-zero data. */
+typedef struct dg_cuda_ceilings {
+  char name[256];           /* device name (cudaDeviceProp.name) */
+  int sms;                  /* multiprocessors */
+  int reps;                 /* repetitions of each measurement */
+  size_t read_bytes;        /* bytes the read kernel streams per repetition */
+  size_t copy_bytes;        /* bytes of one cudaMemcpyAsync device-to-device (read, and as many written) */
+  int gemm_n;               /* the GEMM's M = N = K */
+  double read_bps, read_med_bps;     /* streaming read: bytes read per second (best, median) */
+  double copy_bps, copy_med_bps;     /* D2D copy: bytes read + written per second (best, median) */
+  double bf16_flops, bf16_med_flops; /* cuBLAS bf16 GEMM, fp32 accumulate: FLOP/s (2 per multiply-add) */
+  uint32_t read_sum;        /* the read kernel's reduction: sum mod 2^32 of the buffer's uint32 words,
+                               word i = dg_cuda_ceil_word(i) (checked by the tests) */
+} dg_cuda_ceilings;
+
+/* Word i of the read buffer of dg_cuda_ceilings_measure: a 64-bit mix of i
+ * (splitmix64 finaliser), low 32 bits, with bit 0 set (never zero). */
+#if defined(__CUDACC__) || defined(DG_CUDA_EMU)
+#define DG_CUDA_HD __host__ __device__
+#else
+#define DG_CUDA_HD
+#endif
+static inline DG_CUDA_HD uint32_t dg_cuda_ceil_word(uint64_t i) {
+  uint64_t z = i * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)(z ^ (z >> 31)) | 1u;
+}
+
+/* Measure the ceilings of GPU `device` into *out:
+ *   read: a grid-stride kernel over read_bytes (16-byte loads, 4 in flight
+ *     per thread, per-block sums written out so nothing is optimised away);
+ *     bytes read / time;
+ *   copy: cudaMemcpyAsync device-to-device of copy_bytes; 2 copy_bytes / time;
+ *   bf16: cublasGemmEx C = A B with A, B bf16 [gemm_n, gemm_n] (random values
+ *     in +-[0.5, 1)), C fp32, CUBLAS_COMPUTE_32F; 2 gemm_n^3 / time.
+ * 0 picks the default of a size: read_bytes 4 GiB, copy_bytes 2 GiB, gemm_n
+ * 8192, reps 10 (one untimed run of each first). read_bytes and copy_bytes
+ * are rounded down to a multiple of 16 (at least 16); gemm_n to a multiple
+ * of 16 (at least 16). Device memory: max(read_bytes, copy_bytes) +
+ * copy_bytes, then 8 gemm_n^2 bytes. Errors: DG_ERR_BACKEND (no GPU, a failing CUDA or
+ * cuBLAS call, named), DG_ERR_OUT_OF_MEMORY (a buffer does not fit),
+ * DG_ERR_INVALID_ARG (out NULL or a negative size). */
+dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
+                                   dg_cuda_ceilings *out);
+
+/* One timed configuration of the grouped expert product (bench.cu): a
+ * stack of E experts as the forward pass holds them (gate_up [E*2*IE, H]:
+ * per expert IE gate rows then IE up rows; down [E*H, IE]), bf16 (bits = 0)
+ * or MLX affine (bits 2, 3, 4, 6 or 8, group 32, 64 or 128, bf16 scales and
+ * biases), random weights generated on the device from `seed` (bf16: +-[2^-7,
+ * 2^-6); quantized: random code words, scales +-[2^-10, 2^-9), biases
+ * +-[2^-12, 2^-11)), random non-zero activations xe bf16 [T, H] in +-[0.5, 1),
+ * and the routing idx [T, K] (host; expert ids in [0, E), K distinct ones per
+ * token). The grouping (k_group) runs once; then `warmup` untimed and `reps`
+ * timed calls of dg_cuda_experts (gate/up + GeGLU, down: the backend's real
+ * expert path), each timed alone with cudaEvents, with flush_bytes (0: 256 MiB)
+ * written to a scratch buffer before every call so that no weight is in
+ * the L2 cache (H200: 60 MB). */
+typedef struct dg_cuda_bench_experts_args {
+  int bits, group;          /* 0 = bf16; else bits and group size of both stacks */
+  int H, IE, E, K, T;       /* hidden, expert intermediate, experts, top-k, tokens */
+  const int32_t *idx;       /* host [T, K] */
+  int warmup, reps;         /* reps in [1, 10000] */
+  int64_t flush_bytes;      /* 0: 256 MiB */
+  uint64_t seed;
+} dg_cuda_bench_experts_args;
+
+typedef struct dg_cuda_bench_result {
+  double med_ms, min_ms, max_ms; /* per call of dg_cuda_experts */
+  int reps;
+  size_t weight_bytes;      /* device bytes of both stacks (codes + scales + biases, or bf16) */
+  double out_sum;           /* sum of the last call's outputs y (finite unless the kernels misbehave) */
+} dg_cuda_bench_result;
+
+/* Run the configuration *a on GPU `device` into *out (all device memory is
+ * freed before returning). Errors: DG_ERR_INVALID_ARG (shapes: H and IE
+ * multiples of 64 and of the group, bits or group outside the list, reps out
+ * of range, an expert id out of range or repeated within a token),
+ * DG_ERR_OUT_OF_MEMORY, DG_ERR_BACKEND (a failing CUDA call, named). */
+dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -95,3 +95,12 @@ dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_
   (void)h; (void)y;
   return NO_CUDA;
 }
+dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
+                                   dg_cuda_ceilings *out) {
+  (void)device; (void)read_bytes; (void)copy_bytes; (void)gemm_n; (void)reps; (void)out;
+  return NO_CUDA;
+}
+dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out) {
+  (void)device; (void)a; (void)out;
+  return NO_CUDA;
+}

@@ -13,6 +13,8 @@ typedef enum cudaError {
   cudaErrorNoDevice = 100,
 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
+/* an event holds the host's monotonic time of its record (the emulation is synchronous) */
+typedef struct emu_event *cudaEvent_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum { cudaStreamNonBlocking = 1 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
@@ -38,6 +40,11 @@ cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemset(void *d, int v, size_t n);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
