@@ -84,14 +84,14 @@ static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_
   w->group = group;
   w->sb = DG_CUDA_BF16;
   const size_t words = n * (size_t)bits / 32, ng = n / (size_t)group;
+  /* expert stacks keep (scale, bias) pairs, rows padded to a multiple of 4 pairs (backend.cu, up_experts) */
+  w->sbld = (int)((cols / group + 3) / 4 * 4);
+  const size_t npairs = (size_t)rows * (size_t)w->sbld;
   DG_TRY(balloc(ptrs, np, (void **)&w->q, words * 4, "packed expert codes"));
-  DG_TRY(balloc(ptrs, np, &w->s, ng * 2, "expert scales"));
-  DG_TRY(balloc(ptrs, np, &w->b, ng * 2, "expert biases"));
+  DG_TRY(balloc(ptrs, np, &w->sbp, npairs * 4, "expert scale/bias pairs"));
   DG_LAUNCH(bfill_u32, grid, BT, 0, 0)(w->q, words, seed);
   CK(cudaGetLastError());
-  DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)w->s, ng, seed + 1, 0x3a80u); /* +-[2^-10, 2^-9) */
-  CK(cudaGetLastError());
-  DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)w->b, ng, seed + 2, 0x3980u); /* +-[2^-12, 2^-11) */
+  DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)w->sbp, 2 * npairs, seed + 1, 0x3a80u); /* +-[2^-10, 2^-9) */
   CK(cudaGetLastError());
   *bytes += words * 4 + 2 * ng * 2;
   return DG_OK;
@@ -158,6 +158,7 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   BT_(balloc(ptrs, &np, (void **)&b.n_tiles, 4, "n_tiles"));
   BT_(balloc(ptrs, &np, (void **)&b.h, TK * IE * 2, "h"));
   BT_(balloc(ptrs, &np, (void **)&b.y, TK * H * 4, "y"));
+  BT_(balloc(ptrs, &np, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "group sums"));
   BC_(k_group(0, &b, T, E, K));
   BC_(cudaDeviceSynchronize());
   for (int r = 0; r < a->warmup + a->reps; r++) {
