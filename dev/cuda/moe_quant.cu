@@ -8,10 +8,16 @@
  *   version 1  qtile_kernel (src/cuda/quant.cu, k_qexperts_*): the first
  *              backend's kernels: fp32 FMA on CUDA cores over 32-row tiles of
  *              the expert work list, weights re-read per tile, no pipeline
- *   version 2  qe_kernel (src/cuda/qmoe.cu, k_qe_*): tensor cores (mma.sync
- *              m16n8k16 bf16, exact code products, per-group fold), 4-stage
- *              cp.async ring, every expert's weights read once per pass;
- *              tokens per pass 8 NT chosen from T K / E (2a), or forced NT = 8 (2b)
+ *   version 2  qe_kernel (src/cuda/qmoe.cuh, k_qe_*) as the backend runs it:
+ *              tensor cores (mma.sync m16n8k16 bf16, exact code products,
+ *              per-group fold), 128 codes per stage, 4-stage cp.async ring
+ *              over the MLX row-major codes (each stage reads 64-byte pieces
+ *              of 128 rows), every expert's weights read once per pass
+ *   version 3  the same kernel over codes in the tile layout (qe_tile_offset:
+ *              each stage's 128 rows x 128 codes one contiguous run)
+ *   version 4  tile layout, 256 codes per stage, 4 stages
+ *   version 5  tile layout, 512 codes per stage, 3 stages
+ *   (versions 3-5 for 8 NT <= 32 tokens per pass)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -42,7 +48,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/common.cuh"
+#include "cuda/qmoe.cuh"
 extern "C" {
 #include "quant.h"
 }
@@ -79,7 +85,41 @@ struct stack {
   std::vector<uint8_t> pk;
   std::vector<uint16_t> sc, bi;
   dg_cuda_w d;           /* device: q, s, b (version 1) and sbp (version 2) */
+  uint32_t *tiled[3];    /* codes in the tile layout of KC = 128, 256, 512 (versions 3-5), made on first use */
 };
+
+/* Host copy of qe_row: global row of block row r of slab `slab` of expert e. */
+static int64_t host_row(int gateup, int N, int e, int slab, int r) {
+  if (gateup) {
+    const int n = slab * 64 + (r >> 5) * 16 + (r & 15), part = (r >> 4) & 1;
+    return n < N ? (int64_t)e * 2 * N + (int64_t)part * N + n : -1;
+  }
+  const int n = slab * QE_ROWS + r;
+  return n < N ? (int64_t)e * N + n : -1;
+}
+
+/* The codes of st in the tile layout for stages of kc codes (qe_tile_offset). */
+static uint32_t *make_tiled(const stack *st, int gateup, int kc_full) {
+  const int64_t K = st->w.cols, rowbytes = K * st->w.bits / 8, N = gateup ? IE : H;
+  const int nslab = gateup ? (int)((N + 63) / 64) : (int)((N + QE_ROWS - 1) / QE_ROWS), bits = st->w.bits;
+  const size_t bytes = (size_t)E * nslab * QE_ROWS * rowbytes;
+  std::vector<uint8_t> t(bytes, 0);
+  for (int e = 0; e < E; e++)
+    for (int sl = 0; sl < nslab; sl++)
+      for (int r = 0; r < QE_ROWS; r++) {
+        const int64_t gr = host_row(gateup, (int)N, e, sl, r);
+        if (gr < 0) continue;
+        for (int s = 0; (int64_t)s * kc_full < K; s++) {
+          const int kc = (int)std::min((int64_t)kc_full, K - (int64_t)s * kc_full);
+          memcpy(&t[(size_t)qe_tile_offset((int64_t)e * nslab + sl, rowbytes, s, kc_full, kc, bits, r)],
+                 &st->pk[(size_t)(gr * rowbytes + (int64_t)s * kc_full * bits / 8)], (size_t)kc * bits / 8);
+        }
+      }
+  uint32_t *d;
+  CKL(cudaMalloc((void **)&d, bytes));
+  CKL(cudaMemcpy(d, t.data(), bytes, cudaMemcpyHostToDevice));
+  return d;
+}
 
 static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   st->pk.resize((size_t)(rows * cols * bits / 8));
@@ -100,6 +140,7 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   w.dtype = DG_U32; w.data = st->pk.data(); w.rows = rows; w.cols = cols; w.bits = bits; w.group_size = G;
   w.sb_dtype = DG_BF16; w.scales = st->sc.data(); w.biases = st->bi.data();
   st->w = w;
+  st->tiled[0] = st->tiled[1] = st->tiled[2] = NULL;
   memset(&st->d, 0, sizeof st->d);
   st->d.bits = bits; st->d.group = G; st->d.sb = DG_CUDA_BF16; st->d.rows = rows; st->d.cols = cols;
   st->d.sbld = (int)ld;
@@ -121,6 +162,7 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
 
 static void free_stack(stack *st) {
   cudaFree(st->d.q); cudaFree(st->d.s); cudaFree(st->d.b); cudaFree(st->d.sbp);
+  for (int i = 0; i < 3; i++) cudaFree(st->tiled[i]);
 }
 
 /* Bound on |GPU - exact| of one dot product sum_k x_k w_k, w_k = q_k s + b (the
@@ -217,18 +259,69 @@ static void route_random(routing *r, int T) {
 /* ---- versions ---- */
 enum { GU = 0, DN = 1 };
 
-static cudaError_t run_version(int ver, int prod, const stack *gu, const stack *dn, routing *r) {
+/* Versions 3-5: the kernel over a tile-layout copy of the codes, KC codes per stage, STAGES deep. */
+template <int BITS, int KC, int STAGES>
+static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
+  const int slot = KC == 128 ? 0 : KC == 256 ? 1 : 2, gateup = prod == GU;
+  if (!st->tiled[slot]) st->tiled[slot] = make_tiled(st, gateup, KC);
+  qe_args a;
+  memset(&a, 0, sizeof a);
+  a.q = st->tiled[slot]; a.tiled = 1;
+  a.sbp = st->d.sbp; a.sb = st->d.sb; a.sbld = st->d.sbld; a.group = st->d.group;
+  a.xs = r->b.xs; a.count = r->b.count; a.start = r->b.start; a.pairs = r->b.pairs; a.topk = TOPK;
+  cudaError_t e;
+  if (gateup) {
+    a.X = r->xe; a.Kdim = H; a.N = IE; a.h = r->b.h;
+    if ((e = k_group_sums(0, r->xe, r->T, H, G, r->b.xs)) != cudaSuccess) return e;
+    const dim3 grid(E, (IE + 63) / 64);
+    switch (nt) {
+    case 1: return qe_launch_nt<BITS, 1, 1, KC, STAGES>(0, grid, a);
+    case 2: return qe_launch_nt<BITS, 1, 2, KC, STAGES>(0, grid, a);
+    default: return qe_launch_nt<BITS, 1, 4, KC, STAGES>(0, grid, a);
+    }
+  }
+  a.X = r->b.h; a.Kdim = IE; a.N = H; a.y = r->b.y;
+  if ((e = k_group_sums(0, r->b.h, r->T * TOPK, IE, G, r->b.xs)) != cudaSuccess) return e;
+  const dim3 grid(E, (H + QE_ROWS - 1) / QE_ROWS);
+  switch (nt) {
+  case 1: return qe_launch_nt<BITS, 0, 1, KC, STAGES>(0, grid, a);
+  case 2: return qe_launch_nt<BITS, 0, 2, KC, STAGES>(0, grid, a);
+  default: return qe_launch_nt<BITS, 0, 4, KC, STAGES>(0, grid, a);
+  }
+}
+
+static int lab_nt(int T) { /* as qmoe.cu's qe_nt */
+  const double m = (double)T * TOPK / E;
+  return m <= 6 ? 1 : m <= 12 ? 2 : m <= 24 ? 4 : 8;
+}
+
+template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *st, routing *r, int nt) {
+  if (ver == 3) return run_tiled<BITS, 128, 4>(prod, st, r, nt);
+  if (ver == 4) return run_tiled<BITS, 256, 4>(prod, st, r, nt);
+  return run_tiled<BITS, 512, 3>(prod, st, r, nt);
+}
+
+static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   const int T = r->T;
   cudaError_t e = cudaSuccess;
+  if (ver >= 3) {
+    stack *st = prod == GU ? gu : dn;
+    const int nt = lab_nt(T);
+    switch (st->w.bits) {
+    case 4: return run_tiled_bits<4>(ver, prod, st, r, nt);
+    case 2: return run_tiled_bits<2>(ver, prod, st, r, nt);
+    default: return run_tiled_bits<3>(ver, prod, st, r, nt);
+    }
+  }
   if (prod == GU) {
     if (ver == 1) return k_qexperts_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK);
     e = k_group_sums(0, r->xe, T, H, G, r->b.xs);
-    if (e == cudaSuccess) e = k_qe_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK, ver == 3 ? 8 : 0);
+    if (e == cudaSuccess) e = k_qe_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK, 0);
     return e;
   }
   if (ver == 1) return k_qexperts_down(0, &dn->d, &r->b, T, H, IE, E, TOPK);
   e = k_group_sums(0, r->b.h, T * TOPK, IE, G, r->b.xs);
-  if (e == cudaSuccess) e = k_qe_down(0, &dn->d, &r->b, T, H, IE, E, TOPK, ver == 3 ? 8 : 0);
+  if (e == cudaSuccess) e = k_qe_down(0, &dn->d, &r->b, T, H, IE, E, TOPK, 0);
   return e;
 }
 
@@ -277,13 +370,17 @@ static double check(int prod, const stack *gu, const stack *dn, routing *r, int 
 
 int main(int argc, char **argv) {
   int quick = 0;
-  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3";
+  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3,4,5", *ms_s = NULL, *ts_s = NULL;
+  int nreps = 25;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!strcmp(argv[i], "--bits") && i + 1 < argc) bits_s = argv[++i];
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) vers_s = argv[++i];
-    else { fprintf(stderr, "usage: moe_quant [--quick] [--json FILE] [--bits LIST] [--versions LIST]\n"); return 2; }
+    else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms_s = argv[++i];
+    else if (!strcmp(argv[i], "--ts") && i + 1 < argc) ts_s = argv[++i];
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) nreps = atoi(argv[++i]);
+    else { fprintf(stderr, "usage: moe_quant [--quick] [--json FILE] [--bits LIST] [--versions LIST] [--ms LIST|none] [--ts LIST|none] [--reps N]\n"); return 2; }
   }
   std::vector<int> bitsv, versv;
   for (const char *p = bits_s; *p;) { bitsv.push_back(atoi(p)); while (*p && *p != ',') p++; if (*p) p++; }
@@ -358,6 +455,13 @@ int main(int argc, char **argv) {
 
   std::vector<int> Ms = quick ? std::vector<int>{1, 16, 64} : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256};
   std::vector<int> Ts = quick ? std::vector<int>{256} : std::vector<int>{256, 512, 1024};
+  auto parse = [](const char *l, std::vector<int> &v) {
+    v.clear();
+    if (!strcmp(l, "none")) return;
+    for (const char *p = l; *p;) { v.push_back(atoi(p)); while (*p && *p != ',') p++; if (*p) p++; }
+  };
+  if (ms_s) parse(ms_s, Ms);
+  if (ts_s) parse(ts_s, Ts);
   printf("| bits | product | rows | M/expert | version | median us | min-max us | GB/s | TFLOP/s | roofline us | %% of roofline | check |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failures = 0;
@@ -380,6 +484,7 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
+          if (ver >= 3 && (lab_nt(r.T) > 4 || (bits != 4 && bits != 3 && bits != 2))) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */
@@ -389,7 +494,7 @@ int main(int argc, char **argv) {
           const double q = check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
           std::vector<double> t;
-          int reps = 25;
+          int reps = nreps;
           for (int rep = 0; rep < reps + 3; rep++) {
             CKL(cudaMemsetAsync(flush, rep & 0xff, flush_bytes));
             CKL(cudaEventRecord(e0));

@@ -25,14 +25,6 @@ static int qe_nt(int T, int K, int E) {
 }
 
 template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
-  const int ntok = 8 * (nt == 1 || nt == 2 || nt == 4 ? nt : 8);
-  a.pb = a.sb == DG_CUDA_F32 ? 8 : 4;
-  a.sbr = QE_KC / a.group * a.pb < 16 ? 16 : QE_KC / a.group * a.pb;
-  a.w_bytes = QE_ROWS * qe_ws(bits);
-  a.x_bytes = ntok * QE_XS;
-  a.sb_bytes = QE_ROWS * a.sbr;
-  a.stage_bytes = a.w_bytes + a.x_bytes + a.sb_bytes + ntok * 16;
-  a.rowbytes = (int64_t)a.Kdim * bits / 8;
   switch (bits) {
   case 2: return qe_launch_bits<2, GATEUP>(s, grid, nt, a);
   case 3: return qe_launch_bits<3, GATEUP>(s, grid, nt, a);

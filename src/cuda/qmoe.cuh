@@ -50,16 +50,18 @@
 #define QE_WARPS 4
 #define QE_THREADS (32 * QE_WARPS)
 #define QE_ROWS 128                 /* weight rows per block */
-#define QE_KC 128                   /* codes per pipeline stage */
-#define QE_STAGES 4
-#define QE_XS (QE_KC * 2 + 64)      /* bytes per token row of an activation stage (64: no bank conflicts) */
-#define QE_SBR_MAX 32               /* bytes per row of a (scale, bias) stage: 4 groups of f32 pairs */
+#define QE_KC 128                   /* codes per pipeline stage (the backend's choice) */
+#define QE_STAGES 4                 /* depth of the cp.async ring (the backend's choice) */
 
-/* Bytes per weight row of a stage (codes + padding that keeps the lanes'
- * shared-memory reads on distinct banks, and 16-byte rows for cp.async). */
-__host__ __device__ constexpr int qe_ws(int bits) {
-  return QE_KC * bits / 8 + (bits == 8 || bits == 3 ? 32 : 16);
+/* Bytes per weight row of a stage of KC codes: the codes and a padding that
+ * puts the row at 16 (32 for 6 and 8 bits) modulo 128 bytes, so that the 8
+ * rows a warp reads at once fall on distinct banks; rows stay 16-byte aligned
+ * for cp.async. */
+__host__ __device__ constexpr int qe_ws(int bits, int kc) {
+  return kc * bits / 8 + ((bits >= 6 ? 32 : 16) - (kc * bits / 8) % 128 + 128) % 128;
 }
+/* Bytes per token row of an activation stage (64 modulo 128: conflict-free 16-byte reads). */
+__host__ __device__ constexpr int qe_xs(int kc) { return kc * 2 + 64; }
 
 struct qe_args {
   const uint32_t *q; /* [E * rows_per_expert, Kdim * BITS / 32] */
@@ -72,8 +74,18 @@ struct qe_args {
   int topk, Kdim, N; /* N: gate/up IE (features), down H (rows) */
   bf16 *h;           /* gate/up output [T * topk, IE] */
   float *y;          /* down output [T * topk, H] */
-  int stage_bytes, w_bytes, x_bytes, sb_bytes, sbr;
+  int stage_bytes, w_bytes, x_bytes, sb_bytes, sbr, xsr;
+  int tiled;         /* q in the tile layout (qe_tile_offset) instead of MLX's row-major layout */
 };
+
+/* Byte offset of (block row r, stage s) in the tile layout of a stack:
+ * each block's row slab (128 rows x Kdim codes) is contiguous, stage after
+ * stage, and inside a stage the 128 rows' kc codes follow each other, so a
+ * stage's copy reads one contiguous run of 128 kc BITS / 8 bytes. */
+__host__ __device__ __forceinline__ int64_t qe_tile_offset(int64_t slab_index, int64_t rowbytes, int s, int kc_full,
+                                                           int kc, int bits, int r) {
+  return slab_index * QE_ROWS * rowbytes + (int64_t)s * QE_ROWS * (kc_full * bits / 8) + (int64_t)r * (kc * bits / 8);
+}
 
 /* This lane's 8 codes of one row's run of 32 (at p: the run's first byte
  * plus t * BITS) as the 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7). */
@@ -153,8 +165,9 @@ template <int GATEUP> __device__ __forceinline__ int64_t qe_row(const qe_args &a
   return n < a.N ? (int64_t)e * a.N + n : -1;
 }
 
-template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
-  constexpr int WS = qe_ws(BITS), NTOK = 8 * NT;
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES>
+__global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
+  constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT;
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
 #else
@@ -174,7 +187,8 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
 #pragma unroll
   for (int mt = 0; mt < 2; mt++)
     mvalid[mt] = GATEUP ? slab * 64 + warp * 16 < a.N : slab * QE_ROWS + warp * 32 + mt * 16 < a.N;
-  const int nst = (a.Kdim + QE_KC - 1) / QE_KC;
+  const int nst = (a.Kdim + KC - 1) / KC;
+  const int64_t slab_index = (int64_t)e * gridDim.y + slab;
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0), jn = (mp + 7) >> 3;
@@ -192,13 +206,20 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
 
     /* issue the copies of stage s into its ring slot */
     auto issue = [&](int s) {
-      unsigned char *st = smem + (size_t)(s % QE_STAGES) * a.stage_bytes;
+      unsigned char *st = smem + (size_t)(s % STAGES) * a.stage_bytes;
       unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = s * QE_KC, kc = min(QE_KC, a.Kdim - k0);
+      const int k0 = s * KC, kc = min(KC, a.Kdim - k0);
       const int rb = kc * BITS / 8; /* bytes of a row in this stage */
       const int64_t wo = (int64_t)k0 * BITS / 8;
       const unsigned char *qb = (const unsigned char *)a.q;
-      if (a.rowbytes % 16 == 0 && rb % 16 == 0) {
+      if (a.tiled && rb % 16 == 0) { /* one contiguous run: row r's kc codes at r * rb */
+        const unsigned char *src = qb + qe_tile_offset(slab_index, a.rowbytes, s, KC, kc, BITS, 0);
+        const int per = rb / 16;
+        for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
+          const int r = i / per, c = i - r * per;
+          if (wrow[r] >= 0) dg_cp_async16(Ws + r * WS + 16 * c, src + 16 * i, 16);
+        }
+      } else if (a.rowbytes % 16 == 0 && rb % 16 == 0) {
         const int per = rb / 16;
         for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
           const int r = i / per, c = i % per;
@@ -222,7 +243,7 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
         for (int i = tid; i < NTOK * per; i += QE_THREADS) {
           const int r = i / per, c = i % per;
           const int64_t xr = xrow[r];
-          dg_cp_async16(Xs + r * QE_XS + 16 * c, xr >= 0 ? (const void *)(a.X + xr + k0 + 8 * c) : (const void *)a.X,
+          dg_cp_async16(Xs + r * XS + 16 * c, xr >= 0 ? (const void *)(a.X + xr + k0 + 8 * c) : (const void *)a.X,
                         xr >= 0 ? 16 : 0);
         }
       }
@@ -243,8 +264,8 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
         const int per = kc / a.group;
         for (int i = tid; i < NTOK * per; i += QE_THREADS) {
           const int r = i / per, c = i % per;
-          if (srow[r] >= 0) dg_cp_async4(XSs + 16 * r + 4 * c, a.xs + srow[r] + k0 / a.group + c);
-          else *(float *)(XSs + 16 * r + 4 * c) = 0.0f;
+          if (srow[r] >= 0) dg_cp_async4(XSs + a.xsr * r + 4 * c, a.xs + srow[r] + k0 / a.group + c);
+          else *(float *)(XSs + a.xsr * r + 4 * c) = 0.0f;
         }
       }
     };
@@ -258,24 +279,24 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
         for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
 
 #pragma unroll
-    for (int s = 0; s < QE_STAGES - 1; s++) {
+    for (int s = 0; s < STAGES - 1; s++) {
       if (s < nst) issue(s);
       dg_cp_commit();
     }
     for (int it = 0; it < nst; it++) {
-      dg_cp_wait<QE_STAGES - 2>();
+      dg_cp_wait<STAGES - 2>();
       __syncthreads();
-      if (it + QE_STAGES - 1 < nst) issue(it + QE_STAGES - 1);
+      if (it + STAGES - 1 < nst) issue(it + STAGES - 1);
       dg_cp_commit();
-      const unsigned char *st = smem + (size_t)(it % QE_STAGES) * a.stage_bytes;
+      const unsigned char *st = smem + (size_t)(it % STAGES) * a.stage_bytes;
       const unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = it * QE_KC, nch = min(QE_KC, a.Kdim - k0) / 32;
+      const int k0 = it * KC, nch = min(KC, a.Kdim - k0) / 32;
       for (int c = 0; c < nch; c++) {
         uint32_t bf[NT][2][2];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
           if (j < jn) {
-            const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * QE_XS + 64 * c + 16 * t);
+            const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
             bf[j][0][0] = dg_prmt(u.x, u.z, 0x5410u); /* (x0, x4) */
             bf[j][0][1] = dg_prmt(u.x, u.z, 0x7632u); /* (x1, x5) */
             bf[j][1][0] = dg_prmt(u.y, u.w, 0x5410u); /* (x2, x6) */
@@ -310,8 +331,8 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
 #pragma unroll
             for (int j = 0; j < NT; j++) {
               if (j < jn) {
-                const float x0 = *(const float *)(XSs + 16 * (8 * j + 2 * t) + 4 * lg);
-                const float x1 = *(const float *)(XSs + 16 * (8 * j + 2 * t + 1) + 4 * lg);
+                const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
+                const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
                 float *A = acc[mt][j], *P = part[mt][j];
                 A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
                 A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
@@ -356,9 +377,25 @@ template <int BITS, int GATEUP, int NT> __global__ void __launch_bounds__(QE_THR
   }
 }
 
-template <int BITS, int GATEUP, int NT> static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
-  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT>;
-  const size_t smem = (size_t)QE_STAGES * a.stage_bytes;
+/* The stage layout of a launch (qe_args' byte counts) for KC codes per stage and 8 nt tokens. */
+static inline void qe_layout(qe_args &a, int bits, int nt, int kc) {
+  a.pb = a.sb == DG_CUDA_F32 ? 8 : 4;
+  a.sbr = kc / a.group * a.pb;
+  if (a.sbr % 16) a.sbr += 16 - a.sbr % 16;
+  a.xsr = 4 * (kc / 32);
+  if (a.xsr % 16) a.xsr += 16 - a.xsr % 16;
+  a.w_bytes = QE_ROWS * qe_ws(bits, kc);
+  a.x_bytes = 8 * nt * qe_xs(kc);
+  a.sb_bytes = QE_ROWS * a.sbr;
+  a.stage_bytes = a.w_bytes + a.x_bytes + a.sb_bytes + 8 * nt * a.xsr;
+  a.rowbytes = (int64_t)a.Kdim * bits / 8;
+}
+
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES>
+static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, qe_args a) {
+  qe_layout(a, BITS, NT, KC);
+  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, KC, STAGES>;
+  const size_t smem = (size_t)STAGES * a.stage_bytes;
 #ifndef DG_CUDA_EMU
   static size_t set = 0; /* one attribute call per instantiation and size */
   if (smem > set) {
