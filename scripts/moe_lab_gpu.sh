@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # moe_lab_gpu.sh OUT: the kernel lab of the quantized MoE on the GPU machine (issue 11): build, every
 # version of dev/cuda/moe_quant.cu checked and timed, Nsight Compute on the gathered 256-token MoE,
-# the PyTorch anchors. At most 8 files come back from a run: OUT holds log.txt, lab.md, lab.jsonl,
-# lab_v1.jsonl, ncu.txt, torch.md, torch.jsonl, ceiling.jsonl.
+# dgemma's ceiling protocol. At most 8 files come back from a run: OUT holds log.txt, build.txt, lab.md,
+# lab.jsonl, ncu.txt, torch.md (the ceiling table), ceiling.jsonl.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/moe_lab_gpu.sh OUT}
@@ -20,12 +20,13 @@ CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
 nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
   -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant || exit 1
 echo "== built $(el)"
-timeout 240 build/moe_quant --bits 4,3,2 --versions 2,3,4,5 --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
-timeout 100 build/moe_quant --bits 4 --versions 1 --ms 1,16,64 --ts 256 --reps 5 --json "$OUT/lab_v1.jsonl" >> "$OUT/lab.md" 2>&1; echo "lab v1 rc $? $(el)"
+timeout 200 build/moe_quant --bits ${LAB_BITS:-4,3,2} --versions ${LAB_VERSIONS:-2,3,4,5,6} --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
 grep -E "ceilings|check:" "$OUT/lab.md"
-timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section MemoryWorkloadAnalysis -k regex:qe_kernel -c 4 build/moe_quant --bits 4 --versions 2,3 --ms none --ts 256 --reps 1 \
+grep -E "gathered T 256|uniform (1|16|64) " "$OUT/lab.md" | head -60
+timeout 90 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section MemoryWorkloadAnalysis -k regex:qe_kernel -c 4 build/moe_quant --bits 4 --versions ${NCU_VERSIONS:-2,4} --ms none --ts 256 --reps 1 \
   > "$OUT/ncu.txt" 2>&1; echo "ncu rc $? $(el)"
-PYTHONUNBUFFERED=1 timeout 150 python3 scripts/torch_anchors.py --ceilings docs/results/h200-moe/ceiling_cuda_run1.jsonl -o "$OUT/torch.jsonl" > "$OUT/torch.md" 2>&1; echo "torch rc $? $(el)"
-tail -40 "$OUT/torch.md"
+grep -E "qe_kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued" "$OUT/ncu.txt"
+timeout 100 build/dgemma bench --device cuda --protocol ceiling --reps 20 -o "$OUT/ceiling.jsonl" > "$OUT/torch.md" 2>&1; echo "ceiling rc $? $(el)"
+grep -E "experts_all|moe_gathered" "$OUT/torch.md" | grep -E "4-bit|3-bit|2-bit|bf16" | head -40
 echo "== done $(el)"

@@ -1497,36 +1497,39 @@ static double q_sbval(const dg_weight *w, const void *p, size_t i) {
 }
 
 /* Bound on |GPU - CPU| of one quantized dot product y = sum_k x_k w_k of the
- * tensor-core expert kernels (src/cuda/qmoe.cu). The CPU takes the
+ * tensor-core expert kernels (src/cuda/qmoe.cuh). The CPU takes the
  * dequantized w_k = fl(fl(q_k s) + b); the GPU the exact decomposition
- * sum_j (s_j P_j + b_j S_j), P_j = sum_{k in j} x_k q_k (exact products,
- * fp32 additions in the tensor core, counted at 2u each to allow truncating
- * adders), S_j = sum_{k in j} x_k (fp32), folded by two fmaf per group:
- *   |w_k - (q_k s + b)| <= u (|q_k s| + |w_k|)                 (CPU's two roundings)
- *   |dP_j| <= g2(G) sum_j |x q|,  |dS_j| <= g(G) sum_j |x|      (the sums)
- *   fold: 2 ng roundings of the running sum: g(2 ng) sum_j (|s P_j| + |b S_j|)
- * so with Aq = sum |x_k q_k s_j|, Ab = sum |x_k b_j|, Aw = sum |x_k w_k|:
- *   D = u (Aq + Aw) + (g2(G) + g(2 ng + 1)) (Aq + Ab), times 1.01 for the
+ * sum_j (s_j P'_j + b'_j S_j) with the codes entering as q + o (o = 128, for
+ * 8-bit codes 0): P'_j = sum_{k in j} x_k (q_k + o) (exact products, fp32
+ * additions in the tensor core, counted at 2u each to allow truncating
+ * adders), S_j = sum_{k in j} x_k (fp32), b' = fl(b - o s) (one fmaf), folded
+ * by two fmaf per group:
+ *   |w_k - (q_k s + b)| <= u (|q_k s| + |w_k|)                  (CPU's two roundings)
+ *   |dP'_j| <= g2(G) sum_j |x (q + o)|,  |dS_j| <= g(G) sum_j |x| (the sums)
+ *   |db'| <= u |b'|;  fold: 2 ng roundings of the running sum: g(2 ng) sum_j (|s P'_j| + |b' S_j|)
+ * so with Aq = sum |x_k q_k s_j|, Aw = sum |x_k w_k|, Ao = sum |x_k (q_k + o) s_j|, Ab = sum |x_k b'_j|:
+ *   D = u (Aq + Aw + Ab) + (g2(G) + g(2 ng + 1)) (Ao + Ab), times 1.01 for the
  * second-order terms. g(n) = n u / (1 - n u), g2(n) = g(2n), u = 2^-24. The
  * CPU's own fp32 dot product (gamma_K Aw) is part of ref's error, so the
  * reference here is the double sum over the CPU's dequantized weights. */
 static double qdot_bound(const dg_weight *W, int64_t row, const float *x, const float *w, double *ex) {
-  const double u = ldexp(1.0, -24);
+  const double u = ldexp(1.0, -24), o = W->bits == 8 ? 0.0 : 128.0;
   const int64_t K = W->cols, G = W->group_size, ng = K / G;
   const uint8_t *pk = (const uint8_t *)W->data + row * K * W->bits / 8;
-  double aq = 0, ab = 0, aw = 0, e = 0;
+  double aq = 0, ao = 0, ab = 0, aw = 0, e = 0;
   for (int64_t k = 0; k < K; k++) {
     const size_t gi = (size_t)(row * ng + k / G);
     const double sv = q_sbval(W, W->scales, gi), bv = q_sbval(W, W->biases, gi);
     const double q = dg_quant_code(pk, W->bits, k);
     aq += fabs(x[k] * q * sv);
-    ab += fabs(x[k] * bv);
+    ao += fabs(x[k] * (q + o) * sv);
+    ab += fabs(x[k] * (bv - o * sv));
     aw += fabs((double)x[k] * w[k]);
     e += (double)x[k] * w[k];
   }
   const double g2 = 2.0 * G * u / (1.0 - 2.0 * G * u), gf = (2.0 * ng + 1) * u / (1.0 - (2.0 * ng + 1) * u);
   *ex = e;
-  return 1.01 * (u * (aq + aw) + (g2 + gf) * (aq + ab));
+  return 1.01 * (u * (aq + aw + ab) + (g2 + gf) * (ao + ab));
 }
 
 /* The gathered MoE products (dg_cuda_experts with quantized stacks) against

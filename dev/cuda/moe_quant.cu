@@ -10,14 +10,12 @@
  *              the expert work list, weights re-read per tile, no pipeline
  *   version 2  qe_kernel (src/cuda/qmoe.cuh, k_qe_*) as the backend runs it:
  *              tensor cores (mma.sync m16n8k16 bf16, exact code products,
- *              per-group fold), 128 codes per stage, 4-stage cp.async ring
- *              over the MLX row-major codes (each stage reads 64-byte pieces
- *              of 128 rows), every expert's weights read once per pass
- *   version 3  the same kernel over codes in the tile layout (qe_tile_offset:
- *              each stage's 128 rows x 128 codes one contiguous run)
- *   version 4  tile layout, 256 codes per stage, 4 stages
- *   version 5  tile layout, 512 codes per stage, 3 stages
- *   (versions 3-5 for 8 NT <= 32 tokens per pass)
+ *              per-group fold), codes and (scale, bias) pairs in the tile
+ *              layout (each stage one contiguous run), every expert's weights
+ *              read once per pass: 4 warps, 128 codes per stage, 4 stages
+ *   versions 3-6  the same kernel with other blocks and rings (warps, codes
+ *              per stage, stages): 3 = (4, 128, 3), 4 = (8, 128, 3),
+ *              5 = (4, 256, 3), 6 = (8, 128, 4); for 8 NT <= 32 tokens per pass
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -80,46 +78,14 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElap
 static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size() / 2]; }
 
 /* ---- weights ---- */
+struct tiled { int warps, kc, gateup; uint32_t *q; void *p; };
 struct stack {
   dg_weight w;           /* host view: codes, scales, biases (MLX layout) */
   std::vector<uint8_t> pk;
   std::vector<uint16_t> sc, bi;
-  dg_cuda_w d;           /* device: q, s, b (version 1) and sbp (version 2) */
-  uint32_t *tiled[3];    /* codes in the tile layout of KC = 128, 256, 512 (versions 3-5), made on first use */
+  dg_cuda_w d;           /* device: q, s, b in the MLX layout (version 1) */
+  std::vector<tiled> tl; /* tile-layout copies (versions 2-6), made on first use */
 };
-
-/* Host copy of qe_row: global row of block row r of slab `slab` of expert e. */
-static int64_t host_row(int gateup, int N, int e, int slab, int r) {
-  if (gateup) {
-    const int n = slab * 64 + (r >> 5) * 16 + (r & 15), part = (r >> 4) & 1;
-    return n < N ? (int64_t)e * 2 * N + (int64_t)part * N + n : -1;
-  }
-  const int n = slab * QE_ROWS + r;
-  return n < N ? (int64_t)e * N + n : -1;
-}
-
-/* The codes of st in the tile layout for stages of kc codes (qe_tile_offset). */
-static uint32_t *make_tiled(const stack *st, int gateup, int kc_full) {
-  const int64_t K = st->w.cols, rowbytes = K * st->w.bits / 8, N = gateup ? IE : H;
-  const int nslab = gateup ? (int)((N + 63) / 64) : (int)((N + QE_ROWS - 1) / QE_ROWS), bits = st->w.bits;
-  const size_t bytes = (size_t)E * nslab * QE_ROWS * rowbytes;
-  std::vector<uint8_t> t(bytes, 0);
-  for (int e = 0; e < E; e++)
-    for (int sl = 0; sl < nslab; sl++)
-      for (int r = 0; r < QE_ROWS; r++) {
-        const int64_t gr = host_row(gateup, (int)N, e, sl, r);
-        if (gr < 0) continue;
-        for (int s = 0; (int64_t)s * kc_full < K; s++) {
-          const int kc = (int)std::min((int64_t)kc_full, K - (int64_t)s * kc_full);
-          memcpy(&t[(size_t)qe_tile_offset((int64_t)e * nslab + sl, rowbytes, s, kc_full, kc, bits, r)],
-                 &st->pk[(size_t)(gr * rowbytes + (int64_t)s * kc_full * bits / 8)], (size_t)kc * bits / 8);
-        }
-      }
-  uint32_t *d;
-  CKL(cudaMalloc((void **)&d, bytes));
-  CKL(cudaMemcpy(d, t.data(), bytes, cudaMemcpyHostToDevice));
-  return d;
-}
 
 static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   st->pk.resize((size_t)(rows * cols * bits / 8));
@@ -127,7 +93,7 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
     uint64_t r = rnd();
     memcpy(&st->pk[i], &r, std::min((size_t)8, st->pk.size() - i));
   }
-  const int64_t ng = cols / G, ld = (ng + 3) / 4 * 4;
+  const int64_t ng = cols / G;
   st->sc.resize((size_t)(rows * ng));
   st->bi.resize((size_t)(rows * ng));
   const int qmax = (1 << bits) - 1;
@@ -140,53 +106,67 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   w.dtype = DG_U32; w.data = st->pk.data(); w.rows = rows; w.cols = cols; w.bits = bits; w.group_size = G;
   w.sb_dtype = DG_BF16; w.scales = st->sc.data(); w.biases = st->bi.data();
   st->w = w;
-  st->tiled[0] = st->tiled[1] = st->tiled[2] = NULL;
+  st->tl.clear();
   memset(&st->d, 0, sizeof st->d);
   st->d.bits = bits; st->d.group = G; st->d.sb = DG_CUDA_BF16; st->d.rows = rows; st->d.cols = cols;
-  st->d.sbld = (int)ld;
   CKL(cudaMalloc((void **)&st->d.q, st->pk.size()));
   CKL(cudaMemcpy(st->d.q, st->pk.data(), st->pk.size(), cudaMemcpyHostToDevice));
   CKL(cudaMalloc(&st->d.s, st->sc.size() * 2));
   CKL(cudaMalloc(&st->d.b, st->bi.size() * 2));
   CKL(cudaMemcpy(st->d.s, st->sc.data(), st->sc.size() * 2, cudaMemcpyHostToDevice));
   CKL(cudaMemcpy(st->d.b, st->bi.data(), st->bi.size() * 2, cudaMemcpyHostToDevice));
-  std::vector<uint16_t> pairs((size_t)(rows * ld * 2), 0);
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t j = 0; j < ng; j++) {
-      pairs[(size_t)((r * ld + j) * 2)] = st->sc[(size_t)(r * ng + j)];
-      pairs[(size_t)((r * ld + j) * 2 + 1)] = st->bi[(size_t)(r * ng + j)];
-    }
-  CKL(cudaMalloc(&st->d.sbp, pairs.size() * 2));
-  CKL(cudaMemcpy(st->d.sbp, pairs.data(), pairs.size() * 2, cudaMemcpyHostToDevice));
+}
+
+/* The stack in the tile layout of blocks of `warps` warps and stages of kc codes (qe_tile_pack). */
+static const tiled &get_tiled(stack *st, int warps, int kc, int gateup) {
+  for (const tiled &t : st->tl)
+    if (t.warps == warps && t.kc == kc && t.gateup == gateup) return t;
+  qe_tiling q;
+  q.warps = warps; q.kc = kc; q.gateup = gateup; q.bits = st->w.bits; q.group = G; q.pb = 4; q.E = E;
+  q.N = gateup ? IE : H; q.K = st->w.cols;
+  size_t pb;
+  const size_t qb = qe_tile_bytes(q, &pb);
+  std::vector<uint8_t> hq(qb), hp(pb);
+  qe_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data(), hp.data());
+  tiled t = {warps, kc, gateup, NULL, NULL};
+  CKL(cudaMalloc((void **)&t.q, qb));
+  CKL(cudaMalloc(&t.p, pb));
+  CKL(cudaMemcpy(t.q, hq.data(), qb, cudaMemcpyHostToDevice));
+  CKL(cudaMemcpy(t.p, hp.data(), pb, cudaMemcpyHostToDevice));
+  st->tl.push_back(t);
+  return st->tl.back();
 }
 
 static void free_stack(stack *st) {
-  cudaFree(st->d.q); cudaFree(st->d.s); cudaFree(st->d.b); cudaFree(st->d.sbp);
-  for (int i = 0; i < 3; i++) cudaFree(st->tiled[i]);
+  cudaFree(st->d.q); cudaFree(st->d.s); cudaFree(st->d.b);
+  for (tiled &t : st->tl) { cudaFree(t.q); cudaFree(t.p); }
 }
 
 /* Bound on |GPU - exact| of one dot product sum_k x_k w_k, w_k = q_k s + b (the
  * CPU's dequantized w_k = fl(fl(q s) + b) as the reference): version 2's
  * decomposition as tests/test_cuda.c (qdot_bound) derives it, which also
  * covers version 1 (fp32 FMA over dequantized w: gamma_K sum |x w| <= the
- * same terms for K <= 2 G ng): D = 1.01 (u (Aq + Aw) + (g(2G) + g(2ng+1) + g(K)) (Aq + Ab)). */
+ * same terms): D = 1.01 (u (Aq + Aw + Ab) + (g(2G) + g(2ng+1) + g(K)) (Ao + Ab)). */
 static double dot_ref(const dg_weight *W, int64_t row, const float *x, double *bound) {
-  const double u = ldexp(1.0, -24);
+  const double u = ldexp(1.0, -24), o = W->bits == 8 ? 0.0 : 128.0;
   const int64_t K = W->cols, ng = K / G;
   std::vector<float> w((size_t)K);
   dg_quant_dequant_row(W, row, w.data());
   const uint8_t *pk = (const uint8_t *)W->data + row * K * W->bits / 8;
-  double aq = 0, ab = 0, aw = 0, e = 0;
+  double aq = 0, ao = 0, ab = 0, aw = 0, e = 0;
   for (int64_t k = 0; k < K; k++) {
     const size_t gi = (size_t)(row * ng + k / G);
     const double s = dg_bf16_to_f32(((const uint16_t *)W->scales)[gi]), b = dg_bf16_to_f32(((const uint16_t *)W->biases)[gi]);
-    aq += fabs(x[k] * dg_quant_code(pk, W->bits, k) * s);
-    ab += fabs(x[k] * b);
+    const double q = dg_quant_code(pk, W->bits, k);
+    aq += fabs(x[k] * q * s);
+    ao += fabs(x[k] * (q + o) * s);
+    ab += fabs(x[k] * (b - o * s));
     aw += fabs((double)x[k] * w[(size_t)k]);
     e += (double)x[k] * w[(size_t)k];
   }
   auto gm = [&](double n) { return n * u / (1.0 - n * u); };
-  *bound = 1.01 * (u * (aq + aw) + (gm(2.0 * G) + gm(2.0 * ng + 1) + gm((double)K)) * (aq + ab));
+  /* version 2+ as tests/test_cuda.c (qdot_bound) derives it; gamma_K (Aq + Ab + Ao) covers version 1's fp32 dot product */
+  *bound = 1.01 * (u * (aq + aw + ab) + (gm(2.0 * G) + gm(2.0 * ng + 1) + gm((double)K)) * (ao + ab));
   return e;
 }
 
@@ -259,34 +239,33 @@ static void route_random(routing *r, int T) {
 /* ---- versions ---- */
 enum { GU = 0, DN = 1 };
 
-/* Versions 3-5: the kernel over a tile-layout copy of the codes, KC codes per stage, STAGES deep. */
-template <int BITS, int KC, int STAGES>
+/* Versions 2-6: the kernel over a tile-layout copy, WARPS warps, KC codes per stage, STAGES deep. */
+template <int BITS, int KC, int STAGES, int WARPS>
 static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
-  const int slot = KC == 128 ? 0 : KC == 256 ? 1 : 2, gateup = prod == GU;
-  if (!st->tiled[slot]) st->tiled[slot] = make_tiled(st, gateup, KC);
+  const int gateup = prod == GU;
+  const tiled &tl = get_tiled(st, WARPS, KC, gateup);
   qe_args a;
   memset(&a, 0, sizeof a);
-  a.q = st->tiled[slot]; a.tiled = 1;
-  a.sbp = st->d.sbp; a.sb = st->d.sb; a.sbld = st->d.sbld; a.group = st->d.group;
+  a.q = tl.q; a.sbp = tl.p; a.sb = DG_CUDA_BF16; a.group = G;
   a.xs = r->b.xs; a.count = r->b.count; a.start = r->b.start; a.pairs = r->b.pairs; a.topk = TOPK;
   cudaError_t e;
   if (gateup) {
     a.X = r->xe; a.Kdim = H; a.N = IE; a.h = r->b.h;
     if ((e = k_group_sums(0, r->xe, r->T, H, G, r->b.xs)) != cudaSuccess) return e;
-    const dim3 grid(E, (IE + 63) / 64);
+    const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qe_launch_nt<BITS, 1, 1, KC, STAGES>(0, grid, a);
-    case 2: return qe_launch_nt<BITS, 1, 2, KC, STAGES>(0, grid, a);
-    default: return qe_launch_nt<BITS, 1, 4, KC, STAGES>(0, grid, a);
+    case 1: return qe_launch_nt<BITS, 1, 1, KC, STAGES, WARPS>(0, grid, a);
+    case 2: return qe_launch_nt<BITS, 1, 2, KC, STAGES, WARPS>(0, grid, a);
+    default: return qe_launch_nt<BITS, 1, 4, KC, STAGES, WARPS>(0, grid, a);
     }
   }
   a.X = r->b.h; a.Kdim = IE; a.N = H; a.y = r->b.y;
   if ((e = k_group_sums(0, r->b.h, r->T * TOPK, IE, G, r->b.xs)) != cudaSuccess) return e;
-  const dim3 grid(E, (H + QE_ROWS - 1) / QE_ROWS);
+  const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   switch (nt) {
-  case 1: return qe_launch_nt<BITS, 0, 1, KC, STAGES>(0, grid, a);
-  case 2: return qe_launch_nt<BITS, 0, 2, KC, STAGES>(0, grid, a);
-  default: return qe_launch_nt<BITS, 0, 4, KC, STAGES>(0, grid, a);
+  case 1: return qe_launch_nt<BITS, 0, 1, KC, STAGES, WARPS>(0, grid, a);
+  case 2: return qe_launch_nt<BITS, 0, 2, KC, STAGES, WARPS>(0, grid, a);
+  default: return qe_launch_nt<BITS, 0, 4, KC, STAGES, WARPS>(0, grid, a);
   }
 }
 
@@ -296,16 +275,19 @@ static int lab_nt(int T) { /* as qmoe.cu's qe_nt */
 }
 
 template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *st, routing *r, int nt) {
-  if (ver == 3) return run_tiled<BITS, 128, 4>(prod, st, r, nt);
-  if (ver == 4) return run_tiled<BITS, 256, 4>(prod, st, r, nt);
-  return run_tiled<BITS, 512, 3>(prod, st, r, nt);
+  switch (ver) {
+  case 3: return run_tiled<BITS, 128, 3, 4>(prod, st, r, nt);
+  case 4: return run_tiled<BITS, 128, 3, 8>(prod, st, r, nt);
+  case 5: return run_tiled<BITS, 256, 3, 4>(prod, st, r, nt);
+  default: return run_tiled<BITS, 128, 4, 8>(prod, st, r, nt);
+  }
 }
 
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   const int T = r->T;
   cudaError_t e = cudaSuccess;
+  stack *st = prod == GU ? gu : dn;
   if (ver >= 3) {
-    stack *st = prod == GU ? gu : dn;
     const int nt = lab_nt(T);
     switch (st->w.bits) {
     case 4: return run_tiled_bits<4>(ver, prod, st, r, nt);
@@ -313,16 +295,21 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_tiled_bits<3>(ver, prod, st, r, nt);
     }
   }
-  if (prod == GU) {
-    if (ver == 1) return k_qexperts_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK);
-    e = k_group_sums(0, r->xe, T, H, G, r->b.xs);
-    if (e == cudaSuccess) e = k_qe_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK, 0);
-    return e;
+  if (ver == 1) {
+    if (prod == GU) return k_qexperts_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK);
+    return k_qexperts_down(0, &dn->d, &r->b, T, H, IE, E, TOPK);
   }
-  if (ver == 1) return k_qexperts_down(0, &dn->d, &r->b, T, H, IE, E, TOPK);
+  const tiled &tl = get_tiled(st, QE_WARPS, QE_KC, prod == GU); /* the backend's layout */
+  dg_cuda_w w = st->d;
+  w.q = tl.q;
+  w.sbp = tl.p;
+  w.s = w.b = NULL;
+  if (prod == GU) {
+    e = k_group_sums(0, r->xe, T, H, G, r->b.xs);
+    return e == cudaSuccess ? k_qe_gate_up(0, &w, r->xe, &r->b, T, H, IE, E, TOPK, 0) : e;
+  }
   e = k_group_sums(0, r->b.h, T * TOPK, IE, G, r->b.xs);
-  if (e == cudaSuccess) e = k_qe_down(0, &dn->d, &r->b, T, H, IE, E, TOPK, 0);
-  return e;
+  return e == cudaSuccess ? k_qe_down(0, &w, &r->b, T, H, IE, E, TOPK, 0) : e;
 }
 
 /* Check sampled outputs of the last run against the CPU; returns the largest |diff| / bound (> 1 fails). */
@@ -370,7 +357,7 @@ static double check(int prod, const stack *gu, const stack *dn, routing *r, int 
 
 int main(int argc, char **argv) {
   int quick = 0;
-  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3,4,5", *ms_s = NULL, *ts_s = NULL;
+  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3,4,5,6", *ms_s = NULL, *ts_s = NULL;
   int nreps = 25;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;

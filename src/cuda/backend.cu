@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/qmoe.cuh"
 
 #ifndef DG_CUDA_ARCHS
 #define DG_CUDA_ARCHS "unknown"
@@ -222,59 +223,69 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
   return DG_OK;
 }
 
-/* Pairs per row of an expert stack's (scale, bias) array: cols / group
- * rounded up to 4, so that each row starts on 16 bytes (qmoe.cu copies them
- * with cp.async). */
-static int64_t expert_sbld(const dg_cuda_mat *m) { return (m->cols / m->group_size + 3) / 4 * 4; }
-
-/* Device bytes of an expert stack: bf16, or packed words + padded (scale, bias) pairs. */
-static size_t expert_bytes(const dg_cuda_mat *m) {
-  if (!m->data || !m->bits) return mat_bytes(m);
-  return (size_t)m->rows * (size_t)m->cols * (size_t)m->bits / 8 +
-         (size_t)m->rows * (size_t)expert_sbld(m) * 2 * sb_size(m->sb_dtype);
+/* The tile layout (qmoe.cuh, qe_tiling) of a quantized expert stack of E
+ * experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
+static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
+  qe_tiling t;
+  t.warps = QE_WARPS;
+  t.kc = QE_KC;
+  t.gateup = gateup;
+  t.bits = m->bits;
+  t.group = m->group_size;
+  t.pb = 2 * (int)sb_size(m->sb_dtype);
+  t.E = E;
+  t.N = gateup ? m->rows / E / 2 : m->rows / E;
+  t.K = m->cols;
+  return t;
 }
 
-/* Upload an expert stack [E * rows, cols]: bf16 as up_w; quantized: the
- * packed words as stored and, instead of the separate scales and biases, one
- * array of (scale, bias) pairs per group in their dtype, rows padded to
- * expert_sbld pairs (zero), the layout of the tensor-core kernels (qmoe.cu). */
-static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m, const char *what, uint16_t *stage) {
+/* Device bytes of an expert stack: bf16, or the tiled codes and (scale, bias) pairs. */
+static size_t expert_bytes(const dg_cuda_mat *m, int gateup, int64_t E) {
+  if (!m->data || !m->bits) return mat_bytes(m);
+  size_t pb;
+  const qe_tiling t = expert_tiling(m, gateup, E);
+  const size_t qb = qe_tile_bytes(t, &pb);
+  return qb + pb;
+}
+
+/* Upload an expert stack: bf16 as up_w; quantized: the codes and the
+ * (scale, bias) pairs in the tile layout of the tensor-core kernels
+ * (qmoe.cuh: each block's pipeline stage one contiguous run), packed on the
+ * host; the MLX arrays themselves are not uploaded. */
+static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m, int gateup, int64_t E,
+                            const char *what, uint16_t *stage) {
   if (!m->bits) {
     const dg_cuda_mat *p1[1] = {m};
     return up_w(al, dst, p1, 1, what, stage);
   }
+  if (E <= 0 || m->rows % (gateup ? 2 * E : E))
+    return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: %s has %lld rows, not a multiple of %lld experts", what,
+                     (long long)m->rows, (long long)E);
   memset(dst, 0, sizeof *dst);
   dst->rows = m->rows;
   dst->cols = m->cols;
   dst->bits = m->bits;
   dst->group = m->group_size;
   dst->sb = m->sb_dtype;
-  const size_t n = (size_t)m->rows * (size_t)m->cols, ss = sb_size(m->sb_dtype);
-  const int64_t ng = m->cols / m->group_size, ld = expert_sbld(m);
-  dst->sbld = (int)ld;
-  DG_TRY(dalloc(al, (void **)&dst->q, n * (size_t)m->bits / 8, what));
-  CK(cudaMemcpy(dst->q, m->data, n * (size_t)m->bits / 8, cudaMemcpyHostToDevice));
-  const size_t pair = 2 * ss, rows_per = 1 << 14; /* staged 16 K rows at a time */
-  DG_TRY(dalloc(al, &dst->sbp, (size_t)m->rows * (size_t)ld * pair, what));
-  unsigned char *h = (unsigned char *)calloc(rows_per * (size_t)ld, pair);
-  if (!h) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory packing the scales of %s", what);
-  dg_status st = DG_OK;
-  for (int64_t r0 = 0; r0 < m->rows && st == DG_OK; r0 += (int64_t)rows_per) {
-    const int64_t nr = m->rows - r0 < (int64_t)rows_per ? m->rows - r0 : (int64_t)rows_per;
-    for (int64_t r = 0; r < nr; r++)
-      for (int64_t j = 0; j < ng; j++) {
-        const size_t src = ((size_t)(r0 + r) * (size_t)ng + (size_t)j) * ss;
-        unsigned char *d = h + ((size_t)r * (size_t)ld + (size_t)j) * pair;
-        memcpy(d, (const unsigned char *)m->scales + src, ss);
-        memcpy(d + ss, (const unsigned char *)m->biases + src, ss);
-      }
-    cudaError_t e = cudaMemcpy((unsigned char *)dst->sbp + (size_t)r0 * (size_t)ld * pair, h, (size_t)nr * ld * pair,
-                               cudaMemcpyHostToDevice);
-    if (e != cudaSuccess)
-      st = dg_seterr(DG_ERR_BACKEND, "%s:%d: cudaMemcpy of the scale pairs of %s failed: %s", __FILE__, __LINE__, what,
-                     cudaGetErrorString(e));
+  const qe_tiling t = expert_tiling(m, gateup, E);
+  size_t pb;
+  const size_t qb = qe_tile_bytes(t, &pb);
+  uint8_t *hq = (uint8_t *)malloc(qb), *hp = (uint8_t *)malloc(pb);
+  if (!hq || !hp) {
+    free(hq);
+    free(hp);
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory packing %s (%zu bytes)", what, qb + pb);
   }
-  free(h);
+  qe_tile_pack(t, (const uint8_t *)m->data, m->scales, m->biases, hq, hp);
+  dg_status st = dalloc(al, (void **)&dst->q, qb, what);
+  if (st == DG_OK) st = dalloc(al, &dst->sbp, pb, what);
+  cudaError_t e = cudaSuccess;
+  if (st == DG_OK && (e = cudaMemcpy(dst->q, hq, qb, cudaMemcpyHostToDevice)) == cudaSuccess)
+    e = cudaMemcpy(dst->sbp, hp, pb, cudaMemcpyHostToDevice);
+  if (st == DG_OK && e != cudaSuccess)
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: cudaMemcpy of %s failed: %s", __FILE__, __LINE__, what, cudaGetErrorString(e));
+  free(hq);
+  free(hp);
   return st;
 }
 
@@ -301,7 +312,7 @@ static size_t weight_bytes(const dg_cuda_model_desc *d) {
     const size_t D = l->head_dim;
     b += mat_bytes(&l->q) + mat_bytes(&l->k) + mat_bytes(&l->v) + mat_bytes(&l->o) + 2 * D * 4 + 7 * H * 4;
     b += mat_bytes(&l->mlp_gate) + mat_bytes(&l->mlp_up) + mat_bytes(&l->mlp_down) + E * H * 4 + H * 4 + E * 4;
-    b += expert_bytes(&l->experts_gate_up) + expert_bytes(&l->experts_down);
+    b += expert_bytes(&l->experts_gate_up, 1, (int64_t)E) + expert_bytes(&l->experts_down, 0, (int64_t)E);
   }
   b += 2 * 512 * 4;
   return b;
@@ -438,8 +449,8 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     }
     T_(up_vec(al, &l->router_scale, ld->router_scale, H, what));
     T_(up_vec(al, &l->per_expert_scale, ld->per_expert_scale, E, what));
-    T_(up_experts(al, &l->experts_gate_up, &ld->experts_gate_up, what, stage));
-    T_(up_experts(al, &l->experts_down, &ld->experts_down, what, stage));
+    T_(up_experts(al, &l->experts_gate_up, &ld->experts_gate_up, 1, d->n_experts, what, stage));
+    T_(up_experts(al, &l->experts_down, &ld->experts_down, 0, d->n_experts, what, stage));
     l->layer_scalar_dec = ld->layer_scalar_dec;
     l->layer_scalar_enc = ld->layer_scalar_enc;
     if ((int)D > m->dmax) m->dmax = (int)D;
@@ -1175,8 +1186,8 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up
   if (!slot_row || !hd || !yd) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   TT_(check_mat(gate_up, "test gate_up", -1));
   TT_(check_mat(down, "test down", -1));
-  TT_(up_experts(&al, &l.experts_gate_up, gate_up, "test gate_up", NULL));
-  TT_(up_experts(&al, &l.experts_down, down, "test down", NULL));
+  TT_(up_experts(&al, &l.experts_gate_up, gate_up, 1, E, "test gate_up", NULL));
+  TT_(up_experts(&al, &l.experts_down, down, 0, E, "test down", NULL));
   TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "xe"));
   TT_(test_in(&al, (void **)&b.topk_idx, idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));

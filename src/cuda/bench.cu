@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/qmoe.cuh"
 
 #define BT 256
 
@@ -68,7 +69,7 @@ static dg_status balloc(void **ptrs, int *n, void **out, size_t bytes, const cha
 
 /* A random stack [rows, cols] in the format of a (bits 0: bf16) into *w. */
 static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_t cols, int bits, int group,
-                        uint64_t seed, int grid, size_t *bytes) {
+                        int gateup, int64_t E, uint64_t seed, int grid, size_t *bytes) {
   memset(w, 0, sizeof *w);
   w->rows = rows;
   w->cols = cols;
@@ -84,14 +85,17 @@ static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_
   w->group = group;
   w->sb = DG_CUDA_BF16;
   const size_t words = n * (size_t)bits / 32, ng = n / (size_t)group;
-  /* expert stacks keep (scale, bias) pairs, rows padded to a multiple of 4 pairs (backend.cu, up_experts) */
-  w->sbld = (int)((cols / group + 3) / 4 * 4);
-  const size_t npairs = (size_t)rows * (size_t)w->sbld;
-  DG_TRY(balloc(ptrs, np, (void **)&w->q, words * 4, "packed expert codes"));
-  DG_TRY(balloc(ptrs, np, &w->sbp, npairs * 4, "expert scale/bias pairs"));
-  DG_LAUNCH(bfill_u32, grid, BT, 0, 0)(w->q, words, seed);
+  /* expert stacks: codes and (scale, bias) pairs in the tile layout of qmoe.cuh (random bytes: any layout) */
+  qe_tiling tl;
+  tl.warps = QE_WARPS; tl.kc = QE_KC; tl.gateup = gateup; tl.bits = bits; tl.group = group; tl.pb = 4;
+  tl.E = E; tl.N = gateup ? rows / E / 2 : rows / E; tl.K = cols;
+  size_t pbytes;
+  const size_t qbytes = qe_tile_bytes(tl, &pbytes);
+  DG_TRY(balloc(ptrs, np, (void **)&w->q, qbytes, "packed expert codes"));
+  DG_TRY(balloc(ptrs, np, &w->sbp, pbytes, "expert scale/bias pairs"));
+  DG_LAUNCH(bfill_u32, grid, BT, 0, 0)(w->q, qbytes / 4, seed);
   CK(cudaGetLastError());
-  DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)w->sbp, 2 * npairs, seed + 1, 0x3a80u); /* +-[2^-10, 2^-9) */
+  DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)w->sbp, pbytes / 2, seed + 1, 0x3a80u); /* +-[2^-10, 2^-9) */
   CK(cudaGetLastError());
   *bytes += words * 4 + 2 * ng * 2;
   return DG_OK;
@@ -142,8 +146,9 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   if (!t || !yh) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   BC_(cudaEventCreate(&e0));
   BC_(cudaEventCreate(&e1));
-  BT_(bstack(ptrs, &np, &l.experts_gate_up, (int64_t)E * 2 * IE, H, a->bits, a->group, a->seed * 16 + 1, grid, &wbytes));
-  BT_(bstack(ptrs, &np, &l.experts_down, (int64_t)E * H, IE, a->bits, a->group, a->seed * 16 + 5, grid, &wbytes));
+  BT_(bstack(ptrs, &np, &l.experts_gate_up, (int64_t)E * 2 * IE, H, a->bits, a->group, 1, E, a->seed * 16 + 1, grid,
+             &wbytes));
+  BT_(bstack(ptrs, &np, &l.experts_down, (int64_t)E * H, IE, a->bits, a->group, 0, E, a->seed * 16 + 5, grid, &wbytes));
   BT_(balloc(ptrs, &np, &xe, (size_t)T * H * 2, "xe"));
   DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)xe, (size_t)T * H, a->seed * 16 + 9, 0x3f00u);
   BC_(cudaGetLastError());

@@ -70,9 +70,8 @@ struct dg_cuda_w {
   bf16 *w;                  /* bits == 0: [rows, cols] */
   uint32_t *q;              /* bits != 0: [rows, cols*bits/32] */
   void *s, *b;              /* bits != 0: [rows, cols/group]; NULL for expert stacks (they keep sbp) */
-  void *sbp;                /* expert stacks (bits != 0): (scale, bias) pairs [rows, sbld] in dtype sb
-                               (qmoe.cu), sbld = cols/group rounded up to 4 (16-byte rows) */
-  int sbld;
+  void *sbp;                /* expert stacks (bits != 0): (scale, bias) pairs in dtype sb; an expert
+                               stack's q and sbp are in the tile layout of qmoe.cuh (qe_tiling) */
 };
 
 /* The weights of a fused product (q|k|v, gate|up): the row blocks in order,

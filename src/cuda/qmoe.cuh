@@ -21,25 +21,28 @@
  * (it dequantizes w = fl(fl(q s) + b), then a dot product in fp32):
  * tests/test_cuda.c (check_qexperts) bounds the difference of the two.
  *
- * Layout. Block = 4 warps, 128 weight rows of one expert (gate/up: 64 output
- * features n, their 64 gate and 64 up rows; down: 128 output rows), all the
- * expert's grouped rows (tokens) in passes of 8 NT. Warp w owns two m-tiles
- * of 16 rows (gate/up: gate rows n..n+15 and the up rows of the same n, so
- * GeGLU is formed in registers). Weights as A (rows), tokens as B (n8 tiles):
- * at M = 16 tokens per expert the tensor cores do 2 n8 tiles per 16 rows.
- * The reduction is staged 128 codes at a time through a 4-deep cp.async ring
- * in shared memory: the packed words as stored (MLX layout), the activation
- * rows (bf16, zero-filled past the expert's rows), the (scale, bias) pairs and
- * the group sums. Within each run of 32 codes, lane (g, t) takes codes
- * 8t .. 8t+7 of rows g and g+8; its 8 codes make 4 bf16 pairs (c_i, c_{i+4})
- * by one mask (0x4300 | q is the bf16 128 + q), minus 128 exactly; the k order
- * inside an mma does not matter as long as B matches, so the activation
- * fragment is permuted to (x_i, x_{i+4}) with prmt instead of the codes.
+ * The codes enter the tensor core as 128 + q (0x4300 | q is that bf16, one
+ * mask per pair of codes, no subtraction), so the fold uses the shifted
+ * bias b' = b - 128 s: s (P'_j) + b' S_j with P'_j = sum x_k (q_k + 128), the
+ * same value (8-bit codes are converted exactly through fp32, offset 0).
+ *
+ * Layout. Block = WARPS warps, 32 WARPS weight rows of one expert (gate/up:
+ * 16 WARPS output features n, their gate and up rows; down: 32 WARPS output
+ * rows), all the expert's grouped rows (tokens) in passes of 8 NT. Warp w
+ * owns two m-tiles of 16 rows (gate/up: gate rows n..n+15 and the up rows of
+ * the same n, so GeGLU is formed in registers). Weights as A (rows), tokens
+ * as B (n8 tiles). The reduction is staged KC codes at a time through a
+ * STAGES-deep cp.async ring in shared memory: the codes, the (scale, bias)
+ * pairs (both in the tile layout the backend packs at upload, qe_tile_*: a
+ * stage of a block is one contiguous run), the activation rows (bf16, zero-
+ * filled past the expert's rows) and their group sums. Within each run of 32
+ * codes, lane (g, t) takes codes 8t .. 8t+7 of rows g and g+8: 4 bf16 pairs
+ * (c_i, c_{i+4}); the k order inside an mma does not matter as long as B
+ * matches, so the activation fragment is permuted to (x_i, x_{i+4}) with prmt.
  *
  * Every format: bits 2, 3, 4, 6, 8 (3- and 6-bit runs straddle words and are
  * funnel-shifted; 8-bit codes go through fp32: 0x4b000000 | q), groups 32,
- * 64, 128, scales/biases bf16, f16 or f32 (as the (s, b) pairs the backend
- * packs at upload, dg_cuda_w.sbp). */
+ * 64, 128, scales/biases bf16, f16 or f32 (as (s, b) pairs). */
 #ifndef DG_CUDA_QMOE_CUH
 #define DG_CUDA_QMOE_CUH
 #include <string.h>
@@ -47,26 +50,25 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 
-#define QE_WARPS 4
-#define QE_THREADS (32 * QE_WARPS)
-#define QE_ROWS 128                 /* weight rows per block */
+#define QE_WARPS 4                  /* warps per block (the backend's choice) */
 #define QE_KC 128                   /* codes per pipeline stage (the backend's choice) */
 #define QE_STAGES 4                 /* depth of the cp.async ring (the backend's choice) */
 
-/* Bytes per weight row of a stage of KC codes: the codes and a padding that
- * puts the row at 16 (32 for 6 and 8 bits) modulo 128 bytes, so that the 8
- * rows a warp reads at once fall on distinct banks; rows stay 16-byte aligned
- * for cp.async. */
+/* Bytes per weight row of a stage of kc codes: the codes and a padding that
+ * makes the row stride an odd multiple of 16 bytes (6 and 8 bits: of 32), so
+ * that the 8 rows a warp reads at once fall on distinct banks; rows stay
+ * 16-byte aligned for cp.async. */
 __host__ __device__ constexpr int qe_ws(int bits, int kc) {
-  return kc * bits / 8 + ((bits >= 6 ? 32 : 16) - (kc * bits / 8) % 128 + 128) % 128;
+  return kc * bits / 8 + (bits >= 6 ? ((kc * bits / 8) % 64 == 32 ? 0 : (96 - (kc * bits / 8) % 64) % 64)
+                                    : ((kc * bits / 8) % 32 == 16 ? 0 : (48 - (kc * bits / 8) % 32) % 32));
 }
 /* Bytes per token row of an activation stage (64 modulo 128: conflict-free 16-byte reads). */
 __host__ __device__ constexpr int qe_xs(int kc) { return kc * 2 + 64; }
 
 struct qe_args {
   const uint32_t *q; /* [E * rows_per_expert, Kdim * BITS / 32] */
-  const void *sbp;   /* (s, b) pairs [E * rows_per_expert, sbld] */
-  int sb, sbld, group, pb; /* pair dtype, pairs per row, group size, bytes per pair */
+  const void *sbp;   /* (s, b) pairs, tile layout (qe_tiling) */
+  int sb, group, pb; /* pair dtype, group size, bytes per pair */
   int64_t rowbytes;  /* bytes per weight row */
   const bf16 *X;     /* gate/up: xe [T, Kdim]; down: h [T * topk, Kdim] */
   const float *xs;   /* group sums of X's rows [., Kdim / group] */
@@ -74,38 +76,66 @@ struct qe_args {
   int topk, Kdim, N; /* N: gate/up IE (features), down H (rows) */
   bf16 *h;           /* gate/up output [T * topk, IE] */
   float *y;          /* down output [T * topk, H] */
-  int stage_bytes, w_bytes, x_bytes, sb_bytes, sbr, xsr;
-  int tiled;         /* q in the tile layout (qe_tile_offset) instead of MLX's row-major layout */
+  int stage_bytes, w_bytes, x_bytes, sb_bytes, xsr;
 };
 
-/* Byte offset of (block row r, stage s) in the tile layout of a stack:
- * each block's row slab (128 rows x Kdim codes) is contiguous, stage after
- * stage, and inside a stage the 128 rows' kc codes follow each other, so a
- * stage's copy reads one contiguous run of 128 kc BITS / 8 bytes. */
-__host__ __device__ __forceinline__ int64_t qe_tile_offset(int64_t slab_index, int64_t rowbytes, int s, int kc_full,
-                                                           int kc, int bits, int r) {
-  return slab_index * QE_ROWS * rowbytes + (int64_t)s * QE_ROWS * (kc_full * bits / 8) + (int64_t)r * (kc * bits / 8);
+/* The tile layout of an expert stack for blocks of `warps` warps and stages
+ * of kc codes (what the backend uploads, backend.cu up_experts): the stack is
+ * cut into slabs of 32 warps rows (gate/up: 16 warps features of one expert,
+ * their gate rows and up rows interleaved as the block's warps take them;
+ * down: 32 warps consecutive rows), slab after slab (expert-major), padded
+ * with unused rows past the last feature; inside a slab stage after stage,
+ * inside a stage row after row, each row's codes of that stage (and, in the
+ * pair array, each row's (scale, bias) pairs of that stage), so that a
+ * block's stage is one contiguous run. */
+struct qe_tiling {
+  int warps, kc, gateup, bits, group, pb; /* pb: bytes per (scale, bias) pair */
+  int64_t E, N, K;                        /* experts; features (gate/up) or rows (down) per expert; columns */
+};
+/* Slabs per expert and rows per slab. */
+__host__ __device__ inline int64_t qe_slabs(const qe_tiling &t) {
+  const int64_t per = t.gateup ? 16 * t.warps : 32 * t.warps;
+  return (t.N + per - 1) / per;
+}
+/* Global row (in the stack's [E * rows_per_expert, K] order) of row r of slab sl of expert e, or -1 (padding). */
+__host__ __device__ inline int64_t qe_tile_row(const qe_tiling &t, int64_t e, int64_t sl, int r) {
+  if (t.gateup) {
+    const int64_t n = sl * 16 * t.warps + (r >> 5) * 16 + (r & 15), part = (r >> 4) & 1;
+    return n < t.N ? e * 2 * t.N + part * t.N + n : -1;
+  }
+  const int64_t n = sl * 32 * t.warps + r;
+  return n < t.N ? e * t.N + n : -1;
+}
+/* Byte offsets of row r's codes / pairs of stage s in slab index si (= e * slabs + sl). */
+__host__ __device__ inline int64_t qe_tile_code_off(const qe_tiling &t, int64_t si, int s, int r) {
+  const int64_t rows = 32 * t.warps, kc = t.K - (int64_t)s * t.kc < t.kc ? t.K - (int64_t)s * t.kc : t.kc;
+  return si * rows * (t.K * t.bits / 8) + (int64_t)s * rows * (t.kc * t.bits / 8) + r * (kc * t.bits / 8);
+}
+__host__ __device__ inline int64_t qe_tile_pair_off(const qe_tiling &t, int64_t si, int s, int r) {
+  const int64_t rows = 32 * t.warps, kc = t.K - (int64_t)s * t.kc < t.kc ? t.K - (int64_t)s * t.kc : t.kc;
+  return (si * rows * (t.K / t.group) + (int64_t)s * rows * (t.kc / t.group) + r * (kc / t.group)) * t.pb;
 }
 
 /* This lane's 8 codes of one row's run of 32 (at p: the run's first byte
- * plus t * BITS) as the 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7). */
+ * plus t * BITS) as the 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7)
+ * of 128 + c (8 bits: c). */
 template <int BITS> __device__ __forceinline__ void qe_codes(const unsigned char *p, uint32_t P[4]) {
   const uint32_t mag = 0x43004300u; /* bf16 128 in both halves */
   if constexpr (BITS == 4) {
     const uint32_t v = *(const uint32_t *)p;
 #pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_bf16x2_sub128(((v >> (4 * i)) & 0x000f000fu) | mag);
+    for (int i = 0; i < 4; i++) P[i] = (((v >> (4 * i)) & 0x000f000fu) | mag);
   } else if constexpr (BITS == 2) {
     const uint32_t v = dg_prmt(*(const uint16_t *)p, 0u, 0x4140u); /* codes 0-3 in bits 0-7, 4-7 in 16-23 */
 #pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_bf16x2_sub128(((v >> (2 * i)) & 0x00030003u) | mag);
+    for (int i = 0; i < 4; i++) P[i] = (((v >> (2 * i)) & 0x00030003u) | mag);
   } else if constexpr (BITS == 3) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
     const uint32_t r = dg_funnel_r(w[0], w[1], (uint32_t)(a & 3) * 8); /* 24 bits */
     const uint32_t v = (r & 0xfffu) | ((r << 4) & 0x0fff0000u);
 #pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_bf16x2_sub128(((v >> (3 * i)) & 0x00070007u) | mag);
+    for (int i = 0; i < 4; i++) P[i] = (((v >> (3 * i)) & 0x00070007u) | mag);
   } else if constexpr (BITS == 6) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
@@ -113,10 +143,10 @@ template <int BITS> __device__ __forceinline__ void qe_codes(const unsigned char
     const uint32_t lo = dg_funnel_r(w[0], w[1], sh), hi = dg_funnel_r(w[1], w[2], sh); /* 48 bits */
     const uint32_t c03 = lo & 0xffffffu, c47 = (lo >> 24) | ((hi & 0xffffu) << 8);
     const uint32_t v01 = (c03 & 0xfffu) | ((c47 & 0xfffu) << 16), v23 = (c03 >> 12) | ((c47 >> 12) << 16);
-    P[0] = dg_bf16x2_sub128((v01 & 0x003f003fu) | mag);
-    P[1] = dg_bf16x2_sub128(((v01 >> 6) & 0x003f003fu) | mag);
-    P[2] = dg_bf16x2_sub128((v23 & 0x003f003fu) | mag);
-    P[3] = dg_bf16x2_sub128(((v23 >> 6) & 0x003f003fu) | mag);
+    P[0] = ((v01 & 0x003f003fu) | mag);
+    P[1] = (((v01 >> 6) & 0x003f003fu) | mag);
+    P[2] = ((v23 & 0x003f003fu) | mag);
+    P[3] = (((v23 >> 6) & 0x003f003fu) | mag);
   } else { /* 8: through fp32, 2^23 + q exactly, then a bf16 pair (exact: q < 256 has 8 significant bits) */
     const uint2 v = *(const uint2 *)p;
 #pragma unroll
@@ -155,19 +185,12 @@ __device__ __forceinline__ float qe_gelu(float a) { /* gelu_pytorch_tanh, as moe
   return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
 }
 
-/* Global weight row of block row r (< QE_ROWS), or -1 past the matrix. */
-template <int GATEUP> __device__ __forceinline__ int64_t qe_row(const qe_args &a, int e, int slab, int r) {
-  if (GATEUP) {
-    const int n = slab * 64 + (r >> 5) * 16 + (r & 15), part = (r >> 4) & 1;
-    return n < a.N ? (int64_t)e * 2 * a.N + (int64_t)part * a.N + n : -1;
-  }
-  const int n = slab * QE_ROWS + r;
-  return n < a.N ? (int64_t)e * a.N + n : -1;
-}
-
-template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES>
-__global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
-  constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT;
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS>
+__global__ void __launch_bounds__(32 * WARPS) qe_kernel(qe_args a) {
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS;
+  constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8, PER = KCB / 16;
+  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+  static_assert(KCB % 16 == 0, "a full stage of a row is whole 16-byte pieces");
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
 #else
@@ -175,24 +198,25 @@ __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
 #endif
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
-  __shared__ int64_t wrow[QE_ROWS];
   const int e = blockIdx.x, slab = blockIdx.y;
   const int cnt = a.count[e];
   if (cnt == 0) return;
   const int base = a.start[e];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int ng = a.Kdim / a.group, cpg = a.group / 32;
-  for (int r = tid; r < QE_ROWS; r += QE_THREADS) wrow[r] = qe_row<GATEUP>(a, e, slab, r);
+  /* rows of the slab that exist: whole warps (gate/up) or whole m-tiles (down), a prefix of the tile */
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
   bool mvalid[2];
 #pragma unroll
-  for (int mt = 0; mt < 2; mt++)
-    mvalid[mt] = GATEUP ? slab * 64 + warp * 16 < a.N : slab * QE_ROWS + warp * 32 + mt * 16 < a.N;
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
   const int nst = (a.Kdim + KC - 1) / KC;
-  const int64_t slab_index = (int64_t)e * gridDim.y + slab;
+  const int64_t si = (int64_t)e * gridDim.y + slab;
+  const unsigned char *qt = (const unsigned char *)a.q + si * ROWS * a.rowbytes;
+  const unsigned char *pt = (const unsigned char *)a.sbp + si * ROWS * ng * a.pb;
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0), jn = (mp + 7) >> 3;
-    for (int i = tid; i < NTOK; i += QE_THREADS) {
+    for (int i = tid; i < NTOK; i += THREADS) {
       int64_t xr = -1, sr = -1;
       if (i < mp) {
         const int64_t row = GATEUP ? a.pairs[base + p0 + i] / a.topk : base + p0 + i;
@@ -208,62 +232,41 @@ __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
     auto issue = [&](int s) {
       unsigned char *st = smem + (size_t)(s % STAGES) * a.stage_bytes;
       unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = s * KC, kc = min(KC, a.Kdim - k0);
-      const int rb = kc * BITS / 8; /* bytes of a row in this stage */
-      const int64_t wo = (int64_t)k0 * BITS / 8;
-      const unsigned char *qb = (const unsigned char *)a.q;
-      if (a.tiled && rb % 16 == 0) { /* one contiguous run: row r's kc codes at r * rb */
-        const unsigned char *src = qb + qe_tile_offset(slab_index, a.rowbytes, s, KC, kc, BITS, 0);
-        const int per = rb / 16;
-        for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
+      const int k0 = s * KC, kc = min(KC, a.Kdim - k0), kcb = kc * BITS / 8, gs = kc / a.group;
+      const unsigned char *src = qt + (int64_t)s * ROWS * KCB;
+      if (kc == KC) { /* a full stage: valid * KCB contiguous bytes */
+        for (int i = tid; i < valid * PER; i += THREADS) {
+          const int r = i / PER, c = i - r * PER;
+          dg_cp_async16(Ws + r * WS + 16 * c, src + 16 * i, 16);
+        }
+      } else { /* the last, shorter stage: rows of kcb bytes */
+        const int vec = kcb % 16 == 0 ? 16 : kcb % 8 == 0 ? 8 : 4, per = kcb / vec;
+        for (int i = tid; i < valid * per; i += THREADS) {
           const int r = i / per, c = i - r * per;
-          if (wrow[r] >= 0) dg_cp_async16(Ws + r * WS + 16 * c, src + 16 * i, 16);
-        }
-      } else if (a.rowbytes % 16 == 0 && rb % 16 == 0) {
-        const int per = rb / 16;
-        for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
-          const int r = i / per, c = i % per;
-          if (wrow[r] >= 0) dg_cp_async16(Ws + r * WS + 16 * c, qb + wrow[r] * a.rowbytes + wo + 16 * c, 16);
-        }
-      } else if (a.rowbytes % 8 == 0 && rb % 8 == 0) {
-        const int per = rb / 8;
-        for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
-          const int r = i / per, c = i % per;
-          if (wrow[r] >= 0) dg_cp_async8(Ws + r * WS + 8 * c, qb + wrow[r] * a.rowbytes + wo + 8 * c);
-        }
-      } else {
-        const int per = rb / 4;
-        for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
-          const int r = i / per, c = i % per;
-          if (wrow[r] >= 0) dg_cp_async4(Ws + r * WS + 4 * c, qb + wrow[r] * a.rowbytes + wo + 4 * c);
+          unsigned char *d = Ws + r * WS + vec * c;
+          const unsigned char *q = src + (int64_t)r * kcb + vec * c;
+          if (vec == 16) dg_cp_async16(d, q, 16);
+          else if (vec == 8) dg_cp_async8(d, q);
+          else dg_cp_async4(d, q);
         }
       }
       { /* activations: kc bf16 per token row, 16-byte pieces, zero past the expert's rows */
         const int per = kc / 8;
-        for (int i = tid; i < NTOK * per; i += QE_THREADS) {
-          const int r = i / per, c = i % per;
+        for (int i = tid; i < NTOK * per; i += THREADS) {
+          const int r = i / per, c = i - r * per;
           const int64_t xr = xrow[r];
           dg_cp_async16(Xs + r * XS + 16 * c, xr >= 0 ? (const void *)(a.X + xr + k0 + 8 * c) : (const void *)a.X,
                         xr >= 0 ? 16 : 0);
         }
       }
-      { /* (scale, bias) pairs of the stage's groups */
-        const int nb = kc / a.group * a.pb, piece = nb % 16 == 0 ? 16 : nb % 8 == 0 ? 8 : 4, per = nb / piece;
-        const unsigned char *sbb = (const unsigned char *)a.sbp;
-        for (int i = tid; i < QE_ROWS * per; i += QE_THREADS) {
-          const int r = i / per, c = i % per;
-          if (wrow[r] < 0) continue;
-          const unsigned char *src = sbb + (wrow[r] * a.sbld + k0 / a.group) * a.pb + piece * c;
-          unsigned char *dst = Ss + r * a.sbr + piece * c;
-          if (piece == 16) dg_cp_async16(dst, src, 16);
-          else if (piece == 8) dg_cp_async8(dst, src);
-          else dg_cp_async4(dst, src);
-        }
+      { /* (scale, bias) pairs of the stage: valid rows x gs pairs, contiguous (a multiple of 64 bytes) */
+        const unsigned char *ps = pt + (int64_t)s * ROWS * (KC / a.group) * a.pb;
+        const int n16 = valid * gs * a.pb / 16;
+        for (int i = tid; i < n16; i += THREADS) dg_cp_async16(Ss + 16 * i, ps + 16 * i, 16);
       }
-      { /* group sums: kc / group floats per token row */
-        const int per = kc / a.group;
-        for (int i = tid; i < NTOK * per; i += QE_THREADS) {
-          const int r = i / per, c = i % per;
+      { /* group sums: gs floats per token row */
+        for (int i = tid; i < NTOK * gs; i += THREADS) {
+          const int r = i / gs, c = i - r * gs;
           if (srow[r] >= 0) dg_cp_async4(XSs + a.xsr * r + 4 * c, a.xs + srow[r] + k0 / a.group + c);
           else *(float *)(XSs + a.xsr * r + 4 * c) = 0.0f;
         }
@@ -290,7 +293,7 @@ __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
       dg_cp_commit();
       const unsigned char *st = smem + (size_t)(it % STAGES) * a.stage_bytes;
       const unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = it * KC, nch = min(KC, a.Kdim - k0) / 32;
+      const int k0 = it * KC, kc = min(KC, a.Kdim - k0), nch = kc / 32, gs = kc / a.group;
       for (int c = 0; c < nch; c++) {
         uint32_t bf[NT][2][2];
 #pragma unroll
@@ -319,15 +322,17 @@ __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
             }
           }
         }
-        if ((k0 / 32 + c + 1) % cpg == 0) { /* a group is complete: acc += s P + b S */
+        if ((k0 / 32 + c + 1) % cpg == 0) { /* a group is complete: acc += s P' + (b - OFF s) S */
           const int lg = c / cpg;
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
             if (!mvalid[mt]) continue;
             float s0, b0, s8, b8;
             const int r = warp * 32 + mt * 16 + g;
-            qe_pair(Ss + r * a.sbr + lg * a.pb, a.sb, &s0, &b0);
-            qe_pair(Ss + (r + 8) * a.sbr + lg * a.pb, a.sb, &s8, &b8);
+            qe_pair(Ss + (r * gs + lg) * a.pb, a.sb, &s0, &b0);
+            qe_pair(Ss + ((r + 8) * gs + lg) * a.pb, a.sb, &s8, &b8);
+            b0 = fmaf(-OFF, s0, b0);
+            b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
             for (int j = 0; j < NT; j++) {
               if (j < jn) {
@@ -360,14 +365,14 @@ __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
         for (int hf = 0; hf < 2; hf++) {
           if (GATEUP) {
             if (!mvalid[0]) continue;
-            const int n = slab * 64 + warp * 16 + g + 8 * hf;
+            const int n = slab * FEAT + warp * 16 + g + 8 * hf;
             const float gt = acc[0][j][2 * hf + qq], up = acc[1][j][2 * hf + qq];
             a.h[row * a.N + n] = __float2bfloat16_rn(qe_gelu(gt) * up);
           } else {
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
               if (!mvalid[mt]) continue;
-              const int n = slab * QE_ROWS + warp * 32 + mt * 16 + g + 8 * hf;
+              const int n = slab * ROWS + warp * 32 + mt * 16 + g + 8 * hf;
               a.y[row * a.N + n] = acc[mt][j][2 * hf + qq];
             }
           }
@@ -377,24 +382,23 @@ __global__ void __launch_bounds__(QE_THREADS) qe_kernel(qe_args a) {
   }
 }
 
-/* The stage layout of a launch (qe_args' byte counts) for KC codes per stage and 8 nt tokens. */
-static inline void qe_layout(qe_args &a, int bits, int nt, int kc) {
+/* The stage layout of a launch (qe_args' byte counts) for kc codes per stage, 8 nt tokens, `warps` warps. */
+static inline void qe_layout(qe_args &a, int bits, int nt, int kc, int warps) {
   a.pb = a.sb == DG_CUDA_F32 ? 8 : 4;
-  a.sbr = kc / a.group * a.pb;
-  if (a.sbr % 16) a.sbr += 16 - a.sbr % 16;
   a.xsr = 4 * (kc / 32);
   if (a.xsr % 16) a.xsr += 16 - a.xsr % 16;
-  a.w_bytes = QE_ROWS * qe_ws(bits, kc);
+  a.w_bytes = 32 * warps * qe_ws(bits, kc);
   a.x_bytes = 8 * nt * qe_xs(kc);
-  a.sb_bytes = QE_ROWS * a.sbr;
+  a.sb_bytes = 32 * warps * (kc / 32) * 8; /* room for the most pairs: group 32, f32 */
+  if (a.sb_bytes % 16) a.sb_bytes += 16 - a.sb_bytes % 16;
   a.stage_bytes = a.w_bytes + a.x_bytes + a.sb_bytes + 8 * nt * a.xsr;
   a.rowbytes = (int64_t)a.Kdim * bits / 8;
 }
 
-template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES>
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS>
 static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, qe_args a) {
-  qe_layout(a, BITS, NT, KC);
-  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, KC, STAGES>;
+  qe_layout(a, BITS, NT, KC, WARPS);
+  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, KC, STAGES, WARPS>;
   const size_t smem = (size_t)STAGES * a.stage_bytes;
 #ifndef DG_CUDA_EMU
   static size_t set = 0; /* one attribute call per instantiation and size */
@@ -404,7 +408,7 @@ static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, qe_args a) {
     set = smem;
   }
 #endif
-  DG_LAUNCH(kern, grid, QE_THREADS, smem, s)(a);
+  DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
   return cudaGetLastError();
 }
 
@@ -416,6 +420,14 @@ template <int BITS, int GATEUP> cudaError_t qe_launch_bits(cudaStream_t s, dim3 
   default: return qe_launch_nt<BITS, GATEUP, 8>(s, grid, a);
   }
 }
+
+/* Host side of the tile layout (qmoe.cu): bytes of the codes and of the
+ * pairs of a stack, and the packing of an MLX stack [E * rows_per_expert, K]
+ * (codes row-major, scales and biases [rows, K / group] of sbsize bytes each)
+ * into them; padding rows are zero. */
+size_t qe_tile_bytes(const qe_tiling &t, size_t *pair_bytes);
+void qe_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, const void *biases, uint8_t *tq,
+                  uint8_t *tp);
 
 /* The launchers of one width (qmoe_b<BITS>.cu instantiates them). */
 #define DG_QE_INSTANTIATE(BITS)                                                                         \
