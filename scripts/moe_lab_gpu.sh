@@ -20,11 +20,11 @@ CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
 nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
   -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant || exit 1
 echo "== built $(el)"
-timeout 200 build/moe_quant --bits ${LAB_BITS:-4,3,2} --versions ${LAB_VERSIONS:-2,3,4,5,6} --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
+timeout 200 build/moe_quant --bits ${LAB_BITS:-4,3,2} --versions ${LAB_VERSIONS:-2,3,4,5,6,7} --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
 grep -E "ceilings|check:" "$OUT/lab.md"
 grep -E "gathered T 256|uniform (1|16|64) " "$OUT/lab.md" | head -60
 timeout 90 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section MemoryWorkloadAnalysis -k regex:qe_kernel -c 4 build/moe_quant --bits 4 --versions ${NCU_VERSIONS:-2,4} --ms none --ts 256 --reps 1 \
+  --section MemoryWorkloadAnalysis -k regex:qe_kernel -c 4 build/moe_quant --bits 4 --versions ${NCU_VERSIONS:-2,7} --ms none --ts 256 --reps 1 \
   > "$OUT/ncu.txt" 2>&1; echo "ncu rc $? $(el)"
 grep -E "qe_kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued" "$OUT/ncu.txt"
 timeout 100 build/dgemma bench --device cuda --protocol ceiling --reps 20 -o "$OUT/ceiling.jsonl" > "$OUT/torch.md" 2>&1; echo "ceiling rc $? $(el)"

@@ -15,7 +15,8 @@
  *              read once per pass: 4 warps, 128 codes per stage, 4 stages
  *   versions 3-6  the same kernel with other blocks and rings (warps, codes
  *              per stage, stages): 3 = (4, 128, 3), 4 = (8, 128, 3),
- *              5 = (4, 256, 3), 6 = (8, 128, 4); for 8 NT <= 32 tokens per pass
+ *              5 = (4, 256, 3), 6 = (8, 128, 4), 7 = (4, 128, 3) with registers
+ *              capped for 4 blocks per SM; for 8 NT <= 32 tokens per pass
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -240,7 +241,7 @@ static void route_random(routing *r, int T) {
 enum { GU = 0, DN = 1 };
 
 /* Versions 2-6: the kernel over a tile-layout copy, WARPS warps, KC codes per stage, STAGES deep. */
-template <int BITS, int KC, int STAGES, int WARPS>
+template <int BITS, int KC, int STAGES, int WARPS, int MINB = 1>
 static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, KC, gateup);
@@ -254,18 +255,18 @@ static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
     if ((e = k_group_sums(0, r->xe, r->T, H, G, r->b.xs)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qe_launch_nt<BITS, 1, 1, KC, STAGES, WARPS>(0, grid, a);
-    case 2: return qe_launch_nt<BITS, 1, 2, KC, STAGES, WARPS>(0, grid, a);
-    default: return qe_launch_nt<BITS, 1, 4, KC, STAGES, WARPS>(0, grid, a);
+    case 1: return qe_launch_nt<BITS, 1, 1, KC, STAGES, WARPS, MINB>(0, grid, a);
+    case 2: return qe_launch_nt<BITS, 1, 2, KC, STAGES, WARPS, MINB>(0, grid, a);
+    default: return qe_launch_nt<BITS, 1, 4, KC, STAGES, WARPS, MINB>(0, grid, a);
     }
   }
   a.X = r->b.h; a.Kdim = IE; a.N = H; a.y = r->b.y;
   if ((e = k_group_sums(0, r->b.h, r->T * TOPK, IE, G, r->b.xs)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   switch (nt) {
-  case 1: return qe_launch_nt<BITS, 0, 1, KC, STAGES, WARPS>(0, grid, a);
-  case 2: return qe_launch_nt<BITS, 0, 2, KC, STAGES, WARPS>(0, grid, a);
-  default: return qe_launch_nt<BITS, 0, 4, KC, STAGES, WARPS>(0, grid, a);
+  case 1: return qe_launch_nt<BITS, 0, 1, KC, STAGES, WARPS, MINB>(0, grid, a);
+  case 2: return qe_launch_nt<BITS, 0, 2, KC, STAGES, WARPS, MINB>(0, grid, a);
+  default: return qe_launch_nt<BITS, 0, 4, KC, STAGES, WARPS, MINB>(0, grid, a);
   }
 }
 
@@ -279,7 +280,8 @@ template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *
   case 3: return run_tiled<BITS, 128, 3, 4>(prod, st, r, nt);
   case 4: return run_tiled<BITS, 128, 3, 8>(prod, st, r, nt);
   case 5: return run_tiled<BITS, 256, 3, 4>(prod, st, r, nt);
-  default: return run_tiled<BITS, 128, 4, 8>(prod, st, r, nt);
+  case 6: return run_tiled<BITS, 128, 4, 8>(prod, st, r, nt);
+  default: return run_tiled<BITS, 128, 3, 4, 4>(prod, st, r, nt);
   }
 }
 

@@ -185,8 +185,8 @@ __device__ __forceinline__ float qe_gelu(float a) { /* gelu_pytorch_tanh, as moe
   return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
 }
 
-template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS>
-__global__ void __launch_bounds__(32 * WARPS) qe_kernel(qe_args a) {
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS, int MINB = 1>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS;
   constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8, PER = KCB / 16;
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
@@ -395,10 +395,10 @@ static inline void qe_layout(qe_args &a, int bits, int nt, int kc, int warps) {
   a.rowbytes = (int64_t)a.Kdim * bits / 8;
 }
 
-template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS>
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS, int MINB = 1>
 static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, qe_args a) {
   qe_layout(a, BITS, NT, KC, WARPS);
-  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, KC, STAGES, WARPS>;
+  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, KC, STAGES, WARPS, MINB>;
   const size_t smem = (size_t)STAGES * a.stage_bytes;
 #ifndef DG_CUDA_EMU
   static size_t set = 0; /* one attribute call per instantiation and size */
