@@ -20,13 +20,24 @@ CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
 nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
   -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant || exit 1
 echo "== built $(el)"
+if [ -n "${BENCH:-}" ]; then  # the 26B checkpoint on the CPU while the lab runs (carry .devdata: the tokenizer)
+  mkdir -p .cache/gemma3
+  [ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
+  (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 12 > /tmp/mkrandom.log 2>&1) &
+  mk=$!
+fi
 timeout 200 build/moe_quant --bits ${LAB_BITS:-4,3,2} --versions ${LAB_VERSIONS:-2,3,4,5,6,7} --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
 grep -E "ceilings|check:" "$OUT/lab.md"
 grep -E "gathered T 256|uniform (1|16|64) " "$OUT/lab.md" | head -60
-timeout 90 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+[ -n "${NCU:-}" ] && timeout 90 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis -k regex:qe_kernel -c 4 build/moe_quant --bits 4 --versions ${NCU_VERSIONS:-2,7} --ms none --ts 256 --reps 1 \
   > "$OUT/ncu.txt" 2>&1; echo "ncu rc $? $(el)"
 grep -E "qe_kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Warp Cycles Per Issued" "$OUT/ncu.txt"
 timeout 100 build/dgemma bench --device cuda --protocol ceiling --reps 20 -o "$OUT/ceiling.jsonl" > "$OUT/torch.md" 2>&1; echo "ceiling rc $? $(el)"
 grep -E "experts_all|moe_gathered" "$OUT/torch.md" | grep -E "4-bit|3-bit|2-bit|bf16" | head -40
+if [ -n "${BENCH:-}" ]; then
+  wait $mk; tail -1 /tmp/mkrandom.log
+  timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 -o "$OUT/bench_vllm.jsonl" > /tmp/bench.txt 2>&1
+  echo "bench rc $? $(el)"; tail -5 /tmp/bench.txt; cat /tmp/bench.txt >> "$OUT/log.txt"
+fi
 echo "== done $(el)"

@@ -12,10 +12,11 @@
  *              tensor cores (mma.sync m16n8k16 bf16, exact code products,
  *              per-group fold), codes and (scale, bias) pairs in the tile
  *              layout (each stage one contiguous run), every expert's weights
- *              read once per pass: 4 warps, 128 codes per stage, 4 stages
- *   versions 3-6  the same kernel with other blocks and rings (warps, codes
- *              per stage, stages): 3 = (4, 128, 3), 4 = (8, 128, 3),
- *              5 = (4, 256, 3), 6 = (8, 128, 4), 7 = (4, 128, 3) with registers
+ *              read once per pass: QE_WARPS warps, QE_KC codes per stage,
+ *              QE_STAGES stages (src/cuda/qmoe.cuh)
+ *   versions 3-7  the same kernel with other blocks and rings (warps, codes
+ *              per stage, stages): 3 = (4, 128, 4), 4 = (8, 128, 3),
+ *              5 = (4, 256, 3), 6 = (2, 128, 3), 7 = (4, 128, 3) with registers
  *              capped for 4 blocks per SM; for 8 NT <= 32 tokens per pass
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
@@ -255,18 +256,18 @@ static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
     if ((e = k_group_sums(0, r->xe, r->T, H, G, r->b.xs)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qe_launch_nt<BITS, 1, 1, KC, STAGES, WARPS, MINB>(0, grid, a);
-    case 2: return qe_launch_nt<BITS, 1, 2, KC, STAGES, WARPS, MINB>(0, grid, a);
-    default: return qe_launch_nt<BITS, 1, 4, KC, STAGES, WARPS, MINB>(0, grid, a);
+    case 1: return qe_launch_g<BITS, 1, 1, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+    case 2: return qe_launch_g<BITS, 1, 2, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+    default: return qe_launch_g<BITS, 1, 4, G, KC, STAGES, WARPS, MINB>(0, grid, a);
     }
   }
   a.X = r->b.h; a.Kdim = IE; a.N = H; a.y = r->b.y;
   if ((e = k_group_sums(0, r->b.h, r->T * TOPK, IE, G, r->b.xs)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   switch (nt) {
-  case 1: return qe_launch_nt<BITS, 0, 1, KC, STAGES, WARPS, MINB>(0, grid, a);
-  case 2: return qe_launch_nt<BITS, 0, 2, KC, STAGES, WARPS, MINB>(0, grid, a);
-  default: return qe_launch_nt<BITS, 0, 4, KC, STAGES, WARPS, MINB>(0, grid, a);
+  case 1: return qe_launch_g<BITS, 0, 1, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+  case 2: return qe_launch_g<BITS, 0, 2, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+  default: return qe_launch_g<BITS, 0, 4, G, KC, STAGES, WARPS, MINB>(0, grid, a);
   }
 }
 
@@ -277,10 +278,10 @@ static int lab_nt(int T) { /* as qmoe.cu's qe_nt */
 
 template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *st, routing *r, int nt) {
   switch (ver) {
-  case 3: return run_tiled<BITS, 128, 3, 4>(prod, st, r, nt);
+  case 3: return run_tiled<BITS, 128, 4, 4>(prod, st, r, nt);
   case 4: return run_tiled<BITS, 128, 3, 8>(prod, st, r, nt);
   case 5: return run_tiled<BITS, 256, 3, 4>(prod, st, r, nt);
-  case 6: return run_tiled<BITS, 128, 4, 8>(prod, st, r, nt);
+  case 6: return run_tiled<BITS, 128, 3, 2>(prod, st, r, nt);
   default: return run_tiled<BITS, 128, 3, 4, 4>(prod, st, r, nt);
   }
 }

@@ -52,7 +52,7 @@
 
 #define QE_WARPS 4                  /* warps per block (the backend's choice) */
 #define QE_KC 128                   /* codes per pipeline stage (the backend's choice) */
-#define QE_STAGES 4                 /* depth of the cp.async ring (the backend's choice) */
+#define QE_STAGES 3                 /* depth of the cp.async ring (the backend's choice: 3 beat 4 in the lab) */
 
 /* Bytes per weight row of a stage of kc codes: the codes and a padding that
  * makes the row stride an odd multiple of 16 bytes (6 and 8 bits: of 32), so
@@ -185,12 +185,14 @@ __device__ __forceinline__ float qe_gelu(float a) { /* gelu_pytorch_tanh, as moe
   return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
 }
 
-template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS, int MINB = 1>
+template <int BITS, int GATEUP, int NT, int GS, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS,
+          int MINB = 1>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS;
   constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8, PER = KCB / 16;
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   static_assert(KCB % 16 == 0, "a full stage of a row is whole 16-byte pieces");
+  static_assert(KC % GS == 0, "a stage holds whole groups");
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
 #else
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
   if (cnt == 0) return;
   const int base = a.start[e];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int ng = a.Kdim / a.group, cpg = a.group / 32;
+  const int ng = a.Kdim / GS;
   /* rows of the slab that exist: whole warps (gate/up) or whole m-tiles (down), a prefix of the tile */
   const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
   bool mvalid[2];
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
     auto issue = [&](int s) {
       unsigned char *st = smem + (size_t)(s % STAGES) * a.stage_bytes;
       unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = s * KC, kc = min(KC, a.Kdim - k0), kcb = kc * BITS / 8, gs = kc / a.group;
+      const int k0 = s * KC, kc = min(KC, a.Kdim - k0), kcb = kc * BITS / 8, gs = kc / GS;
       const unsigned char *src = qt + (int64_t)s * ROWS * KCB;
       if (kc == KC) { /* a full stage: valid * KCB contiguous bytes */
         for (int i = tid; i < valid * PER; i += THREADS) {
@@ -260,14 +262,14 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
         }
       }
       { /* (scale, bias) pairs of the stage: valid rows x gs pairs, contiguous (a multiple of 64 bytes) */
-        const unsigned char *ps = pt + (int64_t)s * ROWS * (KC / a.group) * a.pb;
+        const unsigned char *ps = pt + (int64_t)s * ROWS * (KC / GS) * a.pb;
         const int n16 = valid * gs * a.pb / 16;
         for (int i = tid; i < n16; i += THREADS) dg_cp_async16(Ss + 16 * i, ps + 16 * i, 16);
       }
       { /* group sums: gs floats per token row */
         for (int i = tid; i < NTOK * gs; i += THREADS) {
           const int r = i / gs, c = i - r * gs;
-          if (srow[r] >= 0) dg_cp_async4(XSs + a.xsr * r + 4 * c, a.xs + srow[r] + k0 / a.group + c);
+          if (srow[r] >= 0) dg_cp_async4(XSs + a.xsr * r + 4 * c, a.xs + srow[r] + k0 / GS + c);
           else *(float *)(XSs + a.xsr * r + 4 * c) = 0.0f;
         }
       }
@@ -293,8 +295,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
       dg_cp_commit();
       const unsigned char *st = smem + (size_t)(it % STAGES) * a.stage_bytes;
       const unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = it * KC, kc = min(KC, a.Kdim - k0), nch = kc / 32, gs = kc / a.group;
-      for (int c = 0; c < nch; c++) {
+      const int k0 = it * KC, kc = min(KC, a.Kdim - k0), gs = kc / GS;
+      /* one run of 32 codes: the rows' codes against the tokens' activations into part */
+      auto chunk = [&](int c) {
         uint32_t bf[NT][2][2];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
@@ -322,31 +325,44 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
             }
           }
         }
-        if ((k0 / 32 + c + 1) % cpg == 0) { /* a group is complete: acc += s P' + (b - OFF s) S */
-          const int lg = c / cpg;
+      };
+      /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
+      auto fold = [&](int lg) {
 #pragma unroll
-          for (int mt = 0; mt < 2; mt++) {
-            if (!mvalid[mt]) continue;
-            float s0, b0, s8, b8;
-            const int r = warp * 32 + mt * 16 + g;
-            qe_pair(Ss + (r * gs + lg) * a.pb, a.sb, &s0, &b0);
-            qe_pair(Ss + ((r + 8) * gs + lg) * a.pb, a.sb, &s8, &b8);
-            b0 = fmaf(-OFF, s0, b0);
-            b8 = fmaf(-OFF, s8, b8);
+        for (int mt = 0; mt < 2; mt++) {
+          if (!mvalid[mt]) continue;
+          float s0, b0, s8, b8;
+          const int r = warp * 32 + mt * 16 + g;
+          qe_pair(Ss + (r * gs + lg) * a.pb, a.sb, &s0, &b0);
+          qe_pair(Ss + ((r + 8) * gs + lg) * a.pb, a.sb, &s8, &b8);
+          b0 = fmaf(-OFF, s0, b0);
+          b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-              if (j < jn) {
-                const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
-                const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
-                float *A = acc[mt][j], *P = part[mt][j];
-                A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
-                A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
-                A[2] = fmaf(b8, x0, fmaf(s8, P[2], A[2]));
-                A[3] = fmaf(b8, x1, fmaf(s8, P[3], A[3]));
-                P[0] = P[1] = P[2] = P[3] = 0.0f;
-              }
+          for (int j = 0; j < NT; j++) {
+            if (j < jn) {
+              const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
+              const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
+              float *A = acc[mt][j], *P = part[mt][j];
+              A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
+              A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
+              A[2] = fmaf(b8, x0, fmaf(s8, P[2], A[2]));
+              A[3] = fmaf(b8, x1, fmaf(s8, P[3], A[3]));
+              P[0] = P[1] = P[2] = P[3] = 0.0f;
             }
           }
+        }
+      };
+      constexpr int CPG = GS / 32; /* runs per group; a stage holds whole groups */
+      if (kc == KC) { /* a full stage, unrolled */
+#pragma unroll
+        for (int c = 0; c < KC / 32; c++) {
+          chunk(c);
+          if ((c + 1) % CPG == 0) fold(c / CPG);
+        }
+      } else {
+        for (int c = 0; c < kc / 32; c++) {
+          chunk(c);
+          if ((c + 1) % CPG == 0) fold(c / CPG);
         }
       }
     }
@@ -395,10 +411,11 @@ static inline void qe_layout(qe_args &a, int bits, int nt, int kc, int warps) {
   a.rowbytes = (int64_t)a.Kdim * bits / 8;
 }
 
-template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS, int MINB = 1>
-static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, qe_args a) {
+template <int BITS, int GATEUP, int NT, int GS, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS,
+          int MINB = 1>
+static cudaError_t qe_launch_g(cudaStream_t s, dim3 grid, qe_args a) {
   qe_layout(a, BITS, NT, KC, WARPS);
-  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, KC, STAGES, WARPS, MINB>;
+  void (*kern)(qe_args) = qe_kernel<BITS, GATEUP, NT, GS, KC, STAGES, WARPS, MINB>;
   const size_t smem = (size_t)STAGES * a.stage_bytes;
 #ifndef DG_CUDA_EMU
   static size_t set = 0; /* one attribute call per instantiation and size */
@@ -410,6 +427,17 @@ static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, qe_args a) {
 #endif
   DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
   return cudaGetLastError();
+}
+
+/* The group size as a template parameter (the fold points are then known to the compiler). */
+template <int BITS, int GATEUP, int NT, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS, int MINB = 1>
+static cudaError_t qe_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
+  switch (a.group) {
+  case 32: return qe_launch_g<BITS, GATEUP, NT, 32, KC, STAGES, WARPS, MINB>(s, grid, a);
+  case 64: return qe_launch_g<BITS, GATEUP, NT, 64, KC, STAGES, WARPS, MINB>(s, grid, a);
+  case 128: return qe_launch_g<BITS, GATEUP, NT, 128, KC, STAGES, WARPS, MINB>(s, grid, a);
+  default: return cudaErrorInvalidValue;
+  }
 }
 
 template <int BITS, int GATEUP> cudaError_t qe_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
