@@ -29,6 +29,7 @@ fi
 timeout 200 build/moe_quant --bits ${LAB_BITS:-4,3,2} --versions ${LAB_VERSIONS:-2,3,4,5,6,7} --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
 grep -E "ceilings|check:" "$OUT/lab.md"
 grep -E "gathered T 256|uniform (1|16|64) " "$OUT/lab.md" | head -60
+cuobjdump -sass -fun '_Z9qe_kernelILi4ELi1ELi3ELi64ELi128ELi3ELi4ELi1EEv7qe_args' build/src/cuda/qmoe_b4.o > "$OUT/sass_b4_gu_nt3.txt" 2>&1
 [ -n "${NCU:-}" ] && timeout 90 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis -k regex:qe_kernel -c 4 build/moe_quant --bits 4 --versions ${NCU_VERSIONS:-2,7} --ms none --ts 256 --reps 1 \
   > "$OUT/ncu.txt" 2>&1; echo "ncu rc $? $(el)"

@@ -258,6 +258,7 @@ static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
     switch (nt) {
     case 1: return qe_launch_g<BITS, 1, 1, G, KC, STAGES, WARPS, MINB>(0, grid, a);
     case 2: return qe_launch_g<BITS, 1, 2, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+    case 3: return qe_launch_g<BITS, 1, 3, G, KC, STAGES, WARPS, MINB>(0, grid, a);
     default: return qe_launch_g<BITS, 1, 4, G, KC, STAGES, WARPS, MINB>(0, grid, a);
     }
   }
@@ -267,13 +268,14 @@ static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
   switch (nt) {
   case 1: return qe_launch_g<BITS, 0, 1, G, KC, STAGES, WARPS, MINB>(0, grid, a);
   case 2: return qe_launch_g<BITS, 0, 2, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+  case 3: return qe_launch_g<BITS, 0, 3, G, KC, STAGES, WARPS, MINB>(0, grid, a);
   default: return qe_launch_g<BITS, 0, 4, G, KC, STAGES, WARPS, MINB>(0, grid, a);
   }
 }
 
 static int lab_nt(int T) { /* as qmoe.cu's qe_nt */
   const double m = (double)T * TOPK / E;
-  return m <= 6 ? 1 : m <= 12 ? 2 : m <= 24 ? 4 : 8;
+  return m <= 4 ? 1 : m <= 9 ? 2 : m <= 16 ? 3 : m <= 24 ? 4 : 8;
 }
 
 template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *st, routing *r, int nt) {

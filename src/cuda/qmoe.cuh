@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
   const unsigned char *pt = (const unsigned char *)a.sbp + si * ROWS * ng * a.pb;
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
-    const int mp = min(NTOK, cnt - p0), jn = (mp + 7) >> 3;
+    const int mp = min(NTOK, cnt - p0);
     for (int i = tid; i < NTOK; i += THREADS) {
       int64_t xr = -1, sr = -1;
       if (i < mp) {
@@ -298,20 +298,20 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
       const int k0 = it * KC, kc = min(KC, a.Kdim - k0), gs = kc / GS;
       /* one run of 32 codes: the rows' codes against the tokens' activations into part */
       auto chunk = [&](int c) {
+        /* no branches on the tokens or rows in use: tokens past the expert's rows are zero in Xs (their
+         * products are zero), rows past the matrix hold stale shared memory whose outputs are never stored;
+         * a branch here made the compiler repeat the unpacking inside each tile's branch */
         uint32_t bf[NT][2][2];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-          if (j < jn) {
-            const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
-            bf[j][0][0] = dg_prmt(u.x, u.z, 0x5410u); /* (x0, x4) */
-            bf[j][0][1] = dg_prmt(u.x, u.z, 0x7632u); /* (x1, x5) */
-            bf[j][1][0] = dg_prmt(u.y, u.w, 0x5410u); /* (x2, x6) */
-            bf[j][1][1] = dg_prmt(u.y, u.w, 0x7632u); /* (x3, x7) */
-          }
+          const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
+          bf[j][0][0] = dg_prmt(u.x, u.z, 0x5410u); /* (x0, x4) */
+          bf[j][0][1] = dg_prmt(u.x, u.z, 0x7632u); /* (x1, x5) */
+          bf[j][1][0] = dg_prmt(u.y, u.w, 0x5410u); /* (x2, x6) */
+          bf[j][1][1] = dg_prmt(u.y, u.w, 0x7632u); /* (x3, x7) */
         }
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
-          if (!mvalid[mt]) continue;
           const unsigned char *p = Ws + (warp * 32 + mt * 16 + g) * WS + c * 4 * BITS + t * BITS;
           uint32_t pg[4], p8[4];
           qe_codes<BITS>(p, pg);
@@ -319,10 +319,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
           const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
 #pragma unroll
           for (int j = 0; j < NT; j++) {
-            if (j < jn) {
-              dg_mma_bf16(part[mt][j], a0, bf[j][0]);
-              dg_mma_bf16(part[mt][j], a1, bf[j][1]);
-            }
+            dg_mma_bf16(part[mt][j], a0, bf[j][0]);
+            dg_mma_bf16(part[mt][j], a1, bf[j][1]);
           }
         }
       };
@@ -330,7 +328,6 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
       auto fold = [&](int lg) {
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
-          if (!mvalid[mt]) continue;
           float s0, b0, s8, b8;
           const int r = warp * 32 + mt * 16 + g;
           qe_pair(Ss + (r * gs + lg) * a.pb, a.sb, &s0, &b0);
@@ -339,16 +336,14 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
           b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
           for (int j = 0; j < NT; j++) {
-            if (j < jn) {
-              const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
-              const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
-              float *A = acc[mt][j], *P = part[mt][j];
-              A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
-              A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
-              A[2] = fmaf(b8, x0, fmaf(s8, P[2], A[2]));
-              A[3] = fmaf(b8, x1, fmaf(s8, P[3], A[3]));
-              P[0] = P[1] = P[2] = P[3] = 0.0f;
-            }
+            const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
+            const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
+            float *A = acc[mt][j], *P = part[mt][j];
+            A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
+            A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
+            A[2] = fmaf(b8, x0, fmaf(s8, P[2], A[2]));
+            A[3] = fmaf(b8, x1, fmaf(s8, P[3], A[3]));
+            P[0] = P[1] = P[2] = P[3] = 0.0f;
           }
         }
       };
@@ -371,7 +366,6 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
     /* epilogue: lane holds rows g, g+8 of its m-tiles x tokens 2t, 2t+1 of each n8 tile */
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-      if (j >= jn) continue;
 #pragma unroll
       for (int qq = 0; qq < 2; qq++) {
         const int tk = 8 * j + 2 * t + qq;
@@ -405,8 +399,7 @@ static inline void qe_layout(qe_args &a, int bits, int nt, int kc, int warps) {
   if (a.xsr % 16) a.xsr += 16 - a.xsr % 16;
   a.w_bytes = 32 * warps * qe_ws(bits, kc);
   a.x_bytes = 8 * nt * qe_xs(kc);
-  a.sb_bytes = 32 * warps * (kc / 32) * 8; /* room for the most pairs: group 32, f32 */
-  if (a.sb_bytes % 16) a.sb_bytes += 16 - a.sb_bytes % 16;
+  a.sb_bytes = 32 * warps * (kc / a.group) * a.pb;
   a.stage_bytes = a.w_bytes + a.x_bytes + a.sb_bytes + 8 * nt * a.xsr;
   a.rowbytes = (int64_t)a.Kdim * bits / 8;
 }
@@ -444,6 +437,7 @@ template <int BITS, int GATEUP> cudaError_t qe_launch_bits(cudaStream_t s, dim3 
   switch (nt) {
   case 1: return qe_launch_nt<BITS, GATEUP, 1>(s, grid, a);
   case 2: return qe_launch_nt<BITS, GATEUP, 2>(s, grid, a);
+  case 3: return qe_launch_nt<BITS, GATEUP, 3>(s, grid, a);
   case 4: return qe_launch_nt<BITS, GATEUP, 4>(s, grid, a);
   default: return qe_launch_nt<BITS, GATEUP, 8>(s, grid, a);
   }
