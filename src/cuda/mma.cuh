@@ -14,6 +14,7 @@
  *                    one with a source size (0: the destination is zero-filled)
  *   dg_cp_commit, dg_cp_wait<N>  cp.async.commit_group / wait_group N
  *   dg_prmt          __byte_perm
+ *   dg_and_or        (a & b) | c, one lop3
  *   dg_bf16x2_sub128 (x - 128, y - 128) of a bf16 pair, exact for |x|, |y| < 512
  *                    integers (fma.rn.bf16x2 with 1 and -128) */
 #ifndef DG_CUDA_MMA_CUH
@@ -47,6 +48,14 @@ template <int N> __device__ __forceinline__ void dg_cp_wait() { asm volatile("cp
 __device__ __forceinline__ uint32_t dg_prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 __device__ __forceinline__ uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
   return __funnelshift_r(lo, hi, sh);
+}
+
+/* (a & b) | c in one LOP3 (b and c in registers: the compiler's own LOP3 takes
+ * one immediate, so a mask and a magic constant cost two instructions). */
+__device__ __forceinline__ uint32_t dg_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 }
 
 __device__ __forceinline__ uint32_t dg_bf16x2_sub128(uint32_t x) {
@@ -101,6 +110,7 @@ static inline uint32_t dg_prmt(uint32_t a, uint32_t b, uint32_t sel) {
 static inline uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
   return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
+static inline uint32_t dg_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }
 static inline uint32_t dg_bf16x2_sub128(uint32_t x) { /* exact for the small integers the kernels pass */
   const float lo = dg_emu_bf16_lo(x) - 128.0f, hi = dg_emu_bf16_hi(x) - 128.0f;
   uint32_t ul, uh;

@@ -124,18 +124,18 @@ template <int BITS> __device__ __forceinline__ void qe_codes(const unsigned char
   if constexpr (BITS == 4) {
     const uint32_t v = *(const uint32_t *)p;
 #pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = (((v >> (4 * i)) & 0x000f000fu) | mag);
+    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (4 * i), 0x000f000fu, mag);
   } else if constexpr (BITS == 2) {
     const uint32_t v = dg_prmt(*(const uint16_t *)p, 0u, 0x4140u); /* codes 0-3 in bits 0-7, 4-7 in 16-23 */
 #pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = (((v >> (2 * i)) & 0x00030003u) | mag);
+    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (2 * i), 0x00030003u, mag);
   } else if constexpr (BITS == 3) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
     const uint32_t r = dg_funnel_r(w[0], w[1], (uint32_t)(a & 3) * 8); /* 24 bits */
     const uint32_t v = (r & 0xfffu) | ((r << 4) & 0x0fff0000u);
 #pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = (((v >> (3 * i)) & 0x00070007u) | mag);
+    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (3 * i), 0x00070007u, mag);
   } else if constexpr (BITS == 6) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
@@ -143,10 +143,10 @@ template <int BITS> __device__ __forceinline__ void qe_codes(const unsigned char
     const uint32_t lo = dg_funnel_r(w[0], w[1], sh), hi = dg_funnel_r(w[1], w[2], sh); /* 48 bits */
     const uint32_t c03 = lo & 0xffffffu, c47 = (lo >> 24) | ((hi & 0xffffu) << 8);
     const uint32_t v01 = (c03 & 0xfffu) | ((c47 & 0xfffu) << 16), v23 = (c03 >> 12) | ((c47 >> 12) << 16);
-    P[0] = ((v01 & 0x003f003fu) | mag);
-    P[1] = (((v01 >> 6) & 0x003f003fu) | mag);
-    P[2] = ((v23 & 0x003f003fu) | mag);
-    P[3] = (((v23 >> 6) & 0x003f003fu) | mag);
+    P[0] = dg_and_or(v01, 0x003f003fu, mag);
+    P[1] = dg_and_or(v01 >> 6, 0x003f003fu, mag);
+    P[2] = dg_and_or(v23, 0x003f003fu, mag);
+    P[3] = dg_and_or(v23 >> 6, 0x003f003fu, mag);
   } else { /* 8: through fp32, 2^23 + q exactly, then a bf16 pair (exact: q < 256 has 8 significant bits) */
     const uint2 v = *(const uint2 *)p;
 #pragma unroll
