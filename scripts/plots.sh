@@ -114,7 +114,7 @@ if ceil:
         ylabel = "GB/s of weights read (dashed, open: roofline)" if what == "gbs" else "% of the roofline reached"
         ms = [c[4] for c in ceil]
         key = "top right" if what == "gbs" else "bottom right"
-        sc = [f"set terminal pngcairo size {560 * n},480 font 'Sans,10'",
+        sc = [f"set terminal pngcairo size {560 * n},480 font 'Sans,10' noenhanced",
               f"set output {q(os.path.join(out_dir, 'ceiling_' + what + '.png'))}",
               f"set multiplot layout 1,{n}", "set logscale x 2", "set grid", f"set key {key} font 'Sans,9'",
               f"set xrange [{min(ms) / 1.25}:{max(ms) * 1.25}]",
@@ -150,7 +150,7 @@ if batch:
         if all(b[10] > 0 for b in rows):  # the bytes term alone: weights read once per batched pass
             plots.append(f"{q(fn)} using 1:7 with linespoints lw 1 pt 2 dt 4 lc rgb {q(color)} "
                          f"title {q('bytes term of the floor alone')}")
-    sc = ["set terminal pngcairo size 720,480 font 'Sans,10'",
+    sc = ["set terminal pngcairo size 720,480 font 'Sans,10' noenhanced",
           f"set output {q(os.path.join(out_dir, 'batch_toks.png'))}",
           "set logscale x 2", "set logscale y", "set grid", "set key outside bottom center horizontal font 'Sans,9'",
           "set xlabel 'B (canvases generated together)'", "set ylabel 'tokens/s'",
@@ -163,7 +163,7 @@ if turbo:
     with open(fn, "w") as f:
         for t in turbo:
             f.write(f"{t[1]} {100 * t[2]} {100 * t[3]} {100 * t[4]} {q(t[0])}\n")
-    sc = ["set terminal pngcairo size 720,480 font 'Sans,10'",
+    sc = ["set terminal pngcairo size 720,480 font 'Sans,10' noenhanced",
           f"set output {q(os.path.join(out_dir, 'turbo_accuracy.png'))}",
           "set grid", "set key off", "set xlabel 'tokens/s'", "set ylabel 'accuracy, % (95% interval)'",
           "set title 'Accuracy vs speed of the turbo configurations'", "set xrange [0:*]", "set offsets 0, graph 0.4, graph 0.1, graph 0.1",
