@@ -433,12 +433,15 @@ typedef struct dg_quantize_result {
 dg_quantize_params dg_quantize_default_params(void);
 
 /* Quantize the float (bf16/f16/f32) DiffusionGemma checkpoint in in_dir into
- * an MLX-layout directory out_dir (created; must be empty): affine-quantized
+ * an MLX-layout directory out_dir (absent or empty): affine-quantized
  * <module>.weight/.scales/.biases with MLX's packing and rounding (quant.h),
  * other tensors copied, config.json with the "quantization" block (defaults +
  * per-module overrides) and its "quantization_config" mirror, sharded
- * safetensors + index, every other file of in_dir copied. *result (may be
- * NULL) is filled even on failure. Errors: DG_ERR_INVALID_ARG (bad recipe,
+ * safetensors + index, every other file of in_dir copied. Everything is
+ * written into a temporary sibling ".<name>.tmp-XXXXXX" renamed to out_dir
+ * when complete: on failure or DG_ERR_ABORTED (the progress callback, also
+ * asked once more just before the rename) no out_dir appears (an empty one
+ * stays as it was). *result (may be NULL) is filled even on failure. Errors: DG_ERR_INVALID_ARG (bad recipe,
  * non-empty output, already quantized input), DG_ERR_NOT_FOUND, DG_ERR_IO,
  * DG_ERR_JSON, DG_ERR_SAFETENSORS, DG_ERR_NUMERIC (a non-finite weight, named
  * with its row and column), DG_ERR_OUT_OF_MEMORY, DG_ERR_ABORTED. */
@@ -491,8 +494,10 @@ dg_mkrandom_params dg_mkrandom_default_params(void);
  * quantization block), generation_config.json (spec 1.3), sharded
  * safetensors + index, the source directory's tokenizer files. Streams row
  * chunks: memory is ~16 MB per chunk, never a whole tensor. Deterministic in
- * the seed (src/mkrandom.h gives each value). On failure everything written
- * is removed. *result (may be NULL) is filled even on failure.
+ * the seed (src/mkrandom.h gives each value). Written into a temporary
+ * sibling ".<name>.tmp-XXXXXX" renamed to out_dir when complete: on failure
+ * or DG_ERR_ABORTED (the progress callback, also asked once more just before
+ * the rename) nothing is left and out_dir stays as it was. *result (may be NULL) is filled even on failure.
  * Errors: DG_ERR_INVALID_ARG (non-empty output, bad recipe), DG_ERR_NOT_FOUND
  * (config file or source directory), DG_ERR_JSON, DG_ERR_CONFIG (naming the
  * file and field: a bad value, a quantization block, no experts),
