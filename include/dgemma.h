@@ -126,6 +126,7 @@ typedef struct dg_model_info {
   int32_t quant_bits_min, quant_bits_max; /* their bit widths (0 if none) */
   dg_device device;          /* where the forward pass runs */
   size_t device_bytes;       /* device memory held by the weights (CUDA), else 0 */
+  int32_t max_position_embeddings; /* positions 0..max-1 (prompt + canvases must fit) */
 } dg_model_info;
 
 dg_status dg_model_get_info(const dg_model *m, dg_model_info *info);

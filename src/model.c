@@ -482,6 +482,7 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_experts = c->n_experts;
   info->top_k_experts = c->top_k_experts;
   info->canvas_length = c->canvas_length;
+  info->max_position_embeddings = c->max_position_embeddings;
   for (int i = 0; i < c->n_layers; i++) {
     if (c->is_full[i]) { info->n_full_layers++; info->n_global_kv_heads = c->n_kv_heads[i]; info->global_head_dim = c->head_dim[i]; }
     else { info->n_kv_heads = c->n_kv_heads[i]; info->head_dim = c->head_dim[i]; }
