@@ -47,7 +47,7 @@ typedef enum dg_status {
   DG_ERR_VOCAB_MISMATCH = 12,   /* tokenizer and model vocabularies disagree */
   DG_ERR_OUT_OF_MEMORY = 13,
   DG_ERR_CONTEXT_FULL = 14,     /* request exceeds the context's capacity */
-  DG_ERR_NUMERIC = 15,          /* NaN or Inf in logits */
+  DG_ERR_NUMERIC = 15,          /* NaN or Inf in logits, or in a weight that must be finite */
   DG_ERR_ABORTED = 16,          /* a callback asked to stop */
   DG_ERR_REPLAY = 17,           /* replay stream exhausted or malformed */
   DG_ERR_BACKEND = 18           /* backend (e.g. CUDA) failure */
@@ -104,7 +104,8 @@ dg_model_params dg_model_default_params(void);
  * shapes that disagree with the block fail with a message naming the tensor.
  * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
  * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
- * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY.
+ * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY, DG_ERR_NUMERIC
+ * (a layer scalar that is NaN or infinite, naming the tensor and the value).
  * With params->device = DG_DEVICE_CUDA every weight is also uploaded to the GPU
  * (bf16); a model that does not fit is refused with DG_ERR_OUT_OF_MEMORY
  * naming the bytes needed and free; no GPU, a too-old GPU or a build without

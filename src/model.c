@@ -280,7 +280,8 @@ static dg_status bind_scalar(dg_model *m, const char *name, float *out) {
   }
   *out = dg_load_elem(t->dtype, t->data, 0);
   if (!isfinite(*out))
-    return dg_seterr(DG_ERR_TENSOR_SHAPE, "%s: tensor %s holds a non-finite value", t->file, name);
+    return dg_seterr(DG_ERR_NUMERIC, "%s: tensor %s holds the non-finite value %g (%s; a layer scalar must be finite)",
+                     t->file, name, (double)*out, dg_dtype_name(t->dtype));
   return DG_OK;
 }
 
