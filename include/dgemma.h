@@ -327,6 +327,10 @@ typedef struct dg_gen_result {
   dg_finish_reason finish_reason;
   int64_t n_forwarded;   /* canvas positions run through the decoder, summed over forwards (C per forward
                             unless turbo.compact) */
+  int32_t n_visible;     /* of the n_valid tokens, the generated text: not pad, not a special token (the
+                            stop id that ended generation counts); what tok/s counts. It differs from
+                            n_valid when there are no stop ids ({"eos_token_id": []}): the <eos>
+                            canvases a model writes after its answer are hidden, so not counted */
 } dg_gen_result;
 
 /* Block-diffusion generation (spec 6.1): prefill the prompt (appended to the

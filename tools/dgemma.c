@@ -520,9 +520,10 @@ static int cmd_run(const opts *o) {
     return 1;
   }
   static const char *const why[] = {"length", "stop", "repetition"};
+  /* generated text only (n_visible): hidden <eos>/pad canvases are not tokens the user got */
   fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
-          r.n_valid, r.n_blocks, r.n_steps, r.tokens_per_forward, r.seconds,
-          r.seconds > 0 ? r.n_valid / r.seconds : 0.0);
+          r.n_visible, r.n_blocks, r.n_steps, r.n_steps ? (double)r.n_visible / r.n_steps : 0.0, r.seconds,
+          r.seconds > 0 ? r.n_visible / r.seconds : 0.0);
   fprintf(stderr, "dgemma: %s sampler, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
           gp.turbo.enabled ? "turbo" : "reference", r.n_blocks ? (double)r.n_steps / r.n_blocks : 0.0,
           r.n_steps ? (double)r.n_forwarded / r.n_steps : 0.0,
