@@ -226,9 +226,9 @@ static int out_commit(FILE *f, const char *path) {
 /* Standard output at the end of a command: a write error (a full disk,
  * /dev/full) is reported and the status becomes 1. */
 static int close_stdout(int rc) {
-  if (fflush(stdout) != 0 || ferror(stdout)) {
+  if ((fflush(stdout) != 0 || ferror(stdout)) && rc == 0) { /* a failed command has said why already */
     fprintf(stderr, "dgemma: cannot write to standard output: %s\n", strerror(errno ? errno : EIO));
-    return rc ? rc : 1;
+    return 1;
   }
   return rc;
 }
