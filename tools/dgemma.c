@@ -510,15 +510,16 @@ static int cmd_run(const opts *o) {
   if ((st = dg_generate(ctx, ids, n, &gp, &r))) {
     if (st == DG_ERR_ABORTED && ss.write_errno) {
       fprintf(stderr, "dgemma: cannot write to standard output: %s (generation stopped)\n", strerror(ss.write_errno));
+      free(ss.ids);
+      dg_free(ids);
+      dg_context_free(ctx);
+      dg_model_free(m);
       return 1;
     }
     die("generate", st);
   }
   printf("\n");
-  if (fflush(stdout) != 0) {
-    fprintf(stderr, "dgemma: cannot write to standard output: %s\n", strerror(errno));
-    return 1;
-  }
+  fflush(stdout); /* a failure here is reported by close_stdout at the end */
   static const char *const why[] = {"length", "stop", "repetition"};
   /* generated text only (n_visible): hidden <eos>/pad canvases are not tokens the user got */
   fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
@@ -668,16 +669,19 @@ static int cmd_logits(const opts *o) {
   size_t np, nc;
   int32_t *prompt = parse_ids(o->prompt_ids, &np);
   int32_t *canvas = parse_ids(o->canvas_ids, &nc);
+  float *sc = NULL, *logits = NULL;
+  dg_context *ctx = NULL;
+  int rc = 2; /* a bad input, until the inputs are checked */
   if (nc != (size_t)info.canvas_length) {
     fprintf(stderr, "dgemma: --canvas-ids has %zu ids; the model's canvas_length is %d\n", nc, info.canvas_length);
-    return 2;
+    goto out;
   }
   for (size_t k = 0; k < np + nc; k++) {
     int32_t id = k < np ? prompt[k] : canvas[k - np];
     if (id < 0 || id >= info.vocab_size) {
       fprintf(stderr, "dgemma: %s id %d (index %zu) is outside the vocabulary [0, %d)\n",
               k < np ? "--prompt-ids" : "--canvas-ids", id, k < np ? k : k - np, info.vocab_size);
-      return 2;
+      goto out;
     }
   }
   /* the canvas sits at positions np..np+C-1: check them now, not after a long prefill */
@@ -686,47 +690,52 @@ static int cmd_logits(const opts *o) {
             "dgemma: --prompt-ids has %zu ids: the canvas would take positions %zu..%lld, past the model's "
             "max_position_embeddings %d\n",
             np, np, (long long)np + info.canvas_length - 1, info.max_position_embeddings);
-    return 2;
+    goto out;
   }
   size_t CV = (size_t)info.canvas_length * (size_t)info.vocab_size;
-  float *sc = NULL;
   if (o->sc_logits) {
     size_t len;
     sc = read_all(o->sc_logits, &len);
     if (len != CV * 4) {
       fprintf(stderr, "dgemma: %s has %zu bytes; expected %zu (float32 [%d, %d])\n", o->sc_logits, len, CV * 4,
               info.canvas_length, info.vocab_size);
-      return 2;
+      goto out;
     }
   }
+  rc = 1;
   FILE *f = out_open(o->out); /* before the forward passes: an unwritable directory fails now */
   dg_context_params cp = dg_context_default_params();
   cp.max_context = (int32_t)np + 1;
-  dg_context *ctx = NULL;
   dg_status st;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
   struct timespec t0, t1, t2;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   if ((st = dg_encode(ctx, prompt, np))) die("encode", st);
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  float *logits = malloc(CV * sizeof(float));
-  if (!logits) { fprintf(stderr, "dgemma: out of memory for [%d, %d] logits\n", info.canvas_length, info.vocab_size); return 1; }
+  logits = malloc(CV * sizeof(float));
+  if (!logits) {
+    fprintf(stderr, "dgemma: out of memory for [%d, %d] logits\n", info.canvas_length, info.vocab_size);
+    fclose(f);
+    goto out;
+  }
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
   clock_gettime(CLOCK_MONOTONIC, &t2);
   if (fwrite(logits, sizeof(float), CV, f) != CV) {
     fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
     fclose(f);
-    return 1; /* the temporary file is removed at exit */
+    goto out; /* the temporary file is removed at exit */
   }
-  if (out_commit(f, o->out)) return 1;
+  if (out_commit(f, o->out)) goto out;
   fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s (encode %zu tokens %.3f s, decode %.3f s; wall times)\n",
           info.canvas_length, info.vocab_size, o->out, np,
           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
           (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec));
+  rc = 0;
+out:
   free(logits); free(sc); free(prompt); free(canvas);
   dg_context_free(ctx);
   dg_model_free(m);
-  return 0;
+  return rc;
 }
 
 static int cmd_replay(const opts *o) {
