@@ -8,7 +8,8 @@
 set -u
 cd "$(dirname "$0")/.."
 passed=0; failed=0; skipped=0; bins=0; crashed=0
-why=""   # "K in BINARY: reason" per binary with skips, "; "-separated
+why=""   # "K in BINARY: reason" per binary with skips, "; "-separated (the total line)
+whyl=""  # the same, one per line (a reason may itself hold "; ")
 for dir in "$@"; do
   for t in "$dir"/tests/test_*; do
     [ -x "$t" ] || continue
@@ -24,6 +25,7 @@ for dir in "$@"; do
     if [ "$k" -gt 0 ]; then
       r=$(echo "$out" | sed -n 's/^# SKIP //p' | awk '!seen[$0]++' | paste -sd '|' - | sed 's/|/ | /g')
       why="${why:+$why; }$k in $t: ${r:-no reason printed}"
+      whyl="$whyl  $k in $t: ${r:-no reason printed}"$'\n'
     fi
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
       crashed=$((crashed+1)); echo "$out" | tail -30; echo "!! $t exited with status $rc"
@@ -42,12 +44,15 @@ elif [ -d tests/python ]; then
   ps=$(echo "$pout" | grep -o 'skipped=[0-9]*' | grep -o '[0-9]*' | awk '{s+=$1} END{print s+0}')
   bins=$((bins+1))
   pr=$(( ${pr:-0} - ps )); skipped=$((skipped+ps))
-  [ "$ps" -gt 0 ] && why="${why:+$why; }$ps in tests/python: unittest skips (see its output above)"
+  if [ "$ps" -gt 0 ]; then
+    why="${why:+$why; }$ps in tests/python: unittest skips (see its output above)"
+    whyl="$whyl  $ps in tests/python: unittest skips (see its output above)"$'\n'
+  fi
   if [ $prc -eq 0 ]; then passed=$((passed+pr)); else failed=$((failed+${pf:-1})); passed=$((passed+pr-${pf:-1})); fi
 fi
 if [ $skipped -gt 0 ]; then
   echo "skipped tests:"
-  echo "$why" | tr ';' '\n' | sed 's/^ */  /'
+  printf '%s' "$whyl"
 fi
 echo "dgemma tests: $passed passed, $failed failed, $skipped skipped ($bins binaries, $crashed crashed${why:+; skipped: $why})"
 [ $failed -eq 0 ] && [ $crashed -eq 0 ] && [ $bins -gt 0 ]
