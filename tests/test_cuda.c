@@ -1700,7 +1700,7 @@ static void test_quant_small_model(void **state) {
 static void test_ceilings(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   dg_cuda_ceilings c;
   const int64_t rb = (1 << 16) + 24; /* not a multiple of 16, nor of the grid's stride */
   assert_dg_ok(dg_cuda_ceilings_measure(0, rb, 4096, 40, 3, &c));
@@ -1726,7 +1726,7 @@ static void test_ceilings(void **state) {
 static void test_bench_experts(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   enum { H = 64, IE = 64, E = 4, K = 2, T = 6 };
   int32_t idx[T * K];
   for (int i = 0; i < T * K; i++) idx[i] = (i / K + i % K) % E; /* distinct within a token */
