@@ -47,7 +47,7 @@ typedef enum dg_status {
   DG_ERR_VOCAB_MISMATCH = 12,   /* tokenizer and model vocabularies disagree */
   DG_ERR_OUT_OF_MEMORY = 13,
   DG_ERR_CONTEXT_FULL = 14,     /* request exceeds the context's capacity */
-  DG_ERR_NUMERIC = 15,          /* NaN or Inf in logits */
+  DG_ERR_NUMERIC = 15,          /* NaN or Inf in logits, or in a weight that must be finite */
   DG_ERR_ABORTED = 16,          /* a callback asked to stop */
   DG_ERR_REPLAY = 17,           /* replay stream exhausted or malformed */
   DG_ERR_BACKEND = 18           /* backend (e.g. CUDA) failure */
@@ -104,7 +104,8 @@ dg_model_params dg_model_default_params(void);
  * shapes that disagree with the block fail with a message naming the tensor.
  * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
  * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
- * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY.
+ * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY, DG_ERR_NUMERIC
+ * (a layer scalar that is NaN or infinite, naming the tensor and the value).
  * With params->device = DG_DEVICE_CUDA every weight is also uploaded to the GPU
  * (bf16); a model that does not fit is refused with DG_ERR_OUT_OF_MEMORY
  * naming the bytes needed and free; no GPU, a too-old GPU or a build without
@@ -126,6 +127,7 @@ typedef struct dg_model_info {
   int32_t quant_bits_min, quant_bits_max; /* their bit widths (0 if none) */
   dg_device device;          /* where the forward pass runs */
   size_t device_bytes;       /* device memory held by the weights (CUDA), else 0 */
+  int32_t max_position_embeddings; /* positions 0..max-1 (prompt + canvases must fit) */
 } dg_model_info;
 
 dg_status dg_model_get_info(const dg_model *m, dg_model_info *info);
@@ -325,6 +327,10 @@ typedef struct dg_gen_result {
   dg_finish_reason finish_reason;
   int64_t n_forwarded;   /* canvas positions run through the decoder, summed over forwards (C per forward
                             unless turbo.compact) */
+  int32_t n_visible;     /* of the n_valid tokens, the generated text: not pad, not a special token (the
+                            stop id that ended generation counts); what tok/s counts. It differs from
+                            n_valid when there are no stop ids ({"eos_token_id": []}): the <eos>
+                            canvases a model writes after its answer are hidden, so not counted */
 } dg_gen_result;
 
 /* Block-diffusion generation (spec 6.1): prefill the prompt (appended to the
@@ -433,12 +439,15 @@ typedef struct dg_quantize_result {
 dg_quantize_params dg_quantize_default_params(void);
 
 /* Quantize the float (bf16/f16/f32) DiffusionGemma checkpoint in in_dir into
- * an MLX-layout directory out_dir (created; must be empty): affine-quantized
+ * an MLX-layout directory out_dir (absent or empty): affine-quantized
  * <module>.weight/.scales/.biases with MLX's packing and rounding (quant.h),
  * other tensors copied, config.json with the "quantization" block (defaults +
  * per-module overrides) and its "quantization_config" mirror, sharded
- * safetensors + index, every other file of in_dir copied. *result (may be
- * NULL) is filled even on failure. Errors: DG_ERR_INVALID_ARG (bad recipe,
+ * safetensors + index, every other file of in_dir copied. Everything is
+ * written into a temporary sibling ".<name>.tmp-XXXXXX" renamed to out_dir
+ * when complete: on failure or DG_ERR_ABORTED (the progress callback, also
+ * asked once more just before the rename) no out_dir appears (an empty one
+ * stays as it was). *result (may be NULL) is filled even on failure. Errors: DG_ERR_INVALID_ARG (bad recipe,
  * non-empty output, already quantized input), DG_ERR_NOT_FOUND, DG_ERR_IO,
  * DG_ERR_JSON, DG_ERR_SAFETENSORS, DG_ERR_NUMERIC (a non-finite weight, named
  * with its row and column), DG_ERR_OUT_OF_MEMORY, DG_ERR_ABORTED. */
@@ -491,8 +500,10 @@ dg_mkrandom_params dg_mkrandom_default_params(void);
  * quantization block), generation_config.json (spec 1.3), sharded
  * safetensors + index, the source directory's tokenizer files. Streams row
  * chunks: memory is ~16 MB per chunk, never a whole tensor. Deterministic in
- * the seed (src/mkrandom.h gives each value). On failure everything written
- * is removed. *result (may be NULL) is filled even on failure.
+ * the seed (src/mkrandom.h gives each value). Written into a temporary
+ * sibling ".<name>.tmp-XXXXXX" renamed to out_dir when complete: on failure
+ * or DG_ERR_ABORTED (the progress callback, also asked once more just before
+ * the rename) nothing is left and out_dir stays as it was. *result (may be NULL) is filled even on failure.
  * Errors: DG_ERR_INVALID_ARG (non-empty output, bad recipe), DG_ERR_NOT_FOUND
  * (config file or source directory), DG_ERR_JSON, DG_ERR_CONFIG (naming the
  * file and field: a bad value, a quantization block, no experts),

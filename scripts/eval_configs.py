@@ -68,7 +68,7 @@ def run_config(a, name, args):
     if os.path.exists(base + ".json"):
         with open(base + ".json") as f:
             summary = json.load(f)
-    status = "ok" if rc == 0 else ("interrupted" if rc == 130 else "failed (exit %d, see %s.log)" % (rc, base))
+    status = "ok" if rc == 0 else ("interrupted" if rc in (130, 143) else "failed (exit %d, see %s.log)" % (rc, base))
     return status, summary, cmd
 
 

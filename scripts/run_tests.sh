@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # run_tests.sh BUILD_DIR [BUILD_DIR...]: run every cmocka test binary found in
-# BUILD_DIR/tests, print each binary's own summary and a total line
-#   "dgemma tests: N passed, M failed (K binaries)".
+# BUILD_DIR/tests, print each binary's own summary, the reasons of skipped
+# tests (the "# SKIP <reason>" lines of tests/testutil.h's dg_test_skip) and a
+# total line
+#   "dgemma tests: N passed, M failed, K skipped (B binaries, C crashed; skipped: REASONS)".
 # Exit status is nonzero if any test failed or a binary crashed.
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0; bins=0; crashed=0
+passed=0; failed=0; skipped=0; bins=0; crashed=0
+why=""   # "K in BINARY: reason" per binary with skips, "; "-separated (the total line)
+whyl=""  # the same, one per line (a reason may itself hold "; ")
 for dir in "$@"; do
   for t in "$dir"/tests/test_*; do
     [ -x "$t" ] || continue
@@ -15,7 +19,14 @@ for dir in "$@"; do
     echo "$out" | grep -E '\[  (PASSED|FAILED|  ERROR|SKIPPED)|\[==========\]|^#|FAIL' | head -100
     p=$(echo "$out" | grep -o '\[  PASSED  \] [0-9]*' | awk '{s+=$NF} END{print s+0}')
     f=$(echo "$out" | grep -o '\[  FAILED  \] [0-9]*' | awk '{s+=$NF} END{print s+0}')
-    passed=$((passed+p)); failed=$((failed+f))
+    # cmocka's own count: "[  SKIPPED ] N test(s), listed below:" (skipped tests are not in PASSED)
+    k=$(echo "$out" | grep -o '\[  SKIPPED \] [0-9]* test' | awk '{s+=$(NF-1)} END{print s+0}')
+    passed=$((passed+p)); failed=$((failed+f)); skipped=$((skipped+k))
+    if [ "$k" -gt 0 ]; then
+      r=$(echo "$out" | sed -n 's/^# SKIP //p' | awk '!seen[$0]++' | paste -sd '|' - | sed 's/|/ | /g')
+      why="${why:+$why; }$k in $t: ${r:-no reason printed}"
+      whyl="$whyl  $k in $t: ${r:-no reason printed}"$'\n'
+    fi
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
       crashed=$((crashed+1)); echo "$out" | tail -30; echo "!! $t exited with status $rc"
     fi
@@ -29,9 +40,19 @@ elif [ -d tests/python ]; then
   pout=$(python3 -m unittest discover -s tests/python 2>&1); prc=$?
   echo "$pout" | tail -4
   pr=$(echo "$pout" | sed -n 's/^Ran \([0-9]*\) test.*/\1/p')
-  pf=$(echo "$pout" | sed -n 's/^FAILED (\(.*\))/\1/p' | grep -o '[0-9]\+' | awk '{s+=$1} END{print s+0}')
+  pf=$(echo "$pout" | sed -n 's/^FAILED (\(.*\))/\1/p' | grep -o '\(failures\|errors\)=[0-9]*' | grep -o '[0-9]*' | awk '{s+=$1} END{print s+0}')
+  ps=$(echo "$pout" | grep -o 'skipped=[0-9]*' | grep -o '[0-9]*' | awk '{s+=$1} END{print s+0}')
   bins=$((bins+1))
-  if [ $prc -eq 0 ]; then passed=$((passed+${pr:-0})); else failed=$((failed+${pf:-1})); passed=$((passed+${pr:-0}-${pf:-1})); fi
+  pr=$(( ${pr:-0} - ps )); skipped=$((skipped+ps))
+  if [ "$ps" -gt 0 ]; then
+    why="${why:+$why; }$ps in tests/python: unittest skips (see its output above)"
+    whyl="$whyl  $ps in tests/python: unittest skips (see its output above)"$'\n'
+  fi
+  if [ $prc -eq 0 ]; then passed=$((passed+pr)); else failed=$((failed+${pf:-1})); passed=$((passed+pr-${pf:-1})); fi
 fi
-echo "dgemma tests: $passed passed, $failed failed ($bins binaries, $crashed crashed)"
+if [ $skipped -gt 0 ]; then
+  echo "skipped tests:"
+  printf '%s' "$whyl"
+fi
+echo "dgemma tests: $passed passed, $failed failed, $skipped skipped ($bins binaries, $crashed crashed${why:+; skipped: $why})"
 [ $failed -eq 0 ] && [ $crashed -eq 0 ] && [ $bins -gt 0 ]

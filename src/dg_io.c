@@ -1,7 +1,9 @@
 /* dg_io.c: dg_read_file (see dg_io.h). */
 #include "dg_io.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,4 +51,57 @@ dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t 
   *buf = p;
   if (len) *len = n;
   return DG_OK;
+}
+
+dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap) {
+  char dir[4096];
+  int n = snprintf(dir, sizeof dir, "%s", out_dir ? out_dir : "");
+  if (n <= 0 || (size_t)n >= sizeof dir) return dg_seterr(DG_ERR_INVALID_ARG, "output directory name empty or too long");
+  while (n > 1 && dir[n - 1] == '/') dir[--n] = 0; /* "out/" names "out" */
+  struct stat sb;
+  if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: exists and is not a directory", out_dir);
+  char *slash = strrchr(dir, '/');
+  const char *name = slash ? slash + 1 : dir;
+  if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: name a new directory (not \"/\", \".\" or \"..\")", out_dir);
+  if (slash) *slash = 0;
+  const char *parent = slash ? (slash == dir ? "/" : dir) : ".";
+  n = snprintf(tmp, cap, "%s%s.%s.tmp-XXXXXX", parent, !strcmp(parent, "/") ? "" : "/", name);
+  if (n < 0 || (size_t)n >= cap) return dg_seterr(DG_ERR_INVALID_ARG, "%s: path too long", out_dir);
+  if (!mkdtemp(tmp)) {
+    int err = errno;
+    snprintf(tmp, cap, "%s", parent);
+    return dg_seterr(DG_ERR_IO, "%s: cannot create a temporary directory in %s: %s", out_dir, tmp, strerror(err));
+  }
+  return DG_OK;
+}
+
+dg_status dg_outdir_commit(const char *tmp, const char *out_dir) {
+  mode_t um = umask(0); /* mkdtemp makes it 0700; give it what mkdir(out_dir, 0755) would */
+  umask(um);
+  if (chmod(tmp, 0755 & ~um) != 0)
+    return dg_seterr(DG_ERR_IO, "%s: cannot set permissions: %s", tmp, strerror(errno));
+  if (rename(tmp, out_dir) != 0) {
+    int err = errno;
+    if (err == ENOTEMPTY || err == EEXIST)
+      return dg_seterr(DG_ERR_IO, "%s: output directory is not empty (something was written there meanwhile)", out_dir);
+    return dg_seterr(DG_ERR_IO, "%s: cannot rename %s to it: %s", out_dir, tmp, strerror(err));
+  }
+  return DG_OK;
+}
+
+void dg_outdir_discard(const char *tmp) {
+  DIR *d = opendir(tmp);
+  if (d) {
+    struct dirent *e;
+    char path[4352];
+    while ((e = readdir(d))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      snprintf(path, sizeof path, "%s/%s", tmp, e->d_name);
+      unlink(path);
+    }
+    closedir(d);
+  }
+  rmdir(tmp);
 }

@@ -15,4 +15,21 @@
  * failure), DG_ERR_OUT_OF_MEMORY. *buf is NULL on failure. */
 dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t *len);
 
+/* An output directory written whole or not at all (dg_quantize, dg_mkrandom):
+ * everything goes into a fresh temporary sibling that is renamed to out_dir
+ * only once complete, so an error or an interruption leaves no partial
+ * out_dir, and a rerun is not refused.
+ *
+ * dg_outdir_begin creates "<parent>/.<name>.tmp-XXXXXX" next to out_dir (its
+ * path in tmp, cap bytes). out_dir itself must be absent or an empty
+ * directory (the caller checks emptiness, with its own message); a file in
+ * its place is DG_ERR_INVALID_ARG. DG_ERR_IO if the sibling cannot be made.
+ * dg_outdir_commit renames tmp to out_dir (an empty out_dir is replaced;
+ * one that became non-empty meanwhile is DG_ERR_IO, tmp then left to the
+ * caller's dg_outdir_discard). dg_outdir_discard removes tmp and the plain
+ * files in it (the writers make no subdirectories); silent. */
+dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap);
+dg_status dg_outdir_commit(const char *tmp, const char *out_dir);
+void dg_outdir_discard(const char *tmp);
+
 #endif

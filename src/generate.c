@@ -121,6 +121,20 @@ void dg_gen_result_free(dg_gen_result *r) {
   r->n_tokens = 0;
 }
 
+int32_t dg_gen_visible_tokens(const dg_model *m, const dg_gen_params *p, const int32_t *tok, int32_t n_valid,
+                              int stopped) {
+  int32_t n = 0;
+  for (int32_t i = 0; i < n_valid; i++) {
+    const int32_t id = tok[i];
+    int hidden = id == p->pad_id;
+    if (!hidden && m->tok) hidden = dg_tokenizer_is_special(m->tok, id);
+    else if (!hidden)
+      for (int k = 0; k < m->cfg.n_eos; k++) hidden |= id == m->cfg.eos_ids[k];
+    n += !hidden || (stopped && i == n_valid - 1);
+  }
+  return n;
+}
+
 static int is_stop(const dg_gen_params *p, int32_t id) {
   for (int i = 0; i < p->n_stop_ids; i++)
     if (p->stop_ids[i] == id) return 1;
@@ -358,6 +372,7 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
       n_valid_blk = first_stop + 1;
     }
     res->n_valid += n_valid_blk;
+    res->n_visible += dg_gen_visible_tokens(ctx->m, p, blk, n_valid_blk, first_stop >= 0);
     if (p->on_block) {
       dg_block_info bi = {b, blk, C, n_valid_blk, steps, finished};
       if (p->on_block(&bi, p->user_data)) { st = dg_seterr(DG_ERR_ABORTED, "aborted by the block callback at block %d", b); goto done; }

@@ -495,7 +495,7 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
   char path[4096];
   dg_config c;
   float std = 0.02f;
-  int created_files = 0; /* on failure, remove what was written */
+  char tmp[2048] = ""; /* the temporary sibling written into (dg_outdir_begin); removed on failure */
   if (builtin_real) {
     text = real_config_text();
     if (!text) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
@@ -588,13 +588,11 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
   res.n_shards = n_shards;
   if (p.dry_run) goto done;
 
-  /* the output directory and config.json (rewritten with the quantization block at the end) */
-  if (!exists && mkdir(out_dir, 0755) != 0) {
-    st = dg_seterr(DG_ERR_IO, "%s: cannot create directory: %s", out_dir, strerror(errno));
-    goto done;
-  }
-  created_files = 1;
-  snprintf(path, sizeof path, "%s/config.json", out_dir);
+  /* the output directory (a temporary sibling until complete) and config.json
+   * (rewritten with the quantization block at the end) */
+  (void)exists;
+  if ((st = dg_outdir_begin(out_dir, tmp, sizeof tmp))) { tmp[0] = 0; goto done; }
+  snprintf(path, sizeof path, "%s/config.json", tmp);
   if ((st = write_text(path, text))) goto done;
 
   /* write shard by shard */
@@ -628,7 +626,7 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
           cJSON_AddStringToObject(wmap, it->out_name[j], shard_name);
         }
       }
-    snprintf(path, sizeof path, "%s/%s", out_dir, shard_name);
+    snprintf(path, sizeof path, "%s/%s", tmp, shard_name);
     /* "pt" as Transformers writes a float checkpoint, "mlx" as dg_quantize writes a quantized one */
     const char *mk[1] = {"format"}, *mv[1] = {res.n_quantized ? "mlx" : "pt"};
     dg_st_out *w = NULL;
@@ -648,10 +646,9 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
     if (st) dg_st_out_abort(w);
     else st = dg_st_out_close(w);
   }
-  if (!st && p.progress) p.progress(res.bytes_out, res.bytes_out, "", p.user_data);
   if (!st) {
     char *js = cJSON_Print(index);
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
     st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
     free(js);
   }
@@ -660,12 +657,12 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
   /* config.json again, with the quantization block (as dg_quantize writes it) */
   if (!st && res.n_quantized) {
     char *js = dg_quant_config_block(cfg, rc.bits, rc.group_size, plan.it, plan.n, mk_module) ? NULL : cJSON_Print(cfg);
-    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
     st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
     free(js);
   }
   if (!st) {
-    snprintf(path, sizeof path, "%s/generation_config.json", out_dir);
+    snprintf(path, sizeof path, "%s/generation_config.json", tmp);
     st = write_text(path, GENERATION_CONFIG);
   }
   if (!st && p.source_dir) {
@@ -678,26 +675,18 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
       snprintf(path, sizeof path, "%s/%s", p.source_dir, e->d_name);
       struct stat sb;
       if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-      snprintf(path2, sizeof path2, "%s/%s", out_dir, e->d_name);
+      snprintf(path2, sizeof path2, "%s/%s", tmp, e->d_name);
       st = copy_file(path, path2);
       res.n_copied += !st;
     }
     closedir(d);
   }
+  /* the last chance to stop (an interrupt), then the complete directory appears at once */
+  if (!st && p.progress && p.progress(res.bytes_out, res.bytes_out, "", p.user_data))
+    st = dg_seterr(DG_ERR_ABORTED, "mkrandom: stopped by the progress callback before %s was complete", out_dir);
+  if (!st) st = dg_outdir_commit(tmp, out_dir);
 done:
-  if (st && created_files) { /* the directory was empty: everything in it is ours */
-    dg_status keep = st;
-    DIR *d = opendir(out_dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
-      unlink(path);
-    }
-    if (d) closedir(d);
-    if (!exists) rmdir(out_dir);
-    st = keep;
-  }
+  if (st && tmp[0]) dg_outdir_discard(tmp); /* nothing of a failed or interrupted run is left */
   free(plan.it);
   cJSON_Delete(cfg);
   free(text);

@@ -280,7 +280,8 @@ static dg_status bind_scalar(dg_model *m, const char *name, float *out) {
   }
   *out = dg_load_elem(t->dtype, t->data, 0);
   if (!isfinite(*out))
-    return dg_seterr(DG_ERR_TENSOR_SHAPE, "%s: tensor %s holds a non-finite value", t->file, name);
+    return dg_seterr(DG_ERR_NUMERIC, "%s: tensor %s holds the non-finite value %g (%s; a layer scalar must be finite)",
+                     t->file, name, (double)*out, dg_dtype_name(t->dtype));
   return DG_OK;
 }
 
@@ -482,6 +483,7 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_experts = c->n_experts;
   info->top_k_experts = c->top_k_experts;
   info->canvas_length = c->canvas_length;
+  info->max_position_embeddings = c->max_position_embeddings;
   for (int i = 0; i < c->n_layers; i++) {
     if (c->is_full[i]) { info->n_full_layers++; info->n_global_kv_heads = c->n_kv_heads[i]; info->global_head_dim = c->head_dim[i]; }
     else { info->n_kv_heads = c->n_kv_heads[i]; info->head_dim = c->head_dim[i]; }

@@ -325,18 +325,22 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
   char *text = NULL;
   size_t n = 0;
 
-  /* refuse to overwrite the input or to write into a non-empty directory */
-  if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
-    return dg_seterr(DG_ERR_IO, "%s: cannot create directory: %s", out_dir, strerror(errno));
+  /* refuse to write into a non-empty directory; write into a temporary
+   * sibling, renamed to out_dir only when complete (dg_outdir_begin) */
   {
     DIR *d = opendir(out_dir);
-    if (!d) return dg_seterr(DG_ERR_IO, "%s: cannot open directory: %s", out_dir, strerror(errno));
-    struct dirent *e;
-    int nonempty = 0;
-    while ((e = readdir(d))) nonempty |= strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    if (nonempty) return dg_seterr(DG_ERR_INVALID_ARG, "%s: output directory is not empty", out_dir);
+    if (d) {
+      struct dirent *e;
+      int nonempty = 0;
+      while ((e = readdir(d))) nonempty |= strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+      closedir(d);
+      if (nonempty) return dg_seterr(DG_ERR_INVALID_ARG, "%s: output directory is not empty", out_dir);
+    } else if (errno != ENOENT) {
+      return dg_seterr(DG_ERR_IO, "%s: cannot open directory: %s", out_dir, strerror(errno));
+    }
   }
+  char tmp[2048]; /* shorter than path[]: room for the file names */
+  DG_TRY(dg_outdir_begin(out_dir, tmp, sizeof tmp));
 
   snprintf(path, sizeof path, "%s/config.json", in_dir);
   size_t len;
@@ -452,7 +456,7 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
     }
     if (!st) {
       qsort(ts, k, sizeof *ts, cmp_dtype_desc); /* U32/F32 first keeps every tensor aligned */
-      snprintf(path, sizeof path, "%s/%s", out_dir, shard_name);
+      snprintf(path, sizeof path, "%s/%s", tmp, shard_name);
       const char *mk[1] = {"format"}, *mv[1] = {"mlx"};
       st = dg_st_write(path, ts, k, mk, mv, 1);
     }
@@ -460,10 +464,9 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
       if (items[i].shard == s) free_outputs(&items[i]);
     free(ts);
   }
-  if (!st && p.progress) p.progress(res.bytes_in, res.bytes_in, "", p.user_data);
   if (!st) {
     char *js = cJSON_Print(index);
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
     st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
     free(js);
   }
@@ -472,7 +475,7 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
   /* config.json with the quantization block (top level, as mlx-lm writes it) */
   if (!st) {
     char *js = dg_quant_config_block(cfg, rc.bits, rc.group_size, items, n, plan_module) ? NULL : cJSON_Print(cfg);
-    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
     st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
     free(js);
   }
@@ -489,12 +492,17 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
       snprintf(path, sizeof path, "%s/%s", in_dir, nm);
       struct stat sb;
       if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-      snprintf(path2, sizeof path2, "%s/%s", out_dir, nm);
+      snprintf(path2, sizeof path2, "%s/%s", tmp, nm);
       st = copy_file(path, path2);
     }
     closedir(d);
   }
+  /* the last chance to stop (an interrupt), then the complete directory appears at once */
+  if (!st && p.progress && p.progress(res.bytes_in, res.bytes_in, "", p.user_data))
+    st = dg_seterr(DG_ERR_ABORTED, "quantize: stopped by the progress callback before %s was complete", out_dir);
+  if (!st) st = dg_outdir_commit(tmp, out_dir);
 done:
+  if (st) dg_outdir_discard(tmp);
   if (items)
     for (size_t i = 0; i < n; i++) free_outputs(&items[i]);
   free(items);

@@ -41,4 +41,14 @@ dg_status dg_gen_params_validate(const struct dg_model *m, const dg_gen_params *
 struct dg_context;
 dg_status dg_generate_check(const struct dg_context *ctx, size_t n_prompt, const dg_gen_params *p);
 
+/* Of a block's n_valid emitted tokens, those counted as generated text
+ * (dg_gen_result.n_visible): every token the detokenizer shows, i.e. not
+ * pad_id and not a special token of the tokenizer (without a tokenizer: not
+ * one of config.json's eos_token_id), plus the stop id that ended generation
+ * (stopped = 1: tok[n_valid - 1] is it), as "up to and including the first
+ * stop id" counts it. With no stop ids ({"eos_token_id": []}) the canvases of
+ * <eos> a model writes after its answer are therefore not counted. */
+int32_t dg_gen_visible_tokens(const dg_model *m, const dg_gen_params *p, const int32_t *tok, int32_t n_valid,
+                              int stopped);
+
 #endif

@@ -775,6 +775,7 @@ static dg_status seq_end_block(turbo_seq *q) {
   q->n_blocks++;
   q->n_out += C;
   q->res->n_valid += n_valid;
+  q->res->n_visible += dg_gen_visible_tokens(q->ctx->m, p, blk, n_valid, q->why == DG_FINISH_STOP);
   if (p->on_block) {
     dg_block_info bi = {b, blk, C, n_valid, q->steps, q->why != DG_FINISH_LENGTH};
     if (p->on_block(&bi, p->user_data))

@@ -654,7 +654,7 @@ static void test_no_gpu_error(void **state) {
 static void test_step_stats(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   golden f;
   golden_open(&f, k_fixtures[0]);
   dg_model *gm;
@@ -707,7 +707,7 @@ static void test_step_stats(void **state) {
 static void test_refuse_too_big(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   char dir[] = "/tmp/dg_cuda_bigXXXXXX";
   assert_non_null(mkdtemp(dir));
   synth_cfg c = synth_default();
@@ -829,7 +829,7 @@ static void test_turbo_compact(void **state) {
 static void test_turbo_topk(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   dg_model *cm, *gm;
   char dir[] = "/tmp/dg_cuda_topkXXXXXX";
   assert_non_null(mkdtemp(dir));
@@ -907,7 +907,7 @@ static void test_turbo_topk(void **state) {
 static void test_turbo_sc(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   dg_model *cm, *gm;
   char dir[] = "/tmp/dg_cuda_tscXXXXXX";
   assert_non_null(mkdtemp(dir));
@@ -1399,7 +1399,7 @@ static void check_qmatmul(int bits, int G, dg_dtype sb, int T, int N, int K, int
 static void test_quant_matmul(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   /* T, N, K / G, row0: one element; odd sizes; T > 32 and N > 64 cross the tiles; K / G = 3 with G = 32 is a
    * reduction of 96 (one and a half steps of 64) */
   static const int shapes[][4] = {{1, 1, 1, 0}, {3, 5, 2, 1}, {7, 13, 3, 3}, {33, 70, 1, 2}, {40, 129, 2, 0}};
@@ -1426,7 +1426,7 @@ static void test_quant_matmul(void **state) {
 static void test_quant_embed_soft(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   const int bitsv[5] = {2, 3, 4, 6, 8}, Gv[3] = {32, 64, 128};
   const double u = ldexp(1.0, -24);
   q_worst = q_worst_err = q_worst_bound = 0.0;
@@ -1599,7 +1599,7 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
 static void test_quant_experts(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   const int bitsv[5] = {2, 3, 4, 6, 8};
   double wh = 0, wy = 0;
   for (int b = 0; b < 5; b++) {
@@ -1682,7 +1682,7 @@ static void test_quant_small_model(void **state) {
   (void)state;
   need_gpu();
   const char *src = "models/dgemma-small";
-  if (access(src, R_OK) != 0) skip();
+  if (access(src, R_OK) != 0) dg_test_skip("test_cuda: %s not present", src);
   char root[] = "/tmp/dg_cuda_qsmallXXXXXX";
   assert_non_null(mkdtemp(root));
   char qdir[600];
@@ -1700,7 +1700,7 @@ static void test_quant_small_model(void **state) {
 static void test_ceilings(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   dg_cuda_ceilings c;
   const int64_t rb = (1 << 16) + 24; /* not a multiple of 16, nor of the grid's stride */
   assert_dg_ok(dg_cuda_ceilings_measure(0, rb, 4096, 40, 3, &c));
@@ -1726,7 +1726,7 @@ static void test_ceilings(void **state) {
 static void test_bench_experts(void **state) {
   (void)state;
   need_gpu();
-  if (as_cpu()) skip();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   enum { H = 64, IE = 64, E = 4, K = 2, T = 6 };
   int32_t idx[T * K];
   for (int i = 0; i < T * K; i++) idx[i] = (i / K + i % K) % E; /* distinct within a token */

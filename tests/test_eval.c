@@ -493,9 +493,8 @@ static void test_cli_problems_ids(void **state) {
   assert_int_equal(count_lines(items), 3);
 }
 
-/* SIGINT during generation: exit status 130, a clear message, the partial summary on stdout. */
-static void test_cli_interrupt(void **state) {
-  (void)state;
+/* SIGINT (SIGTERM) during generation: exit status 130 (143), a clear message, the partial summary on stdout. */
+static void cli_interrupt(int sig) {
   char exe[1024], errf[600], outf[600], items[600];
   ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[k] = 0;
@@ -503,7 +502,7 @@ static void test_cli_interrupt(void **state) {
   strcat(exe, "/../dgemma");
   snprintf(errf, sizeof errf, "%s/int.err", g_dir);
   snprintf(outf, sizeof outf, "%s/int.out", g_dir);
-  snprintf(items, sizeof items, "%s/int_items.jsonl", g_dir);
+  snprintf(items, sizeof items, "%s/int_items_%d.jsonl", g_dir, sig);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
@@ -527,11 +526,11 @@ static void test_cli_interrupt(void **state) {
   }
   assert_true(started);
   usleep(200000);
-  kill(pid, SIGINT);
+  kill(pid, sig);
   int status;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 130);
+  assert_int_equal(WEXITSTATUS(status), 128 + sig); /* 130 for SIGINT, 143 for SIGTERM */
   char *e = dg_test_read_file(errf, NULL), *o = dg_test_read_file(outf, NULL);
   if (!strstr(e, "interrupted after ") || !strstr(e, "of 4 items; rerun the same command to resume"))
     fail_msg("stderr: %s", e);
@@ -539,6 +538,16 @@ static void test_cli_interrupt(void **state) {
   assert_non_null(strstr(o, "INTERRUPTED: rerun the same command to resume"));
   free(e);
   free(o);
+}
+
+static void test_cli_interrupt(void **state) {
+  (void)state;
+  cli_interrupt(SIGINT);
+}
+
+static void test_cli_terminate(void **state) {
+  (void)state;
+  cli_interrupt(SIGTERM);
 }
 
 /* ---- bench helpers ------------------------------------------------------------------- */
@@ -619,6 +628,7 @@ int main(void) {
       cmocka_unit_test(test_resume_malformed), cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_resume),     cmocka_unit_test(test_cli_problems_ids),
       cmocka_unit_test(test_cli_interrupt),
+      cmocka_unit_test(test_cli_terminate),
       cmocka_unit_test(test_bench_helpers),  cmocka_unit_test(test_bench_cost),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

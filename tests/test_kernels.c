@@ -69,14 +69,14 @@ static void run_impl(const dg_kernels *impl) {
 static void test_avx512(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx512();
-  if (!k) skip();
+  if (!k) dg_test_skip("test_kernels avx512: this CPU (or build) has no AVX-512 kernels");
   run_impl(k);
 }
 
 static void test_avx2(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx2();
-  if (!k) skip();
+  if (!k) dg_test_skip("test_kernels avx2: this CPU (or build) has no AVX2 kernels");
   run_impl(k);
 }
 

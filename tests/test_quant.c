@@ -360,13 +360,13 @@ static void test_kernels_ref(void **state) {
 static void test_kernels_avx2(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx2();
-  if (!k) skip();
+  if (!k) dg_test_skip("test_quant avx2: this CPU (or build) has no AVX2 kernels");
   run_q(k);
 }
 static void test_kernels_avx512(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx512();
-  if (!k) skip();
+  if (!k) dg_test_skip("test_quant avx512: this CPU (or build) has no AVX-512 kernels");
   run_q(k);
 }
 
@@ -758,7 +758,7 @@ static void test_twin(void **state) {
 static void test_small_model_q8(void **state) {
   (void)state;
   const char *src = "models/dgemma-small";
-  if (access(src, R_OK) != 0) skip();
+  if (access(src, R_OK) != 0) dg_test_skip("test_quant: %s not present", src);
   char q[512];
   snprintf(q, sizeof q, "%s/small-q8", tmp_root);
   dg_quantize_params qp = dg_quantize_default_params();

@@ -232,8 +232,7 @@ static void run_golden(const char *gpath, const dg_tokenizer *preloaded) {
   if (!t) {
     if (!file_exists(tp->valuestring)) {
       cJSON_Delete(g);
-      print_message("# %s: tokenizer %s not present, skipping\n", gpath, tp->valuestring);
-      skip();
+      dg_test_skip("test_tokenizer %s: tokenizer %s not present", gpath, tp->valuestring);
     }
     assert_dg_ok(dg_tokenizer_load(tp->valuestring, (int32_t)mv->valuedouble, &t));
     own = 1;
@@ -249,8 +248,7 @@ static void run_golden(const char *gpath, const dg_tokenizer *preloaded) {
 static void test_golden_gemma3(void **state) {
   (void)state;
   if (!file_exists(GOLDEN_GEMMA)) {
-    print_message("# %s missing: run tools/tokenizer_goldens.py on a machine with `tokenizers`\n", GOLDEN_GEMMA);
-    skip();
+    dg_test_skip("test_tokenizer: %s missing: run tools/tokenizer_goldens.py on a machine with `tokenizers`", GOLDEN_GEMMA);
   }
   run_golden(GOLDEN_GEMMA, gemma());
 }
@@ -277,7 +275,7 @@ static void test_golden_others(void **state) {
     }
     globfree(&gl);
   }
-  if (!ran) skip();
+  if (!ran) dg_test_skip("test_tokenizer: none of the golden files' tokenizers is present");
 }
 
 /* ------------------------------------------------------------------------- */

@@ -32,6 +32,17 @@
       fail_msg("%s -> %s: %s", #expr, dg_status_str(st_), dg_last_error());    \
   } while (0)
 
+/* Skip the current test, saying why on a line "# SKIP <reason>": scripts/run_tests.sh
+ * counts skipped tests and prints these reasons with its total. */
+#define dg_test_skip(...)                                                      \
+  do {                                                                         \
+    printf("# SKIP ");                                                         \
+    printf(__VA_ARGS__);                                                       \
+    printf("\n");                                                              \
+    fflush(stdout);                                                            \
+    skip();                                                                    \
+  } while (0)
+
 static inline int dg_test_rm_entry_(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
   (void)sb; (void)type; (void)ftw;
   remove(path); /* keep going: what cannot be removed is left */

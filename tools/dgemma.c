@@ -15,6 +15,7 @@
  * Without -m the bundled small model is used ($DGEMMA_MODEL, else
  * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -123,11 +125,112 @@ static void *read_all(const char *path, size_t *len) {
   return buf;
 }
 
-/* Open an output file before any work, or exit naming it and the reason. */
-static FILE *open_out(const char *path) {
-  FILE *f = fopen(path, "wb");
+/* ---- interruption and output files ----------------------------------------
+ *
+ * SIGINT and SIGTERM end a command with status 128 + the signal (130, 143),
+ * leaving what was there before: an output file is written to a temporary
+ * name in its directory and renamed over the target only when complete
+ * (out_open / out_commit); quantize and mkrandom stop at their next progress
+ * call and the library removes its temporary directory. A signal that the
+ * process was started with ignored (a background job) stays ignored. */
+
+static volatile sig_atomic_t g_stop_sig = 0; /* the SIGINT/SIGTERM received, 0 if none */
+/* 1: the command has no stop point; the handler removes g_tmp_path and exits at once.
+ * 2: the output is being renamed into place; the handler only records the signal. */
+static volatile sig_atomic_t g_stop_mode = 0;
+static char g_tmp_path[PATH_MAX + 32]; /* the temporary output file, "" if none */
+
+static void on_stop_signal(int sig) {
+  g_stop_sig = sig;
+  if (g_stop_mode == 1) {
+    if (g_tmp_path[0]) unlink(g_tmp_path); /* async-signal-safe, as is _exit */
+    _exit(128 + sig);
+  }
+  signal(sig, SIG_DFL); /* a second signal ends the process at once */
+}
+
+/* immediate = 1: exit from the handler (commands without a stop point). */
+static void catch_stop_signals(int immediate) {
+  g_stop_mode = immediate ? 1 : 0;
+  struct sigaction sa, old;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  const int sigs[2] = {SIGINT, SIGTERM};
+  for (int k = 0; k < 2; k++) {
+    sigaction(sigs[k], NULL, &old);
+    if (old.sa_handler != SIG_IGN) sigaction(sigs[k], &sa, NULL);
+  }
+}
+
+/* An exit that is not a signal (die, a usage error) removes the temporary file too. */
+static void remove_tmp_at_exit(void) {
+  if (g_tmp_path[0]) unlink(g_tmp_path);
+}
+
+/* A temporary file next to `path` (".<name>.tmp-XXXXXX" in its directory),
+ * opened for writing before any long work; the target is not touched. Exits
+ * naming the file and the reason if it cannot be made. */
+static FILE *out_open(const char *path) {
+  const char *slash = strrchr(path, '/');
+  int dlen = slash ? (int)(slash - path) + 1 : 0;
+  char tmpl[sizeof g_tmp_path];
+  if (snprintf(tmpl, sizeof tmpl, "%.*s.%s.tmp-XXXXXX", dlen, path, slash ? slash + 1 : path) >= (int)sizeof tmpl) {
+    fprintf(stderr, "dgemma: %s: path too long\n", path);
+    exit(1);
+  }
+  if (!*(slash ? slash + 1 : path)) { fprintf(stderr, "dgemma: %s: names a directory, not a file\n", path); exit(2); }
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fprintf(stderr, "dgemma: cannot write %s: it is a directory\n", path);
+    exit(1);
+  }
+  int fd = mkstemp(tmpl);
+  if (fd < 0) {
+    fprintf(stderr, "dgemma: cannot write %s: cannot create a temporary file %s: %s\n", path, tmpl, strerror(errno));
+    exit(1);
+  }
+  mode_t um = umask(0); /* mkstemp makes it 0600; give it what fopen(path, "w") would */
+  umask(um);
+  fchmod(fd, 0666 & ~um);
+  memcpy(g_tmp_path, tmpl, sizeof tmpl);
+  static int registered = 0;
+  if (!registered) { atexit(remove_tmp_at_exit); registered = 1; }
+  FILE *f = fdopen(fd, "wb");
   if (!f) { fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(errno)); exit(1); }
   return f;
+}
+
+/* Flush and close the temporary file of out_open and rename it to `path`.
+ * Returns 0, or 1 after a message naming the file and the error (the
+ * temporary file is removed, `path` left as it was). */
+static int out_commit(FILE *f, const char *path) {
+  int bad = fflush(f) != 0 || ferror(f);
+  int err = errno;
+  if (!bad && fsync(fileno(f)) != 0 && errno != EINVAL) { bad = 1; err = errno; }
+  if (fclose(f) != 0 && !bad) { bad = 1; err = errno; }
+  if (!bad) {
+    g_stop_mode = 2; /* from here a signal no longer removes the file: it is complete */
+    if (rename(g_tmp_path, path) != 0) { bad = 1; err = errno; g_stop_mode = 1; }
+  }
+  if (bad) {
+    fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(err ? err : EIO));
+    unlink(g_tmp_path);
+    g_tmp_path[0] = 0;
+    return 1;
+  }
+  g_tmp_path[0] = 0;
+  return 0;
+}
+
+/* Standard output at the end of a command: a write error (a full disk,
+ * /dev/full) is reported and the status becomes 1. */
+static int close_stdout(int rc) {
+  if ((fflush(stdout) != 0 || ferror(stdout)) && rc == 0) { /* a failed command has said why already */
+    fprintf(stderr, "dgemma: cannot write to standard output: %s\n", strerror(errno ? errno : EIO));
+    return 1;
+  }
+  return rc;
 }
 
 /* "1,2,3" or "@file.i32" -> int32 array */
@@ -327,6 +430,7 @@ typedef struct stream_state {
   size_t n, cap;
   size_t printed; /* bytes of decoded text already written */
   int verbose;
+  int write_errno; /* nonzero: writing stdout failed (generation stopped) */
 } stream_state;
 
 static int on_block(const dg_block_info *bi, void *ud) {
@@ -340,10 +444,15 @@ static int on_block(const dg_block_info *bi, void *ud) {
   char *text = NULL;
   if (dg_detokenize(s->m, s->ids, s->n, 0, &text) == DG_OK) {
     size_t len = strlen(text);
-    if (len > s->printed) fwrite(text + s->printed, 1, len - s->printed, stdout);
+    errno = 0;
+    int bad = len > s->printed && fwrite(text + s->printed, 1, len - s->printed, stdout) != len - s->printed;
     s->printed = len;
-    fflush(stdout);
+    bad |= fflush(stdout) != 0;
     dg_free(text);
+    if (bad) { /* a full disk or /dev/full: stop generating, cmd_run reports it */
+      s->write_errno = errno ? errno : EIO;
+      return 1;
+    }
   }
   return 0;
 }
@@ -393,18 +502,29 @@ static int cmd_run(const opts *o) {
   cp.max_context = context_size(n, &gp, info.canvas_length);
   dg_context *ctx = NULL;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
-  stream_state ss = {m, NULL, 0, 0, 0, o->verbose};
+  stream_state ss = {m, NULL, 0, 0, 0, o->verbose, 0};
   gp.on_block = on_block;
   gp.on_step = o->verbose ? on_step : NULL;
   gp.user_data = &ss;
   dg_gen_result r;
-  if ((st = dg_generate(ctx, ids, n, &gp, &r))) die("generate", st);
+  if ((st = dg_generate(ctx, ids, n, &gp, &r))) {
+    if (st == DG_ERR_ABORTED && ss.write_errno) {
+      fprintf(stderr, "dgemma: cannot write to standard output: %s (generation stopped)\n", strerror(ss.write_errno));
+      free(ss.ids);
+      dg_free(ids);
+      dg_context_free(ctx);
+      dg_model_free(m);
+      return 1;
+    }
+    die("generate", st);
+  }
   printf("\n");
-  fflush(stdout);
+  fflush(stdout); /* a failure here is reported by close_stdout at the end */
   static const char *const why[] = {"length", "stop", "repetition"};
+  /* generated text only (n_visible): hidden <eos>/pad canvases are not tokens the user got */
   fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
-          r.n_valid, r.n_blocks, r.n_steps, r.tokens_per_forward, r.seconds,
-          r.seconds > 0 ? r.n_valid / r.seconds : 0.0);
+          r.n_visible, r.n_blocks, r.n_steps, r.n_steps ? (double)r.n_visible / r.n_steps : 0.0, r.seconds,
+          r.seconds > 0 ? r.n_visible / r.seconds : 0.0);
   fprintf(stderr, "dgemma: %s sampler, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
           gp.turbo.enabled ? "turbo" : "reference", r.n_blocks ? (double)r.n_steps / r.n_blocks : 0.0,
           r.n_steps ? (double)r.n_forwarded / r.n_steps : 0.0,
@@ -536,55 +656,86 @@ static int cmd_tokenize(const opts *o) {
 
 /* ---- logits / replay -------------------------------------------------------- */
 
+/* Every input is checked before the output is touched and before the
+ * prefill; the logits go to a temporary file renamed to -o when complete, so
+ * an error or an interruption leaves an existing -o file as it was. */
 static int cmd_logits(const opts *o) {
   if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
   no_positional(o, "logits");
-  FILE *f = open_out(o->out);
+  catch_stop_signals(1); /* no stop point in a forward pass: the handler removes the temporary file and exits */
   dg_model *m = load_model(o, 0);
   dg_model_info info;
   dg_model_get_info(m, &info);
   size_t np, nc;
   int32_t *prompt = parse_ids(o->prompt_ids, &np);
   int32_t *canvas = parse_ids(o->canvas_ids, &nc);
+  float *sc = NULL, *logits = NULL;
+  dg_context *ctx = NULL;
+  int rc = 2; /* a bad input, until the inputs are checked */
   if (nc != (size_t)info.canvas_length) {
     fprintf(stderr, "dgemma: --canvas-ids has %zu ids; the model's canvas_length is %d\n", nc, info.canvas_length);
-    return 2;
+    goto out;
+  }
+  for (size_t k = 0; k < np + nc; k++) {
+    int32_t id = k < np ? prompt[k] : canvas[k - np];
+    if (id < 0 || id >= info.vocab_size) {
+      fprintf(stderr, "dgemma: %s id %d (index %zu) is outside the vocabulary [0, %d)\n",
+              k < np ? "--prompt-ids" : "--canvas-ids", id, k < np ? k : k - np, info.vocab_size);
+      goto out;
+    }
+  }
+  /* the canvas sits at positions np..np+C-1: check them now, not after a long prefill */
+  if ((long long)np + info.canvas_length > info.max_position_embeddings) {
+    fprintf(stderr,
+            "dgemma: --prompt-ids has %zu ids: the canvas would take positions %zu..%lld, past the model's "
+            "max_position_embeddings %d\n",
+            np, np, (long long)np + info.canvas_length - 1, info.max_position_embeddings);
+    goto out;
   }
   size_t CV = (size_t)info.canvas_length * (size_t)info.vocab_size;
-  float *sc = NULL;
   if (o->sc_logits) {
     size_t len;
     sc = read_all(o->sc_logits, &len);
     if (len != CV * 4) {
       fprintf(stderr, "dgemma: %s has %zu bytes; expected %zu (float32 [%d, %d])\n", o->sc_logits, len, CV * 4,
               info.canvas_length, info.vocab_size);
-      return 2;
+      goto out;
     }
   }
+  rc = 1;
+  FILE *f = out_open(o->out); /* before the forward passes: an unwritable directory fails now */
   dg_context_params cp = dg_context_default_params();
   cp.max_context = (int32_t)np + 1;
-  dg_context *ctx = NULL;
   dg_status st;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
   struct timespec t0, t1, t2;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   if ((st = dg_encode(ctx, prompt, np))) die("encode", st);
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  float *logits = malloc(CV * sizeof(float));
+  logits = malloc(CV * sizeof(float));
+  if (!logits) {
+    fprintf(stderr, "dgemma: out of memory for [%d, %d] logits\n", info.canvas_length, info.vocab_size);
+    fclose(f);
+    goto out;
+  }
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
   clock_gettime(CLOCK_MONOTONIC, &t2);
-  if (fwrite(logits, sizeof(float), CV, f) != CV || fclose(f)) {
+  if (fwrite(logits, sizeof(float), CV, f) != CV) {
     fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
-    return 1;
+    fclose(f);
+    goto out; /* the temporary file is removed at exit */
   }
+  if (out_commit(f, o->out)) goto out;
   fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s (encode %zu tokens %.3f s, decode %.3f s; wall times)\n",
           info.canvas_length, info.vocab_size, o->out, np,
           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
           (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec));
+  rc = 0;
+out:
   free(logits); free(sc); free(prompt); free(canvas);
   dg_context_free(ctx);
   dg_model_free(m);
-  return 0;
+  return rc;
 }
 
 static int cmd_replay(const opts *o) {
@@ -755,17 +906,10 @@ static int quant_progress(int64_t done, int64_t total, const char *tensor, void 
   return 0;
 }
 
-static volatile sig_atomic_t mk_interrupted = 0;
-
-static void mk_on_signal(int sig) {
-  mk_interrupted = 1;
-  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
-}
-
-/* The progress bar, and a stop (the library then removes the partial output) after Ctrl-C. */
+/* The progress bar, and a stop after SIGINT/SIGTERM (the library then removes its temporary directory). */
 static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
   quant_progress(done, total, tensor, ud);
-  return mk_interrupted;
+  return g_stop_sig != 0;
 }
 
 /* dgemma mkrandom OUT_DIR: dg_mkrandom with a progress bar, then what was written. */
@@ -787,19 +931,14 @@ static int cmd_mkrandom(const opts *o) {
   bar_state bs = {isatty(2), -1};
   mp.progress = mk_progress;
   mp.user_data = &bs;
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = mk_on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   dg_mkrandom_result r;
   dg_status st = dg_mkrandom(o->positional, &mp, &r);
-  if (st == DG_ERR_ABORTED && mk_interrupted) {
-    fprintf(stderr, "\ndgemma: mkrandom: interrupted; what was written to %s has been removed\n", o->positional);
-    return 130;
+  if (st == DG_ERR_ABORTED && g_stop_sig) {
+    fprintf(stderr, "\ndgemma: mkrandom: interrupted (%s); nothing was left in %s\n", strsignal(g_stop_sig),
+            o->positional);
+    return 128 + g_stop_sig;
   }
   if (st) die("mkrandom", st);
   clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -826,10 +965,15 @@ static int cmd_quantize(const opts *o) {
     qp.n_threads = nc > 0 ? (int)nc : 1;
   }
   bar_state bs = {isatty(2), -1};
-  qp.progress = quant_progress;
+  qp.progress = mk_progress;
   qp.user_data = &bs;
   dg_quantize_result r;
   dg_status st = dg_quantize(o->positional, o->positional2, &qp, &r);
+  if (st == DG_ERR_ABORTED && g_stop_sig) {
+    fprintf(stderr, "\ndgemma: quantize: interrupted (%s); nothing was left in %s\n", strsignal(g_stop_sig),
+            o->positional2);
+    return 128 + g_stop_sig;
+  }
   if (st) die("quantize", st);
   fprintf(stderr,
           "dgemma: %d matrices quantized, %d kept in float by the recipe, %d kept in float (input dim not a multiple "
@@ -844,21 +988,22 @@ int main(int argc, char **argv) {
   opts o;
   const char *cmd = argv[1];
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) usage_exit(NULL);
-  if (!strcmp(cmd, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return 0; }
+  if (!strcmp(cmd, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return close_stdout(0); }
   parse_opts(argc, argv, &o);
-  if (!strcmp(cmd, "run")) return cmd_run(&o);
-  if (!strcmp(cmd, "info")) return cmd_info(&o);
-  if (!strcmp(cmd, "tokenize")) return cmd_tokenize(&o);
-  if (!strcmp(cmd, "logits")) return cmd_logits(&o);
-  if (!strcmp(cmd, "replay")) return cmd_replay(&o);
-  if (!strcmp(cmd, "eval")) return cmd_eval(&o);
-  if (!strcmp(cmd, "bench")) return cmd_bench(&o);
-  if (!strcmp(cmd, "quantize")) return cmd_quantize(&o);
-  if (!strcmp(cmd, "mkrandom")) return cmd_mkrandom(&o);
+  /* every command's standard output is checked at the end (close_stdout) */
+  if (!strcmp(cmd, "run")) return close_stdout(cmd_run(&o));
+  if (!strcmp(cmd, "info")) return close_stdout(cmd_info(&o));
+  if (!strcmp(cmd, "tokenize")) return close_stdout(cmd_tokenize(&o));
+  if (!strcmp(cmd, "logits")) return close_stdout(cmd_logits(&o));
+  if (!strcmp(cmd, "replay")) return close_stdout(cmd_replay(&o));
+  if (!strcmp(cmd, "eval")) return close_stdout(cmd_eval(&o));
+  if (!strcmp(cmd, "bench")) return close_stdout(cmd_bench(&o));
+  if (!strcmp(cmd, "quantize")) { catch_stop_signals(0); return close_stdout(cmd_quantize(&o)); }
+  if (!strcmp(cmd, "mkrandom")) { catch_stop_signals(0); return close_stdout(cmd_mkrandom(&o)); }
   if (!strcmp(cmd, "qreport")) {
     no_positional(&o, "qreport");
     qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
-    return dg_cli_qreport(o.model ? o.model : default_model(), &qo);
+    return close_stdout(dg_cli_qreport(o.model ? o.model : default_model(), &qo));
   }
   fprintf(stderr, "dgemma: unknown command \"%s\"\n", cmd);
   usage_exit(NULL);

@@ -10,8 +10,11 @@
  *     count with Wilson 95% intervals, tok/s and forwards per block. -o
  *     writes one line per problem (with its tokens, forwards, blocks,
  *     positions forwarded and seconds) and resumes: a rerun of the same
- *     configuration skips the ids already in the file; Ctrl-C stops at the
- *     next denoising step with status 130. --limit N takes the file's first N
+ *     configuration skips the ids already in the file; Ctrl-C (SIGINT) or
+ *     SIGTERM stops at the next denoising step with status 130 or 143. The
+ *     file is a journal: one whole line appended and flushed per finished
+ *     problem, so an interruption leaves the earlier lines and the finished
+ *     problems (and a torn last line, after a crash, is dropped on resume). --limit N takes the file's first N
  *     records.
  *   dgemma eval text -m DIR --file shakespeare_windows.jsonl [--limit N]
  *     Sequential canvas code length in nats/token: target token i is scored
@@ -36,15 +39,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dgemma.h"
 #include "eval.h"
 
-static volatile sig_atomic_t g_interrupted = 0;
+static volatile sig_atomic_t g_interrupted = 0; /* the SIGINT/SIGTERM received (0: none) */
 
 static void on_signal(int sig) {
-  g_interrupted = 1;
+  g_interrupted = sig; /* exit status 128 + sig: 130 for SIGINT, 143 for SIGTERM */
   signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
@@ -67,6 +71,34 @@ static void stop_signals_catch(void) {
 static void stop_signals_restore(void) {
   sigaction(SIGINT, &g_old_int, NULL);
   sigaction(SIGTERM, &g_old_term, NULL);
+}
+
+/* Write text + "\n" to a temporary file in path's directory and rename it
+ * over path: path is either its old content or the whole new text. Returns
+ * 0, or -1 with errno set (the temporary file removed). */
+static int write_whole_file(const char *path, const char *text) {
+  char tmp[PATH_MAX + 32];
+  const char *slash = strrchr(path, '/');
+  int dlen = slash ? (int)(slash - path) + 1 : 0;
+  if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", dlen, path, slash ? slash + 1 : path) >= (int)sizeof tmp) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) return -1;
+  mode_t um = umask(0); /* mkstemp makes it 0600; give it what fopen(path, "w") would */
+  umask(um);
+  fchmod(fd, 0666 & ~um);
+  FILE *f = fdopen(fd, "w");
+  int bad = !f || fprintf(f, "%s\n", text) < 0 || fflush(f) != 0 || fsync(fd) != 0;
+  int err = errno;
+  if (f) bad |= fclose(f) != 0;
+  else close(fd);
+  if (!bad && rename(tmp, path) == 0) return 0;
+  if (!bad) err = errno;
+  unlink(tmp);
+  errno = err;
+  return -1;
 }
 
 static double wall(void) {
@@ -422,8 +454,11 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
       cJSON_AddStringToObject(o2, "finish", r.finish_reason == DG_FINISH_STOP ? "stop"
                                             : r.finish_reason == DG_FINISH_REPETITION ? "repetition" : "length");
       char *s = cJSON_PrintUnformatted(o2);
-      fprintf(out, "%s\n", s);
-      fflush(out);
+      /* one whole line per problem, flushed: an interruption keeps the finished ones (resume) */
+      if (!s || fprintf(out, "%s\n", s) < 0 || fflush(out) != 0) {
+        fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->out, s ? strerror(errno) : "out of memory");
+        exit(1);
+      }
       free(s);
       cJSON_Delete(o2);
     }
@@ -441,13 +476,16 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   free(done);
   free(seen);
   fclose(f);
-  if (out) fclose(out);
+  if (out && fclose(out) != 0) {
+    fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->out, strerror(errno));
+    exit(1);
+  }
   if (resumed) fprintf(stderr, "dgemma eval: %d problems resumed from %s\n", resumed, o->out);
   if (t.total == 0) {
     fprintf(stderr, "dgemma eval: %s\n", interrupted ? "interrupted before the first problem finished"
                                                      : "no problems to evaluate (empty file)");
     dg_context_free(ctx);
-    return interrupted ? 130 : 1;
+    return interrupted ? 128 + g_interrupted : 1;
   }
   double lo, hi;
   printf("| steps | n | correct | accuracy | Wilson 95%% |\n|---|---|---|---|---|\n");
@@ -474,7 +512,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   if (interrupted) {
     fprintf(stderr, "dgemma eval: interrupted after %d problems; %s\n", t.total,
             o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
-    return 130;
+    return 128 + g_interrupted;
   }
   return 0;
 }
@@ -773,9 +811,8 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   fflush(stdout);
   if (o->summary) {
     char *js = gsm8k_summary_json(title, config, &s);
-    FILE *f = fopen(o->summary, "w");
-    if (!f || !js || fprintf(f, "%s\n", js) < 0 || fclose(f) != 0) {
-      fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, strerror(errno));
+    if (!js || write_whole_file(o->summary, js)) {
+      fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, js ? strerror(errno) : "out of memory");
       free(js);
       return 1;
     }
@@ -784,7 +821,7 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   if (rc > 0) {
     fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,
             o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
-    return 130;
+    return 128 + g_interrupted;
   }
   return rc < 0 ? 1 : 0;
 }
