@@ -75,7 +75,7 @@ TESTSRC := $(wildcard tests/test_*.c)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
 TESTLIB := -lcmocka
 
-.PHONY: all test run asan clean setup check-deps emu-test
+.PHONY: all test run asan clean setup check-deps emu-test lab
 all: $(CLI)
 
 $(BUILD)/%.o: %.c
@@ -133,6 +133,12 @@ run:
 
 # The CUDA backend's kernels on the CPU emulation (dev/cuda_emu): correctness of
 # indexing, masks and reductions against the CPU path, without a GPU. Slow.
+# The kernel lab of the quantized MoE (dev/cuda/moe_quant.cu; runs on a GPU: scripts/moe_lab_gpu.sh).
+lab: $(LIB)
+	$(if $(filter 1,$(CUDA)),,$(error make lab needs the CUDA build (nvcc and libcudart/libcublas)))
+	$(NVCC) -O2 -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc $(XCFLAGS) dev/cuda/moe_quant.cu $(LIB) -L$(CUDA_LIBDIR) \
+	  -lcublas -lcudart -lcjson -lgomp -o $(BUILD)/moe_quant
+
 emu-test:
 	@$(MAKE) --no-print-directory BUILD=build-emu EMU=1 CUDA=0 OPT="-O2 -g" build-emu/dgemma build-emu/tests/test_cuda
 	build-emu/tests/test_cuda

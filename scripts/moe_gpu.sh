@@ -16,22 +16,15 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/moe_gpu.sh OUT}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-t0=$(date +%s); el() { echo "($(( $(date +%s) - t0 )) s)"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-XC=""; XL=""; NXL=""
-if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
-  P=/tmp/dgdeps; for f in .devdeb/*.deb; do dpkg -x "$f" $P; done; L=$P/usr/lib/x86_64-linux-gnu
-  XC="-I$P/usr/include"; XL="-L$L -Wl,-rpath,$L"; NXL="-L$L -Xlinker -rpath -Xlinker $L"
-fi
+. scripts/gpu_env.sh
 mkdir -p .cache/gemma3
 [ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > /tmp/build.txt 2>&1 \
   || { tail -30 /tmp/build.txt; exit 1; }
 (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 12 > /tmp/mkrandom.log 2>&1) &
 mk=$!
-CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
-nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
-  -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant || exit 1
+lab_build || exit 1
 echo "== built $(el)"
 timeout 120 build/moe_quant --bits 4,3,2,8,6 --versions 2 --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
 timeout 60 build/moe_quant --bits 4 --versions 1 --ms 1,16,64 --ts 256 --reps 5 --json /tmp/lab_v1.jsonl >> "$OUT/lab.md" 2>&1

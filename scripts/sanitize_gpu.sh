@@ -5,11 +5,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/sanitize_gpu.sh OUT}
 mkdir -p "$OUT"
-XC=""; XL=""
-if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
-  P=/tmp/dgdeps; for f in .devdeb/*.deb; do dpkg -x "$f" $P; done; L=$P/usr/lib/x86_64-linux-gnu
-  XC="-I$P/usr/include"; XL="-L$L -Wl,-rpath,$L"
-fi
+. scripts/gpu_env.sh
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_cuda > "$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
 for tool in memcheck racecheck; do
   DG_TEST_FILTER='test_quant_experts' timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda \

@@ -1,0 +1,19 @@
+# gpu_env.sh: sourced by the GPU-machine scripts (moe_gpu.sh, moe_lab_gpu.sh, sanitize_gpu.sh). Sets
+#   XC, XL   make's XCFLAGS/XLDFLAGS for cJSON/cmocka (unpacked from .devdeb/ under /tmp/dgdeps when the
+#            machine lacks their headers; empty otherwise)
+#   NXL      the same library flags spelled for nvcc (-Xlinker)
+#   CUL      the CUDA toolkit's library directory (from the nvcc on the PATH)
+#   el       a function printing the seconds since the script started: "(N s)"
+# and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu; needs build/libdgemma.a).
+t0=$(date +%s)
+el() { echo "($(( $(date +%s) - t0 )) s)"; }
+XC=""; XL=""; NXL=""
+if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
+  P=/tmp/dgdeps; for f in .devdeb/*.deb; do dpkg -x "$f" $P; done; L=$P/usr/lib/x86_64-linux-gnu
+  XC="-I$P/usr/include"; XL="-L$L -Wl,-rpath,$L"; NXL="-L$L -Xlinker -rpath -Xlinker $L"
+fi
+CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
+lab_build() {
+  nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
+    -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
+}
