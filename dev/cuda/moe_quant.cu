@@ -123,9 +123,7 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
 static const tiled &get_tiled(stack *st, int warps, int kc, int gateup) {
   for (const tiled &t : st->tl)
     if (t.warps == warps && t.kc == kc && t.gateup == gateup) return t;
-  qe_tiling q;
-  q.warps = warps; q.kc = kc; q.gateup = gateup; q.bits = st->w.bits; q.group = G; q.pb = 4; q.E = E;
-  q.N = gateup ? IE : H; q.K = st->w.cols;
+  const qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, G, 4, E, st->w.rows, st->w.cols);
   size_t pb;
   const size_t qb = qe_tile_bytes(q, &pb);
   std::vector<uint8_t> hq(qb), hp(pb);
@@ -273,11 +271,6 @@ static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
   }
 }
 
-static int lab_nt(int T) { /* as qmoe.cu's qe_nt */
-  const double m = (double)T * TOPK / E;
-  return m <= 4 ? 1 : m <= 9 ? 2 : m <= 16 ? 3 : m <= 24 ? 4 : 8;
-}
-
 template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *st, routing *r, int nt) {
   switch (ver) {
   case 3: return run_tiled<BITS, 128, 4, 4>(prod, st, r, nt);
@@ -293,7 +286,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   cudaError_t e = cudaSuccess;
   stack *st = prod == GU ? gu : dn;
   if (ver >= 3) {
-    const int nt = lab_nt(T);
+    const int nt = qe_nt(T, TOPK, E);
     switch (st->w.bits) {
     case 4: return run_tiled_bits<4>(ver, prod, st, r, nt);
     case 2: return run_tiled_bits<2>(ver, prod, st, r, nt);
@@ -309,12 +302,8 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   w.q = tl.q;
   w.sbp = tl.p;
   w.s = w.b = NULL;
-  if (prod == GU) {
-    e = k_group_sums(0, r->xe, T, H, G, r->b.xs);
-    return e == cudaSuccess ? k_qe_gate_up(0, &w, r->xe, &r->b, T, H, IE, E, TOPK, 0) : e;
-  }
-  e = k_group_sums(0, r->b.h, T * TOPK, IE, G, r->b.xs);
-  return e == cudaSuccess ? k_qe_down(0, &w, &r->b, T, H, IE, E, TOPK, 0) : e;
+  if (prod == GU) return k_qe_gate_up(0, &w, r->xe, &r->b, T, H, IE, E, TOPK, 0);
+  return k_qe_down(0, &w, &r->b, T, H, IE, E, TOPK, 0);
 }
 
 /* Check sampled outputs of the last run against the CPU; returns the largest |diff| / bound (> 1 fails). */
@@ -476,7 +465,7 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (ver >= 3 && (lab_nt(r.T) > 4 || (bits != 4 && bits != 3 && bits != 2))) continue;
+          if (ver >= 3 && (qe_nt(r.T, TOPK, E) > 4 || (bits != 4 && bits != 3 && bits != 2))) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */

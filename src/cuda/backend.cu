@@ -226,17 +226,8 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
 /* The tile layout (qmoe.cuh, qe_tiling) of a quantized expert stack of E
  * experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
 static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
-  qe_tiling t;
-  t.warps = QE_WARPS;
-  t.kc = QE_KC;
-  t.gateup = gateup;
-  t.bits = m->bits;
-  t.group = m->group_size;
-  t.pb = 2 * (int)sb_size(m->sb_dtype);
-  t.E = E;
-  t.N = gateup ? m->rows / E / 2 : m->rows / E;
-  t.K = m->cols;
-  return t;
+  return qe_tiling_of(QE_WARPS, QE_KC, gateup, m->bits, m->group_size, 2 * (int)sb_size(m->sb_dtype), E, m->rows,
+                      m->cols);
 }
 
 /* Device bytes of an expert stack: bf16, or the tiled codes and (scale, bias) pairs. */

@@ -86,9 +86,7 @@ static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_
   w->sb = DG_CUDA_BF16;
   const size_t words = n * (size_t)bits / 32, ng = n / (size_t)group;
   /* expert stacks: codes and (scale, bias) pairs in the tile layout of qmoe.cuh (random bytes: any layout) */
-  qe_tiling tl;
-  tl.warps = QE_WARPS; tl.kc = QE_KC; tl.gateup = gateup; tl.bits = bits; tl.group = group; tl.pb = 4;
-  tl.E = E; tl.N = gateup ? rows / E / 2 : rows / E; tl.K = cols;
+  const qe_tiling tl = qe_tiling_of(QE_WARPS, QE_KC, gateup, bits, group, 4, E, rows, cols);
   size_t pbytes;
   const size_t qbytes = qe_tile_bytes(tl, &pbytes);
   DG_TRY(balloc(ptrs, np, (void **)&w->q, qbytes, "packed expert codes"));

@@ -254,12 +254,12 @@ cudaError_t k_qexperts_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf 
 
 /* ---- quantized experts on tensor cores (qmoe.cu) ---- */
 /* The gathered MoE products over a quantized stack with (scale, bias) pairs
- * (W->sbp): gate/up h[row] = bf16(gelu(G_e x) U_e x) over xe [T, H] and
- * down y[row] = D_e h[row], for every grouped row of the work of k_group
- * (count, start, pairs). Both need b->xs to hold the group sums of their
- * input (k_group_sums: of xe [T, H] for gate/up, of b->h [T*K, IE] for down,
- * with the stack's group size). Grid: E x row slabs; experts without rows
- * exit at once. nt: tokens per pass / 8 (1, 2, 4 or 8; <= 0 chooses from T K / E). */
+ * (W->sbp, tile layout): gate/up h[row] = bf16(gelu(G_e x) U_e x) over
+ * xe [T, H] and down y[row] = D_e h[row], for every grouped row of the work
+ * of k_group (count, start, pairs). Each first writes the group sums of its
+ * input into b->xs (k_group_sums: of xe for gate/up, of b->h [T*K, IE] for
+ * down). Grid: E x row slabs; experts without rows exit at once. nt: tokens
+ * per pass / 8 (1, 2, 3, 4 or 8; <= 0: qe_nt(T, K, E)). */
 cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H, int IE,
                          int E, int K, int nt);
 cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K,

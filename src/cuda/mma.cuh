@@ -14,9 +14,7 @@
  *                    one with a source size (0: the destination is zero-filled)
  *   dg_cp_commit, dg_cp_wait<N>  cp.async.commit_group / wait_group N
  *   dg_prmt          __byte_perm
- *   dg_and_or        (a & b) | c, one lop3
- *   dg_bf16x2_sub128 (x - 128, y - 128) of a bf16 pair, exact for |x|, |y| < 512
- *                    integers (fma.rn.bf16x2 with 1 and -128) */
+ *   dg_and_or        (a & b) | c, one lop3 */
 #ifndef DG_CUDA_MMA_CUH
 #define DG_CUDA_MMA_CUH
 
@@ -58,11 +56,6 @@ __device__ __forceinline__ uint32_t dg_and_or(uint32_t a, uint32_t b, uint32_t c
   return d;
 }
 
-__device__ __forceinline__ uint32_t dg_bf16x2_sub128(uint32_t x) {
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(x), "r"(0x3f803f80u), "r"(0xc300c300u));
-  return r;
-}
 
 #else /* the CPU emulation (dev/cuda_emu): same semantics, one lane at a time */
 
@@ -111,13 +104,6 @@ static inline uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
   return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
 static inline uint32_t dg_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }
-static inline uint32_t dg_bf16x2_sub128(uint32_t x) { /* exact for the small integers the kernels pass */
-  const float lo = dg_emu_bf16_lo(x) - 128.0f, hi = dg_emu_bf16_hi(x) - 128.0f;
-  uint32_t ul, uh;
-  memcpy(&ul, &lo, 4);
-  memcpy(&uh, &hi, 4);
-  return (ul >> 16) | (uh & 0xffff0000u);
-}
 #endif
 
 #endif

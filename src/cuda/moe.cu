@@ -8,7 +8,7 @@
  *   dg_cuda_experts  the grouped expert product over only the chosen experts:
  *                    y = down_e(gelu_tanh(G_e x) * U_e x), bf16 tensor cores
  *                    (WMMA 16x16x16) with fp32 accumulation; MLX affine-
- *                    quantized stacks go to the variants in quant.cu
+ *                    quantized stacks go to the tensor-core kernels of qmoe.cu
  *
  * dg_cuda_experts is the one function a quantized expert format replaces. */
 #include <float.h>
@@ -213,16 +213,15 @@ __global__ void __launch_bounds__(128) grouped_kernel(const bf16 *A, const bf16 
 }
 
 /* Each of the two products runs the bf16 WMMA kernel above or, for an MLX
- * affine-quantized stack, the tensor-core kernels of qmoe.cu (the group sums
- * of the product's input first, then the product; same grouped rows, same
- * epilogues); the two stacks may differ (e.g. 4-bit gate/up, 8-bit down). */
+ * affine-quantized stack, the tensor-core kernels of qmoe.cu (same grouped
+ * rows, same epilogues); the two stacks may differ (e.g. 4-bit gate/up,
+ * 8-bit down). */
 cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                             int IE, int E, int K) {
   const int max_tiles = (T * K + TM - 1) / TM + E; /* sum over experts of ceil(count / TM) */
   cudaError_t e;
   if (l->experts_gate_up.bits) {
-    e = k_group_sums(s, xe, T, H, l->experts_gate_up.group, b->xs);
-    if (e == cudaSuccess) e = k_qe_gate_up(s, &l->experts_gate_up, xe, b, T, H, IE, E, K, 0);
+    e = k_qe_gate_up(s, &l->experts_gate_up, xe, b, T, H, IE, E, K, 0);
   } else {
     dim3 g1(max_tiles, (IE + TN - 1) / TN);
     DG_LAUNCH(grouped_kernel<1>, g1, 128, 0, s)(xe, l->experts_gate_up.w, b->tiles, b->n_tiles, b->count, b->start,
@@ -230,10 +229,7 @@ cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) return e;
-  if (l->experts_down.bits) {
-    e = k_group_sums(s, b->h, T * K, IE, l->experts_down.group, b->xs);
-    return e == cudaSuccess ? k_qe_down(s, &l->experts_down, b, T, H, IE, E, K, 0) : e;
-  }
+  if (l->experts_down.bits) return k_qe_down(s, &l->experts_down, b, T, H, IE, E, K, 0);
   dim3 g2(max_tiles, (H + TN - 1) / TN);
   DG_LAUNCH(grouped_kernel<0>, g2, 128, 0, s)(b->h, l->experts_down.w, b->tiles, b->n_tiles, b->count, b->start,
                                               b->pairs, K, IE, H, IE, H, (bf16 *)nullptr, b->y);

@@ -14,17 +14,6 @@ extern template cudaError_t qe_launch_bits<6, 1>(cudaStream_t, dim3, int, const 
 extern template cudaError_t qe_launch_bits<8, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qe_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
 
-/* Tokens per pass: 8 NT covers the expected rows per expert (T top_k / E)
- * with room for the spread of random routing; more rows take extra passes. */
-static int qe_nt(int T, int K, int E) {
-  const double m = (double)T * K / E;
-  if (m <= 4) return 1;  /* P(an expert has more than 8 rows) is small below 4 on average */
-  if (m <= 9) return 2;
-  if (m <= 16) return 3; /* the 256-token canvas: 16 on average, more than 24 for ~2.5 % of the experts */
-  if (m <= 24) return 4;
-  return 8;
-}
-
 template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
   switch (bits) {
   case 2: return qe_launch_bits<2, GATEUP>(s, grid, nt, a);
@@ -57,6 +46,8 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
   a.Kdim = H;
   a.N = IE;
   a.h = b->h;
+  const cudaError_t e = k_group_sums(s, xe, T, H, W->group, b->xs);
+  if (e != cudaSuccess) return e;
   return qe_launch<1>(s, dim3(E, (IE + 16 * QE_WARPS - 1) / (16 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
 }
 
@@ -68,6 +59,8 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
   a.Kdim = IE;
   a.N = H;
   a.y = b->y;
+  const cudaError_t e = k_group_sums(s, b->h, T * K, IE, W->group, b->xs);
+  if (e != cudaSuccess) return e;
   return qe_launch<0>(s, dim3(E, (H + 32 * QE_WARPS - 1) / (32 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
 }
 

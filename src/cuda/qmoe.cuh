@@ -92,6 +92,27 @@ struct qe_tiling {
   int warps, kc, gateup, bits, group, pb; /* pb: bytes per (scale, bias) pair */
   int64_t E, N, K;                        /* experts; features (gate/up) or rows (down) per expert; columns */
 };
+/* The tiling of a stack [E * rows_per_expert, K] of `rows` rows (gate/up: E * 2 N, down: E * N). */
+__host__ inline qe_tiling qe_tiling_of(int warps, int kc, int gateup, int bits, int group, int pb, int64_t E,
+                                       int64_t rows, int64_t K) {
+  qe_tiling t;
+  t.warps = warps; t.kc = kc; t.gateup = gateup; t.bits = bits; t.group = group; t.pb = pb;
+  t.E = E; t.N = gateup ? rows / E / 2 : rows / E; t.K = K;
+  return t;
+}
+
+/* Tokens per pass of the launchers, / 8: 8 nt covers the expected rows per
+ * expert (T top_k / E) with room for the spread of random routing; more rows
+ * take extra passes. */
+__host__ inline int qe_nt(int T, int K, int E) {
+  const double m = (double)T * K / E;
+  if (m <= 4) return 1;  /* P(an expert has more than 8 rows) is small below 4 on average */
+  if (m <= 9) return 2;
+  if (m <= 16) return 3; /* the 256-token canvas: 16 on average, more than 24 for ~2.5 % of the experts */
+  if (m <= 24) return 4;
+  return 8;
+}
+
 /* Slabs per expert and rows per slab. */
 __host__ __device__ inline int64_t qe_slabs(const qe_tiling &t) {
   const int64_t per = t.gateup ? 16 * t.warps : 32 * t.warps;

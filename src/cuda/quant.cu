@@ -3,9 +3,11 @@
  *
  *   k_qmatmul           y = x W^T for every quantized linear layer and the
  *                       LM head over a quantized tied embedding
- *   k_qexperts_gate_up  the gathered MoE products (spec 4.6 step 4) over the
- *   k_qexperts_down     expert work list of moe.cu: the quantized variant of
- *                       dg_cuda_experts
+ *   k_qexperts_gate_up  the first gathered MoE products (spec 4.6 step 4) over
+ *   k_qexperts_down     the expert work list of moe.cu; the backend now runs
+ *                       the tensor-core kernels of qmoe.cu, and these stay as
+ *                       version 1 of the kernel lab (dev/cuda/moe_quant.cu),
+ *                       over stacks in the MLX layout (s and b set)
  *   k_qsoft             soft = alpha P E, the exact self-conditioning soft
  *                       embedding (spec 5) through a quantized E
  *   k_qembed            embedding rows of a quantized E
