@@ -4,8 +4,9 @@
 # ceiling.jsonl, torch.jsonl, bench_vllm.jsonl, check.log):
 #   1. build with CUDA (cJSON/cmocka unpacked from .devdeb/ when missing, as scripts/cuda_check.sh) and,
 #      on the CPU meanwhile, the 26B-A4B random checkpoint (dgemma mkrandom, 4-bit g64 experts)
-#   2. the kernel lab dev/cuda/moe_quant.cu: the backend's kernel (version 2) for 4/3/2/8/6 bits, and
-#      the first backend's kernel (version 1) at M = 1, 16, 64 and the 256-token canvas, 4-bit
+#   2. the kernel lab dev/cuda/moe_quant.cu: the backend's kernel (version 3, qr_kernel) and the tile-
+#      layout one (version 2, qe_kernel) for 4/3/2/8/6 bits, and the first backend's kernel (version 1)
+#      at M = 1, 16, 64 and the 256-token canvas, 4-bit
 #   3. dgemma bench --device cuda --protocol ceiling (the backend's expert path, GPU ceilings measured
 #      in the same command), then scripts/torch_anchors.py at the same shapes with those ceilings
 #   4. dgemma bench --device cuda --protocol vllm on the checkpoint
@@ -26,7 +27,7 @@ make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/te
 mk=$!
 lab_build || exit 1
 echo "== built $(el)"
-timeout 120 build/moe_quant --bits 4,3,2,8,6 --versions 2 --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
+timeout 220 build/moe_quant --bits 4,3,2,8,6 --versions 2,3 --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"
 timeout 60 build/moe_quant --bits 4 --versions 1 --ms 1,16,64 --ts 256 --reps 5 --json /tmp/lab_v1.jsonl >> "$OUT/lab.md" 2>&1
 echo "lab v1 rc $? $(el)"; cat /tmp/lab_v1.jsonl >> "$OUT/lab.jsonl"
 grep -E "ceilings|check:" "$OUT/lab.md"

@@ -8,16 +8,23 @@
  *   version 1  qtile_kernel (src/cuda/quant.cu, k_qexperts_*): the first
  *              backend's kernels: fp32 FMA on CUDA cores over 32-row tiles of
  *              the expert work list, weights re-read per tile, no pipeline
- *   version 2  qe_kernel (src/cuda/qmoe.cuh, k_qe_*) as the backend runs it:
- *              tensor cores (mma.sync m16n8k16 bf16, exact code products,
- *              per-group fold), codes and (scale, bias) pairs in the tile
- *              layout (each stage one contiguous run), every expert's weights
- *              read once per pass: QE_WARPS warps, QE_KC codes per stage,
- *              QE_STAGES stages (src/cuda/qmoe.cuh)
- *   versions 3-7  the same kernel with other blocks and rings (warps, codes
- *              per stage, stages): 3 = (4, 128, 4), 4 = (8, 128, 3),
- *              5 = (4, 256, 3), 6 = (2, 128, 3), 7 = (4, 128, 3) with registers
- *              capped for 4 blocks per SM; for 8 NT <= 32 tokens per pass
+ *   version 2  qe_kernel (src/cuda/qmoe.cuh): tensor cores (mma.sync
+ *              m16n8k16 bf16, exact code products, per-group fold), codes and
+ *              (scale, bias) pairs in the tile layout (each stage one
+ *              contiguous run) through a cp.async ring in shared memory, every
+ *              expert's weights read once per pass: QE_WARPS warps, QE_KC
+ *              codes per stage, QE_STAGES stages (the backend's kernel for f32
+ *              scales and for columns that are not a multiple of 64)
+ *   version 3  qr_kernel (src/cuda/qmoe_r.cuh) as the backend runs it: the same
+ *              math, weights streamed from device memory straight into
+ *              registers (lane records with the pairs inside, QR_D stages
+ *              deep), activations in fragment order through a shared ring
+ *   versions 4-9  qr_kernel with other blocks and depths (warps, register
+ *              stages D, ring stages, min blocks per SM, weight stages per
+ *              activation stage SUB): 4 = (4, 2, 3, 1, 1), 5 = (2, 2, 3, 8, 2),
+ *              6 = (8, 2, 3, 2, 2), 7 = (4, 3, 3, 4, 1), 8 = (4, 2, 3, 4, 2),
+ *              9 = (2, 2, 3, 6, 2); 4-bit only, 8 NT <= 32 tokens per pass (earlier runs, docs/results/h200-moe/
+ *              lab_variants_run*.md, numbered qe_kernel's variants 3-7)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -48,7 +55,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/qmoe.cuh"
+#include "cuda/qmoe_r.cuh"
 extern "C" {
 #include "quant.h"
 }
@@ -80,13 +87,13 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElap
 static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size() / 2]; }
 
 /* ---- weights ---- */
-struct tiled { int warps, kc, gateup; uint32_t *q; void *p; };
+struct tiled { int warps, kc, gateup, lanes; uint32_t *q; void *p; };
 struct stack {
   dg_weight w;           /* host view: codes, scales, biases (MLX layout) */
   std::vector<uint8_t> pk;
   std::vector<uint16_t> sc, bi;
   dg_cuda_w d;           /* device: q, s, b in the MLX layout (version 1) */
-  std::vector<tiled> tl; /* tile-layout copies (versions 2-6), made on first use */
+  std::vector<tiled> tl; /* tile-layout and lane-record copies (versions 2-9), made on first use */
 };
 
 static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
@@ -119,20 +126,24 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   CKL(cudaMemcpy(st->d.b, st->bi.data(), st->bi.size() * 2, cudaMemcpyHostToDevice));
 }
 
-/* The stack in the tile layout of blocks of `warps` warps and stages of kc codes (qe_tile_pack). */
-static const tiled &get_tiled(stack *st, int warps, int kc, int gateup) {
+/* The stack in the tile layout (qe_tile_pack) or as lane records (lanes: qr_tile_pack) of blocks of `warps` warps
+ * and stages of kc codes. */
+static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lanes = 0) {
   for (const tiled &t : st->tl)
-    if (t.warps == warps && t.kc == kc && t.gateup == gateup) return t;
+    if (t.warps == warps && t.kc == kc && t.gateup == gateup && t.lanes == lanes) return t;
   const qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, G, 4, E, st->w.rows, st->w.cols);
-  size_t pb;
-  const size_t qb = qe_tile_bytes(q, &pb);
+  size_t pb = 0;
+  const size_t qb = lanes ? qr_tile_bytes(q) : qe_tile_bytes(q, &pb);
   std::vector<uint8_t> hq(qb), hp(pb);
-  qe_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data(), hp.data());
-  tiled t = {warps, kc, gateup, NULL, NULL};
+  if (lanes) qr_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
+  else qe_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data(), hp.data());
+  tiled t = {warps, kc, gateup, lanes, NULL, NULL};
   CKL(cudaMalloc((void **)&t.q, qb));
-  CKL(cudaMalloc(&t.p, pb));
   CKL(cudaMemcpy(t.q, hq.data(), qb, cudaMemcpyHostToDevice));
-  CKL(cudaMemcpy(t.p, hp.data(), pb, cudaMemcpyHostToDevice));
+  if (pb) {
+    CKL(cudaMalloc(&t.p, pb));
+    CKL(cudaMemcpy(t.p, hp.data(), pb, cudaMemcpyHostToDevice));
+  }
   st->tl.push_back(t);
   return st->tl.back();
 }
@@ -197,6 +208,7 @@ static void route_alloc(routing *r) {
   CKL(cudaMalloc((void **)&r->b.h, TK * IE * 2));
   CKL(cudaMalloc((void **)&r->b.y, TK * H * 4));
   CKL(cudaMalloc((void **)&r->b.xs, std::max(TK * IE, (size_t)r->T * H) / 32 * 4));
+  CKL(cudaMalloc((void **)&r->b.xp, std::max(TK * IE, (size_t)r->T * H) * 2));
   CKL(cudaMalloc((void **)&r->xe, (size_t)r->T * H * 2));
   r->hx.resize((size_t)r->T * H);
   for (auto &v : r->hx) v = dg_f32_to_bf16(frand());
@@ -213,7 +225,7 @@ static void route_alloc(routing *r) {
 
 static void route_free(routing *r) {
   cudaFree(r->b.topk_idx); cudaFree(r->b.count); cudaFree(r->b.start); cudaFree(r->b.pairs); cudaFree(r->b.slot_row);
-  cudaFree(r->b.tiles); cudaFree(r->b.n_tiles); cudaFree(r->b.h); cudaFree(r->b.y); cudaFree(r->b.xs); cudaFree(r->xe);
+  cudaFree(r->b.tiles); cudaFree(r->b.n_tiles); cudaFree(r->b.h); cudaFree(r->b.y); cudaFree(r->b.xs); cudaFree(r->b.xp); cudaFree(r->xe);
 }
 
 static void route_uniform(routing *r, int M) { /* pair p = t K + k -> expert p mod E: every expert exactly M rows */
@@ -239,69 +251,64 @@ static void route_random(routing *r, int T) {
 /* ---- versions ---- */
 enum { GU = 0, DN = 1 };
 
-/* Versions 2-6: the kernel over a tile-layout copy, WARPS warps, KC codes per stage, STAGES deep. */
-template <int BITS, int KC, int STAGES, int WARPS, int MINB = 1>
-static cudaError_t run_tiled(int prod, stack *st, routing *r, int nt) {
+/* Versions 4-9: qr_kernel over a lane-record copy, WARPS warps, D register stages, STAGES ring stages. */
+template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1>
+static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
-  const tiled &tl = get_tiled(st, WARPS, KC, gateup);
+  const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, 1);
   qe_args a;
   memset(&a, 0, sizeof a);
-  a.q = tl.q; a.sbp = tl.p; a.sb = DG_CUDA_BF16; a.group = G;
+  a.q = tl.q; a.sb = DG_CUDA_BF16; a.group = G; a.pb = 4;
   a.xs = r->b.xs; a.count = r->b.count; a.start = r->b.start; a.pairs = r->b.pairs; a.topk = TOPK;
+  a.X = r->b.xp;
   cudaError_t e;
   if (gateup) {
-    a.X = r->xe; a.Kdim = H; a.N = IE; a.h = r->b.h;
-    if ((e = k_group_sums(0, r->xe, r->T, H, G, r->b.xs)) != cudaSuccess) return e;
+    a.Kdim = H; a.N = IE; a.h = r->b.h;
+    if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qe_launch_g<BITS, 1, 1, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-    case 2: return qe_launch_g<BITS, 1, 2, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-    case 3: return qe_launch_g<BITS, 1, 3, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-    default: return qe_launch_g<BITS, 1, 4, G, KC, STAGES, WARPS, MINB>(0, grid, a);
+    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
     }
   }
-  a.X = r->b.h; a.Kdim = IE; a.N = H; a.y = r->b.y;
-  if ((e = k_group_sums(0, r->b.h, r->T * TOPK, IE, G, r->b.xs)) != cudaSuccess) return e;
+  a.Kdim = IE; a.N = H; a.y = r->b.y;
+  if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   switch (nt) {
-  case 1: return qe_launch_g<BITS, 0, 1, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-  case 2: return qe_launch_g<BITS, 0, 2, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-  case 3: return qe_launch_g<BITS, 0, 3, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-  default: return qe_launch_g<BITS, 0, 4, G, KC, STAGES, WARPS, MINB>(0, grid, a);
-  }
-}
-
-template <int BITS> static cudaError_t run_tiled_bits(int ver, int prod, stack *st, routing *r, int nt) {
-  switch (ver) {
-  case 3: return run_tiled<BITS, 128, 4, 4>(prod, st, r, nt);
-  case 4: return run_tiled<BITS, 128, 3, 8>(prod, st, r, nt);
-  case 5: return run_tiled<BITS, 256, 3, 4>(prod, st, r, nt);
-  case 6: return run_tiled<BITS, 128, 3, 2>(prod, st, r, nt);
-  default: return run_tiled<BITS, 128, 3, 4, 4>(prod, st, r, nt);
+  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
   }
 }
 
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   const int T = r->T;
-  cudaError_t e = cudaSuccess;
   stack *st = prod == GU ? gu : dn;
-  if (ver >= 3) {
+  if (ver >= 4) {
     const int nt = qe_nt(T, TOPK, E);
-    switch (st->w.bits) {
-    case 4: return run_tiled_bits<4>(ver, prod, st, r, nt);
-    case 2: return run_tiled_bits<2>(ver, prod, st, r, nt);
-    default: return run_tiled_bits<3>(ver, prod, st, r, nt);
+    switch (ver) {
+    case 4: return run_lanes<4, 2, 3, 1, 1>(prod, st, r, nt);
+    case 5: return run_lanes<2, 2, 3, 8, 2>(prod, st, r, nt);
+    case 6: return run_lanes<8, 2, 3, 2, 2>(prod, st, r, nt);
+    case 7: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
+    case 8: return run_lanes<4, 2, 3, 4, 2>(prod, st, r, nt);
+    default: return run_lanes<2, 2, 3, 6, 2>(prod, st, r, nt);
     }
   }
   if (ver == 1) {
     if (prod == GU) return k_qexperts_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK);
     return k_qexperts_down(0, &dn->d, &r->b, T, H, IE, E, TOPK);
   }
-  const tiled &tl = get_tiled(st, QE_WARPS, QE_KC, prod == GU); /* the backend's layout */
+  /* 2: the tile layout (qe_kernel); 3: the backend's lane records (qr_kernel) */
+  const tiled &tl = ver == 2 ? get_tiled(st, QE_WARPS, QE_KC, prod == GU) : get_tiled(st, QR_WARPS, qr_kc(G), prod == GU, 1);
   dg_cuda_w w = st->d;
   w.q = tl.q;
   w.sbp = tl.p;
   w.s = w.b = NULL;
+  w.lay = ver == 2 ? DG_CUDA_LAY_TILES : DG_CUDA_LAY_LANES;
   if (prod == GU) return k_qe_gate_up(0, &w, r->xe, &r->b, T, H, IE, E, TOPK, 0);
   return k_qe_down(0, &w, &r->b, T, H, IE, E, TOPK, 0);
 }
@@ -351,7 +358,7 @@ static double check(int prod, const stack *gu, const stack *dn, routing *r, int 
 
 int main(int argc, char **argv) {
   int quick = 0;
-  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3,4,5,6", *ms_s = NULL, *ts_s = NULL;
+  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3", *ms_s = NULL, *ts_s = NULL;
   int nreps = 25;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -465,7 +472,7 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (ver >= 3 && (qe_nt(r.T, TOPK, E) > 4 || (bits != 4 && bits != 3 && bits != 2))) continue;
+          if (ver >= 4 && (qe_nt(r.T, TOPK, E) > 4 || bits != 4)) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
-#include "cuda/qmoe.cuh"
+#include "cuda/qmoe_r.cuh"
 
 #ifndef DG_CUDA_ARCHS
 #define DG_CUDA_ARCHS "unknown"
@@ -223,18 +223,27 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
   return DG_OK;
 }
 
-/* The tile layout (qmoe.cuh, qe_tiling) of a quantized expert stack of E
- * experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
+/* The layout of a quantized expert stack: the lane records of qr_kernel
+ * (qmoe_r.cuh) where it applies (2-byte scales, columns a multiple of its
+ * stage), else the tile layout of qe_kernel (qmoe.cuh). */
+static int expert_lay(const dg_cuda_mat *m) {
+  return sb_size(m->sb_dtype) == 2 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
+}
+
+/* Its tiling (qe_tiling) for E experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
 static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
+  if (expert_lay(m) == DG_CUDA_LAY_LANES)
+    return qe_tiling_of(QR_WARPS, qr_kc(m->group_size), gateup, m->bits, m->group_size, 4, E, m->rows, m->cols);
   return qe_tiling_of(QE_WARPS, QE_KC, gateup, m->bits, m->group_size, 2 * (int)sb_size(m->sb_dtype), E, m->rows,
                       m->cols);
 }
 
-/* Device bytes of an expert stack: bf16, or the tiled codes and (scale, bias) pairs. */
+/* Device bytes of an expert stack: bf16, or the packed codes and (scale, bias) pairs. */
 static size_t expert_bytes(const dg_cuda_mat *m, int gateup, int64_t E) {
   if (!m->data || !m->bits) return mat_bytes(m);
   size_t pb;
   const qe_tiling t = expert_tiling(m, gateup, E);
+  if (expert_lay(m) == DG_CUDA_LAY_LANES) return qr_tile_bytes(t);
   const size_t qb = qe_tile_bytes(t, &pb);
   return qb + pb;
 }
@@ -258,7 +267,20 @@ static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m
   dst->bits = m->bits;
   dst->group = m->group_size;
   dst->sb = m->sb_dtype;
+  dst->lay = expert_lay(m);
   const qe_tiling t = expert_tiling(m, gateup, E);
+  if (dst->lay == DG_CUDA_LAY_LANES) {
+    const size_t qb = qr_tile_bytes(t);
+    uint8_t *hq = (uint8_t *)malloc(qb);
+    if (!hq) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory packing %s (%zu bytes)", what, qb);
+    qr_tile_pack(t, (const uint8_t *)m->data, m->scales, m->biases, hq);
+    dg_status st = dalloc(al, (void **)&dst->q, qb, what);
+    cudaError_t e = cudaSuccess;
+    if (st == DG_OK && (e = cudaMemcpy(dst->q, hq, qb, cudaMemcpyHostToDevice)) != cudaSuccess)
+      st = dg_seterr(DG_ERR_BACKEND, "%s:%d: cudaMemcpy of %s failed: %s", __FILE__, __LINE__, what, cudaGetErrorString(e));
+    free(hq);
+    return st;
+  }
   size_t pb;
   const size_t qb = qe_tile_bytes(t, &pb);
   uint8_t *hq = (uint8_t *)malloc(qb), *hp = (uint8_t *)malloc(pb);
@@ -557,6 +579,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->moe.h, TK * IE * 2);
   A_(c->moe.y, TK * H * 4);
   A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
+  A_(c->moe.xp, (TK * IE > T * H ? TK * IE : T * H) * 2);
   A_(c->logits, C * V * 4);
   A_(c->P, C * V * 2);
   A_(c->soft, C * H * 4);
@@ -1190,6 +1213,7 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up
   TT_(dalloc(&al, (void **)&b.h, TK * IE * 2, "h"));
   TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
   TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
+  TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
   TC_(k_group(0, &b, T, E, K));
   TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
   TC_(cudaDeviceSynchronize());

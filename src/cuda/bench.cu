@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
-#include "cuda/qmoe.cuh"
+#include "cuda/qmoe_r.cuh"
 
 #define BT 256
 
@@ -37,6 +37,21 @@ __global__ void __launch_bounds__(BT) bfill_bf16(uint16_t *p, size_t n, uint64_t
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     p[i] = (uint16_t)(((uint32_t)bmix(seed, i) & 0x807fu) | ex);
+}
+
+/* The (scale, bias) words of n words of lane records (qmoe_r.cuh: records of
+ * rec bytes, codes first (cb bytes), in pieces of ps bytes, piece-major over
+ * 32 lanes) set to bf16 pairs of random sign and mantissa with exponent bits
+ * ex: random bits there would be NaN and infinity. */
+__global__ void __launch_bounds__(BT) bfix_pairs(uint32_t *p, size_t n, int cb, int ps, int rec, uint64_t seed,
+                                                 uint32_t ex) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x, block = (size_t)rec * 32;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const size_t off = i * 4 % block, rb = off / (32 * (size_t)ps) * (size_t)ps + off % (size_t)ps;
+    if (rb < (size_t)cb) continue;
+    const uint32_t r = (uint32_t)bmix(seed, i);
+    p[i] = (r & 0x807f807fu) | ex | (ex << 16);
+  }
 }
 
 /* Overwrite n uint4 of the scratch buffer with v (evicts the L2). */
@@ -85,6 +100,20 @@ static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_
   w->group = group;
   w->sb = DG_CUDA_BF16;
   const size_t words = n * (size_t)bits / 32, ng = n / (size_t)group;
+  if (cols % qr_kc(group) == 0) { /* the backend's lane records (qmoe_r.cuh): random codes and pairs */
+    w->lay = DG_CUDA_LAY_LANES;
+    const qe_tiling tl = qe_tiling_of(QR_WARPS, qr_kc(group), gateup, bits, group, 4, E, rows, cols);
+    const size_t qbytes = qr_tile_bytes(tl);
+    DG_TRY(balloc(ptrs, np, (void **)&w->q, qbytes, "expert lane records"));
+    DG_LAUNCH(bfill_u32, grid, BT, 0, 0)(w->q, qbytes / 4, seed);
+    CK(cudaGetLastError());
+    const int rec = qr_rec(bits, group);
+    DG_LAUNCH(bfix_pairs, grid, BT, 0, 0)(w->q, qbytes / 4, 4 * (qr_kc(group) / 32) * bits, rec % 16 == 0 ? 16 : 8, rec,
+                                          seed + 1, 0x3a80u); /* +-[2^-10, 2^-9) */
+    CK(cudaGetLastError());
+    *bytes += words * 4 + 2 * ng * 2;
+    return DG_OK;
+  }
   /* expert stacks: codes and (scale, bias) pairs in the tile layout of qmoe.cuh (random bytes: any layout) */
   const qe_tiling tl = qe_tiling_of(QE_WARPS, QE_KC, gateup, bits, group, 4, E, rows, cols);
   size_t pbytes;
@@ -162,6 +191,7 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   BT_(balloc(ptrs, &np, (void **)&b.h, TK * IE * 2, "h"));
   BT_(balloc(ptrs, &np, (void **)&b.y, TK * H * 4, "y"));
   BT_(balloc(ptrs, &np, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "group sums"));
+  BT_(balloc(ptrs, &np, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "permuted inputs"));
   BC_(k_group(0, &b, T, E, K));
   BC_(cudaDeviceSynchronize());
   for (int r = 0; r < a->warmup + a->reps; r++) {

@@ -70,9 +70,12 @@ struct dg_cuda_w {
   bf16 *w;                  /* bits == 0: [rows, cols] */
   uint32_t *q;              /* bits != 0: [rows, cols*bits/32] */
   void *s, *b;              /* bits != 0: [rows, cols/group]; NULL for expert stacks (they keep sbp) */
-  void *sbp;                /* expert stacks (bits != 0): (scale, bias) pairs in dtype sb; an expert
-                               stack's q and sbp are in the tile layout of qmoe.cuh (qe_tiling) */
+  void *sbp;                /* expert stacks (bits != 0), tile layout: (scale, bias) pairs in dtype sb */
+  int lay;                  /* expert stacks (bits != 0): DG_CUDA_LAY_TILES (q and sbp in the tile layout of
+                               qmoe.cuh, qe_tiling) or DG_CUDA_LAY_LANES (q: lane records with the pairs
+                               inside, qmoe_r.cuh; sbp NULL) */
 };
+enum { DG_CUDA_LAY_TILES = 0, DG_CUDA_LAY_LANES = 1 };
 
 /* The weights of a fused product (q|k|v, gate|up): the row blocks in order,
  * consecutive blocks of one format concatenated into one matrix (so an
@@ -132,6 +135,7 @@ struct dg_cuda_moe_buf {
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
+  bf16 *xp;            /* [max(T*H, T*K*IE)] their input in fragment order (k_group_sums_perm, lane layout) */
 };
 
 struct dg_cuda_ctx {
@@ -253,18 +257,23 @@ cudaError_t k_qexperts_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *x
 cudaError_t k_qexperts_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K);
 
 /* ---- quantized experts on tensor cores (qmoe.cu) ---- */
-/* The gathered MoE products over a quantized stack with (scale, bias) pairs
- * (W->sbp, tile layout): gate/up h[row] = bf16(gelu(G_e x) U_e x) over
- * xe [T, H] and down y[row] = D_e h[row], for every grouped row of the work
- * of k_group (count, start, pairs). Each first writes the group sums of its
- * input into b->xs (k_group_sums: of xe for gate/up, of b->h [T*K, IE] for
- * down). Grid: E x row slabs; experts without rows exit at once. nt: tokens
- * per pass / 8 (1, 2, 3, 4 or 8; <= 0: qe_nt(T, K, E)). */
+/* The gathered MoE products over a quantized expert stack (W->lay: lane
+ * records, qr_kernel of qmoe_r.cuh, or the tile layout with the pairs in
+ * W->sbp, qe_kernel of qmoe.cuh): gate/up h[row] = bf16(gelu(G_e x) U_e x)
+ * over xe [T, H] and down y[row] = D_e h[row], for every grouped row of the
+ * work of k_group (count, start, pairs). Each first writes the group sums of
+ * its input into b->xs (of xe for gate/up, of b->h [T*K, IE] for down; the
+ * lane layout also its permuted copy into b->xp, k_group_sums_perm). Grid:
+ * E x row slabs; experts without rows exit at once. nt: tokens per pass / 8
+ * (1, 2, 3, 4 or 8; <= 0: qe_nt(T, K, E)). */
 cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H, int IE,
                          int E, int K, int nt);
 cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K,
                       int nt);
 /* out[r * (cols / G) + j] = sum_{k < G} x[r * cols + j G + k] in fp32, r < rows. */
 cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out);
+/* k_group_sums, and xp [rows, cols] = x with each run of 8 columns permuted to
+ * (0, 4, 1, 5, 2, 6, 3, 7) (the B-fragment order of qr_kernel, qmoe_r.cuh). */
+cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp);
 
 #endif

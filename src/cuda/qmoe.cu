@@ -1,7 +1,7 @@
 /* qmoe.cu: the gathered MoE products over MLX affine-quantized expert stacks
  * on tensor cores (spec 4.6 step 4): host launchers and the group sums. The
  * kernel, its math and layout: qmoe.cuh; its instantiations: qmoe_b*.cu. */
-#include "cuda/qmoe.cuh"
+#include "cuda/qmoe_r.cuh"
 
 extern template cudaError_t qe_launch_bits<2, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qe_launch_bits<2, 1>(cudaStream_t, dim3, int, const qe_args &);
@@ -13,6 +13,16 @@ extern template cudaError_t qe_launch_bits<6, 0>(cudaStream_t, dim3, int, const 
 extern template cudaError_t qe_launch_bits<6, 1>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qe_launch_bits<8, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qe_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<2, 0>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<2, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<3, 0>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<3, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<4, 0>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<4, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<6, 0>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<6, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<8, 0>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
 
 template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
   switch (bits) {
@@ -21,6 +31,16 @@ template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, in
   case 4: return qe_launch_bits<4, GATEUP>(s, grid, nt, a);
   case 6: return qe_launch_bits<6, GATEUP>(s, grid, nt, a);
   case 8: return qe_launch_bits<8, GATEUP>(s, grid, nt, a);
+  default: return cudaErrorInvalidValue;
+  }
+}
+template <int GATEUP> static cudaError_t qr_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
+  switch (bits) {
+  case 2: return qr_launch_bits<2, GATEUP>(s, grid, nt, a);
+  case 3: return qr_launch_bits<3, GATEUP>(s, grid, nt, a);
+  case 4: return qr_launch_bits<4, GATEUP>(s, grid, nt, a);
+  case 6: return qr_launch_bits<6, GATEUP>(s, grid, nt, a);
+  case 8: return qr_launch_bits<8, GATEUP>(s, grid, nt, a);
   default: return cudaErrorInvalidValue;
   }
 }
@@ -46,6 +66,12 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
   a.Kdim = H;
   a.N = IE;
   a.h = b->h;
+  if (W->lay == DG_CUDA_LAY_LANES) {
+    a.X = b->xp;
+    const cudaError_t e = k_group_sums_perm(s, xe, T, H, W->group, b->xs, b->xp);
+    if (e != cudaSuccess) return e;
+    return qr_launch<1>(s, dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
+  }
   const cudaError_t e = k_group_sums(s, xe, T, H, W->group, b->xs);
   if (e != cudaSuccess) return e;
   return qe_launch<1>(s, dim3(E, (IE + 16 * QE_WARPS - 1) / (16 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
@@ -59,6 +85,12 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
   a.Kdim = IE;
   a.N = H;
   a.y = b->y;
+  if (W->lay == DG_CUDA_LAY_LANES) {
+    a.X = b->xp;
+    const cudaError_t e = k_group_sums_perm(s, b->h, T * K, IE, W->group, b->xs, b->xp);
+    if (e != cudaSuccess) return e;
+    return qr_launch<0>(s, dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
+  }
   const cudaError_t e = k_group_sums(s, b->h, T * K, IE, W->group, b->xs);
   if (e != cudaSuccess) return e;
   return qe_launch<0>(s, dim3(E, (H + 32 * QE_WARPS - 1) / (32 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
@@ -79,6 +111,70 @@ cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int 
   if (rows <= 0) return cudaSuccess;
   DG_LAUNCH(group_sums_kernel, rows, 64, 0, s)(x, cols, G, out);
   return cudaGetLastError();
+}
+
+/* As group_sums_kernel, and the row copied to xp with each run of 8 values
+ * permuted to (x0, x4, x1, x5, x2, x6, x3, x7) (qr_kernel's fragment order). */
+__global__ void group_sums_perm_kernel(const bf16 *x, int cols, int G, float *out, bf16 *xp) {
+  const int r = blockIdx.x, ng = cols / G;
+  const bf16 *p = x + (size_t)r * cols;
+  bf16 *q = xp + (size_t)r * cols;
+  for (int j = threadIdx.x; j < ng; j += blockDim.x) {
+    float s = 0.0f;
+    for (int k = 0; k < G; k += 8) {
+      const uint4 v = *(const uint4 *)(p + j * G + k);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
+      uint4 o;
+      o.x = dg_prmt(v.x, v.z, 0x5410u); /* (x0, x4) */
+      o.y = dg_prmt(v.x, v.z, 0x7632u); /* (x1, x5) */
+      o.z = dg_prmt(v.y, v.w, 0x5410u); /* (x2, x6) */
+      o.w = dg_prmt(v.y, v.w, 0x7632u); /* (x3, x7) */
+      *(uint4 *)(q + j * G + k) = o;
+    }
+    out[(size_t)r * ng + j] = s;
+  }
+}
+
+cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp) {
+  if (rows <= 0) return cudaSuccess;
+  DG_LAUNCH(group_sums_perm_kernel, rows, 64, 0, s)(x, cols, G, out, xp);
+  return cudaGetLastError();
+}
+
+size_t qr_tile_bytes(const qe_tiling &t) {
+  return (size_t)(t.E * qe_slabs(t)) * (size_t)(t.K / t.kc) * (size_t)t.warps * 32 * (size_t)qr_rec(t.bits, t.group);
+}
+
+void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, const void *biases, uint8_t *dst) {
+  memset(dst, 0, qr_tile_bytes(t));
+  const int KC = t.kc, RUNS = KC / 32, GPS = KC / t.group, CB = 4 * RUNS * t.bits, REC = qr_rec(t.bits, t.group);
+  const int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, nst = (int)(t.K / KC);
+  const int64_t slabs = qe_slabs(t), rowbytes = t.K * t.bits / 8, ng = t.K / t.group;
+  uint8_t rec[512];
+  for (int64_t e = 0; e < t.E; e++)
+    for (int64_t sl = 0; sl < slabs; sl++)
+      for (int s = 0; s < nst; s++)
+        for (int w = 0; w < t.warps; w++)
+          for (int lane = 0; lane < 32; lane++) {
+            const int g = lane >> 2, t4 = lane & 3;
+            memset(rec, 0, (size_t)REC);
+            for (int r = 0; r < 4; r++) {
+              const int64_t gr = qe_tile_row(t, e, sl, w * 32 + (r >> 1) * 16 + g + 8 * (r & 1));
+              if (gr < 0) continue;
+              for (int c = 0; c < RUNS; c++)
+                memcpy(rec + (r * RUNS + c) * t.bits, codes + gr * rowbytes + ((int64_t)s * KC + 32 * c + 8 * t4) * t.bits / 8,
+                       (size_t)t.bits);
+              for (int j = 0; j < GPS; j++) {
+                const size_t src = (size_t)(gr * ng + (int64_t)s * GPS + j) * 2;
+                memcpy(rec + CB + (r * GPS + j) * 4, (const uint8_t *)scales + src, 2);
+                memcpy(rec + CB + (r * GPS + j) * 4 + 2, (const uint8_t *)biases + src, 2);
+              }
+            }
+            const int64_t si = e * slabs + sl;
+            for (int p = 0; p < NP; p++)
+              memcpy(dst + ((((si * nst + s) * t.warps + w) * NP + p) * 32 + lane) * PS, rec + p * PS, (size_t)PS);
+          }
 }
 
 size_t qe_tile_bytes(const qe_tiling &t, size_t *pair_bytes) {

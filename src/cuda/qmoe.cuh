@@ -1,5 +1,8 @@
-/* qmoe.cuh: the kernel of qmoe.cu (one instantiation file per bit width,
- * qmoe_b*.cu, so that nvcc compiles them in parallel).
+/* qmoe.cuh: the shared-memory-staged kernel of qmoe.cu (one instantiation
+ * file per bit width, qmoe_b*.cu, so that nvcc compiles them in parallel).
+ * The backend runs the register-streamed qr_kernel of qmoe_r.cuh (same math)
+ * wherever it applies and this one for f32 scales and for columns that are
+ * not a multiple of qr_kc (backend.cu expert_lay).
  *
  * The gathered MoE products (spec 4.6 step 4) over MLX affine-
  * quantized expert stacks on tensor cores, the weights read from device

@@ -1,0 +1,398 @@
+/* qmoe_r.cuh: the register-streamed kernel of the quantized MoE products
+ * (qmoe.cu; instantiated per bit width in qmoe_r*.cu). Same products, same
+ * exact math as qe_kernel (qmoe.cuh: codes enter the tensor core as 128 + q,
+ * P'_j = sum x_k (q_k + 128) per group in fp32 by mma.m16n8k16, folded as
+ * acc += s_j P'_j + (b_j - 128 s_j) S_j), a different data path:
+ *
+ *   - the weights do not pass through shared memory: every lane loads its own
+ *     codes and (scale, bias) pairs from device memory straight into
+ *     registers (ld.global.nc, 16- or 8-byte pieces, a warp's load one
+ *     contiguous 512- or 256-byte run), D stages deep, so D - 1 stages are in
+ *     flight while one is computed; no shared-memory traffic, no address
+ *     arithmetic and no barrier for them;
+ *   - the activations go through a STAGES-deep cp.async ring shared by the
+ *     block's warps, in the fragment order: the permuted copy xp of
+ *     k_group_sums_perm, each run of 8 values stored as (x0, x4, x1, x5, x2,
+ *     x6, x3, x7), so that one 16-byte shared load is a lane's B fragments
+ *     (no prmt); the group sums beside them, transposed ([group][token]) so
+ *     that a lane's two tokens are one 8-byte load.
+ *
+ * Layout of an expert stack ("lane records", qr_tile_pack): slabs as in
+ * qe_tiling (32 WARPS rows of one expert; gate/up: 16 WARPS features, warp w
+ * the gate rows of 16 features then their up rows), each cut into stages of
+ * KC = max(64, group) codes; in a slab stage after stage, in a stage warp
+ * after warp, in a warp piece after piece of 32 lanes. Lane (g, t) of warp w
+ * holds, for its four rows g, g + 8, g + 16, g + 24 of the warp's 32 (r = 0..3):
+ * bytes [0, CB):  for each r, each run c of 32 codes: the BITS bytes of codes
+ *                 32 c + 8 t .. 32 c + 8 t + 7 of row r's stage (CB = 4 (KC / 32) BITS);
+ * bytes [CB, REC): for each r, each group j of the stage: its (scale, bias)
+ *                 pair, 2 + 2 bytes (bf16 or f16; f32 pairs use qe_kernel).
+ * The record of REC = CB + 16 KC / group bytes is split into pieces of 16
+ * bytes (8 when REC is not a multiple of 16: 3 bits, g >= 64); piece p of all
+ * 32 lanes is contiguous. A stack whose columns are not a multiple of KC, or
+ * with f32 pairs, keeps the tile layout of qe_kernel (the backend chooses at
+ * upload: dg_cuda_w.lay). */
+#ifndef DG_CUDA_QMOE_R_CUH
+#define DG_CUDA_QMOE_R_CUH
+
+#include "cuda/qmoe.cuh"
+
+#define QR_WARPS 4  /* warps per block (the backend's choice) */
+#define QR_D 2      /* register stages of weights (the backend's choice) */
+#define QR_STAGES 3 /* activation ring depth (the backend's choice) */
+#define QR_SUB 2    /* weight stages per activation stage (the backend's choice) */
+#define QR_MINB 4   /* blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
+
+/* Codes per stage of a group size. */
+__host__ __device__ constexpr int qr_kc(int group) { return group > 64 ? group : 64; }
+/* Bytes of one lane's record of a stage. */
+__host__ __device__ constexpr int qr_rec(int bits, int group) {
+  return 4 * (qr_kc(group) / 32) * bits + 16 * (qr_kc(group) / group);
+}
+/* Bytes per token row of an activation stage of sub weight stages (64 modulo 128: conflict-free 16-byte reads). */
+__host__ __device__ constexpr int qr_xs(int group, int sub) { return 2 * sub * qr_kc(group) + 64; }
+
+#ifndef DG_CUDA_EMU
+__device__ __forceinline__ uint4 dg_ld_stream16(const void *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 dg_ld_stream8(const void *p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+#else
+static inline uint4 dg_ld_stream16(const void *p) { uint4 v; memcpy(&v, p, 16); return v; }
+static inline uint2 dg_ld_stream8(const void *p) { uint2 v; memcpy(&v, p, 8); return v; }
+#endif
+
+/* The 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of 128 + c (8 bits:
+ * c) of the 8 codes at byte o of a lane's record R (o known after unrolling;
+ * the same decoding as qe_codes, from registers). */
+template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, const int o, uint32_t P[4]) {
+  const uint32_t mag = 0x43004300u;
+  const int w = o >> 2, sh = (o & 3) * 8;
+  if constexpr (BITS == 4) {
+    const uint32_t v = R[w];
+#pragma unroll
+    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (4 * i), 0x000f000fu, mag);
+  } else if constexpr (BITS == 2) {
+    /* bytes o, o + 1 (one word: o is even) -> codes 0-3 in bits 0-7, 4-7 in bits 16-23 */
+    const uint32_t v = dg_prmt(R[w], 0u, (uint32_t)(0x4040 | ((sh / 8 + 1) << 8) | (sh / 8)));
+#pragma unroll
+    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (2 * i), 0x00030003u, mag);
+  } else if constexpr (BITS == 3) {
+    const uint32_t r = sh == 0 ? R[w] : sh == 8 ? R[w] >> 8 : dg_funnel_r(R[w], R[w + 1], (uint32_t)sh);
+    const uint32_t v = (r & 0xfffu) | ((r << 4) & 0x0fff0000u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (3 * i), 0x00070007u, mag);
+  } else if constexpr (BITS == 6) {
+    /* o is even: sh is 0 or 16 */
+    const uint32_t lo = sh == 0 ? R[w] : dg_funnel_r(R[w], R[w + 1], 16u);
+    const uint32_t hi = sh == 0 ? R[w + 1] : R[w + 1] >> 16;
+    const uint32_t c03 = lo & 0xffffffu, c47 = (lo >> 24) | ((hi & 0xffffu) << 8);
+    const uint32_t v01 = (c03 & 0xfffu) | ((c47 & 0xfffu) << 16), v23 = (c03 >> 12) | ((c47 >> 12) << 16);
+    P[0] = dg_and_or(v01, 0x003f003fu, mag);
+    P[1] = dg_and_or(v01 >> 6, 0x003f003fu, mag);
+    P[2] = dg_and_or(v23, 0x003f003fu, mag);
+    P[3] = dg_and_or(v23 >> 6, 0x003f003fu, mag);
+  } else { /* 8: o is a multiple of 8 */
+    const uint32_t x = R[w], y = R[w + 1];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t sel = 0x7540u | (uint32_t)i;
+      const float lo = __uint_as_float(dg_prmt(x, 0x4b000000u, sel)) - 8388608.0f;
+      const float hi = __uint_as_float(dg_prmt(y, 0x4b000000u, sel)) - 8388608.0f;
+      P[i] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+    }
+  }
+}
+
+/* A (scale, bias) pair of 2-byte halves (low: scale) as fp32. */
+__device__ __forceinline__ void qr_pair(uint32_t v, int sb, float *s, float *b) {
+  if (sb == DG_CUDA_BF16) {
+    *s = __uint_as_float(v << 16);
+    *b = __uint_as_float(v & 0xffff0000u);
+  } else {
+    __half hs, hb;
+    const uint16_t lo = (uint16_t)v, hi = (uint16_t)(v >> 16);
+    memcpy(&hs, &lo, 2);
+    memcpy(&hb, &hi, 2);
+    *s = __half2float(hs);
+    *b = __half2float(hb);
+  }
+}
+
+/* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
+          int MINB = 1, int SUB = QR_SUB>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
+  constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, REC = qr_rec(BITS, GS);
+  constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
+  constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
+  constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = (SUB * GPS * NTOK * 4 + 15) / 16 * 16, STB = XB + SBB;
+  static_assert(D % SUB == 0, "activation stages begin at the same unrolled weight stage");
+  constexpr int CPG = GS / 32; /* runs per group */
+  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+  static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
+#ifndef DG_CUDA_EMU
+  extern __shared__ __align__(16) unsigned char smem[];
+#else
+  DG_DYN_SMEM(unsigned char, smem);
+#endif
+  __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
+  __shared__ int64_t srow[NTOK]; /* its row of group sums */
+  const int e = blockIdx.x, slab = blockIdx.y;
+  const int cnt = a.count[e];
+  if (cnt == 0) return;
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  const int64_t si = (int64_t)e * gridDim.y + slab;
+  const int64_t sstride = (int64_t)WARPS * NP * 32 * PS; /* bytes of a stage of the slab */
+  const unsigned char *wq = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * NP * 32 * PS + lane * PS;
+
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    for (int i = tid; i < NTOK; i += THREADS) {
+      int64_t xr = -1, sr = -1;
+      if (i < mp) {
+        const int64_t row = GATEUP ? a.pairs[base + p0 + i] / a.topk : base + p0 + i;
+        xr = row * a.Kdim;
+        sr = row * ng;
+      }
+      xrow[i] = xr;
+      srow[i] = sr;
+    }
+    __syncthreads();
+
+    /* this thread's copies of an activation stage, fixed for the pass: CH 16-byte pieces of activation
+     * rows (source at stage 0, shared-memory offset; zero-filled past the expert's rows) and CHS group sums */
+    constexpr int PER = KA / 8, CH = (NTOK * PER + THREADS - 1) / THREADS;
+    constexpr int NS = NTOK * SUB * GPS, CHS = (NS + THREADS - 1) / THREADS;
+    const bf16 *xsrc[CH];
+    int xdst[CH], xcol[CH], xbytes[CH];
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+      const int i = tid + k * THREADS, r = min(i / PER, NTOK - 1), c = i % PER;
+      const int64_t xr = xrow[r];
+      xsrc[k] = xr >= 0 ? a.X + xr + 8 * c : a.X;
+      xbytes[k] = xr >= 0 ? 16 : 0;
+      xdst[k] = i < NTOK * PER ? r * XS + 16 * c : -1;
+      xcol[k] = 8 * c;
+    }
+    const float *ssrc[CHS];
+    int sdst[CHS], sgrp[CHS];
+#pragma unroll
+    for (int k = 0; k < CHS; k++) {
+      const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
+      const int64_t sr = i < NS ? srow[r] : -1;
+      ssrc[k] = sr >= 0 ? a.xs + sr + j : NULL;
+      sdst[k] = i < NS ? XB + 4 * i : -1;
+      sgrp[k] = j;
+    }
+    /* the activations and group sums of activation stage sa (weight stages SUB sa ..) into its ring slot;
+     * columns past the matrix (a last stage of fewer than SUB weight stages) are not loaded and never read */
+    auto issue = [&](int sa) {
+      unsigned char *slot = smem + (size_t)(sa % STAGES) * STB;
+      const int cols = SUB > 1 ? min(KA, a.Kdim - sa * KA) : KA;
+#pragma unroll
+      for (int k = 0; k < CH; k++)
+        if (xdst[k] >= 0 && (SUB == 1 || xcol[k] < cols))
+          dg_cp_async16(slot + xdst[k], xbytes[k] ? (const void *)(xsrc[k] + (int64_t)sa * KA) : (const void *)a.X,
+                        xbytes[k]);
+#pragma unroll
+      for (int k = 0; k < CHS; k++) {
+        if (sdst[k] < 0 || (SUB > 1 && sgrp[k] * GS >= cols)) continue;
+        if (ssrc[k]) dg_cp_async4(slot + sdst[k], ssrc[k] + sa * SUB * GPS);
+        else *(float *)(slot + sdst[k]) = 0.0f;
+      }
+    };
+    auto wload = [&](int s, uint32_t *R) {
+      const unsigned char *p = wq + (int64_t)s * sstride;
+#pragma unroll
+      for (int k = 0; k < NP; k++) {
+        if constexpr (PS == 16) {
+          const uint4 v = dg_ld_stream16(p + k * 32 * PS);
+          R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+        } else {
+          const uint2 v = dg_ld_stream8(p + k * 32 * PS);
+          R[2 * k] = v.x; R[2 * k + 1] = v.y;
+        }
+      }
+    };
+
+    float acc[2][NT][4], part[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
+
+    /* one weight stage s: the lane's record R against its part (sub) of the ring slot of activation stage s / SUB */
+    auto compute = [&](const uint32_t *R, int s, int sub) {
+      const unsigned char *Xs = smem + (size_t)((s / SUB) % STAGES) * STB + 2 * KC * sub, *Ss = Xs - 2 * KC * sub + XB + 4 * NTOK * GPS * sub;
+#pragma unroll
+      for (int c = 0; c < RUNS; c++) {
+        uint32_t bf[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+          const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
+          bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+          uint32_t pg[4], p8[4];
+          qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+          qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+          const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
+#pragma unroll
+          for (int j = 0; j < NT; j++) {
+            dg_mma_bf16(part[mt][j], a0, &bf[j][0]);
+            dg_mma_bf16(part[mt][j], a1, &bf[j][2]);
+          }
+        }
+        if ((c + 1) % CPG == 0) { /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
+          const int lg = c / CPG;
+          float2 xsum[NT];
+#pragma unroll
+          for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            float s0, b0, s8, b8;
+            qr_pair(R[CB / 4 + (2 * mt) * GPS + lg], a.sb, &s0, &b0);
+            qr_pair(R[CB / 4 + (2 * mt + 1) * GPS + lg], a.sb, &s8, &b8);
+            b0 = fmaf(-OFF, s0, b0);
+            b8 = fmaf(-OFF, s8, b8);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+              float *A = acc[mt][j], *P = part[mt][j];
+              A[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], A[0]));
+              A[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], A[1]));
+              A[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], A[2]));
+              A[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], A[3]));
+              P[0] = P[1] = P[2] = P[3] = 0.0f;
+            }
+          }
+        }
+      }
+    };
+
+    uint32_t W[D][RW];
+#pragma unroll
+    for (int sa = 0; sa < STAGES - 1; sa++) {
+      if (sa < nsa) issue(sa);
+      dg_cp_commit();
+    }
+#pragma unroll
+    for (int d = 0; d < D - 1; d++)
+      if (d < nst) wload(d, W[d]);
+    for (int it = 0; it < nst; it += D) {
+#pragma unroll
+      for (int d = 0; d < D; d++) {
+        const int s = it + d;
+        if (s < nst) {
+          if (s + D - 1 < nst) wload(s + D - 1, W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
+          if (d % SUB == 0) { /* s = SUB sa: activation stage sa begins */
+            const int sa = s / SUB;
+            dg_cp_wait<STAGES - 2>();
+            __syncthreads();
+            if (sa + STAGES - 1 < nsa) issue(sa + STAGES - 1);
+            dg_cp_commit();
+          }
+          compute(W[d], s, d % SUB);
+        }
+      }
+    }
+    __syncthreads(); /* every warp is done with the ring before the next pass refills it */
+
+    /* epilogue: lane holds rows g, g+8 of its m-tiles x tokens 2t, 2t+1 of each n8 tile */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+      for (int qq = 0; qq < 2; qq++) {
+        const int tk = 8 * j + 2 * t + qq;
+        if (tk >= mp) continue;
+        const size_t row = (size_t)(base + p0 + tk);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+          if (GATEUP) {
+            if (!mvalid[0]) continue;
+            const int n = slab * FEAT + warp * 16 + g + 8 * hf;
+            const float gt = acc[0][j][2 * hf + qq], up = acc[1][j][2 * hf + qq];
+            a.h[row * a.N + n] = __float2bfloat16_rn(qe_gelu(gt) * up);
+          } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+              if (!mvalid[mt]) continue;
+              const int n = slab * ROWS + warp * 32 + mt * 16 + g + 8 * hf;
+              a.y[row * a.N + n] = acc[mt][j][2 * hf + qq];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
+          int MINB = 1, int SUB = QR_SUB>
+static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
+  constexpr int KC = qr_kc(GS), NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = (SUB * (KC / GS) * NTOK * 4 + 15) / 16 * 16;
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB>;
+  const size_t smem = (size_t)STAGES * (XB + SBB);
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
+template <int BITS, int GATEUP, int NT, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1>
+static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
+  switch (a.group) {
+  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB>(s, grid, a);
+  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB>(s, grid, a);
+  case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB>(s, grid, a);
+  default: return cudaErrorInvalidValue;
+  }
+}
+
+/* Up to 3 n-tiles the registers are capped for 4 blocks per SM (QR_MINB; the lab measured it faster
+ * despite a few spilled words at 3); more tiles keep the compiler's choice. */
+template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  switch (nt) {
+  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
+  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
+  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
+  case 4: return qr_launch_nt<BITS, GATEUP, 4>(s, grid, a);
+  default: return qr_launch_nt<BITS, GATEUP, 8>(s, grid, a);
+  }
+}
+
+/* Host side of the lane-record layout (qmoe.cu): its bytes, and the packing of
+ * an MLX stack [E * rows_per_expert, K] (codes row-major; scales and biases
+ * [rows, K / group], 2 bytes each) into it; padding rows are zero. t.kc must
+ * be qr_kc(t.group), t.pb 4. */
+size_t qr_tile_bytes(const qe_tiling &t);
+void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, const void *biases, uint8_t *dst);
+
+#define DG_QR_INSTANTIATE(BITS)                                                                         \
+  template cudaError_t qr_launch_bits<BITS, 0>(cudaStream_t, dim3, int, const qe_args &);             \
+  template cudaError_t qr_launch_bits<BITS, 1>(cudaStream_t, dim3, int, const qe_args &);
+#endif
