@@ -1596,6 +1596,85 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
   free(xb); free(h); free(xf); free(y); free(wg); free(wu); free(wd); free(hf);
 }
 
+/* The router's softmax and top-k on the device (k_route, src/cuda/moe.cu)
+ * against the CPU's algorithm (src/forward.c). The device's expf is not
+ * glibc's: each exponential is within 2 ulp (CUDA's expf) plus 1 ulp (glibc)
+ * of exp, the sum of E of them adds gamma_E, the quotient one rounding, so
+ * |p_gpu - p_cpu| <= (2 * 3 + E + 2) u p_cpu (u = 2^-24; p >= 2^-126 here: the
+ * logits lie in [-4, 4], or are 10 at forced ties). Given the device's
+ * probabilities, the choice (K largest, ties to the lower id) and the weights
+ * ((p / wsum) pes, wsum summed in choice order) are exact operations: checked
+ * bit for bit. */
+static void check_route(int T, int E, int K, double *worst) {
+  float *rl = malloc(4 * (size_t)T * E), *p = malloc(4 * (size_t)T * E), *pes = malloc(4 * (size_t)E);
+  float *w = malloc(4 * (size_t)T * K);
+  int32_t *idx = malloc(4 * (size_t)T * K), *start = malloc(4 * (size_t)(E + 1)), *pairs = malloc(4 * (size_t)T * K);
+  for (int i = 0; i < T * E; i++) rl[i] = 4.0f * q_rand();
+  for (int t = 0; t < T; t += 2) { /* ties at the top (three experts) and lower down (pairs) */
+    rl[t * E + 1] = rl[t * E + E / 2] = rl[t * E + E - 1] = 10.0f;
+    for (int e = 3; e + 1 < E; e += 7) rl[t * E + e + 1] = rl[t * E + e];
+  }
+  for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
+  memcpy(p, rl, 4 * (size_t)T * E);
+  assert_dg_ok(dg_cuda_test_route(0, p, pes, T, E, K, idx, w, start, pairs));
+  /* the grouping: experts ascending, each expert's pairs t K + k ascending */
+  for (int e = 0, row = 0; e < E; e++) {
+    if (start[e] != row) fail_msg("router T %d E %d K %d: start[%d] = %d, expected %d", T, E, K, e, start[e], row);
+    for (int i = 0; i < T * K; i++)
+      if (idx[i] == e) {
+        if (pairs[row] != i) fail_msg("router T %d E %d K %d: grouped row %d is pair %d, expected %d", T, E, K, row, pairs[row], i);
+        row++;
+      }
+    if (e == E - 1 && start[E] != row) fail_msg("router T %d E %d K %d: start[E] = %d, expected %d", T, E, K, start[E], row);
+  }
+  const double u = ldexp(1.0, -24);
+  for (int t = 0; t < T; t++) {
+    const float *x = rl + (size_t)t * E, *pg = p + (size_t)t * E;
+    float mx = -FLT_MAX, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = x[e] > mx ? x[e] : mx;
+    for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+    for (int e = 0; e < E; e++) {
+      const double pc = expf(x[e] - mx) / sum, bound = (8.0 + E) * u * pc;
+      const double q = fabs(pg[e] - pc) / bound;
+      if (!(q <= 1.0)) fail_msg("router T %d E %d K %d: token %d p[%d] = %.9g, CPU %.9g, bound %.3g", T, E, K, t, e, pg[e], pc, bound);
+      if (q > *worst) *worst = q;
+    }
+    int32_t sel[32];
+    float wsum = 0.0f;
+    for (int k = 0; k < K; k++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        int used = 0;
+        for (int j = 0; j < k; j++) used |= sel[j] == e;
+        if (!used && (best < 0 || pg[e] > pg[best])) best = e;
+      }
+      sel[k] = best;
+      wsum += pg[best];
+      if (idx[t * K + k] != best) fail_msg("router T %d E %d K %d: token %d choice %d is expert %d, expected %d", T, E, K, t, k, idx[t * K + k], best);
+    }
+    for (int k = 0; k < K; k++) {
+      const float we = (pg[sel[k]] / wsum) * pes[sel[k]];
+      if (memcmp(&we, &w[t * K + k], 4)) fail_msg("router T %d E %d K %d: token %d weight %d = %.9g, expected %.9g", T, E, K, t, k, w[t * K + k], we);
+    }
+  }
+  free(rl); free(p); free(pes); free(w); free(idx); free(start); free(pairs);
+}
+
+static void test_route(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  double worst = 0;
+  check_route(37, 128, 8, &worst);  /* the 26B's router; T not a multiple of the block's 4 warps */
+  check_route(5, 40, 3, &worst);    /* E not a multiple of 32 */
+  check_route(3, 256, 32, &worst);  /* 8 experts per lane, K = 32 */
+  check_route(300, 128, 8, &worst); /* 2,400 pairs: ten chunks of the grouping's 256 threads */
+  check_route(4, 8, 8, &worst);     /* K = E */
+  printf("# router softmax/top-k on the device: choices and weights bit-identical to the CPU's algorithm on the "
+         "device's probabilities, grouping by expert in order; probabilities vs the CPU's: largest |diff| / bound "
+         "%.4f (<= 1)\n", worst);
+}
+
 static void test_quant_experts(void **state) {
   (void)state;
   need_gpu();
@@ -1773,7 +1852,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -21,9 +21,10 @@
  *              deep), activations in fragment order through a shared ring
  *   versions 4-9  qr_kernel with other blocks and depths (warps, register
  *              stages D, ring stages, min blocks per SM, weight stages per
- *              activation stage SUB): 4 = (4, 2, 3, 1, 1), 5 = (2, 2, 3, 8, 2),
- *              6 = (8, 2, 3, 2, 2), 7 = (4, 3, 3, 4, 1), 8 = (4, 2, 3, 4, 2),
- *              9 = (2, 2, 3, 6, 2); 4-bit only, 8 NT <= 32 tokens per pass (earlier runs, docs/results/h200-moe/
+ *              activation stage SUB): 4 = (4, 3, 3, 4, 2), 5 = (4, 3, 4, 4, 2),
+ *              6 = (4, 2, 4, 4, 2), 7 = (4, 4, 3, 4, 2), 8 = (4, 2, 3, 4, 4),
+ *              9 = (4, 3, 3, 4, 1); 4-bit only, 8 NT <= 32 tokens per pass (the
+ *              backend's is (4, 2, 3, 4, 2)) (earlier runs, docs/results/h200-moe/
  *              lab_variants_run*.md, numbered qe_kernel's variants 3-7)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
@@ -290,12 +291,12 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 4) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
-    case 4: return run_lanes<4, 2, 3, 1, 1>(prod, st, r, nt);
-    case 5: return run_lanes<2, 2, 3, 8, 2>(prod, st, r, nt);
-    case 6: return run_lanes<8, 2, 3, 2, 2>(prod, st, r, nt);
-    case 7: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
-    case 8: return run_lanes<4, 2, 3, 4, 2>(prod, st, r, nt);
-    default: return run_lanes<2, 2, 3, 6, 2>(prod, st, r, nt);
+    case 4: return run_lanes<4, 3, 3, 4, 2>(prod, st, r, nt);
+    case 5: return run_lanes<4, 3, 4, 4, 2>(prod, st, r, nt);
+    case 6: return run_lanes<4, 2, 4, 4, 2>(prod, st, r, nt);
+    case 7: return run_lanes<4, 4, 3, 4, 2>(prod, st, r, nt);
+    case 8: return run_lanes<4, 2, 3, 4, 4>(prod, st, r, nt);
+    default: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
     }
   }
   if (ver == 1) {

@@ -70,6 +70,30 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int o)
   return r;
 }
 
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src) {
+  (void)mask;
+  T r;
+  emu::warp_exchange(&v, &r, (int)sizeof(T), src);
+  return r;
+}
+
+/* A warp barrier: every lane reaches it before any goes on (memory is shared, so that orders it too). */
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  (void)mask;
+  char d = 0, all[32];
+  emu::warp_gather(&d, all, 1);
+}
+
+static inline unsigned __ballot_sync(unsigned mask, int pred) {
+  (void)mask;
+  int p = pred != 0, all[32];
+  emu::warp_gather(&p, all, (int)sizeof p);
+  unsigned r = 0;
+  for (int l = 0; l < 32; l++) r |= all[l] ? 1u << l : 0u;
+  return r;
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+
 static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
 static inline float emu_rsqrtf(float x) { return 1.0f / sqrtf(x); }

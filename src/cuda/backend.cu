@@ -1231,5 +1231,37 @@ done:
   dfree_all(&al);
   return st;
 }
+extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx,
+                                        float *w, int32_t *start, int32_t *pairs) {
+  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: T %d, E %d (1..256), K %d (1..min(E, 32))", T, E, K);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *drl = NULL, *dpes = NULL;
+  dg_cuda_moe_buf b;
+  memset(&b, 0, sizeof b);
+  const size_t TK = (size_t)T * K;
+  TT_(test_in(&al, &drl, rlog, (size_t)T * E * 4, "router logits"));
+  TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
+  TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
+  TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
+  TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
+  TT_(dalloc(&al, (void **)&b.start, (size_t)(E + 1) * 4, "start"));
+  TT_(dalloc(&al, (void **)&b.pairs, TK * 4, "pairs"));
+  TT_(dalloc(&al, (void **)&b.slot_row, TK * 4, "slot_row"));
+  TT_(dalloc(&al, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
+  TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
+  TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K));
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(rlog, drl, (size_t)T * E * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(start, b.start, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(pairs, b.pairs, TK * 4, cudaMemcpyDeviceToHost));
+done:
+  dfree_all(&al);
+  return st;
+}
 #undef TT_
 #undef TC_

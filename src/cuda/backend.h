@@ -223,6 +223,16 @@ dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P,
 dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
                                const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
 
+/* The router on the device (k_route, spec 4.6 step 2) for logits rlog [T, E]
+ * (overwritten with the probabilities, as the backend does), per-expert
+ * scales pes [E]: idx [T, K] the K most probable experts (ties to the lower
+ * id), w [T, K] their renormalised, scaled weights; and the grouping by
+ * expert: start [E + 1] the first grouped row of each expert, pairs [T K] the
+ * pair t K + k of each grouped row (experts ascending, pairs ascending within
+ * one). E <= 256, K <= min(E, 32). */
+dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
+                             int32_t *start, int32_t *pairs);
+
 /* ---- ceilings and benchmarks (ceil.cu, bench.cu; `dgemma bench`) ---------- */
 
 /* What device `device` reaches in this process, measured now (ceil.cu).

@@ -27,70 +27,151 @@ using namespace nvcuda;
 /* One thread per token: p = softmax(logits) over E (in place), top-K by p
  * with ties to the lower expert id, w = p / sum(top-K p) * per_expert_scale
  * (the CPU's exact sequence of fp32 operations, src/forward.c). */
+/* One warp per token: the router's softmax, top-K, renormalisation and
+ * per-expert scale (spec 4.6 step 2), the same operations in the same order
+ * as the CPU (src/forward.c) and as the first, thread-per-token kernel, so the
+ * results are those of that kernel bit for bit: lane l holds experts l,
+ * l + 32, ...; the maximum is exact in any order; the sum of the
+ * exponentials is formed by lane 0 in expert order; each of the K choices is a
+ * warp arg-max with ties to the lower expert id (what a scan in id order with
+ * a strict > picks). E <= 32 TOPK_PER. */
+#define TOPK_PER 8
 __global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
+  const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+  if (t >= T) return; /* whole warps */
   float *s = rlog + (size_t)t * E;
-  float mx = -FLT_MAX, sum = 0.0f;
-  for (int e = 0; e < E; e++) mx = s[e] > mx ? s[e] : mx;
-  for (int e = 0; e < E; e++) { s[e] = expf(s[e] - mx); sum += s[e]; }
-  for (int e = 0; e < E; e++) s[e] /= sum;
+  float v[TOPK_PER];
+  bool used[TOPK_PER];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < TOPK_PER; j++) {
+    const int e = lane + 32 * j;
+    v[j] = e < E ? s[e] : -FLT_MAX;
+    used[j] = e >= E;
+    mx = v[j] > mx ? v[j] : mx;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+    mx = m2 > mx ? m2 : mx;
+  }
+#pragma unroll
+  for (int j = 0; j < TOPK_PER; j++) {
+    const int e = lane + 32 * j;
+    if (e < E) s[e] = v[j] = expf(v[j] - mx);
+  }
+  __syncwarp();
+  float sum = 0.0f;
+  if (lane == 0)
+    for (int e = 0; e < E; e++) sum += s[e];
+  sum = __shfl_sync(0xffffffffu, sum, 0);
+  __syncwarp(); /* lane 0's reads before the stores below */
+#pragma unroll
+  for (int j = 0; j < TOPK_PER; j++) {
+    const int e = lane + 32 * j;
+    if (e < E) s[e] = v[j] = v[j] / sum;
+  }
   int32_t *id = idx + (size_t)t * K;
   float *w = wout + (size_t)t * K, wsum = 0.0f;
   for (int k = 0; k < K; k++) {
-    int best = -1;
-    for (int e = 0; e < E; e++) {
-      int used = 0;
-      for (int j = 0; j < k; j++) used |= id[j] == e;
-      if (!used && (best < 0 || s[e] > s[best])) best = e;
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; j++)
+      if (!used[j] && (bi < 0 || v[j] > bv)) { bv = v[j]; bi = lane + 32 * j; }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
     }
-    id[k] = best;
-    w[k] = s[best];
-    wsum += s[best];
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; j++)
+      if (bi == lane + 32 * j) used[j] = true;
+    if (lane == 0) { id[k] = bi; w[k] = bv; }
+    wsum += bv;
   }
-  for (int k = 0; k < K; k++) w[k] = (w[k] / wsum) * pes[id[k]];
+  __syncwarp(); /* lane 0's stores before the other lanes read them */
+  if (lane < K) w[lane] = (w[lane] / wsum) * pes[id[lane]];
 }
 
-/* One block: count pairs per expert, exclusive scan, pairs in (token, slot)
- * order within each expert, and the tile work list (expert, first row). */
-__global__ void group_kernel(const int32_t *idx, int T, int E, int K, int32_t *count, int32_t *start, int32_t *pairs,
-                             int32_t *slot_row, int32_t *tiles, int32_t *n_tiles) {
-  const int n = T * K;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int cnt = 0;
-    for (int i = 0; i < n; i++) cnt += idx[i] == e;
-    count[e] = cnt;
-  }
+/* The grouping by expert in three launches (was one block of 256 threads,
+ * each scanning every pair twice):
+ *   group_count_kernel  block e counts the pairs of expert e (a block sum);
+ *   group_scan_kernel   one thread: the exclusive scan over the experts and
+ *                       the tile work list (expert, first row), as before;
+ *   group_place_kernel  block e places its pairs in ascending (token, slot)
+ *                       order: the pairs in chunks of the block's threads, a
+ *                       ballot per warp and the warps' counts give each match
+ *                       its rank. */
+#define GROUP_THREADS 256
+__global__ void __launch_bounds__(GROUP_THREADS) group_count_kernel(const int32_t *idx, int n, int32_t *count) {
+  __shared__ int ws[GROUP_THREADS / 32];
+  const int e = blockIdx.x;
+  int c = 0;
+  for (int i = threadIdx.x; i < n; i += GROUP_THREADS) c += idx[i] == e;
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = c;
   __syncthreads();
   if (threadIdx.x == 0) {
-    int run = 0, nt = 0;
-    for (int e = 0; e < E; e++) {
-      start[e] = run;
-      for (int r = 0; r < count[e]; r += TM) { tiles[2 * nt] = e; tiles[2 * nt + 1] = r; nt++; }
-      run += count[e];
-    }
-    start[E] = run;
-    *n_tiles = nt;
+    int t = 0;
+    for (int w = 0; w < GROUP_THREADS / 32; w++) t += ws[w];
+    count[e] = t;
   }
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int j = start[e];
-    for (int i = 0; i < n; i++)
-      if (idx[i] == e) { pairs[j] = i; slot_row[i] = j; j++; }
+}
+
+__global__ void group_scan_kernel(int E, const int32_t *count, int32_t *start, int32_t *tiles, int32_t *n_tiles) {
+  int run = 0, nt = 0;
+  for (int e = 0; e < E; e++) {
+    start[e] = run;
+    for (int r = 0; r < count[e]; r += TM) { tiles[2 * nt] = e; tiles[2 * nt + 1] = r; nt++; }
+    run += count[e];
+  }
+  start[E] = run;
+  *n_tiles = nt;
+}
+
+__global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_t *idx, int n, const int32_t *start,
+                                                                    int32_t *pairs, int32_t *slot_row) {
+  __shared__ int ws[GROUP_THREADS / 32];
+  const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int base = start[e];
+  for (int i0 = 0; i0 < n; i0 += GROUP_THREADS) {
+    const int i = i0 + threadIdx.x;
+    const bool hit = i < n && idx[i] == e;
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) ws[warp] = __popc(m);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < GROUP_THREADS / 32; w++) {
+      before += w < warp ? ws[w] : 0;
+      total += ws[w];
+    }
+    if (hit) {
+      const int j = base + before + __popc(m & ((1u << lane) - 1u));
+      pairs[j] = i;
+      slot_row[i] = j;
+    }
+    base += total;
+    __syncthreads(); /* ws is rewritten by the next chunk */
   }
 }
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K) {
-  DG_LAUNCH(topk_kernel, (T + 127) / 128, 128, 0, s)(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
+  if (E > 32 * TOPK_PER || K > 32) return cudaErrorInvalidValue;
+  DG_LAUNCH(topk_kernel, (T + 3) / 4, 128, 0, s)(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   return k_group(s, b, T, E, K);
 }
 
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K) {
-  DG_LAUNCH(group_kernel, 1, 256, 0, s)(b->topk_idx, T, E, K, b->count, b->start, b->pairs, b->slot_row, b->tiles,
-                                 b->n_tiles);
+  const int n = T * K;
+  DG_LAUNCH(group_count_kernel, E, GROUP_THREADS, 0, s)(b->topk_idx, n, b->count);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  DG_LAUNCH(group_scan_kernel, 1, 1, 0, s)(E, b->count, b->start, b->tiles, b->n_tiles);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  DG_LAUNCH(group_place_kernel, E, GROUP_THREADS, 0, s)(b->topk_idx, n, b->start, b->pairs, b->slot_row);
   return cudaGetLastError();
 }
 

@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
   constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = (SUB * GPS * NTOK * 4 + 15) / 16 * 16, STB = XB + SBB;
-  static_assert(D % SUB == 0, "activation stages begin at the same unrolled weight stage");
   constexpr int CPG = GS / 32; /* runs per group */
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
@@ -202,23 +201,29 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
     }
     /* the activations and group sums of activation stage sa (weight stages SUB sa ..) into its ring slot;
      * columns past the matrix (a last stage of fewer than SUB weight stages) are not loaded and never read */
-    auto issue = [&](int sa) {
-      unsigned char *slot = smem + (size_t)(sa % STAGES) * STB;
-      const int cols = SUB > 1 ? min(KA, a.Kdim - sa * KA) : KA;
+    /* issue() loads activation stages 0, 1, 2, ... in turn: its slot and source offsets advance by one stage */
+    int islot = 0, icol = 0;
+    auto issue = [&]() {
+      unsigned char *slot = smem + islot * STB;
+      const int cols = SUB > 1 ? min(KA, a.Kdim - icol) : KA;
 #pragma unroll
       for (int k = 0; k < CH; k++)
         if (xdst[k] >= 0 && (SUB == 1 || xcol[k] < cols))
-          dg_cp_async16(slot + xdst[k], xbytes[k] ? (const void *)(xsrc[k] + (int64_t)sa * KA) : (const void *)a.X,
-                        xbytes[k]);
+          dg_cp_async16(slot + xdst[k], xbytes[k] ? (const void *)(xsrc[k] + icol) : (const void *)a.X, xbytes[k]);
 #pragma unroll
       for (int k = 0; k < CHS; k++) {
         if (sdst[k] < 0 || (SUB > 1 && sgrp[k] * GS >= cols)) continue;
-        if (ssrc[k]) dg_cp_async4(slot + sdst[k], ssrc[k] + sa * SUB * GPS);
+        if (ssrc[k]) dg_cp_async4(slot + sdst[k], ssrc[k] + icol / GS);
         else *(float *)(slot + sdst[k]) = 0.0f;
       }
+      islot = islot == STAGES - 1 ? 0 : islot + 1;
+      icol += KA;
     };
-    auto wload = [&](int s, uint32_t *R) {
-      const unsigned char *p = wq + (int64_t)s * sstride;
+    /* wload() loads the weight stages 0, 1, 2, ... in turn */
+    const unsigned char *wnext = wq;
+    auto wload = [&](uint32_t *R) {
+      const unsigned char *p = wnext;
+      wnext += sstride;
 #pragma unroll
       for (int k = 0; k < NP; k++) {
         if constexpr (PS == 16) {
@@ -240,8 +245,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
         for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
 
     /* one weight stage s: the lane's record R against its part (sub) of the ring slot of activation stage s / SUB */
+    int cslot = 0; /* the ring slot of the activation stage being computed */
     auto compute = [&](const uint32_t *R, int s, int sub) {
-      const unsigned char *Xs = smem + (size_t)((s / SUB) % STAGES) * STB + 2 * KC * sub, *Ss = Xs - 2 * KC * sub + XB + 4 * NTOK * GPS * sub;
+      const unsigned char *Xs = smem + cslot * STB + 2 * KC * sub, *Ss = smem + cslot * STB + XB + 4 * NTOK * GPS * sub;
 #pragma unroll
       for (int c = 0; c < RUNS; c++) {
         uint32_t bf[NT][4];
@@ -291,26 +297,28 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
     uint32_t W[D][RW];
 #pragma unroll
     for (int sa = 0; sa < STAGES - 1; sa++) {
-      if (sa < nsa) issue(sa);
+      if (sa < nsa) issue();
       dg_cp_commit();
     }
 #pragma unroll
     for (int d = 0; d < D - 1; d++)
-      if (d < nst) wload(d, W[d]);
+      if (d < nst) wload(W[d]);
     for (int it = 0; it < nst; it += D) {
 #pragma unroll
       for (int d = 0; d < D; d++) {
         const int s = it + d;
         if (s < nst) {
-          if (s + D - 1 < nst) wload(s + D - 1, W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
-          if (d % SUB == 0) { /* s = SUB sa: activation stage sa begins */
+          if (s + D - 1 < nst) wload(W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
+          const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+          if (sub == 0) { /* s = SUB sa: activation stage sa begins */
             const int sa = s / SUB;
+            if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
             dg_cp_wait<STAGES - 2>();
             __syncthreads();
-            if (sa + STAGES - 1 < nsa) issue(sa + STAGES - 1);
+            if (sa + STAGES - 1 < nsa) issue();
             dg_cp_commit();
           }
-          compute(W[d], s, d % SUB);
+          compute(W[d], s, sub);
         }
       }
     }

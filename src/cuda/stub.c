@@ -95,6 +95,11 @@ dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_
   (void)h; (void)y;
   return NO_CUDA;
 }
+dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
+                             int32_t *start, int32_t *pairs) {
+  (void)device; (void)rlog; (void)pes; (void)T; (void)E; (void)K; (void)idx; (void)w; (void)start; (void)pairs;
+  return NO_CUDA;
+}
 dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
                                    dg_cuda_ceilings *out) {
   (void)device; (void)read_bytes; (void)copy_bytes; (void)gemm_n; (void)reps; (void)out;
