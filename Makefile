@@ -96,12 +96,12 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport)
+CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport outfile)
 $(CLI): $(CLIOBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # test_eval and test_bench also link the CLI's GSM8K harness and bench code.
-TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling)
+TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling outfile)
 $(BUILD)/tests/test_eval $(BUILD)/tests/test_bench: $(BUILD)/tests/%: tests/%.c $(TOOLOBJ) $(LIB) tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -Itools -o $@ $< $(TOOLOBJ) $(LIB) $(TESTLIB) $(LDLIBS)
