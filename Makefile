@@ -147,14 +147,17 @@ build-fuzz/%.o: %.c
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
 build-fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h $(FUZZ_LIBOBJ)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIBOBJ) $(XLDFLAGS) -lcjson -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Itools -fsanitize=fuzzer -o $@ $< $(filter build-fuzz/tools/%.o,$^) $(FUZZ_LIBOBJ) \
+	  $(XLDFLAGS) -lcjson -lm
+# harnesses of the CLI's own readers also link their tools/ source
+build-fuzz/fuzz_gsm8k: build-fuzz/tools/gsm8k.o
 
 build-fuzz/seeds/.done: fuzz/seeds.py $(wildcard tests/fixtures/golden/*/*.json) models/dgemma-small/config.json
 	@rm -rf build-fuzz/seeds && mkdir -p build-fuzz/seeds
 	python3 fuzz/seeds.py build-fuzz/seeds
 	@touch $@
 
-.SECONDARY: $(FUZZ_LIBOBJ)
+.SECONDARY: $(FUZZ_LIBOBJ) build-fuzz/tools/gsm8k.o
 fuzz-build: $(FUZZ_BINS) build-fuzz/seeds/.done
 
 fuzz: fuzz-build
@@ -187,4 +190,4 @@ emu-test:
 clean:
 	rm -rf build build-asan build-emu build-fuzz
 
--include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d)
+-include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d

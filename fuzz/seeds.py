@@ -9,7 +9,7 @@ from the repository's fixtures, and one libFuzzer dictionary per harness.
 Sources (run from the repository root): models/dgemma-small (config.json,
 generation_config.json, tokenizer.json, the safetensors shards and index),
 tests/fixtures/golden/*/ (configs and safetensors), and
-tests/fixtures/tokenizer/small_golden.json (texts and ids). Large files are
+tests/fixtures/tokenizer/small_golden.json (texts and ids), tests/fixtures/gsm8k. Large files are
 shrunk (tensor shapes clipped, vocabularies cut) so that each seed stays small
 enough to mutate quickly; everything else is the fixture's own structure.
 Plain python3, no third-party packages. Deterministic."""
@@ -211,6 +211,22 @@ for h in ("tokenize", "chat"):
     dict_words.setdefault(h, set()).update(
         ["<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>", "\n", "\u2581",
          "<0x0A>", "<start_of_turn>"])
+
+# ---- GSM8K data and resumable results (fuzz_gsm8k.c: byte 0 = reader) -------
+for p in sorted(glob.glob("tests/fixtures/gsm8k/*.jsonl")):
+    raw = open(p, "rb").read()
+    add("gsm8k", b"\x00" + raw, False)
+    for line in raw.splitlines():
+        if line.strip():
+            collect("gsm8k", json.loads(line))
+res = [{"idx": i, "config": "cfg", "pred": (None if i == 2 else str(5 * i)), "correct": i % 2 == 0, "tokens": 64,
+        "forwards": 9, "blocks": 1, "seconds": 0.25} for i in range(4)]
+body = "".join(json.dumps(r) + "\n" for r in res)
+add("gsm8k", b"\x01" + body.encode(), False)
+add("gsm8k", b"\x01" + (body + json.dumps(dict(res[0], idx=70))).encode(), False)  # torn last line
+add("gsm8k", b"\x01" + (body + json.dumps(dict(res[1], config="other")) + "\n").encode(), False)
+collect("gsm8k", res[0])
+dict_words.setdefault("gsm8k", set()).update(["####", "Question", "Assistant:", "<|separator|>", "1,000", "007"])
 
 # ---- write ----------------------------------------------------------------
 PUNCT = ['{', '}', '[', ']', ':', ',', '"', 'true', 'false', 'null', '0', '-1', '1e400', '0.5', '"\\u0000"',
