@@ -8,6 +8,8 @@
 # timeout or out-of-memory input goes to BUILD/crash/NAME-*. NAME defaults to
 # every BUILD/fuzz_* binary. One line per harness:
 #   "fuzz: NAME ok: E executions in S s (R/s), cov C, ft F, corpus K inputs, peak RSS M MB"
+# (grow mode adds a line of covered/total edges per source file the corpus reaches,
+# from one more pass with -print_coverage; full list in BUILD/logs/NAME.cov)
 # or "fuzz: NAME FAILED (...)". Exit status 1 if any failed.
 # FUZZ_JOBS=N runs N harnesses at a time (default 1). Extra libFuzzer flags: FUZZ_FLAGS.
 set -u
@@ -46,6 +48,15 @@ run_one() {
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
   if [ $rc -eq 0 ] && [ -n "$execs" ]; then
     echo "fuzz: $name ok: $execs executions in $secs s ($((execs / (secs > 0 ? secs : 1)))/s), cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?} inputs, peak RSS ${rss:-?} MB"
+    if [ "$mode" = grow ]; then
+      # edges covered by the grown corpus in each source file it reaches (one pass, -print_coverage)
+      "$build/$name" -runs=0 -print_coverage=1 "$corpus" 2>&1 | grep -E '^(UN)?COVERED_FUNC' > "$build/logs/$short.cov"
+      awk '{split($5, e, "/"); f=$NF; sub(":[0-9]+$", "", f); sub(".*/(src|tools)/", "", f);
+            if (f ~ /fuzz_/) next; t[f]+=e[2]; if ($1 == "COVERED_FUNC:") {h[f]++; c[f]+=e[1]; r[f]+=e[2]}}
+           END {for (f in t) if (h[f]) printf "%s %d/%d edges of %d functions reached (%d in the file)\n",
+                f, c[f], r[f], h[f], t[f]}' "$build/logs/$short.cov" |
+        sort | paste -sd ',' - | sed 's/,/, /g; s/^/      coverage: /'
+    fi
   else
     local why
     why=$(tail -n +2 "$log" | grep -m1 -E '^==[0-9]+==ERROR|runtime error|property broken|out-of-memory|timeout' | cut -c1-200)
