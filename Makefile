@@ -117,7 +117,7 @@ setup:
 test: setup
 	@$(MAKE) --no-print-directory all $(TESTS)
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -g" \
-	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  SAN="-fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow" \
 	  build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
 	@$(MAKE) --no-print-directory fuzz-build
 	@FUZZ_BUILD=build-fuzz FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS) scripts/run_tests.sh $(BUILD) build-asan
