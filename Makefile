@@ -152,7 +152,8 @@ build-fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h $(FUZZ_LIBOBJ)
 # harnesses of the CLI's own readers also link their tools/ source
 build-fuzz/fuzz_gsm8k: build-fuzz/tools/gsm8k.o
 
-build-fuzz/seeds/.done: fuzz/seeds.py $(wildcard tests/fixtures/golden/*/*.json) models/dgemma-small/config.json
+build-fuzz/seeds/.done: fuzz/seeds.py $(wildcard tests/fixtures/golden/*/*.json tests/fixtures/gsm8k/*.jsonl models/dgemma-small/*.json) \
+                        tests/fixtures/tokenizer/small_golden.json
 	@rm -rf build-fuzz/seeds && mkdir -p build-fuzz/seeds
 	python3 fuzz/seeds.py build-fuzz/seeds
 	@touch $@
