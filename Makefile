@@ -4,6 +4,8 @@
 #   make test       setup check, build, run every test (normal + ASan/UBSan)
 #   make run        generate with the bundled model
 #   make asan       sanitizer build of the CLI and tests in build-asan/
+#   make fuzz       libFuzzer harnesses of every parser (fuzz/, clang, ASan+UBSan) in
+#                   build-fuzz/, each run FUZZ_SECONDS (default 60); FUZZERS=... picks some
 #   make clean
 #
 # CUDA is optional and detected; the CPU build never needs nvcc.
@@ -75,7 +77,7 @@ TESTSRC := $(wildcard tests/test_*.c)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
 TESTLIB := -lcmocka
 
-.PHONY: all test run asan clean setup check-deps emu-test lab
+.PHONY: all test run asan clean setup check-deps emu-test lab fuzz fuzz-build
 all: $(CLI)
 
 $(BUILD)/%.o: %.c
@@ -94,12 +96,12 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport)
+CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport outfile)
 $(CLI): $(CLIOBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # test_eval and test_bench also link the CLI's GSM8K harness and bench code.
-TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling)
+TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling outfile)
 $(BUILD)/tests/test_eval $(BUILD)/tests/test_bench: $(BUILD)/tests/%: tests/%.c $(TOOLOBJ) $(LIB) tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -Itools -o $@ $< $(TOOLOBJ) $(LIB) $(TESTLIB) $(LDLIBS)
@@ -115,9 +117,52 @@ setup:
 test: setup
 	@$(MAKE) --no-print-directory all $(TESTS)
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -g" \
-	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  SAN="-fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow" \
 	  build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
-	@scripts/run_tests.sh $(BUILD) build-asan
+	@$(MAKE) --no-print-directory fuzz-build
+	@FUZZ_BUILD=build-fuzz FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS) scripts/run_tests.sh $(BUILD) build-asan
+
+# ---- fuzzing (fuzz/README.md) ----------------------------------------------
+# The parsers' sources built with clang's coverage instrumentation and ASan +
+# UBSan into build-fuzz/ (no OpenMP: the parsers do not use it), one binary per
+# fuzz/fuzz_*.c, and the seed corpora and dictionaries of fuzz/seeds.py under
+# build-fuzz/seeds/. `make test` runs each harness FUZZ_TEST_SECONDS over its
+# seeds and fuzz/regress/; `make fuzz` FUZZ_SECONDS each, growing
+# build-fuzz/corpus/<name>, logs in build-fuzz/logs/, crashes in build-fuzz/crash/.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 3
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS  := -O1 -g $(FUZZ_SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter \
+                -Iinclude -Isrc -MMD -MP $(XCFLAGS)
+FUZZ_LIBSRC  := src/safetensors.c src/config.c src/tokenizer.c src/chat.c src/quant.c src/dg_error.c src/dg_io.c src/dg_json.c \
+                src/cpu/ref.c
+FUZZ_LIBOBJ  := $(patsubst %.c,build-fuzz/%.o,$(FUZZ_LIBSRC))
+FUZZ_ALL     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+FUZZERS      ?= $(FUZZ_ALL)
+FUZZ_BINS    := $(patsubst %,build-fuzz/%,$(FUZZ_ALL))
+
+build-fuzz/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+build-fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h $(FUZZ_LIBOBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Itools -fsanitize=fuzzer -o $@ $< $(filter build-fuzz/tools/%.o,$^) $(FUZZ_LIBOBJ) \
+	  $(XLDFLAGS) -lcjson -lm
+# harnesses of the CLI's own readers also link their tools/ source
+build-fuzz/fuzz_gsm8k: build-fuzz/tools/gsm8k.o
+
+build-fuzz/seeds/.done: fuzz/seeds.py $(wildcard tests/fixtures/golden/*/*.json tests/fixtures/gsm8k/*.jsonl models/dgemma-small/*.json) \
+                        tests/fixtures/tokenizer/small_golden.json
+	@rm -rf build-fuzz/seeds && mkdir -p build-fuzz/seeds
+	python3 fuzz/seeds.py build-fuzz/seeds
+	@touch $@
+
+.SECONDARY: $(FUZZ_LIBOBJ) build-fuzz/tools/gsm8k.o
+fuzz-build: $(FUZZ_BINS) build-fuzz/seeds/.done
+
+fuzz: fuzz-build
+	scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS) grow $(FUZZERS)
 
 # The main job: generation with the bundled model (needs only the Debian packages).
 # PROMPT reaches the program through the environment, so any text is safe.
@@ -144,6 +189,6 @@ emu-test:
 	build-emu/tests/test_cuda
 
 clean:
-	rm -rf build build-asan build-emu
+	rm -rf build build-asan build-emu build-fuzz
 
--include $(OBJ:.o=.d) $(CLIOBJ:.o=.d)
+-include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d

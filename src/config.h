@@ -62,6 +62,11 @@ dg_status dg_config_parse(const char *name, const char *text, size_t len, dg_con
  * A missing file is not an error (*found = 0). */
 dg_status dg_gen_config_load(const char *path, dg_gen_params *p, int *found);
 
+/* The same from the text of a generation_config.json (len bytes, need not be
+ * NUL-terminated); `name` stands for the file in messages. *p is reset to the
+ * reference defaults first. Errors: DG_ERR_JSON, DG_ERR_CONFIG. */
+dg_status dg_gen_config_parse(const char *name, const char *text, size_t len, dg_gen_params *p);
+
 /* Reference defaults of spec 1.3 (no file). */
 void dg_gen_params_reference_defaults(dg_gen_params *p);
 

@@ -18,4 +18,15 @@ static inline const char *dg_json_kind(const cJSON *v) {
   return "invalid";
 }
 
+/* The first repeated key found in an object of the tree under v (objects
+ * checked depth first, each in O(k log k)), or NULL if every object's keys
+ * are unique. cJSON keeps every repeat and its lookups return the first one,
+ * whereas Python's json (Transformers, mlx-lm) keeps the last: a file with a
+ * repeated key means two different things, so the readers refuse it. The
+ * member returned is the repeat (its ->string is the key); *parent is then
+ * the key of the object holding it (NULL: the top level, or an array
+ * element). *oom is set to 1 (and NULL returned) when out of memory; it must
+ * be 0 on entry. */
+const cJSON *dg_json_repeated_key(const cJSON *v, const char **parent, int *oom);
+
 #endif

@@ -274,8 +274,10 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
   const int32_t SH = p->stability_threshold;
   /* on CUDA the logits stay on the device: only [C] statistics come back per step */
   const size_t CV = ctx->cuda ? 1 : (size_t)C * V;
+  /* z = logits / T in place: the raw logits are not needed once divided (one
+   * [C, V] buffer per request, not two; issue 16) */
   float *logits = malloc(CV * sizeof(float));
-  float *z = malloc(CV * sizeof(float));
+  float *z = logits;
   int32_t *canvas = malloc((size_t)C * sizeof(int32_t));
   int32_t *next = malloc((size_t)C * sizeof(int32_t));
   int32_t *amax = malloc((size_t)C * sizeof(int32_t));
@@ -316,7 +318,7 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
         st = DG_OK;
       } else {
         if ((st = dg_forward_decode(ctx, canvas, soft, logits))) goto done;
-        for (size_t i = 0; i < (size_t)C * V; i++) z[i] = logits[i] / T;
+        for (size_t i = 0; i < (size_t)C * V; i++) z[i] = logits[i] / T; /* in place (z == logits) */
         if ((st = draw_uniforms(&cs, b, k, uni))) goto done;
 #pragma omp parallel for num_threads(m->n_threads) schedule(static) reduction(max : bad)
         for (int32_t i = 0; i < C; i++)
@@ -392,7 +394,7 @@ dg_status dg_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, c
   res->tokens_per_forward = n_steps_total ? (double)non_pad / n_steps_total : 0.0;
   res->seconds = now_s() - t0;
 done:
-  free(logits); free(z); free(canvas); free(next); free(amax); free(noise); free(hist); free(ent);
+  free(logits); free(canvas); free(next); free(amax); free(noise); free(hist); free(ent);
   free(uni); free(acc); free(scratch); free(ps); free(out); free(cs.bits);
   return st;
 }

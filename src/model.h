@@ -103,7 +103,7 @@ struct dg_context {
   float *soft;          /* [C, H] self-conditioning soft embedding */
   float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
   int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
-  float *probs;         /* [C, V] probabilities for self-conditioning */
+  float *probs;         /* [n_score_threads, V] one self-conditioning probability row per thread */
   struct dg_cuda_ctx *cuda; /* device KV cache and buffers when the model is on CUDA; the CPU
                                buffers above are then not allocated */
 };

@@ -121,14 +121,21 @@ static dg_status parse_bits_group(const char *path, const char *where, const cJS
   const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
   *bits = def_bits;
   *group = def_group;
+  /* range first: converting a double outside int's range is undefined (fuzz/regress/quant) */
   if (b) {
-    if (!cJSON_IsNumber(b) || b->valuedouble != (double)(int)b->valuedouble)
+    if (!cJSON_IsNumber(b) || b->valuedouble != floor(b->valuedouble))
       return dg_seterr(DG_ERR_CONFIG, "%s: %s.bits is %s, expected an integer", path, where, dg_json_kind(b));
+    if (!(fabs(b->valuedouble) <= 1024))
+      return dg_seterr(DG_ERR_CONFIG, "%s: %s.bits = %g is not supported (2, 3, 4, 6 or 8)", path, where,
+                       b->valuedouble);
     *bits = (int)b->valuedouble;
   }
   if (g) {
-    if (!cJSON_IsNumber(g) || g->valuedouble != (double)(int)g->valuedouble)
+    if (!cJSON_IsNumber(g) || g->valuedouble != floor(g->valuedouble))
       return dg_seterr(DG_ERR_CONFIG, "%s: %s.group_size is %s, expected an integer", path, where, dg_json_kind(g));
+    if (!(fabs(g->valuedouble) <= 1 << 20))
+      return dg_seterr(DG_ERR_CONFIG, "%s: %s.group_size = %g is not supported (32, 64 or 128)", path, where,
+                       g->valuedouble);
     *group = (int)g->valuedouble;
   }
   if (mode && (!cJSON_IsString(mode) || strcmp(mode->valuestring, "affine") != 0))
@@ -147,8 +154,14 @@ dg_status dg_quant_config_load(const char *path, dg_quant_config *qc) {
   char *text = NULL;
   size_t len = 0;
   DG_TRY(dg_read_file(path, 0, &text, &len));
-  cJSON *j = cJSON_ParseWithLength(text, len);
+  dg_status st = dg_quant_config_parse(path, text, len, qc);
   free(text);
+  return st;
+}
+
+dg_status dg_quant_config_parse(const char *path, const char *text, size_t len, dg_quant_config *qc) {
+  memset(qc, 0, sizeof *qc);
+  cJSON *j = cJSON_ParseWithLength(text ? text : "", len);
   if (!j) return dg_seterr(DG_ERR_JSON, "%s: not valid JSON", path);
   dg_status st = DG_OK;
   const char *key = "quantization";
@@ -171,6 +184,17 @@ dg_status dg_quant_config_load(const char *path, dg_quant_config *qc) {
   }
   qc->present = 1;
   if ((st = parse_bits_group(path, key, q, 4, 64, &qc->bits, &qc->group_size))) goto done;
+  {
+    const char *parent = NULL;
+    int oom = 0;
+    const cJSON *d = dg_json_repeated_key(q, &parent, &oom);
+    if (oom || d) { /* mlx-lm's json.load keeps the last of a repeated module, cJSON the first */
+      st = oom ? dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory")
+               : dg_seterr(DG_ERR_CONFIG, "%s: %s: key \"%s\" appears twice in \"%s\"", path, key, d->string,
+                           parent ? parent : key);
+      goto done;
+    }
+  }
   int n = 0;
   for (const cJSON *e = q->child; e; e = e->next) n += cJSON_IsObject(e) || cJSON_IsFalse(e);
   qc->ov = calloc((size_t)(n ? n : 1), sizeof *qc->ov);

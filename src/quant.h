@@ -133,6 +133,10 @@ typedef struct dg_quant_config {
  * DG_ERR_CONFIG (naming the key and the value: unsupported bits, group size or
  * mode, a wrong type). Free with dg_quant_config_free. */
 dg_status dg_quant_config_load(const char *path, dg_quant_config *qc);
+/* The same from the text of a config.json (len bytes, need not be
+ * NUL-terminated); `path` stands for the file in messages. Errors: as
+ * dg_quant_config_load without DG_ERR_NOT_FOUND and DG_ERR_IO. */
+dg_status dg_quant_config_parse(const char *path, const char *text, size_t len, dg_quant_config *qc);
 void dg_quant_config_free(dg_quant_config *qc);
 
 /* Bits and group size for module `path`: the override if there is one, else

@@ -78,8 +78,10 @@ int dg_dtype_parse(const char *s, dg_dtype *out) {
 
 typedef struct st_file {
   char *path;             /* as opened (dir + "/" + shard for sharded models) */
-  const uint8_t *map;     /* [size] read-only mapping of the whole file */
+  const uint8_t *map;     /* [size] read-only mapping of the whole file (or the
+                           * caller's buffer, dg_st_open_memory) */
   size_t size;            /* file size in bytes */
+  int mapped;             /* 1: map is ours to munmap */
   char **meta_keys;       /* [n_meta] __metadata__ keys, in header order */
   char **meta_vals;       /* [n_meta] their values */
   size_t n_meta;
@@ -105,7 +107,7 @@ void dg_st_close(dg_safetensors *st) {
   if (!st) return;
   for (size_t i = 0; i < st->n_files; i++) {
     st_file *f = &st->files[i];
-    if (f->map) munmap((void *)f->map, f->size);
+    if (f->map && f->mapped) munmap((void *)f->map, f->size);
     st_free_strings(f->meta_keys, f->n_meta);
     st_free_strings(f->meta_vals, f->n_meta);
     free(f->path);
@@ -680,6 +682,7 @@ static dg_status st_add_file(dg_safetensors *st, const char *path) {
       return dg_seterr(DG_ERR_IO, "%s: mmap of %zu bytes failed: %s", path, f->size, strerror(err));
     }
     f->map = m;
+    f->mapped = 1;
     /* Hints only: weights are streamed once in order at first use, then kept. */
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     (void)madvise(m, f->size, MADV_WILLNEED);
@@ -704,6 +707,28 @@ dg_status dg_st_open_file(const char *path, dg_safetensors **out) {
   dg_safetensors *st = st_new();
   if (!st) return st_oom(path);
   dg_status rc = st_add_file(st, path);
+  if (rc == DG_OK) rc = st_finish(st);
+  if (rc != DG_OK) {
+    dg_st_close(st);
+    return rc;
+  }
+  *out = st;
+  return DG_OK;
+}
+
+dg_status dg_st_open_memory(const char *name, const void *buf, size_t size, dg_safetensors **out) {
+  if (!out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_open_memory: out is NULL");
+  *out = NULL;
+  if (!name || (!buf && size)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_open_memory: NULL argument");
+  dg_safetensors *st = st_new();
+  if (!st || !(st->files = calloc(1, sizeof *st->files)) || !(st->files[0].path = strdup(name))) {
+    dg_st_close(st);
+    return st_oom(name);
+  }
+  st->n_files = st->cap_files = 1;
+  st->files[0].map = buf;
+  st->files[0].size = size;
+  dg_status rc = st_parse_file(st, &st->files[0]);
   if (rc == DG_OK) rc = st_finish(st);
   if (rc != DG_OK) {
     dg_st_close(st);
@@ -775,6 +800,10 @@ dg_status dg_st_open_dir(const char *dir, dg_safetensors **out) {
 
   /* Check the entries; collect tensor and shard names. */
   size_t n_map = (size_t)cJSON_GetArraySize(wm), k = 0;
+  if (n_map == 0) { /* would open nothing (fuzz/regress/st_index) */
+    rc = dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is empty: it lists no tensor", ipath);
+    goto done;
+  }
   shards = malloc((n_map ? n_map : 1) * sizeof *shards);
   names = malloc((n_map ? n_map : 1) * sizeof *names);
   if (!shards || !names) { rc = st_oom(ipath); goto done; }

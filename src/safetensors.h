@@ -94,6 +94,15 @@ typedef struct dg_safetensors dg_safetensors;
  * DG_ERR_OUT_OF_MEMORY. On failure *out is NULL. */
 dg_status dg_st_open_file(const char *path, dg_safetensors **out);
 
+/* The same validation over a file image already in memory: buf[0..size) is
+ * the whole file (header length, header, data region), borrowed, not copied:
+ * it must stay valid and unchanged until dg_st_close, and tensor data
+ * pointers point into it. `name` stands for the file in messages and in
+ * dg_tensor.file. Used by the fuzz harness (fuzz/fuzz_safetensors.c) and by
+ * tests. Errors: as dg_st_open_file without DG_ERR_NOT_FOUND and DG_ERR_IO
+ * (buf NULL with size > 0 is DG_ERR_INVALID_ARG). */
+dg_status dg_st_open_memory(const char *name, const void *buf, size_t size, dg_safetensors **out);
+
 /* Open a Hugging Face model directory: if dir/model.safetensors.index.json
  * exists, open every shard named in its "weight_map" (tensor name -> shard
  * file name); otherwise open dir/model.safetensors.
@@ -104,7 +113,7 @@ dg_status dg_st_open_file(const char *path, dg_safetensors **out);
  *    shard in data-offset order. dg_st_metadata reads the first shard's.
  * Errors: as dg_st_open_file, plus DG_ERR_NOT_FOUND (neither file exists, or
  * a shard named by the index is missing), DG_ERR_JSON (index does not parse
- * or is not an object), DG_ERR_CONFIG (index lacks a "weight_map" object, a
+ * or is not an object), DG_ERR_CONFIG (index lacks a "weight_map" object or it is empty, a
  * value is not a string, a tensor is listed twice, a shard name is not a
  * plain file name), DG_ERR_TENSOR_MISSING (a listed tensor is not in its
  * shard), DG_ERR_SAFETENSORS (a tensor present in two shards). */

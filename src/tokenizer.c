@@ -834,14 +834,21 @@ dg_status dg_tokenizer_load(const char *path, int32_t model_vocab, dg_tokenizer 
   char *data = NULL;
   size_t len = 0;
   DG_TRY(dg_read_file(path, 0, &data, &len));
-  cJSON *root = cJSON_ParseWithLength(data, len);
+  dg_status st = dg_tokenizer_load_text(path, data, len, model_vocab, out);
+  free(data);
+  return st;
+}
+
+dg_status dg_tokenizer_load_text(const char *path, const char *data, size_t len, int32_t model_vocab,
+                                 dg_tokenizer **out) {
+  if (out) *out = NULL;
+  if (!path || (!data && len) || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_tokenizer_load_text: NULL argument");
+  cJSON *root = cJSON_ParseWithLength(data ? data : "", len);
   if (!root) {
     const char *e = cJSON_GetErrorPtr();
-    size_t off = (e && e >= data && e <= data + len) ? (size_t)(e - data) : 0;
-    free(data);
+    size_t off = (e && data && e >= data && e <= data + len) ? (size_t)(e - data) : 0;
     return dg_seterr(DG_ERR_JSON, "%s: JSON syntax error near byte offset %zu", path, off);
   }
-  free(data);
 
   dg_status st = DG_OK;
   int32_t *vocab_piece = NULL, vocab_max = -1;
@@ -1218,7 +1225,9 @@ static int dec_step(const dg_tokenizer *t, const dg_decop *op, const dg_toks *in
   int rc = 0;
   size_t nt = in->n / 2;
   if (op->type == DG_DEC_FUSE) {
-    if (grow(&out->sp, &out->cap, 2, sizeof(size_t))) return -1;
+    /* one token, the concatenation (empty with no input: s.p must not stay NULL,
+     * the caller adds offsets to it; fuzz/regress/tokenize) */
+    if (grow(&out->sp, &out->cap, 2, sizeof(size_t)) || buf_put(&out->s, "", 0)) return -1;
     out->sp[out->n++] = 0;
     for (size_t i = 0; i < nt && !rc; i++) rc = buf_put(&out->s, in->s.p + in->sp[2 * i], in->sp[2 * i + 1]);
     out->sp[out->n++] = out->s.n;

@@ -50,6 +50,13 @@ typedef struct dg_tokenizer dg_tokenizer;
  * ~240 MB peak RSS while loading (the cJSON tree), ~45 MB kept (hash tables). */
 dg_status dg_tokenizer_load(const char *path, int32_t model_vocab, dg_tokenizer **out);
 
+/* The same from the text of a tokenizer.json already in memory (len bytes,
+ * need not be NUL-terminated); `path` stands for the file in messages. Used
+ * by dg_tokenizer_load and the fuzz harness (fuzz/fuzz_tokenizer_json.c).
+ * Errors: as dg_tokenizer_load without DG_ERR_NOT_FOUND and DG_ERR_IO. */
+dg_status dg_tokenizer_load_text(const char *path, const char *text, size_t len, int32_t model_vocab,
+                                 dg_tokenizer **out);
+
 /* Free a tokenizer (NULL is a no-op). */
 void dg_tokenizer_free(dg_tokenizer *t);
 

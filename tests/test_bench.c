@@ -354,6 +354,90 @@ static void test_cli_rows(void **state) {
 }
 
 
+/* ---- -o written whole or not at all ---------------------------------------------------------- */
+
+/* Entries of g_dir whose name holds ".tmp-" (bench's temporary files). */
+static int count_tmp(void) {
+  DIR *d = opendir(g_dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".tmp-") != NULL;
+  closedir(d);
+  return n;
+}
+
+/* `bench -o FILE` writes its rows to a temporary file renamed to FILE when
+ * the command succeeds: a failure after the start (the CUDA ceiling protocol
+ * where there is no GPU) and SIGTERM/SIGINT in the middle of the measurement
+ * leave the previous FILE byte for byte, and no temporary file (before, FILE
+ * was truncated at the start). A missing directory is an error naming it. */
+static void test_cli_out_atomic(void **state) {
+  (void)state;
+  char path[512], args[1400], *o = NULL, *e = NULL;
+  snprintf(path, sizeof path, "%s/rows.jsonl", g_dir);
+  const char *previous = "{\"previous\": \"rows\"}\n";
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(previous, f);
+  fclose(f);
+  snprintf(args, sizeof args,
+           "bench --protocol ceiling --device cuda --rows 1 --formats 4 --moe-tokens 0 --reps 2 --warmup 1 -o %s", path);
+  int rc = run_cli(args, &o, &e);
+  char *now = dg_test_read_file(path, NULL);
+  assert_non_null(now);
+  if (rc != 0) {
+    assert_string_equal(now, previous);
+    assert_non_null(strstr(e, "dgemma bench: --protocol ceiling --device cuda"));
+  } else {
+    assert_non_null(strstr(now, "\"protocol\":\"ceiling\"")); /* a GPU machine: the whole new file */
+  }
+  free(now);
+  free(o);
+  free(e);
+  assert_int_equal(count_tmp(), 0);
+
+  /* interrupted: the CPU ceiling protocol runs for seconds; the signal comes at 0.5 s and 1.5 s */
+  char exe[1024];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  assert_true(k > 0);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  const char *sigs[2] = {"TERM", "INT"};
+  const char *delays[2] = {"0.5", "1.5"};
+  for (int i = 0; i < 2; i++) {
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "timeout --preserve-status -s %s %s %s/../dgemma bench --protocol ceiling -t 1 --rows 1 --formats 2,3,4 "
+             "--moe-tokens 0 --reps 20 --warmup 0 -o %s >/dev/null 2>&1",
+             sigs[i], delays[i], exe, path);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    const int code = WEXITSTATUS(st), want = i == 0 ? 143 : 130;
+    printf("# bench -o interrupted by SIG%s after %s s: exit %d\n", sigs[i], delays[i], code);
+    now = dg_test_read_file(path, NULL);
+    assert_non_null(now);
+    if (code == 0) { /* finished first (a fast machine): the whole new file */
+      assert_non_null(strstr(now, "\"shape\":\"expert_down\""));
+      f = fopen(path, "w");
+      fputs(previous, f);
+      fclose(f);
+    } else {
+      assert_int_equal(code, want);
+      assert_string_equal(now, previous);
+    }
+    free(now);
+    assert_int_equal(count_tmp(), 0);
+  }
+
+  snprintf(args, sizeof args, "bench --protocol ceiling -t 1 --rows 1 --formats 2 --moe-tokens 0 --reps 1 --warmup 0 "
+           "-o %s/no/such/dir/rows.jsonl", g_dir);
+  assert_int_equal(run_cli(args, &o, &e), 1);
+  assert_non_null(strstr(e, "dgemma bench: cannot write"));
+  assert_non_null(strstr(e, "/no/such/dir/rows.jsonl"));
+  free(o);
+  free(e);
+}
+
 /* ---- GPU ceilings and the CUDA ceiling protocol (host logic) ------------------------------ */
 
 #define assert_near(a, b, tol)                                                                  \
@@ -502,7 +586,7 @@ int main(void) {
       cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_batch_floor),
       cmocka_unit_test(test_batch_params),      cmocka_unit_test(test_batch_equals_single),
       cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
-      cmocka_unit_test(test_cli_rows),
+      cmocka_unit_test(test_cli_rows),          cmocka_unit_test(test_cli_out_atomic),
       cmocka_unit_test(test_route_even),        cmocka_unit_test(test_gpu_floor),
       cmocka_unit_test(test_cli_ceiling_cuda),
   };

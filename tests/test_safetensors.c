@@ -573,6 +573,8 @@ static const bad_dir bad_dirs[] = {
    DG_ERR_CONFIG, "model.safetensors.index.json", "\"..\""},
   {"empty shard name", "{\"weight_map\":{\"a\":\"\"}}", {S1, NULL}, {"a", NULL}, NULL,
    DG_ERR_CONFIG, "model.safetensors.index.json", "weight_map[\"a\"]"},
+  {"empty weight_map (found by fuzz/fuzz_st_index)", "{\"weight_map\": {}}", {S1, NULL}, {"a", NULL}, NULL,
+   DG_ERR_CONFIG, "model.safetensors.index.json", "\"weight_map\" is empty"},
   {"broken shard", "{\"weight_map\":{\"w\":\"" S1 "\"}}", {NULL, NULL}, {NULL, NULL},
    "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", DG_ERR_SAFETENSORS, S1, "\"w\""},
 };

@@ -25,6 +25,7 @@
  * (scripts/eval_configs.sh does it for eval; bench rows share one process and
  * the warm-up run absorbs the first-touch costs). */
 #include "bench.h"
+#include "outfile.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -833,15 +834,20 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     dg_status st = bench_batch_params(m, o->gen_kwargs, o->gen_tokens, o->seed, &bgp);
     if (st) { fprintf(stderr, "dgemma bench: --gen-kwargs: %s: %s\n", dg_status_str(st), dg_last_error()); return 2; }
   }
+  /* -o: rows go to a temporary file renamed to o->out only when the command
+   * succeeds (tools/outfile.h), so an error or an interruption (no stop point
+   * in a benchmark: the handler removes the file and exits 130/143) leaves the
+   * previous file as it was. */
   FILE *out = NULL;
-  if (o->out && !(out = fopen(o->out, "w"))) {
-    fprintf(stderr, "dgemma bench: cannot write %s: %s\n", o->out, strerror(errno));
-    return 1;
+  if (o->out) {
+    catch_stop_signals(1); /* first: no moment with the temporary file made and the default action */
+    if (!(out = out_try_open(o->out, "dgemma bench"))) return 1;
   }
   if (do_ceil) {
     int nt = o->n_threads > 0 ? o->n_threads : m ? m->n_threads : omp_get_max_threads();
     int rc = bench_ceiling(o, nt, out);
-    if (out && fclose(out) != 0 && !rc) { fprintf(stderr, "dgemma bench: cannot write %s\n", o->out); rc = 1; }
+    if (rc) out_discard(out);
+    else if (out) rc = out_commit(out, o->out);
     return rc;
   }
   dg_model_info info;
@@ -857,7 +863,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     dg_status st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &gceil);
     if (st) {
       fprintf(stderr, "dgemma bench: GPU ceilings: %s: %s\n", dg_status_str(st), dg_last_error());
-      if (out) fclose(out);
+      out_discard(out);
       return 1;
     }
     gc = &gceil;
@@ -868,7 +874,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     rate = bench_fma_rate(nt, 5, &isa);
     mm = bench_matmul_rate(nt, &kname);
   }
-  if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); if (out) fclose(out); return 1; }
+  if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); out_discard(out); return 1; }
   if (!gc)
     printf("ceilings (%d threads, measured at the start of the command; batch rows measure their own): copy %.1f GB/s (bytes read + written, memcpy 256 MiB, best of 5); "
            "%s %.1f GFLOP/s (best of 5); this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
@@ -891,6 +897,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     if (!ids || dg_tokenize(m, "<bos>", 5, 1, &bos, &nb) || nb != 1 || dg_tokenize(m, kFiller, strlen(kFiller), 0, &t, &nt_) || !nt_) {
       fprintf(stderr, "dgemma bench: cannot build the prompt (tokenizer): %s\n", dg_last_error());
       free(ids); dg_free(t); dg_free(bos);
+      out_discard(out);
       return 1;
     }
     ids[0] = bos[0];
@@ -915,6 +922,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     dg_chat_message msg = {"user", kPrompts[k][1]};
     if (dg_chat_apply(m, &msg, 1, 0, &ids, &n)) {
       fprintf(stderr, "dgemma bench: chat template: %s\n", dg_last_error());
+      out_discard(out);
       return 1;
     }
     dg_gen_params gp = dg_gen_default_params(m);
@@ -928,7 +936,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     rc = run_row(m, o, ids, n, &gp, bw, rate, r);
     dg_free(ids);
   }
-  if (rc) { if (out) fclose(out); return 1; }
+  if (rc) { out_discard(out); return 1; }
   if (nr) printf("| protocol | prompt | in | out | blocks | forwards | median s | spread s | tok/s | ms/forward | floor s | "
          "floor/median | bound | GB/pass | GFLOP/pass | GB/s | TFLOP/s |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -971,7 +979,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
            nr ? "\n" : "", (unsigned long long)o->seed, bgp.max_new_tokens, kBatchDefaults,
            o->gen_kwargs ? " then " : "", o->gen_kwargs ? o->gen_kwargs : "");
     fflush(stdout);
-    if (run_batch(m, o, &bgp, Bs, nB, gc, br)) { if (out) fclose(out); return 1; }
+    if (run_batch(m, o, &bgp, Bs, nB, gc, br)) { out_discard(out); return 1; }
     printf("| B | in | out | passes | forwards | median s | spread s | tok/s | per-canvas tok/s | floor s | floor ms/token "
            "| bytes term ms/token | floor/median | bound | %s | same tokens as smaller B |\n"
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
@@ -1013,6 +1021,6 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
            "that generated them.%s\n", reps, warm,
            gc ? " On CUDA: copy = the GPU's read bandwidth, FMA rate = its bf16 GEMM rate, both of the command's start." : "");
   }
-  if (out && fclose(out) != 0) { fprintf(stderr, "dgemma bench: cannot write %s\n", o->out); return 1; }
+  if (out && out_commit(out, o->out)) return 1;
   return 0;
 }

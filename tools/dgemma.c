@@ -30,6 +30,7 @@
 #include "dgemma.h"
 #include "bench.h"
 #include "eval.h"
+#include "outfile.h"
 #include "qreport.h"
 
 #define DEFAULT_MODEL "models/dgemma-small"
@@ -123,104 +124,6 @@ static void *read_all(const char *path, size_t *len) {
   fclose(f);
   *len = n;
   return buf;
-}
-
-/* ---- interruption and output files ----------------------------------------
- *
- * SIGINT and SIGTERM end a command with status 128 + the signal (130, 143),
- * leaving what was there before: an output file is written to a temporary
- * name in its directory and renamed over the target only when complete
- * (out_open / out_commit); quantize and mkrandom stop at their next progress
- * call and the library removes its temporary directory. A signal that the
- * process was started with ignored (a background job) stays ignored. */
-
-static volatile sig_atomic_t g_stop_sig = 0; /* the SIGINT/SIGTERM received, 0 if none */
-/* 1: the command has no stop point; the handler removes g_tmp_path and exits at once.
- * 2: the output is being renamed into place; the handler only records the signal. */
-static volatile sig_atomic_t g_stop_mode = 0;
-static char g_tmp_path[PATH_MAX + 32]; /* the temporary output file, "" if none */
-
-static void on_stop_signal(int sig) {
-  g_stop_sig = sig;
-  if (g_stop_mode == 1) {
-    if (g_tmp_path[0]) unlink(g_tmp_path); /* async-signal-safe, as is _exit */
-    _exit(128 + sig);
-  }
-  signal(sig, SIG_DFL); /* a second signal ends the process at once */
-}
-
-/* immediate = 1: exit from the handler (commands without a stop point). */
-static void catch_stop_signals(int immediate) {
-  g_stop_mode = immediate ? 1 : 0;
-  struct sigaction sa, old;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  const int sigs[2] = {SIGINT, SIGTERM};
-  for (int k = 0; k < 2; k++) {
-    sigaction(sigs[k], NULL, &old);
-    if (old.sa_handler != SIG_IGN) sigaction(sigs[k], &sa, NULL);
-  }
-}
-
-/* An exit that is not a signal (die, a usage error) removes the temporary file too. */
-static void remove_tmp_at_exit(void) {
-  if (g_tmp_path[0]) unlink(g_tmp_path);
-}
-
-/* A temporary file next to `path` (".<name>.tmp-XXXXXX" in its directory),
- * opened for writing before any long work; the target is not touched. Exits
- * naming the file and the reason if it cannot be made. */
-static FILE *out_open(const char *path) {
-  const char *slash = strrchr(path, '/');
-  int dlen = slash ? (int)(slash - path) + 1 : 0;
-  char tmpl[sizeof g_tmp_path];
-  if (snprintf(tmpl, sizeof tmpl, "%.*s.%s.tmp-XXXXXX", dlen, path, slash ? slash + 1 : path) >= (int)sizeof tmpl) {
-    fprintf(stderr, "dgemma: %s: path too long\n", path);
-    exit(1);
-  }
-  if (!*(slash ? slash + 1 : path)) { fprintf(stderr, "dgemma: %s: names a directory, not a file\n", path); exit(2); }
-  struct stat sb;
-  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    fprintf(stderr, "dgemma: cannot write %s: it is a directory\n", path);
-    exit(1);
-  }
-  int fd = mkstemp(tmpl);
-  if (fd < 0) {
-    fprintf(stderr, "dgemma: cannot write %s: cannot create a temporary file %s: %s\n", path, tmpl, strerror(errno));
-    exit(1);
-  }
-  mode_t um = umask(0); /* mkstemp makes it 0600; give it what fopen(path, "w") would */
-  umask(um);
-  fchmod(fd, 0666 & ~um);
-  memcpy(g_tmp_path, tmpl, sizeof tmpl);
-  static int registered = 0;
-  if (!registered) { atexit(remove_tmp_at_exit); registered = 1; }
-  FILE *f = fdopen(fd, "wb");
-  if (!f) { fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(errno)); exit(1); }
-  return f;
-}
-
-/* Flush and close the temporary file of out_open and rename it to `path`.
- * Returns 0, or 1 after a message naming the file and the error (the
- * temporary file is removed, `path` left as it was). */
-static int out_commit(FILE *f, const char *path) {
-  int bad = fflush(f) != 0 || ferror(f);
-  int err = errno;
-  if (!bad && fsync(fileno(f)) != 0 && errno != EINVAL) { bad = 1; err = errno; }
-  if (fclose(f) != 0 && !bad) { bad = 1; err = errno; }
-  if (!bad) {
-    g_stop_mode = 2; /* from here a signal no longer removes the file: it is complete */
-    if (rename(g_tmp_path, path) != 0) { bad = 1; err = errno; g_stop_mode = 1; }
-  }
-  if (bad) {
-    fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(err ? err : EIO));
-    unlink(g_tmp_path);
-    g_tmp_path[0] = 0;
-    return 1;
-  }
-  g_tmp_path[0] = 0;
-  return 0;
 }
 
 /* Standard output at the end of a command: a write error (a full disk,

@@ -1,0 +1,43 @@
+/* outfile.h: interruption and output files of the CLI commands (tools/ only;
+ * the library never touches signals).
+ *
+ * SIGINT and SIGTERM end a command with status 128 + the signal (130, 143),
+ * leaving what was there before: an output file is written to a temporary
+ * name in its directory (".<name>.tmp-XXXXXX") and renamed over the target
+ * only when complete (out_open / out_commit); quantize and mkrandom stop at
+ * their next progress call (g_stop_sig) and the library removes its temporary
+ * directory. A signal that the process was started with ignored (a background
+ * job) stays ignored. One output file at a time per process. */
+#ifndef DG_TOOLS_OUTFILE_H
+#define DG_TOOLS_OUTFILE_H
+
+#include <signal.h>
+#include <stdio.h>
+
+/* The SIGINT/SIGTERM received since catch_stop_signals, 0 if none. */
+extern volatile sig_atomic_t g_stop_sig;
+
+/* Install the SIGINT/SIGTERM handlers. immediate = 1: the command has no stop
+ * point; the handler removes the temporary output file and exits at once
+ * with 128 + the signal. immediate = 0: it only records the signal in
+ * g_stop_sig (a second one ends the process). */
+void catch_stop_signals(int immediate);
+
+/* A temporary file next to `path`, opened for writing before any long work;
+ * the target is not touched. NULL after a message on stderr naming the file
+ * and the reason ("<who>: cannot write PATH: ...") if it cannot be made
+ * (path names a directory, the directory is missing or not writable). */
+FILE *out_try_open(const char *path, const char *who);
+/* The same, exiting (status 1, or 2 for a path ending in '/') on failure. */
+FILE *out_open(const char *path);
+
+/* Flush, fsync and close the temporary file and rename it to `path`.
+ * Returns 0, or 1 after a message naming the file and the error (the
+ * temporary file is removed, `path` left as it was). */
+int out_commit(FILE *f, const char *path);
+
+/* Close the temporary file and remove it, leaving `path` as it was (an
+ * error path). NULL is a no-op. */
+void out_discard(FILE *f);
+
+#endif
