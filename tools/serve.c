@@ -239,9 +239,10 @@ static void job_close(job *j) {
   j->state = JOB_DONE;
   j->t_end = now_s();
   if (j->req.stream) {
-    if (j->status && !j->stop_early) {
+    if ((j->status && !j->stop_early) || (j->cancelled && !j->finish)) {
       dg_srv_error e;
-      dg_srv_fail(&e, 500, NULL, "generation_failed", "%s", j->errmsg);
+      if (j->status) dg_srv_fail(&e, 500, NULL, "generation_failed", "%s", j->errmsg);
+      else dg_srv_fail(&e, 503, NULL, "cancelled", "the request was cancelled (the server is stopping)");
       char *ej = dg_srv_error_json(&e);
       if (ej) sse_data(j, NULL, ej);
       free(ej);
