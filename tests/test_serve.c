@@ -218,6 +218,10 @@ static void test_http(void **state) {
   (void)state;
   dg_test_skip("test_serve was built without libcurl (libcurl4-openssl-dev; scripts/setup.sh installs it)");
 }
+static void test_openai_client(void **state) {
+  (void)state;
+  dg_test_skip("test_serve was built without libcurl (libcurl4-openssl-dev; scripts/setup.sh installs it)");
+}
 #else
 
 static dg_model *g_m;
@@ -682,6 +686,62 @@ static void test_http(void **state) {
   curl_global_cleanup();
   dg_model_free(g_m);
 }
+
+/* The official openai npm client (tests/node/openai_client.cjs) against the server: models,
+ * chat, a stream, completions and an error, its answers equal to the engine's own. */
+static void test_openai_client(void **state) {
+  (void)state;
+  if (system("command -v node >/dev/null 2>&1") != 0) dg_test_skip("node is not installed (scripts/setup.sh installs npm)");
+  if (access(".node/node_modules/openai/package.json", R_OK))
+    dg_test_skip("the openai npm client is not in .node/ (scripts/setup.sh installs it)");
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 2;
+  if (access(SMALL "/config.json", R_OK) || dg_model_load(SMALL, &mp, &g_m) != DG_OK)
+    dg_test_skip("the bundled model %s does not load", SMALL);
+  signal(SIGPIPE, SIG_IGN);
+  dg_serve_opts o = dg_serve_default_opts();
+  o.port = 0;
+  o.model_id = "dgemma-small";
+  o.gen_kwargs = TURBO;
+  dg_server *srv = NULL;
+  dg_status st = dg_server_start(g_m, &o, &srv);
+  if (st == DG_ERR_BACKEND) {
+    dg_model_free(g_m);
+    dg_test_skip("dgemma was built without libmicrohttpd (libmicrohttpd-dev; scripts/setup.sh installs it)");
+  }
+  assert_int_equal(st, DG_OK);
+  expect x0 = engine_answer(Q[0], NULL, 64, 0, NULL), xc = engine_answer(NULL, "Once upon a time", 128, 5, NULL);
+  char tmpl[] = "/tmp/dgemma-test-openai-XXXXXX", cmd[512];
+  int fd = mkstemp(tmpl);
+  assert_true(fd >= 0);
+  close(fd);
+  snprintf(cmd, sizeof cmd, "NODE_PATH=.node/node_modules node tests/node/openai_client.cjs %d '%s' > %s", dg_server_port(srv),
+           Q[0], tmpl);
+  int rc = system(cmd);
+  char *out = dg_test_read_file(tmpl, NULL);
+  unlink(tmpl);
+  if (rc != 0) fail_msg("%s: exit %d, output: %s", cmd, rc, out ? out : "");
+  cJSON *j = cJSON_Parse(out);
+  if (!j) fail_msg("the client printed no JSON: %s", out);
+  assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "models"), 0)->valuestring, "dgemma-small");
+  assert_string_equal(cJSON_GetObjectItem(j, "chat")->valuestring, x0.text);
+  assert_string_equal(cJSON_GetObjectItem(j, "chat_finish")->valuestring, x0.finish);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "chat_usage"), "completion_tokens")->valueint, x0.n_tokens);
+  assert_string_equal(cJSON_GetObjectItem(j, "stream")->valuestring, x0.text);
+  assert_string_equal(cJSON_GetObjectItem(j, "stream_finish")->valuestring, x0.finish);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "stream_usage"), "completion_tokens")->valueint, x0.n_tokens);
+  assert_string_equal(cJSON_GetObjectItem(j, "completion")->valuestring, xc.text);
+  assert_int_equal(cJSON_GetObjectItem(j, "error_status")->valueint, 400);
+  assert_string_equal(cJSON_GetObjectItem(j, "error_code")->valuestring, "invalid_value");
+  printf("# openai npm client: models, chat (%d tokens), stream (%d chunks), completion (%zu bytes), a 400 error: all as the engine\n",
+         x0.n_tokens, cJSON_GetObjectItem(j, "stream_chunks")->valueint, strlen(xc.text));
+  cJSON_Delete(j);
+  free(out);
+  free(x0.text);
+  free(xc.text);
+  dg_server_stop(srv);
+  dg_model_free(g_m);
+}
 #endif
 
 int main(void) {
@@ -689,6 +749,7 @@ int main(void) {
       cmocka_unit_test(test_parse),
       cmocka_unit_test(test_stop_scan),
       cmocka_unit_test(test_http),
+      cmocka_unit_test(test_openai_client),
   };
   return cmocka_run_group_tests_name("serve", tests, NULL, NULL);
 }
