@@ -135,8 +135,7 @@ struct dg_server {
   job **slots;            /* [max_batch] the job in each batch slot */
   unsigned long long next_id;
   /* metrics (under mu) */
-  unsigned long long req_total[6];   /* by status class: 2xx, 4xx, 5xx per endpoint kind ... see metrics() */
-  unsigned long long prompt_tokens, completion_tokens, steps_total, canvases_total, requests_ok, requests_err,
+  unsigned long long prompt_tokens, completion_tokens, steps_total, ref_forwards, canvases_total, requests_ok, requests_err,
       requests_cancelled;
   double step_seconds;
   double last_step_ms;
@@ -463,7 +462,7 @@ static void *scheduler(void *arg) {
       if (!st) st = dg_generate(j->ctx, j->prompt, j->n_prompt, &j->gp, &j->res);
       pthread_mutex_lock(&s->mu);
       s->prompt_tokens += j->n_prompt;
-      s->steps_total += (unsigned long long)j->res.n_steps;
+      s->ref_forwards += (unsigned long long)j->res.n_steps;
       s->canvases_total++;
       job_finish(s, j, st);
       continue;
@@ -608,6 +607,8 @@ static char *metrics_text(dg_server *s) {
   M("# HELP dgemma_step_seconds Batched denoising steps (one stacked decoder pass each) and their wall time.\n"
     "# TYPE dgemma_step_seconds summary\ndgemma_step_seconds_sum %.6f\ndgemma_step_seconds_count %llu\n",
     s->step_seconds, s->steps_total);
+  M("# HELP dgemma_reference_forwards_total Decoder forwards of requests run alone with the reference sampler.\n"
+    "# TYPE dgemma_reference_forwards_total counter\ndgemma_reference_forwards_total %llu\n", s->ref_forwards);
   M("# HELP dgemma_last_step_ms Wall time of the last batched denoising step, ms.\n# TYPE dgemma_last_step_ms gauge\n"
     "dgemma_last_step_ms %.3f\n", s->last_step_ms);
 #undef M
