@@ -96,9 +96,34 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport outfile)
+# `dgemma serve` needs libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev); without its
+# header the command is built as a stub that says it is unavailable. tests/test_serve's HTTP tests
+# also need libcurl (libcurl4-openssl-dev) and skip with a reason without it. MHD=0/CURL=0 force off.
+HAVE_HDR = $(shell printf '\043include <$(1)>\n' | $(CC) $(XCFLAGS) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
+MHD     ?= $(call HAVE_HDR,microhttpd.h)
+CURL    ?= $(call HAVE_HDR,curl/curl.h)
+SERVEOBJ := $(patsubst %,$(BUILD)/tools/%.o,serve serve_req serve_page)
+ifeq ($(MHD),1)
+$(BUILD)/tools/serve.o: CFLAGS += -DDG_HAVE_MHD
+LDLIBS  += -lmicrohttpd
+endif
+
+# The live canvas page, embedded as a C string (backslashes and quotes escaped, one literal per line).
+$(BUILD)/tools/serve_page.c: tools/serve_page.html
+	@mkdir -p $(dir $@)
+	{ echo '/* generated from tools/serve_page.html by the Makefile */'; echo 'const char dg_serve_page_html[] ='; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; echo ';'; } > $@
+$(BUILD)/tools/serve_page.o: $(BUILD)/tools/serve_page.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport outfile) $(SERVEOBJ)
 $(CLI): $(CLIOBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/test_serve: tests/test_serve.c $(SERVEOBJ) $(LIB) tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(if $(filter 1,$(CURL)),-DDG_HAVE_CURL) -Itests -Itools -o $@ $< $(SERVEOBJ) $(LIB) $(TESTLIB) \
+	  $(LDLIBS) $(if $(filter 1,$(CURL)),-lcurl)
 
 # test_eval and test_bench also link the CLI's GSM8K harness and bench code.
 TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling outfile)

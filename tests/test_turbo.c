@@ -1153,6 +1153,100 @@ static void test_batch(void **state) {
   }
 }
 
+/* Continuous batching (dg_batch): sequences join between denoising steps
+ * (the second after 3 steps of the first, the third after 2 more) and one
+ * is cancelled midway; every finished sequence equals its own dg_generate
+ * (tokens, forwards, positions, finish reason), the cancelled one leaves no
+ * result and frees its slot, and a step carries several canvases at once
+ * (fewer batched steps than the sequences' forwards added up). */
+static void test_batch_continuous(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth("cbatch", c, 0);
+  enum { NS = 4 };
+  int32_t p[NS][24];
+  size_t np[NS] = {9, 23, 14, 11};
+  dg_gen_params gp[NS];
+  const char *kw[NS] = {"{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_topk\": 16}",
+                        "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+                        "\"turbo_repair\": true}",
+                        "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_bucket\": true}",
+                        "{\"diffusion_turbo\": true}"};
+  dg_gen_result single[NS], res[NS];
+  dg_context *ctx[NS];
+  for (int i = 0; i < NS; i++) {
+    synth_random_ids(p[i], (int32_t)np[i], c.vocab, 71 + i);
+    gp[i] = dg_gen_default_params(m);
+    gp[i].max_new_tokens = (i % 3 + 1) * c.canvas;
+    gp[i].max_denoising_steps = 12;
+    gp[i].seed = 200 + (uint64_t)i;
+    gp[i].n_stop_ids = 0;
+    assert_dg_ok(dg_gen_params_apply_json(&gp[i], kw[i]));
+    assert_dg_ok(dg_context_new(m, NULL, &ctx[i]));
+    assert_dg_ok(dg_generate(ctx[i], p[i], np[i], &gp[i], &single[i]));
+    dg_context_reset(ctx[i]);
+  }
+  dg_batch *b = NULL;
+  assert_int_equal(dg_batch_new(m, 0, &b), DG_ERR_INVALID_ARG);
+  assert_dg_ok(dg_batch_new(m, 3, &b));
+  int32_t slot[NS], done[3], n_done = 0, finished[NS] = {0}, steps = 0, live_max = 0;
+  dg_status dst[3];
+  assert_dg_ok(dg_batch_add(b, ctx[0], p[0], np[0], &gp[0], &res[0], &slot[0]));
+  assert_int_equal(dg_batch_add(b, ctx[0], p[0], np[0], &gp[0], &res[0], &slot[3]), DG_ERR_INVALID_ARG); /* same ctx */
+  dg_gen_params off = gp[3];
+  off.turbo.enabled = 0;
+  assert_int_equal(dg_batch_add(b, ctx[3], p[3], np[3], &off, &res[3], &slot[3]), DG_ERR_INVALID_ARG);
+  int added = 1, cancelled = 0;
+  while (dg_batch_live(b) > 0 || added < NS) {
+    if (steps == 3 && added == 1) { assert_dg_ok(dg_batch_add(b, ctx[1], p[1], np[1], &gp[1], &res[1], &slot[1])); added++; }
+    if (steps == 5 && added == 2) { assert_dg_ok(dg_batch_add(b, ctx[2], p[2], np[2], &gp[2], &res[2], &slot[2])); added++; }
+    if (steps == 6 && added == 3) { /* all 3 slots may be full: then it waits for one to leave */
+      if (dg_batch_live(b) < 3) { assert_dg_ok(dg_batch_add(b, ctx[3], p[3], np[3], &gp[3], &res[3], &slot[3])); added++; }
+      else assert_int_equal(dg_batch_add(b, ctx[3], p[3], np[3], &gp[3], &res[3], &slot[3]), DG_ERR_INVALID_ARG);
+    }
+    if (added == 4 && !cancelled && !finished[3] && steps >= 8) { dg_batch_cancel(b, slot[3]); cancelled = 1; }
+    if (steps > 6 && added == 3 && dg_batch_live(b) < 3) {
+      assert_dg_ok(dg_batch_add(b, ctx[3], p[3], np[3], &gp[3], &res[3], &slot[3]));
+      added++;
+      steps = steps < 8 ? 8 : steps; /* cancel it at the next round */
+    }
+    if (dg_batch_live(b) > live_max) live_max = dg_batch_live(b);
+    if (dg_batch_live(b) == 0) { steps++; continue; }
+    assert_dg_ok(dg_batch_step(b, done, dst, &n_done));
+    steps++;
+    for (int32_t k = 0; k < n_done; k++) {
+      assert_int_equal(dst[k], DG_OK);
+      for (int i = 0; i < NS; i++)
+        if (slot[i] == done[k] && !finished[i] && (i < added)) { finished[i] = 1; slot[i] = -1; break; }
+    }
+  }
+  assert_true(cancelled);
+  assert_int_equal(res[3].n_tokens, 0);
+  assert_null(res[3].tokens);
+  int sum_steps = 0;
+  for (int i = 0; i < 3; i++) {
+    assert_true(finished[i]);
+    assert_int_equal(res[i].n_tokens, single[i].n_tokens);
+    assert_memory_equal(res[i].tokens, single[i].tokens, (size_t)single[i].n_tokens * 4);
+    assert_int_equal(res[i].n_steps, single[i].n_steps);
+    assert_int_equal(res[i].n_valid, single[i].n_valid);
+    assert_int_equal(res[i].n_forwarded, single[i].n_forwarded);
+    assert_int_equal(res[i].finish_reason, single[i].finish_reason);
+    sum_steps += single[i].n_steps;
+  }
+  assert_true(live_max >= 2);
+  assert_true(steps < sum_steps);
+  printf("# continuous batch: 3 sequences joined at steps 0, 3, 5 (one more cancelled), each equals its own run; "
+         "%d batched steps for %d forwards, up to %d canvases per step\n", steps, sum_steps, live_max);
+  dg_batch_free(b);
+  for (int i = 0; i < NS; i++) {
+    dg_gen_result_free(&single[i]);
+    dg_gen_result_free(&res[i]);
+    dg_context_free(ctx[i]);
+  }
+  dg_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kwargs),     cmocka_unit_test(test_turbo_off_unchanged),
@@ -1160,7 +1254,7 @@ int main(void) {
       cmocka_unit_test(test_schedule),   cmocka_unit_test(test_sc_modes),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_compact),
       cmocka_unit_test(test_compact_stale),  cmocka_unit_test(test_bucketing),
-      cmocka_unit_test(test_batch),
+      cmocka_unit_test(test_batch),      cmocka_unit_test(test_batch_continuous),
   };
   return cmocka_run_group_tests_name("turbo", tests, setup, teardown);
 }

@@ -11,6 +11,7 @@
  *   dgemma quantize IN_DIR OUT_DIR ...   MLX affine quantization of a float checkpoint
  *   dgemma mkrandom OUT_DIR ...          a random-weight checkpoint (26B-A4B shapes by default)
  *   dgemma qreport  [-m DIR] ...         quantization quality: KL and top-1 vs the float model (tools/qreport.c)
+ *   dgemma serve    [-m DIR] ...         OpenAI-compatible HTTP server (tools/serve.c)
  *
  * Without -m the bundled small model is used ($DGEMMA_MODEL, else
  * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
@@ -32,6 +33,7 @@
 #include "eval.h"
 #include "outfile.h"
 #include "qreport.h"
+#include "serve.h"
 
 #define DEFAULT_MODEL "models/dgemma-small"
 
@@ -69,6 +71,7 @@ static void usage_exit(const char *msg) {
           "            experts 4-bit group 64, the rest bf16; --source copies tokenizer files; docs/cuda.md)\n"
           "  qreport   dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G]\n"
           "            (KL divergence and top-1 agreement of quantized logits vs the float model)\n"
+          "  serve     dgemma serve [-m DIR] [--port P] [--max-batch N] [--api-key KEY] ... (dgemma serve --help)\n"
           "\n"
           "common options:\n"
           "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: bundled %s)\n"
@@ -892,6 +895,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) usage_exit(NULL);
   if (!strcmp(cmd, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return close_stdout(0); }
+  if (!strcmp(cmd, "serve")) return close_stdout(dg_cli_serve(argc - 1, argv + 1, default_model()));
   parse_opts(argc, argv, &o);
   /* every command's standard output is checked at the end (close_stdout) */
   if (!strcmp(cmd, "run")) return close_stdout(cmd_run(&o));
