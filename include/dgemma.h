@@ -150,6 +150,12 @@ dg_status dg_tokenize(const dg_model *m, const char *text, size_t len, int parse
 dg_status dg_detokenize(const dg_model *m, const int32_t *ids, size_t n_ids, int keep_special,
                         char **text);
 
+/* The vocabulary string (piece) of token id, as in tokenizer.json: "\u2581"
+ * marks a space, byte-fallback tokens read "<0x0A>", special tokens their
+ * name. Owned by the model (valid until dg_model_free). NULL if the model has
+ * no tokenizer or id is outside [0, vocab) or unused. */
+const char *dg_token_piece(const dg_model *m, int32_t id);
+
 typedef struct dg_chat_message {
   const char *role;    /* "system", "developer", "user", "assistant" or "model" */
   const char *content; /* UTF-8, encoded as plain text (control tokens stay text) */
