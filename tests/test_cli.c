@@ -1,4 +1,5 @@
-/* test_cli.c: the CLI when it is interrupted or cannot write (issue 16).
+/* test_cli.c: the CLI when it is interrupted or cannot write (issue 16), and
+ * as a user drives it (issue 15).
  *
  * Checks:
  *   - quantize, mkrandom and logits interrupted by SIGINT and by SIGTERM at
@@ -11,7 +12,17 @@
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
  *     detokenizer shows, not every canvas position.
- * The models are the bundled one and `mkrandom --config small`, one thread. */
+ *   - issue 15: every command's --help (stdout, exit 0, its own text), --version
+ *     anywhere, options of other commands and unknown ones refused in one line
+ *     (exit 2, before a model loads), prompts from -p, -f, -p - and a pipe (the
+ *     same answer; a 1 MB prompt through stdin read whole), --json (parsed, its
+ *     text and tokens checked against the library), --stop (a string spanning
+ *     two blocks, several strings, one that never comes), --temp (the schedule's
+ *     temperatures seen with -v), tokenize --pieces and detokenize, -t capped at
+ *     the cores, the passive OpenMP wait policy, info on a quantized model and a
+ *     model without a tokenizer.
+ * The models are the bundled one and `mkrandom --config small`, one thread.
+ * DG_TEST_FILTER=NAME runs the tests matching NAME (cmocka's filter). */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -1015,5 +1026,6 @@ int main(void) {
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_info_and_no_tokenizer),
   };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_stop" */
   return cmocka_run_group_tests(tests, setup, teardown);
 }

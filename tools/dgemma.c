@@ -1,8 +1,9 @@
 /* dgemma.c: the command-line tool. The only place that prints and exits.
  *
- *   dgemma run      [-m DIR] -p PROMPT   generate (chat template, streamed)
+ *   dgemma run      [-m DIR] -p PROMPT   generate (chat template, streamed); -f FILE, -p -, a pipe
  *   dgemma info     [-m DIR]             model summary
- *   dgemma tokenize [-m DIR] TEXT        ids of TEXT (no BOS)
+ *   dgemma tokenize [-m DIR] TEXT        ids (--pieces: and pieces) of TEXT (no BOS)
+ *   dgemma detokenize [-m DIR] IDS       text of ids
  *   dgemma logits   ...                  decoder logits as raw float32 (parity)
  *   dgemma replay   ...                  generation from injected random streams (parity)
  *   dgemma eval     gsm8k ...            GSM8K, vLLM harness conventions (tools/eval.c, tools/gsm8k.c)
@@ -12,8 +13,10 @@
  *   dgemma mkrandom OUT_DIR ...          a random-weight checkpoint (26B-A4B shapes by default)
  *   dgemma qreport  [-m DIR] ...         quantization quality: KL and top-1 vs the float model (tools/qreport.c)
  *
- * Without -m the bundled small model is used ($DGEMMA_MODEL, else
- * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
+ * `dgemma CMD --help` prints CMD's help (kCommands); each command accepts only
+ * its own options (kOptions). Without -m the bundled small model is used
+ * ($DGEMMA_MODEL, else models/dgemma-small next to the executable's ../, else
+ * ./models/dgemma-small). */
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -299,7 +302,9 @@ static void global_help(FILE *f) {
           "                    parameter demo model whose arithmetic is weak; docs/small-model.md)\n"
           "  OMP_WAIT_POLICY   dgemma sets \"passive\" unless it is set (idle threads sleep: spinning ones are\n"
           "                    many times slower on a shared machine); \"active\" may help on an idle one\n"
-          "  OMP_NUM_THREADS   the default of -t\n");
+          "  OMP_NUM_THREADS   the default of -t\n"
+          "  DGEMMA_KERNELS    ref, avx2 or avx512: force a CPU kernel set (default: the best available)\n"
+          "  DGEMMA_CUDA_SYNC=1, DGEMMA_CUDA_MEM_LIMIT=BYTES   CUDA debugging, GPU sharing (README)\n");
 }
 
 static void command_help(const command *c, FILE *f) {
