@@ -94,9 +94,13 @@ $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
+# Line editing for `dgemma chat` from libedit (Debian libedit-dev, installed by scripts/setup.sh);
+# without its header the chat reads plain lines. EDIT=0|1 forces it.
+EDIT    ?= $(if $(wildcard /usr/include/editline/readline.h),1,0)
 CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport)
+$(BUILD)/tools/dgemma.o: CFLAGS += $(if $(filter 1,$(EDIT)),-DDG_HAVE_LIBEDIT)
 $(CLI): $(CLIOBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(if $(filter 1,$(EDIT)),-ledit)
 
 # test_eval and test_bench also link the CLI's GSM8K harness and bench code.
 TOOLOBJ := $(patsubst %,$(BUILD)/tools/%.o,gsm8k bench ceiling)

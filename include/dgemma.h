@@ -314,6 +314,12 @@ void dg_context_free(dg_context *ctx);
 void dg_context_reset(dg_context *ctx);
 /* Number of tokens in the KV cache. */
 int32_t dg_context_length(const dg_context *ctx);
+/* Keep the first len tokens of the KV cache and drop the rest (positions are
+ * absolute, so the next dg_encode/dg_generate continues at position len); an
+ * interrupted chat turn rolls back with it. The cache is position-indexed, so
+ * nothing is recomputed. Errors: DG_ERR_INVALID_ARG (NULL, or len outside
+ * [0, dg_context_length]). */
+dg_status dg_context_truncate(dg_context *ctx, int32_t len);
 
 typedef enum dg_finish_reason {
   DG_FINISH_LENGTH = 0,     /* max_new_tokens reached */

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 DEPS_ONLY=0
 [ "${1:-}" = "--deps-only" ] && DEPS_ONLY=1
 
-PKGS="gcc make libcjson-dev libcmocka-dev ca-certificates"
+PKGS="gcc make libcjson-dev libcmocka-dev libedit-dev ca-certificates"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -28,6 +28,8 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
+#include <pty.h>
 #include <sched.h>
 #include <signal.h>
 #include <time.h>
@@ -452,8 +454,8 @@ static int count_char(const char *s, char c) {
   return n;
 }
 
-static const char *const kCmds[] = {"run",   "info",     "tokenize", "detokenize", "logits", "replay",
-                                    "eval",  "bench",    "quantize", "mkrandom",   "qreport"};
+static const char *const kCmds[] = {"run",  "chat",  "info",     "tokenize", "detokenize", "logits",
+                                    "replay", "eval", "bench",    "quantize", "mkrandom",   "qreport"};
 
 static void test_help(void **state) {
   (void)state;
@@ -501,10 +503,11 @@ static void test_help(void **state) {
   assert_non_null(strstr(helps[0], "T * t_min/t_max"));
   assert_non_null(strstr(helps[0], "--stop STRING"));
   assert_non_null(strstr(helps[0], "--json"));
-  assert_null(strstr(helps[1], "--temp"));
-  assert_non_null(strstr(helps[2], "--pieces"));
-  assert_non_null(strstr(helps[8], "--recipe SPEC"));
-  assert_null(strstr(helps[8], "--prompt"));
+  assert_non_null(strstr(helps[1], "/reset"));
+  assert_null(strstr(helps[2], "--temp"));
+  assert_non_null(strstr(helps[3], "--pieces"));
+  assert_non_null(strstr(helps[9], "--recipe SPEC"));
+  assert_null(strstr(helps[9], "--prompt"));
   for (size_t k = 0; k < sizeof kCmds / sizeof kCmds[0]; k++) free(helps[k]);
   /* --version anywhere, before anything is loaded (the model does not exist) */
   const char *ver[] = {"--version", "run -m /nonexistent -p hi --version", "info --version -m /nonexistent",
@@ -1009,6 +1012,205 @@ static void test_info_and_no_tokenizer(void **state) {
   free(err);
 }
 
+/* ---- dgemma chat through a pseudo-terminal ------------------------------------------------ */
+
+typedef struct pty_session {
+  pid_t pid;
+  int fd;
+  char *buf; /* everything the terminal showed, '\r' removed */
+  size_t len, cap;
+} pty_session;
+
+static void pty_start(pty_session *s, const char *const *argv) {
+  fflush(stdout);
+  memset(s, 0, sizeof *s);
+  s->pid = forkpty(&s->fd, NULL, NULL, NULL);
+  assert_true(s->pid >= 0);
+  if (s->pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    execv(g_exe, (char *const *)argv);
+    _exit(127);
+  }
+  s->cap = 1 << 16;
+  s->buf = malloc(s->cap);
+  s->buf[0] = 0;
+}
+
+/* Read until `want` appears at or after offset `from`; returns its offset, or fails after timeout_s. */
+static size_t pty_expect(pty_session *s, size_t from, const char *want, double timeout_s) {
+  const double t0 = now_s();
+  for (;;) {
+    char *hit = s->len >= from ? strstr(s->buf + from, want) : NULL;
+    if (hit) return (size_t)(hit - s->buf);
+    const double left = timeout_s - (now_s() - t0);
+    if (left <= 0) fail_msg("chat: no \"%s\" after %.0f s; the terminal showed:\n%s", want, timeout_s, s->buf + from);
+    struct pollfd p = {s->fd, POLLIN, 0};
+    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+    char tmp[4096];
+    ssize_t k = read(s->fd, tmp, sizeof tmp);
+    if (k <= 0) fail_msg("chat: the terminal closed before \"%s\"; it showed:\n%s", want, s->buf + from);
+    for (ssize_t i = 0; i < k; i++) {
+      if (tmp[i] == '\r') continue;
+      if (s->len + 2 > s->cap) s->buf = realloc(s->buf, s->cap *= 2);
+      s->buf[s->len++] = tmp[i];
+    }
+    s->buf[s->len] = 0;
+  }
+}
+
+static void pty_send(pty_session *s, const char *text) {
+  assert_int_equal(write(s->fd, text, strlen(text)), (ssize_t)strlen(text));
+}
+
+/* Send a message and return the answer the terminal showed (malloc'd): what follows the echoed
+ * line up to the newline before the "(dgemma: ...)" summary, which is followed by the next prompt.
+ * The line may be echoed twice (by the terminal, when it arrives before the line editor takes
+ * the terminal, and by the editor): the answer starts after the last echo. */
+static char *pty_turn(pty_session *s, const char *message) {
+  const size_t from = s->len;
+  pty_send(s, message);
+  pty_send(s, "\n");
+  char echo_line[512];
+  snprintf(echo_line, sizeof echo_line, "%s\n", message);
+  size_t echo = pty_expect(s, from, echo_line, 30) + strlen(echo_line);
+  size_t sum = pty_expect(s, echo, "\n(dgemma: ", 120);
+  pty_expect(s, sum, ")\n> ", 30);
+  for (char *e; (e = strstr(s->buf + echo, echo_line)) && (size_t)(e - s->buf) < sum;)
+    echo = (size_t)(e - s->buf) + strlen(echo_line);
+  return strndup(s->buf + echo, sum - echo);
+}
+
+static int pty_finish(pty_session *s) {
+  int status;
+  const double t0 = now_s();
+  while (waitpid(s->pid, &status, WNOHANG) == 0) {
+    if (now_s() - t0 > 30) { kill(s->pid, SIGKILL); fail_msg("chat did not leave after /quit"); }
+    char tmp[4096];
+    struct pollfd p = {s->fd, POLLIN, 0};
+    if (poll(&p, 1, 50) > 0 && read(s->fd, tmp, sizeof tmp) <= 0) usleep(10000);
+  }
+  close(s->fd);
+  free(s->buf);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The library's answer to a token sequence (fresh context, the chat's settings): its text, and its
+ * tokens up to the stop id in *ans (malloc'd). */
+static char *lib_answer(const dg_model *m, const int32_t *ids, size_t n, int32_t **ans, size_t *n_ans, int *finished) {
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)n + 64;
+  dg_context *ctx = NULL;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  dg_gen_params gp = dg_gen_default_params(m);
+  gp.max_new_tokens = 64;
+  gp.max_denoising_steps = 4;
+  gp.proposal = DG_PROPOSAL_ARGMAX;
+  dg_gen_result r;
+  assert_dg_ok(dg_generate(ctx, ids, n, &gp, &r));
+  char *text = NULL;
+  assert_dg_ok(dg_detokenize(m, r.tokens, (size_t)r.n_valid, 0, &text));
+  if (ans) {
+    *ans = malloc((size_t)r.n_valid * sizeof **ans);
+    memcpy(*ans, r.tokens, (size_t)r.n_valid * sizeof **ans);
+    *n_ans = (size_t)r.n_valid;
+    *finished = r.finished;
+  }
+  dg_gen_result_free(&r);
+  dg_context_free(ctx);
+  return text;
+}
+
+static int32_t one_id(const dg_model *m, const char *piece) {
+  int32_t *ids;
+  size_t n;
+  assert_dg_ok(dg_tokenize(m, piece, strlen(piece), 1, &ids, &n));
+  assert_int_equal(n, 1);
+  int32_t id = ids[0];
+  dg_free(ids);
+  return id;
+}
+
+/* Two turns: the second answer is the model's answer to the whole conversation (first question, first
+ * answer, second question) and differs from its answer to the second question alone; /reset forgets. */
+static void test_chat(void **state) {
+  (void)state;
+  const char *q1 = "Tom has 5 pens. He buys 3 more pens. How many pens does Tom have now?";
+  const char *q2 = "How many pens does Tom have?";
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  /* what the answers must be */
+  int32_t *p1, *p2, *a1, *conv;
+  size_t n1, n2, na1;
+  dg_chat_message msg1 = {"user", q1}, msg2 = {"user", q2};
+  assert_dg_ok(dg_chat_apply(m, &msg1, 1, 0, &p1, &n1));
+  assert_dg_ok(dg_chat_apply(m, &msg2, 1, 0, &p2, &n2));
+  int a1_finished = 0;
+  char *e1 = lib_answer(m, p1, n1, &a1, &na1, &a1_finished);
+  const int32_t end_turn = one_id(m, "<turn|>"), nl = one_id(m, "\n");
+  /* the conversation as the template has it: turn 1, the answer closed by <turn|>\n, turn 2 (no second <bos>) */
+  conv = malloc((n1 + na1 + 2 + n2) * sizeof *conv);
+  size_t nc = 0;
+  for (size_t i = 0; i < n1; i++) conv[nc++] = p1[i];
+  size_t keep = na1; /* a stop id other than <turn|> (e.g. <eos>) is replaced by <turn|> */
+  if (a1_finished && keep && a1[keep - 1] != end_turn) keep--;
+  for (size_t i = 0; i < keep; i++) conv[nc++] = a1[i];
+  if (!keep || conv[nc - 1] != end_turn) conv[nc++] = end_turn;
+  conv[nc++] = nl;
+  for (size_t i = 1; i < n2; i++) conv[nc++] = p2[i];
+  char *e2 = lib_answer(m, conv, nc, NULL, NULL, NULL);
+  char *e2_alone = lib_answer(m, p2, n2, NULL, NULL, NULL);
+  printf("# answer 1: \"%s\"\n# answer 2 in the conversation: \"%s\"\n# answer 2 alone: \"%s\"\n", e1, e2, e2_alone);
+  assert_string_not_equal(e2, e2_alone); /* the first turn changes the second answer */
+  /* the chat in a terminal */
+  const char *argv[] = {"dgemma", "chat", "-m", SMALL, "-t", "1", "-n", "64", "-s", "4", "--greedy", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  pty_expect(&s, 0, "> ", 60);
+  char *c1 = pty_turn(&s, q1);
+  char *c2 = pty_turn(&s, q2);
+  size_t from = s.len;
+  pty_send(&s, "/reset\n");
+  pty_expect(&s, pty_expect(&s, from, "(conversation forgotten)\n", 30), "> ", 30);
+  char *c3 = pty_turn(&s, q2);
+  from = s.len;
+  pty_send(&s, "/quit\n");
+  assert_int_equal(pty_finish(&s), 0);
+  printf("# chat: \"%s\" / \"%s\" / after /reset \"%s\"\n", c1, c2, c3);
+  assert_string_equal(c1, e1);
+  assert_string_equal(c2, e2);
+  assert_string_equal(c3, e2_alone);
+  free(c1); free(c2); free(c3);
+  dg_free(e1); dg_free(e2); dg_free(e2_alone);
+  dg_free(p1); dg_free(p2);
+  free(a1); free(conv);
+  dg_model_free(m);
+}
+
+/* Ctrl-C stops a long answer without leaving the chat. */
+static void test_chat_interrupt(void **state) {
+  (void)state;
+  const char *argv[] = {"dgemma", "chat", "-m", SMALL, "-t", "1", "-n", "1024", "-s", "48", "--gen-kwargs",
+                        "{\"eos_token_id\": [], \"stability_threshold\": 100}", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  pty_expect(&s, 0, "> ", 60);
+  size_t from = s.len;
+  pty_send(&s, "Tell me a long story.\n");
+  usleep(800000);
+  const double t0 = now_s();
+  pty_send(&s, "\x03");
+  size_t at = pty_expect(&s, from, "(stopped; this turn is forgotten)\n", 20);
+  pty_expect(&s, at, "> ", 10);
+  const double dt = now_s() - t0;
+  printf("# Ctrl-C: stopped %.2f s after it (a whole answer takes about 16 canvases x 48 steps)\n", dt);
+  assert_true(dt < 5);
+  assert_int_equal(kill(s.pid, 0), 0); /* still running */
+  pty_send(&s, "/quit\n");
+  assert_int_equal(pty_finish(&s), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quantize_interrupted),
@@ -1025,6 +1227,8 @@ int main(void) {
       cmocka_unit_test(test_pieces_detokenize),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_info_and_no_tokenizer),
+      cmocka_unit_test(test_chat),
+      cmocka_unit_test(test_chat_interrupt),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_stop" */
   return cmocka_run_group_tests(tests, setup, teardown);

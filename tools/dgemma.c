@@ -32,6 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef DG_HAVE_LIBEDIT
+#include <editline/readline.h>
+#endif
+
 #include "dgemma.h"
 #include "bench.h"
 #include "eval.h"
@@ -54,13 +58,14 @@ static void die(const char *what, dg_status st) {
  * print one line and the hint to stderr and exit 2. */
 
 enum {
+  C_CHAT = 1 << 11,
   C_RUN = 1 << 0, C_INFO = 1 << 1, C_TOKENIZE = 1 << 2, C_DETOKENIZE = 1 << 3, C_LOGITS = 1 << 4,
   C_REPLAY = 1 << 5, C_EVAL = 1 << 6, C_BENCH = 1 << 7, C_QUANTIZE = 1 << 8, C_MKRANDOM = 1 << 9,
   C_QREPORT = 1 << 10
 };
-#define C_LOADS (C_RUN | C_INFO | C_TOKENIZE | C_DETOKENIZE | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH | C_QREPORT)
-#define C_FORWARD (C_RUN | C_INFO | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH)
-#define C_ALL 0x7ff
+#define C_LOADS (C_RUN | C_CHAT | C_INFO | C_TOKENIZE | C_DETOKENIZE | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH | C_QREPORT)
+#define C_FORWARD (C_RUN | C_CHAT | C_INFO | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH)
+#define C_ALL 0xfff
 
 static const char kModelHelp[] =
     "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: $DGEMMA_MODEL, else the bundled\n"
@@ -107,6 +112,17 @@ static const command kCommands[] = {
      "      --gen-kwargs JSON    any generation_config field, e.g. '{\"entropy_bound\": 0.2}', or the turbo\n"
      "                           engine: '{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\"}' (README)\n"
      "  -v, --verbose            show the canvas as it denoises (stderr)\n",
+     1, 1},
+    {"chat", C_CHAT, "talk with the model in the terminal, turn after turn",
+     "usage: dgemma chat [-m DIR] [options]\n"
+     "\n"
+     "Multi-turn chat: type a message, the answer streams back. The conversation stays in the KV\n"
+     "cache (each turn prefills only its new tokens). /reset forgets it, /system TEXT sets the\n"
+     "system message and starts over, /quit or Ctrl-D leaves, Ctrl-C stops the current answer (that\n"
+     "turn is forgotten). Without a terminal, every line of standard input is a message.\n",
+     "  -c, --ctx-size N         positions of the conversation (default 8192, at most the model's)\n"
+     "      --system TEXT        a system message\n"
+     "  -n N, -s STEPS, --temp T, --greedy, --seed S, --gen-kwargs JSON   per answer, as for run\n",
      1, 1},
     {"info", C_INFO, "print the model configuration",
      "usage: dgemma info [-m DIR] [--device cuda[:N]]\n"
@@ -227,22 +243,22 @@ static const option_def kOptions[] = {
     {"-m", "--model", C_LOADS},
     {"-p", "--prompt", C_RUN | C_TOKENIZE},
     {"-f", "--file", C_RUN | C_TOKENIZE | C_EVAL},
-    {NULL, "--system", C_RUN},
+    {NULL, "--system", C_RUN | C_CHAT},
     {NULL, "--think", C_RUN},
     {NULL, "--raw", C_RUN},
     {NULL, "--stop", C_RUN},
-    {NULL, "--temp", C_RUN},
+    {NULL, "--temp", C_RUN | C_CHAT},
     {NULL, "--json", C_RUN},
-    {"-n", "--max-new-tokens", C_RUN | C_REPLAY | C_EVAL | C_BENCH},
-    {"-s", "--steps", C_RUN | C_REPLAY | C_EVAL},
-    {NULL, "--seed", C_RUN | C_REPLAY | C_EVAL | C_BENCH | C_MKRANDOM | C_QREPORT},
+    {"-n", "--max-new-tokens", C_RUN | C_CHAT | C_REPLAY | C_EVAL | C_BENCH},
+    {"-s", "--steps", C_RUN | C_CHAT | C_REPLAY | C_EVAL},
+    {NULL, "--seed", C_RUN | C_CHAT | C_REPLAY | C_EVAL | C_BENCH | C_MKRANDOM | C_QREPORT},
     {"-t", "--threads", C_FORWARD | C_QUANTIZE | C_MKRANDOM | C_QREPORT},
     {NULL, "--ref", C_FORWARD},
     {NULL, "--device", C_FORWARD},
-    {NULL, "--greedy", C_RUN | C_REPLAY | C_EVAL},
+    {NULL, "--greedy", C_RUN | C_CHAT | C_REPLAY | C_EVAL},
     {NULL, "--special", C_TOKENIZE | C_DETOKENIZE},
     {NULL, "--pieces", C_TOKENIZE},
-    {NULL, "--gen-kwargs", C_RUN | C_REPLAY | C_EVAL | C_BENCH},
+    {NULL, "--gen-kwargs", C_RUN | C_CHAT | C_REPLAY | C_EVAL | C_BENCH},
     {"-v", "--verbose", C_RUN},
     {NULL, "--prompt-ids", C_LOGITS | C_REPLAY},
     {NULL, "--canvas-ids", C_LOGITS},
@@ -273,6 +289,7 @@ static const option_def kOptions[] = {
     {NULL, "--dry-run", C_MKRANDOM},
     {"-h", "--help", C_ALL},
     {NULL, "--version", C_ALL},
+    {"-c", "--ctx-size", C_CHAT},
 };
 
 static const command *g_cmd; /* the command being run (NULL before it is known) */
@@ -506,6 +523,7 @@ static const char *default_model(void) {
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
   const char *file, *recipe, *recipes, *config, *source;
+  long long ctx_size;              /* chat -c */
   const char *data, *summary, *protocol;
   const char *rows, *formats, *moe_tokens; /* bench --protocol ceiling */
   int quick;
@@ -609,6 +627,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
       o->temp_set = 1;
     }
     else if (!strcmp(a, "--json")) o->json = 1;
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = parse_int(ARG(), a, 1, INT32_MAX);
     else if (!strcmp(a, "--pieces")) o->pieces = 1;
     else if (!strcmp(a, "--data")) o->data = ARG();
     else if (!strcmp(a, "--summary")) o->summary = ARG();
@@ -725,6 +744,14 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
   if (o->steps_set) gp.max_denoising_steps = (int32_t)o->steps;
   if (o->seed_set) gp.seed = (uint64_t)o->seed;
   if (o->greedy) gp.proposal = DG_PROPOSAL_ARGMAX;
+  /* --temp T: the linear schedule scaled to start at T, its shape kept (t_min = T * t_min / t_max);
+   * T = 0: argmax proposals, the schedule unchanged (it still sets the entropies of acceptance) */
+  if (o->temp_set && o->temp == 0) gp.proposal = DG_PROPOSAL_ARGMAX;
+  else if (o->temp_set) {
+    const double ratio = gp.t_max > 0 ? (double)gp.t_min / gp.t_max : 0.5;
+    gp.t_max = (float)o->temp;
+    gp.t_min = (float)(o->temp * ratio);
+  }
   return gp;
 }
 
@@ -928,14 +955,6 @@ static int cmd_run(const opts *o) {
   const char *prompt = input_text(o, 1, &plen, &owned);
   dg_model *m = load_model(o, 1);
   dg_gen_params gp = gen_params(m, o);
-  if (o->temp_set) { /* --temp: the schedule scaled to start at T (its shape kept); 0 = argmax proposals */
-    if (o->temp == 0) gp.proposal = DG_PROPOSAL_ARGMAX;
-    else {
-      const double ratio = gp.t_max > 0 ? (double)gp.t_min / gp.t_max : 0.5;
-      gp.t_max = (float)o->temp;
-      gp.t_min = (float)(o->temp * ratio);
-    }
-  }
   int32_t *ids = NULL;
   size_t n = 0;
   dg_status st;
@@ -960,6 +979,8 @@ static int cmd_run(const opts *o) {
             "dgemma run: the prompt has %zu tokens; with %d canvas(es) of %d for -n %d the sequence needs %d "
             "positions, past the model's max_position_embeddings %d\n",
             n, nc, C, gp.max_new_tokens, need, info.max_position_embeddings);
+    dg_free(ids);
+    dg_model_free(m);
     return 2;
   }
   dg_context_params cp = dg_context_default_params();
@@ -1057,6 +1078,209 @@ out:
   dg_context_free(ctx);
   dg_model_free(m);
   return rc;
+}
+
+/* ---- chat ------------------------------------------------------------------ *
+ *
+ * Multi-turn chat in the terminal. The conversation lives in the KV cache: each
+ * turn appends only its new tokens (the previous answer's last, uncommitted
+ * canvas up to its stop id, the turn's end, the new user turn) and generates on
+ * top, so nothing is prefilled twice. Ctrl-C stops the current answer (the turn
+ * is dropped: the cache is truncated back); /reset, /system TEXT, /quit. Lines
+ * are read with libedit when the build has it (history, editing), else plainly;
+ * without a terminal on stdin every line is a user message (scripts). */
+
+static volatile sig_atomic_t g_chat_interrupt = 0;
+
+static void on_chat_sigint(int sig) {
+  (void)sig;
+  g_chat_interrupt = 1;
+}
+
+static int chat_on_step(const dg_step_info *si, void *ud) {
+  (void)si;
+  (void)ud;
+  return g_chat_interrupt != 0; /* Ctrl-C: stop within one denoising step */
+}
+
+/* One line from the user, malloc'd without its newline; NULL at the end of input. */
+static char *chat_read_line(int tty) {
+#ifdef DG_HAVE_LIBEDIT
+  if (tty) {
+    char *l = readline("> ");
+    if (l && *l) add_history(l);
+    return l;
+  }
+#endif
+  if (tty) {
+    fputs("> ", stdout);
+    fflush(stdout);
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t k = getline(&line, &cap, stdin);
+  if (k < 0) {
+    free(line);
+    return NULL;
+  }
+  while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
+  return line;
+}
+
+/* The single id of a control token's text, -1 if the tokenizer has none. */
+static int32_t control_id(const dg_model *m, const char *piece) {
+  int32_t *ids = NULL, id = -1;
+  size_t n = 0;
+  if (dg_tokenize(m, piece, strlen(piece), 1, &ids, &n) == DG_OK && n == 1) id = ids[0];
+  dg_free(ids);
+  return id;
+}
+
+static int cmd_chat(const opts *o) {
+  no_positional(o, "chat");
+  dg_model *m = load_model(o, 1);
+  dg_gen_params gp = gen_params(m, o);
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  const int32_t C = info.canvas_length, n_canvases = (gp.max_new_tokens + C - 1) / C;
+  int32_t cap = o->ctx_size ? (int32_t)o->ctx_size : 8192;
+  if (cap > info.max_position_embeddings) cap = info.max_position_embeddings;
+  if (cap < 2 * n_canvases * C) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "-c %d is too small for -n %d (%d positions at least)", cap, gp.max_new_tokens,
+             2 * n_canvases * C);
+    usage_exit(msg);
+  }
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = cap;
+  dg_context *ctx = NULL;
+  dg_status st;
+  if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  const int32_t end_turn = control_id(m, "<turn|>"), newline = control_id(m, "\n");
+  const int tty = isatty(0);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_chat_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  char *system = o->system ? strdup(o->system) : NULL;
+  int32_t *tail = NULL; /* the previous answer's tokens not in the cache yet, and the turn's end */
+  size_t n_tail = 0;
+  if (tty)
+    fprintf(stderr, "dgemma chat: %s, context %d positions. /reset forgets the conversation, /system TEXT sets "
+            "a system message, /quit leaves (or Ctrl-D); Ctrl-C stops an answer.\n",
+            o->model ? o->model : default_model(), cap);
+  char *line;
+  while ((line = chat_read_line(tty))) {
+    if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) { free(line); break; }
+    if (!strcmp(line, "/reset") || !strncmp(line, "/system", 7)) {
+      if (line[1] == 's') {
+        const char *t = line + 7;
+        if (*t && *t != ' ') goto unknown;
+        while (*t == ' ') t++;
+        free(system);
+        system = *t ? strdup(t) : NULL;
+        printf("(system message %s; the conversation starts over)\n", system ? "set" : "cleared");
+      } else {
+        printf("(conversation forgotten)\n");
+      }
+      dg_context_reset(ctx);
+      n_tail = 0;
+      fflush(stdout);
+      free(line);
+      continue;
+    }
+    if (line[0] == '/' && strcmp(line, "/help")) {
+    unknown:
+      printf("(unknown command %s: /reset, /system [TEXT], /quit)\n", line);
+      fflush(stdout);
+      free(line);
+      continue;
+    }
+    if (!strcmp(line, "/help") || !*line) {
+      if (*line) printf("(/reset forgets the conversation, /system [TEXT] sets or clears the system message and starts "
+                        "over, /quit leaves; Ctrl-C stops an answer)\n");
+      fflush(stdout);
+      free(line);
+      continue;
+    }
+    /* the new tokens: the whole first turn, or the previous answer's tail and the user turn (no <bos>) */
+    const int first = dg_context_length(ctx) == 0;
+    dg_chat_message msgs[2];
+    size_t nm = 0;
+    if (first && system) msgs[nm++] = (dg_chat_message){"system", system};
+    msgs[nm++] = (dg_chat_message){"user", line};
+    int32_t *turn = NULL;
+    size_t n_turn = 0;
+    if ((st = dg_chat_apply(m, msgs, nm, 0, &turn, &n_turn))) {
+      fprintf(stderr, "dgemma chat: %s: %s\n", dg_status_str(st), dg_last_error());
+      free(line);
+      continue;
+    }
+    free(line);
+    const size_t skip = first ? 0 : 1; /* <bos> */
+    const size_t n_new = n_tail + n_turn - skip;
+    int32_t *ids = malloc(n_new * sizeof *ids);
+    memcpy(ids, tail, n_tail * sizeof *ids);
+    memcpy(ids + n_tail, turn + skip, (n_turn - skip) * sizeof *ids);
+    dg_free(turn);
+    const int32_t len0 = dg_context_length(ctx);
+    if ((int64_t)len0 + (int64_t)n_new + (int64_t)n_canvases * C > cap) {
+      printf("(the conversation is full: %d + %zu tokens and %d for the answer exceed the context's %d positions; "
+             "/reset starts over, -c sets a larger context)\n", len0, n_new, n_canvases * C, cap);
+      fflush(stdout);
+      free(ids);
+      continue;
+    }
+    stream_state ss = {.m = m, .stop_string = -1};
+    gp.on_block = on_block;
+    gp.on_step = chat_on_step;
+    gp.user_data = &ss;
+    g_chat_interrupt = 0;
+    const double t0 = now_s();
+    st = dg_encode(ctx, ids, n_new - 1);
+    const double t1 = now_s();
+    dg_gen_result r;
+    if (!st) st = dg_generate(ctx, ids + n_new - 1, 1, &gp, &r);
+    const double t2 = now_s();
+    free(ids);
+    if (st) { /* interrupted, or a failure: the turn is dropped, the conversation stays as it was */
+      dg_context_truncate(ctx, len0);
+      printf("\n");
+      if (st == DG_ERR_ABORTED && g_chat_interrupt) printf("(stopped; this turn is forgotten)\n");
+      else fprintf(stderr, "dgemma chat: %s: %s (this turn is forgotten)\n", dg_status_str(st), dg_last_error());
+      fflush(stdout);
+      free(ss.ids);
+      dg_free(ss.text);
+      continue;
+    }
+    write_out(&ss, ss.text ? strlen(ss.text) : 0);
+    printf("\n");
+    fflush(stdout);
+    /* what the cache lacks of the answer: the last canvas (never committed), up to its stop id */
+    const int32_t in_cache = dg_context_length(ctx) - len0 - (int32_t)n_new;
+    int32_t keep = r.n_valid;
+    if (r.finished && keep > 0 && r.tokens[keep - 1] != end_turn) keep--; /* <eos> and the like: end the turn instead */
+    if (in_cache > keep) dg_context_truncate(ctx, len0 + (int32_t)n_new + keep);
+    const int32_t from = in_cache < keep ? in_cache : keep;
+    n_tail = 0;
+    tail = realloc(tail, ((size_t)(keep - from) + 2) * sizeof *tail);
+    for (int32_t k = from; k < keep; k++) tail[n_tail++] = r.tokens[k];
+    if ((n_tail == 0 || tail[n_tail - 1] != end_turn) && end_turn >= 0) tail[n_tail++] = end_turn;
+    if (newline >= 0) tail[n_tail++] = newline;
+    fprintf(stderr, "(dgemma: %d tokens, %d blocks, %d steps, %.2f s, %.1f tok/s; prefill %zu tokens %.2f s; "
+            "context %d/%d)\n", r.n_visible, r.n_blocks, r.n_steps, t2 - t1,
+            t2 > t1 ? r.n_visible / (t2 - t1) : 0.0, n_new, t1 - t0, dg_context_length(ctx) + (int32_t)n_tail, cap);
+    dg_gen_result_free(&r);
+    free(ss.ids);
+    dg_free(ss.text);
+  }
+  if (tty) printf("\n");
+  free(tail);
+  free(system);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return 0;
 }
 
 /* ---- info / tokenize ------------------------------------------------------ */
@@ -1229,6 +1453,9 @@ static int cmd_detokenize(const opts *o) {
     long v = strtol(p, &end, 10);
     if (end == p || errno || v < 0 || v >= info.vocab_size || (*end && !strchr(", \t\r\n", *end))) {
       fprintf(stderr, "dgemma detokenize: id %zu: \"%.20s\" is not an id in [0, %d)\n", n, p, info.vocab_size);
+      free(ids);
+      free(buf);
+      dg_model_free(m);
       return 2;
     }
     if (n == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
@@ -1618,6 +1845,7 @@ int main(int argc, char **argv) {
   cap_threads(&o);
   /* every command's standard output is checked at the end (close_stdout) */
   if (!strcmp(cmd, "run")) return close_stdout(cmd_run(&o));
+  if (!strcmp(cmd, "chat")) return close_stdout(cmd_chat(&o));
   if (!strcmp(cmd, "info")) return close_stdout(cmd_info(&o));
   if (!strcmp(cmd, "tokenize")) return close_stdout(cmd_tokenize(&o));
   if (!strcmp(cmd, "detokenize")) return close_stdout(cmd_detokenize(&o));
