@@ -877,7 +877,7 @@ static void test_temp(void **state) {
 static void test_pieces_detokenize(void **state) {
   (void)state;
   const char *text = "Hello world,\n 23 apples\tand \\ more";
-  char path[512], args[1024], *out, *err;
+  char path[512], args[8192], *out, *err;
   snprintf(path, sizeof path, "%s/pieces.txt", g_dir);
   write_file(path, text, strlen(text));
   dg_model *m = NULL;

@@ -1,6 +1,7 @@
 /* dgemma.c: the command-line tool. The only place that prints and exits.
  *
  *   dgemma run      [-m DIR] -p PROMPT   generate (chat template, streamed); -f FILE, -p -, a pipe
+ *   dgemma chat     [-m DIR]             multi-turn chat in the terminal (KV cache kept between turns)
  *   dgemma info     [-m DIR]             model summary
  *   dgemma tokenize [-m DIR] TEXT        ids (--pieces: and pieces) of TEXT (no BOS)
  *   dgemma detokenize [-m DIR] IDS       text of ids
@@ -1221,7 +1222,7 @@ static int cmd_chat(const opts *o) {
     const size_t skip = first ? 0 : 1; /* <bos> */
     const size_t n_new = n_tail + n_turn - skip;
     int32_t *ids = malloc(n_new * sizeof *ids);
-    memcpy(ids, tail, n_tail * sizeof *ids);
+    if (n_tail) memcpy(ids, tail, n_tail * sizeof *ids);
     memcpy(ids + n_tail, turn + skip, (n_turn - skip) * sizeof *ids);
     dg_free(turn);
     const int32_t len0 = dg_context_length(ctx);
