@@ -59,10 +59,9 @@ static void die(const char *what, dg_status st) {
  * print one line and the hint to stderr and exit 2. */
 
 enum {
-  C_CHAT = 1 << 11,
   C_RUN = 1 << 0, C_INFO = 1 << 1, C_TOKENIZE = 1 << 2, C_DETOKENIZE = 1 << 3, C_LOGITS = 1 << 4,
   C_REPLAY = 1 << 5, C_EVAL = 1 << 6, C_BENCH = 1 << 7, C_QUANTIZE = 1 << 8, C_MKRANDOM = 1 << 9,
-  C_QREPORT = 1 << 10
+  C_QREPORT = 1 << 10, C_CHAT = 1 << 11
 };
 #define C_LOADS (C_RUN | C_CHAT | C_INFO | C_TOKENIZE | C_DETOKENIZE | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH | C_QREPORT)
 #define C_FORWARD (C_RUN | C_CHAT | C_INFO | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH)
@@ -1137,6 +1136,32 @@ static int32_t control_id(const dg_model *m, const char *piece) {
   return id;
 }
 
+/* A line of the chat that is a command (or empty): 1 = leave, 2 = start the conversation over,
+ * 0 = nothing more to do. *system is the system message (malloc'd or NULL). */
+static int chat_command(const char *line, char **system) {
+  int act = 0;
+  if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) return 1;
+  if (!*line) return 0;
+  if (!strcmp(line, "/reset")) {
+    printf("(conversation forgotten)\n");
+    act = 2;
+  } else if (!strncmp(line, "/system", 7) && (line[7] == 0 || line[7] == ' ')) {
+    const char *t = line + 7;
+    while (*t == ' ') t++;
+    free(*system);
+    *system = *t ? strdup(t) : NULL;
+    printf("(system message %s; the conversation starts over)\n", *system ? "set" : "cleared");
+    act = 2;
+  } else if (!strcmp(line, "/help")) {
+    printf("(/reset forgets the conversation, /system [TEXT] sets or clears the system message and starts over, "
+           "/quit leaves; Ctrl-C stops an answer)\n");
+  } else {
+    printf("(unknown command %s: /reset, /system [TEXT], /quit, /help)\n", line);
+  }
+  fflush(stdout);
+  return act;
+}
+
 static int cmd_chat(const opts *o) {
   no_positional(o, "chat");
   dg_model *m = load_model(o, 1);
@@ -1173,36 +1198,14 @@ static int cmd_chat(const opts *o) {
             o->model ? o->model : default_model(), cap);
   char *line;
   while ((line = chat_read_line(tty))) {
-    if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) { free(line); break; }
-    if (!strcmp(line, "/reset") || !strncmp(line, "/system", 7)) {
-      if (line[1] == 's') {
-        const char *t = line + 7;
-        if (*t && *t != ' ') goto unknown;
-        while (*t == ' ') t++;
-        free(system);
-        system = *t ? strdup(t) : NULL;
-        printf("(system message %s; the conversation starts over)\n", system ? "set" : "cleared");
-      } else {
-        printf("(conversation forgotten)\n");
+    if (line[0] == '/' || !*line) {
+      const int act = chat_command(line, &system);
+      free(line);
+      if (act == 1) break;
+      if (act == 2) { /* the conversation starts over */
+        dg_context_reset(ctx);
+        n_tail = 0;
       }
-      dg_context_reset(ctx);
-      n_tail = 0;
-      fflush(stdout);
-      free(line);
-      continue;
-    }
-    if (line[0] == '/' && strcmp(line, "/help")) {
-    unknown:
-      printf("(unknown command %s: /reset, /system [TEXT], /quit)\n", line);
-      fflush(stdout);
-      free(line);
-      continue;
-    }
-    if (!strcmp(line, "/help") || !*line) {
-      if (*line) printf("(/reset forgets the conversation, /system [TEXT] sets or clears the system message and starts "
-                        "over, /quit leaves; Ctrl-C stops an answer)\n");
-      fflush(stdout);
-      free(line);
       continue;
     }
     /* the new tokens: the whole first turn, or the previous answer's tail and the user turn (no <bos>) */
