@@ -1211,6 +1211,17 @@ static void test_chat_interrupt(void **state) {
   assert_int_equal(pty_finish(&s), 0);
 }
 
+/* run with its standard input on a terminal and no prompt: a usage error, not a wait for input. */
+static void test_no_prompt_on_terminal(void **state) {
+  (void)state;
+  const char *argv[] = {"dgemma", "run", "-m", "/nonexistent", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  pty_expect(&s, 0, "dgemma run: no prompt given: -p TEXT, -p - (standard input), -f FILE, or a pipe; see `dgemma run "
+                    "--help`\n", 20);
+  assert_int_equal(pty_finish(&s), 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quantize_interrupted),
@@ -1229,6 +1240,7 @@ int main(void) {
       cmocka_unit_test(test_info_and_no_tokenizer),
       cmocka_unit_test(test_chat),
       cmocka_unit_test(test_chat_interrupt),
+      cmocka_unit_test(test_no_prompt_on_terminal),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_stop" */
   return cmocka_run_group_tests(tests, setup, teardown);

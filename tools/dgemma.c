@@ -806,7 +806,8 @@ static const char *input_text(const opts *o, int strip_newline, size_t *len, int
   } else {
     if (!given && isatty(0)) {
       char msg[160];
-      snprintf(msg, sizeof msg, "%s needs a text: -p TEXT, -p - (standard input), -f FILE, or a pipe", g_cmd->name);
+      snprintf(msg, sizeof msg, "no %s given: -p TEXT, -p - (standard input), -f FILE, or a pipe",
+               g_cmd->bit == C_RUN ? "prompt" : "text");
       usage_exit(msg);
     }
     text = read_stream(stdin, "standard input", len);
