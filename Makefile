@@ -117,8 +117,12 @@ $(BUILD)/tools/serve_page.o: $(BUILD)/tools/serve_page.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 CLIOBJ  := $(patsubst %,$(BUILD)/tools/%.o,dgemma eval gsm8k bench ceiling qreport outfile) $(SERVEOBJ)
+# Line editing for `dgemma chat` from libedit (Debian libedit-dev, installed by scripts/setup.sh);
+# without its header the chat reads plain lines. EDIT=0|1 forces it.
+EDIT    ?= $(if $(wildcard /usr/include/editline/readline.h),1,0)
+$(BUILD)/tools/dgemma.o: CFLAGS += $(if $(filter 1,$(EDIT)),-DDG_HAVE_LIBEDIT)
 $(CLI): $(CLIOBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(if $(filter 1,$(EDIT)),-ledit)
 
 $(BUILD)/tests/test_serve: tests/test_serve.c $(SERVEOBJ) $(LIB) tests/testutil.h
 	@mkdir -p $(dir $@)
@@ -193,13 +197,16 @@ fuzz: fuzz-build
 # PROMPT reaches the program through the environment, so any text is safe.
 PROMPT ?= Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?
 export PROMPT
-# OMP_WAIT_POLICY=passive: idle OpenMP threads sleep instead of spinning; on a
-# machine whose cores are shared with other jobs, spinning threads made a
-# generation 15-20x slower (docs/eval.md). THREADS=N passes -t N.
+# dgemma itself makes OMP_WAIT_POLICY=passive the default (idle OpenMP threads
+# sleep instead of spinning, which made a generation 15-20x slower on a shared
+# machine: docs/eval.md). THREADS=N passes -t N.
 run:
 	@scripts/setup.sh --deps-only
 	@$(MAKE) --no-print-directory all
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(CLI) run $(if $(THREADS),-t $(THREADS)) -p "$$PROMPT"
+	@echo "note: the bundled model (models/dgemma-small, 9.9 M parameters) is a test and demo model of the"
+	@echo "      DiffusionGemma architecture; its arithmetic is weak (17% of held-out 1-2 step word problems"
+	@echo "      right, sums usually off by 1-3: docs/small-model.md). dgemma run -m DIR uses a real checkpoint."
+	$(CLI) run $(if $(THREADS),-t $(THREADS)) -p "$$PROMPT"
 
 # The CUDA backend's kernels on the CPU emulation (dev/cuda_emu): correctness of
 # indexing, masks and reductions against the CPU path, without a GPU. Slow.

@@ -150,6 +150,12 @@ dg_status dg_tokenize(const dg_model *m, const char *text, size_t len, int parse
 dg_status dg_detokenize(const dg_model *m, const int32_t *ids, size_t n_ids, int keep_special,
                         char **text);
 
+/* The vocabulary string (piece) of token id, as in tokenizer.json: "\u2581"
+ * marks a space, byte-fallback tokens read "<0x0A>", special tokens their
+ * name. Owned by the model (valid until dg_model_free). NULL if the model has
+ * no tokenizer or id is outside [0, vocab) or unused. */
+const char *dg_token_piece(const dg_model *m, int32_t id);
+
 typedef struct dg_chat_message {
   const char *role;    /* "system", "developer", "user", "assistant" or "model" */
   const char *content; /* UTF-8, encoded as plain text (control tokens stay text) */
@@ -308,6 +314,12 @@ void dg_context_free(dg_context *ctx);
 void dg_context_reset(dg_context *ctx);
 /* Number of tokens in the KV cache. */
 int32_t dg_context_length(const dg_context *ctx);
+/* Keep the first len tokens of the KV cache and drop the rest (positions are
+ * absolute, so the next dg_encode/dg_generate continues at position len); an
+ * interrupted chat turn rolls back with it. The cache is position-indexed, so
+ * nothing is recomputed. Errors: DG_ERR_INVALID_ARG (NULL, or len outside
+ * [0, dg_context_length]). */
+dg_status dg_context_truncate(dg_context *ctx, int32_t len);
 
 typedef enum dg_finish_reason {
   DG_FINISH_LENGTH = 0,     /* max_new_tokens reached */

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 DEPS_ONLY=0
 [ "${1:-}" = "--deps-only" ] && DEPS_ONLY=1
 
-PKGS="gcc make libcjson-dev libcmocka-dev libmicrohttpd-dev libcurl4-openssl-dev ca-certificates"
+PKGS="gcc make libcjson-dev libcmocka-dev libmicrohttpd-dev libcurl4-openssl-dev libedit-dev ca-certificates"
 # clang + its runtime libraries (libFuzzer, ASan, UBSan) for the fuzz harnesses
 # of fuzz/ (`make fuzz`; `make test` runs each a few seconds)
 PKGS="$PKGS clang libclang-rt-dev"

@@ -212,6 +212,15 @@ void dg_context_reset(dg_context *ctx) {
 
 int32_t dg_context_length(const dg_context *ctx) { return ctx ? ctx->len : 0; }
 
+dg_status dg_context_truncate(dg_context *ctx, int32_t len) {
+  if (!ctx) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_truncate: NULL context");
+  if (len < 0 || len > ctx->len)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_truncate: length %d is outside [0, %d] (the cache's length)", len,
+                     ctx->len);
+  ctx->len = len; /* K/V rows are stored by absolute position (CPU and CUDA): the rest is overwritten later */
+  return DG_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Attention (spec 4.4 step 3, masks of 4.5)                                 */
 /* ------------------------------------------------------------------------ */

@@ -527,6 +527,10 @@ dg_status dg_detokenize(const dg_model *m, const int32_t *ids, size_t n_ids, int
   return dg_tokenizer_decode(m->tok, ids, n_ids, keep_special, text);
 }
 
+const char *dg_token_piece(const dg_model *m, int32_t id) {
+  return m && m->tok ? dg_tokenizer_piece(m->tok, id) : NULL;
+}
+
 dg_status dg_chat_apply(const dg_model *m, const dg_chat_message *msgs, size_t n_msgs, int enable_thinking,
                         int32_t **ids, size_t *n_ids) {
   DG_TRY(need_tok(m));

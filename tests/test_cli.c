@@ -1,4 +1,5 @@
-/* test_cli.c: the CLI when it is interrupted or cannot write (issue 16).
+/* test_cli.c: the CLI when it is interrupted or cannot write (issue 16), and
+ * as a user drives it (issue 15).
  *
  * Checks:
  *   - quantize, mkrandom and logits interrupted by SIGINT and by SIGTERM at
@@ -11,10 +12,25 @@
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
  *     detokenizer shows, not every canvas position.
- * The models are the bundled one and `mkrandom --config small`, one thread. */
+ *   - issue 15: every command's --help (stdout, exit 0, its own text), --version
+ *     anywhere, options of other commands and unknown ones refused in one line
+ *     (exit 2, before a model loads), prompts from -p, -f, -p - and a pipe (the
+ *     same answer; a 1 MB prompt through stdin read whole), --json (parsed, its
+ *     text and tokens checked against the library), --stop (a string spanning
+ *     two blocks, several strings, one that never comes), --temp (the schedule's
+ *     temperatures seen with -v), tokenize --pieces and detokenize, -t capped at
+ *     the cores, the passive OpenMP wait policy, info on a quantized model and a
+ *     model without a tokenizer.
+ * The models are the bundled one and `mkrandom --config small`, one thread.
+ * DG_TEST_FILTER=NAME runs the tests matching NAME (cmocka's filter). */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pty.h>
+#include <sched.h>
 #include <signal.h>
 #include <time.h>
 
@@ -410,6 +426,802 @@ static void test_eos_empty_count(void **state) {
   free(err);
 }
 
+/* ---- the command line as users of llama.cpp and mlx-lm expect it (issue 15) ------------- */
+
+/* s in single quotes for the shell */
+static void shell_quote(const char *s, char *q, size_t cap) {
+  size_t n = 0;
+  q[n++] = '\'';
+  for (; *s && n + 5 < cap; s++) {
+    if (*s == '\'') { memcpy(q + n, "'\\''", 4); n += 4; }
+    else q[n++] = *s;
+  }
+  q[n++] = '\'';
+  q[n] = 0;
+}
+
+/* dgemma ARGS: exit status, stdout and stderr (malloc'd, "" if empty). */
+static int cli(const char *args, char **out, char **err) {
+  int rc = dg_test_run_cli(g_dir, args, out, err);
+  if (out && !*out) *out = strdup("");
+  if (!*err) *err = strdup("");
+  return rc;
+}
+
+static int count_char(const char *s, char c) {
+  int n = 0;
+  for (; *s; s++) n += *s == c;
+  return n;
+}
+
+static const char *const kCmds[] = {"run",  "chat",  "info",     "tokenize", "detokenize", "logits",
+                                    "replay", "eval", "bench",    "quantize", "mkrandom",   "qreport"};
+
+static void test_help(void **state) {
+  (void)state;
+  char args[256], *out, *err;
+  /* the global help, three spellings: stdout, exit 0, every command listed */
+  const char *global[] = {"--help", "-h", "help"};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(cli(global[i], &out, &err), 0);
+    assert_string_equal(err, "");
+    assert_non_null(strstr(out, "usage: dgemma COMMAND"));
+    for (size_t k = 0; k < sizeof kCmds / sizeof kCmds[0]; k++) {
+      char line[64];
+      snprintf(line, sizeof line, "\n  %s ", kCmds[k]);
+      if (!strstr(out, line)) fail_msg("dgemma %s does not list %s:\n%s", global[i], kCmds[k], out);
+    }
+    assert_non_null(strstr(out, "DGEMMA_MODEL"));
+    free(out);
+    free(err);
+  }
+  /* each command's own help: stdout, exit 0, its usage line, shorter than the old shared 54 lines,
+   * the same as `dgemma help CMD`, and different from every other command's */
+  char *helps[sizeof kCmds / sizeof kCmds[0]];
+  for (size_t k = 0; k < sizeof kCmds / sizeof kCmds[0]; k++) {
+    snprintf(args, sizeof args, "%s --help", kCmds[k]);
+    assert_int_equal(cli(args, &out, &err), 0);
+    assert_string_equal(err, "");
+    char want[64];
+    snprintf(want, sizeof want, "usage: dgemma %s ", kCmds[k]);
+    if (strncmp(out, want, strlen(want))) fail_msg("dgemma %s --help starts with: %.80s", kCmds[k], out);
+    const int lines = count_char(out, '\n');
+    printf("# dgemma %s --help: %d lines\n", kCmds[k], lines);
+    assert_true(lines >= 6 && lines < 40);
+    free(err);
+    char *out2;
+    snprintf(args, sizeof args, "help %s", kCmds[k]);
+    assert_int_equal(cli(args, &out2, &err), 0);
+    assert_string_equal(out2, out);
+    free(out2);
+    free(err);
+    for (size_t j = 0; j < k; j++) assert_string_not_equal(helps[j], out);
+    helps[k] = out;
+  }
+  /* what each help is about */
+  assert_non_null(strstr(helps[0], "--temp T"));
+  assert_non_null(strstr(helps[0], "T * t_min/t_max"));
+  assert_non_null(strstr(helps[0], "--stop STRING"));
+  assert_non_null(strstr(helps[0], "--json"));
+  assert_non_null(strstr(helps[1], "/reset"));
+  assert_null(strstr(helps[2], "--temp"));
+  assert_non_null(strstr(helps[3], "--pieces"));
+  assert_non_null(strstr(helps[9], "--recipe SPEC"));
+  assert_null(strstr(helps[9], "--prompt"));
+  for (size_t k = 0; k < sizeof kCmds / sizeof kCmds[0]; k++) free(helps[k]);
+  /* --version anywhere, before anything is loaded (the model does not exist) */
+  const char *ver[] = {"--version", "run -m /nonexistent -p hi --version", "info --version -m /nonexistent",
+                       "quantize --version", "bench --protocol ceiling --version"};
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(cli(ver[i], &out, &err), 0);
+    if (strcmp(out, "dgemma " DGEMMA_VERSION "\n")) fail_msg("dgemma %s: stdout \"%s\"", ver[i], out);
+    assert_string_equal(err, "");
+    free(out);
+    free(err);
+  }
+}
+
+/* Options of another command, unknown options and contradictions: exit 2 before any model is loaded
+ * (-m names none that exists: loading would exit 1), one line on stderr naming the option and the help. */
+static void test_rejected_options(void **state) {
+  (void)state;
+  static const char *cases[][2] = {
+      {"run -m /nonexistent -p hi --bits 4 --recipe foo --limit 3 --reps 9",
+       "dgemma run: --bits is not an option of run (it is one of quantize, mkrandom, qreport); see `dgemma run --help`"},
+      {"info -m /nonexistent -p x --greedy", "dgemma info: -p is not an option of info (it is one of run, tokenize)"},
+      {"info -m /nonexistent --greedy", "dgemma info: --greedy is not an option of info"},
+      {"tokenize -m /nonexistent -t 2 hi", "dgemma tokenize: -t is not an option of tokenize"},
+      {"quantize /nonexistent /tmp/x --prompt hi", "dgemma quantize: --prompt is not an option of quantize"},
+      {"eval gsm8k -m /nonexistent --stop x", "dgemma eval: --stop is not an option of eval (it is one of run)"},
+      {"run -m /nonexistent -p hi --frobnicate", "dgemma run: unknown option --frobnicate; see `dgemma run --help`"},
+      {"run -m /nonexistent -p hi -n", "dgemma run: -n needs a value"},
+      {"run -m /nonexistent -p hi --temp -1", "dgemma run: --temp expects a number in [0, 100], got \"-1\""},
+      {"run -m /nonexistent -p hi --temp warm", "--temp expects a number"},
+      {"run -m /nonexistent -p hi --stop ''", "--stop needs a non-empty string"},
+      {"run -m /nonexistent --raw --system be brief -p hi", "--raw sends the prompt without the chat template"},
+      {"run -m /nonexistent --raw --think -p hi", "--system and --think cannot apply"},
+      {"run -m /nonexistent -p hi -f /etc/hostname", "give the text once"},
+      {"run -m /nonexistent -p hi there", "give the text once"},
+      {"bench -m /nonexistent --protocol vllm --gen-kwargs '{'", "--gen-kwargs is read by --protocol batch"},
+      {"bench -m /nonexistent --protocol p512 --gen-kwargs '{\"seed\": 1}'", "--gen-kwargs is read by --protocol batch"},
+      {"frobnicate -m x", "dgemma: unknown command \"frobnicate\"; see `dgemma --help`"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out, *err;
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+  }
+}
+
+#define RUN_FAST "run -m " SMALL " -t 1 -n 64 -s 4 --greedy"
+static const char kQuestion[] = "Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?";
+
+static void write_file(const char *path, const char *text, size_t len) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, len, f), len);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* -p TEXT, -f FILE, -p - and a pipe give the same answer; a 1 MB prompt arrives whole through stdin. */
+static void test_prompt_sources(void **state) {
+  (void)state;
+  char args[2048], path[512], *ref, *out, *err;
+  snprintf(args, sizeof args, RUN_FAST " -p '%s'", kQuestion);
+  assert_int_equal(cli(args, &ref, &err), 0);
+  printf("# -p: %s", ref);
+  assert_true(strlen(ref) > 1);
+  free(err);
+  snprintf(path, sizeof path, "%s/prompt.txt", g_dir);
+  char text[256];
+  snprintf(text, sizeof text, "%s\n", kQuestion); /* the trailing newline of a file is dropped */
+  write_file(path, text, strlen(text));
+  const char *fmt[] = {RUN_FAST " -f %s", RUN_FAST " -p - < %s", RUN_FAST " < %s"};
+  for (int i = 0; i < 4; i++) {
+    if (i < 3) snprintf(args, sizeof args, fmt[i], path);
+    else { /* a pipe: `cat FILE | dgemma run ...` (the shell runs the dgemma of dg_test_run_cli first, harmlessly) */
+      char exe[1024];
+      ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 16);
+      exe[k] = 0;
+      *strrchr(exe, '/') = 0;
+      snprintf(args, sizeof args, "--version >/dev/null; cat %s | %s/../dgemma " RUN_FAST, path, exe);
+    }
+    assert_int_equal(cli(args, &out, &err), 0);
+    if (strcmp(out, ref)) fail_msg("%s: \"%s\", with -p: \"%s\"; stderr %s", args, out, ref, err);
+    free(out);
+    free(err);
+  }
+  free(ref);
+  /* tokenize: -f keeps the file as it is, so its ids are those of the text with its newline */
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  int32_t *ids;
+  size_t n;
+  assert_dg_ok(dg_tokenize(m, text, strlen(text), 0, &ids, &n));
+  char want[4096] = "";
+  for (size_t i = 0; i < n; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", ids[i]);
+  strcat(want, "\n");
+  dg_free(ids);
+  snprintf(args, sizeof args, "tokenize -m %s -f %s", SMALL, path);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(out, want);
+  free(out);
+  free(err);
+  /* 1 MB through stdin: every byte is read (the token count in the message is that of the whole text),
+   * and a prompt past the model's positions is refused before any prefill */
+  const size_t big = 1 << 20;
+  char *btext = malloc(big + 1);
+  for (size_t i = 0; i < big; i++) btext[i] = "Sam has 23 apples and buys 14 more. "[i % 36];
+  btext[big] = 0;
+  snprintf(path, sizeof path, "%s/big.txt", g_dir);
+  write_file(path, btext, big);
+  dg_chat_message msg = {"user", btext};
+  assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &ids, &n));
+  dg_free(ids);
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  snprintf(args, sizeof args, "run -m %s -t 1 -p - < %s", SMALL, path);
+  assert_int_equal(cli(args, &out, &err), 2);
+  printf("# 1 MB prompt on stdin: %s", err);
+  char expect[256];
+  snprintf(expect, sizeof expect, "the prompt has %zu tokens", n);
+  assert_non_null(strstr(err, expect));
+  snprintf(expect, sizeof expect, "past the model's max_position_embeddings %d", info.max_position_embeddings);
+  assert_non_null(strstr(err, expect));
+  assert_true(n > (size_t)info.max_position_embeddings);
+  free(out);
+  free(err);
+  /* and the same megabyte through tokenize's stdin: the ids of the whole text */
+  size_t nt;
+  assert_dg_ok(dg_tokenize(m, btext, big, 0, &ids, &nt));
+  snprintf(args, sizeof args, "tokenize -m %s < %s", SMALL, path);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(count_char(out, ',') + 1, (int)nt);
+  dg_free(ids);
+  free(out);
+  free(err);
+  free(btext);
+  /* a NUL byte and an empty prompt are refused clearly */
+  snprintf(path, sizeof path, "%s/nul.txt", g_dir);
+  write_file(path, "ab\0cd", 5);
+  snprintf(args, sizeof args, "run -m %s -f %s", SMALL, path);
+  assert_int_equal(cli(args, &out, &err), 1);
+  assert_non_null(strstr(err, "holds a NUL byte at offset 2"));
+  free(out);
+  free(err);
+  dg_model_free(m);
+}
+
+static cJSON *run_json(const char *args, char **err) {
+  char *out;
+  int rc = cli(args, &out, err);
+  if (rc != 0) fail_msg("%s: exit %d: %s", args, rc, *err);
+  cJSON *j = cJSON_Parse(out);
+  if (!j) fail_msg("%s: stdout is not JSON: %s", args, out);
+  /* one object and nothing else on stdout */
+  assert_true(cJSON_IsObject(j));
+  assert_int_equal(count_char(out, '\n'), 1);
+  free(out);
+  return j;
+}
+
+static const char *jstr(const cJSON *j, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+  if (!cJSON_IsString(v)) fail_msg("JSON field \"%s\" missing or not a string", k);
+  return v->valuestring;
+}
+
+static double jnum(const cJSON *j, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k);
+  if (!cJSON_IsNumber(v)) fail_msg("JSON field \"%s\" missing or not a number", k);
+  return v->valuedouble;
+}
+
+/* ids of a JSON "tokens" array -> the library's text of them */
+static char *json_tokens_text(const dg_model *m, const cJSON *j, size_t upto, size_t *n_out) {
+  const cJSON *tk = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+  assert_true(cJSON_IsArray(tk));
+  size_t n = (size_t)cJSON_GetArraySize(tk);
+  if (upto && upto < n) n = upto;
+  int32_t *ids = malloc((n + 1) * sizeof *ids);
+  for (size_t i = 0; i < n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(tk, (int)i)->valueint;
+  char *t = NULL;
+  assert_dg_ok(dg_detokenize(m, ids, n, 0, &t));
+  free(ids);
+  if (n_out) *n_out = (size_t)cJSON_GetArraySize(tk);
+  return t;
+}
+
+/* --json: one object whose text is the streamed text, tokens decode to it, counts and timings add up. */
+static void test_json(void **state) {
+  (void)state;
+  char args[1024], *out, *err;
+  snprintf(args, sizeof args, RUN_FAST " -p '%s'", kQuestion);
+  assert_int_equal(cli(args, &out, &err), 0);
+  free(err);
+  snprintf(args, sizeof args, RUN_FAST " --json -p '%s'", kQuestion);
+  cJSON *j = run_json(args, &err);
+  const char *text = jstr(j, "text");
+  printf("# --json text \"%s\", finish %s\n", text, jstr(j, "finish_reason"));
+  /* the streamed answer is the JSON text plus the final newline */
+  assert_int_equal(strlen(out), strlen(text) + 1);
+  assert_memory_equal(out, text, strlen(text));
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  char *t = json_tokens_text(m, j, 0, NULL);
+  assert_string_equal(t, text);
+  dg_free(t);
+  assert_string_equal(jstr(j, "finish_reason"), "stop"); /* the small model ends its answer */
+  assert_string_equal(jstr(j, "sampler"), "reference");
+  const int blocks = (int)jnum(j, "blocks"), steps = (int)jnum(j, "steps");
+  assert_int_equal(blocks, 1);
+  assert_true(steps >= 1 && steps <= 4 * blocks);
+  dg_chat_message msg = {"user", kQuestion};
+  int32_t *ids;
+  size_t n;
+  assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &ids, &n));
+  dg_free(ids);
+  assert_int_equal((int)jnum(j, "prompt_tokens"), (int)n);
+  assert_true(jnum(j, "n_tokens") >= 1);
+  const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "timings");
+  assert_true(cJSON_IsObject(tm));
+  const double pre = jnum(tm, "prefill_s"), gen = jnum(tm, "generation_s"), tot = jnum(tm, "total_s");
+  assert_true(pre > 0 && gen > 0 && fabs(tot - pre - gen) < 1e-3);
+  assert_true(fabs(jnum(tm, "generation_tok_per_s") - jnum(j, "n_tokens") / gen) < 1e-6 * (1 + jnum(j, "n_tokens") / gen));
+  /* the stderr summary reports prefill and generation apart */
+  int tokens, nb;
+  double gs, tps, ps;
+  size_t pn;
+  const char *l1 = strstr(err, "dgemma: "), *l2 = strstr(err, "dgemma: prompt ");
+  assert_non_null(l1);
+  assert_non_null(l2);
+  assert_int_equal(sscanf(l1, "dgemma: %d tokens, %d blocks, %*d denoising steps, %*f tokens/forward, %lf s, %lf tok/s (generation)",
+                          &tokens, &nb, &gs, &tps), 4);
+  assert_int_equal(sscanf(l2, "dgemma: prompt %zu tokens, prefill %lf s", &pn, &ps), 2);
+  assert_int_equal(tokens, (int)jnum(j, "n_tokens"));
+  assert_int_equal(pn, n);
+  free(out);
+  free(err);
+  cJSON_Delete(j);
+  dg_model_free(m);
+}
+
+/* --stop: the answer ends before the first stop string, also one that spans two blocks (held back when
+ * a block ends inside it), the generation ends there; a string that never comes changes nothing. */
+static void test_stop(void **state) {
+  (void)state;
+  char args[1024], *out, *err;
+  /* raw text without stop ids: two full canvases of text */
+  const char *base = "run -m " SMALL " -t 1 -n 128 -s 4 --greedy --raw -p ROMEO: --gen-kwargs '{\"eos_token_id\": []}'";
+  snprintf(args, sizeof args, "%s --json", base);
+  cJSON *j = run_json(args, &err);
+  free(err);
+  const char *T = jstr(j, "text");
+  assert_int_equal((int)jnum(j, "blocks"), 2);
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  char *B1 = json_tokens_text(m, j, (size_t)info.canvas_length, NULL); /* the first block's text */
+  const size_t L1 = strlen(B1), LT = strlen(T);
+  assert_true(L1 > 0 && LT > L1 && !strncmp(T, B1, L1));
+  /* a stop string whose first occurrence starts in block 1 and ends in block 2 */
+  char S[32] = "";
+  for (size_t k = 1; k <= 8 && !*S; k++)
+    for (size_t q = 1; q <= 8 && !*S && k <= L1 && L1 + q <= LT; q++) {
+      char c[32];
+      memcpy(c, T + L1 - k, k + q);
+      c[k + q] = 0;
+      if (strstr(T, c) == T + L1 - k) memcpy(S, c, k + q + 1);
+    }
+  if (!*S) fail_msg("no string spans the block boundary of \"%s\" at %zu", T, L1);
+  const size_t at = (size_t)(strstr(T, S) - T);
+  printf("# stop string spanning the blocks: \"%s\" at byte %zu (block 1 has %zu bytes)\n", S, at, L1);
+  /* streamed: exactly the text before S, then the newline */
+  char q[64];
+  shell_quote(S, q, sizeof q);
+  snprintf(args, sizeof args, "%s --stop %s --stop 'never in this text %%'", base, q);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(strlen(out), at + 1);
+  assert_memory_equal(out, T, at);
+  assert_non_null(strstr(err, "finish reason stop_string"));
+  assert_non_null(strstr(err, " 2 blocks"));
+  free(out);
+  free(err);
+  /* --json: the same text, the tokens up to the one that completes S */
+  snprintf(args, sizeof args, "%s --json --stop %s", base, q);
+  cJSON *js = run_json(args, &err);
+  free(err);
+  assert_string_equal(jstr(js, "finish_reason"), "stop_string");
+  assert_string_equal(jstr(js, "stop_string"), S);
+  assert_int_equal(strlen(jstr(js, "text")), at);
+  assert_memory_equal(jstr(js, "text"), T, at);
+  size_t nk;
+  char *tt = json_tokens_text(m, js, 0, &nk);
+  assert_true(strlen(tt) >= at + strlen(S) && !strncmp(tt, T, at + strlen(S))); /* they reach the end of S */
+  dg_free(tt);
+  tt = json_tokens_text(m, js, nk - 1, NULL);
+  assert_true(strlen(tt) < at + strlen(S)); /* and not one token further */
+  dg_free(tt);
+  cJSON_Delete(js);
+  /* the earliest of several stop strings wins, and generation ends in the first block */
+  char first[3] = {T[1], T[2], 0}; /* occurs at byte 1 (or earlier) */
+  shell_quote(first, q, sizeof q);
+  snprintf(args, sizeof args, "%s --stop never-here --stop %s", base, q);
+  assert_int_equal(cli(args, &out, &err), 0);
+  const size_t at1 = (size_t)(strstr(T, first) - T);
+  assert_int_equal(strlen(out), at1 + 1);
+  assert_memory_equal(out, T, at1);
+  assert_non_null(strstr(err, " 1 blocks"));
+  free(out);
+  free(err);
+  /* a stop string that never comes: the whole text (what was held back is written at the end) */
+  snprintf(args, sizeof args, "%s --stop 'never in this text %%'", base);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(strlen(out), LT + 1);
+  assert_memory_equal(out, T, LT);
+  assert_non_null(strstr(err, "finish reason length"));
+  free(out);
+  free(err);
+  dg_free(B1);
+  cJSON_Delete(j);
+  dg_model_free(m);
+}
+
+/* --temp: the schedule's first and last temperatures (from -v), and --temp 0 = --greedy. */
+static void test_temp(void **state) {
+  (void)state;
+  char args[1024], *out, *err, *ref;
+  const double temps[] = {1.0, 2.0, 0.4};
+  for (int i = 0; i < 3; i++) {
+    snprintf(args, sizeof args, "run -m %s -t 1 -n 64 -s 4 -v --temp %g --gen-kwargs '{\"stability_threshold\": 9}' -p hi",
+             SMALL, temps[i]);
+    assert_int_equal(cli(args, &out, &err), 0);
+    /* T_s = t_min + (t_max - t_min) s / N, s = N..1, with t_max = T and t_min = T * 0.4 / 0.8 */
+    const double tmax = temps[i], tmin = temps[i] * 0.5;
+    float t0 = -1, t3 = -1;
+    const char *p0 = strstr(err, "[block 0 step  0 T="), *p3 = strstr(err, "[block 0 step  3 T=");
+    assert_non_null(p0);
+    assert_non_null(p3);
+    sscanf(p0, "[block 0 step  0 T=%f", &t0);
+    sscanf(p3, "[block 0 step  3 T=%f", &t3);
+    printf("# --temp %g: first step T=%.3f, last T=%.3f\n", temps[i], t0, t3);
+    assert_true(fabs(t0 - tmax) < 1e-3);
+    assert_true(fabs(t3 - (tmin + (tmax - tmin) / 4)) < 1e-3);
+    free(out);
+    free(err);
+  }
+  snprintf(args, sizeof args, RUN_FAST " -p '%s'", kQuestion);
+  assert_int_equal(cli(args, &ref, &err), 0);
+  free(err);
+  snprintf(args, sizeof args, "run -m %s -t 1 -n 64 -s 4 --temp 0 -p '%s'", SMALL, kQuestion);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(out, ref);
+  free(out);
+  free(err);
+  free(ref);
+}
+
+/* tokenize --pieces and detokenize, against the library; a bad id is refused. */
+static void test_pieces_detokenize(void **state) {
+  (void)state;
+  const char *text = "Hello world,\n 23 apples\tand \\ more";
+  char path[512], args[8192], *out, *err;
+  snprintf(path, sizeof path, "%s/pieces.txt", g_dir);
+  write_file(path, text, strlen(text));
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  int32_t *ids;
+  size_t n;
+  assert_dg_ok(dg_tokenize(m, text, strlen(text), 0, &ids, &n));
+  snprintf(args, sizeof args, "tokenize -m %s --pieces -f %s", SMALL, path);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(count_char(out, '\n'), (int)n); /* one line per token, newline pieces escaped */
+  char *line = out;
+  int saw_newline_piece = 0;
+  for (size_t i = 0; i < n; i++) {
+    char *nl = strchr(line, '\n');
+    *nl = 0;
+    const char *piece = dg_token_piece(m, ids[i]);
+    assert_non_null(piece);
+    char want[256];
+    snprintf(want, sizeof want, "%d\t%s", ids[i], !strcmp(piece, "\n") ? "\\n" : piece);
+    saw_newline_piece |= !strcmp(piece, "\n");
+    if (strcmp(line, want)) fail_msg("token %zu: \"%s\", want \"%s\"", i, line, want);
+    line = nl + 1;
+  }
+  assert_true(saw_newline_piece);
+  assert_null(dg_token_piece(m, -1));
+  assert_null(dg_token_piece(m, 1 << 30));
+  free(out);
+  free(err);
+  /* detokenize: the ids of tokenize, as an argument and through a pipe, give the text back */
+  char ids_arg[4096] = "";
+  for (size_t i = 0; i < n; i++)
+    snprintf(ids_arg + strlen(ids_arg), sizeof ids_arg - strlen(ids_arg), "%s%d", i ? "," : "", ids[i]);
+  snprintf(args, sizeof args, "detokenize -m %s %s", SMALL, ids_arg);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(strlen(out), strlen(text) + 1);
+  assert_memory_equal(out, text, strlen(text));
+  free(out);
+  free(err);
+  snprintf(path, sizeof path, "%s/ids.txt", g_dir);
+  for (char *c = ids_arg; *c; c++)
+    if (*c == ',') *c = (c - ids_arg) % 3 ? '\n' : ' '; /* white space separates them too */
+  write_file(path, ids_arg, strlen(ids_arg));
+  snprintf(args, sizeof args, "detokenize -m %s < %s", SMALL, path);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(strlen(out), strlen(text) + 1);
+  assert_memory_equal(out, text, strlen(text));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "detokenize -m %s 5,4096", SMALL);
+  assert_int_equal(cli(args, &out, &err), 2);
+  assert_non_null(strstr(err, "id 1: \"4096\" is not an id in [0, 4096)"));
+  free(out);
+  free(err);
+  dg_free(ids);
+  dg_model_free(m);
+}
+
+/* Threads: -t above the cores is capped with a warning; the wait policy is passive unless set. */
+static void test_threads(void **state) {
+  (void)state;
+  char args[512], *out, *err;
+  cpu_set_t cs;
+  assert_int_equal(sched_getaffinity(0, sizeof cs, &cs), 0);
+  const int cores = CPU_COUNT(&cs);
+  snprintf(args, sizeof args, "info -m %s -t 1000", SMALL);
+  const char *saved = getenv("OMP_WAIT_POLICY");
+  char *keep = saved ? strdup(saved) : NULL;
+  unsetenv("OMP_WAIT_POLICY");
+  assert_int_equal(cli(args, &out, &err), 0);
+  char want[256];
+  snprintf(want, sizeof want, "dgemma: -t 1000 is more than the %d core(s) available to this process; using %d\n", cores,
+           cores);
+  assert_string_equal(err, want);
+  snprintf(want, sizeof want, "cpu: %d threads, %d core(s) available, OpenMP wait policy passive\n", cores, cores);
+  if (!strstr(out, want)) fail_msg("info: %s (want \"%s\")", out, want);
+  free(out);
+  free(err);
+  setenv("OMP_WAIT_POLICY", "active", 1); /* the user's choice is kept */
+  snprintf(args, sizeof args, "info -m %s -t 1", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(err, "");
+  assert_non_null(strstr(out, "cpu: 1 threads"));
+  assert_non_null(strstr(out, "OpenMP wait policy active\n"));
+  free(out);
+  free(err);
+  if (keep) setenv("OMP_WAIT_POLICY", keep, 1);
+  else unsetenv("OMP_WAIT_POLICY");
+  free(keep);
+}
+
+/* info on a quantized model, and a model without a tokenizer (mkrandom --config small). */
+static void test_info_and_no_tokenizer(void **state) {
+  (void)state;
+  char args[1024], dir[512], *out, *err;
+  snprintf(args, sizeof args, "info -m %s", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_non_null(strstr(out, "max context 131072 positions"));
+  assert_non_null(strstr(out, "weights: bf16\n"));
+  assert_non_null(strstr(out, "tokenizer: tokenizer.json\n"));
+  free(out);
+  free(err);
+  snprintf(dir, sizeof dir, "%s/info-q", g_dir);
+  snprintf(args, sizeof args, "quantize %s %s -t 1 --recipe experts=3", SMALL, dir);
+  assert_int_equal(cli(args, &out, &err), 0);
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "info -m %s", dir);
+  assert_int_equal(cli(args, &out, &err), 0);
+  printf("# info of the quantized copy:\n%s", out);
+  assert_null(strstr(out, "weights bf16"));
+  assert_non_null(strstr(out, "matrices MLX affine-quantized (3..4 bits; scales and biases bf16), the other tensors bf16"));
+  free(out);
+  free(err);
+  snprintf(dir, sizeof dir, "%s/notok", g_dir);
+  snprintf(args, sizeof args, "mkrandom %s --config small -t 1", dir);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_non_null(strstr(err, "note: no tokenizer.json in"));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "run -m %s -p hi", dir);
+  assert_int_equal(cli(args, &out, &err), 1);
+  assert_non_null(strstr(err, "tokenizer.json: no such file"));
+  assert_non_null(strstr(err, "`dgemma run` needs the model's tokenizer"));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "info -m %s", dir);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_non_null(strstr(out, "tokenizer: none (run and tokenize refuse this model)"));
+  free(out);
+  free(err);
+}
+
+/* ---- dgemma chat through a pseudo-terminal ------------------------------------------------ */
+
+typedef struct pty_session {
+  pid_t pid;
+  int fd;
+  char *buf; /* everything the terminal showed, '\r' removed */
+  size_t len, cap;
+} pty_session;
+
+static void pty_start(pty_session *s, const char *const *argv) {
+  fflush(stdout);
+  memset(s, 0, sizeof *s);
+  s->pid = forkpty(&s->fd, NULL, NULL, NULL);
+  assert_true(s->pid >= 0);
+  if (s->pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    execv(g_exe, (char *const *)argv);
+    _exit(127);
+  }
+  s->cap = 1 << 16;
+  s->buf = malloc(s->cap);
+  s->buf[0] = 0;
+}
+
+/* Read until `want` appears at or after offset `from`; returns its offset, or fails after timeout_s. */
+static size_t pty_expect(pty_session *s, size_t from, const char *want, double timeout_s) {
+  const double t0 = now_s();
+  for (;;) {
+    char *hit = s->len >= from ? strstr(s->buf + from, want) : NULL;
+    if (hit) return (size_t)(hit - s->buf);
+    const double left = timeout_s - (now_s() - t0);
+    if (left <= 0) fail_msg("chat: no \"%s\" after %.0f s; the terminal showed:\n%s", want, timeout_s, s->buf + from);
+    struct pollfd p = {s->fd, POLLIN, 0};
+    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+    char tmp[4096];
+    ssize_t k = read(s->fd, tmp, sizeof tmp);
+    if (k <= 0) fail_msg("chat: the terminal closed before \"%s\"; it showed:\n%s", want, s->buf + from);
+    for (ssize_t i = 0; i < k; i++) {
+      if (tmp[i] == '\r') continue;
+      if (s->len + 2 > s->cap) s->buf = realloc(s->buf, s->cap *= 2);
+      s->buf[s->len++] = tmp[i];
+    }
+    s->buf[s->len] = 0;
+  }
+}
+
+static void pty_send(pty_session *s, const char *text) {
+  assert_int_equal(write(s->fd, text, strlen(text)), (ssize_t)strlen(text));
+}
+
+/* Send a message and return the answer the terminal showed (malloc'd): what follows the echoed
+ * line up to the newline before the "(dgemma: ...)" summary, which is followed by the next prompt.
+ * The line may be echoed twice (by the terminal, when it arrives before the line editor takes
+ * the terminal, and by the editor): the answer starts after the last echo. */
+static char *pty_turn(pty_session *s, const char *message) {
+  const size_t from = s->len;
+  pty_send(s, message);
+  pty_send(s, "\n");
+  char echo_line[512];
+  snprintf(echo_line, sizeof echo_line, "%s\n", message);
+  size_t echo = pty_expect(s, from, echo_line, 30) + strlen(echo_line);
+  size_t sum = pty_expect(s, echo, "\n(dgemma: ", 120);
+  pty_expect(s, sum, ")\n> ", 30);
+  for (char *e; (e = strstr(s->buf + echo, echo_line)) && (size_t)(e - s->buf) < sum;)
+    echo = (size_t)(e - s->buf) + strlen(echo_line);
+  return strndup(s->buf + echo, sum - echo);
+}
+
+static int pty_finish(pty_session *s) {
+  int status;
+  const double t0 = now_s();
+  while (waitpid(s->pid, &status, WNOHANG) == 0) {
+    if (now_s() - t0 > 30) { kill(s->pid, SIGKILL); fail_msg("chat did not leave after /quit"); }
+    char tmp[4096];
+    struct pollfd p = {s->fd, POLLIN, 0};
+    if (poll(&p, 1, 50) > 0 && read(s->fd, tmp, sizeof tmp) <= 0) usleep(10000);
+  }
+  close(s->fd);
+  free(s->buf);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The library's answer to a token sequence (fresh context, the chat's settings): its text, and its
+ * tokens up to the stop id in *ans (malloc'd). */
+static char *lib_answer(const dg_model *m, const int32_t *ids, size_t n, int32_t **ans, size_t *n_ans, int *finished) {
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)n + 64;
+  dg_context *ctx = NULL;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  dg_gen_params gp = dg_gen_default_params(m);
+  gp.max_new_tokens = 64;
+  gp.max_denoising_steps = 4;
+  gp.proposal = DG_PROPOSAL_ARGMAX;
+  dg_gen_result r;
+  assert_dg_ok(dg_generate(ctx, ids, n, &gp, &r));
+  char *text = NULL;
+  assert_dg_ok(dg_detokenize(m, r.tokens, (size_t)r.n_valid, 0, &text));
+  if (ans) {
+    *ans = malloc((size_t)r.n_valid * sizeof **ans);
+    memcpy(*ans, r.tokens, (size_t)r.n_valid * sizeof **ans);
+    *n_ans = (size_t)r.n_valid;
+    *finished = r.finished;
+  }
+  dg_gen_result_free(&r);
+  dg_context_free(ctx);
+  return text;
+}
+
+static int32_t one_id(const dg_model *m, const char *piece) {
+  int32_t *ids;
+  size_t n;
+  assert_dg_ok(dg_tokenize(m, piece, strlen(piece), 1, &ids, &n));
+  assert_int_equal(n, 1);
+  int32_t id = ids[0];
+  dg_free(ids);
+  return id;
+}
+
+/* Two turns: the second answer is the model's answer to the whole conversation (first question, first
+ * answer, second question) and differs from its answer to the second question alone; /reset forgets. */
+static void test_chat(void **state) {
+  (void)state;
+  const char *q1 = "Tom has 5 pens. He buys 3 more pens. How many pens does Tom have now?";
+  const char *q2 = "How many pens does Tom have?";
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  /* what the answers must be */
+  int32_t *p1, *p2, *a1, *conv;
+  size_t n1, n2, na1;
+  dg_chat_message msg1 = {"user", q1}, msg2 = {"user", q2};
+  assert_dg_ok(dg_chat_apply(m, &msg1, 1, 0, &p1, &n1));
+  assert_dg_ok(dg_chat_apply(m, &msg2, 1, 0, &p2, &n2));
+  int a1_finished = 0;
+  char *e1 = lib_answer(m, p1, n1, &a1, &na1, &a1_finished);
+  const int32_t end_turn = one_id(m, "<turn|>"), nl = one_id(m, "\n");
+  /* the conversation as the template has it: turn 1, the answer closed by <turn|>\n, turn 2 (no second <bos>) */
+  conv = malloc((n1 + na1 + 2 + n2) * sizeof *conv);
+  size_t nc = 0;
+  for (size_t i = 0; i < n1; i++) conv[nc++] = p1[i];
+  size_t keep = na1; /* a stop id other than <turn|> (e.g. <eos>) is replaced by <turn|> */
+  if (a1_finished && keep && a1[keep - 1] != end_turn) keep--;
+  for (size_t i = 0; i < keep; i++) conv[nc++] = a1[i];
+  if (!keep || conv[nc - 1] != end_turn) conv[nc++] = end_turn;
+  conv[nc++] = nl;
+  for (size_t i = 1; i < n2; i++) conv[nc++] = p2[i];
+  char *e2 = lib_answer(m, conv, nc, NULL, NULL, NULL);
+  char *e2_alone = lib_answer(m, p2, n2, NULL, NULL, NULL);
+  printf("# answer 1: \"%s\"\n# answer 2 in the conversation: \"%s\"\n# answer 2 alone: \"%s\"\n", e1, e2, e2_alone);
+  assert_string_not_equal(e2, e2_alone); /* the first turn changes the second answer */
+  /* the chat in a terminal */
+  const char *argv[] = {"dgemma", "chat", "-m", SMALL, "-t", "1", "-n", "64", "-s", "4", "--greedy", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  pty_expect(&s, 0, "> ", 60);
+  char *c1 = pty_turn(&s, q1);
+  char *c2 = pty_turn(&s, q2);
+  size_t from = s.len;
+  pty_send(&s, "/reset\n");
+  pty_expect(&s, pty_expect(&s, from, "(conversation forgotten)\n", 30), "> ", 30);
+  char *c3 = pty_turn(&s, q2);
+  from = s.len;
+  pty_send(&s, "/quit\n");
+  assert_int_equal(pty_finish(&s), 0);
+  printf("# chat: \"%s\" / \"%s\" / after /reset \"%s\"\n", c1, c2, c3);
+  assert_string_equal(c1, e1);
+  assert_string_equal(c2, e2);
+  assert_string_equal(c3, e2_alone);
+  free(c1); free(c2); free(c3);
+  dg_free(e1); dg_free(e2); dg_free(e2_alone);
+  dg_free(p1); dg_free(p2);
+  free(a1); free(conv);
+  dg_model_free(m);
+}
+
+/* Ctrl-C stops a long answer without leaving the chat. */
+static void test_chat_interrupt(void **state) {
+  (void)state;
+  const char *argv[] = {"dgemma", "chat", "-m", SMALL, "-t", "1", "-n", "1024", "-s", "48", "--gen-kwargs",
+                        "{\"eos_token_id\": [], \"stability_threshold\": 100}", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  pty_expect(&s, 0, "> ", 60);
+  size_t from = s.len;
+  pty_send(&s, "Tell me a long story.\n");
+  usleep(800000);
+  const double t0 = now_s();
+  pty_send(&s, "\x03");
+  size_t at = pty_expect(&s, from, "(stopped; this turn is forgotten)\n", 20);
+  pty_expect(&s, at, "> ", 10);
+  const double dt = now_s() - t0;
+  printf("# Ctrl-C: stopped %.2f s after it (a whole answer takes about 16 canvases x 48 steps)\n", dt);
+  assert_true(dt < 5);
+  assert_int_equal(kill(s.pid, 0), 0); /* still running */
+  pty_send(&s, "/quit\n");
+  assert_int_equal(pty_finish(&s), 0);
+}
+
+/* run with its standard input on a terminal and no prompt: a usage error, not a wait for input. */
+static void test_no_prompt_on_terminal(void **state) {
+  (void)state;
+  const char *argv[] = {"dgemma", "run", "-m", "/nonexistent", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  pty_expect(&s, 0, "dgemma run: no prompt given: -p TEXT, -p - (standard input), -f FILE, or a pipe; see `dgemma run "
+                    "--help`\n", 20);
+  assert_int_equal(pty_finish(&s), 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quantize_interrupted),
@@ -417,6 +1229,19 @@ int main(void) {
       cmocka_unit_test(test_logits_interrupted),
       cmocka_unit_test(test_stdout_full),
       cmocka_unit_test(test_eos_empty_count),
+      cmocka_unit_test(test_help),
+      cmocka_unit_test(test_rejected_options),
+      cmocka_unit_test(test_prompt_sources),
+      cmocka_unit_test(test_json),
+      cmocka_unit_test(test_stop),
+      cmocka_unit_test(test_temp),
+      cmocka_unit_test(test_pieces_detokenize),
+      cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_info_and_no_tokenizer),
+      cmocka_unit_test(test_chat),
+      cmocka_unit_test(test_chat_interrupt),
+      cmocka_unit_test(test_no_prompt_on_terminal),
   };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_stop" */
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,8 +1,10 @@
 /* dgemma.c: the command-line tool. The only place that prints and exits.
  *
- *   dgemma run      [-m DIR] -p PROMPT   generate (chat template, streamed)
+ *   dgemma run      [-m DIR] -p PROMPT   generate (chat template, streamed); -f FILE, -p -, a pipe
+ *   dgemma chat     [-m DIR]             multi-turn chat in the terminal (KV cache kept between turns)
  *   dgemma info     [-m DIR]             model summary
- *   dgemma tokenize [-m DIR] TEXT        ids of TEXT (no BOS)
+ *   dgemma tokenize [-m DIR] TEXT        ids (--pieces: and pieces) of TEXT (no BOS)
+ *   dgemma detokenize [-m DIR] IDS       text of ids
  *   dgemma logits   ...                  decoder logits as raw float32 (parity)
  *   dgemma replay   ...                  generation from injected random streams (parity)
  *   dgemma eval     gsm8k ...            GSM8K, vLLM harness conventions (tools/eval.c, tools/gsm8k.c)
@@ -13,12 +15,16 @@
  *   dgemma qreport  [-m DIR] ...         quantization quality: KL and top-1 vs the float model (tools/qreport.c)
  *   dgemma serve    [-m DIR] ...         OpenAI-compatible HTTP server (tools/serve.c)
  *
- * Without -m the bundled small model is used ($DGEMMA_MODEL, else
- * models/dgemma-small next to the executable's ../, else ./models/dgemma-small). */
+ * `dgemma CMD --help` prints CMD's help (kCommands); each command accepts only
+ * its own options (kOptions). Without -m the bundled small model is used
+ * ($DGEMMA_MODEL, else models/dgemma-small next to the executable's ../, else
+ * ./models/dgemma-small). */
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -27,6 +33,10 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef DG_HAVE_LIBEDIT
+#include <editline/readline.h>
+#endif
 
 #include "dgemma.h"
 #include "bench.h"
@@ -44,65 +54,293 @@ static void die(const char *what, dg_status st) {
   exit(1);
 }
 
+/* ---- commands, their options and their help ---------------------------------
+ *
+ * Every command has its own help (`dgemma CMD --help`, `dgemma help CMD`: on
+ * stdout, exit 0) and its own set of options: an option of another command is
+ * refused with a one-line hint (exit 2), as an unknown one is. Usage errors
+ * print one line and the hint to stderr and exit 2. */
+
+enum {
+  C_RUN = 1 << 0, C_INFO = 1 << 1, C_TOKENIZE = 1 << 2, C_DETOKENIZE = 1 << 3, C_LOGITS = 1 << 4,
+  C_REPLAY = 1 << 5, C_EVAL = 1 << 6, C_BENCH = 1 << 7, C_QUANTIZE = 1 << 8, C_MKRANDOM = 1 << 9,
+  C_QREPORT = 1 << 10, C_CHAT = 1 << 11
+};
+#define C_LOADS (C_RUN | C_CHAT | C_INFO | C_TOKENIZE | C_DETOKENIZE | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH | C_QREPORT)
+#define C_FORWARD (C_RUN | C_CHAT | C_INFO | C_LOGITS | C_REPLAY | C_EVAL | C_BENCH)
+#define C_ALL 0xfff
+
+static const char kModelHelp[] =
+    "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: $DGEMMA_MODEL, else the bundled\n"
+    "                           models/dgemma-small)\n";
+static const char kForwardHelp[] =
+    "  -t, --threads N          CPU threads (default: the available cores; more are capped with a warning)\n"
+    "      --ref                the scalar fp32 oracle kernels (slow; for checking)\n"
+    "      --device cpu|cuda[:N] where the forward pass runs (default cpu)\n";
+
+typedef struct command {
+  const char *name;
+  unsigned bit;
+  const char *summary; /* one line of `dgemma --help` */
+  const char *usage;   /* the help's first lines */
+  const char *options; /* its option list (the shared parts are appended per flags) */
+  int model_opts, forward_opts; /* append kModelHelp / kForwardHelp */
+} command;
+
+static const command kCommands[] = {
+    {"run", C_RUN, "generate text (chat template, streamed to stdout)",
+     "usage: dgemma run [options] -p PROMPT | -p - | -f FILE | < FILE\n"
+     "\n"
+     "Generates an answer to PROMPT with the model's chat template and streams it to stdout block by\n"
+     "block; a summary (prefill time, generation tok/s, denoising steps) goes to stderr. Without -p or\n"
+     "-f the prompt is read from standard input when it is not a terminal (`echo hi | dgemma run`).\n"
+     "A prompt read from a file or stdin loses one trailing newline.\n",
+     "  -p, --prompt TEXT        the user message; \"-\" reads it from standard input\n"
+     "  -f, --file FILE          read the user message from FILE\n"
+     "      --system TEXT        a system message\n"
+     "      --think              enable thinking in the chat template\n"
+     "      --raw                PROMPT is raw text: no chat template, no BOS (excludes --system, --think)\n"
+     "  -n, --max-new-tokens N   tokens to generate, rounded up to whole canvases (default: the model's\n"
+     "                           generation_config, 256)\n"
+     "  -s, --steps N            at most N denoising steps per canvas (default 48)\n"
+     "      --temp T             temperature: the sampler's linear schedule runs from T down to\n"
+     "                           T * t_min/t_max over the denoising steps (the checkpoint's 0.8 -> 0.4, so\n"
+     "                           --temp 1 gives 1.0 -> 0.5); --temp 0 = argmax proposals (--greedy)\n"
+     "      --greedy             argmax proposals instead of sampling\n"
+     "      --seed N             random seed (default 0: runs are reproducible)\n"
+     "      --stop STRING        end the answer before the first STRING (repeatable; the text shown stops\n"
+     "                           there and generation ends after the block that holds it)\n"
+     "      --json               print one JSON object instead of streaming: text, tokens, blocks, steps,\n"
+     "                           timings, finish_reason\n"
+     "      --gen-kwargs JSON    any generation_config field, e.g. '{\"entropy_bound\": 0.2}', or the turbo\n"
+     "                           engine: '{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\"}' (README)\n"
+     "  -v, --verbose            show the canvas as it denoises (stderr)\n",
+     1, 1},
+    {"chat", C_CHAT, "talk with the model in the terminal, turn after turn",
+     "usage: dgemma chat [-m DIR] [options]\n"
+     "\n"
+     "Multi-turn chat: type a message, the answer streams back. The conversation stays in the KV\n"
+     "cache (each turn prefills only its new tokens). /reset forgets it, /system TEXT sets the\n"
+     "system message and starts over, /quit or Ctrl-D leaves, Ctrl-C stops the current answer (that\n"
+     "turn is forgotten). Without a terminal, every line of standard input is a message.\n",
+     "  -c, --ctx-size N         positions of the conversation (default 8192, at most the model's)\n"
+     "      --system TEXT        a system message\n"
+     "  -n N, -s STEPS, --temp T, --greedy, --seed S, --gen-kwargs JSON   per answer, as for run\n",
+     1, 1},
+    {"info", C_INFO, "print the model configuration",
+     "usage: dgemma info [-m DIR] [--device cuda[:N]]\n"
+     "\n"
+     "Prints the model's shapes, weights, maximum context and generation defaults. With --device cuda\n"
+     "it also reports the GPU and checks one decoder step there against the CPU (exit 1 if they differ).\n",
+     "", 1, 1},
+    {"tokenize", C_TOKENIZE, "print the ids (or pieces) of a text",
+     "usage: dgemma tokenize [-m DIR] [--special] [--pieces] TEXT | -p TEXT | -p - | -f FILE | < FILE\n"
+     "\n"
+     "Prints the comma-separated ids of TEXT (no BOS added); with --pieces one line per token,\n"
+     "\"ID<TAB>PIECE\" (the vocabulary's string: \"\xe2\x96\x81\" marks a space, <0x0A> a byte; a newline,\n"
+     "tab, CR, backslash or other control character in a piece is written \\n, \\t, \\r, \\\\, \\xNN).\n",
+     "  -p, --prompt TEXT        the text (\"-\": standard input); or TEXT as the argument\n"
+     "  -f, --file FILE          read the text from FILE (kept as is)\n"
+     "      --special            parse control tokens written in the text (<start_of_turn>, ...)\n"
+     "      --pieces             one \"ID<TAB>PIECE\" line per token\n",
+     1, 0},
+    {"detokenize", C_DETOKENIZE, "print the text of a list of ids",
+     "usage: dgemma detokenize [-m DIR] [--special] IDS | < FILE\n"
+     "\n"
+     "Decodes ids (separated by commas, spaces or newlines: the output of `dgemma tokenize`) to text.\n"
+     "Without IDS they are read from standard input.\n",
+     "      --special            keep special tokens (by name) instead of dropping them\n", 1, 0},
+    {"logits", C_LOGITS, "write decoder logits [canvas, vocab] as float32 (parity)",
+     "usage: dgemma logits [-m DIR] --prompt-ids LIST|@FILE --canvas-ids LIST|@FILE [--sc-logits F] -o FILE\n"
+     "\n"
+     "One encoder pass over the prompt, one decoder step over the canvas; writes the logits as\n"
+     "little-endian float32 [canvas_length, vocab] (docs/parity.md).\n",
+     "      --prompt-ids LIST|@FILE   prompt ids: comma-separated, or @file of int32\n"
+     "      --canvas-ids LIST|@FILE   canvas ids (canvas_length of them)\n"
+     "      --sc-logits FILE          previous step's processed logits [C,V] float32 (self-conditioning)\n"
+     "  -o, --out FILE                output file (written whole or not at all)\n",
+     1, 1},
+    {"replay", C_REPLAY, "generate from injected random canvases/uniforms, print the ids (parity)",
+     "usage: dgemma replay [-m DIR] --prompt-ids LIST|@FILE --canvases FILE [--uniforms FILE] [options]\n"
+     "\n"
+     "Generation with every random canvas read from --canvases (int32, canvas_length each, in draw\n"
+     "order) and proposals by argmax or, with --uniforms, by inverse CDF (docs/parity.md).\n",
+     "      --prompt-ids LIST|@FILE   prompt ids\n"
+     "      --canvases [@]FILE        int32 canvases, C ids each, in draw order\n"
+     "      --uniforms [@]FILE        float32 uniforms, C per step (else argmax proposals)\n"
+     "  -n, --max-new-tokens N, -s, --steps N, --seed N, --greedy, --gen-kwargs JSON   as for run\n",
+     1, 1},
+    {"eval", C_EVAL, "GSM8K (vLLM harness) or held-out problems/text of the small model",
+     "usage: dgemma eval gsm8k [-m DIR] [--data DIR] [--chat] [--shots K] [--limit N] [-o items.jsonl]\n"
+     "       dgemma eval problems|text [-m DIR] -f F.jsonl [--limit N] [-o items.jsonl]\n"
+     "\n"
+     "Scores a model (docs/eval.md). gsm8k: 5-shot Question:/Answer: prompts (or --chat, zero-shot),\n"
+     "answer = last integer, accuracy with a Wilson interval; -o keeps one line per item, a rerun\n"
+     "resumes. problems|text: the inputs tools/smallmodel/eval_hf.py writes.\n",
+     "      --data DIR           gsm8k: test.jsonl and train.jsonl (default ../shared/data/gsm8k)\n"
+     "      --chat               gsm8k: zero-shot with the chat template\n"
+     "      --shots K            gsm8k: few-shot examples (default 5)\n"
+     "      --sample             gsm8k: sample proposals (default: argmax, vLLM's temperature 0)\n"
+     "      --summary FILE       gsm8k: write the summary as JSON\n"
+     "  -f, --file F.jsonl       problems|text: the input file\n"
+     "      --limit N            the first N items\n"
+     "  -o, --out FILE           per-item JSON lines (resumed by a rerun)\n"
+     "  -n N, -s STEPS, --seed S, --greedy, --gen-kwargs JSON   as for run\n",
+     1, 1},
+    {"bench", C_BENCH, "throughput protocols against measured floors",
+     "usage: dgemma bench [-m DIR] [--protocol vllm|p512|batch|ceiling|all] [options]\n"
+     "\n"
+     "vllm: 1024 prompt tokens, 1024 generated, 16 fixed steps; p512: 512 generated tokens; batch:\n"
+     "B canvases per forward (turbo engine); ceiling: the matrix kernels at the MoE's shapes (no\n"
+     "model needed). Each row is printed against a floor measured in the same command (docs/eval.md).\n",
+     "      --protocol P         vllm, p512, batch, ceiling or all (default all: vllm, p512, batch)\n"
+     "      --reps N, --warmup N timed repetitions and warm-up runs\n"
+     "  -o, --out FILE           one JSON line per row\n"
+     "      --prompt-tokens P    prompt length (vllm, p512)\n"
+     "  -n N                     tokens generated\n"
+     "      --seed S             random seed\n"
+     "      --canvases 1,2,4,8   batch: the B values\n"
+     "      --gen-kwargs JSON    batch: generation settings (the other protocols fix theirs)\n"
+     "      --rows 1,2,...,256, --formats bf16,8,4,3,2, --moe-tokens 256, --quick   ceiling sweep\n",
+     1, 1},
+    {"quantize", C_QUANTIZE, "MLX affine quantization of a float checkpoint",
+     "usage: dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
+     "\n"
+     "Writes an MLX affine-quantized copy of IN_DIR (docs/quantization.md). SPEC is a comma-separated\n"
+     "list of CLASS=BITS, CLASS=BITS:GROUP or CLASS=bf16, CLASS one of embed, attn, mlp, router,\n"
+     "experts, sc, all; the item mlx is mlx-vlm's layout. Example: \"mlx,experts=3\".\n",
+     "      --bits B             default bits, 2..8 (default 4)\n"
+     "      --group-size G       default group size 32, 64 or 128 (default 64)\n"
+     "      --recipe SPEC        per-class bits (above)\n"
+     "  -t, --threads N          CPU threads\n",
+     0, 0},
+    {"mkrandom", C_MKRANDOM, "a random-weight checkpoint (26B-A4B shapes by default)",
+     "usage: dgemma mkrandom OUT_DIR [--config real|small|FILE.json] [--source DIR] [--seed S] [options]\n"
+     "\n"
+     "Random weights drawn as Transformers initialises them, streamed to disk (docs/cuda.md). Default:\n"
+     "the 26B-A4B config, experts 4-bit group 64, the rest bf16 (17.7 GB). --config small has a\n"
+     "1024-id vocabulary that no tokenizer matches: run and tokenize refuse it; info, logits, replay\n"
+     "and bench work on ids.\n",
+     "      --config C           real (default), small, or a config.json file\n"
+     "      --source DIR         copy the tokenizer files from DIR\n"
+     "      --seed S             reproducible byte for byte (any thread count)\n"
+     "      --bits B, --group-size G, --recipe SPEC   as for quantize (default: experts only)\n"
+     "      --dry-run            sizes only, nothing written\n"
+     "  -t, --threads N          CPU threads\n",
+     0, 0},
+    {"qreport", C_QREPORT, "quantization quality: KL and top-1 vs the float model",
+     "usage: dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G] [-t N]\n"
+     "\n"
+     "Quantizes the model with each recipe in memory and compares its logits with the float model's.\n",
+     "      --recipes \"R1;R2\"    recipes to compare (default: a standard set)\n"
+     "      --bits B, --group-size G   defaults of the recipes\n"
+     "      --seed S             random seed of the inputs\n"
+     "  -t, --threads N          CPU threads\n",
+     1, 0},
+};
+#define N_COMMANDS ((int)(sizeof kCommands / sizeof kCommands[0]))
+
+/* Every option: its spellings and the commands that take it. */
+typedef struct option_def { const char *s, *l; unsigned cmds; } option_def;
+static const option_def kOptions[] = {
+    {"-m", "--model", C_LOADS},
+    {"-p", "--prompt", C_RUN | C_TOKENIZE},
+    {"-f", "--file", C_RUN | C_TOKENIZE | C_EVAL},
+    {NULL, "--system", C_RUN | C_CHAT},
+    {NULL, "--think", C_RUN},
+    {NULL, "--raw", C_RUN},
+    {NULL, "--stop", C_RUN},
+    {NULL, "--temp", C_RUN | C_CHAT},
+    {NULL, "--json", C_RUN},
+    {"-n", "--max-new-tokens", C_RUN | C_CHAT | C_REPLAY | C_EVAL | C_BENCH},
+    {"-s", "--steps", C_RUN | C_CHAT | C_REPLAY | C_EVAL},
+    {NULL, "--seed", C_RUN | C_CHAT | C_REPLAY | C_EVAL | C_BENCH | C_MKRANDOM | C_QREPORT},
+    {"-t", "--threads", C_FORWARD | C_QUANTIZE | C_MKRANDOM | C_QREPORT},
+    {NULL, "--ref", C_FORWARD},
+    {NULL, "--device", C_FORWARD},
+    {NULL, "--greedy", C_RUN | C_CHAT | C_REPLAY | C_EVAL},
+    {NULL, "--special", C_TOKENIZE | C_DETOKENIZE},
+    {NULL, "--pieces", C_TOKENIZE},
+    {NULL, "--gen-kwargs", C_RUN | C_CHAT | C_REPLAY | C_EVAL | C_BENCH},
+    {"-v", "--verbose", C_RUN},
+    {NULL, "--prompt-ids", C_LOGITS | C_REPLAY},
+    {NULL, "--canvas-ids", C_LOGITS},
+    {NULL, "--sc-logits", C_LOGITS},
+    {"-o", "--out", C_LOGITS | C_EVAL | C_BENCH},
+    {NULL, "--canvases", C_REPLAY | C_BENCH},
+    {NULL, "--uniforms", C_REPLAY},
+    {NULL, "--data", C_EVAL},
+    {NULL, "--summary", C_EVAL},
+    {NULL, "--chat", C_EVAL},
+    {NULL, "--sample", C_EVAL},
+    {NULL, "--shots", C_EVAL},
+    {NULL, "--limit", C_EVAL},
+    {NULL, "--protocol", C_BENCH},
+    {NULL, "--rows", C_BENCH},
+    {NULL, "--formats", C_BENCH},
+    {NULL, "--moe-tokens", C_BENCH},
+    {NULL, "--quick", C_BENCH},
+    {NULL, "--reps", C_BENCH},
+    {NULL, "--warmup", C_BENCH},
+    {NULL, "--prompt-tokens", C_BENCH},
+    {NULL, "--bits", C_QUANTIZE | C_MKRANDOM | C_QREPORT},
+    {NULL, "--group-size", C_QUANTIZE | C_MKRANDOM | C_QREPORT},
+    {NULL, "--recipe", C_QUANTIZE | C_MKRANDOM},
+    {NULL, "--recipes", C_QREPORT},
+    {NULL, "--config", C_MKRANDOM},
+    {NULL, "--source", C_MKRANDOM},
+    {NULL, "--dry-run", C_MKRANDOM},
+    {"-h", "--help", C_ALL},
+    {NULL, "--version", C_ALL},
+    {"-c", "--ctx-size", C_CHAT},
+};
+
+static const command *g_cmd; /* the command being run (NULL before it is known) */
+
+static const command *find_command(const char *name) {
+  for (int k = 0; k < N_COMMANDS; k++)
+    if (!strcmp(kCommands[k].name, name)) return &kCommands[k];
+  return NULL;
+}
+
+/* `dgemma --help`: the commands, the environment, where to read more. */
+static void global_help(FILE *f) {
+  fprintf(f,
+          "usage: dgemma COMMAND [options]     (dgemma COMMAND --help: that command's options)\n"
+          "\n"
+          "Block-diffusion generation with DiffusionGemma models, on the CPU or an NVIDIA GPU.\n"
+          "Example: dgemma run -p \"Why is the sky blue?\"   (or: echo \"Why?\" | dgemma run)\n"
+          "\n"
+          "commands:\n");
+  for (int k = 0; k < N_COMMANDS; k++) fprintf(f, "  %-11s %s\n", kCommands[k].name, kCommands[k].summary);
+  fprintf(f, "  %-11s %s\n", "serve", "OpenAI-compatible HTTP server with continuous batching (README, Serving)");
+  fprintf(f,
+          "\n"
+          "  --version   print the version (any command accepts it)\n"
+          "\n"
+          "environment:\n"
+          "  DGEMMA_MODEL      the model used without -m (default: the bundled models/dgemma-small, a 9.9 M\n"
+          "                    parameter demo model whose arithmetic is weak; docs/small-model.md)\n"
+          "  OMP_WAIT_POLICY   dgemma sets \"passive\" unless it is set (idle threads sleep: spinning ones are\n"
+          "                    many times slower on a shared machine); \"active\" may help on an idle one\n"
+          "  OMP_NUM_THREADS   the default of -t\n"
+          "  DGEMMA_KERNELS    ref, avx2 or avx512: force a CPU kernel set (default: the best available)\n"
+          "  DGEMMA_CUDA_SYNC=1, DGEMMA_CUDA_MEM_LIMIT=BYTES   CUDA debugging, GPU sharing (README)\n");
+}
+
+static void command_help(const command *c, FILE *f) {
+  fprintf(f, "%s\noptions:\n%s%s%s", c->usage, c->options, c->model_opts ? kModelHelp : "",
+          c->forward_opts ? kForwardHelp : "");
+  fprintf(f, "  -h, --help               this help\n");
+}
+
+/* A usage error: one line naming the problem and where the help is; exit 2. */
 static void usage_exit(const char *msg) {
-  if (msg) fprintf(stderr, "dgemma: %s\n\n", msg);
-  fprintf(stderr,
-          "usage: dgemma COMMAND [options]\n"
-          "\n"
-          "commands:\n"
-          "  run       generate text: dgemma run [-m DIR] -p PROMPT\n"
-          "  info      print the model configuration\n"
-          "  tokenize  print the ids of a text: dgemma tokenize [-m DIR] [--special] TEXT\n"
-          "  logits    write decoder logits [canvas, vocab] as little-endian float32\n"
-          "  replay    generate from injected random canvases/uniforms, print the ids\n"
-          "  eval      dgemma eval gsm8k [-m DIR] [--data DIR] [--chat] [--shots K] [--limit N] [-o items.jsonl]\n"
-          "                       [--summary S.json] [--sample] [-n N] [-s STEPS] [--seed S] (docs/eval.md)\n"
-          "            dgemma eval problems|text [-m DIR] --file F.jsonl [--limit N] [--seed S] [-o items.jsonl]\n"
-          "                       [--gen-kwargs J] [--greedy] [-n N] [-s STEPS] [--ref] [-t N] (problems: -o resumes)\n"
-          "  bench     dgemma bench [-m DIR] [--protocol vllm|p512|batch|ceiling|all] [--reps N] [--warmup N]\n"
-          "                       [-o rows.jsonl] [--prompt-tokens P] [-n N] [--canvases 1,2,4,8] [--gen-kwargs JSON]\n"
-          "                       [--rows 1,2,...,256] [--formats bf16,8,4,3,2] [--moe-tokens 256] [--quick]\n"
-          "                       (docs/eval.md)\n"
-          "  quantize  dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
-          "            (MLX affine; SPEC e.g. \"mlx,experts=3\" or \"experts=2:32,embed=bf16\"; see README)\n"
-          "  mkrandom  dgemma mkrandom OUT_DIR [--config real|small|FILE.json] [--source DIR] [--seed S]\n"
-          "                       [--bits B] [--group-size G] [--recipe SPEC] [-t N] [--dry-run]\n"
-          "            (random weights drawn as Transformers initialises them; default: the 26B-A4B config,\n"
-          "            experts 4-bit group 64, the rest bf16; --source copies tokenizer files; docs/cuda.md)\n"
-          "  qreport   dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G]\n"
-          "            (KL divergence and top-1 agreement of quantized logits vs the float model)\n"
-          "  serve     dgemma serve [-m DIR] [--port P] [--max-batch N] [--api-key KEY] ... (dgemma serve --help)\n"
-          "\n"
-          "common options:\n"
-          "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: bundled %s)\n"
-          "  -t, --threads N          CPU threads (default: all)\n"
-          "      --ref                use the scalar fp32 oracle kernels\n"
-          "      --device cpu|cuda[:N] where the forward pass runs (default cpu); `info --device cuda`\n"
-          "                           also checks one decoder step on the GPU against the CPU\n"
-          "\n"
-          "run options:\n"
-          "  -p, --prompt TEXT        the user message (chat template applied)\n"
-          "      --system TEXT        a system message\n"
-          "      --think              enable thinking in the chat template\n"
-          "      --raw                use PROMPT as raw text (no template, no BOS added)\n"
-          "  -n, --max-new-tokens N   tokens to generate (whole canvases)\n"
-          "  -s, --steps N            max denoising steps per canvas\n"
-          "      --seed N             random seed (default 0)\n"
-          "      --greedy             argmax proposals instead of sampling\n"
-          "      --gen-kwargs JSON    any generation_config field, e.g. '{\"entropy_bound\": 0.2}', or the\n"
-          "                           turbo engine: '{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\",\n"
-          "                           \"turbo_threshold\": [0.95, 0.80, 8], \"turbo_repair\": true}' (README)\n"
-          "  -v, --verbose            show the canvas as it denoises (stderr)\n"
-          "\n"
-          "logits / replay options:\n"
-          "      --prompt-ids LIST|@FILE   prompt ids: comma-separated, or @file of int32\n"
-          "      --canvas-ids LIST|@FILE   canvas ids (logits)\n"
-          "      --sc-logits FILE          previous step's processed logits [C,V] float32 (logits)\n"
-          "  -o, --out FILE                output file (logits)\n"
-          "      --canvases [@]FILE        replay: int32 canvases, C ids each, in draw order\n"
-          "                                (bench: the B values of the batch protocol, e.g. 1,2,4,8)\n"
-          "      --uniforms [@]FILE        replay: float32 uniforms, C per step (else argmax proposals)\n",
-          DEFAULT_MODEL);
+  if (g_cmd) {
+    fprintf(stderr, "dgemma %s: %s; see `dgemma %s --help`\n", g_cmd->name, msg, g_cmd->name);
+  } else {
+    fprintf(stderr, "dgemma: %s; see `dgemma --help`\n", msg);
+  }
   exit(2);
 }
 
@@ -186,9 +424,12 @@ static const char *default_model(void) {
   return DEFAULT_MODEL;
 }
 
+#define DG_CLI_MAX_STOPS 16
+
 typedef struct opts {
   const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
   const char *file, *recipe, *recipes, *config, *source;
+  long long ctx_size;              /* chat -c */
   const char *data, *summary, *protocol;
   const char *rows, *formats, *moe_tokens; /* bench --protocol ceiling */
   int quick;
@@ -196,6 +437,11 @@ typedef struct opts {
   int bits, group_size;
   const char *positional2;
   int threads, ref, think, raw, verbose, greedy, special, dry_run;
+  int pieces, json;                /* tokenize --pieces, run --json */
+  const char *stops[DG_CLI_MAX_STOPS]; /* run --stop, in the order given */
+  int n_stops;
+  double temp;                     /* run --temp */
+  int temp_set;
   int device, cuda_device; /* dg_device and CUDA ordinal (--device) */
   long long max_new, steps, seed, limit;
   int max_new_set, steps_set, seed_set;
@@ -208,17 +454,39 @@ static long long parse_int(const char *s, const char *name, long long lo, long l
   errno = 0;
   long long v = strtoll(s, &end, 10);
   if (!*s || *end || errno || v < lo || v > hi) {
-    fprintf(stderr, "dgemma: %s expects an integer in [%lld, %lld], got \"%s\"\n", name, lo, hi, s);
-    exit(2);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s expects an integer in [%lld, %lld], got \"%.100s\"", name, lo, hi, s);
+    usage_exit(msg);
   }
   return v;
 }
 
 static void parse_opts(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
+  char msg[512];
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "dgemma: %s needs a value\n", a), exit(2), ""))
+#define ARG() (i + 1 < argc ? argv[++i] : (snprintf(msg, sizeof msg, "%s needs a value", a), usage_exit(msg), ""))
+    if (a[0] == '-' && a[1]) { /* an option: is it one of this command's? */
+      const option_def *d = NULL;
+      for (size_t k = 0; k < sizeof kOptions / sizeof kOptions[0] && !d; k++)
+        if ((kOptions[k].s && !strcmp(a, kOptions[k].s)) || !strcmp(a, kOptions[k].l)) d = &kOptions[k];
+      if (!d) {
+        snprintf(msg, sizeof msg, "unknown option %s", a);
+        usage_exit(msg);
+      }
+      if (!(d->cmds & g_cmd->bit)) {
+        int n = snprintf(msg, sizeof msg, "%s is not an option of %s (it is one of", a, g_cmd->name);
+        const char *sep = " ";
+        for (int k = 0; k < N_COMMANDS; k++)
+          if (d->cmds & kCommands[k].bit && n < (int)sizeof msg) {
+            n += snprintf(msg + n, sizeof msg - (size_t)n, "%s%s", sep, kCommands[k].name);
+            sep = ", ";
+          }
+        if (n < (int)sizeof msg) snprintf(msg + n, sizeof msg - (size_t)n, ")");
+        usage_exit(msg);
+      }
+    }
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = ARG();
     else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = ARG();
     else if (!strcmp(a, "--system")) o->system = ARG();
@@ -246,7 +514,27 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = ARG();
     else if (!strcmp(a, "--canvases")) o->canvases = ARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
-    else if (!strcmp(a, "--file")) o->file = ARG();
+    else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = ARG();
+    else if (!strcmp(a, "--stop")) {
+      const char *v = ARG();
+      if (!*v) usage_exit("--stop needs a non-empty string");
+      if (o->n_stops == DG_CLI_MAX_STOPS) usage_exit("at most 16 --stop strings");
+      o->stops[o->n_stops++] = v;
+    }
+    else if (!strcmp(a, "--temp")) {
+      const char *v = ARG();
+      char *end;
+      errno = 0;
+      o->temp = strtod(v, &end);
+      if (!*v || *end || errno || !(o->temp >= 0 && o->temp <= 100)) {
+        snprintf(msg, sizeof msg, "--temp expects a number in [0, 100], got \"%s\"", v);
+        usage_exit(msg);
+      }
+      o->temp_set = 1;
+    }
+    else if (!strcmp(a, "--json")) o->json = 1;
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = parse_int(ARG(), a, 1, INT32_MAX);
+    else if (!strcmp(a, "--pieces")) o->pieces = 1;
     else if (!strcmp(a, "--data")) o->data = ARG();
     else if (!strcmp(a, "--summary")) o->summary = ARG();
     else if (!strcmp(a, "--chat")) o->chat = 1;
@@ -268,11 +556,12 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--config")) o->config = ARG();
     else if (!strcmp(a, "--source")) o->source = ARG();
     else if (!strcmp(a, "--dry-run")) o->dry_run = 1;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage_exit(NULL);
-    else if (a[0] == '-' && a[1]) { fprintf(stderr, "dgemma: unknown option %s\n", a); usage_exit(NULL); }
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { command_help(g_cmd, stdout); exit(close_stdout(0)); }
+    else if (!strcmp(a, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); exit(close_stdout(0)); }
+    else if (a[0] == '-' && a[1]) { snprintf(msg, sizeof msg, "unknown option %s", a); usage_exit(msg); } /* not reached */
     else if (!o->positional) o->positional = a;
     else if (!o->positional2 && !strcmp(argv[1], "quantize")) o->positional2 = a;
-    else { fprintf(stderr, "dgemma: unexpected argument \"%s\"\n", a); usage_exit(NULL); }
+    else { snprintf(msg, sizeof msg, "unexpected argument \"%s\"", a); usage_exit(msg); }
 #undef ARG
   }
 }
@@ -280,9 +569,39 @@ static void parse_opts(int argc, char **argv, opts *o) {
 /* Reject a positional argument for commands that take none. */
 static void no_positional(const opts *o, const char *cmd) {
   if (o->positional) {
-    fprintf(stderr, "dgemma: %s takes no argument \"%s\" (options only)\n", cmd, o->positional);
-    exit(2);
+    char msg[256];
+    snprintf(msg, sizeof msg, "takes no argument \"%.100s\" (options only)", o->positional);
+    usage_exit(msg);
   }
+}
+
+/* Cores this process may run on (its affinity mask), at least 1. */
+static int available_cores(void) {
+  cpu_set_t cs;
+  if (sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) > 0) return CPU_COUNT(&cs);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* -t above the available cores only makes threads wait for each other: capped, with a warning. */
+static void cap_threads(opts *o) {
+  const int n = available_cores();
+  if (o->threads > n) {
+    fprintf(stderr, "dgemma: -t %d is more than the %d core(s) available to this process; using %d\n", o->threads, n, n);
+    o->threads = n;
+  }
+}
+
+/* libgomp reads OMP_WAIT_POLICY once, as it is loaded, before main: to make
+ * "passive" (idle threads sleep instead of spinning) the default, set it and
+ * run this program again, once. Spinning threads made a generation 12-20x
+ * slower on a machine whose cores were busy with other jobs (docs/eval.md).
+ * A policy set by the user is kept. If the exec fails, dgemma goes on with
+ * libgomp's default. */
+static void reexec_with_passive_wait(char **argv) {
+  if (getenv("OMP_WAIT_POLICY")) return;
+  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  execv("/proc/self/exe", argv);
 }
 
 /* Context capacity for a prompt of n tokens and the canvases of gp, or exit if it overflows. */
@@ -310,7 +629,13 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
     fprintf(stderr, "dgemma: cannot load model %s\n", dir);
     if (!o->model && st == DG_ERR_NOT_FOUND)
       fprintf(stderr, "  (no -m given and the bundled model was not found; pass -m MODEL_DIR)\n");
-    die("load", st);
+    const char *e = dg_last_error();
+    fprintf(stderr, "dgemma: load: %s\n", dg_status_str(st));
+    if (e && *e) fprintf(stderr, "  %s\n", e);
+    if (need_tokenizer && e && strstr(e, "tokenizer.json"))
+      fprintf(stderr, "  (`dgemma %s` needs the model's tokenizer; info, logits, replay and bench work on ids without one)\n",
+              g_cmd->name);
+    exit(1);
   }
   return m;
 }
@@ -325,19 +650,128 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
   if (o->steps_set) gp.max_denoising_steps = (int32_t)o->steps;
   if (o->seed_set) gp.seed = (uint64_t)o->seed;
   if (o->greedy) gp.proposal = DG_PROPOSAL_ARGMAX;
+  /* --temp T: the linear schedule scaled to start at T, its shape kept (t_min = T * t_min / t_max);
+   * T = 0: argmax proposals, the schedule unchanged (it still sets the entropies of acceptance) */
+  if (o->temp_set && o->temp == 0) gp.proposal = DG_PROPOSAL_ARGMAX;
+  else if (o->temp_set) {
+    const double ratio = gp.t_max > 0 ? (double)gp.t_min / gp.t_max : 0.5;
+    gp.t_max = (float)o->temp;
+    gp.t_min = (float)(o->temp * ratio);
+  }
   return gp;
+}
+
+/* ---- prompts from files and standard input -------------------------------- */
+
+/* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error. */
+static char *read_stream(FILE *f, const char *name, size_t *len) {
+  size_t cap = 1 << 16, n = 0, k;
+  char *buf = malloc(cap + 1);
+  while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += k;
+    if (n == cap) {
+      char *nb = realloc(buf, (cap *= 2) + 1);
+      if (!nb) free(buf);
+      buf = nb;
+    }
+  }
+  if (!buf || ferror(f)) {
+    fprintf(stderr, "dgemma %s: cannot read %s: %s\n", g_cmd->name, name, buf ? strerror(errno) : "out of memory");
+    exit(1);
+  }
+  buf[n] = 0;
+  *len = n;
+  return buf;
+}
+
+/* The text of run/tokenize: -p TEXT, -p - (stdin), -f FILE, the argument, or
+ * standard input when it is not a terminal. *owned says whether to free it.
+ * strip_newline: a text read from a file or stdin loses one trailing "\n" (or
+ * "\r\n"), as llama.cpp's -f does. A NUL byte is refused (the text is C string). */
+static const char *input_text(const opts *o, int strip_newline, size_t *len, int *owned) {
+  const char *given = o->prompt ? o->prompt : o->positional;
+  if ((o->prompt && o->positional) || (o->file && given)) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "give the text once: -p TEXT, -f FILE or an argument (got %s%s%s)",
+             o->prompt ? "-p " : "", o->file ? "-f " : "", o->positional ? "an argument" : "");
+    usage_exit(msg);
+  }
+  *owned = 0;
+  if (given && strcmp(given, "-") != 0) {
+    *len = strlen(given);
+    return given;
+  }
+  char *text;
+  const char *name;
+  if (o->file) {
+    FILE *f = fopen(o->file, "rb");
+    if (!f) { fprintf(stderr, "dgemma %s: cannot open %s: %s\n", g_cmd->name, o->file, strerror(errno)); exit(1); }
+    text = read_stream(f, o->file, len);
+    fclose(f);
+    name = o->file;
+  } else {
+    if (!given && isatty(0)) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "no %s given: -p TEXT, -p - (standard input), -f FILE, or a pipe",
+               g_cmd->bit == C_RUN ? "prompt" : "text");
+      usage_exit(msg);
+    }
+    text = read_stream(stdin, "standard input", len);
+    name = "standard input";
+  }
+  size_t nul = strlen(text);
+  if (nul != *len) {
+    fprintf(stderr, "dgemma %s: %s holds a NUL byte at offset %zu (text expected)\n", g_cmd->name, name, nul);
+    exit(1);
+  }
+  if (strip_newline && *len && text[*len - 1] == '\n') {
+    text[--*len] = 0;
+    if (*len && text[*len - 1] == '\r') text[--*len] = 0;
+  }
+  *owned = 1;
+  return text;
 }
 
 /* ---- run ----------------------------------------------------------------- */
 
 typedef struct stream_state {
   const dg_model *m;
-  int32_t *ids;
+  int32_t *ids;            /* the generated tokens so far (up to each block's first stop id) */
   size_t n, cap;
-  size_t printed; /* bytes of decoded text already written */
+  char *text;              /* their text (dg_detokenize), owned */
+  size_t printed;          /* bytes of text already written to stdout */
   int verbose;
-  int write_errno; /* nonzero: writing stdout failed (generation stopped) */
+  int quiet;               /* --json: nothing is streamed */
+  int write_errno;         /* nonzero: writing stdout failed (generation stopped) */
+  const char *const *stops; /* --stop strings */
+  int n_stops;
+  int stop_string;         /* index of the --stop string that ended the answer, -1 if none */
+  size_t stop_at;          /* its byte offset in text */
+  size_t block_start;      /* ids of the blocks before the last one */
+  int32_t n_blocks, n_steps; /* counted here: an abort by --stop leaves no dg_gen_result */
+  int64_t n_forwarded, n_step_calls; /* positions forwarded, summed over the denoising steps seen */
 } stream_state;
+
+/* Bytes at the end of text[0..len) that begin some stop string (held back: the next block may complete it). */
+static size_t stop_holdback(const stream_state *s, size_t len) {
+  size_t hold = 0;
+  for (int k = 0; k < s->n_stops; k++) {
+    size_t L = strlen(s->stops[k]);
+    for (size_t h = L - 1; h > hold; h--)
+      if (h <= len && !memcmp(s->text + len - h, s->stops[k], h)) { hold = h; break; }
+  }
+  return hold;
+}
+
+static int write_out(stream_state *s, size_t upto) {
+  if (s->quiet || upto <= s->printed) return 0;
+  errno = 0;
+  int bad = fwrite(s->text + s->printed, 1, upto - s->printed, stdout) != upto - s->printed;
+  s->printed = upto;
+  bad |= fflush(stdout) != 0;
+  if (bad) s->write_errno = errno ? errno : EIO; /* a full disk or /dev/full: stop, cmd_run reports it */
+  return bad;
+}
 
 static int on_block(const dg_block_info *bi, void *ud) {
   stream_state *s = ud;
@@ -345,26 +779,34 @@ static int on_block(const dg_block_info *bi, void *ud) {
     s->cap = (s->n + (size_t)bi->n_valid) * 2;
     s->ids = realloc(s->ids, s->cap * sizeof *s->ids);
   }
+  s->block_start = s->n;
   memcpy(s->ids + s->n, bi->tokens, (size_t)bi->n_valid * sizeof(int32_t));
   s->n += (size_t)bi->n_valid;
+  s->n_blocks++;
+  s->n_steps += bi->n_steps;
   char *text = NULL;
-  if (dg_detokenize(s->m, s->ids, s->n, 0, &text) == DG_OK) {
-    size_t len = strlen(text);
-    errno = 0;
-    int bad = len > s->printed && fwrite(text + s->printed, 1, len - s->printed, stdout) != len - s->printed;
-    s->printed = len;
-    bad |= fflush(stdout) != 0;
-    dg_free(text);
-    if (bad) { /* a full disk or /dev/full: stop generating, cmd_run reports it */
-      s->write_errno = errno ? errno : EIO;
-      return 1;
+  if (dg_detokenize(s->m, s->ids, s->n, 0, &text) != DG_OK) return 0;
+  dg_free(s->text);
+  s->text = text;
+  size_t len = strlen(text), upto = len;
+  for (int k = 0; k < s->n_stops; k++) { /* the earliest stop string wins */
+    const char *hit = strstr(text, s->stops[k]);
+    if (hit && (s->stop_string < 0 || (size_t)(hit - text) < s->stop_at)) {
+      s->stop_string = k;
+      s->stop_at = (size_t)(hit - text);
     }
   }
-  return 0;
+  if (s->stop_string >= 0) upto = s->stop_at;
+  else upto = len - stop_holdback(s, len);
+  if (write_out(s, upto)) return 1;
+  return s->stop_string >= 0; /* a stop string: end the generation here */
 }
 
 static int on_step(const dg_step_info *si, void *ud) {
   stream_state *s = ud;
+  s->n_forwarded += si->n_forwarded;
+  s->n_step_calls++;
+  if (!s->verbose) return 0;
   char *text = NULL;
   const int tty = isatty(2);
   fprintf(stderr, "%s[block %d step %2d T=%.3f accepted %3d mean H %.4f%s]%s ", tty ? "\x1b[2m" : "", si->block,
@@ -380,20 +822,51 @@ static int on_step(const dg_step_info *si, void *ud) {
   return 0;
 }
 
-static int cmd_run(const opts *o) {
-  const char *prompt = o->prompt ? o->prompt : o->positional;
-  if (!prompt) usage_exit("run needs a prompt (-p TEXT)");
-  if (o->prompt && o->positional) {
-    fprintf(stderr, "dgemma: run got both -p and the argument \"%s\"\n", o->positional);
-    return 2;
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prefill ids[0..n) into ctx; on a terminal, in chunks of 512 tokens with a progress line on stderr
+ * when the prompt is long (the KV cache is appended to, so the result does not depend on the chunks). */
+static void prefill(dg_context *ctx, const int32_t *ids, size_t n) {
+  const size_t chunk = 512;
+  const int progress = isatty(2) && n > 2 * chunk;
+  const double t0 = now_s();
+  dg_status st;
+  for (size_t k = 0; k < n;) {
+    size_t len = progress && n - k > chunk ? chunk : n - k;
+    if ((st = dg_encode(ctx, ids + k, len))) die("prefill", st);
+    k += len;
+    if (progress) {
+      double dt = now_s() - t0;
+      fprintf(stderr, "\rdgemma: prefill %zu/%zu tokens (%3.0f%%), %.1f s, about %.0f s left ", k, n,
+              100.0 * (double)k / (double)n, dt, k < n ? dt / (double)k * (double)(n - k) : 0.0);
+    }
   }
+  if (progress) fprintf(stderr, "\n");
+}
+
+static const char *finish_name(const stream_state *ss, dg_finish_reason f) {
+  static const char *const why[] = {"length", "stop", "repetition"};
+  if (ss->stop_string >= 0) return "stop_string";
+  return (unsigned)f < 3 ? why[f] : "?";
+}
+
+static int cmd_run(const opts *o) {
+  if (o->raw && (o->system || o->think))
+    usage_exit("--raw sends the prompt without the chat template, so --system and --think cannot apply");
+  size_t plen;
+  int owned;
+  const char *prompt = input_text(o, 1, &plen, &owned);
   dg_model *m = load_model(o, 1);
   dg_gen_params gp = gen_params(m, o);
   int32_t *ids = NULL;
   size_t n = 0;
   dg_status st;
   if (o->raw) {
-    st = dg_tokenize(m, prompt, strlen(prompt), 1, &ids, &n);
+    st = dg_tokenize(m, prompt, plen, 1, &ids, &n);
   } else {
     dg_chat_message msgs[2];
     size_t nm = 0;
@@ -402,42 +875,320 @@ static int cmd_run(const opts *o) {
     st = dg_chat_apply(m, msgs, nm, o->think, &ids, &n);
   }
   if (st) die("prompt", st);
+  if (owned) free((char *)prompt);
+  if (n == 0) usage_exit("the prompt is empty (with --raw no BOS is added, so an empty text has no tokens)");
   dg_model_info info;
   dg_model_get_info(m, &info);
+  const int32_t need = context_size(n, &gp, info.canvas_length);
+  if (need > info.max_position_embeddings) {
+    const int32_t C = info.canvas_length, nc = (gp.max_new_tokens + C - 1) / C;
+    fprintf(stderr,
+            "dgemma run: the prompt has %zu tokens; with %d canvas(es) of %d for -n %d the sequence needs %d "
+            "positions, past the model's max_position_embeddings %d\n",
+            n, nc, C, gp.max_new_tokens, need, info.max_position_embeddings);
+    dg_free(ids);
+    dg_model_free(m);
+    return 2;
+  }
   dg_context_params cp = dg_context_default_params();
-  cp.max_context = context_size(n, &gp, info.canvas_length);
+  cp.max_context = need;
   dg_context *ctx = NULL;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
-  stream_state ss = {m, NULL, 0, 0, 0, o->verbose, 0};
+  stream_state ss = {.m = m, .verbose = o->verbose, .quiet = o->json, .stops = o->stops, .n_stops = o->n_stops,
+                     .stop_string = -1};
   gp.on_block = on_block;
-  gp.on_step = o->verbose ? on_step : NULL;
+  gp.on_step = on_step;
   gp.user_data = &ss;
+  /* the prompt but its last token is prefilled here, timed apart from the generation (dg_generate needs one) */
+  const double t0 = now_s();
+  prefill(ctx, ids, n - 1);
+  const double t1 = now_s();
   dg_gen_result r;
-  if ((st = dg_generate(ctx, ids, n, &gp, &r))) {
+  st = dg_generate(ctx, ids + n - 1, 1, &gp, &r);
+  const double t2 = now_s();
+  int rc = 0;
+  const int by_stop = st == DG_ERR_ABORTED && ss.stop_string >= 0 && !ss.write_errno;
+  if (st && !by_stop) {
     if (st == DG_ERR_ABORTED && ss.write_errno) {
       fprintf(stderr, "dgemma: cannot write to standard output: %s (generation stopped)\n", strerror(ss.write_errno));
-      free(ss.ids);
-      dg_free(ids);
-      dg_context_free(ctx);
-      dg_model_free(m);
-      return 1;
+      rc = 1;
+      goto out;
     }
     die("generate", st);
   }
-  printf("\n");
+  /* the tokens of the answer: all of them, or up to the one that completes the stop string */
+  size_t kept = ss.n;
+  int32_t visible = by_stop ? 0 : r.n_visible;
+  if (by_stop) {
+    const size_t stop_end = ss.stop_at + strlen(ss.stops[ss.stop_string]);
+    for (size_t k = ss.block_start; k <= ss.n; k++) {
+      char *t = NULL;
+      if (dg_detokenize(m, ss.ids, k, 0, &t) != DG_OK) break;
+      const size_t tl = strlen(t);
+      dg_free(t);
+      if (tl >= stop_end) { kept = k; break; }
+    }
+    visible = (int32_t)kept;
+    ss.text[ss.stop_at] = 0; /* the answer ends before the stop string */
+  } else if (!o->json) {
+    write_out(&ss, ss.text ? strlen(ss.text) : 0); /* what was held back for a stop string that never came */
+  }
+  if (!by_stop) { /* the library's counts (those of the callbacks agree; these are the reference) */
+    ss.n_blocks = r.n_blocks;
+    ss.n_steps = r.n_steps;
+  }
+  const double gen_s = t2 - t1, pre_s = t1 - t0;
+  const char *finish = finish_name(&ss, by_stop ? DG_FINISH_STOP : r.finish_reason);
+  if (o->json) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "text", ss.text ? ss.text : "");
+    cJSON *tk = cJSON_AddArrayToObject(j, "tokens");
+    for (size_t k = 0; k < kept; k++) cJSON_AddItemToArray(tk, cJSON_CreateNumber(ss.ids[k]));
+    cJSON_AddNumberToObject(j, "n_tokens", visible);
+    cJSON_AddNumberToObject(j, "prompt_tokens", (double)n);
+    cJSON_AddNumberToObject(j, "blocks", ss.n_blocks);
+    cJSON_AddNumberToObject(j, "steps", ss.n_steps);
+    cJSON_AddStringToObject(j, "finish_reason", finish);
+    if (by_stop) cJSON_AddStringToObject(j, "stop_string", ss.stops[ss.stop_string]);
+    cJSON_AddStringToObject(j, "sampler", gp.turbo.enabled ? "turbo" : "reference");
+    cJSON_AddNumberToObject(j, "seed", (double)gp.seed);
+    cJSON *tm = cJSON_AddObjectToObject(j, "timings");
+    cJSON_AddNumberToObject(tm, "prefill_s", pre_s);
+    cJSON_AddNumberToObject(tm, "generation_s", gen_s);
+    cJSON_AddNumberToObject(tm, "total_s", t2 - t0);
+    cJSON_AddNumberToObject(tm, "prefill_tok_per_s", pre_s > 0 ? (double)(n - 1) / pre_s : 0.0);
+    cJSON_AddNumberToObject(tm, "generation_tok_per_s", gen_s > 0 ? visible / gen_s : 0.0);
+    char *js = cJSON_PrintUnformatted(j);
+    printf("%s\n", js);
+    cJSON_free(js);
+    cJSON_Delete(j);
+  } else {
+    printf("\n");
+  }
   fflush(stdout); /* a failure here is reported by close_stdout at the end */
-  static const char *const why[] = {"length", "stop", "repetition"};
   /* generated text only (n_visible): hidden <eos>/pad canvases are not tokens the user got */
-  fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s\n",
-          r.n_visible, r.n_blocks, r.n_steps, r.n_steps ? (double)r.n_visible / r.n_steps : 0.0, r.seconds,
-          r.seconds > 0 ? r.n_visible / r.seconds : 0.0);
+  fprintf(stderr, "dgemma: %d tokens, %d blocks, %d denoising steps, %.2f tokens/forward, %.2f s, %.1f tok/s "
+          "(generation)\n",
+          visible, ss.n_blocks, ss.n_steps, ss.n_steps ? (double)visible / ss.n_steps : 0.0, gen_s,
+          gen_s > 0 ? visible / gen_s : 0.0);
+  fprintf(stderr, "dgemma: prompt %zu tokens, prefill %.2f s (%.1f tok/s); %.2f s in all\n", n, pre_s,
+          pre_s > 0 ? (double)(n - 1) / pre_s : 0.0, t2 - t0);
   fprintf(stderr, "dgemma: %s sampler, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
-          gp.turbo.enabled ? "turbo" : "reference", r.n_blocks ? (double)r.n_steps / r.n_blocks : 0.0,
-          r.n_steps ? (double)r.n_forwarded / r.n_steps : 0.0,
-          (unsigned)r.finish_reason < 3 ? why[r.finish_reason] : "?");
-  dg_gen_result_free(&r);
+          gp.turbo.enabled ? "turbo" : "reference", ss.n_blocks ? (double)ss.n_steps / ss.n_blocks : 0.0,
+          by_stop ? (ss.n_step_calls ? (double)ss.n_forwarded / ss.n_step_calls : 0.0)
+                  : r.n_steps ? (double)r.n_forwarded / r.n_steps : 0.0, finish);
+  if (!by_stop) dg_gen_result_free(&r);
+out:
   free(ss.ids);
+  dg_free(ss.text);
   dg_free(ids);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return rc;
+}
+
+/* ---- chat ------------------------------------------------------------------ *
+ *
+ * Multi-turn chat in the terminal. The conversation lives in the KV cache: each
+ * turn appends only its new tokens (the previous answer's last, uncommitted
+ * canvas up to its stop id, the turn's end, the new user turn) and generates on
+ * top, so nothing is prefilled twice. Ctrl-C stops the current answer (the turn
+ * is dropped: the cache is truncated back); /reset, /system TEXT, /quit. Lines
+ * are read with libedit when the build has it (history, editing), else plainly;
+ * without a terminal on stdin every line is a user message (scripts). */
+
+static volatile sig_atomic_t g_chat_interrupt = 0;
+
+static void on_chat_sigint(int sig) {
+  (void)sig;
+  g_chat_interrupt = 1;
+}
+
+static int chat_on_step(const dg_step_info *si, void *ud) {
+  (void)si;
+  (void)ud;
+  return g_chat_interrupt != 0; /* Ctrl-C: stop within one denoising step */
+}
+
+/* One line from the user, malloc'd without its newline; NULL at the end of input. */
+static char *chat_read_line(int tty) {
+#ifdef DG_HAVE_LIBEDIT
+  if (tty) {
+    char *l = readline("> ");
+    if (l && *l) add_history(l);
+    return l;
+  }
+#endif
+  if (tty) {
+    fputs("> ", stdout);
+    fflush(stdout);
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t k = getline(&line, &cap, stdin);
+  if (k < 0) {
+    free(line);
+    return NULL;
+  }
+  while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
+  return line;
+}
+
+/* The single id of a control token's text, -1 if the tokenizer has none. */
+static int32_t control_id(const dg_model *m, const char *piece) {
+  int32_t *ids = NULL, id = -1;
+  size_t n = 0;
+  if (dg_tokenize(m, piece, strlen(piece), 1, &ids, &n) == DG_OK && n == 1) id = ids[0];
+  dg_free(ids);
+  return id;
+}
+
+/* A line of the chat that is a command (or empty): 1 = leave, 2 = start the conversation over,
+ * 0 = nothing more to do. *system is the system message (malloc'd or NULL). */
+static int chat_command(const char *line, char **system) {
+  int act = 0;
+  if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) return 1;
+  if (!*line) return 0;
+  if (!strcmp(line, "/reset")) {
+    printf("(conversation forgotten)\n");
+    act = 2;
+  } else if (!strncmp(line, "/system", 7) && (line[7] == 0 || line[7] == ' ')) {
+    const char *t = line + 7;
+    while (*t == ' ') t++;
+    free(*system);
+    *system = *t ? strdup(t) : NULL;
+    printf("(system message %s; the conversation starts over)\n", *system ? "set" : "cleared");
+    act = 2;
+  } else if (!strcmp(line, "/help")) {
+    printf("(/reset forgets the conversation, /system [TEXT] sets or clears the system message and starts over, "
+           "/quit leaves; Ctrl-C stops an answer)\n");
+  } else {
+    printf("(unknown command %s: /reset, /system [TEXT], /quit, /help)\n", line);
+  }
+  fflush(stdout);
+  return act;
+}
+
+static int cmd_chat(const opts *o) {
+  no_positional(o, "chat");
+  dg_model *m = load_model(o, 1);
+  dg_gen_params gp = gen_params(m, o);
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  const int32_t C = info.canvas_length, n_canvases = (gp.max_new_tokens + C - 1) / C;
+  int32_t cap = o->ctx_size ? (int32_t)o->ctx_size : 8192;
+  if (cap > info.max_position_embeddings) cap = info.max_position_embeddings;
+  if (cap < 2 * n_canvases * C) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "-c %d is too small for -n %d (%d positions at least)", cap, gp.max_new_tokens,
+             2 * n_canvases * C);
+    usage_exit(msg);
+  }
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = cap;
+  dg_context *ctx = NULL;
+  dg_status st;
+  if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);
+  const int32_t end_turn = control_id(m, "<turn|>"), newline = control_id(m, "\n");
+  const int tty = isatty(0);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_chat_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  char *system = o->system ? strdup(o->system) : NULL;
+  int32_t *tail = NULL; /* the previous answer's tokens not in the cache yet, and the turn's end */
+  size_t n_tail = 0;
+  if (tty)
+    fprintf(stderr, "dgemma chat: %s, context %d positions. /reset forgets the conversation, /system TEXT sets "
+            "a system message, /quit leaves (or Ctrl-D); Ctrl-C stops an answer.\n",
+            o->model ? o->model : default_model(), cap);
+  char *line;
+  while ((line = chat_read_line(tty))) {
+    if (line[0] == '/' || !*line) {
+      const int act = chat_command(line, &system);
+      free(line);
+      if (act == 1) break;
+      if (act == 2) { /* the conversation starts over */
+        dg_context_reset(ctx);
+        n_tail = 0;
+      }
+      continue;
+    }
+    /* the new tokens: the whole first turn, or the previous answer's tail and the user turn (no <bos>) */
+    const int first = dg_context_length(ctx) == 0;
+    dg_chat_message msgs[2];
+    size_t nm = 0;
+    if (first && system) msgs[nm++] = (dg_chat_message){"system", system};
+    msgs[nm++] = (dg_chat_message){"user", line};
+    int32_t *turn = NULL;
+    size_t n_turn = 0;
+    if ((st = dg_chat_apply(m, msgs, nm, 0, &turn, &n_turn))) {
+      fprintf(stderr, "dgemma chat: %s: %s\n", dg_status_str(st), dg_last_error());
+      free(line);
+      continue;
+    }
+    free(line);
+    const size_t skip = first ? 0 : 1; /* <bos> */
+    const size_t n_new = n_tail + n_turn - skip;
+    int32_t *ids = malloc(n_new * sizeof *ids);
+    if (n_tail) memcpy(ids, tail, n_tail * sizeof *ids);
+    memcpy(ids + n_tail, turn + skip, (n_turn - skip) * sizeof *ids);
+    dg_free(turn);
+    const int32_t len0 = dg_context_length(ctx);
+    if ((int64_t)len0 + (int64_t)n_new + (int64_t)n_canvases * C > cap) {
+      printf("(the conversation is full: %d + %zu tokens and %d for the answer exceed the context's %d positions; "
+             "/reset starts over, -c sets a larger context)\n", len0, n_new, n_canvases * C, cap);
+      fflush(stdout);
+      free(ids);
+      continue;
+    }
+    stream_state ss = {.m = m, .stop_string = -1};
+    gp.on_block = on_block;
+    gp.on_step = chat_on_step;
+    gp.user_data = &ss;
+    g_chat_interrupt = 0;
+    const double t0 = now_s();
+    st = dg_encode(ctx, ids, n_new - 1);
+    const double t1 = now_s();
+    dg_gen_result r;
+    if (!st) st = dg_generate(ctx, ids + n_new - 1, 1, &gp, &r);
+    const double t2 = now_s();
+    free(ids);
+    if (st) { /* interrupted, or a failure: the turn is dropped, the conversation stays as it was */
+      dg_context_truncate(ctx, len0);
+      printf("\n");
+      if (st == DG_ERR_ABORTED && g_chat_interrupt) printf("(stopped; this turn is forgotten)\n");
+      else fprintf(stderr, "dgemma chat: %s: %s (this turn is forgotten)\n", dg_status_str(st), dg_last_error());
+      fflush(stdout);
+      free(ss.ids);
+      dg_free(ss.text);
+      continue;
+    }
+    write_out(&ss, ss.text ? strlen(ss.text) : 0);
+    printf("\n");
+    fflush(stdout);
+    /* what the cache lacks of the answer: the last canvas (never committed), up to its stop id */
+    const int32_t in_cache = dg_context_length(ctx) - len0 - (int32_t)n_new;
+    int32_t keep = r.n_valid;
+    if (r.finished && keep > 0 && r.tokens[keep - 1] != end_turn) keep--; /* <eos> and the like: end the turn instead */
+    if (in_cache > keep) dg_context_truncate(ctx, len0 + (int32_t)n_new + keep);
+    const int32_t from = in_cache < keep ? in_cache : keep;
+    n_tail = 0;
+    tail = realloc(tail, ((size_t)(keep - from) + 2) * sizeof *tail);
+    for (int32_t k = from; k < keep; k++) tail[n_tail++] = r.tokens[k];
+    if ((n_tail == 0 || tail[n_tail - 1] != end_turn) && end_turn >= 0) tail[n_tail++] = end_turn;
+    if (newline >= 0) tail[n_tail++] = newline;
+    fprintf(stderr, "(dgemma: %d tokens, %d blocks, %d steps, %.2f s, %.1f tok/s; prefill %zu tokens %.2f s; "
+            "context %d/%d)\n", r.n_visible, r.n_blocks, r.n_steps, t2 - t1,
+            t2 > t1 ? r.n_visible / (t2 - t1) : 0.0, n_new, t1 - t0, dg_context_length(ctx) + (int32_t)n_tail, cap);
+    dg_gen_result_free(&r);
+    free(ss.ids);
+    dg_free(ss.text);
+  }
+  if (tty) printf("\n");
+  free(tail);
+  free(system);
   dg_context_free(ctx);
   dg_model_free(m);
   return 0;
@@ -525,11 +1276,24 @@ static int cmd_info(const opts *o) {
   printf("vocab %d, hidden %d, layers %d (%d full), heads %d, kv heads %d/%d, head dim %d/%d, window %d\n",
          i.vocab_size, i.hidden_size, i.n_layers, i.n_full_layers, i.n_heads, i.n_kv_heads, i.n_global_kv_heads,
          i.head_dim, i.global_head_dim, i.sliding_window);
-  printf("dense MLP %d, experts %d x %d (top-%d), canvas %d, weights %s, %.2f M text parameters\n",
-         i.intermediate_size, i.n_experts, i.moe_intermediate_size, i.top_k_experts, i.canvas_length, i.weight_dtype,
-         (double)i.n_params / 1e6);
-  if (i.n_quantized)
-    printf("quantized: %d matrices MLX affine, %d..%d bits\n", i.n_quantized, i.quant_bits_min, i.quant_bits_max);
+  printf("dense MLP %d, experts %d x %d (top-%d), canvas %d, max context %d positions, %.2f M text parameters\n",
+         i.intermediate_size, i.n_experts, i.moe_intermediate_size, i.top_k_experts, i.canvas_length,
+         i.max_position_embeddings, (double)i.n_params / 1e6);
+  if (i.n_quantized) {
+    char bits[32];
+    if (i.quant_bits_min == i.quant_bits_max) snprintf(bits, sizeof bits, "%d bits", i.quant_bits_min);
+    else snprintf(bits, sizeof bits, "%d..%d bits", i.quant_bits_min, i.quant_bits_max);
+    printf("weights: %d matrices MLX affine-quantized (%s; scales and biases %s), the other tensors %s\n",
+           i.n_quantized, bits, i.weight_dtype, i.weight_dtype);
+  } else {
+    printf("weights: %s\n", i.weight_dtype);
+  }
+  char tok[PATH_MAX + 32];
+  snprintf(tok, sizeof tok, "%s/tokenizer.json", o->model ? o->model : default_model());
+  const char *wait = getenv("OMP_WAIT_POLICY");
+  printf("cpu: %d threads, %d core(s) available, OpenMP wait policy %s\n", o->threads ? o->threads : omp_get_max_threads(),
+         available_cores(), wait ? wait : "(libgomp default)");
+  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json" : "none (run and tokenize refuse this model)");
   printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
          gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
          gp.confidence_threshold);
@@ -546,16 +1310,76 @@ static int cmd_info(const opts *o) {
 }
 
 static int cmd_tokenize(const opts *o) {
-  const char *text = o->positional ? o->positional : o->prompt;
-  if (!text) usage_exit("tokenize needs a TEXT argument");
+  size_t len;
+  int owned;
+  const char *text = input_text(o, 0, &len, &owned);
   dg_model *m = load_model(o, 1);
   int32_t *ids;
   size_t n;
-  dg_status st = dg_tokenize(m, text, strlen(text), o->special, &ids, &n);
+  dg_status st = dg_tokenize(m, text, len, o->special, &ids, &n);
   if (st) die("tokenize", st);
-  for (size_t i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
-  printf("\n");
+  if (owned) free((char *)text);
+  if (o->pieces) {
+    for (size_t i = 0; i < n; i++) {
+      const char *p = dg_token_piece(m, ids[i]);
+      printf("%d\t", ids[i]);
+      for (const unsigned char *c = (const unsigned char *)(p ? p : ""); *c; c++) { /* one line per token */
+        if (*c == '\n') fputs("\\n", stdout);
+        else if (*c == '\t') fputs("\\t", stdout);
+        else if (*c == '\r') fputs("\\r", stdout);
+        else if (*c == '\\') fputs("\\\\", stdout);
+        else if (*c < 0x20 || *c == 0x7f) printf("\\x%02x", *c);
+        else putchar(*c);
+      }
+      putchar('\n');
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? "," : "", ids[i]);
+    printf("\n");
+  }
   dg_free(ids);
+  dg_model_free(m);
+  return 0;
+}
+
+/* dgemma detokenize IDS: ids separated by commas or white space (the argument, else standard input). */
+static int cmd_detokenize(const opts *o) {
+  size_t len = 0;
+  char *buf = NULL;
+  const char *src = o->positional;
+  if (!src) {
+    if (isatty(0)) usage_exit("detokenize needs ids: an argument \"1,2,3\" or a pipe");
+    src = buf = read_stream(stdin, "standard input", &len);
+  }
+  dg_model *m = load_model(o, 1);
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  size_t cap = 64, n = 0;
+  int32_t *ids = malloc(cap * sizeof *ids);
+  for (const char *p = src;;) {
+    while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (!*p) break;
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < 0 || v >= info.vocab_size || (*end && !strchr(", \t\r\n", *end))) {
+      fprintf(stderr, "dgemma detokenize: id %zu: \"%.20s\" is not an id in [0, %d)\n", n, p, info.vocab_size);
+      free(ids);
+      free(buf);
+      dg_model_free(m);
+      return 2;
+    }
+    if (n == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
+    ids[n++] = (int32_t)v;
+    p = end;
+  }
+  char *text = NULL;
+  dg_status st = dg_detokenize(m, ids, n, o->special, &text);
+  if (st) die("detokenize", st);
+  printf("%s\n", text);
+  dg_free(text);
+  free(ids);
+  free(buf);
   dg_model_free(m);
   return 0;
 }
@@ -778,6 +1602,10 @@ static int cmd_bench(const opts *o) {
   bo.n_threads = o->threads;
   bo.device = o->device;
   bo.cuda_device = o->cuda_device;
+  if (o->gen_kwargs && o->protocol &&
+      (!strcmp(o->protocol, "vllm") || !strcmp(o->protocol, "p512") || !strcmp(o->protocol, "ceiling")))
+    usage_exit("--gen-kwargs is read by --protocol batch (and by the batch rows of all); vllm, p512 and ceiling "
+               "fix their own settings");
   char err[256];
   if (bench_check_opts(&bo, err, sizeof err)) { /* before the model loads */
     fprintf(stderr, "dgemma bench: %s\n", err);
@@ -848,6 +1676,11 @@ static int cmd_mkrandom(const opts *o) {
   }
   if (st) die("mkrandom", st);
   clock_gettime(CLOCK_MONOTONIC, &t1);
+  char tok[PATH_MAX + 32];
+  snprintf(tok, sizeof tok, "%s/tokenizer.json", o->positional);
+  if (!mp.dry_run && access(tok, R_OK) != 0)
+    fprintf(stderr, "dgemma: note: no tokenizer.json in %s (%s): `run` and `tokenize` refuse it; info, logits, "
+            "replay and bench work on ids\n", o->positional, mp.source_dir ? "--source held none" : "no --source DIR given");
   fprintf(stderr,
           "dgemma: %s%s: %.3f %s parameters (config %s, seed %llu), %d tensors, %d matrices quantized, %d kept in bf16 "
           "(input dim not a multiple of the group size), %.2f GB in %d shard(s), %d tokenizer file(s) copied, "
@@ -890,29 +1723,56 @@ static int cmd_quantize(const opts *o) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) usage_exit(NULL);
+  reexec_with_passive_wait(argv);
+  if (argc < 2) {
+    global_help(stderr);
+    return 2;
+  }
   opts o;
   const char *cmd = argv[1];
-  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) usage_exit(NULL);
-  if (!strcmp(cmd, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return close_stdout(0); }
+  if (!strcmp(cmd, "help") && argc > 2 && !strcmp(argv[2], "serve")) { /* serve parses its own options */
+    char help[] = "--help", *av[2] = {argv[2], help};
+    return close_stdout(dg_cli_serve(2, av, default_model()));
+  }
+  if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+    const command *c = argc > 2 && strcmp(cmd, "help") == 0 ? find_command(argv[2]) : NULL;
+    if (argc > 2 && !strcmp(cmd, "help") && !c) {
+      fprintf(stderr, "dgemma: unknown command \"%s\"; see `dgemma --help`\n", argv[2]);
+      return 2;
+    }
+    if (c) command_help(c, stdout);
+    else global_help(stdout);
+    return close_stdout(0);
+  }
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("dgemma %s\n", DGEMMA_VERSION);
+    return close_stdout(0);
+  }
   if (!strcmp(cmd, "serve")) return close_stdout(dg_cli_serve(argc - 1, argv + 1, default_model()));
+  g_cmd = find_command(cmd);
+  if (!g_cmd) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "unknown command \"%.100s\"", cmd);
+    for (int i = 2; i < argc; i++) /* `dgemma -m DIR --version` and the like */
+      if (!strcmp(argv[i], "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return close_stdout(0); }
+    usage_exit(msg);
+  }
   parse_opts(argc, argv, &o);
+  cap_threads(&o);
   /* every command's standard output is checked at the end (close_stdout) */
   if (!strcmp(cmd, "run")) return close_stdout(cmd_run(&o));
+  if (!strcmp(cmd, "chat")) return close_stdout(cmd_chat(&o));
   if (!strcmp(cmd, "info")) return close_stdout(cmd_info(&o));
   if (!strcmp(cmd, "tokenize")) return close_stdout(cmd_tokenize(&o));
+  if (!strcmp(cmd, "detokenize")) return close_stdout(cmd_detokenize(&o));
   if (!strcmp(cmd, "logits")) return close_stdout(cmd_logits(&o));
   if (!strcmp(cmd, "replay")) return close_stdout(cmd_replay(&o));
   if (!strcmp(cmd, "eval")) return close_stdout(cmd_eval(&o));
   if (!strcmp(cmd, "bench")) return close_stdout(cmd_bench(&o));
   if (!strcmp(cmd, "quantize")) { catch_stop_signals(0); return close_stdout(cmd_quantize(&o)); }
   if (!strcmp(cmd, "mkrandom")) { catch_stop_signals(0); return close_stdout(cmd_mkrandom(&o)); }
-  if (!strcmp(cmd, "qreport")) {
-    no_positional(&o, "qreport");
-    qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
-    return close_stdout(dg_cli_qreport(o.model ? o.model : default_model(), &qo));
-  }
-  fprintf(stderr, "dgemma: unknown command \"%s\"\n", cmd);
-  usage_exit(NULL);
-  return 2;
+  /* qreport */
+  no_positional(&o, "qreport");
+  qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
+  return close_stdout(dg_cli_qreport(o.model ? o.model : default_model(), &qo));
 }
