@@ -183,30 +183,68 @@ template <int BITS> __device__ __forceinline__ void qe_codes(const unsigned char
   }
 }
 
+/* A (scale, bias) pair of 2-byte halves (low: scale; bf16 or f16) as fp32. */
+__device__ __forceinline__ void qe_pair_u32(uint32_t v, int sb, float *s, float *b) {
+  if (sb == DG_CUDA_BF16) {
+    *s = __uint_as_float(v << 16);
+    *b = __uint_as_float(v & 0xffff0000u);
+  } else {
+    __half hs, hb;
+    const uint16_t lo = (uint16_t)v, hi = (uint16_t)(v >> 16);
+    memcpy(&hs, &lo, 2);
+    memcpy(&hb, &hi, 2);
+    *s = __half2float(hs);
+    *b = __half2float(hb);
+  }
+}
+
 __device__ __forceinline__ void qe_pair(const unsigned char *p, int sb, float *s, float *b) {
   if (sb == DG_CUDA_F32) {
     const float2 v = *(const float2 *)p;
     *s = v.x;
     *b = v.y;
   } else {
-    const uint32_t v = *(const uint32_t *)p;
-    if (sb == DG_CUDA_BF16) {
-      *s = __uint_as_float(v << 16);
-      *b = __uint_as_float(v & 0xffff0000u);
-    } else {
-      __half hs, hb;
-      memcpy(&hs, &v, 2);
-      const uint16_t hi = (uint16_t)(v >> 16);
-      memcpy(&hb, &hi, 2);
-      *s = __half2float(hs);
-      *b = __half2float(hb);
-    }
+    qe_pair_u32(*(const uint32_t *)p, sb, s, b);
   }
 }
 
 __device__ __forceinline__ float qe_gelu(float a) { /* gelu_pytorch_tanh, as moe.cu and kernels.cu */
   const float k = 0.7978845608028654f;
   return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+}
+
+/* The epilogue of both expert kernels (qe_kernel, qr_kernel of qmoe_r.cuh):
+ * lane (g, t) holds rows g, g + 8 of its warp's two m-tiles x tokens 2t, 2t + 1
+ * of each n8 tile; tokens at or past mp (this pass's rows) are not stored.
+ * Gate/up: h[row0 + tk, n] = bf16(gelu(gate) up) for the warp's 16 features;
+ * down: y[row0 + tk, n] for its 32 rows. */
+template <int GATEUP, int NT, int WARPS>
+__device__ __forceinline__ void qe_store(const qe_args &a, const float (&acc)[2][NT][4], const bool (&mvalid)[2],
+                                         int row0, int mp, int slab, int warp, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+#pragma unroll
+    for (int qq = 0; qq < 2; qq++) {
+      const int tk = 8 * j + 2 * t + qq;
+      if (tk >= mp) continue;
+      const size_t row = (size_t)(row0 + tk);
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        if (GATEUP) {
+          if (!mvalid[0]) continue;
+          const int n = slab * 16 * WARPS + warp * 16 + g + 8 * hf;
+          a.h[row * a.N + n] = __float2bfloat16_rn(qe_gelu(acc[0][j][2 * hf + qq]) * acc[1][j][2 * hf + qq]);
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            if (!mvalid[mt]) continue;
+            const int n = slab * 32 * WARPS + warp * 32 + mt * 16 + g + 8 * hf;
+            a.y[row * a.N + n] = acc[mt][j][2 * hf + qq];
+          }
+        }
+      }
+    }
+  }
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS,
@@ -387,32 +425,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
     }
     __syncthreads(); /* every warp is done with the ring before the next pass refills it */
 
-    /* epilogue: lane holds rows g, g+8 of its m-tiles x tokens 2t, 2t+1 of each n8 tile */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-#pragma unroll
-      for (int qq = 0; qq < 2; qq++) {
-        const int tk = 8 * j + 2 * t + qq;
-        if (tk >= mp) continue;
-        const size_t row = (size_t)(base + p0 + tk);
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-          if (GATEUP) {
-            if (!mvalid[0]) continue;
-            const int n = slab * FEAT + warp * 16 + g + 8 * hf;
-            const float gt = acc[0][j][2 * hf + qq], up = acc[1][j][2 * hf + qq];
-            a.h[row * a.N + n] = __float2bfloat16_rn(qe_gelu(gt) * up);
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-              if (!mvalid[mt]) continue;
-              const int n = slab * ROWS + warp * 32 + mt * 16 + g + 8 * hf;
-              a.y[row * a.N + n] = acc[mt][j][2 * hf + qq];
-            }
-          }
-        }
-      }
-    }
+    qe_store<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
   }
 }
 

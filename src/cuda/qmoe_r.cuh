@@ -112,21 +112,6 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
   }
 }
 
-/* A (scale, bias) pair of 2-byte halves (low: scale) as fp32. */
-__device__ __forceinline__ void qr_pair(uint32_t v, int sb, float *s, float *b) {
-  if (sb == DG_CUDA_BF16) {
-    *s = __uint_as_float(v << 16);
-    *b = __uint_as_float(v & 0xffff0000u);
-  } else {
-    __half hs, hb;
-    const uint16_t lo = (uint16_t)v, hi = (uint16_t)(v >> 16);
-    memcpy(&hs, &lo, 2);
-    memcpy(&hb, &hi, 2);
-    *s = __half2float(hs);
-    *b = __half2float(hb);
-  }
-}
-
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
           int MINB = 1, int SUB = QR_SUB>
@@ -276,8 +261,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
             float s0, b0, s8, b8;
-            qr_pair(R[CB / 4 + (2 * mt) * GPS + lg], a.sb, &s0, &b0);
-            qr_pair(R[CB / 4 + (2 * mt + 1) * GPS + lg], a.sb, &s8, &b8);
+            qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], a.sb, &s0, &b0);
+            qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], a.sb, &s8, &b8);
             b0 = fmaf(-OFF, s0, b0);
             b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
@@ -324,32 +309,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
     }
     __syncthreads(); /* every warp is done with the ring before the next pass refills it */
 
-    /* epilogue: lane holds rows g, g+8 of its m-tiles x tokens 2t, 2t+1 of each n8 tile */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-#pragma unroll
-      for (int qq = 0; qq < 2; qq++) {
-        const int tk = 8 * j + 2 * t + qq;
-        if (tk >= mp) continue;
-        const size_t row = (size_t)(base + p0 + tk);
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-          if (GATEUP) {
-            if (!mvalid[0]) continue;
-            const int n = slab * FEAT + warp * 16 + g + 8 * hf;
-            const float gt = acc[0][j][2 * hf + qq], up = acc[1][j][2 * hf + qq];
-            a.h[row * a.N + n] = __float2bfloat16_rn(qe_gelu(gt) * up);
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-              if (!mvalid[mt]) continue;
-              const int n = slab * ROWS + warp * 32 + mt * 16 + g + 8 * hf;
-              a.y[row * a.N + n] = acc[mt][j][2 * hf + qq];
-            }
-          }
-        }
-      }
-    }
+    qe_store<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
   }
 }
 
