@@ -503,6 +503,9 @@ static void cli_interrupt(int sig) {
   snprintf(errf, sizeof errf, "%s/int.err", g_dir);
   snprintf(outf, sizeof outf, "%s/int.out", g_dir);
   snprintf(items, sizeof items, "%s/int_items_%d.jsonl", g_dir, sig);
+  /* the previous run's files would show its start line before this child has reopened them */
+  unlink(errf);
+  unlink(outf);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
