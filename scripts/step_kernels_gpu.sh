@@ -21,21 +21,6 @@ echo "== bench $(el)"
 timeout ${NCU_T:-240} ncu --metrics gpu__time_duration.sum --launch-skip ${STEP_SKIP:-3000} --launch-count ${STEP_COUNT:-1200} \
   --csv --print-units base build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 1 > /tmp/ncu.csv 2>/tmp/ncu.err
 echo "ncu rc $? $(el)"; tail -3 /tmp/ncu.err
-python3 - /tmp/ncu.csv > "$OUT/ncu_step.txt" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ii = h.index("ID")
-t = collections.defaultdict(float); n = collections.Counter(); seq = []
-for r in rows[1:]:
-    try: v = float(r[vi].replace(",", ""))
-    except ValueError: continue
-    name = r[ki].split("(")[0]; t[name] += v; n[name] += 1; seq.append((int(r[ii]), name, v))
-tot = sum(t.values())
-print(f"{len(seq)} launches, {tot/1e6:.3f} ms GPU time")
-for k, v in sorted(t.items(), key=lambda x: -x[1]):
-    print(f"{v/1e6:9.3f} ms {100*v/tot:5.1f}% {n[k]:6d} x {v/n[k]/1e3:9.1f} us  {k[:110]}")
-print("\n# launch sequence (id, kernel, us)")
-for i, name, v in seq[:700]: print(f"{i} {v/1e3:.1f} {name[:90]}")
-PY
+python3 scripts/ncu_sum.py /tmp/ncu.csv > "$OUT/ncu_step.txt"
 head -40 "$OUT/ncu_step.txt"
 echo "== done $(el)"

@@ -25,7 +25,9 @@
  * Tolerance (bf16 backend). The GPU rounds every product's operands to bf16
  * (unit roundoff u = 2^-8; the weights too when the checkpoint is f32/f16),
  * accumulates in fp32, keeps K/V in bf16 and everything else in fp32. Each of
- * the n_mm products on a logit's path (11 per layer, the LM head, 3 for
+ * the n_mm products on a logit's path (13 per layer: 11 weight products plus
+ * the attention's QK and PV, whose q and probabilities the tensor-core kernel
+ * rounds to bf16 (src/cuda/attention.cu); the LM head, 3 for
  * self-conditioning, 1 for the soft embedding) contributes a relative error
  * of at most 2u (both operands); if the RMS norms after every product kept
  * these from compounding, independent errors would add in quadrature:
@@ -171,7 +173,7 @@ static double rel_err(const float *a, const float *ref, size_t n) {
 static double rel_tol_n(const dg_model *m, int rows, int with_sc, const float *c, const float *s, char *formula,
                         size_t n) {
   const double u = ldexp(1.0, -8);
-  double n_mm = 11.0 * m->cfg.n_layers + 1 + (with_sc ? 4 : 0);
+  double n_mm = 13.0 * m->cfg.n_layers + 1 + (with_sc ? 4 : 0);
   double ef = 2.0 * sqrt(n_mm) * 2.0 * u;
   double es = rel_err(s, c, (size_t)rows * m->cfg.vocab_size);
   snprintf(formula, n, "max(2*sqrt(n_mm=%.0f)*2u = %.3g, 3*e_sim = 3*%.3g)", n_mm, ef, es);
@@ -1675,6 +1677,112 @@ static void test_route(void **state) {
          "%.4f (<= 1)\n", worst);
 }
 
+/* ---- attention (src/cuda/attention.cu) ---------------------------------------
+ * Both device kernels against the exact softmax attention in double of the same
+ * inputs (q fp32, the bf16 cache), per output element within a derived bound.
+ * Key j of a query row has the exact score s_j = q . k_j, A_j = sum_d |q_d k_jd|,
+ * weight w_j = e^(s_j - m) / sum e^(s_i - m), output o = sum_j w_j v_j.
+ * The tensor-core kernel (the warp-per-row one errs less on every term):
+ *   s'_j = s_j + d_j, |d_j| <= eta_j = (u + D 2^-22) A_j + 2^-20 + 2^-22 (|s_j| + |m|)
+ *     (q rounded to bf16, u = 2^-9; the fp32 accumulation of exact bf16 products,
+ *     taken at 2^-22 per add for the tensor core's truncating adds; ex2.approx and
+ *     the fused (s log2 e - m log2 e) rounding at 2^-20 and 2^-22 of the arguments);
+ *   the running maximum and the rescaling by 2^(m_old - m_new) multiply the
+ *     numerator and the denominator alike and cancel (their fp32 products: gamma);
+ *   numerator weights e^(s'_j - m') rounded to bf16 (1 + rho_j, |rho_j| <= u), the
+ *     denominator l sums the unrounded ones;
+ * so o' = sum_j w_j (1 + a_j) v_j / sum_j w_j (1 + b_j) with
+ *   |b_j| <= e^eta_j - 1, |a_j| <= e^eta_j (1 + u) - 1 + gamma,
+ *   gamma = (n_keys + 16) 2^-22 (the fp32 sums of PV, l and the split merge), and
+ *   |o'_d - o_d| <= (sum_j w_j |v_jd| |a_j| + |o_d| B) / (1 - B), B = sum_j w_j |b_j| + gamma,
+ * plus the output's rounding to bf16, u (|o_d| + that). A wrong key, mask or
+ * split is off by ~|v|, far outside. */
+static void check_attention(const char *label, int version, int nq, int NH, int NKV, int D, int S, int32_t pos0,
+                            int32_t kv_hi, int causal, int is_full, int window, float qscale, double *worst) {
+  const size_t kvn = (size_t)NKV * S * D, qn = (size_t)nq * NH * D;
+  float *q = malloc(qn * 4);
+  uint16_t *kc = malloc(kvn * 2), *vc = malloc(kvn * 2), *out = malloc(qn * 2);
+  double *sc = malloc(sizeof(double) * S), *ac = malloc(sizeof(double) * S);
+  for (size_t i = 0; i < qn; i++) q[i] = qscale * q_rand();
+  for (size_t i = 0; i < kvn; i++) {
+    kc[i] = dg_f32_to_bf16(1.7f * q_rand());
+    vc[i] = dg_f32_to_bf16(q_rand() + 0.25f);
+  }
+  assert_dg_ok(dg_cuda_test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
+                                      out));
+  const double u = ldexp(1.0, -9);
+  const int G = NH / NKV;
+  for (int t = 0; t < nq; t++)
+    for (int h = 0; h < NH; h++) {
+      const int g = h / G, pos = pos0 + t;
+      const int hi = causal ? pos + 1 : kv_hi;
+      const int lo = is_full ? 0 : causal ? (pos + 1 - window > 0 ? pos + 1 - window : 0)
+                                          : (pos0 - (window - 1) > 0 ? pos0 - (window - 1) : 0);
+      const float *qr = q + ((size_t)t * NH + h) * D;
+      double m = -INFINITY;
+      for (int j = lo; j < hi; j++) {
+        const uint16_t *kr = kc + ((size_t)g * S + j) * D;
+        double s = 0, a = 0;
+        for (int d = 0; d < D; d++) {
+          const double p = (double)qr[d] * dg_bf16_to_f32(kr[d]);
+          s += p;
+          a += fabs(p);
+        }
+        sc[j] = s;
+        ac[j] = a;
+        m = fmax(m, s);
+      }
+      double den = 0;
+      for (int j = lo; j < hi; j++) den += exp(sc[j] - m);
+      const double gam = (hi - lo + 16) * ldexp(1.0, -22);
+      double B = gam;
+      for (int j = lo; j < hi; j++) {
+        const double eta = (u + D * ldexp(1.0, -22)) * ac[j] + ldexp(1.0, -20) + ldexp(1.0, -22) * (fabs(sc[j]) + fabs(m));
+        B += exp(sc[j] - m) / den * (exp(eta) - 1.0);
+        ac[j] = exp(eta) * (1.0 + u) - 1.0 + gam; /* now |a_j| */
+      }
+      for (int d = 0; d < D; d++) {
+        double o = 0, e = 0;
+        for (int j = lo; j < hi; j++) {
+          const double wj = exp(sc[j] - m) / den, v = dg_bf16_to_f32(vc[((size_t)g * S + j) * D + d]);
+          o += wj * v;
+          e += wj * fabs(v) * ac[j];
+        }
+        const double b0 = (e + fabs(o) * B) / (1.0 - B);
+        const double bound = b0 + u * (fabs(o) + b0) + 1e-30;
+        const double got = dg_bf16_to_f32(out[((size_t)t * NH + h) * D + d]), err = fabs(got - o);
+        if (err / bound > *worst) *worst = err / bound;
+        if (!(err <= bound))
+          fail_msg("attention %s (version %d): query %d head %d dim %d: device %.7g, exact %.7g, |diff| %.3g > bound "
+                   "%.3g (keys [%d, %d))", label, version, t, h, d, got, o, err, bound, lo, hi);
+      }
+    }
+  free(q); free(kc); free(vc); free(out); free(sc); free(ac);
+}
+
+static void test_attention(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  for (int v = 1; v <= 2; v++) {
+    double worst = 0;
+    /* the 26B's sliding layer in the decoder: a 64-row canvas after 700 positions, window 512 (keys split) */
+    check_attention("decoder sliding D 256", v, 64, 16, 8, 256, 800, 700, 764, 0, 0, 512, 0.25f, &worst);
+    /* its full layer: 8 query heads per KV head, D 512 (two value slices), a compacted 40-row pass */
+    check_attention("decoder full D 512", v, 40, 16, 2, 512, 400, 300, 364, 0, 1, 512, 0.1f, &worst);
+    /* the encoder: causal rows that cross the window's start inside a tile, D 128 and 64 */
+    check_attention("encoder sliding D 128", v, 150, 8, 4, 128, 300, 100, 0, 1, 0, 64, 0.5f, &worst);
+    check_attention("encoder full D 64", v, 100, 4, 1, 64, 128, 0, 0, 1, 1, 512, 0.5f, &worst);
+    /* peaked softmax (scores of tens): the exponentials' range */
+    check_attention("decoder peaked D 128", v, 33, 4, 2, 128, 200, 90, 150, 0, 0, 100, 1.0f, &worst);
+    printf("# attention version %d (%s): 5 shapes within the derived bound, largest |diff| / bound %.4f (<= 1)\n", v,
+           v == 1 ? "one warp per query and head" : "tensor cores", worst);
+  }
+  double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
+  check_attention("decoder D 16", 0, 24, 2, 2, 16, 64, 20, 44, 0, 0, 8, 1.0f, &worst);
+  printf("# attention version 0, D 16: largest |diff| / bound %.4f (<= 1)\n", worst);
+}
+
 static void test_quant_experts(void **state) {
   (void)state;
   need_gpu();
@@ -1852,7 +1960,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_attention),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -165,6 +165,9 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int *dev) { *dev = 0; return cudaSuccess; }
+/* the emulated device reports the H200's 132 multiprocessors (the kernels' split counts follow) */
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = 132; return cudaSuccess; }
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot) { *fr = *tot = (size_t)64 << 30; return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }

@@ -520,7 +520,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
   const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
-                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64;
+                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
+                         8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */;
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
   if (kv + scratch + (RESERVE / 2) > fr)
@@ -565,6 +566,9 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->qkv, T * (size_t)m->qkvmax * 4);
   A_(c->q, T * NH * (size_t)m->dmax * 4);
   A_(c->att, T * NH * (size_t)m->dmax * 2);
+  /* up to 8 key splits of a canvas's attention (attention.cu lowers the count for more rows) */
+  c->att_ws.n = 8 * C * NH * ((size_t)m->dmax + 2);
+  A_(c->att_ws.part, c->att_ws.n * 4);
   A_(c->gu, T * 2 * I * 4);
   A_(c->h, T * (I > IE ? I : IE) * 2);
   A_(c->rlog, T * E * 4);
@@ -689,10 +693,10 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
   /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
   if (causal && li == d->n_layers - 1) return DG_OK;
   if (dpos)
-    CKK(c, k_attention_canvas(s, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, d->canvas, l->is_full,
+    CKK(c, k_attention_canvas(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, d->canvas, l->is_full,
                               d->window));
   else
-  CKK(c, k_attention(s, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
+  CKK(c, k_attention(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
   DG_TRY(wmatmul(c, c->att, NH * D, T, &l->wo, c->f1, H));
   const float root = (float)pow((double)H, -0.5);
   CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
@@ -1259,6 +1263,37 @@ extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pe
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(start, b.start, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(pairs, b.pairs, TK * 4, cudaMemcpyDeviceToHost));
+done:
+  dfree_all(&al);
+  return st;
+}
+extern "C" dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc,
+                                            const uint16_t *vc, int S, int nq, int NH, int NKV, int D, int32_t pos0,
+                                            int32_t kv_hi, int causal, int is_full, int window, uint16_t *out) {
+  if (nq <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0 || D % 8 || S <= 0 || pos0 < 0 || window <= 0 ||
+      version < 0 || version > 2 || (causal ? pos0 + nq > S : kv_hi > S || kv_hi <= pos0))
+    return dg_seterr(DG_ERR_INVALID_ARG,
+                     "dg_cuda_test_attention: version %d, nq %d, NH %d, NKV %d, D %d, S %d, pos0 %d, kv_hi %d, "
+                     "causal %d, window %d",
+                     version, nq, NH, NKV, D, S, pos0, kv_hi, causal, window);
+  if (version == 2 && !k_attention_flash_ok(D, NH, NKV))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_attention: the tensor-core kernel takes D 64/128/256/512, not %d",
+                     D);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
+  dg_att_ws ws = {NULL, 8 * (size_t)nq * NH * ((size_t)D + 2)};
+  const size_t kvn = (size_t)NKV * S * D * 2, on = (size_t)nq * NH * D;
+  TT_(test_in(&al, &dq, q, on * 4, "q"));
+  TT_(test_in(&al, &dk, kc, kvn, "k cache"));
+  TT_(test_in(&al, &dv, vc, kvn, "v cache"));
+  TT_(dalloc(&al, &dout, on * 2, "out"));
+  TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
+  TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq, NH,
+                      NKV, D, pos0, kv_hi, causal, is_full, window));
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(out, dout, on * 2, cudaMemcpyDeviceToHost));
 done:
   dfree_all(&al);
   return st;

@@ -233,6 +233,18 @@ dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_
 dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
                              int32_t *start, int32_t *pairs);
 
+/* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
+ * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
+ * cache of one layer), out bf16 bits [nq, NH, D]. causal = 1: query t at
+ * position pos0 + t sees keys [lo, pos0 + t + 1); causal = 0: every query sees
+ * [lo, kv_hi); lo = 0 if is_full, else max(0, pos - window + 1) (causal) or
+ * max(0, pos0 - window + 1). version 0: the backend's choice, 1: one warp per
+ * (query, head), 2: the tensor-core kernel (D of 64, 128, 256 or 512; else
+ * DG_ERR_INVALID_ARG). The key splits use up to 8 splits of scratch. */
+dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
+                                 int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
+                                 int window, uint16_t *out);
+
 /* ---- ceilings and benchmarks (ceil.cu, bench.cu; `dgemma bench`) ---------- */
 
 /* What device `device` reaches in this process, measured now (ceil.cu).

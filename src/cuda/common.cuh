@@ -138,6 +138,13 @@ struct dg_cuda_moe_buf {
   bf16 *xp;            /* [max(T*H, T*K*IE)] their input in fragment order (k_group_sums_perm, lane layout) */
 };
 
+/* Device scratch for the tensor-core kernel's key splits: n floats (a split
+ * count that does not fit is lowered; part NULL: no splits). */
+typedef struct dg_att_ws {
+  float *part;
+  size_t n;
+} dg_att_ws;
+
 struct dg_cuda_ctx {
   dg_cuda_model *m;
   cudaStream_t stream;
@@ -155,6 +162,7 @@ struct dg_cuda_ctx {
   float *qkv;               /* [T, qkvmax] */
   float *q;                 /* [T, NH, Dmax] */
   bf16 *att;                /* [T, NH*Dmax] */
+  dg_att_ws att_ws;         /* attention key-split partials */
   float *gu;                /* [T, 2I] */
   bf16 *h;                  /* [T, I] */
   float *rlog;              /* [T, E] router logits */
@@ -192,13 +200,27 @@ cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, b
 cudaError_t k_qkv_post_at(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
                           const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
                           int D, int has_v, const int32_t *tpos, float eps);
+/* ---- attention (attention.cu) ---- */
+/* Attention of nq query rows q fp32 [nq, NH, D] over the cache kc, vc bf16
+ * [NKV, S, D] into out bf16 [nq, NH, D] (spec 4.4 step 3, masks 4.5).
+ * causal = 1 (encoder): row t at position pos0 + t sees keys
+ * [lo, pos0 + t + 1); causal = 0 (decoder): every row sees [lo, kv_hi); lo = 0
+ * on full layers, else the window's start. version 0: the tensor-core kernel
+ * where k_attention_flash_ok (D in 64, 128, 256, 512), else the warp-per-row
+ * kernel; 1: the warp-per-row kernel; 2: the tensor-core kernel
+ * (cudaErrorInvalidValue where it cannot run). */
+cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, const float *q, const bf16 *kc,
+                            const bf16 *vc, bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi,
+                            int causal, int is_full, int window);
+int k_attention_flash_ok(int D, int NH, int NKV);
 /* Decoder attention of nq query rows over the cache slots [lo, pos0 + C): the
  * prefix and the whole canvas of C slots (spec 7.4: the canvas K/V buffer). */
-cudaError_t k_attention_canvas(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S,
-                               int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full, int window);
+cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,
+                               bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full,
+                               int window);
 /* causal = 1: encoder masks; 0: decoder (all of [lo, pos0 + T)). */
-cudaError_t k_attention(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T,
-                        int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window);
+cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
+                        int S, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window);
 /* x = (x + post_ff(post_ff1(dense) + post_ff2(sum_k w y))) * scalar */
 cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
                           const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,

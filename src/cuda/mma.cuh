@@ -13,6 +13,11 @@
  *   dg_cp_async{4,8,16}  cp.async.{ca,cg}.shared.global of 4/8/16 bytes; the 16-byte
  *                    one with a source size (0: the destination is zero-filled)
  *   dg_cp_commit, dg_cp_wait<N>  cp.async.commit_group / wait_group N
+ *   dg_ldsm_x4, dg_ldsm_x4_t  ldmatrix.sync.aligned.m8n8.x4.shared.b16 (and .trans):
+ *                    lane 8m + i gives the address of row i of 8x8 matrix m (16
+ *                    contiguous bytes); register m of lane l receives matrix m's
+ *                    (row l / 4, columns 2 (l % 4), +1), or with .trans its
+ *                    (rows 2 (l % 4), +1, column l / 4), lower index in the low half
  *   dg_prmt          __byte_perm
  *   dg_and_or        (a & b) | c, one lop3 */
 #ifndef DG_CUDA_MMA_CUH
@@ -42,6 +47,17 @@ __device__ __forceinline__ void dg_cp_async4(void *dst, const void *src) {
 }
 __device__ __forceinline__ void dg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void dg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void dg_ldsm_x4(uint32_t r[4], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(dg_smem_addr(row)));
+}
+__device__ __forceinline__ void dg_ldsm_x4_t(uint32_t r[4], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(dg_smem_addr(row)));
+}
 
 __device__ __forceinline__ uint32_t dg_prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 __device__ __forceinline__ uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
@@ -93,6 +109,26 @@ static inline void dg_cp_async8(void *dst, const void *src) { memcpy(dst, src, 8
 static inline void dg_cp_async4(void *dst, const void *src) { memcpy(dst, src, 4); }
 static inline void dg_cp_commit() {}
 template <int N> static inline void dg_cp_wait() {}
+
+/* Every lane publishes its row address; each then reads its own elements. */
+static inline void dg_emu_ldsm(uint32_t r[4], const void *row, int trans) {
+  const uint16_t *mine = (const uint16_t *)row, *all[32];
+  emu::warp_gather(&mine, all, (int)sizeof mine);
+  const int l = emu::lane();
+  for (int m = 0; m < 4; m++) {
+    uint16_t lo, hi;
+    if (trans) {
+      lo = all[8 * m + 2 * (l & 3)][l >> 2];
+      hi = all[8 * m + 2 * (l & 3) + 1][l >> 2];
+    } else {
+      lo = all[8 * m + (l >> 2)][2 * (l & 3)];
+      hi = all[8 * m + (l >> 2)][2 * (l & 3) + 1];
+    }
+    r[m] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+}
+static inline void dg_ldsm_x4(uint32_t r[4], const void *row) { dg_emu_ldsm(r, row, 0); }
+static inline void dg_ldsm_x4_t(uint32_t r[4], const void *row) { dg_emu_ldsm(r, row, 1); }
 
 static inline uint32_t dg_prmt(uint32_t a, uint32_t b, uint32_t sel) {
   const uint64_t v = (uint64_t)a | ((uint64_t)b << 32);

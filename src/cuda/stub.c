@@ -100,6 +100,13 @@ dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, i
   (void)device; (void)rlog; (void)pes; (void)T; (void)E; (void)K; (void)idx; (void)w; (void)start; (void)pairs;
   return NO_CUDA;
 }
+dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
+                                 int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
+                                 int window, uint16_t *out) {
+  (void)device; (void)version; (void)q; (void)kc; (void)vc; (void)S; (void)nq; (void)NH; (void)NKV; (void)D;
+  (void)pos0; (void)kv_hi; (void)causal; (void)is_full; (void)window; (void)out;
+  return NO_CUDA;
+}
 dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
                                    dg_cuda_ceilings *out) {
   (void)device; (void)read_bytes; (void)copy_bytes; (void)gemm_n; (void)reps; (void)out;

@@ -1,0 +1,207 @@
+/* attention.cu (lab): the layer attention's versions side by side on the
+ * 26B-A4B shapes (issue 12), in the manner of llm.c's dev/cuda: each checked
+ * against a double-precision CPU reference on sampled rows of seeded random
+ * input, each timed with cudaEvents over repetitions (L2 flushed between
+ * them: the KV cache is read from device memory, as in a pass) against the
+ * roofline of this GPU measured in the same invocation.
+ *
+ *   version 1  attention_kernel (src/cuda/attention.cu): one warp per (query,
+ *              head), sequential over the keys, fp32
+ *   version 2  flash_kernel: tensor cores, online softmax over cp.async key
+ *              tiles, key splits merged by flash_combine_kernel
+ *
+ * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
+ * 1024; full layers 2 KV heads of 512):
+ *   decoder  a 256-token canvas after P cached positions (keys: the window or
+ *            everything, plus the canvas), P = 1024, 2048, 4096
+ *   encoder  a 256-token causal prefill chunk at position P
+ * FLOPs = 4 x query rows x heads x keys x D (QK and PV; causal: the keys each
+ * row sees); bytes = K and V of the keys read (each KV head once) + q (fp32)
+ * + out (bf16). Roofline = max(bytes / read BW, FLOPs / bf16 rate).
+ *
+ * Build and run (GPU machine, after make CUDA=1):
+ *   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc dev/cuda/attention.cu \
+ *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
+ *   build/attention_lab [--reps N] [--versions 1,2]
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/common.cuh"
+
+#define CKL(x)                                                                                                   \
+  do {                                                                                                           \
+    cudaError_t e_ = (x);                                                                                        \
+    if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } \
+  } while (0)
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd() { rs ^= rs >> 12; rs ^= rs << 25; rs ^= rs >> 27; return rs * 0x2545f4914f6cdd1dull; }
+static float frand() { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+static uint16_t f2b(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
+static float b2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+
+__global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
+
+int main(int argc, char **argv) {
+  int reps = 20, vmask = 6;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--versions") && i + 1 < argc) {
+      vmask = 0;
+      for (const char *p = argv[++i]; *p; p++) if (*p >= '1' && *p <= '9') vmask |= 1 << (*p - '0');
+    } else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2]\n"); return 2; }
+  }
+  cudaDeviceProp prop;
+  CKL(cudaGetDeviceProperties(&prop, 0));
+  cudaEvent_t e0, e1;
+  CKL(cudaEventCreate(&e0));
+  CKL(cudaEventCreate(&e1));
+  /* ceilings: read bandwidth over 4 GiB, bf16 GEMM 8192^3 */
+  const size_t RB = (size_t)4 << 30;
+  uint4 *big;
+  unsigned *sink;
+  CKL(cudaMalloc(&big, RB));
+  CKL(cudaMalloc(&sink, 4));
+  CKL(cudaMemset(big, 1, RB));
+  std::vector<float> t;
+  for (int r = 0; r < 5; r++) {
+    CKL(cudaEventRecord(e0));
+    read_kernel<<<prop.multiProcessorCount * 8, 512>>>(big, RB / 16, sink);
+    CKL(cudaEventRecord(e1));
+    CKL(cudaEventSynchronize(e1));
+    t.push_back(time_ms(e0, e1));
+  }
+  std::sort(t.begin(), t.end());
+  const double bw = RB / (t[t.size() / 2] * 1e-3);
+  double rate;
+  {
+    const int N = 8192;
+    cublasHandle_t h;
+    cublasCreate(&h);
+    void *A, *B, *Cm;
+    CKL(cudaMalloc(&A, (size_t)N * N * 2)); CKL(cudaMalloc(&B, (size_t)N * N * 2)); CKL(cudaMalloc(&Cm, (size_t)N * N * 4));
+    CKL(cudaMemset(A, 0x3c, (size_t)N * N * 2)); CKL(cudaMemset(B, 0x3c, (size_t)N * N * 2));
+    const float one = 1, zero = 0;
+    std::vector<float> g;
+    for (int r = 0; r < 4; r++) {
+      CKL(cudaEventRecord(e0));
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF, N, &zero, Cm, CUDA_R_32F, N,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      CKL(cudaEventRecord(e1));
+      CKL(cudaEventSynchronize(e1));
+      g.push_back(time_ms(e0, e1));
+    }
+    std::sort(g.begin(), g.end());
+    rate = 2.0 * N * N * (double)N / (g[g.size() / 2] * 1e-3);
+    cudaFree(A); cudaFree(B); cudaFree(Cm);
+    cublasDestroy(h);
+  }
+  printf("# %s: ceilings read %.0f GB/s, bf16 %.0f TFLOP/s\n", prop.name, bw / 1e9, rate / 1e12);
+  printf("| row | version | ms (median) | min-max | TFLOP/s | GB/s | roofline ms | %% of roofline | check |\n|---|---|---|---|---|---|---|---|---|\n");
+
+  struct row { const char *name; int full, causal, P; };
+  const row rows[] = {{"decoder sliding P1024", 0, 0, 1024}, {"decoder full P1024", 1, 0, 1024},
+                      {"decoder sliding P2048", 0, 0, 2048}, {"decoder full P2048", 1, 0, 2048},
+                      {"decoder sliding P4096", 0, 0, 4096}, {"decoder full P4096", 1, 0, 4096},
+                      {"encoder sliding P1024", 0, 1, 1024}, {"encoder full P1024", 1, 1, 1024}};
+  const int NH = 16, C = 256, W = 1024;
+  int failed = 0;
+  for (const row &rw : rows) {
+    const int NKV = rw.full ? 2 : 8, D = rw.full ? 512 : 256, G = NH / NKV;
+    const int S = rw.P + C, nq = C, pos0 = rw.P, kv_hi = rw.P + C;
+    const size_t kvn = (size_t)NKV * S * D, qn = (size_t)nq * NH * D;
+    std::vector<float> q(qn);
+    std::vector<uint16_t> kc(kvn), vc(kvn), out(qn);
+    for (auto &x : q) x = 0.25f * frand();
+    for (auto &x : kc) x = f2b(1.7f * frand());
+    for (auto &x : vc) x = f2b(frand() + 0.25f);
+    float *dq; bf16 *dk, *dv, *dout;
+    dg_att_ws ws;
+    ws.n = 8 * (size_t)nq * NH * (D + 2);
+    CKL(cudaMalloc(&dq, qn * 4)); CKL(cudaMalloc(&dk, kvn * 2)); CKL(cudaMalloc(&dv, kvn * 2)); CKL(cudaMalloc(&dout, qn * 2));
+    CKL(cudaMalloc(&ws.part, ws.n * 4));
+    CKL(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
+    CKL(cudaMemcpy(dk, kc.data(), kvn * 2, cudaMemcpyHostToDevice));
+    CKL(cudaMemcpy(dv, vc.data(), kvn * 2, cudaMemcpyHostToDevice));
+    /* keys per row and the cost model */
+    double keys_tot = 0, kv_keys = 0;
+    for (int tq = 0; tq < nq; tq++) {
+      const int pos = pos0 + tq, hi = rw.causal ? pos + 1 : kv_hi;
+      const int lo = rw.full ? 0 : rw.causal ? std::max(0, pos + 1 - W) : std::max(0, pos0 - (W - 1));
+      keys_tot += hi - lo;
+    }
+    {
+      const int hi = kv_hi, lo = rw.full ? 0 : std::max(0, pos0 + 1 - W);
+      kv_keys = hi - lo;
+    }
+    const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
+    const double roof = std::max(bytes / bw, flops / rate) * 1e3;
+    for (int v = 1; v <= 2; v++) {
+      if (!(vmask >> v & 1)) continue;
+      CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
+      CKL(cudaDeviceSynchronize());
+      CKL(cudaMemcpy(out.data(), dout, qn * 2, cudaMemcpyDeviceToHost));
+      /* check 24 sampled (query, head) rows against double precision: |diff| <= 2^-6 max|o| of the row
+       * (the test's derived per-element bound is in tests/test_cuda.c; here a coarse screen) */
+      double worst = 0;
+      for (int smp = 0; smp < 24; smp++) {
+        const int tq = (int)(rnd() % nq), h = (int)(rnd() % NH), g = h / G, pos = pos0 + tq;
+        const int hi = rw.causal ? pos + 1 : kv_hi;
+        const int lo = rw.full ? 0 : rw.causal ? std::max(0, pos + 1 - W) : std::max(0, pos0 - (W - 1));
+        std::vector<double> s(hi - lo);
+        double m = -INFINITY, den = 0;
+        for (int j = lo; j < hi; j++) {
+          double a = 0;
+          for (int d = 0; d < D; d++) a += (double)q[((size_t)tq * NH + h) * D + d] * b2f(kc[((size_t)g * S + j) * D + d]);
+          s[j - lo] = a;
+          m = std::max(m, a);
+        }
+        for (double &x : s) { x = exp(x - m); den += x; }
+        double omax = 0, dmax = 0;
+        for (int d = 0; d < D; d++) {
+          double o = 0;
+          for (int j = lo; j < hi; j++) o += s[j - lo] / den * b2f(vc[((size_t)g * S + j) * D + d]);
+          omax = std::max(omax, fabs(o));
+          dmax = std::max(dmax, fabs(o - b2f(out[((size_t)tq * NH + h) * D + d])));
+        }
+        worst = std::max(worst, dmax / (ldexp(1.0, -6) * omax));
+      }
+      const bool ok = worst <= 1.0;
+      failed += !ok;
+      std::vector<float> ms;
+      for (int r = 0; r < reps; r++) {
+        read_kernel<<<prop.multiProcessorCount * 8, 512>>>(big, ((size_t)256 << 20) / 16, sink); /* flush the 60 MB L2 */
+        CKL(cudaEventRecord(e0));
+        CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
+        CKL(cudaEventRecord(e1));
+        CKL(cudaEventSynchronize(e1));
+        ms.push_back(time_ms(e0, e1));
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      printf("| %s | %d | %.4f | %.4f-%.4f | %.1f | %.0f | %.4f | %.1f%% | %s (worst %.3f) |\n", rw.name, v, med, ms[0],
+             ms.back(), flops / (med * 1e-3) / 1e12, bytes / (med * 1e-3) / 1e9, roof, 100.0 * roof / med,
+             ok ? "ok" : "FAILED", worst);
+      fflush(stdout);
+    }
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part);
+  }
+  printf("# check: %d failing rows\n", failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,423 @@
+/* attention.cu: the layer's attention (spec 4.4 step 3, masks 4.5) over the
+ * KV cache, two kernels:
+ *   1. attention_kernel: one warp per (query, head), sequential over the
+ *      keys, fp32 throughout (the first kernel; kept for head dims the
+ *      tensor-core kernel does not take, and as the lab's version 1);
+ *   2. flash_kernel: tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate)
+ *      with an online softmax over key tiles staged in shared memory by
+ *      cp.async, never a score matrix in device memory (Dao, "FlashAttention-2",
+ *      2023, algorithm 1), and the keys split across blocks when the queries
+ *      alone give too few blocks (flash-decoding: partial (O, m, l) per split,
+ *      merged by flash_combine_kernel).
+ * Both: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
+ *   encoder (causal): hi = pos + 1, lo = 0 on full layers, hi - window on
+ *     sliding ones;
+ *   decoder: hi = pos0 + C (the canvas K/V sit in slots pos0.., never
+ *     committed), lo = 0 on full layers, pos0 - (window - 1) on sliding ones.
+ * q fp32 [nq, NH, D]; kc, vc bf16 [NKV, S, D]; out bf16 [nq, NH, D].
+ *
+ * What flash_kernel rounds (the bound tests/test_cuda.c checks, derived in
+ * its header): q to bf16 before QK (relative 2^-9 per element), the
+ * probabilities p = exp(s - m) to bf16 before PV (relative 2^-9); the row sums
+ * l and the output accumulate in fp32 from the unrounded p. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+#include "cuda/mma.cuh"
+
+/* ---- version 1: one warp per (query, head) -------------------------------- */
+
+/* Block (t, y): W warps, warp w serving query head h = y*W + w; W divides
+ * G = NH/NKV, so the warps of a block share one KV group g = h / G and read
+ * the same K/V rows (at most 8 warps: 256 threads). Lane l holds dims l + 32 i,
+ * i < NPL = ceil(D/32). Keys are the cache slots [lo, hi) of the layer:
+ *   encoder (causal): hi = pos + 1 (the chunk's K/V are already in the
+ *     cache), lo = 0 on full layers, hi - window on sliding layers;
+ *   decoder: hi = pos0 + T (the canvas K/V sit in slots pos0.., never
+ *     committed), lo = 0 on full layers, pos0 - (window - 1) on sliding ones.
+ * Scale 1.0, no softcap; online softmax in fp32. out: bf16 [T, NH*D]. */
+template <int NPL>
+__global__ void __launch_bounds__(256) attention_kernel(const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T, int NH,
+                                 int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
+  const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
+  const int G = NH / NKV, h = blockIdx.y * W + w, g = h / G;
+  const int32_t pos = pos0 + t;
+  int32_t lo, hi;
+  if (causal) {
+    hi = pos + 1;
+    lo = is_full ? 0 : max(0, hi - window);
+  } else {
+    hi = pos0 + T;
+    lo = is_full ? 0 : max(0, pos0 - (window - 1));
+  }
+  float qr[NPL], acc[NPL];
+  const float *qv = q + ((size_t)t * NH + h) * D;
+#pragma unroll
+  for (int i = 0; i < NPL; i++) {
+    int d = lane + 32 * i;
+    qr[i] = d < D ? qv[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  const bf16 *kb = kc + (size_t)g * S * D, *vb = vc + (size_t)g * S * D;
+  for (int32_t j = lo; j < hi; j++) {
+    const bf16 *kr = kb + (size_t)j * D;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+      int d = lane + 32 * i;
+      if (d < D) s += qr[i] * __bfloat162float(kr[d]);
+    }
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float mn = fmaxf(m, s);
+    float corr = expf(m - mn); /* m = -inf on the first key: corr = 0 */
+    float p = expf(s - mn);
+    l = l * corr + p;
+    const bf16 *vr = vb + (size_t)j * D;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+      int d = lane + 32 * i;
+      float v = d < D ? __bfloat162float(vr[d]) : 0.0f;
+      acc[i] = acc[i] * corr + p * v;
+    }
+    m = mn;
+  }
+  const float inv = 1.0f / l;
+  bf16 *o = out + ((size_t)t * NH + h) * D;
+#pragma unroll
+  for (int i = 0; i < NPL; i++) {
+    int d = lane + 32 * i;
+    if (d < D) o[d] = __float2bfloat16_rn(acc[i] * inv);
+  }
+}
+
+/* nq query rows (grid x); T is the kernel's T (decoder: keys end at pos0 + T). */
+static cudaError_t attention_launch(cudaStream_t s, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S,
+                                    int nq, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full,
+                                    int window) {
+  const int G = NH / NKV;
+  int W = 8; /* warps per block: the largest of 8, 4, 2, 1 that divides G */
+  while (G % W) W /= 2;
+  dim3 grid(nq, NH / W);
+  int threads = 32 * W;
+#define ATT(n) DG_LAUNCH(attention_kernel<n>, grid, threads, 0, s)(q, kc, vc, out, S, T, NH, NKV, D, pos0, causal, is_full, window)
+  if (D <= 32) ATT(1);
+  else if (D <= 64) ATT(2);
+  else if (D <= 128) ATT(4);
+  else if (D <= 256) ATT(8);
+  else ATT(16);
+#undef ATT
+  return cudaGetLastError();
+}
+
+/* ---- tensor-core attention ---------------------------------------------- */
+
+/* Block tile: FA_BM rows of (query t, head h of the KV group g) pairs, row
+ * r = t * G + (h - g G), 16 per warp; grid (row tiles, NKV * D / DV value
+ * slices, key splits). D the QK head dim, DV the width of the output slice a
+ * block owns (its O accumulator: 16 x DV fp32 per warp, so DV <= 256 keeps it
+ * in registers; a 512-wide head is two slices that both compute QK), BK keys
+ * per tile. Shared memory: Q [BM, D], K [2][BK, D], V [2][BK, DV] bf16, rows
+ * of 16-byte chunks XOR-swizzled by (row % 8) so ldmatrix is conflict-free. */
+#define FA_WARPS 4
+#define FA_BM (16 * FA_WARPS)
+#define FA_L2E 1.4426950408889634f
+
+struct fa_args {
+  const float *q;
+  const bf16 *kc, *vc;
+  bf16 *out;
+  float *part; /* n_split > 1: O partials [n_split, nq * NH, D] then (m, l) [n_split, nq * NH, 2] */
+  int S, nq, NH, NKV, causal, is_full, window, n_split;
+  int32_t pos0, kv_hi; /* decoder: keys end at kv_hi */
+};
+
+template <int D, int DV, int BK> struct fa_cfg {
+  static constexpr int NDV = D / DV;
+  static constexpr int QB = FA_BM * D * 2, KB = BK * D * 2, VB = BK * DV * 2;
+  static constexpr int SMEM = QB + 2 * (KB + VB);
+};
+
+/* byte offset of 16-byte chunk ch of row r in a tile of rows W bf16 wide (W >= 64) */
+template <int W> __device__ __forceinline__ int fa_swz(int r, int ch) { return r * (W * 2) + ((ch ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
+  bf16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
+  uint16_t ua, ub;
+  memcpy(&ua, &a, 2);
+  memcpy(&ub, &b, 2);
+  return (uint32_t)ua | ((uint32_t)ub << 16);
+}
+
+/* The block's key range [lo, hi) before splitting (every row's keys lie in it). */
+__device__ __forceinline__ void fa_range(const fa_args &a, int r0, int G, int *lo, int *hi) {
+  if (a.causal) {
+    const int R = a.nq * G, tf = r0 / G, tl = (min(r0 + FA_BM, R) - 1) / G;
+    *hi = a.pos0 + tl + 1;
+    *lo = a.is_full ? 0 : max(0, a.pos0 + tf + 1 - a.window);
+  } else {
+    *hi = a.kv_hi;
+    *lo = a.is_full ? 0 : max(0, a.pos0 - (a.window - 1));
+  }
+}
+
+template <int D, int DV, int BK>
+__global__ void __launch_bounds__(32 * FA_WARPS, 1) flash_kernel(fa_args a) {
+  typedef fa_cfg<D, DV, BK> C;
+  DG_DYN_SMEM(uint4, fa_smem);
+  char *sm = (char *)fa_smem;
+  char *Qs = sm, *Ks = sm + C::QB, *Vs = sm + C::QB + 2 * C::KB;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * FA_BM;
+  const int g = blockIdx.y / C::NDV, dv0 = (blockIdx.y % C::NDV) * DV, z = blockIdx.z;
+  int blo, bhi;
+  fa_range(a, r0, G, &blo, &bhi);
+  const int nt_all = (bhi - blo + BK - 1) / BK, per = (nt_all + a.n_split - 1) / a.n_split;
+  const int zlo = blo + z * per * BK, zhi = min(bhi, zlo + per * BK);
+  const int ntile = zhi > zlo ? (zhi - zlo + BK - 1) / BK : 0;
+  const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D + dv0;
+
+  /* Q tile: fp32 -> bf16, rows past R zero */
+  for (int i = tid; i < FA_BM * (D / 8); i += 32 * FA_WARPS) {
+    const int r = i / (D / 8), ch = i % (D / 8), gr = r0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (gr < R) {
+      const float *src = a.q + ((size_t)(gr / G) * a.NH + g * G + gr % G) * D + ch * 8;
+      const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
+      v = make_uint4(fa_pack(x0.x, x0.y), fa_pack(x0.z, x0.w), fa_pack(x1.x, x1.y), fa_pack(x1.z, x1.w));
+    }
+    *(uint4 *)(Qs + fa_swz<D>(r, ch)) = v;
+  }
+  auto load_kv = [&](int it, int buf) {
+    const int kb = zlo + it * BK;
+    char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::VB;
+    for (int i = tid; i < BK * (D / 8); i += 32 * FA_WARPS) {
+      const int r = i / (D / 8), ch = i % (D / 8), key = kb + r, ok = key < zhi;
+      dg_cp_async16(kd + fa_swz<D>(r, ch), kg + (size_t)(ok ? key : zlo) * D + ch * 8, ok ? 16 : 0);
+    }
+    for (int i = tid; i < BK * (DV / 8); i += 32 * FA_WARPS) {
+      const int r = i / (DV / 8), ch = i % (DV / 8), key = kb + r, ok = key < zhi;
+      dg_cp_async16(vd + fa_swz<DV>(r, ch), vg + (size_t)(ok ? key : zlo) * D + ch * 8, ok ? 16 : 0);
+    }
+    dg_cp_commit();
+  };
+
+  float o[DV / 8][4];
+#pragma unroll
+  for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  /* this lane's rows (r0 + 16 w + lane / 4, + 8) as query indices, for the causal mask */
+  const int rl = 16 * w + (lane >> 2);
+  const int tq0 = (r0 + rl) / G, tq1 = (r0 + rl + 8) / G;
+  const int R_first = r0 / G, R_last = (min(r0 + FA_BM, R) - 1) / G;
+
+  if (ntile > 0) load_kv(0, 0);
+  for (int it = 0; it < ntile; it++) {
+    const int buf = it & 1, kb = zlo + it * BK;
+    if (it + 1 < ntile) {
+      load_kv(it + 1, buf ^ 1);
+      dg_cp_wait<1>();
+    } else {
+      dg_cp_wait<0>();
+    }
+    __syncthreads();
+    const char *kt = Ks + buf * C::KB, *vt = Vs + buf * C::VB;
+    float s[BK / 8][4];
+#pragma unroll
+    for (int i = 0; i < BK / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll 4
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t qa[4];
+      dg_ldsm_x4(qa, Qs + fa_swz<D>(16 * w + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+      for (int np = 0; np < BK / 16; np++) {
+        uint32_t kf[4];
+        dg_ldsm_x4(kf, kt + fa_swz<D>(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+        dg_mma_bf16(s[2 * np], qa, kf);
+        dg_mma_bf16(s[2 * np + 1], qa, kf + 2);
+      }
+    }
+    /* masks: keys past the split's end; causal rows see keys <= pos, and > pos - window on sliding layers */
+    const bool edge = kb + BK > zhi ||
+                      (a.causal && (kb + BK - 1 > a.pos0 + R_first || (!a.is_full && kb <= a.pos0 + R_last - a.window)));
+    if (edge) {
+#pragma unroll
+      for (int nt = 0; nt < BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int key = kb + 8 * nt + 2 * (lane & 3) + (e & 1), tq = e < 2 ? tq0 : tq1;
+          const int pos = a.pos0 + tq;
+          bool ok = key < zhi;
+          if (a.causal) ok = ok && key <= pos && (a.is_full || key > pos - a.window);
+          if (!ok) s[nt][e] = -INFINITY;
+        }
+    }
+    /* online softmax: rows lane / 4 (elements 0, 1) and lane / 4 + 8 (2, 3), each over a quad */
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    float mu[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * FA_L2E; /* no key yet: every p is 0 */
+      const float corr = exp2f(m[i] * FA_L2E - mu[i]);  /* m = -inf: 0 */
+      m[i] = mx[i];
+      l[i] *= corr;
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) {
+        o[j][2 * i] *= corr;
+        o[j][2 * i + 1] *= corr;
+      }
+    }
+    uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++) {
+      const float p0 = exp2f(fmaf(s[nt][0], FA_L2E, -mu[0])), p1 = exp2f(fmaf(s[nt][1], FA_L2E, -mu[0]));
+      const float p2 = exp2f(fmaf(s[nt][2], FA_L2E, -mu[1])), p3 = exp2f(fmaf(s[nt][3], FA_L2E, -mu[1]));
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      pa[nt >> 1][(nt & 1) * 2] = fa_pack(p0, p1);
+      pa[nt >> 1][(nt & 1) * 2 + 1] = fa_pack(p2, p3);
+    }
+#pragma unroll
+    for (int j = 0; j < BK / 16; j++) {
+#pragma unroll
+      for (int dp = 0; dp < DV / 16; dp++) {
+        uint32_t vf[4];
+        dg_ldsm_x4_t(vf, vt + fa_swz<DV>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)));
+        dg_mma_bf16(o[2 * dp], pa[j], vf);
+        dg_mma_bf16(o[2 * dp + 1], pa[j], vf + 2);
+      }
+    }
+    __syncthreads(); /* the next iteration's copy overwrites this buffer */
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  const size_t NR = (size_t)a.nq * a.NH;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int gr = r0 + rl + 8 * i;
+    if (gr >= R) continue;
+    const size_t orow = (size_t)(gr / G) * a.NH + g * G + gr % G;
+    if (a.n_split == 1) {
+      const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+      bf16 *dst = a.out + orow * D + dv0 + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) *(uint32_t *)(dst + 8 * j) = fa_pack(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    } else {
+      float *dst = a.part + ((size_t)z * NR + orow) * D + dv0 + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      if (dv0 == 0 && (lane & 3) == 0)
+        *(float2 *)(a.part + (size_t)a.n_split * NR * D + ((size_t)z * NR + orow) * 2) = make_float2(m[i], l[i]);
+    }
+  }
+}
+
+/* Merge the key splits of one output row per block (D / 4 threads, 4 columns
+ * each): O = sum_z 2^((m_z - M) log2 e) O_z / sum_z 2^(...) l_z, M = max m_z. */
+__global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR, int D) {
+  const size_t row = blockIdx.x;
+  const float *ml = part + (size_t)n_split * NR * D;
+  float M = -INFINITY;
+  for (int z = 0; z < n_split; z++) M = fmaxf(M, ml[((size_t)z * NR + row) * 2]);
+  const float mu = M == -INFINITY ? 0.0f : M * FA_L2E;
+  float L = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int c = 4 * threadIdx.x;
+  for (int z = 0; z < n_split; z++) {
+    const float wz = exp2f(ml[((size_t)z * NR + row) * 2] * FA_L2E - mu);
+    L += wz * ml[((size_t)z * NR + row) * 2 + 1];
+    const float4 v = *(const float4 *)(part + ((size_t)z * NR + row) * D + c);
+    acc[0] += wz * v.x; acc[1] += wz * v.y; acc[2] += wz * v.z; acc[3] += wz * v.w;
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  uint32_t *dst = (uint32_t *)(out + row * D + c);
+  dst[0] = fa_pack(acc[0] * inv, acc[1] * inv);
+  dst[1] = fa_pack(acc[2] * inv, acc[3] * inv);
+}
+
+static int sm_count(void) {
+  static int n = 0;
+  if (!n) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      n = 132;
+  }
+  return n;
+}
+
+template <int D, int DV, int BK> static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+  typedef fa_cfg<D, DV, BK> C;
+  const int G = a.NH / a.NKV, R = a.nq * G;
+  const int bx = (R + FA_BM - 1) / FA_BM, by = a.NKV * C::NDV;
+  /* keys of the widest block before splitting */
+  int lo, hi;
+  if (a.causal) { hi = a.pos0 + a.nq; lo = a.is_full ? 0 : max(0, a.pos0 + 1 - a.window); }
+  else { hi = a.kv_hi; lo = a.is_full ? 0 : max(0, a.pos0 - (a.window - 1)); }
+  const int tiles = (hi - lo + BK - 1) / BK;
+  int ns = 1;
+  if (!a.causal && ws && ws->part) { /* enough blocks for two waves, at least 2 key tiles per split */
+    const int want = (2 * sm_count() + bx * by - 1) / (bx * by);
+    ns = min(min(want, max(1, tiles / 2)), 16);
+    const size_t NR = (size_t)a.nq * a.NH;
+    while (ns > 1 && (size_t)ns * NR * (D + 2) > ws->n) ns--;
+  }
+  a.n_split = ns;
+  static bool attr = false; /* one per instantiation */
+  if (!attr) {
+    void (*k)(fa_args) = flash_kernel<D, DV, BK>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e != cudaSuccess) return e;
+    attr = true;
+  }
+  void (*kern)(fa_args) = flash_kernel<D, DV, BK>;
+  const dim3 grid(bx, by, ns);
+  DG_LAUNCH(kern, grid, 32 * FA_WARPS, C::SMEM, s)(a);
+  if (ns > 1) DG_LAUNCH(flash_combine_kernel, (unsigned)((size_t)a.nq * a.NH), D / 4, 0, s)(a.part, a.out, ns, (size_t)a.nq * a.NH, D);
+  return cudaGetLastError();
+}
+
+int k_attention_flash_ok(int D, int NH, int NKV) {
+  return (D == 64 || D == 128 || D == 256 || D == 512) && NKV > 0 && NH % NKV == 0;
+}
+
+cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, const float *q, const bf16 *kc,
+                            const bf16 *vc, bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi,
+                            int causal, int is_full, int window) {
+  if (nq <= 0) return cudaSuccess;
+  if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
+    return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
+                            window);
+  if (!k_attention_flash_ok(D, NH, NKV)) return cudaErrorInvalidValue;
+  fa_args a;
+  a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
+  a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
+  a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
+  switch (D) {
+  case 64: return flash_launch<64, 64, 64>(s, ws, a);
+  case 128: return flash_launch<128, 128, 64>(s, ws, a);
+  case 256: return flash_launch<256, 256, 64>(s, ws, a);
+  default: return flash_launch<512, 256, 32>(s, ws, a);
+  }
+}
+
+cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
+                        int S, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
+  return k_attention_any(s, ws, 0, q, kc, vc, out, S, T, NH, NKV, D, pos0, pos0 + T, causal, is_full, window);
+}
+
+cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,
+                               bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full,
+                               int window) {
+  return k_attention_any(s, ws, 0, q, kc, vc, out, S, nq, NH, NKV, D, pos0, pos0 + C, 0, is_full, window);
+}
