@@ -8,7 +8,10 @@
  *   version 1  attention_kernel (src/cuda/attention.cu): one warp per (query,
  *              head), sequential over the keys, fp32
  *   version 2  flash_kernel: tensor cores, online softmax over cp.async key
- *              tiles, key splits merged by flash_combine_kernel
+ *              tiles, key splits merged by flash_combine_kernel; 4 warps
+ *              (64 rows), 64 keys per tile (32 at D = 512) (the backend's)
+ *   version 3  the same, 32 keys per tile (16 at D = 512): 2 blocks per SM
+ *   version 4  8 warps (128 rows), 32 keys per tile (16 at D = 512)
  *
  * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
  * 1024; full layers 2 KV heads of 512):
@@ -59,7 +62,7 @@ __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
 
 int main(int argc, char **argv) {
-  int reps = 20, vmask = 6;
+  int reps = 20, vmask = 30;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) {
@@ -152,7 +155,7 @@ int main(int argc, char **argv) {
     }
     const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
     const double roof = std::max(bytes / bw, flops / rate) * 1e3;
-    for (int v = 1; v <= 2; v++) {
+    for (int v = 1; v <= 4; v++) {
       if (!(vmask >> v & 1)) continue;
       CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
       CKL(cudaDeviceSynchronize());

@@ -114,15 +114,13 @@ static cudaError_t attention_launch(cudaStream_t s, const float *q, const bf16 *
 
 /* ---- tensor-core attention ---------------------------------------------- */
 
-/* Block tile: FA_BM rows of (query t, head h of the KV group g) pairs, row
+/* Block tile: BM = 16 WARPS rows of (query t, head h of the KV group g) pairs, row
  * r = t * G + (h - g G), 16 per warp; grid (row tiles, NKV * D / DV value
  * slices, key splits). D the QK head dim, DV the width of the output slice a
  * block owns (its O accumulator: 16 x DV fp32 per warp, so DV <= 256 keeps it
  * in registers; a 512-wide head is two slices that both compute QK), BK keys
  * per tile. Shared memory: Q [BM, D], K [2][BK, D], V [2][BK, DV] bf16, rows
  * of 16-byte chunks XOR-swizzled by (row % 8) so ldmatrix is conflict-free. */
-#define FA_WARPS 4
-#define FA_BM (16 * FA_WARPS)
 #define FA_L2E 1.4426950408889634f
 
 struct fa_args {
@@ -134,9 +132,9 @@ struct fa_args {
   int32_t pos0, kv_hi; /* decoder: keys end at kv_hi */
 };
 
-template <int D, int DV, int BK> struct fa_cfg {
-  static constexpr int NDV = D / DV;
-  static constexpr int QB = FA_BM * D * 2, KB = BK * D * 2, VB = BK * DV * 2;
+template <int D, int DV, int BK, int WARPS> struct fa_cfg {
+  static constexpr int NDV = D / DV, BM = 16 * WARPS;
+  static constexpr int QB = BM * D * 2, KB = BK * D * 2, VB = BK * DV * 2;
   static constexpr int SMEM = QB + 2 * (KB + VB);
 };
 
@@ -152,9 +150,9 @@ __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
 }
 
 /* The block's key range [lo, hi) before splitting (every row's keys lie in it). */
-__device__ __forceinline__ void fa_range(const fa_args &a, int r0, int G, int *lo, int *hi) {
+__device__ __forceinline__ void fa_range(const fa_args &a, int r0, int G, int BM, int *lo, int *hi) {
   if (a.causal) {
-    const int R = a.nq * G, tf = r0 / G, tl = (min(r0 + FA_BM, R) - 1) / G;
+    const int R = a.nq * G, tf = r0 / G, tl = (min(r0 + BM, R) - 1) / G;
     *hi = a.pos0 + tl + 1;
     *lo = a.is_full ? 0 : max(0, a.pos0 + tf + 1 - a.window);
   } else {
@@ -163,24 +161,25 @@ __device__ __forceinline__ void fa_range(const fa_args &a, int r0, int G, int *l
   }
 }
 
-template <int D, int DV, int BK>
-__global__ void __launch_bounds__(32 * FA_WARPS, 1) flash_kernel(fa_args a) {
-  typedef fa_cfg<D, DV, BK> C;
+template <int D, int DV, int BK, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
+  typedef fa_cfg<D, DV, BK, WARPS> C;
+  constexpr int BM = C::BM, NTH = 32 * WARPS;
   DG_DYN_SMEM(uint4, fa_smem);
   char *sm = (char *)fa_smem;
   char *Qs = sm, *Ks = sm + C::QB, *Vs = sm + C::QB + 2 * C::KB;
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * FA_BM;
+  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * BM;
   const int g = blockIdx.y / C::NDV, dv0 = (blockIdx.y % C::NDV) * DV, z = blockIdx.z;
   int blo, bhi;
-  fa_range(a, r0, G, &blo, &bhi);
+  fa_range(a, r0, G, BM, &blo, &bhi);
   const int nt_all = (bhi - blo + BK - 1) / BK, per = (nt_all + a.n_split - 1) / a.n_split;
   const int zlo = blo + z * per * BK, zhi = min(bhi, zlo + per * BK);
   const int ntile = zhi > zlo ? (zhi - zlo + BK - 1) / BK : 0;
   const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D + dv0;
 
   /* Q tile: fp32 -> bf16, rows past R zero */
-  for (int i = tid; i < FA_BM * (D / 8); i += 32 * FA_WARPS) {
+  for (int i = tid; i < BM * (D / 8); i += NTH) {
     const int r = i / (D / 8), ch = i % (D / 8), gr = r0 + r;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (gr < R) {
@@ -193,11 +192,11 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) flash_kernel(fa_args a) {
   auto load_kv = [&](int it, int buf) {
     const int kb = zlo + it * BK;
     char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::VB;
-    for (int i = tid; i < BK * (D / 8); i += 32 * FA_WARPS) {
+    for (int i = tid; i < BK * (D / 8); i += NTH) {
       const int r = i / (D / 8), ch = i % (D / 8), key = kb + r, ok = key < zhi;
       dg_cp_async16(kd + fa_swz<D>(r, ch), kg + (size_t)(ok ? key : zlo) * D + ch * 8, ok ? 16 : 0);
     }
-    for (int i = tid; i < BK * (DV / 8); i += 32 * FA_WARPS) {
+    for (int i = tid; i < BK * (DV / 8); i += NTH) {
       const int r = i / (DV / 8), ch = i % (DV / 8), key = kb + r, ok = key < zhi;
       dg_cp_async16(vd + fa_swz<DV>(r, ch), vg + (size_t)(ok ? key : zlo) * D + ch * 8, ok ? 16 : 0);
     }
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) flash_kernel(fa_args a) {
   /* this lane's rows (r0 + 16 w + lane / 4, + 8) as query indices, for the causal mask */
   const int rl = 16 * w + (lane >> 2);
   const int tq0 = (r0 + rl) / G, tq1 = (r0 + rl + 8) / G;
-  const int R_first = r0 / G, R_last = (min(r0 + FA_BM, R) - 1) / G;
+  const int R_first = r0 / G, R_last = (min(r0 + BM, R) - 1) / G;
 
   if (ntile > 0) load_kv(0, 0);
   for (int it = 0; it < ntile; it++) {
@@ -356,10 +355,11 @@ static int sm_count(void) {
   return n;
 }
 
-template <int D, int DV, int BK> static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
-  typedef fa_cfg<D, DV, BK> C;
+template <int D, int DV, int BK, int WARPS>
+static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+  typedef fa_cfg<D, DV, BK, WARPS> C;
   const int G = a.NH / a.NKV, R = a.nq * G;
-  const int bx = (R + FA_BM - 1) / FA_BM, by = a.NKV * C::NDV;
+  const int bx = (R + C::BM - 1) / C::BM, by = a.NKV * C::NDV;
   /* keys of the widest block before splitting */
   int lo, hi;
   if (a.causal) { hi = a.pos0 + a.nq; lo = a.is_full ? 0 : max(0, a.pos0 + 1 - a.window); }
@@ -375,14 +375,14 @@ template <int D, int DV, int BK> static cudaError_t flash_launch(cudaStream_t s,
   a.n_split = ns;
   static bool attr = false; /* one per instantiation */
   if (!attr) {
-    void (*k)(fa_args) = flash_kernel<D, DV, BK>;
+    void (*k)(fa_args) = flash_kernel<D, DV, BK, WARPS>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
     if (e != cudaSuccess) return e;
     attr = true;
   }
-  void (*kern)(fa_args) = flash_kernel<D, DV, BK>;
+  void (*kern)(fa_args) = flash_kernel<D, DV, BK, WARPS>;
   const dim3 grid(bx, by, ns);
-  DG_LAUNCH(kern, grid, 32 * FA_WARPS, C::SMEM, s)(a);
+  DG_LAUNCH(kern, grid, 32 * WARPS, C::SMEM, s)(a);
   if (ns > 1) DG_LAUNCH(flash_combine_kernel, (unsigned)((size_t)a.nq * a.NH), D / 4, 0, s)(a.part, a.out, ns, (size_t)a.nq * a.NH, D);
   return cudaGetLastError();
 }
@@ -398,16 +398,33 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV)) return cudaErrorInvalidValue;
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 4) return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
   a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
+  /* version 2 (and 0): the backend's configuration; 3, 4: the lab's alternatives (dev/cuda/attention.cu) */
+  if (version == 3) {
+    switch (D) {
+    case 64: return flash_launch<64, 64, 32, 4>(s, ws, a);
+    case 128: return flash_launch<128, 128, 32, 4>(s, ws, a);
+    case 256: return flash_launch<256, 256, 32, 4>(s, ws, a);
+    default: return flash_launch<512, 256, 16, 4>(s, ws, a);
+    }
+  }
+  if (version == 4) {
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 8>(s, ws, a);
+    case 128: return flash_launch<128, 128, 32, 8>(s, ws, a);
+    case 256: return flash_launch<256, 256, 32, 8>(s, ws, a);
+    default: return flash_launch<512, 256, 16, 8>(s, ws, a);
+    }
+  }
   switch (D) {
-  case 64: return flash_launch<64, 64, 64>(s, ws, a);
-  case 128: return flash_launch<128, 128, 64>(s, ws, a);
-  case 256: return flash_launch<256, 256, 64>(s, ws, a);
-  default: return flash_launch<512, 256, 32>(s, ws, a);
+  case 64: return flash_launch<64, 64, 64, 4>(s, ws, a);
+  case 128: return flash_launch<128, 128, 64, 4>(s, ws, a);
+  case 256: return flash_launch<256, 256, 64, 4>(s, ws, a);
+  default: return flash_launch<512, 256, 32, 4>(s, ws, a);
   }
 }
 

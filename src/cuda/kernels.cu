@@ -230,24 +230,25 @@ __global__ void ffn_combine_kernel(float *x, const float *dense, const float *y,
                                    const float *w_ff2, const float *w_ff, float scalar, int H, int K, float eps) {
   DG_DYN_SMEM(float, dyn);
   __shared__ float sh[32];
-  __shared__ int order[64];
+  __shared__ int srow[64];
+  __shared__ float sw[64];
   float *sg = dyn, *sd = dyn + H;
   const size_t t = blockIdx.x;
-  if (threadIdx.x == 0) { /* slots sorted by expert id (insertion sort, K <= 64) */
-    for (int k = 0; k < K; k++) order[k] = k;
-    for (int a = 1; a < K; a++)
-      for (int b = a; b > 0 && topk_idx[t * K + order[b]] < topk_idx[t * K + order[b - 1]]; b--) {
-        int tmp = order[b]; order[b] = order[b - 1]; order[b - 1] = tmp;
-      }
+  if ((int)threadIdx.x < K) { /* slot k's rank: ascending expert order, equal ids by slot (a stable sort) */
+    const int k = threadIdx.x, ek = topk_idx[t * K + k];
+    int rank = 0;
+    for (int i = 0; i < K; i++) {
+      const int ei = topk_idx[t * K + i];
+      rank += ei < ek || (ei == ek && i < k);
+    }
+    srow[rank] = slot_row[t * K + k];
+    sw[rank] = topk_w[t * K + k];
   }
   __syncthreads();
   float ssg = 0.0f;
   for (int j = threadIdx.x; j < H; j += blockDim.x) {
     float a = 0.0f;
-    for (int k = 0; k < K; k++) {
-      int slot = order[k];
-      a += y[(size_t)slot_row[t * K + slot] * H + j] * topk_w[t * K + slot];
-    }
+    for (int k = 0; k < K; k++) a += y[(size_t)srow[k] * H + j] * sw[k];
     sg[j] = a;
     ssg += a * a;
   }

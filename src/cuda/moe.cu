@@ -96,8 +96,8 @@ __global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *
 /* The grouping by expert in three launches (was one block of 256 threads,
  * each scanning every pair twice):
  *   group_count_kernel  block e counts the pairs of expert e (a block sum);
- *   group_scan_kernel   one thread: the exclusive scan over the experts and
- *                       the tile work list (expert, first row), as before;
+ *   group_scan_kernel   one block: the exclusive scan over the experts and
+ *                       the tile work list (expert, first row);
  *   group_place_kernel  block e places its pairs in ascending (token, slot)
  *                       order: the pairs in chunks of the block's threads, a
  *                       ballot per warp and the warps' counts give each match
@@ -118,15 +118,38 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_count_kernel(const int32_
   }
 }
 
-__global__ void group_scan_kernel(int E, const int32_t *count, int32_t *start, int32_t *tiles, int32_t *n_tiles) {
-  int run = 0, nt = 0;
-  for (int e = 0; e < E; e++) {
-    start[e] = run;
-    for (int r = 0; r < count[e]; r += TM) { tiles[2 * nt] = e; tiles[2 * nt + 1] = r; nt++; }
-    run += count[e];
+/* One block of GROUP_THREADS >= E threads: thread e holds expert e's count and
+ * tile count; two exclusive scans in shared memory (Hillis-Steele) give its
+ * first row and first tile, then it writes its own tiles. (One thread walking
+ * the experts took 26 us on the H200: a chain of dependent loads.) */
+__global__ void __launch_bounds__(GROUP_THREADS) group_scan_kernel(int E, const int32_t *count, int32_t *start,
+                                                                   int32_t *tiles, int32_t *n_tiles) {
+  __shared__ int sc[2][GROUP_THREADS], st[2][GROUP_THREADS];
+  const int e = threadIdx.x;
+  const int c = e < E ? count[e] : 0, nt = (c + TM - 1) / TM;
+  int b = 0;
+  sc[0][e] = c;
+  st[0][e] = nt;
+  __syncthreads();
+  for (int o = 1; o < GROUP_THREADS; o <<= 1) { /* inclusive scans */
+    const int vc = sc[b][e] + (e >= o ? sc[b][e - o] : 0), vt = st[b][e] + (e >= o ? st[b][e - o] : 0);
+    sc[b ^ 1][e] = vc;
+    st[b ^ 1][e] = vt;
+    b ^= 1;
+    __syncthreads();
   }
-  start[E] = run;
-  *n_tiles = nt;
+  const int row0 = sc[b][e] - c, tile0 = st[b][e] - nt;
+  if (e < E) {
+    start[e] = row0;
+    for (int i = 0; i < nt; i++) {
+      tiles[2 * (tile0 + i)] = e;
+      tiles[2 * (tile0 + i) + 1] = i * TM;
+    }
+  }
+  if (e == E - 1) {
+    start[E] = sc[b][e];
+    *n_tiles = st[b][e];
+  }
 }
 
 __global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_t *idx, int n, const int32_t *start,
@@ -169,7 +192,7 @@ cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K) {
   DG_LAUNCH(group_count_kernel, E, GROUP_THREADS, 0, s)(b->topk_idx, n, b->count);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  DG_LAUNCH(group_scan_kernel, 1, 1, 0, s)(E, b->count, b->start, b->tiles, b->n_tiles);
+  DG_LAUNCH(group_scan_kernel, 1, GROUP_THREADS, 0, s)(E, b->count, b->start, b->tiles, b->n_tiles);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   DG_LAUNCH(group_place_kernel, E, GROUP_THREADS, 0, s)(b->topk_idx, n, b->start, b->pairs, b->slot_row);
   return cudaGetLastError();
