@@ -23,7 +23,10 @@
  *              stages D, ring stages, min blocks per SM, weight stages per
  *              activation stage SUB): 4 = (4, 3, 3, 4, 2), 5 = (4, 3, 4, 4, 2),
  *              6 = (4, 2, 4, 4, 2), 7 = (4, 4, 3, 4, 2), 8 = (4, 2, 3, 4, 4),
- *              9 = (4, 3, 3, 4, 1); 4-bit only, 8 NT <= 32 tokens per pass (the
+ *              9 = (4, 3, 3, 4, 1); 10-12: the weights through a bulk-copy (TMA)
+ *              ring of WD stages per warp in shared memory (cp.async.bulk +
+ *              mbarrier) instead of register stages: WD 4, 6 (4 blocks per SM),
+ *              8 (3 blocks per SM); 4-bit only, 8 NT <= 32 tokens per pass (the
  *              backend's is (4, 2, 3, 4, 2)) (earlier runs, docs/results/h200-moe/
  *              lab_variants_run*.md, numbered qe_kernel's variants 3-7)
  *
@@ -252,8 +255,9 @@ static void route_random(routing *r, int T) {
 /* ---- versions ---- */
 enum { GU = 0, DN = 1 };
 
-/* Versions 4-9: qr_kernel over a lane-record copy, WARPS warps, D register stages, STAGES ring stages. */
-template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1>
+/* Versions 4-12: qr_kernel over a lane-record copy, WARPS warps, D register stages, STAGES ring stages,
+ * WD > 0: a WD-deep bulk-copy ring of weight stages per warp in shared memory instead of D. */
+template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, 1);
@@ -268,20 +272,20 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
     if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
-    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
-    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
-    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
     }
   }
   a.Kdim = IE; a.N = H; a.y = r->b.y;
   if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   switch (nt) {
-  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
-  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
-  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
-  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB>(0, grid, a);
+  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
   }
 }
 
@@ -296,7 +300,10 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 6: return run_lanes<4, 2, 4, 4, 2>(prod, st, r, nt);
     case 7: return run_lanes<4, 4, 3, 4, 2>(prod, st, r, nt);
     case 8: return run_lanes<4, 2, 3, 4, 4>(prod, st, r, nt);
-    default: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
+    case 9: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
+    case 10: return run_lanes<4, 1, 3, 4, 2, 4>(prod, st, r, nt);
+    case 11: return run_lanes<4, 1, 3, 4, 2, 6>(prod, st, r, nt);
+    default: return run_lanes<4, 1, 3, 3, 2, 8>(prod, st, r, nt);
     }
   }
   if (ver == 1) {

@@ -65,9 +65,35 @@ __device__ __forceinline__ uint2 dg_ld_stream8(const void *p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
+/* The bulk (TMA) copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared
+ * memory, completing on the mbarrier bar (PTX ISA: cp.async.bulk, mbarrier); one thread issues it. */
+__device__ __forceinline__ void dg_mbar_init(uint64_t *bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(dg_smem_addr(bar)));
+}
+__device__ __forceinline__ void dg_mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::); }
+__device__ __forceinline__ void dg_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(dg_smem_addr(bar)), "r"(bytes));
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dg_smem_addr(dst)), "l"(src), "r"(bytes), "r"(dg_smem_addr(bar))
+               : "memory");
+}
+/* Wait until the phase of parity `phase` of bar has completed. */
+__device__ __forceinline__ void dg_mbar_wait(uint64_t *bar, uint32_t phase) {
+  uint32_t done;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(dg_smem_addr(bar)), "r"(phase)
+                 : "memory");
+  } while (!done);
+}
 #else
 static inline uint4 dg_ld_stream16(const void *p) { uint4 v; memcpy(&v, p, 16); return v; }
 static inline uint2 dg_ld_stream8(const void *p) { uint2 v; memcpy(&v, p, 8); return v; }
+static inline void dg_mbar_init(uint64_t *) {}
+static inline void dg_mbar_fence_init() {}
+static inline void dg_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *) { memcpy(dst, src, bytes); }
+static inline void dg_mbar_wait(uint64_t *, uint32_t) {}
 #endif
 
 /* The 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of 128 + c (8 bits:
@@ -113,8 +139,11 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
 }
 
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
+/* WD > 0: the weights of each warp pass through its own WD-deep ring of stages in shared memory, filled
+ * by bulk copies (one instruction per stage, issued by lane 0, completing on the slot's mbarrier) instead
+ * of D register stages: more bytes in flight per warp without registers (D is then unused). */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
@@ -131,6 +160,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #endif
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
+  constexpr int WSLOT = 32 * REC; /* bytes of a warp's weight stage */
+  __shared__ uint64_t wbar[WARPS][WD > 0 ? WD : 1];
   const int e = blockIdx.x, slab = blockIdx.y;
   const int cnt = a.count[e];
   if (cnt == 0) return;
@@ -144,6 +175,16 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   const int64_t si = (int64_t)e * gridDim.y + slab;
   const int64_t sstride = (int64_t)WARPS * NP * 32 * PS; /* bytes of a stage of the slab */
   const unsigned char *wq = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * NP * 32 * PS + lane * PS;
+  unsigned char *wring = smem + STAGES * STB + warp * WD * WSLOT; /* WD > 0: this warp's ring */
+  uint32_t wuse = 0; /* WD > 0: weight stages consumed by this warp so far (slot wuse % WD, phase (wuse / WD) & 1) */
+  if constexpr (WD > 0) {
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < WD; i++) dg_mbar_init(&wbar[warp][i]);
+      dg_mbar_fence_init();
+    }
+    __syncwarp();
+  }
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0);
@@ -279,31 +320,76 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
       }
     };
 
-    uint32_t W[D][RW];
+    if constexpr (WD > 0) {
+      /* stage i of this pass into slot (wuse + i) % WD: the slots are free (every earlier stage was consumed) */
+      const unsigned char *wsrc = wq - lane * PS; /* the warp's stage 0 */
+      auto wissue = [&](int st, uint32_t use) {
+        const int slot = (int)(use % WD);
+        dg_bulk_g2s(wring + slot * WSLOT, wsrc + (int64_t)st * sstride, WSLOT, &wbar[warp][slot]);
+      };
 #pragma unroll
-    for (int sa = 0; sa < STAGES - 1; sa++) {
-      if (sa < nsa) issue();
-      dg_cp_commit();
-    }
+      for (int sa = 0; sa < STAGES - 1; sa++) {
+        if (sa < nsa) issue();
+        dg_cp_commit();
+      }
+      if (lane == 0)
+        for (int i = 0; i < WD && i < nst; i++) wissue(i, wuse + i);
+      for (int s = 0; s < nst; s++) {
+        const int sub = s % SUB;
+        if (sub == 0) { /* activation stage s / SUB begins */
+          const int sa = s / SUB;
+          if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+          dg_cp_wait<STAGES - 2>();
+          __syncthreads();
+          if (sa + STAGES - 1 < nsa) issue();
+          dg_cp_commit();
+        }
+        const int slot = (int)(wuse % WD);
+        dg_mbar_wait(&wbar[warp][slot], (wuse / WD) & 1);
+        uint32_t R[RW];
+        const unsigned char *p = wring + slot * WSLOT + lane * PS;
 #pragma unroll
-    for (int d = 0; d < D - 1; d++)
-      if (d < nst) wload(W[d]);
-    for (int it = 0; it < nst; it += D) {
-#pragma unroll
-      for (int d = 0; d < D; d++) {
-        const int s = it + d;
-        if (s < nst) {
-          if (s + D - 1 < nst) wload(W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
-          const int sub = D % SUB == 0 ? d % SUB : s % SUB;
-          if (sub == 0) { /* s = SUB sa: activation stage sa begins */
-            const int sa = s / SUB;
-            if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
-            dg_cp_wait<STAGES - 2>();
-            __syncthreads();
-            if (sa + STAGES - 1 < nsa) issue();
-            dg_cp_commit();
+        for (int k = 0; k < NP; k++) {
+          if constexpr (PS == 16) {
+            const uint4 v = *(const uint4 *)(p + k * 32 * PS);
+            R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+          } else {
+            const uint2 v = *(const uint2 *)(p + k * 32 * PS);
+            R[2 * k] = v.x; R[2 * k + 1] = v.y;
           }
-          compute(W[d], s, sub);
+        }
+        compute(R, s, sub);
+        __syncwarp(); /* every lane has used the slot's record */
+        if (lane == 0 && s + WD < nst) wissue(s + WD, wuse + WD);
+        wuse++;
+      }
+    } else {
+      uint32_t W[D][RW];
+  #pragma unroll
+      for (int sa = 0; sa < STAGES - 1; sa++) {
+        if (sa < nsa) issue();
+        dg_cp_commit();
+      }
+  #pragma unroll
+      for (int d = 0; d < D - 1; d++)
+        if (d < nst) wload(W[d]);
+      for (int it = 0; it < nst; it += D) {
+  #pragma unroll
+        for (int d = 0; d < D; d++) {
+          const int s = it + d;
+          if (s < nst) {
+            if (s + D - 1 < nst) wload(W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
+            const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+            if (sub == 0) { /* s = SUB sa: activation stage sa begins */
+              const int sa = s / SUB;
+              if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+              dg_cp_wait<STAGES - 2>();
+              __syncthreads();
+              if (sa + STAGES - 1 < nsa) issue();
+              dg_cp_commit();
+            }
+            compute(W[d], s, sub);
+          }
         }
       }
     }
@@ -314,11 +400,11 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int KC = qr_kc(GS), NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = (SUB * (KC / GS) * NTOK * 4 + 15) / 16 * 16;
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB>;
-  const size_t smem = (size_t)STAGES * (XB + SBB);
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD>;
+  const size_t smem = (size_t)STAGES * (XB + SBB) + (size_t)WARPS * WD * 32 * qr_rec(BITS, GS);
 #ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
   if (!set && smem > 48 * 1024) {
