@@ -321,6 +321,27 @@ int32_t dg_context_length(const dg_context *ctx);
  * [0, dg_context_length]). */
 dg_status dg_context_truncate(dg_context *ctx, int32_t len);
 
+/* Stage timing of a CUDA context (`dgemma bench --profile`): GPU time per
+ * stage of the passes run on ctx since dg_context_profile(ctx, 1), measured
+ * with cudaEvents between consecutive stages on the context's stream (a
+ * stage's time includes the launch gaps inside it; "host and launch gaps" is
+ * the time between calls into the backend). Stages, in pass order: embedding
+ * and norms, q/k/v + rope, attention, o-proj, dense MLP, router + top-k,
+ * grouping, experts, combine, LM head, self-conditioning, sampler statistics,
+ * host and launch gaps; the reference sampler's calls are split this way (the
+ * turbo engine's own calls are charged to the stage marked after them).
+ * on = 0 stops and frees the events. Errors: DG_ERR_INVALID_ARG on a CPU
+ * context, DG_ERR_BACKEND. */
+#define DG_PROFILE_STAGES 13
+typedef struct dg_profile {
+  double ms[DG_PROFILE_STAGES]; /* milliseconds of GPU time per stage */
+  const char *name[DG_PROFILE_STAGES];
+  int64_t marks; /* stage boundaries recorded */
+} dg_profile;
+dg_status dg_context_profile(dg_context *ctx, int on);
+/* Synchronise and read the totals (profiling stays on). DG_ERR_INVALID_ARG if it is off. */
+dg_status dg_context_profile_read(dg_context *ctx, dg_profile *out);
+
 typedef enum dg_finish_reason {
   DG_FINISH_LENGTH = 0,     /* max_new_tokens reached */
   DG_FINISH_STOP = 1,       /* a stop id was produced */

@@ -3,7 +3,8 @@
 #   1. build with CUDA; the 26B-A4B random checkpoint written meanwhile (dgemma mkrandom)
 #   2. the attention lab dev/cuda/attention.cu (every version, checked and timed: lab.md)
 #   3. tests/test_cuda (test_attention's derived bound and every other CUDA test: tests.txt)
-#   4. dgemma bench --device cuda --protocol vllm on the checkpoint (bench_vllm.jsonl)
+#   4. dgemma bench --device cuda --protocol vllm --profile on the checkpoint (bench_vllm.jsonl, bench_vllm.txt:
+#      the stage split)
 #   5. per-kernel GPU time of one mid-request forward (scripts/step_kernels_gpu.sh's ncu pass: ncu_step.txt)
 # Carry .devdeb and .devdata.
 set -u
@@ -25,7 +26,8 @@ timeout 120 build/attention_lab ${LAB_ARGS:-} > "$OUT/lab.md" 2>&1; echo "lab rc
 timeout 200 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
 grep -E "^\[  (FAILED|PASSED|  ERROR) |^# attention|FAIL|error" "$OUT/tests.txt" | head -20
 wait $mk; tail -1 /tmp/mkrandom.log
-timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 -o "$OUT/bench_vllm.jsonl" 2>&1 | tail -4
+timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile -o "$OUT/bench_vllm.jsonl" \
+  > "$OUT/bench_vllm.txt" 2>&1; echo "bench rc $?"; tail -22 "$OUT/bench_vllm.txt"
 echo "== bench $(el)"
 if [ "${NCU:-1}" = 1 ]; then
 timeout ${NCU_T:-200} ncu --metrics gpu__time_duration.sum --launch-skip ${STEP_SKIP:-3000} --launch-count ${STEP_COUNT:-600} \

@@ -135,3 +135,18 @@ dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n) {
   if (dev == DG_DEVICE_CUDA) return dg_cuda_info(index, buf, n);
   return dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d", (int)dev);
 }
+
+dg_status dg_context_profile(dg_context *ctx, int on) {
+  if (!ctx || !ctx->cuda)
+    return dg_seterr(DG_ERR_INVALID_ARG, "stage profiling needs a CUDA context (--device cuda)");
+  return dg_cuda_profile(ctx->cuda, on);
+}
+
+dg_status dg_context_profile_read(dg_context *ctx, dg_profile *out) {
+  if (!ctx || !ctx->cuda || !out)
+    return dg_seterr(DG_ERR_INVALID_ARG, "stage profiling needs a CUDA context (--device cuda)");
+  _Static_assert(DG_PROFILE_STAGES == DG_CUDA_NSTAGES, "dgemma.h and backend.h count the same stages");
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) out->name[i] = dg_cuda_stage_name(i);
+  return dg_cuda_profile_read(ctx->cuda, out->ms, &out->marks);
+}

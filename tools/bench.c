@@ -287,6 +287,14 @@ int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
   if (o->moe_tokens && bench_parse_list(o->moe_tokens, "--moe-tokens", 0, 4096, v, BENCH_MAX_LIST, err, n_err) < 0)
     return -1;
   if (o->formats && bench_parse_formats(o->formats, v, BENCH_MAX_LIST, err, n_err) < 0) return -1;
+  if (o->profile && o->device != DG_DEVICE_CUDA) {
+    snprintf(err, n_err, "--profile times the CUDA backend's stages: add --device cuda");
+    return -1;
+  }
+  if (o->profile && (!strcmp(p, "ceiling") || !strcmp(p, "batch"))) {
+    snprintf(err, n_err, "--profile splits the vllm and p512 rows into stages, not --protocol %s", p);
+    return -1;
+  }
   return 0;
 }
 
@@ -713,6 +721,38 @@ double bench_gen_floor(const dg_model *m, int32_t P, const int32_t *steps, int32
   return all;
 }
 
+/* bench --profile: one more generation with the context's stage timing on; prints the stages (GPU ms per
+ * pass and share of the profiled time). Passes = decoder forwards + encoder passes, as the rows' ms/forward. */
+static int profile_run(dg_context *ctx, const int32_t *ids, size_t n, const dg_gen_params *gp0, const char *proto) {
+  dg_status st = dg_context_profile(ctx, 1);
+  dg_profile p;
+  dg_gen_result res;
+  memset(&res, 0, sizeof res);
+  if (!st) {
+    dg_gen_params gp = *gp0;
+    dg_context_reset(ctx);
+    st = dg_generate(ctx, ids, n, &gp, &res);
+  }
+  if (!st) st = dg_context_profile_read(ctx, &p);
+  if (st) {
+    fprintf(stderr, "dgemma bench: --profile: %s: %s\n", dg_status_str(st), dg_last_error());
+    dg_context_profile(ctx, 0);
+    return 1;
+  }
+  dg_context_profile(ctx, 0);
+  const double passes = (double)res.n_steps + (double)res.n_blocks; /* decoder forwards + encoder passes */
+  double tot = 0;
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) tot += p.ms[i];
+  printf("\n%s --profile: one more run, %.0f passes (%d forwards + %d encoder passes), %.1f ms wall, %.1f ms "
+         "profiled (%lld stage marks)\n| stage | ms per pass | %% |\n|---|---|---|\n",
+         proto, passes, res.n_steps, res.n_blocks, res.seconds * 1e3, tot, (long long)p.marks);
+  for (int i = 0; i < DG_PROFILE_STAGES; i++)
+    printf("| %s | %.3f | %.1f%% |\n", p.name[i], p.ms[i] / passes, 100.0 * p.ms[i] / (tot > 0 ? tot : 1));
+  printf("| all | %.3f | 100%% |\n", tot / passes);
+  dg_gen_result_free(&res);
+  return 0;
+}
+
 static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t n, const dg_gen_params *gp0,
                    double bw, double rate, row *r) {
   dg_model_info info;
@@ -746,6 +786,10 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
     if (o->tty) fprintf(stderr, "\r%s %s: run %d/%d%s", r->protocol, r->prompt, i + 1, warm + reps, i < warm ? " (warm-up)" : "          ");
   }
   if (o->tty) fprintf(stderr, "\r%60s\r", "");
+  if (o->profile && profile_run(ctx, ids, n, gp0, r->protocol)) {
+    dg_context_free(ctx);
+    return 1;
+  }
   dg_context_free(ctx);
   r->P = (int32_t)n;
   r->C = C;

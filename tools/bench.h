@@ -34,6 +34,7 @@ typedef struct bench_opts {
    * protocols; the ceiling protocol's kernels and ceilings, on GPU cuda_device) */
   int device;
   int cuda_device;
+  int profile;            /* vllm, p512 on CUDA: one more run with stage timing (dg_context_profile), printed */
 } bench_opts;
 
 #define BENCH_MAX_B 64   /* canvases in one batch row */

@@ -201,7 +201,8 @@ static const command kCommands[] = {
      "      --seed S             random seed\n"
      "      --canvases 1,2,4,8   batch: the B values\n"
      "      --gen-kwargs JSON    batch: generation settings (the other protocols fix theirs)\n"
-     "      --rows 1,2,...,256, --formats bf16,8,4,3,2, --moe-tokens 256, --quick   ceiling sweep\n",
+     "      --rows 1,2,...,256, --formats bf16,8,4,3,2, --moe-tokens 256, --quick   ceiling sweep\n"
+     "      --profile            vllm, p512 on --device cuda: one more run split into stages (GPU ms each)\n",
      1, 1},
     {"quantize", C_QUANTIZE, "MLX affine quantization of a float checkpoint",
      "usage: dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
@@ -280,6 +281,7 @@ static const option_def kOptions[] = {
     {NULL, "--formats", C_BENCH},
     {NULL, "--moe-tokens", C_BENCH},
     {NULL, "--quick", C_BENCH},
+    {NULL, "--profile", C_BENCH},
     {NULL, "--reps", C_BENCH},
     {NULL, "--warmup", C_BENCH},
     {NULL, "--prompt-tokens", C_BENCH},
@@ -433,6 +435,7 @@ typedef struct opts {
   const char *data, *summary, *protocol;
   const char *rows, *formats, *moe_tokens; /* bench --protocol ceiling */
   int quick;
+  int profile; /* bench --profile */
   int chat, sample, shots_set, shots, reps, warmup, prompt_tokens;
   int bits, group_size;
   const char *positional2;
@@ -545,6 +548,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--formats")) o->formats = ARG();
     else if (!strcmp(a, "--moe-tokens")) o->moe_tokens = ARG();
     else if (!strcmp(a, "--quick")) o->quick = 1;
+    else if (!strcmp(a, "--profile")) o->profile = 1;
     else if (!strcmp(a, "--reps")) o->reps = (int)parse_int(ARG(), a, 1, 1000);
     else if (!strcmp(a, "--warmup")) o->warmup = (int)parse_int(ARG(), a, 0, 100) + 1;
     else if (!strcmp(a, "--prompt-tokens")) o->prompt_tokens = (int)parse_int(ARG(), a, 1, 1 << 20);
@@ -1599,6 +1603,7 @@ static int cmd_bench(const opts *o) {
   bo.formats = o->formats;
   bo.moe_tokens = o->moe_tokens;
   bo.quick = o->quick;
+  bo.profile = o->profile;
   bo.n_threads = o->threads;
   bo.device = o->device;
   bo.cuda_device = o->cuda_device;

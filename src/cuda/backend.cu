@@ -620,6 +620,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   ctx_priv *pv = (ctx_priv *)c;
   cudaSetDevice(c->m->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
+  if (c->prof) dg_cuda_profile(c, 0);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   if (c->h_stats) cudaFreeHost(c->h_stats);
@@ -629,6 +630,83 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   free(c->kc);
   free(c->vc);
   free(pv);
+}
+
+/* ---- stage timing ------------------------------------------------------------ */
+
+#define PROF_EV 2048 /* events per batch; a full batch is synchronised and summed */
+struct dg_cuda_prof {
+  cudaEvent_t ev[PROF_EV];
+  int st[PROF_EV]; /* stage of the interval ending at ev[i] */
+  int n;           /* events recorded in this batch (ev[0] may be the previous batch's last) */
+  double ms[DG_CUDA_NSTAGES];
+  int64_t marks;
+};
+
+static const char *const kStageNames[DG_CUDA_NSTAGES] = {
+    "embedding and norms", "q/k/v + rope", "attention", "o-proj", "dense MLP", "router + top-k", "grouping",
+    "experts", "combine", "LM head", "self-conditioning", "sampler statistics", "host and launch gaps"};
+
+extern "C" const char *dg_cuda_stage_name(int i) { return i >= 0 && i < DG_CUDA_NSTAGES ? kStageNames[i] : "?"; }
+
+/* Sum the intervals of the recorded batch, keep its last event as the next batch's start. */
+static dg_status prof_flush(dg_cuda_ctx *c) {
+  dg_cuda_prof *p = c->prof;
+  if (p->n == 0) return DG_OK;
+  CK(cudaEventSynchronize(p->ev[p->n - 1]));
+  for (int i = 1; i < p->n; i++) {
+    float ms = 0.0f;
+    CK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+    p->ms[p->st[i]] += ms;
+  }
+  cudaEvent_t last = p->ev[p->n - 1];
+  p->ev[p->n - 1] = p->ev[0];
+  p->ev[0] = last;
+  p->n = 1;
+  return DG_OK;
+}
+
+/* The interval that ends now belongs to stage st (no-op when profiling is off). */
+static dg_status mark(dg_cuda_ctx *c, int st) {
+  dg_cuda_prof *p = c->prof;
+  if (!p) return DG_OK;
+  if (p->n == PROF_EV) DG_TRY(prof_flush(c));
+  CK(cudaEventRecord(p->ev[p->n], c->stream));
+  p->st[p->n++] = st;
+  p->marks++;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_profile(dg_cuda_ctx *c, int on) {
+  CK(cudaSetDevice(c->m->device));
+  if (c->prof) {
+    CK(cudaStreamSynchronize(c->stream));
+    for (int i = 0; i < PROF_EV; i++) cudaEventDestroy(c->prof->ev[i]);
+    free(c->prof);
+    c->prof = NULL;
+  }
+  if (!on) return DG_OK;
+  dg_cuda_prof *p = (dg_cuda_prof *)calloc(1, sizeof *p);
+  if (!p) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory for %d profiling events", PROF_EV);
+  for (int i = 0; i < PROF_EV; i++) {
+    cudaError_t e = cudaEventCreate(&p->ev[i]);
+    if (e != cudaSuccess) {
+      for (int j = 0; j < i; j++) cudaEventDestroy(p->ev[j]);
+      free(p);
+      return dg_seterr(DG_ERR_BACKEND, "cudaEventCreate failed: %s", cudaGetErrorString(e));
+    }
+  }
+  c->prof = p;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks) {
+  if (!c->prof) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_profile_read: profiling is off (dg_cuda_profile(c, 1) first)");
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(prof_flush(c));
+  for (int i = 0; i < DG_CUDA_NSTAGES; i++) ms[i] = c->prof->ms[i];
+  if (n_marks) *n_marks = c->prof->marks;
+  return DG_OK;
 }
 
 /* ---- products ----------------------------------------------------------------- */
@@ -683,6 +761,7 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
   const float eps = d->eps;
   cudaStream_t s = c->stream;
   CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   DG_TRY(wsetmatmul(c, c->a, H, T, &l->wqkv, c->qkv, (int)l->n_qkv));
   if (dpos)
     CKK(c, k_qkv_post_at(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
@@ -690,6 +769,7 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
   else
   CKK(c, k_qkv_post(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
                 l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, pos0, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_QKV));
   /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
   if (causal && li == d->n_layers - 1) return DG_OK;
   if (dpos)
@@ -697,21 +777,30 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
                               d->window));
   else
   CKK(c, k_attention(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
+  DG_TRY(mark(c, DG_CUDA_ST_ATTN));
   DG_TRY(wmatmul(c, c->att, NH * D, T, &l->wo, c->f1, H));
+  DG_TRY(mark(c, DG_CUDA_ST_OPROJ));
   const float root = (float)pow((double)H, -0.5);
   CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
                      c->xe, c->u, T, H, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   DG_TRY(geglu_mlp(c, c->a, T, &l->w_gate_up, &l->w_down, c->dense));
+  DG_TRY(mark(c, DG_CUDA_ST_DENSE));
   { /* router logits in fp32 (spec 4.6 step 2) */
     const float one = 1.0f, zero = 0.0f;
     CKB(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->n_experts, T, H, &one, l->router, H, c->u, H, &zero, c->rlog,
                     d->n_experts));
   }
-  CKK(c, k_route(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
+  CKK(c, k_route_topk(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
+  DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
+  CKK(c, k_group(s, &c->moe, T, d->n_experts, d->top_k));
+  DG_TRY(mark(c, DG_CUDA_ST_GROUP));
   CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
+  DG_TRY(mark(c, DG_CUDA_ST_EXPERTS));
   CKK(c, k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
                    l->post_ff2_norm, l->post_ff_norm, causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H,
                    d->top_k, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_COMBINE));
   return DG_OK;
 }
 
@@ -725,10 +814,12 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
     return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA encode: positions %d..%d exceed the context capacity %d", pos0,
                      pos0 + n - 1, c->cap);
   CK(cudaSetDevice(c->m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   for (int32_t i = 0; i < n; i += ENC_CHUNK) {
     const int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
     CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
     CKK(c, k_embed(c->stream, c->x, &c->m->embed, c->ids, T, d->hidden, d->embed_scale));
+    DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
     for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0 + i, 1));
   }
   CK(cudaStreamSynchronize(c->stream));
@@ -755,7 +846,9 @@ static dg_status soft_from(dg_cuda_ctx *c, const float *z) {
 
 extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   CK(cudaSetDevice(c->m->device));
-  return soft_from(c, c->logits);
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  DG_TRY(soft_from(c, c->logits));
+  return mark(c, DG_CUDA_ST_SC);
 }
 
 /* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4):
@@ -770,11 +863,13 @@ static dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t p
   cudaStream_t s = c->stream;
   CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
   CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
   if (sc == 1) {
     CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
     DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
     CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
+    DG_TRY(mark(c, DG_CUDA_ST_SC));
   }
   CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
   for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
@@ -791,9 +886,11 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
     return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
                      c->cap);
   CK(cudaSetDevice(m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   if (sc == 2) {
     CK(cudaMemcpyAsync(c->logits, sc_logits, (size_t)T * d->vocab * 4, cudaMemcpyHostToDevice, s));
     DG_TRY(soft_from(c, c->logits));
+    DG_TRY(mark(c, DG_CUDA_ST_SC));
     sc = 1;
   }
   if (sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
@@ -802,6 +899,7 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
   CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
   DG_TRY(wmatmul(c, c->a, H, T, &m->embed, c->logits, d->vocab));
   if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
+  DG_TRY(mark(c, DG_CUDA_ST_HEAD));
   if (logits_out) {
     CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
@@ -815,6 +913,7 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int m
   const int C = d->canvas;
   cudaStream_t s = c->stream;
   CK(cudaSetDevice(c->m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
@@ -822,6 +921,7 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int m
                   c->stats, c->bad));
   CK(cudaMemcpyAsync(c->h_stats, c->stats, (size_t)C * sizeof(dg_cuda_pos_stats), cudaMemcpyDeviceToHost, s));
   CK(cudaMemcpyAsync(c->h_bad, c->bad, 4, cudaMemcpyDeviceToHost, s));
+  DG_TRY(mark(c, DG_CUDA_ST_STATS));
   CK(cudaStreamSynchronize(s));
   if (*c->h_bad != INT32_MAX) {
     *bad_pos = *c->h_bad;

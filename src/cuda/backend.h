@@ -233,6 +233,39 @@ dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_
 dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
                              int32_t *start, int32_t *pairs);
 
+/* ---- stage timing (issue 12: `dgemma bench --profile`) -------------------- */
+/* The stages of a pass, in the order they run. The interval between two
+ * consecutive stage marks (cudaEvents on the context's stream) is charged to
+ * the later mark's stage, so a stage's time includes the launch gaps inside
+ * it; DG_CUDA_ST_HOST is the interval from the end of one call into the
+ * backend to the start of the next (host work, transfers, launch latency). */
+enum {
+  DG_CUDA_ST_EMBED_NORM = 0, /* embedding, RMS norms, the residual kernel */
+  DG_CUDA_ST_QKV,            /* q/k/v products, q/k norms, rope, K/V into the cache */
+  DG_CUDA_ST_ATTN,           /* attention */
+  DG_CUDA_ST_OPROJ,          /* o projection */
+  DG_CUDA_ST_DENSE,          /* the dense GeGLU MLP */
+  DG_CUDA_ST_ROUTER,         /* router logits (fp32), softmax, top-K */
+  DG_CUDA_ST_GROUP,          /* grouping the (token, expert) pairs by expert */
+  DG_CUDA_ST_EXPERTS,        /* the expert products */
+  DG_CUDA_ST_COMBINE,        /* dense + experts combination, layer scalar */
+  DG_CUDA_ST_HEAD,           /* final norm, LM head, softcap */
+  DG_CUDA_ST_SC,             /* self-conditioning: probabilities, soft embedding, SC MLP */
+  DG_CUDA_ST_STATS,          /* the sampler's per-position statistics and their copy back */
+  DG_CUDA_ST_HOST,           /* between calls: host work and transfers */
+  DG_CUDA_NSTAGES
+};
+/* Name of stage i ("?" out of range). */
+const char *dg_cuda_stage_name(int i);
+/* on = 1: start recording stage marks on c (resets the totals; allocates the
+ * events); 0: stop and free them. Recording adds one cudaEventRecord per
+ * stage (~12 per layer). Errors: DG_ERR_BACKEND, DG_ERR_OUT_OF_MEMORY. */
+dg_status dg_cuda_profile(dg_cuda_ctx *c, int on);
+/* Synchronise, then ms[DG_CUDA_NSTAGES] = GPU milliseconds per stage since
+ * profiling started (from cudaEventElapsedTime); *n_marks the marks taken.
+ * DG_ERR_INVALID_ARG if profiling is off. */
+dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks);
+
 /* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
  * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
  * cache of one layer), out bf16 bits [nq, NH, D]. causal = 1: query t at

@@ -178,6 +178,7 @@ struct dg_cuda_ctx {
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
   int32_t *h_bad;             /* pinned host [1] */
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (backend.cu), allocated on first use */
+  struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
@@ -247,6 +248,9 @@ cudaError_t k_turbo_sc_topk(cudaStream_t s, const float *p, const int32_t *idx, 
 /* ---- MoE (moe.cu) ---- */
 /* Router softmax (in place over rlog), top-k (ties to the lower expert),
  * renormalisation and per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
+/* The first half of k_route: softmax, top-K and weights (no grouping). */
+cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+                         int K);
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the

@@ -178,11 +178,16 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_
   }
 }
 
-cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
-                    int K) {
+cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+                         int K) {
   if (E > 32 * TOPK_PER || K > 32) return cudaErrorInvalidValue;
   DG_LAUNCH(topk_kernel, (T + 3) / 4, 128, 0, s)(rlog, per_expert_scale, b->topk_idx, b->topk_w, T, E, K);
-  cudaError_t e = cudaGetLastError();
+  return cudaGetLastError();
+}
+
+cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
+                    int K) {
+  cudaError_t e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
   if (e != cudaSuccess) return e;
   return k_group(s, b, T, E, K);
 }

@@ -100,6 +100,18 @@ dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, i
   (void)device; (void)rlog; (void)pes; (void)T; (void)E; (void)K; (void)idx; (void)w; (void)start; (void)pairs;
   return NO_CUDA;
 }
+const char *dg_cuda_stage_name(int i) {
+  (void)i;
+  return "?";
+}
+dg_status dg_cuda_profile(dg_cuda_ctx *c, int on) {
+  (void)c; (void)on;
+  return NO_CUDA;
+}
+dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks) {
+  (void)c; (void)ms; (void)n_marks;
+  return NO_CUDA;
+}
 dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
                                  int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                                  int window, uint16_t *out) {
