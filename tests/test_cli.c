@@ -544,6 +544,8 @@ static void test_rejected_options(void **state) {
       {"run -m /nonexistent -p hi there", "give the text once"},
       {"bench -m /nonexistent --protocol vllm --gen-kwargs '{'", "--gen-kwargs is read by --protocol batch"},
       {"bench -m /nonexistent --protocol p512 --gen-kwargs '{\"seed\": 1}'", "--gen-kwargs is read by --protocol batch"},
+      {"bench -m /nonexistent --protocol vllm --profile", "--profile times the CUDA backend's stages: add --device cuda"},
+      {"bench -m /nonexistent --protocol batch --profile --device cuda", "--profile splits the vllm and p512 rows"},
       {"frobnicate -m x", "dgemma: unknown command \"frobnicate\"; see `dgemma --help`"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -55,6 +55,7 @@
 #include <float.h>
 #include <math.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda/backend.h"
@@ -1783,6 +1784,70 @@ static void test_attention(void **state) {
   printf("# attention version 0, D 16: largest |diff| / bound %.4f (<= 1)\n", worst);
 }
 
+/* dg_context_profile (bench --profile): the stage marks of known passes and
+ * their times. An encoder pass of n tokens in chunks of 256 marks 1 (entry) +
+ * per chunk 1 (embedding) + 10 per layer but 2 for the last (it stops after
+ * its K/V); a decoder pass without self-conditioning 1 + 1 + 10 per layer + 1
+ * (LM head). The intervals are GPU time between events of one stream, so
+ * their sum cannot exceed the host's wall time from the first call's start
+ * to the read; the stages that always launch kernels (attention, experts, LM
+ * head) must be > 0, and nothing may be negative. */
+static void test_profile(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_profXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = synth_default();
+  sc.dt = DG_BF16;
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m;
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  const int C = m->cfg.canvas_length, V = m->cfg.vocab_size, L = m->cfg.n_layers, P = 300;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + C;
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  dg_profile pr;
+  assert_int_equal(dg_context_profile_read(ctx, &pr), DG_ERR_INVALID_ARG); /* not started */
+  int32_t *ids = malloc((size_t)P * 4), *canvas = malloc((size_t)C * 4);
+  float *logits = malloc((size_t)C * V * 4);
+  for (int i = 0; i < P; i++) ids[i] = (i * 7 + 3) % V;
+  for (int i = 0; i < C; i++) canvas[i] = (i * 5 + 1) % V;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_dg_ok(dg_context_profile(ctx, 1));
+  assert_dg_ok(dg_encode(ctx, ids, P));
+  assert_dg_ok(dg_decode(ctx, canvas, NULL, logits));
+  assert_dg_ok(dg_context_profile_read(ctx, &pr));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  const double wall_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+  const int chunks = (P + 255) / 256;
+  const int64_t want = 1 + chunks * (1 + 10 * (L - 1) + 2) + (1 + 1 + 10 * L + 1);
+  double sum = 0;
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+    if (!(pr.ms[i] >= 0)) fail_msg("profile stage %s: %g ms", pr.name[i], pr.ms[i]);
+    sum += pr.ms[i];
+  }
+  printf("# profile: %lld marks (expected %lld), stages sum %.3f ms, host wall %.3f ms; attention %.4f, experts "
+         "%.4f, LM head %.4f ms\n", (long long)pr.marks, (long long)want, sum, wall_ms, pr.ms[DG_CUDA_ST_ATTN],
+         pr.ms[DG_CUDA_ST_EXPERTS], pr.ms[DG_CUDA_ST_HEAD]);
+  assert_int_equal(pr.marks, want);
+  if (!(sum <= wall_ms)) fail_msg("profile: stages sum %.3f ms > the host's wall time %.3f ms", sum, wall_ms);
+  if (!(pr.ms[DG_CUDA_ST_ATTN] > 0 && pr.ms[DG_CUDA_ST_EXPERTS] > 0 && pr.ms[DG_CUDA_ST_HEAD] > 0))
+    fail_msg("profile: a stage that launches kernels took no time (attention %g, experts %g, LM head %g)",
+             pr.ms[DG_CUDA_ST_ATTN], pr.ms[DG_CUDA_ST_EXPERTS], pr.ms[DG_CUDA_ST_HEAD]);
+  assert_string_equal(pr.name[DG_CUDA_ST_EXPERTS], "experts");
+  assert_dg_ok(dg_context_profile(ctx, 0));
+  assert_int_equal(dg_context_profile_read(ctx, &pr), DG_ERR_INVALID_ARG); /* stopped */
+  free(ids); free(canvas); free(logits);
+  dg_context_free(ctx);
+  dg_model_free(m);
+}
+
 static void test_quant_experts(void **state) {
   (void)state;
   need_gpu();
@@ -1960,7 +2025,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
