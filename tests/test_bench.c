@@ -115,6 +115,44 @@ static void test_decoder_batch_cost(void **state) {
   dg_model_free(m);
 }
 
+/* bench --profile's per-stage floors: the stages of a decoder and an encoder pass add up to the whole
+ * pass's cost (bench_decoder_cost, bench_encoder_cost) field by field; the hand counts of the bundled
+ * model above for the attention (4 * 64 rows * 64 keys * 4 heads * 512) and the LM head (2 * 64 * 4096
+ * * 256, its embedding once: 4096 * 256 bf16); the stages without a cost model stay zero. */
+static void test_stage_cost(void **state) {
+  (void)state;
+  dg_model *m = load_small(0);
+  for (int causal = 0; causal <= 1; causal++) {
+    bench_cost st[DG_PROFILE_STAGES], sum = {0, 0, 0, 0};
+    memset(st, 0, sizeof st);
+    bench_stage_cost(m, 64, 100, causal, st);
+    for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+      sum.weight_bytes += st[i].weight_bytes; sum.kv_bytes += st[i].kv_bytes;
+      sum.other_bytes += st[i].other_bytes; sum.flops += st[i].flops;
+    }
+    bench_cost w = causal ? bench_encoder_cost(m, 64, 100) : bench_decoder_cost(m, 100);
+    if (fabs(sum.weight_bytes - w.weight_bytes) > 1e-9 * w.weight_bytes || fabs(sum.kv_bytes - w.kv_bytes) > 1e-9 * w.kv_bytes ||
+        sum.other_bytes != w.other_bytes || fabs(sum.flops - w.flops) > 1e-9 * w.flops)
+      fail_msg("causal %d: stages sum to bytes %.1f/%.1f/%.1f flops %.1f, the pass %.1f/%.1f/%.1f flops %.1f", causal,
+               sum.weight_bytes, sum.kv_bytes, sum.other_bytes, sum.flops, w.weight_bytes, w.kv_bytes, w.other_bytes,
+               w.flops);
+    const int zero[] = {0, 6, 8, 11, 12}; /* norms, grouping, combine, sampler statistics, host */
+    for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
+      assert_true(st[zero[i]].weight_bytes == 0 && st[zero[i]].flops == 0 && st[zero[i]].kv_bytes == 0);
+    if (!causal) {
+      assert_true(fabs(st[9].flops - 2.0 * 64 * 4096 * 256) < 1.0);
+      assert_true(st[9].weight_bytes == 4096.0 * 256 * 2 && st[9].other_bytes == 64.0 * 4096 * 4);
+    } else {
+      assert_true(st[9].weight_bytes == 0 && st[10].weight_bytes == 0); /* no head, no self-conditioning */
+    }
+  }
+  bench_cost st[DG_PROFILE_STAGES];
+  memset(st, 0, sizeof st);
+  bench_stage_cost(m, 64, 0, 0, st); /* decoder at position 0: 64 keys (the canvas) per row */
+  assert_true(fabs(st[2].flops - 4.0 * 64 * 64 * 4 * 512) < 1.0);
+  dg_model_free(m);
+}
+
 /* want[0] += the pass's floor, want[1] += its bytes term, want[2] += its FLOPs term. */
 static void add_floor(const bench_cost *c, double bw, double rate, double *want) {
   want[0] += bench_floor_s(c, bw, rate, NULL);
@@ -583,7 +621,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul_cost),       cmocka_unit_test(test_route),
-      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_batch_floor),
+      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_stage_cost), cmocka_unit_test(test_batch_floor),
       cmocka_unit_test(test_batch_params),      cmocka_unit_test(test_batch_equals_single),
       cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_rows),          cmocka_unit_test(test_cli_out_atomic),

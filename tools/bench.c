@@ -124,6 +124,39 @@ bench_cost bench_decoder_cost(const dg_model *m, int32_t ctx_len) {
   return bench_decoder_batch_cost(m, &s, 1);
 }
 
+/* The cost model above split by the stages of dg_context_profile (DG_PROFILE_STAGES entries of st, added
+ * to): a pass over T rows after ctx_len cached positions, causal = encoder (no LM head, no
+ * self-conditioning; the last layer stops after its K/V, counted whole here as in
+ * bench_encoder_cost). Stages with no weight or attention traffic (norms, grouping, combine, sampler
+ * statistics, host) get none. */
+void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st) {
+  const dg_config *cf = &m->cfg;
+  const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
+  const double hit = expert_hit(cf->n_experts, cf->top_k_experts, T);
+  for (int l = 0; l < cf->n_layers; l++) {
+    const dg_layer *L = &m->layers[l];
+    const struct { int stage; const dg_weight *w[3]; } parts[] = {
+        {1, {&L->q, &L->k, &L->v}}, {3, {&L->o, NULL, NULL}}, {4, {&L->mlp_gate, &L->mlp_up, &L->mlp_down}},
+        {5, {&L->router, NULL, NULL}}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+      for (int j = 0; j < 3; j++)
+        if (parts[i].w[j]) {
+          st[parts[i].stage].weight_bytes += wbytes(parts[i].w[j]);
+          st[parts[i].stage].flops += 2.0 * T * wparams(parts[i].w[j]);
+        }
+    st[7].weight_bytes += hit * (wbytes(&L->experts_gate_up) + wbytes(&L->experts_down));
+    st[7].flops += 2.0 * T * cf->top_k_experts * (wparams(&L->experts_gate_up) + wparams(&L->experts_down)) /
+                   (cf->n_experts ? cf->n_experts : 1);
+  }
+  layers_attention(m, T, ctx_len, causal ? T : C, causal, &st[2]);
+  if (causal) return;
+  st[9].weight_bytes += wbytes(&m->embed); /* LM head */
+  st[9].flops += 2.0 * T * V * (double)H;
+  st[9].other_bytes += (double)T * V * sizeof(float);
+  st[10].weight_bytes += wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
+  st[10].flops += 2.0 * T * V * (double)H + 2.0 * T * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
+}
+
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
   bench_cost c = {0, 0, 0, 0};
   layers_weights(m, T, &c);
@@ -723,7 +756,8 @@ double bench_gen_floor(const dg_model *m, int32_t P, const int32_t *steps, int32
 
 /* bench --profile: one more generation with the context's stage timing on; prints the stages (GPU ms per
  * pass and share of the profiled time). Passes = decoder forwards + encoder passes, as the rows' ms/forward. */
-static int profile_run(dg_context *ctx, const int32_t *ids, size_t n, const dg_gen_params *gp0, const char *proto) {
+static int profile_run(dg_context *ctx, const int32_t *ids, size_t n, const dg_gen_params *gp0, const char *proto,
+                       const dg_model *m, const run_trace *tr, double bw, double rate) {
   dg_status st = dg_context_profile(ctx, 1);
   dg_profile p;
   dg_gen_result res;
@@ -743,12 +777,40 @@ static int profile_run(dg_context *ctx, const int32_t *ids, size_t n, const dg_g
   const double passes = (double)res.n_steps + (double)res.n_blocks; /* decoder forwards + encoder passes */
   double tot = 0;
   for (int i = 0; i < DG_PROFILE_STAGES; i++) tot += p.ms[i];
+  /* each stage's floor over the passes of the timed runs' trace (the prompt's prefill, then per block an
+   * encoder pass of the previous block and its decoder forwards), as bench_gen_floor */
+  double fl[DG_PROFILE_STAGES] = {0};
+  {
+    const int32_t C = m->cfg.canvas_length, P = (int32_t)n;
+    for (int32_t b = -1; b < tr->n_blocks && b < 4096; b++) {
+      bench_cost st[DG_PROFILE_STAGES];
+      memset(st, 0, sizeof st);
+      double mult = 1;
+      if (b < 0) bench_stage_cost(m, P, 0, 1, st);
+      else if (b > 0) bench_stage_cost(m, C, P + (b - 1) * C, 1, st);
+      if (b >= 0) {
+        bench_cost sd[DG_PROFILE_STAGES];
+        memset(sd, 0, sizeof sd);
+        bench_stage_cost(m, C, P + b * C, 0, sd);
+        for (int i = 0; i < DG_PROFILE_STAGES; i++) fl[i] += tr->steps[b] * bench_floor_s(&sd[i], bw, rate, NULL);
+      }
+      for (int i = 0; i < DG_PROFILE_STAGES; i++) fl[i] += mult * bench_floor_s(&st[i], bw, rate, NULL);
+    }
+  }
+  double ftot = 0;
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) ftot += fl[i];
   printf("\n%s --profile: one more run, %.0f passes (%d forwards + %d encoder passes), %.1f ms wall, %.1f ms "
-         "profiled (%lld stage marks)\n| stage | ms per pass | %% |\n|---|---|---|\n",
-         proto, passes, res.n_steps, res.n_blocks, res.seconds * 1e3, tot, (long long)p.marks);
-  for (int i = 0; i < DG_PROFILE_STAGES; i++)
-    printf("| %s | %.3f | %.1f%% |\n", p.name[i], p.ms[i] / passes, 100.0 * p.ms[i] / (tot > 0 ? tot : 1));
-  printf("| all | %.3f | 100%% |\n", tot / passes);
+         "profiled (%lld stage marks); floor per stage = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s) of the cost "
+         "model over the same passes\n| stage | ms per pass | %% | floor ms per pass | floor / ms |\n|---|---|---|---|---|\n",
+         proto, passes, res.n_steps, res.n_blocks, res.seconds * 1e3, tot, (long long)p.marks, bw / 1e9, rate / 1e12);
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+    if (fl[i] > 0)
+      printf("| %s | %.3f | %.1f%% | %.3f | %.1f%% |\n", p.name[i], p.ms[i] / passes,
+             100.0 * p.ms[i] / (tot > 0 ? tot : 1), fl[i] * 1e3 / passes, p.ms[i] > 0 ? 100.0 * fl[i] * 1e3 / p.ms[i] : 0);
+    else
+      printf("| %s | %.3f | %.1f%% | - | - |\n", p.name[i], p.ms[i] / passes, 100.0 * p.ms[i] / (tot > 0 ? tot : 1));
+  }
+  printf("| all | %.3f | 100%% | %.3f | %.1f%% |\n", tot / passes, ftot * 1e3 / passes, tot > 0 ? 100.0 * ftot * 1e3 / tot : 0);
   dg_gen_result_free(&res);
   return 0;
 }
@@ -786,7 +848,7 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
     if (o->tty) fprintf(stderr, "\r%s %s: run %d/%d%s", r->protocol, r->prompt, i + 1, warm + reps, i < warm ? " (warm-up)" : "          ");
   }
   if (o->tty) fprintf(stderr, "\r%60s\r", "");
-  if (o->profile && profile_run(ctx, ids, n, gp0, r->protocol)) {
+  if (o->profile && profile_run(ctx, ids, n, gp0, r->protocol, m, &tr, bw, rate)) {
     dg_context_free(ctx);
     return 1;
   }

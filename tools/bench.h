@@ -92,6 +92,12 @@ bench_cost bench_decoder_batch_cost(const dg_model *m, const bench_pass_seq *seq
  * when ctx_len = 0, the commit of a block otherwise): layers only, no LM head. */
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len);
 
+/* The same cost model split by the stages of dg_context_profile (st: DG_PROFILE_STAGES entries, added
+ * to) for one pass over T rows after ctx_len cached positions; causal = 1: an encoder pass. The stages
+ * sum to bench_encoder_cost / bench_decoder_cost but for the LM head's and self-conditioning's share
+ * (bench_decoder_cost counts those weights twice per pass: head and soft embedding, as here). */
+void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st);
+
 /* Floor of a pass in seconds: max(bytes / bw, flops / rate). bw in bytes/s,
  * rate in FLOP/s. *memory_bound (may be NULL) = 1 if the bytes term wins. */
 double bench_floor_s(const bench_cost *c, double bw, double rate, int *memory_bound);
