@@ -48,6 +48,23 @@ typedef struct dg_kernels {
    * matmul bit for bit. */
   void (*matmul_grouped)(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
                          const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads);
+  /* The product over W's rows (the self-conditioning soft embedding, spec 5:
+   * probabilities [T, V] times the tied embedding [V, H]):
+   *   y[t*ldy + j] = sum_v x[t*ldx + v] * W[v, j]
+   * for t in [0, T), j in [0, W.cols), v in [0, W.rows); y is overwritten.
+   * Every element is summed exactly as the scalar loop
+   *   s = +0; for v in increasing order: s = fl(s + fl(x[v] * W[v, j]))
+   * computes it (a product rounded to fp32, then a sum: never a fused
+   * multiply-add; quantized weights dequantized as dg_quant_dequant_row
+   * does), so every implementation gives the oracle's bits: the tiles only
+   * change which (t, j) pairs share a weight load, never the order over v.
+   * Terms with x[v] = 0 may be skipped or added: fl(0 * w) = +-0 and s is
+   * never -0 (it starts at +0 and an IEEE round-to-nearest sum is -0 only
+   * when both terms are), so adding them changes no bit, provided W is
+   * finite (0 * inf would be NaN). Parallel over column blocks with
+   * n_threads OpenMP threads. */
+  void (*matmul_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                      int n_threads);
 } dg_kernels;
 
 /* The scalar oracle: plain loops, k summed in increasing order. */
