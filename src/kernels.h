@@ -70,10 +70,18 @@ typedef struct dg_kernels {
 /* The scalar oracle: plain loops, k summed in increasing order. */
 const dg_kernels *dg_kernels_ref(void);
 /* Best implementation for this CPU (cpuid): AVX-512, AVX2+FMA or the oracle.
- * DGEMMA_KERNELS=ref|avx2|avx512 in the environment overrides the choice. */
+ * DGEMMA_KERNELS=ref|avx2|avx512|avx512lp in the environment overrides the
+ * choice (avx512lp is never chosen by default). */
 const dg_kernels *dg_kernels_best(void);
 const dg_kernels *dg_kernels_avx2(void);   /* NULL if the CPU lacks AVX2+FMA+F16C */
 const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW/VL/DQ */
+/* Opt-in, lossy (DGEMMA_KERNELS=avx512lp): bf16 weights through vdpbf16ps with
+ * the activations rounded to bf16, MLX affine 2/4/8-bit weights through
+ * vpdpbusd with the activations quantized to int8 per row and weight group;
+ * other weights, and matmul_rows, as dg_kernels_avx512. The rounding and its
+ * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
+ * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
+const dg_kernels *dg_kernels_avx512lp(void);
 
 /* bf16 and f16 <-> f32 (round to nearest even; NaN preserved). */
 static inline float dg_bf16_to_f32(uint16_t h) {
