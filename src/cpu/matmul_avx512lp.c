@@ -49,7 +49,8 @@ const dg_kernels *dg_kernels_avx512_impl(void);
 /* ---- bf16 weights ---------------------------------------------------------- */
 
 /* x [T, K] (stride ldx) -> xb [T, Kp] bf16, Kp = K rounded up to 32, zero tail. */
-static void x_to_bf16(const float *x, int64_t ldx, int64_t T, int64_t K, int64_t Kp, uint16_t *xb) {
+static void x_to_bf16(const float *x, int64_t ldx, int64_t T, int64_t K, int64_t Kp, uint16_t *xb, int n_threads) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
   for (int64_t t = 0; t < T; t++)
     for (int64_t k = 0; k < Kp; k += 32) {
       const int64_t r = K - k;
@@ -118,7 +119,7 @@ typedef struct qx_buf {
   int64_t cstride;
 } qx_buf;
 
-static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G) {
+static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
@@ -128,40 +129,47 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   b->c = aligned_alloc(64, (size_t)T * (size_t)b->cstride * sizeof(float) + 64);
   if (!b->q || !b->dl || !b->c) { free(b->q); free(b->dl); free(b->c); return -1; }
   const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
-  float *dh = malloc((size_t)b->ng * sizeof(float)); /* d of each group of the row */
-  if (!dh) { free(b->q); free(b->dl); free(b->c); return -1; }
-  for (int64_t t = 0; t < T; t++) {
-    const float *xt = x + t * ldx;
-    float *ct = b->c + t * b->cstride;
-    for (int64_t g = 0; g < b->ng; g++) {
-      float mx = 0.0f;
-      for (int k = 0; k < G; k++) mx = fmaxf(mx, fabsf(xt[g * G + k]));
-      dh[g] = mx / 127.0f;
-    }
-    memset(ct, 0, (size_t)b->cstride * sizeof(float));
-    for (int64_t st = 0; st < b->steps; st++) {
-      int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 64;
-      float *dl = b->dl + ((size_t)t * (size_t)b->steps + (size_t)st) * 16;
-      const int64_t k0 = st * cps;
-      for (int j = 0; j < 64; j++)
-        for (int s = 0; s < nsub; s++) {
-          const int64_t k = k0 + (int64_t)nsub * j + s;
-          int q = 0;
-          if (k < K && dh[k / G] > 0.0f) {
-            q = (int)nearbyintf(xt[k] / dh[k / G]);
-            q = q > 127 ? 127 : q < -127 ? -127 : q;
-            ct[k / G] += (float)q; /* exact: |sum| <= 127 G < 2^24 */
-          }
-          qs[s * 64 + j] = (int8_t)q;
-        }
-      for (int i = 0; i < 16; i++) {
-        const int64_t k = k0 + (int64_t)i * lane;
-        dl[i] = k < K ? dh[k / G] : 0.0f;
+  int fail = 0;
+#pragma omp parallel num_threads(n_threads) reduction(| : fail)
+  {
+    float *dh = malloc((size_t)b->ng * sizeof(float)); /* d of each group of the row */
+    fail |= !dh;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      if (!dh) continue;
+      const float *xt = x + t * ldx;
+      float *ct = b->c + t * b->cstride;
+      for (int64_t g = 0; g < b->ng; g++) {
+        float mx = 0.0f;
+        for (int k = 0; k < G; k++) mx = fmaxf(mx, fabsf(xt[g * G + k]));
+        dh[g] = mx / 127.0f;
       }
+      memset(ct, 0, (size_t)b->cstride * sizeof(float));
+      for (int64_t st = 0; st < b->steps; st++) {
+        int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 64;
+        float *dl = b->dl + ((size_t)t * (size_t)b->steps + (size_t)st) * 16;
+        const int64_t k0 = st * cps;
+        for (int j = 0; j < 64; j++)
+          for (int s = 0; s < nsub; s++) {
+            const int64_t k = k0 + (int64_t)nsub * j + s;
+            int q = 0;
+            if (k < K && dh[k / G] > 0.0f) {
+              q = (int)nearbyintf(xt[k] / dh[k / G]);
+              q = q > 127 ? 127 : q < -127 ? -127 : q;
+              ct[k / G] += (float)q; /* exact: |sum| <= 127 G < 2^24 */
+            }
+            qs[s * 64 + j] = (int8_t)q;
+          }
+        for (int i = 0; i < 16; i++) {
+          const int64_t k = k0 + (int64_t)i * lane;
+          dl[i] = k < K ? dh[k / G] : 0.0f;
+        }
+      }
+      for (int64_t g = 0; g < b->ng; g++) ct[g] *= dh[g];
     }
-    for (int64_t g = 0; g < b->ng; g++) ct[g] *= dh[g];
+    free(dh);
   }
-  free(dh);
+  if (fail) { free(b->q); free(b->dl); free(b->c); return -1; }
   return 0;
 }
 
@@ -274,16 +282,16 @@ static int lp_kind(const dg_weight *w) {
 /* The activations of a call in the form its weight format wants (NULL-free on success). */
 typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
 
-static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, const dg_weight *w) {
+static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int n_threads) {
   memset(p, 0, sizeof *p);
   if (kind == 1) {
     p->Kp = (w->cols + 31) / 32 * 32;
     p->xb = aligned_alloc(64, (size_t)T * (size_t)p->Kp * 2 + 64);
     if (!p->xb) return -1;
-    x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb);
+    x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
     return 0;
   }
-  return qx_quantize(&p->q, x, ldx, T, w->cols, w->bits, w->group_size);
+  return qx_quantize(&p->q, x, ldx, T, w->cols, w->bits, w->group_size, n_threads);
 }
 
 static void lp_release(lp_x *p, int kind) {
@@ -301,7 +309,7 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
                       int64_t N, int n_threads) {
   const int kind = lp_kind(w);
   lp_x p;
-  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, w)) { /* exact path (also when out of memory) */
+  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, w, n_threads)) { /* exact path (also when out of memory) */
     dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads);
     return;
   }
@@ -317,7 +325,7 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
   const int kind = lp_kind(w);
   const int64_t R = start[E];
   lp_x p;
-  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, w)) {
+  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, w, n_threads)) {
     dg_kernels_avx512_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
     return;
   }
