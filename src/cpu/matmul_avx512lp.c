@@ -70,10 +70,11 @@ static void x_to_bf16(const float *x, int64_t ldx, int64_t T, int64_t K, int64_t
     for (int64_t k = 0; k < Kp; k += 32) {                                                                  \
       const __mmask32 m = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);        \
       __m512i xv[TT];                                                                                       \
-      for (int j = 0; j < TT; j++) xv[j] = _mm512_loadu_si512(xb + j * Kp + k);                             \
-      for (int i = 0; i < RT; i++) {                                                                        \
+      _Pragma("GCC unroll 16") for (int j = 0; j < TT; j++) xv[j] = _mm512_loadu_si512(xb + j * Kp + k);    \
+      _Pragma("GCC unroll 16") for (int i = 0; i < RT; i++) {                                               \
         const __m512i wv = _mm512_maskz_loadu_epi16(m, rows[i] + k);                                        \
-        for (int j = 0; j < TT; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv[j], (__m512bh)wv); \
+        _Pragma("GCC unroll 16") for (int j = 0; j < TT; j++)                                               \
+          acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv[j], (__m512bh)wv);                           \
       }                                                                                                     \
     }                                                                                                       \
     for (int i = 0; i < RT; i++)                                                                            \
@@ -187,51 +188,55 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
 }
 
 /* RT weight rows x TT activation rows; x points at the call's qx_buf rows. */
+#define UNROLL _Pragma("GCC unroll 16")
 #define VTILE(B, RT, TT)                                                                                     \
   static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
                                       const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
                                       dg_dtype sbt) {                                                        \
-    const int G = xb->G, nsub = 8 / B, cps = 512 / B;                                                        \
-    const int64_t K = xb->K, steps = xb->steps, rb = K * B / 8;                                              \
+    const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                       \
+    const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                        \
     const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                              \
     int32_t idx[16];                                                                                         \
-    for (int i = 0; i < 16; i++) idx[i] = cps >= G ? i * (cps / 16) / G : 0;                                 \
+    for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                             \
     const __m512i gi = _mm512_loadu_si512(idx);                                                              \
-    const int gps = cps >= G ? cps / G : 1; /* groups per step */                                            \
+    const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
+    const int8_t *xq[TT];                                                                                    \
+    const float *xd[TT], *xc[TT];                                                                            \
+    UNROLL for (int j = 0; j < TT; j++) {                                                                    \
+      xq[j] = xb->q + (size_t)(t0 + j) * (size_t)steps * (size_t)nsub * 64;                                  \
+      xd[j] = xb->dl + (size_t)(t0 + j) * (size_t)steps * 16;                                                \
+      xc[j] = xb->c + (t0 + j) * xb->cstride;                                                                \
+    }                                                                                                        \
     __m512 acc[RT][TT];                                                                                      \
-    for (int i = 0; i < RT; i++)                                                                             \
-      for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps();                                          \
+    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps(); \
     for (int64_t st = 0; st < steps; st++) {                                                                 \
-      const int64_t byte0 = st * 64, k0 = st * cps;                                                          \
+      const int64_t byte0 = st * 64, g0 = (st * cps) >> lg;                                                  \
       const __mmask64 lm = rb - byte0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (rb - byte0)) - 1);         \
-      for (int i = 0; i < RT; i++) {                                                                         \
+      const int ngs = (int)(ng - g0 < gps ? ng - g0 : gps);                                                  \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
         const __m512i raw = _mm512_maskz_loadu_epi8(lm, rows[i] + byte0);                                   \
-        const int64_t g0 = k0 / G;                                                                           \
-        const int ngs = (int)(xb->ng - g0 < gps ? xb->ng - g0 : gps);                                        \
         const __m512 s = _mm512_permutexvar_ps(gi, load_sb(sbt, sc[i], g0, ngs));                            \
-        for (int j = 0; j < TT; j++) {                                                                       \
-          const int8_t *xq = xb->q + ((size_t)(t0 + j) * (size_t)steps + (size_t)st) * (size_t)nsub * 64;    \
+        __m512i wc[nsub];                                                                                    \
+        UNROLL for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm); \
+        UNROLL for (int j = 0; j < TT; j++) {                                                                \
           __m512i isum = _mm512_setzero_si512();                                                             \
-          for (int u = 0; u < nsub; u++) {                                                                   \
-            const __m512i wc = B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm);           \
-            isum = _mm512_dpbusd_epi32(isum, wc, _mm512_load_si512(xq + u * 64));                            \
-          }                                                                                                  \
-          const __m512 d = _mm512_load_ps(xb->dl + ((size_t)(t0 + j) * (size_t)steps + (size_t)st) * 16);    \
+          UNROLL for (int u = 0; u < nsub; u++)                                                              \
+            isum = _mm512_dpbusd_epi32(isum, wc[u], _mm512_load_si512(xq[j] + (st * nsub + u) * 64));        \
+          const __m512 d = _mm512_load_ps(xd[j] + st * 16);                                                  \
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, d), acc[i][j]);             \
         }                                                                                                    \
       }                                                                                                      \
     }                                                                                                        \
     /* the bias part: sum_g b_g d_g sum_k qx_k, 16 groups at a time */                                       \
-    for (int64_t g = 0; g < xb->ng; g += 16) {                                                               \
-      const int n = (int)(xb->ng - g < 16 ? xb->ng - g : 16);                                                \
-      for (int i = 0; i < RT; i++) {                                                                         \
+    for (int64_t g = 0; g < ng; g += 16) {                                                                   \
+      const int n = (int)(ng - g < 16 ? ng - g : 16);                                                        \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
         const __m512 b = load_sb(sbt, bi[i], g, n);                                                          \
-        for (int j = 0; j < TT; j++)                                                                         \
-          acc[i][j] = _mm512_fmadd_ps(b, _mm512_load_ps(xb->c + (t0 + j) * xb->cstride + g), acc[i][j]);     \
+        UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_fmadd_ps(b, _mm512_load_ps(xc[j] + g), acc[i][j]); \
       }                                                                                                      \
     }                                                                                                        \
-    for (int i = 0; i < RT; i++)                                                                             \
-      for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                        \
+    UNROLL for (int i = 0; i < RT; i++)                                                                      \
+      UNROLL for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                 \
   }
 #define VTILES(B) VTILE(B, 4, 4) VTILE(B, 4, 1) VTILE(B, 1, 4) VTILE(B, 1, 1)
 VTILES(2)
