@@ -33,6 +33,7 @@ const dg_kernels *dg_kernels_avx512lp(void) {
 
 const dg_kernels *dg_kernels_best(void) {
   const char *env = getenv("DGEMMA_KERNELS");
+  if (env && !*env) env = NULL; /* set but empty: the default (it used to pick AVX2) */
   if (env && strcmp(env, "ref") == 0) return dg_kernels_ref();
   if (env && strcmp(env, "avx512lp") == 0 && dg_kernels_avx512lp()) return dg_kernels_avx512lp();
   if (env && strcmp(env, "avx2") == 0 && dg_kernels_avx2()) return dg_kernels_avx2();
