@@ -217,7 +217,7 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
         const __m512i raw = _mm512_maskz_loadu_epi8(lm, rows[i] + byte0);                                   \
         if (TT == 1) _mm_prefetch((const char *)rows[i] + byte0 + 512, _MM_HINT_T0); /* a stream per row */   \
         const __m512 s = _mm512_permutexvar_ps(gi, load_sb(sbt, sc[i], g0, ngs));                            \
-        __m512i wc[nsub];                                                                                    \
+        __m512i wc[8 / B];                                                                                   \
         UNROLL for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm); \
         UNROLL for (int j = 0; j < TT; j++) {                                                                \
           __m512i isum = _mm512_setzero_si512();                                                             \
