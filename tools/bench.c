@@ -376,9 +376,10 @@ __attribute__((target("avx512f,avx512vnni"))) static double dp_int8(void) {
   for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_epi32(i);
   for (long it = 0; it < DP_ITERS; it++)
     for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-  int32_t s = 0, buf[16];
-  for (int i = 0; i < 12; i++) { _mm512_storeu_si512(buf, acc[i]); s += buf[0]; }
-  volatile int32_t sink = s; /* keeps the loop: 0 * s would be folded for an int */
+  int32_t buf[16];
+  uint32_t s = 0; /* the lanes wrap (vpdpbusd does not saturate): sum them modulo 2^32 */
+  for (int i = 0; i < 12; i++) { _mm512_storeu_si512(buf, acc[i]); s += (uint32_t)buf[0]; }
+  volatile uint32_t sink = s; /* keeps the loop: 0 * s would be folded for an int */
   (void)sink;
   return DP_ITERS * 12.0 * 64 * 2;
 }
