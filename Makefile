@@ -51,6 +51,7 @@ NVFLAGS   := -O2 -g -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -Xcompiler 
 # Per-ISA kernel files get their own flags; the code dispatches at run time.
 ISA_avx2   := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni
 
 SRC     := $(wildcard src/*.c) $(wildcard src/cpu/*.c)
 OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(SRC))

@@ -801,9 +801,9 @@ dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const i
   return st;
 }
 
-void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s) {
-  const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-  /* P = cast(softmax(cast(z))) (spec 4.9) */
+/* P = cast(softmax(cast(z))) of one row (spec 4.9): zr [V] -> p [V]. */
+static void soft_probs(const dg_model *m, const float *zr, float *p) {
+  const int V = m->cfg.vocab_size;
   float mx = -FLT_MAX;
   for (int v = 0; v < V; v++) {
     p[v] = dg_round_act(m, zr[v]);
@@ -813,27 +813,50 @@ void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s) {
   for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
   float inv = (float)(1.0 / sum);
   for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
-  /* s = (sum_v P[v] E[v]) * embed_scale */
-  for (int j = 0; j < H; j++) s[j] = 0.0f;
-  for (int v = 0; v < V; v++) {
-    float pv = p[v];
-    if (pv == 0.0f) continue; /* adds exactly zero */
-    if (m->embed.dtype == DG_F32 && !m->embed.bits) {
-      const float *er = (const float *)m->embed.data + (size_t)v * H;
-      for (int j = 0; j < H; j++) s[j] += pv * er[j];
-    } else { /* bf16/f16 widened, or a quantized row dequantized (spec 5 with a quantized tied embedding) */
-      dg_weight_axpy_row(s, pv, &m->embed, v);
-    }
-  }
+}
+
+/* The kernels of the soft embedding's product P E: the model's, or the
+ * oracle's when a (test) kernel table has no matmul_rows. */
+static const dg_kernels *soft_kern(const dg_model *m) {
+  return m->kern && m->kern->matmul_rows ? m->kern : dg_kernels_ref();
+}
+
+void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s) {
+  const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  soft_probs(m, zr, p);
+  /* s = (sum_v P[v] E[v]) * embed_scale, summed in increasing v (kernels.h: matmul_rows) */
+  soft_kern(m)->matmul_rows(s, H, p, V, 1, &m->embed, 1);
   for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
 }
+
+/* Canvas rows per block of the soft embedding: the block's probabilities
+ * [SOFT_ROWS, V] go through one product with E, so each block of E's rows
+ * is read from memory once per SOFT_ROWS canvas rows instead of once per row. */
+#define SOFT_ROWS 16
 
 dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const dg_model *m = ctx->m;
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  const int nb = (C + SOFT_ROWS - 1) / SOFT_ROWS, nt = ctx->n_score_threads < nb ? ctx->n_score_threads : nb;
+  const dg_kernels *k = soft_kern(m);
+  float *pb = malloc((size_t)nt * SOFT_ROWS * (size_t)V * sizeof(float));
+  if (!pb) { /* one row at a time in the context's [threads, V] rows: the same sums (they do not depend on T) */
 #pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
-  for (int c = 0; c < C; c++)
-    dg_soft_row(m, z + (size_t)c * V, ctx->probs + (size_t)omp_get_thread_num() * V, soft + (size_t)c * H);
+    for (int c = 0; c < C; c++)
+      dg_soft_row(m, z + (size_t)c * V, ctx->probs + (size_t)omp_get_thread_num() * V, soft + (size_t)c * H);
+    return DG_OK;
+  }
+  /* the rows of a block split over threads when there are fewer blocks than threads */
+  const int inner = ctx->n_score_threads / nt > 1 ? ctx->n_score_threads / nt : 1;
+#pragma omp parallel for num_threads(nt) schedule(dynamic)
+  for (int b = 0; b < nb; b++) {
+    const int c0 = b * SOFT_ROWS, n = C - c0 < SOFT_ROWS ? C - c0 : SOFT_ROWS;
+    float *p = pb + (size_t)omp_get_thread_num() * SOFT_ROWS * V;
+    for (int i = 0; i < n; i++) soft_probs(m, z + (size_t)(c0 + i) * V, p + (size_t)i * V);
+    k->matmul_rows(soft + (size_t)c0 * H, H, p, V, n, &m->embed, inner);
+    for (size_t i = 0; i < (size_t)n * H; i++) soft[(size_t)c0 * H + i] *= m->embed_scale;
+  }
+  free(pb);
   return DG_OK;
 }
 

@@ -48,15 +48,40 @@ typedef struct dg_kernels {
    * matmul bit for bit. */
   void (*matmul_grouped)(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
                          const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads);
+  /* The product over W's rows (the self-conditioning soft embedding, spec 5:
+   * probabilities [T, V] times the tied embedding [V, H]):
+   *   y[t*ldy + j] = sum_v x[t*ldx + v] * W[v, j]
+   * for t in [0, T), j in [0, W.cols), v in [0, W.rows); y is overwritten.
+   * Every element is summed exactly as the scalar loop
+   *   s = +0; for v in increasing order: s = fl(s + fl(x[v] * W[v, j]))
+   * computes it (a product rounded to fp32, then a sum: never a fused
+   * multiply-add; quantized weights dequantized as dg_quant_dequant_row
+   * does), so every implementation gives the oracle's bits: the tiles only
+   * change which (t, j) pairs share a weight load, never the order over v.
+   * Terms with x[v] = 0 may be skipped or added: fl(0 * w) = +-0 and s is
+   * never -0 (it starts at +0 and an IEEE round-to-nearest sum is -0 only
+   * when both terms are), so adding them changes no bit, provided W is
+   * finite (0 * inf would be NaN). Parallel over column blocks with
+   * n_threads OpenMP threads. */
+  void (*matmul_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                      int n_threads);
 } dg_kernels;
 
 /* The scalar oracle: plain loops, k summed in increasing order. */
 const dg_kernels *dg_kernels_ref(void);
 /* Best implementation for this CPU (cpuid): AVX-512, AVX2+FMA or the oracle.
- * DGEMMA_KERNELS=ref|avx2|avx512 in the environment overrides the choice. */
+ * DGEMMA_KERNELS=ref|avx2|avx512|avx512lp in the environment overrides the
+ * choice (avx512lp is never chosen by default). */
 const dg_kernels *dg_kernels_best(void);
 const dg_kernels *dg_kernels_avx2(void);   /* NULL if the CPU lacks AVX2+FMA+F16C */
 const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW/VL/DQ */
+/* Opt-in, lossy (DGEMMA_KERNELS=avx512lp): bf16 weights through vdpbf16ps with
+ * the activations rounded to bf16, MLX affine 2/4/8-bit weights through
+ * vpdpbusd with the activations quantized to int8 per row and weight group;
+ * other weights, and matmul_rows, as dg_kernels_avx512. The rounding and its
+ * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
+ * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
+const dg_kernels *dg_kernels_avx512lp(void);
 
 /* bf16 and f16 <-> f32 (round to nearest even; NaN preserved). */
 static inline float dg_bf16_to_f32(uint16_t h) {

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "quant.h"
 #include "testutil.h"
 
 static uint64_t rs = 88172645463325252ull;
@@ -80,6 +81,209 @@ static void test_avx2(void **state) {
   run_impl(k);
 }
 
+/* matmul_rows (the soft embedding's product over W's rows) of `impl` against
+ * the oracle, bit for bit: kernels.h fixes the order over v and the rounding
+ * of each term, so no tolerance is needed. bits 0: dtype dt; else MLX affine
+ * with group G and bf16 scales/biases. x has exact zeros (skipped or added,
+ * the same bits), guard columns past H must survive. */
+static void check_rows(const dg_kernels *impl, dg_dtype dt, int bits, int G, int T, int V, int H, int nthr) {
+  const dg_kernels *ref = dg_kernels_ref();
+  dg_weight W = {.dtype = dt, .rows = V, .cols = H};
+  float *wf = malloc((size_t)V * H * sizeof(float));
+  void *data = NULL, *sc = NULL, *bi = NULL;
+  for (int i = 0; i < V * H; i++) wf[i] = frand() * 0.1f;
+  if (bits) {
+    data = calloc((size_t)V, (size_t)dg_quant_row_bytes(H, bits));
+    sc = malloc((size_t)V * (H / G) * 2);
+    bi = malloc((size_t)V * (H / G) * 2);
+    for (int v = 0; v < V; v++)
+      dg_quant_row(wf + (size_t)v * H, H, bits, G, DG_BF16, (uint8_t *)data + (size_t)v * dg_quant_row_bytes(H, bits),
+                   (uint16_t *)sc + (size_t)v * (H / G), (uint16_t *)bi + (size_t)v * (H / G));
+    W = (dg_weight){.dtype = DG_U32, .data = data, .rows = V, .cols = H, .bits = bits, .group_size = G,
+                    .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
+  } else {
+    size_t es = dg_dtype_size(dt);
+    data = malloc((size_t)V * H * es);
+    for (int i = 0; i < V * H; i++) {
+      if (dt == DG_BF16) { uint16_t h = dg_f32_to_bf16(wf[i]); memcpy((char *)data + 2 * i, &h, 2); }
+      else if (dt == DG_F16) { uint16_t h = dg_f32_to_f16(wf[i]); memcpy((char *)data + 2 * i, &h, 2); }
+      else memcpy((char *)data + 4 * i, &wf[i], 4);
+    }
+    W.data = data;
+  }
+  const int ldx = V + 2, ldy = H + 3;
+  float *x = malloc((size_t)T * ldx * sizeof(float));
+  float *y0 = malloc((size_t)T * ldy * sizeof(float)), *y1 = malloc((size_t)T * ldy * sizeof(float));
+  for (int i = 0; i < T * ldx; i++) x[i] = (i % 5 == 1 || ((i / ldx) % 3 == 2 && i % 2)) ? 0.0f : fabsf(frand());
+  for (int i = 0; i < T * ldy; i++) y0[i] = y1[i] = 777.0f;
+  ref->matmul_rows(y0, ldy, x, ldx, T, &W, 1);
+  impl->matmul_rows(y1, ldy, x, ldx, T, &W, nthr);
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < ldy; j++)
+      if (memcmp(&y0[t * ldy + j], &y1[t * ldy + j], 4))
+        fail_msg("%s matmul_rows %s bits %d G %d T=%d V=%d H=%d threads %d: y[%d,%d] = %.9g, oracle %.9g (not the same "
+                 "bits)", impl->name, dg_dtype_name(dt), bits, G, T, V, H, nthr, t, j, y1[t * ldy + j], y0[t * ldy + j]);
+  /* the oracle itself is the soft embedding's former loop: s = 0; s += x[v] * W[v] for x[v] != 0 */
+  float *s = calloc((size_t)H, sizeof(float));
+  for (int v = 0; v < V; v++)
+    if (x[(T - 1) * ldx + v] != 0.0f) dg_weight_axpy_row(s, x[(T - 1) * ldx + v], &W, v);
+  assert_memory_equal(s, y0 + (size_t)(T - 1) * ldy, (size_t)H * sizeof(float));
+  free(s); free(wf); free(data); free(sc); free(bi); free(x); free(y0); free(y1);
+}
+
+static void run_rows(const dg_kernels *impl) {
+  static const int shapes[][4] = {{1, 7, 5, 1}, {4, 33, 17, 2}, {5, 300, 64, 1}, {9, 70, 200, 2}, {16, 257, 129, 2},
+                                  {3, 1000, 31, 1}, {6, 50, 300, 3}};
+  dg_dtype dts[3] = {DG_F32, DG_BF16, DG_F16};
+  int n = 0;
+  for (int d = 0; d < 3; d++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++, n++)
+      check_rows(impl, dts[d], 0, 0, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+  static const int q[][6] = {{4, 64, 5, 90, 256, 2}, {2, 32, 1, 40, 96, 1}, {3, 128, 4, 33, 384, 2},
+                             {6, 64, 7, 20, 128, 1}, {8, 32, 17, 65, 160, 2}};
+  for (size_t i = 0; i < sizeof q / sizeof q[0]; i++, n++)
+    check_rows(impl, DG_U32, q[i][0], q[i][1], q[i][2], q[i][3], q[i][4], q[i][5]);
+  printf("# %s matmul_rows: %d shapes bit-identical to the oracle\n", impl->name, n);
+}
+
+static void test_rows_avx512(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx512();
+  if (!k) dg_test_skip("test_kernels rows avx512: this CPU (or build) has no AVX-512 kernels");
+  run_rows(k);
+}
+
+static void test_rows_avx2(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx2();
+  if (!k) dg_test_skip("test_kernels rows avx2: this CPU (or build) has no AVX2 kernels");
+  run_rows(k);
+}
+
+/* ---- the opt-in low-precision kernels (cpu/matmul_avx512lp.c) -------------
+ * bf16 weights: the activations are rounded to bf16, so against the oracle
+ *   |y - y_ref| <= (2^-8 + 2 gamma_K (1 + 2^-8)) sum|x w| + 2^-126 (sum|w| + 2K)
+ * (the last term: inputs and results below 2^-126 flushed to zero), and
+ * against the oracle run on the rounded activations xh, 2 gamma_K sum|xh w|
+ * plus the same flush term: what it rounds is exactly x -> bf16(x). */
+static void check_lp_bf16(const dg_kernels *lp, int T, int N, int K, double *worst, double *worst_h, double *rel) {
+  const dg_kernels *ref = dg_kernels_ref();
+  uint16_t *w = malloc((size_t)N * K * 2);
+  float *x = malloc((size_t)T * K * sizeof(float)), *xh = malloc((size_t)T * K * sizeof(float));
+  float *y0 = malloc((size_t)T * N * sizeof(float)), *y1 = malloc((size_t)T * N * sizeof(float));
+  float *y2 = malloc((size_t)T * N * sizeof(float));
+  for (int i = 0; i < N * K; i++) w[i] = dg_f32_to_bf16(frand());
+  for (int i = 0; i < T * K; i++) { x[i] = frand() * 3.0f; xh[i] = dg_bf16_to_f32(dg_f32_to_bf16(x[i])); }
+  dg_weight W = {.dtype = DG_BF16, .data = w, .rows = N, .cols = K};
+  ref->matmul(y0, N, x, K, T, &W, 0, N, 2);
+  ref->matmul(y2, N, xh, K, T, &W, 0, N, 2);
+  lp->matmul(y1, N, x, K, T, &W, 0, N, 2);
+  const double u = ldexp(1.0, -24), gam = K * u / (1.0 - K * u), ub = ldexp(1.0, -8), tiny = ldexp(1.0, -126);
+  for (int t = 0; t < T; t++)
+    for (int n = 0; n < N; n++) {
+      double mag = 0, magh = 0, sw = 0;
+      for (int k = 0; k < K; k++) {
+        double wk = dg_bf16_to_f32(w[(size_t)n * K + k]);
+        mag += fabs(x[t * K + k] * wk);
+        magh += fabs(xh[t * K + k] * wk);
+        sw += fabs(wk);
+      }
+      const double flush = tiny * (sw + 2.0 * K);
+      const double b = (ub + 2 * gam * (1 + ub)) * mag + flush, bh = 2 * gam * magh + flush;
+      const double e = fabs((double)y1[t * N + n] - y0[t * N + n]), eh = fabs((double)y1[t * N + n] - y2[t * N + n]);
+      if (e / b > *worst) *worst = e / b;
+      if (eh / bh > *worst_h) *worst_h = eh / bh;
+      if (e / mag > *rel) *rel = e / mag;
+      if (e > b || eh > bh)
+        fail_msg("avx512lp bf16 T=%d N=%d K=%d: y[%d,%d] = %.9g, oracle %.9g (bound %.3g), oracle on bf16(x) %.9g "
+                 "(bound %.3g)", T, N, K, t, n, y1[t * N + n], y0[t * N + n], b, y2[t * N + n], bh);
+    }
+  free(w); free(x); free(xh); free(y0); free(y1); free(y2);
+}
+
+/* MLX affine B-bit weights through VNNI: the activations quantized per row and
+ * group, x ~ d qx with d = max|x_g| / 127 and |d qx - x| <= d (1/2 + 2^-17)
+ * (the rounding of x / d), then exact integer sums and fp32 scale/bias
+ * arithmetic of a few roundings per term:
+ *   |y - y_ref| <= sum_g d_g (1/2 + 2^-10) sum_{k in g} |w_k|
+ *                  + 2 gamma_{K+8} sum_k (2|x_k| + d_g) (|q_k s_g| + |b_g|)
+ * (w_k = q_k s_g + b_g; the second term covers the oracle's own dequantization
+ * and summation and the kernel's). The grouped entry must equal one plain
+ * call per expert bit for bit. */
+static void check_lp_quant(const dg_kernels *lp, int B, int G, int T, int N, int K, double *worst, double *rel) {
+  const dg_kernels *ref = dg_kernels_ref();
+  const int ng = K / G;
+  float *wf = malloc((size_t)N * K * sizeof(float));
+  uint8_t *data = calloc((size_t)N, (size_t)dg_quant_row_bytes(K, B));
+  uint16_t *sc = malloc((size_t)N * ng * 2), *bi = malloc((size_t)N * ng * 2);
+  for (int i = 0; i < N * K; i++) wf[i] = frand() * 0.05f;
+  for (int n = 0; n < N; n++)
+    dg_quant_row(wf + (size_t)n * K, K, B, G, DG_BF16, data + (size_t)n * dg_quant_row_bytes(K, B), sc + (size_t)n * ng,
+                 bi + (size_t)n * ng);
+  dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
+                 .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
+  float *x = malloc((size_t)T * K * sizeof(float)), *y0 = malloc((size_t)T * N * sizeof(float));
+  float *y1 = malloc((size_t)T * N * sizeof(float)), *y2 = malloc((size_t)T * N * sizeof(float));
+  for (int i = 0; i < T * K; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+  ref->matmul(y0, N, x, K, T, &W, 0, N, 2);
+  lp->matmul(y1, N, x, K, T, &W, 0, N, 2);
+  const double u = ldexp(1.0, -24), gam = (K + 8) * u / (1.0 - (K + 8) * u);
+  for (int t = 0; t < T; t++) {
+    double d[64];
+    for (int g = 0; g < ng; g++) {
+      double mx = 0;
+      for (int k = g * G; k < (g + 1) * G; k++) mx = fmax(mx, fabs(x[t * K + k]));
+      d[g] = mx / 127.0;
+    }
+    for (int n = 0; n < N; n++) {
+      double bq = 0, bf = 0, mag = 0;
+      for (int k = 0; k < K; k++) {
+        const int g = k / G;
+        const double s = dg_bf16_to_f32(sc[n * ng + g]), b = dg_bf16_to_f32(bi[n * ng + g]);
+        const double q = dg_quant_code(data + (size_t)n * dg_quant_row_bytes(K, B), B, k);
+        bq += d[g] * (0.5 + ldexp(1.0, -10)) * fabs(q * s + b);
+        bf += (2 * fabs(x[t * K + k]) + d[g]) * (fabs(q * s) + fabs(b));
+        mag += fabs(x[t * K + k] * (q * s + b));
+      }
+      const double bound = bq + 2 * gam * bf + 1e-30, e = fabs((double)y1[t * N + n] - y0[t * N + n]);
+      if (e / bound > *worst) *worst = e / bound;
+      if (mag > 0 && e / mag > *rel) *rel = e / mag;
+      if (e > bound)
+        fail_msg("avx512lp %d-bit G=%d T=%d N=%d K=%d: y[%d,%d] = %.9g, oracle %.9g, |diff| %.3g > bound %.3g", B, G, T, N,
+                 K, t, n, y1[t * N + n], y0[t * N + n], e, bound);
+    }
+  }
+  /* the grouped entry: experts of N/2 rows (rows_per_expert), uneven row counts, one empty expert */
+  const int E = 2, half = N / 2;
+  int32_t start[3] = {0, T / 3, T};
+  lp->matmul_grouped(y2, half, x, K, start, E, &W, half, 0, half, 2);
+  for (int e = 0; e < E; e++)
+    if (start[e + 1] > start[e]) {
+      lp->matmul(y1, half, x + (size_t)start[e] * K, K, start[e + 1] - start[e], &W, (int64_t)e * half, half, 1);
+      assert_memory_equal(y1, y2 + (size_t)start[e] * half, (size_t)(start[e + 1] - start[e]) * half * sizeof(float));
+    }
+  free(wf); free(data); free(sc); free(bi); free(x); free(y0); free(y1); free(y2);
+}
+
+static void test_avx512lp(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx512lp();
+  if (!k) dg_test_skip("test_kernels avx512lp: this CPU (or build) has no AVX-512 BF16 + VNNI");
+  double w = 0, wh = 0, rel = 0;
+  static const int bs[][3] = {{1, 1, 1}, {3, 5, 31}, {4, 8, 64}, {5, 9, 100}, {8, 13, 257}, {17, 6, 1000}};
+  for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) check_lp_bf16(k, bs[i][0], bs[i][1], bs[i][2], &w, &wh, &rel);
+  printf("# avx512lp bf16 vs oracle: largest |diff| / bound = %.4f, vs oracle on bf16(x): %.4f (must be <= 1); "
+         "largest |diff| / sum|x w| = %.2e\n", w, wh, rel);
+  static const int qs[][5] = {{4, 64, 5, 9, 192}, {4, 32, 1, 4, 704}, {4, 128, 8, 5, 256}, {2, 32, 3, 8, 96},
+                              {2, 64, 6, 4, 512}, {8, 32, 7, 5, 160}, {8, 128, 2, 8, 384}, {4, 64, 16, 8, 2816}};
+  for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
+    double wq = 0, rq = 0;
+    check_lp_quant(k, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], &wq, &rq);
+    printf("# avx512lp %d-bit G=%d T=%d N=%d K=%d vs oracle: largest |diff| / bound = %.4f (<= 1), / sum|x w| = %.2e\n",
+           qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], wq, rq);
+  }
+}
+
 static void test_conversions(void **state) {
   (void)state;
   /* bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> even (1.0); 1 + 3*2^-8 -> 1 + 2^-6 (even) */
@@ -112,6 +316,9 @@ int main(void) {
       cmocka_unit_test(test_conversions),
       cmocka_unit_test(test_avx512),
       cmocka_unit_test(test_avx2),
+      cmocka_unit_test(test_rows_avx512),
+      cmocka_unit_test(test_rows_avx2),
+      cmocka_unit_test(test_avx512lp),
   };
   return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

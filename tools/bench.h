@@ -111,6 +111,11 @@ double bench_median(double *v, int n);
  * FLOP/s, best of reps; *isa gets the instruction set used. */
 double bench_copy_bandwidth(size_t bytes, int n_threads, int reps);
 double bench_fma_rate(int n_threads, int reps, const char **isa);
+/* The CPU's dot-product ceilings, register-resident on every thread, best of
+ * reps: kind 1 = AVX-512 BF16 vdpbf16ps (FLOP/s, 2 per bf16 multiply-add),
+ * kind 2 = AVX-512 VNNI vpdpbusd (int8 OP/s, 2 per u8 x s8 multiply-add).
+ * 0 if the CPU lacks the instruction. */
+double bench_dp_rate(int n_threads, int reps, int kind);
 /* FLOP/s of this build's matmul kernel on 64 x 2048 x 2048 f32 (context, not a
  * ceiling), best of 3 after one untimed call; *name = the kernel set. */
 double bench_matmul_rate(int n_threads, const char **name);

@@ -326,7 +326,8 @@ static void global_help(FILE *f) {
           "  OMP_WAIT_POLICY   dgemma sets \"passive\" unless it is set (idle threads sleep: spinning ones are\n"
           "                    many times slower on a shared machine); \"active\" may help on an idle one\n"
           "  OMP_NUM_THREADS   the default of -t\n"
-          "  DGEMMA_KERNELS    ref, avx2 or avx512: force a CPU kernel set (default: the best available)\n"
+          "  DGEMMA_KERNELS    ref, avx2 or avx512: force a CPU kernel set (default: the best available);\n"
+          "                    avx512lp: the lossy AVX-512 BF16/VNNI products (opt-in, where the CPU has them)\n"
           "  DGEMMA_CUDA_SYNC=1, DGEMMA_CUDA_MEM_LIMIT=BYTES   CUDA debugging, GPU sharing (README)\n");
 }
 

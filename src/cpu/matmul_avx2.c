@@ -144,7 +144,46 @@ QTILES(4)
 QTILES(6)
 QTILES(8)
 
+/* The product over W's rows (kernels.h: matmul_rows): TT activation rows x
+ * 32 columns = 4*TT ymm accumulators; per row v one load (widened) of 32
+ * weights and one broadcast per activation row, then a multiply and an add
+ * (not an FMA: the oracle rounds the product). Columns past nc (the tail of
+ * the last block) go through a scalar loop with the same operations. */
+#define RCOLS 32
+#define RTILE(TT)                                                                                           \
+  static void rtile_##TT(float *y, int64_t ldy, const float *x, int64_t ldx, const char *w, size_t rs,     \
+                         dg_dtype dt, int64_t nv, int64_t nc) {                                            \
+    if (nc < RCOLS) { /* the last, partial block of columns */                                            \
+      for (int64_t v = 0; v < nv; v++)                                                                      \
+        for (int t = 0; t < TT; t++) {                                                                      \
+          const float p = x[t * ldx + v];                                                                   \
+          if (p == 0.0f) continue;                                                                          \
+          for (int64_t j = 0; j < nc; j++) y[t * ldy + j] += p * dg_load_elem(dt, w + (size_t)v * rs, j);  \
+        }                                                                                                   \
+      return;                                                                                               \
+    }                                                                                                       \
+    __m256 acc[TT][4];                                                                                      \
+    for (int t = 0; t < TT; t++)                                                                            \
+      for (int c = 0; c < 4; c++) acc[t][c] = _mm256_loadu_ps(y + t * ldy + 8 * c);                        \
+    for (int64_t v = 0; v < nv; v++) {                                                                      \
+      int nz = 0;                                                                                           \
+      for (int t = 0; t < TT; t++) nz |= x[t * ldx + v] != 0.0f;                                            \
+      if (!nz) continue;                                                                                    \
+      const char *row = w + (size_t)v * rs;                                                                 \
+      __m256 e[4];                                                                                          \
+      for (int c = 0; c < 4; c++) e[c] = load_w8(dt, row, 8 * c);                                          \
+      for (int t = 0; t < TT; t++) {                                                                        \
+        const __m256 p = _mm256_set1_ps(x[t * ldx + v]);                                                    \
+        for (int c = 0; c < 4; c++) acc[t][c] = _mm256_add_ps(acc[t][c], _mm256_mul_ps(p, e[c]));          \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (int t = 0; t < TT; t++)                                                                            \
+      for (int c = 0; c < 4; c++) _mm256_storeu_ps(y + t * ldy + 8 * c, acc[t][c]);                        \
+  }
+RTILE(4)
+RTILE(1)
+
 #include "matmul_driver.h"
 
-static const dg_kernels AVX2 = {"avx2", matmul_driver, matmul_grouped_driver};
+static const dg_kernels AVX2 = {"avx2", matmul_driver, matmul_grouped_driver, matmul_rows_driver};
 const dg_kernels *dg_kernels_avx2_impl(void) { return &AVX2; }

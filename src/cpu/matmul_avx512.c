@@ -131,7 +131,42 @@ QTILES(4)
 QTILES(6)
 QTILES(8)
 
+/* The product over W's rows (kernels.h: matmul_rows): TT activation rows x
+ * 64 columns = 4*TT zmm accumulators held across the whole block of rows;
+ * per row v one load (widened) of 64 weights and one broadcast of x[t, v]
+ * per activation row, then a multiply and an add (not an FMA: the oracle
+ * rounds the product). Rows whose TT activations are all zero are skipped. */
+#define RCOLS 64
+#define RTILE(TT)                                                                                           \
+  static void rtile_##TT(float *y, int64_t ldy, const float *x, int64_t ldx, const char *w, size_t rs,     \
+                         dg_dtype dt, int64_t nv, int64_t nc) {                                            \
+    __mmask16 m[4];                                                                                         \
+    for (int c = 0; c < 4; c++) {                                                                           \
+      int64_t r = nc - 16 * c;                                                                              \
+      m[c] = r >= 16 ? (__mmask16)0xffff : r <= 0 ? (__mmask16)0 : (__mmask16)((1u << r) - 1u);             \
+    }                                                                                                       \
+    __m512 acc[TT][4];                                                                                      \
+    for (int t = 0; t < TT; t++)                                                                            \
+      for (int c = 0; c < 4; c++) acc[t][c] = _mm512_maskz_loadu_ps(m[c], y + t * ldy + 16 * c);           \
+    for (int64_t v = 0; v < nv; v++) {                                                                      \
+      int nz = 0;                                                                                           \
+      for (int t = 0; t < TT; t++) nz |= x[t * ldx + v] != 0.0f;                                            \
+      if (!nz) continue;                                                                                    \
+      const char *row = w + (size_t)v * rs;                                                                 \
+      __m512 e[4];                                                                                          \
+      for (int c = 0; c < 4; c++) e[c] = load_w(dt, row, 16 * c, m[c]);                                    \
+      for (int t = 0; t < TT; t++) {                                                                        \
+        const __m512 p = _mm512_set1_ps(x[t * ldx + v]);                                                    \
+        for (int c = 0; c < 4; c++) acc[t][c] = _mm512_add_ps(acc[t][c], _mm512_mul_ps(p, e[c]));          \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (int t = 0; t < TT; t++)                                                                            \
+      for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(y + t * ldy + 16 * c, m[c], acc[t][c]);            \
+  }
+RTILE(4)
+RTILE(1)
+
 #include "matmul_driver.h"
 
-static const dg_kernels AVX512 = {"avx512", matmul_driver, matmul_grouped_driver};
+static const dg_kernels AVX512 = {"avx512", matmul_driver, matmul_grouped_driver, matmul_rows_driver};
 const dg_kernels *dg_kernels_avx512_impl(void) { return &AVX512; }

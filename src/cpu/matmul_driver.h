@@ -17,6 +17,9 @@
 #ifndef DG_MATMUL_DRIVER_H
 #define DG_MATMUL_DRIVER_H
 
+#include <omp.h>
+#include <stdlib.h>
+
 #include "kernels.h"
 #include "quant.h"
 
@@ -137,6 +140,88 @@ static void matmul_grouped_driver(float *y, int64_t ldy, const float *x, int64_t
       if (T <= 0) continue;
       block_rows(y + (int64_t)start[e] * ldy + n, ldy, x + (int64_t)start[e] * ldx, ldx, T, w,
                  (int64_t)e * rows_per_expert + row_off + n, N - n < 4 ? N - n : 4, buf);
+    }
+    free(buf);
+  }
+}
+
+/* ---- the product over W's rows (kernels.h: matmul_rows) -------------------
+ * The including file defines RCOLS and the register tiles
+ *   rtile_4, rtile_1   y[t, j .. j+nc) += sum_v x[t, v] * W[v, j .. j+nc) for
+ *                      4 or 1 activation rows and nc <= RCOLS columns, v in
+ *                      [0, nv) increasing; the accumulators are loaded from
+ *                      y and stored back, each term a product then a sum.
+ * Each thread owns a range of columns (a multiple of 128, so of every group
+ * size, except at the end) and walks the rows of W in blocks of about
+ * RBLOCK_BYTES, which stay in the L2 while every tile of activation rows
+ * uses them; a quantized block is first dequantized into a per-thread fp32
+ * buffer (the same values as dg_quant_dequant_row). Storing y between blocks
+ * and reloading it is exact, so the order over v is the oracle's. */
+#define RBLOCK_BYTES (256 << 10)
+
+/* Rows [v0, v0+nv) and columns [j0, j1) of a quantized W added into y element
+ * by element (the fallback when the block buffer cannot be allocated). */
+static void rows_scalar(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t v0,
+                        int64_t nv, int64_t j0, int64_t j1) {
+  const int G = w->group_size;
+  const int64_t ng = w->cols / G;
+  for (int64_t v = v0; v < v0 + nv; v++) {
+    const uint8_t *row = (const uint8_t *)w->data + v * dg_quant_row_bytes(w->cols, w->bits);
+    for (int64_t j = j0; j < j1; j++) {
+      const float wj = (float)dg_quant_code(row, w->bits, j) * dg_load_elem(w->sb_dtype, w->scales, v * ng + j / G) +
+                       dg_load_elem(w->sb_dtype, w->biases, v * ng + j / G);
+      for (int64_t t = 0; t < T; t++) y[t * ldy + j] += x[t * ldx + v] * wj;
+    }
+  }
+}
+
+static void matmul_rows_driver(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                               int n_threads) {
+  const int64_t H = w->cols, V = w->rows, units = (H + 127) / 128;
+  const size_t es = w->bits ? sizeof(float) : dg_dtype_size(w->dtype);
+  const int nt = n_threads < 1 ? 1 : (int64_t)n_threads > units ? (int)units : n_threads;
+#pragma omp parallel num_threads(nt)
+  {
+    const int th = omp_get_thread_num(), nth = omp_get_num_threads();
+    const int64_t j0 = units * th / nth * 128, j1e = units * (th + 1) / nth * 128, j1 = j1e < H ? j1e : H;
+    const int64_t W = j1 - j0;
+    int64_t vb = W > 0 ? (int64_t)(RBLOCK_BYTES / ((size_t)W * es)) : 1;
+    vb = vb < 4 ? 4 : vb > V ? (V > 0 ? V : 1) : vb;
+    float *buf = W > 0 && w->bits ? aligned_alloc(64, ((size_t)vb * (size_t)W * sizeof(float) + 63) / 64 * 64) : NULL;
+    for (int64_t t = 0; t < T && W > 0; t++) memset(y + t * ldy + j0, 0, (size_t)W * sizeof(float));
+    for (int64_t v0 = 0; v0 < V && W > 0; v0 += vb) {
+      const int64_t nv = V - v0 < vb ? V - v0 : vb;
+      const char *wb;
+      size_t rs;
+      dg_dtype dt = w->dtype;
+      if (w->bits) {
+        const int G = w->group_size;
+        const size_t rb = (size_t)dg_quant_row_bytes(H, w->bits), ss = dg_dtype_size(w->sb_dtype), sb = (size_t)(H / G) * ss;
+        if (!buf) { /* out of memory for the block buffer: the same sums, one element at a time */
+          rows_scalar(y, ldy, x, ldx, T, w, v0, nv, j0, j1);
+          continue;
+        }
+        for (int64_t v = 0; v < nv; v++)
+          QDEQ_TABLE[qbits_index(w->bits)]((const uint8_t *)w->data + (size_t)(v0 + v) * rb + (size_t)j0 * w->bits / 8,
+                                           (const char *)w->scales + (size_t)(v0 + v) * sb + (size_t)(j0 / G) * ss,
+                                           (const char *)w->biases + (size_t)(v0 + v) * sb + (size_t)(j0 / G) * ss,
+                                           w->sb_dtype, G, W, buf + (size_t)v * W);
+        wb = (const char *)buf;
+        rs = (size_t)W * sizeof(float);
+        dt = DG_F32;
+      } else {
+        rs = (size_t)H * es;
+        wb = (const char *)w->data + (size_t)v0 * rs + (size_t)j0 * es;
+      }
+      int64_t t = 0;
+      for (; t + 4 <= T; t += 4)
+        for (int64_t j = j0; j < j1; j += RCOLS)
+          rtile_4(y + t * ldy + j, ldy, x + t * ldx + v0, ldx, wb + (size_t)(j - j0) * dg_dtype_size(dt), rs, dt, nv,
+                  j1 - j < RCOLS ? j1 - j : RCOLS);
+      for (; t < T; t++)
+        for (int64_t j = j0; j < j1; j += RCOLS)
+          rtile_1(y + t * ldy + j, ldy, x + t * ldx + v0, ldx, wb + (size_t)(j - j0) * dg_dtype_size(dt), rs, dt, nv,
+                  j1 - j < RCOLS ? j1 - j : RCOLS);
     }
     free(buf);
   }

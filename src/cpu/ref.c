@@ -81,5 +81,20 @@ static void matmul_grouped_ref(float *y, int64_t ldy, const float *x, int64_t ld
                  (int64_t)e * rows_per_expert + row_off, N, n_threads);
 }
 
-static const dg_kernels REF = {"ref", matmul_ref, matmul_grouped_ref};
+/* The oracle of the product over W's rows: for each activation row, s = 0,
+ * then s += x[v] * W[v] (a product, then a sum) for v in increasing order,
+ * the zero terms skipped; the loop the soft embedding ran before it had
+ * kernels (dg_weight_axpy_row, quant.c). */
+static void matmul_rows_ref(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                            int n_threads) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float *yt = y + t * ldy;
+    for (int64_t j = 0; j < w->cols; j++) yt[j] = 0.0f;
+    for (int64_t v = 0; v < w->rows; v++)
+      if (x[t * ldx + v] != 0.0f) dg_weight_axpy_row(yt, x[t * ldx + v], w, v);
+  }
+}
+
+static const dg_kernels REF = {"ref", matmul_ref, matmul_grouped_ref, matmul_rows_ref};
 const dg_kernels *dg_kernels_ref(void) { return &REF; }

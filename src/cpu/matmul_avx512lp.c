@@ -1,0 +1,356 @@
+/* matmul_avx512lp.c: the opt-in low-precision products (DGEMMA_KERNELS=avx512lp;
+ * compiled with -mavx512bf16 -mavx512vnni on top of AVX-512 F/BW/VL/DQ, selected
+ * only when the CPU has both). They are not the oracle's bits, so they are
+ * never the default: the golden and token-identical tests run the fp32 path.
+ *
+ * bf16 weights: vdpbf16ps. The activations are rounded to bf16 once per call
+ * (vcvtne2ps2bf16: round to nearest even, inputs below 2^-126 read as zero),
+ * then every 32 weights x 32 activations are 16 lanes of pair products summed
+ * into fp32 accumulators. What it rounds (tests/test_kernels.c checks both):
+ *  - x -> xh = bf16(x): |xh - x| <= 2^-8 |x| + 2^-126 (8 significant bits: unit roundoff 2^-8);
+ *  - xh * w is exact in fp32 (8 x 8 significant bits), and vdpbf16ps adds the
+ *    two products of a pair one after the other with round to nearest
+ *    (Intel SDM, VDPBF16PS; DAZ/FTZ: results below 2^-126 flush to zero), so
+ *    the sum over k is an fp32 sum of exact products in another order than the
+ *    oracle's: within gamma_K sum |xh w| of sum xh w (Higham eq. 3.5).
+ *  So |y - oracle| <= (2^-8 + 2 gamma_K (1 + 2^-8)) sum|x w| + 2^-126 (sum|w| + 2K);
+ *  and against the oracle run on xh itself, 2 gamma_K sum |xh w| (+ the FTZ term).
+ *
+ * MLX affine 2/4/8-bit weights: vpdpbusd (u8 codes x s8 activations). The
+ * activations are quantized once per call per row and per weight group of G:
+ * d = max|x| / 127, qx = round(x / d) in [-127, 127], x ~ d qx. With
+ * w = q s + b (quant.h) the product splits per group g:
+ *   sum_{k in g} x_k w_k ~ d_g (s_g sum_k q_k qx_k + b_g sum_k qx_k)
+ * where both sums are exact integers (vpdpbusd: four u8 x s8 products per
+ * dword lane, no saturation; |lane| <= 16 * 255 * 127 < 2^24, so its fp32
+ * conversion is exact too) and the scale/bias part is fp32. The weights are
+ * unpacked in registers: 64 packed bytes hold 8/B codes per byte, code
+ * (8/B) j + s in bits [B s, B s + B) of byte j (the MLX stream order for
+ * B = 2, 4, 8), so (bytes >> B s) & (2^B - 1) gives 64 codes and the
+ * activations are stored in that order. Dword lane i of a 64-byte step covers
+ * 4 (8/B) consecutive codes, all in one group (G >= 32), so the group's
+ * s_g d_g is a per-lane vector: no horizontal sum per group, one per output.
+ * What it rounds: x -> d qx, |d qx - x| <= d/2 (1 + 2^-20) per element; the
+ * fp32 scale/bias arithmetic and the sums over groups, a few roundings per
+ * term (the test's bound: (d_g/2)(1 + 2^-20) sum_{k in g} |w_k| plus
+ * 2 gamma_{K+8} sum (|x| + |d qx|)(|q s| + |b|)). 3- and 6-bit codes straddle
+ * bytes and take the exact fp32 path, as do f32 and f16 weights. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "quant.h"
+
+const dg_kernels *dg_kernels_avx512_impl(void);
+
+/* ---- bf16 weights ---------------------------------------------------------- */
+
+/* x [T, K] (stride ldx) -> xb [T, Kp] bf16, Kp = K rounded up to 32, zero tail. */
+static void x_to_bf16(const float *x, int64_t ldx, int64_t T, int64_t K, int64_t Kp, uint16_t *xb, int n_threads) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t k = 0; k < Kp; k += 32) {
+      const int64_t r = K - k;
+      const __mmask16 m0 = r >= 16 ? (__mmask16)0xffff : r <= 0 ? 0 : (__mmask16)((1u << r) - 1u);
+      const __mmask16 m1 = r >= 32 ? (__mmask16)0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1u);
+      const __m512 lo = _mm512_maskz_loadu_ps(m0, x + t * ldx + k), hi = _mm512_maskz_loadu_ps(m1, x + t * ldx + k + 16);
+      _mm512_storeu_si512(xb + t * Kp + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+#define BTILE(RT, TT)                                                                                       \
+  static void btile_##RT##x##TT(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp,                    \
+                                const uint16_t *const *rows, int64_t K) {                                 \
+    __m512 acc[RT][TT];                                                                                     \
+    for (int i = 0; i < RT; i++)                                                                            \
+      for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps();                                         \
+    for (int64_t k = 0; k < Kp; k += 32) {                                                                  \
+      const __mmask32 m = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);        \
+      __m512i xv[TT];                                                                                       \
+      _Pragma("GCC unroll 16") for (int j = 0; j < TT; j++) xv[j] = _mm512_loadu_si512(xb + j * Kp + k);    \
+      _Pragma("GCC unroll 16") for (int i = 0; i < RT; i++) {                                               \
+        const __m512i wv = _mm512_maskz_loadu_epi16(m, rows[i] + k);                                        \
+        _Pragma("GCC unroll 16") for (int j = 0; j < TT; j++)                                               \
+          acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv[j], (__m512bh)wv);                           \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (int i = 0; i < RT; i++)                                                                            \
+      for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                       \
+  }
+BTILE(4, 4)
+BTILE(4, 1)
+BTILE(1, 4)
+BTILE(1, 1)
+
+/* Rows [r0, r0+rt) (rt <= 4) of a bf16 W times T converted activation rows. */
+static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int64_t T, const dg_weight *w, int64_t r0,
+                      int64_t rt) {
+  const int64_t K = w->cols;
+  const uint16_t *rows[4];
+  for (int i = 0; i < rt; i++) rows[i] = (const uint16_t *)w->data + (size_t)(r0 + i) * (size_t)K;
+  int64_t t = 0;
+  if (rt == 4) {
+    for (; t + 4 <= T; t += 4) btile_4x4(y + t * ldy, ldy, xb + t * Kp, Kp, rows, K);
+    for (; t < T; t++) btile_4x1(y + t * ldy, ldy, xb + t * Kp, Kp, rows, K);
+    return;
+  }
+  for (int i = 0; i < rt; i++) {
+    const uint16_t *r1[1] = {rows[i]};
+    int64_t tt = 0;
+    for (; tt + 4 <= T; tt += 4) btile_1x4(y + tt * ldy + i, ldy, xb + tt * Kp, Kp, r1, K);
+    for (; tt < T; tt++) btile_1x1(y + tt * ldy + i, ldy, xb + tt * Kp, Kp, r1, K);
+  }
+}
+
+/* ---- MLX affine 2/4/8-bit weights ------------------------------------------ */
+
+/* The activations of one call, quantized for one weight format (B bits, group G):
+ * per row t and 64-byte step of the packed weights (cps = 512/B codes), nsub =
+ * 8/B vectors of 64 s8 codes in the weights' unpacking order, the per-lane
+ * scale d of the lane's group (16 floats), and per group c = d * sum qx. */
+typedef struct qx_buf {
+  int B, G, nsub, cps;
+  int64_t K, steps, ng;
+  int8_t *q;   /* [T][steps][nsub][64] */
+  float *dl;   /* [T][steps][16] */
+  float *c;    /* [T][ng + 15] (zero padded to a multiple of 16) */
+  int64_t cstride;
+} qx_buf;
+
+static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
+  b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
+  b->steps = (K + b->cps - 1) / b->cps;
+  b->ng = K / G;
+  b->cstride = (b->ng + 15) / 16 * 16;
+  b->q = aligned_alloc(64, (size_t)T * (size_t)b->steps * (size_t)b->nsub * 64 + 64);
+  b->dl = aligned_alloc(64, (size_t)T * (size_t)b->steps * 16 * sizeof(float) + 64);
+  b->c = aligned_alloc(64, (size_t)T * (size_t)b->cstride * sizeof(float) + 64);
+  if (!b->q || !b->dl || !b->c) { free(b->q); free(b->dl); free(b->c); return -1; }
+  const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
+  int fail = 0;
+#pragma omp parallel num_threads(n_threads) reduction(| : fail)
+  {
+    float *dh = malloc((size_t)b->ng * sizeof(float)); /* d of each group of the row */
+    fail |= !dh;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      if (!dh) continue;
+      const float *xt = x + t * ldx;
+      float *ct = b->c + t * b->cstride;
+      for (int64_t g = 0; g < b->ng; g++) {
+        float mx = 0.0f;
+        for (int k = 0; k < G; k++) mx = fmaxf(mx, fabsf(xt[g * G + k]));
+        dh[g] = mx / 127.0f;
+      }
+      memset(ct, 0, (size_t)b->cstride * sizeof(float));
+      for (int64_t st = 0; st < b->steps; st++) {
+        int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 64;
+        float *dl = b->dl + ((size_t)t * (size_t)b->steps + (size_t)st) * 16;
+        const int64_t k0 = st * cps;
+        for (int j = 0; j < 64; j++)
+          for (int s = 0; s < nsub; s++) {
+            const int64_t k = k0 + (int64_t)nsub * j + s;
+            int q = 0;
+            if (k < K && dh[k / G] > 0.0f) {
+              q = (int)nearbyintf(xt[k] / dh[k / G]);
+              q = q > 127 ? 127 : q < -127 ? -127 : q;
+              ct[k / G] += (float)q; /* exact: |sum| <= 127 G < 2^24 */
+            }
+            qs[s * 64 + j] = (int8_t)q;
+          }
+        for (int i = 0; i < 16; i++) {
+          const int64_t k = k0 + (int64_t)i * lane;
+          dl[i] = k < K ? dh[k / G] : 0.0f;
+        }
+      }
+      for (int64_t g = 0; g < b->ng; g++) ct[g] *= dh[g];
+    }
+    free(dh);
+  }
+  if (fail) { free(b->q); free(b->dl); free(b->c); return -1; }
+  return 0;
+}
+
+static void qx_free(qx_buf *b) { free(b->q); free(b->dl); free(b->c); }
+
+/* Up to 16 scales/biases from p[g0 ...] (n of them) widened to fp32 lanes. */
+static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
+  const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+  switch (t) {
+  case DG_BF16:
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + g0)), 16));
+  case DG_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + g0));
+  default: return _mm512_maskz_loadu_ps(m, (const float *)p + g0);
+  }
+}
+
+/* RT weight rows x TT activation rows; x points at the call's qx_buf rows. */
+#define UNROLL _Pragma("GCC unroll 16")
+#define VTILE(B, RT, TT)                                                                                     \
+  static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
+                                      const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
+                                      dg_dtype sbt) {                                                        \
+    const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                       \
+    const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                        \
+    const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                              \
+    int32_t idx[16];                                                                                         \
+    for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                             \
+    const __m512i gi = _mm512_loadu_si512(idx);                                                              \
+    const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
+    const int8_t *xq[TT];                                                                                    \
+    const float *xd[TT], *xc[TT];                                                                            \
+    UNROLL for (int j = 0; j < TT; j++) {                                                                    \
+      xq[j] = xb->q + (size_t)(t0 + j) * (size_t)steps * (size_t)nsub * 64;                                  \
+      xd[j] = xb->dl + (size_t)(t0 + j) * (size_t)steps * 16;                                                \
+      xc[j] = xb->c + (t0 + j) * xb->cstride;                                                                \
+    }                                                                                                        \
+    __m512 acc[RT][TT];                                                                                      \
+    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps(); \
+    for (int64_t st = 0; st < steps; st++) {                                                                 \
+      const int64_t byte0 = st * 64, g0 = (st * cps) >> lg;                                                  \
+      const __mmask64 lm = rb - byte0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (rb - byte0)) - 1);         \
+      const int ngs = (int)(ng - g0 < gps ? ng - g0 : gps);                                                  \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        const __m512i raw = _mm512_maskz_loadu_epi8(lm, rows[i] + byte0);                                   \
+        if (TT == 1) _mm_prefetch((const char *)rows[i] + byte0 + 512, _MM_HINT_T0); /* a stream per row */   \
+        const __m512 s = _mm512_permutexvar_ps(gi, load_sb(sbt, sc[i], g0, ngs));                            \
+        __m512i wc[8 / B];                                                                                   \
+        UNROLL for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm); \
+        UNROLL for (int j = 0; j < TT; j++) {                                                                \
+          __m512i isum = _mm512_setzero_si512();                                                             \
+          UNROLL for (int u = 0; u < nsub; u++)                                                              \
+            isum = _mm512_dpbusd_epi32(isum, wc[u], _mm512_load_si512(xq[j] + (st * nsub + u) * 64));        \
+          const __m512 d = _mm512_load_ps(xd[j] + st * 16);                                                  \
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, d), acc[i][j]);             \
+        }                                                                                                    \
+      }                                                                                                      \
+    }                                                                                                        \
+    /* the bias part: sum_g b_g d_g sum_k qx_k, 16 groups at a time */                                       \
+    for (int64_t g = 0; g < ng; g += 16) {                                                                   \
+      const int n = (int)(ng - g < 16 ? ng - g : 16);                                                        \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        const __m512 b = load_sb(sbt, bi[i], g, n);                                                          \
+        UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_fmadd_ps(b, _mm512_load_ps(xc[j] + g), acc[i][j]); \
+      }                                                                                                      \
+    }                                                                                                        \
+    UNROLL for (int i = 0; i < RT; i++)                                                                      \
+      UNROLL for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                 \
+  }
+#define VTILES(B) VTILE(B, 4, 4) VTILE(B, 4, 1) VTILE(B, 1, 4) VTILE(B, 1, 1)
+VTILES(2)
+VTILES(4)
+VTILES(8)
+
+typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
+                         const char *const *sc, const char *const *bi, dg_dtype sbt);
+/* [bits 2, 4, 8][shape 4x4, 4x1, 1x4, 1x1] */
+static const vtile_fn VTILE_TABLE[3][4] = {{vtile_2_4x4, vtile_2_4x1, vtile_2_1x4, vtile_2_1x1},
+                                           {vtile_4_4x4, vtile_4_4x1, vtile_4_1x4, vtile_4_1x1},
+                                           {vtile_8_4x4, vtile_8_4x1, vtile_8_1x4, vtile_8_1x1}};
+
+static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
+                      int64_t rt) {
+  const int64_t K = w->cols, G = w->group_size;
+  const size_t rb = (size_t)dg_quant_row_bytes(K, w->bits), sb = (size_t)(K / G) * dg_dtype_size(w->sb_dtype);
+  const uint8_t *rows[4];
+  const char *sc[4], *bi[4];
+  for (int i = 0; i < rt; i++) {
+    rows[i] = (const uint8_t *)w->data + (size_t)(r0 + i) * rb;
+    sc[i] = (const char *)w->scales + (size_t)(r0 + i) * sb;
+    bi[i] = (const char *)w->biases + (size_t)(r0 + i) * sb;
+  }
+  const vtile_fn *tf = VTILE_TABLE[w->bits == 2 ? 0 : w->bits == 4 ? 1 : 2];
+  int64_t t = 0;
+  if (rt == 4) {
+    for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, w->sb_dtype);
+    for (; t < T; t++) tf[1](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, w->sb_dtype);
+    return;
+  }
+  for (int i = 0; i < rt; i++) {
+    const uint8_t *r1[1] = {rows[i]};
+    const char *s1[1] = {sc[i]}, *b1[1] = {bi[i]};
+    int64_t tt = 0;
+    for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, w->sb_dtype);
+    for (; tt < T; tt++) tf[3](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, w->sb_dtype);
+  }
+}
+
+/* ---- entry points ---------------------------------------------------------- */
+
+static int lp_kind(const dg_weight *w) {
+  if (!w->bits) return w->dtype == DG_BF16 ? 1 : 0;
+  return w->bits == 2 || w->bits == 4 || w->bits == 8 ? 2 : 0;
+}
+
+/* The activations of a call in the form its weight format wants (NULL-free on success). */
+typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
+
+static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int n_threads) {
+  memset(p, 0, sizeof *p);
+  if (kind == 1) {
+    p->Kp = (w->cols + 31) / 32 * 32;
+    p->xb = aligned_alloc(64, (size_t)T * (size_t)p->Kp * 2 + 64);
+    if (!p->xb) return -1;
+    x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
+    return 0;
+  }
+  return qx_quantize(&p->q, x, ldx, T, w->cols, w->bits, w->group_size, n_threads);
+}
+
+static void lp_release(lp_x *p, int kind) {
+  if (kind == 1) free(p->xb);
+  else qx_free(&p->q);
+}
+
+static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
+                     int64_t r0, int64_t rt) {
+  if (kind == 1) bf16_rows(y, ldy, p->xb + t0 * p->Kp, p->Kp, T, w, r0, rt);
+  else vnni_rows(y, ldy, &p->q, t0, T, w, r0, rt);
+}
+
+static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t row0,
+                      int64_t N, int n_threads) {
+  const int kind = lp_kind(w);
+  lp_x p;
+  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, w, n_threads)) { /* exact path (also when out of memory) */
+    dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads);
+    return;
+  }
+  const int64_t nblk = (N + 3) / 4;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+  for (int64_t b = 0; b < nblk; b++)
+    lp_block(y + b * 4, ldy, &p, kind, 0, T, w, row0 + b * 4, N - b * 4 < 4 ? N - b * 4 : 4);
+  lp_release(&p, kind);
+}
+
+static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
+                              const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads) {
+  const int kind = lp_kind(w);
+  const int64_t R = start[E];
+  lp_x p;
+  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, w, n_threads)) {
+    dg_kernels_avx512_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
+    return;
+  }
+  const int64_t nblk = (N + 3) / 4, ntask = (int64_t)E * nblk;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 8)
+  for (int64_t task = 0; task < ntask; task++) {
+    const int e = (int)(task / nblk);
+    const int64_t n = (task % nblk) * 4, T = start[e + 1] - start[e];
+    if (T <= 0) continue;
+    lp_block(y + (int64_t)start[e] * ldy + n, ldy, &p, kind, start[e], T, w, (int64_t)e * rows_per_expert + row_off + n,
+             N - n < 4 ? N - n : 4);
+  }
+  lp_release(&p, kind);
+}
+
+static void matmul_rows_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                           int n_threads) {
+  dg_kernels_avx512_impl()->matmul_rows(y, ldy, x, ldx, T, w, n_threads); /* exact (the soft embedding) */
+}
+
+static const dg_kernels AVX512LP = {"avx512lp", matmul_lp, matmul_grouped_lp, matmul_rows_lp};
+const dg_kernels *dg_kernels_avx512lp_impl(void) { return &AVX512LP; }
