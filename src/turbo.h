@@ -1,7 +1,9 @@
 /* turbo.h: the pieces of the turbo engine (spec 7, after mlx-vlm PR #1384),
  * exposed for tests and for other backends. The engine itself is
  * dg_turbo_generate (turbo.c), reached through dg_generate with
- * params->turbo.enabled.
+ * params->turbo.enabled, and dg_turbo_generate_batch behind
+ * dg_generate_batch. It is built on the sampler core (sampler.h) and calls
+ * nothing above it.
  *
  * Everything here is host code on plain arrays; a GPU backend can replace the
  * forward pass and the per-row chain and keep the schedule (accept, EOS
@@ -102,30 +104,19 @@ int32_t dg_turbo_bucket(int32_t n, int32_t C);
 /* Column sums of the embedding, colsum [H] (sum in double). */
 void dg_embed_colsum(const struct dg_model *m, float *colsum);
 
-/* What one turbo step decided from, for tests that compare backends (the
- * CUDA-vs-CPU generations measure their near-ties from it). Arrays are by
- * canvas position and valid for the n_active positions active[]: kval/kidx
- * [C, K] the raw top-K values and ids, kp [C, K] the K-way probabilities,
- * top1/ent/uni [C], prop [C] the proposals, acc [C] the acceptance. The
- * repair forward reports step = -1, K = min(2, V), n_active = C, and only
- * kval/kidx. */
-typedef struct dg_turbo_trace {
-  int32_t block, step, n_active, K, C;
-  float temperature;
-  const int32_t *active;
-  const float *kval, *kp, *top1, *ent, *uni;
-  const int32_t *kidx, *prop;
-  const uint8_t *acc;
-} dg_turbo_trace;
-
-/* Called (if not NULL) after every turbo step's sampler chain and
- * acceptance, and after a repair forward; process-wide, for tests only. */
-extern void (*dg_turbo_trace_hook)(const dg_turbo_trace *t, void *user);
-extern void *dg_turbo_trace_user;
+/* The per-step trace (dg_turbo_trace, dgemma.h) goes to the per-call
+ * callback params->on_turbo_trace; there is no process-wide hook. */
 
 /* The turbo engine (spec 7): called by dg_generate after validation when
  * params->turbo.enabled. Same contract as dg_generate. */
 dg_status dg_turbo_generate(struct dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
                             dg_gen_result *res);
+
+/* The turbo engine over B sequences at once: called by dg_generate_batch
+ * (generate.c) once it has checked the arguments (B >= 1 distinct contexts
+ * of one model, every params[i] valid for its prompt with turbo.enabled).
+ * Same contract as dg_generate_batch. */
+dg_status dg_turbo_generate_batch(struct dg_context *const *ctxs, int32_t B, const int32_t *const *prompts,
+                                  const size_t *n_prompts, const dg_gen_params *params, dg_gen_result *results);
 
 #endif
