@@ -165,8 +165,8 @@ FUZZ_TEST_SECONDS ?= 3
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS  := -O1 -g $(FUZZ_SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter \
                 -Iinclude -Isrc -MMD -MP $(XCFLAGS)
-FUZZ_LIBSRC  := src/safetensors.c src/config.c src/tokenizer.c src/chat.c src/quant.c src/dg_error.c src/dg_io.c src/dg_json.c \
-                src/cpu/ref.c
+FUZZ_LIBSRC  := src/dtype.c src/safetensors.c src/config.c src/tokenizer.c src/chat.c src/quant.c src/dg_error.c src/dg_io.c \
+                src/dg_json.c
 FUZZ_LIBOBJ  := $(patsubst %.c,build-fuzz/%.o,$(FUZZ_LIBSRC))
 FUZZ_ALL     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZERS      ?= $(FUZZ_ALL)

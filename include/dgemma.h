@@ -248,6 +248,24 @@ typedef struct dg_turbo_params {
 typedef int (*dg_step_callback)(const dg_step_info *info, void *user_data);
 typedef int (*dg_block_callback)(const dg_block_info *info, void *user_data);
 
+/* What one turbo step decided from (spec 7.3, 7.5), for tests that compare
+ * backends (the CUDA-vs-CPU generations measure their near-ties from it).
+ * Arrays are by canvas position and valid for the n_active positions
+ * active[] during the callback only: kval/kidx [C, K] the raw top-K values
+ * and ids, kp [C, K] the K-way probabilities, top1/ent/uni [C], prop [C] the
+ * proposals, acc [C] the acceptance (0/1). The repair forward reports
+ * step = -1, K = min(2, V), n_active = C, temperature 0, and only kval/kidx
+ * (the others NULL). */
+typedef struct dg_turbo_trace {
+  int32_t block, step, n_active, K, C;
+  float temperature;
+  const int32_t *active;
+  const float *kval, *kp, *top1, *ent, *uni;
+  const int32_t *kidx, *prop;
+  const uint8_t *acc;
+} dg_turbo_trace;
+typedef void (*dg_turbo_trace_callback)(const dg_turbo_trace *trace, void *user_data);
+
 typedef struct dg_gen_params {
   int32_t max_new_tokens;        /* rounded up to whole canvases (spec 6.1) */
   int32_t max_denoising_steps;   /* N */
@@ -272,7 +290,9 @@ typedef struct dg_gen_params {
   size_t replay_uniforms_len;    /* in floats */
   dg_step_callback on_step;
   dg_block_callback on_block;
-  void *user_data;
+  dg_turbo_trace_callback on_turbo_trace; /* turbo only, NULL = none: called after every step's sampler chain
+                                             and acceptance and after a repair forward (tests, backend checks) */
+  void *user_data;               /* passed to on_step, on_block and on_turbo_trace */
   dg_turbo_params turbo;         /* spec 7; turbo.enabled = 0 (the default) leaves everything above unchanged */
 } dg_gen_params;
 

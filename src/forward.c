@@ -20,9 +20,10 @@
 
 #include "cuda/backend.h"
 #include "dg_error.h"
+#include "context.h"
 #include "model.h"
 
-#define ENC_CHUNK 256 /* encoder tokens per pass; results do not depend on it */
+#define ENC_CHUNK DG_ENC_CHUNK
 
 /* ------------------------------------------------------------------------ */
 /* Primitives (spec 4.1)                                                     */
@@ -94,20 +95,8 @@ static void rope_tables_at(float *cs, float *sn, const float *inv_freq, int D, c
 }
 
 /* ------------------------------------------------------------------------ */
-/* Context                                                                   */
+/* Context (its host buffers: context.c)                                     */
 /* ------------------------------------------------------------------------ */
-
-dg_context_params dg_context_default_params(void) {
-  dg_context_params p;
-  memset(&p, 0, sizeof p);
-  return p;
-}
-
-static void *xcalloc(size_t n, size_t sz, int *fail) {
-  void *p = calloc(n ? n : 1, sz);
-  if (!p) *fail = 1;
-  return p;
-}
 
 dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out) {
   return dg_context_new_rows(m, p, 0, out);
@@ -130,57 +119,8 @@ dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int
     *out = ctx;
     return DG_OK;
   }
-  int fail = 0;
-  int dmax = 0, kvmax = 0;
-  for (int i = 0; i < c->n_layers; i++) {
-    if (c->head_dim[i] > dmax) dmax = c->head_dim[i];
-    if (c->n_kv_heads[i] * c->head_dim[i] > kvmax) kvmax = c->n_kv_heads[i] * c->head_dim[i];
-  }
-  ctx->kv = xcalloc((size_t)c->n_layers, sizeof *ctx->kv, &fail);
-  for (int i = 0; !fail && i < c->n_layers; i++) {
-    size_t n = (size_t)c->n_kv_heads[i] * (size_t)cap * (size_t)c->head_dim[i];
-    ctx->kv[i].k = xcalloc(n, sizeof(float), &fail);
-    ctx->kv[i].v = xcalloc(n, sizeof(float), &fail);
-  }
-  int32_t T = c->canvas_length > ENC_CHUNK ? c->canvas_length : ENC_CHUNK;
-  if (rows > T) T = rows;
-  ctx->tmax = T;
-  size_t H = (size_t)c->hidden_size, W = (size_t)(c->intermediate_size > c->moe_intermediate_size
-                                                      ? c->intermediate_size
-                                                      : c->moe_intermediate_size);
-  size_t TK = (size_t)T * (size_t)c->top_k_experts;
-  ctx->x = xcalloc((size_t)T * H, sizeof(float), &fail);
-  ctx->xa = xcalloc((size_t)T * H, sizeof(float), &fail);
-  ctx->xb = xcalloc((size_t)T * H, sizeof(float), &fail);
-  ctx->q = xcalloc((size_t)T * c->n_heads * dmax, sizeof(float), &fail);
-  ctx->k = xcalloc((size_t)T * kvmax, sizeof(float), &fail);
-  ctx->v = xcalloc((size_t)T * kvmax, sizeof(float), &fail);
-  ctx->att = xcalloc((size_t)T * c->n_heads * dmax, sizeof(float), &fail);
-  ctx->h1 = xcalloc((size_t)T * W, sizeof(float), &fail);
-  ctx->h2 = xcalloc((size_t)T * W, sizeof(float), &fail);
-  ctx->router_logits = xcalloc((size_t)T * c->n_experts, sizeof(float), &fail);
-  ctx->topk_idx = xcalloc(TK, sizeof(int32_t), &fail);
-  ctx->topk_w = xcalloc(TK, sizeof(float), &fail);
-  ctx->exp_tokens = xcalloc(TK, sizeof(int32_t), &fail);
-  ctx->exp_count = xcalloc((size_t)c->n_experts, sizeof(int32_t), &fail);
-  ctx->exp_start = xcalloc((size_t)c->n_experts + 1, sizeof(int32_t), &fail);
-  ctx->ebuf_in = xcalloc(TK * H, sizeof(float), &fail);
-  ctx->ebuf_out = xcalloc(TK * H, sizeof(float), &fail);
-  ctx->eh1 = xcalloc(TK * (size_t)c->moe_intermediate_size, sizeof(float), &fail);
-  ctx->eh2 = xcalloc(TK * (size_t)c->moe_intermediate_size, sizeof(float), &fail);
-  ctx->rope_cos = xcalloc((size_t)T * dmax / 2, sizeof(float), &fail);
-  ctx->rope_sin = xcalloc((size_t)T * dmax / 2, sizeof(float), &fail);
-  ctx->n_score_threads = m->n_threads;
-  ctx->scores = xcalloc((size_t)m->n_threads * ((size_t)cap + T), sizeof(float), &fail);
-  ctx->soft = xcalloc((size_t)c->canvas_length * H, sizeof(float), &fail);
-  /* one probability row per thread, not [C, V]: a canvas row's probabilities are
-   * consumed by its own soft-embedding sum (~268 MB less per context at C = 256,
-   * V = 262,144; issue 16) */
-  ctx->probs = xcalloc((size_t)m->n_threads * (size_t)c->vocab_size, sizeof(float), &fail);
-  if (fail) {
-    dg_context_free(ctx);
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory allocating a context of %d positions", cap);
-  }
+  dg_status st = dg_context_alloc_host(ctx, rows); /* context.c */
+  if (st) { dg_context_free(ctx); return st; }
   *out = ctx;
   return DG_OK;
 }
@@ -188,37 +128,8 @@ dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int
 void dg_context_free(dg_context *ctx) {
   if (!ctx) return;
   dg_cuda_ctx_free(ctx->cuda);
-  if (ctx->kv)
-    for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->kv[i].k); free(ctx->kv[i].v); }
-  free(ctx->kv);
-  if (ctx->cbuf_k)
-    for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->cbuf_k[i]); free(ctx->cbuf_v[i]); }
-  free(ctx->cbuf_k);
-  free(ctx->cbuf_v);
-  float *bufs[] = {ctx->x, ctx->xa, ctx->xb, ctx->q, ctx->k, ctx->v, ctx->att, ctx->h1, ctx->h2,
-                   ctx->router_logits, ctx->topk_w, ctx->ebuf_in, ctx->ebuf_out, ctx->eh1, ctx->eh2,
-                   ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->soft, ctx->probs};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-  free(ctx->topk_idx);
-  free(ctx->exp_tokens);
-  free(ctx->exp_count);
-  free(ctx->exp_start);
+  dg_context_free_host(ctx); /* context.c */
   free(ctx);
-}
-
-void dg_context_reset(dg_context *ctx) {
-  if (ctx) ctx->len = 0;
-}
-
-int32_t dg_context_length(const dg_context *ctx) { return ctx ? ctx->len : 0; }
-
-dg_status dg_context_truncate(dg_context *ctx, int32_t len) {
-  if (!ctx) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_truncate: NULL context");
-  if (len < 0 || len > ctx->len)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_truncate: length %d is outside [0, %d] (the cache's length)", len,
-                     ctx->len);
-  ctx->len = len; /* K/V rows are stored by absolute position (CPU and CUDA): the rest is overwritten later */
-  return DG_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -601,8 +512,8 @@ dg_status dg_compact_buffers(dg_context *ctx) {
   int fail = !ctx->cbuf_k || !ctx->cbuf_v;
   for (int i = 0; !fail && i < c->n_layers; i++) {
     size_t n = (size_t)c->canvas_length * c->n_kv_heads[i] * c->head_dim[i];
-    ctx->cbuf_k[i] = xcalloc(n, sizeof(float), &fail);
-    ctx->cbuf_v[i] = xcalloc(n, sizeof(float), &fail);
+    ctx->cbuf_k[i] = dg_xcalloc(n, sizeof(float), &fail);
+    ctx->cbuf_v[i] = dg_xcalloc(n, sizeof(float), &fail);
   }
   if (fail) {
     if (ctx->cbuf_k)

@@ -8,26 +8,8 @@
 #define DG_KERNELS_H
 
 #include <stdint.h>
-#include <string.h>
 
-#include "safetensors.h"
-
-/* A row-major matrix view [rows, cols] into a checkpoint (or owned memory).
- * Float weights (bits == 0): row r starts at (char*)data + r*cols*dg_dtype_size(dtype).
- * MLX affine-quantized weights (bits != 0, dtype DG_U32; format in quant.h):
- * packed row r starts at (char*)data + r*cols*bits/8, its group g has scale
- * scales[r*cols/group_size + g] and bias biases[...] of type sb_dtype, and
- * w[r,k] = (float)q * scale + bias. rows/cols are the logical (dequantized)
- * shape; cols is a multiple of group_size. */
-typedef struct dg_weight {
-  dg_dtype dtype; /* DG_F32, DG_BF16 or DG_F16; DG_U32 when quantized */
-  const void *data;
-  int64_t rows, cols;
-  int bits;                     /* 0 = float; 2, 3, 4, 6 or 8 */
-  int group_size;               /* 32, 64 or 128 (quantized only) */
-  dg_dtype sb_dtype;            /* scales/biases dtype: DG_BF16, DG_F16 or DG_F32 */
-  const void *scales, *biases;  /* [rows, cols/group_size] (quantized only) */
-} dg_weight;
+#include "weight.h" /* dg_weight (and dtype.h: dg_dtype, the bf16/f16 conversions) */
 
 typedef struct dg_kernels {
   const char *name;
@@ -82,31 +64,5 @@ const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW
  * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
  * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
 const dg_kernels *dg_kernels_avx512lp(void);
-
-/* bf16 and f16 <-> f32 (round to nearest even; NaN preserved). */
-static inline float dg_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline uint16_t dg_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-float dg_f16_to_f32(uint16_t h);
-uint16_t dg_f32_to_f16(float f);
-
-/* Element i of a row-major typed vector as fp32 (slow path helper). */
-static inline float dg_load_elem(dg_dtype t, const void *p, int64_t i) {
-  switch (t) {
-  case DG_BF16: { uint16_t h; memcpy(&h, (const char *)p + 2 * i, 2); return dg_bf16_to_f32(h); }
-  case DG_F16: { uint16_t h; memcpy(&h, (const char *)p + 2 * i, 2); return dg_f16_to_f32(h); }
-  default: { float f; memcpy(&f, (const char *)p + 4 * i, 4); return f; }
-  }
-}
 
 #endif

@@ -47,7 +47,7 @@
 #include "dg_error.h"
 #include "dg_io.h"
 #include "dgemma.h"
-#include "kernels.h"
+#include "dtype.h"
 #include "mkrandom.h"
 #include "quant.h"
 #include "rng.h"

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #include "dgemma.h"
-#include "kernels.h"
+#include "weight.h" /* dg_weight, dg_dtype and the conversions */
 
 /* 1 if bits is 2, 3, 4, 6 or 8 (MLX affine, mlx/backend/cpu/quantized.cpp:
  * _qmm_dispatch_typed); 5-bit MLX packing is not supported here. */

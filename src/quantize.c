@@ -31,9 +31,9 @@
 #include "dg_error.h"
 #include "dg_io.h"
 #include "dgemma.h"
-#include "kernels.h"
 #include "quant.h"
 #include "safetensors.h"
+#include "weight.h"
 
 static const char *const CLASS_NAMES[DG_QCLASS_COUNT] = {"embed", "attn", "mlp", "router", "experts", "sc"};
 

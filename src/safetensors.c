@@ -42,37 +42,6 @@
 #define ST_SINGLE_NAME "model.safetensors"
 
 /* ------------------------------------------------------------------------- */
-/* dtypes                                                                    */
-/* ------------------------------------------------------------------------- */
-
-static const struct { const char *name; size_t size; } dtype_info[DG_DTYPE_COUNT] = {
-  [DG_F32] = {"F32", 4},  [DG_F16] = {"F16", 2},  [DG_BF16] = {"BF16", 2},
-  [DG_F64] = {"F64", 8},  [DG_I64] = {"I64", 8},  [DG_I32] = {"I32", 4},
-  [DG_I16] = {"I16", 2},  [DG_I8] = {"I8", 1},    [DG_U8] = {"U8", 1},
-  [DG_U16] = {"U16", 2},  [DG_U32] = {"U32", 4},  [DG_U64] = {"U64", 8},
-  [DG_BOOL] = {"BOOL", 1},
-};
-
-size_t dg_dtype_size(dg_dtype t) {
-  return ((unsigned)t < DG_DTYPE_COUNT) ? dtype_info[t].size : 0;
-}
-
-const char *dg_dtype_name(dg_dtype t) {
-  return ((unsigned)t < DG_DTYPE_COUNT) ? dtype_info[t].name : "?";
-}
-
-int dg_dtype_parse(const char *s, dg_dtype *out) {
-  if (!s) return 0;
-  for (int i = 0; i < DG_DTYPE_COUNT; i++) {
-    if (strcmp(s, dtype_info[i].name) == 0) {
-      *out = (dg_dtype)i;
-      return 1;
-    }
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------------- */
 /* The container object                                                      */
 /* ------------------------------------------------------------------------- */
 

@@ -22,25 +22,7 @@
 #include <stdint.h>
 
 #include "dgemma.h"
-
-/* Element types, spelled as in safetensors headers by dg_dtype_name. */
-typedef enum dg_dtype {
-  DG_F32, DG_F16, DG_BF16, DG_F64,
-  DG_I64, DG_I32, DG_I16, DG_I8,
-  DG_U8, DG_U16, DG_U32, DG_U64,
-  DG_BOOL,
-  DG_DTYPE_COUNT
-} dg_dtype;
-
-/* Bytes per element (BOOL is 1 byte); 0 for a value outside [0, DG_DTYPE_COUNT). */
-size_t dg_dtype_size(dg_dtype t);
-/* The safetensors spelling ("F32", "BF16", "BOOL", ...); "?" for a value
- * outside [0, DG_DTYPE_COUNT). Never NULL. */
-const char *dg_dtype_name(dg_dtype t);
-/* Parse a safetensors dtype string (case-sensitive, exactly as written by the
- * reference library). Returns 1 and sets *out if known, 0 otherwise (*out
- * untouched; no error is recorded). */
-int dg_dtype_parse(const char *s, dg_dtype *out);
+#include "dtype.h" /* dg_dtype, dg_dtype_size/name/parse */
 
 #define DG_MAX_DIMS 8
 

@@ -27,8 +27,8 @@
  * turbo_bucket pads the forward set and the LM-head rows up to a shape bucket
  * with duplicates of the last real entry; all bookkeeping uses real counts.
  *
- * dg_generate_batch denoises B canvases of different prompts (one context
- * each) in one decoder pass per step: each sequence keeps its own schedule,
+ * dg_turbo_generate_batch (dg_generate_batch, generate.c) denoises B
+ * canvases of different prompts (one context each) in one decoder pass per step: each sequence keeps its own schedule,
  * random streams and KV cache, and its outputs do not depend on B.
  *
  * On a CUDA context (ctx->cuda) the decoder pass (plain or compacted, the
@@ -38,318 +38,26 @@
  * and ids come back; the K-way distribution, acceptance, schedule and
  * guards run here on the host. The adaptive self-conditioning mode brings
  * the active rows' raw logits back and runs on the host (its rows are then
- * uploaded with the next pass). A batch on CUDA runs one pass per canvas. */
+ * uploaded with the next pass). A batch on CUDA runs one pass per canvas.
+ *
+ * The array-level parts (top-K, K-way distribution, acceptance, guards,
+ * buckets, approximate self-conditioning rows) are in turbo_parts.c; the
+ * draws, stop rule and result filling are the sampler core's (sampler.c). */
 #include "turbo.h"
 
-#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
-#include "rng.h"
 #include "sampler.h"
-
-/* ------------------------------------------------------------------------ */
-/* Hierarchical exact top-K (spec 7.3)                                       */
-/* ------------------------------------------------------------------------ */
-
-/* the total order: a precedes b */
-static inline int before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
-
-typedef struct vi { float v; int32_t i; } vi;
-static int cmp_vi(const void *pa, const void *pb) {
-  const vi *a = pa, *b = pb;
-  if (before(a->v, a->i, b->v, b->i)) return -1;
-  if (before(b->v, b->i, a->v, a->i)) return 1;
-  return 0;
-}
-
-/* Insert (v, i) into the sorted list val/idx of length *n (capacity K). */
-static inline void ins(float *val, int32_t *idx, int32_t *n, int32_t K, float v, int32_t i) {
-  if (*n == K && !before(v, i, val[K - 1], idx[K - 1])) return;
-  int32_t j = *n < K ? (*n)++ : K - 1;
-  while (j > 0 && before(v, i, val[j - 1], idx[j - 1])) {
-    val[j] = val[j - 1];
-    idx[j] = idx[j - 1];
-    j--;
-  }
-  val[j] = v;
-  idx[j] = i;
-}
-
-/* Insertion is O(n K); above this K the candidates are sorted instead. */
-#define TOPK_INSERT_MAX 128
-
-size_t dg_topk_scratch_size(int32_t V, int32_t K) {
-  size_t nC = ((size_t)V + DG_TOPK_CHUNK - 1) / DG_TOPK_CHUNK;
-  size_t cand = K > TOPK_INSERT_MAX ? (size_t)V : 0;
-  return (nC + (size_t)K + cand) * sizeof(vi) + 64;
-}
-
-dg_status dg_topk_hier(const float *x, int32_t V, int32_t K, int finite_only, float *val, int32_t *idx,
-                       void *scratch, int32_t *bad) {
-  const int32_t nC = (V + DG_TOPK_CHUNK - 1) / DG_TOPK_CHUNK;
-  vi *chunk = scratch;             /* [nC] chunk maxima (value, element id) */
-  vi *sel = chunk + nC;            /* [min(K, nC)] the best chunks */
-  vi *cand = sel + K;              /* [V] candidates when K is large */
-  /* stage 1: chunk maxima; the first maximal element represents the chunk */
-  for (int32_t c = 0; c < nC; c++) {
-    int32_t lo = c * DG_TOPK_CHUNK, hi = lo + DG_TOPK_CHUNK < V ? lo + DG_TOPK_CHUNK : V, b = lo;
-    for (int32_t v = lo; v < hi; v++) {
-      float f = x[v];
-      if (isnan(f) || (finite_only && isinf(f))) {
-        if (bad) *bad = v;
-        return DG_ERR_NUMERIC;
-      }
-      if (f > x[b]) b = v;
-    }
-    chunk[c].v = x[b];
-    chunk[c].i = b;
-  }
-  /* stage 2: the K best chunks under the same order */
-  int32_t nsel = K < nC ? K : nC;
-  if (K > TOPK_INSERT_MAX) {
-    qsort(chunk, (size_t)nC, sizeof *chunk, cmp_vi);
-    memcpy(sel, chunk, (size_t)nsel * sizeof *sel);
-  } else {
-    int32_t n = 0;
-    float *sv = val;   /* val/idx double as the insertion lists (K >= nsel) */
-    int32_t *si = idx;
-    for (int32_t c = 0; c < nC; c++) ins(sv, si, &n, nsel, chunk[c].v, chunk[c].i);
-    for (int32_t c = 0; c < nsel; c++) { sel[c].v = sv[c]; sel[c].i = si[c]; }
-  }
-  /* stage 3: the K best elements among the selected chunks' elements */
-  if (K > TOPK_INSERT_MAX) {
-    int32_t n = 0;
-    for (int32_t s = 0; s < nsel; s++) {
-      int32_t lo = sel[s].i / DG_TOPK_CHUNK * DG_TOPK_CHUNK, hi = lo + DG_TOPK_CHUNK < V ? lo + DG_TOPK_CHUNK : V;
-      for (int32_t v = lo; v < hi; v++) { cand[n].v = x[v]; cand[n].i = v; n++; }
-    }
-    qsort(cand, (size_t)n, sizeof *cand, cmp_vi);
-    for (int32_t k = 0; k < K; k++) { val[k] = cand[k].v; idx[k] = cand[k].i; }
-  } else {
-    int32_t n = 0;
-    for (int32_t s = 0; s < nsel; s++) {
-      int32_t lo = sel[s].i / DG_TOPK_CHUNK * DG_TOPK_CHUNK, hi = lo + DG_TOPK_CHUNK < V ? lo + DG_TOPK_CHUNK : V;
-      for (int32_t v = lo; v < hi; v++) ins(val, idx, &n, K, x[v], v);
-    }
-  }
-  return DG_OK;
-}
-
-void dg_turbo_dist(const float *val, const int32_t *idx, int32_t K, float cap, float T, float u, int mode, float *p,
-                   dg_turbo_pos *out) {
-  /* z_k = softcap(v_k) / T: the reference's processed logits (spec 6.1), on K values */
-  double z0 = 0.0, sum = 0.0;
-  for (int32_t k = 0; k < K; k++) {
-    float s = cap > 0.0f ? tanhf(val[k] / cap) * cap : val[k];
-    float z = s / T;
-    if (k == 0) z0 = z; /* softcap and 1/T are monotone: the first is the largest */
-    p[k] = z;
-  }
-  for (int32_t k = 0; k < K; k++) sum += exp((double)p[k] - z0);
-  double lse = z0 + log(sum), ent = 0.0;
-  for (int32_t k = 0; k < K; k++) {
-    double lp = (double)p[k] - lse, pk = exp(lp);
-    ent -= pk * lp;
-    p[k] = (float)pk;
-  }
-  out->argmax = idx[0];
-  out->entropy = (float)(ent > 0.0 ? ent : 0.0);
-  out->top1 = p[0];
-  out->proposal = idx[0];
-  if (mode != DG_PROPOSAL_ARGMAX) {
-    double tot = 0.0, cdf = 0.0;
-    for (int32_t k = 0; k < K; k++) tot += p[k];
-    double target = (double)u * tot;
-    out->proposal = idx[K - 1];
-    for (int32_t k = 0; k < K; k++) {
-      cdf += p[k];
-      if (cdf > target) { out->proposal = idx[k]; break; }
-    }
-  }
-}
-
-float dg_turbo_temperature(const dg_gen_params *p, int32_t step, int32_t n_steps) {
-  float frac = n_steps > 1 ? (float)step / (float)(n_steps - 1) : 0.0f;
-  return p->t_min + (p->t_max - p->t_min) * (1.0f - frac);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Schedule and guards (spec 7.5)                                            */
-/* ------------------------------------------------------------------------ */
-
-int32_t dg_turbo_accept_step(const dg_turbo_params *t, float bound, int32_t step, int flush, const int32_t *active,
-                        int32_t n_active, const float *ent, const float *top1, uint8_t *acc, void *scratch) {
-  if (n_active <= 0) return 0;
-  int32_t n = 0;
-  if (flush) {
-    for (int32_t a = 0; a < n_active; a++) acc[active[a]] = 1;
-    return n_active;
-  }
-  if (t->accept == DG_TURBO_ACCEPT_ENTROPY_BOUND) {
-    float *e = scratch;                           /* [n_active] */
-    uint8_t *ac = (uint8_t *)(e + n_active);      /* [n_active] */
-    void *sort = (char *)scratch + 5 * (size_t)n_active; /* 8 n_active bytes for the sort */
-    sort = (void *)(((uintptr_t)sort + 7) & ~(uintptr_t)7);
-    for (int32_t a = 0; a < n_active; a++) e[a] = ent[active[a]];
-    n = dg_entropy_bound_accept(e, n_active, bound, ac, sort);
-    for (int32_t a = 0; a < n_active; a++) acc[active[a]] = ac[a];
-  } else {
-    float tau = step < t->threshold_k0 ? t->threshold_hi : t->threshold_lo;
-    for (int32_t a = 0; a < n_active; a++) {
-      acc[active[a]] = top1[active[a]] >= tau;
-      n += acc[active[a]];
-    }
-  }
-  if (n == 0) { /* the single forced commit */
-    int32_t best = active[0];
-    for (int32_t a = 1; a < n_active; a++)
-      if (top1[active[a]] > top1[best]) best = active[a];
-    acc[best] = 1;
-    n = 1;
-  }
-  return n;
-}
-
-static int is_stop(const dg_gen_params *p, int32_t id) {
-  for (int i = 0; i < p->n_stop_ids; i++)
-    if (p->stop_ids[i] == id) return 1;
-  return 0;
-}
-
-int32_t dg_turbo_eos_tail(const dg_gen_params *p, int32_t C, const int32_t *committed, uint8_t *frozen,
-                          uint8_t *dropped) {
-  int32_t e = -1;
-  for (int32_t i = 0; i < C; i++)
-    if (frozen[i] && !dropped[i] && is_stop(p, committed[i])) { e = i; break; }
-  if (e < 0) return 0;
-  int all = 1;
-  for (int32_t i = 0; i <= e; i++) all &= frozen[i] != 0;
-  if (all) return e + 1;
-  for (int32_t i = e + 1; i < C; i++)
-    if (!frozen[i]) { frozen[i] = 1; dropped[i] = 1; }
-  return 0;
-}
-
-int32_t dg_repeat_guard_feed(int32_t *last, int32_t *run, const int32_t *tok, int32_t n, int32_t limit) {
-  for (int32_t i = 0; i < n; i++) {
-    if (tok[i] == *last) (*run)++;
-    else { *last = tok[i]; *run = 1; }
-    if (limit > 0 && *run >= limit) return i + 1;
-  }
-  return n;
-}
-
-int32_t dg_turbo_bucket(int32_t n, int32_t C) {
-  static const int32_t b[] = {16, 32, 48, 64, 96, 128, 160, 192, 224, 256};
-  for (size_t i = 0; i < sizeof b / sizeof *b; i++)
-    if (b[i] >= n) return b[i] < C ? b[i] : C;
-  return C;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Self-conditioning modes (spec 5.5, 7.3)                                   */
-/* ------------------------------------------------------------------------ */
-
-void dg_embed_colsum(const dg_model *m, float *colsum) {
-  const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-  double *acc = calloc((size_t)H, sizeof(double));
-  float *row = malloc((size_t)H * sizeof(float));
-  if (!acc || !row) { free(acc); free(row); memset(colsum, 0, (size_t)H * sizeof(float)); return; }
-  for (int v = 0; v < V; v++) {
-    dg_weight_row_f32(&m->embed, v, row);
-    for (int j = 0; j < H; j++) acc[j] += row[j];
-  }
-  for (int j = 0; j < H; j++) colsum[j] = (float)acc[j];
-  free(acc);
-  free(row);
-}
-
-size_t dg_turbo_sc_work_size(int32_t V, int32_t K) {
-  (void)K;
-  /* z [V] + val [V] + idx [V] + top-K scratch for K' up to V */
-  return 3 * (size_t)V * 4 + dg_topk_scratch_size(V, V) + 64;
-}
-
-static void axpy_row(const dg_model *m, float *s, float a, int32_t v) {
-  const int H = m->cfg.hidden_size;
-  if (m->embed.dtype == DG_F32 && !m->embed.bits) {
-    const float *er = (const float *)m->embed.data + (size_t)v * H;
-    for (int j = 0; j < H; j++) s[j] += a * er[j];
-  } else {
-    dg_weight_axpy_row(s, a, &m->embed, v);
-  }
-}
-
-void dg_turbo_sc_row(const dg_model *m, dg_turbo_sc mode, const float *raw, float T, const int32_t *idx,
-                     const float *p, int32_t K, float tail_bound, const float *colsum, void *work, float *soft,
-                     int32_t *k_used, float *tail) {
-  const int H = m->cfg.hidden_size;
-  const int32_t V = m->cfg.vocab_size;
-  const float cap = m->cfg.final_logit_softcapping;
-  for (int j = 0; j < H; j++) soft[j] = 0.0f;
-  if (mode == DG_TURBO_SC_TOPK) {
-    for (int32_t k = 0; k < K; k++) axpy_row(m, soft, p[k], idx[k]);
-    for (int j = 0; j < H; j++) soft[j] *= m->embed_scale;
-    if (k_used) *k_used = K;
-    if (tail) *tail = 0.0f; /* renormalized: the tail is dropped, not measured here */
-    return;
-  }
-  /* adaptive: exact probabilities of the kept tokens, tail spread evenly */
-  float *z = work, *kval = z + V;
-  int32_t *kidx = (int32_t *)(kval + V);
-  void *tk = (void *)(((uintptr_t)(kidx + V) + 63) & ~(uintptr_t)63);
-  float mx = -INFINITY;
-  for (int32_t v = 0; v < V; v++) {
-    float s = cap > 0.0f ? tanhf(raw[v] / cap) * cap : raw[v];
-    z[v] = s / T;
-    if (z[v] > mx) mx = z[v];
-  }
-  double sum = 0.0;
-  for (int32_t v = 0; v < V; v++) sum += exp((double)z[v] - mx);
-  const double lse = mx + log(sum);
-  int32_t Kp = K < V ? K : V;
-  double mass;
-  for (;;) {
-    int32_t bad;
-    dg_topk_hier(raw, V, Kp, 0, kval, kidx, tk, &bad); /* raw is finite here: the sampler checked it */
-    mass = 0.0;
-    for (int32_t k = 0; k < Kp; k++) mass += exp((double)z[kidx[k]] - lse);
-    if (1.0 - mass <= tail_bound || Kp == V) break;
-    Kp = 2 * Kp < V ? 2 * Kp : V;
-  }
-  double m_tail = 1.0 - mass;
-  if (m_tail < 0.0) m_tail = 0.0;
-  const float c = Kp < V ? (float)(m_tail / (double)(V - Kp)) : 0.0f;
-  for (int32_t k = 0; k < Kp; k++) {
-    float q = (float)exp((double)z[kidx[k]] - lse);
-    axpy_row(m, soft, q - c, kidx[k]);
-  }
-  if (c != 0.0f)
-    for (int j = 0; j < H; j++) soft[j] += c * colsum[j];
-  for (int j = 0; j < H; j++) soft[j] *= m->embed_scale;
-  if (k_used) *k_used = Kp;
-  if (tail) *tail = (float)m_tail;
-}
 
 /* ------------------------------------------------------------------------ */
 /* The engine                                                                */
 /* ------------------------------------------------------------------------ */
-
-void (*dg_turbo_trace_hook)(const dg_turbo_trace *t, void *user) = NULL;
-void *dg_turbo_trace_user = NULL;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct turbo_state {
   int32_t C, V, K, H, nt;
@@ -544,20 +252,19 @@ typedef struct turbo_seq {
   const dg_gen_params *p;
   dg_gen_result *res;
   turbo_state s;
-  int32_t *out;            /* [n_canvases, C] */
+  dg_gen_tally t;          /* out [n_canvases, C], counts, finish reason, start time */
+  dg_draws draws;          /* random canvases and uniforms (bits = s.bits) */
+  dg_stop_rule stop;       /* the non-monotone stable-and-confident stop (hist = s.hist) */
   int32_t n_canvases, N, flush_step;
   int32_t b, k, steps;     /* canvas, step within it, forwards spent on it */
   int32_t emit, sc_any, eos_stop, in_block, block_over, done;
   int32_t n_act, n_f, n_h, shape_f, shape_h;
-  int32_t n_steps_total, n_blocks, n_out, rg_last, rg_run;
-  int64_t n_fwd_rows;
-  dg_finish_reason why;
-  double t0;
+  int32_t rg_last, rg_run;
 } turbo_seq;
 
 static void seq_free(turbo_seq *q) {
   turbo_free(&q->s);
-  free(q->out);
+  free(q->t.out);
 }
 
 static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, size_t n_prompt,
@@ -569,17 +276,19 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
   q->ctx = ctx;
   q->p = p;
   q->res = res;
-  q->t0 = now_s();
+  q->t.t0 = dg_now_s();
   q->rg_last = -1;
-  q->why = DG_FINISH_LENGTH;
+  q->t.why = DG_FINISH_LENGTH;
   if (p->replay_canvases || p->proposal == DG_PROPOSAL_REPLAY_UNIFORM)
     return dg_seterr(DG_ERR_INVALID_ARG, "the turbo engine does not replay injected canvases or uniforms");
   q->n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
   q->N = tp->steps > 0 && tp->steps < p->max_denoising_steps ? tp->steps : p->max_denoising_steps;
   q->flush_step = tp->steps > 0 ? q->N - 1 : -1;
   DG_TRY(turbo_alloc(&q->s, m, p));
-  q->out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
-  if (!q->out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
+  q->draws = (dg_draws){p, 0, 0, C, m->cfg.vocab_size, q->s.bits};
+  q->stop = (dg_stop_rule){q->s.hist, p->stability_threshold, C, p->confidence_threshold};
+  q->t.out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
+  if (!q->t.out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
   q->s.soft = ctx->cuda ? q->s.soft_own : ctx->soft;
   if ((tp->compact || need_buffers) && !ctx->cuda) DG_TRY(dg_compact_buffers(ctx)); /* CUDA: the cache's canvas slots */
   return dg_encode(ctx, prompt, n_prompt);
@@ -588,16 +297,16 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
 /* Start canvas q->b: commit the previous one, draw the random canvas. */
 static dg_status seq_begin_block(turbo_seq *q) {
   turbo_state *s = &q->s;
-  const int32_t C = s->C, V = s->V, SH = q->p->stability_threshold;
+  const int32_t C = s->C;
   if (C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "canvas length %d", C);
-  if (q->b > 0) DG_TRY(dg_forward_encode(q->ctx, q->out + (size_t)(q->b - 1) * C, C)); /* commit */
-  dg_rng_u32(q->p->seed, DG_RNG_CANVAS, (uint32_t)q->b, 0, (uint32_t)C, s->bits);
-  for (int32_t i = 0; i < C; i++) s->canvas[i] = s->committed[i] = dg_rng_to_id(s->bits[i], V);
+  if (q->b > 0) DG_TRY(dg_forward_encode(q->ctx, q->t.out + (size_t)(q->b - 1) * C, C)); /* commit */
+  DG_TRY(dg_draw_canvas(&q->draws, q->b, 0, s->canvas));
+  memcpy(s->committed, s->canvas, (size_t)C * sizeof(int32_t));
   memset(s->frozen, 0, (size_t)C);
   memset(s->dropped, 0, (size_t)C);
   memset(s->newly, 0, (size_t)C);
   memcpy(s->step_amax, s->canvas, (size_t)C * sizeof(int32_t));
-  for (int32_t i = 0; i < (SH > 0 ? SH : 1) * C; i++) s->hist[i] = -1;
+  dg_stop_rule_reset(&q->stop);
   memset(s->soft, 0, (size_t)C * s->H * sizeof(float));
   q->sc_any = q->eos_stop = 0;
   q->emit = C;
@@ -648,24 +357,21 @@ static dg_status seq_after_forward(turbo_seq *q) {
   const dg_gen_params *p = q->p;
   const dg_turbo_params *tp = &p->turbo;
   const dg_model *m = q->ctx->m;
-  const int32_t C = s->C, V = s->V, SH = p->stability_threshold, k = q->k, b = q->b, n_act = q->n_act;
+  const int32_t C = s->C, k = q->k, b = q->b, n_act = q->n_act;
   q->steps++;
-  q->n_fwd_rows += q->n_f;
+  q->t.n_forwarded += q->n_f;
   const float T = dg_turbo_temperature(p, k, q->N);
-  if (p->proposal == DG_PROPOSAL_SAMPLE) {
-    dg_rng_u32(p->seed, DG_RNG_PROPOSAL, (uint32_t)b, (uint32_t)k, (uint32_t)C, s->bits);
-    for (int32_t i = 0; i < C; i++) s->uni[i] = dg_rng_to_unit(s->bits[i]);
-  }
+  DG_TRY(dg_draw_uniforms(&q->draws, b, k, s->uni));
   DG_TRY(turbo_rows(s, m, q->ctx, p, b, k, n_act, T));
   const int flush = k == q->flush_step;
   int32_t n_acc = dg_turbo_accept_step(tp, p->entropy_bound, k, flush, s->active, n_act, s->ent, s->top1, s->acc,
                                        s->acc_scratch);
-  if (dg_turbo_trace_hook) {
+  if (p->on_turbo_trace) {
     dg_turbo_trace tr = {b, k, n_act, s->K, C, T, s->active, s->kval, s->kp, s->top1, s->ent, s->uni, s->kidx, s->prop,
                          s->acc};
-    dg_turbo_trace_hook(&tr, dg_turbo_trace_user);
+    p->on_turbo_trace(&tr, p->user_data);
   }
-  dg_rng_u32(p->seed, DG_RNG_CANVAS, (uint32_t)b, (uint32_t)(k + 1), (uint32_t)C, s->bits);
+  DG_TRY(dg_draw_canvas(&q->draws, b, k + 1, s->noise));
   int newly = 0;
   memset(s->newly, 0, (size_t)C);
   double ent_sum = 0.0;
@@ -677,31 +383,20 @@ static dg_status seq_after_forward(turbo_seq *q) {
       s->canvas[i] = s->committed[i] = s->prop[i];
       if (tp->monotone) { s->frozen[i] = 1; s->newly[i] = 1; newly = 1; }
     } else {
-      s->canvas[i] = dg_rng_to_id(s->bits[i], V);
+      s->canvas[i] = s->noise[i];
     }
   }
   const float mean_ent = (float)(ent_sum / n_act);
   int stop = 0;
   if (!tp->monotone) { /* the reference's stable-and-confident stop on top-K statistics (spec 7.5) */
-    int stable = 1;
-    for (int32_t h = 0; h < SH && stable; h++)
-      for (int32_t i = 0; i < C; i++)
-        if (s->hist[(size_t)h * C + i] != s->step_amax[i]) { stable = 0; break; }
-    if (SH > 0) {
-      memmove(s->hist, s->hist + C, (size_t)(SH - 1) * C * sizeof(int32_t));
-      memcpy(s->hist + (size_t)(SH - 1) * C, s->step_amax, (size_t)C * sizeof(int32_t));
-    }
-    stop = p->confidence_threshold > 0.0f && stable && mean_ent < p->confidence_threshold;
+    stop = dg_stop_rule_update(&q->stop, s->step_amax, mean_ent);
   } else if (tp->eos_early_stop && (newly || flush)) {
     int32_t e = dg_turbo_eos_tail(p, C, s->committed, s->frozen, s->dropped);
     if (e > 0) { q->emit = e; q->eos_stop = 1; }
   }
-  if (p->on_step) {
-    dg_step_info si = {b, k, q->N - k, T, n_acc, mean_ent, stop || q->eos_stop, s->step_amax, s->canvas, C, n_act,
-                       q->n_f, q->shape_f, q->shape_h};
-    if (p->on_step(&si, p->user_data))
-      return dg_seterr(DG_ERR_ABORTED, "aborted by the step callback at block %d, step %d", b, k);
-  }
+  dg_step_info si = {b, k, q->N - k, T, n_acc, mean_ent, stop || q->eos_stop, s->step_amax, s->canvas, C, n_act,
+                     q->n_f, q->shape_f, q->shape_h};
+  DG_TRY(dg_notify_step(p, &si));
   q->k++;
   if (stop || q->eos_stop) { q->block_over = 1; return DG_OK; }
   int more = q->k < q->N;
@@ -724,14 +419,14 @@ static dg_status seq_end_block(turbo_seq *q) {
   const dg_gen_params *p = q->p;
   const dg_turbo_params *tp = &p->turbo;
   const int32_t C = s->C, V = s->V, b = q->b;
-  int32_t *blk = q->out + (size_t)b * C;
+  int32_t *blk = q->t.out + (size_t)b * C;
   if (!tp->monotone) memcpy(blk, s->step_amax, (size_t)C * sizeof(int32_t)); /* argmax of the last forward */
   else
     for (int32_t i = 0; i < C; i++) blk[i] = s->frozen[i] ? s->committed[i] : s->step_amax[i];
   if (tp->repair && !q->eos_stop) { /* one more full forward; block = its argmax (spec 7.5) */
     for (int32_t i = 0; i < C; i++) s->active[i] = i;
     q->steps++;
-    q->n_fwd_rows += C;
+    q->t.n_forwarded += C;
     int bad_row = -1, bad_col = -1;
     const int32_t K2 = V < 2 ? V : 2; /* the argmax and the runner-up (for the trace) */
     if (q->ctx->cuda) { /* argmax = the device top-1 of each row */
@@ -759,48 +454,24 @@ static dg_status seq_end_block(turbo_seq *q) {
                          bad_col, b, q->steps - 1, bad_row);
     }
     for (int32_t i = 0; i < C; i++) blk[i] = s->ridx[(size_t)i * K2];
-    if (dg_turbo_trace_hook) {
+    if (p->on_turbo_trace) {
       dg_turbo_trace tr = {b, -1, C, K2, C, 0.0f, s->active, s->rval, NULL, NULL, NULL, NULL, s->ridx, NULL, NULL};
-      dg_turbo_trace_hook(&tr, dg_turbo_trace_user);
+      p->on_turbo_trace(&tr, p->user_data);
     }
   }
   /* emission: up to and including the first stop id, then the repeat guard */
-  int32_t n_valid = q->emit;
-  for (int32_t i = 0; i < q->emit; i++)
-    if (is_stop(p, blk[i])) { n_valid = i + 1; q->why = DG_FINISH_STOP; break; }
+  const int32_t first_stop = dg_first_stop(p, blk, q->emit);
+  int32_t n_valid = first_stop >= 0 ? first_stop + 1 : q->emit;
+  if (first_stop >= 0) q->t.why = DG_FINISH_STOP;
   int32_t keep = dg_repeat_guard_feed(&q->rg_last, &q->rg_run, blk, n_valid, tp->repeat_guard);
-  if (keep < n_valid) { n_valid = keep; q->why = DG_FINISH_REPETITION; }
-  for (int32_t i = n_valid; i < C; i++) blk[i] = p->pad_id;
-  q->n_steps_total += q->steps;
-  q->n_blocks++;
-  q->n_out += C;
-  q->res->n_valid += n_valid;
-  q->res->n_visible += dg_gen_visible_tokens(q->ctx->m, p, blk, n_valid, q->why == DG_FINISH_STOP);
-  if (p->on_block) {
-    dg_block_info bi = {b, blk, C, n_valid, q->steps, q->why != DG_FINISH_LENGTH};
-    if (p->on_block(&bi, p->user_data))
-      return dg_seterr(DG_ERR_ABORTED, "aborted by the block callback at block %d", b);
-  }
+  if (keep < n_valid) { n_valid = keep; q->t.why = DG_FINISH_REPETITION; }
+  DG_TRY(dg_tally_block(&q->t, q->ctx->m, p, q->res, b, C, n_valid, q->steps));
   q->b++;
-  if (q->why != DG_FINISH_LENGTH || q->b >= q->n_canvases) q->done = 1;
+  if (q->t.why != DG_FINISH_LENGTH || q->b >= q->n_canvases) q->done = 1;
   return DG_OK;
 }
 
-static void seq_result(turbo_seq *q) {
-  dg_gen_result *res = q->res;
-  res->tokens = q->out;
-  q->out = NULL;
-  res->n_tokens = q->n_out;
-  res->n_blocks = q->n_blocks;
-  res->n_steps = q->n_steps_total;
-  res->finished = q->why == DG_FINISH_STOP;
-  res->finish_reason = q->why;
-  res->n_forwarded = q->n_fwd_rows;
-  int32_t non_pad = 0;
-  for (int32_t i = 0; i < q->n_out; i++) non_pad += res->tokens[i] != q->p->pad_id;
-  res->tokens_per_forward = q->n_steps_total ? (double)non_pad / q->n_steps_total : 0.0;
-  res->seconds = now_s() - q->t0;
-}
+static void seq_result(turbo_seq *q) { dg_tally_result(&q->t, q->p, q->res); }
 
 /* Advance sequence q to its next pending forward (ending and starting
  * canvases as needed); sets q->done when it has finished. */
@@ -875,24 +546,9 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
   return st;
 }
 
-dg_status dg_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts, const size_t *n_prompts,
-                            const dg_gen_params *params, dg_gen_result *results) {
-  if (!ctxs || B < 1 || !prompts || !n_prompts || !params || !results)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: NULL argument or B = %d < 1", B);
-  for (int32_t i = 0; i < B; i++) memset(&results[i], 0, sizeof results[i]);
-  const dg_model *m = ctxs[0] ? ctxs[0]->m : NULL;
-  for (int32_t i = 0; i < B; i++) {
-    if (!ctxs[i] || ctxs[i]->m != m)
-      return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: context %d is NULL or belongs to another model", i);
-    for (int32_t j = 0; j < i; j++)
-      if (ctxs[j] == ctxs[i]) return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: contexts %d and %d are the same", j, i);
-    if (!params[i].turbo.enabled)
-      return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: canvas %d does not enable diffusion_turbo (batching is a turbo technique)", i);
-    if (!prompts[i] || n_prompts[i] == 0)
-      return dg_seterr(DG_ERR_INVALID_ARG, "dg_generate_batch: prompt %d is empty", i);
-    dg_status st = dg_generate_check(ctxs[i], n_prompts[i], &params[i]);
-    if (st) return dg_prefixerr(st, "canvas %d", i);
-  }
+dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts,
+                                  const size_t *n_prompts, const dg_gen_params *params, dg_gen_result *results) {
+  const dg_model *m = ctxs[0]->m;
   const int32_t C = m->cfg.canvas_length;
   turbo_seq *qs = calloc((size_t)B, sizeof *qs);
   dg_context *work = NULL;

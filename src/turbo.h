@@ -1,11 +1,8 @@
-/* turbo.h: the pieces of the turbo engine (spec 7, after mlx-vlm PR #1384),
- * exposed for tests and for other backends. The engine itself is
- * dg_turbo_generate (turbo.c), reached through dg_generate with
- * params->turbo.enabled.
- *
- * Everything here is host code on plain arrays; a GPU backend can replace the
- * forward pass and the per-row chain and keep the schedule (accept, EOS
- * tail-drop, repeat guard) as it is. */
+/* turbo.h: the turbo engine (spec 7, after mlx-vlm PR #1384; turbo.c):
+ * dg_turbo_generate, reached through dg_generate with params->turbo.enabled,
+ * and dg_turbo_generate_batch behind dg_generate_batch. It is built on its
+ * array-level parts (turbo_parts.h, included here for the tests that use
+ * them) and the sampler core (sampler.h), and calls nothing above it. */
 #ifndef DG_TURBO_H
 #define DG_TURBO_H
 
@@ -13,119 +10,23 @@
 #include <stdint.h>
 
 #include "dgemma.h"
+#include "turbo_parts.h" /* top-K, K-way distribution, acceptance, guards, buckets, approximate SC rows */
 
-struct dg_model;
 struct dg_context;
 
-#define DG_TOPK_CHUNK 64 /* elements per chunk of the hierarchical top-K (spec 7.3) */
-
-/* Bytes of scratch dg_topk_hier needs for a row of V values and a given K. */
-size_t dg_topk_scratch_size(int32_t V, int32_t K);
-
-/* Hierarchical exact top-K (spec 7.3): chunk maxima over chunks of 64, the
- * K best chunks, the K best elements inside them. The order is total: a
- * precedes b iff x[a] > x[b], or x[a] == x[b] and a < b (ties to the lower
- * id); the result equals the first K of a full sort under that order.
- * x [V], 1 <= K <= V; val/idx [K] come out in that order. -inf and +inf are
- * ordered like any value unless finite_only is set, in which case they are an
- * error like NaN. Returns DG_ERR_NUMERIC (no message; *bad = the first
- * offending index) for NaN (or an infinity with finite_only), DG_OK otherwise. */
-dg_status dg_topk_hier(const float *x, int32_t V, int32_t K, int finite_only, float *val, int32_t *idx,
-                       void *scratch, int32_t *bad);
-
-/* Per-position statistics of the K-way distribution (spec 7.3). */
-typedef struct dg_turbo_pos {
-  int32_t argmax;   /* idx[0]: the argmax of the full row under the raw order */
-  int32_t proposal; /* argmax, or the inverse-CDF draw over the K probabilities */
-  float entropy;    /* -sum_k p_k log p_k over the K (truncated: the tail is dropped), nats */
-  float top1;       /* p_0, the largest of the K probabilities */
-} dg_turbo_pos;
-
-/* Post-processing on the K raw values val [K] (sorted by dg_topk_hier) with
- * ids idx [K]: softcap cap*tanh(v/cap) (cap <= 0: none), divide by T, softmax
- * over the K (in double), entropy. mode: DG_PROPOSAL_ARGMAX, or SAMPLE with
- * u in [0, 1): proposal = idx of the first k with cdf_k > u * cdf_{K-1}.
- * p [K] receives the probabilities (fp32). */
-void dg_turbo_dist(const float *val, const int32_t *idx, int32_t K, float cap, float T, float u, int mode, float *p,
-                   dg_turbo_pos *out);
-
-/* The turbo temperature (spec 7.3): T = t_min + (t_max - t_min) * (1 - step / (N - 1))
- * for step = 0..N-1, in fp32; N = 1 gives t_max. */
-float dg_turbo_temperature(const dg_gen_params *p, int32_t step, int32_t n_steps);
-
-/* Acceptance over the n_active positions active[] (spec 7.5) at 0-based
- * denoising step `step`: flush accepts all; otherwise entropy-bound (the
- * spec 6.1 rule on ent[], indexed by canvas position, with `bound`) or
- * confidence (top1[pos] >= hi for step < k0, else >= lo). When nothing is
- * accepted, the active position with the largest top1 (ties: lowest
- * position) is forced. acc[pos] is set to 0/1 for the active positions only.
- * scratch: 16 * n_active + 16 bytes. Returns the number accepted (>= 1 if n_active >= 1). */
-int32_t dg_turbo_accept_step(const dg_turbo_params *t, float bound, int32_t step, int flush, const int32_t *active,
-                        int32_t n_active, const float *ent, const float *top1, uint8_t *acc, void *scratch);
-
-/* EOS tail-drop (spec 7.5), on a canvas of C positions with committed[]
- * tokens and frozen[] flags: find the first frozen position e holding a stop
- * id of p. If every position <= e is frozen, return e + 1 (the canvas ends,
- * emitting e + 1 tokens). Otherwise freeze every unfrozen position after e
- * (dropped[i] = 1: never denoised or emitted again) and return 0; also 0 if
- * no frozen stop id exists. */
-int32_t dg_turbo_eos_tail(const dg_gen_params *p, int32_t C, const int32_t *committed, uint8_t *frozen,
-                          uint8_t *dropped);
-
-/* Repeat guard (spec 7.2, 7.5): feed n emitted tokens; *last / *run carry the
- * current run across calls (start with *last = -1, *run = 0). Returns the
- * number of tokens to keep: n, or the index + 1 of the token whose run
- * reached `limit` (limit <= 0 disables the guard). */
-int32_t dg_repeat_guard_feed(int32_t *last, int32_t *run, const int32_t *tok, int32_t n, int32_t limit);
-
-/* One row of the approximate self-conditioning signal (spec 5.5, 7.3):
- * DG_TURBO_SC_TOPK: soft = scale * sum_k p_k E[idx_k] (p from dg_turbo_dist);
- * DG_TURBO_SC_ADAPTIVE: z = softcap(raw)/T over the whole row, exact
- *   probabilities of the top K' tokens (K' = K, 2K, ... until the tail mass
- *   m <= tail_bound or K' = V), tail spread evenly:
- *   soft = scale * (sum_k (q_k - c) E[idx_k] + c * colsum), c = m / (V - K').
- *   Guarantee: |soft_j - exact_j| <= 2 m scale max_v |E[v, j]| (fp32 models).
- * raw [V] raw logits; colsum [H] column sums of E (adaptive only);
- * work: at least dg_turbo_sc_work_size(V, K) bytes. soft [H]. *k_used and
- * *tail (may be NULL) report K' and m. */
-size_t dg_turbo_sc_work_size(int32_t V, int32_t K);
-void dg_turbo_sc_row(const struct dg_model *m, dg_turbo_sc mode, const float *raw, float T, const int32_t *idx,
-                     const float *p, int32_t K, float tail_bound, const float *colsum, void *work, float *soft,
-                     int32_t *k_used, float *tail);
-
-/* Shape bucket (spec 7.4): the first of {16, 32, 48, 64, 96, 128, 160, 192,
- * 224, 256} that is >= n, clipped to the canvas length C (and C when n > 256),
- * so at most 10 distinct sizes for canvases up to 256; n itself without
- * bucketing. */
-int32_t dg_turbo_bucket(int32_t n, int32_t C);
-
-/* Column sums of the embedding, colsum [H] (sum in double). */
-void dg_embed_colsum(const struct dg_model *m, float *colsum);
-
-/* What one turbo step decided from, for tests that compare backends (the
- * CUDA-vs-CPU generations measure their near-ties from it). Arrays are by
- * canvas position and valid for the n_active positions active[]: kval/kidx
- * [C, K] the raw top-K values and ids, kp [C, K] the K-way probabilities,
- * top1/ent/uni [C], prop [C] the proposals, acc [C] the acceptance. The
- * repair forward reports step = -1, K = min(2, V), n_active = C, and only
- * kval/kidx. */
-typedef struct dg_turbo_trace {
-  int32_t block, step, n_active, K, C;
-  float temperature;
-  const int32_t *active;
-  const float *kval, *kp, *top1, *ent, *uni;
-  const int32_t *kidx, *prop;
-  const uint8_t *acc;
-} dg_turbo_trace;
-
-/* Called (if not NULL) after every turbo step's sampler chain and
- * acceptance, and after a repair forward; process-wide, for tests only. */
-extern void (*dg_turbo_trace_hook)(const dg_turbo_trace *t, void *user);
-extern void *dg_turbo_trace_user;
+/* The per-step trace (dg_turbo_trace, dgemma.h) goes to the per-call
+ * callback params->on_turbo_trace; there is no process-wide hook. */
 
 /* The turbo engine (spec 7): called by dg_generate after validation when
  * params->turbo.enabled. Same contract as dg_generate. */
 dg_status dg_turbo_generate(struct dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
                             dg_gen_result *res);
+
+/* The turbo engine over B sequences at once: called by dg_generate_batch
+ * (generate.c) once it has checked the arguments (B >= 1 distinct contexts
+ * of one model, every params[i] valid for its prompt with turbo.enabled).
+ * Same contract as dg_generate_batch. */
+dg_status dg_turbo_generate_batch(struct dg_context *const *ctxs, int32_t B, const int32_t *const *prompts,
+                                  const size_t *n_prompts, const dg_gen_params *params, dg_gen_result *results);
 
 #endif

@@ -19,7 +19,7 @@
  *     CPU's compacted step within the bound below), the hierarchical top-K
  *     (bit-identical to dg_topk_hier), the exact/topk self-conditioning rows
  *     (per-element bf16 bound), turbo generations vs the CPU (decisions
- *     identical or near-ties, measured from dg_turbo_trace_hook) and
+ *     identical or near-ties, measured from the on_turbo_trace callback) and
  *     batches (each canvas equals its own CUDA run).
  *
  * Tolerance (bf16 backend). The GPU rounds every product's operands to bf16
@@ -982,7 +982,7 @@ static void test_turbo_sc(void **state) {
   dg_test_rm_dir(dir);
 }
 
-/* Per-step records of a turbo generation (dg_turbo_trace_hook), by canvas position. */
+/* Per-step records of a turbo generation (params.on_turbo_trace), by canvas position. */
 typedef struct tstep {
   int32_t block, step, n_active, K, C;
   float T;
@@ -1160,12 +1160,11 @@ static void compare_turbo(const char *label, dg_model *cm, dg_model *gm, const i
   assert_dg_ok(dg_context_new(gm, &cp, &gc));
   ttrace ta = {0, 0, NULL}, tb = {0, 0, NULL};
   dg_gen_result ra, rb;
-  dg_turbo_trace_hook = trace_hook;
-  dg_turbo_trace_user = &ta;
+  gp.on_turbo_trace = trace_hook;
+  gp.user_data = &ta;
   assert_dg_ok(dg_generate(cc, prompt, P, &gp, &ra));
-  dg_turbo_trace_user = &tb;
+  gp.user_data = &tb;
   assert_dg_ok(dg_generate(gc, prompt, P, &gp, &rb));
-  dg_turbo_trace_hook = NULL;
   int j = -1;
   for (int s = 0; s < ta.n && s < tb.n && j < 0; s++)
     if (!tstep_same(&ta.s[s], &tb.s[s])) j = s;

@@ -1,48 +1,7 @@
 /* ref.c: the scalar fp32 oracle kernels (style anchor: llama2.c's matmul).
  * Deliberately no intrinsics; every other kernel is checked against these. */
-#include <math.h>
-
 #include "kernels.h"
 #include "quant.h"
-
-float dg_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (exp == 0) {
-    if (man == 0) u = sign;
-    else { /* subnormal: renormalize */
-      int e = -1;
-      do { e++; man <<= 1; } while (!(man & 0x400u));
-      u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t dg_f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint32_t sign = (u >> 16) & 0x8000u;
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);      /* NaN */
-  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);     /* overflow -> Inf (rounds past 65504) */
-  if (a < 0x38800000u) {                                       /* f16 subnormal or zero */
-    float af;
-    memcpy(&af, &a, 4);
-    /* scale to units of 2^-24 and round to nearest even */
-    float s = af * 16777216.0f;
-    uint32_t m = (uint32_t)nearbyintf(s);
-    return (uint16_t)(sign | m);
-  }
-  uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - ((uint32_t)(127 - 15) << 23);
-  return (uint16_t)(sign | (r >> 13));
-}
 
 /* Element k of row r of a quantized weight: (float)q * s + b (quant.h). */
 static inline float qelem(const dg_weight *w, int64_t r, int64_t k) {
