@@ -15,6 +15,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/qmoe_r.cuh"
+#include "dtype.h"
 
 #ifndef DG_CUDA_ARCHS
 #define DG_CUDA_ARCHS "unknown"
@@ -75,35 +76,12 @@ extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
 
 /* ---- upload ----------------------------------------------------------------- */
 
-static uint16_t f32_to_bf16_bits(float f) { /* round to nearest even, NaN kept quiet (as kernels.h) */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static float f16_bits_to_f32(uint16_t h) {
-  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-  if (e == 0) {
-    if (m == 0) u = s;
-    else { /* subnormal */
-      int k = -1;
-      do { k++; m <<= 1; } while (!(m & 0x400));
-      u = s | ((uint32_t)(127 - 15 - k) << 23) | ((m & 0x3ff) << 13);
-    }
-  } else if (e == 31) u = s | 0x7f800000u | (m << 13);
-  else u = s | ((e - 15 + 127) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
+/* bf16 rounding and f16 widening: the ground floor's (src/dtype.h), as the CPU path's */
 static float mat_elem(const dg_cuda_mat *m, size_t i) {
   if (m->dtype == DG_CUDA_F32) { float f; memcpy(&f, (const char *)m->data + 4 * i, 4); return f; }
   uint16_t h;
   memcpy(&h, (const char *)m->data + 2 * i, 2);
-  if (m->dtype == DG_CUDA_F16) return f16_bits_to_f32(h);
+  if (m->dtype == DG_CUDA_F16) return dg_f16_to_f32(h);
   uint32_t u = (uint32_t)h << 16;
   float f;
   memcpy(&f, &u, 4);
@@ -120,7 +98,7 @@ static dg_status upload_bf16(bf16 *dst, const dg_cuda_mat *m, size_t off, size_t
   }
   for (size_t i = 0; i < n; i += STAGE_ELEMS) {
     size_t k = n - i < STAGE_ELEMS ? n - i : STAGE_ELEMS;
-    for (size_t j = 0; j < k; j++) stage[j] = f32_to_bf16_bits(mat_elem(m, off + i + j));
+    for (size_t j = 0; j < k; j++) stage[j] = dg_f32_to_bf16(mat_elem(m, off + i + j));
     CK(cudaMemcpy(dst + i, stage, 2 * k, cudaMemcpyHostToDevice));
   }
   return DG_OK;
