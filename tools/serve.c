@@ -140,6 +140,7 @@ struct dg_server {
   double step_seconds;
   double last_step_ms;
   unsigned long long http_2xx, http_4xx, http_5xx;
+  int32_t n_generating;   /* generation requests whose response is not yet sent (under mu) */
 };
 
 static void logf_(dg_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -519,6 +520,7 @@ typedef struct conn_state {
   sbuf body;
   int too_large;
   int answered; /* a response was queued on the first call */
+  int generating; /* counted in srv->n_generating until the request completes */
 } conn_state;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, const char *body) {
@@ -865,6 +867,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cs->too_large)
       return send_error(s, c, (dg_srv_fail(&e, 413, NULL, "request_too_large", "request body above the limit of %zu bytes",
                                            s->o.lim.max_body), &e));
+    if (!cs->generating) {
+      cs->generating = 1;
+      pthread_mutex_lock(&s->mu);
+      s->n_generating++;
+      pthread_mutex_unlock(&s->mu);
+    }
     return handle_generate(s, c, chat ? DG_SRV_CHAT : DG_SRV_COMPLETION, cs);
   }
   const int models = !strcmp(url, "/v1/models"), health = !strcmp(url, "/health"), metrics = !strcmp(url, "/metrics"),
@@ -902,7 +910,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
   conn_state *cs = *con_cls;
+  dg_server *s = cls;
   if (cs) {
+    if (cs->generating) {
+      pthread_mutex_lock(&s->mu);
+      s->n_generating--;
+      pthread_mutex_unlock(&s->mu);
+    }
     free(cs->body.p);
     free(cs);
     *con_cls = NULL;
@@ -964,7 +978,19 @@ void dg_server_stop(dg_server *s) {
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   if (s->sched_started) pthread_join(s->sched, NULL);
-  if (s->d) MHD_stop_daemon(s->d); /* waits for the connection threads (their jobs are closed now) */
+  if (s->d) {
+    /* every job is closed now: let their last bytes (a stream's error event and data: [DONE], a
+     * 503) reach the clients before the connections are closed, for at most 5 s (a request that
+     * comes meanwhile is answered 503 at once) */
+    for (int k = 0; k < 500; k++) {
+      pthread_mutex_lock(&s->mu);
+      const int32_t n = s->n_generating;
+      pthread_mutex_unlock(&s->mu);
+      if (n <= 0) break;
+      usleep(10000);
+    }
+    MHD_stop_daemon(s->d); /* waits for the connection threads */
+  }
   dg_batch_free(s->batch);
   free(s->slots);
   pthread_cond_destroy(&s->cv);
