@@ -517,6 +517,7 @@ static void test_help(void **state) {
   assert_string_equal(err, "");
   if (strncmp(out, "usage: dgemma serve ", 20)) fail_msg("dgemma serve --help: stdout \"%.80s\"", out);
   assert_non_null(strstr(out, "/v1/chat/completions"));
+  free(err);
   char *out2;
   assert_int_equal(cli("help serve", &out2, &err), 0);
   assert_string_equal(out2, out);
