@@ -1,7 +1,8 @@
 # dgemma Makefile: small on purpose (pattern rules into build/, -MMD deps).
 #
 #   make            library + CLI (build/dgemma)
-#   make test       setup check, build, run every test (normal + ASan/UBSan)
+#   make test       setup check, build, run every test (normal + ASan/UBSan); the three builds and
+#                   the test binaries run TEST_JOBS at a time (default: the cores)
 #   make run        generate with the bundled model
 #   make asan       sanitizer build of the CLI and tests in build-asan/
 #   make fuzz       libFuzzer harnesses of every parser (fuzz/, clang, ASan+UBSan) in
@@ -14,6 +15,10 @@
 #   CUDA_LIBDIR=DIR where libcudart.so and libcublas.so are (default: asked of nvcc;
 #                   without them the default is CUDA=0)
 #   CUDA_ARCH=...   nvcc -gencode flags (default: sm_90 code + compute_90 PTX)
+#   NVDEV=-G        extra nvcc flags (device code); `make test` on a machine without a GPU sets -G
+#                   (TEST_NVDEV): every CUDA source is still compiled (cicc and ptxas: compile
+#                   errors are caught), without device optimization, ~5x less nvcc time; the
+#                   kernels cannot run there anyway. A change of nvcc flags rebuilds the CUDA objects.
 #   XCFLAGS, XLDFLAGS  extra include/library flags (e.g. cjson/cmocka unpacked under a prefix)
 #   WERROR=         warnings stay warnings (another compiler version on another machine)
 # The sanitizer build of `make test` is CPU-only (CUDA=0): its CUDA tests skip.
@@ -45,7 +50,12 @@ CUDA_LIBDIRS := $(if $(NVCC),$(shell $(NVCC) --dryrun -x cu -o /dev/null /dev/nu
 CUDA_LIBDIR  ?= $(firstword $(foreach d,$(CUDA_LIBDIRS),$(if $(and $(wildcard $(d)/libcudart.so),$(wildcard $(d)/libcublas.so)),$(realpath $(d)))))
 CUDA      ?= $(if $(and $(NVCC),$(CUDA_LIBDIR)),1,0)
 CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
-NVFLAGS   := -O2 -g -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -Xcompiler -Wall \
+TEST_NVDEV ?= $(if $(wildcard /dev/nvidia0),,-G)
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+NVDEV     ?= $(TEST_NVDEV)
+endif
+NVDEV     ?=
+NVFLAGS   := -O2 -g $(NVDEV) -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -Xcompiler -Wall \
              -DDG_CUDA_ARCHS='"$(subst -gencode=arch=,,$(CUDA_ARCH))"' $(XCFLAGS)
 
 # Per-ISA kernel files get their own flags; the code dispatches at run time.
@@ -69,6 +79,14 @@ $(error CUDA=1 but libcudart.so and libcublas.so were not found (looked in: $(CU
 endif
 LDLIBS  += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart -lstdc++
 CUCOMPILE = $(NVCC) $(NVFLAGS)
+# The nvcc flags the CUDA objects of $(BUILD) were compiled with: rewritten when they change
+# (e.g. NVDEV=-G of `make test` without a GPU, then a plain `make`), so the objects are rebuilt.
+NVSTAMP := $(BUILD)/.nvflags
+ifneq ($(file <$(NVSTAMP)),$(NVFLAGS))
+$(shell mkdir -p $(BUILD))
+$(file >$(NVSTAMP),$(NVFLAGS))
+endif
+$(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)): $(NVSTAMP)
 else
 OBJ     += $(BUILD)/src/cuda/stub.o
 endif
@@ -78,7 +96,7 @@ TESTSRC := $(wildcard tests/test_*.c)
 TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
 TESTLIB := -lcmocka
 
-.PHONY: all test run asan clean setup check-deps emu-test lab fuzz fuzz-build
+.PHONY: all test run asan clean setup check-deps emu-test lab fuzz fuzz-build test-build test-build-main test-build-asan
 all: $(CLI)
 
 $(BUILD)/%.o: %.c
@@ -143,14 +161,26 @@ $(BUILD)/tests/%: tests/%.c $(LIB) tests/testutil.h
 setup:
 	@scripts/setup.sh
 
-# The README's test command. Runs setup (dependencies, tokenizer fetch) first.
+# The README's test command. Runs setup (dependencies, tokenizer fetch) first, then the three
+# builds (normal, ASan/UBSan, fuzz harnesses) side by side under one job server of TEST_JOBS
+# (or the -j given to make), then every test binary, TEST_JOBS at a time (scripts/run_tests.sh;
+# the output in the same order as one at a time). Without a GPU (no /dev/nvidia0) the CUDA sources
+# are compiled with TEST_NVDEV (-G, see NVDEV): checked by the compiler, never run there.
+TEST_JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
+# -j only when make was not given one (a sub-make of `make -jN test` shares its job server)
+TEST_J      = $(if $(findstring jobserver,$(MAKEFLAGS))$(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS))
 test: setup
+	@$(MAKE) --no-print-directory $(TEST_J) NVDEV="$(NVDEV)" test-build
+	@FUZZ_BUILD=build-fuzz FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS) TEST_JOBS=$(TEST_JOBS) FUZZ_JOBS=$(TEST_JOBS) \
+	  scripts/run_tests.sh $(BUILD) build-asan
+
+test-build: test-build-main test-build-asan fuzz-build
+test-build-main:
 	@$(MAKE) --no-print-directory all $(TESTS)
+test-build-asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT="-O1 -g" \
 	  SAN="-fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow" \
 	  build-asan/dgemma $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
-	@$(MAKE) --no-print-directory fuzz-build
-	@FUZZ_BUILD=build-fuzz FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS) scripts/run_tests.sh $(BUILD) build-asan
 
 # ---- fuzzing (fuzz/README.md) ----------------------------------------------
 # The parsers' sources built with clang's coverage instrumentation and ASan +

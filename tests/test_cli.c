@@ -506,9 +506,31 @@ static void test_help(void **state) {
   assert_non_null(strstr(helps[1], "/reset"));
   assert_null(strstr(helps[2], "--temp"));
   assert_non_null(strstr(helps[3], "--pieces"));
+  /* the control tokens of this model's chat template (src/chat.c), not Gemma 3's <start_of_turn> */
+  assert_non_null(strstr(helps[3], "<|turn>"));
+  assert_null(strstr(helps[3], "<start_of_turn>"));
   assert_non_null(strstr(helps[9], "--recipe SPEC"));
   assert_null(strstr(helps[9], "--prompt"));
   for (size_t k = 0; k < sizeof kCmds / sizeof kCmds[0]; k++) free(helps[k]);
+  /* serve parses its own options (tools/serve.c): its help the same way, before a model loads */
+  assert_int_equal(cli("serve -m /nonexistent --help", &out, &err), 0);
+  assert_string_equal(err, "");
+  if (strncmp(out, "usage: dgemma serve ", 20)) fail_msg("dgemma serve --help: stdout \"%.80s\"", out);
+  assert_non_null(strstr(out, "/v1/chat/completions"));
+  free(err);
+  char *out2;
+  assert_int_equal(cli("help serve", &out2, &err), 0);
+  assert_string_equal(out2, out);
+  assert_string_equal(err, "");
+  free(out2);
+  free(out);
+  free(err);
+  /* what the help names is what tokenize --special reads: <|turn> is one control id */
+  assert_int_equal(cli("tokenize -m " SMALL " --special '<|turn>'", &out, &err), 0);
+  printf("# tokenize --special '<|turn>': %s", out);
+  assert_true(strlen(out) > 1 && !strchr(out, ','));
+  free(out);
+  free(err);
   /* --version anywhere, before anything is loaded (the model does not exist) */
   const char *ver[] = {"--version", "run -m /nonexistent -p hi --version", "info --version -m /nonexistent",
                        "quantize --version", "bench --protocol ceiling --version"};
@@ -547,6 +569,8 @@ static void test_rejected_options(void **state) {
       {"bench -m /nonexistent --protocol vllm --profile", "--profile times the CUDA backend's stages: add --device cuda"},
       {"bench -m /nonexistent --protocol batch --profile --device cuda", "--profile splits the vllm and p512 rows"},
       {"frobnicate -m x", "dgemma: unknown command \"frobnicate\"; see `dgemma --help`"},
+      {"serve -m /nonexistent --frobnicate", "dgemma serve: unknown option --frobnicate; see `dgemma serve --help`"},
+      {"serve -m /nonexistent --port", "dgemma serve: --port needs a value; see `dgemma serve --help`"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out, *err;
@@ -555,6 +579,32 @@ static void test_rejected_options(void **state) {
     if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
       fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
                out, err, cases[i][1]);
+    free(out);
+    free(err);
+  }
+}
+
+/* A --gen-kwargs that does not apply is a usage error in every command that reads it: exit 2, one
+ * line naming the option and the field (the model loads first: the defaults are the checkpoint's). */
+static void test_gen_kwargs_exit(void **state) {
+  (void)state;
+  static const char *cmds[] = {"run -p hi", "chat", "replay --prompt-ids 2 --canvases /nonexistent",
+                               "eval problems --file /nonexistent.jsonl", "bench --protocol batch", "serve --port 0"};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    char args[2048], exe[1024], *out, *err;
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 16);
+    assert_true(k > 0);
+    exe[k] = 0;
+    *strrchr(exe, '/') = 0;
+    /* under timeout(1): a serve that took the kwargs would not end by itself */
+    snprintf(args, sizeof args, "--version >/dev/null; timeout 120 %s/../dgemma %s -m %s --gen-kwargs '{\"no_such_key\": 1}' "
+             "< /dev/null", exe, cmds[i], SMALL);
+    int rc = cli(args, &out, &err);
+    printf("# dgemma %s -> %d: %s", args, rc, err);
+    char want[64];
+    snprintf(want, sizeof want, "dgemma %.*s: --gen-kwargs: ", (int)strcspn(cmds[i], " "), cmds[i]);
+    if (rc != 2 || strncmp(err, want, strlen(want)) || !strstr(err, "no_such_key") || count_char(err, '\n') != 1)
+      fail_msg("dgemma %s: exit %d (want 2), stderr \"%s\" (want one line \"%s...no_such_key...\")", args, rc, err, want);
     free(out);
     free(err);
   }
@@ -1233,6 +1283,7 @@ int main(void) {
       cmocka_unit_test(test_eos_empty_count),
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_rejected_options),
+      cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_prompt_sources),
       cmocka_unit_test(test_json),
       cmocka_unit_test(test_stop),

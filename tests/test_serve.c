@@ -15,7 +15,12 @@
  *     alone, in fewer batched steps than their forwards added up; a client
  *     that disconnects (its canvas cancelled); Bearer auth; malformed JSON,
  *     wrong types, unknown fields, an oversized body and a stalled partial
- *     request answered 4xx or closed, the server still serving afterwards. */
+ *     request answered 4xx or closed, the server still serving afterwards;
+ *   - the ends of requests: \u0000 in a string refused by its field; a
+ *     completion prompt beyond the context (param "prompt"); a non-streaming
+ *     client that gives up (cancelled, no 5xx counted); the server stopped
+ *     with a stream running and one queued (error event, then data: [DONE];
+ *     the queued one logged with 0 s). */
 #include "testutil.h"
 
 #include <math.h>
@@ -161,6 +166,20 @@ static void test_parse(void **state) {
   expect_parse(DG_SRV_COMPLETION, "{\"prompt\": \"\"}", 400, "prompt", "invalid_value");
   expect_parse(DG_SRV_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", 400, "echo", "unsupported_value");
   expect_parse(DG_SRV_COMPLETION, "{\"prompt\": \"x\", \"messages\": []}", 400, "messages", "unknown_parameter");
+  /* \u0000 in a string: cJSON would end the string there and drop the rest, so it is refused by its field */
+  expect_parse(DG_SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"user\", "
+                            "\"content\": \"abc\\u0000 the rest\"}]}", 400, "messages[1].content", "invalid_value");
+  expect_parse(DG_SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, "
+                            "{\"type\": \"text\", \"text\": \"\\u0000\"}]}]}", 400, "messages[0].content[1].text", "invalid_value");
+  expect_parse(DG_SRV_COMPLETION, "{\"prompt\": \"Once\\u0000 upon\"}", 400, "prompt", "invalid_value");
+  expect_parse(DG_SRV_COMPLETION, "{\"prompt\": \"x\", \"stop\": [\"a\", \"\\u0000\"]}", 400, "stop[1]", "invalid_value");
+  /* an escaped backslash before "u0000" is text, and \u0001 is a character: both accepted, carried whole */
+  const char *bs = "{\"prompt\": \"a\\\\u0000b\\u0001c\"}";
+  assert_int_equal(dg_srv_parse(DG_SRV_COMPLETION, bs, strlen(bs), &l, &r, &e), 0);
+  assert_string_equal(r.prompt, "a\\u0000b\001c");
+  dg_srv_request_free(&r);
+  expect_parse(DG_SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"dgemma\": {\"gen_kwargs\": "
+                            "{\"eos_token_id\": [1], \"x\\u0000\": 1}}}", 400, "dgemma.gen_kwargs.x", "invalid_value");
   /* the body limit */
   char *big = malloc(5000);
   memset(big, ' ', 4999);
@@ -222,6 +241,10 @@ static void test_openai_client(void **state) {
   (void)state;
   dg_test_skip("test_serve was built without libcurl (libcurl4-openssl-dev; scripts/setup.sh installs it)");
 }
+static void test_cancel_and_stop(void **state) {
+  (void)state;
+  dg_test_skip("test_serve was built without libcurl (libcurl4-openssl-dev; scripts/setup.sh installs it)");
+}
 #else
 
 static dg_model *g_m;
@@ -230,7 +253,8 @@ typedef struct http_resp {
   long status;
   char *body;
   size_t n;
-  int abort_after; /* > 0: stop reading once this many bytes came (a client that goes away) */
+  int abort_after; /* > 0: stop reading once this many bytes came (a client that goes away);
+                    * < 0: give up after -abort_after ms (a client that stops waiting) */
 } http_resp;
 
 static size_t on_data(char *p, size_t sz, size_t nm, void *ud) {
@@ -263,10 +287,11 @@ static http_resp http(int port, const char *method, const char *path, const char
   }
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT, 1200L); /* the ASan build on a loaded 2-core machine took over 300 s */
+  if (abort_after < 0) curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)-abort_after);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   CURLcode rc = curl_easy_perform(c);
-  if (rc != CURLE_OK && !(abort_after > 0 && rc == CURLE_WRITE_ERROR))
+  if (rc != CURLE_OK && !(abort_after > 0 && rc == CURLE_WRITE_ERROR) && !(abort_after < 0 && rc == CURLE_OPERATION_TIMEDOUT))
     fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
   curl_slist_free_all(h);
@@ -687,6 +712,129 @@ static void test_http(void **state) {
   dg_model_free(g_m);
 }
 
+typedef struct stream_arg {
+  int port;
+  const char *body;
+  http_resp r;
+} stream_arg;
+
+static void *stream_thread(void *p) {
+  stream_arg *a = p;
+  a->r = http(a->port, "POST", "/v1/chat/completions", a->body, NULL, 0);
+  return NULL;
+}
+
+/* Poll metric name until it equals want (at most ~10 s). */
+static void wait_metric(int port, const char *name, double want) {
+  double v = metric(port, name);
+  for (int k = 0; k < 200 && v != want; k++) {
+    usleep(50000);
+    v = metric(port, name);
+  }
+  if (v != want) fail_msg("metric %s = %g, expected %g", name, v, want);
+}
+
+/* The ends of requests: a completion prompt beyond --max-context (the error names "prompt"); a
+ * non-streaming client that stops waiting (cancelled, not counted as a 5xx); the server stopped with
+ * one stream running and one queued (both end with the error event and `data: [DONE]`; the queued
+ * one's log line has 0 s, not the time since boot). */
+static void test_cancel_and_stop(void **state) {
+  (void)state;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 2;
+  if (access(SMALL "/config.json", R_OK) || dg_model_load(SMALL, &mp, &g_m) != DG_OK)
+    dg_test_skip("the bundled model %s does not load", SMALL);
+  signal(SIGPIPE, SIG_IGN);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  char *logbuf = NULL;
+  size_t loglen = 0;
+  FILE *log = open_memstream(&logbuf, &loglen);
+  assert_non_null(log);
+  dg_serve_opts o = dg_serve_default_opts();
+  o.port = 0;
+  o.model_id = "dgemma-small";
+  o.gen_kwargs = TURBO;
+  o.max_batch = 1; /* a second request waits in the queue */
+  o.timeout_s = 5;
+  o.lim.max_context = 8192;
+  o.log = log;
+  dg_server *srv = NULL;
+  dg_status st = dg_server_start(g_m, &o, &srv);
+  if (st == DG_ERR_BACKEND) {
+    dg_model_free(g_m);
+    dg_test_skip("dgemma was built without libmicrohttpd (libmicrohttpd-dev; scripts/setup.sh installs it)");
+  }
+  assert_int_equal(st, DG_OK);
+  const int port = dg_server_port(srv);
+
+  /* a completion prompt + canvases beyond the context: 400 context_length_exceeded, param "prompt" */
+  const size_t nw = 9000;
+  char *big = malloc(nw * 3 + 64), *p = big;
+  p += sprintf(p, "{\"prompt\": \"");
+  for (size_t i = 0; i < nw; i++) p += sprintf(p, "a ");
+  sprintf(p, "\", \"max_tokens\": 64}");
+  http_resp r = http(port, "POST", "/v1/completions", big, NULL, 0);
+  assert_int_equal(r.status, 400);
+  cJSON *ro = cJSON_Parse(r.body), *eo = cJSON_GetObjectItem(ro, "error");
+  printf("# completion of %zu words: %ld %s\n", nw, r.status, r.body);
+  assert_string_equal(cJSON_GetObjectItem(eo, "code")->valuestring, "context_length_exceeded");
+  assert_string_equal(cJSON_GetObjectItem(eo, "param")->valuestring, "prompt");
+  cJSON_Delete(ro);
+  free(r.body);
+  free(big);
+
+  /* a non-streaming client that gives up after 300 ms: cancelled, no 5xx counted (it got no answer) */
+  const char *slow = "{\"messages\": [{\"role\": \"user\", \"content\": \"Tell a long story.\"}], \"max_tokens\": 4096, "
+                     "\"dgemma\": {\"gen_kwargs\": {\"eos_token_id\": [], \"turbo_repeat_guard\": 0}}}";
+  const double c5 = metric(port, "dgemma_http_responses_total{class=\"5xx\"}");
+  r = http(port, "POST", "/v1/chat/completions", slow, NULL, -300);
+  assert_int_equal(r.status, 0); /* no response came */
+  free(r.body);
+  wait_metric(port, "dgemma_requests_total{outcome=\"cancelled\"}", 1);
+  wait_metric(port, "dgemma_active_canvases", 0);
+  assert_true(metric(port, "dgemma_http_responses_total{class=\"5xx\"}") == c5);
+
+  /* stop with a stream running and one queued */
+  const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Tell a long story.\"}], \"max_tokens\": 4096, "
+                     "\"stream\": true, \"dgemma\": {\"draft\": true, \"gen_kwargs\": {\"eos_token_id\": [], \"turbo_repeat_guard\": 0}}}";
+  stream_arg sa[2] = {{port, body, {0}}, {port, body, {0}}};
+  pthread_t th[2];
+  pthread_create(&th[0], NULL, stream_thread, &sa[0]);
+  wait_metric(port, "dgemma_active_canvases", 1);
+  pthread_create(&th[1], NULL, stream_thread, &sa[1]);
+  wait_metric(port, "dgemma_queue_depth", 1);
+  assert_true(metric(port, "dgemma_active_canvases") == 1); /* the first still runs */
+  dg_server_stop(srv);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    const char *b = sa[i].r.body;
+    size_t n = strlen(b);
+    printf("# stream %d (%s) after the stop: %zu bytes, ends \"%s\"\n", i, i ? "queued" : "running", n,
+           n > 120 ? b + n - 120 : b);
+    assert_int_equal(sa[i].r.status, 200);
+    assert_non_null(strstr(b, "\"code\":\"cancelled\""));
+    assert_true(n >= 14 && !strcmp(b + n - 14, "data: [DONE]\n\n"));
+    free(sa[i].r.body);
+  }
+  fclose(log);
+  /* every request's log line: a duration of seconds, the queued one's 0 */
+  printf("# log:\n%s", logbuf);
+  int lines = 0, queued = 0;
+  for (char *l = strtok(logbuf, "\n"); l; l = strtok(NULL, "\n")) {
+    const char *t = strstr(l, " steps, ");
+    if (!t) continue;
+    double sec = atof(t + 8);
+    lines++;
+    if (!(sec >= 0 && sec < 120)) fail_msg("log line with a duration of %g s: %s", sec, l);
+    if (strstr(l, "0 canvases, 0 steps, 0.00 s")) queued++;
+  }
+  assert_int_equal(lines, 3);
+  assert_int_equal(queued, 1);
+  free(logbuf);
+  curl_global_cleanup();
+  dg_model_free(g_m);
+}
+
 /* The official openai npm client (tests/node/openai_client.cjs) against the server: models,
  * chat, a stream, completions and an error, its answers equal to the engine's own. */
 static void test_openai_client(void **state) {
@@ -750,6 +898,8 @@ int main(void) {
       cmocka_unit_test(test_stop_scan),
       cmocka_unit_test(test_http),
       cmocka_unit_test(test_openai_client),
+      cmocka_unit_test(test_cancel_and_stop),
   };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_cancel*" */
   return cmocka_run_group_tests_name("serve", tests, NULL, NULL);
 }

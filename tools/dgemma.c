@@ -141,7 +141,7 @@ static const command kCommands[] = {
      "tab, CR, backslash or other control character in a piece is written \\n, \\t, \\r, \\\\, \\xNN).\n",
      "  -p, --prompt TEXT        the text (\"-\": standard input); or TEXT as the argument\n"
      "  -f, --file FILE          read the text from FILE (kept as is)\n"
-     "      --special            parse control tokens written in the text (<start_of_turn>, ...)\n"
+     "      --special            parse control tokens written in the text (<|turn>, <turn|>, ...)\n"
      "      --pieces             one \"ID<TAB>PIECE\" line per token\n",
      1, 0},
     {"detokenize", C_DETOKENIZE, "print the text of a list of ids",
@@ -649,7 +649,10 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
   dg_gen_params gp = dg_gen_default_params(m);
   if (o->gen_kwargs) {
     dg_status st = dg_gen_params_apply_json(&gp, o->gen_kwargs);
-    if (st) die("--gen-kwargs", st);
+    if (st) { /* a usage error (exit 2), as in bench and serve: one line naming the field */
+      fprintf(stderr, "dgemma %s: --gen-kwargs: %s: %s\n", g_cmd->name, dg_status_str(st), dg_last_error());
+      exit(2);
+    }
   }
   if (o->max_new_set) gp.max_new_tokens = (int32_t)o->max_new;
   if (o->steps_set) gp.max_denoising_steps = (int32_t)o->steps;

@@ -222,7 +222,10 @@ static void add_item(gsm8k_summary *s, int correct, int invalid, double tokens, 
 
 static int num_field(const cJSON *j, const char *k, double *v) {
   const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, k);
-  if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0) return 0;
+  /* at most 2^53 (exact in a double; far above any real count): a larger one cast to int64_t
+   * would be undefined (fuzz_gsm8k found 4.4e32 in a "tokens" field) */
+  if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0)
+    return 0;
   *v = x->valuedouble;
   return 1;
 }

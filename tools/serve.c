@@ -140,6 +140,7 @@ struct dg_server {
   double step_seconds;
   double last_step_ms;
   unsigned long long http_2xx, http_4xx, http_5xx;
+  int32_t n_generating;   /* generation requests whose response is not yet sent (under mu) */
 };
 
 static void logf_(dg_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -237,6 +238,7 @@ static void job_close(job *j) {
   j->closed = 1;
   j->state = JOB_DONE;
   j->t_end = now_s();
+  if (j->t0 == 0) j->t0 = j->t_end; /* cancelled in the queue: it never ran (0 s, not the time since boot) */
   if (j->req.stream) {
     if ((j->status && !j->stop_early) || (j->cancelled && !j->finish)) {
       dg_srv_error e;
@@ -245,6 +247,7 @@ static void job_close(job *j) {
       char *ej = dg_srv_error_json(&e);
       if (ej) sse_data(j, NULL, ej);
       free(ej);
+      sse_data(j, NULL, "[DONE]"); /* the stream's end, as after an answer (clients wait for it) */
     } else {
       char *c = chunk_json(j, j->req.kind == DG_SRV_CHAT ? NULL : "", j->finish, 0);
       if (c) sse_data(j, NULL, c);
@@ -380,6 +383,7 @@ static int on_step(const dg_step_info *si, void *ud) {
 
 /* A job has left the engine (under mu): its finish reason and metrics; the scheduler's reference goes. */
 static void job_finish(dg_server *s, job *j, dg_status st) {
+  const int started = j->t0 != 0;
   if (j->cancelled) {
     s->requests_cancelled++;
   } else if (st && !(st == DG_ERR_ABORTED && (j->stop_early || j->cut))) {
@@ -398,9 +402,10 @@ static void job_finish(dg_server *s, job *j, dg_status st) {
   j->ctx = NULL;
   job_close(j);
   s->n_running--;
-  logf_(s, "dgemma serve: %s %s: %d prompt + %d completion tokens, %d canvases, %d steps, %.2f s%s%s", j->id,
+  logf_(s, "dgemma serve: %s %s: %d prompt + %d completion tokens, %d canvases, %d steps, %.2f s%s%s%s", j->id,
         j->finish ? j->finish : j->cancelled ? "cancelled" : "failed", (int)j->n_prompt, j->completion_tokens,
-        j->n_blocks, j->n_steps, j->t_end - j->t0, j->status ? ": " : "", j->status ? j->errmsg : "");
+        j->n_blocks, j->n_steps, j->t_end - j->t0, started ? "" : " (before it started)", j->status ? ": " : "",
+        j->status ? j->errmsg : "");
   job_unref(j);
 }
 
@@ -515,6 +520,7 @@ typedef struct conn_state {
   sbuf body;
   int too_large;
   int answered; /* a response was queued on the first call */
+  int generating; /* counted in srv->n_generating until the request completes */
 } conn_state;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, const char *body) {
@@ -738,7 +744,7 @@ static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, d
   int rc = 0;
   if (st) rc = dg_srv_fail(&e, 400, kind == DG_SRV_CHAT ? "messages" : "prompt", "invalid_value", "cannot tokenize: %s", dg_last_error());
   else if ((int64_t)j->n_prompt + canv * C > s->o.lim.max_context)
-    rc = dg_srv_fail(&e, 400, "messages", "context_length_exceeded",
+    rc = dg_srv_fail(&e, 400, kind == DG_SRV_CHAT ? "messages" : "prompt", "context_length_exceeded",
                      "prompt of %zu tokens + %lld canvases of %d tokens (max_tokens %d rounded up) = %lld positions; this "
                      "server's limit is %d",
                      j->n_prompt, (long long)canv, C, j->gp.max_new_tokens, (long long)(j->n_prompt + canv * C),
@@ -788,6 +794,7 @@ static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, d
     MHD_destroy_response(r);
     return ret;
   }
+  int gone = 0; /* the client closed its side: it gets no answer */
   while (!j->closed) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -796,14 +803,20 @@ static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, d
     pthread_cond_timedwait(&j->cv, &s->mu, &ts);
     if (!j->closed && !j->cancelled && client_gone(c)) {
       j->cancelled = 1;
+      gone = 1;
       pthread_cond_signal(&s->cv);
     }
+  }
+  if (gone) { /* no response to count as a 5xx (dgemma_requests_total{outcome="cancelled"} has it): close */
+    job_unref(j);
+    pthread_mutex_unlock(&s->mu);
+    return MHD_NO;
   }
   char *body = NULL;
   int status = 200;
   if (j->cancelled && !j->finish) {
     status = 503;
-    dg_srv_fail(&e, 503, NULL, "cancelled", "the request was cancelled (the client went away or the server is stopping)");
+    dg_srv_fail(&e, 503, NULL, "cancelled", "the request was cancelled (the server is stopping)");
     body = dg_srv_error_json(&e);
   } else if (j->status) {
     status = j->status == DG_ERR_CONTEXT_FULL || j->status == DG_ERR_INVALID_ARG ? 400 : 500;
@@ -854,6 +867,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cs->too_large)
       return send_error(s, c, (dg_srv_fail(&e, 413, NULL, "request_too_large", "request body above the limit of %zu bytes",
                                            s->o.lim.max_body), &e));
+    if (!cs->generating) {
+      cs->generating = 1;
+      pthread_mutex_lock(&s->mu);
+      s->n_generating++;
+      pthread_mutex_unlock(&s->mu);
+    }
     return handle_generate(s, c, chat ? DG_SRV_CHAT : DG_SRV_COMPLETION, cs);
   }
   const int models = !strcmp(url, "/v1/models"), health = !strcmp(url, "/health"), metrics = !strcmp(url, "/metrics"),
@@ -891,7 +910,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
   conn_state *cs = *con_cls;
+  dg_server *s = cls;
   if (cs) {
+    if (cs->generating) {
+      pthread_mutex_lock(&s->mu);
+      s->n_generating--;
+      pthread_mutex_unlock(&s->mu);
+    }
     free(cs->body.p);
     free(cs);
     *con_cls = NULL;
@@ -953,7 +978,19 @@ void dg_server_stop(dg_server *s) {
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   if (s->sched_started) pthread_join(s->sched, NULL);
-  if (s->d) MHD_stop_daemon(s->d); /* waits for the connection threads (their jobs are closed now) */
+  if (s->d) {
+    /* every job is closed now: let their last bytes (a stream's error event and data: [DONE], a
+     * 503) reach the clients before the connections are closed, for at most 5 s (a request that
+     * comes meanwhile is answered 503 at once) */
+    for (int k = 0; k < 500; k++) {
+      pthread_mutex_lock(&s->mu);
+      const int32_t n = s->n_generating;
+      pthread_mutex_unlock(&s->mu);
+      if (n <= 0) break;
+      usleep(10000);
+    }
+    MHD_stop_daemon(s->d); /* waits for the connection threads */
+  }
   dg_batch_free(s->batch);
   free(s->slots);
   pthread_cond_destroy(&s->cv);
@@ -988,8 +1025,9 @@ static long long serve_int(const char *opt, const char *v, long long lo, long lo
   return x;
 }
 
-static void serve_usage(void) {
-  fprintf(stderr,
+/* `dgemma serve --help` (and `dgemma help serve`): on stdout, as every command's help. */
+static void serve_usage(FILE *f) {
+  fprintf(f,
           "usage: dgemma serve [-m DIR] [--device cpu|cuda[:N]] [-t N] [--host ADDR] [--port P] [--max-batch N]\n"
           "                    [--api-key KEY] [--gen-kwargs JSON] [--model-id NAME] [--max-queue N]\n"
           "                    [--max-tokens N] [--max-context N] [--max-body BYTES] [--max-messages N]\n"
@@ -1007,7 +1045,8 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   int quiet = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-#define VAL() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "dgemma serve: %s needs a value\n", a), exit(2), ""))
+#define VAL() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "dgemma serve: %s needs a value; see `dgemma serve --help`\n", a), \
+                                           exit(2), ""))
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = VAL();
     else if (!strcmp(a, "--device")) {
       const char *d = VAL();
@@ -1030,8 +1069,12 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--max-messages")) o.lim.max_messages = (int32_t)serve_int(a, VAL(), 1, 1 << 20);
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
     else if (!strcmp(a, "--quiet")) quiet = 1;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(); return 0; }
-    else { fprintf(stderr, "dgemma serve: unknown option %s\n\n", a); serve_usage(); return 2; }
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
+    else { /* a usage error: one line and where the help is, as the other commands */
+      fprintf(stderr, "dgemma serve: %s %s; see `dgemma serve --help`\n",
+              a[0] == '-' ? "unknown option" : "unexpected argument", a);
+      return 2;
+    }
 #undef VAL
   }
 #ifndef DG_HAVE_MHD
@@ -1068,7 +1111,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   o.log = quiet ? NULL : stderr;
   dg_gen_params gp = dg_gen_default_params(m);
   if (o.gen_kwargs && (st = dg_gen_params_apply_json(&gp, o.gen_kwargs))) {
-    fprintf(stderr, "dgemma serve: --gen-kwargs: %s\n  %s\n", dg_status_str(st), dg_last_error());
+    fprintf(stderr, "dgemma serve: --gen-kwargs: %s: %s\n", dg_status_str(st), dg_last_error());
     dg_model_free(m);
     return 2;
   }

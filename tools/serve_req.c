@@ -297,6 +297,45 @@ static int parse_fields(dg_srv_kind kind, const cJSON *root, const dg_srv_limits
   return parse_ext(root, r, err);
 }
 
+/* The index (in document order, keys included) of the first JSON string of body[0, len) that
+ * holds the escape \u0000, or -1. body is valid JSON (cJSON parsed it), so a string starts at an
+ * unescaped '"' outside a string and an escape is a backslash and the character after it. */
+static long nul_escape_string(const char *body, size_t len) {
+  long k = -1;
+  int in = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (!in) {
+      if (body[i] == '"') { in = 1; k++; }
+    } else if (body[i] == '"') {
+      in = 0;
+    } else if (body[i] == '\\' && i + 1 < len) {
+      if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4)) return k;
+      i++;
+    }
+  }
+  return -1;
+}
+
+/* The path ("messages[0].content", "stop[1]", "dgemma.gen_kwargs") of the k-th string of item's
+ * subtree in document order (an object's key, then its value), into path; *k counts down. 1 if found. */
+static int string_path(const cJSON *item, const char *at, long *k, char *path, size_t n) {
+  if (cJSON_IsString(item) && (*k)-- == 0) return snprintf(path, n, "%s", at), 1;
+  const cJSON *c;
+  int i = 0;
+  cJSON_ArrayForEach(c, item) {
+    char sub[256];
+    if (cJSON_IsObject(item)) {
+      snprintf(sub, sizeof sub, "%s%s%s", at, at[0] ? "." : "", c->string);
+      if ((*k)-- == 0) return snprintf(path, n, "%s", sub), 1; /* the key itself */
+    } else {
+      snprintf(sub, sizeof sub, "%s[%d]", at, i);
+    }
+    if (string_path(c, sub, k, path, n)) return 1;
+    i++;
+  }
+  return 0;
+}
+
 int dg_srv_parse(dg_srv_kind kind, const char *body, size_t len, const dg_srv_limits *lim, dg_srv_request *out,
                  dg_srv_error *err) {
   memset(out, 0, sizeof *out);
@@ -310,8 +349,16 @@ int dg_srv_parse(dg_srv_kind kind, const char *body, size_t len, const dg_srv_li
     return dg_srv_fail(err, 400, NULL, "invalid_json", "the body is not valid JSON (error near byte %zu)", at);
   }
   int rc = 0;
+  /* cJSON ends a string at a \u0000 (its strings are NUL-terminated): the text after it would be
+   * dropped silently, so such a string is refused, by its field */
+  long nul = nul_escape_string(body, len);
   if (!cJSON_IsObject(root)) rc = dg_srv_fail(err, 400, NULL, "invalid_json", "the body must be a JSON object");
-  else rc = parse_fields(kind, root, lim, out, err);
+  else if (nul >= 0) {
+    char path[256] = "";
+    string_path(root, "", &nul, path, sizeof path);
+    rc = dg_srv_fail(err, 400, path, "invalid_value",
+                     "'%s' holds the escape \\u0000 (a NUL character), which this server does not accept in text", path);
+  } else rc = parse_fields(kind, root, lim, out, err);
   cJSON_Delete(root);
   if (rc) dg_srv_request_free(out);
   return rc;
