@@ -169,10 +169,13 @@ setup:
 TEST_JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 # -j only when make was not given one (a sub-make of `make -jN test` shares its job server)
 TEST_J      = $(if $(findstring jobserver,$(MAKEFLAGS))$(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS))
+# With -G the main build of the tests goes to build-test/, so that `make test` and `make` / `make run`
+# never rebuild each other's CUDA objects (build/ keeps the optimized kernels).
+TEST_BUILD  = $(if $(and $(filter 1,$(CUDA)),$(strip $(NVDEV))),build-test,$(BUILD))
 test: setup
-	@$(MAKE) --no-print-directory $(TEST_J) NVDEV="$(NVDEV)" test-build
+	@$(MAKE) --no-print-directory $(TEST_J) NVDEV="$(NVDEV)" BUILD=$(TEST_BUILD) test-build
 	@FUZZ_BUILD=build-fuzz FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS) TEST_JOBS=$(TEST_JOBS) FUZZ_JOBS=$(TEST_JOBS) \
-	  scripts/run_tests.sh $(BUILD) build-asan
+	  scripts/run_tests.sh $(TEST_BUILD) build-asan
 
 test-build: test-build-main test-build-asan fuzz-build
 test-build-main:
@@ -252,6 +255,6 @@ emu-test:
 	build-emu/tests/test_cuda
 
 clean:
-	rm -rf build build-asan build-emu build-fuzz
+	rm -rf build build-test build-asan build-emu build-fuzz
 
 -include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d
