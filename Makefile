@@ -236,7 +236,7 @@ export PROMPT
 # machine: docs/eval.md). THREADS=N passes -t N.
 run:
 	@scripts/setup.sh --deps-only
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(TEST_J) all
 	@echo "note: the bundled model (models/dgemma-small, 9.9 M parameters) is a test and demo model of the"
 	@echo "      DiffusionGemma architecture; its arithmetic is weak (17% of held-out 1-2 step word problems"
 	@echo "      right, sums usually off by 1-3: docs/small-model.md). dgemma run -m DIR uses a real checkpoint."
