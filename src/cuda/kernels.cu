@@ -274,6 +274,22 @@ cudaError_t k_qkv_post_at(cudaStream_t s, const float *qkv, int64_t ld, float *q
 
 /* ---- end of the layer: dense + MoE combination (spec 4.4 step 7) ---------- */
 
+/* Token t's K slots in ascending expert order (equal ids by slot: a stable
+ * sort), thread k < K placing slot k at its rank: srow / sw [K] the grouped
+ * rows and weights in that order (the caller synchronises before reading). */
+__device__ __forceinline__ void combine_slot_order(size_t t, int K, const int32_t *topk_idx, const int32_t *slot_row,
+                                                   const float *topk_w, int *srow, float *sw) {
+  if ((int)threadIdx.x >= K) return;
+  const int k = threadIdx.x, ek = topk_idx[t * K + k];
+  int rank = 0;
+  for (int i = 0; i < K; i++) {
+    const int ei = topk_idx[t * K + i];
+    rank += ei < ek || (ei == ek && i < k);
+  }
+  srow[rank] = slot_row[t * K + k];
+  sw[rank] = topk_w[t * K + k];
+}
+
 /* One block per token. g = sum over the token's K slots in ascending expert
  * order of w * y (the CPU's and the reference's index_add order); then
  * x = (x + post_ff(post_ff1(dense) + post_ff2(g))) * scalar. Dynamic shared
@@ -287,16 +303,7 @@ __global__ void ffn_combine_kernel(float *x, const float *dense, const float *y,
   __shared__ float sw[64];
   float *sg = dyn, *sd = dyn + H;
   const size_t t = blockIdx.x;
-  if ((int)threadIdx.x < K) { /* slot k's rank: ascending expert order, equal ids by slot (a stable sort) */
-    const int k = threadIdx.x, ek = topk_idx[t * K + k];
-    int rank = 0;
-    for (int i = 0; i < K; i++) {
-      const int ei = topk_idx[t * K + i];
-      rank += ei < ek || (ei == ek && i < k);
-    }
-    srow[rank] = slot_row[t * K + k];
-    sw[rank] = topk_w[t * K + k];
-  }
+  combine_slot_order(t, K, topk_idx, slot_row, topk_w, srow, sw);
   __syncthreads();
   float ssg = 0.0f;
   for (int j = threadIdx.x; j < H; j += blockDim.x) {
@@ -333,16 +340,7 @@ __global__ void __launch_bounds__(NT) ffn_combine_reg_kernel(float *x, const flo
   __shared__ int srow[KMAX];
   __shared__ float sw[KMAX];
   const size_t t = blockIdx.x;
-  if ((int)threadIdx.x < K) { /* slot k's rank: ascending expert order, equal ids by slot (a stable sort) */
-    const int k = threadIdx.x, ek = topk_idx[t * K + k];
-    int rank = 0;
-    for (int i = 0; i < K; i++) {
-      const int ei = topk_idx[t * K + i];
-      rank += ei < ek || (ei == ek && i < k);
-    }
-    srow[rank] = slot_row[t * K + k];
-    sw[rank] = topk_w[t * K + k];
-  }
+  combine_slot_order(t, K, topk_idx, slot_row, topk_w, srow, sw);
   float gv[RPT], dv[RPT];
 #pragma unroll
   for (int k = 0; k < RPT; k++) {

@@ -320,6 +320,14 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
       }
     };
 
+    /* activation stage sa begins: its ring slot, its copies complete for every warp, the next one issued */
+    auto astage = [&](int sa) {
+      if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+      dg_cp_wait<STAGES - 2>();
+      __syncthreads();
+      if (sa + STAGES - 1 < nsa) issue();
+      dg_cp_commit();
+    };
     if constexpr (WD > 0) {
       /* stage i of this pass into slot (wuse + i) % WD: the slots are free (every earlier stage was consumed) */
       const unsigned char *wsrc = wq - lane * PS; /* the warp's stage 0 */
@@ -336,14 +344,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
         for (int i = 0; i < WD && i < nst; i++) wissue(i, wuse + i);
       for (int s = 0; s < nst; s++) {
         const int sub = s % SUB;
-        if (sub == 0) { /* activation stage s / SUB begins */
-          const int sa = s / SUB;
-          if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
-          dg_cp_wait<STAGES - 2>();
-          __syncthreads();
-          if (sa + STAGES - 1 < nsa) issue();
-          dg_cp_commit();
-        }
+        if (sub == 0) astage(s / SUB);
         const int slot = (int)(wuse % WD);
         dg_mbar_wait(&wbar[warp][slot], (wuse / WD) & 1);
         uint32_t R[RW];
@@ -380,14 +381,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
           if (s < nst) {
             if (s + D - 1 < nst) wload(W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
             const int sub = D % SUB == 0 ? d % SUB : s % SUB;
-            if (sub == 0) { /* s = SUB sa: activation stage sa begins */
-              const int sa = s / SUB;
-              if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
-              dg_cp_wait<STAGES - 2>();
-              __syncthreads();
-              if (sa + STAGES - 1 < nsa) issue();
-              dg_cp_commit();
-            }
+            if (sub == 0) astage(s / SUB); /* s = SUB sa */
             compute(W[d], s, sub);
           }
         }
