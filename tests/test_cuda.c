@@ -1854,7 +1854,7 @@ static void test_quant_experts(void **state) {
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   const int bitsv[5] = {2, 3, 4, 6, 8};
   double wh = 0, wy = 0;
-  /* Both kernels (src/cuda/backend.cu expert_lay): the lane records of qr_kernel for 2-byte scales and
+  /* Both kernels (src/cuda/backend.cu expert_lay): the lane records of qr_kernel for bf16 scales and
    * columns a multiple of max(64, group), else the tile layout of qe_kernel; 37 tokens on expert 0 are
    * two passes of 24 (qe_nt) in both. */
   for (int b = 0; b < 5; b++) {
@@ -1863,8 +1863,9 @@ static void test_quant_experts(void **state) {
     check_qexperts(bitsv[b], bitsv[(b + 2) % 5], 64, 128, 64, DG_BF16, &wh, &wy); /* qr; gate/up and down differ */
   }
   check_qexperts(4, 8, 128, 128, 128, DG_BF16, &wh, &wy); /* qr, stages of 128 codes */
-  /* qr, f16 scales; K = 192: three weight stages, activation stages of two (QR_SUB) and a tail of one */
-  check_qexperts(4, 3, 64, 192, 192, DG_F16, &wh, &wy);
+  /* qr; K = 192: three weight stages, activation stages of two (QR_SUB) and a tail of one */
+  check_qexperts(4, 3, 64, 192, 192, DG_BF16, &wh, &wy);
+  check_qexperts(4, 3, 64, 192, 192, DG_F16, &wh, &wy); /* qe: f16 scales */
   check_qexperts(2, 6, 32, 288, 64, DG_F32, &wh, &wy);  /* qe, f32 scales; H = 288: a tail of 32, 2.25 down slabs */
   printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, bf16/f16/f32 scales, 37 "
          "tokens x top-2, an empty expert): largest |diff| / bound: h %.4f, y %.4f (<= 1)\n", wh, wy);

@@ -27,7 +27,10 @@
  *              ring of WD stages per warp in shared memory (cp.async.bulk +
  *              mbarrier) instead of register stages: WD 4, 6 (4 blocks per SM),
  *              8 (3 blocks per SM); 4-bit only, 8 NT <= 32 tokens per pass (the
- *              backend's is (4, 2, 3, 4, 2)) (earlier runs, docs/results/h200-moe/
+ *              backend's is (4, 2, 3, 4, 2)); 13-16: version 3 with an L2 prefetch of each warp's
+ *              weight stage PF = 2, 4, 8, 16 stages ahead (cp.async.bulk.prefetch.L2, lane 0); 17: version 3
+ *              on the first lane-record layout, each lane's record with the pairs of its 4 rows (the pairs
+ *              stored 4 times: 48 bytes per lane and 4-bit stage instead of 36) (earlier runs, docs/results/h200-moe/
  *              lab_variants_run*.md, numbered qe_kernel's variants 3-7)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
@@ -135,7 +138,8 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
 static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lanes = 0) {
   for (const tiled &t : st->tl)
     if (t.warps == warps && t.kc == kc && t.gateup == gateup && t.lanes == lanes) return t;
-  const qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, G, 4, E, st->w.rows, st->w.cols);
+  qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, G, 4, E, st->w.rows, st->w.cols);
+  q.cp = lanes == 1; /* lanes 2: the replicated-pair lane records (qr_wstage cp 0) */
   size_t pb = 0;
   const size_t qb = lanes ? qr_tile_bytes(q) : qe_tile_bytes(q, &pb);
   std::vector<uint8_t> hq(qb), hp(pb);
@@ -257,10 +261,10 @@ enum { GU = 0, DN = 1 };
 
 /* Versions 4-12: qr_kernel over a lane-record copy, WARPS warps, D register stages, STAGES ring stages,
  * WD > 0: a WD-deep bulk-copy ring of weight stages per warp in shared memory instead of D. */
-template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0>
+template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
-  const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, 1);
+  const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
   qe_args a;
   memset(&a, 0, sizeof a);
   a.q = tl.q; a.sb = DG_CUDA_BF16; a.group = G; a.pb = 4;
@@ -272,20 +276,20 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
     if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
-    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
-    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
-    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
     }
   }
   a.Kdim = IE; a.N = H; a.y = r->b.y;
   if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   switch (nt) {
-  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
-  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
-  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
-  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD>(0, grid, a);
+  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
   }
 }
 
@@ -301,9 +305,14 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 7: return run_lanes<4, 4, 3, 4, 2>(prod, st, r, nt);
     case 8: return run_lanes<4, 2, 3, 4, 4>(prod, st, r, nt);
     case 9: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
-    case 10: return run_lanes<4, 1, 3, 4, 2, 4>(prod, st, r, nt);
-    case 11: return run_lanes<4, 1, 3, 4, 2, 6>(prod, st, r, nt);
-    default: return run_lanes<4, 1, 3, 3, 2, 8>(prod, st, r, nt);
+    case 10: return run_lanes<4, 1, 3, 4, 2, 4, 0, 0>(prod, st, r, nt);
+    case 11: return run_lanes<4, 1, 3, 4, 2, 6, 0, 0>(prod, st, r, nt);
+    case 12: return run_lanes<4, 1, 3, 3, 2, 8, 0, 0>(prod, st, r, nt);
+    case 13: return run_lanes<4, 2, 3, 4, 2, 0, 2>(prod, st, r, nt);
+    case 14: return run_lanes<4, 2, 3, 4, 2, 0, 4>(prod, st, r, nt);
+    case 15: return run_lanes<4, 2, 3, 4, 2, 0, 8>(prod, st, r, nt);
+    case 16: return run_lanes<4, 2, 3, 4, 2, 0, 16>(prod, st, r, nt);
+    default: return run_lanes<4, 2, 3, 4, 2, 0, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
     }
   }
   if (ver == 1) {

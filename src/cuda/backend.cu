@@ -202,10 +202,10 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
 }
 
 /* The layout of a quantized expert stack: the lane records of qr_kernel
- * (qmoe_r.cuh) where it applies (2-byte scales, columns a multiple of its
- * stage), else the tile layout of qe_kernel (qmoe.cuh). */
+ * (qmoe_r.cuh) where it applies (bf16 scales and biases, columns a multiple of
+ * its stage), else the tile layout of qe_kernel (qmoe.cuh: f16 and f32 pairs). */
 static int expert_lay(const dg_cuda_mat *m) {
-  return sb_size(m->sb_dtype) == 2 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
+  return m->sb_dtype == DG_CUDA_BF16 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
 }
 
 /* Its tiling (qe_tiling) for E experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */

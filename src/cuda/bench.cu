@@ -39,16 +39,14 @@ __global__ void __launch_bounds__(BT) bfill_bf16(uint16_t *p, size_t n, uint64_t
     p[i] = (uint16_t)(((uint32_t)bmix(seed, i) & 0x807fu) | ex);
 }
 
-/* The (scale, bias) words of n words of lane records (qmoe_r.cuh: records of
- * rec bytes, codes first (cb bytes), in pieces of ps bytes, piece-major over
- * 32 lanes) set to bf16 pairs of random sign and mantissa with exponent bits
- * ex: random bits there would be NaN and infinity. */
-__global__ void __launch_bounds__(BT) bfix_pairs(uint32_t *p, size_t n, int cb, int ps, int rec, uint64_t seed,
-                                                 uint32_t ex) {
-  const size_t stride = (size_t)gridDim.x * blockDim.x, block = (size_t)rec * 32;
+/* The (scale, bias) words of n words of lane records (qmoe_r.cuh, compact
+ * layout: warp stages of ws bytes, the codes of 32 lanes first (32 cb bytes),
+ * then the pairs) set to bf16 pairs of random sign and mantissa with exponent
+ * bits ex: random bits there would be NaN and infinity. */
+__global__ void __launch_bounds__(BT) bfix_pairs(uint32_t *p, size_t n, int cb, int ws, uint64_t seed, uint32_t ex) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const size_t off = i * 4 % block, rb = off / (32 * (size_t)ps) * (size_t)ps + off % (size_t)ps;
-    if (rb < (size_t)cb) continue;
+    if (i * 4 % (size_t)ws < 32 * (size_t)cb) continue;
     const uint32_t r = (uint32_t)bmix(seed, i);
     p[i] = (r & 0x807f807fu) | ex | (ex << 16);
   }
@@ -107,9 +105,8 @@ static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_
     DG_TRY(balloc(ptrs, np, (void **)&w->q, qbytes, "expert lane records"));
     DG_LAUNCH(bfill_u32, grid, BT, 0, 0)(w->q, qbytes / 4, seed);
     CK(cudaGetLastError());
-    const int rec = qr_rec(bits, group);
-    DG_LAUNCH(bfix_pairs, grid, BT, 0, 0)(w->q, qbytes / 4, 4 * (qr_kc(group) / 32) * bits, rec % 16 == 0 ? 16 : 8, rec,
-                                          seed + 1, 0x3a80u); /* +-[2^-10, 2^-9) */
+    DG_LAUNCH(bfix_pairs, grid, BT, 0, 0)(w->q, qbytes / 4, qr_cb(bits, group), qr_wstage(bits, group, tl.cp), seed + 1,
+                                          0x3a80u); /* +-[2^-10, 2^-9) */
     CK(cudaGetLastError());
     *bytes += words * 4 + 2 * ng * 2;
     return DG_OK;

@@ -45,6 +45,16 @@ __device__ __forceinline__ void dg_cp_async8(void *dst, const void *src) {
 __device__ __forceinline__ void dg_cp_async4(void *dst, const void *src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dg_smem_addr(dst)), "l"(src));
 }
+/* The same with the destination as a shared-memory address (dg_sptr, computed once: no generic-to-shared
+ * conversion per copy); src_bytes 0 zero-fills the destination without reading src. */
+typedef uint32_t dg_sptr;
+__device__ __forceinline__ dg_sptr dg_sp(const void *p) { return dg_smem_addr(p); }
+__device__ __forceinline__ void dg_cp_async16_sp(dg_sptr dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void dg_cp_async4_sp(dg_sptr dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ void dg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void dg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -107,6 +117,14 @@ static inline void dg_cp_async16(void *dst, const void *src, int src_bytes) {
 }
 static inline void dg_cp_async8(void *dst, const void *src) { memcpy(dst, src, 8); }
 static inline void dg_cp_async4(void *dst, const void *src) { memcpy(dst, src, 4); }
+typedef unsigned char *dg_sptr;
+static inline dg_sptr dg_sp(const void *p) { return (dg_sptr)p; }
+static inline void dg_cp_async16_sp(dg_sptr dst, const void *src, int src_bytes) {
+  if (src_bytes) memcpy(dst, src, 16); else memset(dst, 0, 16);
+}
+static inline void dg_cp_async4_sp(dg_sptr dst, const void *src, int src_bytes) {
+  if (src_bytes) memcpy(dst, src, 4); else memset(dst, 0, 4);
+}
 static inline void dg_cp_commit() {}
 template <int N> static inline void dg_cp_wait() {}
 

@@ -143,7 +143,7 @@ cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols,
 }
 
 size_t qr_tile_bytes(const qe_tiling &t) {
-  return (size_t)(t.E * qe_slabs(t)) * (size_t)(t.K / t.kc) * (size_t)t.warps * 32 * (size_t)qr_rec(t.bits, t.group);
+  return (size_t)(t.E * qe_slabs(t)) * (size_t)(t.K / t.kc) * (size_t)t.warps * (size_t)qr_wstage(t.bits, t.group, t.cp);
 }
 
 void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, const void *biases, uint8_t *dst) {
@@ -172,6 +172,13 @@ void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, 
               }
             }
             const int64_t si = e * slabs + sl;
+            if (t.cp) { /* codes piece-major over the lanes, then the pairs of row group g once */
+              const int PSC = CB % 16 == 0 ? 16 : 8;
+              uint8_t *ws = dst + ((si * nst + s) * t.warps + w) * (int64_t)qr_wstage(t.bits, t.group, 1);
+              for (int p = 0; p < CB / PSC; p++) memcpy(ws + (p * 32 + lane) * PSC, rec + p * PSC, (size_t)PSC);
+              if (t4 == 0) memcpy(ws + 32 * CB + g * 16 * GPS, rec + CB, (size_t)(16 * GPS));
+              continue;
+            }
             for (int p = 0; p < NP; p++)
               memcpy(dst + ((((si * nst + s) * t.warps + w) * NP + p) * 32 + lane) * PS, rec + p * PS, (size_t)PS);
           }

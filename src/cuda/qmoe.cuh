@@ -93,6 +93,7 @@ struct qe_args {
  * block's stage is one contiguous run. */
 struct qe_tiling {
   int warps, kc, gateup, bits, group, pb; /* pb: bytes per (scale, bias) pair */
+  int cp;                                 /* lane records (qmoe_r.cuh): the compact layout (qr_wstage) */
   int64_t E, N, K;                        /* experts; features (gate/up) or rows (down) per expert; columns */
 };
 /* The tiling of a stack [E * rows_per_expert, K] of `rows` rows (gate/up: E * 2 N, down: E * N). */
@@ -100,6 +101,7 @@ __host__ inline qe_tiling qe_tiling_of(int warps, int kc, int gateup, int bits, 
                                        int64_t rows, int64_t K) {
   qe_tiling t;
   t.warps = warps; t.kc = kc; t.gateup = gateup; t.bits = bits; t.group = group; t.pb = pb;
+  t.cp = 1;
   t.E = E; t.N = gateup ? rows / E / 2 : rows / E; t.K = K;
   return t;
 }

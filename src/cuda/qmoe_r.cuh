@@ -21,17 +21,22 @@
  * qe_tiling (32 WARPS rows of one expert; gate/up: 16 WARPS features, warp w
  * the gate rows of 16 features then their up rows), each cut into stages of
  * KC = max(64, group) codes; in a slab stage after stage, in a stage warp
- * after warp, in a warp piece after piece of 32 lanes. Lane (g, t) of warp w
- * holds, for its four rows g, g + 8, g + 16, g + 24 of the warp's 32 (r = 0..3):
+ * after warp. Lane (g, t) of warp w computes with, for its four rows g, g + 8,
+ * g + 16, g + 24 of the warp's 32 (r = 0..3), a record of REC = CB + 16 KC / group
+ * bytes in registers:
  * bytes [0, CB):  for each r, each run c of 32 codes: the BITS bytes of codes
  *                 32 c + 8 t .. 32 c + 8 t + 7 of row r's stage (CB = 4 (KC / 32) BITS);
  * bytes [CB, REC): for each r, each group j of the stage: its (scale, bias)
- *                 pair, 2 + 2 bytes (bf16 or f16; f32 pairs use qe_kernel).
- * The record of REC = CB + 16 KC / group bytes is split into pieces of 16
- * bytes (8 when REC is not a multiple of 16: 3 bits, g >= 64); piece p of all
- * 32 lanes is contiguous. A stack whose columns are not a multiple of KC, or
- * with f32 pairs, keeps the tile layout of qe_kernel (the backend chooses at
- * upload: dg_cuda_w.lay). */
+ *                 pair, 2 + 2 bytes, bf16 (f16 and f32 pairs use qe_kernel).
+ * In device memory a warp's stage (qr_wstage, the compact layout) is the code
+ * bytes of the 32 lanes in pieces of 16 bytes (8 when CB is not a multiple of
+ * 16: 3 bits), piece p of all 32 lanes contiguous, then the pair bytes of
+ * row group g = 0..7 once (the 4 lanes (g, t) load the same 16 KC / group bytes,
+ * one read): exactly the MLX bytes. (The first layout stored each lane's whole
+ * record, the pairs 4 times: 48 bytes per lane and 4-bit g64 stage instead of
+ * 36; the lab keeps it as version 17, cp = 0.) A stack whose columns are not a
+ * multiple of KC, or without bf16 pairs, keeps the tile layout of qe_kernel
+ * (the backend chooses at upload: dg_cuda_w.lay). */
 #ifndef DG_CUDA_QMOE_R_CUH
 #define DG_CUDA_QMOE_R_CUH
 
@@ -48,6 +53,14 @@ __host__ __device__ constexpr int qr_kc(int group) { return group > 64 ? group :
 /* Bytes of one lane's record of a stage. */
 __host__ __device__ constexpr int qr_rec(int bits, int group) {
   return 4 * (qr_kc(group) / 32) * bits + 16 * (qr_kc(group) / group);
+}
+/* Bytes of the codes of a lane's record of a stage. */
+__host__ __device__ constexpr int qr_cb(int bits, int group) { return 4 * (qr_kc(group) / 32) * bits; }
+/* Bytes of a warp's weight stage in device memory: cp (the compact layout) 32 lanes' codes, then the pairs of
+ * the 8 row groups once (16 bytes per group of the stage each); else 32 whole lane records (the pairs of a
+ * row group once per lane: 4 times). */
+__host__ __device__ constexpr int qr_wstage(int bits, int group, int cp) {
+  return cp ? 32 * qr_cb(bits, group) + 8 * 16 * (qr_kc(group) / group) : 32 * qr_rec(bits, group);
 }
 /* Bytes per token row of an activation stage of sub weight stages (64 modulo 128: conflict-free 16-byte reads). */
 __host__ __device__ constexpr int qr_xs(int group, int sub) { return 2 * sub * qr_kc(group) + 64; }
@@ -77,6 +90,11 @@ __device__ __forceinline__ void dg_bulk_g2s(void *dst, const void *src, uint32_t
                ::"r"(dg_smem_addr(dst)), "l"(src), "r"(bytes), "r"(dg_smem_addr(bar))
                : "memory");
 }
+/* Ask for `bytes` (a multiple of 16, 16-byte aligned) at src to be brought into L2 (PTX ISA:
+ * cp.async.bulk.prefetch.L2); no registers, no shared memory, nothing to wait for. */
+__device__ __forceinline__ void dg_prefetch_l2(const void *src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 /* Wait until the phase of parity `phase` of bar has completed. */
 __device__ __forceinline__ void dg_mbar_wait(uint64_t *bar, uint32_t phase) {
   uint32_t done;
@@ -94,6 +112,7 @@ static inline void dg_mbar_init(uint64_t *) {}
 static inline void dg_mbar_fence_init() {}
 static inline void dg_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *) { memcpy(dst, src, bytes); }
 static inline void dg_mbar_wait(uint64_t *, uint32_t) {}
+static inline void dg_prefetch_l2(const void *, uint32_t) {}
 #endif
 
 /* The 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of 128 + c (8 bits:
@@ -141,12 +160,18 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 /* WD > 0: the weights of each warp pass through its own WD-deep ring of stages in shared memory, filled
  * by bulk copies (one instruction per stage, issued by lane 0, completing on the slot's mbarrier) instead
- * of D register stages: more bytes in flight per warp without registers (D is then unused). */
+ * of D register stages: more bytes in flight per warp without registers (D is then unused).
+ * PF > 0 (register stages only): lane 0 of each warp asks L2 for the warp's weight stage PF stages ahead of
+ * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
+  /* CP: codes in NPC pieces of PSC bytes (piece-major over the 32 lanes), then per row group g its GPS 16-byte
+   * pieces of pairs, loaded by the 4 lanes (g, t) alike (one sector read, the pairs not stored 4 times) */
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, NPC = CB / PSC, WSTAGE = qr_wstage(BITS, GS, CP);
+  static_assert(CP == 0 || WD == 0, "the bulk-copy ring reads whole lane records");
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
   constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = (SUB * GPS * NTOK * 4 + 15) / 16 * 16, STB = XB + SBB;
@@ -173,8 +198,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #pragma unroll
   for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
   const int64_t si = (int64_t)e * gridDim.y + slab;
-  const int64_t sstride = (int64_t)WARPS * NP * 32 * PS; /* bytes of a stage of the slab */
-  const unsigned char *wq = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * NP * 32 * PS + lane * PS;
+  const int64_t sstride = (int64_t)WARPS * WSTAGE; /* bytes of a stage of the slab */
+  const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE; /* the warp's stage 0 */
+  const unsigned char *wq = wstage0 + lane * (CP ? PSC : PS);
   unsigned char *wring = smem + STAGES * STB + warp * WD * WSLOT; /* WD > 0: this warp's ring */
   uint32_t wuse = 0; /* WD > 0: weight stages consumed by this warp so far (slot wuse % WD, phase (wuse / WD) & 1) */
   if constexpr (WD > 0) {
@@ -216,48 +242,82 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
       xcol[k] = 8 * c;
     }
     const float *ssrc[CHS];
-    int sdst[CHS], sgrp[CHS];
+    int sdst[CHS], sgrp[CHS], sbytes[CHS];
 #pragma unroll
     for (int k = 0; k < CHS; k++) {
       const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
       const int64_t sr = i < NS ? srow[r] : -1;
-      ssrc[k] = sr >= 0 ? a.xs + sr + j : NULL;
+      ssrc[k] = sr >= 0 ? a.xs + sr + j : a.xs;
+      sbytes[k] = sr >= 0 ? 4 : 0;
       sdst[k] = i < NS ? XB + 4 * i : -1;
       sgrp[k] = j;
     }
     /* the activations and group sums of activation stage sa (weight stages SUB sa ..) into its ring slot;
-     * columns past the matrix (a last stage of fewer than SUB weight stages) are not loaded and never read */
+     * columns past the matrix (a last stage of fewer than SUB weight stages) are not loaded and never read.
+     * Rows past the expert's are zero-filled (src-size 0). Every stage but such a last one takes the path
+     * without column tests, and with no test at all where the pieces divide evenly among the threads. */
     /* issue() loads activation stages 0, 1, 2, ... in turn: its slot and source offsets advance by one stage */
+    constexpr bool XEVEN = NTOK * PER % THREADS == 0, SEVEN = NS % THREADS == 0;
+    const dg_sptr sbase = dg_sp(smem);
     int islot = 0, icol = 0;
     auto issue = [&]() {
-      unsigned char *slot = smem + islot * STB;
-      const int cols = SUB > 1 ? min(KA, a.Kdim - icol) : KA;
+      const dg_sptr slot = sbase + islot * STB;
+      if (SUB == 1 || icol + KA <= a.Kdim) { /* uniform */
 #pragma unroll
-      for (int k = 0; k < CH; k++)
-        if (xdst[k] >= 0 && (SUB == 1 || xcol[k] < cols))
-          dg_cp_async16(slot + xdst[k], xbytes[k] ? (const void *)(xsrc[k] + icol) : (const void *)a.X, xbytes[k]);
+        for (int k = 0; k < CH; k++)
+          if (XEVEN || xdst[k] >= 0) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
 #pragma unroll
-      for (int k = 0; k < CHS; k++) {
-        if (sdst[k] < 0 || (SUB > 1 && sgrp[k] * GS >= cols)) continue;
-        if (ssrc[k]) dg_cp_async4(slot + sdst[k], ssrc[k] + icol / GS);
-        else *(float *)(slot + sdst[k]) = 0.0f;
+        for (int k = 0; k < CHS; k++)
+          if (SEVEN || sdst[k] >= 0) dg_cp_async4_sp(slot + sdst[k], ssrc[k] + icol / GS, sbytes[k]);
+      } else {
+        const int cols = a.Kdim - icol;
+#pragma unroll
+        for (int k = 0; k < CH; k++)
+          if (xdst[k] >= 0 && xcol[k] < cols) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
+#pragma unroll
+        for (int k = 0; k < CHS; k++)
+          if (sdst[k] >= 0 && sgrp[k] * GS < cols) dg_cp_async4_sp(slot + sdst[k], ssrc[k] + icol / GS, sbytes[k]);
       }
       islot = islot == STAGES - 1 ? 0 : islot + 1;
       icol += KA;
     };
     /* wload() loads the weight stages 0, 1, 2, ... in turn */
     const unsigned char *wnext = wq;
+    int wst = 0; /* the stage wload loads next */
     auto wload = [&](uint32_t *R) {
       const unsigned char *p = wnext;
       wnext += sstride;
+      if constexpr (PF > 0) {
+        if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
+        wst++;
+      }
+      if constexpr (CP) {
 #pragma unroll
-      for (int k = 0; k < NP; k++) {
-        if constexpr (PS == 16) {
-          const uint4 v = dg_ld_stream16(p + k * 32 * PS);
-          R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-        } else {
-          const uint2 v = dg_ld_stream8(p + k * 32 * PS);
-          R[2 * k] = v.x; R[2 * k + 1] = v.y;
+        for (int k = 0; k < NPC; k++) {
+          if constexpr (PSC == 16) {
+            const uint4 v = dg_ld_stream16(p + k * 32 * PSC);
+            R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+          } else {
+            const uint2 v = dg_ld_stream8(p + k * 32 * PSC);
+            R[2 * k] = v.x; R[2 * k + 1] = v.y;
+          }
+        }
+        const unsigned char *pp = p - lane * PSC + 32 * CB + g * 16 * GPS;
+#pragma unroll
+        for (int i = 0; i < GPS; i++) {
+          const uint4 v = dg_ld_stream16(pp + 16 * i);
+          R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+          if constexpr (PS == 16) {
+            const uint4 v = dg_ld_stream16(p + k * 32 * PS);
+            R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+          } else {
+            const uint2 v = dg_ld_stream8(p + k * 32 * PS);
+            R[2 * k] = v.x; R[2 * k + 1] = v.y;
+          }
         }
       }
     };
@@ -302,8 +362,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
             float s0, b0, s8, b8;
-            qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], a.sb, &s0, &b0);
-            qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], a.sb, &s8, &b8);
+            qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0); /* bf16 pairs only */
+            qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
             b0 = fmaf(-OFF, s0, b0);
             b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
@@ -330,7 +390,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
     };
     if constexpr (WD > 0) {
       /* stage i of this pass into slot (wuse + i) % WD: the slots are free (every earlier stage was consumed) */
-      const unsigned char *wsrc = wq - lane * PS; /* the warp's stage 0 */
+      const unsigned char *wsrc = wstage0;
       auto wissue = [&](int st, uint32_t use) {
         const int slot = (int)(use % WD);
         dg_bulk_g2s(wring + slot * WSLOT, wsrc + (int64_t)st * sstride, WSLOT, &wbar[warp][slot]);
@@ -371,6 +431,10 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
         if (sa < nsa) issue();
         dg_cp_commit();
       }
+      if constexpr (PF > 0) { /* stages 1 .. PF - 1: wload's own prefetch covers PF on (stage 0 is loaded now) */
+        if (lane == 0)
+          for (int i = 1; i < PF && i < nst; i++) dg_prefetch_l2(wstage0 + (int64_t)i * sstride, WSTAGE);
+      }
   #pragma unroll
       for (int d = 0; d < D - 1; d++)
         if (d < nst) wload(W[d]);
@@ -394,10 +458,10 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int KC = qr_kc(GS), NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = (SUB * (KC / GS) * NTOK * 4 + 15) / 16 * 16;
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD>;
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>;
   const size_t smem = (size_t)STAGES * (XB + SBB) + (size_t)WARPS * WD * 32 * qr_rec(BITS, GS);
 #ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
