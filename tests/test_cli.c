@@ -544,8 +544,8 @@ static void test_help(void **state) {
   free(err);
   /* --version anywhere, before anything is loaded (the model does not exist) */
   const char *ver[] = {"--version", "run -m /nonexistent -p hi --version", "info --version -m /nonexistent",
-                       "quantize --version", "bench --protocol ceiling --version"};
-  for (int i = 0; i < 5; i++) {
+                       "quantize --version", "bench --protocol ceiling --version", "serve -m /nonexistent --version"};
+  for (int i = 0; i < 6; i++) {
     assert_int_equal(cli(ver[i], &out, &err), 0);
     if (strcmp(out, "dgemma " DGEMMA_VERSION "\n")) fail_msg("dgemma %s: stdout \"%s\"", ver[i], out);
     assert_string_equal(err, "");

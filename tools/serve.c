@@ -1061,7 +1061,8 @@ static void serve_usage(FILE *f) {
           "      --max-messages N     chat messages per request (default %d)\n"
           "      --timeout S          idle connection timeout in seconds (default %d; 0: none)\n"
           "      --quiet              no log line per request on stderr\n"
-          "  -h, --help               this help\n",
+          "  -h, --help               this help\n"
+          "      --version            the version\n",
           d.host, d.port, d.max_batch, d.max_queue, (int)d.lim.max_tokens, (int)d.lim.max_context, d.lim.max_body,
           (int)d.lim.max_messages, d.timeout_s);
 }
@@ -1099,6 +1100,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
+    else if (!strcmp(a, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return 0; } /* as every command */
     else { /* a usage error: one line and where the help is, as the other commands */
       if (a[0] == '-') {
         snprintf(what, sizeof what, "unknown option %s", cli_quote(a, 100, what + 200, sizeof what - 200));
