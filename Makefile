@@ -121,7 +121,8 @@ $(LIB): $(OBJ)
 HAVE_HDR = $(shell printf '\043include <$(1)>\n' | $(CC) $(XCFLAGS) -E -x c - >/dev/null 2>&1 && echo 1 || echo 0)
 MHD     ?= $(call HAVE_HDR,microhttpd.h)
 CURL    ?= $(call HAVE_HDR,curl/curl.h)
-SERVEOBJ := $(patsubst %,$(BUILD)/tools/%.o,serve serve_req serve_page)
+# (cliarg: the number parsing and quoting of the command line, used by serve.c and dgemma.c)
+SERVEOBJ := $(patsubst %,$(BUILD)/tools/%.o,serve serve_req serve_page cliarg)
 ifeq ($(MHD),1)
 $(BUILD)/tools/serve.o: CFLAGS += -DDG_HAVE_MHD
 LDLIBS  += -lmicrohttpd

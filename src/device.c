@@ -136,6 +136,13 @@ dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n) {
   return dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d", (int)dev);
 }
 
+dg_status dg_cpu_kernels(const char **name) {
+  char why[256];
+  const dg_kernels *k = dg_kernels_pick(getenv("DGEMMA_KERNELS"), why, sizeof why);
+  if (name) *name = k->name;
+  return why[0] ? dg_seterr(DG_ERR_INVALID_ARG, "%s", why) : DG_OK;
+}
+
 dg_status dg_context_profile(dg_context *ctx, int on) {
   if (!ctx || !ctx->cuda)
     return dg_seterr(DG_ERR_INVALID_ARG, "stage profiling needs a CUDA context (--device cuda)");

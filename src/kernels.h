@@ -7,6 +7,7 @@
 #ifndef DG_KERNELS_H
 #define DG_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "weight.h" /* dg_weight (and dtype.h: dg_dtype, the bf16/f16 conversions) */
@@ -55,6 +56,12 @@ const dg_kernels *dg_kernels_ref(void);
  * DGEMMA_KERNELS=ref|avx2|avx512|avx512lp in the environment overrides the
  * choice (avx512lp is never chosen by default). */
 const dg_kernels *dg_kernels_best(void);
+/* The set DGEMMA_KERNELS = env asks for (env NULL or "": the default, the best
+ * exact set AVX-512 > AVX2 > ref; "avx512lp" only on request). A name that is
+ * none of ref, avx2, avx512, avx512lp, or a set this CPU lacks, gives the best
+ * exact set and a one-line reason in why[n] (naming the variable, the value
+ * and the set taken); why[0] = 0 when env was honoured. why may be NULL. */
+const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n);
 const dg_kernels *dg_kernels_avx2(void);   /* NULL if the CPU lacks AVX2+FMA+F16C */
 const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW/VL/DQ */
 /* Opt-in, lossy (DGEMMA_KERNELS=avx512lp): bf16 weights through vdpbf16ps with

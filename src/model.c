@@ -496,6 +496,7 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->quant_bits_max = m->max_bits;
   info->device = m->cuda ? DG_DEVICE_CUDA : DG_DEVICE_CPU;
   info->device_bytes = dg_cuda_model_bytes(m->cuda);
+  info->cpu_kernels = m->kern->name;
   return DG_OK;
 }
 

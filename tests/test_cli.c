@@ -24,6 +24,7 @@
  * The models are the bundled one and `mkrandom --config small`, one thread.
  * DG_TEST_FILTER=NAME runs the tests matching NAME (cmocka's filter). */
 #include "testutil.h"
+#include "kernels.h" /* dg_kernels_avx512lp: whether this CPU has the opt-in set */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -509,6 +510,11 @@ static void test_help(void **state) {
   /* the control tokens of this model's chat template (src/chat.c), not Gemma 3's <start_of_turn> */
   assert_non_null(strstr(helps[3], "<|turn>"));
   assert_null(strstr(helps[3], "<start_of_turn>"));
+  assert_non_null(strstr(helps[0], "(default, and 0: the cores available;")); /* what -t 0 means */
+  assert_non_null(strstr(helps[1], "capped there, with a warning")); /* chat -c above the model's positions */
+  /* bench describes the vllm shape in canvases (the loaded model's), not only the 26B's 1024/1024 */
+  assert_non_null(strstr(helps[8], "vllm: a prompt of 4 canvases, 4 canvases generated"));
+  assert_non_null(strstr(helps[8], "--prompt-tokens P    vllm: prompt length"));
   assert_non_null(strstr(helps[9], "--recipe SPEC"));
   assert_null(strstr(helps[9], "--prompt"));
   for (size_t k = 0; k < sizeof kCmds / sizeof kCmds[0]; k++) free(helps[k]);
@@ -517,6 +523,11 @@ static void test_help(void **state) {
   assert_string_equal(err, "");
   if (strncmp(out, "usage: dgemma serve ", 20)) fail_msg("dgemma serve --help: stdout \"%.80s\"", out);
   assert_non_null(strstr(out, "/v1/chat/completions"));
+  /* with its defaults, as every other command's help */
+  assert_non_null(strstr(out, "--port P             TCP port (default 8080;"));
+  assert_non_null(strstr(out, "--max-batch N        canvases denoised together (default 4)"));
+  assert_non_null(strstr(out, "--max-context N      prompt + generated canvases per request, in positions (default 16384)"));
+  assert_non_null(strstr(out, "--timeout S          idle connection timeout in seconds (default 30;"));
   free(err);
   char *out2;
   assert_int_equal(cli("help serve", &out2, &err), 0);
@@ -533,8 +544,8 @@ static void test_help(void **state) {
   free(err);
   /* --version anywhere, before anything is loaded (the model does not exist) */
   const char *ver[] = {"--version", "run -m /nonexistent -p hi --version", "info --version -m /nonexistent",
-                       "quantize --version", "bench --protocol ceiling --version"};
-  for (int i = 0; i < 5; i++) {
+                       "quantize --version", "bench --protocol ceiling --version", "serve -m /nonexistent --version"};
+  for (int i = 0; i < 6; i++) {
     assert_int_equal(cli(ver[i], &out, &err), 0);
     if (strcmp(out, "dgemma " DGEMMA_VERSION "\n")) fail_msg("dgemma %s: stdout \"%s\"", ver[i], out);
     assert_string_equal(err, "");
@@ -571,6 +582,38 @@ static void test_rejected_options(void **state) {
       {"frobnicate -m x", "dgemma: unknown command \"frobnicate\"; see `dgemma --help`"},
       {"serve -m /nonexistent --frobnicate", "dgemma serve: unknown option --frobnicate; see `dgemma serve --help`"},
       {"serve -m /nonexistent --port", "dgemma serve: --port needs a value; see `dgemma serve --help`"},
+      /* the newcomer review of the CLI: numbers are plain decimal, the value named in one line */
+      {"run -m /nonexistent -p hi --temp 0x10",
+       "dgemma run: --temp expects a number in [0, 100], got \"0x10\"; see `dgemma run --help`"},
+      {"run -m /nonexistent -p hi --temp inf", "--temp expects a number in [0, 100], got \"inf\""},
+      {"run -m /nonexistent -p hi --temp 1.5x", "--temp expects a number in [0, 100], got \"1.5x\""},
+      {"run -m /nonexistent -p hi -n 0x10", "dgemma run: -n expects an integer in [1, 16777216], got \"0x10\""},
+      {"run -m /nonexistent -p hi -n ' 64'", "-n expects an integer in [1, 16777216], got \" 64\""},
+      {"run -m /nonexistent -p hi -s 4k", "-s expects an integer in [1, 1048576], got \"4k\""},
+      /* a newline in a quoted value is escaped: the message stays one line */
+      {"run -m /nonexistent -p hi -n '4\n2'", "-n expects an integer in [1, 16777216], got \"4\\n2\"; see"},
+      {"run -m /nonexistent -p hi '--fo\no'", "dgemma run: unknown option --fo\\no; see `dgemma run --help`"},
+      {"run -m /nonexistent --device 'gpu\n'", "--device expects cpu, cuda or cuda:N, got \"gpu\\n\"; see `dgemma run --help`"},
+      /* usage errors exit 2, whichever layer finds them */
+      {"quantize /nonexistent /tmp/x --bits 5",
+       "dgemma quantize: --bits expects 2, 3, 4, 6 or 8, got \"5\"; see `dgemma quantize --help`"},
+      {"quantize /nonexistent /tmp/x --group-size 48", "--group-size expects 32, 64 or 128, got \"48\""},
+      {"quantize /nonexistent /tmp/x --recipe experts=5", "dgemma quantize: --recipe: recipe \"experts=5\": experts=5: bits 5"},
+      {"mkrandom /tmp/x --recipe foo --dry-run", "dgemma mkrandom: --recipe: recipe \"foo\""},
+      /* empty prompts are refused (llama.cpp would generate from <bos> alone: --raw '<bos>' does that) */
+      {"run -m /nonexistent -p ''", "dgemma run: the prompt is empty; for a generation from <bos> alone: --raw '<bos>'"},
+      {"run -m /nonexistent < /dev/null", "the prompt is empty (nothing on standard input)"},
+      {"run -m /nonexistent -f /dev/null", "the prompt is empty (the file holds no text)"},
+      /* bench: --profile does not apply to the ceiling protocol, whatever the device; --prompt-tokens only to vllm */
+      {"bench -m /nonexistent --protocol ceiling --profile",
+       "dgemma bench: --profile splits the vllm and p512 rows into stages, not --protocol ceiling; see `dgemma bench --help`"},
+      {"bench -m /nonexistent --protocol p512 --prompt-tokens 64", "--prompt-tokens sets the prompt of --protocol vllm"},
+      /* serve: every usage error ends with the help tail, and its numbers are decimal too */
+      {"serve -m /nonexistent --port 0x10",
+       "dgemma serve: --port expects an integer in [0, 65535], got \"0x10\"; see `dgemma serve --help`"},
+      {"serve -m /nonexistent --device gpu",
+       "dgemma serve: --device expects cpu, cuda or cuda:N, got \"gpu\"; see `dgemma serve --help`"},
+      {"serve -m /nonexistent extra", "dgemma serve: unexpected argument \"extra\"; see `dgemma serve --help`"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out, *err;
@@ -774,6 +817,10 @@ static void test_json(void **state) {
   dg_free(t);
   assert_string_equal(jstr(j, "finish_reason"), "stop"); /* the small model ends its answer */
   assert_string_equal(jstr(j, "sampler"), "reference");
+  /* what ran: RUN_FAST has --greedy, so argmax proposals; stop_string is there, null, without a --stop match */
+  assert_string_equal(jstr(j, "proposal"), "argmax");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "stop_string")));
+  assert_non_null(strstr(err, "reference sampler, argmax proposals"));
   const int blocks = (int)jnum(j, "blocks"), steps = (int)jnum(j, "steps");
   assert_int_equal(blocks, 1);
   assert_true(steps >= 1 && steps <= 4 * blocks);
@@ -857,6 +904,7 @@ static void test_stop(void **state) {
   free(err);
   assert_string_equal(jstr(js, "finish_reason"), "stop_string");
   assert_string_equal(jstr(js, "stop_string"), S);
+  assert_string_equal(jstr(js, "proposal"), "argmax");
   assert_int_equal(strlen(jstr(js, "text")), at);
   assert_memory_equal(jstr(js, "text"), T, at);
   size_t nk;
@@ -985,8 +1033,145 @@ static void test_pieces_detokenize(void **state) {
   assert_non_null(strstr(err, "id 1: \"4096\" is not an id in [0, 4096)"));
   free(out);
   free(err);
+  /* "--" ends the options (as in getopt): the same text after it */
+  for (char *c = ids_arg; *c; c++)
+    if (*c == '\n' || *c == ' ') *c = ','; /* the list of the file above, as one argument again */
+  snprintf(args, sizeof args, "detokenize -m %s -- %s", SMALL, ids_arg);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_int_equal(strlen(out), strlen(text) + 1);
+  assert_memory_equal(out, text, strlen(text));
+  free(out);
+  free(err);
+  /* a bad id with a newline and hex: one line, the word quoted with the newline escaped */
+  snprintf(args, sizeof args, "detokenize -m %s '5\n0x6'", SMALL);
+  assert_int_equal(cli(args, &out, &err), 2);
+  printf("# detokenize '5\\n0x6': %s", err);
+  assert_string_equal(err, "dgemma detokenize: id 1: \"0x6\" is not an id in [0, 4096)\n");
+  free(out);
+  free(err);
   dg_free(ids);
   dg_model_free(m);
+}
+
+/* The newcomer review of the CLI: DGEMMA_KERNELS that cannot be honoured is said (library status,
+ * CLI warning, info names the set that runs); DGEMMA_MODEL named when it is what failed; bench checks
+ * its options against the model before measuring anything; --device cuda without a GPU says so; chat
+ * -c above the model says so; --raw '<bos>' is the generation from <bos> alone. */
+static void test_review_findings(void **state) {
+  (void)state;
+  char args[1024], want[512], *out, *err;
+  const char *saved = getenv("DGEMMA_KERNELS");
+  char *keep = saved ? strdup(saved) : NULL;
+  /* the library: the default set, and DG_ERR_INVALID_ARG with one line for a name it cannot honour */
+  unsetenv("DGEMMA_KERNELS");
+  const char *best, *name;
+  assert_dg_ok(dg_cpu_kernels(&best));
+  printf("# best exact CPU kernels: %s\n", best);
+  assert_true(!strcmp(best, "avx512") || !strcmp(best, "avx2") || !strcmp(best, "ref"));
+  setenv("DGEMMA_KERNELS", "bogus", 1);
+  assert_int_equal(dg_cpu_kernels(&name), DG_ERR_INVALID_ARG);
+  assert_string_equal(name, best);
+  snprintf(want, sizeof want, "DGEMMA_KERNELS=\"bogus\" is not one of ref, avx2, avx512, avx512lp; using the %s kernels", best);
+  assert_string_equal(dg_last_error(), want);
+  setenv("DGEMMA_KERNELS", "ref", 1);
+  assert_dg_ok(dg_cpu_kernels(&name));
+  assert_string_equal(name, "ref");
+  /* the CLI: a warning naming the variable and its value, and info's line of the set that runs */
+  const int have_lp = dg_kernels_avx512lp() != NULL;
+  static const char *vals[] = {"bogus", "AVX512", "avx512lp", "ref", "bad\nvalue"};
+  for (int i = 0; i < 5; i++) {
+    setenv("DGEMMA_KERNELS", vals[i], 1);
+    snprintf(args, sizeof args, "info -m %s -t 1", SMALL);
+    assert_int_equal(cli(args, &out, &err), 0);
+    printf("# DGEMMA_KERNELS=%s: %s", vals[i], err);
+    const int honoured = !strcmp(vals[i], "ref") || (!strcmp(vals[i], "avx512lp") && have_lp);
+    if (honoured) {
+      assert_string_equal(err, "");
+      snprintf(want, sizeof want, "\ncpu kernels: %s (DGEMMA_KERNELS)\n", vals[i]);
+    } else {
+      if (!strcmp(vals[i], "avx512lp"))
+        snprintf(want, sizeof want, "dgemma: warning: DGEMMA_KERNELS=avx512lp: this CPU lacks AVX-512 BF16 and VNNI; "
+                 "using the %s kernels\n", best);
+      else
+        snprintf(want, sizeof want, "dgemma: warning: DGEMMA_KERNELS=\"%s\" is not one of ref, avx2, avx512, avx512lp; "
+                 "using the %s kernels\n", !strcmp(vals[i], "bad\nvalue") ? "bad\\x0avalue" : vals[i], best);
+      assert_string_equal(err, want);
+      snprintf(want, sizeof want, "\ncpu kernels: %s (the best this CPU has; DGEMMA_KERNELS ignored)\n", best);
+    }
+    if (!strstr(out, want)) fail_msg("info with DGEMMA_KERNELS=%s: %s (want \"%s\")", vals[i], out, want);
+    free(out);
+    free(err);
+  }
+  unsetenv("DGEMMA_KERNELS");
+  snprintf(args, sizeof args, "info -m %s -t 1", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  snprintf(want, sizeof want, "\ncpu kernels: %s (the best this CPU has)\n", best);
+  assert_non_null(strstr(out, want));
+  free(out);
+  free(err);
+  if (keep) setenv("DGEMMA_KERNELS", keep, 1);
+  free(keep);
+  /* DGEMMA_MODEL that does not exist: the hint names it, not the bundled model */
+  setenv("DGEMMA_MODEL", "/nonexistent-dgemma-model", 1);
+  assert_int_equal(cli("info", &out, &err), 1);
+  printf("# DGEMMA_MODEL=/nonexistent-dgemma-model dgemma info:\n%s", err);
+  assert_non_null(strstr(err, "no -m given, so $DGEMMA_MODEL: /nonexistent-dgemma-model;"));
+  assert_null(strstr(err, "bundled"));
+  free(out);
+  free(err);
+  unsetenv("DGEMMA_MODEL");
+  /* bench: a prompt or a generation past the model's positions is a usage error found before the
+   * ceilings are measured (nothing on stdout) */
+  static const char *bench[][2] = {
+      {"--protocol vllm --prompt-tokens 200000", "dgemma bench: the vllm row needs 200256 positions (prompt 200000 "
+                                                 "(--prompt-tokens) + 256 generated, in canvases of 64), past the "
+                                                 "model's max_position_embeddings 131072: lower --prompt-tokens or -n"},
+      {"--protocol p512 -n 200000", "dgemma bench: -n 200000: the p512 rows need"},
+      {"-n 200000", "dgemma bench: the vllm row needs"},
+  };
+  for (int i = 0; i < 3; i++) {
+    snprintf(args, sizeof args, "bench -m %s -t 1 %s", SMALL, bench[i][0]);
+    const double t0 = now_s();
+    const int rc = cli(args, &out, &err);
+    printf("# dgemma %s -> %d in %.2f s: %s", args, rc, now_s() - t0, err);
+    assert_int_equal(rc, 2);
+    assert_string_equal(out, "");
+    assert_int_equal(strncmp(err, bench[i][1], strlen(bench[i][1])), 0);
+    assert_int_equal(count_char(err, '\n'), 1);
+    free(out);
+    free(err);
+  }
+  /* --device cuda where it cannot run: the device is blamed, not the model path */
+  char dev[256];
+  if (dg_device_info(DG_DEVICE_CUDA, 0, dev, sizeof dev) != DG_OK) {
+    const char *cmds[] = {"run -p hi", "info", "serve --port 0"};
+    for (int i = 0; i < 3; i++) {
+      snprintf(args, sizeof args, "%s -m %s --device cuda", cmds[i], SMALL);
+      assert_int_equal(cli(args, &out, &err), 1);
+      printf("# dgemma %s: %s", args, err);
+      snprintf(want, sizeof want, "dgemma %.*s: --device cuda:0: ", (int)strcspn(cmds[i], " "), cmds[i]);
+      if (strncmp(err, want, strlen(want)) || strstr(err, "cannot load model") || count_char(err, '\n') != 1)
+        fail_msg("%s: stderr \"%s\" (want one line \"%s...\")", args, err, want);
+      free(out);
+      free(err);
+    }
+  } else {
+    printf("# a CUDA device is here (%s): the no-GPU messages are not checked\n", dev);
+  }
+  /* chat -c above the model's positions: said on stderr, the chat goes on */
+  snprintf(args, sizeof args, "chat -m %s -t 1 -c 1000000 < /dev/null", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(err, "dgemma chat: -c 1000000 is more than the model's 131072 positions (max_position_embeddings); "
+                           "using 131072\n");
+  free(out);
+  free(err);
+  /* what the empty-prompt message recommends works: one prompt token, <bos> */
+  snprintf(args, sizeof args, "run -m %s -t 1 -n 64 -s 2 --greedy --json --raw '<bos>'", SMALL);
+  cJSON *j = run_json(args, &err);
+  assert_int_equal((int)jnum(j, "prompt_tokens"), 1);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "stop_string")));
+  cJSON_Delete(j);
+  free(err);
 }
 
 /* Threads: -t above the cores is capped with a warning; the wait policy is passive unless set. */
@@ -1291,6 +1476,7 @@ int main(void) {
       cmocka_unit_test(test_pieces_detokenize),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_info_and_no_tokenizer),
+      cmocka_unit_test(test_review_findings),
       cmocka_unit_test(test_chat),
       cmocka_unit_test(test_chat_interrupt),
       cmocka_unit_test(test_no_prompt_on_terminal),

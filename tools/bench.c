@@ -320,12 +320,18 @@ int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
   if (o->moe_tokens && bench_parse_list(o->moe_tokens, "--moe-tokens", 0, 4096, v, BENCH_MAX_LIST, err, n_err) < 0)
     return -1;
   if (o->formats && bench_parse_formats(o->formats, v, BENCH_MAX_LIST, err, n_err) < 0) return -1;
+  /* first whether --profile applies to the protocol at all, then where it can run */
+  if (o->profile && (!strcmp(p, "ceiling") || !strcmp(p, "batch"))) {
+    snprintf(err, n_err, "--profile splits the vllm and p512 rows into stages, not --protocol %s", p);
+    return -1;
+  }
   if (o->profile && o->device != DG_DEVICE_CUDA) {
     snprintf(err, n_err, "--profile times the CUDA backend's stages: add --device cuda");
     return -1;
   }
-  if (o->profile && (!strcmp(p, "ceiling") || !strcmp(p, "batch"))) {
-    snprintf(err, n_err, "--profile splits the vllm and p512 rows into stages, not --protocol %s", p);
+  if (o->prompt_tokens > 0 && strcmp(p, "vllm") && strcmp(p, "all")) {
+    snprintf(err, n_err, "--prompt-tokens sets the prompt of --protocol vllm (and of the vllm row of all), not of "
+             "--protocol %s", p);
     return -1;
   }
   return 0;
@@ -547,6 +553,45 @@ dg_status bench_batch_prompt(const dg_model *m, int b, int32_t **ids, size_t *n,
   dg_chat_message msg = {"user", kPrompts[k][1]};
   if (label) *label = kPrompts[k][0];
   return dg_chat_apply(m, &msg, 1, 0, ids, n);
+}
+
+int bench_check_model(const dg_model *m, const bench_opts *o, char *err, size_t n_err) {
+  const char *p = o->protocol ? o->protocol : "all";
+  const int all = !strcmp(p, "all");
+  const int32_t C = m->cfg.canvas_length, max_pos = m->cfg.max_position_embeddings;
+  /* positions of a row: its prompt + its generation rounded up to whole canvases */
+  if (all || !strcmp(p, "vllm")) {
+    const long long P = o->prompt_tokens > 0 ? o->prompt_tokens : 4LL * C, G = o->gen_tokens > 0 ? o->gen_tokens : 4LL * C;
+    const long long need = P + (G + C - 1) / C * C;
+    if (need > max_pos) {
+      snprintf(err, n_err, "the vllm row needs %lld positions (prompt %lld%s + %lld generated, in canvases of %d), "
+               "past the model's max_position_embeddings %d: lower %s", need, P, o->prompt_tokens > 0 ? " (--prompt-tokens)" : "",
+               (G + C - 1) / C * C, C, max_pos, o->prompt_tokens > 0 ? "--prompt-tokens or -n" : "-n");
+      return -1;
+    }
+  }
+  const int do_512 = all || !strcmp(p, "p512"), do_batch = all || !strcmp(p, "batch");
+  for (int k = 0; (do_512 || do_batch) && k < 8; k++) { /* the chat prompts of the p512 (k < 3) and batch rows */
+    if (!do_batch && k >= 3) break;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    dg_chat_message msg = {"user", kPrompts[k][1]};
+    if (dg_chat_apply(m, &msg, 1, 0, &ids, &n)) {
+      snprintf(err, n_err, "chat template: %s", dg_last_error());
+      return -1;
+    }
+    dg_free(ids);
+    if (o->gen_tokens <= 0 && !(do_512 && k < 3) && o->gen_kwargs) continue; /* batch: its --gen-kwargs decide */
+    const long long G = o->gen_tokens > 0 ? o->gen_tokens : (do_512 && k < 3) ? 512 : 4LL * C;
+    const long long need = (long long)n + (G + C - 1) / C * C;
+    if (need > max_pos) {
+      snprintf(err, n_err, "-n %lld: the %s rows need %lld positions (a prompt of %zu tokens + %lld generated, in "
+               "canvases of %d), past the model's max_position_embeddings %d", G, do_512 && k < 3 ? "p512" : "batch",
+               need, n, (G + C - 1) / C * C, C, max_pos);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 typedef struct batch_cb { bench_trace *tr; int32_t canvas; } batch_cb;
@@ -979,6 +1024,10 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   const int all = !strcmp(proto, "all");
   const int do_vllm = all || !strcmp(proto, "vllm"), do_512 = all || !strcmp(proto, "p512");
   const int do_batch = all || !strcmp(proto, "batch"), do_ceil = !strcmp(proto, "ceiling");
+  if (m && !do_ceil && bench_check_model(m, o, err, sizeof err)) { /* before the ceilings are measured */
+    fprintf(stderr, "dgemma bench: %s; see `dgemma bench --help`\n", err);
+    return 2;
+  }
   int Bs[BENCH_MAX_LIST], nB = bench_parse_list(o->canvases ? o->canvases : "1,2,4,8", "--canvases", 1, BENCH_MAX_B,
                                                 Bs, BENCH_MAX_LIST, err, sizeof err);
   if (!m && !do_ceil) { fprintf(stderr, "dgemma bench: protocol %s needs a model\n", proto); return 1; }

@@ -16,7 +16,7 @@ typedef struct bench_opts {
   const char *protocol;   /* "vllm", "p512", "batch", "ceiling" or "all" (vllm + p512 + batch; NULL = all) */
   int reps;               /* timed runs per row (<= 0: 3) */
   int warmup;             /* untimed runs before them (< 0: 1) */
-  int prompt_tokens;      /* vllm: prompt length (<= 0: 4 canvases, = 1024 at canvas 256) */
+  int prompt_tokens;      /* vllm: prompt length (<= 0: 4 canvases, = 1024 at canvas 256); refused by the others */
   int gen_tokens;         /* generated tokens (<= 0: vllm 4 canvases, p512 512) */
   const char *out;        /* JSON lines, or NULL */
   uint64_t seed;
@@ -52,6 +52,12 @@ int bench_parse_formats(const char *s, int *bits, int cap, char *err, size_t n_e
 /* Check the options that need no model (protocol name, lists); 0, or -1 with
  * the message in err[n_err]. The CLI calls it before loading the model. */
 int bench_check_opts(const bench_opts *o, char *err, size_t n_err);
+
+/* Check the options against the loaded model before anything is measured:
+ * every row's prompt and generation (rounded up to whole canvases) must fit
+ * in max_position_embeddings. 0, or -1 with a one-line message naming the
+ * option (--prompt-tokens, -n) and the positions in err[n_err]. */
+int bench_check_model(const dg_model *m, const bench_opts *o, char *err, size_t n_err);
 
 /* Bytes moved and floating-point operations of one forward pass. */
 typedef struct bench_cost {

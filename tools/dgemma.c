@@ -40,6 +40,7 @@
 
 #include "dgemma.h"
 #include "bench.h"
+#include "cliarg.h"
 #include "eval.h"
 #include "outfile.h"
 #include "qreport.h"
@@ -74,7 +75,7 @@ static const char kModelHelp[] =
     "  -m, --model DIR          Hugging Face DiffusionGemma directory (default: $DGEMMA_MODEL, else the bundled\n"
     "                           models/dgemma-small)\n";
 static const char kForwardHelp[] =
-    "  -t, --threads N          CPU threads (default: the available cores; more are capped with a warning)\n"
+    "  -t, --threads N          CPU threads (default, and 0: the cores available; more are capped with a warning)\n"
     "      --ref                the scalar fp32 oracle kernels (slow; for checking)\n"
     "      --device cpu|cuda[:N] where the forward pass runs (default cpu)\n";
 
@@ -123,7 +124,8 @@ static const command kCommands[] = {
      "cache (each turn prefills only its new tokens). /reset forgets it, /system TEXT sets the\n"
      "system message and starts over, /quit or Ctrl-D leaves, Ctrl-C stops the current answer (that\n"
      "turn is forgotten). Without a terminal, every line of standard input is a message.\n",
-     "  -c, --ctx-size N         positions of the conversation (default 8192, at most the model's)\n"
+     "  -c, --ctx-size N         positions of the conversation (default 8192; more than the model's\n"
+     "                           max_position_embeddings is capped there, with a warning)\n"
      "      --system TEXT        a system message\n"
      "  -n N, -s STEPS, --temp T, --greedy, --seed S, --gen-kwargs JSON   per answer, as for run\n",
      1, 1},
@@ -190,14 +192,16 @@ static const command kCommands[] = {
     {"bench", C_BENCH, "throughput protocols against measured floors",
      "usage: dgemma bench [-m DIR] [--protocol vllm|p512|batch|ceiling|all] [options]\n"
      "\n"
-     "vllm: 1024 prompt tokens, 1024 generated, 16 fixed steps; p512: 512 generated tokens; batch:\n"
-     "B canvases per forward (turbo engine); ceiling: the matrix kernels at the MoE's shapes (no\n"
-     "model needed). Each row is printed against a floor measured in the same command (docs/eval.md).\n",
+     "vllm: a prompt of 4 canvases, 4 canvases generated, 16 fixed steps each (vLLM's 1024 in, 1024\n"
+     "out at the 26B's canvas of 256; 256/256 for the bundled model's 64); p512: three chat prompts,\n"
+     "512 generated tokens; batch: B canvases per forward (turbo engine); ceiling: the matrix kernels\n"
+     "at the 26B's MoE shapes (no model needed). Each row is printed against a floor measured in the\n"
+     "same command (docs/eval.md). The options are checked before anything is measured.\n",
      "      --protocol P         vllm, p512, batch, ceiling or all (default all: vllm, p512, batch)\n"
      "      --reps N, --warmup N timed repetitions and warm-up runs\n"
      "  -o, --out FILE           one JSON line per row\n"
-     "      --prompt-tokens P    prompt length (vllm, p512)\n"
-     "  -n N                     tokens generated\n"
+     "      --prompt-tokens P    vllm: prompt length (default 4 canvases)\n"
+     "  -n N                     tokens generated (default: vllm 4 canvases, p512 512, batch 4 canvases)\n"
      "      --seed S             random seed\n"
      "      --canvases 1,2,4,8   batch: the B values\n"
      "      --gen-kwargs JSON    batch: generation settings (the other protocols fix theirs)\n"
@@ -213,7 +217,7 @@ static const command kCommands[] = {
      "      --bits B             default bits, 2..8 (default 4)\n"
      "      --group-size G       default group size 32, 64 or 128 (default 64)\n"
      "      --recipe SPEC        per-class bits (above)\n"
-     "  -t, --threads N          CPU threads\n",
+     "  -t, --threads N          CPU threads (default, and 0: every online core)\n",
      0, 0},
     {"mkrandom", C_MKRANDOM, "a random-weight checkpoint (26B-A4B shapes by default)",
      "usage: dgemma mkrandom OUT_DIR [--config real|small|FILE.json] [--source DIR] [--seed S] [options]\n"
@@ -227,7 +231,7 @@ static const command kCommands[] = {
      "      --seed S             reproducible byte for byte (any thread count)\n"
      "      --bits B, --group-size G, --recipe SPEC   as for quantize (default: experts only)\n"
      "      --dry-run            sizes only, nothing written\n"
-     "  -t, --threads N          CPU threads\n",
+     "  -t, --threads N          CPU threads (default, and 0: every online core)\n",
      0, 0},
     {"qreport", C_QREPORT, "quantization quality: KL and top-1 vs the float model",
      "usage: dgemma qreport [-m DIR] [--recipes \"R1;R2;...\"] [--bits B] [--group-size G] [-t N]\n"
@@ -236,7 +240,7 @@ static const command kCommands[] = {
      "      --recipes \"R1;R2\"    recipes to compare (default: a standard set)\n"
      "      --bits B, --group-size G   defaults of the recipes\n"
      "      --seed S             random seed of the inputs\n"
-     "  -t, --threads N          CPU threads\n",
+     "  -t, --threads N          CPU threads (default, and 0: every online core)\n",
      1, 0},
 };
 #define N_COMMANDS ((int)(sizeof kCommands / sizeof kCommands[0]))
@@ -349,6 +353,15 @@ static void usage_exit(const char *msg) {
 
 /* ---- small helpers ------------------------------------------------------- */
 
+/* s for a one-line message (cli_quote: control characters escaped, cut after
+ * 100 bytes); four calls' results can be used at once. */
+static const char *q(const char *s) {
+  static char buf[4][448];
+  static int k;
+  k = (k + 1) % 4;
+  return cli_quote(s, 100, buf[k], sizeof buf[k]);
+}
+
 /* Whole file (a leading '@' is accepted and skipped), or exit naming the file and the reason. */
 static void *read_all(const char *path, size_t *len) {
   if (path[0] == '@') path++;
@@ -397,8 +410,9 @@ static int32_t *parse_ids(const char *arg, size_t *n) {
     errno = 0;
     long v = strtol(p, &end, 10);
     if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
-      fprintf(stderr, "dgemma: bad id list near \"%s\"\n", p);
-      exit(2);
+      char msg[512];
+      snprintf(msg, sizeof msg, "bad id list near \"%s\"", q(p));
+      usage_exit(msg);
     }
     if (cnt == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
     ids[cnt++] = (int32_t)v;
@@ -454,12 +468,10 @@ typedef struct opts {
 
 /* An integer option in [lo, hi]; anything else is a usage error naming the option. */
 static long long parse_int(const char *s, const char *name, long long lo, long long hi) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (!*s || *end || errno || v < lo || v > hi) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s expects an integer in [%lld, %lld], got \"%.100s\"", name, lo, hi, s);
+  long long v;
+  if (cli_parse_ll(s, lo, hi, &v)) { /* decimal only: no "0x10", no white space, nothing after */
+    char msg[640];
+    snprintf(msg, sizeof msg, "%s expects an integer in [%lld, %lld], got \"%s\"", name, lo, hi, q(s));
     usage_exit(msg);
   }
   return v;
@@ -467,16 +479,24 @@ static long long parse_int(const char *s, const char *name, long long lo, long l
 
 static void parse_opts(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
-  char msg[512];
+  char msg[768];
+  int only_args = 0; /* after "--": every word is an argument */
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (snprintf(msg, sizeof msg, "%s needs a value", a), usage_exit(msg), ""))
+#define ARG() (i + 1 < argc ? argv[++i] : (snprintf(msg, sizeof msg, "%s needs a value", q(a)), usage_exit(msg), ""))
+    if (!only_args && !strcmp(a, "--")) { only_args = 1; continue; }
+    if (only_args) {
+      if (!o->positional) o->positional = a;
+      else if (!o->positional2 && !strcmp(argv[1], "quantize")) o->positional2 = a;
+      else { snprintf(msg, sizeof msg, "unexpected argument \"%s\"", q(a)); usage_exit(msg); }
+      continue;
+    }
     if (a[0] == '-' && a[1]) { /* an option: is it one of this command's? */
       const option_def *d = NULL;
       for (size_t k = 0; k < sizeof kOptions / sizeof kOptions[0] && !d; k++)
         if ((kOptions[k].s && !strcmp(a, kOptions[k].s)) || !strcmp(a, kOptions[k].l)) d = &kOptions[k];
       if (!d) {
-        snprintf(msg, sizeof msg, "unknown option %s", a);
+        snprintf(msg, sizeof msg, "unknown option %s", q(a));
         usage_exit(msg);
       }
       if (!(d->cmds & g_cmd->bit)) {
@@ -506,7 +526,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
       if (!strcmp(d, "cpu")) o->device = DG_DEVICE_CPU;
       else if (!strcmp(d, "cuda")) o->device = DG_DEVICE_CUDA;
       else if (!strncmp(d, "cuda:", 5)) { o->device = DG_DEVICE_CUDA; o->cuda_device = (int)parse_int(d + 5, a, 0, 1023); }
-      else { fprintf(stderr, "dgemma: --device expects cpu, cuda or cuda:N, got \"%s\"\n", d); exit(2); }
+      else { snprintf(msg, sizeof msg, "--device expects cpu, cuda or cuda:N, got \"%s\"", q(d)); usage_exit(msg); }
     }
     else if (!strcmp(a, "--greedy")) o->greedy = 1;
     else if (!strcmp(a, "--special")) o->special = 1;
@@ -527,11 +547,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
     }
     else if (!strcmp(a, "--temp")) {
       const char *v = ARG();
-      char *end;
-      errno = 0;
-      o->temp = strtod(v, &end);
-      if (!*v || *end || errno || !(o->temp >= 0 && o->temp <= 100)) {
-        snprintf(msg, sizeof msg, "--temp expects a number in [0, 100], got \"%s\"", v);
+      if (cli_parse_double(v, 0, 100, &o->temp)) { /* decimal only: no "0x10", "inf", "nan" */
+        snprintf(msg, sizeof msg, "--temp expects a number in [0, 100], got \"%s\"", q(v));
         usage_exit(msg);
       }
       o->temp_set = 1;
@@ -554,8 +571,24 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--warmup")) o->warmup = (int)parse_int(ARG(), a, 0, 100) + 1;
     else if (!strcmp(a, "--prompt-tokens")) o->prompt_tokens = (int)parse_int(ARG(), a, 1, 1 << 20);
     else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 1, INT32_MAX); /* absent = all */
-    else if (!strcmp(a, "--bits")) o->bits = (int)parse_int(ARG(), a, 2, 8);
-    else if (!strcmp(a, "--group-size")) o->group_size = (int)parse_int(ARG(), a, 32, 128);
+    else if (!strcmp(a, "--bits")) { /* the MLX affine widths (src/quant.c): a usage error here, not a load error */
+      const char *v = ARG();
+      long long b;
+      if (cli_parse_ll(v, 2, 8, &b) || b == 5 || b == 7) {
+        snprintf(msg, sizeof msg, "--bits expects 2, 3, 4, 6 or 8, got \"%s\"", q(v));
+        usage_exit(msg);
+      }
+      o->bits = (int)b;
+    }
+    else if (!strcmp(a, "--group-size")) {
+      const char *v = ARG();
+      long long g;
+      if (cli_parse_ll(v, 32, 128, &g) || (g != 32 && g != 64 && g != 128)) {
+        snprintf(msg, sizeof msg, "--group-size expects 32, 64 or 128, got \"%s\"", q(v));
+        usage_exit(msg);
+      }
+      o->group_size = (int)g;
+    }
     else if (!strcmp(a, "--recipe")) o->recipe = ARG();
     else if (!strcmp(a, "--recipes")) o->recipes = ARG();
     else if (!strcmp(a, "--config")) o->config = ARG();
@@ -563,10 +596,10 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--dry-run")) o->dry_run = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { command_help(g_cmd, stdout); exit(close_stdout(0)); }
     else if (!strcmp(a, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); exit(close_stdout(0)); }
-    else if (a[0] == '-' && a[1]) { snprintf(msg, sizeof msg, "unknown option %s", a); usage_exit(msg); } /* not reached */
+    else if (a[0] == '-' && a[1]) { snprintf(msg, sizeof msg, "unknown option %s", q(a)); usage_exit(msg); } /* not reached */
     else if (!o->positional) o->positional = a;
     else if (!o->positional2 && !strcmp(argv[1], "quantize")) o->positional2 = a;
-    else { snprintf(msg, sizeof msg, "unexpected argument \"%s\"", a); usage_exit(msg); }
+    else { snprintf(msg, sizeof msg, "unexpected argument \"%s\"", q(a)); usage_exit(msg); }
 #undef ARG
   }
 }
@@ -574,8 +607,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
 /* Reject a positional argument for commands that take none. */
 static void no_positional(const opts *o, const char *cmd) {
   if (o->positional) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "takes no argument \"%.100s\" (options only)", o->positional);
+    char msg[512];
+    snprintf(msg, sizeof msg, "takes no argument \"%s\" (options only)", q(o->positional));
     usage_exit(msg);
   }
 }
@@ -620,7 +653,26 @@ static int32_t context_size(size_t n, const dg_gen_params *gp, int32_t canvas) {
   return (int32_t)need;
 }
 
+/* --device cuda[:N] where it cannot run (a build without CUDA, no GPU, one too old): one line that says
+ * so, exit 1 (before a model load could blame the model path). The GPU's line goes to buf when given. */
+static void check_cuda(const opts *o, char *buf, size_t n) {
+  char tmp[512];
+  if (dg_device_info(DG_DEVICE_CUDA, o->cuda_device, buf ? buf : tmp, buf ? n : sizeof tmp)) {
+    fprintf(stderr, "dgemma %s: --device cuda:%d: %s\n", g_cmd->name, o->cuda_device, dg_last_error());
+    exit(1);
+  }
+}
+
+/* A DGEMMA_KERNELS the library could not honour (a name of no kernel set, a set this CPU lacks):
+ * one warning line naming the variable, its value and the set used instead; once per process. */
+static void warn_kernels(void) {
+  static int done;
+  const char *name;
+  if (!done++ && dg_cpu_kernels(&name)) fprintf(stderr, "dgemma: warning: %s\n", dg_last_error());
+}
+
 static dg_model *load_model(const opts *o, int need_tokenizer) {
+  if (!o->ref) warn_kernels();
   dg_model_params mp = dg_model_default_params();
   mp.n_threads = o->threads;
   mp.reference_kernels = o->ref;
@@ -629,11 +681,18 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
   mp.cuda_device = o->cuda_device;
   dg_model *m = NULL;
   const char *dir = o->model ? o->model : default_model();
+  if (mp.device == DG_DEVICE_CUDA) check_cuda(o, NULL, 0);
   dg_status st = dg_model_load(dir, &mp, &m);
   if (st) {
     fprintf(stderr, "dgemma: cannot load model %s\n", dir);
-    if (!o->model && st == DG_ERR_NOT_FOUND)
-      fprintf(stderr, "  (no -m given and the bundled model was not found; pass -m MODEL_DIR)\n");
+    const char *env = getenv("DGEMMA_MODEL");
+    if (!o->model && st == DG_ERR_NOT_FOUND) {
+      if (env && *env)
+        fprintf(stderr, "  (no -m given, so $DGEMMA_MODEL: %s; set it to a model directory, or pass -m MODEL_DIR)\n",
+                env);
+      else
+        fprintf(stderr, "  (no -m given and the bundled model was not found; pass -m MODEL_DIR)\n");
+    }
     const char *e = dg_last_error();
     fprintf(stderr, "dgemma: load: %s\n", dg_status_str(st));
     if (e && *e) fprintf(stderr, "  %s\n", e);
@@ -868,6 +927,11 @@ static int cmd_run(const opts *o) {
   size_t plen;
   int owned;
   const char *prompt = input_text(o, 1, &plen, &owned);
+  if (plen == 0) /* llama.cpp generates from <bos> alone here; an empty pipe or file is more often a mistake */
+    usage_exit(o->file ? "the prompt is empty (the file holds no text); for a generation from <bos> alone: --raw '<bos>'"
+               : (!o->prompt && !o->positional) || (o->prompt && !strcmp(o->prompt, "-"))
+                   ? "the prompt is empty (nothing on standard input); for a generation from <bos> alone: --raw '<bos>'"
+                   : "the prompt is empty; for a generation from <bos> alone: --raw '<bos>'");
   dg_model *m = load_model(o, 1);
   dg_gen_params gp = gen_params(m, o);
   int32_t *ids = NULL;
@@ -947,6 +1011,8 @@ static int cmd_run(const opts *o) {
   }
   const double gen_s = t2 - t1, pre_s = t1 - t0;
   const char *finish = finish_name(&ss, by_stop ? DG_FINISH_STOP : r.finish_reason);
+  /* what ran: the sampler (reference or turbo) and how it proposed tokens (--greedy, --temp 0: argmax) */
+  const char *proposal = gp.proposal == DG_PROPOSAL_ARGMAX ? "argmax" : "sample";
   if (o->json) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "text", ss.text ? ss.text : "");
@@ -958,7 +1024,9 @@ static int cmd_run(const opts *o) {
     cJSON_AddNumberToObject(j, "steps", ss.n_steps);
     cJSON_AddStringToObject(j, "finish_reason", finish);
     if (by_stop) cJSON_AddStringToObject(j, "stop_string", ss.stops[ss.stop_string]);
+    else cJSON_AddNullToObject(j, "stop_string"); /* always there: null when no --stop string ended the answer */
     cJSON_AddStringToObject(j, "sampler", gp.turbo.enabled ? "turbo" : "reference");
+    cJSON_AddStringToObject(j, "proposal", proposal);
     cJSON_AddNumberToObject(j, "seed", (double)gp.seed);
     cJSON *tm = cJSON_AddObjectToObject(j, "timings");
     cJSON_AddNumberToObject(tm, "prefill_s", pre_s);
@@ -981,8 +1049,8 @@ static int cmd_run(const opts *o) {
           gen_s > 0 ? visible / gen_s : 0.0);
   fprintf(stderr, "dgemma: prompt %zu tokens, prefill %.2f s (%.1f tok/s); %.2f s in all\n", n, pre_s,
           pre_s > 0 ? (double)(n - 1) / pre_s : 0.0, t2 - t0);
-  fprintf(stderr, "dgemma: %s sampler, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
-          gp.turbo.enabled ? "turbo" : "reference", ss.n_blocks ? (double)ss.n_steps / ss.n_blocks : 0.0,
+  fprintf(stderr, "dgemma: %s sampler, %s proposals, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
+          gp.turbo.enabled ? "turbo" : "reference", gp.proposal == DG_PROPOSAL_ARGMAX ? "argmax" : "sampled", ss.n_blocks ? (double)ss.n_steps / ss.n_blocks : 0.0,
           by_stop ? (ss.n_step_calls ? (double)ss.n_forwarded / ss.n_step_calls : 0.0)
                   : r.n_steps ? (double)r.n_forwarded / r.n_steps : 0.0, finish);
   if (!by_stop) dg_gen_result_free(&r);
@@ -1085,7 +1153,12 @@ static int cmd_chat(const opts *o) {
   dg_model_get_info(m, &info);
   const int32_t C = info.canvas_length, n_canvases = (gp.max_new_tokens + C - 1) / C;
   int32_t cap = o->ctx_size ? (int32_t)o->ctx_size : 8192;
-  if (cap > info.max_position_embeddings) cap = info.max_position_embeddings;
+  if (cap > info.max_position_embeddings) {
+    if (o->ctx_size) /* the default 8192 is capped quietly; an explicit -c says so */
+      fprintf(stderr, "dgemma chat: -c %d is more than the model's %d positions (max_position_embeddings); using %d\n",
+              cap, info.max_position_embeddings, info.max_position_embeddings);
+    cap = info.max_position_embeddings;
+  }
   if (cap < 2 * n_canvases * C) {
     char msg[200];
     snprintf(msg, sizeof msg, "-c %d is too small for -n %d (%d positions at least)", cap, gp.max_new_tokens,
@@ -1273,8 +1346,7 @@ static int cmd_info(const opts *o) {
   no_positional(o, "info");
   if (o->device == DG_DEVICE_CUDA) {
     char buf[512];
-    dg_status st = dg_device_info(DG_DEVICE_CUDA, o->cuda_device, buf, sizeof buf);
-    if (st) die("cuda", st);
+    check_cuda(o, buf, sizeof buf);
     printf("device: cuda:%d %s\n", o->cuda_device, buf);
   }
   dg_model *m = load_model(o, 0);
@@ -1301,6 +1373,13 @@ static int cmd_info(const opts *o) {
   const char *wait = getenv("OMP_WAIT_POLICY");
   printf("cpu: %d threads, %d core(s) available, OpenMP wait policy %s\n", o->threads ? o->threads : omp_get_max_threads(),
          available_cores(), wait ? wait : "(libgomp default)");
+  { /* the kernel set that runs, and why: --ref, DGEMMA_KERNELS, or the best this CPU has */
+    const char *kn, *env = getenv("DGEMMA_KERNELS");
+    const int honoured = dg_cpu_kernels(&kn) == DG_OK;
+    printf("cpu kernels: %s (%s)\n", i.cpu_kernels,
+           o->ref ? "--ref" : env && *env ? honoured ? "DGEMMA_KERNELS" : "the best this CPU has; DGEMMA_KERNELS ignored"
+                                          : "the best this CPU has");
+  }
   printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json" : "none (run and tokenize refuse this model)");
   printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
          gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
@@ -1371,7 +1450,9 @@ static int cmd_detokenize(const opts *o) {
     errno = 0;
     long v = strtol(p, &end, 10);
     if (end == p || errno || v < 0 || v >= info.vocab_size || (*end && !strchr(", \t\r\n", *end))) {
-      fprintf(stderr, "dgemma detokenize: id %zu: \"%.20s\" is not an id in [0, %d)\n", n, p, info.vocab_size);
+      char word[64];
+      fprintf(stderr, "dgemma detokenize: id %zu: \"%s\" is not an id in [0, %d)\n", n,
+              cli_quote(p, strcspn(p, ", \t\r\n") < 20 ? strcspn(p, ", \t\r\n") : 20, word, sizeof word), info.vocab_size);
       free(ids);
       free(buf);
       dg_model_free(m);
@@ -1616,10 +1697,8 @@ static int cmd_bench(const opts *o) {
     usage_exit("--gen-kwargs is read by --protocol batch (and by the batch rows of all); vllm, p512 and ceiling "
                "fix their own settings");
   char err[256];
-  if (bench_check_opts(&bo, err, sizeof err)) { /* before the model loads */
-    fprintf(stderr, "dgemma bench: %s\n", err);
-    return 2;
-  }
+  if (bench_check_opts(&bo, err, sizeof err)) usage_exit(err); /* before the model loads */
+  if (!o->ref && o->device != DG_DEVICE_CUDA) warn_kernels();
   /* the ceiling sweep needs no model (it builds its own matrices at the MoE's shapes) */
   dg_model *m = o->protocol && !strcmp(o->protocol, "ceiling") ? NULL : load_model(o, 1);
   int rc = dg_cli_bench(m, &bo);
@@ -1628,6 +1707,16 @@ static int cmd_bench(const opts *o) {
 }
 
 /* ---- quantize -------------------------------------------------------------- */
+
+/* A --recipe that does not parse is a usage error (exit 2), found before any file is read. */
+static void check_recipe(const char *recipe, int bits, int group_size) {
+  dg_quant_recipe r;
+  if (recipe && dg_quant_recipe_parse(recipe, bits, group_size, &r)) {
+    char msg[768];
+    snprintf(msg, sizeof msg, "--recipe: %s", q(dg_last_error()));
+    usage_exit(msg);
+  }
+}
 
 typedef struct bar_state { int tty; int last; } bar_state;
 
@@ -1664,6 +1753,7 @@ static int cmd_mkrandom(const opts *o) {
   if (o->bits) mp.bits = o->bits;
   if (o->group_size) mp.group_size = o->group_size;
   mp.recipe = o->recipe;
+  check_recipe(mp.recipe, mp.bits, mp.group_size);
   mp.seed = o->seed_set ? (uint64_t)o->seed : 0;
   mp.n_threads = o->threads;
   mp.dry_run = o->dry_run;
@@ -1707,6 +1797,7 @@ static int cmd_quantize(const opts *o) {
   if (o->bits) qp.bits = o->bits;
   if (o->group_size) qp.group_size = o->group_size;
   qp.recipe = o->recipe;
+  check_recipe(qp.recipe, qp.bits, qp.group_size);
   qp.n_threads = o->threads;
   if (qp.n_threads <= 0) {
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
@@ -1782,6 +1873,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "mkrandom")) { catch_stop_signals(0); return close_stdout(cmd_mkrandom(&o)); }
   /* qreport */
   no_positional(&o, "qreport");
+  warn_kernels();
   qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
   return close_stdout(dg_cli_qreport(o.model ? o.model : default_model(), &qo));
 }

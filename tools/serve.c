@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cliarg.h"
 #include "serve.h"
 
 dg_serve_opts dg_serve_default_opts(void) {
@@ -1014,28 +1015,56 @@ void dg_server_stop(dg_server *s) {}
 static volatile sig_atomic_t g_serve_sig = 0;
 static void serve_on_signal(int sig) { g_serve_sig = sig; }
 
+/* A usage error: one line naming the problem and where the help is, exit 2 (as every command). */
+static void serve_usage_exit(const char *what, const char *value) {
+  char q[448];
+  if (value) fprintf(stderr, "dgemma serve: %s \"%s\"; see `dgemma serve --help`\n", what, cli_quote(value, 100, q, sizeof q));
+  else fprintf(stderr, "dgemma serve: %s; see `dgemma serve --help`\n", what);
+  exit(2);
+}
+
 static long long serve_int(const char *opt, const char *v, long long lo, long long hi) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (!*v || *end || errno || x < lo || x > hi) {
-    fprintf(stderr, "dgemma serve: %s expects an integer in [%lld, %lld], got \"%s\"\n", opt, lo, hi, v);
-    exit(2);
+  long long x;
+  if (cli_parse_ll(v, lo, hi, &x)) { /* decimal only: no "0x10", no white space, nothing after */
+    char what[160];
+    snprintf(what, sizeof what, "%s expects an integer in [%lld, %lld], got", opt, lo, hi);
+    serve_usage_exit(what, v);
   }
   return x;
 }
 
 /* `dgemma serve --help` (and `dgemma help serve`): on stdout, as every command's help. */
 static void serve_usage(FILE *f) {
+  const dg_serve_opts d = dg_serve_default_opts();
   fprintf(f,
-          "usage: dgemma serve [-m DIR] [--device cpu|cuda[:N]] [-t N] [--host ADDR] [--port P] [--max-batch N]\n"
-          "                    [--api-key KEY] [--gen-kwargs JSON] [--model-id NAME] [--max-queue N]\n"
-          "                    [--max-tokens N] [--max-context N] [--max-body BYTES] [--max-messages N]\n"
-          "                    [--timeout S] [--quiet]\n"
-          "  OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-          "  GET /health, GET /metrics, GET / (the live canvas page). Default 127.0.0.1:8080, --max-batch 4.\n"
-          "  Continuous batching needs the turbo engine: --gen-kwargs '{\"diffusion_turbo\": true, ...}'\n"
-          "  (README, \"Serving\"); with the reference sampler requests run one at a time.\n");
+          "usage: dgemma serve [-m DIR] [options]\n"
+          "\n"
+          "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
+          "GET /health, GET /metrics, GET / (the live canvas page). Continuous batching needs the turbo\n"
+          "engine: --gen-kwargs '{\"diffusion_turbo\": true, ...}' (README, \"Serving\"); with the reference\n"
+          "sampler requests run one at a time.\n"
+          "\n"
+          "options:\n"
+          "  -m, --model DIR          the model (default: $DGEMMA_MODEL, else the bundled models/dgemma-small)\n"
+          "      --device cpu|cuda[:N] where the forward passes run (default cpu)\n"
+          "  -t, --threads N          CPU threads (default, and 0: all cores)\n"
+          "      --host ADDR          address to listen on (default %s)\n"
+          "      --port P             TCP port (default %d; 0: any free port, printed at the start)\n"
+          "      --max-batch N        canvases denoised together (default %d)\n"
+          "      --max-queue N        requests waiting beyond the batch before 503 (default %d)\n"
+          "      --api-key KEY        require \"Authorization: Bearer KEY\" (default: $DGEMMA_API_KEY, else none)\n"
+          "      --gen-kwargs JSON    the server's generation defaults over the checkpoint's (as for run)\n"
+          "      --model-id NAME      the name /v1/models lists (default: the model directory's name)\n"
+          "      --max-tokens N       largest max_tokens a request may ask (default %d)\n"
+          "      --max-context N      prompt + generated canvases per request, in positions (default %d)\n"
+          "      --max-body BYTES     request body size (default %zu)\n"
+          "      --max-messages N     chat messages per request (default %d)\n"
+          "      --timeout S          idle connection timeout in seconds (default %d; 0: none)\n"
+          "      --quiet              no log line per request on stderr\n"
+          "  -h, --help               this help\n"
+          "      --version            the version\n",
+          d.host, d.port, d.max_batch, d.max_queue, (int)d.lim.max_tokens, (int)d.lim.max_context, d.lim.max_body,
+          (int)d.lim.max_messages, d.timeout_s);
 }
 
 int dg_cli_serve(int argc, char **argv, const char *default_model) {
@@ -1043,17 +1072,18 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   dg_model_params mp = dg_model_default_params();
   const char *dir = NULL;
   int quiet = 0;
+  char what[448];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-#define VAL() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "dgemma serve: %s needs a value; see `dgemma serve --help`\n", a), \
-                                           exit(2), ""))
+#define VAL() (i + 1 < argc ? argv[++i] : (snprintf(what, sizeof what, "%s needs a value", a), \
+                                           serve_usage_exit(what, NULL), ""))
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = VAL();
     else if (!strcmp(a, "--device")) {
       const char *d = VAL();
       if (!strcmp(d, "cpu")) mp.device = DG_DEVICE_CPU;
       else if (!strcmp(d, "cuda")) mp.device = DG_DEVICE_CUDA;
       else if (!strncmp(d, "cuda:", 5)) { mp.device = DG_DEVICE_CUDA; mp.cuda_device = (int)serve_int(a, d + 5, 0, 1023); }
-      else { fprintf(stderr, "dgemma serve: --device expects cpu, cuda or cuda:N, got \"%s\"\n", d); return 2; }
+      else serve_usage_exit("--device expects cpu, cuda or cuda:N, got", d);
     }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) mp.n_threads = (int)serve_int(a, VAL(), 0, DG_MAX_THREADS);
     else if (!strcmp(a, "--host")) o.host = VAL();
@@ -1070,10 +1100,13 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
+    else if (!strcmp(a, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return 0; } /* as every command */
     else { /* a usage error: one line and where the help is, as the other commands */
-      fprintf(stderr, "dgemma serve: %s %s; see `dgemma serve --help`\n",
-              a[0] == '-' ? "unknown option" : "unexpected argument", a);
-      return 2;
+      if (a[0] == '-') {
+        snprintf(what, sizeof what, "unknown option %s", cli_quote(a, 100, what + 200, sizeof what - 200));
+        serve_usage_exit(what, NULL);
+      }
+      serve_usage_exit("unexpected argument", a);
     }
 #undef VAL
   }
@@ -1085,6 +1118,15 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   if (!dir) dir = default_model;
   if (!o.api_key) o.api_key = getenv("DGEMMA_API_KEY");
   if (o.api_key && !*o.api_key) o.api_key = NULL;
+  const char *kern;
+  if (dg_cpu_kernels(&kern)) fprintf(stderr, "dgemma serve: warning: %s\n", dg_last_error());
+  if (mp.device == DG_DEVICE_CUDA) { /* no GPU or no CUDA in this build: say so, not "cannot load model" */
+    char buf[512];
+    if (dg_device_info(DG_DEVICE_CUDA, mp.cuda_device, buf, sizeof buf)) {
+      fprintf(stderr, "dgemma serve: --device cuda:%d: %s\n", mp.cuda_device, dg_last_error());
+      return 1;
+    }
+  }
   dg_model *m = NULL;
   dg_status st = dg_model_load(dir, &mp, &m);
   if (st) {

@@ -1,7 +1,10 @@
 /* dispatch.c: pick the CPU kernels at run time (cpuid via GCC builtins).
  * DGEMMA_KERNELS=ref|avx2|avx512 forces a choice (tests use it);
  * DGEMMA_KERNELS=avx512lp opts in to the bf16/VNNI products (never chosen by
- * default: they round the activations, see matmul_avx512lp.c). */
+ * default: they round the activations, see matmul_avx512lp.c). A value that
+ * names no set, or a set this CPU lacks, gives the best exact set
+ * (dg_kernels_pick says why; dg_cpu_kernels reports it to the caller). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,14 +34,41 @@ const dg_kernels *dg_kernels_avx512lp(void) {
   return NULL;
 }
 
-const dg_kernels *dg_kernels_best(void) {
-  const char *env = getenv("DGEMMA_KERNELS");
-  if (env && !*env) env = NULL; /* set but empty: the default (it used to pick AVX2) */
-  if (env && strcmp(env, "ref") == 0) return dg_kernels_ref();
-  if (env && strcmp(env, "avx512lp") == 0 && dg_kernels_avx512lp()) return dg_kernels_avx512lp();
-  if (env && strcmp(env, "avx2") == 0 && dg_kernels_avx2()) return dg_kernels_avx2();
-  const dg_kernels *k = NULL;
-  if (!env || strcmp(env, "avx512") == 0) k = dg_kernels_avx512();
+/* The best exact set of this CPU: AVX-512, AVX2+FMA or the oracle. */
+static const dg_kernels *best_exact(void) {
+  const dg_kernels *k = dg_kernels_avx512();
   if (!k) k = dg_kernels_avx2();
   return k ? k : dg_kernels_ref();
 }
+
+const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
+  if (why && n) why[0] = 0;
+  if (!env || !*env) return best_exact(); /* unset or empty: the default */
+  static const struct { const char *name; const dg_kernels *(*get)(void); const char *lacks; } sets[] = {
+      {"ref", dg_kernels_ref, ""},
+      {"avx2", dg_kernels_avx2, "AVX2 and FMA"},
+      {"avx512", dg_kernels_avx512, "AVX-512 F/BW/VL/DQ"},
+      {"avx512lp", dg_kernels_avx512lp, "AVX-512 BF16 and VNNI"},
+  };
+  const dg_kernels *best = best_exact();
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+    if (!strcmp(env, sets[i].name)) {
+      const dg_kernels *k = sets[i].get();
+      if (k) return k;
+      if (why && n)
+        snprintf(why, n, "DGEMMA_KERNELS=%s: this CPU lacks %s; using the %s kernels", env, sets[i].lacks, best->name);
+      return best;
+    }
+  if (why && n) {
+    char v[64]; /* the value, control characters escaped and cut: the message stays one line */
+    size_t k = 0;
+    for (const unsigned char *c = (const unsigned char *)env; *c && k + 5 < sizeof v; c++)
+      k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, sizeof v - k, "\\x%02x", *c)
+                                                                        : snprintf(v + k, sizeof v - k, "%c", *c));
+    snprintf(why, n, "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp; using the %s kernels", v,
+             strlen(env) > k ? "..." : "", best->name);
+  }
+  return best;
+}
+
+const dg_kernels *dg_kernels_best(void) { return dg_kernels_pick(getenv("DGEMMA_KERNELS"), NULL, 0); }
