@@ -233,6 +233,13 @@ static uint64_t prompt_hash(const int32_t *ids, size_t n) {
  * stderr, exit 1); a torn last line (no newline) is dropped from the file. */
 static problem_done *problems_resume(const char *path, const char *config, size_t *n_out) {
   *n_out = 0;
+  /* only a regular file can be resumed: a device (/dev/full, /dev/zero) reads as one endless line */
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    fprintf(stderr, "dgemma eval: -o %s is not a regular file: -o keeps the per-item results that a rerun resumes\n",
+            path);
+    exit(1);
+  }
   FILE *f = fopen(path, "r+");
   if (!f) {
     if (errno == ENOENT) return NULL;
