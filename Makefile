@@ -215,6 +215,7 @@ build-fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h $(FUZZ_LIBOBJ)
 	  $(XLDFLAGS) -lcjson -lm
 # harnesses of the CLI's own readers also link their tools/ source
 build-fuzz/fuzz_gsm8k: build-fuzz/tools/gsm8k.o
+build-fuzz/fuzz_serve_req: build-fuzz/tools/serve_req.o
 
 build-fuzz/seeds/.done: fuzz/seeds.py $(wildcard tests/fixtures/golden/*/*.json tests/fixtures/gsm8k/*.jsonl models/dgemma-small/*.json) \
                         tests/fixtures/tokenizer/small_golden.json
@@ -222,7 +223,7 @@ build-fuzz/seeds/.done: fuzz/seeds.py $(wildcard tests/fixtures/golden/*/*.json 
 	python3 fuzz/seeds.py build-fuzz/seeds
 	@touch $@
 
-.SECONDARY: $(FUZZ_LIBOBJ) build-fuzz/tools/gsm8k.o
+.SECONDARY: $(FUZZ_LIBOBJ) build-fuzz/tools/gsm8k.o build-fuzz/tools/serve_req.o
 fuzz-build: $(FUZZ_BINS) build-fuzz/seeds/.done
 
 fuzz: fuzz-build
@@ -258,4 +259,4 @@ emu-test:
 clean:
 	rm -rf build build-test build-asan build-emu build-fuzz
 
--include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d
+-include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d build-fuzz/tools/serve_req.d

@@ -159,7 +159,7 @@ for p in gen_paths:
 turbo = {"diffusion_turbo": True, "turbo_topk": 8, "turbo_monotone": True, "turbo_eos_early_stop": True,
          "turbo_steps": 4, "turbo_accept": "confidence", "turbo_threshold": [0.9, 0.5, 2], "turbo_repair": True,
          "turbo_compact": True, "turbo_repeat_guard": 3, "turbo_sc": "adaptive", "turbo_sc_tail_mass": 0.01,
-         "turbo_bucket": True}
+         "turbo_bucket": True, "turbo_head_rows": 3}
 add("gen_kwargs", jdump(turbo))
 add("gen_kwargs", jdump({"diffusion_turbo": True, "turbo_steps": None, "turbo_accept": "entropy-bound",
                          "turbo_threshold": 0.9, "turbo_sc": "topk"}))
@@ -227,6 +227,31 @@ add("gsm8k", b"\x01" + (body + json.dumps(dict(res[0], idx=70))).encode(), False
 add("gsm8k", b"\x01" + (body + json.dumps(dict(res[1], config="other")) + "\n").encode(), False)
 collect("gsm8k", res[0])
 dict_words.setdefault("gsm8k", set()).update(["####", "Question", "Assistant:", "<|separator|>", "1,000", "007"])
+
+# ---- HTTP request bodies of dgemma serve (fuzz_serve_req.c: byte 0 even = chat, odd = completions) ----
+chat_bodies = [
+    {"messages": [{"role": "user", "content": "What is 7 times 8?"}]},
+    {"model": "dgemma-small", "messages": [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": [{"type": "text", "text": "hi there"}]},
+                                            {"role": "assistant", "content": "Hello"},
+                                            {"role": "user", "content": "again, then stop. END"}],
+     "max_completion_tokens": 64, "seed": 7, "stop": ["END", "\n\n"], "stream": True,
+     "stream_options": {"include_usage": True}, "temperature": 0.5, "n": 1, "top_p": 1, "user": "u1",
+     "dgemma": {"gen_kwargs": dict(turbo, max_denoising_steps=8), "draft": True, "think": False}},
+    {"messages": [{"role": "user", "content": "x"}], "max_tokens": 16, "temperature": 0, "logprobs": False,
+     "presence_penalty": 0, "frequency_penalty": 0, "stop": "x", "dgemma": {"gen_kwargs": {"entropy_bound": 0.2}}},
+]
+compl_bodies = [
+    {"prompt": "Sam has 23 apples.", "max_tokens": 32, "stop": "apples"},
+    {"model": None, "prompt": ["one prompt \ufffd"], "echo": False, "stream": False, "seed": 0,
+     "dgemma": {"gen_kwargs": {"diffusion_turbo": True, "turbo_head_rows": 4}}},
+]
+for b in chat_bodies:
+    add("serve_req", b"\x00" + jdump(b).encode(), False)
+    collect("serve_req", b)
+for b in compl_bodies:
+    add("serve_req", b"\x01" + jdump(b).encode(), False)
+    collect("serve_req", b)
 
 # ---- write ----------------------------------------------------------------
 PUNCT = ['{', '}', '[', ']', ':', ',', '"', 'true', 'false', 'null', '0', '-1', '1e400', '0.5', '"\\u0000"',

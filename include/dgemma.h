@@ -207,7 +207,8 @@ typedef struct dg_step_info {
   int32_t n_active;         /* turbo: positions sampled this step (not frozen); reference: canvas_length */
   int32_t n_forwarded;      /* turbo: positions run through the decoder this step; reference: canvas_length */
   int32_t forward_shape;    /* rows the decoder pass computed (n_forwarded rounded up to a bucket with turbo_bucket) */
-  int32_t head_shape;       /* rows the LM head computed (n_active, or its bucket) */
+  int32_t head_shape;       /* LM-head rows the decoder pass was given (n_active, or its bucket; the CPU's
+                               vocabulary product then skips the padding) */
 } dg_step_info;
 
 typedef struct dg_block_info {
@@ -255,6 +256,9 @@ typedef struct dg_turbo_params {
   dg_turbo_sc sc_mode;     /* "turbo_sc" (ours; "exact") */
   float sc_tail_mass;      /* "turbo_sc_tail_mass" (ours; 0.01): the bound m of DG_TURBO_SC_ADAPTIVE, (0, 1] */
   int bucket;              /* "turbo_bucket" (ours; false): round forward/active set sizes up to <= 10 buckets */
+  int32_t head_rows;       /* "turbo_head_rows" (ours; 0 = auto): canvas rows whose [rows, vocab] logits the CPU
+                              engine holds at once (LM head, top-K, SC a chunk at a time; same tokens for any
+                              value); 0 = as many as fit 16 MiB (16 rows at vocab 262,144); >= 0 */
 } dg_turbo_params;
 
 typedef int (*dg_step_callback)(const dg_step_info *info, void *user_data);
@@ -321,7 +325,7 @@ dg_gen_params dg_gen_default_params(const dg_model *m);
  * turbo keys of dg_turbo_params (diffusion_turbo, turbo_topk, turbo_monotone,
  * turbo_eos_early_stop, turbo_steps, turbo_accept, turbo_threshold,
  * turbo_repair, turbo_compact, turbo_repeat_guard, turbo_sc,
- * turbo_sc_tail_mass, turbo_bucket). Unknown keys,
+ * turbo_sc_tail_mass, turbo_bucket, turbo_head_rows). Unknown keys,
  * at the top level and inside the nested objects, are rejected.
  * Errors: DG_ERR_JSON; DG_ERR_INVALID_ARG naming an unknown key or a value of the
  * wrong type or range. *p is unchanged on failure. */

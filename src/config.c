@@ -390,6 +390,7 @@ void dg_turbo_default_params(dg_turbo_params *t) {
   t->sc_mode = DG_TURBO_SC_EXACT;
   t->sc_tail_mass = 0.01f;
   t->bucket = 0;
+  t->head_rows = 0;
 }
 
 /* Fields shared by generation_config.json and --gen-kwargs. `strict` rejects
@@ -398,10 +399,10 @@ static const char *const GEN_KEYS[] = {
     "max_new_tokens", "max_denoising_steps", "entropy_bound", "sampler_config", "t_min", "t_max",
     "stability_threshold", "confidence_threshold", "eos_token_id", "pad_token_id", "seed", "proposal",
     "linear_temperature_schedule_config", "diffusion_stopping_config",
-    /* the turbo engine (spec 7.2; the last three are ours) */
+    /* the turbo engine (spec 7.2; the last four are ours) */
     "diffusion_turbo", "turbo_topk", "turbo_monotone", "turbo_eos_early_stop", "turbo_steps", "turbo_accept",
     "turbo_threshold", "turbo_repair", "turbo_compact", "turbo_repeat_guard", "turbo_sc", "turbo_sc_tail_mass",
-    "turbo_bucket", NULL};
+    "turbo_bucket", "turbo_head_rows", NULL};
 
 static const char *const SC_KEYS[] = {"_cls_name", "entropy_bound", NULL};
 static const char *const LTS_KEYS[] = {"_cls_name", "t_min", "t_max", NULL};
@@ -432,7 +433,8 @@ static const char TURBO_LIST[] =
     "diffusion_turbo (bool), turbo_topk (int 1..4096), turbo_monotone (bool), turbo_eos_early_stop (bool), "
     "turbo_steps (null or int >= 1), turbo_accept (\"entropy-bound\" | \"confidence\"), turbo_threshold "
     "(number in (0, 1] or [hi, lo, k0]), turbo_repair (bool), turbo_compact (bool), turbo_repeat_guard (int >= 0), "
-    "turbo_sc (\"exact\" | \"topk\" | \"adaptive\"), turbo_sc_tail_mass (number in (0, 1]), turbo_bucket (bool)";
+    "turbo_sc (\"exact\" | \"topk\" | \"adaptive\"), turbo_sc_tail_mass (number in (0, 1]), turbo_bucket (bool), "
+    "turbo_head_rows (int >= 0)";
 
 static dg_status turbo_bad(dg_status errc, const char *src, const char *key, const char *what, const cJSON *v) {
   return dg_seterr(errc, "%s: turbo option %s must be %s, got %s; turbo options: %s", src, key, what, dg_json_kind(v),
@@ -524,6 +526,7 @@ static dg_status apply_turbo(const char *src, const cJSON *j, dg_turbo_params *t
   v = cJSON_GetObjectItemCaseSensitive(j, "turbo_sc_tail_mass");
   if (v) DG_TRY(turbo_prob(src, "turbo_sc_tail_mass", v, &t->sc_tail_mass, errc));
   DG_TRY(turbo_bool(src, j, "turbo_bucket", &t->bucket, errc));
+  DG_TRY(turbo_int(src, j, "turbo_head_rows", 0, INT32_MAX, &t->head_rows, errc));
   return DG_OK;
 }
 

@@ -471,19 +471,33 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
   return DG_OK;
 }
 
-/* LM head (final norm + tied embedding, no softcap) for the n rows `rows` of
- * the hidden state hid [*, H]: raw [n, V]. */
-static void head_rows_raw(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw) {
-  const dg_model *m = ctx->m;
-  const dg_config *c = &m->cfg;
-  const int H = c->hidden_size;
+/* The final norm of the n rows `rows` of the hidden state hid [*, H]: out [n, H]. */
+static void head_rows_norm(const dg_model *m, const float *hid, const int32_t *rows, int32_t n, float *out) {
+  const int H = m->cfg.hidden_size;
   for (int32_t r = 0; r < n; r++)
-    rmsnorm(ctx->xa + (size_t)r * H, hid + (size_t)rows[r] * H, m->final_norm, H, c->rms_norm_eps);
-  matmul(m, raw, c->vocab_size, ctx->xa, H, n, &m->embed, 0, c->vocab_size);
+    rmsnorm(out + (size_t)r * H, hid + (size_t)rows[r] * H, m->final_norm, H, m->cfg.rms_norm_eps);
 }
 
-dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
-                                 int32_t n_rows, float *raw) {
+void dg_lm_head_rows(const dg_model *m, const float *hn, int32_t n, float *raw) {
+  if (n > 0) matmul(m, raw, m->cfg.vocab_size, hn, m->cfg.hidden_size, n, &m->embed, 0, m->cfg.vocab_size);
+}
+
+/* LM head (final norm + tied embedding, no softcap) for the n rows `rows` of
+ * the hidden state hid [*, H]: raw [n, V]; or, when raw is NULL, only the
+ * final norm: hn [n, H] (dg_lm_head_rows turns them into raw rows later). */
+static void head_rows_raw(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw, float *hn) {
+  if (!raw) {
+    head_rows_norm(ctx->m, hid, rows, n, hn);
+    return;
+  }
+  head_rows_norm(ctx->m, hid, rows, n, ctx->xa);
+  dg_lm_head_rows(ctx->m, ctx->xa, n, raw);
+}
+
+/* dg_forward_decode_rows, with the head rows' output raw [n_rows, V] or,
+ * when raw is NULL (CPU only), their final-normed hidden states hn [n_rows, H]. */
+static dg_status decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                             int32_t n_rows, float *raw, float *hn) {
   const int C = ctx->m->cfg.canvas_length;
   for (int32_t r = 0; r < n_rows; r++)
     if (rows[r] < 0 || rows[r] >= C)
@@ -500,8 +514,19 @@ dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const f
     return dg_cuda_decode_rows(ctx->cuda, canvas, ctx->len, soft ? 2 : 0, soft, rows, n_rows, raw);
   }
   DG_TRY(decode_layers(ctx, canvas, soft));
-  if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw);
+  if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw, hn);
   return DG_OK;
+}
+
+dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                 int32_t n_rows, float *raw) {
+  return decode_rows(ctx, canvas, soft, rows, n_rows, raw, NULL);
+}
+
+dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                   int32_t n_rows, float *hn) {
+  if (ctx->cuda) return dg_seterr(DG_ERR_INVALID_ARG, "dg_forward_decode_hidden is CPU code: use a CPU context");
+  return decode_rows(ctx, canvas, soft, rows, n_rows, NULL, hn);
 }
 
 dg_status dg_compact_buffers(dg_context *ctx) {
@@ -585,6 +610,9 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
     if (seqs[q].ctx->m != m)
       return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d belongs to another model", q);
     DG_TRY(compact_args(seqs[q].ctx, seqs[q].pos, seqs[q].n, seqs[q].head, seqs[q].nh));
+    if (seqs[q].nh > 0 && (m->cuda ? !seqs[q].raw && seqs[q].hn : !seqs[q].raw && !seqs[q].hn))
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d has head rows but no %s output", q,
+                       m->cuda ? "raw-logit (the hidden-state output is CPU only)" : "raw-logit or hidden-state");
     for (int32_t t = 0; t < seqs[q].n; t++)
       if (seqs[q].tok[t] < 0 || seqs[q].tok[t] >= c->vocab_size)
         return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d token id %d outside the vocabulary [0, %d)", q,
@@ -656,7 +684,8 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
     ffn(work, li, N, l->layer_scalar_dec);
   }
   for (int32_t q = 0; !st && q < B; q++)
-    if (seqs[q].nh > 0) head_rows_raw(work, work->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw);
+    if (seqs[q].nh > 0)
+      head_rows_raw(work, work->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw, seqs[q].hn);
   free(buf);
   free(off);
   return st;
@@ -664,7 +693,7 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
 
 dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
                              const int32_t *head, int32_t nh, float *raw) {
-  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw};
+  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL};
   return dg_forward_compact_batch(ctx, &q, 1);
 }
 
@@ -706,7 +735,7 @@ dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const i
     }
     float *tmp = X; X = Y; Y = tmp;
   }
-  if (!st && nh > 0) head_rows_raw(ctx, X, head, nh, raw);
+  if (!st && nh > 0) head_rows_raw(ctx, X, head, nh, raw, NULL);
   free(X);
   free(Y);
   return st;

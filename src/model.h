@@ -125,6 +125,22 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
 dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
                                  int32_t n_rows, float *raw);
 
+/* dg_forward_decode_rows without the vocabulary product: the n_rows head
+ * rows' final-normed hidden states hn [n_rows, H] (spec 4.7's final norm),
+ * which dg_lm_head_rows turns into the same raw logits bit for bit, a few
+ * rows at a time (the turbo engine holds [rows, V], not [C, V]; issue 16).
+ * CPU contexts only (DG_ERR_INVALID_ARG on CUDA); other errors as
+ * dg_forward_decode_rows. */
+dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                   int32_t n_rows, float *hn);
+
+/* The tied LM head on n final-normed hidden rows hn [n, H]: raw [n, V] =
+ * hn E^T, no softcap (spec 4.7), on m's CPU kernels and threads. A row's
+ * values do not depend on n or on the other rows (kernels.h: the summation
+ * order depends only on K), so any split of the rows gives the same bits as
+ * the LM head of dg_forward_decode_rows / dg_forward_compact. */
+void dg_lm_head_rows(const dg_model *m, const float *hn, int32_t n, float *raw);
+
 /* Allocate the per-layer canvas K/V buffers (once per context; nothing on a
  * CUDA context, whose device cache slots L..L+C-1 serve as the buffers). */
 dg_status dg_compact_buffers(dg_context *ctx);
@@ -153,7 +169,8 @@ typedef struct dg_compact_seq {
   const float *soft;
   const int32_t *head;
   int32_t nh;
-  float *raw;
+  float *raw; /* [nh, V] raw logits of the head rows, or NULL: */
+  float *hn;  /* [nh, H] their final-normed hidden states instead (CPU only; dg_lm_head_rows) */
 } dg_compact_seq;
 
 /* Multi-canvas batching: the B canvases' forward sets run through every

@@ -148,6 +148,7 @@ dg_status dg_gen_params_validate(const dg_model *m, const dg_gen_params *p) {
       return dg_seterr(DG_ERR_INVALID_ARG, "unknown turbo_sc mode %d", (int)t->sc_mode);
     if (!(t->sc_tail_mass > 0.0f && t->sc_tail_mass <= 1.0f))
       return dg_seterr(DG_ERR_INVALID_ARG, "turbo_sc_tail_mass = %g must be in (0, 1]", t->sc_tail_mass);
+    if (t->head_rows < 0) return dg_seterr(DG_ERR_INVALID_ARG, "turbo_head_rows = %d must be >= 0", t->head_rows);
   }
   return DG_OK;
 }

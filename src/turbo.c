@@ -4,7 +4,8 @@
  *   x = uniform random ids; committed = x; nothing frozen; SC rows = 0
  *   for step k = 0 .. N-1   (N = max_denoising_steps, capped by turbo_steps)
  *     active = positions not frozen (all when not monotone)
- *     raw logits of the active rows only (LM head on those rows)
+ *     raw logits of the active rows only (LM head on those rows, a few
+ *       rows at a time: see "Memory" below)
  *     hierarchical exact top-K per row; softcap, /T, softmax, entropy on K
  *     accept: entropy-bound or confidence (two-stage); flush on the last
  *       allowed step; force the most confident position if none
@@ -40,6 +41,21 @@
  * the active rows' raw logits back and runs on the host (its rows are then
  * uploaded with the next pass). A batch on CUDA runs one pass per canvas.
  *
+ * Memory (issue 16). On the CPU the decoder pass leaves the LM-head rows'
+ * final-normed hidden states [n, H]; the tied LM head runs on R of them at a
+ * time into one [R, V] scratch (R = turbo_head_rows, or as many rows as fit
+ * TURBO_HEAD_BYTES), each chunk's top-K and K-way distribution (and, for the
+ * exact and adaptive self-conditioning, its SC rows, staged until the step's
+ * acceptance says they are needed) computed before the next chunk overwrites
+ * it. The last chunk's SC rows wait for the acceptance, as a whole canvas
+ * did before, so with R >= the active rows nothing is computed ahead. A row's
+ * logits do not depend on which rows share its product (kernels.h), so the
+ * tokens do not depend on R. Per canvas the engine then holds [C, K] and
+ * [C, H] arrays only; the vocabulary-sized scratch ([R, V] logits, per-thread
+ * top-K / SC rows) is one turbo_scratch per run or batch, shared by its
+ * sequences (their sampler steps run one after another). On CUDA the logits
+ * stay on the device, except in the adaptive SC mode (a [C, V] host copy).
+ *
  * The array-level parts (top-K, K-way distribution, acceptance, guards,
  * buckets, approximate self-conditioning rows) are in turbo_parts.c; the
  * draws, stop rule and result filling are the sampler core's (sampler.c). */
@@ -59,9 +75,72 @@
 /* The engine                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* Bytes of raw logits the CPU engine holds at once when turbo_head_rows is 0
+ * (auto): R = this / (4 V) rows, at least 1, at most the canvas; 16 rows at
+ * V = 262,144, a whole 256-canvas for V <= 16,384. */
+#define TURBO_HEAD_BYTES ((size_t)16 << 20)
+
+/* The vocabulary-sized scratch of one run or batch (module comment, "Memory"). */
+typedef struct turbo_scratch {
+  int32_t R;           /* rows of raw held (CPU) */
+  float *raw;          /* [R, V] CPU: raw logits of one chunk of LM-head rows */
+  char *tk;            /* [nt] x tk_size top-K scratch (CPU) */
+  size_t tk_size;
+  float *zrow;         /* [nt, V] processed logits for exact SC (CPU) */
+  char *sc_work;       /* [nt] x sc_size (adaptive SC) */
+  size_t sc_size;
+  float *colsum;       /* [H] (adaptive SC) */
+} turbo_scratch;
+
+static void scratch_free(turbo_scratch *w) {
+  free(w->raw); free(w->tk); free(w->zrow); free(w->sc_work); free(w->colsum);
+  memset(w, 0, sizeof *w);
+}
+
+/* Grow w to what a sequence of parameters p needs: R rows of logits, top-K
+ * scratch for K (and the repair's 2), the SC mode's rows. */
+static dg_status scratch_reserve(turbo_scratch *w, const dg_model *m, const dg_gen_params *p, int32_t K, int32_t R) {
+  const int32_t V = m->cfg.vocab_size;
+  const size_t nt = m->n_threads > 0 ? (size_t)m->n_threads : 1;
+  const dg_turbo_sc sc = p->turbo.sc_mode;
+  int ok = 1;
+  if (!m->cuda) {
+    if (R > w->R) {
+      free(w->raw);
+      w->raw = malloc((size_t)R * V * sizeof(float));
+      w->R = w->raw ? R : 0;
+      ok = ok && w->raw;
+    }
+    const size_t tk = (dg_topk_scratch_size(V, K > 2 ? K : 2) + 63) & ~(size_t)63;
+    if (tk > w->tk_size) {
+      free(w->tk);
+      w->tk = malloc(nt * tk);
+      w->tk_size = w->tk ? tk : 0;
+      ok = ok && w->tk;
+    }
+    if (sc == DG_TURBO_SC_EXACT && !w->zrow) ok = ok && (w->zrow = malloc(nt * V * sizeof(float)));
+  }
+  if (sc == DG_TURBO_SC_ADAPTIVE && !w->sc_work) {
+    w->sc_size = (dg_turbo_sc_work_size(V, K) + 63) & ~(size_t)63;
+    ok = ok && (w->sc_work = malloc(nt * w->sc_size));
+  }
+  if (sc == DG_TURBO_SC_ADAPTIVE && !w->colsum) {
+    ok = ok && (w->colsum = malloc((size_t)m->cfg.hidden_size * sizeof(float)));
+    if (w->colsum) dg_embed_colsum(m, w->colsum);
+  }
+  if (!ok)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the turbo sampler scratch (%d rows x vocab %d)", R, V);
+  return DG_OK;
+}
+
 typedef struct turbo_state {
   int32_t C, V, K, H, nt;
-  float *raw;          /* [C, V] raw logits of the active rows, packed */
+  int32_t R;           /* LM-head rows per chunk (CPU) */
+  int32_t lazy0;       /* CPU: the last chunk's first active row: its raw rows are still in w->raw */
+  turbo_scratch *w;    /* the run's shared vocabulary-sized scratch */
+  float *hn;           /* [C, H] CPU: final-normed hidden states of the LM-head rows, packed by active row */
+  float *stage;        /* [C, H] CPU, exact/adaptive SC: rows computed ahead of the acceptance, by position */
+  float *raw;          /* [C, V] CUDA adaptive SC only: the active rows' raw logits, packed */
   float *kp;           /* [C, K] K-way probabilities by canvas position */
   int32_t *kidx;       /* [C, K] their ids */
   float *kval;         /* [C, K] raw values */
@@ -73,12 +152,6 @@ typedef struct turbo_state {
   float *uni;          /* [C] */
   uint32_t *bits;      /* [C] */
   void *acc_scratch;   /* 16 C bytes */
-  char *tk_scratch;    /* [nt] x tk_size */
-  size_t tk_size;
-  char *sc_work;       /* [nt] x sc_size (approximate SC) */
-  size_t sc_size;
-  float *zrow;         /* [nt, V] processed logits for exact SC */
-  float *colsum;       /* [H] (adaptive SC) */
   float *soft;         /* [C, H] per-position SC rows (ctx->soft; on CUDA host rows of the adaptive mode only) */
   float *soft_own;     /* soft when allocated here (CUDA contexts have no ctx->soft) */
   float *pk;           /* [C, K] packed by active row (CUDA: top-K values, then probabilities) */
@@ -91,19 +164,29 @@ static void turbo_free(turbo_state *s) {
   free(s->raw); free(s->kp); free(s->kidx); free(s->kval); free(s->ent); free(s->top1); free(s->prop);
   free(s->amax); free(s->canvas); free(s->committed); free(s->noise); free(s->active); free(s->hist);
   free(s->step_amax); free(s->fpos); free(s->ftok); free(s->head); free(s->newly); free(s->frozen); free(s->dropped); free(s->acc); free(s->uni); free(s->bits);
-  free(s->acc_scratch); free(s->tk_scratch); free(s->sc_work); free(s->zrow); free(s->colsum);
+  free(s->acc_scratch); free(s->hn); free(s->stage);
   free(s->soft_own); free(s->pk); free(s->pidx); free(s->rval); free(s->ridx);
 }
 
-static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_params *p) {
+static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_params *p, turbo_scratch *w) {
   const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
   const int32_t SH = p->stability_threshold > 0 ? p->stability_threshold : 1;
   s->C = C; s->V = V; s->H = m->cfg.hidden_size; s->nt = m->n_threads > 0 ? m->n_threads : 1;
   s->K = p->turbo.topk < V ? p->turbo.topk : V;
-  const size_t CK = (size_t)C * s->K;
-  /* on CUDA the raw rows stay on the device unless the adaptive SC mode needs them here */
-  const int host_raw = !m->cuda || p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE;
-  s->raw = malloc((host_raw ? (size_t)C * V : 1) * sizeof(float));
+  const int64_t R = p->turbo.head_rows > 0 ? p->turbo.head_rows
+                                           : (int64_t)(TURBO_HEAD_BYTES / ((size_t)V * sizeof(float)));
+  s->R = R < 1 ? 1 : R < C ? (int32_t)R : C;
+  s->w = w;
+  DG_TRY(scratch_reserve(w, m, p, s->K, s->R));
+  const size_t CK = (size_t)C * s->K, CH = (size_t)C * s->H;
+  if (m->cuda) { /* the raw rows stay on the device unless the adaptive SC mode needs them here */
+    s->raw = malloc((p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? (size_t)C * V : 1) * sizeof(float));
+    s->hn = malloc(sizeof(float));
+  } else {
+    s->raw = malloc(sizeof(float)); /* unused: the chunks live in w->raw */
+    s->hn = malloc(CH * sizeof(float));
+  }
+  s->stage = malloc((!m->cuda && p->turbo.sc_mode != DG_TURBO_SC_TOPK ? CH : 1) * sizeof(float));
   s->kp = malloc(CK * sizeof(float));
   s->kidx = malloc(CK * sizeof(int32_t));
   s->kval = malloc(CK * sizeof(float));
@@ -129,31 +212,18 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->acc_scratch = calloc((size_t)C + 1, 16);
   s->rval = calloc((size_t)C * 2, sizeof(float));
   s->ridx = calloc((size_t)C * 2, sizeof(int32_t));
-  s->tk_size = (dg_topk_scratch_size(V, s->K) + 63) & ~(size_t)63;
-  s->tk_scratch = malloc((size_t)s->nt * s->tk_size);
-  int ok = s->raw && s->kp && s->kidx && s->kval && s->ent && s->top1 && s->prop && s->amax && s->canvas &&
+  int ok = s->raw && s->hn && s->stage && s->kp && s->kidx && s->kval && s->ent && s->top1 && s->prop && s->amax && s->canvas &&
            s->committed && s->noise && s->active && s->hist && s->step_amax && s->fpos && s->ftok && s->head && s->newly && s->frozen && s->dropped && s->acc &&
-           s->uni && s->bits && s->acc_scratch && s->tk_scratch && s->rval && s->ridx;
-  if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) {
-    s->zrow = malloc((size_t)s->nt * V * sizeof(float));
-    ok = ok && s->zrow;
-  } else {
-    s->sc_size = (dg_turbo_sc_work_size(V, s->K) + 63) & ~(size_t)63;
-    s->sc_work = malloc((size_t)s->nt * s->sc_size);
-    ok = ok && s->sc_work;
-    if (p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE) {
-      s->colsum = malloc((size_t)s->H * sizeof(float));
-      ok = ok && s->colsum;
-      if (s->colsum) dg_embed_colsum(m, s->colsum);
-    }
-  }
+           s->uni && s->bits && s->acc_scratch && s->rval && s->ridx;
   if (m->cuda) {
     s->soft_own = calloc((size_t)C * s->H, sizeof(float));
     s->pk = malloc(CK * sizeof(float));
     s->pidx = malloc(CK * sizeof(int32_t));
     ok = ok && s->soft_own && s->pk && s->pidx;
   }
-  if (!ok) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the turbo sampler state (canvas %d x vocab %d)", C, V);
+  if (!ok)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the turbo sampler state (canvas %d, top-K %d, hidden %d)",
+                     C, s->K, s->H);
   return DG_OK;
 }
 
@@ -164,12 +234,51 @@ static int dev_sc(const dg_gen_params *p, int sc_any) {
   return p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? 2 : 1;
 }
 
-/* The turbo chain on the n active rows: top-K, distribution, proposal.
- * Returns DG_ERR_NUMERIC naming block, step and position on NaN/Inf. */
-static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t b,
-                            int32_t k, int32_t n, float T) {
+/* The self-conditioning row of canvas position i into dst [H] (spec 5, 7.5)
+ * from its raw logits raw [V] (NULL in the topk mode, which needs only the
+ * K-way distribution); thread th's scratch. The exact mode leaves raw
+ * holding the probabilities (the row is consumed). */
+static void sc_row(const turbo_state *s, const dg_model *m, const dg_gen_params *p, int32_t i, float *raw, float T,
+                   int th, float *dst) {
   const int32_t V = s->V, K = s->K;
-  const float cap = m->cfg.final_logit_softcapping;
+  const turbo_scratch *w = s->w;
+  const dg_turbo_sc mode = p->turbo.sc_mode;
+  if (mode == DG_TURBO_SC_EXACT) {
+    /* z = softcap(raw) / T exactly as the reference path computes it, then spec 5 */
+    const float cap = m->cfg.final_logit_softcapping;
+    float *z = w->zrow + (size_t)th * V;
+    for (int32_t v = 0; v < V; v++) z[v] = (cap > 0.0f ? tanhf(raw[v] / cap) * cap : raw[v]) / T;
+    dg_soft_row(m, z, raw, dst);
+  } else {
+    dg_turbo_sc_row(m, mode, raw, T, s->kidx + (size_t)i * K, s->kp + (size_t)i * K, K, p->turbo.sc_tail_mass,
+                    w->colsum, mode == DG_TURBO_SC_ADAPTIVE ? w->sc_work + (size_t)th * w->sc_size : NULL, dst, NULL,
+                    NULL);
+  }
+}
+
+/* K-way distribution, entropy and proposal of canvas position i from its top-K (kval, kidx). */
+static void row_dist(turbo_state *s, const dg_model *m, const dg_gen_params *p, int32_t i, float T) {
+  const int32_t K = s->K;
+  dg_turbo_pos ps;
+  dg_turbo_dist(s->kval + (size_t)i * K, s->kidx + (size_t)i * K, K, m->cfg.final_logit_softcapping, T, s->uni[i],
+                p->proposal == DG_PROPOSAL_ARGMAX ? DG_PROPOSAL_ARGMAX : DG_PROPOSAL_SAMPLE, s->kp + (size_t)i * K,
+                &ps);
+  s->ent[i] = ps.entropy;
+  s->top1[i] = ps.top1;
+  s->prop[i] = ps.proposal;
+  s->amax[i] = ps.argmax;
+}
+
+/* The turbo chain on the n active rows: top-K, distribution, proposal. On
+ * the CPU the LM head runs on s->R rows at a time (module comment,
+ * "Memory"); when sc_ahead, the exact / adaptive SC rows of every chunk but
+ * the last go to s->stage (turbo_sc takes them once the acceptance wants
+ * them); the last chunk's raw rows stay in s->w->raw (s->lazy0 = its first
+ * active row). Returns DG_ERR_NUMERIC naming block, step and position on
+ * NaN/Inf (the first such position). */
+static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t b,
+                            int32_t k, int32_t n, float T, int sc_ahead) {
+  const int32_t V = s->V, K = s->K, H = s->H;
   int bad_row = -1, bad_col = -1;
   if (ctx->cuda) { /* top-K on the device: only [n, K] comes back (packed by active row) */
     int32_t br = -1, bc = -1;
@@ -182,39 +291,48 @@ static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, 
       memcpy(s->kval + (size_t)s->active[a] * K, s->pk + (size_t)a * K, (size_t)K * sizeof(float));
       memcpy(s->kidx + (size_t)s->active[a] * K, s->pidx + (size_t)a * K, (size_t)K * sizeof(int32_t));
     }
-  }
 #pragma omp parallel for num_threads(s->nt) schedule(dynamic)
-  for (int32_t a = 0; a < n; a++) {
-    const int32_t i = s->active[a];
-    void *tk = s->tk_scratch + (size_t)omp_get_thread_num() * s->tk_size;
-    int32_t bad = -1;
-    float *val = s->kval + (size_t)i * K;
-    int32_t *idx = s->kidx + (size_t)i * K;
-    if (!ctx->cuda && dg_topk_hier(s->raw + (size_t)a * V, V, K, 1, val, idx, tk, &bad) != DG_OK) {
-#pragma omp critical(dg_turbo_bad)
-      if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
-      continue;
-    }
-    dg_turbo_pos ps;
-    dg_turbo_dist(val, idx, K, cap, T, s->uni[i], p->proposal == DG_PROPOSAL_ARGMAX ? DG_PROPOSAL_ARGMAX
-                                                                                   : DG_PROPOSAL_SAMPLE,
-                  s->kp + (size_t)i * K, &ps);
-    s->ent[i] = ps.entropy;
-    s->top1[i] = ps.top1;
-    s->prop[i] = ps.proposal;
-    s->amax[i] = ps.argmax;
+    for (int32_t a = 0; a < n; a++) row_dist(s, m, p, s->active[a], T);
+    return DG_OK;
   }
-  if (bad_row >= 0)
-    return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
-                     bad_col, b, k, bad_row);
+  const turbo_scratch *w = s->w;
+  const int ahead = sc_ahead && p->turbo.sc_mode != DG_TURBO_SC_TOPK; /* topk SC needs no logits */
+  s->lazy0 = 0;
+  for (int32_t c0 = 0; c0 < n; c0 += s->R) {
+    const int32_t r = n - c0 < s->R ? n - c0 : s->R, last = c0 + r == n;
+    dg_lm_head_rows(m, s->hn + (size_t)c0 * H, r, w->raw);
+#pragma omp parallel for num_threads(s->nt) schedule(dynamic)
+    for (int32_t a = c0; a < c0 + r; a++) {
+      const int32_t i = s->active[a];
+      const int th = omp_get_thread_num();
+      float *raw = w->raw + (size_t)(a - c0) * V;
+      int32_t bad = -1;
+      if (dg_topk_hier(raw, V, K, 1, s->kval + (size_t)i * K, s->kidx + (size_t)i * K, w->tk + (size_t)th * w->tk_size,
+                       &bad) != DG_OK) {
+#pragma omp critical(dg_turbo_bad)
+        if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
+        continue;
+      }
+      row_dist(s, m, p, i, T);
+      if (ahead && !last) sc_row(s, m, p, i, raw, T, th, s->stage + (size_t)i * H);
+    }
+    if (bad_row >= 0)
+      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
+                       bad_col, b, k, bad_row);
+    s->lazy0 = c0;
+  }
   return DG_OK;
 }
 
-/* Self-conditioning rows of the n active positions from this step (spec 5, 7.5). */
+/* Self-conditioning rows of the n active positions from this step (spec 5,
+ * 7.5), after turbo_rows with sc_ahead set: the staged rows of the earlier
+ * chunks, the last chunk's from its raw rows still in the scratch. */
 static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t n,
                           float T) {
   const int32_t V = s->V, K = s->K, H = s->H;
   const float cap = m->cfg.final_logit_softcapping;
+  const float *raw0 = s->raw; /* CUDA adaptive: the rows brought back, by active row from 0 */
+  int32_t a0 = 0;
   if (ctx->cuda) {
     if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) return dg_cuda_turbo_sc(ctx->cuda, 0, n, s->active, cap, T, NULL);
     if (p->turbo.sc_mode == DG_TURBO_SC_TOPK) {
@@ -223,23 +341,17 @@ static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, co
       return dg_cuda_turbo_sc(ctx->cuda, 1, n, s->active, cap, T, s->pk);
     }
     DG_TRY(dg_cuda_raw_rows(ctx->cuda, n, s->raw)); /* adaptive: on the host, from the raw rows */
+  } else if (p->turbo.sc_mode != DG_TURBO_SC_TOPK) {
+    a0 = s->lazy0;
+    raw0 = s->w->raw;
+    for (int32_t a = 0; a < a0; a++)
+      memcpy(s->soft + (size_t)s->active[a] * H, s->stage + (size_t)s->active[a] * H, (size_t)H * sizeof(float));
   }
 #pragma omp parallel for num_threads(s->nt) schedule(dynamic)
-  for (int32_t a = 0; a < n; a++) {
+  for (int32_t a = a0; a < n; a++) {
     const int32_t i = s->active[a];
-    const int th = omp_get_thread_num();
-    const float *raw = s->raw + (size_t)a * V;
-    float *soft = s->soft + (size_t)i * H;
-    if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) {
-      /* z = softcap(raw) / T exactly as the reference path computes it, then spec 5 */
-      float *z = s->zrow + (size_t)th * V;
-      for (int32_t v = 0; v < V; v++) z[v] = (cap > 0.0f ? tanhf(raw[v] / cap) * cap : raw[v]) / T;
-      /* the probabilities go to the (already consumed) raw row: it is not needed afterwards */
-      dg_soft_row(m, z, (float *)raw, soft);
-    } else {
-      dg_turbo_sc_row(m, p->turbo.sc_mode, raw, T, s->kidx + (size_t)i * K, s->kp + (size_t)i * K, K,
-                      p->turbo.sc_tail_mass, s->colsum, s->sc_work + (size_t)th * s->sc_size, soft, NULL, NULL);
-    }
+    float *raw = p->turbo.sc_mode == DG_TURBO_SC_TOPK && !ctx->cuda ? NULL : (float *)raw0 + (size_t)(a - a0) * V;
+    sc_row(s, m, p, i, raw, T, omp_get_thread_num(), s->soft + (size_t)i * H);
   }
   return DG_OK;
 }
@@ -268,7 +380,7 @@ static void seq_free(turbo_seq *q) {
 }
 
 static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, size_t n_prompt,
-                          const dg_gen_params *p, dg_gen_result *res, int need_buffers) {
+                          const dg_gen_params *p, dg_gen_result *res, int need_buffers, turbo_scratch *w) {
   const dg_model *m = ctx->m;
   const dg_turbo_params *tp = &p->turbo;
   const int32_t C = m->cfg.canvas_length;
@@ -284,7 +396,7 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
   q->n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
   q->N = tp->steps > 0 && tp->steps < p->max_denoising_steps ? tp->steps : p->max_denoising_steps;
   q->flush_step = tp->steps > 0 ? q->N - 1 : -1;
-  DG_TRY(turbo_alloc(&q->s, m, p));
+  DG_TRY(turbo_alloc(&q->s, m, p, w));
   q->draws = (dg_draws){p, 0, 0, C, m->cfg.vocab_size, q->s.bits};
   q->stop = (dg_stop_rule){q->s.hist, p->stability_threshold, C, p->confidence_threshold};
   q->t.out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
@@ -362,7 +474,8 @@ static dg_status seq_after_forward(turbo_seq *q) {
   q->t.n_forwarded += q->n_f;
   const float T = dg_turbo_temperature(p, k, q->N);
   DG_TRY(dg_draw_uniforms(&q->draws, b, k, s->uni));
-  DG_TRY(turbo_rows(s, m, q->ctx, p, b, k, n_act, T));
+  /* SC rows may be computed ahead of the acceptance only if this step can need them */
+  DG_TRY(turbo_rows(s, m, q->ctx, p, b, k, n_act, T, k + 1 < q->N || tp->repair));
   const int flush = k == q->flush_step;
   int32_t n_acc = dg_turbo_accept_step(tp, p->entropy_bound, k, flush, s->active, n_act, s->ent, s->top1, s->acc,
                                        s->acc_scratch);
@@ -438,15 +551,20 @@ static dg_status seq_end_block(turbo_seq *q) {
                          bc, b, q->steps - 1, br);
       DG_TRY(st);
     } else {
-      DG_TRY(dg_forward_decode_rows(q->ctx, blk, q->sc_any ? s->soft : NULL, s->active, C, s->raw));
+      DG_TRY(dg_forward_decode_hidden(q->ctx, blk, q->sc_any ? s->soft : NULL, s->active, C, s->hn));
+      const turbo_scratch *w = s->w;
+      for (int32_t c0 = 0; c0 < C && bad_row < 0; c0 += s->R) { /* the LM head s->R rows at a time */
+        const int32_t r = C - c0 < s->R ? C - c0 : s->R;
+        dg_lm_head_rows(q->ctx->m, s->hn + (size_t)c0 * s->H, r, w->raw);
 #pragma omp parallel for num_threads(s->nt) schedule(static)
-      for (int32_t i = 0; i < C; i++) {
-        int32_t bad = -1;
-        void *tk = s->tk_scratch + (size_t)omp_get_thread_num() * s->tk_size;
-        if (dg_topk_hier(s->raw + (size_t)i * V, V, K2, 1, s->rval + (size_t)i * K2, s->ridx + (size_t)i * K2, tk,
-                         &bad) != DG_OK) {
+        for (int32_t i = c0; i < c0 + r; i++) {
+          int32_t bad = -1;
+          void *tk = w->tk + (size_t)omp_get_thread_num() * w->tk_size;
+          if (dg_topk_hier(w->raw + (size_t)(i - c0) * V, V, K2, 1, s->rval + (size_t)i * K2, s->ridx + (size_t)i * K2,
+                           tk, &bad) != DG_OK) {
 #pragma omp critical(dg_turbo_bad)
-          if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
+            if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
+          }
         }
       }
       if (bad_row >= 0)
@@ -485,11 +603,12 @@ static dg_status seq_advance(turbo_seq *q, int batched) {
   return DG_OK;
 }
 
-/* The arguments of q's next forward in a stacked (batched) CPU pass. */
+/* The arguments of q's next forward in a stacked (batched) or compacted CPU
+ * pass: the LM-head rows' hidden states come back, not their logits. */
 static dg_compact_seq seq_pass(turbo_seq *q) {
   turbo_state *s = &q->s;
   return (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, q->sc_any ? s->soft : NULL, s->head, q->shape_h,
-                          s->raw};
+                          NULL, s->hn};
 }
 
 /* q's next forward on its own: the CUDA device pass (compacted or rows), or
@@ -504,9 +623,11 @@ static dg_status seq_forward(turbo_seq *q) {
                              q->shape_h, NULL);
     return dg_cuda_decode_rows(q->ctx->cuda, s->canvas, q->ctx->len, sc, s->soft, s->head, q->shape_h, NULL);
   }
-  if (q->p->turbo.compact)
-    return dg_forward_compact(q->ctx, s->ftok, s->fpos, q->shape_f, soft, s->head, q->shape_h, s->raw);
-  return dg_forward_decode_rows(q->ctx, s->canvas, soft, s->head, q->shape_h, s->raw);
+  if (q->p->turbo.compact) {
+    dg_compact_seq cs = seq_pass(q);
+    return dg_forward_compact_batch(q->ctx, &cs, 1);
+  }
+  return dg_forward_decode_hidden(q->ctx, s->canvas, soft, s->head, q->shape_h, s->hn);
 }
 
 /* The engine over B sequences; work = scratch context for the batched pass
@@ -539,10 +660,12 @@ static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
 dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_prompt, const dg_gen_params *p,
                             dg_gen_result *res) {
   turbo_seq q;
-  dg_status st = seq_init(&q, ctx, prompt, n_prompt, p, res, 0);
+  turbo_scratch w = {0};
+  dg_status st = seq_init(&q, ctx, prompt, n_prompt, p, res, 0, &w);
   if (!st) st = turbo_run(&q, 1, NULL);
   if (!st) seq_result(&q);
   seq_free(&q);
+  scratch_free(&w);
   return st;
 }
 
@@ -551,6 +674,7 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
   const dg_model *m = ctxs[0]->m;
   const int32_t C = m->cfg.canvas_length;
   turbo_seq *qs = calloc((size_t)B, sizeof *qs);
+  turbo_scratch w = {0}; /* one for the B sequences: their sampler steps run one after another */
   dg_context *work = NULL;
   if (!qs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_context_params wp = dg_context_default_params();
@@ -559,7 +683,7 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
   dg_status st = B > 1 && !m->cuda ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
   int32_t inited = 0;
   for (int32_t i = 0; i < B && !st; i++) {
-    st = seq_init(&qs[i], ctxs[i], prompts[i], n_prompts[i], &params[i], &results[i], B > 1);
+    st = seq_init(&qs[i], ctxs[i], prompts[i], n_prompts[i], &params[i], &results[i], B > 1, &w);
     inited = i + 1; /* a failed init may hold part of its state */
   }
   if (!st) st = turbo_run(qs, B, work);
@@ -568,6 +692,7 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
     for (int32_t i = 0; i < B; i++) dg_gen_result_free(&results[i]);
   for (int32_t i = 0; i < inited; i++) seq_free(&qs[i]);
   free(qs);
+  scratch_free(&w);
   dg_context_free(work);
   return st;
 }
@@ -583,6 +708,7 @@ struct dg_batch {
   uint8_t *used;        /* [cap] the slot holds a live sequence */
   dg_compact_seq *cs;   /* [cap] */
   int32_t *order;       /* [cap] slots of the current pass */
+  turbo_scratch w;      /* the vocabulary-sized scratch of every slot */
 };
 
 dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) {
@@ -615,6 +741,7 @@ void dg_batch_free(dg_batch *b) {
   for (int32_t i = 0; b->used && i < b->cap; i++)
     if (b->used[i]) dg_batch_cancel(b, i);
   dg_context_free(b->work);
+  scratch_free(&b->w);
   free(b->qs); free(b->used); free(b->cs); free(b->order);
   free(b);
 }
@@ -652,7 +779,7 @@ dg_status dg_batch_add(dg_batch *b, dg_context *ctx, const int32_t *prompt, size
   if (free_slot < 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: all %d slots are in use", b->cap);
   DG_TRY(dg_generate_check(ctx, n_prompt, p));
   turbo_seq *q = &b->qs[free_slot];
-  dg_status st = seq_init(q, ctx, prompt, n_prompt, p, result, 1);
+  dg_status st = seq_init(q, ctx, prompt, n_prompt, p, result, 1, &b->w);
   if (!st) st = seq_advance(q, b->batched);
   if (st) {
     seq_free(q);

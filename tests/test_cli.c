@@ -8,6 +8,8 @@
  *     left empty, an existing -o file byte for byte as before, no temporary
  *     sibling); a run the signal reached only after its output was complete
  *     exits 0 with the complete output. A rerun after an interruption works.
+ *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
+ *     stays (the file behind the link gets the output), a full device is exit 1.
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
@@ -32,7 +34,10 @@
 #include <poll.h>
 #include <pty.h>
 #include <sched.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 
 #define SMALL "models/dgemma-small"
@@ -332,6 +337,93 @@ static void test_logits_interrupted(void **state) {
     assert_int_equal(count_tmp_entries(), 0);
   }
   assert_true(interrupted >= 1);
+}
+
+/* ---- -o through a symlink, to a FIFO, to a device ------------------------------------ */
+
+/* The atomic output (a temporary file renamed) must not replace what -o names when it is not a
+ * plain file: a symlink keeps pointing at its file, which gets the whole output; a FIFO (and, when
+ * this test runs as root, a character device made like /dev/null) stays what it is and is written
+ * in place; a full device (like /dev/full) is a write error, exit 1. Before, each was replaced by a
+ * regular file (as root, `-o /dev/null` would have replaced the system's /dev/null). */
+static void test_output_targets(void **state) {
+  (void)state;
+  dg_model_info info;
+  {
+    dg_model *m = NULL;
+    dg_model_params mp = dg_model_default_params();
+    mp.no_tokenizer = 1;
+    mp.n_threads = 1;
+    assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+    dg_model_get_info(m, &info);
+    dg_model_free(m);
+  }
+  const long long want = (long long)info.canvas_length * info.vocab_size * 4;
+  char ca[4096] = "";
+  for (int i = 0; i < info.canvas_length; i++)
+    snprintf(ca + strlen(ca), sizeof ca - strlen(ca), "%s%d", i ? "," : "", 5 + i);
+  char out[600], real[600], got[600];
+  const char *argv[] = {"dgemma", "logits", "-m", SMALL, "-t", "1", "--prompt-ids", "2,3,4", "--canvas-ids", ca,
+                        "-o", out, NULL};
+  struct stat sb;
+  /* a symlink (relative, as ln -s makes them) */
+  snprintf(real, sizeof real, "%s/real.f32", g_dir);
+  snprintf(out, sizeof out, "%s/link.f32", g_dir);
+  FILE *f = fopen(real, "w");
+  fputs("old\n", f);
+  fclose(f);
+  assert_int_equal(symlink("real.f32", out), 0);
+  int st = run_signalled(argv, 0, 0, NULL);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_int_equal(lstat(out, &sb), 0);
+  if (!S_ISLNK(sb.st_mode)) fail_msg("-o through a symlink replaced the link with a regular file");
+  assert_true(file_size(real) == want);
+  assert_int_equal(count_tmp_entries(), 0);
+  /* a FIFO, read by a child while dgemma writes */
+  snprintf(out, sizeof out, "%s/fifo", g_dir);
+  snprintf(got, sizeof got, "%s/fifo.got", g_dir);
+  assert_int_equal(mkfifo(out, 0644), 0);
+  fflush(stdout);
+  pid_t reader = fork();
+  assert_true(reader >= 0);
+  if (reader == 0) {
+    int in = open(out, O_RDONLY), o = open(got, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char buf[65536];
+    ssize_t k;
+    while (in >= 0 && o >= 0 && (k = read(in, buf, sizeof buf)) > 0)
+      if (write(o, buf, (size_t)k) != k) _exit(1);
+    _exit(in >= 0 && o >= 0 ? 0 : 1);
+  }
+  st = run_signalled(argv, 0, 0, NULL);
+  int fifo_kept = lstat(out, &sb) == 0 && S_ISFIFO(sb.st_mode);
+  int rst = 0;
+  if (!fifo_kept) kill(reader, SIGKILL); /* it waits on a FIFO nobody opens any more */
+  assert_int_equal(waitpid(reader, &rst, 0), reader);
+  if (!fifo_kept) fail_msg("-o on a FIFO replaced it with a regular file");
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_true(WIFEXITED(rst) && WEXITSTATUS(rst) == 0);
+  assert_true(file_size(got) == want);
+  assert_int_equal(count_tmp_entries(), 0);
+  /* character devices: a null one and a full one (mknod needs root) */
+  snprintf(out, sizeof out, "%s/null", g_dir);
+  if (mknod(out, S_IFCHR | 0666, makedev(1, 3)) != 0) {
+    printf("# -o on a device not tried: mknod: %s (not root)\n", strerror(errno));
+    return;
+  }
+  st = run_signalled(argv, 0, 0, NULL);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_int_equal(lstat(out, &sb), 0);
+  if (!S_ISCHR(sb.st_mode)) fail_msg("-o on a character device replaced it with a regular file");
+  snprintf(out, sizeof out, "%s/full", g_dir);
+  assert_int_equal(mknod(out, S_IFCHR | 0666, makedev(1, 7)), 0);
+  st = run_signalled(argv, 0, 0, NULL);
+  char *e = read_err();
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  assert_non_null(strstr(e, "No space left on device"));
+  free(e);
+  assert_int_equal(lstat(out, &sb), 0);
+  assert_true(S_ISCHR(sb.st_mode));
+  assert_int_equal(count_tmp_entries(), 0);
 }
 
 /* ---- write errors on stdout -------------------------------------------------------- */
@@ -1464,6 +1556,7 @@ int main(void) {
       cmocka_unit_test(test_quantize_interrupted),
       cmocka_unit_test(test_mkrandom_interrupted),
       cmocka_unit_test(test_logits_interrupted),
+      cmocka_unit_test(test_output_targets),
       cmocka_unit_test(test_stdout_full),
       cmocka_unit_test(test_eos_empty_count),
       cmocka_unit_test(test_help),

@@ -315,6 +315,12 @@ static void test_resume_malformed(void **state) {
   memset(&s, 0, sizeof s);
   assert_int_equal(gsm8k_resume_read(p, "c", done, 8, &s, err, sizeof err), -1);
   assert_non_null(strstr(err, "line 1 is not a gsm8k result line"));
+  /* a device is refused, not read as one endless line (/dev/full and /dev/zero grew getline's
+   * buffer until the process was killed) */
+  memset(&s, 0, sizeof s);
+  assert_int_equal(gsm8k_resume_read("/dev/full", "c", done, 8, &s, err, sizeof err), -1);
+  assert_non_null(strstr(err, "-o /dev/full is not a regular file"));
+  assert_int_equal(s.n, 0);
   /* a missing file is a fresh start */
   memset(&s, 0, sizeof s);
   assert_int_equal(gsm8k_resume_read("/nonexistent/items.jsonl", "c", done, 8, &s, err, sizeof err), 0);
@@ -478,6 +484,11 @@ static void test_cli_problems_ids(void **state) {
   assert_non_null(strstr(e, "line 2: problem id 7 appears twice"));
   free(e);
   assert_int_equal(count_lines(dupout), 1);
+  /* -o on a device: refused by name (it read /dev/full as one endless line until killed) */
+  snprintf(args, sizeof args, "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --file %s -o /dev/full", dup);
+  assert_int_equal(run_cli(args, &e), 1);
+  assert_non_null(strstr(e, "-o /dev/full is not a regular file"));
+  free(e);
   /* gsm8k-only options are refused, not ignored */
   snprintf(args, sizeof args, "eval problems --summary /tmp/x.json --file %s", dup);
   assert_int_equal(run_cli(args, &e), 2);

@@ -226,6 +226,14 @@ static void test_stop_scan(void **state) {
   t = "line\n";
   assert_int_equal(dg_srv_stop_scan(t, strlen(t), stop, 2, 0, &hit), 4);
   assert_int_equal(dg_srv_stop_scan(t, strlen(t), stop, 0, 0, &hit), 5);
+  /* an empty stop string never matches and holds nothing back (fuzz_serve_req: the hold-back loop
+   * started at strlen - 1 = SIZE_MAX and ran for ever; input in fuzz/regress/serve_req) */
+  char *empty[2] = {"", "END"};
+  t = "abc EN";
+  assert_int_equal(dg_srv_stop_scan(t, strlen(t), empty, 2, 0, &hit), 4);
+  assert_false(hit);
+  assert_int_equal(dg_srv_stop_scan(t, strlen(t), empty, 1, 0, &hit), 6);
+  assert_false(hit);
   assert_int_equal(dg_srv_stable_len("ab\xEF\xBF\xBD\xEF\xBF\xBD", 8), 2);
   assert_int_equal(dg_srv_stable_len("ab\xC3\xA9", 4), 4);
 }

@@ -16,9 +16,14 @@
  *    flush), EOS tail-drop and the repeat guard on hand-made cases;
  *  - whole turbo generations on a synthesized model: determinism, monotone
  *    bookkeeping, turbo_steps, repair, the repeat guard's finish reason, NaN
- *    logits stopping with an error naming the step. */
+ *    logits stopping with an error naming the step;
+ *  - turbo_head_rows (the LM head a few rows at a time) changes no token,
+ *    forward or step statistic, alone or in a batch; the host memory per
+ *    turbo canvas at vocabulary 262,144 and canvas 256 is <= 32 MB (peak RSS;
+ *    issue 16). */
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <malloc.h>
 #include <math.h>
 #include <unistd.h>
 
@@ -1153,6 +1158,209 @@ static void test_batch(void **state) {
   }
 }
 
+/* ---- host memory: the LM head a few rows at a time (issue 16) --------------- */
+
+/* A signature of every denoising step: the bits of the mean entropy (which
+ * depends on the previous step's self-conditioning rows) and the counts. */
+typedef struct stepsig { uint64_t h; int n; } stepsig;
+
+static int sig_step(const dg_step_info *si, void *ud) {
+  stepsig *s = ud;
+  uint32_t e;
+  memcpy(&e, &si->mean_entropy, sizeof e);
+  uint64_t v[4] = {e, (uint64_t)si->n_accepted, (uint64_t)si->n_active, (uint64_t)si->stop};
+  for (int i = 0; i < 4; i++) s->h = (s->h ^ v[i]) * 1099511628211u;
+  s->n++;
+  return 0;
+}
+
+/* One generation of `kw` with turbo_head_rows = R: tokens, counts and step signature. */
+static void head_run(dg_model *m, dg_context *ctx, const int32_t *prompt, size_t np, const char *kw, int32_t R,
+                     dg_gen_result *r, stepsig *sig) {
+  dg_gen_params gp = dg_gen_default_params(m);
+  gp.max_new_tokens = 2 * m->cfg.canvas_length;
+  gp.max_denoising_steps = 10;
+  gp.n_stop_ids = 0;
+  gp.seed = 9;
+  assert_dg_ok(dg_gen_params_apply_json(&gp, kw));
+  gp.turbo.head_rows = R;
+  *sig = (stepsig){1469598103934665603u, 0};
+  gp.on_step = sig_step;
+  gp.user_data = sig;
+  dg_context_reset(ctx);
+  assert_dg_ok(dg_generate(ctx, prompt, np, &gp, r));
+}
+
+/* turbo_head_rows only changes how many canvas rows' logits are held at once:
+ * for every SC mode, monotone or not, repair (whose forward reads the SC rows
+ * of the last step that computed them, not the stopping step's: the staging),
+ * compaction and bucketing, R = 1, 3, 7 give the tokens, forwards and per-step
+ * statistics of R = 0 (auto: the whole canvas at this vocabulary), bit for
+ * bit; in a batch of canvases with different R as well. The key parses and
+ * rejects negatives. */
+static void test_head_rows(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth("headrows", c, 0);
+  int32_t prompt[13];
+  synth_random_ids(prompt, 13, c.vocab, 81);
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(m, NULL, &ctx));
+  const char *kws[] = {
+      "{\"diffusion_turbo\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_sc\": \"adaptive\", \"turbo_compact\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_sc\": \"topk\", \"turbo_bucket\": true, \"turbo_repair\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_monotone\": false, \"turbo_repair\": true, \"turbo_topk\": 8}",
+      "{\"diffusion_turbo\": true, \"turbo_monotone\": false, \"turbo_sc\": \"adaptive\", \"turbo_repair\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+      "\"turbo_repair\": true, \"turbo_compact\": true, \"turbo_bucket\": true}",
+      "{\"diffusion_turbo\": true, \"turbo_steps\": 3, \"turbo_topk\": 1}",
+  };
+  const int32_t Rs[] = {1, 3, 7};
+  int stops = 0;
+  for (size_t k = 0; k < sizeof kws / sizeof *kws; k++) {
+    dg_gen_result r0, r;
+    stepsig s0, s;
+    head_run(m, ctx, prompt, 13, kws[k], 0, &r0, &s0);
+    for (size_t j = 0; j < sizeof Rs / sizeof *Rs; j++) {
+      head_run(m, ctx, prompt, 13, kws[k], Rs[j], &r, &s);
+      assert_int_equal(r.n_tokens, r0.n_tokens);
+      assert_memory_equal(r.tokens, r0.tokens, (size_t)r0.n_tokens * 4);
+      assert_int_equal(r.n_steps, r0.n_steps);
+      assert_int_equal(r.n_forwarded, r0.n_forwarded);
+      assert_int_equal(r.finish_reason, r0.finish_reason);
+      assert_int_equal(s.n, s0.n);
+      assert_true(s.h == s0.h);
+      dg_gen_result_free(&r);
+    }
+    stops += r0.n_steps < 2 * 10;
+    printf("# turbo_head_rows 1/3/7 = auto: %s (%d forwards)\n", kws[k], r0.n_steps);
+    dg_gen_result_free(&r0);
+  }
+  assert_true(stops > 0); /* some canvas ended before its last step (SC rows computed ahead and not used) */
+
+  /* a batch whose canvases hold different row counts (one shared scratch, grown for the largest) */
+  int32_t p1[21];
+  synth_random_ids(p1, 21, c.vocab, 82);
+  const int32_t *prompts[3] = {prompt, p1, prompt};
+  size_t np[3] = {13, 21, 13};
+  dg_gen_params gp[3];
+  const int32_t R3[3] = {2, 0, 5};
+  for (int i = 0; i < 3; i++) {
+    gp[i] = dg_gen_default_params(m);
+    gp[i].max_new_tokens = 2 * c.canvas;
+    gp[i].max_denoising_steps = 10;
+    gp[i].n_stop_ids = 0;
+    gp[i].seed = 30 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&gp[i], kws[i]));
+    gp[i].turbo.head_rows = R3[i];
+  }
+  batch_check(m, 3, prompts, np, gp, "R 2/0/5");
+
+  dg_gen_params g = dg_gen_default_params(m);
+  assert_dg_ok(dg_gen_params_apply_json(&g, "{\"turbo_head_rows\": 12}"));
+  assert_int_equal(g.turbo.head_rows, 12);
+  expect_reject(&g, "{\"turbo_head_rows\": -1}", "turbo_head_rows");
+  expect_reject(&g, "{\"turbo_head_rows\": 1.5}", "turbo_head_rows");
+  dg_context_free(ctx);
+  dg_model_free(m);
+}
+
+/* Peak RSS (VmHWM, kB) of this process since the last reset; reset: write 5
+ * to /proc/self/clear_refs (Linux >= 4.0). -1 when not available. */
+static long vm_kb(const char *key) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long v = -1;
+  size_t n = strlen(key);
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, key, n) == 0) v = strtol(line + n, NULL, 10);
+  fclose(f);
+  return v;
+}
+
+static int hwm_reset(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (!f) return -1;
+  int ok = fputs("5", f) >= 0;
+  return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* Growth of the peak RSS over creating B contexts and one dg_generate_batch
+ * (one canvas each, `steps` denoising steps) on m. */
+static long batch_peak_kb(dg_model *m, int32_t B, int32_t steps, const int32_t *prompt, size_t np, int32_t *tokens,
+                          int check) {
+  dg_context *ctx[4];
+  const int32_t *prompts[4];
+  size_t nps[4];
+  dg_gen_params gp[4];
+  dg_gen_result r[4];
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)np + m->cfg.canvas_length;
+  malloc_trim(0); /* the previous run's freed blocks back to the system: they would hide this run's growth */
+  assert_int_equal(hwm_reset(), 0);
+  const long base = vm_kb("VmRSS:");
+  for (int32_t i = 0; i < B; i++) {
+    assert_dg_ok(dg_context_new(m, &cp, &ctx[i]));
+    prompts[i] = prompt;
+    nps[i] = np;
+    gp[i] = dg_gen_default_params(m);
+    gp[i].max_new_tokens = m->cfg.canvas_length;
+    gp[i].max_denoising_steps = steps;
+    gp[i].n_stop_ids = 0;
+    gp[i].seed = 5;
+    assert_dg_ok(dg_gen_params_apply_json(&gp[i], "{\"diffusion_turbo\": true}"));
+  }
+  assert_dg_ok(dg_generate_batch(ctx, B, prompts, nps, gp, r));
+  const long peak = vm_kb("VmHWM:");
+  /* check: every canvas (same prompt and seed) equals `tokens`; else r[0] is copied there */
+  if (!check) memcpy(tokens, r[0].tokens, (size_t)m->cfg.canvas_length * 4);
+  for (int32_t i = 0; i < B; i++) assert_memory_equal(r[i].tokens, tokens, (size_t)m->cfg.canvas_length * 4);
+  for (int32_t i = 0; i < B; i++) {
+    dg_gen_result_free(&r[i]);
+    dg_context_free(ctx[i]);
+  }
+  return peak - base;
+}
+
+/* Issue 16's acceptance: host memory per turbo canvas at vocabulary 262,144
+ * and canvas 256 is <= 32 MB (it was a [C, V] float buffer per canvas, 268 MB,
+ * before the LM head ran a few rows at a time). Measured as the growth of the
+ * peak RSS of a 3-canvas batch over a 1-canvas batch, divided by 2 (contexts,
+ * turbo state and the batch's work context included; the weights are touched
+ * by a warm-up run first), 2 denoising steps (so the exact self-conditioning
+ * rows are computed), on a synthesized model of that vocabulary and canvas
+ * with tiny hidden sizes. Skipped under ASan (its allocator and shadow
+ * memory change the RSS) and where /proc/self/clear_refs cannot be written. */
+static void test_turbo_memory(void **state) {
+  (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+  dg_test_skip("turbo memory: peak RSS is not measured under ASan (its allocator and shadow memory)");
+#endif
+  if (hwm_reset() != 0 || vm_kb("VmHWM:") < 0)
+    dg_test_skip("turbo memory: /proc/self/clear_refs or VmHWM not available");
+  synth_cfg c = synth_default();
+  c.vocab = 262144;
+  c.canvas = 256;
+  c.hidden = 16;
+  c.n_layers = 1;
+  c.pattern = "F";
+  dg_model *m = load_synth("mem", c, 0);
+  int32_t prompt[8], tok1[256], tok_warm[256];
+  synth_random_ids(prompt, 8, c.vocab, 91);
+  batch_peak_kb(m, 1, 1, prompt, 8, tok_warm, 0); /* warm-up: the weights' pages */
+  const long one = batch_peak_kb(m, 1, 2, prompt, 8, tok1, 0);
+  const long three = batch_peak_kb(m, 3, 2, prompt, 8, tok1, 1);
+  const double per = (double)(three - one) / 2.0 / 1024.0;
+  printf("# host memory per turbo canvas (vocab %d, canvas %d, hidden %d, %d threads): peak RSS +%.1f MB for one "
+         "canvas, +%.1f MB for three: %.1f MB per canvas (acceptance <= 32)\n",
+         c.vocab, c.canvas, c.hidden, m->n_threads, one / 1024.0, three / 1024.0, per);
+  assert_true(per <= 32.0);
+  assert_true(one / 1024.0 <= 64.0); /* one canvas and the shared [R, V] scratch */
+  dg_model_free(m);
+}
+
 /* Continuous batching (dg_batch): sequences join between denoising steps
  * (the second after 3 steps of the first, the third after 2 more) and one
  * is cancelled midway; every finished sequence equals its own dg_generate
@@ -1255,6 +1463,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_compact),
       cmocka_unit_test(test_compact_stale),  cmocka_unit_test(test_bucketing),
       cmocka_unit_test(test_batch),      cmocka_unit_test(test_batch_continuous),
+      cmocka_unit_test(test_head_rows),  cmocka_unit_test(test_turbo_memory),
   };
   return cmocka_run_group_tests_name("turbo", tests, setup, teardown);
 }

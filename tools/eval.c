@@ -44,6 +44,7 @@
 
 #include "dgemma.h"
 #include "eval.h"
+#include "outfile.h"
 
 static volatile sig_atomic_t g_interrupted = 0; /* the SIGINT/SIGTERM received (0: none) */
 
@@ -71,34 +72,6 @@ static void stop_signals_catch(void) {
 static void stop_signals_restore(void) {
   sigaction(SIGINT, &g_old_int, NULL);
   sigaction(SIGTERM, &g_old_term, NULL);
-}
-
-/* Write text + "\n" to a temporary file in path's directory and rename it
- * over path: path is either its old content or the whole new text. Returns
- * 0, or -1 with errno set (the temporary file removed). */
-static int write_whole_file(const char *path, const char *text) {
-  char tmp[PATH_MAX + 32];
-  const char *slash = strrchr(path, '/');
-  int dlen = slash ? (int)(slash - path) + 1 : 0;
-  if (snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-XXXXXX", dlen, path, slash ? slash + 1 : path) >= (int)sizeof tmp) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  int fd = mkstemp(tmp);
-  if (fd < 0) return -1;
-  mode_t um = umask(0); /* mkstemp makes it 0600; give it what fopen(path, "w") would */
-  umask(um);
-  fchmod(fd, 0666 & ~um);
-  FILE *f = fdopen(fd, "w");
-  int bad = !f || fprintf(f, "%s\n", text) < 0 || fflush(f) != 0 || fsync(fd) != 0;
-  int err = errno;
-  if (f) bad |= fclose(f) != 0;
-  else close(fd);
-  if (!bad && rename(tmp, path) == 0) return 0;
-  if (!bad) err = errno;
-  unlink(tmp);
-  errno = err;
-  return -1;
 }
 
 static double wall(void) {
@@ -233,6 +206,13 @@ static uint64_t prompt_hash(const int32_t *ids, size_t n) {
  * stderr, exit 1); a torn last line (no newline) is dropped from the file. */
 static problem_done *problems_resume(const char *path, const char *config, size_t *n_out) {
   *n_out = 0;
+  /* only a regular file can be resumed: a device (/dev/full, /dev/zero) reads as one endless line */
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    fprintf(stderr, "dgemma eval: -o %s is not a regular file: -o keeps the per-item results that a rerun resumes\n",
+            path);
+    exit(1);
+  }
   FILE *f = fopen(path, "r+");
   if (!f) {
     if (errno == ENOENT) return NULL;
@@ -810,13 +790,19 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   gsm8k_summary_markdown(stdout, title, &s);
   fflush(stdout);
   if (o->summary) {
+    /* the whole file or the old one (outfile.h: a temporary file renamed; a device written in place) */
     char *js = gsm8k_summary_json(title, config, &s);
-    if (!js || write_whole_file(o->summary, js)) {
-      fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, js ? strerror(errno) : "out of memory");
-      free(js);
-      return 1;
+    FILE *f = js ? out_try_open(o->summary, "dgemma eval") : NULL;
+    if (!js) fprintf(stderr, "dgemma eval: cannot write %s: out of memory\n", o->summary);
+    if (f && fprintf(f, "%s\n", js) < 0) {
+      fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, strerror(errno));
+      out_discard(f);
+      f = NULL;
+    } else if (f && out_commit(f, o->summary)) {
+      f = NULL;
     }
     free(js);
+    if (!f) return 1;
   }
   if (rc > 0) {
     fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,

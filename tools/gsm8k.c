@@ -30,6 +30,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 const char *const gsm8k_stop_strings[] = {"Question", "Assistant:", "<|separator|>"};
@@ -232,6 +233,11 @@ static int num_field(const cJSON *j, const char *k, double *v) {
 
 int gsm8k_resume_read(const char *path, const char *config, uint8_t *done, int n_done, gsm8k_summary *s, char *err,
                       size_t errlen) {
+  /* only a regular file can be resumed (and truncated): a device such as /dev/full or /dev/zero
+   * reads as one endless line (getline grew until the process was killed), a terminal blocks */
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return seterr(err, errlen, "-o %s is not a regular file: -o keeps the per-item results that a rerun resumes", path);
   FILE *f = fopen(path, "r+");
   if (!f) {
     if (errno == ENOENT) return 0;

@@ -4,7 +4,8 @@
  * SIGINT and SIGTERM end a command with status 128 + the signal (130, 143),
  * leaving what was there before: an output file is written to a temporary
  * name in its directory (".<name>.tmp-XXXXXX") and renamed over the target
- * only when complete (out_open / out_commit); quantize and mkrandom stop at
+ * only when complete (out_open / out_commit; through a symlink, the file it
+ * names is replaced; a device or FIFO such as /dev/null is written in place); quantize and mkrandom stop at
  * their next progress call (g_stop_sig) and the library removes its temporary
  * directory. A signal that the process was started with ignored (a background
  * job) stays ignored. One output file at a time per process. */

@@ -94,7 +94,8 @@ int dg_srv_gen_params(const dg_srv_request *r, const dg_gen_params *defaults, co
  * and the return is where the earliest one starts (the text to emit ends
  * there). Otherwise *hit = 0 and the return is the length that is safe to
  * emit now: n when final, else n minus the longest suffix of t that is a
- * proper prefix of a stop string (it may still become one). */
+ * proper prefix of a stop string (it may still become one). An empty stop
+ * string never matches. */
 size_t dg_srv_stop_scan(const char *t, size_t n, char *const *stop, int32_t ns, int final, int *hit);
 
 /* Length of t[n] without a trailing run of U+FFFD (byte-fallback tokens of a

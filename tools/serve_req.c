@@ -398,6 +398,7 @@ size_t dg_srv_stop_scan(const char *t, size_t n, char *const *stop, int32_t ns, 
   size_t hold = 0; /* longest suffix of t that is a proper prefix of a stop string */
   for (int32_t k = 0; k < ns; k++) {
     size_t l = strlen(stop[k]);
+    if (!l) continue; /* an empty string never matches (and l - 1 would wrap around) */
     for (size_t s = l - 1; s > hold; s--)
       if (s <= n && !memcmp(t + n - s, stop[k], s)) { hold = s; break; }
   }
