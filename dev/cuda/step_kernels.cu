@@ -32,8 +32,10 @@
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc dev/cuda/step_kernels.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/step_kernels_lab
  *   build/step_kernels_lab [--reps N] [--small]
- * --small: emulation-sized shapes (C = 3, V = 20,003 and 20,480, T = 5), for the CPU emulation
- * (dev/cuda_emu: g++ -x c++ ... -include emu.h, linked with build-emu/libdgemma.a). */
+ * --small: emulation-sized shapes (C = 3, V = 20,003 and 20,480, T = 5 and 3), for the CPU emulation of
+ * dev/cuda_emu (checks only; its times mean nothing), after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
+ *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc  *       dev/cuda/step_kernels.cu build-emu/libdgemma.a -lcjson -lm -lstdc++ -o build-emu/step_kernels_lab
+ *   build-emu/step_kernels_lab --small */
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
