@@ -499,7 +499,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
                          (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
-                         8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */;
+                         8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
+                         k_vocab_ws_bytes((int)C, (int)V);
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
   if (kv + scratch + (RESERVE / 2) > fr)
@@ -550,6 +551,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->gu, T * 2 * I * 4);
   A_(c->h, T * (I > IE ? I : IE) * 2);
   A_(c->rlog, T * E * 4);
+  A_(c->rws, DG_ROUTER_MAX_SPLITS * T * E * 4);
   A_(c->moe.topk_idx, TK * 4);
   A_(c->moe.topk_w, TK * 4);
   A_(c->moe.count, E * 4);
@@ -568,6 +570,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->uni, C * 4);
   A_(c->stats, C * sizeof(dg_cuda_pos_stats));
   A_(c->bad, 4);
+  A_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
 #undef A_
   if (cudaMallocHost((void **)&c->h_stats, C * sizeof(dg_cuda_pos_stats)) != cudaSuccess ||
       cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess) {
@@ -764,11 +767,8 @@ static dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causa
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   DG_TRY(geglu_mlp(c, c->a, T, &l->w_gate_up, &l->w_down, c->dense));
   DG_TRY(mark(c, DG_CUDA_ST_DENSE));
-  { /* router logits in fp32 (spec 4.6 step 2) */
-    const float one = 1.0f, zero = 0.0f;
-    CKB(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->n_experts, T, H, &one, l->router, H, c->u, H, &zero, c->rlog,
-                    d->n_experts));
-  }
+  /* router logits in fp32 (spec 4.6 step 2) */
+  CKK(c, k_router_logits(s, c->u, l->router, c->rlog, T, d->n_experts, H, c->rws));
   CKK(c, k_route_topk(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
   DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
   CKK(c, k_group(s, &c->moe, T, d->n_experts, d->top_k));
@@ -807,7 +807,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
 /* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
 static dg_status soft_from(dg_cuda_ctx *c, const float *z) {
   const dg_cuda_model_desc *d = &c->m->d;
-  CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype));
+  CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws));
   const float alpha = d->embed_scale, beta = 0.0f;
   if (c->m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel */
     CKK(c, k_qsoft(c->stream, c->P, d->canvas, &c->m->embed, alpha, c->soft));
@@ -896,7 +896,7 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int m
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
   CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
-                  c->stats, c->bad));
+                  c->stats, c->bad, c->vws));
   CK(cudaMemcpyAsync(c->h_stats, c->stats, (size_t)C * sizeof(dg_cuda_pos_stats), cudaMemcpyDeviceToHost, s));
   CK(cudaMemcpyAsync(c->h_bad, c->bad, 4, cudaMemcpyDeviceToHost, s));
   DG_TRY(mark(c, DG_CUDA_ST_STATS));

@@ -175,6 +175,8 @@ struct dg_cuda_ctx {
   float *uni;               /* [C] uniforms (replay) */
   dg_cuda_pos_stats *stats; /* [C] */
   int32_t *bad;             /* [1] first non-finite position or INT32_MAX */
+  void *vws;                /* k_vocab_ws_bytes(C, V): per-chunk partials of k_step_stats / k_sc_probs */
+  float *rws;               /* [DG_ROUTER_MAX_SPLITS, T, E] split sums of the router logits */
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
   int32_t *h_bad;             /* pinned host [1] */
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (backend.cu), allocated on first use */
@@ -201,6 +203,20 @@ cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, b
 cudaError_t k_qkv_post_at(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
                           const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
                           int D, int has_v, const int32_t *tpos, float eps);
+/* Versions of the row launchers above for dev/cuda/step_kernels.cu: 0 the backend's (what the unversioned
+ * launcher runs), 1 the earlier kernel, 2 (k_rmsnorm_v only) the register kernel at 128 threads per row. */
+cudaError_t k_rmsnorm_v(cudaStream_t s, int version, const float *x, const float *w, float *yf, bf16 *yb, int T, int H,
+                        float eps);
+cudaError_t k_attn_residual_v(cudaStream_t s, int version, float *x, const float *o, const float *w_post,
+                              const float *w_ff, const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe,
+                              float *u, int T, int H, float eps);
+cudaError_t k_geglu_v(cudaStream_t s, int version, const float *gu, bf16 *h, int T, int I);
+cudaError_t k_qkv_post_v(cudaStream_t s, int version, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc,
+                         int S, const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
+                         int D, int has_v, int32_t pos0, const int32_t *tpos, float eps);
+cudaError_t k_ffn_combine_v(cudaStream_t s, int version, float *x, const float *dense, const float *y,
+                            const int32_t *slot_row, const int32_t *topk_idx, const float *topk_w, const float *w_ff1,
+                            const float *w_ff2, const float *w_ff, float scalar, int T, int H, int K, float eps);
 /* ---- attention (attention.cu) ---- */
 /* Attention of nq query rows q fp32 [nq, NH, D] over the cache kc, vc bf16
  * [NKV, S, D] into out bf16 [nq, NH, D] (spec 4.4 step 3, masks 4.5).
@@ -227,9 +243,20 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
                           const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
                           const float *w_ff, float scalar, int T, int H, int K, float eps);
 cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap);
+/* Bytes of the workspace of k_step_stats and k_sc_probs: one partial per (position, chunk of 8192 logits). */
+extern "C" size_t k_vocab_ws_bytes(int C, int V);
+/* Sampler statistics of C rows of V logits (dg_cuda_step_stats): z = logits / T in place, then out[c]; a
+ * non-finite z sets *bad = min(*bad, c). ws: k_vocab_ws_bytes(C, V) bytes. */
 cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
-                         uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad);
-cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype);
+                         uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad,
+                         void *ws);
+/* P [C, V] bf16 = cast(softmax(cast(z))) (spec 5, 4.9). ws: k_vocab_ws_bytes(C, V) bytes. */
+cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws);
+/* The same with the chunk passes launched over groups of `group` positions (0: all), for the lab. */
+cudaError_t k_step_stats_g(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
+                           uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad,
+                           void *ws, int group);
+cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group);
 
 /* ---- turbo engine (turbo.cu; spec 7) ---- */
 /* dst[r] = src[rows[r]] for r < n, rows of H floats. */
@@ -249,6 +276,11 @@ cudaError_t k_turbo_sc_topk(cudaStream_t s, const float *p, const int32_t *idx, 
 /* Router softmax (in place over rlog), top-k (ties to the lower expert),
  * renormalisation and per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
 /* The first half of k_route: softmax, top-K and weights (no grouping). */
+/* Router logits rlog [T, E] = u [T, H] . W [E, H]^T in fp32 (spec 4.6 step 2), split over H in a fixed order
+ * (moe.cu). ws: DG_ROUTER_MAX_SPLITS * T * E floats. */
+#define DG_ROUTER_MAX_SPLITS 16
+cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H,
+                            float *ws);
 cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                          int K);
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,

@@ -1,15 +1,20 @@
 /* kernels.cu: the CUDA kernels of the forward pass and the sampler, except
- * the MoE (moe.cu). Correctness first, with a sane structure: one block per
- * token row for the fused norm kernels, one warp per (query, head) for
- * attention with an online softmax, one block per canvas position for the
- * sampler statistics. fp32 arithmetic everywhere; bf16 only where a value
- * feeds a matrix product or the KV cache (as the bf16 reference does).
+ * the MoE (moe.cu) and attention (attention.cu). One block per token row for
+ * the fused norm kernels, the row held in registers as float4s (the row
+ * kernels' comment); one warp per (token, head) for q/k/v post-processing;
+ * blocks of 8192 logits for the per-position passes over the vocabulary
+ * (sampler statistics, self-conditioning probabilities), their partials
+ * combined in a fixed order. fp32 arithmetic everywhere; bf16 only where a
+ * value feeds a matrix product or the KV cache (as the bf16 reference does).
+ * dev/cuda/step_kernels.cu times the earlier versions against these.
  *
  * Math: spec sections 4.1 (RMSNorm, GeGLU, softcap), 4.3 (rope), 4.4-4.5
  * (layer, masks), 4.6 (router is in moe.cu), 5 and 4.9 (self-conditioning
  * casts), 6.1 (sampler statistics), src/rng.c (Philox4x32-10). */
 #include <float.h>
 #include <math.h>
+
+#include <initializer_list>
 
 #include "cuda/common.cuh"
 
@@ -75,9 +80,130 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *yf, bf16 *
   }
 }
 
-cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *yf, bf16 *yb, int T, int H, float eps) {
-  DG_LAUNCH(rmsnorm_kernel, T, NT, 0, s)(x, w, yf, yb, H, eps);
+/* ---- the row kernels in registers (issue 12) --------------------------------
+ * One block of RNT threads per token row of H fp32 (H % 4 == 0): thread i
+ * holds the float4s i, i + RNT, ... of the row (F4 of them), every load of the
+ * row and of its weight vectors issued before the first reduction; each
+ * reduction is a warp xor tree plus one barrier (each call site its own shared
+ * slots, so no barrier guards their reuse), every thread folding the warp
+ * results in warp order. The per-element arithmetic is the loop kernels'
+ * expression for expression; the sums of squares are in another order than
+ * theirs (fp32, last bits of the RMS scale), which the tests' bounds against
+ * the CPU (tests/test_cuda.c: normwise logits within max(e_formula, 3 e_sim))
+ * cover, as they cover the CPU's own order. The loop kernels above remain for
+ * H % 4 != 0 or rows longer than 8 float4s per thread, and as version 1 of
+ * the launchers (dev/cuda/step_kernels.cu). */
+#define RNT 256
+
+template <int NTR> __device__ __forceinline__ float rsum(float v, float *sh) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = sh[0];
+#pragma unroll
+  for (int w = 1; w < NTR / 32; w++) v += sh[w];
+  return v;
+}
+
+/* Two sums at one barrier (sh: 2 * NTR / 32 slots). */
+template <int NTR> __device__ __forceinline__ void rsum2(float &a, float &b, float *sh) {
+  for (int o = 16; o; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  if ((threadIdx.x & 31) == 0) { sh[threadIdx.x >> 5] = a; sh[NTR / 32 + (threadIdx.x >> 5)] = b; }
+  __syncthreads();
+  a = sh[0]; b = sh[NTR / 32];
+#pragma unroll
+  for (int w = 1; w < NTR / 32; w++) { a += sh[w]; b += sh[NTR / 32 + w]; }
+}
+
+__device__ __forceinline__ float4 ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
+__device__ __forceinline__ float4 zero4() { float4 z; z.x = z.y = z.z = z.w = 0.0f; return z; }
+__device__ __forceinline__ float sq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+/* 4 bf16 in one 8-byte store (p 8-byte aligned) */
+__device__ __forceinline__ void stb4(bf16 *p, float a, float b, float c, float d) {
+  union { bf16 h[4]; uint2 u; } o;
+  o.h[0] = __float2bfloat16_rn(a); o.h[1] = __float2bfloat16_rn(b);
+  o.h[2] = __float2bfloat16_rn(c); o.h[3] = __float2bfloat16_rn(d);
+  *(uint2 *)p = o.u;
+}
+
+template <int NTR, int F4>
+__global__ void __launch_bounds__(NTR) rmsnorm_row_kernel(const float *x, const float *w, float *yf, bf16 *yb, int H,
+                                                          float eps) {
+  __shared__ float sh[NTR / 32];
+  const size_t t = blockIdx.x;
+  const int H4 = H >> 2;
+  float4 xv[F4], wv[F4];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    xv[k] = f < H4 ? ld4(x + t * H + 4 * f) : zero4();
+    wv[k] = w && f < H4 ? ld4(w + 4 * f) : zero4();
+  }
+#pragma unroll
+  for (int k = 0; k < F4; k++) ss += sq4(xv[k]);
+  const float r = rms_scale(rsum<NTR>(ss, sh), H, eps);
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    if (f < H4) {
+      float4 y;
+      y.x = xv[k].x * r; y.y = xv[k].y * r; y.z = xv[k].z * r; y.w = xv[k].w * r;
+      if (w) { y.x *= wv[k].x; y.y *= wv[k].y; y.z *= wv[k].z; y.w *= wv[k].w; }
+      if (yb) stb4(yb + t * H + 4 * f, y.x, y.y, y.z, y.w);
+      if (yf) st4(yf + t * H + 4 * f, y);
+    }
+  }
+}
+
+/* Whether every pointer is a multiple of a bytes (NULL passes): the float4 / 4 x bf16 accesses need it. */
+static bool al(size_t a, std::initializer_list<const void *> ps) {
+  for (const void *p : ps)
+    if ((uintptr_t)p % a) return false;
+  return true;
+}
+
+/* F4 = float4s per thread of a row of H at NTR threads; 0 where the row kernels do not apply. */
+static int row_f4(int H, int ntr) {
+  if (H % 4) return 0;
+  const int f = (H / 4 + ntr - 1) / ntr;
+  return f <= 1 ? 1 : f <= 2 ? 2 : f <= 3 ? 3 : f <= 4 ? 4 : f <= 6 ? 6 : f <= 8 ? 8 : 0;
+}
+
+/* Launch KERN<RNT_, F4> (F4 from row_f4) over T rows (a function pointer: no comma inside DG_LAUNCH). */
+#define ROW_DISPATCH(F4, KERN, ...)                                                                      \
+  do {                                                                                                  \
+    decltype(&KERN<RNT_, 1>) kern_ = F4 == 1 ? KERN<RNT_, 1> : F4 == 2 ? KERN<RNT_, 2> : F4 == 3 ? KERN<RNT_, 3> \
+                                     : F4 == 4 ? KERN<RNT_, 4> : F4 == 6 ? KERN<RNT_, 6> : KERN<RNT_, 8>;  \
+    DG_LAUNCH(kern_, T, RNT_, 0, s)(__VA_ARGS__);                                                       \
+  } while (0);
+
+/* version 0: the register kernel at RNT threads where it applies (else the loop kernel); 1: the loop kernel;
+ * 2: the register kernel at 128 threads (dev/cuda/step_kernels.cu compares them). */
+cudaError_t k_rmsnorm_v(cudaStream_t s, int version, const float *x, const float *w, float *yf, bf16 *yb, int T, int H,
+                        float eps) {
+  const int ntr = version == 2 ? 128 : RNT;
+  const int f4 = version == 1 || !al(16, {x, w, yf}) || !al(8, {yb}) ? 0 : row_f4(H, ntr);
+  if (!f4) {
+    DG_LAUNCH(rmsnorm_kernel, T, NT, 0, s)(x, w, yf, yb, H, eps);
+  } else if (ntr == 128) {
+#define RNT_ 128
+    ROW_DISPATCH(f4, rmsnorm_row_kernel, x, w, yf, yb, H, eps)
+#undef RNT_
+  } else {
+#define RNT_ RNT
+    ROW_DISPATCH(f4, rmsnorm_row_kernel, x, w, yf, yb, H, eps)
+#undef RNT_
+  }
   return cudaGetLastError();
+}
+
+cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *yf, bf16 *yb, int T, int H, float eps) {
+  return k_rmsnorm_v(s, 0, x, w, yf, yb, T, H, eps);
 }
 
 /* Spec 4.4 steps 4-6 inputs: r = x + post_attn_norm(o); dense input
@@ -151,9 +277,72 @@ __global__ void __launch_bounds__(NT) attn_residual_reg_kernel(float *x, const f
   }
 }
 
-cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const float *w_post, const float *w_ff,
-                            const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe, float *u, int T,
-                            int H, float eps) {
+/* The register-row version (the row kernels' comment above): o, x and all four weight vectors loaded first. */
+template <int NTR, int F4>
+__global__ void __launch_bounds__(NTR) attn_residual_row_kernel(float *x, const float *o, const float *w_post,
+                                                                const float *w_ff, const float *w_ff2,
+                                                                const float *rscale, float root, bf16 *a, bf16 *xe,
+                                                                float *u, int H, float eps) {
+  __shared__ float sh0[NTR / 32], sh1[NTR / 32];
+  const size_t t = blockIdx.x;
+  const int H4 = H >> 2;
+  float4 ov[F4], xv[F4], wp[F4], wa[F4], we[F4], wr[F4];
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    const bool in = f < H4;
+    ov[k] = in ? ld4(o + t * H + 4 * f) : zero4();
+    xv[k] = in ? ld4(x + t * H + 4 * f) : zero4();
+    wp[k] = in ? ld4(w_post + 4 * f) : zero4();
+    wa[k] = in ? ld4(w_ff + 4 * f) : zero4();
+    we[k] = in ? ld4(w_ff2 + 4 * f) : zero4();
+    wr[k] = in ? ld4(rscale + 4 * f) : zero4();
+  }
+  float so = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) so += sq4(ov[k]);
+  const float ro = rms_scale(rsum<NTR>(so, sh0), H, eps);
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    if (f < H4) {
+      xv[k].x = xv[k].x + (ov[k].x * ro) * wp[k].x;
+      xv[k].y = xv[k].y + (ov[k].y * ro) * wp[k].y;
+      xv[k].z = xv[k].z + (ov[k].z * ro) * wp[k].z;
+      xv[k].w = xv[k].w + (ov[k].w * ro) * wp[k].w;
+      st4(x + t * H + 4 * f, xv[k]);
+      ss += sq4(xv[k]);
+    }
+  }
+  const float r = rms_scale(rsum<NTR>(ss, sh1), H, eps);
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    if (f < H4) {
+      const float n0 = xv[k].x * r, n1 = xv[k].y * r, n2 = xv[k].z * r, n3 = xv[k].w * r;
+      stb4(a + t * H + 4 * f, n0 * wa[k].x, n1 * wa[k].y, n2 * wa[k].z, n3 * wa[k].w);
+      stb4(xe + t * H + 4 * f, n0 * we[k].x, n1 * we[k].y, n2 * we[k].z, n3 * we[k].w);
+      float4 uv;
+      uv.x = (n0 * wr[k].x) * root; uv.y = (n1 * wr[k].y) * root;
+      uv.z = (n2 * wr[k].z) * root; uv.w = (n3 * wr[k].w) * root;
+      st4(u + t * H + 4 * f, uv);
+    }
+  }
+}
+
+/* version 0: the register-row kernel where it applies, else the per-thread-strided register kernel, else the
+ * loop kernel; 1: the earlier choice (strided register kernel, else the loop kernel). */
+cudaError_t k_attn_residual_v(cudaStream_t s, int version, float *x, const float *o, const float *w_post,
+                              const float *w_ff, const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe,
+                              float *u, int T, int H, float eps) {
+  const int f4 = version == 1 || !al(16, {x, o, w_post, w_ff, w_ff2, rscale, u}) || !al(8, {a, xe}) ? 0 : row_f4(H, RNT);
+  if (f4) {
+#define RNT_ RNT
+    ROW_DISPATCH(f4, attn_residual_row_kernel, x, o, w_post, w_ff, w_ff2, rscale, root, a, xe, u, H, eps)
+#undef RNT_
+    return cudaGetLastError();
+  }
   const int rpt = (H + NT - 1) / NT;
 #define AR(n) DG_LAUNCH(attn_residual_reg_kernel<n>, T, NT, 0, s)(x, o, w_post, w_ff, w_ff2, rscale, root, a, xe, u, H, eps)
   if (rpt <= 4) AR(4);
@@ -163,6 +352,12 @@ cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const floa
   else DG_LAUNCH(attn_residual_kernel, T, NT, 0, s)(x, o, w_post, w_ff, w_ff2, rscale, root, a, xe, u, H, eps);
 #undef AR
   return cudaGetLastError();
+}
+
+cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const float *w_post, const float *w_ff,
+                            const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe, float *u, int T,
+                            int H, float eps) {
+  return k_attn_residual_v(s, 0, x, o, w_post, w_ff, w_ff2, rscale, root, a, xe, u, T, H, eps);
 }
 
 /* h = gelu_tanh(gate) * up from gu [T, 2I] (gate columns first). */
@@ -178,11 +373,28 @@ static int grid_for(size_t n) {
   return (int)(b < 65535 ? (b ? b : 1) : 65535);
 }
 
-cudaError_t k_geglu(cudaStream_t s, const float *gu, bf16 *h, int T, int I) {
+/* The same per element, grid (ceil(I / 4 / NT), T) with I % 4 == 0: a float4 of gate and one of up per thread,
+ * 4 bf16 in one 8-byte store, no 64-bit division per element. */
+__global__ void geglu4_kernel(const float *gu, bf16 *h, int I) {
+  const int f = blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t t = blockIdx.y;
+  if (4 * f >= I) return;
+  const float4 g = ld4(gu + t * 2 * I + 4 * f), u = ld4(gu + t * 2 * I + I + 4 * f);
+  stb4(h + t * I + 4 * f, gelu_tanh(g.x) * u.x, gelu_tanh(g.y) * u.y, gelu_tanh(g.z) * u.z, gelu_tanh(g.w) * u.w);
+}
+
+/* version 0: geglu4_kernel where I % 4 == 0, else geglu_kernel; 1: geglu_kernel. Bit-identical results. */
+cudaError_t k_geglu_v(cudaStream_t s, int version, const float *gu, bf16 *h, int T, int I) {
+  if (version != 1 && I % 4 == 0 && T <= 65535 && al(16, {gu}) && al(8, {h})) {
+    DG_LAUNCH(geglu4_kernel, dim3((I / 4 + NT - 1) / NT, T), NT, 0, s)(gu, h, I);
+    return cudaGetLastError();
+  }
   size_t n = (size_t)T * I;
   DG_LAUNCH(geglu_kernel, grid_for(n), NT, 0, s)(gu, h, I, n);
   return cudaGetLastError();
 }
+
+cudaError_t k_geglu(cudaStream_t s, const float *gu, bf16 *h, int T, int I) { return k_geglu_v(s, 0, gu, h, T, I); }
 
 __global__ void add_kernel(float *x, const float *y, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -254,22 +466,103 @@ __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc
   }
 }
 
+/* The same with one warp per (token, head slot), four slots per block of 128 threads, HPL = ceil(D / 64)
+ * elements of each half per lane: the row, the norm weights and inv_freq loaded first, the sum of squares
+ * a warp xor tree (no barrier). Per element the same expressions as qkv_post_kernel (rope: cosf/sinf of the
+ * same fp32 angle); the sum of squares in another order (fp32, last bits of the RMS scale: within the tests'
+ * bounds against the CPU, as the row kernels above). */
+template <int HPL>
+__global__ void __launch_bounds__(128) qkv_post_warp_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc,
+                                                           int S, const float *q_norm, const float *k_norm,
+                                                           const float *inv_freq, int NH, int NKV, int D, int has_v,
+                                                           int32_t pos0, const int32_t *tpos, float eps) {
+  const int t = blockIdx.x, slot = blockIdx.y * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (slot >= NH + 2 * NKV) return; /* the whole warp */
+  const int32_t pos = tpos ? tpos[t] : pos0 + t;
+  const float *row = qkv + (size_t)t * ld;
+  const float *src;
+  int kind, g = 0;
+  if (slot < NH) { kind = 0; src = row + (size_t)slot * D; }
+  else if (slot < NH + NKV) { kind = 1; g = slot - NH; src = row + (size_t)NH * D + (size_t)g * D; }
+  else {
+    kind = 2;
+    g = slot - NH - NKV;
+    src = row + (size_t)NH * D + (size_t)(has_v ? NKV * D : 0) + (size_t)g * D;
+  }
+  const int h = D / 2;
+  const float *w = kind == 0 ? q_norm : k_norm;
+  float av[HPL], bv[HPL], wa[HPL], wb[HPL], fr[HPL];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < HPL; k++) {
+    const int i = lane + 32 * k;
+    const bool in = i < h;
+    av[k] = in ? src[i] : 0.0f;
+    bv[k] = in ? src[i + h] : 0.0f;
+    wa[k] = in && kind != 2 ? w[i] : 0.0f;
+    wb[k] = in && kind != 2 ? w[i + h] : 0.0f;
+    fr[k] = in && kind != 2 ? inv_freq[i] : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < HPL; k++) ss += av[k] * av[k] + bv[k] * bv[k];
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float r = rms_scale(ss, D, eps);
+  const float p = (float)pos;
+#pragma unroll
+  for (int k = 0; k < HPL; k++) {
+    const int i = lane + 32 * k;
+    if (i >= h) continue;
+    if (kind == 2) {
+      bf16 *dst = vc + ((size_t)g * S + pos) * D;
+      dst[i] = __float2bfloat16_rn(av[k] * r);
+      dst[i + h] = __float2bfloat16_rn(bv[k] * r);
+      continue;
+    }
+    float a = (av[k] * r) * wa[k], b = (bv[k] * r) * wb[k];
+    float ang = fr[k] * p, cs = cosf(ang), sn = sinf(ang);
+    float y0 = a * cs - b * sn, y1 = b * cs + a * sn;
+    if (kind == 0) {
+      float *dst = q + ((size_t)t * NH + slot) * D;
+      dst[i] = y0;
+      dst[i + h] = y1;
+    } else {
+      bf16 *dst = kc + ((size_t)g * S + pos) * D;
+      dst[i] = __float2bfloat16_rn(y0);
+      dst[i + h] = __float2bfloat16_rn(y1);
+    }
+  }
+}
+
+/* version 0: the warp kernel where D is even and D / 2 <= 256, else the block kernel; 1: the block kernel. */
+cudaError_t k_qkv_post_v(cudaStream_t s, int version, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc,
+                         int S, const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
+                         int D, int has_v, int32_t pos0, const int32_t *tpos, float eps) {
+  const int h = D / 2, hpl = (h + 31) / 32, ns = NH + 2 * NKV;
+  if (version != 1 && D % 2 == 0 && hpl <= 8 && (ns + 3) / 4 <= 65535) {
+    decltype(&qkv_post_warp_kernel<1>) kern = hpl <= 1 ? qkv_post_warp_kernel<1> : hpl <= 2 ? qkv_post_warp_kernel<2>
+                                              : hpl <= 4 ? qkv_post_warp_kernel<4> : qkv_post_warp_kernel<8>;
+    DG_LAUNCH(kern, dim3(T, (ns + 3) / 4), 128, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v,
+                                                     pos0, tpos, eps);
+    return cudaGetLastError();
+  }
+  dim3 grid(T, ns);
+  int nt = D >= 256 ? 128 : D >= 64 ? 64 : 32;
+  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, pos0,
+                                             tpos, eps);
+  return cudaGetLastError();
+}
+
 cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
                        const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV, int D,
                        int has_v, int32_t pos0, float eps) {
-  dim3 grid(T, NH + 2 * NKV);
-  int nt = D >= 256 ? 128 : D >= 64 ? 64 : 32;
-  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, pos0, (const int32_t *)NULL, eps);
-  return cudaGetLastError();
+  return k_qkv_post_v(s, 0, qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, T, NH, NKV, D, has_v, pos0,
+                      (const int32_t *)NULL, eps);
 }
 
 cudaError_t k_qkv_post_at(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
                           const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV,
                           int D, int has_v, const int32_t *tpos, float eps) {
-  dim3 grid(T, NH + 2 * NKV);
-  int nt = D >= 256 ? 128 : D >= 64 ? 64 : 32;
-  DG_LAUNCH(qkv_post_kernel, grid, nt, 0, s)(qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, NH, NKV, D, has_v, 0, tpos, eps);
-  return cudaGetLastError();
+  return k_qkv_post_v(s, 0, qkv, ld, q, kc, vc, S, q_norm, k_norm, inv_freq, T, NH, NKV, D, has_v, 0, tpos, eps);
 }
 
 /* ---- end of the layer: dense + MoE combination (spec 4.4 step 7) ---------- */
@@ -384,9 +677,90 @@ __global__ void __launch_bounds__(NT) ffn_combine_reg_kernel(float *x, const flo
   }
 }
 
-cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
-                          const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
-                          const float *w_ff, float scalar, int T, int H, int K, float eps) {
+/* The register-row version (the row kernels' comment above), K <= KMAX: the dense and x rows and the three
+ * weight vectors loaded before the slot order's barrier, the K expert rows right after it (per element in the
+ * same ascending-expert order from 0 as the loop kernel); the two first sums of squares at one barrier. */
+template <int NTR, int F4, int KMAX = 8>
+__global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const float *dense, const float *y,
+                                                              const int32_t *slot_row, const int32_t *topk_idx,
+                                                              const float *topk_w, const float *w_ff1,
+                                                              const float *w_ff2, const float *w_ff, float scalar,
+                                                              int H, int K, float eps) {
+  __shared__ float sh2[2 * (NTR / 32)], sh1[NTR / 32];
+  __shared__ int srow[KMAX];
+  __shared__ float sw[KMAX];
+  const size_t t = blockIdx.x;
+  const int H4 = H >> 2;
+  combine_slot_order(t, K, topk_idx, slot_row, topk_w, srow, sw);
+  float4 dv[F4], xv[F4], w1[F4], w2[F4], wf[F4], gv[F4];
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    const bool in = f < H4;
+    dv[k] = in ? ld4(dense + t * H + 4 * f) : zero4();
+    xv[k] = in ? ld4(x + t * H + 4 * f) : zero4();
+    w1[k] = in ? ld4(w_ff1 + 4 * f) : zero4();
+    w2[k] = in ? ld4(w_ff2 + 4 * f) : zero4();
+    wf[k] = in ? ld4(w_ff + 4 * f) : zero4();
+    gv[k] = zero4();
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < KMAX; i++) {
+    if (i < K) {
+      const float *yr = y + (size_t)srow[i] * H;
+      const float wi = sw[i];
+#pragma unroll
+      for (int k = 0; k < F4; k++) {
+        const int f = threadIdx.x + NTR * k;
+        if (f < H4) {
+          const float4 yv = ld4(yr + 4 * f);
+          gv[k].x += yv.x * wi; gv[k].y += yv.y * wi; gv[k].z += yv.z * wi; gv[k].w += yv.w * wi;
+        }
+      }
+    }
+  }
+  float ssg = 0.0f, ssd = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) { ssg += sq4(gv[k]); ssd += sq4(dv[k]); }
+  rsum2<NTR>(ssg, ssd, sh2);
+  const float rg = rms_scale(ssg, H, eps), rd = rms_scale(ssd, H, eps);
+  float sss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    gv[k].x = (dv[k].x * rd) * w1[k].x + (gv[k].x * rg) * w2[k].x;
+    gv[k].y = (dv[k].y * rd) * w1[k].y + (gv[k].y * rg) * w2[k].y;
+    gv[k].z = (dv[k].z * rd) * w1[k].z + (gv[k].z * rg) * w2[k].z;
+    gv[k].w = (dv[k].w * rd) * w1[k].w + (gv[k].w * rg) * w2[k].w;
+    sss += sq4(gv[k]);
+  }
+  const float rs = rms_scale(rsum<NTR>(sss, sh1), H, eps);
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    if (f < H4) {
+      float4 o;
+      o.x = (xv[k].x + (gv[k].x * rs) * wf[k].x) * scalar;
+      o.y = (xv[k].y + (gv[k].y * rs) * wf[k].y) * scalar;
+      o.z = (xv[k].z + (gv[k].z * rs) * wf[k].z) * scalar;
+      o.w = (xv[k].w + (gv[k].w * rs) * wf[k].w) * scalar;
+      st4(x + t * H + 4 * f, o);
+    }
+  }
+}
+
+/* version 0: the register-row kernel where it applies (K <= 8), else the earlier choice; 1: the earlier choice
+ * (the per-thread-strided register kernel, else the loop kernel). */
+cudaError_t k_ffn_combine_v(cudaStream_t s, int version, float *x, const float *dense, const float *y,
+                            const int32_t *slot_row, const int32_t *topk_idx, const float *topk_w, const float *w_ff1,
+                            const float *w_ff2, const float *w_ff, float scalar, int T, int H, int K, float eps) {
+  const int f4 = version == 1 || K > 8 || !al(16, {x, dense, y, w_ff1, w_ff2, w_ff}) ? 0 : row_f4(H, RNT);
+  if (f4) {
+#define RNT_ RNT
+    ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps)
+#undef RNT_
+    return cudaGetLastError();
+  }
   const int rpt = (H + NT - 1) / NT;
   if (K <= 8 && rpt <= 16) {
     void (*kern)(float *, const float *, const float *, const int32_t *, const int32_t *, const float *, const float *,
@@ -404,6 +778,12 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
   DG_LAUNCH(ffn_combine_kernel, T, NT, smem, s)(x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K,
                                          eps);
   return cudaGetLastError();
+}
+
+cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
+                          const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
+                          const float *w_ff, float scalar, int T, int H, int K, float eps) {
+  return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
 }
 
 /* ---- sampler statistics (spec 6.1 steps 2-4) ------------------------------ */
@@ -427,112 +807,346 @@ __device__ float proposal_uniform(uint64_t seed, uint32_t block, uint32_t step, 
   return (float)(c[i % 4] >> 8) * (1.0f / 16777216.0f);
 }
 
-#define SNT 512 /* threads of the per-position kernels */
+/* ---- per-position passes over the vocabulary: sampler statistics and
+ * self-conditioning probabilities (spec 6.1 steps 2-4; spec 5, 4.9) --------
+ *
+ * A row of V logits (1 MB at V = 262,144) is cut into chunks of VCH = 8192
+ * elements, one block of VNT = 256 threads per (chunk, position): 8,192
+ * blocks over a 256-token canvas instead of 256. Thread i of a block loads
+ * the float4s i, i + 256, ... of its chunk (every load coalesced, all eight
+ * issued before any arithmetic) and keeps them in registers. Reductions are
+ * warp shuffles plus one barrier, in a fixed order, so every run gives the
+ * same bits. Partial results per (position, chunk) go to the workspace
+ * (k_vocab_ws_bytes); a later pass or kernel combines them in a fixed order.
+ * (The earlier kernels, one block of 512 threads per position with strided
+ * scalar loads and a cdf scan over contiguous per-thread chunks, are kept in
+ * dev/cuda/step_kernels.cu for comparison.) */
 
-/* One block per canvas position. In place z = logits / T; argmax (first
- * index of the maximum); lse and entropy in double as the CPU
- * (dg_position_stats); proposal = argmax, or #{v : cdf_v <= u * total} with
- * the cdf of the fp32 probabilities accumulated in double, each thread
- * owning a contiguous chunk (chunk sums scanned in order). */
-__global__ void step_stats_kernel(float *logits, int V, float temperature, int mode, uint64_t seed, uint32_t block,
-                                  uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
-  __shared__ float shf[32];
-  __shared__ int shi[32];
-  __shared__ double shd[32];
-  __shared__ double chunk[SNT];
-  __shared__ int found;
-  const int c = blockIdx.x, tid = threadIdx.x;
-  float *z = logits + (size_t)c * V;
+#define VNT 256                 /* threads of a vocabulary-chunk block */
+#define VPT 32                  /* elements per thread */
+#define VCH (VNT * VPT)         /* elements per chunk */
+#define VPAD 33                 /* shared row of a thread's 32 elements, padded: no bank conflicts */
+#ifndef DG_VOCAB_GROUP
+#define DG_VOCAB_GROUP 0        /* positions per launch group of the chunk passes (k_step_stats_g); 0: all */
+#endif
+
+/* One (position, chunk) partial. */
+struct vpart {
+  float m;      /* chunk max of z (sc probs: of cast(z)) */
+  int32_t amax; /* first index of m in the chunk */
+  int32_t bad;  /* a non-finite z in the chunk */
+  int32_t pad;
+  double s0;    /* sum of exp(z - m) (sc probs: of the fp32 exps about the row max) */
+  double s1;    /* sum of exp(z - m) (z - m) */
+  double t;     /* the chunk's mass of the fp32 probabilities (cdf, vstats_cdf_kernel) */
+};
+
+extern "C" size_t k_vocab_ws_bytes(int C, int V) { return (size_t)C * ((V + VCH - 1) / VCH) * sizeof(vpart); }
+
+/* Element index (in the chunk) of thread tid's slot (j, q): float4 j of the thread, lane q of it. */
+__device__ __forceinline__ int vslot(int tid, int j, int q) { return 4 * (tid + VNT * j) + q; }
+
+/* Load chunk elements base + vslot(..) of row into v (absent ones: fill). vec: row 16-byte aligned, V % 4 == 0. */
+__device__ __forceinline__ void vload(const float *row, int V, int base, int vec, float fill, float (&v)[VPT]) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < VPT / 4; j++) {
+    const int e = base + vslot(tid, j, 0);
+    if (vec && e + 3 < V) {
+      const float4 f = *(const float4 *)(row + e);
+      v[4 * j] = f.x; v[4 * j + 1] = f.y; v[4 * j + 2] = f.z; v[4 * j + 3] = f.w;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; q++) v[4 * j + q] = e + q < V ? row[e + q] : fill;
+    }
+  }
+}
+
+__device__ __forceinline__ void vstore(float *row, int V, int base, int vec, const float (&v)[VPT]) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < VPT / 4; j++) {
+    const int e = base + vslot(tid, j, 0);
+    if (vec && e + 3 < V) {
+      float4 f;
+      f.x = v[4 * j]; f.y = v[4 * j + 1]; f.z = v[4 * j + 2]; f.w = v[4 * j + 3];
+      *(float4 *)(row + e) = f;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if (e + q < V) row[e + q] = v[4 * j + q];
+    }
+  }
+}
+
+/* (max, first index) pair order: a wins over b if greater, or equal at a lower index. Exact, so any tree gives
+ * the same pair. */
+__device__ __forceinline__ void argmax_merge(float &m, int &i, float m2, int i2) {
+  if (m2 > m || (m2 == m && i2 < i)) { m = m2; i = i2; }
+}
+
+/* Block reductions of the chunk kernels (VNT threads): a warp xor tree, then each thread folds the VNT / 32
+ * warp results in warp order. One barrier; sh is the caller's (distinct per call site). */
+__device__ __forceinline__ void vblock_argmax(float &m, int &i, float *shm, int *shi) {
+  for (int o = 16; o; o >>= 1) argmax_merge(m, i, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, i, o));
+  if ((threadIdx.x & 31) == 0) { shm[threadIdx.x >> 5] = m; shi[threadIdx.x >> 5] = i; }
+  __syncthreads();
+  m = shm[0]; i = shi[0];
+  for (int w = 1; w < VNT / 32; w++) argmax_merge(m, i, shm[w], shi[w]);
+}
+
+__device__ __forceinline__ float vblock_max(float m, float *sh) {
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = sh[0];
+  for (int w = 1; w < VNT / 32; w++) m = fmaxf(m, sh[w]);
+  return m;
+}
+
+__device__ __forceinline__ double vblock_sum(double v, double *sh) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = sh[0];
+  for (int w = 1; w < VNT / 32; w++) v += sh[w];
+  return v;
+}
+
+/* Row statistics from the NB chunk partials of one position, by one warp (every lane returns the same bits):
+ * the row max g and its first index, S0 = sum exp(z - g) = sum_b s0_b exp(m_b - g) and
+ * S1 = sum exp(z - g)(z - g) = sum_b exp(m_b - g) (s1_b + (m_b - g) s0_b), in double; any chunk's bad flag.
+ * Every term of S1 is <= 0, so the entropy log S0 - S1 / S0 adds two non-negative numbers (no cancellation). */
+__device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, double &S1, int &bad) {
+  const int l = threadIdx.x & 31;
+  float m = -FLT_MAX;
+  int mi = INT32_MAX, bd = 0;
+  for (int b = l; b < NB; b += 32) {
+    argmax_merge(m, mi, p[b].m, p[b].amax);
+    bd |= p[b].bad;
+  }
+  for (int o = 16; o; o >>= 1) argmax_merge(m, mi, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, mi, o));
+  bd = __ballot_sync(0xffffffffu, bd) != 0;
+  double s0 = 0.0, s1 = 0.0;
+  if (!bd)
+    for (int b = l; b < NB; b += 32) {
+      const double d = (double)p[b].m - (double)m, e = exp(d);
+      s0 += p[b].s0 * e;
+      s1 += e * (p[b].s1 + d * p[b].s0);
+    }
+  for (int o = 16; o; o >>= 1) {
+    s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+  }
+  g = m; gi = mi; S0 = s0; S1 = s1; bad = bd;
+}
+
+/* Pass 1 of the statistics, grid (NB, C): z = logits / T in place (the CPU's fp32 division), the chunk's max and
+ * its first index, a non-finite flag, s0 and s1 about the chunk max (the values stay in registers). */
+__global__ void __launch_bounds__(VNT) vstats_part_kernel(float *logits, int V, int vec, float temperature, vpart *part,
+                                                          int c0) {
+  __shared__ float shm[VNT / 32];
+  __shared__ int shi[VNT / 32], shb[VNT / 32];
+  __shared__ double sh0[VNT / 32], sh1[VNT / 32];
+  const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, tid = threadIdx.x, base = b * VCH;
+  float *row = logits + (size_t)c * V;
+  float v[VPT];
+  vload(row, V, base, vec, 0.0f, v);
   float mx = -FLT_MAX;
   int amax = INT32_MAX, nonfinite = 0;
-  for (int v = tid; v < V; v += blockDim.x) {
-    float zv = z[v] / temperature;
-    z[v] = zv;
-    if (!isfinite(zv)) nonfinite = 1;
-    if (zv > mx) { mx = zv; amax = v; } /* strided ascending: first index per thread */
+#pragma unroll
+  for (int k = 0; k < VPT; k++) {
+    const int e = base + vslot(tid, k >> 2, k & 3);
+    v[k] = v[k] / temperature;
+    if (e < V) {
+      if (!isfinite(v[k])) nonfinite = 1;
+      if (v[k] > mx) { mx = v[k]; amax = e; } /* the thread's elements ascend with k */
+    }
   }
-  /* block argmax: max value, then the lowest index holding it */
-  float m = mx;
-  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((tid & 31) == 0) shf[tid >> 5] = m;
+  vstore(row, V, base, vec, v);
+  nonfinite = __ballot_sync(0xffffffffu, nonfinite) != 0;
+  if ((tid & 31) == 0) shb[tid >> 5] = nonfinite;
+  vblock_argmax(mx, amax, shm, shi); /* its barrier publishes shb too */
+  int bad = 0;
+  for (int w = 0; w < VNT / 32; w++) bad |= shb[w];
+  double s0 = 0.0, s1 = 0.0;
+  if (!bad) {
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+      const int e = base + vslot(tid, k >> 2, k & 3);
+      if (e < V) {
+        const double d = (double)v[k] - (double)mx, ex = exp(d);
+        s0 += ex;
+        s1 += ex * d;
+      }
+    }
+  }
+  s0 = vblock_sum(s0, sh0);
+  s1 = vblock_sum(s1, sh1);
+  if (tid == 0) {
+    vpart *p = part + (size_t)c * NB + b;
+    p->m = mx; p->amax = amax; p->bad = bad; p->pad = 0;
+    p->s0 = s0; p->s1 = s1; p->t = 0.0;
+  }
+}
+
+/* The fp32 probabilities p = expf(z - g) / fs of chunk base (loaded by vload into v) into sp (thread t's 32 consecutive elements at
+ * sp[t * VPAD ..], absent ones 0), then each thread's run of 32 summed in order in double: the cdf's innermost
+ * level (the CPU's probabilities, spec 6.1: torch.softmax's fp32 values). Ends with a barrier. */
+__device__ __forceinline__ void vchunk_probs(const float (&v)[VPT], int V, int base, float g, float fs, float *sp) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < VPT; k++) {
+    const int o = vslot(tid, k >> 2, k & 3);
+    sp[(o >> 5) * VPAD + (o & 31)] = base + o < V ? expf(v[k] - g) / fs : 0.0f;
+  }
   __syncthreads();
+}
+
+/* Pass 2 (sampled proposals only), grid (NB, C): the chunk's mass t of the fp32 probabilities, summed as the
+ * cdf of vstats_finish_kernel walks it (run of 32 per thread, runs of a warp in lane order, warps in order), so
+ * that the cdf at the chunk's last element plus the chunks before it is exactly the running sum of the t. */
+__global__ void __launch_bounds__(VNT) vstats_cdf_kernel(const float *z, int V, int vec, vpart *part, int c0) {
+  __shared__ float sp[VNT * VPAD];
+  __shared__ double sr[VNT], sw[VNT / 32];
+  __shared__ float shg, shfs;
+  __shared__ int shbad;
+  const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, tid = threadIdx.x;
+  vpart *p = part + (size_t)c * NB;
+  float v[VPT];
+  vload(z + (size_t)c * V, V, b * VCH, vec, 0.0f, v); /* in flight during the combine */
   if (tid < 32) {
-    float mm = tid < (int)(blockDim.x >> 5) ? shf[tid] : -FLT_MAX;
-    for (int o = 16; o; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
-    if (tid == 0) shf[0] = mm;
+    float g; int gi, bad; double S0, S1;
+    vcombine(p, NB, g, gi, S0, S1, bad);
+    if (tid == 0) { shg = g; shfs = (float)S0; shbad = bad; }
   }
   __syncthreads();
-  const float gmax = shf[0];
-  int cand = mx == gmax ? amax : INT32_MAX;
-  for (int o = 16; o; o >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, o));
+  if (shbad) return;
+  vchunk_probs(v, V, b * VCH, shg, shfs, sp);
+  double run = 0.0;
+  for (int k = 0; k < VPT; k++) run += (double)sp[tid * VPAD + k];
+  sr[tid] = run;
   __syncthreads();
-  if ((tid & 31) == 0) shi[tid >> 5] = cand;
+  if ((tid & 31) == 0) {
+    double w = 0.0;
+    for (int l = 0; l < 32; l++) w += sr[tid + l];
+    sw[tid >> 5] = w;
+  }
   __syncthreads();
+  if (tid == 0) {
+    double t = 0.0;
+    for (int w = 0; w < VNT / 32; w++) t += sw[w];
+    p[b].t = t;
+  }
+}
+
+/* Pass 3, one block per position: the statistics from the partials (argmax = first index of the maximum; lse
+ * and entropy in double, max prob = exp(g - lse)); a non-finite z reports the position in *bad (atomicMin).
+ * Sampled proposal: the first v whose cdf exceeds u * total, with cdf(v) = (running sum of the chunk masses
+ * t before v's chunk) + (within the chunk: warps before, then runs of the warp before, then v's run up to v,
+ * each level a running sum in order). Each level ends exactly where the next begins, so the cdf is monotone
+ * and reaches total at V - 1: the crossing exists and is unique. It is the CPU's sequential cdf up to the
+ * order of the double sums (last bits), as was the one-block kernel's. */
+__global__ void __launch_bounds__(VNT) vstats_finish_kernel(const float *z, int V, int vec, int NB, const vpart *part,
+                                                            int mode, uint64_t seed, uint32_t block, uint32_t step,
+                                                            const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
+  __shared__ float sp[VNT * VPAD];
+  __shared__ double sr[VNT], sw[VNT / 32];
+  __shared__ float shg, shfs;
+  __shared__ int shgi, shbad, shb, found;
+  __shared__ double shS0, shS1, shpre, shtarget;
+  const int c = blockIdx.x, tid = threadIdx.x;
+  const vpart *p = part + (size_t)c * NB;
   if (tid < 32) {
-    int cc = tid < (int)(blockDim.x >> 5) ? shi[tid] : INT32_MAX;
-    for (int o = 16; o; o >>= 1) cc = min(cc, __shfl_xor_sync(0xffffffffu, cc, o));
-    if (tid == 0) shi[0] = cc;
+    float g; int gi, bd; double S0, S1;
+    vcombine(p, NB, g, gi, S0, S1, bd);
+    if (tid == 0) { shg = g; shgi = gi; shS0 = S0; shS1 = S1; shfs = (float)S0; shbad = bd; }
   }
   __syncthreads();
-  const int gamax = shi[0];
-  int anybad = block_sum(nonfinite, shi);
-  if (anybad) {
+  if (shbad) {
     if (tid == 0) atomicMin(bad, c);
     return;
   }
-  double sum = 0.0;
-  for (int v = tid; v < V; v += blockDim.x) sum += exp((double)z[v] - (double)gmax);
-  sum = block_sum(sum, shd);
-  const double lse = (double)gmax + log(sum);
-  double ent = 0.0;
-  for (int v = tid; v < V; v += blockDim.x) {
-    double lp = (double)z[v] - lse;
-    ent -= exp(lp) * lp;
-  }
-  ent = block_sum(ent, shd);
-  int prop = gamax;
+  int prop = shgi;
   if (mode != DG_PROPOSAL_ARGMAX) {
-    const float u = mode == DG_PROPOSAL_REPLAY_UNIFORM ? uni[c] : proposal_uniform(seed, block, step, (uint32_t)c);
-    const float fs = (float)sum;
-    const int per = (V + blockDim.x - 1) / blockDim.x;
-    const int v0 = tid * per, v1 = min(V, v0 + per);
-    double cs = 0.0;
-    for (int v = v0; v < v1; v++) cs += (double)(expf(z[v] - gmax) / fs);
-    chunk[tid] = cs;
-    if (tid == 0) found = V - 1;
-    __syncthreads();
-    if (tid == 0) { /* exclusive scan of the chunk sums, in order */
-      double run = 0.0;
-      for (int i = 0; i < (int)blockDim.x; i++) { double x = chunk[i]; chunk[i] = run; run += x; }
-      shd[0] = run;
-    }
-    __syncthreads();
-    const double target = (double)u * shd[0];
-    const double pre = chunk[tid];
-    if (v0 < v1 && pre <= target && pre + cs > target) {
-      double run = 0.0;
-      for (int v = v0; v < v1; v++) {
-        run += (double)(expf(z[v] - gmax) / fs);
-        if (pre + run > target) { found = v; break; }
+    if (tid == 0) {
+      const float u = mode == DG_PROPOSAL_REPLAY_UNIFORM ? uni[c] : proposal_uniform(seed, block, step, (uint32_t)c);
+      double total = 0.0;
+      for (int b = 0; b < NB; b++) total += p[b].t;
+      const double target = (double)u * total;
+      double pre = 0.0;
+      int bs = NB - 1;
+      for (int b = 0; b < NB; b++) {
+        if (target < pre + p[b].t) { bs = b; break; }
+        pre += p[b].t;
       }
+      shb = bs; shpre = pre; shtarget = target;
+      found = INT32_MAX;
     }
     __syncthreads();
-    prop = found;
+    const int base = shb * VCH;
+    float v[VPT];
+    vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
+    vchunk_probs(v, V, base, shg, shfs, sp);
+    double run = 0.0;
+    for (int k = 0; k < VPT; k++) run += (double)sp[tid * VPAD + k];
+    sr[tid] = run;
+    __syncthreads();
+    if ((tid & 31) == 0) { /* the runs of the warp: exclusive running sums in lane order; the warp's total */
+      double w = 0.0;
+      for (int l = 0; l < 32; l++) { const double x = sr[tid + l]; sr[tid + l] = w; w += x; }
+      sw[tid >> 5] = w;
+    }
+    __syncthreads();
+    if (tid == 0) { /* the warps: exclusive running sums in order */
+      double w = 0.0;
+      for (int i = 0; i < VNT / 32; i++) { const double x = sw[i]; sw[i] = w; w += x; }
+    }
+    __syncthreads();
+    const double pre = shpre, target = shtarget, wp = sw[tid >> 5], lp = sr[tid];
+    double r = 0.0;
+    for (int k = 0; k < VPT; k++) {
+      r += (double)sp[tid * VPAD + k];
+      const int v = base + tid * VPT + k;
+      if (v < V && pre + (wp + (lp + r)) > target) { atomicMin(&found, v); break; }
+    }
+    __syncthreads();
+    prop = found != INT32_MAX ? found : min(V, base + VCH) - 1; /* (unreachable: the crossing exists) */
   }
   if (tid == 0) {
+    const double S0 = shS0, lse = (double)shg + log(S0), ent = log(S0) - shS1 / S0;
     dg_cuda_pos_stats st;
-    st.argmax = gamax;
+    st.argmax = shgi;
     st.proposal = prop;
     st.entropy = (float)(ent > 0.0 ? ent : 0.0);
-    st.max_prob = (float)exp((double)gmax - lse);
+    st.max_prob = (float)exp((double)shg - lse);
     out[c] = st;
   }
 }
 
-cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
-                         uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
-  DG_LAUNCH(step_stats_kernel, C, SNT, 0, s)(logits, V, temperature, mode, seed, block, step, uni, out, bad);
+static int vec_ok(const float *z, int V) { return V % 4 == 0 && ((uintptr_t)z & 15) == 0; }
+
+/* group: positions per launch of the chunk passes (0: all C at once). With a group of a few tens of rows
+ * (a few tens of MB), pass 2 finds the z that pass 1 just wrote in the L2 instead of device memory, at the
+ * cost of more launches (dev/cuda/step_kernels.cu measures both; DG_VOCAB_GROUP is the backend's choice). */
+cudaError_t k_step_stats_g(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
+                           uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad,
+                           void *ws, int group) {
+  const int NB = (V + VCH - 1) / VCH, vec = vec_ok(logits, V), G = group > 0 && group < C ? group : C;
+  vpart *part = (vpart *)ws;
+  for (int c0 = 0; c0 < C; c0 += G) {
+    const int n = C - c0 < G ? C - c0 : G;
+    DG_LAUNCH(vstats_part_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, temperature, part, c0);
+    if (mode != DG_PROPOSAL_ARGMAX) DG_LAUNCH(vstats_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, part, c0);
+  }
+  DG_LAUNCH(vstats_finish_kernel, C, VNT, 0, s)(logits, V, vec, NB, part, mode, seed, block, step, uni, out, bad);
   return cudaGetLastError();
+}
+
+cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
+                         uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad,
+                         void *ws) {
+  return k_step_stats_g(s, logits, C, V, temperature, mode, seed, block, step, uni, out, bad, ws, DG_VOCAB_GROUP);
 }
 
 /* ---- self-conditioning probabilities (spec 5, 4.9) ------------------------ */
@@ -543,36 +1157,99 @@ __device__ __forceinline__ float round_act(float x, int act) {
   return x;
 }
 
-/* P[c] = cast(softmax(cast(z[c]))) with the casts to the activation dtype,
- * stored as bf16 for the product with the embedding. */
-__global__ void sc_probs_kernel(const float *z, bf16 *P, int V, int act) {
-  __shared__ float shf[32];
-  __shared__ double shd[32];
-  const int c = blockIdx.x;
-  const float *zr = z + (size_t)c * V;
+/* P[c] = cast(softmax(cast(z[c]))) with the casts to the activation dtype, stored as bf16 for the product with
+ * the embedding, in three passes of grid (NB, C): the chunk max of cast(z); the chunk sum in double of
+ * expf(cast(z) - mx) about the row max mx (exact: the max of the chunk maxima); P with inv = 1 / (sum of the
+ * chunk sums, in a fixed order). The same fp32 values as the one-block kernel; the double sum's order differs
+ * (last bits). */
+__global__ void __launch_bounds__(VNT) vsc_max_kernel(const float *z, int V, int vec, int act, vpart *part, int c0) {
+  __shared__ float sh[VNT / 32];
+  const int b = blockIdx.x, c = c0 + blockIdx.y, base = b * VCH;
+  float v[VPT];
+  vload(z + (size_t)c * V, V, base, vec, -FLT_MAX, v);
   float mx = -FLT_MAX;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, round_act(zr[v], act));
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if ((threadIdx.x & 31) == 0) shf[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float mm = threadIdx.x < (blockDim.x >> 5) ? shf[threadIdx.x] : -FLT_MAX;
-    for (int o = 16; o; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
-    if (threadIdx.x == 0) shf[0] = mm;
-  }
-  __syncthreads();
-  mx = shf[0];
-  double sum = 0.0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += (double)expf(round_act(zr[v], act) - mx);
-  sum = block_sum(sum, shd);
-  const float inv = (float)(1.0 / sum);
-  for (int v = threadIdx.x; v < V; v += blockDim.x)
-    P[(size_t)c * V + v] = __float2bfloat16_rn(round_act(expf(round_act(zr[v], act) - mx) * inv, act));
+#pragma unroll
+  for (int k = 0; k < VPT; k++) mx = fmaxf(mx, round_act(v[k], act));
+  mx = vblock_max(mx, sh);
+  if (threadIdx.x == 0) part[(size_t)c * gridDim.x + b].m = mx;
 }
 
-cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype) {
-  DG_LAUNCH(sc_probs_kernel, C, SNT, 0, s)(z, P, V, act_dtype);
+/* The row max from the partials, by one warp (every lane the same). */
+__device__ __forceinline__ float vrow_max(const vpart *p, int NB) {
+  float m = -FLT_MAX;
+  for (int b = threadIdx.x & 31; b < NB; b += 32) m = fmaxf(m, p[b].m);
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+__global__ void __launch_bounds__(VNT) vsc_sum_kernel(const float *z, int V, int vec, int act, vpart *part, int c0) {
+  __shared__ double sh[VNT / 32];
+  __shared__ float shm;
+  const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, base = b * VCH;
+  vpart *p = part + (size_t)c * NB;
+  float v[VPT];
+  vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
+  if (threadIdx.x < 32) {
+    const float m = vrow_max(p, NB);
+    if (threadIdx.x == 0) shm = m;
+  }
+  __syncthreads();
+  const float mx = shm;
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < VPT; k++)
+    if (base + vslot(threadIdx.x, k >> 2, k & 3) < V) s += (double)expf(round_act(v[k], act) - mx);
+  s = vblock_sum(s, sh);
+  if (threadIdx.x == 0) p[b].s0 = s;
+}
+
+__global__ void __launch_bounds__(VNT) vsc_write_kernel(const float *z, bf16 *P, int V, int vec, int act,
+                                                        const vpart *part, int c0) {
+  __shared__ float shm, shinv;
+  const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, base = b * VCH, tid = threadIdx.x;
+  const vpart *p = part + (size_t)c * NB;
+  float v[VPT];
+  vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
+  if (tid < 32) {
+    const float m = vrow_max(p, NB);
+    double s = 0.0;
+    for (int i = tid; i < NB; i += 32) s += p[i].s0;
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (tid == 0) { shm = m; shinv = (float)(1.0 / s); }
+  }
+  __syncthreads();
+  const float mx = shm, inv = shinv;
+  bf16 *prow = P + (size_t)c * V;
+#pragma unroll
+  for (int j = 0; j < VPT / 4; j++) {
+    const int e = base + vslot(tid, j, 0);
+    float o[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) o[q] = round_act(expf(round_act(v[4 * j + q], act) - mx) * inv, act);
+    if (vec && e + 3 < V) {
+      stb4(prow + e, o[0], o[1], o[2], o[3]);
+    } else {
+      for (int q = 0; q < 4; q++)
+        if (e + q < V) prow[e + q] = __float2bfloat16_rn(o[q]);
+    }
+  }
+}
+
+cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group) {
+  const int NB = (V + VCH - 1) / VCH, vec = vec_ok(z, V) && ((uintptr_t)P & 7) == 0;
+  const int G = group > 0 && group < C ? group : C;
+  vpart *part = (vpart *)ws;
+  for (int c0 = 0; c0 < C; c0 += G) { /* a group's three passes: the second and third read z from the L2 */
+    const int n = C - c0 < G ? C - c0 : G;
+    DG_LAUNCH(vsc_max_kernel, dim3(NB, n), VNT, 0, s)(z, V, vec, act_dtype, part, c0);
+    DG_LAUNCH(vsc_sum_kernel, dim3(NB, n), VNT, 0, s)(z, V, vec, act_dtype, part, c0);
+    DG_LAUNCH(vsc_write_kernel, dim3(NB, n), VNT, 0, s)(z, P, V, vec, act_dtype, part, c0);
+  }
   return cudaGetLastError();
+}
+
+cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws) {
+  return k_sc_probs_g(s, z, P, C, V, act_dtype, ws, DG_VOCAB_GROUP);
 }
 
 /* Used by dg_cuda_info to ask whether this build has code for the GPU. */

@@ -178,6 +178,107 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_
   }
 }
 
+/* ---- router logits (spec 4.6 step 2): rlog [T, E] = u [T, H] . W [E, H]^T in fp32 ----
+ * SIMT fp32 (the CPU's dtype: no TF32), split over the reduction so that a
+ * 256-token canvas with 128 experts (8 output tiles) still fills the GPU:
+ * grid (T / 64, E / 64, S); block of 256 threads, a 4 x 4 micro-tile each;
+ * k tiles of 16 staged in shared memory (transposed: float4 reads). Each
+ * output is the sum over its split's k in ascending order (one fp32 chain),
+ * then the S split sums added in split order by router_reduce_kernel: a fixed
+ * order (deterministic run to run), another order than cuBLAS's or the
+ * CPU's, within the same fp32 bound (the tests compare the logits normwise
+ * against the CPU). Replaces cublasSgemm, which ran a SIMT sgemm plus a
+ * split-K reduction at ~17 + 6 us per layer on the H200 (issue 12). */
+#define RG_T 64
+#define RG_E 64
+#define RG_K 16
+
+__global__ void __launch_bounds__(256) router_part_kernel(const float *u, const float *W, float *part, int T, int E,
+                                                          int H, int KS) {
+  __shared__ __align__(16) float As[RG_K][RG_T + 4];
+  __shared__ __align__(16) float Bs[RG_K][RG_E + 4];
+  const int t0 = blockIdx.x * RG_T, e0 = blockIdx.y * RG_E, sp = blockIdx.z;
+  const int kb = sp * KS, ke = min(H, kb + KS);
+  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15, lr = tid >> 2, lk = (tid & 3) * 4;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+  const bool ta = t0 + lr < T, tb = e0 + lr < E;
+  const float *ua = u + (size_t)(ta ? t0 + lr : 0) * H, *wb = W + (size_t)(tb ? e0 + lr : 0) * H;
+  float na[4], nb[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int k = kb + lk + j;
+    na[j] = ta && k < ke ? ua[k] : 0.0f;
+    nb[j] = tb && k < ke ? wb[k] : 0.0f;
+  }
+  for (int k0 = kb; k0 < ke; k0 += RG_K) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) { As[lk + j][lr] = na[j]; Bs[lk + j][lr] = nb[j]; }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* the next tile's loads in flight during this tile's products */
+      const int k = k0 + RG_K + lk + j;
+      na[j] = ta && k < ke ? ua[k] : 0.0f;
+      nb[j] = tb && k < ke ? wb[k] : 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < RG_K; kk++) {
+      const float4 a = *(const float4 *)&As[kk][ty * 4], b = *(const float4 *)&Bs[kk][tx * 4];
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] += av[i] * bv[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int t = t0 + ty * 4 + i;
+    if (t >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int e = e0 + tx * 4 + j;
+      if (e < E) part[((size_t)sp * T + t) * E + e] = acc[i][j];
+    }
+  }
+}
+
+__global__ void router_reduce_kernel(const float *part, float *rlog, int n, int S) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = part[i];
+  for (int sp = 1; sp < S; sp++) v += part[(size_t)sp * n + i];
+  rlog[i] = v;
+}
+
+/* Splits of the reduction for T x E outputs over H: about two blocks per SM of an H200, at least 64 k each. */
+static int router_splits(int T, int E, int H) {
+  const int tiles = ((T + RG_T - 1) / RG_T) * ((E + RG_E - 1) / RG_E);
+  int S = (264 + tiles - 1) / tiles;
+  const int smax = (H + 63) / 64;
+  if (S > smax) S = smax;
+  if (S > DG_ROUTER_MAX_SPLITS) S = DG_ROUTER_MAX_SPLITS;
+  return S < 1 ? 1 : S;
+}
+
+cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H,
+                            float *ws) {
+  const int S = router_splits(T, E, H);
+  const int KS = ((H + S - 1) / S + RG_K - 1) / RG_K * RG_K;
+  float *part = S > 1 ? ws : rlog;
+  DG_LAUNCH(router_part_kernel, dim3((T + RG_T - 1) / RG_T, (E + RG_E - 1) / RG_E, S), 256, 0, s)(u, W, part, T, E, H,
+                                                                                                   KS);
+  if (S > 1) {
+    const int n = T * E;
+    DG_LAUNCH(router_reduce_kernel, (n + 255) / 256, 256, 0, s)(part, rlog, n, S);
+  }
+  return cudaGetLastError();
+}
+
 cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                          int K) {
   if (E > 32 * TOPK_PER || K > 32) return cudaErrorInvalidValue;
