@@ -9,7 +9,8 @@ mkdir -p "$OUT"
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_cuda > "$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
 for f in ${SAN_FILTER:-test_quant_experts}; do
 for tool in memcheck racecheck; do
+  log="$OUT/${tool}_$(echo "$f" | tr -c "A-Za-z0-9_\n" x).txt" # no * in a file name (they do not come back)
   DG_TEST_FILTER="$f" timeout ${SAN_T:-120} compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda \
-    > "$OUT/${tool}_$f.txt" 2>&1; echo "$f $tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|OK \]|FAILED" "$OUT/${tool}_$f.txt" | tail -4
+    > "$log" 2>&1; echo "$f $tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|OK \]|FAILED" "$log" | tail -4
 done
 done
