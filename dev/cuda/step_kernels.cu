@@ -47,7 +47,7 @@
 #include <functional>
 #include <vector>
 
-#include "cuda/common.cuh"
+#include "cuda/kernels.cuh"
 extern "C" {
 #include "rng.h"
 #include "sampler.h"
@@ -67,37 +67,7 @@ static float rbf(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
 
 /* ---- the earlier kernels (src/cuda/kernels.cu before issue 12's rewrite), verbatim but for the names ---- */
 
-template <typename T> __device__ T old_block_sum(T v, T *sh) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-  __syncthreads();
-  if (l == 0) sh[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    v = l < nw ? sh[l] : T(0);
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (l == 0) sh[0] = v;
-  }
-  __syncthreads();
-  return sh[0];
-}
-
-__device__ void old_philox(uint32_t c[4], uint32_t k0, uint32_t k1) {
-  for (int r = 0; r < 10; r++) {
-    uint32_t hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
-    uint32_t hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
-    uint32_t n0 = hi1 ^ c[1] ^ k0, n1 = lo1, n2 = hi0 ^ c[3] ^ k1, n3 = lo0;
-    c[0] = n0; c[1] = n1; c[2] = n2; c[3] = n3;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-}
-
-__device__ float old_proposal_uniform(uint64_t seed, uint32_t block, uint32_t step, uint32_t i) {
-  uint32_t c[4] = {i / 4, step, block, 2u};
-  old_philox(c, (uint32_t)seed, (uint32_t)(seed >> 32));
-  return (float)(c[i % 4] >> 8) * (1.0f / 16777216.0f);
-}
+/* block_sum and proposal_uniform: src/cuda/kernels.cuh, unchanged by the rewrite. */
 
 #define SNT 512
 
@@ -141,24 +111,24 @@ __global__ void old_step_stats_kernel(float *logits, int V, float temperature, i
   }
   __syncthreads();
   const int gamax = shi[0];
-  int anybad = old_block_sum(nonfinite, shi);
+  int anybad = block_sum(nonfinite, shi);
   if (anybad) {
     if (tid == 0) atomicMin(bad, c);
     return;
   }
   double sum = 0.0;
   for (int v = tid; v < V; v += blockDim.x) sum += exp((double)z[v] - (double)gmax);
-  sum = old_block_sum(sum, shd);
+  sum = block_sum(sum, shd);
   const double lse = (double)gmax + log(sum);
   double ent = 0.0;
   for (int v = tid; v < V; v += blockDim.x) {
     double lp = (double)z[v] - lse;
     ent -= exp(lp) * lp;
   }
-  ent = old_block_sum(ent, shd);
+  ent = block_sum(ent, shd);
   int prop = gamax;
   if (mode != DG_PROPOSAL_ARGMAX) {
-    const float u = mode == DG_PROPOSAL_REPLAY_UNIFORM ? uni[c] : old_proposal_uniform(seed, block, step, (uint32_t)c);
+    const float u = mode == DG_PROPOSAL_REPLAY_UNIFORM ? uni[c] : proposal_uniform(seed, block, step, (uint32_t)c);
     const float fs = (float)sum;
     const int per = (V + blockDim.x - 1) / blockDim.x;
     const int v0 = tid * per, v1 = min(V, v0 + per);
@@ -220,7 +190,7 @@ __global__ void old_sc_probs_kernel(const float *z, bf16 *P, int V, int act) {
   mx = shf[0];
   double sum = 0.0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) sum += (double)expf(old_round_act(zr[v], act) - mx);
-  sum = old_block_sum(sum, shd);
+  sum = block_sum(sum, shd);
   const float inv = (float)(1.0 / sum);
   for (int v = threadIdx.x; v < V; v += blockDim.x)
     P[(size_t)c * V + v] = __float2bfloat16_rn(old_round_act(expf(old_round_act(zr[v], act) - mx) * inv, act));
