@@ -13,13 +13,9 @@ OUT=${1:?usage: scripts/attention_gpu.sh OUT}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 . scripts/gpu_env.sh
-mkdir -p .cache/gemma3
-[ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
-make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > /tmp/build.txt 2>&1 \
-  || { tail -30 /tmp/build.txt; exit 1; }
+gpu_build /tmp/build.txt || exit 1
 echo "== built $(el)"
-[ -f /tmp/dg26b/config.json ] || (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 12 > /tmp/mkrandom.log 2>&1) &
-mk=$!
+gpu_mkrandom_bg 12
 nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/attention.cu build/libdgemma.a \
   -L"$CUL" $NXL -lcublas -lcudart -o build/attention_lab || exit 1
 timeout 120 build/attention_lab ${LAB_ARGS:-} > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"; cat "$OUT/lab.md"

@@ -17,3 +17,19 @@ lab_build() {
   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
     -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
 }
+# gpu_tokenizer: the Gemma tokenizer (carried gzipped in .devdata) unpacked into .cache/gemma3, mkrandom's --source.
+gpu_tokenizer() {
+  mkdir -p .cache/gemma3
+  [ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
+}
+# gpu_build LOG: make all and tests/test_cuda with CUDA, the output in LOG; on failure its tail and status 1.
+gpu_build() {
+  make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > "$1" 2>&1 || { tail -30 "$1"; return 1; }
+}
+# gpu_mkrandom_bg [THREADS]: the 26B-A4B random checkpoint /tmp/dg26b written in the background unless it is
+# there (log /tmp/mkrandom.log); mk = the job's pid, for `wait $mk`.
+gpu_mkrandom_bg() {
+  gpu_tokenizer
+  [ -f /tmp/dg26b/config.json ] || (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t "${1:-8}" > /tmp/mkrandom.log 2>&1) &
+  mk=$!
+}

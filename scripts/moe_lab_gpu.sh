@@ -16,17 +16,14 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 . scripts/gpu_env.sh
-make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > "$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+gpu_build "$OUT/build.txt" || exit 1
 echo "== library built $(el)"
 lab_build || exit 1
 echo "== lab built $(el)"
 { for o in build/src/cuda/qmoe_r4.o build/src/cuda/qmoe_b4.o build/moe_quant; do echo "## $o"; cuobjdump -res-usage "$o" 2>&1 | grep -A1 -E "q[er]_kernelILi4ELi[01]ELi[123]ELi64" ; done; } > "$OUT/res_usage.txt"
 grep -A1 "qr_kernelILi4ELi1ELi3ELi64ELi4ELi3ELi3ELi1E" "$OUT/res_usage.txt" | head -4
 if [ -n "${BENCH:-}" ]; then  # the 26B checkpoint on the CPU while the lab runs
-  mkdir -p .cache/gemma3
-  [ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
-  (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 12 > /tmp/mkrandom.log 2>&1) &
-  mk=$!
+  gpu_mkrandom_bg 12
 fi
 timeout 200 build/moe_quant --bits ${LAB_BITS:-4} --versions ${LAB_VERSIONS:-1,2,3,4,5,6,7,8,9} --ms ${LAB_MS:-1,4,16,64} \
   --ts ${LAB_TS:-256,1024} --json "$OUT/lab.jsonl" > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"

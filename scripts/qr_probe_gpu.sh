@@ -16,13 +16,9 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv
 . scripts/gpu_env.sh
-mkdir -p .cache/gemma3
-[ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
-make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > /tmp/build.txt 2>&1 \
-  || { tail -30 /tmp/build.txt; exit 1; }
+gpu_build /tmp/build.txt || exit 1
 echo "== built $(el)"
-[ -f /tmp/dg26b/config.json ] || (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 8 > /tmp/mkrandom.log 2>&1) &
-mk=$!
+gpu_mkrandom_bg 8
 lab_build || exit 1
 echo "== lab built $(el)"
 F=_Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELi0ELi0EEv7qe_args

@@ -12,13 +12,9 @@ OUT=${1:?usage: scripts/step_check_gpu.sh OUT}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 . scripts/gpu_env.sh
-mkdir -p .cache/gemma3
-[ -f .cache/gemma3/tokenizer.json ] || gunzip -c .devdata/gemma3/tokenizer.json.gz > .cache/gemma3/tokenizer.json
-make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > /tmp/build.txt 2>&1 \
-  || { tail -30 /tmp/build.txt; exit 1; }
+gpu_build /tmp/build.txt || exit 1
 echo "== built $(el)"
-[ -f /tmp/dg26b/config.json ] || (build/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 8 > /tmp/mkrandom.log 2>&1) &
-mk=$!
+gpu_mkrandom_bg 8
 if [ -f dev/cuda/step_kernels.cu ]; then
   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/step_kernels.cu build/libdgemma.a \
     -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/step_kernels_lab \
