@@ -4,7 +4,7 @@
 #   NXL      the same library flags spelled for nvcc (-Xlinker)
 #   CUL      the CUDA toolkit's library directory (from the nvcc on the PATH)
 #   el       a function printing the seconds since the script started: "(N s)"
-# and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu; needs build/libdgemma.a).
+# and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu, for sm_90a; needs build/libdgemma.a).
 t0=$(date +%s)
 el() { echo "($(( $(date +%s) - t0 )) s)"; }
 XC=""; XL=""; NXL=""
@@ -13,8 +13,8 @@ if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
   XC="-I$P/usr/include"; XL="-L$L -Wl,-rpath,$L"; NXL="-L$L -Xlinker -rpath -Xlinker $L"
 fi
 CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
-lab_build() {
-  nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
+lab_build() { # sm_90a: the lab's wgmma versions (qmoe_w.cuh) need it
+  nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
     -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
 }
 # gpu_tokenizer: the Gemma tokenizer (carried gzipped in .devdata) unpacked into .cache/gemma3, mkrandom's --source.

@@ -32,6 +32,20 @@
  *              on the first lane-record layout, each lane's record with the pairs of its 4 rows (the pairs
  *              stored 4 times: 48 bytes per lane and 4-bit stage instead of 36) (earlier runs, docs/results/h200-moe/
  *              lab_variants_run*.md, numbered qe_kernel's variants 3-7)
+ *   versions 20-25  qw_kernel (src/cuda/qmoe_w.cuh): version 3's data path with the products on wgmma
+ *              (m64nNk16, A = the codes from registers, B = the activations from the shared ring in the
+ *              canonical K-major layout), one warpgroup per block; (D, ring stages, min blocks per SM):
+ *              20 = (2, 3, 4), 22 = (2, 3, 3), 23 = (3, 3, 3), 24 = (2, 4, 3), 25 = (2, 3, 2); 21 = 20 with
+ *              the descriptor's LBO and SBO exchanged (a check of their reading: it must fail). Needs the
+ *              sm_90a build (lab_build in scripts/gpu_env.sh); 26 = 22 without the L2 prefetch, 27 = 22 with
+ *              per-lane line prefetches (prefetch.global.L2) 2 stages ahead instead of lane 0's bulk prefetch
+ *   versions 18, 19, 28  qr_kernel with per-lane line prefetches instead of the bulk prefetch (18), with the
+ *              body of 2 n-tiles for experts of at most 16 rows (19), both (28: the backend's since session 5,
+ *              = version 3); 29, 30: 28 with the line prefetches at every n-tile count, 2 and 4 stages
+ *              ahead; 31: 28 with 4 stages ahead; 32: 28 with the bias term (b - 128 s) S of the fold as
+ *              tensor-core products over the split group sums (qr_kernel's BM mode, one mma per pair of groups
+ *              and tile; the fold keeps one FFMA per element: acc += s P'), 33: 32 with line prefetches at every
+ *              n-tile count; 34: 32 with registers for 3 blocks per SM
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -63,6 +77,7 @@
 #include <vector>
 
 #include "cuda/qmoe_r.cuh"
+#include "cuda/qmoe_w.cuh"
 extern "C" {
 #include "quant.h"
 }
@@ -133,17 +148,59 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   CKL(cudaMemcpy(st->d.b, st->bi.data(), st->bi.size() * 2, cudaMemcpyHostToDevice));
 }
 
-/* The stack in the tile layout (qe_tile_pack) or as lane records (lanes: qr_tile_pack) of blocks of `warps` warps
- * and stages of kc codes. */
+/* The lane records of qw_kernel (src/cuda/qmoe_w.cuh): those of qr_tile_pack (compact layout) with lane t's code
+ * j = 0..7 of a row's run of 32 the run's code 8 (j % 4) + 4 (j / 4) + t instead of 8 t + j. Built from qr_tile_pack's
+ * records (written first) by rewriting each lane's code bytes (the pairs are the same bytes). */
+static void qw_tile_pack(const qe_tiling &t, const uint8_t *codes, uint8_t *dst) {
+  const int KC = t.kc, RUNS = KC / 32, CB = 4 * RUNS * t.bits, PSC = CB % 16 == 0 ? 16 : 8, nst = (int)(t.K / KC);
+  const int64_t slabs = qe_slabs(t), rowbytes = t.K * t.bits / 8, WST = qr_wstage(t.bits, t.group, 1);
+  const uint32_t mask = (1u << t.bits) - 1;
+  auto getc = [&](const uint8_t *row, int64_t k) { /* code k of an MLX row: a little-endian bit stream */
+    const int64_t bit = k * t.bits;
+    uint32_t v = 0;
+    memcpy(&v, row + bit / 8, (size_t)std::min<int64_t>(2, rowbytes - bit / 8));
+    return (v >> (bit % 8)) & mask;
+  };
+  std::vector<uint8_t> rec((size_t)CB);
+  for (int64_t e = 0; e < t.E; e++)
+    for (int64_t sl = 0; sl < slabs; sl++)
+      for (int s = 0; s < nst; s++)
+        for (int w = 0; w < t.warps; w++)
+          for (int lane = 0; lane < 32; lane++) {
+            const int g = lane >> 2, t4 = lane & 3;
+            std::fill(rec.begin(), rec.end(), 0);
+            for (int r = 0; r < 4; r++) {
+              const int64_t gr = qe_tile_row(t, e, sl, w * 32 + (r >> 1) * 16 + g + 8 * (r & 1));
+              if (gr < 0) continue;
+              for (int c = 0; c < RUNS; c++)
+                for (int j = 0; j < 8; j++) {
+                  const uint32_t q = getc(codes + gr * rowbytes, (int64_t)s * KC + 32 * c + 8 * (j & 3) + 4 * (j >> 2) + t4);
+                  const int bit = ((r * RUNS + c) * 8 + j) * t.bits; /* a code spans at most 2 bytes */
+                  const uint32_t v = q << (bit % 8);
+                  rec[(size_t)(bit / 8)] |= (uint8_t)v;
+                  if (v >> 8) rec[(size_t)(bit / 8 + 1)] |= (uint8_t)(v >> 8);
+                }
+            }
+            uint8_t *ws = dst + (((e * slabs + sl) * nst + s) * t.warps + w) * WST;
+            for (int p = 0; p < CB / PSC; p++) memcpy(ws + (p * 32 + lane) * PSC, rec.data() + p * PSC, (size_t)PSC);
+          }
+}
+
+/* The stack in the tile layout (qe_tile_pack) or as lane records (lanes: qr_tile_pack; 3: qw_tile_pack's) of
+ * blocks of `warps` warps and stages of kc codes. */
 static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lanes = 0) {
   for (const tiled &t : st->tl)
     if (t.warps == warps && t.kc == kc && t.gateup == gateup && t.lanes == lanes) return t;
   qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, G, 4, E, st->w.rows, st->w.cols);
   q.cp = lanes == 1; /* lanes 2: the replicated-pair lane records (qr_wstage cp 0) */
   size_t pb = 0;
+  if (lanes == 3) q.cp = 1;
   const size_t qb = lanes ? qr_tile_bytes(q) : qe_tile_bytes(q, &pb);
   std::vector<uint8_t> hq(qb), hp(pb);
-  if (lanes) qr_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
+  if (lanes == 3) {
+    qr_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
+    qw_tile_pack(q, st->pk.data(), hq.data());
+  } else if (lanes) qr_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
   else qe_tile_pack(q, st->pk.data(), st->sc.data(), st->bi.data(), hq.data(), hp.data());
   tiled t = {warps, kc, gateup, lanes, NULL, NULL};
   CKL(cudaMalloc((void **)&t.q, qb));
@@ -261,7 +318,20 @@ enum { GU = 0, DN = 1 };
 
 /* Versions 4-12: qr_kernel over a lane-record copy, WARPS warps, D register stages, STAGES ring stages,
  * WD > 0: a WD-deep bulk-copy ring of weight stages per warp in shared memory instead of D. */
-template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1>
+/* The split group-sum records of BM versions ([rows, cols / G] x 16 bytes), allocated on first use. */
+static uint4 *split_sums(size_t rows) {
+  static uint4 *p = NULL;
+  static size_t n = 0;
+  if (rows * (H / G) > n) {
+    if (p) CKL(cudaFree(p));
+    n = rows * (H / G);
+    CKL(cudaMalloc((void **)&p, n * sizeof(uint4)));
+  }
+  return p;
+}
+
+template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
+          int PF3 = PF, int BM = 0>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
@@ -273,29 +343,83 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   cudaError_t e;
   if (gateup) {
     a.Kdim = H; a.N = IE; a.h = r->b.h;
-    if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
+    if (BM) {
+      uint4 *x4 = split_sums((size_t)r->T);
+      if ((e = k_group_sums_perm_split(0, r->xe, r->T, H, G, x4, r->b.xp)) != cudaSuccess) return e;
+      a.xs = (const float *)x4;
+    } else if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     switch (nt) {
-    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
-    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
-    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
-    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
+    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+    }
+  }
+  a.Kdim = IE; a.N = H; a.y = r->b.y;
+  if (BM) {
+    uint4 *x4 = split_sums((size_t)r->T * TOPK);
+    if ((e = k_group_sums_perm_split(0, r->b.h, r->T * TOPK, IE, G, x4, r->b.xp)) != cudaSuccess) return e;
+    a.xs = (const float *)x4;
+  } else if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
+  const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
+  switch (nt) {
+  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
+  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+  }
+}
+
+/* Versions 20-: qw_kernel (wgmma) over the wgmma-order lane records; PF only from 3 n-tiles, as the backend's. */
+template <int D, int STAGES, int MINB, int SUB, int PF, int SWAP>
+static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
+  const int gateup = prod == GU;
+  const tiled &tl = get_tiled(st, 4, qr_kc(G), gateup, 3);
+  qe_args a;
+  memset(&a, 0, sizeof a);
+  a.q = tl.q; a.sb = DG_CUDA_BF16; a.group = G; a.pb = 4;
+  a.xs = r->b.xs; a.count = r->b.count; a.start = r->b.start; a.pairs = r->b.pairs; a.topk = TOPK;
+  a.X = r->b.xp;
+  cudaError_t e;
+  if (gateup) {
+    a.Kdim = H; a.N = IE; a.h = r->b.h;
+    if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
+    const dim3 grid(E, (IE + 63) / 64);
+    switch (nt) {
+    case 1: return qw_launch_g<4, 1, 1, G, D, STAGES, MINB, SUB, 0, SWAP>(0, grid, a);
+    case 2: return qw_launch_g<4, 1, 2, G, D, STAGES, MINB, SUB, 0, SWAP>(0, grid, a);
+    case 3: return qw_launch_g<4, 1, 3, G, D, STAGES, MINB, SUB, PF, SWAP>(0, grid, a);
+    default: return qw_launch_g<4, 1, 4, G, D, STAGES, MINB, SUB, PF, SWAP>(0, grid, a);
     }
   }
   a.Kdim = IE; a.N = H; a.y = r->b.y;
   if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
-  const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
+  const dim3 grid(E, (H + 127) / 128);
   switch (nt) {
-  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
-  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
-  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
-  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>(0, grid, a);
+  case 1: return qw_launch_g<4, 0, 1, G, D, STAGES, MINB, SUB, 0, SWAP>(0, grid, a);
+  case 2: return qw_launch_g<4, 0, 2, G, D, STAGES, MINB, SUB, 0, SWAP>(0, grid, a);
+  case 3: return qw_launch_g<4, 0, 3, G, D, STAGES, MINB, SUB, PF, SWAP>(0, grid, a);
+  default: return qw_launch_g<4, 0, 4, G, D, STAGES, MINB, SUB, PF, SWAP>(0, grid, a);
   }
 }
 
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
+  if (ver >= 20 && ver < 28) {
+    const int nt = qe_nt(T, TOPK, E);
+    switch (ver) {
+    case 20: return run_wg<2, 3, 4, 2, 2, 0>(prod, st, r, nt);
+    case 21: return run_wg<2, 3, 4, 2, 2, 1>(prod, st, r, nt); /* LBO and SBO exchanged: must fail its check */
+    case 22: return run_wg<2, 3, 3, 2, 2, 0>(prod, st, r, nt);
+    case 23: return run_wg<3, 3, 3, 2, 2, 0>(prod, st, r, nt);
+    case 24: return run_wg<2, 4, 3, 2, 2, 0>(prod, st, r, nt);
+    case 26: return run_wg<2, 3, 3, 2, 0, 0>(prod, st, r, nt);  /* 22 without the L2 prefetch */
+    case 27: return run_wg<2, 3, 3, 2, -2, 0>(prod, st, r, nt); /* 22 with per-lane line prefetches */
+    default: return run_wg<2, 3, 2, 2, 2, 0>(prod, st, r, nt); /* 25 */
+    }
+  }
   if (ver >= 4) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -312,6 +436,21 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 14: return run_lanes<4, 2, 3, 4, 2, 0, 4>(prod, st, r, nt);
     case 15: return run_lanes<4, 2, 3, 4, 2, 0, 8>(prod, st, r, nt);
     case 16: return run_lanes<4, 2, 3, 4, 2, 0, 16>(prod, st, r, nt);
+    /* 18, 19, 28: the backend's (version 3: PF 2 from 3 n-tiles only) with per-lane line prefetches instead of
+     * lane 0's bulk prefetch (18), with the 2-tile body for experts of <= 16 rows (19), both (28) */
+    case 18: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 0, -2>(prod, st, r, nt);
+    case 19: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, 2>(prod, st, r, nt);
+    case 28: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2>(prod, st, r, nt);
+    /* 29, 30: 28 with the line prefetches at every n-tile count, 2 and 4 stages ahead; 31: 28 with 4 */
+    case 29: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2>(prod, st, r, nt);
+    case 30: return run_lanes<4, 2, 3, 4, 2, 0, -4, 1, 2, -4>(prod, st, r, nt);
+    case 31: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -4>(prod, st, r, nt);
+    /* 32: 28 with the bias term (b - 128 s) S on the tensor cores (BM: one mma per pair of groups and tile over
+     * the split group sums, the fold one FFMA per element instead of two); 33: 32 with line prefetches at
+     * every n-tile count */
+    case 32: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2, 1>(prod, st, r, nt);
+    case 33: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2, 1>(prod, st, r, nt);
+    case 34: return run_lanes<4, 2, 3, 3, 2, 0, 0, 1, 2, -2, 1>(prod, st, r, nt); /* 32 at 3 blocks per SM */
     default: return run_lanes<4, 2, 3, 4, 2, 0, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
     }
   }

@@ -333,5 +333,10 @@ cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int 
 /* k_group_sums, and xp [rows, cols] = x with each run of 8 columns permuted to
  * (0, 4, 1, 5, 2, 6, 3, 7) (the B-fragment order of qr_kernel, qmoe_r.cuh). */
 cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp);
+/* k_group_sums_perm with each group sum S (fp32, the same order of additions) written as the three bf16 parts
+ * S = hi + mid + lo (hi = bf16(S), mid = bf16(S - hi), lo = bf16(S - hi - mid); |S - hi - mid - lo| <= 2^-24 |S|)
+ * in the record the bias products of qr_kernel's BM mode read (qmoe_r.cuh): out4[r * (cols / G) + j] = the
+ * bf16 pairs (hi, mid), (lo, -128 hi), (-128 mid, -128 lo), (0, 0) (lo half first). */
+cudaError_t k_group_sums_perm_split(cudaStream_t s, const bf16 *x, int rows, int cols, int G, uint4 *out4, bf16 *xp);
 
 #endif

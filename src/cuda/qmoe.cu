@@ -142,6 +142,46 @@ cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols,
   return cudaGetLastError();
 }
 
+/* bf16 bits of v (round to nearest even; the parts here are finite) and the value they stand for */
+__device__ __forceinline__ uint32_t qs_bf16(float v, float *back) {
+  const bf16 h = __float2bfloat16_rn(v);
+  *back = __bfloat162float(h);
+  uint16_t u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+
+/* As group_sums_perm_kernel, the sums as the split records of k_group_sums_perm_split. */
+__global__ void group_sums_perm_split_kernel(const bf16 *x, int cols, int G, uint4 *out4, bf16 *xp) {
+  const int r = blockIdx.x, ng = cols / G;
+  const bf16 *p = x + (size_t)r * cols;
+  bf16 *q = xp + (size_t)r * cols;
+  for (int j = threadIdx.x; j < ng; j += blockDim.x) {
+    float s = 0.0f;
+    for (int k = 0; k < G; k += 8) {
+      const uint4 v = *(const uint4 *)(p + j * G + k);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
+      uint4 o;
+      o.x = dg_prmt(v.x, v.z, 0x5410u);
+      o.y = dg_prmt(v.x, v.z, 0x7632u);
+      o.z = dg_prmt(v.y, v.w, 0x5410u);
+      o.w = dg_prmt(v.y, v.w, 0x7632u);
+      *(uint4 *)(q + j * G + k) = o;
+    }
+    float h, m, l, d;
+    const uint32_t bh = qs_bf16(s, &h), bm = qs_bf16(s - h, &m), bl = qs_bf16(s - h - m, &l);
+    const uint32_t nh = qs_bf16(-128.0f * h, &d), nm = qs_bf16(-128.0f * m, &d), nl = qs_bf16(-128.0f * l, &d);
+    out4[(size_t)r * ng + j] = make_uint4(bh | bm << 16, bl | nh << 16, nm | nl << 16, 0u);
+  }
+}
+
+cudaError_t k_group_sums_perm_split(cudaStream_t s, const bf16 *x, int rows, int cols, int G, uint4 *out4, bf16 *xp) {
+  if (rows <= 0) return cudaSuccess;
+  DG_LAUNCH(group_sums_perm_split_kernel, rows, 64, 0, s)(x, cols, G, out4, xp);
+  return cudaGetLastError();
+}
+
 size_t qr_tile_bytes(const qe_tiling &t) {
   return (size_t)(t.E * qe_slabs(t)) * (size_t)(t.K / t.kc) * (size_t)t.warps * (size_t)qr_wstage(t.bits, t.group, t.cp);
 }

@@ -48,6 +48,7 @@
 #define QR_SUB 2    /* weight stages per activation stage (the backend's choice) */
 #define QR_MINB 4   /* blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
+#define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
 
 /* Codes per stage of a group size. */
 __host__ __device__ constexpr int qr_kc(int group) { return group > 64 ? group : 64; }
@@ -62,6 +63,10 @@ __host__ __device__ constexpr int qr_cb(int bits, int group) { return 4 * (qr_kc
  * row group once per lane: 4 times). */
 __host__ __device__ constexpr int qr_wstage(int bits, int group, int cp) {
   return cp ? 32 * qr_cb(bits, group) + 8 * 16 * (qr_kc(group) / group) : 32 * qr_rec(bits, group);
+}
+/* Bytes of an activation stage's group sums: 4 per (group, token), BM: 16 (the split records). */
+__host__ __device__ constexpr int qr_sbb(int group, int sub, int nt, int bm) {
+  return (sub * (qr_kc(group) / group) * 8 * nt * (bm ? 16 : 4) + 15) / 16 * 16;
 }
 /* Bytes per token row of an activation stage of sub weight stages (64 modulo 128: conflict-free 16-byte reads). */
 __host__ __device__ constexpr int qr_xs(int group, int sub) { return 2 * sub * qr_kc(group) + 64; }
@@ -116,6 +121,42 @@ static inline void dg_mbar_wait(uint64_t *, uint32_t) {}
 static inline void dg_prefetch_l2(const void *, uint32_t) {}
 #endif
 
+/* Ask L2 for a warp's weight stage whose lane `lane` piece starts at p (code pieces of PSC bytes, piece-major over
+ * the 32 lanes; then 16 GPS bytes of pairs per row group, the compact layout): the lanes at 128-byte line starts of
+ * each code piece and lane 0 for the pair lines issue one prefetch.global.L2 each (no uniform registers, so no
+ * waterfall loop around the bulk prefetch of a lane-dependent address). */
+template <int CB, int GPS, int PSC> __device__ __forceinline__ void qr_prefetch_lines(const unsigned char *p, int lane) {
+#ifndef DG_CUDA_EMU
+  if ((lane * PSC) % 128 == 0) {
+#pragma unroll
+    for (int k = 0; k < CB / PSC; k++) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + k * 32 * PSC));
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < GPS; i++) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + 32 * CB + 128 * i));
+  }
+#else
+  (void)p; (void)lane;
+#endif
+}
+
+/* The group sums of an activation stage into the ring: fp32 (4 bytes), or BM the 16-byte split records. */
+template <int BM> __device__ __forceinline__ void qr_cp_sums(dg_sptr dst, const float *src, int bytes) {
+  if constexpr (BM) dg_cp_async16_sp(dst, src, bytes);
+  else dg_cp_async4_sp(dst, src, bytes);
+}
+
+/* BM: the bias term sum_j (b_j - OFF s_j) S_j of a pair of groups (u = 0, 1) as one mma.m16n8k16: column pair t
+ * (k = 2 t, 2 t + 1) of group u's half of k holds, against the split records' words t of S = hi + mid + lo
+ * (k_group_sums_perm_split): t = 0: (b, b) x (hi, mid); t = 1: (b, s) x (lo, -128 hi); t = 2: (s, s) x
+ * (-128 mid, -128 lo); t = 3: 0. Products of bf16 values are exact in fp32, so the term is b S - 128 s S with
+ * the tensor core's fp32 accumulation, |S - hi - mid - lo| <= 2^-24 |S|, and no rounding of b - 128 s. Lane t's
+ * selector of its (s, b) pair (s the low half) into its A register; 8-bit codes (OFF 0): no s columns. */
+template <int BITS> __device__ __forceinline__ uint32_t qr_bias_sel(int t) {
+  if constexpr (BITS == 8) return t == 0 ? 0x3232u : t == 1 ? 0x4432u : 0x4444u;
+  else return t == 0 ? 0x3232u : t == 1 ? 0x1032u : t == 2 ? 0x1010u : 0x4444u;
+}
+
 /* The 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of 128 + c (8 bits:
  * c) of the 8 codes at byte o of a lane's record R (o known after unrolling;
  * the same decoding as qe_codes, from registers). */
@@ -163,10 +204,10 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
  * by bulk copies (one instruction per stage, issued by lane 0, completing on the slot's mbarrier) instead
  * of D register stages: more bytes in flight per warp without registers (D is then unused).
  * PF > 0 (register stages only): lane 0 of each warp asks L2 for the warp's weight stage PF stages ahead of
- * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2. */
-template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1>
-__global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
+ * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2;
+ * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int WD, int PF, int CP, int BM>
+__device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
   /* CP: codes in NPC pieces of PSC bytes (piece-major over the 32 lanes), then per row group g its GPS 16-byte
@@ -175,15 +216,11 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   static_assert(CP == 0 || WD == 0, "the bulk-copy ring reads whole lane records");
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
-  constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = (SUB * GPS * NTOK * 4 + 15) / 16 * 16, STB = XB + SBB;
+  constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, BM), STB = XB + SBB;
+  static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
   constexpr int CPG = GS / 32; /* runs per group */
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
   constexpr int WSLOT = 32 * REC; /* bytes of a warp's weight stage */
@@ -248,9 +285,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
     for (int k = 0; k < CHS; k++) {
       const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
       const int64_t sr = i < NS ? srow[r] : -1;
-      ssrc[k] = sr >= 0 ? a.xs + sr + j : a.xs;
-      sbytes[k] = sr >= 0 ? 4 : 0;
-      sdst[k] = i < NS ? XB + 4 * i : -1;
+      ssrc[k] = sr >= 0 ? a.xs + (BM ? 4 : 1) * (sr + j) : a.xs; /* BM: 16-byte split records */
+      sbytes[k] = sr >= 0 ? (BM ? 16 : 4) : 0;
+      sdst[k] = i < NS ? XB + (BM ? 16 : 4) * i : -1;
       sgrp[k] = j;
     }
     /* the activations and group sums of activation stage sa (weight stages SUB sa ..) into its ring slot;
@@ -269,7 +306,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
           if (XEVEN || xdst[k] >= 0) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
 #pragma unroll
         for (int k = 0; k < CHS; k++)
-          if (SEVEN || sdst[k] >= 0) dg_cp_async4_sp(slot + sdst[k], ssrc[k] + icol / GS, sbytes[k]);
+          if (SEVEN || sdst[k] >= 0) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
       } else {
         const int cols = a.Kdim - icol;
 #pragma unroll
@@ -277,7 +314,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
           if (xdst[k] >= 0 && xcol[k] < cols) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
 #pragma unroll
         for (int k = 0; k < CHS; k++)
-          if (sdst[k] >= 0 && sgrp[k] * GS < cols) dg_cp_async4_sp(slot + sdst[k], ssrc[k] + icol / GS, sbytes[k]);
+          if (sdst[k] >= 0 && sgrp[k] * GS < cols) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
       }
       islot = islot == STAGES - 1 ? 0 : islot + 1;
       icol += KA;
@@ -290,6 +327,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
       wnext += sstride;
       if constexpr (PF > 0) {
         if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
+        wst++;
+      } else if constexpr (PF < 0) {
+        if (wst - PF < nst) qr_prefetch_lines<CB, GPS, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
         wst++;
       }
       if constexpr (CP) {
@@ -330,6 +370,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
       for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
+    /* BM: the A fragments of the bias products of a pair of groups (qr_bias_sel), 2 x 16 rows */
+    uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+    const uint32_t asel = qr_bias_sel<BITS>(t);
 
     /* one weight stage s: the lane's record R against its part (sub) of the ring slot of activation stage s / SUB */
     int cslot = 0; /* the ring slot of the activation stage being computed */
@@ -355,7 +398,36 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
             dg_mma_bf16(part[mt][j], a1, &bf[j][2]);
           }
         }
-        if ((c + 1) % CPG == 0) { /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
+        if (BM && (c + 1) % CPG == 0) { /* group lg complete: acc += s P', part = 0; (b - OFF s) S by the tensor cores */
+          const int lg = c / CPG, ga = sub * GPS + lg, gb = ga & 1;
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            const uint32_t p0 = R[CB / 4 + (2 * mt) * GPS + lg], p8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
+            const float s0 = __uint_as_float(p0 << 16), s8 = __uint_as_float(p8 << 16);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+              float *A = acc[mt][j], *P = part[mt][j];
+              A[0] = fmaf(s0, P[0], A[0]);
+              A[1] = fmaf(s0, P[1], A[1]);
+              A[2] = fmaf(s8, P[2], A[2]);
+              A[3] = fmaf(s8, P[3], A[3]);
+              P[0] = P[1] = P[2] = P[3] = 0.0f;
+            }
+            af[mt][2 * gb] = dg_prmt(p0, 0u, asel);
+            af[mt][2 * gb + 1] = dg_prmt(p8, 0u, asel);
+            if (gb == 0) af[mt][2] = af[mt][3] = 0u;
+          }
+          if (gb == 1 || s * GPS + lg == ng - 1) { /* the pair (or the matrix's last, single group) is complete */
+            const unsigned char *E = smem + cslot * STB + XB + 16 * (ga - gb) * NTOK + 4 * t;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+              const uint32_t bb[2] = {*(const uint32_t *)(E + 16 * (8 * j + g)),
+                                      gb == 1 ? *(const uint32_t *)(E + 16 * (NTOK + 8 * j + g)) : 0u};
+#pragma unroll
+              for (int mt = 0; mt < 2; mt++) dg_mma_bf16(acc[mt][j], af[mt], bb);
+            }
+          }
+        } else if ((c + 1) % CPG == 0) { /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
           const int lg = c / CPG;
           float2 xsum[NT];
 #pragma unroll
@@ -435,6 +507,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
       if constexpr (PF > 0) { /* stages 1 .. PF - 1: wload's own prefetch covers PF on (stage 0 is loaded now) */
         if (lane == 0)
           for (int i = 1; i < PF && i < nst; i++) dg_prefetch_l2(wstage0 + (int64_t)i * sstride, WSTAGE);
+      } else if constexpr (PF < 0) {
+        for (int i = 1; i < -PF && i < nst; i++) qr_prefetch_lines<CB, GPS, CP ? PSC : PS>(wq + (int64_t)i * sstride, lane);
       }
   #pragma unroll
       for (int d = 0; d < D - 1; d++)
@@ -458,11 +532,31 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   }
 }
 
+/* The kernel: qr_body with 8 NT tokens per pass; NTS > 0: an expert of at most 8 NTS rows takes the body of NTS
+ * n-tiles instead (one pass, fewer products and folds on the tiles that would be empty; registers and shared
+ * memory are those of the larger body). */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
+#ifndef DG_CUDA_EMU
+  extern __shared__ __align__(16) unsigned char smem[];
+#else
+  DG_DYN_SMEM(unsigned char, smem);
+#endif
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[blockIdx.x] <= 8 * NTS) {
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM>(a, smem);
+      return;
+    }
+  }
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM>(a, smem);
+}
+
+template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
+          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
-  constexpr int KC = qr_kc(GS), NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = (SUB * (KC / GS) * NTOK * 4 + 15) / 16 * 16;
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP>;
+  constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = qr_sbb(GS, SUB, NT, BM);
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, NTS, BM>;
   const size_t smem = (size_t)STAGES * (XB + SBB) + (size_t)WARPS * WD * 32 * qr_rec(BITS, GS);
 #ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
@@ -477,12 +571,12 @@ static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
 }
 
 template <int BITS, int GATEUP, int NT, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1,
-          int PF = 0>
+          int PF = 0, int NTS = 0>
 static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   switch (a.group) {
-  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, 0, PF>(s, grid, a);
-  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB, QR_SUB, 0, PF>(s, grid, a);
-  case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, 0, PF>(s, grid, a);
+  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
+  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
+  case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
   default: return cudaErrorInvalidValue;
   }
 }
@@ -490,12 +584,16 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
 /* Up to 3 n-tiles the registers are capped for 4 blocks per SM (QR_MINB; the lab measured it faster
  * despite a few spilled words at 3); more tiles keep the compiler's choice. From 3 n-tiles (the 256-token
  * canvas) each warp asks L2 for its weight stage QR_PF stages ahead (lab version 13: gathered 256 gate/up
- * 144.6 vs 149.7 us, down 78.4 vs 81.5; at 1 n-tile it cost 6 %, so not there). */
+ * 144.6 vs 149.7 us, down 78.4 vs 81.5; at 1 n-tile it cost 6 %, so not there), by per-lane line prefetches
+ * (lab version 18: 141.3 vs 145.4 us with lane 0's bulk prefetch, whose lane-dependent address the compiler
+ * wraps in a loop over uniform registers), and at 3 n-tiles an expert of at most 16 rows takes the 2-tile body
+ * (QR_NTS; with the line prefetches lab version 28: gathered 256 gate/up 137.5 vs 145.4 us, down 72.8 vs 78.0,
+ * uniform M = 16 gate/up 103.6 vs 123.7). */
 template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   switch (nt) {
   case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
   case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
-  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_PF>(s, grid, a);
+  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, QR_MINB, -QR_PF, QR_NTS>(s, grid, a);
   case 4: return qr_launch_nt<BITS, GATEUP, 4>(s, grid, a);
   default: return qr_launch_nt<BITS, GATEUP, 8>(s, grid, a);
   }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# qw_lab_gpu.sh OUT: the wgmma candidate of the quantized expert kernel (issue 11, src/cuda/qmoe_w.cuh) beside
+# the backend's qr_kernel, in one GPU-machine call:
+#   1. build; the lab (sm_90a) and the SASS opcode counts of qr_kernel<4,1,3,64> and qw_kernel<4,1,3,64> (sass.txt)
+#   2. the lab in separate runs (a fault in one run cannot take the others' rows with it), LAB_RUNS (default
+#      "3 20 22,23,24,25 21": the backend's version 3, version 20 alone, the others, 21 = LBO/SBO exchanged: its
+#      check must fail), at LAB_MS rows per expert and LAB_TS gathered tokens -> lab.md, lab.jsonl
+#   3. NCU=1: Nsight Compute on the gathered 256-token gate/up of version 3 and of NCU_V (ncu.txt)
+#   4. CEIL=1: dgemma bench --protocol ceiling (ceiling.md, ceiling.jsonl); TESTS=1: tests/test_cuda (tests.txt);
+#      SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
+#      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl)
+# Carry .devdeb (and .devdata for BENCH=1).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/qw_lab_gpu.sh OUT}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
+. scripts/gpu_env.sh
+if [ -n "${TESTS:-}${BENCH:-}" ]; then gpu_build /tmp/build.txt || exit 1; else
+make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/build.txt 2>&1 \
+  || { tail -30 /tmp/build.txt; exit 1; }; fi
+echo "== built $(el)"
+[ -n "${BENCH:-}" ] && gpu_mkrandom_bg 8
+lab_build > /tmp/lab_build.txt 2>&1 || { tail -30 /tmp/lab_build.txt; exit 1; }
+echo "== lab built $(el)"
+sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function, then its SASS
+  cuobjdump -sass "$2" 2>&1 | awk -v f="$1" '/Function :/ {on = index($0, f) > 0 && !done; if (on) done = 1} on' > /tmp/s.txt
+  echo "# $1 in $2: $(grep -cE '^\s+/\*[0-9a-f]{4}\*/' /tmp/s.txt) instructions; opcode counts (static)"
+  grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z][A-Z0-9_.]+' /tmp/s.txt | awk '{print $NF}' | sed 's/\..*//' \
+    | sort | uniq -c | sort -rn | head -32
+}
+[ "${SASS:-1}" = 1 ] && { sass _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELi0ELin2ELi1ELi0EE build/moe_quant
+  sass _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELi0ELi2ELi1ELi0EE build/moe_quant; cp /tmp/s.txt /tmp/sass_qr.txt
+  sass _Z9qw_kernelILi4ELi1ELi3ELi64ELi2ELi3ELi3ELi2ELi2ELi0EE build/moe_quant; cp /tmp/s.txt /tmp/sass_qw.txt
+  echo; echo "# SASS of qw_kernel<4,1,3,64,2,3,3>"; cat /tmp/sass_qw.txt; echo; echo "# SASS of qr_kernel<4,1,3,64>"; cat /tmp/sass_qr.txt
+} > "$OUT/sass.txt" && grep -E "^#|HGMMA|HMMA|FFMA|LOP3" "$OUT/sass.txt" | grep -E "^#|^ +[0-9]+ " | head -40
+: > "$OUT/lab.md"; : > "$OUT/lab.jsonl"
+for vv in ${LAB_RUNS:-3 20 22,23,24,25 21}; do
+  timeout 150 build/moe_quant --bits 4 --versions $vv --ms ${LAB_MS:-1,16} --ts ${LAB_TS:-256} --json /tmp/l.jsonl > /tmp/l.md 2>&1
+  echo "lab versions $vv rc $? $(el)"; cat /tmp/l.md >> "$OUT/lab.md"; cat /tmp/l.jsonl >> "$OUT/lab.jsonl"
+  grep -E "check|error|fail|\| 4 " /tmp/l.md | head -24
+done
+if [ "${NCU:-0}" = 1 ]; then
+  : > "$OUT/ncu.txt"
+  for v in 3 ${NCU_V:-22}; do
+    echo "#### version $v" >> "$OUT/ncu.txt"
+    timeout 100 ncu --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -k regex:q[rw]_kernel -c 1 \
+      build/moe_quant --bits 4 --versions $v --ms none --ts 256 --reps 1 >> "$OUT/ncu.txt" 2>&1
+    echo "ncu $v rc $? $(el)"
+  done
+  grep -E "####|Duration|DRAM Throughput|Issue Slots|Warp Cycles Per Issued|Issued Instructions|Eligible|Registers Per|Achieved Occupancy" "$OUT/ncu.txt" | head -40
+fi
+if [ -n "${CEIL:-}" ]; then
+  timeout 120 build/dgemma bench --device cuda --protocol ceiling --reps 20 -o "$OUT/ceiling.jsonl" > "$OUT/ceiling.md" 2>&1
+  echo "ceiling rc $? $(el)"; grep -E "experts_all|moe_gathered" "$OUT/ceiling.md" | grep -E "4-bit|3-bit|2-bit|bf16" | head -30
+fi
+if [ -n "${TESTS:-}" ]; then
+  timeout 200 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
+  grep -E "^\[  (FAILED|PASSED|  ERROR) |FAIL|largest" "$OUT/tests.txt" | head -20
+fi
+if [ -n "${BENCH:-}" ]; then
+  wait $mk; tail -1 /tmp/mkrandom.log
+  timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile -o "$OUT/bench.jsonl" \
+    > "$OUT/bench.txt" 2>&1; echo "bench rc $? $(el)"; tail -24 "$OUT/bench.txt"
+fi
+echo "== done $(el)"
