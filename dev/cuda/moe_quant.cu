@@ -45,7 +45,9 @@
  *              ahead; 31: 28 with 4 stages ahead; 32: 28 with the bias term (b - 128 s) S of the fold as
  *              tensor-core products over the split group sums (qr_kernel's BM mode, one mma per pair of groups
  *              and tile; the fold keeps one FFMA per element: acc += s P'), 33: 32 with line prefetches at every
- *              n-tile count; 34: 32 with registers for 3 blocks per SM
+ *              n-tile count; 34: 32 with registers for 3 blocks per SM; 35-38 (the larger canvases, T 512 and
+ *              1024): a forced count of n-tiles with line prefetches and a smaller body for the experts that fit
+ *              it, 35 = 4 (3), 36 = 5 (4), 37 = 6 (4), 38 = 8 (6)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -331,7 +333,7 @@ static uint4 *split_sums(size_t rows) {
 }
 
 template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
-          int PF3 = PF, int BM = 0>
+          int PF3 = PF, int BM = 0, int NTF = 0>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
@@ -349,6 +351,7 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
       a.xs = (const float *)x4;
     } else if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
+    if constexpr (NTF > 0) return qr_launch_g<4, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
     switch (nt) {
     case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
     case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
@@ -363,6 +366,7 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
     a.xs = (const float *)x4;
   } else if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
+  if constexpr (NTF > 0) return qr_launch_g<4, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
   switch (nt) {
   case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
   case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
@@ -451,6 +455,12 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 32: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2, 1>(prod, st, r, nt);
     case 33: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2, 1>(prod, st, r, nt);
     case 34: return run_lanes<4, 2, 3, 3, 2, 0, 0, 1, 2, -2, 1>(prod, st, r, nt); /* 32 at 3 blocks per SM */
+    /* 35-38: a forced tile count for the larger canvases (registers the compiler's), line prefetches, a smaller
+     * body for experts that fit it: 35 = 4 n-tiles (3 below 25 rows), 36 = 5 (4), 37 = 6 (4), 38 = 8 (6) */
+    case 35: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 3, -2, 0, 4>(prod, st, r, nt);
+    case 36: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 4, -2, 0, 5>(prod, st, r, nt);
+    case 37: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 4, -2, 0, 6>(prod, st, r, nt);
+    case 38: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 6, -2, 0, 8>(prod, st, r, nt);
     default: return run_lanes<4, 2, 3, 4, 2, 0, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
     }
   }
@@ -628,7 +638,7 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (ver >= 4 && (qe_nt(r.T, TOPK, E) > 4 || bits != 4)) continue;
+          if (ver >= 4 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */

@@ -115,6 +115,7 @@ __host__ inline int qe_nt(int T, int K, int E) {
   if (m <= 9) return 2;
   if (m <= 16) return 3; /* the 256-token canvas: 16 on average, more than 24 for ~2.5 % of the experts */
   if (m <= 24) return 4;
+  if (m <= 32) return 5; /* the 512-token batch: 32 on average (qr_kernel; qe_kernel takes 8 for it) */
   return 8;
 }
 

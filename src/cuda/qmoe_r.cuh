@@ -594,8 +594,9 @@ template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 
   case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
   case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
   case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, QR_MINB, -QR_PF, QR_NTS>(s, grid, a);
-  case 4: return qr_launch_nt<BITS, GATEUP, 4>(s, grid, a);
-  default: return qr_launch_nt<BITS, GATEUP, 8>(s, grid, a);
+  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3>(s, grid, a);
+  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4>(s, grid, a);
+  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6>(s, grid, a);
   }
 }
 
