@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# qw_lab_gpu.sh OUT: the wgmma candidate of the quantized expert kernel (issue 11, src/cuda/qmoe_w.cuh) beside
+# qw_lab_gpu.sh OUT: the wgmma candidate of the quantized expert kernel (issue 11, dev/cuda/qmoe_w.cuh) beside
 # the backend's qr_kernel, in one GPU-machine call:
 #   1. build; the lab (sm_90a) and the SASS opcode counts of qr_kernel<4,1,3,64> and qw_kernel<4,1,3,64> (sass.txt)
 #   2. the lab in separate runs (a fault in one run cannot take the others' rows with it), LAB_RUNS (default

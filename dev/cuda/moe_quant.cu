@@ -32,7 +32,7 @@
  *              on the first lane-record layout, each lane's record with the pairs of its 4 rows (the pairs
  *              stored 4 times: 48 bytes per lane and 4-bit stage instead of 36) (earlier runs, docs/results/h200-moe/
  *              lab_variants_run*.md, numbered qe_kernel's variants 3-7)
- *   versions 20-25  qw_kernel (src/cuda/qmoe_w.cuh): version 3's data path with the products on wgmma
+ *   versions 20-25  qw_kernel (dev/cuda/qmoe_w.cuh): version 3's data path with the products on wgmma
  *              (m64nNk16, A = the codes from registers, B = the activations from the shared ring in the
  *              canonical K-major layout), one warpgroup per block; (D, ring stages, min blocks per SM):
  *              20 = (2, 3, 4), 22 = (2, 3, 3), 23 = (3, 3, 3), 24 = (2, 4, 3), 25 = (2, 3, 2); 21 = 20 with
@@ -79,7 +79,7 @@
 #include <vector>
 
 #include "cuda/qmoe_r.cuh"
-#include "cuda/qmoe_w.cuh"
+#include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 extern "C" {
 #include "quant.h"
 }
@@ -150,7 +150,7 @@ static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
   CKL(cudaMemcpy(st->d.b, st->bi.data(), st->bi.size() * 2, cudaMemcpyHostToDevice));
 }
 
-/* The lane records of qw_kernel (src/cuda/qmoe_w.cuh): those of qr_tile_pack (compact layout) with lane t's code
+/* The lane records of qw_kernel (dev/cuda/qmoe_w.cuh): those of qr_tile_pack (compact layout) with lane t's code
  * j = 0..7 of a row's run of 32 the run's code 8 (j % 4) + 4 (j / 4) + t instead of 8 t + j. Built from qr_tile_pack's
  * records (written first) by rewriting each lane's code bytes (the pairs are the same bytes). */
 static void qw_tile_pack(const qe_tiling &t, const uint8_t *codes, uint8_t *dst) {

@@ -1,4 +1,4 @@
-/* qmoe_w.cuh: the quantized MoE products of qr_kernel (qmoe_r.cuh) on Hopper's
+/* qmoe_w.cuh (dev/cuda, lab only): the quantized MoE products of qr_kernel (src/cuda/qmoe_r.cuh) on Hopper's
  * warpgroup tensor-core instruction (wgmma, sm_90a): the kernel lab's
  * candidate (dev/cuda/moe_quant.cu, versions 20-), not yet the backend's.
  *
