@@ -47,7 +47,8 @@
  *              and tile; the fold keeps one FFMA per element: acc += s P'), 33: 32 with line prefetches at every
  *              n-tile count; 34: 32 with registers for 3 blocks per SM; 35-38 (the larger canvases, T 512 and
  *              1024): a forced count of n-tiles with line prefetches and a smaller body for the experts that fit
- *              it, 35 = 4 (3), 36 = 5 (4), 37 = 6 (4), 38 = 8 (6)
+ *              it, 35 = 4 (3), 36 = 5 (4), 37 = 6 (4), 38 = 8 (6); 39: 28 with the activation copies of
+ *              tokens past the expert's rows skipped instead of zero-filled (no source size per copy)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -333,7 +334,7 @@ static uint4 *split_sums(size_t rows) {
 }
 
 template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
-          int PF3 = PF, int BM = 0, int NTF = 0>
+          int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
@@ -351,12 +352,12 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
       a.xs = (const float *)x4;
     } else if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
-    if constexpr (NTF > 0) return qr_launch_g<4, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
+    if constexpr (NTF > 0) return qr_launch_g<4, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
     switch (nt) {
-    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
-    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
-    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
-    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
     }
   }
   a.Kdim = IE; a.N = H; a.y = r->b.y;
@@ -366,12 +367,12 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
     a.xs = (const float *)x4;
   } else if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
-  if constexpr (NTF > 0) return qr_launch_g<4, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
+  if constexpr (NTF > 0) return qr_launch_g<4, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
   switch (nt) {
-  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
-  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
-  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM>(0, grid, a);
-  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM>(0, grid, a);
+  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
   }
 }
 
@@ -461,6 +462,8 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 36: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 4, -2, 0, 5>(prod, st, r, nt);
     case 37: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 4, -2, 0, 6>(prod, st, r, nt);
     case 38: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 6, -2, 0, 8>(prod, st, r, nt);
+    /* 39: 28 (the backend's) with the copies of tokens past the expert's rows skipped, not zero-filled */
+    case 39: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2, 0, 0, 1>(prod, st, r, nt);
     default: return run_lanes<4, 2, 3, 4, 2, 0, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
     }
   }

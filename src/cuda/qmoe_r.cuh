@@ -206,7 +206,8 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
  * PF > 0 (register stages only): lane 0 of each warp asks L2 for the warp's weight stage PF stages ahead of
  * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2;
  * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). */
-template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int WD, int PF, int CP, int BM>
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int WD, int PF, int CP, int BM,
+          int NZ>
 __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
@@ -218,6 +219,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
   constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, BM), STB = XB + SBB;
   static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
+  static_assert(!(BM && NZ), "NZ copies 4-byte sums");
   constexpr int CPG = GS / 32; /* runs per group */
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
@@ -303,10 +305,14 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
       if (SUB == 1 || icol + KA <= a.Kdim) { /* uniform */
 #pragma unroll
         for (int k = 0; k < CH; k++)
-          if (XEVEN || xdst[k] >= 0) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
+          if (NZ) {
+            if ((XEVEN || xdst[k] >= 0) && xbytes[k]) dg_cp_async16_nz(slot + xdst[k], xsrc[k] + icol);
+          } else if (XEVEN || xdst[k] >= 0) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
 #pragma unroll
         for (int k = 0; k < CHS; k++)
-          if (SEVEN || sdst[k] >= 0) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
+          if (NZ) {
+            if ((SEVEN || sdst[k] >= 0) && sbytes[k]) dg_cp_async4_nz(slot + sdst[k], ssrc[k] + icol / GS);
+          } else if (SEVEN || sdst[k] >= 0) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
       } else {
         const int cols = a.Kdim - icol;
 #pragma unroll
@@ -534,9 +540,11 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
 
 /* The kernel: qr_body with 8 NT tokens per pass; NTS > 0: an expert of at most 8 NTS rows takes the body of NTS
  * n-tiles instead (one pass, fewer products and folds on the tiles that would be empty; registers and shared
- * memory are those of the larger body). */
+ * memory are those of the larger body). NZ: the activation copies of tokens past the expert's rows are skipped
+ * instead of zero-filled (their ring rows keep stale values, which reach only the output columns of those tokens,
+ * never stored), so a copy needs no source size. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
@@ -545,18 +553,18 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #endif
   if constexpr (NTS > 0 && NTS < NT) {
     if (a.count[blockIdx.x] <= 8 * NTS) {
-      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM>(a, smem);
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM, NZ>(a, smem);
       return;
     }
   }
-  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM>(a, smem);
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM, NZ>(a, smem);
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0>
+          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = qr_sbb(GS, SUB, NT, BM);
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, NTS, BM>;
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, NTS, BM, NZ>;
   const size_t smem = (size_t)STAGES * (XB + SBB) + (size_t)WARPS * WD * 32 * qr_rec(BITS, GS);
 #ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
