@@ -63,8 +63,22 @@ ISA_avx2   := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni
 
-SRC     := $(wildcard src/*.c) $(wildcard src/cpu/*.c)
+.DEFAULT_GOAL := all
+# src/device.c is the CUDA backend's host side (its table, backend.h): built only with CUDA or EMU=1.
+SRC     := $(filter-out src/device.c,$(wildcard src/*.c)) $(wildcard src/cpu/*.c)
 OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(SRC))
+CUDA_BACKEND := $(if $(filter 1,$(EMU) $(CUDA)),1,0)
+ifeq ($(CUDA_BACKEND),1)
+OBJ     += $(BUILD)/src/device.o
+$(BUILD)/src/backend_select.o: CFLAGS += -DDG_HAVE_CUDA
+endif
+# Whether $(BUILD) has the CUDA table, rewritten when it changes, so backend_select.o is rebuilt.
+CUDASTAMP := $(BUILD)/.cuda_backend
+ifneq ($(file <$(CUDASTAMP)),$(CUDA_BACKEND))
+$(shell mkdir -p $(BUILD))
+$(file >$(CUDASTAMP),$(CUDA_BACKEND))
+endif
+$(BUILD)/src/backend_select.o: $(CUDASTAMP)
 ifeq ($(EMU),1) # the CUDA sources on the CPU emulation of dev/cuda_emu (no GPU, no nvcc needed)
 CUSRC   := $(wildcard src/cuda/*.cu)
 OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)) $(BUILD)/dev/cuda_emu/emu.o
@@ -87,8 +101,6 @@ $(shell mkdir -p $(BUILD))
 $(file >$(NVSTAMP),$(NVFLAGS))
 endif
 $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)): $(NVSTAMP)
-else
-OBJ     += $(BUILD)/src/cuda/stub.o
 endif
 LIB     := $(BUILD)/libdgemma.a
 CLI     := $(BUILD)/dgemma
@@ -113,7 +125,7 @@ $(BUILD)/dev/cuda_emu/emu.o: dev/cuda_emu/emu.cpp
 
 $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 # `dgemma serve` needs libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev); without its
 # header the command is built as a stub that says it is unavailable. tests/test_serve's HTTP tests
