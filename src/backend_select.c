@@ -5,17 +5,74 @@
  * the tables say what they do (optional slots are NULL).
  *
  * A CPU-only build has no CUDA table: asking for DG_DEVICE_CUDA gives
- * DG_ERR_BACKEND saying so. */
+ * DG_ERR_BACKEND saying so. A build with CUDA keeps its table in a shared
+ * object, libdgemma_cuda.so (src/device.c and src/cuda/, linked with
+ * cudart and cuBLAS), opened with dlopen the first time a CUDA device is
+ * asked for, as ggml loads its backends: a CPU run never maps the CUDA
+ * libraries. The plugin's calls into the library (dg_seterr, ...) resolve
+ * to the program's own symbols (linked with -rdynamic), so errors reach
+ * dg_last_error as before. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef DG_HAVE_CUDA
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <unistd.h>
+#endif
 
 #include "backend.h"
 #include "dg_error.h"
 #include "model.h"
 
 #ifdef DG_HAVE_CUDA
-const dg_backend *dg_backend_cuda(void); /* src/cuda/device.c */
+#ifndef DG_CUDA_PLUGIN_DIR
+#define DG_CUDA_PLUGIN_DIR "." /* the Makefile passes the build folder */
+#endif
+#define DG_CUDA_PLUGIN "libdgemma_cuda.so"
+
+static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+static const dg_backend *g_cuda;  /* the plugin's table once loaded */
+static char g_cuda_why[2048];     /* why it did not load */
+
+/* dlopen one candidate path; 0 when its table was found. */
+static int cuda_try(const char *path, size_t *used) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  const char *why = NULL;
+  if (h) {
+    const dg_backend *(*get)(void) = (const dg_backend *(*)(void))dlsym(h, "dg_backend_cuda");
+    if (get && (g_cuda = get())) return 0;
+    why = "no dg_backend_cuda in it";
+    dlclose(h);
+  } else {
+    why = dlerror();
+  }
+  if (*used < sizeof g_cuda_why)
+    *used += (size_t)snprintf(g_cuda_why + *used, sizeof g_cuda_why - *used, "%s%s (%s)", *used ? "; " : "", path,
+                              why ? why : "?");
+  return 1;
+}
+
+/* The plugin: $DGEMMA_CUDA_LIB if set, else next to the program, else in the build folder. */
+static void cuda_load(void) {
+  size_t used = 0;
+  const char *env = getenv("DGEMMA_CUDA_LIB");
+  if (env && *env) {
+    cuda_try(env, &used);
+    return;
+  }
+  char exe[PATH_MAX], path[PATH_MAX + 64];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(path, sizeof path, "%s/" DG_CUDA_PLUGIN, exe);
+    if (!cuda_try(path, &used)) return;
+  }
+  cuda_try(DG_CUDA_PLUGIN_DIR "/" DG_CUDA_PLUGIN, &used);
+}
 #endif
 
 dg_status dg_backend_for(dg_device dev, const dg_backend **out) {
@@ -26,7 +83,11 @@ dg_status dg_backend_for(dg_device dev, const dg_backend **out) {
   }
   if (dev == DG_DEVICE_CUDA) {
 #ifdef DG_HAVE_CUDA
-    *out = dg_backend_cuda();
+    pthread_once(&g_cuda_once, cuda_load);
+    if (!g_cuda)
+      return dg_seterr(DG_ERR_BACKEND, "cannot load the CUDA backend %s: %s (DGEMMA_CUDA_LIB=PATH names it)",
+                       DG_CUDA_PLUGIN, g_cuda_why);
+    *out = g_cuda;
     return DG_OK;
 #else
     return dg_seterr(DG_ERR_BACKEND, "this dgemma was built without CUDA (no nvcc found at build time, or CUDA=0); "
