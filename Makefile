@@ -63,21 +63,46 @@ ISA_avx2   := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni
 
-SRC     := $(wildcard src/*.c) $(wildcard src/cpu/*.c)
+.DEFAULT_GOAL := all
+# The CUDA backend (src/cuda/*.cu and src/device.c, its table: src/backend.h) is a plugin,
+# $(BUILD)/libdgemma_cuda.so, linked with cudart and cuBLAS (or, EMU=1, the CPU emulation) and
+# opened with dlopen only when a CUDA device is asked for (src/backend_select.c): the CLI and the
+# tests link neither CUDA library, so a CPU run never maps them. Its objects are also in
+# libdgemma.a for the kernel labs (dev/cuda), which link them directly.
+SRC     := $(filter-out src/device.c,$(wildcard src/*.c)) $(wildcard src/cpu/*.c)
 OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(SRC))
+CUDA_BACKEND := $(if $(filter 1,$(EMU) $(CUDA)),1,0)
+PLUGIN  :=
+ifeq ($(CUDA_BACKEND),1)
+PLUGIN  := $(BUILD)/libdgemma_cuda.so
+OBJ     += $(BUILD)/src/device.o
+$(BUILD)/src/device.o: CFLAGS += -fPIC
+$(BUILD)/src/backend_select.o: CFLAGS += -DDG_HAVE_CUDA -DDG_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
+LDLIBS  += -rdynamic -ldl
+endif
+# Whether $(BUILD) has the CUDA plugin, rewritten when it changes, so the objects that depend on it
+# are rebuilt.
+CUDASTAMP := $(BUILD)/.cuda_backend
+ifneq ($(file <$(CUDASTAMP)),$(CUDA_BACKEND) plugin)
+$(shell mkdir -p $(BUILD))
+$(file >$(CUDASTAMP),$(CUDA_BACKEND) plugin)
+endif
+$(BUILD)/src/backend_select.o $(BUILD)/src/device.o: $(CUDASTAMP)
 ifeq ($(EMU),1) # the CUDA sources on the CPU emulation of dev/cuda_emu (no GPU, no nvcc needed)
 CUSRC   := $(wildcard src/cuda/*.cu)
-OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)) $(BUILD)/dev/cuda_emu/emu.o
-LDLIBS  += -lstdc++
-CUCOMPILE = $(CXX) -x c++ -std=c++17 $(OPT) -fopenmp -Wall -Wno-unknown-pragmas -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h \
-            -Iinclude -Isrc -MMD -MP $(XCFLAGS)
+CUOBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)) $(BUILD)/dev/cuda_emu/emu.o
+PLUGIN_LIBS :=
+CUCOMPILE = $(CXX) -x c++ -std=c++17 $(OPT) -fPIC -fopenmp -Wall -Wno-unknown-pragmas -Idev/cuda_emu/include -Idev/cuda_emu \
+            -include emu.h -Iinclude -Isrc -MMD -MP $(XCFLAGS)
+$(CUOBJ): $(CUDASTAMP)
 else ifeq ($(CUDA),1)
 CUSRC   := $(wildcard src/cuda/*.cu)
-OBJ     += $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC))
+CUOBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC))
 ifeq ($(CUDA_LIBDIR),)
 $(error CUDA=1 but libcudart.so and libcublas.so were not found (looked in: $(CUDA_LIBDIRS)); set CUDA_LIBDIR=DIR or CUDA=0)
 endif
-LDLIBS  += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart -lstdc++
+PLUGIN_LIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart
+NVFLAGS += -Xcompiler -fPIC
 CUCOMPILE = $(NVCC) $(NVFLAGS)
 # The nvcc flags the CUDA objects of $(BUILD) were compiled with: rewritten when they change
 # (e.g. NVDEV=-G of `make test` without a GPU, then a plain `make`), so the objects are rebuilt.
@@ -86,10 +111,9 @@ ifneq ($(file <$(NVSTAMP)),$(NVFLAGS))
 $(shell mkdir -p $(BUILD))
 $(file >$(NVSTAMP),$(NVFLAGS))
 endif
-$(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)): $(NVSTAMP)
-else
-OBJ     += $(BUILD)/src/cuda/stub.o
+$(CUOBJ): $(NVSTAMP)
 endif
+OBJ     += $(CUOBJ)
 LIB     := $(BUILD)/libdgemma.a
 CLI     := $(BUILD)/dgemma
 TESTSRC := $(wildcard tests/test_*.c)
@@ -97,7 +121,7 @@ TESTS   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTSRC))
 TESTLIB := -lcmocka
 
 .PHONY: all test run asan clean setup check-deps emu-test lab fuzz fuzz-build test-build test-build-main test-build-asan
-all: $(CLI)
+all: $(CLI) $(PLUGIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -113,7 +137,14 @@ $(BUILD)/dev/cuda_emu/emu.o: dev/cuda_emu/emu.cpp
 
 $(LIB): $(OBJ)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
+
+ifneq ($(PLUGIN),)
+$(PLUGIN): $(CUOBJ) $(BUILD)/src/device.o
+	$(CXX) -shared -fopenmp -o $@ $^ $(PLUGIN_LIBS)
+# the tests and the CLI open it at run time
+$(TESTS) $(CLI): | $(PLUGIN)
+endif
 
 # `dgemma serve` needs libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev); without its
 # header the command is built as a stub that says it is unavailable. tests/test_serve's HTTP tests

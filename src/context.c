@@ -1,8 +1,8 @@
 /* context.c: the host side of a context (context.h): its buffers sized
  * from the model's config (the KV cache, the activations of a pass of up to
  * tmax rows, the self-conditioning rows, the per-thread score and
- * probability rows), their release, and the cache-length calls of dgemma.h.
- * dg_context_new / dg_context_free (forward.c) call these for a CPU context;
+ * probability rows), their release, and the cache-length calls of dgemma.h;
+ * the CPU backend's table (backend_cpu.c: ctx_init / ctx_free) calls these;
  * a CUDA context keeps everything on the device instead. */
 #include "context.h"
 

@@ -1,11 +1,15 @@
-/* device.c: device selection glue. Describes a loaded model's tensors to the
- * CUDA backend (src/cuda/backend.h, plain host pointers into the mmap'd
- * checkpoint and the model's fp32 vectors) so that the .cu files never
- * include the CPU-side headers, and answers dg_device_info. */
+/* device.c: the host side of the CUDA backend, in C (compiled only in builds
+ * with CUDA or its emulation). Describes a loaded model's tensors to the CUDA
+ * backend (src/cuda/backend.h, plain host pointers into the mmap'd checkpoint
+ * and the model's fp32 vectors) so that the .cu files never include the
+ * CPU-side headers, and fills the CUDA backend's table (src/backend.h) with
+ * the dg_cuda_* entry points. */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
@@ -116,7 +120,9 @@ dg_status dg_model_to_cuda(dg_model *m, int device) {
   d.inv_freq_full = m->inv_freq_full;
   d.layers = ls;
   d.device = device;
-  st = dg_cuda_model_new(&d, &m->cuda);
+  dg_cuda_model *dm = NULL;
+  st = dg_cuda_model_new(&d, &dm);
+  m->dev = dm;
 done:
   if (routers)
     for (int i = 0; i < c->n_layers; i++) free(routers[i]);
@@ -125,35 +131,136 @@ done:
   return st;
 }
 
-dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n) {
-  if (!buf || !n) return dg_seterr(DG_ERR_INVALID_ARG, "dg_device_info: no buffer");
-  buf[0] = 0;
-  if (dev == DG_DEVICE_CPU) {
-    snprintf(buf, n, "cpu, %s kernels", dg_kernels_best()->name);
-    return DG_OK;
-  }
-  if (dev == DG_DEVICE_CUDA) return dg_cuda_info(index, buf, n);
-  return dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d", (int)dev);
+/* ---- the CUDA backend's table (backend.h) ---------------------------------- */
+
+static dg_status cu_model_init(dg_model *m, int device) { return dg_model_to_cuda(m, device); }
+static void cu_model_free(dg_model *m) { dg_cuda_model_free(m->dev); }
+static size_t cu_model_bytes(const dg_model *m) { return dg_cuda_model_bytes(m->dev); }
+
+/* Everything lives on the device: no host buffers (rows: the device work
+ * buffers hold max(canvas, 256) tokens, and no stacked pass uses more). */
+static dg_status cu_ctx_init(dg_context *ctx, int32_t rows) {
+  (void)rows;
+  dg_cuda_ctx *c = NULL;
+  dg_status st = dg_cuda_ctx_new(ctx->m->dev, ctx->cap, &c);
+  ctx->dev = c;
+  return st;
+}
+static void cu_ctx_free(dg_context *ctx) { dg_cuda_ctx_free(ctx->dev); }
+static dg_status cu_compact_prepare(dg_context *ctx) {
+  (void)ctx; /* the device cache's canvas slots are the canvas K/V buffers */
+  return DG_OK;
 }
 
-dg_status dg_cpu_kernels(const char **name) {
-  char why[256];
-  const dg_kernels *k = dg_kernels_pick(getenv("DGEMMA_KERNELS"), why, sizeof why);
-  if (name) *name = k->name;
-  return why[0] ? dg_seterr(DG_ERR_INVALID_ARG, "%s", why) : DG_OK;
+static dg_status cu_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
+  DG_TRY(dg_cuda_encode(ctx->dev, ids, n, ctx->len));
+  ctx->len += n;
+  return DG_OK;
 }
 
-dg_status dg_context_profile(dg_context *ctx, int on) {
-  if (!ctx || !ctx->cuda)
-    return dg_seterr(DG_ERR_INVALID_ARG, "stage profiling needs a CUDA context (--device cuda)");
-  return dg_cuda_profile(ctx->cuda, on);
+static dg_status canvas_fits(const dg_context *ctx) {
+  const dg_config *c = &ctx->m->cfg;
+  if ((int64_t)ctx->len + c->canvas_length > c->max_position_embeddings)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", ctx->len,
+                     ctx->len + c->canvas_length - 1, c->max_position_embeddings);
+  return DG_OK;
 }
 
-dg_status dg_context_profile_read(dg_context *ctx, dg_profile *out) {
-  if (!ctx || !ctx->cuda || !out)
-    return dg_seterr(DG_ERR_INVALID_ARG, "stage profiling needs a CUDA context (--device cuda)");
+static dg_status cu_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out) {
+  DG_TRY(canvas_fits(ctx));
+  return dg_cuda_decode(ctx->dev, canvas, ctx->len, sc_logits ? DG_SC_HOST : DG_SC_NONE, sc_logits, logits_out);
+}
+
+static dg_status cu_step_stats(dg_context *ctx, const int32_t *canvas, dg_sc_source sc, float T, dg_proposal prop,
+                               uint64_t seed, int32_t block, int32_t step, const float *uni, float *z,
+                               struct dg_pos_stats *ps, int32_t *bad_pos) {
+  (void)z; /* z stays on the device for sc_from_z */
+  DG_TRY(dg_cuda_decode(ctx->dev, canvas, ctx->len, sc, NULL, NULL));
+  return dg_cuda_step_stats(ctx->dev, T, prop, seed, block, step, uni, ps, bad_pos);
+}
+static size_t cu_step_z_floats(const dg_model *m) { (void)m; return 0; }
+static dg_status cu_sc_from_z(dg_context *ctx, const float *z) {
+  (void)z;
+  return dg_cuda_soft_from_z(ctx->dev);
+}
+
+static dg_status cu_decode_rows(dg_context *ctx, const int32_t *canvas, dg_sc_source sc, const float *soft,
+                                const int32_t *rows, int32_t n, float *raw, float *hn) {
+  (void)hn; /* the head rows stay on the device unless raw is given */
+  const dg_config *c = &ctx->m->cfg;
+  for (int32_t r = 0; r < n; r++)
+    if (rows[r] < 0 || rows[r] >= c->canvas_length)
+      return dg_seterr(DG_ERR_INVALID_ARG, "decoder head row %d is outside the canvas [0, %d)", rows[r],
+                       c->canvas_length);
+  DG_TRY(canvas_fits(ctx));
+  for (int i = 0; i < c->canvas_length; i++)
+    if (canvas[i] < 0 || canvas[i] >= c->vocab_size)
+      return dg_seterr(DG_ERR_INVALID_ARG, "token id %d at position %d is outside the vocabulary [0, %d)", canvas[i], i,
+                       c->vocab_size);
+  return dg_cuda_decode_rows(ctx->dev, canvas, ctx->len, sc, soft, rows, n, raw);
+}
+
+static dg_status cu_compact(const dg_compact_seq *q, dg_sc_source sc) {
+  return dg_cuda_compact(q->ctx->dev, q->tok, q->pos, q->n, q->ctx->len, sc, q->soft, q->head, q->nh, q->raw);
+}
+
+/* The device top-K; only [n, K] comes back, then the caller's per-row work. */
+static dg_status cu_head_topk(dg_context *ctx, dg_head_args *a) {
+  a->last0 = -1;
+  dg_status st = dg_cuda_topk(ctx->dev, a->n, a->K, a->val, a->idx, &a->bad_row, &a->bad_col);
+  if (st || !a->on_row) return st;
+#pragma omp parallel for num_threads(a->nt) schedule(dynamic)
+  for (int32_t r = 0; r < a->n; r++) a->on_row(a->user, r, NULL, 1, omp_get_thread_num());
+  return DG_OK;
+}
+
+static dg_status cu_sc_rows(dg_context *ctx, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
+                            const float *p, int *kept) {
+  *kept = mode == DG_TURBO_SC_EXACT || mode == DG_TURBO_SC_TOPK; /* adaptive: on the host */
+  return *kept ? dg_cuda_turbo_sc(ctx->dev, mode, n, rows, cap, T, p) : DG_OK;
+}
+
+static dg_status cu_head_raw(dg_context *ctx, int32_t n, float *raw) { return dg_cuda_raw_rows(ctx->dev, n, raw); }
+
+static dg_status cu_profile(dg_context *ctx, int on) { return dg_cuda_profile(ctx->dev, on); }
+
+static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
   _Static_assert(DG_PROFILE_STAGES == DG_CUDA_NSTAGES, "dgemma.h and backend.h count the same stages");
-  memset(out, 0, sizeof *out);
   for (int i = 0; i < DG_PROFILE_STAGES; i++) out->name[i] = dg_cuda_stage_name(i);
-  return dg_cuda_profile_read(ctx->cuda, out->ms, &out->marks);
+  return dg_cuda_profile_read(ctx->dev, out->ms, &out->marks);
 }
+
+static const dg_cuda_api cuda_api = {
+    dg_cuda_step_stats, dg_cuda_compact, dg_cuda_put_raw_rows, dg_cuda_get_soft, dg_cuda_topk, dg_cuda_turbo_sc,
+    dg_cuda_test_matmul, dg_cuda_test_embed, dg_cuda_test_soft, dg_cuda_test_experts, dg_cuda_test_route,
+    dg_cuda_test_attention, dg_cuda_ceilings_measure, dg_cuda_bench_experts,
+};
+
+static const dg_backend cuda_backend = {
+    .name = "cuda",
+    .device = DG_DEVICE_CUDA,
+    .head_on_host = 0,
+    .model_init = cu_model_init,
+    .model_free = cu_model_free,
+    .model_bytes = cu_model_bytes,
+    .ctx_init = cu_ctx_init,
+    .ctx_free = cu_ctx_free,
+    .compact_prepare = cu_compact_prepare,
+    .encode = cu_encode,
+    .decode = cu_decode,
+    .step_stats = cu_step_stats,
+    .step_z_floats = cu_step_z_floats,
+    .sc_from_z = cu_sc_from_z,
+    .decode_rows = cu_decode_rows,
+    .compact = cu_compact,
+    .compact_batch = NULL, /* one device pass per canvas */
+    .head_topk = cu_head_topk,
+    .sc_rows = cu_sc_rows,
+    .head_raw = cu_head_raw,
+    .info = dg_cuda_info,
+    .profile = cu_profile,
+    .profile_read = cu_profile_read,
+    .api = &cuda_api,
+};
+
+const dg_backend *dg_backend_cuda(void) { return &cuda_backend; }

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/backend.h"
 #include "dg_error.h"
 #include "context.h"
 #include "model.h"
@@ -92,44 +91,6 @@ static void rope_tables_at(float *cs, float *sn, const float *inv_freq, int D, c
       sn[t * h + i] = sinf(ang);
     }
   }
-}
-
-/* ------------------------------------------------------------------------ */
-/* Context (its host buffers: context.c)                                     */
-/* ------------------------------------------------------------------------ */
-
-dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out) {
-  return dg_context_new_rows(m, p, 0, out);
-}
-
-dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out) {
-  if (!m || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_new: NULL argument");
-  *out = NULL;
-  const dg_config *c = &m->cfg;
-  int32_t cap = p && p->max_context > 0 ? p->max_context : 4096;
-  if (cap > c->max_position_embeddings) cap = c->max_position_embeddings;
-  dg_context *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-  ctx->m = m;
-  ctx->cap = cap;
-  ctx->rope_pos0 = -1;
-  if (m->cuda) { /* everything lives on the device */
-    dg_status st = dg_cuda_ctx_new(m->cuda, cap, &ctx->cuda);
-    if (st) { free(ctx); return st; }
-    *out = ctx;
-    return DG_OK;
-  }
-  dg_status st = dg_context_alloc_host(ctx, rows); /* context.c */
-  if (st) { dg_context_free(ctx); return st; }
-  *out = ctx;
-  return DG_OK;
-}
-
-void dg_context_free(dg_context *ctx) {
-  if (!ctx) return;
-  dg_cuda_ctx_free(ctx->cuda);
-  dg_context_free_host(ctx); /* context.c */
-  free(ctx);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -405,15 +366,7 @@ static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
   return DG_OK;
 }
 
-dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
-  if (n < 0 || (int64_t)ctx->len + n > ctx->cap)
-    return dg_seterr(DG_ERR_CONTEXT_FULL, "encoding %d tokens after %d would exceed the context capacity of %d", n,
-                     ctx->len, ctx->cap);
-  if (ctx->cuda) {
-    DG_TRY(dg_cuda_encode(ctx->cuda, ids, n, ctx->len));
-    ctx->len += n;
-    return DG_OK;
-  }
+dg_status dg_cpu_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
   for (int32_t i = 0; i < n; i += ENC_CHUNK) {
     int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
     DG_TRY(encode_chunk(ctx, ids + i, T));
@@ -494,43 +447,25 @@ static void head_rows_raw(dg_context *ctx, const float *hid, const int32_t *rows
   dg_lm_head_rows(ctx->m, ctx->xa, n, raw);
 }
 
-/* dg_forward_decode_rows, with the head rows' output raw [n_rows, V] or,
- * when raw is NULL (CPU only), their final-normed hidden states hn [n_rows, H]. */
-static dg_status decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+dg_status dg_cpu_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
                              int32_t n_rows, float *raw, float *hn) {
   const int C = ctx->m->cfg.canvas_length;
   for (int32_t r = 0; r < n_rows; r++)
     if (rows[r] < 0 || rows[r] >= C)
       return dg_seterr(DG_ERR_INVALID_ARG, "decoder head row %d is outside the canvas [0, %d)", rows[r], C);
-  if (ctx->cuda) { /* soft rows uploaded, raw rows copied back */
-    const dg_config *c = &ctx->m->cfg;
-    if ((int64_t)ctx->len + C > c->max_position_embeddings)
-      return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", ctx->len,
-                       ctx->len + C - 1, c->max_position_embeddings);
-    for (int i = 0; i < C; i++)
-      if (canvas[i] < 0 || canvas[i] >= c->vocab_size)
-        return dg_seterr(DG_ERR_INVALID_ARG, "token id %d at position %d is outside the vocabulary [0, %d)", canvas[i],
-                         i, c->vocab_size);
-    return dg_cuda_decode_rows(ctx->cuda, canvas, ctx->len, soft ? 2 : 0, soft, rows, n_rows, raw);
-  }
   DG_TRY(decode_layers(ctx, canvas, soft));
   if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw, hn);
   return DG_OK;
 }
 
-dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
-                                 int32_t n_rows, float *raw) {
-  return decode_rows(ctx, canvas, soft, rows, n_rows, raw, NULL);
-}
-
 dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
                                    int32_t n_rows, float *hn) {
-  if (ctx->cuda) return dg_seterr(DG_ERR_INVALID_ARG, "dg_forward_decode_hidden is CPU code: use a CPU context");
-  return decode_rows(ctx, canvas, soft, rows, n_rows, NULL, hn);
+  if (!ctx->kv) return dg_seterr(DG_ERR_INVALID_ARG, "dg_forward_decode_hidden is CPU code: use a CPU context");
+  return dg_cpu_decode_rows(ctx, canvas, soft, rows, n_rows, NULL, hn);
 }
 
-dg_status dg_compact_buffers(dg_context *ctx) {
-  if (ctx->cbuf_k || ctx->cuda) return DG_OK; /* CUDA: the device cache's canvas slots are the buffers */
+dg_status dg_cpu_compact_buffers(dg_context *ctx) {
+  if (ctx->cbuf_k) return DG_OK;
   const dg_config *c = &ctx->m->cfg;
   ctx->cbuf_k = calloc((size_t)c->n_layers, sizeof(float *));
   ctx->cbuf_v = calloc((size_t)c->n_layers, sizeof(float *));
@@ -552,10 +487,9 @@ dg_status dg_compact_buffers(dg_context *ctx) {
   return DG_OK;
 }
 
-/* Checks shared by the compacted pass and its oracle. */
+/* Checks of the compacted pass's sizes and positions (dg_compact_seq_check, the oracle). */
 static dg_status compact_args(dg_context *ctx, const int32_t *pos, int32_t n, const int32_t *head, int32_t nh) {
   const int C = ctx->m->cfg.canvas_length;
-  if (!ctx->cbuf_k && !ctx->cuda) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
   if (n < 1 || n > C || nh < 0 || nh > C)
     return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass: forward set %d / head rows %d outside [1, %d]", n, nh, C);
   for (int32_t t = 0; t < n; t++)
@@ -600,30 +534,31 @@ static void compact_scatter(dg_context *ctx, int li, const int32_t *pos, int32_t
   }
 }
 
-dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
+dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32_t q, int host_hn) {
+  const dg_config *c = &m->cfg;
+  if (s->ctx->m != m) return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d belongs to another model", q);
+  DG_TRY(compact_args(s->ctx, s->pos, s->n, s->head, s->nh));
+  if (s->nh > 0 && (host_hn ? !s->raw && !s->hn : !s->raw && s->hn))
+    return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d has head rows but no %s output", q,
+                     host_hn ? "raw-logit or hidden-state" : "raw-logit (the hidden-state output is CPU only)");
+  for (int32_t t = 0; t < s->n; t++)
+    if (s->tok[t] < 0 || s->tok[t] >= c->vocab_size)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d token id %d outside the vocabulary [0, %d)", q,
+                       s->tok[t], c->vocab_size);
+  return DG_OK;
+}
+
+dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
   const dg_model *m = work->m;
   const dg_config *c = &m->cfg;
   const int H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads, C = c->canvas_length;
   const float eps = c->rms_norm_eps;
   int64_t total = 0;
   for (int32_t q = 0; q < B; q++) {
-    if (seqs[q].ctx->m != m)
-      return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d belongs to another model", q);
-    DG_TRY(compact_args(seqs[q].ctx, seqs[q].pos, seqs[q].n, seqs[q].head, seqs[q].nh));
-    if (seqs[q].nh > 0 && (m->cuda ? !seqs[q].raw && seqs[q].hn : !seqs[q].raw && !seqs[q].hn))
-      return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d has head rows but no %s output", q,
-                       m->cuda ? "raw-logit (the hidden-state output is CPU only)" : "raw-logit or hidden-state");
-    for (int32_t t = 0; t < seqs[q].n; t++)
-      if (seqs[q].tok[t] < 0 || seqs[q].tok[t] >= c->vocab_size)
-        return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: canvas %d token id %d outside the vocabulary [0, %d)", q,
-                         seqs[q].tok[t], c->vocab_size);
+    if (!seqs[q].ctx->cbuf_k)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
+    DG_TRY(dg_compact_seq_check(m, &seqs[q], q, 1));
     total += seqs[q].n;
-  }
-  if (m->cuda) { /* one device pass per canvas; soft rows uploaded, raw rows copied back */
-    for (int32_t q = 0; q < B; q++)
-      DG_TRY(dg_cuda_compact(seqs[q].ctx->cuda, seqs[q].tok, seqs[q].pos, seqs[q].n, seqs[q].ctx->len,
-                             seqs[q].soft ? 2 : 0, seqs[q].soft, seqs[q].head, seqs[q].nh, seqs[q].raw));
-    return DG_OK;
   }
   if (total > work->tmax)
     return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch of %lld rows exceeds the work context's %d rows",
@@ -691,18 +626,13 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
   return st;
 }
 
-dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
-                             const int32_t *head, int32_t nh, float *raw) {
-  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL};
-  return dg_forward_compact_batch(ctx, &q, 1);
-}
-
 dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
                                     const float *soft, const int32_t *head, int32_t nh, float *raw) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
   const int H = c->hidden_size;
-  if (ctx->cuda) return dg_seterr(DG_ERR_INVALID_ARG, "the compacted-pass oracle is CPU code: use a CPU context");
+  if (!ctx->kv) return dg_seterr(DG_ERR_INVALID_ARG, "the compacted-pass oracle is CPU code: use a CPU context");
+  if (!ctx->cbuf_k) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
   DG_TRY(compact_args(ctx, pos, n, head, nh));
   const int32_t L = ctx->len, C = c->canvas_length;
   float *X = malloc((size_t)n * H * sizeof(float)), *Y = malloc((size_t)n * H * sizeof(float));
@@ -800,33 +730,7 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   return DG_OK;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Public low-level API                                                      */
-/* ------------------------------------------------------------------------ */
-
-dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n) {
-  if (!ctx || (!ids && n)) return dg_seterr(DG_ERR_INVALID_ARG, "dg_encode: NULL argument");
-  if (n > (size_t)INT32_MAX) return dg_seterr(DG_ERR_INVALID_ARG, "dg_encode: %zu tokens is too many", n);
-  for (size_t i = 0; i < n; i++)
-    if (ids[i] < 0 || ids[i] >= ctx->m->cfg.vocab_size)
-      return dg_seterr(DG_ERR_INVALID_ARG, "dg_encode: token id %d at index %zu is outside the vocabulary [0, %d)",
-                       ids[i], i, ctx->m->cfg.vocab_size);
-  return dg_forward_encode(ctx, ids, (int32_t)n);
-}
-
-dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out) {
-  if (!ctx || !canvas || !logits_out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: NULL argument");
-  for (int i = 0; i < ctx->m->cfg.canvas_length; i++)
-    if (canvas[i] < 0 || canvas[i] >= ctx->m->cfg.vocab_size)
-      return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: canvas id %d at position %d is outside the vocabulary [0, %d)",
-                       canvas[i], i, ctx->m->cfg.vocab_size);
-  if (ctx->cuda) {
-    const dg_config *c = &ctx->m->cfg;
-    if ((int64_t)ctx->len + c->canvas_length > c->max_position_embeddings)
-      return dg_seterr(DG_ERR_CONTEXT_FULL, "canvas positions %d..%d exceed max_position_embeddings %d", ctx->len,
-                       ctx->len + c->canvas_length - 1, c->max_position_embeddings);
-    return dg_cuda_decode(ctx->cuda, canvas, ctx->len, sc_logits ? 2 : 0, sc_logits, logits_out);
-  }
+dg_status dg_cpu_decode_logits(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out) {
   const float *soft = NULL;
   if (sc_logits) {
     DG_TRY(dg_soft_embedding(ctx, sc_logits, ctx->soft));

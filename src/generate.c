@@ -18,12 +18,14 @@
  *
  * The per-position math, the draws, the stop rule and the result filling are
  * the sampler core's (sampler.c); with params->turbo.enabled the turbo engine
- * (turbo.c) runs instead. Layers: generate.c -> turbo.c -> sampler.c, never
- * back (docs/architecture.md). */
+ * (turbo.c) runs instead. The passes, the per-position statistics and the
+ * self-conditioning rows are the model's backend's (m->bk, backend.h).
+ * Layers: generate.c -> turbo.c -> sampler.c, never back
+ * (docs/architecture.md). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/backend.h"
+#include "backend.h"
 #include "dg_error.h"
 #include "model.h"
 #include "sampler.h"
@@ -34,9 +36,9 @@ typedef struct ref_state {
   dg_context *ctx;
   const dg_gen_params *p;
   int32_t C, V, n_canvases;
-  /* z = logits / T in place: the raw logits are not needed once divided (one
-   * [C, V] buffer per request, not two; issue 16). [1] on CUDA, where the
-   * logits stay on the device and only [C] statistics come back per step. */
+  /* z = logits / T, the backend's step_stats scratch (backend.h): [C, V] on
+   * the CPU (one buffer per request, not two; issue 16); [1] on a device,
+   * where the logits stay there and only [C] statistics come back per step. */
   float *logits;
   int32_t *canvas, *next, *amax, *noise; /* [C] current and next canvas, argmax canvas, renoise draw */
   float *ent, *uni;                      /* [C] entropies, proposal uniforms */
@@ -64,7 +66,8 @@ static dg_status ref_alloc(ref_state *r, dg_context *ctx, const dg_gen_params *p
   r->C = C;
   r->V = V;
   r->n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
-  r->logits = malloc((ctx->cuda ? 1 : (size_t)C * V) * sizeof(float));
+  const size_t nz = m->bk->step_z_floats(m);
+  r->logits = malloc((nz ? nz : 1) * sizeof(float));
   r->canvas = malloc((size_t)C * sizeof(int32_t));
   r->next = malloc((size_t)C * sizeof(int32_t));
   r->amax = malloc((size_t)C * sizeof(int32_t));
@@ -84,29 +87,16 @@ static dg_status ref_alloc(ref_state *r, dg_context *ctx, const dg_gen_params *p
 }
 
 /* Decoder pass over the canvas and the per-position statistics r->ps of step
- * k of block b at temperature T (soft: the self-conditioning rows, NULL for
- * none). DG_ERR_NUMERIC names block, step and position. */
-static dg_status ref_stats(ref_state *r, int32_t b, int32_t k, float T, const float *soft) {
+ * k of block b at temperature T (sc: the self-conditioning rows, none or the
+ * ones the backend kept). DG_ERR_NUMERIC names block, step and position. */
+static dg_status ref_stats(ref_state *r, int32_t b, int32_t k, float T, dg_sc_source sc) {
   dg_context *ctx = r->ctx;
   const dg_gen_params *p = r->p;
-  const dg_model *m = ctx->m;
-  const int32_t C = r->C, V = r->V;
-  float *logits = r->logits, *z = logits, *uni = r->uni;
-  dg_pos_stats *ps = r->ps;
-  int bad = -1;
-  if (ctx->cuda) { /* decoder and per-position statistics on the device (uniforms drawn there too) */
-    DG_TRY(dg_cuda_decode(ctx->cuda, r->canvas, ctx->len, soft ? 1 : 0, NULL, NULL));
-    if (p->proposal == DG_PROPOSAL_REPLAY_UNIFORM) DG_TRY(dg_draw_uniforms(&r->cs, b, k, uni));
-    dg_status st = dg_cuda_step_stats(ctx->cuda, T, (int)p->proposal, p->seed, b, k, uni, ps, &bad);
-    if (st != DG_OK && st != DG_ERR_NUMERIC) return st;
-  } else {
-    DG_TRY(dg_forward_decode(ctx, r->canvas, soft, logits));
-    for (size_t i = 0; i < (size_t)C * V; i++) z[i] = logits[i] / T; /* in place (z == logits) */
-    DG_TRY(dg_draw_uniforms(&r->cs, b, k, uni));
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) reduction(max : bad)
-    for (int32_t i = 0; i < C; i++)
-      if (dg_position_stats(z + (size_t)i * V, V, uni[i], (int)p->proposal, &ps[i]) != DG_OK) bad = i;
-  }
+  int32_t bad = -1;
+  DG_TRY(dg_draw_uniforms(&r->cs, b, k, r->uni)); /* the same numbers a device draws itself (Philox) */
+  dg_status st = ctx->m->bk->step_stats(ctx, r->canvas, sc, T, p->proposal, p->seed, b, k, r->uni, r->logits, r->ps,
+                                        &bad);
+  if (st != DG_OK && (st != DG_ERR_NUMERIC || bad < 0)) return st;
   if (bad >= 0)
     return dg_seterr(DG_ERR_NUMERIC, "non-finite logits at block %d, denoising step %d, canvas position %d", b, k, bad);
   return DG_OK;
@@ -121,13 +111,13 @@ static dg_status ref_block(ref_state *r, int32_t b, int32_t *steps) {
   DG_TRY(dg_draw_canvas(&r->cs, b, 0, r->canvas));
   dg_stop_rule_reset(&r->stop);
   memcpy(r->amax, r->canvas, (size_t)C * sizeof(int32_t));
-  const float *soft = NULL;
+  dg_sc_source sc = DG_SC_NONE;
   *steps = 0;
   for (int32_t s = p->max_denoising_steps; s >= 1; s--) {
     int32_t k = p->max_denoising_steps - s; /* 0-based step index */
     (*steps)++;
     const float T = dg_temperature(p, s);
-    DG_TRY(ref_stats(r, b, k, T, soft));
+    DG_TRY(ref_stats(r, b, k, T, sc));
     double ent_sum = 0.0;
     for (int32_t i = 0; i < C; i++) { r->ent[i] = r->ps[i].entropy; ent_sum += r->ent[i]; r->amax[i] = r->ps[i].argmax; }
     int32_t n_acc = dg_entropy_bound_accept(r->ent, C, p->entropy_bound, r->acc, r->scratch);
@@ -139,14 +129,9 @@ static dg_status ref_block(ref_state *r, int32_t b, int32_t *steps) {
     dg_step_info si = {b, k, s, T, n_acc, mean_ent, stop, r->amax, r->canvas, C, C, C, C, C};
     DG_TRY(dg_notify_step(p, &si));
     if (stop || s == 1) break;
-    /* self-conditioning for the next step from z (spec 5) */
-    if (ctx->cuda) {
-      DG_TRY(dg_cuda_soft_from_z(ctx->cuda));
-      soft = r->logits; /* marks "soft embedding on the device" */
-      continue;
-    }
-    DG_TRY(dg_soft_embedding(ctx, r->logits, ctx->soft));
-    soft = ctx->soft;
+    /* self-conditioning for the next step from z (spec 5), kept by the backend */
+    DG_TRY(ctx->m->bk->sc_from_z(ctx, r->logits));
+    sc = DG_SC_KEPT;
   }
   return DG_OK;
 }

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/backend.h"
 #include "dg_error.h"
 #include "quant.h"
 
@@ -344,7 +343,7 @@ static float *make_inv_freq(const dg_rope_params *rp, int D) {
   return f;
 }
 
-dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model **out) {
+dg_status dg_model_load_host(const char *dir, const dg_model_params *params, dg_model **out) {
   if (!dir || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_model_load: NULL argument");
   *out = NULL;
   dg_model_params p = params ? *params : dg_model_default_params();
@@ -430,15 +429,6 @@ dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model
                      m->gen_defaults.stop_ids[i], c->vocab_size);
       goto fail;
     }
-  if (p.device == DG_DEVICE_CUDA) {
-    if ((st = dg_model_to_cuda(m, p.cuda_device))) {
-      dg_prefixerr(st, "%s: --device cuda", dir);
-      goto fail;
-    }
-  } else if (p.device != DG_DEVICE_CPU) {
-    st = dg_seterr(DG_ERR_INVALID_ARG, "unknown device %d (DG_DEVICE_CPU or DG_DEVICE_CUDA)", (int)p.device);
-    goto fail;
-  }
   *out = m;
   return DG_OK;
 fail:
@@ -448,7 +438,7 @@ fail:
 
 void dg_model_free(dg_model *m) {
   if (!m) return;
-  dg_cuda_model_free(m->cuda);
+  if (m->bk) m->bk->model_free(m); /* the backend's copy of the weights */
   for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
   free(m->owned);
   free(m->layers);
@@ -494,8 +484,8 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_quantized = m->n_quantized;
   info->quant_bits_min = m->min_bits;
   info->quant_bits_max = m->max_bits;
-  info->device = m->cuda ? DG_DEVICE_CUDA : DG_DEVICE_CPU;
-  info->device_bytes = dg_cuda_model_bytes(m->cuda);
+  info->device = m->bk ? m->bk->device : DG_DEVICE_CPU;
+  info->device_bytes = m->bk ? m->bk->model_bytes(m) : 0;
   info->cpu_kernels = m->kern->name;
   return DG_OK;
 }

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "config.h"
 #include "dgemma.h"
 #include "kernels.h"
@@ -67,7 +68,8 @@ struct dg_model {
   dg_quant_config qcfg;     /* config.json's quantization block (present = 0 if none) */
   int n_quantized;          /* matrices stored MLX-quantized */
   int min_bits, max_bits;   /* their bit widths (0 if none) */
-  struct dg_cuda_model *cuda; /* device copy of the weights (DG_DEVICE_CUDA), else NULL */
+  const dg_backend *bk;     /* the backend every pass of this model runs on (backend.h; set by dg_model_load) */
+  void *dev;                /* the backend's copy of the weights (CUDA: a dg_cuda_model), else NULL */
 };
 
 /* Per-layer KV cache: all positions are kept (sliding layers read only the
@@ -104,33 +106,76 @@ struct dg_context {
   float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
   int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
   float *probs;         /* [n_score_threads, V] one self-conditioning probability row per thread */
-  struct dg_cuda_ctx *cuda; /* device KV cache and buffers when the model is on CUDA; the CPU
-                               buffers above are then not allocated */
+  void *dev;    /* the backend's context (CUDA: a dg_cuda_ctx with the device KV cache and buffers;
+                   the CPU buffers above are then not allocated), else NULL */
 };
 
-/* forward.c ---------------------------------------------------------------- */
+/* backend_select.c: the passes on ctx's backend (m->bk, backend.h) ------------------ */
 
-/* Encoder pass over ids[n] at positions ctx->len.., appending K/V (spec 4.5). */
+/* Encoder pass over ids[n] at positions ctx->len.., appending K/V (spec 4.5):
+ * prefill and commit. Errors: DG_ERR_CONTEXT_FULL (capacity named), the backend's. */
 dg_status dg_forward_encode(dg_context *ctx, const int32_t *ids, int32_t n);
+
+/* Decoder pass like dg_forward_decode, but the LM head runs only for the
+ * n_rows canvas positions rows[] (each in [0, C)) and writes RAW logits (no
+ * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits).
+ * On a device backend the soft rows are uploaded and raw copied back. */
+dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                                 int32_t n_rows, float *raw);
+
+/* The per-layer canvas K/V buffers of the compacted pass (once per context;
+ * nothing on CUDA, whose device cache slots L..L+C-1 serve as the buffers). */
+dg_status dg_compact_buffers(dg_context *ctx);
+
+/* The compacted pass of one canvas (dg_cpu_compact_batch's semantics below;
+ * soft NULL = zero signal, raw [nh, V]). Errors: DG_ERR_INVALID_ARG (no
+ * buffers, bad sizes or positions), DG_ERR_CONTEXT_FULL. */
+dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
+                             const int32_t *head, int32_t nh, float *raw);
+
+struct dg_compact_seq;
+/* B canvases' compacted passes: one stacked pass in work's scratch where the
+ * backend has one (compact_batch), else one pass per canvas (work unused).
+ * Every canvas is checked (dg_compact_seq_check) before any pass runs. */
+dg_status dg_forward_compact_batch(dg_context *work, const struct dg_compact_seq *seqs, int32_t B);
+
+/* dg_context_new with scratch for at least `rows` rows per pass (batching). */
+dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out);
+
+/* model.c: the host side of dg_model_load (config, weights, tokenizer) without
+ * choosing a backend; m->bk is left NULL. Errors: those of dg_model_load. */
+dg_status dg_model_load_host(const char *dir, const dg_model_params *p, dg_model **out);
+
+/* forward.c: the CPU backend's passes (backend_cpu.c puts them in its table) - */
+
+/* CPU encoder pass (dg_forward_encode after its capacity check). */
+dg_status dg_cpu_encode(dg_context *ctx, const int32_t *ids, int32_t n);
+
+/* CPU decoder pass with the LM head on rows[n_rows] (dg_forward_decode_rows):
+ * raw [n_rows, V], or when raw is NULL the final-normed hidden states hn
+ * [n_rows, H]. Errors: DG_ERR_INVALID_ARG (a row or id out of range),
+ * DG_ERR_CONTEXT_FULL. */
+dg_status dg_cpu_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
+                             int32_t n_rows, float *raw, float *hn);
+
+/* dg_decode on the CPU: soft embedding of sc_logits [C, V] (NULL: none),
+ * decoder pass, softcapped logits_out [C, V]. */
+dg_status dg_cpu_decode_logits(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out);
+
+/* dg_compact_buffers on the CPU: calloc of [L] x [C, NKV, D] K and V. */
+dg_status dg_cpu_compact_buffers(dg_context *ctx);
 
 /* Decoder pass over canvas[C] at positions ctx->len.. (spec 4.5, 4.8).
  * soft: [C, H] self-conditioning soft embedding (already scaled by the
  * embedding scale), or NULL for the zero signal. logits: [C, V] softcapped. */
 dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float *soft, float *logits);
 
-/* Decoder pass like dg_forward_decode, but the LM head runs only for the
- * n_rows canvas positions rows[] (each in [0, C)) and writes RAW logits (no
- * softcap) raw [n_rows, V] (spec 7.3: the turbo chain ranks raw logits).
- * On a CUDA context: dg_cuda_decode_rows (soft uploaded, raw copied back). */
-dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
-                                 int32_t n_rows, float *raw);
-
 /* dg_forward_decode_rows without the vocabulary product: the n_rows head
  * rows' final-normed hidden states hn [n_rows, H] (spec 4.7's final norm),
  * which dg_lm_head_rows turns into the same raw logits bit for bit, a few
  * rows at a time (the turbo engine holds [rows, V], not [C, V]; issue 16).
- * CPU contexts only (DG_ERR_INVALID_ARG on CUDA); other errors as
- * dg_forward_decode_rows. */
+ * CPU contexts only (DG_ERR_INVALID_ARG on a device context); other errors
+ * as dg_forward_decode_rows. */
 dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
                                    int32_t n_rows, float *hn);
 
@@ -140,10 +185,6 @@ dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const
  * order depends only on K), so any split of the rows gives the same bits as
  * the LM head of dg_forward_decode_rows / dg_forward_compact. */
 void dg_lm_head_rows(const dg_model *m, const float *hn, int32_t n, float *raw);
-
-/* Allocate the per-layer canvas K/V buffers (once per context; nothing on a
- * CUDA context, whose device cache slots L..L+C-1 serve as the buffers). */
-dg_status dg_compact_buffers(dg_context *ctx);
 
 /* Compacted active-set decoder pass (spec 7.4). The forward set F is n
  * canvas positions pos[n] (in [0, C); duplicates allowed: they recompute
@@ -156,9 +197,6 @@ dg_status dg_compact_buffers(dg_context *ctx);
  * head runs on the nh forward-set rows head[] (indices into F): raw [nh, V],
  * no softcap. Errors: DG_ERR_INVALID_ARG (no buffers, bad sizes or
  * positions), DG_ERR_CONTEXT_FULL. */
-dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
-                             const int32_t *head, int32_t nh, float *raw);
-
 /* One canvas of a batched compacted pass: its context (prefix KV cache,
  * canvas buffers, canvas positions L..L+C-1) and the arguments of
  * dg_forward_compact. */
@@ -178,13 +216,16 @@ typedef struct dg_compact_seq {
  * row capacity must hold the sum of the n); attention, K/V scatter and the
  * LM head stay per canvas. Each canvas's results equal its own
  * dg_forward_compact (rows do not interact outside attention).
- * dg_forward_compact is this with B = 1 and work = ctx. On CUDA contexts
- * each canvas runs its own device pass (dg_cuda_compact: soft uploaded, raw
- * copied back); work is then not used for scratch. */
-dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
+ * dg_forward_compact is this with B = 1 and work = ctx. Errors as
+ * dg_forward_compact, and DG_ERR_INVALID_ARG when the sum of the n exceeds
+ * work's rows. */
+dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
 
-/* dg_context_new with scratch for at least `rows` rows per pass (batching). */
-dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out);
+/* The checks of canvas q of a compacted pass, for every backend: the model,
+ * sizes, positions and head rows, the context length, the token ids, and an
+ * output for the head rows (raw, or hn where host_hn: the backend's head runs
+ * on the host). Errors: DG_ERR_INVALID_ARG, DG_ERR_CONTEXT_FULL. */
+dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32_t q, int host_hn);
 
 /* The same semantics computed token by token (one-row passes per layer: all
  * of F's K/V scattered first, then each query's attention and FFN): the slow
@@ -205,9 +246,9 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
 /* Round a float to the model's activation dtype (identity for f32). */
 float dg_round_act(const dg_model *m, float x);
 
-/* device.c ----------------------------------------------------------------- */
+/* device.c (CUDA builds) ---------------------------------------------------- */
 
-/* Upload a loaded model's weights to CUDA device `device` (m->cuda).
+/* Upload a loaded model's weights to CUDA device `device` (m->dev).
  * Errors: those of dg_cuda_model_new (src/cuda/backend.h). */
 dg_status dg_model_to_cuda(dg_model *m, int device);
 

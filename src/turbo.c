@@ -32,14 +32,17 @@
  * canvases of different prompts (one context each) in one decoder pass per step: each sequence keeps its own schedule,
  * random streams and KV cache, and its outputs do not depend on B.
  *
- * On a CUDA context (ctx->cuda) the decoder pass (plain or compacted, the
- * canvas slots of the device KV cache serving as the canvas K/V buffers),
- * the hierarchical top-K and the exact / topk self-conditioning run on the
- * device: per step the forward set goes up and only the [n, K] top-K values
- * and ids come back; the K-way distribution, acceptance, schedule and
- * guards run here on the host. The adaptive self-conditioning mode brings
- * the active rows' raw logits back and runs on the host (its rows are then
- * uploaded with the next pass). A batch on CUDA runs one pass per canvas.
+ * The passes, the top-K and (where the backend makes them) the
+ * self-conditioning rows are the model's backend's (m->bk, backend.h). On
+ * CUDA the decoder pass (plain or compacted, the canvas slots of the device
+ * KV cache serving as the canvas K/V buffers), the hierarchical top-K and the
+ * exact / topk self-conditioning run on the device: per step the forward set
+ * goes up and only the [n, K] top-K values and ids come back; the K-way
+ * distribution, acceptance, schedule and guards run here on the host. The
+ * adaptive self-conditioning mode brings the active rows' raw logits back
+ * (head_raw) and runs on the host (its rows are then uploaded with the next
+ * pass, DG_SC_HOST). A backend without a stacked pass (compact_batch, CUDA)
+ * runs a batch one pass per canvas.
  *
  * Memory (issue 16). On the CPU the decoder pass leaves the LM-head rows'
  * final-normed hidden states [n, H]; the tied LM head runs on R of them at a
@@ -66,7 +69,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/backend.h"
+#include "backend.h"
 #include "dg_error.h"
 #include "model.h"
 #include "sampler.h"
@@ -104,7 +107,7 @@ static dg_status scratch_reserve(turbo_scratch *w, const dg_model *m, const dg_g
   const size_t nt = m->n_threads > 0 ? (size_t)m->n_threads : 1;
   const dg_turbo_sc sc = p->turbo.sc_mode;
   int ok = 1;
-  if (!m->cuda) {
+  if (m->bk->head_on_host) {
     if (R > w->R) {
       free(w->raw);
       w->raw = malloc((size_t)R * V * sizeof(float));
@@ -136,11 +139,11 @@ static dg_status scratch_reserve(turbo_scratch *w, const dg_model *m, const dg_g
 typedef struct turbo_state {
   int32_t C, V, K, H, nt;
   int32_t R;           /* LM-head rows per chunk (CPU) */
-  int32_t lazy0;       /* CPU: the last chunk's first active row: its raw rows are still in w->raw */
+  int32_t lazy0;       /* CPU: the last chunk's first active row: its raw rows are still in w->raw (-1: none) */
   turbo_scratch *w;    /* the run's shared vocabulary-sized scratch */
   float *hn;           /* [C, H] CPU: final-normed hidden states of the LM-head rows, packed by active row */
   float *stage;        /* [C, H] CPU, exact/adaptive SC: rows computed ahead of the acceptance, by position */
-  float *raw;          /* [C, V] CUDA adaptive SC only: the active rows' raw logits, packed */
+  float *raw;          /* [C, V] device backends, adaptive SC only: the active rows' raw logits, packed */
   float *kp;           /* [C, K] K-way probabilities by canvas position */
   int32_t *kidx;       /* [C, K] their ids */
   float *kval;         /* [C, K] raw values */
@@ -153,9 +156,9 @@ typedef struct turbo_state {
   uint32_t *bits;      /* [C] */
   void *acc_scratch;   /* 16 C bytes */
   float *soft;         /* [C, H] per-position SC rows (ctx->soft; on CUDA host rows of the adaptive mode only) */
-  float *soft_own;     /* soft when allocated here (CUDA contexts have no ctx->soft) */
-  float *pk;           /* [C, K] packed by active row (CUDA: top-K values, then probabilities) */
-  int32_t *pidx;       /* [C, K] packed ids (CUDA) */
+  float *soft_own;     /* soft when allocated here (device contexts have no ctx->soft) */
+  float *pk;           /* [C, K] packed by active row: top-K values, then (sc_rows, topk) probabilities */
+  int32_t *pidx;       /* [C, K] packed ids */
   float *rval;         /* [C, 2] repair forward: top-2 values */
   int32_t *ridx;       /* [C, 2] and ids */
 } turbo_state;
@@ -179,14 +182,15 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->w = w;
   DG_TRY(scratch_reserve(w, m, p, s->K, s->R));
   const size_t CK = (size_t)C * s->K, CH = (size_t)C * s->H;
-  if (m->cuda) { /* the raw rows stay on the device unless the adaptive SC mode needs them here */
+  const int host = m->bk->head_on_host;
+  if (!host) { /* the raw rows stay in the backend unless the adaptive SC mode needs them here */
     s->raw = malloc((p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? (size_t)C * V : 1) * sizeof(float));
     s->hn = malloc(sizeof(float));
   } else {
     s->raw = malloc(sizeof(float)); /* unused: the chunks live in w->raw */
     s->hn = malloc(CH * sizeof(float));
   }
-  s->stage = malloc((!m->cuda && p->turbo.sc_mode != DG_TURBO_SC_TOPK ? CH : 1) * sizeof(float));
+  s->stage = malloc((host && p->turbo.sc_mode != DG_TURBO_SC_TOPK ? CH : 1) * sizeof(float));
   s->kp = malloc(CK * sizeof(float));
   s->kidx = malloc(CK * sizeof(int32_t));
   s->kval = malloc(CK * sizeof(float));
@@ -212,26 +216,15 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->acc_scratch = calloc((size_t)C + 1, 16);
   s->rval = calloc((size_t)C * 2, sizeof(float));
   s->ridx = calloc((size_t)C * 2, sizeof(int32_t));
+  s->pk = malloc(CK * sizeof(float));
+  s->pidx = malloc(CK * sizeof(int32_t));
   int ok = s->raw && s->hn && s->stage && s->kp && s->kidx && s->kval && s->ent && s->top1 && s->prop && s->amax && s->canvas &&
            s->committed && s->noise && s->active && s->hist && s->step_amax && s->fpos && s->ftok && s->head && s->newly && s->frozen && s->dropped && s->acc &&
-           s->uni && s->bits && s->acc_scratch && s->rval && s->ridx;
-  if (m->cuda) {
-    s->soft_own = calloc((size_t)C * s->H, sizeof(float));
-    s->pk = malloc(CK * sizeof(float));
-    s->pidx = malloc(CK * sizeof(int32_t));
-    ok = ok && s->soft_own && s->pk && s->pidx;
-  }
+           s->uni && s->bits && s->acc_scratch && s->rval && s->ridx && s->pk && s->pidx;
   if (!ok)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the turbo sampler state (canvas %d, top-K %d, hidden %d)",
                      C, s->K, s->H);
   return DG_OK;
-}
-
-/* The self-conditioning argument of the CUDA passes (backend.h): 0 none, 1
- * rows kept on the device (exact, topk), 2 host rows uploaded (adaptive). */
-static int dev_sc(const dg_gen_params *p, int sc_any) {
-  if (!sc_any) return 0;
-  return p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? 2 : 1;
 }
 
 /* The self-conditioning row of canvas position i into dst [H] (spec 5, 7.5)
@@ -269,88 +262,83 @@ static void row_dist(turbo_state *s, const dg_model *m, const dg_gen_params *p, 
   s->amax[i] = ps.argmax;
 }
 
-/* The turbo chain on the n active rows: top-K, distribution, proposal. On
- * the CPU the LM head runs on s->R rows at a time (module comment,
- * "Memory"); when sc_ahead, the exact / adaptive SC rows of every chunk but
- * the last go to s->stage (turbo_sc takes them once the acceptance wants
- * them); the last chunk's raw rows stay in s->w->raw (s->lazy0 = its first
- * active row). Returns DG_ERR_NUMERIC naming block, step and position on
- * NaN/Inf (the first such position). */
+/* What head_topk's per-row callback needs (row_done). */
+typedef struct turbo_row_ctx {
+  turbo_state *s;
+  const dg_model *m;
+  const dg_gen_params *p;
+  float T;
+  int ahead; /* stage the exact / adaptive SC rows of every chunk but the last */
+} turbo_row_ctx;
+
+/* Head row a is ranked (s->pk / s->pidx): its top-K to canvas position
+ * active[a], its distribution, and the SC row computed ahead while its raw
+ * logits are in the scratch (head_on_host backends). */
+static void row_done(void *user, int32_t a, float *raw, int last, int th) {
+  const turbo_row_ctx *rc = user;
+  turbo_state *s = rc->s;
+  const int32_t K = s->K, i = s->active[a];
+  memcpy(s->kval + (size_t)i * K, s->pk + (size_t)a * K, (size_t)K * sizeof(float));
+  memcpy(s->kidx + (size_t)i * K, s->pidx + (size_t)a * K, (size_t)K * sizeof(int32_t));
+  row_dist(s, rc->m, rc->p, i, rc->T);
+  if (rc->ahead && raw && !last) sc_row(s, rc->m, rc->p, i, raw, rc->T, th, s->stage + (size_t)i * s->H);
+}
+
+/* The turbo chain on the n active rows: top-K (the backend's head_topk),
+ * distribution, proposal. On the CPU the LM head runs on s->R rows at a time
+ * (module comment, "Memory"); when sc_ahead, the exact / adaptive SC rows of
+ * every chunk but the last go to s->stage (turbo_sc takes them once the
+ * acceptance wants them); the last chunk's raw rows stay in s->w->raw
+ * (s->lazy0 = its first active row). Returns DG_ERR_NUMERIC naming block,
+ * step and position on NaN/Inf (the first such position). */
 static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t b,
                             int32_t k, int32_t n, float T, int sc_ahead) {
-  const int32_t V = s->V, K = s->K, H = s->H;
-  int bad_row = -1, bad_col = -1;
-  if (ctx->cuda) { /* top-K on the device: only [n, K] comes back (packed by active row) */
-    int32_t br = -1, bc = -1;
-    dg_status st = dg_cuda_topk(ctx->cuda, n, K, s->pk, s->pidx, &br, &bc);
-    if (st == DG_ERR_NUMERIC)
-      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
-                       bc, b, k, br >= 0 && br < n ? s->active[br] : br);
-    DG_TRY(st);
-    for (int32_t a = 0; a < n; a++) {
-      memcpy(s->kval + (size_t)s->active[a] * K, s->pk + (size_t)a * K, (size_t)K * sizeof(float));
-      memcpy(s->kidx + (size_t)s->active[a] * K, s->pidx + (size_t)a * K, (size_t)K * sizeof(int32_t));
-    }
-#pragma omp parallel for num_threads(s->nt) schedule(dynamic)
-    for (int32_t a = 0; a < n; a++) row_dist(s, m, p, s->active[a], T);
-    return DG_OK;
-  }
   const turbo_scratch *w = s->w;
-  const int ahead = sc_ahead && p->turbo.sc_mode != DG_TURBO_SC_TOPK; /* topk SC needs no logits */
-  s->lazy0 = 0;
-  for (int32_t c0 = 0; c0 < n; c0 += s->R) {
-    const int32_t r = n - c0 < s->R ? n - c0 : s->R, last = c0 + r == n;
-    dg_lm_head_rows(m, s->hn + (size_t)c0 * H, r, w->raw);
-#pragma omp parallel for num_threads(s->nt) schedule(dynamic)
-    for (int32_t a = c0; a < c0 + r; a++) {
-      const int32_t i = s->active[a];
-      const int th = omp_get_thread_num();
-      float *raw = w->raw + (size_t)(a - c0) * V;
-      int32_t bad = -1;
-      if (dg_topk_hier(raw, V, K, 1, s->kval + (size_t)i * K, s->kidx + (size_t)i * K, w->tk + (size_t)th * w->tk_size,
-                       &bad) != DG_OK) {
-#pragma omp critical(dg_turbo_bad)
-        if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
-        continue;
-      }
-      row_dist(s, m, p, i, T);
-      if (ahead && !last) sc_row(s, m, p, i, raw, T, th, s->stage + (size_t)i * H);
-    }
-    if (bad_row >= 0)
-      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
-                       bad_col, b, k, bad_row);
-    s->lazy0 = c0;
-  }
-  return DG_OK;
+  turbo_row_ctx rc = {s, m, p, T, sc_ahead && p->turbo.sc_mode != DG_TURBO_SC_TOPK}; /* topk SC needs no logits */
+  dg_head_args a = {n, s->K, s->hn, s->R, w->raw, w->tk, w->tk_size, s->nt, s->pk, s->pidx, row_done, &rc, -1, -1, -1};
+  dg_status st = m->bk->head_topk(ctx, &a);
+  s->lazy0 = a.last0;
+  if (st == DG_ERR_NUMERIC)
+    return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
+                     a.bad_col, b, k, a.bad_row >= 0 && a.bad_row < n ? s->active[a.bad_row] : a.bad_row);
+  return st;
 }
 
 /* Self-conditioning rows of the n active positions from this step (spec 5,
- * 7.5), after turbo_rows with sc_ahead set: the staged rows of the earlier
- * chunks, the last chunk's from its raw rows still in the scratch. */
+ * 7.5), after turbo_rows with sc_ahead set: made and kept by the backend
+ * where it can (*src = DG_SC_KEPT), else here in s->soft (*src = DG_SC_HOST)
+ * from the staged rows of the earlier chunks and the last chunk's raw rows
+ * still in the scratch, or from the raw rows the backend hands back. */
 static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t n,
-                          float T) {
+                          float T, dg_sc_source *src) {
   const int32_t V = s->V, K = s->K, H = s->H;
   const float cap = m->cfg.final_logit_softcapping;
-  const float *raw0 = s->raw; /* CUDA adaptive: the rows brought back, by active row from 0 */
-  int32_t a0 = 0;
-  if (ctx->cuda) {
-    if (p->turbo.sc_mode == DG_TURBO_SC_EXACT) return dg_cuda_turbo_sc(ctx->cuda, 0, n, s->active, cap, T, NULL);
-    if (p->turbo.sc_mode == DG_TURBO_SC_TOPK) {
+  const dg_turbo_sc mode = p->turbo.sc_mode;
+  if (m->bk->sc_rows) {
+    if (mode == DG_TURBO_SC_TOPK) /* the K-way probabilities, packed by active row */
       for (int32_t a = 0; a < n; a++)
         memcpy(s->pk + (size_t)a * K, s->kp + (size_t)s->active[a] * K, (size_t)K * sizeof(float));
-      return dg_cuda_turbo_sc(ctx->cuda, 1, n, s->active, cap, T, s->pk);
-    }
-    DG_TRY(dg_cuda_raw_rows(ctx->cuda, n, s->raw)); /* adaptive: on the host, from the raw rows */
-  } else if (p->turbo.sc_mode != DG_TURBO_SC_TOPK) {
+    int kept = 0;
+    DG_TRY(m->bk->sc_rows(ctx, mode, n, s->active, cap, T, mode == DG_TURBO_SC_TOPK ? s->pk : NULL, &kept));
+    if (kept) { *src = DG_SC_KEPT; return DG_OK; }
+  }
+  *src = DG_SC_HOST;
+  const float *raw0 = s->raw; /* rows handed back by the backend, by active row from 0 */
+  int32_t a0 = 0;
+  if (mode != DG_TURBO_SC_TOPK && s->lazy0 >= 0) { /* the head ran here: staged rows, then the last chunk's */
     a0 = s->lazy0;
     raw0 = s->w->raw;
     for (int32_t a = 0; a < a0; a++)
       memcpy(s->soft + (size_t)s->active[a] * H, s->stage + (size_t)s->active[a] * H, (size_t)H * sizeof(float));
+  } else if (mode != DG_TURBO_SC_TOPK) {
+    if (!m->bk->head_raw)
+      return dg_seterr(DG_ERR_INVALID_ARG, "the %s backend keeps no raw logits for self-conditioning", m->bk->name);
+    DG_TRY(m->bk->head_raw(ctx, n, s->raw)); /* adaptive on a device: on the host, from the raw rows */
   }
 #pragma omp parallel for num_threads(s->nt) schedule(dynamic)
   for (int32_t a = a0; a < n; a++) {
     const int32_t i = s->active[a];
-    float *raw = p->turbo.sc_mode == DG_TURBO_SC_TOPK && !ctx->cuda ? NULL : (float *)raw0 + (size_t)(a - a0) * V;
+    float *raw = mode == DG_TURBO_SC_TOPK ? NULL : (float *)raw0 + (size_t)(a - a0) * V;
     sc_row(s, m, p, i, raw, T, omp_get_thread_num(), s->soft + (size_t)i * H);
   }
   return DG_OK;
@@ -370,6 +358,7 @@ typedef struct turbo_seq {
   int32_t n_canvases, N, flush_step;
   int32_t b, k, steps;     /* canvas, step within it, forwards spent on it */
   int32_t emit, sc_any, eos_stop, in_block, block_over, done;
+  dg_sc_source sc_src;     /* where the SC rows of the next pass are (with sc_any) */
   int32_t n_act, n_f, n_h, shape_f, shape_h;
   int32_t rg_last, rg_run;
 } turbo_seq;
@@ -401,8 +390,10 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
   q->stop = (dg_stop_rule){q->s.hist, p->stability_threshold, C, p->confidence_threshold};
   q->t.out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
   if (!q->t.out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
-  q->s.soft = ctx->cuda ? q->s.soft_own : ctx->soft;
-  if ((tp->compact || need_buffers) && !ctx->cuda) DG_TRY(dg_compact_buffers(ctx)); /* CUDA: the cache's canvas slots */
+  q->s.soft = ctx->soft; /* a device context has no host rows: the sequence's own */
+  if (!q->s.soft && !(q->s.soft = q->s.soft_own = calloc((size_t)C * q->s.H, sizeof(float))))
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the self-conditioning rows (canvas %d)", C);
+  if (tp->compact || need_buffers) DG_TRY(dg_compact_buffers(ctx)); /* CUDA: the cache's canvas slots */
   return dg_encode(ctx, prompt, n_prompt);
 }
 
@@ -421,6 +412,7 @@ static dg_status seq_begin_block(turbo_seq *q) {
   dg_stop_rule_reset(&q->stop);
   memset(s->soft, 0, (size_t)C * s->H * sizeof(float));
   q->sc_any = q->eos_stop = 0;
+  q->sc_src = DG_SC_NONE;
   q->emit = C;
   q->steps = q->k = 0;
   q->in_block = 1;
@@ -519,7 +511,7 @@ static dg_status seq_after_forward(turbo_seq *q) {
     more = more && any;
   }
   if (more || tp->repair) { /* self-conditioning rows for the next forward */
-    DG_TRY(turbo_sc(s, m, q->ctx, p, n_act, T));
+    DG_TRY(turbo_sc(s, m, q->ctx, p, n_act, T, &q->sc_src));
     q->sc_any = 1;
   }
   if (!more) q->block_over = 1;
@@ -540,37 +532,16 @@ static dg_status seq_end_block(turbo_seq *q) {
     for (int32_t i = 0; i < C; i++) s->active[i] = i;
     q->steps++;
     q->t.n_forwarded += C;
-    int bad_row = -1, bad_col = -1;
     const int32_t K2 = V < 2 ? V : 2; /* the argmax and the runner-up (for the trace) */
-    if (q->ctx->cuda) { /* argmax = the device top-1 of each row */
-      DG_TRY(dg_cuda_decode_rows(q->ctx->cuda, blk, q->ctx->len, dev_sc(p, q->sc_any), s->soft, s->active, C, NULL));
-      int32_t br = -1, bc = -1;
-      dg_status st = dg_cuda_topk(q->ctx->cuda, C, K2, s->rval, s->ridx, &br, &bc);
-      if (st == DG_ERR_NUMERIC)
-        return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
-                         bc, b, q->steps - 1, br);
-      DG_TRY(st);
-    } else {
-      DG_TRY(dg_forward_decode_hidden(q->ctx, blk, q->sc_any ? s->soft : NULL, s->active, C, s->hn));
-      const turbo_scratch *w = s->w;
-      for (int32_t c0 = 0; c0 < C && bad_row < 0; c0 += s->R) { /* the LM head s->R rows at a time */
-        const int32_t r = C - c0 < s->R ? C - c0 : s->R;
-        dg_lm_head_rows(q->ctx->m, s->hn + (size_t)c0 * s->H, r, w->raw);
-#pragma omp parallel for num_threads(s->nt) schedule(static)
-        for (int32_t i = c0; i < c0 + r; i++) {
-          int32_t bad = -1;
-          void *tk = w->tk + (size_t)omp_get_thread_num() * w->tk_size;
-          if (dg_topk_hier(w->raw + (size_t)(i - c0) * V, V, K2, 1, s->rval + (size_t)i * K2, s->ridx + (size_t)i * K2,
-                           tk, &bad) != DG_OK) {
-#pragma omp critical(dg_turbo_bad)
-            if (bad_row < 0 || i < bad_row) { bad_row = i; bad_col = bad; }
-          }
-        }
-      }
-      if (bad_row >= 0)
-        return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
-                         bad_col, b, q->steps - 1, bad_row);
-    }
+    const dg_backend *bk = q->ctx->m->bk;
+    DG_TRY(bk->decode_rows(q->ctx, blk, q->sc_any ? q->sc_src : DG_SC_NONE, s->soft, s->active, C, NULL, s->hn));
+    const turbo_scratch *w = s->w; /* argmax = the top-1 of each row */
+    dg_head_args a = {C, K2, s->hn, s->R, w->raw, w->tk, w->tk_size, s->nt, s->rval, s->ridx, NULL, NULL, -1, -1, -1};
+    dg_status st = bk->head_topk(q->ctx, &a);
+    if (st == DG_ERR_NUMERIC)
+      return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, repair forward (step %d), canvas position %d",
+                       a.bad_col, b, q->steps - 1, a.bad_row);
+    DG_TRY(st);
     for (int32_t i = 0; i < C; i++) blk[i] = s->ridx[(size_t)i * K2];
     if (p->on_turbo_trace) {
       dg_turbo_trace tr = {b, -1, C, K2, C, 0.0f, s->active, s->rval, NULL, NULL, NULL, NULL, s->ridx, NULL, NULL};
@@ -611,30 +582,24 @@ static dg_compact_seq seq_pass(turbo_seq *q) {
                           NULL, s->hn};
 }
 
-/* q's next forward on its own: the CUDA device pass (compacted or rows), or
- * the CPU's compacted or plain single-canvas pass. */
+/* q's next forward on its own: the compacted or plain single-canvas pass
+ * (the head rows stay in the backend, or come back as hidden states). */
 static dg_status seq_forward(turbo_seq *q) {
   turbo_state *s = &q->s;
-  const float *soft = q->sc_any ? s->soft : NULL;
-  if (q->ctx->cuda) {
-    const int sc = dev_sc(q->p, q->sc_any);
-    if (q->p->turbo.compact)
-      return dg_cuda_compact(q->ctx->cuda, s->ftok, s->fpos, q->shape_f, q->ctx->len, sc, s->soft, s->head,
-                             q->shape_h, NULL);
-    return dg_cuda_decode_rows(q->ctx->cuda, s->canvas, q->ctx->len, sc, s->soft, s->head, q->shape_h, NULL);
-  }
+  const dg_backend *bk = q->ctx->m->bk;
+  const dg_sc_source sc = q->sc_any ? q->sc_src : DG_SC_NONE;
   if (q->p->turbo.compact) {
     dg_compact_seq cs = seq_pass(q);
-    return dg_forward_compact_batch(q->ctx, &cs, 1);
+    return bk->compact(&cs, sc);
   }
-  return dg_forward_decode_hidden(q->ctx, s->canvas, soft, s->head, q->shape_h, s->hn);
+  return bk->decode_rows(q->ctx, s->canvas, sc, s->soft, s->head, q->shape_h, NULL, s->hn);
 }
 
 /* The engine over B sequences; work = scratch context for the batched pass
  * (NULL when B == 1: the sequence's own context and the plain or compacted
  * single-canvas pass). */
 static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
-  const int batched = work != NULL && !qs[0].ctx->cuda; /* CUDA: one pass per canvas */
+  const int batched = work != NULL && qs[0].ctx->m->bk->compact_batch; /* else one pass per canvas */
   dg_compact_seq *cs = calloc((size_t)B, sizeof *cs);
   if (!cs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_status st = DG_OK;
@@ -679,8 +644,8 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
   if (!qs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_context_params wp = dg_context_default_params();
   wp.max_context = 1; /* scratch only: no KV cache of its own */
-  /* CUDA contexts run one pass per canvas: no work context */
-  dg_status st = B > 1 && !m->cuda ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
+  /* a backend without a stacked pass runs one pass per canvas: no work context */
+  dg_status st = B > 1 && m->bk->compact_batch ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
   int32_t inited = 0;
   for (int32_t i = 0; i < B && !st; i++) {
     st = seq_init(&qs[i], ctxs[i], prompts[i], n_prompts[i], &params[i], &results[i], B > 1, &w);
@@ -720,7 +685,7 @@ dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) 
   if (!b) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   b->m = m;
   b->cap = max_canvases;
-  b->batched = !m->cuda;
+  b->batched = m->bk->compact_batch != NULL;
   b->qs = calloc((size_t)max_canvases, sizeof *b->qs);
   b->used = calloc((size_t)max_canvases, 1);
   b->cs = calloc((size_t)max_canvases, sizeof *b->cs);

@@ -140,6 +140,15 @@ static void need_gpu(void) {
   if (!g_gpu) skip();
 }
 
+/* The CUDA backend's direct entry points (src/cuda/backend.h dg_cuda_api),
+ * after need_gpu(): through the table, so that this file links without CUDA. */
+static const dg_cuda_api *cu(void) {
+  const dg_cuda_api *api = NULL;
+  assert_dg_ok(dg_cuda_api_get(&api));
+  assert_non_null(api);
+  return api;
+}
+
 /* cpu: the oracle; gpu: the CUDA model; sim (if not NULL): the CPU path with
  * the bf16-rounding product kernel. */
 static void load_models(const char *dir, dg_model **cpu, dg_model **gpu, dg_model **sim) {
@@ -686,7 +695,7 @@ static void test_step_stats(void **state) {
     dg_rng_u32(seed, DG_RNG_PROPOSAL, (uint32_t)block, (uint32_t)step, (uint32_t)C, bits);
     for (int i = 0; i < C; i++) uni[i] = modes[k] == DG_PROPOSAL_SAMPLE ? dg_rng_to_unit(bits[i]) : (float)(i + 0.5) / C;
     int32_t bad = -1;
-    assert_dg_ok(dg_cuda_step_stats(ctx->cuda, T, modes[k], seed, block, step, uni, dev, &bad));
+    assert_dg_ok(cu()->step_stats(ctx->dev, T, modes[k], seed, block, step, uni, dev, &bad));
     for (int i = 0; i < C; i++) {
       assert_int_equal(dg_position_stats(z + (size_t)i * V, V, uni[i], modes[k], &host), DG_OK);
       if (dev[i].argmax != host.argmax || dev[i].proposal != host.proposal)
@@ -861,11 +870,11 @@ static void test_turbo_topk(void **state) {
           *e = ex[(unsigned)((f + 1.0f) * 3.0f) % 6];
         } else *e = 0.5f; /* constant */
       }
-    assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, C, x));
+    assert_dg_ok(cu()->put_raw_rows(ctx->dev, C, x));
     for (size_t kk = 0; kk < sizeof Ks / sizeof *Ks; kk++) {
       const int K = Ks[kk];
       int32_t br = -1, bc = -1;
-      assert_dg_ok(dg_cuda_topk(ctx->cuda, C, K, gv, gi, &br, &bc));
+      assert_dg_ok(cu()->topk(ctx->dev, C, K, gv, gi, &br, &bc));
       for (int r = 0; r < C; r++) {
         int32_t bad;
         assert_int_equal(dg_topk_hier(x + (size_t)r * V, V, K, 1, cv, ci, scr, &bad), DG_OK);
@@ -881,15 +890,15 @@ static void test_turbo_topk(void **state) {
   x[(size_t)3 * V + 200] = NAN;
   x[(size_t)3 * V + 250] = INFINITY;
   x[(size_t)9 * V + 5] = -INFINITY;
-  assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, C, x));
+  assert_dg_ok(cu()->put_raw_rows(ctx->dev, C, x));
   int32_t br = -1, bc = -1;
-  assert_int_equal(dg_cuda_topk(ctx->cuda, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
+  assert_int_equal(cu()->topk(ctx->dev, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
   assert_int_equal(br, 3);
   assert_int_equal(bc, 200);
   x[(size_t)3 * V + 200] = 0.0f;
   x[(size_t)3 * V + 250] = 0.0f;
-  assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, C, x));
-  assert_int_equal(dg_cuda_topk(ctx->cuda, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
+  assert_dg_ok(cu()->put_raw_rows(ctx->dev, C, x));
+  assert_int_equal(cu()->topk(ctx->dev, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
   assert_int_equal(br, 9);
   assert_int_equal(bc, 5);
   printf("# device hierarchical top-K equals dg_topk_hier bit for bit in %d cases (V %d, %d rows, K 1..V; random, "
@@ -931,16 +940,16 @@ static void test_turbo_sc(void **state) {
   for (size_t i = 0; i < (size_t)C * V; i++) x[i] = synth_rand(&sd) * 8.0f;
   const double u = ldexp(1.0, -8), u32 = ldexp(1.0, -24);
   for (int mode = 0; mode < 2; mode++) {
-    assert_dg_ok(dg_cuda_put_raw_rows(ctx->cuda, n, x));
+    assert_dg_ok(cu()->put_raw_rows(ctx->dev, n, x));
     int32_t br, bc;
-    assert_dg_ok(dg_cuda_topk(ctx->cuda, n, K, kv, ki, &br, &bc));
+    assert_dg_ok(cu()->topk(ctx->dev, n, K, kv, ki, &br, &bc));
     for (int r = 0; r < n; r++) {
       dg_turbo_pos tp;
       dg_turbo_dist(kv + (size_t)r * K, ki + (size_t)r * K, K, cap, T, 0.0f, DG_PROPOSAL_ARGMAX, kp + (size_t)r * K, &tp);
     }
-    assert_dg_ok(dg_cuda_get_soft(ctx->cuda, s0));
-    assert_dg_ok(dg_cuda_turbo_sc(ctx->cuda, mode, n, rows, cap, T, kp));
-    assert_dg_ok(dg_cuda_get_soft(ctx->cuda, sg));
+    assert_dg_ok(cu()->get_soft(ctx->dev, s0));
+    assert_dg_ok(cu()->turbo_sc(ctx->dev, mode, n, rows, cap, T, kp));
+    assert_dg_ok(cu()->get_soft(ctx->dev, sg));
     double worst = 0; /* largest |diff| / bound */
     for (int r = 0; r < n; r++) {
       const float *raw = x + (size_t)r * V;
@@ -1379,7 +1388,7 @@ static void check_qmatmul(int bits, int G, dg_dtype sb, int T, int N, int K, int
   for (int i = 0; i < T * ldy; i++) y0[i] = y1[i] = 12345.0f;
   dg_kernels_ref()->matmul(y0, ldy, xf, ldx, T, &qm.w, row0, N, 1);
   dg_cuda_mat m = qmat_cuda(&qm);
-  assert_dg_ok(dg_cuda_test_matmul(0, &m, row0, N, xb, ldx, T, y1, ldy));
+  assert_dg_ok(cu()->test_matmul(0, &m, row0, N, xb, ldx, T, y1, ldy));
   const double u = ldexp(1.0, -24), gam = K * u / (1.0 - K * u);
   for (int n = 0; n < N; n++) {
     dg_quant_dequant_row(&qm.w, row0 + n, deq);
@@ -1445,7 +1454,7 @@ static void test_quant_embed_soft(void **state) {
       int32_t ids[9] = {0, V - 1, 5, 5, 17, 2, V / 2, 1, 40};
       const float scale = 8.0f;
       float *xg = malloc(4 * (size_t)T * H), *xc = malloc(4 * (size_t)H);
-      assert_dg_ok(dg_cuda_test_embed(0, &m, ids, T, scale, xg));
+      assert_dg_ok(cu()->test_embed(0, &m, ids, T, scale, xg));
       for (int t = 0; t < T; t++) {
         dg_weight_row_f32(&qm.w, ids[t], xc);
         for (int j = 0; j < H; j++) xc[j] *= scale;
@@ -1463,7 +1472,7 @@ static void test_quant_embed_soft(void **state) {
       }
       for (int v = 0; v < V; v++) dg_quant_dequant_row(&qm.w, v, deq + (size_t)v * H);
       const float alpha = 53.0f;
-      assert_dg_ok(dg_cuda_test_soft(0, &m, pb, C, alpha, sg));
+      assert_dg_ok(cu()->test_soft(0, &m, pb, C, alpha, sg));
       const double gam = V * u / (1.0 - V * u);
       for (int c = 0; c < C; c++) {
         for (int j = 0; j < H; j++) sc[j] = 0.0f;
@@ -1562,7 +1571,7 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
   float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE), *hf = malloc(4 * (size_t)IE);
   rand_bf16(xb, xf, (size_t)T * H, 2.0f);
   dg_cuda_mat mg = qmat_cuda(&gu), md = qmat_cuda(&dn);
-  assert_dg_ok(dg_cuda_test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
+  assert_dg_ok(cu()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
   for (int p = 0; p < T * K; p++) {
     const int t = p / K, e = idx[p];
@@ -1619,7 +1628,7 @@ static void check_route(int T, int E, int K, double *worst) {
   }
   for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
   memcpy(p, rl, 4 * (size_t)T * E);
-  assert_dg_ok(dg_cuda_test_route(0, p, pes, T, E, K, idx, w, start, pairs));
+  assert_dg_ok(cu()->test_route(0, p, pes, T, E, K, idx, w, start, pairs));
   /* the grouping: experts ascending, each expert's pairs t K + k ascending */
   for (int e = 0, row = 0; e < E; e++) {
     if (start[e] != row) fail_msg("router T %d E %d K %d: start[%d] = %d, expected %d", T, E, K, e, start[e], row);
@@ -1709,7 +1718,7 @@ static void check_attention(const char *label, int version, int nq, int NH, int 
     kc[i] = dg_f32_to_bf16(1.7f * q_rand());
     vc[i] = dg_f32_to_bf16(q_rand() + 0.25f);
   }
-  assert_dg_ok(dg_cuda_test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
+  assert_dg_ok(cu()->test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
                                       out));
   const double u = ldexp(1.0, -9);
   const int G = NH / NKV;
@@ -1961,7 +1970,7 @@ static void test_ceilings(void **state) {
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   dg_cuda_ceilings c;
   const int64_t rb = (1 << 16) + 24; /* not a multiple of 16, nor of the grid's stride */
-  assert_dg_ok(dg_cuda_ceilings_measure(0, rb, 4096, 40, 3, &c));
+  assert_dg_ok(cu()->ceilings_measure(0, rb, 4096, 40, 3, &c));
   assert_int_equal(c.read_bytes, (size_t)((1 << 16) + 16));
   assert_int_equal(c.copy_bytes, 4096);
   assert_int_equal(c.gemm_n, 32);
@@ -1973,7 +1982,7 @@ static void test_ceilings(void **state) {
   assert_true(c.copy_bps > 0 && isfinite(c.copy_bps) && c.copy_med_bps <= c.copy_bps);
   assert_true(c.bf16_flops > 0 && isfinite(c.bf16_flops) && c.bf16_med_flops <= c.bf16_flops);
   assert_true(strlen(c.name) > 0);
-  assert_int_equal(dg_cuda_ceilings_measure(0, -1, 0, 0, 0, &c), DG_ERR_INVALID_ARG);
+  assert_int_equal(cu()->ceilings_measure(0, -1, 0, 0, 0, &c), DG_ERR_INVALID_ARG);
   printf("# ceilings (tiny): %s: read %.2f GB/s, copy %.2f GB/s, bf16 %.3f TFLOP/s, read sum %08x\n", c.name,
          c.read_bps / 1e9, c.copy_bps / 1e9, c.bf16_flops / 1e12, c.read_sum);
 }
@@ -1992,7 +2001,7 @@ static void test_bench_experts(void **state) {
   for (int b = 0; b < 2; b++) {
     dg_cuda_bench_experts_args a = {bitsv[b], 64, H, IE, E, K, T, idx, 1, 3, 1 << 16, 5};
     dg_cuda_bench_result r;
-    assert_dg_ok(dg_cuda_bench_experts(0, &a, &r));
+    assert_dg_ok(cu()->bench_experts(0, &a, &r));
     assert_int_equal(r.reps, 3);
     assert_true(r.min_ms >= 0 && r.min_ms <= r.med_ms && r.med_ms <= r.max_ms);
     const size_t n = (size_t)E * 3 * IE * H; /* gate/up + down weights */
@@ -2005,16 +2014,16 @@ static void test_bench_experts(void **state) {
   dg_cuda_bench_experts_args bad = {4, 64, H, IE, E, K, T, idx, 1, 3, 0, 5};
   dg_cuda_bench_result r;
   bad.bits = 5;
-  assert_int_equal(dg_cuda_bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
+  assert_int_equal(cu()->bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
   bad.bits = 4;
   bad.H = 96; /* not a multiple of 64 */
-  assert_int_equal(dg_cuda_bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
+  assert_int_equal(cu()->bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
   bad.H = H;
   int32_t dup[T * K];
   memcpy(dup, idx, sizeof dup);
   dup[1] = dup[0];
   bad.idx = dup;
-  assert_int_equal(dg_cuda_bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
+  assert_int_equal(cu()->bench_experts(0, &bad, &r), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "twice"));
 }
 

@@ -1062,7 +1062,9 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   double bw = 0, rate = 0, mm = 0;
   dg_cuda_ceilings gceil, *gc = NULL;
   if (info.device == DG_DEVICE_CUDA) {
-    dg_status st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &gceil);
+    const dg_cuda_api *cu = NULL;
+    dg_status st = dg_cuda_api_get(&cu);
+    if (!st) st = cu->ceilings_measure(o->cuda_device, 0, 0, 0, 0, &gceil);
     if (st) {
       fprintf(stderr, "dgemma bench: GPU ceilings: %s: %s\n", dg_status_str(st), dg_last_error());
       out_discard(out);

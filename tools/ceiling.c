@@ -37,6 +37,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "bench.h"
 #include "cuda/backend.h"
 #include "kernels.h"
@@ -301,7 +302,9 @@ static int cu_run(const bench_opts *o, int bits, const int32_t *ids, int32_t T, 
                   cu_row *r) {
   dg_cuda_bench_experts_args a = {bits >= 16 ? 0 : bits, CE_G, CE_H, CE_IE, CE_E, CE_TOPK, T, ids, warm, reps, flush,
                                   o->seed + 7};
-  dg_status st = dg_cuda_bench_experts(o->cuda_device, &a, &r->r);
+  const dg_cuda_api *cu = NULL;
+  dg_status st = dg_cuda_api_get(&cu);
+  if (!st) st = cu->bench_experts(o->cuda_device, &a, &r->r);
   if (st) {
     fprintf(stderr, "dgemma bench: ceiling on cuda:%d (%s, T %d): %s: %s\n", o->cuda_device, r->shape, T,
             dg_status_str(st), dg_last_error());
@@ -315,7 +318,9 @@ static int bench_ceiling_cuda(const bench_opts *o, const int *Ms, int nM, const 
   const int reps = o->reps > 0 ? o->reps : 50, warm = o->warmup >= 0 ? o->warmup : 5;
   const int64_t flush = (int64_t)256 << 20;
   dg_cuda_ceilings g0, g1;
-  dg_status st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &g0);
+  const dg_cuda_api *cu = NULL;
+  dg_status st = dg_cuda_api_get(&cu);
+  if (!st) st = cu->ceilings_measure(o->cuda_device, 0, 0, 0, 0, &g0);
   if (st) {
     fprintf(stderr, "dgemma bench: --protocol ceiling --device cuda: GPU ceilings on cuda:%d: %s: %s\n",
             o->cuda_device, dg_status_str(st), dg_last_error());
@@ -360,7 +365,7 @@ static int bench_ceiling_cuda(const bench_opts *o, const int *Ms, int nM, const 
     }
   }
   if (o->tty) fprintf(stderr, "\r%40s\r", "");
-  if (!rc && (st = dg_cuda_ceilings_measure(o->cuda_device, 0, 0, 0, 0, &g1))) {
+  if (!rc && (st = cu->ceilings_measure(o->cuda_device, 0, 0, 0, 0, &g1))) {
     fprintf(stderr, "dgemma bench: GPU ceilings after the sweep: %s: %s\n", dg_status_str(st), dg_last_error());
     rc = 1;
   }

@@ -831,10 +831,10 @@ extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
 
 /* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4):
  * c->x [C, H] = layers(post_norm(embed(canvas) + SC_MLP(pre_norm(soft)))),
- * the SC term only with sc = 1 (c->soft on the device; a zero signal adds
- * exactly zero, so sc = 0 skips it). Shared by dg_cuda_decode and
+ * the SC term only with DG_SC_KEPT (c->soft on the device; a zero signal adds
+ * exactly zero, so DG_SC_NONE skips it). Shared by dg_cuda_decode and
  * dg_cuda_decode_rows, which differ only in the LM head. */
-static dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc) {
+static dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
   const int T = d->canvas, H = d->hidden;
@@ -843,7 +843,7 @@ static dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t p
   CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
-  if (sc == 1) {
+  if (sc == DG_SC_KEPT) {
     CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
     DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
     CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
@@ -854,7 +854,7 @@ static dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t p
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc,
+extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
                                     const float *sc_logits, float *logits_out) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
@@ -865,13 +865,13 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
                      c->cap);
   CK(cudaSetDevice(m->device));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
-  if (sc == 2) {
+  if (sc == DG_SC_HOST) {
     CK(cudaMemcpyAsync(c->logits, sc_logits, (size_t)T * d->vocab * 4, cudaMemcpyHostToDevice, s));
     DG_TRY(soft_from(c, c->logits));
     DG_TRY(mark(c, DG_CUDA_ST_SC));
-    sc = 1;
+    sc = DG_SC_KEPT;
   }
-  if (sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
+  if (sc == DG_SC_KEPT && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
   DG_TRY(decoder_layers(c, canvas, pos0, sc));
   /* final norm, tied LM head, softcap (spec 4.7) */
   CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
@@ -885,7 +885,7 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int mode, uint64_t seed, int32_t block,
+extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
                                         int32_t step, const float *uni, void *out, int32_t *bad_pos) {
   const dg_cuda_model_desc *d = &c->m->d;
   const int C = d->canvas;
@@ -995,16 +995,16 @@ static dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
 }
 #undef TB_MALLOC
 
-/* Self-conditioning input of a decoder pass: sc = 2 uploads host rows soft [C, H] into c->soft. */
-static dg_status turbo_soft_in(dg_cuda_ctx *c, int *sc, const float *soft) {
+/* Self-conditioning input of a decoder pass: DG_SC_HOST uploads host rows soft [C, H] into c->soft. */
+static dg_status turbo_soft_in(dg_cuda_ctx *c, dg_sc_source *sc, const float *soft) {
   const dg_cuda_model_desc *d = &c->m->d;
-  if (*sc == 2) {
-    if (!soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA turbo pass: sc = 2 without host soft rows");
+  if (*sc == DG_SC_HOST) {
+    if (!soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA turbo pass: DG_SC_HOST without host soft rows");
     CK(cudaMemcpyAsync(c->soft, soft, (size_t)d->canvas * d->hidden * 4, cudaMemcpyHostToDevice, c->stream));
     c->have_soft = 1;
-    *sc = 1;
+    *sc = DG_SC_KEPT;
   }
-  if (*sc == 1 && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA turbo pass: no soft embedding on the device");
+  if (*sc == DG_SC_KEPT && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA turbo pass: no soft embedding on the device");
   return DG_OK;
 }
 
@@ -1028,7 +1028,7 @@ static dg_status turbo_head(dg_cuda_ctx *c, const int32_t *rows, int32_t n, floa
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc,
+extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
                                          const float *soft, const int32_t *rows, int32_t n, float *raw_out) {
   const dg_cuda_model *m = c->m;
   const int T = m->d.canvas;
@@ -1044,7 +1044,7 @@ extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, 
 }
 
 extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
-                                     int sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out) {
+                                     dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
   const int C = d->canvas, H = d->hidden;
@@ -1064,7 +1064,7 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   CK(cudaMemcpyAsync(c->ids, tok, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   CKK(c, k_embed(s, c->x, &m->embed, c->ids, n, H, d->embed_scale));
-  if (sc == 1) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
+  if (sc == DG_SC_KEPT) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
     CK(cudaMemcpyAsync(t->cpos, pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
     CKK(c, k_gather_rows(s, c->u, c->soft, t->cpos, n, H));
     CKK(c, k_rmsnorm(s, c->u, m->sc_pre_norm, NULL, c->a, n, H, d->eps));
@@ -1115,7 +1115,7 @@ extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *v
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const int32_t *rows, float cap, float T,
+extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                                       const float *p) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
@@ -1127,7 +1127,7 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const
   CK(cudaSetDevice(m->device));
   if (n == 0) return DG_OK;
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-  if (mode == 0) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
+  if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
     CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
     const float alpha = d->embed_scale, beta = 0.0f;
     if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
@@ -1137,7 +1137,7 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const
                      d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT));
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
-  } else if (mode == 1) { /* top-K: the K probabilities of the host chain times the K rows of E */
+  } else if (mode == DG_TURBO_SC_TOPK) { /* top-K: the K probabilities of the host chain times the K rows of E */
     if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
     if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
       return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
@@ -1146,7 +1146,7 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const
     CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, s));
     CKK(c, k_turbo_sc_topk(s, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden, d->embed_scale));
   } else {
-    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", mode);
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
   }
   c->have_soft = 1;
   return DG_OK;

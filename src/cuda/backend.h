@@ -9,9 +9,12 @@
  * context; the host synchronises once per denoising step, to read [C]
  * per-position statistics.
  *
- * This header is plain C and includes no CUDA header, so the CPU-only build
- * never needs nvcc: without nvcc, stub.c implements every function by
- * returning DG_ERR_BACKEND ("built without CUDA").
+ * This header is plain C and includes no CUDA header. The samplers reach the
+ * backend only through its table (src/backend.h, filled by src/device.c);
+ * tests and tools reach the entry points below that the table has no slot
+ * for through dg_cuda_api (the table's `api`). A CPU-only build compiles
+ * none of this: it has no CUDA table, and asking for CUDA there gives
+ * DG_ERR_BACKEND ("built without CUDA", src/backend_select.c).
  *
  * Errors: every function returns a dg_status; a failing CUDA or cuBLAS call
  * gives DG_ERR_BACKEND with dg_last_error() naming the call, the file and
@@ -22,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../backend.h" /* dg_sc_source (src/backend.h; "backend.h" here would be this file) */
 #include "dgemma.h"
 
 #ifdef __cplusplus
@@ -118,13 +122,13 @@ dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t 
 
 /* Decoder pass (spec 4.5, 4.8) over canvas[C] at positions pos0.. reading the
  * cache [0, pos0). Self-conditioning (spec 5):
- *   sc = 0: zero signal (first step of a block);
- *   sc = 1: soft embedding already on the device (dg_cuda_soft_from_z);
- *   sc = 2: from host processed logits sc_logits [C, V] (uploaded).
+ *   DG_SC_NONE: zero signal (first step of a block);
+ *   DG_SC_KEPT: soft embedding already on the device (dg_cuda_soft_from_z);
+ *   DG_SC_HOST: from host processed logits sc_logits [C, V] (uploaded).
  * Leaves softcapped fp32 logits [C, V] on the device; if logits_out != NULL
  * they are copied there (synchronous). */
-dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc, const float *sc_logits,
-                         float *logits_out);
+dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
+                         const float *sc_logits, float *logits_out);
 
 /* Per-position statistics on the device logits of the last decode (spec 6.1
  * steps 2-4): z = logits / T in place, argmax, entropy of softmax(z), max
@@ -136,20 +140,20 @@ dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, in
  * out: host array of C records laid out as dg_pos_stats (sampler.h).
  * Returns DG_ERR_NUMERIC (no message) with *bad_pos set if a logit is not
  * finite. Synchronous: the one host sync of a denoising step. */
-dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, int mode, uint64_t seed, int32_t block,
+dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
                              int32_t step, const float *uni, void *out, int32_t *bad_pos);
 
 /* Self-conditioning soft embedding (spec 5, 4.9) from the processed logits z
  * left on the device by dg_cuda_step_stats: P = cast(softmax(cast(z))) in
  * bf16, soft = (P . E) * embed_scale [C, H] kept on the device for the next
- * dg_cuda_decode(..., sc = 1, ...). */
+ * dg_cuda_decode(..., DG_SC_KEPT, ...). */
 dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c);
 
 /* ---- turbo engine (spec 7; the engine is src/turbo.c) ----
- * Self-conditioning argument sc of the passes below: 0 zero signal; 1 the
- * device's per-position rows c->soft [C, H] (left by an earlier pass's
- * upload or by dg_cuda_turbo_sc); 2 upload host rows soft [C, H] (already
- * scaled, by canvas position) first. Each pass leaves RAW logits (final norm
+ * Self-conditioning argument sc of the passes below: DG_SC_NONE zero signal;
+ * DG_SC_KEPT the device's per-position rows c->soft [C, H] (left by an
+ * earlier pass's upload or by dg_cuda_turbo_sc); DG_SC_HOST upload host rows
+ * soft [C, H] (already scaled, by canvas position) first. Each pass leaves RAW logits (final norm
  * and tied LM head, no softcap: the turbo chain ranks raw logits, spec 7.3)
  * of its head rows on the device, [n, V] in head-row order, for
  * dg_cuda_topk / dg_cuda_turbo_sc / dg_cuda_raw_rows. */
@@ -158,8 +162,8 @@ dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c);
  * LM head on the n canvas rows rows[] only. raw_out [n, V] (host) receives
  * the raw logits if not NULL (synchronous). Errors: DG_ERR_INVALID_ARG,
  * DG_ERR_CONTEXT_FULL, DG_ERR_BACKEND. */
-dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, int sc, const float *soft,
-                              const int32_t *rows, int32_t n, float *raw_out);
+dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
+                              const float *soft, const int32_t *rows, int32_t n, float *raw_out);
 
 /* Compacted active-set decoder pass (spec 7.4; CPU: dg_forward_compact). The
  * forward set is n canvas positions pos[n] holding tokens tok[n] (duplicates
@@ -170,8 +174,8 @@ dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos
  * pass that wrote them), and attends from the n queries over the prefix and
  * the whole canvas [pos0, pos0 + C) with no mask. The LM head runs on the nh
  * forward-set rows head[] (indices into pos). raw_out as above. */
-dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0, int sc,
-                          const float *soft, const int32_t *head, int32_t nh, float *raw_out);
+dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
+                          dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out);
 
 /* Copy the first n raw logit rows of the last pass to raw_out [n, V]. */
 dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out);
@@ -191,12 +195,13 @@ dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t
 
 /* Self-conditioning rows of the n active positions from the first n raw rows
  * of the last pass, written into the device rows c->soft[rows[r]] (the other
- * rows keep theirs) for the next pass with sc = 1 (spec 5, 7.3):
- *   mode 0 (exact): z = softcap(raw)/T, P = cast(softmax(cast(z))) in bf16,
- *     soft = embed_scale * P . E  (as src/turbo.c's exact mode);
- *   mode 1 (topk): soft = embed_scale * sum_k p[r, k] E[idx_k], with p [n, K]
- *     (host) the K-way probabilities and idx the last dg_cuda_topk's ids. */
-dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, int mode, int32_t n, const int32_t *rows, float cap, float T,
+ * rows keep theirs) for the next pass with DG_SC_KEPT (spec 5, 7.3):
+ *   DG_TURBO_SC_EXACT: z = softcap(raw)/T, P = cast(softmax(cast(z))) in
+ *     bf16, soft = embed_scale * P . E  (as src/turbo.c's exact mode);
+ *   DG_TURBO_SC_TOPK: soft = embed_scale * sum_k p[r, k] E[idx_k], with p
+ *     [n, K] (host) the K-way probabilities and idx the last dg_cuda_topk's
+ *     ids. Any other mode: DG_ERR_INVALID_ARG. */
+dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                            const float *p);
 /* ---- test entry points (tests/test_cuda.c): one kernel on host data ------
  * Each uploads its inputs to device `device`, runs the kernel the forward
@@ -364,6 +369,35 @@ typedef struct dg_cuda_bench_result {
  * of range, an expert id out of range or repeated within a token),
  * DG_ERR_OUT_OF_MEMORY, DG_ERR_BACKEND (a failing CUDA call, named). */
 dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
+
+/* The entry points that tests and tools call directly, by pointer (the CUDA
+ * table's `api`, src/backend.h), so that they link in a CPU-only build. */
+typedef struct dg_cuda_api {
+  dg_status (*step_stats)(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
+                          int32_t step, const float *uni, void *out, int32_t *bad_pos);
+  dg_status (*compact)(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
+                       dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out);
+  dg_status (*put_raw_rows)(dg_cuda_ctx *c, int32_t n, const float *raw);
+  dg_status (*get_soft)(dg_cuda_ctx *c, float *soft);
+  dg_status (*topk)(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t *idx, int32_t *bad_row,
+                    int32_t *bad_col);
+  dg_status (*turbo_sc)(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
+                        const float *p);
+  dg_status (*test_matmul)(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x, int ldx, int T,
+                           float *y, int ldy);
+  dg_status (*test_embed)(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale, float *x);
+  dg_status (*test_soft)(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha, float *soft);
+  dg_status (*test_experts)(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
+                            const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
+  dg_status (*test_route)(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
+                          int32_t *start, int32_t *pairs);
+  dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
+                              int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
+                              int window, uint16_t *out);
+  dg_status (*ceilings_measure)(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
+                                dg_cuda_ceilings *out);
+  dg_status (*bench_experts)(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
+} dg_cuda_api;
 
 #ifdef __cplusplus
 }
