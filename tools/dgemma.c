@@ -414,6 +414,7 @@ static int32_t *parse_ids(const char *arg, size_t *n) {
     if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
       char msg[512];
       snprintf(msg, sizeof msg, "bad id list near \"%s\" (decimal ids separated by one comma)", q(p));
+      free(ids); /* usage_exit does not return: nothing left for LeakSanitizer to report */
       usage_exit(msg);
     }
     if (cnt == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
@@ -423,10 +424,14 @@ static int32_t *parse_ids(const char *arg, size_t *n) {
     if (*p == ',') {
       p++;
       while (*p == ' ') p++;
-      if (!*p) usage_exit("bad id list: it ends with a comma (decimal ids separated by one comma)");
+      if (!*p) {
+        free(ids);
+        usage_exit("bad id list: it ends with a comma (decimal ids separated by one comma)");
+      }
     } else if (*p && (end == p)) { /* "1x": no separator */
       char msg[512];
       snprintf(msg, sizeof msg, "bad id list near \"%s\" (decimal ids separated by one comma)", q(p));
+      free(ids);
       usage_exit(msg);
     }
   }
