@@ -103,7 +103,8 @@ dg_status dg_cpu_kernels(const char **name);
 dg_model_params dg_model_default_params(void);
 
 /* Load a Hugging Face DiffusionGemma directory: config.json,
- * generation_config.json (optional: defaults of spec 1.3 when absent),
+ * generation_config.json (optional: defaults of spec 1.3 when absent, with
+ * config.json's eos_token_id as the stop ids; dg_model_info.has_generation_config says which),
  * model.safetensors or model.safetensors.index.json + shards (mmap'd), and
  * tokenizer.json. Every header offset, dtype and shape is validated.
  * MLX affine-quantized checkpoints (spec 3.2) load as they are: a matrix is
@@ -112,8 +113,8 @@ dg_model_params dg_model_default_params(void);
  * (per-module overrides first); expert stacks may be stored stacked or per
  * expert. A missing scales/biases tensor, unsupported bits or group size, or
  * shapes that disagree with the block fail with a message naming the tensor.
- * Errors: DG_ERR_NOT_FOUND, DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG,
- * DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
+ * Errors: DG_ERR_NOT_FOUND (also model_dir naming a file, not a directory),
+ * DG_ERR_IO, DG_ERR_JSON, DG_ERR_CONFIG, DG_ERR_UNSUPPORTED_MODEL, DG_ERR_SAFETENSORS, DG_ERR_TENSOR_*,
  * DG_ERR_TOKENIZER, DG_ERR_VOCAB_MISMATCH, DG_ERR_OUT_OF_MEMORY, DG_ERR_NUMERIC
  * (a layer scalar that is NaN or infinite, naming the tensor and the value).
  * With params->device = DG_DEVICE_CUDA every weight is also uploaded to the GPU
@@ -133,6 +134,9 @@ typedef struct dg_model_info {
   int64_t n_params;          /* text parameters (tied embedding counted once) */
   const char *weight_dtype;  /* "bf16", "f16" or "f32" (embedding's dtype, or its scales' when quantized) */
   int has_tokenizer;
+  int has_generation_config; /* 1: MODEL_DIR/generation_config.json was read; 0: none, so the generation
+                                defaults are spec 1.3's and the stop ids config.json's eos_token_id only
+                                (the library says nothing: a caller may warn) */
   int32_t n_quantized;       /* matrices stored MLX affine-quantized (0 = none) */
   int32_t quant_bits_min, quant_bits_max; /* their bit widths (0 if none) */
   dg_device device;          /* where the forward pass runs */

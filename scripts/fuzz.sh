@@ -11,7 +11,9 @@
 # (grow mode adds a line of covered/total edges per source file the corpus reaches,
 # from one more pass with -print_coverage; full list in BUILD/logs/NAME.cov)
 # or "fuzz: NAME FAILED (...)". Exit status 1 if any failed.
-# FUZZ_JOBS=N runs N harnesses at a time (default 1). Extra libFuzzer flags: FUZZ_FLAGS.
+# FUZZ_JOBS=N runs N harnesses at a time (default 1). Extra libFuzzer flags: FUZZ_FLAGS
+# (FUZZ_FLAGS=-runs=10000000 stops a harness at 10 M executions or SECONDS,
+# whichever comes first; S in the line is the wall time the harness really ran).
 set -u
 cd "$(dirname "$0")/.."
 build=$1; secs=$2; mode=$3; shift 3
@@ -34,10 +36,13 @@ run_one() {
   [ -s "$build/seeds/$short.dict" ] && dict=(-dict="$build/seeds/$short.dict")
   local log="$build/logs/$short.log"
   echo "$build/$name -max_total_time=$secs -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 ${dict[*]} -artifact_prefix=$build/crash/$short- ${FUZZ_FLAGS:-} ${dirs[*]}" > "$log"
+  local t0 t1 el
+  t0=$(date +%s)
   # shellcheck disable=SC2086
   "$build/$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "${dict[@]}" \
     -artifact_prefix="$build/crash/$short-" ${FUZZ_FLAGS:-} "${dirs[@]}" >> "$log" 2>&1
   local rc=$?
+  t1=$(date +%s); el=$((t1 - t0))
   local execs done_line
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   done_line=$(grep -E '^#[0-9]+.*(DONE|REDUCE|NEW|pulse|INITED)' "$log" | tail -1)
@@ -47,7 +52,7 @@ run_one() {
   corp=$(echo "$done_line" | sed -n 's/.* corp: \([0-9]*\).*/\1/p')
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
   if [ $rc -eq 0 ] && [ -n "$execs" ]; then
-    echo "fuzz: $name ok: $execs executions in $secs s ($((execs / (secs > 0 ? secs : 1)))/s), cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?} inputs, peak RSS ${rss:-?} MB"
+    echo "fuzz: $name ok: $execs executions in $el s ($((execs / (el > 0 ? el : 1)))/s), cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?} inputs, peak RSS ${rss:-?} MB"
     if [ "$mode" = grow ]; then
       # edges covered by the grown corpus in each source file it reaches (one pass, -print_coverage)
       "$build/$name" -runs=0 -print_coverage=1 "$corpus" 2>&1 | grep -E '^(UN)?COVERED_FUNC' > "$build/logs/$short.cov"

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dg_error.h"
 #include "quant.h"
@@ -354,11 +355,18 @@ dg_status dg_model_load_host(const char *dir, const dg_model_params *params, dg_
   m->dir = strdup(dir);
   if (!m->dir) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); goto fail; }
 
+  struct stat sb; /* a file given as the model (-m FILE): say so, not "FILE/config.json: no such file" */
+  if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    st = dg_seterr(DG_ERR_NOT_FOUND, "%s is not a directory (a model directory holds config.json, the "
+                   "safetensors files and tokenizer.json)", dir);
+    goto fail;
+  }
   snprintf(path, sizeof path, "%s/config.json", dir);
   if ((st = dg_config_load(path, &m->cfg))) goto fail;
   int found = 0;
   snprintf(path, sizeof path, "%s/generation_config.json", dir);
   if ((st = dg_gen_config_load(path, &m->gen_defaults, &found))) goto fail;
+  m->has_gen_config = found;
   if (!found && m->cfg.n_eos > 0) { /* no generation config: stop on the model config's eos ids */
     m->gen_defaults.n_stop_ids = m->cfg.n_eos;
     memcpy(m->gen_defaults.stop_ids, m->cfg.eos_ids, sizeof m->cfg.eos_ids);
@@ -481,6 +489,7 @@ dg_status dg_model_get_info(const dg_model *m, dg_model_info *info) {
   info->n_params = m->n_params;
   info->weight_dtype = m->act_dtype == DG_BF16 ? "bf16" : m->act_dtype == DG_F16 ? "f16" : "f32";
   info->has_tokenizer = m->tok != NULL;
+  info->has_generation_config = m->has_gen_config;
   info->n_quantized = m->n_quantized;
   info->quant_bits_min = m->min_bits;
   info->quant_bits_max = m->max_bits;

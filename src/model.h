@@ -46,6 +46,7 @@ typedef struct dg_layer {
 struct dg_model {
   dg_config cfg;
   dg_gen_params gen_defaults;
+  int has_gen_config;     /* generation_config.json was there (else gen_defaults are spec 1.3's) */
   char *dir;
   dg_safetensors *st;
   dg_tokenizer *tok;      /* NULL if loaded without a tokenizer */

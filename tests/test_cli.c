@@ -565,6 +565,8 @@ static void test_help(void **state) {
       if (!strstr(out, line)) fail_msg("dgemma %s does not list %s:\n%s", global[i], kCmds[k], out);
     }
     assert_non_null(strstr(out, "DGEMMA_MODEL"));
+    assert_non_null(strstr(out, "\n  DGEMMA_API_KEY    the key `dgemma serve` requires without --api-key"));
+    assert_non_null(strstr(out, "\n  OMP_NUM_THREADS   the default of -t (more than the cores available is capped"));
     free(out);
     free(err);
   }
@@ -665,8 +667,6 @@ static void test_rejected_options(void **state) {
       {"run -m /nonexistent -p hi --stop ''", "--stop needs a non-empty string"},
       {"run -m /nonexistent --raw --system be brief -p hi", "--raw sends the prompt without the chat template"},
       {"run -m /nonexistent --raw --think -p hi", "--system and --think cannot apply"},
-      {"run -m /nonexistent -p hi -f /etc/hostname", "give the text once"},
-      {"run -m /nonexistent -p hi there", "give the text once"},
       {"bench -m /nonexistent --protocol vllm --gen-kwargs '{'", "--gen-kwargs is read by --protocol batch"},
       {"bench -m /nonexistent --protocol p512 --gen-kwargs '{\"seed\": 1}'", "--gen-kwargs is read by --protocol batch"},
       {"bench -m /nonexistent --protocol vllm --profile", "--profile times the CUDA backend's stages: add --device cuda"},
@@ -706,6 +706,34 @@ static void test_rejected_options(void **state) {
       {"serve -m /nonexistent --device gpu",
        "dgemma serve: --device expects cpu, cuda or cuda:N, got \"gpu\"; see `dgemma serve --help`"},
       {"serve -m /nonexistent extra", "dgemma serve: unexpected argument \"extra\"; see `dgemma serve --help`"},
+      /* the second newcomer review: the text given once (a repeated -p or -f is refused, not the last
+       * kept), a "+" sign said, --opt=value read as --opt value (a flag takes none), id lists without
+       * empty items */
+      {"run -m /nonexistent -p a -p b",
+       "dgemma run: -p given twice; give the text once: -p TEXT, -p -, -f FILE or an argument; see `dgemma run --help`"},
+      {"run -m /nonexistent --prompt a --prompt b", "dgemma run: --prompt given twice; give the text once"},
+      {"run -m /nonexistent -f /etc/hostname -f /etc/hostname", "dgemma run: -f given twice; give the text once"},
+      {"tokenize -m /nonexistent -p a -p b", "dgemma tokenize: -p given twice; give the text once"},
+      {"run -m /nonexistent -p hi -f /etc/hostname",
+       "dgemma run: give the text once: -p TEXT, -p -, -f FILE or an argument, not both -p and -f; see `dgemma run --help`"},
+      {"run -m /nonexistent -p hi there", "give the text once: -p TEXT, -p -, -f FILE or an argument, not both -p and an argument;"},
+      {"run -m /nonexistent -p hi -f /etc/hostname there", "or an argument, not -p, -f and an argument; see"},
+      {"run -m /nonexistent -p hi -n +5",
+       "dgemma run: -n expects an integer in [1, 16777216], got \"+5\" (write it without the + sign); see `dgemma run --help`"},
+      {"run -m /nonexistent -p hi --temp +1", "--temp expects a number in [0, 100], got \"+1\" (write it without the + sign)"},
+      {"run -m /nonexistent -p hi --temp=-1", "dgemma run: --temp expects a number in [0, 100], got \"-1\"; see"},
+      {"run -m /nonexistent -p hi --max-new-tokens=0x10", "--max-new-tokens expects an integer in [1, 16777216], got \"0x10\""},
+      {"run -m /nonexistent -p hi --greedy=1", "dgemma run: --greedy takes no value (got \"--greedy=1\"); see `dgemma run --help`"},
+      {"run -m /nonexistent -p hi --frob=1", "dgemma run: unknown option --frob; see"},
+      {"info -m /nonexistent --bits=4", "dgemma info: --bits is not an option of info"},
+      {"run -m /nonexistent --stop= -p hi", "--stop needs a non-empty string"},
+      {"logits -m " SMALL " -t 1 --prompt-ids 1,,2 --canvas-ids 1 -o /dev/null",
+       "dgemma logits: bad id list near \",2\" (decimal ids separated by one comma)"},
+      {"logits -m " SMALL " -t 1 --prompt-ids 1,2, --canvas-ids 1 -o /dev/null", "bad id list: it ends with a comma"},
+      {"logits -m " SMALL " -t 1 --prompt-ids +1 --canvas-ids 1 -o /dev/null", "bad id list near \"+1\""},
+      {"serve -m /nonexistent --port=0x10", "dgemma serve: --port expects an integer in [0, 65535], got \"0x10\""},
+      {"serve -m /nonexistent --port +80", "dgemma serve: --port expects an integer in [0, 65535], got \"+80\""},
+      {"serve -m /nonexistent --quiet=1", "dgemma serve: --quiet takes no value, got \"--quiet=1\"; see `dgemma serve --help`"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out, *err;
@@ -1297,6 +1325,36 @@ static void test_threads(void **state) {
   if (keep) setenv("OMP_WAIT_POLICY", keep, 1);
   else unsetenv("OMP_WAIT_POLICY");
   free(keep);
+  /* OMP_NUM_THREADS, the default of -t, is capped as -t is (info and serve); an explicit -t wins */
+  const char *omp = getenv("OMP_NUM_THREADS");
+  char *keep_omp = omp ? strdup(omp) : NULL;
+  setenv("OMP_NUM_THREADS", "1000", 1);
+  snprintf(args, sizeof args, "info -m %s", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  printf("# OMP_NUM_THREADS=1000 dgemma info: %s", err);
+  snprintf(want, sizeof want, "dgemma: OMP_NUM_THREADS=1000 is more than the %d core(s) available to this process; "
+           "using %d\n", cores, cores);
+  assert_string_equal(err, want);
+  snprintf(want, sizeof want, "cpu: %d threads, %d core(s) available", cores, cores);
+  if (!strstr(out, want)) fail_msg("info: %s (want \"%s\")", out, want);
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "info -m %s -t 1", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(err, "");
+  assert_non_null(strstr(out, "cpu: 1 threads"));
+  free(out);
+  free(err);
+  /* serve: said before the model loads (the model does not exist: exit 1 after the line) */
+  assert_int_equal(cli("serve -m /nonexistent --port 0", &out, &err), 1);
+  snprintf(want, sizeof want, "dgemma serve: OMP_NUM_THREADS=1000 is more than the %d core(s) available to this process; "
+           "using %d\n", cores, cores);
+  if (strncmp(err, want, strlen(want))) fail_msg("serve: stderr \"%s\" (want \"%s...\")", err, want);
+  free(out);
+  free(err);
+  if (keep_omp) setenv("OMP_NUM_THREADS", keep_omp, 1);
+  else unsetenv("OMP_NUM_THREADS");
+  free(keep_omp);
 }
 
 /* info on a quantized model, and a model without a tokenizer (mkrandom --config small). */
@@ -1540,6 +1598,186 @@ static void test_chat_interrupt(void **state) {
   assert_int_equal(pty_finish(&s), 0);
 }
 
+/* The second newcomer review: --opt=value; -f - reads stdin; a 1-token prompt has no prefill rate;
+ * the prefill progress and the summary count the same tokens; detokenize refuses empty ids and signs;
+ * -m FILE is said to be a file; a model without generation_config.json is warned about (the library
+ * says so in dg_model_info, the CLI prints). */
+static void test_review2_findings(void **state) {
+  (void)state;
+  char args[2048], path[512], dir[512], want[1024], *ref, *out, *err;
+  /* --opt=value is --opt value, for every long option taking a value */
+  snprintf(args, sizeof args, "run -m %s -t 1 -n 64 -s 4 --seed 7 --temp 0.5 -p '%s'", SMALL, kQuestion);
+  assert_int_equal(cli(args, &ref, &err), 0);
+  free(err);
+  snprintf(args, sizeof args, "run --model=%s --threads=1 --max-new-tokens=64 --steps=4 --seed=7 --temp=0.5 "
+           "--prompt='%s'", SMALL, kQuestion);
+  assert_int_equal(cli(args, &out, &err), 0);
+  printf("# --temp=0.5 and the rest as --opt=value: %s", out);
+  assert_true(strlen(ref) > 1);
+  assert_string_equal(out, ref);
+  free(out);
+  free(err);
+  free(ref);
+  /* -f - reads standard input, as -p - does */
+  snprintf(path, sizeof path, "%s/q.txt", g_dir);
+  write_file(path, kQuestion, strlen(kQuestion));
+  snprintf(args, sizeof args, RUN_FAST " -p - < %s", path);
+  assert_int_equal(cli(args, &ref, &err), 0);
+  free(err);
+  snprintf(args, sizeof args, RUN_FAST " -f - < %s", path);
+  assert_int_equal(cli(args, &out, &err), 0);
+  if (strcmp(out, ref)) fail_msg("-f -: \"%s\", -p -: \"%s\"; stderr %s", out, ref, err);
+  free(out);
+  free(err);
+  free(ref);
+  snprintf(args, sizeof args, RUN_FAST " -f - < /dev/null");
+  assert_int_equal(cli(args, &out, &err), 2);
+  assert_non_null(strstr(err, "the prompt is empty (nothing on standard input)"));
+  free(out);
+  free(err);
+  /* a 1-token prompt: nothing is prefilled, so no rate (not "0.0 tok/s"); --json says null */
+  snprintf(args, sizeof args, "run -m %s -t 1 -n 64 -s 2 --greedy --raw '<bos>'", SMALL);
+  assert_int_equal(cli(args, &out, &err), 0);
+  printf("# --raw '<bos>':\n%s", err);
+  assert_non_null(strstr(err, "\ndgemma: prompt 1 token, prefill "));
+  assert_non_null(strstr(err, " s (no rate: the only token goes with the first canvas); "));
+  assert_null(strstr(err, "0.0 tok/s"));
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "run -m %s -t 1 -n 64 -s 2 --greedy --json --raw '<bos>'", SMALL);
+  cJSON *j = run_json(args, &err);
+  const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "timings");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(tm, "prefill_tok_per_s")));
+  assert_int_equal((int)jnum(tm, "prefill_tokens"), 0);
+  cJSON_Delete(j);
+  free(err);
+  /* a long prompt on a terminal: the progress line's count is the summary's prefilled count, the
+   * prompt's tokens but the last (which goes with the first canvas) */
+  char *big = malloc(16384);
+  big[0] = 0;
+  for (int i = 0; i < 95; i++) strcat(big, "Sam has 23 apples and buys 14 more. ");
+  snprintf(path, sizeof path, "%s/long.txt", g_dir);
+  write_file(path, big, strlen(big));
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  int32_t *ids;
+  size_t n;
+  dg_chat_message msg = {"user", big};
+  assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &ids, &n));
+  dg_free(ids);
+  free(big);
+  assert_true(n > 1024); /* prefill() shows progress past 2 chunks of 512 */
+  const char *argv[] = {"dgemma", "run", "-m", SMALL, "-t", "1", "-n", "64", "-s", "1", "--greedy", "-f", path, NULL};
+  pty_session ps;
+  pty_start(&ps, argv);
+  pty_expect(&ps, 0, " s in all\n", 120);
+  const char *last = NULL;
+  for (const char *h = ps.buf; (h = strstr(h, "dgemma: prefill ")); h++) last = h;
+  assert_non_null(last);
+  size_t k1, k2, pn, pk;
+  assert_int_equal(sscanf(last, "dgemma: prefill %zu/%zu tokens", &k1, &k2), 2);
+  const char *sum = strstr(ps.buf, "dgemma: prompt ");
+  assert_non_null(sum);
+  double ps_s;
+  assert_int_equal(sscanf(sum, "dgemma: prompt %zu tokens, prefill %lf s (%zu tokens,", &pn, &ps_s, &pk), 3);
+  printf("# %zu-token prompt on a terminal: progress %zu/%zu, summary: %.*s\n", n, k1, k2, (int)strcspn(sum, "\n"), sum);
+  assert_int_equal(pn, n);
+  assert_int_equal(k1, n - 1);
+  assert_int_equal(k2, n - 1);
+  assert_int_equal(pk, n - 1);
+  assert_int_equal(pty_finish(&ps), 0);
+  /* detokenize: an empty id (two commas, a leading or trailing one) and a sign are refused */
+  static const char *bad[][2] = {
+      {"5,,6", "dgemma detokenize: id 1 is empty (two commas at byte 2); separate ids by one comma or by white space\n"},
+      {"'5, ,6'", "dgemma detokenize: id 1 is empty (two commas at byte 3);"},
+      {",5", "dgemma detokenize: id 0 is empty (a comma before the first id at byte 0);"},
+      {"5,6,", "dgemma detokenize: the ids end with a comma (byte 4): an empty id\n"},
+      {"+5", "dgemma detokenize: id 0: \"+5\" is not an id in [0, 4096) (write it without the + sign)\n"},
+      {"5,-6", "dgemma detokenize: id 1: \"-6\" is not an id in [0, 4096)\n"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(args, sizeof args, "detokenize -m %s %s", SMALL, bad[i][0]);
+    const int rc = cli(args, &out, &err);
+    printf("# detokenize %s -> %d: %s", bad[i][0], rc, err);
+    if (rc != 2 || strncmp(err, bad[i][1], strlen(bad[i][1])) || count_char(err, '\n') != 1 || *out)
+      fail_msg("detokenize %s: exit %d, stdout \"%s\", stderr \"%s\" (want \"%s\")", bad[i][0], rc, out, err, bad[i][1]);
+    free(out);
+    free(err);
+  }
+  snprintf(args, sizeof args, "detokenize -m %s '5, 6\n7 ,8'", SMALL); /* one comma, white space around it */
+  assert_int_equal(cli(args, &out, &err), 0);
+  const int32_t ok_ids[] = {5, 6, 7, 8};
+  char *t;
+  assert_dg_ok(dg_detokenize(m, ok_ids, 4, 0, &t));
+  snprintf(want, sizeof want, "%s\n", t);
+  assert_string_equal(out, want);
+  dg_free(t);
+  free(out);
+  free(err);
+  /* -m FILE: the file is said not to be a directory (library and CLI), not "FILE/config.json: no such file" */
+  dg_model *fm = NULL;
+  assert_int_equal(dg_model_load(SMALL "/config.json", &mp, &fm), DG_ERR_NOT_FOUND);
+  assert_null(fm);
+  assert_string_equal(dg_last_error(), SMALL "/config.json is not a directory (a model directory holds config.json, "
+                                            "the safetensors files and tokenizer.json)");
+  assert_int_equal(cli("info -m " SMALL "/config.json", &out, &err), 1);
+  printf("# info -m FILE:\n%s", err);
+  assert_non_null(strstr(err, "  " SMALL "/config.json is not a directory ("));
+  assert_null(strstr(err, "config.json/config.json"));
+  free(out);
+  free(err);
+  /* a model without generation_config.json: the library says so, the generating commands warn once */
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  assert_int_equal(info.has_generation_config, 1);
+  snprintf(dir, sizeof dir, "%s/nogen", g_dir);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  static const char *files[] = {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"};
+  char cwd[1024];
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char src[2048], dst[1024];
+    snprintf(src, sizeof src, "%s/%s/%s", cwd, SMALL, files[i]);
+    snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+    assert_int_equal(symlink(src, dst), 0);
+  }
+  dg_model *nm = NULL;
+  assert_dg_ok(dg_model_load(dir, &mp, &nm));
+  dg_model_get_info(nm, &info);
+  assert_int_equal(info.has_generation_config, 0);
+  dg_gen_params gp = dg_gen_default_params(nm);
+  char ids_s[128] = "";
+  for (int i = 0; i < gp.n_stop_ids; i++) snprintf(ids_s + strlen(ids_s), sizeof ids_s - strlen(ids_s), "%s%d", i ? ", " : "", gp.stop_ids[i]);
+  assert_true(gp.n_stop_ids >= 1);
+  dg_model_free(nm);
+  snprintf(want, sizeof want, "dgemma: warning: %s has no generation_config.json: the generation defaults are the "
+           "built-in ones and the stop ids only config.json's eos_token_id (%s)\n", dir, ids_s);
+  const char *cmds[] = {"info -t 1", "run -t 1 -n 64 -s 1 --greedy -p hi"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(args, sizeof args, "%s -m %s", cmds[i], dir);
+    assert_int_equal(cli(args, &out, &err), 0);
+    printf("# %s:\n%s", args, err);
+    if (strncmp(err, want, strlen(want))) fail_msg("%s: stderr \"%s\" (want it to start with \"%s\")", args, err, want);
+    assert_int_equal(count_char(err, '\n'), i == 0 ? 1 : 4); /* the warning (and run's 3 summary lines) */
+    free(out);
+    free(err);
+  }
+  snprintf(args, sizeof args, "tokenize -m %s hi", dir); /* a command that does not generate says nothing */
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(err, "");
+  free(out);
+  free(err);
+  snprintf(args, sizeof args, "info -t 1 -m %s", SMALL); /* the bundled model has one: no warning */
+  assert_int_equal(cli(args, &out, &err), 0);
+  assert_string_equal(err, "");
+  free(out);
+  free(err);
+  dg_model_free(m);
+}
+
 /* run with its standard input on a terminal and no prompt: a usage error, not a wait for input. */
 static void test_no_prompt_on_terminal(void **state) {
   (void)state;
@@ -1570,6 +1808,7 @@ int main(void) {
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_info_and_no_tokenizer),
       cmocka_unit_test(test_review_findings),
+      cmocka_unit_test(test_review2_findings),
       cmocka_unit_test(test_chat),
       cmocka_unit_test(test_chat_interrupt),
       cmocka_unit_test(test_no_prompt_on_terminal),

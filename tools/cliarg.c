@@ -2,15 +2,18 @@
 #include "cliarg.h"
 
 #include <errno.h>
+#include <omp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
 int cli_parse_ll(const char *s, long long lo, long long hi, long long *v) {
   const char *p = s;
-  if (*p == '+' || *p == '-') p++;
+  if (*p == '-') p++;
   if (!is_digit(*p)) return -1;
   while (is_digit(*p)) p++;
   if (*p) return -1;
@@ -25,7 +28,7 @@ int cli_parse_ll(const char *s, long long lo, long long hi, long long *v) {
 int cli_parse_double(const char *s, double lo, double hi, double *v) {
   const char *p = s;
   int digits = 0;
-  if (*p == '+' || *p == '-') p++;
+  if (*p == '-') p++;
   while (is_digit(*p)) p++, digits++;
   if (*p == '.')
     for (p++; is_digit(*p); p++) digits++;
@@ -64,4 +67,42 @@ const char *cli_quote(const char *s, size_t max, char *buf, size_t cap) {
   if (s[i] && n + 4 <= cap) { memcpy(buf + n, "...", 3); n += 3; }
   buf[n] = 0;
   return buf;
+}
+
+int cli_available_cores(void) {
+  cpu_set_t cs;
+  if (sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) > 0) return CPU_COUNT(&cs);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+int cli_threads(int requested, char *warn, size_t cap) {
+  const int n = cli_available_cores();
+  warn[0] = 0;
+  if (requested > n) {
+    snprintf(warn, cap, "-t %d is more than the %d core(s) available to this process; using %d", requested, n, n);
+    return n;
+  }
+  const char *env = getenv("OMP_NUM_THREADS");
+  if (requested == 0 && env && *env && omp_get_max_threads() > n) { /* the default of -t: OpenMP's */
+    char v[64];
+    snprintf(warn, cap, "OMP_NUM_THREADS=%s is more than the %d core(s) available to this process; using %d",
+             cli_quote(env, 20, v, sizeof v), n, n);
+    return n;
+  }
+  return requested;
+}
+
+int cli_no_gen_config(const dg_model *m, const char *dir, char *buf, size_t cap) {
+  dg_model_info info;
+  buf[0] = 0;
+  if (dg_model_get_info(m, &info) != DG_OK || info.has_generation_config) return 0;
+  const dg_gen_params gp = dg_gen_default_params(m);
+  char d[448];
+  int n = snprintf(buf, cap, "%s has no generation_config.json: the generation defaults are the built-in ones "
+                   "and the stop ids only config.json's eos_token_id (", cli_quote(dir, 200, d, sizeof d));
+  for (int k = 0; k < gp.n_stop_ids && n > 0 && (size_t)n < cap; k++)
+    n += snprintf(buf + n, cap - (size_t)n, "%s%d", k ? ", " : "", gp.stop_ids[k]);
+  if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "%s)", gp.n_stop_ids ? "" : "none");
+  return 1;
 }

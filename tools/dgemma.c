@@ -97,7 +97,7 @@ static const command kCommands[] = {
      "-f the prompt is read from standard input when it is not a terminal (`echo hi | dgemma run`).\n"
      "A prompt read from a file or stdin loses one trailing newline.\n",
      "  -p, --prompt TEXT        the user message; \"-\" reads it from standard input\n"
-     "  -f, --file FILE          read the user message from FILE\n"
+     "  -f, --file FILE          read the user message from FILE (\"-\": standard input)\n"
      "      --system TEXT        a system message\n"
      "      --think              enable thinking in the chat template\n"
      "      --raw                PROMPT is raw text: no chat template, no BOS (excludes --system, --think)\n"
@@ -142,7 +142,7 @@ static const command kCommands[] = {
      "\"ID<TAB>PIECE\" (the vocabulary's string: \"\xe2\x96\x81\" marks a space, <0x0A> a byte; a newline,\n"
      "tab, CR, backslash or other control character in a piece is written \\n, \\t, \\r, \\\\, \\xNN).\n",
      "  -p, --prompt TEXT        the text (\"-\": standard input); or TEXT as the argument\n"
-     "  -f, --file FILE          read the text from FILE (kept as is)\n"
+     "  -f, --file FILE          read the text from FILE, kept as is (\"-\": standard input)\n"
      "      --special            parse control tokens written in the text (<|turn>, <turn|>, ...)\n"
      "      --pieces             one \"ID<TAB>PIECE\" line per token\n",
      1, 0},
@@ -329,9 +329,10 @@ static void global_help(FILE *f) {
           "                    parameter demo model whose arithmetic is weak; docs/small-model.md)\n"
           "  OMP_WAIT_POLICY   dgemma sets \"passive\" unless it is set (idle threads sleep: spinning ones are\n"
           "                    many times slower on a shared machine); \"active\" may help on an idle one\n"
-          "  OMP_NUM_THREADS   the default of -t\n"
+          "  OMP_NUM_THREADS   the default of -t (more than the cores available is capped, as -t is)\n"
           "  DGEMMA_KERNELS    ref, avx2 or avx512: force a CPU kernel set (default: the best available);\n"
           "                    avx512lp: the lossy AVX-512 BF16/VNNI products (opt-in, where the CPU has them)\n"
+          "  DGEMMA_API_KEY    the key `dgemma serve` requires without --api-key (\"Authorization: Bearer KEY\")\n"
           "  DGEMMA_CUDA_SYNC=1, DGEMMA_CUDA_MEM_LIMIT=BYTES   CUDA debugging, GPU sharing (README)\n");
 }
 
@@ -405,19 +406,34 @@ static int32_t *parse_ids(const char *arg, size_t *n) {
   size_t cap = 16, cnt = 0;
   int32_t *ids = malloc(cap * sizeof *ids);
   const char *p = arg;
-  while (*p) {
-    char *end;
+  while (*p == ' ') p++;
+  while (*p) { /* ids separated by one comma or by spaces: "1,,2", a sign, a trailing comma are refused */
+    char *end = (char *)p;
     errno = 0;
-    long v = strtol(p, &end, 10);
+    long v = *p == '-' || (*p >= '0' && *p <= '9') ? strtol(p, &end, 10) : 0;
     if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
       char msg[512];
-      snprintf(msg, sizeof msg, "bad id list near \"%s\"", q(p));
+      snprintf(msg, sizeof msg, "bad id list near \"%s\" (decimal ids separated by one comma)", q(p));
+      free(ids); /* usage_exit does not return: nothing left for LeakSanitizer to report */
       usage_exit(msg);
     }
     if (cnt == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
     ids[cnt++] = (int32_t)v;
     p = end;
-    while (*p == ',' || *p == ' ') p++;
+    while (*p == ' ') p++;
+    if (*p == ',') {
+      p++;
+      while (*p == ' ') p++;
+      if (!*p) {
+        free(ids);
+        usage_exit("bad id list: it ends with a comma (decimal ids separated by one comma)");
+      }
+    } else if (*p && (end == p)) { /* "1x": no separator */
+      char msg[512];
+      snprintf(msg, sizeof msg, "bad id list near \"%s\" (decimal ids separated by one comma)", q(p));
+      free(ids);
+      usage_exit(msg);
+    }
   }
   *n = cnt;
   return ids;
@@ -471,7 +487,8 @@ static long long parse_int(const char *s, const char *name, long long lo, long l
   long long v;
   if (cli_parse_ll(s, lo, hi, &v)) { /* decimal only: no "0x10", no white space, nothing after */
     char msg[640];
-    snprintf(msg, sizeof msg, "%s expects an integer in [%lld, %lld], got \"%s\"", name, lo, hi, q(s));
+    snprintf(msg, sizeof msg, "%s expects an integer in [%lld, %lld], got \"%s\"%s", name, lo, hi, q(s),
+             s[0] == '+' ? " (write it without the + sign)" : "");
     usage_exit(msg);
   }
   return v;
@@ -483,7 +500,19 @@ static void parse_opts(int argc, char **argv, opts *o) {
   int only_args = 0; /* after "--": every word is an argument */
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
-#define ARG() (i + 1 < argc ? argv[++i] : (snprintf(msg, sizeof msg, "%s needs a value", q(a)), usage_exit(msg), ""))
+    /* --name=value (getopt_long's spelling) is --name value; eq is the value, taken by ARG() */
+    char name[64];
+    const char *eq = NULL;
+    int eq_used = 0;
+    const char *e = !only_args && a[0] == '-' && a[1] == '-' ? strchr(a, '=') : NULL;
+    if (e && (size_t)(e - a) < sizeof name) {
+      memcpy(name, a, (size_t)(e - a));
+      name[e - a] = 0;
+      eq = e + 1;
+      a = name;
+    }
+#define ARG() (eq ? (eq_used = 1, eq) \
+               : i + 1 < argc ? argv[++i] : (snprintf(msg, sizeof msg, "%s needs a value", q(a)), usage_exit(msg), ""))
     if (!only_args && !strcmp(a, "--")) { only_args = 1; continue; }
     if (only_args) {
       if (!o->positional) o->positional = a;
@@ -512,7 +541,15 @@ static void parse_opts(int argc, char **argv, opts *o) {
       }
     }
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = ARG();
-    else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = ARG();
+    else if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file")) {
+      const char **dst = a[1] == 'p' || a[2] == 'p' ? &o->prompt : &o->file;
+      if (*dst && g_cmd->bit != C_EVAL) { /* the text is given once (eval's -f is its data file, also once) */
+        snprintf(msg, sizeof msg, "%s given twice; give the text once: -p TEXT, -p -, -f FILE or an argument", a);
+        usage_exit(msg);
+      }
+      if (*dst) { snprintf(msg, sizeof msg, "%s given twice", a); usage_exit(msg); }
+      *dst = ARG();
+    }
     else if (!strcmp(a, "--system")) o->system = ARG();
     else if (!strcmp(a, "--think")) o->think = 1;
     else if (!strcmp(a, "--raw")) o->raw = 1;
@@ -538,7 +575,6 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = ARG();
     else if (!strcmp(a, "--canvases")) o->canvases = ARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
-    else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = ARG();
     else if (!strcmp(a, "--stop")) {
       const char *v = ARG();
       if (!*v) usage_exit("--stop needs a non-empty string");
@@ -548,7 +584,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--temp")) {
       const char *v = ARG();
       if (cli_parse_double(v, 0, 100, &o->temp)) { /* decimal only: no "0x10", "inf", "nan" */
-        snprintf(msg, sizeof msg, "--temp expects a number in [0, 100], got \"%s\"", q(v));
+        snprintf(msg, sizeof msg, "--temp expects a number in [0, 100], got \"%s\"%s", q(v),
+                 v[0] == '+' ? " (write it without the + sign)" : "");
         usage_exit(msg);
       }
       o->temp_set = 1;
@@ -600,6 +637,10 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!o->positional) o->positional = a;
     else if (!o->positional2 && !strcmp(argv[1], "quantize")) o->positional2 = a;
     else { snprintf(msg, sizeof msg, "unexpected argument \"%s\"", q(a)); usage_exit(msg); }
+    if (eq && !eq_used) { /* --greedy=1: a flag takes no value */
+      snprintf(msg, sizeof msg, "%s takes no value (got \"%s\")", a, q(argv[i]));
+      usage_exit(msg);
+    }
 #undef ARG
   }
 }
@@ -614,20 +655,14 @@ static void no_positional(const opts *o, const char *cmd) {
 }
 
 /* Cores this process may run on (its affinity mask), at least 1. */
-static int available_cores(void) {
-  cpu_set_t cs;
-  if (sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) > 0) return CPU_COUNT(&cs);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
+static int available_cores(void) { return cli_available_cores(); }
 
-/* -t above the available cores only makes threads wait for each other: capped, with a warning. */
+/* -t (or OMP_NUM_THREADS, its default) above the available cores only makes threads wait for each
+ * other: capped, with a warning (cli_threads). */
 static void cap_threads(opts *o) {
-  const int n = available_cores();
-  if (o->threads > n) {
-    fprintf(stderr, "dgemma: -t %d is more than the %d core(s) available to this process; using %d\n", o->threads, n, n);
-    o->threads = n;
-  }
+  char warn[256];
+  o->threads = cli_threads(o->threads, warn, sizeof warn);
+  if (*warn) fprintf(stderr, "dgemma: %s\n", warn);
 }
 
 /* libgomp reads OMP_WAIT_POLICY once, as it is loaded, before main: to make
@@ -701,6 +736,9 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
               g_cmd->name);
     exit(1);
   }
+  char warn[1024]; /* a model without generation_config.json generates, but stops on fewer ids: say so */
+  if ((g_cmd->bit & (C_RUN | C_CHAT | C_INFO | C_REPLAY | C_EVAL | C_BENCH)) && cli_no_gen_config(m, dir, warn, sizeof warn))
+    fprintf(stderr, "dgemma: warning: %s\n", warn);
   return m;
 }
 
@@ -757,10 +795,15 @@ static char *read_stream(FILE *f, const char *name, size_t *len) {
  * "\r\n"), as llama.cpp's -f does. A NUL byte is refused (the text is C string). */
 static const char *input_text(const opts *o, int strip_newline, size_t *len, int *owned) {
   const char *given = o->prompt ? o->prompt : o->positional;
-  if ((o->prompt && o->positional) || (o->file && given)) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "give the text once: -p TEXT, -f FILE or an argument (got %s%s%s)",
-             o->prompt ? "-p " : "", o->file ? "-f " : "", o->positional ? "an argument" : "");
+  if ((o->prompt && o->positional) || (o->file && given)) { /* two of them (a repeated -p or -f: parse_opts) */
+    char msg[512];
+    const char *got[3];
+    int k = 0;
+    if (o->prompt) got[k++] = "-p";
+    if (o->file) got[k++] = "-f";
+    if (o->positional) got[k++] = "an argument";
+    snprintf(msg, sizeof msg, "give the text once: -p TEXT, -p -, -f FILE or an argument, not %s%s%s%s%s",
+             k == 3 ? "" : "both ", got[0], k == 3 ? ", " : " and ", got[1], k == 3 ? " and an argument" : "");
     usage_exit(msg);
   }
   *owned = 0;
@@ -770,14 +813,14 @@ static const char *input_text(const opts *o, int strip_newline, size_t *len, int
   }
   char *text;
   const char *name;
-  if (o->file) {
+  if (o->file && strcmp(o->file, "-") != 0) {
     FILE *f = fopen(o->file, "rb");
     if (!f) { fprintf(stderr, "dgemma %s: cannot open %s: %s\n", g_cmd->name, o->file, strerror(errno)); exit(1); }
     text = read_stream(f, o->file, len);
     fclose(f);
     name = o->file;
   } else {
-    if (!given && isatty(0)) {
+    if (!given && !o->file && isatty(0)) { /* -p - and -f - read a terminal too, as cat(1) does */
       char msg[160];
       snprintf(msg, sizeof msg, "no %s given: -p TEXT, -p - (standard input), -f FILE, or a pipe",
                g_cmd->bit == C_RUN ? "prompt" : "text");
@@ -928,7 +971,7 @@ static int cmd_run(const opts *o) {
   int owned;
   const char *prompt = input_text(o, 1, &plen, &owned);
   if (plen == 0) /* llama.cpp generates from <bos> alone here; an empty pipe or file is more often a mistake */
-    usage_exit(o->file ? "the prompt is empty (the file holds no text); for a generation from <bos> alone: --raw '<bos>'"
+    usage_exit(o->file && strcmp(o->file, "-") ? "the prompt is empty (the file holds no text); for a generation from <bos> alone: --raw '<bos>'"
                : (!o->prompt && !o->positional) || (o->prompt && !strcmp(o->prompt, "-"))
                    ? "the prompt is empty (nothing on standard input); for a generation from <bos> alone: --raw '<bos>'"
                    : "the prompt is empty; for a generation from <bos> alone: --raw '<bos>'");
@@ -1032,7 +1075,9 @@ static int cmd_run(const opts *o) {
     cJSON_AddNumberToObject(tm, "prefill_s", pre_s);
     cJSON_AddNumberToObject(tm, "generation_s", gen_s);
     cJSON_AddNumberToObject(tm, "total_s", t2 - t0);
-    cJSON_AddNumberToObject(tm, "prefill_tok_per_s", pre_s > 0 ? (double)(n - 1) / pre_s : 0.0);
+    cJSON_AddNumberToObject(tm, "prefill_tokens", (double)(n - 1)); /* the last goes with the first canvas */
+    if (n > 1 && pre_s > 0) cJSON_AddNumberToObject(tm, "prefill_tok_per_s", (double)(n - 1) / pre_s);
+    else cJSON_AddNullToObject(tm, "prefill_tok_per_s"); /* nothing prefilled: no rate */
     cJSON_AddNumberToObject(tm, "generation_tok_per_s", gen_s > 0 ? visible / gen_s : 0.0);
     char *js = cJSON_PrintUnformatted(j);
     printf("%s\n", js);
@@ -1047,8 +1092,14 @@ static int cmd_run(const opts *o) {
           "(generation)\n",
           visible, ss.n_blocks, ss.n_steps, ss.n_steps ? (double)visible / ss.n_steps : 0.0, gen_s,
           gen_s > 0 ? visible / gen_s : 0.0);
-  fprintf(stderr, "dgemma: prompt %zu tokens, prefill %.2f s (%.1f tok/s); %.2f s in all\n", n, pre_s,
-          pre_s > 0 ? (double)(n - 1) / pre_s : 0.0, t2 - t0);
+  /* the prompt but its last token is prefilled (the count of the progress line); the last one is
+   * encoded with the first canvas, in the generation's time */
+  if (n > 1 && pre_s > 0)
+    fprintf(stderr, "dgemma: prompt %zu tokens, prefill %.2f s (%zu tokens, %.1f tok/s; the last one goes with the "
+            "first canvas); %.2f s in all\n", n, pre_s, n - 1, (double)(n - 1) / pre_s, t2 - t0);
+  else
+    fprintf(stderr, "dgemma: prompt %zu token%s, prefill %.2f s (no rate: %s); %.2f s in all\n", n, n == 1 ? "" : "s",
+            pre_s, n == 1 ? "the only token goes with the first canvas" : "too fast to time", t2 - t0);
   fprintf(stderr, "dgemma: %s sampler, %s proposals, %.2f forwards/block, %.1f positions/forward, finish reason %s\n",
           gp.turbo.enabled ? "turbo" : "reference", gp.proposal == DG_PROPOSAL_ARGMAX ? "argmax" : "sampled", ss.n_blocks ? (double)ss.n_steps / ss.n_blocks : 0.0,
           by_stop ? (ss.n_step_calls ? (double)ss.n_forwarded / ss.n_step_calls : 0.0)
@@ -1443,16 +1494,41 @@ static int cmd_detokenize(const opts *o) {
   dg_model_get_info(m, &info);
   size_t cap = 64, n = 0;
   int32_t *ids = malloc(cap * sizeof *ids);
+  /* one comma at most between two ids (white space around it); "5,,6", a leading or a trailing comma
+   * is an empty id, refused, as a sign or anything but decimal digits is */
+  int comma = 0; /* a comma since the last id (or at the start) */
   for (const char *p = src;;) {
-    while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-    if (!*p) break;
+    for (; *p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'; p++) {
+      if (*p != ',') continue;
+      if (comma || n == 0) {
+        fprintf(stderr, "dgemma detokenize: id %zu is empty (%s at byte %zu); separate ids by one comma or by white "
+                "space\n", n, n == 0 ? "a comma before the first id" : "two commas", (size_t)(p - src));
+        free(ids);
+        free(buf);
+        dg_model_free(m);
+        return 2;
+      }
+      comma = 1;
+    }
+    if (!*p) {
+      if (comma) {
+        fprintf(stderr, "dgemma detokenize: the ids end with a comma (byte %zu): an empty id\n", (size_t)(p - src));
+        free(ids);
+        free(buf);
+        dg_model_free(m);
+        return 2;
+      }
+      break;
+    }
+    comma = 0;
     char *end;
     errno = 0;
-    long v = strtol(p, &end, 10);
+    long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : (end = (char *)p, 0); /* digits only: no sign */
     if (end == p || errno || v < 0 || v >= info.vocab_size || (*end && !strchr(", \t\r\n", *end))) {
       char word[64];
-      fprintf(stderr, "dgemma detokenize: id %zu: \"%s\" is not an id in [0, %d)\n", n,
-              cli_quote(p, strcspn(p, ", \t\r\n") < 20 ? strcspn(p, ", \t\r\n") : 20, word, sizeof word), info.vocab_size);
+      fprintf(stderr, "dgemma detokenize: id %zu: \"%s\" is not an id in [0, %d)%s\n", n,
+              cli_quote(p, strcspn(p, ", \t\r\n") < 20 ? strcspn(p, ", \t\r\n") : 20, word, sizeof word), info.vocab_size,
+              *p == '+' ? " (write it without the + sign)" : "");
       free(ids);
       free(buf);
       dg_model_free(m);

@@ -1075,7 +1075,17 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   char what[448];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-#define VAL() (i + 1 < argc ? argv[++i] : (snprintf(what, sizeof what, "%s needs a value", a), \
+    /* --name=value is --name value (as in the other commands); eq is the value, taken by VAL() */
+    char name[64];
+    const char *eq = NULL, *e = a[0] == '-' && a[1] == '-' ? strchr(a, '=') : NULL;
+    int eq_used = 0;
+    if (e && (size_t)(e - a) < sizeof name) {
+      memcpy(name, a, (size_t)(e - a));
+      name[e - a] = 0;
+      eq = e + 1;
+      a = name;
+    }
+#define VAL() (eq ? (eq_used = 1, eq) : i + 1 < argc ? argv[++i] : (snprintf(what, sizeof what, "%s needs a value", a), \
                                            serve_usage_exit(what, NULL), ""))
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = VAL();
     else if (!strcmp(a, "--device")) {
@@ -1108,8 +1118,15 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       }
       serve_usage_exit("unexpected argument", a);
     }
+    if (eq && !eq_used) { /* --quiet=1: a flag takes no value */
+      snprintf(what, sizeof what, "%s takes no value, got", a);
+      serve_usage_exit(what, argv[i]);
+    }
 #undef VAL
   }
+  char twarn[256]; /* -t (or OMP_NUM_THREADS) above the available cores is capped, as in the other commands */
+  mp.n_threads = cli_threads(mp.n_threads, twarn, sizeof twarn);
+  if (*twarn) fprintf(stderr, "dgemma serve: %s\n", twarn);
 #ifndef DG_HAVE_MHD
   fprintf(stderr, "dgemma serve: unavailable: this dgemma was built without libmicrohttpd "
                   "(scripts/setup.sh installs libmicrohttpd-dev; then rebuild)\n");
@@ -1140,6 +1157,8 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     dg_model_free(m);
     return 1;
   }
+  char warn[1024];
+  if (cli_no_gen_config(m, dir, warn, sizeof warn)) fprintf(stderr, "dgemma serve: warning: %s\n", warn);
   char id[256];
   if (!o.model_id) {
     const char *b = dir + strlen(dir);
