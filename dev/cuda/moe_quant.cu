@@ -333,24 +333,32 @@ static uint4 *split_sums(size_t rows) {
   return p;
 }
 
+/* The arguments of a lane-record launch over tl (versions 4-39) and the group sums of its input (k_group_sums_perm;
+ * bm: the split records of k_group_sums_perm_split): gate/up over xe, down over the lab's h. */
+static cudaError_t lab_args(const tiled &tl, routing *r, int gateup, int bm, qe_args *a) {
+  memset(a, 0, sizeof *a);
+  a->q = tl.q; a->sb = DG_CUDA_BF16; a->group = G; a->pb = 4;
+  a->xs = r->b.xs; a->count = r->b.count; a->start = r->b.start; a->pairs = r->b.pairs; a->topk = TOPK;
+  a->X = r->b.xp;
+  const bf16 *x = gateup ? r->xe : r->b.h;
+  const int rows = gateup ? r->T : r->T * TOPK, K = gateup ? H : IE;
+  if (gateup) { a->Kdim = H; a->N = IE; a->h = r->b.h; }
+  else { a->Kdim = IE; a->N = H; a->y = r->b.y; }
+  if (!bm) return k_group_sums_perm(0, x, rows, K, G, r->b.xs, r->b.xp);
+  uint4 *x4 = split_sums((size_t)rows);
+  a->xs = (const float *)x4;
+  return k_group_sums_perm_split(0, x, rows, K, G, x4, r->b.xp);
+}
+
 template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
           int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
   qe_args a;
-  memset(&a, 0, sizeof a);
-  a.q = tl.q; a.sb = DG_CUDA_BF16; a.group = G; a.pb = 4;
-  a.xs = r->b.xs; a.count = r->b.count; a.start = r->b.start; a.pairs = r->b.pairs; a.topk = TOPK;
-  a.X = r->b.xp;
-  cudaError_t e;
+  cudaError_t e = lab_args(tl, r, gateup, BM, &a);
+  if (e != cudaSuccess) return e;
   if (gateup) {
-    a.Kdim = H; a.N = IE; a.h = r->b.h;
-    if (BM) {
-      uint4 *x4 = split_sums((size_t)r->T);
-      if ((e = k_group_sums_perm_split(0, r->xe, r->T, H, G, x4, r->b.xp)) != cudaSuccess) return e;
-      a.xs = (const float *)x4;
-    } else if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
     if constexpr (NTF > 0) return qr_launch_g<4, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
     switch (nt) {
@@ -360,12 +368,6 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
     default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
     }
   }
-  a.Kdim = IE; a.N = H; a.y = r->b.y;
-  if (BM) {
-    uint4 *x4 = split_sums((size_t)r->T * TOPK);
-    if ((e = k_group_sums_perm_split(0, r->b.h, r->T * TOPK, IE, G, x4, r->b.xp)) != cudaSuccess) return e;
-    a.xs = (const float *)x4;
-  } else if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
   if constexpr (NTF > 0) return qr_launch_g<4, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
   switch (nt) {
@@ -382,14 +384,9 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, 4, qr_kc(G), gateup, 3);
   qe_args a;
-  memset(&a, 0, sizeof a);
-  a.q = tl.q; a.sb = DG_CUDA_BF16; a.group = G; a.pb = 4;
-  a.xs = r->b.xs; a.count = r->b.count; a.start = r->b.start; a.pairs = r->b.pairs; a.topk = TOPK;
-  a.X = r->b.xp;
-  cudaError_t e;
+  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  if (e != cudaSuccess) return e;
   if (gateup) {
-    a.Kdim = H; a.N = IE; a.h = r->b.h;
-    if ((e = k_group_sums_perm(0, r->xe, r->T, H, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
     const dim3 grid(E, (IE + 63) / 64);
     switch (nt) {
     case 1: return qw_launch_g<4, 1, 1, G, D, STAGES, MINB, SUB, 0, SWAP>(0, grid, a);
@@ -398,8 +395,6 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
     default: return qw_launch_g<4, 1, 4, G, D, STAGES, MINB, SUB, PF, SWAP>(0, grid, a);
     }
   }
-  a.Kdim = IE; a.N = H; a.y = r->b.y;
-  if ((e = k_group_sums_perm(0, r->b.h, r->T * TOPK, IE, G, r->b.xs, r->b.xp)) != cudaSuccess) return e;
   const dim3 grid(E, (H + 127) / 128);
   switch (nt) {
   case 1: return qw_launch_g<4, 0, 1, G, D, STAGES, MINB, SUB, 0, SWAP>(0, grid, a);

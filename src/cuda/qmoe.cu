@@ -115,25 +115,29 @@ cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int 
 
 /* As group_sums_kernel, and the row copied to xp with each run of 8 values
  * permuted to (x0, x4, x1, x5, x2, x6, x3, x7) (qr_kernel's fragment order). */
+/* One group of G values at p: their fp32 sum in column order, and the group copied to q with each run of 8
+ * permuted to (x0, x4, x1, x5, x2, x6, x3, x7). */
+__device__ __forceinline__ float group_sum_perm(const bf16 *p, bf16 *q, int G) {
+  float s = 0.0f;
+  for (int k = 0; k < G; k += 8) {
+    const uint4 v = *(const uint4 *)(p + k);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
+    uint4 o;
+    o.x = dg_prmt(v.x, v.z, 0x5410u); /* (x0, x4) */
+    o.y = dg_prmt(v.x, v.z, 0x7632u); /* (x1, x5) */
+    o.z = dg_prmt(v.y, v.w, 0x5410u); /* (x2, x6) */
+    o.w = dg_prmt(v.y, v.w, 0x7632u); /* (x3, x7) */
+    *(uint4 *)(q + k) = o;
+  }
+  return s;
+}
+
 __global__ void group_sums_perm_kernel(const bf16 *x, int cols, int G, float *out, bf16 *xp) {
   const int r = blockIdx.x, ng = cols / G;
   const bf16 *p = x + (size_t)r * cols;
   bf16 *q = xp + (size_t)r * cols;
-  for (int j = threadIdx.x; j < ng; j += blockDim.x) {
-    float s = 0.0f;
-    for (int k = 0; k < G; k += 8) {
-      const uint4 v = *(const uint4 *)(p + j * G + k);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
-      uint4 o;
-      o.x = dg_prmt(v.x, v.z, 0x5410u); /* (x0, x4) */
-      o.y = dg_prmt(v.x, v.z, 0x7632u); /* (x1, x5) */
-      o.z = dg_prmt(v.y, v.w, 0x5410u); /* (x2, x6) */
-      o.w = dg_prmt(v.y, v.w, 0x7632u); /* (x3, x7) */
-      *(uint4 *)(q + j * G + k) = o;
-    }
-    out[(size_t)r * ng + j] = s;
-  }
+  for (int j = threadIdx.x; j < ng; j += blockDim.x) out[(size_t)r * ng + j] = group_sum_perm(p + j * G, q + j * G, G);
 }
 
 cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp) {
@@ -157,18 +161,7 @@ __global__ void group_sums_perm_split_kernel(const bf16 *x, int cols, int G, uin
   const bf16 *p = x + (size_t)r * cols;
   bf16 *q = xp + (size_t)r * cols;
   for (int j = threadIdx.x; j < ng; j += blockDim.x) {
-    float s = 0.0f;
-    for (int k = 0; k < G; k += 8) {
-      const uint4 v = *(const uint4 *)(p + j * G + k);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
-      uint4 o;
-      o.x = dg_prmt(v.x, v.z, 0x5410u);
-      o.y = dg_prmt(v.x, v.z, 0x7632u);
-      o.z = dg_prmt(v.y, v.w, 0x5410u);
-      o.w = dg_prmt(v.y, v.w, 0x7632u);
-      *(uint4 *)(q + j * G + k) = o;
-    }
+    const float s = group_sum_perm(p + j * G, q + j * G, G);
     float h, m, l, d;
     const uint32_t bh = qs_bf16(s, &h), bm = qs_bf16(s - h, &m), bl = qs_bf16(s - h - m, &l);
     const uint32_t nh = qs_bf16(-128.0f * h, &d), nm = qs_bf16(-128.0f * m, &d), nl = qs_bf16(-128.0f * l, &d);
