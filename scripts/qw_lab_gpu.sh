@@ -7,7 +7,7 @@
 #      check must fail), at LAB_MS rows per expert and LAB_TS gathered tokens -> lab.md, lab.jsonl
 #   3. NCU=1: Nsight Compute on the gathered 256-token gate/up of version 3 and of NCU_V (ncu.txt)
 #   4. CEIL=1: dgemma bench --protocol ceiling (ceiling.md, ceiling.jsonl); TESTS=1: tests/test_cuda (tests.txt);
-#      SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
+#      LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl)
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
@@ -37,7 +37,7 @@ sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function,
 } > "$OUT/sass.txt" && grep -E "^#|HGMMA|HMMA|FFMA|LOP3" "$OUT/sass.txt" | grep -E "^#|^ +[0-9]+ " | head -40
 : > "$OUT/lab.md"; : > "$OUT/lab.jsonl"
 for vv in ${LAB_RUNS:-3 20 22,23,24,25 21}; do
-  timeout 150 build/moe_quant --bits 4 --versions $vv --ms ${LAB_MS:-1,16} --ts ${LAB_TS:-256} --json /tmp/l.jsonl > /tmp/l.md 2>&1
+  timeout 150 build/moe_quant --bits ${LAB_BITS:-4} --versions $vv --ms ${LAB_MS:-1,16} --ts ${LAB_TS:-256} --json /tmp/l.jsonl > /tmp/l.md 2>&1
   echo "lab versions $vv rc $? $(el)"; cat /tmp/l.md >> "$OUT/lab.md"; cat /tmp/l.jsonl >> "$OUT/lab.jsonl"
   grep -E "check|error|fail|\| 4 " /tmp/l.md | head -24
 done

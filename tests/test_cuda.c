@@ -1322,7 +1322,8 @@ static float q_rand(void) { /* xorshift64, uniform in [-1, 1) */
 }
 
 /* A random [rows, cols] matrix quantized with bits/G, scales in sb; the
- * caller frees qm->pk, ->sc, ->bi. */
+ * caller frees qm->pk, ->sc, ->bi. bits 0: bf16 weights, 32: f32 weights of
+ * bf16 values (both unquantized: sc, bi NULL; G and sb unused). */
 typedef struct qmat {
   dg_weight w;
   uint8_t *pk;
@@ -1330,6 +1331,19 @@ typedef struct qmat {
 } qmat;
 
 static void qmat_make(qmat *qm, int64_t rows, int64_t cols, int bits, int G, dg_dtype sb) {
+  if (bits == 0 || bits == 32) { /* unquantized: bf16 weights, or f32 weights of bf16 values; sc, bi NULL */
+    const size_t n = (size_t)(rows * cols);
+    qm->pk = malloc(n * (bits ? 4 : 2));
+    qm->sc = qm->bi = NULL;
+    for (size_t i = 0; i < n; i++) {
+      const uint16_t h = dg_f32_to_bf16(q_rand() * (float)(1 + (i / (size_t)cols) % 3) / 16.0f);
+      if (bits) ((float *)qm->pk)[i] = dg_bf16_to_f32(h);
+      else ((uint16_t *)qm->pk)[i] = h;
+    }
+    dg_weight w = {.dtype = bits ? DG_F32 : DG_BF16, .data = qm->pk, .rows = rows, .cols = cols};
+    qm->w = w;
+    return;
+  }
   const size_t ss = dg_dtype_size(sb), ng = (size_t)(cols / G);
   float *wf = malloc(sizeof(float) * (size_t)cols);
   qm->pk = malloc((size_t)(rows * cols * bits / 8));
@@ -1356,6 +1370,7 @@ static dg_cuda_mat qmat_cuda(const qmat *qm) {
   m.cols = qm->w.cols;
   m.bits = qm->w.bits;
   m.group_size = qm->w.group_size;
+  if (!m.bits) m.dtype = qm->w.dtype == DG_F32 ? DG_CUDA_F32 : DG_CUDA_BF16; /* unquantized (qmat_make bits 0, 32) */
   m.sb_dtype = qm->w.sb_dtype == DG_BF16 ? DG_CUDA_BF16 : qm->w.sb_dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
   m.scales = qm->sc;
   m.biases = qm->bi;
@@ -1544,6 +1559,36 @@ static double qdot_bound(const dg_weight *W, int64_t row, const float *x, const 
   return 1.01 * (u * (aq + aw + ab) + (g2 + gf) * (ao + ab));
 }
 
+/* Bound on |GPU - exact| of an unquantized dot product y = sum_k x_k w_k
+ * (bf16 x and w): the products are exact in fp32 and the tensor core adds
+ * them in fp32, K additions counted at 2u each as in qdot_bound: g(2K) Aw. */
+static double bdot_bound(const dg_weight *W, const float *x, const float *w, double *ex) {
+  const double u = ldexp(1.0, -24), n = 2.0 * (double)W->cols;
+  double aw = 0, e = 0;
+  for (int64_t k = 0; k < W->cols; k++) {
+    aw += fabs((double)x[k] * w[k]);
+    e += (double)x[k] * w[k];
+  }
+  *ex = e;
+  return 1.01 * n * u / (1.0 - n * u) * aw;
+}
+
+/* Row r of a qmat as floats: dequantized as the CPU does, or the bf16 values. */
+static void qmat_row(const qmat *qm, int64_t r, float *w) {
+  if (qm->w.bits) {
+    dg_quant_dequant_row(&qm->w, r, w);
+    return;
+  }
+  for (int64_t k = 0; k < qm->w.cols; k++)
+    w[k] = qm->w.dtype == DG_F32 ? ((const float *)qm->pk)[r * qm->w.cols + k]
+                                 : dg_bf16_to_f32(((const uint16_t *)qm->pk)[r * qm->w.cols + k]);
+}
+
+/* The bound of the expert kernels on row r of a qmat (qdot_bound or bdot_bound); the exact dot in *ex. */
+static double qmat_bound(const qmat *qm, int64_t r, const float *x, const float *w, double *ex) {
+  return qm->w.bits ? qdot_bound(&qm->w, r, x, w, ex) : bdot_bound(&qm->w, x, w, ex);
+}
+
 /* The gathered MoE products (dg_cuda_experts with quantized stacks) against
  * sums in double over the CPU's dequantized weights, per (token, slot):
  *   h: the GPU's fp32 gate and up sums g', u' are within dg, du = qdot_bound
@@ -1578,10 +1623,10 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
     const float *x = xf + (size_t)t * H;
     for (int n = 0; n < IE; n++) {
       const int64_t rg = (int64_t)e * 2 * IE + n, ru = rg + IE;
-      dg_quant_dequant_row(&gu.w, rg, wg);
-      dg_quant_dequant_row(&gu.w, ru, wu);
+      qmat_row(&gu, rg, wg);
+      qmat_row(&gu, ru, wu);
       double g, uu;
-      const double dg = qdot_bound(&gu.w, rg, x, wg, &g), du = qdot_bound(&gu.w, ru, x, wu, &uu);
+      const double dg = qmat_bound(&gu, rg, x, wg, &g), du = qmat_bound(&gu, ru, x, wu, &uu);
       const double ref = gelu_d(g) * uu;
       const double e1 = 1.13 * dg * (fabs(uu) + du) + fabs(gelu_d(g)) * du + 64.0 * u * (fabs(g) + 1.0) * (fabs(uu) + du);
       const double bound = ub * (fabs(ref) + e1) + e1 + 1e-30;
@@ -1593,9 +1638,9 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
     }
     for (int k = 0; k < IE; k++) hf[k] = dg_bf16_to_f32(h[(size_t)p * IE + k]);
     for (int n = 0; n < H; n++) {
-      dg_quant_dequant_row(&dn.w, (int64_t)e * H + n, wd);
+      qmat_row(&dn, (int64_t)e * H + n, wd);
       double ex;
-      const double bound = qdot_bound(&dn.w, (int64_t)e * H + n, hf, wd, &ex) + 1e-30;
+      const double bound = qmat_bound(&dn, (int64_t)e * H + n, hf, wd, &ex) + 1e-30;
       const double err = fabs((double)y[(size_t)p * H + n] - ex);
       if (err / bound > *wy) *wy = err / bound;
       if (!(err <= bound))
@@ -1878,6 +1923,21 @@ static void test_quant_experts(void **state) {
   check_qexperts(2, 6, 32, 288, 64, DG_F32, &wh, &wy);  /* qe, f32 scales; H = 288: a tail of 32, 2.25 down slabs */
   printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, bf16/f16/f32 scales, 37 "
          "tokens x top-2, an empty expert): largest |diff| / bound: h %.4f, y %.4f (<= 1)\n", wh, wy);
+  /* bf16 stacks (bits 0; 32: f32 weights, converted to bf16 at upload): qr_kernel's BITS 16 for columns a
+   * multiple of 64, else moe.cu's grouped_kernel (H 96, IE 80); mixed with a quantized down product */
+  wh = wy = 0;
+  check_qexperts(0, 0, 0, 128, 64, DG_BF16, &wh, &wy);   /* lanes: one weight stage down, two gate/up */
+  check_qexperts(0, 0, 0, 192, 192, DG_BF16, &wh, &wy);  /* lanes: three stages, a tail of one activation stage */
+  check_qexperts(32, 0, 0, 64, 128, DG_BF16, &wh, &wy);  /* lanes from f32 weights */
+  check_qexperts(0, 0, 0, 96, 80, DG_BF16, &wh, &wy);    /* grouped_kernel */
+  check_qexperts(0, 4, 64, 128, 128, DG_BF16, &wh, &wy); /* bf16 gate/up, 4-bit down */
+  /* N not a multiple of 16 (the synthesized bf16 model's IE 40 wrote past its rows before qe_store's column
+   * test): gate/up lanes with IE 40 (3 of 4 warps, the last half full); down lanes with H 72 (after grouped_kernel) */
+  check_qexperts(0, 0, 0, 128, 40, DG_BF16, &wh, &wy);
+  check_qexperts(0, 0, 0, 72, 64, DG_BF16, &wh, &wy);
+  printf("# bf16 gathered MoE (lane records of qr_kernel BITS 16 and grouped_kernel, 37 tokens x top-2): largest "
+         "|diff| / bound: h %.4f, y %.4f (<= 1)\n", wh, wy);
+
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of

@@ -49,13 +49,19 @@
  *              1024): a forced count of n-tiles with line prefetches and a smaller body for the experts that fit
  *              it, 35 = 4 (3), 36 = 5 (4), 37 = 6 (4), 38 = 8 (6); 39: 28 with the activation copies of
  *              tokens past the expert's rows skipped instead of zero-filled (no source size per copy)
+ *   bf16 stacks (--bits 16): version 3 = the backend's qr_kernel with BITS 16 (lane records of the bf16
+ *              weights themselves: no decoding, no pairs, no fold); 40 = the plain [rows, cols] stack through
+ *              moe.cu's WMMA grouped_kernel (k_bexperts: the backend's bf16 path before, and still for columns
+ *              that are not a multiple of 64); 41-44: BITS 16 with other choices: 41 = 3 register stages at 2
+ *              blocks per SM, 42 = line prefetches at every n-tile count, 43 = 2 blocks per SM, 44 = 8 warps
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
  *   uniform M   every expert gets exactly M rows (T = 16 M tokens), M = 1..256
  *   gathered T  T tokens routed top-8 of 128 uniformly at random (seed 1)
  * for gate/up ([1408, 2816] per expert, GeGLU fused) and down ([2816, 704]),
- * MLX affine bits 2/3/4/6/8, group 64, bf16 scales and biases.
+ * MLX affine bits 2/3/4/6/8, group 64, bf16 scales and biases; bits 16: bf16 weights
+ * (roofline bytes 2 per weight; check bound K 2^-22 sum |x w|: exact products, fp32 accumulation).
  *
  * Ceilings (same invocation): read bandwidth of a streaming-read kernel over
  * 4 GiB (16-byte loads, a reduction), and the bf16 rate of cublasGemmEx
@@ -122,6 +128,20 @@ struct stack {
 };
 
 static void make_stack(stack *st, int64_t rows, int64_t cols, int bits) {
+  if (bits == 16) { /* bf16 weights, |w| < 0.05 as the quantized stacks' */
+    st->pk.resize((size_t)(rows * cols * 2));
+    uint16_t *w16 = (uint16_t *)st->pk.data();
+    for (size_t i = 0; i < (size_t)(rows * cols); i++) w16[i] = dg_f32_to_bf16(0.05f * frand());
+    dg_weight w = {};
+    w.dtype = DG_BF16; w.data = st->pk.data(); w.rows = rows; w.cols = cols; w.bits = 16;
+    st->w = w;
+    st->tl.clear();
+    memset(&st->d, 0, sizeof st->d);
+    st->d.rows = rows; st->d.cols = cols; /* bits 0: bf16 */
+    CKL(cudaMalloc((void **)&st->d.w, st->pk.size())); /* the plain [rows, cols] of version 40 */
+    CKL(cudaMemcpy(st->d.w, st->pk.data(), st->pk.size(), cudaMemcpyHostToDevice));
+    return;
+  }
   st->pk.resize((size_t)(rows * cols * bits / 8));
   for (size_t i = 0; i < st->pk.size(); i += 8) {
     uint64_t r = rnd();
@@ -217,7 +237,7 @@ static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lane
 }
 
 static void free_stack(stack *st) {
-  cudaFree(st->d.q); cudaFree(st->d.s); cudaFree(st->d.b);
+  cudaFree(st->d.q); cudaFree(st->d.s); cudaFree(st->d.b); cudaFree(st->d.w);
   for (tiled &t : st->tl) { cudaFree(t.q); cudaFree(t.p); }
 }
 
@@ -227,6 +247,19 @@ static void free_stack(stack *st) {
  * covers version 1 (fp32 FMA over dequantized w: gamma_K sum |x w| <= the
  * same terms): D = 1.01 (u (Aq + Aw + Ab) + (g(2G) + g(2ng+1) + g(K)) (Ao + Ab)). */
 static double dot_ref(const dg_weight *W, int64_t row, const float *x, double *bound) {
+  if (W->bits == 16) { /* bf16 weights: exact products in fp32, K fp32 additions at 2u each (truncating adds of
+                          the tensor core allowed), as tests/test_cuda.c bdot_bound: g(2K) sum |x w| */
+    const uint16_t *w = (const uint16_t *)W->data + row * W->cols;
+    const double ut = ldexp(1.0, -24), n = 2.0 * (double)W->cols;
+    double e = 0, aw = 0;
+    for (int64_t k = 0; k < W->cols; k++) {
+      const double p = (double)x[k] * dg_bf16_to_f32(w[k]);
+      e += p;
+      aw += fabs(p);
+    }
+    *bound = 1.01 * n * ut / (1.0 - n * ut) * aw;
+    return e;
+  }
   const double u = ldexp(1.0, -24), o = W->bits == 8 ? 0.0 : 128.0;
   const int64_t K = W->cols, ng = K / G;
   std::vector<float> w((size_t)K);
@@ -344,14 +377,14 @@ static cudaError_t lab_args(const tiled &tl, routing *r, int gateup, int bm, qe_
   const int rows = gateup ? r->T : r->T * TOPK, K = gateup ? H : IE;
   if (gateup) { a->Kdim = H; a->N = IE; a->h = r->b.h; }
   else { a->Kdim = IE; a->N = H; a->y = r->b.y; }
-  if (!bm) return k_group_sums_perm(0, x, rows, K, G, r->b.xs, r->b.xp);
+  if (!bm) return k_group_sums_perm(0, x, rows, K, G, r->b.xs, r->b.xp); /* bf16 (BITS 16): G = QR_BF16_GROUP */
   uint4 *x4 = split_sums((size_t)rows);
   a->xs = (const float *)x4;
   return k_group_sums_perm_split(0, x, rows, K, G, x4, r->b.xp);
 }
 
 template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
-          int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0>
+          int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0, int BITS = 4>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
   const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
@@ -360,21 +393,21 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   if (e != cudaSuccess) return e;
   if (gateup) {
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
-    if constexpr (NTF > 0) return qr_launch_g<4, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    if constexpr (NTF > 0) return qr_launch_g<BITS, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
     switch (nt) {
-    case 1: return qr_launch_g<4, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-    case 2: return qr_launch_g<4, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-    case 3: return qr_launch_g<4, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
-    default: return qr_launch_g<4, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 1: return qr_launch_g<BITS, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 2: return qr_launch_g<BITS, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 3: return qr_launch_g<BITS, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    default: return qr_launch_g<BITS, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
     }
   }
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
-  if constexpr (NTF > 0) return qr_launch_g<4, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  if constexpr (NTF > 0) return qr_launch_g<BITS, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
   switch (nt) {
-  case 1: return qr_launch_g<4, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-  case 2: return qr_launch_g<4, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-  case 3: return qr_launch_g<4, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
-  default: return qr_launch_g<4, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 1: return qr_launch_g<BITS, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 2: return qr_launch_g<BITS, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 3: return qr_launch_g<BITS, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  default: return qr_launch_g<BITS, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
   }
 }
 
@@ -418,6 +451,16 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 26: return run_wg<2, 3, 3, 2, 0, 0>(prod, st, r, nt);  /* 22 without the L2 prefetch */
     case 27: return run_wg<2, 3, 3, 2, -2, 0>(prod, st, r, nt); /* 22 with per-lane line prefetches */
     default: return run_wg<2, 3, 2, 2, 2, 0>(prod, st, r, nt); /* 25 */
+    }
+  }
+  if (ver == 40) return k_bexperts(0, prod == GU, &st->d, prod == GU ? r->xe : r->b.h, &r->b, T, H, IE, E, TOPK);
+  if (ver >= 41 && ver < 50) { /* bf16 stacks (bits 16) in lane records: qr_kernel's BITS 16 with other choices */
+    const int nt = qe_nt(T, TOPK, E);
+    switch (ver) {
+    case 41: return run_lanes<4, 3, 3, 2, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* D 3, 2 blocks per SM */
+    case 42: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* line prefetch everywhere */
+    case 43: return run_lanes<4, 2, 3, 2, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 2 blocks per SM */
+    default: return run_lanes<8, 2, 3, 1, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
     }
   }
   if (ver >= 4) {
@@ -472,6 +515,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   w.q = tl.q;
   w.sbp = tl.p;
   w.s = w.b = NULL;
+  w.w = NULL;
   w.lay = ver == 2 ? DG_CUDA_LAY_TILES : DG_CUDA_LAY_LANES;
   if (prod == GU) return k_qe_gate_up(0, &w, r->xe, &r->b, T, H, IE, E, TOPK, 0);
   return k_qe_down(0, &w, &r->b, T, H, IE, E, TOPK, 0);
@@ -631,12 +675,14 @@ int main(int argc, char **argv) {
       CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
       for (int prod = 0; prod < 2; prod++) {
         const int64_t N = prod == GU ? 2 * IE : H, K = prod == GU ? H : IE;
-        const double wbytes = (double)r.hit * N * ((double)K * bits / 8 + 2.0 * (K / G) * 2);
+        const double wbytes = (double)r.hit * N * (bits == 16 ? 2.0 * K : (double)K * bits / 8 + 2.0 * (K / G) * 2);
         const double flops = 2.0 * r.T * TOPK * N * (double)K;
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (ver >= 4 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
+          if (bits == 16 ? ver != 3 && (ver < 40 || ver >= 50) : ver >= 40) continue; /* bf16: versions 3, 40-49 */
+          if (bits != 16 && ver >= 4 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
+          if (bits == 16 && ver > 40 && qe_nt(r.T, TOPK, E) > 4) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */

@@ -201,15 +201,18 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
   return DG_OK;
 }
 
-/* The layout of a quantized expert stack: the lane records of qr_kernel
- * (qmoe_r.cuh) where it applies (bf16 scales and biases, columns a multiple of
- * its stage), else the tile layout of qe_kernel (qmoe.cuh: f16 and f32 pairs). */
+/* The layout of an expert stack: the lane records of qr_kernel (qmoe_r.cuh)
+ * where it applies (quantized: bf16 scales and biases; columns a multiple of
+ * its stage), else the tile layout of qe_kernel (qmoe.cuh: f16 and f32 pairs)
+ * or, for bf16 stacks, the plain [rows, cols] of grouped_kernel (moe.cu). */
 static int expert_lay(const dg_cuda_mat *m) {
+  if (!m->bits) return m->cols % qr_kc(QR_BF16_GROUP) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
   return m->sb_dtype == DG_CUDA_BF16 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
 }
 
 /* Its tiling (qe_tiling) for E experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
 static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
+  if (!m->bits) return qe_tiling_of(QR_WARPS, qr_kc(QR_BF16_GROUP), gateup, 16, QR_BF16_GROUP, 4, E, m->rows, m->cols);
   if (expert_lay(m) == DG_CUDA_LAY_LANES)
     return qe_tiling_of(QR_WARPS, qr_kc(m->group_size), gateup, m->bits, m->group_size, 4, E, m->rows, m->cols);
   return qe_tiling_of(QE_WARPS, QE_KC, gateup, m->bits, m->group_size, 2 * (int)sb_size(m->sb_dtype), E, m->rows,
@@ -218,7 +221,7 @@ static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
 
 /* Device bytes of an expert stack: bf16, or the packed codes and (scale, bias) pairs. */
 static size_t expert_bytes(const dg_cuda_mat *m, int gateup, int64_t E) {
-  if (!m->data || !m->bits) return mat_bytes(m);
+  if (!m->data || (!m->bits && expert_lay(m) != DG_CUDA_LAY_LANES)) return mat_bytes(m);
   size_t pb;
   const qe_tiling t = expert_tiling(m, gateup, E);
   if (expert_lay(m) == DG_CUDA_LAY_LANES) return qr_tile_bytes(t);
@@ -232,7 +235,7 @@ static size_t expert_bytes(const dg_cuda_mat *m, int gateup, int64_t E) {
  * host; the MLX arrays themselves are not uploaded. */
 static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m, int gateup, int64_t E,
                             const char *what, uint16_t *stage) {
-  if (!m->bits) {
+  if (!m->bits && expert_lay(m) != DG_CUDA_LAY_LANES) {
     const dg_cuda_mat *p1[1] = {m};
     return up_w(al, dst, p1, 1, what, stage);
   }
@@ -251,7 +254,19 @@ static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m
     const size_t qb = qr_tile_bytes(t);
     uint8_t *hq = (uint8_t *)malloc(qb);
     if (!hq) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory packing %s (%zu bytes)", what, qb);
-    qr_tile_pack(t, (const uint8_t *)m->data, m->scales, m->biases, hq);
+    const void *codes = m->data;
+    uint16_t *wb = NULL; /* a bf16 stack of another float dtype: its bf16 copy, as upload_bf16 rounds it */
+    if (!m->bits && m->dtype != DG_CUDA_BF16) {
+      const size_t n = (size_t)m->rows * (size_t)m->cols;
+      if (!(wb = (uint16_t *)malloc(2 * n))) {
+        free(hq);
+        return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory converting %s to bf16 (%zu bytes)", what, 2 * n);
+      }
+      for (size_t i = 0; i < n; i++) wb[i] = dg_f32_to_bf16(mat_elem(m, i));
+      codes = wb;
+    }
+    qr_tile_pack(t, (const uint8_t *)codes, m->scales, m->biases, hq);
+    free(wb);
     dg_status st = dalloc(al, (void **)&dst->q, qb, what);
     cudaError_t e = cudaSuccess;
     if (st == DG_OK && (e = cudaMemcpy(dst->q, hq, qb, cudaMemcpyHostToDevice)) != cudaSuccess)

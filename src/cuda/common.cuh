@@ -73,7 +73,9 @@ struct dg_cuda_w {
   void *sbp;                /* expert stacks (bits != 0), tile layout: (scale, bias) pairs in dtype sb */
   int lay;                  /* expert stacks (bits != 0): DG_CUDA_LAY_TILES (q and sbp in the tile layout of
                                qmoe.cuh, qe_tiling) or DG_CUDA_LAY_LANES (q: lane records with the pairs
-                               inside, qmoe_r.cuh; sbp NULL) */
+                               inside, qmoe_r.cuh; sbp NULL); bf16 expert stacks: DG_CUDA_LAY_TILES (w, the
+                               plain [rows, cols]) or DG_CUDA_LAY_LANES (q: lane records of the bf16 weights,
+                               qr_tile_pack with bits 16; w NULL) */
 };
 enum { DG_CUDA_LAY_TILES = 0, DG_CUDA_LAY_LANES = 1 };
 
@@ -314,8 +316,16 @@ cudaError_t k_qexperts_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *x
                                int IE, int E, int K);
 cudaError_t k_qexperts_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K);
 
+/* One grouped expert product of dg_cuda_experts for a plain bf16 stack W->w
+ * (the WMMA grouped_kernel of moe.cu, bf16 stacks whose columns are not a
+ * multiple of 64): gateup: h = bf16(gelu(G x) U x) over x = xe [T, H]; else
+ * y = D h over x = b->h [T * K, IE]; over the work list of k_group (b->tiles). */
+cudaError_t k_bexperts(cudaStream_t s, int gateup, const dg_cuda_w *W, const bf16 *x, dg_cuda_moe_buf *b, int T, int H,
+                       int IE, int E, int K);
+
 /* ---- quantized experts on tensor cores (qmoe.cu) ---- */
-/* The gathered MoE products over a quantized expert stack (W->lay: lane
+/* The gathered MoE products over a quantized expert stack, or a bf16 one in
+ * lane records (W->bits 0, qr_kernel's BITS 16) (W->lay: lane
  * records, qr_kernel of qmoe_r.cuh, or the tile layout with the pairs in
  * W->sbp, qe_kernel of qmoe.cuh): gate/up h[row] = bf16(gelu(G_e x) U_e x)
  * over xe [T, H] and down y[row] = D_e h[row], for every grouped row of the

@@ -422,26 +422,30 @@ __global__ void __launch_bounds__(128) grouped_kernel(const bf16 *A, const bf16 
   }
 }
 
-/* Each of the two products runs the bf16 WMMA kernel above or, for an MLX
- * affine-quantized stack, the tensor-core kernels of qmoe.cu (same grouped
- * rows, same epilogues); the two stacks may differ (e.g. 4-bit gate/up,
- * 8-bit down). */
+/* Each of the two products runs the tensor-core kernels of qmoe.cu for an MLX
+ * affine-quantized stack or a bf16 stack in lane records (qr_kernel, BITS 16),
+ * else the bf16 WMMA kernel above (a bf16 stack whose columns are not a
+ * multiple of 64); same grouped rows, same epilogues; the two stacks may
+ * differ (e.g. 4-bit gate/up, 8-bit down). */
+cudaError_t k_bexperts(cudaStream_t s, int gateup, const dg_cuda_w *W, const bf16 *x, dg_cuda_moe_buf *b, int T, int H,
+                       int IE, int E, int K) {
+  const int max_tiles = (T * K + TM - 1) / TM + E; /* sum over experts of ceil(count / TM) */
+  if (gateup) {
+    DG_LAUNCH(grouped_kernel<1>, dim3(max_tiles, (IE + TN - 1) / TN), 128, 0, s)(
+        x, W->w, b->tiles, b->n_tiles, b->count, b->start, b->pairs, K, H, IE, IE, H, b->h, (float *)nullptr);
+  } else {
+    DG_LAUNCH(grouped_kernel<0>, dim3(max_tiles, (H + TN - 1) / TN), 128, 0, s)(
+        x, W->w, b->tiles, b->n_tiles, b->count, b->start, b->pairs, K, IE, H, IE, H, (bf16 *)nullptr, b->y);
+  }
+  return cudaGetLastError();
+}
+
 cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                             int IE, int E, int K) {
-  const int max_tiles = (T * K + TM - 1) / TM + E; /* sum over experts of ceil(count / TM) */
-  cudaError_t e;
-  if (l->experts_gate_up.bits) {
-    e = k_qe_gate_up(s, &l->experts_gate_up, xe, b, T, H, IE, E, K, 0);
-  } else {
-    dim3 g1(max_tiles, (IE + TN - 1) / TN);
-    DG_LAUNCH(grouped_kernel<1>, g1, 128, 0, s)(xe, l->experts_gate_up.w, b->tiles, b->n_tiles, b->count, b->start,
-                                                b->pairs, K, H, IE, IE, H, b->h, (float *)nullptr);
-    e = cudaGetLastError();
-  }
+  const dg_cuda_w *gu = &l->experts_gate_up, *dn = &l->experts_down;
+  cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, 0)
+                                                          : k_bexperts(s, 1, gu, xe, b, T, H, IE, E, K);
   if (e != cudaSuccess) return e;
-  if (l->experts_down.bits) return k_qe_down(s, &l->experts_down, b, T, H, IE, E, K, 0);
-  dim3 g2(max_tiles, (H + TN - 1) / TN);
-  DG_LAUNCH(grouped_kernel<0>, g2, 128, 0, s)(b->h, l->experts_down.w, b->tiles, b->n_tiles, b->count, b->start,
-                                              b->pairs, K, IE, H, IE, H, (bf16 *)nullptr, b->y);
-  return cudaGetLastError();
+  return dn->bits || dn->lay == DG_CUDA_LAY_LANES ? k_qe_down(s, dn, b, T, H, IE, E, K, 0)
+                                                  : k_bexperts(s, 0, dn, b->h, b, T, H, IE, E, K);
 }

@@ -23,6 +23,8 @@ extern template cudaError_t qr_launch_bits<6, 0>(cudaStream_t, dim3, int, const 
 extern template cudaError_t qr_launch_bits<6, 1>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<8, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<16, 0>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<16, 1>(cudaStream_t, dim3, int, const qe_args &);
 
 template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
   switch (bits) {
@@ -41,16 +43,20 @@ template <int GATEUP> static cudaError_t qr_launch(cudaStream_t s, dim3 grid, in
   case 4: return qr_launch_bits<4, GATEUP>(s, grid, nt, a);
   case 6: return qr_launch_bits<6, GATEUP>(s, grid, nt, a);
   case 8: return qr_launch_bits<8, GATEUP>(s, grid, nt, a);
+  case 16: return qr_launch_bits<16, GATEUP>(s, grid, nt, a);
   default: return cudaErrorInvalidValue;
   }
 }
+
+/* The launchers' bit width of a stack: bf16 stacks (bits 0) in lane records run qr_kernel's BITS 16. */
+static int qr_bits(const dg_cuda_w *W) { return W->bits ? W->bits : 16; }
 
 static void qe_common(qe_args *a, const dg_cuda_w *W, dg_cuda_moe_buf *b, int K) {
   memset(a, 0, sizeof *a);
   a->q = W->q;
   a->sbp = W->sbp;
   a->sb = W->sb;
-  a->group = W->group;
+  a->group = W->bits ? W->group : QR_BF16_GROUP;
   a->xs = b->xs;
   a->count = b->count;
   a->start = b->start;
@@ -68,9 +74,9 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
   a.h = b->h;
   if (W->lay == DG_CUDA_LAY_LANES) {
     a.X = b->xp;
-    const cudaError_t e = k_group_sums_perm(s, xe, T, H, W->group, b->xs, b->xp);
+    const cudaError_t e = k_group_sums_perm(s, xe, T, H, a.group, b->xs, b->xp);
     if (e != cudaSuccess) return e;
-    return qr_launch<1>(s, dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
+    return qr_launch<1>(s, dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, qr_bits(W));
   }
   const cudaError_t e = k_group_sums(s, xe, T, H, W->group, b->xs);
   if (e != cudaSuccess) return e;
@@ -87,9 +93,9 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
   a.y = b->y;
   if (W->lay == DG_CUDA_LAY_LANES) {
     a.X = b->xp;
-    const cudaError_t e = k_group_sums_perm(s, b->h, T * K, IE, W->group, b->xs, b->xp);
+    const cudaError_t e = k_group_sums_perm(s, b->h, T * K, IE, a.group, b->xs, b->xp);
     if (e != cudaSuccess) return e;
-    return qr_launch<0>(s, dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
+    return qr_launch<0>(s, dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, qr_bits(W));
   }
   const cudaError_t e = k_group_sums(s, b->h, T * K, IE, W->group, b->xs);
   if (e != cudaSuccess) return e;
@@ -195,10 +201,17 @@ void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, 
             for (int r = 0; r < 4; r++) {
               const int64_t gr = qe_tile_row(t, e, sl, w * 32 + (r >> 1) * 16 + g + 8 * (r & 1));
               if (gr < 0) continue;
-              for (int c = 0; c < RUNS; c++)
-                memcpy(rec + (r * RUNS + c) * t.bits, codes + gr * rowbytes + ((int64_t)s * KC + 32 * c + 8 * t4) * t.bits / 8,
-                       (size_t)t.bits);
-              for (int j = 0; j < GPS; j++) {
+              for (int c = 0; c < RUNS; c++) {
+                uint8_t *o = rec + (r * RUNS + c) * t.bits;
+                memcpy(o, codes + gr * rowbytes + ((int64_t)s * KC + 32 * c + 8 * t4) * t.bits / 8, (size_t)t.bits);
+                if (t.bits == 16) { /* bf16 weights w0..w7 stored as the pairs (w0, w4), (w1, w5), (w2, w6), (w3, w7) */
+                  uint16_t v[8], pv[8];
+                  memcpy(v, o, 16);
+                  for (int i = 0; i < 4; i++) { pv[2 * i] = v[i]; pv[2 * i + 1] = v[i + 4]; }
+                  memcpy(o, pv, 16);
+                }
+              }
+              for (int j = 0; j < (t.bits == 16 ? 0 : GPS); j++) {
                 const size_t src = (size_t)(gr * ng + (int64_t)s * GPS + j) * 2;
                 memcpy(rec + CB + (r * GPS + j) * 4, (const uint8_t *)scales + src, 2);
                 memcpy(rec + CB + (r * GPS + j) * 4 + 2, (const uint8_t *)biases + src, 2);
@@ -209,7 +222,7 @@ void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, 
               const int PSC = CB % 16 == 0 ? 16 : 8;
               uint8_t *ws = dst + ((si * nst + s) * t.warps + w) * (int64_t)qr_wstage(t.bits, t.group, 1);
               for (int p = 0; p < CB / PSC; p++) memcpy(ws + (p * 32 + lane) * PSC, rec + p * PSC, (size_t)PSC);
-              if (t4 == 0) memcpy(ws + 32 * CB + g * 16 * GPS, rec + CB, (size_t)(16 * GPS));
+              if (t4 == 0 && t.bits != 16) memcpy(ws + 32 * CB + g * 16 * GPS, rec + CB, (size_t)(16 * GPS));
               continue;
             }
             for (int p = 0; p < NP; p++)

@@ -236,12 +236,14 @@ __device__ __forceinline__ void qe_store(const qe_args &a, const float (&acc)[2]
         if (GATEUP) {
           if (!mvalid[0]) continue;
           const int n = slab * 16 * WARPS + warp * 16 + g + 8 * hf;
+          if (n >= a.N) continue; /* a last 16-feature tile past N (N not a multiple of 16) */
           a.h[row * a.N + n] = __float2bfloat16_rn(qe_gelu(acc[0][j][2 * hf + qq]) * acc[1][j][2 * hf + qq]);
         } else {
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
             if (!mvalid[mt]) continue;
             const int n = slab * 32 * WARPS + warp * 32 + mt * 16 + g + 8 * hf;
+            if (n >= a.N) continue; /* a last 16-row tile past N (N not a multiple of 16) */
             a.y[row * a.N + n] = acc[mt][j][2 * hf + qq];
           }
         }

@@ -49,20 +49,23 @@
 #define QR_MINB 4   /* blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
+#define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the nominal group, so stages of 64 weights (qr_kc) */
+#define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 
 /* Codes per stage of a group size. */
 __host__ __device__ constexpr int qr_kc(int group) { return group > 64 ? group : 64; }
+/* Bytes of the (scale, bias) pairs of a lane's record of a stage: 16 per group (4 rows x 4 bytes); none for bf16
+ * weights (bits 16). */
+__host__ __device__ constexpr int qr_pb(int bits, int group) { return bits == 16 ? 0 : 16 * (qr_kc(group) / group); }
 /* Bytes of one lane's record of a stage. */
-__host__ __device__ constexpr int qr_rec(int bits, int group) {
-  return 4 * (qr_kc(group) / 32) * bits + 16 * (qr_kc(group) / group);
-}
+__host__ __device__ constexpr int qr_rec(int bits, int group) { return 4 * (qr_kc(group) / 32) * bits + qr_pb(bits, group); }
 /* Bytes of the codes of a lane's record of a stage. */
 __host__ __device__ constexpr int qr_cb(int bits, int group) { return 4 * (qr_kc(group) / 32) * bits; }
 /* Bytes of a warp's weight stage in device memory: cp (the compact layout) 32 lanes' codes, then the pairs of
  * the 8 row groups once (16 bytes per group of the stage each); else 32 whole lane records (the pairs of a
  * row group once per lane: 4 times). */
 __host__ __device__ constexpr int qr_wstage(int bits, int group, int cp) {
-  return cp ? 32 * qr_cb(bits, group) + 8 * 16 * (qr_kc(group) / group) : 32 * qr_rec(bits, group);
+  return cp ? 32 * qr_cb(bits, group) + 8 * qr_pb(bits, group) : 32 * qr_rec(bits, group);
 }
 /* Bytes of an activation stage's group sums: 4 per (group, token), BM: 16 (the split records). */
 __host__ __device__ constexpr int qr_sbb(int group, int sub, int nt, int bm) {
@@ -158,12 +161,16 @@ template <int BITS> __device__ __forceinline__ uint32_t qr_bias_sel(int t) {
 }
 
 /* The 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of 128 + c (8 bits:
- * c) of the 8 codes at byte o of a lane's record R (o known after unrolling;
- * the same decoding as qe_codes, from registers). */
+ * c; 16 bits: the bf16 weights c themselves) of the 8 codes at byte o of a
+ * lane's record R (o known after unrolling; the same decoding as qe_codes,
+ * from registers). */
 template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, const int o, uint32_t P[4]) {
   const uint32_t mag = 0x43004300u;
   const int w = o >> 2, sh = (o & 3) * 8;
-  if constexpr (BITS == 4) {
+  if constexpr (BITS == 16) { /* bf16 weights, stored in pair order by qr_tile_pack: no decoding */
+#pragma unroll
+    for (int i = 0; i < 4; i++) P[i] = R[w + i];
+  } else if constexpr (BITS == 4) {
     const uint32_t v = R[w];
 #pragma unroll
     for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (4 * i), 0x000f000fu, mag);
@@ -209,7 +216,11 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int WD, int PF, int CP, int BM,
           int NZ>
 __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
-  constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, REC = qr_rec(BITS, GS);
+  /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
+   * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
+  constexpr bool RAW = BITS == 16;
+  constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS,
+                REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
   /* CP: codes in NPC pieces of PSC bytes (piece-major over the 32 lanes), then per row group g its GPS 16-byte
    * pieces of pairs, loaded by the 4 lanes (g, t) alike (one sector read, the pairs not stored 4 times) */
@@ -269,7 +280,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
     /* this thread's copies of an activation stage, fixed for the pass: CH 16-byte pieces of activation
      * rows (source at stage 0, shared-memory offset; zero-filled past the expert's rows) and CHS group sums */
     constexpr int PER = KA / 8, CH = (NTOK * PER + THREADS - 1) / THREADS;
-    constexpr int NS = NTOK * SUB * GPS, CHS = (NS + THREADS - 1) / THREADS;
+    constexpr int NS = NTOK * SUB * GPW, CHS = (NS + THREADS - 1) / THREADS, CHA = CHS > 0 ? CHS : 1;
     const bf16 *xsrc[CH];
     int xdst[CH], xcol[CH], xbytes[CH];
 #pragma unroll
@@ -281,8 +292,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
       xdst[k] = i < NTOK * PER ? r * XS + 16 * c : -1;
       xcol[k] = 8 * c;
     }
-    const float *ssrc[CHS];
-    int sdst[CHS], sgrp[CHS], sbytes[CHS];
+    const float *ssrc[CHA];
+    int sdst[CHA], sgrp[CHA], sbytes[CHA];
 #pragma unroll
     for (int k = 0; k < CHS; k++) {
       const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
@@ -335,7 +346,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
         if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
         wst++;
       } else if constexpr (PF < 0) {
-        if (wst - PF < nst) qr_prefetch_lines<CB, GPS, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
+        if (wst - PF < nst) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
         wst++;
       }
       if constexpr (CP) {
@@ -351,7 +362,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
         }
         const unsigned char *pp = p - lane * PSC + 32 * CB + g * 16 * GPS;
 #pragma unroll
-        for (int i = 0; i < GPS; i++) {
+        for (int i = 0; i < GPW; i++) {
           const uint4 v = dg_ld_stream16(pp + 16 * i);
           R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
         }
@@ -400,11 +411,13 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
           const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
 #pragma unroll
           for (int j = 0; j < NT; j++) {
-            dg_mma_bf16(part[mt][j], a0, &bf[j][0]);
-            dg_mma_bf16(part[mt][j], a1, &bf[j][2]);
+            float *P = RAW ? acc[mt][j] : part[mt][j];
+            dg_mma_bf16(P, a0, &bf[j][0]);
+            dg_mma_bf16(P, a1, &bf[j][2]);
           }
         }
-        if (BM && (c + 1) % CPG == 0) { /* group lg complete: acc += s P', part = 0; (b - OFF s) S by the tensor cores */
+        if constexpr (RAW) {
+        } else if (BM && (c + 1) % CPG == 0) { /* group lg complete: acc += s P', part = 0; (b - OFF s) S by the tensor cores */
           const int lg = c / CPG, ga = sub * GPS + lg, gb = ga & 1;
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
@@ -514,7 +527,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
         if (lane == 0)
           for (int i = 1; i < PF && i < nst; i++) dg_prefetch_l2(wstage0 + (int64_t)i * sstride, WSTAGE);
       } else if constexpr (PF < 0) {
-        for (int i = 1; i < -PF && i < nst; i++) qr_prefetch_lines<CB, GPS, CP ? PSC : PS>(wq + (int64_t)i * sstride, lane);
+        for (int i = 1; i < -PF && i < nst; i++) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(wq + (int64_t)i * sstride, lane);
       }
   #pragma unroll
       for (int d = 0; d < D - 1; d++)
@@ -581,6 +594,10 @@ static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
 template <int BITS, int GATEUP, int NT, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1,
           int PF = 0, int NTS = 0>
 static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
+  if constexpr (BITS == 16) { /* bf16: no groups, stages of 64 weights */
+    if (a.group != QR_BF16_GROUP) return cudaErrorInvalidValue;
+    return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
+  }
   switch (a.group) {
   case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
   case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
@@ -596,12 +613,15 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
  * (lab version 18: 141.3 vs 145.4 us with lane 0's bulk prefetch, whose lane-dependent address the compiler
  * wraps in a loop over uniform registers), and at 3 n-tiles an expert of at most 16 rows takes the 2-tile body
  * (QR_NTS; with the line prefetches lab version 28: gathered 256 gate/up 137.5 vs 145.4 us, down 72.8 vs 78.0,
- * uniform M = 16 gate/up 103.6 vs 123.7). */
+ * uniform M = 16 gate/up 103.6 vs 123.7). bf16 stacks (BITS 16, 32 record registers per stage) take registers for
+ * 2 blocks per SM (QR_MINB16; at 4 the 3-tile body spilled: lab version 43 vs 3, session 6: gathered 256 gate/up
+ * 271.0 vs 296.4 us, down 147.9 vs 157.0; uniform M = 16 269.5 vs 275.3 and 147.8 vs 150.5). */
 template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
   switch (nt) {
-  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
-  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, QR_MINB>(s, grid, a);
-  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, QR_MINB, -QR_PF, QR_NTS>(s, grid, a);
+  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB>(s, grid, a);
+  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB>(s, grid, a);
+  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS>(s, grid, a);
   case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3>(s, grid, a);
   case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4>(s, grid, a);
   default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6>(s, grid, a);
@@ -611,7 +631,8 @@ template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 
 /* Host side of the lane-record layout (qmoe.cu): its bytes, and the packing of
  * an MLX stack [E * rows_per_expert, K] (codes row-major; scales and biases
  * [rows, K / group], 2 bytes each) into it; padding rows are zero. t.kc must
- * be qr_kc(t.group), t.pb 4. */
+ * be qr_kc(t.group), t.pb 4. A bf16 stack: t.bits 16, t.group QR_BF16_GROUP,
+ * codes its [rows, K] bf16 weights, scales and biases unused (NULL). */
 size_t qr_tile_bytes(const qe_tiling &t);
 void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, const void *biases, uint8_t *dst);
 
