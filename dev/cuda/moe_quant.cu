@@ -53,7 +53,9 @@
  *              weights themselves: no decoding, no pairs, no fold); 40 = the plain [rows, cols] stack through
  *              moe.cu's WMMA grouped_kernel (k_bexperts: the backend's bf16 path before, and still for columns
  *              that are not a multiple of 64); 41-44: BITS 16 with other choices: 41 = 3 register stages at 2
- *              blocks per SM, 42 = line prefetches at every n-tile count, 43 = 2 blocks per SM, 44 = 8 warps
+ *              blocks per SM, 42 = line prefetches at every n-tile count, 43 = 2 blocks per SM (the backend's
+ *              since session 6), 44 = 8 warps; 45-47: 43 with activation stages of 4 weight stages (45), of 1
+ *              (46), of 4 with 3 register stages and a ring of 4 (47)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -460,6 +462,11 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 41: return run_lanes<4, 3, 3, 2, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* D 3, 2 blocks per SM */
     case 42: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* line prefetch everywhere */
     case 43: return run_lanes<4, 2, 3, 2, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 2 blocks per SM */
+    /* 45-47: 43 with other activation stages: 45 = 4 weight stages each (half the barriers), 46 = 1 each,
+     * 47 = 4 each with 3 register stages and a ring of 4 */
+    case 45: return run_lanes<4, 2, 3, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
+    case 46: return run_lanes<4, 2, 3, 2, 1, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
+    case 47: return run_lanes<4, 3, 4, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
     default: return run_lanes<8, 2, 3, 1, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
     }
   }
