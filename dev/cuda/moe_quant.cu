@@ -55,7 +55,8 @@
  *              that are not a multiple of 64); 41-44: BITS 16 with other choices: 41 = 3 register stages at 2
  *              blocks per SM, 42 = line prefetches at every n-tile count, 43 = 2 blocks per SM (the backend's
  *              since session 6), 44 = 8 warps; 45-47: 43 with activation stages of 4 weight stages (45), of 1
- *              (46), of 4 with 3 register stages and a ring of 4 (47)
+ *              (46), of 4 with 3 register stages and a ring of 4 (47); 48, 49: stages of 32 weights (16 record
+ *              registers instead of 32): 48 = 3 blocks per SM, 49 = 4 register stages, activation stages of 4
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -216,7 +217,8 @@ static void qw_tile_pack(const qe_tiling &t, const uint8_t *codes, uint8_t *dst)
 static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lanes = 0) {
   for (const tiled &t : st->tl)
     if (t.warps == warps && t.kc == kc && t.gateup == gateup && t.lanes == lanes) return t;
-  qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, G, 4, E, st->w.rows, st->w.cols);
+  /* bf16 (bits 16): the stage is the "group" (qr_kc) */
+  qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, st->w.bits == 16 ? kc : G, 4, E, st->w.rows, st->w.cols);
   q.cp = lanes == 1; /* lanes 2: the replicated-pair lane records (qr_wstage cp 0) */
   size_t pb = 0;
   if (lanes == 3) q.cp = 1;
@@ -372,44 +374,44 @@ static uint4 *split_sums(size_t rows) {
  * bm: the split records of k_group_sums_perm_split): gate/up over xe, down over the lab's h. */
 static cudaError_t lab_args(const tiled &tl, routing *r, int gateup, int bm, qe_args *a) {
   memset(a, 0, sizeof *a);
-  a->q = tl.q; a->sb = DG_CUDA_BF16; a->group = G; a->pb = 4;
+  a->q = tl.q; a->sb = DG_CUDA_BF16; a->group = tl.kc; a->pb = 4; /* kc = G for the quantized stacks, the stage for bf16 */
   a->xs = r->b.xs; a->count = r->b.count; a->start = r->b.start; a->pairs = r->b.pairs; a->topk = TOPK;
   a->X = r->b.xp;
   const bf16 *x = gateup ? r->xe : r->b.h;
   const int rows = gateup ? r->T : r->T * TOPK, K = gateup ? H : IE;
   if (gateup) { a->Kdim = H; a->N = IE; a->h = r->b.h; }
   else { a->Kdim = IE; a->N = H; a->y = r->b.y; }
-  if (!bm) return k_group_sums_perm(0, x, rows, K, G, r->b.xs, r->b.xp); /* bf16 (BITS 16): G = QR_BF16_GROUP */
+  if (!bm) return k_group_sums_perm(0, x, rows, K, a->group, r->b.xs, r->b.xp);
   uint4 *x4 = split_sums((size_t)rows);
   a->xs = (const float *)x4;
   return k_group_sums_perm_split(0, x, rows, K, G, x4, r->b.xp);
 }
 
 template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
-          int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0, int BITS = 4>
+          int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0, int BITS = 4, int GL = G>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
-  const tiled &tl = get_tiled(st, WARPS, qr_kc(G), gateup, CP ? 1 : 2);
+  const tiled &tl = get_tiled(st, WARPS, qr_kc(GL, BITS), gateup, CP ? 1 : 2);
   qe_args a;
   cudaError_t e = lab_args(tl, r, gateup, BM, &a);
   if (e != cudaSuccess) return e;
   if (gateup) {
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
-    if constexpr (NTF > 0) return qr_launch_g<BITS, 1, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    if constexpr (NTF > 0) return qr_launch_g<BITS, 1, NTF, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
     switch (nt) {
-    case 1: return qr_launch_g<BITS, 1, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-    case 2: return qr_launch_g<BITS, 1, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-    case 3: return qr_launch_g<BITS, 1, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
-    default: return qr_launch_g<BITS, 1, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 1: return qr_launch_g<BITS, 1, 1, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 2: return qr_launch_g<BITS, 1, 2, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 3: return qr_launch_g<BITS, 1, 3, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    default: return qr_launch_g<BITS, 1, 4, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
     }
   }
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
-  if constexpr (NTF > 0) return qr_launch_g<BITS, 0, NTF, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  if constexpr (NTF > 0) return qr_launch_g<BITS, 0, NTF, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
   switch (nt) {
-  case 1: return qr_launch_g<BITS, 0, 1, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-  case 2: return qr_launch_g<BITS, 0, 2, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-  case 3: return qr_launch_g<BITS, 0, 3, G, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
-  default: return qr_launch_g<BITS, 0, 4, G, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 1: return qr_launch_g<BITS, 0, 1, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 2: return qr_launch_g<BITS, 0, 2, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 3: return qr_launch_g<BITS, 0, 3, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  default: return qr_launch_g<BITS, 0, 4, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
   }
 }
 
@@ -467,6 +469,10 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 45: return run_lanes<4, 2, 3, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
     case 46: return run_lanes<4, 2, 3, 2, 1, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
     case 47: return run_lanes<4, 3, 4, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
+    /* 48, 49: stages of 32 weights (half the record registers): 48 = 3 blocks per SM, 49 = 4 register stages, 4
+     * weight stages per activation stage, 2 blocks per SM */
+    case 48: return run_lanes<4, 2, 3, 3, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
+    case 49: return run_lanes<4, 4, 3, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
     default: return run_lanes<8, 2, 3, 1, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
     }
   }

@@ -206,13 +206,13 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
  * its stage), else the tile layout of qe_kernel (qmoe.cuh: f16 and f32 pairs)
  * or, for bf16 stacks, the plain [rows, cols] of grouped_kernel (moe.cu). */
 static int expert_lay(const dg_cuda_mat *m) {
-  if (!m->bits) return m->cols % qr_kc(QR_BF16_GROUP) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
+  if (!m->bits) return m->cols % qr_kc(QR_BF16_GROUP, 16) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
   return m->sb_dtype == DG_CUDA_BF16 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
 }
 
 /* Its tiling (qe_tiling) for E experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
 static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
-  if (!m->bits) return qe_tiling_of(QR_WARPS, qr_kc(QR_BF16_GROUP), gateup, 16, QR_BF16_GROUP, 4, E, m->rows, m->cols);
+  if (!m->bits) return qe_tiling_of(QR_WARPS, qr_kc(QR_BF16_GROUP, 16), gateup, 16, QR_BF16_GROUP, 4, E, m->rows, m->cols);
   if (expert_lay(m) == DG_CUDA_LAY_LANES)
     return qe_tiling_of(QR_WARPS, qr_kc(m->group_size), gateup, m->bits, m->group_size, 4, E, m->rows, m->cols);
   return qe_tiling_of(QE_WARPS, QE_KC, gateup, m->bits, m->group_size, 2 * (int)sb_size(m->sb_dtype), E, m->rows,

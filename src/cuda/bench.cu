@@ -87,9 +87,9 @@ static dg_status bstack(void **ptrs, int *np, dg_cuda_w *w, int64_t rows, int64_
   w->rows = rows;
   w->cols = cols;
   const size_t n = (size_t)rows * (size_t)cols;
-  if (!bits && cols % qr_kc(QR_BF16_GROUP) == 0) { /* the backend's lane records of bf16 weights (BITS 16) */
+  if (!bits && cols % qr_kc(QR_BF16_GROUP, 16) == 0) { /* the backend's lane records of bf16 weights (BITS 16) */
     w->lay = DG_CUDA_LAY_LANES;
-    const qe_tiling tl = qe_tiling_of(QR_WARPS, qr_kc(QR_BF16_GROUP), gateup, 16, QR_BF16_GROUP, 4, E, rows, cols);
+    const qe_tiling tl = qe_tiling_of(QR_WARPS, qr_kc(QR_BF16_GROUP, 16), gateup, 16, QR_BF16_GROUP, 4, E, rows, cols);
     const size_t qbytes = qr_tile_bytes(tl);
     DG_TRY(balloc(ptrs, np, (void **)&w->q, qbytes, "bf16 expert lane records"));
     DG_LAUNCH(bfill_bf16, grid, BT, 0, 0)((uint16_t *)w->q, qbytes / 2, seed, 0x3c00u);

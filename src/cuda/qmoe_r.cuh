@@ -49,18 +49,19 @@
 #define QR_MINB 4   /* blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
-#define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the nominal group, so stages of 64 weights (qr_kc) */
+#define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 
-/* Codes per stage of a group size. */
-__host__ __device__ constexpr int qr_kc(int group) { return group > 64 ? group : 64; }
+/* Codes per stage of a group size: max(64, group); bf16 stacks (bits 16) have no groups: their "group" is the
+ * stage itself (32 or 64 weights). */
+__host__ __device__ constexpr int qr_kc(int group, int bits = 0) { return bits == 16 ? group : group > 64 ? group : 64; }
 /* Bytes of the (scale, bias) pairs of a lane's record of a stage: 16 per group (4 rows x 4 bytes); none for bf16
  * weights (bits 16). */
 __host__ __device__ constexpr int qr_pb(int bits, int group) { return bits == 16 ? 0 : 16 * (qr_kc(group) / group); }
 /* Bytes of one lane's record of a stage. */
-__host__ __device__ constexpr int qr_rec(int bits, int group) { return 4 * (qr_kc(group) / 32) * bits + qr_pb(bits, group); }
+__host__ __device__ constexpr int qr_rec(int bits, int group) { return 4 * (qr_kc(group, bits) / 32) * bits + qr_pb(bits, group); }
 /* Bytes of the codes of a lane's record of a stage. */
-__host__ __device__ constexpr int qr_cb(int bits, int group) { return 4 * (qr_kc(group) / 32) * bits; }
+__host__ __device__ constexpr int qr_cb(int bits, int group) { return 4 * (qr_kc(group, bits) / 32) * bits; }
 /* Bytes of a warp's weight stage in device memory: cp (the compact layout) 32 lanes' codes, then the pairs of
  * the 8 row groups once (16 bytes per group of the stage each); else 32 whole lane records (the pairs of a
  * row group once per lane: 4 times). */
@@ -72,7 +73,7 @@ __host__ __device__ constexpr int qr_sbb(int group, int sub, int nt, int bm) {
   return (sub * (qr_kc(group) / group) * 8 * nt * (bm ? 16 : 4) + 15) / 16 * 16;
 }
 /* Bytes per token row of an activation stage of sub weight stages (64 modulo 128: conflict-free 16-byte reads). */
-__host__ __device__ constexpr int qr_xs(int group, int sub) { return 2 * sub * qr_kc(group) + 64; }
+__host__ __device__ constexpr int qr_xs(int group, int sub, int bits = 0) { return 2 * sub * qr_kc(group, bits) + 64; }
 
 #ifndef DG_CUDA_EMU
 __device__ __forceinline__ uint4 dg_ld_stream16(const void *p) {
@@ -219,7 +220,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
    * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
   constexpr bool RAW = BITS == 16;
-  constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS,
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS,
                 REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
   /* CP: codes in NPC pieces of PSC bytes (piece-major over the 32 lanes), then per row group g its GPS 16-byte
@@ -228,7 +229,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   static_assert(CP == 0 || WD == 0, "the bulk-copy ring reads whole lane records");
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
-  constexpr int XS = qr_xs(GS, SUB), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, BM), STB = XB + SBB;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, BM), STB = XB + SBB;
   static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
   static_assert(!(BM && NZ), "NZ copies 4-byte sums");
   constexpr int CPG = GS / 32; /* runs per group */
@@ -576,7 +577,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
           int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
-  constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB), SBB = qr_sbb(GS, SUB, NT, BM);
+  constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB, BITS), SBB = qr_sbb(GS, SUB, NT, BM);
   void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, NTS, BM, NZ>;
   const size_t smem = (size_t)STAGES * (XB + SBB) + (size_t)WARPS * WD * 32 * qr_rec(BITS, GS);
 #ifndef DG_CUDA_EMU
