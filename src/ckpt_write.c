@@ -87,6 +87,12 @@ cJSON *dg_ckpt_index_new(int64_t total_size, cJSON **weight_map) {
   return index;
 }
 
+dg_status dg_ckpt_write_index(const char *dir, const cJSON *index, int newline) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+  return dg_ckpt_write_json(path, index, newline);
+}
+
 void dg_ckpt_module_name(char *module, size_t cap, const char *name) {
   snprintf(module, cap, "%s", name);
   if (dg_ckpt_has_suffix(module, ".weight")) module[strlen(module) - 7] = 0;

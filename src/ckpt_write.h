@@ -45,6 +45,9 @@ void dg_ckpt_shard_name(char *buf, size_t cap, int s, int n_shards);
  * total_size}, "weight_map": {}}; *weight_map is its (empty) map. */
 struct cJSON *dg_ckpt_index_new(int64_t total_size, struct cJSON **weight_map);
 
+/* index written as dir/model.safetensors.index.json (dg_ckpt_write_json). */
+dg_status dg_ckpt_write_index(const char *dir, const struct cJSON *index, int newline);
+
 /* The module path of tensor name (cap bytes): name without a final
  * ".weight" (the key of a quantization block, the stem of <m>.scales). */
 void dg_ckpt_module_name(char *module, size_t cap, const char *name);

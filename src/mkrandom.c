@@ -91,6 +91,19 @@ void dg_mkrandom_normals(uint64_t seed, uint64_t h, uint64_t first, size_t n, fl
 
 /* ---- built-in configurations ------------------------------------------------ */
 
+/* The text_config lines both built-in configurations share (spec 1.2's
+ * values): the special token ids, initializer_range, dtype, RoPE. */
+#define TEXT_IDS_ROPE \
+    "    \"pad_token_id\": 0,\n" \
+    "    \"eos_token_id\": 1,\n" \
+    "    \"bos_token_id\": 2,\n" \
+    "    \"initializer_range\": 0.02,\n" \
+    "    \"dtype\": \"bfloat16\",\n" \
+    "    \"rope_parameters\": {\n" \
+    "      \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},\n" \
+    "      \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}\n" \
+    "    },\n"
+
 /* google/diffusiongemma-26B-A4B-it as spec 1.1-1.2 give it (text_config
  * complete; vision_config with the fields the spec lists, for the record:
  * no vision weights are written). */
@@ -133,15 +146,7 @@ static const char REAL_HEAD[] =
     "    \"attention_dropout\": 0.0,\n"
     "    \"tie_word_embeddings\": true,\n"
     "    \"use_bidirectional_attention\": \"vision\",\n"
-    "    \"pad_token_id\": 0,\n"
-    "    \"eos_token_id\": 1,\n"
-    "    \"bos_token_id\": 2,\n"
-    "    \"initializer_range\": 0.02,\n"
-    "    \"dtype\": \"bfloat16\",\n"
-    "    \"rope_parameters\": {\n"
-    "      \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},\n"
-    "      \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}\n"
-    "    },\n"
+    TEXT_IDS_ROPE
     "    \"layer_types\": [";
 
 /* A small model of the same structure (every dimension a multiple of 64 so
@@ -176,15 +181,7 @@ static const char SMALL_CONFIG[] =
     "    \"final_logit_softcapping\": 30.0,\n"
     "    \"attention_bias\": false,\n"
     "    \"tie_word_embeddings\": true,\n"
-    "    \"pad_token_id\": 0,\n"
-    "    \"eos_token_id\": 1,\n"
-    "    \"bos_token_id\": 2,\n"
-    "    \"initializer_range\": 0.02,\n"
-    "    \"dtype\": \"bfloat16\",\n"
-    "    \"rope_parameters\": {\n"
-    "      \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},\n"
-    "      \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}\n"
-    "    },\n"
+    TEXT_IDS_ROPE
     "    \"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\",\n"
     "                    \"sliding_attention\", \"sliding_attention\", \"full_attention\"]\n"
     "  }\n"
@@ -651,11 +648,7 @@ static dg_status mk_write_shards(mk_plan *plan, const char *tmp, const dg_mkrand
   dg_status st = DG_OK;
   for (int s = 0; s < res->n_shards && !st; s++)
     st = mk_write_shard(plan, s, res->n_shards, tmp, res->n_quantized != 0, wmap, f);
-  if (!st) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-    st = dg_ckpt_write_json(path, index, 0);
-  }
+  if (!st) st = dg_ckpt_write_index(tmp, index, 0);
   cJSON_Delete(index);
   return st;
 }

@@ -435,11 +435,7 @@ static dg_status write_shards(plan_item *items, size_t n, const char *tmp, const
     dg_ckpt_shard_name(shard_name, sizeof shard_name, s, res->n_shards);
     st = write_shard(items, n, s, shard_name, tmp, p, nt, wmap, &done_bytes, res->bytes_in);
   }
-  if (!st) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-    st = dg_ckpt_write_json(path, index, 1);
-  }
+  if (!st) st = dg_ckpt_write_index(tmp, index, 1);
   cJSON_Delete(index);
   return st;
 }
