@@ -1223,6 +1223,29 @@ static dg_status test_in(alloc_list *al, void **dst, const void *src, size_t n, 
   return DG_OK;
 }
 
+/* A test's start: its device, then matrix m uploaded as W into al. */
+static dg_status test_begin(int device, alloc_list *al, dg_cuda_w *W, const dg_cuda_mat *m) {
+  CK(cudaSetDevice(device));
+  return test_up(al, W, m);
+}
+
+/* Wait for a test's kernels, then copy n result bytes from the device to the host. */
+static dg_status test_out(void *dst, const void *src, size_t n) {
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  return DG_OK;
+}
+
+/* The grouping buffers of b for TK = T * K routed pairs over E experts (k_group's outputs). */
+static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, int E) {
+  DG_TRY(dalloc(al, (void **)&b->count, (size_t)E * 4, "count"));
+  DG_TRY(dalloc(al, (void **)&b->start, (size_t)(E + 1) * 4, "start"));
+  DG_TRY(dalloc(al, (void **)&b->pairs, TK * 4, "pairs"));
+  DG_TRY(dalloc(al, (void **)&b->slot_row, TK * 4, "slot_row"));
+  DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
+  return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
+}
+
 #define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
 #define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
@@ -1233,17 +1256,15 @@ extern "C" dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64
   if (!w->bits || row0 < 0 || row0 + N > w->rows || ldx < w->cols || ldy < N || T <= 0)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_matmul: needs a quantized matrix and row0 + N <= rows, "
                                          "ldx >= cols, ldy >= N, T > 0");
-  CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
-  dg_status st = DG_OK;
   dg_cuda_w W;
   void *dx = NULL, *dy = NULL;
-  TT_(test_up(&al, &W, w));
+  dg_status st = test_begin(device, &al, &W, w);
+  if (st != DG_OK) goto done;
   TT_(test_in(&al, &dx, x, (size_t)T * ldx * 2, "x"));
   TT_(test_in(&al, &dy, y, (size_t)T * ldy * 4, "y"));
   TC_(k_qmatmul(0, (const bf16 *)dx, ldx, T, &W, row0, N, (float *)dy, ldy));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(y, dy, (size_t)T * ldy * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(y, dy, (size_t)T * ldy * 4));
 done:
   dfree_all(&al);
   return st;
@@ -1253,17 +1274,15 @@ extern "C" dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const 
                                         float *x) {
   for (int t = 0; t < T; t++)
     if (ids[t] < 0 || ids[t] >= e->rows) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_embed: id %d", ids[t]);
-  CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
-  dg_status st = DG_OK;
   dg_cuda_w W;
   void *dids = NULL, *dx = NULL;
-  TT_(test_up(&al, &W, e));
+  dg_status st = test_begin(device, &al, &W, e);
+  if (st != DG_OK) goto done;
   TT_(test_in(&al, &dids, ids, (size_t)T * 4, "ids"));
   TT_(dalloc(&al, &dx, (size_t)T * e->cols * 4, "x"));
   TC_(k_embed(0, (float *)dx, &W, (const int32_t *)dids, T, (int)e->cols, scale));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(x, dx, (size_t)T * e->cols * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(x, dx, (size_t)T * e->cols * 4));
 done:
   dfree_all(&al);
   return st;
@@ -1272,17 +1291,15 @@ done:
 extern "C" dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha,
                                        float *soft) {
   if (!e->bits || C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_soft: needs a quantized matrix, C > 0");
-  CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
-  dg_status st = DG_OK;
   dg_cuda_w W;
   void *dp = NULL, *ds = NULL;
-  TT_(test_up(&al, &W, e));
+  dg_status st = test_begin(device, &al, &W, e);
+  if (st != DG_OK) goto done;
   TT_(test_in(&al, &dp, P, (size_t)C * e->rows * 2, "P"));
   TT_(dalloc(&al, &ds, (size_t)C * e->cols * 4, "soft"));
   TC_(k_qsoft(0, (const bf16 *)dp, C, &W, alpha, (float *)ds));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(soft, ds, (size_t)C * e->cols * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(soft, ds, (size_t)C * e->cols * 4));
 done:
   dfree_all(&al);
   return st;
@@ -1317,20 +1334,14 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up
   TT_(up_experts(&al, &l.experts_down, down, 0, E, "test down", NULL));
   TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "xe"));
   TT_(test_in(&al, (void **)&b.topk_idx, idx, TK * 4, "topk_idx"));
-  TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
-  TT_(dalloc(&al, (void **)&b.start, (size_t)(E + 1) * 4, "start"));
-  TT_(dalloc(&al, (void **)&b.pairs, TK * 4, "pairs"));
-  TT_(dalloc(&al, (void **)&b.slot_row, TK * 4, "slot_row"));
-  TT_(dalloc(&al, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
-  TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
+  TT_(test_group_bufs(&al, &b, TK, E));
   TT_(dalloc(&al, (void **)&b.h, TK * IE * 2, "h"));
   TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
   TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
   TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
   TC_(k_group(0, &b, T, E, K));
   TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(slot_row, b.slot_row, TK * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(slot_row, b.slot_row, TK * 4));
   TC_(cudaMemcpy(hd, b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < TK; i++) { /* grouped order -> (token, slot) order */
@@ -1359,15 +1370,9 @@ extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pe
   TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
   TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
-  TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
-  TT_(dalloc(&al, (void **)&b.start, (size_t)(E + 1) * 4, "start"));
-  TT_(dalloc(&al, (void **)&b.pairs, TK * 4, "pairs"));
-  TT_(dalloc(&al, (void **)&b.slot_row, TK * 4, "slot_row"));
-  TT_(dalloc(&al, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
-  TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
+  TT_(test_group_bufs(&al, &b, TK, E));
   TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(rlog, drl, (size_t)T * E * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(rlog, drl, (size_t)T * E * 4));
   TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(start, b.start, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
@@ -1401,8 +1406,7 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
   TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
   TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq, NH,
                       NKV, D, pos0, kv_hi, causal, is_full, window));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(out, dout, on * 2, cudaMemcpyDeviceToHost));
+  TT_(test_out(out, dout, on * 2));
 done:
   dfree_all(&al);
   return st;
