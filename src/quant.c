@@ -73,28 +73,14 @@ int64_t dg_quant_row(const float *w, int64_t cols, int bits, int group_size, dg_
   return bad;
 }
 
-/* Row r of the quantized matrix w: its packed codes, and the scales and
- * biases of its ng groups. */
-typedef struct quant_row {
-  const uint8_t *codes;
-  const char *sr, *br;
-  int64_t ng;
-} quant_row;
-
-static inline quant_row quant_row_at(const dg_weight *w, int64_t r) {
-  const int64_t ng = w->cols / w->group_size;
-  const size_t ss = dg_dtype_size(w->sb_dtype);
-  quant_row q = {(const uint8_t *)w->data + r * dg_quant_row_bytes(w->cols, w->bits),
-                 (const char *)w->scales + (size_t)(r * ng) * ss, (const char *)w->biases + (size_t)(r * ng) * ss, ng};
-  return q;
-}
-
 void dg_quant_dequant_row(const dg_weight *w, int64_t r, float *out) {
   const int bits = w->bits, G = w->group_size;
-  const quant_row q = quant_row_at(w, r);
-  for (int64_t g = 0; g < q.ng; g++) {
-    float s = dg_load_elem(w->sb_dtype, q.sr, g), b = dg_load_elem(w->sb_dtype, q.br, g);
-    for (int64_t k = g * G; k < (g + 1) * G; k++) out[k] = (float)dg_quant_code(q.codes, bits, k) * s + b;
+  const uint8_t *row;
+  const char *sr, *br;
+  dg_quant_row_ptrs(w, r, &row, &sr, &br);
+  for (int64_t g = 0; g < w->cols / G; g++) {
+    float s = dg_load_elem(w->sb_dtype, sr, g), b = dg_load_elem(w->sb_dtype, br, g);
+    for (int64_t k = g * G; k < (g + 1) * G; k++) out[k] = (float)dg_quant_code(row, bits, k) * s + b;
   }
 }
 
@@ -105,11 +91,13 @@ void dg_weight_axpy_row(float *y, float a, const dg_weight *w, int64_t r) {
     return;
   }
   const int bits = w->bits, G = w->group_size;
-  const quant_row q = quant_row_at(w, r);
-  for (int64_t g = 0; g < q.ng; g++) {
-    float s = dg_load_elem(w->sb_dtype, q.sr, g), b = dg_load_elem(w->sb_dtype, q.br, g);
+  const uint8_t *row;
+  const char *sr, *br;
+  dg_quant_row_ptrs(w, r, &row, &sr, &br);
+  for (int64_t g = 0; g < w->cols / G; g++) {
+    float s = dg_load_elem(w->sb_dtype, sr, g), b = dg_load_elem(w->sb_dtype, br, g);
     for (int64_t k = g * G; k < (g + 1) * G; k++) {
-      float wk = (float)dg_quant_code(q.codes, bits, k) * s + b;
+      float wk = (float)dg_quant_code(row, bits, k) * s + b;
       y[k] += a * wk;
     }
   }
