@@ -70,14 +70,23 @@ static dg_status parse_json_file(const char *path, cJSON **out) {
 /* ---- typed field readers ------------------------------------------------ */
 
 
+/* obj[key] in *v, NULL when absent or null: then an error naming the field
+ * if required. */
+static dg_status get_field(const char *file, const char *obj_name, const cJSON *obj, const char *key, int required,
+                           const cJSON **v) {
+  *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (*v && !cJSON_IsNull(*v)) return DG_OK;
+  *v = NULL;
+  if (!required) return DG_OK;
+  return dg_seterr(DG_ERR_CONFIG, "%s: required field %s%s is missing", file, obj_name, key);
+}
+
 /* Integer field. required: error if absent/null; else *out untouched. */
 static dg_status get_int(const char *file, const char *obj_name, const cJSON *obj, const char *key,
                          int required, int64_t lo, int64_t hi, int32_t *out) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v || cJSON_IsNull(v)) {
-    if (!required) return DG_OK;
-    return dg_seterr(DG_ERR_CONFIG, "%s: required field %s%s is missing", file, obj_name, key);
-  }
+  const cJSON *v;
+  DG_TRY(get_field(file, obj_name, obj, key, required, &v));
+  if (!v) return DG_OK;
   if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be an integer, got %s", file, obj_name, key,
                      dg_json_kind(v));
@@ -91,11 +100,9 @@ static dg_status get_int(const char *file, const char *obj_name, const cJSON *ob
 
 static dg_status get_num(const char *file, const char *obj_name, const cJSON *obj, const char *key,
                          int required, double lo, double hi, double *out) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!v || cJSON_IsNull(v)) {
-    if (!required) return DG_OK;
-    return dg_seterr(DG_ERR_CONFIG, "%s: required field %s%s is missing", file, obj_name, key);
-  }
+  const cJSON *v;
+  DG_TRY(get_field(file, obj_name, obj, key, required, &v));
+  if (!v) return DG_OK;
   if (!cJSON_IsNumber(v))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be a number, got %s", file, obj_name, key,
                      dg_json_kind(v));

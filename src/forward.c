@@ -56,6 +56,27 @@ static void matmul(const dg_model *m, float *y, int64_t ldy, const float *x, int
   m->kern->matmul(y, ldy, x, ldx, T, w, row0, N, m->n_threads);
 }
 
+/* out[n, H] = down(gelu_tanh(gate(a)) * up(a)) for a of [n, H] (the GeGLU MLP of
+ * the dense branch, spec 4.5, and of self-conditioning, spec 4.8); ctx->h1 and
+ * ctx->h2 ([n, I]) are its scratch. */
+static void geglu_mlp(dg_context *ctx, float *out, const float *a, int64_t n, const dg_weight *gate,
+                      const dg_weight *up, const dg_weight *down) {
+  const dg_model *m = ctx->m;
+  const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+  matmul(m, ctx->h1, I, a, H, n, gate, 0, I);
+  matmul(m, ctx->h2, I, a, H, n, up, 0, I);
+  for (size_t i = 0; i < (size_t)n * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
+  matmul(m, out, H, ctx->h1, I, n, down, 0, H);
+}
+
+/* ctx->xb[n, H] = the self-conditioning MLP of the soft rows [n, H] (spec 4.8):
+ * geglu_mlp(pre_norm(soft)), ctx->xa the normalised input; soft may be ctx->xb. */
+static void sc_mlp(dg_context *ctx, const float *soft, int64_t n) {
+  const dg_model *m = ctx->m;
+  rmsnorm_rows(ctx->xa, soft, m->sc_pre_norm, (int)n, m->cfg.hidden_size, m->cfg.rms_norm_eps, m->n_threads);
+  geglu_mlp(ctx, ctx->xb, ctx->xa, n, &m->sc_gate, &m->sc_up, &m->sc_down);
+}
+
 /* Rotate-half rope on one head vector (spec 4.3): pair i with i + D/2. */
 static inline void rope_apply(float *x, const float *cs, const float *sn, int D) {
   int h = D / 2;
@@ -214,17 +235,14 @@ static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
   const dg_layer *l = &m->layers[li];
-  const int H = c->hidden_size, I = c->intermediate_size, IE = c->moe_intermediate_size;
+  const int H = c->hidden_size, IE = c->moe_intermediate_size;
   const int E = c->n_experts, K = c->top_k_experts, nt = m->n_threads;
   const float eps = c->rms_norm_eps;
   float *r = ctx->x, *a = ctx->xa, *dense = ctx->xb;
 
   /* dense branch: post_ff1(down(gelu(gate(a)) * up(a))), a = pre_ff(r) */
   rmsnorm_rows(a, r, l->pre_ff_norm, T, H, eps, nt);
-  matmul(m, ctx->h1, I, a, H, T, &l->mlp_gate, 0, I);
-  matmul(m, ctx->h2, I, a, H, T, &l->mlp_up, 0, I);
-  for (size_t i = 0; i < (size_t)T * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
-  matmul(m, dense, H, ctx->h1, I, T, &l->mlp_down, 0, H);
+  geglu_mlp(ctx, dense, a, T, &l->mlp_gate, &l->mlp_up, &l->mlp_down);
   rmsnorm_rows(dense, dense, l->post_ff1_norm, T, H, eps, nt);
 
   /* router on the un-normalised residual (spec 4.6) */
@@ -379,7 +397,7 @@ dg_status dg_cpu_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
 static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const float *soft) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
-  const int T = c->canvas_length, H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads;
+  const int T = c->canvas_length, H = c->hidden_size, nt = m->n_threads;
   const int32_t pos0 = ctx->len;
   const float eps = c->rms_norm_eps;
   if ((int64_t)pos0 + T > c->max_position_embeddings)
@@ -389,12 +407,7 @@ static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const flo
   /* h0 = post_norm(e + down(gelu(gate(pre_norm(soft))) * up(pre_norm(soft)))) (spec 4.8, 5). A zero
    * signal contributes exactly zero (pre_norm(0) = 0, gelu(0) = 0), so the MLP is skipped. */
   if (soft) {
-    float *a = ctx->xa;
-    rmsnorm_rows(a, soft, m->sc_pre_norm, T, H, eps, nt);
-    matmul(m, ctx->h1, I, a, H, T, &m->sc_gate, 0, I);
-    matmul(m, ctx->h2, I, a, H, T, &m->sc_up, 0, I);
-    for (size_t i = 0; i < (size_t)T * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
-    matmul(m, ctx->xb, H, ctx->h1, I, T, &m->sc_down, 0, H);
+    sc_mlp(ctx, soft, T);
     for (size_t i = 0; i < (size_t)T * H; i++) ctx->x[i] += ctx->xb[i];
   }
   rmsnorm_rows(ctx->x, ctx->x, NULL, T, H, eps, nt);
@@ -507,17 +520,12 @@ static dg_status compact_args(dg_context *ctx, const int32_t *pos, int32_t n, co
 /* Decoder input of the forward set: E[tok]*scale + SC MLP(soft rows of pos), post_norm (spec 4.8). */
 static dg_status compact_input(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft) {
   const dg_model *m = ctx->m;
-  const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size, nt = m->n_threads;
+  const int H = m->cfg.hidden_size, nt = m->n_threads;
   const float eps = m->cfg.rms_norm_eps;
   DG_TRY(embed(ctx, tok, n));
   if (soft) {
     for (int32_t t = 0; t < n; t++) memcpy(ctx->xb + (size_t)t * H, soft + (size_t)pos[t] * H, (size_t)H * sizeof(float));
-    float *a = ctx->xa;
-    rmsnorm_rows(a, ctx->xb, m->sc_pre_norm, n, H, eps, nt);
-    matmul(m, ctx->h1, I, a, H, n, &m->sc_gate, 0, I);
-    matmul(m, ctx->h2, I, a, H, n, &m->sc_up, 0, I);
-    for (size_t i = 0; i < (size_t)n * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
-    matmul(m, ctx->xb, H, ctx->h1, I, n, &m->sc_down, 0, H);
+    sc_mlp(ctx, ctx->xb, n);
     for (size_t i = 0; i < (size_t)n * H; i++) ctx->x[i] += ctx->xb[i];
   }
   rmsnorm_rows(ctx->x, ctx->x, NULL, n, H, eps, nt);
@@ -551,7 +559,7 @@ dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32
 dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
   const dg_model *m = work->m;
   const dg_config *c = &m->cfg;
-  const int H = c->hidden_size, I = c->intermediate_size, nt = m->n_threads, C = c->canvas_length;
+  const int H = c->hidden_size, nt = m->n_threads, C = c->canvas_length;
   const float eps = c->rms_norm_eps;
   int64_t total = 0;
   for (int32_t q = 0; q < B; q++) {
@@ -587,12 +595,7 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
         sc_rows[n_sc++] = off[q] + t;
       }
   if (!st && n_sc > 0) {
-    float *a = work->xa;
-    rmsnorm_rows(a, work->xb, m->sc_pre_norm, n_sc, H, eps, nt);
-    matmul(m, work->h1, I, a, H, n_sc, &m->sc_gate, 0, I);
-    matmul(m, work->h2, I, a, H, n_sc, &m->sc_up, 0, I);
-    for (size_t i = 0; i < (size_t)n_sc * I; i++) work->h1[i] = gelu_tanh(work->h1[i]) * work->h2[i];
-    matmul(m, work->xb, H, work->h1, I, n_sc, &m->sc_down, 0, H);
+    sc_mlp(work, work->xb, n_sc);
     for (int32_t r = 0; r < n_sc; r++) {
       float *x = work->x + (size_t)sc_rows[r] * H;
       const float *d = work->xb + (size_t)r * H;

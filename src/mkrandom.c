@@ -43,6 +43,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt_write.h"
 #include "config.h"
 #include "dg_error.h"
 #include "dg_io.h"
@@ -90,6 +91,19 @@ void dg_mkrandom_normals(uint64_t seed, uint64_t h, uint64_t first, size_t n, fl
 
 /* ---- built-in configurations ------------------------------------------------ */
 
+/* The text_config lines both built-in configurations share (spec 1.2's
+ * values): the special token ids, initializer_range, dtype, RoPE. */
+#define TEXT_IDS_ROPE \
+    "    \"pad_token_id\": 0,\n" \
+    "    \"eos_token_id\": 1,\n" \
+    "    \"bos_token_id\": 2,\n" \
+    "    \"initializer_range\": 0.02,\n" \
+    "    \"dtype\": \"bfloat16\",\n" \
+    "    \"rope_parameters\": {\n" \
+    "      \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},\n" \
+    "      \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}\n" \
+    "    },\n"
+
 /* google/diffusiongemma-26B-A4B-it as spec 1.1-1.2 give it (text_config
  * complete; vision_config with the fields the spec lists, for the record:
  * no vision weights are written). */
@@ -132,15 +146,7 @@ static const char REAL_HEAD[] =
     "    \"attention_dropout\": 0.0,\n"
     "    \"tie_word_embeddings\": true,\n"
     "    \"use_bidirectional_attention\": \"vision\",\n"
-    "    \"pad_token_id\": 0,\n"
-    "    \"eos_token_id\": 1,\n"
-    "    \"bos_token_id\": 2,\n"
-    "    \"initializer_range\": 0.02,\n"
-    "    \"dtype\": \"bfloat16\",\n"
-    "    \"rope_parameters\": {\n"
-    "      \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},\n"
-    "      \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}\n"
-    "    },\n"
+    TEXT_IDS_ROPE
     "    \"layer_types\": [";
 
 /* A small model of the same structure (every dimension a multiple of 64 so
@@ -175,15 +181,7 @@ static const char SMALL_CONFIG[] =
     "    \"final_logit_softcapping\": 30.0,\n"
     "    \"attention_bias\": false,\n"
     "    \"tie_word_embeddings\": true,\n"
-    "    \"pad_token_id\": 0,\n"
-    "    \"eos_token_id\": 1,\n"
-    "    \"bos_token_id\": 2,\n"
-    "    \"initializer_range\": 0.02,\n"
-    "    \"dtype\": \"bfloat16\",\n"
-    "    \"rope_parameters\": {\n"
-    "      \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},\n"
-    "      \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0}\n"
-    "    },\n"
+    TEXT_IDS_ROPE
     "    \"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\",\n"
     "                    \"sliding_attention\", \"sliding_attention\", \"full_attention\"]\n"
     "  }\n"
@@ -248,11 +246,6 @@ typedef struct mk_plan {
   mk_item *it;
   size_t n, cap;
 } mk_plan;
-
-static int has_suffix(const char *s, const char *suf) {
-  size_t a = strlen(s), b = strlen(suf);
-  return a >= b && !strcmp(s + a - b, suf);
-}
 
 static dg_status plan_add(mk_plan *p, const char *name, int init, int ndim, int64_t d0, int64_t d1, int64_t d2) {
   if (p->n == p->cap) {
@@ -331,30 +324,46 @@ dg_mkrandom_params dg_mkrandom_default_params(void) {
   return p;
 }
 
-static dg_status write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return dg_seterr(DG_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-  int ok = fputs(text, f) >= 0;
-  ok &= fclose(f) == 0;
-  return ok ? DG_OK : dg_seterr(DG_ERR_IO, "%s: write failed", path);
-}
-
-static dg_status copy_file(const char *from, const char *to) {
-  char *buf = NULL;
-  size_t len = 0;
-  DG_TRY(dg_read_file(from, 0, &buf, &len));
-  FILE *f = fopen(to, "wb");
-  if (!f) { free(buf); return dg_seterr(DG_ERR_IO, "%s: cannot create: %s", to, strerror(errno)); }
-  int ok = fwrite(buf, 1, len, f) == len;
-  ok &= fclose(f) == 0;
-  free(buf);
-  return ok ? DG_OK : dg_seterr(DG_ERR_IO, "%s: write failed", to);
-}
-
 /* Tokenizer files of a model directory: tokenizer*, special_tokens_map.json,
  * chat_template*. */
 static int is_tokenizer_file(const char *nm) {
   return !strncmp(nm, "tokenizer", 9) || !strcmp(nm, "special_tokens_map.json") || !strncmp(nm, "chat_template", 13);
+}
+
+/* What the row loop of fill_item reads and writes: one chunk of rows
+ * [r0, r0 + nr) of the tensor, into the chunk's buffers. */
+typedef struct mk_rows {
+  const mk_item *it;
+  uint64_t seed, h;        /* the draw's key and the tensor's name hash */
+  float std;
+  int32_t pad_row;         /* the embedding's zero row */
+  int64_t cols, r0;
+  int q;                   /* quantized: codes, scales and biases; else bf16 */
+  size_t rb, sbb;          /* bytes per row of main_buf, of sc (= of bi) */
+  uint8_t *main_buf, *sc, *bi;
+} mk_rows;
+
+/* Row r of the chunk: its values (ones, the zero padding row, or the draws),
+ * then bf16, or quantized from the bf16 values. */
+static void fill_row(void *ctx, int64_t r, float *row) {
+  const mk_rows *m = ctx;
+  const mk_item *it = m->it;
+  const int64_t cols = m->cols, gr = m->r0 + r;
+  if (it->init == MK_ONES) {
+    for (int64_t k = 0; k < cols; k++) row[k] = 1.0f;
+  } else if (it->init == MK_EMBED && gr == m->pad_row) {
+    memset(row, 0, (size_t)cols * sizeof(float)); /* nn.Embedding padding_idx row */
+  } else {
+    dg_mkrandom_normals(m->seed, m->h, (uint64_t)gr * (uint64_t)cols, (size_t)cols, m->std, row);
+  }
+  if (!m->q) {
+    uint16_t *o = (uint16_t *)(m->main_buf + (size_t)r * m->rb);
+    for (int64_t k = 0; k < cols; k++) o[k] = dg_f32_to_bf16(row[k]);
+  } else {
+    for (int64_t k = 0; k < cols; k++) row[k] = dg_bf16_to_f32(dg_f32_to_bf16(row[k]));
+    dg_quant_row(row, cols, it->bits, it->group_size, DG_BF16, m->main_buf + (size_t)r * m->rb,
+                 m->sc + (size_t)r * m->sbb, m->bi + (size_t)r * m->sbb);
+  }
 }
 
 /* Fill the bytes of one planned tensor (all its outputs) through the shard's
@@ -365,17 +374,20 @@ static dg_status fill_item(const mk_item *it, dg_st_out *w, uint64_t seed, float
   const int64_t cols = it->shape[it->ndim - 1];
   int64_t rows = 1;
   for (int d = 0; d < it->ndim - 1; d++) rows *= it->shape[d];
-  const uint64_t h = dg_mkrandom_name_hash(it->hf_name);
   const int q = it->bits != 0;
-  const size_t rb = q ? (size_t)dg_quant_row_bytes(cols, it->bits) : (size_t)cols * 2;
-  const size_t sbb = q ? (size_t)(cols / it->group_size) * 2 : 0;
+  mk_rows m = {.it = it, .seed = seed, .h = dg_mkrandom_name_hash(it->hf_name), .std = std, .pad_row = pad_row,
+               .cols = cols, .q = q,
+               .rb = q ? (size_t)dg_quant_row_bytes(cols, it->bits) : (size_t)cols * 2,
+               .sbb = q ? (size_t)(cols / it->group_size) * 2 : 0};
+  const size_t rb = m.rb, sbb = m.sbb;
   int64_t chunk = (int64_t)(((size_t)1 << 23) / (size_t)cols); /* ~8M values (16 MB of bf16) per chunk */
   if (chunk < 1) chunk = 1;
   if (chunk > rows) chunk = rows;
-  uint8_t *main_buf = malloc((size_t)chunk * rb), *sc = q ? malloc((size_t)chunk * sbb) : NULL,
-          *bi = q ? malloc((size_t)chunk * sbb) : NULL;
-  if (!main_buf || (q && (!sc || !bi))) {
-    free(main_buf); free(sc); free(bi);
+  m.main_buf = malloc((size_t)chunk * rb);
+  m.sc = q ? malloc((size_t)chunk * sbb) : NULL;
+  m.bi = q ? malloc((size_t)chunk * sbb) : NULL;
+  if (!m.main_buf || (q && (!m.sc || !m.bi))) {
+    free(m.main_buf); free(m.sc); free(m.bi);
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory writing %s", it->hf_name);
   }
   dg_status st = DG_OK;
@@ -385,45 +397,19 @@ static dg_status fill_item(const mk_item *it, dg_st_out *w, uint64_t seed, float
       st = dg_seterr(DG_ERR_ABORTED, "mkrandom: stopped by the progress callback at %s", it->hf_name);
       break;
     }
-    int fail = 0;
-#pragma omp parallel num_threads(nt)
-    {
-      float *row = malloc((size_t)cols * sizeof(float));
-      if (!row) {
-#pragma omp atomic write
-        fail = 1;
-      }
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < nr; r++) {
-        if (!row) continue;
-        const int64_t gr = r0 + r;
-        if (it->init == MK_ONES) {
-          for (int64_t k = 0; k < cols; k++) row[k] = 1.0f;
-        } else if (it->init == MK_EMBED && gr == pad_row) {
-          memset(row, 0, (size_t)cols * sizeof(float)); /* nn.Embedding padding_idx row */
-        } else {
-          dg_mkrandom_normals(seed, h, (uint64_t)gr * (uint64_t)cols, (size_t)cols, std, row);
-        }
-        if (!q) {
-          uint16_t *o = (uint16_t *)(main_buf + (size_t)r * rb);
-          for (int64_t k = 0; k < cols; k++) o[k] = dg_f32_to_bf16(row[k]);
-        } else {
-          for (int64_t k = 0; k < cols; k++) row[k] = dg_bf16_to_f32(dg_f32_to_bf16(row[k]));
-          dg_quant_row(row, cols, it->bits, it->group_size, DG_BF16, main_buf + (size_t)r * rb, sc + (size_t)r * sbb,
-                       bi + (size_t)r * sbb);
-        }
-      }
-      free(row);
+    m.r0 = r0;
+    if (dg_ckpt_rows_parallel(nr, cols, nt, fill_row, &m)) {
+      st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory writing %s", it->hf_name);
+      break;
     }
-    if (fail) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory writing %s", it->hf_name); break; }
-    st = dg_st_out_pwrite(w, it->idx[0], (uint64_t)r0 * rb, main_buf, (size_t)nr * rb);
-    if (!st && q) st = dg_st_out_pwrite(w, it->idx[1], (uint64_t)r0 * sbb, sc, (size_t)nr * sbb);
-    if (!st && q) st = dg_st_out_pwrite(w, it->idx[2], (uint64_t)r0 * sbb, bi, (size_t)nr * sbb);
+    st = dg_st_out_pwrite(w, it->idx[0], (uint64_t)r0 * rb, m.main_buf, (size_t)nr * rb);
+    if (!st && q) st = dg_st_out_pwrite(w, it->idx[1], (uint64_t)r0 * sbb, m.sc, (size_t)nr * sbb);
+    if (!st && q) st = dg_st_out_pwrite(w, it->idx[2], (uint64_t)r0 * sbb, m.bi, (size_t)nr * sbb);
     *done += (int64_t)((size_t)nr * (rb + 2 * sbb));
   }
-  free(main_buf);
-  free(sc);
-  free(bi);
+  free(m.main_buf);
+  free(m.sc);
+  free(m.bi);
   return st;
 }
 
@@ -443,20 +429,246 @@ static dg_status get_init_range(const char *path, const cJSON *j, float *out) {
   return DG_OK;
 }
 
-static int dir_nonempty(const char *dir, int *exists) {
-  DIR *d = opendir(dir);
-  *exists = d != NULL;
-  if (!d) return 0;
-  struct dirent *e;
-  int nonempty = 0;
-  while ((e = readdir(d))) nonempty |= strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-  closedir(d);
-  return nonempty;
-}
-
 static int cmp_size_t(const void *a, const void *b) {
   size_t x = *(const size_t *)a, y = *(const size_t *)b;
   return x < y ? -1 : x > y;
+}
+
+/* The recipe: without one, experts at bits:group_size and everything else bf16. */
+static dg_status mk_recipe(const dg_mkrandom_params *p, dg_quant_recipe *rc) {
+  DG_TRY(dg_quant_recipe_parse(p->recipe, p->bits, p->group_size, rc));
+  if (!p->recipe || !*p->recipe)
+    for (int c = 0; c < DG_QCLASS_COUNT; c++)
+      if (c != DG_QCLASS_EXPERTS) rc->cls[c].bits = rc->cls[c].group_size = 0;
+  return DG_OK;
+}
+
+/* out_dir must be absent or empty; the tokenizer source, if any, a directory. */
+static dg_status mk_check_dirs(const char *out_dir, const char *source_dir) {
+  if (dg_ckpt_dir_nonempty(out_dir) > 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: output directory is not empty (mkrandom never overwrites)", out_dir);
+  if (source_dir) {
+    struct stat sb;
+    if (stat(source_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+      return dg_seterr(DG_ERR_NOT_FOUND, "%s: tokenizer source directory does not exist", source_dir);
+  }
+  return DG_OK;
+}
+
+/* The configuration text (malloc'd): the built-in "real" or "small", or the
+ * file named config; *name is what messages call it. */
+static dg_status mk_config_text(const char *config, char **text, size_t *len, const char **name) {
+  const int builtin_real = !strcmp(config, "real"), builtin_small = !strcmp(config, "small");
+  *name = builtin_real ? "built-in config \"real\"" : builtin_small ? "built-in config \"small\"" : config;
+  if (!builtin_real && !builtin_small) return dg_read_file(config, 0, text, len);
+  *text = builtin_real ? real_config_text() : strdup(SMALL_CONFIG);
+  if (!*text) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  *len = strlen(*text);
+  return DG_OK;
+}
+
+/* The tokenizer.json of source_dir, if there is one, must fit the
+ * vocabulary of config c (named cfg_name), or the output would not load. */
+static dg_status mk_check_tokenizer(const char *source_dir, const char *cfg_name, const dg_config *c) {
+  char tpath[4096];
+  snprintf(tpath, sizeof tpath, "%s/tokenizer.json", source_dir);
+  struct stat tsb;
+  if (stat(tpath, &tsb) != 0) return DG_OK;
+  dg_tokenizer *tk = NULL;
+  dg_status st = dg_tokenizer_load(tpath, (int32_t)c->vocab_size, &tk);
+  if (st) {
+    char why[1024]; /* dg_seterr writes the buffer dg_last_error reads */
+    snprintf(why, sizeof why, "%s", dg_last_error());
+    return dg_seterr(st, "--source %s: its tokenizer does not fit %s (vocab_size %lld): %s", source_dir, cfg_name,
+                     (long long)c->vocab_size, why);
+  }
+  dg_tokenizer_free(tk);
+  return DG_OK;
+}
+
+/* The configuration, validated before anything is written: parsed into c
+ * (dg_config_parse names the field), with experts, a fitting tokenizer,
+ * no quantization block; *cfg its JSON (the caller deletes it), *std its
+ * initializer_range. */
+static dg_status mk_check_config(const char *cfg_name, const char *text, size_t len, const char *source_dir,
+                                 dg_config *c, cJSON **cfg, float *std) {
+  DG_TRY(dg_config_parse(cfg_name, text, len, c));
+  if (c->n_experts < 1 || c->moe_intermediate_size < 1)
+    return dg_seterr(DG_ERR_CONFIG, "%s: num_experts = %d, moe_intermediate_size = %d: DiffusionGemma needs experts",
+                     cfg_name, c->n_experts, c->moe_intermediate_size);
+  if (source_dir) DG_TRY(mk_check_tokenizer(source_dir, cfg_name, c));
+  *cfg = cJSON_ParseWithLength(text, len);
+  if (!*cfg || !cJSON_IsObject(*cfg)) return dg_seterr(DG_ERR_JSON, "%s: not a JSON object", cfg_name);
+  if (cJSON_GetObjectItemCaseSensitive(*cfg, "quantization") ||
+      cJSON_GetObjectItemCaseSensitive(*cfg, "quantization_config"))
+    return dg_seterr(DG_ERR_CONFIG,
+                     "%s: has a quantization block; mkrandom writes its own from --bits/--group-size/--recipe "
+                     "(give the float model's config)",
+                     cfg_name);
+  return get_init_range(cfg_name, *cfg, std);
+}
+
+/* What planned tensor it becomes under recipe rc: its bits (0 = bf16), its
+ * module, and the names, dtypes, shapes and sizes of its one or three
+ * outputs; counts it in res. */
+static dg_status mk_plan_outputs(mk_item *it, const dg_quant_recipe *rc, const char *cfg_name,
+                                 dg_mkrandom_result *res) {
+  const int64_t cols = it->shape[it->ndim - 1];
+  int64_t ne = 1;
+  for (int d = 0; d < it->ndim; d++) ne *= it->shape[d];
+  res->n_params += ne;
+  if (ne > ((int64_t)1 << 34)) /* the draw's 32-bit block counter (mkrandom.h) */
+    return dg_seterr(DG_ERR_CONFIG, "%s: tensor %s would have %lld elements; mkrandom draws at most 2^34 per tensor",
+                     cfg_name, it->hf_name, (long long)ne);
+  if (it->cls >= 0 && it->ndim >= 2) {
+    const dg_quant_class_spec *sp = &rc->cls[it->cls];
+    if (sp->bits && cols % sp->group_size) res->n_indivisible++; /* MLX leaves these in float */
+    else if (sp->bits) { it->bits = sp->bits; it->group_size = sp->group_size; }
+  }
+  dg_ckpt_module_name(it->module, sizeof it->module, it->hf_name);
+  it->n_out = it->bits ? 3 : 1;
+  for (int k = 0; k < it->n_out; k++) {
+    static const char *const sfx[3] = {"weight", "scales", "biases"};
+    if (it->bits) snprintf(it->out_name[k], sizeof it->out_name[k], "%s.%s", it->module, sfx[k]);
+    else memcpy(it->out_name[k], it->hf_name, sizeof it->hf_name); /* hf_name is shorter, NUL-terminated */
+    memcpy(it->out_shape[k], it->shape, sizeof it->shape);
+    if (it->bits) it->out_shape[k][it->ndim - 1] = k == 0 ? cols * it->bits / 32 : cols / it->group_size;
+    it->out_dtype[k] = it->bits && k == 0 ? DG_U32 : DG_BF16;
+    uint64_t nb = dg_dtype_size(it->out_dtype[k]);
+    for (int d = 0; d < it->ndim; d++) nb *= (uint64_t)it->out_shape[k][d];
+    it->out_bytes[k] = nb;
+  }
+  res->n_quantized += it->bits != 0;
+  return DG_OK;
+}
+
+/* Plan the outputs of every tensor and put them, in order, into shards of at
+ * most max_shard_bytes (a bigger tensor gets one of its own); fills res's
+ * counts and sizes. */
+static dg_status mk_plan_all(mk_plan *plan, const dg_quant_recipe *rc, const char *cfg_name, int64_t max_shard_bytes,
+                             dg_mkrandom_result *res) {
+  int n_shards = 1;
+  uint64_t shard_bytes = 0;
+  for (size_t i = 0; i < plan->n; i++) {
+    mk_item *it = &plan->it[i];
+    DG_TRY(mk_plan_outputs(it, rc, cfg_name, res));
+    uint64_t b = it->out_bytes[0] + (it->bits ? it->out_bytes[1] + it->out_bytes[2] : 0);
+    if (shard_bytes > 0 && shard_bytes + b > (uint64_t)max_shard_bytes) { n_shards++; shard_bytes = 0; }
+    it->shard = n_shards - 1;
+    shard_bytes += b;
+    res->bytes_out += (int64_t)b;
+  }
+  res->n_tensors = 0;
+  for (size_t i = 0; i < plan->n; i++) res->n_tensors += plan->it[i].n_out;
+  res->n_shards = n_shards;
+  return DG_OK;
+}
+
+/* The tensor list of shard s (*ts, malloc'd; *cnt of them): U32 tensors
+ * first, then bf16, so every tensor is aligned to its element size; sets
+ * each output's index in the list and lists it in wmap. */
+static dg_status mk_shard_tensors(mk_plan *plan, int s, const char *shard_name, cJSON *wmap, dg_tensor **ts_out,
+                                  size_t *cnt_out) {
+  size_t cnt = 0;
+  for (size_t i = 0; i < plan->n; i++) cnt += plan->it[i].shard == s ? (size_t)plan->it[i].n_out : 0;
+  dg_tensor *ts = calloc(cnt ? cnt : 1, sizeof *ts);
+  if (!ts) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  size_t k = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < plan->n; i++) {
+      mk_item *it = &plan->it[i];
+      if (it->shard != s) continue;
+      for (int j = 0; j < it->n_out; j++) {
+        if ((it->out_dtype[j] == DG_U32) != (pass == 0)) continue;
+        dg_tensor *t = &ts[k];
+        t->name = it->out_name[j];
+        t->dtype = it->out_dtype[j];
+        t->ndim = it->ndim;
+        memcpy(t->shape, it->out_shape[j], sizeof it->out_shape[j]);
+        t->nbytes = (size_t)it->out_bytes[j];
+        it->idx[j] = k++;
+        cJSON_AddStringToObject(wmap, it->out_name[j], shard_name);
+      }
+    }
+  *ts_out = ts;
+  *cnt_out = cnt;
+  return DG_OK;
+}
+
+/* What every shard's fill needs besides its tensors. */
+typedef struct mk_fill {
+  const dg_mkrandom_params *p;
+  float std;
+  int32_t pad_row;
+  int nt;
+  int64_t done_bytes, total;
+} mk_fill;
+
+/* Fill shard s's tensors (cnt outputs) through w, in file order (sequential
+ * writes). */
+static dg_status mk_fill_shard(const mk_plan *plan, int s, size_t cnt, dg_st_out *w, mk_fill *f) {
+  size_t *order = malloc((cnt ? cnt : 1) * sizeof *order), n_ord = 0;
+  if (!order) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  for (size_t i = 0; i < plan->n; i++)
+    if (plan->it[i].shard == s) order[n_ord++] = (plan->it[i].idx[0] << 20) | i; /* file position, then item */
+  qsort(order, n_ord, sizeof *order, cmp_size_t);
+  dg_status st = DG_OK;
+  for (size_t o = 0; o < n_ord && !st; o++)
+    st = fill_item(&plan->it[order[o] & ((1u << 20) - 1)], w, f->p->seed, f->std, f->pad_row, f->nt, f->p->progress,
+                   f->p->user_data, &f->done_bytes, f->total);
+  free(order);
+  return st;
+}
+
+/* Shard s of n_shards into tmp: its header, then its tensors' bytes. */
+static dg_status mk_write_shard(mk_plan *plan, int s, int n_shards, const char *tmp, int quantized, cJSON *wmap,
+                                mk_fill *f) {
+  char shard_name[64], path[4096];
+  dg_ckpt_shard_name(shard_name, sizeof shard_name, s, n_shards);
+  dg_tensor *ts = NULL;
+  size_t cnt = 0;
+  DG_TRY(mk_shard_tensors(plan, s, shard_name, wmap, &ts, &cnt));
+  snprintf(path, sizeof path, "%s/%s", tmp, shard_name);
+  /* "pt" as Transformers writes a float checkpoint, "mlx" as dg_quantize writes a quantized one */
+  const char *mk[1] = {"format"}, *mv[1] = {quantized ? "mlx" : "pt"};
+  dg_st_out *w = NULL;
+  dg_status st = dg_st_create(path, ts, cnt, mk, mv, 1, &w);
+  free(ts);
+  if (st) return st;
+  st = mk_fill_shard(plan, s, cnt, w, f);
+  if (st) dg_st_out_abort(w);
+  else st = dg_st_out_close(w);
+  return st;
+}
+
+/* Every shard, then model.safetensors.index.json, into tmp. */
+static dg_status mk_write_shards(mk_plan *plan, const char *tmp, const dg_mkrandom_result *res, mk_fill *f) {
+  cJSON *wmap;
+  cJSON *index = dg_ckpt_index_new(res->bytes_out, &wmap);
+  dg_status st = DG_OK;
+  for (int s = 0; s < res->n_shards && !st; s++)
+    st = mk_write_shard(plan, s, res->n_shards, tmp, res->n_quantized != 0, wmap, f);
+  if (!st) st = dg_ckpt_write_index(tmp, index, 0);
+  cJSON_Delete(index);
+  return st;
+}
+
+/* The small files after the shards: config.json again with the quantization
+ * block (as dg_quantize writes it) when something is quantized,
+ * generation_config.json, and the tokenizer files of source_dir. */
+static dg_status mk_write_extras(const char *tmp, cJSON *cfg, const dg_quant_recipe *rc, const mk_plan *plan,
+                                 const char *source_dir, dg_mkrandom_result *res) {
+  char path[4096];
+  if (res->n_quantized) {
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    if (dg_quant_config_block(cfg, rc->bits, rc->group_size, plan->it, plan->n, mk_module))
+      return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+    DG_TRY(dg_ckpt_write_json(path, cfg, 0));
+  }
+  snprintf(path, sizeof path, "%s/generation_config.json", tmp);
+  DG_TRY(dg_ckpt_write_text(path, GENERATION_CONFIG, 0));
+  if (source_dir) DG_TRY(dg_ckpt_copy_files(source_dir, tmp, is_tokenizer_file, &res->n_copied));
+  return DG_OK;
 }
 
 dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_mkrandom_result *result) {
@@ -464,225 +676,40 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
   dg_mkrandom_params p = params ? *params : dg_mkrandom_default_params();
   if (!p.config || !*p.config) p.config = "real";
   if (p.max_shard_bytes <= 0) p.max_shard_bytes = 5000000000LL;
-  const int nt = p.n_threads > 0 ? p.n_threads : 1;
   dg_mkrandom_result res;
   memset(&res, 0, sizeof res);
   if (result) *result = res;
-
-  /* the recipe: without one, experts at bits:group_size and everything else bf16 */
   dg_quant_recipe rc;
-  DG_TRY(dg_quant_recipe_parse(p.recipe, p.bits, p.group_size, &rc));
-  if (!p.recipe || !*p.recipe)
-    for (int c = 0; c < DG_QCLASS_COUNT; c++)
-      if (c != DG_QCLASS_EXPERTS) rc.cls[c].bits = rc.cls[c].group_size = 0;
+  DG_TRY(mk_recipe(&p, &rc));
+  DG_TRY(mk_check_dirs(out_dir, p.source_dir));
 
-  int exists;
-  if (dir_nonempty(out_dir, &exists))
-    return dg_seterr(DG_ERR_INVALID_ARG, "%s: output directory is not empty (mkrandom never overwrites)", out_dir);
-  if (p.source_dir) {
-    struct stat sb;
-    if (stat(p.source_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-      return dg_seterr(DG_ERR_NOT_FOUND, "%s: tokenizer source directory does not exist", p.source_dir);
-  }
-
-  /* the configuration text, validated before anything is written */
-  const int builtin_real = !strcmp(p.config, "real"), builtin_small = !strcmp(p.config, "small");
   char *text = NULL;
   size_t len = 0;
+  const char *cfg_name;
+  DG_TRY(mk_config_text(p.config, &text, &len, &cfg_name));
   dg_status st = DG_OK;
   cJSON *cfg = NULL;
   mk_plan plan = {0};
   char path[4096];
   dg_config c;
-  float std = 0.02f;
+  mk_fill fill = {.p = &p, .std = 0.02f, .nt = p.n_threads > 0 ? p.n_threads : 1};
   char tmp[2048] = ""; /* the temporary sibling written into (dg_outdir_begin); removed on failure */
-  if (builtin_real) {
-    text = real_config_text();
-    if (!text) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    len = strlen(text);
-  } else if (builtin_small) {
-    text = strdup(SMALL_CONFIG);
-    if (!text) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    len = strlen(text);
-  } else {
-    DG_TRY(dg_read_file(p.config, 0, &text, &len));
-  }
-  const char *cfg_name = builtin_real ? "built-in config \"real\"" : builtin_small ? "built-in config \"small\"" : p.config;
-  if ((st = dg_config_parse(cfg_name, text, len, &c))) goto done; /* names the file and the field */
-  if (c.n_experts < 1 || c.moe_intermediate_size < 1) {
-    st = dg_seterr(DG_ERR_CONFIG, "%s: num_experts = %d, moe_intermediate_size = %d: DiffusionGemma needs experts",
-                   cfg_name, c.n_experts, c.moe_intermediate_size);
-    goto done;
-  }
-  if (p.source_dir) { /* the copied tokenizer must fit the vocabulary, or the output would not load */
-    char tpath[4096];
-    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", p.source_dir);
-    struct stat tsb;
-    if (stat(tpath, &tsb) == 0) {
-      dg_tokenizer *tk = NULL;
-      if ((st = dg_tokenizer_load(tpath, (int32_t)c.vocab_size, &tk))) {
-        char why[1024]; /* dg_seterr writes the buffer dg_last_error reads */
-        snprintf(why, sizeof why, "%s", dg_last_error());
-        st = dg_seterr(st, "--source %s: its tokenizer does not fit %s (vocab_size %lld): %s", p.source_dir, cfg_name,
-                       (long long)c.vocab_size, why);
-        goto done;
-      }
-      dg_tokenizer_free(tk);
-    }
-  }
-  cfg = cJSON_ParseWithLength(text, len);
-  if (!cfg || !cJSON_IsObject(cfg)) { st = dg_seterr(DG_ERR_JSON, "%s: not a JSON object", cfg_name); goto done; }
-  if (cJSON_GetObjectItemCaseSensitive(cfg, "quantization") ||
-      cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config")) {
-    st = dg_seterr(DG_ERR_CONFIG,
-                   "%s: has a quantization block; mkrandom writes its own from --bits/--group-size/--recipe "
-                   "(give the float model's config)",
-                   cfg_name);
-    goto done;
-  }
-  if ((st = get_init_range(cfg_name, cfg, &std))) goto done;
-
-  /* plan: tensors, quantization, shards */
+  if ((st = mk_check_config(cfg_name, text, len, p.source_dir, &c, &cfg, &fill.std))) goto done;
   if ((st = plan_tensors(&c, &plan))) goto done;
-  int n_shards = 1;
-  uint64_t shard_bytes = 0;
-  for (size_t i = 0; i < plan.n; i++) {
-    mk_item *it = &plan.it[i];
-    const int64_t cols = it->shape[it->ndim - 1];
-    int64_t ne = 1;
-    for (int d = 0; d < it->ndim; d++) ne *= it->shape[d];
-    res.n_params += ne;
-    if (ne > ((int64_t)1 << 34)) { /* the draw's 32-bit block counter (mkrandom.h) */
-      st = dg_seterr(DG_ERR_CONFIG, "%s: tensor %s would have %lld elements; mkrandom draws at most 2^34 per tensor",
-                     cfg_name, it->hf_name, (long long)ne);
-      goto done;
-    }
-    if (it->cls >= 0 && it->ndim >= 2) {
-      const dg_quant_class_spec *sp = &rc.cls[it->cls];
-      if (sp->bits && cols % sp->group_size) res.n_indivisible++; /* MLX leaves these in float */
-      else if (sp->bits) { it->bits = sp->bits; it->group_size = sp->group_size; }
-    }
-    snprintf(it->module, sizeof it->module, "%s", it->hf_name);
-    if (has_suffix(it->module, ".weight")) it->module[strlen(it->module) - 7] = 0;
-    it->n_out = it->bits ? 3 : 1;
-    for (int k = 0; k < it->n_out; k++) {
-      static const char *const sfx[3] = {"weight", "scales", "biases"};
-      if (it->bits) snprintf(it->out_name[k], sizeof it->out_name[k], "%s.%s", it->module, sfx[k]);
-      else memcpy(it->out_name[k], it->hf_name, sizeof it->hf_name); /* hf_name is shorter, NUL-terminated */
-      memcpy(it->out_shape[k], it->shape, sizeof it->shape);
-      if (it->bits) it->out_shape[k][it->ndim - 1] = k == 0 ? cols * it->bits / 32 : cols / it->group_size;
-      it->out_dtype[k] = it->bits && k == 0 ? DG_U32 : DG_BF16;
-      uint64_t nb = dg_dtype_size(it->out_dtype[k]);
-      for (int d = 0; d < it->ndim; d++) nb *= (uint64_t)it->out_shape[k][d];
-      it->out_bytes[k] = nb;
-    }
-    res.n_quantized += it->bits != 0;
-    uint64_t b = it->out_bytes[0] + (it->bits ? it->out_bytes[1] + it->out_bytes[2] : 0);
-    if (shard_bytes > 0 && shard_bytes + b > (uint64_t)p.max_shard_bytes) { n_shards++; shard_bytes = 0; }
-    it->shard = n_shards - 1;
-    shard_bytes += b;
-    res.bytes_out += (int64_t)b;
-  }
-  res.n_tensors = 0;
-  for (size_t i = 0; i < plan.n; i++) res.n_tensors += plan.it[i].n_out;
-  res.n_shards = n_shards;
+  if ((st = mk_plan_all(&plan, &rc, cfg_name, p.max_shard_bytes, &res))) goto done;
   if (p.dry_run) goto done;
 
   /* the output directory (a temporary sibling until complete) and config.json
    * (rewritten with the quantization block at the end) */
-  (void)exists;
   if ((st = dg_outdir_begin(out_dir, tmp, sizeof tmp))) { tmp[0] = 0; goto done; }
   snprintf(path, sizeof path, "%s/config.json", tmp);
-  if ((st = write_text(path, text))) goto done;
-
-  /* write shard by shard */
-  cJSON *index = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(index, "metadata"),
-        *wmap = cJSON_AddObjectToObject(index, "weight_map");
-  cJSON_AddNumberToObject(meta, "total_size", (double)res.bytes_out);
-  int64_t done_bytes = 0;
-  for (int s = 0; s < n_shards && !st; s++) {
-    char shard_name[64];
-    if (n_shards == 1) snprintf(shard_name, sizeof shard_name, "model.safetensors");
-    else snprintf(shard_name, sizeof shard_name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-    /* U32 tensors first, then bf16: every tensor aligned to its element size */
-    size_t cnt = 0;
-    for (size_t i = 0; i < plan.n; i++) cnt += plan.it[i].shard == s ? (size_t)plan.it[i].n_out : 0;
-    dg_tensor *ts = calloc(cnt ? cnt : 1, sizeof *ts);
-    if (!ts) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-    size_t k = 0;
-    for (int pass = 0; pass < 2; pass++)
-      for (size_t i = 0; i < plan.n; i++) {
-        mk_item *it = &plan.it[i];
-        if (it->shard != s) continue;
-        for (int j = 0; j < it->n_out; j++) {
-          if ((it->out_dtype[j] == DG_U32) != (pass == 0)) continue;
-          dg_tensor *t = &ts[k];
-          t->name = it->out_name[j];
-          t->dtype = it->out_dtype[j];
-          t->ndim = it->ndim;
-          memcpy(t->shape, it->out_shape[j], sizeof it->out_shape[j]);
-          t->nbytes = (size_t)it->out_bytes[j];
-          it->idx[j] = k++;
-          cJSON_AddStringToObject(wmap, it->out_name[j], shard_name);
-        }
-      }
-    snprintf(path, sizeof path, "%s/%s", tmp, shard_name);
-    /* "pt" as Transformers writes a float checkpoint, "mlx" as dg_quantize writes a quantized one */
-    const char *mk[1] = {"format"}, *mv[1] = {res.n_quantized ? "mlx" : "pt"};
-    dg_st_out *w = NULL;
-    st = dg_st_create(path, ts, k, mk, mv, 1, &w);
-    free(ts);
-    if (st) break;
-    /* fill in file order: sequential writes */
-    size_t *order = malloc((cnt ? cnt : 1) * sizeof *order), n_ord = 0;
-    if (!order) { dg_st_out_abort(w); st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-    for (size_t i = 0; i < plan.n; i++)
-      if (plan.it[i].shard == s) order[n_ord++] = (plan.it[i].idx[0] << 20) | i; /* file position, then item */
-    qsort(order, n_ord, sizeof *order, cmp_size_t);
-    for (size_t o = 0; o < n_ord && !st; o++)
-      st = fill_item(&plan.it[order[o] & ((1u << 20) - 1)], w, p.seed, std, c.pad_token_id, nt, p.progress,
-                     p.user_data, &done_bytes, res.bytes_out);
-    free(order);
-    if (st) dg_st_out_abort(w);
-    else st = dg_st_out_close(w);
-  }
-  if (!st) {
-    char *js = cJSON_Print(index);
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-    st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    free(js);
-  }
-  cJSON_Delete(index);
-
-  /* config.json again, with the quantization block (as dg_quantize writes it) */
-  if (!st && res.n_quantized) {
-    char *js = dg_quant_config_block(cfg, rc.bits, rc.group_size, plan.it, plan.n, mk_module) ? NULL : cJSON_Print(cfg);
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    free(js);
-  }
-  if (!st) {
-    snprintf(path, sizeof path, "%s/generation_config.json", tmp);
-    st = write_text(path, GENERATION_CONFIG);
-  }
-  if (!st && p.source_dir) {
-    DIR *d = opendir(p.source_dir);
-    if (!d) { st = dg_seterr(DG_ERR_IO, "%s: cannot list: %s", p.source_dir, strerror(errno)); goto done; }
-    struct dirent *e;
-    char path2[4096];
-    while (!st && (e = readdir(d))) {
-      if (!is_tokenizer_file(e->d_name)) continue;
-      snprintf(path, sizeof path, "%s/%s", p.source_dir, e->d_name);
-      struct stat sb;
-      if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-      snprintf(path2, sizeof path2, "%s/%s", tmp, e->d_name);
-      st = copy_file(path, path2);
-      res.n_copied += !st;
-    }
-    closedir(d);
-  }
+  if ((st = dg_ckpt_write_text(path, text, 0))) goto done;
+  fill.pad_row = c.pad_token_id;
+  fill.total = res.bytes_out;
+  if ((st = mk_write_shards(&plan, tmp, &res, &fill))) goto done;
+  if ((st = mk_write_extras(tmp, cfg, &rc, &plan, p.source_dir, &res))) goto done;
   /* the last chance to stop (an interrupt), then the complete directory appears at once */
-  if (!st && p.progress && p.progress(res.bytes_out, res.bytes_out, "", p.user_data))
+  if (p.progress && p.progress(res.bytes_out, res.bytes_out, "", p.user_data))
     st = dg_seterr(DG_ERR_ABORTED, "mkrandom: stopped by the progress callback before %s was complete", out_dir);
   if (!st) st = dg_outdir_commit(tmp, out_dir);
 done:

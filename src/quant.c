@@ -73,17 +73,24 @@ int64_t dg_quant_row(const float *w, int64_t cols, int bits, int group_size, dg_
   return bad;
 }
 
-void dg_quant_dequant_row(const dg_weight *w, int64_t r, float *out) {
+/* Row r of the quantized matrix w, element by element (w_k = code_k * scale + bias of its group): out[k] = w_k,
+ * or with accumulate out[k] += a * w_k. */
+static inline void quant_row_apply(const dg_weight *w, int64_t r, float *out, int accumulate, float a) {
   const int bits = w->bits, G = w->group_size;
-  const int64_t ng = w->cols / G;
-  const uint8_t *row = (const uint8_t *)w->data + r * dg_quant_row_bytes(w->cols, bits);
-  const size_t ss = dg_dtype_size(w->sb_dtype);
-  const char *sr = (const char *)w->scales + (size_t)(r * ng) * ss, *br = (const char *)w->biases + (size_t)(r * ng) * ss;
-  for (int64_t g = 0; g < ng; g++) {
+  const uint8_t *row;
+  const char *sr, *br;
+  dg_quant_row_ptrs(w, r, &row, &sr, &br);
+  for (int64_t g = 0; g < w->cols / G; g++) {
     float s = dg_load_elem(w->sb_dtype, sr, g), b = dg_load_elem(w->sb_dtype, br, g);
-    for (int64_t k = g * G; k < (g + 1) * G; k++) out[k] = (float)dg_quant_code(row, bits, k) * s + b;
+    for (int64_t k = g * G; k < (g + 1) * G; k++) {
+      float wk = (float)dg_quant_code(row, bits, k) * s + b;
+      if (accumulate) out[k] += a * wk;
+      else out[k] = wk;
+    }
   }
 }
+
+void dg_quant_dequant_row(const dg_weight *w, int64_t r, float *out) { quant_row_apply(w, r, out, 0, 0.0f); }
 
 void dg_weight_axpy_row(float *y, float a, const dg_weight *w, int64_t r) {
   if (!w->bits) {
@@ -91,18 +98,7 @@ void dg_weight_axpy_row(float *y, float a, const dg_weight *w, int64_t r) {
     for (int64_t k = 0; k < w->cols; k++) y[k] += a * dg_load_elem(w->dtype, row, k);
     return;
   }
-  const int bits = w->bits, G = w->group_size;
-  const int64_t ng = w->cols / G;
-  const uint8_t *row = (const uint8_t *)w->data + r * dg_quant_row_bytes(w->cols, bits);
-  const size_t ss = dg_dtype_size(w->sb_dtype);
-  const char *sr = (const char *)w->scales + (size_t)(r * ng) * ss, *br = (const char *)w->biases + (size_t)(r * ng) * ss;
-  for (int64_t g = 0; g < ng; g++) {
-    float s = dg_load_elem(w->sb_dtype, sr, g), b = dg_load_elem(w->sb_dtype, br, g);
-    for (int64_t k = g * G; k < (g + 1) * G; k++) {
-      float wk = (float)dg_quant_code(row, bits, k) * s + b;
-      y[k] += a * wk;
-    }
-  }
+  quant_row_apply(w, r, y, 1, a);
 }
 
 void dg_weight_row_f32(const dg_weight *w, int64_t r, float *out) {

@@ -47,6 +47,17 @@ static inline int dg_quant_group_ok(int g) { return g == 32 || g == 64 || g == 1
 /* Bytes of one packed row of `cols` codes (cols a multiple of 32). */
 static inline int64_t dg_quant_row_bytes(int64_t cols, int bits) { return cols * bits / 8; }
 
+/* Row r of the quantized matrix w ([rows, cols] codes, scales and biases
+ * [rows, cols / group_size] of w->sb_dtype): its packed codes, its scales
+ * and its biases. */
+static inline void dg_quant_row_ptrs(const dg_weight *w, int64_t r, const uint8_t **codes, const char **scales,
+                                     const char **biases) {
+  const size_t sb = (size_t)(w->cols / w->group_size) * dg_dtype_size(w->sb_dtype);
+  *codes = (const uint8_t *)w->data + (size_t)r * (size_t)dg_quant_row_bytes(w->cols, w->bits);
+  *scales = (const char *)w->scales + (size_t)r * sb;
+  *biases = (const char *)w->biases + (size_t)r * sb;
+}
+
 /* Code k of a packed row (the bit-stream rule above). */
 static inline uint32_t dg_quant_code(const uint8_t *row, int bits, int64_t k) {
   int64_t bit = k * bits;

@@ -28,6 +28,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt_write.h"
 #include "dg_error.h"
 #include "dg_io.h"
 #include "dgemma.h"
@@ -221,30 +222,26 @@ int dg_quant_config_block(cJSON *cfg, int bits, int group_size, const void *item
   return 0;
 }
 
-static int has_suffix(const char *s, const char *suf) {
-  size_t a = strlen(s), b = strlen(suf);
-  return a >= b && !strcmp(s + a - b, suf);
-}
+/* What the row loop of materialize reads and writes. */
+typedef struct q_rows {
+  const plan_item *it;
+  dg_weight src;           /* the float tensor as [rows, cols] */
+  size_t rb, sbb;          /* bytes per row of the codes, of the scales (= of the biases) */
+  int64_t bad_row, bad_col; /* the first non-finite value, -1 if none */
+} q_rows;
 
-static dg_status copy_file(const char *from, const char *to) {
-  char *buf = NULL;
-  size_t len = 0;
-  DG_TRY(dg_read_file(from, 0, &buf, &len));
-  FILE *f = fopen(to, "wb");
-  if (!f) { free(buf); return dg_seterr(DG_ERR_IO, "%s: cannot create: %s", to, strerror(errno)); }
-  int ok = fwrite(buf, 1, len, f) == len;
-  ok &= fclose(f) == 0;
-  free(buf);
-  return ok ? DG_OK : dg_seterr(DG_ERR_IO, "%s: write failed", to);
-}
-
-static dg_status write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return dg_seterr(DG_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-  int ok = fputs(text, f) >= 0;
-  ok &= fputc('\n', f) != EOF;
-  ok &= fclose(f) == 0;
-  return ok ? DG_OK : dg_seterr(DG_ERR_IO, "%s: write failed", path);
+/* Quantize row r of the tensor (row: the thread's scratch). */
+static void quantize_row(void *ctx, int64_t r, float *row) {
+  q_rows *q = ctx;
+  const plan_item *it = q->it;
+  const int64_t cols = q->src.cols;
+  dg_weight_row_f32(&q->src, r, row);
+  int64_t b = dg_quant_row(row, cols, it->bits, it->group_size, q->src.dtype, (uint8_t *)it->out[0].data + r * q->rb,
+                           (char *)it->out[1].data + r * q->sbb, (char *)it->out[2].data + r * q->sbb);
+  if (b >= 0) {
+#pragma omp critical(dg_quant_bad)
+    if (q->bad_row < 0 || r < q->bad_row) { q->bad_row = r; q->bad_col = b; }
+  }
 }
 
 /* Quantize (or copy) one planned tensor into freshly allocated out[] buffers. */
@@ -263,35 +260,17 @@ static dg_status materialize(plan_item *it, int n_threads) {
   const int64_t cols = t->shape[t->ndim - 1];
   int64_t rows = 1;
   for (int i = 0; i < t->ndim - 1; i++) rows *= t->shape[i];
-  const dg_weight src = {.dtype = t->dtype, .data = t->data, .rows = rows, .cols = cols};
-  const size_t rb = (size_t)dg_quant_row_bytes(cols, it->bits);
-  const size_t sbb = (size_t)(cols / it->group_size) * dg_dtype_size(t->dtype);
-  int64_t bad_row = -1, bad_col = -1;
-  int fail = 0;
-#pragma omp parallel num_threads(n_threads)
-  {
-    float *row = malloc((size_t)cols * sizeof(float));
-    if (!row) {
-#pragma omp atomic write
-      fail = 1;
-    }
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      if (!row) continue;
-      dg_weight_row_f32(&src, r, row);
-      int64_t b = dg_quant_row(row, cols, it->bits, it->group_size, t->dtype, (uint8_t *)it->out[0].data + r * rb,
-                               (char *)it->out[1].data + r * sbb, (char *)it->out[2].data + r * sbb);
-      if (b >= 0) {
-#pragma omp critical(dg_quant_bad)
-        if (bad_row < 0 || r < bad_row) { bad_row = r; bad_col = b; }
-      }
-    }
-    free(row);
-  }
-  if (fail) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory quantizing %s", t->name);
-  if (bad_row >= 0)
+  q_rows q = {.it = it,
+              .src = {.dtype = t->dtype, .data = t->data, .rows = rows, .cols = cols},
+              .rb = (size_t)dg_quant_row_bytes(cols, it->bits),
+              .sbb = (size_t)(cols / it->group_size) * dg_dtype_size(t->dtype),
+              .bad_row = -1,
+              .bad_col = -1};
+  if (dg_ckpt_rows_parallel(rows, cols, n_threads, quantize_row, &q))
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory quantizing %s", t->name);
+  if (q.bad_row >= 0)
     return dg_seterr(DG_ERR_NUMERIC, "%s: tensor %s holds a non-finite value at row %lld, column %lld; cannot quantize",
-                     t->file, t->name, (long long)bad_row, (long long)bad_col);
+                     t->file, t->name, (long long)q.bad_row, (long long)q.bad_col);
   return DG_OK;
 }
 
@@ -306,6 +285,168 @@ static int cmp_dtype_desc(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
+/* Refuse to write into a non-empty directory (an absent one is fine). */
+static dg_status check_out_dir(const char *out_dir) {
+  int ne = dg_ckpt_dir_nonempty(out_dir);
+  if (ne > 0) return dg_seterr(DG_ERR_INVALID_ARG, "%s: output directory is not empty", out_dir);
+  if (ne < 0 && errno != ENOENT)
+    return dg_seterr(DG_ERR_IO, "%s: cannot open directory: %s", out_dir, strerror(errno));
+  return DG_OK;
+}
+
+/* in_dir/config.json (path: its name) as text and JSON; it must be an object
+ * without a quantization block. */
+static dg_status read_config(const char *path, char **text, cJSON **cfg) {
+  size_t len;
+  DG_TRY(dg_read_file(path, 0, text, &len));
+  *cfg = cJSON_ParseWithLength(*text, len);
+  if (!*cfg || !cJSON_IsObject(*cfg)) return dg_seterr(DG_ERR_JSON, "%s: not a JSON object", path);
+  if (cJSON_GetObjectItemCaseSensitive(*cfg, "quantization"))
+    return dg_seterr(DG_ERR_INVALID_ARG,
+                     "%s: the input already has a quantization block (requantizing is not supported)", path);
+  return DG_OK;
+}
+
+/* What input tensor t becomes under recipe rc: its bits (0 = copied), its
+ * module, and the names, shapes and sizes of its one or three outputs;
+ * counts it in res. */
+static dg_status plan_tensor(plan_item *it, const dg_tensor *t, const dg_quant_recipe *rc, dg_quantize_result *res) {
+  it->in = t;
+  it->cls = dg_quant_class_of(t->name);
+  res->bytes_in += (int64_t)t->nbytes;
+  if (t->dtype == DG_U32 && it->cls >= 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: tensor %s is already U32 (quantized); requantizing is not supported",
+                     t->file, t->name);
+  int64_t in_dim = t->ndim >= 2 ? t->shape[t->ndim - 1] : 0;
+  if (it->cls >= 0 && (t->dtype == DG_BF16 || t->dtype == DG_F16 || t->dtype == DG_F32) && t->ndim >= 2) {
+    const dg_quant_class_spec *sp = &rc->cls[it->cls];
+    if (!sp->bits) res->n_kept_float++;
+    else if (in_dim % sp->group_size) res->n_indivisible++;
+    else { it->bits = sp->bits; it->group_size = sp->group_size; }
+  }
+  dg_ckpt_module_name(it->module, sizeof it->module, t->name);
+  if (it->bits) {
+    it->n_out = 3;
+    const char *sfx[3] = {"weight", "scales", "biases"};
+    for (int k = 0; k < 3; k++) {
+      out_tensor *o = &it->out[k];
+      snprintf(o->name, sizeof o->name, "%s.%s", it->module, sfx[k]);
+      o->ndim = t->ndim;
+      memcpy(o->shape, t->shape, sizeof o->shape);
+      o->shape[t->ndim - 1] = k == 0 ? in_dim * it->bits / 32 : in_dim / it->group_size;
+      o->dtype = k == 0 ? DG_U32 : t->dtype;
+      size_t ne = 1;
+      for (int d = 0; d < o->ndim; d++) ne *= (size_t)o->shape[d];
+      o->nbytes = ne * dg_dtype_size(o->dtype);
+    }
+    res->n_quantized++;
+  } else {
+    it->n_out = 1;
+    out_tensor *o = &it->out[0];
+    /* MLX names every expert stack "<...>.weight" (mlx-vlm sanitize) */
+    if (it->cls == DG_QCLASS_EXPERTS && !dg_ckpt_has_suffix(t->name, ".weight"))
+      snprintf(o->name, sizeof o->name, "%s.weight", t->name);
+    else
+      snprintf(o->name, sizeof o->name, "%s", t->name);
+    o->dtype = t->dtype;
+    o->ndim = t->ndim;
+    memcpy(o->shape, t->shape, sizeof o->shape);
+    o->nbytes = t->nbytes;
+  }
+  return DG_OK;
+}
+
+/* Plan every tensor of in (items: n of them) and put them, in order, into
+ * shards of at most max_shard_bytes (a bigger tensor gets one of its own). */
+static dg_status plan_all(plan_item *items, size_t n, const dg_safetensors *in, const dg_quant_recipe *rc,
+                          int64_t max_shard_bytes, dg_quantize_result *res) {
+  int64_t shard_bytes = 0, total_out = 0;
+  int n_shards = 1;
+  for (size_t i = 0; i < n; i++) {
+    plan_item *it = &items[i];
+    DG_TRY(plan_tensor(it, dg_st_at(in, i), rc, res));
+    int64_t b = 0;
+    for (int k = 0; k < it->n_out; k++) b += (int64_t)it->out[k].nbytes;
+    if (shard_bytes > 0 && shard_bytes + b > max_shard_bytes) { n_shards++; shard_bytes = 0; }
+    it->shard = n_shards - 1;
+    shard_bytes += b;
+    total_out += b;
+  }
+  res->bytes_out = total_out;
+  res->n_shards = n_shards;
+  return DG_OK;
+}
+
+/* Write shard s (file shard_name in tmp): materialize its tensors one by one
+ * (reporting progress; *done_bytes counts the input bytes done), list them
+ * in wmap, write the file, free the outputs. */
+static dg_status write_shard(plan_item *items, size_t n, int s, const char *shard_name, const char *tmp,
+                             const dg_quantize_params *p, int nt, cJSON *wmap, int64_t *done_bytes,
+                             int64_t bytes_in) {
+  size_t cnt = 0;
+  for (size_t i = 0; i < n; i++) cnt += items[i].shard == s ? (size_t)items[i].n_out : 0;
+  dg_tensor *ts = calloc(cnt ? cnt : 1, sizeof *ts);
+  if (!ts) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  dg_status st = DG_OK;
+  size_t k = 0;
+  for (size_t i = 0; i < n && !st; i++) {
+    plan_item *it = &items[i];
+    if (it->shard != s) continue;
+    if (p->progress && p->progress(*done_bytes, bytes_in, it->in->name, p->user_data)) {
+      st = dg_seterr(DG_ERR_ABORTED, "quantize: stopped by the progress callback at %s", it->in->name);
+      break;
+    }
+    if ((st = materialize(it, nt))) break;
+    *done_bytes += (int64_t)it->in->nbytes;
+    for (int j = 0; j < it->n_out; j++) {
+      out_tensor *o = &it->out[j];
+      dg_tensor *d = &ts[k++];
+      d->name = o->name;
+      d->dtype = o->dtype;
+      d->ndim = o->ndim;
+      memcpy(d->shape, o->shape, sizeof d->shape);
+      d->data = o->data;
+      d->nbytes = o->nbytes;
+      cJSON_AddStringToObject(wmap, o->name, shard_name);
+    }
+  }
+  if (!st) {
+    char path[4096];
+    qsort(ts, k, sizeof *ts, cmp_dtype_desc); /* U32/F32 first keeps every tensor aligned */
+    snprintf(path, sizeof path, "%s/%s", tmp, shard_name);
+    const char *mk[1] = {"format"}, *mv[1] = {"mlx"};
+    st = dg_st_write(path, ts, k, mk, mv, 1);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (items[i].shard == s) free_outputs(&items[i]);
+  free(ts);
+  return st;
+}
+
+/* Every shard, then model.safetensors.index.json, into tmp. */
+static dg_status write_shards(plan_item *items, size_t n, const char *tmp, const dg_quantize_params *p, int nt,
+                              const dg_quantize_result *res) {
+  cJSON *wmap;
+  cJSON *index = dg_ckpt_index_new(res->bytes_out, &wmap);
+  int64_t done_bytes = 0;
+  dg_status st = DG_OK;
+  for (int s = 0; s < res->n_shards && !st; s++) {
+    char shard_name[64];
+    dg_ckpt_shard_name(shard_name, sizeof shard_name, s, res->n_shards);
+    st = write_shard(items, n, s, shard_name, tmp, p, nt, wmap, &done_bytes, res->bytes_in);
+  }
+  if (!st) st = dg_ckpt_write_index(tmp, index, 1);
+  cJSON_Delete(index);
+  return st;
+}
+
+/* The input's files copied besides the shards: all but config.json (written
+ * anew), the index and the dot files. */
+static int is_other_file(const char *nm) {
+  return !(nm[0] == '.' || !strcmp(nm, "config.json") || !strcmp(nm, "model.safetensors.index.json") ||
+           dg_ckpt_has_suffix(nm, ".safetensors"));
+}
+
 dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize_params *params,
                       dg_quantize_result *result) {
   if (!in_dir || !out_dir) return dg_seterr(DG_ERR_INVALID_ARG, "dg_quantize: NULL directory");
@@ -317,7 +458,7 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
   dg_quantize_result res;
   memset(&res, 0, sizeof res);
 
-  char path[4096], path2[4096];
+  char path[4096];
   dg_status st = DG_OK;
   dg_safetensors *in = NULL;
   plan_item *items = NULL;
@@ -325,178 +466,28 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
   char *text = NULL;
   size_t n = 0;
 
-  /* refuse to write into a non-empty directory; write into a temporary
-   * sibling, renamed to out_dir only when complete (dg_outdir_begin) */
-  {
-    DIR *d = opendir(out_dir);
-    if (d) {
-      struct dirent *e;
-      int nonempty = 0;
-      while ((e = readdir(d))) nonempty |= strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-      closedir(d);
-      if (nonempty) return dg_seterr(DG_ERR_INVALID_ARG, "%s: output directory is not empty", out_dir);
-    } else if (errno != ENOENT) {
-      return dg_seterr(DG_ERR_IO, "%s: cannot open directory: %s", out_dir, strerror(errno));
-    }
-  }
+  /* write into a temporary sibling, renamed to out_dir only when complete (dg_outdir_begin) */
+  DG_TRY(check_out_dir(out_dir));
   char tmp[2048]; /* shorter than path[]: room for the file names */
   DG_TRY(dg_outdir_begin(out_dir, tmp, sizeof tmp));
 
   snprintf(path, sizeof path, "%s/config.json", in_dir);
-  size_t len;
-  if ((st = dg_read_file(path, 0, &text, &len))) goto done;
-  cfg = cJSON_ParseWithLength(text, len);
-  if (!cfg || !cJSON_IsObject(cfg)) { st = dg_seterr(DG_ERR_JSON, "%s: not a JSON object", path); goto done; }
-  if (cJSON_GetObjectItemCaseSensitive(cfg, "quantization")) {
-    st = dg_seterr(DG_ERR_INVALID_ARG, "%s: the input already has a quantization block (requantizing is not supported)",
-                   path);
-    goto done;
-  }
+  if ((st = read_config(path, &text, &cfg))) goto done;
   if ((st = dg_st_open_dir(in_dir, &in))) goto done;
   n = dg_st_count(in);
   items = calloc(n ? n : 1, sizeof *items);
   if (!items) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); goto done; }
-
-  /* plan: what each tensor becomes, and its shard */
-  int64_t shard_bytes = 0, total_out = 0;
-  int n_shards = 1;
-  for (size_t i = 0; i < n; i++) {
-    plan_item *it = &items[i];
-    const dg_tensor *t = dg_st_at(in, i);
-    it->in = t;
-    it->cls = dg_quant_class_of(t->name);
-    res.bytes_in += (int64_t)t->nbytes;
-    if (t->dtype == DG_U32 && it->cls >= 0) {
-      st = dg_seterr(DG_ERR_INVALID_ARG, "%s: tensor %s is already U32 (quantized); requantizing is not supported",
-                     t->file, t->name);
-      goto done;
-    }
-    int64_t in_dim = t->ndim >= 2 ? t->shape[t->ndim - 1] : 0;
-    if (it->cls >= 0 && (t->dtype == DG_BF16 || t->dtype == DG_F16 || t->dtype == DG_F32) && t->ndim >= 2) {
-      const dg_quant_class_spec *sp = &rc.cls[it->cls];
-      if (!sp->bits) res.n_kept_float++;
-      else if (in_dim % sp->group_size) res.n_indivisible++;
-      else { it->bits = sp->bits; it->group_size = sp->group_size; }
-    }
-    snprintf(it->module, sizeof it->module, "%s", t->name);
-    if (has_suffix(it->module, ".weight")) it->module[strlen(it->module) - 7] = 0;
-    if (it->bits) {
-      it->n_out = 3;
-      const char *sfx[3] = {"weight", "scales", "biases"};
-      for (int k = 0; k < 3; k++) {
-        out_tensor *o = &it->out[k];
-        snprintf(o->name, sizeof o->name, "%s.%s", it->module, sfx[k]);
-        o->ndim = t->ndim;
-        memcpy(o->shape, t->shape, sizeof o->shape);
-        o->shape[t->ndim - 1] = k == 0 ? in_dim * it->bits / 32 : in_dim / it->group_size;
-        o->dtype = k == 0 ? DG_U32 : t->dtype;
-        size_t ne = 1;
-        for (int d = 0; d < o->ndim; d++) ne *= (size_t)o->shape[d];
-        o->nbytes = ne * dg_dtype_size(o->dtype);
-      }
-      res.n_quantized++;
-    } else {
-      it->n_out = 1;
-      out_tensor *o = &it->out[0];
-      /* MLX names every expert stack "<...>.weight" (mlx-vlm sanitize) */
-      if (it->cls == DG_QCLASS_EXPERTS && !has_suffix(t->name, ".weight"))
-        snprintf(o->name, sizeof o->name, "%s.weight", t->name);
-      else
-        snprintf(o->name, sizeof o->name, "%s", t->name);
-      o->dtype = t->dtype;
-      o->ndim = t->ndim;
-      memcpy(o->shape, t->shape, sizeof o->shape);
-      o->nbytes = t->nbytes;
-    }
-    int64_t b = 0;
-    for (int k = 0; k < it->n_out; k++) b += (int64_t)it->out[k].nbytes;
-    if (shard_bytes > 0 && shard_bytes + b > p.max_shard_bytes) { n_shards++; shard_bytes = 0; }
-    it->shard = n_shards - 1;
-    shard_bytes += b;
-    total_out += b;
-  }
-  res.bytes_out = total_out;
-  res.n_shards = n_shards;
-
-  /* write shard by shard */
-  cJSON *wmap = cJSON_CreateObject(), *index = cJSON_CreateObject(), *meta = cJSON_CreateObject();
-  cJSON_AddItemToObject(index, "metadata", meta);
-  cJSON_AddNumberToObject(meta, "total_size", (double)total_out);
-  cJSON_AddItemToObject(index, "weight_map", wmap);
-  int64_t done_bytes = 0;
-  for (int s = 0; s < n_shards && !st; s++) {
-    char shard_name[64];
-    if (n_shards == 1) snprintf(shard_name, sizeof shard_name, "model.safetensors");
-    else snprintf(shard_name, sizeof shard_name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-    size_t cnt = 0;
-    for (size_t i = 0; i < n; i++) cnt += items[i].shard == s ? (size_t)items[i].n_out : 0;
-    dg_tensor *ts = calloc(cnt ? cnt : 1, sizeof *ts);
-    if (!ts) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); break; }
-    size_t k = 0;
-    for (size_t i = 0; i < n && !st; i++) {
-      plan_item *it = &items[i];
-      if (it->shard != s) continue;
-      if (p.progress && p.progress(done_bytes, res.bytes_in, it->in->name, p.user_data)) {
-        st = dg_seterr(DG_ERR_ABORTED, "quantize: stopped by the progress callback at %s", it->in->name);
-        break;
-      }
-      if ((st = materialize(it, nt))) break;
-      done_bytes += (int64_t)it->in->nbytes;
-      for (int j = 0; j < it->n_out; j++) {
-        out_tensor *o = &it->out[j];
-        dg_tensor *d = &ts[k++];
-        d->name = o->name;
-        d->dtype = o->dtype;
-        d->ndim = o->ndim;
-        memcpy(d->shape, o->shape, sizeof d->shape);
-        d->data = o->data;
-        d->nbytes = o->nbytes;
-        cJSON_AddStringToObject(wmap, o->name, shard_name);
-      }
-    }
-    if (!st) {
-      qsort(ts, k, sizeof *ts, cmp_dtype_desc); /* U32/F32 first keeps every tensor aligned */
-      snprintf(path, sizeof path, "%s/%s", tmp, shard_name);
-      const char *mk[1] = {"format"}, *mv[1] = {"mlx"};
-      st = dg_st_write(path, ts, k, mk, mv, 1);
-    }
-    for (size_t i = 0; i < n; i++)
-      if (items[i].shard == s) free_outputs(&items[i]);
-    free(ts);
-  }
-  if (!st) {
-    char *js = cJSON_Print(index);
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-    st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    free(js);
-  }
-  cJSON_Delete(index);
+  if ((st = plan_all(items, n, in, &rc, p.max_shard_bytes, &res))) goto done;
+  if ((st = write_shards(items, n, tmp, &p, nt, &res))) goto done;
 
   /* config.json with the quantization block (top level, as mlx-lm writes it) */
-  if (!st) {
-    char *js = dg_quant_config_block(cfg, rc.bits, rc.group_size, items, n, plan_module) ? NULL : cJSON_Print(cfg);
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    st = js ? write_text(path, js) : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    free(js);
-  }
+  snprintf(path, sizeof path, "%s/config.json", tmp);
+  if (dg_quant_config_block(cfg, rc.bits, rc.group_size, items, n, plan_module))
+    st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  else
+    st = dg_ckpt_write_json(path, cfg, 1);
   /* every other file (tokenizer.json, generation_config.json, ...) */
-  if (!st) {
-    DIR *d = opendir(in_dir);
-    if (!d) { st = dg_seterr(DG_ERR_IO, "%s: cannot list: %s", in_dir, strerror(errno)); goto done; }
-    struct dirent *e;
-    while (!st && (e = readdir(d))) {
-      const char *nm = e->d_name;
-      if (nm[0] == '.' || !strcmp(nm, "config.json") || !strcmp(nm, "model.safetensors.index.json") ||
-          has_suffix(nm, ".safetensors"))
-        continue;
-      snprintf(path, sizeof path, "%s/%s", in_dir, nm);
-      struct stat sb;
-      if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-      snprintf(path2, sizeof path2, "%s/%s", tmp, nm);
-      st = copy_file(path, path2);
-    }
-    closedir(d);
-  }
+  if (!st) st = dg_ckpt_copy_files(in_dir, tmp, is_other_file, NULL);
   /* the last chance to stop (an interrupt), then the complete directory appears at once */
   if (!st && p.progress && p.progress(res.bytes_in, res.bytes_in, "", p.user_data))
     st = dg_seterr(DG_ERR_ABORTED, "quantize: stopped by the progress callback before %s was complete", out_dir);

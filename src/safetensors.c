@@ -721,6 +721,104 @@ static int st_plain_name(const char *s) {
   return s[0] && !strchr(s, '/') && !strchr(s, '\\') && !strstr(s, "..") && strcmp(s, ".") != 0;
 }
 
+/* The index's weight_map: parse ipath's text, check it is a non-empty object
+ * of plain shard file names, and return it (inside *root, which the caller
+ * deletes). Errors name ipath and the entry. */
+static dg_status st_index_map(const char *ipath, const char *text, size_t len, cJSON **root,
+                              const cJSON **wm_out) {
+  const char *end = NULL;
+  *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+  if (!*root)
+    return dg_seterr(DG_ERR_JSON, "%s: not valid JSON (error near byte %td)", ipath,
+                     end ? end - text : (ptrdiff_t)-1);
+  if (!cJSON_IsObject(*root))
+    return dg_seterr(DG_ERR_JSON, "%s: top level is %s, not an object", ipath, dg_json_kind(*root));
+  const cJSON *wm = cJSON_GetObjectItemCaseSensitive(*root, "weight_map");
+  if (!cJSON_IsObject(wm))
+    return dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is %s, not an object", ipath,
+                     wm ? dg_json_kind(wm) : "missing");
+  if (cJSON_GetArraySize(wm) == 0) /* would open nothing (fuzz/regress/st_index) */
+    return dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is empty: it lists no tensor", ipath);
+  *wm_out = wm;
+  return DG_OK;
+}
+
+/* The shard file names of weight_map wm (n_map entries), checked one by one
+ * (a string, a plain file name) and no tensor listed twice: shards[] gets
+ * the sorted unique names (*n_shards of them), names[] the sorted tensor
+ * names; both arrays hold n_map slots and point into wm. */
+static dg_status st_index_shards(const char *ipath, const cJSON *wm, size_t n_map, const char **shards,
+                                 const char **names, size_t *n_shards) {
+  size_t k = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, wm) {
+    if (!cJSON_IsString(e))
+      return dg_seterr(DG_ERR_CONFIG, "%s: weight_map[\"%s\"] is %s, not a shard file name", ipath,
+                       e->string, dg_json_kind(e));
+    if (!st_plain_name(e->valuestring))
+      return dg_seterr(DG_ERR_CONFIG, "%s: weight_map[\"%s\"]: shard \"%s\" is not a plain file name",
+                       ipath, e->string, e->valuestring);
+    names[k] = e->string;
+    shards[k] = e->valuestring;
+    k++;
+  }
+  qsort(names, n_map, sizeof *names, st_cmp_str);
+  for (size_t i = 1; i < n_map; i++)
+    if (strcmp(names[i - 1], names[i]) == 0)
+      return dg_seterr(DG_ERR_CONFIG, "%s: weight_map lists tensor \"%s\" twice", ipath, names[i]);
+  qsort(shards, n_map, sizeof *shards, st_cmp_str);
+  size_t n = 0;
+  for (size_t i = 0; i < n_map; i++)
+    if (n == 0 || strcmp(shards[n - 1], shards[i]) != 0) shards[n++] = shards[i];
+  *n_shards = n;
+  return DG_OK;
+}
+
+/* Map every shard of dir into st, in file-name order: files[i] is shards[i]. */
+static dg_status st_map_shards(dg_safetensors *st, const char *dir, const char *ipath, const char **shards,
+                               size_t n_shards) {
+  for (size_t i = 0; i < n_shards; i++) {
+    char *spath = st_join(dir, shards[i]);
+    if (!spath) return st_oom(ipath);
+    dg_status rc = st_add_file(st, spath);
+    free(spath);
+    if (rc == DG_ERR_NOT_FOUND) dg_prefixerr(rc, "%s: shard \"%s\"", ipath, shards[i]);
+    if (rc != DG_OK) return rc;
+  }
+  return st_finish(st);
+}
+
+/* Every tensor weight_map lists must be in the shard it names. */
+static dg_status st_check_index(const dg_safetensors *st, const char *ipath, const cJSON *wm, const char **shards,
+                                size_t n_shards) {
+  const cJSON *e;
+  cJSON_ArrayForEach(e, wm) {
+    const char **s = bsearch(&e->valuestring, shards, n_shards, sizeof *shards, st_cmp_str);
+    if (!s) return dg_seterr(DG_ERR_CONFIG, "%s: internal: shard \"%s\" lost", ipath, e->valuestring);
+    const st_file *want = &st->files[s - shards];
+    const dg_tensor *t = dg_st_find(st, e->string);
+    if (!t)
+      return dg_seterr(DG_ERR_TENSOR_MISSING, "%s: tensor \"%s\" is listed for shard \"%s\" but %s does not hold it",
+                       ipath, e->string, e->valuestring, want->path);
+    if (t->file != want->path)
+      return dg_seterr(DG_ERR_TENSOR_MISSING,
+                       "%s: tensor \"%s\" is listed for shard \"%s\" but %s does not hold it (%s does)",
+                       ipath, e->string, e->valuestring, want->path, t->file);
+  }
+  return DG_OK;
+}
+
+/* The unsharded case: dir/model.safetensors. */
+static dg_status st_open_single(const char *dir, dg_safetensors **out) {
+  char *single = st_join(dir, ST_SINGLE_NAME);
+  if (!single) return st_oom(dir);
+  dg_status rc = dg_st_open_file(single, out);
+  free(single);
+  if (rc == DG_ERR_NOT_FOUND)
+    return dg_seterr(DG_ERR_NOT_FOUND, "%s: neither %s nor %s exists", dir, ST_INDEX_NAME, ST_SINGLE_NAME);
+  return rc;
+}
+
 dg_status dg_st_open_dir(const char *dir, dg_safetensors **out) {
   if (!out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_st_open_dir: out is NULL");
   *out = NULL;
@@ -733,113 +831,30 @@ dg_status dg_st_open_dir(const char *dir, dg_safetensors **out) {
   dg_status rc = dg_read_file(ipath, ST_MAX_INDEX, &text, &len);
   if (rc == DG_ERR_NOT_FOUND) { /* not sharded: a single model.safetensors */
     free(ipath);
-    char *single = st_join(dir, ST_SINGLE_NAME);
-    if (!single) return st_oom(dir);
-    rc = dg_st_open_file(single, out);
-    free(single);
-    if (rc == DG_ERR_NOT_FOUND)
-      return dg_seterr(DG_ERR_NOT_FOUND, "%s: neither %s nor %s exists", dir, ST_INDEX_NAME, ST_SINGLE_NAME);
-    return rc;
+    return st_open_single(dir, out);
   }
   if (rc != DG_OK) { free(ipath); return rc; }
 
   cJSON *root = NULL;
+  const cJSON *wm = NULL;
   const char **shards = NULL;  /* [n_map] shard name per weight_map entry, then sorted unique */
   const char **names = NULL;   /* [n_map] tensor names, sorted */
-  char *spath = NULL;
   dg_safetensors *st = NULL;
-  const char *end = NULL;
-
-  root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-  if (!root) {
-    rc = dg_seterr(DG_ERR_JSON, "%s: not valid JSON (error near byte %td)", ipath,
-                   end ? end - text : (ptrdiff_t)-1);
-    goto done;
-  }
-  if (!cJSON_IsObject(root)) {
-    rc = dg_seterr(DG_ERR_JSON, "%s: top level is %s, not an object", ipath, dg_json_kind(root));
-    goto done;
-  }
-  const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-  if (!cJSON_IsObject(wm)) {
-    rc = dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is %s, not an object", ipath,
-                   wm ? dg_json_kind(wm) : "missing");
-    goto done;
-  }
-
-  /* Check the entries; collect tensor and shard names. */
-  size_t n_map = (size_t)cJSON_GetArraySize(wm), k = 0;
-  if (n_map == 0) { /* would open nothing (fuzz/regress/st_index) */
-    rc = dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is empty: it lists no tensor", ipath);
-    goto done;
-  }
-  shards = malloc((n_map ? n_map : 1) * sizeof *shards);
-  names = malloc((n_map ? n_map : 1) * sizeof *names);
+  size_t n_map = 0, n_shards = 0;
+  if ((rc = st_index_map(ipath, text, len, &root, &wm)) != DG_OK) goto done;
+  n_map = (size_t)cJSON_GetArraySize(wm);
+  shards = malloc(n_map * sizeof *shards);
+  names = malloc(n_map * sizeof *names);
   if (!shards || !names) { rc = st_oom(ipath); goto done; }
-  const cJSON *e;
-  cJSON_ArrayForEach(e, wm) {
-    if (!cJSON_IsString(e)) {
-      rc = dg_seterr(DG_ERR_CONFIG, "%s: weight_map[\"%s\"] is %s, not a shard file name", ipath,
-                     e->string, dg_json_kind(e));
-      goto done;
-    }
-    if (!st_plain_name(e->valuestring)) {
-      rc = dg_seterr(DG_ERR_CONFIG, "%s: weight_map[\"%s\"]: shard \"%s\" is not a plain file name",
-                     ipath, e->string, e->valuestring);
-      goto done;
-    }
-    names[k] = e->string;
-    shards[k] = e->valuestring;
-    k++;
-  }
-  qsort(names, n_map, sizeof *names, st_cmp_str);
-  for (size_t i = 1; i < n_map; i++) {
-    if (strcmp(names[i - 1], names[i]) == 0) {
-      rc = dg_seterr(DG_ERR_CONFIG, "%s: weight_map lists tensor \"%s\" twice", ipath, names[i]);
-      goto done;
-    }
-  }
-  qsort(shards, n_map, sizeof *shards, st_cmp_str);
-  size_t n_shards = 0;
-  for (size_t i = 0; i < n_map; i++)
-    if (n_shards == 0 || strcmp(shards[n_shards - 1], shards[i]) != 0) shards[n_shards++] = shards[i];
-
-  /* Map every shard, in file-name order: files[i] is shards[i]. */
+  if ((rc = st_index_shards(ipath, wm, n_map, shards, names, &n_shards)) != DG_OK) goto done;
   if (!(st = st_new())) { rc = st_oom(ipath); goto done; }
-  for (size_t i = 0; i < n_shards; i++) {
-    if (!(spath = st_join(dir, shards[i]))) { rc = st_oom(ipath); goto done; }
-    rc = st_add_file(st, spath);
-    free(spath);
-    spath = NULL;
-    if (rc == DG_ERR_NOT_FOUND) dg_prefixerr(rc, "%s: shard \"%s\"", ipath, shards[i]);
-    if (rc != DG_OK) goto done;
-  }
-  if ((rc = st_finish(st)) != DG_OK) goto done;
-
-  /* Every listed tensor must be in the shard the index names. */
-  cJSON_ArrayForEach(e, wm) {
-    const char **s = bsearch(&e->valuestring, shards, n_shards, sizeof *shards, st_cmp_str);
-    if (!s) { rc = dg_seterr(DG_ERR_CONFIG, "%s: internal: shard \"%s\" lost", ipath, e->valuestring); goto done; }
-    const st_file *want = &st->files[s - shards];
-    const dg_tensor *t = dg_st_find(st, e->string);
-    if (!t) {
-      rc = dg_seterr(DG_ERR_TENSOR_MISSING, "%s: tensor \"%s\" is listed for shard \"%s\" but %s does not hold it",
-                     ipath, e->string, e->valuestring, want->path);
-      goto done;
-    }
-    if (t->file != want->path) {
-      rc = dg_seterr(DG_ERR_TENSOR_MISSING,
-                     "%s: tensor \"%s\" is listed for shard \"%s\" but %s does not hold it (%s does)",
-                     ipath, e->string, e->valuestring, want->path, t->file);
-      goto done;
-    }
-  }
+  if ((rc = st_map_shards(st, dir, ipath, shards, n_shards)) != DG_OK) goto done;
+  if ((rc = st_check_index(st, ipath, wm, shards, n_shards)) != DG_OK) goto done;
   *out = st;
   st = NULL;
 
 done:
   dg_st_close(st);
-  free(spath);
   free(names);
   free(shards);
   cJSON_Delete(root);

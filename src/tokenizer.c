@@ -577,16 +577,9 @@ static dg_status load_decoder(dg_tokenizer *t, const cJSON *n, const char *path,
 }
 
 /* --- model: BPE ---------------------------------------------------------- */
-static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path, int32_t model_vocab,
-                            int32_t **vocab_piece, int32_t *vocab_max) {
-  const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
-  if (!m) return dg_seterr(DG_ERR_TOKENIZER, "%s: field \"model\" missing", path);
-  if (!cJSON_IsObject(m)) return dg_seterr(DG_ERR_TOKENIZER, "%s: field \"model\" is not an object", path);
-  const char *ty = json_type(m);
-  if (!ty) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.type missing", path);
-  if (strcmp(ty, "BPE")) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.type \"%s\" is not supported (only BPE)", path, ty);
-
-  /* options */
+/* model's options: the three flags, and none of the BPE features the
+ * encoder does not implement (dropout, subword prefix/suffix). */
+static dg_status load_model_options(dg_tokenizer *t, const cJSON *m, const char *path) {
   DG_TRY(json_bool(m, "byte_fallback", 0, &t->byte_fallback, path, "model"));
   DG_TRY(json_bool(m, "fuse_unk", 0, &t->fuse_unk, path, "model"));
   DG_TRY(json_bool(m, "ignore_merges", 0, &t->ignore_merges, path, "model"));
@@ -599,8 +592,15 @@ static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path
     if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
       return dg_seterr(DG_ERR_TOKENIZER, "%s: model.%s is set: not supported", path, unsup[i]);
   }
+  return DG_OK;
+}
 
-  /* vocab: first pass validates ids and finds the largest */
+/* model.vocab: the first pass validates the ids (below the model's
+ * vocab_size when model_vocab > 0) and finds the largest; the second fills
+ * t->vocab, the arena and *vocab_piece ([*vocab_max + 1] id -> arena offset,
+ * -1 unused; set before any later error, the caller frees it). */
+static dg_status load_vocab(dg_tokenizer *t, const cJSON *m, const char *path, int32_t model_vocab,
+                            int32_t **vocab_piece, int32_t *vocab_max) {
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
   if (!vocab) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.vocab missing", path);
   if (!cJSON_IsObject(vocab)) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.vocab is not an object", path);
@@ -639,8 +639,12 @@ static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path
     vp[id] = (int32_t)off;
   }
   t->n_vocab = t->vocab.n;
+  return DG_OK;
+}
 
-  /* unk token and byte/ASCII tables */
+/* The unk token's id (-1 none, -2 named but not in the vocab) and the ids of
+ * the byte-fallback pieces <0xXX> and of the single ASCII characters. */
+static dg_status load_byte_tables(dg_tokenizer *t, const cJSON *m, const char *path) {
   const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_token");
   t->unk_id = -1;
   if (unk && !cJSON_IsNull(unk)) {
@@ -657,9 +661,13 @@ static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path
     char ch = (char)b;
     t->ascii_id[b] = strmap_get(&t->vocab, t->arena.p, &ch, 1);
   }
+  return DG_OK;
+}
 
-  /* merges: [["a", "b"], ...] or ["a b", ...]; rank = position (a later
-   * duplicate pair wins, as in the library's HashMap collect) */
+/* model.merges: [["a", "b"], ...] or ["a b", ...]; rank = position (a later
+ * duplicate pair wins, as in the library's HashMap collect). Every part and
+ * every merged token must be in the vocab. */
+static dg_status load_merges(dg_tokenizer *t, const cJSON *m, const char *path) {
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
   if (!merges) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.merges missing", path);
   if (!cJSON_IsArray(merges)) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.merges is not an array", path);
@@ -667,6 +675,7 @@ static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path
   dg_buf cat = {0};
   size_t rank = 0;
   dg_status st = DG_OK;
+  const cJSON *c;
   cJSON_ArrayForEach(c, merges) {
     const char *a = NULL, *b = NULL;
     size_t al = 0, bl = 0;
@@ -700,6 +709,22 @@ static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path
   }
   free(cat.p);
   return st;
+}
+
+/* tokenizer.json's "model" (type BPE): options, vocab, byte tables, merges. */
+static dg_status load_model(dg_tokenizer *t, const cJSON *root, const char *path, int32_t model_vocab,
+                            int32_t **vocab_piece, int32_t *vocab_max) {
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+  if (!m) return dg_seterr(DG_ERR_TOKENIZER, "%s: field \"model\" missing", path);
+  if (!cJSON_IsObject(m)) return dg_seterr(DG_ERR_TOKENIZER, "%s: field \"model\" is not an object", path);
+  const char *ty = json_type(m);
+  if (!ty) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.type missing", path);
+  if (strcmp(ty, "BPE")) return dg_seterr(DG_ERR_TOKENIZER, "%s: model.type \"%s\" is not supported (only BPE)", path, ty);
+
+  DG_TRY(load_model_options(t, m, path));
+  DG_TRY(load_vocab(t, m, path, model_vocab, vocab_piece, vocab_max));
+  DG_TRY(load_byte_tables(t, m, path));
+  return load_merges(t, m, path);
 }
 
 /* --- added tokens -------------------------------------------------------- */

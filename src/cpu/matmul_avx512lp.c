@@ -253,15 +253,9 @@ static const vtile_fn VTILE_TABLE[3][4] = {{vtile_2_4x4, vtile_2_4x1, vtile_2_1x
 
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
                       int64_t rt) {
-  const int64_t K = w->cols, G = w->group_size;
-  const size_t rb = (size_t)dg_quant_row_bytes(K, w->bits), sb = (size_t)(K / G) * dg_dtype_size(w->sb_dtype);
   const uint8_t *rows[4];
   const char *sc[4], *bi[4];
-  for (int i = 0; i < rt; i++) {
-    rows[i] = (const uint8_t *)w->data + (size_t)(r0 + i) * rb;
-    sc[i] = (const char *)w->scales + (size_t)(r0 + i) * sb;
-    bi[i] = (const char *)w->biases + (size_t)(r0 + i) * sb;
-  }
+  for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
   const vtile_fn *tf = VTILE_TABLE[w->bits == 2 ? 0 : w->bits == 4 ? 1 : 2];
   int64_t t = 0;
   if (rt == 4) {

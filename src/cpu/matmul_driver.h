@@ -47,13 +47,12 @@ static void block_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64
                        int64_t rt, float *buf) {
   const int64_t K = w->cols;
   if (w->bits && buf && T >= QDEQ_MIN_T) {
-    const int G = w->group_size;
-    const size_t rb = (size_t)dg_quant_row_bytes(K, w->bits), sb = (size_t)(K / G) * dg_dtype_size(w->sb_dtype);
-    for (int i = 0; i < rt; i++)
-      QDEQ_TABLE[qbits_index(w->bits)]((const uint8_t *)w->data + (size_t)(r0 + i) * rb,
-                                       (const char *)w->scales + (size_t)(r0 + i) * sb,
-                                       (const char *)w->biases + (size_t)(r0 + i) * sb, w->sb_dtype, G, K,
-                                       buf + (size_t)i * K);
+    for (int i = 0; i < rt; i++) {
+      const uint8_t *codes;
+      const char *sc, *bi;
+      dg_quant_row_ptrs(w, r0 + i, &codes, &sc, &bi);
+      QDEQ_TABLE[qbits_index(w->bits)](codes, sc, bi, w->sb_dtype, w->group_size, K, buf + (size_t)i * K);
+    }
     const dg_weight f = {.dtype = DG_F32, .data = buf, .rows = rt, .cols = K};
     block_rows(y, ldy, x, ldx, T, &f, 0, rt, NULL);
     return;
@@ -78,14 +77,9 @@ static void block_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64
   }
   const qtile_fn *tf = QTILE_TABLE[qbits_index(w->bits)];
   const int G = w->group_size;
-  const size_t rb = (size_t)dg_quant_row_bytes(K, w->bits), sb = (size_t)(K / G) * dg_dtype_size(w->sb_dtype);
   const uint8_t *rows[4];
   const char *sc[4], *bi[4];
-  for (int i = 0; i < rt; i++) {
-    rows[i] = (const uint8_t *)w->data + (size_t)(r0 + i) * rb;
-    sc[i] = (const char *)w->scales + (size_t)(r0 + i) * sb;
-    bi[i] = (const char *)w->biases + (size_t)(r0 + i) * sb;
-  }
+  for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
   int64_t t = 0;
   if (rt == 4) {
     for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, x + t * ldx, ldx, rows, sc, bi, w->sb_dtype, G, K);

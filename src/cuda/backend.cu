@@ -343,10 +343,10 @@ static dg_status check_mat(const dg_cuda_mat *m, const char *what, int layer) {
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out) {
-  *out = NULL;
-  char info[512];
-  DG_TRY(dg_cuda_info(d->device, info, sizeof info));
+/* The shapes and formats the kernels take: head_dim, KV heads, top_k, every
+ * quantized matrix (check_mat) and an fp32 router; else
+ * DG_ERR_UNSUPPORTED_MODEL naming the layer and the field. */
+static dg_status check_desc(const dg_cuda_model_desc *d) {
   for (int i = 0; i < d->n_layers; i++) {
     const dg_cuda_layer_desc *l = &d->layers[i];
     if (l->head_dim > 512 || l->head_dim % 2 || l->head_dim <= 0)
@@ -373,6 +373,12 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
       return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d router is passed quantized (device.c "
                                                  "dequantizes it to fp32)", i);
   }
+  return DG_OK;
+}
+
+/* *need = the weights' device bytes (weight_bytes); DG_ERR_OUT_OF_MEMORY
+ * when they and RESERVE do not fit in the GPU's free memory. */
+static dg_status check_fits(const dg_cuda_model_desc *d, size_t *need_out) {
   const size_t need = weight_bytes(d);
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
@@ -381,6 +387,105 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
                      "the model does not fit on the GPU: its weights need %zu bytes (%.2f GiB) of device memory "
                      "(float matrices as bf16, quantized ones packed), plus a %.1f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
                      need, need / GiB, RESERVE / GiB, d->device, fr, fr / GiB, tot / GiB);
+  *need_out = need;
+  return DG_OK;
+}
+
+/* Upload the weights outside the layers: embedding, final norm, the
+ * self-conditioning MLP, the RoPE inverse frequencies (zeros for a kind of
+ * layer the model lacks). */
+static dg_status upload_globals(alloc_list *al, dg_cuda_model *m, const dg_cuda_model_desc *d, uint16_t *stage) {
+  const size_t H = d->hidden;
+  const dg_cuda_mat *p2[2];
+  p2[0] = &d->embed;
+  DG_TRY(up_w(al, &m->embed, p2, 1, "embed_tokens", stage));
+  DG_TRY(up_vec(al, &m->final_norm, d->final_norm, H, "norm"));
+  DG_TRY(up_vec(al, &m->sc_pre_norm, d->sc_pre_norm, H, "self_conditioning.pre_norm"));
+  p2[0] = &d->sc_gate; p2[1] = &d->sc_up;
+  DG_TRY(up_wset(al, &m->sc_gate_up, p2, 2, "self_conditioning gate/up", stage));
+  p2[0] = &d->sc_down;
+  DG_TRY(up_w(al, &m->sc_down, p2, 1, "self_conditioning.down_proj", stage));
+  float zeros[256] = {0};
+  int ds = 0, df = 0;
+  for (int i = 0; i < d->n_layers; i++) {
+    if (d->layers[i].is_full) df = d->layers[i].head_dim; else ds = d->layers[i].head_dim;
+  }
+  DG_TRY(up_vec(al, &m->inv_freq_sliding, ds ? d->inv_freq_sliding : zeros, ds ? (size_t)ds / 2 : 1, "rope sliding"));
+  return up_vec(al, &m->inv_freq_full, df ? d->inv_freq_full : zeros, df ? (size_t)df / 2 : 1, "rope full");
+}
+
+/* The router of a layer, kept in fp32 (spec 4.6: fp32 router logits). */
+static dg_status upload_router(alloc_list *al, float **dst, const dg_cuda_mat *router, size_t n, const char *what) {
+  float *tmp = (float *)malloc(n * sizeof(float));
+  if (!tmp) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  for (size_t j = 0; j < n; j++) tmp[j] = mat_elem(router, j);
+  dg_status st = up_vec(al, dst, tmp, n, what);
+  free(tmp);
+  return st;
+}
+
+/* Upload layer i (ld) into l: fused q/k/v and gate/up, the norms, router,
+ * experts, scalars; widens the model's dmax / kvmax / qkvmax. */
+static dg_status upload_layer(alloc_list *al, dg_cuda_model *m, dg_cuda_layer *l, const dg_cuda_model_desc *d, int i,
+                              uint16_t *stage) {
+  const dg_cuda_layer_desc *ld = &d->layers[i];
+  const size_t H = d->hidden, E = d->n_experts, D = ld->head_dim;
+  const dg_cuda_mat *p2[3];
+  char what[96];
+  snprintf(what, sizeof what, "layer %d", i);
+  l->is_full = ld->is_full;
+  l->n_kv = ld->n_kv;
+  l->head_dim = ld->head_dim;
+  l->has_v = ld->v.data != NULL;
+  l->n_qkv = (int64_t)(d->n_heads * D + ld->n_kv * D * (l->has_v ? 2 : 1));
+  p2[0] = &ld->q; p2[1] = &ld->k; p2[2] = &ld->v;
+  DG_TRY(up_wset(al, &l->wqkv, p2, l->has_v ? 3 : 2, what, stage));
+  p2[0] = &ld->o;
+  DG_TRY(up_w(al, &l->wo, p2, 1, what, stage));
+  DG_TRY(up_vec(al, &l->q_norm, ld->q_norm, D, what));
+  DG_TRY(up_vec(al, &l->k_norm, ld->k_norm, D, what));
+  DG_TRY(up_vec(al, &l->input_norm, ld->input_norm, H, what));
+  DG_TRY(up_vec(al, &l->post_attn_norm, ld->post_attn_norm, H, what));
+  DG_TRY(up_vec(al, &l->pre_ff_norm, ld->pre_ff_norm, H, what));
+  DG_TRY(up_vec(al, &l->post_ff1_norm, ld->post_ff1_norm, H, what));
+  DG_TRY(up_vec(al, &l->pre_ff2_norm, ld->pre_ff2_norm, H, what));
+  DG_TRY(up_vec(al, &l->post_ff2_norm, ld->post_ff2_norm, H, what));
+  DG_TRY(up_vec(al, &l->post_ff_norm, ld->post_ff_norm, H, what));
+  p2[0] = &ld->mlp_gate; p2[1] = &ld->mlp_up;
+  DG_TRY(up_wset(al, &l->w_gate_up, p2, 2, what, stage));
+  p2[0] = &ld->mlp_down;
+  DG_TRY(up_w(al, &l->w_down, p2, 1, what, stage));
+  DG_TRY(upload_router(al, &l->router, &ld->router, E * H, what));
+  DG_TRY(up_vec(al, &l->router_scale, ld->router_scale, H, what));
+  DG_TRY(up_vec(al, &l->per_expert_scale, ld->per_expert_scale, E, what));
+  DG_TRY(up_experts(al, &l->experts_gate_up, &ld->experts_gate_up, 1, d->n_experts, what, stage));
+  DG_TRY(up_experts(al, &l->experts_down, &ld->experts_down, 0, d->n_experts, what, stage));
+  l->layer_scalar_dec = ld->layer_scalar_dec;
+  l->layer_scalar_enc = ld->layer_scalar_enc;
+  if ((int)D > m->dmax) m->dmax = (int)D;
+  if (ld->n_kv * (int)D > m->kvmax) m->kvmax = ld->n_kv * (int)D;
+  if ((int)l->n_qkv > m->qkvmax) m->qkvmax = (int)l->n_qkv;
+  return DG_OK;
+}
+
+/* Every weight of d to the device (the host staging buffer: stage), then a
+ * synchronize so that an upload error shows here. */
+static dg_status upload_all(alloc_list *al, dg_cuda_model *m, const dg_cuda_model_desc *d, uint16_t *stage) {
+  DG_TRY(upload_globals(al, m, d, stage));
+  for (int i = 0; i < d->n_layers; i++) DG_TRY(upload_layer(al, m, &m->layers[i], d, i, stage));
+  if (cudaDeviceSynchronize() != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize after the upload failed: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out) {
+  *out = NULL;
+  char info[512];
+  DG_TRY(dg_cuda_info(d->device, info, sizeof info));
+  DG_TRY(check_desc(d));
+  size_t need = 0;
+  DG_TRY(check_fits(d, &need));
 
   model_priv *pv = (model_priv *)calloc(1, sizeof *pv);
   uint16_t *stage = (uint16_t *)malloc(STAGE_ELEMS * 2);
@@ -390,95 +495,21 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   dg_cuda_model *m = &pv->m;
-  alloc_list *al = &pv->al;
   m->d = *d;
   m->d.layers = NULL;
   m->device = d->device;
   m->layers = layers;
   m->bytes = need;
-  dg_status st = DG_OK;
-  const size_t H = d->hidden, E = d->n_experts;
-  const dg_cuda_mat *p2[3];
-#define T_(x) do { if ((st = (x)) != DG_OK) goto fail; } while (0)
-  p2[0] = &d->embed;
-  T_(up_w(al, &m->embed, p2, 1, "embed_tokens", stage));
-  T_(up_vec(al, &m->final_norm, d->final_norm, H, "norm"));
-  T_(up_vec(al, &m->sc_pre_norm, d->sc_pre_norm, H, "self_conditioning.pre_norm"));
-  p2[0] = &d->sc_gate; p2[1] = &d->sc_up;
-  T_(up_wset(al, &m->sc_gate_up, p2, 2, "self_conditioning gate/up", stage));
-  p2[0] = &d->sc_down;
-  T_(up_w(al, &m->sc_down, p2, 1, "self_conditioning.down_proj", stage));
-  {
-    float zeros[256] = {0};
-    int ds = 0, df = 0;
-    for (int i = 0; i < d->n_layers; i++) {
-      if (d->layers[i].is_full) df = d->layers[i].head_dim; else ds = d->layers[i].head_dim;
-    }
-    T_(up_vec(al, &m->inv_freq_sliding, ds ? d->inv_freq_sliding : zeros, ds ? (size_t)ds / 2 : 1, "rope sliding"));
-    T_(up_vec(al, &m->inv_freq_full, df ? d->inv_freq_full : zeros, df ? (size_t)df / 2 : 1, "rope full"));
-  }
-  for (int i = 0; i < d->n_layers; i++) {
-    const dg_cuda_layer_desc *ld = &d->layers[i];
-    dg_cuda_layer *l = &layers[i];
-    const size_t D = ld->head_dim;
-    char what[96];
-    snprintf(what, sizeof what, "layer %d", i);
-    l->is_full = ld->is_full;
-    l->n_kv = ld->n_kv;
-    l->head_dim = ld->head_dim;
-    l->has_v = ld->v.data != NULL;
-    l->n_qkv = (int64_t)(d->n_heads * D + ld->n_kv * D * (l->has_v ? 2 : 1));
-    p2[0] = &ld->q; p2[1] = &ld->k; p2[2] = &ld->v;
-    T_(up_wset(al, &l->wqkv, p2, l->has_v ? 3 : 2, what, stage));
-    p2[0] = &ld->o;
-    T_(up_w(al, &l->wo, p2, 1, what, stage));
-    T_(up_vec(al, &l->q_norm, ld->q_norm, D, what));
-    T_(up_vec(al, &l->k_norm, ld->k_norm, D, what));
-    T_(up_vec(al, &l->input_norm, ld->input_norm, H, what));
-    T_(up_vec(al, &l->post_attn_norm, ld->post_attn_norm, H, what));
-    T_(up_vec(al, &l->pre_ff_norm, ld->pre_ff_norm, H, what));
-    T_(up_vec(al, &l->post_ff1_norm, ld->post_ff1_norm, H, what));
-    T_(up_vec(al, &l->pre_ff2_norm, ld->pre_ff2_norm, H, what));
-    T_(up_vec(al, &l->post_ff2_norm, ld->post_ff2_norm, H, what));
-    T_(up_vec(al, &l->post_ff_norm, ld->post_ff_norm, H, what));
-    p2[0] = &ld->mlp_gate; p2[1] = &ld->mlp_up;
-    T_(up_wset(al, &l->w_gate_up, p2, 2, what, stage));
-    p2[0] = &ld->mlp_down;
-    T_(up_w(al, &l->w_down, p2, 1, what, stage));
-    { /* router kept in fp32 (spec 4.6: fp32 router logits) */
-      float *tmp = (float *)malloc(E * H * sizeof(float));
-      if (!tmp) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
-      for (size_t j = 0; j < E * H; j++) tmp[j] = mat_elem(&ld->router, j);
-      st = up_vec(al, &l->router, tmp, E * H, what);
-      free(tmp);
-      if (st) goto fail;
-    }
-    T_(up_vec(al, &l->router_scale, ld->router_scale, H, what));
-    T_(up_vec(al, &l->per_expert_scale, ld->per_expert_scale, E, what));
-    T_(up_experts(al, &l->experts_gate_up, &ld->experts_gate_up, 1, d->n_experts, what, stage));
-    T_(up_experts(al, &l->experts_down, &ld->experts_down, 0, d->n_experts, what, stage));
-    l->layer_scalar_dec = ld->layer_scalar_dec;
-    l->layer_scalar_enc = ld->layer_scalar_enc;
-    if ((int)D > m->dmax) m->dmax = (int)D;
-    if (ld->n_kv * (int)D > m->kvmax) m->kvmax = ld->n_kv * (int)D;
-    if ((int)l->n_qkv > m->qkvmax) m->qkvmax = (int)l->n_qkv;
-  }
-#undef T_
+  dg_status st = upload_all(&pv->al, m, d, stage);
   free(stage);
-  if ((st = (cudaDeviceSynchronize() == cudaSuccess ? DG_OK
-                                                     : dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize after the upload failed: %s",
-                                                                 cudaGetErrorString(cudaGetLastError()))))) {
-    stage = NULL;
-    goto fail;
+  if (st != DG_OK) {
+    dfree_all(&pv->al);
+    free(layers);
+    free(pv);
+    return st;
   }
   *out = m;
   return DG_OK;
-fail:
-  free(stage);
-  dfree_all(al);
-  free(layers);
-  free(pv);
-  return st;
 }
 
 extern "C" void dg_cuda_model_free(dg_cuda_model *m) {
@@ -1207,6 +1238,29 @@ static dg_status test_in(alloc_list *al, void **dst, const void *src, size_t n, 
   return DG_OK;
 }
 
+/* A test's start: its device, then matrix m uploaded as W into al. */
+static dg_status test_begin(int device, alloc_list *al, dg_cuda_w *W, const dg_cuda_mat *m) {
+  CK(cudaSetDevice(device));
+  return test_up(al, W, m);
+}
+
+/* Wait for a test's kernels, then copy n result bytes from the device to the host. */
+static dg_status test_out(void *dst, const void *src, size_t n) {
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  return DG_OK;
+}
+
+/* The grouping buffers of b for TK = T * K routed pairs over E experts (k_group's outputs). */
+static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, int E) {
+  DG_TRY(dalloc(al, (void **)&b->count, (size_t)E * 4, "count"));
+  DG_TRY(dalloc(al, (void **)&b->start, (size_t)(E + 1) * 4, "start"));
+  DG_TRY(dalloc(al, (void **)&b->pairs, TK * 4, "pairs"));
+  DG_TRY(dalloc(al, (void **)&b->slot_row, TK * 4, "slot_row"));
+  DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
+  return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
+}
+
 #define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
 #define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
@@ -1217,17 +1271,15 @@ extern "C" dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64
   if (!w->bits || row0 < 0 || row0 + N > w->rows || ldx < w->cols || ldy < N || T <= 0)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_matmul: needs a quantized matrix and row0 + N <= rows, "
                                          "ldx >= cols, ldy >= N, T > 0");
-  CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
-  dg_status st = DG_OK;
   dg_cuda_w W;
   void *dx = NULL, *dy = NULL;
-  TT_(test_up(&al, &W, w));
+  dg_status st = test_begin(device, &al, &W, w);
+  if (st != DG_OK) goto done;
   TT_(test_in(&al, &dx, x, (size_t)T * ldx * 2, "x"));
   TT_(test_in(&al, &dy, y, (size_t)T * ldy * 4, "y"));
   TC_(k_qmatmul(0, (const bf16 *)dx, ldx, T, &W, row0, N, (float *)dy, ldy));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(y, dy, (size_t)T * ldy * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(y, dy, (size_t)T * ldy * 4));
 done:
   dfree_all(&al);
   return st;
@@ -1237,17 +1289,15 @@ extern "C" dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const 
                                         float *x) {
   for (int t = 0; t < T; t++)
     if (ids[t] < 0 || ids[t] >= e->rows) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_embed: id %d", ids[t]);
-  CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
-  dg_status st = DG_OK;
   dg_cuda_w W;
   void *dids = NULL, *dx = NULL;
-  TT_(test_up(&al, &W, e));
+  dg_status st = test_begin(device, &al, &W, e);
+  if (st != DG_OK) goto done;
   TT_(test_in(&al, &dids, ids, (size_t)T * 4, "ids"));
   TT_(dalloc(&al, &dx, (size_t)T * e->cols * 4, "x"));
   TC_(k_embed(0, (float *)dx, &W, (const int32_t *)dids, T, (int)e->cols, scale));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(x, dx, (size_t)T * e->cols * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(x, dx, (size_t)T * e->cols * 4));
 done:
   dfree_all(&al);
   return st;
@@ -1256,17 +1306,15 @@ done:
 extern "C" dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha,
                                        float *soft) {
   if (!e->bits || C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_soft: needs a quantized matrix, C > 0");
-  CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
-  dg_status st = DG_OK;
   dg_cuda_w W;
   void *dp = NULL, *ds = NULL;
-  TT_(test_up(&al, &W, e));
+  dg_status st = test_begin(device, &al, &W, e);
+  if (st != DG_OK) goto done;
   TT_(test_in(&al, &dp, P, (size_t)C * e->rows * 2, "P"));
   TT_(dalloc(&al, &ds, (size_t)C * e->cols * 4, "soft"));
   TC_(k_qsoft(0, (const bf16 *)dp, C, &W, alpha, (float *)ds));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(soft, ds, (size_t)C * e->cols * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(soft, ds, (size_t)C * e->cols * 4));
 done:
   dfree_all(&al);
   return st;
@@ -1301,20 +1349,14 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up
   TT_(up_experts(&al, &l.experts_down, down, 0, E, "test down", NULL));
   TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "xe"));
   TT_(test_in(&al, (void **)&b.topk_idx, idx, TK * 4, "topk_idx"));
-  TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
-  TT_(dalloc(&al, (void **)&b.start, (size_t)(E + 1) * 4, "start"));
-  TT_(dalloc(&al, (void **)&b.pairs, TK * 4, "pairs"));
-  TT_(dalloc(&al, (void **)&b.slot_row, TK * 4, "slot_row"));
-  TT_(dalloc(&al, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
-  TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
+  TT_(test_group_bufs(&al, &b, TK, E));
   TT_(dalloc(&al, (void **)&b.h, TK * IE * 2, "h"));
   TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
   TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
   TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
   TC_(k_group(0, &b, T, E, K));
   TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(slot_row, b.slot_row, TK * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(slot_row, b.slot_row, TK * 4));
   TC_(cudaMemcpy(hd, b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < TK; i++) { /* grouped order -> (token, slot) order */
@@ -1343,15 +1385,9 @@ extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pe
   TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
   TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
-  TT_(dalloc(&al, (void **)&b.count, (size_t)E * 4, "count"));
-  TT_(dalloc(&al, (void **)&b.start, (size_t)(E + 1) * 4, "start"));
-  TT_(dalloc(&al, (void **)&b.pairs, TK * 4, "pairs"));
-  TT_(dalloc(&al, (void **)&b.slot_row, TK * 4, "slot_row"));
-  TT_(dalloc(&al, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
-  TT_(dalloc(&al, (void **)&b.n_tiles, 4, "n_tiles"));
+  TT_(test_group_bufs(&al, &b, TK, E));
   TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(rlog, drl, (size_t)T * E * 4, cudaMemcpyDeviceToHost));
+  TT_(test_out(rlog, drl, (size_t)T * E * 4));
   TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(start, b.start, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
@@ -1385,8 +1421,7 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
   TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
   TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq, NH,
                       NKV, D, pos0, kv_hi, causal, is_full, window));
-  TC_(cudaDeviceSynchronize());
-  TC_(cudaMemcpy(out, dout, on * 2, cudaMemcpyDeviceToHost));
+  TT_(test_out(out, dout, on * 2));
 done:
   dfree_all(&al);
   return st;

@@ -74,9 +74,28 @@ static void best_med(double *v, int n, double *best, double *med) {
 #define CT_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
     st = dg_seterr(e_ == cudaErrorMemoryAllocation ? DG_ERR_OUT_OF_MEMORY : DG_ERR_BACKEND, "%s:%d: %s failed: %s (%s)", \
                    __FILE__, __LINE__, #call, cudaGetErrorName(e_), cudaGetErrorString(e_)); goto done; } } while (0)
+#define CT_OK_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
 #define CTB_(call) do { cublasStatus_t s_ = (call); if (s_ != CUBLAS_STATUS_SUCCESS) { \
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cublasGetStatusString(s_)); \
     goto done; } } while (0)
+
+/* Time a warm-up and R timed runs of op() (a dg_status; its work on stream 0,
+ * between events e0 and e1): t[0..R) gets the seconds of each timed run,
+ * *best and *med the fastest and the median (best_med). */
+template <class Op>
+static dg_status time_reps(int R, cudaEvent_t e0, cudaEvent_t e1, double *t, double *best, double *med, Op op) {
+  for (int r = -1; r < R; r++) {
+    CK(cudaEventRecord(e0, 0));
+    DG_TRY(op());
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 0) t[r] = 1e-3 * (ms > 0 ? ms : 1e-6f);
+  }
+  best_med(t, R, best, med);
+  return DG_OK;
+}
 
 extern "C" dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n,
                                               int reps, dg_cuda_ceilings *out) {
@@ -113,41 +132,24 @@ extern "C" dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, in
   DG_LAUNCH(ceil_fill_kernel, grid, CEIL_THREADS, 0, 0)((uint32_t *)src, sb / 4);
   CT_(cudaGetLastError());
   CT_(cudaDeviceSynchronize());
+  double best, med;
   /* read */
-  for (int r = -1; r < R; r++) {
-    CT_(cudaEventRecord(e0, 0));
+  CT_OK_(time_reps(R, e0, e1, t, &best, &med, [&]() -> dg_status {
     DG_LAUNCH(ceil_read_kernel, grid, CEIL_THREADS, 0, 0)((const uint4 *)src, rb / 16, part);
-    CT_(cudaGetLastError());
-    CT_(cudaEventRecord(e1, 0));
-    CT_(cudaEventSynchronize(e1));
-    float ms = 0;
-    CT_(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 0) t[r] = 1e-3 * (ms > 0 ? ms : 1e-6f);
-  }
+    CK(cudaGetLastError());
+    return DG_OK;
+  }));
   CT_(cudaMemcpy(hpart, part, (size_t)grid * 4, cudaMemcpyDeviceToHost));
   for (int b = 0; b < grid; b++) out->read_sum += hpart[b];
-  {
-    double best, med;
-    best_med(t, R, &best, &med);
-    out->read_bps = (double)rb / best;
-    out->read_med_bps = (double)rb / med;
-  }
+  out->read_bps = (double)rb / best;
+  out->read_med_bps = (double)rb / med;
   /* device-to-device copy */
-  for (int r = -1; r < R; r++) {
-    CT_(cudaEventRecord(e0, 0));
-    CT_(cudaMemcpyAsync(dst, src, cb, cudaMemcpyDeviceToDevice, 0));
-    CT_(cudaEventRecord(e1, 0));
-    CT_(cudaEventSynchronize(e1));
-    float ms = 0;
-    CT_(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 0) t[r] = 1e-3 * (ms > 0 ? ms : 1e-6f);
-  }
-  {
-    double best, med;
-    best_med(t, R, &best, &med);
-    out->copy_bps = 2.0 * (double)cb / best;
-    out->copy_med_bps = 2.0 * (double)cb / med;
-  }
+  CT_OK_(time_reps(R, e0, e1, t, &best, &med, [&]() -> dg_status {
+    CK(cudaMemcpyAsync(dst, src, cb, cudaMemcpyDeviceToDevice, 0));
+    return DG_OK;
+  }));
+  out->copy_bps = 2.0 * (double)cb / best;
+  out->copy_med_bps = 2.0 * (double)cb / med;
   CT_(cudaFree(src)); src = NULL;
   CT_(cudaFree(dst)); dst = NULL;
   /* bf16 GEMM: C [n, n] fp32 = A B */
@@ -164,18 +166,11 @@ extern "C" dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, in
     CTB_(cublasSetStream(blas, 0));
     CTB_(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
     const float one = 1.0f, zero = 0.0f;
-    for (int r = -1; r < R; r++) {
-      CT_(cudaEventRecord(e0, 0));
-      CTB_(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
-                        CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      CT_(cudaEventRecord(e1, 0));
-      CT_(cudaEventSynchronize(e1));
-      float ms = 0;
-      CT_(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 0) t[r] = 1e-3 * (ms > 0 ? ms : 1e-6f);
-    }
-    double best, med;
-    best_med(t, R, &best, &med);
+    CT_OK_(time_reps(R, e0, e1, t, &best, &med, [&]() -> dg_status {
+      CKB(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
+                       CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      return DG_OK;
+    }));
     const double fl = 2.0 * (double)n * (double)n * (double)n;
     out->bf16_flops = fl / best;
     out->bf16_med_flops = fl / med;

@@ -106,6 +106,16 @@ __device__ __forceinline__ float4 ld4(const float *p) { return *(const float4 *)
 __device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
 __device__ __forceinline__ float4 zero4() { float4 z; z.x = z.y = z.z = z.w = 0.0f; return z; }
 __device__ __forceinline__ float sq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+/* A register row (the row kernels): v[k] = float4 number threadIdx.x + NTR * k of the row at p, zeros past its
+ * H4 float4s. */
+template <int NTR, int F4>
+__device__ __forceinline__ void ld_row4(float4 (&v)[F4], const float *p, int H4) {
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    v[k] = f < H4 ? ld4(p + 4 * f) : zero4();
+  }
+}
 /* 4 bf16 in one 8-byte store (p 8-byte aligned) */
 __device__ __forceinline__ void stb4(bf16 *p, float a, float b, float c, float d) {
   union { bf16 h[4]; uint2 u; } o;
@@ -271,17 +281,12 @@ __global__ void __launch_bounds__(NTR) attn_residual_row_kernel(float *x, const 
   const size_t t = blockIdx.x;
   const int H4 = H >> 2;
   float4 ov[F4], xv[F4], wp[F4], wa[F4], we[F4], wr[F4];
-#pragma unroll
-  for (int k = 0; k < F4; k++) {
-    const int f = threadIdx.x + NTR * k;
-    const bool in = f < H4;
-    ov[k] = in ? ld4(o + t * H + 4 * f) : zero4();
-    xv[k] = in ? ld4(x + t * H + 4 * f) : zero4();
-    wp[k] = in ? ld4(w_post + 4 * f) : zero4();
-    wa[k] = in ? ld4(w_ff + 4 * f) : zero4();
-    we[k] = in ? ld4(w_ff2 + 4 * f) : zero4();
-    wr[k] = in ? ld4(rscale + 4 * f) : zero4();
-  }
+  ld_row4<NTR>(ov, o + t * H, H4);
+  ld_row4<NTR>(xv, x + t * H, H4);
+  ld_row4<NTR>(wp, w_post, H4);
+  ld_row4<NTR>(wa, w_ff, H4);
+  ld_row4<NTR>(we, w_ff2, H4);
+  ld_row4<NTR>(wr, rscale, H4);
   float so = 0.0f;
 #pragma unroll
   for (int k = 0; k < F4; k++) so += sq4(ov[k]);
@@ -402,6 +407,32 @@ cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap) {
 
 /* ---- q/k/v post-processing (spec 4.4 step 2, rope 4.3) -------------------- */
 
+/* Head slot `slot` of a q/k/v row (layout below): *kind 0 a query head, 1 a key head, 2 a value head (*g its KV
+ * head); returns its D raw values. */
+__device__ __forceinline__ const float *qkv_slot(const float *row, int slot, int NH, int NKV, int D, int has_v,
+                                                 int *kind, int *g) {
+  *g = 0;
+  if (slot < NH) { *kind = 0; return row + (size_t)slot * D; }
+  if (slot < NH + NKV) { *kind = 1; *g = slot - NH; return row + (size_t)NH * D + (size_t)*g * D; }
+  *kind = 2;
+  *g = slot - NH - NKV;
+  return row + (size_t)NH * D + (size_t)(has_v ? NKV * D : 0) + (size_t)*g * D;
+}
+
+/* Rotate the normalised pair (a, b) = elements (i, i + h) of a head by angle ang (rotate-half rope) and store it:
+ * a query head (kind 0) in fp32 at qd, a key head in bf16 at kd. */
+__device__ __forceinline__ void rope_store(float a, float b, float ang, int kind, int i, int h, float *qd, bf16 *kd) {
+  float cs = cosf(ang), sn = sinf(ang);
+  float y0 = a * cs - b * sn, y1 = b * cs + a * sn;
+  if (kind == 0) {
+    qd[i] = y0;
+    qd[i + h] = y1;
+  } else {
+    kd[i] = __float2bfloat16_rn(y0);
+    kd[i + h] = __float2bfloat16_rn(y1);
+  }
+}
+
 /* One block per (token t, head slot): slots [0, NH) are query heads, [NH,
  * NH+NKV) key heads, [NH+NKV, NH+2NKV) value heads. The raw projections sit
  * in qkv[t] as [q heads | k heads | v heads]; without v (K=V full layers) v
@@ -415,16 +446,8 @@ __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc
   const int t = blockIdx.x, slot = blockIdx.y;
   const int32_t pos = tpos ? tpos[t] : pos0 + t; /* scattered positions: the compacted decoder (spec 7.4) */
   const float *row = qkv + (size_t)t * ld;
-  const float *src;
-  int kind; /* 0 q, 1 k, 2 v */
-  int g = 0;
-  if (slot < NH) { kind = 0; src = row + (size_t)slot * D; }
-  else if (slot < NH + NKV) { kind = 1; g = slot - NH; src = row + (size_t)NH * D + (size_t)g * D; }
-  else {
-    kind = 2;
-    g = slot - NH - NKV;
-    src = row + (size_t)NH * D + (size_t)(has_v ? NKV * D : 0) + (size_t)g * D;
-  }
+  int kind, g; /* kind 0 q, 1 k, 2 v */
+  const float *src = qkv_slot(row, slot, NH, NKV, D, has_v, &kind, &g);
   const float r = rms_scale(block_sumsq(src, D, sh), D, eps);
   if (kind == 2) {
     bf16 *dst = vc + ((size_t)g * S + pos) * D;
@@ -435,18 +458,8 @@ __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc
   const int h = D / 2;
   const float p = (float)pos;
   for (int i = threadIdx.x; i < h; i += blockDim.x) {
-    float a = (src[i] * r) * w[i], b = (src[i + h] * r) * w[i + h];
-    float ang = inv_freq[i] * p, cs = cosf(ang), sn = sinf(ang);
-    float y0 = a * cs - b * sn, y1 = b * cs + a * sn;
-    if (kind == 0) {
-      float *dst = q + ((size_t)t * NH + slot) * D;
-      dst[i] = y0;
-      dst[i + h] = y1;
-    } else {
-      bf16 *dst = kc + ((size_t)g * S + pos) * D;
-      dst[i] = __float2bfloat16_rn(y0);
-      dst[i + h] = __float2bfloat16_rn(y1);
-    }
+    rope_store((src[i] * r) * w[i], (src[i + h] * r) * w[i + h], inv_freq[i] * p, kind, i, h,
+               q + ((size_t)t * NH + slot) * D, kc + ((size_t)g * S + pos) * D);
   }
 }
 
@@ -464,15 +477,8 @@ __global__ void __launch_bounds__(128) qkv_post_warp_kernel(const float *qkv, in
   if (slot >= NH + 2 * NKV) return; /* the whole warp */
   const int32_t pos = tpos ? tpos[t] : pos0 + t;
   const float *row = qkv + (size_t)t * ld;
-  const float *src;
-  int kind, g = 0;
-  if (slot < NH) { kind = 0; src = row + (size_t)slot * D; }
-  else if (slot < NH + NKV) { kind = 1; g = slot - NH; src = row + (size_t)NH * D + (size_t)g * D; }
-  else {
-    kind = 2;
-    g = slot - NH - NKV;
-    src = row + (size_t)NH * D + (size_t)(has_v ? NKV * D : 0) + (size_t)g * D;
-  }
+  int kind, g;
+  const float *src = qkv_slot(row, slot, NH, NKV, D, has_v, &kind, &g);
   const int h = D / 2;
   const float *w = kind == 0 ? q_norm : k_norm;
   float av[HPL], bv[HPL], wa[HPL], wb[HPL], fr[HPL];
@@ -502,18 +508,8 @@ __global__ void __launch_bounds__(128) qkv_post_warp_kernel(const float *qkv, in
       dst[i + h] = __float2bfloat16_rn(bv[k] * r);
       continue;
     }
-    float a = (av[k] * r) * wa[k], b = (bv[k] * r) * wb[k];
-    float ang = fr[k] * p, cs = cosf(ang), sn = sinf(ang);
-    float y0 = a * cs - b * sn, y1 = b * cs + a * sn;
-    if (kind == 0) {
-      float *dst = q + ((size_t)t * NH + slot) * D;
-      dst[i] = y0;
-      dst[i + h] = y1;
-    } else {
-      bf16 *dst = kc + ((size_t)g * S + pos) * D;
-      dst[i] = __float2bfloat16_rn(y0);
-      dst[i + h] = __float2bfloat16_rn(y1);
-    }
+    rope_store((av[k] * r) * wa[k], (bv[k] * r) * wb[k], fr[k] * p, kind, i, h, q + ((size_t)t * NH + slot) * D,
+               kc + ((size_t)g * S + pos) * D);
   }
 }
 
@@ -677,17 +673,13 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
   const int H4 = H >> 2;
   combine_slot_order(t, K, topk_idx, slot_row, topk_w, srow, sw);
   float4 dv[F4], xv[F4], w1[F4], w2[F4], wf[F4], gv[F4];
+  ld_row4<NTR>(dv, dense + t * H, H4);
+  ld_row4<NTR>(xv, x + t * H, H4);
+  ld_row4<NTR>(w1, w_ff1, H4);
+  ld_row4<NTR>(w2, w_ff2, H4);
+  ld_row4<NTR>(wf, w_ff, H4);
 #pragma unroll
-  for (int k = 0; k < F4; k++) {
-    const int f = threadIdx.x + NTR * k;
-    const bool in = f < H4;
-    dv[k] = in ? ld4(dense + t * H + 4 * f) : zero4();
-    xv[k] = in ? ld4(x + t * H + 4 * f) : zero4();
-    w1[k] = in ? ld4(w_ff1 + 4 * f) : zero4();
-    w2[k] = in ? ld4(w_ff2 + 4 * f) : zero4();
-    wf[k] = in ? ld4(w_ff + 4 * f) : zero4();
-    gv[k] = zero4();
-  }
+  for (int k = 0; k < F4; k++) gv[k] = zero4();
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < KMAX; i++) {
