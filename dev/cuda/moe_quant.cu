@@ -26,7 +26,7 @@
  *              9 = (4, 3, 3, 4, 1); 10-12: the weights through a bulk-copy (TMA)
  *              ring of WD stages per warp in shared memory (cp.async.bulk +
  *              mbarrier) instead of register stages: WD 4, 6 (4 blocks per SM),
- *              8 (3 blocks per SM); 4-bit only, 8 NT <= 32 tokens per pass (the
+ *              8 (3 blocks per SM) (removed in session 6: slower; the numbers stand in docs/results); 4-bit only, 8 NT <= 32 tokens per pass (the
  *              backend's is (4, 2, 3, 4, 2)); 13-16: version 3 with an L2 prefetch of each warp's
  *              weight stage PF = 2, 4, 8, 16 stages ahead (cp.async.bulk.prefetch.L2, lane 0); 17: version 3
  *              on the first lane-record layout, each lane's record with the pairs of its 4 rows (the pairs
@@ -357,7 +357,8 @@ static void route_random(routing *r, int T) {
 enum { GU = 0, DN = 1 };
 
 /* Versions 4-12: qr_kernel over a lane-record copy, WARPS warps, D register stages, STAGES ring stages,
- * WD > 0: a WD-deep bulk-copy ring of weight stages per warp in shared memory instead of D. */
+ * (Versions 10-12, a WD-deep bulk-copy ring of weight stages per warp in shared memory instead of D, were removed
+ * with the ring in session 6: measured slower in session 3, lab_s3_bulk_ring.md.) */
 /* The split group-sum records of BM versions ([rows, cols / G] x 16 bytes), allocated on first use. */
 static uint4 *split_sums(size_t rows) {
   static uint4 *p = NULL;
@@ -387,7 +388,7 @@ static cudaError_t lab_args(const tiled &tl, routing *r, int gateup, int bm, qe_
   return k_group_sums_perm_split(0, x, rows, K, G, x4, r->b.xp);
 }
 
-template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int WD = 0, int PF = 0, int CP = 1, int NTS = 0,
+template <int WARPS, int D, int STAGES, int MINB = 1, int SUB = 1, int PF = 0, int CP = 1, int NTS = 0,
           int PF3 = PF, int BM = 0, int NTF = 0, int NZ = 0, int BITS = 4, int GL = G>
 static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
@@ -397,21 +398,21 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   if (e != cudaSuccess) return e;
   if (gateup) {
     const dim3 grid(E, (IE + 16 * WARPS - 1) / (16 * WARPS));
-    if constexpr (NTF > 0) return qr_launch_g<BITS, 1, NTF, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    if constexpr (NTF > 0) return qr_launch_g<BITS, 1, NTF, GL, WARPS, D, STAGES, MINB, SUB, PF3, CP, NTS, BM, NZ>(0, grid, a);
     switch (nt) {
-    case 1: return qr_launch_g<BITS, 1, 1, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-    case 2: return qr_launch_g<BITS, 1, 2, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-    case 3: return qr_launch_g<BITS, 1, 3, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
-    default: return qr_launch_g<BITS, 1, 4, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 1: return qr_launch_g<BITS, 1, 1, GL, WARPS, D, STAGES, MINB, SUB, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 2: return qr_launch_g<BITS, 1, 2, GL, WARPS, D, STAGES, MINB, SUB, PF, CP, 0, BM, NZ>(0, grid, a);
+    case 3: return qr_launch_g<BITS, 1, 3, GL, WARPS, D, STAGES, MINB, SUB, PF3, CP, NTS, BM, NZ>(0, grid, a);
+    default: return qr_launch_g<BITS, 1, 4, GL, WARPS, D, STAGES, MINB, SUB, PF, CP, 0, BM, NZ>(0, grid, a);
     }
   }
   const dim3 grid(E, (H + 32 * WARPS - 1) / (32 * WARPS));
-  if constexpr (NTF > 0) return qr_launch_g<BITS, 0, NTF, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  if constexpr (NTF > 0) return qr_launch_g<BITS, 0, NTF, GL, WARPS, D, STAGES, MINB, SUB, PF3, CP, NTS, BM, NZ>(0, grid, a);
   switch (nt) {
-  case 1: return qr_launch_g<BITS, 0, 1, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-  case 2: return qr_launch_g<BITS, 0, 2, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
-  case 3: return qr_launch_g<BITS, 0, 3, GL, WARPS, D, STAGES, MINB, SUB, WD, PF3, CP, NTS, BM, NZ>(0, grid, a);
-  default: return qr_launch_g<BITS, 0, 4, GL, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 1: return qr_launch_g<BITS, 0, 1, GL, WARPS, D, STAGES, MINB, SUB, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 2: return qr_launch_g<BITS, 0, 2, GL, WARPS, D, STAGES, MINB, SUB, PF, CP, 0, BM, NZ>(0, grid, a);
+  case 3: return qr_launch_g<BITS, 0, 3, GL, WARPS, D, STAGES, MINB, SUB, PF3, CP, NTS, BM, NZ>(0, grid, a);
+  default: return qr_launch_g<BITS, 0, 4, GL, WARPS, D, STAGES, MINB, SUB, PF, CP, 0, BM, NZ>(0, grid, a);
   }
 }
 
@@ -461,19 +462,19 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 41 && ver < 50) { /* bf16 stacks (bits 16) in lane records: qr_kernel's BITS 16 with other choices */
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
-    case 41: return run_lanes<4, 3, 3, 2, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* D 3, 2 blocks per SM */
-    case 42: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* line prefetch everywhere */
-    case 43: return run_lanes<4, 2, 3, 2, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 2 blocks per SM */
+    case 41: return run_lanes<4, 3, 3, 2, 2, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* D 3, 2 blocks per SM */
+    case 42: return run_lanes<4, 2, 3, 4, 2, -2, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* line prefetch everywhere */
+    case 43: return run_lanes<4, 2, 3, 2, 2, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 2 blocks per SM */
     /* 45-47: 43 with other activation stages: 45 = 4 weight stages each (half the barriers), 46 = 1 each,
      * 47 = 4 each with 3 register stages and a ring of 4 */
-    case 45: return run_lanes<4, 2, 3, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
-    case 46: return run_lanes<4, 2, 3, 2, 1, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
-    case 47: return run_lanes<4, 3, 4, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
+    case 45: return run_lanes<4, 2, 3, 2, 4, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
+    case 46: return run_lanes<4, 2, 3, 2, 1, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
+    case 47: return run_lanes<4, 3, 4, 2, 4, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt);
     /* 48, 49: stages of 32 weights (half the record registers): 48 = 3 blocks per SM, 49 = 4 register stages, 4
      * weight stages per activation stage, 2 blocks per SM */
-    case 48: return run_lanes<4, 2, 3, 3, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
-    case 49: return run_lanes<4, 4, 3, 2, 4, 0, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
-    default: return run_lanes<8, 2, 3, 1, 2, 0, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
+    case 48: return run_lanes<4, 2, 3, 3, 2, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
+    case 49: return run_lanes<4, 4, 3, 2, 4, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
+    default: return run_lanes<8, 2, 3, 1, 2, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
     }
   }
   if (ver >= 4) {
@@ -485,37 +486,35 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 7: return run_lanes<4, 4, 3, 4, 2>(prod, st, r, nt);
     case 8: return run_lanes<4, 2, 3, 4, 4>(prod, st, r, nt);
     case 9: return run_lanes<4, 3, 3, 4, 1>(prod, st, r, nt);
-    case 10: return run_lanes<4, 1, 3, 4, 2, 4, 0, 0>(prod, st, r, nt);
-    case 11: return run_lanes<4, 1, 3, 4, 2, 6, 0, 0>(prod, st, r, nt);
-    case 12: return run_lanes<4, 1, 3, 3, 2, 8, 0, 0>(prod, st, r, nt);
-    case 13: return run_lanes<4, 2, 3, 4, 2, 0, 2>(prod, st, r, nt);
-    case 14: return run_lanes<4, 2, 3, 4, 2, 0, 4>(prod, st, r, nt);
-    case 15: return run_lanes<4, 2, 3, 4, 2, 0, 8>(prod, st, r, nt);
-    case 16: return run_lanes<4, 2, 3, 4, 2, 0, 16>(prod, st, r, nt);
+    case 10: case 11: case 12: return cudaErrorNotSupported; /* the bulk-copy weight ring: removed (session 6) */
+    case 13: return run_lanes<4, 2, 3, 4, 2, 2>(prod, st, r, nt);
+    case 14: return run_lanes<4, 2, 3, 4, 2, 4>(prod, st, r, nt);
+    case 15: return run_lanes<4, 2, 3, 4, 2, 8>(prod, st, r, nt);
+    case 16: return run_lanes<4, 2, 3, 4, 2, 16>(prod, st, r, nt);
     /* 18, 19, 28: the backend's (version 3: PF 2 from 3 n-tiles only) with per-lane line prefetches instead of
      * lane 0's bulk prefetch (18), with the 2-tile body for experts of <= 16 rows (19), both (28) */
-    case 18: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 0, -2>(prod, st, r, nt);
-    case 19: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, 2>(prod, st, r, nt);
-    case 28: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2>(prod, st, r, nt);
+    case 18: return run_lanes<4, 2, 3, 4, 2, 0, 1, 0, -2>(prod, st, r, nt);
+    case 19: return run_lanes<4, 2, 3, 4, 2, 0, 1, 2, 2>(prod, st, r, nt);
+    case 28: return run_lanes<4, 2, 3, 4, 2, 0, 1, 2, -2>(prod, st, r, nt);
     /* 29, 30: 28 with the line prefetches at every n-tile count, 2 and 4 stages ahead; 31: 28 with 4 */
-    case 29: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2>(prod, st, r, nt);
-    case 30: return run_lanes<4, 2, 3, 4, 2, 0, -4, 1, 2, -4>(prod, st, r, nt);
-    case 31: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -4>(prod, st, r, nt);
+    case 29: return run_lanes<4, 2, 3, 4, 2, -2, 1, 2, -2>(prod, st, r, nt);
+    case 30: return run_lanes<4, 2, 3, 4, 2, -4, 1, 2, -4>(prod, st, r, nt);
+    case 31: return run_lanes<4, 2, 3, 4, 2, 0, 1, 2, -4>(prod, st, r, nt);
     /* 32: 28 with the bias term (b - 128 s) S on the tensor cores (BM: one mma per pair of groups and tile over
      * the split group sums, the fold one FFMA per element instead of two); 33: 32 with line prefetches at
      * every n-tile count */
-    case 32: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2, 1>(prod, st, r, nt);
-    case 33: return run_lanes<4, 2, 3, 4, 2, 0, -2, 1, 2, -2, 1>(prod, st, r, nt);
-    case 34: return run_lanes<4, 2, 3, 3, 2, 0, 0, 1, 2, -2, 1>(prod, st, r, nt); /* 32 at 3 blocks per SM */
+    case 32: return run_lanes<4, 2, 3, 4, 2, 0, 1, 2, -2, 1>(prod, st, r, nt);
+    case 33: return run_lanes<4, 2, 3, 4, 2, -2, 1, 2, -2, 1>(prod, st, r, nt);
+    case 34: return run_lanes<4, 2, 3, 3, 2, 0, 1, 2, -2, 1>(prod, st, r, nt); /* 32 at 3 blocks per SM */
     /* 35-38: a forced tile count for the larger canvases (registers the compiler's), line prefetches, a smaller
      * body for experts that fit it: 35 = 4 n-tiles (3 below 25 rows), 36 = 5 (4), 37 = 6 (4), 38 = 8 (6) */
-    case 35: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 3, -2, 0, 4>(prod, st, r, nt);
-    case 36: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 4, -2, 0, 5>(prod, st, r, nt);
-    case 37: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 4, -2, 0, 6>(prod, st, r, nt);
-    case 38: return run_lanes<4, 2, 3, 1, 2, 0, 0, 1, 6, -2, 0, 8>(prod, st, r, nt);
+    case 35: return run_lanes<4, 2, 3, 1, 2, 0, 1, 3, -2, 0, 4>(prod, st, r, nt);
+    case 36: return run_lanes<4, 2, 3, 1, 2, 0, 1, 4, -2, 0, 5>(prod, st, r, nt);
+    case 37: return run_lanes<4, 2, 3, 1, 2, 0, 1, 4, -2, 0, 6>(prod, st, r, nt);
+    case 38: return run_lanes<4, 2, 3, 1, 2, 0, 1, 6, -2, 0, 8>(prod, st, r, nt);
     /* 39: 28 (the backend's) with the copies of tokens past the expert's rows skipped, not zero-filled */
-    case 39: return run_lanes<4, 2, 3, 4, 2, 0, 0, 1, 2, -2, 0, 0, 1>(prod, st, r, nt);
-    default: return run_lanes<4, 2, 3, 4, 2, 0, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
+    case 39: return run_lanes<4, 2, 3, 4, 2, 0, 1, 2, -2, 0, 0, 1>(prod, st, r, nt);
+    default: return run_lanes<4, 2, 3, 4, 2, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
     }
   }
   if (ver == 1) {

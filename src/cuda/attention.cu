@@ -161,6 +161,128 @@ __device__ __forceinline__ void fa_range(const fa_args &a, int r0, int G, int BM
   }
 }
 
+/* flash_kernel's pieces (one key tile, one warp's 16 rows; each lane holds rows lane / 4 and lane / 4 + 8):
+ * fa_scores: s = Q K^T of the tile (Q in Qs, K tile in kt, swizzled; D / 16 steps of m16n8k16). */
+template <int D, int BK>
+__device__ __forceinline__ void fa_scores(float (&s)[BK / 8][4], const char *Qs, const char *kt, int w, int lane) {
+#pragma unroll
+  for (int i = 0; i < BK / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll 4
+  for (int kk = 0; kk < D / 16; kk++) {
+    uint32_t qa[4];
+    dg_ldsm_x4(qa, Qs + fa_swz<D>(16 * w + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+    for (int np = 0; np < BK / 16; np++) {
+      uint32_t kf[4];
+      dg_ldsm_x4(kf, kt + fa_swz<D>(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+      dg_mma_bf16(s[2 * np], qa, kf);
+      dg_mma_bf16(s[2 * np + 1], qa, kf + 2);
+    }
+  }
+}
+
+/* fa_mask: keys at or past zhi (the split's end) and, causal, keys after a row's query position or (sliding
+ * layers) before its window get -inf; kb the tile's first key, tq0 / tq1 the lane's rows' query indices,
+ * R_first / R_last the block's first and last query. */
+template <int BK>
+__device__ __forceinline__ void fa_mask(const fa_args &a, float (&s)[BK / 8][4], int kb, int zhi, int tq0, int tq1,
+                                        int R_first, int R_last, int lane) {
+  const bool edge = kb + BK > zhi ||
+                    (a.causal && (kb + BK - 1 > a.pos0 + R_first || (!a.is_full && kb <= a.pos0 + R_last - a.window)));
+  if (edge) {
+#pragma unroll
+    for (int nt = 0; nt < BK / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = kb + 8 * nt + 2 * (lane & 3) + (e & 1), tq = e < 2 ? tq0 : tq1;
+        const int pos = a.pos0 + tq;
+        bool ok = key < zhi;
+        if (a.causal) ok = ok && key <= pos && (a.is_full || key > pos - a.window);
+        if (!ok) s[nt][e] = -INFINITY;
+      }
+  }
+}
+
+/* fa_online_pv: the online softmax of the tile's scores into the running max m, sum l and output o (rescaled by
+ * 2^((m_old - m_new) log2 e)), then o += P V over the V tile vt (P rounded to bf16). */
+template <int DV, int BK>
+__device__ __forceinline__ void fa_online_pv(const float (&s)[BK / 8][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[DV / 8][4], const char *vt, int lane) {
+  /* online softmax: rows lane / 4 (elements 0, 1) and lane / 4 + 8 (2, 3), each over a quad */
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int nt = 0; nt < BK / 8; nt++) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+  }
+  float mu[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * FA_L2E; /* no key yet: every p is 0 */
+    const float corr = exp2f(m[i] * FA_L2E - mu[i]);  /* m = -inf: 0 */
+    m[i] = mx[i];
+    l[i] *= corr;
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++) {
+      o[j][2 * i] *= corr;
+      o[j][2 * i + 1] *= corr;
+    }
+  }
+  uint32_t pa[BK / 16][4];
+#pragma unroll
+  for (int nt = 0; nt < BK / 8; nt++) {
+    const float p0 = exp2f(fmaf(s[nt][0], FA_L2E, -mu[0])), p1 = exp2f(fmaf(s[nt][1], FA_L2E, -mu[0]));
+    const float p2 = exp2f(fmaf(s[nt][2], FA_L2E, -mu[1])), p3 = exp2f(fmaf(s[nt][3], FA_L2E, -mu[1]));
+    l[0] += p0 + p1;
+    l[1] += p2 + p3;
+    pa[nt >> 1][(nt & 1) * 2] = fa_pack(p0, p1);
+    pa[nt >> 1][(nt & 1) * 2 + 1] = fa_pack(p2, p3);
+  }
+#pragma unroll
+  for (int j = 0; j < BK / 16; j++) {
+#pragma unroll
+    for (int dp = 0; dp < DV / 16; dp++) {
+      uint32_t vf[4];
+      dg_ldsm_x4_t(vf, vt + fa_swz<DV>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)));
+      dg_mma_bf16(o[2 * dp], pa[j], vf);
+      dg_mma_bf16(o[2 * dp + 1], pa[j], vf + 2);
+    }
+  }
+}
+
+/* fa_store: the lane's two rows (r0 + rl, + 8; rows past R skipped) of the block's output: o / l in bf16 (one
+ * split), or the split's partial (O, m, l) for flash_combine_kernel. */
+template <int D, int DV>
+__device__ __forceinline__ void fa_store(const fa_args &a, const float (&o)[DV / 8][4], const float (&m)[2],
+                                         float (&l)[2], int r0, int rl, int R, int G, int g, int dv0, int z, int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  const size_t NR = (size_t)a.nq * a.NH;
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int gr = r0 + rl + 8 * i;
+    if (gr >= R) continue;
+    const size_t orow = (size_t)(gr / G) * a.NH + g * G + gr % G;
+    if (a.n_split == 1) {
+      const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+      bf16 *dst = a.out + orow * D + dv0 + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) *(uint32_t *)(dst + 8 * j) = fa_pack(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    } else {
+      float *dst = a.part + ((size_t)z * NR + orow) * D + dv0 + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      if (dv0 == 0 && (lane & 3) == 0)
+        *(float2 *)(a.part + (size_t)a.n_split * NR * D + ((size_t)z * NR + orow) * 2) = make_float2(m[i], l[i]);
+    }
+  }
+}
+
 template <int D, int DV, int BK, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
   typedef fa_cfg<D, DV, BK, WARPS> C;
@@ -224,103 +346,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
     __syncthreads();
     const char *kt = Ks + buf * C::KB, *vt = Vs + buf * C::VB;
     float s[BK / 8][4];
-#pragma unroll
-    for (int i = 0; i < BK / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll 4
-    for (int kk = 0; kk < D / 16; kk++) {
-      uint32_t qa[4];
-      dg_ldsm_x4(qa, Qs + fa_swz<D>(16 * w + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-      for (int np = 0; np < BK / 16; np++) {
-        uint32_t kf[4];
-        dg_ldsm_x4(kf, kt + fa_swz<D>(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
-        dg_mma_bf16(s[2 * np], qa, kf);
-        dg_mma_bf16(s[2 * np + 1], qa, kf + 2);
-      }
-    }
-    /* masks: keys past the split's end; causal rows see keys <= pos, and > pos - window on sliding layers */
-    const bool edge = kb + BK > zhi ||
-                      (a.causal && (kb + BK - 1 > a.pos0 + R_first || (!a.is_full && kb <= a.pos0 + R_last - a.window)));
-    if (edge) {
-#pragma unroll
-      for (int nt = 0; nt < BK / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int key = kb + 8 * nt + 2 * (lane & 3) + (e & 1), tq = e < 2 ? tq0 : tq1;
-          const int pos = a.pos0 + tq;
-          bool ok = key < zhi;
-          if (a.causal) ok = ok && key <= pos && (a.is_full || key > pos - a.window);
-          if (!ok) s[nt][e] = -INFINITY;
-        }
-    }
-    /* online softmax: rows lane / 4 (elements 0, 1) and lane / 4 + 8 (2, 3), each over a quad */
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nt = 0; nt < BK / 8; nt++) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-    }
-    float mu[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * FA_L2E; /* no key yet: every p is 0 */
-      const float corr = exp2f(m[i] * FA_L2E - mu[i]);  /* m = -inf: 0 */
-      m[i] = mx[i];
-      l[i] *= corr;
-#pragma unroll
-      for (int j = 0; j < DV / 8; j++) {
-        o[j][2 * i] *= corr;
-        o[j][2 * i + 1] *= corr;
-      }
-    }
-    uint32_t pa[BK / 16][4];
-#pragma unroll
-    for (int nt = 0; nt < BK / 8; nt++) {
-      const float p0 = exp2f(fmaf(s[nt][0], FA_L2E, -mu[0])), p1 = exp2f(fmaf(s[nt][1], FA_L2E, -mu[0]));
-      const float p2 = exp2f(fmaf(s[nt][2], FA_L2E, -mu[1])), p3 = exp2f(fmaf(s[nt][3], FA_L2E, -mu[1]));
-      l[0] += p0 + p1;
-      l[1] += p2 + p3;
-      pa[nt >> 1][(nt & 1) * 2] = fa_pack(p0, p1);
-      pa[nt >> 1][(nt & 1) * 2 + 1] = fa_pack(p2, p3);
-    }
-#pragma unroll
-    for (int j = 0; j < BK / 16; j++) {
-#pragma unroll
-      for (int dp = 0; dp < DV / 16; dp++) {
-        uint32_t vf[4];
-        dg_ldsm_x4_t(vf, vt + fa_swz<DV>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)));
-        dg_mma_bf16(o[2 * dp], pa[j], vf);
-        dg_mma_bf16(o[2 * dp + 1], pa[j], vf + 2);
-      }
-    }
+    fa_scores<D, BK>(s, Qs, kt, w, lane);
+    fa_mask<BK>(a, s, kb, zhi, tq0, tq1, R_first, R_last, lane);
+    fa_online_pv<DV, BK>(s, m, l, o, vt, lane);
     __syncthreads(); /* the next iteration's copy overwrites this buffer */
   }
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
-  const size_t NR = (size_t)a.nq * a.NH;
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const int gr = r0 + rl + 8 * i;
-    if (gr >= R) continue;
-    const size_t orow = (size_t)(gr / G) * a.NH + g * G + gr % G;
-    if (a.n_split == 1) {
-      const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-      bf16 *dst = a.out + orow * D + dv0 + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < DV / 8; j++) *(uint32_t *)(dst + 8 * j) = fa_pack(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-    } else {
-      float *dst = a.part + ((size_t)z * NR + orow) * D + dv0 + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < DV / 8; j++) *(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
-      if (dv0 == 0 && (lane & 3) == 0)
-        *(float2 *)(a.part + (size_t)a.n_split * NR * D + ((size_t)z * NR + orow) * 2) = make_float2(m[i], l[i]);
-    }
-  }
+  fa_store<D, DV>(a, o, m, l, r0, rl, R, G, g, dv0, z, lane);
 }
 
 /* Merge the key splits of one output row per block (D / 4 threads, 4 columns

@@ -207,38 +207,205 @@ template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, 
   }
 }
 
+/* A thread's copies of an activation stage of qr_body, fixed for a pass: CH 16-byte pieces of activation rows
+ * (source at stage 0, shared-memory offset; zero-filled past the expert's rows) and CHS group sums (GPW groups
+ * with sums per weight stage; BM: 16-byte split records). xrow / srow: each pass token's X row and row of group
+ * sums (-1 past the expert's rows); XS bytes per token row of a ring slot, its sums at XB. */
+template <int GS, int NTOK, int THREADS, int KA, int XS, int XB, int GPW, int SUB, int BM, int NZ> struct qr_xcopy {
+  static constexpr int PER = KA / 8, CH = (NTOK * PER + THREADS - 1) / THREADS;
+  static constexpr int NS = NTOK * SUB * GPW, CHS = (NS + THREADS - 1) / THREADS, CHA = CHS > 0 ? CHS : 1;
+  static constexpr bool XEVEN = NTOK * PER % THREADS == 0, SEVEN = NS % THREADS == 0;
+  const bf16 *xsrc[CH];
+  int xdst[CH], xcol[CH], xbytes[CH];
+  const float *ssrc[CHA];
+  int sdst[CHA], sgrp[CHA], sbytes[CHA];
+
+  __device__ __forceinline__ void init(const qe_args &a, const int64_t *xrow, const int64_t *srow, int tid) {
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+      const int i = tid + k * THREADS, r = min(i / PER, NTOK - 1), c = i % PER;
+      const int64_t xr = xrow[r];
+      xsrc[k] = xr >= 0 ? a.X + xr + 8 * c : a.X;
+      xbytes[k] = xr >= 0 ? 16 : 0;
+      xdst[k] = i < NTOK * PER ? r * XS + 16 * c : -1;
+      xcol[k] = 8 * c;
+    }
+#pragma unroll
+    for (int k = 0; k < CHS; k++) {
+      const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
+      const int64_t sr = i < NS ? srow[r] : -1;
+      ssrc[k] = sr >= 0 ? a.xs + (BM ? 4 : 1) * (sr + j) : a.xs; /* BM: 16-byte split records */
+      sbytes[k] = sr >= 0 ? (BM ? 16 : 4) : 0;
+      sdst[k] = i < NS ? XB + (BM ? 16 : 4) * i : -1;
+      sgrp[k] = j;
+    }
+  }
+  /* The activations and group sums of the activation stage starting at column icol into the ring slot at slot;
+   * columns past the matrix (a last stage of fewer than SUB weight stages) are not loaded and never read.
+   * Rows past the expert's are zero-filled (src-size 0; NZ: not copied). Every stage but such a last one takes
+   * the path without column tests, and with no test at all where the pieces divide evenly among the threads. */
+  __device__ __forceinline__ void issue(dg_sptr slot, int icol, int Kdim) const {
+    if (SUB == 1 || icol + KA <= Kdim) { /* uniform */
+#pragma unroll
+      for (int k = 0; k < CH; k++)
+        if (NZ) {
+          if ((XEVEN || xdst[k] >= 0) && xbytes[k]) dg_cp_async16_nz(slot + xdst[k], xsrc[k] + icol);
+        } else if (XEVEN || xdst[k] >= 0) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
+#pragma unroll
+      for (int k = 0; k < CHS; k++)
+        if (NZ) {
+          if ((SEVEN || sdst[k] >= 0) && sbytes[k]) dg_cp_async4_nz(slot + sdst[k], ssrc[k] + icol / GS);
+        } else if (SEVEN || sdst[k] >= 0) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
+    } else {
+      const int cols = Kdim - icol;
+#pragma unroll
+      for (int k = 0; k < CH; k++)
+        if (xdst[k] >= 0 && xcol[k] < cols) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
+#pragma unroll
+      for (int k = 0; k < CHS; k++)
+        if (sdst[k] >= 0 && sgrp[k] * GS < cols) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
+    }
+  }
+};
+
+/* One weight stage of a lane's record into R (RW words) from p, the lane's piece of its warp's stage in device
+ * memory (CP: the compact layout, codes then the pairs of row group g; else whole lane records in PS-byte
+ * pieces); PF > 0: lane 0 asks L2 for the warp's stage PF stages ahead, PF < 0: per-lane line prefetches -PF
+ * ahead (wst: this stage's index of nst, stages sstride bytes apart). */
+template <int BITS, int GS, int CP, int PF>
+__device__ __forceinline__ void qr_load_stage(uint32_t *R, const unsigned char *p, int lane, int g, int wst, int nst,
+                                              int64_t sstride) {
+  constexpr bool RAW = BITS == 16;
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS;
+  constexpr int REC = qr_rec(BITS, GS), PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS;
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, NPC = CB / PSC, WSTAGE = qr_wstage(BITS, GS, CP);
+  if constexpr (PF > 0) {
+    if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
+  } else if constexpr (PF < 0) {
+    if (wst - PF < nst) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
+  }
+  if constexpr (CP) {
+#pragma unroll
+    for (int k = 0; k < NPC; k++) {
+      if constexpr (PSC == 16) {
+        const uint4 v = dg_ld_stream16(p + k * 32 * PSC);
+        R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+      } else {
+        const uint2 v = dg_ld_stream8(p + k * 32 * PSC);
+        R[2 * k] = v.x; R[2 * k + 1] = v.y;
+      }
+    }
+    const unsigned char *pp = p - lane * PSC + 32 * CB + g * 16 * GPS;
+#pragma unroll
+    for (int i = 0; i < GPW; i++) {
+      const uint4 v = dg_ld_stream16(pp + 16 * i);
+      R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+      if constexpr (PS == 16) {
+        const uint4 v = dg_ld_stream16(p + k * 32 * PS);
+        R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+      } else {
+        const uint2 v = dg_ld_stream8(p + k * 32 * PS);
+        R[2 * k] = v.x; R[2 * k + 1] = v.y;
+      }
+    }
+  }
+}
+
+/* The per-group fold of qr_body after run c of weight stage s (sub-stage sub of its activation stage): when run c
+ * completes a group lg, acc += s_j P'_j + (b_j - OFF s_j) S_j and part = 0 (BM: acc += s P', the bias term by the
+ * tensor cores over the split group sums at E0, the slot's sums; af the bias products' A fragments, asel lane t's
+ * selector); Ss the sums of this sub-stage; nothing for bf16 weights (RAW). */
+template <int BITS, int NT, int GS, int SUB, int BM, int NTOK>
+__device__ __forceinline__ void qr_fold(float (&acc)[2][NT][4], float (&part)[2][NT][4], uint32_t (&af)[2][4],
+                                        const uint32_t *R, const unsigned char *E0, const unsigned char *Ss, int c,
+                                        int s, int sub, int ng, int g, int t, uint32_t asel) {
+  constexpr bool RAW = BITS == 16;
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, CPG = GS / 32;
+  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+  if constexpr (RAW) {
+  } else if (BM && (c + 1) % CPG == 0) { /* group lg complete: acc += s P', part = 0; (b - OFF s) S by the tensor cores */
+    const int lg = c / CPG, ga = sub * GPS + lg, gb = ga & 1;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+      const uint32_t p0 = R[CB / 4 + (2 * mt) * GPS + lg], p8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
+      const float s0 = __uint_as_float(p0 << 16), s8 = __uint_as_float(p8 << 16);
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        float *A = acc[mt][j], *P = part[mt][j];
+        A[0] = fmaf(s0, P[0], A[0]);
+        A[1] = fmaf(s0, P[1], A[1]);
+        A[2] = fmaf(s8, P[2], A[2]);
+        A[3] = fmaf(s8, P[3], A[3]);
+        P[0] = P[1] = P[2] = P[3] = 0.0f;
+      }
+      af[mt][2 * gb] = dg_prmt(p0, 0u, asel);
+      af[mt][2 * gb + 1] = dg_prmt(p8, 0u, asel);
+      if (gb == 0) af[mt][2] = af[mt][3] = 0u;
+    }
+    if (gb == 1 || s * GPS + lg == ng - 1) { /* the pair (or the matrix's last, single group) is complete */
+      const unsigned char *E = E0 + 16 * (ga - gb) * NTOK + 4 * t;
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        const uint32_t bb[2] = {*(const uint32_t *)(E + 16 * (8 * j + g)),
+                                gb == 1 ? *(const uint32_t *)(E + 16 * (NTOK + 8 * j + g)) : 0u};
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) dg_mma_bf16(acc[mt][j], af[mt], bb);
+      }
+    }
+  } else if ((c + 1) % CPG == 0) { /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
+    const int lg = c / CPG;
+    float2 xsum[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+      float s0, b0, s8, b8;
+      qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0); /* bf16 pairs only */
+      qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
+      b0 = fmaf(-OFF, s0, b0);
+      b8 = fmaf(-OFF, s8, b8);
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        float *A = acc[mt][j], *P = part[mt][j];
+        A[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], A[0]));
+        A[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], A[1]));
+        A[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], A[2]));
+        A[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], A[3]));
+        P[0] = P[1] = P[2] = P[3] = 0.0f;
+      }
+    }
+  }
+}
+
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
-/* WD > 0: the weights of each warp pass through its own WD-deep ring of stages in shared memory, filled
- * by bulk copies (one instruction per stage, issued by lane 0, completing on the slot's mbarrier) instead
- * of D register stages: more bytes in flight per warp without registers (D is then unused).
+/* (A WD-deep ring of weight stages per warp in shared memory, filled by bulk copies, instead of the D register
+ * stages was measured slower in session 3, lab versions 10-12, and removed.)
  * PF > 0 (register stages only): lane 0 of each warp asks L2 for the warp's weight stage PF stages ahead of
  * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2;
  * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). */
-template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int WD, int PF, int CP, int BM,
-          int NZ>
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int BM, int NZ>
 __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
    * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
   constexpr bool RAW = BITS == 16;
   constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS,
                 REC = qr_rec(BITS, GS);
-  constexpr int PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS, RW = REC / 4;
+  constexpr int PS = REC % 16 == 0 ? 16 : 8, RW = REC / 4;
   /* CP: codes in NPC pieces of PSC bytes (piece-major over the 32 lanes), then per row group g its GPS 16-byte
    * pieces of pairs, loaded by the 4 lanes (g, t) alike (one sector read, the pairs not stored 4 times) */
-  constexpr int PSC = CB % 16 == 0 ? 16 : 8, NPC = CB / PSC, WSTAGE = qr_wstage(BITS, GS, CP);
-  static_assert(CP == 0 || WD == 0, "the bulk-copy ring reads whole lane records");
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, WSTAGE = qr_wstage(BITS, GS, CP);
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
   constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, BM), STB = XB + SBB;
   static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
   static_assert(!(BM && NZ), "NZ copies 4-byte sums");
-  constexpr int CPG = GS / 32; /* runs per group */
-  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
-  constexpr int WSLOT = 32 * REC; /* bytes of a warp's weight stage */
-  __shared__ uint64_t wbar[WARPS][WD > 0 ? WD : 1];
   const int e = blockIdx.x, slab = blockIdx.y;
   const int cnt = a.count[e];
   if (cnt == 0) return;
@@ -253,16 +420,6 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   const int64_t sstride = (int64_t)WARPS * WSTAGE; /* bytes of a stage of the slab */
   const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE; /* the warp's stage 0 */
   const unsigned char *wq = wstage0 + lane * (CP ? PSC : PS);
-  unsigned char *wring = smem + STAGES * STB + warp * WD * WSLOT; /* WD > 0: this warp's ring */
-  uint32_t wuse = 0; /* WD > 0: weight stages consumed by this warp so far (slot wuse % WD, phase (wuse / WD) & 1) */
-  if constexpr (WD > 0) {
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < WD; i++) dg_mbar_init(&wbar[warp][i]);
-      dg_mbar_fence_init();
-    }
-    __syncwarp();
-  }
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0);
@@ -278,62 +435,14 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
     }
     __syncthreads();
 
-    /* this thread's copies of an activation stage, fixed for the pass: CH 16-byte pieces of activation
-     * rows (source at stage 0, shared-memory offset; zero-filled past the expert's rows) and CHS group sums */
-    constexpr int PER = KA / 8, CH = (NTOK * PER + THREADS - 1) / THREADS;
-    constexpr int NS = NTOK * SUB * GPW, CHS = (NS + THREADS - 1) / THREADS, CHA = CHS > 0 ? CHS : 1;
-    const bf16 *xsrc[CH];
-    int xdst[CH], xcol[CH], xbytes[CH];
-#pragma unroll
-    for (int k = 0; k < CH; k++) {
-      const int i = tid + k * THREADS, r = min(i / PER, NTOK - 1), c = i % PER;
-      const int64_t xr = xrow[r];
-      xsrc[k] = xr >= 0 ? a.X + xr + 8 * c : a.X;
-      xbytes[k] = xr >= 0 ? 16 : 0;
-      xdst[k] = i < NTOK * PER ? r * XS + 16 * c : -1;
-      xcol[k] = 8 * c;
-    }
-    const float *ssrc[CHA];
-    int sdst[CHA], sgrp[CHA], sbytes[CHA];
-#pragma unroll
-    for (int k = 0; k < CHS; k++) {
-      const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
-      const int64_t sr = i < NS ? srow[r] : -1;
-      ssrc[k] = sr >= 0 ? a.xs + (BM ? 4 : 1) * (sr + j) : a.xs; /* BM: 16-byte split records */
-      sbytes[k] = sr >= 0 ? (BM ? 16 : 4) : 0;
-      sdst[k] = i < NS ? XB + (BM ? 16 : 4) * i : -1;
-      sgrp[k] = j;
-    }
-    /* the activations and group sums of activation stage sa (weight stages SUB sa ..) into its ring slot;
-     * columns past the matrix (a last stage of fewer than SUB weight stages) are not loaded and never read.
-     * Rows past the expert's are zero-filled (src-size 0). Every stage but such a last one takes the path
-     * without column tests, and with no test at all where the pieces divide evenly among the threads. */
+    /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
+    qr_xcopy<GS, NTOK, THREADS, KA, XS, XB, GPW, SUB, BM, NZ> xc;
+    xc.init(a, xrow, srow, tid);
     /* issue() loads activation stages 0, 1, 2, ... in turn: its slot and source offsets advance by one stage */
-    constexpr bool XEVEN = NTOK * PER % THREADS == 0, SEVEN = NS % THREADS == 0;
     const dg_sptr sbase = dg_sp(smem);
     int islot = 0, icol = 0;
     auto issue = [&]() {
-      const dg_sptr slot = sbase + islot * STB;
-      if (SUB == 1 || icol + KA <= a.Kdim) { /* uniform */
-#pragma unroll
-        for (int k = 0; k < CH; k++)
-          if (NZ) {
-            if ((XEVEN || xdst[k] >= 0) && xbytes[k]) dg_cp_async16_nz(slot + xdst[k], xsrc[k] + icol);
-          } else if (XEVEN || xdst[k] >= 0) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
-#pragma unroll
-        for (int k = 0; k < CHS; k++)
-          if (NZ) {
-            if ((SEVEN || sdst[k] >= 0) && sbytes[k]) dg_cp_async4_nz(slot + sdst[k], ssrc[k] + icol / GS);
-          } else if (SEVEN || sdst[k] >= 0) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
-      } else {
-        const int cols = a.Kdim - icol;
-#pragma unroll
-        for (int k = 0; k < CH; k++)
-          if (xdst[k] >= 0 && xcol[k] < cols) dg_cp_async16_sp(slot + xdst[k], xsrc[k] + icol, xbytes[k]);
-#pragma unroll
-        for (int k = 0; k < CHS; k++)
-          if (sdst[k] >= 0 && sgrp[k] * GS < cols) qr_cp_sums<BM>(slot + sdst[k], ssrc[k] + (BM ? 4 : 1) * (icol / GS), sbytes[k]);
-      }
+      xc.issue(sbase + islot * STB, icol, a.Kdim);
       islot = islot == STAGES - 1 ? 0 : islot + 1;
       icol += KA;
     };
@@ -341,44 +450,9 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
     const unsigned char *wnext = wq;
     int wst = 0; /* the stage wload loads next */
     auto wload = [&](uint32_t *R) {
-      const unsigned char *p = wnext;
+      qr_load_stage<BITS, GS, CP, PF>(R, wnext, lane, g, wst, nst, sstride);
       wnext += sstride;
-      if constexpr (PF > 0) {
-        if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
-        wst++;
-      } else if constexpr (PF < 0) {
-        if (wst - PF < nst) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
-        wst++;
-      }
-      if constexpr (CP) {
-#pragma unroll
-        for (int k = 0; k < NPC; k++) {
-          if constexpr (PSC == 16) {
-            const uint4 v = dg_ld_stream16(p + k * 32 * PSC);
-            R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-          } else {
-            const uint2 v = dg_ld_stream8(p + k * 32 * PSC);
-            R[2 * k] = v.x; R[2 * k + 1] = v.y;
-          }
-        }
-        const unsigned char *pp = p - lane * PSC + 32 * CB + g * 16 * GPS;
-#pragma unroll
-        for (int i = 0; i < GPW; i++) {
-          const uint4 v = dg_ld_stream16(pp + 16 * i);
-          R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < NP; k++) {
-          if constexpr (PS == 16) {
-            const uint4 v = dg_ld_stream16(p + k * 32 * PS);
-            R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-          } else {
-            const uint2 v = dg_ld_stream8(p + k * 32 * PS);
-            R[2 * k] = v.x; R[2 * k + 1] = v.y;
-          }
-        }
-      }
+      if constexpr (PF != 0) wst++;
     };
 
     float acc[2][NT][4], part[2][NT][4];
@@ -399,77 +473,25 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
 #pragma unroll
       for (int c = 0; c < RUNS; c++) {
         uint32_t bf[NT][4];
-#pragma unroll
+      #pragma unroll
         for (int j = 0; j < NT; j++) {
           const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
           bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
         }
-#pragma unroll
+      #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
           uint32_t pg[4], p8[4];
           qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
           qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
           const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
-#pragma unroll
+      #pragma unroll
           for (int j = 0; j < NT; j++) {
             float *P = RAW ? acc[mt][j] : part[mt][j];
             dg_mma_bf16(P, a0, &bf[j][0]);
             dg_mma_bf16(P, a1, &bf[j][2]);
           }
         }
-        if constexpr (RAW) {
-        } else if (BM && (c + 1) % CPG == 0) { /* group lg complete: acc += s P', part = 0; (b - OFF s) S by the tensor cores */
-          const int lg = c / CPG, ga = sub * GPS + lg, gb = ga & 1;
-#pragma unroll
-          for (int mt = 0; mt < 2; mt++) {
-            const uint32_t p0 = R[CB / 4 + (2 * mt) * GPS + lg], p8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
-            const float s0 = __uint_as_float(p0 << 16), s8 = __uint_as_float(p8 << 16);
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-              float *A = acc[mt][j], *P = part[mt][j];
-              A[0] = fmaf(s0, P[0], A[0]);
-              A[1] = fmaf(s0, P[1], A[1]);
-              A[2] = fmaf(s8, P[2], A[2]);
-              A[3] = fmaf(s8, P[3], A[3]);
-              P[0] = P[1] = P[2] = P[3] = 0.0f;
-            }
-            af[mt][2 * gb] = dg_prmt(p0, 0u, asel);
-            af[mt][2 * gb + 1] = dg_prmt(p8, 0u, asel);
-            if (gb == 0) af[mt][2] = af[mt][3] = 0u;
-          }
-          if (gb == 1 || s * GPS + lg == ng - 1) { /* the pair (or the matrix's last, single group) is complete */
-            const unsigned char *E = smem + cslot * STB + XB + 16 * (ga - gb) * NTOK + 4 * t;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-              const uint32_t bb[2] = {*(const uint32_t *)(E + 16 * (8 * j + g)),
-                                      gb == 1 ? *(const uint32_t *)(E + 16 * (NTOK + 8 * j + g)) : 0u};
-#pragma unroll
-              for (int mt = 0; mt < 2; mt++) dg_mma_bf16(acc[mt][j], af[mt], bb);
-            }
-          }
-        } else if ((c + 1) % CPG == 0) { /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
-          const int lg = c / CPG;
-          float2 xsum[NT];
-#pragma unroll
-          for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
-#pragma unroll
-          for (int mt = 0; mt < 2; mt++) {
-            float s0, b0, s8, b8;
-            qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0); /* bf16 pairs only */
-            qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
-            b0 = fmaf(-OFF, s0, b0);
-            b8 = fmaf(-OFF, s8, b8);
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-              float *A = acc[mt][j], *P = part[mt][j];
-              A[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], A[0]));
-              A[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], A[1]));
-              A[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], A[2]));
-              A[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], A[3]));
-              P[0] = P[1] = P[2] = P[3] = 0.0f;
-            }
-          }
-        }
+        qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + cslot * STB + XB, Ss, c, s, sub, ng, g, t, asel);
       }
     };
 
@@ -481,43 +503,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
       if (sa + STAGES - 1 < nsa) issue();
       dg_cp_commit();
     };
-    if constexpr (WD > 0) {
-      /* stage i of this pass into slot (wuse + i) % WD: the slots are free (every earlier stage was consumed) */
-      const unsigned char *wsrc = wstage0;
-      auto wissue = [&](int st, uint32_t use) {
-        const int slot = (int)(use % WD);
-        dg_bulk_g2s(wring + slot * WSLOT, wsrc + (int64_t)st * sstride, WSLOT, &wbar[warp][slot]);
-      };
-#pragma unroll
-      for (int sa = 0; sa < STAGES - 1; sa++) {
-        if (sa < nsa) issue();
-        dg_cp_commit();
-      }
-      if (lane == 0)
-        for (int i = 0; i < WD && i < nst; i++) wissue(i, wuse + i);
-      for (int s = 0; s < nst; s++) {
-        const int sub = s % SUB;
-        if (sub == 0) astage(s / SUB);
-        const int slot = (int)(wuse % WD);
-        dg_mbar_wait(&wbar[warp][slot], (wuse / WD) & 1);
-        uint32_t R[RW];
-        const unsigned char *p = wring + slot * WSLOT + lane * PS;
-#pragma unroll
-        for (int k = 0; k < NP; k++) {
-          if constexpr (PS == 16) {
-            const uint4 v = *(const uint4 *)(p + k * 32 * PS);
-            R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-          } else {
-            const uint2 v = *(const uint2 *)(p + k * 32 * PS);
-            R[2 * k] = v.x; R[2 * k + 1] = v.y;
-          }
-        }
-        compute(R, s, sub);
-        __syncwarp(); /* every lane has used the slot's record */
-        if (lane == 0 && s + WD < nst) wissue(s + WD, wuse + WD);
-        wuse++;
-      }
-    } else {
+    {
       uint32_t W[D][RW];
   #pragma unroll
       for (int sa = 0; sa < STAGES - 1; sa++) {
@@ -558,7 +544,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
  * instead of zero-filled (their ring rows keep stale values, which reach only the output columns of those tokens,
  * never stored), so a copy needs no source size. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
+          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
@@ -567,19 +553,19 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #endif
   if constexpr (NTS > 0 && NTS < NT) {
     if (a.count[blockIdx.x] <= 8 * NTS) {
-      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM, NZ>(a, smem);
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem);
       return;
     }
   }
-  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, WD, PF, CP, BM, NZ>(a, smem);
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem);
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int WD = 0, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
+          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB, BITS), SBB = qr_sbb(GS, SUB, NT, BM);
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, WD, PF, CP, NTS, BM, NZ>;
-  const size_t smem = (size_t)STAGES * (XB + SBB) + (size_t)WARPS * WD * 32 * qr_rec(BITS, GS);
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, CP, NTS, BM, NZ>;
+  const size_t smem = (size_t)STAGES * (XB + SBB);
 #ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
   if (!set && smem > 48 * 1024) {
@@ -597,12 +583,12 @@ template <int BITS, int GATEUP, int NT, int WARPS = QR_WARPS, int D = QR_D, int 
 static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   if constexpr (BITS == 16) { /* bf16: no groups, stages of 64 weights */
     if (a.group != QR_BF16_GROUP) return cudaErrorInvalidValue;
-    return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
+    return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
   }
   switch (a.group) {
-  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
-  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
-  case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, 0, PF, 1, NTS>(s, grid, a);
+  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+  case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
   default: return cudaErrorInvalidValue;
   }
 }
