@@ -126,7 +126,7 @@ template <int BITS, int GATEUP, int NT, int GS, int D = QR_D, int STAGES = QR_ST
 __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
   constexpr int WARPS = 4, THREADS = 128, ROWS = 128, FEAT = 64, NTOK = 8 * NT;
   constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, RW = qr_rec(BITS, GS) / 4;
-  constexpr int PSC = CB % 16 == 0 ? 16 : 8, NPC = CB / PSC, WSTAGE = qr_wstage(BITS, GS, 1);
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, WSTAGE = qr_wstage(BITS, GS, 1);
   constexpr int KA = SUB * KC;                 /* codes per activation stage (one barrier each) */
   constexpr int PB = NTOK * 16;                /* bytes of one piece of all the pass's tokens */
   constexpr int XB = (KA / 8) * PB, SBB = (SUB * GPS * NTOK * 4 + 15) / 16 * 16, STB = XB + SBB;
@@ -217,32 +217,10 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
     };
     const unsigned char *wnext = wq;
     int wst = 0;
-    auto wload = [&](uint32_t *R) {
-      const unsigned char *p = wnext;
+    auto wload = [&](uint32_t *R) { /* qr_kernel's stage load (compact layout) */
+      qr_load_stage<BITS, GS, 1, PF>(R, wnext, lane, g, wst, nst, sstride);
       wnext += sstride;
-      if constexpr (PF > 0) {
-        if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE);
-        wst++;
-      } else if constexpr (PF < 0) {
-        if (wst - PF < nst) qr_prefetch_lines<CB, GPS, PSC>(p + (int64_t)(-PF) * sstride, lane);
-        wst++;
-      }
-#pragma unroll
-      for (int k = 0; k < NPC; k++) {
-        if constexpr (PSC == 16) {
-          const uint4 v = dg_ld_stream16(p + k * 32 * PSC);
-          R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-        } else {
-          const uint2 v = dg_ld_stream8(p + k * 32 * PSC);
-          R[2 * k] = v.x; R[2 * k + 1] = v.y;
-        }
-      }
-      const unsigned char *pp = p - lane * PSC + 32 * CB + g * 16 * GPS;
-#pragma unroll
-      for (int i = 0; i < GPS; i++) {
-        const uint4 v = dg_ld_stream16(pp + 16 * i);
-        R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
-      }
+      if constexpr (PF != 0) wst++;
     };
 
     float acc[2][NT][4], part[2][NT][4];

@@ -268,6 +268,20 @@ template <int GS, int NTOK, int THREADS, int KA, int XS, int XB, int GPW, int SU
   }
 };
 
+/* N pieces of PSZ (16 or 8) bytes of a lane's record into R from p, the pieces 32 lanes (32 PSZ bytes) apart. */
+template <int N, int PSZ> __device__ __forceinline__ void qr_ld_pieces(uint32_t *R, const unsigned char *p) {
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    if constexpr (PSZ == 16) {
+      const uint4 v = dg_ld_stream16(p + k * 32 * PSZ);
+      R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+    } else {
+      const uint2 v = dg_ld_stream8(p + k * 32 * PSZ);
+      R[2 * k] = v.x; R[2 * k + 1] = v.y;
+    }
+  }
+}
+
 /* One weight stage of a lane's record into R (RW words) from p, the lane's piece of its warp's stage in device
  * memory (CP: the compact layout, codes then the pairs of row group g; else whole lane records in PS-byte
  * pieces); PF > 0: lane 0 asks L2 for the warp's stage PF stages ahead, PF < 0: per-lane line prefetches -PF
@@ -285,16 +299,7 @@ __device__ __forceinline__ void qr_load_stage(uint32_t *R, const unsigned char *
     if (wst - PF < nst) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
   }
   if constexpr (CP) {
-#pragma unroll
-    for (int k = 0; k < NPC; k++) {
-      if constexpr (PSC == 16) {
-        const uint4 v = dg_ld_stream16(p + k * 32 * PSC);
-        R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-      } else {
-        const uint2 v = dg_ld_stream8(p + k * 32 * PSC);
-        R[2 * k] = v.x; R[2 * k + 1] = v.y;
-      }
-    }
+    qr_ld_pieces<NPC, PSC>(R, p);
     const unsigned char *pp = p - lane * PSC + 32 * CB + g * 16 * GPS;
 #pragma unroll
     for (int i = 0; i < GPW; i++) {
@@ -302,16 +307,7 @@ __device__ __forceinline__ void qr_load_stage(uint32_t *R, const unsigned char *
       R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
     }
   } else {
-#pragma unroll
-    for (int k = 0; k < NP; k++) {
-      if constexpr (PS == 16) {
-        const uint4 v = dg_ld_stream16(p + k * 32 * PS);
-        R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-      } else {
-        const uint2 v = dg_ld_stream8(p + k * 32 * PS);
-        R[2 * k] = v.x; R[2 * k + 1] = v.y;
-      }
-    }
+    qr_ld_pieces<NP, PS>(R, p);
   }
 }
 
