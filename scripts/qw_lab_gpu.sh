@@ -8,7 +8,8 @@
 #   3. NCU=1: Nsight Compute on the gathered 256-token gate/up of version 3 and of NCU_V (ncu.txt)
 #   4. CEIL=1: dgemma bench --protocol ceiling (ceiling.md, ceiling.jsonl); TESTS=1: tests/test_cuda (tests.txt);
 #      LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
-#      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl)
+#      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
+#      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -64,5 +65,10 @@ if [ -n "${BENCH:-}" ]; then
   wait $mk; tail -1 /tmp/mkrandom.log
   timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile -o "$OUT/bench.jsonl" \
     > "$OUT/bench.txt" 2>&1; echo "bench rc $? $(el)"; tail -24 "$OUT/bench.txt"
+  if [ -n "${BATCH:-}" ]; then # issue 14: the stacked pass of B canvases (appended to bench.txt / bench.jsonl)
+    timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases "${BATCH_B:-1,2,4,8}" \
+      --reps "${BATCH_REPS:-2}" -o /tmp/batch.jsonl > /tmp/batch.txt 2>&1; echo "batch rc $? $(el)"
+    tail -16 /tmp/batch.txt; cat /tmp/batch.txt >> "$OUT/bench.txt"; cat /tmp/batch.jsonl >> "$OUT/bench.jsonl"
+  fi
 fi
 echo "== done $(el)"

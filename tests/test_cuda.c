@@ -1666,6 +1666,7 @@ static void check_route(int T, int E, int K, double *worst) {
   float *rl = malloc(4 * (size_t)T * E), *p = malloc(4 * (size_t)T * E), *pes = malloc(4 * (size_t)E);
   float *w = malloc(4 * (size_t)T * K);
   int32_t *idx = malloc(4 * (size_t)T * K), *start = malloc(4 * (size_t)(E + 1)), *pairs = malloc(4 * (size_t)T * K);
+  int32_t *order = malloc(4 * (size_t)E);
   for (int i = 0; i < T * E; i++) rl[i] = 4.0f * q_rand();
   for (int t = 0; t < T; t += 2) { /* ties at the top (three experts) and lower down (pairs) */
     rl[t * E + 1] = rl[t * E + E / 2] = rl[t * E + E - 1] = 10.0f;
@@ -1673,7 +1674,7 @@ static void check_route(int T, int E, int K, double *worst) {
   }
   for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
   memcpy(p, rl, 4 * (size_t)T * E);
-  assert_dg_ok(cu()->test_route(0, p, pes, T, E, K, idx, w, start, pairs));
+  assert_dg_ok(cu()->test_route(0, p, pes, T, E, K, idx, w, start, pairs, order));
   /* the grouping: experts ascending, each expert's pairs t K + k ascending */
   for (int e = 0, row = 0; e < E; e++) {
     if (start[e] != row) fail_msg("router T %d E %d K %d: start[%d] = %d, expected %d", T, E, K, e, start[e], row);
@@ -1683,6 +1684,16 @@ static void check_route(int T, int E, int K, double *worst) {
         row++;
       }
     if (e == E - 1 && start[E] != row) fail_msg("router T %d E %d K %d: start[E] = %d, expected %d", T, E, K, start[E], row);
+  }
+  /* the block order: expert of rank r = the r-th by descending count (start[e + 1] - start[e]), ties by id */
+  for (int r = 0; r < E; r++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      int used = 0;
+      for (int j = 0; j < r; j++) used |= order[j] == e;
+      if (!used && (best < 0 || start[e + 1] - start[e] > start[best + 1] - start[best])) best = e;
+    }
+    if (order[r] != best) fail_msg("router T %d E %d K %d: order[%d] = %d, expected expert %d", T, E, K, r, order[r], best);
   }
   const double u = ldexp(1.0, -24);
   for (int t = 0; t < T; t++) {
@@ -1714,7 +1725,7 @@ static void check_route(int T, int E, int K, double *worst) {
       if (memcmp(&we, &w[t * K + k], 4)) fail_msg("router T %d E %d K %d: token %d weight %d = %.9g, expected %.9g", T, E, K, t, k, w[t * K + k], we);
     }
   }
-  free(rl); free(p); free(pes); free(w); free(idx); free(start); free(pairs);
+  free(rl); free(p); free(pes); free(w); free(idx); free(start); free(pairs); free(order);
 }
 
 static void test_route(void **state) {

@@ -57,6 +57,8 @@
  *              since session 6), 44 = 8 warps; 45-47: 43 with activation stages of 4 weight stages (45), of 1
  *              (46), of 4 with 3 register stages and a ring of 4 (47); 48, 49: stages of 32 weights (16 record
  *              registers instead of 32): 48 = 3 blocks per SM, 49 = 4 register stages, activation stages of 4
+ *   version 50 (every bit width and bf16): version 3 with the blocks taking the experts by descending row count
+ *              (k_group's order, qr_block): largest processing time first
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -297,6 +299,7 @@ struct routing {
   std::vector<uint16_t> hx; /* host copy of xe */
   std::vector<uint16_t> hh; /* host h inputs of the down product [T K, IE] (grouped order) */
   int hit;                  /* experts with rows */
+  int32_t *ord;             /* the experts by descending count (k_group's order): version 50's block order */
 };
 
 static void route_alloc(routing *r) {
@@ -320,8 +323,11 @@ static void route_alloc(routing *r) {
   CKL(cudaMemcpy(r->xe, r->hx.data(), r->hx.size() * 2, cudaMemcpyHostToDevice));
   r->hh.resize(TK * IE);
   for (auto &v : r->hh) v = dg_f32_to_bf16(0.2f * frand());
+  CKL(cudaMalloc((void **)&r->b.order, E * 4));
   CKL(k_group(0, &r->b, r->T, E, TOPK));
   CKL(cudaDeviceSynchronize());
+  r->ord = r->b.order; /* versions other than 50 run without it (blocks in expert order) */
+  r->b.order = NULL;
   std::vector<int32_t> cnt(E);
   CKL(cudaMemcpy(cnt.data(), r->b.count, E * 4, cudaMemcpyDeviceToHost));
   r->hit = 0;
@@ -329,7 +335,7 @@ static void route_alloc(routing *r) {
 }
 
 static void route_free(routing *r) {
-  cudaFree(r->b.topk_idx); cudaFree(r->b.count); cudaFree(r->b.start); cudaFree(r->b.pairs); cudaFree(r->b.slot_row);
+  cudaFree(r->b.topk_idx); cudaFree(r->b.count); cudaFree(r->b.start); cudaFree(r->b.pairs); cudaFree(r->b.slot_row); cudaFree(r->ord);
   cudaFree(r->b.tiles); cudaFree(r->b.n_tiles); cudaFree(r->b.h); cudaFree(r->b.y); cudaFree(r->b.xs); cudaFree(r->b.xp); cudaFree(r->xe);
 }
 
@@ -477,7 +483,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_lanes<8, 2, 3, 1, 2, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
     }
   }
-  if (ver >= 4) {
+  if (ver >= 4 && ver != 50) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
     case 4: return run_lanes<4, 3, 3, 4, 2>(prod, st, r, nt);
@@ -529,8 +535,10 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   w.s = w.b = NULL;
   w.w = NULL;
   w.lay = ver == 2 ? DG_CUDA_LAY_TILES : DG_CUDA_LAY_LANES;
-  if (prod == GU) return k_qe_gate_up(0, &w, r->xe, &r->b, T, H, IE, E, TOPK, 0);
-  return k_qe_down(0, &w, &r->b, T, H, IE, E, TOPK, 0);
+  dg_cuda_moe_buf b = r->b; /* 50: version 3 with the blocks in descending expert count (b.order) */
+  if (ver == 50) b.order = r->ord;
+  if (prod == GU) return k_qe_gate_up(0, &w, r->xe, &b, T, H, IE, E, TOPK, 0);
+  return k_qe_down(0, &w, &b, T, H, IE, E, TOPK, 0);
 }
 
 /* Check sampled outputs of the last run against the CPU; returns the largest |diff| / bound (> 1 fails). */
@@ -695,9 +703,9 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (bits == 16 ? ver != 3 && (ver < 40 || ver >= 50) : ver >= 40) continue; /* bf16: versions 3, 40-49 */
-          if (bits != 16 && ver >= 4 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
-          if (bits == 16 && ver > 40 && qe_nt(r.T, TOPK, E) > 4) continue;
+          if (bits == 16 ? ver != 3 && (ver < 40 || ver > 50) : ver >= 40 && ver != 50) continue; /* bf16: 3, 40-50 */
+          if (bits != 16 && ver >= 4 && ver != 50 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
+          if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */

@@ -606,6 +606,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->moe.slot_row, TK * 4);
   A_(c->moe.tiles, (TK + E) * 2 * 4);
   A_(c->moe.n_tiles, 4);
+  A_(c->moe.order, E * 4);
   A_(c->moe.h, TK * IE * 2);
   A_(c->moe.y, TK * H * 4);
   A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
@@ -1258,6 +1259,7 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->pairs, TK * 4, "pairs"));
   DG_TRY(dalloc(al, (void **)&b->slot_row, TK * 4, "slot_row"));
   DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
+  DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
   return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
 }
 
@@ -1371,7 +1373,7 @@ done:
   return st;
 }
 extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx,
-                                        float *w, int32_t *start, int32_t *pairs) {
+                                        float *w, int32_t *start, int32_t *pairs, int32_t *order) {
   if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: T %d, E %d (1..256), K %d (1..min(E, 32))", T, E, K);
   CK(cudaSetDevice(device));
@@ -1392,6 +1394,7 @@ extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pe
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(start, b.start, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(pairs, b.pairs, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(order, b.order, (size_t)E * 4, cudaMemcpyDeviceToHost));
 done:
   dfree_all(&al);
   return st;

@@ -234,9 +234,10 @@ dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_
  * id), w [T, K] their renormalised, scaled weights; and the grouping by
  * expert: start [E + 1] the first grouped row of each expert, pairs [T K] the
  * pair t K + k of each grouped row (experts ascending, pairs ascending within
- * one). E <= 256, K <= min(E, 32). */
+ * one), order [E] the experts by descending row count, ties by id (the block
+ * order of the lane-record expert products). E <= 256, K <= min(E, 32). */
 dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
-                             int32_t *start, int32_t *pairs);
+                             int32_t *start, int32_t *pairs, int32_t *order);
 
 /* ---- stage timing (issue 12: `dgemma bench --profile`) -------------------- */
 /* The stages of a pass, in the order they run. The interval between two
@@ -390,7 +391,7 @@ typedef struct dg_cuda_api {
   dg_status (*test_experts)(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
                             const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
   dg_status (*test_route)(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
-                          int32_t *start, int32_t *pairs);
+                          int32_t *start, int32_t *pairs, int32_t *order);
   dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
                               int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                               int window, uint16_t *out);

@@ -166,7 +166,7 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   const int grid = 8 * (prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1);
   const size_t TK = (size_t)T * K, flush = a->flush_bytes ? ((size_t)a->flush_bytes + 15) / 16 : ((size_t)256 << 20) / 16;
   dg_status st = DG_OK;
-  void *ptrs[32];
+  void *ptrs[40];
   int np = 0;
   cudaEvent_t e0 = NULL, e1 = NULL;
   double *t = (double *)malloc((size_t)a->reps * sizeof *t);
@@ -195,6 +195,7 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   BT_(balloc(ptrs, &np, (void **)&b.slot_row, TK * 4, "slot_row"));
   BT_(balloc(ptrs, &np, (void **)&b.tiles, (TK + E) * 2 * 4, "tiles"));
   BT_(balloc(ptrs, &np, (void **)&b.n_tiles, 4, "n_tiles"));
+  BT_(balloc(ptrs, &np, (void **)&b.order, (size_t)E * 4, "order"));
   BT_(balloc(ptrs, &np, (void **)&b.h, TK * IE * 2, "h"));
   BT_(balloc(ptrs, &np, (void **)&b.y, TK * H * 4, "y"));
   BT_(balloc(ptrs, &np, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "group sums"));

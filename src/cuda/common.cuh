@@ -134,6 +134,8 @@ struct dg_cuda_moe_buf {
   int32_t *slot_row;   /* [T*K] row in grouped order of pair t*K+k */
   int32_t *tiles;      /* [T*K/16 + E] (expert, row0) work list of the grouped product */
   int32_t *n_tiles;    /* [1] */
+  int32_t *order;      /* [E] or NULL: the experts by descending count, ties by index (group_scan_kernel): the
+                        * lane-record products take their blocks in this order (qmoe_r.cuh) */
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */

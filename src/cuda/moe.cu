@@ -121,9 +121,12 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_count_kernel(const int32_
 /* One block of GROUP_THREADS >= E threads: thread e holds expert e's count and
  * tile count; two exclusive scans in shared memory (Hillis-Steele) give its
  * first row and first tile, then it writes its own tiles. (One thread walking
- * the experts took 26 us on the H200: a chain of dependent loads.) */
+ * the experts took 26 us on the H200: a chain of dependent loads.) order (if
+ * not NULL): order[r] = the expert of rank r by descending count, ties by
+ * index (thread e counts the experts ahead of it): the longest blocks of the
+ * lane-record products start first (largest processing time first). */
 __global__ void __launch_bounds__(GROUP_THREADS) group_scan_kernel(int E, const int32_t *count, int32_t *start,
-                                                                   int32_t *tiles, int32_t *n_tiles) {
+                                                                   int32_t *tiles, int32_t *n_tiles, int32_t *order) {
   __shared__ int sc[2][GROUP_THREADS], st[2][GROUP_THREADS];
   const int e = threadIdx.x;
   const int c = e < E ? count[e] : 0, nt = (c + TM - 1) / TM;
@@ -131,6 +134,12 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_scan_kernel(int E, const 
   sc[0][e] = c;
   st[0][e] = nt;
   __syncthreads();
+  if (order && e < E) {
+    int rank = 0;
+    for (int j = 0; j < E; j++) rank += sc[0][j] > c || (sc[0][j] == c && j < e);
+    order[rank] = e;
+  }
+  __syncthreads(); /* sc[0] is rewritten by the scan */
   for (int o = 1; o < GROUP_THREADS; o <<= 1) { /* inclusive scans */
     const int vc = sc[b][e] + (e >= o ? sc[b][e - o] : 0), vt = st[b][e] + (e >= o ? st[b][e - o] : 0);
     sc[b ^ 1][e] = vc;
@@ -298,7 +307,7 @@ cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K) {
   DG_LAUNCH(group_count_kernel, E, GROUP_THREADS, 0, s)(b->topk_idx, n, b->count);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  DG_LAUNCH(group_scan_kernel, 1, GROUP_THREADS, 0, s)(E, b->count, b->start, b->tiles, b->n_tiles);
+  DG_LAUNCH(group_scan_kernel, 1, GROUP_THREADS, 0, s)(E, b->count, b->start, b->tiles, b->n_tiles, b->order);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   DG_LAUNCH(group_place_kernel, E, GROUP_THREADS, 0, s)(b->topk_idx, n, b->start, b->pairs, b->slot_row);
   return cudaGetLastError();

@@ -61,6 +61,7 @@ static void qe_common(qe_args *a, const dg_cuda_w *W, dg_cuda_moe_buf *b, int K)
   a->count = b->count;
   a->start = b->start;
   a->pairs = b->pairs;
+  a->order = b->order;
   a->topk = K;
 }
 

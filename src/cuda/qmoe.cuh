@@ -76,6 +76,7 @@ struct qe_args {
   const bf16 *X;     /* gate/up: xe [T, Kdim]; down: h [T * topk, Kdim] */
   const float *xs;   /* group sums of X's rows [., Kdim / group] */
   const int32_t *count, *start, *pairs;
+  const int32_t *order; /* NULL, or the experts by descending count (group_scan_kernel): qr_body's block order */
   int topk, Kdim, N; /* N: gate/up IE (features), down H (rows) */
   bf16 *h;           /* gate/up output [T * topk, IE] */
   float *y;          /* down output [T * topk, H] */

@@ -377,6 +377,20 @@ __device__ __forceinline__ void qr_fold(float (&acc)[2][NT][4], float (&part)[2]
   }
 }
 
+/* The expert e and slab of this block: block (x, y) is expert x's slab y; with a.order, the blocks in launch order
+ * (x fastest) take the experts by descending count, each expert's slabs one after another (largest processing time
+ * first: no long block is left for the last wave; the slabs of an expert read its activation rows close in time). */
+__device__ __forceinline__ void qr_block(const qe_args &a, int *e, int *slab) {
+  if (a.order) {
+    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+    *e = a.order[lin / gridDim.y];
+    *slab = lin % gridDim.y;
+  } else {
+    *e = blockIdx.x;
+    *slab = blockIdx.y;
+  }
+}
+
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 /* (A WD-deep ring of weight stages per warp in shared memory, filled by bulk copies, instead of the D register
  * stages was measured slower in session 3, lab versions 10-12, and removed.)
@@ -402,7 +416,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
-  const int e = blockIdx.x, slab = blockIdx.y;
+  int e, slab;
+  qr_block(a, &e, &slab);
   const int cnt = a.count[e];
   if (cnt == 0) return;
   const int base = a.start[e];
@@ -548,7 +563,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   DG_DYN_SMEM(unsigned char, smem);
 #endif
   if constexpr (NTS > 0 && NTS < NT) {
-    if (a.count[blockIdx.x] <= 8 * NTS) {
+    int e, slab;
+    qr_block(a, &e, &slab);
+    if (a.count[e] <= 8 * NTS) {
       qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem);
       return;
     }
