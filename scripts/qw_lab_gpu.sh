@@ -7,7 +7,7 @@
 #      check must fail), at LAB_MS rows per expert and LAB_TS gathered tokens -> lab.md, lab.jsonl
 #   3. NCU=1: Nsight Compute on the gathered 256-token gate/up of version 3 and of NCU_V (ncu.txt)
 #   4. CEIL=1: dgemma bench --protocol ceiling (ceiling.md, ceiling.jsonl); TESTS=1: tests/test_cuda (tests.txt);
-#      LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
+#      ATT=1: the attention lab (versions ATT_V, default 2,5) appended to lab.md; LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
 #      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl
 # Carry .devdeb (and .devdata for BENCH=1).
@@ -42,6 +42,12 @@ for vv in ${LAB_RUNS:-3 20 22,23,24,25 21}; do
   echo "lab versions $vv rc $? $(el)"; cat /tmp/l.md >> "$OUT/lab.md"; cat /tmp/l.jsonl >> "$OUT/lab.jsonl"
   grep -E "check|error|fail|\| 4 " /tmp/l.md | head -24
 done
+if [ -n "${ATT:-}" ]; then # issue 12: the attention lab (dev/cuda/attention.cu), versions ATT_V, appended to lab.md
+  nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/attention.cu build/libdgemma.a \
+    -L"$CUL" $NXL -lcublas -lcudart -o build/attention_lab > /tmp/att_build.txt 2>&1 || tail -20 /tmp/att_build.txt
+  timeout 120 build/attention_lab --versions "${ATT_V:-2,5}" > /tmp/att.md 2>&1; echo "attention lab rc $? $(el)"
+  grep -E "^\|" /tmp/att.md | head -30; { echo; echo "## attention lab (--versions ${ATT_V:-2,5})"; cat /tmp/att.md; } >> "$OUT/lab.md"
+fi
 if [ "${NCU:-0}" = 1 ]; then
   : > "$OUT/ncu.txt"
   for v in 3 ${NCU_V:-22}; do

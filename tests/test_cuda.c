@@ -1830,7 +1830,7 @@ static void test_attention(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  for (int v = 1; v <= 4; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel */
+  for (int v = 1; v <= 5; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits */
     double worst = 0;
     /* the 26B's sliding layer in the decoder: a 64-row canvas after 700 positions, window 512 (keys split) */
     check_attention("decoder sliding D 256", v, 64, 16, 8, 256, 800, 700, 764, 0, 0, 512, 0.25f, &worst);
@@ -1842,7 +1842,7 @@ static void test_attention(void **state) {
     /* peaked softmax (scores of tens): the exponentials' range */
     check_attention("decoder peaked D 128", v, 33, 4, 2, 128, 200, 90, 150, 0, 0, 100, 1.0f, &worst);
     printf("# attention version %d (%s): 5 shapes within the derived bound, largest |diff| / bound %.4f (<= 1)\n", v,
-           v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : "tensor cores, another tile", worst);
+           v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : v == 5 ? "tensor cores, the earlier key splits" : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
   check_attention("decoder D 16", 0, 24, 2, 2, 16, 64, 20, 44, 0, 0, 8, 1.0f, &worst);

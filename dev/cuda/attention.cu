@@ -12,6 +12,7 @@
  *              (64 rows), 64 keys per tile (32 at D = 512) (the backend's)
  *   version 3  the same, 32 keys per tile (16 at D = 512): 2 blocks per SM
  *   version 4  8 warps (128 rows), 32 keys per tile (16 at D = 512)
+ *   version 5  version 2 with the earlier key-split rule (enough blocks for two waves; fa_splits)
  *
  * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
  * 1024; full layers 2 KV heads of 512):
@@ -155,7 +156,7 @@ int main(int argc, char **argv) {
     }
     const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
     const double roof = std::max(bytes / bw, flops / rate) * 1e3;
-    for (int v = 1; v <= 4; v++) {
+    for (int v = 1; v <= 5; v++) {
       if (!(vmask >> v & 1)) continue;
       CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
       CKL(cudaDeviceSynchronize());

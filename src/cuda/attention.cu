@@ -386,32 +386,48 @@ static int sm_count(void) {
   return n;
 }
 
+/* The key splits of a launch of `blocks` blocks per split over `tiles` key tiles, `slots` blocks resident at once:
+ * the count (1..16, at least 2 tiles per split) with the least estimated time, waves x tiles per split plus SPLIT_COST
+ * tiles per split for writing and merging the partials ([nq NH, D] fp32 each, flash_combine_kernel). The earlier
+ * rule (old = 1: enough blocks for two waves) gave the sliding layers of a 256-token canvas 5 splits: 320 blocks of
+ * 4 tiles in 3 waves at 1 block per SM (12 tile times + 5 partials) where 2 splits take 1 wave of 10. */
+#define FA_SPLIT_COST 0.5
+static int fa_splits(int blocks, int tiles, int slots, int old) {
+  if (old) return min(min((2 * sm_count() + blocks - 1) / blocks, max(1, tiles / 2)), 16);
+  int best = 1;
+  double tbest = (double)((blocks + slots - 1) / slots) * tiles;
+  for (int ns = 2; ns <= 16 && ns <= tiles / 2; ns++) {
+    const double t = (double)((blocks * ns + slots - 1) / slots) * ((tiles + ns - 1) / ns) + FA_SPLIT_COST * ns;
+    if (t < tbest) { tbest = t; best = ns; }
+  }
+  return best;
+}
+
 template <int D, int DV, int BK, int WARPS>
-static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a, int old_splits = 0) {
   typedef fa_cfg<D, DV, BK, WARPS> C;
   const int G = a.NH / a.NKV, R = a.nq * G;
   const int bx = (R + C::BM - 1) / C::BM, by = a.NKV * C::NDV;
+  void (*kern)(fa_args) = flash_kernel<D, DV, BK, WARPS>;
+  static int per_sm = 0; /* one attribute call and occupancy query per instantiation */
+  if (!per_sm) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e != cudaSuccess) return e;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32 * WARPS, C::SMEM) != cudaSuccess || per_sm < 1)
+      per_sm = 1;
+  }
   /* keys of the widest block before splitting */
   int lo, hi;
   if (a.causal) { hi = a.pos0 + a.nq; lo = a.is_full ? 0 : max(0, a.pos0 + 1 - a.window); }
   else { hi = a.kv_hi; lo = a.is_full ? 0 : max(0, a.pos0 - (a.window - 1)); }
   const int tiles = (hi - lo + BK - 1) / BK;
   int ns = 1;
-  if (!a.causal && ws && ws->part) { /* enough blocks for two waves, at least 2 key tiles per split */
-    const int want = (2 * sm_count() + bx * by - 1) / (bx * by);
-    ns = min(min(want, max(1, tiles / 2)), 16);
+  if (!a.causal && ws && ws->part) {
+    ns = fa_splits(bx * by, tiles, per_sm * sm_count(), old_splits);
     const size_t NR = (size_t)a.nq * a.NH;
     while (ns > 1 && (size_t)ns * NR * (D + 2) > ws->n) ns--;
   }
   a.n_split = ns;
-  static bool attr = false; /* one per instantiation */
-  if (!attr) {
-    void (*k)(fa_args) = flash_kernel<D, DV, BK, WARPS>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-    if (e != cudaSuccess) return e;
-    attr = true;
-  }
-  void (*kern)(fa_args) = flash_kernel<D, DV, BK, WARPS>;
   const dim3 grid(bx, by, ns);
   DG_LAUNCH(kern, grid, 32 * WARPS, C::SMEM, s)(a);
   if (ns > 1) DG_LAUNCH(flash_combine_kernel, (unsigned)((size_t)a.nq * a.NH), D / 4, 0, s)(a.part, a.out, ns, (size_t)a.nq * a.NH, D);
@@ -429,12 +445,21 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 4) return cudaErrorInvalidValue;
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 5) return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
   a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
-  /* version 2 (and 0): the backend's configuration; 3, 4: the lab's alternatives (dev/cuda/attention.cu) */
+  /* version 2 (and 0): the backend's configuration; 3, 4: the lab's alternatives (dev/cuda/attention.cu); 5: version 2
+   * with the earlier split rule (fa_splits) */
+  if (version == 5) {
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 4>(s, ws, a, 1);
+    case 128: return flash_launch<128, 128, 64, 4>(s, ws, a, 1);
+    case 256: return flash_launch<256, 256, 64, 4>(s, ws, a, 1);
+    default: return flash_launch<512, 256, 32, 4>(s, ws, a, 1);
+    }
+  }
   if (version == 3) {
     switch (D) {
     case 64: return flash_launch<64, 64, 32, 4>(s, ws, a);

@@ -1403,7 +1403,7 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
                                             const uint16_t *vc, int S, int nq, int NH, int NKV, int D, int32_t pos0,
                                             int32_t kv_hi, int causal, int is_full, int window, uint16_t *out) {
   if (nq <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0 || D % 8 || S <= 0 || pos0 < 0 || window <= 0 ||
-      version < 0 || version > 4 || (causal ? pos0 + nq > S : kv_hi > S || kv_hi <= pos0))
+      version < 0 || version > 5 || (causal ? pos0 + nq > S : kv_hi > S || kv_hi <= pos0))
     return dg_seterr(DG_ERR_INVALID_ARG,
                      "dg_cuda_test_attention: version %d, nq %d, NH %d, NKV %d, D %d, S %d, pos0 %d, kv_hi %d, "
                      "causal %d, window %d",

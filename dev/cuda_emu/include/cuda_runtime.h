@@ -57,4 +57,5 @@ const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
 template <typename F> cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, F *) { a->maxThreadsPerBlock = 1024; return cudaSuccess; }
 template <typename F> cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute, int) { return cudaSuccess; }
+template <typename F> cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, F *, int, size_t) { *n = 1; return cudaSuccess; }
 #endif
