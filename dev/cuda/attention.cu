@@ -53,6 +53,7 @@ static uint16_t f2b(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u 
 static float b2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 
 __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+  DG_PDL_ENTRY();
   unsigned acc = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     const uint4 v = p[i];

@@ -110,6 +110,7 @@ static float frand() { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f
 
 /* ---- ceilings ---- */
 __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+  DG_PDL_ENTRY();
   unsigned acc = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     const uint4 v = p[i];

@@ -124,6 +124,7 @@ template <> __device__ __forceinline__ void dg_wgmma_bf16<4>(float (&d)[4][4], c
 template <int BITS, int GATEUP, int NT, int GS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1, int SUB = QR_SUB,
           int PF = 0, int SWAP = 0>
 __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
+  DG_PDL_ENTRY();
   constexpr int WARPS = 4, THREADS = 128, ROWS = 128, FEAT = 64, NTOK = 8 * NT;
   constexpr int KC = qr_kc(GS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, RW = qr_rec(BITS, GS) / 4;
   constexpr int PSC = CB % 16 == 0 ? 16 : 8, WSTAGE = qr_wstage(BITS, GS, 1);

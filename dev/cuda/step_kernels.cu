@@ -73,6 +73,7 @@ static float rbf(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
 
 __global__ void old_step_stats_kernel(float *logits, int V, float temperature, int mode, uint64_t seed, uint32_t block,
                                       uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
+  DG_PDL_ENTRY();
   __shared__ float shf[32];
   __shared__ int shi[32];
   __shared__ double shd[32];
@@ -172,6 +173,7 @@ __device__ __forceinline__ float old_round_act(float x, int act) {
 }
 
 __global__ void old_sc_probs_kernel(const float *z, bf16 *P, int V, int act) {
+  DG_PDL_ENTRY();
   __shared__ float shf[32];
   __shared__ double shd[32];
   const int c = blockIdx.x;
@@ -199,6 +201,7 @@ __global__ void old_sc_probs_kernel(const float *z, bf16 *P, int V, int act) {
 /* ---- measurement ---- */
 
 __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+  DG_PDL_ENTRY();
   unsigned acc = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     const uint4 v = p[i];

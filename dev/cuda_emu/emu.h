@@ -105,6 +105,7 @@ using std::min;
 
 #define DG_LAUNCH(kernel, grid, block, smem, stream) emu::launcher(dim3(grid), dim3(block), (smem), kernel)
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
+#define DG_PDL_ENTRY() ((void)0) /* blocks run one after another: nothing to wait for */
 #define DG_ASSERT_ALIGNED(ptr, bytes) emu::check_aligned((const void *)(ptr), (bytes), #ptr, __FILE__, __LINE__)
 
 namespace emu {

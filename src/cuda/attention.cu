@@ -41,6 +41,7 @@
 template <int NPL>
 __global__ void __launch_bounds__(256) attention_kernel(const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S, int T, int NH,
                                  int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
+  DG_PDL_ENTRY();
   const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
   const int G = NH / NKV, h = blockIdx.y * W + w, g = h / G;
   const int32_t pos = pos0 + t;
@@ -285,6 +286,7 @@ __device__ __forceinline__ void fa_store(const fa_args &a, const float (&o)[DV /
 
 template <int D, int DV, int BK, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
+  DG_PDL_ENTRY();
   typedef fa_cfg<D, DV, BK, WARPS> C;
   constexpr int BM = C::BM, NTH = 32 * WARPS;
   DG_DYN_SMEM(uint4, fa_smem);
@@ -357,6 +359,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
 /* Merge the key splits of one output row per block (D / 4 threads, 4 columns
  * each): O = sum_z 2^((m_z - M) log2 e) O_z / sum_z 2^(...) l_z, M = max m_z. */
 __global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR, int D) {
+  DG_PDL_ENTRY();
   const size_t row = blockIdx.x;
   const float *ml = part + (size_t)n_split * NR * D;
   float M = -INFINITY;

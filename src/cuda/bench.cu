@@ -27,6 +27,7 @@ __device__ __forceinline__ uint64_t bmix(uint64_t seed, uint64_t i) {
 
 /* n random uint32 words (packed codes). */
 __global__ void __launch_bounds__(BT) bfill_u32(uint32_t *p, size_t n, uint64_t seed) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) p[i] = (uint32_t)bmix(seed, i);
 }
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(BT) bfill_u32(uint32_t *p, size_t n, uint64_t 
 /* n bf16 values of random sign and mantissa with the exponent bits `ex` (e.g.
  * 0x3f00: [0.5, 1), 0x3c00: [2^-7, 2^-6)). */
 __global__ void __launch_bounds__(BT) bfill_bf16(uint16_t *p, size_t n, uint64_t seed, uint32_t ex) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     p[i] = (uint16_t)(((uint32_t)bmix(seed, i) & 0x807fu) | ex);
@@ -44,6 +46,7 @@ __global__ void __launch_bounds__(BT) bfill_bf16(uint16_t *p, size_t n, uint64_t
  * then the pairs) set to bf16 pairs of random sign and mantissa with exponent
  * bits ex: random bits there would be NaN and infinity. */
 __global__ void __launch_bounds__(BT) bfix_pairs(uint32_t *p, size_t n, int cb, int ws, uint64_t seed, uint32_t ex) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     if (i * 4 % (size_t)ws < 32 * (size_t)cb) continue;
@@ -54,6 +57,7 @@ __global__ void __launch_bounds__(BT) bfix_pairs(uint32_t *p, size_t n, int cb, 
 
 /* Overwrite n uint4 of the scratch buffer with v (evicts the L2). */
 __global__ void __launch_bounds__(BT) bflush(uint4 *p, size_t n, uint32_t v) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) p[i] = make_uint4(v, v + 1, v + 2, v + 3);
 }

@@ -24,12 +24,14 @@
 
 /* p[i] = dg_cuda_ceil_word(i) for i < n (uint32 words). */
 __global__ void __launch_bounds__(CEIL_THREADS) ceil_fill_kernel(uint32_t *p, size_t n) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) p[i] = dg_cuda_ceil_word(i);
 }
 
 /* n bf16 values +-[0.5, 1) (random sign and mantissa from word i + off of the hash). */
 __global__ void __launch_bounds__(CEIL_THREADS) ceil_fill_bf16_kernel(uint16_t *p, size_t n, uint64_t off) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     p[i] = (uint16_t)((dg_cuda_ceil_word(i + off) >> 8 & 0x807fu) | 0x3f00u);
@@ -40,6 +42,7 @@ __device__ __forceinline__ uint32_t sum4(uint4 v) { return v.x + v.y + v.z + v.w
 /* part[block] = sum mod 2^32 of the words the block's threads read; every
  * 16-byte chunk i < n of p is read by exactly one thread. */
 __global__ void __launch_bounds__(CEIL_THREADS) ceil_read_kernel(const uint4 *p, size_t n, uint32_t *part) {
+  DG_PDL_ENTRY();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   uint32_t s = 0;

@@ -54,7 +54,43 @@ typedef __nv_bfloat16 bf16;
  * dev/cuda_emu (a CPU emulation used to check the kernels' indexing without a
  * GPU) can compile the same sources with a host compiler. */
 #ifndef DG_CUDA_EMU
-#define DG_LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
+/* Programmatic dependent launch (CUDA programming guide, "Programmatic Dependent Launch and Synchronization"; PTX
+ * ISA griddepcontrol, sm_90): with dg_cuda_pdl set (DGEMMA_PDL=1, backend.cu; off by default until measured), every
+ * launch carries cudaLaunchAttributeProgrammaticStreamSerialization, so that a kernel's blocks may be placed while the
+ * kernel before it in the stream drains. Every kernel of src/cuda therefore begins with DG_PDL_ENTRY() (checked by
+ * tests/python/test_pdl_entry.py): launch_dependents lets the next kernel be placed, wait blocks until the previous
+ * grid has completed and its memory is visible, before any global read or write of this one. Without the attribute
+ * both instructions return at once. */
+extern int dg_cuda_pdl;
+#define DG_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n griddepcontrol.wait;\n" ::: "memory")
+template <typename... KP> struct dg_launch_pdl {
+  void (*k)(KP...);
+  dim3 g, b;
+  size_t smem;
+  cudaStream_t s;
+  template <typename... A> void operator()(A &&...args) const {
+    if (!dg_cuda_pdl) {
+      k<<<g, b, smem, s>>>(static_cast<KP>(args)...);
+      return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g;
+    cfg.blockDim = b;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, k, static_cast<KP>(args)...); /* an error is left for cudaGetLastError */
+  }
+};
+template <typename... KP>
+static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b, size_t smem, cudaStream_t s) {
+  return dg_launch_pdl<KP...>{k, g, b, smem, s};
+}
+#define DG_LAUNCH(kernel, grid, block, smem, stream) dg_launch_of((kernel), dim3(grid), dim3(block), (smem), (stream))
 #define DG_DYN_SMEM(type, name) extern __shared__ type name[]
 #define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
 #endif

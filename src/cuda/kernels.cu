@@ -13,12 +13,21 @@
  * casts), 6.1 (sampler statistics), src/rng.c (Philox4x32-10). */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include <initializer_list>
 
 #include "cuda/kernels.cuh"
 
 #define NT 256 /* threads of the row kernels */
+
+/* DGEMMA_PDL=1: every kernel launched with programmatic dependent launch (common.cuh, DG_LAUNCH); read once when
+ * the library loads. */
+static int pdl_from_env(void) {
+  const char *v = getenv("DGEMMA_PDL");
+  return v && v[0] == '1' && !v[1];
+}
+int dg_cuda_pdl = pdl_from_env();
 
 /* ---- reductions ---------------------------------------------------------- */
 
@@ -40,6 +49,7 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 /* ---- embedding, norms, elementwise --------------------------------------- */
 
 __global__ void embed_kernel(float *x, const bf16 *E, const int32_t *ids, int H, float scale) {
+  DG_PDL_ENTRY();
   const int t = blockIdx.x;
   const bf16 *row = E + (size_t)ids[t] * H;
   for (int j = threadIdx.x; j < H; j += blockDim.x) x[(size_t)t * H + j] = __bfloat162float(row[j]) * scale;
@@ -52,6 +62,7 @@ cudaError_t k_embed(cudaStream_t s, float *x, const dg_cuda_w *E, const int32_t 
 }
 
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *yf, bf16 *yb, int H, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh[32];
   const size_t t = blockIdx.x;
   const float *xr = x + t * H;
@@ -127,6 +138,7 @@ __device__ __forceinline__ void stb4(bf16 *p, float a, float b, float c, float d
 template <int NTR, int F4>
 __global__ void __launch_bounds__(NTR) rmsnorm_row_kernel(const float *x, const float *w, float *yf, bf16 *yb, int H,
                                                           float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh[NTR / 32];
   const size_t t = blockIdx.x;
   const int H4 = H >> 2;
@@ -205,6 +217,7 @@ cudaError_t k_rmsnorm(cudaStream_t s, const float *x, const float *w, float *yf,
 __global__ void attn_residual_kernel(float *x, const float *o, const float *w_post, const float *w_ff,
                                      const float *w_ff2, const float *rscale, float root, bf16 *a, bf16 *xe, float *u,
                                      int H, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh[32];
   const size_t t = blockIdx.x;
   const float *orow = o + t * H;
@@ -235,6 +248,7 @@ __global__ void __launch_bounds__(NT) attn_residual_reg_kernel(float *x, const f
                                                                  const float *w_ff, const float *w_ff2,
                                                                  const float *rscale, float root, bf16 *a, bf16 *xe,
                                                                  float *u, int H, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh[32];
   const size_t t = blockIdx.x;
   float ov[RPT], xv[RPT];
@@ -277,6 +291,7 @@ __global__ void __launch_bounds__(NTR) attn_residual_row_kernel(float *x, const 
                                                                 const float *w_ff, const float *w_ff2,
                                                                 const float *rscale, float root, bf16 *a, bf16 *xe,
                                                                 float *u, int H, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh0[NTR / 32], sh1[NTR / 32];
   const size_t t = blockIdx.x;
   const int H4 = H >> 2;
@@ -351,6 +366,7 @@ cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const floa
 
 /* h = gelu_tanh(gate) * up from gu [T, 2I] (gate columns first). */
 __global__ void geglu_kernel(const float *gu, bf16 *h, int I, size_t n) {
+  DG_PDL_ENTRY();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     size_t t = i / I, j = i % I;
     h[i] = __float2bfloat16_rn(gelu_tanh(gu[t * 2 * I + j]) * gu[t * 2 * I + I + j]);
@@ -365,6 +381,7 @@ static int grid_for(size_t n) {
 /* The same per element, grid (ceil(I / 4 / NT), T) with I % 4 == 0: a float4 of gate and one of up per thread,
  * 4 bf16 in one 8-byte store, no 64-bit division per element. */
 __global__ void geglu4_kernel(const float *gu, bf16 *h, int I) {
+  DG_PDL_ENTRY();
   const int f = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t t = blockIdx.y;
   if (4 * f >= I) return;
@@ -386,6 +403,7 @@ cudaError_t k_geglu_v(cudaStream_t s, int version, const float *gu, bf16 *h, int
 cudaError_t k_geglu(cudaStream_t s, const float *gu, bf16 *h, int T, int I) { return k_geglu_v(s, 0, gu, h, T, I); }
 
 __global__ void add_kernel(float *x, const float *y, size_t n) {
+  DG_PDL_ENTRY();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     x[i] += y[i];
 }
@@ -396,6 +414,7 @@ cudaError_t k_add(cudaStream_t s, float *x, const float *y, size_t n) {
 }
 
 __global__ void softcap_kernel(float *x, size_t n, float cap) {
+  DG_PDL_ENTRY();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     x[i] = tanhf(x[i] / cap) * cap;
 }
@@ -442,6 +461,7 @@ __device__ __forceinline__ void rope_store(float a, float b, float ang, int kind
 __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S, const float *q_norm,
                                 const float *k_norm, const float *inv_freq, int NH, int NKV, int D, int has_v,
                                 int32_t pos0, const int32_t *tpos, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh[32];
   const int t = blockIdx.x, slot = blockIdx.y;
   const int32_t pos = tpos ? tpos[t] : pos0 + t; /* scattered positions: the compacted decoder (spec 7.4) */
@@ -473,6 +493,7 @@ __global__ void __launch_bounds__(128) qkv_post_warp_kernel(const float *qkv, in
                                                            int S, const float *q_norm, const float *k_norm,
                                                            const float *inv_freq, int NH, int NKV, int D, int has_v,
                                                            int32_t pos0, const int32_t *tpos, float eps) {
+  DG_PDL_ENTRY();
   const int t = blockIdx.x, slot = blockIdx.y * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (slot >= NH + 2 * NKV) return; /* the whole warp */
   const int32_t pos = tpos ? tpos[t] : pos0 + t;
@@ -570,6 +591,7 @@ __device__ __forceinline__ void combine_slot_order(size_t t, int K, const int32_
 __global__ void ffn_combine_kernel(float *x, const float *dense, const float *y, const int32_t *slot_row,
                                    const int32_t *topk_idx, const float *topk_w, const float *w_ff1,
                                    const float *w_ff2, const float *w_ff, float scalar, int H, int K, float eps) {
+  DG_PDL_ENTRY();
   DG_DYN_SMEM(float, dyn);
   __shared__ float sh[32];
   __shared__ int srow[64];
@@ -609,6 +631,7 @@ __global__ void __launch_bounds__(NT) ffn_combine_reg_kernel(float *x, const flo
                                                                const float *topk_w, const float *w_ff1,
                                                                const float *w_ff2, const float *w_ff, float scalar,
                                                                int H, int K, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh[32];
   __shared__ int srow[KMAX];
   __shared__ float sw[KMAX];
@@ -666,6 +689,7 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
                                                               const float *topk_w, const float *w_ff1,
                                                               const float *w_ff2, const float *w_ff, float scalar,
                                                               int H, int K, float eps) {
+  DG_PDL_ENTRY();
   __shared__ float sh2[2 * (NTR / 32)], sh1[NTR / 32];
   __shared__ int srow[KMAX];
   __shared__ float sw[KMAX];
@@ -903,6 +927,7 @@ __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, 
  * its first index, a non-finite flag, s0 and s1 about the chunk max (the values stay in registers). */
 __global__ void __launch_bounds__(VNT) vstats_part_kernel(float *logits, int V, int vec, float temperature, vpart *part,
                                                           int c0) {
+  DG_PDL_ENTRY();
   __shared__ float shm[VNT / 32];
   __shared__ int shi[VNT / 32], shb[VNT / 32];
   __shared__ double sh0[VNT / 32], sh1[VNT / 32];
@@ -965,6 +990,7 @@ __device__ __forceinline__ void vchunk_probs(const float (&v)[VPT], int V, int b
  * cdf of vstats_finish_kernel walks it (run of 32 per thread, runs of a warp in lane order, warps in order), so
  * that the cdf at the chunk's last element plus the chunks before it is exactly the running sum of the t. */
 __global__ void __launch_bounds__(VNT) vstats_cdf_kernel(const float *z, int V, int vec, vpart *part, int c0) {
+  DG_PDL_ENTRY();
   __shared__ float sp[VNT * VPAD];
   __shared__ double sr[VNT], sw[VNT / 32];
   __shared__ float shg, shfs;
@@ -1008,6 +1034,7 @@ __global__ void __launch_bounds__(VNT) vstats_cdf_kernel(const float *z, int V, 
 __global__ void __launch_bounds__(VNT) vstats_finish_kernel(const float *z, int V, int vec, int NB, const vpart *part,
                                                             int mode, uint64_t seed, uint32_t block, uint32_t step,
                                                             const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
+  DG_PDL_ENTRY();
   __shared__ float sp[VNT * VPAD];
   __shared__ double sr[VNT], sw[VNT / 32];
   __shared__ float shg, shfs;
@@ -1121,6 +1148,7 @@ __device__ __forceinline__ float round_act(float x, int act) {
  * chunk sums, in a fixed order). The same fp32 values as the one-block kernel; the double sum's order differs
  * (last bits). */
 __global__ void __launch_bounds__(VNT) vsc_max_kernel(const float *z, int V, int vec, int act, vpart *part, int c0) {
+  DG_PDL_ENTRY();
   __shared__ float sh[VNT / 32];
   const int b = blockIdx.x, c = c0 + blockIdx.y, base = b * VCH;
   float v[VPT];
@@ -1141,6 +1169,7 @@ __device__ __forceinline__ float vrow_max(const vpart *p, int NB) {
 }
 
 __global__ void __launch_bounds__(VNT) vsc_sum_kernel(const float *z, int V, int vec, int act, vpart *part, int c0) {
+  DG_PDL_ENTRY();
   __shared__ double sh[VNT / 32];
   __shared__ float shm;
   const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, base = b * VCH;
@@ -1163,6 +1192,7 @@ __global__ void __launch_bounds__(VNT) vsc_sum_kernel(const float *z, int V, int
 
 __global__ void __launch_bounds__(VNT) vsc_write_kernel(const float *z, bf16 *P, int V, int vec, int act,
                                                         const vpart *part, int c0) {
+  DG_PDL_ENTRY();
   __shared__ float shm, shinv;
   const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, base = b * VCH, tid = threadIdx.x;
   const vpart *p = part + (size_t)c * NB;

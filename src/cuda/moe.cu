@@ -37,6 +37,7 @@ using namespace nvcuda;
  * a strict > picks). E <= 32 TOPK_PER. */
 #define TOPK_PER 8
 __global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
+  DG_PDL_ENTRY();
   const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
   if (t >= T) return; /* whole warps */
   float *s = rlog + (size_t)t * E;
@@ -104,6 +105,7 @@ __global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *
  *                       its rank. */
 #define GROUP_THREADS 256
 __global__ void __launch_bounds__(GROUP_THREADS) group_count_kernel(const int32_t *idx, int n, int32_t *count) {
+  DG_PDL_ENTRY();
   __shared__ int ws[GROUP_THREADS / 32];
   const int e = blockIdx.x;
   int c = 0;
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_count_kernel(const int32_
  * lane-record products start first (largest processing time first). */
 __global__ void __launch_bounds__(GROUP_THREADS) group_scan_kernel(int E, const int32_t *count, int32_t *start,
                                                                    int32_t *tiles, int32_t *n_tiles, int32_t *order) {
+  DG_PDL_ENTRY();
   __shared__ int sc[2][GROUP_THREADS], st[2][GROUP_THREADS];
   const int e = threadIdx.x;
   const int c = e < E ? count[e] : 0, nt = (c + TM - 1) / TM;
@@ -163,6 +166,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_scan_kernel(int E, const 
 
 __global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_t *idx, int n, const int32_t *start,
                                                                     int32_t *pairs, int32_t *slot_row) {
+  DG_PDL_ENTRY();
   __shared__ int ws[GROUP_THREADS / 32];
   const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int base = start[e];
@@ -204,6 +208,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_
 
 __global__ void __launch_bounds__(256) router_part_kernel(const float *u, const float *W, float *part, int T, int E,
                                                           int H, int KS) {
+  DG_PDL_ENTRY();
   __shared__ __align__(16) float As[RG_K][RG_T + 4];
   __shared__ __align__(16) float Bs[RG_K][RG_E + 4];
   const int t0 = blockIdx.x * RG_T, e0 = blockIdx.y * RG_E, sp = blockIdx.z;
@@ -257,6 +262,7 @@ __global__ void __launch_bounds__(256) router_part_kernel(const float *u, const 
 }
 
 __global__ void router_reduce_kernel(const float *part, float *rlog, int n, int S) {
+  DG_PDL_ENTRY();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float v = part[i];
@@ -348,6 +354,7 @@ __global__ void __launch_bounds__(128) grouped_kernel(const bf16 *A, const bf16 
                                                       const int32_t *n_tiles, const int32_t *count,
                                                       const int32_t *start, const int32_t *pairs, int K, int Kdim,
                                                       int N, int IE, int H, bf16 *hout, float *yout) {
+  DG_PDL_ENTRY();
   const int tile = blockIdx.x;
   if (tile >= *n_tiles) return;
   const int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], n0 = blockIdx.y * TN;

@@ -105,6 +105,7 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
 
 /* One block per row, a thread per group: sums in fp32, in column order. */
 __global__ void group_sums_kernel(const bf16 *x, int cols, int G, float *out) {
+  DG_PDL_ENTRY();
   const int r = blockIdx.x, ng = cols / G;
   const bf16 *p = x + (size_t)r * cols;
   for (int j = threadIdx.x; j < ng; j += blockDim.x) {
@@ -141,6 +142,7 @@ __device__ __forceinline__ float group_sum_perm(const bf16 *p, bf16 *q, int G) {
 }
 
 __global__ void group_sums_perm_kernel(const bf16 *x, int cols, int G, float *out, bf16 *xp) {
+  DG_PDL_ENTRY();
   const int r = blockIdx.x, ng = cols / G;
   const bf16 *p = x + (size_t)r * cols;
   bf16 *q = xp + (size_t)r * cols;
@@ -164,6 +166,7 @@ __device__ __forceinline__ uint32_t qs_bf16(float v, float *back) {
 
 /* As group_sums_perm_kernel, the sums as the split records of k_group_sums_perm_split. */
 __global__ void group_sums_perm_split_kernel(const bf16 *x, int cols, int G, uint4 *out4, bf16 *xp) {
+  DG_PDL_ENTRY();
   const int r = blockIdx.x, ng = cols / G;
   const bf16 *p = x + (size_t)r * cols;
   bf16 *q = xp + (size_t)r * cols;

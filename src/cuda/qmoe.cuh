@@ -256,6 +256,7 @@ __device__ __forceinline__ void qe_store(const qe_args &a, const float (&acc)[2]
 template <int BITS, int GATEUP, int NT, int GS, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS,
           int MINB = 1>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
+  DG_PDL_ENTRY();
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS;
   constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8, PER = KCB / 16;
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;

@@ -557,6 +557,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
           int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
+  DG_PDL_ENTRY();
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
 #else

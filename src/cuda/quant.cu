@@ -125,6 +125,7 @@ __device__ __forceinline__ float gelu_tanh_q(float a) { /* as kernels.cu and moe
  * tile's "weight rows" are the columns h of E and the unpacked runs are
  * written transposed). */
 template <int BITS, int MODE> __global__ void __launch_bounds__(QNT) qtile_kernel(qtile_args a) {
+  DG_PDL_ENTRY();
   __shared__ float Xs[QBT][QKC + 1];
   __shared__ float Ws[QBN][QKC + 1];
   __shared__ const bf16 *arow[QBT];
@@ -297,6 +298,7 @@ cudaError_t k_qexperts_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf 
 /* One block per token: x[t, j] = dequant(E[ids[t], j]) * scale, codes read
  * one at a time by the bit-stream rule (any width). */
 __global__ void qembed_kernel(float *x, dg_cuda_w E, const int32_t *ids, float scale) {
+  DG_PDL_ENTRY();
   const int t = blockIdx.x;
   const int64_t r = ids[t], H = E.cols, ng = H / E.group;
   const uint32_t *row = E.q + r * (H / 32 * E.bits);

@@ -22,6 +22,7 @@
 /* ---- row gather / scatter -------------------------------------------------- */
 
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *rows, int H) {
+  DG_PDL_ENTRY();
   const int r = blockIdx.x;
   const float *s = src + (size_t)rows[r] * H;
   for (int j = threadIdx.x; j < H; j += blockDim.x) dst[(size_t)r * H + j] = s[j];
@@ -34,6 +35,7 @@ cudaError_t k_gather_rows(cudaStream_t s, float *dst, const float *src, const in
 }
 
 __global__ void scatter_rows_kernel(float *dst, const float *src, const int32_t *rows, int H) {
+  DG_PDL_ENTRY();
   const int r = blockIdx.x;
   float *d = dst + (size_t)rows[r] * H;
   for (int j = threadIdx.x; j < H; j += blockDim.x) d[j] = src[(size_t)r * H + j];
@@ -91,6 +93,7 @@ static __device__ void tk_block_best(float &v, int &i, float *shv, int *shi) {
 __global__ void __launch_bounds__(TK_NT) topk_hier_kernel(const float *raw, int V, int K, float *cv, int32_t *ci,
                                                           float *candv, int32_t *candi, float *val, int32_t *idx,
                                                           int32_t *bad) {
+  DG_PDL_ENTRY();
   __shared__ float shv[32];
   __shared__ int shi[32];
   __shared__ int shbad;
@@ -174,6 +177,7 @@ static __device__ __forceinline__ float tb_z(float raw, float cap, float T) {
  * P = cast(softmax(cast(z))) as dg_soft_row (max and sum over the row,
  * the sum of the fp32 exponentials in double), stored as bf16 for the product. */
 __global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float cap, float T, int act) {
+  DG_PDL_ENTRY();
   __shared__ float shf[32];
   __shared__ double shd[32];
   const int r = blockIdx.x, tid = threadIdx.x, w = tid >> 5, l = tid & 31, nw = blockDim.x >> 5;
@@ -217,6 +221,7 @@ cudaError_t k_turbo_sc_probs(cudaStream_t s, const float *raw, bf16 *P, int n, i
  * summed in the order k = 0..K-1 (as dg_turbo_sc_row). */
 __global__ void turbo_sc_topk_kernel(const float *p, const int32_t *idx, const int32_t *rows, const bf16 *E,
                                      float *soft, int K, int H, float scale) {
+  DG_PDL_ENTRY();
   const int r = blockIdx.x;
   const float *pr = p + (size_t)r * K;
   const int32_t *ir = idx + (size_t)r * K;

@@ -1,0 +1,104 @@
+"""Every CUDA kernel launched through DG_LAUNCH begins with DG_PDL_ENTRY().
+
+With DGEMMA_PDL=1 (src/cuda/common.cuh) each launch may be placed while the kernel before it in the
+stream is still running; a kernel is correct then only if griddepcontrol.wait (inside DG_PDL_ENTRY)
+runs before its first global read or write. This test parses every __global__ function of src/cuda
+and of the dev/cuda labs that include the backend's headers and fails, naming file, line and kernel,
+when the body's first statement is not DG_PDL_ENTRY(). It also checks that the parser finds the
+kernels it must (a parser that found none would pass everything).
+
+plain python3:  python3 -m unittest discover -s tests/python -v
+"""
+
+import glob
+import os
+import re
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def strip_comments(src):
+    """The source with comments replaced by spaces (line numbers kept)."""
+    def blank(m):
+        return re.sub(r"[^\n]", " ", m.group(0))
+    return re.sub(r"/\*.*?\*/|//[^\n]*", blank, src, flags=re.S)
+
+
+def close_paren(src, i):
+    """The index of the ")" that closes the "(" at i."""
+    depth = 0
+    while True:
+        if src[i] == "(":
+            depth += 1
+        elif src[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+
+
+def kernels(path):
+    """(line, name, first statement) of each __global__ function defined in path."""
+    with open(path, encoding="utf-8") as f:
+        src = strip_comments(f.read())
+    out = []
+    for m in re.finditer(r"\b__global__\b", src):
+        if src[: m.start()].rstrip().endswith("#define"):
+            continue
+        pos = m.end()
+        while True:  # the parameter list: the first "(" not of __launch_bounds__
+            i = src.index("(", pos)
+            name = re.findall(r"(\w+)\s*$", src[m.end():i])
+            j = close_paren(src, i)
+            if not name or name[0] != "__launch_bounds__":
+                break
+            pos = j + 1
+        brace, semi = src.find("{", j), src.find(";", j)
+        if brace == -1 or (semi != -1 and semi < brace):
+            continue  # a declaration
+        first = src[brace + 1:].lstrip().split(";", 1)[0].strip()
+        out.append((src.count("\n", 0, m.start()) + 1, name[0] if name else "?", first))
+    return out
+
+
+def sources():
+    files = sorted(glob.glob(os.path.join(ROOT, "src", "cuda", "*.cu")) + glob.glob(os.path.join(ROOT, "src", "cuda", "*.cuh")))
+    for p in sorted(glob.glob(os.path.join(ROOT, "dev", "cuda", "*.cu")) + glob.glob(os.path.join(ROOT, "dev", "cuda", "*.cuh"))):
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+        if re.search(r'#include "cuda/(common|qmoe|kernels)', text):
+            files.append(p)
+    return files
+
+
+class PdlEntry(unittest.TestCase):
+    def test_every_kernel_waits_first(self):
+        found = {}
+        bad = []
+        for p in sources():
+            for line, name, first in kernels(p):
+                found[name] = p
+                if first != "DG_PDL_ENTRY()":
+                    bad.append("%s:%d: kernel %s begins with %r, not DG_PDL_ENTRY()" % (os.path.relpath(p, ROOT), line, name, first[:60]))
+        self.assertEqual(bad, [], "\n".join(bad))
+        # the parser sees the kernels of the pass (not an empty list that passes trivially)
+        for k in ("qr_kernel", "flash_kernel", "group_scan_kernel", "rmsnorm_kernel", "topk_kernel"):
+            self.assertIn(k, found, "kernel %s not found by the parser" % k)
+        self.assertGreaterEqual(len(found), 40)
+
+    def test_parser_flags_a_missing_entry(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".cu", delete=False) as f:
+            f.write("/* __global__ in a comment */\n__global__ void ok_kernel(int *p) {\n  DG_PDL_ENTRY();\n  p[0] = 1;\n}\n"
+                    "template <int N> __global__ void __launch_bounds__(128) bad_kernel(int *p, int (*q)(int)) {\n  p[0] = N;\n}\n"
+                    "__global__ void declared_kernel(int *p);\n")
+        try:
+            ks = kernels(f.name)
+        finally:
+            os.unlink(f.name)
+        self.assertEqual([(n, fs) for _, n, fs in ks], [("ok_kernel", "DG_PDL_ENTRY()"), ("bad_kernel", "p[0] = N")])
+
+
+if __name__ == "__main__":
+    unittest.main()
