@@ -377,6 +377,76 @@ __device__ __forceinline__ void qr_fold(float (&acc)[2][NT][4], float (&part)[2]
   }
 }
 
+/* The products of run c (32 codes of each of the lane's 4 rows) of a weight stage: the lane's B fragments of the NT
+ * token tiles from the activation stage Xs (XS bytes per token row), its A fragments decoded from the record R
+ * (qr_codes), P[mt][j] += A B by mma.m16n8k16 (P: the group's partial sums, or acc itself for bf16 weights). */
+template <int BITS, int NT, int RUNS, int XS>
+__device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint32_t *R, const unsigned char *Xs, int c,
+                                                int g, int t) {
+  uint32_t bf[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
+    bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    uint32_t pg[4], p8[4];
+    qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+    qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+    const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      dg_mma_bf16(P[mt][j], a0, &bf[j][0]);
+      dg_mma_bf16(P[mt][j], a1, &bf[j][2]);
+    }
+  }
+}
+
+/* The row table of a pass of mp tokens from grouped row r0: xrow[i] the element offset of token i's X row (gate/up:
+ * the token of pair pairs[r0 + i]; down: grouped row r0 + i), srow[i] its row of ng group sums, -1 for i >= mp. */
+template <int GATEUP, int NTOK, int THREADS>
+__device__ __forceinline__ void qr_pass_rows(const qe_args &a, int64_t *xrow, int64_t *srow, int r0, int mp, int ng,
+                                             int tid) {
+  for (int i = tid; i < NTOK; i += THREADS) {
+    int64_t xr = -1, sr = -1;
+    if (i < mp) {
+      const int64_t row = GATEUP ? a.pairs[r0 + i] / a.topk : r0 + i;
+      xr = row * a.Kdim;
+      sr = row * ng;
+    }
+    xrow[i] = xr;
+    srow[i] = sr;
+  }
+}
+
+/* acc = 0 over a lane's fragments of 2 x NT tiles. */
+template <int NT> __device__ __forceinline__ void qr_zero(float (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[mt][j][i] = 0.0f;
+}
+
+/* A pass's first L2 prefetches of the warp's weight stages 1 .. |PF| - 1 (qr_load_stage's own prefetch covers the
+ * stages from |PF| on; stage 0 is loaded at once): PF > 0 lane 0's bulk prefetch of each stage from wstage0 (the
+ * warp's stage 0), PF < 0 the per-lane line prefetches from wq (the lane's piece of it); nst stages sstride bytes
+ * apart. */
+template <int BITS, int GS, int CP, int PF>
+__device__ __forceinline__ void qr_prefetch_first(const unsigned char *wstage0, const unsigned char *wq, int lane,
+                                                  int nst, int64_t sstride) {
+  constexpr int KC = qr_kc(GS, BITS), CB = 4 * (KC / 32) * BITS, GPW = BITS == 16 ? 0 : KC / GS;
+  constexpr int REC = qr_rec(BITS, GS), PS = REC % 16 == 0 ? 16 : 8, PSC = CB % 16 == 0 ? 16 : 8;
+  if constexpr (PF > 0) {
+    if (lane == 0)
+      for (int i = 1; i < PF && i < nst; i++) dg_prefetch_l2(wstage0 + (int64_t)i * sstride, qr_wstage(BITS, GS, CP));
+  } else if constexpr (PF < 0) {
+    for (int i = 1; i < -PF && i < nst; i++) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(wq + (int64_t)i * sstride, lane);
+  }
+}
+
 /* The expert e and slab of this block: block (x, y) is expert x's slab y; with a.order, the blocks in launch order
  * (x fastest) take the experts by descending count, each expert's slabs one after another (largest processing time
  * first: no long block is left for the last wave; the slabs of an expert read its activation rows close in time). */
@@ -434,16 +504,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0);
-    for (int i = tid; i < NTOK; i += THREADS) {
-      int64_t xr = -1, sr = -1;
-      if (i < mp) {
-        const int64_t row = GATEUP ? a.pairs[base + p0 + i] / a.topk : base + p0 + i;
-        xr = row * a.Kdim;
-        sr = row * ng;
-      }
-      xrow[i] = xr;
-      srow[i] = sr;
-    }
+    qr_pass_rows<GATEUP, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
     __syncthreads();
 
     /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
@@ -467,12 +528,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
     };
 
     float acc[2][NT][4], part[2][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
+    qr_zero(acc);
+    qr_zero(part);
     /* BM: the A fragments of the bias products of a pair of groups (qr_bias_sel), 2 x 16 rows */
     uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
     const uint32_t asel = qr_bias_sel<BITS>(t);
@@ -483,25 +540,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
       const unsigned char *Xs = smem + cslot * STB + 2 * KC * sub, *Ss = smem + cslot * STB + XB + 4 * NTOK * GPS * sub;
 #pragma unroll
       for (int c = 0; c < RUNS; c++) {
-        uint32_t bf[NT][4];
-      #pragma unroll
-        for (int j = 0; j < NT; j++) {
-          const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
-          bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
-        }
-      #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          uint32_t pg[4], p8[4];
-          qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
-          qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
-          const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
-      #pragma unroll
-          for (int j = 0; j < NT; j++) {
-            float *P = RAW ? acc[mt][j] : part[mt][j];
-            dg_mma_bf16(P, a0, &bf[j][0]);
-            dg_mma_bf16(P, a1, &bf[j][2]);
-          }
-        }
+        qr_run_products<BITS, NT, RUNS, XS>(RAW ? acc : part, R, Xs, c, g, t);
         qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + cslot * STB + XB, Ss, c, s, sub, ng, g, t, asel);
       }
     };
@@ -521,12 +560,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
         if (sa < nsa) issue();
         dg_cp_commit();
       }
-      if constexpr (PF > 0) { /* stages 1 .. PF - 1: wload's own prefetch covers PF on (stage 0 is loaded now) */
-        if (lane == 0)
-          for (int i = 1; i < PF && i < nst; i++) dg_prefetch_l2(wstage0 + (int64_t)i * sstride, WSTAGE);
-      } else if constexpr (PF < 0) {
-        for (int i = 1; i < -PF && i < nst; i++) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(wq + (int64_t)i * sstride, lane);
-      }
+      qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
   #pragma unroll
       for (int d = 0; d < D - 1; d++)
         if (d < nst) wload(W[d]);
