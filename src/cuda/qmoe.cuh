@@ -144,46 +144,63 @@ __host__ __device__ inline int64_t qe_tile_pair_off(const qe_tiling &t, int64_t 
   return (si * rows * (t.K / t.group) + (int64_t)s * rows * (t.kc / t.group) + r * (kc / t.group)) * t.pb;
 }
 
+/* The decoding shared by qe_codes and qr_codes (qmoe_r.cuh): the bits of a lane's 8 codes c0..c7, packed as
+ * stored, to the 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of 128 + c (8 bits: c): 4 bits from one word
+ * v, 2 bits from v with codes 0-3 in bits 0-7 and 4-7 in bits 16-23, 3 bits from the 24 bits r, 6 bits from the
+ * 48 bits (lo, hi), 8 bits from the bytes (x, y) (through fp32: 2^23 + q exactly, then a bf16 pair, exact as
+ * q < 256 has 8 significant bits). */
+#define QE_MAG 0x43004300u /* bf16 128 in both halves */
+__device__ __forceinline__ void qe_dec4(uint32_t v, uint32_t P[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (4 * i), 0x000f000fu, QE_MAG);
+}
+__device__ __forceinline__ void qe_dec2(uint32_t v, uint32_t P[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (2 * i), 0x00030003u, QE_MAG);
+}
+__device__ __forceinline__ void qe_dec3(uint32_t r, uint32_t P[4]) {
+  const uint32_t v = (r & 0xfffu) | ((r << 4) & 0x0fff0000u);
+#pragma unroll
+  for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (3 * i), 0x00070007u, QE_MAG);
+}
+__device__ __forceinline__ void qe_dec6(uint32_t lo, uint32_t hi, uint32_t P[4]) {
+  const uint32_t c03 = lo & 0xffffffu, c47 = (lo >> 24) | ((hi & 0xffffu) << 8);
+  const uint32_t v01 = (c03 & 0xfffu) | ((c47 & 0xfffu) << 16), v23 = (c03 >> 12) | ((c47 >> 12) << 16);
+  P[0] = dg_and_or(v01, 0x003f003fu, QE_MAG);
+  P[1] = dg_and_or(v01 >> 6, 0x003f003fu, QE_MAG);
+  P[2] = dg_and_or(v23, 0x003f003fu, QE_MAG);
+  P[3] = dg_and_or(v23 >> 6, 0x003f003fu, QE_MAG);
+}
+__device__ __forceinline__ void qe_dec8(uint32_t x, uint32_t y, uint32_t P[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t sel = 0x7540u | (uint32_t)i;
+    const float lo = __uint_as_float(dg_prmt(x, 0x4b000000u, sel)) - 8388608.0f;
+    const float hi = __uint_as_float(dg_prmt(y, 0x4b000000u, sel)) - 8388608.0f;
+    P[i] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+  }
+}
+
 /* This lane's 8 codes of one row's run of 32 (at p: the run's first byte
  * plus t * BITS) as the 4 bf16 pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7)
  * of 128 + c (8 bits: c). */
 template <int BITS> __device__ __forceinline__ void qe_codes(const unsigned char *p, uint32_t P[4]) {
-  const uint32_t mag = 0x43004300u; /* bf16 128 in both halves */
   if constexpr (BITS == 4) {
-    const uint32_t v = *(const uint32_t *)p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (4 * i), 0x000f000fu, mag);
+    qe_dec4(*(const uint32_t *)p, P);
   } else if constexpr (BITS == 2) {
-    const uint32_t v = dg_prmt(*(const uint16_t *)p, 0u, 0x4140u); /* codes 0-3 in bits 0-7, 4-7 in 16-23 */
-#pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (2 * i), 0x00030003u, mag);
+    qe_dec2(dg_prmt(*(const uint16_t *)p, 0u, 0x4140u), P); /* codes 0-3 in bits 0-7, 4-7 in 16-23 */
   } else if constexpr (BITS == 3) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
-    const uint32_t r = dg_funnel_r(w[0], w[1], (uint32_t)(a & 3) * 8); /* 24 bits */
-    const uint32_t v = (r & 0xfffu) | ((r << 4) & 0x0fff0000u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (3 * i), 0x00070007u, mag);
+    qe_dec3(dg_funnel_r(w[0], w[1], (uint32_t)(a & 3) * 8), P); /* 24 bits */
   } else if constexpr (BITS == 6) {
     const uintptr_t a = (uintptr_t)p;
     const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
     const uint32_t sh = (uint32_t)(a & 3) * 8;
-    const uint32_t lo = dg_funnel_r(w[0], w[1], sh), hi = dg_funnel_r(w[1], w[2], sh); /* 48 bits */
-    const uint32_t c03 = lo & 0xffffffu, c47 = (lo >> 24) | ((hi & 0xffffu) << 8);
-    const uint32_t v01 = (c03 & 0xfffu) | ((c47 & 0xfffu) << 16), v23 = (c03 >> 12) | ((c47 >> 12) << 16);
-    P[0] = dg_and_or(v01, 0x003f003fu, mag);
-    P[1] = dg_and_or(v01 >> 6, 0x003f003fu, mag);
-    P[2] = dg_and_or(v23, 0x003f003fu, mag);
-    P[3] = dg_and_or(v23 >> 6, 0x003f003fu, mag);
-  } else { /* 8: through fp32, 2^23 + q exactly, then a bf16 pair (exact: q < 256 has 8 significant bits) */
+    qe_dec6(dg_funnel_r(w[0], w[1], sh), dg_funnel_r(w[1], w[2], sh), P); /* 48 bits */
+  } else { /* 8 */
     const uint2 v = *(const uint2 *)p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t sel = 0x7540u | (uint32_t)i;
-      const float lo = __uint_as_float(dg_prmt(v.x, 0x4b000000u, sel)) - 8388608.0f;
-      const float hi = __uint_as_float(dg_prmt(v.y, 0x4b000000u, sel)) - 8388608.0f;
-      P[i] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-    }
+    qe_dec8(v.x, v.y, P);
   }
 }
 

@@ -166,44 +166,21 @@ template <int BITS> __device__ __forceinline__ uint32_t qr_bias_sel(int t) {
  * lane's record R (o known after unrolling; the same decoding as qe_codes,
  * from registers). */
 template <int BITS> __device__ __forceinline__ void qr_codes(const uint32_t *R, const int o, uint32_t P[4]) {
-  const uint32_t mag = 0x43004300u;
   const int w = o >> 2, sh = (o & 3) * 8;
   if constexpr (BITS == 16) { /* bf16 weights, stored in pair order by qr_tile_pack: no decoding */
 #pragma unroll
     for (int i = 0; i < 4; i++) P[i] = R[w + i];
   } else if constexpr (BITS == 4) {
-    const uint32_t v = R[w];
-#pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (4 * i), 0x000f000fu, mag);
+    qe_dec4(R[w], P);
   } else if constexpr (BITS == 2) {
     /* bytes o, o + 1 (one word: o is even) -> codes 0-3 in bits 0-7, 4-7 in bits 16-23 */
-    const uint32_t v = dg_prmt(R[w], 0u, (uint32_t)(0x4040 | ((sh / 8 + 1) << 8) | (sh / 8)));
-#pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (2 * i), 0x00030003u, mag);
+    qe_dec2(dg_prmt(R[w], 0u, (uint32_t)(0x4040 | ((sh / 8 + 1) << 8) | (sh / 8))), P);
   } else if constexpr (BITS == 3) {
-    const uint32_t r = sh == 0 ? R[w] : sh == 8 ? R[w] >> 8 : dg_funnel_r(R[w], R[w + 1], (uint32_t)sh);
-    const uint32_t v = (r & 0xfffu) | ((r << 4) & 0x0fff0000u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) P[i] = dg_and_or(v >> (3 * i), 0x00070007u, mag);
-  } else if constexpr (BITS == 6) {
-    /* o is even: sh is 0 or 16 */
-    const uint32_t lo = sh == 0 ? R[w] : dg_funnel_r(R[w], R[w + 1], 16u);
-    const uint32_t hi = sh == 0 ? R[w + 1] : R[w + 1] >> 16;
-    const uint32_t c03 = lo & 0xffffffu, c47 = (lo >> 24) | ((hi & 0xffffu) << 8);
-    const uint32_t v01 = (c03 & 0xfffu) | ((c47 & 0xfffu) << 16), v23 = (c03 >> 12) | ((c47 >> 12) << 16);
-    P[0] = dg_and_or(v01, 0x003f003fu, mag);
-    P[1] = dg_and_or(v01 >> 6, 0x003f003fu, mag);
-    P[2] = dg_and_or(v23, 0x003f003fu, mag);
-    P[3] = dg_and_or(v23 >> 6, 0x003f003fu, mag);
+    qe_dec3(sh == 0 ? R[w] : sh == 8 ? R[w] >> 8 : dg_funnel_r(R[w], R[w + 1], (uint32_t)sh), P);
+  } else if constexpr (BITS == 6) { /* o is even: sh is 0 or 16 */
+    qe_dec6(sh == 0 ? R[w] : dg_funnel_r(R[w], R[w + 1], 16u), sh == 0 ? R[w + 1] : R[w + 1] >> 16, P);
   } else { /* 8: o is a multiple of 8 */
-    const uint32_t x = R[w], y = R[w + 1];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t sel = 0x7540u | (uint32_t)i;
-      const float lo = __uint_as_float(dg_prmt(x, 0x4b000000u, sel)) - 8388608.0f;
-      const float hi = __uint_as_float(dg_prmt(y, 0x4b000000u, sel)) - 8388608.0f;
-      P[i] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-    }
+    qe_dec8(R[w], R[w + 1], P);
   }
 }
 
