@@ -1,0 +1,325 @@
+/* matmul_avx2lp.c: the opt-in low-precision products on AVX2 (DGEMMA_KERNELS=avx2lp;
+ * compiled with -mavx2 -mfma -mf16c, selected only on request, on CPUs with AVX2 and
+ * FMA). The AVX2 counterpart of matmul_avx512lp.c's VNNI path, for CPUs without
+ * AVX-512 or AVX-VNNI: it rounds the activations, so it is never the default and the
+ * golden and token-identical tests run the exact path.
+ *
+ * MLX affine 2/4/8-bit weights (w = q s + b, quant.h): the activations are quantized
+ * once per call, per row and per weight group g of G: d_g = max_{k in g} |x_k| / Q_B,
+ * qx_k = round(x_k / d_g) in [-Q_B, Q_B], x_k ~ d_g qx_k. The product splits per group:
+ *   sum_{k in g} x_k w_k ~ d_g (s_g sum_k q_k qx_k + b_g sum_k qx_k)
+ * with both sums exact integers and the scale/bias part in fp32.
+ *
+ * The integer dot products: vpmaddubsw multiplies 32 u8 codes by 32 s8 activations
+ * and adds adjacent pairs into 16 s16 lanes WITH SATURATION, so a pair must stay in
+ * [-32768, 32767]: 2 (2^B - 1) Q_B <= 32767. With Q = 127 that holds for B <= 7
+ * (2 * 127 * 127 = 32258 for B = 7) but not for B = 8 (2 * 255 * 127 = 64770), so
+ *   Q_B = 127 for B = 2, 4 and Q_8 = 64 (2 * 255 * 64 = 32640 <= 32767)
+ * (8-bit weights get activations of 7 significant bits plus sign instead of 8: the
+ * error term below doubles for them). The 8/B pair sums of one 32-byte step (its 8/B
+ * sub-vectors, below) are added in s16 before widening: |sum| <= (8/B) 2 (2^B - 1) Q_B
+ * = 3048 (B = 2), 7620 (B = 4), 32640 (B = 8), so no lane overflows. vpmaddwd with
+ * ones then adds adjacent s16 pairs into 8 s32 lanes, exact, and those are summed in
+ * s32 over the steps of a unit of U = max(G, 256/B) codes (one group, or the groups of
+ * one step): a lane holds U/8 codes' products, |lane| <= (U/8)(2^B - 1) Q_B
+ * <= 16 * 255 * 64 < 2^24, so its conversion to fp32 is exact too.
+ *
+ * Weight layout in registers: 32 packed bytes hold 256/B codes, code (8/B) j + s in
+ * bits [B s, B s + B) of byte j (MLX's little-endian u32 stream, B = 2, 4, 8), so
+ * (bytes >> B s) & (2^B - 1) gives 32 codes (sub-vector s) and the activations are
+ * stored in that order. Dword lane i of a step covers 4 (8/B) consecutive codes, all in
+ * one group (G >= 32), so the per-group scale s_g d_g is a per-lane fp32 vector.
+ *
+ * What it rounds (tests/test_kernels.c checks it against the fp32 oracle):
+ *  - x -> d qx: fl(x / d) is within u Q_B of x / d (u = 2^-24), so
+ *    |d qx - x| <= d (1/2 + 2^-17) per element;
+ *  - the integer sums are exact (above); the fp32 scale/bias arithmetic (s d, the
+ *    products, c_g = d_g sum qx, the sums over groups, the final horizontal sum) is a
+ *    few roundings per term;
+ *  so |y - oracle| <= sum_g d_g (1/2 + 2^-10) sum_{k in g} |w_k|
+ *                     + 2 gamma_{K+8} sum_k (2|x_k| + d_g)(|q_k s_g| + |b_g|)
+ *  (the second term also covers the oracle's own dequantization and summation; the
+ *  same bound as matmul_avx512lp.c's with Q_B for 127).
+ * 3- and 6-bit codes straddle bytes and take the exact AVX2 path, as do f32, f16 and
+ * bf16 weights (bf16 products on AVX2 are the exact fp32 FMA path: AVX2 has no bf16
+ * dot product), and matmul_rows (the soft embedding). */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "quant.h"
+
+const dg_kernels *dg_kernels_avx2_impl(void);
+
+/* The largest activation code for B-bit weights (the saturation bound above). */
+static inline int qmax_for(int B) { return B == 8 ? 64 : 127; }
+
+/* The activations of one call, quantized for one weight format (B bits, group G):
+ * per row t and 32-byte step of the packed weights (cps = 256/B codes), nsub = 8/B
+ * vectors of 32 s8 codes in the weights' unpacking order; per row and unit of
+ * U = max(G, cps) codes the 8 per-lane scales d of the lanes' groups; per row and
+ * group c = d * sum qx (zero padded to a multiple of 8). */
+typedef struct qx_buf {
+  int B, G, nsub, cps;
+  int64_t K, steps, units, ng, cstride;
+  int8_t *q;  /* [T][steps][nsub][32] */
+  float *dl;  /* [T][units][8] */
+  float *c;   /* [T][cstride] */
+} qx_buf;
+
+static void qx_free(qx_buf *b) { free(b->q); free(b->dl); free(b->c); }
+
+static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
+  memset(b, 0, sizeof *b);
+  b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 256 / B; b->K = K;
+  const int U = G > b->cps ? G : b->cps;
+  b->steps = (K + b->cps - 1) / b->cps;
+  b->units = (K + U - 1) / U;
+  b->ng = K / G;
+  b->cstride = (b->ng + 7) / 8 * 8;
+  b->q = aligned_alloc(32, (size_t)T * (size_t)b->steps * (size_t)b->nsub * 32 + 32);
+  b->dl = aligned_alloc(32, ((size_t)T * (size_t)b->units * 8 * sizeof(float) + 31) / 32 * 32);
+  b->c = aligned_alloc(32, ((size_t)T * (size_t)b->cstride * sizeof(float) + 31) / 32 * 32);
+  if (!b->q || !b->dl || !b->c) { qx_free(b); return -1; }
+  const int nsub = b->nsub, cps = b->cps, lane = cps / 8, Q = qmax_for(B);
+  int fail = 0;
+#pragma omp parallel num_threads(n_threads) reduction(| : fail)
+  {
+    float *dh = malloc((size_t)(b->ng + 1) * sizeof(float)); /* d of each group of the row */
+    fail |= !dh;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      if (!dh) continue;
+      const float *xt = x + t * ldx;
+      float *ct = b->c + t * b->cstride;
+      for (int64_t g = 0; g < b->ng; g++) {
+        float mx = 0.0f;
+        for (int k = 0; k < G; k++) mx = fmaxf(mx, fabsf(xt[g * G + k]));
+        dh[g] = mx / (float)Q;
+      }
+      memset(ct, 0, (size_t)b->cstride * sizeof(float));
+      for (int64_t st = 0; st < b->steps; st++) {
+        int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 32;
+        const int64_t k0 = st * cps;
+        for (int j = 0; j < 32; j++)
+          for (int s = 0; s < nsub; s++) {
+            const int64_t k = k0 + (int64_t)nsub * j + s;
+            int q = 0;
+            if (k < K && dh[k / G] > 0.0f) {
+              q = (int)nearbyintf(xt[k] / dh[k / G]);
+              q = q > Q ? Q : q < -Q ? -Q : q;
+              ct[k / G] += (float)q; /* exact: |sum| <= 127 G < 2^24 */
+            }
+            qs[s * 32 + j] = (int8_t)q;
+          }
+      }
+      for (int64_t un = 0; un < b->units; un++) {
+        float *dl = b->dl + ((size_t)t * (size_t)b->units + (size_t)un) * 8;
+        const int64_t k0 = un * U;
+        for (int i = 0; i < 8; i++) {
+          const int64_t k = U == G ? k0 : k0 + (int64_t)i * lane; /* G >= cps: one group per unit */
+          dl[i] = k < K ? dh[k / G] : 0.0f;
+        }
+      }
+      for (int64_t g = 0; g < b->ng; g++) ct[g] *= dh[g];
+    }
+    free(dh);
+  }
+  if (fail) { qx_free(b); return -1; }
+  return 0;
+}
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+  return _mm_cvtss_f32(s);
+}
+
+/* The scale lanes of a unit starting at group g0: one group (broadcast) or gpu groups
+ * of 8/gpu lanes each (groups past ng clamped: their activations are zero). */
+static inline __m256 unit_scales(dg_dtype sbt, const char *sc, int64_t g0, int gpu, int64_t ng) {
+  if (gpu == 1) return _mm256_set1_ps(dg_load_elem(sbt, sc, g0));
+  float v[8];
+  for (int i = 0; i < 8; i++) {
+    int64_t g = g0 + i / (8 / gpu);
+    v[i] = dg_load_elem(sbt, sc, g < ng ? g : ng - 1);
+  }
+  return _mm256_loadu_ps(v);
+}
+
+/* RT (<= 4) weight rows x TT (<= 2) activation rows of B-bit, group-G weights:
+ * y[j ldy + i] for the rows' packed codes rows[i], scales sc[i], biases bi[i] and the
+ * activations t0 + j of xb. Every output element goes through the same operations in
+ * the same order whatever the tile, so results do not depend on T or on the entry. */
+static inline __attribute__((always_inline)) void vtile(const int B, const int G, const int RT, const int TT, float *y,
+                                                        int64_t ldy, const qx_buf *xb, int64_t t0,
+                                                        const uint8_t *const *rows, const char *const *sc,
+                                                        const char *const *bi, dg_dtype sbt) {
+  const int nsub = 8 / B, cps = 256 / B, U = G > cps ? G : cps, spu = U / cps, gpu = U / G;
+  const int64_t steps = xb->steps, units = xb->units, rb = xb->K * B / 8, ng = xb->ng;
+  const __m256i bm = _mm256_set1_epi8((char)((1 << B) - 1)), ones = _mm256_set1_epi16(1);
+  const int8_t *xq[2];
+  const float *xd[2], *xc[2];
+#pragma GCC unroll 2
+  for (int j = 0; j < TT; j++) {
+    xq[j] = xb->q + (size_t)(t0 + j) * (size_t)steps * (size_t)nsub * 32;
+    xd[j] = xb->dl + (size_t)(t0 + j) * (size_t)units * 8;
+    xc[j] = xb->c + (t0 + j) * xb->cstride;
+  }
+  __m256 acc[4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < RT; i++)
+#pragma GCC unroll 2
+    for (int j = 0; j < TT; j++) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t un = 0; un < units; un++) {
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; i++) {
+      __m256i isum[2];
+#pragma GCC unroll 2
+      for (int j = 0; j < TT; j++) isum[j] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int su = 0; su < spu; su++) {
+        const int64_t st = un * spu + su, byte0 = st * 32;
+        __m256i raw;
+        if (rb - byte0 >= 32) raw = _mm256_loadu_si256((const __m256i *)(rows[i] + byte0));
+        else { /* the row's last, partial step (K not a multiple of 256 / B): no read past the row */
+          uint8_t tail[32] = {0};
+          memcpy(tail, rows[i] + byte0, (size_t)(rb - byte0));
+          raw = _mm256_loadu_si256((const __m256i *)tail);
+        }
+        if (TT == 1) _mm_prefetch((const char *)rows[i] + byte0 + 512, _MM_HINT_T0); /* a stream per row */
+        __m256i wc[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm256_and_si256(_mm256_srli_epi16(raw, B * u), bm);
+#pragma GCC unroll 2
+        for (int j = 0; j < TT; j++) {
+          const __m256i *xv = (const __m256i *)(xq[j] + (size_t)st * (size_t)nsub * 32);
+          __m256i p = _mm256_maddubs_epi16(wc[0], _mm256_load_si256(xv));
+#pragma GCC unroll 8
+          for (int u = 1; u < nsub; u++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(wc[u], _mm256_load_si256(xv + u)));
+          isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(p, ones));
+        }
+      }
+      const __m256 s = unit_scales(sbt, sc[i], un * U / G, gpu, ng);
+#pragma GCC unroll 2
+      for (int j = 0; j < TT; j++)
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(s, _mm256_load_ps(xd[j] + un * 8)),
+                                    acc[i][j]);
+    }
+  }
+  /* the bias part: sum_g b_g d_g sum_k qx_k, 8 groups at a time, then the tail */
+  int64_t g = 0;
+  for (; g + 8 <= ng; g += 8) {
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; i++) {
+      __m256 b;
+      if (sbt == DG_BF16)
+        b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(bi[i] + 2 * g))), 16));
+      else if (sbt == DG_F16) b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(bi[i] + 2 * g)));
+      else b = _mm256_loadu_ps((const float *)bi[i] + g);
+#pragma GCC unroll 2
+      for (int j = 0; j < TT; j++) acc[i][j] = _mm256_fmadd_ps(b, _mm256_load_ps(xc[j] + g), acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < RT; i++)
+#pragma GCC unroll 2
+    for (int j = 0; j < TT; j++) {
+      float r = hsum8(acc[i][j]);
+      for (int64_t h = g; h < ng; h++) r = fmaf(dg_load_elem(sbt, bi[i], h), xc[j][h], r);
+      y[j * ldy + i] = r;
+    }
+}
+
+typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
+                         const char *const *sc, const char *const *bi, dg_dtype sbt);
+#define VT(B, G, RT, TT)                                                                                        \
+  static void vt_##B##_##G##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
+                                         const uint8_t *const *rows, const char *const *sc,                     \
+                                         const char *const *bi, dg_dtype sbt) {                                 \
+    vtile(B, G, RT, TT, y, ldy, xb, t0, rows, sc, bi, sbt);                                                     \
+  }
+#define VTG(B, G) VT(B, G, 4, 2) VT(B, G, 4, 1) VT(B, G, 1, 2) VT(B, G, 1, 1)
+#define VTB(B) VTG(B, 32) VTG(B, 64) VTG(B, 128)
+VTB(2)
+VTB(4)
+VTB(8)
+#define VROW(B, G) {vt_##B##_##G##_4x2, vt_##B##_##G##_4x1, vt_##B##_##G##_1x2, vt_##B##_##G##_1x1}
+#define VROWS(B) {VROW(B, 32), VROW(B, 64), VROW(B, 128)}
+/* [bits 2, 4, 8][group 32, 64, 128][shape 4x2, 4x1, 1x2, 1x1] */
+static const vtile_fn VTILE_TABLE[3][3][4] = {VROWS(2), VROWS(4), VROWS(8)};
+
+static void lp_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
+                    int64_t rt) {
+  const uint8_t *rows[4];
+  const char *sc[4], *bi[4];
+  for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
+  const vtile_fn *tf = VTILE_TABLE[w->bits == 2 ? 0 : w->bits == 4 ? 1 : 2]
+                                  [w->group_size == 32 ? 0 : w->group_size == 64 ? 1 : 2];
+  int64_t t = 0;
+  if (rt == 4) {
+    for (; t + 2 <= T; t += 2) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, w->sb_dtype);
+    for (; t < T; t++) tf[1](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, w->sb_dtype);
+    return;
+  }
+  for (int i = 0; i < rt; i++) {
+    const uint8_t *r1[1] = {rows[i]};
+    const char *s1[1] = {sc[i]}, *b1[1] = {bi[i]};
+    int64_t tt = 0;
+    for (; tt + 2 <= T; tt += 2) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, w->sb_dtype);
+    for (; tt < T; tt++) tf[3](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, w->sb_dtype);
+  }
+}
+
+/* ---- entry points ---------------------------------------------------------- */
+
+/* Whether the int8 path takes w: MLX affine 2/4/8 bits, group 32/64/128. */
+static int lp_takes(const dg_weight *w) {
+  return (w->bits == 2 || w->bits == 4 || w->bits == 8) &&
+         (w->group_size == 32 || w->group_size == 64 || w->group_size == 128);
+}
+
+static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t row0,
+                      int64_t N, int n_threads) {
+  qx_buf q;
+  if (!lp_takes(w) || T <= 0 || qx_quantize(&q, x, ldx, T, w->cols, w->bits, w->group_size, n_threads)) {
+    dg_kernels_avx2_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads); /* exact (also out of memory) */
+    return;
+  }
+  const int64_t nblk = (N + 3) / 4;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+  for (int64_t b = 0; b < nblk; b++) lp_rows(y + b * 4, ldy, &q, 0, T, w, row0 + b * 4, N - b * 4 < 4 ? N - b * 4 : 4);
+  qx_free(&q);
+}
+
+static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
+                              const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads) {
+  const int64_t R = start[E];
+  qx_buf q;
+  if (!lp_takes(w) || R <= 0 || qx_quantize(&q, x, ldx, R, w->cols, w->bits, w->group_size, n_threads)) {
+    dg_kernels_avx2_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
+    return;
+  }
+  const int64_t nblk = (N + 3) / 4, ntask = (int64_t)E * nblk;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 8)
+  for (int64_t task = 0; task < ntask; task++) {
+    const int e = (int)(task / nblk);
+    const int64_t n = (task % nblk) * 4, T = start[e + 1] - start[e];
+    if (T <= 0) continue;
+    lp_rows(y + (int64_t)start[e] * ldy + n, ldy, &q, start[e], T, w, (int64_t)e * rows_per_expert + row_off + n,
+            N - n < 4 ? N - n : 4);
+  }
+  qx_free(&q);
+}
+
+static void matmul_rows_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                           int n_threads) {
+  dg_kernels_avx2_impl()->matmul_rows(y, ldy, x, ldx, T, w, n_threads); /* exact (the soft embedding) */
+}
+
+static const dg_kernels AVX2LP = {"avx2lp", matmul_lp, matmul_grouped_lp, matmul_rows_lp};
+const dg_kernels *dg_kernels_avx2lp_impl(void) { return &AVX2LP; }
