@@ -309,6 +309,26 @@ static void test_avx2lp(void **state) {
     printf("# avx2lp %d-bit G=%d T=%d N=%d K=%d%s vs oracle: largest |diff| / bound = %.4f (<= 1), / sum|x w| = %.2e\n",
            qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], qs[i][5] ? " (saturating codes)" : "", wq, rq);
   }
+  /* no element depends on the tile: T = 23 rows (8 + 8 + 4 + 2 + 1 tiles, N = 9: a 1-row tail block) in one
+   * call equal 23 one-row calls bit for bit, for each bit width */
+  static const int bg[][2] = {{2, 32}, {2, 128}, {4, 64}, {8, 32}};
+  for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) {
+    const int B = bg[c][0], G = bg[c][1], T = 23, N = 9, K = 256, ng = K / G;
+    uint8_t *data = malloc((size_t)N * (size_t)dg_quant_row_bytes(K, B));
+    uint16_t *sc = malloc((size_t)N * ng * 2), *bi = malloc((size_t)N * ng * 2);
+    float *x = malloc((size_t)T * K * sizeof(float)), *y1 = malloc((size_t)T * N * sizeof(float));
+    float *y2 = malloc((size_t)T * N * sizeof(float));
+    for (int i = 0; i < N * (int)dg_quant_row_bytes(K, B); i++) data[i] = (uint8_t)(rand() & 0xff);
+    for (int i = 0; i < N * ng; i++) { sc[i] = dg_f32_to_bf16(frand() * 0.01f); bi[i] = dg_f32_to_bf16(frand() * 0.1f); }
+    for (int i = 0; i < T * K; i++) x[i] = frand();
+    dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
+                   .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
+    k->matmul(y1, N, x, K, T, &W, 0, N, 2);
+    for (int t = 0; t < T; t++) k->matmul(y2 + (size_t)t * N, N, x + (size_t)t * K, K, 1, &W, 0, N, 1);
+    assert_memory_equal(y1, y2, (size_t)T * N * sizeof(float));
+    free(data); free(sc); free(bi); free(x); free(y1); free(y2);
+  }
+  printf("# avx2lp: 23 rows in one call = 23 one-row calls bit for bit (2-bit g32/g128, 4-bit g64, 8-bit g32)\n");
 }
 
 static void test_conversions(void **state) {

@@ -308,12 +308,19 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
     dg_kernels_avx2_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads); /* exact (also out of memory) */
     return;
   }
-  const int64_t nblk = (N + RT_MAX - 1) / RT_MAX;
+  /* tasks of CHUNK blocks of RT_MAX weight rows (64 rows: 90 KB of 4-bit codes at K =
+   * 2816, in the L2); inside a task, TT_MAX activation rows at a time (22 KB of int8 at
+   * K = 2816, in the L1) go through every block, so neither is read again from farther
+   * away. The tiles are those lp_rows would use (8-row slices, then its 8/4/2/1 split),
+   * and no element's operations depend on the tile anyway. */
+  const int64_t nblk = (N + RT_MAX - 1) / RT_MAX, CHUNK = 16, nch = (nblk + CHUNK - 1) / CHUNK;
 #pragma omp parallel for num_threads(n_threads) schedule(static)
-  for (int64_t b = 0; b < nblk; b++) {
-    const int64_t n = b * RT_MAX;
-    lp_rows(y + n, ldy, &q, 0, T, w, row0 + n, N - n < RT_MAX ? N - n : RT_MAX);
-  }
+  for (int64_t c = 0; c < nch; c++)
+    for (int64_t t = 0; t < T; t += TT_MAX)
+      for (int64_t b = c * CHUNK; b < nblk && b < (c + 1) * CHUNK; b++) {
+        const int64_t n = b * RT_MAX;
+        lp_rows(y + t * ldy + n, ldy, &q, t, T - t < TT_MAX ? T - t : TT_MAX, w, row0 + n, N - n < RT_MAX ? N - n : RT_MAX);
+      }
   qx_free(&q);
 }
 
