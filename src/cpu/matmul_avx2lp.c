@@ -308,7 +308,7 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
     dg_kernels_avx2_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads); /* exact (also out of memory) */
     return;
   }
-  /* tasks of CHUNK blocks of RT_MAX weight rows (64 rows: 90 KB of 4-bit codes at K =
+  /* tasks of CHUNK blocks of RT_MAX weight rows (64 rows: 88 KB of 4-bit codes at K =
    * 2816, in the L2); inside a task, TT_MAX activation rows at a time (22 KB of int8 at
    * K = 2816, in the L1) go through every block, so neither is read again from farther
    * away. The tiles are those lp_rows would use (8-row slices, then its 8/4/2/1 split),
@@ -332,14 +332,19 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
     dg_kernels_avx2_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
     return;
   }
-  const int64_t nblk = (N + RT_MAX - 1) / RT_MAX, ntask = (int64_t)E * nblk;
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 8)
+  /* tasks of (expert, CHUNK blocks), walked as in matmul_lp (dynamic: experts carry
+   * different numbers of rows) */
+  const int64_t nblk = (N + RT_MAX - 1) / RT_MAX, CHUNK = 16, nch = (nblk + CHUNK - 1) / CHUNK, ntask = (int64_t)E * nch;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1)
   for (int64_t task = 0; task < ntask; task++) {
-    const int e = (int)(task / nblk);
-    const int64_t n = (task % nblk) * RT_MAX, T = start[e + 1] - start[e];
-    if (T <= 0) continue;
-    lp_rows(y + (int64_t)start[e] * ldy + n, ldy, &q, start[e], T, w, (int64_t)e * rows_per_expert + row_off + n,
-            N - n < RT_MAX ? N - n : RT_MAX);
+    const int e = (int)(task / nch);
+    const int64_t c = task % nch, T = start[e + 1] - start[e];
+    for (int64_t t = 0; t < T; t += TT_MAX)
+      for (int64_t b = c * CHUNK; b < nblk && b < (c + 1) * CHUNK; b++) {
+        const int64_t n = b * RT_MAX;
+        lp_rows(y + ((int64_t)start[e] + t) * ldy + n, ldy, &q, start[e] + t, T - t < TT_MAX ? T - t : TT_MAX, w,
+                (int64_t)e * rows_per_expert + row_off + n, N - n < RT_MAX ? N - n : RT_MAX);
+      }
   }
   qx_free(&q);
 }
