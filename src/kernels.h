@@ -71,7 +71,7 @@ const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW
  * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
  * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
 const dg_kernels *dg_kernels_avx512lp(void);
-/* Opt-in, lossy (DGEMMA_KERNELS=avx2lp): MLX affine 2/4/8-bit weights (groups
+/* Opt-in, lossy (DGEMMA_KERNELS=avx2lp): MLX affine 2/3/4/6/8-bit weights (groups
  * 32/64/128) through AVX2 vpmaddubsw + vpmaddwd with the activations quantized
  * to int8 per row and weight group (to [-127, 127], or [-64, 64] for 8-bit
  * weights so that vpmaddubsw's s16 pair sums cannot saturate); other weights,

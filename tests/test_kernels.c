@@ -291,7 +291,7 @@ static void test_avx512lp(void **state) {
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64
- * for 8-bit weights. The cases cover every bit width and group size the kernel
+ * for 8-bit weights. The cases cover every bit width (2/3/4/6/8) and group size the kernel
  * takes, K not a multiple of a 32-byte step's 256/B codes (a partial last step),
  * odd T and N (the 1-wide tiles), the real expert shapes, and saturation (sat). */
 static void test_avx2lp(void **state) {
@@ -302,7 +302,11 @@ static void test_avx2lp(void **state) {
                               {4, 128, 8, 5, 256, 0}, {2, 32, 3, 8, 96, 0},    {2, 64, 6, 4, 192, 0},
                               {2, 128, 4, 6, 384, 0}, {8, 32, 7, 5, 160, 0},   {8, 64, 3, 7, 320, 0},
                               {8, 128, 2, 8, 384, 0}, {4, 64, 16, 8, 2816, 0}, {4, 64, 9, 12, 704, 0},   {4, 64, 15, 9, 256, 0},
-                              {8, 64, 4, 5, 256, 1},  {4, 32, 4, 5, 160, 1},   {2, 32, 4, 5, 96, 1}};
+                              {8, 64, 4, 5, 256, 1},  {4, 32, 4, 5, 160, 1},   {2, 32, 4, 5, 96, 1},
+                              {3, 32, 3, 5, 96, 0},   {3, 64, 9, 6, 192, 0},   {3, 128, 5, 9, 384, 0},
+                              {3, 64, 16, 8, 2816, 0}, {3, 64, 9, 12, 704, 0}, {6, 32, 7, 5, 160, 0},
+                              {6, 64, 3, 7, 320, 0},  {6, 128, 2, 8, 384, 0},  {6, 64, 8, 4, 704, 0},
+                              {3, 32, 4, 5, 96, 1},   {6, 32, 4, 5, 160, 1}};
   for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
     double wq = 0, rq = 0;
     check_lp_quant(k, qs[i][0] == 8 ? 64 : 127, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], qs[i][5], &wq, &rq);
@@ -311,7 +315,7 @@ static void test_avx2lp(void **state) {
   }
   /* no element depends on the tile: T = 23 rows (8 + 8 + 4 + 2 + 1 tiles, N = 9: a 1-row tail block) in one
    * call equal 23 one-row calls bit for bit, for each bit width */
-  static const int bg[][2] = {{2, 32}, {2, 128}, {4, 64}, {8, 32}};
+  static const int bg[][2] = {{2, 32}, {2, 128}, {3, 32}, {4, 64}, {6, 64}, {8, 32}};
   for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) {
     const int B = bg[c][0], G = bg[c][1], T = 23, N = 9, K = 256, ng = K / G;
     uint8_t *data = malloc((size_t)N * (size_t)dg_quant_row_bytes(K, B));
@@ -328,7 +332,8 @@ static void test_avx2lp(void **state) {
     assert_memory_equal(y1, y2, (size_t)T * N * sizeof(float));
     free(data); free(sc); free(bi); free(x); free(y1); free(y2);
   }
-  printf("# avx2lp: 23 rows in one call = 23 one-row calls bit for bit (2-bit g32/g128, 4-bit g64, 8-bit g32)\n");
+  printf("# avx2lp: 23 rows in one call = 23 one-row calls bit for bit (2-bit g32/g128, 3-bit g32, 4-bit g64, 6-bit "
+         "g64, 8-bit g32)\n");
 }
 
 static void test_conversions(void **state) {

@@ -4,7 +4,7 @@
  * AVX-512 or AVX-VNNI: it rounds the activations, so it is never the default and the
  * golden and token-identical tests run the exact path.
  *
- * MLX affine 2/4/8-bit weights (w = q s + b, quant.h): the activations are quantized
+ * MLX affine 2/3/4/6/8-bit weights (w = q s + b, quant.h): the activations are quantized
  * once per call, per row and per weight group g of G: d_g = max_{k in g} |x_k| / Q_B,
  * qx_k = round(x_k / d_g) in [-Q_B, Q_B], x_k ~ d_g qx_k. The product splits per group:
  *   sum_{k in g} x_k w_k ~ d_g (s_g sum_k q_k qx_k + b_g sum_k qx_k)
@@ -40,9 +40,12 @@
  *                     + 2 gamma_{K+8} sum_k (2|x_k| + d_g)(|q_k s_g| + |b_g|)
  *  (the second term also covers the oracle's own dequantization and summation; the
  *  same bound as matmul_avx512lp.c's with Q_B for 127).
- * 3- and 6-bit codes straddle bytes and take the exact AVX2 path, as do f32, f16 and
- * bf16 weights (bf16 products on AVX2 are the exact fp32 FMA path: AVX2 has no bf16
- * dot product), and matmul_rows (the soft embedding). */
+ * 3- and 6-bit codes straddle bytes: a step there is 32 codes in 4B bytes, unpacked to
+ * bytes by vpshufb, a vpmullw per-lane shift and vpsrlw (codes36 below; pair sums at
+ * most 2 * 63 * 127, so Q = 127), the activations stored in that unpacking's order,
+ * and a step lies in one group. f32, f16 and bf16 weights take the exact AVX2 path
+ * (bf16 products on AVX2 are the exact fp32 FMA path: AVX2 has no bf16 dot product),
+ * as does matmul_rows (the soft embedding). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -57,9 +60,57 @@ const dg_kernels *dg_kernels_avx2_impl(void);
 /* The largest activation code for B-bit weights (the saturation bound above). */
 static inline int qmax_for(int B) { return B == 8 ? 64 : 127; }
 
+/* A step's geometry: B = 2, 4, 8: 32 packed bytes, 256/B codes in 8/B sub-vectors; B =
+ * 3, 6 (codes straddle bytes): 4B packed bytes, 32 codes in one sub-vector. */
+static inline int odd_bits(int B) { return B == 3 || B == 6; }
+static inline int nsub_for(int B) { return odd_bits(B) ? 1 : 8 / B; }
+static inline int cps_for(int B) { return odd_bits(B) ? 32 : 256 / B; }
+
+/* The byte position p of a 3/6-bit step holds code perm36(p) of the step: the order
+ * vpackuswb leaves the two 16-code halves in (below). */
+static inline int perm36(int p) { return p < 8 ? p : p < 16 ? p + 8 : p < 24 ? p - 8 : p; }
+
+/* Unpacking 32 B-bit codes (B = 3, 6) of a step to bytes: code c sits at bit B c of the
+ * step's little-endian bytes, in bytes j = (B c) >> 3 and j + 1, from bit s = (B c) & 7.
+ * Codes 0-15 come from the 16 bytes at the step's start, codes 16-31 from the 16 bytes
+ * at byte 2B (both hold every byte their codes touch: (B 15) >> 3 + 1 <= 12). Each
+ * 16-byte load is broadcast to both lane halves; vpshufb puts code c's two bytes in a
+ * 16-bit lane, vpmullw by 2^(16 - B - s) shifts its bits to the top (the bits above
+ * fall off), vpsrlw by 16 - B brings them down: the code. vpackuswb of the two halves
+ * gives 32 bytes in the order perm36. */
+typedef struct unpack36 { __m256i ctrl[2], mul[2]; } unpack36;
+
+static inline unpack36 unpack36_for(int B) {
+  int8_t ctrl[2][32];
+  int16_t mul[2][16];
+  for (int v = 0; v < 2; v++)
+    for (int h = 0; h < 2; h++)
+      for (int l = 0; l < 8; l++) {
+        const int c = 16 * v + 8 * h + l, j = ((B * c) >> 3) - 2 * B * v, sh = (B * c) & 7;
+        ctrl[v][16 * h + 2 * l] = (int8_t)j;
+        ctrl[v][16 * h + 2 * l + 1] = (int8_t)(j + 1);
+        mul[v][8 * h + l] = (int16_t)(1 << (16 - B - sh));
+      }
+  unpack36 u;
+  for (int v = 0; v < 2; v++) {
+    u.ctrl[v] = _mm256_loadu_si256((const __m256i *)ctrl[v]);
+    u.mul[v] = _mm256_loadu_si256((const __m256i *)mul[v]);
+  }
+  return u;
+}
+
+static inline __m256i codes36(const uint8_t *p, const int B, const unpack36 *u) {
+  __m256i h[2];
+  for (int v = 0; v < 2; v++) {
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * B * v)));
+    h[v] = _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(x, u->ctrl[v]), u->mul[v]), 16 - B);
+  }
+  return _mm256_packus_epi16(h[0], h[1]);
+}
+
 /* The activations of one call, quantized for one weight format (B bits, group G):
- * per row t and 32-byte step of the packed weights (cps = 256/B codes), nsub = 8/B
- * vectors of 32 s8 codes in the weights' unpacking order; per row and unit of
+ * per row t and step of the packed weights (cps codes: 256/B, or 32 for B = 3, 6),
+ * nsub vectors of 32 s8 codes in the weights' unpacking order; per row and unit of
  * U = max(G, cps) codes the 8 per-lane scales d of the lanes' groups; per row and
  * group c = d * sum qx (zero padded to a multiple of 8). */
 typedef struct qx_buf {
@@ -74,7 +125,7 @@ static void qx_free(qx_buf *b) { free(b->q); free(b->dl); free(b->c); }
 
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
   memset(b, 0, sizeof *b);
-  b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 256 / B; b->K = K;
+  b->B = B; b->G = G; b->nsub = nsub_for(B); b->cps = cps_for(B); b->K = K;
   const int U = G > b->cps ? G : b->cps;
   b->steps = (K + b->cps - 1) / b->cps;
   b->units = (K + U - 1) / U;
@@ -107,7 +158,7 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
         const int64_t k0 = st * cps;
         for (int j = 0; j < 32; j++)
           for (int s = 0; s < nsub; s++) {
-            const int64_t k = k0 + (int64_t)nsub * j + s;
+            const int64_t k = k0 + (odd_bits(B) ? perm36(j) : (int64_t)nsub * j + s);
             int q = 0;
             if (k < K && dh[k / G] > 0.0f) {
               q = (int)nearbyintf(xt[k] / dh[k / G]);
@@ -169,7 +220,12 @@ static inline __attribute__((always_inline)) void vtile(const int B, const int G
                                                         int64_t ldy, const qx_buf *xb, int64_t t0,
                                                         const uint8_t *const *rows, const char *const *sc,
                                                         const char *const *bi, dg_dtype sbt) {
-  const int nsub = 8 / B, cps = 256 / B, U = G > cps ? G : cps, spu = U / cps, gpu = U / G;
+  const int nsub = nsub_for(B), cps = cps_for(B), U = G > cps ? G : cps, spu = U / cps, gpu = U / G;
+  const int sb = cps * B / 8;                     /* packed bytes per step */
+  const int need = odd_bits(B) ? 2 * B + 16 : 32; /* bytes a step's loads touch */
+  unpack36 u36;
+  if (odd_bits(B)) u36 = unpack36_for(B);
+  else memset(&u36, 0, sizeof u36);
   const int64_t steps = xb->steps, units = xb->units, rb = xb->K * B / 8, ng = xb->ng;
   const __m256i bm = _mm256_set1_epi8((char)((1 << B) - 1)), ones = _mm256_set1_epi16(1);
   const int8_t *xq[TT_MAX];
@@ -193,18 +249,21 @@ static inline __attribute__((always_inline)) void vtile(const int B, const int G
       for (int j = 0; j < TT; j++) isum[j] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int su = 0; su < spu; su++) {
-        const int64_t st = un * spu + su, byte0 = st * 32;
-        __m256i raw;
-        if (rb - byte0 >= 32) raw = _mm256_loadu_si256((const __m256i *)(rows[i] + byte0));
-        else { /* the row's last, partial step (K not a multiple of 256 / B): no read past the row */
-          uint8_t tail[32] = {0};
-          memcpy(tail, rows[i] + byte0, (size_t)(rb - byte0));
-          raw = _mm256_loadu_si256((const __m256i *)tail);
+        const int64_t st = un * spu + su, byte0 = st * sb;
+        const uint8_t *src = rows[i] + byte0;
+        uint8_t tail[32] = {0};
+        if (rb - byte0 < need) { /* the row's last steps: no read past the row */
+          memcpy(tail, src, (size_t)(rb - byte0 < 32 ? rb - byte0 : 32));
+          src = tail;
         }
         _mm_prefetch((const char *)rows[i] + byte0 + RT_MAX * rb, _MM_HINT_T0);
         __m256i wc[8];
+        if (odd_bits(B)) wc[0] = codes36(src, B, &u36);
+        else {
+          const __m256i raw = _mm256_loadu_si256((const __m256i *)src);
 #pragma GCC unroll 8
-        for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm256_and_si256(_mm256_srli_epi16(raw, B * u), bm);
+          for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm256_and_si256(_mm256_srli_epi16(raw, B * u), bm);
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < TT; j++) {
           const __m256i *xv = (const __m256i *)(xq[j] + (size_t)st * (size_t)nsub * 32);
@@ -257,21 +316,23 @@ typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, co
 #define VTG(B, G) VT(B, G, 4, 8) VT(B, G, 4, 4) VT(B, G, 4, 2) VT(B, G, 4, 1) VT(B, G, 1, 8) VT(B, G, 1, 4) VT(B, G, 1, 2) VT(B, G, 1, 1)
 #define VTB(B) VTG(B, 32) VTG(B, 64) VTG(B, 128)
 VTB(2)
+VTB(3)
 VTB(4)
+VTB(6)
 VTB(8)
 #define VROW(B, G)                                                                                        \
   {vt_##B##_##G##_4x8, vt_##B##_##G##_4x4, vt_##B##_##G##_4x2, vt_##B##_##G##_4x1,                          \
    vt_##B##_##G##_1x8, vt_##B##_##G##_1x4, vt_##B##_##G##_1x2, vt_##B##_##G##_1x1}
 #define VROWS(B) {VROW(B, 32), VROW(B, 64), VROW(B, 128)}
-/* [bits 2, 4, 8][group 32, 64, 128][shape 4x8, 4x4, 4x2, 4x1, 1x8, 1x4, 1x2, 1x1] */
-static const vtile_fn VTILE_TABLE[3][3][8] = {VROWS(2), VROWS(4), VROWS(8)};
+/* [bits 2, 3, 4, 6, 8][group 32, 64, 128][shape 4x8, 4x4, 4x2, 4x1, 1x8, 1x4, 1x2, 1x1] */
+static const vtile_fn VTILE_TABLE[5][3][8] = {VROWS(2), VROWS(3), VROWS(4), VROWS(6), VROWS(8)};
 
 static void lp_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
                     int64_t rt) {
   const uint8_t *rows[RT_MAX];
   const char *sc[RT_MAX], *bi[RT_MAX];
   for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
-  const vtile_fn *tf = VTILE_TABLE[w->bits == 2 ? 0 : w->bits == 4 ? 1 : 2]
+  const vtile_fn *tf = VTILE_TABLE[w->bits == 2 ? 0 : w->bits == 3 ? 1 : w->bits == 4 ? 2 : w->bits == 6 ? 3 : 4]
                                   [w->group_size == 32 ? 0 : w->group_size == 64 ? 1 : 2];
   /* activation rows 8 at a time, the tail 4, 2, 1 at a time (at most 3 narrow tiles) */
   if (rt == RT_MAX) {
@@ -295,9 +356,9 @@ static void lp_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
 
 /* ---- entry points ---------------------------------------------------------- */
 
-/* Whether the int8 path takes w: MLX affine 2/4/8 bits, group 32/64/128. */
+/* Whether the int8 path takes w: MLX affine 2/3/4/6/8 bits, group 32/64/128. */
 static int lp_takes(const dg_weight *w) {
-  return (w->bits == 2 || w->bits == 4 || w->bits == 8) &&
+  return (w->bits == 2 || w->bits == 3 || w->bits == 4 || w->bits == 6 || w->bits == 8) &&
          (w->group_size == 32 || w->group_size == 64 || w->group_size == 128);
 }
 
