@@ -204,7 +204,8 @@ static void check_lp_bf16(const dg_kernels *lp, int T, int N, int K, double *wor
 /* MLX affine B-bit weights through VNNI (avx512lp) or vpmaddubsw (avx2lp): the
  * activations quantized per row and group, x ~ d qx with d = max|x_g| / Q (Q = 127;
  * avx2lp: Q = 64 for 8-bit weights, the bound that keeps vpmaddubsw's s16 pair sums
- * 2 * 255 * Q from saturating) and |d qx - x| <= d (1/2 + 2^-17)
+ * 2 * 255 * Q from saturating) and |d qx - x| <= d (1/2 + 2^-17) (avx2lp multiplies by
+ * fl(1/d) instead of dividing: 1/2 + 2^-16)
  * (the rounding of x / d), then exact integer sums and fp32 scale/bias
  * arithmetic of a few roundings per term:
  *   |y - y_ref| <= sum_g d_g (1/2 + 2^-10) sum_{k in g} |w_k|

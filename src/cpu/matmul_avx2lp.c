@@ -31,8 +31,9 @@
  * one group (G >= 32), so the per-group scale s_g d_g is a per-lane fp32 vector.
  *
  * What it rounds (tests/test_kernels.c checks it against the fp32 oracle):
- *  - x -> d qx: fl(x / d) is within u Q_B of x / d (u = 2^-24), so
- *    |d qx - x| <= d (1/2 + 2^-17) per element;
+ *  - x -> d qx: qx = round(fl(x fl(1/d))) (a multiply: no division per element), and
+ *    fl(x fl(1/d)) is within (2u + u^2) Q_B of x / d (u = 2^-24), so
+ *    |d qx - x| <= d (1/2 + 2^-16) per element;
  *  - the integer sums are exact (above); the fp32 scale/bias arithmetic (s d, the
  *    products, c_g = d_g sum qx, the sums over groups, the final horizontal sum) is a
  *    few roundings per term;
@@ -140,33 +141,54 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   /* parallel over rows; a call of fewer rows than threads (M = 1) stays on this thread (no wake-up) */
 #pragma omp parallel num_threads(T < n_threads ? (int)T : n_threads) reduction(| : fail)
   {
-    float *dh = malloc((size_t)(b->ng + 1) * sizeof(float)); /* d of each group of the row */
+    float *dh = malloc((size_t)(2 * b->ng + 1) * sizeof(float)); /* d of each group of the row, then 1 / d */
     fail |= !dh;
+    const int lg = __builtin_ctz((unsigned)G); /* G is a power of 2: k / G = k >> lg (no division per element) */
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; t++) {
       if (!dh) continue;
       const float *xt = x + t * ldx;
       float *ct = b->c + t * b->cstride;
+      /* group maxima, 8 lanes at a time (G is a multiple of 8) */
+      const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
       for (int64_t g = 0; g < b->ng; g++) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < G; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xt + g * G + k), absm));
+        float mv[8];
+        _mm256_storeu_ps(mv, m);
         float mx = 0.0f;
-        for (int k = 0; k < G; k++) mx = fmaxf(mx, fabsf(xt[g * G + k]));
+        for (int i = 0; i < 8; i++) mx = fmaxf(mx, mv[i]);
         dh[g] = mx / (float)Q;
+        dh[b->ng + g] = dh[g] > 0.0f ? 1.0f / dh[g] : 0.0f;
       }
+      const float *inv = dh + b->ng;
       memset(ct, 0, (size_t)b->cstride * sizeof(float));
+      const __m256 qhi = _mm256_set1_ps((float)Q), qlo = _mm256_set1_ps((float)-Q);
       for (int64_t st = 0; st < b->steps; st++) {
         int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 32;
-        const int64_t k0 = st * cps;
-        for (int j = 0; j < 32; j++)
-          for (int s = 0; s < nsub; s++) {
-            const int64_t k = k0 + (odd_bits(B) ? perm36(j) : (int64_t)nsub * j + s);
-            int q = 0;
-            if (k < K && dh[k / G] > 0.0f) {
-              q = (int)nearbyintf(xt[k] / dh[k / G]);
-              q = q > Q ? Q : q < -Q ? -Q : q;
-              ct[k / G] += (float)q; /* exact: |sum| <= 127 G < 2^24 */
-            }
-            qs[s * 32 + j] = (int8_t)q;
+        const int64_t k0 = st * cps, n = K - k0 < cps ? K - k0 : cps; /* n: a multiple of 32 */
+        /* the step's codes in natural order: round(x * (1/d)) clamped to [-Q, Q] (vroundps: to
+         * nearest even, as nearbyintf; 8 codes share a group), zero past K */
+        int32_t qn[256];
+        for (int64_t kk = 0; kk < cps; kk += 8) {
+          __m256i v = _mm256_setzero_si256();
+          if (kk < n) {
+            const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xt + k0 + kk),
+                                                           _mm256_set1_ps(inv[(k0 + kk) >> lg])),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, qhi), qlo));
           }
+          _mm256_storeu_si256((__m256i *)(qn + kk), v);
+        }
+        /* into the weights' unpacking order, summing each group's codes (exact integers) */
+        int32_t gs[8] = {0}; /* the step's groups: at most cps / 32 = 4 */
+        for (int j = 0; j < 32; j++)
+          for (int sub = 0; sub < nsub; sub++) {
+            const int kk = odd_bits(B) ? perm36(j) : nsub * j + sub;
+            qs[sub * 32 + j] = (int8_t)qn[kk];
+            gs[kk >> 5] += qn[kk];
+          }
+        for (int64_t kk = 0; kk < n; kk += 32) ct[(k0 + kk) >> lg] += (float)gs[kk >> 5]; /* exact: |sum| <= 127 G < 2^24 */
       }
       for (int64_t un = 0; un < b->units; un++) {
         float *dl = b->dl + ((size_t)t * (size_t)b->units + (size_t)un) * 8;
