@@ -302,13 +302,17 @@ static inline __attribute__((always_inline)) void vtile(const int B, const int G
                                     acc[i][j]);
     }
   }
-  /* the bias part: sum_g b_g d_g sum_k qx_k, 8 groups at a time, then the tail */
-  int64_t g = 0;
-  for (; g + 8 <= ng; g += 8) {
+  /* the bias part: sum_g b_g d_g sum_k qx_k, 8 groups at a time; the last, partial 8
+   * from a zero-padded copy of the biases (c is zero past ng), so no scalar tail */
+  for (int64_t g = 0; g < ng; g += 8) {
 #pragma GCC unroll 4
     for (int i = 0; i < RT; i++) {
       __m256 b;
-      if (sbt == DG_BF16)
+      if (g + 8 > ng) {
+        float v[8] = {0};
+        for (int64_t h = g; h < ng; h++) v[h - g] = dg_load_elem(sbt, bi[i], h);
+        b = _mm256_loadu_ps(v);
+      } else if (sbt == DG_BF16)
         b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(bi[i] + 2 * g))), 16));
       else if (sbt == DG_F16) b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(bi[i] + 2 * g)));
       else b = _mm256_loadu_ps((const float *)bi[i] + g);
@@ -319,11 +323,7 @@ static inline __attribute__((always_inline)) void vtile(const int B, const int G
 #pragma GCC unroll 4
   for (int i = 0; i < RT; i++)
 #pragma GCC unroll 8
-    for (int j = 0; j < TT; j++) {
-      float r = hsum8(acc[i][j]);
-      for (int64_t h = g; h < ng; h++) r = fmaf(dg_load_elem(sbt, bi[i], h), xc[j][h], r);
-      y[j * ldy + i] = r;
-    }
+    for (int j = 0; j < TT; j++) y[j * ldy + i] = hsum8(acc[i][j]);
 }
 
 typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
