@@ -149,7 +149,7 @@ libs=$(find "$GG/build" -name 'libggml-cpu.a' -o -name 'libggml.a' -o -name 'lib
 g++ -O2 -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
 
-echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); load: $(cat /proc/loadavg); ggml $rev; threads $THREADS; OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee "$OUT/header.txt"
+echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee "$OUT/header.txt"
 : >"$OUT/ggml.txt"
 for ty in ${GGML_TYPES//,/ }; do
   "$GG/mm_bench" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 | tee -a "$OUT/ggml.txt"
