@@ -17,7 +17,8 @@
 #     with W [1408, 2816] (one expert's gate/up) and [2816, 704] (down), for
 #     M = ROWS (default 1,8,16,64,256) activation rows, the weights in
 #     GGML_TYPES (default q4_K,q4_0,q8_0; quantized with ggml_quantize_chunk
-#     from random values); like `dgemma bench --protocol ceiling`, successive
+#     from random values; a type whose block does not divide K is skipped:
+#     q4_K's 256 at the down product's K = 704); like `dgemma bench --protocol ceiling`, successive
 #     calls walk through a stack of 64 distinct experts (> the L3) so that the
 #     weights come from memory, max(2, 128 / M) calls per run (2 from M = 64),
 #     the median of REPS (default 5) runs after one warm-up, per call;
@@ -95,6 +96,10 @@ int main(int argc, char **argv) {
   for (int a = 5; a < argc; a++) {
     int64_t N, K;
     if (sscanf(argv[a], "%ld:%ld", &N, &K) != 2) return 2;
+    if (K % ggml_blck_size(ty)) { /* e.g. q4_K (256 per block) at K = 704: ggml's rows would not hold whole blocks */
+      printf("ggml %s %ld %ld skip: K is not a multiple of the %ld-weight block\n", argv[1], N, K, (long)ggml_blck_size(ty));
+      continue;
+    }
     int Mmax = 0;
     for (int i = 0; i < nM; i++) Mmax = Ms[i] > Mmax ? Ms[i] : Mmax;
     const size_t wb = ggml_row_size(ty, K) * N;
@@ -165,7 +170,7 @@ out, types = sys.argv[1], sys.argv[2].split(",")
 g = {}
 for line in open(f"{out}/ggml.txt"):
     f = line.split()
-    if f[0] != "ggml": continue
+    if f[0] != "ggml" or f[4] == "skip:": continue
     g[(f[1], int(f[2]), int(f[3]), int(f[4]))] = (float(f[6]), float(f[9]), float(f[10]))
 d = {}
 for k in ("avx2", "avx2lp"):
@@ -174,8 +179,8 @@ for k in ("avx2", "avx2lp"):
         if j.get("shape") in ("expert_gate_up", "expert_down"):
             d[(k, j["N"], j["K"], int(j["M"]))] = (j["median_s"], j["weight_bytes"], j["flops"])
 cols = [("dgemma avx2", ("avx2",)), ("dgemma avx2lp", ("avx2lp",))] + [("ggml " + t, t) for t in types]
-print("| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | avx2lp / q4_K | avx2 / q4_K |")
-print("|---|---|" + "---|---|" * len(cols) + "---|---|")
+print("| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | avx2lp / q4_K | avx2 / q4_K | avx2lp / q4_0 |")
+print("|---|---|" + "---|---|" * len(cols) + "---|---|---|")
 for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816, 704]")):
     Ms = sorted({m for (_, n, kk, m) in g if (n, kk) == (N, K)} | {m for (_, n, kk, m) in d if (n, kk) == (N, K)})
     for M in Ms:
@@ -184,15 +189,17 @@ for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816
             v = d.get((key[0], N, K, M)) if isinstance(key, tuple) else g.get((key, N, K, M))
             tm[c] = v
             cells.append(f"{v[1] / v[0] / 1e9:.1f} | {v[2] / v[0] / 1e9:.1f}" if v else "- | -")
-        q = tm.get("ggml q4_K")
-        r = lambda c: f"{q[0] / tm[c][0]:.2f}x" if q and tm.get(c) else "-"
-        print(f"| {name} | {M} | " + " | ".join(cells) + f" | {r('dgemma avx2lp')} | {r('dgemma avx2')} |")
+        r = lambda c, q: f"{tm[q][0] / tm[c][0]:.2f}x" if tm.get(q) and tm.get(c) else "-"
+        print(f"| {name} | {M} | " + " | ".join(cells) +
+              f" | {r('dgemma avx2lp', 'ggml q4_K')} | {r('dgemma avx2', 'ggml q4_K')} | {r('dgemma avx2lp', 'ggml q4_0')} |")
 for k in ("avx2", "avx2lp"):
     for line in open(f"{out}/dgemma_{k}.jsonl"):
         j = json.loads(line)
         if j.get("shape") == "moe_gathered":
             print(f"\nmoe_gathered {j['tokens']} tokens ({j['experts']} experts hit, M = {j['M']:.1f}), {j['format']}, dgemma {k}: "
                   f"{1e3 * j['median_s']:.1f} ms per call, {j['gflop_s']:.1f} GFLOP/s, {100 * j['fraction']:.0f}% of its roofline ({j['compute_rate']})")
-print("\nratio = ggml q4_K time / dgemma time (same bytes: 4.5 bits per weight both); GB/s = weight bytes / median per call;")
+print("\nratio = ggml time / dgemma time (q4_K: 4.5 bits per weight, the same bytes as dgemma's 4-bit g64 with bf16 scales and")
+print("biases; q4_0: 4.5 bits too); '-': not run (q4_K needs K a multiple of 256: the down product's K = 704 is not, llama.cpp")
+print("stores such tensors in another type); GB/s = weight bytes / median per call;")
 print("GFLOP/s = 2 N K M / median. Raw: " + out)
 PY
