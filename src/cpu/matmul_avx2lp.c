@@ -245,6 +245,7 @@ static inline __attribute__((always_inline)) void vtile(const int B, const int G
   const int nsub = nsub_for(B), cps = cps_for(B), U = G > cps ? G : cps, spu = U / cps, gpu = U / G;
   const int sb = cps * B / 8;                     /* packed bytes per step */
   const int need = odd_bits(B) ? 2 * B + 16 : 32; /* bytes a step's loads touch */
+  uint8_t tail[32]; /* a copy of a row's last bytes (zero past them) */
   unpack36 u36;
   if (odd_bits(B)) u36 = unpack36_for(B);
   else memset(&u36, 0, sizeof u36);
@@ -273,8 +274,8 @@ static inline __attribute__((always_inline)) void vtile(const int B, const int G
       for (int su = 0; su < spu; su++) {
         const int64_t st = un * spu + su, byte0 = st * sb;
         const uint8_t *src = rows[i] + byte0;
-        uint8_t tail[32] = {0};
         if (rb - byte0 < need) { /* the row's last steps: no read past the row */
+          memset(tail, 0, sizeof tail);
           memcpy(tail, src, (size_t)(rb - byte0 < 32 ? rb - byte0 : 32));
           src = tail;
         }
