@@ -62,6 +62,7 @@ NVFLAGS   := -O2 -g $(NVDEV) -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -X
 ISA_avx2   := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni
+ISA_avx2lp := $(ISA_avx2)
 
 .DEFAULT_GOAL := all
 # The CUDA backend (src/cuda/*.cu and src/device.c, its table: src/backend.h) is a plugin,

@@ -92,8 +92,9 @@ dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n);
 
 /* The CPU kernel set dg_model_load gives a model (without reference_kernels):
  * *name = "avx512", "avx2" or "ref" (the best exact set this CPU has), or the
- * set the environment variable DGEMMA_KERNELS=ref|avx2|avx512|avx512lp names
- * (avx512lp: the lossy AVX-512 BF16/VNNI products, only on request). *name (a
+ * set the environment variable DGEMMA_KERNELS=ref|avx2|avx512|avx512lp|avx2lp
+ * names (avx512lp: the lossy AVX-512 BF16/VNNI products; avx2lp: the lossy AVX2
+ * int8 products; only on request). *name (a
  * static string) is set in every case. Returns DG_OK, or DG_ERR_INVALID_ARG
  * when DGEMMA_KERNELS names no kernel set or one this CPU lacks: the best
  * exact set is used instead and dg_last_error() says so in one line naming the
@@ -142,7 +143,7 @@ typedef struct dg_model_info {
   dg_device device;          /* where the forward pass runs */
   size_t device_bytes;       /* device memory held by the weights (CUDA), else 0 */
   int32_t max_position_embeddings; /* positions 0..max-1 (prompt + canvases must fit) */
-  const char *cpu_kernels;   /* the CPU kernel set of its forward passes: "ref", "avx2", "avx512" or "avx512lp"
+  const char *cpu_kernels;   /* the CPU kernel set of its forward passes: "ref", "avx2", "avx512", "avx512lp" or "avx2lp"
                                 (dg_cpu_kernels; "ref" with reference_kernels) */
 } dg_model_info;
 

@@ -53,12 +53,12 @@ typedef struct dg_kernels {
 /* The scalar oracle: plain loops, k summed in increasing order. */
 const dg_kernels *dg_kernels_ref(void);
 /* Best implementation for this CPU (cpuid): AVX-512, AVX2+FMA or the oracle.
- * DGEMMA_KERNELS=ref|avx2|avx512|avx512lp in the environment overrides the
- * choice (avx512lp is never chosen by default). */
+ * DGEMMA_KERNELS=ref|avx2|avx512|avx512lp|avx2lp in the environment overrides
+ * the choice (avx512lp and avx2lp are never chosen by default). */
 const dg_kernels *dg_kernels_best(void);
 /* The set DGEMMA_KERNELS = env asks for (env NULL or "": the default, the best
- * exact set AVX-512 > AVX2 > ref; "avx512lp" only on request). A name that is
- * none of ref, avx2, avx512, avx512lp, or a set this CPU lacks, gives the best
+ * exact set AVX-512 > AVX2 > ref; "avx512lp" and "avx2lp" only on request). A
+ * name that is none of ref, avx2, avx512, avx512lp, avx2lp, or a set this CPU lacks, gives the best
  * exact set and a one-line reason in why[n] (naming the variable, the value
  * and the set taken); why[0] = 0 when env was honoured. why may be NULL. */
 const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n);
@@ -71,5 +71,14 @@ const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW
  * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
  * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
 const dg_kernels *dg_kernels_avx512lp(void);
+/* Opt-in, lossy (DGEMMA_KERNELS=avx2lp): MLX affine 2/3/4/6/8-bit weights (groups
+ * 32/64/128) through AVX2 vpmaddubsw + vpmaddwd with the activations quantized
+ * to int8 per row and weight group (to [-127, 127], or [-64, 64] for 8-bit
+ * weights so that vpmaddubsw's s16 pair sums cannot saturate); other weights,
+ * and matmul_rows, as dg_kernels_avx2 (exact). Same entry points and contracts
+ * as dg_kernels (the grouped entry equals per-expert plain calls bit for bit)
+ * except the rounding of the activations, derived in cpu/matmul_avx2lp.c and
+ * tested in test_kernels.c. NULL if the CPU lacks AVX2 or FMA. */
+const dg_kernels *dg_kernels_avx2lp(void);
 
 #endif

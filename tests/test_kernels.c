@@ -201,16 +201,21 @@ static void check_lp_bf16(const dg_kernels *lp, int T, int N, int K, double *wor
   free(w); free(x); free(xh); free(y0); free(y1); free(y2);
 }
 
-/* MLX affine B-bit weights through VNNI: the activations quantized per row and
- * group, x ~ d qx with d = max|x_g| / 127 and |d qx - x| <= d (1/2 + 2^-17)
+/* MLX affine B-bit weights through VNNI (avx512lp) or vpmaddubsw (avx2lp): the
+ * activations quantized per row and group, x ~ d qx with d = max|x_g| / Q (Q = 127;
+ * avx2lp: Q = 64 for 8-bit weights, the bound that keeps vpmaddubsw's s16 pair sums
+ * 2 * 255 * Q from saturating) and |d qx - x| <= d (1/2 + 2^-17) (avx2lp multiplies by
+ * fl(1/d) instead of dividing: 1/2 + 2^-16)
  * (the rounding of x / d), then exact integer sums and fp32 scale/bias
  * arithmetic of a few roundings per term:
  *   |y - y_ref| <= sum_g d_g (1/2 + 2^-10) sum_{k in g} |w_k|
  *                  + 2 gamma_{K+8} sum_k (2|x_k| + d_g) (|q_k s_g| + |b_g|)
  * (w_k = q_k s_g + b_g; the second term covers the oracle's own dequantization
  * and summation and the kernel's). The grouped entry must equal one plain
- * call per expert bit for bit. */
-static void check_lp_quant(const dg_kernels *lp, int B, int G, int T, int N, int K, double *worst, double *rel) {
+ * call per expert bit for bit. sat: every code 2^B - 1 and every activation +-1
+ * (so every qx = +-Q): the largest integer sums the kernel can meet. */
+static void check_lp_quant(const dg_kernels *lp, int Q, int B, int G, int T, int N, int K, int sat, double *worst,
+                           double *rel) {
   const dg_kernels *ref = dg_kernels_ref();
   const int ng = K / G;
   float *wf = malloc((size_t)N * K * sizeof(float));
@@ -224,16 +229,18 @@ static void check_lp_quant(const dg_kernels *lp, int B, int G, int T, int N, int
                  .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
   float *x = malloc((size_t)T * K * sizeof(float)), *y0 = malloc((size_t)T * N * sizeof(float));
   float *y1 = malloc((size_t)T * N * sizeof(float)), *y2 = malloc((size_t)T * N * sizeof(float));
-  for (int i = 0; i < T * K; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+  for (int i = 0; i < T * K; i++) x[i] = sat ? (i / K % 2 ? -1.0f : 1.0f) : frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+  if (sat) memset(data, 0xff, (size_t)N * (size_t)dg_quant_row_bytes(K, B));
   ref->matmul(y0, N, x, K, T, &W, 0, N, 2);
   lp->matmul(y1, N, x, K, T, &W, 0, N, 2);
   const double u = ldexp(1.0, -24), gam = (K + 8) * u / (1.0 - (K + 8) * u);
   for (int t = 0; t < T; t++) {
-    double d[64];
+    double d[256];
+    assert_true(ng <= 256);
     for (int g = 0; g < ng; g++) {
       double mx = 0;
       for (int k = g * G; k < (g + 1) * G; k++) mx = fmax(mx, fabs(x[t * K + k]));
-      d[g] = mx / 127.0;
+      d[g] = mx / Q;
     }
     for (int n = 0; n < N; n++) {
       double bq = 0, bf = 0, mag = 0;
@@ -249,8 +256,8 @@ static void check_lp_quant(const dg_kernels *lp, int B, int G, int T, int N, int
       if (e / bound > *worst) *worst = e / bound;
       if (mag > 0 && e / mag > *rel) *rel = e / mag;
       if (e > bound)
-        fail_msg("avx512lp %d-bit G=%d T=%d N=%d K=%d: y[%d,%d] = %.9g, oracle %.9g, |diff| %.3g > bound %.3g", B, G, T, N,
-                 K, t, n, y1[t * N + n], y0[t * N + n], e, bound);
+        fail_msg("%s %d-bit G=%d T=%d N=%d K=%d: y[%d,%d] = %.9g, oracle %.9g, |diff| %.3g > bound %.3g", lp->name, B, G,
+                 T, N, K, t, n, y1[t * N + n], y0[t * N + n], e, bound);
     }
   }
   /* the grouped entry: experts of N/2 rows (rows_per_expert), uneven row counts, one empty expert */
@@ -278,10 +285,56 @@ static void test_avx512lp(void **state) {
                               {2, 64, 6, 4, 512}, {8, 32, 7, 5, 160}, {8, 128, 2, 8, 384}, {4, 64, 16, 8, 2816}};
   for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
     double wq = 0, rq = 0;
-    check_lp_quant(k, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], &wq, &rq);
+    check_lp_quant(k, 127, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], 0, &wq, &rq);
     printf("# avx512lp %d-bit G=%d T=%d N=%d K=%d vs oracle: largest |diff| / bound = %.4f (<= 1), / sum|x w| = %.2e\n",
            qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], wq, rq);
   }
+}
+
+/* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64
+ * for 8-bit weights. The cases cover every bit width (2/3/4/6/8) and group size the kernel
+ * takes, K not a multiple of a 32-byte step's 256/B codes (a partial last step),
+ * odd T and N (the 1-wide tiles), the real expert shapes, and saturation (sat). */
+static void test_avx2lp(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx2lp();
+  if (!k) dg_test_skip("test_kernels avx2lp: this CPU (or build) has no AVX2 + FMA");
+  static const int qs[][6] = {{4, 64, 5, 9, 192, 0},  {4, 32, 1, 4, 704, 0},   {4, 32, 3, 5, 160, 0},
+                              {4, 128, 8, 5, 256, 0}, {2, 32, 3, 8, 96, 0},    {2, 64, 6, 4, 192, 0},
+                              {2, 128, 4, 6, 384, 0}, {8, 32, 7, 5, 160, 0},   {8, 64, 3, 7, 320, 0},
+                              {8, 128, 2, 8, 384, 0}, {4, 64, 16, 8, 2816, 0}, {4, 64, 9, 12, 704, 0},   {4, 64, 15, 9, 256, 0},
+                              {8, 64, 4, 5, 256, 1},  {4, 32, 4, 5, 160, 1},   {2, 32, 4, 5, 96, 1},
+                              {3, 32, 3, 5, 96, 0},   {3, 64, 9, 6, 192, 0},   {3, 128, 5, 9, 384, 0},
+                              {3, 64, 16, 8, 2816, 0}, {3, 64, 9, 12, 704, 0}, {6, 32, 7, 5, 160, 0},
+                              {6, 64, 3, 7, 320, 0},  {6, 128, 2, 8, 384, 0},  {6, 64, 8, 4, 704, 0},
+                              {3, 32, 4, 5, 96, 1},   {6, 32, 4, 5, 160, 1}};
+  for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
+    double wq = 0, rq = 0;
+    check_lp_quant(k, qs[i][0] == 8 ? 64 : 127, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], qs[i][5], &wq, &rq);
+    printf("# avx2lp %d-bit G=%d T=%d N=%d K=%d%s vs oracle: largest |diff| / bound = %.4f (<= 1), / sum|x w| = %.2e\n",
+           qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], qs[i][5] ? " (saturating codes)" : "", wq, rq);
+  }
+  /* no element depends on the tile: T = 23 rows (8 + 8 + 4 + 2 + 1 tiles, N = 9: a 1-row tail block) in one
+   * call equal 23 one-row calls bit for bit, for each bit width */
+  static const int bg[][2] = {{2, 32}, {2, 128}, {3, 32}, {4, 64}, {6, 64}, {8, 32}};
+  for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) {
+    const int B = bg[c][0], G = bg[c][1], T = 23, N = 9, K = 256, ng = K / G;
+    uint8_t *data = malloc((size_t)N * (size_t)dg_quant_row_bytes(K, B));
+    uint16_t *sc = malloc((size_t)N * ng * 2), *bi = malloc((size_t)N * ng * 2);
+    float *x = malloc((size_t)T * K * sizeof(float)), *y1 = malloc((size_t)T * N * sizeof(float));
+    float *y2 = malloc((size_t)T * N * sizeof(float));
+    for (int i = 0; i < N * (int)dg_quant_row_bytes(K, B); i++) data[i] = (uint8_t)(rand() & 0xff);
+    for (int i = 0; i < N * ng; i++) { sc[i] = dg_f32_to_bf16(frand() * 0.01f); bi[i] = dg_f32_to_bf16(frand() * 0.1f); }
+    for (int i = 0; i < T * K; i++) x[i] = frand();
+    dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
+                   .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
+    k->matmul(y1, N, x, K, T, &W, 0, N, 2);
+    for (int t = 0; t < T; t++) k->matmul(y2 + (size_t)t * N, N, x + (size_t)t * K, K, 1, &W, 0, N, 1);
+    assert_memory_equal(y1, y2, (size_t)T * N * sizeof(float));
+    free(data); free(sc); free(bi); free(x); free(y1); free(y2);
+  }
+  printf("# avx2lp: 23 rows in one call = 23 one-row calls bit for bit (2-bit g32/g128, 3-bit g32, 4-bit g64, 6-bit "
+         "g64, 8-bit g32)\n");
 }
 
 static void test_conversions(void **state) {
@@ -319,6 +372,7 @@ int main(void) {
       cmocka_unit_test(test_rows_avx512),
       cmocka_unit_test(test_rows_avx2),
       cmocka_unit_test(test_avx512lp),
+      cmocka_unit_test(test_avx2lp),
   };
   return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

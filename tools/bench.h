@@ -119,7 +119,10 @@ double bench_copy_bandwidth(size_t bytes, int n_threads, int reps);
 double bench_fma_rate(int n_threads, int reps, const char **isa);
 /* The CPU's dot-product ceilings, register-resident on every thread, best of
  * reps: kind 1 = AVX-512 BF16 vdpbf16ps (FLOP/s, 2 per bf16 multiply-add),
- * kind 2 = AVX-512 VNNI vpdpbusd (int8 OP/s, 2 per u8 x s8 multiply-add).
+ * kind 2 = AVX-512 VNNI vpdpbusd (int8 OP/s, 2 per u8 x s8 multiply-add),
+ * kind 3 = AVX2 vpmaddubsw (int8 OP/s, 2 per u8 x s8 multiply-add: 32 per
+ * instruction, its s16 pair sums added into s16 accumulators, the instruction
+ * DGEMMA_KERNELS=avx2lp builds its dot products on).
  * 0 if the CPU lacks the instruction. */
 double bench_dp_rate(int n_threads, int reps, int kind);
 /* FLOP/s of this build's matmul kernel on 64 x 2048 x 2048 f32 (context, not a

@@ -24,9 +24,9 @@
  * the roofline max(weight bytes / copy bandwidth, FLOPs / compute rate), the
  * compute rate being the fastest the CPU has for the format: bf16 weights
  * the larger of the fp32 FMA and the AVX-512 BF16 vdpbf16ps rates, quantized
- * weights the larger of the fp32 FMA and the int8 VNNI vpdpbusd rates (the
- * lossy DGEMMA_KERNELS=avx512lp kernels use those; the exact default kernels
- * cannot reach them), with
+ * weights the largest of the fp32 FMA, the int8 VNNI vpdpbusd and the AVX2 int8
+ * vpmaddubsw rates (the lossy DGEMMA_KERNELS=avx512lp and avx2lp kernels use
+ * those; the exact default kernels cannot reach them), with
  * the ceilings (bench.c) measured before and after the sweep in the same
  * command (the best of both: on a shared machine the load moves), and the
  * fraction of it reached (roofline time / measured time). */
@@ -182,13 +182,16 @@ static const char *fmt_name(int bits, char *buf, size_t n) {
   return buf;
 }
 
-/* rates: [0] fp32 FMA, [1] bf16 dot product, [2] int8 dot product (0 = absent) */
+/* rates: [0] fp32 FMA, [1] bf16 dot product, [2] int8 VNNI dot product, [3] int8 AVX2
+ * vpmaddubsw (0 = absent). A quantized row's compute rate is the fastest of FMA and
+ * the int8 rates the CPU has (whatever kernel set runs), a bf16 row's of FMA and bf16. */
 static void emit(const ce_row *r, const dg_kernels *kn, double bw, const double *rates, double mm, int nt, FILE *out) {
   char f[32];
   int mb;
-  const int alt = r->bits >= 16 ? 1 : 2;
+  const int alt = r->bits >= 16 ? 1 : rates[2] >= rates[3] ? 2 : 3;
   const double fma = rates[0], rate = rates[alt] > fma ? rates[alt] : fma;
-  const char *rate_name = rates[alt] > fma ? (alt == 1 ? "bf16 vdpbf16ps" : "int8 vpdpbusd") : "fp32 FMA";
+  const char *rate_name = rates[alt] > fma ? (alt == 1 ? "bf16 vdpbf16ps" : alt == 2 ? "int8 vpdpbusd" : "int8 vpmaddubsw")
+                                           : "fp32 FMA";
   const double roof = bench_floor_s(&r->cost, bw, rate, &mb);
   printf("| %s | %s | %g | %.2f | %.4f | %.3f | %.3f–%.3f | %.1f | %.1f | %.3f | %s | %.0f%% |\n", r->shape,
          fmt_name(r->bits, f, sizeof f), r->M, r->cost.weight_bytes / 1e6, r->cost.flops / 1e9, 1e3 * r->med,
@@ -410,7 +413,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
   const dg_kernels *kn = dg_kernels_best();
   const char *isa = "", *kname = "";
   double bw = bench_copy_bandwidth((size_t)256 << 20, nt, 5), rate = bench_fma_rate(nt, 5, &isa);
-  double rbf = bench_dp_rate(nt, 2, 1), ri8 = bench_dp_rate(nt, 2, 2);
+  double rbf = bench_dp_rate(nt, 2, 1), ri8 = bench_dp_rate(nt, 2, 2), rub = bench_dp_rate(nt, 2, 3);
   const double mm = bench_matmul_rate(nt, &kname);
   if (!(bw > 0) || !(rate > 0)) { fprintf(stderr, "dgemma bench: could not measure the ceilings\n"); return 1; }
   int Mmax = 0, Tmax = 0;
@@ -469,24 +472,25 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
   if (o->tty) fprintf(stderr, "\r%40s\r", "");
   if (!rc) { /* the ceilings again: on a shared machine the load moves; the best of both is the ceiling */
     const double bw2 = bench_copy_bandwidth((size_t)256 << 20, nt, 5), rate2 = bench_fma_rate(nt, 5, &isa);
-    const double rbf2 = bench_dp_rate(nt, 2, 1), ri82 = bench_dp_rate(nt, 2, 2);
+    const double rbf2 = bench_dp_rate(nt, 2, 1), ri82 = bench_dp_rate(nt, 2, 2), rub2 = bench_dp_rate(nt, 2, 3);
     printf("ceilings (%d threads, measured before and after the sweep, the best of both): copy %.1f / %.1f GB/s "
            "(bytes read + written, memcpy 256 MiB, best of 5); %s %.1f / %.1f GFLOP/s (best of 5); AVX-512 BF16 "
-           "vdpbf16ps %.1f / %.1f GFLOP/s, VNNI vpdpbusd %.1f / %.1f int8 GOP/s (best of 2; 0 = not on this CPU); "
-           "this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
-           nt, bw / 1e9, bw2 / 1e9, isa, rate / 1e9, rate2 / 1e9, rbf / 1e9, rbf2 / 1e9, ri8 / 1e9, ri82 / 1e9, kname,
-           mm / 1e9);
+           "vdpbf16ps %.1f / %.1f GFLOP/s, VNNI vpdpbusd %.1f / %.1f int8 GOP/s, AVX2 vpmaddubsw %.1f / %.1f int8 "
+           "GOP/s (best of 2; 0 = not on this CPU); this build's %s matmul 64x2048x2048 f32: %.1f GFLOP/s\n",
+           nt, bw / 1e9, bw2 / 1e9, isa, rate / 1e9, rate2 / 1e9, rbf / 1e9, rbf2 / 1e9, ri8 / 1e9, ri82 / 1e9,
+           rub / 1e9, rub2 / 1e9, kname, mm / 1e9);
     bw = fmax(bw, bw2);
     rate = fmax(rate, rate2);
     rbf = fmax(rbf, rbf2);
     ri8 = fmax(ri8, ri82);
+    rub = fmax(rub, rub2);
     printf("ceiling sweep: %s kernels, MoE shapes of the 26B model (hidden %d, expert intermediate %d, %d experts, "
            "top-%d); per-call median of %d runs after %d warm-up; roofline = max(weight bytes / copy, FLOPs / the "
-           "fastest compute rate for the format: bf16 max(FMA, vdpbf16ps), quantized max(FMA, vpdpbusd))\n\n",
+           "fastest compute rate for the format: bf16 max(FMA, vdpbf16ps), quantized max(FMA, vpdpbusd, vpmaddubsw))\n\n",
            kn->name, CE_H, CE_IE, CE_E, CE_TOPK, reps, warm);
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "
            "of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    const double rates[3] = {rate, rbf, ri8};
+    const double rates[4] = {rate, rbf, ri8, rub};
     for (size_t i = 0; i < nr; i++) emit(&rs[i], kn, bw, rates, mm, nt, out);
     printf("\nM = activation rows sharing each weight (moe_gathered: rows per expert hit, T tokens x top-%d / experts "
            "hit); weight MB and GFLOP per call; GB/s = weight bytes / median; of roofline = roofline / median. One-expert "

@@ -332,6 +332,7 @@ static void global_help(FILE *f) {
           "  OMP_NUM_THREADS   the default of -t (more than the cores available is capped, as -t is)\n"
           "  DGEMMA_KERNELS    ref, avx2 or avx512: force a CPU kernel set (default: the best available);\n"
           "                    avx512lp: the lossy AVX-512 BF16/VNNI products (opt-in, where the CPU has them)\n"
+          "                    avx2lp: the lossy AVX2 int8 (vpmaddubsw) quantized products (opt-in)\n"
           "  DGEMMA_API_KEY    the key `dgemma serve` requires without --api-key (\"Authorization: Bearer KEY\")\n"
           "  DGEMMA_CUDA_SYNC=1, DGEMMA_CUDA_MEM_LIMIT=BYTES   CUDA debugging, GPU sharing (README)\n");
 }

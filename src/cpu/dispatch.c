@@ -1,7 +1,9 @@
 /* dispatch.c: pick the CPU kernels at run time (cpuid via GCC builtins).
  * DGEMMA_KERNELS=ref|avx2|avx512 forces a choice (tests use it);
  * DGEMMA_KERNELS=avx512lp opts in to the bf16/VNNI products (never chosen by
- * default: they round the activations, see matmul_avx512lp.c). A value that
+ * default: they round the activations, see matmul_avx512lp.c), and
+ * DGEMMA_KERNELS=avx2lp to the int8 vpmaddubsw products of AVX2 CPUs (likewise
+ * lossy and never the default: matmul_avx2lp.c). A value that
  * names no set, or a set this CPU lacks, gives the best exact set
  * (dg_kernels_pick says why; dg_cpu_kernels reports it to the caller). */
 #include <stdio.h>
@@ -13,6 +15,7 @@
 const dg_kernels *dg_kernels_avx2_impl(void);
 const dg_kernels *dg_kernels_avx512_impl(void);
 const dg_kernels *dg_kernels_avx512lp_impl(void);
+const dg_kernels *dg_kernels_avx2lp_impl(void);
 
 const dg_kernels *dg_kernels_avx2(void) {
   __builtin_cpu_init();
@@ -34,6 +37,8 @@ const dg_kernels *dg_kernels_avx512lp(void) {
   return NULL;
 }
 
+const dg_kernels *dg_kernels_avx2lp(void) { return dg_kernels_avx2() ? dg_kernels_avx2lp_impl() : NULL; }
+
 /* The best exact set of this CPU: AVX-512, AVX2+FMA or the oracle. */
 static const dg_kernels *best_exact(void) {
   const dg_kernels *k = dg_kernels_avx512();
@@ -49,6 +54,7 @@ const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
       {"avx2", dg_kernels_avx2, "AVX2 and FMA"},
       {"avx512", dg_kernels_avx512, "AVX-512 F/BW/VL/DQ"},
       {"avx512lp", dg_kernels_avx512lp, "AVX-512 BF16 and VNNI"},
+      {"avx2lp", dg_kernels_avx2lp, "AVX2 and FMA"},
   };
   const dg_kernels *best = best_exact();
   for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
@@ -65,7 +71,7 @@ const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
     for (const unsigned char *c = (const unsigned char *)env; *c && k + 5 < sizeof v; c++)
       k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, sizeof v - k, "\\x%02x", *c)
                                                                         : snprintf(v + k, sizeof v - k, "%c", *c));
-    snprintf(why, n, "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp; using the %s kernels", v,
+    snprintf(why, n, "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp, avx2lp; using the %s kernels", v,
              strlen(env) > k ? "..." : "", best->name);
   }
   return best;
