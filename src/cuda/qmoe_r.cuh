@@ -443,9 +443,10 @@ __device__ __forceinline__ void qr_block(const qe_args &a, int *e, int *slab) {
  * stages was measured slower in session 3, lab versions 10-12, and removed.)
  * PF > 0 (register stages only): lane 0 of each warp asks L2 for the warp's weight stage PF stages ahead of
  * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2;
- * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). */
+ * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). e, slab: the block's expert and slab
+ * (qr_block). */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int BM, int NZ>
-__device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
+__device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, const int e, const int slab) {
   /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
    * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
   constexpr bool RAW = BITS == 16;
@@ -463,8 +464,6 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem) {
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
-  int e, slab;
-  qr_block(a, &e, &slab);
   const int cnt = a.count[e];
   if (cnt == 0) return;
   const int base = a.start[e];
@@ -574,15 +573,15 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
 #else
   DG_DYN_SMEM(unsigned char, smem);
 #endif
+  int e, slab;
+  qr_block(a, &e, &slab);
   if constexpr (NTS > 0 && NTS < NT) {
-    int e, slab;
-    qr_block(a, &e, &slab);
     if (a.count[e] <= 8 * NTS) {
-      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem);
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem, e, slab);
       return;
     }
   }
-  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem);
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem, e, slab);
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
