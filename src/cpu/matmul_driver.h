@@ -1,6 +1,7 @@
 /* matmul_driver.h: the loops shared by the SIMD matmuls (matmul_avx2.c,
- * matmul_avx512.c). The including file defines, for its instruction set, the
- * register tiles (weight rows x activation rows)
+ * matmul_avx512.c). matmul_tiles.h, included before it, defines for the
+ * including file's instruction set the register tiles (weight rows x
+ * activation rows)
  *   tile_4x4, tile_4x1, tile_1x4, tile_1x1        float weights (f32/bf16/f16)
  *   QTILES(B) = qtile_B_4x4 ... qtile_B_1x1        MLX affine B-bit weights
  *   qdeq_B                                          one B-bit row dequantized to fp32
@@ -140,7 +141,7 @@ static void matmul_grouped_driver(float *y, int64_t ldy, const float *x, int64_t
 }
 
 /* ---- the product over W's rows (kernels.h: matmul_rows) -------------------
- * The including file defines RCOLS and the register tiles
+ * matmul_tiles.h defines RCOLS and the register tiles
  *   rtile_4, rtile_1   y[t, j .. j+nc) += sum_v x[t, v] * W[v, j .. j+nc) for
  *                      4 or 1 activation rows and nc <= RCOLS columns, v in
  *                      [0, nv) increasing; the accumulators are loaded from
