@@ -2,12 +2,26 @@
 # sanitize_gpu.sh OUT: compute-sanitizer (memcheck, then racecheck) over tests of tests/test_cuda on the GPU
 # machine (carry .devdeb); logs in OUT. SAN_FILTER: the DG_TEST_FILTER pattern (default: the quantized MoE), a space-separated list;
 # SAN_TOOLS: the tools (default "memcheck racecheck"; also initcheck, synccheck); SAN_T: seconds per run (default 120).
+# SAN_RUN: instead of the tests, `build/dgemma $SAN_RUN` under each tool (e.g. "run -m /tmp/dg26b --device cuda -p hi
+# -n 256 -s 1": the 26B random checkpoint, written by mkrandom first if missing; logs OUT/TOOL_run.txt); SAN_OPTS: more
+# compute-sanitizer options (e.g. "--launch-count 1200": the first launches checked, the rest run unchecked).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/sanitize_gpu.sh OUT}
 mkdir -p "$OUT"
 . scripts/gpu_env.sh
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_cuda > /tmp/san_build.txt 2>&1 || { tail -20 /tmp/san_build.txt; exit 1; }
+if [ -n "${SAN_RUN:-}" ]; then
+  gpu_build /tmp/san_build_all.txt || exit 1
+  gpu_mkrandom_bg 16; wait $mk
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+    log="$OUT/${tool}_run.txt"; s0=$(date +%s)
+    { echo "# compute-sanitizer --tool $tool ${SAN_OPTS:-} build/dgemma $SAN_RUN"; timeout ${SAN_T:-120} compute-sanitizer \
+      --tool $tool ${SAN_OPTS:-} --error-exitcode 9 build/dgemma $SAN_RUN 2>&1 | cut -c1-400; echo "# rc ${PIPESTATUS[0]}, $(( $(date +%s) - s0 )) s"; } > "$log"
+    echo "run $tool: $(tail -1 "$log")"; grep -E "SUMMARY|dgemma:" "$log" | tail -5
+  done
+  exit 0
+fi
 for f in ${SAN_FILTER:-test_quant_experts}; do
 for tool in ${SAN_TOOLS:-memcheck racecheck}; do
   log="$OUT/${tool}_$(echo "$f" | tr -c "A-Za-z0-9_\n" x).txt" # no * in a file name (they do not come back)
