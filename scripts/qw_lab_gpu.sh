@@ -10,7 +10,7 @@
 #      ATT=1: the attention lab (versions ATT_V, default 2,5) appended to lab.md; LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
 #      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; PDL=1: test_cuda
-#      and the vllm bench once more with DGEMMA_PDL=1 (appended)
+#      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -67,7 +67,7 @@ fi
 if [ -n "${TESTS:-}" ]; then
   timeout 200 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
   if [ -n "${PDL:-}" ]; then
-    { echo; echo "## DGEMMA_PDL=1"; DGEMMA_PDL=1 timeout 200 build/tests/test_cuda 2>&1; } >> "$OUT/tests.txt"; echo "test_cuda DGEMMA_PDL=1 rc $? $(el)"
+    { echo; echo "## DGEMMA_PDL=0"; DGEMMA_PDL=0 timeout 200 build/tests/test_cuda 2>&1; } >> "$OUT/tests.txt"; echo "test_cuda DGEMMA_PDL=0 rc $? $(el)"
   fi
   grep -E "^\[  (FAILED|PASSED|  ERROR) |FAIL|largest" "$OUT/tests.txt" | head -20
 fi
@@ -75,10 +75,10 @@ if [ -n "${BENCH:-}" ]; then
   wait $mk; tail -1 /tmp/mkrandom.log
   timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile -o "$OUT/bench.jsonl" \
     > "$OUT/bench.txt" 2>&1; echo "bench rc $? $(el)"; tail -24 "$OUT/bench.txt"
-  if [ -n "${PDL:-}" ]; then # programmatic dependent launch: the same bench with DGEMMA_PDL=1 (appended)
-    DGEMMA_PDL=1 timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
-      -o /tmp/bench_pdl.jsonl > /tmp/bench_pdl.txt 2>&1; echo "bench DGEMMA_PDL=1 rc $? $(el)"; tail -24 /tmp/bench_pdl.txt
-    { echo; echo "## DGEMMA_PDL=1"; cat /tmp/bench_pdl.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_pdl.jsonl >> "$OUT/bench.jsonl"
+  if [ -n "${PDL:-}" ]; then # the same bench without programmatic dependent launch (appended)
+    DGEMMA_PDL=0 timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
+      -o /tmp/bench_pdl.jsonl > /tmp/bench_pdl.txt 2>&1; echo "bench DGEMMA_PDL=0 rc $? $(el)"; tail -24 /tmp/bench_pdl.txt
+    { echo; echo "## DGEMMA_PDL=0"; cat /tmp/bench_pdl.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_pdl.jsonl >> "$OUT/bench.jsonl"
   fi
   if [ -n "${BATCH:-}" ]; then # issue 14: the stacked pass of B canvases (appended to bench.txt / bench.jsonl)
     timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases "${BATCH_B:-1,2,4,8}" \

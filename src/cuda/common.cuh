@@ -55,7 +55,7 @@ typedef __nv_bfloat16 bf16;
  * GPU) can compile the same sources with a host compiler. */
 #ifndef DG_CUDA_EMU
 /* Programmatic dependent launch (CUDA programming guide, "Programmatic Dependent Launch and Synchronization"; PTX
- * ISA griddepcontrol, sm_90): with dg_cuda_pdl set (DGEMMA_PDL=1, read in kernels.cu; off by default until measured), every
+ * ISA griddepcontrol, sm_90): with dg_cuda_pdl set (on unless DGEMMA_PDL=0, read in kernels.cu), every
  * launch carries cudaLaunchAttributeProgrammaticStreamSerialization, so that a kernel's blocks may be placed while the
  * kernel before it in the stream drains. Every kernel of src/cuda therefore begins with DG_PDL_ENTRY() (checked by
  * tests/python/test_pdl_entry.py): launch_dependents lets the next kernel be placed, wait blocks until the previous

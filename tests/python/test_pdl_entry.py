@@ -1,6 +1,6 @@
 """Every CUDA kernel launched through DG_LAUNCH begins with DG_PDL_ENTRY().
 
-With DGEMMA_PDL=1 (src/cuda/common.cuh) each launch may be placed while the kernel before it in the
+With programmatic dependent launch (on unless DGEMMA_PDL=0, src/cuda/common.cuh) each launch may be placed while the kernel before it in the
 stream is still running; a kernel is correct then only if griddepcontrol.wait (inside DG_PDL_ENTRY)
 runs before its first global read or write. This test parses every __global__ function of src/cuda
 and of the dev/cuda labs that include the backend's headers and fails, naming file, line and kernel,
