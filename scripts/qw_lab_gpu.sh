@@ -11,6 +11,8 @@
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
 #      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; PDL=1: test_cuda
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
+#   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
+#   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here.
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -24,7 +26,10 @@ make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a 
   || { tail -30 /tmp/build.txt; exit 1; }; fi
 echo "== built $(el)"
 [ -n "${BENCH:-}" ] && gpu_mkrandom_bg 8
-lab_build > /tmp/lab_build.txt 2>&1 || { tail -30 /tmp/lab_build.txt; exit 1; }
+if [ -n "${LAB_BIN:-}" ]; then # a lab built elsewhere (same CUDA toolkit): its libraries from here
+  cp "$LAB_BIN" build/moe_quant; export LD_LIBRARY_PATH="$CUL${XL:+:/tmp/dgdeps/usr/lib/x86_64-linux-gnu}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  build/moe_quant --help > /dev/null 2>&1; [ $? -le 2 ] || { echo "LAB_BIN does not run here"; ldd build/moe_quant | grep "not found"; exit 1; }
+else lab_build > /tmp/lab_build.txt 2>&1 || { tail -30 /tmp/lab_build.txt; exit 1; }; fi
 echo "== lab built $(el)"
 sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function, then its SASS
   cuobjdump -sass "$2" 2>&1 | awk -v f="$1" '/Function :/ {on = index($0, f) > 0 && !done; if (on) done = 1} on' > /tmp/s.txt

@@ -4,7 +4,9 @@
 # SAN_TOOLS: the tools (default "memcheck racecheck"; also initcheck, synccheck); SAN_T: seconds per run (default 120).
 # SAN_RUN: instead of the tests, `build/dgemma $SAN_RUN` under each tool (e.g. "run -m /tmp/dg26b --device cuda -p hi
 # -n 256 -s 1": the 26B random checkpoint, written by mkrandom first if missing; logs OUT/TOOL_run.txt); SAN_OPTS: more
-# compute-sanitizer options (e.g. "--launch-count 1200": the first launches checked, the rest run unchecked).
+# compute-sanitizer options (e.g. "--launch-count 1200": the first launches checked, the rest run unchecked);
+# SAN_LAYERS=N: also write /tmp/dgL, the 26B config cut to N layers (the last full attention: every kernel and shape
+# of a 26B step, N/30 of its launches), for SAN_RUN's "-m /tmp/dgL".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/sanitize_gpu.sh OUT}
@@ -14,6 +16,17 @@ make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_c
 if [ -n "${SAN_RUN:-}" ]; then
   gpu_build /tmp/san_build_all.txt || exit 1
   gpu_mkrandom_bg 16; wait $mk
+  if [ -n "${SAN_LAYERS:-}" ]; then # the 26B's shapes, SAN_LAYERS layers (the last one full attention): /tmp/dgL
+    python3 - "$SAN_LAYERS" <<'PY'
+import json, sys
+n = int(sys.argv[1]); c = json.load(open("/tmp/dg26b/config.json")); t = c["text_config"]
+t["num_hidden_layers"] = n; t["layer_types"] = t["layer_types"][:n - 1] + ["full_attention"]
+json.dump(c, open("/tmp/cfgL.json", "w"), indent=1)
+PY
+    [ -f /tmp/dgL/config.json ] || build/dgemma mkrandom /tmp/dgL --config /tmp/cfgL.json --source .cache/gemma3 -t 16 \
+      > /tmp/mkL.log 2>&1 || { tail -3 /tmp/mkL.log; exit 1; }
+    tail -1 /tmp/mkL.log
+  fi
   for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     log="$OUT/${tool}_run.txt"; s0=$(date +%s)
     { echo "# compute-sanitizer --tool $tool ${SAN_OPTS:-} build/dgemma $SAN_RUN"; timeout ${SAN_T:-120} compute-sanitizer \

@@ -59,6 +59,9 @@
  *              registers instead of 32): 48 = 3 blocks per SM, 49 = 4 register stages, activation stages of 4
  *   version 50 (every bit width and bf16): version 3 with the blocks taking the experts by descending row count
  *              (k_group's order, qr_block): largest processing time first
+ *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
+ *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
+ *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
  *
  * Shapes (DiffusionGemma 26B-A4B, spec 3.1): 128 experts, hidden 2816,
  * expert intermediate 704, top-8. Rows of the sweep:
@@ -423,6 +426,33 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   }
 }
 
+/* Versions 51-60: the backend's kernel as it runs (version 50: the block order, qr_launch_bits' choices per tile
+ * count) with other choices at 1 and 2 n-tiles (up to 16 rows per expert: the decode-sized canvases), where the
+ * kernel is bound by its weight stream, not its instructions: blocks per SM the registers are capped for (MBn),
+ * register stages (Dn), line prefetches (PFn), weight stages per activation stage (SUBn). From 3 n-tiles on the
+ * backend's, or MB3 blocks per SM and D3 register stages when MB3 > 0 (the 256-token canvas's tile count). */
+template <int MB1, int D1, int PF1, int SUB1, int MB2, int D2, int PF2, int SUB2, int MB3 = 0, int D3 = QR_D>
+static cudaError_t run_small(int prod, stack *st, routing *r, int nt) {
+  const int gateup = prod == GU;
+  const tiled &tl = get_tiled(st, QR_WARPS, qr_kc(G), gateup, 1);
+  qe_args a;
+  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  if (e != cudaSuccess) return e;
+  a.order = r->ord;
+  const dim3 grid = gateup ? dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)) : dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS));
+  if (nt == 1)
+    return gateup ? qr_launch_g<4, 1, 1, G, QR_WARPS, D1, QR_STAGES, MB1, SUB1, PF1>(0, grid, a)
+                  : qr_launch_g<4, 0, 1, G, QR_WARPS, D1, QR_STAGES, MB1, SUB1, PF1>(0, grid, a);
+  if (nt == 2)
+    return gateup ? qr_launch_g<4, 1, 2, G, QR_WARPS, D2, QR_STAGES, MB2, SUB2, PF2>(0, grid, a)
+                  : qr_launch_g<4, 0, 2, G, QR_WARPS, D2, QR_STAGES, MB2, SUB2, PF2>(0, grid, a);
+  if constexpr (MB3 > 0) /* MB3 > 0: 3 n-tiles with MB3 blocks per SM and D3 register stages */
+    if (nt == 3)
+      return gateup ? qr_launch_g<4, 1, 3, G, QR_WARPS, D3, QR_STAGES, MB3, QR_SUB, -QR_PF, 1, QR_NTS>(0, grid, a)
+                    : qr_launch_g<4, 0, 3, G, QR_WARPS, D3, QR_STAGES, MB3, QR_SUB, -QR_PF, 1, QR_NTS>(0, grid, a);
+  return gateup ? qr_launch_bits<4, 1>(0, grid, nt, a) : qr_launch_bits<4, 0>(0, grid, nt, a);
+}
+
 /* Versions 20-: qw_kernel (wgmma) over the wgmma-order lane records; PF only from 3 n-tiles, as the backend's. */
 template <int D, int STAGES, int MINB, int SUB, int PF, int SWAP>
 static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
@@ -482,6 +512,21 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 48: return run_lanes<4, 2, 3, 3, 2, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
     case 49: return run_lanes<4, 4, 3, 2, 4, 0, 1, 2, -2, 0, 0, 0, 16, 32>(prod, st, r, nt);
     default: return run_lanes<8, 2, 3, 1, 2, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
+    }
+  }
+  if (ver > 50 && ver <= 60) { /* (MB, D, PF, SUB) at 1 n-tile, then at 2 (, MB, D at 3); the backend's: (4, 2, 0, 2) */
+    const int nt = qe_nt(T, TOPK, E);
+    switch (ver) {
+    case 51: return run_small<6, 2, 0, 2, 4, 2, 0, 2>(prod, st, r, nt);  /* 6 blocks per SM at 1 n-tile */
+    case 52: return run_small<4, 3, 0, 2, 4, 2, 0, 2>(prod, st, r, nt);  /* 3 register stages at 1 */
+    case 53: return run_small<4, 4, 0, 2, 4, 2, 0, 2>(prod, st, r, nt);  /* 4 register stages at 1 */
+    case 54: return run_small<6, 2, -2, 2, 4, 2, -2, 2>(prod, st, r, nt); /* 51 + line prefetches at 1 and 2 */
+    case 55: return run_small<6, 2, 0, 4, 4, 2, 0, 4>(prod, st, r, nt);  /* 51 + activation stages of 4 at 1 and 2 */
+    case 56: return run_small<5, 3, 0, 2, 3, 3, 0, 2>(prod, st, r, nt);  /* 3 register stages, 5 / 3 blocks per SM */
+    case 57: return run_small<8, 2, 0, 2, 5, 2, 0, 2>(prod, st, r, nt);  /* 8 / 5 blocks per SM */
+    case 58: return run_small<6, 2, -4, 2, 4, 3, 0, 2>(prod, st, r, nt); /* 4 stages ahead at 1, D 3 at 2 */
+    case 59: return run_small<6, 2, 0, 2, 4, 2, 0, 2, 3>(prod, st, r, nt); /* 51 + 3 blocks per SM at 3 n-tiles */
+    default: return run_small<6, 2, 0, 2, 4, 3, 0, 2, 3, 3>(prod, st, r, nt); /* 60: 59 with D 3 at 2 and 3 */
     }
   }
   if (ver >= 4 && ver != 50) {
