@@ -21,6 +21,7 @@ if [ -n "${SAN_RUN:-}" ]; then
 import json, sys
 n = int(sys.argv[1]); c = json.load(open("/tmp/dg26b/config.json")); t = c["text_config"]
 t["num_hidden_layers"] = n; t["layer_types"] = t["layer_types"][:n - 1] + ["full_attention"]
+for k in ("quantization", "quantization_config"): c.pop(k, None)
 json.dump(c, open("/tmp/cfgL.json", "w"), indent=1)
 PY
     [ -f /tmp/dgL/config.json ] || build/dgemma mkrandom /tmp/dgL --config /tmp/cfgL.json --source .cache/gemma3 -t 16 \

@@ -749,7 +749,7 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (bits == 16 ? ver != 3 && (ver < 40 || ver > 50) : ver >= 40 && ver != 50) continue; /* bf16: 3, 40-50 */
+          if (bits == 16 ? ver != 3 && (ver < 40 || ver > 50) : ver >= 40 && ver < 50) continue; /* bf16: 3, 40-50; 51-60: 4-bit */
           if (bits != 16 && ver >= 4 && ver != 50 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
