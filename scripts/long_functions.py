@@ -72,6 +72,22 @@ ATTR = re.compile(r'__launch_bounds__\s*\([^)]*\)|__attribute__\s*\(\([^)]*\)\)'
 NAME = re.compile(r'([A-Za-z_~][A-Za-z_0-9:<>~]*)\s*\($')
 
 
+def drop_template(head):
+    """head without a leading C++ `template <...>` clause (its default arguments' `=` are not an initializer)."""
+    m = re.search(r'\btemplate\s*<', head)
+    if not m:
+        return head
+    depth = 0
+    for i in range(m.end() - 1, len(head)):
+        if head[i] == '<':
+            depth += 1
+        elif head[i] == '>':
+            depth -= 1
+            if depth == 0:
+                return head[:m.start()] + ' ' * (i + 1 - m.start()) + head[i + 1:]
+    return head
+
+
 def functions(path):
     """(name, first line, last line) for every function body in the file at path."""
     text = blank(open(path, encoding='utf-8', errors='replace').read())
@@ -88,8 +104,9 @@ def functions(path):
                     head_at = i + 1
                     continue
                 kind = 'other'
-                if QUAL.search(head) and '=' not in head.split('(')[0] \
-                        and not re.search(r'\b(struct|union|enum)\b[^()]*$', head.split('(')[0]):
+                sig = drop_template(head).split('(')[0]
+                if QUAL.search(head) and '=' not in sig \
+                        and not re.search(r'\b(struct|union|enum)\b[^()]*$', sig):
                     kind = 'fn'
                     body = (head, head_at, i)
                 stack.append(kind)

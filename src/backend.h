@@ -1,5 +1,5 @@
 /* backend.h: the backend seam. One table of functions per backend (the CPU's,
- * src/backend_cpu.c over forward.c; the CUDA one, src/cuda/device.c over
+ * src/backend_cpu.c over forward.c; the CUDA one, src/device.c over
  * src/cuda/backend.h), holding the operations the samplers need. The
  * samplers (generate.c, turbo.c) call only this table, through the model's
  * m->bk; which backend a model runs on is decided once, in dg_model_load
