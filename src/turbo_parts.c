@@ -22,11 +22,45 @@
 static inline int before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 
 typedef struct vi { float v; int32_t i; } vi;
-static int cmp_vi(const void *pa, const void *pb) {
-  const vi *a = pa, *b = pb;
-  if (before(a->v, a->i, b->v, b->i)) return -1;
-  if (before(b->v, b->i, a->v, a->i)) return 1;
-  return 0;
+static inline int vi_before(const vi *a, const vi *b) { return before(a->v, a->i, b->v, b->i); }
+
+/* Sift a[r] down the heap a[0..n) whose root is the LAST element in the order. */
+static void vi_sift(vi *a, int32_t r, int32_t n) {
+  vi x = a[r];
+  for (;;) {
+    int32_t c = 2 * r + 1;
+    if (c >= n) break;
+    if (c + 1 < n && vi_before(&a[c], &a[c + 1])) c++; /* the later child */
+    if (!vi_before(&x, &a[c])) break;
+    a[r] = a[c];
+    r = c;
+  }
+  a[r] = x;
+}
+
+/* Move the k first elements of a[0..n) in the order `before` to a[0..k), sorted;
+ * a[k..n) is left in some order. In place, allocating nothing (glibc's qsort
+ * mallocs a merge buffer for large arrays). `before` is a total order (ties in
+ * value broken by the distinct element ids), so the result equals any correct
+ * sort's, qsort's included. A heap of the k best so far (its root the worst of
+ * them), then a heap sort of those k: O(n log k). */
+static void vi_topk_sort(vi *a, int32_t n, int32_t k) {
+  if (k > n) k = n;
+  if (k <= 0) return;
+  for (int32_t r = k / 2 - 1; r >= 0; r--) vi_sift(a, r, k);
+  for (int32_t j = k; j < n; j++)
+    if (vi_before(&a[j], &a[0])) {
+      vi t = a[0];
+      a[0] = a[j];
+      a[j] = t;
+      vi_sift(a, 0, k);
+    }
+  for (int32_t m = k - 1; m > 0; m--) { /* the worst of a[0..m] to a[m] */
+    vi t = a[0];
+    a[0] = a[m];
+    a[m] = t;
+    vi_sift(a, 0, m);
+  }
 }
 
 /* Insert (v, i) into the sorted list val/idx of length *n (capacity K). */
@@ -74,7 +108,7 @@ dg_status dg_topk_hier(const float *x, int32_t V, int32_t K, int finite_only, fl
   /* stage 2: the K best chunks under the same order */
   int32_t nsel = K < nC ? K : nC;
   if (K > TOPK_INSERT_MAX) {
-    qsort(chunk, (size_t)nC, sizeof *chunk, cmp_vi);
+    vi_topk_sort(chunk, nC, nsel);
     memcpy(sel, chunk, (size_t)nsel * sizeof *sel);
   } else {
     int32_t n = 0;
@@ -90,7 +124,7 @@ dg_status dg_topk_hier(const float *x, int32_t V, int32_t K, int finite_only, fl
       int32_t lo = sel[s].i / DG_TOPK_CHUNK * DG_TOPK_CHUNK, hi = lo + DG_TOPK_CHUNK < V ? lo + DG_TOPK_CHUNK : V;
       for (int32_t v = lo; v < hi; v++) { cand[n].v = x[v]; cand[n].i = v; n++; }
     }
-    qsort(cand, (size_t)n, sizeof *cand, cmp_vi);
+    vi_topk_sort(cand, n, K);
     for (int32_t k = 0; k < K; k++) { val[k] = cand[k].v; idx[k] = cand[k].i; }
   } else {
     int32_t n = 0;
