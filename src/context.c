@@ -83,9 +83,11 @@ void dg_context_free_host(dg_context *ctx) {
   free(ctx->cbuf_v);
   float *bufs[] = {ctx->x, ctx->xa, ctx->xb, ctx->q, ctx->k, ctx->v, ctx->att, ctx->h1, ctx->h2,
                    ctx->router_logits, ctx->topk_w, ctx->ebuf_in, ctx->ebuf_out, ctx->eh1, ctx->eh2,
-                   ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->soft, ctx->probs};
+                   ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->soft, ctx->probs, ctx->soft_pb};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
   free(ctx->topk_idx);
+  free(ctx->cmp_buf);
+  free(ctx->cmp_off);
   free(ctx->exp_tokens);
   free(ctx->exp_count);
   free(ctx->exp_start);

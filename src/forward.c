@@ -572,9 +572,17 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
     return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch of %lld rows exceeds the work context's %d rows",
                      (long long)total, work->tmax);
   const int32_t N = (int32_t)total;
-  int32_t *buf = calloc((size_t)N * 3 + 1, sizeof(int32_t));
-  int32_t *off = malloc((size_t)(B + 1) * sizeof(int32_t));
-  if (!buf || !off) { free(buf); free(off); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
+  /* the lists live in the work context, allocated on the first call (sized for its tmax rows; the
+   * offsets grow with B), so a step allocates nothing */
+  if (!work->cmp_buf && !(work->cmp_buf = calloc((size_t)work->tmax * 3 + 1, sizeof(int32_t))))
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  if (B + 1 > work->cmp_off_cap) {
+    int32_t *o = realloc(work->cmp_off, (size_t)(B + 1) * sizeof(int32_t));
+    if (!o) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+    work->cmp_off = o;
+    work->cmp_off_cap = B + 1;
+  }
+  int32_t *buf = work->cmp_buf, *off = work->cmp_off;
   int32_t *tok = buf, *ap = buf + N, *sc_rows = buf + 2 * N;
   dg_status st = DG_OK;
   off[0] = 0;
@@ -624,8 +632,6 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
   for (int32_t q = 0; !st && q < B; q++)
     if (seqs[q].nh > 0)
       head_rows_raw(work, work->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw, seqs[q].hn);
-  free(buf);
-  free(off);
   return st;
 }
 
@@ -712,7 +718,14 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
   const int nb = (C + SOFT_ROWS - 1) / SOFT_ROWS, nt = ctx->n_score_threads < nb ? ctx->n_score_threads : nb;
   const dg_kernels *k = soft_kern(m);
-  float *pb = malloc((size_t)nt * SOFT_ROWS * (size_t)V * sizeof(float));
+  /* the block probabilities live in the context: allocated on the first call, kept (and freed) with it */
+  const size_t rows = (size_t)nt * SOFT_ROWS;
+  if (ctx->soft_pb_rows < rows) {
+    free(ctx->soft_pb);
+    ctx->soft_pb = malloc(rows * (size_t)V * sizeof(float));
+    ctx->soft_pb_rows = ctx->soft_pb ? rows : 0;
+  }
+  float *pb = ctx->soft_pb;
   if (!pb) { /* one row at a time in the context's [threads, V] rows: the same sums (they do not depend on T) */
 #pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
     for (int c = 0; c < C; c++)
@@ -729,7 +742,6 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
     k->matmul_rows(soft + (size_t)c0 * H, H, p, V, n, &m->embed, inner);
     for (size_t i = 0; i < (size_t)n * H; i++) soft[(size_t)c0 * H + i] *= m->embed_scale;
   }
-  free(pb);
   return DG_OK;
 }
 

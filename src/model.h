@@ -107,6 +107,12 @@ struct dg_context {
   float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
   int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
   float *probs;         /* [n_score_threads, V] one self-conditioning probability row per thread */
+  float *soft_pb;       /* [soft_pb_rows, V] dg_soft_embedding's block probabilities (SOFT_ROWS rows per
+                           thread), allocated on the first call and kept, so a step allocates nothing; NULL until used */
+  size_t soft_pb_rows;
+  int32_t *cmp_buf;     /* [3 tmax + 1] dg_cpu_compact_batch's token, position and SC-row lists; NULL until used */
+  int32_t *cmp_off;     /* [cmp_off_cap] dg_cpu_compact_batch's row offsets (B + 1 of them); NULL until used */
+  int32_t cmp_off_cap;
   void *dev;    /* the backend's context (CUDA: a dg_cuda_ctx with the device KV cache and buffers;
                    the CPU buffers above are then not allocated), else NULL */
 };
