@@ -225,7 +225,8 @@ typedef struct dg_compact_seq {
  * dg_forward_compact (rows do not interact outside attention).
  * dg_forward_compact is this with B = 1 and work = ctx. Errors as
  * dg_forward_compact, and DG_ERR_INVALID_ARG when the sum of the n exceeds
- * work's rows. */
+ * work's rows. Its row lists (work->cmp_buf, work->cmp_off) are allocated
+ * on the first call and kept with work: a step allocates nothing. */
 dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
 
 /* The checks of canvas q of a compacted pass, for every backend: the model,
@@ -247,7 +248,11 @@ void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
 
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
  * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to
- * the embedding dtype, times E, times embed_scale. Writes soft [C, H]. */
+ * the embedding dtype, times E, times embed_scale. Writes soft [C, H].
+ * Its block scratch, [min(threads, ceil(C / 16)) * 16, V] floats in
+ * ctx->soft_pb, is allocated on the first call and kept with the context
+ * (freed by it); without the memory it goes row by row in ctx->probs, with
+ * the same sums. */
 dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
 
 /* Round a float to the model's activation dtype (identity for f32). */
