@@ -73,6 +73,13 @@ dg_status dg_context_alloc_host(dg_context *ctx, int32_t rows) {
   return DG_OK;
 }
 
+void dg_context_trim(dg_context *ctx) {
+  if (!ctx) return;
+  free(ctx->soft_pb);
+  ctx->soft_pb = NULL;
+  ctx->soft_pb_rows = 0;
+}
+
 void dg_context_free_host(dg_context *ctx) {
   if (ctx->kv)
     for (int i = 0; i < ctx->m->cfg.n_layers; i++) { free(ctx->kv[i].k); free(ctx->kv[i].v); }

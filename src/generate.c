@@ -157,6 +157,7 @@ static dg_status reference_generate(dg_context *ctx, const int32_t *prompt, size
   }
   if (!st) dg_tally_result(&r.tally, p, res);
   ref_free(&r);
+  dg_context_trim(ctx); /* the soft embedding's block scratch is not held between requests */
   return st;
 }
 

@@ -108,7 +108,8 @@ struct dg_context {
   int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
   float *probs;         /* [n_score_threads, V] one self-conditioning probability row per thread */
   float *soft_pb;       /* [soft_pb_rows, V] dg_soft_embedding's block probabilities (SOFT_ROWS rows per
-                           thread), allocated on the first call and kept, so a step allocates nothing; NULL until used */
+                           thread), allocated on the first call and kept until dg_context_trim (the end of a request), so a step allocates
+                           nothing; NULL until used */
   size_t soft_pb_rows;
   int32_t *cmp_buf;     /* [3 tmax + 1] dg_cpu_compact_batch's token, position and SC-row lists; NULL until used */
   int32_t *cmp_off;     /* [cmp_off_cap] dg_cpu_compact_batch's row offsets (B + 1 of them); NULL until used */
@@ -251,9 +252,14 @@ void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
  * the embedding dtype, times E, times embed_scale. Writes soft [C, H].
  * Its block scratch, [min(threads, ceil(C / 16)) * 16, V] floats in
  * ctx->soft_pb, is allocated on the first call and kept with the context
- * (freed by it); without the memory it goes row by row in ctx->probs, with
+ * until dg_context_trim (or its free); without the memory it goes row by row in ctx->probs, with
  * the same sums. */
 dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
+
+/* Free the context's scratch that is regrown on demand (dg_soft_embedding's block probabilities: up to
+ * [threads * 16, V] floats, ~268 MB at a 262,144 vocabulary and 16 threads), so that a context kept between requests
+ * (a server's) holds none of it; called at the end of a reference generation. Never fails. */
+void dg_context_trim(dg_context *ctx);
 
 /* Round a float to the model's activation dtype (identity for f32). */
 float dg_round_act(const dg_model *m, float x);
