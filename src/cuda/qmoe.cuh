@@ -270,13 +270,156 @@ __device__ __forceinline__ void qe_store(const qe_args &a, const float (&acc)[2]
   }
 }
 
+/* The row table of a pass of mp tokens from grouped row r0: xrow[i] the element offset of token i's X row (gate/up:
+ * the token of pair pairs[r0 + i]; down: grouped row r0 + i), srow[i] its row of ng group sums, -1 for i >= mp. */
+template <int GATEUP, int NTOK, int THREADS>
+__device__ __forceinline__ void qe_pass_rows(const qe_args &a, int64_t *xrow, int64_t *srow, int r0, int mp, int ng,
+                                             int tid) {
+  for (int i = tid; i < NTOK; i += THREADS) {
+    int64_t xr = -1, sr = -1;
+    if (i < mp) {
+      const int64_t row = GATEUP ? a.pairs[r0 + i] / a.topk : r0 + i;
+      xr = row * a.Kdim;
+      sr = row * ng;
+    }
+    xrow[i] = xr;
+    srow[i] = sr;
+  }
+}
+
+/* acc = 0 over a lane's fragments of 2 x NT tiles. */
+template <int NT> __device__ __forceinline__ void qe_zero(float (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[mt][j][i] = 0.0f;
+}
+
+/* The copies of stage s of a qe_kernel pass into its ring slot (cp.async): the codes of the slab's valid rows (one
+ * contiguous run for a full stage, rows of kcb bytes for the last, shorter one), the activations of the pass's tokens
+ * (kc bf16 per token row, zero past the expert's rows), the (scale, bias) pairs of the valid rows and the group sums
+ * (gs floats per token row). qt, pt: the slab's codes and pairs; xrow, srow: the pass's row table (qe_pass_rows). */
+template <int BITS, int NT, int GS, int KC, int STAGES, int WARPS>
+__device__ __forceinline__ void qe_issue(const qe_args &a, unsigned char *smem, const unsigned char *qt,
+                                         const unsigned char *pt, const int64_t *xrow, const int64_t *srow, int s,
+                                         int valid, int tid) {
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT,
+                KCB = KC * BITS / 8, PER = KCB / 16;
+  unsigned char *st = smem + (size_t)(s % STAGES) * a.stage_bytes;
+  unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
+  const int k0 = s * KC, kc = min(KC, a.Kdim - k0), kcb = kc * BITS / 8, gs = kc / GS;
+  const unsigned char *src = qt + (int64_t)s * ROWS * KCB;
+  if (kc == KC) { /* a full stage: valid * KCB contiguous bytes */
+    for (int i = tid; i < valid * PER; i += THREADS) {
+      const int r = i / PER, c = i - r * PER;
+      dg_cp_async16(Ws + r * WS + 16 * c, src + 16 * i, 16);
+    }
+  } else { /* the last, shorter stage: rows of kcb bytes */
+    const int vec = kcb % 16 == 0 ? 16 : kcb % 8 == 0 ? 8 : 4, per = kcb / vec;
+    for (int i = tid; i < valid * per; i += THREADS) {
+      const int r = i / per, c = i - r * per;
+      unsigned char *d = Ws + r * WS + vec * c;
+      const unsigned char *q = src + (int64_t)r * kcb + vec * c;
+      if (vec == 16) dg_cp_async16(d, q, 16);
+      else if (vec == 8) dg_cp_async8(d, q);
+      else dg_cp_async4(d, q);
+    }
+  }
+  { /* activations: kc bf16 per token row, 16-byte pieces, zero past the expert's rows */
+    const int per = kc / 8;
+    for (int i = tid; i < NTOK * per; i += THREADS) {
+      const int r = i / per, c = i - r * per;
+      const int64_t xr = xrow[r];
+      dg_cp_async16(Xs + r * XS + 16 * c, xr >= 0 ? (const void *)(a.X + xr + k0 + 8 * c) : (const void *)a.X,
+                    xr >= 0 ? 16 : 0);
+    }
+  }
+  { /* (scale, bias) pairs of the stage: valid rows x gs pairs, contiguous (a multiple of 64 bytes) */
+    const unsigned char *ps = pt + (int64_t)s * ROWS * (KC / GS) * a.pb;
+    const int n16 = valid * gs * a.pb / 16;
+    for (int i = tid; i < n16; i += THREADS) dg_cp_async16(Ss + 16 * i, ps + 16 * i, 16);
+  }
+  { /* group sums: gs floats per token row */
+    for (int i = tid; i < NTOK * gs; i += THREADS) {
+      const int r = i / gs, c = i - r * gs;
+      if (srow[r] >= 0) dg_cp_async4(XSs + a.xsr * r + 4 * c, a.xs + srow[r] + k0 / GS + c);
+      else *(float *)(XSs + a.xsr * r + 4 * c) = 0.0f;
+    }
+  }
+}
+
+/* One run c of 32 codes of a qe_kernel stage: the warp's rows' codes (Ws, rows WS bytes apart) against the tokens'
+ * activations (Xs, rows XS bytes apart) into part, mma.m16n8k16 per tile. No branches on the tokens or rows in use:
+ * tokens past the expert's rows are zero in Xs (their products are zero), rows past the matrix hold stale shared
+ * memory whose outputs are never stored; a branch here made the compiler repeat the unpacking inside each tile's
+ * branch. */
+template <int BITS, int NT, int WS, int XS>
+__device__ __forceinline__ void qe_run(float (&part)[2][NT][4], const unsigned char *Ws, const unsigned char *Xs,
+                                       int c, int warp, int g, int t) {
+  uint32_t bf[NT][2][2];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
+    bf[j][0][0] = dg_prmt(u.x, u.z, 0x5410u); /* (x0, x4) */
+    bf[j][0][1] = dg_prmt(u.x, u.z, 0x7632u); /* (x1, x5) */
+    bf[j][1][0] = dg_prmt(u.y, u.w, 0x5410u); /* (x2, x6) */
+    bf[j][1][1] = dg_prmt(u.y, u.w, 0x7632u); /* (x3, x7) */
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    const unsigned char *p = Ws + (warp * 32 + mt * 16 + g) * WS + c * 4 * BITS + t * BITS;
+    uint32_t pg[4], p8[4];
+    qe_codes<BITS>(p, pg);
+    qe_codes<BITS>(p + 8 * WS, p8);
+    const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      dg_mma_bf16(part[mt][j], a0, bf[j][0]);
+      dg_mma_bf16(part[mt][j], a1, bf[j][1]);
+    }
+  }
+}
+
+/* Group lg of a qe_kernel stage is complete: acc += s P' + (b - OFF s) S, part = 0 (OFF 128, or 0 for 8-bit codes:
+ * qe_codes' 128 + q); Ss the stage's (scale, bias) pairs (gs per row), XSs its group sums (a.xsr bytes per token). */
+template <int BITS, int NT>
+__device__ __forceinline__ void qe_fold(float (&acc)[2][NT][4], float (&part)[2][NT][4], const qe_args &a,
+                                        const unsigned char *Ss, const unsigned char *XSs, int lg, int gs, int warp,
+                                        int g, int t) {
+  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    float s0, b0, s8, b8;
+    const int r = warp * 32 + mt * 16 + g;
+    qe_pair(Ss + (r * gs + lg) * a.pb, a.sb, &s0, &b0);
+    qe_pair(Ss + ((r + 8) * gs + lg) * a.pb, a.sb, &s8, &b8);
+    b0 = fmaf(-OFF, s0, b0);
+    b8 = fmaf(-OFF, s8, b8);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
+      const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
+      float *A = acc[mt][j], *P = part[mt][j];
+      A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
+      A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
+      A[2] = fmaf(b8, x0, fmaf(s8, P[2], A[2]));
+      A[3] = fmaf(b8, x1, fmaf(s8, P[3], A[3]));
+      P[0] = P[1] = P[2] = P[3] = 0.0f;
+    }
+  }
+}
+
+/* The tile-layout kernel: block (e, slab) computes expert e's slab over its rows in passes of 8 NT tokens, the stages
+ * of KC codes through a STAGES-deep cp.async ring in shared memory (qe_issue), the products per run of 32 codes
+ * (qe_run), the fold per group (qe_fold), the epilogue qe_store. */
 template <int BITS, int GATEUP, int NT, int GS, int KC = QE_KC, int STAGES = QE_STAGES, int WARPS = QE_WARPS,
           int MINB = 1>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
   DG_PDL_ENTRY();
   constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS;
-  constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8, PER = KCB / 16;
-  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+  constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8;
   static_assert(KCB % 16 == 0, "a full stage of a row is whole 16-byte pieces");
   static_assert(KC % GS == 0, "a stage holds whole groups");
 #ifndef DG_CUDA_EMU
@@ -304,146 +447,38 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0);
-    for (int i = tid; i < NTOK; i += THREADS) {
-      int64_t xr = -1, sr = -1;
-      if (i < mp) {
-        const int64_t row = GATEUP ? a.pairs[base + p0 + i] / a.topk : base + p0 + i;
-        xr = row * a.Kdim;
-        sr = row * ng;
-      }
-      xrow[i] = xr;
-      srow[i] = sr;
-    }
+    qe_pass_rows<GATEUP, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
     __syncthreads();
 
-    /* issue the copies of stage s into its ring slot */
-    auto issue = [&](int s) {
-      unsigned char *st = smem + (size_t)(s % STAGES) * a.stage_bytes;
-      unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
-      const int k0 = s * KC, kc = min(KC, a.Kdim - k0), kcb = kc * BITS / 8, gs = kc / GS;
-      const unsigned char *src = qt + (int64_t)s * ROWS * KCB;
-      if (kc == KC) { /* a full stage: valid * KCB contiguous bytes */
-        for (int i = tid; i < valid * PER; i += THREADS) {
-          const int r = i / PER, c = i - r * PER;
-          dg_cp_async16(Ws + r * WS + 16 * c, src + 16 * i, 16);
-        }
-      } else { /* the last, shorter stage: rows of kcb bytes */
-        const int vec = kcb % 16 == 0 ? 16 : kcb % 8 == 0 ? 8 : 4, per = kcb / vec;
-        for (int i = tid; i < valid * per; i += THREADS) {
-          const int r = i / per, c = i - r * per;
-          unsigned char *d = Ws + r * WS + vec * c;
-          const unsigned char *q = src + (int64_t)r * kcb + vec * c;
-          if (vec == 16) dg_cp_async16(d, q, 16);
-          else if (vec == 8) dg_cp_async8(d, q);
-          else dg_cp_async4(d, q);
-        }
-      }
-      { /* activations: kc bf16 per token row, 16-byte pieces, zero past the expert's rows */
-        const int per = kc / 8;
-        for (int i = tid; i < NTOK * per; i += THREADS) {
-          const int r = i / per, c = i - r * per;
-          const int64_t xr = xrow[r];
-          dg_cp_async16(Xs + r * XS + 16 * c, xr >= 0 ? (const void *)(a.X + xr + k0 + 8 * c) : (const void *)a.X,
-                        xr >= 0 ? 16 : 0);
-        }
-      }
-      { /* (scale, bias) pairs of the stage: valid rows x gs pairs, contiguous (a multiple of 64 bytes) */
-        const unsigned char *ps = pt + (int64_t)s * ROWS * (KC / GS) * a.pb;
-        const int n16 = valid * gs * a.pb / 16;
-        for (int i = tid; i < n16; i += THREADS) dg_cp_async16(Ss + 16 * i, ps + 16 * i, 16);
-      }
-      { /* group sums: gs floats per token row */
-        for (int i = tid; i < NTOK * gs; i += THREADS) {
-          const int r = i / gs, c = i - r * gs;
-          if (srow[r] >= 0) dg_cp_async4(XSs + a.xsr * r + 4 * c, a.xs + srow[r] + k0 / GS + c);
-          else *(float *)(XSs + a.xsr * r + 4 * c) = 0.0f;
-        }
-      }
-    };
-
     float acc[2][NT][4], part[2][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
+    qe_zero(acc);
+    qe_zero(part);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-      if (s < nst) issue(s);
+      if (s < nst) qe_issue<BITS, NT, GS, KC, STAGES, WARPS>(a, smem, qt, pt, xrow, srow, s, valid, tid);
       dg_cp_commit();
     }
     for (int it = 0; it < nst; it++) {
       dg_cp_wait<STAGES - 2>();
       __syncthreads();
-      if (it + STAGES - 1 < nst) issue(it + STAGES - 1);
+      if (it + STAGES - 1 < nst)
+        qe_issue<BITS, NT, GS, KC, STAGES, WARPS>(a, smem, qt, pt, xrow, srow, it + STAGES - 1, valid, tid);
       dg_cp_commit();
       const unsigned char *st = smem + (size_t)(it % STAGES) * a.stage_bytes;
       const unsigned char *Ws = st, *Xs = st + a.w_bytes, *Ss = Xs + a.x_bytes, *XSs = Ss + a.sb_bytes;
       const int k0 = it * KC, kc = min(KC, a.Kdim - k0), gs = kc / GS;
-      /* one run of 32 codes: the rows' codes against the tokens' activations into part */
-      auto chunk = [&](int c) {
-        /* no branches on the tokens or rows in use: tokens past the expert's rows are zero in Xs (their
-         * products are zero), rows past the matrix hold stale shared memory whose outputs are never stored;
-         * a branch here made the compiler repeat the unpacking inside each tile's branch */
-        uint32_t bf[NT][2][2];
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-          const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
-          bf[j][0][0] = dg_prmt(u.x, u.z, 0x5410u); /* (x0, x4) */
-          bf[j][0][1] = dg_prmt(u.x, u.z, 0x7632u); /* (x1, x5) */
-          bf[j][1][0] = dg_prmt(u.y, u.w, 0x5410u); /* (x2, x6) */
-          bf[j][1][1] = dg_prmt(u.y, u.w, 0x7632u); /* (x3, x7) */
-        }
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          const unsigned char *p = Ws + (warp * 32 + mt * 16 + g) * WS + c * 4 * BITS + t * BITS;
-          uint32_t pg[4], p8[4];
-          qe_codes<BITS>(p, pg);
-          qe_codes<BITS>(p + 8 * WS, p8);
-          const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
-#pragma unroll
-          for (int j = 0; j < NT; j++) {
-            dg_mma_bf16(part[mt][j], a0, bf[j][0]);
-            dg_mma_bf16(part[mt][j], a1, bf[j][1]);
-          }
-        }
-      };
-      /* group lg of the stage is complete: acc += s P' + (b - OFF s) S, part = 0 */
-      auto fold = [&](int lg) {
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          float s0, b0, s8, b8;
-          const int r = warp * 32 + mt * 16 + g;
-          qe_pair(Ss + (r * gs + lg) * a.pb, a.sb, &s0, &b0);
-          qe_pair(Ss + ((r + 8) * gs + lg) * a.pb, a.sb, &s8, &b8);
-          b0 = fmaf(-OFF, s0, b0);
-          b8 = fmaf(-OFF, s8, b8);
-#pragma unroll
-          for (int j = 0; j < NT; j++) {
-            const float x0 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t) + 4 * lg);
-            const float x1 = *(const float *)(XSs + a.xsr * (8 * j + 2 * t + 1) + 4 * lg);
-            float *A = acc[mt][j], *P = part[mt][j];
-            A[0] = fmaf(b0, x0, fmaf(s0, P[0], A[0]));
-            A[1] = fmaf(b0, x1, fmaf(s0, P[1], A[1]));
-            A[2] = fmaf(b8, x0, fmaf(s8, P[2], A[2]));
-            A[3] = fmaf(b8, x1, fmaf(s8, P[3], A[3]));
-            P[0] = P[1] = P[2] = P[3] = 0.0f;
-          }
-        }
-      };
       constexpr int CPG = GS / 32; /* runs per group; a stage holds whole groups */
       if (kc == KC) { /* a full stage, unrolled */
 #pragma unroll
         for (int c = 0; c < KC / 32; c++) {
-          chunk(c);
-          if ((c + 1) % CPG == 0) fold(c / CPG);
+          qe_run<BITS, NT, WS, XS>(part, Ws, Xs, c, warp, g, t);
+          if ((c + 1) % CPG == 0) qe_fold<BITS, NT>(acc, part, a, Ss, XSs, c / CPG, gs, warp, g, t);
         }
       } else {
         for (int c = 0; c < kc / 32; c++) {
-          chunk(c);
-          if ((c + 1) % CPG == 0) fold(c / CPG);
+          qe_run<BITS, NT, WS, XS>(part, Ws, Xs, c, warp, g, t);
+          if ((c + 1) % CPG == 0) qe_fold<BITS, NT>(acc, part, a, Ss, XSs, c / CPG, gs, warp, g, t);
         }
       }
     }

@@ -380,33 +380,6 @@ __device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint
   }
 }
 
-/* The row table of a pass of mp tokens from grouped row r0: xrow[i] the element offset of token i's X row (gate/up:
- * the token of pair pairs[r0 + i]; down: grouped row r0 + i), srow[i] its row of ng group sums, -1 for i >= mp. */
-template <int GATEUP, int NTOK, int THREADS>
-__device__ __forceinline__ void qr_pass_rows(const qe_args &a, int64_t *xrow, int64_t *srow, int r0, int mp, int ng,
-                                             int tid) {
-  for (int i = tid; i < NTOK; i += THREADS) {
-    int64_t xr = -1, sr = -1;
-    if (i < mp) {
-      const int64_t row = GATEUP ? a.pairs[r0 + i] / a.topk : r0 + i;
-      xr = row * a.Kdim;
-      sr = row * ng;
-    }
-    xrow[i] = xr;
-    srow[i] = sr;
-  }
-}
-
-/* acc = 0 over a lane's fragments of 2 x NT tiles. */
-template <int NT> __device__ __forceinline__ void qr_zero(float (&acc)[2][NT][4]) {
-#pragma unroll
-  for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) acc[mt][j][i] = 0.0f;
-}
-
 /* A pass's first L2 prefetches of the warp's weight stages 1 .. |PF| - 1 (qr_load_stage's own prefetch covers the
  * stages from |PF| on; stage 0 is loaded at once): PF > 0 lane 0's bulk prefetch of each stage from wstage0 (the
  * warp's stage 0), PF < 0 the per-lane line prefetches from wq (the lane's piece of it); nst stages sstride bytes
@@ -480,7 +453,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0);
-    qr_pass_rows<GATEUP, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    qe_pass_rows<GATEUP, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
     __syncthreads();
 
     /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
@@ -504,8 +477,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     };
 
     float acc[2][NT][4], part[2][NT][4];
-    qr_zero(acc);
-    qr_zero(part);
+    qe_zero(acc);
+    qe_zero(part);
     /* BM: the A fragments of the bias products of a pair of groups (qr_bias_sel), 2 x 16 rows */
     uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
     const uint32_t asel = qr_bias_sel<BITS>(t);
