@@ -19,7 +19,7 @@
 
 #include "dgemma.h"
 
-struct dg_pos_stats;   /* sampler.h */
+struct dg_pos_stats;   /* rowstats.h */
 struct dg_compact_seq; /* model.h */
 
 /* Where the self-conditioning rows of a decoder pass come from (spec 5). */

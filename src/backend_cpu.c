@@ -13,8 +13,7 @@
 #include "context.h"
 #include "dg_error.h"
 #include "model.h"
-#include "sampler.h"
-#include "turbo_parts.h"
+#include "rowstats.h"
 
 static dg_status cpu_model_init(dg_model *m, int device) {
   (void)m; (void)device;

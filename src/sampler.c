@@ -33,45 +33,6 @@ float dg_temperature(const dg_gen_params *p, int32_t s) {
   return p->t_min + span * frac;
 }
 
-dg_status dg_position_stats(const float *z, int32_t V, float u, int mode, dg_pos_stats *out) {
-  float mx = -FLT_MAX;
-  int32_t amax = 0;
-  for (int32_t v = 0; v < V; v++) {
-    if (!isfinite(z[v])) return DG_ERR_NUMERIC;
-    if (z[v] > mx) { mx = z[v]; amax = v; }
-  }
-  double sum = 0.0;
-  for (int32_t v = 0; v < V; v++) sum += exp((double)z[v] - (double)mx);
-  double lse = (double)mx + log(sum);
-  /* entropy = -sum p (z - lse), p = exp(z - lse) */
-  double ent = 0.0;
-  for (int32_t v = 0; v < V; v++) {
-    double lp = (double)z[v] - lse;
-    ent -= exp(lp) * lp;
-  }
-  out->argmax = amax;
-  out->entropy = (float)(ent > 0.0 ? ent : 0.0);
-  out->max_prob = (float)exp((double)mx - lse);
-  if (mode == DG_PROPOSAL_ARGMAX) {
-    out->proposal = amax;
-  } else {
-    /* inverse CDF: index = #{v : cdf_v <= u * total}, cdf in double over fp32
-     * probabilities p_v = softmax(z) (as torch.softmax computes them). */
-    float fs = (float)sum;
-    double cdf = 0.0, target;
-    double total = 0.0;
-    for (int32_t v = 0; v < V; v++) total += (double)(expf(z[v] - mx) / fs);
-    target = (double)u * total;
-    int32_t idx = V - 1;
-    for (int32_t v = 0; v < V; v++) {
-      cdf += (double)(expf(z[v] - mx) / fs);
-      if (cdf > target) { idx = v; break; }
-    }
-    out->proposal = idx;
-  }
-  return DG_OK;
-}
-
 /* Entropy-bound acceptance (EB-sampler, arXiv 2505.24857; spec 6.1 step 5).
  * accept[i] = 1 for the positions, sorted by ascending entropy (ties by
  * position), whose preceding cumulative entropy is <= bound. The cumulative

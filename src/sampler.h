@@ -1,6 +1,7 @@
 /* sampler.h: the sampler core (sampler.c), shared by the reference sampler
  * (generate.c, spec 6.1) and the turbo engine (turbo.c, spec 7): the
- * per-position math of the reference, the random draws, the
+ * temperature and acceptance of the reference (its per-position math is
+ * rowstats.h's, shared with the backends), the random draws, the
  * stable-and-confident stop, emission and result filling, and the checks of
  * a parameter set. Nothing here runs a forward pass or calls either sampler,
  * so both policies sit on top of it (docs/architecture.md). */
@@ -11,26 +12,12 @@
 #include <stdint.h>
 
 #include "dgemma.h"
+#include "rowstats.h" /* dg_position_stats, the per-position math the backends share */
 
 struct dg_model;
 struct dg_context;
 
 /* ---- per-position math (spec 6.1) --------------------------------------- */
-
-typedef struct dg_pos_stats {
-  int32_t argmax;   /* first index of the maximum of z */
-  int32_t proposal; /* argmax, or the inverse-CDF draw for uniform u */
-  float entropy;    /* -sum p log p of softmax(z), nats */
-  float max_prob;   /* max_v softmax(z)_v */
-} dg_pos_stats;
-
-/* Statistics of one canvas position from its processed logits z [V]
- * (z = softcapped logits / T). mode: a dg_proposal; for SAMPLE and
- * REPLAY_UNIFORM the proposal is #{v : cdf_v <= u * cdf_{V-1}} (clamped to
- * V-1), cdf accumulated in double over the fp32 probabilities, which is the
- * definition tools/make_goldens.py patches into torch.multinomial.
- * Returns DG_ERR_NUMERIC (without a message) if z holds a NaN or Inf. */
-dg_status dg_position_stats(const float *z, int32_t V, float u, int mode, dg_pos_stats *out);
 
 /* Entropy-bound acceptance (EB-sampler, arXiv 2505.24857): sort positions by
  * ascending entropy (ties by index) and accept position j iff the fp32 sum of

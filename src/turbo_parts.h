@@ -11,24 +11,9 @@
 #include <stdint.h>
 
 #include "dgemma.h"
+#include "rowstats.h" /* dg_topk_hier, shared with the backends */
 
 struct dg_model;
-
-#define DG_TOPK_CHUNK 64 /* elements per chunk of the hierarchical top-K (spec 7.3) */
-
-/* Bytes of scratch dg_topk_hier needs for a row of V values and a given K. */
-size_t dg_topk_scratch_size(int32_t V, int32_t K);
-
-/* Hierarchical exact top-K (spec 7.3): chunk maxima over chunks of 64, the
- * K best chunks, the K best elements inside them. The order is total: a
- * precedes b iff x[a] > x[b], or x[a] == x[b] and a < b (ties to the lower
- * id); the result equals the first K of a full sort under that order.
- * x [V], 1 <= K <= V; val/idx [K] come out in that order. -inf and +inf are
- * ordered like any value unless finite_only is set, in which case they are an
- * error like NaN. Returns DG_ERR_NUMERIC (no message; *bad = the first
- * offending index) for NaN (or an infinity with finite_only), DG_OK otherwise. */
-dg_status dg_topk_hier(const float *x, int32_t V, int32_t K, int finite_only, float *val, int32_t *idx,
-                       void *scratch, int32_t *bad);
 
 /* Per-position statistics of the K-way distribution (spec 7.3). */
 typedef struct dg_turbo_pos {

@@ -137,7 +137,7 @@ dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg
  *   DG_PROPOSAL_SAMPLE: inverse CDF with u from Philox4x32-10 (src/rng.h:
  *     seed, stream DG_RNG_PROPOSAL, block, step), the same numbers as the CPU;
  *   DG_PROPOSAL_REPLAY_UNIFORM: inverse CDF with host uniforms uni[C].
- * out: host array of C records laid out as dg_pos_stats (sampler.h).
+ * out: host array of C records laid out as dg_pos_stats (rowstats.h).
  * Returns DG_ERR_NUMERIC (no message) with *bad_pos set if a logit is not
  * finite. Synchronous: the one host sync of a denoising step. */
 dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
