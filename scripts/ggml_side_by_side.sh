@@ -25,13 +25,17 @@
 #     ggml's time includes quantizing the activations to its dot type (q8_K /
 #     q8_0), as dgemma's avx2lp time includes its int8 quantization;
 #  4. runs `dgemma bench --protocol ceiling --formats 4 --rows ROWS
-#     --moe-tokens 0 -t THREADS` with DGEMMA_KERNELS=avx2 (exact) and
-#     DGEMMA_KERNELS=avx2lp (int8), DGEMMA (default build-cpu/dgemma);
+#     --moe-tokens MOE_TOKENS -t THREADS` once per DGEMMA_KERNELS=k for k in
+#     KERNELS (comma-separated; default by the CPU's flags: avx512,avx512lp
+#     (exact, bf16/VNNI) with AVX-512 F/BW/VL/DQ + BF16 + VNNI; avx512,avx2lp
+#     with AVX-512 F/BW/VL/DQ alone; avx2,avx2lp (exact, int8 vpmaddubsw)
+#     otherwise), DGEMMA (default build-cpu/dgemma);
 #  5. prints one table: per shape and M, GB/s of weights read and GFLOP/s of
-#     each, and dgemma / ggml q4_K (q4_K and dgemma's 4-bit g64 with bf16
+#     each, and ggml q4_K time / dgemma time per kernel set, last set first,
+#     and the last set vs q4_0 (q4_K and dgemma's 4-bit g64 with bf16
 #     scales and biases are both 4.5 bits per weight: the same bytes).
-#  6. the gathered MoE of a MOE_TOKENS-token canvas (default 256; 4-bit g64, both
-#     kernel sets; dgemma only: ggml's MUL_MAT_ID is not timed here), per call.
+#  6. the gathered MoE of a MOE_TOKENS-token canvas (default 256; 4-bit g64, every
+#     kernel set; dgemma only: ggml's MUL_MAT_ID is not timed here), per call.
 # THREADS (default 2) threads for both. OMP_WAIT_POLICY defaults to passive for
 # both (dgemma sets it for itself; ggml's OpenMP threads spinning on a shared
 # 2-core machine took 20 ms per call instead of 0.5 ms). Raw outputs go to
@@ -49,6 +53,13 @@ THREADS=${THREADS:-2}
 REPS=${REPS:-5}
 DGEMMA=${DGEMMA:-$ROOT/build-cpu/dgemma}
 MOE_TOKENS=${MOE_TOKENS:-256}
+if [ -z "${KERNELS:-}" ]; then
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
+  if has avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni; then KERNELS=avx512,avx512lp
+  elif has avx512f avx512bw avx512vl avx512dq; then KERNELS=avx512,avx2lp
+  else KERNELS=avx2,avx2lp; fi
+fi
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mkdir -p "$GG" "$OUT"
 
@@ -154,33 +165,35 @@ libs=$(find "$GG/build" -name 'libggml-cpu.a' -o -name 'libggml.a' -o -name 'lib
 g++ -O2 -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
 
-echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee "$OUT/header.txt"
+echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; kernels $KERNELS; OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee "$OUT/header.txt"
 : >"$OUT/ggml.txt"
 for ty in ${GGML_TYPES//,/ }; do
   "$GG/mm_bench" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 | tee -a "$OUT/ggml.txt"
 done
-for k in avx2 avx2lp; do
+for k in ${KERNELS//,/ }; do
   DGEMMA_KERNELS=$k "$DGEMMA" bench --protocol ceiling --formats 4 --rows "$ROWS" --moe-tokens "$MOE_TOKENS" -t "$THREADS" \
     --reps "$REPS" -o "$OUT/dgemma_$k.jsonl" >"$OUT/dgemma_$k.txt"
 done
 echo "# load after: $(cat /proc/loadavg)" | tee -a "$OUT/header.txt"
-python3 - "$OUT" "$GGML_TYPES" <<'PY'
+python3 - "$OUT" "$GGML_TYPES" "$KERNELS" <<'PY'
 import json, sys
-out, types = sys.argv[1], sys.argv[2].split(",")
+out, types, kernels = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
 g = {}
 for line in open(f"{out}/ggml.txt"):
     f = line.split()
     if f[0] != "ggml" or f[4] == "skip:": continue
     g[(f[1], int(f[2]), int(f[3]), int(f[4]))] = (float(f[6]), float(f[9]), float(f[10]))
 d = {}
-for k in ("avx2", "avx2lp"):
+for k in kernels:
     for line in open(f"{out}/dgemma_{k}.jsonl"):
         j = json.loads(line)
         if j.get("shape") in ("expert_gate_up", "expert_down"):
             d[(k, j["N"], j["K"], int(j["M"]))] = (j["median_s"], j["weight_bytes"], j["flops"])
-cols = [("dgemma avx2", ("avx2",)), ("dgemma avx2lp", ("avx2lp",))] + [("ggml " + t, t) for t in types]
-print("| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | avx2lp / q4_K | avx2 / q4_K | avx2lp / q4_0 |")
-print("|---|---|" + "---|---|" * len(cols) + "---|---|---|")
+cols = [("dgemma " + k, (k,)) for k in kernels] + [("ggml " + t, t) for t in types]
+ratios = [("dgemma " + k, "ggml q4_K") for k in reversed(kernels)] + [("dgemma " + kernels[-1], "ggml q4_0")]
+print("| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | " +
+      " | ".join(f"{c[7:]} / {q[5:]}" for c, q in ratios) + " |")
+print("|---|---|" + "---|---|" * len(cols) + "---|" * len(ratios))
 for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816, 704]")):
     Ms = sorted({m for (_, n, kk, m) in g if (n, kk) == (N, K)} | {m for (_, n, kk, m) in d if (n, kk) == (N, K)})
     for M in Ms:
@@ -190,9 +203,8 @@ for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816
             tm[c] = v
             cells.append(f"{v[1] / v[0] / 1e9:.1f} | {v[2] / v[0] / 1e9:.1f}" if v else "- | -")
         r = lambda c, q: f"{tm[q][0] / tm[c][0]:.2f}x" if tm.get(q) and tm.get(c) else "-"
-        print(f"| {name} | {M} | " + " | ".join(cells) +
-              f" | {r('dgemma avx2lp', 'ggml q4_K')} | {r('dgemma avx2', 'ggml q4_K')} | {r('dgemma avx2lp', 'ggml q4_0')} |")
-for k in ("avx2", "avx2lp"):
+        print(f"| {name} | {M} | " + " | ".join(cells) + " | " + " | ".join(r(c, q) for c, q in ratios) + " |")
+for k in kernels:
     for line in open(f"{out}/dgemma_{k}.jsonl"):
         j = json.loads(line)
         if j.get("shape") == "moe_gathered":
