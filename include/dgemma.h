@@ -540,6 +540,11 @@ typedef struct dg_quantize_params {
    * bytes are input bytes. Nonzero return aborts (DG_ERR_ABORTED). */
   int (*progress)(int64_t done, int64_t total, const char *tensor, void *user_data);
   void *user_data;
+  /* Optional: called with the temporary directory's path just before it is created (again
+   * with another path if that name is taken), and with NULL once it has been renamed to
+   * out_dir or removed (or could not be made), so that a caller that must end at once (a
+   * second Ctrl-C, tools/outfile.h) can remove it from the moment it exists. NULL = not called. */
+  void (*on_tmp_dir)(const char *tmp_dir, void *user_data);
 } dg_quantize_params;
 
 typedef struct dg_quantize_result {
@@ -590,6 +595,7 @@ typedef struct dg_mkrandom_params {
    * bytes are output bytes. Nonzero return aborts (DG_ERR_ABORTED). */
   int (*progress)(int64_t done, int64_t total, const char *tensor, void *user_data);
   void *user_data;
+  void (*on_tmp_dir)(const char *tmp_dir, void *user_data); /* as dg_quantize_params.on_tmp_dir */
 } dg_mkrandom_params;
 
 typedef struct dg_mkrandom_result {

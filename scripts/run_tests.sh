@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run_tests.sh BUILD_DIR [BUILD_DIR...]: run every cmocka test binary found in
 # BUILD_DIR/tests, print each binary's own summary, the reasons of skipped
-# tests (the "# SKIP <reason>" lines of tests/testutil.h's dg_test_skip) and a
-# total line
+# tests (the "# SKIP <reason>" lines of tests/testutil.h's dg_test_skip; for
+# tests/python, unittest's "skipped 'REASON'", and a failing test's traceback)
+# and a total line
 #   "dgemma tests: N passed, M failed, K skipped (B binaries, C crashed; skipped: REASONS)".
 # With FUZZ_BUILD=DIR it also runs every libFuzzer harness in DIR for
 # FUZZ_TEST_SECONDS (default 3) over its seed corpus (scripts/fuzz.sh), one
@@ -78,7 +79,10 @@ if [ -d tests/python ] && ! command -v python3 >/dev/null 2>&1; then
   echo "!! python3 not found: tests/python cannot run (scripts/setup.sh installs it)"; crashed=$((crashed+1))
 elif [ -d tests/python ]; then
   echo "== python3 -m unittest discover -s tests/python"
-  pout=$(python3 -m unittest discover -s tests/python 2>&1); prc=$?
+  # -v: one line per test, "... skipped 'REASON'" for a skip (its reason for the summary)
+  pout=$(python3 -m unittest discover -s tests/python -v 2>&1); prc=$?
+  # the failures' tracebacks (from unittest's first ==== line), then its count lines
+  [ $prc -ne 0 ] && echo "$pout" | sed -n '/^======/,$p' | head -150
   echo "$pout" | tail -4
   pr=$(echo "$pout" | sed -n 's/^Ran \([0-9]*\) test.*/\1/p')
   pf=$(echo "$pout" | sed -n 's/^FAILED (\(.*\))/\1/p' | grep -o '\(failures\|errors\)=[0-9]*' | grep -o '[0-9]*' | awk '{s+=$1} END{print s+0}')
@@ -86,8 +90,10 @@ elif [ -d tests/python ]; then
   bins=$((bins+1))
   pr=$(( ${pr:-0} - ps )); skipped=$((skipped+ps))
   if [ "$ps" -gt 0 ]; then
-    why="${why:+$why; }$ps in tests/python: unittest skips (see its output above)"
-    whyl="$whyl  $ps in tests/python: unittest skips (see its output above)"$'\n'
+    # "test_x (module.Class.test_x) ... skipped 'no shared data'" -> "test_x: no shared data"
+    r=$(echo "$pout" | sed -n "s/^\([A-Za-z0-9_]*\) (.*) \.\.\. skipped '\(.*\)'\$/\1: \2/p" | paste -sd '|' - | sed 's/|/ | /g')
+    why="${why:+$why; }$ps in tests/python: ${r:-no reason printed}"
+    whyl="$whyl  $ps in tests/python: ${r:-no reason printed}"$'\n'
   fi
   if [ $prc -eq 0 ]; then passed=$((passed+pr)); else failed=$((failed+${pf:-1})); passed=$((passed+pr-${pf:-1})); fi
 fi

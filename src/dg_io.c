@@ -6,8 +6,11 @@
 #include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dg_error.h"
@@ -53,7 +56,8 @@ dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t 
   return DG_OK;
 }
 
-dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap) {
+dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap, void (*announce)(const char *tmp, void *ud),
+                          void *ud) {
   char dir[4096];
   int n = snprintf(dir, sizeof dir, "%s", out_dir ? out_dir : "");
   if (n <= 0 || (size_t)n >= sizeof dir) return dg_seterr(DG_ERR_INVALID_ARG, "output directory name empty or too long");
@@ -69,8 +73,23 @@ dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap) {
   const char *parent = slash ? (slash == dir ? "/" : dir) : ".";
   n = snprintf(tmp, cap, "%s%s.%s.tmp-XXXXXX", parent, !strcmp(parent, "/") ? "" : "/", name);
   if (n < 0 || (size_t)n >= cap) return dg_seterr(DG_ERR_INVALID_ARG, "%s: path too long", out_dir);
-  if (!mkdtemp(tmp)) {
-    int err = errno;
+  /* mkdtemp's job, with the name announced before mkdir makes it */
+  static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  int err = EEXIST;
+  for (int attempt = 0; attempt < 100 && err == EEXIST; attempt++) {
+    unsigned char rnd[6];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) { /* no entropy call: time and pid */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      uint64_t x = (uint64_t)ts.tv_nsec * 6364136223846793005ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)attempt;
+      for (int k = 0; k < 6; k++, x >>= 8) rnd[k] = (unsigned char)x;
+    }
+    for (int k = 0; k < 6; k++) tmp[n - 6 + k] = abc[rnd[k] % (sizeof abc - 1)];
+    if (announce) announce(tmp, ud);
+    err = mkdir(tmp, 0700) == 0 ? 0 : errno;
+  }
+  if (err) {
+    if (announce) announce(NULL, ud);
     snprintf(tmp, cap, "%s", parent);
     return dg_seterr(DG_ERR_IO, "%s: cannot create a temporary directory in %s: %s", out_dir, tmp, strerror(err));
   }

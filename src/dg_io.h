@@ -21,14 +21,18 @@ dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t 
  * out_dir, and a rerun is not refused.
  *
  * dg_outdir_begin creates "<parent>/.<name>.tmp-XXXXXX" next to out_dir (its
- * path in tmp, cap bytes). out_dir itself must be absent or an empty
+ * path in tmp, cap bytes); announce (may be NULL) is given each name just
+ * before the directory is made under it (again if a name is taken), so that
+ * a caller that removes it from a signal handler knows it from the moment it
+ * exists; after a failure announce(NULL). out_dir itself must be absent or an empty
  * directory (the caller checks emptiness, with its own message); a file in
  * its place is DG_ERR_INVALID_ARG. DG_ERR_IO if the sibling cannot be made.
  * dg_outdir_commit renames tmp to out_dir (an empty out_dir is replaced;
  * one that became non-empty meanwhile is DG_ERR_IO, tmp then left to the
  * caller's dg_outdir_discard). dg_outdir_discard removes tmp and the plain
  * files in it (the writers make no subdirectories); silent. */
-dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap);
+dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap, void (*announce)(const char *tmp, void *ud),
+                          void *ud);
 dg_status dg_outdir_commit(const char *tmp, const char *out_dir);
 void dg_outdir_discard(const char *tmp);
 

@@ -701,7 +701,7 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
 
   /* the output directory (a temporary sibling until complete) and config.json
    * (rewritten with the quantization block at the end) */
-  if ((st = dg_outdir_begin(out_dir, tmp, sizeof tmp))) { tmp[0] = 0; goto done; }
+  if ((st = dg_outdir_begin(out_dir, tmp, sizeof tmp, p.on_tmp_dir, p.user_data))) { tmp[0] = 0; goto done; }
   snprintf(path, sizeof path, "%s/config.json", tmp);
   if ((st = dg_ckpt_write_text(path, text, 0))) goto done;
   fill.pad_row = c.pad_token_id;
@@ -714,6 +714,7 @@ dg_status dg_mkrandom(const char *out_dir, const dg_mkrandom_params *params, dg_
   if (!st) st = dg_outdir_commit(tmp, out_dir);
 done:
   if (st && tmp[0]) dg_outdir_discard(tmp); /* nothing of a failed or interrupted run is left */
+  if (tmp[0] && p.on_tmp_dir) p.on_tmp_dir(NULL, p.user_data); /* renamed or removed */
   free(plan.it);
   cJSON_Delete(cfg);
   free(text);

@@ -469,7 +469,7 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
   /* write into a temporary sibling, renamed to out_dir only when complete (dg_outdir_begin) */
   DG_TRY(check_out_dir(out_dir));
   char tmp[2048]; /* shorter than path[]: room for the file names */
-  DG_TRY(dg_outdir_begin(out_dir, tmp, sizeof tmp));
+  DG_TRY(dg_outdir_begin(out_dir, tmp, sizeof tmp, p.on_tmp_dir, p.user_data));
 
   snprintf(path, sizeof path, "%s/config.json", in_dir);
   if ((st = read_config(path, &text, &cfg))) goto done;
@@ -494,6 +494,7 @@ dg_status dg_quantize(const char *in_dir, const char *out_dir, const dg_quantize
   if (!st) st = dg_outdir_commit(tmp, out_dir);
 done:
   if (st) dg_outdir_discard(tmp);
+  if (p.on_tmp_dir) p.on_tmp_dir(NULL, p.user_data); /* renamed or removed */
   if (items)
     for (size_t i = 0; i < n; i++) free_outputs(&items[i]);
   free(items);

@@ -8,6 +8,8 @@
  *     left empty, an existing -o file byte for byte as before, no temporary
  *     sibling); a run the signal reached only after its output was complete
  *     exits 0 with the complete output. A rerun after an interruption works.
+ *     A second SIGINT (SIGTERM) while quantize or mkrandom is on its way to
+ *     its stop point: exit 130 (143) at once and nothing left.
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
  *     stays (the file behind the link gets the output), a full device is exit 1.
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
@@ -246,6 +248,96 @@ static void test_quantize_interrupted(void **state) {
 static void test_mkrandom_interrupted(void **state) {
   (void)state;
   interrupted_dir_writer(W_MKRANDOM);
+}
+
+/* 1 if g_dir holds a temporary sibling of the output directory named `name` (".NAME.tmp-"). */
+static int has_tmp_of(const char *name) {
+  char pre[300];
+  snprintf(pre, sizeof pre, ".%s.tmp-", name);
+  DIR *d = opendir(g_dir);
+  if (!d) return 0;
+  struct dirent *e;
+  int found = 0;
+  while ((e = readdir(d)))
+    found |= strncmp(e->d_name, pre, strlen(pre)) == 0;
+  closedir(d);
+  return found;
+}
+
+/* 1 while sig is pending for pid (sent, not yet delivered: SigPnd or ShdPnd in /proc/PID/status). */
+static int pending(pid_t pid, int sig) {
+  char p[64], line[256];
+  snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(p, "r");
+  if (!f) return 0;
+  unsigned long long mask = 0;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "SigPnd:", 7) || !strncmp(line, "ShdPnd:", 7)) mask |= strtoull(line + 7, NULL, 16);
+  fclose(f);
+  return (int)((mask >> (sig - 1)) & 1);
+}
+
+/* A second signal before the stop point (a user pressing Ctrl-C again while the command finishes
+ * its tensor) ends the process at once, but not before the temporary directory is removed: once
+ * the temporary sibling exists, the signal is sent, and sent again as soon as the first has been
+ * delivered (the command is then still on its way to its next progress call). It left
+ * ".NAME.tmp-XXXXXX" with a partial shard (the second signal had the default action). Exit 130
+ * or 143, no output, no temporary sibling. */
+static void interrupted_twice(writer w) {
+  const char *name = w == W_QUANTIZE ? "quantize" : "mkrandom";
+  const char *argv[12];
+  char out[600], base[64], of[512], ef[512];
+  int landed = 0;
+  for (int i = 0; i < 20 && landed < 4; i++) {
+    const int sig = i % 2 ? SIGTERM : SIGINT;
+    snprintf(base, sizeof base, "%s-twice-%d", name, i);
+    snprintf(out, sizeof out, "%s/%s", g_dir, base);
+    writer_argv(w, out, argv);
+    snprintf(of, sizeof of, "%s/cli.out", g_dir);
+    snprintf(ef, sizeof ef, "%s/cli.err", g_dir);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      if (!freopen(of, "w", stdout) || !freopen(ef, "w", stderr)) _exit(126);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      execv(g_exe, (char *const *)argv);
+      _exit(127);
+    }
+    int status = 0, sent = 0;
+    for (;;) { /* until the temporary directory appears (then signal) or the process ends */
+      if (waitpid(pid, &status, WNOHANG) == pid) break;
+      if (has_tmp_of(base)) {
+        sent = kill(pid, sig) == 0;
+        while (sent && pending(pid, sig)) usleep(10);
+        sent = sent && kill(pid, sig) == 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        break;
+      }
+      usleep(100);
+    }
+    if (!WIFEXITED(status)) fail_msg("%s run %d: ended by signal %d, not an exit", name, i, WTERMSIG(status));
+    const int code = WEXITSTATUS(status);
+    printf("# %s twice run %d: %s -> exit %d\n", name, i,
+           !sent ? "no second signal sent" : sig == SIGINT ? "SIGINT twice" : "SIGTERM twice", code);
+    if (code == 128 + sig) {
+      landed++;
+      if (n_entries(out) >= 0) fail_msg("%s run %d: interrupted, but %s exists", name, i, out);
+    } else if (code != 0) {
+      char *e = read_err();
+      fail_msg("%s run %d: exit %d; stderr: %s", name, i, code, e);
+    }
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+  printf("# %s: %d runs interrupted twice\n", name, landed);
+  assert_true(landed >= 1);
+}
+
+static void test_interrupted_twice(void **state) {
+  (void)state;
+  interrupted_twice(W_QUANTIZE);
+  interrupted_twice(W_MKRANDOM);
 }
 
 /* ---- logits -o ------------------------------------------------------------------- */
@@ -1797,6 +1889,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_quantize_interrupted),
       cmocka_unit_test(test_mkrandom_interrupted),
+      cmocka_unit_test(test_interrupted_twice),
       cmocka_unit_test(test_logits_interrupted),
       cmocka_unit_test(test_output_targets),
       cmocka_unit_test(test_stdout_full),

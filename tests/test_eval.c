@@ -321,6 +321,28 @@ static void test_resume_malformed(void **state) {
   assert_int_equal(gsm8k_resume_read("/dev/full", "c", done, 8, &s, err, sizeof err), -1);
   assert_non_null(strstr(err, "-o /dev/full is not a regular file"));
   assert_int_equal(s.n, 0);
+  /* counts past 2^53 are refused, not cast to int64_t (undefined; fuzz_gsm8k's finding
+   * fuzz/regress/gsm8k/crash-tokens-4e32, whose first line this is, and the same in "tokens");
+   * 2^53 itself is accepted */
+  const char *huge[2] = {"{\"idx\": 0, \"config\": \"c\", \"pred\": \"0\", \"correct\": true, \"tokens\": 28, "
+                         "\"forwards\": 444444444444444444444444444444449, \"blocks\": 1, \"seconds\": 0.25}\n",
+                         "{\"idx\": 0, \"config\": \"c\", \"pred\": \"0\", \"correct\": true, \"tokens\": 4.4e32, "
+                         "\"forwards\": 1, \"blocks\": 1, \"seconds\": 0.25}\n"};
+  for (int k = 0; k < 2; k++) {
+    memset(done, 0, sizeof done);
+    memset(&s, 0, sizeof s);
+    p = tmp_file("r4.jsonl", huge[k]);
+    assert_int_equal(gsm8k_resume_read(p, "c", done, 8, &s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "r4.jsonl line 1 is not a gsm8k result line"));
+    assert_int_equal(s.n, 0);
+  }
+  memset(done, 0, sizeof done);
+  memset(&s, 0, sizeof s);
+  p = tmp_file("r5.jsonl", "{\"idx\": 0, \"config\": \"c\", \"pred\": \"0\", \"correct\": true, "
+                           "\"tokens\": 9007199254740992, \"forwards\": 1, \"blocks\": 1, \"seconds\": 0.25}\n");
+  assert_int_equal(gsm8k_resume_read(p, "c", done, 8, &s, err, sizeof err), 0);
+  assert_int_equal(s.n, 1);
+  assert_true(s.tokens == 9007199254740992LL);
   /* a missing file is a fresh start */
   memset(&s, 0, sizeof s);
   assert_int_equal(gsm8k_resume_read("/nonexistent/items.jsonl", "c", done, 8, &s, err, sizeof err), 0);

@@ -16,7 +16,10 @@
  *  - quantized tensors dequantize within the quantization bound of the drawn
  *    values, and equal byte for byte what dg_quantize makes of the bf16 model;
  *  - bad inputs: non-empty output, bad configs, bad recipes, missing source,
- *    each a clear error and nothing left behind. */
+ *    each a clear error and nothing left behind;
+ *  - on_tmp_dir (mkrandom and quantize) announces the temporary sibling just
+ *    before it is made and NULL once it is renamed or removed (also when the
+ *    progress callback stops the run). */
 #include "testutil.h"
 
 #include <math.h>
@@ -520,6 +523,88 @@ static void test_errors(void **state) {
   dg_model_free(m);
 }
 
+/* ---- the temporary directory reported (on_tmp_dir) ----------------------------------- */
+
+typedef struct tmp_seen {
+  int calls, n_null;
+  char path[512];
+  int existed;    /* the announced path existed when announced (it must not yet) */
+  int was_dir;    /* at the first progress call, the announced path was a directory */
+  int stop_after; /* progress: abort at this call (0 = never) */
+  int n_progress;
+} tmp_seen;
+
+static void seen_tmp(const char *tmp, void *ud) {
+  tmp_seen *t = ud;
+  t->calls++;
+  if (!tmp) { t->n_null++; return; }
+  snprintf(t->path, sizeof t->path, "%s", tmp);
+  t->existed |= access(tmp, F_OK) == 0;
+}
+
+static int seen_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
+  tmp_seen *t = ud;
+  struct stat sb;
+  if (++t->n_progress == 1) t->was_dir = stat(t->path, &sb) == 0 && S_ISDIR(sb.st_mode);
+  return t->n_progress == t->stop_after;
+}
+
+/* on_tmp_dir gets the temporary sibling ".<name>.tmp-XXXXXX" just before it is made (so that a
+ * CLI can remove it on a second Ctrl-C from the moment it exists) and the writer then writes in
+ * it, then NULL once it is renamed or removed; a dry run creates none. */
+static void test_tmp_dir_reported(void **state) {
+  (void)state;
+  char want[512];
+  tmp_seen t = {0};
+  dg_mkrandom_params p = small_params(NULL, 1, 1);
+  p.on_tmp_dir = seen_tmp;
+  p.progress = seen_progress;
+  p.user_data = &t;
+  assert_dg_ok(dg_mkrandom(tdir("tmpcb"), &p, NULL));
+  assert_int_equal(t.existed, 0);
+  assert_int_equal(t.calls, 2);
+  assert_int_equal(t.n_null, 1);
+  assert_int_equal(t.was_dir, 1);
+  snprintf(want, sizeof want, "%s/.tmpcb.tmp-", tmp_root);
+  assert_int_equal(strncmp(t.path, want, strlen(want)), 0);
+  assert_int_equal(strlen(t.path), strlen(want) + 6);
+  assert_int_equal(access(t.path, F_OK), -1); /* renamed */
+  assert_int_equal(access(tdir("tmpcb"), F_OK), 0);
+  /* stopped by the progress callback: reported, then removed and NULL */
+  memset(&t, 0, sizeof t);
+  t.stop_after = 3;
+  assert_int_equal(dg_mkrandom(tdir("tmpcb2"), &p, NULL), DG_ERR_ABORTED);
+  assert_int_equal(t.calls, 2);
+  assert_int_equal(t.n_null, 1);
+  assert_int_equal(t.was_dir, 1);
+  assert_int_equal(access(t.path, F_OK), -1);
+  assert_int_equal(access(tdir("tmpcb2"), F_OK), -1);
+  /* a dry run writes nothing and reports nothing */
+  memset(&t, 0, sizeof t);
+  p.progress = NULL;
+  p.dry_run = 1;
+  assert_dg_ok(dg_mkrandom(tdir("tmpcb3"), &p, NULL));
+  assert_int_equal(t.calls, 0);
+  /* dg_quantize the same: of the first output, into a new directory */
+  memset(&t, 0, sizeof t);
+  dg_quantize_params qp = dg_quantize_default_params();
+  qp.on_tmp_dir = seen_tmp;
+  qp.progress = seen_progress;
+  qp.user_data = &t;
+  qp.recipe = "all=8";
+  dg_mkrandom_params fp = small_params("all=bf16", 1, 1);
+  assert_dg_ok(dg_mkrandom(tdir("tmpcb4"), &fp, NULL));
+  assert_dg_ok(dg_quantize(tdir("tmpcb4"), tdir("tmpcb5"), &qp, NULL));
+  assert_int_equal(t.existed, 0);
+  assert_int_equal(t.calls, 2);
+  assert_int_equal(t.n_null, 1);
+  assert_int_equal(t.was_dir, 1);
+  snprintf(want, sizeof want, "%s/.tmpcb5.tmp-", tmp_root);
+  assert_int_equal(strncmp(t.path, want, strlen(want)), 0);
+  assert_int_equal(access(t.path, F_OK), -1);
+  assert_int_equal(access(tdir("tmpcb5"), F_OK), 0);
+}
+
 /* ---- the source directory --------------------------------------------------------- */
 
 static void test_source_copied(void **state) {
@@ -592,6 +677,7 @@ int main(void) {
       cmocka_unit_test(test_values_quantized), cmocka_unit_test(test_same_as_quantize),
       cmocka_unit_test(test_errors),           cmocka_unit_test(test_source_copied),
       cmocka_unit_test(test_stream_writer),
+      cmocka_unit_test(test_tmp_dir_reported),
   };
   return cmocka_run_group_tests_name("mkrandom", tests, setup, teardown);
 }

@@ -1841,6 +1841,7 @@ static int cmd_mkrandom(const opts *o) {
   bar_state bs = {isatty(2), -1};
   mp.progress = mk_progress;
   mp.user_data = &bs;
+  mp.on_tmp_dir = out_track_dir; /* a second Ctrl-C removes it before the process ends */
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   dg_mkrandom_result r;
@@ -1883,6 +1884,7 @@ static int cmd_quantize(const opts *o) {
   bar_state bs = {isatty(2), -1};
   qp.progress = mk_progress;
   qp.user_data = &bs;
+  qp.on_tmp_dir = out_track_dir; /* a second Ctrl-C removes it before the process ends */
   dg_quantize_result r;
   dg_status st = dg_quantize(o->positional, o->positional2, &qp, &r);
   if (st == DG_ERR_ABORTED && g_stop_sig) {

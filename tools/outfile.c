@@ -2,30 +2,86 @@
 #include "outfile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 volatile sig_atomic_t g_stop_sig = 0;
-/* 1: the command has no stop point; the handler removes g_tmp_path and exits at once.
+/* 0: the command has stop points (g_stop_sig); a second signal ends it at once, removing the
+ *    temporary file and directory first.
+ * 1: the command has no stop point; the handler removes the temporary file and exits at once.
  * 2: the output is being renamed into place; the handler only records the signal. */
 static volatile sig_atomic_t g_stop_mode = 0;
-static char g_tmp_path[PATH_MAX + 32]; /* the temporary output file, "" if none */
+/* The temporary output file and the library's temporary output directory (quantize, mkrandom).
+ * A signal may come on any thread, while either name is being written: the handler reads a
+ * name only while its flag (__atomic) is 1, which is set after the name is complete and
+ * cleared before it changes, so it never acts on a half-written path (the prefix of one could
+ * name the user's own directory). */
+static char g_tmp_path[PATH_MAX + 32];
+static int g_tmp_path_set;
+static char g_tmp_dir[PATH_MAX + 32];
+static int g_tmp_dir_set;
 static char g_target[PATH_MAX];         /* what it is renamed to: the path, or the file its symlink names */
 static int g_direct;                    /* the path is a device or FIFO: written in place, no temporary file */
 static int g_open_status = 1;           /* out_open's exit status for out_try_open's last failure */
 
+static int flag_get(int *f) { return __atomic_load_n(f, __ATOMIC_SEQ_CST); }
+static void flag_put(int *f, int v) { __atomic_store_n(f, v, __ATOMIC_SEQ_CST); }
+
+static void tmp_path_forget(void) {
+  flag_put(&g_tmp_path_set, 0);
+  g_tmp_path[0] = 0;
+}
+
+/* Remove the files of the flat directory `dir`, then the directory, with system calls only (in a
+ * signal handler: no opendir/readdir, which may allocate). Listed again from the start until a
+ * pass removes nothing, as entries are removed while the directory is being read. */
+static void remove_dir_now(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[8192] __attribute__((aligned(8)));
+    for (int pass = 0; pass < 16; pass++) {
+      int removed = 0;
+      long n;
+      if (lseek(fd, 0, SEEK_SET) != 0) break;
+      while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0)
+        for (long off = 0; off < n;) {
+          /* struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name */
+          unsigned short reclen;
+          memcpy(&reclen, buf + off + 16, sizeof reclen);
+          const char *name = buf + off + 19;
+          off += reclen;
+          if (name[0] == '.' && (!name[1] || (name[1] == '.' && !name[2]))) continue;
+          removed += unlinkat(fd, name, 0) == 0;
+        }
+      if (!removed) break;
+    }
+    close(fd);
+  }
+  rmdir(dir);
+}
+
 static void on_stop_signal(int sig) {
-  g_stop_sig = sig;
-  if (g_stop_mode == 1) {
-    if (g_tmp_path[0]) unlink(g_tmp_path); /* async-signal-safe, as is _exit */
+  const int mode = g_stop_mode;
+  /* no stop point, or a second signal before the command reached its stop point */
+  if (mode == 1 || (mode == 0 && g_stop_sig)) {
+    if (flag_get(&g_tmp_path_set)) unlink(g_tmp_path); /* async-signal-safe, as are the calls of remove_dir_now and _exit */
+    if (flag_get(&g_tmp_dir_set)) remove_dir_now(g_tmp_dir);
+    if (mode == 0) {
+      static const char msg[] = "\ndgemma: interrupted again: stopped at once, the partial output removed\n";
+      ssize_t w = write(2, msg, sizeof msg - 1);
+      (void)w;
+    }
     _exit(128 + sig);
   }
-  signal(sig, SIG_DFL); /* a second signal ends the process at once */
+  g_stop_sig = sig;
 }
 
 void catch_stop_signals(int immediate) {
@@ -41,9 +97,19 @@ void catch_stop_signals(int immediate) {
   }
 }
 
+void out_track_dir(const char *tmp_dir, void *user_data) {
+  (void)user_data;
+  flag_put(&g_tmp_dir_set, 0);
+  if (!tmp_dir || snprintf(g_tmp_dir, sizeof g_tmp_dir, "%s", tmp_dir) >= (int)sizeof g_tmp_dir) {
+    g_tmp_dir[0] = 0;
+    return;
+  }
+  flag_put(&g_tmp_dir_set, 1);
+}
+
 /* An exit that is not a signal (die, a usage error) removes the temporary file too. */
 static void remove_tmp_at_exit(void) {
-  if (g_tmp_path[0]) unlink(g_tmp_path);
+  if (flag_get(&g_tmp_path_set)) unlink(g_tmp_path);
 }
 
 FILE *out_try_open(const char *path, const char *who) {
@@ -67,7 +133,7 @@ FILE *out_try_open(const char *path, const char *who) {
     FILE *f = fopen(path, "wb");
     if (!f) fprintf(stderr, "%s: cannot write %s: %s\n", who, path, strerror(errno));
     g_direct = f != NULL;
-    g_tmp_path[0] = 0;
+    tmp_path_forget();
     return f;
   }
   /* a symlink to a file: the file it names is replaced, not the link */
@@ -86,15 +152,21 @@ FILE *out_try_open(const char *path, const char *who) {
     fprintf(stderr, "%s: %s: path too long\n", who, path);
     return NULL;
   }
-  int fd = mkstemp(tmpl);
+  /* mkstemp fills in the name where the handler reads it, the flag set before: a signal from the
+   * moment the file exists removes it (before that, the name names nothing of ours) */
+  tmp_path_forget();
+  memcpy(g_tmp_path, tmpl, sizeof tmpl);
+  flag_put(&g_tmp_path_set, 1);
+  int fd = mkstemp(g_tmp_path);
   if (fd < 0) {
-    fprintf(stderr, "%s: cannot write %s: cannot create a temporary file %s: %s\n", who, path, tmpl, strerror(errno));
+    const int err = errno;
+    tmp_path_forget();
+    fprintf(stderr, "%s: cannot write %s: cannot create a temporary file %s: %s\n", who, path, tmpl, strerror(err));
     return NULL;
   }
   mode_t um = umask(0); /* mkstemp makes it 0600; give it what fopen(path, "w") would */
   umask(um);
   fchmod(fd, 0666 & ~um);
-  memcpy(g_tmp_path, tmpl, sizeof tmpl);
   static int registered = 0;
   if (!registered) { atexit(remove_tmp_at_exit); registered = 1; }
   FILE *f = fdopen(fd, "wb");
@@ -102,7 +174,7 @@ FILE *out_try_open(const char *path, const char *who) {
     fprintf(stderr, "%s: cannot write %s: %s\n", who, path, strerror(errno));
     close(fd);
     unlink(g_tmp_path);
-    g_tmp_path[0] = 0;
+    tmp_path_forget();
   }
   return f;
 }
@@ -125,16 +197,18 @@ int out_commit(FILE *f, const char *path) {
   if (!bad && fsync(fileno(f)) != 0 && errno != EINVAL) { bad = 1; err = errno; }
   if (fclose(f) != 0 && !bad) { bad = 1; err = errno; }
   if (!bad) {
+    const sig_atomic_t mode = g_stop_mode;
     g_stop_mode = 2; /* from here a signal no longer removes the file: it is complete */
-    if (rename(g_tmp_path, g_target) != 0) { bad = 1; err = errno; g_stop_mode = 1; }
+    if (rename(g_tmp_path, g_target) != 0) { bad = 1; err = errno; }
+    else tmp_path_forget();
+    g_stop_mode = mode;
   }
   if (bad) {
     fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(err ? err : EIO));
     unlink(g_tmp_path);
-    g_tmp_path[0] = 0;
+    tmp_path_forget();
     return 1;
   }
-  g_tmp_path[0] = 0;
   return 0;
 }
 
@@ -142,6 +216,6 @@ void out_discard(FILE *f) {
   if (!f) return;
   fclose(f);
   g_direct = 0;
-  if (g_tmp_path[0]) unlink(g_tmp_path);
-  g_tmp_path[0] = 0;
+  if (flag_get(&g_tmp_path_set)) unlink(g_tmp_path);
+  tmp_path_forget();
 }

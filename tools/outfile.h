@@ -7,8 +7,10 @@
  * only when complete (out_open / out_commit; through a symlink, the file it
  * names is replaced; a device or FIFO such as /dev/null is written in place); quantize and mkrandom stop at
  * their next progress call (g_stop_sig) and the library removes its temporary
- * directory. A signal that the process was started with ignored (a background
- * job) stays ignored. One output file at a time per process. */
+ * directory; a second signal before that ends the process at once, after
+ * removing the directory the library reported (out_track_dir). A signal that
+ * the process was started with ignored (a background job) stays ignored. One
+ * output file and one output directory at a time per process. */
 #ifndef DG_TOOLS_OUTFILE_H
 #define DG_TOOLS_OUTFILE_H
 
@@ -21,8 +23,14 @@ extern volatile sig_atomic_t g_stop_sig;
 /* Install the SIGINT/SIGTERM handlers. immediate = 1: the command has no stop
  * point; the handler removes the temporary output file and exits at once
  * with 128 + the signal. immediate = 0: it only records the signal in
- * g_stop_sig (a second one ends the process). */
+ * g_stop_sig; a second one removes the temporary file and directory and
+ * exits at once with 128 + the signal. */
 void catch_stop_signals(int immediate);
+
+/* The library's temporary output directory, NULL once it is renamed or
+ * removed: the on_tmp_dir callback of dg_quantize_params and
+ * dg_mkrandom_params (user_data unused). */
+void out_track_dir(const char *tmp_dir, void *user_data);
 
 /* A temporary file next to `path`, opened for writing before any long work;
  * the target is not touched. NULL after a message on stderr naming the file
