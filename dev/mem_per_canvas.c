@@ -13,22 +13,10 @@
 #include <string.h>
 
 #include "dgemma.h"
-
-static long vm_kb(const char *key) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return -1;
-  char line[256];
-  long v = -1;
-  size_t n = strlen(key);
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, key, n)) v = strtol(line + n, NULL, 10);
-  fclose(f);
-  return v;
-}
+#include "../tests/procmem.h"
 
 static void hwm_reset(void) {
-  FILE *f = fopen("/proc/self/clear_refs", "w");
-  if (!f || fputs("5", f) < 0 || fclose(f) != 0) {
+  if (dg_proc_hwm_reset() != 0) {
     fprintf(stderr, "mem_per_canvas: cannot reset VmHWM through /proc/self/clear_refs\n");
     exit(1);
   }
@@ -52,7 +40,7 @@ static long run(dg_model *m, const dg_model_info *in, int B, int steps, const ch
   cp.max_context = 8 + in->canvas_length;
   malloc_trim(0); /* the previous run's freed blocks back to the system */
   hwm_reset();
-  const long base = vm_kb("VmRSS:");
+  const long base = dg_proc_kb("VmRSS:");
   for (int i = 0; i < B; i++) {
     if (dg_context_new(m, &cp, &ctx[i])) die("context");
     pr[i] = prompt;
@@ -65,7 +53,7 @@ static long run(dg_model *m, const dg_model_info *in, int B, int steps, const ch
     if (dg_gen_params_apply_json(&gp[i], kw)) die("gen-kwargs");
   }
   if (dg_generate_batch(ctx, B, pr, np, gp, r)) die("generate");
-  const long peak = vm_kb("VmHWM:");
+  const long peak = dg_proc_kb("VmHWM:");
   for (int i = 0; i < B; i++) {
     dg_gen_result_free(&r[i]);
     dg_context_free(ctx[i]);
@@ -96,7 +84,7 @@ int main(int argc, char **argv) {
   printf("vocab %d, hidden %d, canvas %d, %d layers, %s: peak RSS +%.1f MB for one canvas, +%.1f MB for %d: "
          "%.1f MB per canvas (process peak %ld MB)\n",
          in.vocab_size, in.hidden_size, in.canvas_length, in.n_layers, kw, one / 1024.0, many / 1024.0, B,
-         (double)(many - one) / 1024.0 / (B - 1), vm_kb("VmHWM:") / 1024);
+         (double)(many - one) / 1024.0 / (B - 1), dg_proc_kb("VmHWM:") / 1024);
   dg_model_free(m);
   return 0;
 }

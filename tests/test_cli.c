@@ -96,7 +96,9 @@ static double g_after_handler; /* seconds from the handler seen to the exit (las
  * delay_us and send it (if the process has not ended yet; *sent says);
  * delay_us < 0: send nothing, only time the run from then (g_after_handler).
  * Returns the wait status. */
-static int run_signalled(const char *const *argv, int sig, long delay_us, int *sent) {
+/* Start g_exe with argv, its stdout and stderr in g_dir/cli.out and cli.err, SIGINT and SIGTERM at their
+ * default actions (a test run from a script may inherit them ignored); returns the child's pid. */
+static pid_t spawn_cli(const char *const *argv) {
   fflush(stdout); /* or the child's freopen writes the parent's buffered lines again */
   char of[512], ef[512];
   snprintf(of, sizeof of, "%s/cli.out", g_dir);
@@ -110,6 +112,11 @@ static int run_signalled(const char *const *argv, int sig, long delay_us, int *s
     execv(g_exe, (char *const *)argv);
     _exit(127);
   }
+  return pid;
+}
+
+static int run_signalled(const char *const *argv, int sig, long delay_us, int *sent) {
+  const pid_t pid = spawn_cli(argv);
   int status = 0;
   if (sent) *sent = 0;
   double t0 = 0;
@@ -286,25 +293,14 @@ static int pending(pid_t pid, int sig) {
 static void interrupted_twice(writer w) {
   const char *name = w == W_QUANTIZE ? "quantize" : "mkrandom";
   const char *argv[12];
-  char out[600], base[64], of[512], ef[512];
+  char out[600], base[64];
   int landed = 0;
   for (int i = 0; i < 20 && landed < 4; i++) {
     const int sig = i % 2 ? SIGTERM : SIGINT;
     snprintf(base, sizeof base, "%s-twice-%d", name, i);
     snprintf(out, sizeof out, "%s/%s", g_dir, base);
     writer_argv(w, out, argv);
-    snprintf(of, sizeof of, "%s/cli.out", g_dir);
-    snprintf(ef, sizeof ef, "%s/cli.err", g_dir);
-    fflush(stdout);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-      if (!freopen(of, "w", stdout) || !freopen(ef, "w", stderr)) _exit(126);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      execv(g_exe, (char *const *)argv);
-      _exit(127);
-    }
+    const pid_t pid = spawn_cli(argv);
     int status = 0, sent = 0;
     for (;;) { /* until the temporary directory appears (then signal) or the process ends */
       if (waitpid(pid, &status, WNOHANG) == pid) break;

@@ -33,6 +33,7 @@
 #include "sampler.h"
 #include "synth.h"
 #include "testutil.h"
+#include "procmem.h"
 #include "turbo.h"
 
 static char tmp_root[256];
@@ -1266,27 +1267,6 @@ static void test_head_rows(void **state) {
   dg_model_free(m);
 }
 
-/* Peak RSS (VmHWM, kB) of this process since the last reset; reset: write 5
- * to /proc/self/clear_refs (Linux >= 4.0). -1 when not available. */
-static long vm_kb(const char *key) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f) return -1;
-  char line[256];
-  long v = -1;
-  size_t n = strlen(key);
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, key, n) == 0) v = strtol(line + n, NULL, 10);
-  fclose(f);
-  return v;
-}
-
-static int hwm_reset(void) {
-  FILE *f = fopen("/proc/self/clear_refs", "w");
-  if (!f) return -1;
-  int ok = fputs("5", f) >= 0;
-  return fclose(f) == 0 && ok ? 0 : -1;
-}
-
 /* Growth of the peak RSS over creating B contexts and one dg_generate_batch
  * (one canvas each, `steps` denoising steps) on m. */
 static long batch_peak_kb(dg_model *m, int32_t B, int32_t steps, const int32_t *prompt, size_t np, int32_t *tokens,
@@ -1299,8 +1279,8 @@ static long batch_peak_kb(dg_model *m, int32_t B, int32_t steps, const int32_t *
   dg_context_params cp = dg_context_default_params();
   cp.max_context = (int32_t)np + m->cfg.canvas_length;
   malloc_trim(0); /* the previous run's freed blocks back to the system: they would hide this run's growth */
-  assert_int_equal(hwm_reset(), 0);
-  const long base = vm_kb("VmRSS:");
+  assert_int_equal(dg_proc_hwm_reset(), 0);
+  const long base = dg_proc_kb("VmRSS:");
   for (int32_t i = 0; i < B; i++) {
     assert_dg_ok(dg_context_new(m, &cp, &ctx[i]));
     prompts[i] = prompt;
@@ -1313,7 +1293,7 @@ static long batch_peak_kb(dg_model *m, int32_t B, int32_t steps, const int32_t *
     assert_dg_ok(dg_gen_params_apply_json(&gp[i], "{\"diffusion_turbo\": true}"));
   }
   assert_dg_ok(dg_generate_batch(ctx, B, prompts, nps, gp, r));
-  const long peak = vm_kb("VmHWM:");
+  const long peak = dg_proc_kb("VmHWM:");
   /* check: every canvas (same prompt and seed) equals `tokens`; else r[0] is copied there */
   if (!check) memcpy(tokens, r[0].tokens, (size_t)m->cfg.canvas_length * 4);
   for (int32_t i = 0; i < B; i++) assert_memory_equal(r[i].tokens, tokens, (size_t)m->cfg.canvas_length * 4);
@@ -1338,7 +1318,7 @@ static void test_turbo_memory(void **state) {
 #if defined(__SANITIZE_ADDRESS__)
   dg_test_skip("turbo memory: peak RSS is not measured under ASan (its allocator and shadow memory)");
 #endif
-  if (hwm_reset() != 0 || vm_kb("VmHWM:") < 0)
+  if (dg_proc_hwm_reset() != 0 || dg_proc_kb("VmHWM:") < 0)
     dg_test_skip("turbo memory: /proc/self/clear_refs or VmHWM not available");
   synth_cfg c = synth_default();
   c.vocab = 262144;
