@@ -12,7 +12,8 @@
 #      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; PDL=1: test_cuda
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
-#   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here.
+#   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
+#   (and, without TESTS, BENCH, CEIL or ATT, no build at all).
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -21,8 +22,9 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
 . scripts/gpu_env.sh
-if [ -n "${TESTS:-}${BENCH:-}" ]; then gpu_build /tmp/build.txt || exit 1; else
-make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/build.txt 2>&1 \
+if [ -n "${TESTS:-}${BENCH:-}" ]; then gpu_build /tmp/build.txt || exit 1
+elif [ -n "${LAB_BIN:-}" ] && [ -z "${CEIL:-}${ATT:-}" ]; then mkdir -p build # the lab alone: nothing to build here
+else make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/build.txt 2>&1 \
   || { tail -30 /tmp/build.txt; exit 1; }; fi
 echo "== built $(el)"
 [ -n "${BENCH:-}" ] && gpu_mkrandom_bg 8
