@@ -13,7 +13,7 @@
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
 #   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
-#   (and, without TESTS, BENCH, CEIL or ATT, no build at all).
+#   (and, without TESTS, BENCH, CEIL or ATT, no build at all). LAB_RUNS=none: no lab at all (build, runs, SASS).
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -31,8 +31,9 @@ echo "== built $(el)"
 if [ -n "${LAB_BIN:-}" ]; then # a lab built elsewhere (same CUDA toolkit): its libraries from here
   cp "$LAB_BIN" build/moe_quant; export LD_LIBRARY_PATH="$CUL${XL:+:/tmp/dgdeps/usr/lib/x86_64-linux-gnu}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   build/moe_quant --help > /dev/null 2>&1; [ $? -le 2 ] || { echo "LAB_BIN does not run here"; ldd build/moe_quant | grep "not found"; exit 1; }
-else lab_build > /tmp/lab_build.txt 2>&1 || { tail -30 /tmp/lab_build.txt; exit 1; }; fi
+elif [ "${LAB_RUNS:-}" != none ]; then lab_build > /tmp/lab_build.txt 2>&1 || { tail -30 /tmp/lab_build.txt; exit 1; }; fi
 echo "== lab built $(el)"
+[ "${LAB_RUNS:-}" = none ] && LAB_RUNS="" && SASS=0 # LAB_RUNS=none: no lab build, no lab run
 sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function, then its SASS
   cuobjdump -sass "$2" 2>&1 | awk -v f="$1" '/Function :/ {on = index($0, f) > 0 && !done; if (on) done = 1} on' > /tmp/s.txt
   echo "# $1 in $2: $(grep -cE '^\s+/\*[0-9a-f]{4}\*/' /tmp/s.txt) instructions; opcode counts (static)"
@@ -45,7 +46,7 @@ sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function,
   echo; echo "# SASS of qw_kernel<4,1,3,64,2,3,3>"; cat /tmp/sass_qw.txt; echo; echo "# SASS of qr_kernel<4,1,3,64>"; cat /tmp/sass_qr.txt
 } > "$OUT/sass.txt" && grep -E "^#|HGMMA|HMMA|FFMA|LOP3" "$OUT/sass.txt" | grep -E "^#|^ +[0-9]+ " | head -40
 : > "$OUT/lab.md"; : > "$OUT/lab.jsonl"
-for vv in ${LAB_RUNS:-3 20 22,23,24,25 21}; do
+for vv in ${LAB_RUNS-3 20 22,23,24,25 21}; do
   timeout 150 build/moe_quant --bits ${LAB_BITS:-4} --versions $vv --ms ${LAB_MS:-1,16} --ts ${LAB_TS:-256} --json /tmp/l.jsonl > /tmp/l.md 2>&1
   echo "lab versions $vv rc $? $(el)"; cat /tmp/l.md >> "$OUT/lab.md"; cat /tmp/l.jsonl >> "$OUT/lab.jsonl"
   grep -E "check|error|fail|\| 4 " /tmp/l.md | head -24

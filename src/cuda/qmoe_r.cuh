@@ -47,6 +47,7 @@
 #define QR_STAGES 3 /* activation ring depth (the backend's choice) */
 #define QR_SUB 2    /* weight stages per activation stage (the backend's choice) */
 #define QR_MINB 4   /* blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
+#define QR_MINB1 6  /* at 1 n-tile (experts of at most 8 rows), group 64, <= 4 bits: 6 blocks per SM (the backend's choice) */
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
@@ -575,8 +576,9 @@ static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   return cudaGetLastError();
 }
 
+/* MINB64: blocks per SM the registers are capped for at group 64 (MINB at the other groups). */
 template <int BITS, int GATEUP, int NT, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1,
-          int PF = 0, int NTS = 0>
+          int PF = 0, int NTS = 0, int MINB64 = MINB>
 static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   if constexpr (BITS == 16) { /* bf16: no groups, stages of 64 weights */
     if (a.group != QR_BF16_GROUP) return cudaErrorInvalidValue;
@@ -584,7 +586,7 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   }
   switch (a.group) {
   case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS>(s, grid, a);
   case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
   default: return cudaErrorInvalidValue;
   }
@@ -599,11 +601,15 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
  * (QR_NTS; with the line prefetches lab version 28: gathered 256 gate/up 137.5 vs 145.4 us, down 72.8 vs 78.0,
  * uniform M = 16 gate/up 103.6 vs 123.7). bf16 stacks (BITS 16, 32 record registers per stage) take registers for
  * 2 blocks per SM (QR_MINB16; at 4 the 3-tile body spilled: lab version 43 vs 3, session 6: gathered 256 gate/up
- * 271.0 vs 296.4 us, down 147.9 vs 157.0; uniform M = 16 269.5 vs 275.3 and 147.8 vs 150.5). */
+ * 271.0 vs 296.4 us, down 147.9 vs 157.0; uniform M = 16 269.5 vs 275.3 and 147.8 vs 150.5). At 1 n-tile the
+ * quantized stacks take 6 blocks per SM (QR_MINB1; lab version 51, session 9: uniform M = 1 gate/up 91.3 vs 98.2 us,
+ * down 51.0 vs 53.2: the 1.78 waves of 1,408 gate/up blocks instead of 2.13), at group 64 and 2, 3, 4 bits only:
+ * there 79-80 registers and no spill, while 6- and 8-bit g64 and every width at g32 / g128 spill at that cap
+ * (`nvcc -Xptxas -v`, session 9). */
 template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
   switch (nt) {
-  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB>(s, grid, a);
+  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB>(s, grid, a);
   case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB>(s, grid, a);
   case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS>(s, grid, a);
   case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3>(s, grid, a);
