@@ -57,24 +57,24 @@ static void matmul(const dg_model *m, float *y, int64_t ldy, const float *x, int
 }
 
 /* out[n, H] = down(gelu_tanh(gate(a)) * up(a)) for a of [n, H] (the GeGLU MLP of
- * the dense branch, spec 4.5, and of self-conditioning, spec 4.8); ctx->h1 and
- * ctx->h2 ([n, I]) are its scratch. */
+ * the dense branch, spec 4.5, and of self-conditioning, spec 4.8); ctx->w->h1 and
+ * ctx->w->h2 ([n, I]) are its scratch. */
 static void geglu_mlp(dg_context *ctx, float *out, const float *a, int64_t n, const dg_weight *gate,
                       const dg_weight *up, const dg_weight *down) {
   const dg_model *m = ctx->m;
   const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
-  matmul(m, ctx->h1, I, a, H, n, gate, 0, I);
-  matmul(m, ctx->h2, I, a, H, n, up, 0, I);
-  for (size_t i = 0; i < (size_t)n * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
-  matmul(m, out, H, ctx->h1, I, n, down, 0, H);
+  matmul(m, ctx->w->h1, I, a, H, n, gate, 0, I);
+  matmul(m, ctx->w->h2, I, a, H, n, up, 0, I);
+  for (size_t i = 0; i < (size_t)n * I; i++) ctx->w->h1[i] = gelu_tanh(ctx->w->h1[i]) * ctx->w->h2[i];
+  matmul(m, out, H, ctx->w->h1, I, n, down, 0, H);
 }
 
-/* ctx->xb[n, H] = the self-conditioning MLP of the soft rows [n, H] (spec 4.8):
- * geglu_mlp(pre_norm(soft)), ctx->xa the normalised input; soft may be ctx->xb. */
+/* ctx->w->xb[n, H] = the self-conditioning MLP of the soft rows [n, H] (spec 4.8):
+ * geglu_mlp(pre_norm(soft)), ctx->w->xa the normalised input; soft may be ctx->w->xb. */
 static void sc_mlp(dg_context *ctx, const float *soft, int64_t n) {
   const dg_model *m = ctx->m;
-  rmsnorm_rows(ctx->xa, soft, m->sc_pre_norm, (int)n, m->cfg.hidden_size, m->cfg.rms_norm_eps, m->n_threads);
-  geglu_mlp(ctx, ctx->xb, ctx->xa, n, &m->sc_gate, &m->sc_up, &m->sc_down);
+  rmsnorm_rows(ctx->w->xa, soft, m->sc_pre_norm, (int)n, m->cfg.hidden_size, m->cfg.rms_norm_eps, m->n_threads);
+  geglu_mlp(ctx, ctx->w->xb, ctx->w->xa, n, &m->sc_gate, &m->sc_up, &m->sc_down);
 }
 
 /* Rotate-half rope on one head vector (spec 4.3): pair i with i + D/2. */
@@ -136,7 +136,7 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
 #pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
   for (int task = 0; task < ntask; task++) {
     int t = task / NH, h = task % NH, g = h / G;
-    float *sc = ctx->scores + (size_t)omp_get_thread_num() * ((size_t)S + (size_t)ctx->tmax);
+    float *sc = ctx->scores + (size_t)omp_get_thread_num() * (size_t)ctx->score_stride;
     const float *qv = q + ((size_t)t * NH + h) * D;
     int32_t lo, hi;
     if (!ck) {
@@ -189,48 +189,48 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
 
 /* q/k/v projections, norms and rope for T tokens at positions pos0.. (or, if
  * pos != NULL, at the scattered absolute positions pos[T]) into
- * ctx->q [T,NH,D], ctx->k / ctx->v [T,NKV,D]. */
+ * ctx->w->q [T,NH,D], ctx->w->k / ctx->w->v [T,NKV,D]. */
 static void qkv(dg_context *ctx, int li, int T, int32_t pos0, const int32_t *pos) {
   const dg_model *m = ctx->m;
   const dg_layer *l = &m->layers[li];
   const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim;
   const float eps = m->cfg.rms_norm_eps;
-  float *a = ctx->xa;
-  rmsnorm_rows(a, ctx->x, l->input_norm, T, H, eps, m->n_threads);
-  matmul(m, ctx->q, NH * D, a, H, T, &l->q, 0, NH * D);
-  matmul(m, ctx->k, NKV * D, a, H, T, &l->k, 0, NKV * D);
-  if (l->v.data) matmul(m, ctx->v, NKV * D, a, H, T, &l->v, 0, NKV * D);
-  else memcpy(ctx->v, ctx->k, (size_t)T * NKV * D * sizeof(float)); /* K = V, before k_norm and rope */
+  float *a = ctx->w->xa;
+  rmsnorm_rows(a, ctx->w->x, l->input_norm, T, H, eps, m->n_threads);
+  matmul(m, ctx->w->q, NH * D, a, H, T, &l->q, 0, NH * D);
+  matmul(m, ctx->w->k, NKV * D, a, H, T, &l->k, 0, NKV * D);
+  if (l->v.data) matmul(m, ctx->w->v, NKV * D, a, H, T, &l->v, 0, NKV * D);
+  else memcpy(ctx->w->v, ctx->w->k, (size_t)T * NKV * D * sizeof(float)); /* K = V, before k_norm and rope */
   /* tables once per pass and layer kind; a scattered pass is keyed by -2 - its serial number */
-  const int32_t key = pos ? -2 - ctx->rope_scatter_id : pos0;
-  if (ctx->rope_pos0 != key || ctx->rope_T != T || ctx->rope_full != l->is_full) {
+  const int32_t key = pos ? -2 - ctx->w->rope_scatter_id : pos0;
+  if (ctx->w->rope_pos0 != key || ctx->w->rope_T != T || ctx->w->rope_full != l->is_full) {
     const float *inv = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
-    if (pos) rope_tables_at(ctx->rope_cos, ctx->rope_sin, inv, D, pos, T);
-    else rope_tables(ctx->rope_cos, ctx->rope_sin, inv, D, pos0, T);
-    ctx->rope_pos0 = key;
-    ctx->rope_T = T;
-    ctx->rope_full = l->is_full;
+    if (pos) rope_tables_at(ctx->w->rope_cos, ctx->w->rope_sin, inv, D, pos, T);
+    else rope_tables(ctx->w->rope_cos, ctx->w->rope_sin, inv, D, pos0, T);
+    ctx->w->rope_pos0 = key;
+    ctx->w->rope_T = T;
+    ctx->w->rope_full = l->is_full;
   }
 #pragma omp parallel for num_threads(m->n_threads) schedule(static)
   for (int t = 0; t < T; t++) {
-    const float *cs = ctx->rope_cos + (size_t)t * (D / 2), *sn = ctx->rope_sin + (size_t)t * (D / 2);
+    const float *cs = ctx->w->rope_cos + (size_t)t * (D / 2), *sn = ctx->w->rope_sin + (size_t)t * (D / 2);
     for (int h = 0; h < NH; h++) {
-      float *qv = ctx->q + ((size_t)t * NH + h) * D;
+      float *qv = ctx->w->q + ((size_t)t * NH + h) * D;
       rmsnorm(qv, qv, l->q_norm, D, eps);
       rope_apply(qv, cs, sn, D);
     }
     for (int h = 0; h < NKV; h++) {
-      float *kv = ctx->k + ((size_t)t * NKV + h) * D;
+      float *kv = ctx->w->k + ((size_t)t * NKV + h) * D;
       rmsnorm(kv, kv, l->k_norm, D, eps);
       rope_apply(kv, cs, sn, D);
-      float *vv = ctx->v + ((size_t)t * NKV + h) * D;
+      float *vv = ctx->w->v + ((size_t)t * NKV + h) * D;
       rmsnorm(vv, vv, NULL, D, eps);
     }
   }
 }
 
-/* Dense GeGLU branch + MoE branch + combination, on r = ctx->x [T, H] (the
- * residual after attention). Writes ctx->x = (r + post_ff(m + g)) * scalar. */
+/* Dense GeGLU branch + MoE branch + combination, on r = ctx->w->x [T, H] (the
+ * residual after attention). Writes ctx->w->x = (r + post_ff(m + g)) * scalar. */
 static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
@@ -238,7 +238,7 @@ static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
   const int H = c->hidden_size, IE = c->moe_intermediate_size;
   const int E = c->n_experts, K = c->top_k_experts, nt = m->n_threads;
   const float eps = c->rms_norm_eps;
-  float *r = ctx->x, *a = ctx->xa, *dense = ctx->xb;
+  float *r = ctx->w->x, *a = ctx->w->xa, *dense = ctx->w->xb;
 
   /* dense branch: post_ff1(down(gelu(gate(a)) * up(a))), a = pre_ff(r) */
   rmsnorm_rows(a, r, l->pre_ff_norm, T, H, eps, nt);
@@ -252,16 +252,16 @@ static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
     rmsnorm(u, r + (size_t)t * H, NULL, H, eps);
     for (int i = 0; i < H; i++) u[i] = (u[i] * l->router_scale[i]) * root;
   }
-  matmul(m, ctx->router_logits, E, a, H, T, &l->router, 0, E);
-  memset(ctx->exp_count, 0, (size_t)E * sizeof(int32_t));
+  matmul(m, ctx->w->router_logits, E, a, H, T, &l->router, 0, E);
+  memset(ctx->w->exp_count, 0, (size_t)E * sizeof(int32_t));
   for (int t = 0; t < T; t++) {
-    float *s = ctx->router_logits + (size_t)t * E;
+    float *s = ctx->w->router_logits + (size_t)t * E;
     float mx = -FLT_MAX, sum = 0.0f;
     for (int e = 0; e < E; e++) mx = s[e] > mx ? s[e] : mx;
     for (int e = 0; e < E; e++) { s[e] = expf(s[e] - mx); sum += s[e]; }
     for (int e = 0; e < E; e++) s[e] /= sum;
-    int32_t *idx = ctx->topk_idx + (size_t)t * K;
-    float *w = ctx->topk_w + (size_t)t * K, wsum = 0.0f;
+    int32_t *idx = ctx->w->topk_idx + (size_t)t * K;
+    float *w = ctx->w->topk_w + (size_t)t * K, wsum = 0.0f;
     for (int k = 0; k < K; k++) { /* top-k by probability, ties to the lower expert id */
       int best = -1;
       for (int e = 0; e < E; e++) {
@@ -276,40 +276,40 @@ static void ffn(dg_context *ctx, int li, int T, float layer_scalar) {
     for (int k = 0; k < K; k++) {
       w[k] /= wsum;
       w[k] *= l->per_expert_scale[idx[k]];
-      ctx->exp_count[idx[k]]++;
+      ctx->w->exp_count[idx[k]]++;
     }
   }
   /* group (token, slot) pairs by expert, tokens ascending within an expert */
-  ctx->exp_start[0] = 0;
-  for (int e = 0; e < E; e++) ctx->exp_start[e + 1] = ctx->exp_start[e] + ctx->exp_count[e];
-  memset(ctx->exp_count, 0, (size_t)E * sizeof(int32_t));
+  ctx->w->exp_start[0] = 0;
+  for (int e = 0; e < E; e++) ctx->w->exp_start[e + 1] = ctx->w->exp_start[e] + ctx->w->exp_count[e];
+  memset(ctx->w->exp_count, 0, (size_t)E * sizeof(int32_t));
   for (int t = 0; t < T; t++)
     for (int k = 0; k < K; k++) {
-      int e = ctx->topk_idx[(size_t)t * K + k];
-      ctx->exp_tokens[ctx->exp_start[e] + ctx->exp_count[e]++] = t * K + k;
+      int e = ctx->w->topk_idx[(size_t)t * K + k];
+      ctx->w->exp_tokens[ctx->w->exp_start[e] + ctx->w->exp_count[e]++] = t * K + k;
     }
   /* experts read x̂ = pre_ff2(r) */
-  float *xe = ctx->xa;
+  float *xe = ctx->w->xa;
   rmsnorm_rows(xe, r, l->pre_ff2_norm, T, H, eps, nt);
-  const int total = ctx->exp_start[E];
+  const int total = ctx->w->exp_start[E];
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int i = 0; i < total; i++)
-    memcpy(ctx->ebuf_in + (size_t)i * H, xe + (size_t)(ctx->exp_tokens[i] / K) * H, (size_t)H * sizeof(float));
+    memcpy(ctx->w->ebuf_in + (size_t)i * H, xe + (size_t)(ctx->w->exp_tokens[i] / K) * H, (size_t)H * sizeof(float));
   /* gathered expert products: one kernel call per matrix for all experts */
   const dg_kernels *kn = m->kern;
-  kn->matmul_grouped(ctx->eh1, IE, ctx->ebuf_in, H, ctx->exp_start, E, &l->experts_gate_up, 2 * IE, 0, IE, nt);
-  kn->matmul_grouped(ctx->eh2, IE, ctx->ebuf_in, H, ctx->exp_start, E, &l->experts_gate_up, 2 * IE, IE, IE, nt);
+  kn->matmul_grouped(ctx->w->eh1, IE, ctx->w->ebuf_in, H, ctx->w->exp_start, E, &l->experts_gate_up, 2 * IE, 0, IE, nt);
+  kn->matmul_grouped(ctx->w->eh2, IE, ctx->w->ebuf_in, H, ctx->w->exp_start, E, &l->experts_gate_up, 2 * IE, IE, IE, nt);
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (int i = 0; i < total * IE; i++) ctx->eh1[i] = gelu_tanh(ctx->eh1[i]) * ctx->eh2[i];
-  kn->matmul_grouped(ctx->ebuf_out, H, ctx->eh1, IE, ctx->exp_start, E, &l->experts_down, H, 0, H, nt);
+  for (int i = 0; i < total * IE; i++) ctx->w->eh1[i] = gelu_tanh(ctx->w->eh1[i]) * ctx->w->eh2[i];
+  kn->matmul_grouped(ctx->w->ebuf_out, H, ctx->w->eh1, IE, ctx->w->exp_start, E, &l->experts_down, H, 0, H, nt);
   /* combine in expert order per token (as the reference's index_add_) */
-  float *gsum = ctx->xa; /* x̂ no longer needed */
+  float *gsum = ctx->w->xa; /* x̂ no longer needed */
   memset(gsum, 0, (size_t)T * H * sizeof(float));
   for (int e = 0; e < E; e++)
-    for (int i = ctx->exp_start[e]; i < ctx->exp_start[e + 1]; i++) {
-      int tk = ctx->exp_tokens[i], t = tk / K;
-      float w = ctx->topk_w[tk];
-      const float *y = ctx->ebuf_out + (size_t)i * H;
+    for (int i = ctx->w->exp_start[e]; i < ctx->w->exp_start[e + 1]; i++) {
+      int tk = ctx->w->exp_tokens[i], t = tk / K;
+      float w = ctx->w->topk_w[tk];
+      const float *y = ctx->w->ebuf_out + (size_t)i * H;
       float *o = gsum + (size_t)t * H;
       for (int j = 0; j < H; j++) o[j] += y[j] * w;
     }
@@ -331,9 +331,9 @@ static void attn_out(dg_context *ctx, int li, int T) {
   const dg_model *m = ctx->m;
   const dg_layer *l = &m->layers[li];
   const int H = m->cfg.hidden_size, NH = m->cfg.n_heads, D = l->head_dim;
-  matmul(m, ctx->xb, H, ctx->att, NH * D, T, &l->o, 0, H);
-  rmsnorm_rows(ctx->xb, ctx->xb, l->post_attn_norm, T, H, m->cfg.rms_norm_eps, m->n_threads);
-  for (size_t i = 0; i < (size_t)T * H; i++) ctx->x[i] += ctx->xb[i];
+  matmul(m, ctx->w->xb, H, ctx->w->att, NH * D, T, &l->o, 0, H);
+  rmsnorm_rows(ctx->w->xb, ctx->w->xb, l->post_attn_norm, T, H, m->cfg.rms_norm_eps, m->n_threads);
+  for (size_t i = 0; i < (size_t)T * H; i++) ctx->w->x[i] += ctx->w->xb[i];
 }
 
 /* x[T,H] = E[ids] * embed_scale; a quantized embedding dequantizes the rows
@@ -345,7 +345,7 @@ static dg_status embed(dg_context *ctx, const int32_t *ids, int T) {
     if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size)
       return dg_seterr(DG_ERR_INVALID_ARG, "token id %d at position %d is outside the vocabulary [0, %d)", ids[t], t,
                        m->cfg.vocab_size);
-    float *xr = ctx->x + (size_t)t * H;
+    float *xr = ctx->w->x + (size_t)t * H;
     dg_weight_row_f32(&m->embed, ids[t], xr);
     for (int j = 0; j < H; j++) xr[j] *= m->embed_scale;
   }
@@ -368,15 +368,15 @@ static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
     /* append K/V to the cache: [NKV, S, D] */
     for (int t = 0; t < T; t++)
       for (int h = 0; h < NKV; h++) {
-        memcpy(ctx->kv[li].k + ((size_t)h * ctx->cap + pos0 + t) * D, ctx->k + ((size_t)t * NKV + h) * D,
+        memcpy(ctx->kv[li].k + ((size_t)h * ctx->cap + pos0 + t) * D, ctx->w->k + ((size_t)t * NKV + h) * D,
                (size_t)D * sizeof(float));
-        memcpy(ctx->kv[li].v + ((size_t)h * ctx->cap + pos0 + t) * D, ctx->v + ((size_t)t * NKV + h) * D,
+        memcpy(ctx->kv[li].v + ((size_t)h * ctx->cap + pos0 + t) * D, ctx->w->v + ((size_t)t * NKV + h) * D,
                (size_t)D * sizeof(float));
       }
     /* The encoder's outputs are discarded: after the last layer's K/V nothing
      * is needed (spec 4.4, last paragraph). */
     if (li == c->n_layers - 1) break;
-    attention(ctx, li, ctx->q, T, pos0, NULL, NULL, 0, ctx->att);
+    attention(ctx, li, ctx->w->q, T, pos0, NULL, NULL, 0, ctx->w->att);
     attn_out(ctx, li, T);
     ffn(ctx, li, T, l->layer_scalar_enc);
   }
@@ -385,6 +385,7 @@ static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
 }
 
 dg_status dg_cpu_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
+  DG_TRY(dg_context_work(ctx));
   for (int32_t i = 0; i < n; i += ENC_CHUNK) {
     int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
     DG_TRY(encode_chunk(ctx, ids + i, T));
@@ -393,7 +394,7 @@ dg_status dg_cpu_encode(dg_context *ctx, const int32_t *ids, int32_t n) {
 }
 
 /* Embedding, self-conditioning and every decoder layer over canvas[C]; the
- * last hidden state is left in ctx->x [C, H]. */
+ * last hidden state is left in ctx->w->x [C, H]. */
 static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const float *soft) {
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
@@ -408,12 +409,12 @@ static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const flo
    * signal contributes exactly zero (pre_norm(0) = 0, gelu(0) = 0), so the MLP is skipped. */
   if (soft) {
     sc_mlp(ctx, soft, T);
-    for (size_t i = 0; i < (size_t)T * H; i++) ctx->x[i] += ctx->xb[i];
+    for (size_t i = 0; i < (size_t)T * H; i++) ctx->w->x[i] += ctx->w->xb[i];
   }
-  rmsnorm_rows(ctx->x, ctx->x, NULL, T, H, eps, nt);
+  rmsnorm_rows(ctx->w->x, ctx->w->x, NULL, T, H, eps, nt);
   for (int li = 0; li < c->n_layers; li++) {
     qkv(ctx, li, T, pos0, NULL);
-    attention(ctx, li, ctx->q, T, pos0, ctx->k, ctx->v, T, ctx->att);
+    attention(ctx, li, ctx->w->q, T, pos0, ctx->w->k, ctx->w->v, T, ctx->w->att);
     attn_out(ctx, li, T);
     ffn(ctx, li, T, m->layers[li].layer_scalar_dec);
   }
@@ -424,10 +425,11 @@ dg_status dg_forward_decode(dg_context *ctx, const int32_t *canvas, const float 
   const dg_model *m = ctx->m;
   const dg_config *c = &m->cfg;
   const int T = c->canvas_length, H = c->hidden_size, nt = m->n_threads;
+  DG_TRY(dg_context_work(ctx));
   DG_TRY(decode_layers(ctx, canvas, soft));
   /* final norm, tied LM head, softcap (spec 4.7) */
-  rmsnorm_rows(ctx->xa, ctx->x, m->final_norm, T, H, c->rms_norm_eps, nt);
-  matmul(m, logits, c->vocab_size, ctx->xa, H, T, &m->embed, 0, c->vocab_size);
+  rmsnorm_rows(ctx->w->xa, ctx->w->x, m->final_norm, T, H, c->rms_norm_eps, nt);
+  matmul(m, logits, c->vocab_size, ctx->w->xa, H, T, &m->embed, 0, c->vocab_size);
   const float cap = c->final_logit_softcapping;
   if (cap > 0.0f) {
     size_t n = (size_t)T * c->vocab_size;
@@ -456,8 +458,8 @@ static void head_rows_raw(dg_context *ctx, const float *hid, const int32_t *rows
     head_rows_norm(ctx->m, hid, rows, n, hn);
     return;
   }
-  head_rows_norm(ctx->m, hid, rows, n, ctx->xa);
-  dg_lm_head_rows(ctx->m, ctx->xa, n, raw);
+  head_rows_norm(ctx->m, hid, rows, n, ctx->w->xa);
+  dg_lm_head_rows(ctx->m, ctx->w->xa, n, raw);
 }
 
 dg_status dg_cpu_decode_rows(dg_context *ctx, const int32_t *canvas, const float *soft, const int32_t *rows,
@@ -466,8 +468,9 @@ dg_status dg_cpu_decode_rows(dg_context *ctx, const int32_t *canvas, const float
   for (int32_t r = 0; r < n_rows; r++)
     if (rows[r] < 0 || rows[r] >= C)
       return dg_seterr(DG_ERR_INVALID_ARG, "decoder head row %d is outside the canvas [0, %d)", rows[r], C);
+  DG_TRY(dg_context_work(ctx));
   DG_TRY(decode_layers(ctx, canvas, soft));
-  if (n_rows > 0) head_rows_raw(ctx, ctx->x, rows, n_rows, raw, hn);
+  if (n_rows > 0) head_rows_raw(ctx, ctx->w->x, rows, n_rows, raw, hn);
   return DG_OK;
 }
 
@@ -477,28 +480,7 @@ dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const
   return dg_cpu_decode_rows(ctx, canvas, soft, rows, n_rows, NULL, hn);
 }
 
-dg_status dg_cpu_compact_buffers(dg_context *ctx) {
-  if (ctx->cbuf_k) return DG_OK;
-  const dg_config *c = &ctx->m->cfg;
-  ctx->cbuf_k = calloc((size_t)c->n_layers, sizeof(float *));
-  ctx->cbuf_v = calloc((size_t)c->n_layers, sizeof(float *));
-  int fail = !ctx->cbuf_k || !ctx->cbuf_v;
-  for (int i = 0; !fail && i < c->n_layers; i++) {
-    size_t n = (size_t)c->canvas_length * c->n_kv_heads[i] * c->head_dim[i];
-    ctx->cbuf_k[i] = dg_xcalloc(n, sizeof(float), &fail);
-    ctx->cbuf_v[i] = dg_xcalloc(n, sizeof(float), &fail);
-  }
-  if (fail) {
-    if (ctx->cbuf_k)
-      for (int i = 0; i < c->n_layers; i++) { free(ctx->cbuf_k[i]); free(ctx->cbuf_v ? ctx->cbuf_v[i] : NULL); }
-    free(ctx->cbuf_k);
-    free(ctx->cbuf_v);
-    ctx->cbuf_k = ctx->cbuf_v = NULL;
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the canvas K/V buffers (%d layers x canvas %d)",
-                     c->n_layers, c->canvas_length);
-  }
-  return DG_OK;
-}
+dg_status dg_cpu_compact_buffers(dg_context *ctx) { return dg_context_compact_buffers(ctx); }
 
 /* Checks of the compacted pass's sizes and positions (dg_compact_seq_check, the oracle). */
 static dg_status compact_args(dg_context *ctx, const int32_t *pos, int32_t n, const int32_t *head, int32_t nh) {
@@ -524,21 +506,21 @@ static dg_status compact_input(dg_context *ctx, const int32_t *tok, const int32_
   const float eps = m->cfg.rms_norm_eps;
   DG_TRY(embed(ctx, tok, n));
   if (soft) {
-    for (int32_t t = 0; t < n; t++) memcpy(ctx->xb + (size_t)t * H, soft + (size_t)pos[t] * H, (size_t)H * sizeof(float));
-    sc_mlp(ctx, ctx->xb, n);
-    for (size_t i = 0; i < (size_t)n * H; i++) ctx->x[i] += ctx->xb[i];
+    for (int32_t t = 0; t < n; t++) memcpy(ctx->w->xb + (size_t)t * H, soft + (size_t)pos[t] * H, (size_t)H * sizeof(float));
+    sc_mlp(ctx, ctx->w->xb, n);
+    for (size_t i = 0; i < (size_t)n * H; i++) ctx->w->x[i] += ctx->w->xb[i];
   }
-  rmsnorm_rows(ctx->x, ctx->x, NULL, n, H, eps, nt);
+  rmsnorm_rows(ctx->w->x, ctx->w->x, NULL, n, H, eps, nt);
   return DG_OK;
 }
 
-/* Fresh K/V of the n tokens in ctx->k / ctx->v scattered into the layer's canvas rows pos[]. */
+/* Fresh K/V of the n tokens in ctx->w->k / ctx->w->v scattered into the layer's canvas rows pos[]. */
 static void compact_scatter(dg_context *ctx, int li, const int32_t *pos, int32_t n) {
   const dg_layer *l = &ctx->m->layers[li];
   const size_t row = (size_t)l->n_kv * l->head_dim;
   for (int32_t t = 0; t < n; t++) { /* a duplicated position writes identical values (idempotent) */
-    memcpy(ctx->cbuf_k[li] + (size_t)pos[t] * row, ctx->k + (size_t)t * row, row * sizeof(float));
-    memcpy(ctx->cbuf_v[li] + (size_t)pos[t] * row, ctx->v + (size_t)t * row, row * sizeof(float));
+    memcpy(ctx->cbuf_k[li] + (size_t)pos[t] * row, ctx->w->k + (size_t)t * row, row * sizeof(float));
+    memcpy(ctx->cbuf_v[li] + (size_t)pos[t] * row, ctx->w->v + (size_t)t * row, row * sizeof(float));
   }
 }
 
@@ -556,34 +538,18 @@ dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32
   return DG_OK;
 }
 
-dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
+/* One chunk of a compacted batch: the B canvases seqs[] (their rows together at most work's
+ * tmax, checked) as one stack of rows through every layer in work's activations. */
+static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
   const dg_model *m = work->m;
   const dg_config *c = &m->cfg;
   const int H = c->hidden_size, nt = m->n_threads, C = c->canvas_length;
   const float eps = c->rms_norm_eps;
-  int64_t total = 0;
-  for (int32_t q = 0; q < B; q++) {
-    if (!seqs[q].ctx->cbuf_k)
-      return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
-    DG_TRY(dg_compact_seq_check(m, &seqs[q], q, 1));
-    total += seqs[q].n;
-  }
-  if (total > work->tmax)
-    return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch of %lld rows exceeds the work context's %d rows",
-                     (long long)total, work->tmax);
-  const int32_t N = (int32_t)total;
-  /* the lists live in the work context, allocated on the first call (sized for its tmax rows; the
-   * offsets grow with B), so a step allocates nothing */
-  if (!work->cmp_buf && !(work->cmp_buf = calloc((size_t)work->tmax * 3 + 1, sizeof(int32_t))))
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-  if (B + 1 > work->cmp_off_cap) {
-    int32_t *o = realloc(work->cmp_off, (size_t)(B + 1) * sizeof(int32_t));
-    if (!o) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    work->cmp_off = o;
-    work->cmp_off_cap = B + 1;
-  }
-  int32_t *buf = work->cmp_buf, *off = work->cmp_off;
-  int32_t *tok = buf, *ap = buf + N, *sc_rows = buf + 2 * N;
+  /* the lists live in the activations (4 tmax + 1 entries: a chunk has at most tmax canvases) */
+  int32_t *buf = work->w->cmp_buf;
+  int32_t N = 0;
+  for (int32_t q = 0; q < B; q++) N += seqs[q].n;
+  int32_t *tok = buf, *ap = buf + N, *sc_rows = buf + 2 * N, *off = buf + 3 * N;
   dg_status st = DG_OK;
   off[0] = 0;
   for (int32_t q = 0; q < B; q++) {
@@ -599,19 +565,19 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
   for (int32_t q = 0; !st && q < B; q++)
     if (seqs[q].soft)
       for (int32_t t = 0; t < seqs[q].n; t++) {
-        memcpy(work->xb + (size_t)n_sc * H, seqs[q].soft + (size_t)seqs[q].pos[t] * H, (size_t)H * sizeof(float));
+        memcpy(work->w->xb + (size_t)n_sc * H, seqs[q].soft + (size_t)seqs[q].pos[t] * H, (size_t)H * sizeof(float));
         sc_rows[n_sc++] = off[q] + t;
       }
   if (!st && n_sc > 0) {
-    sc_mlp(work, work->xb, n_sc);
+    sc_mlp(work, work->w->xb, n_sc);
     for (int32_t r = 0; r < n_sc; r++) {
-      float *x = work->x + (size_t)sc_rows[r] * H;
-      const float *d = work->xb + (size_t)r * H;
+      float *x = work->w->x + (size_t)sc_rows[r] * H;
+      const float *d = work->w->xb + (size_t)r * H;
       for (int j = 0; j < H; j++) x[j] += d[j];
     }
   }
-  if (!st) rmsnorm_rows(work->x, work->x, NULL, N, H, eps, nt);
-  work->rope_scatter_id++;
+  if (!st) rmsnorm_rows(work->w->x, work->w->x, NULL, N, H, eps, nt);
+  work->w->rope_scatter_id++;
   for (int li = 0; !st && li < c->n_layers; li++) {
     const dg_layer *l = &m->layers[li];
     const size_t qrow = (size_t)c->n_heads * l->head_dim, kvrow = (size_t)l->n_kv * l->head_dim;
@@ -619,20 +585,40 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
     for (int32_t q = 0; q < B; q++) {
       dg_context *sq = seqs[q].ctx;
       for (int32_t t = 0; t < seqs[q].n; t++) { /* scatter (a duplicated position writes identical values) */
-        memcpy(sq->cbuf_k[li] + (size_t)seqs[q].pos[t] * kvrow, work->k + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
-        memcpy(sq->cbuf_v[li] + (size_t)seqs[q].pos[t] * kvrow, work->v + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
+        memcpy(sq->cbuf_k[li] + (size_t)seqs[q].pos[t] * kvrow, work->w->k + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
+        memcpy(sq->cbuf_v[li] + (size_t)seqs[q].pos[t] * kvrow, work->w->v + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
       }
       /* the canvas's queries over [its prefix K/V, its whole canvas buffer], no mask (spec 7.4) */
-      attention(sq, li, work->q + (size_t)off[q] * qrow, seqs[q].n, sq->len, sq->cbuf_k[li], sq->cbuf_v[li], C,
-                work->att + (size_t)off[q] * qrow);
+      attention(sq, li, work->w->q + (size_t)off[q] * qrow, seqs[q].n, sq->len, sq->cbuf_k[li], sq->cbuf_v[li], C,
+                work->w->att + (size_t)off[q] * qrow);
     }
     attn_out(work, li, N);
     ffn(work, li, N, l->layer_scalar_dec);
   }
   for (int32_t q = 0; !st && q < B; q++)
     if (seqs[q].nh > 0)
-      head_rows_raw(work, work->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw, seqs[q].hn);
+      head_rows_raw(work, work->w->x + (size_t)off[q] * H, seqs[q].head, seqs[q].nh, seqs[q].raw, seqs[q].hn);
   return st;
+}
+
+dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
+  const dg_model *m = work->m;
+  for (int32_t q = 0; q < B; q++) {
+    if (!seqs[q].ctx->cbuf_k)
+      return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
+    DG_TRY(dg_compact_seq_check(m, &seqs[q], q, 1));
+  }
+  DG_TRY(dg_context_work(work));
+  const int32_t T = work->w->tmax; /* >= C >= any canvas's forward set (dg_compact_seq_check) */
+  /* consecutive canvases whose rows fit the activations go through the layers together: the
+   * stack of a whole batch is never held at once (issue 16), and a canvas's results do not
+   * depend on which canvases share its chunk (rows meet only in their own canvas's attention) */
+  for (int32_t q0 = 0, q1; q0 < B; q0 = q1) {
+    int32_t rows = 0;
+    for (q1 = q0; q1 < B && rows + seqs[q1].n <= T; q1++) rows += seqs[q1].n;
+    DG_TRY(compact_chunk(work, seqs + q0, q1 - q0));
+  }
+  return DG_OK;
 }
 
 dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
@@ -643,6 +629,7 @@ dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const i
   if (!ctx->kv) return dg_seterr(DG_ERR_INVALID_ARG, "the compacted-pass oracle is CPU code: use a CPU context");
   if (!ctx->cbuf_k) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
   DG_TRY(compact_args(ctx, pos, n, head, nh));
+  DG_TRY(dg_context_work(ctx));
   const int32_t L = ctx->len, C = c->canvas_length;
   float *X = malloc((size_t)n * H * sizeof(float)), *Y = malloc((size_t)n * H * sizeof(float));
   if (!X || !Y) { free(X); free(Y); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
@@ -650,27 +637,27 @@ dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const i
   /* the input, one token at a time */
   for (int32_t t = 0; t < n && !st; t++) {
     st = compact_input(ctx, tok + t, pos + t, 1, soft);
-    memcpy(X + (size_t)t * H, ctx->x, (size_t)H * sizeof(float));
+    memcpy(X + (size_t)t * H, ctx->w->x, (size_t)H * sizeof(float));
   }
   for (int li = 0; li < c->n_layers && !st; li++) {
     /* every token's fresh K/V into the buffer first ... */
     for (int32_t t = 0; t < n; t++) {
       int32_t ap = L + pos[t];
-      memcpy(ctx->x, X + (size_t)t * H, (size_t)H * sizeof(float));
-      ctx->rope_scatter_id++;
+      memcpy(ctx->w->x, X + (size_t)t * H, (size_t)H * sizeof(float));
+      ctx->w->rope_scatter_id++;
       qkv(ctx, li, 1, L, &ap);
       compact_scatter(ctx, li, pos + t, 1);
     }
     /* ... then each token's attention over [prefix, canvas buffer] and its FFN */
     for (int32_t t = 0; t < n; t++) {
       int32_t ap = L + pos[t];
-      memcpy(ctx->x, X + (size_t)t * H, (size_t)H * sizeof(float));
-      ctx->rope_scatter_id++;
+      memcpy(ctx->w->x, X + (size_t)t * H, (size_t)H * sizeof(float));
+      ctx->w->rope_scatter_id++;
       qkv(ctx, li, 1, L, &ap);
-      attention(ctx, li, ctx->q, 1, L, ctx->cbuf_k[li], ctx->cbuf_v[li], C, ctx->att);
+      attention(ctx, li, ctx->w->q, 1, L, ctx->cbuf_k[li], ctx->cbuf_v[li], C, ctx->w->att);
       attn_out(ctx, li, 1);
       ffn(ctx, li, 1, m->layers[li].layer_scalar_dec);
-      memcpy(Y + (size_t)t * H, ctx->x, (size_t)H * sizeof(float));
+      memcpy(Y + (size_t)t * H, ctx->w->x, (size_t)H * sizeof(float));
     }
     float *tmp = X; X = Y; Y = tmp;
   }
@@ -718,6 +705,7 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
   const int nb = (C + SOFT_ROWS - 1) / SOFT_ROWS, nt = ctx->n_score_threads < nb ? ctx->n_score_threads : nb;
   const dg_kernels *k = soft_kern(m);
+  DG_TRY(dg_context_work(ctx));
   /* the block probabilities live in the context: allocated on the first call, kept (and freed) with it */
   const size_t rows = (size_t)nt * SOFT_ROWS;
   if (ctx->soft_pb_rows < rows) {
@@ -729,7 +717,7 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   if (!pb) { /* one row at a time in the context's [threads, V] rows: the same sums (they do not depend on T) */
 #pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
     for (int c = 0; c < C; c++)
-      dg_soft_row(m, z + (size_t)c * V, ctx->probs + (size_t)omp_get_thread_num() * V, soft + (size_t)c * H);
+      dg_soft_row(m, z + (size_t)c * V, ctx->w->probs + (size_t)omp_get_thread_num() * V, soft + (size_t)c * H);
     return DG_OK;
   }
   /* the rows of a block split over threads when there are fewer blocks than threads */

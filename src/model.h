@@ -79,13 +79,13 @@ typedef struct dg_kv {
   float *k, *v;
 } dg_kv;
 
-struct dg_context {
-  const dg_model *m;
-  int32_t cap;  /* S */
-  int32_t len;  /* positions filled */
-  dg_kv *kv;    /* [L] */
-  /* scratch, sized for T_MAX = max(C, encoder chunk) tokens */
-  int32_t tmax;
+/* The activations of one pass of up to tmax rows (everything a pass computes and
+ * the next step does not read: issue 16), in one allocation laid out from a size
+ * table (context.c). A context uses its own (allocated on its first pass) or,
+ * inside a CPU batch, the batch's, shared by the batch's canvases: a canvas keeps
+ * only its own state (KV cache, canvas K/V buffers, SC rows). */
+typedef struct dg_work {
+  int32_t tmax;         /* T: rows per pass */
   float *x, *xa, *xb;   /* [T, H] residual / normed / branch output */
   float *q;             /* [T, NH*Dmax] */
   float *k, *v;         /* [T, NKVmax*Dmax] */
@@ -101,19 +101,32 @@ struct dg_context {
   float *eh1, *eh2;     /* [T*K, IE] */
   float *rope_cos, *rope_sin; /* [T, Dmax/2] */
   int32_t rope_pos0, rope_T, rope_full; /* what the tables hold (rope_pos0 = -1: nothing) */
-  float *scores;        /* [nthreads, S + T] attention scratch */
+  int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
+  float *probs;         /* [threads, V] one self-conditioning probability row per thread */
+  int32_t *cmp_buf;     /* [4 T + 1] dg_cpu_compact_batch's token, position, SC-row lists and canvas offsets */
+  void *arena;          /* the one allocation all of the above point into */
+  size_t bytes;
+} dg_work;
+
+struct dg_context {
+  const dg_model *m;
+  int32_t cap;  /* S */
+  int32_t len;  /* positions filled */
+  dg_kv *kv;    /* [L] */
+  dg_work *w;           /* the pass activations in use: own_w, or a batch's (dg_context_share_work); NULL until needed */
+  dg_work *own_w;       /* this context's own, allocated on its first pass alone (dg_context_work); NULL until then */
+  int32_t work_rows;    /* rows of own_w: max(C, encoder chunk, the rows asked for) */
+  float *scores;        /* [nthreads, score_stride] attention scratch */
   int32_t n_score_threads;
+  int32_t score_stride; /* S + max(C, encoder chunk) */
   float *soft;          /* [C, H] self-conditioning soft embedding */
   float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
-  int32_t rope_scatter_id;  /* serial number of the last scattered-position pass (rope table cache key) */
-  float *probs;         /* [n_score_threads, V] one self-conditioning probability row per thread */
   float *soft_pb;       /* [soft_pb_rows, V] dg_soft_embedding's block probabilities (SOFT_ROWS rows per
                            thread), allocated on the first call and kept until dg_context_trim (the end of a request), so a step allocates
                            nothing; NULL until used */
   size_t soft_pb_rows;
-  int32_t *cmp_buf;     /* [3 tmax + 1] dg_cpu_compact_batch's token, position and SC-row lists; NULL until used */
-  int32_t *cmp_off;     /* [cmp_off_cap] dg_cpu_compact_batch's row offsets (B + 1 of them); NULL until used */
-  int32_t cmp_off_cap;
+  void *arena;          /* the one allocation of kv, its K/V rows, scores and soft (context.c's size table) */
+  void *cbuf_arena;     /* the one allocation of cbuf_k, cbuf_v and their rows */
   void *dev;    /* the backend's context (CUDA: a dg_cuda_ctx with the device KV cache and buffers;
                    the CPU buffers above are then not allocated), else NULL */
 };
@@ -147,7 +160,8 @@ struct dg_compact_seq;
  * Every canvas is checked (dg_compact_seq_check) before any pass runs. */
 dg_status dg_forward_compact_batch(dg_context *work, const struct dg_compact_seq *seqs, int32_t B);
 
-/* dg_context_new with scratch for at least `rows` rows per pass (batching). */
+/* dg_context_new whose own activations (allocated on its first pass) hold passes of at least
+ * `rows` rows. */
 dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out);
 
 /* model.c: the host side of dg_model_load (config, weights, tokenizer) without
@@ -170,7 +184,7 @@ dg_status dg_cpu_decode_rows(dg_context *ctx, const int32_t *canvas, const float
  * decoder pass, softcapped logits_out [C, V]. */
 dg_status dg_cpu_decode_logits(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out);
 
-/* dg_compact_buffers on the CPU: calloc of [L] x [C, NKV, D] K and V. */
+/* dg_compact_buffers on the CPU: [L] x [C, NKV, D] K and V in one block (context.c). */
 dg_status dg_cpu_compact_buffers(dg_context *ctx);
 
 /* Decoder pass over canvas[C] at positions ctx->len.. (spec 4.5, 4.8).
@@ -220,14 +234,15 @@ typedef struct dg_compact_seq {
 } dg_compact_seq;
 
 /* Multi-canvas batching: the B canvases' forward sets run through every
- * layer's matrix products as one stack of rows (scratch from `work`, whose
- * row capacity must hold the sum of the n); attention, K/V scatter and the
- * LM head stay per canvas. Each canvas's results equal its own
- * dg_forward_compact (rows do not interact outside attention).
- * dg_forward_compact is this with B = 1 and work = ctx. Errors as
- * dg_forward_compact, and DG_ERR_INVALID_ARG when the sum of the n exceeds
- * work's rows. Its row lists (work->cmp_buf, work->cmp_off) are allocated
- * on the first call and kept with work: a step allocates nothing. */
+ * layer's matrix products as stacks of rows in the activations of `work`
+ * (work->w): consecutive canvases whose rows together fit its tmax rows
+ * (>= C) form one stack, so the activations never hold more than one pass of
+ * tmax rows however many canvases the batch has (issue 16); attention, K/V
+ * scatter and the LM head stay per canvas. Each canvas's results equal its
+ * own dg_forward_compact (rows do not interact outside attention), whatever
+ * the chunks. dg_forward_compact is this with B = 1 and work = ctx. Errors
+ * as dg_forward_compact. Its row lists are in the activations: a step
+ * allocates nothing. */
 dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B);
 
 /* The checks of canvas q of a compacted pass, for every backend: the model,
@@ -252,7 +267,7 @@ void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
  * the embedding dtype, times E, times embed_scale. Writes soft [C, H].
  * Its block scratch, [min(threads, ceil(C / 16)) * 16, V] floats in
  * ctx->soft_pb, is allocated on the first call and kept with the context
- * until dg_context_trim (or its free); without the memory it goes row by row in ctx->probs, with
+ * until dg_context_trim (or its free); without the memory it goes row by row in ctx->w->probs, with
  * the same sums. */
 dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft);
 

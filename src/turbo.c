@@ -55,9 +55,16 @@
  * logits do not depend on which rows share its product (kernels.h), so the
  * tokens do not depend on R. Per canvas the engine then holds [C, K] and
  * [C, H] arrays only; the vocabulary-sized scratch ([R, V] logits, per-thread
- * top-K / SC rows) is one turbo_scratch per run or batch, shared by its
- * sequences (their sampler steps run one after another). On CUDA the logits
- * stay on the device, except in the adaptive SC mode (a [C, V] host copy).
+ * top-K / SC rows, and the [C, H] rows staged ahead of the acceptance) is
+ * one turbo_scratch per run or batch, shared by its sequences (their sampler
+ * steps run one after another). The activations of the passes are shared
+ * too: a CPU batch (dg_turbo_generate_batch, dg_batch) has one work context
+ * whose activations (a pass of max(C, encoder chunk) rows) every sequence's
+ * context uses while it is in the batch (dg_context_share_work: prefill,
+ * commits and the stacked pass, which goes through them a chunk of canvases
+ * at a time), so a canvas holds its KV cache, canvas K/V buffers, SC rows and
+ * this [C, K] / [C, H] state only. On CUDA the logits stay on the device,
+ * except in the adaptive SC mode (a [C, V] host copy).
  *
  * The array-level parts (top-K, K-way distribution, acceptance, guards,
  * buckets, approximate self-conditioning rows) are in turbo_parts.c; the
@@ -70,6 +77,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "context.h"
 #include "dg_error.h"
 #include "model.h"
 #include "sampler.h"
@@ -93,10 +101,12 @@ typedef struct turbo_scratch {
   char *sc_work;       /* [nt] x sc_size (adaptive SC) */
   size_t sc_size;
   float *colsum;       /* [H] (adaptive SC) */
+  float *stage;        /* [C, H] CPU, exact/adaptive SC: one step's rows computed ahead of the acceptance, by
+                          position (written and read within one sequence's seq_after_forward) */
 } turbo_scratch;
 
 static void scratch_free(turbo_scratch *w) {
-  free(w->raw); free(w->tk); free(w->zrow); free(w->sc_work); free(w->colsum);
+  free(w->raw); free(w->tk); free(w->zrow); free(w->sc_work); free(w->colsum); free(w->stage);
   memset(w, 0, sizeof *w);
 }
 
@@ -122,6 +132,8 @@ static dg_status scratch_reserve(turbo_scratch *w, const dg_model *m, const dg_g
       ok = ok && w->tk;
     }
     if (sc == DG_TURBO_SC_EXACT && !w->zrow) ok = ok && (w->zrow = malloc(nt * V * sizeof(float)));
+    if (sc != DG_TURBO_SC_TOPK && !w->stage)
+      ok = ok && (w->stage = malloc((size_t)m->cfg.canvas_length * m->cfg.hidden_size * sizeof(float)));
   }
   if (sc == DG_TURBO_SC_ADAPTIVE && !w->sc_work) {
     w->sc_size = (dg_turbo_sc_work_size(V, K) + 63) & ~(size_t)63;
@@ -142,7 +154,6 @@ typedef struct turbo_state {
   int32_t lazy0;       /* CPU: the last chunk's first active row: its raw rows are still in w->raw (-1: none) */
   turbo_scratch *w;    /* the run's shared vocabulary-sized scratch */
   float *hn;           /* [C, H] CPU: final-normed hidden states of the LM-head rows, packed by active row */
-  float *stage;        /* [C, H] CPU, exact/adaptive SC: rows computed ahead of the acceptance, by position */
   float *raw;          /* [C, V] device backends, adaptive SC only: the active rows' raw logits, packed */
   float *kp;           /* [C, K] K-way probabilities by canvas position */
   int32_t *kidx;       /* [C, K] their ids */
@@ -161,17 +172,18 @@ typedef struct turbo_state {
   int32_t *pidx;       /* [C, K] packed ids */
   float *rval;         /* [C, 2] repair forward: top-2 values */
   int32_t *ridx;       /* [C, 2] and ids */
+  void *arena;         /* the one allocation all of the above point into (turbo_alloc) */
 } turbo_state;
 
 static void turbo_free(turbo_state *s) {
-  free(s->raw); free(s->kp); free(s->kidx); free(s->kval); free(s->ent); free(s->top1); free(s->prop);
-  free(s->amax); free(s->canvas); free(s->committed); free(s->noise); free(s->active); free(s->hist);
-  free(s->step_amax); free(s->fpos); free(s->ftok); free(s->head); free(s->newly); free(s->frozen); free(s->dropped); free(s->acc); free(s->uni); free(s->bits);
-  free(s->acc_scratch); free(s->hn); free(s->stage);
-  free(s->soft_own); free(s->pk); free(s->pidx); free(s->rval); free(s->ridx);
+  free(s->arena);
+  s->arena = NULL;
 }
 
-static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_params *p, turbo_scratch *w) {
+/* The state of one sequence in one allocation (a size table, context.h's dg_arena_alloc); own_soft:
+ * the [C, H] SC rows too (a device context has no host rows of its own). */
+static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_params *p, turbo_scratch *w,
+                             int own_soft) {
   const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
   const int32_t SH = p->stability_threshold > 0 ? p->stability_threshold : 1;
   s->C = C; s->V = V; s->H = m->cfg.hidden_size; s->nt = m->n_threads > 0 ? m->n_threads : 1;
@@ -181,49 +193,32 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
   s->R = R < 1 ? 1 : R < C ? (int32_t)R : C;
   s->w = w;
   DG_TRY(scratch_reserve(w, m, p, s->K, s->R));
-  const size_t CK = (size_t)C * s->K, CH = (size_t)C * s->H;
+  const size_t Cz = (size_t)C, CK = Cz * s->K, CH = Cz * s->H;
   const int host = m->bk->head_on_host;
-  if (!host) { /* the raw rows stay in the backend unless the adaptive SC mode needs them here */
-    s->raw = malloc((p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? (size_t)C * V : 1) * sizeof(float));
-    s->hn = malloc(sizeof(float));
-  } else {
-    s->raw = malloc(sizeof(float)); /* unused: the chunks live in w->raw */
-    s->hn = malloc(CH * sizeof(float));
-  }
-  s->stage = malloc((host && p->turbo.sc_mode != DG_TURBO_SC_TOPK ? CH : 1) * sizeof(float));
-  s->kp = malloc(CK * sizeof(float));
-  s->kidx = malloc(CK * sizeof(int32_t));
-  s->kval = malloc(CK * sizeof(float));
-  s->ent = calloc((size_t)C, sizeof(float));
-  s->top1 = calloc((size_t)C, sizeof(float));
-  s->prop = calloc((size_t)C, sizeof(int32_t));
-  s->amax = calloc((size_t)C, sizeof(int32_t));
-  s->canvas = calloc((size_t)C, sizeof(int32_t));
-  s->committed = calloc((size_t)C, sizeof(int32_t));
-  s->noise = calloc((size_t)C, sizeof(int32_t));
-  s->active = calloc((size_t)C, sizeof(int32_t));
-  s->hist = calloc((size_t)SH * C, sizeof(int32_t));
-  s->step_amax = calloc((size_t)C, sizeof(int32_t));
-  s->fpos = calloc((size_t)C, sizeof(int32_t));
-  s->ftok = calloc((size_t)C, sizeof(int32_t));
-  s->head = calloc((size_t)C, sizeof(int32_t));
-  s->newly = calloc((size_t)C, 1);
-  s->frozen = calloc((size_t)C, 1);
-  s->dropped = calloc((size_t)C, 1);
-  s->acc = calloc((size_t)C, 1);
-  s->uni = calloc((size_t)C, sizeof(float));
-  s->bits = calloc((size_t)C, sizeof(uint32_t));
-  s->acc_scratch = calloc((size_t)C + 1, 16);
-  s->rval = calloc((size_t)C * 2, sizeof(float));
-  s->ridx = calloc((size_t)C * 2, sizeof(int32_t));
-  s->pk = malloc(CK * sizeof(float));
-  s->pidx = malloc(CK * sizeof(int32_t));
-  int ok = s->raw && s->hn && s->stage && s->kp && s->kidx && s->kval && s->ent && s->top1 && s->prop && s->amax && s->canvas &&
-           s->committed && s->noise && s->active && s->hist && s->step_amax && s->fpos && s->ftok && s->head && s->newly && s->frozen && s->dropped && s->acc &&
-           s->uni && s->bits && s->acc_scratch && s->rval && s->ridx && s->pk && s->pidx;
-  if (!ok)
+  /* device backends: the raw rows stay in the backend unless the adaptive SC mode needs them here;
+   * the CPU's chunks live in w->raw and its head rows come back as hidden states hn */
+  const size_t n_raw = !host && p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? Cz * V : 0, n_hn = host ? CH : 0;
+  const dg_arena_item it[] = {
+      DG_ARENA_ITEM(s->raw, n_raw),     DG_ARENA_ITEM(s->hn, n_hn),
+      DG_ARENA_ITEM(s->kp, CK),         DG_ARENA_ITEM(s->kidx, CK),
+      DG_ARENA_ITEM(s->kval, CK),       DG_ARENA_ITEM(s->ent, Cz),
+      DG_ARENA_ITEM(s->top1, Cz),       DG_ARENA_ITEM(s->prop, Cz),
+      DG_ARENA_ITEM(s->amax, Cz),       DG_ARENA_ITEM(s->canvas, Cz),
+      DG_ARENA_ITEM(s->committed, Cz),  DG_ARENA_ITEM(s->noise, Cz),
+      DG_ARENA_ITEM(s->active, Cz),     DG_ARENA_ITEM(s->hist, (size_t)SH * Cz),
+      DG_ARENA_ITEM(s->step_amax, Cz),  DG_ARENA_ITEM(s->fpos, Cz),
+      DG_ARENA_ITEM(s->ftok, Cz),       DG_ARENA_ITEM(s->head, Cz),
+      DG_ARENA_ITEM(s->newly, Cz),      DG_ARENA_ITEM(s->frozen, Cz),
+      DG_ARENA_ITEM(s->dropped, Cz),    DG_ARENA_ITEM(s->acc, Cz),
+      DG_ARENA_ITEM(s->uni, Cz),        DG_ARENA_ITEM(s->bits, Cz),
+      {&s->acc_scratch, (Cz + 1) * 16}, DG_ARENA_ITEM(s->rval, Cz * 2),
+      DG_ARENA_ITEM(s->ridx, Cz * 2),   DG_ARENA_ITEM(s->pk, CK),
+      DG_ARENA_ITEM(s->pidx, CK),       DG_ARENA_ITEM(s->soft_own, own_soft ? CH : 0),
+  };
+  if (!(s->arena = dg_arena_alloc(it, sizeof it / sizeof it[0], NULL)))
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the turbo sampler state (canvas %d, top-K %d, hidden %d)",
                      C, s->K, s->H);
+  if (!own_soft) s->soft_own = NULL;
   return DG_OK;
 }
 
@@ -281,13 +276,13 @@ static void row_done(void *user, int32_t a, float *raw, int last, int th) {
   memcpy(s->kval + (size_t)i * K, s->pk + (size_t)a * K, (size_t)K * sizeof(float));
   memcpy(s->kidx + (size_t)i * K, s->pidx + (size_t)a * K, (size_t)K * sizeof(int32_t));
   row_dist(s, rc->m, rc->p, i, rc->T);
-  if (rc->ahead && raw && !last) sc_row(s, rc->m, rc->p, i, raw, rc->T, th, s->stage + (size_t)i * s->H);
+  if (rc->ahead && raw && !last) sc_row(s, rc->m, rc->p, i, raw, rc->T, th, s->w->stage + (size_t)i * s->H);
 }
 
 /* The turbo chain on the n active rows: top-K (the backend's head_topk),
  * distribution, proposal. On the CPU the LM head runs on s->R rows at a time
  * (module comment, "Memory"); when sc_ahead, the exact / adaptive SC rows of
- * every chunk but the last go to s->stage (turbo_sc takes them once the
+ * every chunk but the last go to s->w->stage (turbo_sc takes them once the
  * acceptance wants them); the last chunk's raw rows stay in s->w->raw
  * (s->lazy0 = its first active row). Returns DG_ERR_NUMERIC naming block,
  * step and position on NaN/Inf (the first such position). */
@@ -329,7 +324,7 @@ static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, co
     a0 = s->lazy0;
     raw0 = s->w->raw;
     for (int32_t a = 0; a < a0; a++)
-      memcpy(s->soft + (size_t)s->active[a] * H, s->stage + (size_t)s->active[a] * H, (size_t)H * sizeof(float));
+      memcpy(s->soft + (size_t)s->active[a] * H, s->w->stage + (size_t)s->active[a] * H, (size_t)H * sizeof(float));
   } else if (mode != DG_TURBO_SC_TOPK) {
     if (!m->bk->head_raw)
       return dg_seterr(DG_ERR_INVALID_ARG, "the %s backend keeps no raw logits for self-conditioning", m->bk->name);
@@ -385,14 +380,12 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
   q->n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
   q->N = tp->steps > 0 && tp->steps < p->max_denoising_steps ? tp->steps : p->max_denoising_steps;
   q->flush_step = tp->steps > 0 ? q->N - 1 : -1;
-  DG_TRY(turbo_alloc(&q->s, m, p, w));
+  DG_TRY(turbo_alloc(&q->s, m, p, w, !ctx->soft));
   q->draws = (dg_draws){p, 0, 0, C, m->cfg.vocab_size, q->s.bits};
   q->stop = (dg_stop_rule){q->s.hist, p->stability_threshold, C, p->confidence_threshold};
   q->t.out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
   if (!q->t.out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
-  q->s.soft = ctx->soft; /* a device context has no host rows: the sequence's own */
-  if (!q->s.soft && !(q->s.soft = q->s.soft_own = calloc((size_t)C * q->s.H, sizeof(float))))
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the self-conditioning rows (canvas %d)", C);
+  q->s.soft = ctx->soft ? ctx->soft : q->s.soft_own; /* a device context has no host rows: the sequence's own */
   if (tp->compact || need_buffers) DG_TRY(dg_compact_buffers(ctx)); /* CUDA: the cache's canvas slots */
   return dg_encode(ctx, prompt, n_prompt);
 }
@@ -637,15 +630,18 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
 dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts,
                                   const size_t *n_prompts, const dg_gen_params *params, dg_gen_result *results) {
   const dg_model *m = ctxs[0]->m;
-  const int32_t C = m->cfg.canvas_length;
   turbo_seq *qs = calloc((size_t)B, sizeof *qs);
   turbo_scratch w = {0}; /* one for the B sequences: their sampler steps run one after another */
   dg_context *work = NULL;
   if (!qs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_context_params wp = dg_context_default_params();
-  wp.max_context = 1; /* scratch only: no KV cache of its own */
-  /* a backend without a stacked pass runs one pass per canvas: no work context */
-  dg_status st = B > 1 && m->bk->compact_batch ? dg_context_new_rows(m, &wp, B * C, &work) : DG_OK;
+  wp.max_context = 1; /* activations only: no KV cache of its own */
+  /* a backend without a stacked pass runs one pass per canvas: no work context. The one work context's
+   * activations (a pass of max(C, encoder chunk) rows) serve every canvas's passes, prefill included:
+   * the stacked pass goes through them a chunk of canvases at a time (dg_cpu_compact_batch) */
+  dg_status st = B > 1 && m->bk->compact_batch ? dg_context_new(m, &wp, &work) : DG_OK;
+  if (!st && work) st = dg_context_work(work);
+  for (int32_t i = 0; i < B && !st && work; i++) dg_context_share_work(ctxs[i], work);
   int32_t inited = 0;
   for (int32_t i = 0; i < B && !st; i++) {
     st = seq_init(&qs[i], ctxs[i], prompts[i], n_prompts[i], &params[i], &results[i], B > 1, &w);
@@ -656,6 +652,7 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
   if (st)
     for (int32_t i = 0; i < B; i++) dg_gen_result_free(&results[i]);
   for (int32_t i = 0; i < inited; i++) seq_free(&qs[i]);
+  for (int32_t i = 0; i < B && work; i++) dg_context_share_work(ctxs[i], NULL);
   free(qs);
   scratch_free(&w);
   dg_context_free(work);
@@ -668,7 +665,7 @@ struct dg_batch {
   const dg_model *m;
   int32_t cap;          /* slots */
   int batched;          /* 1: one stacked CPU pass per step; 0 (CUDA): one device pass per canvas */
-  dg_context *work;     /* scratch of the stacked pass (cap * C rows), NULL on CUDA */
+  dg_context *work;     /* the activations of every slot's passes (max(C, encoder chunk) rows), NULL on CUDA */
   turbo_seq *qs;        /* [cap] */
   uint8_t *used;        /* [cap] the slot holds a live sequence */
   dg_compact_seq *cs;   /* [cap] */
@@ -693,8 +690,9 @@ dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) 
   dg_status st = b->qs && b->used && b->cs && b->order ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   if (!st && b->batched) {
     dg_context_params wp = dg_context_default_params();
-    wp.max_context = 1; /* scratch only: no KV cache of its own */
-    st = dg_context_new_rows(m, &wp, max_canvases * m->cfg.canvas_length, &b->work);
+    wp.max_context = 1; /* activations only: no KV cache of its own */
+    st = dg_context_new(m, &wp, &b->work);
+    if (!st) st = dg_context_work(b->work);
   }
   if (st) { dg_batch_free(b); return st; }
   *out = b;
@@ -720,6 +718,7 @@ int32_t dg_batch_live(const dg_batch *b) {
 void dg_batch_cancel(dg_batch *b, int32_t slot) {
   if (!b || slot < 0 || slot >= b->cap || !b->used[slot]) return;
   dg_gen_result *res = b->qs[slot].res;
+  if (b->qs[slot].ctx) dg_context_share_work(b->qs[slot].ctx, NULL);
   seq_free(&b->qs[slot]);
   memset(&b->qs[slot], 0, sizeof b->qs[slot]);
   if (res) memset(res, 0, sizeof *res);
@@ -744,9 +743,11 @@ dg_status dg_batch_add(dg_batch *b, dg_context *ctx, const int32_t *prompt, size
   if (free_slot < 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: all %d slots are in use", b->cap);
   DG_TRY(dg_generate_check(ctx, n_prompt, p));
   turbo_seq *q = &b->qs[free_slot];
+  if (b->work) dg_context_share_work(ctx, b->work); /* its prefill and passes in the batch's activations */
   dg_status st = seq_init(q, ctx, prompt, n_prompt, p, result, 1, &b->w);
   if (!st) st = seq_advance(q, b->batched);
   if (st) {
+    dg_context_share_work(ctx, NULL);
     seq_free(q);
     memset(q, 0, sizeof *q);
     memset(result, 0, sizeof *result);
@@ -762,6 +763,7 @@ static void batch_end(dg_batch *b, int32_t i, dg_status st, int32_t *done, dg_st
   turbo_seq *q = &b->qs[i];
   if (!st) seq_result(q);
   else dg_gen_result_free(q->res);
+  dg_context_share_work(q->ctx, NULL);
   seq_free(q);
   memset(q, 0, sizeof *q);
   b->used[i] = 0;

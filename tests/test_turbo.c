@@ -1306,13 +1306,20 @@ static long batch_peak_kb(dg_model *m, int32_t B, int32_t steps, const int32_t *
 
 /* Issue 16's acceptance: host memory per turbo canvas at vocabulary 262,144
  * and canvas 256 is <= 32 MB (it was a [C, V] float buffer per canvas, 268 MB,
- * before the LM head ran a few rows at a time). Measured as the growth of the
+ * before the LM head ran a few rows at a time; then a whole canvas pass's
+ * activations per canvas, before a batch's canvases shared one work
+ * context's, a chunk of canvases at a time). Measured as the growth of the
  * peak RSS of a 3-canvas batch over a 1-canvas batch, divided by 2 (contexts,
  * turbo state and the batch's work context included; the weights are touched
  * by a warm-up run first), 2 denoising steps (so the exact self-conditioning
  * rows are computed), on a synthesized model of that vocabulary and canvas
- * with tiny hidden sizes. Skipped under ASan (its allocator and shadow
- * memory change the RSS) and where /proc/self/clear_refs cannot be written. */
+ * whose pass activations are as wide as the 26B model's where they do not
+ * depend on the hidden size (8 heads of 512 on the full layer, dense MLP
+ * 2,112, experts 704 wide with top-16 of 32: ~38 MB per 256-row pass, so
+ * per-canvas activations fail the bound) while the hidden size stays small
+ * (32: the embedding and LM head stay cheap). Skipped under ASan (its
+ * allocator and shadow memory change the RSS) and where
+ * /proc/self/clear_refs cannot be written. */
 static void test_turbo_memory(void **state) {
   (void)state;
 #if defined(__SANITIZE_ADDRESS__)
@@ -1323,9 +1330,16 @@ static void test_turbo_memory(void **state) {
   synth_cfg c = synth_default();
   c.vocab = 262144;
   c.canvas = 256;
-  c.hidden = 16;
+  c.hidden = 32;
   c.n_layers = 1;
   c.pattern = "F";
+  c.heads = 8;
+  c.gkv = 1;
+  c.ghd = 512;
+  c.inter = 2112;
+  c.moe_inter = 704;
+  c.experts = 32;
+  c.topk = 16;
   dg_model *m = load_synth("mem", c, 0);
   int32_t prompt[8], tok1[256], tok_warm[256];
   synth_random_ids(prompt, 8, c.vocab, 91);
@@ -1337,7 +1351,9 @@ static void test_turbo_memory(void **state) {
          "canvas, +%.1f MB for three: %.1f MB per canvas (acceptance <= 32)\n",
          c.vocab, c.canvas, c.hidden, m->n_threads, one / 1024.0, three / 1024.0, per);
   assert_true(per <= 32.0);
-  assert_true(one / 1024.0 <= 64.0); /* one canvas and the shared [R, V] scratch */
+  /* one canvas alone: its state, its own pass activations (~38 MB at this shape: a 1-canvas batch has no
+   * work context) and the [R, V] scratch (16 MB) */
+  assert_true(one / 1024.0 <= 80.0);
   dg_model_free(m);
 }
 
@@ -1445,5 +1461,6 @@ int main(void) {
       cmocka_unit_test(test_batch),      cmocka_unit_test(test_batch_continuous),
       cmocka_unit_test(test_head_rows),  cmocka_unit_test(test_turbo_memory),
   };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_turbo_memory" */
   return cmocka_run_group_tests_name("turbo", tests, setup, teardown);
 }
