@@ -63,7 +63,7 @@ dg_status dg_context_alloc_host(dg_context *ctx, int32_t rows) {
   ctx->rope_cos = dg_xcalloc((size_t)T * dmax / 2, sizeof(float), &fail);
   ctx->rope_sin = dg_xcalloc((size_t)T * dmax / 2, sizeof(float), &fail);
   ctx->n_score_threads = m->n_threads;
-  ctx->scores = dg_xcalloc((size_t)m->n_threads * ((size_t)cap + T), sizeof(float), &fail);
+  ctx->scores = dg_xcalloc((size_t)m->n_threads * DG_SCORE_FLOATS(cap, T), sizeof(float), &fail);
   ctx->soft = dg_xcalloc((size_t)c->canvas_length * H, sizeof(float), &fail);
   /* one probability row per thread, not [C, V]: a canvas row's probabilities are
    * consumed by its own soft-embedding sum (~268 MB less per context at C = 256,

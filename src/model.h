@@ -101,7 +101,7 @@ struct dg_context {
   float *eh1, *eh2;     /* [T*K, IE] */
   float *rope_cos, *rope_sin; /* [T, Dmax/2] */
   int32_t rope_pos0, rope_T, rope_full; /* what the tables hold (rope_pos0 = -1: nothing) */
-  float *scores;        /* [nthreads, S + T] attention scratch */
+  float *scores;        /* [nthreads, DG_SCORE_FLOATS(S, T)] attention scratch */
   int32_t n_score_threads;
   float *soft;          /* [C, H] self-conditioning soft embedding */
   float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
