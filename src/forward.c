@@ -65,7 +65,9 @@ static void geglu_mlp(dg_context *ctx, float *out, const float *a, int64_t n, co
   const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
   matmul(m, ctx->h1, I, a, H, n, gate, 0, I);
   matmul(m, ctx->h2, I, a, H, n, up, 0, I);
-  for (size_t i = 0; i < (size_t)n * I; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
+  const int64_t nI = n * I;
+#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+  for (int64_t i = 0; i < nI; i++) ctx->h1[i] = gelu_tanh(ctx->h1[i]) * ctx->h2[i];
   matmul(m, out, H, ctx->h1, I, n, down, 0, H);
 }
 
