@@ -19,6 +19,40 @@
 
 #include "kernels.h"
 
+/* o[0, 64) = sum over the rows j of the cache part (vb, stride vs, probabilities s1[16 j] * inv, m1
+ * rows) and then of the chunk part (cb, stride cs, s2, n2 rows) of p_j * v_j: four 16-lane
+ * accumulators, +0 then a product and a sum per row, in row order. */
+static inline void pv_64(float *o, const float *vb, int64_t vs, const float *s1, int m1, const float *cb, int64_t cs,
+                         const float *s2, int n2, float inv) {
+  __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+  for (int part = 0; part < 2; part++) {
+    const float *b = part ? cb : vb, *sp = part ? s2 : s1;
+    const int64_t st = part ? cs : vs;
+    const int n = part ? n2 : m1;
+    for (int j = 0; j < n; j++) {
+      const __m512 p = _mm512_set1_ps(sp[(size_t)j * 16] * inv);
+      const float *v = b + (size_t)j * st;
+      o0 = _mm512_add_ps(o0, _mm512_mul_ps(p, _mm512_loadu_ps(v)));
+      o1 = _mm512_add_ps(o1, _mm512_mul_ps(p, _mm512_loadu_ps(v + 16)));
+      o2 = _mm512_add_ps(o2, _mm512_mul_ps(p, _mm512_loadu_ps(v + 32)));
+      o3 = _mm512_add_ps(o3, _mm512_mul_ps(p, _mm512_loadu_ps(v + 48)));
+    }
+  }
+  _mm512_storeu_ps(o, o0);
+  _mm512_storeu_ps(o + 16, o1);
+  _mm512_storeu_ps(o + 32, o2);
+  _mm512_storeu_ps(o + 48, o3);
+}
+
+/* The same for o[0, 16). */
+static inline void pv_16(float *o, const float *vb, int64_t vs, const float *s1, int m1, const float *cb, int64_t cs,
+                         const float *s2, int n2, float inv) {
+  __m512 o0 = _mm512_setzero_ps();
+  for (int j = 0; j < m1; j++) o0 = _mm512_add_ps(o0, _mm512_mul_ps(_mm512_set1_ps(s1[(size_t)j * 16] * inv), _mm512_loadu_ps(vb + (size_t)j * vs)));
+  for (int j = 0; j < n2; j++) o0 = _mm512_add_ps(o0, _mm512_mul_ps(_mm512_set1_ps(s2[(size_t)j * 16] * inv), _mm512_loadu_ps(cb + (size_t)j * cs)));
+  _mm512_storeu_ps(o, o0);
+}
+
 void dg_attn_block_avx512(int nq, const float *const *qv, float *const *ov, const int32_t *lo, const int32_t *n1,
                           const float *kc, const float *vc, const float *ck, const float *cv, int64_t cks, int n2,
                           int D, float *scratch) {
@@ -82,30 +116,8 @@ void dg_attn_block_avx512(int nq, const float *const *qv, float *const *ov, cons
     }
     const float inv = 1.0f / sum;
     float *o = ov[i];
-    for (int d0 = 0; d0 < D; d0 += 64) {
-      const int nd = D - d0 >= 64 ? 4 : (D - d0) / 16;
-      __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-      const float *vb = vc + (size_t)lo[i] * D + d0;
-      for (int j = 0; j < m1; j++) {
-        const __m512 p = _mm512_set1_ps(s1[j * 16] * inv);
-        const float *vv = vb + (size_t)j * D;
-        o0 = _mm512_add_ps(o0, _mm512_mul_ps(p, _mm512_loadu_ps(vv)));
-        if (nd > 1) o1 = _mm512_add_ps(o1, _mm512_mul_ps(p, _mm512_loadu_ps(vv + 16)));
-        if (nd > 2) o2 = _mm512_add_ps(o2, _mm512_mul_ps(p, _mm512_loadu_ps(vv + 32)));
-        if (nd > 3) o3 = _mm512_add_ps(o3, _mm512_mul_ps(p, _mm512_loadu_ps(vv + 48)));
-      }
-      for (int j = 0; j < n2; j++) {
-        const __m512 p = _mm512_set1_ps(s2[j * 16] * inv);
-        const float *vv = cv + (size_t)j * cks + d0;
-        o0 = _mm512_add_ps(o0, _mm512_mul_ps(p, _mm512_loadu_ps(vv)));
-        if (nd > 1) o1 = _mm512_add_ps(o1, _mm512_mul_ps(p, _mm512_loadu_ps(vv + 16)));
-        if (nd > 2) o2 = _mm512_add_ps(o2, _mm512_mul_ps(p, _mm512_loadu_ps(vv + 32)));
-        if (nd > 3) o3 = _mm512_add_ps(o3, _mm512_mul_ps(p, _mm512_loadu_ps(vv + 48)));
-      }
-      _mm512_storeu_ps(o + d0, o0);
-      if (nd > 1) _mm512_storeu_ps(o + d0 + 16, o1);
-      if (nd > 2) _mm512_storeu_ps(o + d0 + 32, o2);
-      if (nd > 3) _mm512_storeu_ps(o + d0 + 48, o3);
-    }
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) pv_64(o + d0, vc + (size_t)lo[i] * D + d0, D, s1, m1, cv ? cv + d0 : NULL, cks, s2, n2, inv);
+    for (; d0 < D; d0 += 16) pv_16(o + d0, vc + (size_t)lo[i] * D + d0, D, s1, m1, cv ? cv + d0 : NULL, cks, s2, n2, inv);
   }
 }
