@@ -37,11 +37,13 @@ static dg_status cpu_step_stats(dg_context *ctx, const int32_t *canvas, dg_sc_so
   const dg_model *m = ctx->m;
   const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
   DG_TRY(dg_forward_decode(ctx, canvas, cpu_soft(ctx, sc, NULL), z));
-  for (size_t i = 0; i < (size_t)C * V; i++) z[i] = z[i] / T; /* in place: z = logits / T */
   int bad = -1;
 #pragma omp parallel for num_threads(m->n_threads) schedule(static) reduction(max : bad)
-  for (int32_t i = 0; i < C; i++)
-    if (dg_position_stats(z + (size_t)i * V, V, uni[i], (int)prop, &ps[i]) != DG_OK) bad = i;
+  for (int32_t i = 0; i < C; i++) {
+    float *zr = z + (size_t)i * V;
+    for (int32_t v = 0; v < V; v++) zr[v] = zr[v] / T; /* in place: z = logits / T, row by row */
+    if (dg_position_stats(zr, V, uni[i], (int)prop, &ps[i]) != DG_OK) bad = i;
+  }
   *bad_pos = bad;
   return bad >= 0 ? DG_ERR_NUMERIC : DG_OK;
 }

@@ -69,7 +69,8 @@ dg_status dg_context_alloc_host(dg_context *ctx, int32_t rows) {
   const int32_t T0 = pass_rows(c, 0);
   ctx->work_rows = pass_rows(c, rows);
   ctx->n_score_threads = m->n_threads;
-  ctx->score_stride = cap + T0; /* a query attends over at most the cache and one canvas */
+  ctx->score_stride = DG_SCORE_FLOATS(cap, T0); /* a query attends over at most the cache and one canvas; the
+                                                  attention block's 16 rows and query block (context.h) */
   /* the table: the KV cache index and rows [L][NKV, S, D] (K and V), the score rows, the SC rows */
   dg_arena_item *it = calloc((size_t)2 * L + 3, sizeof *it);
   if (!it) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory allocating a context of %d positions", cap);

@@ -9,6 +9,11 @@
 #include "dgemma.h"
 
 #define DG_ENC_CHUNK 256 /* encoder tokens per pass; results do not depend on it */
+/* One thread's attention scratch of a context of cap positions and tmax rows: 16 score rows
+ * (cap + tmax) and a [DG_ATTN_DMAX][16] query block (dg_kernels.attn_block runs 16 queries at
+ * once, for head dimensions up to DG_ATTN_DMAX; the scalar loop uses the first row). */
+#define DG_ATTN_DMAX 256
+#define DG_SCORE_FLOATS(cap, tmax) (16 * ((size_t)(cap) + (size_t)(tmax) + DG_ATTN_DMAX))
 
 /* One buffer of an arena's size table: where its pointer goes and its bytes. */
 typedef struct dg_arena_item {
@@ -28,7 +33,7 @@ void *dg_arena_alloc(const dg_arena_item *it, size_t n, size_t *bytes);
 
 /* Allocate the host state of ctx (ctx->m and ctx->cap set, the rest zero), in
  * one block: the KV cache [n_layers][n_kv_heads, cap, head_dim] (K and V), one
- * score row (cap + max(C, DG_ENC_CHUNK)) per thread and the self-conditioning
+ * attention scratch (DG_SCORE_FLOATS of cap + max(C, DG_ENC_CHUNK)) per thread and the self-conditioning
  * rows [canvas_length, hidden]. The activations of a pass (dg_work) are not
  * allocated here: dg_context_work makes them on the first pass that needs them,
  * for max(canvas_length, DG_ENC_CHUNK, rows) rows. Errors: DG_ERR_OUT_OF_MEMORY

@@ -65,7 +65,9 @@ static void geglu_mlp(dg_context *ctx, float *out, const float *a, int64_t n, co
   const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
   matmul(m, ctx->w->h1, I, a, H, n, gate, 0, I);
   matmul(m, ctx->w->h2, I, a, H, n, up, 0, I);
-  for (size_t i = 0; i < (size_t)n * I; i++) ctx->w->h1[i] = gelu_tanh(ctx->w->h1[i]) * ctx->w->h2[i];
+  const int64_t nI = n * I;
+#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+  for (int64_t i = 0; i < nI; i++) ctx->w->h1[i] = gelu_tanh(ctx->w->h1[i]) * ctx->w->h2[i];
   matmul(m, out, H, ctx->w->h1, I, n, down, 0, H);
 }
 
@@ -132,6 +134,37 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
   const int NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim, G = NH / NKV;
   const int32_t S = ctx->cap, win = m->cfg.sliding_window;
   const float *kc = ctx->kv[li].k, *vc = ctx->kv[li].v;
+  const size_t stride = (size_t)ctx->score_stride; /* DG_SCORE_FLOATS(S, max(C, encoder chunk)): the keys of a query are at most the cache and one canvas */
+  if (m->kern->attn_block && D % 16 == 0 && D <= DG_ATTN_DMAX) {
+    /* blocks of 16 queries of one KV head: query i of head g is (t, h) = (i / G, g * G + i % G) */
+    const int nblk = (T * G + 15) / 16, ntb = NKV * nblk;
+#pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
+    for (int task = 0; task < ntb; task++) {
+      const int g = task / nblk, i0 = (task % nblk) * 16, nq = T * G - i0 < 16 ? T * G - i0 : 16;
+      const float *qv[16];
+      float *ov[16];
+      int32_t lo[16], n1[16];
+      for (int i = 0; i < nq; i++) {
+        const int t = (i0 + i) / G, h = g * G + (i0 + i) % G;
+        int32_t a, hi; /* the scalar loop's cache range [a, hi) */
+        if (!ck) {
+          hi = pos0 + t + 1;
+          a = l->is_full ? 0 : (hi - win > 0 ? hi - win : 0);
+        } else {
+          hi = pos0;
+          a = l->is_full ? 0 : (pos0 - (win - 1) > 0 ? pos0 - (win - 1) : 0);
+        }
+        qv[i] = q + ((size_t)t * NH + h) * D;
+        ov[i] = out + ((size_t)t * NH + h) * D;
+        lo[i] = a;
+        n1[i] = hi - a;
+      }
+      m->kern->attn_block(nq, qv, ov, lo, n1, kc + (size_t)g * S * D, vc + (size_t)g * S * D, ck ? ck + (size_t)g * D : NULL,
+                          cv ? cv + (size_t)g * D : NULL, (int64_t)NKV * D, ck ? n_ck : 0, D,
+                          ctx->scores + (size_t)omp_get_thread_num() * stride);
+    }
+    return;
+  }
   const int ntask = NH * T;
 #pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
   for (int task = 0; task < ntask; task++) {

@@ -48,7 +48,20 @@ typedef struct dg_kernels {
    * n_threads OpenMP threads. */
   void (*matmul_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
                       int n_threads);
+  /* Optional (NULL: forward.c's scalar loop). The attention of nq <= 16 queries sharing one KV
+   * head (head dimension D, a multiple of 16, <= DG_ATTN_DMAX of context.h): query i (qv[i], D
+   * floats) attends over cache rows [lo[i], lo[i] + n1[i]) of kc / vc (row stride D), then the
+   * n2 chunk rows of ck / cv (row stride cks); softmax in fp32, the result in ov[i]. Bit-identical
+   * to the scalar loop (same operations in the same order per query); one thread; scratch holds
+   * DG_SCORE_FLOATS(cache rows spanned, n2) floats. */
+  void (*attn_block)(int nq, const float *const *qv, float *const *ov, const int32_t *lo, const int32_t *n1,
+                     const float *kc, const float *vc, const float *ck, const float *cv, int64_t cks, int n2, int D,
+                     float *scratch);
 } dg_kernels;
+
+void dg_attn_block_avx512(int nq, const float *const *qv, float *const *ov, const int32_t *lo, const int32_t *n1,
+                          const float *kc, const float *vc, const float *ck, const float *cv, int64_t cks, int n2,
+                          int D, float *scratch);
 
 /* The scalar oracle: plain loops, k summed in increasing order. */
 const dg_kernels *dg_kernels_ref(void);

@@ -116,9 +116,9 @@ struct dg_context {
   dg_work *w;           /* the pass activations in use: own_w, or a batch's (dg_context_share_work); NULL until needed */
   dg_work *own_w;       /* this context's own, allocated on its first pass alone (dg_context_work); NULL until then */
   int32_t work_rows;    /* rows of own_w: max(C, encoder chunk, the rows asked for) */
-  float *scores;        /* [nthreads, score_stride] attention scratch */
+  float *scores;        /* [nthreads, score_stride] attention scratch (DG_SCORE_FLOATS, context.h) */
   int32_t n_score_threads;
-  int32_t score_stride; /* S + max(C, encoder chunk) */
+  int32_t score_stride; /* DG_SCORE_FLOATS(S, max(C, encoder chunk)) floats per thread */
   float *soft;          /* [C, H] self-conditioning soft embedding */
   float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
   float *soft_pb;       /* [soft_pb_rows, V] dg_soft_embedding's block probabilities (SOFT_ROWS rows per

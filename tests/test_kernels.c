@@ -8,8 +8,10 @@
  * Stability of Numerical Algorithms, eq. 3.5), so two of them differ by at
  * most 2 gamma_K sum |x_k w_k|. Weights are widened exactly (bf16/f16 -> f32
  * is exact), so the same bound holds for every dtype. */
+#include <float.h>
 #include <math.h>
 
+#include "context.h"
 #include "kernels.h"
 #include "quant.h"
 #include "testutil.h"
@@ -364,6 +366,92 @@ static void test_conversions(void **state) {
   }
 }
 
+/* The scalar attention of one query (forward.c's loop, the oracle of dg_kernels.attn_block). */
+static void attn_oracle(const float *qv, float *o, int32_t lo, int n1, const float *kc, const float *vc, const float *ck,
+                        const float *cv, int64_t cks, int n2, int D, float *sc) {
+  float mx = -FLT_MAX;
+  for (int j = 0; j < n1; j++) {
+    const float *kv = kc + (size_t)(lo + j) * D;
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += qv[d] * kv[d];
+    sc[j] = s;
+    if (s > mx) mx = s;
+  }
+  for (int j = 0; j < n2; j++) {
+    const float *kv = ck + (size_t)j * cks;
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += qv[d] * kv[d];
+    sc[n1 + j] = s;
+    if (s > mx) mx = s;
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < n1 + n2; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+  float inv = 1.0f / sum;
+  for (int d = 0; d < D; d++) o[d] = 0.0f;
+  for (int j = 0; j < n1; j++) {
+    const float *vv = vc + (size_t)(lo + j) * D;
+    float p = sc[j] * inv;
+    for (int d = 0; d < D; d++) o[d] += p * vv[d];
+  }
+  for (int j = 0; j < n2; j++) {
+    const float *vv = cv + (size_t)j * cks;
+    float p = sc[n1 + j] * inv;
+    for (int d = 0; d < D; d++) o[d] += p * vv[d];
+  }
+}
+
+/* attn_block against the oracle, bit for bit: full and partial blocks, per-query (causal,
+ * sliding) cache ranges, with and without chunk keys, head dimensions 16..128, scores large
+ * enough that some exponentials underflow. */
+static void test_attn_avx512(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx512();
+  if (!k) dg_test_skip("test_kernels attn: this CPU (or build) has no AVX-512 kernels");
+  assert_non_null(k->attn_block);
+  static const int cases[][5] = {/* D, nq, S (cache rows), n2, causal */
+                                 {64, 16, 300, 64, 0}, {64, 5, 37, 0, 1}, {128, 16, 200, 3, 0}, {16, 1, 9, 0, 1},
+                                 {80, 13, 70, 17, 1}, {128, 16, 0, 64, 0}, {64, 16, 512, 0, 1}, {32, 7, 5, 2, 0}};
+  int checked = 0;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int D = cases[c][0], nq = cases[c][1], S = cases[c][2], n2 = cases[c][3], causal = cases[c][4];
+    const int64_t cks = 2 * (int64_t)D + 16; /* chunk rows interleaved with another head's */
+    float *kc = malloc(((size_t)S + 1) * D * sizeof(float)), *vc = malloc(((size_t)S + 1) * D * sizeof(float));
+    float *ck = malloc(((size_t)n2 + 1) * cks * sizeof(float)), *cv = malloc(((size_t)n2 + 1) * cks * sizeof(float));
+    float *q = malloc((size_t)nq * D * sizeof(float)), *o0 = malloc((size_t)nq * D * sizeof(float));
+    float *o1 = malloc((size_t)nq * D * sizeof(float)), *sc = malloc(((size_t)S + n2 + 1) * sizeof(float));
+    float *scratch = malloc(DG_SCORE_FLOATS(S, n2) * sizeof(float));
+    const float amp = c % 2 ? 3.0f : 0.5f; /* amp 3: scores up to ~9 D, exponentials underflow */
+    for (size_t i = 0; i < ((size_t)S + 1) * D; i++) { kc[i] = frand() * amp; vc[i] = frand(); }
+    for (size_t i = 0; i < ((size_t)n2 + 1) * cks; i++) { ck[i] = frand() * amp; cv[i] = frand(); }
+    for (int i = 0; i < nq * D; i++) q[i] = frand() * amp;
+    const float *qv[16];
+    float *ov[16];
+    int32_t lo[16], n1[16];
+    for (int i = 0; i < nq; i++) {
+      qv[i] = q + (size_t)i * D;
+      ov[i] = o1 + (size_t)i * D;
+      int32_t hi = causal ? S - nq + 1 + i : S, a = causal && i % 3 == 1 ? hi / 3 : 0;
+      if (hi < 0) hi = 0;
+      if (a > hi) a = hi;
+      lo[i] = a;
+      n1[i] = hi - a;
+    }
+    int skip = 0; /* a query without keys is not a case the passes make */
+    for (int i = 0; i < nq; i++) skip |= n1[i] + n2 == 0;
+    if (skip) goto next;
+    k->attn_block(nq, qv, ov, lo, n1, kc, vc, n2 ? ck : NULL, n2 ? cv : NULL, cks, n2, D, scratch);
+    for (int i = 0; i < nq; i++) {
+      attn_oracle(qv[i], o0 + (size_t)i * D, lo[i], n1[i], kc, vc, ck, cv, cks, n2, D, sc);
+      if (memcmp(o0 + (size_t)i * D, o1 + (size_t)i * D, (size_t)D * sizeof(float)))
+        fail_msg("attn_block D=%d nq=%d S=%d n2=%d: query %d differs from the oracle", D, nq, S, n2, i);
+      checked++;
+    }
+  next:
+    free(kc); free(vc); free(ck); free(cv); free(q); free(o0); free(o1); free(sc); free(scratch);
+  }
+  printf("# avx512 attn_block: %d queries bit-identical to the scalar loop\n", checked);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conversions),
@@ -373,6 +461,7 @@ int main(void) {
       cmocka_unit_test(test_rows_avx2),
       cmocka_unit_test(test_avx512lp),
       cmocka_unit_test(test_avx2lp),
+      cmocka_unit_test(test_attn_avx512),
   };
   return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);
 }

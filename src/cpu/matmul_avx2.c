@@ -96,5 +96,5 @@ static inline __attribute__((always_inline)) __m256 qcodes(const uint8_t *p, con
 
 #include "matmul_driver.h"
 
-static const dg_kernels AVX2 = {"avx2", matmul_driver, matmul_grouped_driver, matmul_rows_driver};
+static const dg_kernels AVX2 = {"avx2", matmul_driver, matmul_grouped_driver, matmul_rows_driver, NULL};
 const dg_kernels *dg_kernels_avx2_impl(void) { return &AVX2; }

@@ -438,5 +438,5 @@ static void matmul_rows_lp(float *y, int64_t ldy, const float *x, int64_t ldx, i
   dg_kernels_avx2_impl()->matmul_rows(y, ldy, x, ldx, T, w, n_threads); /* exact (the soft embedding) */
 }
 
-static const dg_kernels AVX2LP = {"avx2lp", matmul_lp, matmul_grouped_lp, matmul_rows_lp};
+static const dg_kernels AVX2LP = {"avx2lp", matmul_lp, matmul_grouped_lp, matmul_rows_lp, NULL};
 const dg_kernels *dg_kernels_avx2lp_impl(void) { return &AVX2LP; }

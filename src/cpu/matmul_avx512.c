@@ -88,5 +88,5 @@ static inline __attribute__((always_inline)) __m512 qcodes(const uint8_t *p, con
 
 #include "matmul_driver.h"
 
-static const dg_kernels AVX512 = {"avx512", matmul_driver, matmul_grouped_driver, matmul_rows_driver};
+static const dg_kernels AVX512 = {"avx512", matmul_driver, matmul_grouped_driver, matmul_rows_driver, dg_attn_block_avx512};
 const dg_kernels *dg_kernels_avx512_impl(void) { return &AVX512; }

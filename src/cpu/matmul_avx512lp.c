@@ -376,5 +376,5 @@ static void matmul_rows_lp(float *y, int64_t ldy, const float *x, int64_t ldx, i
   dg_kernels_avx512_impl()->matmul_rows(y, ldy, x, ldx, T, w, n_threads); /* exact (the soft embedding) */
 }
 
-static const dg_kernels AVX512LP = {"avx512lp", matmul_lp, matmul_grouped_lp, matmul_rows_lp};
+static const dg_kernels AVX512LP = {"avx512lp", matmul_lp, matmul_grouped_lp, matmul_rows_lp, dg_attn_block_avx512};
 const dg_kernels *dg_kernels_avx512lp_impl(void) { return &AVX512LP; }

@@ -37,20 +37,20 @@
   static void tile_##RT##x##TT(float *y, int64_t ldy, const float *x, int64_t ldx,            \
                                const char *const *rows, dg_dtype dt, int64_t K) {             \
     VF acc[RT][TT];                                                                            \
-    for (int i = 0; i < RT; i++)                                                               \
-      for (int j = 0; j < TT; j++) acc[i][j] = VZERO();                                        \
+    _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++)                                                               \
+      _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) acc[i][j] = VZERO();                                        \
     int64_t k = 0;                                                                             \
     for (; VMASKED ? k < K : k + VL <= K; k += VL) {                                           \
       const VMASK m = vmask(K - k);                                                            \
       VF xv[TT];                                                                               \
-      for (int j = 0; j < TT; j++) xv[j] = VLOADM(m, x + j * ldx + k);                         \
-      for (int i = 0; i < RT; i++) {                                                           \
+      _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) xv[j] = VLOADM(m, x + j * ldx + k);                         \
+      _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++) {                                                           \
         VF wv = load_w(dt, rows[i], k, m);                                                     \
-        for (int j = 0; j < TT; j++) acc[i][j] = VFMADD(wv, xv[j], acc[i][j]);                 \
+        _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) acc[i][j] = VFMADD(wv, xv[j], acc[i][j]);                 \
       }                                                                                        \
     }                                                                                          \
-    for (int i = 0; i < RT; i++)                                                               \
-      for (int j = 0; j < TT; j++) {                                                           \
+    _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++)                                                               \
+      _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) {                                                           \
         float s = VHSUM(acc[i][j]);                                                            \
         if (!VMASKED) /* the K tail */                                                         \
           for (int64_t kk = k; kk < K; kk++) s += x[j * ldx + kk] * dg_load_elem(dt, rows[i], kk); \
@@ -70,25 +70,25 @@ TILE(1, 1)
                                       const char *const *bi, dg_dtype sbt, int G, int64_t K) {         \
     VF acc[RT][TT];                                                                                      \
     const qunpack un = qunpack_for(B);                                                                   \
-    for (int i = 0; i < RT; i++)                                                                         \
-      for (int j = 0; j < TT; j++) acc[i][j] = VZERO();                                                  \
+    _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++)                                                                         \
+      _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) acc[i][j] = VZERO();                                                  \
     for (int64_t g0 = 0; g0 < K; g0 += G) {                                                              \
       VF s[RT], b[RT];                                                                                   \
-      for (int i = 0; i < RT; i++) {                                                                     \
+      _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++) {                                                                     \
         s[i] = VSET1(dg_load_elem(sbt, sc[i], g0 / G));                                                  \
         b[i] = VSET1(dg_load_elem(sbt, bi[i], g0 / G));                                                  \
       }                                                                                                  \
       for (int64_t k = g0; k < g0 + G; k += VL) {                                                        \
         VF xv[TT];                                                                                       \
-        for (int j = 0; j < TT; j++) xv[j] = VLOAD(x + j * ldx + k);                                     \
-        for (int i = 0; i < RT; i++) {                                                                   \
+        _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) xv[j] = VLOAD(x + j * ldx + k);                                     \
+        _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++) {                                                                   \
           VF wv = VADD(VMUL(qcodes(rows[i] + k * B / 8, B, &un), s[i]), b[i]);                           \
-          for (int j = 0; j < TT; j++) acc[i][j] = VFMADD(wv, xv[j], acc[i][j]);                         \
+          _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) acc[i][j] = VFMADD(wv, xv[j], acc[i][j]);                         \
         }                                                                                                \
       }                                                                                                  \
     }                                                                                                    \
-    for (int i = 0; i < RT; i++)                                                                         \
-      for (int j = 0; j < TT; j++) y[j * ldy + i] = VHSUM(acc[i][j]);                                    \
+    _Pragma("GCC unroll 4") for (int i = 0; i < RT; i++)                                                                         \
+      _Pragma("GCC unroll 4") for (int j = 0; j < TT; j++) y[j * ldy + i] = VHSUM(acc[i][j]);                                    \
   }
 /* Dequantize one packed row into out[K] (fp32), the same multiply then add. */
 #define QDEQ(B)                                                                                          \
@@ -123,7 +123,7 @@ QTILES(8)
                          dg_dtype dt, int64_t nv, int64_t nc) {                                            \
     if (!VMASKED && nc < RCOLS) { /* the last, partial block of columns */                                \
       for (int64_t v = 0; v < nv; v++)                                                                      \
-        for (int t = 0; t < TT; t++) {                                                                      \
+        _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                                                      \
           const float p = x[t * ldx + v];                                                                   \
           if (p == 0.0f) continue;                                                                          \
           for (int64_t j = 0; j < nc; j++) y[t * ldy + j] += p * dg_load_elem(dt, w + (size_t)v * rs, j);  \
@@ -131,24 +131,24 @@ QTILES(8)
       return;                                                                                               \
     }                                                                                                       \
     VMASK m[4];                                                                                             \
-    for (int c = 0; c < 4; c++) m[c] = vmask(nc - VL * c);                                                  \
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) m[c] = vmask(nc - VL * c);                                                  \
     VF acc[TT][4];                                                                                          \
-    for (int t = 0; t < TT; t++)                                                                            \
-      for (int c = 0; c < 4; c++) acc[t][c] = VLOADM(m[c], y + t * ldy + VL * c);                           \
+    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++)                                                                            \
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[t][c] = VLOADM(m[c], y + t * ldy + VL * c);                           \
     for (int64_t v = 0; v < nv; v++) {                                                                      \
       int nz = 0;                                                                                           \
-      for (int t = 0; t < TT; t++) nz |= x[t * ldx + v] != 0.0f;                                            \
+      _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) nz |= x[t * ldx + v] != 0.0f;                                            \
       if (!nz) continue;                                                                                    \
       const char *row = w + (size_t)v * rs;                                                                 \
       VF e[4];                                                                                              \
-      for (int c = 0; c < 4; c++) e[c] = load_w(dt, row, VL * c, m[c]);                                     \
-      for (int t = 0; t < TT; t++) {                                                                        \
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) e[c] = load_w(dt, row, VL * c, m[c]);                                     \
+      _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {                                                                        \
         const VF p = VSET1(x[t * ldx + v]);                                                                 \
-        for (int c = 0; c < 4; c++) acc[t][c] = VADD(acc[t][c], VMUL(p, e[c]));                             \
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[t][c] = VADD(acc[t][c], VMUL(p, e[c]));                             \
       }                                                                                                     \
     }                                                                                                       \
-    for (int t = 0; t < TT; t++)                                                                            \
-      for (int c = 0; c < 4; c++) VSTOREM(y + t * ldy + VL * c, m[c], acc[t][c]);                           \
+    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++)                                                                            \
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) VSTOREM(y + t * ldy + VL * c, m[c], acc[t][c]);                           \
   }
 RTILE(4)
 RTILE(1)

@@ -55,5 +55,5 @@ static void matmul_rows_ref(float *y, int64_t ldy, const float *x, int64_t ldx, 
   }
 }
 
-static const dg_kernels REF = {"ref", matmul_ref, matmul_grouped_ref, matmul_rows_ref};
+static const dg_kernels REF = {"ref", matmul_ref, matmul_grouped_ref, matmul_rows_ref, NULL};
 const dg_kernels *dg_kernels_ref(void) { return &REF; }
