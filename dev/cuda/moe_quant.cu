@@ -59,6 +59,8 @@
  *              registers instead of 32): 48 = 3 blocks per SM, 49 = 4 register stages, activation stages of 4
  *   version 50 (every bit width and bf16): version 3 with the blocks taking the experts by descending row count
  *              (k_group's order, qr_block): largest processing time first
+ *   versions 61-65 (4-bit): version 50 with the weights through a ring in shared memory (run_ring)
+ *   versions 90-94 (4-bit): probes of the weight stream alone (run_probe; no check)
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -453,6 +455,33 @@ static cudaError_t run_small(int prod, stack *st, routing *r, int nt) {
   return gateup ? qr_launch_bits<4, 1>(0, grid, nt, a) : qr_launch_bits<4, 0>(0, grid, nt, a);
 }
 
+/* Versions 61-65 (4-bit): version 50 with the weight ring in shared memory (qr_body's D < 0: each lane's
+ * records cp.async-copied WR - 1 stages ahead, no register stages) at 1 and 2 n-tiles (WR1/MB1, WR2/MB2: ring
+ * stages, blocks per SM), and at 3 n-tiles when WR3 > 0 (MB3 blocks per SM, no prefetch, the 2-tile body for
+ * experts of at most 16 rows); else the backend's from 3 n-tiles. The probes (90-94) put the stream of 2 loads in
+ * flight per thread at v50's speed and 4 at 13 % less time: the ring keeps WR - 1 stages in flight per lane. */
+template <int WR1, int MB1, int WR2, int MB2, int WR3 = 0, int MB3 = QR_MINB>
+static cudaError_t run_ring(int prod, stack *st, routing *r, int nt) {
+  const int gateup = prod == GU;
+  const tiled &tl = get_tiled(st, QR_WARPS, qr_kc(G), gateup, 1);
+  qe_args a;
+  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  if (e != cudaSuccess) return e;
+  a.order = r->ord;
+  const dim3 grid = gateup ? dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)) : dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS));
+  if (nt == 1)
+    return gateup ? qr_launch_g<4, 1, 1, G, QR_WARPS, -WR1, QR_STAGES, MB1>(0, grid, a)
+                  : qr_launch_g<4, 0, 1, G, QR_WARPS, -WR1, QR_STAGES, MB1>(0, grid, a);
+  if (nt == 2)
+    return gateup ? qr_launch_g<4, 1, 2, G, QR_WARPS, -WR2, QR_STAGES, MB2>(0, grid, a)
+                  : qr_launch_g<4, 0, 2, G, QR_WARPS, -WR2, QR_STAGES, MB2>(0, grid, a);
+  if constexpr (WR3 > 0)
+    if (nt == 3)
+      return gateup ? qr_launch_g<4, 1, 3, G, QR_WARPS, -WR3, QR_STAGES, MB3, QR_SUB, 0, 1, QR_NTS>(0, grid, a)
+                    : qr_launch_g<4, 0, 3, G, QR_WARPS, -WR3, QR_STAGES, MB3, QR_SUB, 0, 1, QR_NTS>(0, grid, a);
+  return gateup ? qr_launch_bits<4, 1>(0, grid, nt, a) : qr_launch_bits<4, 0>(0, grid, nt, a);
+}
+
 /* Versions 20-: qw_kernel (wgmma) over the wgmma-order lane records; PF only from 3 n-tiles, as the backend's. */
 template <int D, int STAGES, int MINB, int SUB, int PF, int SWAP>
 static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
@@ -564,10 +593,15 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_lanes<8, 2, 3, 1, 2, 0, 1, 2, -2, 0, 0, 0, 16>(prod, st, r, nt); /* 44: 8 warps */
     }
   }
-  if (ver > 50 && ver <= 60) { /* (MB, D, PF, SUB) at 1 n-tile, then at 2 (, MB, D at 3); the backend's: (4, 2, 0, 2) */
+  if (ver > 50 && ver <= 65) { /* (MB, D, PF, SUB) at 1 n-tile, then at 2 (, MB, D at 3); the backend's: (4, 2, 0, 2) */
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
     case 51: return run_small<6, 2, 0, 2, 4, 2, 0, 2>(prod, st, r, nt);  /* 6 blocks per SM at 1 n-tile */
+    case 61: return run_ring<4, 6, 4, 4>(prod, st, r, nt);       /* ring of 4 at 1 and 2 n-tiles */
+    case 62: return run_ring<5, 6, 5, 4>(prod, st, r, nt);       /* ring of 5 */
+    case 63: return run_ring<4, 6, 4, 4, 4, 4>(prod, st, r, nt); /* ring of 4 at 3 n-tiles too */
+    case 64: return run_ring<3, 6, 3, 4, 3, 4>(prod, st, r, nt); /* ring of 3 everywhere up to 3 n-tiles */
+    case 65: return run_ring<5, 5, 5, 3, 5, 3>(prod, st, r, nt); /* ring of 5, fewer blocks per SM */
     case 52: return run_small<4, 3, 0, 2, 4, 2, 0, 2>(prod, st, r, nt);  /* 3 register stages at 1 */
     case 53: return run_small<4, 4, 0, 2, 4, 2, 0, 2>(prod, st, r, nt);  /* 4 register stages at 1 */
     case 54: return run_small<6, 2, -2, 2, 4, 2, -2, 2>(prod, st, r, nt); /* 51 + line prefetches at 1 and 2 */

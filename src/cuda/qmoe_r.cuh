@@ -503,7 +503,60 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
       if (sa + STAGES - 1 < nsa) issue();
       dg_cp_commit();
     };
-    {
+    if constexpr (D < 0) {
+      /* the weight ring in shared memory (D = -WR, lab only so far): each lane copies its own record of stage s
+       * (its NPW 16-byte pieces) into ring slot s mod WR by cp.async, WR - 1 stages ahead, and reads it back
+       * into registers just before its products; a lane reads only what it copied, so its own cp.async.wait_group
+       * orders it (no barrier). One commit group per weight stage carries the activation copies issued at that
+       * stage too: at stage s, wait_group WR - 2 leaves pending only the groups of stages s - WR + 2 .. s - 1,
+       * so weight stage s (issued at s - WR + 1) has landed, and so has the activation stage (issued
+       * (STAGES - 1) SUB stages earlier) when WR <= (STAGES - 1) SUB + 1. Slot (s - 1) mod WR, refilled at stage
+       * s, was read into registers at stage s - 1. */
+      constexpr int WR = -D, NPW = CB / 16 + GPW, SLOT = WARPS * NPW * 32 * 16;
+      static_assert(CP && PSC == 16 && !RAW && PF == 0, "the weight ring: compact 16-byte pieces, no prefetch");
+      static_assert(WR >= 2 && WR <= (STAGES - 1) * SUB + 1, "the weight ring's wait count covers the activations");
+      const int64_t lane_off = (int64_t)STAGES * STB + ((int64_t)warp * NPW * 32 + lane) * 16;
+      const dg_sptr rbase = sbase + lane_off;
+      auto wissue = [&](int st) {
+        const dg_sptr d = rbase + (st % WR) * SLOT;
+        const unsigned char *p = wq + (int64_t)st * sstride;
+  #pragma unroll
+        for (int k = 0; k < CB / 16; k++) dg_cp_async16_nz(d + k * 512, p + k * 512);
+        const unsigned char *pp = p - lane * 16 + 32 * CB + g * 16 * GPS;
+  #pragma unroll
+        for (int i = 0; i < GPW; i++) dg_cp_async16_nz(d + (CB / 16 + i) * 512, pp + 16 * i);
+      };
+  #pragma unroll
+      for (int sa = 0; sa < STAGES - 1; sa++) {
+        if (sa < nsa) issue();
+        dg_cp_commit();
+      }
+  #pragma unroll
+      for (int j = 0; j < WR - 1; j++) {
+        if (j < nst) wissue(j);
+        dg_cp_commit();
+      }
+      for (int s = 0; s < nst; s++) {
+        const int sub = s % SUB;
+        dg_cp_wait<WR - 2>();
+        if (sub == 0) {
+          if (s > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+          __syncthreads(); /* every warp's activation copies of this stage landed; the slot refilled next is free */
+          if (s / SUB + STAGES - 1 < nsa) issue();
+        }
+        if (s + WR - 1 < nst) wissue(s + WR - 1);
+        dg_cp_commit();
+        uint32_t R[RW];
+        const unsigned char *rs = smem + lane_off + (s % WR) * SLOT;
+  #pragma unroll
+        for (int k = 0; k < NPW; k++) {
+          const uint4 v = *(const uint4 *)(rs + k * 512);
+          R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+        }
+        compute(R, s, sub);
+      }
+      dg_cp_wait<0>();
+    } else {
       uint32_t W[D][RW];
   #pragma unroll
       for (int sa = 0; sa < STAGES - 1; sa++) {
@@ -563,7 +616,9 @@ template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB, BITS), SBB = qr_sbb(GS, SUB, NT, BM);
   void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, CP, NTS, BM, NZ>;
-  const size_t smem = (size_t)STAGES * (XB + SBB);
+  /* D < 0: the weight ring of -D stages after the activation ring (qr_body) */
+  constexpr size_t RING = D < 0 ? (size_t)(-D) * WARPS * (qr_cb(BITS, GS) / 16 + qr_kc(GS, BITS) / GS) * 32 * 16 : 0;
+  const size_t smem = (size_t)STAGES * (XB + SBB) + RING;
 #ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
   if (!set && smem > 48 * 1024) {
