@@ -119,7 +119,7 @@ static void matmul_grouped_bf16(float *y, int64_t ldy, const float *x, int64_t l
                   (int64_t)e * rows_per_expert + row_off, N, n_threads);
 }
 /* matmul_rows NULL: the soft embedding then uses the oracle's (forward.c soft_kern), as before it had kernels */
-static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16, NULL};
+static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16, NULL, NULL};
 
 static void need_gpu(void) {
   if (g_gpu < 0 && as_cpu()) {
