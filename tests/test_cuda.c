@@ -1362,21 +1362,6 @@ static void qmat_make(qmat *qm, int64_t rows, int64_t cols, int bits, int G, dg_
 
 static void qmat_free(qmat *qm) { free(qm->pk); free(qm->sc); free(qm->bi); }
 
-static dg_cuda_mat qmat_cuda(const qmat *qm) {
-  dg_cuda_mat m;
-  memset(&m, 0, sizeof m);
-  m.data = qm->pk;
-  m.rows = qm->w.rows;
-  m.cols = qm->w.cols;
-  m.bits = qm->w.bits;
-  m.group_size = qm->w.group_size;
-  if (!m.bits) m.dtype = qm->w.dtype == DG_F32 ? DG_CUDA_F32 : DG_CUDA_BF16; /* unquantized (qmat_make bits 0, 32) */
-  m.sb_dtype = qm->w.sb_dtype == DG_BF16 ? DG_CUDA_BF16 : qm->w.sb_dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
-  m.scales = qm->sc;
-  m.biases = qm->bi;
-  return m;
-}
-
 /* n random values rounded to bf16: bits in xb, values in xf. */
 static void rand_bf16(uint16_t *xb, float *xf, size_t n, float scale) {
   for (size_t i = 0; i < n; i++) {
@@ -1402,7 +1387,7 @@ static void check_qmatmul(int bits, int G, dg_dtype sb, int T, int N, int K, int
   rand_bf16(xb, xf, (size_t)T * ldx, 1.0f);
   for (int i = 0; i < T * ldy; i++) y0[i] = y1[i] = 12345.0f;
   dg_kernels_ref()->matmul(y0, ldy, xf, ldx, T, &qm.w, row0, N, 1);
-  dg_cuda_mat m = qmat_cuda(&qm);
+  dg_weight m = qm.w; /* the CUDA entry points take the loader's view as it is */
   assert_dg_ok(cu()->test_matmul(0, &m, row0, N, xb, ldx, T, y1, ldy));
   const double u = ldexp(1.0, -24), gam = K * u / (1.0 - K * u);
   for (int n = 0; n < N; n++) {
@@ -1464,7 +1449,7 @@ static void test_quant_embed_soft(void **state) {
       const dg_dtype sb = g == 1 && b == 2 ? DG_F16 : DG_BF16;
       qmat qm;
       qmat_make(&qm, V, H, bitsv[b], Gv[g], sb);
-      dg_cuda_mat m = qmat_cuda(&qm);
+      dg_weight m = qm.w; /* the CUDA entry points take the loader's view as it is */
       /* embedding: x = dequant(E[id]) * scale, exactly as src/forward.c */
       int32_t ids[9] = {0, V - 1, 5, 5, 17, 2, V / 2, 1, 40};
       const float scale = 8.0f;
@@ -1615,7 +1600,7 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
   float *xf = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
   float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE), *hf = malloc(4 * (size_t)IE);
   rand_bf16(xb, xf, (size_t)T * H, 2.0f);
-  dg_cuda_mat mg = qmat_cuda(&gu), md = qmat_cuda(&dn);
+  dg_weight mg = gu.w, md = dn.w;
   assert_dg_ok(cu()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
   for (int p = 0; p < T * K; p++) {

@@ -16,6 +16,9 @@
 #include "cuda/common.cuh"
 #include "cuda/qmoe_r.cuh"
 #include "dtype.h"
+extern "C" {
+#include "quant.h" /* dg_weight_row_f32 */
+}
 
 #ifndef DG_CUDA_ARCHS
 #define DG_CUDA_ARCHS "unknown"
@@ -76,23 +79,14 @@ extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
 
 /* ---- upload ----------------------------------------------------------------- */
 
-/* bf16 rounding and f16 widening: the ground floor's (src/dtype.h), as the CPU path's */
-static float mat_elem(const dg_cuda_mat *m, size_t i) {
-  if (m->dtype == DG_CUDA_F32) { float f; memcpy(&f, (const char *)m->data + 4 * i, 4); return f; }
-  uint16_t h;
-  memcpy(&h, (const char *)m->data + 2 * i, 2);
-  if (m->dtype == DG_CUDA_F16) return dg_f16_to_f32(h);
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+/* Element i of a float matrix as fp32: the ground floor's reading (src/dtype.h), as the CPU path's */
+static float mat_elem(const dg_weight *m, size_t i) { return dg_load_elem(m->dtype, m->data, (int64_t)i); }
 
 #define STAGE_ELEMS ((size_t)8 << 20)
 
 /* Copy elements [off, off + n) of a host matrix to dst as bf16, staged in chunks. */
-static dg_status upload_bf16(bf16 *dst, const dg_cuda_mat *m, size_t off, size_t n, uint16_t *stage) {
-  if (m->dtype == DG_CUDA_BF16) {
+static dg_status upload_bf16(bf16 *dst, const dg_weight *m, size_t off, size_t n, uint16_t *stage) {
+  if (m->dtype == DG_BF16) {
     CK(cudaMemcpy(dst, (const char *)m->data + 2 * off, 2 * n, cudaMemcpyHostToDevice));
     return DG_OK;
   }
@@ -147,10 +141,10 @@ static dg_status up_vec(alloc_list *al, float **dst, const float *src, size_t n,
   return DG_OK;
 }
 
-static size_t sb_size(int sb) { return sb == DG_CUDA_F32 ? 4 : 2; }
+static size_t sb_size(int sb) { return sb == DG_F32 ? 4 : 2; }
 
 /* Device bytes of one matrix: bf16, or packed words + scales + biases. */
-static size_t mat_bytes(const dg_cuda_mat *m) {
+static size_t mat_bytes(const dg_weight *m) {
   if (!m->data) return 0;
   const size_t n = (size_t)m->rows * (size_t)m->cols;
   if (!m->bits) return n * 2;
@@ -159,14 +153,14 @@ static size_t mat_bytes(const dg_cuda_mat *m) {
 
 /* Same format: both float (any float dtype becomes bf16), or both quantized
  * alike (so that their rows concatenate into one quantized matrix). */
-static int same_format(const dg_cuda_mat *a, const dg_cuda_mat *b) {
+static int same_format(const dg_weight *a, const dg_weight *b) {
   if (!a->bits || !b->bits) return !a->bits && !b->bits;
   return a->bits == b->bits && a->group_size == b->group_size && a->sb_dtype == b->sb_dtype && a->cols == b->cols;
 }
 
 /* Upload the row blocks parts[0..nparts) (one format, same cols) as one
  * device matrix: bf16, or packed words, scales and biases as stored. */
-static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *parts, int nparts, const char *what,
+static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_weight *const *parts, int nparts, const char *what,
                       uint16_t *stage) {
   memset(dst, 0, sizeof *dst);
   dst->cols = parts[0]->cols;
@@ -205,13 +199,13 @@ static dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *const *
  * where it applies (quantized: bf16 scales and biases; columns a multiple of
  * its stage), else the tile layout of qe_kernel (qmoe.cuh: f16 and f32 pairs)
  * or, for bf16 stacks, the plain [rows, cols] of grouped_kernel (moe.cu). */
-static int expert_lay(const dg_cuda_mat *m) {
+static int expert_lay(const dg_weight *m) {
   if (!m->bits) return m->cols % qr_kc(QR_BF16_GROUP, 16) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
-  return m->sb_dtype == DG_CUDA_BF16 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
+  return m->sb_dtype == DG_BF16 && m->cols % qr_kc(m->group_size) == 0 ? DG_CUDA_LAY_LANES : DG_CUDA_LAY_TILES;
 }
 
 /* Its tiling (qe_tiling) for E experts: gate/up [E * 2 IE, H] (gateup = 1) or down [E * H, IE]. */
-static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
+static qe_tiling expert_tiling(const dg_weight *m, int gateup, int64_t E) {
   if (!m->bits) return qe_tiling_of(QR_WARPS, qr_kc(QR_BF16_GROUP, 16), gateup, 16, QR_BF16_GROUP, 4, E, m->rows, m->cols);
   if (expert_lay(m) == DG_CUDA_LAY_LANES)
     return qe_tiling_of(QR_WARPS, qr_kc(m->group_size), gateup, m->bits, m->group_size, 4, E, m->rows, m->cols);
@@ -220,7 +214,7 @@ static qe_tiling expert_tiling(const dg_cuda_mat *m, int gateup, int64_t E) {
 }
 
 /* Device bytes of an expert stack: bf16, or the packed codes and (scale, bias) pairs. */
-static size_t expert_bytes(const dg_cuda_mat *m, int gateup, int64_t E) {
+static size_t expert_bytes(const dg_weight *m, int gateup, int64_t E) {
   if (!m->data || (!m->bits && expert_lay(m) != DG_CUDA_LAY_LANES)) return mat_bytes(m);
   size_t pb;
   const qe_tiling t = expert_tiling(m, gateup, E);
@@ -233,10 +227,10 @@ static size_t expert_bytes(const dg_cuda_mat *m, int gateup, int64_t E) {
  * (scale, bias) pairs in the tile layout of the tensor-core kernels
  * (qmoe.cuh: each block's pipeline stage one contiguous run), packed on the
  * host; the MLX arrays themselves are not uploaded. */
-static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m, int gateup, int64_t E,
+static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gateup, int64_t E,
                             const char *what, uint16_t *stage) {
   if (!m->bits && expert_lay(m) != DG_CUDA_LAY_LANES) {
-    const dg_cuda_mat *p1[1] = {m};
+    const dg_weight *p1[1] = {m};
     return up_w(al, dst, p1, 1, what, stage);
   }
   if (E <= 0 || m->rows % (gateup ? 2 * E : E))
@@ -256,7 +250,7 @@ static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m
     if (!hq) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory packing %s (%zu bytes)", what, qb);
     const void *codes = m->data;
     uint16_t *wb = NULL; /* a bf16 stack of another float dtype: its bf16 copy, as upload_bf16 rounds it */
-    if (!m->bits && m->dtype != DG_CUDA_BF16) {
+    if (!m->bits && m->dtype != DG_BF16) {
       const size_t n = (size_t)m->rows * (size_t)m->cols;
       if (!(wb = (uint16_t *)malloc(2 * n))) {
         free(hq);
@@ -297,7 +291,7 @@ static dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_cuda_mat *m
 
 /* Upload the row blocks of a fused product: runs of consecutive blocks of one
  * format become one matrix each (dg_cuda_wset). */
-static dg_status up_wset(alloc_list *al, dg_cuda_wset *dst, const dg_cuda_mat *const *parts, int nparts,
+static dg_status up_wset(alloc_list *al, dg_cuda_wset *dst, const dg_weight *const *parts, int nparts,
                          const char *what, uint16_t *stage) {
   dst->n = 0;
   for (int i = 0; i < nparts;) {
@@ -314,7 +308,7 @@ static size_t weight_bytes(const dg_cuda_model_desc *d) {
   const size_t H = d->hidden, E = d->n_experts;
   size_t b = mat_bytes(&d->embed) + 2 * H * 4 + mat_bytes(&d->sc_gate) + mat_bytes(&d->sc_up) + mat_bytes(&d->sc_down);
   for (int i = 0; i < d->n_layers; i++) {
-    const dg_cuda_layer_desc *l = &d->layers[i];
+    const dg_layer *l = &d->layers[i];
     const size_t D = l->head_dim;
     b += mat_bytes(&l->q) + mat_bytes(&l->k) + mat_bytes(&l->v) + mat_bytes(&l->o) + 2 * D * 4 + 7 * H * 4;
     b += mat_bytes(&l->mlp_gate) + mat_bytes(&l->mlp_up) + mat_bytes(&l->mlp_down) + E * H * 4 + H * 4 + E * 4;
@@ -326,29 +320,32 @@ static size_t weight_bytes(const dg_cuda_model_desc *d) {
 
 /* A quantized matrix the kernels take: bits 2/3/4/6/8, group 32/64/128
  * dividing cols, scales of a float dtype; else DG_ERR_UNSUPPORTED_MODEL. */
-static dg_status check_mat(const dg_cuda_mat *m, const char *what, int layer) {
-  if (!m->data || !m->bits) return DG_OK;
+static dg_status check_mat(const dg_weight *m, const char *what, int layer) {
+  if (!m->data) return DG_OK;
+  char where[32] = "";
+  if (layer >= 0) snprintf(where, sizeof where, " of layer %d", layer);
   const int b = m->bits, g = m->group_size;
+  if (!b) {
+    if (m->dtype == DG_BF16 || m->dtype == DG_F16 || m->dtype == DG_F32) return DG_OK;
+    return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: %s%s has dtype %s (supported: bf16, f16, f32)", what,
+                     where, dg_dtype_name(m->dtype));
+  }
   if ((b != 2 && b != 3 && b != 4 && b != 6 && b != 8) || (g != 32 && g != 64 && g != 128) || m->cols % g ||
-      (m->sb_dtype != DG_CUDA_BF16 && m->sb_dtype != DG_CUDA_F16 && m->sb_dtype != DG_CUDA_F32) || !m->scales ||
-      !m->biases) {
-    char where[32] = "";
-    if (layer >= 0) snprintf(where, sizeof where, " of layer %d", layer);
+      (m->sb_dtype != DG_BF16 && m->sb_dtype != DG_F16 && m->sb_dtype != DG_F32) || !m->scales || !m->biases)
     return dg_seterr(DG_ERR_UNSUPPORTED_MODEL,
-                     "CUDA backend: %s%s is quantized with %d bits, group size %d, %lld columns, scales dtype %d "
+                     "CUDA backend: %s%s is quantized with %d bits, group size %d, %lld columns, scales dtype %s "
                      "(supported: bits 2/3/4/6/8, group 32/64/128 dividing the columns, bf16/f16/f32 scales and "
                      "biases)",
-                     what, where, b, g, (long long)m->cols, m->sb_dtype);
-  }
+                     what, where, b, g, (long long)m->cols, dg_dtype_name(m->sb_dtype));
   return DG_OK;
 }
 
 /* The shapes and formats the kernels take: head_dim, KV heads, top_k, every
- * quantized matrix (check_mat) and an fp32 router; else
+ * matrix (check_mat); else
  * DG_ERR_UNSUPPORTED_MODEL naming the layer and the field. */
 static dg_status check_desc(const dg_cuda_model_desc *d) {
   for (int i = 0; i < d->n_layers; i++) {
-    const dg_cuda_layer_desc *l = &d->layers[i];
+    const dg_layer *l = &d->layers[i];
     if (l->head_dim > 512 || l->head_dim % 2 || l->head_dim <= 0)
       return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d head_dim %d (supported: even, <= 512)", i,
                        l->head_dim);
@@ -363,15 +360,13 @@ static dg_status check_desc(const dg_cuda_model_desc *d) {
   DG_TRY(check_mat(&d->sc_up, "self_conditioning.up_proj", -1));
   DG_TRY(check_mat(&d->sc_down, "self_conditioning.down_proj", -1));
   for (int i = 0; i < d->n_layers; i++) {
-    const dg_cuda_layer_desc *l = &d->layers[i];
-    const dg_cuda_mat *ms[] = {&l->q, &l->k, &l->v, &l->o, &l->mlp_gate, &l->mlp_up, &l->mlp_down,
+    const dg_layer *l = &d->layers[i];
+    const dg_weight *ms[] = {&l->q, &l->k, &l->v, &l->o, &l->mlp_gate, &l->mlp_up, &l->mlp_down,
                                &l->experts_gate_up, &l->experts_down};
     const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                            "experts.gate_up_proj", "experts.down_proj"};
     for (int j = 0; j < 9; j++) DG_TRY(check_mat(ms[j], names[j], i));
-    if (l->router.bits)
-      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "CUDA backend: layer %d router is passed quantized (device.c "
-                                                 "dequantizes it to fp32)", i);
+    if (!l->router.bits) DG_TRY(check_mat(&l->router, "router.proj", i)); /* quantized: dequantized on the host */
   }
   return DG_OK;
 }
@@ -396,7 +391,7 @@ static dg_status check_fits(const dg_cuda_model_desc *d, size_t *need_out) {
  * layer the model lacks). */
 static dg_status upload_globals(alloc_list *al, dg_cuda_model *m, const dg_cuda_model_desc *d, uint16_t *stage) {
   const size_t H = d->hidden;
-  const dg_cuda_mat *p2[2];
+  const dg_weight *p2[2];
   p2[0] = &d->embed;
   DG_TRY(up_w(al, &m->embed, p2, 1, "embed_tokens", stage));
   DG_TRY(up_vec(al, &m->final_norm, d->final_norm, H, "norm"));
@@ -414,11 +409,17 @@ static dg_status upload_globals(alloc_list *al, dg_cuda_model *m, const dg_cuda_
   return up_vec(al, &m->inv_freq_full, df ? d->inv_freq_full : zeros, df ? (size_t)df / 2 : 1, "rope full");
 }
 
-/* The router of a layer, kept in fp32 (spec 4.6: fp32 router logits). */
-static dg_status upload_router(alloc_list *al, float **dst, const dg_cuda_mat *router, size_t n, const char *what) {
+/* The router of a layer, kept in fp32 (spec 4.6: fp32 router logits; cublasSgemm). A quantized router
+ * (`router.proj`, recipe class `router`) is dequantized here on the host, exactly as the CPU reads it
+ * (dg_weight_row_f32, src/quant.h): [E, H] fp32 is 1.4 MB per layer at E = 128, H = 2816, against 0.4 MB
+ * packed at 8 bits. */
+static dg_status upload_router(alloc_list *al, float **dst, const dg_weight *router, size_t n, const char *what) {
   float *tmp = (float *)malloc(n * sizeof(float));
   if (!tmp) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
-  for (size_t j = 0; j < n; j++) tmp[j] = mat_elem(router, j);
+  if (router->bits)
+    for (int64_t r = 0; r < router->rows; r++) dg_weight_row_f32(router, r, tmp + r * router->cols);
+  else
+    for (size_t j = 0; j < n; j++) tmp[j] = mat_elem(router, j);
   dg_status st = up_vec(al, dst, tmp, n, what);
   free(tmp);
   return st;
@@ -428,9 +429,9 @@ static dg_status upload_router(alloc_list *al, float **dst, const dg_cuda_mat *r
  * experts, scalars; widens the model's dmax / kvmax / qkvmax. */
 static dg_status upload_layer(alloc_list *al, dg_cuda_model *m, dg_cuda_layer *l, const dg_cuda_model_desc *d, int i,
                               uint16_t *stage) {
-  const dg_cuda_layer_desc *ld = &d->layers[i];
+  const dg_layer *ld = &d->layers[i];
   const size_t H = d->hidden, E = d->n_experts, D = ld->head_dim;
-  const dg_cuda_mat *p2[3];
+  const dg_weight *p2[3];
   char what[96];
   snprintf(what, sizeof what, "layer %d", i);
   l->is_full = ld->is_full;
@@ -1221,12 +1222,12 @@ extern "C" dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft) {
 /* ---- test entry points (backend.h) --------------------------------------------- */
 
 /* Upload one matrix for a test (float or quantized) into al. */
-static dg_status test_up(alloc_list *al, dg_cuda_w *w, const dg_cuda_mat *m) {
+static dg_status test_up(alloc_list *al, dg_cuda_w *w, const dg_weight *m) {
   DG_TRY(check_mat(m, "test matrix", -1));
   uint16_t *stage = NULL;
-  if (!m->bits && m->dtype != DG_CUDA_BF16 && !(stage = (uint16_t *)malloc(STAGE_ELEMS * 2)))
+  if (!m->bits && m->dtype != DG_BF16 && !(stage = (uint16_t *)malloc(STAGE_ELEMS * 2)))
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
-  const dg_cuda_mat *p1[1] = {m};
+  const dg_weight *p1[1] = {m};
   dg_status st = up_w(al, w, p1, 1, "test matrix", stage);
   free(stage);
   return st;
@@ -1240,7 +1241,7 @@ static dg_status test_in(alloc_list *al, void **dst, const void *src, size_t n, 
 }
 
 /* A test's start: its device, then matrix m uploaded as W into al. */
-static dg_status test_begin(int device, alloc_list *al, dg_cuda_w *W, const dg_cuda_mat *m) {
+static dg_status test_begin(int device, alloc_list *al, dg_cuda_w *W, const dg_weight *m) {
   CK(cudaSetDevice(device));
   return test_up(al, W, m);
 }
@@ -1268,7 +1269,7 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
     goto done; } } while (0)
 
-extern "C" dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x,
+extern "C" dg_status dg_cuda_test_matmul(int device, const dg_weight *w, int64_t row0, int N, const uint16_t *x,
                                          int ldx, int T, float *y, int ldy) {
   if (!w->bits || row0 < 0 || row0 + N > w->rows || ldx < w->cols || ldy < N || T <= 0)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_matmul: needs a quantized matrix and row0 + N <= rows, "
@@ -1287,7 +1288,7 @@ done:
   return st;
 }
 
-extern "C" dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale,
+extern "C" dg_status dg_cuda_test_embed(int device, const dg_weight *e, const int32_t *ids, int T, float scale,
                                         float *x) {
   for (int t = 0; t < T; t++)
     if (ids[t] < 0 || ids[t] >= e->rows) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_embed: id %d", ids[t]);
@@ -1305,7 +1306,7 @@ done:
   return st;
 }
 
-extern "C" dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha,
+extern "C" dg_status dg_cuda_test_soft(int device, const dg_weight *e, const uint16_t *P, int C, float alpha,
                                        float *soft) {
   if (!e->bits || C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_soft: needs a quantized matrix, C > 0");
   alloc_list al = {NULL, 0, 0};
@@ -1322,7 +1323,7 @@ done:
   return st;
 }
 
-extern "C" dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down,
+extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_weight *down,
                                           const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K,
                                           uint16_t *h, float *y) {
   if (gate_up->rows != (int64_t)E * 2 * IE || gate_up->cols != H || down->rows != (int64_t)E * H || down->cols != IE ||
