@@ -1,7 +1,8 @@
 /* common.cuh: shared definitions of the CUDA backend's .cu files: status
  * checks that turn CUDA/cuBLAS failures into DG_ERR_BACKEND with the call
  * named (never abort), bf16 helpers, the device-side model and context
- * structs, and the kernel launchers (kernels.cu, moe.cu) used by backend.cu. */
+ * structs, and the kernel launchers (kernels.cu, moe.cu) used by the host
+ * side (upload.cu, context.cu, passes.cu, turbo_host.cu; shared: host.cuh). */
 #ifndef DG_CUDA_COMMON_CUH
 #define DG_CUDA_COMMON_CUH
 
@@ -226,7 +227,7 @@ struct dg_cuda_ctx {
   float *rws;               /* [DG_ROUTER_MAX_SPLITS, T, E] split sums of the router logits */
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
   int32_t *h_bad;             /* pinned host [1] */
-  struct dg_cuda_turbo *tb;   /* turbo engine buffers (backend.cu), allocated on first use */
+  struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
 };
 
