@@ -220,11 +220,6 @@ dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32
 dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
                                     const float *soft, const int32_t *head, int32_t nh, float *raw);
 
-/* One row of the exact self-conditioning signal (spec 5, 4.9): zr [V]
- * processed logits, p [V] scratch (left holding the cast probabilities),
- * s [H] = scale * sum_v p_v E[v]. */
-void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
-
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
  * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to
  * the embedding dtype, times E, times embed_scale. Writes soft [C, H].

@@ -73,6 +73,7 @@
 #include "dg_error.h"
 #include "model.h"
 #include "sampler.h"
+#include "softrow.h"
 
 /* ------------------------------------------------------------------------ */
 /* The engine                                                                */

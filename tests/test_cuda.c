@@ -67,6 +67,7 @@
 #include "rng.h"
 #include "safetensors.h"
 #include "sampler.h"
+#include "softrow.h"
 #include "synth.h"
 #include "testutil.h"
 #include "turbo.h"
@@ -121,7 +122,7 @@ static void matmul_grouped_bf16(float *y, int64_t ldy, const float *x, int64_t l
       matmul_bf16(y + (int64_t)start[e] * ldy, ldy, x + (int64_t)start[e] * ldx, ldx, start[e + 1] - start[e], w,
                   (int64_t)e * rows_per_expert + row_off, N, n_threads);
 }
-/* matmul_rows NULL: the soft embedding then uses the oracle's (forward.c soft_kern), as before it had kernels */
+/* matmul_rows NULL: the soft embedding then uses the oracle's (softrow.c dg_soft_kernels), as before it had kernels */
 static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16, NULL};
 
 static void need_gpu(void) {
