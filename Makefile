@@ -145,6 +145,16 @@ $(PLUGIN): $(CUOBJ) $(BUILD)/src/device.o
 	$(CXX) -shared -fopenmp -o $@ $^ $(PLUGIN_LIBS)
 # the tests and the CLI open it at run time
 $(TESTS) $(CLI): | $(PLUGIN)
+# The test support library of the CUDA backend: its test-only entry points (tests/support/cuda_entry.cu,
+# one kernel on host data each), linked against the plugin whose upload and kernel launchers they call,
+# and opened by tests/test_cuda only (nothing of it is in the plugin or libdgemma.a).
+TESTPLUGIN := $(BUILD)/libdgemma_cuda_test.so
+TESTPLUGIN_OBJ := $(BUILD)/tests/support/cuda_entry.o
+$(TESTPLUGIN_OBJ): $(if $(filter 1,$(EMU)),$(CUDASTAMP),$(NVSTAMP))
+$(TESTPLUGIN): $(TESTPLUGIN_OBJ) $(PLUGIN)
+	$(CXX) -shared -fopenmp -o $@ $< -L$(BUILD) -l:libdgemma_cuda.so -Wl,-rpath,'$$ORIGIN' $(PLUGIN_LIBS)
+$(BUILD)/tests/test_cuda: private CFLAGS += -DDG_CUDA_TEST_LIB='"$(abspath $(TESTPLUGIN))"'
+$(BUILD)/tests/test_cuda: | $(TESTPLUGIN)
 endif
 
 # `dgemma serve` needs libmicrohttpd (scripts/setup.sh installs libmicrohttpd-dev); without its
@@ -291,4 +301,4 @@ emu-test:
 clean:
 	rm -rf build build-test build-asan build-emu build-fuzz
 
--include $(OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d build-fuzz/tools/serve_req.d
+-include $(OBJ:.o=.d) $(TESTPLUGIN_OBJ:.o=.d) $(CLIOBJ:.o=.d) $(FUZZ_LIBOBJ:.o=.d) $(FUZZ_BINS:=.d) build-fuzz/tools/gsm8k.d build-fuzz/tools/serve_req.d

@@ -1,139 +1,55 @@
 /* device.c: the host side of the CUDA backend, in C (compiled only in builds
- * with CUDA or its emulation). Describes a loaded model's tensors to the CUDA
- * backend (src/cuda/backend.h, plain host pointers into the mmap'd checkpoint
- * and the model's fp32 vectors) so that the .cu files never include the
- * CPU-side headers, and fills the CUDA backend's table (src/backend.h) with
- * the dg_cuda_* entry points. */
+ * with CUDA or its emulation). Hands a loaded model's weights to the CUDA
+ * upload in the loader's own description (dg_layer, dg_weight: src/layer.h,
+ * plain C that the .cu files include too) with the dimensions of its config,
+ * so that the .cu files never include the CPU-side model headers, and fills
+ * the CUDA backend's table (src/backend.h) with the dg_cuda_* entry points. */
 #include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "backend.h"
 #include "cuda/backend.h"
 #include "dg_error.h"
 #include "model.h"
-#include "quant.h"
 
-static int cuda_dtype(dg_dtype t) { return t == DG_BF16 ? DG_CUDA_BF16 : t == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32; }
-
-/* The backend's view of a weight: float, or MLX affine-quantized as stored
- * (packed words, scales, biases; src/quant.h), which the CUDA kernels
- * dequantize themselves. */
-static dg_cuda_mat mat(const dg_weight *w) {
-  dg_cuda_mat m;
-  memset(&m, 0, sizeof m);
-  m.dtype = cuda_dtype(w->dtype);
-  m.data = w->data;
-  m.rows = w->rows;
-  m.cols = w->cols;
-  if (w->bits) {
-    m.bits = w->bits;
-    m.group_size = w->group_size;
-    m.sb_dtype = cuda_dtype(w->sb_dtype);
-    m.scales = w->scales;
-    m.biases = w->biases;
-  }
-  return m;
-}
-
-dg_status dg_model_to_cuda(dg_model *m, int device) {
+/* Upload a loaded model's weights to CUDA device `device` (m->dev): the
+ * config's dimensions and the model's weights as the loader bound them.
+ * Errors: those of dg_cuda_model_new (src/cuda/backend.h). */
+static dg_status cu_model_init(dg_model *m, int device) {
   const dg_config *c = &m->cfg;
-  dg_cuda_layer_desc *ls = calloc((size_t)c->n_layers, sizeof *ls);
-  /* A quantized router (`router.proj`, recipe class `router`) is dequantized
-   * here to fp32, exactly as the CPU reads it: the device keeps every router
-   * in fp32 for fp32 router logits (spec 4.6; cublasSgemm). The cost is small:
-   * [E, H] fp32 is 1.4 MB per layer at E = 128, H = 2816, against 0.4 MB
-   * packed at 8 bits. */
-  float **routers = calloc((size_t)c->n_layers, sizeof *routers);
-  dg_status st = DG_OK;
-  if (!ls || !routers) {
-    st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-    goto done;
-  }
-  for (int i = 0; i < c->n_layers; i++) {
-    const dg_layer *l = &m->layers[i];
-    dg_cuda_layer_desc *d = &ls[i];
-    d->is_full = l->is_full;
-    d->n_kv = l->n_kv;
-    d->head_dim = l->head_dim;
-    d->q = mat(&l->q);
-    d->k = mat(&l->k);
-    d->v = mat(&l->v); /* data NULL on K=V full layers */
-    d->o = mat(&l->o);
-    d->q_norm = l->q_norm;
-    d->k_norm = l->k_norm;
-    d->input_norm = l->input_norm;
-    d->post_attn_norm = l->post_attn_norm;
-    d->pre_ff_norm = l->pre_ff_norm;
-    d->post_ff1_norm = l->post_ff1_norm;
-    d->pre_ff2_norm = l->pre_ff2_norm;
-    d->post_ff2_norm = l->post_ff2_norm;
-    d->post_ff_norm = l->post_ff_norm;
-    d->mlp_gate = mat(&l->mlp_gate);
-    d->mlp_up = mat(&l->mlp_up);
-    d->mlp_down = mat(&l->mlp_down);
-    d->router = mat(&l->router);
-    if (l->router.bits) {
-      const int64_t E = l->router.rows, H = l->router.cols;
-      if (!(routers[i] = malloc((size_t)(E * H) * sizeof(float)))) {
-        st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-        goto done;
-      }
-      for (int64_t r = 0; r < E; r++) dg_weight_row_f32(&l->router, r, routers[i] + r * H);
-      memset(&d->router, 0, sizeof d->router);
-      d->router.dtype = DG_CUDA_F32;
-      d->router.data = routers[i];
-      d->router.rows = E;
-      d->router.cols = H;
-    }
-    d->router_scale = l->router_scale;
-    d->per_expert_scale = l->per_expert_scale;
-    d->experts_gate_up = mat(&l->experts_gate_up);
-    d->experts_down = mat(&l->experts_down);
-    d->layer_scalar_dec = l->layer_scalar_dec;
-    d->layer_scalar_enc = l->layer_scalar_enc;
-  }
-  dg_cuda_model_desc d;
-  memset(&d, 0, sizeof d);
-  d.vocab = c->vocab_size;
-  d.hidden = c->hidden_size;
-  d.n_layers = c->n_layers;
-  d.n_heads = c->n_heads;
-  d.inter = c->intermediate_size;
-  d.moe_inter = c->moe_intermediate_size;
-  d.n_experts = c->n_experts;
-  d.top_k = c->top_k_experts;
-  d.window = c->sliding_window;
-  d.canvas = c->canvas_length;
-  d.eps = c->rms_norm_eps;
-  d.softcap = c->final_logit_softcapping;
-  d.embed_scale = m->embed_scale;
-  d.act_dtype = m->act_dtype == DG_BF16 ? DG_CUDA_BF16 : m->act_dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
-  d.embed = mat(&m->embed);
-  d.final_norm = m->final_norm;
-  d.sc_pre_norm = m->sc_pre_norm;
-  d.sc_gate = mat(&m->sc_gate);
-  d.sc_up = mat(&m->sc_up);
-  d.sc_down = mat(&m->sc_down);
-  d.inv_freq_sliding = m->inv_freq_sliding;
-  d.inv_freq_full = m->inv_freq_full;
-  d.layers = ls;
-  d.device = device;
+  dg_cuda_model_desc d = {
+      .vocab = c->vocab_size,
+      .hidden = c->hidden_size,
+      .n_layers = c->n_layers,
+      .n_heads = c->n_heads,
+      .inter = c->intermediate_size,
+      .moe_inter = c->moe_intermediate_size,
+      .n_experts = c->n_experts,
+      .top_k = c->top_k_experts,
+      .window = c->sliding_window,
+      .canvas = c->canvas_length,
+      .eps = c->rms_norm_eps,
+      .softcap = c->final_logit_softcapping,
+      .embed_scale = m->embed_scale,
+      .act_dtype = m->act_dtype,
+      .embed = m->embed,
+      .final_norm = m->final_norm,
+      .sc_pre_norm = m->sc_pre_norm,
+      .sc_gate = m->sc_gate,
+      .sc_up = m->sc_up,
+      .sc_down = m->sc_down,
+      .inv_freq_sliding = m->inv_freq_sliding,
+      .inv_freq_full = m->inv_freq_full,
+      .layers = m->layers, /* the loader's own layers (src/layer.h), as they are */
+      .device = device,
+  };
   dg_cuda_model *dm = NULL;
-  st = dg_cuda_model_new(&d, &dm);
+  dg_status st = dg_cuda_model_new(&d, &dm);
   m->dev = dm;
-done:
-  if (routers)
-    for (int i = 0; i < c->n_layers; i++) free(routers[i]);
-  free(routers);
-  free(ls);
   return st;
 }
 
 /* ---- the CUDA backend's table (backend.h) ---------------------------------- */
 
-static dg_status cu_model_init(dg_model *m, int device) { return dg_model_to_cuda(m, device); }
 static void cu_model_free(dg_model *m) { dg_cuda_model_free(m->dev); }
 static size_t cu_model_bytes(const dg_model *m) { return dg_cuda_model_bytes(m->dev); }
 
@@ -232,8 +148,7 @@ static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
 
 static const dg_cuda_api cuda_api = {
     dg_cuda_step_stats, dg_cuda_compact, dg_cuda_put_raw_rows, dg_cuda_get_soft, dg_cuda_topk, dg_cuda_turbo_sc,
-    dg_cuda_test_matmul, dg_cuda_test_embed, dg_cuda_test_soft, dg_cuda_test_experts, dg_cuda_test_route,
-    dg_cuda_test_attention, dg_cuda_ceilings_measure, dg_cuda_bench_experts,
+    dg_cuda_ceilings_measure, dg_cuda_bench_experts,
 };
 
 static const dg_backend cuda_backend = {

@@ -21,6 +21,7 @@
 #include "dg_error.h"
 #include "context.h"
 #include "model.h"
+#include "softrow.h"
 
 #define ENC_CHUNK DG_ENC_CHUNK
 
@@ -700,34 +701,6 @@ dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const i
   return st;
 }
 
-/* P = cast(softmax(cast(z))) of one row (spec 4.9): zr [V] -> p [V]. */
-static void soft_probs(const dg_model *m, const float *zr, float *p) {
-  const int V = m->cfg.vocab_size;
-  float mx = -FLT_MAX;
-  for (int v = 0; v < V; v++) {
-    p[v] = dg_round_act(m, zr[v]);
-    if (p[v] > mx) mx = p[v];
-  }
-  double sum = 0.0;
-  for (int v = 0; v < V; v++) { p[v] = expf(p[v] - mx); sum += p[v]; }
-  float inv = (float)(1.0 / sum);
-  for (int v = 0; v < V; v++) p[v] = dg_round_act(m, p[v] * inv);
-}
-
-/* The kernels of the soft embedding's product P E: the model's, or the
- * oracle's when a (test) kernel table has no matmul_rows. */
-static const dg_kernels *soft_kern(const dg_model *m) {
-  return m->kern && m->kern->matmul_rows ? m->kern : dg_kernels_ref();
-}
-
-void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s) {
-  const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-  soft_probs(m, zr, p);
-  /* s = (sum_v P[v] E[v]) * embed_scale, summed in increasing v (kernels.h: matmul_rows) */
-  soft_kern(m)->matmul_rows(s, H, p, V, 1, &m->embed, 1);
-  for (int j = 0; j < H; j++) s[j] *= m->embed_scale;
-}
-
 /* Canvas rows per block of the soft embedding: the block's probabilities
  * [SOFT_ROWS, V] go through one product with E, so each block of E's rows
  * is read from memory once per SOFT_ROWS canvas rows instead of once per row. */
@@ -737,7 +710,7 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   const dg_model *m = ctx->m;
   const int C = m->cfg.canvas_length, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
   const int nb = (C + SOFT_ROWS - 1) / SOFT_ROWS, nt = ctx->n_score_threads < nb ? ctx->n_score_threads : nb;
-  const dg_kernels *k = soft_kern(m);
+  const dg_kernels *k = dg_soft_kernels(m);
   DG_TRY(dg_context_work(ctx));
   /* the block probabilities live in the context: allocated on the first call, kept (and freed) with it */
   const size_t rows = (size_t)nt * SOFT_ROWS;
@@ -759,7 +732,7 @@ dg_status dg_soft_embedding(dg_context *ctx, const float *z, float *soft) {
   for (int b = 0; b < nb; b++) {
     const int c0 = b * SOFT_ROWS, n = C - c0 < SOFT_ROWS ? C - c0 : SOFT_ROWS;
     float *p = pb + (size_t)omp_get_thread_num() * SOFT_ROWS * V;
-    for (int i = 0; i < n; i++) soft_probs(m, z + (size_t)(c0 + i) * V, p + (size_t)i * V);
+    for (int i = 0; i < n; i++) dg_soft_probs(m, z + (size_t)(c0 + i) * V, p + (size_t)i * V);
     k->matmul_rows(soft + (size_t)c0 * H, H, p, V, n, &m->embed, inner);
     for (size_t i = 0; i < (size_t)n * H; i++) soft[(size_t)c0 * H + i] *= m->embed_scale;
   }

@@ -48,6 +48,7 @@
 #include "dg_error.h"
 #include "dg_io.h"
 #include "dgemma.h"
+#include "dgemma_tools.h"
 #include "dtype.h"
 #include "mkrandom.h"
 #include "quant.h"

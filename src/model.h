@@ -16,32 +16,10 @@
 #include "config.h"
 #include "dgemma.h"
 #include "kernels.h"
+#include "layer.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "tokenizer.h"
-
-typedef struct dg_layer {
-  int is_full;            /* full_attention layer (K=V when v is absent) */
-  int n_kv, head_dim;     /* NKV, D */
-  dg_weight q;            /* [NH*D, H] */
-  dg_weight k;            /* [NKV*D, H] */
-  dg_weight v;            /* [NKV*D, H]; data == NULL on K=V full layers */
-  dg_weight o;            /* [H, NH*D] */
-  float *q_norm, *k_norm; /* [D] */
-  float *input_norm, *post_attn_norm;          /* [H] */
-  float *pre_ff_norm, *post_ff1_norm;          /* [H] dense branch */
-  float *pre_ff2_norm, *post_ff2_norm;         /* [H] MoE branch */
-  float *post_ff_norm;                         /* [H] norm of (dense + MoE) */
-  dg_weight mlp_gate, mlp_up;                  /* [I, H] */
-  dg_weight mlp_down;                          /* [H, I] */
-  dg_weight router;                            /* [E, H] */
-  float *router_scale;                         /* [H] */
-  float *per_expert_scale;                     /* [E] */
-  dg_weight experts_gate_up;                   /* [E*2*IE, H]: expert e rows e*2IE.. (gate IE, then up IE) */
-                                               /* every dg_weight may be MLX-quantized (quant.h) */
-  dg_weight experts_down;                      /* [E*H, IE]: expert e rows e*H.. */
-  float layer_scalar_dec, layer_scalar_enc;    /* decoder / encoder layer_scalar */
-} dg_layer;
 
 struct dg_model {
   dg_config cfg;
@@ -257,11 +235,6 @@ dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32
 dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
                                     const float *soft, const int32_t *head, int32_t nh, float *raw);
 
-/* One row of the exact self-conditioning signal (spec 5, 4.9): zr [V]
- * processed logits, p [V] scratch (left holding the cast probabilities),
- * s [H] = scale * sum_v p_v E[v]. */
-void dg_soft_row(const dg_model *m, const float *zr, float *p, float *s);
-
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
  * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to
  * the embedding dtype, times E, times embed_scale. Writes soft [C, H].
@@ -278,11 +251,5 @@ void dg_context_trim(dg_context *ctx);
 
 /* Round a float to the model's activation dtype (identity for f32). */
 float dg_round_act(const dg_model *m, float x);
-
-/* device.c (CUDA builds) ---------------------------------------------------- */
-
-/* Upload a loaded model's weights to CUDA device `device` (m->dev).
- * Errors: those of dg_cuda_model_new (src/cuda/backend.h). */
-dg_status dg_model_to_cuda(dg_model *m, int device);
 
 #endif

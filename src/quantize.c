@@ -32,6 +32,7 @@
 #include "dg_error.h"
 #include "dg_io.h"
 #include "dgemma.h"
+#include "dgemma_tools.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "weight.h"

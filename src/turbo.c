@@ -81,6 +81,7 @@
 #include "dg_error.h"
 #include "model.h"
 #include "sampler.h"
+#include "softrow.h"
 
 /* ------------------------------------------------------------------------ */
 /* The engine                                                                */

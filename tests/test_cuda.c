@@ -52,6 +52,7 @@
  * measured difference of its threshold; the divergence is then logged, not
  * failed. */
 #include <cjson/cJSON.h>
+#include <dlfcn.h>
 #include <float.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -59,11 +60,14 @@
 #include <unistd.h>
 
 #include "cuda/backend.h"
+#include "support/cuda_entry.h"
+#include "dgemma_tools.h"
 #include "model.h"
 #include "quant.h"
 #include "rng.h"
 #include "safetensors.h"
 #include "sampler.h"
+#include "softrow.h"
 #include "synth.h"
 #include "testutil.h"
 #include "turbo.h"
@@ -118,7 +122,7 @@ static void matmul_grouped_bf16(float *y, int64_t ldy, const float *x, int64_t l
       matmul_bf16(y + (int64_t)start[e] * ldy, ldy, x + (int64_t)start[e] * ldx, ldx, start[e + 1] - start[e], w,
                   (int64_t)e * rows_per_expert + row_off, N, n_threads);
 }
-/* matmul_rows NULL: the soft embedding then uses the oracle's (forward.c soft_kern), as before it had kernels */
+/* matmul_rows NULL: the soft embedding then uses the oracle's (softrow.c dg_soft_kernels), as before it had kernels */
 static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16, NULL, NULL};
 
 static void need_gpu(void) {
@@ -146,6 +150,28 @@ static const dg_cuda_api *cu(void) {
   const dg_cuda_api *api = NULL;
   assert_dg_ok(dg_cuda_api_get(&api));
   assert_non_null(api);
+  return api;
+}
+
+#ifndef DG_CUDA_TEST_LIB
+#define DG_CUDA_TEST_LIB "libdgemma_cuda_test.so" /* the Makefile passes its path in the build folder */
+#endif
+/* The test-only entry points (tests/support/cuda_entry.h: one kernel on host
+ * data each), after need_gpu(): the test support library ($DGEMMA_CUDA_TEST_LIB
+ * if set, else the build folder's), opened after the plugin (cu()) whose
+ * upload and launchers it calls, found with dlsym. */
+static const dg_cuda_test_api *cut(void) {
+  static const dg_cuda_test_api *api;
+  if (!api) {
+    (void)cu();
+    const char *path = getenv("DGEMMA_CUDA_TEST_LIB");
+    if (!path || !*path) path = DG_CUDA_TEST_LIB;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) fail_msg("cannot open %s: %s", path, dlerror());
+    const dg_cuda_test_api *(*get)(void) = (const dg_cuda_test_api *(*)(void))dlsym(h, "dg_cuda_test_table");
+    if (!get) fail_msg("no dg_cuda_test_table in %s", path);
+    api = get();
+  }
   return api;
 }
 
@@ -1362,21 +1388,6 @@ static void qmat_make(qmat *qm, int64_t rows, int64_t cols, int bits, int G, dg_
 
 static void qmat_free(qmat *qm) { free(qm->pk); free(qm->sc); free(qm->bi); }
 
-static dg_cuda_mat qmat_cuda(const qmat *qm) {
-  dg_cuda_mat m;
-  memset(&m, 0, sizeof m);
-  m.data = qm->pk;
-  m.rows = qm->w.rows;
-  m.cols = qm->w.cols;
-  m.bits = qm->w.bits;
-  m.group_size = qm->w.group_size;
-  if (!m.bits) m.dtype = qm->w.dtype == DG_F32 ? DG_CUDA_F32 : DG_CUDA_BF16; /* unquantized (qmat_make bits 0, 32) */
-  m.sb_dtype = qm->w.sb_dtype == DG_BF16 ? DG_CUDA_BF16 : qm->w.sb_dtype == DG_F16 ? DG_CUDA_F16 : DG_CUDA_F32;
-  m.scales = qm->sc;
-  m.biases = qm->bi;
-  return m;
-}
-
 /* n random values rounded to bf16: bits in xb, values in xf. */
 static void rand_bf16(uint16_t *xb, float *xf, size_t n, float scale) {
   for (size_t i = 0; i < n; i++) {
@@ -1402,8 +1413,8 @@ static void check_qmatmul(int bits, int G, dg_dtype sb, int T, int N, int K, int
   rand_bf16(xb, xf, (size_t)T * ldx, 1.0f);
   for (int i = 0; i < T * ldy; i++) y0[i] = y1[i] = 12345.0f;
   dg_kernels_ref()->matmul(y0, ldy, xf, ldx, T, &qm.w, row0, N, 1);
-  dg_cuda_mat m = qmat_cuda(&qm);
-  assert_dg_ok(cu()->test_matmul(0, &m, row0, N, xb, ldx, T, y1, ldy));
+  dg_weight m = qm.w; /* the CUDA entry points take the loader's view as it is */
+  assert_dg_ok(cut()->test_matmul(0, &m, row0, N, xb, ldx, T, y1, ldy));
   const double u = ldexp(1.0, -24), gam = K * u / (1.0 - K * u);
   for (int n = 0; n < N; n++) {
     dg_quant_dequant_row(&qm.w, row0 + n, deq);
@@ -1464,12 +1475,12 @@ static void test_quant_embed_soft(void **state) {
       const dg_dtype sb = g == 1 && b == 2 ? DG_F16 : DG_BF16;
       qmat qm;
       qmat_make(&qm, V, H, bitsv[b], Gv[g], sb);
-      dg_cuda_mat m = qmat_cuda(&qm);
+      dg_weight m = qm.w; /* the CUDA entry points take the loader's view as it is */
       /* embedding: x = dequant(E[id]) * scale, exactly as src/forward.c */
       int32_t ids[9] = {0, V - 1, 5, 5, 17, 2, V / 2, 1, 40};
       const float scale = 8.0f;
       float *xg = malloc(4 * (size_t)T * H), *xc = malloc(4 * (size_t)H);
-      assert_dg_ok(cu()->test_embed(0, &m, ids, T, scale, xg));
+      assert_dg_ok(cut()->test_embed(0, &m, ids, T, scale, xg));
       for (int t = 0; t < T; t++) {
         dg_weight_row_f32(&qm.w, ids[t], xc);
         for (int j = 0; j < H; j++) xc[j] *= scale;
@@ -1487,7 +1498,7 @@ static void test_quant_embed_soft(void **state) {
       }
       for (int v = 0; v < V; v++) dg_quant_dequant_row(&qm.w, v, deq + (size_t)v * H);
       const float alpha = 53.0f;
-      assert_dg_ok(cu()->test_soft(0, &m, pb, C, alpha, sg));
+      assert_dg_ok(cut()->test_soft(0, &m, pb, C, alpha, sg));
       const double gam = V * u / (1.0 - V * u);
       for (int c = 0; c < C; c++) {
         for (int j = 0; j < H; j++) sc[j] = 0.0f;
@@ -1615,8 +1626,8 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
   float *xf = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
   float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE), *hf = malloc(4 * (size_t)IE);
   rand_bf16(xb, xf, (size_t)T * H, 2.0f);
-  dg_cuda_mat mg = qmat_cuda(&gu), md = qmat_cuda(&dn);
-  assert_dg_ok(cu()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
+  dg_weight mg = gu.w, md = dn.w;
+  assert_dg_ok(cut()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
   for (int p = 0; p < T * K; p++) {
     const int t = p / K, e = idx[p];
@@ -1674,7 +1685,7 @@ static void check_route(int T, int E, int K, double *worst) {
   }
   for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
   memcpy(p, rl, 4 * (size_t)T * E);
-  assert_dg_ok(cu()->test_route(0, p, pes, T, E, K, idx, w, start, pairs, order));
+  assert_dg_ok(cut()->test_route(0, p, pes, T, E, K, idx, w, start, pairs, order));
   /* the grouping: experts ascending, each expert's pairs t K + k ascending */
   for (int e = 0, row = 0; e < E; e++) {
     if (start[e] != row) fail_msg("router T %d E %d K %d: start[%d] = %d, expected %d", T, E, K, e, start[e], row);
@@ -1774,7 +1785,7 @@ static void check_attention(const char *label, int version, int nq, int NH, int 
     kc[i] = dg_f32_to_bf16(1.7f * q_rand());
     vc[i] = dg_f32_to_bf16(q_rand() + 0.25f);
   }
-  assert_dg_ok(cu()->test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
+  assert_dg_ok(cut()->test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
                                       out));
   const double u = ldexp(1.0, -9);
   const int G = NH / NKV;
@@ -1919,7 +1930,7 @@ static void test_quant_experts(void **state) {
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   const int bitsv[5] = {2, 3, 4, 6, 8};
   double wh = 0, wy = 0;
-  /* Both kernels (src/cuda/backend.cu expert_lay): the lane records of qr_kernel for bf16 scales and
+  /* Both kernels (src/cuda/upload.cu expert_lay): the lane records of qr_kernel for bf16 scales and
    * columns a multiple of max(64, group), else the tile layout of qe_kernel; 37 tokens on expert 0 are
    * two passes of 24 (qe_nt) in both. */
   for (int b = 0; b < 5; b++) {

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 
 #include "dg_io.h"
+#include "dgemma_tools.h"
 #include "kernels.h"
 #include "mkrandom.h"
 #include "quant.h"

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <unistd.h>
 
+#include "dgemma_tools.h"
 #include "model.h"
 #include "quant.h"
 #include "synth.h"

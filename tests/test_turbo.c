@@ -31,6 +31,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "sampler.h"
+#include "softrow.h"
 #include "synth.h"
 #include "testutil.h"
 #include "procmem.h"

@@ -39,6 +39,7 @@
 #endif
 
 #include "dgemma.h"
+#include "dgemma_tools.h"
 #include "bench.h"
 #include "cliarg.h"
 #include "eval.h"

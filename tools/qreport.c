@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "dgemma.h"
+#include "dgemma_tools.h"
 #include "qreport.h"
 
 static const char *const PROMPTS[] = {

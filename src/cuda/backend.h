@@ -12,7 +12,10 @@
  * This header is plain C and includes no CUDA header. The samplers reach the
  * backend only through its table (src/backend.h, filled by src/device.c);
  * tests and tools reach the entry points below that the table has no slot
- * for through dg_cuda_api (the table's `api`). A CPU-only build compiles
+ * for through dg_cuda_api (the table's `api`). The sources: upload.cu
+ * (device checks, weight upload), context.cu (contexts, stage timing),
+ * passes.cu (encoder, decoder, step statistics, soft embedding),
+ * turbo_host.cu (the turbo passes), the kernels in the other .cu files. A CPU-only build compiles
  * none of this: it has no CUDA table, and asking for CUDA there gives
  * DG_ERR_BACKEND ("built without CUDA", src/backend_select.c).
  *
@@ -27,47 +30,24 @@
 
 #include "../backend.h" /* dg_sc_source (src/backend.h; "backend.h" here would be this file) */
 #include "dgemma.h"
+#include "layer.h" /* dg_layer, dg_weight, dg_dtype: the loader's weight description */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Host matrix view handed to the upload: row-major [rows, cols] (logical,
- * dequantized shape). Float: dtype is one of DG_CUDA_F32, DG_CUDA_BF16,
- * DG_CUDA_F16 (converted to bf16 on upload). MLX affine-quantized (bits 2, 3,
- * 4, 6 or 8; src/quant.h): dtype is ignored, data holds the packed rows
- * (rows * cols * bits / 8 bytes, code k of a row at bits [k*bits, (k+1)*bits)
- * of the row's little-endian bit stream), scales and biases are [rows,
- * cols / group_size] of type sb_dtype (DG_CUDA_BF16, DG_CUDA_F16 or
- * DG_CUDA_F32), and w[r, k] = (float)q * scale + bias in fp32. Quantized
- * matrices are uploaded as they are (packed words, scales and biases in their
- * stored dtype) and dequantized inside the kernels. */
-enum { DG_CUDA_F32 = 0, DG_CUDA_BF16 = 1, DG_CUDA_F16 = 2 };
-typedef struct dg_cuda_mat {
-  int dtype;
-  const void *data; /* NULL = absent (v on K=V full layers) */
-  int64_t rows, cols;
-  int bits;                    /* 0 = float */
-  int group_size;              /* 32, 64 or 128 (quantized only) */
-  int sb_dtype;                /* DG_CUDA_* of scales and biases (quantized only) */
-  const void *scales, *biases; /* [rows, cols / group_size] (quantized only) */
-} dg_cuda_mat;
-
-typedef struct dg_cuda_layer_desc {
-  int is_full, n_kv, head_dim;          /* NKV, D */
-  dg_cuda_mat q, k, v, o;               /* [NH*D,H], [NKV*D,H], [NKV*D,H] or absent, [H,NH*D] */
-  const float *q_norm, *k_norm;         /* [D] */
-  const float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff1_norm; /* [H] */
-  const float *pre_ff2_norm, *post_ff2_norm, *post_ff_norm;               /* [H] */
-  dg_cuda_mat mlp_gate, mlp_up, mlp_down; /* [I,H], [I,H], [H,I] */
-  dg_cuda_mat router;                   /* [E,H] float (kept fp32 on the device; device.c
-                                           dequantizes a quantized router on the host) */
-  const float *router_scale;            /* [H] */
-  const float *per_expert_scale;        /* [E] */
-  dg_cuda_mat experts_gate_up;          /* [E*2*IE, H]: per expert IE gate rows then IE up rows */
-  dg_cuda_mat experts_down;             /* [E*H, IE] */
-  float layer_scalar_dec, layer_scalar_enc;
-} dg_cuda_layer_desc;
+/* The weights are handed over in the loader's own description (one for the
+ * loader and both backends): dg_weight (src/weight.h) for a matrix and
+ * dg_layer (src/layer.h) for a layer, host pointers into the mmap'd
+ * checkpoint and the model's fp32 vectors. Float matrices (bits 0) of
+ * dtype DG_F32, DG_BF16 or DG_F16 are converted to bf16 on upload;
+ * MLX affine-quantized ones (bits 2, 3, 4, 6 or 8; src/quant.h: code k of a
+ * row at bits [k*bits, (k+1)*bits) of the row's little-endian bit stream,
+ * scales and biases [rows, cols / group_size] of sb_dtype DG_BF16, DG_F16 or
+ * DG_F32, w[r, k] = (float)q * scale + bias in fp32) are uploaded as they
+ * are and dequantized inside the kernels; a quantized router is dequantized
+ * to fp32 on the host first (the device keeps every router in fp32). v of a
+ * K=V full layer has data NULL. */
 
 /* Everything the device needs from a loaded dg_model (built by src/device.c). */
 typedef struct dg_cuda_model_desc {
@@ -75,12 +55,12 @@ typedef struct dg_cuda_model_desc {
   int32_t window, canvas;
   float eps, softcap;           /* rms_norm_eps; final_logit_softcapping (0 = none) */
   float embed_scale;            /* sqrt(H) rounded to the activation dtype (spec 4.9) */
-  int act_dtype;                /* DG_CUDA_*: dtype the reference casts SC logits/probs to */
-  dg_cuda_mat embed;            /* [V,H] tied embedding and LM head */
+  dg_dtype act_dtype;           /* DG_BF16, DG_F16 or DG_F32: dtype the reference casts SC logits/probs to */
+  dg_weight embed;              /* [V,H] tied embedding and LM head */
   const float *final_norm, *sc_pre_norm; /* [H] */
-  dg_cuda_mat sc_gate, sc_up, sc_down;   /* [I,H], [I,H], [H,I] */
+  dg_weight sc_gate, sc_up, sc_down;     /* [I,H], [I,H], [H,I] */
   const float *inv_freq_sliding, *inv_freq_full; /* [D/2] each, 0 = pass-through pair (spec 4.3) */
-  const dg_cuda_layer_desc *layers;      /* [n_layers] */
+  const dg_layer *layers;       /* [n_layers]: the model's own (model.h) */
   int device;                   /* CUDA ordinal */
 } dg_cuda_model_desc;
 
@@ -203,42 +183,6 @@ dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t
  *     ids. Any other mode: DG_ERR_INVALID_ARG. */
 dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                            const float *p);
-/* ---- test entry points (tests/test_cuda.c): one kernel on host data ------
- * Each uploads its inputs to device `device`, runs the kernel the forward
- * pass uses, copies the result back and frees everything. bf16 inputs are
- * raw bf16 bits (uint16_t). Errors: DG_ERR_BACKEND, DG_ERR_INVALID_ARG (a
- * shape the kernel does not take), DG_ERR_OUT_OF_MEMORY. */
-
-/* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k] for t < T, n < N (the
- * dense product of every linear layer and the LM head); x bf16 [T, ldx]. */
-dg_status dg_cuda_test_matmul(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x, int ldx,
-                              int T, float *y, int ldy);
-/* x[t, :] = E[ids[t], :] * scale (the embedding lookup), x fp32 [T, E.cols]. */
-dg_status dg_cuda_test_embed(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale, float *x);
-/* soft[c, h] = alpha * sum_v P[c, v] * E[v, h] (the self-conditioning soft
- * embedding, spec 5), P bf16 [C, E.rows], soft fp32 [C, E.cols]. */
-dg_status dg_cuda_test_soft(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha, float *soft);
-/* The gathered MoE product (spec 4.6 step 4) for the routing idx [T, K]
- * (expert ids; every token's K ids distinct), through the device grouping and
- * dg_cuda_experts: per (token t, slot k) with e = idx[t*K + k],
- *   h[t*K + k, :] = bf16(gelu_tanh(G_e xe[t]) * U_e xe[t])   [IE] (bf16 bits)
- *   y[t*K + k, :] = D_e h[t*K + k]                            [H] fp32
- * gate_up [E*2*IE, H] (per expert IE gate rows then IE up rows), down [E*H, IE],
- * xe bf16 [T, H]. h and y are returned in (token, slot) order. */
-dg_status dg_cuda_test_experts(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
-                               const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
-
-/* The router on the device (k_route, spec 4.6 step 2) for logits rlog [T, E]
- * (overwritten with the probabilities, as the backend does), per-expert
- * scales pes [E]: idx [T, K] the K most probable experts (ties to the lower
- * id), w [T, K] their renormalised, scaled weights; and the grouping by
- * expert: start [E + 1] the first grouped row of each expert, pairs [T K] the
- * pair t K + k of each grouped row (experts ascending, pairs ascending within
- * one), order [E] the experts by descending row count, ties by id (the block
- * order of the lane-record expert products). E <= 256, K <= min(E, 32). */
-dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
-                             int32_t *start, int32_t *pairs, int32_t *order);
-
 /* ---- stage timing (issue 12: `dgemma bench --profile`) -------------------- */
 /* The stages of a pass, in the order they run. The interval between two
  * consecutive stage marks (cudaEvents on the context's stream) is charged to
@@ -271,20 +215,6 @@ dg_status dg_cuda_profile(dg_cuda_ctx *c, int on);
  * profiling started (from cudaEventElapsedTime); *n_marks the marks taken.
  * DG_ERR_INVALID_ARG if profiling is off. */
 dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks);
-
-/* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
- * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
- * cache of one layer), out bf16 bits [nq, NH, D]. causal = 1: query t at
- * position pos0 + t sees keys [lo, pos0 + t + 1); causal = 0: every query sees
- * [lo, kv_hi); lo = 0 if is_full, else max(0, pos - window + 1) (causal) or
- * max(0, pos0 - window + 1). version 0: the backend's choice, 1: one warp per
- * (query, head), 2: the tensor-core kernel (D of 64, 128, 256 or 512; else
- * DG_ERR_INVALID_ARG), 3 and 4: its other tile shapes (the lab's), 5: version
- * 2 with the earlier choice of key splits. The key splits use up to 8 splits
- * of scratch. */
-dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
-                                 int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
-                                 int window, uint16_t *out);
 
 /* ---- ceilings and benchmarks (ceil.cu, bench.cu; `dgemma bench`) ---------- */
 
@@ -373,7 +303,9 @@ typedef struct dg_cuda_bench_result {
 dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
 
 /* The entry points that tests and tools call directly, by pointer (the CUDA
- * table's `api`, src/backend.h), so that they link in a CPU-only build. */
+ * table's `api`, src/backend.h), so that they link in a CPU-only build. The
+ * test-only entry points (one kernel on host data) are not here: they are in
+ * the test support library (tests/support/cuda_entry.h). */
 typedef struct dg_cuda_api {
   dg_status (*step_stats)(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
                           int32_t step, const float *uni, void *out, int32_t *bad_pos);
@@ -385,17 +317,6 @@ typedef struct dg_cuda_api {
                     int32_t *bad_col);
   dg_status (*turbo_sc)(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                         const float *p);
-  dg_status (*test_matmul)(int device, const dg_cuda_mat *w, int64_t row0, int N, const uint16_t *x, int ldx, int T,
-                           float *y, int ldy);
-  dg_status (*test_embed)(int device, const dg_cuda_mat *e, const int32_t *ids, int T, float scale, float *x);
-  dg_status (*test_soft)(int device, const dg_cuda_mat *e, const uint16_t *P, int C, float alpha, float *soft);
-  dg_status (*test_experts)(int device, const dg_cuda_mat *gate_up, const dg_cuda_mat *down, const uint16_t *xe,
-                            const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
-  dg_status (*test_route)(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
-                          int32_t *start, int32_t *pairs, int32_t *order);
-  dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
-                              int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
-                              int window, uint16_t *out);
   dg_status (*ceilings_measure)(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
                                 dg_cuda_ceilings *out);
   dg_status (*bench_experts)(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);

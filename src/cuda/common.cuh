@@ -1,7 +1,8 @@
 /* common.cuh: shared definitions of the CUDA backend's .cu files: status
  * checks that turn CUDA/cuBLAS failures into DG_ERR_BACKEND with the call
  * named (never abort), bf16 helpers, the device-side model and context
- * structs, and the kernel launchers (kernels.cu, moe.cu) used by backend.cu. */
+ * structs, and the kernel launchers (kernels.cu, moe.cu) used by the host
+ * side (upload.cu, context.cu, passes.cu, turbo_host.cu; shared: host.cuh). */
 #ifndef DG_CUDA_COMMON_CUH
 #define DG_CUDA_COMMON_CUH
 
@@ -14,6 +15,12 @@ extern "C" {
 #include "dg_error.h"
 }
 #include "cuda/backend.h"
+
+/* The float dtypes of the device code (the scales/biases dtype of a device
+ * matrix, dg_cuda_w.sb; the activation dtype of the self-conditioning casts)
+ * are the ground floor's dg_dtype (src/dtype.h), as in the host description
+ * (dg_weight); these are the kernels' short names for its three values. */
+enum { DG_CUDA_F32 = DG_F32, DG_CUDA_BF16 = DG_BF16, DG_CUDA_F16 = DG_F16 };
 
 /* Return DG_ERR_BACKEND from the enclosing function if a CUDA call fails. */
 #define CK(call)                                                                                          \
@@ -96,7 +103,7 @@ static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b
 #endif
 
 /* One weight matrix [rows, cols] on the device: bf16, or MLX affine-quantized
- * as stored (backend.h, dg_cuda_mat): packed rows of cols*bits/32 uint32
+ * as stored (the host's dg_weight, src/weight.h): packed rows of cols*bits/32 uint32
  * words, scales and biases [rows, cols/group] of dtype sb (DG_CUDA_*). The
  * quantized kernels (quant.cu) dequantize w = (float)q * s + b in fp32. */
 struct dg_cuda_w {
@@ -123,7 +130,8 @@ struct dg_cuda_wset {
   dg_cuda_w p[3];
 };
 
-/* Device copy of one layer (pointers into device memory). */
+/* Device copy of one layer (pointers into device memory): the device form of
+ * the host's dg_layer (src/layer.h), with q|k|v and gate|up fused. */
 struct dg_cuda_layer {
   int is_full, n_kv, head_dim, has_v;
   int64_t n_qkv;            /* NH*D + NKV*D (+ NKV*D when v exists): rows of wqkv */
@@ -219,7 +227,7 @@ struct dg_cuda_ctx {
   float *rws;               /* [DG_ROUTER_MAX_SPLITS, T, E] split sums of the router logits */
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
   int32_t *h_bad;             /* pinned host [1] */
-  struct dg_cuda_turbo *tb;   /* turbo engine buffers (backend.cu), allocated on first use */
+  struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
 };
 

@@ -1,5 +1,5 @@
 /* turbo.cu: kernels of the turbo engine on the device (spec 7, after mlx-vlm
- * PR #1384; the host engine is src/turbo.c, the CUDA host side backend.cu):
+ * PR #1384; the host engine is src/turbo.c, the CUDA host side turbo_host.cu):
  * row gather/scatter for the compacted decoder (7.4), the hierarchical exact
  * top-K (7.3) and the self-conditioning signals of the active rows (5, 7.3).
  *

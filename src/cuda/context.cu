@@ -1,0 +1,222 @@
+/* context.cu: the CUDA backend's contexts (dg_cuda_ctx_new: KV cache, work
+ * buffers, one stream, one cuBLAS handle) and the stage timing of
+ * `dgemma bench --profile` (dg_cuda_profile; interface: backend.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/host.cuh"
+
+/* ---- context ---------------------------------------------------------------- */
+
+struct ctx_priv {
+  dg_cuda_ctx c;
+  alloc_list al;
+};
+
+extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out) {
+  *out = NULL;
+  const dg_cuda_model_desc *d = &m->d;
+  CK(cudaSetDevice(m->device));
+  const size_t C = d->canvas, H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts,
+               K = d->top_k, NH = d->n_heads;
+  const size_t T = C > ENC_CHUNK ? C : ENC_CHUNK, S = (size_t)cap + C;
+  size_t kv = 0;
+  for (int i = 0; i < d->n_layers; i++) kv += 2 * (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
+  const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
+  const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
+                         T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
+                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
+                         8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
+                         k_vocab_ws_bytes((int)C, (int)V);
+  size_t fr = 0, tot = 0;
+  CK(mem_info(&fr, &tot));
+  if (kv + scratch + (RESERVE / 2) > fr)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
+                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
+                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     cap, kv + scratch, (kv + scratch) / GiB, kv, scratch, RESERVE / 2 / GiB, m->device, fr, fr / GiB,
+                     tot / GiB);
+  ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv);
+  if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  dg_cuda_ctx *c = &pv->c;
+  alloc_list *al = &pv->al;
+  c->m = m;
+  c->cap = cap;
+  c->S = (int32_t)S;
+  c->tmax = (int32_t)T;
+  {
+    const char *dbg = getenv("DGEMMA_CUDA_SYNC");
+    c->debug_sync = dbg && *dbg == '1';
+  }
+  dg_status st = DG_OK;
+  c->kc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
+  c->vc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
+  if (!c->kc || !c->vc) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
+#define A_(ptr, bytes) do { if ((st = dalloc(al, (void **)&(ptr), (bytes), #ptr)) != DG_OK) goto fail; } while (0)
+  for (int i = 0; i < d->n_layers; i++) {
+    size_t n = (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
+    A_(c->kc[i], n);
+    A_(c->vc[i], n);
+    if (cudaMemset(c->kc[i], 0, n) != cudaSuccess || cudaMemset(c->vc[i], 0, n) != cudaSuccess) {
+      st = dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache failed");
+      goto fail;
+    }
+  }
+  A_(c->ids, T * 4);
+  A_(c->x, T * H * 4);
+  A_(c->f1, T * W * 4);
+  A_(c->dense, T * H * 4);
+  A_(c->a, T * H * 2);
+  A_(c->xe, T * H * 2);
+  A_(c->u, T * H * 4);
+  A_(c->qkv, T * (size_t)m->qkvmax * 4);
+  A_(c->q, T * NH * (size_t)m->dmax * 4);
+  A_(c->att, T * NH * (size_t)m->dmax * 2);
+  /* up to 8 key splits of a canvas's attention (attention.cu lowers the count for more rows) */
+  c->att_ws.n = 8 * C * NH * ((size_t)m->dmax + 2);
+  A_(c->att_ws.part, c->att_ws.n * 4);
+  A_(c->gu, T * 2 * I * 4);
+  A_(c->h, T * (I > IE ? I : IE) * 2);
+  A_(c->rlog, T * E * 4);
+  A_(c->rws, DG_ROUTER_MAX_SPLITS * T * E * 4);
+  A_(c->moe.topk_idx, TK * 4);
+  A_(c->moe.topk_w, TK * 4);
+  A_(c->moe.count, E * 4);
+  A_(c->moe.start, (E + 1) * 4);
+  A_(c->moe.pairs, TK * 4);
+  A_(c->moe.slot_row, TK * 4);
+  A_(c->moe.tiles, (TK + E) * 2 * 4);
+  A_(c->moe.n_tiles, 4);
+  A_(c->moe.order, E * 4);
+  A_(c->moe.h, TK * IE * 2);
+  A_(c->moe.y, TK * H * 4);
+  A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
+  A_(c->moe.xp, (TK * IE > T * H ? TK * IE : T * H) * 2);
+  A_(c->logits, C * V * 4);
+  A_(c->P, C * V * 2);
+  A_(c->soft, C * H * 4);
+  A_(c->uni, C * 4);
+  A_(c->stats, C * sizeof(dg_cuda_pos_stats));
+  A_(c->bad, 4);
+  A_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
+#undef A_
+  if (cudaMallocHost((void **)&c->h_stats, C * sizeof(dg_cuda_pos_stats)) != cudaSuccess ||
+      cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess) {
+    st = dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %zu bytes failed", C * sizeof(dg_cuda_pos_stats) + 4);
+    goto fail;
+  }
+  {
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e)); goto fail; }
+    cublasStatus_t bs = cublasCreate(&c->blas);
+    if (bs != CUBLAS_STATUS_SUCCESS) { c->blas = NULL; st = dg_seterr(DG_ERR_BACKEND, "cublasCreate failed: %s", cublasGetStatusString(bs)); goto fail; }
+    bs = cublasSetStream(c->blas, c->stream);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
+    if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs)); goto fail; }
+    /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e)); goto fail; }
+  }
+  *out = c;
+  return DG_OK;
+fail:
+  dg_cuda_ctx_free(c);
+  return st;
+}
+
+extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
+  if (!c) return;
+  ctx_priv *pv = (ctx_priv *)c;
+  cudaSetDevice(c->m->device);
+  if (c->stream) cudaStreamSynchronize(c->stream);
+  if (c->prof) dg_cuda_profile(c, 0);
+  if (c->blas) cublasDestroy(c->blas);
+  if (c->stream) cudaStreamDestroy(c->stream);
+  if (c->h_stats) cudaFreeHost(c->h_stats);
+  if (c->h_bad) cudaFreeHost(c->h_bad);
+  turbo_free(c);
+  dfree_all(&pv->al);
+  free(c->kc);
+  free(c->vc);
+  free(pv);
+}
+
+/* ---- stage timing ------------------------------------------------------------ */
+
+#define PROF_EV 2048 /* events per batch; a full batch is synchronised and summed */
+struct dg_cuda_prof {
+  cudaEvent_t ev[PROF_EV];
+  int st[PROF_EV]; /* stage of the interval ending at ev[i] */
+  int n;           /* events recorded in this batch (ev[0] may be the previous batch's last) */
+  double ms[DG_CUDA_NSTAGES];
+  int64_t marks;
+};
+
+static const char *const kStageNames[DG_CUDA_NSTAGES] = {
+    "embedding and norms", "q/k/v + rope", "attention", "o-proj", "dense MLP", "router + top-k", "grouping",
+    "experts", "combine", "LM head", "self-conditioning", "sampler statistics", "host and launch gaps"};
+
+extern "C" const char *dg_cuda_stage_name(int i) { return i >= 0 && i < DG_CUDA_NSTAGES ? kStageNames[i] : "?"; }
+
+/* Sum the intervals of the recorded batch, keep its last event as the next batch's start. */
+static dg_status prof_flush(dg_cuda_ctx *c) {
+  dg_cuda_prof *p = c->prof;
+  if (p->n == 0) return DG_OK;
+  CK(cudaEventSynchronize(p->ev[p->n - 1]));
+  for (int i = 1; i < p->n; i++) {
+    float ms = 0.0f;
+    CK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+    p->ms[p->st[i]] += ms;
+  }
+  cudaEvent_t last = p->ev[p->n - 1];
+  p->ev[p->n - 1] = p->ev[0];
+  p->ev[0] = last;
+  p->n = 1;
+  return DG_OK;
+}
+
+/* The interval that ends now belongs to stage st (no-op when profiling is off). */
+dg_status mark(dg_cuda_ctx *c, int st) {
+  dg_cuda_prof *p = c->prof;
+  if (!p) return DG_OK;
+  if (p->n == PROF_EV) DG_TRY(prof_flush(c));
+  CK(cudaEventRecord(p->ev[p->n], c->stream));
+  p->st[p->n++] = st;
+  p->marks++;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_profile(dg_cuda_ctx *c, int on) {
+  CK(cudaSetDevice(c->m->device));
+  if (c->prof) {
+    CK(cudaStreamSynchronize(c->stream));
+    for (int i = 0; i < PROF_EV; i++) cudaEventDestroy(c->prof->ev[i]);
+    free(c->prof);
+    c->prof = NULL;
+  }
+  if (!on) return DG_OK;
+  dg_cuda_prof *p = (dg_cuda_prof *)calloc(1, sizeof *p);
+  if (!p) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory for %d profiling events", PROF_EV);
+  for (int i = 0; i < PROF_EV; i++) {
+    cudaError_t e = cudaEventCreate(&p->ev[i]);
+    if (e != cudaSuccess) {
+      for (int j = 0; j < i; j++) cudaEventDestroy(p->ev[j]);
+      free(p);
+      return dg_seterr(DG_ERR_BACKEND, "cudaEventCreate failed: %s", cudaGetErrorString(e));
+    }
+  }
+  c->prof = p;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks) {
+  if (!c->prof) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_profile_read: profiling is off (dg_cuda_profile(c, 1) first)");
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(prof_flush(c));
+  for (int i = 0; i < DG_CUDA_NSTAGES; i++) ms[i] = c->prof->ms[i];
+  if (n_marks) *n_marks = c->prof->marks;
+  return DG_OK;
+}
+

@@ -1,0 +1,72 @@
+/* host.cuh: what the host-side files of the CUDA backend share (upload.cu,
+ * context.cu, passes.cu, turbo_host.cu; and the test entry points of
+ * tests/support/cuda_entry.cu): the device allocation list, the upload of
+ * one matrix, the stage marks of the profiler, the products and layers the
+ * turbo passes reuse. Not an interface: the backend's is backend.h. */
+#ifndef DG_CUDA_HOST_CUH
+#define DG_CUDA_HOST_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda/common.cuh"
+
+#define GiB (1024.0 * 1024.0 * 1024.0)
+#define ENC_CHUNK 256 /* as src/forward.c */
+#define RESERVE ((size_t)512 << 20) /* CUDA context, cuBLAS workspace and fragmentation */
+#define STAGE_ELEMS ((size_t)8 << 20) /* bf16 elements of the host staging buffer of an upload */
+
+/* ---- upload.cu ---- */
+
+/* All device allocations of a model or context, freed together. */
+typedef struct alloc_list {
+  void **p;
+  int n, cap;
+} alloc_list;
+/* cudaMalloc of bytes into *out, recorded in al (what names it in the error). */
+dg_status dalloc(alloc_list *al, void **out, size_t bytes, const char *what);
+void dfree_all(alloc_list *al);
+/* Free and total device memory; DGEMMA_CUDA_MEM_LIMIT=BYTES in the environment
+ * caps what dgemma considers free (to share a GPU, and to test the refusal). */
+cudaError_t mem_info(size_t *fr, size_t *tot);
+/* A device copy of n fp32 values. */
+dg_status up_vec(alloc_list *al, float **dst, const float *src, size_t n, const char *what);
+/* Upload the row blocks parts[0..nparts) (one format, same cols) as one device matrix (stage: STAGE_ELEMS
+ * bf16 elements of host scratch, used when a float matrix is not bf16). */
+dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_weight *const *parts, int nparts, const char *what,
+               uint16_t *stage);
+/* A matrix the kernels take (float dtype; quantized bits, group and scales dtype); else
+ * DG_ERR_UNSUPPORTED_MODEL naming it (and layer, if >= 0). */
+dg_status check_mat(const dg_weight *m, const char *what, int layer);
+/* Upload an expert stack of E experts (gateup: gate/up [E*2*IE, H], else down [E*H, IE]) in the layout of the
+ * expert kernels (stage as up_w, or NULL: allocated when needed). */
+dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gateup, int64_t E, const char *what,
+                     uint16_t *stage);
+
+/* ---- context.cu ---- */
+
+/* The interval that ends now belongs to stage st (no-op when profiling is off). */
+dg_status mark(dg_cuda_ctx *c, int st);
+
+/* ---- passes.cu (also used by the turbo passes) ---- */
+
+/* y[t, n] (ld ldy, fp32) = sum_k x[t, k] * W[n, k] for every row n of W: cuBLAS for bf16, the dequantizing
+ * kernel (quant.cu) for quantized W. */
+dg_status wmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_w *W, float *y, int ldy);
+/* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
+dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up, const dg_cuda_w *w_down,
+                    float *out);
+/* One layer (spec 4.4) over c->x [T, H] at positions pos0..; causal = encoder; dpos != NULL: the compacted
+ * pass's absolute positions dpos[T] (device; spec 7.4). */
+dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos);
+/* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
+dg_status soft_from(dg_cuda_ctx *c, const float *z);
+/* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4) into c->x [C, H]. */
+dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc);
+
+/* ---- turbo_host.cu ---- */
+
+/* Free the turbo buffers of c (dg_cuda_ctx_free). */
+void turbo_free(dg_cuda_ctx *c);
+
+#endif

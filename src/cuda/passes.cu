@@ -1,0 +1,235 @@
+/* passes.cu: the encoder and decoder passes of spec section 4 on the device
+ * (dg_cuda_encode, dg_cuda_decode), the sampler's per-position statistics
+ * (dg_cuda_step_stats) and the self-conditioning soft embedding
+ * (dg_cuda_soft_from_z), as a sequence of cuBLAS products and kernels
+ * (kernels.cu, moe.cu, attention.cu), mirroring src/forward.c step by step.
+ * MLX affine-quantized matrices go through the dequantizing kernels of
+ * quant.cu / qmoe*.cu instead of cuBLAS and the bf16 expert kernel. Not
+ * here: the generation loop (src/generate.c and src/turbo.c drive every
+ * backend through src/backend.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/host.cuh"
+
+/* ---- products ----------------------------------------------------------------- */
+
+/* y[t, n] (ld ldy, fp32) = alpha * sum_k x[t, k] * W[n, k] + beta * y: x bf16 [T, K] (ld ldx),
+ * W bf16 [N, K] row-major; fp32 accumulation. */
+static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
+                      float alpha, float beta) {
+  CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta,
+                   y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return DG_OK;
+}
+
+/* y[t, n] (ld ldy, fp32) = sum_k x[t, k] * W[n, k] for every row n of W:
+ * cuBLAS for bf16, the dequantizing kernel (quant.cu) for quantized W. */
+dg_status wmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_w *W, float *y, int ldy) {
+  if (!W->bits) return gemm(c, x, ldx, T, W->w, (int)W->rows, (int)W->cols, y, ldy, 1.0f, 0.0f);
+  CKK(c, k_qmatmul(c->stream, x, ldx, T, W, 0, (int)W->rows, y, ldy));
+  return DG_OK;
+}
+
+/* The same over the row blocks of a fused product: block i writes columns
+ * [sum of the rows before it, + its rows) of y. */
+static dg_status wsetmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_wset *S, float *y, int ldy) {
+  int64_t off = 0;
+  for (int i = 0; i < S->n; i++) {
+    DG_TRY(wmatmul(c, x, ldx, T, &S->p[i], y + off, ldy));
+    off += S->p[i].rows;
+  }
+  return DG_OK;
+}
+
+/* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
+dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up,
+                           const dg_cuda_w *w_down, float *out) {
+  const int H = c->m->d.hidden, I = c->m->d.inter;
+  DG_TRY(wsetmatmul(c, a, H, T, w_gate_up, c->gu, 2 * I));
+  CKK(c, k_geglu(c->stream, c->gu, c->h, T, I));
+  DG_TRY(wmatmul(c, c->h, I, T, w_down, out, H));
+  return DG_OK;
+}
+
+/* One layer (spec 4.4) over c->x [T, H] at positions pos0..; causal = encoder.
+ * dpos != NULL (decoder only): the compacted pass (spec 7.4), the T rows sit at
+ * the absolute positions dpos[T] (device), their K/V go to those cache slots,
+ * and they attend over the prefix and the whole canvas [pos0, pos0 + C). */
+dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const dg_cuda_layer *l = &m->layers[li];
+  const int H = d->hidden, NH = d->n_heads, NKV = l->n_kv, D = l->head_dim;
+  const float eps = d->eps;
+  cudaStream_t s = c->stream;
+  CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
+  DG_TRY(wsetmatmul(c, c->a, H, T, &l->wqkv, c->qkv, (int)l->n_qkv));
+  if (dpos)
+    CKK(c, k_qkv_post_at(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
+                         l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, dpos, eps));
+  else
+  CKK(c, k_qkv_post(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
+                l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, pos0, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_QKV));
+  /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
+  if (causal && li == d->n_layers - 1) return DG_OK;
+  if (dpos)
+    CKK(c, k_attention_canvas(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, d->canvas, l->is_full,
+                              d->window));
+  else
+  CKK(c, k_attention(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
+  DG_TRY(mark(c, DG_CUDA_ST_ATTN));
+  DG_TRY(wmatmul(c, c->att, NH * D, T, &l->wo, c->f1, H));
+  DG_TRY(mark(c, DG_CUDA_ST_OPROJ));
+  const float root = (float)pow((double)H, -0.5);
+  CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
+                     c->xe, c->u, T, H, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
+  DG_TRY(geglu_mlp(c, c->a, T, &l->w_gate_up, &l->w_down, c->dense));
+  DG_TRY(mark(c, DG_CUDA_ST_DENSE));
+  /* router logits in fp32 (spec 4.6 step 2) */
+  CKK(c, k_router_logits(s, c->u, l->router, c->rlog, T, d->n_experts, H, c->rws));
+  CKK(c, k_route_topk(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
+  DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
+  CKK(c, k_group(s, &c->moe, T, d->n_experts, d->top_k));
+  DG_TRY(mark(c, DG_CUDA_ST_GROUP));
+  CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
+  DG_TRY(mark(c, DG_CUDA_ST_EXPERTS));
+  CKK(c, k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
+                   l->post_ff2_norm, l->post_ff_norm, causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H,
+                   d->top_k, eps));
+  DG_TRY(mark(c, DG_CUDA_ST_COMBINE));
+  return DG_OK;
+}
+
+static dg_status layer(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal) {
+  return layer_at(c, li, T, pos0, causal, NULL);
+}
+
+extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (n < 0 || pos0 < 0 || (int64_t)pos0 + n > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA encode: positions %d..%d exceed the context capacity %d", pos0,
+                     pos0 + n - 1, c->cap);
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  for (int32_t i = 0; i < n; i += ENC_CHUNK) {
+    const int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
+    CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
+    CKK(c, k_embed(c->stream, c->x, &c->m->embed, c->ids, T, d->hidden, d->embed_scale));
+    DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
+    for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0 + i, 1));
+  }
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
+/* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
+dg_status soft_from(dg_cuda_ctx *c, const float *z) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws));
+  const float alpha = d->embed_scale, beta = 0.0f;
+  if (c->m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel */
+    CKK(c, k_qsoft(c->stream, c->P, d->canvas, &c->m->embed, alpha, c->soft));
+    c->have_soft = 1;
+    return DG_OK;
+  }
+  /* column-major view: soft^T [H, C] = E^T [H, V] . P^T [V, C] */
+  CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed.w,
+                   CUDA_R_16BF, d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->soft, CUDA_R_32F, d->hidden,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  c->have_soft = 1;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  DG_TRY(soft_from(c, c->logits));
+  return mark(c, DG_CUDA_ST_SC);
+}
+
+/* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4):
+ * c->x [C, H] = layers(post_norm(embed(canvas) + SC_MLP(pre_norm(soft)))),
+ * the SC term only with DG_SC_KEPT (c->soft on the device; a zero signal adds
+ * exactly zero, so DG_SC_NONE skips it). Shared by dg_cuda_decode and
+ * dg_cuda_decode_rows, which differ only in the LM head. */
+dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int T = d->canvas, H = d->hidden;
+  cudaStream_t s = c->stream;
+  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
+  /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
+  if (sc == DG_SC_KEPT) {
+    CKK(c, k_rmsnorm(s, c->soft, m->sc_pre_norm, NULL, c->a, T, H, d->eps));
+    DG_TRY(geglu_mlp(c, c->a, T, &m->sc_gate_up, &m->sc_down, c->f1));
+    CKK(c, k_add(s, c->x, c->f1, (size_t)T * H));
+    DG_TRY(mark(c, DG_CUDA_ST_SC));
+  }
+  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, T, H, d->eps));
+  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0, 0));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
+                                    const float *sc_logits, float *logits_out) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int T = d->canvas, H = d->hidden;
+  cudaStream_t s = c->stream;
+  if (pos0 < 0 || pos0 > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
+                     c->cap);
+  CK(cudaSetDevice(m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  if (sc == DG_SC_HOST) {
+    CK(cudaMemcpyAsync(c->logits, sc_logits, (size_t)T * d->vocab * 4, cudaMemcpyHostToDevice, s));
+    DG_TRY(soft_from(c, c->logits));
+    DG_TRY(mark(c, DG_CUDA_ST_SC));
+    sc = DG_SC_KEPT;
+  }
+  if (sc == DG_SC_KEPT && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
+  DG_TRY(decoder_layers(c, canvas, pos0, sc));
+  /* final norm, tied LM head, softcap (spec 4.7) */
+  CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
+  DG_TRY(wmatmul(c, c->a, H, T, &m->embed, c->logits, d->vocab));
+  if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
+  DG_TRY(mark(c, DG_CUDA_ST_HEAD));
+  if (logits_out) {
+    CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+  }
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
+                                        int32_t step, const float *uni, void *out, int32_t *bad_pos) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  const int C = d->canvas;
+  cudaStream_t s = c->stream;
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
+  *c->h_bad = INT32_MAX;
+  CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
+                  c->stats, c->bad, c->vws));
+  CK(cudaMemcpyAsync(c->h_stats, c->stats, (size_t)C * sizeof(dg_cuda_pos_stats), cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(c->h_bad, c->bad, 4, cudaMemcpyDeviceToHost, s));
+  DG_TRY(mark(c, DG_CUDA_ST_STATS));
+  CK(cudaStreamSynchronize(s));
+  if (*c->h_bad != INT32_MAX) {
+    *bad_pos = *c->h_bad;
+    return DG_ERR_NUMERIC;
+  }
+  memcpy(out, c->h_stats, (size_t)C * sizeof(dg_cuda_pos_stats));
+  return DG_OK;
+}
+

@@ -1,0 +1,274 @@
+/* turbo_host.cu: the host side of the turbo engine's passes on the device
+ * (spec 7; the engine is src/turbo.c, the kernels turbo.cu): decoder passes
+ * with the LM head on chosen rows (dg_cuda_decode_rows), the compacted pass
+ * (dg_cuda_compact), the device top-K and self-conditioning rows, and their
+ * buffers (interface: backend.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/host.cuh"
+
+/* ---- turbo engine (spec 7; host engine src/turbo.c, kernels turbo.cu) -------------- */
+
+/* Device buffers of the turbo entry points, allocated on first use. */
+struct dg_cuda_turbo {
+  int32_t *pos;      /* [tmax] absolute positions of a compacted pass's rows */
+  int32_t *cpos;     /* [tmax] their canvas positions (self-conditioning rows) */
+  int32_t *rows;     /* [C] LM-head rows, then canvas rows of the self-conditioning signal */
+  int32_t *h_pos;    /* host [tmax] */
+  int32_t nraw;      /* rows of raw logits in c->logits (0: none) */
+  int32_t K;         /* largest K the top-K buffers hold (0: not allocated) */
+  int32_t klast;     /* K of the last dg_cuda_topk: the layout of idx [n, klast] */
+  float *cv, *candv, *val, *p; /* [C, nC], [C, min(K, nC) * 64], [C, K], [C, K] */
+  int32_t *ci, *candi, *idx;   /* as cv, candv, val */
+  int32_t *bad;      /* [1 + C] */
+};
+
+static void turbo_topk_free(dg_cuda_turbo *t) {
+  cudaFree(t->cv); cudaFree(t->candv); cudaFree(t->val); cudaFree(t->p);
+  cudaFree(t->ci); cudaFree(t->candi); cudaFree(t->idx); cudaFree(t->bad);
+  t->cv = t->candv = t->val = t->p = NULL;
+  t->ci = t->candi = t->idx = t->bad = NULL;
+  t->K = t->klast = 0;
+}
+
+void turbo_free(dg_cuda_ctx *c) {
+  dg_cuda_turbo *t = c->tb;
+  if (!t) return;
+  turbo_topk_free(t);
+  cudaFree(t->pos); cudaFree(t->cpos); cudaFree(t->rows);
+  free(t->h_pos);
+  free(t);
+  c->tb = NULL;
+}
+
+#define TB_MALLOC(ptr, bytes, what)                                                                          \
+  do {                                                                                                       \
+    const size_t tb_n_ = (size_t)(bytes);                                                                    \
+    cudaError_t tb_e_ = cudaMalloc((void **)&(ptr), tb_n_ > 0 ? tb_n_ : 16);                                 \
+    if (tb_e_ != cudaSuccess)                                                                                \
+      return dg_seterr(tb_e_ == cudaErrorMemoryAllocation ? DG_ERR_OUT_OF_MEMORY : DG_ERR_BACKEND,           \
+                       "cudaMalloc(%zu bytes) for the turbo %s failed: %s", tb_n_, what,                    \
+                       cudaGetErrorString(tb_e_));                                                           \
+  } while (0)
+
+static dg_status turbo_index_bufs(dg_cuda_turbo *t, size_t C, size_t T) {
+  t->h_pos = (int32_t *)malloc(T * 4);
+  if (!t->h_pos) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  TB_MALLOC(t->pos, T * 4, "positions");
+  TB_MALLOC(t->cpos, T * 4, "positions");
+  TB_MALLOC(t->rows, C * 4, "rows");
+  return DG_OK;
+}
+
+/* c->tb with its index buffers; with K > 0 also the top-K buffers for K
+ * (kept across calls for the largest K asked; a failed allocation leaves
+ * nothing half-made behind). */
+static dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
+  const size_t C = c->m->d.canvas, V = c->m->d.vocab, T = c->tmax;
+  if (!c->tb) {
+    dg_cuda_turbo *t = (dg_cuda_turbo *)calloc(1, sizeof *t);
+    if (!t) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+    c->tb = t;
+    dg_status st = turbo_index_bufs(t, C, T);
+    if (st) {
+      turbo_free(c);
+      return st;
+    }
+  }
+  dg_cuda_turbo *t = c->tb;
+  if (K > t->K) {
+    turbo_topk_free(t);
+    const size_t nC = (V + 63) / 64, nsel = (size_t)K < nC ? (size_t)K : nC;
+    TB_MALLOC(t->cv, C * nC * 4, "chunk maxima");
+    TB_MALLOC(t->ci, C * nC * 4, "chunk maxima");
+    TB_MALLOC(t->candv, C * nsel * 64 * 4, "top-K candidates");
+    TB_MALLOC(t->candi, C * nsel * 64 * 4, "top-K candidates");
+    TB_MALLOC(t->val, C * (size_t)K * 4, "top-K values");
+    TB_MALLOC(t->idx, C * (size_t)K * 4, "top-K ids");
+    TB_MALLOC(t->p, C * (size_t)K * 4, "top-K probabilities");
+    TB_MALLOC(t->bad, (C + 1) * 4, "flags");
+    t->K = K; /* only when all succeeded: a later call retries after freeing the partial set */
+  }
+  return DG_OK;
+}
+#undef TB_MALLOC
+
+/* Self-conditioning input of a decoder pass: DG_SC_HOST uploads host rows soft [C, H] into c->soft. */
+static dg_status turbo_soft_in(dg_cuda_ctx *c, dg_sc_source *sc, const float *soft) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (*sc == DG_SC_HOST) {
+    if (!soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA turbo pass: DG_SC_HOST without host soft rows");
+    CK(cudaMemcpyAsync(c->soft, soft, (size_t)d->canvas * d->hidden * 4, cudaMemcpyHostToDevice, c->stream));
+    c->have_soft = 1;
+    *sc = DG_SC_KEPT;
+  }
+  if (*sc == DG_SC_KEPT && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA turbo pass: no soft embedding on the device");
+  return DG_OK;
+}
+
+/* LM head without softcap on the n rows rows[] (host, indices into c->x):
+ * gather, final norm, tied embedding -> c->logits [n, V]; copied to raw_out if not NULL. */
+static dg_status turbo_head(dg_cuda_ctx *c, const int32_t *rows, int32_t n, float *raw_out) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  dg_cuda_turbo *t = c->tb;
+  cudaStream_t s = c->stream;
+  t->nraw = n;
+  if (n <= 0) return DG_OK;
+  CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_gather_rows(s, c->u, c->x, t->rows, n, d->hidden));
+  CKK(c, k_rmsnorm(s, c->u, m->final_norm, NULL, c->a, n, d->hidden, d->eps));
+  DG_TRY(wmatmul(c, c->a, d->hidden, n, &m->embed, c->logits, d->vocab));
+  if (raw_out) {
+    CK(cudaMemcpyAsync(raw_out, c->logits, (size_t)n * d->vocab * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+  }
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
+                                         const float *soft, const int32_t *rows, int32_t n, float *raw_out) {
+  const dg_cuda_model *m = c->m;
+  const int T = m->d.canvas;
+  if (pos0 < 0 || pos0 > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
+                     c->cap);
+  if (n < 0 || n > T) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: %d head rows for a canvas of %d", n, T);
+  CK(cudaSetDevice(m->device));
+  DG_TRY(turbo_bufs(c, 0));
+  DG_TRY(turbo_soft_in(c, &sc, soft));
+  DG_TRY(decoder_layers(c, canvas, pos0, sc));
+  return turbo_head(c, rows, n, raw_out);
+}
+
+extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
+                                     dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int C = d->canvas, H = d->hidden;
+  cudaStream_t s = c->stream;
+  if (pos0 < 0 || pos0 > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA compacted pass: canvas at position %d is past the context capacity %d",
+                     pos0, c->cap);
+  if (n < 1 || n > C || n > c->tmax || nh < 0 || nh > C)
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA compacted pass: forward set %d / head rows %d outside [1, %d]", n, nh, C);
+  CK(cudaSetDevice(m->device));
+  DG_TRY(turbo_bufs(c, 0));
+  dg_cuda_turbo *t = c->tb;
+  DG_TRY(turbo_soft_in(c, &sc, soft));
+  /* the forward set at absolute positions pos0 + pos[t]; its K/V land in those cache slots,
+   * which are the canvas K/V buffer of spec 7.4 (slots of rows not forwarded keep their last K/V) */
+  for (int32_t i = 0; i < n; i++) t->h_pos[i] = pos0 + pos[i];
+  CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+  CK(cudaMemcpyAsync(c->ids, tok, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, n, H, d->embed_scale));
+  if (sc == DG_SC_KEPT) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
+    CK(cudaMemcpyAsync(t->cpos, pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+    CKK(c, k_gather_rows(s, c->u, c->soft, t->cpos, n, H));
+    CKK(c, k_rmsnorm(s, c->u, m->sc_pre_norm, NULL, c->a, n, H, d->eps));
+    DG_TRY(geglu_mlp(c, c->a, n, &m->sc_gate_up, &m->sc_down, c->f1));
+    CKK(c, k_add(s, c->x, c->f1, (size_t)n * H));
+  }
+  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, n, H, d->eps));
+  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_at(c, li, n, pos0, 0, t->pos));
+  return turbo_head(c, head, nh, raw_out);
+}
+
+extern "C" dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out) {
+  if (!c->tb || n < 0 || n > c->tb->nraw)
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA: %d raw logit rows asked, %d on the device", n, c->tb ? c->tb->nraw : 0);
+  CK(cudaSetDevice(c->m->device));
+  CK(cudaMemcpyAsync(raw_out, c->logits, (size_t)n * c->m->d.vocab * 4, cudaMemcpyDeviceToHost, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t *idx, int32_t *bad_row,
+                                  int32_t *bad_col) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (!c->tb || n < 0 || n > c->tb->nraw)
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K: %d rows asked, %d raw logit rows on the device", n,
+                     c->tb ? c->tb->nraw : 0);
+  if (K < 1 || K > d->vocab) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K: K = %d outside [1, %d]", K, d->vocab);
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(turbo_bufs(c, K));
+  dg_cuda_turbo *t = c->tb;
+  cudaStream_t s = c->stream;
+  if (n == 0) return DG_OK;
+  t->klast = K;
+  *c->h_bad = INT32_MAX;
+  CK(cudaMemcpyAsync(t->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
+  CKK(c, k_topk_hier(s, c->logits, n, d->vocab, K, t->cv, t->ci, t->candv, t->candi, t->val, t->idx, t->bad));
+  CK(cudaMemcpyAsync(c->h_bad, t->bad, 4, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(val, t->val, (size_t)n * K * 4, cudaMemcpyDeviceToHost, s));
+  CK(cudaMemcpyAsync(idx, t->idx, (size_t)n * K * 4, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  if (*c->h_bad != INT32_MAX) {
+    int32_t r = *c->h_bad, col = -1;
+    CK(cudaMemcpy(&col, t->bad + 1 + r, 4, cudaMemcpyDeviceToHost));
+    *bad_row = r;
+    *bad_col = col;
+    return DG_ERR_NUMERIC;
+  }
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
+                                      const float *p) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  dg_cuda_turbo *t = c->tb;
+  cudaStream_t s = c->stream;
+  if (!t || n < 0 || n > t->nraw || n > d->canvas)
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: %d rows asked, %d raw logit rows on the device", n,
+                     t ? t->nraw : 0);
+  CK(cudaSetDevice(m->device));
+  if (n == 0) return DG_OK;
+  CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+  if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
+    CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
+    const float alpha = d->embed_scale, beta = 0.0f;
+    if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
+      CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
+    } else
+    CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
+                     d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT));
+    CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
+  } else if (mode == DG_TURBO_SC_TOPK) { /* top-K: the K probabilities of the host chain times the K rows of E */
+    if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
+    if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
+      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
+                                                 "quantized (%d bits): use turbo_sc \"exact\" or \"adaptive\"",
+                       m->embed.bits);
+    CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, s));
+    CKK(c, k_turbo_sc_topk(s, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden, d->embed_scale));
+  } else {
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
+  }
+  c->have_soft = 1;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (n < 0 || n > d->canvas) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA: %d raw rows for a canvas of %d", n, d->canvas);
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(turbo_bufs(c, 0));
+  CK(cudaMemcpyAsync(c->logits, raw, (size_t)n * d->vocab * 4, cudaMemcpyHostToDevice, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  c->tb->nraw = n;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  CK(cudaSetDevice(c->m->device));
+  CK(cudaMemcpyAsync(soft, c->soft, (size_t)d->canvas * d->hidden * 4, cudaMemcpyDeviceToHost, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+

@@ -1,0 +1,232 @@
+/* cuda_entry.cu: the CUDA backend's test entry points (dg_cuda_test_*,
+ * cuda_entry.h): one kernel on host data each, for tests/test_cuda.c. Built
+ * into the test support library $(BUILD)/libdgemma_cuda_test.so, linked
+ * against the CUDA plugin (whose upload and kernel launchers it calls) and
+ * opened only by the tests: nothing here ships in the plugin. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/host.cuh"
+
+#include "cuda_entry.h"
+
+/* Upload one matrix for a test (float or quantized) into al. */
+static dg_status test_up(alloc_list *al, dg_cuda_w *w, const dg_weight *m) {
+  DG_TRY(check_mat(m, "test matrix", -1));
+  uint16_t *stage = NULL;
+  if (!m->bits && m->dtype != DG_BF16 && !(stage = (uint16_t *)malloc(STAGE_ELEMS * 2)))
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  const dg_weight *p1[1] = {m};
+  dg_status st = up_w(al, w, p1, 1, "test matrix", stage);
+  free(stage);
+  return st;
+}
+
+/* Device copy of n host bytes. */
+static dg_status test_in(alloc_list *al, void **dst, const void *src, size_t n, const char *what) {
+  DG_TRY(dalloc(al, dst, n, what));
+  CK(cudaMemcpy(*dst, src, n, cudaMemcpyHostToDevice));
+  return DG_OK;
+}
+
+/* A test's start: its device, then matrix m uploaded as W into al. */
+static dg_status test_begin(int device, alloc_list *al, dg_cuda_w *W, const dg_weight *m) {
+  CK(cudaSetDevice(device));
+  return test_up(al, W, m);
+}
+
+/* Wait for a test's kernels, then copy n result bytes from the device to the host. */
+static dg_status test_out(void *dst, const void *src, size_t n) {
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  return DG_OK;
+}
+
+/* The grouping buffers of b for TK = T * K routed pairs over E experts (k_group's outputs). */
+static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, int E) {
+  DG_TRY(dalloc(al, (void **)&b->count, (size_t)E * 4, "count"));
+  DG_TRY(dalloc(al, (void **)&b->start, (size_t)(E + 1) * 4, "start"));
+  DG_TRY(dalloc(al, (void **)&b->pairs, TK * 4, "pairs"));
+  DG_TRY(dalloc(al, (void **)&b->slot_row, TK * 4, "slot_row"));
+  DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
+  DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
+  return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
+}
+
+#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
+#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    goto done; } } while (0)
+
+extern "C" dg_status dg_cuda_test_matmul(int device, const dg_weight *w, int64_t row0, int N, const uint16_t *x,
+                                         int ldx, int T, float *y, int ldy) {
+  if (!w->bits || row0 < 0 || row0 + N > w->rows || ldx < w->cols || ldy < N || T <= 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_matmul: needs a quantized matrix and row0 + N <= rows, "
+                                         "ldx >= cols, ldy >= N, T > 0");
+  alloc_list al = {NULL, 0, 0};
+  dg_cuda_w W;
+  void *dx = NULL, *dy = NULL;
+  dg_status st = test_begin(device, &al, &W, w);
+  if (st != DG_OK) goto done;
+  TT_(test_in(&al, &dx, x, (size_t)T * ldx * 2, "x"));
+  TT_(test_in(&al, &dy, y, (size_t)T * ldy * 4, "y"));
+  TC_(k_qmatmul(0, (const bf16 *)dx, ldx, T, &W, row0, N, (float *)dy, ldy));
+  TT_(test_out(y, dy, (size_t)T * ldy * 4));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_embed(int device, const dg_weight *e, const int32_t *ids, int T, float scale,
+                                        float *x) {
+  for (int t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= e->rows) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_embed: id %d", ids[t]);
+  alloc_list al = {NULL, 0, 0};
+  dg_cuda_w W;
+  void *dids = NULL, *dx = NULL;
+  dg_status st = test_begin(device, &al, &W, e);
+  if (st != DG_OK) goto done;
+  TT_(test_in(&al, &dids, ids, (size_t)T * 4, "ids"));
+  TT_(dalloc(&al, &dx, (size_t)T * e->cols * 4, "x"));
+  TC_(k_embed(0, (float *)dx, &W, (const int32_t *)dids, T, (int)e->cols, scale));
+  TT_(test_out(x, dx, (size_t)T * e->cols * 4));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_soft(int device, const dg_weight *e, const uint16_t *P, int C, float alpha,
+                                       float *soft) {
+  if (!e->bits || C <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_soft: needs a quantized matrix, C > 0");
+  alloc_list al = {NULL, 0, 0};
+  dg_cuda_w W;
+  void *dp = NULL, *ds = NULL;
+  dg_status st = test_begin(device, &al, &W, e);
+  if (st != DG_OK) goto done;
+  TT_(test_in(&al, &dp, P, (size_t)C * e->rows * 2, "P"));
+  TT_(dalloc(&al, &ds, (size_t)C * e->cols * 4, "soft"));
+  TC_(k_qsoft(0, (const bf16 *)dp, C, &W, alpha, (float *)ds));
+  TT_(test_out(soft, ds, (size_t)C * e->cols * 4));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_weight *down,
+                                          const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K,
+                                          uint16_t *h, float *y) {
+  if (gate_up->rows != (int64_t)E * 2 * IE || gate_up->cols != H || down->rows != (int64_t)E * H || down->cols != IE ||
+      T <= 0 || K <= 0 || K > E)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts: shapes [%lld, %lld] and [%lld, %lld] do not match "
+                                         "E %d, H %d, IE %d", (long long)gate_up->rows, (long long)gate_up->cols,
+                     (long long)down->rows, (long long)down->cols, E, H, IE);
+  for (int i = 0; i < T * K; i++)
+    if (idx[i] < 0 || idx[i] >= E) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts: expert id %d", idx[i]);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  dg_cuda_layer l;
+  memset(&l, 0, sizeof l);
+  dg_cuda_moe_buf b;
+  memset(&b, 0, sizeof b);
+  void *dxe = NULL;
+  const size_t TK = (size_t)T * K;
+  int32_t *slot_row = (int32_t *)malloc(TK * 4);
+  uint16_t *hd = (uint16_t *)malloc(TK * IE * 2);
+  float *yd = (float *)malloc(TK * H * 4);
+  if (!slot_row || !hd || !yd) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TT_(check_mat(gate_up, "test gate_up", -1));
+  TT_(check_mat(down, "test down", -1));
+  TT_(up_experts(&al, &l.experts_gate_up, gate_up, 1, E, "test gate_up", NULL));
+  TT_(up_experts(&al, &l.experts_down, down, 0, E, "test down", NULL));
+  TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "xe"));
+  TT_(test_in(&al, (void **)&b.topk_idx, idx, TK * 4, "topk_idx"));
+  TT_(test_group_bufs(&al, &b, TK, E));
+  TT_(dalloc(&al, (void **)&b.h, TK * IE * 2, "h"));
+  TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
+  TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
+  TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
+  TC_(k_group(0, &b, T, E, K));
+  TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
+  TT_(test_out(slot_row, b.slot_row, TK * 4));
+  TC_(cudaMemcpy(hd, b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < TK; i++) { /* grouped order -> (token, slot) order */
+    memcpy(h + i * IE, hd + (size_t)slot_row[i] * IE, (size_t)IE * 2);
+    memcpy(y + i * H, yd + (size_t)slot_row[i] * H, (size_t)H * 4);
+  }
+done:
+  free(slot_row);
+  free(hd);
+  free(yd);
+  dfree_all(&al);
+  return st;
+}
+extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx,
+                                        float *w, int32_t *start, int32_t *pairs, int32_t *order) {
+  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: T %d, E %d (1..256), K %d (1..min(E, 32))", T, E, K);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *drl = NULL, *dpes = NULL;
+  dg_cuda_moe_buf b;
+  memset(&b, 0, sizeof b);
+  const size_t TK = (size_t)T * K;
+  TT_(test_in(&al, &drl, rlog, (size_t)T * E * 4, "router logits"));
+  TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
+  TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
+  TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
+  TT_(test_group_bufs(&al, &b, TK, E));
+  TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K));
+  TT_(test_out(rlog, drl, (size_t)T * E * 4));
+  TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(start, b.start, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(pairs, b.pairs, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(order, b.order, (size_t)E * 4, cudaMemcpyDeviceToHost));
+done:
+  dfree_all(&al);
+  return st;
+}
+extern "C" dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc,
+                                            const uint16_t *vc, int S, int nq, int NH, int NKV, int D, int32_t pos0,
+                                            int32_t kv_hi, int causal, int is_full, int window, uint16_t *out) {
+  if (nq <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0 || D % 8 || S <= 0 || pos0 < 0 || window <= 0 ||
+      version < 0 || version > 5 || (causal ? pos0 + nq > S : kv_hi > S || kv_hi <= pos0))
+    return dg_seterr(DG_ERR_INVALID_ARG,
+                     "dg_cuda_test_attention: version %d, nq %d, NH %d, NKV %d, D %d, S %d, pos0 %d, kv_hi %d, "
+                     "causal %d, window %d",
+                     version, nq, NH, NKV, D, S, pos0, kv_hi, causal, window);
+  if (version >= 2 && !k_attention_flash_ok(D, NH, NKV))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_attention: the tensor-core kernel takes D 64/128/256/512, not %d",
+                     D);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
+  dg_att_ws ws = {NULL, 8 * (size_t)nq * NH * ((size_t)D + 2)};
+  const size_t kvn = (size_t)NKV * S * D * 2, on = (size_t)nq * NH * D;
+  TT_(test_in(&al, &dq, q, on * 4, "q"));
+  TT_(test_in(&al, &dk, kc, kvn, "k cache"));
+  TT_(test_in(&al, &dv, vc, kvn, "v cache"));
+  TT_(dalloc(&al, &dout, on * 2, "out"));
+  TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
+  TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq, NH,
+                      NKV, D, pos0, kv_hi, causal, is_full, window));
+  TT_(test_out(out, dout, on * 2));
+done:
+  dfree_all(&al);
+  return st;
+}
+#undef TT_
+#undef TC_
+
+static const dg_cuda_test_api test_table = {
+    dg_cuda_test_matmul, dg_cuda_test_embed, dg_cuda_test_soft, dg_cuda_test_experts, dg_cuda_test_route,
+    dg_cuda_test_attention,
+};
+
+extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

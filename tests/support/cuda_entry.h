@@ -1,0 +1,89 @@
+/* cuda_entry.h: the test entry points of the CUDA backend (one kernel on
+ * host data each; tests/test_cuda.c), in the test support library
+ * $(BUILD)/libdgemma_cuda_test.so (tests/support/cuda_entry.cu) instead of the
+ * product: it is linked against the CUDA plugin ($(BUILD)/libdgemma_cuda.so,
+ * whose upload and kernel launchers it calls) and opened by the tests only,
+ * after the plugin (dg_cuda_test_api_get in tests/test_cuda.c). Plain C.
+ * Matrices are the loader's dg_weight (src/weight.h). */
+#ifndef DG_CUDA_ENTRY_H
+#define DG_CUDA_ENTRY_H
+
+#include <stdint.h>
+
+#include "cuda/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Each entry point uploads its inputs to device `device`, runs the kernel the forward
+ * pass uses, copies the result back and frees everything. bf16 inputs are
+ * raw bf16 bits (uint16_t). Errors: DG_ERR_BACKEND, DG_ERR_INVALID_ARG (a
+ * shape the kernel does not take), DG_ERR_OUT_OF_MEMORY. */
+
+/* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k] for t < T, n < N (the
+ * dense product of every linear layer and the LM head); x bf16 [T, ldx]. */
+dg_status dg_cuda_test_matmul(int device, const dg_weight *w, int64_t row0, int N, const uint16_t *x, int ldx,
+                              int T, float *y, int ldy);
+/* x[t, :] = E[ids[t], :] * scale (the embedding lookup), x fp32 [T, E.cols]. */
+dg_status dg_cuda_test_embed(int device, const dg_weight *e, const int32_t *ids, int T, float scale, float *x);
+/* soft[c, h] = alpha * sum_v P[c, v] * E[v, h] (the self-conditioning soft
+ * embedding, spec 5), P bf16 [C, E.rows], soft fp32 [C, E.cols]. */
+dg_status dg_cuda_test_soft(int device, const dg_weight *e, const uint16_t *P, int C, float alpha, float *soft);
+/* The gathered MoE product (spec 4.6 step 4) for the routing idx [T, K]
+ * (expert ids; every token's K ids distinct), through the device grouping and
+ * dg_cuda_experts: per (token t, slot k) with e = idx[t*K + k],
+ *   h[t*K + k, :] = bf16(gelu_tanh(G_e xe[t]) * U_e xe[t])   [IE] (bf16 bits)
+ *   y[t*K + k, :] = D_e h[t*K + k]                            [H] fp32
+ * gate_up [E*2*IE, H] (per expert IE gate rows then IE up rows), down [E*H, IE],
+ * xe bf16 [T, H]. h and y are returned in (token, slot) order. */
+dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                               const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
+
+/* The router on the device (k_route, spec 4.6 step 2) for logits rlog [T, E]
+ * (overwritten with the probabilities, as the backend does), per-expert
+ * scales pes [E]: idx [T, K] the K most probable experts (ties to the lower
+ * id), w [T, K] their renormalised, scaled weights; and the grouping by
+ * expert: start [E + 1] the first grouped row of each expert, pairs [T K] the
+ * pair t K + k of each grouped row (experts ascending, pairs ascending within
+ * one), order [E] the experts by descending row count, ties by id (the block
+ * order of the lane-record expert products). E <= 256, K <= min(E, 32). */
+dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
+                             int32_t *start, int32_t *pairs, int32_t *order);
+
+/* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
+ * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
+ * cache of one layer), out bf16 bits [nq, NH, D]. causal = 1: query t at
+ * position pos0 + t sees keys [lo, pos0 + t + 1); causal = 0: every query sees
+ * [lo, kv_hi); lo = 0 if is_full, else max(0, pos - window + 1) (causal) or
+ * max(0, pos0 - window + 1). version 0: the backend's choice, 1: one warp per
+ * (query, head), 2: the tensor-core kernel (D of 64, 128, 256 or 512; else
+ * DG_ERR_INVALID_ARG), 3 and 4: its other tile shapes (the lab's), 5: version
+ * 2 with the earlier choice of key splits. The key splits use up to 8 splits
+ * of scratch. */
+dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
+                                 int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
+                                 int window, uint16_t *out);
+
+/* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
+ * the tests link in a CPU-only build. */
+typedef struct dg_cuda_test_api {
+  dg_status (*test_matmul)(int device, const dg_weight *w, int64_t row0, int N, const uint16_t *x, int ldx, int T,
+                           float *y, int ldy);
+  dg_status (*test_embed)(int device, const dg_weight *e, const int32_t *ids, int T, float scale, float *x);
+  dg_status (*test_soft)(int device, const dg_weight *e, const uint16_t *P, int C, float alpha, float *soft);
+  dg_status (*test_experts)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                            const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
+  dg_status (*test_route)(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
+                          int32_t *start, int32_t *pairs, int32_t *order);
+  dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
+                              int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
+                              int window, uint16_t *out);
+} dg_cuda_test_api;
+
+const dg_cuda_test_api *dg_cuda_test_table(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
