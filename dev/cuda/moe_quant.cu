@@ -516,6 +516,7 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
  * 94 U 4 MB 16. The gap between 91-93 and the real kernel at M = 1 is its instructions; between 91 and 93, its
  * bytes in flight. */
 template <int U> __global__ void probe_slab(const uint4 *q, size_t slab16, const int *count, unsigned *sink) {
+  DG_PDL_ENTRY();
   extern __shared__ unsigned char probe_smem[];
   const int e = blockIdx.x;
   if (count[e] == 0) return;
