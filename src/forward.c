@@ -121,6 +121,19 @@ static void rope_tables_at(float *cs, float *sn, const float *inv_freq, int D, c
 /* Attention (spec 4.4 step 3, masks of 4.5)                                 */
 /* ------------------------------------------------------------------------ */
 
+/* The cache positions [*lo, *hi) that canvas or prompt row t (at pos0 + t) attends to in the KV cache: causal
+ * (chunk = 0) up to itself, or, with the canvas's own keys beside the cache (chunk = 1), everything before pos0;
+ * a sliding layer (full = 0) only the last win positions of the query's window (spec 4.3). */
+static inline void cache_range(int full, int chunk, int32_t pos0, int t, int32_t win, int32_t *lo, int32_t *hi) {
+  if (!chunk) {
+    *hi = pos0 + t + 1;
+    *lo = full ? 0 : (*hi - win > 0 ? *hi - win : 0);
+  } else {
+    *hi = pos0;
+    *lo = full ? 0 : (pos0 - (win - 1) > 0 ? pos0 - (win - 1) : 0);
+  }
+}
+
 /* For T queries q [T, NH, D] at positions pos0.., attend over
  *   cache positions [lo(t), hi(t)) of layer li, and
  *   if ck != NULL, all T chunk keys ck/cv [T, NKV, D] (decoder canvas).
@@ -148,13 +161,7 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
       for (int i = 0; i < nq; i++) {
         const int t = (i0 + i) / G, h = g * G + (i0 + i) % G;
         int32_t a, hi; /* the scalar loop's cache range [a, hi) */
-        if (!ck) {
-          hi = pos0 + t + 1;
-          a = l->is_full ? 0 : (hi - win > 0 ? hi - win : 0);
-        } else {
-          hi = pos0;
-          a = l->is_full ? 0 : (pos0 - (win - 1) > 0 ? pos0 - (win - 1) : 0);
-        }
+        cache_range(l->is_full, ck != NULL, pos0, t, win, &a, &hi);
         qv[i] = q + ((size_t)t * NH + h) * D;
         ov[i] = out + ((size_t)t * NH + h) * D;
         lo[i] = a;
@@ -170,16 +177,10 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
 #pragma omp parallel for num_threads(ctx->n_score_threads) schedule(static)
   for (int task = 0; task < ntask; task++) {
     int t = task / NH, h = task % NH, g = h / G;
-    float *sc = ctx->scores + (size_t)omp_get_thread_num() * (size_t)ctx->score_stride;
+    float *sc = ctx->scores + (size_t)omp_get_thread_num() * stride;
     const float *qv = q + ((size_t)t * NH + h) * D;
     int32_t lo, hi;
-    if (!ck) {
-      hi = pos0 + t + 1;
-      lo = l->is_full ? 0 : (hi - win > 0 ? hi - win : 0);
-    } else {
-      hi = pos0;
-      lo = l->is_full ? 0 : (pos0 - (win - 1) > 0 ? pos0 - (win - 1) : 0);
-    }
+    cache_range(l->is_full, ck != NULL, pos0, t, win, &lo, &hi);
     int n1 = hi - lo, n2 = ck ? n_ck : 0;
     float mx = -FLT_MAX;
     for (int j = 0; j < n1; j++) {
