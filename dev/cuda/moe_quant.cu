@@ -428,6 +428,17 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
   }
 }
 
+/* The arguments and grid of the backend's lane-record launch in its block order (versions 50-65). */
+static cudaError_t backend_args(int prod, stack *st, routing *r, qe_args *a, dim3 *grid) {
+  const int gateup = prod == GU;
+  const tiled &tl = get_tiled(st, QR_WARPS, qr_kc(G), gateup, 1);
+  cudaError_t e = lab_args(tl, r, gateup, 0, a);
+  if (e != cudaSuccess) return e;
+  a->order = r->ord;
+  *grid = gateup ? dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)) : dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS));
+  return cudaSuccess;
+}
+
 /* Versions 51-60: the backend's kernel as it runs (version 50: the block order, qr_launch_bits' choices per tile
  * count) with other choices at 1 and 2 n-tiles (up to 16 rows per expert: the decode-sized canvases), where the
  * kernel is bound by its weight stream, not its instructions: blocks per SM the registers are capped for (MBn),
@@ -436,12 +447,10 @@ static cudaError_t run_lanes(int prod, stack *st, routing *r, int nt) {
 template <int MB1, int D1, int PF1, int SUB1, int MB2, int D2, int PF2, int SUB2, int MB3 = 0, int D3 = QR_D>
 static cudaError_t run_small(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
-  const tiled &tl = get_tiled(st, QR_WARPS, qr_kc(G), gateup, 1);
   qe_args a;
-  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  dim3 grid;
+  cudaError_t e = backend_args(prod, st, r, &a, &grid);
   if (e != cudaSuccess) return e;
-  a.order = r->ord;
-  const dim3 grid = gateup ? dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)) : dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS));
   if (nt == 1)
     return gateup ? qr_launch_g<4, 1, 1, G, QR_WARPS, D1, QR_STAGES, MB1, SUB1, PF1>(0, grid, a)
                   : qr_launch_g<4, 0, 1, G, QR_WARPS, D1, QR_STAGES, MB1, SUB1, PF1>(0, grid, a);
@@ -463,12 +472,10 @@ static cudaError_t run_small(int prod, stack *st, routing *r, int nt) {
 template <int WR1, int MB1, int WR2, int MB2, int WR3 = 0, int MB3 = QR_MINB>
 static cudaError_t run_ring(int prod, stack *st, routing *r, int nt) {
   const int gateup = prod == GU;
-  const tiled &tl = get_tiled(st, QR_WARPS, qr_kc(G), gateup, 1);
   qe_args a;
-  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  dim3 grid;
+  cudaError_t e = backend_args(prod, st, r, &a, &grid);
   if (e != cudaSuccess) return e;
-  a.order = r->ord;
-  const dim3 grid = gateup ? dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)) : dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS));
   if (nt == 1)
     return gateup ? qr_launch_g<4, 1, 1, G, QR_WARPS, -WR1, QR_STAGES, MB1>(0, grid, a)
                   : qr_launch_g<4, 0, 1, G, QR_WARPS, -WR1, QR_STAGES, MB1>(0, grid, a);
