@@ -399,9 +399,13 @@ static void test_logits_interrupted(void **state) {
   assert_true(file_size(ref) == want);
   argv[11] = out;
   int interrupted = 0;
-  for (int i = 0; i < 4; i++) {
+  /* run 0 at once; 1-3 at a random moment of a whole run; 4-7 in its last tenth, around the
+   * rename of the temporary file (a signal just after it must not end the command with 128 + sig
+   * over the new file: exit 128 + sig means the old file was kept) */
+  for (int i = 0; i < 8; i++) {
     const int sig = i % 2 ? SIGTERM : SIGINT;
-    const long delay = i == 0 ? 0 : (long)((double)rand() / RAND_MAX * T * 1e6);
+    const double u = (double)rand() / RAND_MAX;
+    const long delay = i == 0 ? 0 : (long)((i < 4 ? u : 0.9 + 0.1 * u) * T * 1e6);
     f = fopen(out, "w");
     fputs(previous, f);
     fclose(f);

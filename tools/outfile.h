@@ -42,7 +42,9 @@ FILE *out_open(const char *path);
 
 /* Flush, fsync and close the temporary file and rename it to `path`.
  * Returns 0, or 1 after a message naming the file and the error (the
- * temporary file is removed, `path` left as it was). */
+ * temporary file is removed, `path` left as it was). Call it last: once
+ * the file is renamed, SIGINT and SIGTERM are only recorded (g_stop_sig),
+ * so an exit status of 128 + sig always means the old file was kept. */
 int out_commit(FILE *f, const char *path);
 
 /* Close the temporary file and remove it, leaving `path` as it was (an
