@@ -9,7 +9,8 @@
 #   4. CEIL=1: dgemma bench --protocol ceiling (ceiling.md, ceiling.jsonl); TESTS=1: tests/test_cuda (tests.txt);
 #      ATT=1: the attention lab (versions ATT_V, default 2,5) appended to lab.md; LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
-#      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; PDL=1: test_cuda
+#      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; BENCH_ALT=VAR=VALUE
+#      and BATCH_ALT=VAR=VALUE: each again under that environment setting (appended); PDL=1: test_cuda
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
 #   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
@@ -88,10 +89,21 @@ if [ -n "${BENCH:-}" ]; then
       -o /tmp/bench_pdl.jsonl > /tmp/bench_pdl.txt 2>&1; echo "bench DGEMMA_PDL=0 rc $? $(el)"; tail -24 /tmp/bench_pdl.txt
     { echo; echo "## DGEMMA_PDL=0"; cat /tmp/bench_pdl.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_pdl.jsonl >> "$OUT/bench.jsonl"
   fi
+  if [ -n "${BENCH_ALT:-}" ]; then # the same bench under another setting, e.g. BENCH_ALT=DGEMMA_ROUTE=split (appended)
+    env "$BENCH_ALT" timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
+      -o /tmp/bench_alt.jsonl > /tmp/bench_alt.txt 2>&1; echo "bench $BENCH_ALT rc $? $(el)"; tail -24 /tmp/bench_alt.txt
+    { echo; echo "## $BENCH_ALT"; cat /tmp/bench_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_alt.jsonl >> "$OUT/bench.jsonl"
+  fi
   if [ -n "${BATCH:-}" ]; then # issue 14: the stacked pass of B canvases (appended to bench.txt / bench.jsonl)
     timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases "${BATCH_B:-1,2,4,8}" \
       --reps "${BATCH_REPS:-2}" -o /tmp/batch.jsonl > /tmp/batch.txt 2>&1; echo "batch rc $? $(el)"
     tail -16 /tmp/batch.txt; cat /tmp/batch.txt >> "$OUT/bench.txt"; cat /tmp/batch.jsonl >> "$OUT/bench.jsonl"
+    if [ -n "${BATCH_ALT:-}" ]; then # e.g. BATCH_ALT=DGEMMA_STACK_DENSE=1 (the dense products over the whole stack)
+      env "$BATCH_ALT" timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch \
+        --canvases "${BATCH_B:-1,2,4,8}" --reps "${BATCH_REPS:-2}" -o /tmp/batch_alt.jsonl > /tmp/batch_alt.txt 2>&1
+      echo "batch $BATCH_ALT rc $? $(el)"; tail -16 /tmp/batch_alt.txt
+      { echo; echo "## $BATCH_ALT"; cat /tmp/batch_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/batch_alt.jsonl >> "$OUT/bench.jsonl"
+    fi
   fi
 fi
 echo "== done $(el)"

@@ -56,6 +56,10 @@ typedef struct dg_backend {
    * (hn [n, H]) and head_topk runs the tied LM head on them in chunks of R rows in the
    * caller's scratch; 0: the head rows' logits stay in the backend and only [n, K] come back. */
   int head_on_host;
+  /* The canvases whose whole forward sets a batch's work context holds at once (compact_batch's stacks:
+   * stack_canvases x canvas rows); 0: one pass of max(canvas, encoder chunk) rows (the CPU: its activations
+   * bounded whatever the batch, issue 16). */
+  int32_t stack_canvases;
 
   /* ---- model and context ---- */
   /* Make m usable on this backend's device `device` (CUDA: upload every weight; m->dev).

@@ -190,13 +190,14 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
   const dg_backend *bk = work->m->bk;
   if (bk->compact_batch) return bk->compact_batch(work, seqs, B);
   for (int32_t q = 0; q < B; q++) DG_TRY(dg_compact_seq_check(work->m, &seqs[q], q, bk->head_on_host));
-  for (int32_t q = 0; q < B; q++) DG_TRY(bk->compact(&seqs[q], seqs[q].soft ? DG_SC_HOST : DG_SC_NONE));
+  for (int32_t q = 0; q < B; q++)
+    DG_TRY(bk->compact(&seqs[q], seqs[q].soft ? DG_SC_HOST : seqs[q].sc == DG_SC_KEPT ? DG_SC_KEPT : DG_SC_NONE));
   return DG_OK;
 }
 
 dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
                              const int32_t *head, int32_t nh, float *raw) {
-  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL};
+  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL, DG_SC_NONE};
   return dg_forward_compact_batch(ctx, &q, 1);
 }
 

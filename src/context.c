@@ -142,7 +142,7 @@ static void work_free(dg_work *w) {
 }
 
 dg_status dg_context_work(dg_context *ctx) {
-  if (ctx->w) return DG_OK;
+  if (ctx->w || ctx->work_rows == 0) return DG_OK; /* 0: a device context, its activations on the device */
   if (!ctx->own_w && !(ctx->own_w = work_new(ctx->m, ctx->work_rows)))
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the activations of a %d-row pass", ctx->work_rows);
   ctx->w = ctx->own_w;

@@ -41,7 +41,8 @@ void *dg_arena_alloc(const dg_arena_item *it, size_t n, size_t *bytes);
 dg_status dg_context_alloc_host(dg_context *ctx, int32_t rows);
 
 /* Make sure ctx has pass activations (ctx->w): the batch's it shares, else its own
- * (allocated on the first call, in one block, and kept until the context is freed).
+ * (allocated on the first call, in one block, and kept until the context is freed);
+ * nothing for a device backend's context (no host activations: work_rows 0).
  * Errors: DG_ERR_OUT_OF_MEMORY. */
 dg_status dg_context_work(dg_context *ctx);
 

@@ -5,6 +5,7 @@
  * so that the .cu files never include the CPU-side model headers, and fills
  * the CUDA backend's table (src/backend.h) with the dg_cuda_* entry points. */
 #include <omp.h>
+#include <stdlib.h>
 
 #include "backend.h"
 #include "cuda/backend.h"
@@ -56,9 +57,8 @@ static size_t cu_model_bytes(const dg_model *m) { return dg_cuda_model_bytes(m->
 /* Everything lives on the device: no host buffers (rows: the device work
  * buffers hold max(canvas, 256) tokens, and no stacked pass uses more). */
 static dg_status cu_ctx_init(dg_context *ctx, int32_t rows) {
-  (void)rows;
   dg_cuda_ctx *c = NULL;
-  dg_status st = dg_cuda_ctx_new(ctx->m->dev, ctx->cap, &c);
+  dg_status st = dg_cuda_ctx_new(ctx->m->dev, ctx->cap, rows, &c);
   ctx->dev = c;
   return st;
 }
@@ -120,6 +120,28 @@ static dg_status cu_compact(const dg_compact_seq *q, dg_sc_source sc) {
   return dg_cuda_compact(q->ctx->dev, q->tok, q->pos, q->n, q->ctx->len, sc, q->soft, q->head, q->nh, q->raw);
 }
 
+/* B canvases' compacted passes stacked in work's device buffers (dg_cuda_compact_batch), every canvas checked
+ * first; its SC rows: host rows where soft is given, else the device's kept rows where seqs[q].sc says so. */
+static dg_status cu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
+  if (B < 1) return dg_seterr(DG_ERR_INVALID_ARG, "compacted batch: %d canvases", B);
+  for (int32_t q = 0; q < B; q++) {
+    dg_compact_seq s = seqs[q];
+    s.hn = NULL; /* the head rows stay on the device unless raw is given (a hidden-state output is ignored) */
+    DG_TRY(dg_compact_seq_check(work->m, &s, q, 0));
+  }
+  dg_cuda_cseq *cq = calloc((size_t)B, sizeof *cq);
+  if (!cq) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  for (int32_t q = 0; q < B; q++) {
+    const dg_compact_seq *s = &seqs[q];
+    cq[q] = (dg_cuda_cseq){s->ctx->dev, s->tok, s->pos, s->n, s->ctx->len,
+                           s->soft ? DG_SC_HOST : s->sc == DG_SC_KEPT ? DG_SC_KEPT : DG_SC_NONE,
+                           s->soft, s->head, s->nh, s->raw};
+  }
+  dg_status st = dg_cuda_compact_batch(work->dev, cq, B);
+  free(cq);
+  return st;
+}
+
 /* The device top-K; only [n, K] comes back, then the caller's per-row work. */
 static dg_status cu_head_topk(dg_context *ctx, dg_head_args *a) {
   a->last0 = -1;
@@ -155,6 +177,7 @@ static const dg_backend cuda_backend = {
     .name = "cuda",
     .device = DG_DEVICE_CUDA,
     .head_on_host = 0,
+    .stack_canvases = 8, /* stacks of up to 8 x 256 rows: the expert weights read once for all of them */
     .model_init = cu_model_init,
     .model_free = cu_model_free,
     .model_bytes = cu_model_bytes,
@@ -168,7 +191,7 @@ static const dg_backend cuda_backend = {
     .sc_from_z = cu_sc_from_z,
     .decode_rows = cu_decode_rows,
     .compact = cu_compact,
-    .compact_batch = NULL, /* one device pass per canvas */
+    .compact_batch = cu_compact_batch, /* stacks of canvases in the work context's device buffers */
     .head_topk = cu_head_topk,
     .sc_rows = cu_sc_rows,
     .head_raw = cu_head_raw,

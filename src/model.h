@@ -209,6 +209,8 @@ typedef struct dg_compact_seq {
   int32_t nh;
   float *raw; /* [nh, V] raw logits of the head rows, or NULL: */
   float *hn;  /* [nh, H] their final-normed hidden states instead (CPU only; dg_lm_head_rows) */
+  dg_sc_source sc; /* with soft NULL: DG_SC_KEPT for the rows a device backend kept (its last sc_rows), else
+                    * DG_SC_NONE (no self-conditioning) */
 } dg_compact_seq;
 
 /* Multi-canvas batching: the B canvases' forward sets run through every

@@ -41,8 +41,9 @@
  * distribution, acceptance, schedule and guards run here on the host. The
  * adaptive self-conditioning mode brings the active rows' raw logits back
  * (head_raw) and runs on the host (its rows are then uploaded with the next
- * pass, DG_SC_HOST). A backend without a stacked pass (compact_batch, CUDA)
- * runs a batch one pass per canvas.
+ * pass, DG_SC_HOST). A batch runs stacked passes (compact_batch: the CPU's
+ * stacks in its activations, CUDA's in a work context of stack_canvases
+ * canvases' rows on the device); a backend without one runs a pass per canvas.
  *
  * Memory (issue 16). On the CPU the decoder pass leaves the LM-head rows'
  * final-normed hidden states [n, H]; the tied LM head runs on R of them at a
@@ -572,8 +573,9 @@ static dg_status seq_advance(turbo_seq *q, int batched) {
  * pass: the LM-head rows' hidden states come back, not their logits. */
 static dg_compact_seq seq_pass(turbo_seq *q) {
   turbo_state *s = &q->s;
-  return (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, q->sc_any ? s->soft : NULL, s->head, q->shape_h,
-                          NULL, s->hn};
+  const dg_sc_source sc = q->sc_any ? q->sc_src : DG_SC_NONE; /* host rows in s->soft, or the backend's kept rows */
+  return (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, sc == DG_SC_HOST ? s->soft : NULL, s->head,
+                          q->shape_h, NULL, s->hn, sc};
 }
 
 /* q's next forward on its own: the compacted or plain single-canvas pass
@@ -628,6 +630,13 @@ dg_status dg_turbo_generate(dg_context *ctx, const int32_t *prompt, size_t n_pro
   return st;
 }
 
+/* The rows of a batch's work context for up to B canvases at once (dg_backend.stack_canvases; 0: the
+ * backend's one-pass default). */
+static int32_t stack_rows(const dg_model *m, int32_t B) {
+  const int32_t k = m->bk->stack_canvases < B ? m->bk->stack_canvases : B;
+  return k * m->cfg.canvas_length;
+}
+
 dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int32_t *const *prompts,
                                   const size_t *n_prompts, const dg_gen_params *params, dg_gen_result *results) {
   const dg_model *m = ctxs[0]->m;
@@ -640,7 +649,7 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
   /* a backend without a stacked pass runs one pass per canvas: no work context. The one work context's
    * activations (a pass of max(C, encoder chunk) rows) serve every canvas's passes, prefill included:
    * the stacked pass goes through them a chunk of canvases at a time (dg_cpu_compact_batch) */
-  dg_status st = B > 1 && m->bk->compact_batch ? dg_context_new(m, &wp, &work) : DG_OK;
+  dg_status st = B > 1 && m->bk->compact_batch ? dg_context_new_rows(m, &wp, stack_rows(m, B), &work) : DG_OK;
   if (!st && work) st = dg_context_work(work);
   for (int32_t i = 0; i < B && !st && work; i++) dg_context_share_work(ctxs[i], work);
   int32_t inited = 0;
@@ -665,8 +674,9 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
 struct dg_batch {
   const dg_model *m;
   int32_t cap;          /* slots */
-  int batched;          /* 1: one stacked CPU pass per step; 0 (CUDA): one device pass per canvas */
-  dg_context *work;     /* the activations of every slot's passes (max(C, encoder chunk) rows), NULL on CUDA */
+  int batched;          /* 1: stacked passes (the backend's compact_batch); 0: one pass per canvas */
+  dg_context *work;     /* the activations of every slot's passes (CPU: max(C, encoder chunk) rows; a device
+                         * backend: stack_rows of them on the device), NULL when not batched */
   turbo_seq *qs;        /* [cap] */
   uint8_t *used;        /* [cap] the slot holds a live sequence */
   dg_compact_seq *cs;   /* [cap] */
@@ -692,7 +702,7 @@ dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) 
   if (!st && b->batched) {
     dg_context_params wp = dg_context_default_params();
     wp.max_context = 1; /* activations only: no KV cache of its own */
-    st = dg_context_new(m, &wp, &b->work);
+    st = dg_context_new_rows(m, &wp, stack_rows(m, max_canvases), &b->work);
     if (!st) st = dg_context_work(b->work);
   }
   if (st) { dg_batch_free(b); return st; }

@@ -1754,6 +1754,74 @@ static void test_route(void **state) {
          "%.4f (<= 1)\n", worst);
 }
 
+/* ---- the router from its input in two launches (k_router_route) ----------------
+ * route_kernel adds the logits' split sums in split order, then runs topk_kernel's operations and the
+ * grouping kernels' integer algorithm, so every output must equal the chain of separate launches word for
+ * word (twice in a row: its device-wide block counter returns to 0). On top, the choices against the exact
+ * logits in double: a token's K chosen experts are its K largest exact logits wherever the gap between the
+ * K-th and the (K+1)-th exceeds twice the fp32 bound of the product sums, gamma_H sum_h |u_h W_eh| with
+ * gamma_H = H 2^-24 / (1 - H 2^-24) (Higham, Accuracy and Stability, 3.1, any summation order). */
+static void check_router_route(int T, int E, int H, int K, int *checked, int *tokens) {
+  float *u = malloc((size_t)T * H * 4), *W = malloc((size_t)E * H * 4), *pes = malloc((size_t)E * 4),
+        *w = malloc((size_t)T * K * 4);
+  int32_t *idx = malloc((size_t)T * K * 4);
+  double *x = malloc((size_t)E * 8), *a = malloc((size_t)E * 8);
+  assert_true(u && W && pes && w && idx && x && a);
+  for (size_t i = 0; i < (size_t)T * H; i++) u[i] = q_rand();
+  for (size_t i = 0; i < (size_t)E * H; i++) W[i] = 0.05f * q_rand();
+  for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
+  long n_diff = -1;
+  assert_dg_ok(cut()->test_router_route(0, u, W, pes, T, E, H, K, idx, w, &n_diff));
+  if (n_diff != 0) fail_msg("router T %d E %d H %d K %d: %ld output words differ from the separate launches", T, E, H, K, n_diff);
+  const double g = H * ldexp(1.0, -24) / (1.0 - H * ldexp(1.0, -24));
+  for (int t = 0; t < T; t++) {
+    for (int e = 0; e < E; e++) {
+      double s = 0, sa = 0;
+      for (int h = 0; h < H; h++) {
+        s += (double)u[(size_t)t * H + h] * W[(size_t)e * H + h];
+        sa += fabs((double)u[(size_t)t * H + h] * W[(size_t)e * H + h]);
+      }
+      x[e] = s;
+      a[e] = g * sa;
+    }
+    /* the exact K-th and (K+1)-th largest and the widest bound */
+    double kth = -INFINITY, next = -INFINITY, bmax = 0;
+    for (int e = 0; e < E; e++) {
+      int above = 0;
+      for (int f = 0; f < E; f++) above += x[f] > x[e] || (x[f] == x[e] && f < e);
+      if (above == K - 1) kth = x[e];
+      if (above == K) next = x[e];
+      if (a[e] > bmax) bmax = a[e];
+    }
+    (*tokens)++;
+    if (K < E && !(kth - next > 2 * bmax)) continue; /* a near-tie within rounding: either choice is right */
+    (*checked)++;
+    for (int k = 0; k < K; k++) {
+      const int e = idx[(size_t)t * K + k];
+      if (e < 0 || e >= E || x[e] < kth)
+        fail_msg("router T %d E %d H %d K %d: token %d choice %d is expert %d (exact logit %.9g), the K-th largest is %.9g",
+                 T, E, H, K, t, k, e, e >= 0 && e < E ? x[e] : NAN, kth);
+      if (!(w[(size_t)t * K + k] > 0.0f)) fail_msg("router T %d: token %d weight %d = %g", T, t, k, w[(size_t)t * K + k]);
+    }
+  }
+  free(u); free(W); free(pes); free(w); free(idx); free(x); free(a);
+}
+
+static void test_router_route(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  int checked = 0, tokens = 0;
+  check_router_route(256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16 tokens */
+  check_router_route(37, 40, 200, 3, &checked, &tokens);    /* E not a multiple of 32, T of the block's 16 warps */
+  check_router_route(1, 8, 64, 2, &checked, &tokens);       /* one token, one split */
+  check_router_route(128, 256, 96, 32, &checked, &tokens);  /* 8 experts per lane, 4,096 pairs (the fused limit): 8 chunks */
+  check_router_route(5, 8, 8, 8, &checked, &tokens);        /* K = E */
+  printf("# router in two launches: every output word equal to the separate launches' (twice in a row); choices "
+         "equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", checked, tokens);
+  assert_true(checked * 2 > tokens);
+}
+
 /* ---- attention (src/cuda/attention.cu) ---------------------------------------
  * Both device kernels against the exact softmax attention in double of the same
  * inputs (q fp32, the bf16 cache), per output element within a derived bound.
@@ -2117,7 +2185,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

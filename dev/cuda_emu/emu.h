@@ -98,6 +98,20 @@ static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 
 static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
+/* threads switch only at barriers and shuffles, blocks run one after another: atomics are plain updates, fences
+ * and cache hints nothing */
+static inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
+static inline void __threadfence() {}
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
+/* the lanes whose v equals this lane's */
+static inline unsigned __match_any_sync(unsigned mask, int v) {
+  (void)mask;
+  int all[32];
+  emu::warp_gather(&v, all, (int)sizeof v);
+  unsigned r = 0;
+  for (int l = 0; l < 32; l++) r |= all[l] == v ? 1u << l : 0u;
+  return r;
+}
 static inline float emu_rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #define rsqrtf emu_rsqrtf
 using std::max;

@@ -88,10 +88,11 @@ void dg_cuda_model_free(dg_cuda_model *m);
 size_t dg_cuda_model_bytes(const dg_cuda_model *m);
 
 /* A context: KV cache for `cap` positions (plus one canvas, bf16, [NKV, S, D]
- * per layer), work buffers for max(canvas, 256) tokens, logits [C, V], one
- * stream and one cuBLAS handle. Errors: DG_ERR_OUT_OF_MEMORY (bytes needed
- * and free), DG_ERR_BACKEND. */
-dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out);
+ * per layer), work buffers for max(canvas, 256, rows) tokens (rows: the
+ * stacked passes of dg_cuda_compact_batch; 0 for a plain context), logits
+ * [C, V], one stream and one cuBLAS handle. Errors: DG_ERR_OUT_OF_MEMORY
+ * (bytes needed and free), DG_ERR_BACKEND. */
+dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, dg_cuda_ctx **out);
 void dg_cuda_ctx_free(dg_cuda_ctx *c);
 
 /* Encoder pass (spec 4.5) over ids[n] at positions pos0..pos0+n-1, in
@@ -156,6 +157,29 @@ dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos
  * forward-set rows head[] (indices into pos). raw_out as above. */
 dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
                           dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out);
+
+/* One canvas of a stacked compacted pass: dg_cuda_compact's arguments. */
+typedef struct dg_cuda_cseq {
+  dg_cuda_ctx *c;
+  const int32_t *tok, *pos;
+  int32_t n, pos0;
+  dg_sc_source sc;
+  const float *soft;
+  const int32_t *head;
+  int32_t nh;
+  float *raw_out;
+} dg_cuda_cseq;
+
+/* The compacted passes of B canvases (each in its own context q[i].c, at least one row each) as stacks of rows
+ * in the work buffers of `work` (its tmax rows): consecutive canvases whose forward sets together fit form
+ * one stack, whose every product runs over all its rows at once (the expert weights are read once per stack,
+ * not per canvas); the K/V scatter, the attention and the LM head stay per canvas, into each canvas's own
+ * cache and logits (as dg_cuda_compact leaves them: dg_cuda_topk / dg_cuda_turbo_sc / dg_cuda_raw_rows on
+ * q[i].c follow). The results of each canvas are those of its own dg_cuda_compact up to the rounding of the
+ * products over more rows (cuBLAS may choose another algorithm for another row count). Synchronous: every
+ * canvas's stream has finished before, the work stream after. Errors: those of dg_cuda_compact, and
+ * DG_ERR_INVALID_ARG for a canvas of more rows than work holds. */
+dg_status dg_cuda_compact_batch(dg_cuda_ctx *work, const dg_cuda_cseq *q, int32_t B);
 
 /* Copy the first n raw logit rows of the last pass to raw_out [n, V]. */
 dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out);

@@ -180,6 +180,7 @@ struct dg_cuda_moe_buf {
   int32_t *n_tiles;    /* [1] */
   int32_t *order;      /* [E] or NULL: the experts by descending count, ties by index (group_scan_kernel): the
                         * lane-record products take their blocks in this order (qmoe_r.cuh) */
+  int32_t *done;       /* [1] blocks of route_kernel finished (moe.cu); 0 between launches (zeroed at allocation) */
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
@@ -321,18 +322,23 @@ cudaError_t k_turbo_sc_topk(cudaStream_t s, const float *p, const int32_t *idx, 
                             float *soft, int n, int K, int H, float scale);
 
 /* ---- MoE (moe.cu) ---- */
-/* Router softmax (in place over rlog), top-k (ties to the lower expert),
- * renormalisation and per-expert scale (spec 4.6), then grouping of (token, slot) pairs by expert. */
-/* The first half of k_route: softmax, top-K and weights (no grouping). */
 /* Router logits rlog [T, E] = u [T, H] . W [E, H]^T in fp32 (spec 4.6 step 2), split over H in a fixed order
  * (moe.cu). ws: DG_ROUTER_MAX_SPLITS * T * E floats. */
 #define DG_ROUTER_MAX_SPLITS 16
 cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H,
                             float *ws);
+/* The first half of k_route: softmax (in place over rlog), top-K and weights (no grouping). */
 cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                          int K);
+/* Router softmax (in place over rlog), top-k (ties to the lower expert), renormalisation and per-expert scale
+ * (spec 4.6), then grouping of the (token, slot) pairs by expert: one launch (route_kernel, b->done set up) up to
+ * 4,096 pairs, unless DGEMMA_ROUTE=split (k_route_topk then k_group, the same results). E <= 256, K <= 32. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K);
+/* k_router_logits then k_route, with the split sums of the logits added inside route_kernel: two launches (the
+ * logits, rlog and the groupings bit for bit those of the separate calls). */
+cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
+                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

@@ -15,13 +15,14 @@ struct ctx_priv {
   alloc_list al;
 };
 
-extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx **out) {
+extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, dg_cuda_ctx **out) {
   *out = NULL;
   const dg_cuda_model_desc *d = &m->d;
   CK(cudaSetDevice(m->device));
   const size_t C = d->canvas, H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts,
                K = d->top_k, NH = d->n_heads;
-  const size_t T = C > ENC_CHUNK ? C : ENC_CHUNK, S = (size_t)cap + C;
+  const size_t T0 = C > ENC_CHUNK ? C : ENC_CHUNK, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
+               S = (size_t)cap + C;
   size_t kv = 0;
   for (int i = 0; i < d->n_layers; i++) kv += 2 * (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
   const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
@@ -90,6 +91,11 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, dg_cuda_ctx 
   A_(c->moe.tiles, (TK + E) * 2 * 4);
   A_(c->moe.n_tiles, 4);
   A_(c->moe.order, E * 4);
+  A_(c->moe.done, 4);
+  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess) {
+    st = dg_seterr(DG_ERR_BACKEND, "cudaMemset of the router's block counter failed");
+    goto fail;
+  }
   A_(c->moe.h, TK * IE * 2);
   A_(c->moe.y, TK * H * 4);
   A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);

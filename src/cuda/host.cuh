@@ -56,8 +56,22 @@ dg_status wmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_w
 /* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
 dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up, const dg_cuda_w *w_down,
                     float *out);
+/* A canvas's rows [r0, r0 + n) of a stacked pass: its context's per-layer KV caches (S slots), the position of
+ * its first canvas slot (or of its encoder chunk) and, compacted, its rows' absolute positions dpos[n] (device;
+ * NULL: pos0 + t). */
+#define DG_CUDA_MAX_STACK 64 /* canvases in one stack of dg_cuda_compact_batch */
+typedef struct dg_cuda_seg {
+  int r0, n;
+  bf16 **kc, **vc;
+  int32_t S;
+  int32_t pos0;
+  const int32_t *dpos;
+} dg_cuda_seg;
+/* One layer (spec 4.4) over c->x [T, H], the rows of the canvases sg[0..nseg) (host array): products over all
+ * rows, the K/V scatter and attention per canvas; causal = encoder (one segment). */
+dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int nseg, int causal);
 /* One layer (spec 4.4) over c->x [T, H] at positions pos0..; causal = encoder; dpos != NULL: the compacted
- * pass's absolute positions dpos[T] (device; spec 7.4). */
+ * pass's absolute positions dpos[T] (device; spec 7.4). layer_segs with one segment in c's own cache. */
 dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos);
 /* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
 dg_status soft_from(dg_cuda_ctx *c, const float *z);

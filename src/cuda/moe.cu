@@ -12,6 +12,8 @@
  *
  * dg_cuda_experts is the one function a quantized expert format replaces. */
 #include <float.h>
+#include <stdlib.h>
+#include <string.h>
 #include <mma.h>
 
 #include "cuda/common.cuh"
@@ -36,18 +38,15 @@ using namespace nvcuda;
  * warp arg-max with ties to the lower expert id (what a scan in id order with
  * a strict > picks). E <= 32 TOPK_PER. */
 #define TOPK_PER 8
-__global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
-  DG_PDL_ENTRY();
-  const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-  if (t >= T) return; /* whole warps */
-  float *s = rlog + (size_t)t * E;
-  float v[TOPK_PER];
+/* topk_token: one warp's token. v[j] holds the router logit of expert lane + 32 j (-FLT_MAX past E); s is the
+ * token's row of rlog [E] (overwritten by the probabilities); id, w the token's K choices and weights. */
+__device__ __forceinline__ void topk_token(float (&v)[TOPK_PER], float *s, const float *pes, int32_t *id, float *w,
+                                           int E, int K, int lane) {
   bool used[TOPK_PER];
   float mx = -FLT_MAX;
 #pragma unroll
   for (int j = 0; j < TOPK_PER; j++) {
     const int e = lane + 32 * j;
-    v[j] = e < E ? s[e] : -FLT_MAX;
     used[j] = e >= E;
     mx = v[j] > mx ? v[j] : mx;
   }
@@ -71,8 +70,7 @@ __global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *
     const int e = lane + 32 * j;
     if (e < E) s[e] = v[j] = v[j] / sum;
   }
-  int32_t *id = idx + (size_t)t * K;
-  float *w = wout + (size_t)t * K, wsum = 0.0f;
+  float wsum = 0.0f;
   for (int k = 0; k < K; k++) {
     float bv = 0.0f;
     int bi = -1;
@@ -92,6 +90,20 @@ __global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *
   }
   __syncwarp(); /* lane 0's stores before the other lanes read them */
   if (lane < K) w[lane] = (w[lane] / wsum) * pes[id[lane]];
+}
+
+__global__ void topk_kernel(float *rlog, const float *pes, int32_t *idx, float *wout, int T, int E, int K) {
+  DG_PDL_ENTRY();
+  const int t = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+  if (t >= T) return; /* whole warps */
+  float *s = rlog + (size_t)t * E;
+  float v[TOPK_PER];
+#pragma unroll
+  for (int j = 0; j < TOPK_PER; j++) {
+    const int e = lane + 32 * j;
+    v[j] = e < E ? s[e] : -FLT_MAX;
+  }
+  topk_token(v, s, pes, idx + (size_t)t * K, wout + (size_t)t * K, E, K, lane);
 }
 
 /* The grouping by expert in three launches (was one block of 256 threads,
@@ -191,6 +203,148 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_place_kernel(const int32_
   }
 }
 
+/* ---- the router's split sums, softmax, top-K and grouping in one launch ----
+ * route_kernel: block b serves tokens [W b, W b + W) (W = ROUTE_THREADS / 32, a warp per token): the router
+ * logit of (t, e) is part[0][t][e] + part[1][t][e] + ... in split order (router_reduce_kernel's sum, so the
+ * logits are that kernel's bit for bit), then topk_token (topk_kernel's operations). The last block to finish
+ * (a device-wide counter b->done, the threadfence-reduction pattern of the CUDA programming guide, "Memory
+ * Fence Functions") groups every pair by expert in one block (route_group_block): the outputs of
+ * group_count/scan/place_kernel exactly (integers, one order), and sets the counter back to 0 for the next
+ * launch. One launch instead of four (reduce, top-K, count + scan + place), each of which paid a drain and a
+ * ramp of its own in the dependent chain of a layer (issue 12: router + top-k 0.73 ms and grouping 0.36 ms per
+ * 26B pass against floors of microseconds). */
+#define ROUTE_THREADS 512
+#define ROUTE_WARPS (ROUTE_THREADS / 32)
+#define ROUTE_EMAX 256 /* 32 TOPK_PER */
+/* Above this many pairs the one grouping block would walk too many chunks (2 barriers each) where the
+ * separate grouping kernels spread the placing over E blocks: the stacked passes of a batch. */
+#define ROUTE_FUSED_MAX_PAIRS 4096
+
+/* The grouping of the n = T K pairs of idx by expert, by the whole block (ROUTE_THREADS >= E threads): counts
+ * (shared-memory atomics), the exclusive scan and the tile work list and block order of group_scan_kernel,
+ * then the pairs placed in ascending order within each expert, a chunk of ROUTE_THREADS pairs at a time: the
+ * lanes of a warp holding the same expert (__match_any_sync) rank themselves by lane, the warps' counts per
+ * expert are scanned over the warps by one thread per expert. idx is read through L2 (__ldcg): other blocks
+ * wrote it in this launch. */
+__device__ __forceinline__ void route_group_block(const dg_cuda_moe_buf &b, int n, int E) {
+  __shared__ int cnt[ROUTE_EMAX], base[ROUTE_EMAX];
+  __shared__ int sc[2][ROUTE_THREADS], st[2][ROUTE_THREADS];
+  __shared__ int wcnt[ROUTE_WARPS][ROUTE_EMAX], wpre[ROUTE_WARPS][ROUTE_EMAX];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int i = tid; i < ROUTE_EMAX; i += ROUTE_THREADS) cnt[i] = 0;
+  for (int i = tid; i < ROUTE_WARPS * ROUTE_EMAX; i += ROUTE_THREADS) wcnt[i / ROUTE_EMAX][i % ROUTE_EMAX] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += ROUTE_THREADS) atomicAdd(&cnt[__ldcg(b.topk_idx + i)], 1);
+  __syncthreads();
+  /* group_scan_kernel's scan, tile list and order, over this block's threads */
+  const int e = tid;
+  const int c = e < E ? cnt[e] : 0, nt = (c + TM - 1) / TM;
+  int pb = 0;
+  sc[0][e] = c;
+  st[0][e] = nt;
+  __syncthreads();
+  if (e < E) {
+    b.count[e] = c;
+    if (b.order) {
+      int rank = 0;
+      for (int j = 0; j < E; j++) rank += sc[0][j] > c || (sc[0][j] == c && j < e);
+      b.order[rank] = e;
+    }
+  }
+  __syncthreads(); /* sc[0] is rewritten by the scan */
+  for (int o = 1; o < ROUTE_THREADS; o <<= 1) { /* inclusive scans */
+    const int vc = sc[pb][e] + (e >= o ? sc[pb][e - o] : 0), vt = st[pb][e] + (e >= o ? st[pb][e - o] : 0);
+    sc[pb ^ 1][e] = vc;
+    st[pb ^ 1][e] = vt;
+    pb ^= 1;
+    __syncthreads();
+  }
+  const int row0 = sc[pb][e] - c, tile0 = st[pb][e] - nt;
+  if (e < E) {
+    b.start[e] = row0;
+    base[e] = row0;
+    for (int i = 0; i < nt; i++) {
+      b.tiles[2 * (tile0 + i)] = e;
+      b.tiles[2 * (tile0 + i) + 1] = i * TM;
+    }
+  }
+  if (e == E - 1) {
+    b.start[E] = sc[pb][e];
+    *b.n_tiles = st[pb][e];
+  }
+  __syncthreads(); /* base[] */
+  for (int i0 = 0; i0 < n; i0 += ROUTE_THREADS) {
+    const int i = i0 + tid, ei = i < n ? __ldcg(b.topk_idx + i) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, ei);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (ei >= 0 && rank == 0) wcnt[warp][ei] = __popc(peers);
+    __syncthreads();
+    if (tid < E) { /* this chunk's first row of expert tid in each warp; the counts zeroed for the next chunk */
+      int run = base[tid];
+      for (int w = 0; w < ROUTE_WARPS; w++) {
+        const int cw = wcnt[w][tid];
+        wpre[w][tid] = run;
+        wcnt[w][tid] = 0;
+        run += cw;
+      }
+      base[tid] = run;
+    }
+    __syncthreads(); /* wpre; the next chunk's wcnt stores come after it, its wpre stores after its first barrier */
+    if (ei >= 0) {
+      const int j = wpre[warp][ei] + rank;
+      b.pairs[j] = i;
+      b.slot_row[i] = j;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part, int S, float *rlog, const float *pes,
+                                                              dg_cuda_moe_buf b, int T, int E, int K) {
+  DG_PDL_ENTRY();
+  __shared__ int last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * ROUTE_WARPS + warp;
+  if (t < T) {
+    const size_t n = (size_t)T * E;
+    float v[TOPK_PER];
+#pragma unroll
+    for (int j = 0; j < TOPK_PER; j++) {
+      const int e = lane + 32 * j;
+      if (e < E) {
+        const size_t i = (size_t)t * E + e;
+        float x = part[i];
+        for (int sp = 1; sp < S; sp++) x += part[(size_t)sp * n + i];
+        v[j] = x;
+      } else {
+        v[j] = -FLT_MAX;
+      }
+    }
+    topk_token(v, rlog + (size_t)t * E, pes, b.topk_idx + (size_t)t * K, b.topk_w + (size_t)t * K, E, K, lane);
+  }
+  __threadfence(); /* this block's choices visible device-wide before it counts itself done */
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(b.done, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  route_group_block(b, T * K, E);
+  if (threadIdx.x == 0) *b.done = 0;
+}
+
+/* DGEMMA_ROUTE=split: the earlier chain of launches (router_reduce, topk, group count / scan / place), for the
+ * lab's comparison; read once when the library loads. */
+static int route_split_from_env(void) {
+  const char *v = getenv("DGEMMA_ROUTE");
+  return v && !strcmp(v, "split");
+}
+static const int route_split = route_split_from_env();
+
+static cudaError_t route_fused(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
+                               dg_cuda_moe_buf *b, int T, int E, int K) {
+  if (E > ROUTE_EMAX || K > 32 || !b->done) return cudaErrorInvalidValue;
+  DG_LAUNCH(route_kernel, (T + ROUTE_WARPS - 1) / ROUTE_WARPS, ROUTE_THREADS, 0, s)(part, S, rlog, pes, *b, T, E, K);
+  return cudaGetLastError();
+}
+
 /* ---- router logits (spec 4.6 step 2): rlog [T, E] = u [T, H] . W [E, H]^T in fp32 ----
  * SIMT fp32 (the CPU's dtype: no TF32), split over the reduction so that a
  * 256-token canvas with 128 experts (8 output tiles) still fills the GPU:
@@ -270,28 +424,53 @@ __global__ void router_reduce_kernel(const float *part, float *rlog, int n, int 
   rlog[i] = v;
 }
 
-/* Splits of the reduction for T x E outputs over H: about two blocks per SM of an H200, at least 64 k each. */
+/* Splits of the reduction over H: DG_ROUTER_MAX_SPLITS, at least 64 k each, whatever T and E, so that a token's
+ * logits do not depend on how many other tokens share the pass (a stacked batch's canvases get the logits of
+ * their own passes). At 256 tokens and 128 experts: 8 output tiles x 16 splits, the count the earlier rule
+ * (about two blocks per SM of an H200) also chose for every T up to ~500. */
 static int router_splits(int T, int E, int H) {
-  const int tiles = ((T + RG_T - 1) / RG_T) * ((E + RG_E - 1) / RG_E);
-  int S = (264 + tiles - 1) / tiles;
+  (void)T;
+  (void)E;
+  int S = DG_ROUTER_MAX_SPLITS;
   const int smax = (H + 63) / 64;
   if (S > smax) S = smax;
-  if (S > DG_ROUTER_MAX_SPLITS) S = DG_ROUTER_MAX_SPLITS;
   return S < 1 ? 1 : S;
+}
+
+/* The split partial sums of the router logits: into rlog when there is one split, else ws. Returns the split count. */
+static int router_parts(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H, float *ws,
+                        float **part) {
+  const int S = router_splits(T, E, H);
+  const int KS = ((H + S - 1) / S + RG_K - 1) / RG_K * RG_K;
+  *part = S > 1 ? ws : rlog;
+  DG_LAUNCH(router_part_kernel, dim3((T + RG_T - 1) / RG_T, (E + RG_E - 1) / RG_E, S), 256, 0, s)(u, W, *part, T, E,
+                                                                                                   H, KS);
+  return S;
 }
 
 cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H,
                             float *ws) {
-  const int S = router_splits(T, E, H);
-  const int KS = ((H + S - 1) / S + RG_K - 1) / RG_K * RG_K;
-  float *part = S > 1 ? ws : rlog;
-  DG_LAUNCH(router_part_kernel, dim3((T + RG_T - 1) / RG_T, (E + RG_E - 1) / RG_E, S), 256, 0, s)(u, W, part, T, E, H,
-                                                                                                   KS);
+  float *part;
+  const int S = router_parts(s, u, W, rlog, T, E, H, ws, &part);
   if (S > 1) {
     const int n = T * E;
     DG_LAUNCH(router_reduce_kernel, (n + 255) / 256, 256, 0, s)(part, rlog, n, S);
   }
   return cudaGetLastError();
+}
+
+cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
+                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws) {
+  if (route_split || T * K > ROUTE_FUSED_MAX_PAIRS) {
+    cudaError_t e = k_router_logits(s, u, W, rlog, T, E, H, ws);
+    if (e == cudaSuccess) e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
+    if (e == cudaSuccess) e = k_group(s, b, T, E, K);
+    return e;
+  }
+  float *part;
+  const int S = router_parts(s, u, W, rlog, T, E, H, ws, &part);
+  cudaError_t e = cudaGetLastError();
+  return e != cudaSuccess ? e : route_fused(s, part, S, rlog, per_expert_scale, b, T, E, K);
 }
 
 cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
@@ -303,9 +482,12 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K) {
-  cudaError_t e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
-  if (e != cudaSuccess) return e;
-  return k_group(s, b, T, E, K);
+  if (route_split || T * K > ROUTE_FUSED_MAX_PAIRS) {
+    cudaError_t e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
+    if (e != cudaSuccess) return e;
+    return k_group(s, b, T, E, K);
+  }
+  return route_fused(s, rlog, 1, rlog, per_expert_scale, b, T, E, K);
 }
 
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K) {

@@ -54,48 +54,87 @@ dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_
   return DG_OK;
 }
 
-/* One layer (spec 4.4) over c->x [T, H] at positions pos0..; causal = encoder.
- * dpos != NULL (decoder only): the compacted pass (spec 7.4), the T rows sit at
- * the absolute positions dpos[T] (device), their K/V go to those cache slots,
- * and they attend over the prefix and the whole canvas [pos0, pos0 + C). */
-dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos) {
+/* DGEMMA_STACK_DENSE=1: the dense products of a stacked pass over all its rows at once (fewer weight reads;
+ * a canvas's results then differ from its own pass's in rounding); read once when the library loads. */
+static int stack_dense_from_env(void) {
+  const char *v = getenv("DGEMMA_STACK_DENSE");
+  return v && v[0] == '1' && !v[1];
+}
+static const int stack_dense = stack_dense_from_env();
+
+/* One layer (spec 4.4) over c->x [T, H] whose rows are the canvases sg[0..nseg) (host array), each a run of
+ * consecutive rows with its own KV cache and positions: causal = encoder (one segment); sg[g].dpos != NULL
+ * (decoder only): the compacted pass (spec 7.4), the segment's rows sit at the absolute positions dpos[n]
+ * (device), their K/V go to those slots of the segment's cache, and they attend over its prefix and its
+ * whole canvas [pos0, pos0 + C). The norms, router and experts run over all T rows at once; the K/V scatter
+ * and the attention per segment (rows do not interact outside attention), the dense products too (above). */
+dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int nseg, int causal) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
   const dg_cuda_layer *l = &m->layers[li];
   const int H = d->hidden, NH = d->n_heads, NKV = l->n_kv, D = l->head_dim;
   const float eps = d->eps;
+  const size_t qrow = (size_t)NH * D; /* floats of q, bf16 of att per row */
   cudaStream_t s = c->stream;
+  /* the dense products per canvas unless DGEMMA_STACK_DENSE=1: cuBLAS may pick another algorithm (another
+   * rounding) for another row count, so a canvas's rows go through the row count of its own pass and its
+   * results are those of its own dg_cuda_compact bit for bit; the experts, whose weights dominate, run over
+   * every row at once (their kernels' arithmetic per row does not depend on the other rows) */
+  const int ng = nseg > 1 && !stack_dense ? nseg : 1;
+#define SEG_R0(g) (ng == 1 ? 0 : sg[g].r0)
+#define SEG_N(g) (ng == 1 ? T : sg[g].n)
   CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
-  DG_TRY(wsetmatmul(c, c->a, H, T, &l->wqkv, c->qkv, (int)l->n_qkv));
-  if (dpos)
-    CKK(c, k_qkv_post_at(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
-                         l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, dpos, eps));
-  else
-  CKK(c, k_qkv_post(s, c->qkv, l->n_qkv, c->q, c->kc[li], c->vc[li], c->S, l->q_norm, l->k_norm,
-                l->is_full ? m->inv_freq_full : m->inv_freq_sliding, T, NH, NKV, D, l->has_v, pos0, eps));
+  for (int g = 0; g < ng; g++)
+    DG_TRY(wsetmatmul(c, c->a + (size_t)SEG_R0(g) * H, H, SEG_N(g), &l->wqkv, c->qkv + (size_t)SEG_R0(g) * l->n_qkv,
+                      (int)l->n_qkv));
+  for (int g = 0; g < nseg; g++) {
+    const dg_cuda_seg *q = &sg[g];
+    const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
+    const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
+    const int32_t S = q->S;
+    if (q->dpos)
+      CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                           inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
+    else
+      CKK(c, k_qkv_post(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                        inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, eps));
+  }
   DG_TRY(mark(c, DG_CUDA_ST_QKV));
   /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
   if (causal && li == d->n_layers - 1) return DG_OK;
-  if (dpos)
-    CKK(c, k_attention_canvas(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, d->canvas, l->is_full,
-                              d->window));
-  else
-  CKK(c, k_attention(s, &c->att_ws, c->q, c->kc[li], c->vc[li], c->att, c->S, T, NH, NKV, D, pos0, causal, l->is_full, d->window));
+  for (int g = 0; g < nseg; g++) {
+    const dg_cuda_seg *q = &sg[g];
+    const float *qg = c->q + q->r0 * qrow;
+    bf16 *ag = c->att + q->r0 * qrow;
+    const int32_t S = q->S;
+    if (q->dpos)
+      CKK(c, k_attention_canvas(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0,
+                                d->canvas, l->is_full, d->window));
+    else
+      CKK(c, k_attention(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0, causal,
+                         l->is_full, d->window));
+  }
   DG_TRY(mark(c, DG_CUDA_ST_ATTN));
-  DG_TRY(wmatmul(c, c->att, NH * D, T, &l->wo, c->f1, H));
+  for (int g = 0; g < ng; g++)
+    DG_TRY(wmatmul(c, c->att + SEG_R0(g) * qrow, NH * D, SEG_N(g), &l->wo, c->f1 + (size_t)SEG_R0(g) * H, H));
   DG_TRY(mark(c, DG_CUDA_ST_OPROJ));
   const float root = (float)pow((double)H, -0.5);
   CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
                      c->xe, c->u, T, H, eps));
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
-  DG_TRY(geglu_mlp(c, c->a, T, &l->w_gate_up, &l->w_down, c->dense));
+  for (int g = 0; g < ng; g++)
+    DG_TRY(geglu_mlp(c, c->a + (size_t)SEG_R0(g) * H, SEG_N(g), &l->w_gate_up, &l->w_down,
+                     c->dense + (size_t)SEG_R0(g) * H));
+#undef SEG_R0
+#undef SEG_N
   DG_TRY(mark(c, DG_CUDA_ST_DENSE));
-  /* router logits in fp32 (spec 4.6 step 2) */
-  CKK(c, k_router_logits(s, c->u, l->router, c->rlog, T, d->n_experts, H, c->rws));
-  CKK(c, k_route_topk(s, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->top_k));
+  /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert: one launch after the
+   * logits' split products, so the profile's grouping stage is inside the router's (also with DGEMMA_ROUTE=split,
+   * the earlier chain of launches) */
+  CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, H, d->top_k,
+                        c->rws));
   DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
-  CKK(c, k_group(s, &c->moe, T, d->n_experts, d->top_k));
   DG_TRY(mark(c, DG_CUDA_ST_GROUP));
   CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
   DG_TRY(mark(c, DG_CUDA_ST_EXPERTS));
@@ -104,6 +143,12 @@ dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, cons
                    d->top_k, eps));
   DG_TRY(mark(c, DG_CUDA_ST_COMBINE));
   return DG_OK;
+}
+
+/* One layer of one canvas (or encoder chunk) in c's own cache: layer_segs with one segment. */
+dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos) {
+  const dg_cuda_seg one = {0, T, c->kc, c->vc, c->S, pos0, dpos};
+  return layer_segs(c, li, T, &one, 1, causal);
 }
 
 static dg_status layer(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal) {

@@ -177,6 +177,94 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   return turbo_head(c, head, nh, raw_out);
 }
 
+/* One stack of a compacted batch: canvases q[0..B) whose forward sets (N rows in all) fit work's tmax rows.
+ * Rows of canvas b: [off_b, off_b + n_b) of the stack, in the order of its forward set. */
+static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B, int32_t N) {
+  const dg_cuda_model *m = w->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int H = d->hidden;
+  cudaStream_t s = w->stream;
+  dg_cuda_turbo *t = w->tb;
+  dg_cuda_seg seg[DG_CUDA_MAX_STACK];
+  for (int32_t b = 0, off = 0; b < B; off += q[b].n, b++) {
+    for (int32_t i = 0; i < q[b].n; i++) t->h_pos[off + i] = q[b].pos0 + q[b].pos[i];
+    CK(cudaMemcpyAsync(w->ids + off, q[b].tok, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyAsync(t->cpos + off, q[b].pos, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
+    seg[b] = (dg_cuda_seg){off, q[b].n, q[b].c->kc, q[b].c->vc, q[b].c->S, q[b].pos0, t->pos + off};
+  }
+  CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)N * 4, cudaMemcpyHostToDevice, s));
+  CKK(w, k_embed(s, w->x, &m->embed, w->ids, N, H, d->embed_scale));
+  /* SC rows per canvas, from its own kept rows (as dg_cuda_compact: the MLP over that canvas's rows) */
+  for (int32_t b = 0; b < B; b++) {
+    if (q[b].sc != DG_SC_KEPT) continue;
+    const size_t r0 = (size_t)seg[b].r0 * H;
+    CKK(w, k_gather_rows(s, w->u + r0, q[b].c->soft, t->cpos + seg[b].r0, q[b].n, H));
+    CKK(w, k_rmsnorm(s, w->u + r0, m->sc_pre_norm, NULL, w->a + r0, q[b].n, H, d->eps));
+    DG_TRY(geglu_mlp(w, w->a + r0, q[b].n, &m->sc_gate_up, &m->sc_down, w->f1 + r0));
+    CKK(w, k_add(s, w->x + r0, w->f1 + r0, (size_t)q[b].n * H));
+  }
+  CKK(w, k_rmsnorm(s, w->x, NULL, w->x, NULL, N, H, d->eps));
+  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_segs(w, li, N, seg, B, 0));
+  /* the LM head of each canvas's head rows, into its own logits (turbo_head's operations) */
+  for (int32_t b = 0; b < B; b++) {
+    dg_cuda_ctx *c = q[b].c;
+    c->tb->nraw = q[b].nh;
+    if (q[b].nh <= 0) continue;
+    for (int32_t i = 0; i < q[b].nh; i++) t->h_pos[i] = seg[b].r0 + q[b].head[i];
+    /* from pageable memory: staged before the call returns, so h_pos may be rewritten for the next canvas */
+    CK(cudaMemcpyAsync(t->rows, t->h_pos, (size_t)q[b].nh * 4, cudaMemcpyHostToDevice, s));
+    CKK(w, k_gather_rows(s, w->u, w->x, t->rows, q[b].nh, H));
+    CKK(w, k_rmsnorm(s, w->u, m->final_norm, NULL, w->a, q[b].nh, H, d->eps));
+    DG_TRY(wmatmul(w, w->a, H, q[b].nh, &m->embed, c->logits, d->vocab));
+    if (q[b].raw_out)
+      CK(cudaMemcpyAsync(q[b].raw_out, c->logits, (size_t)q[b].nh * d->vocab * 4, cudaMemcpyDeviceToHost, s));
+  }
+  CK(cudaStreamSynchronize(s));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_compact_batch(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B) {
+  const dg_cuda_model_desc *d = &w->m->d;
+  const int C = d->canvas;
+  if (B < 1) return DG_OK;
+  CK(cudaSetDevice(w->m->device));
+  DG_TRY(turbo_bufs(w, 0));
+  for (int32_t b = 0; b < B; b++) {
+    dg_cuda_ctx *c = q[b].c;
+    if (c->m != w->m)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA compacted batch: canvas %d belongs to another model", b);
+    if (q[b].pos0 < 0 || q[b].pos0 > c->cap)
+      return dg_seterr(DG_ERR_CONTEXT_FULL,
+                       "CUDA compacted batch: canvas %d at position %d is past its context capacity %d", b, q[b].pos0,
+                       c->cap);
+    if (q[b].n < 1 || q[b].n > C || q[b].n > w->tmax || q[b].nh < 0 || q[b].nh > C)
+      return dg_seterr(DG_ERR_INVALID_ARG,
+                       "CUDA compacted batch: canvas %d forward set %d / head rows %d outside [1, %d] (work rows %d)", b,
+                       q[b].n, q[b].nh, C, w->tmax);
+    DG_TRY(turbo_bufs(c, 0));
+    dg_sc_source sc = q[b].sc;
+    DG_TRY(turbo_soft_in(c, &sc, q[b].soft));
+    /* the canvas's own stream (its kept SC rows, the upload above, its last top-K) done before the work stream
+     * reads or writes its buffers */
+    CK(cudaStreamSynchronize(c->stream));
+  }
+  dg_cuda_cseq *qq = (dg_cuda_cseq *)malloc((size_t)B * sizeof *qq);
+  if (!qq) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  dg_status st = DG_OK;
+  for (int32_t b = 0; b < B; b++) {
+    qq[b] = q[b];
+    if (qq[b].sc == DG_SC_HOST) qq[b].sc = DG_SC_KEPT; /* uploaded into its c->soft above */
+  }
+  for (int32_t b0 = 0; b0 < B && !st;) {
+    int32_t b1 = b0, N = 0;
+    while (b1 < B && b1 - b0 < DG_CUDA_MAX_STACK && N + qq[b1].n <= w->tmax) N += qq[b1++].n;
+    st = compact_stack(w, qq + b0, b1 - b0, N);
+    b0 = b1;
+  }
+  free(qq);
+  return st;
+}
+
 extern "C" dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out) {
   if (!c->tb || n < 0 || n > c->tb->nraw)
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA: %d raw logit rows asked, %d on the device", n, c->tb ? c->tb->nraw : 0);

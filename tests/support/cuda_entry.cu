@@ -52,6 +52,8 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->slot_row, TK * 4, "slot_row"));
   DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
   DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
+  DG_TRY(dalloc(al, (void **)&b->done, 4, "route block counter"));
+  CK(cudaMemset(b->done, 0, 4));
   return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
 }
 
@@ -191,6 +193,73 @@ done:
   dfree_all(&al);
   return st;
 }
+/* The outputs of one routing, gathered from the device for a comparison (word for word). */
+static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T, int E, int K, uint32_t *out) {
+  const size_t TK = (size_t)T * K;
+  size_t o = 0;
+  CK(cudaDeviceSynchronize());
+  const struct { const void *p; size_t n; } part[] = {
+      {rlog, (size_t)T * E}, {b->topk_idx, TK}, {b->topk_w, TK}, {b->count, (size_t)E}, {b->start, (size_t)E + 1},
+      {b->pairs, TK},        {b->slot_row, TK}, {b->n_tiles, 1}, {b->order, (size_t)E}};
+  for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+    CK(cudaMemcpy(out + o, part[i].p, part[i].n * 4, cudaMemcpyDeviceToHost));
+    o += part[i].n;
+  }
+  /* the tile list up to its length */
+  const int32_t nt = (int32_t)out[o - E - 1];
+  if (nt < 0 || (size_t)nt > TK + (size_t)E) return dg_seterr(DG_ERR_BACKEND, "route: n_tiles %d out of range", nt);
+  memset(out + o, 0, (TK + E) * 2 * 4);
+  CK(cudaMemcpy(out + o, b->tiles, (size_t)nt * 2 * 4, cudaMemcpyDeviceToHost));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_test_router_route(int device, const float *u, const float *W, const float *pes, int T,
+                                               int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: T %d, E %d (1..256), H %d, K %d (1..min(E, 32))",
+                     T, E, H, K);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *du = NULL, *dW = NULL, *dpes = NULL, *drl = NULL, *dws = NULL;
+  dg_cuda_moe_buf b;
+  memset(&b, 0, sizeof b);
+  const size_t TK = (size_t)T * K, nw = (size_t)T * E + 4 * TK + 3 * (size_t)E + 2 + (TK + E) * 2;
+  uint32_t *ref = (uint32_t *)calloc(nw, 4), *got = (uint32_t *)calloc(nw, 4);
+  *n_diff = 0;
+  if (!ref || !got) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TT_(test_in(&al, &du, u, (size_t)T * H * 4, "router input"));
+  TT_(test_in(&al, &dW, W, (size_t)E * H * 4, "router weights"));
+  TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
+  TT_(dalloc(&al, &drl, (size_t)T * E * 4, "router logits"));
+  TT_(dalloc(&al, &dws, (size_t)DG_ROUTER_MAX_SPLITS * T * E * 4, "router split sums"));
+  TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
+  TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
+  TT_(test_group_bufs(&al, &b, TK, E));
+  /* the chain of separate launches */
+  TC_(k_router_logits(0, (const float *)du, (const float *)dW, (float *)drl, T, E, H, (float *)dws));
+  TC_(k_route_topk(0, (float *)drl, (const float *)dpes, &b, T, E, K));
+  TC_(k_group(0, &b, T, E, K));
+  TT_(route_words(&b, (const float *)drl, T, E, K, ref));
+  for (int rep = 0; rep < 2; rep++) {
+    TC_(cudaMemset(drl, 0xFF, (size_t)T * E * 4)); /* NaN: nothing left from the run before */
+    TC_(cudaMemset(b.topk_idx, 0xFF, TK * 4));
+    TC_(cudaMemset(b.pairs, 0xFF, TK * 4));
+    TC_(cudaMemset(b.slot_row, 0xFF, TK * 4));
+    TC_(k_router_route(0, (const float *)du, (const float *)dW, (float *)drl, (const float *)dpes, &b, T, E, H, K,
+                       (float *)dws));
+    TT_(route_words(&b, (const float *)drl, T, E, K, got));
+    for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
+  }
+  TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
+done:
+  free(ref);
+  free(got);
+  dfree_all(&al);
+  return st;
+}
+
 extern "C" dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc,
                                             const uint16_t *vc, int S, int nq, int NH, int NKV, int D, int32_t pos0,
                                             int32_t kv_hi, int causal, int is_full, int window, uint16_t *out) {
@@ -226,7 +295,7 @@ done:
 
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul, dg_cuda_test_embed, dg_cuda_test_soft, dg_cuda_test_experts, dg_cuda_test_route,
-    dg_cuda_test_attention,
+    dg_cuda_test_attention, dg_cuda_test_router_route,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -51,6 +51,16 @@ dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_we
 dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
                              int32_t *start, int32_t *pairs, int32_t *order);
 
+/* The router of one layer from its input: k_router_route (the logits' split products, then route_kernel's
+ * sums, softmax, top-K and grouping in one launch), run twice in a row (route_kernel's block counter must
+ * return to 0), against the chain of separate launches (k_router_logits, k_route_topk, k_group) on the same
+ * inputs: u fp32 [T, H] (the router input), W fp32 [E, H], pes [E]. n_diff: the number of 32-bit words of the
+ * outputs (probabilities [T, E], idx, w, count, start, pairs, slot_row, tiles, n_tiles, order) that differ
+ * between the two ways (both fused runs counted), 0 when they agree bit for bit; idx [T, K] and w [T, K] the
+ * fused choices. E <= 256, K <= min(E, 32). */
+dg_status dg_cuda_test_router_route(int device, const float *u, const float *W, const float *pes, int T, int E, int H,
+                                    int K, int32_t *idx, float *w, long *n_diff);
+
 /* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
  * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
  * cache of one layer), out bf16 bits [nq, NH, D]. causal = 1: query t at
@@ -79,6 +89,8 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
                               int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                               int window, uint16_t *out);
+  dg_status (*test_router_route)(int device, const float *u, const float *W, const float *pes, int T, int E, int H,
+                                 int K, int32_t *idx, float *w, long *n_diff);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
