@@ -304,12 +304,14 @@ static void logits_case(const char *label, dg_model *cm, dg_model *gm, dg_model 
 typedef struct synth_case {
   const char *name;
   synth_cfg c;
+  int prompt; /* prompt length; 0: 3 windows + 5 */
 } synth_case;
 
 static void test_synth_logits(void **state) {
   (void)state;
   need_gpu();
-  synth_case cases[4];
+  synth_case cases[5];
+  memset(cases, 0, sizeof cases);
   cases[0].name = "synth default bf16 (D 8/16)";
   cases[0].c = synth_default();
   cases[0].c.dt = DG_BF16;
@@ -327,13 +329,20 @@ static void test_synth_logits(void **state) {
   cases[3].name = "synth f16 (MQA, D 8/16)";
   cases[3].c = synth_default();
   cases[3].c.kv = 1; cases[3].c.dt = DG_F16; cases[3].c.seed = 5;
-  for (int k = 0; k < 4; k++) {
+  /* the sliding layers' ring caches wrapping: ring = 16 - 1 + 256 slots in tiles of 64 = 320, a 700-token
+   * prompt (three encoder chunks) writes every slot twice before the canvas attends over the last 15 */
+  cases[4].name = "synth f32, sliding caches wrapping (prompt 700)";
+  cases[4].c = cases[1].c;
+  cases[4].c.seed = 13;
+  cases[4].prompt = 700;
+  for (int k = 0; k < 5; k++) {
     char dir[] = "/tmp/dg_cuda_synthXXXXXX";
     assert_non_null(mkdtemp(dir));
     assert_int_equal(synth_model_dir(dir, &cases[k].c), 0);
     dg_model *cm, *gm, *sm;
     load_models(dir, &cm, &gm, &sm);
-    const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size, P = 3 * cases[k].c.window + 5;
+    const int C = cm->cfg.canvas_length, V = cm->cfg.vocab_size,
+              P = cases[k].prompt ? cases[k].prompt : 3 * cases[k].c.window + 5;
     int32_t *prompt = malloc((size_t)P * 4), *canvas = malloc((size_t)C * 4), *canvas2 = malloc((size_t)C * 4);
     unsigned s = 1234u + (unsigned)k;
     for (int i = 0; i < P; i++) prompt[i] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % V;
@@ -1842,8 +1851,11 @@ static void test_router_route(void **state) {
  *   |o'_d - o_d| <= (sum_j w_j |v_jd| |a_j| + |o_d| B) / (1 - B), B = sum_j w_j |b_j| + gamma,
  * plus the output's rounding to bf16, u (|o_d| + that). A wrong key, mask or
  * split is off by ~|v|, far outside. */
-static void check_attention(const char *label, int version, int nq, int NH, int NKV, int D, int S, int32_t pos0,
-                            int32_t kv_hi, int causal, int is_full, int window, float qscale, double *worst) {
+/* ring > 0: the device gets the cache as a ring of `ring` slots (position p in slot p % ring, written in
+ * position order as the passes do), the exact reference the S positions. */
+static void check_attention_ring(const char *label, int version, int nq, int NH, int NKV, int D, int S, int32_t pos0,
+                                 int32_t kv_hi, int causal, int is_full, int window, float qscale, int ring,
+                                 double *worst) {
   const size_t kvn = (size_t)NKV * S * D, qn = (size_t)nq * NH * D;
   float *q = malloc(qn * 4);
   uint16_t *kc = malloc(kvn * 2), *vc = malloc(kvn * 2), *out = malloc(qn * 2);
@@ -1853,8 +1865,23 @@ static void check_attention(const char *label, int version, int nq, int NH, int 
     kc[i] = dg_f32_to_bf16(1.7f * q_rand());
     vc[i] = dg_f32_to_bf16(q_rand() + 0.25f);
   }
-  assert_dg_ok(cut()->test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
-                                      out));
+  if (ring > 0) {
+    uint16_t *rk = malloc((size_t)NKV * ring * D * 2), *rv = malloc((size_t)NKV * ring * D * 2);
+    assert_true(rk && rv);
+    const int phi = causal ? pos0 + nq : kv_hi; /* positions past the pass's keys are not written yet */
+    for (int g = 0; g < NKV; g++)
+      for (int p = 0; p < phi; p++) {
+        memcpy(rk + ((size_t)g * ring + p % ring) * D, kc + ((size_t)g * S + p) * D, (size_t)D * 2);
+        memcpy(rv + ((size_t)g * ring + p % ring) * D, vc + ((size_t)g * S + p) * D, (size_t)D * 2);
+      }
+    assert_dg_ok(cut()->test_attention(0, version, q, rk, rv, ring, nq, NH, NKV, D, pos0, kv_hi, causal, is_full,
+                                        window, out));
+    free(rk);
+    free(rv);
+  } else {
+    assert_dg_ok(cut()->test_attention(0, version, q, kc, vc, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window,
+                                        out));
+  }
   const double u = ldexp(1.0, -9);
   const int G = NH / NKV;
   for (int t = 0; t < nq; t++)
@@ -1905,6 +1932,11 @@ static void check_attention(const char *label, int version, int nq, int NH, int 
   free(q); free(kc); free(vc); free(out); free(sc); free(ac);
 }
 
+static void check_attention(const char *label, int version, int nq, int NH, int NKV, int D, int S, int32_t pos0,
+                            int32_t kv_hi, int causal, int is_full, int window, float qscale, double *worst) {
+  check_attention_ring(label, version, nq, NH, NKV, D, S, pos0, kv_hi, causal, is_full, window, qscale, 0, worst);
+}
+
 static void test_attention(void **state) {
   (void)state;
   need_gpu();
@@ -1920,7 +1952,14 @@ static void test_attention(void **state) {
     check_attention("encoder full D 64", v, 100, 4, 1, 64, 128, 0, 0, 1, 1, 512, 0.5f, &worst);
     /* peaked softmax (scores of tens): the exponentials' range */
     check_attention("decoder peaked D 128", v, 33, 4, 2, 128, 200, 90, 150, 0, 0, 100, 1.0f, &worst);
-    printf("# attention version %d (%s): 5 shapes within the derived bound, largest |diff| / bound %.4f (<= 1)\n", v,
+    /* sliding layers' caches as rings (context.cu): the first case's keys [189, 764) in 576 slots (the window
+     * and the canvas in tiles of 64), the encoder's [37, 250) in 213 (wrapping inside a key tile) */
+    check_attention_ring("decoder sliding D 256, ring 576", v, 64, 16, 8, 256, 800, 700, 764, 0, 0, 512, 0.25f, 576,
+                         &worst);
+    check_attention_ring("encoder sliding D 128, ring 213", v, 150, 8, 4, 128, 300, 100, 0, 1, 0, 64, 0.5f, 213,
+                         &worst);
+    printf("# attention version %d (%s): 7 shapes (2 in ring caches) within the derived bound, largest |diff| / "
+           "bound %.4f (<= 1)\n", v,
            v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : v == 5 ? "tensor cores, the earlier key splits" : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */

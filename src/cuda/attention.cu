@@ -14,7 +14,9 @@
  *     sliding ones;
  *   decoder: hi = pos0 + C (the canvas K/V sit in slots pos0.., never
  *     committed), lo = 0 on full layers, pos0 - (window - 1) on sliding ones.
- * q fp32 [nq, NH, D]; kc, vc bf16 [NKV, S, D]; out bf16 [nq, NH, D].
+ * q fp32 [nq, NH, D]; kc, vc bf16 [NKV, S, D], key (position) j in slot j % S (full layers: S past every
+ * position; sliding layers: a ring of at least window - 1 + max(canvas, encoder chunk) slots, so the keys
+ * one pass reads never share a slot); out bf16 [nq, NH, D].
  *
  * What flash_kernel rounds (the bound tests/test_cuda.c checks, derived in
  * its header): q to bf16 before QK (relative 2^-9 per element), the
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(256) attention_kernel(const float *q, const bf
   float m = -INFINITY, l = 0.0f;
   const bf16 *kb = kc + (size_t)g * S * D, *vb = vc + (size_t)g * S * D;
   for (int32_t j = lo; j < hi; j++) {
-    const bf16 *kr = kb + (size_t)j * D;
+    const bf16 *kr = kb + (size_t)(j % S) * D; /* slot of key j: a ring of S slots on sliding layers */
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(256) attention_kernel(const float *q, const bf
     float corr = expf(m - mn); /* m = -inf on the first key: corr = 0 */
     float p = expf(s - mn);
     l = l * corr + p;
-    const bf16 *vr = vb + (size_t)j * D;
+    const bf16 *vr = vb + (size_t)(j % S) * D;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
       int d = lane + 32 * i;
@@ -314,15 +316,19 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
     *(uint4 *)(Qs + fa_swz<D>(r, ch)) = v;
   }
   auto load_kv = [&](int it, int buf) {
-    const int kb = zlo + it * BK;
+    const int kb = zlo + it * BK, sb = kb % a.S; /* the tile's first slot: one modulo per tile, then wraps */
     char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::VB;
     for (int i = tid; i < BK * (D / 8); i += NTH) {
-      const int r = i / (D / 8), ch = i % (D / 8), key = kb + r, ok = key < zhi;
-      dg_cp_async16(kd + fa_swz<D>(r, ch), kg + (size_t)(ok ? key : zlo) * D + ch * 8, ok ? 16 : 0);
+      const int r = i / (D / 8), ch = i % (D / 8), ok = kb + r < zhi;
+      int sl = sb + r;
+      while (sl >= a.S) sl -= a.S;
+      dg_cp_async16(kd + fa_swz<D>(r, ch), kg + (size_t)(ok ? sl : sb) * D + ch * 8, ok ? 16 : 0);
     }
     for (int i = tid; i < BK * (DV / 8); i += NTH) {
-      const int r = i / (DV / 8), ch = i % (DV / 8), key = kb + r, ok = key < zhi;
-      dg_cp_async16(vd + fa_swz<DV>(r, ch), vg + (size_t)(ok ? key : zlo) * D + ch * 8, ok ? 16 : 0);
+      const int r = i / (DV / 8), ch = i % (DV / 8), ok = kb + r < zhi;
+      int sl = sb + r;
+      while (sl >= a.S) sl -= a.S;
+      dg_cp_async16(vd + fa_swz<DV>(r, ch), vg + (size_t)(ok ? sl : sb) * D + ch * 8, ok ? 16 : 0);
     }
     dg_cp_commit();
   };

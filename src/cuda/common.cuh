@@ -198,9 +198,11 @@ struct dg_cuda_ctx {
   dg_cuda_model *m;
   cudaStream_t stream;
   cublasHandle_t blas;
-  int32_t cap, S;           /* cache capacity (positions) and allocated slots (cap + C) */
+  int32_t cap, S;           /* cache capacity (positions) and the slots of a full layer (cap + C) */
+  int32_t S_ring;           /* the slots of a sliding layer: a ring (position p in slot p % S_ring), min(S,
+                             * window - 1 + max(C, encoder chunk) in tiles of 64) */
   int32_t tmax;             /* tokens per pass */
-  bf16 **kc, **vc;          /* [L] -> [NKV, S, D] */
+  bf16 **kc, **vc;          /* [L] -> [NKV, S or S_ring, D] */
   int32_t *ids;             /* [tmax] */
   float *x;                 /* [T, H] residual stream, fp32 */
   float *f1;                /* [T, max(H, ...)] fp32 GEMM output (o proj, down proj) */
@@ -243,7 +245,7 @@ cudaError_t k_attn_residual(cudaStream_t s, float *x, const float *o, const floa
                             int H, float eps);
 cudaError_t k_geglu(cudaStream_t s, const float *gu, bf16 *h, int T, int I);
 cudaError_t k_add(cudaStream_t s, float *x, const float *y, size_t n);
-/* q/k norms, rope at positions pos0+t, v = rms_noweight(v_raw); K/V into the cache slots pos0+t. */
+/* q/k norms, rope at positions pos0+t, v = rms_noweight(v_raw); K/V into the cache slots (pos0+t) % S. */
 cudaError_t k_qkv_post(cudaStream_t s, const float *qkv, int64_t ld, float *q, bf16 *kc, bf16 *vc, int S,
                        const float *q_norm, const float *k_norm, const float *inv_freq, int T, int NH, int NKV, int D,
                        int has_v, int32_t pos0, float eps);

@@ -23,8 +23,13 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
                K = d->top_k, NH = d->n_heads;
   const size_t T0 = C > ENC_CHUNK ? C : ENC_CHUNK, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
                S = (size_t)cap + C;
+  /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one pass, the
+   * window before a canvas or an encoder chunk and the canvas or chunk itself (attention.cu), in whole tiles
+   * of 64 */
+  const size_t ring = d->window >= 1 ? ((size_t)d->window - 1 + T0 + 63) / 64 * 64 : S, S_ring = ring < S ? ring : S;
   size_t kv = 0;
-  for (int i = 0; i < d->n_layers; i++) kv += 2 * (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
+  for (int i = 0; i < d->n_layers; i++)
+    kv += 2 * (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? S : S_ring) * (size_t)m->layers[i].head_dim * 2;
   const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
   const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
@@ -46,6 +51,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->m = m;
   c->cap = cap;
   c->S = (int32_t)S;
+  c->S_ring = (int32_t)S_ring;
   c->tmax = (int32_t)T;
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
@@ -57,7 +63,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   if (!c->kc || !c->vc) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
 #define A_(ptr, bytes) do { if ((st = dalloc(al, (void **)&(ptr), (bytes), #ptr)) != DG_OK) goto fail; } while (0)
   for (int i = 0; i < d->n_layers; i++) {
-    size_t n = (size_t)m->layers[i].n_kv * S * (size_t)m->layers[i].head_dim * 2;
+    size_t n = (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? S : S_ring) * (size_t)m->layers[i].head_dim * 2;
     A_(c->kc[i], n);
     A_(c->vc[i], n);
     if (cudaMemset(c->kc[i], 0, n) != cudaSuccess || cudaMemset(c->vc[i], 0, n) != cudaSuccess) {

@@ -56,14 +56,14 @@ dg_status wmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const dg_cuda_w
 /* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
 dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up, const dg_cuda_w *w_down,
                     float *out);
-/* A canvas's rows [r0, r0 + n) of a stacked pass: its context's per-layer KV caches (S slots), the position of
+/* A canvas's rows [r0, r0 + n) of a stacked pass: its context's per-layer KV caches, the position of
  * its first canvas slot (or of its encoder chunk) and, compacted, its rows' absolute positions dpos[n] (device;
  * NULL: pos0 + t). */
 #define DG_CUDA_MAX_STACK 64 /* canvases in one stack of dg_cuda_compact_batch */
 typedef struct dg_cuda_seg {
   int r0, n;
   bf16 **kc, **vc;
-  int32_t S;
+  int32_t S, S_ring; /* slots of its full and sliding layers' caches (dg_cuda_ctx) */
   int32_t pos0;
   const int32_t *dpos;
 } dg_cuda_seg;

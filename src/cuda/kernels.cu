@@ -466,12 +466,13 @@ __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc
   __shared__ float sh[32];
   const int t = blockIdx.x, slot = blockIdx.y;
   const int32_t pos = tpos ? tpos[t] : pos0 + t; /* scattered positions: the compacted decoder (spec 7.4) */
+  const int32_t cs = pos % S;                     /* its cache slot (a ring of S slots on sliding layers) */
   const float *row = qkv + (size_t)t * ld;
   int kind, g; /* kind 0 q, 1 k, 2 v */
   const float *src = qkv_slot(row, slot, NH, NKV, D, has_v, &kind, &g);
   const float r = rms_scale(block_sumsq(src, D, sh), D, eps);
   if (kind == 2) {
-    bf16 *dst = vc + ((size_t)g * S + pos) * D;
+    bf16 *dst = vc + ((size_t)g * S + cs) * D;
     for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = __float2bfloat16_rn(src[i] * r);
     return;
   }
@@ -480,7 +481,7 @@ __global__ void qkv_post_kernel(const float *qkv, int64_t ld, float *q, bf16 *kc
   const float p = (float)pos;
   for (int i = threadIdx.x; i < h; i += blockDim.x) {
     rope_store((src[i] * r) * w[i], (src[i + h] * r) * w[i + h], inv_freq[i] * p, kind, i, h,
-               q + ((size_t)t * NH + slot) * D, kc + ((size_t)g * S + pos) * D);
+               q + ((size_t)t * NH + slot) * D, kc + ((size_t)g * S + cs) * D);
   }
 }
 
@@ -497,7 +498,7 @@ __global__ void __launch_bounds__(128) qkv_post_warp_kernel(const float *qkv, in
   DG_PDL_ENTRY();
   const int t = blockIdx.x, slot = blockIdx.y * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (slot >= NH + 2 * NKV) return; /* the whole warp */
-  const int32_t pos = tpos ? tpos[t] : pos0 + t;
+  const int32_t pos = tpos ? tpos[t] : pos0 + t, cs = pos % S;
   const float *row = qkv + (size_t)t * ld;
   int kind, g;
   const float *src = qkv_slot(row, slot, NH, NKV, D, has_v, &kind, &g);
@@ -525,13 +526,13 @@ __global__ void __launch_bounds__(128) qkv_post_warp_kernel(const float *qkv, in
     const int i = lane + 32 * k;
     if (i >= h) continue;
     if (kind == 2) {
-      bf16 *dst = vc + ((size_t)g * S + pos) * D;
+      bf16 *dst = vc + ((size_t)g * S + cs) * D;
       dst[i] = __float2bfloat16_rn(av[k] * r);
       dst[i + h] = __float2bfloat16_rn(bv[k] * r);
       continue;
     }
     rope_store((av[k] * r) * wa[k], (bv[k] * r) * wb[k], fr[k] * p, kind, i, h, q + ((size_t)t * NH + slot) * D,
-               kc + ((size_t)g * S + pos) * D);
+               kc + ((size_t)g * S + cs) * D);
   }
 }
 

@@ -92,7 +92,7 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
     const dg_cuda_seg *q = &sg[g];
     const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
     const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
-    const int32_t S = q->S;
+    const int32_t S = l->is_full ? q->S : q->S_ring;
     if (q->dpos)
       CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
                            inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
@@ -107,7 +107,7 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
     const dg_cuda_seg *q = &sg[g];
     const float *qg = c->q + q->r0 * qrow;
     bf16 *ag = c->att + q->r0 * qrow;
-    const int32_t S = q->S;
+    const int32_t S = l->is_full ? q->S : q->S_ring;
     if (q->dpos)
       CKK(c, k_attention_canvas(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0,
                                 d->canvas, l->is_full, d->window));
@@ -147,7 +147,7 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
 
 /* One layer of one canvas (or encoder chunk) in c's own cache: layer_segs with one segment. */
 dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos) {
-  const dg_cuda_seg one = {0, T, c->kc, c->vc, c->S, pos0, dpos};
+  const dg_cuda_seg one = {0, T, c->kc, c->vc, c->S, c->S_ring, pos0, dpos};
   return layer_segs(c, li, T, &one, 1, causal);
 }
 

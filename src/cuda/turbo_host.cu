@@ -190,7 +190,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
     for (int32_t i = 0; i < q[b].n; i++) t->h_pos[off + i] = q[b].pos0 + q[b].pos[i];
     CK(cudaMemcpyAsync(w->ids + off, q[b].tok, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyAsync(t->cpos + off, q[b].pos, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
-    seg[b] = (dg_cuda_seg){off, q[b].n, q[b].c->kc, q[b].c->vc, q[b].c->S, q[b].pos0, t->pos + off};
+    seg[b] = (dg_cuda_seg){off, q[b].n, q[b].c->kc, q[b].c->vc, q[b].c->S, q[b].c->S_ring, q[b].pos0, t->pos + off};
   }
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)N * 4, cudaMemcpyHostToDevice, s));
   CKK(w, k_embed(s, w->x, &m->embed, w->ids, N, H, d->embed_scale));

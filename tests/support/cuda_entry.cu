@@ -263,8 +263,12 @@ done:
 extern "C" dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc,
                                             const uint16_t *vc, int S, int nq, int NH, int NKV, int D, int32_t pos0,
                                             int32_t kv_hi, int causal, int is_full, int window, uint16_t *out) {
+  /* the keys of the pass: [lo, hi) must have distinct slots j % S (a ring on sliding layers: S < hi) */
+  const int32_t hi = causal ? pos0 + nq : kv_hi,
+                lo = is_full ? 0 : causal ? (pos0 + 1 - window > 0 ? pos0 + 1 - window : 0)
+                                          : (pos0 - (window - 1) > 0 ? pos0 - (window - 1) : 0);
   if (nq <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0 || D % 8 || S <= 0 || pos0 < 0 || window <= 0 ||
-      version < 0 || version > 5 || (causal ? pos0 + nq > S : kv_hi > S || kv_hi <= pos0))
+      version < 0 || version > 5 || (!causal && kv_hi <= pos0) || hi - lo > S)
     return dg_seterr(DG_ERR_INVALID_ARG,
                      "dg_cuda_test_attention: version %d, nq %d, NH %d, NKV %d, D %d, S %d, pos0 %d, kv_hi %d, "
                      "causal %d, window %d",

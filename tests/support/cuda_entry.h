@@ -63,7 +63,8 @@ dg_status dg_cuda_test_router_route(int device, const float *u, const float *W, 
 
 /* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
  * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
- * cache of one layer), out bf16 bits [nq, NH, D]. causal = 1: query t at
+ * cache of one layer: key j in slot j % S, so S may be a ring shorter than
+ * the positions as long as the pass's keys [lo, hi) fit), out bf16 bits [nq, NH, D]. causal = 1: query t at
  * position pos0 + t sees keys [lo, pos0 + t + 1); causal = 0: every query sees
  * [lo, kv_hi); lo = 0 if is_full, else max(0, pos - window + 1) (causal) or
  * max(0, pos0 - window + 1). version 0: the backend's choice, 1: one warp per
