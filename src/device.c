@@ -120,6 +120,12 @@ static dg_status cu_compact(const dg_compact_seq *q, dg_sc_source sc) {
   return dg_cuda_compact(q->ctx->dev, q->tok, q->pos, q->n, q->ctx->len, sc, q->soft, q->head, q->nh, q->raw);
 }
 
+/* The head rows' logits stay on the device: no host buffers. */
+static void cu_head_plan(const dg_model *m, int32_t K, int32_t R, dg_head_plan *out) {
+  (void)m; (void)K; (void)R;
+  *out = (dg_head_plan){0, 0, 0, 0};
+}
+
 /* The device top-K; only [n, K] comes back, then the caller's per-row work. */
 static dg_status cu_head_topk(dg_context *ctx, dg_head_args *a) {
   a->last0 = -1;
@@ -154,7 +160,6 @@ static const dg_cuda_api cuda_api = {
 static const dg_backend cuda_backend = {
     .name = "cuda",
     .device = DG_DEVICE_CUDA,
-    .head_on_host = 0,
     .model_init = cu_model_init,
     .model_free = cu_model_free,
     .model_bytes = cu_model_bytes,
@@ -169,6 +174,7 @@ static const dg_backend cuda_backend = {
     .decode_rows = cu_decode_rows,
     .compact = cu_compact,
     .compact_batch = NULL, /* one device pass per canvas */
+    .head_plan = cu_head_plan,
     .head_topk = cu_head_topk,
     .sc_rows = cu_sc_rows,
     .head_raw = cu_head_raw,
