@@ -29,33 +29,40 @@ typedef enum dg_sc_source {
   DG_SC_HOST = 2, /* host rows soft [C, H] by canvas position, already scaled, given with the pass */
 } dg_sc_source;
 
+/* The host buffers the turbo engine holds for a backend's head rows (head_plan), so that the
+ * sampler sizes them from the backend's answer instead of asking which backend it runs on. */
+typedef struct dg_head_plan {
+  int32_t hn_rows;         /* canvas rows of final-normed hidden states hn [hn_rows, H] the turbo passes leave on the
+                              host (decode_rows / compact), 0: the head rows stay in the backend */
+  int32_t R;               /* rows of the raw [R, V] scratch head_topk fills a chunk at a time, 0: none */
+  size_t tk_size;          /* bytes of one thread's dg_topk_hier scratch (64-aligned), 0: none */
+  int raw_on_row;          /* 1: head_topk hands on_row each row's raw logits (the host makes the SC rows from them);
+                              0: the raw rows stay in the backend (sc_rows, head_raw) */
+} dg_head_plan;
+
 /* The top-K of the LM-head rows of the last turbo pass (head_topk). */
 typedef struct dg_head_args {
   int32_t n, K;            /* head rows of the last pass (in their order), K <= V */
-  const float *hn;         /* [n, H] the rows the pass left in dg_pass_out.hn (head_on_host backends) */
-  int32_t R;               /* head_on_host: LM-head rows per chunk (1..n) */
-  float *raw;              /* head_on_host: [R, V] scratch for one chunk's raw logits */
-  char *tk;                /* head_on_host: nt * tk_size bytes, one dg_topk_hier scratch per thread */
+  const float *hn;         /* [n, H] the rows the pass left in hn (dg_head_plan.hn_rows > 0) */
+  int32_t R;               /* raw rows per chunk (1..n; dg_head_plan.R) */
+  float *raw;              /* [R, V] scratch for one chunk's raw logits (dg_head_plan.R > 0) */
+  char *tk;                /* nt * tk_size bytes, one dg_topk_hier scratch per thread (dg_head_plan.tk_size) */
   size_t tk_size;
   int nt;                  /* threads for the per-row work and on_row */
   float *val;              /* [n, K] out: the K largest raw logits of each row, descending, ties to the lower id */
   int32_t *idx;            /* [n, K] out: their vocabulary ids */
   /* Called once per finite row a (in parallel, `thread` < nt) once its val/idx are written: raw_row is
-   * its raw logits [V] in the scratch (head_on_host; the caller may overwrite them) or NULL; last is 1
+   * its raw logits [V] in the scratch (raw_on_row; the caller may overwrite them) or NULL; last is 1
    * for the rows of the last chunk, whose raw rows stay in `raw` after the call returns. May be NULL. */
   void (*on_row)(void *user, int32_t a, float *raw_row, int last, int thread);
   void *user;
   int32_t bad_row, bad_col;/* out, DG_ERR_NUMERIC: the first row with a NaN or infinity, and its first such id */
-  int32_t last0;           /* out: first row of the last chunk (head_on_host), else -1 */
+  int32_t last0;           /* out: first row of the last chunk (raw_on_row), else -1 */
 } dg_head_args;
 
 typedef struct dg_backend {
   const char *name; /* "cpu", "cuda" */
   dg_device device; /* the device kind it runs on (dg_model_info.device) */
-  /* 1: the turbo passes leave the LM-head rows on the host as final-normed hidden states
-   * (hn [n, H]) and head_topk runs the tied LM head on them in chunks of R rows in the
-   * caller's scratch; 0: the head rows' logits stay in the backend and only [n, K] come back. */
-  int head_on_host;
   /* The canvases whose whole forward sets a batch's work context holds at once (compact_batch's stacks:
    * stack_canvases x canvas rows); 0: one pass of max(canvas, encoder chunk) rows (the CPU: its activations
    * bounded whatever the batch, issue 16). */
@@ -97,7 +104,7 @@ typedef struct dg_backend {
   dg_status (*sc_from_z)(dg_context *ctx, const float *z);
   /* Turbo plain pass (spec 7.3): decoder over canvas[C] with the SC rows `sc` (soft [C, H] for
    * DG_SC_HOST), LM head on the n canvas rows rows[]: raw [n, V] (no softcap) if raw != NULL; else
-   * (head_on_host) their final-normed hidden states hn [n, H], or (device) the raw rows stay in
+   * (head_plan hn_rows > 0) their final-normed hidden states hn [n, H], or the raw rows stay in
    * the backend for head_topk / sc_rows / head_raw. Errors: DG_ERR_INVALID_ARG (a row or id out
    * of range), DG_ERR_CONTEXT_FULL. */
   dg_status (*decode_rows)(dg_context *ctx, const int32_t *canvas, dg_sc_source sc, const float *soft,
@@ -110,17 +117,23 @@ typedef struct dg_backend {
   dg_status (*compact_batch)(dg_context *work, const struct dg_compact_seq *seqs, int32_t B);
 
   /* ---- the turbo chain after a pass ---- */
+  /* The host buffers head_topk and the passes' head rows need for top-K K with at most R raw rows
+   * at a time (CPU: hn [C, H], raw [R, V], the top-K scratch, raw rows handed to on_row, so that
+   * the LM head runs R rows at a time in the caller's scratch; a device: none, the head rows'
+   * logits stay there and only [n, K] come back). */
+  void (*head_plan)(const dg_model *m, int32_t K, int32_t R, dg_head_plan *out);
   /* Hierarchical exact top-K (spec 7.3; dg_topk_hier with finite_only) of the head rows of the
    * last pass: a->val, a->idx, a->on_row; DG_ERR_NUMERIC (no message) with a->bad_row/bad_col. */
   dg_status (*head_topk)(dg_context *ctx, dg_head_args *a);
-  /* (optional) Self-conditioning rows of mode `mode` made and kept in the backend for the
+  /* Self-conditioning rows of mode `mode` made and kept in the backend for the
    * next pass with DG_SC_KEPT: the n head rows of the last pass go to canvas rows rows[n]
    * (spec 5, 7.3; DG_TURBO_SC_EXACT from softcap(raw)/T, DG_TURBO_SC_TOPK from p [n, K], the
    * K-way probabilities of the last head_topk's ids). *kept = 0 (and nothing done) for a mode
-   * it does not make: the caller makes host rows (DG_SC_HOST). NULL: never kept. */
+   * it does not make (the CPU: every mode): the caller makes host rows (DG_SC_HOST). */
   dg_status (*sc_rows)(dg_context *ctx, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                        const float *p, int *kept);
-  /* (optional; device backends) Copy the first n raw head rows of the last pass to raw [n, V]. */
+  /* Copy the first n raw head rows of the last pass to raw [n, V] (where !raw_on_row; else
+   * DG_ERR_INVALID_ARG: the rows went to on_row and are not kept). */
   dg_status (*head_raw)(dg_context *ctx, int32_t n, float *raw);
 
   /* ---- device and profiling ---- */

@@ -97,6 +97,29 @@ static dg_status cpu_head_topk(dg_context *ctx, dg_head_args *a) {
   return DG_OK;
 }
 
+/* The LM head runs here, R rows at a time in the caller's scratch: the passes leave the head rows'
+ * hidden states [C, H], head_topk ranks each chunk's raw rows and hands them to on_row. */
+static void cpu_head_plan(const dg_model *m, int32_t K, int32_t R, dg_head_plan *out) {
+  out->hn_rows = m->cfg.canvas_length;
+  out->R = R;
+  out->tk_size = (dg_topk_scratch_size(m->cfg.vocab_size, K) + 63) & ~(size_t)63;
+  out->raw_on_row = 1;
+}
+
+/* Self-conditioning rows are made on the host (turbo.c), in ctx->soft: none kept here. */
+static dg_status cpu_sc_rows(dg_context *ctx, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
+                             const float *p, int *kept) {
+  (void)ctx; (void)mode; (void)n; (void)rows; (void)cap; (void)T; (void)p;
+  *kept = 0;
+  return DG_OK;
+}
+
+/* head_topk hands the raw rows over while they are in the scratch: none are kept after it. */
+static dg_status cpu_head_raw(dg_context *ctx, int32_t n, float *raw) {
+  (void)ctx; (void)n; (void)raw;
+  return dg_seterr(DG_ERR_INVALID_ARG, "the cpu backend keeps no raw logits for self-conditioning");
+}
+
 static dg_status cpu_info(int index, char *buf, size_t n) {
   (void)index;
   snprintf(buf, n, "cpu, %s kernels", dg_kernels_best()->name);
@@ -106,7 +129,6 @@ static dg_status cpu_info(int index, char *buf, size_t n) {
 static const dg_backend cpu_backend = {
     .name = "cpu",
     .device = DG_DEVICE_CPU,
-    .head_on_host = 1,
     .model_init = cpu_model_init,
     .model_free = cpu_model_free,
     .model_bytes = cpu_model_bytes,
@@ -121,9 +143,10 @@ static const dg_backend cpu_backend = {
     .decode_rows = cpu_decode_rows,
     .compact = cpu_compact,
     .compact_batch = dg_cpu_compact_batch,
+    .head_plan = cpu_head_plan,
     .head_topk = cpu_head_topk,
-    .sc_rows = NULL,   /* self-conditioning rows are made on the host (turbo.c), in ctx->soft */
-    .head_raw = NULL,  /* head_topk hands the raw rows over while they are in the scratch */
+    .sc_rows = cpu_sc_rows,
+    .head_raw = cpu_head_raw,
     .info = cpu_info,
     .profile = NULL,
     .profile_read = NULL,

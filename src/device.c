@@ -142,6 +142,12 @@ static dg_status cu_compact_batch(dg_context *work, const dg_compact_seq *seqs, 
   return st;
 }
 
+/* The head rows' logits stay on the device: no host buffers. */
+static void cu_head_plan(const dg_model *m, int32_t K, int32_t R, dg_head_plan *out) {
+  (void)m; (void)K; (void)R;
+  *out = (dg_head_plan){0, 0, 0, 0};
+}
+
 /* The device top-K; only [n, K] comes back, then the caller's per-row work. */
 static dg_status cu_head_topk(dg_context *ctx, dg_head_args *a) {
   a->last0 = -1;
@@ -169,14 +175,13 @@ static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
 }
 
 static const dg_cuda_api cuda_api = {
-    dg_cuda_step_stats, dg_cuda_compact, dg_cuda_put_raw_rows, dg_cuda_get_soft, dg_cuda_topk, dg_cuda_turbo_sc,
-    dg_cuda_ceilings_measure, dg_cuda_bench_experts,
+    dg_cuda_step_stats, dg_cuda_compact, dg_cuda_topk, dg_cuda_turbo_sc, dg_cuda_ceilings_measure,
+    dg_cuda_bench_experts,
 };
 
 static const dg_backend cuda_backend = {
     .name = "cuda",
     .device = DG_DEVICE_CUDA,
-    .head_on_host = 0,
     .stack_canvases = 8, /* stacks of up to 8 x 256 rows: the expert weights read once for all of them */
     .model_init = cu_model_init,
     .model_free = cu_model_free,
@@ -192,6 +197,7 @@ static const dg_backend cuda_backend = {
     .decode_rows = cu_decode_rows,
     .compact = cu_compact,
     .compact_batch = cu_compact_batch, /* stacks of canvases in the work context's device buffers */
+    .head_plan = cu_head_plan,
     .head_topk = cu_head_topk,
     .sc_rows = cu_sc_rows,
     .head_raw = cu_head_raw,

@@ -517,7 +517,7 @@ dg_status dg_forward_decode_hidden(dg_context *ctx, const int32_t *canvas, const
 
 dg_status dg_cpu_compact_buffers(dg_context *ctx) { return dg_context_compact_buffers(ctx); }
 
-/* Checks of the compacted pass's sizes and positions (dg_compact_seq_check, the oracle). */
+/* Checks of the compacted pass's sizes and positions (dg_compact_seq_check). */
 static dg_status compact_args(dg_context *ctx, const int32_t *pos, int32_t n, const int32_t *head, int32_t nh) {
   const int C = ctx->m->cfg.canvas_length;
   if (n < 1 || n > C || nh < 0 || nh > C)
@@ -656,50 +656,37 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
   return DG_OK;
 }
 
-dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
-                                    const float *soft, const int32_t *head, int32_t nh, float *raw) {
-  const dg_model *m = ctx->m;
-  const dg_config *c = &m->cfg;
-  const int H = c->hidden_size;
-  if (!ctx->kv) return dg_seterr(DG_ERR_INVALID_ARG, "the compacted-pass oracle is CPU code: use a CPU context");
-  if (!ctx->cbuf_k) return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
-  DG_TRY(compact_args(ctx, pos, n, head, nh));
-  DG_TRY(dg_context_work(ctx));
-  const int32_t L = ctx->len, C = c->canvas_length;
-  float *X = malloc((size_t)n * H * sizeof(float)), *Y = malloc((size_t)n * H * sizeof(float));
-  if (!X || !Y) { free(X); free(Y); return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory"); }
-  dg_status st = DG_OK;
-  /* the input, one token at a time */
-  for (int32_t t = 0; t < n && !st; t++) {
-    st = compact_input(ctx, tok + t, pos + t, 1, soft);
-    memcpy(X + (size_t)t * H, ctx->w->x, (size_t)H * sizeof(float));
-  }
-  for (int li = 0; li < c->n_layers && !st; li++) {
-    /* every token's fresh K/V into the buffer first ... */
-    for (int32_t t = 0; t < n; t++) {
-      int32_t ap = L + pos[t];
-      memcpy(ctx->w->x, X + (size_t)t * H, (size_t)H * sizeof(float));
-      ctx->w->rope_scatter_id++;
-      qkv(ctx, li, 1, L, &ap);
-      compact_scatter(ctx, li, pos + t, 1);
-    }
-    /* ... then each token's attention over [prefix, canvas buffer] and its FFN */
-    for (int32_t t = 0; t < n; t++) {
-      int32_t ap = L + pos[t];
-      memcpy(ctx->w->x, X + (size_t)t * H, (size_t)H * sizeof(float));
-      ctx->w->rope_scatter_id++;
-      qkv(ctx, li, 1, L, &ap);
-      attention(ctx, li, ctx->w->q, 1, L, ctx->cbuf_k[li], ctx->cbuf_v[li], C, ctx->w->att);
-      attn_out(ctx, li, 1);
-      ffn(ctx, li, 1, m->layers[li].layer_scalar_dec);
-      memcpy(Y + (size_t)t * H, ctx->w->x, (size_t)H * sizeof(float));
-    }
-    float *tmp = X; X = Y; Y = tmp;
-  }
-  if (!st && nh > 0) head_rows_raw(ctx, X, head, nh, raw, NULL);
-  free(X);
-  free(Y);
-  return st;
+/* ---- one row at a time: the steps of the compacted pass for one token (model.h) ---- */
+
+dg_status dg_cpu_row_input(dg_context *ctx, int32_t tok, int32_t pos, const float *soft, float *x) {
+  DG_TRY(compact_input(ctx, &tok, &pos, 1, soft));
+  memcpy(x, ctx->w->x, (size_t)ctx->m->cfg.hidden_size * sizeof(float));
+  return DG_OK;
+}
+
+/* The row x [H] of canvas position pos into the activations with its queries, keys and values of layer li. */
+static void row_qkv(dg_context *ctx, int li, int32_t pos, const float *x) {
+  int32_t ap = ctx->len + pos;
+  memcpy(ctx->w->x, x, (size_t)ctx->m->cfg.hidden_size * sizeof(float));
+  ctx->w->rope_scatter_id++;
+  qkv(ctx, li, 1, ctx->len, &ap);
+}
+
+void dg_cpu_row_kv(dg_context *ctx, int li, int32_t pos, const float *x) {
+  row_qkv(ctx, li, pos, x);
+  compact_scatter(ctx, li, &pos, 1);
+}
+
+void dg_cpu_row_layer(dg_context *ctx, int li, int32_t pos, const float *x, float *y) {
+  row_qkv(ctx, li, pos, x);
+  attention(ctx, li, ctx->w->q, 1, ctx->len, ctx->cbuf_k[li], ctx->cbuf_v[li], ctx->m->cfg.canvas_length, ctx->w->att);
+  attn_out(ctx, li, 1);
+  ffn(ctx, li, 1, ctx->m->layers[li].layer_scalar_dec);
+  memcpy(y, ctx->w->x, (size_t)ctx->m->cfg.hidden_size * sizeof(float));
+}
+
+void dg_cpu_rows_head(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw) {
+  head_rows_raw(ctx, hid, rows, n, raw, NULL);
 }
 
 /* Canvas rows per block of the soft embedding: the block's probabilities

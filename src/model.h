@@ -231,11 +231,18 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
  * on the host). Errors: DG_ERR_INVALID_ARG, DG_ERR_CONTEXT_FULL. */
 dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32_t q, int host_hn);
 
-/* The same semantics computed token by token (one-row passes per layer: all
- * of F's K/V scattered first, then each query's attention and FFN): the slow
- * oracle that dg_forward_compact is tested against. */
-dg_status dg_forward_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,
-                                    const float *soft, const int32_t *head, int32_t nh, float *raw);
+/* The compacted pass's steps for one token at a time, so that the token-by-token oracle of the
+ * tests (tests/support/compact_oracle.h) is built from the pass's own steps. ctx: a CPU context
+ * with its work buffers (dg_context_work) and canvas K/V buffers; pos: a canvas position.
+ * dg_cpu_row_input: x [H] = the decoder input of token tok (E[tok] * scale + the SC MLP of
+ * soft's row pos, soft [C, H] or NULL, post-normed; spec 4.8). dg_cpu_row_kv: the K/V of layer
+ * li of the row x [H] written into the layer's canvas buffer row pos. dg_cpu_row_layer: layer
+ * li on the row x [H] (its attention over [prefix, the whole canvas buffer], no mask, then its
+ * FFN): y [H]. dg_cpu_rows_head: the LM head on the n rows rows[] of hid [*, H]: raw [n, V]. */
+dg_status dg_cpu_row_input(dg_context *ctx, int32_t tok, int32_t pos, const float *soft, float *x);
+void dg_cpu_row_kv(dg_context *ctx, int li, int32_t pos, const float *x);
+void dg_cpu_row_layer(dg_context *ctx, int li, int32_t pos, const float *x, float *y);
+void dg_cpu_rows_head(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw);
 
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and
  * 4.9): z cast to the embedding dtype, softmax in fp32, probabilities cast to

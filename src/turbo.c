@@ -112,31 +112,32 @@ static void scratch_free(turbo_scratch *w) {
   memset(w, 0, sizeof *w);
 }
 
-/* Grow w to what a sequence of parameters p needs: R rows of logits, top-K
- * scratch for K (and the repair's 2), the SC mode's rows. */
-static dg_status scratch_reserve(turbo_scratch *w, const dg_model *m, const dg_gen_params *p, int32_t K, int32_t R) {
-  const int32_t V = m->cfg.vocab_size;
+/* Grow w to what a sequence of parameters p needs: the backend's head
+ * buffers hp (R rows of logits, top-K scratch for K and the repair's 2), the
+ * SC mode's rows. */
+static dg_status scratch_reserve(turbo_scratch *w, const dg_model *m, const dg_gen_params *p, int32_t K,
+                                 const dg_head_plan *hp) {
+  const int32_t V = m->cfg.vocab_size, R = hp->R;
   const size_t nt = m->n_threads > 0 ? (size_t)m->n_threads : 1;
   const dg_turbo_sc sc = p->turbo.sc_mode;
   int ok = 1;
-  if (m->bk->head_on_host) {
-    if (R > w->R) {
-      free(w->raw);
-      w->raw = malloc((size_t)R * V * sizeof(float));
-      w->R = w->raw ? R : 0;
-      ok = ok && w->raw;
-    }
-    const size_t tk = (dg_topk_scratch_size(V, K > 2 ? K : 2) + 63) & ~(size_t)63;
-    if (tk > w->tk_size) {
-      free(w->tk);
-      w->tk = malloc(nt * tk);
-      w->tk_size = w->tk ? tk : 0;
-      ok = ok && w->tk;
-    }
-    if (sc == DG_TURBO_SC_EXACT && !w->zrow) ok = ok && (w->zrow = malloc(nt * V * sizeof(float)));
-    if (sc != DG_TURBO_SC_TOPK && !w->stage)
-      ok = ok && (w->stage = malloc((size_t)m->cfg.canvas_length * m->cfg.hidden_size * sizeof(float)));
+  if (R > w->R) {
+    free(w->raw);
+    w->raw = malloc((size_t)R * V * sizeof(float));
+    w->R = w->raw ? R : 0;
+    ok = ok && w->raw;
   }
+  if (hp->tk_size > w->tk_size) {
+    free(w->tk);
+    w->tk = malloc(nt * hp->tk_size);
+    w->tk_size = w->tk ? hp->tk_size : 0;
+    ok = ok && w->tk;
+  }
+  /* the SC rows made here from the raw rows head_topk hands over (sc_row): exact mode's z rows, and
+   * the rows of the chunks before the last, staged until the acceptance wants them */
+  if (hp->raw_on_row && sc == DG_TURBO_SC_EXACT && !w->zrow) ok = ok && (w->zrow = malloc(nt * V * sizeof(float)));
+  if (hp->raw_on_row && sc != DG_TURBO_SC_TOPK && !w->stage)
+    ok = ok && (w->stage = malloc((size_t)m->cfg.canvas_length * m->cfg.hidden_size * sizeof(float)));
   if (sc == DG_TURBO_SC_ADAPTIVE && !w->sc_work) {
     w->sc_size = (dg_turbo_sc_work_size(V, K) + 63) & ~(size_t)63;
     ok = ok && (w->sc_work = malloc(nt * w->sc_size));
@@ -194,12 +195,14 @@ static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_par
                                            : (int64_t)(TURBO_HEAD_BYTES / ((size_t)V * sizeof(float)));
   s->R = R < 1 ? 1 : R < C ? (int32_t)R : C;
   s->w = w;
-  DG_TRY(scratch_reserve(w, m, p, s->K, s->R));
+  dg_head_plan hp;
+  m->bk->head_plan(m, s->K > 2 ? s->K : 2, s->R, &hp);
+  DG_TRY(scratch_reserve(w, m, p, s->K, &hp));
   const size_t Cz = (size_t)C, CK = Cz * s->K, CH = Cz * s->H;
-  const int host = m->bk->head_on_host;
-  /* device backends: the raw rows stay in the backend unless the adaptive SC mode needs them here;
-   * the CPU's chunks live in w->raw and its head rows come back as hidden states hn */
-  const size_t n_raw = !host && p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? Cz * V : 0, n_hn = host ? CH : 0;
+  /* raw rows kept in the backend come here (head_raw) only for the adaptive SC mode; rows handed to
+   * on_row live in w->raw a chunk at a time; head rows may come back as hidden states hn */
+  const size_t n_raw = !hp.raw_on_row && p->turbo.sc_mode == DG_TURBO_SC_ADAPTIVE ? Cz * V : 0,
+               n_hn = (size_t)hp.hn_rows * s->H;
   const dg_arena_item it[] = {
       DG_ARENA_ITEM(s->raw, n_raw),     DG_ARENA_ITEM(s->hn, n_hn),
       DG_ARENA_ITEM(s->kp, CK),         DG_ARENA_ITEM(s->kidx, CK),
@@ -270,7 +273,7 @@ typedef struct turbo_row_ctx {
 
 /* Head row a is ranked (s->pk / s->pidx): its top-K to canvas position
  * active[a], its distribution, and the SC row computed ahead while its raw
- * logits are in the scratch (head_on_host backends). */
+ * logits are in the scratch (head_plan raw_on_row). */
 static void row_done(void *user, int32_t a, float *raw, int last, int th) {
   const turbo_row_ctx *rc = user;
   turbo_state *s = rc->s;
@@ -311,14 +314,12 @@ static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, co
   const int32_t V = s->V, K = s->K, H = s->H;
   const float cap = m->cfg.final_logit_softcapping;
   const dg_turbo_sc mode = p->turbo.sc_mode;
-  if (m->bk->sc_rows) {
-    if (mode == DG_TURBO_SC_TOPK) /* the K-way probabilities, packed by active row */
-      for (int32_t a = 0; a < n; a++)
-        memcpy(s->pk + (size_t)a * K, s->kp + (size_t)s->active[a] * K, (size_t)K * sizeof(float));
-    int kept = 0;
-    DG_TRY(m->bk->sc_rows(ctx, mode, n, s->active, cap, T, mode == DG_TURBO_SC_TOPK ? s->pk : NULL, &kept));
-    if (kept) { *src = DG_SC_KEPT; return DG_OK; }
-  }
+  if (mode == DG_TURBO_SC_TOPK) /* the K-way probabilities, packed by active row */
+    for (int32_t a = 0; a < n; a++)
+      memcpy(s->pk + (size_t)a * K, s->kp + (size_t)s->active[a] * K, (size_t)K * sizeof(float));
+  int kept = 0;
+  DG_TRY(m->bk->sc_rows(ctx, mode, n, s->active, cap, T, mode == DG_TURBO_SC_TOPK ? s->pk : NULL, &kept));
+  if (kept) { *src = DG_SC_KEPT; return DG_OK; }
   *src = DG_SC_HOST;
   const float *raw0 = s->raw; /* rows handed back by the backend, by active row from 0 */
   int32_t a0 = 0;
@@ -328,9 +329,7 @@ static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, co
     for (int32_t a = 0; a < a0; a++)
       memcpy(s->soft + (size_t)s->active[a] * H, s->w->stage + (size_t)s->active[a] * H, (size_t)H * sizeof(float));
   } else if (mode != DG_TURBO_SC_TOPK) {
-    if (!m->bk->head_raw)
-      return dg_seterr(DG_ERR_INVALID_ARG, "the %s backend keeps no raw logits for self-conditioning", m->bk->name);
-    DG_TRY(m->bk->head_raw(ctx, n, s->raw)); /* adaptive on a device: on the host, from the raw rows */
+    DG_TRY(m->bk->head_raw(ctx, n, s->raw)); /* raw rows kept in the backend: here, from the raw rows */
   }
 #pragma omp parallel for num_threads(s->nt) schedule(dynamic)
   for (int32_t a = a0; a < n; a++) {

@@ -905,7 +905,7 @@ static void test_turbo_topk(void **state) {
           *e = ex[(unsigned)((f + 1.0f) * 3.0f) % 6];
         } else *e = 0.5f; /* constant */
       }
-    assert_dg_ok(cu()->put_raw_rows(ctx->dev, C, x));
+    assert_dg_ok(cut()->put_raw_rows(ctx->dev, C, x));
     for (size_t kk = 0; kk < sizeof Ks / sizeof *Ks; kk++) {
       const int K = Ks[kk];
       int32_t br = -1, bc = -1;
@@ -925,14 +925,14 @@ static void test_turbo_topk(void **state) {
   x[(size_t)3 * V + 200] = NAN;
   x[(size_t)3 * V + 250] = INFINITY;
   x[(size_t)9 * V + 5] = -INFINITY;
-  assert_dg_ok(cu()->put_raw_rows(ctx->dev, C, x));
+  assert_dg_ok(cut()->put_raw_rows(ctx->dev, C, x));
   int32_t br = -1, bc = -1;
   assert_int_equal(cu()->topk(ctx->dev, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
   assert_int_equal(br, 3);
   assert_int_equal(bc, 200);
   x[(size_t)3 * V + 200] = 0.0f;
   x[(size_t)3 * V + 250] = 0.0f;
-  assert_dg_ok(cu()->put_raw_rows(ctx->dev, C, x));
+  assert_dg_ok(cut()->put_raw_rows(ctx->dev, C, x));
   assert_int_equal(cu()->topk(ctx->dev, C, 16, gv, gi, &br, &bc), DG_ERR_NUMERIC);
   assert_int_equal(br, 9);
   assert_int_equal(bc, 5);
@@ -975,16 +975,16 @@ static void test_turbo_sc(void **state) {
   for (size_t i = 0; i < (size_t)C * V; i++) x[i] = synth_rand(&sd) * 8.0f;
   const double u = ldexp(1.0, -8), u32 = ldexp(1.0, -24);
   for (int mode = 0; mode < 2; mode++) {
-    assert_dg_ok(cu()->put_raw_rows(ctx->dev, n, x));
+    assert_dg_ok(cut()->put_raw_rows(ctx->dev, n, x));
     int32_t br, bc;
     assert_dg_ok(cu()->topk(ctx->dev, n, K, kv, ki, &br, &bc));
     for (int r = 0; r < n; r++) {
       dg_turbo_pos tp;
       dg_turbo_dist(kv + (size_t)r * K, ki + (size_t)r * K, K, cap, T, 0.0f, DG_PROPOSAL_ARGMAX, kp + (size_t)r * K, &tp);
     }
-    assert_dg_ok(cu()->get_soft(ctx->dev, s0));
+    assert_dg_ok(cut()->get_soft(ctx->dev, s0));
     assert_dg_ok(cu()->turbo_sc(ctx->dev, mode, n, rows, cap, T, kp));
-    assert_dg_ok(cu()->get_soft(ctx->dev, sg));
+    assert_dg_ok(cut()->get_soft(ctx->dev, sg));
     double worst = 0; /* largest |diff| / bound */
     for (int r = 0; r < n; r++) {
       const float *raw = x + (size_t)r * V;

@@ -35,6 +35,7 @@
 #include "synth.h"
 #include "testutil.h"
 #include "procmem.h"
+#include "support/compact_oracle.h"
 #include "turbo.h"
 
 static char tmp_root[256];
@@ -847,7 +848,7 @@ static void compact_checks(int ref) {
   assert_dg_ok(dg_forward_compact(ctx, tok, fpos, nf, soft, hrow, nh, a));
   kvsnap after = kv_save(ctx);
   kv_restore(ctx, &before);
-  assert_dg_ok(dg_forward_compact_oracle(ctx, tok, fpos, nf, soft, hrow, nh, b));
+  assert_dg_ok(dg_compact_oracle(ctx, tok, fpos, nf, soft, hrow, nh, b));
   double d = max_diff(a, b, (size_t)nh * V);
   char form[64];
   const double u = ldexp(1.0, -24), K = fmax(fmax(c.hidden, c.inter), (double)c.heads * c.ghd);

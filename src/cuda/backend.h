@@ -183,10 +183,6 @@ dg_status dg_cuda_compact_batch(dg_cuda_ctx *work, const dg_cuda_cseq *q, int32_
 
 /* Copy the first n raw logit rows of the last pass to raw_out [n, V]. */
 dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out);
-/* Upload n host rows raw [n, V] as if a pass had left them (tests of the top-K). */
-dg_status dg_cuda_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw);
-/* Copy the device self-conditioning rows c->soft [C, H] to the host (tests). */
-dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft);
 
 /* Hierarchical exact top-K (spec 7.3; CPU: dg_topk_hier with finite_only) of
  * the first n raw rows of the last pass, on the device: chunk maxima over
@@ -328,15 +324,14 @@ dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_experts_args *a,
 
 /* The entry points that tests and tools call directly, by pointer (the CUDA
  * table's `api`, src/backend.h), so that they link in a CPU-only build. The
- * test-only entry points (one kernel on host data) are not here: they are in
- * the test support library (tests/support/cuda_entry.h). */
+ * test-only entry points (one kernel on host data; a context's raw rows in
+ * and self-conditioning rows out) are not here: they are in the test support
+ * library (tests/support/cuda_entry.h). */
 typedef struct dg_cuda_api {
   dg_status (*step_stats)(dg_cuda_ctx *c, float temperature, dg_proposal mode, uint64_t seed, int32_t block,
                           int32_t step, const float *uni, void *out, int32_t *bad_pos);
   dg_status (*compact)(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
                        dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out);
-  dg_status (*put_raw_rows)(dg_cuda_ctx *c, int32_t n, const float *raw);
-  dg_status (*get_soft)(dg_cuda_ctx *c, float *soft);
   dg_status (*topk)(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t *idx, int32_t *bad_row,
                     int32_t *bad_col);
   dg_status (*turbo_sc)(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,

@@ -80,6 +80,24 @@ dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg
 
 /* ---- turbo_host.cu ---- */
 
+/* Device buffers of the turbo entry points, allocated on first use. */
+struct dg_cuda_turbo {
+  int32_t *pos;      /* [tmax] absolute positions of a compacted pass's rows */
+  int32_t *cpos;     /* [tmax] their canvas positions (self-conditioning rows) */
+  int32_t *rows;     /* [C] LM-head rows, then canvas rows of the self-conditioning signal */
+  int32_t *h_pos;    /* host [tmax] */
+  int32_t nraw;      /* rows of raw logits in c->logits (0: none) */
+  int32_t K;         /* largest K the top-K buffers hold (0: not allocated) */
+  int32_t klast;     /* K of the last dg_cuda_topk: the layout of idx [n, klast] */
+  float *cv, *candv, *val, *p; /* [C, nC], [C, min(K, nC) * 64], [C, K], [C, K] */
+  int32_t *ci, *candi, *idx;   /* as cv, candv, val */
+  int32_t *bad;      /* [1 + C] */
+};
+
+/* c->tb with its index buffers; with K > 0 also the top-K buffers for K
+ * (kept across calls for the largest K asked; a failed allocation leaves
+ * nothing half-made behind). */
+dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K);
 /* Free the turbo buffers of c (dg_cuda_ctx_free). */
 void turbo_free(dg_cuda_ctx *c);
 

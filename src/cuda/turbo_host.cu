@@ -12,20 +12,6 @@
 
 /* ---- turbo engine (spec 7; host engine src/turbo.c, kernels turbo.cu) -------------- */
 
-/* Device buffers of the turbo entry points, allocated on first use. */
-struct dg_cuda_turbo {
-  int32_t *pos;      /* [tmax] absolute positions of a compacted pass's rows */
-  int32_t *cpos;     /* [tmax] their canvas positions (self-conditioning rows) */
-  int32_t *rows;     /* [C] LM-head rows, then canvas rows of the self-conditioning signal */
-  int32_t *h_pos;    /* host [tmax] */
-  int32_t nraw;      /* rows of raw logits in c->logits (0: none) */
-  int32_t K;         /* largest K the top-K buffers hold (0: not allocated) */
-  int32_t klast;     /* K of the last dg_cuda_topk: the layout of idx [n, klast] */
-  float *cv, *candv, *val, *p; /* [C, nC], [C, min(K, nC) * 64], [C, K], [C, K] */
-  int32_t *ci, *candi, *idx;   /* as cv, candv, val */
-  int32_t *bad;      /* [1 + C] */
-};
-
 static void turbo_topk_free(dg_cuda_turbo *t) {
   cudaFree(t->cv); cudaFree(t->candv); cudaFree(t->val); cudaFree(t->p);
   cudaFree(t->ci); cudaFree(t->candi); cudaFree(t->idx); cudaFree(t->bad);
@@ -63,10 +49,7 @@ static dg_status turbo_index_bufs(dg_cuda_turbo *t, size_t C, size_t T) {
   return DG_OK;
 }
 
-/* c->tb with its index buffers; with K > 0 also the top-K buffers for K
- * (kept across calls for the largest K asked; a failed allocation leaves
- * nothing half-made behind). */
-static dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
+dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
   const size_t C = c->m->d.canvas, V = c->m->d.vocab, T = c->tmax;
   if (!c->tb) {
     dg_cuda_turbo *t = (dg_cuda_turbo *)calloc(1, sizeof *t);
@@ -338,25 +321,6 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
   }
   c->have_soft = 1;
-  return DG_OK;
-}
-
-extern "C" dg_status dg_cuda_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw) {
-  const dg_cuda_model_desc *d = &c->m->d;
-  if (n < 0 || n > d->canvas) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA: %d raw rows for a canvas of %d", n, d->canvas);
-  CK(cudaSetDevice(c->m->device));
-  DG_TRY(turbo_bufs(c, 0));
-  CK(cudaMemcpyAsync(c->logits, raw, (size_t)n * d->vocab * 4, cudaMemcpyHostToDevice, c->stream));
-  CK(cudaStreamSynchronize(c->stream));
-  c->tb->nraw = n;
-  return DG_OK;
-}
-
-extern "C" dg_status dg_cuda_get_soft(dg_cuda_ctx *c, float *soft) {
-  const dg_cuda_model_desc *d = &c->m->d;
-  CK(cudaSetDevice(c->m->device));
-  CK(cudaMemcpyAsync(soft, c->soft, (size_t)d->canvas * d->hidden * 4, cudaMemcpyDeviceToHost, c->stream));
-  CK(cudaStreamSynchronize(c->stream));
   return DG_OK;
 }
 

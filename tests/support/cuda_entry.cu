@@ -297,9 +297,30 @@ done:
 #undef TT_
 #undef TC_
 
+/* ---- a context's device state, for the tests of the turbo entry points ---- */
+
+extern "C" dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (n < 0 || n > d->canvas) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA: %d raw rows for a canvas of %d", n, d->canvas);
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(turbo_bufs(c, 0));
+  CK(cudaMemcpyAsync(c->logits, raw, (size_t)n * d->vocab * 4, cudaMemcpyHostToDevice, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  c->tb->nraw = n;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  CK(cudaSetDevice(c->m->device));
+  CK(cudaMemcpyAsync(soft, c->soft, (size_t)d->canvas * d->hidden * 4, cudaMemcpyDeviceToHost, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
 static const dg_cuda_test_api test_table = {
-    dg_cuda_test_matmul, dg_cuda_test_embed, dg_cuda_test_soft, dg_cuda_test_experts, dg_cuda_test_route,
-    dg_cuda_test_attention, dg_cuda_test_router_route,
+    dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
+    dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

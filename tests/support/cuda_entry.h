@@ -76,6 +76,13 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
                                  int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                                  int window, uint16_t *out);
 
+/* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
+ * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
+ * DG_ERR_OUT_OF_MEMORY. */
+dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw);
+/* Copy c's device self-conditioning rows [C, H] to soft (host). Errors: DG_ERR_BACKEND. */
+dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft);
+
 /* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
  * the tests link in a CPU-only build. */
 typedef struct dg_cuda_test_api {
@@ -90,6 +97,8 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
                               int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                               int window, uint16_t *out);
+  dg_status (*put_raw_rows)(dg_cuda_ctx *c, int32_t n, const float *raw);
+  dg_status (*get_soft)(dg_cuda_ctx *c, float *soft);
   dg_status (*test_router_route)(int device, const float *u, const float *W, const float *pes, int T, int E, int H,
                                  int K, int32_t *idx, float *w, long *n_diff);
 } dg_cuda_test_api;
