@@ -112,8 +112,8 @@ typedef struct dg_backend {
   /* Compacted active-set pass (spec 7.4; model.h dg_forward_compact) of one canvas q (q->soft with
    * DG_SC_HOST); head rows out as decode_rows (q->raw, q->hn). */
   dg_status (*compact)(const struct dg_compact_seq *q, dg_sc_source sc);
-  /* (optional) B canvases' compacted passes as one stack of rows in the scratch of `work` (the
-   * results of each equal its own compact). NULL: the samplers run one compact per canvas. */
+  /* B canvases' compacted passes as stacks of rows in the scratch of `work` (every canvas checked first, the
+   * results of each equal its own compact; the SC rows: seqs[q].soft on the host, else seqs[q].sc). */
   dg_status (*compact_batch)(dg_context *work, const struct dg_compact_seq *seqs, int32_t B);
 
   /* ---- the turbo chain after a pass ---- */

@@ -187,14 +187,7 @@ dg_status dg_forward_decode_rows(dg_context *ctx, const int32_t *canvas, const f
 dg_status dg_compact_buffers(dg_context *ctx) { return ctx->m->bk->compact_prepare(ctx); }
 
 dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
-  const dg_backend *bk = work->m->bk;
-  if (bk->compact_batch) return bk->compact_batch(work, seqs, B);
-  dg_head_plan hp;
-  bk->head_plan(work->m, 1, 1, &hp);
-  for (int32_t q = 0; q < B; q++) DG_TRY(dg_compact_seq_check(work->m, &seqs[q], q, hp.hn_rows > 0));
-  for (int32_t q = 0; q < B; q++)
-    DG_TRY(bk->compact(&seqs[q], seqs[q].soft ? DG_SC_HOST : seqs[q].sc == DG_SC_KEPT ? DG_SC_KEPT : DG_SC_NONE));
-  return DG_OK;
+  return work->m->bk->compact_batch(work, seqs, B);
 }
 
 dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,

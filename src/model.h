@@ -133,9 +133,9 @@ dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t 
                              const int32_t *head, int32_t nh, float *raw);
 
 struct dg_compact_seq;
-/* B canvases' compacted passes: one stacked pass in work's scratch where the
- * backend has one (compact_batch), else one pass per canvas (work unused).
- * Every canvas is checked (dg_compact_seq_check) before any pass runs. */
+/* B canvases' compacted passes as stacks of rows in work's scratch (the
+ * backend's compact_batch). Every canvas is checked (dg_compact_seq_check)
+ * before any pass runs. */
 dg_status dg_forward_compact_batch(dg_context *work, const struct dg_compact_seq *seqs, int32_t B);
 
 /* dg_context_new whose own activations (allocated on its first pass) hold passes of at least

@@ -594,7 +594,7 @@ static dg_status seq_forward(turbo_seq *q) {
  * (NULL when B == 1: the sequence's own context and the plain or compacted
  * single-canvas pass). */
 static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
-  const int batched = work != NULL && qs[0].ctx->m->bk->compact_batch; /* else one pass per canvas */
+  const int batched = work != NULL; /* one stacked pass per step, else the canvas's own pass */
   dg_compact_seq *cs = calloc((size_t)B, sizeof *cs);
   if (!cs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_status st = DG_OK;
@@ -645,10 +645,10 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
   if (!qs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   dg_context_params wp = dg_context_default_params();
   wp.max_context = 1; /* activations only: no KV cache of its own */
-  /* a backend without a stacked pass runs one pass per canvas: no work context. The one work context's
-   * activations (a pass of max(C, encoder chunk) rows) serve every canvas's passes, prefill included:
-   * the stacked pass goes through them a chunk of canvases at a time (dg_cpu_compact_batch) */
-  dg_status st = B > 1 && m->bk->compact_batch ? dg_context_new_rows(m, &wp, stack_rows(m, B), &work) : DG_OK;
+  /* the one work context's activations serve every canvas's stacked passes (CPU: a pass of max(C, encoder
+   * chunk) rows, prefill included, a chunk of canvases at a time, dg_cpu_compact_batch; CUDA: stack_rows of
+   * rows on the device, dg_cuda_compact_batch) */
+  dg_status st = B > 1 ? dg_context_new_rows(m, &wp, stack_rows(m, B), &work) : DG_OK;
   if (!st && work) st = dg_context_work(work);
   for (int32_t i = 0; i < B && !st && work; i++) dg_context_share_work(ctxs[i], work);
   int32_t inited = 0;
@@ -673,9 +673,8 @@ dg_status dg_turbo_generate_batch(dg_context *const *ctxs, int32_t B, const int3
 struct dg_batch {
   const dg_model *m;
   int32_t cap;          /* slots */
-  int batched;          /* 1: stacked passes (the backend's compact_batch); 0: one pass per canvas */
-  dg_context *work;     /* the activations of every slot's passes (CPU: max(C, encoder chunk) rows; a device
-                         * backend: stack_rows of them on the device), NULL when not batched */
+  dg_context *work;     /* the activations of every slot's stacked passes (CPU: max(C, encoder chunk) rows; a
+                         * device backend: stack_rows of them on the device) */
   turbo_seq *qs;        /* [cap] */
   uint8_t *used;        /* [cap] the slot holds a live sequence */
   dg_compact_seq *cs;   /* [cap] */
@@ -692,13 +691,12 @@ dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) 
   if (!b) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   b->m = m;
   b->cap = max_canvases;
-  b->batched = m->bk->compact_batch != NULL;
   b->qs = calloc((size_t)max_canvases, sizeof *b->qs);
   b->used = calloc((size_t)max_canvases, 1);
   b->cs = calloc((size_t)max_canvases, sizeof *b->cs);
   b->order = calloc((size_t)max_canvases, sizeof *b->order);
   dg_status st = b->qs && b->used && b->cs && b->order ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-  if (!st && b->batched) {
+  if (!st) {
     dg_context_params wp = dg_context_default_params();
     wp.max_context = 1; /* activations only: no KV cache of its own */
     st = dg_context_new_rows(m, &wp, stack_rows(m, max_canvases), &b->work);
@@ -753,9 +751,9 @@ dg_status dg_batch_add(dg_batch *b, dg_context *ctx, const int32_t *prompt, size
   if (free_slot < 0) return dg_seterr(DG_ERR_INVALID_ARG, "dg_batch_add: all %d slots are in use", b->cap);
   DG_TRY(dg_generate_check(ctx, n_prompt, p));
   turbo_seq *q = &b->qs[free_slot];
-  if (b->work) dg_context_share_work(ctx, b->work); /* its prefill and passes in the batch's activations */
+  dg_context_share_work(ctx, b->work); /* its prefill and passes in the batch's activations */
   dg_status st = seq_init(q, ctx, prompt, n_prompt, p, result, 1, &b->w);
-  if (!st) st = seq_advance(q, b->batched);
+  if (!st) st = seq_advance(q, 1);
   if (st) {
     dg_context_share_work(ctx, NULL);
     seq_free(q);
@@ -791,13 +789,8 @@ dg_status dg_batch_step(dg_batch *b, int32_t *done, dg_status *done_status, int3
     if (!b->used[i]) continue;
     turbo_seq *q = &b->qs[i];
     if (q->done) { batch_end(b, i, DG_OK, done, done_status, n_done); continue; }
-    if (b->batched) { b->cs[n] = seq_pass(q); b->order[n++] = i; }
-    else { /* CUDA: this canvas's own device pass, its sampler step right after */
-      dg_status st = seq_forward(q);
-      if (!st) st = seq_after_forward(q);
-      if (!st) st = seq_advance(q, 0);
-      if (st || q->done) batch_end(b, i, st, done, done_status, n_done);
-    }
+    b->cs[n] = seq_pass(q);
+    b->order[n++] = i;
   }
   if (n > 0) pass = dg_forward_compact_batch(b->work, b->cs, n);
   for (int32_t j = 0; j < n; j++) {

@@ -1330,6 +1330,75 @@ static void test_turbo_batch(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* dg_batch (the server's continuous batching) on CUDA contexts: one stacked pass per step over the live
+ * canvases, a sequence joining after two steps; each equals its own CUDA run bit for bit. */
+static void test_turbo_continuous(void **state) {
+  (void)state;
+  need_gpu();
+  dg_model *gm;
+  char dir[] = "/tmp/dg_cuda_tcontXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  if (as_cpu()) mp.reference_kernels = 1;
+  else mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  enum { NS = 2 };
+  int32_t p[NS][20];
+  const size_t np[NS] = {17, 9};
+  const char *kw[NS] = {"{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_topk\": 16}",
+                        "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 3, \"turbo_sc\": \"topk\", "
+                        "\"turbo_topk\": 8}"};
+  dg_gen_params gp[NS];
+  dg_gen_result single[NS], res[NS];
+  dg_context *ctx[NS];
+  for (int i = 0; i < NS; i++) {
+    synth_random_ids(p[i], (int32_t)np[i], V, 91 + i);
+    gp[i] = dg_gen_default_params(gm);
+    gp[i].max_new_tokens = (i + 1) * C;
+    gp[i].max_denoising_steps = 3; /* the emulation is slow */
+    gp[i].n_stop_ids = 0;
+    gp[i].seed = 60 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&gp[i], kw[i]));
+    assert_dg_ok(dg_context_new(gm, NULL, &ctx[i]));
+    assert_dg_ok(dg_generate(ctx[i], p[i], np[i], &gp[i], &single[i]));
+    dg_context_reset(ctx[i]);
+  }
+  dg_batch *b = NULL;
+  assert_dg_ok(dg_batch_new(gm, NS, &b));
+  int32_t slot[NS], done[NS], n_done = 0, steps = 0, live_max = 0, finished = 0;
+  dg_status dst[NS];
+  assert_dg_ok(dg_batch_add(b, ctx[0], p[0], np[0], &gp[0], &res[0], &slot[0]));
+  int added = 1;
+  while (dg_batch_live(b) > 0 || added < NS) {
+    if (steps == 2 && added == 1) { assert_dg_ok(dg_batch_add(b, ctx[1], p[1], np[1], &gp[1], &res[1], &slot[1])); added++; }
+    if (dg_batch_live(b) > live_max) live_max = dg_batch_live(b);
+    if (dg_batch_live(b) == 0) { steps++; continue; }
+    assert_dg_ok(dg_batch_step(b, done, dst, &n_done));
+    steps++;
+    for (int32_t k = 0; k < n_done; k++) { assert_int_equal(dst[k], DG_OK); finished++; }
+  }
+  assert_int_equal(finished, NS);
+  assert_true(live_max == 2);
+  for (int i = 0; i < NS; i++) {
+    assert_int_equal(res[i].n_tokens, single[i].n_tokens);
+    assert_memory_equal(res[i].tokens, single[i].tokens, (size_t)single[i].n_tokens * 4);
+    assert_int_equal(res[i].n_steps, single[i].n_steps);
+    assert_int_equal(res[i].n_forwarded, single[i].n_forwarded);
+    dg_gen_result_free(&single[i]);
+    dg_gen_result_free(&res[i]);
+    dg_context_free(ctx[i]);
+  }
+  printf("# cuda continuous batch: 2 sequences (the second joined at step 2), %d stacked steps, each equals its own "
+         "CUDA run\n", steps);
+  dg_batch_free(b);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* ---- MLX affine-quantized weights (src/cuda/quant.cu) ----------------------
  *
  * Kernel tests: each quantized kernel against the CPU's dequantize-then-
@@ -2222,7 +2291,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
