@@ -837,6 +837,7 @@ typedef struct row {
   double med, lo, hi, floor_s;
   double bytes, flops; /* over all passes of one run (the floor's cost model) */
   int memory_bound;
+  double dev_used, dev_total; /* CUDA: device bytes in use after the runs, the context still held (0: CPU) */
 } row;
 
 double bench_gen_floor(const dg_model *m, int32_t P, const int32_t *steps, int32_t n_blocks, double bw, double rate,
@@ -961,6 +962,15 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
     if (o->tty) fprintf(stderr, "\r%s %s: run %d/%d%s", r->protocol, r->prompt, i + 1, warm + reps, i < warm ? " (warm-up)" : "          ");
   }
   if (o->tty) fprintf(stderr, "\r%60s\r", "");
+  r->dev_used = r->dev_total = 0;
+  if (info.device == DG_DEVICE_CUDA) { /* what the runs left allocated: weights, CUDA context, this context */
+    const dg_cuda_api *cu = NULL;
+    size_t used = 0, total = 0;
+    if (!dg_cuda_api_get(&cu) && !cu->mem_used(o->cuda_device, &used, &total)) {
+      r->dev_used = (double)used;
+      r->dev_total = (double)total;
+    }
+  }
   if (o->profile && profile_run(ctx, ids, n, gp0, r->protocol, m, &tr, bw, rate)) {
     dg_context_free(ctx);
     return 1;
@@ -1188,10 +1198,20 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
       cJSON_AddNumberToObject(j, "flops_per_pass", r->flops / passes);
       cJSON_AddNumberToObject(j, "gb_s", r->bytes / r->med / 1e9);
       cJSON_AddNumberToObject(j, "tflop_s", r->flops / r->med / 1e12);
+      if (r->dev_total > 0) {
+        cJSON_AddNumberToObject(j, "device_used_bytes", r->dev_used);
+        cJSON_AddNumberToObject(j, "device_total_bytes", r->dev_total);
+      }
       json_ceilings(j, device, gc, bw, rate, mm, nt);
       json_line(out, j);
     }
   }
+  for (int i = 0; i < nr; i++)
+    if (rows[i].dev_total > 0)
+      printf("%sdevice memory in use after the %s %s runs (prompt %d; their context still held; total - free of "
+             "cudaMemGetInfo: the CUDA context, the weights of %.2f GiB and every buffer): %.2f GiB of %.2f GiB\n",
+             i == 0 ? "\n" : "", rows[i].protocol, rows[i].prompt, rows[i].P, info.device_bytes / 1073741824.0,
+             rows[i].dev_used / 1073741824.0, rows[i].dev_total / 1073741824.0);
   if (nr)
     printf("\nmedian of %d runs after %d warm-up; wall time from the request's start (prefill included) to its last "
            "token; ms/forward = median / (decoder forwards + encoder passes); floor = sum over passes of max(bytes / "

@@ -283,6 +283,10 @@ static inline DG_CUDA_HD uint32_t dg_cuda_ceil_word(uint64_t i) {
  * copy_bytes, then 8 gemm_n^2 bytes. Errors: DG_ERR_BACKEND (no GPU, a failing CUDA or
  * cuBLAS call, named), DG_ERR_OUT_OF_MEMORY (a buffer does not fit),
  * DG_ERR_INVALID_ARG (out NULL or a negative size). */
+/* Device memory in use on GPU `device` now (total - free of cudaMemGetInfo: the CUDA context, the weights and
+ * every context's buffers of this process, and any other process's) and its total, in bytes. Errors:
+ * DG_ERR_BACKEND. */
+dg_status dg_cuda_mem_used(int device, size_t *used, size_t *total);
 dg_status dg_cuda_ceilings_measure(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
                                    dg_cuda_ceilings *out);
 
@@ -339,6 +343,7 @@ typedef struct dg_cuda_api {
   dg_status (*ceilings_measure)(int device, int64_t read_bytes, int64_t copy_bytes, int gemm_n, int reps,
                                 dg_cuda_ceilings *out);
   dg_status (*bench_experts)(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
+  dg_status (*mem_used)(int device, size_t *used, size_t *total);
 } dg_cuda_api;
 
 #ifdef __cplusplus

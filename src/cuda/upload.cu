@@ -36,6 +36,15 @@ cudaError_t mem_info(size_t *fr, size_t *tot) {
   return e;
 }
 
+extern "C" dg_status dg_cuda_mem_used(int device, size_t *used, size_t *total) {
+  size_t fr = 0, tot = 0;
+  CK(cudaSetDevice(device));
+  CK(cudaMemGetInfo(&fr, &tot)); /* not mem_info: DGEMMA_CUDA_MEM_LIMIT caps free memory, not what is used */
+  *used = tot - fr;
+  *total = tot;
+  return DG_OK;
+}
+
 extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
