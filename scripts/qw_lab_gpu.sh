@@ -10,7 +10,8 @@
 #      ATT=1: the attention lab (versions ATT_V, default 2,5) appended to lab.md; LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
 #      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; BENCH_ALT=VAR=VALUE
-#      and BATCH_ALT=VAR=VALUE: each again under that environment setting (appended); PDL=1: test_cuda
+#      and BATCH_ALT=VAR=VALUE: each again under that environment setting (appended); BENCH_8K=1: vllm with an
+#      8,192-token prompt, one run (its step time and the device memory it holds, appended); PDL=1: test_cuda
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
 #   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
@@ -88,6 +89,11 @@ if [ -n "${BENCH:-}" ]; then
     DGEMMA_PDL=0 timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
       -o /tmp/bench_pdl.jsonl > /tmp/bench_pdl.txt 2>&1; echo "bench DGEMMA_PDL=0 rc $? $(el)"; tail -24 /tmp/bench_pdl.txt
     { echo; echo "## DGEMMA_PDL=0"; cat /tmp/bench_pdl.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_pdl.jsonl >> "$OUT/bench.jsonl"
+  fi
+  if [ -n "${BENCH_8K:-}" ]; then # issue 12: an 8K prompt (the step after 8K, and the device memory it holds)
+    timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --prompt-tokens 8192 --reps 1 \
+      -o /tmp/bench_8k.jsonl > /tmp/bench_8k.txt 2>&1; echo "bench 8K rc $? $(el)"; grep -E "^\| vllm|device memory" /tmp/bench_8k.txt
+    { echo; echo "## --prompt-tokens 8192"; cat /tmp/bench_8k.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_8k.jsonl >> "$OUT/bench.jsonl"
   fi
   if [ -n "${BENCH_ALT:-}" ]; then # the same bench under another setting, e.g. BENCH_ALT=DGEMMA_ROUTE=split (appended)
     env "$BENCH_ALT" timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
