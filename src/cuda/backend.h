@@ -88,7 +88,7 @@ void dg_cuda_model_free(dg_cuda_model *m);
 size_t dg_cuda_model_bytes(const dg_cuda_model *m);
 
 /* A context: KV cache for `cap` positions (plus one canvas, bf16, [NKV, S, D]
- * per layer), work buffers for max(canvas, 256, rows) tokens (rows: the
+ * per layer), work buffers for max(canvas, encoder chunk, rows) tokens (rows: the
  * stacked passes of dg_cuda_compact_batch; 0 for a plain context), logits
  * [C, V], one stream and one cuBLAS handle. Errors: DG_ERR_OUT_OF_MEMORY
  * (bytes needed and free), DG_ERR_BACKEND. */

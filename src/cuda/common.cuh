@@ -202,6 +202,7 @@ struct dg_cuda_ctx {
   int32_t S_ring;           /* the slots of a sliding layer: a ring (position p in slot p % S_ring), min(S,
                              * window - 1 + max(C, encoder chunk) in tiles of 64) */
   int32_t tmax;             /* tokens per pass */
+  int32_t enc_chunk;        /* tokens per encoder pass (<= tmax; ENC_CHUNK unless DGEMMA_ENC_CHUNK) */
   bf16 **kc, **vc;          /* [L] -> [NKV, S or S_ring, D] */
   int32_t *ids;             /* [tmax] */
   float *x;                 /* [T, H] residual stream, fp32 */

@@ -15,13 +15,25 @@ struct ctx_priv {
   alloc_list al;
 };
 
+/* Tokens per encoder pass: ENC_CHUNK, or DGEMMA_ENC_CHUNK=N (a multiple of 64 in [64, 4096]; read once): a longer
+ * prefill pass reads every weight once per N prompt tokens instead of per 256 (issue 12's prefill of 1,024 tokens
+ * in one pass), at the price of buffers for N rows in every context. */
+static int enc_chunk_from_env(void) {
+  const char *v = getenv("DGEMMA_ENC_CHUNK");
+  if (!v || !*v) return ENC_CHUNK;
+  char *end = NULL;
+  const long n = strtol(v, &end, 10);
+  return end && !*end && n >= 64 && n <= 4096 && n % 64 == 0 ? (int)n : ENC_CHUNK;
+}
+static const int enc_chunk = enc_chunk_from_env();
+
 extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, dg_cuda_ctx **out) {
   *out = NULL;
   const dg_cuda_model_desc *d = &m->d;
   CK(cudaSetDevice(m->device));
   const size_t C = d->canvas, H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts,
                K = d->top_k, NH = d->n_heads;
-  const size_t T0 = C > ENC_CHUNK ? C : ENC_CHUNK, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
+  const size_t T0 = C > (size_t)enc_chunk ? C : (size_t)enc_chunk, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
                S = (size_t)cap + C;
   /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one pass, the
    * window before a canvas or an encoder chunk and the canvas or chunk itself (attention.cu), in whole tiles
@@ -53,6 +65,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->S = (int32_t)S;
   c->S_ring = (int32_t)S_ring;
   c->tmax = (int32_t)T;
+  c->enc_chunk = enc_chunk;
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';

@@ -162,8 +162,8 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
                      pos0 + n - 1, c->cap);
   CK(cudaSetDevice(c->m->device));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
-  for (int32_t i = 0; i < n; i += ENC_CHUNK) {
-    const int T = n - i < ENC_CHUNK ? n - i : ENC_CHUNK;
+  for (int32_t i = 0; i < n; i += c->enc_chunk) {
+    const int T = n - i < c->enc_chunk ? n - i : c->enc_chunk;
     CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
     CKK(c, k_embed(c->stream, c->x, &c->m->embed, c->ids, T, d->hidden, d->embed_scale));
     DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
