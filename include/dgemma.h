@@ -223,6 +223,8 @@ typedef struct dg_block_info {
   int32_t n_valid;          /* tokens up to and including the first stop id */
   int32_t n_steps;          /* decoder forwards spent on this block */
   int finished;             /* 1 if a stop id ended the sequence */
+  int32_t n_visible;        /* of the n_valid tokens, those counted as generated text (dg_gen_result.n_visible:
+                               not pad, not a special token; the stop id that ended generation counts) */
 } dg_block_info;
 
 /* The turbo engine (spec 7, after mlx-vlm PR #1384): opt-in, every technique

@@ -239,9 +239,10 @@ dg_status dg_tally_block(dg_gen_tally *t, const dg_model *m, const dg_gen_params
   t->n_blocks++;
   t->n_out += C;
   res->n_valid += n_valid;
-  res->n_visible += dg_gen_visible_tokens(m, p, blk, n_valid, t->why == DG_FINISH_STOP);
+  const int32_t visible = dg_gen_visible_tokens(m, p, blk, n_valid, t->why == DG_FINISH_STOP);
+  res->n_visible += visible;
   if (p->on_block) {
-    dg_block_info bi = {b, blk, C, n_valid, steps, t->why != DG_FINISH_LENGTH};
+    dg_block_info bi = {b, blk, C, n_valid, steps, t->why != DG_FINISH_LENGTH, visible};
     if (p->on_block(&bi, p->user_data)) return dg_seterr(DG_ERR_ABORTED, "aborted by the block callback at block %d", b);
   }
   return DG_OK;

@@ -15,7 +15,8 @@
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
- *     detokenizer shows, not every canvas position.
+ *     detokenizer shows, not every canvas position; the same for the summaries
+ *     and -o lines of `eval problems` and `eval gsm8k`.
  *   - issue 15: every command's --help (stdout, exit 0, its own text), --version
  *     anywhere, options of other commands and unknown ones refused in one line
  *     (exit 2, before a model loads), prompts from -p, -f, -p - and a pipe (the
@@ -1006,6 +1007,127 @@ static char *json_tokens_text(const dg_model *m, const cJSON *j, size_t upto, si
   return t;
 }
 
+/* The library's generation of the chat message q with {"eos_token_id": []}, 192 tokens, 4 steps,
+ * argmax, seed: *n_valid, *n_visible and the text (malloc'd). */
+static char *gen_eos_empty(const char *q, uint64_t seed, int *n_valid, int *n_visible) {
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  dg_chat_message msg = {"user", q};
+  int32_t *ids = NULL;
+  size_t n = 0;
+  assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &ids, &n));
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)n + 192;
+  dg_context *ctx = NULL;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  dg_gen_params gp = dg_gen_default_params(m);
+  assert_dg_ok(dg_gen_params_apply_json(&gp, "{\"eos_token_id\": [], \"max_new_tokens\": 192, \"max_denoising_steps\": 4}"));
+  gp.proposal = DG_PROPOSAL_ARGMAX;
+  gp.seed = seed;
+  dg_gen_result r;
+  assert_dg_ok(dg_generate(ctx, ids, n, &gp, &r));
+  char *text = NULL;
+  assert_dg_ok(dg_detokenize(m, r.tokens, (size_t)r.n_valid, 0, &text));
+  char *ret = strdup(text);
+  *n_valid = r.n_valid;
+  *n_visible = r.n_visible;
+  dg_free(text);
+  dg_gen_result_free(&r);
+  dg_free(ids);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return ret;
+}
+
+/* "tokens": N of the first JSON line of path */
+static int jsonl_tokens(const char *path) {
+  char *s = dg_test_read_file(path, NULL);
+  assert_non_null(s);
+  char *nl = strchr(s, '\n');
+  assert_non_null(nl);
+  *nl = 0;
+  cJSON *j = cJSON_Parse(s);
+  assert_non_null(j);
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+  assert_true(cJSON_IsNumber(t));
+  const int v = (int)t->valuedouble;
+  cJSON_Delete(j);
+  free(s);
+  return v;
+}
+
+/* `dgemma eval problems` and `eval gsm8k` with {"eos_token_id": []}: the tokens of the summary and of
+ * the -o lines are the generated text (n_visible), not the hidden <eos> canvases after the answer
+ * (review finding: 384 "tokens" for 2 problems whose answers were 145 tokens, tok/s inflated). */
+static void test_eval_eos_empty_count(void **state) {
+  (void)state;
+  int n_valid = 0, want = 0;
+  char *text = gen_eos_empty("What is 7 times 8?", 0, &n_valid, &want);
+  printf("# problems: library %d tokens emitted, n_visible %d\n", n_valid, want);
+  assert_int_equal(n_valid, 192);
+  assert_true(want > 0 && want < n_valid); /* the model writes hidden <eos> after its answer */
+  free(text);
+  char path[512], items[512], args[2048], *out = NULL, *err = NULL;
+  snprintf(path, sizeof path, "%s/problems.jsonl", g_dir);
+  const char *line = "{\"id\": 0, \"steps\": 1, \"final\": 56, \"question\": \"What is 7 times 8?\"}\n";
+  write_file(path, line, strlen(line));
+  snprintf(items, sizeof items, "%s/problems_items.jsonl", g_dir);
+  unlink(items);
+  snprintf(args, sizeof args,
+           "eval problems -m %s -t 1 -f %s -n 192 -s 4 --greedy --gen-kwargs '{\"eos_token_id\": []}' -o %s", SMALL,
+           path, items);
+  assert_int_equal(cli(args, &out, &err), 0);
+  long long tokens = -1;
+  const char *sum = strstr(out, "1 problems (0 resumed");
+  assert_non_null(sum);
+  assert_int_equal(sscanf(sum, "1 problems (0 resumed from the output file); %lld tokens", &tokens), 1);
+  printf("# eval problems: summary %lld tokens, -o line %d\n", tokens, jsonl_tokens(items));
+  assert_int_equal(tokens, want);
+  assert_int_equal(jsonl_tokens(items), want);
+  free(out);
+  free(err);
+  /* gsm8k --chat: the user message "Question: Q\nAnswer:", seed 42 + item 0 */
+  const char *q = "What is 7 times 8?";
+  char msg[256];
+  snprintf(msg, sizeof msg, "Question: %s\nAnswer:", q);
+  text = gen_eos_empty(msg, 42, &n_valid, &want);
+  printf("# gsm8k: library %d tokens emitted, n_visible %d\n", n_valid, want);
+  assert_int_equal(n_valid, 192);
+  assert_true(want > 0 && want < n_valid);
+  /* no stop string: the harness runs it to the end as the library did */
+  assert_null(strstr(text, "Question"));
+  assert_null(strstr(text, "Assistant:"));
+  free(text);
+  char data[300];
+  snprintf(data, sizeof data, "%s/gsm8k", g_dir);
+  mkdir(data, 0755);
+  snprintf(path, sizeof path, "%s/test.jsonl", data);
+  line = "{\"question\": \"What is 7 times 8?\", \"answer\": \"7 * 8 = 56\\n#### 56\"}\n";
+  write_file(path, line, strlen(line));
+  snprintf(path, sizeof path, "%s/train.jsonl", data);
+  write_file(path, line, strlen(line));
+  snprintf(items, sizeof items, "%s/gsm8k_items.jsonl", g_dir);
+  unlink(items);
+  snprintf(args, sizeof args,
+           "eval gsm8k --chat -m %s -t 1 --data %s -n 192 -s 4 --gen-kwargs '{\"eos_token_id\": []}' -o %s", SMALL,
+           data, items);
+  assert_int_equal(cli(args, &out, &err), 0);
+  /* | items | correct | accuracy | Wilson 95% | no answer | tokens | ... */
+  sum = strstr(out, "\n| 1 |");
+  assert_non_null(sum);
+  const char *c = sum + 1;
+  for (int k = 0; k < 5 && c; k++) c = strchr(c + 1, '|'); /* the 6th bar: tokens */
+  assert_non_null(c);
+  tokens = strtoll(c + 1, NULL, 10);
+  printf("# eval gsm8k: summary %lld tokens, -o line %d\n", tokens, jsonl_tokens(items));
+  assert_int_equal(tokens, want);
+  assert_int_equal(jsonl_tokens(items), want);
+  free(out);
+  free(err);
+}
+
 /* --json: one object whose text is the streamed text, tokens decode to it, counts and timings add up. */
 static void test_json(void **state) {
   (void)state;
@@ -1894,6 +2016,7 @@ int main(void) {
       cmocka_unit_test(test_output_targets),
       cmocka_unit_test(test_stdout_full),
       cmocka_unit_test(test_eos_empty_count),
+      cmocka_unit_test(test_eval_eos_empty_count),
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_rejected_options),
       cmocka_unit_test(test_gen_kwargs_exit),

@@ -412,7 +412,8 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
     long long pred = 0;
     int has = parse_answer(text, &pred);
     int ok = has && pred == final;
-    tally_add(&t, steps, ok, r.n_valid, r.n_steps, r.n_blocks, r.n_forwarded, r.seconds);
+    /* n_visible: hidden <eos>/pad canvases ({"eos_token_id": []}) are not generated tokens */
+    tally_add(&t, steps, ok, r.n_visible, r.n_steps, r.n_blocks, r.n_forwarded, r.seconds);
     if (out) {
       cJSON *o2 = cJSON_CreateObject();
       cJSON_AddNumberToObject(o2, "id", id);
@@ -426,7 +427,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
       else cJSON_AddNullToObject(o2, "pred");
       cJSON_AddBoolToObject(o2, "correct", ok);
       cJSON_AddStringToObject(o2, "generated", text);
-      cJSON_AddNumberToObject(o2, "tokens", r.n_valid);
+      cJSON_AddNumberToObject(o2, "tokens", r.n_visible);
       cJSON_AddNumberToObject(o2, "forwards", r.n_steps);
       cJSON_AddNumberToObject(o2, "blocks", r.n_blocks);
       cJSON_AddNumberToObject(o2, "positions", (double)r.n_forwarded);
@@ -638,6 +639,7 @@ typedef struct gsm8k_gen_state {
   /* per generation */
   int32_t *ids;
   size_t n, cap;
+  int32_t visible; /* of the n tokens, the generated text (dg_block_info.n_visible): what "tokens" counts */
   int32_t forwards, blocks, eos, stopped, oom;
 } gsm8k_gen_state;
 
@@ -660,6 +662,7 @@ static int gsm8k_on_block(const dg_block_info *bi, void *ud) {
   }
   memcpy(g->ids + g->n, bi->tokens, (size_t)bi->n_valid * sizeof(int32_t));
   g->n += (size_t)bi->n_valid;
+  g->visible += bi->n_visible;
   g->forwards += bi->n_steps;
   g->blocks++;
   g->eos = bi->finished;
@@ -708,7 +711,7 @@ static int gsm8k_generate(void *ud, const char *prompt, int idx, gsm8k_gen_out *
     g->ctx_cap = cp.max_context;
   }
   dg_context_reset(g->ctx);
-  g->n = 0; g->forwards = 0; g->blocks = 0; g->eos = 0; g->stopped = 0; g->oom = 0;
+  g->n = 0; g->visible = 0; g->forwards = 0; g->blocks = 0; g->eos = 0; g->stopped = 0; g->oom = 0;
   dg_gen_params gp = g->gp;
   gp.seed = (uint64_t)(g->seed + idx);
   gp.on_block = gsm8k_on_block;
@@ -735,7 +738,9 @@ static int gsm8k_generate(void *ud, const char *prompt, int idx, gsm8k_gen_out *
   out->text = strdup(text);
   dg_free(text);
   if (!out->text) { snprintf(err, errlen, "out of memory"); return -1; }
-  out->tokens = (int32_t)g->n;
+  /* generated text only: with {"eos_token_id": []} the hidden <eos> canvases after the answer are
+   * not tokens (they would inflate tok/s), as in `dgemma run` */
+  out->tokens = g->visible;
   out->forwards = g->forwards;
   out->blocks = g->blocks;
   out->eos = g->eos;
