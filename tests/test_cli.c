@@ -25,7 +25,8 @@
  *     two blocks, several strings, one that never comes), --temp (the schedule's
  *     temperatures seen with -v), tokenize --pieces and detokenize, -t capped at
  *     the cores, the passive OpenMP wait policy, info on a quantized model and a
- *     model without a tokenizer.
+ *     model without a tokenizer. An empty file, directory or id list ("-o ''",
+ *     --prompt-ids "", an empty @FILE) is a usage error naming the option.
  * The models are the bundled one and `mkrandom --config small`, one thread.
  * DG_TEST_FILTER=NAME runs the tests matching NAME (cmocka's filter). */
 #include "testutil.h"
@@ -838,6 +839,79 @@ static void test_rejected_options(void **state) {
     free(out);
     free(err);
   }
+}
+
+/* An empty file, directory or id list ("-o ''", a shell variable that was not set) is a usage error
+ * naming the option: exit 2, one line, nothing on stdout, before a model loads where the model is not
+ * needed to tell (review finding: `logits -o ''` said ": names a directory, not a file", `--prompt-ids ""`
+ * wrote logits of an empty prompt, `eval --summary ''` failed only after the whole run). */
+static void write_file(const char *path, const char *text, size_t len);
+
+static void test_empty_values(void **state) {
+  (void)state;
+  char empty[512], canvas[64 * 2 + 1] = "", *cases[20][2];
+  snprintf(empty, sizeof empty, "%s/empty.i32", g_dir);
+  write_file(empty, "", 0);
+  for (int k = 0; k < 64; k++) strcat(canvas, k ? ",4" : "4");
+  int n = 0;
+#define CASE(...) assert_true(asprintf(&cases[n++][0], __VA_ARGS__) > 0)
+#define WANT(...) assert_true(asprintf(&cases[n - 1][1], __VA_ARGS__) > 0)
+  CASE("logits -m %s -t 1 --prompt-ids 2,3 --canvas-ids %s -o ''", SMALL, canvas);
+  WANT("dgemma logits: -o needs a file name, got an empty string; see `dgemma logits --help`");
+  CASE("logits -m %s -t 1 --prompt-ids 2,3 --canvas-ids %s --out=", SMALL, canvas);
+  WANT("dgemma logits: --out needs a file name, got an empty string");
+  CASE("logits -m %s -t 1 --prompt-ids '' --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("dgemma logits: --prompt-ids needs at least one id (LIST or @FILE), got an empty string");
+  CASE("logits -m %s -t 1 --prompt-ids @%s --canvas-ids %s -o %s/l.bin", SMALL, empty, canvas, g_dir);
+  WANT("dgemma logits: --prompt-ids @%s holds no ids", empty);
+  CASE("logits -m %s -t 1 --prompt-ids @ --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("dgemma logits: an @FILE id list needs a file name after the @");
+  CASE("logits -m %s -t 1 --prompt-ids 2 --canvas-ids '' -o %s/l.bin", SMALL, g_dir);
+  WANT("dgemma logits: --canvas-ids needs the canvas ids (LIST or @FILE), got an empty string");
+  CASE("replay -m %s -t 1 --prompt-ids '' --canvases %s", SMALL, empty);
+  WANT("dgemma replay: --prompt-ids needs at least one id");
+  CASE("replay -m %s -t 1 --prompt-ids @%s --canvases %s", SMALL, empty, empty);
+  WANT("dgemma replay: --prompt-ids @%s holds no ids", empty);
+  CASE("eval gsm8k -m %s -o ''", SMALL);
+  WANT("dgemma eval: -o needs a file name, got an empty string");
+  CASE("eval gsm8k -m %s --summary ''", SMALL);
+  WANT("dgemma eval: --summary needs a file name, got an empty string");
+  CASE("eval gsm8k -m %s --data ''", SMALL);
+  WANT("dgemma eval: --data needs a directory, got an empty string");
+  CASE("eval problems -m %s -f ''", SMALL);
+  WANT("dgemma eval: -f needs a file name, got an empty string");
+  CASE("bench -m %s -o ''", SMALL);
+  WANT("dgemma bench: -o needs a file name, got an empty string");
+  CASE("run -m '' -p hi");
+  WANT("dgemma run: -m needs a model directory, got an empty string");
+  CASE("run -m %s -f ''", SMALL);
+  WANT("dgemma run: -f needs a file name, got an empty string");
+  CASE("quantize %s ''", SMALL);
+  WANT("dgemma quantize: OUT_DIR is an empty string");
+  CASE("quantize '' %s/q", g_dir);
+  WANT("dgemma quantize: IN_DIR is an empty string");
+  CASE("mkrandom ''");
+  WANT("dgemma mkrandom: OUT_DIR is an empty string");
+#undef CASE
+#undef WANT
+  for (int i = 0; i < n; i++) {
+    char *out, *err;
+    const double t0 = now_s();
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %.80s... -> %d (%.2f s): %s", cases[i][0], rc, now_s() - t0, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+    free(cases[i][0]);
+    free(cases[i][1]);
+  }
+  struct stat sb;
+  assert_int_equal(stat(g_dir, &sb), 0);
+  char l[600];
+  snprintf(l, sizeof l, "%s/l.bin", g_dir);
+  assert_int_equal(access(l, F_OK), -1); /* nothing was written */
 }
 
 /* A --gen-kwargs that does not apply is a usage error in every command that reads it: exit 2, one
@@ -2019,6 +2093,7 @@ int main(void) {
       cmocka_unit_test(test_eval_eos_empty_count),
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_rejected_options),
+      cmocka_unit_test(test_empty_values),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_prompt_sources),
       cmocka_unit_test(test_json),

@@ -399,6 +399,7 @@ static int close_stdout(int rc) {
 /* "1,2,3" or "@file.i32" -> int32 array */
 static int32_t *parse_ids(const char *arg, size_t *n) {
   if (arg[0] == '@') {
+    if (!arg[1]) usage_exit("an @FILE id list needs a file name after the @");
     size_t len;
     int32_t *ids = read_all(arg, &len);
     if (len % 4) { fprintf(stderr, "dgemma: %s: size %zu is not a multiple of 4 (int32)\n", arg + 1, len); exit(1); }
@@ -496,6 +497,17 @@ static long long parse_int(const char *s, const char *name, long long lo, long l
   return v;
 }
 
+/* The value of an option that names a file or directory: an empty one ("-o ''", a variable that was
+ * not set) is a usage error naming the option, before a model loads. */
+static const char *nonempty(const char *v, const char *name, const char *what) {
+  if (!*v) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s needs %s, got an empty string", name, what);
+    usage_exit(msg);
+  }
+  return v;
+}
+
 static void parse_opts(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
   char msg[768];
@@ -542,7 +554,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
         usage_exit(msg);
       }
     }
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = ARG();
+#define FILEARG() nonempty(ARG(), a, "a file name")
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = nonempty(ARG(), a, "a model directory");
     else if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file")) {
       const char **dst = a[1] == 'p' || a[2] == 'p' ? &o->prompt : &o->file;
       if (*dst && g_cmd->bit != C_EVAL) { /* the text is given once (eval's -f is its data file, also once) */
@@ -550,7 +563,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
         usage_exit(msg);
       }
       if (*dst) { snprintf(msg, sizeof msg, "%s given twice", a); usage_exit(msg); }
-      *dst = ARG();
+      *dst = dst == &o->file ? FILEARG() : ARG(); /* an empty -p is the prompt's own error */
     }
     else if (!strcmp(a, "--system")) o->system = ARG();
     else if (!strcmp(a, "--think")) o->think = 1;
@@ -571,12 +584,12 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--special")) o->special = 1;
     else if (!strcmp(a, "--gen-kwargs")) o->gen_kwargs = ARG();
     else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
-    else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = ARG();
-    else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = ARG();
-    else if (!strcmp(a, "--sc-logits")) o->sc_logits = ARG();
-    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = ARG();
-    else if (!strcmp(a, "--canvases")) o->canvases = ARG();
-    else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
+    else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = nonempty(ARG(), a, "at least one id (LIST or @FILE)");
+    else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = nonempty(ARG(), a, "the canvas ids (LIST or @FILE)");
+    else if (!strcmp(a, "--sc-logits")) o->sc_logits = FILEARG();
+    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = FILEARG();
+    else if (!strcmp(a, "--canvases")) o->canvases = FILEARG();
+    else if (!strcmp(a, "--uniforms")) o->uniforms = FILEARG();
     else if (!strcmp(a, "--stop")) {
       const char *v = ARG();
       if (!*v) usage_exit("--stop needs a non-empty string");
@@ -595,8 +608,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--json")) o->json = 1;
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = parse_int(ARG(), a, 1, INT32_MAX);
     else if (!strcmp(a, "--pieces")) o->pieces = 1;
-    else if (!strcmp(a, "--data")) o->data = ARG();
-    else if (!strcmp(a, "--summary")) o->summary = ARG();
+    else if (!strcmp(a, "--data")) o->data = nonempty(ARG(), a, "a directory");
+    else if (!strcmp(a, "--summary")) o->summary = FILEARG();
     else if (!strcmp(a, "--chat")) o->chat = 1;
     else if (!strcmp(a, "--sample")) o->sample = 1;
     else if (!strcmp(a, "--shots")) { o->shots = (int)parse_int(ARG(), a, 0, 64); o->shots_set = 1; }
@@ -643,6 +656,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
       snprintf(msg, sizeof msg, "%s takes no value (got \"%s\")", a, q(argv[i]));
       usage_exit(msg);
     }
+#undef FILEARG
 #undef ARG
   }
 }
@@ -1560,12 +1574,17 @@ static int cmd_logits(const opts *o) {
   if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
   no_positional(o, "logits");
   catch_stop_signals(1); /* no stop point in a forward pass: the handler removes the temporary file and exits */
+  size_t np, nc;
+  int32_t *prompt = parse_ids(o->prompt_ids, &np); /* before the model loads: a bad list is told at once */
+  int32_t *canvas = parse_ids(o->canvas_ids, &nc);
+  if (!np) { /* "@empty.i32": the encoder needs a prompt (an empty literal list is parse_opts' error) */
+    fprintf(stderr, "dgemma logits: --prompt-ids %s holds no ids (the encoder needs at least one)\n", o->prompt_ids);
+    free(prompt); free(canvas);
+    return 2;
+  }
   dg_model *m = load_model(o, 0);
   dg_model_info info;
   dg_model_get_info(m, &info);
-  size_t np, nc;
-  int32_t *prompt = parse_ids(o->prompt_ids, &np);
-  int32_t *canvas = parse_ids(o->canvas_ids, &nc);
   float *sc = NULL, *logits = NULL;
   dg_context *ctx = NULL;
   int rc = 2; /* a bad input, until the inputs are checked */
@@ -1638,10 +1657,15 @@ out:
 static int cmd_replay(const opts *o) {
   if (!o->prompt_ids || !o->canvases) usage_exit("replay needs --prompt-ids and --canvases");
   no_positional(o, "replay");
-  dg_model *m = load_model(o, 0);
-  dg_gen_params gp = gen_params(m, o);
   size_t np, ncv, nu = 0;
   int32_t *prompt = parse_ids(o->prompt_ids, &np);
+  if (!np) {
+    fprintf(stderr, "dgemma replay: --prompt-ids %s holds no ids (generation needs a prompt)\n", o->prompt_ids);
+    free(prompt);
+    return 2;
+  }
+  dg_model *m = load_model(o, 0);
+  dg_gen_params gp = gen_params(m, o);
   size_t len;
   int32_t *canv = read_all(o->canvases, &len);
   dg_model_info info;
@@ -1825,6 +1849,7 @@ static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud
 /* dgemma mkrandom OUT_DIR: dg_mkrandom with a progress bar, then what was written. */
 static int cmd_mkrandom(const opts *o) {
   if (!o->positional) usage_exit("mkrandom needs OUT_DIR");
+  if (!*o->positional) usage_exit("OUT_DIR is an empty string");
   dg_mkrandom_params mp = dg_mkrandom_default_params();
   if (o->config) mp.config = o->config;
   mp.source_dir = o->source;
@@ -1872,6 +1897,7 @@ static int cmd_mkrandom(const opts *o) {
 
 static int cmd_quantize(const opts *o) {
   if (!o->positional || !o->positional2) usage_exit("quantize needs IN_DIR and OUT_DIR");
+  if (!*o->positional || !*o->positional2) usage_exit(*o->positional ? "OUT_DIR is an empty string" : "IN_DIR is an empty string");
   dg_quantize_params qp = dg_quantize_default_params();
   if (o->bits) qp.bits = o->bits;
   if (o->group_size) qp.group_size = o->group_size;
