@@ -338,6 +338,12 @@ dg_gen_params dg_gen_default_params(const dg_model *m);
  * wrong type or range. *p is unchanged on failure. */
 dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json);
 
+/* The checks dg_generate makes on p against model m before anything runs (stop
+ * ids and pad_token_id inside the vocabulary, turbo_topk <= vocab, the
+ * temperature schedule, ...), so that a caller can refuse bad settings up
+ * front. DG_ERR_INVALID_ARG with a message naming the field and its value. */
+dg_status dg_gen_params_check(const dg_model *m, const dg_gen_params *p);
+
 /* ------------------------------------------------------------------------- */
 /* Context: KV cache + work buffers for one sequence                         */
 /* ------------------------------------------------------------------------- */

@@ -940,6 +940,51 @@ static void test_gen_kwargs_exit(void **state) {
   }
 }
 
+/* A --gen-kwargs value the model refuses (a stop id or pad id outside its vocabulary) is a usage error
+ * quoting it, before a prefill: exit 2 and one line (review finding: exit 1 with a two-line
+ * "generate: invalid argument" after the prompt was encoded). dg_gen_params_check is the library's. */
+static void test_gen_kwargs_vocab(void **state) {
+  (void)state;
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  dg_gen_params gp = dg_gen_default_params(m);
+  assert_dg_ok(dg_gen_params_check(m, &gp));
+  assert_dg_ok(dg_gen_params_apply_json(&gp, "{\"eos_token_id\": [1, 4096]}")); /* no model there: a valid id */
+  assert_int_equal(dg_gen_params_check(m, &gp), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "stop id (eos_token_id) 4096 is outside the vocabulary [0, 4096)"));
+  gp = dg_gen_default_params(m);
+  gp.pad_id = 5000;
+  assert_int_equal(dg_gen_params_check(m, &gp), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "pad_token_id 5000 is outside the vocabulary [0, 4096)"));
+  dg_model_free(m);
+  static const char *cmds[] = {"run -p hi", "replay --prompt-ids 2 --canvases /nonexistent",
+                               "eval problems --file /nonexistent.jsonl", "bench --protocol batch", "serve --port 0"};
+  char exe[1024];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+  assert_true(n > 0);
+  exe[n] = 0;
+  *strrchr(exe, '/') = 0;
+  static const char *kw[][2] = {{"{\"eos_token_id\": [99999]}", "stop id (eos_token_id) 99999 is outside the vocabulary"},
+                                {"{\"pad_token_id\": 4096}", "pad_token_id 4096 is outside the vocabulary [0, 4096)"}};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    for (size_t k = 0; k < 2; k++) {
+      char args[2048], *out, *err;
+      /* under timeout(1): a serve that took the kwargs would not end by itself */
+      snprintf(args, sizeof args, "--version >/dev/null; timeout 120 %s/../dgemma %s -m %s -t 1 --gen-kwargs '%s' < /dev/null",
+               exe, cmds[i], SMALL, kw[k][0]);
+      int rc = cli(args, &out, &err);
+      printf("# dgemma %s -> %d: %s", args, rc, err);
+      char want[64];
+      snprintf(want, sizeof want, "dgemma %.*s: --gen-kwargs: ", (int)strcspn(cmds[i], " "), cmds[i]);
+      if (rc != 2 || strncmp(err, want, strlen(want)) || !strstr(err, kw[k][1]) || count_char(err, '\n') != 1 || *out)
+        fail_msg("dgemma %s: exit %d (want 2), stderr \"%s\" (want one line \"%s...%s\")", args, rc, err, want, kw[k][1]);
+      free(out);
+      free(err);
+    }
+}
+
 #define RUN_FAST "run -m " SMALL " -t 1 -n 64 -s 4 --greedy"
 static const char kQuestion[] = "Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?";
 
@@ -2095,6 +2140,7 @@ int main(void) {
       cmocka_unit_test(test_rejected_options),
       cmocka_unit_test(test_empty_values),
       cmocka_unit_test(test_gen_kwargs_exit),
+      cmocka_unit_test(test_gen_kwargs_vocab),
       cmocka_unit_test(test_prompt_sources),
       cmocka_unit_test(test_json),
       cmocka_unit_test(test_stop),
