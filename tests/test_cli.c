@@ -8,6 +8,7 @@
  *     left empty, an existing -o file byte for byte as before, no temporary
  *     sibling); a run the signal reached only after its output was complete
  *     exits 0 with the complete output. A rerun after an interruption works.
+ *     `eval gsm8k --summary` the same way: the old summary or a whole new one.
  *     A second SIGINT (SIGTERM) while quantize or mkrandom is on its way to
  *     its stop point: exit 130 (143) at once and nothing left.
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
@@ -145,6 +146,8 @@ static char *read_err(void) {
   char *e = dg_test_read_file(ef, NULL);
   return e ? e : strdup("");
 }
+
+static void write_file(const char *path, const char *text, size_t len); /* below */
 
 /* Entries of g_dir whose name holds ".tmp-" (temporary siblings and files). */
 static int count_tmp_entries(void) {
@@ -426,6 +429,59 @@ static void test_logits_interrupted(void **state) {
     } else {
       if (code != 0) { e = read_err(); fail_msg("logits run %d: exit %d; stderr: %s", i, code, e); }
       assert_true((long long)len == want); /* the whole new file */
+    }
+    free(got);
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+  assert_true(interrupted >= 1);
+}
+
+/* ---- eval --summary ----------------------------------------------------------------- */
+
+/* `eval gsm8k --summary FILE` interrupted by SIGINT/SIGTERM at random moments (seed printed): exit 128 +
+ * sig with FILE byte for byte as before, or exit 0 with a whole new summary of every item; no
+ * temporary file left, never killed by the signal (review finding: an interrupted run replaced the
+ * file with the summary of the items done so far, "complete": false, and exited 130/143). */
+static void test_eval_summary_interrupted(void **state) {
+  (void)state;
+  char summ[600], *e;
+  snprintf(summ, sizeof summ, "%s/summary.json", g_dir);
+  const char *previous = "{\"the previous summary\": true}\n";
+  const char *argv[] = {"dgemma", "eval", "gsm8k", "-m", SMALL, "--data", "tests/fixtures/gsm8k", "-t", "1", "-n", "64",
+                        "-s", "8", "--summary", summ, NULL};
+  /* a complete run (duration T from the handler seen) */
+  int st = run_signalled(argv, SIGINT, -1, NULL);
+  const double T = g_after_handler;
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  char *full = dg_test_read_file(summ, NULL);
+  assert_non_null(strstr(full, "\"items\":4,\"items_target\":4"));
+  assert_non_null(strstr(full, "\"complete\":true"));
+  free(full);
+  int interrupted = 0;
+  /* run 0 at once; 1-5 at a random moment of a whole run; 6-9 from 0.9 T to 1.1 T, around the summary's rename */
+  for (int i = 0; i < 10; i++) {
+    const int sig = i % 2 ? SIGTERM : SIGINT;
+    const double u = (double)rand() / RAND_MAX;
+    const long delay = i == 0 ? 0 : (long)((i < 6 ? u : 0.9 + 0.2 * u) * T * 1e6);
+    write_file(summ, previous, strlen(previous));
+    int sent;
+    st = run_signalled(argv, sig, delay, &sent);
+    if (!WIFEXITED(st)) fail_msg("eval run %d: killed by signal %d", i, WIFSIGNALED(st) ? WTERMSIG(st) : -1);
+    const int code = WEXITSTATUS(st);
+    printf("# eval --summary run %d: %s after %.3f s of %.3f s -> exit %d\n", i, sig == SIGINT ? "SIGINT" : "SIGTERM",
+           delay / 1e6, T, code);
+    char *got = dg_test_read_file(summ, NULL);
+    assert_non_null(got);
+    if (code == 128 + sig) {
+      interrupted++;
+      e = read_err();
+      if (strcmp(got, previous) || !strstr(e, "not written (interrupted): a file there is kept as it was"))
+        fail_msg("eval run %d: exit %d, summary \"%s\" (want the previous one), stderr: %s", i, code, got, e);
+      free(e);
+    } else {
+      if (code != 0) { e = read_err(); fail_msg("eval run %d: exit %d; stderr: %s", i, code, e); }
+      assert_non_null(strstr(got, "\"items\":4,\"items_target\":4")); /* the whole new summary */
+      assert_non_null(strstr(got, "\"complete\":true"));
     }
     free(got);
     assert_int_equal(count_tmp_entries(), 0);
@@ -845,8 +901,6 @@ static void test_rejected_options(void **state) {
  * naming the option: exit 2, one line, nothing on stdout, before a model loads where the model is not
  * needed to tell (review finding: `logits -o ''` said ": names a directory, not a file", `--prompt-ids ""`
  * wrote logits of an empty prompt, `eval --summary ''` failed only after the whole run). */
-static void write_file(const char *path, const char *text, size_t len);
-
 static void test_empty_values(void **state) {
   (void)state;
   char empty[512], canvas[64 * 2 + 1] = "", *cases[20][2];
@@ -2132,6 +2186,7 @@ int main(void) {
       cmocka_unit_test(test_mkrandom_interrupted),
       cmocka_unit_test(test_interrupted_twice),
       cmocka_unit_test(test_logits_interrupted),
+      cmocka_unit_test(test_eval_summary_interrupted),
       cmocka_unit_test(test_output_targets),
       cmocka_unit_test(test_stdout_full),
       cmocka_unit_test(test_eos_empty_count),

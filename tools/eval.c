@@ -47,10 +47,11 @@
 #include "outfile.h"
 
 static volatile sig_atomic_t g_interrupted = 0; /* the SIGINT/SIGTERM received (0: none) */
+static volatile sig_atomic_t g_hold_signals = 0; /* 1 while --summary is written: signals only recorded */
 
 static void on_signal(int sig) {
   g_interrupted = sig; /* exit status 128 + sig: 130 for SIGINT, 143 for SIGTERM */
-  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+  if (!g_hold_signals) signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
 /* SIGINT and SIGTERM stop a run at the next denoising step (g_interrupted);
@@ -787,14 +788,21 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   char err[2048] = "";
   gsm8k_summary s;
   int rc = gsm8k_run(&ro, gsm8k_generate, &g, &s, err, sizeof err);
-  stop_signals_restore();
+  /* From here to the exit a signal is only recorded (the handler stays installed): the --summary
+   * file is replaced by a whole new one or left as it was, never by the summary of an interrupted
+   * run; exit 128 + sig always means it was left (outfile.h). */
+  g_hold_signals = 1;
   dg_context_free(g.ctx);
   free(g.ids);
   if (rc < 0) fprintf(stderr, "dgemma eval: %s\n", err);
-  if (rc < 0 && s.n == 0) return 1;
+  if (rc < 0 && s.n == 0) return g_interrupted ? 128 + g_interrupted : 1;
   gsm8k_summary_markdown(stdout, title, &s);
   fflush(stdout);
-  if (o->summary) {
+  int committed = 0, failed = 0;
+  if (o->summary && g_interrupted) {
+    fprintf(stderr, "dgemma eval: --summary %s not written (interrupted): a file there is kept as it was\n",
+            o->summary);
+  } else if (o->summary) {
     /* the whole file or the old one (outfile.h: a temporary file renamed; a device written in place) */
     char *js = gsm8k_summary_json(title, config, &s);
     FILE *f = js ? out_try_open(o->summary, "dgemma eval") : NULL;
@@ -803,16 +811,27 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
       fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, strerror(errno));
       out_discard(f);
       f = NULL;
+    } else if (f && g_interrupted) { /* a signal while it was written: the old file stays */
+      fprintf(stderr, "dgemma eval: --summary %s not written (interrupted): a file there is kept as it was\n",
+              o->summary);
+      out_discard(f);
+      f = NULL;
     } else if (f && out_commit(f, o->summary)) {
       f = NULL;
+    } else if (f) {
+      committed = 1; /* a signal from now on is only recorded: the new file is whole */
     }
     free(js);
-    if (!f) return 1;
+    failed = !committed && !g_interrupted;
   }
-  if (rc > 0) {
-    fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,
-            o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
+  if (g_interrupted && !committed) {
+    if (rc > 0)
+      fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,
+              o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
+    else
+      fprintf(stderr, "dgemma eval: interrupted after the last item; %s\n",
+              o->out ? "rerun the same command to write the summary" : "no -o file was given, nothing to resume from");
     return 128 + g_interrupted;
   }
-  return rc < 0 ? 1 : 0;
+  return rc < 0 || failed ? 1 : 0;
 }
