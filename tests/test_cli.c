@@ -897,6 +897,37 @@ static void test_rejected_options(void **state) {
   }
 }
 
+/* Found trying the CLI as a new user (issue 16 item 7): usage errors in one line, exit 2, before a model
+ * loads (-m /nonexistent: a load would fail with exit 1): a joined short option ("-n64") says how to
+ * write it; `eval foo` names foo and the three evaluations (it loaded the model first and left gsm8k
+ * out); `qreport --recipes` with an empty recipe ("", "mlx;") compared nothing and exited 0, and a bad
+ * recipe was found only after the float model's runs. */
+static void test_new_user_findings(void **state) {
+  (void)state;
+  static const char *cases[][2] = {
+      {"run -m /nonexistent -n64 -p hi", "dgemma run: unknown option -n64 (write -n 64, with a space); see"},
+      {"eval gsm8k -m /nonexistent -o/tmp/x", "dgemma eval: unknown option -o/tmp/x (write -o /tmp/x, with a space)"},
+      {"run -m /nonexistent -vv -p hi", "dgemma run: unknown option -vv; see `dgemma run --help`"},
+      {"eval foo -m /nonexistent", "dgemma eval: unknown evaluation \"foo\" (gsm8k, problems or text); see"},
+      {"eval foo -m /nonexistent -f /nonexistent.jsonl", "dgemma eval: unknown evaluation \"foo\" (gsm8k, problems or text)"},
+      {"qreport -m /nonexistent --recipes ''", "dgemma qreport: --recipes \"\": recipe 1 is empty"},
+      {"qreport -m /nonexistent --recipes 'mlx;'", "dgemma qreport: --recipes \"mlx;\": recipe 2 is empty"},
+      {"qreport -m /nonexistent --recipes 'mlx;;all=8'", "recipe 2 is empty (recipes are separated by one ';')"},
+      {"qreport -m /nonexistent --recipes 'mlx;foo'",
+       "dgemma qreport: --recipes: recipe \"foo\": \"foo\" is neither CLASS=SPEC nor a preset (mlx)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out, *err;
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+  }
+}
+
 /* An empty file, directory or id list ("-o ''", a shell variable that was not set) is a usage error
  * naming the option: exit 2, one line, nothing on stdout, before a model loads where the model is not
  * needed to tell (review finding: `logits -o ''` said ": names a directory, not a file", `--prompt-ids ""`
@@ -2194,6 +2225,7 @@ int main(void) {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_rejected_options),
       cmocka_unit_test(test_empty_values),
+      cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),
       cmocka_unit_test(test_prompt_sources),

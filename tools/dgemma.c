@@ -539,7 +539,14 @@ static void parse_opts(int argc, char **argv, opts *o) {
       for (size_t k = 0; k < sizeof kOptions / sizeof kOptions[0] && !d; k++)
         if ((kOptions[k].s && !strcmp(a, kOptions[k].s)) || !strcmp(a, kOptions[k].l)) d = &kOptions[k];
       if (!d) {
-        snprintf(msg, sizeof msg, "unknown option %s", q(a));
+        /* "-n64": POSIX's joined short option, which dgemma does not take: say how to write it */
+        const option_def *j = NULL;
+        for (size_t k = 0; a[1] != '-' && a[2] && k < sizeof kOptions / sizeof kOptions[0] && !j; k++)
+          if (kOptions[k].s && !strncmp(a, kOptions[k].s, 2) && (kOptions[k].cmds & g_cmd->bit) &&
+              strcmp(kOptions[k].s, "-v") && strcmp(kOptions[k].s, "-h")) /* flags: no value to join */
+            j = &kOptions[k];
+        if (j) snprintf(msg, sizeof msg, "unknown option %s (write %s %s, with a space)", q(a), j->s, q(a + 2));
+        else snprintf(msg, sizeof msg, "unknown option %s", q(a));
         usage_exit(msg);
       }
       if (!(d->cmds & g_cmd->bit)) {
@@ -1759,6 +1766,11 @@ static int cmd_eval(const opts *o) {
     dg_model_free(m);
     return rc;
   }
+  if (o->positional && strcmp(o->positional, "problems") && strcmp(o->positional, "text")) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "unknown evaluation \"%s\" (gsm8k, problems or text)", q(o->positional));
+    usage_exit(msg);
+  }
   if (!o->positional || !o->file) usage_exit("eval needs gsm8k, or problems|text and --file F.jsonl");
   if (o->summary || o->chat || o->shots_set || o->data || o->sample)
     usage_exit("--summary, --chat, --shots, --data and --sample are options of eval gsm8k, not of eval problems|text");
@@ -1823,6 +1835,36 @@ static void check_recipe(const char *recipe, int bits, int group_size) {
     char msg[768];
     snprintf(msg, sizeof msg, "--recipe: %s", q(dg_last_error()));
     usage_exit(msg);
+  }
+}
+
+/* qreport --recipes "R1;R2;...": every recipe parses and none is empty (";;", a trailing ";", or ""
+ * would compare nothing), a usage error before the float model runs. */
+static void check_recipes(const char *recipes, int bits, int group_size) {
+  if (!recipes) return;
+  dg_quantize_params qp = dg_quantize_default_params();
+  if (!bits) bits = qp.bits;
+  if (!group_size) group_size = qp.group_size;
+  char msg[900];
+  int k = 0;
+  for (const char *p = recipes;; k++) {
+    const size_t n = strcspn(p, ";");
+    char one[512];
+    if (n >= sizeof one) { snprintf(msg, sizeof msg, "--recipes: recipe %d is too long", k + 1); usage_exit(msg); }
+    memcpy(one, p, n);
+    one[n] = 0;
+    if (!one[strspn(one, " ")]) {
+      snprintf(msg, sizeof msg, "--recipes \"%s\": recipe %d is empty (recipes are separated by one ';')", q(recipes),
+               k + 1);
+      usage_exit(msg);
+    }
+    dg_quant_recipe r;
+    if (dg_quant_recipe_parse(one, bits, group_size, &r)) {
+      snprintf(msg, sizeof msg, "--recipes: %s", q(dg_last_error()));
+      usage_exit(msg);
+    }
+    if (!p[n]) break;
+    p += n + 1;
   }
 }
 
@@ -1903,7 +1945,8 @@ static int cmd_mkrandom(const opts *o) {
 
 static int cmd_quantize(const opts *o) {
   if (!o->positional || !o->positional2) usage_exit("quantize needs IN_DIR and OUT_DIR");
-  if (!*o->positional || !*o->positional2) usage_exit(*o->positional ? "OUT_DIR is an empty string" : "IN_DIR is an empty string");
+  if (!*o->positional || !*o->positional2)
+    usage_exit(*o->positional ? "OUT_DIR is an empty string" : "IN_DIR is an empty string");
   dg_quantize_params qp = dg_quantize_default_params();
   if (o->bits) qp.bits = o->bits;
   if (o->group_size) qp.group_size = o->group_size;
@@ -1985,6 +2028,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "mkrandom")) { catch_stop_signals(0); return close_stdout(cmd_mkrandom(&o)); }
   /* qreport */
   no_positional(&o, "qreport");
+  check_recipes(o.recipes, o.bits, o.group_size);
   warn_kernels();
   qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
   return close_stdout(dg_cli_qreport(o.model ? o.model : default_model(), &qo));
