@@ -934,7 +934,7 @@ static void test_new_user_findings(void **state) {
  * wrote logits of an empty prompt, `eval --summary ''` failed only after the whole run). */
 static void test_empty_values(void **state) {
   (void)state;
-  char empty[512], canvas[64 * 2 + 1] = "", *cases[20][2];
+  char empty[512], canvas[64 * 2 + 1] = "", *cases[24][2];
   snprintf(empty, sizeof empty, "%s/empty.i32", g_dir);
   write_file(empty, "", 0);
   for (int k = 0; k < 64; k++) strcat(canvas, k ? ",4" : "4");
@@ -949,6 +949,8 @@ static void test_empty_values(void **state) {
   WANT("dgemma logits: --prompt-ids needs at least one id (LIST or @FILE), got an empty string");
   CASE("logits -m %s -t 1 --prompt-ids @%s --canvas-ids %s -o %s/l.bin", SMALL, empty, canvas, g_dir);
   WANT("dgemma logits: --prompt-ids @%s holds no ids", empty);
+  CASE("logits -m %s -t 1 --prompt-ids ' ' --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("dgemma logits: --prompt-ids \" \" holds no ids (the encoder needs at least one)");
   CASE("logits -m %s -t 1 --prompt-ids @ --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
   WANT("dgemma logits: an @FILE id list needs a file name after the @");
   CASE("logits -m %s -t 1 --prompt-ids 2 --canvas-ids '' -o %s/l.bin", SMALL, g_dir);

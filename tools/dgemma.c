@@ -1591,7 +1591,8 @@ static int cmd_logits(const opts *o) {
   int32_t *prompt = parse_ids(o->prompt_ids, &np); /* before the model loads: a bad list is told at once */
   int32_t *canvas = parse_ids(o->canvas_ids, &nc);
   if (!np) { /* "@empty.i32": the encoder needs a prompt (an empty literal list is parse_opts' error) */
-    fprintf(stderr, "dgemma logits: --prompt-ids %s holds no ids (the encoder needs at least one)\n", o->prompt_ids);
+    fprintf(stderr, "dgemma logits: --prompt-ids %s%s%s holds no ids (the encoder needs at least one)\n",
+            o->prompt_ids[0] == '@' ? "" : "\"", q(o->prompt_ids), o->prompt_ids[0] == '@' ? "" : "\"");
     free(prompt); free(canvas);
     return 2;
   }
@@ -1673,7 +1674,8 @@ static int cmd_replay(const opts *o) {
   size_t np, ncv, nu = 0;
   int32_t *prompt = parse_ids(o->prompt_ids, &np);
   if (!np) {
-    fprintf(stderr, "dgemma replay: --prompt-ids %s holds no ids (generation needs a prompt)\n", o->prompt_ids);
+    fprintf(stderr, "dgemma replay: --prompt-ids %s%s%s holds no ids (generation needs a prompt)\n",
+            o->prompt_ids[0] == '@' ? "" : "\"", q(o->prompt_ids), o->prompt_ids[0] == '@' ? "" : "\"");
     free(prompt);
     return 2;
   }
