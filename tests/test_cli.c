@@ -901,7 +901,7 @@ static void test_rejected_options(void **state) {
  * loads (-m /nonexistent: a load would fail with exit 1): a joined short option ("-n64") says how to
  * write it; `eval foo` names foo and the three evaluations (it loaded the model first and left gsm8k
  * out); `qreport --recipes` with an empty recipe ("", "mlx;") compared nothing and exited 0, and a bad
- * recipe was found only after the float model's runs. */
+ * recipe was found only after the float model's runs; a directory given for a file. */
 static void test_new_user_findings(void **state) {
   (void)state;
   static const char *cases[][2] = {
@@ -926,6 +926,28 @@ static void test_new_user_findings(void **state) {
     free(out);
     free(err);
   }
+  /* a directory where a file is wanted: `eval problems|text -f DIR` said "no problems to evaluate (empty
+   * file)"; `eval gsm8k --summary DIR` failed only after the whole run (here: before the model loads) */
+  char *dcases[3][2];
+  assert_true(asprintf(&dcases[0][0], "eval gsm8k -m /nonexistent --data tests/fixtures/gsm8k --summary %s", g_dir) > 0);
+  assert_true(asprintf(&dcases[0][1], "dgemma eval: cannot write %s: it is a directory", g_dir) > 0);
+  assert_true(asprintf(&dcases[1][0], "eval problems -m %s -t 1 -f %s", SMALL, g_dir) > 0);
+  assert_true(asprintf(&dcases[1][1], "dgemma eval: cannot read %s: it is a directory", g_dir) > 0);
+  assert_true(asprintf(&dcases[2][0], "eval text -m %s -t 1 -f %s", SMALL, g_dir) > 0);
+  assert_true(asprintf(&dcases[2][1], "dgemma eval: cannot read %s: it is a directory", g_dir) > 0);
+  for (int i = 0; i < 3; i++) {
+    char *out, *err;
+    int rc = cli(dcases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", dcases[i][0], rc, err);
+    if (rc != 1 || !strstr(err, dcases[i][1]) || count_char(err, '\n') != 1)
+      fail_msg("dgemma %s: exit %d (want 1), stderr \"%s\" (want one line with \"%s\")", dcases[i][0], rc, err,
+               dcases[i][1]);
+    free(out);
+    free(err);
+    free(dcases[i][0]);
+    free(dcases[i][1]);
+  }
+  assert_int_equal(count_tmp_entries(), 0);
 }
 
 /* An empty file, directory or id list ("-o ''", a shell variable that was not set) is a usage error

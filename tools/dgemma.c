@@ -1754,6 +1754,15 @@ static int cmd_eval(const opts *o) {
     eo.seed = o->seed_set ? o->seed : 42; /* vLLM's harness default */
     gsm8k_inputs in;
     if (dg_cli_gsm8k_load(&eo, &in)) return 1; /* data errors before the (slow) model load */
+    if (o->summary) { /* a --summary that cannot be written (a directory, no such folder) is told now, not after the run */
+      FILE *probe = out_try_open(o->summary, "dgemma eval");
+      if (!probe) {
+        gsm8k_set_free(&in.test);
+        gsm8k_set_free(&in.train);
+        return 1;
+      }
+      out_discard(probe);
+    }
     dg_model *m = load_model(o, 1);
     eo.gen = gen_params(m, o);
     char *kw = gen_kwargs_key(o);

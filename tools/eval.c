@@ -147,7 +147,12 @@ static int blank(const char *line) {
 
 static FILE *open_or_die(const char *path, const char *mode) {
   FILE *f = fopen(path, mode);
-  if (!f) { fprintf(stderr, "dgemma eval: cannot open %s\n", path); exit(1); }
+  if (!f) { fprintf(stderr, "dgemma eval: cannot open %s: %s\n", path, strerror(errno)); exit(1); }
+  struct stat sb; /* a directory opens for reading, then reads as an empty file */
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fprintf(stderr, "dgemma eval: cannot read %s: it is a directory\n", path);
+    exit(1);
+  }
   return f;
 }
 
