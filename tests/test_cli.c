@@ -948,6 +948,25 @@ static void test_new_user_findings(void **state) {
     free(dcases[i][1]);
   }
   assert_int_equal(count_tmp_entries(), 0);
+  /* a FIFO as --summary is opened once, after the run (a check opening it before would end the reader's input) */
+  char fifo[600], got[600], args[4096], exe[1024], *out, *err;
+  snprintf(fifo, sizeof fifo, "%s/summary.fifo", g_dir);
+  snprintf(got, sizeof got, "%s/summary.got", g_dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+  assert_true(n > 0);
+  exe[n] = 0;
+  *strrchr(exe, '/') = 0;
+  snprintf(args, sizeof args, "--version >/dev/null; cat %s > %s & timeout 120 %s/../dgemma eval gsm8k -m %s -t 1 --data "
+           "tests/fixtures/gsm8k --limit 1 -n 64 -s 1 --summary %s; s=$?; wait; exit $s", fifo, got, exe, SMALL, fifo);
+  assert_int_equal(cli(args, &out, &err), 0);
+  char *js = dg_test_read_file(got, NULL);
+  assert_non_null(js);
+  assert_non_null(strstr(js, "\"items\":1,\"items_target\":1"));
+  free(js);
+  free(out);
+  free(err);
+  unlink(fifo);
 }
 
 /* An empty file, directory or id list ("-o ''", a shell variable that was not set) is a usage error

@@ -1754,7 +1754,11 @@ static int cmd_eval(const opts *o) {
     eo.seed = o->seed_set ? o->seed : 42; /* vLLM's harness default */
     gsm8k_inputs in;
     if (dg_cli_gsm8k_load(&eo, &in)) return 1; /* data errors before the (slow) model load */
-    if (o->summary) { /* a --summary that cannot be written (a directory, no such folder) is told now, not after the run */
+    struct stat ss;
+    const int special = stat(o->summary ? o->summary : "", &ss) == 0 && !S_ISREG(ss.st_mode) && !S_ISDIR(ss.st_mode);
+    /* a --summary that cannot be written (a directory, no such folder) is told now, not after the run; a FIFO or a
+     * device is written in place and opened only once (opening a FIFO twice would end its reader's input) */
+    if (o->summary && !special) {
       FILE *probe = out_try_open(o->summary, "dgemma eval");
       if (!probe) {
         gsm8k_set_free(&in.test);
