@@ -223,6 +223,8 @@ typedef struct dg_block_info {
   int32_t n_valid;          /* tokens up to and including the first stop id */
   int32_t n_steps;          /* decoder forwards spent on this block */
   int finished;             /* 1 if a stop id ended the sequence */
+  int32_t n_visible;        /* of the n_valid tokens, those counted as generated text (dg_gen_result.n_visible:
+                               not pad, not a special token; the stop id that ended generation counts) */
 } dg_block_info;
 
 /* The turbo engine (spec 7, after mlx-vlm PR #1384): opt-in, every technique
@@ -335,6 +337,12 @@ dg_gen_params dg_gen_default_params(const dg_model *m);
  * Errors: DG_ERR_JSON; DG_ERR_INVALID_ARG naming an unknown key or a value of the
  * wrong type or range. *p is unchanged on failure. */
 dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json);
+
+/* The checks dg_generate makes on p against model m before anything runs (stop
+ * ids and pad_token_id inside the vocabulary, turbo_topk <= vocab, the
+ * temperature schedule, ...), so that a caller can refuse bad settings up
+ * front. DG_ERR_INVALID_ARG with a message naming the field and its value. */
+dg_status dg_gen_params_check(const dg_model *m, const dg_gen_params *p);
 
 /* ------------------------------------------------------------------------- */
 /* Context: KV cache + work buffers for one sequence                         */

@@ -89,7 +89,7 @@ static dg_status get_int(const char *file, const char *obj_name, const cJSON *ob
   if (!v) return DG_OK;
   if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be an integer, got %s", file, obj_name, key,
-                     dg_json_kind(v));
+                     DG_JSON_DESC(v));
   double d = v->valuedouble;
   if (d < (double)lo || d > (double)hi)
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s = %.0f is out of range [%lld, %lld]", file, obj_name,
@@ -105,7 +105,7 @@ static dg_status get_num(const char *file, const char *obj_name, const cJSON *ob
   if (!v) return DG_OK;
   if (!cJSON_IsNumber(v))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be a number, got %s", file, obj_name, key,
-                     dg_json_kind(v));
+                     DG_JSON_DESC(v));
   if (!(v->valuedouble >= lo && v->valuedouble <= hi))
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s = %g is out of range [%g, %g]", file, obj_name, key,
                      v->valuedouble, lo, hi);
@@ -130,7 +130,7 @@ static dg_status get_id_list(const char *file, const char *obj_name, const cJSON
       if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
           e->valuedouble > INT32_MAX)
         return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s[%d] is not a token id (%s)", file, obj_name, key,
-                         cnt, dg_json_kind(e));
+                         cnt, DG_JSON_DESC(e));
       if (cnt >= DG_MAX_STOP_IDS)
         return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s lists more than %d ids", file, obj_name, key,
                          DG_MAX_STOP_IDS);
@@ -138,7 +138,7 @@ static dg_status get_id_list(const char *file, const char *obj_name, const cJSON
     }
   } else {
     return dg_seterr(DG_ERR_CONFIG, "%s: field %s%s must be an id or a list of ids, got %s", file,
-                     obj_name, key, dg_json_kind(v));
+                     obj_name, key, DG_JSON_DESC(v));
   }
   *n = cnt;
   return DG_OK;
@@ -150,7 +150,7 @@ static dg_status parse_rope(const char *file, const cJSON *rp, const char *kind,
   char path[96];
   snprintf(path, sizeof path, "text_config.rope_parameters.%s.", kind);
   if (!cJSON_IsObject(r))
-    return dg_seterr(DG_ERR_CONFIG, "%s: field %s must be an object, got %s", file, path, dg_json_kind(r));
+    return dg_seterr(DG_ERR_CONFIG, "%s: field %s must be an object, got %s", file, path, DG_JSON_DESC(r));
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
   if (t) {
     if (!cJSON_IsString(t))
@@ -172,7 +172,7 @@ static dg_status parse_per_layer(const char *file, const cJSON *plc, dg_config *
   if (!plc || cJSON_IsNull(plc)) return DG_OK;
   if (!cJSON_IsObject(plc))
     return dg_seterr(DG_ERR_CONFIG, "%s: field text_config.per_layer_config must be an object, got %s", file,
-                     dg_json_kind(plc));
+                     DG_JSON_DESC(plc));
   const cJSON *e;
   cJSON_ArrayForEach(e, plc) {
     const char *k = e->string;
@@ -253,7 +253,7 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   const cJSON *lt = cJSON_GetObjectItemCaseSensitive(tc, "layer_types");
   if (lt && !cJSON_IsNull(lt)) {
     if (!cJSON_IsArray(lt))
-      return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types must be an array, got %s", file, P, dg_json_kind(lt));
+      return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types must be an array, got %s", file, P, DG_JSON_DESC(lt));
     if (cJSON_GetArraySize(lt) < c->n_layers)
       return dg_seterr(DG_ERR_CONFIG, "%s: field %slayer_types has %d entries for num_hidden_layers = %d", file, P,
                        cJSON_GetArraySize(lt), c->n_layers);
@@ -304,7 +304,7 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   const cJSON *rp = cJSON_GetObjectItemCaseSensitive(tc, "rope_parameters");
   if (rp && !cJSON_IsNull(rp)) {
     if (!cJSON_IsObject(rp))
-      return dg_seterr(DG_ERR_CONFIG, "%s: field %srope_parameters must be an object, got %s", file, P, dg_json_kind(rp));
+      return dg_seterr(DG_ERR_CONFIG, "%s: field %srope_parameters must be an object, got %s", file, P, DG_JSON_DESC(rp));
     DG_TRY(parse_rope(file, rp, "sliding_attention", &c->rope_sliding));
     DG_TRY(parse_rope(file, rp, "full_attention", &c->rope_full));
   }
@@ -444,7 +444,7 @@ static const char TURBO_LIST[] =
     "turbo_head_rows (int >= 0)";
 
 static dg_status turbo_bad(dg_status errc, const char *src, const char *key, const char *what, const cJSON *v) {
-  return dg_seterr(errc, "%s: turbo option %s must be %s, got %s; turbo options: %s", src, key, what, dg_json_kind(v),
+  return dg_seterr(errc, "%s: turbo option %s must be %s, got %s; turbo options: %s", src, key, what, DG_JSON_DESC(v),
                    TURBO_LIST);
 }
 
@@ -569,11 +569,11 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
   const cJSON *sc = cJSON_GetObjectItemCaseSensitive(j, "sampler_config");
   if (sc && !cJSON_IsNull(sc)) {
     if (!cJSON_IsObject(sc))
-      return dg_seterr(errc, "%s: field sampler_config must be an object, got %s", src, dg_json_kind(sc));
+      return dg_seterr(errc, "%s: field sampler_config must be an object, got %s", src, DG_JSON_DESC(sc));
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(sc, "_cls_name");
     if (cls && (!cJSON_IsString(cls) || strcmp(cls->valuestring, "EntropyBoundSamplerConfig") != 0))
       return dg_seterr(errc, "%s: field sampler_config._cls_name = %s is not supported (EntropyBoundSamplerConfig)",
-                       src, cJSON_IsString(cls) ? cls->valuestring : dg_json_kind(cls));
+                       src, cJSON_IsString(cls) ? cls->valuestring : DG_JSON_DESC(cls));
     GEN_NUM(sc, "sampler_config.", "entropy_bound", 1e-30, 1e9, &p->entropy_bound);
   }
   GEN_NUM(j, "", "t_min", 0.0, 1e9, &p->t_min);
@@ -601,7 +601,7 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
   if (seed && !cJSON_IsNull(seed)) {
     if (!cJSON_IsNumber(seed) || seed->valuedouble < 0 || seed->valuedouble != floor(seed->valuedouble) ||
         seed->valuedouble > 9007199254740992.0)
-      return dg_seterr(errc, "%s: field seed must be a non-negative integer, got %s", src, dg_json_kind(seed));
+      return dg_seterr(errc, "%s: field seed must be a non-negative integer, got %s", src, DG_JSON_DESC(seed));
     p->seed = (uint64_t)seed->valuedouble;
   }
   const cJSON *prop = cJSON_GetObjectItemCaseSensitive(j, "proposal");
@@ -610,7 +610,7 @@ static dg_status apply_gen_object(const char *src, const cJSON *j, dg_gen_params
     else if (cJSON_IsString(prop) && strcmp(prop->valuestring, "argmax") == 0) p->proposal = DG_PROPOSAL_ARGMAX;
     else
       return dg_seterr(errc, "%s: field proposal must be \"sample\" or \"argmax\", got %s%s%s", src,
-                       cJSON_IsString(prop) ? "\"" : "", cJSON_IsString(prop) ? prop->valuestring : dg_json_kind(prop),
+                       cJSON_IsString(prop) ? "\"" : "", cJSON_IsString(prop) ? prop->valuestring : DG_JSON_DESC(prop),
                        cJSON_IsString(prop) ? "\"" : "");
   }
 #undef GEN_INT
@@ -648,10 +648,28 @@ dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json) {
   if (!p || !json) return dg_seterr(DG_ERR_INVALID_ARG, "gen-kwargs: NULL argument");
   const char *end = NULL;
   cJSON *j = cJSON_ParseWithOpts(json, &end, 1);
-  if (!j) return dg_seterr(DG_ERR_JSON, "gen-kwargs: malformed JSON near byte %zu", end ? (size_t)(end - json) : 0);
+  if (!j) {
+    if (!json[strspn(json, " \t\r\n")])
+      return dg_seterr(DG_ERR_JSON, "gen-kwargs: empty; expected a JSON object such as {\"entropy_bound\": 0.2}");
+    /* quote the text where parsing stopped (control and non-ASCII bytes as \xNN, cut after 24 bytes) */
+    const size_t off = end && end >= json ? (size_t)(end - json) : 0;
+    char near[24 * 4 + 8];
+    size_t k = 0, i = off;
+    for (; json[i] && i < off + 24; i++) {
+      const unsigned char c = (unsigned char)json[i];
+      if (c == '"' || c == '\\') { near[k++] = '\\'; near[k++] = (char)c; }
+      else if (c >= 0x20 && c < 0x7f) near[k++] = (char)c;
+      else k += (size_t)snprintf(near + k, sizeof near - k, "\\x%02X", c);
+    }
+    near[k] = 0;
+    if (!k) return dg_seterr(DG_ERR_JSON, "gen-kwargs: malformed JSON: it ends early, after byte %zu", off);
+    return dg_seterr(DG_ERR_JSON, "gen-kwargs: malformed JSON near byte %zu (\"%s%s\")", off, near,
+                     json[i] ? "..." : "");
+  }
   if (!cJSON_IsObject(j)) {
+    dg_status st = dg_seterr(DG_ERR_INVALID_ARG, "gen-kwargs: expected a JSON object, got %s", DG_JSON_DESC(j));
     cJSON_Delete(j);
-    return dg_seterr(DG_ERR_INVALID_ARG, "gen-kwargs: expected a JSON object");
+    return st;
   }
   dg_gen_params tmp = *p;
   dg_status st = check_repeats("gen-kwargs", j);

@@ -4,6 +4,7 @@
 #define DG_JSON_H
 
 #include <cjson/cJSON.h>
+#include <stddef.h>
 
 /* What a JSON value is, for error messages ("a string", "an array", ...);
  * "missing" for NULL. */
@@ -17,6 +18,15 @@ static inline const char *dg_json_kind(const cJSON *v) {
   if (cJSON_IsObject(v)) return "an object";
   return "invalid";
 }
+
+/* What a JSON value is and what it holds, for error messages that quote the
+ * offending value: `a string "x"`, `a number 1.5`, `a boolean true`, `an array
+ * [0.9]`, `null`, `missing`; a long value is cut after about 40 bytes ("...").
+ * Written into buf (cap bytes, at least 64), which is returned. */
+const char *dg_json_desc(const cJSON *v, char *buf, size_t cap);
+/* dg_json_desc into a buffer that lives until the end of the enclosing block
+ * (a message argument: dg_seterr(..., "got %s", DG_JSON_DESC(v))). */
+#define DG_JSON_DESC(v) dg_json_desc((v), (char[128]){0}, 128)
 
 /* The first repeated key found in an object of the tree under v (objects
  * checked depth first, each in O(k log k)), or NULL if every object's keys

@@ -21,6 +21,8 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,10 +247,54 @@ static void quantize_row(void *ctx, int64_t r, float *row) {
   }
 }
 
+/* The index of the first NaN or infinity of a floating-point tensor (F32, F16, BF16, F64: all-ones
+ * exponent), -1 if none or if the tensor holds integers. */
+static int64_t first_nonfinite(const dg_tensor *t) {
+  const size_t es = dg_dtype_size(t->dtype);
+  if (!es || t->nbytes % es) return -1;
+  const int64_t n = (int64_t)(t->nbytes / es);
+  const unsigned char *p = t->data;
+  for (int64_t i = 0; i < n; i++) {
+    if (t->dtype == DG_BF16 || t->dtype == DG_F16) {
+      uint16_t h;
+      memcpy(&h, p + 2 * i, 2);
+      const uint16_t e = t->dtype == DG_BF16 ? 0x7F80 : 0x7C00;
+      if ((h & e) == e) return i;
+    } else if (t->dtype == DG_F32) {
+      uint32_t w;
+      memcpy(&w, p + 4 * i, 4);
+      if ((w & 0x7F800000u) == 0x7F800000u) return i;
+    } else if (t->dtype == DG_F64) {
+      uint64_t w;
+      memcpy(&w, p + 8 * i, 8);
+      if ((w & 0x7FF0000000000000ull) == 0x7FF0000000000000ull) return i;
+    } else {
+      return -1; /* integers and booleans are always finite */
+    }
+  }
+  return -1;
+}
+
 /* Quantize (or copy) one planned tensor into freshly allocated out[] buffers. */
 static dg_status materialize(plan_item *it, int n_threads) {
   const dg_tensor *t = it->in;
   if (!it->bits) {
+    /* a tensor copied as it is (a norm weight, a layer scalar, a matrix the recipe keeps in float)
+     * must be finite too: a NaN there would make the output a model that does not run */
+    const int64_t bad = first_nonfinite(t);
+    if (bad >= 0) {
+      double v;
+      if (t->dtype == DG_F64) memcpy(&v, (const char *)t->data + 8 * bad, 8);
+      else v = (double)dg_load_elem(t->dtype, t->data, bad);
+      char shape[160];
+      size_t k = (size_t)snprintf(shape, sizeof shape, "[");
+      for (int d = 0; d < t->ndim && k < sizeof shape; d++)
+        k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+      if (k < sizeof shape) snprintf(shape + k, sizeof shape - k, "]");
+      return dg_seterr(DG_ERR_NUMERIC, "%s: tensor %s holds the non-finite value %s at element %lld (%s %s); cannot "
+                       "quantize", t->file, t->name, isnan(v) ? "nan" : v > 0 ? "inf" : "-inf", (long long)bad,
+                       dg_dtype_name(t->dtype), shape);
+    }
     it->out[0].data = malloc(t->nbytes ? t->nbytes : 1);
     if (!it->out[0].data) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory copying %s", t->name);
     memcpy(it->out[0].data, t->data, t->nbytes);

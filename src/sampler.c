@@ -84,7 +84,8 @@ dg_status dg_gen_params_validate(const dg_model *m, const dg_gen_params *p) {
     return dg_seterr(DG_ERR_INVALID_ARG, "n_stop_ids = %d is outside [0, %d]", p->n_stop_ids, DG_MAX_STOP_IDS);
   for (int i = 0; i < p->n_stop_ids; i++)
     if (p->stop_ids[i] < 0 || p->stop_ids[i] >= V)
-      return dg_seterr(DG_ERR_INVALID_ARG, "stop id %d is outside the vocabulary [0, %d)", p->stop_ids[i], V);
+      return dg_seterr(DG_ERR_INVALID_ARG, "stop id (eos_token_id) %d is outside the vocabulary [0, %d)",
+                       p->stop_ids[i], V);
   if (p->pad_id < 0 || p->pad_id >= V)
     return dg_seterr(DG_ERR_INVALID_ARG, "pad_token_id %d is outside the vocabulary [0, %d)", p->pad_id, V);
   if (p->proposal != DG_PROPOSAL_SAMPLE && p->proposal != DG_PROPOSAL_ARGMAX &&
@@ -112,6 +113,11 @@ dg_status dg_gen_params_validate(const dg_model *m, const dg_gen_params *p) {
     if (t->head_rows < 0) return dg_seterr(DG_ERR_INVALID_ARG, "turbo_head_rows = %d must be >= 0", t->head_rows);
   }
   return DG_OK;
+}
+
+dg_status dg_gen_params_check(const dg_model *m, const dg_gen_params *p) {
+  if (!m || !p) return dg_seterr(DG_ERR_INVALID_ARG, "dg_gen_params_check: NULL argument");
+  return dg_gen_params_validate(m, p);
 }
 
 dg_status dg_generate_check(const dg_context *ctx, size_t n_prompt, const dg_gen_params *p) {
@@ -239,9 +245,10 @@ dg_status dg_tally_block(dg_gen_tally *t, const dg_model *m, const dg_gen_params
   t->n_blocks++;
   t->n_out += C;
   res->n_valid += n_valid;
-  res->n_visible += dg_gen_visible_tokens(m, p, blk, n_valid, t->why == DG_FINISH_STOP);
+  const int32_t visible = dg_gen_visible_tokens(m, p, blk, n_valid, t->why == DG_FINISH_STOP);
+  res->n_visible += visible;
   if (p->on_block) {
-    dg_block_info bi = {b, blk, C, n_valid, steps, t->why != DG_FINISH_LENGTH};
+    dg_block_info bi = {b, blk, C, n_valid, steps, t->why != DG_FINISH_LENGTH, visible};
     if (p->on_block(&bi, p->user_data)) return dg_seterr(DG_ERR_ABORTED, "aborted by the block callback at block %d", b);
   }
   return DG_OK;

@@ -8,6 +8,7 @@
  *     left empty, an existing -o file byte for byte as before, no temporary
  *     sibling); a run the signal reached only after its output was complete
  *     exits 0 with the complete output. A rerun after an interruption works.
+ *     `eval gsm8k --summary` the same way: the old summary or a whole new one.
  *     A second SIGINT (SIGTERM) while quantize or mkrandom is on its way to
  *     its stop point: exit 130 (143) at once and nothing left.
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
@@ -15,7 +16,8 @@
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
- *     detokenizer shows, not every canvas position.
+ *     detokenizer shows, not every canvas position; the same for the summaries
+ *     and -o lines of `eval problems` and `eval gsm8k`.
  *   - issue 15: every command's --help (stdout, exit 0, its own text), --version
  *     anywhere, options of other commands and unknown ones refused in one line
  *     (exit 2, before a model loads), prompts from -p, -f, -p - and a pipe (the
@@ -24,7 +26,8 @@
  *     two blocks, several strings, one that never comes), --temp (the schedule's
  *     temperatures seen with -v), tokenize --pieces and detokenize, -t capped at
  *     the cores, the passive OpenMP wait policy, info on a quantized model and a
- *     model without a tokenizer.
+ *     model without a tokenizer. An empty file, directory or id list ("-o ''",
+ *     --prompt-ids "", an empty @FILE) is a usage error naming the option.
  * The models are the bundled one and `mkrandom --config small`, one thread.
  * DG_TEST_FILTER=NAME runs the tests matching NAME (cmocka's filter). */
 #include "testutil.h"
@@ -143,6 +146,8 @@ static char *read_err(void) {
   char *e = dg_test_read_file(ef, NULL);
   return e ? e : strdup("");
 }
+
+static void write_file(const char *path, const char *text, size_t len); /* below */
 
 /* Entries of g_dir whose name holds ".tmp-" (temporary siblings and files). */
 static int count_tmp_entries(void) {
@@ -424,6 +429,59 @@ static void test_logits_interrupted(void **state) {
     } else {
       if (code != 0) { e = read_err(); fail_msg("logits run %d: exit %d; stderr: %s", i, code, e); }
       assert_true((long long)len == want); /* the whole new file */
+    }
+    free(got);
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+  assert_true(interrupted >= 1);
+}
+
+/* ---- eval --summary ----------------------------------------------------------------- */
+
+/* `eval gsm8k --summary FILE` interrupted by SIGINT/SIGTERM at random moments (seed printed): exit 128 +
+ * sig with FILE byte for byte as before, or exit 0 with a whole new summary of every item; no
+ * temporary file left, never killed by the signal (review finding: an interrupted run replaced the
+ * file with the summary of the items done so far, "complete": false, and exited 130/143). */
+static void test_eval_summary_interrupted(void **state) {
+  (void)state;
+  char summ[600], *e;
+  snprintf(summ, sizeof summ, "%s/summary.json", g_dir);
+  const char *previous = "{\"the previous summary\": true}\n";
+  const char *argv[] = {"dgemma", "eval", "gsm8k", "-m", SMALL, "--data", "tests/fixtures/gsm8k", "-t", "1", "-n", "64",
+                        "-s", "8", "--summary", summ, NULL};
+  /* a complete run (duration T from the handler seen) */
+  int st = run_signalled(argv, SIGINT, -1, NULL);
+  const double T = g_after_handler;
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  char *full = dg_test_read_file(summ, NULL);
+  assert_non_null(strstr(full, "\"items\":4,\"items_target\":4"));
+  assert_non_null(strstr(full, "\"complete\":true"));
+  free(full);
+  int interrupted = 0;
+  /* run 0 at once; 1-5 at a random moment of a whole run; 6-9 from 0.9 T to 1.1 T, around the summary's rename */
+  for (int i = 0; i < 10; i++) {
+    const int sig = i % 2 ? SIGTERM : SIGINT;
+    const double u = (double)rand() / RAND_MAX;
+    const long delay = i == 0 ? 0 : (long)((i < 6 ? u : 0.9 + 0.2 * u) * T * 1e6);
+    write_file(summ, previous, strlen(previous));
+    int sent;
+    st = run_signalled(argv, sig, delay, &sent);
+    if (!WIFEXITED(st)) fail_msg("eval run %d: killed by signal %d", i, WIFSIGNALED(st) ? WTERMSIG(st) : -1);
+    const int code = WEXITSTATUS(st);
+    printf("# eval --summary run %d: %s after %.3f s of %.3f s -> exit %d\n", i, sig == SIGINT ? "SIGINT" : "SIGTERM",
+           delay / 1e6, T, code);
+    char *got = dg_test_read_file(summ, NULL);
+    assert_non_null(got);
+    if (code == 128 + sig) {
+      interrupted++;
+      e = read_err();
+      if (strcmp(got, previous) || !strstr(e, "not written (interrupted): a file there is kept as it was"))
+        fail_msg("eval run %d: exit %d, summary \"%s\" (want the previous one), stderr: %s", i, code, got, e);
+      free(e);
+    } else {
+      if (code != 0) { e = read_err(); fail_msg("eval run %d: exit %d; stderr: %s", i, code, e); }
+      assert_non_null(strstr(got, "\"items\":4,\"items_target\":4")); /* the whole new summary */
+      assert_non_null(strstr(got, "\"complete\":true"));
     }
     free(got);
     assert_int_equal(count_tmp_entries(), 0);
@@ -839,6 +897,151 @@ static void test_rejected_options(void **state) {
   }
 }
 
+/* Found trying the CLI as a new user (issue 16 item 7): usage errors in one line, exit 2, before a model
+ * loads (-m /nonexistent: a load would fail with exit 1): a joined short option ("-n64") says how to
+ * write it; `eval foo` names foo and the three evaluations (it loaded the model first and left gsm8k
+ * out); `qreport --recipes` with an empty recipe ("", "mlx;") compared nothing and exited 0, and a bad
+ * recipe was found only after the float model's runs; a directory given for a file. */
+static void test_new_user_findings(void **state) {
+  (void)state;
+  static const char *cases[][2] = {
+      {"run -m /nonexistent -n64 -p hi", "dgemma run: unknown option -n64 (write -n 64, with a space); see"},
+      {"eval gsm8k -m /nonexistent -o/tmp/x", "dgemma eval: unknown option -o/tmp/x (write -o /tmp/x, with a space)"},
+      {"run -m /nonexistent -vv -p hi", "dgemma run: unknown option -vv; see `dgemma run --help`"},
+      {"eval foo -m /nonexistent", "dgemma eval: unknown evaluation \"foo\" (gsm8k, problems or text); see"},
+      {"eval foo -m /nonexistent -f /nonexistent.jsonl", "dgemma eval: unknown evaluation \"foo\" (gsm8k, problems or text)"},
+      {"qreport -m /nonexistent --recipes ''", "dgemma qreport: --recipes \"\": recipe 1 is empty"},
+      {"qreport -m /nonexistent --recipes 'mlx;'", "dgemma qreport: --recipes \"mlx;\": recipe 2 is empty"},
+      {"qreport -m /nonexistent --recipes 'mlx;;all=8'", "recipe 2 is empty (recipes are separated by one ';')"},
+      {"qreport -m /nonexistent --recipes 'mlx;foo'",
+       "dgemma qreport: --recipes: recipe \"foo\": \"foo\" is neither CLASS=SPEC nor a preset (mlx)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out, *err;
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+  }
+  /* a directory where a file is wanted: `eval problems|text -f DIR` said "no problems to evaluate (empty
+   * file)"; `eval gsm8k --summary DIR` failed only after the whole run (here: before the model loads) */
+  char *dcases[3][2];
+  assert_true(asprintf(&dcases[0][0], "eval gsm8k -m /nonexistent --data tests/fixtures/gsm8k --summary %s", g_dir) > 0);
+  assert_true(asprintf(&dcases[0][1], "dgemma eval: cannot write %s: it is a directory", g_dir) > 0);
+  assert_true(asprintf(&dcases[1][0], "eval problems -m %s -t 1 -f %s", SMALL, g_dir) > 0);
+  assert_true(asprintf(&dcases[1][1], "dgemma eval: cannot read %s: it is a directory", g_dir) > 0);
+  assert_true(asprintf(&dcases[2][0], "eval text -m %s -t 1 -f %s", SMALL, g_dir) > 0);
+  assert_true(asprintf(&dcases[2][1], "dgemma eval: cannot read %s: it is a directory", g_dir) > 0);
+  for (int i = 0; i < 3; i++) {
+    char *out, *err;
+    int rc = cli(dcases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", dcases[i][0], rc, err);
+    if (rc != 1 || !strstr(err, dcases[i][1]) || count_char(err, '\n') != 1)
+      fail_msg("dgemma %s: exit %d (want 1), stderr \"%s\" (want one line with \"%s\")", dcases[i][0], rc, err,
+               dcases[i][1]);
+    free(out);
+    free(err);
+    free(dcases[i][0]);
+    free(dcases[i][1]);
+  }
+  assert_int_equal(count_tmp_entries(), 0);
+  /* a FIFO as --summary is opened once, after the run (a check opening it before would end the reader's input) */
+  char fifo[600], got[600], args[4096], exe[1024], *out, *err;
+  snprintf(fifo, sizeof fifo, "%s/summary.fifo", g_dir);
+  snprintf(got, sizeof got, "%s/summary.got", g_dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+  assert_true(n > 0);
+  exe[n] = 0;
+  *strrchr(exe, '/') = 0;
+  snprintf(args, sizeof args, "--version >/dev/null; cat %s > %s & timeout 120 %s/../dgemma eval gsm8k -m %s -t 1 --data "
+           "tests/fixtures/gsm8k --limit 1 -n 64 -s 1 --summary %s; s=$?; wait; exit $s", fifo, got, exe, SMALL, fifo);
+  assert_int_equal(cli(args, &out, &err), 0);
+  char *js = dg_test_read_file(got, NULL);
+  assert_non_null(js);
+  assert_non_null(strstr(js, "\"items\":1,\"items_target\":1"));
+  free(js);
+  free(out);
+  free(err);
+  unlink(fifo);
+}
+
+/* An empty file, directory or id list ("-o ''", a shell variable that was not set) is a usage error
+ * naming the option: exit 2, one line, nothing on stdout, before a model loads where the model is not
+ * needed to tell (review finding: `logits -o ''` said ": names a directory, not a file", `--prompt-ids ""`
+ * wrote logits of an empty prompt, `eval --summary ''` failed only after the whole run). */
+static void test_empty_values(void **state) {
+  (void)state;
+  char empty[512], canvas[64 * 2 + 1] = "", *cases[24][2];
+  snprintf(empty, sizeof empty, "%s/empty.i32", g_dir);
+  write_file(empty, "", 0);
+  for (int k = 0; k < 64; k++) strcat(canvas, k ? ",4" : "4");
+  int n = 0;
+#define CASE(...) assert_true(asprintf(&cases[n++][0], __VA_ARGS__) > 0)
+#define WANT(...) assert_true(asprintf(&cases[n - 1][1], __VA_ARGS__) > 0)
+  CASE("logits -m %s -t 1 --prompt-ids 2,3 --canvas-ids %s -o ''", SMALL, canvas);
+  WANT("dgemma logits: -o needs a file name, got an empty string; see `dgemma logits --help`");
+  CASE("logits -m %s -t 1 --prompt-ids 2,3 --canvas-ids %s --out=", SMALL, canvas);
+  WANT("dgemma logits: --out needs a file name, got an empty string");
+  CASE("logits -m %s -t 1 --prompt-ids '' --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("dgemma logits: --prompt-ids needs at least one id (LIST or @FILE), got an empty string");
+  CASE("logits -m %s -t 1 --prompt-ids @%s --canvas-ids %s -o %s/l.bin", SMALL, empty, canvas, g_dir);
+  WANT("dgemma logits: --prompt-ids @%s holds no ids", empty);
+  CASE("logits -m %s -t 1 --prompt-ids ' ' --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("dgemma logits: --prompt-ids \" \" holds no ids (the encoder needs at least one)");
+  CASE("logits -m %s -t 1 --prompt-ids @ --canvas-ids %s -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("dgemma logits: an @FILE id list needs a file name after the @");
+  CASE("logits -m %s -t 1 --prompt-ids 2 --canvas-ids '' -o %s/l.bin", SMALL, g_dir);
+  WANT("dgemma logits: --canvas-ids needs the canvas ids (LIST or @FILE), got an empty string");
+  CASE("replay -m %s -t 1 --prompt-ids '' --canvases %s", SMALL, empty);
+  WANT("dgemma replay: --prompt-ids needs at least one id");
+  CASE("replay -m %s -t 1 --prompt-ids @%s --canvases %s", SMALL, empty, empty);
+  WANT("dgemma replay: --prompt-ids @%s holds no ids", empty);
+  CASE("eval gsm8k -m %s -o ''", SMALL);
+  WANT("dgemma eval: -o needs a file name, got an empty string");
+  CASE("eval gsm8k -m %s --summary ''", SMALL);
+  WANT("dgemma eval: --summary needs a file name, got an empty string");
+  CASE("eval gsm8k -m %s --data ''", SMALL);
+  WANT("dgemma eval: --data needs a directory, got an empty string");
+  CASE("eval problems -m %s -f ''", SMALL);
+  WANT("dgemma eval: -f needs a file name, got an empty string");
+  CASE("bench -m %s -o ''", SMALL);
+  WANT("dgemma bench: -o needs a file name, got an empty string");
+  CASE("run -m '' -p hi");
+  WANT("dgemma run: -m needs a model directory, got an empty string");
+  CASE("run -m %s -f ''", SMALL);
+  WANT("dgemma run: -f needs a file name, got an empty string");
+  CASE("quantize %s ''", SMALL);
+  WANT("dgemma quantize: OUT_DIR is an empty string");
+  CASE("quantize '' %s/q", g_dir);
+  WANT("dgemma quantize: IN_DIR is an empty string");
+  CASE("mkrandom ''");
+  WANT("dgemma mkrandom: OUT_DIR is an empty string");
+#undef CASE
+#undef WANT
+  for (int i = 0; i < n; i++) {
+    char *out, *err;
+    const double t0 = now_s();
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %.80s... -> %d (%.2f s): %s", cases[i][0], rc, now_s() - t0, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+    free(cases[i][0]);
+    free(cases[i][1]);
+  }
+  struct stat sb;
+  assert_int_equal(stat(g_dir, &sb), 0);
+  char l[600];
+  snprintf(l, sizeof l, "%s/l.bin", g_dir);
+  assert_int_equal(access(l, F_OK), -1); /* nothing was written */
+}
+
 /* A --gen-kwargs that does not apply is a usage error in every command that reads it: exit 2, one
  * line naming the option and the field (the model loads first: the defaults are the checkpoint's). */
 static void test_gen_kwargs_exit(void **state) {
@@ -863,6 +1066,51 @@ static void test_gen_kwargs_exit(void **state) {
     free(out);
     free(err);
   }
+}
+
+/* A --gen-kwargs value the model refuses (a stop id or pad id outside its vocabulary) is a usage error
+ * quoting it, before a prefill: exit 2 and one line (review finding: exit 1 with a two-line
+ * "generate: invalid argument" after the prompt was encoded). dg_gen_params_check is the library's. */
+static void test_gen_kwargs_vocab(void **state) {
+  (void)state;
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  dg_gen_params gp = dg_gen_default_params(m);
+  assert_dg_ok(dg_gen_params_check(m, &gp));
+  assert_dg_ok(dg_gen_params_apply_json(&gp, "{\"eos_token_id\": [1, 4096]}")); /* no model there: a valid id */
+  assert_int_equal(dg_gen_params_check(m, &gp), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "stop id (eos_token_id) 4096 is outside the vocabulary [0, 4096)"));
+  gp = dg_gen_default_params(m);
+  gp.pad_id = 5000;
+  assert_int_equal(dg_gen_params_check(m, &gp), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "pad_token_id 5000 is outside the vocabulary [0, 4096)"));
+  dg_model_free(m);
+  static const char *cmds[] = {"run -p hi", "replay --prompt-ids 2 --canvases /nonexistent",
+                               "eval problems --file /nonexistent.jsonl", "bench --protocol batch", "serve --port 0"};
+  char exe[1024];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+  assert_true(n > 0);
+  exe[n] = 0;
+  *strrchr(exe, '/') = 0;
+  static const char *kw[][2] = {{"{\"eos_token_id\": [99999]}", "stop id (eos_token_id) 99999 is outside the vocabulary"},
+                                {"{\"pad_token_id\": 4096}", "pad_token_id 4096 is outside the vocabulary [0, 4096)"}};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    for (size_t k = 0; k < 2; k++) {
+      char args[2048], *out, *err;
+      /* under timeout(1): a serve that took the kwargs would not end by itself */
+      snprintf(args, sizeof args, "--version >/dev/null; timeout 120 %s/../dgemma %s -m %s -t 1 --gen-kwargs '%s' < /dev/null",
+               exe, cmds[i], SMALL, kw[k][0]);
+      int rc = cli(args, &out, &err);
+      printf("# dgemma %s -> %d: %s", args, rc, err);
+      char want[64];
+      snprintf(want, sizeof want, "dgemma %.*s: --gen-kwargs: ", (int)strcspn(cmds[i], " "), cmds[i]);
+      if (rc != 2 || strncmp(err, want, strlen(want)) || !strstr(err, kw[k][1]) || count_char(err, '\n') != 1 || *out)
+        fail_msg("dgemma %s: exit %d (want 2), stderr \"%s\" (want one line \"%s...%s\")", args, rc, err, want, kw[k][1]);
+      free(out);
+      free(err);
+    }
 }
 
 #define RUN_FAST "run -m " SMALL " -t 1 -n 64 -s 4 --greedy"
@@ -1004,6 +1252,127 @@ static char *json_tokens_text(const dg_model *m, const cJSON *j, size_t upto, si
   free(ids);
   if (n_out) *n_out = (size_t)cJSON_GetArraySize(tk);
   return t;
+}
+
+/* The library's generation of the chat message q with {"eos_token_id": []}, 192 tokens, 4 steps,
+ * argmax, seed: *n_valid, *n_visible and the text (malloc'd). */
+static char *gen_eos_empty(const char *q, uint64_t seed, int *n_valid, int *n_visible) {
+  dg_model *m = NULL;
+  dg_model_params mp = dg_model_default_params();
+  mp.n_threads = 1;
+  assert_dg_ok(dg_model_load(SMALL, &mp, &m));
+  dg_chat_message msg = {"user", q};
+  int32_t *ids = NULL;
+  size_t n = 0;
+  assert_dg_ok(dg_chat_apply(m, &msg, 1, 0, &ids, &n));
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = (int32_t)n + 192;
+  dg_context *ctx = NULL;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  dg_gen_params gp = dg_gen_default_params(m);
+  assert_dg_ok(dg_gen_params_apply_json(&gp, "{\"eos_token_id\": [], \"max_new_tokens\": 192, \"max_denoising_steps\": 4}"));
+  gp.proposal = DG_PROPOSAL_ARGMAX;
+  gp.seed = seed;
+  dg_gen_result r;
+  assert_dg_ok(dg_generate(ctx, ids, n, &gp, &r));
+  char *text = NULL;
+  assert_dg_ok(dg_detokenize(m, r.tokens, (size_t)r.n_valid, 0, &text));
+  char *ret = strdup(text);
+  *n_valid = r.n_valid;
+  *n_visible = r.n_visible;
+  dg_free(text);
+  dg_gen_result_free(&r);
+  dg_free(ids);
+  dg_context_free(ctx);
+  dg_model_free(m);
+  return ret;
+}
+
+/* "tokens": N of the first JSON line of path */
+static int jsonl_tokens(const char *path) {
+  char *s = dg_test_read_file(path, NULL);
+  assert_non_null(s);
+  char *nl = strchr(s, '\n');
+  assert_non_null(nl);
+  *nl = 0;
+  cJSON *j = cJSON_Parse(s);
+  assert_non_null(j);
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+  assert_true(cJSON_IsNumber(t));
+  const int v = (int)t->valuedouble;
+  cJSON_Delete(j);
+  free(s);
+  return v;
+}
+
+/* `dgemma eval problems` and `eval gsm8k` with {"eos_token_id": []}: the tokens of the summary and of
+ * the -o lines are the generated text (n_visible), not the hidden <eos> canvases after the answer
+ * (review finding: 384 "tokens" for 2 problems whose answers were 145 tokens, tok/s inflated). */
+static void test_eval_eos_empty_count(void **state) {
+  (void)state;
+  int n_valid = 0, want = 0;
+  char *text = gen_eos_empty("What is 7 times 8?", 0, &n_valid, &want);
+  printf("# problems: library %d tokens emitted, n_visible %d\n", n_valid, want);
+  assert_int_equal(n_valid, 192);
+  assert_true(want > 0 && want < n_valid); /* the model writes hidden <eos> after its answer */
+  free(text);
+  char path[512], items[512], args[2048], *out = NULL, *err = NULL;
+  snprintf(path, sizeof path, "%s/problems.jsonl", g_dir);
+  const char *line = "{\"id\": 0, \"steps\": 1, \"final\": 56, \"question\": \"What is 7 times 8?\"}\n";
+  write_file(path, line, strlen(line));
+  snprintf(items, sizeof items, "%s/problems_items.jsonl", g_dir);
+  unlink(items);
+  snprintf(args, sizeof args,
+           "eval problems -m %s -t 1 -f %s -n 192 -s 4 --greedy --gen-kwargs '{\"eos_token_id\": []}' -o %s", SMALL,
+           path, items);
+  assert_int_equal(cli(args, &out, &err), 0);
+  long long tokens = -1;
+  const char *sum = strstr(out, "1 problems (0 resumed");
+  assert_non_null(sum);
+  assert_int_equal(sscanf(sum, "1 problems (0 resumed from the output file); %lld tokens", &tokens), 1);
+  printf("# eval problems: summary %lld tokens, -o line %d\n", tokens, jsonl_tokens(items));
+  assert_int_equal(tokens, want);
+  assert_int_equal(jsonl_tokens(items), want);
+  free(out);
+  free(err);
+  /* gsm8k --chat: the user message "Question: Q\nAnswer:", seed 42 + item 0 */
+  const char *q = "What is 7 times 8?";
+  char msg[256];
+  snprintf(msg, sizeof msg, "Question: %s\nAnswer:", q);
+  text = gen_eos_empty(msg, 42, &n_valid, &want);
+  printf("# gsm8k: library %d tokens emitted, n_visible %d\n", n_valid, want);
+  assert_int_equal(n_valid, 192);
+  assert_true(want > 0 && want < n_valid);
+  /* no stop string: the harness runs it to the end as the library did */
+  assert_null(strstr(text, "Question"));
+  assert_null(strstr(text, "Assistant:"));
+  free(text);
+  char data[300];
+  snprintf(data, sizeof data, "%s/gsm8k", g_dir);
+  mkdir(data, 0755);
+  snprintf(path, sizeof path, "%s/test.jsonl", data);
+  line = "{\"question\": \"What is 7 times 8?\", \"answer\": \"7 * 8 = 56\\n#### 56\"}\n";
+  write_file(path, line, strlen(line));
+  snprintf(path, sizeof path, "%s/train.jsonl", data);
+  write_file(path, line, strlen(line));
+  snprintf(items, sizeof items, "%s/gsm8k_items.jsonl", g_dir);
+  unlink(items);
+  snprintf(args, sizeof args,
+           "eval gsm8k --chat -m %s -t 1 --data %s -n 192 -s 4 --gen-kwargs '{\"eos_token_id\": []}' -o %s", SMALL,
+           data, items);
+  assert_int_equal(cli(args, &out, &err), 0);
+  /* | items | correct | accuracy | Wilson 95% | no answer | tokens | ... */
+  sum = strstr(out, "\n| 1 |");
+  assert_non_null(sum);
+  const char *c = sum + 1;
+  for (int k = 0; k < 5 && c; k++) c = strchr(c + 1, '|'); /* the 6th bar: tokens */
+  assert_non_null(c);
+  tokens = strtoll(c + 1, NULL, 10);
+  printf("# eval gsm8k: summary %lld tokens, -o line %d\n", tokens, jsonl_tokens(items));
+  assert_int_equal(tokens, want);
+  assert_int_equal(jsonl_tokens(items), want);
+  free(out);
+  free(err);
 }
 
 /* --json: one object whose text is the streamed text, tokens decode to it, counts and timings add up. */
@@ -1891,12 +2260,17 @@ int main(void) {
       cmocka_unit_test(test_mkrandom_interrupted),
       cmocka_unit_test(test_interrupted_twice),
       cmocka_unit_test(test_logits_interrupted),
+      cmocka_unit_test(test_eval_summary_interrupted),
       cmocka_unit_test(test_output_targets),
       cmocka_unit_test(test_stdout_full),
       cmocka_unit_test(test_eos_empty_count),
+      cmocka_unit_test(test_eval_eos_empty_count),
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_rejected_options),
+      cmocka_unit_test(test_empty_values),
+      cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
+      cmocka_unit_test(test_gen_kwargs_vocab),
       cmocka_unit_test(test_prompt_sources),
       cmocka_unit_test(test_json),
       cmocka_unit_test(test_stop),

@@ -933,6 +933,71 @@ static void test_quantize_output(void **state) {
   dg_test_rm_dir(p); dg_test_rm_dir(f); dg_test_rm_dir(q1); dg_test_rm_dir(q2);
 }
 
+/* Set element idx of tensor `name` of the F32 file path to the float v (the header parsed with cJSON). */
+static void poke_f32(const char *path, const char *name, long idx, float v) {
+  size_t len = 0;
+  char *buf = dg_test_read_file(path, &len);
+  assert_non_null(buf);
+  uint64_t hl;
+  memcpy(&hl, buf, 8);
+  char *hdr = strndup(buf + 8, (size_t)hl);
+  cJSON *h = cJSON_Parse(hdr);
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(h, name);
+  assert_non_null(t);
+  assert_string_equal(cJSON_GetObjectItemCaseSensitive(t, "dtype")->valuestring, "F32");
+  const long off = (long)cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(t, "data_offsets"), 0)->valuedouble;
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, 8 + (long)hl + off + 4 * idx, SEEK_SET), 0);
+  assert_int_equal(fwrite(&v, 4, 1, f), 1);
+  fclose(f);
+  cJSON_Delete(h);
+  free(hdr);
+  free(buf);
+}
+
+/* A NaN or infinity in a tensor quantize copies as it is (a layer scalar, a norm weight, the router's
+ * per-expert scale, a matrix the recipe keeps in float) is DG_ERR_NUMERIC naming the file, the tensor,
+ * the value and the element, with nothing written (review finding: such a model was written and
+ * exit 0, a model that would not load or run); in a quantized matrix too (row and column). */
+static void test_quantize_nonfinite(void **state) {
+  (void)state;
+  synth_cfg c = synth_default();
+  char f[512], q[512], p[600];
+  snprintf(f, sizeof f, "%s/nf", tmp_root);
+  snprintf(q, sizeof q, "%s/nfq", tmp_root);
+  snprintf(p, sizeof p, "%s/model.safetensors", f);
+  static const struct { const char *tensor; long idx; float v; const char *recipe, *want; } cases[] = {
+      {"model.decoder.layers.0.layer_scalar", 0, NAN, NULL,
+       "tensor model.decoder.layers.0.layer_scalar holds the non-finite value nan at element 0 (F32 [1]); cannot quantize"},
+      {"model.encoder.language_model.layers.1.layer_scalar", 0, INFINITY, NULL,
+       "tensor model.encoder.language_model.layers.1.layer_scalar holds the non-finite value inf at element 0 (F32 [1])"},
+      {"model.decoder.layers.2.input_layernorm.weight", 5, NAN, NULL,
+       "tensor model.decoder.layers.2.input_layernorm.weight holds the non-finite value nan at element 5 (F32 [32])"},
+      {"model.decoder.layers.1.router.per_expert_scale", 4, -INFINITY, NULL,
+       "tensor model.decoder.layers.1.router.per_expert_scale holds the non-finite value -inf at element 4 (F32 [5])"},
+      {"model.decoder.embed_tokens.weight", 40, NAN, "embed=bf16",
+       "tensor model.decoder.embed_tokens.weight holds the non-finite value nan at element 40 (F32 [384, 32])"},
+      {"model.decoder.layers.0.mlp.gate_proj.weight", 33, NAN, NULL,
+       "tensor model.decoder.layers.0.mlp.gate_proj.weight holds a non-finite value at row 1, column 1; cannot quantize"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    assert_int_equal(synth_model_dir(f, &c), 0);
+    poke_f32(p, cases[i].tensor, cases[i].idx, cases[i].v);
+    dg_quantize_params qp = dg_quantize_default_params();
+    qp.bits = 4;
+    qp.group_size = 32;
+    qp.recipe = cases[i].recipe;
+    dg_status st = dg_quantize(f, q, &qp, NULL);
+    printf("# %s[%ld] = %g -> %s\n", cases[i].tensor, cases[i].idx, cases[i].v, dg_last_error());
+    if (st != DG_ERR_NUMERIC || !strstr(dg_last_error(), cases[i].want) || !strstr(dg_last_error(), p))
+      fail_msg("%s: status %d (want %d), message \"%s\" (want \"%s\" after the file name)", cases[i].tensor, st,
+               DG_ERR_NUMERIC, dg_last_error(), cases[i].want);
+    assert_int_equal(access(q, F_OK), -1); /* nothing written */
+    dg_test_rm_dir(f);
+  }
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   char a0[1024];
@@ -948,6 +1013,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bad_quantized),
       cmocka_unit_test(test_twin),
       cmocka_unit_test(test_quantize_output),
+      cmocka_unit_test(test_quantize_nonfinite),
       cmocka_unit_test(test_small_model_q8),
   };
   return cmocka_run_group_tests_name("quant", tests, setup, teardown);

@@ -136,11 +136,50 @@ static void test_gen_kwargs(void **state) {
   assert_memory_equal(&p, &before, sizeof p);
 }
 
+/* Every --gen-kwargs error quotes the offending key and value (review finding: "must be a number, got a
+ * string", "malformed JSON near byte 0" said neither what was given nor where). */
+static void test_gen_kwargs_messages(void **state) {
+  (void)state;
+  static const struct { const char *json; dg_status st; const char *want; } cases[] = {
+      {"{\"entropy_bound\": \"x\"}", DG_ERR_INVALID_ARG, "field entropy_bound must be a number, got a string \"x\""},
+      {"{\"max_denoising_steps\": 2.5}", DG_ERR_INVALID_ARG,
+       "field max_denoising_steps must be an integer, got a number 2.5"},
+      {"{\"max_denoising_steps\": \"many\"}", DG_ERR_INVALID_ARG, "got a string \"many\""},
+      {"{\"eos_token_id\": [1, -3]}", DG_ERR_INVALID_ARG, "field eos_token_id[1] is not a token id (a number -3)"},
+      {"{\"eos_token_id\": [1, \"a\"]}", DG_ERR_INVALID_ARG, "field eos_token_id[1] is not a token id (a string \"a\")"},
+      {"{\"eos_token_id\": \"1\"}", DG_ERR_INVALID_ARG, "must be an id or a list of ids, got a string \"1\""},
+      {"{\"seed\": -1}", DG_ERR_INVALID_ARG, "field seed must be a non-negative integer, got a number -1"},
+      {"{\"proposal\": 3}", DG_ERR_INVALID_ARG, "field proposal must be \"sample\" or \"argmax\", got a number 3"},
+      {"{\"sampler_config\": [1]}", DG_ERR_INVALID_ARG, "field sampler_config must be an object, got an array [1]"},
+      {"{\"diffusion_turbo\": 1}", DG_ERR_INVALID_ARG, "turbo option diffusion_turbo must be true or false, got a number 1"},
+      {"{\"turbo_threshold\": [0.9]}", DG_ERR_INVALID_ARG, "got an array [0.9];"},
+      {"{\"entropy_bound\": \"0123456789012345678901234567890123456789xyz\"}", DG_ERR_INVALID_ARG,
+       "got a string \"012345678901234567890123456789012345678..."},
+      {"[1, 2]", DG_ERR_INVALID_ARG, "gen-kwargs: expected a JSON object, got an array [1,2]"},
+      {"not json", DG_ERR_JSON, "gen-kwargs: malformed JSON near byte 0 (\"not json\")"},
+      {"{\"seed\": 1}x", DG_ERR_JSON, "gen-kwargs: malformed JSON near byte 11 (\"x\")"},
+      {"{\"a\": \xC3\xA9\"}", DG_ERR_JSON, "near byte 6 (\"\\xC3\\xA9\\\"}\")"}, /* bytes escaped */
+      {"{\"seed\": 1", DG_ERR_JSON, "gen-kwargs: malformed JSON: it ends early, after byte 10"},
+      {"", DG_ERR_JSON, "gen-kwargs: empty; expected a JSON object"},
+      {" \n", DG_ERR_JSON, "gen-kwargs: empty; expected a JSON object"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dg_gen_params p;
+    dg_gen_params_reference_defaults(&p);
+    dg_status st = dg_gen_params_apply_json(&p, cases[i].json);
+    printf("# %s -> %s\n", cases[i].json, dg_last_error());
+    if (st != cases[i].st || !strstr(dg_last_error(), cases[i].want))
+      fail_msg("%s: status %d (want %d), message \"%s\" (want \"%s\")", cases[i].json, st, cases[i].st, dg_last_error(),
+               cases[i].want);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_philox_kat),   cmocka_unit_test(test_temperature),
       cmocka_unit_test(test_position_stats), cmocka_unit_test(test_entropy_bound),
       cmocka_unit_test(test_gen_kwargs),
+      cmocka_unit_test(test_gen_kwargs_messages),
   };
   return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
 }

@@ -565,6 +565,7 @@ dg_status bench_batch_params(const dg_model *m, const char *gen_kwargs, int gen_
   if (!gp.turbo.enabled)
     return dg_seterr(DG_ERR_INVALID_ARG, "the batch protocol needs diffusion_turbo (dg_generate_batch is a turbo "
                                          "technique); --gen-kwargs set it false");
+  if ((st = dg_gen_params_check(m, &gp))) return st; /* a stop id outside the vocabulary: now, not after a row */
   *out = gp;
   return DG_OK;
 }

@@ -399,6 +399,7 @@ static int close_stdout(int rc) {
 /* "1,2,3" or "@file.i32" -> int32 array */
 static int32_t *parse_ids(const char *arg, size_t *n) {
   if (arg[0] == '@') {
+    if (!arg[1]) usage_exit("an @FILE id list needs a file name after the @");
     size_t len;
     int32_t *ids = read_all(arg, &len);
     if (len % 4) { fprintf(stderr, "dgemma: %s: size %zu is not a multiple of 4 (int32)\n", arg + 1, len); exit(1); }
@@ -496,6 +497,17 @@ static long long parse_int(const char *s, const char *name, long long lo, long l
   return v;
 }
 
+/* The value of an option that names a file or directory: an empty one ("-o ''", a variable that was
+ * not set) is a usage error naming the option, before a model loads. */
+static const char *nonempty(const char *v, const char *name, const char *what) {
+  if (!*v) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s needs %s, got an empty string", name, what);
+    usage_exit(msg);
+  }
+  return v;
+}
+
 static void parse_opts(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
   char msg[768];
@@ -527,7 +539,14 @@ static void parse_opts(int argc, char **argv, opts *o) {
       for (size_t k = 0; k < sizeof kOptions / sizeof kOptions[0] && !d; k++)
         if ((kOptions[k].s && !strcmp(a, kOptions[k].s)) || !strcmp(a, kOptions[k].l)) d = &kOptions[k];
       if (!d) {
-        snprintf(msg, sizeof msg, "unknown option %s", q(a));
+        /* "-n64": POSIX's joined short option, which dgemma does not take: say how to write it */
+        const option_def *j = NULL;
+        for (size_t k = 0; a[1] != '-' && a[2] && k < sizeof kOptions / sizeof kOptions[0] && !j; k++)
+          if (kOptions[k].s && !strncmp(a, kOptions[k].s, 2) && (kOptions[k].cmds & g_cmd->bit) &&
+              strcmp(kOptions[k].s, "-v") && strcmp(kOptions[k].s, "-h")) /* flags: no value to join */
+            j = &kOptions[k];
+        if (j) snprintf(msg, sizeof msg, "unknown option %s (write %s %s, with a space)", q(a), j->s, q(a + 2));
+        else snprintf(msg, sizeof msg, "unknown option %s", q(a));
         usage_exit(msg);
       }
       if (!(d->cmds & g_cmd->bit)) {
@@ -542,7 +561,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
         usage_exit(msg);
       }
     }
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = ARG();
+#define FILEARG() nonempty(ARG(), a, "a file name")
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = nonempty(ARG(), a, "a model directory");
     else if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file")) {
       const char **dst = a[1] == 'p' || a[2] == 'p' ? &o->prompt : &o->file;
       if (*dst && g_cmd->bit != C_EVAL) { /* the text is given once (eval's -f is its data file, also once) */
@@ -550,7 +570,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
         usage_exit(msg);
       }
       if (*dst) { snprintf(msg, sizeof msg, "%s given twice", a); usage_exit(msg); }
-      *dst = ARG();
+      *dst = dst == &o->file ? FILEARG() : ARG(); /* an empty -p is the prompt's own error */
     }
     else if (!strcmp(a, "--system")) o->system = ARG();
     else if (!strcmp(a, "--think")) o->think = 1;
@@ -571,12 +591,12 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--special")) o->special = 1;
     else if (!strcmp(a, "--gen-kwargs")) o->gen_kwargs = ARG();
     else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
-    else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = ARG();
-    else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = ARG();
-    else if (!strcmp(a, "--sc-logits")) o->sc_logits = ARG();
-    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = ARG();
-    else if (!strcmp(a, "--canvases")) o->canvases = ARG();
-    else if (!strcmp(a, "--uniforms")) o->uniforms = ARG();
+    else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = nonempty(ARG(), a, "at least one id (LIST or @FILE)");
+    else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = nonempty(ARG(), a, "the canvas ids (LIST or @FILE)");
+    else if (!strcmp(a, "--sc-logits")) o->sc_logits = FILEARG();
+    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = FILEARG();
+    else if (!strcmp(a, "--canvases")) o->canvases = FILEARG();
+    else if (!strcmp(a, "--uniforms")) o->uniforms = FILEARG();
     else if (!strcmp(a, "--stop")) {
       const char *v = ARG();
       if (!*v) usage_exit("--stop needs a non-empty string");
@@ -595,8 +615,8 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--json")) o->json = 1;
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = parse_int(ARG(), a, 1, INT32_MAX);
     else if (!strcmp(a, "--pieces")) o->pieces = 1;
-    else if (!strcmp(a, "--data")) o->data = ARG();
-    else if (!strcmp(a, "--summary")) o->summary = ARG();
+    else if (!strcmp(a, "--data")) o->data = nonempty(ARG(), a, "a directory");
+    else if (!strcmp(a, "--summary")) o->summary = FILEARG();
     else if (!strcmp(a, "--chat")) o->chat = 1;
     else if (!strcmp(a, "--sample")) o->sample = 1;
     else if (!strcmp(a, "--shots")) { o->shots = (int)parse_int(ARG(), a, 0, 64); o->shots_set = 1; }
@@ -643,6 +663,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
       snprintf(msg, sizeof msg, "%s takes no value (got \"%s\")", a, q(argv[i]));
       usage_exit(msg);
     }
+#undef FILEARG
 #undef ARG
   }
 }
@@ -764,6 +785,12 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
     const double ratio = gp.t_max > 0 ? (double)gp.t_min / gp.t_max : 0.5;
     gp.t_max = (float)o->temp;
     gp.t_min = (float)(o->temp * ratio);
+  }
+  /* what the model refuses (a stop id outside its vocabulary, ...) is a usage error now, not after a prefill */
+  dg_status st;
+  if (o->gen_kwargs && (st = dg_gen_params_check(m, &gp))) {
+    fprintf(stderr, "dgemma %s: --gen-kwargs: %s: %s\n", g_cmd->name, dg_status_str(st), dg_last_error());
+    exit(2);
   }
   return gp;
 }
@@ -1560,12 +1587,18 @@ static int cmd_logits(const opts *o) {
   if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
   no_positional(o, "logits");
   catch_stop_signals(1); /* no stop point in a forward pass: the handler removes the temporary file and exits */
+  size_t np, nc;
+  int32_t *prompt = parse_ids(o->prompt_ids, &np); /* before the model loads: a bad list is told at once */
+  int32_t *canvas = parse_ids(o->canvas_ids, &nc);
+  if (!np) { /* "@empty.i32": the encoder needs a prompt (an empty literal list is parse_opts' error) */
+    fprintf(stderr, "dgemma logits: --prompt-ids %s%s%s holds no ids (the encoder needs at least one)\n",
+            o->prompt_ids[0] == '@' ? "" : "\"", q(o->prompt_ids), o->prompt_ids[0] == '@' ? "" : "\"");
+    free(prompt); free(canvas);
+    return 2;
+  }
   dg_model *m = load_model(o, 0);
   dg_model_info info;
   dg_model_get_info(m, &info);
-  size_t np, nc;
-  int32_t *prompt = parse_ids(o->prompt_ids, &np);
-  int32_t *canvas = parse_ids(o->canvas_ids, &nc);
   float *sc = NULL, *logits = NULL;
   dg_context *ctx = NULL;
   int rc = 2; /* a bad input, until the inputs are checked */
@@ -1638,10 +1671,16 @@ out:
 static int cmd_replay(const opts *o) {
   if (!o->prompt_ids || !o->canvases) usage_exit("replay needs --prompt-ids and --canvases");
   no_positional(o, "replay");
-  dg_model *m = load_model(o, 0);
-  dg_gen_params gp = gen_params(m, o);
   size_t np, ncv, nu = 0;
   int32_t *prompt = parse_ids(o->prompt_ids, &np);
+  if (!np) {
+    fprintf(stderr, "dgemma replay: --prompt-ids %s%s%s holds no ids (generation needs a prompt)\n",
+            o->prompt_ids[0] == '@' ? "" : "\"", q(o->prompt_ids), o->prompt_ids[0] == '@' ? "" : "\"");
+    free(prompt);
+    return 2;
+  }
+  dg_model *m = load_model(o, 0);
+  dg_gen_params gp = gen_params(m, o);
   size_t len;
   int32_t *canv = read_all(o->canvases, &len);
   dg_model_info info;
@@ -1715,6 +1754,19 @@ static int cmd_eval(const opts *o) {
     eo.seed = o->seed_set ? o->seed : 42; /* vLLM's harness default */
     gsm8k_inputs in;
     if (dg_cli_gsm8k_load(&eo, &in)) return 1; /* data errors before the (slow) model load */
+    struct stat ss;
+    const int special = stat(o->summary ? o->summary : "", &ss) == 0 && !S_ISREG(ss.st_mode) && !S_ISDIR(ss.st_mode);
+    /* a --summary that cannot be written (a directory, no such folder) is told now, not after the run; a FIFO or a
+     * device is written in place and opened only once (opening a FIFO twice would end its reader's input) */
+    if (o->summary && !special) {
+      FILE *probe = out_try_open(o->summary, "dgemma eval");
+      if (!probe) {
+        gsm8k_set_free(&in.test);
+        gsm8k_set_free(&in.train);
+        return 1;
+      }
+      out_discard(probe);
+    }
     dg_model *m = load_model(o, 1);
     eo.gen = gen_params(m, o);
     char *kw = gen_kwargs_key(o);
@@ -1728,6 +1780,11 @@ static int cmd_eval(const opts *o) {
     gsm8k_set_free(&in.train);
     dg_model_free(m);
     return rc;
+  }
+  if (o->positional && strcmp(o->positional, "problems") && strcmp(o->positional, "text")) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "unknown evaluation \"%s\" (gsm8k, problems or text)", q(o->positional));
+    usage_exit(msg);
   }
   if (!o->positional || !o->file) usage_exit("eval needs gsm8k, or problems|text and --file F.jsonl");
   if (o->summary || o->chat || o->shots_set || o->data || o->sample)
@@ -1796,6 +1853,36 @@ static void check_recipe(const char *recipe, int bits, int group_size) {
   }
 }
 
+/* qreport --recipes "R1;R2;...": every recipe parses and none is empty (";;", a trailing ";", or ""
+ * would compare nothing), a usage error before the float model runs. */
+static void check_recipes(const char *recipes, int bits, int group_size) {
+  if (!recipes) return;
+  dg_quantize_params qp = dg_quantize_default_params();
+  if (!bits) bits = qp.bits;
+  if (!group_size) group_size = qp.group_size;
+  char msg[900];
+  int k = 0;
+  for (const char *p = recipes;; k++) {
+    const size_t n = strcspn(p, ";");
+    char one[512];
+    if (n >= sizeof one) { snprintf(msg, sizeof msg, "--recipes: recipe %d is too long", k + 1); usage_exit(msg); }
+    memcpy(one, p, n);
+    one[n] = 0;
+    if (!one[strspn(one, " ")]) {
+      snprintf(msg, sizeof msg, "--recipes \"%s\": recipe %d is empty (recipes are separated by one ';')", q(recipes),
+               k + 1);
+      usage_exit(msg);
+    }
+    dg_quant_recipe r;
+    if (dg_quant_recipe_parse(one, bits, group_size, &r)) {
+      snprintf(msg, sizeof msg, "--recipes: %s", q(dg_last_error()));
+      usage_exit(msg);
+    }
+    if (!p[n]) break;
+    p += n + 1;
+  }
+}
+
 typedef struct bar_state { int tty; int last; } bar_state;
 
 /* A progress bar on stderr (redrawn in place on a terminal, else one line per 10%). */
@@ -1825,6 +1912,7 @@ static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud
 /* dgemma mkrandom OUT_DIR: dg_mkrandom with a progress bar, then what was written. */
 static int cmd_mkrandom(const opts *o) {
   if (!o->positional) usage_exit("mkrandom needs OUT_DIR");
+  if (!*o->positional) usage_exit("OUT_DIR is an empty string");
   dg_mkrandom_params mp = dg_mkrandom_default_params();
   if (o->config) mp.config = o->config;
   mp.source_dir = o->source;
@@ -1872,6 +1960,8 @@ static int cmd_mkrandom(const opts *o) {
 
 static int cmd_quantize(const opts *o) {
   if (!o->positional || !o->positional2) usage_exit("quantize needs IN_DIR and OUT_DIR");
+  if (!*o->positional || !*o->positional2)
+    usage_exit(*o->positional ? "OUT_DIR is an empty string" : "IN_DIR is an empty string");
   dg_quantize_params qp = dg_quantize_default_params();
   if (o->bits) qp.bits = o->bits;
   if (o->group_size) qp.group_size = o->group_size;
@@ -1953,6 +2043,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "mkrandom")) { catch_stop_signals(0); return close_stdout(cmd_mkrandom(&o)); }
   /* qreport */
   no_positional(&o, "qreport");
+  check_recipes(o.recipes, o.bits, o.group_size);
   warn_kernels();
   qreport_opts qo = {o.recipes, o.bits, o.group_size, o.threads, o.seed_set ? (uint64_t)o.seed : 0};
   return close_stdout(dg_cli_qreport(o.model ? o.model : default_model(), &qo));

@@ -47,10 +47,11 @@
 #include "outfile.h"
 
 static volatile sig_atomic_t g_interrupted = 0; /* the SIGINT/SIGTERM received (0: none) */
+static volatile sig_atomic_t g_hold_signals = 0; /* 1 while --summary is written: signals only recorded */
 
 static void on_signal(int sig) {
   g_interrupted = sig; /* exit status 128 + sig: 130 for SIGINT, 143 for SIGTERM */
-  signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+  if (!g_hold_signals) signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
 /* SIGINT and SIGTERM stop a run at the next denoising step (g_interrupted);
@@ -146,7 +147,12 @@ static int blank(const char *line) {
 
 static FILE *open_or_die(const char *path, const char *mode) {
   FILE *f = fopen(path, mode);
-  if (!f) { fprintf(stderr, "dgemma eval: cannot open %s\n", path); exit(1); }
+  if (!f) { fprintf(stderr, "dgemma eval: cannot open %s: %s\n", path, strerror(errno)); exit(1); }
+  struct stat sb; /* a directory opens for reading, then reads as an empty file */
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fprintf(stderr, "dgemma eval: cannot read %s: it is a directory\n", path);
+    exit(1);
+  }
   return f;
 }
 
@@ -412,7 +418,8 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
     long long pred = 0;
     int has = parse_answer(text, &pred);
     int ok = has && pred == final;
-    tally_add(&t, steps, ok, r.n_valid, r.n_steps, r.n_blocks, r.n_forwarded, r.seconds);
+    /* n_visible: hidden <eos>/pad canvases ({"eos_token_id": []}) are not generated tokens */
+    tally_add(&t, steps, ok, r.n_visible, r.n_steps, r.n_blocks, r.n_forwarded, r.seconds);
     if (out) {
       cJSON *o2 = cJSON_CreateObject();
       cJSON_AddNumberToObject(o2, "id", id);
@@ -426,7 +433,7 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
       else cJSON_AddNullToObject(o2, "pred");
       cJSON_AddBoolToObject(o2, "correct", ok);
       cJSON_AddStringToObject(o2, "generated", text);
-      cJSON_AddNumberToObject(o2, "tokens", r.n_valid);
+      cJSON_AddNumberToObject(o2, "tokens", r.n_visible);
       cJSON_AddNumberToObject(o2, "forwards", r.n_steps);
       cJSON_AddNumberToObject(o2, "blocks", r.n_blocks);
       cJSON_AddNumberToObject(o2, "positions", (double)r.n_forwarded);
@@ -638,6 +645,7 @@ typedef struct gsm8k_gen_state {
   /* per generation */
   int32_t *ids;
   size_t n, cap;
+  int32_t visible; /* of the n tokens, the generated text (dg_block_info.n_visible): what "tokens" counts */
   int32_t forwards, blocks, eos, stopped, oom;
 } gsm8k_gen_state;
 
@@ -660,6 +668,7 @@ static int gsm8k_on_block(const dg_block_info *bi, void *ud) {
   }
   memcpy(g->ids + g->n, bi->tokens, (size_t)bi->n_valid * sizeof(int32_t));
   g->n += (size_t)bi->n_valid;
+  g->visible += bi->n_visible;
   g->forwards += bi->n_steps;
   g->blocks++;
   g->eos = bi->finished;
@@ -708,7 +717,7 @@ static int gsm8k_generate(void *ud, const char *prompt, int idx, gsm8k_gen_out *
     g->ctx_cap = cp.max_context;
   }
   dg_context_reset(g->ctx);
-  g->n = 0; g->forwards = 0; g->blocks = 0; g->eos = 0; g->stopped = 0; g->oom = 0;
+  g->n = 0; g->visible = 0; g->forwards = 0; g->blocks = 0; g->eos = 0; g->stopped = 0; g->oom = 0;
   dg_gen_params gp = g->gp;
   gp.seed = (uint64_t)(g->seed + idx);
   gp.on_block = gsm8k_on_block;
@@ -735,7 +744,9 @@ static int gsm8k_generate(void *ud, const char *prompt, int idx, gsm8k_gen_out *
   out->text = strdup(text);
   dg_free(text);
   if (!out->text) { snprintf(err, errlen, "out of memory"); return -1; }
-  out->tokens = (int32_t)g->n;
+  /* generated text only: with {"eos_token_id": []} the hidden <eos> canvases after the answer are
+   * not tokens (they would inflate tok/s), as in `dgemma run` */
+  out->tokens = g->visible;
   out->forwards = g->forwards;
   out->blocks = g->blocks;
   out->eos = g->eos;
@@ -782,14 +793,21 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
   char err[2048] = "";
   gsm8k_summary s;
   int rc = gsm8k_run(&ro, gsm8k_generate, &g, &s, err, sizeof err);
-  stop_signals_restore();
+  /* From here to the exit a signal is only recorded (the handler stays installed): the --summary
+   * file is replaced by a whole new one or left as it was, never by the summary of an interrupted
+   * run; exit 128 + sig always means it was left (outfile.h). */
+  g_hold_signals = 1;
   dg_context_free(g.ctx);
   free(g.ids);
   if (rc < 0) fprintf(stderr, "dgemma eval: %s\n", err);
-  if (rc < 0 && s.n == 0) return 1;
+  if (rc < 0 && s.n == 0) return g_interrupted ? 128 + g_interrupted : 1;
   gsm8k_summary_markdown(stdout, title, &s);
   fflush(stdout);
-  if (o->summary) {
+  int committed = 0, failed = 0;
+  if (o->summary && g_interrupted) {
+    fprintf(stderr, "dgemma eval: --summary %s not written (interrupted): a file there is kept as it was\n",
+            o->summary);
+  } else if (o->summary) {
     /* the whole file or the old one (outfile.h: a temporary file renamed; a device written in place) */
     char *js = gsm8k_summary_json(title, config, &s);
     FILE *f = js ? out_try_open(o->summary, "dgemma eval") : NULL;
@@ -798,16 +816,27 @@ int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in) {
       fprintf(stderr, "dgemma eval: cannot write %s: %s\n", o->summary, strerror(errno));
       out_discard(f);
       f = NULL;
+    } else if (f && g_interrupted) { /* a signal while it was written: the old file stays */
+      fprintf(stderr, "dgemma eval: --summary %s not written (interrupted): a file there is kept as it was\n",
+              o->summary);
+      out_discard(f);
+      f = NULL;
     } else if (f && out_commit(f, o->summary)) {
       f = NULL;
+    } else if (f) {
+      committed = 1; /* a signal from now on is only recorded: the new file is whole */
     }
     free(js);
-    if (!f) return 1;
+    failed = !committed && !g_interrupted;
   }
-  if (rc > 0) {
-    fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,
-            o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
+  if (g_interrupted && !committed) {
+    if (rc > 0)
+      fprintf(stderr, "dgemma eval: interrupted after %d of %d items; %s\n", s.n, s.n_target,
+              o->out ? "rerun the same command to resume" : "no -o file was given, nothing to resume from");
+    else
+      fprintf(stderr, "dgemma eval: interrupted after the last item; %s\n",
+              o->out ? "rerun the same command to write the summary" : "no -o file was given, nothing to resume from");
     return 128 + g_interrupted;
   }
-  return rc < 0 ? 1 : 0;
+  return rc < 0 || failed ? 1 : 0;
 }

@@ -1171,7 +1171,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   if ((int64_t)info.max_position_embeddings < o.lim.max_context) o.lim.max_context = info.max_position_embeddings;
   o.log = quiet ? NULL : stderr;
   dg_gen_params gp = dg_gen_default_params(m);
-  if (o.gen_kwargs && (st = dg_gen_params_apply_json(&gp, o.gen_kwargs))) {
+  if (o.gen_kwargs && ((st = dg_gen_params_apply_json(&gp, o.gen_kwargs)) || (st = dg_gen_params_check(m, &gp)))) {
     fprintf(stderr, "dgemma serve: --gen-kwargs: %s: %s\n", dg_status_str(st), dg_last_error());
     dg_model_free(m);
     return 2;
