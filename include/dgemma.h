@@ -351,6 +351,11 @@ typedef struct dg_context dg_context;
 
 typedef struct dg_context_params {
   int32_t max_context;  /* prompt + generated tokens the KV cache holds; <= 0 means 4096 */
+  int full_window_cache; /* 1: every layer's cache holds every position, so dg_context_truncate can roll back
+                            any distance (a chat's undo). 0 (default): on CUDA the sliding-window layers keep
+                            a ring of window - 1 + max(canvas, encoder chunk) positions (1,280 on the 26B:
+                            262 MB instead of 1.7 GB at 8K), which a roll-back of more than about a canvas
+                            cannot restore (dg_context_truncate says so). The CPU always keeps every position. */
 } dg_context_params;
 
 dg_context_params dg_context_default_params(void);
@@ -367,7 +372,9 @@ int32_t dg_context_length(const dg_context *ctx);
  * absolute, so the next dg_encode/dg_generate continues at position len); an
  * interrupted chat turn rolls back with it. The cache is position-indexed, so
  * nothing is recomputed. Errors: DG_ERR_INVALID_ARG (NULL, or len outside
- * [0, dg_context_length]). */
+ * [0, dg_context_length]); DG_ERR_CONTEXT_FULL when a ring cache (CUDA without
+ * full_window_cache) has already overwritten keys that position len needs (the
+ * window before it): the context is left as it was. */
 dg_status dg_context_truncate(dg_context *ctx, int32_t len);
 
 /* Stage timing of a CUDA context (`dgemma bench --profile`): GPU time per

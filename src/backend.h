@@ -79,6 +79,9 @@ typedef struct dg_backend {
    * positions named), DG_ERR_BACKEND. ctx_free frees what ctx_init made (also after its failure). */
   dg_status (*ctx_init)(dg_context *ctx, int32_t rows);
   void (*ctx_free)(dg_context *ctx);
+  /* Whether the cache of ctx can be rolled back to len positions (dg_context_truncate, before it sets the
+   * length): DG_OK, or DG_ERR_CONTEXT_FULL naming what a ring cache has overwritten. */
+  dg_status (*truncate_check)(const dg_context *ctx, int32_t len);
   /* The per-layer canvas K/V buffers of the compacted pass (spec 7.4); idempotent. */
   dg_status (*compact_prepare)(dg_context *ctx);
 

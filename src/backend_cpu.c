@@ -24,6 +24,10 @@ static size_t cpu_model_bytes(const dg_model *m) { (void)m; return 0; }
 
 static dg_status cpu_ctx_init(dg_context *ctx, int32_t rows) { return dg_context_alloc_host(ctx, rows); }
 static void cpu_ctx_free(dg_context *ctx) { dg_context_free_host(ctx); }
+static dg_status cpu_truncate_check(const dg_context *ctx, int32_t len) {
+  (void)ctx; (void)len; /* every position has its own K/V row */
+  return DG_OK;
+}
 
 /* The host rows of a self-conditioning source (DG_SC_KEPT: the context's rows). */
 static const float *cpu_soft(dg_context *ctx, dg_sc_source sc, const float *soft) {
@@ -134,6 +138,7 @@ static const dg_backend cpu_backend = {
     .model_bytes = cpu_model_bytes,
     .ctx_init = cpu_ctx_init,
     .ctx_free = cpu_ctx_free,
+    .truncate_check = cpu_truncate_check,
     .compact_prepare = dg_cpu_compact_buffers,
     .encode = dg_cpu_encode,
     .decode = dg_cpu_decode_logits,

@@ -139,6 +139,7 @@ dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int
   if (!ctx) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   ctx->m = m;
   ctx->cap = cap;
+  ctx->full_window = p ? p->full_window_cache != 0 : 0;
   dg_status st = m->bk->ctx_init(ctx, rows);
   if (st) { dg_context_free(ctx); return st; }
   *out = ctx;

@@ -210,6 +210,9 @@ dg_status dg_context_truncate(dg_context *ctx, int32_t len) {
   if (len < 0 || len > ctx->len)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_truncate: length %d is outside [0, %d] (the cache's length)", len,
                      ctx->len);
-  ctx->len = len; /* K/V rows are stored by absolute position (CPU and CUDA): the rest is overwritten later */
+  /* K/V rows are stored by position: the rest is overwritten later, unless a ring cache has already lost keys that
+   * position len needs (the backend says) */
+  DG_TRY(ctx->m->bk->truncate_check(ctx, len));
+  ctx->len = len;
   return DG_OK;
 }

@@ -58,11 +58,12 @@ static size_t cu_model_bytes(const dg_model *m) { return dg_cuda_model_bytes(m->
  * buffers hold max(canvas, 256) tokens, and no stacked pass uses more). */
 static dg_status cu_ctx_init(dg_context *ctx, int32_t rows) {
   dg_cuda_ctx *c = NULL;
-  dg_status st = dg_cuda_ctx_new(ctx->m->dev, ctx->cap, rows, &c);
+  dg_status st = dg_cuda_ctx_new(ctx->m->dev, ctx->cap, rows, ctx->full_window, &c);
   ctx->dev = c;
   return st;
 }
 static void cu_ctx_free(dg_context *ctx) { dg_cuda_ctx_free(ctx->dev); }
+static dg_status cu_truncate_check(const dg_context *ctx, int32_t len) { return dg_cuda_truncate_check(ctx->dev, len); }
 static dg_status cu_compact_prepare(dg_context *ctx) {
   (void)ctx; /* the device cache's canvas slots are the canvas K/V buffers */
   return DG_OK;
@@ -188,6 +189,7 @@ static const dg_backend cuda_backend = {
     .model_bytes = cu_model_bytes,
     .ctx_init = cu_ctx_init,
     .ctx_free = cu_ctx_free,
+    .truncate_check = cu_truncate_check,
     .compact_prepare = cu_compact_prepare,
     .encode = cu_encode,
     .decode = cu_decode,

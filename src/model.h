@@ -90,6 +90,7 @@ struct dg_context {
   const dg_model *m;
   int32_t cap;  /* S */
   int32_t len;  /* positions filled */
+  int full_window; /* dg_context_params.full_window_cache (backends with ring caches honour it) */
   dg_kv *kv;    /* [L] */
   dg_work *w;           /* the pass activations in use: own_w, or a batch's (dg_context_share_work); NULL until needed */
   dg_work *own_w;       /* this context's own, allocated on its first pass alone (dg_context_work); NULL until then */

@@ -1399,6 +1399,74 @@ static void test_turbo_continuous(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* dg_context_truncate on CUDA: the sliding layers' ring cache (window 16 + a 256-token encoder chunk: 320 slots)
+ * refuses a roll-back whose window it has overwritten and leaves the context as it was; a context made with
+ * full_window_cache rolls back anywhere; a roll-back the ring allows, and the full cache's, give the logits of a
+ * context that never went past that position, bit for bit (the kept positions came from the same 256-token
+ * encoder pass). */
+static void test_cuda_truncate(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_truncXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = synth_default();
+  c.window = 16;
+  c.canvas = 16;
+  c.seed = 17;
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *gm;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  int32_t ids[400], canvas[64];
+  synth_random_ids(ids, 400, V, 5);
+  synth_random_ids(canvas, C, V, 6);
+  float *ref = malloc((size_t)C * V * 4), *got = malloc((size_t)C * V * 4);
+  assert_true(ref && got);
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 512;
+  dg_context *b = NULL, *ring = NULL, *full = NULL;
+  /* the reference: 256 positions (one encoder pass), then the canvas at 256 */
+  assert_dg_ok(dg_context_new(gm, &cp, &b));
+  assert_dg_ok(dg_encode(b, ids, 256));
+  assert_dg_ok(dg_decode(b, canvas, NULL, ref));
+  assert_dg_ok(dg_context_new(gm, &cp, &ring));
+  cp.full_window_cache = 1;
+  assert_dg_ok(dg_context_new(gm, &cp, &full));
+  dg_context *both[2] = {ring, full};
+  for (int k = 0; k < 2; k++) {
+    dg_context *x = both[k];
+    assert_dg_ok(dg_encode(x, ids, 256));
+    assert_dg_ok(dg_encode(x, ids + 256, 144));
+    assert_dg_ok(dg_decode(x, canvas, NULL, got)); /* the canvas at 400: positions up to 415 written */
+    const dg_status st = dg_context_truncate(x, 50); /* needs positions 35..49, overwritten in a 320-slot ring */
+    if (k == 0) {
+      assert_int_equal(st, DG_ERR_CONTEXT_FULL);
+      assert_non_null(strstr(dg_last_error(), "full_window_cache"));
+      assert_int_equal(dg_context_length(x), 400); /* left as it was */
+    } else {
+      assert_dg_ok(st);
+      assert_int_equal(dg_context_length(x), 50);
+      assert_dg_ok(dg_encode(x, ids + 50, 206)); /* back to 256 with the same ids */
+    }
+    if (k == 0) assert_dg_ok(dg_context_truncate(x, 256)); /* its window 241..255 is intact: 416 <= 241 + 320 */
+    assert_int_equal(dg_context_length(x), 256);
+    if (k == 0) {
+      assert_dg_ok(dg_decode(x, canvas, NULL, got));
+      assert_memory_equal(got, ref, (size_t)C * V * 4);
+    }
+  }
+  printf("# cuda truncate: the ring refuses a roll-back of 350 positions (context left at 400), allows one of 144 "
+         "with the logits of a context that never went past 256; full_window_cache rolls back to 50\n");
+  free(ref); free(got);
+  dg_context_free(b); dg_context_free(ring); dg_context_free(full);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* ---- MLX affine-quantized weights (src/cuda/quant.cu) ----------------------
  *
  * Kernel tests: each quantized kernel against the CPU's dequantize-then-
@@ -2291,7 +2359,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),

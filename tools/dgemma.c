@@ -1247,6 +1247,7 @@ static int cmd_chat(const opts *o) {
   }
   dg_context_params cp = dg_context_default_params();
   cp.max_context = cap;
+  cp.full_window_cache = 1; /* a turn is rolled back (dg_context_truncate) after an error or at its end */
   dg_context *ctx = NULL;
   dg_status st;
   if ((st = dg_context_new(m, &cp, &ctx))) die("context", st);

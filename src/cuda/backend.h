@@ -88,11 +88,15 @@ void dg_cuda_model_free(dg_cuda_model *m);
 size_t dg_cuda_model_bytes(const dg_cuda_model *m);
 
 /* A context: KV cache for `cap` positions (plus one canvas, bf16, [NKV, S, D]
- * per layer), work buffers for max(canvas, encoder chunk, rows) tokens (rows: the
+ * per full layer; the sliding layers a ring of window - 1 + max(canvas, encoder
+ * chunk) slots unless full_window), work buffers for max(canvas, encoder chunk, rows) tokens (rows: the
  * stacked passes of dg_cuda_compact_batch; 0 for a plain context), logits
  * [C, V], one stream and one cuBLAS handle. Errors: DG_ERR_OUT_OF_MEMORY
  * (bytes needed and free), DG_ERR_BACKEND. */
-dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, dg_cuda_ctx **out);
+dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, dg_cuda_ctx **out);
+/* Whether the cache can be rolled back to position len (dg_context_truncate): DG_OK, or DG_ERR_CONTEXT_FULL when
+ * the sliding layers' ring (full_window 0) has overwritten a key of the window before len. */
+dg_status dg_cuda_truncate_check(const dg_cuda_ctx *c, int32_t len);
 void dg_cuda_ctx_free(dg_cuda_ctx *c);
 
 /* Encoder pass (spec 4.5) over ids[n] at positions pos0..pos0+n-1, in

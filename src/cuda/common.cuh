@@ -203,6 +203,8 @@ struct dg_cuda_ctx {
                              * window - 1 + max(C, encoder chunk) in tiles of 64) */
   int32_t tmax;             /* tokens per pass */
   int32_t enc_chunk;        /* tokens per encoder pass (<= tmax; ENC_CHUNK unless DGEMMA_ENC_CHUNK) */
+  int32_t hi;               /* 1 + the highest position whose K/V a pass has written since the last pass at position
+                             * 0 (dg_cuda_truncate_check: what a ring may have overwritten) */
   bf16 **kc, **vc;          /* [L] -> [NKV, S or S_ring, D] */
   int32_t *ids;             /* [tmax] */
   float *x;                 /* [T, H] residual stream, fp32 */

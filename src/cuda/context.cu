@@ -27,7 +27,22 @@ static int enc_chunk_from_env(void) {
 }
 static const int enc_chunk = enc_chunk_from_env();
 
-extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, dg_cuda_ctx **out) {
+void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end) {
+  if (pos0 == 0) c->hi = 0;
+  if (end > c->hi) c->hi = end;
+}
+
+extern "C" dg_status dg_cuda_truncate_check(const dg_cuda_ctx *c, int32_t len) {
+  const int32_t W = c->m->d.window, need = len - (W - 1) > 0 ? len - (W - 1) : 0;
+  if (c->S_ring >= c->S || len == 0 || c->hi <= need + c->S_ring) return DG_OK;
+  return dg_seterr(DG_ERR_CONTEXT_FULL,
+                   "CUDA context: rolling back to position %d needs the keys of positions %d..%d in the sliding-window "
+                   "layers, but their ring cache of %d slots has since held positions up to %d; a context made with "
+                   "dg_context_params.full_window_cache = 1 keeps every position",
+                   len, need, len - 1, c->S_ring, c->hi - 1);
+}
+
+extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, dg_cuda_ctx **out) {
   *out = NULL;
   const dg_cuda_model_desc *d = &m->d;
   CK(cudaSetDevice(m->device));
@@ -38,7 +53,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one pass, the
    * window before a canvas or an encoder chunk and the canvas or chunk itself (attention.cu), in whole tiles
    * of 64 */
-  const size_t ring = d->window >= 1 ? ((size_t)d->window - 1 + T0 + 63) / 64 * 64 : S, S_ring = ring < S ? ring : S;
+  const size_t ring = d->window >= 1 && !full_window ? ((size_t)d->window - 1 + T0 + 63) / 64 * 64 : S,
+               S_ring = ring < S ? ring : S;
   size_t kv = 0;
   for (int i = 0; i < d->n_layers; i++)
     kv += 2 * (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? S : S_ring) * (size_t)m->layers[i].head_dim * 2;

@@ -47,6 +47,8 @@ dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gat
 
 /* The interval that ends now belongs to stage st (no-op when profiling is off). */
 dg_status mark(dg_cuda_ctx *c, int st);
+/* A pass writes the K/V of positions [pos0, end): c->hi (a pass at position 0 starts the cache over). */
+void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end);
 
 /* ---- passes.cu (also used by the turbo passes) ---- */
 

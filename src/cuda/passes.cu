@@ -162,6 +162,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
                      pos0 + n - 1, c->cap);
   CK(cudaSetDevice(c->m->device));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  note_written(c, pos0, pos0 + n);
   for (int32_t i = 0; i < n; i += c->enc_chunk) {
     const int T = n - i < c->enc_chunk ? n - i : c->enc_chunk;
     CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
@@ -208,6 +209,7 @@ dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg
   const dg_cuda_model_desc *d = &m->d;
   const int T = d->canvas, H = d->hidden;
   cudaStream_t s = c->stream;
+  note_written(c, pos0, pos0 + T); /* the canvas slots */
   CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
   CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));

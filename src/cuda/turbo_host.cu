@@ -144,6 +144,7 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   DG_TRY(turbo_soft_in(c, &sc, soft));
   /* the forward set at absolute positions pos0 + pos[t]; its K/V land in those cache slots,
    * which are the canvas K/V buffer of spec 7.4 (slots of rows not forwarded keep their last K/V) */
+  note_written(c, pos0, pos0 + C);
   for (int32_t i = 0; i < n; i++) t->h_pos[i] = pos0 + pos[i];
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   CK(cudaMemcpyAsync(c->ids, tok, (size_t)n * 4, cudaMemcpyHostToDevice, s));
@@ -174,6 +175,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
     CK(cudaMemcpyAsync(w->ids + off, q[b].tok, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
     CK(cudaMemcpyAsync(t->cpos + off, q[b].pos, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
     seg[b] = (dg_cuda_seg){off, q[b].n, q[b].c->kc, q[b].c->vc, q[b].c->S, q[b].c->S_ring, q[b].pos0, t->pos + off};
+    note_written(q[b].c, q[b].pos0, q[b].pos0 + d->canvas);
   }
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)N * 4, cudaMemcpyHostToDevice, s));
   CKK(w, k_embed(s, w->x, &m->embed, w->ids, N, H, d->embed_scale));
@@ -245,6 +247,9 @@ extern "C" dg_status dg_cuda_compact_batch(dg_cuda_ctx *w, const dg_cuda_cseq *q
     b0 = b1;
   }
   free(qq);
+  /* a stack that failed may have kernels queued that write the canvases' caches and logits: let them finish before
+   * the caller frees or reuses those contexts */
+  if (st) (void)cudaStreamSynchronize(w->stream);
   return st;
 }
 
