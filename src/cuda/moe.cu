@@ -638,12 +638,23 @@ cudaError_t k_bexperts(cudaStream_t s, int gateup, const dg_cuda_w *W, const bf1
   return cudaGetLastError();
 }
 
+/* DGEMMA_QE_NT=N (1, 2, 3, 4, 5 or 8): the quantized expert kernels' n-tiles (8 N tokens per pass over an
+ * expert's weights) for every product instead of qe_nt's choice by the average rows per expert; read once. For
+ * measuring the stacked batches' regime (an expert of more rows than 8 N streams its weights once per pass: more
+ * passes at a smaller N, but more blocks per SM). */
+static int qe_nt_from_env(void) {
+  const char *v = getenv("DGEMMA_QE_NT");
+  const int n = v && v[0] >= '1' && v[0] <= '8' && !v[1] ? v[0] - '0' : 0;
+  return n == 6 || n == 7 ? 0 : n;
+}
+static const int qe_nt_env = qe_nt_from_env();
+
 cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
                             int IE, int E, int K) {
   const dg_cuda_w *gu = &l->experts_gate_up, *dn = &l->experts_down;
-  cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, 0)
+  cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, qe_nt_env)
                                                           : k_bexperts(s, 1, gu, xe, b, T, H, IE, E, K);
   if (e != cudaSuccess) return e;
-  return dn->bits || dn->lay == DG_CUDA_LAY_LANES ? k_qe_down(s, dn, b, T, H, IE, E, K, 0)
+  return dn->bits || dn->lay == DG_CUDA_LAY_LANES ? k_qe_down(s, dn, b, T, H, IE, E, K, qe_nt_env)
                                                   : k_bexperts(s, 0, dn, b->h, b, T, H, IE, E, K);
 }
