@@ -75,7 +75,7 @@ if [ -n "${CEIL:-}" ]; then
   echo "ceiling rc $? $(el)"; grep -E "experts_all|moe_gathered" "$OUT/ceiling.md" | grep -E "4-bit|3-bit|2-bit|bf16" | head -30
 fi
 if [ -n "${TESTS:-}" ]; then
-  timeout 200 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
+  timeout ${TESTS_T:-300} build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
   if [ -n "${PDL:-}" ]; then
     { echo; echo "## DGEMMA_PDL=0"; DGEMMA_PDL=0 timeout 200 build/tests/test_cuda 2>&1; } >> "$OUT/tests.txt"; echo "test_cuda DGEMMA_PDL=0 rc $? $(el)"
   fi

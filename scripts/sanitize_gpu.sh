@@ -7,6 +7,9 @@
 # compute-sanitizer options (e.g. "--launch-count 1200": the first launches checked, the rest run unchecked);
 # SAN_LAYERS=N: also write /tmp/dgL, the 26B config cut to N layers (the last full attention: every kernel and shape
 # of a 26B step, N/30 of its launches), for SAN_RUN's "-m /tmp/dgL".
+# SAN_PAR=1: every tool of SAN_TOOLS (default all four) at once, one process each, over each test of SAN_FILTER (default:
+# every test of tests/test_cuda.c) one at a time, SAN_T seconds each, none started after SAN_END s (default 480);
+# OUT/summary_TOOL.txt, and the logs (the first 200 KB of each) in OUT/san_logs.tgz (few files come back from a call).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/sanitize_gpu.sh OUT}
@@ -35,6 +38,21 @@ PY
     echo "run $tool: $(tail -1 "$log")"; grep -E "SUMMARY|dgemma:" "$log" | tail -5
   done
   exit 0
+fi
+if [ -n "${SAN_PAR:-}" ]; then # every tool at once (one process per tool on the same GPU), each test on its own
+  tests=${SAN_FILTER:-$(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//')}
+  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    ( for f in $tests; do
+        s0=$(date +%s); mkdir -p /tmp/san; log="/tmp/san/${tool}_$f.txt"
+        DG_TEST_FILTER="$f" timeout ${SAN_T:-120} compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda \
+          > /tmp/san_$tool.txt 2>&1; rc=$?
+        { echo "# DG_TEST_FILTER=$f compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda: rc $rc, $(( $(date +%s) - s0 )) s"
+          head -c 200000 /tmp/san_$tool.txt; } > "$log"
+        echo "$tool $f rc $rc $(( $(date +%s) - s0 )) s $(grep -E "SUMMARY" /tmp/san_$tool.txt | tail -1)" >> "$OUT/summary_$tool.txt"
+        [ "$(( $(date +%s) - t0 ))" -gt "${SAN_END:-480}" ] && { echo "$tool: stopped at the time limit" >> "$OUT/summary_$tool.txt"; break; }
+      done ) &
+  done
+  wait; cat "$OUT"/summary_*.txt; tar -czf "$OUT/san_logs.tgz" -C /tmp san; exit 0
 fi
 for f in ${SAN_FILTER:-test_quant_experts}; do
 for tool in ${SAN_TOOLS:-memcheck racecheck}; do
