@@ -95,7 +95,7 @@ if [ -n "${BENCH:-}" ]; then
       -o /tmp/bench_8k.jsonl > /tmp/bench_8k.txt 2>&1; echo "bench 8K rc $? $(el)"; grep -E "^\| vllm|device memory" /tmp/bench_8k.txt
     { echo; echo "## --prompt-tokens 8192"; cat /tmp/bench_8k.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_8k.jsonl >> "$OUT/bench.jsonl"
   fi
-  if [ -n "${BENCH_ALT:-}" ]; then # the same bench under another setting, e.g. BENCH_ALT=DGEMMA_ROUTE=split (appended)
+  if [ -n "${BENCH_ALT:-}" ]; then # the same bench under another setting, e.g. BENCH_ALT=DGEMMA_ROUTE=fused (appended)
     env "$BENCH_ALT" timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
       -o /tmp/bench_alt.jsonl > /tmp/bench_alt.txt 2>&1; echo "bench $BENCH_ALT rc $? $(el)"; tail -24 /tmp/bench_alt.txt
     { echo; echo "## $BENCH_ALT"; cat /tmp/bench_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_alt.jsonl >> "$OUT/bench.jsonl"

@@ -9,7 +9,10 @@
 # of a 26B step, N/30 of its launches), for SAN_RUN's "-m /tmp/dgL".
 # SAN_PAR=1: every tool of SAN_TOOLS (default all four) at once, one process each, over each test of SAN_FILTER (default:
 # every test of tests/test_cuda.c) one at a time, SAN_T seconds each, none started after SAN_END s (default 480);
-# OUT/summary_TOOL.txt, and the logs (the first 200 KB of each) in OUT/san_logs.tgz (few files come back from a call).
+# SAN_PAR=all: every (tool, test) pair in a process of its own, all at once (16 cores: ~30 processes ran well).
+# A SAN_FILTER item TEST@K runs case K of a test that loops over cases (DG_TEST_CASE, tests/test_cuda.c), e.g.
+# "test_replay@0 test_replay@1 test_replay@2". OUT/summary_TOOL.txt, and the logs (the first 20 KB of each) in
+# OUT/san_logs.tgz (few files come back from a call).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/sanitize_gpu.sh OUT}
@@ -39,18 +42,23 @@ PY
   done
   exit 0
 fi
-if [ -n "${SAN_PAR:-}" ]; then # every tool at once (one process per tool on the same GPU), each test on its own
+if [ -n "${SAN_PAR:-}" ]; then # the tools at once on the same GPU, each test (or TEST@CASE) in a process of its own
   tests=${SAN_FILTER:-$(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//')}
+  mkdir -p /tmp/san
+  san1() { # TOOL ITEM: one test (ITEM = TEST or TEST@CASE: DG_TEST_CASE=CASE) under one tool
+    local tool=$1 f=${2%@*} k="" s0 rc log; [ "$2" != "$f" ] && k=${2#*@}
+    s0=$(date +%s); log="/tmp/san/${tool}_${f}${k:+_$k}.txt"
+    DG_TEST_CASE="$k" DG_TEST_FILTER="$f" timeout ${SAN_T:-120} compute-sanitizer --tool $tool --error-exitcode 9 \
+      build/tests/test_cuda > "$log.full" 2>&1; rc=$?
+    { echo "# DG_TEST_CASE=$k DG_TEST_FILTER=$f compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda:" \
+        "rc $rc, $(( $(date +%s) - s0 )) s"; head -c 20000 "$log.full"; } > "$log"; rm -f "$log.full"
+    echo "$tool $2 rc $rc $(( $(date +%s) - s0 )) s $(grep -E "SUMMARY" "$log" | tail -1)" >> "$OUT/summary_$tool.txt"
+  }
   for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
-    ( for f in $tests; do
-        s0=$(date +%s); mkdir -p /tmp/san; log="/tmp/san/${tool}_$f.txt"
-        DG_TEST_FILTER="$f" timeout ${SAN_T:-120} compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda \
-          > /tmp/san_$tool.txt 2>&1; rc=$?
-        { echo "# DG_TEST_FILTER=$f compute-sanitizer --tool $tool --error-exitcode 9 build/tests/test_cuda: rc $rc, $(( $(date +%s) - s0 )) s"
-          head -c 200000 /tmp/san_$tool.txt; } > "$log"
-        echo "$tool $f rc $rc $(( $(date +%s) - s0 )) s $(grep -E "SUMMARY" /tmp/san_$tool.txt | tail -1)" >> "$OUT/summary_$tool.txt"
+    if [ "$SAN_PAR" = all ]; then for f in $tests; do san1 $tool $f & done # every (tool, test) pair at once
+    else ( for f in $tests; do san1 $tool $f
         [ "$(( $(date +%s) - t0 ))" -gt "${SAN_END:-480}" ] && { echo "$tool: stopped at the time limit" >> "$OUT/summary_$tool.txt"; break; }
-      done ) &
+      done ) & fi
   done
   wait; cat "$OUT"/summary_*.txt; tar -czf "$OUT/san_logs.tgz" -C /tmp san; exit 0
 fi

@@ -125,6 +125,13 @@ static void matmul_grouped_bf16(float *y, int64_t ldy, const float *x, int64_t l
 /* matmul_rows NULL: the soft embedding then uses the oracle's (softrow.c dg_soft_kernels), as before it had kernels */
 static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16, NULL, NULL};
 
+/* DG_TEST_CASE=K runs only case K (0-based; test_attention: version K) of the tests that loop over cases,
+ * so that scripts/sanitize_gpu.sh can check their cases in parallel processes; unset: every case. */
+static int test_case(int k) {
+  const char *v = getenv("DG_TEST_CASE");
+  return !v || !*v || atoi(v) == k;
+}
+
 static void need_gpu(void) {
   if (g_gpu < 0 && as_cpu()) {
     g_gpu = 1;
@@ -336,6 +343,7 @@ static void test_synth_logits(void **state) {
   cases[4].c.seed = 13;
   cases[4].prompt = 700;
   for (int k = 0; k < 5; k++) {
+    if (!test_case((int)k)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     char dir[] = "/tmp/dg_cuda_synthXXXXXX";
     assert_non_null(mkdtemp(dir));
     assert_int_equal(synth_model_dir(dir, &cases[k].c), 0);
@@ -385,6 +393,7 @@ static void test_golden_logits(void **state) {
   (void)state;
   need_gpu();
   for (int k = 0; k < 4; k++) {
+    if (!test_case((int)k)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     golden f;
     golden_open(&f, k_fixtures[k]);
     dg_model *cm, *gm, *sm;
@@ -613,6 +622,7 @@ static void test_replay(void **state) {
   (void)state;
   need_gpu();
   for (int k = 0; k < 3; k++) {
+    if (!test_case((int)k)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     golden f;
     golden_open(&f, k_fixtures[k]);
     dg_model *cm, *gm;
@@ -647,6 +657,7 @@ static void test_sampled(void **state) {
   (void)state;
   need_gpu();
   for (int k = 0; k < 2; k++) {
+    if (!test_case((int)k)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     golden f;
     golden_open(&f, k_fixtures[k]);
     dg_model *cm, *gm;
@@ -1257,6 +1268,7 @@ static void test_turbo_generate(void **state) {
   };
   const int n_kw = (int)(sizeof kw / sizeof *kw);
   for (int k = 0; k < n_kw; k++) { /* the emulation is slow: each configuration once, proposals alternating */
+    if (!test_case((int)k)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     const int prop = k % 2 == 0;
     {
       dg_gen_params gp = dg_gen_default_params(cm);
@@ -2079,6 +2091,7 @@ static void test_attention(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   for (int v = 1; v <= 5; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits */
+    if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     double worst = 0;
     /* the 26B's sliding layer in the decoder: a 64-row canvas after 700 positions, window 512 (keys split) */
     check_attention("decoder sliding D 256", v, 64, 16, 8, 256, 800, 700, 764, 0, 0, 512, 0.25f, &worst);
@@ -2261,6 +2274,7 @@ static void test_quant_synth_logits(void **state) {
   assert_int_equal(mkdir(fdir, 0755), 0);
   assert_int_equal(synth_model_dir(fdir, &c), 0);
   for (size_t k = 0; k < sizeof qc / sizeof qc[0]; k++) {
+    if (!test_case((int)k)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     snprintf(qdir, sizeof qdir, "%s/q%zu", root, k);
     quantize_dir(fdir, qdir, qc[k].bits, qc[k].G, qc[k].recipe);
     quant_logits_case(qc[k].name, qdir, 3 * c.window + 5);

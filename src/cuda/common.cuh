@@ -336,14 +336,15 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                          int K);
 /* Router softmax (in place over rlog), top-k (ties to the lower expert), renormalisation and per-expert scale
- * (spec 4.6), then grouping of the (token, slot) pairs by expert: one launch (route_kernel, b->done set up) up to
- * 4,096 pairs, unless DGEMMA_ROUTE=split (k_route_topk then k_group, the same results). E <= 256, K <= 32. */
+ * (spec 4.6), then grouping of the (token, slot) pairs by expert: fused = 1: one launch (route_kernel, b->done set
+ * up) up to 4,096 pairs; 0 (or more pairs): k_route_topk then k_group, the same results; -1: the library's default
+ * (0; DGEMMA_ROUTE=fused makes it 1). E <= 256, K <= 32. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
-                    int K);
-/* k_router_logits then k_route, with the split sums of the logits added inside route_kernel: two launches (the
- * logits, rlog and the groupings bit for bit those of the separate calls). */
+                    int K, int fused);
+/* k_router_logits then k_route; fused = 1: the split sums of the logits added inside route_kernel, two launches
+ * (the logits, rlog and the groupings bit for bit those of the separate calls); fused as k_route's. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
-                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws);
+                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int fused);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

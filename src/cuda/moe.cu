@@ -330,13 +330,17 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
   if (threadIdx.x == 0) *b.done = 0;
 }
 
-/* DGEMMA_ROUTE=split: the earlier chain of launches (router_reduce, topk, group count / scan / place), for the
- * lab's comparison; read once when the library loads. */
-static int route_split_from_env(void) {
+/* The default of k_route / k_router_route's `fused` = -1: the chain of launches (router_reduce, topk, group count /
+ * scan / place), 0.2 ms per 26B pass faster on the H200 than route_kernel (session 11: router + top-k 0.973 vs 1.177
+ * ms per pass, docs/measurements.md); DGEMMA_ROUTE=fused: route_kernel. Read once when the library loads. */
+static int route_fused_from_env(void) {
   const char *v = getenv("DGEMMA_ROUTE");
-  return v && !strcmp(v, "split");
+  return v && !strcmp(v, "fused");
 }
-static const int route_split = route_split_from_env();
+static const int route_fused_default = route_fused_from_env();
+static int route_use_fused(int fused, int T, int K) {
+  return (fused < 0 ? route_fused_default : fused) && T * K <= ROUTE_FUSED_MAX_PAIRS;
+}
 
 static cudaError_t route_fused(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
                                dg_cuda_moe_buf *b, int T, int E, int K) {
@@ -460,8 +464,8 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 }
 
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
-                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws) {
-  if (route_split || T * K > ROUTE_FUSED_MAX_PAIRS) {
+                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int fused) {
+  if (!route_use_fused(fused, T, K)) {
     cudaError_t e = k_router_logits(s, u, W, rlog, T, E, H, ws);
     if (e == cudaSuccess) e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
     if (e == cudaSuccess) e = k_group(s, b, T, E, K);
@@ -481,8 +485,8 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 }
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
-                    int K) {
-  if (route_split || T * K > ROUTE_FUSED_MAX_PAIRS) {
+                    int K, int fused) {
+  if (!route_use_fused(fused, T, K)) {
     cudaError_t e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
     if (e != cudaSuccess) return e;
     return k_group(s, b, T, E, K);

@@ -129,11 +129,11 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
 #undef SEG_R0
 #undef SEG_N
   DG_TRY(mark(c, DG_CUDA_ST_DENSE));
-  /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert: one launch after the
-   * logits' split products, so the profile's grouping stage is inside the router's (also with DGEMMA_ROUTE=split,
-   * the earlier chain of launches) */
+  /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert (the chain of launches, or
+   * with DGEMMA_ROUTE=fused one launch after the logits' split products); the profile's grouping stage is inside
+   * the router's */
   CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, H, d->top_k,
-                        c->rws));
+                        c->rws, -1));
   DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
   DG_TRY(mark(c, DG_CUDA_ST_GROUP));
   CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));

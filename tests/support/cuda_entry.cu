@@ -182,7 +182,7 @@ extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pe
   TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
   TT_(test_group_bufs(&al, &b, TK, E));
-  TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K));
+  TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K, 1)); /* route_kernel (the chain: test_router_route) */
   TT_(test_out(rlog, drl, (size_t)T * E * 4));
   TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
@@ -247,7 +247,7 @@ extern "C" dg_status dg_cuda_test_router_route(int device, const float *u, const
     TC_(cudaMemset(b.pairs, 0xFF, TK * 4));
     TC_(cudaMemset(b.slot_row, 0xFF, TK * 4));
     TC_(k_router_route(0, (const float *)du, (const float *)dW, (float *)drl, (const float *)dpes, &b, T, E, H, K,
-                       (float *)dws));
+                       (float *)dws, 1)); /* route_kernel, whatever the library's default */
     TT_(route_words(&b, (const float *)drl, T, E, K, got));
     for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
   }
