@@ -320,14 +320,14 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
     char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::VB;
     for (int i = tid; i < BK * (D / 8); i += NTH) {
       const int r = i / (D / 8), ch = i % (D / 8), ok = kb + r < zhi;
-      int sl = sb + r;
-      while (sl >= a.S) sl -= a.S;
+      int sl = sb + r; /* sb < S, and r < S for every key read (a pass's keys never share a slot): one wrap at most */
+      sl -= sl >= a.S ? a.S : 0;
       dg_cp_async16(kd + fa_swz<D>(r, ch), kg + (size_t)(ok ? sl : sb) * D + ch * 8, ok ? 16 : 0);
     }
     for (int i = tid; i < BK * (DV / 8); i += NTH) {
       const int r = i / (DV / 8), ch = i % (DV / 8), ok = kb + r < zhi;
-      int sl = sb + r;
-      while (sl >= a.S) sl -= a.S;
+      int sl = sb + r; /* sb < S, and r < S for every key read (a pass's keys never share a slot): one wrap at most */
+      sl -= sl >= a.S ? a.S : 0;
       dg_cp_async16(vd + fa_swz<DV>(r, ch), vg + (size_t)(ok ? sl : sb) * D + ch * 8, ok ? 16 : 0);
     }
     dg_cp_commit();
