@@ -258,6 +258,7 @@ static void free_stack(stack *st) {
  * decomposition as tests/test_cuda.c (qdot_bound) derives it, which also
  * covers version 1 (fp32 FMA over dequantized w: gamma_K sum |x w| <= the
  * same terms): D = 1.01 (u (Aq + Aw + Ab) + (g(2G) + g(2ng+1) + g(K)) (Ao + Ab)). */
+static int g_dq = 0; /* the last run dequantized its weights to bf16 in registers (versions 70-79: qr_kernel's DQ) */
 static double dot_ref(const dg_weight *W, int64_t row, const float *x, double *bound) {
   if (W->bits == 16) { /* bf16 weights: exact products in fp32, K fp32 additions at 2u each (truncating adds of
                           the tensor core allowed), as tests/test_cuda.c bdot_bound: g(2K) sum |x w| */
@@ -291,6 +292,10 @@ static double dot_ref(const dg_weight *W, int64_t row, const float *x, double *b
   auto gm = [&](double n) { return n * u / (1.0 - n * u); };
   /* version 2+ as tests/test_cuda.c (qdot_bound) derives it; gamma_K (Aq + Ab + Ao) covers version 1's fp32 dot product */
   *bound = 1.01 * (u * (aq + aw + ab) + (gm(2.0 * G) + gm(2.0 * ng + 1) + gm((double)K)) * (ao + ab));
+  /* DQ (qr_run_products_dq): each w' = fl_bf16(q s + b), |w' - q s - b| <= 2^-8 |q s + b|, then exact products and
+   * fp32 sums as the bf16 path (g(2K) sum |x w'|); the reference's own w_k = fl(fl(q s) + b) is within
+   * u (|q s| + |w|) of q s + b (the u (Aq + Aw) terms) */
+  if (g_dq) *bound = 1.01 * (u * (aq + aw) + ldexp(1.0, -8) * (aw + u * (aq + aw)) + gm(2.0 * K) * (1.0 + ldexp(1.0, -8)) * (aw + u * (aq + aw)));
   return e;
 }
 
@@ -515,6 +520,36 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
   }
 }
 
+/* Versions 75-79 (4-bit): the backend's kernel (version 50) up to 3 n-tiles; from 4 n-tiles qw_kernel's DQ body
+ * (wgmma.m64nNk16 with the weights dequantized to bf16 in registers as A, the activations from the shared ring as
+ * B, accumulated over the whole K: no per-group wait, one run's wgmmas in flight while the next run is decoded;
+ * the blocks in the backend's descending-count order), NTB n-tiles per pass (NTB2 for experts of more than 64
+ * rows when NTB2 > NTB), MB blocks per SM, ST activation stages. */
+template <int NTB, int MB, int ST, int NTB2 = NTB>
+static cudaError_t run_wgdq(int prod, stack *st, routing *r, int nt) {
+  const int gateup = prod == GU;
+  if (nt <= 3) {
+    qe_args a;
+    dim3 grid;
+    cudaError_t e = backend_args(prod, st, r, &a, &grid);
+    if (e != cudaSuccess) return e;
+    g_dq = 0;
+    return gateup ? qr_launch_bits<4, 1>(0, grid, nt, a) : qr_launch_bits<4, 0>(0, grid, nt, a);
+  }
+  const tiled &tl = get_tiled(st, 4, qr_kc(G), gateup, 3);
+  qe_args a;
+  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  if (e != cudaSuccess) return e;
+  a.order = r->ord;
+  g_dq = 1;
+  const bool big = NTB2 > NTB && r->T * TOPK > 64 * E;
+  const dim3 grid = gateup ? dim3(E, (IE + 63) / 64) : dim3(E, (H + 127) / 128);
+  if (gateup) return big ? qw_launch_g<4, 1, NTB2, G, QR_D, ST, MB, QR_SUB, -2, 0, 1>(0, grid, a)
+                         : qw_launch_g<4, 1, NTB, G, QR_D, ST, MB, QR_SUB, -2, 0, 1>(0, grid, a);
+  return big ? qw_launch_g<4, 0, NTB2, G, QR_D, ST, MB, QR_SUB, -2, 0, 1>(0, grid, a)
+             : qw_launch_g<4, 0, NTB, G, QR_D, ST, MB, QR_SUB, -2, 0, 1>(0, grid, a);
+}
+
 /* Versions 90-94 (4-bit, probes: no products, no output, no check): what the weight stream alone achieves at this
  * size. 90: the ceiling's streaming-read kernel over the backend layout's bytes of the product (all 128 experts,
  * 1,056 blocks of 512 threads); 91-94: one block of 32 QR_WARPS threads per (expert, slab) as qr_kernel's grid,
@@ -563,6 +598,44 @@ static cudaError_t run_probe(int ver, int prod, stack *st, routing *r) {
   if (!set[ki]) { CKL(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024)); set[ki] = 1; }
   k<<<grid, 32 * QR_WARPS, mb == 16 ? 0 : smem>>>((const uint4 *)tl.q, slab16, r->b.count, sink);
   return cudaGetLastError();
+}
+
+/* Versions 70-79: version 50 (the backend's block order and choices) with the weights dequantized to bf16 in
+ * registers before the tensor core (qr_kernel's DQ: w = fl_bf16(q s + b), no group sums, no partial sums, no
+ * per-group fold, half the accumulator registers): DQS 1 at every tile count, 0 from 4 n-tiles on only (the
+ * backend's kernel below); from 4 n-tiles MB4 blocks per SM the registers are capped for, NT8 n-tiles for the
+ * largest experts (8: 64 tokens per pass, as the backend; 16: 128, experts of at most 64 rows take 8). */
+template <int BITS, int GU, int DQS, int MB4, int NT8>
+static cudaError_t dq_launch(dim3 grid, const qe_args &a, int nt) {
+  constexpr int MB = QR_MINB;
+  if (!DQS && nt <= 3) { g_dq = 0; return qr_launch_bits<BITS, GU>(0, grid, nt, a); }
+  g_dq = 1;
+  switch (nt) {
+  case 1: return qr_launch_g<BITS, GU, 1, G, QR_WARPS, QR_D, QR_STAGES, (BITS <= 4 ? QR_MINB1 : MB), QR_SUB, 0, 1, 0, 0, 0, 1>(0, grid, a);
+  case 2: return qr_launch_g<BITS, GU, 2, G, QR_WARPS, QR_D, QR_STAGES, MB, QR_SUB, 0, 1, 0, 0, 0, 1>(0, grid, a);
+  case 3: return qr_launch_g<BITS, GU, 3, G, QR_WARPS, QR_D, QR_STAGES, MB, QR_SUB, -QR_PF, 1, QR_NTS, 0, 0, 1>(0, grid, a);
+  case 4: return qr_launch_g<BITS, GU, 4, G, QR_WARPS, QR_D, QR_STAGES, MB4, QR_SUB, -QR_PF, 1, 3, 0, 0, 1>(0, grid, a);
+  case 5: return qr_launch_g<BITS, GU, 5, G, QR_WARPS, QR_D, QR_STAGES, MB4, QR_SUB, -QR_PF, 1, 4, 0, 0, 1>(0, grid, a);
+  default: return qr_launch_g<BITS, GU, NT8, G, QR_WARPS, QR_D, QR_STAGES, (NT8 > 8 ? 1 : MB4), QR_SUB, -QR_PF, 1, (NT8 > 8 ? 8 : 6), 0, 0, 1>(0, grid, a);
+  }
+}
+template <int BITS, int DQS, int MB4, int NT8 = 8>
+static cudaError_t run_dq(int prod, stack *st, routing *r, int nt) {
+  qe_args a;
+  dim3 grid;
+  cudaError_t e = backend_args(prod, st, r, &a, &grid);
+  if (e != cudaSuccess) return e;
+  if (r->T * TOPK / E > 64 && NT8 > 8) nt = 8; /* (qe_nt's largest class) */
+  return prod == GU ? dq_launch<BITS, 1, DQS, MB4, NT8>(grid, a, nt) : dq_launch<BITS, 0, DQS, MB4, NT8>(grid, a, nt);
+}
+template <int DQS, int MB4, int NT8 = 8>
+static cudaError_t run_dq_bits(int bits, int prod, stack *st, routing *r, int nt) {
+  switch (bits) {
+  case 2: return run_dq<2, DQS, MB4, NT8>(prod, st, r, nt);
+  case 3: return run_dq<3, DQS, MB4, NT8>(prod, st, r, nt);
+  case 8: return run_dq<8, DQS, MB4, NT8>(prod, st, r, nt);
+  default: return run_dq<4, DQS, MB4, NT8>(prod, st, r, nt);
+  }
 }
 
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
@@ -619,6 +692,26 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     case 58: return run_small<6, 2, -4, 2, 4, 3, 0, 2>(prod, st, r, nt); /* 4 stages ahead at 1, D 3 at 2 */
     case 59: return run_small<6, 2, 0, 2, 4, 2, 0, 2, 3>(prod, st, r, nt); /* 51 + 3 blocks per SM at 3 n-tiles */
     default: return run_small<6, 2, 0, 2, 4, 3, 0, 2, 3, 3>(prod, st, r, nt); /* 60: 59 with D 3 at 2 and 3 */
+    }
+  }
+  g_dq = 0;
+  if (ver >= 75 && ver < 80) {
+    const int nt = qe_nt(T, TOPK, E);
+    switch (ver) {
+    case 75: return run_wgdq<8, 1, 3>(prod, st, r, nt);     /* 64 tokens per pass, the compiler's registers */
+    case 76: return run_wgdq<8, 2, 3>(prod, st, r, nt);     /* 2 blocks per SM */
+    case 77: return run_wgdq<8, 1, 3, 16>(prod, st, r, nt); /* 128 tokens per pass above 64 rows per expert */
+    default: return run_wgdq<8, 1, 4>(prod, st, r, nt);     /* 78: a ring of 4 activation stages */
+    }
+  }
+  if (ver >= 70 && ver < 80) {
+    const int nt = qe_nt(T, TOPK, E), bits = st->w.bits;
+    switch (ver) {
+    case 70: return run_dq_bits<1, 1>(bits, prod, st, r, nt);     /* DQ at every tile count */
+    case 71: return run_dq_bits<0, 2>(bits, prod, st, r, nt);     /* DQ from 4 n-tiles, 2 blocks per SM */
+    case 72: return run_dq_bits<0, 3>(bits, prod, st, r, nt);     /* DQ from 4 n-tiles, 3 blocks per SM */
+    case 73: return run_dq_bits<0, 1>(bits, prod, st, r, nt);     /* DQ from 4 n-tiles, the compiler's registers */
+    default: return run_dq_bits<0, 2, 16>(bits, prod, st, r, nt); /* 74: 71 with 128 tokens per pass above 64 rows */
     }
   }
   if (ver >= 4 && ver != 50) {
@@ -842,7 +935,11 @@ int main(int argc, char **argv) {
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
           if (bits == 16 ? ver != 3 && (ver < 40 || ver > 50) : ver >= 40 && ver < 50) continue; /* bf16: 3, 40-50; 51-60: 4-bit */
-          if (bits != 16 && ver >= 4 && ver != 50 && (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
+          if (bits == 16 && ver >= 70 && ver < 80) continue; /* DQ: quantized stacks (2, 3, 4, 8 bits) */
+          if (bits != 4 && ver >= 75 && ver < 80) continue; /* qw DQ: 4-bit (qw_tile_pack) */
+          if (bits == 6 && ver >= 70 && ver < 80) continue;
+          if (bits != 16 && ver >= 4 && ver != 50 && !(ver >= 70 && ver < 80) &&
+              (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && bits != 4) continue; /* the probes: 4-bit only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */

@@ -61,6 +61,11 @@ __device__ __forceinline__ void dg_wg_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void dg_wg_wait1() {
+#ifndef DG_WG_TRAP
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#endif
+}
 /* Shared memory written by the generic proxy (cp.async, stores) made visible to the tensor cores' reads. */
 __device__ __forceinline__ void dg_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* Pin registers in place for the compiler around asynchronous tensor-core operations. */
@@ -118,11 +123,33 @@ template <> __device__ __forceinline__ void dg_wgmma_bf16<4>(float (&d)[4][4], c
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
 #endif
 }
+template <> __device__ __forceinline__ void dg_wgmma_bf16<8>(float (&d)[8][4], const uint32_t a[4], uint64_t desc, int scd) {
+#ifdef DG_WG_TRAP
+  __trap();
+#else
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+               "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
+#endif
+}
+template <> __device__ __forceinline__ void dg_wgmma_bf16<16>(float (&d)[16][4], const uint32_t a[4], uint64_t desc, int scd) {
+#ifdef DG_WG_TRAP
+  __trap();
+#else
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+               "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7), DG_WG_D4(8), DG_WG_D4(9), DG_WG_D4(10), DG_WG_D4(11), DG_WG_D4(12), DG_WG_D4(13), DG_WG_D4(14), DG_WG_D4(15)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
+#endif
+}
 #undef DG_WG_D4
 
 /* qe_args as for qr_kernel (X = xp, q = the wgmma-order lane records of qw_tile_pack); 4 warps per block. */
 template <int BITS, int GATEUP, int NT, int GS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1, int SUB = QR_SUB,
-          int PF = 0, int SWAP = 0>
+          int PF = 0, int SWAP = 0, int DQ = 0>
 __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
   DG_PDL_ENTRY();
   constexpr int WARPS = 4, THREADS = 128, ROWS = 128, FEAT = 64, NTOK = 8 * NT;
@@ -137,7 +164,8 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
   extern __shared__ __align__(16) unsigned char smem[]; /* (the alignment of every kernel's declaration) */
   __shared__ int64_t xrow[NTOK];
   __shared__ int64_t srow[NTOK];
-  const int e = blockIdx.x, slab = blockIdx.y;
+  int e, slab;
+  qr_block(a, &e, &slab); /* (a.order NULL: block (x, y) is expert x's slab y) */
   const int cnt = a.count[e];
   if (cnt == 0) return;
   const int base = a.start[e];
@@ -169,7 +197,7 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
 
     /* this thread's copies of an activation stage: piece c of token r to c PB + 16 r */
     constexpr int PER = KA / 8, CH = (NTOK * PER + THREADS - 1) / THREADS;
-    constexpr int NS = NTOK * SUB * GPS, CHS = (NS + THREADS - 1) / THREADS;
+    constexpr int NS = DQ ? 0 : NTOK * SUB * GPS, CHS = (NS + THREADS - 1) / THREADS; /* DQ: no group sums */
     const bf16 *xsrc[CH];
     int xdst[CH], xcol[CH], xbytes[CH];
 #pragma unroll
@@ -181,8 +209,8 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
       xdst[k] = i < NTOK * PER ? c * PB + 16 * r : -1;
       xcol[k] = 8 * c;
     }
-    const float *ssrc[CHS];
-    int sdst[CHS], sgrp[CHS], sbytes[CHS];
+    const float *ssrc[CHS > 0 ? CHS : 1];
+    int sdst[CHS > 0 ? CHS : 1], sgrp[CHS > 0 ? CHS : 1], sbytes[CHS > 0 ? CHS : 1];
 #pragma unroll
     for (int k = 0; k < CHS; k++) {
       const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
@@ -233,10 +261,49 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
         for (int i = 0; i < 4; i++) acc[mt][j][i] = part[mt][j][i] = 0.0f;
 
     int cslot = 0;
+    /* DQ: the A fragments of the two runs in flight (run c in buffer c % 2), kept until their wgmmas complete */
+    uint32_t AQ[DQ ? 2 : 1][2][2][4];
     auto compute = [&](const uint32_t *R, int sub) {
       const uint32_t xa = sm0 + (uint32_t)(cslot * STB + (KC / 8) * PB * sub);
       const uint64_t desc0 = dg_wg_desc(xa, LBO, SBO);
       const unsigned char *Ss = smem + cslot * STB + XB + 4 * NTOK * GPS * sub;
+      if constexpr (DQ) {
+        /* each run: wait until at most one group (the previous run's) is in flight, so that this run's buffer
+         * is free; decode and dequantize (qr_run_products_dq's math); its 4 wgmmas accumulate into acc */
+        constexpr uint32_t M128 = 0xC300C300u;
+#pragma unroll
+        for (int c = 0; c < RUNS; c++) {
+          const int lg = c / CPG, cb = c & 1;
+          dg_wg_wait1();
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            uint32_t pg[4], p8[4];
+            qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+            qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+            const uint32_t rg = R[CB / 4 + (2 * mt) * GPS + lg], r8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
+            const uint32_t sg = dg_prmt(rg, 0u, 0x1010u), bg = dg_prmt(rg, 0u, 0x3232u);
+            const uint32_t s8 = dg_prmt(r8, 0u, 0x1010u), b8 = dg_prmt(r8, 0u, 0x3232u);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              const uint32_t qg = BITS == 8 ? pg[i] : dg_bf16x2_fma(pg[i], 0x3F803F80u, M128);
+              const uint32_t q8 = BITS == 8 ? p8[i] : dg_bf16x2_fma(p8[i], 0x3F803F80u, M128);
+              pg[i] = dg_bf16x2_fma(qg, sg, bg);
+              p8[i] = dg_bf16x2_fma(q8, s8, b8);
+            }
+            AQ[cb][mt][0][0] = pg[0]; AQ[cb][mt][0][1] = p8[0]; AQ[cb][mt][0][2] = pg[1]; AQ[cb][mt][0][3] = p8[1];
+            AQ[cb][mt][1][0] = pg[2]; AQ[cb][mt][1][1] = p8[2]; AQ[cb][mt][1][2] = pg[3]; AQ[cb][mt][1][3] = p8[3];
+          }
+          dg_wg_fence();
+#pragma unroll
+          for (int m = 0; m < 2; m++) {
+            const uint64_t desc = desc0 + (uint64_t)(((4 * c + 2 * m) * PB) >> 4);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) dg_wgmma_bf16<NT>(acc[mt], AQ[cb][mt][m], desc, 1);
+          }
+          dg_wg_commit();
+        }
+        return;
+      }
 #pragma unroll
       for (int lg = 0; lg < GPS; lg++) {
         uint32_t A[CPG][2][2][4];
@@ -294,6 +361,7 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
 
     auto astage = [&](int sa) {
       if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+      if constexpr (DQ) dg_wg_wait0(); /* the slot refilled below was read by the last run's wgmmas */
       dg_cp_wait<STAGES - 2>();
       dg_fence_proxy_async(); /* this thread's landed copies, visible to the tensor cores */
       __syncthreads();
@@ -327,6 +395,11 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
         }
       }
     }
+    if constexpr (DQ) {
+      dg_wg_wait0();
+      dg_wg_pin<NT>(acc[0]);
+      dg_wg_pin<NT>(acc[1]);
+    }
     __syncthreads();
 
     qe_store<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
@@ -334,10 +407,10 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1, int SUB = QR_SUB,
-          int PF = 0, int SWAP = 0>
+          int PF = 0, int SWAP = 0, int DQ = 0>
 static cudaError_t qw_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int KC = qr_kc(GS), NTOK = 8 * NT, XB = (SUB * KC / 8) * NTOK * 16, SBB = (SUB * (KC / GS) * NTOK * 4 + 15) / 16 * 16;
-  void (*kern)(qe_args) = qw_kernel<BITS, GATEUP, NT, GS, D, STAGES, MINB, SUB, PF, SWAP>;
+  void (*kern)(qe_args) = qw_kernel<BITS, GATEUP, NT, GS, D, STAGES, MINB, SUB, PF, SWAP, DQ>;
   const size_t smem = (size_t)STAGES * (XB + SBB);
   static int set = 0;
   if (!set && smem > 48 * 1024) {

@@ -19,7 +19,8 @@
  *                    (row l / 4, columns 2 (l % 4), +1), or with .trans its
  *                    (rows 2 (l % 4), +1, column l / 4), lower index in the low half
  *   dg_prmt          __byte_perm
- *   dg_and_or        (a & b) | c, one lop3 */
+ *   dg_and_or        (a & b) | c, one lop3
+ *   dg_bf16x2_fma    a b + c per bf16 half, rounded once to bf16 (fma.rn.bf16x2) */
 #ifndef DG_CUDA_MMA_CUH
 #define DG_CUDA_MMA_CUH
 
@@ -88,9 +89,19 @@ __device__ __forceinline__ uint32_t dg_and_or(uint32_t a, uint32_t b, uint32_t c
   asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
+/* a b + c of each bf16 half (low with low, high with high), computed exactly and rounded once to the nearest
+ * bf16, ties to even (PTX ISA: fma.rn.bf16x2). */
+__device__ __forceinline__ uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
 
 
 #else /* the CPU emulation (dev/cuda_emu): same semantics, one lane at a time */
+
+#include <cmath>
+#include <cstring>
 
 static inline float dg_emu_bf16_lo(uint32_t v) { uint32_t u = v << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline float dg_emu_bf16_hi(uint32_t v) { uint32_t u = v & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
@@ -167,6 +178,23 @@ static inline uint32_t dg_funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
   return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
 static inline uint32_t dg_and_or(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }
+/* One half of fma.rn.bf16x2: a b is exact in double (8-bit significands), a b + c too for the operands the
+ * kernels pass (exponents within 29 of each other: codes, scales and biases); rounded once to bf16, nearest even. */
+static inline uint16_t dg_emu_bf16_fma1(uint16_t a, uint16_t b, uint16_t c) {
+  const double r = (double)dg_emu_bf16_lo(a) * dg_emu_bf16_lo(b) + dg_emu_bf16_lo(c);
+  if (r == 0.0 || !std::isfinite(r)) { float f = (float)r; uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
+  int ex;
+  (void)frexp(r, &ex);                          /* r = m 2^ex, 0.5 <= |m| < 1 */
+  const double q = nearbyint(ldexp(r, 8 - ex)); /* 8 significant bits, nearest even (the default mode) */
+  const float f = (float)ldexp(q, ex - 8);      /* exact in float (normal range) */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
+static inline uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  return (uint32_t)dg_emu_bf16_fma1((uint16_t)a, (uint16_t)b, (uint16_t)c) |
+         ((uint32_t)dg_emu_bf16_fma1((uint16_t)(a >> 16), (uint16_t)(b >> 16), (uint16_t)(c >> 16)) << 16);
+}
 #endif
 
 #endif

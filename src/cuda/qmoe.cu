@@ -36,6 +36,15 @@ template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, in
   default: return cudaErrorInvalidValue;
   }
 }
+int qr_dq_from(void) {
+  static int v = -1; /* read once (a data race on first use writes the same value) */
+  if (v < 0) {
+    const char *e = getenv("DGEMMA_QR_DQ");
+    v = e && e[0] >= '4' && e[0] <= '8' && !e[1] ? e[0] - '0' : 0;
+  }
+  return v;
+}
+
 template <int GATEUP> static cudaError_t qr_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
   switch (bits) {
   case 2: return qr_launch_bits<2, GATEUP>(s, grid, nt, a);

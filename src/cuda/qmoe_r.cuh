@@ -381,6 +381,50 @@ __device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint
   }
 }
 
+/* DQ: the products of run c with the weights dequantized in registers before the tensor core (the bf16
+ * path of the larger experts; no per-group fold, no group sums, no partial sums): the lane's codes of run c as
+ * bf16 pairs (qr_codes: 128 + q; 8 bits q), minus 128 (exact: small integers), then w = fl_bf16(q s + b) by
+ * one fma.rn.bf16x2 per pair with the row's (scale, bias) of the run's group lg = c / (GS / 32) (R's pair
+ * words: s the low half), and acc[mt][j] += A B by mma.m16n8k16 straight into the accumulators. What it
+ * rounds: each weight once to bf16 (|w' - w| <= 2^-8 |w|, w = q s + b exactly), the products and sums as the
+ * bf16 path (qr_kernel's BITS 16): |y' - y| <= (2^-8 + g(2K) (1 + 2^-8)) sum |x w| (dev/cuda/moe_quant.cu's
+ * dot_ref, DQ). MLX's own quantized matrix product dequantizes into the activation type the same way. */
+template <int BITS, int NT, int RUNS, int XS, int GS>
+__device__ __forceinline__ void qr_run_products_dq(float (&acc)[2][NT][4], const uint32_t *R, const unsigned char *Xs,
+                                                   int c, int g, int t) {
+  constexpr int KC = qr_kc(GS), GPS = KC / GS, CB = 4 * RUNS * BITS, CPG = GS / 32;
+  constexpr uint32_t M128 = 0xC300C300u; /* bf16 -128 in both halves */
+  const int lg = c / CPG;
+  uint32_t bf[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
+    bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    uint32_t pg[4], p8[4];
+    qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+    qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+    const uint32_t rg = R[CB / 4 + (2 * mt) * GPS + lg], r8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
+    const uint32_t sg = dg_prmt(rg, 0u, 0x1010u), bg = dg_prmt(rg, 0u, 0x3232u); /* (s, s), (b, b) */
+    const uint32_t s8 = dg_prmt(r8, 0u, 0x1010u), b8 = dg_prmt(r8, 0u, 0x3232u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t qg = BITS == 8 ? pg[i] : dg_bf16x2_fma(pg[i], 0x3F803F80u, M128); /* 1 (128 + q) - 128 */
+      const uint32_t q8 = BITS == 8 ? p8[i] : dg_bf16x2_fma(p8[i], 0x3F803F80u, M128);
+      pg[i] = dg_bf16x2_fma(qg, sg, bg);
+      p8[i] = dg_bf16x2_fma(q8, s8, b8);
+    }
+    const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      dg_mma_bf16(acc[mt][j], a0, &bf[j][0]);
+      dg_mma_bf16(acc[mt][j], a1, &bf[j][2]);
+    }
+  }
+}
+
 /* A pass's first L2 prefetches of the warp's weight stages 1 .. |PF| - 1 (qr_load_stage's own prefetch covers the
  * stages from |PF| on; stage 0 is loaded at once): PF > 0 lane 0's bulk prefetch of each stage from wstage0 (the
  * warp's stage 0), PF < 0 the per-lane line prefetches from wq (the lane's piece of it); nst stages sstride bytes
@@ -419,7 +463,8 @@ __device__ __forceinline__ void qr_block(const qe_args &a, int *e, int *slab) {
  * the one it loads (one bulk prefetch instruction per stage), so that the register loads find it in L2;
  * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). e, slab: the block's expert and slab
  * (qr_block). */
-template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int BM, int NZ>
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int BM, int NZ,
+          int DQ = 0>
 __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, const int e, const int slab) {
   /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
    * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
@@ -427,6 +472,10 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS,
                 REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, RW = REC / 4;
+  /* DQ (quantized stacks only): the weights dequantized to bf16 in registers (qr_run_products_dq): no group sums
+   * copied, no partial sums, no fold */
+  static_assert(!DQ || (!RAW && !BM && D > 0), "DQ: quantized codes, register stages, no bias products");
+  constexpr int GSX = DQ ? 0 : GPW; /* group sums per weight stage the activation copies carry */
   /* CP: codes in NPC pieces of PSC bytes (piece-major over the 32 lanes), then per row group g its GPS 16-byte
    * pieces of pairs, loaded by the 4 lanes (g, t) alike (one sector read, the pairs not stored 4 times) */
   constexpr int PSC = CB % 16 == 0 ? 16 : 8, WSTAGE = qr_wstage(BITS, GS, CP);
@@ -458,7 +507,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     __syncthreads();
 
     /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
-    qr_xcopy<GS, NTOK, THREADS, KA, XS, XB, GPW, SUB, BM, NZ> xc;
+    qr_xcopy<GS, NTOK, THREADS, KA, XS, XB, GSX, SUB, BM, NZ> xc;
     xc.init(a, xrow, srow, tid);
     /* issue() loads activation stages 0, 1, 2, ... in turn: its slot and source offsets advance by one stage */
     const dg_sptr sbase = dg_sp(smem);
@@ -477,9 +526,9 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
       if constexpr (PF != 0) wst++;
     };
 
-    float acc[2][NT][4], part[2][NT][4];
+    float acc[2][NT][4], part[DQ ? 1 : 2][DQ ? 1 : NT][4]; /* DQ: no partial sums (part unused) */
     qe_zero(acc);
-    qe_zero(part);
+    if constexpr (!DQ) qe_zero(part);
     /* BM: the A fragments of the bias products of a pair of groups (qr_bias_sel), 2 x 16 rows */
     uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
     const uint32_t asel = qr_bias_sel<BITS>(t);
@@ -490,8 +539,12 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
       const unsigned char *Xs = smem + cslot * STB + 2 * KC * sub, *Ss = smem + cslot * STB + XB + 4 * NTOK * GPS * sub;
 #pragma unroll
       for (int c = 0; c < RUNS; c++) {
-        qr_run_products<BITS, NT, RUNS, XS>(RAW ? acc : part, R, Xs, c, g, t);
-        qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + cslot * STB + XB, Ss, c, s, sub, ng, g, t, asel);
+        if constexpr (DQ) {
+          qr_run_products_dq<BITS, NT, RUNS, XS, GS>(acc, R, Xs, c, g, t);
+        } else {
+          qr_run_products<BITS, NT, RUNS, XS>(RAW ? acc : part, R, Xs, c, g, t);
+          qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + cslot * STB + XB, Ss, c, s, sub, ng, g, t, asel);
+        }
       }
     };
 
@@ -592,7 +645,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
  * instead of zero-filled (their ring rows keep stale values, which reach only the output columns of those tokens,
  * never stored), so a copy needs no source size. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
+          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   DG_PDL_ENTRY();
 #ifndef DG_CUDA_EMU
@@ -604,18 +657,18 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   qr_block(a, &e, &slab);
   if constexpr (NTS > 0 && NTS < NT) {
     if (a.count[e] <= 8 * NTS) {
-      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem, e, slab);
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ>(a, smem, e, slab);
       return;
     }
   }
-  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ>(a, smem, e, slab);
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ>(a, smem, e, slab);
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0>
+          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB, BITS), SBB = qr_sbb(GS, SUB, NT, BM);
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, CP, NTS, BM, NZ>;
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, CP, NTS, BM, NZ, DQ>;
   /* D < 0: the weight ring of -D stages after the activation ring (qr_body) */
   constexpr size_t RING = D < 0 ? (size_t)(-D) * WARPS * (qr_cb(BITS, GS) / 16 + qr_kc(GS, BITS) / GS) * 32 * 16 : 0;
   const size_t smem = (size_t)STAGES * (XB + SBB) + RING;
@@ -661,8 +714,26 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
  * down 51.0 vs 53.2: the 1.78 waves of 1,408 gate/up blocks instead of 2.13), at group 64 and 2, 3, 4 bits only:
  * there 79-80 registers and no spill, while 6- and 8-bit g64 and every width at g32 / g128 spill at that cap
  * (`nvcc -Xptxas -v`, session 9). */
+/* The tile count from which the quantized stacks of group 64 take the DQ body (the weights dequantized to bf16 in
+ * registers, qr_run_products_dq; lab versions 70-74), 0: never. DGEMMA_QR_DQ=N (4..8) chooses it; off by default
+ * until it is measured faster (it rounds each weight to bf16: a looser bound than the exact fold). qmoe.cu. */
+int qr_dq_from(void);
+
+/* The DQ body at NT n-tiles (experts of at most 8 NTS rows take NTS), registers for 3 blocks per SM (lab version 72, session 12: uniform M = 64 gate/up 228.0 us vs 262.6 at 2), group 64 only. */
+template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  switch (nt) {
+  case 4: return qr_launch_g<BITS, GATEUP, 4, 64, QR_WARPS, QR_D, QR_STAGES, 3, QR_SUB, -QR_PF, 1, 3, 0, 0, 1>(s, grid, a);
+  case 5: return qr_launch_g<BITS, GATEUP, 5, 64, QR_WARPS, QR_D, QR_STAGES, 3, QR_SUB, -QR_PF, 1, 4, 0, 0, 1>(s, grid, a);
+  default: return qr_launch_g<BITS, GATEUP, 8, 64, QR_WARPS, QR_D, QR_STAGES, 3, QR_SUB, -QR_PF, 1, 6, 0, 0, 1>(s, grid, a);
+  }
+}
+
 template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
+  if constexpr (BITS != 16 && BITS != 6) {
+    const int dq = qr_dq_from();
+    if (dq > 0 && nt >= dq && nt >= 4 && a.group == 64) return qr_launch_dq<BITS, GATEUP>(s, grid, nt, a);
+  }
   switch (nt) {
   case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB>(s, grid, a);
   case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB>(s, grid, a);
