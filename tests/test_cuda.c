@@ -1770,12 +1770,42 @@ static double qmat_bound(const qmat *qm, int64_t r, const float *x, const float 
  *   y: from the GPU's own h (bf16, exact in fp32): qdot_bound of the down row.
  * Routing: slot 0 of every token is expert 0 (T = 37 rows: more than one pass
  * of 32), expert 1 is never chosen (an empty group), slot 1 cycles over 2..4. */
+/* The DQ body's bound (qr_run_products_dq, src/cuda/qmoe_r.cuh) on a quantized row: each weight rounded once to
+ * bf16 from the exact q s + b, |w' - (q s + b)| <= 2^-8 |q s + b|, the CPU's w_k within u (|q s| + |w_k|) of
+ * q s + b, then exact products and fp32 sums (g(2K) sum |x w'|, as bdot_bound):
+ * D = 1.01 (u (Aq + Aw) + 2^-8 A' + g(2K) (1 + 2^-8) A'), A' = Aw + u (Aq + Aw). */
+static double qdq_bound(const dg_weight *W, int64_t row, const float *x, const float *w, double *ex) {
+  const double u = ldexp(1.0, -24);
+  const int64_t K = W->cols, G = W->group_size, ng = K / G;
+  const uint8_t *pk = (const uint8_t *)W->data + row * K * W->bits / 8;
+  double aq = 0, aw = 0, e = 0;
+  for (int64_t k = 0; k < K; k++) {
+    const double sv = q_sbval(W, W->scales, (size_t)(row * ng + k / G));
+    aq += fabs(x[k] * dg_quant_code(pk, W->bits, k) * sv);
+    aw += fabs((double)x[k] * w[k]);
+    e += (double)x[k] * w[k];
+  }
+  const double a1 = aw + u * (aq + aw), n = 2.0 * (double)K;
+  *ex = e;
+  return 1.01 * (u * (aq + aw) + ldexp(1.0, -8) * a1 + n * u / (1.0 - n * u) * (1.0 + ldexp(1.0, -8)) * a1);
+}
+
+/* The gathered MoE as check_qexperts describes it, T <= 64 tokens (expert 0 takes every token's slot 0), the tile
+ * count nt and dq (0: the exact fold; 4: the DQ body from 4 n-tiles) of dg_cuda_test_experts_nt, or nt < 0: the
+ * backend's own choice through dg_cuda_test_experts. */
+static void check_qexperts_nt(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, int T, int nt, int dq,
+                              double *wh, double *wy);
 static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, double *wh, double *wy) {
-  const int T = 37, E = 5, K = 2;
+  check_qexperts_nt(bits_gu, bits_d, G, H, IE, sb, 37, -1, 0, wh, wy);
+}
+static void check_qexperts_nt(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, int T, int nt, int dq,
+                              double *wh, double *wy) {
+  const int E = 5, K = 2;
   qmat gu, dn;
   qmat_make(&gu, (int64_t)E * 2 * IE, H, bits_gu, G, sb);
   qmat_make(&dn, (int64_t)E * H, IE, bits_d, G, sb);
-  int32_t idx[74];
+  assert_true(T <= 64);
+  int32_t idx[128];
   for (int t = 0; t < T; t++) {
     idx[t * K] = 0;
     idx[t * K + 1] = 2 + t % 3;
@@ -1785,7 +1815,11 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
   float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE), *hf = malloc(4 * (size_t)IE);
   rand_bf16(xb, xf, (size_t)T * H, 2.0f);
   dg_weight mg = gu.w, md = dn.w;
-  assert_dg_ok(cut()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
+  if (nt < 0) assert_dg_ok(cut()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h, y));
+  else assert_dg_ok(cut()->test_experts_nt(0, &mg, &md, xb, idx, T, H, IE, E, K, nt, dq, h, y));
+  /* DQ runs from dq n-tiles on, for group-64 stacks of 2, 3, 4, 8 bits (qr_launch_bits): there its bound */
+  const int dq_gu = dq > 0 && nt >= dq && nt >= 4 && G == 64 && bits_gu && bits_gu != 6 && bits_gu <= 8;
+  const int dq_d = dq > 0 && nt >= dq && nt >= 4 && G == 64 && bits_d && bits_d != 6 && bits_d <= 8;
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
   for (int p = 0; p < T * K; p++) {
     const int t = p / K, e = idx[p];
@@ -1795,7 +1829,8 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
       qmat_row(&gu, rg, wg);
       qmat_row(&gu, ru, wu);
       double g, uu;
-      const double dg = qmat_bound(&gu, rg, x, wg, &g), du = qmat_bound(&gu, ru, x, wu, &uu);
+      const double dg = dq_gu ? qdq_bound(&gu.w, rg, x, wg, &g) : qmat_bound(&gu, rg, x, wg, &g);
+      const double du = dq_gu ? qdq_bound(&gu.w, ru, x, wu, &uu) : qmat_bound(&gu, ru, x, wu, &uu);
       const double ref = gelu_d(g) * uu;
       const double e1 = 1.13 * dg * (fabs(uu) + du) + fabs(gelu_d(g)) * du + 64.0 * u * (fabs(g) + 1.0) * (fabs(uu) + du);
       const double bound = ub * (fabs(ref) + e1) + e1 + 1e-30;
@@ -1809,7 +1844,8 @@ static void check_qexperts(int bits_gu, int bits_d, int G, int H, int IE, dg_dty
     for (int n = 0; n < H; n++) {
       qmat_row(&dn, (int64_t)e * H + n, wd);
       double ex;
-      const double bound = qmat_bound(&dn, (int64_t)e * H + n, hf, wd, &ex) + 1e-30;
+      const double bound = (dq_d ? qdq_bound(&dn.w, (int64_t)e * H + n, hf, wd, &ex)
+                                 : qmat_bound(&dn, (int64_t)e * H + n, hf, wd, &ex)) + 1e-30;
       const double err = fabs((double)y[(size_t)p * H + n] - ex);
       if (err / bound > *wy) *wy = err / bound;
       if (!(err <= bound))
@@ -2219,6 +2255,28 @@ static void test_quant_experts(void **state) {
 
 }
 
+/* Every body of qr_kernel the backend's choice by rows per expert does not reach at test_quant_experts' 37 rows
+ * (that is 3 n-tiles): 4, 5 and 8 n-tiles with their smaller bodies (3, 4, 6 tiles for experts of at most 24, 32,
+ * 48 rows), T = 61 tokens so that expert 0's 61 rows take two passes of 32 or 40 and the whole 8-tile body, with
+ * the exact per-group fold and with the DQ body (dq 4: weights dequantized to bf16, its own bound qdq_bound). */
+static void test_quant_expert_bodies(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const int bits[4][2] = {{4, 4}, {3, 2}, {8, 4}, {2, 3}};
+  static const int nts[3] = {4, 5, 8};
+  double wh[2] = {0, 0}, wy[2] = {0, 0};
+  for (int dq = 0; dq <= 4; dq += 4)
+    for (int i = 0; i < 3; i++)
+      for (int b = 0; b < 4; b++)
+        check_qexperts_nt(bits[b][0], bits[b][1], 64, 128, 64, DG_BF16, 61, nts[i], dq, &wh[dq / 4], &wy[dq / 4]);
+  check_qexperts_nt(6, 4, 64, 192, 128, DG_BF16, 61, 8, 4, &wh[1], &wy[1]); /* 6-bit gate/up: the fold even under dq */
+  check_qexperts_nt(4, 4, 32, 128, 64, DG_BF16, 61, 8, 4, &wh[1], &wy[1]);  /* g32: the fold even under dq */
+  printf("# quantized expert bodies at 4, 5, 8 n-tiles (2/3/4/8 bits g64, 61 tokens x top-2): exact fold largest "
+         "|diff| / bound h %.4f, y %.4f; DQ (weights dequantized to bf16) h %.4f, y %.4f (<= 1)\n", wh[0], wy[0],
+         wh[1], wy[1]);
+}
+
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
  * compare_logits: the bf16-simulating CPU kernel rounds only the activations
  * of quantized products (matmul_bf16), as the GPU does, so e_sim measures the
@@ -2375,7 +2433,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -653,12 +653,26 @@ static int qe_nt_from_env(void) {
 }
 static const int qe_nt_env = qe_nt_from_env();
 
-cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
-                            int IE, int E, int K) {
+static cudaError_t experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,
+                              int H, int IE, int E, int K, int nt) {
   const dg_cuda_w *gu = &l->experts_gate_up, *dn = &l->experts_down;
-  cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, qe_nt_env)
+  cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, nt)
                                                           : k_bexperts(s, 1, gu, xe, b, T, H, IE, E, K);
   if (e != cudaSuccess) return e;
-  return dn->bits || dn->lay == DG_CUDA_LAY_LANES ? k_qe_down(s, dn, b, T, H, IE, E, K, qe_nt_env)
+  return dn->bits || dn->lay == DG_CUDA_LAY_LANES ? k_qe_down(s, dn, b, T, H, IE, E, K, nt)
                                                   : k_bexperts(s, 0, dn, b->h, b, T, H, IE, E, K);
+}
+
+cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H,
+                            int IE, int E, int K) {
+  return experts_nt(s, l, xe, b, T, H, IE, E, K, qe_nt_env);
+}
+
+cudaError_t dg_cuda_experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,
+                               int H, int IE, int E, int K, int nt, int dq_from) {
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < -1 || dq_from > 8) return cudaErrorInvalidValue;
+  qr_dq_set(dq_from);
+  const cudaError_t e = experts_nt(s, l, xe, b, T, H, IE, E, K, nt);
+  qr_dq_set(-1);
+  return e;
 }

@@ -36,7 +36,10 @@ template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, in
   default: return cudaErrorInvalidValue;
   }
 }
+static int qr_dq_override = -1;
+void qr_dq_set(int n) { qr_dq_override = n; }
 int qr_dq_from(void) {
+  if (qr_dq_override >= 0) return qr_dq_override;
   static int v = -1; /* read once (a data race on first use writes the same value) */
   if (v < 0) {
     const char *e = getenv("DGEMMA_QR_DQ");

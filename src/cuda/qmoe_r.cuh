@@ -718,6 +718,9 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
  * registers, qr_run_products_dq; lab versions 70-74), 0: never. DGEMMA_QR_DQ=N (4..8) chooses it; off by default
  * until it is measured faster (it rounds each weight to bf16: a looser bound than the exact fold). qmoe.cu. */
 int qr_dq_from(void);
+/* Override qr_dq_from: n >= 0 (0 never, 4..8) until qr_dq_set(-1) gives the environment's choice back (the tests,
+ * through dg_cuda_experts_nt). */
+void qr_dq_set(int n);
 
 /* The DQ body at NT n-tiles (experts of at most 8 NTS rows take NTS), registers for 3 blocks per SM (lab version 72, session 12: uniform M = 64 gate/up 228.0 us vs 262.6 at 2), group 64 only. */
 template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {

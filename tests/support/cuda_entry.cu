@@ -116,9 +116,26 @@ done:
   return st;
 }
 
+static dg_status test_experts_with(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                   const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
+                                   uint16_t *h, float *y);
 extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_weight *down,
                                           const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K,
                                           uint16_t *h, float *y) {
+  return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, -1, -1, h, y);
+}
+extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down,
+                                             const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
+                                             int K, int nt, int dq_from, uint16_t *h, float *y) {
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < 0 || dq_from > 8)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_nt: tile count %d (1-5, 8 or 0) or DQ from %d (0-8)",
+                     nt, dq_from);
+  return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, dq_from, h, y);
+}
+/* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. */
+static dg_status test_experts_with(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                   const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
+                                   uint16_t *h, float *y) {
   if (gate_up->rows != (int64_t)E * 2 * IE || gate_up->cols != H || down->rows != (int64_t)E * H || down->cols != IE ||
       T <= 0 || K <= 0 || K > E)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts: shapes [%lld, %lld] and [%lld, %lld] do not match "
@@ -151,7 +168,8 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, 
   TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
   TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
   TC_(k_group(0, &b, T, E, K));
-  TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
+  if (nt < 0) TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
+  else TC_(dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from));
   TT_(test_out(slot_row, b.slot_row, TK * 4));
   TC_(cudaMemcpy(hd, b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
@@ -321,6 +339,7 @@ extern "C" dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft) {
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
+    dg_cuda_test_experts_nt,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

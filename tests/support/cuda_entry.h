@@ -39,6 +39,13 @@ dg_status dg_cuda_test_soft(int device, const dg_weight *e, const uint16_t *P, i
  * xe bf16 [T, H]. h and y are returned in (token, slot) order. */
 dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
+/* As dg_cuda_test_experts with the quantized kernels' tile count nt (1-5 or 8: 8 nt tokens per pass over an
+ * expert's weights; 0: the backend's choice) and dq_from (0: the exact per-group fold everywhere; 4-8: the DQ body,
+ * weights dequantized to bf16, from that tile count on, for group-64 stacks of 2, 3, 4 or 8 bits): every body of
+ * qr_kernel reachable from small shapes. DG_ERR_INVALID_ARG for other values. */
+dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                  const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
+                                  uint16_t *h, float *y);
 
 /* The router on the device (k_route, spec 4.6 step 2) for logits rlog [T, E]
  * (overwritten with the probabilities, as the backend does), per-expert
@@ -101,6 +108,9 @@ typedef struct dg_cuda_test_api {
   dg_status (*get_soft)(dg_cuda_ctx *c, float *soft);
   dg_status (*test_router_route)(int device, const float *u, const float *W, const float *pes, int T, int E, int H,
                                  int K, int32_t *idx, float *w, long *n_diff);
+  dg_status (*test_experts_nt)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                               const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from, uint16_t *h,
+                               float *y);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
