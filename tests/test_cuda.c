@@ -1398,7 +1398,7 @@ static void graphs_seq(dg_context *x, const int32_t *prompt, int P, const int32_
 }
 
 /* CUDA graphs on and off give the same bits. Contexts of one CUDA model made with DGEMMA_GRAPHS unset, =1, and
- * =1 with DGEMMA_GRAPHS_MAX=2 (the cache evicting) run graphs_seq, a reference generation (argmax, two canvases:
+ * =1 with DGEMMA_GRAPHS_MAX=2 (the cache evicting) run graphs_seq, the first two also a reference generation (argmax, two canvases:
  * the kept self-conditioning of dg_cuda_soft_from_z and the step statistics between passes) and a turbo one
  * (compaction with shape buckets): every logit, raw row and token must be bit-identical. On the GPU the graph
  * context must have captured, updated or re-instantiated at the second position, replayed, and never fallen
@@ -1458,10 +1458,14 @@ static void test_graphs(void **state) {
     n[k] = 0;
     graphs_seq(x, prompt, P, cv, z, soft, out[k], &n[k]);
     assert_true(n[k] <= cap);
-    dg_context_reset(x);
-    assert_dg_ok(dg_generate(x, prompt, P, &gp, &rg[k]));
-    dg_context_reset(x);
-    assert_dg_ok(dg_generate(x, prompt, P, &tp, &rt[k]));
+    memset(&rg[k], 0, sizeof rg[k]);
+    memset(&rt[k], 0, sizeof rt[k]);
+    if (k < 2) { /* the generations with the default cap only (the emulation is slow) */
+      dg_context_reset(x);
+      assert_dg_ok(dg_generate(x, prompt, P, &gp, &rg[k]));
+      dg_context_reset(x);
+      assert_dg_ok(dg_generate(x, prompt, P, &tp, &rt[k]));
+    }
     if (!as_cpu()) {
       dg_cuda_graph_stats st;
       assert_dg_ok(cu()->graph_stats(x->dev, &st));
@@ -1490,6 +1494,7 @@ static void test_graphs(void **state) {
       while (!memcmp(&out[k][i], &out[0][i], 4)) i++;
       fail_msg("%s: output %zu of %zu differs from graphs off (%.9g vs %.9g)", name[k], i, n[0], out[k][i], out[0][i]);
     }
+    if (k == 2) continue;
     assert_int_equal(rg[k].n_tokens, rg[0].n_tokens);
     assert_int_equal(rg[k].n_steps, rg[0].n_steps);
     assert_memory_equal(rg[k].tokens, rg[0].tokens, (size_t)rg[0].n_tokens * 4);
@@ -1498,7 +1503,7 @@ static void test_graphs(void **state) {
     assert_memory_equal(rt[k].tokens, rt[0].tokens, (size_t)rt[0].n_tokens * 4);
   }
   printf("# cuda graphs: %zu outputs, a generation of %d tokens (%d steps) and a turbo one of %d (%d forwards) "
-         "bit-identical with graphs off, on, and on with a cap of 2\n", n[0], rg[0].n_tokens, rg[0].n_steps,
+         "bit-identical with graphs off and on (the passes also with a cap of 2)\n", n[0], rg[0].n_tokens, rg[0].n_steps,
          rt[0].n_tokens, rt[0].n_steps);
   for (int k = 0; k < 3; k++) {
     free(out[k]);
