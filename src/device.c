@@ -177,7 +177,7 @@ static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
 
 static const dg_cuda_api cuda_api = {
     dg_cuda_step_stats, dg_cuda_compact, dg_cuda_topk, dg_cuda_turbo_sc, dg_cuda_ceilings_measure,
-    dg_cuda_bench_experts, dg_cuda_mem_used,
+    dg_cuda_bench_experts, dg_cuda_mem_used, dg_cuda_graph_stats_get,
 };
 
 static const dg_backend cuda_backend = {

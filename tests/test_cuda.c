@@ -1342,6 +1342,179 @@ static void test_turbo_batch(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* ---- CUDA graphs (src/cuda/graph.cu, DGEMMA_GRAPHS=1) ----------------------------- */
+
+/* DGEMMA_GRAPHS / DGEMMA_GRAPHS_MAX for the contexts made next (graph.cu reads them in dg_cuda_ctx_new);
+ * NULL unsets. */
+static void graphs_env(const char *on, const char *max) {
+  if (on) setenv("DGEMMA_GRAPHS", on, 1);
+  else unsetenv("DGEMMA_GRAPHS");
+  if (max) setenv("DGEMMA_GRAPHS_MAX", max, 1);
+  else unsetenv("DGEMMA_GRAPHS_MAX");
+}
+
+/* The graph test's passes on ctx, every output appended to out (*n floats so far): at two canvas positions
+ * (the prompt's end, then after a committed block), each key used three times or more (plain, captured,
+ * replayed; at the second position captured again and updated in place) with the uploads changing between
+ * uses: plain decoder steps without and with host self-conditioning logits, LM-head rows, compacted passes of
+ * a partial forward set (with SC rows) and of the whole canvas. */
+static void graphs_seq(dg_context *x, const int32_t *prompt, int P, const int32_t *cv[2], const float *z,
+                       const float *soft, float *out, size_t *n) {
+  const int C = x->m->cfg.canvas_length, V = x->m->cfg.vocab_size;
+  int32_t all[64], tok[64], fpos[64], hrow[64], rows[64];
+  assert_true(C <= 64);
+  for (int i = 0; i < C; i++) all[i] = i;
+  assert_dg_ok(dg_encode(x, prompt, (size_t)P));
+  assert_dg_ok(dg_compact_buffers(x));
+  for (int at = 0; at < 2; at++) {
+    for (int r = 0; r < 3; r++) { /* DG_SC_NONE */
+      assert_dg_ok(dg_decode(x, cv[r % 2], NULL, out + *n));
+      *n += (size_t)C * V;
+    }
+    for (int r = 0; r < 3; r++) { /* DG_SC_HOST: the soft embedding inside the graph */
+      assert_dg_ok(dg_decode(x, cv[(r + 1) % 2], z, out + *n));
+      *n += (size_t)C * V;
+    }
+    int nr = 0;
+    for (int i = 1; i < C; i += 2) rows[nr++] = i;
+    for (int r = 0; r < 3; r++) {
+      assert_dg_ok(dg_forward_decode_rows(x, cv[r % 2], r ? soft : NULL, rows, nr, out + *n));
+      *n += (size_t)nr * V;
+    }
+    for (int r = 0; r < 3; r++) {
+      int nf = 0, nh = 0;
+      for (int i = 0; i < C; i++)
+        if (i % 3 != 1) { fpos[nf] = i; tok[nf] = (cv[0][i] * 7 + 11 + r) % V; nf++; }
+      for (int q = 0; q < nf; q += 2) hrow[nh++] = q;
+      assert_dg_ok(dg_forward_compact(x, tok, fpos, nf, soft, hrow, nh, out + *n));
+      *n += (size_t)nh * V;
+    }
+    for (int r = 0; r < 3; r++) {
+      assert_dg_ok(dg_forward_compact(x, cv[r % 2], all, C, NULL, all, C, out + *n));
+      *n += (size_t)C * V;
+    }
+    if (at == 0) assert_dg_ok(dg_encode(x, cv[0], (size_t)C)); /* commit a block: the next position */
+  }
+}
+
+/* CUDA graphs on and off give the same bits. Contexts of one CUDA model made with DGEMMA_GRAPHS unset, =1, and
+ * =1 with DGEMMA_GRAPHS_MAX=2 (the cache evicting) run graphs_seq, the first two also a reference generation (argmax, two canvases:
+ * the kept self-conditioning of dg_cuda_soft_from_z and the step statistics between passes) and a turbo one
+ * (compaction with shape buckets): every logit, raw row and token must be bit-identical. On the GPU the graph
+ * context must have captured, updated or re-instantiated at the second position, replayed, and never fallen
+ * back (the reason is printed). Under the CPU emulation (graph.cu: no graphs there) and DG_TEST_CUDA_AS_CPU all
+ * runs launch plainly: the test then checks its own plumbing and that nothing changes with the variable set. */
+static void test_graphs(void **state) {
+  (void)state;
+  need_gpu();
+  const char *old_on = getenv("DGEMMA_GRAPHS"), *old_max = getenv("DGEMMA_GRAPHS_MAX");
+  char keep_on[64] = "", keep_max[64] = "";
+  if (old_on) snprintf(keep_on, sizeof keep_on, "%s", old_on);
+  if (old_max) snprintf(keep_max, sizeof keep_max, "%s", old_max);
+  char dir[] = "/tmp/dg_cuda_graphXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  if (as_cpu()) mp.reference_kernels = 1;
+  else mp.device = DG_DEVICE_CUDA;
+  dg_model *gm;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, H = gm->cfg.hidden_size, P = 40;
+  int32_t prompt[40], c0[16], c1[16];
+  assert_true(C == 16);
+  synth_random_ids(prompt, P, V, 91);
+  synth_random_ids(c0, C, V, 92);
+  synth_random_ids(c1, C, V, 93);
+  const int32_t *cv[2] = {c0, c1};
+  float *z = malloc((size_t)C * V * 4), *soft = malloc((size_t)C * H * 4);
+  unsigned sd = 19;
+  for (int i = 0; i < C * V; i++) z[i] = synth_rand(&sd) * 4.0f;
+  for (int i = 0; i < C * H; i++) soft[i] = synth_rand(&sd) * 3.0f;
+  const size_t cap = (size_t)2 * 16 * C * V; /* graphs_seq's outputs: at most 15 [C, V] blocks per position */
+  const char *mode[3][2] = {{NULL, NULL}, {"1", NULL}, {"1", "2"}};
+  const char *name[3] = {"graphs off", "DGEMMA_GRAPHS=1", "DGEMMA_GRAPHS=1 DGEMMA_GRAPHS_MAX=2"};
+  float *out[3];
+  size_t n[3];
+  dg_gen_result rg[3], rt[3];
+  dg_gen_params gp = dg_gen_default_params(gm), tp;
+  gp.max_new_tokens = 2 * C;
+  gp.max_denoising_steps = 6;
+  gp.n_stop_ids = 0;
+  gp.proposal = DG_PROPOSAL_ARGMAX;
+  tp = gp;
+  tp.seed = 5;
+  tp.proposal = DG_PROPOSAL_SAMPLE;
+  assert_dg_ok(dg_gen_params_apply_json(
+      &tp, "{\"diffusion_turbo\": true, \"turbo_topk\": 16, \"turbo_compact\": true, \"turbo_bucket\": true}"));
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + 3 * C;
+  for (int k = 0; k < 3; k++) {
+    graphs_env(mode[k][0], mode[k][1]);
+    dg_context *x;
+    assert_dg_ok(dg_context_new(gm, &cp, &x));
+    out[k] = malloc(cap * 4);
+    n[k] = 0;
+    graphs_seq(x, prompt, P, cv, z, soft, out[k], &n[k]);
+    assert_true(n[k] <= cap);
+    memset(&rg[k], 0, sizeof rg[k]);
+    memset(&rt[k], 0, sizeof rt[k]);
+    if (k < 2) { /* the generations with the default cap only (the emulation is slow) */
+      dg_context_reset(x);
+      assert_dg_ok(dg_generate(x, prompt, P, &gp, &rg[k]));
+      dg_context_reset(x);
+      assert_dg_ok(dg_generate(x, prompt, P, &tp, &rt[k]));
+    }
+    if (!as_cpu()) {
+      dg_cuda_graph_stats st;
+      assert_dg_ok(cu()->graph_stats(x->dev, &st));
+      printf("# %-36s graphs %s: %lld plain, %lld captures (%lld instantiated, %lld updated), %lld replays, %lld "
+             "evicted, %d cached, %lld fallbacks%s%s\n", name[k], st.on ? "on" : "off", (long long)st.plain,
+             (long long)st.captures, (long long)st.instantiations, (long long)st.updates, (long long)st.replays,
+             (long long)st.evictions, st.cached, (long long)st.fallbacks, st.why[0] ? ": " : "", st.why);
+      if (st.fallbacks) fail_msg("%s: graphs fell back to plain launches: %s", name[k], st.why);
+      if (k > 0 && !st.on) printf("#   graphs asked for but off without a fallback: the CPU emulation (no graphs)\n");
+      if (k > 0 && st.on) {
+        if (!(st.replays > 0 && st.captures >= 2 && st.updates + st.instantiations == st.captures))
+          fail_msg("%s: %lld captures, %lld replays, %lld updates, %lld instantiations", name[k],
+                   (long long)st.captures, (long long)st.replays, (long long)st.updates,
+                   (long long)st.instantiations);
+        if (k == 1 && st.evictions) fail_msg("%s: %lld evictions under the default cap", name[k], (long long)st.evictions);
+        if (k == 2 && !st.evictions) fail_msg("%s: no eviction with a cap of 2", name[k]);
+      }
+    }
+    dg_context_free(x);
+  }
+  graphs_env(old_on ? keep_on : NULL, old_max ? keep_max : NULL);
+  for (int k = 1; k < 3; k++) {
+    assert_int_equal(n[k], n[0]);
+    if (memcmp(out[k], out[0], n[0] * 4)) {
+      size_t i = 0;
+      while (!memcmp(&out[k][i], &out[0][i], 4)) i++;
+      fail_msg("%s: output %zu of %zu differs from graphs off (%.9g vs %.9g)", name[k], i, n[0], out[k][i], out[0][i]);
+    }
+    if (k == 2) continue;
+    assert_int_equal(rg[k].n_tokens, rg[0].n_tokens);
+    assert_int_equal(rg[k].n_steps, rg[0].n_steps);
+    assert_memory_equal(rg[k].tokens, rg[0].tokens, (size_t)rg[0].n_tokens * 4);
+    assert_int_equal(rt[k].n_tokens, rt[0].n_tokens);
+    assert_int_equal(rt[k].n_steps, rt[0].n_steps);
+    assert_memory_equal(rt[k].tokens, rt[0].tokens, (size_t)rt[0].n_tokens * 4);
+  }
+  printf("# cuda graphs: %zu outputs, a generation of %d tokens (%d steps) and a turbo one of %d (%d forwards) "
+         "bit-identical with graphs off and on (the passes also with a cap of 2)\n", n[0], rg[0].n_tokens, rg[0].n_steps,
+         rt[0].n_tokens, rt[0].n_steps);
+  for (int k = 0; k < 3; k++) {
+    free(out[k]);
+    dg_gen_result_free(&rg[k]);
+    dg_gen_result_free(&rt[k]);
+  }
+  free(z); free(soft);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* dg_batch (the server's continuous batching) on CUDA contexts: one stacked pass per step over the live
  * canvases, a sequence joining after two steps; each equals its own CUDA run bit for bit. */
 static void test_turbo_continuous(void **state) {
@@ -2432,6 +2605,7 @@ int main(void) {
       cmocka_unit_test(test_step_stats),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
+      cmocka_unit_test(test_graphs),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),

@@ -971,6 +971,15 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
       r->dev_used = (double)used;
       r->dev_total = (double)total;
     }
+    /* the context's CUDA graphs (DGEMMA_GRAPHS=1, src/cuda/graph.cu): what they did over the runs, and why they
+     * stopped if they did */
+    dg_cuda_graph_stats gs;
+    if (cu && ctx->dev && !cu->graph_stats(ctx->dev, &gs) && gs.asked)
+      fprintf(stderr, "%s %s: CUDA graphs %s: %lld captures (%lld instantiated, %lld updated in place), %lld replays, "
+              "%lld plain passes, %lld evicted (cap %d)%s%s\n", r->protocol, r->prompt, gs.on ? "on" : "off",
+              (long long)gs.captures, (long long)gs.instantiations, (long long)gs.updates, (long long)gs.replays,
+              (long long)gs.plain, (long long)gs.evictions, gs.cap, gs.why[0] ? "; fell back to plain launches: " : "",
+              gs.why);
   }
   if (o->profile && profile_run(ctx, ids, n, gp0, r->protocol, m, &tr, bw, rate)) {
     dg_context_free(ctx);

@@ -240,6 +240,33 @@ dg_status dg_cuda_profile(dg_cuda_ctx *c, int on);
  * DG_ERR_INVALID_ARG if profiling is off. */
 dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks);
 
+/* ---- CUDA graphs (graph.cu; issue 12) -------------------------------------- */
+/* What a context's graph cache did since the context was made. With
+ * DGEMMA_GRAPHS=1 in the environment when the context is made, the device work
+ * of its decoder passes (dg_cuda_decode, dg_cuda_decode_rows, dg_cuda_compact)
+ * is captured once per key (pass kind, self-conditioning source, rows
+ * forwarded, LM-head rows) and replayed while the canvas position stays; at a
+ * new position the graph is captured again and updated in place. The encoder,
+ * the step statistics and the stacked batches always launch plainly. */
+typedef struct dg_cuda_graph_stats {
+  int on;                 /* graphs in use on the context now (0 also after a fallback, and under the emulation) */
+  int asked;              /* DGEMMA_GRAPHS=1 when the context was made */
+  int cap;                /* graphs kept at most (DGEMMA_GRAPHS_MAX, default 32) */
+  int cached;             /* keys in the cache now */
+  int64_t plain;          /* passes run with plain launches (graphs off, profiling, a key's first use) */
+  int64_t captures;       /* passes captured (each then launched as a graph) */
+  int64_t instantiations; /* of those, instantiated anew (a new key, or an update the driver refused) */
+  int64_t updates;        /* of those, written into the key's graph in place (cudaGraphExecUpdate) */
+  int64_t replays;        /* passes that launched a kept graph as it was */
+  int64_t evictions;      /* graphs dropped for the cap (least recently used first) */
+  int64_t fallbacks;      /* errors that ended graphs for the context (at most 1) */
+  char why[256];          /* the fallback's reason ("" if none) */
+} dg_cuda_graph_stats;
+
+/* *out = the graph counters of c (all zero and on = 0 when graphs were not
+ * asked for). Errors: DG_ERR_INVALID_ARG (NULL argument). */
+dg_status dg_cuda_graph_stats_get(const dg_cuda_ctx *c, dg_cuda_graph_stats *out);
+
 /* ---- ceilings and benchmarks (ceil.cu, bench.cu; `dgemma bench`) ---------- */
 
 /* What device `device` reaches in this process, measured now (ceil.cu).
@@ -348,6 +375,7 @@ typedef struct dg_cuda_api {
                                 dg_cuda_ceilings *out);
   dg_status (*bench_experts)(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
   dg_status (*mem_used)(int device, size_t *used, size_t *total);
+  dg_status (*graph_stats)(const dg_cuda_ctx *c, dg_cuda_graph_stats *out);
 } dg_cuda_api;
 
 #ifdef __cplusplus

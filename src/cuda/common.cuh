@@ -230,11 +230,13 @@ struct dg_cuda_ctx {
   dg_cuda_pos_stats *stats; /* [C] */
   int32_t *bad;             /* [1] first non-finite position or INT32_MAX */
   void *vws;                /* k_vocab_ws_bytes(C, V): per-chunk partials of k_step_stats / k_sc_probs */
+  void *blas_ws;            /* cuBLAS's workspace (cublasSetWorkspace; context.cu) */
   float *rws;               /* [DG_ROUTER_MAX_SPLITS, T, E] split sums of the router logits */
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
   int32_t *h_bad;             /* pinned host [1] */
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
+  struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu, DGEMMA_GRAPHS=1) */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */

@@ -27,6 +27,21 @@ static int enc_chunk_from_env(void) {
 }
 static const int enc_chunk = enc_chunk_from_env();
 
+/* Bytes of the cuBLAS workspace of a context on GPU `device`: cuBLAS's default pool size, 32 MiB from compute
+ * capability 9.0 (Hopper) on, 4 MiB before (cuBLAS documentation, cublasSetWorkspace). */
+static size_t blas_ws_bytes(int device) {
+  int major = 9;
+#ifndef DG_CUDA_EMU
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    major = 9;
+  }
+#else
+  (void)device;
+#endif
+  return major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+}
+
 void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end) {
   if (pos0 == 0) c->hi = 0;
   if (end > c->hi) c->hi = end;
@@ -63,7 +78,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
                          (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
                          8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
-                         k_vocab_ws_bytes((int)C, (int)V);
+                         k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
   if (kv + scratch + (RESERVE / 2) > fr)
@@ -142,6 +157,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   A_(c->stats, C * sizeof(dg_cuda_pos_stats));
   A_(c->bad, 4);
   A_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
+  A_(c->blas_ws, blas_ws_bytes(m->device));
 #undef A_
   if (cudaMallocHost((void **)&c->h_stats, C * sizeof(dg_cuda_pos_stats)) != cudaSuccess ||
       cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess) {
@@ -156,6 +172,14 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
     bs = cublasSetStream(c->blas, c->stream);
     if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
     if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs)); goto fail; }
+#ifndef DG_CUDA_EMU
+    /* after cublasSetStream, which resets it: a workspace of our own, so that a captured product allocates
+     * nothing (graph.cu); of the size of cuBLAS's default pool, in every context, so that the products choose the
+     * same algorithms with graphs on and off */
+    bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(m->device));
+    if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs)); goto fail; }
+#endif
+    if ((st = graph_init(c)) != DG_OK) goto fail;
     /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
     e = cudaDeviceSynchronize();
     if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e)); goto fail; }
@@ -173,6 +197,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   cudaSetDevice(c->m->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
   if (c->prof) dg_cuda_profile(c, 0);
+  graph_free(c);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   if (c->h_stats) cudaFreeHost(c->h_stats);

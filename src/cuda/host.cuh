@@ -77,8 +77,34 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
 dg_status layer_at(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal, const int32_t *dpos);
 /* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
 dg_status soft_from(dg_cuda_ctx *c, const float *z);
-/* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4) into c->x [C, H]. */
+/* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4) into c->x [C, H]: decoder_upload
+ * (host side: the canvas's slots noted in c->hi, canvas[C] into c->ids), then decoder_body (the device work from
+ * c->ids, launches only: a part of a graph body). */
 dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc);
+dg_status decoder_upload(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0);
+dg_status decoder_body(dg_cuda_ctx *c, int32_t pos0, dg_sc_source sc);
+
+/* ---- graph.cu ---- */
+
+/* What a pass's graph is kept under (graph.cu): everything that changes its sequence of launches or their
+ * arguments except the signature of graph_run (the canvas position). */
+typedef struct dg_graph_key {
+  int32_t kind;  /* DG_GRAPH_* */
+  int32_t sc;    /* the body's self-conditioning (dg_sc_source; DG_SC_HOST: the soft embedding computed in it) */
+  int32_t n, nh; /* rows forwarded, LM-head rows (0 where the kind fixes them) */
+} dg_graph_key;
+enum { DG_GRAPH_DECODE = 1, DG_GRAPH_ROWS, DG_GRAPH_COMPACT };
+/* A pass's device work on c->stream: launches only (no synchronisation, no host copy, no allocation, no host
+ * state that a replay would miss), the same for the same key and signature. */
+typedef dg_status (*dg_pass_body)(dg_cuda_ctx *c, const void *arg);
+/* c->graphs from DGEMMA_GRAPHS / DGEMMA_GRAPHS_MAX (dg_cuda_ctx_new). Errors: DG_ERR_OUT_OF_MEMORY. */
+dg_status graph_init(dg_cuda_ctx *c);
+/* Destroy c's graphs (dg_cuda_ctx_free; the stream idle). */
+void graph_free(dg_cuda_ctx *c);
+/* body(c, arg) on c->stream: plainly (graphs off, profiling, DGEMMA_CUDA_SYNC, the key's first use), or by
+ * launching the key's graph (captured again first if sig, the canvas position, differs from its capture's).
+ * A capture error ends graphs for c and runs body plainly. Errors: body's, DG_ERR_BACKEND. */
+dg_status graph_run(dg_cuda_ctx *c, const dg_graph_key *key, int64_t sig, dg_pass_body body, const void *arg);
 
 /* ---- turbo_host.cu ---- */
 

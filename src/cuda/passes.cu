@@ -199,18 +199,15 @@ extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   return mark(c, DG_CUDA_ST_SC);
 }
 
-/* The decoder over the whole canvas up to the last layer (spec 4.8, 4.4):
- * c->x [C, H] = layers(post_norm(embed(canvas) + SC_MLP(pre_norm(soft)))),
- * the SC term only with DG_SC_KEPT (c->soft on the device; a zero signal adds
- * exactly zero, so DG_SC_NONE skips it). Shared by dg_cuda_decode and
- * dg_cuda_decode_rows, which differ only in the LM head. */
-dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc) {
+/* The decoder's device work over the whole canvas up to the last layer (spec 4.8, 4.4), from the ids in
+ * c->ids: c->x [C, H] = layers(post_norm(embed(canvas) + SC_MLP(pre_norm(soft)))), the SC term only with
+ * DG_SC_KEPT (c->soft on the device; a zero signal adds exactly zero, so DG_SC_NONE skips it). Launches only
+ * (a graph body's part, graph.cu). */
+dg_status decoder_body(dg_cuda_ctx *c, int32_t pos0, dg_sc_source sc) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
   const int T = d->canvas, H = d->hidden;
   cudaStream_t s = c->stream;
-  note_written(c, pos0, pos0 + T); /* the canvas slots */
-  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, s));
   CKK(c, k_embed(s, c->x, &m->embed, c->ids, T, H, d->embed_scale));
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   /* h0 = post_norm(e + SC_MLP(pre_norm(soft))) (spec 4.8, 5); a zero signal adds exactly zero */
@@ -225,30 +222,69 @@ dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
-                                    const float *sc_logits, float *logits_out) {
+/* What a decoder pass's host side does before its device work: the canvas's K/V slots noted, its ids uploaded
+ * into c->ids. */
+dg_status decoder_upload(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0) {
+  const int T = c->m->d.canvas;
+  note_written(c, pos0, pos0 + T); /* the canvas slots */
+  CK(cudaMemcpyAsync(c->ids, canvas, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
+  return DG_OK;
+}
+
+/* The decoder over the whole canvas up to the last layer into c->x [C, H]: decoder_upload, decoder_body. */
+dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc) {
+  DG_TRY(decoder_upload(c, canvas, pos0));
+  return decoder_body(c, pos0, sc);
+}
+
+/* The device work of dg_cuda_decode (a graph body): with DG_SC_HOST the soft embedding from the uploaded
+ * logits in c->logits first, the decoder, the final norm, tied LM head and softcap (spec 4.7) into
+ * c->logits [C, V]. */
+typedef struct decode_arg {
+  int32_t pos0;
+  dg_sc_source sc; /* as dg_cuda_decode's */
+} decode_arg;
+
+static dg_status decode_body(dg_cuda_ctx *c, const void *arg) {
+  const decode_arg *a = (const decode_arg *)arg;
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
   const int T = d->canvas, H = d->hidden;
   cudaStream_t s = c->stream;
-  if (pos0 < 0 || pos0 > c->cap)
-    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
-                     c->cap);
-  CK(cudaSetDevice(m->device));
-  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  dg_sc_source sc = a->sc;
   if (sc == DG_SC_HOST) {
-    CK(cudaMemcpyAsync(c->logits, sc_logits, (size_t)T * d->vocab * 4, cudaMemcpyHostToDevice, s));
     DG_TRY(soft_from(c, c->logits));
     DG_TRY(mark(c, DG_CUDA_ST_SC));
     sc = DG_SC_KEPT;
   }
-  if (sc == DG_SC_KEPT && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
-  DG_TRY(decoder_layers(c, canvas, pos0, sc));
-  /* final norm, tied LM head, softcap (spec 4.7) */
+  DG_TRY(decoder_body(c, a->pos0, sc));
   CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
   DG_TRY(wmatmul(c, c->a, H, T, &m->embed, c->logits, d->vocab));
   if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
-  DG_TRY(mark(c, DG_CUDA_ST_HEAD));
+  return mark(c, DG_CUDA_ST_HEAD);
+}
+
+extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
+                                    const float *sc_logits, float *logits_out) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int T = d->canvas;
+  cudaStream_t s = c->stream;
+  if (pos0 < 0 || pos0 > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA decode: canvas at position %d is past the context capacity %d", pos0,
+                     c->cap);
+  if (sc == DG_SC_KEPT && !c->have_soft) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: no soft embedding on the device");
+  CK(cudaSetDevice(m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  /* host side: the uploads (outside any graph: a graph replays no host memory), then the device work */
+  if (sc == DG_SC_HOST) {
+    CK(cudaMemcpyAsync(c->logits, sc_logits, (size_t)T * d->vocab * 4, cudaMemcpyHostToDevice, s));
+    c->have_soft = 1; /* soft_from in the body */
+  }
+  DG_TRY(decoder_upload(c, canvas, pos0));
+  const decode_arg a = {pos0, sc};
+  const dg_graph_key key = {DG_GRAPH_DECODE, (int32_t)sc, T, T};
+  DG_TRY(graph_run(c, &key, pos0, decode_body, &a));
   if (logits_out) {
     CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));

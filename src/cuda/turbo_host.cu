@@ -92,24 +92,46 @@ static dg_status turbo_soft_in(dg_cuda_ctx *c, dg_sc_source *sc, const float *so
   return DG_OK;
 }
 
-/* LM head without softcap on the n rows rows[] (host, indices into c->x):
- * gather, final norm, tied embedding -> c->logits [n, V]; copied to raw_out if not NULL. */
-static dg_status turbo_head(dg_cuda_ctx *c, const int32_t *rows, int32_t n, float *raw_out) {
+/* The device work of the LM head without softcap on the n rows t->rows[] (device, indices into c->x, uploaded by
+ * head_upload): gather, final norm, tied embedding -> c->logits [n, V]. Launches only (a graph body's part). */
+static dg_status head_body(dg_cuda_ctx *c, int32_t n) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
-  dg_cuda_turbo *t = c->tb;
   cudaStream_t s = c->stream;
-  t->nraw = n;
   if (n <= 0) return DG_OK;
-  CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_gather_rows(s, c->u, c->x, t->rows, n, d->hidden));
+  CKK(c, k_gather_rows(s, c->u, c->x, c->tb->rows, n, d->hidden));
   CKK(c, k_rmsnorm(s, c->u, m->final_norm, NULL, c->a, n, d->hidden, d->eps));
   DG_TRY(wmatmul(c, c->a, d->hidden, n, &m->embed, c->logits, d->vocab));
-  if (raw_out) {
-    CK(cudaMemcpyAsync(raw_out, c->logits, (size_t)n * d->vocab * 4, cudaMemcpyDeviceToHost, s));
-    CK(cudaStreamSynchronize(s));
-  }
   return DG_OK;
+}
+
+/* The LM head's host side before its device work: rows[n] (host) into t->rows, and the count of raw rows the
+ * pass leaves. */
+static dg_status head_upload(dg_cuda_ctx *c, const int32_t *rows, int32_t n) {
+  dg_cuda_turbo *t = c->tb;
+  t->nraw = n;
+  if (n > 0) CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, c->stream));
+  return DG_OK;
+}
+
+/* The raw logits of the last pass's n head rows to raw_out (host) if not NULL (synchronous). */
+static dg_status head_out(dg_cuda_ctx *c, int32_t n, float *raw_out) {
+  if (!raw_out || n <= 0) return DG_OK;
+  CK(cudaMemcpyAsync(raw_out, c->logits, (size_t)n * c->m->d.vocab * 4, cudaMemcpyDeviceToHost, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
+/* The device work of dg_cuda_decode_rows (a graph body). */
+typedef struct rows_arg {
+  int32_t pos0, n;
+  dg_sc_source sc; /* DG_SC_NONE or DG_SC_KEPT */
+} rows_arg;
+
+static dg_status rows_body(dg_cuda_ctx *c, const void *arg) {
+  const rows_arg *a = (const rows_arg *)arg;
+  DG_TRY(decoder_body(c, a->pos0, a->sc));
+  return head_body(c, a->n);
 }
 
 extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
@@ -123,15 +145,45 @@ extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, 
   CK(cudaSetDevice(m->device));
   DG_TRY(turbo_bufs(c, 0));
   DG_TRY(turbo_soft_in(c, &sc, soft));
-  DG_TRY(decoder_layers(c, canvas, pos0, sc));
-  return turbo_head(c, rows, n, raw_out);
+  DG_TRY(decoder_upload(c, canvas, pos0));
+  DG_TRY(head_upload(c, rows, n));
+  const rows_arg a = {pos0, n, sc};
+  const dg_graph_key key = {DG_GRAPH_ROWS, (int32_t)sc, T, n};
+  DG_TRY(graph_run(c, &key, pos0, rows_body, &a));
+  return head_out(c, n, raw_out);
+}
+
+/* The device work of dg_cuda_compact (a graph body): the forward set's ids in c->ids, absolute positions in
+ * t->pos, canvas positions in t->cpos (with DG_SC_KEPT), LM-head rows in t->rows. */
+typedef struct compact_arg {
+  int32_t pos0, n, nh;
+  dg_sc_source sc; /* DG_SC_NONE or DG_SC_KEPT */
+} compact_arg;
+
+static dg_status compact_body(dg_cuda_ctx *c, const void *arg) {
+  const compact_arg *a = (const compact_arg *)arg;
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const int H = d->hidden, n = a->n;
+  cudaStream_t s = c->stream;
+  dg_cuda_turbo *t = c->tb;
+  CKK(c, k_embed(s, c->x, &m->embed, c->ids, n, H, d->embed_scale));
+  if (a->sc == DG_SC_KEPT) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
+    CKK(c, k_gather_rows(s, c->u, c->soft, t->cpos, n, H));
+    CKK(c, k_rmsnorm(s, c->u, m->sc_pre_norm, NULL, c->a, n, H, d->eps));
+    DG_TRY(geglu_mlp(c, c->a, n, &m->sc_gate_up, &m->sc_down, c->f1));
+    CKK(c, k_add(s, c->x, c->f1, (size_t)n * H));
+  }
+  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, n, H, d->eps));
+  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_at(c, li, n, a->pos0, 0, t->pos));
+  return head_body(c, a->nh);
 }
 
 extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
                                      dg_sc_source sc, const float *soft, const int32_t *head, int32_t nh, float *raw_out) {
   const dg_cuda_model *m = c->m;
   const dg_cuda_model_desc *d = &m->d;
-  const int C = d->canvas, H = d->hidden;
+  const int C = d->canvas;
   cudaStream_t s = c->stream;
   if (pos0 < 0 || pos0 > c->cap)
     return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA compacted pass: canvas at position %d is past the context capacity %d",
@@ -148,17 +200,14 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   for (int32_t i = 0; i < n; i++) t->h_pos[i] = pos0 + pos[i];
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   CK(cudaMemcpyAsync(c->ids, tok, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_embed(s, c->x, &m->embed, c->ids, n, H, d->embed_scale));
-  if (sc == DG_SC_KEPT) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
-    CK(cudaMemcpyAsync(t->cpos, pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-    CKK(c, k_gather_rows(s, c->u, c->soft, t->cpos, n, H));
-    CKK(c, k_rmsnorm(s, c->u, m->sc_pre_norm, NULL, c->a, n, H, d->eps));
-    DG_TRY(geglu_mlp(c, c->a, n, &m->sc_gate_up, &m->sc_down, c->f1));
-    CKK(c, k_add(s, c->x, c->f1, (size_t)n * H));
-  }
-  CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, n, H, d->eps));
-  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_at(c, li, n, pos0, 0, t->pos));
-  return turbo_head(c, head, nh, raw_out);
+  if (sc == DG_SC_KEPT) CK(cudaMemcpyAsync(t->cpos, pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+  DG_TRY(head_upload(c, head, nh));
+  /* a turbo shape bucket (turbo_bucket: n and nh padded) is one key; its graph is replayed at every step of the
+   * block after the first two */
+  const compact_arg a = {pos0, n, nh, sc};
+  const dg_graph_key key = {DG_GRAPH_COMPACT, (int32_t)sc, n, nh};
+  DG_TRY(graph_run(c, &key, pos0, compact_body, &a));
+  return head_out(c, nh, raw_out);
 }
 
 /* One stack of a compacted batch: canvases q[0..B) whose forward sets (N rows in all) fit work's tmax rows.
@@ -190,7 +239,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   }
   CKK(w, k_rmsnorm(s, w->x, NULL, w->x, NULL, N, H, d->eps));
   for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_segs(w, li, N, seg, B, 0));
-  /* the LM head of each canvas's head rows, into its own logits (turbo_head's operations) */
+  /* the LM head of each canvas's head rows, into its own logits (head_upload and head_body's operations) */
   for (int32_t b = 0; b < B; b++) {
     dg_cuda_ctx *c = q[b].c;
     c->tb->nraw = q[b].nh;
