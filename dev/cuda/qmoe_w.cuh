@@ -269,27 +269,17 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
       const unsigned char *Ss = smem + cslot * STB + XB + 4 * NTOK * GPS * sub;
       if constexpr (DQ) {
         /* each run: wait until at most one group (the previous run's) is in flight, so that this run's buffer
-         * is free; decode and dequantize (qr_run_products_dq's math); its 4 wgmmas accumulate into acc */
-        constexpr uint32_t M128 = 0xC300C300u;
+         * is free; decode and dequantize (qr_dq_rows); its 4 wgmmas accumulate into acc */
 #pragma unroll
         for (int c = 0; c < RUNS; c++) {
-          const int lg = c / CPG, cb = c & 1;
+          const int cb = c & 1;
           dg_wg_wait1();
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
             uint32_t pg[4], p8[4];
             qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
             qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
-            const uint32_t rg = R[CB / 4 + (2 * mt) * GPS + lg], r8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
-            const uint32_t sg = dg_prmt(rg, 0u, 0x1010u), bg = dg_prmt(rg, 0u, 0x3232u);
-            const uint32_t s8 = dg_prmt(r8, 0u, 0x1010u), b8 = dg_prmt(r8, 0u, 0x3232u);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-              const uint32_t qg = BITS == 8 ? pg[i] : dg_bf16x2_fma(pg[i], 0x3F803F80u, M128);
-              const uint32_t q8 = BITS == 8 ? p8[i] : dg_bf16x2_fma(p8[i], 0x3F803F80u, M128);
-              pg[i] = dg_bf16x2_fma(qg, sg, bg);
-              p8[i] = dg_bf16x2_fma(q8, s8, b8);
-            }
+            qr_dq_rows<BITS, RUNS, GS>(R, c, mt, pg, p8);
             AQ[cb][mt][0][0] = pg[0]; AQ[cb][mt][0][1] = p8[0]; AQ[cb][mt][0][2] = pg[1]; AQ[cb][mt][0][3] = p8[1];
             AQ[cb][mt][1][0] = pg[2]; AQ[cb][mt][1][1] = p8[2]; AQ[cb][mt][1][2] = pg[3]; AQ[cb][mt][1][3] = p8[3];
           }

@@ -355,10 +355,36 @@ __device__ __forceinline__ void qr_fold(float (&acc)[2][NT][4], float (&part)[2]
   }
 }
 
+/* DQ: the decoded code pairs pg (row g) and p8 (row g + 8) of m-tile mt, run c (qr_codes: 128 + q; 8 bits q)
+ * dequantized in place to bf16 weights before the tensor core (the larger experts' body: no per-group fold, no
+ * group sums, no partial sums): minus 128 (exact: small integers), then w = fl_bf16(q s + b) by one
+ * fma.rn.bf16x2 per pair with the row's (scale, bias) of the run's group lg = c / (GS / 32) (R's pair words: s
+ * the low half). What it rounds: each weight once to bf16 (|w' - w| <= 2^-8 |w|, w = q s + b exactly), the
+ * products and sums as the bf16 path (qr_kernel's BITS 16): |y' - y| <= (2^-8 + g(2K) (1 + 2^-8)) sum |x w|
+ * (tests/test_cuda.c qdq_bound, dev/cuda/moe_quant.cu dot_ref). MLX's own quantized matrix product dequantizes
+ * into the activation type the same way. */
+template <int BITS, int RUNS, int GS>
+__device__ __forceinline__ void qr_dq_rows(const uint32_t *R, int c, int mt, uint32_t pg[4], uint32_t p8[4]) {
+  constexpr int GPS = qr_kc(GS) / GS, CB = 4 * RUNS * BITS, CPG = GS / 32;
+  constexpr uint32_t ONE = 0x3F803F80u, M128 = 0xC300C300u; /* bf16 1 and -128 in both halves */
+  const int lg = c / CPG;
+  const uint32_t rg = R[CB / 4 + (2 * mt) * GPS + lg], r8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
+  const uint32_t sg = dg_prmt(rg, 0u, 0x1010u), bg = dg_prmt(rg, 0u, 0x3232u); /* (s, s), (b, b) */
+  const uint32_t s8 = dg_prmt(r8, 0u, 0x1010u), b8 = dg_prmt(r8, 0u, 0x3232u);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t qg = BITS == 8 ? pg[i] : dg_bf16x2_fma(pg[i], ONE, M128); /* 1 (128 + q) - 128 */
+    const uint32_t q8 = BITS == 8 ? p8[i] : dg_bf16x2_fma(p8[i], ONE, M128);
+    pg[i] = dg_bf16x2_fma(qg, sg, bg);
+    p8[i] = dg_bf16x2_fma(q8, s8, b8);
+  }
+}
+
 /* The products of run c (32 codes of each of the lane's 4 rows) of a weight stage: the lane's B fragments of the NT
  * token tiles from the activation stage Xs (XS bytes per token row), its A fragments decoded from the record R
- * (qr_codes), P[mt][j] += A B by mma.m16n8k16 (P: the group's partial sums, or acc itself for bf16 weights). */
-template <int BITS, int NT, int RUNS, int XS>
+ * (qr_codes; DQ: dequantized to bf16 weights by qr_dq_rows, group size GS), P[mt][j] += A B by mma.m16n8k16 (P:
+ * the group's partial sums, or acc itself for bf16 weights and DQ). */
+template <int BITS, int NT, int RUNS, int XS, int DQ = 0, int GS = 64>
 __device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint32_t *R, const unsigned char *Xs, int c,
                                                 int g, int t) {
   uint32_t bf[NT][4];
@@ -372,55 +398,12 @@ __device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint
     uint32_t pg[4], p8[4];
     qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
     qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+    if constexpr (DQ) qr_dq_rows<BITS, RUNS, GS>(R, c, mt, pg, p8);
     const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
 #pragma unroll
     for (int j = 0; j < NT; j++) {
       dg_mma_bf16(P[mt][j], a0, &bf[j][0]);
       dg_mma_bf16(P[mt][j], a1, &bf[j][2]);
-    }
-  }
-}
-
-/* DQ: the products of run c with the weights dequantized in registers before the tensor core (the bf16
- * path of the larger experts; no per-group fold, no group sums, no partial sums): the lane's codes of run c as
- * bf16 pairs (qr_codes: 128 + q; 8 bits q), minus 128 (exact: small integers), then w = fl_bf16(q s + b) by
- * one fma.rn.bf16x2 per pair with the row's (scale, bias) of the run's group lg = c / (GS / 32) (R's pair
- * words: s the low half), and acc[mt][j] += A B by mma.m16n8k16 straight into the accumulators. What it
- * rounds: each weight once to bf16 (|w' - w| <= 2^-8 |w|, w = q s + b exactly), the products and sums as the
- * bf16 path (qr_kernel's BITS 16): |y' - y| <= (2^-8 + g(2K) (1 + 2^-8)) sum |x w| (dev/cuda/moe_quant.cu's
- * dot_ref, DQ). MLX's own quantized matrix product dequantizes into the activation type the same way. */
-template <int BITS, int NT, int RUNS, int XS, int GS>
-__device__ __forceinline__ void qr_run_products_dq(float (&acc)[2][NT][4], const uint32_t *R, const unsigned char *Xs,
-                                                   int c, int g, int t) {
-  constexpr int KC = qr_kc(GS), GPS = KC / GS, CB = 4 * RUNS * BITS, CPG = GS / 32;
-  constexpr uint32_t M128 = 0xC300C300u; /* bf16 -128 in both halves */
-  const int lg = c / CPG;
-  uint32_t bf[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; j++) {
-    const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
-    bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
-  }
-#pragma unroll
-  for (int mt = 0; mt < 2; mt++) {
-    uint32_t pg[4], p8[4];
-    qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
-    qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
-    const uint32_t rg = R[CB / 4 + (2 * mt) * GPS + lg], r8 = R[CB / 4 + (2 * mt + 1) * GPS + lg];
-    const uint32_t sg = dg_prmt(rg, 0u, 0x1010u), bg = dg_prmt(rg, 0u, 0x3232u); /* (s, s), (b, b) */
-    const uint32_t s8 = dg_prmt(r8, 0u, 0x1010u), b8 = dg_prmt(r8, 0u, 0x3232u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const uint32_t qg = BITS == 8 ? pg[i] : dg_bf16x2_fma(pg[i], 0x3F803F80u, M128); /* 1 (128 + q) - 128 */
-      const uint32_t q8 = BITS == 8 ? p8[i] : dg_bf16x2_fma(p8[i], 0x3F803F80u, M128);
-      pg[i] = dg_bf16x2_fma(qg, sg, bg);
-      p8[i] = dg_bf16x2_fma(q8, s8, b8);
-    }
-    const uint32_t a0[4] = {pg[0], p8[0], pg[1], p8[1]}, a1[4] = {pg[2], p8[2], pg[3], p8[3]};
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-      dg_mma_bf16(acc[mt][j], a0, &bf[j][0]);
-      dg_mma_bf16(acc[mt][j], a1, &bf[j][2]);
     }
   }
 }
@@ -472,7 +455,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * RUNS * BITS,
                 REC = qr_rec(BITS, GS);
   constexpr int PS = REC % 16 == 0 ? 16 : 8, RW = REC / 4;
-  /* DQ (quantized stacks only): the weights dequantized to bf16 in registers (qr_run_products_dq): no group sums
+  /* DQ (quantized stacks only): the weights dequantized to bf16 in registers (qr_dq_rows): no group sums
    * copied, no partial sums, no fold */
   static_assert(!DQ || (!RAW && !BM && D > 0), "DQ: quantized codes, register stages, no bias products");
   constexpr int GSX = DQ ? 0 : GPW; /* group sums per weight stage the activation copies carry */
@@ -540,7 +523,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
 #pragma unroll
       for (int c = 0; c < RUNS; c++) {
         if constexpr (DQ) {
-          qr_run_products_dq<BITS, NT, RUNS, XS, GS>(acc, R, Xs, c, g, t);
+          qr_run_products<BITS, NT, RUNS, XS, 1, GS>(acc, R, Xs, c, g, t);
         } else {
           qr_run_products<BITS, NT, RUNS, XS>(RAW ? acc : part, R, Xs, c, g, t);
           qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + cslot * STB + XB, Ss, c, s, sub, ng, g, t, asel);
@@ -715,7 +698,7 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
  * there 79-80 registers and no spill, while 6- and 8-bit g64 and every width at g32 / g128 spill at that cap
  * (`nvcc -Xptxas -v`, session 9). */
 /* The tile count from which the quantized stacks of group 64 take the DQ body (the weights dequantized to bf16 in
- * registers, qr_run_products_dq; lab versions 70-74), 0: never. DGEMMA_QR_DQ=N (4..8) chooses it; off by default
+ * registers, qr_dq_rows; lab versions 70-74), 0: never. DGEMMA_QR_DQ=N (4..8) chooses it; off by default
  * until it is measured faster (it rounds each weight to bf16: a looser bound than the exact fold). qmoe.cu. */
 int qr_dq_from(void);
 /* Override qr_dq_from: n >= 0 (0 never, 4..8) until qr_dq_set(-1) gives the environment's choice back (the tests,
