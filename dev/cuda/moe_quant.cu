@@ -57,6 +57,12 @@
  *              since session 6), 44 = 8 warps; 45-47: 43 with activation stages of 4 weight stages (45), of 1
  *              (46), of 4 with 3 register stages and a ring of 4 (47); 48, 49: stages of 32 weights (16 record
  *              registers instead of 32): 48 = 3 blocks per SM, 49 = 4 register stages, activation stages of 4
+ *   versions 80-87 (80: 2, 3, 4, 8 bits; the others 4-bit): qs_kernel (src/cuda/qmoe_s.cuh): a block per expert,
+ *              the pass's activations resident in shared memory, each warp streaming its 32-row tasks' weight
+ *              stages with no barrier (W warps, D register stages, line prefetches PF ahead, passes of NTM n-tiles):
+ *              80 (16, 2, 4, 4, spilling at the 4-tile body), 81 (16, 2, 4, 3), 82 (11, 3, 4, 4), 83 (12, 3, 6, 4),
+ *              84 (12, 2, 8, 4), 85 (8, 4, 6, 4), 86 (81 without prefetches), 87 (11, 4, 8, 4); each output
+ *              compared with version 50's bit for bit
  *   version 50 (every bit width and bf16): version 3 with the blocks taking the experts by descending row count
  *              (k_group's order, qr_block): largest processing time first
  *   versions 61-65 (4-bit): version 50 with the weights through a ring in shared memory (run_ring)
@@ -97,6 +103,7 @@
 
 #include "cuda/qmoe_r.cuh"
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
+#include "cuda/qmoe_s.cuh" /* resident activations, a block per expert */
 extern "C" {
 #include "quant.h"
 }
@@ -638,6 +645,32 @@ static cudaError_t run_dq_bits(int bits, int prod, stack *st, routing *r, int nt
   }
 }
 
+/* Versions 80-89: qs_kernel (dev/cuda/qmoe_s.cuh): a block of W warps per expert, the pass's activations resident
+ * in shared memory, each warp streaming its 32-row tasks' weight stages (D register stages, line prefetches |PF|
+ * stages ahead) with no barrier; passes of at most 8 NTM rows. Over the backend's lane records (QR_WARPS slabs)
+ * in its block order; falls back to the backend's kernel (version 50) where the pass does not fit in shared
+ * memory. Bit-identical to version 50 by construction (the lab compares every output). */
+template <int BITS, int NTM, int W, int D, int PF>
+static cudaError_t run_qs(int prod, stack *st, routing *r, int nt) {
+  qe_args a;
+  dim3 grid;
+  cudaError_t e = backend_args(prod, st, r, &a, &grid);
+  if (e != cudaSuccess) return e;
+  e = prod == GU ? qs_launch<BITS, 1, NTM, W, D, PF>(0, E, a) : qs_launch<BITS, 0, NTM, W, D, PF>(0, E, a);
+  if (e != cudaErrorInvalidValue) return e;
+  (void)cudaGetLastError();
+  return prod == GU ? qr_launch_bits<BITS, 1>(0, grid, nt, a) : qr_launch_bits<BITS, 0>(0, grid, nt, a);
+}
+template <int NTM, int W, int D, int PF>
+static cudaError_t run_qs_bits(int bits, int prod, stack *st, routing *r, int nt) {
+  switch (bits) {
+  case 2: return run_qs<2, NTM, W, D, PF>(prod, st, r, nt);
+  case 3: return run_qs<3, NTM, W, D, PF>(prod, st, r, nt);
+  case 8: return run_qs<8, NTM, W, D, PF>(prod, st, r, nt);
+  default: return run_qs<4, NTM, W, D, PF>(prod, st, r, nt);
+  }
+}
+
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   const int T = r->T;
@@ -695,6 +728,19 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     }
   }
   g_dq = 0;
+  if (ver >= 80 && ver < 90) {
+    const int nt = qe_nt(T, TOPK, E), bits = st->w.bits;
+    switch (ver) {
+    case 80: return run_qs_bits<4, 16, 2, -4>(bits, prod, st, r, nt); /* 16 warps, 2 register stages, 4 ahead */
+    case 81: return run_qs<4, 3, 16, 2, -4>(prod, st, r, nt);          /* passes of 24 rows: no spill at 16 warps */
+    case 82: return run_qs<4, 4, 11, 3, -4>(prod, st, r, nt);          /* 11 warps: 4 gate/up and 8 down tasks each */
+    case 83: return run_qs<4, 4, 12, 3, -6>(prod, st, r, nt);          /* 12 warps, 3 stages, 6 ahead */
+    case 84: return run_qs<4, 4, 12, 2, -8>(prod, st, r, nt);          /* 12 warps, 2 stages, 8 ahead */
+    case 85: return run_qs<4, 4, 8, 4, -6>(prod, st, r, nt);           /* 8 warps, 4 register stages */
+    case 86: return run_qs<4, 3, 16, 2, 0>(prod, st, r, nt);           /* 81 without the prefetches */
+    default: return run_qs<4, 4, 11, 4, -8>(prod, st, r, nt);          /* 87: 11 warps, 4 stages, 8 ahead */
+    }
+  }
   if (ver >= 75 && ver < 80) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -938,7 +984,9 @@ int main(int argc, char **argv) {
           if (bits == 16 && ver >= 70 && ver < 80) continue; /* DQ: quantized stacks (2, 3, 4, 8 bits) */
           if (bits != 4 && ver >= 75 && ver < 80) continue; /* qw DQ: 4-bit (qw_tile_pack) */
           if (bits == 6 && ver >= 70 && ver < 80) continue;
-          if (bits != 16 && ver >= 4 && ver != 50 && !(ver >= 70 && ver < 80) &&
+          if ((bits == 16 || bits == 6) && ver >= 80 && ver < 90) continue; /* qs: quantized stacks of 2, 3, 4, 8 bits */
+          if (bits != 4 && ver > 80 && ver < 90) continue;                   /* 81-89: 4-bit */
+          if (bits != 16 && ver >= 4 && ver != 50 && !(ver >= 70 && ver < 90) &&
               (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && bits != 4) continue; /* the probes: 4-bit only */
@@ -951,6 +999,21 @@ int main(int argc, char **argv) {
           const int probe = ver >= 90; /* no output to check */
           const double q = probe ? 0.0 : check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
+          long ndiff = -1; /* versions 80-89: output words that differ from version 50's (bit-identical by construction) */
+          if (ver >= 80 && ver < 90) {
+            const size_t words = prod == GU ? (size_t)r.T * TOPK * IE : (size_t)r.T * TOPK * H, wb = prod == GU ? 2 : 4;
+            void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
+            std::vector<uint8_t> o1(words * wb), o2(words * wb);
+            CKL(cudaMemcpy(o1.data(), out, o1.size(), cudaMemcpyDeviceToHost));
+            CKL(cudaMemset(out, 0xff, o2.size()));
+            CKL(run_version(50, prod, &gu, &dn, &r));
+            CKL(cudaDeviceSynchronize());
+            CKL(cudaMemcpy(o2.data(), out, o2.size(), cudaMemcpyDeviceToHost));
+            ndiff = 0;
+            for (size_t i = 0; i < words; i++) ndiff += memcmp(&o1[i * wb], &o2[i * wb], wb) != 0;
+            if (ndiff) failures++;
+            if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
+          }
           std::vector<double> t;
           int reps = nreps;
           for (int rep = 0; rep < reps + 3; rep++) {
@@ -969,7 +1032,8 @@ int main(int argc, char **argv) {
           printf("| %d | %s | %s | %.1f | %d | %.1f | %.1f-%.1f | %.0f | %.1f | %.1f | %.1f | %.3f %s |\n", bits,
                  prod == GU ? "gate_up" : "down", label, (double)r.T * TOPK / E, ver, med, t.front(), t.back(),
                  wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med,
-                 q, probe ? "probe" : q <= 1.0 ? "ok" : "FAIL");
+                 q, probe ? "probe" : q <= 1.0 && ndiff <= 0 ? (ndiff == 0 ? "ok, = v50" : "ok") : ndiff > 0 ? "FAIL (!= v50)" : "FAIL");
+          if (ndiff > 0) printf("  version %d: %ld output words differ from version 50's\n", ver, ndiff);
           if (jf)
             fprintf(jf, "{\"kind\": \"moe_lab\", \"device\": \"%s\", \"bits\": %d, \"group\": %d, \"product\": \"%s\", "
                         "\"routing\": \"%s\", \"n\": %d, \"tokens\": %d, \"experts_hit\": %d, \"rows_per_expert\": %.2f, "
