@@ -4,7 +4,8 @@
 #   NXL      the same library flags spelled for nvcc (-Xlinker)
 #   CUL      the CUDA toolkit's library directory (from the nvcc on the PATH)
 #   el       a function printing the seconds since the script started: "(N s)"
-# and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu, for sm_90a; needs build/libdgemma.a).
+# and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu, for sm_90a; needs build/libdgemma.a;
+# LAB_LEAN=1: only versions 1-3, 40, 50 and 80-94, built in a fraction of the time).
 t0=$(date +%s)
 el() { echo "($(( $(date +%s) - t0 )) s)"; }
 XC=""; XL=""; NXL=""
@@ -14,7 +15,7 @@ if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
 fi
 CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
 lab_build() { # sm_90a: the lab's wgmma versions (qmoe_w.cuh) need it
-  nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
+  nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a ${LAB_LEAN:+-DLAB_LEAN} -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
     -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
 }
 # gpu_tokenizer: the Gemma tokenizer (carried gzipped in .devdata) unpacked into .cache/gemma3, mkrandom's --source.

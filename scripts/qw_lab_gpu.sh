@@ -5,12 +5,13 @@
 #   2. the lab in separate runs (a fault in one run cannot take the others' rows with it), LAB_RUNS (default
 #      "3 20 22,23,24,25 21": the backend's version 3, version 20 alone, the others, 21 = LBO/SBO exchanged: its
 #      check must fail), at LAB_MS rows per expert and LAB_TS gathered tokens -> lab.md, lab.jsonl
-#   3. NCU=1: Nsight Compute on the gathered 256-token gate/up of version 3 and of NCU_V (ncu.txt)
+#   3. NCU=1: Nsight Compute on the gathered 256-token gate/up of version NCU_BASE (default 3) and of NCU_V (ncu.txt)
 #   4. CEIL=1: dgemma bench --protocol ceiling (ceiling.md, ceiling.jsonl); TESTS=1: tests/test_cuda (tests.txt);
 #      ATT=1: the attention lab (versions ATT_V, default 2,5) appended to lab.md; LAB_BITS: the lab's --bits (default 4); SASS=0: no sass.txt (at most 8 files come back); BENCH=1: the 26B checkpoint (mkrandom, in the background from the
 #      start) and dgemma bench --protocol vllm --profile (bench.txt, bench.jsonl); BATCH=1 (with BENCH): then
-#      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; BENCH_ALT=VAR=VALUE
-#      and BATCH_ALT=VAR=VALUE: each again under that environment setting (appended); BENCH_8K=1: vllm with an
+#      --protocol batch --canvases BATCH_B (default 1,2,4,8), appended to bench.txt and bench.jsonl; BENCH_ALT and
+#      CEIL_ALT: "V=X W=Y,Z=1" the vllm bench / ceiling protocol again under each space-separated item's settings
+#      (commas between one item's), appended; BATCH_ALT=VAR=VALUE: the batch protocol again under that setting; BENCH_8K=1: vllm with an
 #      8,192-token prompt, one run (its step time and the device memory it holds, appended); PDL=1: test_cuda
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
@@ -61,10 +62,10 @@ if [ -n "${ATT:-}" ]; then # issue 12: the attention lab (dev/cuda/attention.cu)
 fi
 if [ "${NCU:-0}" = 1 ]; then
   : > "$OUT/ncu.txt"
-  for v in 3 ${NCU_V:-22}; do
+  for v in ${NCU_BASE:-3} ${NCU_V:-22}; do
     echo "#### version $v" >> "$OUT/ncu.txt"
     timeout 100 ncu --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SchedulerStats \
-      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -k regex:q[rw]_kernel -c 1 \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis -k regex:q[rws]_kernel -c 1 \
       build/moe_quant --bits 4 --versions $v --ms none --ts 256 --reps 1 >> "$OUT/ncu.txt" 2>&1
     echo "ncu $v rc $? $(el)"
   done
@@ -73,6 +74,12 @@ fi
 if [ -n "${CEIL:-}" ]; then
   timeout 120 build/dgemma bench --device cuda --protocol ceiling --reps 20 -o "$OUT/ceiling.jsonl" > "$OUT/ceiling.md" 2>&1
   echo "ceiling rc $? $(el)"; grep -E "experts_all|moe_gathered" "$OUT/ceiling.md" | grep -E "4-bit|3-bit|2-bit|bf16" | head -30
+  for alt in ${CEIL_ALT:-}; do # the ceiling protocol again under other settings (as BENCH_ALT; appended)
+    env ${alt//,/ } timeout 120 build/dgemma bench --device cuda --protocol ceiling --reps 20 -o /tmp/ceil_alt.jsonl \
+      > /tmp/ceil_alt.md 2>&1; echo "ceiling $alt rc $? $(el)"
+    grep -E "experts_all|moe_gathered" /tmp/ceil_alt.md | grep -E "4-bit|3-bit|2-bit|bf16" | head -30
+    { echo; echo "## $alt"; cat /tmp/ceil_alt.md; } >> "$OUT/ceiling.md"; cat /tmp/ceil_alt.jsonl >> "$OUT/ceiling.jsonl"
+  done
 fi
 if [ -n "${TESTS:-}" ]; then
   timeout ${TESTS_T:-300} build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
@@ -95,11 +102,12 @@ if [ -n "${BENCH:-}" ]; then
       -o /tmp/bench_8k.jsonl > /tmp/bench_8k.txt 2>&1; echo "bench 8K rc $? $(el)"; grep -E "^\| vllm|device memory" /tmp/bench_8k.txt
     { echo; echo "## --prompt-tokens 8192"; cat /tmp/bench_8k.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_8k.jsonl >> "$OUT/bench.jsonl"
   fi
-  if [ -n "${BENCH_ALT:-}" ]; then # the same bench under another setting, e.g. BENCH_ALT=DGEMMA_ROUTE=fused (appended)
-    env "$BENCH_ALT" timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
-      -o /tmp/bench_alt.jsonl > /tmp/bench_alt.txt 2>&1; echo "bench $BENCH_ALT rc $? $(el)"; tail -24 /tmp/bench_alt.txt
-    { echo; echo "## $BENCH_ALT"; cat /tmp/bench_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_alt.jsonl >> "$OUT/bench.jsonl"
-  fi
+  for alt in ${BENCH_ALT:-}; do # the same bench under other settings (appended): items apart by spaces, each item's
+    # settings by commas, e.g. BENCH_ALT="DGEMMA_ROUTE=fused DGEMMA_QS=1,DGEMMA_GRAPHS=1"
+    env ${alt//,/ } timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
+      -o /tmp/bench_alt.jsonl > /tmp/bench_alt.txt 2>&1; echo "bench $alt rc $? $(el)"; tail -24 /tmp/bench_alt.txt
+    { echo; echo "## $alt"; cat /tmp/bench_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_alt.jsonl >> "$OUT/bench.jsonl"
+  done
   if [ -n "${BATCH:-}" ]; then # issue 14: the stacked pass of B canvases (appended to bench.txt / bench.jsonl)
     timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases "${BATCH_B:-1,2,4,8}" \
       --reps "${BATCH_REPS:-2}" -o /tmp/batch.jsonl > /tmp/batch.txt 2>&1; echo "batch rc $? $(el)"

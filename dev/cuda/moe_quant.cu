@@ -675,6 +675,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50 and 80-94 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -727,6 +728,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_small<6, 2, 0, 2, 4, 3, 0, 2, 3, 3>(prod, st, r, nt); /* 60: 59 with D 3 at 2 and 3 */
     }
   }
+#endif
   g_dq = 0;
   if (ver >= 80 && ver < 90) {
     const int nt = qe_nt(T, TOPK, E), bits = st->w.bits;
@@ -741,6 +743,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_qs<4, 4, 11, 4, -8>(prod, st, r, nt);          /* 87: 11 warps, 4 stages, 8 ahead */
     }
   }
+#ifndef LAB_LEAN
   if (ver >= 75 && ver < 80) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -800,6 +803,9 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_lanes<4, 2, 3, 4, 2, 0, 0>(prod, st, r, nt); /* 17: version 3 on the replicated-pair layout */
     }
   }
+#else
+  if ((ver >= 4 && ver < 40) || (ver > 40 && ver < 80 && ver != 50)) return cudaErrorNotSupported;
+#endif
   if (ver == 1) {
     if (prod == GU) return k_qexperts_gate_up(0, &gu->d, r->xe, &r->b, T, H, IE, E, TOPK);
     return k_qexperts_down(0, &dn->d, &r->b, T, H, IE, E, TOPK);
