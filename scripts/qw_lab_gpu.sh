@@ -32,7 +32,7 @@ else make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgem
 echo "== built $(el)"
 [ -n "${BENCH:-}" ] && gpu_mkrandom_bg 8
 if [ -n "${LAB_BIN:-}" ]; then # a lab built elsewhere (same CUDA toolkit): its libraries from here
-  cp "$LAB_BIN" build/moe_quant; export LD_LIBRARY_PATH="$CUL${XL:+:/tmp/dgdeps/usr/lib/x86_64-linux-gnu}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  rm -f build/moe_quant; cp "$LAB_BIN" build/moe_quant; chmod +x build/moe_quant; export LD_LIBRARY_PATH="$CUL${XL:+:/tmp/dgdeps/usr/lib/x86_64-linux-gnu}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   build/moe_quant --help > /dev/null 2>&1; [ $? -le 2 ] || { echo "LAB_BIN does not run here"; ldd build/moe_quant | grep "not found"; exit 1; }
 elif [ "${LAB_RUNS:-}" != none ]; then lab_build > /tmp/lab_build.txt 2>&1 || { tail -30 /tmp/lab_build.txt; exit 1; }; fi
 echo "== lab built $(el)"

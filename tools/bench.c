@@ -971,7 +971,7 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
       r->dev_used = (double)used;
       r->dev_total = (double)total;
     }
-    /* the context's CUDA graphs (DGEMMA_GRAPHS=1, src/cuda/graph.cu): what they did over the runs, and why they
+    /* the context's CUDA graphs (on unless DGEMMA_GRAPHS=0, src/cuda/graph.cu): what they did over the runs, and why they
      * stopped if they did */
     dg_cuda_graph_stats gs;
     if (cu && ctx->dev && !cu->graph_stats(ctx->dev, &gs) && gs.asked)

@@ -57,7 +57,7 @@
  *              since session 6), 44 = 8 warps; 45-47: 43 with activation stages of 4 weight stages (45), of 1
  *              (46), of 4 with 3 register stages and a ring of 4 (47); 48, 49: stages of 32 weights (16 record
  *              registers instead of 32): 48 = 3 blocks per SM, 49 = 4 register stages, activation stages of 4
- *   versions 80-87 (80: 2, 3, 4, 8 bits; the others 4-bit): qs_kernel (src/cuda/qmoe_s.cuh): a block per expert,
+ *   versions 80-87 (80: 2, 3, 4, 8 bits; the others 4-bit): qs_kernel (dev/cuda/qmoe_s.cuh): a block per expert,
  *              the pass's activations resident in shared memory, each warp streaming its 32-row tasks' weight
  *              stages with no barrier (W warps, D register stages, line prefetches PF ahead, passes of NTM n-tiles):
  *              80 (16, 2, 4, 4, spilling at the 4-tile body), 81 (16, 2, 4, 3), 82 (11, 3, 4, 4), 83 (12, 3, 6, 4),
@@ -103,7 +103,7 @@
 
 #include "cuda/qmoe_r.cuh"
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
-#include "cuda/qmoe_s.cuh" /* resident activations, a block per expert */
+#include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 extern "C" {
 #include "quant.h"
 }
@@ -645,7 +645,7 @@ static cudaError_t run_dq_bits(int bits, int prod, stack *st, routing *r, int nt
   }
 }
 
-/* Versions 80-89: qs_kernel (dev/cuda/qmoe_s.cuh): a block of W warps per expert, the pass's activations resident
+/* Versions 80-89: qs_kernel (dev/cuda/qmoe_s.cuh; slower than version 50 on the H200, session 13): a block of W warps per expert, the pass's activations resident
  * in shared memory, each warp streaming its 32-row tasks' weight stages (D register stages, line prefetches |PF|
  * stages ahead) with no barrier; passes of at most 8 NTM rows. Over the backend's lane records (QR_WARPS slabs)
  * in its block order; falls back to the backend's kernel (version 50) where the pass does not fit in shared

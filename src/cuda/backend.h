@@ -250,7 +250,7 @@ dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks);
  * the step statistics and the stacked batches always launch plainly. */
 typedef struct dg_cuda_graph_stats {
   int on;                 /* graphs in use on the context now (0 also after a fallback, and under the emulation) */
-  int asked;              /* DGEMMA_GRAPHS=1 when the context was made */
+  int asked;              /* graphs asked for: not DGEMMA_GRAPHS=0 when the context was made */
   int cap;                /* graphs kept at most (DGEMMA_GRAPHS_MAX, default 32) */
   int cached;             /* keys in the cache now */
   int64_t plain;          /* passes run with plain launches (graphs off, profiling, a key's first use) */

@@ -236,7 +236,7 @@ struct dg_cuda_ctx {
   int32_t *h_bad;             /* pinned host [1] */
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
-  struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu, DGEMMA_GRAPHS=1) */
+  struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
@@ -358,11 +358,9 @@ cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *
                             int IE, int E, int K);
 /* dg_cuda_experts with the quantized kernels' tile count nt (1-5, 8: 8 nt tokens per pass over an expert's
  * weights; 0: the choice by rows per expert, qe_nt) and dq_from (the tile count from which the DQ body runs, as
- * DGEMMA_QR_DQ; 0 never, -1 the environment's; plus 16: the resident-activation kernel qs_kernel where it applies,
- * as DGEMMA_QS=1, which it otherwise leaves off): the tests' way to reach every body (tests/support/cuda_entry.cu).
+ * DGEMMA_QR_DQ; 0 never, -1 the environment's): the tests' way to reach every body (tests/support/cuda_entry.cu).
  * Not thread-safe against other expert calls of the process (dq_from is process-wide while it runs). */
 void qr_dq_set(int n); /* qmoe.cu (declared with qr_dq_from in qmoe_r.cuh) */
-void qs_set(int n);    /* qmoe.cu (declared with qs_on in qmoe_s.cuh) */
 cudaError_t dg_cuda_experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,
                                int H, int IE, int E, int K, int nt, int dq_from);
 

@@ -2,8 +2,10 @@
  * device work (every kernel and cuBLAS product between its uploads and its
  * copy back) is captured from the context's stream once per key and
  * replayed with one cudaGraphLaunch after, instead of ~540 launches per 26B
- * forward. DGEMMA_GRAPHS=1 in the environment when a context is made turns
- * it on (off by default until measured on the GPU); DGEMMA_GRAPHS_MAX=N
+ * forward. On by default since session 13 (H200: test_cuda's 28 tests pass
+ * with it; the bundled model's vllm protocol 4,842 -> 7,024 tok/s, the 26B
+ * within noise, docs/measurements.md); DGEMMA_GRAPHS=0 in the environment
+ * when a context is made turns it off; DGEMMA_GRAPHS_MAX=N
  * (1..1024, default 32) caps the graphs a context keeps.
  *
  * Keys and signatures. A key (dg_graph_key: pass kind, self-conditioning
@@ -56,16 +58,16 @@ typedef struct graph_ent {
 
 struct dg_cuda_graphs {
   int on;                /* capturing and replaying now */
-  int asked;             /* DGEMMA_GRAPHS=1 when the context was made */
+  int asked;             /* not DGEMMA_GRAPHS=0 when the context was made */
   int cap, n;            /* entries at most, in use */
   int64_t tick;
   graph_ent *e;          /* [cap] */
   dg_cuda_graph_stats st;
 };
 
-static int graphs_asked_from_env(void) {
+static int graphs_asked_from_env(void) { /* on unless DGEMMA_GRAPHS=0 */
   const char *v = getenv("DGEMMA_GRAPHS");
-  return v && v[0] == '1' && !v[1];
+  return !(v && v[0] == '0' && !v[1]);
 }
 
 static int graphs_cap_from_env(void) {

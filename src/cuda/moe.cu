@@ -670,12 +670,9 @@ cudaError_t dg_cuda_experts(cudaStream_t s, const dg_cuda_layer *l, const bf16 *
 
 cudaError_t dg_cuda_experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,
                                int H, int IE, int E, int K, int nt, int dq_from) {
-  if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < -1 || dq_from > 24 || (dq_from & 15) > 8)
-    return cudaErrorInvalidValue;
-  qr_dq_set(dq_from < 0 ? -1 : dq_from & 15);
-  qs_set(dq_from < 0 ? -1 : dq_from >> 4);
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < -1 || dq_from > 8) return cudaErrorInvalidValue;
+  qr_dq_set(dq_from);
   const cudaError_t e = experts_nt(s, l, xe, b, T, H, IE, E, K, nt);
   qr_dq_set(-1);
-  qs_set(-1);
   return e;
 }

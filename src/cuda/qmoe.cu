@@ -2,7 +2,6 @@
  * on tensor cores (spec 4.6 step 4): host launchers and the group sums. The
  * kernel, its math and layout: qmoe.cuh; its instantiations: qmoe_b*.cu. */
 #include "cuda/qmoe_r.cuh"
-#include "cuda/qmoe_s.cuh"
 
 extern template cudaError_t qe_launch_bits<2, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qe_launch_bits<2, 1>(cudaStream_t, dim3, int, const qe_args &);
@@ -26,14 +25,6 @@ extern template cudaError_t qr_launch_bits<8, 0>(cudaStream_t, dim3, int, const 
 extern template cudaError_t qr_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<16, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<16, 1>(cudaStream_t, dim3, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<2, 0>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<2, 1>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<3, 0>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<3, 1>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<4, 0>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<4, 1>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<8, 0>(cudaStream_t, int, const qe_args &);
-extern template cudaError_t qs_launch_bits<8, 1>(cudaStream_t, int, const qe_args &);
 
 template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
   switch (bits) {
@@ -57,34 +48,7 @@ int qr_dq_from(void) {
   return v;
 }
 
-static int qs_override = -1;
-void qs_set(int n) { qs_override = n; }
-int qs_on(void) {
-  if (qs_override >= 0) return qs_override;
-  static int v = -1; /* read once (a data race on first use writes the same value) */
-  if (v < 0) {
-    const char *e = getenv("DGEMMA_QS");
-    v = e && e[0] == '1' && !e[1];
-  }
-  return v;
-}
-/* qs_kernel (qmoe_s.cuh) over the E experts where it applies (qs_on, group 64, 2/3/4/8 bits, tile count <= 4);
- * cudaErrorInvalidValue (no launch) elsewhere. */
-template <int GATEUP> static cudaError_t qs_launch_any(cudaStream_t s, int E, int nt, const qe_args &a, int bits) {
-  if (!qs_on() || nt > QS_NTM || a.group != 64) return cudaErrorInvalidValue;
-  switch (bits) {
-  case 2: return qs_launch_bits<2, GATEUP>(s, E, a);
-  case 3: return qs_launch_bits<3, GATEUP>(s, E, a);
-  case 4: return qs_launch_bits<4, GATEUP>(s, E, a);
-  case 8: return qs_launch_bits<8, GATEUP>(s, E, a);
-  default: return cudaErrorInvalidValue;
-  }
-}
 template <int GATEUP> static cudaError_t qr_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
-  { /* the resident-activation kernel first where it applies (the same outputs, bit for bit) */
-    const cudaError_t e = qs_launch_any<GATEUP>(s, (int)grid.x, nt, a, bits);
-    if (e != cudaErrorInvalidValue) return e;
-  }
   switch (bits) {
   case 2: return qr_launch_bits<2, GATEUP>(s, grid, nt, a);
   case 3: return qr_launch_bits<3, GATEUP>(s, grid, nt, a);

@@ -1,6 +1,4 @@
 /* qmoe_r8.cu: the 8-bit instantiations of the register-streamed quantized expert kernel (qmoe_r.cuh). */
 #include "cuda/qmoe_r.cuh"
-#include "cuda/qmoe_s.cuh"
 
 DG_QR_INSTANTIATE(8)
-DG_QS_INSTANTIATE(8)

@@ -127,9 +127,9 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, 
 extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                              int K, int nt, int dq_from, uint16_t *h, float *y) {
-  if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < 0 || dq_from > 24 || (dq_from & 15) > 8)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_nt: tile count %d (1-5, 8 or 0) or DQ from %d (0-8, "
-                     "plus 16 for the resident-activation kernel)", nt, dq_from);
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < 0 || dq_from > 8)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_nt: tile count %d (1-5, 8 or 0) or DQ from %d (0-8)",
+                     nt, dq_from);
   return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, dq_from, h, y);
 }
 /* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. */

@@ -41,9 +41,8 @@ dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_we
                                const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
 /* As dg_cuda_test_experts with the quantized kernels' tile count nt (1-5 or 8: 8 nt tokens per pass over an
  * expert's weights; 0: the backend's choice) and dq_from (0: the exact per-group fold everywhere; 4-8: the DQ body,
- * weights dequantized to bf16, from that tile count on, for group-64 stacks of 2, 3, 4 or 8 bits; plus 16: the
- * resident-activation kernel qs_kernel where it applies, src/cuda/qmoe_s.cuh): every body of qr_kernel and
- * qs_kernel reachable from small shapes. DG_ERR_INVALID_ARG for other values. */
+ * weights dequantized to bf16, from that tile count on, for group-64 stacks of 2, 3, 4 or 8 bits): every body of
+ * qr_kernel reachable from small shapes. DG_ERR_INVALID_ARG for other values. */
 dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                   const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
                                   uint16_t *h, float *y);

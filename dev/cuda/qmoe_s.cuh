@@ -1,4 +1,4 @@
-/* qmoe_s.cuh (issue 11): the quantized expert products with the expert's activations resident in shared
+/* qmoe_s.cuh (lab, issue 11; measured slower, not in the backend): the quantized expert products with the expert's activations resident in shared
  * memory for the whole pass ("qs_kernel"), one block per expert, each warp streaming its weight stages
  * without a block barrier.
  *
@@ -27,6 +27,15 @@
  * Arithmetic: per output element the same products in the same order and the same fold as qr_kernel's body at
  * any tile count, so the outputs are bit-identical to qr_kernel's (the lab checks that against version 50, and
  * the CPU bound as for every version).
+ *
+ * Measured (H200, session 13, docs/results/h200-s13/call1_lab.md; every output bit-identical to version 50's):
+ * no gain where qr_kernel's ring was supposed to cost (uniform M = 16 gate/up 104.6 us vs 103.1, down 58.3 vs
+ * 62.7; Nsight Compute: 59.3 M issued instructions for the gathered 256-token gate/up vs 55.2 M, the same 1.3-1.4
+ * eligible warps per scheduler), and much slower on gathered canvases (T 256: gate/up 149-200 us vs 111.7, down
+ * 79-109 vs 67.6), where one block per expert makes the expert with the most rows the whole kernel's time. The
+ * ring and the activation re-reads were not what holds qr_kernel back: its decode, fold and product instructions
+ * are. Faster only at uniform M = 32 (gate/up 151 vs 172 us, down 86 vs 106: 4 n-tiles in one pass), which the
+ * gathered 512-token canvases lose again to the imbalance. Kept in the lab as the record (versions 80-87).
  *
  * Limits: group 64 (one group per 64-code stage), the compact layout; shared memory 8 NTM (2 K + 64) + 32 NTM
  * K / 64 bytes (NTM = the most n-tiles of a pass: 4 at K = 2816 is 187 KB), so the launcher takes it only while
@@ -251,29 +260,5 @@ static cudaError_t qs_launch(cudaStream_t s, int E, const qe_args &a) {
   DG_LAUNCH(kern, E, 32 * W, smem, s)(a);
   return cudaGetLastError();
 }
-
-/* The backend's choices (lab versions 80-87, dev/cuda/moe_quant.cu): warps per block, register stages, line
- * prefetch distance in weight stages (negative: per-lane prefetch.global.L2), n-tiles of the largest pass. */
-#define QS_WARPS 16
-#define QS_D 2
-#define QS_PF (-4)
-#define QS_NTM 4
-
-/* Whether the expert products take qs_kernel where it applies (group 64, 2/3/4/8 bits, the backend's tile count
- * at most 4: up to 24 rows per expert on average): DGEMMA_QS=1 turns it on (off by default until measured on the
- * GPU), qs_set overrides (the tests). qmoe.cu. */
-int qs_on(void);
-/* Override qs_on: 0 or 1, until qs_set(-1) gives the environment's choice back. */
-void qs_set(int n);
-
-/* qs_kernel with the backend's choices over the E experts of a; cudaErrorInvalidValue where it does not apply
- * (the caller then takes qr_kernel). */
-template <int BITS, int GATEUP> cudaError_t qs_launch_bits(cudaStream_t s, int E, const qe_args &a) {
-  return qs_launch<BITS, GATEUP, QS_NTM, QS_WARPS, QS_D, QS_PF>(s, E, a);
-}
-
-#define DG_QS_INSTANTIATE(BITS)                                                                         \
-  template cudaError_t qs_launch_bits<BITS, 0>(cudaStream_t, int, const qe_args &);                  \
-  template cudaError_t qs_launch_bits<BITS, 1>(cudaStream_t, int, const qe_args &);
 
 #endif
