@@ -597,8 +597,9 @@ union rtk_smem {
 __device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_buf &b, int n, int E, int PB) {
   const int tid = threadIdx.x, bd = blockDim.x, nb = gridDim.x, warp = tid >> 5, lane = tid & 31;
   for (int i = tid; i < nb * E; i += bd) sm.g.cnt[i] = 0;
-  /* the pairs' experts and ranks (written by the other blocks in this launch: through L2), 16 bytes at a time */
-  const int n4 = n >> 2;
+  /* the pairs' experts and ranks (written by the other blocks in this launch: through L2), 16 bytes at a time
+   * (the buffers' own allocations: 16-byte aligned; else one word at a time) */
+  const int n4 = ((uintptr_t)b.topk_idx | (uintptr_t)b.slot_row) & 15 ? 0 : n >> 2;
 #pragma unroll 4
   for (int q = tid; q < n4; q += bd) {
     const uint4 x = __ldcg((const uint4 *)b.topk_idx + q), r = __ldcg((const uint4 *)b.slot_row + q);
@@ -827,7 +828,7 @@ int k_router_tiles_ok(int T, int E, int H, int K) { return H > 0 && H % 4 == 0 &
 
 cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
                                    int *S_out) {
-  if (H <= 0 || H % 4) return cudaErrorInvalidValue;
+  if (H <= 0 || H % 4 || (((uintptr_t)u | (uintptr_t)W) & 15)) return cudaErrorInvalidValue;
   const int S = router_splits(T, E, H);
   const int KS = ((H + S - 1) / S + RG_K - 1) / RG_K * RG_K; /* router_parts' splits */
   DG_LAUNCH(router_tile_kernel, dim3((T + RT_T - 1) / RT_T, (E + RT_E - 1) / RT_E, S), RT_THREADS, 0, s)(u, W, ws, T,
@@ -849,7 +850,7 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode) {
-  if (route_mode(mode) == 2 && k_router_tiles_ok(T, E, H, K)) {
+  if (route_mode(mode) == 2 && k_router_tiles_ok(T, E, H, K) && !(((uintptr_t)u | (uintptr_t)W) & 15)) {
     int S = 0;
     cudaError_t e = k_router_tiles_product(s, u, W, ws, T, E, H, &S);
     return e != cudaSuccess ? e : k_route_tiles(s, ws, S, rlog, per_expert_scale, b, T, E, K);
