@@ -710,6 +710,19 @@ static void rows_case(int T, int H, int I, int K, int E) {
       row("router stage x30 (per stage)", vnames[ver], med / 30, mn / 30, in_bytes + out_bytes, in_bytes + out_bytes,
           "30 stages back to back", ok);
     }
+    { /* v0's launches apart (where its stage time goes): the product and split reduction, the softmax / top-K, the
+       * grouping's three launches (rlog holds probabilities after the first top-K: the same operations) */
+      double med, mn;
+      timeit([&] { CKL(k_router_logits(0, du, dW, dr, T, E, H, dws)); }, med, mn);
+      row("router logits (chain: part + reduce)", "v0", med, mn, in_bytes + (double)T * E * 4 * 2 * DG_ROUTER_MAX_SPLITS,
+          in_bytes, "2 launches", 1);
+      timeit([&] { CKL(k_route_topk(0, dr, dpes, &b, T, E, K)); }, med, mn);
+      row("router top-K (chain: topk_kernel)", "v0", med, mn, (double)T * E * 8 + TKn * 8.0, (double)T * E * 8 + TKn * 8.0,
+          "1 launch", 1);
+      timeit([&] { CKL(k_group(0, &b, T, E, K)); }, med, mn);
+      row("router grouping (chain: count, scan, place)", "v0", med, mn, TKn * 4.0 * (2 * E + 2), TKn * 12.0,
+          "3 launches", 1);
+    }
     if (k_router_tiles_ok(T, E, H, K)) { /* v2's launches apart: the split sums, then the routing from them */
       int S = 0;
       double med, mn;
