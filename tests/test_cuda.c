@@ -2187,12 +2187,12 @@ static void test_router_route(void **state) {
   for (int mode = 1; mode <= 2; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
-                                                                       tokens (mode 2: 8 x 16 product blocks, 64 of 4
-                                                                       tokens, 8,192 block counts: the limit) */
+                                                                       tokens (mode 2: 4 x 2 x 16 product blocks, 64
+                                                                       of 4 tokens, 8,192 block counts: the limit) */
     check_router_route(mode, 37, 40, 200, 3, &checked, &tokens);    /* E not a multiple of 32, T of the blocks' warps */
     check_router_route(mode, 1, 8, 64, 2, &checked, &tokens);       /* one token, one split */
     check_router_route(mode, 128, 256, 96, 32, &checked, &tokens);  /* 8 experts per lane, 4,096 pairs (the fused limit,
-                                                                       mode 2's too): 8 chunks; 2 expert tiles */
+                                                                       mode 2's too): 8 chunks; 4 expert tiles */
     check_router_route(mode, 5, 8, 8, 8, &checked, &tokens);        /* K = E */
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
     printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row); "

@@ -460,15 +460,15 @@ static int router_parts(cudaStream_t s, const float *u, const float *W, float *r
  * topk_kernel's softmax / top-K / weights, group_count/scan/place's integers), so every output word is the chain's;
  * fewer launches in the dependent chain (2 instead of 6) and the product on blocks that each read their inputs once:
  *
- *   router_tile_kernel  split sums part[s][t][e] (s < S, the chain's splits of KS k): block (token tile of RT_T,
- *                       expert tile of RT_E, split s); a 4 x 4 micro-tile per thread (tokens tr + 8 i, experts
- *                       ec + 32 j), each output one fp32 chain over the split's k in ascending order in stages of
- *                       RT_K = 16 (the chain's stages, zeros past the split as it pads), the stages loaded by
- *                       cp.async RT_STAGES deep into XOR-swizzled rows (float4 reads of 4 or 8 consecutive rows at
- *                       one 16-byte chunk hit distinct banks). At 256 x 128 x 2816: 8 x 1 x 16 = 128 blocks of
- *                       256 threads, 14.4 MB through L2 (W read by the 8 token tiles, u once) where the chain's 64 x 64
- *                       tiles read 11.5 MB but then needed router_reduce and topk launches; 92 M FMAs, 2.8 us at
- *                       the H200's fp32 rate (132 SMs x 128 lanes x 1.98 GHz).
+ *   router_tile_kernel  split sums part[s][t][e] (s < S, the chain's splits of KS k): block (token tile of RT_T = 64,
+ *                       expert tile of RT_E = 64, split s), router_part_kernel's tiles; a 4 x 4 micro-tile per
+ *                       thread, each output one fp32 chain over the split's k in ascending order in stages of
+ *                       RT_K = 16 (the chain's stages, zeros past the split as it pads), but the stages loaded by
+ *                       cp.async RT_STAGES deep (the chain: one stage ahead in registers, two barriers a stage)
+ *                       into XOR-swizzled rows (float4 reads of 4 or 8 consecutive rows at one 16-byte chunk hit
+ *                       distinct banks; no transposing stores). At 256 x 128 x 2816: 4 x 2 x 16 = 128 blocks of
+ *                       256 threads, 11.5 MB through L2 (W read by the 4 token tiles, u by the 2 expert tiles),
+ *                       92 M FMAs: 2.8 us at the H200's fp32 rate (132 SMs x 128 lanes x 1.98 GHz).
  *   route_tk_kernel     a warp per token (RTK_W = 4 or 8 warps per block): the token's S split sums loaded at once
  *                       and added in split order, topk_kernel's softmax with the exponentials in shared memory (lane
  *                       0 sums them in expert order), the K choices by two warp reductions each (__reduce_max_sync
@@ -482,11 +482,12 @@ static int router_parts(cudaStream_t s, const float *u, const float *W, float *r
  *                       start[e] + (pairs of e in earlier blocks) + rank. Up to RTK_PMAX pairs and RTK_CMAX
  *                       (block, expert) counts (T <= 256 at 128 experts with 4 warps, 512 with 8); larger passes
  *                       (stacked batches) and H % 4 != 0 take the chain. */
-#define RT_T 32
-#define RT_E 128
+#define RT_T 64 /* tokens per block */
+#define RT_E 64 /* experts per block */
 #define RT_K 16
 #define RT_STAGES 4
 #define RT_THREADS 256
+#define RT_WC (RT_E / 32) /* warp columns: a warp covers 4 x 8 (token, expert) micro-tiles */
 
 /* float index of 16-byte chunk q (0..3) of row r of a stage's [rows][RT_K] tile, the chunks XOR-swizzled by
  * (r / 2) % 4: rows r and r + 1 differ by 64 bytes, so 8 consecutive rows at one q fill the 32 banks once. */
@@ -499,24 +500,19 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
   const int t0 = blockIdx.x * RT_T, e0 = blockIdx.y * RT_E, sp = blockIdx.z;
   const int kb = sp * KS, ke = min(H, kb + KS), ns = ke > kb ? (ke - kb + RT_K - 1) / RT_K : 0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int tr = (warp >> 2) * 4 + (lane >> 3), ec = (warp & 3) * 8 + (lane & 7);
-  /* stage st of the split into buffer bf: u rows t0 .. t0 + RT_T (one 16-byte chunk per thread of the first
-   * 128), W rows e0 .. e0 + RT_E (two per thread); zeros past T, E or the split's end (H % 4 == 0: a chunk is
-   * wholly inside or outside) */
+  /* this thread's outputs: tokens tr + (RT_T / 4) i, experts ec + (RT_E / 4) j; a warp's lanes cover 4
+   * consecutive tr and 8 consecutive ec, so its float4 reads of A touch 4 rows and of B 8 rows at one chunk */
+  const int tr = (warp / RT_WC) * 4 + (lane >> 3), ec = (warp % RT_WC) * 8 + (lane & 7);
+  /* stage st of the split into buffer bf: u rows t0 .. t0 + RT_T, W rows e0 .. e0 + RT_E, one 16-byte chunk
+   * per thread each; zeros past T, E or the split's end (H % 4 == 0: a chunk is wholly inside or outside) */
   auto load = [&](int st, int bf) {
     const int k0 = kb + st * RT_K;
     float *dst = sm[bf];
-    if (tid < RT_T * 4) {
-      const int r = tid >> 2, q = tid & 3, t = t0 + r, k = k0 + 4 * q;
-      const bool ok = t < T && k < ke;
-      dg_cp_async16(dst + rt_sw(r, q), ok ? u + (size_t)t * H + k : u, ok ? 16 : 0);
-    }
-#pragma unroll
-    for (int m = 0; m < RT_E * 4 / RT_THREADS; m++) {
-      const int c = tid + RT_THREADS * m, r = c >> 2, q = c & 3, e = e0 + r, k = k0 + 4 * q;
-      const bool ok = e < E && k < ke;
-      dg_cp_async16(dst + rt_sw(RT_T + r, q), ok ? W + (size_t)e * H + k : W, ok ? 16 : 0);
-    }
+    static_assert(RT_T * 4 == RT_THREADS && RT_E * 4 == RT_THREADS, "one chunk of u and one of W per thread");
+    const int r = tid >> 2, q = tid & 3, t = t0 + r, e = e0 + r, k = k0 + 4 * q;
+    const bool oku = t < T && k < ke, okw = e < E && k < ke;
+    dg_cp_async16(dst + rt_sw(r, q), oku ? u + (size_t)t * H + k : u, oku ? 16 : 0);
+    dg_cp_async16(dst + rt_sw(RT_T + r, q), okw ? W + (size_t)e * H + k : W, okw ? 16 : 0);
   };
   float acc[4][4];
 #pragma unroll
@@ -538,9 +534,9 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
     for (int q = 0; q < 4; q++) {
       float4 a[4], b[4];
 #pragma unroll
-      for (int i = 0; i < 4; i++) a[i] = *(const float4 *)&As[rt_sw(tr + 8 * i, q)];
+      for (int i = 0; i < 4; i++) a[i] = *(const float4 *)&As[rt_sw(tr + (RT_T / 4) * i, q)];
 #pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = *(const float4 *)&Bs[rt_sw(ec + 32 * j, q)];
+      for (int j = 0; j < 4; j++) b[j] = *(const float4 *)&Bs[rt_sw(ec + (RT_E / 4) * j, q)];
       /* k = 4 q, 4 q + 1, ... in order: router_part_kernel's chain */
 #pragma unroll
       for (int i = 0; i < 4; i++)
@@ -563,11 +559,11 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
   dg_cp_wait<0>(); /* no copy left in flight at exit (the empty groups of the last stages) */
 #pragma unroll
   for (int i = 0; i < 4; i++) {
-    const int t = t0 + tr + 8 * i;
+    const int t = t0 + tr + (RT_T / 4) * i;
     if (t >= T) continue;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      const int e = e0 + ec + 32 * j;
+      const int e = e0 + ec + (RT_E / 4) * j;
       if (e < E) part[((size_t)sp * T + t) * E + e] = acc[i][j];
     }
   }
