@@ -2041,7 +2041,7 @@ static void check_qexperts_nt(int bits_gu, int bits_d, int G, int H, int IE, dg_
  * probabilities, the choice (K largest, ties to the lower id) and the weights
  * ((p / wsum) pes, wsum summed in choice order) are exact operations: checked
  * bit for bit. */
-static void check_route(int T, int E, int K, double *worst) {
+static void check_route(int mode, int T, int E, int K, double *worst) {
   float *rl = malloc(4 * (size_t)T * E), *p = malloc(4 * (size_t)T * E), *pes = malloc(4 * (size_t)E);
   float *w = malloc(4 * (size_t)T * K);
   int32_t *idx = malloc(4 * (size_t)T * K), *start = malloc(4 * (size_t)(E + 1)), *pairs = malloc(4 * (size_t)T * K);
@@ -2053,7 +2053,7 @@ static void check_route(int T, int E, int K, double *worst) {
   }
   for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
   memcpy(p, rl, 4 * (size_t)T * E);
-  assert_dg_ok(cut()->test_route(0, p, pes, T, E, K, idx, w, start, pairs, order));
+  assert_dg_ok(cut()->test_route(0, mode, p, pes, T, E, K, idx, w, start, pairs, order));
   /* the grouping: experts ascending, each expert's pairs t K + k ascending */
   for (int e = 0, row = 0; e < E; e++) {
     if (start[e] != row) fail_msg("router T %d E %d K %d: start[%d] = %d, expected %d", T, E, K, e, start[e], row);
@@ -2111,15 +2111,18 @@ static void test_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  double worst = 0;
-  check_route(37, 128, 8, &worst);  /* the 26B's router; T not a multiple of the block's 4 warps */
-  check_route(5, 40, 3, &worst);    /* E not a multiple of 32 */
-  check_route(3, 256, 32, &worst);  /* 8 experts per lane, K = 32 */
-  check_route(300, 128, 8, &worst); /* 2,400 pairs: ten chunks of the grouping's 256 threads */
-  check_route(4, 8, 8, &worst);     /* K = E */
-  printf("# router softmax/top-k on the device: choices and weights bit-identical to the CPU's algorithm on the "
-         "device's probabilities, grouping by expert in order; probabilities vs the CPU's: largest |diff| / bound "
-         "%.4f (<= 1)\n", worst);
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (DGEMMA_ROUTE=tiles) */
+  for (int mode = 1; mode <= 2; mode++) {
+    double worst = 0;
+    check_route(mode, 37, 128, 8, &worst);  /* the 26B's router; T not a multiple of the block's 4 warps */
+    check_route(mode, 5, 40, 3, &worst);    /* E not a multiple of 32 */
+    check_route(mode, 3, 256, 32, &worst);  /* 8 experts per lane, K = 32 */
+    check_route(mode, 300, 128, 8, &worst); /* 2,400 pairs: ten chunks of the grouping's 256 threads; mode 2: 8 warps */
+    check_route(mode, 4, 8, 8, &worst);     /* K = E */
+    printf("# router softmax/top-k on the device (mode %d): choices and weights bit-identical to the CPU's algorithm "
+           "on the device's probabilities, grouping by expert in order; probabilities vs the CPU's: largest |diff| / "
+           "bound %.4f (<= 1)\n", mode, worst);
+  }
 }
 
 /* ---- the router from its input in two launches (k_router_route) ----------------
@@ -2129,7 +2132,7 @@ static void test_route(void **state) {
  * logits in double: a token's K chosen experts are its K largest exact logits wherever the gap between the
  * K-th and the (K+1)-th exceeds twice the fp32 bound of the product sums, gamma_H sum_h |u_h W_eh| with
  * gamma_H = H 2^-24 / (1 - H 2^-24) (Higham, Accuracy and Stability, 3.1, any summation order). */
-static void check_router_route(int T, int E, int H, int K, int *checked, int *tokens) {
+static void check_router_route(int mode, int T, int E, int H, int K, int *checked, int *tokens) {
   float *u = malloc((size_t)T * H * 4), *W = malloc((size_t)E * H * 4), *pes = malloc((size_t)E * 4),
         *w = malloc((size_t)T * K * 4);
   int32_t *idx = malloc((size_t)T * K * 4);
@@ -2139,8 +2142,10 @@ static void check_router_route(int T, int E, int H, int K, int *checked, int *to
   for (size_t i = 0; i < (size_t)E * H; i++) W[i] = 0.05f * q_rand();
   for (int e = 0; e < E; e++) pes[e] = 0.5f + 0.5f * (q_rand() + 1.0f);
   long n_diff = -1;
-  assert_dg_ok(cut()->test_router_route(0, u, W, pes, T, E, H, K, idx, w, &n_diff));
-  if (n_diff != 0) fail_msg("router T %d E %d H %d K %d: %ld output words differ from the separate launches", T, E, H, K, n_diff);
+  assert_dg_ok(cut()->test_router_route(0, mode, u, W, pes, T, E, H, K, idx, w, &n_diff));
+  if (n_diff != 0)
+    fail_msg("router mode %d T %d E %d H %d K %d: %ld output words differ from the separate launches", mode, T, E, H, K,
+             n_diff);
   const double g = H * ldexp(1.0, -24) / (1.0 - H * ldexp(1.0, -24));
   for (int t = 0; t < T; t++) {
     for (int e = 0; e < E; e++) {
@@ -2179,15 +2184,23 @@ static void test_router_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  int checked = 0, tokens = 0;
-  check_router_route(256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16 tokens */
-  check_router_route(37, 40, 200, 3, &checked, &tokens);    /* E not a multiple of 32, T of the block's 16 warps */
-  check_router_route(1, 8, 64, 2, &checked, &tokens);       /* one token, one split */
-  check_router_route(128, 256, 96, 32, &checked, &tokens);  /* 8 experts per lane, 4,096 pairs (the fused limit): 8 chunks */
-  check_router_route(5, 8, 8, 8, &checked, &tokens);        /* K = E */
-  printf("# router in two launches: every output word equal to the separate launches' (twice in a row); choices "
-         "equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", checked, tokens);
-  assert_true(checked * 2 > tokens);
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles) */
+  for (int mode = 1; mode <= 2; mode++) {
+    int checked = 0, tokens = 0;
+    check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
+                                                                       tokens (mode 2: 4 x 2 x 16 product blocks, 64
+                                                                       of 4 tokens, 8,192 block counts: the limit) */
+    check_router_route(mode, 37, 40, 200, 3, &checked, &tokens);    /* E not a multiple of 32, T of the blocks' warps */
+    check_router_route(mode, 1, 8, 64, 2, &checked, &tokens);       /* one token, one split */
+    check_router_route(mode, 128, 256, 96, 32, &checked, &tokens);  /* 8 experts per lane, 4,096 pairs (the fused limit,
+                                                                       mode 2's too): 8 chunks; 4 expert tiles */
+    check_router_route(mode, 5, 8, 8, 8, &checked, &tokens);        /* K = E */
+    check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
+    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row); "
+           "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
+           tokens);
+    assert_true(checked * 2 > tokens);
+  }
 }
 
 /* ---- attention (src/cuda/attention.cu) ---------------------------------------

@@ -22,6 +22,9 @@
  *     v0 the backend's (one row in registers as float4s, one barrier per reduction; warp per head for
  *     qkv_post), v2 rmsnorm at 128 threads per row
  *   router      rlog [T, E = 128] = u . W^T in fp32: v1 cublasSgemm, v0 k_router_logits (split over H)
+ *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
+ *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
+ *               v1 and v2 checked word for word against v0; one stage, 30 back to back, v2's two launches apart
  *
  * bytes = what the version moves (its passes); floor = the least bytes the operation needs (every input read
  * once, every output written once) / read bandwidth. Check: the lab's own bound per output (fp32: normwise
@@ -31,7 +34,7 @@
  * Build and run (GPU machine, after make CUDA=1; scripts/step_kernels_lab_gpu.sh does both):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc dev/cuda/step_kernels.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/step_kernels_lab
- *   build/step_kernels_lab [--reps N] [--small]
+ *   build/step_kernels_lab [--reps N] [--small] [--router]   (--router: only the router rows)
  * --small: emulation-sized shapes (C = 3, V = 20,003 and 20,480, T = 5 and 3), for the CPU emulation of
  * dev/cuda_emu (checks only; its times mean nothing), after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc  *       dev/cuda/step_kernels.cu build-emu/libdgemma.a -lcjson -lm -lstdc++ -o build-emu/step_kernels_lab
@@ -214,7 +217,7 @@ static cudaEvent_t e0, e1;
 static uint4 *flushbuf;
 static size_t flushn;
 static unsigned *sink;
-static int reps = 20, nsm = 132, failed = 0;
+static int reps = 20, nsm = 132, failed = 0, router_only = 0;
 static double bw = 1;
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
@@ -435,7 +438,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
   auto rv = [](size_t n, float a, float b) { std::vector<float> v(n); for (auto &x : v) x = a + b * frand(); return v; };
   const size_t TH = (size_t)T * H;
   /* rmsnorm: the layer's input norm (bf16 out, weight) */
-  {
+  if (!router_only) {
     std::vector<float> x = rv(TH, 0, 2), w = rv(H, 1, 0.5f);
     float *dx = dnew<float>(TH), *dw = dnew<float>(H);
     bf16 *dy = dnew<bf16>(TH);
@@ -463,7 +466,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
     cudaFree(dx); cudaFree(dw); cudaFree(dy);
   }
   /* attn_residual */
-  {
+  if (!router_only) {
     std::vector<float> x = rv(TH, 0, 2), o = rv(TH, 0, 1), wp = rv(H, 1, 0.5f), wa = rv(H, 1, 0.5f), we = rv(H, 1, 0.5f),
                        wr = rv(H, 1, 0.5f);
     const float root = 1.0f / sqrtf((float)H);
@@ -506,7 +509,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
     cudaFree(da); cudaFree(dxe);
   }
   /* ffn_combine: K of E experts per token, y rows in a random grouped order */
-  {
+  if (!router_only) {
     const size_t TK = (size_t)T * K;
     std::vector<float> x = rv(TH, 0, 2), dense = rv(TH, 0, 1), y = rv(TK * H, 0, 1), w1 = rv(H, 1, 0.5f),
                        w2 = rv(H, 1, 0.5f), wf = rv(H, 1, 0.5f), tw(TK);
@@ -565,7 +568,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
     cudaFree(didx); cudaFree(dsr);
   }
   /* geglu: h = gelu_tanh(gate) * up, bit-identical across versions */
-  {
+  if (!router_only) {
     const size_t TI = (size_t)T * I;
     std::vector<float> gu = rv(TI * 2, 0, 3);
     float *dgu = dnew<float>(TI * 2);
@@ -635,8 +638,109 @@ static void rows_case(int T, int H, int I, int K, int E) {
     cublasDestroy(hb);
     cudaFree(du); cudaFree(dW); cudaFree(dr); cudaFree(dws);
   }
+  /* the router stage (issue 12 item 3): from u to the probabilities, choices, weights and grouping by expert, as
+   * k_router_route runs it per layer: v0 the chain (router_part + router_reduce + topk + group count / scan /
+   * place: 6 launches), v1 route_kernel (DGEMMA_ROUTE=fused: product + 1), v2 DGEMMA_ROUTE=tiles
+   * (router_tile_kernel + route_tk_kernel: 2 launches); every output word of v1 and v2 compared with v0's. Rows:
+   * one stage after an L2 flush, then "x30": 30 stages back to back (a pass's layers; the L2 flushed before the
+   * first only) per stage, then v2's two launches alone. floor: u and W read once, the outputs written once; the
+   * product is 2 T E H flops of fp32 FMAs, 2.8 us at the H200's 67 TFLOP/s SIMT rate for the 26B's shape. */
+  {
+    const int TKn = T * K;
+    std::vector<float> u = rv(TH, 0, 1), W = rv((size_t)E * H, 0, 0.05f), pes = rv(E, 1.0f, 0.5f);
+    float *du = dnew<float>(TH), *dW = dnew<float>((size_t)E * H), *dpes = dnew<float>(E),
+          *dr = dnew<float>((size_t)T * E), *dws = dnew<float>((size_t)DG_ROUTER_MAX_SPLITS * T * E);
+    up(du, u); up(dW, W); up(dpes, pes);
+    dg_cuda_moe_buf b;
+    memset(&b, 0, sizeof b);
+    b.topk_idx = dnew<int32_t>(TKn); b.topk_w = dnew<float>(TKn); b.count = dnew<int32_t>(E);
+    b.start = dnew<int32_t>(E + 1); b.pairs = dnew<int32_t>(TKn); b.slot_row = dnew<int32_t>(TKn);
+    b.tiles = dnew<int32_t>((size_t)(TKn + E) * 2); b.n_tiles = dnew<int32_t>(1); b.order = dnew<int32_t>(E);
+    b.done = dnew<int32_t>(1);
+    CKL(cudaMemset(b.done, 0, 4));
+    auto words = [&]() {
+      std::vector<uint32_t> w;
+      auto add = [&](const void *d, size_t n) {
+        std::vector<uint32_t> h = down((const uint32_t *)d, n);
+        w.insert(w.end(), h.begin(), h.end());
+      };
+      add(dr, (size_t)T * E); add(b.topk_idx, TKn); add(b.topk_w, TKn); add(b.count, E); add(b.start, E + 1);
+      add(b.pairs, TKn); add(b.slot_row, TKn); add(b.order, E); add(b.n_tiles, 1);
+      const int32_t nt = (int32_t)w.back();
+      if (nt > 0 && nt <= TKn + E) add(b.tiles, (size_t)nt * 2);
+      return w;
+    };
+    auto poison = [&]() { /* NaN / -1 everywhere: nothing of the run before passes for this one's */
+      CKL(cudaMemset(dr, 0xff, (size_t)T * E * 4)); CKL(cudaMemset(dws, 0xff, (size_t)DG_ROUTER_MAX_SPLITS * T * E * 4));
+      CKL(cudaMemset(b.topk_idx, 0xff, TKn * 4)); CKL(cudaMemset(b.topk_w, 0xff, TKn * 4));
+      CKL(cudaMemset(b.count, 0xff, E * 4)); CKL(cudaMemset(b.start, 0xff, (E + 1) * 4));
+      CKL(cudaMemset(b.pairs, 0xff, TKn * 4)); CKL(cudaMemset(b.slot_row, 0xff, TKn * 4));
+      CKL(cudaMemset(b.tiles, 0xff, (size_t)(TKn + E) * 8)); CKL(cudaMemset(b.n_tiles, 0xff, 4));
+      CKL(cudaMemset(b.order, 0xff, E * 4));
+    };
+    std::vector<uint32_t> ref;
+    const double in_bytes = (double)TH * 4 + (double)E * H * 4 + E * 4.0,
+                 out_bytes = (double)T * E * 4 + TKn * 16.0 + E * 16.0 + (TKn / 32.0 + E) * 8;
+    const char *vnames[3] = {"v0 chain", "v1 fused", "v2 tiles"};
+    for (int ver : {0, 1, 2}) {
+      auto launch = [&] { CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver)); };
+      poison();
+      launch();
+      CKL(cudaDeviceSynchronize());
+      std::vector<uint32_t> got = words();
+      size_t nd = 0;
+      if (ver == 0) ref = got;
+      else {
+        nd = got.size() == ref.size() ? 0 : std::max(got.size(), ref.size());
+        for (size_t i = 0; i < got.size() && i < ref.size(); i++) nd += got[i] != ref[i];
+      }
+      /* a second run on the same buffers (the block counter back at 0) */
+      launch();
+      CKL(cudaDeviceSynchronize());
+      std::vector<uint32_t> again = words();
+      const int same = again == got;
+      char chk[200];
+      if (ver == 0) snprintf(chk, sizeof chk, "reference version (%zu output words); rerun %s", got.size(), same ? "same" : "DIFFERS");
+      else snprintf(chk, sizeof chk, "%zu of %zu output words differ from v0; rerun %s", nd, ref.size(), same ? "same" : "DIFFERS");
+      const int ok = nd == 0 && same;
+      double med, mn;
+      timeit(launch, med, mn);
+      row("router stage", vnames[ver], med, mn, in_bytes + out_bytes, in_bytes + out_bytes, chk, ok);
+      timeit([&] { for (int r = 0; r < 30; r++) launch(); }, med, mn);
+      row("router stage x30 (per stage)", vnames[ver], med / 30, mn / 30, in_bytes + out_bytes, in_bytes + out_bytes,
+          "30 stages back to back", ok);
+    }
+    { /* v0's launches apart (where its stage time goes): the product and split reduction, the softmax / top-K, the
+       * grouping's three launches (rlog holds probabilities after the first top-K: the same operations) */
+      double med, mn;
+      timeit([&] { CKL(k_router_logits(0, du, dW, dr, T, E, H, dws)); }, med, mn);
+      row("router logits (chain: part + reduce)", "v0", med, mn, in_bytes + (double)T * E * 4 * 2 * DG_ROUTER_MAX_SPLITS,
+          in_bytes, "2 launches", 1);
+      timeit([&] { CKL(k_route_topk(0, dr, dpes, &b, T, E, K)); }, med, mn);
+      row("router top-K (chain: topk_kernel)", "v0", med, mn, (double)T * E * 8 + TKn * 8.0, (double)T * E * 8 + TKn * 8.0,
+          "1 launch", 1);
+      timeit([&] { CKL(k_group(0, &b, T, E, K)); }, med, mn);
+      row("router grouping (chain: count, scan, place)", "v0", med, mn, TKn * 4.0 * (2 * E + 2), TKn * 12.0,
+          "3 launches", 1);
+    }
+    if (k_router_tiles_ok(T, E, H, K)) { /* v2's launches apart: the split sums, then the routing from them */
+      int S = 0;
+      double med, mn;
+      timeit([&] { CKL(k_router_tiles_product(0, du, dW, dws, T, E, H, &S)); }, med, mn);
+      char chk[160];
+      snprintf(chk, sizeof chk, "%d splits; %.1f M FMA (%.2f us at 67 TFLOP/s)", S, (double)T * E * H / 1e6,
+               2.0 * T * E * H / 67e12 * 1e6);
+      row("router split sums (tiles)", "v2", med, mn, in_bytes + (double)S * T * E * 4, in_bytes, chk, 1);
+      timeit([&] { CKL(k_route_tiles(0, dws, S, dr, dpes, &b, T, E, K)); }, med, mn);
+      row("route from split sums (tiles)", "v2", med, mn, (double)S * T * E * 4 + out_bytes, (double)S * T * E * 4 + out_bytes,
+          "softmax, top-K, weights, grouping", 1);
+    }
+    cudaFree(du); cudaFree(dW); cudaFree(dpes); cudaFree(dr); cudaFree(dws);
+    cudaFree(b.topk_idx); cudaFree(b.topk_w); cudaFree(b.count); cudaFree(b.start); cudaFree(b.pairs);
+    cudaFree(b.slot_row); cudaFree(b.tiles); cudaFree(b.n_tiles); cudaFree(b.order); cudaFree(b.done);
+  }
   /* qkv_post: sliding (16 q, 8 kv heads of 256) and full (16 q, 2 kv heads of 512, K = V) layers */
-  for (int full = 0; full < 2; full++) {
+  for (int full = 0; full < 2 && !router_only; full++) {
     const int NH = 16, NKV = full ? 2 : 8, D = full ? 512 : 256, has_v = !full, P = 1024, S = P + T;
     const int64_t ld = (int64_t)(NH + NKV * (has_v ? 2 : 1)) * D;
     std::vector<float> qkv = rv((size_t)T * ld, 0, 2), qn = rv(D, 1, 0.5f), kn = rv(D, 1, 0.5f), fr(D / 2);
@@ -709,7 +813,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--small")) small = 1;
-    else { fprintf(stderr, "usage: step_kernels_lab [--reps N] [--small]\n"); return 2; }
+    else if (!strcmp(argv[i], "--router")) router_only = 1;
+    else { fprintf(stderr, "usage: step_kernels_lab [--reps N] [--small] [--router]\n"); return 2; }
   }
   if (small && reps > 2) reps = 2;
   cudaDeviceProp prop;
@@ -739,15 +844,20 @@ int main(int argc, char **argv) {
          "|---|---|---|---|---|---|---|---|---|\n");
   if (small) {
     gsz[0] = 2; gsz[1] = 1;
-    stats_case(3, 20003); /* tails: V % 8192 != 0 and V % 4 != 0 (scalar loads) */
-    stats_case(3, 20480);
-    sc_case(3, 20003, DG_CUDA_BF16);
-    sc_case(3, 20480, DG_CUDA_F32);
+    if (!router_only) {
+      stats_case(3, 20003); /* tails: V % 8192 != 0 and V % 4 != 0 (scalar loads) */
+      stats_case(3, 20480);
+      sc_case(3, 20003, DG_CUDA_BF16);
+      sc_case(3, 20480, DG_CUDA_F32);
+    }
     rows_case(5, 2816, 2112, 8, 128);
     rows_case(3, 96, 64, 3, 6);
+    if (router_only) rows_case(37, 200, 64, 3, 40); /* T of no block multiple, E of no warp multiple, 4 splits */
   } else {
-    stats_case(256, 262144);
-    sc_case(256, 262144, DG_CUDA_BF16);
+    if (!router_only) {
+      stats_case(256, 262144);
+      sc_case(256, 262144, DG_CUDA_BF16);
+    }
     rows_case(256, 2816, 2112, 8, 128);
   }
   printf("# %s\n", failed ? "FAILED: a check above is outside its bound" : "all checks within their bounds");

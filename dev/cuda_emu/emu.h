@@ -112,6 +112,23 @@ static inline unsigned __match_any_sync(unsigned mask, int v) {
   for (int l = 0; l < 32; l++) r |= all[l] == v ? 1u << l : 0u;
   return r;
 }
+/* redux.sync: the warp's maximum / minimum of v (all lanes take part) */
+static inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  (void)mask;
+  unsigned all[32];
+  emu::warp_gather(&v, all, (int)sizeof v);
+  unsigned r = all[0];
+  for (int l = 1; l < 32; l++) r = all[l] > r ? all[l] : r;
+  return r;
+}
+static inline int __reduce_min_sync(unsigned mask, int v) {
+  (void)mask;
+  int all[32];
+  emu::warp_gather(&v, all, (int)sizeof v);
+  int r = all[0];
+  for (int l = 1; l < 32; l++) r = all[l] < r ? all[l] : r;
+  return r;
+}
 static inline float emu_rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #define rsqrtf emu_rsqrtf
 using std::max;

@@ -338,15 +338,27 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                          int K);
 /* Router softmax (in place over rlog), top-k (ties to the lower expert), renormalisation and per-expert scale
- * (spec 4.6), then grouping of the (token, slot) pairs by expert: fused = 1: one launch (route_kernel, b->done set
- * up) up to 4,096 pairs; 0 (or more pairs): k_route_topk then k_group, the same results; -1: the library's default
- * (0; DGEMMA_ROUTE=fused makes it 1). E <= 256, K <= 32. */
+ * (spec 4.6), then grouping of the (token, slot) pairs by expert. mode 0: k_route_topk then k_group; 1: one launch
+ * (route_kernel, b->done set up) up to 4,096 pairs; 2: route_tk_kernel (k_route_tiles with the logits as one split,
+ * b->done set up) where k_route_tiles covers the shape; -1: the library's default (0; DGEMMA_ROUTE=fused makes it 1,
+ * DGEMMA_ROUTE=tiles 2). Every mode gives the same results word for word; a shape a mode does not cover takes
+ * mode 0. E <= 256, K <= 32. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
-                    int K, int fused);
-/* k_router_logits then k_route; fused = 1: the split sums of the logits added inside route_kernel, two launches
- * (the logits, rlog and the groupings bit for bit those of the separate calls); fused as k_route's. */
+                    int K, int mode);
+/* k_router_logits then k_route; mode 1: the split sums of the logits added inside route_kernel, two launches;
+ * mode 2: k_router_tiles_product then k_route_tiles, two launches (H % 4 == 0 and a shape k_route_tiles covers,
+ * k_router_tiles_ok; else mode 0); rlog and the groupings bit for bit those of the separate calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
-                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int fused);
+                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
+/* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set
+ * to their count; H % 4 == 0, u and W 16-byte aligned), then from them rlog (the probabilities), the choices,
+ * weights and the grouping by expert (route_tk_kernel: a warp per token, the last block groups; up to 4,096 pairs;
+ * part may be rlog itself when S = 1). k_router_tiles_ok: whether k_router_route's mode 2 covers the shape. */
+int k_router_tiles_ok(int T, int E, int H, int K);
+cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
+                                   int *S);
+cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
+                          dg_cuda_moe_buf *b, int T, int E, int K);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

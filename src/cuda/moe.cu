@@ -17,6 +17,7 @@
 #include <mma.h>
 
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 
 using namespace nvcuda;
 
@@ -330,17 +331,19 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
   if (threadIdx.x == 0) *b.done = 0;
 }
 
-/* The default of k_route / k_router_route's `fused` = -1: the chain of launches (router_reduce, topk, group count /
+/* The default of k_route / k_router_route's `mode` = -1: the chain of launches (router_reduce, topk, group count /
  * scan / place), 0.2 ms per 26B pass faster on the H200 than route_kernel (session 11: router + top-k 0.973 vs 1.177
- * ms per pass, docs/measurements.md); DGEMMA_ROUTE=fused: route_kernel. Read once when the library loads. */
-static int route_fused_from_env(void) {
+ * ms per pass, docs/measurements.md); DGEMMA_ROUTE=fused: route_kernel (mode 1); DGEMMA_ROUTE=tiles:
+ * router_tile_kernel + route_tk_kernel (mode 2, below). Read once when the library loads. */
+static int route_mode_from_env(void) {
   const char *v = getenv("DGEMMA_ROUTE");
-  return v && !strcmp(v, "fused");
+  if (v && !strcmp(v, "fused")) return 1;
+  if (v && !strcmp(v, "tiles")) return 2;
+  return 0;
 }
-static const int route_fused_default = route_fused_from_env();
-static int route_use_fused(int fused, int T, int K) {
-  return (fused < 0 ? route_fused_default : fused) && T * K <= ROUTE_FUSED_MAX_PAIRS;
-}
+static const int route_mode_default = route_mode_from_env();
+static int route_mode(int mode) { return mode < 0 ? route_mode_default : mode; }
+static int route_use_fused(int mode, int T, int K) { return route_mode(mode) == 1 && T * K <= ROUTE_FUSED_MAX_PAIRS; }
 
 static cudaError_t route_fused(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
                                dg_cuda_moe_buf *b, int T, int E, int K) {
@@ -452,6 +455,384 @@ static int router_parts(cudaStream_t s, const float *u, const float *W, float *r
   return S;
 }
 
+/* ---- DGEMMA_ROUTE=tiles: the router stage in two launches at the width of the GPU (issue 12 item 3) ----
+ * The same arithmetic as the chain (router_part_kernel's split chains, router_reduce_kernel's sum in split order,
+ * topk_kernel's softmax / top-K / weights, group_count/scan/place's integers), so every output word is the chain's;
+ * fewer launches in the dependent chain (2 instead of 6) and the product on blocks that each read their inputs once:
+ *
+ *   router_tile_kernel  split sums part[s][t][e] (s < S, the chain's splits of KS k): block (token tile of RT_T = 64,
+ *                       expert tile of RT_E = 64, split s), router_part_kernel's tiles; a 4 x 4 micro-tile per
+ *                       thread, each output one fp32 chain over the split's k in ascending order in stages of
+ *                       RT_K = 16 (the chain's stages, zeros past the split as it pads), but the stages loaded by
+ *                       cp.async RT_STAGES deep (the chain: one stage ahead in registers, two barriers a stage)
+ *                       into XOR-swizzled rows (float4 reads of 4 or 8 consecutive rows at one 16-byte chunk hit
+ *                       distinct banks; no transposing stores). At 256 x 128 x 2816: 4 x 2 x 16 = 128 blocks of
+ *                       256 threads, 11.5 MB through L2 (W read by the 4 token tiles, u by the 2 expert tiles),
+ *                       92 M FMAs: 2.8 us at the H200's fp32 rate (132 SMs x 128 lanes x 1.98 GHz).
+ *   route_tk_kernel     a warp per token (RTK_W = 4 or 8 warps per block): the token's S split sums loaded at once
+ *                       and added in split order, topk_kernel's softmax with the exponentials in shared memory (lane
+ *                       0 sums them in expert order), the K choices by two warp reductions each (__reduce_max_sync
+ *                       of the probabilities' bits, which order as the values do for p >= 0, then
+ *                       __reduce_min_sync of the ids at the maximum: the highest probability, ties to the lower id,
+ *                       topk_token's rule), each pair's rank among the block's pairs of its expert (slot_row holds
+ *                       it until the grouping); the last block to finish (b->done, route_kernel's pattern) groups:
+ *                       the pairs' experts and ranks into shared memory, counts per (block, expert) by shared
+ *                       atomics (integers: any order), their prefix over the blocks, the scan over the experts in
+ *                       one warp, the order and tile list of group_scan_kernel, and every pair placed at once at
+ *                       start[e] + (pairs of e in earlier blocks) + rank. Up to RTK_PMAX pairs and RTK_CMAX
+ *                       (block, expert) counts (T <= 256 at 128 experts with 4 warps, 512 with 8); larger passes
+ *                       (stacked batches) and H % 4 != 0 take the chain. */
+#define RT_T 64 /* tokens per block */
+#define RT_E 64 /* experts per block */
+#define RT_K 16
+#define RT_STAGES 4
+#define RT_THREADS 256
+#define RT_WC (RT_E / 32) /* warp columns: a warp covers 4 x 8 (token, expert) micro-tiles */
+
+/* float index of 16-byte chunk q (0..3) of row r of a stage's [rows][RT_K] tile, the chunks XOR-swizzled by
+ * (r / 2) % 4: rows r and r + 1 differ by 64 bytes, so 8 consecutive rows at one q fill the 32 banks once. */
+__device__ __forceinline__ int rt_sw(int r, int q) { return r * RT_K + ((q ^ ((r >> 1) & 3)) << 2); }
+
+__global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u, const float *W, float *part, int T,
+                                                                 int E, int H, int KS) {
+  DG_PDL_ENTRY();
+  __shared__ __align__(16) float sm[RT_STAGES][(RT_T + RT_E) * RT_K];
+  const int t0 = blockIdx.x * RT_T, e0 = blockIdx.y * RT_E, sp = blockIdx.z;
+  const int kb = sp * KS, ke = min(H, kb + KS), ns = ke > kb ? (ke - kb + RT_K - 1) / RT_K : 0;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  /* this thread's outputs: tokens tr + (RT_T / 4) i, experts ec + (RT_E / 4) j; a warp's lanes cover 4
+   * consecutive tr and 8 consecutive ec, so its float4 reads of A touch 4 rows and of B 8 rows at one chunk */
+  const int tr = (warp / RT_WC) * 4 + (lane >> 3), ec = (warp % RT_WC) * 8 + (lane & 7);
+  /* stage st of the split into buffer bf: u rows t0 .. t0 + RT_T, W rows e0 .. e0 + RT_E, one 16-byte chunk
+   * per thread each; zeros past T, E or the split's end (H % 4 == 0: a chunk is wholly inside or outside) */
+  auto load = [&](int st, int bf) {
+    const int k0 = kb + st * RT_K;
+    float *dst = sm[bf];
+    static_assert(RT_T * 4 == RT_THREADS && RT_E * 4 == RT_THREADS, "one chunk of u and one of W per thread");
+    const int r = tid >> 2, q = tid & 3, t = t0 + r, e = e0 + r, k = k0 + 4 * q;
+    const bool oku = t < T && k < ke, okw = e < E && k < ke;
+    dg_cp_async16(dst + rt_sw(r, q), oku ? u + (size_t)t * H + k : u, oku ? 16 : 0);
+    dg_cp_async16(dst + rt_sw(RT_T + r, q), okw ? W + (size_t)e * H + k : W, okw ? 16 : 0);
+  };
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+#pragma unroll
+  for (int st = 0; st < RT_STAGES - 1; st++) {
+    if (st < ns) load(st, st);
+    dg_cp_commit();
+  }
+  for (int st = 0; st < ns; st++) {
+    dg_cp_wait<RT_STAGES - 2>(); /* this thread's copies of stage st have landed */
+    __syncthreads();             /* everyone's; and every read of the buffer refilled below is done */
+    if (st + RT_STAGES - 1 < ns) load(st + RT_STAGES - 1, (st + RT_STAGES - 1) % RT_STAGES);
+    dg_cp_commit();
+    const float *As = sm[st % RT_STAGES], *Bs = As + RT_T * RT_K;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      float4 a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) a[i] = *(const float4 *)&As[rt_sw(tr + (RT_T / 4) * i, q)];
+#pragma unroll
+      for (int j = 0; j < 4; j++) b[j] = *(const float4 *)&Bs[rt_sw(ec + (RT_E / 4) * j, q)];
+      /* k = 4 q, 4 q + 1, ... in order: router_part_kernel's chain */
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] += a[i].x * b[j].x;
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] += a[i].y * b[j].y;
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] += a[i].z * b[j].z;
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] += a[i].w * b[j].w;
+    }
+  }
+  dg_cp_wait<0>(); /* no copy left in flight at exit (the empty groups of the last stages) */
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int t = t0 + tr + (RT_T / 4) * i;
+    if (t >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int e = e0 + ec + (RT_E / 4) * j;
+      if (e < E) part[((size_t)sp * T + t) * E + e] = acc[i][j];
+    }
+  }
+}
+
+#define RTK_PMAX 4096 /* pairs T K of one route_tk_kernel launch */
+#define RTK_CMAX 8192 /* (block, expert) counts of its grouping */
+#define RTK_WMAX 8    /* warps (tokens) per block */
+
+/* Phase one's per-warp rows and phase two's (the last block's grouping) tables, one after the other. */
+union rtk_smem {
+  struct {
+    float prob[RTK_WMAX][ROUTE_EMAX]; /* a token's exponentials, summed in expert order by lane 0 */
+    float pes[ROUTE_EMAX];
+    int sid[RTK_WMAX * 32]; /* the block's pairs' experts (-1 past T) */
+  } a;
+  struct {
+    int cnt[RTK_CMAX];                   /* [block][expert] pairs, then their exclusive prefix over the blocks */
+    unsigned char gidx[RTK_PMAX], grank[RTK_PMAX]; /* each pair's expert and rank in its block */
+    int ecnt[ROUTE_EMAX], estart[ROUTE_EMAX + 1], etile[ROUTE_EMAX];
+    int ntiles;
+  } g;
+};
+
+/* The last block's grouping of the n pairs (PB per block of the launch) by expert: group_count/scan/place's
+ * outputs exactly (see above). */
+__device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_buf &b, int n, int E, int PB) {
+  const int tid = threadIdx.x, bd = blockDim.x, nb = gridDim.x, warp = tid >> 5, lane = tid & 31;
+  for (int i = tid; i < nb * E; i += bd) sm.g.cnt[i] = 0;
+  /* the pairs' experts and ranks (written by the other blocks in this launch: through L2), 16 bytes at a time
+   * (the buffers' own allocations: 16-byte aligned; else one word at a time) */
+  const int n4 = ((uintptr_t)b.topk_idx | (uintptr_t)b.slot_row) & 15 ? 0 : n >> 2;
+#pragma unroll 4
+  for (int q = tid; q < n4; q += bd) {
+    const uint4 x = __ldcg((const uint4 *)b.topk_idx + q), r = __ldcg((const uint4 *)b.slot_row + q);
+    sm.g.gidx[4 * q] = (unsigned char)x.x;
+    sm.g.gidx[4 * q + 1] = (unsigned char)x.y;
+    sm.g.gidx[4 * q + 2] = (unsigned char)x.z;
+    sm.g.gidx[4 * q + 3] = (unsigned char)x.w;
+    sm.g.grank[4 * q] = (unsigned char)r.x;
+    sm.g.grank[4 * q + 1] = (unsigned char)r.y;
+    sm.g.grank[4 * q + 2] = (unsigned char)r.z;
+    sm.g.grank[4 * q + 3] = (unsigned char)r.w;
+  }
+  for (int i = 4 * n4 + tid; i < n; i += bd) {
+    sm.g.gidx[i] = (unsigned char)__ldcg(b.topk_idx + i);
+    sm.g.grank[i] = (unsigned char)__ldcg(b.slot_row + i);
+  }
+  __syncthreads();
+  for (int i = tid; i < n; i += bd) atomicAdd(&sm.g.cnt[(i / PB) * E + sm.g.gidx[i]], 1);
+  __syncthreads();
+  /* per expert: the exclusive prefix over the blocks (in place), the total */
+  for (int e = tid; e < E; e += bd) {
+    int run = 0;
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+      int c[8];
+#pragma unroll
+      for (int m = 0; m < 8; m++) c[m] = b0 + m < nb ? sm.g.cnt[(b0 + m) * E + e] : 0;
+#pragma unroll
+      for (int m = 0; m < 8; m++)
+        if (b0 + m < nb) {
+          sm.g.cnt[(b0 + m) * E + e] = run;
+          run += c[m];
+        }
+    }
+    sm.g.ecnt[e] = run;
+  }
+  __syncthreads();
+  if (warp == 0) { /* exclusive scans of the counts and tile counts over the experts: lane l has experts per l .. */
+    const int per = (E + 31) >> 5, f0 = lane * per;
+    int sc = 0, st = 0;
+    for (int m = 0; m < per; m++)
+      if (f0 + m < E) {
+        const int c = sm.g.ecnt[f0 + m];
+        sc += c;
+        st += (c + TM - 1) / TM;
+      }
+    int ic = sc, it = st;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int xc = __shfl_sync(0xffffffffu, ic, lane >= o ? lane - o : lane);
+      const int xt = __shfl_sync(0xffffffffu, it, lane >= o ? lane - o : lane);
+      if (lane >= o) { ic += xc; it += xt; }
+    }
+    int rc = ic - sc, rt = it - st;
+    for (int m = 0; m < per; m++)
+      if (f0 + m < E) {
+        const int c = sm.g.ecnt[f0 + m];
+        sm.g.estart[f0 + m] = rc;
+        sm.g.etile[f0 + m] = rt;
+        rc += c;
+        rt += (c + TM - 1) / TM;
+      }
+    if (lane == 31) {
+      sm.g.estart[E] = ic;
+      sm.g.ntiles = it;
+    }
+  }
+  if (b.order) /* group_scan_kernel's order: rank by descending count, ties by id */
+    for (int e = tid; e < E; e += bd) {
+      const int c = sm.g.ecnt[e];
+      int rank = 0;
+      for (int j = 0; j < E; j++) {
+        const int cj = sm.g.ecnt[j];
+        rank += cj > c || (cj == c && j < e);
+      }
+      b.order[rank] = e;
+    }
+  __syncthreads();
+  for (int e = tid; e < E; e += bd) {
+    const int c = sm.g.ecnt[e], nt = (c + TM - 1) / TM, tile0 = sm.g.etile[e];
+    b.count[e] = c;
+    b.start[e] = sm.g.estart[e];
+    for (int i = 0; i < nt; i++) {
+      b.tiles[2 * (tile0 + i)] = e;
+      b.tiles[2 * (tile0 + i) + 1] = i * TM;
+    }
+  }
+  if (tid == 0) {
+    b.start[E] = sm.g.estart[E];
+    *b.n_tiles = sm.g.ntiles;
+  }
+  for (int i = tid; i < n; i += bd) {
+    const int e = sm.g.gidx[i], j = sm.g.estart[e] + sm.g.cnt[(i / PB) * E + e] + sm.g.grank[i];
+    b.pairs[j] = i;
+    b.slot_row[i] = j;
+  }
+}
+
+/* JP: experts per lane (E <= 32 JP). part [S][T][E] split sums (may be rlog itself when S = 1). */
+template <int JP>
+__global__ void __launch_bounds__(RTK_WMAX * 32) route_tk_kernel(const float *part, int S, float *rlog,
+                                                                 const float *pes, dg_cuda_moe_buf b, int T, int E,
+                                                                 int K) {
+  DG_PDL_ENTRY();
+  __shared__ rtk_smem sm;
+  __shared__ int last;
+  const int tid = threadIdx.x, W = blockDim.x >> 5, warp = tid >> 5, lane = tid & 31;
+  const int t = blockIdx.x * W + warp, PB = W * K;
+  for (int e = tid; e < E; e += blockDim.x) sm.a.pes[e] = pes[e];
+  float v[JP];
+  if (t < T) {
+    const size_t n = (size_t)T * E;
+    constexpr int JB = JP < 4 ? JP : 4; /* experts per batch of loads: JB x 16 registers in flight */
+#pragma unroll
+    for (int h = 0; h < JP; h += JB) {
+      float x[JB][DG_ROUTER_MAX_SPLITS];
+#pragma unroll
+      for (int jj = 0; jj < JB; jj++) { /* unconditional loads (clamped to a valid split and expert): no branches */
+        const float *p = part + (size_t)t * E + min(lane + 32 * (h + jj), E - 1);
+#pragma unroll
+        for (int s2 = 0; s2 < DG_ROUTER_MAX_SPLITS; s2++) x[jj][s2] = p[(size_t)min(s2, S - 1) * n];
+      }
+#pragma unroll
+      for (int jj = 0; jj < JB; jj++) { /* router_reduce_kernel's sum */
+        float a = x[jj][0];
+#pragma unroll
+        for (int s2 = 1; s2 < DG_ROUTER_MAX_SPLITS; s2++)
+          if (s2 < S) a += x[jj][s2];
+        v[h + jj] = lane + 32 * (h + jj) < E ? a : -FLT_MAX;
+      }
+    }
+  }
+  __syncthreads(); /* pes */
+  int myid = -1;
+  if (t < T) {
+    /* topk_token's operations */
+    float *pr = sm.a.prob[warp];
+    float mx = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < JP; j++) mx = v[j] > mx ? v[j] : mx;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+      mx = m2 > mx ? m2 : mx;
+    }
+#pragma unroll
+    for (int j = 0; j < JP; j++) {
+      const int e = lane + 32 * j;
+      if (e < E) pr[e] = v[j] = expf(v[j] - mx);
+    }
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+      for (int e = 0; e < E; e++) sum += pr[e];
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    unsigned used = 0;
+#pragma unroll
+    for (int j = 0; j < JP; j++) {
+      const int e = lane + 32 * j;
+      if (e < E) {
+        v[j] = v[j] / sum;
+        rlog[(size_t)t * E + e] = v[j];
+      } else {
+        used |= 1u << j;
+      }
+    }
+    float wsum = 0.0f, myp = 0.0f;
+    for (int k = 0; k < K; k++) {
+      unsigned key = 0; /* bits + 1 of this lane's largest unused p (0: none); p >= 0 orders as its bits */
+      int bj = 0;
+#pragma unroll
+      for (int j = 0; j < JP; j++) {
+        const unsigned kj = __float_as_uint(v[j]) + 1u;
+        if (!((used >> j) & 1u) && kj > key) { key = kj; bj = j; }
+      }
+      const unsigned mk = __reduce_max_sync(0xffffffffu, key);
+      const int bi = __reduce_min_sync(0xffffffffu, key == mk ? lane + 32 * bj : INT32_MAX);
+      const float bv = __uint_as_float(mk - 1u);
+      if (bi == lane + 32 * bj) used |= 1u << bj;
+      if (lane == k) { myid = bi; myp = bv; }
+      wsum += bv;
+    }
+    if (lane < K) {
+      b.topk_idx[(size_t)t * K + lane] = myid;
+      b.topk_w[(size_t)t * K + lane] = (myp / wsum) * sm.a.pes[myid];
+    }
+  }
+  if (lane < K) sm.a.sid[warp * K + lane] = myid;
+  __syncthreads();
+  if (tid < PB) { /* the pair's rank among the block's pairs of its expert, kept in slot_row until the grouping */
+    const int e = sm.a.sid[tid];
+    if (e >= 0) {
+      int r = 0;
+      for (int q = 0; q < tid; q++) r += sm.a.sid[q] == e;
+      b.slot_row[(size_t)blockIdx.x * PB + tid] = r;
+    }
+  }
+  __threadfence(); /* this block's choices and ranks visible device-wide before it counts itself done */
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(b.done, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  route_tk_group(sm, b, T * K, E, PB);
+  if (tid == 0) *b.done = 0;
+}
+
+/* Warps per block of route_tk_kernel for T tokens (0: the shape is not covered, take the chain). */
+static int route_tk_warps(int T, int E, int K) {
+  if (T <= 0 || E <= 0 || E > ROUTE_EMAX || K <= 0 || K > 32 || K > E || (long)T * K > RTK_PMAX) return 0;
+  for (int W = 4; W <= RTK_WMAX; W *= 2)
+    if ((long)((T + W - 1) / W) * E <= RTK_CMAX) return W;
+  return 0;
+}
+
+cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog, const float *pes, dg_cuda_moe_buf *b,
+                          int T, int E, int K) {
+  const int W = route_tk_warps(T, E, K);
+  if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done) return cudaErrorInvalidValue;
+  const dim3 g((T + W - 1) / W), bl(32 * W);
+  if (E <= 32) DG_LAUNCH(route_tk_kernel<1>, g, bl, 0, s)(part, S, rlog, pes, *b, T, E, K);
+  else if (E <= 64) DG_LAUNCH(route_tk_kernel<2>, g, bl, 0, s)(part, S, rlog, pes, *b, T, E, K);
+  else if (E <= 128) DG_LAUNCH(route_tk_kernel<4>, g, bl, 0, s)(part, S, rlog, pes, *b, T, E, K);
+  else DG_LAUNCH(route_tk_kernel<8>, g, bl, 0, s)(part, S, rlog, pes, *b, T, E, K);
+  return cudaGetLastError();
+}
+
+int k_router_tiles_ok(int T, int E, int H, int K) { return H > 0 && H % 4 == 0 && route_tk_warps(T, E, K) > 0; }
+
+cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
+                                   int *S_out) {
+  if (H <= 0 || H % 4 || (((uintptr_t)u | (uintptr_t)W) & 15)) return cudaErrorInvalidValue;
+  const int S = router_splits(T, E, H);
+  const int KS = ((H + S - 1) / S + RG_K - 1) / RG_K * RG_K; /* router_parts' splits */
+  DG_LAUNCH(router_tile_kernel, dim3((T + RT_T - 1) / RT_T, (E + RT_E - 1) / RT_E, S), RT_THREADS, 0, s)(u, W, ws, T,
+                                                                                                       E, H, KS);
+  *S_out = S;
+  return cudaGetLastError();
+}
+
 cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H,
                             float *ws) {
   float *part;
@@ -464,8 +845,13 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 }
 
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
-                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int fused) {
-  if (!route_use_fused(fused, T, K)) {
+                           dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode) {
+  if (route_mode(mode) == 2 && k_router_tiles_ok(T, E, H, K) && !(((uintptr_t)u | (uintptr_t)W) & 15)) {
+    int S = 0;
+    cudaError_t e = k_router_tiles_product(s, u, W, ws, T, E, H, &S);
+    return e != cudaSuccess ? e : k_route_tiles(s, ws, S, rlog, per_expert_scale, b, T, E, K);
+  }
+  if (!route_use_fused(mode, T, K)) {
     cudaError_t e = k_router_logits(s, u, W, rlog, T, E, H, ws);
     if (e == cudaSuccess) e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
     if (e == cudaSuccess) e = k_group(s, b, T, E, K);
@@ -485,8 +871,10 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 }
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
-                    int K, int fused) {
-  if (!route_use_fused(fused, T, K)) {
+                    int K, int mode) {
+  if (route_mode(mode) == 2 && route_tk_warps(T, E, K) > 0) /* the logits as one split */
+    return k_route_tiles(s, rlog, 1, rlog, per_expert_scale, b, T, E, K);
+  if (!route_use_fused(mode, T, K)) {
     cudaError_t e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);
     if (e != cudaSuccess) return e;
     return k_group(s, b, T, E, K);

@@ -184,10 +184,13 @@ done:
   dfree_all(&al);
   return st;
 }
-extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx,
-                                        float *w, int32_t *start, int32_t *pairs, int32_t *order) {
-  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: T %d, E %d (1..256), K %d (1..min(E, 32))", T, E, K);
+extern "C" dg_status dg_cuda_test_route(int device, int mode, float *rlog, const float *pes, int T, int E, int K,
+                                        int32_t *idx, float *w, int32_t *start, int32_t *pairs, int32_t *order) {
+  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1, 2), T %d, E %d (1..256), K %d (1..min(E, 32))",
+                     mode, T, E, K);
+  if (mode == 2 && !k_router_tiles_ok(T, E, 4, K))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode 2 does not cover T %d, E %d, K %d", T, E, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
@@ -200,7 +203,7 @@ extern "C" dg_status dg_cuda_test_route(int device, float *rlog, const float *pe
   TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
   TT_(test_group_bufs(&al, &b, TK, E));
-  TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K, 1)); /* route_kernel (the chain: test_router_route) */
+  TC_(k_route(0, (float *)drl, (const float *)dpes, &b, T, E, K, mode)); /* (the chain: test_router_route) */
   TT_(test_out(rlog, drl, (size_t)T * E * 4));
   TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
@@ -231,11 +234,15 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_test_router_route(int device, const float *u, const float *W, const float *pes, int T,
-                                               int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: T %d, E %d (1..256), H %d, K %d (1..min(E, 32))",
+extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
+                                               int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
+    return dg_seterr(DG_ERR_INVALID_ARG,
+                     "dg_cuda_test_router_route: mode %d (1, 2), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
+  if (mode == 2 && !k_router_tiles_ok(T, E, H, K))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode 2 does not cover T %d, E %d, H %d, K %d", T,
+                     E, H, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
@@ -264,8 +271,15 @@ extern "C" dg_status dg_cuda_test_router_route(int device, const float *u, const
     TC_(cudaMemset(b.topk_idx, 0xFF, TK * 4));
     TC_(cudaMemset(b.pairs, 0xFF, TK * 4));
     TC_(cudaMemset(b.slot_row, 0xFF, TK * 4));
+    TC_(cudaMemset(b.topk_w, 0xFF, TK * 4)); /* and every other output: nothing the chain left passes for new */
+    TC_(cudaMemset(b.count, 0xFF, (size_t)E * 4));
+    TC_(cudaMemset(b.start, 0xFF, (size_t)(E + 1) * 4));
+    TC_(cudaMemset(b.tiles, 0xFF, (TK + E) * 2 * 4));
+    TC_(cudaMemset(b.n_tiles, 0xFF, 4));
+    TC_(cudaMemset(b.order, 0xFF, (size_t)E * 4));
+    TC_(cudaMemset(dws, 0xFF, (size_t)DG_ROUTER_MAX_SPLITS * T * E * 4)); /* no split sum of the chain's either */
     TC_(k_router_route(0, (const float *)du, (const float *)dW, (float *)drl, (const float *)dpes, &b, T, E, H, K,
-                       (float *)dws, 1)); /* route_kernel, whatever the library's default */
+                       (float *)dws, mode)); /* whatever the library's default */
     TT_(route_words(&b, (const float *)drl, T, E, K, got));
     for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
   }

@@ -47,7 +47,8 @@ dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg
                                   const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
                                   uint16_t *h, float *y);
 
-/* The router on the device (k_route, spec 4.6 step 2) for logits rlog [T, E]
+/* The router on the device (k_route in mode 1, route_kernel, or 2, route_tk_kernel: the modes of
+ * DGEMMA_ROUTE=fused and =tiles; spec 4.6 step 2) for logits rlog [T, E]
  * (overwritten with the probabilities, as the backend does), per-expert
  * scales pes [E]: idx [T, K] the K most probable experts (ties to the lower
  * id), w [T, K] their renormalised, scaled weights; and the grouping by
@@ -55,18 +56,20 @@ dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg
  * pair t K + k of each grouped row (experts ascending, pairs ascending within
  * one), order [E] the experts by descending row count, ties by id (the block
  * order of the lane-record expert products). E <= 256, K <= min(E, 32). */
-dg_status dg_cuda_test_route(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
-                             int32_t *start, int32_t *pairs, int32_t *order);
+dg_status dg_cuda_test_route(int device, int mode, float *rlog, const float *pes, int T, int E, int K, int32_t *idx,
+                             float *w, int32_t *start, int32_t *pairs, int32_t *order);
 
-/* The router of one layer from its input: k_router_route (the logits' split products, then route_kernel's
- * sums, softmax, top-K and grouping in one launch), run twice in a row (route_kernel's block counter must
- * return to 0), against the chain of separate launches (k_router_logits, k_route_topk, k_group) on the same
+/* The router of one layer from its input: k_router_route in mode 1 (the logits' split products, then
+ * route_kernel's sums, softmax, top-K and grouping in one launch) or mode 2 (router_tile_kernel's split products,
+ * then route_tk_kernel; DG_ERR_INVALID_ARG where mode 2 does not cover the shape, so that the test never passes
+ * through the chain unawares), run twice in a row (the kernels' block counter must return to 0), against the
+ * chain of separate launches (k_router_logits, k_route_topk, k_group) on the same
  * inputs: u fp32 [T, H] (the router input), W fp32 [E, H], pes [E]. n_diff: the number of 32-bit words of the
  * outputs (probabilities [T, E], idx, w, count, start, pairs, slot_row, tiles, n_tiles, order) that differ
  * between the two ways (both fused runs counted), 0 when they agree bit for bit; idx [T, K] and w [T, K] the
  * fused choices. E <= 256, K <= min(E, 32). */
-dg_status dg_cuda_test_router_route(int device, const float *u, const float *W, const float *pes, int T, int E, int H,
-                                    int K, int32_t *idx, float *w, long *n_diff);
+dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes, int T, int E,
+                                    int H, int K, int32_t *idx, float *w, long *n_diff);
 
 /* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
  * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
@@ -99,15 +102,15 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_soft)(int device, const dg_weight *e, const uint16_t *P, int C, float alpha, float *soft);
   dg_status (*test_experts)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                             const int32_t *idx, int T, int H, int IE, int E, int K, uint16_t *h, float *y);
-  dg_status (*test_route)(int device, float *rlog, const float *pes, int T, int E, int K, int32_t *idx, float *w,
-                          int32_t *start, int32_t *pairs, int32_t *order);
+  dg_status (*test_route)(int device, int mode, float *rlog, const float *pes, int T, int E, int K, int32_t *idx,
+                          float *w, int32_t *start, int32_t *pairs, int32_t *order);
   dg_status (*test_attention)(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
                               int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                               int window, uint16_t *out);
   dg_status (*put_raw_rows)(dg_cuda_ctx *c, int32_t n, const float *raw);
   dg_status (*get_soft)(dg_cuda_ctx *c, float *soft);
-  dg_status (*test_router_route)(int device, const float *u, const float *W, const float *pes, int T, int E, int H,
-                                 int K, int32_t *idx, float *w, long *n_diff);
+  dg_status (*test_router_route)(int device, int mode, const float *u, const float *W, const float *pes, int T, int E,
+                                 int H, int K, int32_t *idx, float *w, long *n_diff);
   dg_status (*test_experts_nt)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from, uint16_t *h,
                                float *y);
