@@ -15,9 +15,11 @@
  *   version 5  version 2 with the earlier key-split rule (enough blocks for two waves; fa_splits)
  *   version 6  flash_pair_kernel: 8 warps on 64 rows, warps w and w ^ 4 splitting the head dim for Q K^T
  *              (partial scores added through shared memory) and P V (each half the output columns): no value
- *              slices at D = 512, two warps per sub-partition (D 64: as version 2)
+ *              slices at D = 512, two warps per sub-partition (D 64: as version 2); key splits on causal
+ *              rows too, merged by fp_combine_kernel
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
+ *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
  *
  * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
  * 1024; full layers 2 KV heads of 512):
@@ -32,7 +34,7 @@
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
  *   build/attention_lab [--reps N] [--versions 1,2] [--small]
- * (the library built with CUDA_ARCH=-gencode=arch=compute_90a,code=sm_90a for the same code as the lab's.)
+ * (the kernels are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH.)
  * --small: emulation-sized rows (canvas 32 after P = 96 and 160, window 64; checks only, every row checked),
  * for the CPU emulation of dev/cuda_emu after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \

@@ -400,12 +400,22 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
  * (4 + 16 + 8 + 16) KiB / 2^18 = 0.17 (version 2: (8 + 32 + 32) KiB / 2^19 = 0.14); MT = 2, BK 32: (8 + 8 + 8 +
  * 8) KiB / 2^18 = 0.12. Registers (ptxas, sm_90a): MT 1: 147 (D 128), 186 (D 256), 243 (D 512); MT 2: 175 (D 128),
  * 252 (D 256; the query indices of the mask computed per tile, not kept, to stay out of spills); no spills.
- * Shared memory at MT = 2, BK 32: D 256 160 KiB, D 128 96 KiB. */
-template <int D, int BK, int MT> struct fp_cfg {
+ * Shared memory at MT = 2, BK 32: D 256 160 KiB, D 128 96 KiB.
+ *
+ * ST stages of K/V (version 8: ST = 3 with version 7's tiles, D 256 192 KiB): tile it + ST - 1 is issued at step
+ * it, so a tile has ST - 1 steps to arrive from L2 (at ST = 2, one step: ~1 us of tensor-core work per block
+ * at the targets, about the latency of a loaded L2).
+ *
+ * Key splits (fa_choose_splits): as version 2's rule, but causal passes (the encoder) split too, which version 2
+ * never does (a 256-token chunk's sliding layer is 64 blocks of 64 rows: half the H200's SMs idle without
+ * splits); the partials are merged by fp_combine_kernel (flash_combine_kernel's arithmetic, more loads in
+ * flight). At the 26B's shapes after 1,024 positions (H200, 132 SMs, 1 block per SM): decoder sliding 64 blocks
+ * x 2 splits (v6) or 32 x 4 (v7), decoder full 64 x 2. */
+template <int D, int BK, int MT, int ST> struct fp_cfg {
   static constexpr int H = D / 2, BM = 64 * MT, WARPS = 8;
   static constexpr int QH = BM * H * 2, KH = BK * H * 2; /* bytes of one half tile */
   static constexpr int QB = 2 * QH, KB = 2 * KH, XB = WARPS * 16 * MT * BK * 4;
-  static constexpr int SMEM = QB + 4 * KB + XB;
+  static constexpr int SMEM = QB + 2 * ST * KB + XB; /* Q, ST stages of K and V, the exchange */
 };
 
 /* fp_scores: a warp's partial Q K^T over one half of the dims for its MT m-tiles (rows 16 (MT rg + mt) of the
@@ -436,15 +446,15 @@ __device__ __forceinline__ void fp_scores(float (&s)[MT][BK / 8][4], const char 
   }
 }
 
-template <int D, int BK, int MT>
+template <int D, int BK, int MT, int ST>
 __global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
   DG_PDL_ENTRY();
-  typedef fp_cfg<D, BK, MT> C;
+  typedef fp_cfg<D, BK, MT, ST> C;
   constexpr int H = C::H, BM = C::BM, NTH = 256, HC = H / 8, XW = 16 * MT * BK; /* HC: 16-byte chunks per half row */
   DG_DYN_SMEM(uint4, fp_smem);
   char *sm = (char *)fp_smem;
-  char *Qs = sm, *Ks = sm + C::QB, *Vs = Ks + 2 * C::KB;
-  float *X = (float *)(Vs + 2 * C::KB);
+  char *Qs = sm, *Ks = sm + C::QB, *Vs = Ks + ST * C::KB;
+  float *X = (float *)(Vs + ST * C::KB);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, rg = w & 3, hf = w >> 2;
   const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * BM, g = blockIdx.y, z = blockIdx.z;
   int blo, bhi;
@@ -477,7 +487,6 @@ __global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
       dg_cp_async16(kd + dst, kg + src, ok ? 16 : 0);
       dg_cp_async16(vd + dst, vg + src, ok ? 16 : 0);
     }
-    dg_cp_commit();
   };
 
   float o[MT][H / 8][4], m[MT][2], l[MT][2];
@@ -491,12 +500,20 @@ __global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
   const int R_first = r0 / G, R_last = (min(r0 + BM, R) - 1) / G;
   float *xw = X + w * XW, *xp = X + (w ^ 4) * XW;
 
-  if (ntile > 0) load_kv(0, 0);
+  /* a ring of ST buffers: tiles 0 .. ST - 2 ahead, then tile it + ST - 1 issued at step it into the buffer of
+   * step it - 1; one commit group per tile slot, empty past the last tile, so that wait_group ST - 2 at step it
+   * always means "tile it landed" */
+#pragma unroll
+  for (int t = 0; t < ST - 1; t++) {
+    if (t < ntile) load_kv(t, t);
+    dg_cp_commit();
+  }
   for (int it = 0; it < ntile; it++) {
-    const int buf = it & 1, kb = zlo + it * BK;
-    dg_cp_wait<0>();
-    __syncthreads(); /* tile it landed for every thread; every warp has left step it - 1 (buffer buf ^ 1, X) */
-    if (it + 1 < ntile) load_kv(it + 1, buf ^ 1);
+    const int buf = it % ST, kb = zlo + it * BK;
+    dg_cp_wait<ST - 2>();
+    __syncthreads(); /* tile it landed for every thread; every warp has left step it - 1 (its buffer, X) */
+    if (it + ST - 1 < ntile) load_kv(it + ST - 1, (it + ST - 1) % ST);
+    dg_cp_commit();
     float s[MT][BK / 8][4];
     fp_scores<H, BK, MT>(s, Qs + hf * C::QH, Ks + buf * C::KB + hf * C::KH, rg, lane);
 #pragma unroll
@@ -562,6 +579,36 @@ __global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, 
   dst[1] = fa_pack(acc[2] * inv, acc[3] * inv);
 }
 
+/* fp_combine_kernel (versions 6, 7): flash_combine_kernel's merge, the same operations in the same order, with
+ * D / 8 threads per row (8 columns each, two float4 per split) and 256 threads per block, the split loop unrolled
+ * by 4 so that a thread's loads of four splits are in flight together (flash_combine_kernel's loop waits for
+ * each split's load before issuing the next). */
+template <int D> __global__ void __launch_bounds__(256) fp_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR) {
+  DG_PDL_ENTRY();
+  constexpr int TPR = D / 8;
+  const size_t row = (size_t)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
+  if (row >= NR) return;
+  const int c = 8 * (threadIdx.x % TPR);
+  const float *ml = part + (size_t)n_split * NR * D;
+  float M = -INFINITY;
+  for (int z = 0; z < n_split; z++) M = fmaxf(M, ml[((size_t)z * NR + row) * 2]);
+  const float mu = M == -INFINITY ? 0.0f : M * FA_L2E;
+  float L = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int z = 0; z < n_split; z++) {
+    const float2 mz = *(const float2 *)(ml + ((size_t)z * NR + row) * 2);
+    const float *src = part + ((size_t)z * NR + row) * D + c;
+    const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
+    const float wz = exp2f(mz.x * FA_L2E - mu);
+    L += wz * mz.y;
+    acc[0] += wz * v0.x; acc[1] += wz * v0.y; acc[2] += wz * v0.z; acc[3] += wz * v0.w;
+    acc[4] += wz * v1.x; acc[5] += wz * v1.y; acc[6] += wz * v1.z; acc[7] += wz * v1.w;
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  *(uint4 *)(out + row * D + c) = make_uint4(fa_pack(acc[0] * inv, acc[1] * inv), fa_pack(acc[2] * inv, acc[3] * inv),
+                                             fa_pack(acc[4] * inv, acc[5] * inv), fa_pack(acc[6] * inv, acc[7] * inv));
+}
+
 static int sm_count(void) {
   static int n = 0;
   if (!n) {
@@ -620,14 +667,16 @@ static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a, 
   return cudaGetLastError();
 }
 
-/* The key splits of a launch (fa_splits over the kernel's occupancy, capped by the workspace; causal passes: none). */
+/* The key splits of a launch (fa_splits over the kernel's occupancy, capped by the workspace). Causal passes
+ * (the encoder) split too: each block splits its own key range (fa_range), a split with no key tile writes
+ * m = -inf, l = 0, which flash_combine_kernel weighs 0. (flash_launch keeps causal passes unsplit.) */
 static int fa_choose_splits(const dg_att_ws *ws, const fa_args &a, int blocks, int BK, int per_sm, int D) {
   int lo, hi; /* keys of the widest block before splitting */
   if (a.causal) { hi = a.pos0 + a.nq; lo = a.is_full ? 0 : max(0, a.pos0 + 1 - a.window); }
   else { hi = a.kv_hi; lo = a.is_full ? 0 : max(0, a.pos0 - (a.window - 1)); }
   const int tiles = (hi - lo + BK - 1) / BK;
   int ns = 1;
-  if (!a.causal && ws && ws->part) {
+  if (ws && ws->part) {
     ns = fa_splits(blocks, tiles, per_sm * sm_count(), 0);
     const size_t NR = (size_t)a.nq * a.NH;
     while (ns > 1 && (size_t)ns * NR * (D + 2) > ws->n) ns--;
@@ -635,10 +684,11 @@ static int fa_choose_splits(const dg_att_ws *ws, const fa_args &a, int blocks, i
   return ns;
 }
 
-template <int D, int BK, int MT> static cudaError_t flash_pair_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
-  typedef fp_cfg<D, BK, MT> C;
+template <int D, int BK, int MT, int ST = 2>
+static cudaError_t flash_pair_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+  typedef fp_cfg<D, BK, MT, ST> C;
   const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
-  void (*kern)(fa_args) = flash_pair_kernel<D, BK, MT>;
+  void (*kern)(fa_args) = flash_pair_kernel<D, BK, MT, ST>;
   static int per_sm = 0;
   if (!per_sm) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -649,7 +699,11 @@ template <int D, int BK, int MT> static cudaError_t flash_pair_launch(cudaStream
   const int ns = fa_choose_splits(ws, a, bx * a.NKV, BK, per_sm, D);
   a.n_split = ns;
   DG_LAUNCH(kern, dim3(bx, a.NKV, ns), 256, C::SMEM, s)(a);
-  if (ns > 1) DG_LAUNCH(flash_combine_kernel, (unsigned)((size_t)a.nq * a.NH), D / 4, 0, s)(a.part, a.out, ns, (size_t)a.nq * a.NH, D);
+  if (ns > 1) {
+    const size_t NR = (size_t)a.nq * a.NH;
+    constexpr int RPB = 256 / (D / 8); /* rows per combine block */
+    DG_LAUNCH(fp_combine_kernel<D>, (unsigned)((NR + RPB - 1) / RPB), 256, 0, s)(a.part, a.out, ns, NR);
+  }
   return cudaGetLastError();
 }
 
@@ -664,7 +718,7 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 7) return cudaErrorInvalidValue;
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 8) return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
@@ -695,6 +749,14 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
     default: return flash_pair_launch<512, 32, 1>(s, ws, a);
     }
   }
+  if (version == 8) { /* version 7 with a 3-deep K/V ring at D 128, 256; D 512 as version 6 */
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 4>(s, ws, a);
+    case 128: return flash_pair_launch<128, 32, 2, 3>(s, ws, a);
+    case 256: return flash_pair_launch<256, 32, 2, 3>(s, ws, a);
+    default: return flash_pair_launch<512, 32, 1>(s, ws, a);
+    }
+  }
   if (version == 3) {
     switch (D) {
     case 64: return flash_launch<64, 64, 32, 4>(s, ws, a);
@@ -721,14 +783,14 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
 
 /* DGEMMA_ATTN=N (the passes' kernel version, read once): 0 or unset the default (version 2's configuration, the
  * warp-per-row kernel for head dims the tensor-core kernels do not take), else one of k_attention_any's versions
- * for the head dims that version takes (6: flash_pair_kernel), the default for the others. For timing the
+ * for the head dims that version takes (6, 7, 8: flash_pair_kernel), the default for the others. For timing the
  * versions in whole passes (the lab times them alone). */
 static int attn_version(int D, int NH, int NKV) {
   static int v = -1;
   if (v < 0) {
     const char *e = getenv("DGEMMA_ATTN");
     v = e && *e ? atoi(e) : 0;
-    if (v < 0 || v > 7) v = 0;
+    if (v < 0 || v > 8) v = 0;
   }
   return v >= 2 && !k_attention_flash_ok(D, NH, NKV) ? 0 : v;
 }
