@@ -781,18 +781,21 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   }
 }
 
-/* DGEMMA_ATTN=N (the passes' kernel version, read once): 0 or unset the default (version 2's configuration, the
- * warp-per-row kernel for head dims the tensor-core kernels do not take), else one of k_attention_any's versions
- * for the head dims that version takes (6, 7, 8: flash_pair_kernel), the default for the others. For timing the
- * versions in whole passes (the lab times them alone). */
+/* DGEMMA_ATTN=N or N,M (the passes' kernel version, read once): 0 or unset the default (version 2's
+ * configuration, the warp-per-row kernel for head dims the tensor-core kernels do not take), else one of
+ * k_attention_any's versions (6, 7, 8: flash_pair_kernel) for the head dims that version takes, the default for
+ * the others; N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers). For
+ * timing the versions in whole passes (the lab times them alone). */
 static int attn_version(int D, int NH, int NKV) {
-  static int v = -1;
-  if (v < 0) {
-    const char *e = getenv("DGEMMA_ATTN");
-    v = e && *e ? atoi(e) : 0;
-    if (v < 0 || v > 8) v = 0;
+  static int v[2] = {-1, -1};
+  if (v[0] < 0 || v[1] < 0) {
+    const char *e = getenv("DGEMMA_ATTN"), *c = e ? strchr(e, ',') : NULL;
+    int n = e && *e ? atoi(e) : 0, m = c ? atoi(c + 1) : n;
+    v[1] = m < 0 || m > 8 ? 0 : m;
+    v[0] = n < 0 || n > 8 ? 0 : n;
   }
-  return v >= 2 && !k_attention_flash_ok(D, NH, NKV) ? 0 : v;
+  const int u = v[D > 256];
+  return u >= 2 && !k_attention_flash_ok(D, NH, NKV) ? 0 : u;
 }
 
 cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
