@@ -1,5 +1,5 @@
 /* attention.cu: the layer's attention (spec 4.4 step 3, masks 4.5) over the
- * KV cache, two kernels:
+ * KV cache, three kernels:
  *   1. attention_kernel: one warp per (query, head), sequential over the
  *      keys, fp32 throughout (the first kernel; kept for head dims the
  *      tensor-core kernel does not take, and as the lab's version 1);
@@ -8,8 +8,10 @@
  *      cp.async, never a score matrix in device memory (Dao, "FlashAttention-2",
  *      2023, algorithm 1), and the keys split across blocks when the queries
  *      alone give too few blocks (flash-decoding: partial (O, m, l) per split,
- *      merged by flash_combine_kernel).
- * Both: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
+ *      merged by flash_combine_kernel);
+ *   3. flash_pair_kernel (opt-in: lab versions 6-8, DGEMMA_ATTN): flash_kernel's
+ *      pieces with warp pairs splitting the head dim (header of its section).
+ * All: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
  *   encoder (causal): hi = pos + 1, lo = 0 on full layers, hi - window on
  *     sliding ones;
  *   decoder: hi = pos0 + C (the canvas K/V sit in slots pos0.., never
@@ -18,7 +20,7 @@
  * position; sliding layers: a ring of at least window - 1 + max(canvas, encoder chunk) slots, so the keys
  * one pass reads never share a slot); out bf16 [nq, NH, D].
  *
- * What flash_kernel rounds (the bound tests/test_cuda.c checks, derived in
+ * What flash_kernel (and flash_pair_kernel) rounds (the bound tests/test_cuda.c checks, derived in
  * its header): q to bf16 before QK (relative 2^-9 per element), the
  * probabilities p = exp(s - m) to bf16 before PV (relative 2^-9); the row sums
  * l and the output accumulate in fp32 from the unrounded p. */
@@ -579,7 +581,7 @@ __global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, 
   dst[1] = fa_pack(acc[2] * inv, acc[3] * inv);
 }
 
-/* fp_combine_kernel (versions 6, 7): flash_combine_kernel's merge, the same operations in the same order, with
+/* fp_combine_kernel (versions 6-8): flash_combine_kernel's merge, the same operations in the same order, with
  * D / 8 threads per row (8 columns each, two float4 per split) and 256 threads per block, the split loop unrolled
  * by 4 so that a thread's loads of four splits are in flight together (flash_combine_kernel's loop waits for
  * each split's load before issuing the next). */
@@ -669,7 +671,7 @@ static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a, 
 
 /* The key splits of a launch (fa_splits over the kernel's occupancy, capped by the workspace). Causal passes
  * (the encoder) split too: each block splits its own key range (fa_range), a split with no key tile writes
- * m = -inf, l = 0, which flash_combine_kernel weighs 0. (flash_launch keeps causal passes unsplit.) */
+ * m = -inf, l = 0, which the merge weighs 0. (flash_launch keeps causal passes unsplit.) */
 static int fa_choose_splits(const dg_att_ws *ws, const fa_args &a, int blocks, int BK, int per_sm, int D) {
   int lo, hi; /* keys of the widest block before splitting */
   if (a.causal) { hi = a.pos0 + a.nq; lo = a.is_full ? 0 : max(0, a.pos0 + 1 - a.window); }
