@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
  * MT), each K fragment (Q K^T) and V fragment (P V) loaded from shared memory once for its MT tiles. Shared
  * memory bytes per multiply-add, per warp and tile (Q K^T half + exchange + P V half): MT = 1, BK 64 at D 256:
  * (4 + 16 + 8 + 16) KiB / 2^18 = 0.17 (version 2: (8 + 32 + 32) KiB / 2^19 = 0.14); MT = 2, BK 32: (8 + 8 + 8 +
- * 8) KiB / 2^18 = 0.12. Registers (ptxas, sm_90a): MT 1: 147 (D 128), 186 (D 256), 243 (D 512); MT 2: 175 (D 128),
+ * 8) KiB / 2^18 = 0.12. Registers (ptxas, sm_90a): MT 1: 148 (D 128), 186 (D 256), 243 (D 512); MT 2: 175 (D 128),
  * 252 (D 256; the query indices of the mask computed per tile, not kept, to stay out of spills); no spills.
  * Shared memory at MT = 2, BK 32: D 256 160 KiB, D 128 96 KiB.
  *
