@@ -2313,7 +2313,9 @@ static void test_attention(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  for (int v = 1; v <= 5; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits */
+  for (int v = 1; v <= 8; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
+                                    6-8: warp pairs splitting the head dim (flash_pair_kernel; 7: 32 rows per warp;
+                                    8: 7 with a 3-deep K/V ring) */
     if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     double worst = 0;
     /* the 26B's sliding layer in the decoder: a 64-row canvas after 700 positions, window 512 (keys split) */
@@ -2333,7 +2335,10 @@ static void test_attention(void **state) {
                          &worst);
     printf("# attention version %d (%s): 7 shapes (2 in ring caches) within the derived bound, largest |diff| / "
            "bound %.4f (<= 1)\n", v,
-           v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : v == 5 ? "tensor cores, the earlier key splits" : "tensor cores, another tile", worst);
+           v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : v == 5 ? "tensor cores, the earlier key splits"
+           : v == 6 ? "tensor cores, warp pairs split the head dim"
+           : v == 7 ? "tensor cores, warp pairs split the head dim, 32 rows per warp"
+           : v == 8 ? "tensor cores, warp pairs split the head dim, 32 rows per warp, 3 K/V stages" : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
   check_attention("decoder D 16", 0, 24, 2, 2, 16, 64, 20, 44, 0, 0, 8, 1.0f, &worst);

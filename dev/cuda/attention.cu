@@ -13,6 +13,13 @@
  *   version 3  the same, 32 keys per tile (16 at D = 512): 2 blocks per SM
  *   version 4  8 warps (128 rows), 32 keys per tile (16 at D = 512)
  *   version 5  version 2 with the earlier key-split rule (enough blocks for two waves; fa_splits)
+ *   version 6  flash_pair_kernel: 8 warps on 64 rows, warps w and w ^ 4 splitting the head dim for Q K^T
+ *              (partial scores added through shared memory) and P V (each half the output columns): no value
+ *              slices at D = 512, two warps per sub-partition (D 64: as version 2); key splits on causal
+ *              rows too, merged by fp_combine_kernel
+ *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
+ *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
+ *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
  *
  * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
  * 1024; full layers 2 KV heads of 512):
@@ -24,9 +31,15 @@
  * + out (bf16). Roofline = max(bytes / read BW, FLOPs / bf16 rate).
  *
  * Build and run (GPU machine, after make CUDA=1):
- *   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc dev/cuda/attention.cu \
+ *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
- *   build/attention_lab [--reps N] [--versions 1,2]
+ *   build/attention_lab [--reps N] [--versions 1,2] [--small]
+ * (the kernels are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH.)
+ * --small: emulation-sized rows (canvas 32 after P = 96 and 160, window 64; checks only, every row checked),
+ * for the CPU emulation of dev/cuda_emu after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
+ *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
+ *       dev/cuda/attention.cu -x none build-emu/libdgemma.a -lcjson -lm -lstdc++ -o build-emu/attention_lab
+ *   build-emu/attention_lab --small --versions 2,6
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -64,13 +77,14 @@ __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
 
 int main(int argc, char **argv) {
-  int reps = 20, vmask = 30;
+  int reps = 20, vmask = 30, small = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) {
       vmask = 0;
       for (const char *p = argv[++i]; *p; p++) if (*p >= '1' && *p <= '9') vmask |= 1 << (*p - '0');
-    } else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2]\n"); return 2; }
+    } else if (!strcmp(argv[i], "--small")) small = 1;
+    else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2] [--small]\n"); return 2; }
   }
   cudaDeviceProp prop;
   CKL(cudaGetDeviceProperties(&prop, 0));
@@ -78,29 +92,29 @@ int main(int argc, char **argv) {
   CKL(cudaEventCreate(&e0));
   CKL(cudaEventCreate(&e1));
   /* ceilings: read bandwidth over 4 GiB, bf16 GEMM 8192^3 */
-  const size_t RB = (size_t)4 << 30;
+  const size_t RB = small ? (size_t)1 << 20 : (size_t)4 << 30;
   uint4 *big;
   unsigned *sink;
-  CKL(cudaMalloc(&big, RB));
-  CKL(cudaMalloc(&sink, 4));
+  CKL(cudaMalloc((void **)&big, RB));
+  CKL(cudaMalloc((void **)&sink, 4));
   CKL(cudaMemset(big, 1, RB));
   std::vector<float> t;
   for (int r = 0; r < 5; r++) {
     CKL(cudaEventRecord(e0));
-    read_kernel<<<prop.multiProcessorCount * 8, 512>>>(big, RB / 16, sink);
+    DG_LAUNCH(read_kernel, prop.multiProcessorCount * 8, 512, 0, 0)(big, RB / 16, sink);
     CKL(cudaEventRecord(e1));
     CKL(cudaEventSynchronize(e1));
     t.push_back(time_ms(e0, e1));
   }
   std::sort(t.begin(), t.end());
   const double bw = RB / (t[t.size() / 2] * 1e-3);
-  double rate;
-  {
+  double rate = 1e12;
+  if (!small) {
     const int N = 8192;
     cublasHandle_t h;
     cublasCreate(&h);
     void *A, *B, *Cm;
-    CKL(cudaMalloc(&A, (size_t)N * N * 2)); CKL(cudaMalloc(&B, (size_t)N * N * 2)); CKL(cudaMalloc(&Cm, (size_t)N * N * 4));
+    CKL(cudaMalloc((void **)&A, (size_t)N * N * 2)); CKL(cudaMalloc((void **)&B, (size_t)N * N * 2)); CKL(cudaMalloc((void **)&Cm, (size_t)N * N * 4));
     CKL(cudaMemset(A, 0x3c, (size_t)N * N * 2)); CKL(cudaMemset(B, 0x3c, (size_t)N * N * 2));
     const float one = 1, zero = 0;
     std::vector<float> g;
@@ -121,13 +135,17 @@ int main(int argc, char **argv) {
   printf("| row | version | ms (median) | min-max | TFLOP/s | GB/s | roofline ms | %% of roofline | check |\n|---|---|---|---|---|---|---|---|---|\n");
 
   struct row { const char *name; int full, causal, P; };
-  const row rows[] = {{"decoder sliding P1024", 0, 0, 1024}, {"decoder full P1024", 1, 0, 1024},
+  const row small_rows[] = {{"decoder sliding P160", 0, 0, 160}, {"decoder full P96", 1, 0, 96},
+                            {"encoder sliding P96", 0, 1, 96}, {"encoder full P96", 1, 1, 96}};
+  const row big_rows[] = {{"decoder sliding P1024", 0, 0, 1024}, {"decoder full P1024", 1, 0, 1024},
                       {"decoder sliding P2048", 0, 0, 2048}, {"decoder full P2048", 1, 0, 2048},
                       {"decoder sliding P4096", 0, 0, 4096}, {"decoder full P4096", 1, 0, 4096},
                       {"encoder sliding P1024", 0, 1, 1024}, {"encoder full P1024", 1, 1, 1024}};
-  const int NH = 16, C = 256, W = 1024;
+  const int NH = 16, C = small ? 32 : 256, W = small ? 64 : 1024;
   int failed = 0;
-  for (const row &rw : rows) {
+  const int nrows = small ? 4 : 8;
+  for (int ri = 0; ri < nrows; ri++) {
+    const row &rw = small ? small_rows[ri] : big_rows[ri];
     const int NKV = rw.full ? 2 : 8, D = rw.full ? 512 : 256, G = NH / NKV;
     const int S = rw.P + C, nq = C, pos0 = rw.P, kv_hi = rw.P + C;
     const size_t kvn = (size_t)NKV * S * D, qn = (size_t)nq * NH * D;
@@ -139,8 +157,8 @@ int main(int argc, char **argv) {
     float *dq; bf16 *dk, *dv, *dout;
     dg_att_ws ws;
     ws.n = 8 * (size_t)nq * NH * (D + 2);
-    CKL(cudaMalloc(&dq, qn * 4)); CKL(cudaMalloc(&dk, kvn * 2)); CKL(cudaMalloc(&dv, kvn * 2)); CKL(cudaMalloc(&dout, qn * 2));
-    CKL(cudaMalloc(&ws.part, ws.n * 4));
+    CKL(cudaMalloc((void **)&dq, qn * 4)); CKL(cudaMalloc((void **)&dk, kvn * 2)); CKL(cudaMalloc((void **)&dv, kvn * 2)); CKL(cudaMalloc((void **)&dout, qn * 2));
+    CKL(cudaMalloc((void **)&ws.part, ws.n * 4));
     CKL(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
     CKL(cudaMemcpy(dk, kc.data(), kvn * 2, cudaMemcpyHostToDevice));
     CKL(cudaMemcpy(dv, vc.data(), kvn * 2, cudaMemcpyHostToDevice));
@@ -157,7 +175,7 @@ int main(int argc, char **argv) {
     }
     const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
     const double roof = std::max(bytes / bw, flops / rate) * 1e3;
-    for (int v = 1; v <= 5; v++) {
+    for (int v = 1; v <= 9; v++) {
       if (!(vmask >> v & 1)) continue;
       CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
       CKL(cudaDeviceSynchronize());
@@ -165,8 +183,10 @@ int main(int argc, char **argv) {
       /* check 24 sampled (query, head) rows against double precision: |diff| <= 2^-6 max|o| of the row
        * (the test's derived per-element bound is in tests/test_cuda.c; here a coarse screen) */
       double worst = 0;
-      for (int smp = 0; smp < 24; smp++) {
-        const int tq = (int)(rnd() % nq), h = (int)(rnd() % NH), g = h / G, pos = pos0 + tq;
+      const int nsmp = small ? nq * NH : 24;
+      for (int smp = 0; smp < nsmp; smp++) {
+        const int tq = small ? smp / NH : (int)(rnd() % nq), h = small ? smp % NH : (int)(rnd() % NH), g = h / G,
+                  pos = pos0 + tq;
         const int hi = rw.causal ? pos + 1 : kv_hi;
         const int lo = rw.full ? 0 : rw.causal ? std::max(0, pos + 1 - W) : std::max(0, pos0 - (W - 1));
         std::vector<double> s(hi - lo);
@@ -190,8 +210,8 @@ int main(int argc, char **argv) {
       const bool ok = worst <= 1.0;
       failed += !ok;
       std::vector<float> ms;
-      for (int r = 0; r < reps; r++) {
-        read_kernel<<<prop.multiProcessorCount * 8, 512>>>(big, ((size_t)256 << 20) / 16, sink); /* flush the 60 MB L2 */
+      for (int r = 0; r < (small ? 1 : reps); r++) {
+        DG_LAUNCH(read_kernel, prop.multiProcessorCount * 8, 512, 0, 0)(big, std::min(RB, (size_t)256 << 20) / 16, sink); /* flush the 60 MB L2 */
         CKL(cudaEventRecord(e0));
         CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
         CKL(cudaEventRecord(e1));

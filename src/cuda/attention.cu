@@ -1,5 +1,5 @@
 /* attention.cu: the layer's attention (spec 4.4 step 3, masks 4.5) over the
- * KV cache, two kernels:
+ * KV cache, three kernels:
  *   1. attention_kernel: one warp per (query, head), sequential over the
  *      keys, fp32 throughout (the first kernel; kept for head dims the
  *      tensor-core kernel does not take, and as the lab's version 1);
@@ -8,8 +8,10 @@
  *      cp.async, never a score matrix in device memory (Dao, "FlashAttention-2",
  *      2023, algorithm 1), and the keys split across blocks when the queries
  *      alone give too few blocks (flash-decoding: partial (O, m, l) per split,
- *      merged by flash_combine_kernel).
- * Both: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
+ *      merged by flash_combine_kernel);
+ *   3. flash_pair_kernel (opt-in: lab versions 6-8, DGEMMA_ATTN): flash_kernel's
+ *      pieces with warp pairs splitting the head dim (header of its section).
+ * All: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
  *   encoder (causal): hi = pos + 1, lo = 0 on full layers, hi - window on
  *     sliding ones;
  *   decoder: hi = pos0 + C (the canvas K/V sit in slots pos0.., never
@@ -18,12 +20,13 @@
  * position; sliding layers: a ring of at least window - 1 + max(canvas, encoder chunk) slots, so the keys
  * one pass reads never share a slot); out bf16 [nq, NH, D].
  *
- * What flash_kernel rounds (the bound tests/test_cuda.c checks, derived in
+ * What flash_kernel (and flash_pair_kernel) rounds (the bound tests/test_cuda.c checks, derived in
  * its header): q to bf16 before QK (relative 2^-9 per element), the
  * probabilities p = exp(s - m) to bf16 before PV (relative 2^-9); the row sums
  * l and the output accumulate in fp32 from the unrounded p. */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/common.cuh"
@@ -206,11 +209,11 @@ __device__ __forceinline__ void fa_mask(const fa_args &a, float (&s)[BK / 8][4],
   }
 }
 
-/* fa_online_pv: the online softmax of the tile's scores into the running max m, sum l and output o (rescaled by
- * 2^((m_old - m_new) log2 e)), then o += P V over the V tile vt (P rounded to bf16). */
+/* fa_softmax: the online softmax of the tile's scores into the running max m, sum l and output o (rescaled by
+ * 2^((m_old - m_new) log2 e)); pa the probabilities rounded to bf16 as the A fragments of P V. */
 template <int DV, int BK>
-__device__ __forceinline__ void fa_online_pv(const float (&s)[BK / 8][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[DV / 8][4], const char *vt, int lane) {
+__device__ __forceinline__ void fa_softmax(const float (&s)[BK / 8][4], float (&m)[2], float (&l)[2],
+                                           float (&o)[DV / 8][4], uint32_t (&pa)[BK / 16][4]) {
   /* online softmax: rows lane / 4 (elements 0, 1) and lane / 4 + 8 (2, 3), each over a quad */
   float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -233,7 +236,6 @@ __device__ __forceinline__ void fa_online_pv(const float (&s)[BK / 8][4], float 
       o[j][2 * i + 1] *= corr;
     }
   }
-  uint32_t pa[BK / 16][4];
 #pragma unroll
   for (int nt = 0; nt < BK / 8; nt++) {
     const float p0 = exp2f(fmaf(s[nt][0], FA_L2E, -mu[0])), p1 = exp2f(fmaf(s[nt][1], FA_L2E, -mu[0]));
@@ -243,6 +245,14 @@ __device__ __forceinline__ void fa_online_pv(const float (&s)[BK / 8][4], float 
     pa[nt >> 1][(nt & 1) * 2] = fa_pack(p0, p1);
     pa[nt >> 1][(nt & 1) * 2 + 1] = fa_pack(p2, p3);
   }
+}
+
+/* fa_online_pv: fa_softmax, then o += P V over the V tile vt. */
+template <int DV, int BK>
+__device__ __forceinline__ void fa_online_pv(const float (&s)[BK / 8][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[DV / 8][4], const char *vt, int lane) {
+  uint32_t pa[BK / 16][4];
+  fa_softmax<DV, BK>(s, m, l, o, pa);
 #pragma unroll
   for (int j = 0; j < BK / 16; j++) {
 #pragma unroll
@@ -362,6 +372,192 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
   fa_store<D, DV>(a, o, m, l, r0, rl, R, G, g, dv0, z, lane);
 }
 
+/* ---- version 6: warp pairs split the head dim (flash_pair_kernel) --------------------------------------------
+ *
+ * What version 2 spends, per block of 4 warps (64 rows) and key tile, at the 26B's shapes: one warp per SM
+ * sub-partition (nothing hides an ldmatrix's or an exp2's latency; 244-254 registers at D 256 / 512); each
+ * warp's O accumulator holds 16 rows x DV fp32 in registers, so a 512-wide head is two value slices of 256
+ * in two blocks that both compute the whole Q K^T (full layers: 1.5x the needed tensor-core work, K read from
+ * L2 and shared memory twice, K + V / 2 = 1.5x the needed L2 traffic per row block).
+ *
+ * flash_pair_kernel (version 6): 8 warps, 64 rows (16 per warp as before); warps w and w ^ 4 serve the same 16 rows, warp
+ * w < 4 the first half of the head dim (H = D / 2), w >= 4 the second, for both products:
+ *   Q K^T: each warp the partial scores over its half of the dims (Q and K tiles stored as two [rows, H]
+ *     half tiles, swizzled as version 2's); the pair adds them through shared memory (fp32, in fragment
+ *     order: lane l of both warps holds the same (row, key) elements, so no bank conflicts, and a + b = b + a
+ *     gives both warps bit-identical scores, maxima, probabilities and sums);
+ *   P V: each warp its half of the output columns (O: 16 x H fp32, 64 registers at D 256, 128 at D 512) over
+ *     the whole tile, V as two [keys, H] half tiles.
+ * So: no value slices (one block per 64 rows reads each K and V element of its keys once, computes Q K^T
+ * once), two warps per sub-partition, half the O registers per warp. The K/V tile of step it + 1 is issued
+ * right after the barrier that opens step it (every warp has left step it - 1, whose buffer it reuses): two
+ * barriers per tile (that one and the score exchange's). Rounding: as version 2 (the partial sums are fp32 sums
+ * of the same exact products, added once more), so tests/test_cuda.c's bound holds unchanged.
+ * Shared memory: Q [64, D] + 2 x (K [BK, D] + V [BK, D]) + the exchange 8 x 16 x BK fp32: D 256, BK 64: 192 KiB;
+ * D 512, BK 32: 208 KiB; D 128, BK 64: 112 KiB. Head dims 128, 256, 512 (H >= 64 for the swizzle).
+ *
+ * MT m-tiles per warp (version 7: MT = 2 at D 128 and 256, 32 keys per tile): a warp serves 16 MT rows (BM = 64
+ * MT), each K fragment (Q K^T) and V fragment (P V) loaded from shared memory once for its MT tiles. Shared
+ * memory bytes per multiply-add, per warp and tile (Q K^T half + exchange + P V half): MT = 1, BK 64 at D 256:
+ * (4 + 16 + 8 + 16) KiB / 2^18 = 0.17 (version 2: (8 + 32 + 32) KiB / 2^19 = 0.14); MT = 2, BK 32: (8 + 8 + 8 +
+ * 8) KiB / 2^18 = 0.12. Registers (ptxas, sm_90a): MT 1: 148 (D 128), 186 (D 256), 243 (D 512); MT 2: 175 (D 128),
+ * 252 (D 256; the query indices of the mask computed per tile, not kept, to stay out of spills); no spills.
+ * Shared memory at MT = 2, BK 32: D 256 160 KiB, D 128 96 KiB.
+ *
+ * ST stages of K/V (version 8: ST = 3 with version 7's tiles, D 256 192 KiB): tile it + ST - 1 is issued at step
+ * it, so a tile has ST - 1 steps to arrive from L2 (at ST = 2, one step: ~1 us of tensor-core work per block
+ * at the targets, about the latency of a loaded L2).
+ *
+ * Key splits (fa_choose_splits): as version 2's rule, but causal passes (the encoder) split too, which version 2
+ * never does (a 256-token chunk's sliding layer is 64 blocks of 64 rows: half the H200's SMs idle without
+ * splits); the partials are merged by fp_combine_kernel (flash_combine_kernel's arithmetic, more loads in
+ * flight). At the 26B's shapes after 1,024 positions (H200, 132 SMs, 1 block per SM): decoder sliding 64 blocks
+ * x 2 splits (v6) or 32 x 4 (v7), decoder full 64 x 2. */
+template <int D, int BK, int MT, int ST> struct fp_cfg {
+  static constexpr int H = D / 2, BM = 64 * MT, WARPS = 8;
+  static constexpr int QH = BM * H * 2, KH = BK * H * 2; /* bytes of one half tile */
+  static constexpr int QB = 2 * QH, KB = 2 * KH, XB = WARPS * 16 * MT * BK * 4;
+  static constexpr int SMEM = QB + 2 * ST * KB + XB; /* Q, ST stages of K and V, the exchange */
+};
+
+/* fp_scores: a warp's partial Q K^T over one half of the dims for its MT m-tiles (rows 16 (MT rg + mt) of the
+ * half tile Qs), each K fragment loaded once for the MT tiles (as fa_scores at MT = 1). */
+template <int H, int BK, int MT>
+__device__ __forceinline__ void fp_scores(float (&s)[MT][BK / 8][4], const char *Qs, const char *kt, int rg,
+                                          int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int i = 0; i < BK / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+#pragma unroll(4 / MT)
+  for (int kk = 0; kk < H / 16; kk++) {
+    uint32_t qa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+      dg_ldsm_x4(qa[mt], Qs + fa_swz<H>(16 * (MT * rg + mt) + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+    for (int np = 0; np < BK / 16; np++) {
+      uint32_t kf[4];
+      dg_ldsm_x4(kf, kt + fa_swz<H>(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        dg_mma_bf16(s[mt][2 * np], qa[mt], kf);
+        dg_mma_bf16(s[mt][2 * np + 1], qa[mt], kf + 2);
+      }
+    }
+  }
+}
+
+template <int D, int BK, int MT, int ST>
+__global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
+  DG_PDL_ENTRY();
+  typedef fp_cfg<D, BK, MT, ST> C;
+  constexpr int H = C::H, BM = C::BM, NTH = 256, HC = H / 8, XW = 16 * MT * BK; /* HC: 16-byte chunks per half row */
+  DG_DYN_SMEM(uint4, fp_smem);
+  char *sm = (char *)fp_smem;
+  char *Qs = sm, *Ks = sm + C::QB, *Vs = Ks + ST * C::KB;
+  float *X = (float *)(Vs + ST * C::KB);
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, rg = w & 3, hf = w >> 2;
+  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * BM, g = blockIdx.y, z = blockIdx.z;
+  int blo, bhi;
+  fa_range(a, r0, G, BM, &blo, &bhi);
+  const int nt_all = (bhi - blo + BK - 1) / BK, per = (nt_all + a.n_split - 1) / a.n_split;
+  const int zlo = blo + z * per * BK, zhi = min(bhi, zlo + per * BK);
+  const int ntile = zhi > zlo ? (zhi - zlo + BK - 1) / BK : 0;
+  const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D;
+
+  /* Q tile: fp32 -> bf16, rows past R zero; chunk ch of a row to half ch / HC */
+  for (int i = tid; i < BM * (D / 8); i += NTH) {
+    const int r = i / (D / 8), ch = i % (D / 8), gr = r0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (gr < R) {
+      const float *src = a.q + ((size_t)(gr / G) * a.NH + g * G + gr % G) * D + ch * 8;
+      const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
+      v = make_uint4(fa_pack(x0.x, x0.y), fa_pack(x0.z, x0.w), fa_pack(x1.x, x1.y), fa_pack(x1.z, x1.w));
+    }
+    *(uint4 *)(Qs + (ch / HC) * C::QH + fa_swz<H>(r, ch % HC)) = v;
+  }
+  auto load_kv = [&](int it, int buf) {
+    const int kb = zlo + it * BK, sb = kb % a.S;
+    char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::KB;
+    for (int i = tid; i < BK * (D / 8); i += NTH) {
+      const int r = i / (D / 8), ch = i % (D / 8), ok = kb + r < zhi;
+      int sl = sb + r; /* one wrap at most (a pass's keys never share a slot) */
+      sl -= sl >= a.S ? a.S : 0;
+      const size_t src = (size_t)(ok ? sl : sb) * D + ch * 8;
+      const int dst = (ch / HC) * C::KH + fa_swz<H>(r, ch % HC);
+      dg_cp_async16(kd + dst, kg + src, ok ? 16 : 0);
+      dg_cp_async16(vd + dst, vg + src, ok ? 16 : 0);
+    }
+  };
+
+  float o[MT][H / 8][4], m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int i = 0; i < H / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
+  const int R_first = r0 / G, R_last = (min(r0 + BM, R) - 1) / G;
+  float *xw = X + w * XW, *xp = X + (w ^ 4) * XW;
+
+  /* a ring of ST buffers: tiles 0 .. ST - 2 ahead, then tile it + ST - 1 issued at step it into the buffer of
+   * step it - 1; one commit group per tile slot, empty past the last tile, so that wait_group ST - 2 at step it
+   * always means "tile it landed" */
+#pragma unroll
+  for (int t = 0; t < ST - 1; t++) {
+    if (t < ntile) load_kv(t, t);
+    dg_cp_commit();
+  }
+  for (int it = 0; it < ntile; it++) {
+    const int buf = it % ST, kb = zlo + it * BK;
+    dg_cp_wait<ST - 2>();
+    __syncthreads(); /* tile it landed for every thread; every warp has left step it - 1 (its buffer, X) */
+    if (it + ST - 1 < ntile) load_kv(it + ST - 1, (it + ST - 1) % ST);
+    dg_cp_commit();
+    float s[MT][BK / 8][4];
+    fp_scores<H, BK, MT>(s, Qs + hf * C::QH, Ks + buf * C::KB + hf * C::KH, rg, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) xw[((mt * (BK / 8) + nt) * 4 + e) * 32 + lane] = s[mt][nt][e];
+    __syncthreads(); /* the pair's partial scores */
+    uint32_t pa[MT][BK / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+      for (int nt = 0; nt < BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[mt][nt][e] += xp[((mt * (BK / 8) + nt) * 4 + e) * 32 + lane];
+      const int rl = 16 * (MT * rg + mt) + (lane >> 2); /* the lane's rows r0 + rl, + 8 (query indices on the fly:
+                                                            fewer live registers) */
+      fa_mask<BK>(a, s[mt], kb, zhi, (r0 + rl) / G, (r0 + rl + 8) / G, R_first, R_last, lane);
+      fa_softmax<H, BK>(s[mt], m[mt], l[mt], o[mt], pa[mt]);
+    }
+    /* o += P V over this warp's half of the columns, each V fragment for the MT tiles */
+    const char *vt = Vs + buf * C::KB + hf * C::KH;
+#pragma unroll
+    for (int j = 0; j < BK / 16; j++) {
+#pragma unroll
+      for (int dp = 0; dp < H / 16; dp++) {
+        uint32_t vf[4];
+        dg_ldsm_x4_t(vf, vt + fa_swz<H>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          dg_mma_bf16(o[mt][2 * dp], pa[mt][j], vf);
+          dg_mma_bf16(o[mt][2 * dp + 1], pa[mt][j], vf + 2);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+    fa_store<D, H>(a, o[mt], m[mt], l[mt], r0, 16 * (MT * rg + mt) + (lane >> 2), R, G, g, hf * H, z, lane);
+}
+
 /* Merge the key splits of one output row per block (D / 4 threads, 4 columns
  * each): O = sum_z 2^((m_z - M) log2 e) O_z / sum_z 2^(...) l_z, M = max m_z. */
 __global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR, int D) {
@@ -383,6 +579,36 @@ __global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, 
   uint32_t *dst = (uint32_t *)(out + row * D + c);
   dst[0] = fa_pack(acc[0] * inv, acc[1] * inv);
   dst[1] = fa_pack(acc[2] * inv, acc[3] * inv);
+}
+
+/* fp_combine_kernel (versions 6-8): flash_combine_kernel's merge, the same operations in the same order, with
+ * D / 8 threads per row (8 columns each, two float4 per split) and 256 threads per block, the split loop unrolled
+ * by 4 so that a thread's loads of four splits are in flight together (flash_combine_kernel's loop waits for
+ * each split's load before issuing the next). */
+template <int D> __global__ void __launch_bounds__(256) fp_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR) {
+  DG_PDL_ENTRY();
+  constexpr int TPR = D / 8;
+  const size_t row = (size_t)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
+  if (row >= NR) return;
+  const int c = 8 * (threadIdx.x % TPR);
+  const float *ml = part + (size_t)n_split * NR * D;
+  float M = -INFINITY;
+  for (int z = 0; z < n_split; z++) M = fmaxf(M, ml[((size_t)z * NR + row) * 2]);
+  const float mu = M == -INFINITY ? 0.0f : M * FA_L2E;
+  float L = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int z = 0; z < n_split; z++) {
+    const float2 mz = *(const float2 *)(ml + ((size_t)z * NR + row) * 2);
+    const float *src = part + ((size_t)z * NR + row) * D + c;
+    const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
+    const float wz = exp2f(mz.x * FA_L2E - mu);
+    L += wz * mz.y;
+    acc[0] += wz * v0.x; acc[1] += wz * v0.y; acc[2] += wz * v0.z; acc[3] += wz * v0.w;
+    acc[4] += wz * v1.x; acc[5] += wz * v1.y; acc[6] += wz * v1.z; acc[7] += wz * v1.w;
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  *(uint4 *)(out + row * D + c) = make_uint4(fa_pack(acc[0] * inv, acc[1] * inv), fa_pack(acc[2] * inv, acc[3] * inv),
+                                             fa_pack(acc[4] * inv, acc[5] * inv), fa_pack(acc[6] * inv, acc[7] * inv));
 }
 
 static int sm_count(void) {
@@ -443,6 +669,46 @@ static cudaError_t flash_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a, 
   return cudaGetLastError();
 }
 
+/* The key splits of a launch (fa_splits over the kernel's occupancy, capped by the workspace). Causal passes
+ * (the encoder) split too: each block splits its own key range (fa_range), a split with no key tile writes
+ * m = -inf, l = 0, which the merge weighs 0. (flash_launch keeps causal passes unsplit.) */
+static int fa_choose_splits(const dg_att_ws *ws, const fa_args &a, int blocks, int BK, int per_sm, int D) {
+  int lo, hi; /* keys of the widest block before splitting */
+  if (a.causal) { hi = a.pos0 + a.nq; lo = a.is_full ? 0 : max(0, a.pos0 + 1 - a.window); }
+  else { hi = a.kv_hi; lo = a.is_full ? 0 : max(0, a.pos0 - (a.window - 1)); }
+  const int tiles = (hi - lo + BK - 1) / BK;
+  int ns = 1;
+  if (ws && ws->part) {
+    ns = fa_splits(blocks, tiles, per_sm * sm_count(), 0);
+    const size_t NR = (size_t)a.nq * a.NH;
+    while (ns > 1 && (size_t)ns * NR * (D + 2) > ws->n) ns--;
+  }
+  return ns;
+}
+
+template <int D, int BK, int MT, int ST = 2>
+static cudaError_t flash_pair_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+  typedef fp_cfg<D, BK, MT, ST> C;
+  const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
+  void (*kern)(fa_args) = flash_pair_kernel<D, BK, MT, ST>;
+  static int per_sm = 0;
+  if (!per_sm) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e != cudaSuccess) return e;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, C::SMEM) != cudaSuccess || per_sm < 1)
+      per_sm = 1;
+  }
+  const int ns = fa_choose_splits(ws, a, bx * a.NKV, BK, per_sm, D);
+  a.n_split = ns;
+  DG_LAUNCH(kern, dim3(bx, a.NKV, ns), 256, C::SMEM, s)(a);
+  if (ns > 1) {
+    const size_t NR = (size_t)a.nq * a.NH;
+    constexpr int RPB = 256 / (D / 8); /* rows per combine block */
+    DG_LAUNCH(fp_combine_kernel<D>, (unsigned)((NR + RPB - 1) / RPB), 256, 0, s)(a.part, a.out, ns, NR);
+  }
+  return cudaGetLastError();
+}
+
 int k_attention_flash_ok(int D, int NH, int NKV) {
   return (D == 64 || D == 128 || D == 256 || D == 512) && NKV > 0 && NH % NKV == 0;
 }
@@ -454,7 +720,7 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 5) return cudaErrorInvalidValue;
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 8) return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
@@ -467,6 +733,30 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
     case 128: return flash_launch<128, 128, 64, 4>(s, ws, a, 1);
     case 256: return flash_launch<256, 256, 64, 4>(s, ws, a, 1);
     default: return flash_launch<512, 256, 32, 4>(s, ws, a, 1);
+    }
+  }
+  if (version == 6) { /* flash_pair_kernel; D 64 (halves of 32) as version 2 */
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 4>(s, ws, a);
+    case 128: return flash_pair_launch<128, 64, 1>(s, ws, a);
+    case 256: return flash_pair_launch<256, 64, 1>(s, ws, a);
+    default: return flash_pair_launch<512, 32, 1>(s, ws, a);
+    }
+  }
+  if (version == 7) { /* flash_pair_kernel with 32 rows per warp (128 per block) at D 128, 256; D 512 as version 6 */
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 4>(s, ws, a);
+    case 128: return flash_pair_launch<128, 32, 2>(s, ws, a);
+    case 256: return flash_pair_launch<256, 32, 2>(s, ws, a);
+    default: return flash_pair_launch<512, 32, 1>(s, ws, a);
+    }
+  }
+  if (version == 8) { /* version 7 with a 3-deep K/V ring at D 128, 256; D 512 as version 6 */
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 4>(s, ws, a);
+    case 128: return flash_pair_launch<128, 32, 2, 3>(s, ws, a);
+    case 256: return flash_pair_launch<256, 32, 2, 3>(s, ws, a);
+    default: return flash_pair_launch<512, 32, 1>(s, ws, a);
     }
   }
   if (version == 3) {
@@ -493,13 +783,32 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   }
 }
 
+/* DGEMMA_ATTN=N or N,M (the passes' kernel version, read once): 0 or unset the default (version 2's
+ * configuration, the warp-per-row kernel for head dims the tensor-core kernels do not take), else one of
+ * k_attention_any's versions (6, 7, 8: flash_pair_kernel) for the head dims that version takes, the default for
+ * the others; N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers). For
+ * timing the versions in whole passes (the lab times them alone). */
+static int attn_version(int D, int NH, int NKV) {
+  static int v[2] = {-1, -1};
+  if (v[0] < 0 || v[1] < 0) {
+    const char *e = getenv("DGEMMA_ATTN"), *c = e ? strchr(e, ',') : NULL;
+    int n = e && *e ? atoi(e) : 0, m = c ? atoi(c + 1) : n;
+    v[1] = m < 0 || m > 8 ? 0 : m;
+    v[0] = n < 0 || n > 8 ? 0 : n;
+  }
+  const int u = v[D > 256];
+  return u >= 2 && !k_attention_flash_ok(D, NH, NKV) ? 0 : u;
+}
+
 cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
                         int S, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
-  return k_attention_any(s, ws, 0, q, kc, vc, out, S, T, NH, NKV, D, pos0, pos0 + T, causal, is_full, window);
+  return k_attention_any(s, ws, attn_version(D, NH, NKV), q, kc, vc, out, S, T, NH, NKV, D, pos0, pos0 + T, causal,
+                         is_full, window);
 }
 
 cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,
                                bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full,
                                int window) {
-  return k_attention_any(s, ws, 0, q, kc, vc, out, S, nq, NH, NKV, D, pos0, pos0 + C, 0, is_full, window);
+  return k_attention_any(s, ws, attn_version(D, NH, NKV), q, kc, vc, out, S, nq, NH, NKV, D, pos0, pos0 + C, 0, is_full,
+                         window);
 }

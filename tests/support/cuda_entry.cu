@@ -300,7 +300,7 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
                 lo = is_full ? 0 : causal ? (pos0 + 1 - window > 0 ? pos0 + 1 - window : 0)
                                           : (pos0 - (window - 1) > 0 ? pos0 - (window - 1) : 0);
   if (nq <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0 || D % 8 || S <= 0 || pos0 < 0 || window <= 0 ||
-      version < 0 || version > 5 || (!causal && kv_hi <= pos0) || hi - lo > S)
+      version < 0 || version > 8 || (!causal && kv_hi <= pos0) || hi - lo > S)
     return dg_seterr(DG_ERR_INVALID_ARG,
                      "dg_cuda_test_attention: version %d, nq %d, NH %d, NKV %d, D %d, S %d, pos0 %d, kv_hi %d, "
                      "causal %d, window %d",
