@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # step_labs_gpu.sh OUT: issue 12's decoder-step labs on the GPU machine in one command (after a CUDA build of
 # libdgemma.a): the router stage (dev/cuda/step_kernels.cu --router: the chain, route_kernel and the tiles path,
-# each checked word for word against the chain), the attention versions ATT_V (dev/cuda/attention.cu, default
-# 2,5) and the expert input's group sums (dev/cuda/group_sums.cu: old and flat kernel, bit for bit). Output:
-# OUT/labs.md (the three labs' tables) and the log. Carry .devdeb.
+# each checked word for word against the chain) and the attention versions ATT_V (dev/cuda/attention.cu,
+# default 2,6). Output: OUT/labs.md (the labs' tables) and the log. Carry .devdeb.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/step_labs_gpu.sh OUT}
@@ -17,16 +16,13 @@ NV="nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC"
 LIBS="build/libdgemma.a -L$CUL $NXL -lcublas -lcudart -lcjson -lgomp"
 $NV dev/cuda/step_kernels.cu $LIBS -o build/step_kernels_lab > /tmp/b1.txt 2>&1 & p1=$!
 $NV dev/cuda/attention.cu $LIBS -o build/attention_lab > /tmp/b2.txt 2>&1 & p2=$!
-$NV dev/cuda/group_sums.cu $LIBS -o build/group_sums_lab > /tmp/b3.txt 2>&1 & p3=$!
-wait $p1 $p2 $p3 # by pid: a bare wait would also wait for the tee of the exec above, which never ends
-tail -3 /tmp/b1.txt /tmp/b2.txt /tmp/b3.txt
+wait $p1 $p2 # by pid: a bare wait would also wait for the tee of the exec above, which never ends
+tail -3 /tmp/b1.txt /tmp/b2.txt
 echo "== labs built $(el)"
 : > "$OUT/labs.md"
 { echo "## router stage (build/step_kernels_lab --router ${ROUTER_ARGS:---reps 50})"; timeout 150 build/step_kernels_lab --router ${ROUTER_ARGS:---reps 50} 2>&1; echo "rc $?"; } >> "$OUT/labs.md"
 echo "router lab $(el)"
-{ echo; echo "## attention (build/attention_lab --versions ${ATT_V:-2,5})"; timeout 150 build/attention_lab --versions "${ATT_V:-2,5}" 2>&1; echo "rc $?"; } >> "$OUT/labs.md"
+{ echo; echo "## attention (build/attention_lab --versions ${ATT_V:-2,6})"; timeout 150 build/attention_lab --versions "${ATT_V:-2,6}" 2>&1; echo "rc $?"; } >> "$OUT/labs.md"
 echo "attention lab $(el)"
-{ echo; echo "## group sums (build/group_sums_lab)"; timeout 60 build/group_sums_lab 2>&1; echo "rc $?"; } >> "$OUT/labs.md"
-echo "group sums lab $(el)"
 grep -E "^\||^##|rc [0-9]|differ|FAIL" "$OUT/labs.md" | head -80
 echo "== done $(el)"

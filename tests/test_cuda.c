@@ -2111,7 +2111,7 @@ static void test_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (DGEMMA_ROUTE=tiles) */
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (the default since session 13) */
   for (int mode = 1; mode <= 2; mode++) {
     double worst = 0;
     check_route(mode, 37, 128, 8, &worst);  /* the 26B's router; T not a multiple of the block's 4 warps */
@@ -2184,7 +2184,7 @@ static void test_router_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles) */
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (the default since session 13) */
   for (int mode = 1; mode <= 2; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16

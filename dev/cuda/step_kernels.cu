@@ -23,7 +23,7 @@
  *     qkv_post), v2 rmsnorm at 128 threads per row
  *   router      rlog [T, E = 128] = u . W^T in fp32: v1 cublasSgemm, v0 k_router_logits (split over H)
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
- *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
+ *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (the default since session 13);
  *               v1 and v2 checked word for word against v0; one stage, 30 back to back, v2's two launches apart
  *
  * bytes = what the version moves (its passes); floor = the least bytes the operation needs (every input read
@@ -640,7 +640,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
   }
   /* the router stage (issue 12 item 3): from u to the probabilities, choices, weights and grouping by expert, as
    * k_router_route runs it per layer: v0 the chain (router_part + router_reduce + topk + group count / scan /
-   * place: 6 launches), v1 route_kernel (DGEMMA_ROUTE=fused: product + 1), v2 DGEMMA_ROUTE=tiles
+   * place: 6 launches), v1 route_kernel (DGEMMA_ROUTE=fused: product + 1), v2 the default since session 13
    * (router_tile_kernel + route_tk_kernel: 2 launches); every output word of v1 and v2 compared with v0's. Rows:
    * one stage after an L2 flush, then "x30": 30 stages back to back (a pass's layers; the L2 flushed before the
    * first only) per stage, then v2's two launches alone. floor: u and W read once, the outputs written once; the

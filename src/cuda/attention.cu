@@ -9,7 +9,8 @@
  *      2023, algorithm 1), and the keys split across blocks when the queries
  *      alone give too few blocks (flash-decoding: partial (O, m, l) per split,
  *      merged by flash_combine_kernel);
- *   3. flash_pair_kernel (opt-in: lab versions 6-8, DGEMMA_ATTN): flash_kernel's
+ *   3. flash_pair_kernel (the passes' default since session 13: lab version 6; 7, 8 and flash_kernel through
+ *      DGEMMA_ATTN): flash_kernel's
  *      pieces with warp pairs splitting the head dim (header of its section).
  * All: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
  *   encoder (causal): hi = pos + 1, lo = 0 on full layers, hi - window on
@@ -783,16 +784,18 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   }
 }
 
-/* DGEMMA_ATTN=N or N,M (the passes' kernel version, read once): 0 or unset the default (version 2's
- * configuration, the warp-per-row kernel for head dims the tensor-core kernels do not take), else one of
- * k_attention_any's versions (6, 7, 8: flash_pair_kernel) for the head dims that version takes, the default for
- * the others; N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers). For
- * timing the versions in whole passes (the lab times them alone). */
+/* The passes' attention kernel version (read once): unset, version 6 (flash_pair_kernel), the default since H200
+ * session 13 (lab, 26B shapes after 1,024 positions: decoder sliding 0.0490 -> 0.0421 ms, full 0.1225 -> 0.0795,
+ * encoder sliding 0.0650 -> 0.0403, full 0.1228 -> 0.0779; vllm --profile attention 1.970 -> 1.553 ms per pass;
+ * test_cuda passes with it; docs/measurements.md); DGEMMA_ATTN=N or N,M another of k_attention_any's versions
+ * (0: version 2's configuration, flash_kernel, the default before; 7, 8: flash_pair_kernel's other tiles) for the
+ * head dims that version takes, version 0 for the others (the warp-per-row kernel where no tensor-core kernel
+ * applies); N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers). */
 static int attn_version(int D, int NH, int NKV) {
   static int v[2] = {-1, -1};
   if (v[0] < 0 || v[1] < 0) {
     const char *e = getenv("DGEMMA_ATTN"), *c = e ? strchr(e, ',') : NULL;
-    int n = e && *e ? atoi(e) : 0, m = c ? atoi(c + 1) : n;
+    int n = e && *e ? atoi(e) : 6, m = c ? atoi(c + 1) : n;
     v[1] = m < 0 || m > 8 ? 0 : m;
     v[0] = n < 0 || n > 8 ? 0 : n;
   }

@@ -331,15 +331,16 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
   if (threadIdx.x == 0) *b.done = 0;
 }
 
-/* The default of k_route / k_router_route's `mode` = -1: the chain of launches (router_reduce, topk, group count /
- * scan / place), 0.2 ms per 26B pass faster on the H200 than route_kernel (session 11: router + top-k 0.973 vs 1.177
- * ms per pass, docs/measurements.md); DGEMMA_ROUTE=fused: route_kernel (mode 1); DGEMMA_ROUTE=tiles:
- * router_tile_kernel + route_tk_kernel (mode 2, below). Read once when the library loads. */
+/* The default of k_route / k_router_route's `mode` = -1: router_tile_kernel + route_tk_kernel (mode 2, below;
+ * passes it does not cover take the chain), since H200 session 13 (router + top-k 0.977 -> 0.866 ms per 26B pass,
+ * lab stage 29.8 -> 26.5 us, every output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
+ * of launches (router_reduce, topk, group count / scan / place; mode 0, the default before); DGEMMA_ROUTE=fused:
+ * route_kernel (mode 1, 0.2 ms per pass slower than the chain in session 11). Read once when the library loads. */
 static int route_mode_from_env(void) {
   const char *v = getenv("DGEMMA_ROUTE");
   if (v && !strcmp(v, "fused")) return 1;
-  if (v && !strcmp(v, "tiles")) return 2;
-  return 0;
+  if (v && !strcmp(v, "chain")) return 0;
+  return 2;
 }
 static const int route_mode_default = route_mode_from_env();
 static int route_mode(int mode) { return mode < 0 ? route_mode_default : mode; }

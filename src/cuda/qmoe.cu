@@ -161,51 +161,8 @@ __global__ void group_sums_perm_kernel(const bf16 *x, int cols, int G, float *ou
   for (int j = threadIdx.x; j < ng; j += blockDim.x) out[(size_t)r * ng + j] = group_sum_perm(p + j * G, q + j * G, G);
 }
 
-/* group_sums_perm_kernel over a flat grid, a thread per (row, group) of GS values (32, 64 or 128): the group's
- * 16-byte pieces all loaded before the first addition (GS / 8 loads in flight instead of one per dependent step),
- * then group_sum_perm's additions in the same column order and the same permuted stores: the same bits. Each row's
- * groups are one block's neighbouring threads; a row of 44 groups (H = 2816) or 11 (IE = 704) no longer leaves
- * 20-53 of a 64-thread block idle, and the 256-token canvas's 2,048 down rows are 176 blocks, not 2,048. */
-template <int GS> __global__ void __launch_bounds__(128) group_sums_perm_flat_kernel(const bf16 *x, int rows, int cols,
-                                                                                   float *out, bf16 *xp) {
-  DG_PDL_ENTRY();
-  const int ng = cols / GS;
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (int64_t)rows * ng) return;
-  const int64_t r = i / ng, j = i - r * ng;
-  const uint4 *p = (const uint4 *)(x + r * cols + j * GS);
-  uint4 *q = (uint4 *)(xp + r * cols + j * GS);
-  uint4 v[GS / 8];
-#pragma unroll
-  for (int k = 0; k < GS / 8; k++) v[k] = p[k];
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < GS / 8; k++) {
-    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-    for (int e = 0; e < 8; e++) sum += __uint_as_float((e & 1 ? w[e >> 1] & 0xffff0000u : w[e >> 1] << 16));
-    uint4 o;
-    o.x = dg_prmt(v[k].x, v[k].z, 0x5410u); /* (x0, x4) */
-    o.y = dg_prmt(v[k].x, v[k].z, 0x7632u); /* (x1, x5) */
-    o.z = dg_prmt(v[k].y, v[k].w, 0x5410u); /* (x2, x6) */
-    o.w = dg_prmt(v[k].y, v[k].w, 0x7632u); /* (x3, x7) */
-    q[k] = o;
-  }
-  out[i] = sum;
-}
-
 cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp) {
   if (rows <= 0) return cudaSuccess;
-  const int64_t n = (int64_t)rows * (cols / G), blocks = (n + 127) / 128;
-  const int aligned = ((uintptr_t)x % 16 == 0) && ((uintptr_t)xp % 16 == 0) && cols % 8 == 0;
-  if (aligned && blocks <= INT32_MAX) {
-    switch (G) {
-    case 32: DG_LAUNCH(group_sums_perm_flat_kernel<32>, (int)blocks, 128, 0, s)(x, rows, cols, out, xp); return cudaGetLastError();
-    case 64: DG_LAUNCH(group_sums_perm_flat_kernel<64>, (int)blocks, 128, 0, s)(x, rows, cols, out, xp); return cudaGetLastError();
-    case 128: DG_LAUNCH(group_sums_perm_flat_kernel<128>, (int)blocks, 128, 0, s)(x, rows, cols, out, xp); return cudaGetLastError();
-    default: break;
-    }
-  }
   DG_LAUNCH(group_sums_perm_kernel, rows, 64, 0, s)(x, cols, G, out, xp);
   return cudaGetLastError();
 }
