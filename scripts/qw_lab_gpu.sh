@@ -103,7 +103,7 @@ if [ -n "${BENCH:-}" ]; then
     { echo; echo "## --prompt-tokens 8192"; cat /tmp/bench_8k.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_8k.jsonl >> "$OUT/bench.jsonl"
   fi
   for alt in ${BENCH_ALT:-}; do # the same bench under other settings (appended): items apart by spaces, each item's
-    # settings by commas, e.g. BENCH_ALT="DGEMMA_ROUTE=fused DGEMMA_QS=1,DGEMMA_GRAPHS=1"
+    # settings by commas, e.g. BENCH_ALT="DGEMMA_ROUTE=fused DGEMMA_ATTN=0,DGEMMA_GRAPHS=0"
     env ${alt//,/ } timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
       -o /tmp/bench_alt.jsonl > /tmp/bench_alt.txt 2>&1; echo "bench $alt rc $? $(el)"; tail -24 /tmp/bench_alt.txt
     { echo; echo "## $alt"; cat /tmp/bench_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_alt.jsonl >> "$OUT/bench.jsonl"

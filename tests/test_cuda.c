@@ -1408,6 +1408,8 @@ static void test_graphs(void **state) {
   (void)state;
   need_gpu();
   const char *old_on = getenv("DGEMMA_GRAPHS"), *old_max = getenv("DGEMMA_GRAPHS_MAX");
+  char info[512] = "";
+  const int emu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation") != NULL;
   char keep_on[64] = "", keep_max[64] = "";
   if (old_on) snprintf(keep_on, sizeof keep_on, "%s", old_on);
   if (old_max) snprintf(keep_max, sizeof keep_max, "%s", old_max);
@@ -1475,7 +1477,11 @@ static void test_graphs(void **state) {
              (long long)st.evictions, st.cached, (long long)st.fallbacks, st.why[0] ? ": " : "", st.why);
       if (st.fallbacks) fail_msg("%s: graphs fell back to plain launches: %s", name[k], st.why);
       if (k == 0 && (st.on || st.captures || st.replays)) fail_msg("%s: graphs not off", name[k]);
-      if (k > 0 && !st.on) printf("#   graphs asked for but off without a fallback: the CPU emulation (no graphs)\n");
+      /* asked: off for DGEMMA_GRAPHS=0 only, so on by default; on a GPU in use as asked, under the emulation never */
+      if (st.asked != (k != 0)) fail_msg("%s: graphs %sasked for", name[k], st.asked ? "" : "not ");
+      if (!emu && st.on != st.asked) fail_msg("%s: graphs asked for but %s", name[k], st.on ? "on" : "off");
+      if (emu && st.on) fail_msg("%s: graphs on under the CPU emulation, which has none", name[k]);
+      if (k > 0 && !st.on) printf("#   graphs asked for and off without a fallback: the CPU emulation (no graphs)\n");
       if (k > 0 && st.on) {
         if (!(st.replays > 0 && st.captures >= 2 && st.updates + st.instantiations == st.captures))
           fail_msg("%s: %lld captures, %lld replays, %lld updates, %lld instantiations", name[k],

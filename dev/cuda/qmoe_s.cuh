@@ -30,7 +30,7 @@
  *
  * Measured (H200, session 13, docs/results/h200-s13/call1_lab.md; every output bit-identical to version 50's):
  * no gain where qr_kernel's ring was supposed to cost (uniform M = 16 gate/up 104.6 us vs 103.1, down 58.3 vs
- * 62.7; Nsight Compute: 59.3 M issued instructions for the gathered 256-token gate/up vs 55.2 M, the same 1.3-1.4
+ * 62.7: 7 % faster; Nsight Compute: 59.3 M issued instructions for the gathered 256-token gate/up vs 55.2 M, the same 1.3-1.4
  * eligible warps per scheduler), and much slower on gathered canvases (T 256: gate/up 149-200 us vs 111.7, down
  * 79-109 vs 67.6), where one block per expert makes the expert with the most rows the whole kernel's time. The
  * ring and the activation re-reads were not what holds qr_kernel back: its decode, fold and product instructions

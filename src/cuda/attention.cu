@@ -790,14 +790,27 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
  * test_cuda passes with it; docs/measurements.md); DGEMMA_ATTN=N or N,M another of k_attention_any's versions
  * (0: version 2's configuration, flash_kernel, the default before; 7, 8: flash_pair_kernel's other tiles) for the
  * head dims that version takes, version 0 for the others (the warp-per-row kernel where no tensor-core kernel
- * applies); N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers). */
+ * applies); N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers); "N,"
+ * is N for both; values outside 0..8 or not numbers keep the default. */
 static int attn_version(int D, int NH, int NKV) {
   static int v[2] = {-1, -1};
   if (v[0] < 0 || v[1] < 0) {
-    const char *e = getenv("DGEMMA_ATTN"), *c = e ? strchr(e, ',') : NULL;
-    int n = e && *e ? atoi(e) : 6, m = c ? atoi(c + 1) : n;
-    v[1] = m < 0 || m > 8 ? 0 : m;
-    v[0] = n < 0 || n > 8 ? 0 : n;
+    const char *e = getenv("DGEMMA_ATTN");
+    int a = 6, b = 6;
+    if (e && *e) { /* N or N,M of 0..8; anything else keeps the default, as DGEMMA_ROUTE and DGEMMA_GRAPHS do */
+      char *end = NULL;
+      const long n = strtol(e, &end, 10);
+      if (end != e && n >= 0 && n <= 8 && (*end == '\0' || *end == ',')) {
+        a = b = (int)n;
+        if (*end == ',' && end[1]) {
+          char *end2 = NULL;
+          const long m = strtol(end + 1, &end2, 10);
+          b = end2 != end + 1 && !*end2 && m >= 0 && m <= 8 ? (int)m : 6;
+        }
+      }
+    }
+    v[1] = b; /* a race on first use writes the same values */
+    v[0] = a;
   }
   const int u = v[D > 256];
   return u >= 2 && !k_attention_flash_ok(D, NH, NKV) ? 0 : u;

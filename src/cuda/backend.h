@@ -241,8 +241,8 @@ dg_status dg_cuda_profile(dg_cuda_ctx *c, int on);
 dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks);
 
 /* ---- CUDA graphs (graph.cu; issue 12) -------------------------------------- */
-/* What a context's graph cache did since the context was made. With
- * DGEMMA_GRAPHS=1 in the environment when the context is made, the device work
+/* What a context's graph cache did since the context was made. Unless
+ * DGEMMA_GRAPHS=0 is in the environment when the context is made, the device work
  * of its decoder passes (dg_cuda_decode, dg_cuda_decode_rows, dg_cuda_compact)
  * is captured once per key (pass kind, self-conditioning source, rows
  * forwarded, LM-head rows) and replayed while the canvas position stays; at a

@@ -340,8 +340,8 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 /* Router softmax (in place over rlog), top-k (ties to the lower expert), renormalisation and per-expert scale
  * (spec 4.6), then grouping of the (token, slot) pairs by expert. mode 0: k_route_topk then k_group; 1: one launch
  * (route_kernel, b->done set up) up to 4,096 pairs; 2: route_tk_kernel (k_route_tiles with the logits as one split,
- * b->done set up) where k_route_tiles covers the shape; -1: the library's default (0; DGEMMA_ROUTE=fused makes it 1,
- * DGEMMA_ROUTE=tiles 2). Every mode gives the same results word for word; a shape a mode does not cover takes
+ * b->done set up) where k_route_tiles covers the shape; -1: the library's default (2 since session 13;
+ * DGEMMA_ROUTE=chain makes it 0, DGEMMA_ROUTE=fused 1). Every mode gives the same results word for word; a shape a mode does not cover takes
  * mode 0. E <= 256, K <= 32. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K, int mode);

@@ -2,9 +2,10 @@
  * device work (every kernel and cuBLAS product between its uploads and its
  * copy back) is captured from the context's stream once per key and
  * replayed with one cudaGraphLaunch after, instead of ~540 launches per 26B
- * forward. On by default since session 13 (H200: test_cuda's 28 tests pass
- * with it; the bundled model's vllm protocol 4,842 -> 7,024 tok/s, the 26B
- * within noise, docs/measurements.md); DGEMMA_GRAPHS=0 in the environment
+ * forward. On by default since session 13 (H200: every test of test_cuda
+ * passes with it; the bundled model's vllm protocol 4,842 -> 7,024 tok/s,
+ * medians of 3 runs, one pair of runs; the 26B within noise,
+ * docs/measurements.md); DGEMMA_GRAPHS=0 in the environment
  * when a context is made turns it off; DGEMMA_GRAPHS_MAX=N
  * (1..1024, default 32) caps the graphs a context keeps.
  *

@@ -332,8 +332,9 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
 }
 
 /* The default of k_route / k_router_route's `mode` = -1: router_tile_kernel + route_tk_kernel (mode 2, below;
- * passes it does not cover take the chain), since H200 session 13 (router + top-k 0.977 -> 0.866 ms per 26B pass,
- * lab stage 29.8 -> 26.5 us, every output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
+ * passes it does not cover take the chain), since H200 session 13 (router + top-k 0.987 -> 0.880 ms per 26B pass in
+ * --profile, within noise end to end; lab stage 29.8 -> 26.5 us, 30 back to back 37.8 -> 28.2 us per stage; every
+ * output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
  * of launches (router_reduce, topk, group count / scan / place; mode 0, the default before); DGEMMA_ROUTE=fused:
  * route_kernel (mode 1, 0.2 ms per pass slower than the chain in session 11). Read once when the library loads. */
 static int route_mode_from_env(void) {

@@ -129,8 +129,9 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
 #undef SEG_R0
 #undef SEG_N
   DG_TRY(mark(c, DG_CUDA_ST_DENSE));
-  /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert (the chain of launches, or
-   * with DGEMMA_ROUTE=fused one launch after the logits' split products); the profile's grouping stage is inside
+  /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert (by default two launches,
+   * router_tile_kernel and route_tk_kernel; DGEMMA_ROUTE=chain the chain of launches, DGEMMA_ROUTE=fused one launch
+   * after the logits' split products); the profile's grouping stage is inside
    * the router's */
   CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, H, d->top_k,
                         c->rws, -1));

@@ -279,7 +279,7 @@ extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float
     TC_(cudaMemset(b.order, 0xFF, (size_t)E * 4));
     TC_(cudaMemset(dws, 0xFF, (size_t)DG_ROUTER_MAX_SPLITS * T * E * 4)); /* no split sum of the chain's either */
     TC_(k_router_route(0, (const float *)du, (const float *)dW, (float *)drl, (const float *)dpes, &b, T, E, H, K,
-                       (float *)dws, mode)); /* whatever the library's default */
+                       (float *)dws, mode)); /* the mode asked for (-1: the library's default) */
     TT_(route_words(&b, (const float *)drl, T, E, K, got));
     for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
   }
