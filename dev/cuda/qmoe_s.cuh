@@ -22,7 +22,7 @@
  * (qe_store: GeGLU for gate/up) when its last stage is folded. No barrier, no copy and no ring arithmetic in
  * the loop: per weight stage only the loads, the decode (qr_codes), the products (mma.m16n8k16 into the group's
  * partial sums), the B fragments (one 16-byte shared load per run and n-tile) and the exact per-group fold
- * (acc += s P' + (b - 128 s) S, as qr_fold).
+ * (qr_fold: acc += s P' + (b - 128 s) S).
  *
  * Arithmetic: per output element the same products in the same order and the same fold as qr_kernel's body at
  * any tile count, so the outputs are bit-identical to qr_kernel's (the lab checks that against version 50, and
@@ -65,7 +65,6 @@ template <int BITS, int GATEUP, int NT, int W, int D, int PF>
 __device__ __forceinline__ void qs_pass(const qe_args &a, unsigned char *smem, int e, int r0, int mp) {
   constexpr int GS = 64, KC = 64, RUNS = KC / 32, CB = 4 * RUNS * BITS, PSC = CB % 16 == 0 ? 16 : 8;
   constexpr int WSTAGE = qr_wstage(BITS, GS, 1), RW = qr_rec(BITS, GS) / 4, NTOK = 8 * NT, THREADS = 32 * W;
-  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   __shared__ int64_t xrow[NTOK], srow[NTOK];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int K = a.Kdim, ng = K / GS, nst = K / KC, XS = qs_xs(K);
@@ -132,8 +131,9 @@ __device__ __forceinline__ void qs_pass(const qe_args &a, unsigned char *smem, i
   __syncthreads();
 
   const unsigned char *xb = smem + g * XS + 16 * t;           /* the lane's B fragments, stage 0, n-tile 0 */
-  const unsigned char *sbase = smem + NTOK * XS + 4 * (2 * t); /* the lane's two tokens' group sums, group 0 */
+  const unsigned char *sums = smem + NTOK * XS; /* the group sums, [group][token] */
   float acc[2][NT][4], part[2][NT][4];
+  uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}}; /* qr_fold's bias-product fragments: unused without BM */
   qe_zero(acc);
   qe_zero(part);
   int cs = 0, ci = 0; /* the computed stage and its task */
@@ -161,28 +161,9 @@ __device__ __forceinline__ void qs_pass(const qe_args &a, unsigned char *smem, i
         }
       }
     }
-    /* the stage's group complete: acc += s P' + (b - OFF s) S, part = 0 (qr_fold's arithmetic) */
-    const unsigned char *Ss = sbase + 4 * NTOK * cs;
-    float2 xsum[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * 8 * j);
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-      float s0, b0, s8, b8;
-      qe_pair_u32(R[CB / 4 + 2 * mt], DG_CUDA_BF16, &s0, &b0);
-      qe_pair_u32(R[CB / 4 + 2 * mt + 1], DG_CUDA_BF16, &s8, &b8);
-      b0 = fmaf(-OFF, s0, b0);
-      b8 = fmaf(-OFF, s8, b8);
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        float *A = acc[mt][j], *P = part[mt][j];
-        A[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], A[0]));
-        A[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], A[1]));
-        A[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], A[2]));
-        A[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], A[3]));
-        P[0] = P[1] = P[2] = P[3] = 0.0f;
-      }
-    }
+    /* the stage's group complete (one group per 64-code stage, its sums at [group][token]): qr_fold's non-BM fold,
+     * acc += s P' + (b - OFF s) S, part = 0 */
+    qr_fold<BITS, NT, GS, 1, 0, NTOK>(acc, part, af, R, nullptr, sums + 4 * NTOK * cs, RUNS - 1, cs, 0, ng, g, t, 0u);
     if (++cs == nst) { /* the task's last stage: its outputs, then the next task from zero */
       const int tau = warp + W * ci, slab = tau / QR_WARPS, wis = tau % QR_WARPS;
       const int valid = GATEUP ? 32 * min(QR_WARPS, (a.N - slab * 16 * QR_WARPS + 15) / 16)
