@@ -156,6 +156,22 @@ __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
   return (uint32_t)ua | ((uint32_t)ub << 16);
 }
 
+/* The Q tile of rows [r0, r0 + BM) of KV group g in bf16 (rows past R zero), read from q fp32 [nq, NH, D] (row r of
+ * the group: query r / G, head g G + r % G) by NTH threads; 16-byte chunk ch of row r goes to Qs + at(r, ch). */
+template <int D, int BM, int NTH, typename AT>
+__device__ __forceinline__ void fa_load_q(const fa_args &a, char *Qs, int r0, int R, int G, int g, int tid, AT at) {
+  for (int i = tid; i < BM * (D / 8); i += NTH) {
+    const int r = i / (D / 8), ch = i % (D / 8), gr = r0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (gr < R) {
+      const float *src = a.q + ((size_t)(gr / G) * a.NH + g * G + gr % G) * D + ch * 8;
+      const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
+      v = make_uint4(fa_pack(x0.x, x0.y), fa_pack(x0.z, x0.w), fa_pack(x1.x, x1.y), fa_pack(x1.z, x1.w));
+    }
+    *(uint4 *)(Qs + at(r, ch)) = v;
+  }
+}
+
 /* The block's key range [lo, hi) before splitting (every row's keys lie in it). */
 __device__ __forceinline__ void fa_range(const fa_args &a, int r0, int G, int BM, int *lo, int *hi) {
   if (a.causal) {
@@ -316,16 +332,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
   const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D + dv0;
 
   /* Q tile: fp32 -> bf16, rows past R zero */
-  for (int i = tid; i < BM * (D / 8); i += NTH) {
-    const int r = i / (D / 8), ch = i % (D / 8), gr = r0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (gr < R) {
-      const float *src = a.q + ((size_t)(gr / G) * a.NH + g * G + gr % G) * D + ch * 8;
-      const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
-      v = make_uint4(fa_pack(x0.x, x0.y), fa_pack(x0.z, x0.w), fa_pack(x1.x, x1.y), fa_pack(x1.z, x1.w));
-    }
-    *(uint4 *)(Qs + fa_swz<D>(r, ch)) = v;
-  }
+  fa_load_q<D, BM, NTH>(a, Qs, r0, R, G, g, tid, [](int r, int ch) { return fa_swz<D>(r, ch); });
   auto load_kv = [&](int it, int buf) {
     const int kb = zlo + it * BK, sb = kb % a.S; /* the tile's first slot: one modulo per tile, then wraps */
     char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::VB;
@@ -468,16 +475,7 @@ __global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
   const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D;
 
   /* Q tile: fp32 -> bf16, rows past R zero; chunk ch of a row to half ch / HC */
-  for (int i = tid; i < BM * (D / 8); i += NTH) {
-    const int r = i / (D / 8), ch = i % (D / 8), gr = r0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (gr < R) {
-      const float *src = a.q + ((size_t)(gr / G) * a.NH + g * G + gr % G) * D + ch * 8;
-      const float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
-      v = make_uint4(fa_pack(x0.x, x0.y), fa_pack(x0.z, x0.w), fa_pack(x1.x, x1.y), fa_pack(x1.z, x1.w));
-    }
-    *(uint4 *)(Qs + (ch / HC) * C::QH + fa_swz<H>(r, ch % HC)) = v;
-  }
+  fa_load_q<D, BM, NTH>(a, Qs, r0, R, G, g, tid, [](int r, int ch) { return (ch / HC) * C::QH + fa_swz<H>(r, ch % HC); });
   auto load_kv = [&](int it, int buf) {
     const int kb = zlo + it * BK, sb = kb % a.S;
     char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::KB;
