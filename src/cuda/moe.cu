@@ -39,32 +39,37 @@ using namespace nvcuda;
  * warp arg-max with ties to the lower expert id (what a scan in id order with
  * a strict > picks). E <= 32 TOPK_PER. */
 #define TOPK_PER 8
-/* topk_token: one warp's token. v[j] holds the router logit of expert lane + 32 j (-FLT_MAX past E); s is the
- * token's row of rlog [E] (overwritten by the probabilities); id, w the token's K choices and weights. */
-__device__ __forceinline__ void topk_token(float (&v)[TOPK_PER], float *s, const float *pes, int32_t *id, float *w,
-                                           int E, int K, int lane) {
-  bool used[TOPK_PER];
+/* A warp's token, the first half of the router softmax: v[j] (the logit of expert lane + 32 j, -FLT_MAX past E)
+ * becomes exp(v[j] - max) for the experts below E, also written to buf[e]; returns their sum, added by lane 0 in
+ * expert order and given to every lane (the CPU's order, so topk_token and route_tk_kernel agree bit for bit). */
+template <int JP> __device__ __forceinline__ float route_exp_sum(float (&v)[JP], float *buf, int E, int lane) {
   float mx = -FLT_MAX;
 #pragma unroll
-  for (int j = 0; j < TOPK_PER; j++) {
-    const int e = lane + 32 * j;
-    used[j] = e >= E;
-    mx = v[j] > mx ? v[j] : mx;
-  }
+  for (int j = 0; j < JP; j++) mx = v[j] > mx ? v[j] : mx;
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
     mx = m2 > mx ? m2 : mx;
   }
 #pragma unroll
-  for (int j = 0; j < TOPK_PER; j++) {
+  for (int j = 0; j < JP; j++) {
     const int e = lane + 32 * j;
-    if (e < E) s[e] = v[j] = expf(v[j] - mx);
+    if (e < E) buf[e] = v[j] = expf(v[j] - mx);
   }
   __syncwarp();
   float sum = 0.0f;
   if (lane == 0)
-    for (int e = 0; e < E; e++) sum += s[e];
-  sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int e = 0; e < E; e++) sum += buf[e];
+  return __shfl_sync(0xffffffffu, sum, 0);
+}
+
+/* topk_token: one warp's token. v[j] holds the router logit of expert lane + 32 j (-FLT_MAX past E); s is the
+ * token's row of rlog [E] (overwritten by the probabilities); id, w the token's K choices and weights. */
+__device__ __forceinline__ void topk_token(float (&v)[TOPK_PER], float *s, const float *pes, int32_t *id, float *w,
+                                           int E, int K, int lane) {
+  bool used[TOPK_PER];
+#pragma unroll
+  for (int j = 0; j < TOPK_PER; j++) used[j] = lane + 32 * j >= E;
+  const float sum = route_exp_sum(v, s, E, lane);
   __syncwarp(); /* lane 0's reads before the stores below */
 #pragma unroll
   for (int j = 0; j < TOPK_PER; j++) {
@@ -732,24 +737,7 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_tk_kernel(const float *pa
   int myid = -1;
   if (t < T) {
     /* topk_token's operations */
-    float *pr = sm.a.prob[warp];
-    float mx = -FLT_MAX;
-#pragma unroll
-    for (int j = 0; j < JP; j++) mx = v[j] > mx ? v[j] : mx;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
-      mx = m2 > mx ? m2 : mx;
-    }
-#pragma unroll
-    for (int j = 0; j < JP; j++) {
-      const int e = lane + 32 * j;
-      if (e < E) pr[e] = v[j] = expf(v[j] - mx);
-    }
-    __syncwarp();
-    float sum = 0.0f;
-    if (lane == 0)
-      for (int e = 0; e < E; e++) sum += pr[e];
-    sum = __shfl_sync(0xffffffffu, sum, 0);
+    const float sum = route_exp_sum(v, sm.a.prob[warp], E, lane);
     unsigned used = 0;
 #pragma unroll
     for (int j = 0; j < JP; j++) {
