@@ -138,6 +138,10 @@ typedef struct dg_backend {
   /* Copy the first n raw head rows of the last pass to raw [n, V] (where !raw_on_row; else
    * DG_ERR_INVALID_ARG: the rows went to on_row and are not kept). */
   dg_status (*head_raw)(dg_context *ctx, int32_t n, float *raw);
+  /* The context's own host buffer [C, H] for the self-conditioning rows a sampler makes on the host
+   * (DG_SC_HOST; the CPU: the rows its passes read), or NULL where the context keeps none on the host
+   * (a device): the sampler then holds the buffer itself. */
+  float *(*sc_host)(dg_context *ctx);
 
   /* ---- device and profiling ---- */
   /* One line describing device `index` into buf (dg_device_info). */

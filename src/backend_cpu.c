@@ -124,6 +124,9 @@ static dg_status cpu_head_raw(dg_context *ctx, int32_t n, float *raw) {
   return dg_seterr(DG_ERR_INVALID_ARG, "the cpu backend keeps no raw logits for self-conditioning");
 }
 
+/* The host SC rows are the context's own (ctx->soft, what the passes read with DG_SC_KEPT too). */
+static float *cpu_sc_host(dg_context *ctx) { return ctx->soft; }
+
 static dg_status cpu_info(int index, char *buf, size_t n) {
   (void)index;
   snprintf(buf, n, "cpu, %s kernels", dg_kernels_best()->name);
@@ -152,6 +155,7 @@ static const dg_backend cpu_backend = {
     .head_topk = cpu_head_topk,
     .sc_rows = cpu_sc_rows,
     .head_raw = cpu_head_raw,
+    .sc_host = cpu_sc_host,
     .info = cpu_info,
     .profile = NULL,
     .profile_read = NULL,

@@ -175,6 +175,12 @@ static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
   return dg_cuda_profile_read(ctx->dev, out->ms, &out->marks);
 }
 
+/* A device context keeps its SC rows on the device: the sampler holds its host rows itself. */
+static float *cu_sc_host(dg_context *ctx) {
+  (void)ctx;
+  return NULL;
+}
+
 static const dg_cuda_api cuda_api = {
     dg_cuda_step_stats, dg_cuda_compact, dg_cuda_topk, dg_cuda_turbo_sc, dg_cuda_ceilings_measure,
     dg_cuda_bench_experts, dg_cuda_mem_used, dg_cuda_graph_stats_get,
@@ -203,6 +209,7 @@ static const dg_backend cuda_backend = {
     .head_topk = cu_head_topk,
     .sc_rows = cu_sc_rows,
     .head_raw = cu_head_raw,
+    .sc_host = cu_sc_host,
     .info = dg_cuda_info,
     .profile = cu_profile,
     .profile_read = cu_profile_read,

@@ -169,8 +169,8 @@ typedef struct turbo_state {
   float *uni;          /* [C] */
   uint32_t *bits;      /* [C] */
   void *acc_scratch;   /* 16 C bytes */
-  float *soft;         /* [C, H] per-position SC rows (ctx->soft; on CUDA host rows of the adaptive mode only) */
-  float *soft_own;     /* soft when allocated here (device contexts have no ctx->soft) */
+  float *soft;         /* [C, H] per-position SC rows on the host (the backend's sc_host, else soft_own) */
+  float *soft_own;     /* soft when allocated here (a backend without sc_host rows) */
   float *pk;           /* [C, K] packed by active row: top-K values, then (sc_rows, topk) probabilities */
   int32_t *pidx;       /* [C, K] packed ids */
   float *rval;         /* [C, 2] repair forward: top-2 values */
@@ -184,7 +184,7 @@ static void turbo_free(turbo_state *s) {
 }
 
 /* The state of one sequence in one allocation (a size table, context.h's dg_arena_alloc); own_soft:
- * the [C, H] SC rows too (a device context has no host rows of its own). */
+ * the [C, H] SC rows too (where the backend has no sc_host rows). */
 static dg_status turbo_alloc(turbo_state *s, const dg_model *m, const dg_gen_params *p, turbo_scratch *w,
                              int own_soft) {
   const int32_t C = m->cfg.canvas_length, V = m->cfg.vocab_size;
@@ -381,12 +381,13 @@ static dg_status seq_init(turbo_seq *q, dg_context *ctx, const int32_t *prompt, 
   q->n_canvases = (int32_t)((p->max_new_tokens + (int64_t)C - 1) / C);
   q->N = tp->steps > 0 && tp->steps < p->max_denoising_steps ? tp->steps : p->max_denoising_steps;
   q->flush_step = tp->steps > 0 ? q->N - 1 : -1;
-  DG_TRY(turbo_alloc(&q->s, m, p, w, !ctx->soft));
+  float *sc_host = m->bk->sc_host(ctx); /* the context's host SC rows, or NULL: the sequence's own */
+  DG_TRY(turbo_alloc(&q->s, m, p, w, !sc_host));
   q->draws = (dg_draws){p, 0, 0, C, m->cfg.vocab_size, q->s.bits};
   q->stop = (dg_stop_rule){q->s.hist, p->stability_threshold, C, p->confidence_threshold};
   q->t.out = malloc((size_t)q->n_canvases * C * sizeof(int32_t));
   if (!q->t.out) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d canvases", q->n_canvases);
-  q->s.soft = ctx->soft ? ctx->soft : q->s.soft_own; /* a device context has no host rows: the sequence's own */
+  q->s.soft = sc_host ? sc_host : q->s.soft_own;
   if (tp->compact || need_buffers) DG_TRY(dg_compact_buffers(ctx)); /* CUDA: the cache's canvas slots */
   return dg_encode(ctx, prompt, n_prompt);
 }
