@@ -58,7 +58,7 @@ dg_status dg_position_stats(const float *z, int32_t V, float u, int mode, dg_pos
 /* the total order: a precedes b */
 static inline int before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 
-typedef struct vi { float v; int32_t i; } vi;
+typedef dg_val_idx vi;
 static inline int vi_before(const vi *a, const vi *b) { return before(a->v, a->i, b->v, b->i); }
 
 /* Sift a[r] down the heap a[0..n) whose root is the LAST element in the order. */
@@ -99,6 +99,8 @@ static void vi_topk_sort(vi *a, int32_t n, int32_t k) {
     vi_sift(a, 0, m);
   }
 }
+
+void dg_val_idx_sort(dg_val_idx *a, int32_t n) { vi_topk_sort(a, n, n); }
 
 /* Insert (v, i) into the sorted list val/idx of length *n (capacity K). */
 static inline void ins(float *val, int32_t *idx, int32_t *n, int32_t K, float v, int32_t i) {

@@ -35,6 +35,15 @@ dg_status dg_position_stats(const float *z, int32_t V, float u, int mode, dg_pos
 
 #define DG_TOPK_CHUNK 64 /* elements per chunk of the hierarchical top-K (spec 7.3) */
 
+/* A value and its element id; dg_val_idx_sort's and dg_topk_hier's total order. */
+typedef struct dg_val_idx { float v; int32_t i; } dg_val_idx;
+
+/* Sort a[0..n) in place, allocating nothing (glibc's qsort mallocs a merge buffer
+ * for arrays over 1 KiB): a precedes b iff a.v > b.v, or a.v == b.v and a.i < b.i.
+ * With distinct ids and no NaN the order is total, so the result equals any
+ * correct sort's, qsort's included. */
+void dg_val_idx_sort(dg_val_idx *a, int32_t n);
+
 /* Bytes of scratch dg_topk_hier needs for a row of V values and a given K. */
 size_t dg_topk_scratch_size(int32_t V, int32_t K);
 

@@ -37,27 +37,23 @@ float dg_temperature(const dg_gen_params *p, int32_t s) {
  * accept[i] = 1 for the positions, sorted by ascending entropy (ties by
  * position), whose preceding cumulative entropy is <= bound. The cumulative
  * sum is accumulated in double and rounded to fp32 like torch.cumsum on the
- * CPU; the comparison is in fp32. order: scratch [n]. Returns the count. */
-typedef struct { float h; int32_t i; } ent_idx;
+ * CPU; the comparison is in fp32. scratch: 8 n bytes (8-aligned). Returns the
+ * count. The sort is dg_val_idx_sort's (in place, no allocation) over the
+ * negated entropies: descending -h with ties to the lower position is
+ * ascending h with ties to the lower position (negation is exact). */
 /* dg_cuda_step_stats writes dg_pos_stats records (its dg_cuda_pos_stats has this layout) */
 _Static_assert(sizeof(dg_pos_stats) == 16, "dg_pos_stats layout is shared with src/cuda/common.cuh");
-static int cmp_ent(const void *a, const void *b) {
-  const ent_idx *x = a, *y = b;
-  if (x->h < y->h) return -1;
-  if (x->h > y->h) return 1;
-  return (x->i > y->i) - (x->i < y->i);
-}
-
 int32_t dg_entropy_bound_accept(const float *ent, int32_t n, float bound, uint8_t *accept, void *scratch) {
-  ent_idx *o = scratch;
-  for (int32_t i = 0; i < n; i++) { o[i].h = ent[i]; o[i].i = i; }
-  qsort(o, (size_t)n, sizeof *o, cmp_ent);
+  dg_val_idx *o = scratch;
+  for (int32_t i = 0; i < n; i++) { o[i].v = -ent[i]; o[i].i = i; }
+  dg_val_idx_sort(o, n);
   double cum = 0.0;
   int32_t cnt = 0;
   for (int32_t j = 0; j < n; j++) {
-    cum += (double)o[j].h;
+    const float h = -o[j].v;
+    cum += (double)h;
     float c = (float)cum;
-    int acc = (c - o[j].h) <= bound;
+    int acc = (c - h) <= bound;
     accept[o[j].i] = (uint8_t)acc;
     cnt += acc;
   }
