@@ -57,12 +57,19 @@ extern "C" dg_status dg_cuda_truncate_check(const dg_cuda_ctx *c, int32_t len) {
                    len, need, len - 1, c->S_ring, c->hi - 1);
 }
 
-extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, dg_cuda_ctx **out) {
-  *out = NULL;
+/* The shape of a context: its pass rows T (max(canvas, encoder chunk, rows)), cache length S (cap + canvas),
+ * ring length of the sliding layers, and the bytes of its KV cache and work buffers (the check against free
+ * memory; the buffers themselves are ctx_buffers'). */
+typedef struct ctx_dims {
+  size_t C, H, V, I, IE, E, K, NH, T, S, S_ring, TK, W, kv, scratch;
+} ctx_dims;
+
+static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, int full_window) {
   const dg_cuda_model_desc *d = &m->d;
-  CK(cudaSetDevice(m->device));
-  const size_t C = d->canvas, H = d->hidden, V = d->vocab, I = d->inter, IE = d->moe_inter, E = d->n_experts,
-               K = d->top_k, NH = d->n_heads;
+  ctx_dims z;
+  z.C = d->canvas; z.H = d->hidden; z.V = d->vocab; z.I = d->inter; z.IE = d->moe_inter; z.E = d->n_experts;
+  z.K = d->top_k; z.NH = d->n_heads;
+  const size_t C = z.C, H = z.H, V = z.V, I = z.I, IE = z.IE, E = z.E, K = z.K, NH = z.NH;
   const size_t T0 = C > (size_t)enc_chunk ? C : (size_t)enc_chunk, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
                S = (size_t)cap + C;
   /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one pass, the
@@ -74,46 +81,31 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   for (int i = 0; i < d->n_layers; i++)
     kv += 2 * (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? S : S_ring) * (size_t)m->layers[i].head_dim * 2;
   const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
-  const size_t scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
-                         T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
-                         (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
-                         8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
-                         k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
-  size_t fr = 0, tot = 0;
-  CK(mem_info(&fr, &tot));
-  if (kv + scratch + (RESERVE / 2) > fr)
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
-                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
-                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
-                     cap, kv + scratch, (kv + scratch) / GiB, kv, scratch, RESERVE / 2 / GiB, m->device, fr, fr / GiB,
-                     tot / GiB);
-  ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv);
-  if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
-  dg_cuda_ctx *c = &pv->c;
-  alloc_list *al = &pv->al;
-  c->m = m;
-  c->cap = cap;
-  c->S = (int32_t)S;
-  c->S_ring = (int32_t)S_ring;
-  c->tmax = (int32_t)T;
-  c->enc_chunk = enc_chunk;
-  {
-    const char *dbg = getenv("DGEMMA_CUDA_SYNC");
-    c->debug_sync = dbg && *dbg == '1';
-  }
+  z.T = T; z.S = S; z.S_ring = S_ring; z.TK = TK; z.W = W; z.kv = kv;
+  z.scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
+              T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
+              (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
+              8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
+              k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
+  return z;
+}
+
+/* The device buffers of c: the KV cache (zeroed) and the work buffers of passes of z.T rows. */
+static dg_status ctx_buffers(dg_cuda_ctx *c, alloc_list *al, const ctx_dims *z) {
+  const dg_cuda_model *m = c->m;
+  const size_t C = z->C, H = z->H, V = z->V, I = z->I, IE = z->IE, E = z->E, NH = z->NH, T = z->T, TK = z->TK,
+               W = z->W;
   dg_status st = DG_OK;
-  c->kc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
-  c->vc = (bf16 **)calloc((size_t)d->n_layers, sizeof(bf16 *));
-  if (!c->kc || !c->vc) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto fail; }
-#define A_(ptr, bytes) do { if ((st = dalloc(al, (void **)&(ptr), (bytes), #ptr)) != DG_OK) goto fail; } while (0)
-  for (int i = 0; i < d->n_layers; i++) {
-    size_t n = (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? S : S_ring) * (size_t)m->layers[i].head_dim * 2;
+  c->kc = (bf16 **)calloc((size_t)m->d.n_layers, sizeof(bf16 *));
+  c->vc = (bf16 **)calloc((size_t)m->d.n_layers, sizeof(bf16 *));
+  if (!c->kc || !c->vc) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+#define A_(ptr, bytes) do { if ((st = dalloc(al, (void **)&(ptr), (bytes), #ptr)) != DG_OK) return st; } while (0)
+  for (int i = 0; i < m->d.n_layers; i++) {
+    size_t n = (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? z->S : z->S_ring) * (size_t)m->layers[i].head_dim * 2;
     A_(c->kc[i], n);
     A_(c->vc[i], n);
-    if (cudaMemset(c->kc[i], 0, n) != cudaSuccess || cudaMemset(c->vc[i], 0, n) != cudaSuccess) {
-      st = dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache failed");
-      goto fail;
-    }
+    if (cudaMemset(c->kc[i], 0, n) != cudaSuccess || cudaMemset(c->vc[i], 0, n) != cudaSuccess)
+      return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache failed");
   }
   A_(c->ids, T * 4);
   A_(c->x, T * H * 4);
@@ -142,10 +134,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   A_(c->moe.n_tiles, 4);
   A_(c->moe.order, E * 4);
   A_(c->moe.done, 4);
-  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess) {
-    st = dg_seterr(DG_ERR_BACKEND, "cudaMemset of the router's block counter failed");
-    goto fail;
-  }
+  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the router's block counter failed");
   A_(c->moe.h, TK * IE * 2);
   A_(c->moe.y, TK * H * 4);
   A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
@@ -160,35 +150,68 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   A_(c->blas_ws, blas_ws_bytes(m->device));
 #undef A_
   if (cudaMallocHost((void **)&c->h_stats, C * sizeof(dg_cuda_pos_stats)) != cudaSuccess ||
-      cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess) {
-    st = dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %zu bytes failed", C * sizeof(dg_cuda_pos_stats) + 4);
-    goto fail;
-  }
-  {
-    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e)); goto fail; }
-    cublasStatus_t bs = cublasCreate(&c->blas);
-    if (bs != CUBLAS_STATUS_SUCCESS) { c->blas = NULL; st = dg_seterr(DG_ERR_BACKEND, "cublasCreate failed: %s", cublasGetStatusString(bs)); goto fail; }
-    bs = cublasSetStream(c->blas, c->stream);
-    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
-    if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs)); goto fail; }
+      cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %zu bytes failed", C * sizeof(dg_cuda_pos_stats) + 4);
+  return DG_OK;
+}
+
+/* c's stream, cuBLAS handle (its workspace c->blas_ws) and graphs. */
+static dg_status ctx_stream(dg_cuda_ctx *c) {
+  cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e));
+  cublasStatus_t bs = cublasCreate(&c->blas);
+  if (bs != CUBLAS_STATUS_SUCCESS) { c->blas = NULL; return dg_seterr(DG_ERR_BACKEND, "cublasCreate failed: %s", cublasGetStatusString(bs)); }
+  bs = cublasSetStream(c->blas, c->stream);
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
+  if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs));
 #ifndef DG_CUDA_EMU
-    /* after cublasSetStream, which resets it: a workspace of our own, so that a captured product allocates
-     * nothing (graph.cu); of the size of cuBLAS's default pool, in every context, so that the products choose the
-     * same algorithms with graphs on and off */
-    bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(m->device));
-    if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs)); goto fail; }
+  /* after cublasSetStream, which resets it: a workspace of our own, so that a captured product allocates
+   * nothing (graph.cu); of the size of cuBLAS's default pool, in every context, so that the products choose the
+   * same algorithms with graphs on and off */
+  bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(c->m->device));
+  if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
 #endif
-    if ((st = graph_init(c)) != DG_OK) goto fail;
-    /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
-    e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e)); goto fail; }
+  dg_status st = graph_init(c);
+  if (st != DG_OK) return st;
+  /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
+  e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, dg_cuda_ctx **out) {
+  *out = NULL;
+  CK(cudaSetDevice(m->device));
+  const ctx_dims z = ctx_dims_of(m, cap, rows, full_window);
+  size_t fr = 0, tot = 0;
+  CK(mem_info(&fr, &tot));
+  if (z.kv + z.scratch + (RESERVE / 2) > fr)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
+                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
+                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     cap, z.kv + z.scratch, (z.kv + z.scratch) / GiB, z.kv, z.scratch, RESERVE / 2 / GiB, m->device,
+                     fr, fr / GiB, tot / GiB);
+  ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv);
+  if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  dg_cuda_ctx *c = &pv->c;
+  c->m = m;
+  c->cap = cap;
+  c->S = (int32_t)z.S;
+  c->S_ring = (int32_t)z.S_ring;
+  c->tmax = (int32_t)z.T;
+  c->enc_chunk = enc_chunk;
+  {
+    const char *dbg = getenv("DGEMMA_CUDA_SYNC");
+    c->debug_sync = dbg && *dbg == '1';
+  }
+  dg_status st = ctx_buffers(c, &pv->al, &z);
+  if (st == DG_OK) st = ctx_stream(c);
+  if (st != DG_OK) {
+    dg_cuda_ctx_free(c);
+    return st;
   }
   *out = c;
   return DG_OK;
-fail:
-  dg_cuda_ctx_free(c);
-  return st;
 }
 
 extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
