@@ -65,20 +65,20 @@ ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni
 ISA_avx2lp := $(ISA_avx2)
 
 .DEFAULT_GOAL := all
-# The CUDA backend (src/cuda/*.cu and src/device.c, its table: src/backend.h) is a plugin,
+# The CUDA backend (src/cuda/*.cu and src/backend/device.c, its table: src/backend/backend.h) is a plugin,
 # $(BUILD)/libdgemma_cuda.so, linked with cudart and cuBLAS (or, EMU=1, the CPU emulation) and
-# opened with dlopen only when a CUDA device is asked for (src/backend_select.c): the CLI and the
+# opened with dlopen only when a CUDA device is asked for (src/backend/backend_select.c): the CLI and the
 # tests link neither CUDA library, so a CPU run never maps them. Its objects are also in
 # libdgemma.a for the kernel labs (dev/cuda), which link them directly.
-SRC     := $(filter-out src/device.c,$(wildcard src/*.c)) $(wildcard src/cpu/*.c)
+SRC     := $(filter-out src/backend/device.c,$(wildcard src/*/*.c))
 OBJ     := $(patsubst %.c,$(BUILD)/%.o,$(SRC))
 CUDA_BACKEND := $(if $(filter 1,$(EMU) $(CUDA)),1,0)
 PLUGIN  :=
 ifeq ($(CUDA_BACKEND),1)
 PLUGIN  := $(BUILD)/libdgemma_cuda.so
-OBJ     += $(BUILD)/src/device.o
-$(BUILD)/src/device.o: CFLAGS += -fPIC
-$(BUILD)/src/backend_select.o: CFLAGS += -DDG_HAVE_CUDA -DDG_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
+OBJ     += $(BUILD)/src/backend/device.o
+$(BUILD)/src/backend/device.o: CFLAGS += -fPIC
+$(BUILD)/src/backend/backend_select.o: CFLAGS += -DDG_HAVE_CUDA -DDG_CUDA_PLUGIN_DIR='"$(abspath $(BUILD))"'
 LDLIBS  += -rdynamic -ldl
 endif
 # Whether $(BUILD) has the CUDA plugin, rewritten when it changes, so the objects that depend on it
@@ -88,7 +88,7 @@ ifneq ($(file <$(CUDASTAMP)),$(CUDA_BACKEND) plugin)
 $(shell mkdir -p $(BUILD))
 $(file >$(CUDASTAMP),$(CUDA_BACKEND) plugin)
 endif
-$(BUILD)/src/backend_select.o $(BUILD)/src/device.o: $(CUDASTAMP)
+$(BUILD)/src/backend/backend_select.o $(BUILD)/src/backend/device.o: $(CUDASTAMP)
 ifeq ($(EMU),1) # the CUDA sources on the CPU emulation of dev/cuda_emu (no GPU, no nvcc needed)
 CUSRC   := $(wildcard src/cuda/*.cu)
 CUOBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC)) $(BUILD)/dev/cuda_emu/emu.o
@@ -141,7 +141,7 @@ $(LIB): $(OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 ifneq ($(PLUGIN),)
-$(PLUGIN): $(CUOBJ) $(BUILD)/src/device.o
+$(PLUGIN): $(CUOBJ) $(BUILD)/src/backend/device.o
 	$(CXX) -shared -fopenmp -o $@ $^ $(PLUGIN_LIBS)
 # the tests and the CLI open it at run time
 $(TESTS) $(CLI): | $(PLUGIN)
@@ -241,8 +241,8 @@ FUZZ_TEST_SECONDS ?= 3
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS  := -O1 -g $(FUZZ_SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter \
                 -Iinclude -Isrc -MMD -MP $(XCFLAGS)
-FUZZ_LIBSRC  := src/dtype.c src/safetensors.c src/config.c src/tokenizer.c src/chat.c src/quant.c src/dg_error.c src/dg_io.c \
-                src/dg_json.c
+FUZZ_LIBSRC  := src/base/dtype.c src/base/dg_error.c src/base/dg_io.c src/base/dg_json.c src/io/safetensors.c src/io/config.c \
+                src/io/tokenizer.c src/io/chat.c src/io/quant.c
 FUZZ_LIBOBJ  := $(patsubst %.c,build-fuzz/%.o,$(FUZZ_LIBSRC))
 FUZZ_ALL     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZERS      ?= $(FUZZ_ALL)

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "quant.h"
+#include "cpu/kernels.h"
+#include "io/quant.h"
 
 static int cmpd(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;

@@ -1,5 +1,5 @@
 /* fuzz_chat.c: libFuzzer harness of the chat template (dg_chat_render in
- * src/chat.c) over arbitrary messages, with the bundled model's tokenizer (or
+ * src/io/chat.c) over arbitrary messages, with the bundled model's tokenizer (or
  * DG_FUZZ_TOKENIZER's). Input: byte 0 bit 0 = enable_thinking; the rest is
  * split at 0x00 bytes into messages, each starting with a role byte (mod 6:
  * system, developer, user, assistant, model, or an unknown role "tool").
@@ -7,7 +7,7 @@
  * unknown or a content is invalid UTF-8; the ids start with <bos>, end with
  * the generation prompt, and lie in [0, n_ids). */
 #include "fuzz.h"
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 static dg_tokenizer *g_tok;
 

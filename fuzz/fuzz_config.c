@@ -1,9 +1,9 @@
 /* fuzz_config.c: libFuzzer harness of config.json (dg_config_parse in
- * src/config.c). Input: the text of a config.json. Properties: an error has a
+ * src/io/config.c). Input: the text of a config.json. Properties: an error has a
  * message; an accepted config has sizes the model code can rely on (positive,
  * within DG_MAX_LAYERS, top-k <= experts, per-layer head_dim and KV heads
  * positive, query heads a multiple of KV heads, EOS ids non-negative). */
-#include "config.h"
+#include "io/config.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {

@@ -1,8 +1,8 @@
 /* fuzz_gen_config.c: libFuzzer harness of generation_config.json
- * (dg_gen_config_parse in src/config.c, flat and nested layouts). Properties:
+ * (dg_gen_config_parse in src/io/config.c, flat and nested layouts). Properties:
  * an error has a message; accepted values are in the ranges the sampler needs
  * (t_min <= t_max, at most DG_MAX_STOP_IDS stop ids, each >= 0). */
-#include "config.h"
+#include "io/config.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {

@@ -1,10 +1,10 @@
 /* fuzz_gen_kwargs.c: libFuzzer harness of the CLI's --gen-kwargs JSON
- * (dg_gen_params_apply_json in src/config.c, strict: unknown keys are errors;
+ * (dg_gen_params_apply_json in src/io/config.c, strict: unknown keys are errors;
  * the turbo keys included). Input: the argument's bytes (cut at the first NUL,
  * as a command line would). Properties: an error has a message and leaves the
  * parameters untouched; accepted values keep t_min <= t_max and the stop-id
  * count in range. */
-#include "config.h"
+#include "io/config.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {

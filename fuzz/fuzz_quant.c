@@ -1,11 +1,11 @@
 /* fuzz_quant.c: libFuzzer harness of the MLX quantization fields of
  * config.json ("quantization" / "quantization_config" / text_config's;
- * dg_quant_config_parse in src/quant.c). Properties: an error has a message
+ * dg_quant_config_parse in src/io/quant.c). Properties: an error has a message
  * and leaves nothing allocated (LeakSanitizer); an accepted block has
  * supported bits and group sizes for its defaults and every override, and
  * dg_quant_config_lookup returns them. */
 #include "fuzz.h"
-#include "quant.h"
+#include "io/quant.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   dg_quant_config qc;

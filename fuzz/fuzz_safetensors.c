@@ -1,10 +1,10 @@
 /* fuzz_safetensors.c: libFuzzer harness of the safetensors header parser
- * (src/safetensors.c through dg_st_open_memory: the same checks as a file).
+ * (src/io/safetensors.c through dg_st_open_memory: the same checks as a file).
  * Input: a whole .safetensors file image. Properties: an error has a message
  * and no object; an accepted file's tensors lie inside the input, tile the
  * data region, have nbytes = prod(shape) * dtype size and are found by name. */
 #include "fuzz.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   /* a copy of exactly n bytes, so that ASan sees any read past the input */

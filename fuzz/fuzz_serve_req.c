@@ -15,7 +15,7 @@
  * pieces of the input (empty stop strings included) ends and holds them too. */
 #include <cjson/cJSON.h>
 
-#include "config.h"
+#include "io/config.h"
 #include "fuzz.h"
 #include "serve.h"
 

@@ -1,5 +1,5 @@
 /* fuzz_st_index.c: libFuzzer harness of model.safetensors.index.json
- * (dg_st_open_dir in src/safetensors.c). At start it makes a temporary model
+ * (dg_st_open_dir in src/io/safetensors.c). At start it makes a temporary model
  * directory with two small shards (model-00001-of-00002.safetensors: "a.weight"
  * F32 [2, 3], "b.bias" BF16 [3]; model-00002-of-00002.safetensors: "c.weight"
  * U8 [4], "d" I64 scalar); each input is written there as the index and the
@@ -11,7 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "fuzz.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 static char g_dir[256], g_index[320];
 

@@ -1,5 +1,5 @@
 /* fuzz_tokenize.c: libFuzzer harness of tokenizer encode and decode on
- * arbitrary bytes (src/tokenizer.c), with a real tokenizer loaded once: the
+ * arbitrary bytes (src/io/tokenizer.c), with a real tokenizer loaded once: the
  * bundled model's (models/dgemma-small/tokenizer.json, run from the repository
  * root) or the one named by DG_FUZZ_TOKENIZER (e.g. Gemma's
  * .cache/gemma3/tokenizer.json). Input: byte 0 holds the flags (bit 0
@@ -9,7 +9,7 @@
  * special token, no U+2581 and no NUL in the text, decode(encode(text)) is
  * the text; decode of arbitrary ids fails exactly when one is out of range. */
 #include "fuzz.h"
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 static dg_tokenizer *g_tok;
 

@@ -1,11 +1,11 @@
 /* fuzz_tokenizer_json.c: libFuzzer harness of tokenizer.json loading
- * (dg_tokenizer_load_text in src/tokenizer.c) with the real model vocabulary
+ * (dg_tokenizer_load_text in src/io/tokenizer.c) with the real model vocabulary
  * size (262,144). Input: the text of a tokenizer.json. Properties: an error
  * has a message and no object; a loaded tokenizer encodes a fixed text (plain
  * words, the control tokens, multi-byte characters) and the input itself when
  * it is valid UTF-8, to ids inside [0, n_ids), and decodes them again. */
 #include "fuzz.h"
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 static void use(const dg_tokenizer *t, const char *s, size_t n) {
   for (int special = 0; special < 2; special++) {

@@ -427,7 +427,7 @@ typedef struct dg_gen_result {
  * max_new_tokens (rounded up to whole canvases). *result is zeroed on entry;
  * only a DG_OK return leaves memory in it, to be released with
  * dg_gen_result_free (so never pass a result that still holds tokens).
- * With params->turbo.enabled the turbo engine of spec 7 runs instead (src/turbo.c);
+ * With params->turbo.enabled the turbo engine of spec 7 runs instead (src/sample/turbo.c);
  * replay streams are not supported there.
  * Errors: DG_ERR_INVALID_ARG, DG_ERR_CONTEXT_FULL, DG_ERR_NUMERIC (naming
  * block and step), DG_ERR_REPLAY, DG_ERR_ABORTED. */

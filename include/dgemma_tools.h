@@ -1,7 +1,7 @@
 /* dgemma_tools.h: the offline checkpoint writers of dgemma, apart from the
  * inference API (dgemma.h): MLX affine quantization of a checkpoint
- * (`dgemma quantize`, src/quantize.c) and random-weight checkpoints
- * (`dgemma mkrandom`, src/mkrandom.c). They are in libdgemma.a with the
+ * (`dgemma quantize`, src/writers/quantize.c) and random-weight checkpoints
+ * (`dgemma mkrandom`, src/writers/mkrandom.c). They are in libdgemma.a with the
  * engine, and share its status codes and error reporting (dg_status,
  * dg_last_error: dgemma.h). */
 #ifndef DGEMMA_TOOLS_H
@@ -135,13 +135,13 @@ dg_mkrandom_params dg_mkrandom_default_params(void);
  * with every text tensor at the shapes of the config, drawn as Transformers
  * initialises the model (linears, expert stacks and the embedding
  * normal(0, initializer_range), the embedding's pad_token_id row zero, norm
- * weights, router scales and layer scalars one; src/mkrandom.c cites the
+ * weights, router scales and layer scalars one; src/writers/mkrandom.c cites the
  * source), stored in bf16, the modules the recipe names MLX affine-quantized
  * (as dg_quantize would quantize those bf16 values), config.json (+ the
  * quantization block), generation_config.json (spec 1.3), sharded
  * safetensors + index, the source directory's tokenizer files. Streams row
  * chunks: memory is ~16 MB per chunk, never a whole tensor. Deterministic in
- * the seed (src/mkrandom.h gives each value). Written into a temporary
+ * the seed (src/writers/mkrandom.h gives each value). Written into a temporary
  * sibling ".<name>.tmp-XXXXXX" renamed to out_dir when complete: on failure
  * or DG_ERR_ABORTED (the progress callback, also asked once more just before
  * the rename) nothing is left and out_dir stays as it was. *result (may be NULL) is filled even on failure.

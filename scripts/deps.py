@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """deps.py [BUILD]: the dependency graph of src/ by module, and its loops.
 
-A module is a header and its source (src/x.h + src/x.c = "x"); the CPU
-kernels (src/kernels.h, src/cpu/*) are one module "cpu" and the CUDA backend
+A module is a header and its source (src/d/x.h + src/d/x.c = "d/x"); the CPU
+kernels (src/cpu/kernels.h, src/cpu/*) are one module "cpu" and the CUDA backend
 (src/cuda/*) one module "cuda". Module A depends on B when a file of A
 #includes a header of B, or (with BUILD, a build folder of the Makefile) when
 an object of A calls or reads a symbol that an object of B defines (`nm`).
@@ -22,7 +22,7 @@ SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'src')
 
 def module(path):
     rel = os.path.relpath(path, SRC)
-    if rel.startswith('cpu' + os.sep) or rel == 'kernels.h':
+    if rel.startswith('cpu' + os.sep):
         return 'cpu'
     if rel.startswith('cuda' + os.sep):
         return 'cuda'

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kernels.h"
-#include "safetensors.h"
+#include "cpu/kernels.h"
+#include "io/safetensors.h"
 
 typedef struct synth_cfg {
   int vocab, hidden, n_layers, heads, kv, head_dim, gkv, ghd, inter, moe_inter, experts, topk, window, canvas;

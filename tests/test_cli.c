@@ -31,7 +31,7 @@
  * The models are the bundled one and `mkrandom --config small`, one thread.
  * DG_TEST_FILTER=NAME runs the tests matching NAME (cmocka's filter). */
 #include "testutil.h"
-#include "kernels.h" /* dg_kernels_avx512lp: whether this CPU has the opt-in set */
+#include "cpu/kernels.h" /* dg_kernels_avx512lp: whether this CPU has the opt-in set */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -751,7 +751,7 @@ static void test_help(void **state) {
   assert_non_null(strstr(helps[1], "/reset"));
   assert_null(strstr(helps[2], "--temp"));
   assert_non_null(strstr(helps[3], "--pieces"));
-  /* the control tokens of this model's chat template (src/chat.c), not Gemma 3's <start_of_turn> */
+  /* the control tokens of this model's chat template (src/io/chat.c), not Gemma 3's <start_of_turn> */
   assert_non_null(strstr(helps[3], "<|turn>"));
   assert_null(strstr(helps[3], "<start_of_turn>"));
   assert_non_null(strstr(helps[0], "(default, and 0: the cores available;")); /* what -t 0 means */

@@ -62,15 +62,15 @@
 #include "cuda/backend.h"
 #include "support/cuda_entry.h"
 #include "dgemma_tools.h"
-#include "model.h"
-#include "quant.h"
-#include "rng.h"
-#include "safetensors.h"
-#include "sampler.h"
-#include "softrow.h"
+#include "model/model.h"
+#include "io/quant.h"
+#include "base/rng.h"
+#include "io/safetensors.h"
+#include "sample/sampler.h"
+#include "model/softrow.h"
 #include "synth.h"
 #include "testutil.h"
-#include "turbo.h"
+#include "sample/turbo.h"
 
 #define GOLDEN_DIR DG_FIXTURES "/golden"
 
@@ -797,7 +797,7 @@ static void test_refuse_too_big(void **state) {
   dg_test_rm_dir(dir);
 }
 
-/* ---- turbo engine on the device (spec 7; src/turbo.c, backend.h) ------------------ */
+/* ---- turbo engine on the device (spec 7; src/sample/turbo.c, backend.h) ------------------ */
 
 static synth_cfg turbo_cfg(void) {
   synth_cfg c = synth_default();
@@ -956,7 +956,7 @@ static void test_turbo_topk(void **state) {
   dg_test_rm_dir(dir);
 }
 
-/* Self-conditioning rows on the device vs the CPU (src/turbo.c): exact
+/* Self-conditioning rows on the device vs the CPU (src/sample/turbo.c): exact
  * (z = softcap(raw)/T, P = softmax, soft = scale P.E) and topk (scale
  * sum_k p_k E[idx_k]). Per element the GPU rounds P and E to bf16 (u =
  * 2^-8 each, relative) and sums n terms in fp32, so
@@ -1814,7 +1814,7 @@ static void test_quant_embed_soft(void **state) {
       qmat qm;
       qmat_make(&qm, V, H, bitsv[b], Gv[g], sb);
       dg_weight m = qm.w; /* the CUDA entry points take the loader's view as it is */
-      /* embedding: x = dequant(E[id]) * scale, exactly as src/forward.c */
+      /* embedding: x = dequant(E[id]) * scale, exactly as src/model/forward.c */
       int32_t ids[9] = {0, V - 1, 5, 5, 17, 2, V / 2, 1, 40};
       const float scale = 8.0f;
       float *xg = malloc(4 * (size_t)T * H), *xc = malloc(4 * (size_t)H);
@@ -2039,7 +2039,7 @@ static void check_qexperts_nt(int bits_gu, int bits_d, int G, int H, int IE, dg_
 }
 
 /* The router's softmax and top-k on the device (k_route, src/cuda/moe.cu)
- * against the CPU's algorithm (src/forward.c). The device's expf is not
+ * against the CPU's algorithm (src/model/forward.c). The device's expf is not
  * glibc's: each exponential is within 2 ulp (CUDA's expf) plus 1 ulp (glibc)
  * of exp, the sum of E of them adds gamma_E, the quotient one rounding, so
  * |p_gpu - p_cpu| <= (2 * 3 + E + 2) u p_cpu (u = 2^-24; p >= 2^-126 here: the

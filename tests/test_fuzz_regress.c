@@ -14,10 +14,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "config.h"
-#include "quant.h"
-#include "safetensors.h"
-#include "tokenizer.h"
+#include "io/config.h"
+#include "io/quant.h"
+#include "io/safetensors.h"
+#include "io/tokenizer.h"
 
 #define SMALL "models/dgemma-small"
 

@@ -25,9 +25,9 @@
 #include <dirent.h>
 #include <math.h>
 
-#include "model.h"
-#include "safetensors.h"
-#include "sampler.h"
+#include "model/model.h"
+#include "io/safetensors.h"
+#include "sample/sampler.h"
 #include "testutil.h"
 
 #define GOLDEN_DIR DG_FIXTURES "/golden"

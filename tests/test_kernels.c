@@ -11,9 +11,9 @@
 #include <float.h>
 #include <math.h>
 
-#include "context.h"
-#include "kernels.h"
-#include "quant.h"
+#include "model/context.h"
+#include "cpu/kernels.h"
+#include "io/quant.h"
 #include "testutil.h"
 
 static uint64_t rs = 88172645463325252ull;

@@ -25,12 +25,12 @@
 #include <math.h>
 #include <sys/stat.h>
 
-#include "dg_io.h"
+#include "base/dg_io.h"
 #include "dgemma_tools.h"
-#include "kernels.h"
-#include "mkrandom.h"
-#include "quant.h"
-#include "safetensors.h"
+#include "cpu/kernels.h"
+#include "writers/mkrandom.h"
+#include "io/quant.h"
+#include "io/safetensors.h"
 
 static char tmp_root[64];
 
@@ -83,7 +83,7 @@ static void write_small(const char *dir, const char *recipe, uint64_t seed, int 
 
 static void test_real_plan(void **state) {
   (void)state;
-  /* spec 1.2 / 3.1 shapes, counted independently of src/mkrandom.c */
+  /* spec 1.2 / 3.1 shapes, counted independently of src/writers/mkrandom.c */
   const int64_t V = 262144, H = 2816, I = 2112, M = 704, E = 128, NH = 16;
   int64_t n = V * H + 2 * H /* final norm, sc pre_norm */ + 3 * I * H /* sc MLP */ + 30 /* encoder scalars */;
   for (int i = 0; i < 30; i++) {

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "synth.h"
 #include "testutil.h"
 

@@ -1,4 +1,4 @@
-/* test_quant.c: MLX affine quantization (src/quant.c, src/quantize.c, the
+/* test_quant.c: MLX affine quantization (src/io/quant.c, src/writers/quantize.c, the
  * quantized kernels and the quantized model path).
  *
  *  - known answers: for every bit width, packed words and dequantized values
@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "dgemma_tools.h"
-#include "model.h"
-#include "quant.h"
+#include "model/model.h"
+#include "io/quant.h"
 #include "synth.h"
 #include "testutil.h"
 

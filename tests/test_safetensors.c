@@ -1,4 +1,4 @@
-/* test_safetensors.c: the safetensors reader and writer (src/safetensors.c).
+/* test_safetensors.c: the safetensors reader and writer (src/io/safetensors.c).
  *
  *   make build/tests/test_safetensors && build/tests/test_safetensors
  *
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 static char g_tmp[256]; /* mkdtemp directory of the current test */
 

@@ -3,9 +3,9 @@
  * schedule, entropy-bound acceptance worked by hand, and --gen-kwargs parsing. */
 #include <math.h>
 
-#include "config.h"
-#include "rng.h"
-#include "sampler.h"
+#include "io/config.h"
+#include "base/rng.h"
+#include "sample/sampler.h"
 #include "testutil.h"
 
 static void test_philox_kat(void **state) {

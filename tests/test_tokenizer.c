@@ -1,4 +1,4 @@
-/* test_tokenizer.c: tokenizer (src/tokenizer.c) and chat template (src/chat.c).
+/* test_tokenizer.c: tokenizer (src/io/tokenizer.c) and chat template (src/io/chat.c).
  *
  *   make build/tests/test_tokenizer && build/tests/test_tokenizer   (from the repo root)
  *
@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tokenizer.h"
+#include "io/tokenizer.h"
 
 #define GOLDEN_GEMMA DG_FIXTURES "/tokenizer/gemma3_golden.json"
 #define GEMMA_VOCAB 262144

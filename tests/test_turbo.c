@@ -1,4 +1,4 @@
-/* test_turbo.c: the turbo engine (spec 7; src/turbo.c).
+/* test_turbo.c: the turbo engine (spec 7; src/sample/turbo.c).
  *
  *  - --gen-kwargs turbo options: defaults of spec 7.2, the recommended
  *    setting, and rejection of unknown names, wrong types and out-of-range
@@ -27,16 +27,16 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "model.h"
-#include "safetensors.h"
-#include "sampler.h"
-#include "softrow.h"
+#include "io/config.h"
+#include "model/model.h"
+#include "io/safetensors.h"
+#include "sample/sampler.h"
+#include "model/softrow.h"
 #include "synth.h"
 #include "testutil.h"
 #include "procmem.h"
 #include "support/compact_oracle.h"
-#include "turbo.h"
+#include "sample/turbo.h"
 
 static char tmp_root[256];
 

@@ -36,10 +36,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "dg_error.h"
-#include "kernels.h"
+#include "base/dg_error.h"
+#include "cpu/kernels.h"
 #include "cuda/backend.h"
-#include "model.h"
+#include "model/model.h"
 
 static double now_s(void) {
   struct timespec ts;

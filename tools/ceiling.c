@@ -9,7 +9,7 @@
  *   moe_gathered    a canvas of T tokens routed top-8 of 128 (uniformly at
  *                   random, fixed seed), gathered by expert and run through
  *                   the grouped kernel as the forward pass does (gate, up,
- *                   down: src/forward.c); M = rows per expert hit (16 at T = 256)
+ *                   down: src/model/forward.c); M = rows per expert hit (16 at T = 256)
  *
  * for bf16 and MLX affine weights (group 64, bf16 scales and biases). The
  * matrices are synthetic (random codes and values: the kernels' speed does
@@ -37,10 +37,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "bench.h"
 #include "cuda/backend.h"
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 #define CE_H 2816   /* hidden size */
 #define CE_IE 704   /* expert intermediate size */
@@ -170,7 +170,7 @@ static void moe_call(void *ud, int run, int call) {
   ce_moe *a = ud;
   (void)run;
   (void)call;
-  /* as src/forward.c: gate rows [0, IE) and up rows [IE, 2 IE) of each expert's gate_up, then down */
+  /* as src/model/forward.c: gate rows [0, IE) and up rows [IE, 2 IE) of each expert's gate_up, then down */
   a->kn->matmul_grouped(a->h1, CE_IE, a->x, CE_H, a->start, CE_E, a->gu, 2 * CE_IE, 0, CE_IE, a->nt);
   a->kn->matmul_grouped(a->h2, CE_IE, a->x, CE_H, a->start, CE_E, a->gu, 2 * CE_IE, CE_IE, CE_IE, a->nt);
   a->kn->matmul_grouped(a->out, CE_H, a->h1, CE_IE, a->start, CE_E, a->dn, CE_H, 0, CE_H, a->nt);

@@ -630,7 +630,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--warmup")) o->warmup = (int)parse_int(ARG(), a, 0, 100) + 1;
     else if (!strcmp(a, "--prompt-tokens")) o->prompt_tokens = (int)parse_int(ARG(), a, 1, 1 << 20);
     else if (!strcmp(a, "--limit")) o->limit = parse_int(ARG(), a, 1, INT32_MAX); /* absent = all */
-    else if (!strcmp(a, "--bits")) { /* the MLX affine widths (src/quant.c): a usage error here, not a load error */
+    else if (!strcmp(a, "--bits")) { /* the MLX affine widths (src/io/quant.c): a usage error here, not a load error */
       const char *v = ARG();
       long long b;
       if (cli_parse_ll(v, 2, 8, &b) || b == 5 || b == 7) {

@@ -5,7 +5,7 @@ library, for tests/test_tokenizer.c.
     python3 tools/tokenizer_goldens.py [--model-vocab N] TOKENIZER_JSON OUT_JSON [TOKENIZER_JSON OUT_JSON ...]
 
 For each tokenizer.json it applies the same patch as dgemma's C loader
-(src/tokenizer.c, dg_tokenizer_load):
+(src/io/tokenizer.c, dg_tokenizer_load):
   * the DiffusionGemma special-token names (spec section 2) replace the file's
     names for those ids, in model.vocab and in added_tokens, and those tokens
     become special (a table id present only in model.vocab is appended to

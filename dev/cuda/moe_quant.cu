@@ -105,7 +105,7 @@
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 extern "C" {
-#include "quant.h"
+#include "io/quant.h"
 }
 
 #define CKL(x)                                                                                                   \

@@ -52,8 +52,8 @@
 
 #include "cuda/kernels.cuh"
 extern "C" {
-#include "rng.h"
-#include "sampler.h"
+#include "base/rng.h"
+#include "sample/sampler.h"
 }
 
 #define CKL(x)                                                                                                   \

@@ -17,7 +17,7 @@
 #include <math.h>
 #include <float.h>
 
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 /* o[0, 64) = sum over the rows j of the cache part (vb, stride vs, probabilities s1[16 j] * inv, m1
  * rows) and then of the chunk part (cb, stride cs, s2, n2 rows) of p_j * v_j: four 16-lane

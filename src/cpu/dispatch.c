@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 const dg_kernels *dg_kernels_avx2_impl(void);
 const dg_kernels *dg_kernels_avx512_impl(void);

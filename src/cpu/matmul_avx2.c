@@ -12,7 +12,7 @@
  * so quantized rows have no K tail. */
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 /* ---- the instruction set, as matmul_tiles.h asks for it -------------------- */
 #define VF __m256

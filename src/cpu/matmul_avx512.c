@@ -15,7 +15,7 @@
  * weights. K is a multiple of the group size (>= 32): no masks needed. */
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 /* ---- the instruction set, as matmul_tiles.h asks for it -------------------- */
 #define VF __m512

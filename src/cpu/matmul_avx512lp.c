@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "quant.h"
+#include "cpu/kernels.h"
+#include "io/quant.h"
 
 const dg_kernels *dg_kernels_avx512_impl(void);
 

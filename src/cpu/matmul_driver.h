@@ -21,8 +21,8 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include "kernels.h"
-#include "quant.h"
+#include "cpu/kernels.h"
+#include "io/quant.h"
 
 /* One quantized tile: rows[i] packed rows, sc[i]/bi[i] their scale/bias rows. */
 typedef void (*qtile_fn)(float *y, int64_t ldy, const float *x, int64_t ldx, const uint8_t *const *rows,

@@ -29,7 +29,7 @@
 #ifndef DG_MATMUL_TILES_H
 #define DG_MATMUL_TILES_H
 
-#include "kernels.h"
+#include "cpu/kernels.h"
 
 /* RT weight rows x TT activation rows = RT*TT accumulators of VL lanes; each
  * weight vector is widened once and used for TT activation rows. */

@@ -1,7 +1,7 @@
 /* ref.c: the scalar fp32 oracle kernels (style anchor: llama2.c's matmul).
  * Deliberately no intrinsics; every other kernel is checked against these. */
-#include "kernels.h"
-#include "quant.h"
+#include "cpu/kernels.h"
+#include "io/quant.h"
 
 /* Element k of row r of a quantized weight: (float)q * s + b (quant.h). */
 static inline float qelem(const dg_weight *w, int64_t r, int64_t k) {

@@ -10,14 +10,14 @@
  * per-position statistics.
  *
  * This header is plain C and includes no CUDA header. The samplers reach the
- * backend only through its table (src/backend.h, filled by src/device.c);
+ * backend only through its table (src/backend/backend.h, filled by src/backend/device.c);
  * tests and tools reach the entry points below that the table has no slot
  * for through dg_cuda_api (the table's `api`). The sources: upload.cu
  * (device checks, weight upload), context.cu (contexts, stage timing),
  * passes.cu (encoder, decoder, step statistics, soft embedding),
  * turbo_host.cu (the turbo passes), the kernels in the other .cu files. A CPU-only build compiles
  * none of this: it has no CUDA table, and asking for CUDA there gives
- * DG_ERR_BACKEND ("built without CUDA", src/backend_select.c).
+ * DG_ERR_BACKEND ("built without CUDA", src/backend/backend_select.c).
  *
  * Errors: every function returns a dg_status; a failing CUDA or cuBLAS call
  * gives DG_ERR_BACKEND with dg_last_error() naming the call, the file and
@@ -28,20 +28,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../backend.h" /* dg_sc_source (src/backend.h; "backend.h" here would be this file) */
+#include "backend/backend.h" /* dg_sc_source (src/backend/backend.h; "backend.h" here would be this file) */
 #include "dgemma.h"
-#include "layer.h" /* dg_layer, dg_weight, dg_dtype: the loader's weight description */
+#include "base/layer.h" /* dg_layer, dg_weight, dg_dtype: the loader's weight description */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* The weights are handed over in the loader's own description (one for the
- * loader and both backends): dg_weight (src/weight.h) for a matrix and
- * dg_layer (src/layer.h) for a layer, host pointers into the mmap'd
+ * loader and both backends): dg_weight (src/base/weight.h) for a matrix and
+ * dg_layer (src/base/layer.h) for a layer, host pointers into the mmap'd
  * checkpoint and the model's fp32 vectors. Float matrices (bits 0) of
  * dtype DG_F32, DG_BF16 or DG_F16 are converted to bf16 on upload;
- * MLX affine-quantized ones (bits 2, 3, 4, 6 or 8; src/quant.h: code k of a
+ * MLX affine-quantized ones (bits 2, 3, 4, 6 or 8; src/io/quant.h: code k of a
  * row at bits [k*bits, (k+1)*bits) of the row's little-endian bit stream,
  * scales and biases [rows, cols / group_size] of sb_dtype DG_BF16, DG_F16 or
  * DG_F32, w[r, k] = (float)q * scale + bias in fp32) are uploaded as they
@@ -49,7 +49,7 @@ extern "C" {
  * to fp32 on the host first (the device keeps every router in fp32). v of a
  * K=V full layer has data NULL. */
 
-/* Everything the device needs from a loaded dg_model (built by src/device.c). */
+/* Everything the device needs from a loaded dg_model (built by src/backend/device.c). */
 typedef struct dg_cuda_model_desc {
   int32_t vocab, hidden, n_layers, n_heads, inter, moe_inter, n_experts, top_k;
   int32_t window, canvas;
@@ -119,7 +119,7 @@ dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg
  * steps 2-4): z = logits / T in place, argmax, entropy of softmax(z), max
  * probability, and the proposal:
  *   mode DG_PROPOSAL_ARGMAX: the argmax;
- *   DG_PROPOSAL_SAMPLE: inverse CDF with u from Philox4x32-10 (src/rng.h:
+ *   DG_PROPOSAL_SAMPLE: inverse CDF with u from Philox4x32-10 (src/base/rng.h:
  *     seed, stream DG_RNG_PROPOSAL, block, step), the same numbers as the CPU;
  *   DG_PROPOSAL_REPLAY_UNIFORM: inverse CDF with host uniforms uni[C].
  * out: host array of C records laid out as dg_pos_stats (rowstats.h).
@@ -134,7 +134,7 @@ dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_proposal mode
  * dg_cuda_decode(..., DG_SC_KEPT, ...). */
 dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c);
 
-/* ---- turbo engine (spec 7; the engine is src/turbo.c) ----
+/* ---- turbo engine (spec 7; the engine is src/sample/turbo.c) ----
  * Self-conditioning argument sc of the passes below: DG_SC_NONE zero signal;
  * DG_SC_KEPT the device's per-position rows c->soft [C, H] (left by an
  * earlier pass's upload or by dg_cuda_turbo_sc); DG_SC_HOST upload host rows
@@ -201,7 +201,7 @@ dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t
  * of the last pass, written into the device rows c->soft[rows[r]] (the other
  * rows keep theirs) for the next pass with DG_SC_KEPT (spec 5, 7.3):
  *   DG_TURBO_SC_EXACT: z = softcap(raw)/T, P = cast(softmax(cast(z))) in
- *     bf16, soft = embed_scale * P . E  (as src/turbo.c's exact mode);
+ *     bf16, soft = embed_scale * P . E  (as src/sample/turbo.c's exact mode);
  *   DG_TURBO_SC_TOPK: soft = embed_scale * sum_k p[r, k] E[idx_k], with p
  *     [n, K] (host) the K-way probabilities and idx the last dg_cuda_topk's
  *     ids. Any other mode: DG_ERR_INVALID_ARG. */
@@ -358,7 +358,7 @@ typedef struct dg_cuda_bench_result {
 dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
 
 /* The entry points that tests and tools call directly, by pointer (the CUDA
- * table's `api`, src/backend.h), so that they link in a CPU-only build. The
+ * table's `api`, src/backend/backend.h), so that they link in a CPU-only build. The
  * test-only entry points (one kernel on host data; a context's raw rows in
  * and self-conditioning rows out) are not here: they are in the test support
  * library (tests/support/cuda_entry.h). */

@@ -12,13 +12,13 @@
 #include <stdint.h>
 
 extern "C" {
-#include "dg_error.h"
+#include "base/dg_error.h"
 }
 #include "cuda/backend.h"
 
 /* The float dtypes of the device code (the scales/biases dtype of a device
  * matrix, dg_cuda_w.sb; the activation dtype of the self-conditioning casts)
- * are the ground floor's dg_dtype (src/dtype.h), as in the host description
+ * are the ground floor's dg_dtype (src/base/dtype.h), as in the host description
  * (dg_weight); these are the kernels' short names for its three values. */
 enum { DG_CUDA_F32 = DG_F32, DG_CUDA_BF16 = DG_BF16, DG_CUDA_F16 = DG_F16 };
 
@@ -103,7 +103,7 @@ static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b
 #endif
 
 /* One weight matrix [rows, cols] on the device: bf16, or MLX affine-quantized
- * as stored (the host's dg_weight, src/weight.h): packed rows of cols*bits/32 uint32
+ * as stored (the host's dg_weight, src/base/weight.h): packed rows of cols*bits/32 uint32
  * words, scales and biases [rows, cols/group] of dtype sb (DG_CUDA_*). The
  * quantized kernels (quant.cu) dequantize w = (float)q * s + b in fp32. */
 struct dg_cuda_w {
@@ -131,7 +131,7 @@ struct dg_cuda_wset {
 };
 
 /* Device copy of one layer (pointers into device memory): the device form of
- * the host's dg_layer (src/layer.h), with q|k|v and gate|up fused. */
+ * the host's dg_layer (src/base/layer.h), with q|k|v and gate|up fused. */
 struct dg_cuda_layer {
   int is_full, n_kv, head_dim, has_v;
   int64_t n_qkv;            /* NH*D + NKV*D (+ NKV*D when v exists): rows of wqkv */

@@ -10,7 +10,7 @@
  *
  * Math: spec sections 4.1 (RMSNorm, GeGLU, softcap), 4.3 (rope), 4.4-4.5
  * (layer, masks), 4.6 (router is in moe.cu), 5 and 4.9 (self-conditioning
- * casts), 6.1 (sampler statistics), src/rng.c (Philox4x32-10). */
+ * casts), 6.1 (sampler statistics), src/base/rng.c (Philox4x32-10). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* kernels.cuh: device helpers of the forward pass's kernels (kernels.cu) that
  * the step-kernel lab (dev/cuda/step_kernels.cu) uses too: the block sum and
- * the proposal draws' Philox4x32-10 (src/rng.c). Included once per translation
+ * the proposal draws' Philox4x32-10 (src/base/rng.c). Included once per translation
  * unit (no relocatable device code: each has its own copy). */
 #ifndef DG_CUDA_KERNELS_CUH
 #define DG_CUDA_KERNELS_CUH
@@ -23,7 +23,7 @@ template <typename T> __device__ __forceinline__ T block_sum(T v, T *sh) {
   return sh[0];
 }
 
-/* Philox4x32-10 with Random123's constants, as src/rng.c. */
+/* Philox4x32-10 with Random123's constants, as src/base/rng.c. */
 __device__ __forceinline__ void philox4x32_10(uint32_t c[4], uint32_t k0, uint32_t k1) {
   for (int r = 0; r < 10; r++) {
     uint32_t hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
@@ -35,7 +35,7 @@ __device__ __forceinline__ void philox4x32_10(uint32_t c[4], uint32_t k0, uint32
   }
 }
 
-/* Uniform in [0,1) of draw (seed, DG_RNG_PROPOSAL = 2, block, step, i): src/rng.h. */
+/* Uniform in [0,1) of draw (seed, DG_RNG_PROPOSAL = 2, block, step, i): src/base/rng.h. */
 __device__ __forceinline__ float proposal_uniform(uint64_t seed, uint32_t block, uint32_t step, uint32_t i) {
   uint32_t c[4] = {i / 4, step, block, 2u};
   philox4x32_10(c, (uint32_t)seed, (uint32_t)(seed >> 32));

@@ -29,10 +29,10 @@ using namespace nvcuda;
 
 /* One thread per token: p = softmax(logits) over E (in place), top-K by p
  * with ties to the lower expert id, w = p / sum(top-K p) * per_expert_scale
- * (the CPU's exact sequence of fp32 operations, src/forward.c). */
+ * (the CPU's exact sequence of fp32 operations, src/model/forward.c). */
 /* One warp per token: the router's softmax, top-K, renormalisation and
  * per-expert scale (spec 4.6 step 2), the same operations in the same order
- * as the CPU (src/forward.c) and as the first, thread-per-token kernel, so the
+ * as the CPU (src/model/forward.c) and as the first, thread-per-token kernel, so the
  * results are those of that kernel bit for bit: lane l holds experts l,
  * l + 32, ...; the maximum is exact in any order; the sum of the
  * exponentials is formed by lane 0 in expert order; each of the K choices is a

@@ -2,11 +2,11 @@
  * (dg_cuda_encode, dg_cuda_decode), the sampler's per-position statistics
  * (dg_cuda_step_stats) and the self-conditioning soft embedding
  * (dg_cuda_soft_from_z), as a sequence of cuBLAS products and kernels
- * (kernels.cu, moe.cu, attention.cu), mirroring src/forward.c step by step.
+ * (kernels.cu, moe.cu, attention.cu), mirroring src/model/forward.c step by step.
  * MLX affine-quantized matrices go through the dequantizing kernels of
  * quant.cu / qmoe*.cu instead of cuBLAS and the bf16 expert kernel. Not
- * here: the generation loop (src/generate.c and src/turbo.c drive every
- * backend through src/backend.h). */
+ * here: the generation loop (src/sample/generate.c and src/sample/turbo.c drive every
+ * backend through src/backend/backend.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
  *                       embedding (spec 5) through a quantized E
  *   k_qembed            embedding rows of a quantized E
  *
- * Format (src/quant.h; ml-explore/mlx mlx/backend/cpu/quantized.cpp:
+ * Format (src/io/quant.h; ml-explore/mlx mlx/backend/cpu/quantized.cpp:
  * get_pack_factor, get_bytes_per_pack, extract_bits; mlx/backend/metal/
  * kernels/quantized.h: affine_dequantize): code k of a row occupies bits
  * [k*bits, (k+1)*bits) of the row's little-endian bit stream, which is bit

@@ -1,9 +1,9 @@
 /* turbo.cu: kernels of the turbo engine on the device (spec 7, after mlx-vlm
- * PR #1384; the host engine is src/turbo.c, the CUDA host side turbo_host.cu):
+ * PR #1384; the host engine is src/sample/turbo.c, the CUDA host side turbo_host.cu):
  * row gather/scatter for the compacted decoder (7.4), the hierarchical exact
  * top-K (7.3) and the self-conditioning signals of the active rows (5, 7.3).
  *
- * The top-K order is total and the one of dg_topk_hier (src/turbo.c): a
+ * The top-K order is total and the one of dg_topk_hier (src/sample/turbo.c): a
  * precedes b iff x[a] > x[b], or x[a] == x[b] and a < b. Every row must be
  * finite (the turbo chain's finite_only): a NaN or an infinity is reported
  * with its row and its first column, and the row's results are not written. */
@@ -12,7 +12,7 @@
 
 #include "cuda/common.cuh"
 
-#define TB_CHUNK 64 /* = DG_TOPK_CHUNK (src/turbo.h): elements per chunk */
+#define TB_CHUNK 64 /* = DG_TOPK_CHUNK (src/sample/turbo.h): elements per chunk */
 #ifdef DG_CUDA_EMU
 #define TK_NT 64 /* two warps: the cross-warp reduction is exercised, the emulation stays fast */
 #else
@@ -173,7 +173,7 @@ static __device__ __forceinline__ float tb_z(float raw, float cap, float T) {
   return (cap > 0.0f ? tanhf(raw / cap) * cap : raw) / T;
 }
 
-/* One block per row: z = softcap(raw)/T as src/turbo.c's exact mode, then
+/* One block per row: z = softcap(raw)/T as src/sample/turbo.c's exact mode, then
  * P = cast(softmax(cast(z))) as dg_soft_row (max and sum over the row,
  * the sum of the fp32 exponentials in double), stored as bf16 for the product. */
 __global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float cap, float T, int act) {

@@ -1,5 +1,5 @@
 /* turbo_host.cu: the host side of the turbo engine's passes on the device
- * (spec 7; the engine is src/turbo.c, the kernels turbo.cu): decoder passes
+ * (spec 7; the engine is src/sample/turbo.c, the kernels turbo.cu): decoder passes
  * with the LM head on chosen rows (dg_cuda_decode_rows), the compacted pass
  * (dg_cuda_compact), the device top-K and self-conditioning rows, and their
  * buffers (interface: backend.h). */
@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 
-/* ---- turbo engine (spec 7; host engine src/turbo.c, kernels turbo.cu) -------------- */
+/* ---- turbo engine (spec 7; host engine src/sample/turbo.c, kernels turbo.cu) -------------- */
 
 static void turbo_topk_free(dg_cuda_turbo *t) {
   cudaFree(t->cv); cudaFree(t->candv); cudaFree(t->val); cudaFree(t->p);

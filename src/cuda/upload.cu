@@ -3,7 +3,7 @@
  * MLX affine-quantized ones packed as stored (expert stacks in the tile or
  * lane-record layouts of qmoe.cuh / qmoe_r.cuh), vectors fp32, all resident
  * (interface: backend.h; the host description is the loader's dg_layer /
- * dg_weight, src/layer.h). */
+ * dg_weight, src/base/layer.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +11,9 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh"
-#include "dtype.h"
+#include "base/dtype.h"
 extern "C" {
-#include "quant.h" /* dg_weight_row_f32 */
+#include "io/quant.h" /* dg_weight_row_f32 */
 }
 
 #ifndef DG_CUDA_ARCHS
@@ -80,7 +80,7 @@ extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
 
 /* ---- upload ----------------------------------------------------------------- */
 
-/* Element i of a float matrix as fp32: the ground floor's reading (src/dtype.h), as the CPU path's */
+/* Element i of a float matrix as fp32: the ground floor's reading (src/base/dtype.h), as the CPU path's */
 static float mat_elem(const dg_weight *m, size_t i) { return dg_load_elem(m->dtype, m->data, (int64_t)i); }
 
 /* Copy elements [off, off + n) of a host matrix to dst as bf16, staged in chunks. */
@@ -405,7 +405,7 @@ static dg_status upload_globals(alloc_list *al, dg_cuda_model *m, const dg_cuda_
 
 /* The router of a layer, kept in fp32 (spec 4.6: fp32 router logits; cublasSgemm). A quantized router
  * (`router.proj`, recipe class `router`) is dequantized here on the host, exactly as the CPU reads it
- * (dg_weight_row_f32, src/quant.h): [E, H] fp32 is 1.4 MB per layer at E = 128, H = 2816, against 0.4 MB
+ * (dg_weight_row_f32, src/io/quant.h): [E, H] fp32 is 1.4 MB per layer at E = 128, H = 2816, against 0.4 MB
  * packed at 8 bits. */
 static dg_status upload_router(alloc_list *al, float **dst, const dg_weight *router, size_t n, const char *what) {
   float *tmp = (float *)malloc(n * sizeof(float));

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "context.h"
-#include "dg_error.h"
-#include "model.h"
+#include "model/context.h"
+#include "base/dg_error.h"
+#include "model/model.h"
 
 /* As dg_forward_compact(ctx, tok, pos, n, soft, head, nh, raw), token by token. */
 static dg_status dg_compact_oracle(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n,

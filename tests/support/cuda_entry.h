@@ -4,7 +4,7 @@
  * product: it is linked against the CUDA plugin ($(BUILD)/libdgemma_cuda.so,
  * whose upload and kernel launchers it calls) and opened by the tests only,
  * after the plugin (dg_cuda_test_api_get in tests/test_cuda.c). Plain C.
- * Matrices are the loader's dg_weight (src/weight.h). */
+ * Matrices are the loader's dg_weight (src/base/weight.h). */
 #ifndef DG_CUDA_ENTRY_H
 #define DG_CUDA_ENTRY_H
 

@@ -1,0 +1,97 @@
+/* kernels.h: the CPU kernel interface. One forward pass (forward.c) calls
+ * these; a scalar fp32 reference (cpu/ref.c) is the oracle every other
+ * implementation (AVX2, AVX-512) is tested against (tests/test_kernels.c).
+ *
+ * Weights stay in the checkpoint's dtype (f32, bf16 or f16) inside the mmap;
+ * kernels widen them to fp32 on the fly and accumulate in fp32. */
+#ifndef DG_KERNELS_H
+#define DG_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/weight.h" /* dg_weight (and dtype.h: dg_dtype, the bf16/f16 conversions) */
+
+typedef struct dg_kernels {
+  const char *name;
+  /* y[t*ldy + n] = sum_k x[t*ldx + k] * W[row0 + n, k]
+   * for t in [0, T), n in [0, N), k in [0, W.cols). fp32 accumulation.
+   * Parallel over n with n_threads OpenMP threads.
+   * Quantized weights (w->bits != 0) are dequantized on the fly exactly as
+   * dg_quant_dequant_row does, so results differ from the float path on the
+   * dequantized matrix only by summation order. */
+  void (*matmul)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                 int64_t row0, int64_t N, int n_threads);
+  /* The gathered MoE product: activation rows are grouped by expert; rows
+   * [start[e], start[e+1]) of x go through expert e:
+   *   y[i*ldy + n] = sum_k x[i*ldx + k] * W[e*rows_per_expert + row_off + n, k]
+   * for e in [0, E), n in [0, N). One parallel region over (expert, block of
+   * 4 output rows) pairs instead of one per expert. Each element is summed in
+   * the same order as `matmul` computes it, so the result equals E calls of
+   * matmul bit for bit. */
+  void (*matmul_grouped)(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
+                         const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads);
+  /* The product over W's rows (the self-conditioning soft embedding, spec 5:
+   * probabilities [T, V] times the tied embedding [V, H]):
+   *   y[t*ldy + j] = sum_v x[t*ldx + v] * W[v, j]
+   * for t in [0, T), j in [0, W.cols), v in [0, W.rows); y is overwritten.
+   * Every element is summed exactly as the scalar loop
+   *   s = +0; for v in increasing order: s = fl(s + fl(x[v] * W[v, j]))
+   * computes it (a product rounded to fp32, then a sum: never a fused
+   * multiply-add; quantized weights dequantized as dg_quant_dequant_row
+   * does), so every implementation gives the oracle's bits: the tiles only
+   * change which (t, j) pairs share a weight load, never the order over v.
+   * Terms with x[v] = 0 may be skipped or added: fl(0 * w) = +-0 and s is
+   * never -0 (it starts at +0 and an IEEE round-to-nearest sum is -0 only
+   * when both terms are), so adding them changes no bit, provided W is
+   * finite (0 * inf would be NaN). Parallel over column blocks with
+   * n_threads OpenMP threads. */
+  void (*matmul_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
+                      int n_threads);
+  /* Optional (NULL: forward.c's scalar loop). The attention of nq <= 16 queries sharing one KV
+   * head (head dimension D, a multiple of 16, <= DG_ATTN_DMAX of context.h): query i (qv[i], D
+   * floats) attends over cache rows [lo[i], lo[i] + n1[i]) of kc / vc (row stride D), then the
+   * n2 chunk rows of ck / cv (row stride cks); softmax in fp32, the result in ov[i]. Bit-identical
+   * to the scalar loop (same operations in the same order per query); one thread; scratch holds
+   * DG_SCORE_FLOATS(cache rows spanned, n2) floats. */
+  void (*attn_block)(int nq, const float *const *qv, float *const *ov, const int32_t *lo, const int32_t *n1,
+                     const float *kc, const float *vc, const float *ck, const float *cv, int64_t cks, int n2, int D,
+                     float *scratch);
+} dg_kernels;
+
+void dg_attn_block_avx512(int nq, const float *const *qv, float *const *ov, const int32_t *lo, const int32_t *n1,
+                          const float *kc, const float *vc, const float *ck, const float *cv, int64_t cks, int n2,
+                          int D, float *scratch);
+
+/* The scalar oracle: plain loops, k summed in increasing order. */
+const dg_kernels *dg_kernels_ref(void);
+/* Best implementation for this CPU (cpuid): AVX-512, AVX2+FMA or the oracle.
+ * DGEMMA_KERNELS=ref|avx2|avx512|avx512lp|avx2lp in the environment overrides
+ * the choice (avx512lp and avx2lp are never chosen by default). */
+const dg_kernels *dg_kernels_best(void);
+/* The set DGEMMA_KERNELS = env asks for (env NULL or "": the default, the best
+ * exact set AVX-512 > AVX2 > ref; "avx512lp" and "avx2lp" only on request). A
+ * name that is none of ref, avx2, avx512, avx512lp, avx2lp, or a set this CPU lacks, gives the best
+ * exact set and a one-line reason in why[n] (naming the variable, the value
+ * and the set taken); why[0] = 0 when env was honoured. why may be NULL. */
+const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n);
+const dg_kernels *dg_kernels_avx2(void);   /* NULL if the CPU lacks AVX2+FMA+F16C */
+const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW/VL/DQ */
+/* Opt-in, lossy (DGEMMA_KERNELS=avx512lp): bf16 weights through vdpbf16ps with
+ * the activations rounded to bf16, MLX affine 2/4/8-bit weights through
+ * vpdpbusd with the activations quantized to int8 per row and weight group;
+ * other weights, and matmul_rows, as dg_kernels_avx512. The rounding and its
+ * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
+ * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
+const dg_kernels *dg_kernels_avx512lp(void);
+/* Opt-in, lossy (DGEMMA_KERNELS=avx2lp): MLX affine 2/3/4/6/8-bit weights (groups
+ * 32/64/128) through AVX2 vpmaddubsw + vpmaddwd with the activations quantized
+ * to int8 per row and weight group (to [-127, 127], or [-64, 64] for 8-bit
+ * weights so that vpmaddubsw's s16 pair sums cannot saturate); other weights,
+ * and matmul_rows, as dg_kernels_avx2 (exact). Same entry points and contracts
+ * as dg_kernels (the grouped entry equals per-expert plain calls bit for bit)
+ * except the rounding of the activations, derived in cpu/matmul_avx2lp.c and
+ * tested in test_kernels.c. NULL if the CPU lacks AVX2 or FMA. */
+const dg_kernels *dg_kernels_avx2lp(void);
+
+#endif
