@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "cpu/kernels.h"
+#include "cpu/scratch.h"
 #include "io/quant.h"
 
 /* One quantized tile: rows[i] packed rows, sc[i]/bi[i] their scale/bias rows. */
@@ -96,11 +97,10 @@ static void block_rows(float *y, int64_t ldy, const float *x, int64_t ldx, int64
   }
 }
 
-/* Per-thread scratch for the dequantize-once path (NULL when not needed or
- * out of memory: the quantized tiles are used then). */
-static float *qbuf_new(const dg_weight *w, int64_t T) {
-  return w->bits && T >= QDEQ_MIN_T ? aligned_alloc(64, ((size_t)4 * (size_t)w->cols * sizeof(float) + 63) / 64 * 64)
-                                    : NULL;
+/* The thread's scratch for the dequantize-once path (scratch.h; NULL when not
+ * needed or out of memory: the quantized tiles are used then). */
+static float *qbuf_get(const dg_weight *w, int64_t T) {
+  return w->bits && T >= QDEQ_MIN_T ? dg_kscratch(DG_KSCRATCH_QDEQ, (size_t)4 * (size_t)w->cols * sizeof(float)) : NULL;
 }
 
 static void matmul_driver(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,
@@ -108,13 +108,12 @@ static void matmul_driver(float *y, int64_t ldy, const float *x, int64_t ldx, in
   const int64_t nblk = (N + 3) / 4;
 #pragma omp parallel num_threads(n_threads)
   {
-    float *buf = qbuf_new(w, T);
+    float *buf = qbuf_get(w, T);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblk; b++) {
       int64_t n = b * 4;
       block_rows(y + n, ldy, x, ldx, T, w, row0 + n, N - n < 4 ? N - n : 4, buf);
     }
-    free(buf);
   }
 }
 
@@ -127,7 +126,7 @@ static void matmul_grouped_driver(float *y, int64_t ldy, const float *x, int64_t
   /* dynamic: experts carry different numbers of rows, and empty ones cost nothing */
 #pragma omp parallel num_threads(n_threads)
   {
-    float *buf = qbuf_new(w, tmax);
+    float *buf = qbuf_get(w, tmax);
 #pragma omp for schedule(dynamic, 8)
     for (int64_t task = 0; task < ntask; task++) {
       int e = (int)(task / nblk);
@@ -136,7 +135,6 @@ static void matmul_grouped_driver(float *y, int64_t ldy, const float *x, int64_t
       block_rows(y + (int64_t)start[e] * ldy + n, ldy, x + (int64_t)start[e] * ldx, ldx, T, w,
                  (int64_t)e * rows_per_expert + row_off + n, N - n < 4 ? N - n : 4, buf);
     }
-    free(buf);
   }
 }
 
@@ -182,7 +180,7 @@ static void matmul_rows_driver(float *y, int64_t ldy, const float *x, int64_t ld
     const int64_t W = j1 - j0;
     int64_t vb = W > 0 ? (int64_t)(RBLOCK_BYTES / ((size_t)W * es)) : 1;
     vb = vb < 4 ? 4 : vb > V ? (V > 0 ? V : 1) : vb;
-    float *buf = W > 0 && w->bits ? aligned_alloc(64, ((size_t)vb * (size_t)W * sizeof(float) + 63) / 64 * 64) : NULL;
+    float *buf = W > 0 && w->bits ? dg_kscratch(DG_KSCRATCH_ROWS, (size_t)vb * (size_t)W * sizeof(float)) : NULL;
     for (int64_t t = 0; t < T && W > 0; t++) memset(y + t * ldy + j0, 0, (size_t)W * sizeof(float));
     for (int64_t v0 = 0; v0 < V && W > 0; v0 += vb) {
       const int64_t nv = V - v0 < vb ? V - v0 : vb;
@@ -218,7 +216,6 @@ static void matmul_rows_driver(float *y, int64_t ldy, const float *x, int64_t ld
           rtile_1(y + t * ldy + j, ldy, x + t * ldx + v0, ldx, wb + (size_t)(j - j0) * dg_dtype_size(dt), rs, dt, nv,
                   j1 - j < RCOLS ? j1 - j : RCOLS);
     }
-    free(buf);
   }
 }
 
