@@ -10,8 +10,8 @@
 #      profiles launches; the prefill of the 1,024-token prompt, then the decoder passes): the first NCU_C (default
 #      900) launches, duration, DRAM bytes, grid, block and registers of each (ncu_step.csv.gz); fold it with
 #      `python3 scripts/ncu_step_sum.py ncu_step.csv.gz`
-#   4. SAN=1: compute-sanitizer (scripts/sanitize_gpu.sh, SAN_PAR=all) over SAN_FILTER under SAN_TOOLS with SAN_T,
-#      its summaries and logs under OUT/san; TESTS=1: build/tests/test_cuda beside it (tests.txt)
+#   4. RUN_SAN=1: compute-sanitizer (scripts/sanitize_gpu.sh, SAN_PAR=all) over SAN_FILTER under SAN_TOOLS with SAN_T,
+#      its summaries and logs under OUT/san; RUN_TESTS=1: build/tests/test_cuda beside it (tests.txt)
 # Every result is written under OUT as soon as it exists (a call cut short still returns what it had).
 set -u
 cd "$(dirname "$0")/.."
@@ -44,11 +44,11 @@ DGEMMA_GRAPHS=0 timeout 200 ncu --clock-control none --csv -c "${NCU_C:-900}" \
   build/dgemma bench -m /tmp/dgL --device cuda --protocol vllm --reps 1 --warmup 0 > /tmp/ncu_step.csv 2> /tmp/ncu_err.txt
 echo "ncu rc $? $(el)"; tail -3 /tmp/ncu_err.txt; gzip -c /tmp/ncu_step.csv > "$OUT/ncu_step.csv.gz"
 python3 scripts/ncu_step_sum.py /tmp/ncu_step.csv > "$OUT/ncu_step.md" 2>&1; head -60 "$OUT/ncu_step.md"
-if [ -n "${TESTS:-}" ]; then (timeout 400 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $?" >> "$OUT/tests.txt") & tp=$!; fi
-if [ -n "${SAN:-}" ]; then
+if [ -n "${RUN_TESTS:-}" ]; then (timeout 400 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $?" >> "$OUT/tests.txt") & tp=$!; fi
+if [ -n "${RUN_SAN:-}" ]; then
   SAN_PAR=all scripts/sanitize_gpu.sh "$OUT/san" > /tmp/san.txt 2>&1; echo "sanitizer rc $? $(el)"
   cat "$OUT"/san/summary_*.txt
 fi
-[ -n "${TESTS:-}" ] && { wait $tp; tail -5 "$OUT/tests.txt"; }
+[ -n "${RUN_TESTS:-}" ] && { wait $tp; tail -5 "$OUT/tests.txt"; }
 [ -d "$OUT/san" ] && tar -czf "$OUT/san.tgz" -C "$OUT" san && rm -rf "$OUT/san" # few files come back from a call
 echo "== done $(el)"

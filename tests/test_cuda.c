@@ -2560,6 +2560,35 @@ static void test_quant_small_model(void **state) {
  * equals the host's sum of the buffer words (every 16-byte chunk read exactly
  * once, the data as documented), every rate is positive and finite, and the
  * sizes are rounded as documented. On the emulator the rates mean nothing. */
+/* The pinned dense products (src/cuda/gemm_pin.cu: the LM head and the dense gate|up of the 26B-A4B on cublasLt
+ * algorithms the lab measured faster) against cublasGemmEx's default on the same inputs: each pin runs where
+ * cublasLt accepts it (always on a compute-capability 9.0 GPU unless DGEMMA_GEMM_PIN=0) and every sampled output is
+ * within 2 gamma_K sum |x w| of the default's (two fp32 dot products of the same terms; the cuda_entry.h comment). */
+static void test_gemm_pins(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  const char *env = getenv("DGEMMA_GEMM_PIN");
+  const int want = !(env && !strcmp(env, "0"));
+  int n_cfg = 0, active = 0;
+  long n_diff = 0, n_checked = 0;
+  double worst = 0.0;
+  for (int i = 0; i == 0 || i < n_cfg; i++) {
+    assert_dg_ok(cut()->test_gemm_pins(0, i, &n_cfg, &active, &n_diff, &n_checked, &worst));
+    if (active == -1) dg_test_skip("test_cuda: this build has no cublasLt pins (the CPU emulation)");
+    if (active == -2) dg_test_skip("test_cuda: the pins are for compute capability 9.0 (H100/H200)");
+    assert_true(n_cfg >= 1);
+    printf("# gemm pin %d of %d: active %d, %ld output words differ from cublasGemmEx's, %ld sampled, worst |diff| / "
+           "bound %.4f\n", i, n_cfg, active, n_diff, n_checked, worst);
+    assert_int_equal(active, want);
+    if (active) {
+      assert_int_equal(n_checked, 2048);
+      assert_true(worst <= 1.0);
+    }
+  }
+  assert_int_equal(cut()->test_gemm_pins(0, n_cfg, &n_cfg, &active, &n_diff, &n_checked, &worst), DG_ERR_INVALID_ARG);
+}
+
 static void test_ceilings(void **state) {
   (void)state;
   need_gpu();
@@ -2634,7 +2663,7 @@ int main(void) {
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
-      cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
+      cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -237,6 +237,7 @@ struct dg_cuda_ctx {
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
   struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
+  struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */

@@ -20,6 +20,8 @@
  * W bf16 [N, K] row-major; fp32 accumulation. */
 static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
                       float alpha, float beta) {
+  dg_status st;
+  if (alpha == 1.0f && beta == 0.0f && gemm_pinned(c, x, ldx, T, W, N, K, y, ldy, &st)) return st; /* gemm_pin.cu */
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta,
                    y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return DG_OK;

@@ -350,10 +350,113 @@ extern "C" dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft) {
   return DG_OK;
 }
 
+#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
+#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    goto done; } } while (0)
+#ifndef DG_CUDA_EMU
+__global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed ^ (uint32_t)(i >> 32) * 40503u;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = __float2bfloat16((float)(h & 0xffff) / 32768.0f - 1.0f);
+  }
+}
+#endif
+
+extern "C" dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
+                                            double *worst) {
+  int m = 0, n = 0, k = 0;
+  *n_cfg = 0;
+  while (gemm_pin_shape(*n_cfg, &m, &n, &k)) ++*n_cfg;
+  *active = -1; *n_diff = 0; *n_checked = 0; *worst = 0.0;
+#ifdef DG_CUDA_EMU
+  (void)device; (void)i;
+  return DG_OK; /* no cublasLt on the emulation: no pins */
+#else
+  if (!gemm_pin_shape(i, &m, &n, &k))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_gemm_pins: pin %d outside the table of %d", i, *n_cfg);
+  CK(cudaSetDevice(device));
+  if (!gemm_pins_device()) { *active = -2; return DG_OK; }
+  alloc_list al = {NULL, 0, 0};
+  dg_cuda_ctx c;
+  memset(&c, 0, sizeof c);
+  cublasHandle_t h = NULL;
+  bf16 *W = NULL, *x = NULL;
+  float *y0 = NULL, *y1 = NULL, *hy0 = NULL, *hy1 = NULL;
+  uint16_t *hx = NULL, *hw = NULL;
+  const size_t ws_bytes = (size_t)32 << 20, ny = (size_t)m * n;
+  dg_status st = DG_OK;
+  TT_(dalloc(&al, (void **)&W, (size_t)m * k * 2, "pin W"));
+  TT_(dalloc(&al, (void **)&x, (size_t)n * k * 2, "pin x"));
+  TT_(dalloc(&al, (void **)&y0, ny * 4, "pin y0"));
+  TT_(dalloc(&al, (void **)&y1, ny * 4, "pin y1"));
+  TT_(dalloc(&al, &c.blas_ws, ws_bytes, "pin workspace"));
+  test_fill_bf16<<<1024, 256>>>(W, (size_t)m * k, 0x9e3779b9u);
+  test_fill_bf16<<<1024, 256>>>(x, (size_t)n * k, 0x7f4a7c15u);
+  TC_(cudaGetLastError());
+  TC_(cudaStreamCreate(&c.stream));
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, c.stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(h, c.blas_ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+    st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_gemm_pins: cuBLAS set-up failed");
+    goto done;
+  }
+  {
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &zero, y0,
+                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_gemm_pins: cublasGemmEx failed");
+      goto done;
+    }
+  }
+  gemm_pins_init(&c, ws_bytes);
+  *active = gemm_pinned(&c, x, k, n, W, m, k, y1, m, &st);
+  if (st != DG_OK || !*active) goto done;
+  TC_(cudaStreamSynchronize(c.stream));
+  hy0 = (float *)malloc(ny * 4); hy1 = (float *)malloc(ny * 4);
+  hx = (uint16_t *)malloc((size_t)n * k * 2); hw = (uint16_t *)malloc((size_t)k * 2);
+  if (!hy0 || !hy1 || !hx || !hw) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TC_(cudaMemcpy(hy0, y0, ny * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hy1, y1, ny * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hx, x, (size_t)n * k * 2, cudaMemcpyDeviceToHost));
+  for (size_t j = 0; j < ny; j++) *n_diff += memcmp(&hy0[j], &hy1[j], 4) != 0;
+  {
+    const double u = ldexp(1.0, -24), gam = k * u / (1.0 - k * u);
+    uint32_t r = 12345;
+    for (int s = 0; s < 2048; s++) { /* sampled outputs (row rr of W, token t), the four corners first */
+      r = r * 1664525u + 1013904223u;
+      const int rr = s == 0 || s == 1 ? 0 : s == 2 || s == 3 ? m - 1 : (int)(r % (uint32_t)m);
+      const int t = s == 0 || s == 2 ? 0 : s == 1 || s == 3 ? n - 1 : (int)((r >> 7) % (uint32_t)n);
+      TC_(cudaMemcpy(hw, W + (size_t)rr * k, (size_t)k * 2, cudaMemcpyDeviceToHost));
+      double mag = 0.0;
+      for (int q = 0; q < k; q++) {
+        uint32_t a = (uint32_t)hx[(size_t)t * k + q] << 16, b = (uint32_t)hw[q] << 16;
+        float fa, fb;
+        memcpy(&fa, &a, 4); memcpy(&fb, &b, 4);
+        mag += fabs((double)fa * fb);
+      }
+      const double bound = 2.0 * gam * mag + 1e-30, d = fabs((double)hy1[(size_t)t * m + rr] - hy0[(size_t)t * m + rr]);
+      if (d / bound > *worst) *worst = d / bound;
+      ++*n_checked;
+    }
+  }
+done:
+  free(hy0); free(hy1); free(hx); free(hw);
+  gemm_pins_free(&c);
+  if (h) cublasDestroy(h);
+  if (c.stream) cudaStreamDestroy(c.stream);
+  dfree_all(&al);
+  return st;
+#endif
+}
+#undef TT_
+#undef TC_
+
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
-    dg_cuda_test_experts_nt,
+    dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

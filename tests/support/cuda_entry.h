@@ -93,6 +93,17 @@ dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw)
 /* Copy c's device self-conditioning rows [C, H] to soft (host). Errors: DG_ERR_BACKEND. */
 dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft);
 
+/* A pinned dense product (src/cuda/gemm_pin.cu) against cublasGemmEx's default on the same inputs: pin i of the
+ * table (its shape m x n x k: y[n, m] = x[n, k] W[m, k]^T, W and x filled on the device with values in [-1, 1) of
+ * bf16). *n_cfg: the table's size; *active: 1 if the pin ran (cublasLt accepted it here, DGEMMA_GEMM_PIN not 0),
+ * 0 if not, -1 on a build without pins (the emulation), -2 on a device the pins are not for (compute capability
+ * other than 9.0; nothing allocated in either case); *n_diff: output words that differ from
+ * the default's; *n_checked outputs sampled, each against the bound 2 gamma_K sum_k |x w| of two fp32 dot products
+ * of the same terms (gamma_K = K u / (1 - K u), u = 2^-24), *worst the largest |diff| / bound among them.
+ * DG_ERR_INVALID_ARG for i outside the table. */
+dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
+                                 double *worst);
+
 /* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
  * the tests link in a CPU-only build. */
 typedef struct dg_cuda_test_api {
@@ -114,6 +125,8 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_experts_nt)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from, uint16_t *h,
                                float *y);
+  dg_status (*test_gemm_pins)(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
+                              double *worst);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
