@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # step_ncu_gpu.sh OUT: every kernel of a 26B-A4B decoder step, one row each (issue 12), in one command on the GPU
-# machine; carry .devdeb and .devdata (.devdata/cfg_26b_2layers.json: the built-in 26B config cut to 2 layers, one
-# sliding and one full attention, written here with the config text of src/mkrandom.c: every kernel and shape of
-# a 26B step at 2/30 of its launches):
+# machine; carry .devdeb and .devdata. dev/cfg_26b_2layers.json is the built-in 26B config (src/mkrandom.c's text)
+# cut to 2 layers, one sliding and one full attention: every kernel and shape of a 26B step at 2/30 of its launches.
 #   1. build (make all + tests/test_cuda); /tmp/dgL = mkrandom of that config (4-bit g64 experts, the rest bf16)
 #   2. SASS=1 (default): cuobjdump of the backend plugin: static opcode counts of every 4-bit qr_kernel
 #      instantiation (sass_qr.txt), their whole SASS gzipped (sass_qr4.txt.gz)
@@ -23,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 gpu_build /tmp/build.txt || exit 1
 echo "== built $(el)"
 gpu_tokenizer
-(build/dgemma mkrandom /tmp/dgL --config .devdata/cfg_26b_2layers.json --source .cache/gemma3 -t 16 > /tmp/mkL.log 2>&1) &
+(build/dgemma mkrandom /tmp/dgL --config dev/cfg_26b_2layers.json --source .cache/gemma3 -t 16 > /tmp/mkL.log 2>&1) &
 mkl=$!
 if [ "${SASS:-1}" = 1 ]; then
   so=build/libdgemma_cuda.so
