@@ -2589,6 +2589,39 @@ static void test_gemm_pins(void **state) {
   assert_int_equal(cut()->test_gemm_pins(0, n_cfg, &n_cfg, &active, &n_diff, &n_checked, &worst), DG_ERR_INVALID_ARG);
 }
 
+/* k_ffn_combine_norm (a layer's combine and the next layer's input norm in one launch, passes.cu) equals the
+ * two launches it replaces word for word: the new x and the normed bf16 rows, at the 26B's width (H 2816: 3 float4s
+ * per thread), at H 64 (one), with 2 and 8 experts per token, and at an H where the register kernels do not apply
+ * (H % 4 != 0: not fused, still equal). */
+static void test_combine_norm(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  const int shapes[4][4] = {{2816, 5, 8, 1}, {64, 3, 2, 1}, {1088, 4, 8, 1}, {66, 3, 2, 0}}; /* H, T, K, fused */
+  for (int c = 0; c < 4; c++) {
+    const int H = shapes[c][0], T = shapes[c][1], K = shapes[c][2], E = 16;
+    float *x = malloc(4 * (size_t)T * H), *dense = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
+    float *w = malloc(4 * (size_t)T * K), *nv = malloc(4 * 4 * (size_t)H);
+    int32_t *idx = malloc(4 * (size_t)T * K);
+    uint32_t r = 7u + (uint32_t)c;
+#define RND() (r = r * 1664525u + 1013904223u, (float)(r >> 8) / 8388608.0f - 1.0f)
+    for (int i = 0; i < T * H; i++) { x[i] = 4.0f * RND(); dense[i] = RND(); }
+    for (int i = 0; i < T * K * H; i++) y[i] = 2.0f * RND();
+    for (int i = 0; i < 4 * H; i++) nv[i] = 1.0f + 0.5f * RND();
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) { idx[t * K + k] = (t * 5 + 3 * k) % E; w[t * K + k] = 0.3f + 0.1f * RND(); }
+#undef RND
+    int fused = -1;
+    long n_diff = -1;
+    assert_dg_ok(cut()->test_combine_norm(0, x, dense, y, idx, w, nv, nv + H, nv + 2 * H, nv + 3 * H, 0.75f, 1e-6f, T, H,
+                                          K, &fused, &n_diff));
+    printf("# combine + norm H %d T %d K %d: fused %d, %ld words differ\n", H, T, K, fused, n_diff);
+    assert_int_equal(fused, shapes[c][3]);
+    assert_int_equal(n_diff, 0);
+    free(x); free(dense); free(y); free(w); free(nv); free(idx);
+  }
+}
+
 static void test_ceilings(void **state) {
   (void)state;
   need_gpu();
@@ -2663,7 +2696,7 @@ int main(void) {
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
-      cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
+      cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -238,6 +238,8 @@ struct dg_cuda_ctx {
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
   struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
   struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
+  int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the
+                                 * combine of the layer before it, k_ffn_combine_norm; -1: none) */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
@@ -274,6 +276,14 @@ cudaError_t k_qkv_post_v(cudaStream_t s, int version, const float *qkv, int64_t 
 cudaError_t k_ffn_combine_v(cudaStream_t s, int version, float *x, const float *dense, const float *y,
                             const int32_t *slot_row, const int32_t *topk_idx, const float *topk_w, const float *w_ff1,
                             const float *w_ff2, const float *w_ff, float scalar, int T, int H, int K, float eps);
+/* k_ffn_combine and then the next layer's input norm of the new x, a_next bf16 [T, H] = rmsnorm(x) w_next (what
+ * k_rmsnorm(x, w_next, NULL, a_next) writes, bit for bit), in one launch where both take their register-row kernels
+ * (*fused = 1); else k_ffn_combine alone (*fused = 0: the caller runs the norm). Saves a launch and a read of x per
+ * layer (issue 12). */
+cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
+                               const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
+                               const float *w_ff, float scalar, int T, int H, int K, float eps, const float *w_next,
+                               bf16 *a_next, int *fused);
 /* ---- attention (attention.cu) ---- */
 /* Attention of nq query rows q fp32 [nq, NH, D] over the cache kc, vc bf16
  * [NKV, S, D] into out bf16 [nq, NH, D] (spec 4.4 step 3, masks 4.5).

@@ -690,9 +690,10 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
                                                               const int32_t *slot_row, const int32_t *topk_idx,
                                                               const float *topk_w, const float *w_ff1,
                                                               const float *w_ff2, const float *w_ff, float scalar,
-                                                              int H, int K, float eps) {
+                                                              int H, int K, float eps, const float *w_next,
+                                                              bf16 *a_next) {
   DG_PDL_ENTRY();
-  __shared__ float sh2[2 * (NTR / 32)], sh1[NTR / 32];
+  __shared__ float sh2[2 * (NTR / 32)], sh1[NTR / 32], shn[NTR / 32];
   __shared__ int srow[KMAX];
   __shared__ float sw[KMAX];
   const size_t t = blockIdx.x;
@@ -747,6 +748,26 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
       o.z = (xv[k].z + (gv[k].z * rs) * wf[k].z) * scalar;
       o.w = (xv[k].w + (gv[k].w * rs) * wf[k].w) * scalar;
       st4(x + t * H + 4 * f, o);
+      xv[k] = o;
+    }
+  }
+  if (!a_next) return;
+  /* the next layer's input norm of the row just stored: rmsnorm_row_kernel<NTR, F4>'s arithmetic on the same
+   * values in the same order (its sum of squares over the thread's float4s k = 0, 1, .. with zeros past H4, rsum,
+   * then (x r) w per element), so a_next holds the bits k_rmsnorm(x, w_next) would write */
+  float ssn = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) ssn += sq4(xv[k]); /* past H4: ld_row4's zeros, as rmsnorm_row_kernel's */
+  const float rn = rms_scale(rsum<NTR>(ssn, shn), H, eps);
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    if (f < H4) {
+      const float4 wn = ld4(w_next + 4 * f);
+      float4 v;
+      v.x = xv[k].x * rn; v.y = xv[k].y * rn; v.z = xv[k].z * rn; v.w = xv[k].w * rn;
+      v.x *= wn.x; v.y *= wn.y; v.z *= wn.z; v.w *= wn.w;
+      stb4(a_next + t * H + 4 * f, v.x, v.y, v.z, v.w);
     }
   }
 }
@@ -759,7 +780,8 @@ cudaError_t k_ffn_combine_v(cudaStream_t s, int version, float *x, const float *
   const int f4 = version == 1 || K > 8 || !al(16, {x, dense, y, w_ff1, w_ff2, w_ff}) ? 0 : row_f4(H, RNT);
   if (f4) {
 #define RNT_ RNT
-    ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps)
+    ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps,
+                 (const float *)NULL, (bf16 *)NULL)
 #undef RNT_
     return cudaGetLastError();
   }
@@ -786,6 +808,23 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
                           const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
                           const float *w_ff, float scalar, int T, int H, int K, float eps) {
   return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
+}
+
+cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
+                               const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
+                               const float *w_ff, float scalar, int T, int H, int K, float eps, const float *w_next,
+                               bf16 *a_next, int *fused) {
+  /* fused only where both kernels take their register-row forms at RNT threads (the same F4): k_ffn_combine_v's
+   * version 0 and k_rmsnorm_v's version 0 conditions */
+  const int f4 = K > 8 || !al(16, {x, dense, y, w_ff1, w_ff2, w_ff, w_next}) || !al(8, {a_next}) || !w_next || !a_next
+                     ? 0 : row_f4(H, RNT);
+  *fused = f4 != 0;
+  if (!f4) return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
+#define RNT_ RNT
+  ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps,
+               w_next, a_next)
+#undef RNT_
+  return cudaGetLastError();
 }
 
 /* ---- sampler statistics (spec 6.1 steps 2-4) ------------------------------ */

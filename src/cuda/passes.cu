@@ -85,7 +85,9 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   const int ng = nseg > 1 && !stack_dense ? nseg : 1;
 #define SEG_R0(g) (ng == 1 ? 0 : sg[g].r0)
 #define SEG_N(g) (ng == 1 ? T : sg[g].n)
-  CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  /* the input norm, unless the previous layer's combine wrote it already (k_ffn_combine_norm, below) */
+  if (c->norm_next != li || c->norm_rows != T) CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  c->norm_next = -1;
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   for (int g = 0; g < ng; g++)
     DG_TRY(wsetmatmul(c, c->a + (size_t)SEG_R0(g) * H, H, SEG_N(g), &l->wqkv, c->qkv + (size_t)SEG_R0(g) * l->n_qkv,
@@ -141,9 +143,16 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   DG_TRY(mark(c, DG_CUDA_ST_GROUP));
   CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
   DG_TRY(mark(c, DG_CUDA_ST_EXPERTS));
-  CKK(c, k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
-                   l->post_ff2_norm, l->post_ff_norm, causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H,
-                   d->top_k, eps));
+  /* the combine, and with it the next layer's input norm into c->a when there is a next layer (one launch and one
+   * read of x fewer; the same bits as the norm's own kernel); layer li + 1 of these T rows then skips its norm */
+  int fused = 0;
+  const float *w_next = li + 1 < d->n_layers ? m->layers[li + 1].input_norm : NULL;
+  CKK(c, k_ffn_combine_norm(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w,
+                            l->post_ff1_norm, l->post_ff2_norm, l->post_ff_norm,
+                            causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H, d->top_k, eps, w_next,
+                            w_next ? c->a : NULL, &fused));
+  c->norm_next = fused ? li + 1 : -1;
+  c->norm_rows = T;
   DG_TRY(mark(c, DG_CUDA_ST_COMBINE));
   return DG_OK;
 }

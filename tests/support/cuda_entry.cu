@@ -450,13 +450,62 @@ done:
   return st;
 #endif
 }
+extern "C" dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *dense, const float *y,
+                                               const int32_t *idx, const float *w, const float *w_ff1,
+                                               const float *w_ff2, const float *w_ff, const float *w_next, float scalar,
+                                               float eps, int T, int H, int K, int *fused, long *n_diff) {
+  *fused = 0; *n_diff = 0;
+  if (T < 1 || H < 1 || K < 1) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_combine_norm: T %d, H %d, K %d", T, H, K);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  const size_t TH = (size_t)T * H, TK = (size_t)T * K;
+  float *dx1 = NULL, *dx2 = NULL, *dd = NULL, *dy = NULL, *dw = NULL, *w1 = NULL, *w2 = NULL, *wf = NULL, *wn = NULL;
+  int32_t *didx = NULL, *dslot = NULL;
+  bf16 *a1 = NULL, *a2 = NULL;
+  float *hx1 = NULL, *hx2 = NULL;
+  uint16_t *ha1 = NULL, *ha2 = NULL;
+  int32_t *slot = NULL;
+  dg_status st = DG_OK;
+  TT_(test_in(&al, (void **)&dx1, x, TH * 4, "x"));
+  TT_(test_in(&al, (void **)&dx2, x, TH * 4, "x"));
+  TT_(test_in(&al, (void **)&dd, dense, TH * 4, "dense"));
+  TT_(test_in(&al, (void **)&dy, y, TK * H * 4, "y"));
+  TT_(test_in(&al, (void **)&dw, w, TK * 4, "w"));
+  TT_(test_in(&al, (void **)&didx, idx, TK * 4, "idx"));
+  TT_(test_in(&al, (void **)&w1, w_ff1, (size_t)H * 4, "w_ff1"));
+  TT_(test_in(&al, (void **)&w2, w_ff2, (size_t)H * 4, "w_ff2"));
+  TT_(test_in(&al, (void **)&wf, w_ff, (size_t)H * 4, "w_ff"));
+  TT_(test_in(&al, (void **)&wn, w_next, (size_t)H * 4, "w_next"));
+  TT_(dalloc(&al, (void **)&a1, TH * 2, "a1"));
+  TT_(dalloc(&al, (void **)&a2, TH * 2, "a2"));
+  slot = (int32_t *)malloc(TK * 4);
+  hx1 = (float *)malloc(TH * 4); hx2 = (float *)malloc(TH * 4);
+  ha1 = (uint16_t *)malloc(TH * 2); ha2 = (uint16_t *)malloc(TH * 2);
+  if (!slot || !hx1 || !hx2 || !ha1 || !ha2) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  for (size_t i = 0; i < TK; i++) slot[i] = (int32_t)i; /* pair i's output in row i of y */
+  TT_(test_in(&al, (void **)&dslot, slot, TK * 4, "slot_row"));
+  TC_(k_ffn_combine(0, dx1, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps));
+  TC_(k_rmsnorm(0, dx1, wn, NULL, a1, T, H, eps));
+  TC_(k_ffn_combine_norm(0, dx2, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps, wn, a2, fused));
+  if (!*fused) TC_(k_rmsnorm(0, dx2, wn, NULL, a2, T, H, eps));
+  TT_(test_out(hx1, dx1, TH * 4));
+  TT_(test_out(hx2, dx2, TH * 4));
+  TT_(test_out(ha1, a1, TH * 2));
+  TT_(test_out(ha2, a2, TH * 2));
+  for (size_t i = 0; i < TH; i++) *n_diff += memcmp(&hx1[i], &hx2[i], 4) != 0;
+  for (size_t i = 0; i < TH; i++) *n_diff += ha1[i] != ha2[i];
+done:
+  free(slot); free(hx1); free(hx2); free(ha1); free(ha2);
+  dfree_all(&al);
+  return st;
+}
 #undef TT_
 #undef TC_
 
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
-    dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins,
+    dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

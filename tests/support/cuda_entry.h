@@ -104,6 +104,17 @@ dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft);
 dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
                                  double *worst);
 
+/* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm) against the two
+ * launches it replaces (k_ffn_combine, then k_rmsnorm of the new x with w_next into bf16), on the same inputs:
+ * x fp32 [T, H] (the residual, updated), dense fp32 [T, H], y fp32 [T K, H] (the expert outputs, pair t K + k in row
+ * t K + k), experts idx [T, K] (distinct per token), weights w [T, K], the norms' weights w_ff1, w_ff2, w_ff, w_next
+ * [H]. *fused: 1 if one launch did both; *n_diff: the words of the new x and of the normed rows (bf16, 16-bit
+ * words) that differ between the two ways (0: bit for bit). */
+dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *dense, const float *y, const int32_t *idx,
+                                    const float *w, const float *w_ff1, const float *w_ff2, const float *w_ff,
+                                    const float *w_next, float scalar, float eps, int T, int H, int K, int *fused,
+                                    long *n_diff);
+
 /* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
  * the tests link in a CPU-only build. */
 typedef struct dg_cuda_test_api {
@@ -127,6 +138,10 @@ typedef struct dg_cuda_test_api {
                                float *y);
   dg_status (*test_gemm_pins)(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
                               double *worst);
+  dg_status (*test_combine_norm)(int device, const float *x, const float *dense, const float *y, const int32_t *idx,
+                                 const float *w, const float *w_ff1, const float *w_ff2, const float *w_ff,
+                                 const float *w_next, float scalar, float eps, int T, int H, int K, int *fused,
+                                 long *n_diff);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
