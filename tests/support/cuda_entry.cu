@@ -54,6 +54,8 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
   DG_TRY(dalloc(al, (void **)&b->done, 4, "route block counter"));
   CK(cudaMemset(b->done, 0, 4));
+  DG_TRY(dalloc(al, (void **)&b->gsc, DG_ROUTE_GSC_INTS * 4, "route grid scratch"));
+  CK(cudaMemset(b->gsc, 0, DG_ROUTE_GSC_INTS * 4));
   return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
 }
 
@@ -186,11 +188,11 @@ done:
 }
 extern "C" dg_status dg_cuda_test_route(int device, int mode, float *rlog, const float *pes, int T, int E, int K,
                                         int32_t *idx, float *w, int32_t *start, int32_t *pairs, int32_t *order) {
-  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1, 2), T %d, E %d (1..256), K %d (1..min(E, 32))",
+  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1..3), T %d, E %d (1..256), K %d (1..min(E, 32))",
                      mode, T, E, K);
-  if (mode == 2 && !k_router_tiles_ok(T, E, 4, K))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode 2 does not cover T %d, E %d, K %d", T, E, K);
+  if ((mode == 2 && !k_router_tiles_ok(T, E, 4, K)) || (mode == 3 && !k_router_grid_ok(T, E, 4, K)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d does not cover T %d, E %d, K %d", mode, T, E, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
@@ -236,13 +238,13 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
 
 extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
                                                int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
     return dg_seterr(DG_ERR_INVALID_ARG,
-                     "dg_cuda_test_router_route: mode %d (1, 2), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
+                     "dg_cuda_test_router_route: mode %d (1..3), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
-  if (mode == 2 && !k_router_tiles_ok(T, E, H, K))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode 2 does not cover T %d, E %d, H %d, K %d", T,
-                     E, H, K);
+  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode == 3 && !k_router_grid_ok(T, E, H, K)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode %d does not cover T %d, E %d, H %d, K %d",
+                     mode, T, E, H, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
