@@ -2207,7 +2207,9 @@ static void test_router_route(void **state) {
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
     if (mode == 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
       check_router_route(mode, 600, 128, 256, 8, &checked, &tokens);
-    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row); "
+    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row; "
+           "mode 3 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+           "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);
     assert_true(checked * 2 > tokens);

@@ -184,6 +184,14 @@ struct dg_cuda_moe_buf {
   int32_t *done;       /* [1] blocks of route_kernel finished (moe.cu); 0 between launches (zeroed at allocation) */
   int32_t *gsc;        /* [DG_ROUTE_GSC_INTS] route_gr_kernel's generation, expert totals and (block, expert) counts
                         * (moe.cu; zeroed at allocation); NULL: DGEMMA_ROUTE=grid takes the tiles' path */
+  /* The gate/up input's permuted copy xp and group sums xs (k_group_sums_perm) made inside route_gr_kernel, while its
+   * blocks wait for the grouping, instead of in a launch of their own (moe.cu): the caller of k_router_route sets
+   * gu_x (the rows [T, H]) and gu_group (G; 0: none, as k_qe_gate_up_group says); k_router_route sets gu_ready to
+   * gu_x where its launch made them (else NULL), and k_qe_gate_up skips its own k_group_sums_perm for that input
+   * and clears it. Host-side bookkeeping: the device reads only gu_x and gu_group. */
+  const bf16 *gu_x;
+  int gu_group;
+  const bf16 *gu_ready;
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
@@ -364,6 +372,9 @@ cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *
                                    int *S);
 cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
                           dg_cuda_moe_buf *b, int T, int E, int K);
+/* G of the permuted copy k_qe_gate_up makes of its input for the stack W (lane records), 0 where it makes none
+ * (qmoe.cu): what the caller of k_router_route sets in b->gu_group. */
+int k_qe_gate_up_group(const dg_cuda_w *W);
 /* DGEMMA_ROUTE=grid (mode 3, the default since session 14; moe.cu): route_tk_kernel's routing with the grouping
  * spread over every block (route_gr_kernel: each block counts and places its own pairs; the last block to finish
  * scans the experts' totals; a grid-wide wait, launched only where the grid is resident at once). Returns

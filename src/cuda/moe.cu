@@ -848,6 +848,9 @@ int k_router_tiles_ok(int T, int E, int H, int K) { return H > 0 && H % 4 == 0 &
  *      integers, any order); it counts itself done (b->done, route_tk_kernel's pattern);
  *   2. the last block to finish only: the totals (read and zeroed for the next launch), rtk_write_groups (the scan
  *      over the experts, order, count, start, tile list), then a generation counter gsc[0] raised (release);
+ *   2b. every block (the last after step 2): where the caller set b.gu_x / gu_group and passed H, the permuted copy
+ *      xp and group sums xs of its tokens' rows of the gate/up input (k_group_sums_perm's outputs, its function
+ *      group_sum_perm), in the time the other blocks wait for step 2: one launch less per layer;
  *   3. every block, once the generation has moved (the last block at once): its own pairs placed, pair i of expert e
  *      at start[e] + (pairs of e in earlier blocks: their table rows summed, shared by the block's threads) + rank,
  *      pairs[j] = i, slot_row[i] = j. group_count/scan/place's integers exactly.
@@ -891,10 +894,20 @@ __device__ __forceinline__ void rgr_place(const dg_cuda_moe_buf &b, const int *t
   }
 }
 
+/* Step 2b: the permuted copy xp and group sums xs of the gate/up input rows of this block's tokens (b.gu_x [T, H],
+ * group b.gu_group: k_group_sums_perm's outputs for those rows, group_sum_perm's arithmetic), while it waits. */
+__device__ __forceinline__ void rgr_prep_rows(const dg_cuda_moe_buf &b, int t0, int nt, int H) {
+  const int G = b.gu_group, ng = H / G;
+  for (int j = threadIdx.x; j < nt * ng; j += blockDim.x) {
+    const size_t r = (size_t)t0 + j / ng, g = j % ng;
+    b.xs[r * ng + g] = group_sum_perm(b.gu_x + r * H + g * G, b.xp + r * H + g * G, G);
+  }
+}
+
 template <int JP>
 __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *part, int S, float *rlog,
                                                                  const float *pes, dg_cuda_moe_buf b, int T, int E,
-                                                                 int K) {
+                                                                 int K, int H) {
   DG_PDL_ENTRY();
   __shared__ rtk_rows sm;
   __shared__ int ecnt[ROUTE_EMAX], estart[ROUTE_EMAX + 1], etile[ROUTE_EMAX], pr[RTK_WMAX * 32], pre[RTK_WMAX * 32];
@@ -933,6 +946,7 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *pa
       atomicAdd(gen, 1); /* wraps on the device: only compared for a change */
     }
   }
+  if (H > 0) rgr_prep_rows(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H); /* 2b (H 0: none) */
 #ifdef DG_CUDA_EMU
   if (!last) return;
   for (int bb = 0; bb < nb; bb++) { /* step 3 for every block in turn, its experts and ranks read back */
@@ -991,21 +1005,34 @@ template <int JP> static int route_gr_resident(int nb, int W) {
  * the grid would not be resident at once: the caller takes another mode. */
 template <int JP>
 static cudaError_t route_gr_launch(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
-                                   const dg_cuda_moe_buf *b, int T, int E, int K, int W) {
+                                   const dg_cuda_moe_buf *b, int T, int E, int K, int W, int H) {
   const int nb = (T + W - 1) / W;
   if (!route_gr_resident<JP>(nb, W)) return cudaErrorInvalidValue;
-  DG_LAUNCH(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K);
+  DG_LAUNCH(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
   return cudaGetLastError();
+}
+
+/* H > 0 with b->gu_x and b->gu_group set: the gate/up input's copy and sums made too (b->gu_ready = b->gu_x). */
+static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
+                                dg_cuda_moe_buf *b, int T, int E, int K, int H) {
+  const int W = route_gr_warps(T, E, K);
+  if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done || !b->gsc) return cudaErrorInvalidValue;
+  const int G = b->gu_group;
+  if (!b->gu_x || !b->xs || !b->xp || G <= 0 || G % 8 || H <= 0 || H % G ||
+      ((uintptr_t)b->gu_x | (uintptr_t)b->xp) & 15)
+    H = 0;
+  cudaError_t e;
+  if (E <= 32) e = route_gr_launch<1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  else if (E <= 64) e = route_gr_launch<2>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  else if (E <= 128) e = route_gr_launch<4>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  else e = route_gr_launch<8>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  b->gu_ready = e == cudaSuccess && H > 0 ? b->gu_x : NULL;
+  return e;
 }
 
 cudaError_t k_route_grid(cudaStream_t s, const float *part, int S, float *rlog, const float *pes, dg_cuda_moe_buf *b,
                          int T, int E, int K) {
-  const int W = route_gr_warps(T, E, K);
-  if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done || !b->gsc) return cudaErrorInvalidValue;
-  if (E <= 32) return route_gr_launch<1>(s, part, S, rlog, pes, b, T, E, K, W);
-  if (E <= 64) return route_gr_launch<2>(s, part, S, rlog, pes, b, T, E, K, W);
-  if (E <= 128) return route_gr_launch<4>(s, part, S, rlog, pes, b, T, E, K, W);
-  return route_gr_launch<8>(s, part, S, rlog, pes, b, T, E, K, W);
+  return route_grid_h(s, part, S, rlog, pes, b, T, E, K, 0);
 }
 
 /* Whether k_router_route's mode 3 covers the shape (and, on a GPU, the grid is resident at once). */
@@ -1042,10 +1069,11 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode) {
   const int rm = route_mode(mode), aligned = !(((uintptr_t)u | (uintptr_t)W) & 15);
+  b->gu_ready = NULL;
   if (rm == 3 && aligned && b->gsc && k_router_grid_ok(T, E, H, K)) {
     int S = 0;
     cudaError_t e = k_router_tiles_product(s, u, W, ws, T, E, H, &S);
-    return e != cudaSuccess ? e : k_route_grid(s, ws, S, rlog, per_expert_scale, b, T, E, K);
+    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H);
   }
   if (rm >= 2 && k_router_tiles_ok(T, E, H, K) && aligned) { /* mode 3 where it does not cover the shape: 2 */
     int S = 0;
