@@ -2117,14 +2117,16 @@ static void test_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (the default since session 13) */
-  for (int mode = 1; mode <= 2; mode++) {
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (DGEMMA_ROUTE=tiles); mode 3: route_gr_kernel
+   * (DGEMMA_ROUTE=grid, the default since session 14) */
+  for (int mode = 1; mode <= 3; mode++) {
     double worst = 0;
     check_route(mode, 37, 128, 8, &worst);  /* the 26B's router; T not a multiple of the block's 4 warps */
     check_route(mode, 5, 40, 3, &worst);    /* E not a multiple of 32 */
     check_route(mode, 3, 256, 32, &worst);  /* 8 experts per lane, K = 32 */
     check_route(mode, 300, 128, 8, &worst); /* 2,400 pairs: ten chunks of the grouping's 256 threads; mode 2: 8 warps */
     check_route(mode, 4, 8, 8, &worst);     /* K = E */
+    if (mode == 3) check_route(mode, 600, 128, 8, &worst); /* 4,800 pairs (past modes 1 and 2): 8-warp blocks */
     printf("# router softmax/top-k on the device (mode %d): choices and weights bit-identical to the CPU's algorithm "
            "on the device's probabilities, grouping by expert in order; probabilities vs the CPU's: largest |diff| / "
            "bound %.4f (<= 1)\n", mode, worst);
@@ -2190,8 +2192,9 @@ static void test_router_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (the default since session 13) */
-  for (int mode = 1; mode <= 2; mode++) {
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
+   * mode 3: router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since session 14) */
+  for (int mode = 1; mode <= 3; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
                                                                        tokens (mode 2: 4 x 2 x 16 product blocks, 64
@@ -2202,7 +2205,11 @@ static void test_router_route(void **state) {
                                                                        mode 2's too): 8 chunks; 4 expert tiles */
     check_router_route(mode, 5, 8, 8, 8, &checked, &tokens);        /* K = E */
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
-    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row); "
+    if (mode == 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
+      check_router_route(mode, 600, 128, 256, 8, &checked, &tokens);
+    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row; "
+           "mode 3 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+           "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);
     assert_true(checked * 2 > tokens);

@@ -23,8 +23,9 @@
  *     qkv_post), v2 rmsnorm at 128 threads per row
  *   router      rlog [T, E = 128] = u . W^T in fp32: v1 cublasSgemm, v0 k_router_logits (split over H)
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
- *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (the default since session 13);
- *               v1 and v2 checked word for word against v0; one stage, 30 back to back, v2's two launches apart
+ *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
+ *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);
+ *               v1 to v3 checked word for word against v0; one stage, 30 back to back, v2's and v3's launches apart
  *
  * bytes = what the version moves (its passes); floor = the least bytes the operation needs (every input read
  * once, every output written once) / read bandwidth. Check: the lab's own bound per output (fp32: normwise
@@ -658,6 +659,8 @@ static void rows_case(int T, int H, int I, int K, int E) {
     b.tiles = dnew<int32_t>((size_t)(TKn + E) * 2); b.n_tiles = dnew<int32_t>(1); b.order = dnew<int32_t>(E);
     b.done = dnew<int32_t>(1);
     CKL(cudaMemset(b.done, 0, 4));
+    b.gsc = dnew<int32_t>(DG_ROUTE_GSC_INTS);
+    CKL(cudaMemset(b.gsc, 0, DG_ROUTE_GSC_INTS * 4));
     auto words = [&]() {
       std::vector<uint32_t> w;
       auto add = [&](const void *d, size_t n) {
@@ -681,8 +684,8 @@ static void rows_case(int T, int H, int I, int K, int E) {
     std::vector<uint32_t> ref;
     const double in_bytes = (double)TH * 4 + (double)E * H * 4 + E * 4.0,
                  out_bytes = (double)T * E * 4 + TKn * 16.0 + E * 16.0 + (TKn / 32.0 + E) * 8;
-    const char *vnames[3] = {"v0 chain", "v1 fused", "v2 tiles"};
-    for (int ver : {0, 1, 2}) {
+    const char *vnames[4] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid"};
+    for (int ver : {0, 1, 2, 3}) {
       auto launch = [&] { CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver)); };
       poison();
       launch();
@@ -734,10 +737,63 @@ static void rows_case(int T, int H, int I, int K, int E) {
       timeit([&] { CKL(k_route_tiles(0, dws, S, dr, dpes, &b, T, E, K)); }, med, mn);
       row("route from split sums (tiles)", "v2", med, mn, (double)S * T * E * 4 + out_bytes, (double)S * T * E * 4 + out_bytes,
           "softmax, top-K, weights, grouping", 1);
+      if (k_router_grid_ok(T, E, H, K)) {
+        timeit([&] { CKL(k_route_grid(0, dws, S, dr, dpes, &b, T, E, K)); }, med, mn);
+        row("route from split sums (grid)", "v3", med, mn, (double)S * T * E * 4 + out_bytes,
+            (double)S * T * E * 4 + out_bytes, "the grouping over every block", 1);
+      }
+    }
+    if (H % 64 == 0) { /* the stage up to the experts' gate/up input: v2 + k_group_sums_perm (the launch k_qe_gate_up
+                        * makes for lane records) against v3 making the copy and sums inside route_gr_kernel */
+      const int G = 64;
+      std::vector<uint32_t> xb(TH / 2);
+      for (size_t i = 0; i < TH / 2; i++) {
+        uint32_t lo, hi;
+        memcpy(&lo, &u[2 * i], 4);
+        memcpy(&hi, &u[2 * i + 1], 4);
+        xb[i] = (lo >> 16) | (hi & 0xffff0000u);
+      }
+      uint32_t *dxe = dnew<uint32_t>(TH / 2);
+      up(dxe, xb);
+      b.xs = dnew<float>(TH / G);
+      b.xp = dnew<bf16>(TH);
+      std::vector<uint32_t> r2;
+      for (int ver : {2, 3}) {
+        auto launch = [&] {
+          b.gu_x = (const bf16 *)dxe;
+          b.gu_group = G;
+          CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver));
+          if (b.gu_ready != b.gu_x) CKL(k_group_sums_perm(0, (const bf16 *)dxe, T, H, G, b.xs, b.xp));
+          b.gu_ready = NULL;
+        };
+        CKL(cudaMemset(b.xs, 0xff, TH / G * 4)); CKL(cudaMemset(b.xp, 0xff, TH * 2));
+        launch();
+        CKL(cudaDeviceSynchronize());
+        std::vector<uint32_t> w = words(), x1 = down((const uint32_t *)b.xs, TH / G), x2 = down((const uint32_t *)b.xp, TH / 2);
+        w.insert(w.end(), x1.begin(), x1.end());
+        w.insert(w.end(), x2.begin(), x2.end());
+        size_t nd = 0;
+        if (ver == 2) r2 = w;
+        else {
+          nd = w.size() == r2.size() ? 0 : std::max(w.size(), r2.size());
+          for (size_t i = 0; i < w.size() && i < r2.size(); i++) nd += w[i] != r2[i];
+        }
+        char chk[200];
+        snprintf(chk, sizeof chk, ver == 2 ? "3 launches; %zu output words" : "2 launches; %zu words differ from v2", ver == 2 ? w.size() : nd);
+        double med, mn;
+        timeit(launch, med, mn);
+        const double xb2 = TH * 2.0 * 2 + TH / G * 4.0;
+        row("router stage + gate/up input copy", vnames[ver], med, mn, in_bytes + out_bytes + xb2, in_bytes + out_bytes + xb2,
+            chk, nd == 0);
+        timeit([&] { for (int r = 0; r < 30; r++) launch(); }, med, mn);
+        row("router stage + gate/up input copy x30 (per stage)", vnames[ver], med / 30, mn / 30, in_bytes + out_bytes + xb2,
+            in_bytes + out_bytes + xb2, "30 stages back to back", nd == 0);
+      }
+      cudaFree(dxe); cudaFree(b.xs); cudaFree(b.xp);
     }
     cudaFree(du); cudaFree(dW); cudaFree(dpes); cudaFree(dr); cudaFree(dws);
     cudaFree(b.topk_idx); cudaFree(b.topk_w); cudaFree(b.count); cudaFree(b.start); cudaFree(b.pairs);
-    cudaFree(b.slot_row); cudaFree(b.tiles); cudaFree(b.n_tiles); cudaFree(b.order); cudaFree(b.done);
+    cudaFree(b.slot_row); cudaFree(b.tiles); cudaFree(b.n_tiles); cudaFree(b.order); cudaFree(b.done); cudaFree(b.gsc);
   }
   /* qkv_post: sliding (16 q, 8 kv heads of 256) and full (16 q, 2 kv heads of 512, K = V) layers */
   for (int full = 0; full < 2 && !router_only; full++) {

@@ -169,6 +169,7 @@ struct dg_cuda_pos_stats {
 };
 
 /* Expert-grouping state of one MoE call (moe.cu). */
+#define DG_ROUTE_GSC_INTS (32 + 256 + 16384)
 struct dg_cuda_moe_buf {
   int32_t *topk_idx;   /* [T, K] */
   float *topk_w;       /* [T, K] */
@@ -181,6 +182,16 @@ struct dg_cuda_moe_buf {
   int32_t *order;      /* [E] or NULL: the experts by descending count, ties by index (group_scan_kernel): the
                         * lane-record products take their blocks in this order (qmoe_r.cuh) */
   int32_t *done;       /* [1] blocks of route_kernel finished (moe.cu); 0 between launches (zeroed at allocation) */
+  int32_t *gsc;        /* [DG_ROUTE_GSC_INTS] route_gr_kernel's generation, expert totals and (block, expert) counts
+                        * (moe.cu; zeroed at allocation); NULL: DGEMMA_ROUTE=grid takes the tiles' path */
+  /* The gate/up input's permuted copy xp and group sums xs (k_group_sums_perm) made inside route_gr_kernel, while its
+   * blocks wait for the grouping, instead of in a launch of their own (moe.cu): the caller of k_router_route sets
+   * gu_x (the rows [T, H]) and gu_group (G; 0: none, as k_qe_gate_up_group says); k_router_route sets gu_ready to
+   * gu_x where its launch made them (else NULL), and k_qe_gate_up skips its own k_group_sums_perm for that input
+   * and clears it. Host-side bookkeeping: the device reads only gu_x and gu_group. */
+  const bf16 *gu_x;
+  int gu_group;
+  const bf16 *gu_ready;
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
@@ -351,14 +362,16 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 /* Router softmax (in place over rlog), top-k (ties to the lower expert), renormalisation and per-expert scale
  * (spec 4.6), then grouping of the (token, slot) pairs by expert. mode 0: k_route_topk then k_group; 1: one launch
  * (route_kernel, b->done set up) up to 4,096 pairs; 2: route_tk_kernel (k_route_tiles with the logits as one split,
- * b->done set up) where k_route_tiles covers the shape; -1: the library's default (2 since session 13;
- * DGEMMA_ROUTE=chain makes it 0, DGEMMA_ROUTE=fused 1). Every mode gives the same results word for word; a shape a mode does not cover takes
+ * b->done set up) where k_route_tiles covers the shape; 3: route_gr_kernel (k_route_grid, b->done and b->gsc set up;
+ * where it does not cover the shape, mode 2, then 0); -1: the library's default (3 since session 14, 2 before;
+ * DGEMMA_ROUTE=chain makes it 0, DGEMMA_ROUTE=fused 1, DGEMMA_ROUTE=tiles 2, DGEMMA_ROUTE=grid 3). Every mode gives the same results word for word; a shape a mode does not cover takes
  * mode 0. E <= 256, K <= 32. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K, int mode);
 /* k_router_logits then k_route; mode 1: the split sums of the logits added inside route_kernel, two launches;
  * mode 2: k_router_tiles_product then k_route_tiles, two launches (H % 4 == 0 and a shape k_route_tiles covers,
- * k_router_tiles_ok; else mode 0); rlog and the groupings bit for bit those of the separate calls. */
+ * k_router_tiles_ok; else mode 0); mode 3: k_router_tiles_product then k_route_grid (k_router_grid_ok, b->gsc; else
+ * mode 2); rlog and the groupings bit for bit those of the separate calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
 /* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set
@@ -370,6 +383,17 @@ cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *
                                    int *S);
 cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
                           dg_cuda_moe_buf *b, int T, int E, int K);
+/* G of the permuted copy k_qe_gate_up makes of its input for the stack W (lane records), 0 where it makes none
+ * (qmoe.cu): what the caller of k_router_route sets in b->gu_group. */
+int k_qe_gate_up_group(const dg_cuda_w *W);
+/* DGEMMA_ROUTE=grid (mode 3, the default since session 14; moe.cu): route_tk_kernel's routing with the grouping
+ * spread over every block (route_gr_kernel: each block counts and places its own pairs; the last block to finish
+ * scans the experts' totals; a grid-wide wait, launched only where the grid is resident at once). Returns
+ * cudaErrorInvalidValue, launching nothing, where it does not cover the shape (b->gsc NULL, more (block, expert)
+ * counts than its table, a grid not resident at once). k_router_grid_ok: whether k_router_route's mode 3 covers it. */
+int k_router_grid_ok(int T, int E, int H, int K);
+cudaError_t k_route_grid(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
+                         dg_cuda_moe_buf *b, int T, int E, int K);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

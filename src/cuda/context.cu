@@ -78,6 +78,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
                          T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
                          (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
                          8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
+                         DG_ROUTE_GSC_INTS * 4 +
                          k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
   size_t fr = 0, tot = 0;
   CK(mem_info(&fr, &tot));
@@ -143,7 +144,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   A_(c->moe.n_tiles, 4);
   A_(c->moe.order, E * 4);
   A_(c->moe.done, 4);
-  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess) {
+  A_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
+  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess || cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess) {
     st = dg_seterr(DG_ERR_BACKEND, "cudaMemset of the router's block counter failed");
     goto fail;
   }

@@ -134,9 +134,11 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
 #undef SEG_N
   DG_TRY(mark(c, DG_CUDA_ST_DENSE));
   /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert (by default two launches,
-   * router_tile_kernel and route_tk_kernel; DGEMMA_ROUTE=chain the chain of launches, DGEMMA_ROUTE=fused one launch
-   * after the logits' split products); the profile's grouping stage is inside
-   * the router's */
+   * router_tile_kernel and route_gr_kernel; DGEMMA_ROUTE=tiles route_tk_kernel for the second, DGEMMA_ROUTE=chain the
+   * chain of launches, DGEMMA_ROUTE=fused one launch after the logits' split products); the profile's grouping stage
+   * is inside the router's */
+  c->moe.gu_x = c->xe; /* DGEMMA_ROUTE=grid makes the gate/up input's permuted copy and group sums while it waits */
+  c->moe.gu_group = k_qe_gate_up_group(&l->experts_gate_up);
   CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, H, d->top_k,
                         c->rws, -1));
   DG_TRY(mark(c, DG_CUDA_ST_ROUTER));

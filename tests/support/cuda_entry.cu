@@ -54,6 +54,8 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
   DG_TRY(dalloc(al, (void **)&b->done, 4, "route block counter"));
   CK(cudaMemset(b->done, 0, 4));
+  DG_TRY(dalloc(al, (void **)&b->gsc, DG_ROUTE_GSC_INTS * 4, "route grid scratch"));
+  CK(cudaMemset(b->gsc, 0, DG_ROUTE_GSC_INTS * 4));
   return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
 }
 
@@ -186,11 +188,11 @@ done:
 }
 extern "C" dg_status dg_cuda_test_route(int device, int mode, float *rlog, const float *pes, int T, int E, int K,
                                         int32_t *idx, float *w, int32_t *start, int32_t *pairs, int32_t *order) {
-  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1, 2), T %d, E %d (1..256), K %d (1..min(E, 32))",
+  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1..3), T %d, E %d (1..256), K %d (1..min(E, 32))",
                      mode, T, E, K);
-  if (mode == 2 && !k_router_tiles_ok(T, E, 4, K))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode 2 does not cover T %d, E %d, K %d", T, E, K);
+  if ((mode == 2 && !k_router_tiles_ok(T, E, 4, K)) || (mode == 3 && !k_router_grid_ok(T, E, 4, K)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d does not cover T %d, E %d, K %d", mode, T, E, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
@@ -236,23 +238,34 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
 
 extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
                                                int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
     return dg_seterr(DG_ERR_INVALID_ARG,
-                     "dg_cuda_test_router_route: mode %d (1, 2), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
+                     "dg_cuda_test_router_route: mode %d (1..3), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
-  if (mode == 2 && !k_router_tiles_ok(T, E, H, K))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode 2 does not cover T %d, E %d, H %d, K %d", T,
-                     E, H, K);
+  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode == 3 && !k_router_grid_ok(T, E, H, K)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode %d does not cover T %d, E %d, H %d, K %d",
+                     mode, T, E, H, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
-  void *du = NULL, *dW = NULL, *dpes = NULL, *drl = NULL, *dws = NULL;
+  void *du = NULL, *dW = NULL, *dpes = NULL, *drl = NULL, *dws = NULL, *dxe = NULL, *xs0 = NULL, *xp0 = NULL;
   dg_cuda_moe_buf b;
   memset(&b, 0, sizeof b);
   const size_t TK = (size_t)T * K, nw = (size_t)T * E + 4 * TK + 3 * (size_t)E + 2 + (TK + E) * 2;
+  /* the gate/up input: u rounded to bf16 (its bits), group G; mode 3 makes its permuted copy and group sums inside
+   * route_gr_kernel, compared word for word with k_group_sums_perm's */
+  const int G = H % 64 == 0 ? 64 : H % 32 == 0 ? 32 : 8;
+  const size_t nxs = (size_t)T * H / G, nxp = (size_t)T * H / 2; /* words */
   uint32_t *ref = (uint32_t *)calloc(nw, 4), *got = (uint32_t *)calloc(nw, 4);
+  uint32_t *xref = (uint32_t *)calloc(nxs + nxp, 4), *xgot = (uint32_t *)calloc(nxs + nxp, 4);
+  uint16_t *xe = (uint16_t *)malloc((size_t)T * H * 2);
   *n_diff = 0;
-  if (!ref || !got) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  if (!ref || !got || !xref || !xgot || !xe) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  for (size_t i = 0; i < (size_t)T * H; i++) {
+    uint32_t x;
+    memcpy(&x, u + i, 4);
+    xe[i] = (uint16_t)(x >> 16);
+  }
   TT_(test_in(&al, &du, u, (size_t)T * H * 4, "router input"));
   TT_(test_in(&al, &dW, W, (size_t)E * H * 4, "router weights"));
   TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
@@ -261,6 +274,14 @@ extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float
   TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
   TT_(test_group_bufs(&al, &b, TK, E));
+  TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "gate/up input"));
+  TT_(dalloc(&al, (void **)&b.xs, nxs * 4, "group sums"));
+  TT_(dalloc(&al, (void **)&b.xp, (size_t)T * H * 2, "permuted copy"));
+  TT_(dalloc(&al, &xs0, nxs * 4, "group sums (k_group_sums_perm)"));
+  TT_(dalloc(&al, &xp0, (size_t)T * H * 2, "permuted copy (k_group_sums_perm)"));
+  TC_(k_group_sums_perm(0, (const bf16 *)dxe, T, H, G, (float *)xs0, (bf16 *)xp0));
+  TC_(cudaMemcpy(xref, xs0, nxs * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(xref + nxs, xp0, nxp * 4, cudaMemcpyDeviceToHost));
   /* the chain of separate launches */
   TC_(k_router_logits(0, (const float *)du, (const float *)dW, (float *)drl, T, E, H, (float *)dws));
   TC_(k_route_topk(0, (float *)drl, (const float *)dpes, &b, T, E, K));
@@ -278,16 +299,35 @@ extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float
     TC_(cudaMemset(b.n_tiles, 0xFF, 4));
     TC_(cudaMemset(b.order, 0xFF, (size_t)E * 4));
     TC_(cudaMemset(dws, 0xFF, (size_t)DG_ROUTER_MAX_SPLITS * T * E * 4)); /* no split sum of the chain's either */
+    TC_(cudaMemset(b.xs, 0xFF, nxs * 4));
+    TC_(cudaMemset(b.xp, 0xFF, (size_t)T * H * 2));
+    b.gu_x = (const bf16 *)dxe;
+    b.gu_group = G;
     TC_(k_router_route(0, (const float *)du, (const float *)dW, (float *)drl, (const float *)dpes, &b, T, E, H, K,
                        (float *)dws, mode)); /* the mode asked for (-1: the library's default) */
     TT_(route_words(&b, (const float *)drl, T, E, K, got));
     for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
+    if (mode == 3) { /* route_gr_kernel must have made the gate/up input's copy and sums */
+      if (b.gu_ready != b.gu_x) {
+        st = dg_seterr(DG_ERR_BACKEND, "router mode 3: the gate/up input's copy was not made (T %d, E %d, H %d)", T, E, H);
+        goto done;
+      }
+      TC_(cudaMemcpy(xgot, b.xs, nxs * 4, cudaMemcpyDeviceToHost));
+      TC_(cudaMemcpy(xgot + nxs, b.xp, nxp * 4, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < nxs + nxp; i++) *n_diff += xgot[i] != xref[i];
+    } else if (b.gu_ready) {
+      st = dg_seterr(DG_ERR_BACKEND, "router mode %d claims the gate/up input's copy", mode);
+      goto done;
+    }
   }
   TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
 done:
   free(ref);
   free(got);
+  free(xref);
+  free(xgot);
+  free(xe);
   dfree_all(&al);
   return st;
 }
