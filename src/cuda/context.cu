@@ -97,6 +97,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->S_ring = (int32_t)S_ring;
   c->tmax = (int32_t)T;
   c->enc_chunk = enc_chunk;
+  c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';
