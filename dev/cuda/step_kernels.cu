@@ -25,7 +25,9 @@
  *   vocab chain  the whole chain after the LM head of a step with self-conditioning (C x V raw logits, softcap 30,
  *               T 0.7, bf16): v0 the chain (k_softcap in place, k_step_stats, k_sc_probs; DGEMMA_VOCAB=chain),
  *               v2 the fused chain (k_vocab_stats, k_vocab_sc: z recomputed in registers, never stored; the default
- *               since issue 14), checked word for word against v0; v2's statistics and probabilities also apart
+ *               since issue 14), checked word for word against v0; v2's statistics and probabilities also apart;
+ *               "v2 gN": v2 in launch groups of N positions (the second read of a group's logits from the L2);
+ *               "v3 z stored": pass 1 also stores z in place, the passes after it read z instead of recomputing it
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
  *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (the default since session 13);
  *               v1 and v2 checked word for word against v0; one stage, 30 back to back, v2's two launches apart
@@ -451,7 +453,7 @@ static void chain_case(int C, int V) {
       lg[(size_t)c * V + rnd() % V] = 300.0f;
     }
   }
-  float *d0 = dnew<float>(n), *d1 = dnew<float>(n), *duni = dnew<float>(C);
+  float *d0 = dnew<float>(n), *d1 = dnew<float>(n), *d2 = dnew<float>(n), *duni = dnew<float>(C);
   bf16 *p0 = dnew<bf16>(n), *p1 = dnew<bf16>(n);
   dg_cuda_pos_stats *s0 = dnew<dg_cuda_pos_stats>(C), *s1 = dnew<dg_cuda_pos_stats>(C);
   int32_t *dbad = dnew<int32_t>(2);
@@ -501,6 +503,37 @@ static void chain_case(int C, int V) {
     row(nm, "v0 chain", med, mn, n * ((mode == DG_PROPOSAL_ARGMAX ? 7.0 : 8.0) * 4 + 2), n * 6.0, chk, ok);
     timeit(fused, med, mn);
     row(nm, "v2 fused", med, mn, n * (3 * 4.0 + 2), n * 6.0, chk, ok);
+    /* v2 in launch groups of g positions (k_vocab_stats_g / k_vocab_sc_g): pass 2 (sampled) or the sc sum
+     * (argmax) and the write pass find the group's logits in the L2; v3: pass 1 stores z in place (one write more)
+     * and the passes after it read z (cap 0, T 1: z / 1) instead of recomputing softcap and division */
+    for (int var = 0; var < 3; var++) {
+      const int g = var < 2 ? gsz[var] : 0, store = var == 2;
+      auto run = [&] {
+        CKL(k_vocab_stats_g(0, d2, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, g, store));
+        CKL(k_vocab_sc_g(0, d2, p1, C, V, store ? 0.0f : cap, store ? 1.0f : T, act, ws,
+                         mode == DG_PROPOSAL_ARGMAX ? 1 : 2, g));
+      };
+      up(d2, lg);
+      CKL(cudaMemcpy(dbad + 1, nobad, 4, cudaMemcpyHostToDevice));
+      CKL(cudaMemset(p1, 0x44, n * 2));
+      run();
+      CKL(cudaDeviceSynchronize());
+      const std::vector<dg_cuda_pos_stats> b2 = down(s1, C);
+      const std::vector<bf16> pb2 = down(p1, n);
+      const std::vector<int32_t> bd2 = down(dbad, 2);
+      const size_t ds2 = ndiff(a, b2), dp2 = ndiff(pa, pb2);
+      const int ok2 = ds2 == 0 && dp2 == 0 && bd2[1] == bd[0];
+      char chk2[200], vn[24];
+      snprintf(chk2, sizeof chk2, "%s: vs v0 records differing %zu of %d, P values %zu of %zu; bad %s", mname[k], ds2, C,
+               dp2, n, bd2[1] == bd[0] ? "same" : "DIFFERS");
+      if (store) snprintf(vn, sizeof vn, "v3 z stored");
+      else snprintf(vn, sizeof vn, "v2 g%d", g);
+      timeit(run, med, mn);
+      /* bytes from device memory: v3 pass 1 r+w, 2 reads; a group's second read of its logits in the L2 (sampled:
+       * pass 2 after pass 1; argmax: the write pass after the sum) */
+      const double rd = store ? 4 * 4.0 : 2 * 4.0;
+      row(nm, vn, med, mn, n * (rd + 2), n * 6.0, chk2, ok2);
+    }
     /* the two halves of v2: the statistics (before the host sync) and the probabilities (after it) */
     timeit([&] { CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws)); },
            med, mn);
@@ -508,7 +541,7 @@ static void chain_case(int C, int V) {
     timeit([&] { CKL(k_vocab_sc(0, d1, p1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2)); }, med, mn);
     row(nm, "v2 sc", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 10.0 : 6.0), n * 6.0, chk, ok);
   }
-  cudaFree(d0); cudaFree(d1); cudaFree(duni); cudaFree(p0); cudaFree(p1); cudaFree(s0); cudaFree(s1); cudaFree(dbad);
+  cudaFree(d0); cudaFree(d1); cudaFree(d2); cudaFree(duni); cudaFree(p0); cudaFree(p1); cudaFree(s0); cudaFree(s1); cudaFree(dbad);
   cudaFree(ws);
 }
 

@@ -334,9 +334,10 @@ cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, flo
 cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
                        void *ws, int have);
 cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T);
-cudaError_t k_vocab_stats_g(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
+/* For the lab: group as k_step_stats_g's; store 1: pass 1 also stores z in place (then k_vocab_sc with cap 0, T 1). */
+cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
                             uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
-                            int32_t *bad, void *ws, int group);
+                            int32_t *bad, void *ws, int group, int store);
 cudaError_t k_vocab_sc_g(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
                          void *ws, int have, int group);
 

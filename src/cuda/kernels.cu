@@ -986,7 +986,7 @@ template <int F> __device__ __forceinline__ float vrow_max(const vpart *p, int N
  * elements, -FLT_MAX, change no max). */
 template <int F>
 __device__ __forceinline__ void vstats_part_body(float *logits, int V, int vec, float cap, float temperature, int act,
-                                                 vpart *part, int c0) {
+                                                 int store, vpart *part, int c0) {
   __shared__ float shm[VNT / 32], shs[VNT / 32];
   __shared__ int shi[VNT / 32], shb[VNT / 32];
   __shared__ double sh0[VNT / 32], sh1[VNT / 32];
@@ -1006,7 +1006,7 @@ __device__ __forceinline__ void vstats_part_body(float *logits, int V, int vec, 
       if (v[k] > mx) { mx = v[k]; amax = e; } /* the thread's elements ascend with k */
     }
   }
-  if (!F) vstore(row, V, base, vec, v);
+  if (!F || store) vstore(row, V, base, vec, v);
   float scm = -FLT_MAX;
   if (F) {
 #pragma unroll
@@ -1043,13 +1043,13 @@ __device__ __forceinline__ void vstats_part_body(float *logits, int V, int vec, 
 __global__ void __launch_bounds__(VNT) vstats_part_kernel(float *logits, int V, int vec, float temperature, vpart *part,
                                                           int c0) {
   DG_PDL_ENTRY();
-  vstats_part_body<0>(logits, V, vec, 0.0f, temperature, 0, part, c0);
+  vstats_part_body<0>(logits, V, vec, 0.0f, temperature, 0, 1, part, c0);
 }
 
-__global__ void __launch_bounds__(VNT, 3) vfuse_part_kernel(const float *logits, int V, int vec, float cap, float T,
-                                                         int act, vpart *part, int c0) {
+__global__ void __launch_bounds__(VNT, 3) vfuse_part_kernel(float *logits, int V, int vec, float cap, float T, int act,
+                                                            int store, vpart *part, int c0) {
   DG_PDL_ENTRY();
-  vstats_part_body<1>(const_cast<float *>(logits), V, vec, cap, T, act, part, c0); /* F = 1 stores nothing */
+  vstats_part_body<1>(logits, V, vec, cap, T, act, store, part, c0); /* store 0: logits untouched */
 }
 
 /* The fp32 probabilities p = expf(z - g) / fs of chunk base (loaded by vload into v) into sp (thread t's 32 consecutive elements at
@@ -1259,27 +1259,31 @@ cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temp
   return k_step_stats_g(s, logits, C, V, temperature, mode, seed, block, step, uni, out, bad, ws, DG_VOCAB_GROUP);
 }
 
-/* The fused chain's statistics (see the top of this part): logits unchanged. */
-cudaError_t k_vocab_stats_g(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
+/* The fused chain's statistics (see the top of this part): logits unchanged; store (the lab's variant): pass 1
+ * stores z in place (the chain's z), later passes recompute z as vz(x, cap, T) of the logits as given (callers of
+ * k_vocab_sc then pass cap 0, T 1: z / 1 = z for every non-NaN z, and a NaN is the division's NaN either way). */
+cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
                             uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
-                            int32_t *bad, void *ws, int group) {
+                            int32_t *bad, void *ws, int group, int store) {
   const int NB = (V + VCH - 1) / VCH, vec = vec_ok(logits, V), G = group > 0 && group < C ? group : C;
   vpart *part = (vpart *)ws;
   for (int c0 = 0; c0 < C; c0 += G) {
     const int n = C - c0 < G ? C - c0 : G;
-    DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, cap, T, act, part, c0);
-    if (mode != DG_PROPOSAL_ARGMAX)
-      DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, cap, T, act, 1, part, c0);
+    DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, cap, T, act, store, part, c0);
+    if (mode != DG_PROPOSAL_ARGMAX) /* after store: z / 1 */
+      DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, store ? 0.0f : cap, store ? 1.0f : T, act, 1,
+                                                        part, c0);
   }
-  DG_LAUNCH(vfuse_finish_kernel, C, VNT, 0, s)(logits, V, vec, NB, part, cap, T, mode, seed, block, step, uni, out,
-                                              bad);
+  DG_LAUNCH(vfuse_finish_kernel, C, VNT, 0, s)(logits, V, vec, NB, part, store ? 0.0f : cap, store ? 1.0f : T, mode,
+                                              seed, block, step, uni, out, bad);
   return cudaGetLastError();
 }
 
 cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
                           uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
                           int32_t *bad, void *ws) {
-  return k_vocab_stats_g(s, logits, C, V, cap, T, act, mode, seed, block, step, uni, out, bad, ws, DG_VOCAB_GROUP);
+  return k_vocab_stats_g(s, const_cast<float *>(logits), C, V, cap, T, act, mode, seed, block, step, uni, out, bad, ws,
+                         DG_VOCAB_GROUP, 0);
 }
 
 __global__ void vz_inplace_kernel(float *x, size_t n, float cap, float T) {
@@ -1410,7 +1414,8 @@ cudaError_t k_vocab_sc_g(cudaStream_t s, const float *logits, bf16 *P, int C, in
   vpart *part = (vpart *)ws;
   for (int c0 = 0; c0 < C; c0 += G) {
     const int n = C - c0 < G ? C - c0 : G;
-    if (have < 1) DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vl, cap, T, act, part, c0);
+    if (have < 1)
+      DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(const_cast<float *>(logits), V, vl, cap, T, act, 0, part, c0);
     if (have < 2) DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vl, cap, T, act, 0, part, c0);
     DG_LAUNCH(vfuse_write_kernel, dim3(NB, n), VNT, 0, s)(logits, P, V, vec, cap, T, act, part, c0);
   }
