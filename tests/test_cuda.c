@@ -761,6 +761,69 @@ static void test_step_stats(void **state) {
   dg_st_close(f.g);
 }
 
+/* The fused chain over the logits (src/cuda/kernels.cu, issue 14: softcap, z = softcap / T and the
+ * self-conditioning's maxima and sums recomputed in registers, nothing stored) against the chain it replaces
+ * (softcap in place, z in place, three passes of the probabilities; DGEMMA_VOCAB=chain) on the same raw logits:
+ * every word of the statistics, the first non-finite position and the probabilities P must be equal, whether P
+ * follows the statistics (their partials reused) or runs alone; the z made real in place (k_vocab_z) equals the
+ * chain's z and the fused chain leaves the logits untouched. Shapes with a partial last chunk and V % 4 != 0
+ * (scalar loads), softcap on and off, temperatures 1 and not, the three activation dtypes, the three proposal
+ * modes; logits past the softcap's saturation (distinct raw values that softcap to one: ties for the argmax),
+ * peaked rows, and a NaN (the bad position). */
+static void test_vocab_chain(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const struct { int C, V; float cap, T; int act, nan; } cs[] = {
+      {3, 20003, 30.0f, 0.55f, DG_BF16, 0}, {4, 20480, 30.0f, 1.0f, DG_BF16, 0}, {2, 16388, 0.0f, 0.8f, DG_F32, 0},
+      {3, 8192, 30.0f, 0.41f, DG_F16, 0},   {2, 12000, 0.0f, 1.0f, DG_BF16, 0},  {3, 20480, 30.0f, 0.7f, DG_BF16, 1},
+  };
+  const int modes[3] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE, DG_PROPOSAL_REPLAY_UNIFORM};
+  long words = 0;
+  for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+    const int C = cs[k].C, V = cs[k].V;
+    const size_t n = (size_t)C * V;
+    float *raw = malloc(n * 4), *uni = malloc((size_t)C * 4);
+    uint16_t *P = malloc(n * 2);
+    dg_pos_stats *st = malloc((size_t)C * sizeof *st);
+    assert_true(raw && uni && P && st);
+    uint64_t rs = 0x9E3779B97F4A7C15ull + k; /* xorshift64: raw logits uniform in [-8, 8) */
+    for (size_t i = 0; i < n; i++) {
+      rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+      raw[i] = (float)((rs >> 40) & 0xffffff) / 1048576.0f - 8.0f;
+    }
+    for (int c = 0; c < C; c++) {
+      float *r = raw + (size_t)c * V;
+      uni[c] = (c + 0.5f) / C;
+      if (c % 3 == 0) { r[(7 * c + 11) % V] = 300.0f; r[(13 * c + 5) % V] = 400.0f; } /* both softcap to 30 */
+      if (c % 3 == 1) r[(V / 2 + c) % V] += 25.0f; /* peaked */
+      if (c % 3 == 2) for (int v = V - 9; v < V; v++) r[v] = -120.0f + v % 3; /* the tail chunk's last elements */
+    }
+    if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
+    for (int mi = 0; mi < 3; mi++) {
+      long nd[4] = {-1, -1, -1, -1};
+      int32_t bad = -1;
+      assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
+                                           0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
+      if (nd[0] || nd[1] || nd[2] || nd[3])
+        fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: statistics %ld, "
+                 "P after them %ld, P alone %ld, z / logits %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T,
+                 cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3]);
+      assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
+      for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
+        if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
+      if (!cs[k].nan && cs[k].cap > 0.0f && k == 0)
+        for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
+                                                                          ? (7 * c + 11) % V : (13 * c + 5) % V);
+      words += (long)C * 5 + 1 + 2 * (long)n + 2 * (long)n;
+    }
+    free(raw); free(uni); free(P); free(st);
+  }
+  printf("# vocabulary chain: the fused chain equal to the chain word for word (%ld words compared: statistics, bad "
+         "position, P after the statistics and alone, z, logits) on %zu cases x 3 proposal modes\n",
+         words, sizeof cs / sizeof cs[0]);
+}
+
 /* A model or context that does not fit is refused up front, naming the bytes
  * needed and free (DGEMMA_CUDA_MEM_LIMIT caps the free memory considered). */
 static void test_refuse_too_big(void **state) {
@@ -2696,7 +2759,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
-      cmocka_unit_test(test_step_stats),
+      cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),

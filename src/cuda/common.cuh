@@ -232,7 +232,13 @@ struct dg_cuda_ctx {
   bf16 *h;                  /* [T, I] */
   float *rlog;              /* [T, E] router logits */
   dg_cuda_moe_buf moe;
-  float *logits;            /* [C, V] softcapped logits, then z = logits / T */
+  float *logits;            /* [C, V] softcapped logits, then z = logits / T (DGEMMA_VOCAB=chain); by default see lg */
+  /* What c->logits holds for the sampler (passes.cu, the fused chain of kernels.cu): lg_virt = 0: the softcapped
+   * logits or z itself; lg_virt = 1: x whose z = vz(x, lg_cap, lg_T) (softcap still to apply where lg_cap > 0,
+   * the division by the step's temperature where lg_T != 1) was not stored; lg_parts: what c->vws holds for that z
+   * (k_vocab_sc's have). */
+  int lg_virt, lg_parts;
+  float lg_cap, lg_T;
   bf16 *P;                  /* [C, V] self-conditioning probabilities */
   float *soft;              /* [C, H] soft embedding */
   int have_soft;
@@ -323,6 +329,9 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
 cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap);
 /* Bytes of the workspace of k_step_stats and k_sc_probs: one partial per (position, chunk of 8192 logits). */
 extern "C" size_t k_vocab_ws_bytes(int C, int V);
+/* The self-conditioning chunk maxima m and sums sum of a host copy ws of that workspace, [C x chunks]: the chain's
+ * (fused 0) or the fused chain's (1). Tests only. */
+extern "C" void k_vocab_sc_parts(const void *ws, int C, int V, int fused, float *m, double *sum);
 /* Sampler statistics of C rows of V logits (dg_cuda_step_stats): z = logits / T in place, then out[c]; a
  * non-finite z sets *bad = min(*bad, c). ws: k_vocab_ws_bytes(C, V) bytes. */
 cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
@@ -335,6 +344,24 @@ cudaError_t k_step_stats_g(cudaStream_t s, float *logits, int C, int V, float te
                            uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad,
                            void *ws, int group);
 cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group);
+/* The fused chain (kernels.cu, issue 14): the same outputs bit for bit from logits x left unchanged, z = vz(x) =
+ * (cap > 0 ? tanhf(x / cap) * cap : x) / T recomputed in registers (softcap_kernel's and the division's fp32
+ * operations); fewer passes. k_vocab_stats: k_step_stats's out and *bad (logits unchanged), plus the
+ * self-conditioning probabilities' chunk maxima (and with sampled proposals their sums) in ws for k_vocab_sc.
+ * k_vocab_sc: k_sc_probs's P of that z; have: what ws holds for the same logits, cap, T and act (0 nothing, 1 the
+ * maxima: after argmax proposals, 2 the sums too: after sampled ones). k_vocab_z: x = vz(x) in place. */
+cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
+                          uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
+                          int32_t *bad, void *ws);
+cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
+                       void *ws, int have);
+cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T);
+/* For the lab: group as k_step_stats_g's; store 1: pass 1 also stores z in place (then k_vocab_sc with cap 0, T 1). */
+cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
+                            uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
+                            int32_t *bad, void *ws, int group, int store);
+cudaError_t k_vocab_sc_g(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
+                         void *ws, int have, int group);
 
 /* ---- turbo engine (turbo.cu; spec 7) ---- */
 /* dst[r] = src[rows[r]] for r < n, rows of H floats. */

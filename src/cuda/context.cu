@@ -99,6 +99,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->tmax = (int32_t)T;
   c->enc_chunk = enc_chunk;
   c->norm_next = -1; /* no layer's input norm written ahead (passes.cu, k_ffn_combine_norm) */
+  c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';

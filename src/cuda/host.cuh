@@ -83,6 +83,9 @@ dg_status soft_from(dg_cuda_ctx *c, const float *z);
 dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc);
 dg_status decoder_upload(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0);
 dg_status decoder_body(dg_cuda_ctx *c, int32_t pos0, dg_sc_source sc);
+/* c->logits as a pass left them (passes.cu): softcapped or without softcap (raw_cap 0), or raw with the softcap
+ * raw_cap still to apply (the fused chain's decode); any z before forgotten. */
+void logits_written(dg_cuda_ctx *c, float raw_cap);
 
 /* ---- graph.cu ---- */
 
@@ -93,7 +96,7 @@ typedef struct dg_graph_key {
   int32_t sc;    /* the body's self-conditioning (dg_sc_source; DG_SC_HOST: the soft embedding computed in it) */
   int32_t n, nh; /* rows forwarded, LM-head rows (0 where the kind fixes them) */
 } dg_graph_key;
-enum { DG_GRAPH_DECODE = 1, DG_GRAPH_ROWS, DG_GRAPH_COMPACT };
+enum { DG_GRAPH_DECODE = 1, DG_GRAPH_ROWS, DG_GRAPH_COMPACT, DG_GRAPH_DECODE_RAW /* the decode without softcap */ };
 /* A pass's device work on c->stream: launches only (no synchronisation, no host copy, no allocation, no host
  * state that a replay would miss), the same for the same key and signature. */
 typedef dg_status (*dg_pass_body)(dg_cuda_ctx *c, const void *arg);

@@ -332,6 +332,114 @@ done:
   return st;
 }
 
+/* n words of es bytes (2 or 4) of device a (the chain's) against device b (the fused chain's): how many differ,
+ * added to *nd. */
+static dg_status words_diff(const void *a, const void *b, size_t n, size_t es, long *nd) {
+  unsigned char *ha = (unsigned char *)malloc(n * es + 1), *hb = (unsigned char *)malloc(n * es + 1);
+  dg_status st = DG_OK;
+  if (!ha || !hb) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(ha, a, n * es, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hb, b, n * es, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i++) *nd += memcmp(ha + i * es, hb + i * es, es) != 0;
+done:
+  free(ha);
+  free(hb);
+  return st;
+}
+
+/* The self-conditioning partials (chunk maxima, chunk sums) in device workspace ws into m and sum. */
+static dg_status sc_parts(const void *ws, int C, int V, int fused, float *m, double *sum) {
+  const size_t bytes = k_vocab_ws_bytes(C, V);
+  void *h = malloc(bytes);
+  if (!h) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(h, ws, bytes, cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) k_vocab_sc_parts(h, C, V, fused, m, sum);
+  free(h);
+  if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "workspace copy: %s", cudaGetErrorString(e));
+  return DG_OK;
+}
+
+/* The n (maximum, sum) pairs of a against b, as words: how many differ, added to *nd. */
+static long parts_diff(const float *ma, const double *sa, const float *mb, const double *sb, size_t n) {
+  long nd = 0;
+  for (size_t i = 0; i < n; i++) nd += memcmp(&ma[i], &mb[i], 4) != 0, nd += memcmp(&sa[i], &sb[i], 8) != 0;
+  return nd;
+}
+
+extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
+                                              int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[4]) {
+  if (C <= 0 || V <= 0 || !(T > 0.0f) ||
+      (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  const size_t n = (size_t)C * V, sw = (size_t)C * sizeof(dg_cuda_pos_stats) / 4;
+  void *dz = NULL, *dx = NULL, *dz2 = NULL, *duni = NULL, *ds0 = NULL, *ds1 = NULL, *db = NULL, *dP0 = NULL,
+       *dP1 = NULL, *ws = NULL;
+  const int32_t nobad = INT32_MAX;
+  const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
+  float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
+  double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
+  for (int i = 0; i < 4; i++) n_diff[i] = 0;
+  if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
+  TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
+  TT_(test_in(&al, &dz2, raw, n * 4, "logits (k_vocab_z)"));
+  TT_(test_in(&al, &duni, uni, (size_t)C * 4, "uniforms"));
+  TT_(dalloc(&al, &ds0, sw * 4, "stats (chain)"));
+  TT_(dalloc(&al, &ds1, sw * 4, "stats (fused)"));
+  TT_(dalloc(&al, &db, 8, "bad positions"));
+  TT_(dalloc(&al, &dP0, n * 2, "P (chain)"));
+  TT_(dalloc(&al, &dP1, n * 2, "P (fused)"));
+  TT_(dalloc(&al, &ws, k_vocab_ws_bytes(C, V), "vocabulary partials"));
+  /* P starts as different garbage in each: nothing either chain leaves unwritten passes for equal */
+  TC_(cudaMemset(ds0, 0xFF, sw * 4)); /* the records of non-finite positions stay so in both (argmax -1) */
+  TC_(cudaMemset(ds1, 0xFF, sw * 4));
+  TC_(cudaMemset(dP0, 0x33, n * 2));
+  TC_(cudaMemset(dP1, 0x44, n * 2));
+  TC_(cudaMemcpy(db, &nobad, 4, cudaMemcpyHostToDevice));
+  TC_(cudaMemcpy((int32_t *)db + 1, &nobad, 4, cudaMemcpyHostToDevice));
+  /* the chain: softcap in place, statistics (z in place), probabilities of that z */
+  if (cap > 0.0f) TC_(k_softcap(0, (float *)dz, n, cap));
+  TC_(k_step_stats(0, (float *)dz, C, V, T, mode, seed, block, step, (const float *)duni, (dg_cuda_pos_stats *)ds0,
+                   (int32_t *)db, ws));
+  TC_(k_sc_probs(0, (const float *)dz, (bf16 *)dP0, C, V, act, ws));
+  TT_(sc_parts(ws, C, V, 0, pm0, ps0));
+  /* the fused chain on the raw logits, the probabilities from what the statistics left */
+  TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V))); /* no partial of the chain's */
+  TC_(k_vocab_stats(0, (const float *)dx, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
+                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws));
+  TC_(k_vocab_sc(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
+  TT_(words_diff(ds0, ds1, sw, 4, &n_diff[0]));
+  TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[0]));
+  TT_(words_diff(dP0, dP1, n, 2, &n_diff[1]));
+  TT_(sc_parts(ws, C, V, 1, pm1, ps1));
+  n_diff[1] += parts_diff(pm0, ps0, pm1, ps1, np);
+  /* the fused probabilities with nothing in ws (soft_from_z straight after a decode: the passes it lacks) */
+  TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
+  TC_(cudaMemset(dP1, 0x44, n * 2));
+  TC_(k_vocab_sc(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, ws, 0));
+  TT_(words_diff(dP0, dP1, n, 2, &n_diff[2]));
+  TT_(sc_parts(ws, C, V, 1, pm1, ps1));
+  n_diff[2] += parts_diff(pm0, ps0, pm1, ps1, np);
+  /* z made real (logits_materialize) and the fused logits untouched */
+  TC_(k_vocab_z(0, (float *)dz2, n, cap, T));
+  TT_(words_diff(dz, dz2, n, 4, &n_diff[3]));
+  TT_(test_in(&al, &dz2, raw, n * 4, "logits (as given)"));
+  TT_(words_diff(dx, dz2, n, 4, &n_diff[3]));
+  TT_(test_out(stats, ds1, sw * 4));
+  TT_(test_out(bad, (int32_t *)db + 1, 4));
+  TT_(test_out(P, dP1, n * 2));
+done:
+  free(pm0); free(pm1); free(ps0); free(ps1);
+  dfree_all(&al);
+  return st;
+}
+
 extern "C" dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc,
                                             const uint16_t *vc, int S, int nq, int NH, int NKV, int D, int32_t pos0,
                                             int32_t kv_hi, int causal, int is_full, int window, uint16_t *out) {
@@ -378,6 +486,7 @@ extern "C" dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const 
   DG_TRY(turbo_bufs(c, 0));
   CK(cudaMemcpyAsync(c->logits, raw, (size_t)n * d->vocab * 4, cudaMemcpyHostToDevice, c->stream));
   CK(cudaStreamSynchronize(c->stream));
+  logits_written(c, 0.0f);
   c->tb->nraw = n;
   return DG_OK;
 }
@@ -545,7 +654,7 @@ done:
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
-    dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm,
+    dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }
