@@ -102,7 +102,7 @@ CUOBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUSRC))
 ifeq ($(CUDA_LIBDIR),)
 $(error CUDA=1 but libcudart.so and libcublas.so were not found (looked in: $(CUDA_LIBDIRS)); set CUDA_LIBDIR=DIR or CUDA=0)
 endif
-PLUGIN_LIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart
+PLUGIN_LIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lcudart
 NVFLAGS += -Xcompiler -fPIC
 CUCOMPILE = $(NVCC) $(NVFLAGS)
 # The nvcc flags the CUDA objects of $(BUILD) were compiled with: rewritten when they change

@@ -5,7 +5,9 @@
 #      row kernels (rmsnorm, attn_residual, ffn_combine, geglu, qkv_post), the earlier version and the
 #      backend's, each checked and timed against the read bandwidth (lab.md)
 #   3. tests/test_cuda (test_step_stats and every other CUDA test: tests.txt)
-# Carry .devdeb (cJSON/cmocka for machines without them). LAB_ARGS: extra lab arguments (e.g. --reps 50).
+# Carry .devdeb (cJSON/cmocka for machines without them). LAB_ARGS: extra lab arguments (e.g. --reps 50; --vocab:
+# only the sampler statistics, sc probs and the vocab chain rows). TESTS=0: no tests; TEST_FILTERS="a b ...": only
+# those tests of test_cuda (one process each, e.g. "test_vocab_chain test_step_stats test_sampled").
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/step_kernels_lab_gpu.sh OUT}
@@ -19,7 +21,14 @@ nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/
   -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/step_kernels_lab || exit 1
 timeout 300 build/step_kernels_lab ${LAB_ARGS:-} > "$OUT/lab.md" 2>&1; echo "lab rc $? $(el)"; cat "$OUT/lab.md"
 if [ "${TESTS:-1}" = 1 ]; then
-timeout 300 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
-grep -E "^\[  (FAILED|PASSED|  ERROR) |^# step statistics|FAIL|error" "$OUT/tests.txt" | head -20
+if [ -n "${TEST_FILTERS:-}" ]; then
+  : > "$OUT/tests.txt"
+  for t in $TEST_FILTERS; do
+    DG_TEST_FILTER=$t timeout 300 build/tests/test_cuda >> "$OUT/tests.txt" 2>&1; echo "test_cuda $t rc $? $(el)"
+  done
+else
+  timeout 300 build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
+fi
+grep -E "^\[  (FAILED|PASSED|  ERROR) |^# step statistics|^# vocabulary chain|FAIL|error" "$OUT/tests.txt" | head -20
 fi
 echo "== done $(el)"

@@ -761,6 +761,69 @@ static void test_step_stats(void **state) {
   dg_st_close(f.g);
 }
 
+/* The fused chain over the logits (src/cuda/kernels.cu, issue 14: softcap, z = softcap / T and the
+ * self-conditioning's maxima and sums recomputed in registers, nothing stored) against the chain it replaces
+ * (softcap in place, z in place, three passes of the probabilities; DGEMMA_VOCAB=chain) on the same raw logits:
+ * every word of the statistics, the first non-finite position and the probabilities P must be equal, whether P
+ * follows the statistics (their partials reused) or runs alone; the z made real in place (k_vocab_z) equals the
+ * chain's z and the fused chain leaves the logits untouched. Shapes with a partial last chunk and V % 4 != 0
+ * (scalar loads), softcap on and off, temperatures 1 and not, the three activation dtypes, the three proposal
+ * modes; logits past the softcap's saturation (distinct raw values that softcap to one: ties for the argmax),
+ * peaked rows, and a NaN (the bad position). */
+static void test_vocab_chain(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const struct { int C, V; float cap, T; int act, nan; } cs[] = {
+      {3, 20003, 30.0f, 0.55f, DG_BF16, 0}, {4, 20480, 30.0f, 1.0f, DG_BF16, 0}, {2, 16388, 0.0f, 0.8f, DG_F32, 0},
+      {3, 8192, 30.0f, 0.41f, DG_F16, 0},   {2, 12000, 0.0f, 1.0f, DG_BF16, 0},  {3, 20480, 30.0f, 0.7f, DG_BF16, 1},
+  };
+  const int modes[3] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE, DG_PROPOSAL_REPLAY_UNIFORM};
+  long words = 0;
+  for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+    const int C = cs[k].C, V = cs[k].V;
+    const size_t n = (size_t)C * V;
+    float *raw = malloc(n * 4), *uni = malloc((size_t)C * 4);
+    uint16_t *P = malloc(n * 2);
+    dg_pos_stats *st = malloc((size_t)C * sizeof *st);
+    assert_true(raw && uni && P && st);
+    uint64_t rs = 0x9E3779B97F4A7C15ull + k; /* xorshift64: raw logits uniform in [-8, 8) */
+    for (size_t i = 0; i < n; i++) {
+      rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+      raw[i] = (float)((rs >> 40) & 0xffffff) / 1048576.0f - 8.0f;
+    }
+    for (int c = 0; c < C; c++) {
+      float *r = raw + (size_t)c * V;
+      uni[c] = (c + 0.5f) / C;
+      if (c % 3 == 0) { r[(7 * c + 11) % V] = 300.0f; r[(13 * c + 5) % V] = 400.0f; } /* both softcap to 30 */
+      if (c % 3 == 1) r[(V / 2 + c) % V] += 25.0f; /* peaked */
+      if (c % 3 == 2) for (int v = V - 9; v < V; v++) r[v] = -120.0f + v % 3; /* the tail chunk's last elements */
+    }
+    if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
+    for (int mi = 0; mi < 3; mi++) {
+      long nd[4] = {-1, -1, -1, -1};
+      int32_t bad = -1;
+      assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
+                                           0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
+      if (nd[0] || nd[1] || nd[2] || nd[3])
+        fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: statistics %ld, "
+                 "P after them %ld, P alone %ld, z / logits %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T,
+                 cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3]);
+      assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
+      for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
+        if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
+      if (!cs[k].nan && cs[k].cap > 0.0f && k == 0)
+        for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
+                                                                          ? (7 * c + 11) % V : (13 * c + 5) % V);
+      words += (long)C * 5 + 1 + 2 * (long)n + 2 * (long)n;
+    }
+    free(raw); free(uni); free(P); free(st);
+  }
+  printf("# vocabulary chain: the fused chain equal to the chain word for word (%ld words compared: statistics, bad "
+         "position, P after the statistics and alone, z, logits) on %zu cases x 3 proposal modes\n",
+         words, sizeof cs / sizeof cs[0]);
+}
+
 /* A model or context that does not fit is refused up front, naming the bytes
  * needed and free (DGEMMA_CUDA_MEM_LIMIT caps the free memory considered). */
 static void test_refuse_too_big(void **state) {
@@ -2117,14 +2180,16 @@ static void test_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (the default since session 13) */
-  for (int mode = 1; mode <= 2; mode++) {
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: route_tk_kernel (DGEMMA_ROUTE=tiles); mode 3: route_gr_kernel
+   * (DGEMMA_ROUTE=grid, the default since session 14) */
+  for (int mode = 1; mode <= 3; mode++) {
     double worst = 0;
     check_route(mode, 37, 128, 8, &worst);  /* the 26B's router; T not a multiple of the block's 4 warps */
     check_route(mode, 5, 40, 3, &worst);    /* E not a multiple of 32 */
     check_route(mode, 3, 256, 32, &worst);  /* 8 experts per lane, K = 32 */
     check_route(mode, 300, 128, 8, &worst); /* 2,400 pairs: ten chunks of the grouping's 256 threads; mode 2: 8 warps */
     check_route(mode, 4, 8, 8, &worst);     /* K = E */
+    if (mode == 3) check_route(mode, 600, 128, 8, &worst); /* 4,800 pairs (past modes 1 and 2): 8-warp blocks */
     printf("# router softmax/top-k on the device (mode %d): choices and weights bit-identical to the CPU's algorithm "
            "on the device's probabilities, grouping by expert in order; probabilities vs the CPU's: largest |diff| / "
            "bound %.4f (<= 1)\n", mode, worst);
@@ -2190,8 +2255,9 @@ static void test_router_route(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (the default since session 13) */
-  for (int mode = 1; mode <= 2; mode++) {
+  /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
+   * mode 3: router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since session 14) */
+  for (int mode = 1; mode <= 3; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
                                                                        tokens (mode 2: 4 x 2 x 16 product blocks, 64
@@ -2202,7 +2268,11 @@ static void test_router_route(void **state) {
                                                                        mode 2's too): 8 chunks; 4 expert tiles */
     check_router_route(mode, 5, 8, 8, 8, &checked, &tokens);        /* K = E */
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
-    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row); "
+    if (mode == 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
+      check_router_route(mode, 600, 128, 256, 8, &checked, &tokens);
+    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row; "
+           "mode 3 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+           "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);
     assert_true(checked * 2 > tokens);
@@ -2560,6 +2630,68 @@ static void test_quant_small_model(void **state) {
  * equals the host's sum of the buffer words (every 16-byte chunk read exactly
  * once, the data as documented), every rate is positive and finite, and the
  * sizes are rounded as documented. On the emulator the rates mean nothing. */
+/* The pinned dense products (src/cuda/gemm_pin.cu: the LM head and the dense gate|up of the 26B-A4B on cublasLt
+ * algorithms the lab measured faster) against cublasGemmEx's default on the same inputs: each pin runs where
+ * cublasLt accepts it (always on a compute-capability 9.0 GPU unless DGEMMA_GEMM_PIN=0) and every sampled output is
+ * within 2 gamma_K sum |x w| of the default's (two fp32 dot products of the same terms; the cuda_entry.h comment). */
+static void test_gemm_pins(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  const char *env = getenv("DGEMMA_GEMM_PIN");
+  const int want = !(env && !strcmp(env, "0"));
+  int n_cfg = 0, active = 0;
+  long n_diff = 0, n_checked = 0;
+  double worst = 0.0;
+  for (int i = 0; i == 0 || i < n_cfg; i++) {
+    assert_dg_ok(cut()->test_gemm_pins(0, i, &n_cfg, &active, &n_diff, &n_checked, &worst));
+    if (active == -1) dg_test_skip("test_cuda: this build has no cublasLt pins (the CPU emulation)");
+    if (active == -2) dg_test_skip("test_cuda: the pins are for compute capability 9.0 (H100/H200)");
+    assert_true(n_cfg >= 1);
+    printf("# gemm pin %d of %d: active %d, %ld output words differ from cublasGemmEx's, %ld sampled, worst |diff| / "
+           "bound %.4f\n", i, n_cfg, active, n_diff, n_checked, worst);
+    assert_int_equal(active, want);
+    if (active) {
+      assert_int_equal(n_checked, 2048);
+      assert_true(worst <= 1.0);
+    }
+  }
+  assert_int_equal(cut()->test_gemm_pins(0, n_cfg, &n_cfg, &active, &n_diff, &n_checked, &worst), DG_ERR_INVALID_ARG);
+}
+
+/* k_ffn_combine_norm (a layer's combine and the next layer's input norm in one launch, passes.cu) equals the
+ * two launches it replaces word for word: the new x and the normed bf16 rows, at the 26B's width (H 2816: 3 float4s
+ * per thread), at H 64 (one), with 2 and 8 experts per token, and at an H where the register kernels do not apply
+ * (H % 4 != 0: not fused, still equal). */
+static void test_combine_norm(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  const int shapes[4][4] = {{2816, 5, 8, 1}, {64, 3, 2, 1}, {1088, 4, 8, 1}, {66, 3, 2, 0}}; /* H, T, K, fused */
+  for (int c = 0; c < 4; c++) {
+    const int H = shapes[c][0], T = shapes[c][1], K = shapes[c][2], E = 16;
+    float *x = malloc(4 * (size_t)T * H), *dense = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
+    float *w = malloc(4 * (size_t)T * K), *nv = malloc(4 * 4 * (size_t)H);
+    int32_t *idx = malloc(4 * (size_t)T * K);
+    uint32_t r = 7u + (uint32_t)c;
+#define RND() (r = r * 1664525u + 1013904223u, (float)(r >> 8) / 8388608.0f - 1.0f)
+    for (int i = 0; i < T * H; i++) { x[i] = 4.0f * RND(); dense[i] = RND(); }
+    for (int i = 0; i < T * K * H; i++) y[i] = 2.0f * RND();
+    for (int i = 0; i < 4 * H; i++) nv[i] = 1.0f + 0.5f * RND();
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++) { idx[t * K + k] = (t * 5 + 3 * k) % E; w[t * K + k] = 0.3f + 0.1f * RND(); }
+#undef RND
+    int fused = -1;
+    long n_diff = -1;
+    assert_dg_ok(cut()->test_combine_norm(0, x, dense, y, idx, w, nv, nv + H, nv + 2 * H, nv + 3 * H, 0.75f, 1e-6f, T, H,
+                                          K, &fused, &n_diff));
+    printf("# combine + norm H %d T %d K %d: fused %d, %ld words differ\n", H, T, K, fused, n_diff);
+    assert_int_equal(fused, shapes[c][3]);
+    assert_int_equal(n_diff, 0);
+    free(x); free(dense); free(y); free(w); free(nv); free(idx);
+  }
+}
+
 static void test_ceilings(void **state) {
   (void)state;
   need_gpu();
@@ -2627,14 +2759,14 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
-      cmocka_unit_test(test_step_stats),
+      cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
-      cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
+      cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -22,9 +22,16 @@
  *     v0 the backend's (one row in registers as float4s, one barrier per reduction; warp per head for
  *     qkv_post), v2 rmsnorm at 128 threads per row
  *   router      rlog [T, E = 128] = u . W^T in fp32: v1 cublasSgemm, v0 k_router_logits (split over H)
+ *   vocab chain  the whole chain after the LM head of a step with self-conditioning (C x V raw logits, softcap 30,
+ *               T 0.7, bf16): v0 the chain (k_softcap in place, k_step_stats, k_sc_probs; DGEMMA_VOCAB=chain),
+ *               v2 the fused chain (k_vocab_stats, k_vocab_sc: z recomputed in registers, never stored; the default
+ *               since issue 14), checked word for word against v0; v2's statistics and probabilities also apart;
+ *               "v2 gN": v2 in launch groups of N positions (the second read of a group's logits from the L2);
+ *               "v3 z stored": pass 1 also stores z in place, the passes after it read z instead of recomputing it
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
- *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (the default since session 13);
- *               v1 and v2 checked word for word against v0; one stage, 30 back to back, v2's two launches apart
+ *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
+ *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);
+ *               v1 to v3 checked word for word against v0; one stage, 30 back to back, v2's and v3's launches apart
  *
  * bytes = what the version moves (its passes); floor = the least bytes the operation needs (every input read
  * once, every output written once) / read bandwidth. Check: the lab's own bound per output (fp32: normwise
@@ -34,10 +41,11 @@
  * Build and run (GPU machine, after make CUDA=1; scripts/step_kernels_lab_gpu.sh does both):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc dev/cuda/step_kernels.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/step_kernels_lab
- *   build/step_kernels_lab [--reps N] [--small] [--router]   (--router: only the router rows)
+ *   build/step_kernels_lab [--reps N] [--small] [--router | --vocab]   (--router: only the router rows; --vocab:
+ *   only the vocabulary rows: step stats, sc probs, vocab chain)
  * --small: emulation-sized shapes (C = 3, V = 20,003 and 20,480, T = 5 and 3), for the CPU emulation of
  * dev/cuda_emu (checks only; its times mean nothing), after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
- *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc  *       dev/cuda/step_kernels.cu build-emu/libdgemma.a -lcjson -lm -lstdc++ -o build-emu/step_kernels_lab
+ *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc  *       dev/cuda/step_kernels.cu -x none build-emu/libdgemma.a -lcjson -lm -lstdc++ -o build-emu/step_kernels_lab
  *   build-emu/step_kernels_lab --small */
 #include <cuda_runtime.h>
 #include <float.h>
@@ -217,7 +225,7 @@ static cudaEvent_t e0, e1;
 static uint4 *flushbuf;
 static size_t flushn;
 static unsigned *sink;
-static int reps = 20, nsm = 132, failed = 0, router_only = 0;
+static int reps = 20, nsm = 132, failed = 0, router_only = 0, vocab_only = 0;
 static double bw = 1;
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
@@ -425,6 +433,117 @@ static void sc_case(int C, int V, int act) {
     row(nm, vn, med, mn, n * ((group ? 1 : 3) * 4.0 + 2), n * 6.0, chk, e <= 1.0);
   }
   cudaFree(dz); cudaFree(dp); cudaFree(ws);
+}
+
+/* The whole chain after the LM head of a sampler step with self-conditioning (issue 14): v0 the chain
+ * (k_softcap in place, k_step_stats with z in place, k_sc_probs of that z; DGEMMA_VOCAB=chain) against v2 the fused
+ * chain (k_vocab_stats and k_vocab_sc on the raw logits, z in registers; the backend's default), on the same raw
+ * logits (cap 30, T 0.7, bf16 activations), every output word compared (statistics, bad position, P). Timed from
+ * the LM head's output to P, the L2 flushed before each; the chain works in place, so its repetitions see logits
+ * softcapped and divided again (bounded by the softcap: the same work). Bytes: v0 argmax 2 r+w passes (softcap,
+ * pass 1) + 3 reads + P, sampled one read more; v2 3 reads + P in both modes; floor: one read + P. */
+static void chain_case(int C, int V) {
+  const size_t n = (size_t)C * V;
+  const float cap = 30.0f, T = 0.7f;
+  std::vector<float> lg(n);
+  for (size_t i = 0; i < n; i++) lg[i] = 12.0f * frand();
+  for (int c = 0; c < C; c++) {
+    if (c % 4 == 1) lg[(size_t)c * V + rnd() % V] += 40.0f;  /* peaked rows */
+    if (c % 4 == 2) {                                           /* past the softcap's saturation: a tie of 30s */
+      lg[(size_t)c * V + rnd() % V] = 400.0f;
+      lg[(size_t)c * V + rnd() % V] = 300.0f;
+    }
+  }
+  float *d0 = dnew<float>(n), *d1 = dnew<float>(n), *d2 = dnew<float>(n), *duni = dnew<float>(C);
+  bf16 *p0 = dnew<bf16>(n), *p1 = dnew<bf16>(n);
+  dg_cuda_pos_stats *s0 = dnew<dg_cuda_pos_stats>(C), *s1 = dnew<dg_cuda_pos_stats>(C);
+  int32_t *dbad = dnew<int32_t>(2);
+  void *ws = dnew<char>(k_vocab_ws_bytes(C, V));
+  const uint64_t seed = 0x0123456789abcdefull;
+  const uint32_t block = 2, step = 5;
+  std::vector<float> uni(C);
+  for (int c = 0; c < C; c++) uni[c] = (c + 0.5f) / C;
+  up(duni, uni);
+  const int act = DG_CUDA_BF16;
+  const int modes[2] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE};
+  const char *mname[2] = {"argmax", "sampled"};
+  for (int k = 0; k < 2; k++) {
+    const int mode = modes[k];
+    auto chain = [&] {
+      CKL(k_softcap(0, d0, n, cap));
+      CKL(k_step_stats(0, d0, C, V, T, mode, seed, block, step, duni, s0, dbad, ws));
+      CKL(k_sc_probs(0, d0, p0, C, V, act, ws));
+    };
+    auto fused = [&] {
+      CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws));
+      CKL(k_vocab_sc(0, d1, p1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
+    };
+    up(d0, lg);
+    up(d1, lg);
+    const int32_t nobad[2] = {INT32_MAX, INT32_MAX};
+    CKL(cudaMemcpy(dbad, nobad, 8, cudaMemcpyHostToDevice));
+    CKL(cudaMemset(p0, 0x33, n * 2));
+    CKL(cudaMemset(p1, 0x44, n * 2));
+    chain();
+    fused();
+    CKL(cudaDeviceSynchronize());
+    const std::vector<dg_cuda_pos_stats> a = down(s0, C), b = down(s1, C);
+    const std::vector<bf16> pa = down(p0, n), pb = down(p1, n);
+    const std::vector<float> lb = down(d1, n);
+    const std::vector<int32_t> bd = down(dbad, 2);
+    const size_t ds = ndiff(a, b), dp = ndiff(pa, pb), dl = memcmp(lb.data(), lg.data(), n * 4) != 0;
+    const int ok = ds == 0 && dp == 0 && dl == 0 && bd[0] == bd[1] && bd[0] == INT32_MAX;
+    char chk[200];
+    snprintf(chk, sizeof chk, "%s: v2 vs v0 records differing %zu of %d, P values %zu of %zu; logits %s; bad %s",
+             mname[k], ds, C, dp, n, dl ? "CHANGED" : "untouched",
+             bd[0] == bd[1] && bd[0] == INT32_MAX ? "none" : "SET");
+    char nm[64];
+    snprintf(nm, sizeof nm, "vocab chain %s", mname[k]);
+    double med, mn;
+    timeit(chain, med, mn);
+    row(nm, "v0 chain", med, mn, n * ((mode == DG_PROPOSAL_ARGMAX ? 7.0 : 8.0) * 4 + 2), n * 6.0, chk, ok);
+    timeit(fused, med, mn);
+    row(nm, "v2 fused", med, mn, n * (3 * 4.0 + 2), n * 6.0, chk, ok);
+    /* v2 in launch groups of g positions (k_vocab_stats_g / k_vocab_sc_g): pass 2 (sampled) or the sc sum
+     * (argmax) and the write pass find the group's logits in the L2; v3: pass 1 stores z in place (one write more)
+     * and the passes after it read z (cap 0, T 1: z / 1) instead of recomputing softcap and division */
+    for (int var = 0; var < 3; var++) {
+      const int g = var < 2 ? gsz[var] : 0, store = var == 2;
+      auto run = [&] {
+        CKL(k_vocab_stats_g(0, d2, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, g, store));
+        CKL(k_vocab_sc_g(0, d2, p1, C, V, store ? 0.0f : cap, store ? 1.0f : T, act, ws,
+                         mode == DG_PROPOSAL_ARGMAX ? 1 : 2, g));
+      };
+      up(d2, lg);
+      CKL(cudaMemcpy(dbad + 1, nobad, 4, cudaMemcpyHostToDevice));
+      CKL(cudaMemset(p1, 0x44, n * 2));
+      run();
+      CKL(cudaDeviceSynchronize());
+      const std::vector<dg_cuda_pos_stats> b2 = down(s1, C);
+      const std::vector<bf16> pb2 = down(p1, n);
+      const std::vector<int32_t> bd2 = down(dbad, 2);
+      const size_t ds2 = ndiff(a, b2), dp2 = ndiff(pa, pb2);
+      const int ok2 = ds2 == 0 && dp2 == 0 && bd2[1] == bd[0];
+      char chk2[200], vn[24];
+      snprintf(chk2, sizeof chk2, "%s: vs v0 records differing %zu of %d, P values %zu of %zu; bad %s", mname[k], ds2, C,
+               dp2, n, bd2[1] == bd[0] ? "same" : "DIFFERS");
+      if (store) snprintf(vn, sizeof vn, "v3 z stored");
+      else snprintf(vn, sizeof vn, "v2 g%d", g);
+      timeit(run, med, mn);
+      /* bytes from device memory: v3 pass 1 r+w, 2 reads; a group's second read of its logits in the L2 (sampled:
+       * pass 2 after pass 1; argmax: the write pass after the sum) */
+      const double rd = store ? 4 * 4.0 : 2 * 4.0;
+      row(nm, vn, med, mn, n * (rd + 2), n * 6.0, chk2, ok2);
+    }
+    /* the two halves of v2: the statistics (before the host sync) and the probabilities (after it) */
+    timeit([&] { CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws)); },
+           med, mn);
+    row(nm, "v2 stats", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 4.0 : 8.0), n * 4.0, chk, ok);
+    timeit([&] { CKL(k_vocab_sc(0, d1, p1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2)); }, med, mn);
+    row(nm, "v2 sc", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 10.0 : 6.0), n * 6.0, chk, ok);
+  }
+  cudaFree(d0); cudaFree(d1); cudaFree(d2); cudaFree(duni); cudaFree(p0); cudaFree(p1); cudaFree(s0); cudaFree(s1); cudaFree(dbad);
+  cudaFree(ws);
 }
 
 static double rms_inv(const float *x, int H, double eps) {
@@ -658,6 +777,8 @@ static void rows_case(int T, int H, int I, int K, int E) {
     b.tiles = dnew<int32_t>((size_t)(TKn + E) * 2); b.n_tiles = dnew<int32_t>(1); b.order = dnew<int32_t>(E);
     b.done = dnew<int32_t>(1);
     CKL(cudaMemset(b.done, 0, 4));
+    b.gsc = dnew<int32_t>(DG_ROUTE_GSC_INTS);
+    CKL(cudaMemset(b.gsc, 0, DG_ROUTE_GSC_INTS * 4));
     auto words = [&]() {
       std::vector<uint32_t> w;
       auto add = [&](const void *d, size_t n) {
@@ -681,8 +802,8 @@ static void rows_case(int T, int H, int I, int K, int E) {
     std::vector<uint32_t> ref;
     const double in_bytes = (double)TH * 4 + (double)E * H * 4 + E * 4.0,
                  out_bytes = (double)T * E * 4 + TKn * 16.0 + E * 16.0 + (TKn / 32.0 + E) * 8;
-    const char *vnames[3] = {"v0 chain", "v1 fused", "v2 tiles"};
-    for (int ver : {0, 1, 2}) {
+    const char *vnames[4] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid"};
+    for (int ver : {0, 1, 2, 3}) {
       auto launch = [&] { CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver)); };
       poison();
       launch();
@@ -734,10 +855,63 @@ static void rows_case(int T, int H, int I, int K, int E) {
       timeit([&] { CKL(k_route_tiles(0, dws, S, dr, dpes, &b, T, E, K)); }, med, mn);
       row("route from split sums (tiles)", "v2", med, mn, (double)S * T * E * 4 + out_bytes, (double)S * T * E * 4 + out_bytes,
           "softmax, top-K, weights, grouping", 1);
+      if (k_router_grid_ok(T, E, H, K)) {
+        timeit([&] { CKL(k_route_grid(0, dws, S, dr, dpes, &b, T, E, K)); }, med, mn);
+        row("route from split sums (grid)", "v3", med, mn, (double)S * T * E * 4 + out_bytes,
+            (double)S * T * E * 4 + out_bytes, "the grouping over every block", 1);
+      }
+    }
+    if (H % 64 == 0) { /* the stage up to the experts' gate/up input: v2 + k_group_sums_perm (the launch k_qe_gate_up
+                        * makes for lane records) against v3 making the copy and sums inside route_gr_kernel */
+      const int G = 64;
+      std::vector<uint32_t> xb(TH / 2);
+      for (size_t i = 0; i < TH / 2; i++) {
+        uint32_t lo, hi;
+        memcpy(&lo, &u[2 * i], 4);
+        memcpy(&hi, &u[2 * i + 1], 4);
+        xb[i] = (lo >> 16) | (hi & 0xffff0000u);
+      }
+      uint32_t *dxe = dnew<uint32_t>(TH / 2);
+      up(dxe, xb);
+      b.xs = dnew<float>(TH / G);
+      b.xp = dnew<bf16>(TH);
+      std::vector<uint32_t> r2;
+      for (int ver : {2, 3}) {
+        auto launch = [&] {
+          b.gu_x = (const bf16 *)dxe;
+          b.gu_group = G;
+          CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver));
+          if (b.gu_ready != b.gu_x) CKL(k_group_sums_perm(0, (const bf16 *)dxe, T, H, G, b.xs, b.xp));
+          b.gu_ready = NULL;
+        };
+        CKL(cudaMemset(b.xs, 0xff, TH / G * 4)); CKL(cudaMemset(b.xp, 0xff, TH * 2));
+        launch();
+        CKL(cudaDeviceSynchronize());
+        std::vector<uint32_t> w = words(), x1 = down((const uint32_t *)b.xs, TH / G), x2 = down((const uint32_t *)b.xp, TH / 2);
+        w.insert(w.end(), x1.begin(), x1.end());
+        w.insert(w.end(), x2.begin(), x2.end());
+        size_t nd = 0;
+        if (ver == 2) r2 = w;
+        else {
+          nd = w.size() == r2.size() ? 0 : std::max(w.size(), r2.size());
+          for (size_t i = 0; i < w.size() && i < r2.size(); i++) nd += w[i] != r2[i];
+        }
+        char chk[200];
+        snprintf(chk, sizeof chk, ver == 2 ? "3 launches; %zu output words" : "2 launches; %zu words differ from v2", ver == 2 ? w.size() : nd);
+        double med, mn;
+        timeit(launch, med, mn);
+        const double xb2 = TH * 2.0 * 2 + TH / G * 4.0;
+        row("router stage + gate/up input copy", vnames[ver], med, mn, in_bytes + out_bytes + xb2, in_bytes + out_bytes + xb2,
+            chk, nd == 0);
+        timeit([&] { for (int r = 0; r < 30; r++) launch(); }, med, mn);
+        row("router stage + gate/up input copy x30 (per stage)", vnames[ver], med / 30, mn / 30, in_bytes + out_bytes + xb2,
+            in_bytes + out_bytes + xb2, "30 stages back to back", nd == 0);
+      }
+      cudaFree(dxe); cudaFree(b.xs); cudaFree(b.xp);
     }
     cudaFree(du); cudaFree(dW); cudaFree(dpes); cudaFree(dr); cudaFree(dws);
     cudaFree(b.topk_idx); cudaFree(b.topk_w); cudaFree(b.count); cudaFree(b.start); cudaFree(b.pairs);
-    cudaFree(b.slot_row); cudaFree(b.tiles); cudaFree(b.n_tiles); cudaFree(b.order); cudaFree(b.done);
+    cudaFree(b.slot_row); cudaFree(b.tiles); cudaFree(b.n_tiles); cudaFree(b.order); cudaFree(b.done); cudaFree(b.gsc);
   }
   /* qkv_post: sliding (16 q, 8 kv heads of 256) and full (16 q, 2 kv heads of 512, K = V) layers */
   for (int full = 0; full < 2 && !router_only; full++) {
@@ -814,7 +988,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--router")) router_only = 1;
-    else { fprintf(stderr, "usage: step_kernels_lab [--reps N] [--small] [--router]\n"); return 2; }
+    else if (!strcmp(argv[i], "--vocab")) vocab_only = 1;
+    else { fprintf(stderr, "usage: step_kernels_lab [--reps N] [--small] [--router | --vocab]\n"); return 2; }
   }
   if (small && reps > 2) reps = 2;
   cudaDeviceProp prop;
@@ -849,16 +1024,21 @@ int main(int argc, char **argv) {
       stats_case(3, 20480);
       sc_case(3, 20003, DG_CUDA_BF16);
       sc_case(3, 20480, DG_CUDA_F32);
+      chain_case(3, 20003);
+      chain_case(3, 20480);
     }
-    rows_case(5, 2816, 2112, 8, 128);
-    rows_case(3, 96, 64, 3, 6);
+    if (!vocab_only) {
+      rows_case(5, 2816, 2112, 8, 128);
+      rows_case(3, 96, 64, 3, 6);
+    }
     if (router_only) rows_case(37, 200, 64, 3, 40); /* T of no block multiple, E of no warp multiple, 4 splits */
   } else {
     if (!router_only) {
       stats_case(256, 262144);
       sc_case(256, 262144, DG_CUDA_BF16);
+      chain_case(256, 262144);
     }
-    rows_case(256, 2816, 2112, 8, 128);
+    if (!vocab_only) rows_case(256, 2816, 2112, 8, 128);
   }
   printf("# %s\n", failed ? "FAILED: a check above is outside its bound" : "all checks within their bounds");
   return failed;

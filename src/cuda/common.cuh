@@ -169,6 +169,7 @@ struct dg_cuda_pos_stats {
 };
 
 /* Expert-grouping state of one MoE call (moe.cu). */
+#define DG_ROUTE_GSC_INTS (32 + 256 + 16384)
 struct dg_cuda_moe_buf {
   int32_t *topk_idx;   /* [T, K] */
   float *topk_w;       /* [T, K] */
@@ -181,6 +182,16 @@ struct dg_cuda_moe_buf {
   int32_t *order;      /* [E] or NULL: the experts by descending count, ties by index (group_scan_kernel): the
                         * lane-record products take their blocks in this order (qmoe_r.cuh) */
   int32_t *done;       /* [1] blocks of route_kernel finished (moe.cu); 0 between launches (zeroed at allocation) */
+  int32_t *gsc;        /* [DG_ROUTE_GSC_INTS] route_gr_kernel's generation, expert totals and (block, expert) counts
+                        * (moe.cu; zeroed at allocation); NULL: DGEMMA_ROUTE=grid takes the tiles' path */
+  /* The gate/up input's permuted copy xp and group sums xs (k_group_sums_perm) made inside route_gr_kernel, while its
+   * blocks wait for the grouping, instead of in a launch of their own (moe.cu): the caller of k_router_route sets
+   * gu_x (the rows [T, H]) and gu_group (G; 0: none, as k_qe_gate_up_group says); k_router_route sets gu_ready to
+   * gu_x where its launch made them (else NULL), and k_qe_gate_up skips its own k_group_sums_perm for that input
+   * and clears it. Host-side bookkeeping: the device reads only gu_x and gu_group. */
+  const bf16 *gu_x;
+  int gu_group;
+  const bf16 *gu_ready;
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
@@ -221,7 +232,13 @@ struct dg_cuda_ctx {
   bf16 *h;                  /* [T, I] */
   float *rlog;              /* [T, E] router logits */
   dg_cuda_moe_buf moe;
-  float *logits;            /* [C, V] softcapped logits, then z = logits / T */
+  float *logits;            /* [C, V] softcapped logits, then z = logits / T (DGEMMA_VOCAB=chain); by default see lg */
+  /* What c->logits holds for the sampler (passes.cu, the fused chain of kernels.cu): lg_virt = 0: the softcapped
+   * logits or z itself; lg_virt = 1: x whose z = vz(x, lg_cap, lg_T) (softcap still to apply where lg_cap > 0,
+   * the division by the step's temperature where lg_T != 1) was not stored; lg_parts: what c->vws holds for that z
+   * (k_vocab_sc's have). */
+  int lg_virt, lg_parts;
+  float lg_cap, lg_T;
   bf16 *P;                  /* [C, V] self-conditioning probabilities */
   float *soft;              /* [C, H] soft embedding */
   int have_soft;
@@ -237,6 +254,9 @@ struct dg_cuda_ctx {
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
   struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
+  struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
+  int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the
+                                 * combine of the layer before it, k_ffn_combine_norm; -1: none) */
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */
@@ -273,6 +293,14 @@ cudaError_t k_qkv_post_v(cudaStream_t s, int version, const float *qkv, int64_t 
 cudaError_t k_ffn_combine_v(cudaStream_t s, int version, float *x, const float *dense, const float *y,
                             const int32_t *slot_row, const int32_t *topk_idx, const float *topk_w, const float *w_ff1,
                             const float *w_ff2, const float *w_ff, float scalar, int T, int H, int K, float eps);
+/* k_ffn_combine and then the next layer's input norm of the new x, a_next bf16 [T, H] = rmsnorm(x) w_next (what
+ * k_rmsnorm(x, w_next, NULL, a_next) writes, bit for bit), in one launch where both take their register-row kernels
+ * (*fused = 1); else k_ffn_combine alone (*fused = 0: the caller runs the norm). Saves a launch and a read of x per
+ * layer (issue 12). */
+cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
+                               const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
+                               const float *w_ff, float scalar, int T, int H, int K, float eps, const float *w_next,
+                               bf16 *a_next, int *fused);
 /* ---- attention (attention.cu) ---- */
 /* Attention of nq query rows q fp32 [nq, NH, D] over the cache kc, vc bf16
  * [NKV, S, D] into out bf16 [nq, NH, D] (spec 4.4 step 3, masks 4.5).
@@ -301,6 +329,9 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
 cudaError_t k_softcap(cudaStream_t s, float *x, size_t n, float cap);
 /* Bytes of the workspace of k_step_stats and k_sc_probs: one partial per (position, chunk of 8192 logits). */
 extern "C" size_t k_vocab_ws_bytes(int C, int V);
+/* The self-conditioning chunk maxima m and sums sum of a host copy ws of that workspace, [C x chunks]: the chain's
+ * (fused 0) or the fused chain's (1). Tests only. */
+extern "C" void k_vocab_sc_parts(const void *ws, int C, int V, int fused, float *m, double *sum);
 /* Sampler statistics of C rows of V logits (dg_cuda_step_stats): z = logits / T in place, then out[c]; a
  * non-finite z sets *bad = min(*bad, c). ws: k_vocab_ws_bytes(C, V) bytes. */
 cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temperature, int mode, uint64_t seed,
@@ -313,6 +344,24 @@ cudaError_t k_step_stats_g(cudaStream_t s, float *logits, int C, int V, float te
                            uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out, int32_t *bad,
                            void *ws, int group);
 cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group);
+/* The fused chain (kernels.cu, issue 14): the same outputs bit for bit from logits x left unchanged, z = vz(x) =
+ * (cap > 0 ? tanhf(x / cap) * cap : x) / T recomputed in registers (softcap_kernel's and the division's fp32
+ * operations); fewer passes. k_vocab_stats: k_step_stats's out and *bad (logits unchanged), plus the
+ * self-conditioning probabilities' chunk maxima (and with sampled proposals their sums) in ws for k_vocab_sc.
+ * k_vocab_sc: k_sc_probs's P of that z; have: what ws holds for the same logits, cap, T and act (0 nothing, 1 the
+ * maxima: after argmax proposals, 2 the sums too: after sampled ones). k_vocab_z: x = vz(x) in place. */
+cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
+                          uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
+                          int32_t *bad, void *ws);
+cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
+                       void *ws, int have);
+cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T);
+/* For the lab: group as k_step_stats_g's; store 1: pass 1 also stores z in place (then k_vocab_sc with cap 0, T 1). */
+cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
+                            uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
+                            int32_t *bad, void *ws, int group, int store);
+cudaError_t k_vocab_sc_g(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
+                         void *ws, int have, int group);
 
 /* ---- turbo engine (turbo.cu; spec 7) ---- */
 /* dst[r] = src[rows[r]] for r < n, rows of H floats. */
@@ -340,14 +389,16 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 /* Router softmax (in place over rlog), top-k (ties to the lower expert), renormalisation and per-expert scale
  * (spec 4.6), then grouping of the (token, slot) pairs by expert. mode 0: k_route_topk then k_group; 1: one launch
  * (route_kernel, b->done set up) up to 4,096 pairs; 2: route_tk_kernel (k_route_tiles with the logits as one split,
- * b->done set up) where k_route_tiles covers the shape; -1: the library's default (2 since session 13;
- * DGEMMA_ROUTE=chain makes it 0, DGEMMA_ROUTE=fused 1). Every mode gives the same results word for word; a shape a mode does not cover takes
+ * b->done set up) where k_route_tiles covers the shape; 3: route_gr_kernel (k_route_grid, b->done and b->gsc set up;
+ * where it does not cover the shape, mode 2, then 0); -1: the library's default (3 since session 14, 2 before;
+ * DGEMMA_ROUTE=chain makes it 0, DGEMMA_ROUTE=fused 1, DGEMMA_ROUTE=tiles 2, DGEMMA_ROUTE=grid 3). Every mode gives the same results word for word; a shape a mode does not cover takes
  * mode 0. E <= 256, K <= 32. */
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K, int mode);
 /* k_router_logits then k_route; mode 1: the split sums of the logits added inside route_kernel, two launches;
  * mode 2: k_router_tiles_product then k_route_tiles, two launches (H % 4 == 0 and a shape k_route_tiles covers,
- * k_router_tiles_ok; else mode 0); rlog and the groupings bit for bit those of the separate calls. */
+ * k_router_tiles_ok; else mode 0); mode 3: k_router_tiles_product then k_route_grid (k_router_grid_ok, b->gsc; else
+ * mode 2); rlog and the groupings bit for bit those of the separate calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
 /* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set
@@ -359,6 +410,17 @@ cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *
                                    int *S);
 cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
                           dg_cuda_moe_buf *b, int T, int E, int K);
+/* G of the permuted copy k_qe_gate_up makes of its input for the stack W (lane records), 0 where it makes none
+ * (qmoe.cu): what the caller of k_router_route sets in b->gu_group. */
+int k_qe_gate_up_group(const dg_cuda_w *W);
+/* DGEMMA_ROUTE=grid (mode 3, the default since session 14; moe.cu): route_tk_kernel's routing with the grouping
+ * spread over every block (route_gr_kernel: each block counts and places its own pairs; the last block to finish
+ * scans the experts' totals; a grid-wide wait, launched only where the grid is resident at once). Returns
+ * cudaErrorInvalidValue, launching nothing, where it does not cover the shape (b->gsc NULL, more (block, expert)
+ * counts than its table, a grid not resident at once). k_router_grid_ok: whether k_router_route's mode 3 covers it. */
+int k_router_grid_ok(int T, int E, int H, int K);
+cudaError_t k_route_grid(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
+                         dg_cuda_moe_buf *b, int T, int E, int K);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

@@ -86,6 +86,7 @@ static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, i
               T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
               (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
               8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
+              DG_ROUTE_GSC_INTS * 4 +
               k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
   return z;
 }
@@ -134,7 +135,8 @@ static dg_status ctx_buffers(dg_cuda_ctx *c, alloc_list *al, const ctx_dims *z) 
   A_(c->moe.n_tiles, 4);
   A_(c->moe.order, E * 4);
   A_(c->moe.done, 4);
-  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess)
+  A_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
+  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess || cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess)
     return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the router's block counter failed");
   A_(c->moe.h, TK * IE * 2);
   A_(c->moe.y, TK * H * 4);
@@ -171,6 +173,7 @@ static dg_status ctx_stream(dg_cuda_ctx *c) {
   bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(c->m->device));
   if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
 #endif
+  gemm_pins_init(c, blas_ws_bytes(c->m->device));
   dg_status st = graph_init(c);
   if (st != DG_OK) return st;
   /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
@@ -200,6 +203,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->S_ring = (int32_t)z.S_ring;
   c->tmax = (int32_t)z.T;
   c->enc_chunk = enc_chunk;
+  c->norm_next = -1; /* no layer's input norm written ahead (passes.cu, k_ffn_combine_norm) */
+  c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';
@@ -221,6 +226,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   if (c->stream) cudaStreamSynchronize(c->stream);
   if (c->prof) dg_cuda_profile(c, 0);
   graph_free(c);
+  gemm_pins_free(c);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   if (c->h_stats) cudaFreeHost(c->h_stats);

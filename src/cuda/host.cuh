@@ -83,6 +83,9 @@ dg_status soft_from(dg_cuda_ctx *c, const float *z);
 dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc);
 dg_status decoder_upload(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0);
 dg_status decoder_body(dg_cuda_ctx *c, int32_t pos0, dg_sc_source sc);
+/* c->logits as a pass left them (passes.cu): softcapped or without softcap (raw_cap 0), or raw with the softcap
+ * raw_cap still to apply (the fused chain's decode); any z before forgotten. */
+void logits_written(dg_cuda_ctx *c, float raw_cap);
 
 /* ---- graph.cu ---- */
 
@@ -93,11 +96,27 @@ typedef struct dg_graph_key {
   int32_t sc;    /* the body's self-conditioning (dg_sc_source; DG_SC_HOST: the soft embedding computed in it) */
   int32_t n, nh; /* rows forwarded, LM-head rows (0 where the kind fixes them) */
 } dg_graph_key;
-enum { DG_GRAPH_DECODE = 1, DG_GRAPH_ROWS, DG_GRAPH_COMPACT };
+enum { DG_GRAPH_DECODE = 1, DG_GRAPH_ROWS, DG_GRAPH_COMPACT, DG_GRAPH_DECODE_RAW /* the decode without softcap */ };
 /* A pass's device work on c->stream: launches only (no synchronisation, no host copy, no allocation, no host
  * state that a replay would miss), the same for the same key and signature. */
 typedef dg_status (*dg_pass_body)(dg_cuda_ctx *c, const void *arg);
 /* c->graphs from DGEMMA_GRAPHS / DGEMMA_GRAPHS_MAX (dg_cuda_ctx_new). Errors: DG_ERR_OUT_OF_MEMORY. */
+/* gemm_pin.cu: cublasLt algorithms pinned for the dense products the lab found faster than cuBLAS's default
+ * (dev/cuda/gemm_lab.cu). gemm_pins_init: the pins cublasLt accepts on this device with a workspace of ws_bytes
+ * (c->blas_ws) into c->pins (NULL when none, when DGEMMA_GEMM_PIN=0, or on the emulation; never an error: the
+ * default products remain); gemm_pins_free releases them; gemm_pins_count: how many are active. gemm_pinned runs
+ * y[T, N] (fp32, ld ldy) = x[T, K] (bf16, ld ldx) W[N, K]^T on c->stream through a pin when one matches (N, T, K)
+ * with ldx == K and ldy == N, returns 1 and sets *st (DG_ERR_BACKEND naming the shape on a cuBLAS error); 0: no pin
+ * matches (nothing done). */
+void gemm_pins_init(dg_cuda_ctx *c, size_t ws_bytes);
+void gemm_pins_free(dg_cuda_ctx *c);
+int gemm_pins_count(const dg_cuda_ctx *c);
+/* The shape (cuBLAS m = N, n = T, k = K) of pin i of the table: 1, or 0 past its end (and on the emulation). */
+int gemm_pin_shape(int i, int *m, int *n, int *k);
+/* Whether the current device is one the pins are for (compute capability 9.0). */
+int gemm_pins_device(void);
+int gemm_pinned(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
+                dg_status *st);
 dg_status graph_init(dg_cuda_ctx *c);
 /* Destroy c's graphs (dg_cuda_ctx_free; the stream idle). */
 void graph_free(dg_cuda_ctx *c);

@@ -690,9 +690,10 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
                                                               const int32_t *slot_row, const int32_t *topk_idx,
                                                               const float *topk_w, const float *w_ff1,
                                                               const float *w_ff2, const float *w_ff, float scalar,
-                                                              int H, int K, float eps) {
+                                                              int H, int K, float eps, const float *w_next,
+                                                              bf16 *a_next) {
   DG_PDL_ENTRY();
-  __shared__ float sh2[2 * (NTR / 32)], sh1[NTR / 32];
+  __shared__ float sh2[2 * (NTR / 32)], sh1[NTR / 32], shn[NTR / 32];
   __shared__ int srow[KMAX];
   __shared__ float sw[KMAX];
   const size_t t = blockIdx.x;
@@ -747,6 +748,26 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
       o.z = (xv[k].z + (gv[k].z * rs) * wf[k].z) * scalar;
       o.w = (xv[k].w + (gv[k].w * rs) * wf[k].w) * scalar;
       st4(x + t * H + 4 * f, o);
+      xv[k] = o;
+    }
+  }
+  if (!a_next) return;
+  /* the next layer's input norm of the row just stored: rmsnorm_row_kernel<NTR, F4>'s arithmetic on the same
+   * values in the same order (its sum of squares over the thread's float4s k = 0, 1, .. with zeros past H4, rsum,
+   * then (x r) w per element), so a_next holds the bits k_rmsnorm(x, w_next) would write */
+  float ssn = 0.0f;
+#pragma unroll
+  for (int k = 0; k < F4; k++) ssn += sq4(xv[k]); /* past H4: ld_row4's zeros, as rmsnorm_row_kernel's */
+  const float rn = rms_scale(rsum<NTR>(ssn, shn), H, eps);
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    if (f < H4) {
+      const float4 wn = ld4(w_next + 4 * f);
+      float4 v;
+      v.x = xv[k].x * rn; v.y = xv[k].y * rn; v.z = xv[k].z * rn; v.w = xv[k].w * rn;
+      v.x *= wn.x; v.y *= wn.y; v.z *= wn.z; v.w *= wn.w;
+      stb4(a_next + t * H + 4 * f, v.x, v.y, v.z, v.w);
     }
   }
 }
@@ -759,7 +780,8 @@ cudaError_t k_ffn_combine_v(cudaStream_t s, int version, float *x, const float *
   const int f4 = version == 1 || K > 8 || !al(16, {x, dense, y, w_ff1, w_ff2, w_ff}) ? 0 : row_f4(H, RNT);
   if (f4) {
 #define RNT_ RNT
-    ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps)
+    ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps,
+                 (const float *)NULL, (bf16 *)NULL)
 #undef RNT_
     return cudaGetLastError();
   }
@@ -786,6 +808,23 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
                           const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
                           const float *w_ff, float scalar, int T, int H, int K, float eps) {
   return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
+}
+
+cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
+                               const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
+                               const float *w_ff, float scalar, int T, int H, int K, float eps, const float *w_next,
+                               bf16 *a_next, int *fused) {
+  /* fused only where both kernels take their register-row forms at RNT threads (the same F4): k_ffn_combine_v's
+   * version 0 and k_rmsnorm_v's version 0 conditions */
+  const int f4 = K > 8 || !al(16, {x, dense, y, w_ff1, w_ff2, w_ff, w_next}) || !al(8, {a_next}) || !w_next || !a_next
+                     ? 0 : row_f4(H, RNT);
+  *fused = f4 != 0;
+  if (!f4) return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
+#define RNT_ RNT
+  ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps,
+               w_next, a_next)
+#undef RNT_
+  return cudaGetLastError();
 }
 
 /* ---- sampler statistics (spec 6.1 steps 2-4) ------------------------------ */
@@ -819,13 +858,25 @@ struct vpart {
   float m;      /* chunk max of z (sc probs: of cast(z)) */
   int32_t amax; /* first index of m in the chunk */
   int32_t bad;  /* a non-finite z in the chunk */
-  int32_t pad;
+  float scm;    /* fused chain: the chunk max of cast(z) (the sc probabilities'; vsc_max_kernel's m) */
   double s0;    /* sum of exp(z - m) (sc probs: of the fp32 exps about the row max) */
   double s1;    /* sum of exp(z - m) (z - m) */
   double t;     /* the chunk's mass of the fp32 probabilities (cdf, vstats_cdf_kernel) */
+  double scs;   /* fused chain: the chunk sum of the sc exponentials about the row max (vsc_sum_kernel's s0) */
 };
 
 extern "C" size_t k_vocab_ws_bytes(int C, int V) { return (size_t)C * ((V + VCH - 1) / VCH) * sizeof(vpart); }
+
+/* The self-conditioning partials in a host copy of the workspace, per (position, chunk): the chunk max and sum of
+ * the chain (m, s0 after k_sc_probs) or of the fused chain (scm, scs). For the tests' word-for-word comparison. */
+extern "C" void k_vocab_sc_parts(const void *ws, int C, int V, int fused, float *m, double *sum) {
+  const vpart *p = (const vpart *)ws;
+  const size_t n = (size_t)C * ((V + VCH - 1) / VCH);
+  for (size_t i = 0; i < n; i++) {
+    m[i] = fused ? p[i].scm : p[i].m;
+    sum[i] = fused ? p[i].scs : p[i].s0;
+  }
+}
 
 /* Element index (in the chunk) of thread tid's slot (j, q): float4 j of the thread, lane q of it. */
 __device__ __forceinline__ int vslot(int tid, int j, int q) { return 4 * (tid + VNT * j) + q; }
@@ -925,30 +976,82 @@ __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, 
   g = m; gi = mi; S0 = s0; S1 = s1; bad = bd;
 }
 
-/* Pass 1 of the statistics, grid (NB, C): z = logits / T in place (the CPU's fp32 division), the chunk's max and
- * its first index, a non-finite flag, s0 and s1 about the chunk max (the values stay in registers). */
-__global__ void __launch_bounds__(VNT) vstats_part_kernel(float *logits, int V, int vec, float temperature, vpart *part,
-                                                          int c0) {
-  DG_PDL_ENTRY();
-  __shared__ float shm[VNT / 32];
+/* ---- the two chains over the logits (issue 14) ----
+ * "chain" (DGEMMA_VOCAB=chain; the backend's until issue 14): softcap_kernel writes softcap(logits) in place after
+ * the LM head; vstats_part_kernel stores z = logits / T in place, vstats_cdf_kernel (sampled proposals) and
+ * vstats_finish_kernel read it; vsc_max_kernel, vsc_sum_kernel and vsc_write_kernel read it again for the
+ * self-conditioning probabilities. "fused" (the default): the LM head's logits stay as it left them (raw: the
+ * softcap is not applied in place) and every kernel recomputes z = vz(x, cap, T) in registers, with the chain's
+ * fp32 operations in the chain's order (softcap_kernel's tanhf(x / cap) * cap, then the division by T), so it
+ * holds the chain's z bit for bit and stores nothing. Pass 1 (vfuse_part_kernel) also takes vsc_max_kernel's chunk
+ * max, pass 2 (vfuse_cdf_kernel; sampled proposals) also vsc_sum_kernel's chunk sum (both need only the row max),
+ * and the probabilities then need one pass (vfuse_write_kernel; after argmax proposals two, the sums first). The
+ * partials are the chain's, reduced in the chain's order: every output word is the chain's (test_vocab_chain).
+ * Passes over the C x V fp32 logits (26B: C = 256, V = 262,144, 268 MB a pass), a sampled step with
+ * self-conditioning: chain 2 writes + 7 reads (softcap r+w, pass 1 r+w, pass 2, sc max, sc sum, sc write) + P;
+ * fused 3 reads (pass 1, pass 2, sc write) + P (134 MB of bf16). The templates' F = 0 is the chain's kernel, F = 1
+ * the fused one. */
+
+/* The fused chain's z of a logit x: softcap_kernel's tanhf(x / cap) * cap where cap > 0, then vstats_part_kernel's
+ * division by T (separate fp32 operations, nothing to contract: the chain's bits). */
+__device__ __forceinline__ float vz(float x, float cap, float T) { return (cap > 0.0f ? tanhf(x / cap) * cap : x) / T; }
+
+/* vload, then z = vz(x) of every element (absent ones: vz(0) = 0, as the chain's 0 / T). */
+__device__ __forceinline__ void vzload(const float *row, int V, int base, int vec, float cap, float T,
+                                       float (&v)[VPT]) {
+  vload(row, V, base, vec, 0.0f, v);
+#pragma unroll
+  for (int k = 0; k < VPT; k++) v[k] = vz(v[k], cap, T);
+}
+
+__device__ __forceinline__ float round_act(float x, int act) {
+  if (act == DG_CUDA_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+  if (act == DG_CUDA_F16) return __half2float(__float2half_rn(x));
+  return x;
+}
+
+/* The row max of the chunk maxima (F = 0: m, vsc_max_kernel's; F = 1: scm, the fused pass 1's), by one warp
+ * (every lane the same). */
+template <int F> __device__ __forceinline__ float vrow_max(const vpart *p, int NB) {
+  float m = -FLT_MAX;
+  for (int b = threadIdx.x & 31; b < NB; b += 32) m = fmaxf(m, F ? p[b].scm : p[b].m);
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+/* Pass 1 of the statistics, grid (NB, C): z = logits / T (the CPU's fp32 division; F = 0: stored in place), the
+ * chunk's max and its first index, a non-finite flag, s0 and s1 about the chunk max (the values stay in
+ * registers); F = 1: z = vz(logits) not stored, and the chunk max scm of cast(z) (vsc_max_kernel's: its absent
+ * elements, -FLT_MAX, change no max). */
+template <int F>
+__device__ __forceinline__ void vstats_part_body(float *logits, int V, int vec, float cap, float temperature, int act,
+                                                 int store, vpart *part, int c0) {
+  __shared__ float shm[VNT / 32], shs[VNT / 32];
   __shared__ int shi[VNT / 32], shb[VNT / 32];
   __shared__ double sh0[VNT / 32], sh1[VNT / 32];
   const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, tid = threadIdx.x, base = b * VCH;
   float *row = logits + (size_t)c * V;
   float v[VPT];
-  vload(row, V, base, vec, 0.0f, v);
+  if (F) vzload(row, V, base, vec, cap, temperature, v);
+  else vload(row, V, base, vec, 0.0f, v);
   float mx = -FLT_MAX;
   int amax = INT32_MAX, nonfinite = 0;
 #pragma unroll
   for (int k = 0; k < VPT; k++) {
     const int e = base + vslot(tid, k >> 2, k & 3);
-    v[k] = v[k] / temperature;
+    if (!F) v[k] = v[k] / temperature;
     if (e < V) {
       if (!isfinite(v[k])) nonfinite = 1;
       if (v[k] > mx) { mx = v[k]; amax = e; } /* the thread's elements ascend with k */
     }
   }
-  vstore(row, V, base, vec, v);
+  if (!F || store) vstore(row, V, base, vec, v);
+  float scm = -FLT_MAX;
+  if (F) {
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+      if (base + vslot(tid, k >> 2, k & 3) < V) scm = fmaxf(scm, round_act(v[k], act));
+  }
   nonfinite = __ballot_sync(0xffffffffu, nonfinite) != 0;
   if ((tid & 31) == 0) shb[tid >> 5] = nonfinite;
   vblock_argmax(mx, amax, shm, shi); /* its barrier publishes shb too */
@@ -968,11 +1071,24 @@ __global__ void __launch_bounds__(VNT) vstats_part_kernel(float *logits, int V, 
   }
   s0 = vblock_sum(s0, sh0);
   s1 = vblock_sum(s1, sh1);
+  if (F) scm = vblock_max(scm, shs);
   if (tid == 0) {
     vpart *p = part + (size_t)c * NB + b;
-    p->m = mx; p->amax = amax; p->bad = bad; p->pad = 0;
-    p->s0 = s0; p->s1 = s1; p->t = 0.0;
+    p->m = mx; p->amax = amax; p->bad = bad; p->scm = F ? scm : 0.0f;
+    p->s0 = s0; p->s1 = s1; p->t = 0.0; p->scs = 0.0;
   }
+}
+
+__global__ void __launch_bounds__(VNT) vstats_part_kernel(float *logits, int V, int vec, float temperature, vpart *part,
+                                                          int c0) {
+  DG_PDL_ENTRY();
+  vstats_part_body<0>(logits, V, vec, 0.0f, temperature, 0, 1, part, c0);
+}
+
+__global__ void __launch_bounds__(VNT, 3) vfuse_part_kernel(float *logits, int V, int vec, float cap, float T, int act,
+                                                            int store, vpart *part, int c0) {
+  DG_PDL_ENTRY();
+  vstats_part_body<1>(logits, V, vec, cap, T, act, store, part, c0); /* store 0: logits untouched */
 }
 
 /* The fp32 probabilities p = expf(z - g) / fs of chunk base (loaded by vload into v) into sp (thread t's 32 consecutive elements at
@@ -988,26 +1104,45 @@ __device__ __forceinline__ void vchunk_probs(const float (&v)[VPT], int V, int b
   __syncthreads();
 }
 
-/* Pass 2 (sampled proposals only), grid (NB, C): the chunk's mass t of the fp32 probabilities, summed as the
+/* Pass 2, grid (NB, C): with cdf (sampled proposals) the chunk's mass t of the fp32 probabilities, summed as the
  * cdf of vstats_finish_kernel walks it (run of 32 per thread, runs of a warp in lane order, warps in order), so
- * that the cdf at the chunk's last element plus the chunks before it is exactly the running sum of the t. */
-__global__ void __launch_bounds__(VNT) vstats_cdf_kernel(const float *z, int V, int vec, vpart *part, int c0) {
-  DG_PDL_ENTRY();
+ * that the cdf at the chunk's last element plus the chunks before it is exactly the running sum of the t.
+ * F = 1: z = vz(logits), and first the sc chunk sum scs (vsc_sum_kernel's: expf(cast(z) - the row max of the
+ * scm), summed in double in its order); F = 0 always has cdf. */
+template <int F>
+__device__ __forceinline__ void vstats_cdf_body(const float *z, int V, int vec, float cap, float T, int act, int cdf,
+                                                vpart *part, int c0) {
   __shared__ float sp[VNT * VPAD];
-  __shared__ double sr[VNT], sw[VNT / 32];
-  __shared__ float shg, shfs;
+  __shared__ double sr[VNT], sw[VNT / 32], shd[VNT / 32];
+  __shared__ float shg, shfs, shsm;
   __shared__ int shbad;
   const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, tid = threadIdx.x;
   vpart *p = part + (size_t)c * NB;
   float v[VPT];
-  vload(z + (size_t)c * V, V, b * VCH, vec, 0.0f, v); /* in flight during the combine */
+  if (F) vzload(z + (size_t)c * V, V, b * VCH, vec, cap, T, v); /* in flight during the combine */
+  else vload(z + (size_t)c * V, V, b * VCH, vec, 0.0f, v);
   if (tid < 32) {
-    float g; int gi, bad; double S0, S1;
-    vcombine(p, NB, g, gi, S0, S1, bad);
-    if (tid == 0) { shg = g; shfs = (float)S0; shbad = bad; }
+    if (cdf) {
+      float g; int gi, bad; double S0, S1;
+      vcombine(p, NB, g, gi, S0, S1, bad);
+      if (tid == 0) { shg = g; shfs = (float)S0; shbad = bad; }
+    }
+    if (F) {
+      const float m = vrow_max<1>(p, NB);
+      if (tid == 0) shsm = m;
+    }
   }
   __syncthreads();
-  if (shbad) return;
+  if (F) {
+    const float mx = shsm;
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+      if (b * VCH + vslot(tid, k >> 2, k & 3) < V) s += (double)expf(round_act(v[k], act) - mx);
+    s = vblock_sum(s, shd);
+    if (tid == 0) p[b].scs = s;
+  }
+  if (!cdf || shbad) return;
   vchunk_probs(v, V, b * VCH, shg, shfs, sp);
   double run = 0.0;
   for (int k = 0; k < VPT; k++) run += (double)sp[tid * VPAD + k];
@@ -1026,17 +1161,28 @@ __global__ void __launch_bounds__(VNT) vstats_cdf_kernel(const float *z, int V, 
   }
 }
 
+__global__ void __launch_bounds__(VNT) vstats_cdf_kernel(const float *z, int V, int vec, vpart *part, int c0) {
+  DG_PDL_ENTRY();
+  vstats_cdf_body<0>(z, V, vec, 0.0f, 1.0f, 0, 1, part, c0);
+}
+
+__global__ void __launch_bounds__(VNT) vfuse_cdf_kernel(const float *logits, int V, int vec, float cap, float T,
+                                                        int act, int cdf, vpart *part, int c0) {
+  DG_PDL_ENTRY();
+  vstats_cdf_body<1>(logits, V, vec, cap, T, act, cdf, part, c0);
+}
+
 /* Pass 3, one block per position: the statistics from the partials (argmax = first index of the maximum; lse
  * and entropy in double, max prob = exp(g - lse)); a non-finite z reports the position in *bad (atomicMin).
  * Sampled proposal: the first v whose cdf exceeds u * total, with cdf(v) = (running sum of the chunk masses
  * t before v's chunk) + (within the chunk: warps before, then runs of the warp before, then v's run up to v,
  * each level a running sum in order). Each level ends exactly where the next begins, so the cdf is monotone
  * and reaches total at V - 1: the crossing exists and is unique. It is the CPU's sequential cdf up to the
- * order of the double sums (last bits), as was the one-block kernel's. */
-__global__ void __launch_bounds__(VNT) vstats_finish_kernel(const float *z, int V, int vec, int NB, const vpart *part,
-                                                            int mode, uint64_t seed, uint32_t block, uint32_t step,
-                                                            const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
-  DG_PDL_ENTRY();
+ * order of the double sums (last bits), as was the one-block kernel's. F = 1: the chunk's z = vz(logits). */
+template <int F>
+__device__ __forceinline__ void vstats_finish_body(const float *z, int V, int vec, int NB, const vpart *part, float cap,
+                                                   float T, int mode, uint64_t seed, uint32_t block, uint32_t step,
+                                                   const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
   __shared__ float sp[VNT * VPAD];
   __shared__ double sr[VNT], sw[VNT / 32];
   __shared__ float shg, shfs;
@@ -1073,7 +1219,8 @@ __global__ void __launch_bounds__(VNT) vstats_finish_kernel(const float *z, int 
     __syncthreads();
     const int base = shb * VCH;
     float v[VPT];
-    vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
+    if (F) vzload(z + (size_t)c * V, V, base, vec, cap, T, v);
+    else vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
     vchunk_probs(v, V, base, shg, shfs, sp);
     double run = 0.0;
     for (int k = 0; k < VPT; k++) run += (double)sp[tid * VPAD + k];
@@ -1111,6 +1258,21 @@ __global__ void __launch_bounds__(VNT) vstats_finish_kernel(const float *z, int 
   }
 }
 
+__global__ void __launch_bounds__(VNT) vstats_finish_kernel(const float *z, int V, int vec, int NB, const vpart *part,
+                                                            int mode, uint64_t seed, uint32_t block, uint32_t step,
+                                                            const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
+  DG_PDL_ENTRY();
+  vstats_finish_body<0>(z, V, vec, NB, part, 0.0f, 1.0f, mode, seed, block, step, uni, out, bad);
+}
+
+__global__ void __launch_bounds__(VNT) vfuse_finish_kernel(const float *logits, int V, int vec, int NB,
+                                                           const vpart *part, float cap, float T, int mode,
+                                                           uint64_t seed, uint32_t block, uint32_t step,
+                                                           const float *uni, dg_cuda_pos_stats *out, int32_t *bad) {
+  DG_PDL_ENTRY();
+  vstats_finish_body<1>(logits, V, vec, NB, part, cap, T, mode, seed, block, step, uni, out, bad);
+}
+
 static int vec_ok(const float *z, int V) { return V % 4 == 0 && ((uintptr_t)z & 15) == 0; }
 
 /* group: positions per launch of the chunk passes (0: all C at once). With a group of a few tens of rows
@@ -1136,13 +1298,45 @@ cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temp
   return k_step_stats_g(s, logits, C, V, temperature, mode, seed, block, step, uni, out, bad, ws, DG_VOCAB_GROUP);
 }
 
-/* ---- self-conditioning probabilities (spec 5, 4.9) ------------------------ */
-
-__device__ __forceinline__ float round_act(float x, int act) {
-  if (act == DG_CUDA_BF16) return __bfloat162float(__float2bfloat16_rn(x));
-  if (act == DG_CUDA_F16) return __half2float(__float2half_rn(x));
-  return x;
+/* The fused chain's statistics (see the top of this part): logits unchanged; store (the lab's variant): pass 1
+ * stores z in place (the chain's z), later passes recompute z as vz(x, cap, T) of the logits as given (callers of
+ * k_vocab_sc then pass cap 0, T 1: z / 1 = z for every non-NaN z, and a NaN is the division's NaN either way). */
+cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
+                            uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
+                            int32_t *bad, void *ws, int group, int store) {
+  const int NB = (V + VCH - 1) / VCH, vec = vec_ok(logits, V), G = group > 0 && group < C ? group : C;
+  vpart *part = (vpart *)ws;
+  for (int c0 = 0; c0 < C; c0 += G) {
+    const int n = C - c0 < G ? C - c0 : G;
+    DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, cap, T, act, store, part, c0);
+    if (mode != DG_PROPOSAL_ARGMAX) /* after store: z / 1 */
+      DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, store ? 0.0f : cap, store ? 1.0f : T, act, 1,
+                                                        part, c0);
+  }
+  DG_LAUNCH(vfuse_finish_kernel, C, VNT, 0, s)(logits, V, vec, NB, part, store ? 0.0f : cap, store ? 1.0f : T, mode,
+                                              seed, block, step, uni, out, bad);
+  return cudaGetLastError();
 }
+
+cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
+                          uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
+                          int32_t *bad, void *ws) {
+  return k_vocab_stats_g(s, const_cast<float *>(logits), C, V, cap, T, act, mode, seed, block, step, uni, out, bad, ws,
+                         DG_VOCAB_GROUP, 0);
+}
+
+__global__ void vz_inplace_kernel(float *x, size_t n, float cap, float T) {
+  DG_PDL_ENTRY();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    x[i] = vz(x[i], cap, T);
+}
+
+cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T) {
+  DG_LAUNCH(vz_inplace_kernel, grid_for(n), NT, 0, s)(x, n, cap, T);
+  return cudaGetLastError();
+}
+
+/* ---- self-conditioning probabilities (spec 5, 4.9) ------------------------ */
 
 /* P[c] = cast(softmax(cast(z[c]))) with the casts to the activation dtype, stored as bf16 for the product with
  * the embedding, in three passes of grid (NB, C): the chunk max of cast(z); the chunk sum in double of
@@ -1162,14 +1356,6 @@ __global__ void __launch_bounds__(VNT) vsc_max_kernel(const float *z, int V, int
   if (threadIdx.x == 0) part[(size_t)c * gridDim.x + b].m = mx;
 }
 
-/* The row max from the partials, by one warp (every lane the same). */
-__device__ __forceinline__ float vrow_max(const vpart *p, int NB) {
-  float m = -FLT_MAX;
-  for (int b = threadIdx.x & 31; b < NB; b += 32) m = fmaxf(m, p[b].m);
-  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
-}
-
 __global__ void __launch_bounds__(VNT) vsc_sum_kernel(const float *z, int V, int vec, int act, vpart *part, int c0) {
   DG_PDL_ENTRY();
   __shared__ double sh[VNT / 32];
@@ -1179,7 +1365,7 @@ __global__ void __launch_bounds__(VNT) vsc_sum_kernel(const float *z, int V, int
   float v[VPT];
   vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
   if (threadIdx.x < 32) {
-    const float m = vrow_max(p, NB);
+    const float m = vrow_max<0>(p, NB);
     if (threadIdx.x == 0) shm = m;
   }
   __syncthreads();
@@ -1192,18 +1378,21 @@ __global__ void __launch_bounds__(VNT) vsc_sum_kernel(const float *z, int V, int
   if (threadIdx.x == 0) p[b].s0 = s;
 }
 
-__global__ void __launch_bounds__(VNT) vsc_write_kernel(const float *z, bf16 *P, int V, int vec, int act,
-                                                        const vpart *part, int c0) {
-  DG_PDL_ENTRY();
+/* The write pass: F = 0 from z and the chain's partials (m, s0); F = 1 from z = vz(logits) and the fused
+ * partials (scm, scs). */
+template <int F>
+__device__ __forceinline__ void vsc_write_body(const float *z, bf16 *P, int V, int vec, float cap, float T, int act,
+                                               const vpart *part, int c0) {
   __shared__ float shm, shinv;
   const int b = blockIdx.x, c = c0 + blockIdx.y, NB = gridDim.x, base = b * VCH, tid = threadIdx.x;
   const vpart *p = part + (size_t)c * NB;
   float v[VPT];
-  vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
+  if (F) vzload(z + (size_t)c * V, V, base, vec, cap, T, v);
+  else vload(z + (size_t)c * V, V, base, vec, 0.0f, v);
   if (tid < 32) {
-    const float m = vrow_max(p, NB);
+    const float m = vrow_max<F>(p, NB);
     double s = 0.0;
-    for (int i = tid; i < NB; i += 32) s += p[i].s0;
+    for (int i = tid; i < NB; i += 32) s += F ? p[i].scs : p[i].s0;
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (tid == 0) { shm = m; shinv = (float)(1.0 / s); }
   }
@@ -1225,6 +1414,18 @@ __global__ void __launch_bounds__(VNT) vsc_write_kernel(const float *z, bf16 *P,
   }
 }
 
+__global__ void __launch_bounds__(VNT) vsc_write_kernel(const float *z, bf16 *P, int V, int vec, int act,
+                                                        const vpart *part, int c0) {
+  DG_PDL_ENTRY();
+  vsc_write_body<0>(z, P, V, vec, 0.0f, 1.0f, act, part, c0);
+}
+
+__global__ void __launch_bounds__(VNT) vfuse_write_kernel(const float *logits, bf16 *P, int V, int vec, float cap,
+                                                          float T, int act, const vpart *part, int c0) {
+  DG_PDL_ENTRY();
+  vsc_write_body<1>(logits, P, V, vec, cap, T, act, part, c0);
+}
+
 cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group) {
   const int NB = (V + VCH - 1) / VCH, vec = vec_ok(z, V) && ((uintptr_t)P & 7) == 0;
   const int G = group > 0 && group < C ? group : C;
@@ -1240,6 +1441,29 @@ cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, 
 
 cudaError_t k_sc_probs(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws) {
   return k_sc_probs_g(s, z, P, C, V, act_dtype, ws, DG_VOCAB_GROUP);
+}
+
+/* The fused chain's probabilities from z = vz(logits, cap, T); have: what k_vocab_stats left in ws for the same
+ * logits, cap, T and act (0 nothing, 1 the sc chunk maxima: argmax proposals, 2 the sums too: sampled); the
+ * passes it did not do run first. */
+cudaError_t k_vocab_sc_g(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
+                         void *ws, int have, int group) {
+  const int NB = (V + VCH - 1) / VCH, vec = vec_ok(logits, V) && ((uintptr_t)P & 7) == 0;
+  const int vl = vec_ok(logits, V), G = group > 0 && group < C ? group : C;
+  vpart *part = (vpart *)ws;
+  for (int c0 = 0; c0 < C; c0 += G) {
+    const int n = C - c0 < G ? C - c0 : G;
+    if (have < 1)
+      DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(const_cast<float *>(logits), V, vl, cap, T, act, 0, part, c0);
+    if (have < 2) DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vl, cap, T, act, 0, part, c0);
+    DG_LAUNCH(vfuse_write_kernel, dim3(NB, n), VNT, 0, s)(logits, P, V, vec, cap, T, act, part, c0);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
+                       void *ws, int have) {
+  return k_vocab_sc_g(s, logits, P, C, V, cap, T, act, ws, have, DG_VOCAB_GROUP);
 }
 
 /* Used by dg_cuda_info to ask whether this build has code for the GPU. */

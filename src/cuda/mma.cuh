@@ -25,6 +25,7 @@
 #define DG_CUDA_MMA_CUH
 
 #include <stdint.h>
+#include "cuda/common.cuh" /* bf16 (group_sum_perm) */
 
 #ifndef DG_CUDA_EMU
 
@@ -196,5 +197,24 @@ static inline uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
          ((uint32_t)dg_emu_bf16_fma1((uint16_t)(a >> 16), (uint16_t)(b >> 16), (uint16_t)(c >> 16)) << 16);
 }
 #endif
+
+/* One group of G values at p (bf16, 16-byte aligned, G % 8 == 0): their fp32 sum in column order, and the group
+ * copied to q with each run of 8 permuted to (x0, x4, x1, x5, x2, x6, x3, x7) (qr_kernel's fragment order): the
+ * group sums and permuted copy of k_group_sums_perm (qmoe.cu) and of route_gr_kernel's gate/up input (moe.cu). */
+__device__ __forceinline__ float group_sum_perm(const bf16 *p, bf16 *q, int G) {
+  float s = 0.0f;
+  for (int k = 0; k < G; k += 8) {
+    const uint4 v = *(const uint4 *)(p + k);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
+    uint4 o;
+    o.x = dg_prmt(v.x, v.z, 0x5410u); /* (x0, x4) */
+    o.y = dg_prmt(v.x, v.z, 0x7632u); /* (x1, x5) */
+    o.z = dg_prmt(v.y, v.w, 0x5410u); /* (x2, x6) */
+    o.w = dg_prmt(v.y, v.w, 0x7632u); /* (x3, x7) */
+    *(uint4 *)(q + k) = o;
+  }
+  return s;
+}
 
 #endif

@@ -346,7 +346,8 @@ static int route_mode_from_env(void) {
   const char *v = getenv("DGEMMA_ROUTE");
   if (v && !strcmp(v, "fused")) return 1;
   if (v && (!strcmp(v, "chain") || !strcmp(v, "split"))) return 0; /* split: session 11's name for the chain */
-  return 2;
+  if (v && !strcmp(v, "tiles")) return 2;
+  return 3; /* DGEMMA_ROUTE=grid, or unset */
 }
 static const int route_mode_default = route_mode_from_env();
 static int route_mode(int mode) { return mode < 0 ? route_mode_default : mode; }
@@ -581,12 +582,13 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
 #define RTK_WMAX 8    /* warps (tokens) per block */
 
 /* Phase one's per-warp rows and phase two's (the last block's grouping) tables, one after the other. */
+struct rtk_rows {
+  float prob[RTK_WMAX][ROUTE_EMAX]; /* a token's exponentials, summed in expert order by lane 0 */
+  float pes[ROUTE_EMAX];
+  int sid[RTK_WMAX * 32]; /* the block's pairs' experts (-1 past T) */
+};
 union rtk_smem {
-  struct {
-    float prob[RTK_WMAX][ROUTE_EMAX]; /* a token's exponentials, summed in expert order by lane 0 */
-    float pes[ROUTE_EMAX];
-    int sid[RTK_WMAX * 32]; /* the block's pairs' experts (-1 past T) */
-  } a;
+  rtk_rows a;
   struct {
     int cnt[RTK_CMAX];                   /* [block][expert] pairs, then their exclusive prefix over the blocks */
     unsigned char gidx[RTK_PMAX], grank[RTK_PMAX]; /* each pair's expert and rank in its block */
@@ -595,10 +597,73 @@ union rtk_smem {
   } g;
 };
 
+/* From the per-expert totals ecnt [E] (shared, after a barrier), by the whole block: the exclusive scans of the counts
+ * and tile counts over the experts (one warp: lane l has experts per l .. per l + per - 1), group_scan_kernel's order,
+ * and count, start, the tile list and n_tiles written; estart [E + 1] and etile [E] stay in shared memory (after the
+ * barrier inside). */
+__device__ __forceinline__ void rtk_write_groups(const int *ecnt, int *estart, int *etile, int *ntiles_,
+                                                 const dg_cuda_moe_buf &b, int E) {
+  const int tid = threadIdx.x, bd = blockDim.x, warp = tid >> 5, lane = tid & 31;
+  int &ntiles = *ntiles_;
+  if (warp == 0) { /* exclusive scans of the counts and tile counts over the experts: lane l has experts per l .. */
+    const int per = (E + 31) >> 5, f0 = lane * per;
+    int sc = 0, st = 0;
+    for (int m = 0; m < per; m++)
+      if (f0 + m < E) {
+        const int c = ecnt[f0 + m];
+        sc += c;
+        st += (c + TM - 1) / TM;
+      }
+    int ic = sc, it = st;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int xc = __shfl_sync(0xffffffffu, ic, lane >= o ? lane - o : lane);
+      const int xt = __shfl_sync(0xffffffffu, it, lane >= o ? lane - o : lane);
+      if (lane >= o) { ic += xc; it += xt; }
+    }
+    int rc = ic - sc, rt = it - st;
+    for (int m = 0; m < per; m++)
+      if (f0 + m < E) {
+        const int c = ecnt[f0 + m];
+        estart[f0 + m] = rc;
+        etile[f0 + m] = rt;
+        rc += c;
+        rt += (c + TM - 1) / TM;
+      }
+    if (lane == 31) {
+      estart[E] = ic;
+      ntiles = it;
+    }
+  }
+  if (b.order) /* group_scan_kernel's order: rank by descending count, ties by id */
+    for (int e = tid; e < E; e += bd) {
+      const int c = ecnt[e];
+      int rank = 0;
+      for (int j = 0; j < E; j++) {
+        const int cj = ecnt[j];
+        rank += cj > c || (cj == c && j < e);
+      }
+      b.order[rank] = e;
+    }
+  __syncthreads();
+  for (int e = tid; e < E; e += bd) {
+    const int c = ecnt[e], nt = (c + TM - 1) / TM, tile0 = etile[e];
+    b.count[e] = c;
+    b.start[e] = estart[e];
+    for (int i = 0; i < nt; i++) {
+      b.tiles[2 * (tile0 + i)] = e;
+      b.tiles[2 * (tile0 + i) + 1] = i * TM;
+    }
+  }
+  if (tid == 0) {
+    b.start[E] = estart[E];
+    *b.n_tiles = ntiles;
+  }
+}
+
 /* The last block's grouping of the n pairs (PB per block of the launch) by expert: group_count/scan/place's
  * outputs exactly (see above). */
 __device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_buf &b, int n, int E, int PB) {
-  const int tid = threadIdx.x, bd = blockDim.x, nb = gridDim.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, bd = blockDim.x, nb = gridDim.x;
   for (int i = tid; i < nb * E; i += bd) sm.g.cnt[i] = 0;
   /* the pairs' experts and ranks (written by the other blocks in this launch: through L2), 16 bytes at a time
    * (the buffers' own allocations: 16-byte aligned; else one word at a time) */
@@ -639,59 +704,7 @@ __device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_b
     sm.g.ecnt[e] = run;
   }
   __syncthreads();
-  if (warp == 0) { /* exclusive scans of the counts and tile counts over the experts: lane l has experts per l .. */
-    const int per = (E + 31) >> 5, f0 = lane * per;
-    int sc = 0, st = 0;
-    for (int m = 0; m < per; m++)
-      if (f0 + m < E) {
-        const int c = sm.g.ecnt[f0 + m];
-        sc += c;
-        st += (c + TM - 1) / TM;
-      }
-    int ic = sc, it = st;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int xc = __shfl_sync(0xffffffffu, ic, lane >= o ? lane - o : lane);
-      const int xt = __shfl_sync(0xffffffffu, it, lane >= o ? lane - o : lane);
-      if (lane >= o) { ic += xc; it += xt; }
-    }
-    int rc = ic - sc, rt = it - st;
-    for (int m = 0; m < per; m++)
-      if (f0 + m < E) {
-        const int c = sm.g.ecnt[f0 + m];
-        sm.g.estart[f0 + m] = rc;
-        sm.g.etile[f0 + m] = rt;
-        rc += c;
-        rt += (c + TM - 1) / TM;
-      }
-    if (lane == 31) {
-      sm.g.estart[E] = ic;
-      sm.g.ntiles = it;
-    }
-  }
-  if (b.order) /* group_scan_kernel's order: rank by descending count, ties by id */
-    for (int e = tid; e < E; e += bd) {
-      const int c = sm.g.ecnt[e];
-      int rank = 0;
-      for (int j = 0; j < E; j++) {
-        const int cj = sm.g.ecnt[j];
-        rank += cj > c || (cj == c && j < e);
-      }
-      b.order[rank] = e;
-    }
-  __syncthreads();
-  for (int e = tid; e < E; e += bd) {
-    const int c = sm.g.ecnt[e], nt = (c + TM - 1) / TM, tile0 = sm.g.etile[e];
-    b.count[e] = c;
-    b.start[e] = sm.g.estart[e];
-    for (int i = 0; i < nt; i++) {
-      b.tiles[2 * (tile0 + i)] = e;
-      b.tiles[2 * (tile0 + i) + 1] = i * TM;
-    }
-  }
-  if (tid == 0) {
-    b.start[E] = sm.g.estart[E];
-    *b.n_tiles = sm.g.ntiles;
-  }
+  rtk_write_groups(sm.g.ecnt, sm.g.estart, sm.g.etile, &sm.g.ntiles, b, E);
   for (int i = tid; i < n; i += bd) {
     const int e = sm.g.gidx[i], j = sm.g.estart[e] + sm.g.cnt[(i / PB) * E + e] + sm.g.grank[i];
     b.pairs[j] = i;
@@ -699,17 +712,17 @@ __device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_b
   }
 }
 
-/* JP: experts per lane (E <= 32 JP). part [S][T][E] split sums (may be rlog itself when S = 1). */
+/* Phase one of route_tk_kernel and route_gr_kernel, by the whole block (W = blockDim.x / 32 warps, a warp per token
+ * t = blockIdx.x W + warp): the token's S split sums loaded at once and added in split order (router_reduce_kernel's
+ * sum), topk_token's softmax, choices and weights (rlog, topk_idx, topk_w written), the block's pairs' experts in
+ * sm.sid (-1 past T; after the barrier inside). Returns for thread tid < W K with a pair the pair's rank among the
+ * block's pairs of its expert, else -1. */
 template <int JP>
-__global__ void __launch_bounds__(RTK_WMAX * 32) route_tk_kernel(const float *part, int S, float *rlog,
-                                                                 const float *pes, dg_cuda_moe_buf b, int T, int E,
-                                                                 int K) {
-  DG_PDL_ENTRY();
-  __shared__ rtk_smem sm;
-  __shared__ int last;
+__device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S, float *rlog, const float *pes,
+                                          const dg_cuda_moe_buf &b, int T, int E, int K) {
   const int tid = threadIdx.x, W = blockDim.x >> 5, warp = tid >> 5, lane = tid & 31;
   const int t = blockIdx.x * W + warp, PB = W * K;
-  for (int e = tid; e < E; e += blockDim.x) sm.a.pes[e] = pes[e];
+  for (int e = tid; e < E; e += blockDim.x) sm.pes[e] = pes[e];
   float v[JP];
   if (t < T) {
     const size_t n = (size_t)T * E;
@@ -737,7 +750,7 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_tk_kernel(const float *pa
   int myid = -1;
   if (t < T) {
     /* topk_token's operations */
-    const float sum = route_exp_sum(v, sm.a.prob[warp], E, lane);
+    const float sum = route_exp_sum(v, sm.prob[warp], E, lane);
     unsigned used = 0;
 #pragma unroll
     for (int j = 0; j < JP; j++) {
@@ -767,19 +780,31 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_tk_kernel(const float *pa
     }
     if (lane < K) {
       b.topk_idx[(size_t)t * K + lane] = myid;
-      b.topk_w[(size_t)t * K + lane] = (myp / wsum) * sm.a.pes[myid];
+      b.topk_w[(size_t)t * K + lane] = (myp / wsum) * sm.pes[myid];
     }
   }
-  if (lane < K) sm.a.sid[warp * K + lane] = myid;
+  if (lane < K) sm.sid[warp * K + lane] = myid;
   __syncthreads();
-  if (tid < PB) { /* the pair's rank among the block's pairs of its expert, kept in slot_row until the grouping */
-    const int e = sm.a.sid[tid];
-    if (e >= 0) {
-      int r = 0;
-      for (int q = 0; q < tid; q++) r += sm.a.sid[q] == e;
-      b.slot_row[(size_t)blockIdx.x * PB + tid] = r;
-    }
+  int r = -1; /* the pair's rank among the block's pairs of its expert */
+  if (tid < PB && sm.sid[tid] >= 0) {
+    const int e = sm.sid[tid];
+    r = 0;
+    for (int q = 0; q < tid; q++) r += sm.sid[q] == e;
   }
+  return r;
+}
+
+/* JP: experts per lane (E <= 32 JP). part [S][T][E] split sums (may be rlog itself when S = 1). */
+template <int JP>
+__global__ void __launch_bounds__(RTK_WMAX * 32) route_tk_kernel(const float *part, int S, float *rlog,
+                                                                 const float *pes, dg_cuda_moe_buf b, int T, int E,
+                                                                 int K) {
+  DG_PDL_ENTRY();
+  __shared__ rtk_smem sm;
+  __shared__ int last;
+  const int tid = threadIdx.x, PB = (blockDim.x >> 5) * K;
+  const int r = rtk_choose<JP>(sm.a, part, S, rlog, pes, b, T, E, K);
+  if (r >= 0) b.slot_row[(size_t)blockIdx.x * PB + tid] = r; /* kept in slot_row until the grouping */
   __threadfence(); /* this block's choices and ranks visible device-wide before it counts itself done */
   __syncthreads();
   if (tid == 0) last = atomicAdd(b.done, 1) == (int)gridDim.x - 1;
@@ -812,6 +837,213 @@ cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog,
 
 int k_router_tiles_ok(int T, int E, int H, int K) { return H > 0 && H % 4 == 0 && route_tk_warps(T, E, K) > 0; }
 
+/* ---- DGEMMA_ROUTE=grid (the default since session 14): route_tk_kernel's phase one, the grouping spread over every
+ * block (issue 12 item 3) ----
+ * route_tk_kernel's last block did the whole grouping alone (the pairs into shared memory, the (block, expert) counts
+ * and their prefix over the blocks, the scan, the placement of every pair: 16.2 us of a 26B layer's router on the H200
+ * against ~3 us for the rest). route_gr_kernel, on the same blocks (a warp per token, W warps):
+ *   1. every block: rtk_choose (route_tk_kernel's softmax, choices, weights, and each pair's rank among the block's
+ *      pairs of its expert), then its count of each expert into its row of a table in global memory
+ *      (gsc: tab[block][expert]) and the nonzero ones added to the experts' totals (tot[e], global atomics:
+ *      integers, any order); it counts itself done (b->done, route_tk_kernel's pattern);
+ *   2. the last block to finish only: the totals (read and zeroed for the next launch), rtk_write_groups (the scan
+ *      over the experts, order, count, start, tile list), then a generation counter gsc[0] raised (release);
+ *   2b. every block (the last after step 2): where the caller set b.gu_x / gu_group and passed H, the permuted copy
+ *      xp and group sums xs of its tokens' rows of the gate/up input (k_group_sums_perm's outputs, its function
+ *      group_sum_perm), in the time the other blocks wait for step 2: one launch less per layer;
+ *   3. every block, once the generation has moved (the last block at once): its own pairs placed, pair i of expert e
+ *      at start[e] + (pairs of e in earlier blocks: their table rows summed, shared by the block's threads) + rank,
+ *      pairs[j] = i, slot_row[i] = j. group_count/scan/place's integers exactly.
+ * The wait of step 3 is a grid-wide one, safe by construction: k_route_grid launches only grids that fit on the
+ * device at once (grid <= SMs x cudaOccupancyMaxActiveBlocksPerMultiprocessor for the block size; else the tiles'
+ * kernel), so every block is resident while any waits, and no block waits on anything but blocks of its own grid
+ * (under PDL the next kernel's blocks are placed only once every block of this grid has run its DG_PDL_ENTRY, i.e.
+ * is resident; the kernel before is never waited on). The emulation (DG_CUDA_EMU) runs blocks one after another,
+ * where a wait would never end: there the last block runs step 3 for every block in turn, with each block's experts
+ * and ranks read back from topk_idx and slot_row (same function, same arithmetic). */
+#define GR_TAB 16384               /* (block, expert) counts of route_gr_kernel's table */
+#define GR_TOT 32                  /* gsc: [0] the generation, [GR_TOT, GR_TOT + ROUTE_EMAX) the totals, then the table */
+#define GR_GSC_INTS (GR_TOT + ROUTE_EMAX + GR_TAB)
+static_assert(GR_GSC_INTS == DG_ROUTE_GSC_INTS, "common.cuh's size of dg_cuda_moe_buf.gsc");
+
+/* Step 3 for block bb of the launch: its pairs i = bb PB + p (p < PB) of expert pe[p] (-1: none) and rank pr[p]
+ * (shared, set by the caller before a barrier) placed; pre [PB] shared scratch. Every thread of the block calls it. */
+__device__ __forceinline__ void rgr_place(const dg_cuda_moe_buf &b, const int *tab, const int *pe, const int *pr,
+                                          int *pre, int bb, int E, int PB) {
+  const int tid = threadIdx.x, nh = blockDim.x / PB; /* nh threads per pair share the earlier blocks' rows */
+  if (tid < PB) pre[tid] = 0;
+  __syncthreads();
+  if (tid < nh * PB) {
+    const int p = tid % PB, h = tid / PB, e = pe[p];
+    if (e >= 0) {
+      int s0 = 0, s1 = 0;
+      int b2 = h;
+      for (; b2 + nh < bb; b2 += 2 * nh) { /* two loads in flight per step */
+        s0 += __ldcg(tab + (size_t)b2 * E + e);
+        s1 += __ldcg(tab + (size_t)(b2 + nh) * E + e);
+      }
+      if (b2 < bb) s0 += __ldcg(tab + (size_t)b2 * E + e);
+      if (s0 + s1) atomicAdd(pre + p, s0 + s1);
+    }
+  }
+  __syncthreads();
+  if (tid < PB && pe[tid] >= 0) {
+    const int i = bb * PB + tid, j = __ldcg(b.start + pe[tid]) + pre[tid] + pr[tid];
+    b.pairs[j] = i;
+    b.slot_row[i] = j;
+  }
+}
+
+/* Step 2b: the permuted copy xp and group sums xs of the gate/up input rows of this block's tokens (b.gu_x [T, H],
+ * group b.gu_group: k_group_sums_perm's outputs for those rows, group_sum_perm's arithmetic), while it waits. */
+__device__ __forceinline__ void rgr_prep_rows(const dg_cuda_moe_buf &b, int t0, int nt, int H) {
+  const int G = b.gu_group, ng = H / G;
+  for (int j = threadIdx.x; j < nt * ng; j += blockDim.x) {
+    const size_t r = (size_t)t0 + j / ng, g = j % ng;
+    b.xs[r * ng + g] = group_sum_perm(b.gu_x + r * H + g * G, b.xp + r * H + g * G, G);
+  }
+}
+
+template <int JP>
+__global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *part, int S, float *rlog,
+                                                                 const float *pes, dg_cuda_moe_buf b, int T, int E,
+                                                                 int K, int H) {
+  DG_PDL_ENTRY();
+  __shared__ rtk_rows sm;
+  __shared__ int ecnt[ROUTE_EMAX], estart[ROUTE_EMAX + 1], etile[ROUTE_EMAX], pr[RTK_WMAX * 32], pre[RTK_WMAX * 32];
+  __shared__ int last, ntiles;
+  const int tid = threadIdx.x, bd = blockDim.x, PB = (bd >> 5) * K, blk = blockIdx.x, nb = gridDim.x;
+  int *gen = b.gsc, *tot = b.gsc + GR_TOT, *tab = b.gsc + GR_TOT + ROUTE_EMAX;
+#ifndef DG_CUDA_EMU
+  /* the generation before this block counts itself done: the last block raises it only after that */
+  const int g0 = tid == 0 ? *(volatile int *)gen : 0;
+#endif
+  const int r = rtk_choose<JP>(sm, part, S, rlog, pes, b, T, E, K);
+  if (tid < PB) pr[tid] = r;
+  if (r >= 0) b.slot_row[(size_t)blk * PB + tid] = r; /* the rank, for the emulation's placement (overwritten) */
+  for (int e = tid; e < E; e += bd) { /* this block's count of each expert */
+    int c = 0;
+    for (int q = 0; q < PB; q++) c += sm.sid[q] == e;
+    tab[(size_t)blk * E + e] = c;
+    if (c) atomicAdd(tot + e, c);
+  }
+  __threadfence(); /* the block's choices, ranks, counts and totals visible device-wide before it counts itself done */
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(b.done, 1) == nb - 1;
+  __syncthreads();
+  if (last) {
+    __threadfence();
+    for (int e = tid; e < E; e += bd) { /* the totals (every block's atomics came before its count), zeroed */
+      ecnt[e] = __ldcg(tot + e);
+      tot[e] = 0;
+    }
+    __syncthreads();
+    rtk_write_groups(ecnt, estart, etile, &ntiles, b, E);
+    __threadfence(); /* start (and the rest) visible device-wide before the generation moves */
+    __syncthreads();
+    if (tid == 0) {
+      *b.done = 0;
+      atomicAdd(gen, 1); /* wraps on the device: only compared for a change */
+    }
+  }
+  if (H > 0) rgr_prep_rows(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H); /* 2b (H 0: none) */
+#ifdef DG_CUDA_EMU
+  if (!last) return;
+  for (int bb = 0; bb < nb; bb++) { /* step 3 for every block in turn, its experts and ranks read back */
+    __syncthreads(); /* the previous block's reads of pr, sid */
+    if (tid < PB) {
+      const int i = bb * PB + tid, ok = i < T * K;
+      sm.sid[tid] = ok ? __ldcg(b.topk_idx + i) : -1;
+      pr[tid] = ok ? __ldcg(b.slot_row + i) : -1;
+    }
+    __syncthreads();
+    rgr_place(b, tab, sm.sid, pr, pre, bb, E, PB);
+  }
+#else
+  if (!last && tid == 0) {
+    while (*(volatile int *)gen == g0) __nanosleep(100);
+    __threadfence();
+  }
+  __syncthreads();
+  rgr_place(b, tab, sm.sid, pr, pre, blk, E, PB);
+#endif
+}
+
+/* Warps per block of route_gr_kernel (0: not covered): 4, or 8 where the table would overflow. */
+static int route_gr_warps(int T, int E, int K) {
+  if (T <= 0 || E <= 0 || E > ROUTE_EMAX || K <= 0 || K > 32 || K > E) return 0;
+  for (int W = 4; W <= RTK_WMAX; W *= 2)
+    if ((long)((T + W - 1) / W) * E <= GR_TAB) return W;
+  return 0;
+}
+
+/* Whether nb blocks of route_gr_kernel<JP> of W warps are resident at once on the current device (the grid-wide
+ * wait's condition; cached per device, JP and W). */
+template <int JP> static int route_gr_resident(int nb, int W) {
+#ifdef DG_CUDA_EMU
+  (void)nb;
+  (void)W;
+  return 1;
+#else
+  static int cap[16][RTK_WMAX + 1]; /* blocks resident at once; 0: not yet asked */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16 || W < 1 || W > RTK_WMAX) return 0;
+  int c = __atomic_load_n(&cap[dev][W], __ATOMIC_RELAXED);
+  if (!c) {
+    int per = 0, sms = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP>, 32 * W, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 0;
+    c = per * sms > 0 ? per * sms : -1;
+    __atomic_store_n(&cap[dev][W], c, __ATOMIC_RELAXED);
+  }
+  return nb <= c;
+#endif
+}
+
+/* The launch of route_gr_kernel, or cudaErrorInvalidValue (nothing launched) where it does not cover the shape or
+ * the grid would not be resident at once: the caller takes another mode. */
+template <int JP>
+static cudaError_t route_gr_launch(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
+                                   const dg_cuda_moe_buf *b, int T, int E, int K, int W, int H) {
+  const int nb = (T + W - 1) / W;
+  if (!route_gr_resident<JP>(nb, W)) return cudaErrorInvalidValue;
+  DG_LAUNCH(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  return cudaGetLastError();
+}
+
+/* H > 0 with b->gu_x and b->gu_group set: the gate/up input's copy and sums made too (b->gu_ready = b->gu_x). */
+static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
+                                dg_cuda_moe_buf *b, int T, int E, int K, int H) {
+  const int W = route_gr_warps(T, E, K);
+  if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done || !b->gsc) return cudaErrorInvalidValue;
+  const int G = b->gu_group;
+  if (!b->gu_x || !b->xs || !b->xp || G <= 0 || G % 8 || H <= 0 || H % G ||
+      ((uintptr_t)b->gu_x | (uintptr_t)b->xp) & 15)
+    H = 0;
+  cudaError_t e;
+  if (E <= 32) e = route_gr_launch<1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  else if (E <= 64) e = route_gr_launch<2>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  else if (E <= 128) e = route_gr_launch<4>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  else e = route_gr_launch<8>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  b->gu_ready = e == cudaSuccess && H > 0 ? b->gu_x : NULL;
+  return e;
+}
+
+cudaError_t k_route_grid(cudaStream_t s, const float *part, int S, float *rlog, const float *pes, dg_cuda_moe_buf *b,
+                         int T, int E, int K) {
+  return route_grid_h(s, part, S, rlog, pes, b, T, E, K, 0);
+}
+
+/* Whether k_router_route's mode 3 covers the shape (and, on a GPU, the grid is resident at once). */
+int k_router_grid_ok(int T, int E, int H, int K) {
+  const int W = route_gr_warps(T, E, K);
+  if (H <= 0 || H % 4 || !W) return 0;
+  const int nb = (T + W - 1) / W;
+  return E <= 32 ? route_gr_resident<1>(nb, W) : E <= 64 ? route_gr_resident<2>(nb, W)
+         : E <= 128 ? route_gr_resident<4>(nb, W) : route_gr_resident<8>(nb, W);
+}
+
 cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
                                    int *S_out) {
   if (H <= 0 || H % 4 || (((uintptr_t)u | (uintptr_t)W) & 15)) return cudaErrorInvalidValue;
@@ -836,7 +1068,14 @@ cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, floa
 
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode) {
-  if (route_mode(mode) == 2 && k_router_tiles_ok(T, E, H, K) && !(((uintptr_t)u | (uintptr_t)W) & 15)) {
+  const int rm = route_mode(mode), aligned = !(((uintptr_t)u | (uintptr_t)W) & 15);
+  b->gu_ready = NULL;
+  if (rm == 3 && aligned && b->gsc && k_router_grid_ok(T, E, H, K)) {
+    int S = 0;
+    cudaError_t e = k_router_tiles_product(s, u, W, ws, T, E, H, &S);
+    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H);
+  }
+  if (rm >= 2 && k_router_tiles_ok(T, E, H, K) && aligned) { /* mode 3 where it does not cover the shape: 2 */
     int S = 0;
     cudaError_t e = k_router_tiles_product(s, u, W, ws, T, E, H, &S);
     return e != cudaSuccess ? e : k_route_tiles(s, ws, S, rlog, per_expert_scale, b, T, E, K);
@@ -862,7 +1101,9 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K, int mode) {
-  if (route_mode(mode) == 2 && route_tk_warps(T, E, K) > 0) /* the logits as one split */
+  if (route_mode(mode) == 3 && b->gsc && k_router_grid_ok(T, E, 4, K)) /* the logits as one split */
+    return k_route_grid(s, rlog, 1, rlog, per_expert_scale, b, T, E, K);
+  if (route_mode(mode) >= 2 && route_tk_warps(T, E, K) > 0)
     return k_route_tiles(s, rlog, 1, rlog, per_expert_scale, b, T, E, K);
   if (!route_use_fused(mode, T, K)) {
     cudaError_t e = k_route_topk(s, rlog, per_expert_scale, b, T, E, K);

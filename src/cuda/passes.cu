@@ -20,6 +20,8 @@
  * W bf16 [N, K] row-major; fp32 accumulation. */
 static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
                       float alpha, float beta) {
+  dg_status st;
+  if (alpha == 1.0f && beta == 0.0f && gemm_pinned(c, x, ldx, T, W, N, K, y, ldy, &st)) return st; /* gemm_pin.cu */
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta,
                    y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return DG_OK;
@@ -83,7 +85,9 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   const int ng = nseg > 1 && !stack_dense ? nseg : 1;
 #define SEG_R0(g) (ng == 1 ? 0 : sg[g].r0)
 #define SEG_N(g) (ng == 1 ? T : sg[g].n)
-  CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  /* the input norm, unless the previous layer's combine wrote it already (k_ffn_combine_norm, below) */
+  if (c->norm_next != li || c->norm_rows != T) CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
+  c->norm_next = -1;
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   for (int g = 0; g < ng; g++)
     DG_TRY(wsetmatmul(c, c->a + (size_t)SEG_R0(g) * H, H, SEG_N(g), &l->wqkv, c->qkv + (size_t)SEG_R0(g) * l->n_qkv,
@@ -130,18 +134,27 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
 #undef SEG_N
   DG_TRY(mark(c, DG_CUDA_ST_DENSE));
   /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert (by default two launches,
-   * router_tile_kernel and route_tk_kernel; DGEMMA_ROUTE=chain the chain of launches, DGEMMA_ROUTE=fused one launch
-   * after the logits' split products); the profile's grouping stage is inside
-   * the router's */
+   * router_tile_kernel and route_gr_kernel; DGEMMA_ROUTE=tiles route_tk_kernel for the second, DGEMMA_ROUTE=chain the
+   * chain of launches, DGEMMA_ROUTE=fused one launch after the logits' split products); the profile's grouping stage
+   * is inside the router's */
+  c->moe.gu_x = c->xe; /* DGEMMA_ROUTE=grid makes the gate/up input's permuted copy and group sums while it waits */
+  c->moe.gu_group = k_qe_gate_up_group(&l->experts_gate_up);
   CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, H, d->top_k,
                         c->rws, -1));
   DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
   DG_TRY(mark(c, DG_CUDA_ST_GROUP));
   CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
   DG_TRY(mark(c, DG_CUDA_ST_EXPERTS));
-  CKK(c, k_ffn_combine(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w, l->post_ff1_norm,
-                   l->post_ff2_norm, l->post_ff_norm, causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H,
-                   d->top_k, eps));
+  /* the combine, and with it the next layer's input norm into c->a when there is a next layer (one launch and one
+   * read of x fewer; the same bits as the norm's own kernel); layer li + 1 of these T rows then skips its norm */
+  int fused = 0;
+  const float *w_next = li + 1 < d->n_layers ? m->layers[li + 1].input_norm : NULL;
+  CKK(c, k_ffn_combine_norm(s, c->x, c->dense, c->moe.y, c->moe.slot_row, c->moe.topk_idx, c->moe.topk_w,
+                            l->post_ff1_norm, l->post_ff2_norm, l->post_ff_norm,
+                            causal ? l->layer_scalar_enc : l->layer_scalar_dec, T, H, d->top_k, eps, w_next,
+                            w_next ? c->a : NULL, &fused));
+  c->norm_next = fused ? li + 1 : -1;
+  c->norm_rows = T;
   DG_TRY(mark(c, DG_CUDA_ST_COMBINE));
   return DG_OK;
 }
@@ -175,10 +188,46 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
   return DG_OK;
 }
 
-/* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9). */
-dg_status soft_from(dg_cuda_ctx *c, const float *z) {
+/* The chain over the logits after the LM head (kernels.cu, issue 14). By default the fused one: the decoder pass
+ * of the reference sampler leaves the raw logits (no softcap_kernel), the statistics and the self-conditioning
+ * probabilities recompute z = softcap(x) / T in registers and never store it (3 passes over the [C, V] fp32 logits
+ * of a sampled step with self-conditioning instead of 9), every output word the chain's. DGEMMA_VOCAB=chain: the
+ * chain (softcap in place, z = logits / T in place, the probabilities' three passes over z). Read once when the
+ * library loads. */
+static int vocab_fused_from_env(void) {
+  const char *v = getenv("DGEMMA_VOCAB");
+  return !(v && !strcmp(v, "chain"));
+}
+static const int vocab_fused = vocab_fused_from_env();
+
+/* c->logits as a pass left them: softcapped (or without softcap: none) unless raw_cap > 0, the softcap that the
+ * fused chain will apply in registers. */
+void logits_written(dg_cuda_ctx *c, float raw_cap) {
+  c->lg_virt = raw_cap > 0.0f;
+  c->lg_cap = raw_cap > 0.0f ? raw_cap : 0.0f;
+  c->lg_T = 1.0f;
+  c->lg_parts = 0;
+}
+
+/* A virtual z in c->logits made real in place (the chain's values bit for bit: vz is its operations). */
+static dg_status logits_materialize(dg_cuda_ctx *c) {
+  if (!c->lg_virt) return DG_OK;
   const dg_cuda_model_desc *d = &c->m->d;
-  CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws));
+  CKK(c, k_vocab_z(c->stream, c->logits, (size_t)d->canvas * d->vocab, c->lg_cap, c->lg_T));
+  logits_written(c, 0.0f);
+  return DG_OK;
+}
+
+/* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9); virt (the fused chain; z =
+ * c->logits): P of c->logits's virtual z, from the logits in registers after the passes k_vocab_stats left undone.
+ * Launches only (a graph body's part where virt = 0). */
+static dg_status soft_from_v(dg_cuda_ctx *c, const float *z, int virt) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (virt)
+    CKK(c, k_vocab_sc(c->stream, z, c->P, d->canvas, d->vocab, c->lg_cap, c->lg_T, d->act_dtype, c->vws,
+                      c->lg_parts));
+  else
+    CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws));
   const float alpha = d->embed_scale, beta = 0.0f;
   if (c->m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel */
     CKK(c, k_qsoft(c->stream, c->P, d->canvas, &c->m->embed, alpha, c->soft));
@@ -193,10 +242,13 @@ dg_status soft_from(dg_cuda_ctx *c, const float *z) {
   return DG_OK;
 }
 
+dg_status soft_from(dg_cuda_ctx *c, const float *z) { return soft_from_v(c, z, 0); }
+
 extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   CK(cudaSetDevice(c->m->device));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
-  DG_TRY(soft_from(c, c->logits));
+  DG_TRY(soft_from_v(c, c->logits, c->lg_virt));
+  if (c->lg_virt) c->lg_parts = 2; /* the passes it ran left the maxima and sums */
   return mark(c, DG_CUDA_ST_SC);
 }
 
@@ -244,6 +296,7 @@ dg_status decoder_layers(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg
 typedef struct decode_arg {
   int32_t pos0;
   dg_sc_source sc; /* as dg_cuda_decode's */
+  int raw;         /* no softcap: the fused chain applies it in registers */
 } decode_arg;
 
 static dg_status decode_body(dg_cuda_ctx *c, const void *arg) {
@@ -261,7 +314,7 @@ static dg_status decode_body(dg_cuda_ctx *c, const void *arg) {
   DG_TRY(decoder_body(c, a->pos0, sc));
   CKK(c, k_rmsnorm(s, c->x, m->final_norm, NULL, c->a, T, H, d->eps));
   DG_TRY(wmatmul(c, c->a, H, T, &m->embed, c->logits, d->vocab));
-  if (d->softcap > 0.0f) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
+  if (d->softcap > 0.0f && !a->raw) CKK(c, k_softcap(s, c->logits, (size_t)T * d->vocab, d->softcap));
   return mark(c, DG_CUDA_ST_HEAD);
 }
 
@@ -283,9 +336,12 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
     c->have_soft = 1; /* soft_from in the body */
   }
   DG_TRY(decoder_upload(c, canvas, pos0));
-  const decode_arg a = {pos0, sc};
-  const dg_graph_key key = {DG_GRAPH_DECODE, (int32_t)sc, T, T};
+  /* the fused chain: the softcap left to the sampler's kernels unless the logits go to the host */
+  const int raw = vocab_fused && !logits_out && d->softcap > 0.0f;
+  const decode_arg a = {pos0, sc, raw};
+  const dg_graph_key key = {raw ? DG_GRAPH_DECODE_RAW : DG_GRAPH_DECODE, (int32_t)sc, T, T};
   DG_TRY(graph_run(c, &key, pos0, decode_body, &a));
+  logits_written(c, raw ? d->softcap : 0.0f);
   if (logits_out) {
     CK(cudaMemcpyAsync(logits_out, c->logits, (size_t)T * d->vocab * 4, cudaMemcpyDeviceToHost, s));
     CK(cudaStreamSynchronize(s));
@@ -303,8 +359,20 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_pr
   if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
-  CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
-                  c->stats, c->bad, c->vws));
+  if (vocab_fused) {
+    /* z of the logits as they are: a z already virtual (statistics twice on one pass) is made real first, as the
+     * chain's second division would divide it in place */
+    if (c->lg_virt && c->lg_T != 1.0f) DG_TRY(logits_materialize(c));
+    CKK(c, k_vocab_stats(s, c->logits, C, d->vocab, c->lg_cap, temperature, d->act_dtype, mode, seed, (uint32_t)block,
+                         (uint32_t)step, c->uni, c->stats, c->bad, c->vws));
+    c->lg_virt = 1;
+    c->lg_T = temperature;
+    c->lg_parts = mode == DG_PROPOSAL_ARGMAX ? 1 : 2;
+  } else {
+    DG_TRY(logits_materialize(c)); /* (never virtual without the fused chain) */
+    CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,
+                        c->stats, c->bad, c->vws));
+  }
   CK(cudaMemcpyAsync(c->h_stats, c->stats, (size_t)C * sizeof(dg_cuda_pos_stats), cudaMemcpyDeviceToHost, s));
   CK(cudaMemcpyAsync(c->h_bad, c->bad, 4, cudaMemcpyDeviceToHost, s));
   DG_TRY(mark(c, DG_CUDA_ST_STATS));

@@ -87,13 +87,21 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
   a.h = b->h;
   if (W->lay == DG_CUDA_LAY_LANES) {
     a.X = b->xp;
-    const cudaError_t e = k_group_sums_perm(s, xe, T, H, a.group, b->xs, b->xp);
-    if (e != cudaSuccess) return e;
+    const int ready = b->gu_ready == xe && b->gu_group == a.group; /* made by route_gr_kernel (moe.cu) */
+    b->gu_ready = NULL;
+    if (!ready) {
+      const cudaError_t e = k_group_sums_perm(s, xe, T, H, a.group, b->xs, b->xp);
+      if (e != cudaSuccess) return e;
+    }
     return qr_launch<1>(s, dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, qr_bits(W));
   }
   const cudaError_t e = k_group_sums(s, xe, T, H, W->group, b->xs);
   if (e != cudaSuccess) return e;
   return qe_launch<1>(s, dim3(E, (IE + 16 * QE_WARPS - 1) / (16 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
+}
+
+int k_qe_gate_up_group(const dg_cuda_w *W) {
+  return W->lay == DG_CUDA_LAY_LANES ? (W->bits ? W->group : QR_BF16_GROUP) : 0;
 }
 
 cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K,
@@ -134,25 +142,7 @@ cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int 
 }
 
 /* As group_sums_kernel, and the row copied to xp with each run of 8 values
- * permuted to (x0, x4, x1, x5, x2, x6, x3, x7) (qr_kernel's fragment order). */
-/* One group of G values at p: their fp32 sum in column order, and the group copied to q with each run of 8
- * permuted to (x0, x4, x1, x5, x2, x6, x3, x7). */
-__device__ __forceinline__ float group_sum_perm(const bf16 *p, bf16 *q, int G) {
-  float s = 0.0f;
-  for (int k = 0; k < G; k += 8) {
-    const uint4 v = *(const uint4 *)(p + k);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
-    uint4 o;
-    o.x = dg_prmt(v.x, v.z, 0x5410u); /* (x0, x4) */
-    o.y = dg_prmt(v.x, v.z, 0x7632u); /* (x1, x5) */
-    o.z = dg_prmt(v.y, v.w, 0x5410u); /* (x2, x6) */
-    o.w = dg_prmt(v.y, v.w, 0x7632u); /* (x3, x7) */
-    *(uint4 *)(q + k) = o;
-  }
-  return s;
-}
-
+ * permuted to (x0, x4, x1, x5, x2, x6, x3, x7) (qr_kernel's fragment order; group_sum_perm, mma.cuh). */
 __global__ void group_sums_perm_kernel(const bf16 *x, int cols, int G, float *out, bf16 *xp) {
   DG_PDL_ENTRY();
   const int r = blockIdx.x, ng = cols / G;

@@ -150,6 +150,7 @@ extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, 
   const rows_arg a = {pos0, n, sc};
   const dg_graph_key key = {DG_GRAPH_ROWS, (int32_t)sc, T, n};
   DG_TRY(graph_run(c, &key, pos0, rows_body, &a));
+  logits_written(c, 0.0f); /* raw rows, no z of the reference sampler's */
   return head_out(c, n, raw_out);
 }
 
@@ -207,6 +208,7 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   const compact_arg a = {pos0, n, nh, sc};
   const dg_graph_key key = {DG_GRAPH_COMPACT, (int32_t)sc, n, nh};
   DG_TRY(graph_run(c, &key, pos0, compact_body, &a));
+  logits_written(c, 0.0f);
   return head_out(c, nh, raw_out);
 }
 
@@ -276,6 +278,7 @@ extern "C" dg_status dg_cuda_compact_batch(dg_cuda_ctx *w, const dg_cuda_cseq *q
                        "CUDA compacted batch: canvas %d forward set %d / head rows %d outside [1, %d] (work rows %d)", b,
                        q[b].n, q[b].nh, C, w->tmax);
     DG_TRY(turbo_bufs(c, 0));
+    logits_written(c, 0.0f); /* the stack writes its raw rows */
     dg_sc_source sc = q[b].sc;
     DG_TRY(turbo_soft_in(c, &sc, q[b].soft));
     /* the canvas's own stream (its kept SC rows, the upload above, its last top-K) done before the work stream

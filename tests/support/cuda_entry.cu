@@ -54,6 +54,8 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
   DG_TRY(dalloc(al, (void **)&b->done, 4, "route block counter"));
   CK(cudaMemset(b->done, 0, 4));
+  DG_TRY(dalloc(al, (void **)&b->gsc, DG_ROUTE_GSC_INTS * 4, "route grid scratch"));
+  CK(cudaMemset(b->gsc, 0, DG_ROUTE_GSC_INTS * 4));
   return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
 }
 
@@ -186,11 +188,11 @@ done:
 }
 extern "C" dg_status dg_cuda_test_route(int device, int mode, float *rlog, const float *pes, int T, int E, int K,
                                         int32_t *idx, float *w, int32_t *start, int32_t *pairs, int32_t *order) {
-  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1, 2), T %d, E %d (1..256), K %d (1..min(E, 32))",
+  if (T <= 0 || E <= 0 || E > 256 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d (1..3), T %d, E %d (1..256), K %d (1..min(E, 32))",
                      mode, T, E, K);
-  if (mode == 2 && !k_router_tiles_ok(T, E, 4, K))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode 2 does not cover T %d, E %d, K %d", T, E, K);
+  if ((mode == 2 && !k_router_tiles_ok(T, E, 4, K)) || (mode == 3 && !k_router_grid_ok(T, E, 4, K)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_route: mode %d does not cover T %d, E %d, K %d", mode, T, E, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
@@ -236,23 +238,34 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
 
 extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
                                                int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 2)
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
     return dg_seterr(DG_ERR_INVALID_ARG,
-                     "dg_cuda_test_router_route: mode %d (1, 2), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
+                     "dg_cuda_test_router_route: mode %d (1..3), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
-  if (mode == 2 && !k_router_tiles_ok(T, E, H, K))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode 2 does not cover T %d, E %d, H %d, K %d", T,
-                     E, H, K);
+  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode == 3 && !k_router_grid_ok(T, E, H, K)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode %d does not cover T %d, E %d, H %d, K %d",
+                     mode, T, E, H, K);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
-  void *du = NULL, *dW = NULL, *dpes = NULL, *drl = NULL, *dws = NULL;
+  void *du = NULL, *dW = NULL, *dpes = NULL, *drl = NULL, *dws = NULL, *dxe = NULL, *xs0 = NULL, *xp0 = NULL;
   dg_cuda_moe_buf b;
   memset(&b, 0, sizeof b);
   const size_t TK = (size_t)T * K, nw = (size_t)T * E + 4 * TK + 3 * (size_t)E + 2 + (TK + E) * 2;
+  /* the gate/up input: u rounded to bf16 (its bits), group G; mode 3 makes its permuted copy and group sums inside
+   * route_gr_kernel, compared word for word with k_group_sums_perm's */
+  const int G = H % 64 == 0 ? 64 : H % 32 == 0 ? 32 : 8;
+  const size_t nxs = (size_t)T * H / G, nxp = (size_t)T * H / 2; /* words */
   uint32_t *ref = (uint32_t *)calloc(nw, 4), *got = (uint32_t *)calloc(nw, 4);
+  uint32_t *xref = (uint32_t *)calloc(nxs + nxp, 4), *xgot = (uint32_t *)calloc(nxs + nxp, 4);
+  uint16_t *xe = (uint16_t *)malloc((size_t)T * H * 2);
   *n_diff = 0;
-  if (!ref || !got) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  if (!ref || !got || !xref || !xgot || !xe) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  for (size_t i = 0; i < (size_t)T * H; i++) {
+    uint32_t x;
+    memcpy(&x, u + i, 4);
+    xe[i] = (uint16_t)(x >> 16);
+  }
   TT_(test_in(&al, &du, u, (size_t)T * H * 4, "router input"));
   TT_(test_in(&al, &dW, W, (size_t)E * H * 4, "router weights"));
   TT_(test_in(&al, &dpes, pes, (size_t)E * 4, "per-expert scales"));
@@ -261,6 +274,14 @@ extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float
   TT_(dalloc(&al, (void **)&b.topk_idx, TK * 4, "topk_idx"));
   TT_(dalloc(&al, (void **)&b.topk_w, TK * 4, "topk_w"));
   TT_(test_group_bufs(&al, &b, TK, E));
+  TT_(test_in(&al, &dxe, xe, (size_t)T * H * 2, "gate/up input"));
+  TT_(dalloc(&al, (void **)&b.xs, nxs * 4, "group sums"));
+  TT_(dalloc(&al, (void **)&b.xp, (size_t)T * H * 2, "permuted copy"));
+  TT_(dalloc(&al, &xs0, nxs * 4, "group sums (k_group_sums_perm)"));
+  TT_(dalloc(&al, &xp0, (size_t)T * H * 2, "permuted copy (k_group_sums_perm)"));
+  TC_(k_group_sums_perm(0, (const bf16 *)dxe, T, H, G, (float *)xs0, (bf16 *)xp0));
+  TC_(cudaMemcpy(xref, xs0, nxs * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(xref + nxs, xp0, nxp * 4, cudaMemcpyDeviceToHost));
   /* the chain of separate launches */
   TC_(k_router_logits(0, (const float *)du, (const float *)dW, (float *)drl, T, E, H, (float *)dws));
   TC_(k_route_topk(0, (float *)drl, (const float *)dpes, &b, T, E, K));
@@ -278,16 +299,143 @@ extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float
     TC_(cudaMemset(b.n_tiles, 0xFF, 4));
     TC_(cudaMemset(b.order, 0xFF, (size_t)E * 4));
     TC_(cudaMemset(dws, 0xFF, (size_t)DG_ROUTER_MAX_SPLITS * T * E * 4)); /* no split sum of the chain's either */
+    TC_(cudaMemset(b.xs, 0xFF, nxs * 4));
+    TC_(cudaMemset(b.xp, 0xFF, (size_t)T * H * 2));
+    b.gu_x = (const bf16 *)dxe;
+    b.gu_group = G;
     TC_(k_router_route(0, (const float *)du, (const float *)dW, (float *)drl, (const float *)dpes, &b, T, E, H, K,
                        (float *)dws, mode)); /* the mode asked for (-1: the library's default) */
     TT_(route_words(&b, (const float *)drl, T, E, K, got));
     for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
+    if (mode == 3) { /* route_gr_kernel must have made the gate/up input's copy and sums */
+      if (b.gu_ready != b.gu_x) {
+        st = dg_seterr(DG_ERR_BACKEND, "router mode 3: the gate/up input's copy was not made (T %d, E %d, H %d)", T, E, H);
+        goto done;
+      }
+      TC_(cudaMemcpy(xgot, b.xs, nxs * 4, cudaMemcpyDeviceToHost));
+      TC_(cudaMemcpy(xgot + nxs, b.xp, nxp * 4, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < nxs + nxp; i++) *n_diff += xgot[i] != xref[i];
+    } else if (b.gu_ready) {
+      st = dg_seterr(DG_ERR_BACKEND, "router mode %d claims the gate/up input's copy", mode);
+      goto done;
+    }
   }
   TC_(cudaMemcpy(idx, b.topk_idx, TK * 4, cudaMemcpyDeviceToHost));
   TC_(cudaMemcpy(w, b.topk_w, TK * 4, cudaMemcpyDeviceToHost));
 done:
   free(ref);
   free(got);
+  free(xref);
+  free(xgot);
+  free(xe);
+  dfree_all(&al);
+  return st;
+}
+
+/* n words of es bytes (2 or 4) of device a (the chain's) against device b (the fused chain's): how many differ,
+ * added to *nd. */
+static dg_status words_diff(const void *a, const void *b, size_t n, size_t es, long *nd) {
+  unsigned char *ha = (unsigned char *)malloc(n * es + 1), *hb = (unsigned char *)malloc(n * es + 1);
+  dg_status st = DG_OK;
+  if (!ha || !hb) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TC_(cudaDeviceSynchronize());
+  TC_(cudaMemcpy(ha, a, n * es, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hb, b, n * es, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; i++) *nd += memcmp(ha + i * es, hb + i * es, es) != 0;
+done:
+  free(ha);
+  free(hb);
+  return st;
+}
+
+/* The self-conditioning partials (chunk maxima, chunk sums) in device workspace ws into m and sum. */
+static dg_status sc_parts(const void *ws, int C, int V, int fused, float *m, double *sum) {
+  const size_t bytes = k_vocab_ws_bytes(C, V);
+  void *h = malloc(bytes);
+  if (!h) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(h, ws, bytes, cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) k_vocab_sc_parts(h, C, V, fused, m, sum);
+  free(h);
+  if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "workspace copy: %s", cudaGetErrorString(e));
+  return DG_OK;
+}
+
+/* The n (maximum, sum) pairs of a against b, as words: how many differ, added to *nd. */
+static long parts_diff(const float *ma, const double *sa, const float *mb, const double *sb, size_t n) {
+  long nd = 0;
+  for (size_t i = 0; i < n; i++) nd += memcmp(&ma[i], &mb[i], 4) != 0, nd += memcmp(&sa[i], &sb[i], 8) != 0;
+  return nd;
+}
+
+extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
+                                              int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[4]) {
+  if (C <= 0 || V <= 0 || !(T > 0.0f) ||
+      (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  const size_t n = (size_t)C * V, sw = (size_t)C * sizeof(dg_cuda_pos_stats) / 4;
+  void *dz = NULL, *dx = NULL, *dz2 = NULL, *duni = NULL, *ds0 = NULL, *ds1 = NULL, *db = NULL, *dP0 = NULL,
+       *dP1 = NULL, *ws = NULL;
+  const int32_t nobad = INT32_MAX;
+  const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
+  float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
+  double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
+  for (int i = 0; i < 4; i++) n_diff[i] = 0;
+  if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
+  TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
+  TT_(test_in(&al, &dz2, raw, n * 4, "logits (k_vocab_z)"));
+  TT_(test_in(&al, &duni, uni, (size_t)C * 4, "uniforms"));
+  TT_(dalloc(&al, &ds0, sw * 4, "stats (chain)"));
+  TT_(dalloc(&al, &ds1, sw * 4, "stats (fused)"));
+  TT_(dalloc(&al, &db, 8, "bad positions"));
+  TT_(dalloc(&al, &dP0, n * 2, "P (chain)"));
+  TT_(dalloc(&al, &dP1, n * 2, "P (fused)"));
+  TT_(dalloc(&al, &ws, k_vocab_ws_bytes(C, V), "vocabulary partials"));
+  /* P starts as different garbage in each: nothing either chain leaves unwritten passes for equal */
+  TC_(cudaMemset(ds0, 0xFF, sw * 4)); /* the records of non-finite positions stay so in both (argmax -1) */
+  TC_(cudaMemset(ds1, 0xFF, sw * 4));
+  TC_(cudaMemset(dP0, 0x33, n * 2));
+  TC_(cudaMemset(dP1, 0x44, n * 2));
+  TC_(cudaMemcpy(db, &nobad, 4, cudaMemcpyHostToDevice));
+  TC_(cudaMemcpy((int32_t *)db + 1, &nobad, 4, cudaMemcpyHostToDevice));
+  /* the chain: softcap in place, statistics (z in place), probabilities of that z */
+  if (cap > 0.0f) TC_(k_softcap(0, (float *)dz, n, cap));
+  TC_(k_step_stats(0, (float *)dz, C, V, T, mode, seed, block, step, (const float *)duni, (dg_cuda_pos_stats *)ds0,
+                   (int32_t *)db, ws));
+  TC_(k_sc_probs(0, (const float *)dz, (bf16 *)dP0, C, V, act, ws));
+  TT_(sc_parts(ws, C, V, 0, pm0, ps0));
+  /* the fused chain on the raw logits, the probabilities from what the statistics left */
+  TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V))); /* no partial of the chain's */
+  TC_(k_vocab_stats(0, (const float *)dx, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
+                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws));
+  TC_(k_vocab_sc(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
+  TT_(words_diff(ds0, ds1, sw, 4, &n_diff[0]));
+  TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[0]));
+  TT_(words_diff(dP0, dP1, n, 2, &n_diff[1]));
+  TT_(sc_parts(ws, C, V, 1, pm1, ps1));
+  n_diff[1] += parts_diff(pm0, ps0, pm1, ps1, np);
+  /* the fused probabilities with nothing in ws (soft_from_z straight after a decode: the passes it lacks) */
+  TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
+  TC_(cudaMemset(dP1, 0x44, n * 2));
+  TC_(k_vocab_sc(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, ws, 0));
+  TT_(words_diff(dP0, dP1, n, 2, &n_diff[2]));
+  TT_(sc_parts(ws, C, V, 1, pm1, ps1));
+  n_diff[2] += parts_diff(pm0, ps0, pm1, ps1, np);
+  /* z made real (logits_materialize) and the fused logits untouched */
+  TC_(k_vocab_z(0, (float *)dz2, n, cap, T));
+  TT_(words_diff(dz, dz2, n, 4, &n_diff[3]));
+  TT_(test_in(&al, &dz2, raw, n * 4, "logits (as given)"));
+  TT_(words_diff(dx, dz2, n, 4, &n_diff[3]));
+  TT_(test_out(stats, ds1, sw * 4));
+  TT_(test_out(bad, (int32_t *)db + 1, 4));
+  TT_(test_out(P, dP1, n * 2));
+done:
+  free(pm0); free(pm1); free(ps0); free(ps1);
   dfree_all(&al);
   return st;
 }
@@ -338,6 +486,7 @@ extern "C" dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const 
   DG_TRY(turbo_bufs(c, 0));
   CK(cudaMemcpyAsync(c->logits, raw, (size_t)n * d->vocab * 4, cudaMemcpyHostToDevice, c->stream));
   CK(cudaStreamSynchronize(c->stream));
+  logits_written(c, 0.0f);
   c->tb->nraw = n;
   return DG_OK;
 }
@@ -350,10 +499,162 @@ extern "C" dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft) {
   return DG_OK;
 }
 
+#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
+#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    goto done; } } while (0)
+#ifndef DG_CUDA_EMU
+__global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed ^ (uint32_t)(i >> 32) * 40503u;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    p[i] = __float2bfloat16((float)(h & 0xffff) / 32768.0f - 1.0f);
+  }
+}
+#endif
+
+extern "C" dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
+                                            double *worst) {
+  int m = 0, n = 0, k = 0;
+  *n_cfg = 0;
+  while (gemm_pin_shape(*n_cfg, &m, &n, &k)) ++*n_cfg;
+  *active = -1; *n_diff = 0; *n_checked = 0; *worst = 0.0;
+#ifdef DG_CUDA_EMU
+  (void)device; (void)i;
+  return DG_OK; /* no cublasLt on the emulation: no pins */
+#else
+  if (!gemm_pin_shape(i, &m, &n, &k))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_gemm_pins: pin %d outside the table of %d", i, *n_cfg);
+  CK(cudaSetDevice(device));
+  if (!gemm_pins_device()) { *active = -2; return DG_OK; }
+  alloc_list al = {NULL, 0, 0};
+  dg_cuda_ctx c;
+  memset(&c, 0, sizeof c);
+  cublasHandle_t h = NULL;
+  bf16 *W = NULL, *x = NULL;
+  float *y0 = NULL, *y1 = NULL, *hy0 = NULL, *hy1 = NULL;
+  uint16_t *hx = NULL, *hw = NULL;
+  const size_t ws_bytes = (size_t)32 << 20, ny = (size_t)m * n;
+  dg_status st = DG_OK;
+  TT_(dalloc(&al, (void **)&W, (size_t)m * k * 2, "pin W"));
+  TT_(dalloc(&al, (void **)&x, (size_t)n * k * 2, "pin x"));
+  TT_(dalloc(&al, (void **)&y0, ny * 4, "pin y0"));
+  TT_(dalloc(&al, (void **)&y1, ny * 4, "pin y1"));
+  TT_(dalloc(&al, &c.blas_ws, ws_bytes, "pin workspace"));
+  test_fill_bf16<<<1024, 256>>>(W, (size_t)m * k, 0x9e3779b9u);
+  test_fill_bf16<<<1024, 256>>>(x, (size_t)n * k, 0x7f4a7c15u);
+  TC_(cudaGetLastError());
+  TC_(cudaStreamCreate(&c.stream));
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, c.stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(h, c.blas_ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+    st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_gemm_pins: cuBLAS set-up failed");
+    goto done;
+  }
+  {
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &zero, y0,
+                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_gemm_pins: cublasGemmEx failed");
+      goto done;
+    }
+  }
+  gemm_pins_init(&c, ws_bytes);
+  *active = gemm_pinned(&c, x, k, n, W, m, k, y1, m, &st);
+  if (st != DG_OK || !*active) goto done;
+  TC_(cudaStreamSynchronize(c.stream));
+  hy0 = (float *)malloc(ny * 4); hy1 = (float *)malloc(ny * 4);
+  hx = (uint16_t *)malloc((size_t)n * k * 2); hw = (uint16_t *)malloc((size_t)k * 2);
+  if (!hy0 || !hy1 || !hx || !hw) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TC_(cudaMemcpy(hy0, y0, ny * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hy1, y1, ny * 4, cudaMemcpyDeviceToHost));
+  TC_(cudaMemcpy(hx, x, (size_t)n * k * 2, cudaMemcpyDeviceToHost));
+  for (size_t j = 0; j < ny; j++) *n_diff += memcmp(&hy0[j], &hy1[j], 4) != 0;
+  {
+    const double u = ldexp(1.0, -24), gam = k * u / (1.0 - k * u);
+    uint32_t r = 12345;
+    for (int s = 0; s < 2048; s++) { /* sampled outputs (row rr of W, token t), the four corners first */
+      r = r * 1664525u + 1013904223u;
+      const int rr = s == 0 || s == 1 ? 0 : s == 2 || s == 3 ? m - 1 : (int)(r % (uint32_t)m);
+      const int t = s == 0 || s == 2 ? 0 : s == 1 || s == 3 ? n - 1 : (int)((r >> 7) % (uint32_t)n);
+      TC_(cudaMemcpy(hw, W + (size_t)rr * k, (size_t)k * 2, cudaMemcpyDeviceToHost));
+      double mag = 0.0;
+      for (int q = 0; q < k; q++) {
+        uint32_t a = (uint32_t)hx[(size_t)t * k + q] << 16, b = (uint32_t)hw[q] << 16;
+        float fa, fb;
+        memcpy(&fa, &a, 4); memcpy(&fb, &b, 4);
+        mag += fabs((double)fa * fb);
+      }
+      const double bound = 2.0 * gam * mag + 1e-30, d = fabs((double)hy1[(size_t)t * m + rr] - hy0[(size_t)t * m + rr]);
+      if (d / bound > *worst) *worst = d / bound;
+      ++*n_checked;
+    }
+  }
+done:
+  free(hy0); free(hy1); free(hx); free(hw);
+  gemm_pins_free(&c);
+  if (h) cublasDestroy(h);
+  if (c.stream) cudaStreamDestroy(c.stream);
+  dfree_all(&al);
+  return st;
+#endif
+}
+extern "C" dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *dense, const float *y,
+                                               const int32_t *idx, const float *w, const float *w_ff1,
+                                               const float *w_ff2, const float *w_ff, const float *w_next, float scalar,
+                                               float eps, int T, int H, int K, int *fused, long *n_diff) {
+  *fused = 0; *n_diff = 0;
+  if (T < 1 || H < 1 || K < 1) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_combine_norm: T %d, H %d, K %d", T, H, K);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  const size_t TH = (size_t)T * H, TK = (size_t)T * K;
+  float *dx1 = NULL, *dx2 = NULL, *dd = NULL, *dy = NULL, *dw = NULL, *w1 = NULL, *w2 = NULL, *wf = NULL, *wn = NULL;
+  int32_t *didx = NULL, *dslot = NULL;
+  bf16 *a1 = NULL, *a2 = NULL;
+  float *hx1 = NULL, *hx2 = NULL;
+  uint16_t *ha1 = NULL, *ha2 = NULL;
+  int32_t *slot = NULL;
+  dg_status st = DG_OK;
+  TT_(test_in(&al, (void **)&dx1, x, TH * 4, "x"));
+  TT_(test_in(&al, (void **)&dx2, x, TH * 4, "x"));
+  TT_(test_in(&al, (void **)&dd, dense, TH * 4, "dense"));
+  TT_(test_in(&al, (void **)&dy, y, TK * H * 4, "y"));
+  TT_(test_in(&al, (void **)&dw, w, TK * 4, "w"));
+  TT_(test_in(&al, (void **)&didx, idx, TK * 4, "idx"));
+  TT_(test_in(&al, (void **)&w1, w_ff1, (size_t)H * 4, "w_ff1"));
+  TT_(test_in(&al, (void **)&w2, w_ff2, (size_t)H * 4, "w_ff2"));
+  TT_(test_in(&al, (void **)&wf, w_ff, (size_t)H * 4, "w_ff"));
+  TT_(test_in(&al, (void **)&wn, w_next, (size_t)H * 4, "w_next"));
+  TT_(dalloc(&al, (void **)&a1, TH * 2, "a1"));
+  TT_(dalloc(&al, (void **)&a2, TH * 2, "a2"));
+  slot = (int32_t *)malloc(TK * 4);
+  hx1 = (float *)malloc(TH * 4); hx2 = (float *)malloc(TH * 4);
+  ha1 = (uint16_t *)malloc(TH * 2); ha2 = (uint16_t *)malloc(TH * 2);
+  if (!slot || !hx1 || !hx2 || !ha1 || !ha2) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  for (size_t i = 0; i < TK; i++) slot[i] = (int32_t)i; /* pair i's output in row i of y */
+  TT_(test_in(&al, (void **)&dslot, slot, TK * 4, "slot_row"));
+  TC_(k_ffn_combine(0, dx1, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps));
+  TC_(k_rmsnorm(0, dx1, wn, NULL, a1, T, H, eps));
+  TC_(k_ffn_combine_norm(0, dx2, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps, wn, a2, fused));
+  if (!*fused) TC_(k_rmsnorm(0, dx2, wn, NULL, a2, T, H, eps));
+  TT_(test_out(hx1, dx1, TH * 4));
+  TT_(test_out(hx2, dx2, TH * 4));
+  TT_(test_out(ha1, a1, TH * 2));
+  TT_(test_out(ha2, a2, TH * 2));
+  for (size_t i = 0; i < TH; i++) *n_diff += memcmp(&hx1[i], &hx2[i], 4) != 0;
+  for (size_t i = 0; i < TH; i++) *n_diff += ha1[i] != ha2[i];
+done:
+  free(slot); free(hx1); free(hx2); free(ha1); free(ha2);
+  dfree_all(&al);
+  return st;
+}
+#undef TT_
+#undef TC_
+
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
-    dg_cuda_test_experts_nt,
+    dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

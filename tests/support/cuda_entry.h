@@ -86,12 +86,49 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
                                  int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                                  int window, uint16_t *out);
 
+/* The sampler's passes over the logits after the LM head (src/cuda/kernels.cu), both chains on the same raw
+ * logits raw [C, V]: the chain (k_softcap in place where cap > 0, k_step_stats with z = logits / T in place,
+ * k_sc_probs of that z; DGEMMA_VOCAB=chain) and the fused chain (k_vocab_stats and k_vocab_sc on the raw logits,
+ * z recomputed in registers; the default). T > 0; mode a dg_proposal (Philox uniforms from seed, block, step, or
+ * uni [C]); act the self-conditioning dtype (DG_BF16, DG_F16, DG_F32). Returns the fused chain's statistics stats
+ * [C] (dg_pos_stats layout), its first non-finite position *bad (INT32_MAX: none) and its probabilities P [C, V]
+ * (bf16 bits); n_diff the words (32-bit; P: its 16-bit values) that differ from the chain's: [0] the statistics
+ * and the bad position, [1] P after the statistics (the maxima and, sampled, the sums they left), [2] P with
+ * nothing left (every pass of its own), both with the probabilities' chunk maxima and sums (float and double words)
+ * against the chain's, [3] k_vocab_z's z against the chain's in-place z, plus the fused chain's logits against raw
+ * (they must stay untouched). */
+dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
+                                   uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
+                                   int32_t *bad, uint16_t *P, long n_diff[4]);
+
 /* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
  * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
  * DG_ERR_OUT_OF_MEMORY. */
 dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw);
 /* Copy c's device self-conditioning rows [C, H] to soft (host). Errors: DG_ERR_BACKEND. */
 dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft);
+
+/* A pinned dense product (src/cuda/gemm_pin.cu) against cublasGemmEx's default on the same inputs: pin i of the
+ * table (its shape m x n x k: y[n, m] = x[n, k] W[m, k]^T, W and x filled on the device with values in [-1, 1) of
+ * bf16). *n_cfg: the table's size; *active: 1 if the pin ran (cublasLt accepted it here, DGEMMA_GEMM_PIN not 0),
+ * 0 if not, -1 on a build without pins (the emulation), -2 on a device the pins are not for (compute capability
+ * other than 9.0; nothing allocated in either case); *n_diff: output words that differ from
+ * the default's; *n_checked outputs sampled, each against the bound 2 gamma_K sum_k |x w| of two fp32 dot products
+ * of the same terms (gamma_K = K u / (1 - K u), u = 2^-24), *worst the largest |diff| / bound among them.
+ * DG_ERR_INVALID_ARG for i outside the table. */
+dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
+                                 double *worst);
+
+/* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm) against the two
+ * launches it replaces (k_ffn_combine, then k_rmsnorm of the new x with w_next into bf16), on the same inputs:
+ * x fp32 [T, H] (the residual, updated), dense fp32 [T, H], y fp32 [T K, H] (the expert outputs, pair t K + k in row
+ * t K + k), experts idx [T, K] (distinct per token), weights w [T, K], the norms' weights w_ff1, w_ff2, w_ff, w_next
+ * [H]. *fused: 1 if one launch did both; *n_diff: the words of the new x and of the normed rows (bf16, 16-bit
+ * words) that differ between the two ways (0: bit for bit). */
+dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *dense, const float *y, const int32_t *idx,
+                                    const float *w, const float *w_ff1, const float *w_ff2, const float *w_ff,
+                                    const float *w_next, float scalar, float eps, int T, int H, int K, int *fused,
+                                    long *n_diff);
 
 /* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
  * the tests link in a CPU-only build. */
@@ -114,6 +151,15 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_experts_nt)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from, uint16_t *h,
                                float *y);
+  dg_status (*test_gemm_pins)(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
+                              double *worst);
+  dg_status (*test_combine_norm)(int device, const float *x, const float *dense, const float *y, const int32_t *idx,
+                                 const float *w, const float *w_ff1, const float *w_ff2, const float *w_ff,
+                                 const float *w_next, float scalar, float eps, int T, int H, int K, int *fused,
+                                 long *n_diff);
+  dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
+                                uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
+                                int32_t *bad, uint16_t *P, long n_diff[4]);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
