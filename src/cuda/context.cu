@@ -183,7 +183,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
     bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(m->device));
     if (bs != CUBLAS_STATUS_SUCCESS) { st = dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs)); goto fail; }
 #endif
-    gemm_pins_init(c, blas_ws_bytes(m->device));
+    gemm_pins_init(c, blas_ws_bytes(m->device), 0);
     if ((st = graph_init(c)) != DG_OK) goto fail;
     /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
     e = cudaDeviceSynchronize();
