@@ -173,7 +173,7 @@ static dg_status ctx_stream(dg_cuda_ctx *c) {
   bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(c->m->device));
   if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
 #endif
-  gemm_pins_init(c, blas_ws_bytes(c->m->device));
+  gemm_pins_init(c, blas_ws_bytes(c->m->device), 0);
   dg_status st = graph_init(c);
   if (st != DG_OK) return st;
   /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */

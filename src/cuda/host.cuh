@@ -103,12 +103,12 @@ typedef dg_status (*dg_pass_body)(dg_cuda_ctx *c, const void *arg);
 /* c->graphs from DGEMMA_GRAPHS / DGEMMA_GRAPHS_MAX (dg_cuda_ctx_new). Errors: DG_ERR_OUT_OF_MEMORY. */
 /* gemm_pin.cu: cublasLt algorithms pinned for the dense products the lab found faster than cuBLAS's default
  * (dev/cuda/gemm_lab.cu). gemm_pins_init: the pins cublasLt accepts on this device with a workspace of ws_bytes
- * (c->blas_ws) into c->pins (NULL when none, when DGEMMA_GEMM_PIN=0, or on the emulation; never an error: the
+ * (c->blas_ws) into c->pins (NULL when none, unless DGEMMA_GEMM_PIN=1 or force, or on the emulation; never an error: the
  * default products remain); gemm_pins_free releases them; gemm_pins_count: how many are active. gemm_pinned runs
  * y[T, N] (fp32, ld ldy) = x[T, K] (bf16, ld ldx) W[N, K]^T on c->stream through a pin when one matches (N, T, K)
  * with ldx == K and ldy == N, returns 1 and sets *st (DG_ERR_BACKEND naming the shape on a cuBLAS error); 0: no pin
  * matches (nothing done). */
-void gemm_pins_init(dg_cuda_ctx *c, size_t ws_bytes);
+void gemm_pins_init(dg_cuda_ctx *c, size_t ws_bytes, int force);
 void gemm_pins_free(dg_cuda_ctx *c);
 int gemm_pins_count(const dg_cuda_ctx *c);
 /* The shape (cuBLAS m = N, n = T, k = K) of pin i of the table: 1, or 0 past its end (and on the emulation). */

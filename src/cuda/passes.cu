@@ -188,15 +188,17 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
   return DG_OK;
 }
 
-/* The chain over the logits after the LM head (kernels.cu, issue 14). By default the fused one: the decoder pass
+/* The chain over the logits after the LM head (kernels.cu, issue 14). By default the chain (softcap in place, z =
+ * logits / T in place, the probabilities' three passes over z). DGEMMA_VOCAB=fused: the fused one, the decoder pass
  * of the reference sampler leaves the raw logits (no softcap_kernel), the statistics and the self-conditioning
  * probabilities recompute z = softcap(x) / T in registers and never store it (3 passes over the [C, V] fp32 logits
- * of a sampled step with self-conditioning instead of 9), every output word the chain's. DGEMMA_VOCAB=chain: the
- * chain (softcap in place, z = logits / T in place, the probabilities' three passes over z). Read once when the
- * library loads. */
+ * of a sampled step with self-conditioning instead of 9), every output word the chain's; on the H200 (session 14)
+ * its passes are bound by that recomputation (tanhf and two divisions per element per pass) and it is not faster:
+ * head + self-conditioning + statistics 1.850 ms per 26B pass against the chain's 1.797 in --profile, the lab's
+ * argmax chain 0.719 against 0.678 ms. Read once when the library loads. */
 static int vocab_fused_from_env(void) {
   const char *v = getenv("DGEMMA_VOCAB");
-  return !(v && !strcmp(v, "chain"));
+  return v && !strcmp(v, "fused");
 }
 static const int vocab_fused = vocab_fused_from_env();
 

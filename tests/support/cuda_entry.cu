@@ -559,7 +559,7 @@ extern "C" dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *
       goto done;
     }
   }
-  gemm_pins_init(&c, ws_bytes);
+  gemm_pins_init(&c, ws_bytes, 1); /* whatever DGEMMA_GEMM_PIN says: the pins themselves are under test */
   *active = gemm_pinned(&c, x, k, n, W, m, k, y1, m, &st);
   if (st != DG_OK || !*active) goto done;
   TC_(cudaStreamSynchronize(c.stream));

@@ -110,7 +110,8 @@ dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft);
 
 /* A pinned dense product (src/cuda/gemm_pin.cu) against cublasGemmEx's default on the same inputs: pin i of the
  * table (its shape m x n x k: y[n, m] = x[n, k] W[m, k]^T, W and x filled on the device with values in [-1, 1) of
- * bf16). *n_cfg: the table's size; *active: 1 if the pin ran (cublasLt accepted it here, DGEMMA_GEMM_PIN not 0),
+ * bf16; the pins made whatever DGEMMA_GEMM_PIN says). *n_cfg: the table's size; *active: 1 if the pin ran (cublasLt's
+ * heuristic list holds its configuration here),
  * 0 if not, -1 on a build without pins (the emulation), -2 on a device the pins are not for (compute capability
  * other than 9.0; nothing allocated in either case); *n_diff: output words that differ from
  * the default's; *n_checked outputs sampled, each against the bound 2 gamma_K sum_k |x w| of two fp32 dot products
