@@ -45,6 +45,8 @@ def main():
         if "us" in d:
             per[d["name"]].append(d)
     tot = sum(d["us"] for d in launches.values() if "us" in d)
+    if tot <= 0:
+        sys.exit(f"{path}: no gpu__time_duration rows ({len(launches)} launches): nothing to fold")
     print(f"{len(launches)} launches, {tot / 1000:.3f} ms of kernel time\n")
     print("| kernel | launches | total ms | % | median us | DRAM GB/s (median) | grid | block | regs |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -52,7 +54,7 @@ def main():
         t = sum(x["us"] for x in ds)
         bw = [(x.get("dram__bytes_read", 0) + x.get("dram__bytes_write", 0)) / (x["us"] * 1e3) for x in ds if x["us"] > 0]
         print(f"| {name} | {len(ds)} | {t / 1000:.3f} | {100 * t / tot:.1f} | {statistics.median(x['us'] for x in ds):.1f} |"
-              f" {statistics.median(bw):.0f} | {ds[-1]['grid']} | {ds[-1]['block']} | {ds[-1].get('regs', '')} |")
+              f" {statistics.median(bw) if bw else 0:.0f} | {ds[-1]['grid']} | {ds[-1]['block']} | {ds[-1].get('regs', '')} |")
     print(f"\nthe last {last} launches in order:\n")
     print("| id | kernel | us | DRAM MB | GB/s | SM % | grid | block | regs |")
     print("|---|---|---|---|---|---|---|---|---|")

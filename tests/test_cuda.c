@@ -2652,6 +2652,7 @@ static void test_gemm_pins(void **state) {
     assert_int_equal(active, 1);
     assert_int_equal(n_checked, 2048);
     assert_true(worst <= 1.0);
+    assert_int_equal(n_diff, 0); /* split-K 1, as the default: the lab found the same bits (docs/cuda.md) */
   }
   assert_int_equal(cut()->test_gemm_pins(0, n_cfg, &n_cfg, &active, &n_diff, &n_checked, &worst), DG_ERR_INVALID_ARG);
 }

@@ -23,9 +23,9 @@
  *     qkv_post), v2 rmsnorm at 128 threads per row
  *   router      rlog [T, E = 128] = u . W^T in fp32: v1 cublasSgemm, v0 k_router_logits (split over H)
  *   vocab chain  the whole chain after the LM head of a step with self-conditioning (C x V raw logits, softcap 30,
- *               T 0.7, bf16): v0 the chain (k_softcap in place, k_step_stats, k_sc_probs; DGEMMA_VOCAB=chain),
- *               v2 the fused chain (k_vocab_stats, k_vocab_sc: z recomputed in registers, never stored; the default
- *               since issue 14), checked word for word against v0; v2's statistics and probabilities also apart;
+ *               T 0.7, bf16): v0 the chain (k_softcap in place, k_step_stats, k_sc_probs; the backend's default),
+ *               v2 the fused chain (k_vocab_stats, k_vocab_sc: z recomputed in registers, never stored;
+ *               DGEMMA_VOCAB=fused, not the default: slower than v0 on the H200, session 14), checked word for word against v0; v2's statistics and probabilities also apart;
  *               "v2 gN": v2 in launch groups of N positions (the second read of a group's logits from the L2);
  *               "v3 z stored": pass 1 also stores z in place, the passes after it read z instead of recomputing it
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),

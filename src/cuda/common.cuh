@@ -232,7 +232,7 @@ struct dg_cuda_ctx {
   bf16 *h;                  /* [T, I] */
   float *rlog;              /* [T, E] router logits */
   dg_cuda_moe_buf moe;
-  float *logits;            /* [C, V] softcapped logits, then z = logits / T (DGEMMA_VOCAB=chain); by default see lg */
+  float *logits;            /* [C, V] softcapped logits, then z = logits / T (the default chain); DGEMMA_VOCAB=fused: see lg */
   /* What c->logits holds for the sampler (passes.cu, the fused chain of kernels.cu): lg_virt = 0: the softcapped
    * logits or z itself; lg_virt = 1: x whose z = vz(x, lg_cap, lg_T) (softcap still to apply where lg_cap > 0,
    * the division by the step's temperature where lg_T != 1) was not stored; lg_parts: what c->vws holds for that z

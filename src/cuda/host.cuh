@@ -106,8 +106,8 @@ typedef dg_status (*dg_pass_body)(dg_cuda_ctx *c, const void *arg);
  * (c->blas_ws) into c->pins (NULL when none, unless DGEMMA_GEMM_PIN=1 or force, or on the emulation; never an error: the
  * default products remain); gemm_pins_free releases them; gemm_pins_count: how many are active. gemm_pinned runs
  * y[T, N] (fp32, ld ldy) = x[T, K] (bf16, ld ldx) W[N, K]^T on c->stream through a pin when one matches (N, T, K)
- * with ldx == K and ldy == N, returns 1 and sets *st (DG_ERR_BACKEND naming the shape on a cuBLAS error); 0: no pin
- * matches (nothing done). */
+ * with ldx == K and ldy == N, returns 1 and sets *st = DG_OK; 0: no pin matches, or cublasLt refused the pin's
+ * product (that pin is dropped for the context): nothing done, the caller runs its default product. */
 void gemm_pins_init(dg_cuda_ctx *c, size_t ws_bytes, int force);
 void gemm_pins_free(dg_cuda_ctx *c);
 int gemm_pins_count(const dg_cuda_ctx *c);

@@ -977,10 +977,10 @@ __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, 
 }
 
 /* ---- the two chains over the logits (issue 14) ----
- * "chain" (DGEMMA_VOCAB=chain; the backend's until issue 14): softcap_kernel writes softcap(logits) in place after
+ * "chain" (the backend's default; DGEMMA_VOCAB=fused selects the other, not faster on the H200, session 14): softcap_kernel writes softcap(logits) in place after
  * the LM head; vstats_part_kernel stores z = logits / T in place, vstats_cdf_kernel (sampled proposals) and
  * vstats_finish_kernel read it; vsc_max_kernel, vsc_sum_kernel and vsc_write_kernel read it again for the
- * self-conditioning probabilities. "fused" (the default): the LM head's logits stay as it left them (raw: the
+ * self-conditioning probabilities. "fused" (DGEMMA_VOCAB=fused): the LM head's logits stay as it left them (raw: the
  * softcap is not applied in place) and every kernel recomputes z = vz(x, cap, T) in registers, with the chain's
  * fp32 operations in the chain's order (softcap_kernel's tanhf(x / cap) * cap, then the division by T), so it
  * holds the chain's z bit for bit and stores nothing. Pass 1 (vfuse_part_kernel) also takes vsc_max_kernel's chunk

@@ -336,10 +336,11 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
   if (threadIdx.x == 0) *b.done = 0;
 }
 
-/* The default of k_route / k_router_route's `mode` = -1: router_tile_kernel + route_tk_kernel (mode 2, below;
- * passes it does not cover take the chain), since H200 session 13 (router + top-k 0.987 -> 0.880 ms per 26B pass in
- * --profile, within noise end to end; lab stage 29.8 -> 26.5 us, 30 back to back 37.8 -> 28.2 us per stage; every
- * output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
+/* The default of k_route / k_router_route's `mode` = -1: since H200 session 14 mode 3, router_tile_kernel +
+ * route_gr_kernel (DGEMMA_ROUTE=grid, below; lab stage 26.5 -> 24.0 us with the gate/up input copy inside it;
+ * shapes it does not cover take mode 2, then the chain); DGEMMA_ROUTE=tiles: mode 2, router_tile_kernel +
+ * route_tk_kernel, the default of session 13 (router + top-k 0.987 -> 0.880 ms per 26B pass in --profile, within
+ * noise end to end; lab stage 29.8 -> 26.5 us; every output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
  * of launches (router_reduce, topk, group count / scan / place; mode 0, the default before); DGEMMA_ROUTE=fused:
  * route_kernel (mode 1, 0.2 ms per pass slower than the chain in session 11). Read once when the library loads. */
 static int route_mode_from_env(void) {
@@ -854,7 +855,11 @@ int k_router_tiles_ok(int T, int E, int H, int K) { return H > 0 && H % 4 == 0 &
  *   3. every block, once the generation has moved (the last block at once): its own pairs placed, pair i of expert e
  *      at start[e] + (pairs of e in earlier blocks: their table rows summed, shared by the block's threads) + rank,
  *      pairs[j] = i, slot_row[i] = j. group_count/scan/place's integers exactly.
- * The wait of step 3 is a grid-wide one, safe by construction: k_route_grid launches only grids that fit on the
+ * The wait of step 3 is a grid-wide one. Limit (session 14 review): the residency check below is per grid, so
+ * several route_gr_kernel grids spinning at once on one GPU (contexts on different streams driven from threads, MPS
+ * clients) could together exceed it and wait forever; dgemma's CLI and server run one pass at a time per GPU, and
+ * such callers should set DGEMMA_ROUTE=tiles (a cooperative launch, which the driver guarantees or refuses, is the
+ * fix to try on a GPU). For one grid at a time it is safe by construction: k_route_grid launches only grids that fit on the
  * device at once (grid <= SMs x cudaOccupancyMaxActiveBlocksPerMultiprocessor for the block size; else the tiles'
  * kernel), so every block is resident while any waits, and no block waits on anything but blocks of its own grid
  * (under PDL the next kernel's blocks are placed only once every block of this grid has run its DG_PDL_ENTRY, i.e.
