@@ -144,8 +144,6 @@ void gemm_pins_free(dg_cuda_ctx *c) {
   c->pins = NULL;
 }
 
-int gemm_pins_count(const dg_cuda_ctx *c) { return c->pins ? c->pins->n_ok : 0; }
-
 int gemm_pin_shape(int i, int *m, int *n, int *k) {
   if (i < 0 || i >= N_PINS) return 0;
   *m = PIN_CFG[i].m; *n = PIN_CFG[i].n; *k = PIN_CFG[i].k;
@@ -175,7 +173,6 @@ int gemm_pinned(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, in
 #else
 void gemm_pins_init(dg_cuda_ctx *c, size_t, int) { c->pins = NULL; }
 void gemm_pins_free(dg_cuda_ctx *c) { c->pins = NULL; }
-int gemm_pins_count(const dg_cuda_ctx *) { return 0; }
 int gemm_pin_shape(int, int *, int *, int *) { return 0; }
 int gemm_pins_device(void) { return 0; }
 int gemm_pinned(dg_cuda_ctx *, const bf16 *, int, int, const bf16 *, int, int, float *, int, dg_status *) {

@@ -104,13 +104,12 @@ typedef dg_status (*dg_pass_body)(dg_cuda_ctx *c, const void *arg);
 /* gemm_pin.cu: cublasLt algorithms pinned for the dense products the lab found faster than cuBLAS's default
  * (dev/cuda/gemm_lab.cu). gemm_pins_init: the pins cublasLt accepts on this device with a workspace of ws_bytes
  * (c->blas_ws) into c->pins (NULL when none, unless DGEMMA_GEMM_PIN=1 or force, or on the emulation; never an error: the
- * default products remain); gemm_pins_free releases them; gemm_pins_count: how many are active. gemm_pinned runs
+ * default products remain); gemm_pins_free releases them. gemm_pinned runs
  * y[T, N] (fp32, ld ldy) = x[T, K] (bf16, ld ldx) W[N, K]^T on c->stream through a pin when one matches (N, T, K)
  * with ldx == K and ldy == N, returns 1 and sets *st = DG_OK; 0: no pin matches, or cublasLt refused the pin's
  * product (that pin is dropped for the context): nothing done, the caller runs its default product. */
 void gemm_pins_init(dg_cuda_ctx *c, size_t ws_bytes, int force);
 void gemm_pins_free(dg_cuda_ctx *c);
-int gemm_pins_count(const dg_cuda_ctx *c);
 /* The shape (cuBLAS m = N, n = T, k = K) of pin i of the table: 1, or 0 past its end (and on the emulation). */
 int gemm_pin_shape(int i, int *m, int *n, int *k);
 /* Whether the current device is one the pins are for (compute capability 9.0). */

@@ -136,21 +136,15 @@ __device__ __forceinline__ void stb4(bf16 *p, float a, float b, float c, float d
   *(uint2 *)p = o.u;
 }
 
+/* The RMS-normed register row xv (float4 threadIdx.x + NTR k of the row, zeros past H4 = H / 4) into the row yf
+ * (fp32) and / or yb (bf16), either NULL: r from the sum of squares of the thread's float4s in k order and rsum
+ * (sh: NTR / 32 floats), then (x r) w per element, wv the weight's float4s (has_w 0: x r). rmsnorm_row_kernel's
+ * arithmetic, also the next layer's norm of ffn_combine_row_kernel, so that both write the same bits. */
 template <int NTR, int F4>
-__global__ void __launch_bounds__(NTR) rmsnorm_row_kernel(const float *x, const float *w, float *yf, bf16 *yb, int H,
-                                                          float eps) {
-  DG_PDL_ENTRY();
-  __shared__ float sh[NTR / 32];
-  const size_t t = blockIdx.x;
+__device__ __forceinline__ void rms_row_out(const float4 (&xv)[F4], const float4 (&wv)[F4], int has_w, float *yf,
+                                            bf16 *yb, int H, float eps, float *sh) {
   const int H4 = H >> 2;
-  float4 xv[F4], wv[F4];
   float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < F4; k++) {
-    const int f = threadIdx.x + NTR * k;
-    xv[k] = f < H4 ? ld4(x + t * H + 4 * f) : zero4();
-    wv[k] = w && f < H4 ? ld4(w + 4 * f) : zero4();
-  }
 #pragma unroll
   for (int k = 0; k < F4; k++) ss += sq4(xv[k]);
   const float r = rms_scale(rsum<NTR>(ss, sh), H, eps);
@@ -160,11 +154,28 @@ __global__ void __launch_bounds__(NTR) rmsnorm_row_kernel(const float *x, const 
     if (f < H4) {
       float4 y;
       y.x = xv[k].x * r; y.y = xv[k].y * r; y.z = xv[k].z * r; y.w = xv[k].w * r;
-      if (w) { y.x *= wv[k].x; y.y *= wv[k].y; y.z *= wv[k].z; y.w *= wv[k].w; }
-      if (yb) stb4(yb + t * H + 4 * f, y.x, y.y, y.z, y.w);
-      if (yf) st4(yf + t * H + 4 * f, y);
+      if (has_w) { y.x *= wv[k].x; y.y *= wv[k].y; y.z *= wv[k].z; y.w *= wv[k].w; }
+      if (yb) stb4(yb + 4 * f, y.x, y.y, y.z, y.w);
+      if (yf) st4(yf + 4 * f, y);
     }
   }
+}
+
+template <int NTR, int F4>
+__global__ void __launch_bounds__(NTR) rmsnorm_row_kernel(const float *x, const float *w, float *yf, bf16 *yb, int H,
+                                                          float eps) {
+  DG_PDL_ENTRY();
+  __shared__ float sh[NTR / 32];
+  const size_t t = blockIdx.x;
+  const int H4 = H >> 2;
+  float4 xv[F4], wv[F4];
+#pragma unroll
+  for (int k = 0; k < F4; k++) {
+    const int f = threadIdx.x + NTR * k;
+    xv[k] = f < H4 ? ld4(x + t * H + 4 * f) : zero4();
+    wv[k] = w && f < H4 ? ld4(w + 4 * f) : zero4();
+  }
+  rms_row_out<NTR>(xv, wv, w != NULL, yf ? yf + t * H : NULL, yb ? yb + t * H : NULL, H, eps, sh);
 }
 
 /* Whether every pointer is a multiple of a bytes (NULL passes): the float4 / 4 x bf16 accesses need it. */
@@ -752,24 +763,10 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
     }
   }
   if (!a_next) return;
-  /* the next layer's input norm of the row just stored: rmsnorm_row_kernel<NTR, F4>'s arithmetic on the same
-   * values in the same order (its sum of squares over the thread's float4s k = 0, 1, .. with zeros past H4, rsum,
-   * then (x r) w per element), so a_next holds the bits k_rmsnorm(x, w_next) would write */
-  float ssn = 0.0f;
-#pragma unroll
-  for (int k = 0; k < F4; k++) ssn += sq4(xv[k]); /* past H4: ld_row4's zeros, as rmsnorm_row_kernel's */
-  const float rn = rms_scale(rsum<NTR>(ssn, shn), H, eps);
-#pragma unroll
-  for (int k = 0; k < F4; k++) {
-    const int f = threadIdx.x + NTR * k;
-    if (f < H4) {
-      const float4 wn = ld4(w_next + 4 * f);
-      float4 v;
-      v.x = xv[k].x * rn; v.y = xv[k].y * rn; v.z = xv[k].z * rn; v.w = xv[k].w * rn;
-      v.x *= wn.x; v.y *= wn.y; v.z *= wn.z; v.w *= wn.w;
-      stb4(a_next + t * H + 4 * f, v.x, v.y, v.z, v.w);
-    }
-  }
+  /* the next layer's input norm of the row just stored (xv: zeros past H4, as ld_row4 left them), with
+   * rmsnorm_row_kernel's own code: a_next holds the bits k_rmsnorm(x, w_next) would write */
+  ld_row4<NTR>(w1, w_next, H4); /* w1: w_ff1's registers, no longer needed */
+  rms_row_out<NTR>(xv, w1, 1, (float *)NULL, a_next + t * H, H, eps, shn);
 }
 
 /* version 0: the register-row kernel where it applies (K <= 8), else the earlier choice; 1: the earlier choice
