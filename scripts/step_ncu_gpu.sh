@@ -29,12 +29,12 @@ if [ "${SASS:-1}" = 1 ]; then
   cuobjdump -sass "$so" > /tmp/all.sass 2>&1
   awk '/Function :/ {on = index($0, "qr_kernelILi4E") > 0} on' /tmp/all.sass > /tmp/qr4.sass
   gzip -c /tmp/qr4.sass > "$OUT/sass_qr4.txt.gz"
-  awk '/Function :/ {if (name != "") print n, name; name = $3; n = 0; on = index($0, "qr_kernelILi4E") > 0; if (!on) name = ""}
-       on && /^ +\/\*[0-9a-f]{4}\*\// {n++} END {if (name != "") print n, name}' /tmp/all.sass > "$OUT/sass_qr.txt"
-  # opcode counts of each 4-bit instantiation
-  awk '/Function :/ {f = index($0, "qr_kernelILi4E") > 0 ? $3 : ""}
-       f != "" && /^ +\/\*[0-9a-f]{4}\*\// {op = $2; if (op ~ /^@/) op = $3; sub(/\..*/, "", op); c[f " " op]++}
-       END {for (k in c) print c[k], k}' /tmp/all.sass | sort -k2,2 -k1,1nr >> "$OUT/sass_qr.txt"
+  # instructions, then opcode counts, of each 4-bit instantiation (from the filtered SASS: every function in it is one)
+  awk '/Function :/ {if (name != "") print n, name; name = $3; n = 0}
+       /^ +\/\*[0-9a-f]+\*\// {n++} END {if (name != "") print n, name}' /tmp/qr4.sass > "$OUT/sass_qr.txt"
+  awk '/Function :/ {f = $3}
+       /^ +\/\*[0-9a-f]+\*\// {op = $2; if (op ~ /^@/) op = $3; sub(/\..*/, "", op); c[f " " op]++}
+       END {for (k in c) print c[k], k}' /tmp/qr4.sass | sort -k2,2 -k1,1nr >> "$OUT/sass_qr.txt"
   echo "== sass $(el): $(wc -l < "$OUT/sass_qr.txt") lines"; head -40 "$OUT/sass_qr.txt" | cut -c1-160
 fi
 wait $mkl; tail -2 /tmp/mkL.log; echo "== dgL $(el)"
