@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include "cpu/kernels.h"
+#include "io/quant.h"
 
 /* ---- the instruction set, as matmul_tiles.h asks for it -------------------- */
 #define VF __m256
@@ -62,13 +63,7 @@ typedef struct qunpack { __m256i ctrl, shift, mask; } qunpack;
 static inline qunpack qunpack_for(int b) {
   int8_t ctrl[32];
   int32_t shift[8];
-  for (int i = 0; i < 8; i++) {
-    int byte = i * b / 8;
-    ctrl[4 * i] = (int8_t)byte;
-    ctrl[4 * i + 1] = byte + 1 < b ? (int8_t)(byte + 1) : (int8_t)-128; /* -128: zero */
-    ctrl[4 * i + 2] = ctrl[4 * i + 3] = (int8_t)-128;
-    shift[i] = (i * b) % 8;
-  }
+  dg_quant_unpack_tables(b, 8, ctrl, shift);
   qunpack u;
   u.ctrl = _mm256_loadu_si256((const __m256i *)ctrl);
   u.shift = _mm256_loadu_si256((const __m256i *)shift);

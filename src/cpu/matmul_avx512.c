@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #include "cpu/kernels.h"
+#include "io/quant.h"
 
 /* ---- the instruction set, as matmul_tiles.h asks for it -------------------- */
 #define VF __m512
@@ -62,13 +63,7 @@ typedef struct qunpack { __m512i ctrl, shift, mask; __mmask16 load; } qunpack;
 static inline qunpack qunpack_for(int b) {
   int8_t ctrl[64];
   int32_t shift[16];
-  for (int i = 0; i < 16; i++) {
-    int byte = i * b / 8;
-    ctrl[4 * i] = (int8_t)byte;
-    ctrl[4 * i + 1] = byte + 1 < 2 * b ? (int8_t)(byte + 1) : (int8_t)-128; /* -128: zero */
-    ctrl[4 * i + 2] = ctrl[4 * i + 3] = (int8_t)-128;
-    shift[i] = (i * b) % 8;
-  }
+  dg_quant_unpack_tables(b, 16, ctrl, shift);
   qunpack u;
   u.ctrl = _mm512_loadu_si512(ctrl);
   u.shift = _mm512_loadu_si512(shift);

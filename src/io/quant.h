@@ -68,6 +68,21 @@ static inline uint32_t dg_quant_code(const uint8_t *row, int bits, int64_t k) {
   return (v >> sh) & ((1u << bits) - 1u);
 }
 
+/* The byte-shuffle and shift tables that unpack n codes (n b / 8 bytes, the first code at a byte boundary) of
+ * width b in SIMD registers (cpu/matmul_avx2.c: n 8, cpu/matmul_avx512.c: n 16): code i (the bit-stream rule
+ * above) lies in bytes floor(i b / 8) and the next one, shifted right by (i b) % 8, so ctrl[4 i .. 4 i + 3] (a
+ * dword's bytes) take those two bytes (the second only if it is in the run), then zeros (-128, as a shuffle
+ * reads it), and shift[i] = (i b) % 8; the unpacker masks the dword to b bits. */
+static inline void dg_quant_unpack_tables(int b, int n, int8_t *ctrl, int32_t *shift) {
+  for (int i = 0; i < n; i++) {
+    int byte = i * b / 8;
+    ctrl[4 * i] = (int8_t)byte;
+    ctrl[4 * i + 1] = byte + 1 < n * b / 8 ? (int8_t)(byte + 1) : (int8_t)-128; /* -128: zero */
+    ctrl[4 * i + 2] = ctrl[4 * i + 3] = (int8_t)-128;
+    shift[i] = (i * b) % 8;
+  }
+}
+
 /* Write code q (< 2^bits) at position k of a packed row whose bytes were
  * zeroed beforehand. */
 static inline void dg_quant_put(uint8_t *row, int bits, int64_t k, uint32_t q) {
