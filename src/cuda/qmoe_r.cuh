@@ -439,6 +439,93 @@ __device__ __forceinline__ void qr_block(const qe_args &a, int *e, int *slab) {
   }
 }
 
+/* One weight stage s of qr_body: the lane's record R against its part (sub-stage sub) of the activation ring slot at
+ * byte off of smem (the activations, then the group sums at XB): the products of each run c (qr_run_products) into
+ * the partial sums part, folded into acc as each group completes (qr_fold); bf16 weights (RAW) and DQ: the products
+ * straight into acc. ng groups in the matrix's columns; lane (g, t); asel: qr_bias_sel. (The slot is passed as smem
+ * and off, not as one pointer, so that the addresses are formed as qr_body formed them: the same PTX.) */
+template <int BITS, int NT, int GS, int SUB, int BM, int DQ, int PM>
+__device__ __forceinline__ void qr_stage_products(float (&acc)[2][NT][4], float (&part)[PM][PM == 1 ? 1 : NT][4],
+                                                  uint32_t (&af)[2][4], const uint32_t *R, const unsigned char *smem,
+                                                  int off, int s, int sub, int ng, int g, int t, uint32_t asel) {
+  constexpr bool RAW = BITS == 16;
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, NTOK = 8 * NT;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS;
+  const unsigned char *Xs = smem + off + 2 * KC * sub, *Ss = smem + off + XB + 4 * NTOK * GPS * sub;
+#pragma unroll
+  for (int c = 0; c < RUNS; c++) {
+    if constexpr (DQ) {
+      qr_run_products<BITS, NT, RUNS, XS, 1, GS>(acc, R, Xs, c, g, t);
+    } else {
+      qr_run_products<BITS, NT, RUNS, XS>(RAW ? acc : part, R, Xs, c, g, t);
+      qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + off + XB, Ss, c, s, sub, ng, g, t, asel);
+    }
+  }
+}
+
+/* qr_body's stage loop with the weight ring in shared memory (D = -WR, lab only so far): each lane copies its own
+ * record of stage s (its NPW 16-byte pieces) into ring slot s mod WR by cp.async, WR - 1 stages ahead, and reads it
+ * back into registers just before its products; a lane reads only what it copied, so its own cp.async.wait_group
+ * orders it (no barrier). One commit group per weight stage carries the activation copies issued at that stage too:
+ * at stage s, wait_group WR - 2 leaves pending only the groups of stages s - WR + 2 .. s - 1, so weight stage s
+ * (issued at s - WR + 1) has landed, and so has the activation stage (issued (STAGES - 1) SUB stages earlier) when
+ * WR <= (STAGES - 1) SUB + 1. Slot (s - 1) mod WR, refilled at stage s, was read into registers at stage s - 1.
+ * The ring follows the STAGES activation slots of STB bytes in smem (sbase its shared address); wq the lane's piece
+ * of the warp's stage 0, stages sstride bytes apart, nst weight and nsa activation stages; cslot the ring slot of
+ * the activation stage being computed (advanced here); issue and compute qr_body's. */
+template <int BITS, int GS, int WARPS, int WR, int STAGES, int SUB, int STB, int PF, int CP, class Issue, class Compute>
+__device__ __forceinline__ void qr_ring_stages(const unsigned char *smem, dg_sptr sbase, const unsigned char *wq,
+                                               int64_t sstride, int nst, int nsa, int warp, int lane, int g, int &cslot,
+                                               Issue &issue, Compute &compute) {
+  constexpr bool RAW = BITS == 16;
+  constexpr int KC = qr_kc(GS, BITS), GPS = KC / GS, GPW = RAW ? 0 : GPS, CB = 4 * (KC / 32) * BITS;
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, RW = qr_rec(BITS, GS) / 4;
+  constexpr int NPW = CB / 16 + GPW, SLOT = WARPS * NPW * 32 * 16;
+  static_assert(CP && PSC == 16 && !RAW && PF == 0, "the weight ring: compact 16-byte pieces, no prefetch");
+  static_assert(WR >= 2 && WR <= (STAGES - 1) * SUB + 1, "the weight ring's wait count covers the activations");
+  const int64_t lane_off = (int64_t)STAGES * STB + ((int64_t)warp * NPW * 32 + lane) * 16;
+  const dg_sptr rbase = sbase + lane_off;
+  auto wissue = [&](int st) {
+    const dg_sptr d = rbase + (st % WR) * SLOT;
+    const unsigned char *p = wq + (int64_t)st * sstride;
+#pragma unroll
+    for (int k = 0; k < CB / 16; k++) dg_cp_async16_nz(d + k * 512, p + k * 512);
+    const unsigned char *pp = p - lane * 16 + 32 * CB + g * 16 * GPS;
+#pragma unroll
+    for (int i = 0; i < GPW; i++) dg_cp_async16_nz(d + (CB / 16 + i) * 512, pp + 16 * i);
+  };
+#pragma unroll
+  for (int sa = 0; sa < STAGES - 1; sa++) {
+    if (sa < nsa) issue();
+    dg_cp_commit();
+  }
+#pragma unroll
+  for (int j = 0; j < WR - 1; j++) {
+    if (j < nst) wissue(j);
+    dg_cp_commit();
+  }
+  for (int s = 0; s < nst; s++) {
+    const int sub = s % SUB;
+    dg_cp_wait<WR - 2>();
+    if (sub == 0) {
+      if (s > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+      __syncthreads(); /* every warp's activation copies of this stage landed; the slot refilled next is free */
+      if (s / SUB + STAGES - 1 < nsa) issue();
+    }
+    if (s + WR - 1 < nst) wissue(s + WR - 1);
+    dg_cp_commit();
+    uint32_t R[RW];
+    const unsigned char *rs = smem + lane_off + (s % WR) * SLOT;
+#pragma unroll
+    for (int k = 0; k < NPW; k++) {
+      const uint4 v = *(const uint4 *)(rs + k * 512);
+      R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+    }
+    compute(R, s, sub);
+  }
+  dg_cp_wait<0>();
+}
+
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 /* (A WD-deep ring of weight stages per warp in shared memory, filled by bulk copies, instead of the D register
  * stages was measured slower in session 3, lab versions 10-12, and removed.)
@@ -519,16 +606,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     /* one weight stage s: the lane's record R against its part (sub) of the ring slot of activation stage s / SUB */
     int cslot = 0; /* the ring slot of the activation stage being computed */
     auto compute = [&](const uint32_t *R, int s, int sub) {
-      const unsigned char *Xs = smem + cslot * STB + 2 * KC * sub, *Ss = smem + cslot * STB + XB + 4 * NTOK * GPS * sub;
-#pragma unroll
-      for (int c = 0; c < RUNS; c++) {
-        if constexpr (DQ) {
-          qr_run_products<BITS, NT, RUNS, XS, 1, GS>(acc, R, Xs, c, g, t);
-        } else {
-          qr_run_products<BITS, NT, RUNS, XS>(RAW ? acc : part, R, Xs, c, g, t);
-          qr_fold<BITS, NT, GS, SUB, BM, NTOK>(acc, part, af, R, smem + cslot * STB + XB, Ss, c, s, sub, ng, g, t, asel);
-        }
-      }
+      qr_stage_products<BITS, NT, GS, SUB, BM, DQ>(acc, part, af, R, smem, cslot * STB, s, sub, ng, g, t, asel);
     };
 
     /* activation stage sa begins: its ring slot, its copies complete for every warp, the next one issued */
@@ -540,71 +618,21 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
       dg_cp_commit();
     };
     if constexpr (D < 0) {
-      /* the weight ring in shared memory (D = -WR, lab only so far): each lane copies its own record of stage s
-       * (its NPW 16-byte pieces) into ring slot s mod WR by cp.async, WR - 1 stages ahead, and reads it back
-       * into registers just before its products; a lane reads only what it copied, so its own cp.async.wait_group
-       * orders it (no barrier). One commit group per weight stage carries the activation copies issued at that
-       * stage too: at stage s, wait_group WR - 2 leaves pending only the groups of stages s - WR + 2 .. s - 1,
-       * so weight stage s (issued at s - WR + 1) has landed, and so has the activation stage (issued
-       * (STAGES - 1) SUB stages earlier) when WR <= (STAGES - 1) SUB + 1. Slot (s - 1) mod WR, refilled at stage
-       * s, was read into registers at stage s - 1. */
-      constexpr int WR = -D, NPW = CB / 16 + GPW, SLOT = WARPS * NPW * 32 * 16;
-      static_assert(CP && PSC == 16 && !RAW && PF == 0, "the weight ring: compact 16-byte pieces, no prefetch");
-      static_assert(WR >= 2 && WR <= (STAGES - 1) * SUB + 1, "the weight ring's wait count covers the activations");
-      const int64_t lane_off = (int64_t)STAGES * STB + ((int64_t)warp * NPW * 32 + lane) * 16;
-      const dg_sptr rbase = sbase + lane_off;
-      auto wissue = [&](int st) {
-        const dg_sptr d = rbase + (st % WR) * SLOT;
-        const unsigned char *p = wq + (int64_t)st * sstride;
-  #pragma unroll
-        for (int k = 0; k < CB / 16; k++) dg_cp_async16_nz(d + k * 512, p + k * 512);
-        const unsigned char *pp = p - lane * 16 + 32 * CB + g * 16 * GPS;
-  #pragma unroll
-        for (int i = 0; i < GPW; i++) dg_cp_async16_nz(d + (CB / 16 + i) * 512, pp + 16 * i);
-      };
-  #pragma unroll
-      for (int sa = 0; sa < STAGES - 1; sa++) {
-        if (sa < nsa) issue();
-        dg_cp_commit();
-      }
-  #pragma unroll
-      for (int j = 0; j < WR - 1; j++) {
-        if (j < nst) wissue(j);
-        dg_cp_commit();
-      }
-      for (int s = 0; s < nst; s++) {
-        const int sub = s % SUB;
-        dg_cp_wait<WR - 2>();
-        if (sub == 0) {
-          if (s > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
-          __syncthreads(); /* every warp's activation copies of this stage landed; the slot refilled next is free */
-          if (s / SUB + STAGES - 1 < nsa) issue();
-        }
-        if (s + WR - 1 < nst) wissue(s + WR - 1);
-        dg_cp_commit();
-        uint32_t R[RW];
-        const unsigned char *rs = smem + lane_off + (s % WR) * SLOT;
-  #pragma unroll
-        for (int k = 0; k < NPW; k++) {
-          const uint4 v = *(const uint4 *)(rs + k * 512);
-          R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
-        }
-        compute(R, s, sub);
-      }
-      dg_cp_wait<0>();
+      qr_ring_stages<BITS, GS, WARPS, -D, STAGES, SUB, STB, PF, CP>(smem, sbase, wq, sstride, nst, nsa, warp, lane, g,
+                                                                    cslot, issue, compute);
     } else {
       uint32_t W[D][RW];
-  #pragma unroll
+#pragma unroll
       for (int sa = 0; sa < STAGES - 1; sa++) {
         if (sa < nsa) issue();
         dg_cp_commit();
       }
       qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
-  #pragma unroll
+#pragma unroll
       for (int d = 0; d < D - 1; d++)
         if (d < nst) wload(W[d]);
       for (int it = 0; it < nst; it += D) {
-  #pragma unroll
+#pragma unroll
         for (int d = 0; d < D; d++) {
           const int s = it + d;
           if (s < nst) {
