@@ -1019,6 +1019,43 @@ static void test_turbo_topk(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
+ * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
+ * its buffers (2 caches per layer and 38 work buffers, src/cuda/context.cu ctx_layout) lie inside the block, 256
+ * bytes aligned from its start, without overlap, and a byte pattern of each, all written first, reads back intact.
+ * With a sliding-window ring cache (the default) and a full-window cache (every layer the same length). */
+static void test_ctx_arena(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device context to test here");
+  dg_model *cm, *gm;
+  char dir[] = "/tmp/dg_cuda_arenaXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  load_pair(dir, &cm, &gm);
+  for (int full = 0; full < 2; full++) {
+    dg_context_params p = dg_context_default_params();
+    p.full_window_cache = full;
+    dg_context *ctx;
+    assert_dg_ok(dg_context_new(gm, &p, &ctx));
+    int32_t na[2] = {-1, -1};
+    int nb = 0;
+    long bad = -1;
+    assert_dg_ok(cut()->test_ctx_arena(ctx->dev, na, &nb, &bad));
+    printf("# context (full window %d): %d device and %d pinned host allocations, %d buffers, %ld bad\n", full, na[0],
+           na[1], nb, bad);
+    assert_int_equal(na[0], 1);
+    assert_int_equal(na[1], 1);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 38);
+    assert_int_equal(bad, 0);
+    dg_context_free(ctx);
+  }
+  dg_model_free(cm);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* Self-conditioning rows on the device vs the CPU (src/sample/turbo.c): exact
  * (z = softcap(raw)/T, P = softmax, soft = scale P.E) and topk (scale
  * sum_k p_k E[idx_k]). Per element the GPU rounds P and E to bf16 (u =
@@ -2758,7 +2795,7 @@ int main(void) {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain),
-      cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_turbo_sc),
+      cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),
       cmocka_unit_test(test_quant_matmul),

@@ -255,6 +255,8 @@ struct dg_cuda_ctx {
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
   struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
   struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
+  int32_t n_allocs[2];          /* the device and pinned host allocations this context made (context.cu: one block
+                                 * each; the turbo engine's buffers and cuBLAS's, graphs' and pins' own not counted) */
   int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the
                                  * combine of the layer before it, k_ffn_combine_norm; -1: none) */
 };

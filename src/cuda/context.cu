@@ -10,9 +10,15 @@
 
 /* ---- context ---------------------------------------------------------------- */
 
+/* A context and what it owns: one device block (every device buffer, carved by ctx_layout) and one pinned host
+ * block (h_stats, h_bad); the per-layer cache pointers kc[L], vc[L] follow the struct in its host allocation. */
 struct ctx_priv {
   dg_cuda_ctx c;
-  alloc_list al;
+  void *dev;         /* the device block, dev_bytes */
+  size_t dev_bytes;
+  void *host;        /* the pinned host block */
+  int32_t rows;      /* what the context was made for (ctx_carves lays it out again) */
+  int full_window;
 };
 
 /* Tokens per encoder pass: ENC_CHUNK, or DGEMMA_ENC_CHUNK=N (a multiple of 64 in [64, 4096]; read once): a longer
@@ -57,11 +63,10 @@ extern "C" dg_status dg_cuda_truncate_check(const dg_cuda_ctx *c, int32_t len) {
                    len, need, len - 1, c->S_ring, c->hi - 1);
 }
 
-/* The shape of a context: its pass rows T (max(canvas, encoder chunk, rows)), cache length S (cap + canvas),
- * ring length of the sliding layers, and the bytes of its KV cache and work buffers (the check against free
- * memory; the buffers themselves are ctx_buffers'). */
+/* The shape of a context: its pass rows T (max(canvas, encoder chunk, rows)), cache length S (cap + canvas) and
+ * ring length of the sliding layers (the buffers themselves: ctx_layout). */
 typedef struct ctx_dims {
-  size_t C, H, V, I, IE, E, K, NH, T, S, S_ring, TK, W, kv, scratch;
+  size_t C, H, V, I, IE, E, K, NH, T, S, S_ring, TK, W;
 } ctx_dims;
 
 static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, int full_window) {
@@ -69,7 +74,7 @@ static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, i
   ctx_dims z;
   z.C = d->canvas; z.H = d->hidden; z.V = d->vocab; z.I = d->inter; z.IE = d->moe_inter; z.E = d->n_experts;
   z.K = d->top_k; z.NH = d->n_heads;
-  const size_t C = z.C, H = z.H, V = z.V, I = z.I, IE = z.IE, E = z.E, K = z.K, NH = z.NH;
+  const size_t C = z.C, H = z.H, I = z.I, K = z.K;
   const size_t T0 = C > (size_t)enc_chunk ? C : (size_t)enc_chunk, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
                S = (size_t)cap + C;
   /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one pass, the
@@ -77,84 +82,120 @@ static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, i
    * of 64 */
   const size_t ring = d->window >= 1 && !full_window ? ((size_t)d->window - 1 + T0 + 63) / 64 * 64 : S,
                S_ring = ring < S ? ring : S;
-  size_t kv = 0;
-  for (int i = 0; i < d->n_layers; i++)
-    kv += 2 * (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? S : S_ring) * (size_t)m->layers[i].head_dim * 2;
-  const size_t TK = T * K, W = H > 2 * I ? H : 2 * I;
-  z.T = T; z.S = S; z.S_ring = S_ring; z.TK = TK; z.W = W; z.kv = kv;
-  z.scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
-              T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
-              (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
-              8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
-              DG_ROUTE_GSC_INTS * 4 +
-              k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
+  z.T = T; z.S = S; z.S_ring = S_ring; z.TK = T * K; z.W = H > 2 * I ? H : 2 * I;
   return z;
 }
 
-/* The device buffers of c: the KV cache (zeroed) and the work buffers of passes of z.T rows. */
-static dg_status ctx_buffers(dg_cuda_ctx *c, alloc_list *al, const ctx_dims *z) {
+/* The device buffers of c laid out by cv (carve): the KV cache first (its bytes into *kv_bytes, the block's
+ * [0, *kv_bytes): one memset zeroes it), then the work buffers of passes of z.T rows. */
+static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv_bytes) {
   const dg_cuda_model *m = c->m;
   const size_t C = z->C, H = z->H, V = z->V, I = z->I, IE = z->IE, E = z->E, NH = z->NH, T = z->T, TK = z->TK,
-               W = z->W;
-  dg_status st = DG_OK;
-  c->kc = (bf16 **)calloc((size_t)m->d.n_layers, sizeof(bf16 *));
-  c->vc = (bf16 **)calloc((size_t)m->d.n_layers, sizeof(bf16 *));
-  if (!c->kc || !c->vc) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
-#define A_(ptr, bytes) do { if ((st = dalloc(al, (void **)&(ptr), (bytes), #ptr)) != DG_OK) return st; } while (0)
+               W = z->W, XQ = TK * IE > T * H ? TK * IE : T * H /* the quantized products' inputs */;
+#define B_(ptr, bytes) carve_to(cv, (ptr), (bytes))
   for (int i = 0; i < m->d.n_layers; i++) {
     size_t n = (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? z->S : z->S_ring) * (size_t)m->layers[i].head_dim * 2;
-    A_(c->kc[i], n);
-    A_(c->vc[i], n);
-    if (cudaMemset(c->kc[i], 0, n) != cudaSuccess || cudaMemset(c->vc[i], 0, n) != cudaSuccess)
-      return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache failed");
+    B_(c->kc[i], n);
+    B_(c->vc[i], n);
   }
-  A_(c->ids, T * 4);
-  A_(c->x, T * H * 4);
-  A_(c->f1, T * W * 4);
-  A_(c->dense, T * H * 4);
-  A_(c->a, T * H * 2);
-  A_(c->xe, T * H * 2);
-  A_(c->u, T * H * 4);
-  A_(c->qkv, T * (size_t)m->qkvmax * 4);
-  A_(c->q, T * NH * (size_t)m->dmax * 4);
-  A_(c->att, T * NH * (size_t)m->dmax * 2);
+  *kv_bytes = cv->off;
+  B_(c->ids, T * 4);
+  B_(c->x, T * H * 4);
+  B_(c->f1, T * W * 4);
+  B_(c->dense, T * H * 4);
+  B_(c->a, T * H * 2);
+  B_(c->xe, T * H * 2);
+  B_(c->u, T * H * 4);
+  B_(c->qkv, T * (size_t)m->qkvmax * 4);
+  B_(c->q, T * NH * (size_t)m->dmax * 4);
+  B_(c->att, T * NH * (size_t)m->dmax * 2);
   /* up to 8 key splits of a canvas's attention (attention.cu lowers the count for more rows) */
   c->att_ws.n = 8 * C * NH * ((size_t)m->dmax + 2);
-  A_(c->att_ws.part, c->att_ws.n * 4);
-  A_(c->gu, T * 2 * I * 4);
-  A_(c->h, T * (I > IE ? I : IE) * 2);
-  A_(c->rlog, T * E * 4);
-  A_(c->rws, DG_ROUTER_MAX_SPLITS * T * E * 4);
-  A_(c->moe.topk_idx, TK * 4);
-  A_(c->moe.topk_w, TK * 4);
-  A_(c->moe.count, E * 4);
-  A_(c->moe.start, (E + 1) * 4);
-  A_(c->moe.pairs, TK * 4);
-  A_(c->moe.slot_row, TK * 4);
-  A_(c->moe.tiles, (TK + E) * 2 * 4);
-  A_(c->moe.n_tiles, 4);
-  A_(c->moe.order, E * 4);
-  A_(c->moe.done, 4);
-  A_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
-  if (cudaMemset(c->moe.done, 0, 4) != cudaSuccess || cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess)
-    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the router's block counter failed");
-  A_(c->moe.h, TK * IE * 2);
-  A_(c->moe.y, TK * H * 4);
-  A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
-  A_(c->moe.xp, (TK * IE > T * H ? TK * IE : T * H) * 2);
-  A_(c->logits, C * V * 4);
-  A_(c->P, C * V * 2);
-  A_(c->soft, C * H * 4);
-  A_(c->uni, C * 4);
-  A_(c->stats, C * sizeof(dg_cuda_pos_stats));
-  A_(c->bad, 4);
-  A_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
-  A_(c->blas_ws, blas_ws_bytes(m->device));
-#undef A_
-  if (cudaMallocHost((void **)&c->h_stats, C * sizeof(dg_cuda_pos_stats)) != cudaSuccess ||
-      cudaMallocHost((void **)&c->h_bad, 4) != cudaSuccess)
-    return dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %zu bytes failed", C * sizeof(dg_cuda_pos_stats) + 4);
+  B_(c->att_ws.part, c->att_ws.n * 4);
+  B_(c->gu, T * 2 * I * 4);
+  B_(c->h, T * (I > IE ? I : IE) * 2);
+  B_(c->rlog, T * E * 4);
+  B_(c->rws, DG_ROUTER_MAX_SPLITS * T * E * 4);
+  B_(c->moe.topk_idx, TK * 4);
+  B_(c->moe.topk_w, TK * 4);
+  B_(c->moe.count, E * 4);
+  B_(c->moe.start, (E + 1) * 4);
+  B_(c->moe.pairs, TK * 4);
+  B_(c->moe.slot_row, TK * 4);
+  B_(c->moe.tiles, (TK + E) * 2 * 4);
+  B_(c->moe.n_tiles, 4);
+  B_(c->moe.order, E * 4);
+  B_(c->moe.done, 4);
+  B_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
+  B_(c->moe.h, TK * IE * 2);
+  B_(c->moe.y, TK * H * 4);
+  B_(c->moe.xs, XQ / 32 * 4);
+  B_(c->moe.xp, XQ * 2);
+  B_(c->logits, C * V * 4);
+  B_(c->P, C * V * 2);
+  B_(c->soft, C * H * 4);
+  B_(c->uni, C * 4);
+  B_(c->stats, C * sizeof(dg_cuda_pos_stats));
+  B_(c->bad, 4);
+  B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
+  B_(c->blas_ws, blas_ws_bytes(m->device));
+#undef B_
+}
+
+/* c's device block (one cudaMalloc, laid out by ctx_layout; the KV cache and the router's block counters zeroed)
+ * and pinned host block (one cudaMallocHost: h_stats, h_bad); c->n_allocs counts them. Refuses a block that does
+ * not fit in the free device memory with half of RESERVE to spare. */
+static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
+  dg_cuda_ctx *c = &pv->c;
+  const dg_cuda_model *m = c->m;
+  carver sz = {};
+  size_t kv = 0, fr = 0, tot = 0;
+  ctx_layout(c, z, &sz, &kv);
+  CK(mem_info(&fr, &tot));
+  if (sz.off + (RESERVE / 2) > fr)
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
+                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
+                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
+                     c->cap, sz.off, sz.off / GiB, kv, sz.off - kv, RESERVE / 2 / GiB, m->device, fr, fr / GiB,
+                     tot / GiB);
+  cudaError_t e = cudaMalloc(&pv->dev, sz.off);
+  if (e != cudaSuccess) {
+    pv->dev = NULL;
+    return dg_seterr(e == cudaErrorMemoryAllocation ? DG_ERR_OUT_OF_MEMORY : DG_ERR_BACKEND,
+                     "cudaMalloc(%zu bytes) for a context failed: %s", sz.off, cudaGetErrorString(e));
+  }
+  c->n_allocs[0]++;
+  pv->dev_bytes = sz.off;
+  carver cv = {};
+  cv.base = (unsigned char *)pv->dev;
+  ctx_layout(c, z, &cv, &kv);
+  if (cudaMemset(pv->dev, 0, kv) != cudaSuccess || cudaMemset(c->moe.done, 0, 4) != cudaSuccess ||
+      cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache or the router's block counters failed");
+  const size_t hs = (z->C * sizeof(dg_cuda_pos_stats) + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN;
+  if (cudaMallocHost(&pv->host, hs + 4) != cudaSuccess) {
+    pv->host = NULL;
+    return dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %zu bytes failed", hs + 4);
+  }
+  c->n_allocs[1]++;
+  c->h_stats = (dg_cuda_pos_stats *)pv->host;
+  c->h_bad = (int32_t *)((unsigned char *)pv->host + hs);
   return DG_OK;
+}
+
+int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, size_t *block_bytes) {
+  ctx_priv *pv = (ctx_priv *)c;
+  const ctx_dims z = ctx_dims_of(c->m, c->cap, pv->rows, pv->full_window);
+  carver cv = {};
+  cv.base = (unsigned char *)pv->dev;
+  cv.rec_p = p;
+  cv.rec_b = bytes;
+  cv.rec_cap = cap;
+  size_t kv;
+  ctx_layout(c, &z, &cv, &kv);
+  *block = pv->dev;
+  *block_bytes = pv->dev_bytes;
+  return cv.n;
 }
 
 /* c's stream, cuBLAS handle (its workspace c->blas_ws) and graphs. */
@@ -186,18 +227,14 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   *out = NULL;
   CK(cudaSetDevice(m->device));
   const ctx_dims z = ctx_dims_of(m, cap, rows, full_window);
-  size_t fr = 0, tot = 0;
-  CK(mem_info(&fr, &tot));
-  if (z.kv + z.scratch + (RESERVE / 2) > fr)
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
-                     "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "
-                     "buffers %zu) plus a %.2f GiB reserve; GPU %d has %zu bytes (%.2f GiB) free of %.2f GiB",
-                     cap, z.kv + z.scratch, (z.kv + z.scratch) / GiB, z.kv, z.scratch, RESERVE / 2 / GiB, m->device,
-                     fr, fr / GiB, tot / GiB);
-  ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv);
+  ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv + 2 * (size_t)m->d.n_layers * sizeof(bf16 *));
   if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
   dg_cuda_ctx *c = &pv->c;
   c->m = m;
+  c->kc = (bf16 **)(pv + 1);
+  c->vc = c->kc + m->d.n_layers;
+  pv->rows = rows;
+  pv->full_window = full_window;
   c->cap = cap;
   c->S = (int32_t)z.S;
   c->S_ring = (int32_t)z.S_ring;
@@ -209,7 +246,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';
   }
-  dg_status st = ctx_buffers(c, &pv->al, &z);
+  dg_status st = ctx_buffers(pv, &z);
   if (st == DG_OK) st = ctx_stream(c);
   if (st != DG_OK) {
     dg_cuda_ctx_free(c);
@@ -229,12 +266,9 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   gemm_pins_free(c);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
-  if (c->h_stats) cudaFreeHost(c->h_stats);
-  if (c->h_bad) cudaFreeHost(c->h_bad);
+  if (pv->host) cudaFreeHost(pv->host);
   turbo_free(c);
-  dfree_all(&pv->al);
-  free(c->kc);
-  free(c->vc);
+  if (pv->dev) cudaFree(pv->dev);
   free(pv);
 }
 

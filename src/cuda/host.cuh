@@ -16,6 +16,55 @@
 #define RESERVE ((size_t)512 << 20) /* CUDA context, cuBLAS workspace and fragmentation */
 #define STAGE_ELEMS ((size_t)8 << 20) /* bf16 elements of the host staging buffer of an upload */
 
+/* ---- one block for many buffers ---- */
+
+/* Laying buffers out in one block (llm.c's size table): carve() gives each buffer the next CARVE_ALIGN-aligned
+ * offset of the block; with base NULL it only adds up the bytes (the pointers it gives are NULL), so the same walk
+ * sizes the block and then assigns the pointers into it (context.cu: a context's buffers; turbo_host.cu: the turbo
+ * engine's). rec_p / rec_b (rec_cap entries), when set, receive each buffer's address and bytes (ctx_carves). */
+#define CARVE_ALIGN 256 /* cudaMalloc's own alignment: what the kernels' 16-byte vector loads, cp.async and bulk
+                         * copies and cuBLAS's workspace (256 bytes) need, kept for every buffer of the block */
+typedef struct carver {
+  unsigned char *base; /* the block, or NULL: sizing only */
+  size_t off;          /* bytes laid out so far (a multiple of CARVE_ALIGN) */
+  int n;               /* buffers laid out so far */
+  void **rec_p;
+  size_t *rec_b;
+  int rec_cap;
+} carver;
+
+static inline void *carve(carver *cv, size_t bytes) {
+  void *p = cv->base ? cv->base + cv->off : NULL;
+  if (cv->rec_p && cv->n < cv->rec_cap) {
+    cv->rec_p[cv->n] = p;
+    cv->rec_b[cv->n] = bytes;
+  }
+  cv->n++;
+  cv->off += (bytes + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN + (bytes == 0) * CARVE_ALIGN; /* none empty */
+  return p;
+}
+
+/* ptr = carve(cv, bytes), typed. */
+template <class T> static inline void carve_to(carver *cv, T *&ptr, size_t bytes) { ptr = (T *)carve(cv, bytes); }
+
+/* *blk: one cudaMalloc holding the buffers that layout(cv) carves (layout is called twice: to size the block, then
+ * to point the buffers into it); what names them in the error. Errors: DG_ERR_OUT_OF_MEMORY, DG_ERR_BACKEND (*blk
+ * NULL, the pointers untouched). */
+template <class F> static inline dg_status carve_block(void **blk, const char *what, F layout) {
+  carver sz = {};
+  layout(&sz);
+  cudaError_t e = cudaMalloc(blk, sz.off);
+  if (e != cudaSuccess) {
+    *blk = NULL;
+    return dg_seterr(e == cudaErrorMemoryAllocation ? DG_ERR_OUT_OF_MEMORY : DG_ERR_BACKEND,
+                     "cudaMalloc(%zu bytes) for %s failed: %s", sz.off, what, cudaGetErrorString(e));
+  }
+  carver cv = {};
+  cv.base = (unsigned char *)*blk;
+  layout(&cv);
+  return DG_OK;
+}
+
 /* ---- upload.cu ---- */
 
 /* All device allocations of a model or context, freed together. */
@@ -44,6 +93,11 @@ dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gat
                      uint16_t *stage);
 
 /* ---- context.cu ---- */
+
+/* The device buffers of c as its one block holds them (dg_cuda_ctx_new's layout, walked again; c's pointers are
+ * set to the same values): their count, each one's address p[i] and bytes bytes[i] for i < min(count, cap); the
+ * block and its bytes. For the tests (tests/support/cuda_entry.cu: the buffers do not overlap). */
+int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, size_t *block_bytes);
 
 /* The interval that ends now belongs to stage st (no-op when profiling is off). */
 dg_status mark(dg_cuda_ctx *c, int st);
@@ -126,7 +180,8 @@ dg_status graph_run(dg_cuda_ctx *c, const dg_graph_key *key, int64_t sig, dg_pas
 
 /* ---- turbo_host.cu ---- */
 
-/* Device buffers of the turbo entry points, allocated on first use. */
+/* Device buffers of the turbo entry points, made on first use (turbo_bufs): two blocks, the index buffers and the
+ * top-K buffers (remade for a larger K). */
 struct dg_cuda_turbo {
   int32_t *pos;      /* [tmax] absolute positions of a compacted pass's rows */
   int32_t *cpos;     /* [tmax] their canvas positions (self-conditioning rows) */
@@ -138,6 +193,7 @@ struct dg_cuda_turbo {
   float *cv, *candv, *val, *p; /* [C, nC], [C, min(K, nC) * 64], [C, K], [C, K] */
   int32_t *ci, *candi, *idx;   /* as cv, candv, val */
   int32_t *bad;      /* [1 + C] */
+  void *iblk, *kblk; /* the blocks of the index buffers (pos, cpos, rows) and of the top-K buffers (carve_block) */
 };
 
 /* c->tb with its index buffers; with K > 0 also the top-K buffers for K

@@ -13,8 +13,8 @@
 /* ---- turbo engine (spec 7; host engine src/sample/turbo.c, kernels turbo.cu) -------------- */
 
 static void turbo_topk_free(dg_cuda_turbo *t) {
-  cudaFree(t->cv); cudaFree(t->candv); cudaFree(t->val); cudaFree(t->p);
-  cudaFree(t->ci); cudaFree(t->candi); cudaFree(t->idx); cudaFree(t->bad);
+  cudaFree(t->kblk);
+  t->kblk = NULL;
   t->cv = t->candv = t->val = t->p = NULL;
   t->ci = t->candi = t->idx = t->bad = NULL;
   t->K = t->klast = 0;
@@ -24,29 +24,10 @@ void turbo_free(dg_cuda_ctx *c) {
   dg_cuda_turbo *t = c->tb;
   if (!t) return;
   turbo_topk_free(t);
-  cudaFree(t->pos); cudaFree(t->cpos); cudaFree(t->rows);
+  cudaFree(t->iblk);
   free(t->h_pos);
   free(t);
   c->tb = NULL;
-}
-
-#define TB_MALLOC(ptr, bytes, what)                                                                          \
-  do {                                                                                                       \
-    const size_t tb_n_ = (size_t)(bytes);                                                                    \
-    cudaError_t tb_e_ = cudaMalloc((void **)&(ptr), tb_n_ > 0 ? tb_n_ : 16);                                 \
-    if (tb_e_ != cudaSuccess)                                                                                \
-      return dg_seterr(tb_e_ == cudaErrorMemoryAllocation ? DG_ERR_OUT_OF_MEMORY : DG_ERR_BACKEND,           \
-                       "cudaMalloc(%zu bytes) for the turbo %s failed: %s", tb_n_, what,                    \
-                       cudaGetErrorString(tb_e_));                                                           \
-  } while (0)
-
-static dg_status turbo_index_bufs(dg_cuda_turbo *t, size_t C, size_t T) {
-  t->h_pos = (int32_t *)malloc(T * 4);
-  if (!t->h_pos) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
-  TB_MALLOC(t->pos, T * 4, "positions");
-  TB_MALLOC(t->cpos, T * 4, "positions");
-  TB_MALLOC(t->rows, C * 4, "rows");
-  return DG_OK;
 }
 
 dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
@@ -55,7 +36,13 @@ dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
     dg_cuda_turbo *t = (dg_cuda_turbo *)calloc(1, sizeof *t);
     if (!t) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
     c->tb = t;
-    dg_status st = turbo_index_bufs(t, C, T);
+    dg_status st = (t->h_pos = (int32_t *)malloc(T * 4)) ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (st == DG_OK)
+      st = carve_block(&t->iblk, "the turbo positions and rows", [&](carver *cv) {
+        carve_to(cv, t->pos, T * 4);
+        carve_to(cv, t->cpos, T * 4);
+        carve_to(cv, t->rows, C * 4);
+      });
     if (st) {
       turbo_free(c);
       return st;
@@ -65,19 +52,20 @@ dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
   if (K > t->K) {
     turbo_topk_free(t);
     const size_t nC = (V + 63) / 64, nsel = (size_t)K < nC ? (size_t)K : nC;
-    TB_MALLOC(t->cv, C * nC * 4, "chunk maxima");
-    TB_MALLOC(t->ci, C * nC * 4, "chunk maxima");
-    TB_MALLOC(t->candv, C * nsel * 64 * 4, "top-K candidates");
-    TB_MALLOC(t->candi, C * nsel * 64 * 4, "top-K candidates");
-    TB_MALLOC(t->val, C * (size_t)K * 4, "top-K values");
-    TB_MALLOC(t->idx, C * (size_t)K * 4, "top-K ids");
-    TB_MALLOC(t->p, C * (size_t)K * 4, "top-K probabilities");
-    TB_MALLOC(t->bad, (C + 1) * 4, "flags");
-    t->K = K; /* only when all succeeded: a later call retries after freeing the partial set */
+    DG_TRY(carve_block(&t->kblk, "the turbo top-K buffers", [&](carver *cv) {
+      carve_to(cv, t->cv, C * nC * 4); /* chunk maxima */
+      carve_to(cv, t->ci, C * nC * 4);
+      carve_to(cv, t->candv, C * nsel * 64 * 4); /* top-K candidates */
+      carve_to(cv, t->candi, C * nsel * 64 * 4);
+      carve_to(cv, t->val, C * (size_t)K * 4);
+      carve_to(cv, t->idx, C * (size_t)K * 4);
+      carve_to(cv, t->p, C * (size_t)K * 4);
+      carve_to(cv, t->bad, (C + 1) * 4); /* flags */
+    }));
+    t->K = K; /* only when it succeeded: a later call retries */
   }
   return DG_OK;
 }
-#undef TB_MALLOC
 
 /* Self-conditioning input of a decoder pass: DG_SC_HOST uploads host rows soft [C, H] into c->soft. */
 static dg_status turbo_soft_in(dg_cuda_ctx *c, dg_sc_source *sc, const float *soft) {

@@ -503,6 +503,50 @@ extern "C" dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft) {
 #define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
     goto done; } } while (0)
+/* The byte pattern of buffer i of a context's block (37 is odd: 256 buffers in a row differ). */
+static unsigned char arena_byte(int i) { return (unsigned char)(i * 37 + 11); }
+
+extern "C" dg_status dg_cuda_test_ctx_arena(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad) {
+  enum { CAP = 4096 };
+  dg_status st = DG_OK;
+  void **p = (void **)malloc(CAP * sizeof *p);
+  size_t *b = (size_t *)malloc(CAP * sizeof *b);
+  int *ord = (int *)malloc(CAP * sizeof *ord);
+  unsigned char *h = NULL;
+  void *blk = NULL;
+  size_t blk_bytes = 0, most = 0;
+  *n_bad = 0;
+  n_allocs[0] = c->n_allocs[0];
+  n_allocs[1] = c->n_allocs[1];
+  if (!p || !b || !ord) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TC_(cudaSetDevice(c->m->device));
+  TC_(cudaStreamSynchronize(c->stream));
+  *n_bufs = ctx_carves(c, p, b, CAP, &blk, &blk_bytes);
+  if (*n_bufs > CAP) { st = dg_seterr(DG_ERR_INVALID_ARG, "%d buffers in a context, more than %d", *n_bufs, CAP); goto done; }
+  for (int i = 0; i < *n_bufs; i++) {
+    const uintptr_t a = (uintptr_t)p[i], lo = (uintptr_t)blk;
+    *n_bad += a < lo || a + b[i] > lo + blk_bytes || (a - lo) % 256 != 0 || a % 16 != 0;
+    ord[i] = i;
+    if (b[i] > most) most = b[i];
+  }
+  for (int i = 1; i < *n_bufs; i++) /* insertion sort by address */
+    for (int j = i; j > 0 && (uintptr_t)p[ord[j]] < (uintptr_t)p[ord[j - 1]]; j--) {
+      const int t = ord[j]; ord[j] = ord[j - 1]; ord[j - 1] = t;
+    }
+  for (int i = 1; i < *n_bufs; i++) *n_bad += (uintptr_t)p[ord[i - 1]] + b[ord[i - 1]] > (uintptr_t)p[ord[i]];
+  if (!(h = (unsigned char *)malloc(most ? most : 1))) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  for (int i = 0; i < *n_bufs; i++) TC_(cudaMemset(p[i], arena_byte(i), b[i]));
+  for (int i = 0; i < *n_bufs; i++) {
+    TC_(cudaMemcpy(h, p[i], b[i], cudaMemcpyDeviceToHost));
+    size_t k = 0;
+    while (k < b[i] && h[k] == arena_byte(i)) k++;
+    *n_bad += k < b[i];
+  }
+done:
+  free(p); free(b); free(ord); free(h);
+  return st;
+}
+
 #ifndef DG_CUDA_EMU
 __global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -655,6 +699,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
+    dg_cuda_test_ctx_arena,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -131,6 +131,14 @@ dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *den
                                     const float *w_next, float scalar, float eps, int T, int H, int K, int *fused,
                                     long *n_diff);
 
+/* A context's one device block (src/cuda/context.cu ctx_carves), checked: n_allocs[0..1] the device and pinned
+ * host allocations the context made (its own counter, dg_cuda_ctx.n_allocs); n_bufs the buffers carved from the
+ * block; n_bad the failures of: every buffer inside the block, at a multiple of 256 bytes from its start and
+ * 16-byte aligned, no two overlapping (in address order), and a byte pattern of its own written into every buffer
+ * (all of them first, then each read back) found intact. Overwrites the context's device state: for a fresh
+ * context that is freed after. */
+dg_status dg_cuda_test_ctx_arena(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad);
+
 /* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
  * the tests link in a CPU-only build. */
 typedef struct dg_cuda_test_api {
@@ -161,6 +169,7 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
                                 int32_t *bad, uint16_t *P, long n_diff[4]);
+  dg_status (*test_ctx_arena)(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
