@@ -128,6 +128,7 @@ typedef struct job {
   int closed;             /* no more output will come */
   const char *finish;     /* "stop", "length", "repetition" */
   double t0, t_end;
+  double prefill_s;       /* the context (prompt cache copy included) and the prompt's prefill, s; < 0: not measured */
   int32_t n_steps, n_blocks;
   pthread_cond_t cv;
 } job;
@@ -247,6 +248,8 @@ static cJSON *stats_json(job *j) {
   cJSON_AddNumberToObject(x, "canvases", j->n_blocks);
   cJSON_AddNumberToObject(x, "denoising_steps", j->n_steps);
   cJSON_AddNumberToObject(x, "seconds", sec);
+  if (j->prefill_s >= 0) cJSON_AddNumberToObject(x, "prefill_seconds", j->prefill_s);
+  else cJSON_AddNullToObject(x, "prefill_seconds");
   cJSON_AddNumberToObject(x, "tokens_per_second", sec > 0 ? j->completion_tokens / sec : 0.0);
   cJSON_AddStringToObject(x, "sampler", j->turbo ? "turbo" : "reference");
   return x;
@@ -587,6 +590,7 @@ static void *scheduler(void *arg) {
       if (!st)
         st = dg_batch_add(s->batch, j->ctx, j->prompt + j->n_cached, j->n_prompt - (size_t)j->n_cached, &j->gp, &j->res,
                           &slot);
+      j->prefill_s = now_s() - j->t0;
       pthread_mutex_lock(&s->mu);
       cache_count(s, j);
       if (st) job_finish(s, j, st);
@@ -603,6 +607,7 @@ static void *scheduler(void *arg) {
       if (j->cancelled) { job_finish(s, j, DG_ERR_ABORTED); continue; }
       pthread_mutex_unlock(&s->mu);
       j->t0 = now_s();
+      j->prefill_s = -1; /* inside dg_generate */
       dg_status st = job_context(s, j);
       if (!st) st = dg_generate(j->ctx, j->prompt + j->n_cached, j->n_prompt - (size_t)j->n_cached, &j->gp, &j->res);
       pthread_mutex_lock(&s->mu);
