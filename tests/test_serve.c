@@ -1052,6 +1052,7 @@ static void test_prompt_cache(void **state) {
   b = cJSON_PrintUnformatted(cb);
   cJSON_Delete(cb);
   r = http(port, "POST", "/v1/completions", b, NULL, 0);
+  free(b);
   assert_int_equal(r.status, 200);
   cJSON *co = cJSON_Parse(r.body);
   assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(co, "choices"), 0), "text")->valuestring,

@@ -534,8 +534,7 @@ static void job_finish(dg_server *s, job *j, dg_status st) {
   s->n_running--;
   logf_(s, "dgemma serve: %s %s: %d prompt (%d cached) + %d completion tokens, %d canvases, %d steps, %.2f s%s%s%s",
         j->id, j->finish ? j->finish : j->cancelled ? "cancelled" : "failed", (int)j->n_prompt, j->n_cached,
-        j->completion_tokens,
-        j->n_blocks, j->n_steps, j->t_end - j->t0, started ? "" : " (before it started)", j->status ? ": " : "",
+        j->completion_tokens, j->n_blocks, j->n_steps, j->t_end - j->t0, started ? "" : " (before it started)", j->status ? ": " : "",
         j->status ? j->errmsg : "");
   job_unref(j);
 }
@@ -1078,8 +1077,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 dg_status dg_server_start(dg_model *m, const dg_serve_opts *o, dg_server **out) {
   *out = NULL;
-  if (!m || !o || o->max_batch < 1 || o->max_batch > 4096 || o->cache_slots < 0 || o->cache_slots > 4096 || o->port < 0 || o->port > 65535 || o->max_queue < 1 ||
-      o->lim.max_messages < 1 || o->lim.max_tokens < 1 || o->lim.max_context < 2 || o->lim.max_body < 16)
+  if (!m || !o || o->max_batch < 1 || o->max_batch > 4096 || o->port < 0 || o->port > 65535 || o->max_queue < 1 ||
+      o->cache_slots < 0 || o->cache_slots > 4096 || o->lim.max_messages < 1 || o->lim.max_tokens < 1 || o->lim.max_context < 2 || o->lim.max_body < 16)
     return DG_ERR_INVALID_ARG;
   dg_server *s = calloc(1, sizeof *s);
   if (!s) return DG_ERR_OUT_OF_MEMORY;
@@ -1099,7 +1098,7 @@ dg_status dg_server_start(dg_model *m, const dg_serve_opts *o, dg_server **out) 
    * also takes as "off"): no device context is kept for nothing */
   if (o->cache_slots && s->info.device != DG_DEVICE_CPU) {
     s->cache_off = 1;
-    logf_(s, "dgemma serve: prompt cache off: the %s backend cannot copy a KV cache yet", "cuda");
+    logf_(s, "dgemma serve: prompt cache off: the CUDA backend cannot copy a KV cache yet (dg_context_copy_prefix)");
   }
   if (!st) st = dg_batch_new(m, o->max_batch, &s->batch);
   if (!st) {
