@@ -378,8 +378,8 @@ int32_t dg_context_length(const dg_context *ctx);
 dg_status dg_context_truncate(dg_context *ctx, int32_t len);
 /* Make dst hold the first n positions of src's KV cache: their K/V are copied (bit for bit), what dst
  * held is dropped and its length becomes n, so a dg_encode / dg_generate / dg_batch_add on dst then
- * continues at position n exactly as on a fresh context that had prefilled the same n tokens (the
- * encoder's rows do not depend on how a prompt is split into passes: DG_ENC_CHUNK). src is not
+ * continues at position n exactly as on a fresh context that had prefilled the same n tokens (on the
+ * CPU the encoder's rows do not depend on how a prompt is split into passes). src is not
  * changed. A prompt cache (`dgemma serve --cache-slots`) keeps finished contexts and starts a request
  * whose prompt begins with a cached context's tokens this way: only the rest is prefilled. dst may be
  * smaller or larger than src (its own max_context). Errors: DG_ERR_INVALID_ARG (NULL, dst == src,
