@@ -43,8 +43,6 @@
 #     median of REPS (default 5) runs after one warm-up, per call; ggml's
 #     time includes quantizing the activations to its dot type (q8_K /
 #     q8_0), as dgemma's avx512lp/avx2lp time includes its int8 quantization;
-#     it runs once per OpenMP wait policy in GGML_WAIT_POLICIES (default
-#     passive,active) and the table takes the faster;
 #  4. runs `dgemma bench --protocol ceiling --formats 4 --rows ROWS
 #     --moe-tokens MOE_TOKENS -t THREADS` once per DGEMMA_KERNELS=k for k in
 #     KERNELS (comma-separated; default by the CPU's flags: avx512,avx512lp
@@ -58,9 +56,11 @@
 #     biases are all 4.5 bits per weight: the same bytes).
 #  6. the gathered MoE of a MOE_TOKENS-token canvas (default 256; 4-bit g64, every
 #     kernel set; dgemma only: ggml's MUL_MAT_ID is not timed here), per call.
-# THREADS (default 2) threads for both. OMP_WAIT_POLICY defaults to passive for
-# dgemma (it sets it for itself; ggml's OpenMP threads spinning on a shared
-# 2-core machine took 20 ms per call instead of 0.5 ms). Raw outputs go to
+# THREADS (default 2) threads for both. Both run under each OpenMP wait policy
+# in WAIT_POLICIES (default passive,active) and each cell takes the faster:
+# spinning threads win small products on an idle machine (ggml q4_K at M = 1:
+# 0.085 ms active vs 0.188 passive, session 15) and lose badly on a shared one
+# (20 ms per call instead of 0.5 ms on the loaded 2-core AVX2 EPYC). Raw outputs go to
 # OUT_DIR (default .ggml/out). Needs cmake, a C/C++ compiler with OpenMP, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +71,7 @@ GGML_GIT=${GGML_GIT:-/work/.mirror/ggml-org+ggml/repo}
 GGML_REV=${GGML_REV:-HEAD}
 ROWS=${ROWS:-1,8,16,64,256}
 GGML_TYPES=${GGML_TYPES:-q4_K,q4_0}
-GGML_WAIT_POLICIES=${GGML_WAIT_POLICIES:-passive,active}
+WAIT_POLICIES=${WAIT_POLICIES:-passive,active}
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}
 DGEMMA=${DGEMMA:-$ROOT/build-cpu/dgemma}
@@ -83,7 +83,6 @@ if [ -z "${KERNELS:-}" ]; then
   elif has avx512f avx512bw avx512vl avx512dq; then KERNELS=avx512,avx2lp
   else KERNELS=avx2,avx2lp; fi
 fi
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mkdir -p "$GG" "$OUT"
 
 rev=$(git --git-dir="$GGML_GIT" rev-parse "$GGML_REV")
@@ -321,9 +320,9 @@ g++ -O2 -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
 
 amx=absent; [[ " $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) " == *" amx_tile "* ]] && amx=present
-echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; kernels $KERNELS; OMP_WAIT_POLICY=$OMP_WAIT_POLICY (dgemma), $GGML_WAIT_POLICIES (ggml)" | tee "$OUT/header.txt"
+echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; kernels $KERNELS; OMP_WAIT_POLICY $WAIT_POLICIES (both, the faster per row)" | tee "$OUT/header.txt"
 rm -f "$OUT"/ggml_*.txt "$OUT"/ggml_*.err
-for pol in ${GGML_WAIT_POLICIES//,/ }; do
+for pol in ${WAIT_POLICIES//,/ }; do
   for ty in ${GGML_TYPES//,/ }; do
     OMP_WAIT_POLICY=$pol "$GG/mm_bench" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 2>>"$OUT/ggml_$pol.err" |
       tee -a "$OUT/ggml_$pol.txt"
@@ -331,9 +330,12 @@ for pol in ${GGML_WAIT_POLICIES//,/ }; do
 done
 # which repacked kernel ggml's set_tensor chose (its log line, one per weight tensor)
 grep -ho 'repack tensor .*' "$OUT"/ggml_*.err | sort | uniq -c | tee "$OUT/ggml_repack.txt" || true
-for k in ${KERNELS//,/ }; do
-  DGEMMA_KERNELS=$k "$DGEMMA" bench --protocol ceiling --formats 4 --rows "$ROWS" --moe-tokens "$MOE_TOKENS" -t "$THREADS" \
-    --reps "$REPS" -o "$OUT/dgemma_$k.jsonl" >"$OUT/dgemma_$k.txt"
+rm -f "$OUT"/dgemma_*.jsonl "$OUT"/dgemma_*.txt
+for pol in ${WAIT_POLICIES//,/ }; do
+  for k in ${KERNELS//,/ }; do
+    OMP_WAIT_POLICY=$pol DGEMMA_KERNELS=$k "$DGEMMA" bench --protocol ceiling --formats 4 --rows "$ROWS" \
+      --moe-tokens "$MOE_TOKENS" -t "$THREADS" --reps "$REPS" -o "$OUT/dgemma_${k}_$pol.jsonl" >"$OUT/dgemma_${k}_$pol.txt"
+  done
 done
 echo "# load after: $(cat /proc/loadavg)" | tee -a "$OUT/header.txt"
 python3 - "$OUT" "$GGML_TYPES" "$KERNELS" <<'PY'
@@ -349,12 +351,18 @@ for fn in sorted(glob.glob(f"{out}/ggml_*.txt")):
         if f[0] != "ggml" or f[5] == "skip:": continue
         key, v = (f[1] + ("" if f[2] == "llama" else " " + f[2]), int(f[3]), int(f[4]), int(f[5])), (float(f[7]), float(f[10]), float(f[11]), pol)
         if key not in g or v[0] < g[key][0]: g[key] = v  # the faster wait policy
-d = {}
+d, moe = {}, {}
 for k in kernels:
-    for line in open(f"{out}/dgemma_{k}.jsonl"):
-        j = json.loads(line)
-        if j.get("shape") in ("expert_gate_up", "expert_down"):
-            d[(k, j["N"], j["K"], int(j["M"]))] = (j["median_s"], j["weight_bytes"], j["flops"])
+    for fn in sorted(glob.glob(f"{out}/dgemma_{k}_*.jsonl")):
+        pol = fn.rsplit("_", 1)[1][:-6]
+        for line in open(fn):
+            j = json.loads(line)
+            if j.get("shape") in ("expert_gate_up", "expert_down"):
+                key, v = (k, j["N"], j["K"], int(j["M"])), (j["median_s"], j["weight_bytes"], j["flops"], pol)
+                if key not in d or v[0] < d[key][0]: d[key] = v  # the faster wait policy
+            if j.get("shape") == "moe_gathered":
+                j["policy"] = pol
+                if k not in moe or j["median_s"] < moe[k]["median_s"]: moe[k] = j
 gcols = [t for t in types] + [t + " generic" for t in types if t == "q4_K"]
 cols = [("dgemma " + k, (k,)) for k in kernels] + [("ggml " + t, t) for t in gcols]
 print("ggml's paths (llama.cpp's choice: the first extra buffer type of the CPU device that takes the product, else CPU):")
@@ -385,15 +393,17 @@ for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816
         b = best(tm, fourbit)
         r.append(f"{b[0] / tm[last][0]:.2f}x ({b[1][5:]})" if b and tm.get(last) else "-")
         print(f"| {name} | {M} | " + " | ".join(cells) + " | " + " | ".join(r) + " |")
-for k in kernels:
-    for line in open(f"{out}/dgemma_{k}.jsonl"):
-        j = json.loads(line)
-        if j.get("shape") == "moe_gathered":
-            print(f"\nmoe_gathered {j['tokens']} tokens ({j['experts']} experts hit, M = {j['M']:.1f}), {j['format']}, dgemma {k}: "
-                  f"{1e3 * j['median_s']:.1f} ms per call, {j['gflop_s']:.1f} GFLOP/s, {100 * j['fraction']:.0f}% of its roofline ({j['compute_rate']})")
+for k, j in moe.items():
+    print(f"\nmoe_gathered {j['tokens']} tokens ({j['experts']} experts hit, M = {j['M']:.1f}), {j['format']}, dgemma {k}: "
+          f"{1e3 * j['median_s']:.1f} ms per call ({j['policy']}), {j['gflop_s']:.1f} GFLOP/s, {100 * j['fraction']:.0f}% of its roofline ({j['compute_rate']})")
+print("\nwait policy of each cell (dgemma: kernel set; ggml: type and path):")
+for name, src in (("dgemma", d), ("ggml", g)):
+    pols = {}
+    for key, v in src.items(): pols.setdefault(key[0], []).append(f"{key[1]}x{key[2]} M={key[3]} {v[3]}")
+    for c, lst in pols.items(): print(f"  {name} {c}: " + ", ".join(lst))
 print("\nggml q4_K, q4_0: the path llama.cpp takes (weights in the chosen buffer type, CPU backend, persistent thread pool);")
-print("'generic': the plain context and a pool per call (session 12's harness). Each ggml cell is the faster of the OpenMP")
-print("wait policies run (GGML_WAIT_POLICIES). ratio = ggml time / dgemma time; 'fastest q4_K' = the faster q4_K path in that")
+print("'generic': the plain context and a pool per call (session 12's harness). Each cell, dgemma's and ggml's, is the faster")
+print("of the OpenMP wait policies run (WAIT_POLICIES). ratio = ggml time / dgemma time; 'fastest q4_K' = the faster q4_K path in that")
 print("row, 'fastest 4.5-bit' = the fastest q4_K / q4_0 path (q4_K and q4_0 are 4.5 bits per weight, the same bytes as")
 print("dgemma's 4-bit g64 with bf16 scales and biases); '-': not run (q4_K needs K a multiple of 256: the down product's")
 print("K = 704 is not, llama.cpp stores such tensors in another type); GB/s = weight bytes / median; GFLOP/s = 2 N K M /")
