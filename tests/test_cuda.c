@@ -762,11 +762,13 @@ static void test_step_stats(void **state) {
 }
 
 /* The fused chain over the logits (src/cuda/kernels.cu, issue 14: softcap, z = softcap / T and the
- * self-conditioning's maxima and sums recomputed in registers, nothing stored) against the chain it replaces
- * (softcap in place, z in place, three passes of the probabilities; DGEMMA_VOCAB=chain) on the same raw logits:
+ * self-conditioning's maxima and sums recomputed in registers, nothing stored; DGEMMA_VOCAB=fused) and zstore (the
+ * same with z stored in place by the statistics' pass 1 and read as stored after it; DGEMMA_VOCAB=zstore) against
+ * the chain (softcap in place, z in place, three passes of the probabilities; the default) on the same raw logits:
  * every word of the statistics, the first non-finite position and the probabilities P must be equal, whether P
- * follows the statistics (their partials reused) or runs alone; the z made real in place (k_vocab_z) equals the
- * chain's z and the fused chain leaves the logits untouched. Shapes with a partial last chunk and V % 4 != 0
+ * follows the statistics (their partials reused) or runs alone (fused); the z made real in place (k_vocab_z) and
+ * the z zstore stores equal the chain's z, and the fused chain leaves the logits untouched. Shapes with a partial
+ * last chunk and V % 4 != 0
  * (scalar loads), softcap on and off, temperatures 1 and not, the three activation dtypes, the three proposal
  * modes; logits past the softcap's saturation (distinct raw values that softcap to one: ties for the argmax),
  * peaked rows, and a NaN (the bad position). */
@@ -801,26 +803,28 @@ static void test_vocab_chain(void **state) {
     }
     if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
     for (int mi = 0; mi < 3; mi++) {
-      long nd[4] = {-1, -1, -1, -1};
+      long nd[6] = {-1, -1, -1, -1, -1, -1};
       int32_t bad = -1;
       assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
                                            0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
-      if (nd[0] || nd[1] || nd[2] || nd[3])
-        fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: statistics %ld, "
-                 "P after them %ld, P alone %ld, z / logits %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T,
-                 cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3]);
+      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5])
+        fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: fused statistics "
+                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld", k, C,
+                 V, (double)cs[k].cap, (double)cs[k].T, cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4],
+                 nd[5]);
       assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
       for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
         if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
       if (!cs[k].nan && cs[k].cap > 0.0f && k == 0)
         for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
                                                                           ? (7 * c + 11) % V : (13 * c + 5) % V);
-      words += (long)C * 5 + 1 + 2 * (long)n + 2 * (long)n;
+      words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n;
     }
     free(raw); free(uni); free(P); free(st);
   }
-  printf("# vocabulary chain: the fused chain equal to the chain word for word (%ld words compared: statistics, bad "
-         "position, P after the statistics and alone, z, logits) on %zu cases x 3 proposal modes\n",
+  printf("# vocabulary chain: the fused chain and zstore equal to the chain word for word (%ld words compared: "
+         "statistics, bad position, P after the statistics and alone, z made real, z stored, logits) on %zu cases x 3 "
+         "proposal modes\n",
          words, sizeof cs / sizeof cs[0]);
 }
 

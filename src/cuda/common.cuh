@@ -232,11 +232,12 @@ struct dg_cuda_ctx {
   bf16 *h;                  /* [T, I] */
   float *rlog;              /* [T, E] router logits */
   dg_cuda_moe_buf moe;
-  float *logits;            /* [C, V] softcapped logits, then z = logits / T (the default chain); DGEMMA_VOCAB=fused: see lg */
+  float *logits;            /* [C, V] softcapped logits, then z = logits / T (the default chain); DGEMMA_VOCAB=fused
+                               and zstore: see lg */
   /* What c->logits holds for the sampler (passes.cu, the fused chain of kernels.cu): lg_virt = 0: the softcapped
    * logits or z itself; lg_virt = 1: x whose z = vz(x, lg_cap, lg_T) (softcap still to apply where lg_cap > 0,
-   * the division by the step's temperature where lg_T != 1) was not stored; lg_parts: what c->vws holds for that z
-   * (k_vocab_sc's have). */
+   * the division by the step's temperature where lg_T != 1) was not stored, or (lg_cap DG_VZ_STORED, zstore) z
+   * itself as the statistics' pass 1 stored it; lg_parts: what c->vws holds for that z (k_vocab_sc's have). */
   int lg_virt, lg_parts;
   float lg_cap, lg_T;
   bf16 *P;                  /* [C, V] self-conditioning probabilities */
@@ -346,17 +347,20 @@ cudaError_t k_step_stats_g(cudaStream_t s, float *logits, int C, int V, float te
 cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group);
 /* The fused chain (kernels.cu, issue 14): the same outputs bit for bit from logits x left unchanged, z = vz(x) =
  * (cap > 0 ? tanhf(x / cap) * cap : x) / T recomputed in registers (softcap_kernel's and the division's fp32
- * operations); fewer passes. k_vocab_stats: k_step_stats's out and *bad (logits unchanged), plus the
- * self-conditioning probabilities' chunk maxima (and with sampled proposals their sums) in ws for k_vocab_sc.
- * k_vocab_sc: k_sc_probs's P of that z; have: what ws holds for the same logits, cap, T and act (0 nothing, 1 the
- * maxima: after argmax proposals, 2 the sums too: after sampled ones). k_vocab_z: x = vz(x) in place. */
+ * operations); fewer passes. k_vocab_stats: k_step_stats's out and *bad, plus the self-conditioning probabilities'
+ * chunk maxima (and with sampled proposals their sums) in ws for k_vocab_sc; store 0: logits unchanged; store 1
+ * (DGEMMA_VOCAB=zstore): pass 1 also writes z in place (the chain's z bit for bit), and the passes after it take
+ * those values as they are (cap DG_VZ_STORED). k_vocab_sc: k_sc_probs's P of that z; have: what ws holds for the
+ * same logits, cap, T and act (0 nothing, 1 the maxima: after argmax proposals, 2 the sums too: after sampled
+ * ones); after k_vocab_stats with store 1: cap DG_VZ_STORED, T 1. k_vocab_z: x = vz(x) in place. */
+#define DG_VZ_STORED (-1.0f) /* vz's cap for logits that already hold z (stored by a pass 1): z = x, no operation */
 cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
                           uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
-                          int32_t *bad, void *ws);
+                          int32_t *bad, void *ws, int store);
 cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
                        void *ws, int have);
 cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T);
-/* For the lab: group as k_step_stats_g's; store 1: pass 1 also stores z in place (then k_vocab_sc with cap 0, T 1). */
+/* For the lab: group as k_step_stats_g's; store as k_vocab_stats's. */
 cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
                             uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
                             int32_t *bad, void *ws, int group, int store);

@@ -370,7 +370,7 @@ static long parts_diff(const float *ma, const double *sa, const float *mb, const
 
 extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
                                               int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[4]) {
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[6]) {
   if (C <= 0 || V <= 0 || !(T > 0.0f) ||
       (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
@@ -384,7 +384,7 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
   float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
   double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
-  for (int i = 0; i < 4; i++) n_diff[i] = 0;
+  for (int i = 0; i < 6; i++) n_diff[i] = 0;
   if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
   TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
@@ -412,7 +412,7 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   /* the fused chain on the raw logits, the probabilities from what the statistics left */
   TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V))); /* no partial of the chain's */
   TC_(k_vocab_stats(0, (const float *)dx, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
-                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws));
+                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws, 0));
   TC_(k_vocab_sc(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
   TT_(words_diff(ds0, ds1, sw, 4, &n_diff[0]));
   TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[0]));
@@ -431,6 +431,21 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(words_diff(dz, dz2, n, 4, &n_diff[3]));
   TT_(test_in(&al, &dz2, raw, n * 4, "logits (as given)"));
   TT_(words_diff(dx, dz2, n, 4, &n_diff[3]));
+  /* zstore: pass 1 stores z in the logits (dz2, the raw logits again), the probabilities read it as stored */
+  TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
+  TC_(cudaMemset(ds1, 0xFF, sw * 4));
+  TC_(cudaMemset(dP1, 0x55, n * 2));
+  TC_(cudaMemcpy((int32_t *)db + 1, &nobad, 4, cudaMemcpyHostToDevice));
+  TC_(k_vocab_stats(0, (const float *)dz2, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
+                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws, 1));
+  TC_(k_vocab_sc(0, (const float *)dz2, (bf16 *)dP1, C, V, DG_VZ_STORED, 1.0f, act, ws,
+                 mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
+  TT_(words_diff(ds0, ds1, sw, 4, &n_diff[4]));
+  TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[4]));
+  TT_(words_diff(dP0, dP1, n, 2, &n_diff[5]));
+  TT_(sc_parts(ws, C, V, 1, pm1, ps1));
+  n_diff[5] += parts_diff(pm0, ps0, pm1, ps1, np);
+  TT_(words_diff(dz, dz2, n, 4, &n_diff[5])); /* the stored z: the chain's */
   TT_(test_out(stats, ds1, sw * 4));
   TT_(test_out(bad, (int32_t *)db + 1, 4));
   TT_(test_out(P, dP1, n * 2));
