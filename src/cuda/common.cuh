@@ -70,34 +70,52 @@ typedef __nv_bfloat16 bf16;
  * both instructions return at once. */
 extern int dg_cuda_pdl;
 #define DG_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n griddepcontrol.wait;\n" ::: "memory")
+/* coop (DG_LAUNCH_COOP): the launch also carries cudaLaunchAttributeCooperative (CUDA runtime API, cudaLaunchKernelEx:
+ * "the same usage and semantics as cudaLaunchCooperativeKernel"): the driver places every block of the grid at once
+ * or refuses the launch (cudaErrorCooperativeLaunchTooLarge), whatever else runs on the device, so that a grid-wide
+ * wait inside the kernel cannot deadlock; the attribute is valid for launches and graph nodes, so a captured
+ * launch becomes a cooperative kernel node (a graph update cannot turn it into a plain one or back). The PDL
+ * attribute composes with it in the same attribute list. */
 template <typename... KP> struct dg_launch_pdl {
   void (*k)(KP...);
   dim3 g, b;
   size_t smem;
   cudaStream_t s;
+  int coop;
   template <typename... A> void operator()(A &&...args) const {
-    if (!dg_cuda_pdl) {
+    if (!dg_cuda_pdl && !coop) {
       k<<<g, b, smem, s>>>(static_cast<KP>(args)...);
       return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (dg_cuda_pdl) {
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+      at[na].id = cudaLaunchAttributeCooperative;
+      at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = b;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, static_cast<KP>(args)...); /* an error is left for cudaGetLastError */
   }
 };
 template <typename... KP>
-static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b, size_t smem, cudaStream_t s) {
-  return dg_launch_pdl<KP...>{k, g, b, smem, s};
+static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b, size_t smem, cudaStream_t s,
+                                                int coop = 0) {
+  return dg_launch_pdl<KP...>{k, g, b, smem, s, coop};
 }
 #define DG_LAUNCH(kernel, grid, block, smem, stream) dg_launch_of((kernel), dim3(grid), dim3(block), (smem), (stream))
+/* A cooperative launch (above); the emulation (dev/cuda_emu/emu.h) maps it to its plain launch. */
+#define DG_LAUNCH_COOP(kernel, grid, block, smem, stream)                                                        \
+  dg_launch_of((kernel), dim3(grid), dim3(block), (smem), (stream), 1)
 #define DG_DYN_SMEM(type, name) extern __shared__ type name[]
 #define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
 #endif
