@@ -2549,6 +2549,53 @@ static void test_quant_expert_bodies(void **state) {
          wh[1], wy[1]);
 }
 
+/* The down product's input copy made by the gate/up kernel's epilogue (DGEMMA_DN_FUSE=1; qr_store_hp,
+ * src/cuda/qmoe_r.cuh) against the separate copy (k_group_sums_perm): h (read back in the plain order) and y word
+ * for word, over the bodies it reaches (the backend's tile count at 37 tokens: 3 n-tiles with the 2-tile body; 1 and
+ * 8 n-tiles), groups of 32 and 64 and bf16 lane records; and the stacks it must leave to the separate copy (down
+ * groups of 128, which span two gate/up blocks; IE not a multiple of the block's 64 features; qe_kernel's f16
+ * scales) with the flag saying so. Expert 0 takes every token's slot 0, slot 1 cycles over 2..4 (check_qexperts). */
+static void test_experts_dn_fuse(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const struct { int bgu, bd, G, H, IE, T, nt, fused; dg_dtype sb; } cs[] = {
+      {4, 4, 64, 128, 128, 37, 0, 1, DG_BF16}, {4, 4, 64, 128, 128, 61, 8, 1, DG_BF16},
+      {3, 2, 32, 128, 64, 37, 0, 1, DG_BF16},  {8, 6, 64, 192, 128, 37, 1, 1, DG_BF16},
+      {0, 0, 0, 128, 128, 37, 0, 1, DG_BF16},  {2, 3, 128, 128, 128, 37, 0, 0, DG_BF16},
+      {4, 4, 32, 64, 96, 37, 0, 0, DG_BF16},   {4, 3, 64, 192, 192, 37, 0, 0, DG_F16},
+  };
+  const int E = 5, K = 2;
+  long words = 0;
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    const int T = cs[c].T, H = cs[c].H, IE = cs[c].IE;
+    qmat gu, dn;
+    qmat_make(&gu, (int64_t)E * 2 * IE, H, cs[c].bgu, cs[c].G, cs[c].sb);
+    qmat_make(&dn, (int64_t)E * H, IE, cs[c].bd, cs[c].G, cs[c].sb);
+    int32_t idx[128];
+    for (int t = 0; t < T; t++) {
+      idx[t * K] = 0;
+      idx[t * K + 1] = 2 + t % 3;
+    }
+    uint16_t *xb = malloc(2 * (size_t)T * H);
+    float *xf = malloc(4 * (size_t)T * H);
+    rand_bf16(xb, xf, (size_t)T * H, 2.0f);
+    dg_weight mg = gu.w, md = dn.w;
+    long nd[2] = {-1, -1};
+    int fused = -1;
+    assert_dg_ok(cut()->test_experts_dn_fuse(0, &mg, &md, xb, idx, T, H, IE, E, K, cs[c].nt, nd, &fused));
+    if (fused != cs[c].fused || nd[0] || nd[1])
+      fail_msg("case %zu (%d/%d-bit g%d H %d IE %d, %d tokens, nt %d): fused %d (expected %d), words that differ: h "
+               "%ld, y %ld", c, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].nt, fused, cs[c].fused, nd[0], nd[1]);
+    words += (long)T * K * (IE + H);
+    qmat_free(&gu);
+    qmat_free(&dn);
+    free(xb); free(xf);
+  }
+  printf("# down input copy in the gate/up epilogue: h and y equal to the separate copy's word for word (%ld words, "
+         "%zu stacks: 5 fused, 3 left to the copy)\n", words, sizeof cs / sizeof cs[0]);
+}
+
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
  * compare_logits: the bf16-simulating CPU kernel rounds only the activations
  * of quantized products (matmul_bf16), as the GPU does, so e_sim measures the
@@ -2766,7 +2813,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

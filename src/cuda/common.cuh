@@ -210,7 +210,11 @@ struct dg_cuda_moe_buf {
   const bf16 *gu_x;
   int gu_group;
   const bf16 *gu_ready;
-  bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
+  bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert); where hp_group > 0 in the down product's
+                        * fragment order instead (its input copy made by the gate/up kernel, DGEMMA_DN_FUSE=1) */
+  float *hs;           /* [T*K*IE/32] or NULL: the group sums of h's rows made by the gate/up kernel (qmoe.cu) */
+  int hp_group;        /* host bookkeeping: G of the copy and sums the last gate/up product left in h and hs (0: none);
+                        * k_qe_down uses them instead of its own k_group_sums_perm, and clears it */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
   bf16 *xp;            /* [max(T*H, T*K*IE)] their input in fragment order (k_group_sums_perm, lane layout) */
@@ -501,6 +505,15 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
                          int E, int K, int nt);
 cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K,
                       int nt);
+/* With DGEMMA_DN_FUSE=1 (not the default until measured on a GPU; qr_dn_fuse_set(1 / 0) forces it on / off, -1 gives
+ * the environment's choice back: the tests): the group G of the down product's input copy that k_qe_gate_up makes
+ * in qr_kernel's epilogue (b->h in k_group_sums_perm's fragment order, its group sums into b->hs; qr_store_hp,
+ * qmoe_r.cuh), so that k_qe_down launches no copy of its own: where both stacks are lane records, b->hs is set, IE
+ * is a multiple of the gate/up block's 16 QR_WARPS features and G (the down stack's group; bf16: QR_BF16_GROUP)
+ * divides them; else 0. The caller sets b->hp_group to it before k_qe_gate_up (dg_cuda_experts); the down product's
+ * inputs are word for word those of the separate copy (test_experts_dn_fuse). */
+int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b);
+void qr_dn_fuse_set(int on);
 /* out[r * (cols / G) + j] = sum_{k < G} x[r * cols + j G + k] in fp32, r < rows. */
 cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out);
 /* k_group_sums, and xp [rows, cols] = x with each run of 8 columns permuted to

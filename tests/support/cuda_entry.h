@@ -46,6 +46,13 @@ dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_we
 dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                   const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
                                   uint16_t *h, float *y);
+/* dg_cuda_experts_nt (tile count nt as there, the exact fold) twice: the down product's input copy and group sums
+ * made by its own launch (k_group_sums_perm), and made by the gate/up kernel's epilogue where k_qe_dn_fuse_group
+ * allows it (DGEMMA_DN_FUSE=1's path, forced on by qr_dn_fuse_set); *fused: whether it did. n_diff: the words of h
+ * [0] (bf16, read back in the plain order) and of y [1] (fp32) that differ between the two. */
+dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                       const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
+                                       int *fused);
 
 /* The router on the device (k_route in mode 1, route_kernel, or 2, route_tk_kernel: the modes of
  * DGEMMA_ROUTE=fused and =tiles; spec 4.6 step 2) for logits rlog [T, E]
@@ -163,6 +170,9 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
                                 int32_t *bad, uint16_t *P, long n_diff[6]);
+  dg_status (*test_experts_dn_fuse)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                    const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
+                                    int *fused);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
