@@ -84,7 +84,8 @@ static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, i
   z.T = T; z.S = S; z.S_ring = S_ring; z.TK = TK; z.W = W; z.kv = kv;
   z.scratch = T * 4 + T * H * 4 * 4 + T * W * 4 + T * H * 2 * 2 + T * (size_t)m->qkvmax * 4 +
               T * NH * m->dmax * (4 + 2) + T * 2 * I * 4 + T * I * 2 + T * E * 4 + TK * (4 * 4 + 8) +
-              (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
+              (E + 1) * 8 + TK * IE * 2 + TK * H * 4 + (TK * IE > T * H ? TK * IE : T * H) / 8 + TK * IE / 8 +
+              C * V * (4 + 2) + C * H * 4 + C * 24 + 64 +
               8 * C * NH * (m->dmax + 2) * 4 /* attention key splits */ + DG_ROUTER_MAX_SPLITS * T * E * 4 +
               DG_ROUTE_GSC_INTS * 4 +
               k_vocab_ws_bytes((int)C, (int)V) + blas_ws_bytes(m->device);
@@ -142,6 +143,7 @@ static dg_status ctx_buffers(dg_cuda_ctx *c, alloc_list *al, const ctx_dims *z) 
   A_(c->moe.y, TK * H * 4);
   A_(c->moe.xs, (TK * IE > T * H ? TK * IE : T * H) / 32 * 4);
   A_(c->moe.xp, (TK * IE > T * H ? TK * IE : T * H) * 2);
+  A_(c->moe.hs, TK * IE / 32 * 4); /* DGEMMA_DN_FUSE's group sums of h (groups of >= 32) */
   A_(c->logits, C * V * 4);
   A_(c->P, C * V * 2);
   A_(c->soft, C * H * 4);
