@@ -376,6 +376,18 @@ int32_t dg_context_length(const dg_context *ctx);
  * full_window_cache) has already overwritten keys that position len needs (the
  * window before it): the context is left as it was. */
 dg_status dg_context_truncate(dg_context *ctx, int32_t len);
+/* Make dst hold the first n positions of src's KV cache: their K/V are copied (bit for bit), what dst
+ * held is dropped and its length becomes n, so a dg_encode / dg_generate / dg_batch_add on dst then
+ * continues at position n exactly as on a fresh context that had prefilled the same n tokens (on the
+ * CPU the encoder's rows do not depend on how a prompt is split into passes). src is not
+ * changed. A prompt cache (`dgemma serve --cache-slots`) keeps finished contexts and starts a request
+ * whose prompt begins with a cached context's tokens this way: only the rest is prefilled. dst may be
+ * smaller or larger than src (its own max_context). Errors: DG_ERR_INVALID_ARG (NULL, dst == src,
+ * contexts of two models, n outside [0, dg_context_length(src)]); DG_ERR_CONTEXT_FULL (n above dst's
+ * capacity, or a ring cache of src, as in dg_context_truncate, no longer holds keys position n needs);
+ * DG_ERR_BACKEND when the model's backend cannot copy a cache (CUDA, for now). dst is unchanged on
+ * failure. */
+dg_status dg_context_copy_prefix(dg_context *dst, const dg_context *src, int32_t n);
 
 /* Stage timing of a CUDA context (`dgemma bench --profile`): GPU time per
  * stage of the passes run on ctx since dg_context_profile(ctx, 1), measured

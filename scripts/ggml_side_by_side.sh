@@ -12,18 +12,37 @@
 #  2. builds its CPU backend only (cmake, -DGGML_NATIVE=ON, Release, static,
 #     no tests or examples) into .ggml/build;
 #  3. writes .ggml/mm_bench.c, a small harness against ggml's public API
-#     (ggml.h, ggml-cpu.h): test-backend-ops' perf mode has its own fixed
-#     shapes, so the harness times ggml_mul_mat at ours: y[M, N] = x[M, K] W^T
-#     with W [1408, 2816] (one expert's gate/up) and [2816, 704] (down), for
-#     M = ROWS (default 1,8,16,64,256) activation rows, the weights in
-#     GGML_TYPES (default q4_K,q4_0,q8_0; quantized with ggml_quantize_chunk
-#     from random values; a type whose block does not divide K is skipped:
-#     q4_K's 256 at the down product's K = 704); like `dgemma bench --protocol ceiling`, successive
-#     calls walk through a stack of 64 distinct experts (> the L3) so that the
-#     weights come from memory, max(2, 128 / M) calls per run (2 from M = 64),
-#     the median of REPS (default 5) runs after one warm-up, per call;
-#     ggml's time includes quantizing the activations to its dot type (q8_K /
-#     q8_0), as dgemma's avx2lp time includes its int8 quantization;
+#     (ggml.h, ggml-backend.h, ggml-alloc.h, ggml-cpu.h): test-backend-ops'
+#     perf mode has its own fixed shapes, so the harness times ggml_mul_mat at
+#     ours: y[M, N] = x[M, K] W^T with W [1408, 2816] (one expert's gate/up)
+#     and [2816, 704] (down), for M = ROWS (default 1,8,16,64,256) activation
+#     rows, the weights in GGML_TYPES (default q4_K,q4_0; quantized with
+#     ggml_quantize_chunk from random values; a type whose block does not
+#     divide K is skipped: q4_K's 256 at the down product's K = 704), on two
+#     paths with the same quantized bytes:
+#       llama   as llama.cpp runs it on this CPU: the weights in the first of
+#               the CPU device's extra buffer types (the registry's
+#               ggml_backend_dev_get_extra_bufts: AMX where ggml was built
+#               with it, then CPU_REPACK, whose set_tensor interleaves q4_K /
+#               q4_0 into q4_K_8x8 / q4_0_8x8 for its AVX2/AVX-512 kernels)
+#               whose supports_op takes the product, else the CPU buffer
+#               type; computed by the CPU backend (ggml_backend_cpu_set_n_threads)
+#               with one persistent ggml_threadpool;
+#       generic the weights in a plain ggml context, ggml_graph_compute with
+#               a thread pool per call (session 12's harness, its q4_K column
+#               kept as "q4_K generic");
+#     it prints the buffer type each path got and whether the weights carry
+#     its traits (the repacked kernel runs; ggml's own "repack tensor ... with
+#     q4_K_8x8" lines are counted into ggml_repack.txt), and checks both
+#     products of expert 0 (8 rows) against the double product of ggml's
+#     dequantized weights within a bound derived from the int8 rounding of
+#     the activations (exit 3 if either is off: a broken harness reports no
+#     number). Like `dgemma bench --protocol ceiling`, successive calls walk
+#     through a stack of 64 distinct experts (> the L3) so that the weights
+#     come from memory, max(2, 128 / M) calls per run (2 from M = 64), the
+#     median of REPS (default 5) runs after one warm-up, per call; ggml's
+#     time includes quantizing the activations to its dot type (q8_K /
+#     q8_0), as dgemma's avx512lp/avx2lp time includes its int8 quantization;
 #  4. runs `dgemma bench --protocol ceiling --formats 4 --rows ROWS
 #     --moe-tokens MOE_TOKENS -t THREADS` once per DGEMMA_KERNELS=k for k in
 #     KERNELS (comma-separated; default by the CPU's flags: avx512,avx512lp
@@ -31,14 +50,17 @@
 #     with AVX-512 F/BW/VL/DQ alone; avx2,avx2lp (exact, int8 vpmaddubsw)
 #     otherwise), DGEMMA (default build-cpu/dgemma);
 #  5. prints one table: per shape and M, GB/s of weights read and GFLOP/s of
-#     each, and ggml q4_K time / dgemma time per kernel set, last set first,
-#     and the last set vs q4_0 (q4_K and dgemma's 4-bit g64 with bf16
-#     scales and biases are both 4.5 bits per weight: the same bytes).
+#     each, the fastest q4_K path's time / dgemma's per kernel set, last set
+#     first, and the last set vs the fastest 4.5-bit ggml path (q4_K or q4_0,
+#     either path: q4_K, q4_0 and dgemma's 4-bit g64 with bf16 scales and
+#     biases are all 4.5 bits per weight: the same bytes).
 #  6. the gathered MoE of a MOE_TOKENS-token canvas (default 256; 4-bit g64, every
 #     kernel set; dgemma only: ggml's MUL_MAT_ID is not timed here), per call.
-# THREADS (default 2) threads for both. OMP_WAIT_POLICY defaults to passive for
-# both (dgemma sets it for itself; ggml's OpenMP threads spinning on a shared
-# 2-core machine took 20 ms per call instead of 0.5 ms). Raw outputs go to
+# THREADS (default 2) threads for both. Both run under each OpenMP wait policy
+# in WAIT_POLICIES (default passive,active) and each cell takes the faster:
+# spinning threads win small products on an idle machine (ggml q4_K at M = 1:
+# 0.085 ms active vs 0.188 passive, session 15) and lose badly on a shared one
+# (20 ms per call instead of 0.5 ms on the loaded 2-core AVX2 EPYC). Raw outputs go to
 # OUT_DIR (default .ggml/out). Needs cmake, a C/C++ compiler with OpenMP, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +70,8 @@ OUT=${1:-$GG/out}
 GGML_GIT=${GGML_GIT:-/work/.mirror/ggml-org+ggml/repo}
 GGML_REV=${GGML_REV:-HEAD}
 ROWS=${ROWS:-1,8,16,64,256}
-GGML_TYPES=${GGML_TYPES:-q4_K,q4_0,q8_0}
+GGML_TYPES=${GGML_TYPES:-q4_K,q4_0}
+WAIT_POLICIES=${WAIT_POLICIES:-passive,active}
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}
 DGEMMA=${DGEMMA:-$ROOT/build-cpu/dgemma}
@@ -60,7 +83,6 @@ if [ -z "${KERNELS:-}" ]; then
   elif has avx512f avx512bw avx512vl avx512dq; then KERNELS=avx512,avx2lp
   else KERNELS=avx2,avx2lp; fi
 fi
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mkdir -p "$GG" "$OUT"
 
 rev=$(git --git-dir="$GGML_GIT" rev-parse "$GGML_REV")
@@ -80,18 +102,61 @@ fi
 
 cat >"$GG/mm_bench.c" <<'HARNESS'
 /* mm_bench.c (written by scripts/ggml_side_by_side.sh into .ggml/, never committed):
- * ggml_mul_mat timed at given shapes. Usage: mm_bench TYPE THREADS REPS M,M,... N:K ...
- * One line per (shape, M): ggml TYPE N K M calls median_s min_s max_s weight_bytes flops */
+ * ggml_mul_mat timed at given shapes on two paths, and checked.
+ * Usage: mm_bench TYPE THREADS REPS M,M,... N:K ...
+ *  generic: the weights in a plain ggml context, ggml_graph_compute with a thread pool per call
+ *           (the harness of session 12);
+ *  llama:   as llama.cpp runs it on this CPU: the weights in the first of the CPU device's extra
+ *           buffer types (ggml_backend_dev_get_extra_bufts: AMX, then CPU_REPACK) whose
+ *           supports_op takes the product, else the plain CPU buffer type; computed by the CPU
+ *           backend (ggml_backend_cpu_set_n_threads) with a persistent ggml_threadpool.
+ * Lines: "path TYPE N K buft extra" (extra: the weight tensor carries the buffer type's
+ * traits, i.e. its repacked kernel runs); "ggml TYPE PATH N K M calls median_s min_s max_s
+ * weight_bytes flops"; "check TYPE N K M generic_ratio llama_ratio diff_rel": the largest
+ * |y - y_ref| / bound of each path over the first 8 rows x all N outputs of expert 0 against
+ * y_ref = the double product of ggml's own dequantized weights (to_float) and x, bound =
+ * sum over the dot type's blocks of amax_b(x) (1/254 + 2^-10) sum_b |w| (the activations'
+ * rounding to int8: half a step of amax/127, plus q8_0's fp16 scale) + (K/32 + 8) 2^-23
+ * sum |x w| (fp32 sums); diff_rel = max |y_generic - y_llama| / sum |x w|. A ratio > 1
+ * exits 3: a broken harness cannot report a number. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #define NE 64
+#define NCHECK 8
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+static void stats(double *t, int reps, double *med) {
+  qsort(t, reps, sizeof t[0], cmp);
+  *med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+}
+/* llama.cpp's choice of weight buffer type: the first extra buffer type whose device takes
+ * the product with the weight in it (a zero-size buffer of that type stands in), else CPU. */
+static ggml_backend_buffer_type_t pick_buft(ggml_backend_dev_t dev, enum ggml_type ty, int64_t K, int64_t N) {
+  ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+  ggml_backend_dev_get_extra_bufts_t get =
+      (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+  if (get) {
+    for (ggml_backend_buffer_type_t *b = get(dev); b && *b; b++) {
+      struct ggml_context *c = ggml_init((struct ggml_init_params){16 * ggml_tensor_overhead(), NULL, true});
+      struct ggml_tensor *w = ggml_new_tensor_2d(c, ty, K, N), *x = ggml_new_tensor_2d(c, GGML_TYPE_F32, K, 8);
+      struct ggml_tensor *op = ggml_mul_mat(c, w, x);
+      ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(*b, 0);
+      w->buffer = buf;
+      const int ok = buf && ggml_backend_dev_supports_op(dev, op);
+      if (buf) ggml_backend_buffer_free(buf);
+      ggml_free(c);
+      if (ok) return *b;
+    }
+  }
+  return ggml_backend_dev_buffer_type(dev);
+}
 int main(int argc, char **argv) {
   if (argc < 6) { fprintf(stderr, "usage: %s TYPE THREADS REPS M,M,.. N:K ...\n", argv[0]); return 2; }
   enum ggml_type ty = GGML_TYPE_COUNT;
@@ -101,63 +166,152 @@ int main(int argc, char **argv) {
   }
   if (ty == GGML_TYPE_COUNT) { fprintf(stderr, "unknown type %s\n", argv[1]); return 2; }
   const int nt = atoi(argv[2]), reps = atoi(argv[3]);
+  if (nt < 1 || reps < 1 || reps > 64) { fprintf(stderr, "bad THREADS or REPS (1..64)\n"); return 2; }
   int Ms[32], nM = 0;
   for (char *s = strtok(argv[4], ","); s && nM < 32; s = strtok(NULL, ",")) Ms[nM++] = atoi(s);
+  ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+  ggml_backend_t be = ggml_backend_cpu_init();
+  struct ggml_threadpool_params tpp = ggml_threadpool_params_default(nt);
+  struct ggml_threadpool *tp = ggml_threadpool_new(&tpp);
+  if (!dev || !be || !tp) { fprintf(stderr, "ggml CPU backend or thread pool failed\n"); return 1; }
+  ggml_backend_cpu_set_n_threads(be, nt);
+  ggml_backend_cpu_set_threadpool(be, tp);
+  /* the dot type's block (q8_K 256, q8_0 32): the activations' rounding unit of the bound */
+  const int64_t qb = ggml_blck_size(ty) >= 256 ? 256 : 32;
   srand(1);
   for (int a = 5; a < argc; a++) {
     int64_t N, K;
     if (sscanf(argv[a], "%ld:%ld", &N, &K) != 2) return 2;
     if (K % ggml_blck_size(ty)) { /* e.g. q4_K (256 per block) at K = 704: ggml's rows would not hold whole blocks */
-      printf("ggml %s %ld %ld skip: K is not a multiple of the %ld-weight block\n", argv[1], N, K, (long)ggml_blck_size(ty));
+      printf("ggml %s - %ld %ld skip: K is not a multiple of the %ld-weight block\n", argv[1], N, K, (long)ggml_blck_size(ty));
       continue;
     }
     int Mmax = 0;
     for (int i = 0; i < nM; i++) Mmax = Ms[i] > Mmax ? Ms[i] : Mmax;
     const size_t wb = ggml_row_size(ty, K) * N;
-    const size_t mem = NE * (wb + 1024) + (size_t)Mmax * K * 4 + 8 * (size_t)Mmax * N * 4 * NE + (64u << 20);
-    struct ggml_context *ctx = ggml_init((struct ggml_init_params){mem, NULL, false});
-    if (!ctx) { fprintf(stderr, "ggml_init failed\n"); return 1; }
+    /* the weights once, quantized by ggml from random values; both paths get the same bytes */
+    void **qw = malloc(NE * sizeof *qw);
     float *tmp = malloc((size_t)N * K * sizeof(float));
-    struct ggml_tensor *W[NE];
     for (int e = 0; e < NE; e++) {
       for (int64_t i = 0; i < N * K; i++) tmp[i] = ((float)rand() / RAND_MAX * 2.0f - 1.0f) * 0.05f;
-      W[e] = ggml_new_tensor_2d(ctx, ty, K, N);
-      ggml_quantize_chunk(ty, tmp, W[e]->data, 0, N, K, NULL);
+      qw[e] = malloc(wb);
+      ggml_quantize_chunk(ty, tmp, qw[e], 0, N, K, NULL);
     }
-    free(tmp);
+    ggml_get_type_traits(ty)->to_float(qw[0], tmp, N * K); /* expert 0 dequantized: the check's weights */
+    /* generic: a plain context holding the weights */
+    struct ggml_context *gw = ggml_init((struct ggml_init_params){NE * (wb + 1024) + (1u << 20), NULL, false});
+    struct ggml_tensor *Wg[NE];
+    for (int e = 0; e < NE; e++) { Wg[e] = ggml_new_tensor_2d(gw, ty, K, N); memcpy(Wg[e]->data, qw[e], wb); }
+    /* llama: the weights in the chosen buffer type (its set_tensor repacks them) */
+    ggml_backend_buffer_type_t buft = pick_buft(dev, ty, K, N);
+    struct ggml_context *lw = ggml_init((struct ggml_init_params){(NE + 4) * ggml_tensor_overhead(), NULL, true});
+    struct ggml_tensor *Wl[NE];
+    for (int e = 0; e < NE; e++) Wl[e] = ggml_new_tensor_2d(lw, ty, K, N);
+    ggml_backend_buffer_t lbuf = ggml_backend_alloc_ctx_tensors_from_buft(lw, buft);
+    if (!lbuf) { fprintf(stderr, "weight buffer failed\n"); return 1; }
+    ggml_backend_buffer_set_usage(lbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    for (int e = 0; e < NE; e++) ggml_backend_tensor_set(Wl[e], qw[e], 0, wb);
+    printf("path %s %ld %ld %s %s\n", argv[1], N, K, ggml_backend_buft_name(buft), Wl[0]->extra ? "extra" : "plain");
     for (int im = 0; im < nM; im++) {
       const int M = Ms[im];
-      struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, M);
-      for (int64_t i = 0; i < K * M; i++) ((float *)x->data)[i] = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-      struct ggml_cgraph *gf[NE];
+      const int calls = M >= 64 ? 2 : 128 / M > 2 ? 128 / M : 2;
+      float *xh = malloc((size_t)K * M * sizeof(float));
+      for (int64_t i = 0; i < K * M; i++) xh[i] = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+      const size_t gmem = (size_t)K * M * 4 + (size_t)NE * ((size_t)M * N * 4 + 4096) + NE * ggml_graph_overhead_custom(4, false) + (1u << 20);
+      struct ggml_context *gc = ggml_init((struct ggml_init_params){gmem, NULL, false});
+      struct ggml_context *lc = ggml_init((struct ggml_init_params){(NE + 4) * (ggml_tensor_overhead() + ggml_graph_overhead_custom(4, false)), NULL, true});
+      struct ggml_tensor *xg = ggml_new_tensor_2d(gc, GGML_TYPE_F32, K, M), *xl = ggml_new_tensor_2d(lc, GGML_TYPE_F32, K, M);
+      memcpy(xg->data, xh, (size_t)K * M * 4);
+      struct ggml_cgraph *gg[NE], *gl[NE];
+      struct ggml_tensor *yg0 = NULL, *yl0 = NULL;
       size_t ws = 0;
       for (int e = 0; e < NE; e++) {
-        gf[e] = ggml_new_graph_custom(ctx, 4, false);
-        ggml_build_forward_expand(gf[e], ggml_mul_mat(ctx, W[e], x));
-        struct ggml_cplan p = ggml_graph_plan(gf[e], nt, NULL);
+        struct ggml_tensor *yg = ggml_mul_mat(gc, Wg[e], xg), *yl = ggml_mul_mat(lc, Wl[e], xl);
+        if (!e) { yg0 = yg; yl0 = yl; }
+        gg[e] = ggml_new_graph_custom(gc, 4, false);
+        ggml_build_forward_expand(gg[e], yg);
+        gl[e] = ggml_new_graph_custom(lc, 4, false);
+        ggml_build_forward_expand(gl[e], yl);
+        struct ggml_cplan p = ggml_graph_plan(gg[e], nt, NULL);
         ws = p.work_size > ws ? p.work_size : ws;
       }
+      ggml_backend_buffer_t xbuf = ggml_backend_alloc_ctx_tensors(lc, be); /* x and the outputs, CPU buffer */
+      if (!xbuf) { fprintf(stderr, "activation buffer failed\n"); return 1; }
+      ggml_backend_tensor_set(xl, xh, 0, (size_t)K * M * 4);
       void *work = malloc(ws + 64);
-      const int calls = M >= 64 ? 2 : 128 / M > 2 ? 128 / M : 2;
-      double t[64];
-      for (int r = 0; r < reps + 1; r++) {
-        double t0 = now();
-        for (int c = 0; c < calls; c++) {
-          struct ggml_cplan p = ggml_graph_plan(gf[(r * calls + c) % NE], nt, NULL);
-          p.work_data = work;
-          if (ggml_graph_compute(gf[(r * calls + c) % NE], &p) != GGML_STATUS_SUCCESS) { fprintf(stderr, "compute failed\n"); return 1; }
+      for (int path = 0; path < 2; path++) {
+        double t[65], med;
+        for (int r = 0; r < reps + 1; r++) {
+          double t0 = now();
+          for (int c = 0; c < calls; c++) {
+            const int e = (r * calls + c) % NE;
+            enum ggml_status st;
+            if (path == 0) {
+              struct ggml_cplan p = ggml_graph_plan(gg[e], nt, NULL);
+              p.work_data = work;
+              st = ggml_graph_compute(gg[e], &p);
+            } else st = ggml_backend_graph_compute(be, gl[e]);
+            if (st != GGML_STATUS_SUCCESS) { fprintf(stderr, "compute failed\n"); return 1; }
+          }
+          if (r > 0) t[r - 1] = (now() - t0) / calls;
         }
-        if (r > 0) t[r - 1] = (now() - t0) / calls;
+        stats(t, reps, &med);
+        printf("ggml %s %s %ld %ld %d %d %.9g %.9g %.9g %zu %.9g\n", argv[1], path ? "llama" : "generic", N, K, M, calls,
+               med, t[0], t[reps - 1], wb, 2.0 * N * K * M);
+        fflush(stdout);
       }
-      qsort(t, reps, sizeof t[0], cmp);
-      const double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-      printf("ggml %s %ld %ld %d %d %.9g %.9g %.9g %zu %.9g\n", argv[1], N, K, M, calls, med, t[0], t[reps - 1], wb,
-             2.0 * N * K * M);
+      /* the check, expert 0, first NCHECK rows */
+      struct ggml_cplan p = ggml_graph_plan(gg[0], nt, NULL);
+      p.work_data = work;
+      if (ggml_graph_compute(gg[0], &p) != GGML_STATUS_SUCCESS || ggml_backend_graph_compute(be, gl[0]) != GGML_STATUS_SUCCESS) {
+        fprintf(stderr, "compute failed\n");
+        return 1;
+      }
+      float *ylh = malloc((size_t)M * N * 4);
+      ggml_backend_tensor_get(yl0, ylh, 0, (size_t)M * N * 4);
+      double rg = 0, rl = 0, dr = 0;
+      for (int m = 0; m < M && m < NCHECK; m++) {
+        const float *xm = xh + (size_t)m * K;
+        for (int64_t n = 0; n < N; n++) {
+          const float *wn = tmp + (size_t)n * K;
+          double ref = 0, sabs = 0, qpart = 0;
+          for (int64_t b = 0; b < K; b += qb) {
+            double amax = 0, swb = 0;
+            for (int64_t k = b; k < b + qb && k < K; k++) {
+              ref += (double)xm[k] * wn[k];
+              sabs += fabs((double)xm[k] * wn[k]);
+              amax = fmax(amax, fabs(xm[k]));
+              swb += fabs(wn[k]);
+            }
+            qpart += amax * (1.0 / 254 + ldexp(1, -10)) * swb;
+          }
+          const double bound = qpart + (K / 32.0 + 8) * ldexp(1, -23) * sabs;
+          const double yg = ((const float *)yg0->data)[(size_t)m * N + n], yl = ylh[(size_t)m * N + n];
+          rg = fmax(rg, fabs(yg - ref) / bound);
+          rl = fmax(rl, fabs(yl - ref) / bound);
+          dr = fmax(dr, sabs > 0 ? fabs(yg - yl) / sabs : 0);
+          if (!isfinite(yg) || !isfinite(yl)) rg = rl = INFINITY;
+        }
+      }
+      printf("check %s %ld %ld %d %.4f %.4f %.3g\n", argv[1], N, K, M, rg, rl, dr);
       fflush(stdout);
+      if (!(rg <= 1.0 && rl <= 1.0)) { fprintf(stderr, "check failed: a product is off its bound\n"); return 3; }
+      free(ylh);
       free(work);
+      ggml_backend_buffer_free(xbuf);
+      ggml_free(lc);
+      ggml_free(gc);
+      free(xh);
     }
-    ggml_free(ctx);
+    ggml_backend_buffer_free(lbuf);
+    ggml_free(lw);
+    ggml_free(gw);
+    for (int e = 0; e < NE; e++) free(qw[e]);
+    free(qw);
+    free(tmp);
   }
+  ggml_threadpool_free(tp);
+  ggml_backend_free(be);
   return 0;
 }
 HARNESS
@@ -165,35 +319,65 @@ libs=$(find "$GG/build" -name 'libggml-cpu.a' -o -name 'libggml.a' -o -name 'lib
 g++ -O2 -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
 
-echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; kernels $KERNELS; OMP_WAIT_POLICY=$OMP_WAIT_POLICY" | tee "$OUT/header.txt"
-: >"$OUT/ggml.txt"
-for ty in ${GGML_TYPES//,/ }; do
-  "$GG/mm_bench" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 | tee -a "$OUT/ggml.txt"
+amx=absent; [[ " $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) " == *" amx_tile "* ]] && amx=present
+echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; kernels $KERNELS; OMP_WAIT_POLICY $WAIT_POLICIES (both, the faster per row)" | tee "$OUT/header.txt"
+rm -f "$OUT"/ggml_*.txt "$OUT"/ggml_*.err
+for pol in ${WAIT_POLICIES//,/ }; do
+  for ty in ${GGML_TYPES//,/ }; do
+    OMP_WAIT_POLICY=$pol "$GG/mm_bench" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 2>>"$OUT/ggml_$pol.err" |
+      tee -a "$OUT/ggml_$pol.txt"
+  done
 done
-for k in ${KERNELS//,/ }; do
-  DGEMMA_KERNELS=$k "$DGEMMA" bench --protocol ceiling --formats 4 --rows "$ROWS" --moe-tokens "$MOE_TOKENS" -t "$THREADS" \
-    --reps "$REPS" -o "$OUT/dgemma_$k.jsonl" >"$OUT/dgemma_$k.txt"
+# which repacked kernel ggml's set_tensor chose (its log line, one per weight tensor)
+grep -ho 'repack tensor .*' "$OUT"/ggml_*.err | sort | uniq -c | tee "$OUT/ggml_repack.txt" || true
+rm -f "$OUT"/dgemma_*.jsonl "$OUT"/dgemma_*.txt
+for pol in ${WAIT_POLICIES//,/ }; do
+  for k in ${KERNELS//,/ }; do
+    OMP_WAIT_POLICY=$pol DGEMMA_KERNELS=$k "$DGEMMA" bench --protocol ceiling --formats 4 --rows "$ROWS" \
+      --moe-tokens "$MOE_TOKENS" -t "$THREADS" --reps "$REPS" -o "$OUT/dgemma_${k}_$pol.jsonl" >"$OUT/dgemma_${k}_$pol.txt"
+  done
 done
 echo "# load after: $(cat /proc/loadavg)" | tee -a "$OUT/header.txt"
 python3 - "$OUT" "$GGML_TYPES" "$KERNELS" <<'PY'
-import json, sys
+import glob, json, sys
 out, types, kernels = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
-g = {}
-for line in open(f"{out}/ggml.txt"):
-    f = line.split()
-    if f[0] != "ggml" or f[4] == "skip:": continue
-    g[(f[1], int(f[2]), int(f[3]), int(f[4]))] = (float(f[6]), float(f[9]), float(f[10]))
-d = {}
+g, paths, checks = {}, {}, []
+for fn in sorted(glob.glob(f"{out}/ggml_*.txt")):
+    pol = fn.rsplit("_", 1)[1][:-4]
+    for line in open(fn):
+        f = line.split()
+        if f[0] == "path": paths[(f[1], int(f[2]), int(f[3]))] = (f[4], f[5])
+        if f[0] == "check": checks.append((float(f[5]), float(f[6]), float(f[7])))
+        if f[0] != "ggml" or f[5] == "skip:": continue
+        key, v = (f[1] + ("" if f[2] == "llama" else " " + f[2]), int(f[3]), int(f[4]), int(f[5])), (float(f[7]), float(f[10]), float(f[11]), pol)
+        if key not in g or v[0] < g[key][0]: g[key] = v  # the faster wait policy
+d, moe = {}, {}
 for k in kernels:
-    for line in open(f"{out}/dgemma_{k}.jsonl"):
-        j = json.loads(line)
-        if j.get("shape") in ("expert_gate_up", "expert_down"):
-            d[(k, j["N"], j["K"], int(j["M"]))] = (j["median_s"], j["weight_bytes"], j["flops"])
-cols = [("dgemma " + k, (k,)) for k in kernels] + [("ggml " + t, t) for t in types]
-ratios = [("dgemma " + k, "ggml q4_K") for k in reversed(kernels)] + [("dgemma " + kernels[-1], "ggml q4_0")]
-print("| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | " +
-      " | ".join(f"{c[7:]} / {q[5:]}" for c, q in ratios) + " |")
-print("|---|---|" + "---|---|" * len(cols) + "---|" * len(ratios))
+    for fn in sorted(glob.glob(f"{out}/dgemma_{k}_*.jsonl")):
+        pol = fn.rsplit("_", 1)[1][:-6]
+        for line in open(fn):
+            j = json.loads(line)
+            if j.get("shape") in ("expert_gate_up", "expert_down"):
+                key, v = (k, j["N"], j["K"], int(j["M"])), (j["median_s"], j["weight_bytes"], j["flops"], pol)
+                if key not in d or v[0] < d[key][0]: d[key] = v  # the faster wait policy
+            if j.get("shape") == "moe_gathered":
+                j["policy"] = pol
+                if k not in moe or j["median_s"] < moe[k]["median_s"]: moe[k] = j
+gcols = [t for t in types] + [t + " generic" for t in types if t == "q4_K"]
+cols = [("dgemma " + k, (k,)) for k in kernels] + [("ggml " + t, t) for t in gcols]
+print("ggml's paths (llama.cpp's choice: the first extra buffer type of the CPU device that takes the product, else CPU):")
+for (t, N, K), (b, e) in sorted(paths.items()):
+    print(f"  {t} [{N}, {K}]: buffer type {b}, {'repacked traits attached (its kernel runs)' if e == 'extra' else 'no extra traits (generic kernel)'}")
+if checks:
+    print(f"  checks vs the double product of ggml's dequantized weights: largest error / bound generic {max(c[0] for c in checks):.3f}, "
+          f"llama {max(c[1] for c in checks):.3f}; largest |generic - llama| / sum|xw| {max(c[2] for c in checks):.2g}")
+best = lambda tm, names: min(((tm[n][0], n) for n in names if tm.get(n)), default=None)
+q4k = ["ggml q4_K", "ggml q4_K generic"]
+fourbit = ["ggml " + t for t in gcols if t.startswith("q4_")]
+last = "dgemma " + kernels[-1]
+print("\n| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | " +
+      " | ".join(f"{k} / fastest q4_K" for k in reversed(kernels)) + f" | {kernels[-1]} / fastest 4.5-bit ggml |")
+print("|---|---|" + "---|---|" * len(cols) + "---|" * (len(kernels) + 1))
 for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816, 704]")):
     Ms = sorted({m for (_, n, kk, m) in g if (n, kk) == (N, K)} | {m for (_, n, kk, m) in d if (n, kk) == (N, K)})
     for M in Ms:
@@ -202,16 +386,26 @@ for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816
             v = d.get((key[0], N, K, M)) if isinstance(key, tuple) else g.get((key, N, K, M))
             tm[c] = v
             cells.append(f"{v[1] / v[0] / 1e9:.1f} | {v[2] / v[0] / 1e9:.1f}" if v else "- | -")
-        r = lambda c, q: f"{tm[q][0] / tm[c][0]:.2f}x" if tm.get(q) and tm.get(c) else "-"
-        print(f"| {name} | {M} | " + " | ".join(cells) + " | " + " | ".join(r(c, q) for c, q in ratios) + " |")
-for k in kernels:
-    for line in open(f"{out}/dgemma_{k}.jsonl"):
-        j = json.loads(line)
-        if j.get("shape") == "moe_gathered":
-            print(f"\nmoe_gathered {j['tokens']} tokens ({j['experts']} experts hit, M = {j['M']:.1f}), {j['format']}, dgemma {k}: "
-                  f"{1e3 * j['median_s']:.1f} ms per call, {j['gflop_s']:.1f} GFLOP/s, {100 * j['fraction']:.0f}% of its roofline ({j['compute_rate']})")
-print("\nratio = ggml time / dgemma time (q4_K: 4.5 bits per weight, the same bytes as dgemma's 4-bit g64 with bf16 scales and")
-print("biases; q4_0: 4.5 bits too); '-': not run (q4_K needs K a multiple of 256: the down product's K = 704 is not, llama.cpp")
-print("stores such tensors in another type); GB/s = weight bytes / median per call;")
-print("GFLOP/s = 2 N K M / median. Raw: " + out)
+        r = []
+        for k in reversed(kernels):
+            b = best(tm, q4k)
+            r.append(f"{b[0] / tm['dgemma ' + k][0]:.2f}x ({b[1][5:]})" if b and tm.get("dgemma " + k) else "-")
+        b = best(tm, fourbit)
+        r.append(f"{b[0] / tm[last][0]:.2f}x ({b[1][5:]})" if b and tm.get(last) else "-")
+        print(f"| {name} | {M} | " + " | ".join(cells) + " | " + " | ".join(r) + " |")
+for k, j in moe.items():
+    print(f"\nmoe_gathered {j['tokens']} tokens ({j['experts']} experts hit, M = {j['M']:.1f}), {j['format']}, dgemma {k}: "
+          f"{1e3 * j['median_s']:.1f} ms per call ({j['policy']}), {j['gflop_s']:.1f} GFLOP/s, {100 * j['fraction']:.0f}% of its roofline ({j['compute_rate']})")
+print("\nwait policy of each cell (dgemma: kernel set; ggml: type and path):")
+for name, src in (("dgemma", d), ("ggml", g)):
+    pols = {}
+    for key, v in src.items(): pols.setdefault(key[0], []).append(f"{key[1]}x{key[2]} M={key[3]} {v[3]}")
+    for c, lst in pols.items(): print(f"  {name} {c}: " + ", ".join(lst))
+print("\nggml q4_K, q4_0: the path llama.cpp takes (weights in the chosen buffer type, CPU backend, persistent thread pool);")
+print("'generic': the plain context and a pool per call (session 12's harness). Each cell, dgemma's and ggml's, is the faster")
+print("of the OpenMP wait policies run (WAIT_POLICIES). ratio = ggml time / dgemma time; 'fastest q4_K' = the faster q4_K path in that")
+print("row, 'fastest 4.5-bit' = the fastest q4_K / q4_0 path (q4_K and q4_0 are 4.5 bits per weight, the same bytes as")
+print("dgemma's 4-bit g64 with bf16 scales and biases); '-': not run (q4_K needs K a multiple of 256: the down product's")
+print("K = 704 is not, llama.cpp stores such tensors in another type); GB/s = weight bytes / median; GFLOP/s = 2 N K M /")
+print("median. Raw: " + out)
 PY

@@ -14,6 +14,10 @@
 #      (commas between one item's), appended; BATCH_ALT=VAR=VALUE: the batch protocol again under that setting; BENCH_8K=1: vllm with an
 #      8,192-token prompt, one run (its step time and the device memory it holds, appended); PDL=1: test_cuda
 #      and the vllm bench once more with DGEMMA_PDL=0, programmatic dependent launch off (appended)
+#   TEST_FILTERS="a b ...": with TESTS=1, only those tests of test_cuda (one process each, TESTS_T seconds each, default
+#   300) instead of the whole file; TESTS_ALT="V=X,W=Y:test_a,test_b ...": after them, the named tests again under each
+#   space-separated item's settings (appended to tests.txt); STEP_LAB="ARGS": the step-kernel lab
+#   (dev/cuda/step_kernels.cu, e.g. "--vocab --reps 20") built and run after the tests (step_lab.md)
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
 #   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
 #   (and, without TESTS, BENCH, CEIL or ATT, no build at all). LAB_RUNS=none: no lab at all (build, runs, SASS).
@@ -82,11 +86,30 @@ if [ -n "${CEIL:-}" ]; then
   done
 fi
 if [ -n "${TESTS:-}" ]; then
-  timeout ${TESTS_T:-300} build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
+  if [ -n "${TEST_FILTERS:-}" ]; then
+    : > "$OUT/tests.txt"
+    for t in $TEST_FILTERS; do
+      DG_TEST_FILTER=$t timeout ${TESTS_T:-300} build/tests/test_cuda >> "$OUT/tests.txt" 2>&1; echo "test_cuda $t rc $? $(el)"
+    done
+  else
+    timeout ${TESTS_T:-300} build/tests/test_cuda > "$OUT/tests.txt" 2>&1; echo "test_cuda rc $? $(el)"
+  fi
+  for alt in ${TESTS_ALT:-}; do # "V=X,W=Y:test_a,test_b": those tests under those settings (appended)
+    for t in $(echo "${alt#*:}" | tr ',' ' '); do
+      { echo; echo "## ${alt%%:*} $t"; env $(echo "${alt%%:*}" | tr ',' ' ') DG_TEST_FILTER=$t timeout ${TESTS_T:-300} \
+        build/tests/test_cuda 2>&1; } >> "$OUT/tests.txt"; echo "test_cuda ${alt%%:*} $t rc $? $(el)"
+    done
+  done
   if [ -n "${PDL:-}" ]; then
     { echo; echo "## DGEMMA_PDL=0"; DGEMMA_PDL=0 timeout 200 build/tests/test_cuda 2>&1; } >> "$OUT/tests.txt"; echo "test_cuda DGEMMA_PDL=0 rc $? $(el)"
   fi
-  grep -E "^\[  (FAILED|PASSED|  ERROR) |FAIL|largest" "$OUT/tests.txt" | head -20
+  grep -E "^\[  (FAILED|PASSED|  ERROR) |FAIL|largest|^# vocabulary chain|^# down input" "$OUT/tests.txt" | head -40
+fi
+if [ -n "${STEP_LAB:-}" ]; then # issue 12: the step-kernel lab (e.g. the vocabulary chain's versions, --vocab)
+  nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/step_kernels.cu build/libdgemma.a \
+    -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/step_kernels_lab > /tmp/step_build.txt 2>&1 || tail -20 /tmp/step_build.txt
+  timeout ${STEP_LAB_T:-120} build/step_kernels_lab $STEP_LAB > "$OUT/step_lab.md" 2>&1; echo "step lab rc $? $(el)"
+  grep -E "vocab chain|^\| (kernel|---)" "$OUT/step_lab.md" | head -30
 fi
 if [ -n "${BENCH:-}" ]; then
   wait $mk; tail -1 /tmp/mkrandom.log

@@ -6,6 +6,7 @@
  * model, and the option errors of the CLI. No timing is asserted. */
 #include "testutil.h"
 
+#include <cpuid.h>
 #include <math.h>
 #include <sys/wait.h>
 
@@ -395,6 +396,11 @@ static void test_cli_rows(void **state) {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx512vnni")) assert_null(strstr(j, "\"compute_rate\":\"int8 vpdpbusd\""));
   if (!__builtin_cpu_supports("avx2")) assert_non_null(strstr(j, "\"compute_rate\":\"fp32 FMA\""));
+  /* AMX is reported from CPUID leaf 7 (EDX bit 24, AMX-TILE) and never in the roofline */
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const int amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1u);
+  assert_non_null(strstr(j, amx ? "\"amx\":\"present (AMX-TILE" : "\"amx\":\"absent\""));
+  assert_null(strstr(j, "\"compute_rate\":\"amx"));
   free(j);
 }
 

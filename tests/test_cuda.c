@@ -762,11 +762,13 @@ static void test_step_stats(void **state) {
 }
 
 /* The fused chain over the logits (src/cuda/kernels.cu, issue 14: softcap, z = softcap / T and the
- * self-conditioning's maxima and sums recomputed in registers, nothing stored) against the chain it replaces
- * (softcap in place, z in place, three passes of the probabilities; DGEMMA_VOCAB=chain) on the same raw logits:
+ * self-conditioning's maxima and sums recomputed in registers, nothing stored; DGEMMA_VOCAB=fused) and zstore (the
+ * same with z stored in place by the statistics' pass 1 and read as stored after it; DGEMMA_VOCAB=zstore) against
+ * the chain (softcap in place, z in place, three passes of the probabilities; the default) on the same raw logits:
  * every word of the statistics, the first non-finite position and the probabilities P must be equal, whether P
- * follows the statistics (their partials reused) or runs alone; the z made real in place (k_vocab_z) equals the
- * chain's z and the fused chain leaves the logits untouched. Shapes with a partial last chunk and V % 4 != 0
+ * follows the statistics (their partials reused) or runs alone (fused); the z made real in place (k_vocab_z) and
+ * the z zstore stores equal the chain's z, and the fused chain leaves the logits untouched. Shapes with a partial
+ * last chunk and V % 4 != 0
  * (scalar loads), softcap on and off, temperatures 1 and not, the three activation dtypes, the three proposal
  * modes; logits past the softcap's saturation (distinct raw values that softcap to one: ties for the argmax),
  * peaked rows, and a NaN (the bad position). */
@@ -801,26 +803,28 @@ static void test_vocab_chain(void **state) {
     }
     if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
     for (int mi = 0; mi < 3; mi++) {
-      long nd[4] = {-1, -1, -1, -1};
+      long nd[6] = {-1, -1, -1, -1, -1, -1};
       int32_t bad = -1;
       assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
                                            0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
-      if (nd[0] || nd[1] || nd[2] || nd[3])
-        fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: statistics %ld, "
-                 "P after them %ld, P alone %ld, z / logits %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T,
-                 cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3]);
+      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5])
+        fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: fused statistics "
+                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld", k, C,
+                 V, (double)cs[k].cap, (double)cs[k].T, cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4],
+                 nd[5]);
       assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
       for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
         if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
       if (!cs[k].nan && cs[k].cap > 0.0f && k == 0)
         for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
                                                                           ? (7 * c + 11) % V : (13 * c + 5) % V);
-      words += (long)C * 5 + 1 + 2 * (long)n + 2 * (long)n;
+      words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n;
     }
     free(raw); free(uni); free(P); free(st);
   }
-  printf("# vocabulary chain: the fused chain equal to the chain word for word (%ld words compared: statistics, bad "
-         "position, P after the statistics and alone, z, logits) on %zu cases x 3 proposal modes\n",
+  printf("# vocabulary chain: the fused chain and zstore equal to the chain word for word (%ld words compared: "
+         "statistics, bad position, P after the statistics and alone, z made real, z stored, logits) on %zu cases x 3 "
+         "proposal modes\n",
          words, sizeof cs / sizeof cs[0]);
 }
 
@@ -1021,7 +1025,7 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 38 work buffers, src/cuda/context.cu ctx_layout) lie inside the block, 256
+ * its buffers (2 caches per layer and 39 work buffers, src/cuda/context.cu ctx_layout) lie inside the block, 256
  * bytes aligned from its start, without overlap, and a byte pattern of each, all written first, reads back intact.
  * With a sliding-window ring cache (the default) and a full-window cache (every layer the same length). */
 static void test_ctx_arena(void **state) {
@@ -1047,7 +1051,7 @@ static void test_ctx_arena(void **state) {
            na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 38);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 39);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
@@ -2582,6 +2586,53 @@ static void test_quant_expert_bodies(void **state) {
          wh[1], wy[1]);
 }
 
+/* The down product's input copy made by the gate/up kernel's epilogue (DGEMMA_DN_FUSE=1; qr_store_hp,
+ * src/cuda/qmoe_r.cuh) against the separate copy (k_group_sums_perm): h (read back in the plain order) and y word
+ * for word, over the bodies it reaches (the backend's tile count at 37 tokens: 3 n-tiles with the 2-tile body; 1 and
+ * 8 n-tiles), groups of 32 and 64 and bf16 lane records; and the stacks it must leave to the separate copy (down
+ * groups of 128, which span two gate/up blocks; IE not a multiple of the block's 64 features; qe_kernel's f16
+ * scales) with the flag saying so. Expert 0 takes every token's slot 0, slot 1 cycles over 2..4 (check_qexperts). */
+static void test_experts_dn_fuse(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const struct { int bgu, bd, G, H, IE, T, nt, fused; dg_dtype sb; } cs[] = {
+      {4, 4, 64, 128, 128, 37, 0, 1, DG_BF16}, {4, 4, 64, 128, 128, 61, 8, 1, DG_BF16},
+      {3, 2, 32, 128, 64, 37, 0, 1, DG_BF16},  {8, 6, 64, 192, 128, 37, 1, 1, DG_BF16},
+      {0, 0, 0, 128, 128, 37, 0, 1, DG_BF16},  {2, 3, 128, 128, 128, 37, 0, 0, DG_BF16},
+      {4, 4, 32, 64, 96, 37, 0, 0, DG_BF16},   {4, 3, 64, 192, 192, 37, 0, 0, DG_F16},
+  };
+  const int E = 5, K = 2;
+  long words = 0;
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    const int T = cs[c].T, H = cs[c].H, IE = cs[c].IE;
+    qmat gu, dn;
+    qmat_make(&gu, (int64_t)E * 2 * IE, H, cs[c].bgu, cs[c].G, cs[c].sb);
+    qmat_make(&dn, (int64_t)E * H, IE, cs[c].bd, cs[c].G, cs[c].sb);
+    int32_t idx[128];
+    for (int t = 0; t < T; t++) {
+      idx[t * K] = 0;
+      idx[t * K + 1] = 2 + t % 3;
+    }
+    uint16_t *xb = malloc(2 * (size_t)T * H);
+    float *xf = malloc(4 * (size_t)T * H);
+    rand_bf16(xb, xf, (size_t)T * H, 2.0f);
+    dg_weight mg = gu.w, md = dn.w;
+    long nd[2] = {-1, -1};
+    int fused = -1;
+    assert_dg_ok(cut()->test_experts_dn_fuse(0, &mg, &md, xb, idx, T, H, IE, E, K, cs[c].nt, nd, &fused));
+    if (fused != cs[c].fused || nd[0] || nd[1])
+      fail_msg("case %zu (%d/%d-bit g%d H %d IE %d, %d tokens, nt %d): fused %d (expected %d), words that differ: h "
+               "%ld, y %ld", c, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].nt, fused, cs[c].fused, nd[0], nd[1]);
+    words += (long)T * K * (IE + H);
+    qmat_free(&gu);
+    qmat_free(&dn);
+    free(xb); free(xf);
+  }
+  printf("# down input copy in the gate/up epilogue: h and y equal to the separate copy's word for word (%ld words, "
+         "%zu stacks: 5 fused, 3 left to the copy)\n", words, sizeof cs / sizeof cs[0]);
+}
+
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
  * compare_logits: the bf16-simulating CPU kernel rounds only the activations
  * of quantized products (matmul_bf16), as the GPU does, so e_sim measures the
@@ -2799,7 +2850,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -20,7 +20,10 @@
  *     completion prompt beyond the context (param "prompt"); a non-streaming
  *     client that gives up (cancelled, no 5xx counted); the server stopped
  *     with a stream running and one queued (error event, then data: [DONE];
- *     the queued one logged with 0 s). */
+ *     the queued one logged with 0 s);
+ *   - the prompt cache: follow-up turns, a diverging request and a continued
+ *     completion prefill only what the cache lacks, their answers bit for bit
+ *     a fresh run's, also with 0 slots; usage counts visible tokens only. */
 #include "testutil.h"
 
 #include <math.h>
@@ -253,6 +256,10 @@ static void test_cancel_and_stop(void **state) {
   (void)state;
   dg_test_skip("test_serve was built without libcurl (libcurl4-openssl-dev; scripts/setup.sh installs it)");
 }
+static void test_prompt_cache(void **state) {
+  (void)state;
+  dg_test_skip("test_serve was built without libcurl (libcurl4-openssl-dev; scripts/setup.sh installs it)");
+}
 #else
 
 static dg_model *g_m;
@@ -321,31 +328,55 @@ static const char *error_code(const http_resp *r, char *buf, size_t n) {
 }
 
 /* The engine's own answer for a chat (kind 0) or completion prompt: text of the first
- * max_tokens valid tokens, their count, the finish reason as the server names it. */
+ * max_tokens valid tokens, their count, the visible ones among them (usage's completion_tokens:
+ * dg_gen_result.n_visible; an answer cut at max_tokens in these tests is text, every token shown),
+ * the finish reason as the server names it. A fresh context: no prompt cache. */
 typedef struct expect {
   char *text;
-  int32_t n_prompt, n_tokens, n_steps;
+  int32_t n_prompt, n_tokens, n_steps, n_visible;
   const char *finish;
 } expect;
 
-static expect engine_answer(const char *user, const char *completion, int32_t max_tokens, uint64_t seed,
-                            const char *kwargs) {
-  expect x = {0};
+static expect engine_run(int32_t *ids, size_t n, int32_t max_tokens, uint64_t seed, const char *kwargs, int32_t **toks);
+
+/* The engine's answer to a conversation of n messages. */
+static expect engine_chat(const dg_chat_message *msgs, size_t n_msgs, int32_t max_tokens, uint64_t seed,
+                          const char *kwargs) {
   int32_t *ids = NULL;
   size_t n = 0;
-  if (user) {
-    dg_chat_message msg = {"user", user};
-    assert_dg_ok(dg_chat_apply(g_m, &msg, 1, 0, &ids, &n));
-  } else {
-    int32_t *t = NULL;
-    size_t k = 0;
-    assert_dg_ok(dg_tokenize(g_m, completion, strlen(completion), 1, &t, &k));
-    ids = malloc((k + 1) * sizeof *ids);
-    ids[0] = 2;
-    memcpy(ids + 1, t, k * sizeof *ids);
-    n = k + 1;
-    dg_free(t);
+  assert_dg_ok(dg_chat_apply(g_m, msgs, n_msgs, 0, &ids, &n));
+  return engine_run(ids, n, max_tokens, seed, kwargs, NULL);
+}
+
+/* engine_answer of a completion prompt; if ids is not NULL, its prompt ids (<bos> first) in *ids[*n] and
+ * the generated tokens in *toks (malloc'd). */
+static expect engine_completion(const char *prompt, int32_t max_tokens, uint64_t seed, const char *kwargs, int32_t **ids,
+                                size_t *n, int32_t **toks) {
+  int32_t *t = NULL;
+  size_t k = 0;
+  assert_dg_ok(dg_tokenize(g_m, prompt, strlen(prompt), 1, &t, &k));
+  int32_t *p = malloc((k + 1) * sizeof *p);
+  p[0] = 2;
+  memcpy(p + 1, t, k * sizeof *p);
+  dg_free(t);
+  if (ids) {
+    *ids = malloc((k + 1) * sizeof **ids);
+    memcpy(*ids, p, (k + 1) * sizeof *p);
+    *n = k + 1;
   }
+  return engine_run(p, k + 1, max_tokens, seed, kwargs, ids ? toks : NULL);
+}
+
+static expect engine_answer(const char *user, const char *completion, int32_t max_tokens, uint64_t seed,
+                            const char *kwargs) {
+  if (!user) return engine_completion(completion, max_tokens, seed, kwargs, NULL, NULL, NULL);
+  dg_chat_message msg = {"user", user};
+  return engine_chat(&msg, 1, max_tokens, seed, kwargs);
+}
+
+/* engine_answer of the prompt ids[n] (freed here); toks (if not NULL): the generated tokens (malloc'd). */
+static expect engine_run(int32_t *ids, size_t n, int32_t max_tokens, uint64_t seed, const char *kwargs, int32_t **toks) {
+  expect x = {0};
   dg_gen_params gp = dg_gen_default_params(g_m);
   assert_dg_ok(dg_gen_params_apply_json(&gp, TURBO));
   if (kwargs) assert_dg_ok(dg_gen_params_apply_json(&gp, kwargs));
@@ -359,6 +390,11 @@ static expect engine_answer(const char *user, const char *completion, int32_t ma
   assert_dg_ok(dg_detokenize(g_m, r.tokens, (size_t)nv, 0, &x.text));
   x.n_prompt = (int32_t)n;
   x.n_tokens = nv;
+  x.n_visible = r.n_valid <= max_tokens ? r.n_visible : max_tokens;
+  if (toks) {
+    *toks = malloc((size_t)r.n_tokens * sizeof **toks);
+    memcpy(*toks, r.tokens, (size_t)r.n_tokens * sizeof **toks);
+  }
   x.n_steps = r.n_steps;
   x.finish = r.n_valid > max_tokens ? "length"
              : r.finish_reason == DG_FINISH_STOP ? "stop" : r.finish_reason == DG_FINISH_REPETITION ? "repetition" : "length";
@@ -464,19 +500,41 @@ static void check_chat_json(const http_resp *r, const expect *x) {
   assert_string_equal(cJSON_GetObjectItem(c, "finish_reason")->valuestring, x->finish);
   const cJSON *u = cJSON_GetObjectItem(o, "usage");
   assert_int_equal(cJSON_GetObjectItem(u, "prompt_tokens")->valueint, x->n_prompt);
-  assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, x->n_tokens);
-  assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, x->n_prompt + x->n_tokens);
+  assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, x->n_visible);
+  assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, x->n_prompt + x->n_visible);
   cJSON_Delete(o);
 }
 
-static void test_http(void **state) {
-  (void)state;
+/* usage.prompt_tokens_details.cached_tokens of a JSON answer. */
+static int cached_tokens(const char *body) {
+  cJSON *o = cJSON_Parse(body);
+  const cJSON *d = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens_details");
+  if (!cJSON_IsNumber(cJSON_GetObjectItem(d, "cached_tokens"))) fail_msg("no usage.prompt_tokens_details.cached_tokens: %s", body);
+  int k = cJSON_GetObjectItem(d, "cached_tokens")->valueint;
+  cJSON_Delete(o);
+  return k;
+}
+
+/* Load the bundled model into g_m (or skip the test) and start a server with o on it (skipped without
+ * libmicrohttpd). */
+static dg_server *serve_small(const dg_serve_opts *o) {
   dg_model_params mp = dg_model_default_params();
   mp.n_threads = 2;
   if (access(SMALL "/config.json", R_OK) || dg_model_load(SMALL, &mp, &g_m) != DG_OK)
     dg_test_skip("the bundled model %s does not load", SMALL);
   signal(SIGPIPE, SIG_IGN);
-  curl_global_init(CURL_GLOBAL_DEFAULT);
+  dg_server *srv = NULL;
+  dg_status st = dg_server_start(g_m, o, &srv);
+  if (st == DG_ERR_BACKEND) {
+    dg_model_free(g_m);
+    dg_test_skip("dgemma was built without libmicrohttpd (libmicrohttpd-dev; scripts/setup.sh installs it)");
+  }
+  assert_int_equal(st, DG_OK);
+  return srv;
+}
+
+static void test_http(void **state) {
+  (void)state;
   dg_serve_opts o = dg_serve_default_opts();
   o.port = 0;
   o.model_id = "dgemma-small";
@@ -485,13 +543,8 @@ static void test_http(void **state) {
   o.timeout_s = 2;
   o.lim.max_body = 8192;
   o.lim.max_tokens = 1024;
-  dg_server *srv = NULL;
-  dg_status st = dg_server_start(g_m, &o, &srv);
-  if (st == DG_ERR_BACKEND) {
-    dg_model_free(g_m);
-    dg_test_skip("dgemma was built without libmicrohttpd (libmicrohttpd-dev; scripts/setup.sh installs it)");
-  }
-  assert_int_equal(st, DG_OK);
+  dg_server *srv = serve_small(&o);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
   const int port = dg_server_port(srv);
   assert_true(port > 0);
   printf("# server on 127.0.0.1:%d\n", port);
@@ -537,7 +590,7 @@ static void test_http(void **state) {
   sse_sum s = parse_sse(r.body, 1);
   assert_string_equal(s.text, x0.text);
   assert_string_equal(s.finish, x0.finish);
-  assert_int_equal(s.completion_tokens, x0.n_tokens);
+  assert_int_equal(s.completion_tokens, x0.n_visible);
   assert_true(s.role_first && s.done_last);
   assert_int_equal(s.n_draft, 0);
   free(r.body);
@@ -616,7 +669,7 @@ static void test_http(void **state) {
     s = parse_sse(ca[i].r.body, 1);
     assert_string_equal(s.text, xs[i].text);
     assert_string_equal(s.finish, xs[i].finish);
-    assert_int_equal(s.completion_tokens, xs[i].n_tokens);
+    assert_int_equal(s.completion_tokens, xs[i].n_visible);
     assert_true(s.done_last);
     free(ca[i].r.body);
   }
@@ -850,22 +903,11 @@ static void test_openai_client(void **state) {
   if (system("command -v node >/dev/null 2>&1") != 0) dg_test_skip("node is not installed (scripts/setup.sh installs npm)");
   if (access(".node/node_modules/openai/package.json", R_OK))
     dg_test_skip("the openai npm client is not in .node/ (scripts/setup.sh installs it)");
-  dg_model_params mp = dg_model_default_params();
-  mp.n_threads = 2;
-  if (access(SMALL "/config.json", R_OK) || dg_model_load(SMALL, &mp, &g_m) != DG_OK)
-    dg_test_skip("the bundled model %s does not load", SMALL);
-  signal(SIGPIPE, SIG_IGN);
   dg_serve_opts o = dg_serve_default_opts();
   o.port = 0;
   o.model_id = "dgemma-small";
   o.gen_kwargs = TURBO;
-  dg_server *srv = NULL;
-  dg_status st = dg_server_start(g_m, &o, &srv);
-  if (st == DG_ERR_BACKEND) {
-    dg_model_free(g_m);
-    dg_test_skip("dgemma was built without libmicrohttpd (libmicrohttpd-dev; scripts/setup.sh installs it)");
-  }
-  assert_int_equal(st, DG_OK);
+  dg_server *srv = serve_small(&o);
   expect x0 = engine_answer(Q[0], NULL, 64, 0, NULL), xc = engine_answer(NULL, "Once upon a time", 128, 5, NULL);
   char tmpl[] = "/tmp/dgemma-test-openai-XXXXXX", cmd[512];
   int fd = mkstemp(tmpl);
@@ -882,10 +924,10 @@ static void test_openai_client(void **state) {
   assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "models"), 0)->valuestring, "dgemma-small");
   assert_string_equal(cJSON_GetObjectItem(j, "chat")->valuestring, x0.text);
   assert_string_equal(cJSON_GetObjectItem(j, "chat_finish")->valuestring, x0.finish);
-  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "chat_usage"), "completion_tokens")->valueint, x0.n_tokens);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "chat_usage"), "completion_tokens")->valueint, x0.n_visible);
   assert_string_equal(cJSON_GetObjectItem(j, "stream")->valuestring, x0.text);
   assert_string_equal(cJSON_GetObjectItem(j, "stream_finish")->valuestring, x0.finish);
-  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "stream_usage"), "completion_tokens")->valueint, x0.n_tokens);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "stream_usage"), "completion_tokens")->valueint, x0.n_visible);
   assert_string_equal(cJSON_GetObjectItem(j, "completion")->valuestring, xc.text);
   assert_int_equal(cJSON_GetObjectItem(j, "error_status")->valueint, 400);
   assert_string_equal(cJSON_GetObjectItem(j, "error_code")->valuestring, "invalid_value");
@@ -898,6 +940,162 @@ static void test_openai_client(void **state) {
   dg_server_stop(srv);
   dg_model_free(g_m);
 }
+
+/* A chat body of msgs[n] (JSON-escaped by cJSON), malloc'd. */
+static char *chat_body(const dg_chat_message *msgs, int n, int max_tokens, int seed, const char *kwargs) {
+  cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "messages");
+  for (int i = 0; i < n; i++) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", msgs[i].role);
+    cJSON_AddStringToObject(m, "content", msgs[i].content);
+    cJSON_AddItemToArray(a, m);
+  }
+  cJSON_AddNumberToObject(o, "max_tokens", max_tokens);
+  cJSON_AddNumberToObject(o, "seed", seed);
+  if (kwargs) cJSON_AddItemToObject(cJSON_AddObjectToObject(o, "dgemma"), "gen_kwargs", cJSON_Parse(kwargs));
+  char *b = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return b;
+}
+
+static int32_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+  int32_t k = 0;
+  while ((size_t)k < na && (size_t)k < nb && a[k] == b[k]) k++;
+  return k;
+}
+
+/* The prompt cache (--cache-slots): a two-turn conversation's second request takes the first's
+ * context and prefills only what follows the tokens they share (usage.prompt_tokens_details.
+ * cached_tokens, dgemma_prompt_tokens_cached_total); a third request that diverges from the second's
+ * tokens in its last question takes the prefix up to there; a completion that continues a cached
+ * answer reuses its committed canvas; every answer equals the engine's own fresh run bit for bit (same
+ * seed), and so does a server with 0 slots (nothing cached). And usage counts visible tokens (issue
+ * 16): with {"eos_token_id": []} the <eos> canvases after an answer are not completion tokens. */
+static void test_prompt_cache(void **state) {
+  (void)state;
+  dg_serve_opts o = dg_serve_default_opts();
+  o.port = 0;
+  o.gen_kwargs = TURBO;
+  o.max_batch = 2;
+  o.cache_slots = 2;
+  dg_server *srv = serve_small(&o);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  int port = dg_server_port(srv);
+  const char *q1 = "Tom has 5 pens. He buys 3 more pens. How many pens does Tom have now?", *q2 = "How many pens does Tom have?";
+  /* turn 1: nothing cached */
+  dg_chat_message m1[1] = {{"user", q1}};
+  expect x1 = engine_chat(m1, 1, 64, 7, NULL);
+  char *b = chat_body(m1, 1, 64, 7, NULL);
+  http_resp r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
+  free(b);
+  check_chat_json(&r, &x1);
+  assert_int_equal(cached_tokens(r.body), 0);
+  free(r.body);
+  assert_true(x1.n_tokens <= 64); /* one canvas: the context keeps the prompt only (the last canvas is never committed) */
+  /* turn 2: the conversation so far and a new question */
+  dg_chat_message m2[3] = {{"user", q1}, {"assistant", x1.text}, {"user", q2}};
+  expect x2 = engine_chat(m2, 3, 64, 8, NULL);
+  b = chat_body(m2, 3, 64, 8, NULL);
+  r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
+  free(b);
+  check_chat_json(&r, &x2);
+  const int c2 = cached_tokens(r.body);
+  free(r.body);
+  int32_t *p1, *p2, *p3;
+  size_t n1, n2, n3;
+  assert_dg_ok(dg_chat_apply(g_m, m1, 1, 0, &p1, &n1));
+  assert_dg_ok(dg_chat_apply(g_m, m2, 3, 0, &p2, &n2));
+  /* the template writes the first answer without the empty thought channel of its generation prompt: the
+   * tokens are shared up to turn 1's "<|turn>model\n" */
+  assert_int_equal(c2, lcp(p1, n1, p2, n2));
+  assert_true(c2 > 0 && c2 < (int)n1);
+  /* a third request diverges from turn 2's cached tokens in its last question */
+  dg_chat_message m3[3] = {{"user", q1}, {"assistant", x1.text}, {"user", "And how many does his sister have?"}};
+  assert_dg_ok(dg_chat_apply(g_m, m3, 3, 0, &p3, &n3));
+  int32_t want3 = lcp(p3, n3, p2, n2);
+  if (lcp(p3, n3, p1, n1) > want3) want3 = lcp(p3, n3, p1, n1);
+  assert_true(want3 > c2 && want3 < (int32_t)n2);
+  expect x3 = engine_chat(m3, 3, 64, 9, NULL);
+  b = chat_body(m3, 3, 64, 9, NULL);
+  r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
+  free(b);
+  check_chat_json(&r, &x3);
+  const int c3 = cached_tokens(r.body);
+  free(r.body);
+  assert_int_equal(c3, want3);
+  printf("# prompt cache: turn 2 %d of %zu prompt tokens cached, a diverging turn 3 %d of %zu; answers as fresh runs\n", c2,
+         n2, c3, n3);
+  assert_true(metric(port, "dgemma_prompt_tokens_cached_total") == c2 + c3);
+  assert_true(metric(port, "dgemma_prompt_cache_hits_total") == 2);
+  assert_true(metric(port, "dgemma_prompt_cache_contexts") == 2); /* 3 finished, 2 slots */
+  /* a completion that continues a 2-canvas answer: its first (committed) canvas comes from the cache */
+  int32_t *ci, *ct, *ci2;
+  size_t nci, nci2;
+  expect xc = engine_completion("Once upon a time", 128, 5, NULL, &ci, &nci, &ct);
+  assert_int_equal(xc.n_tokens, 128); /* no stop in 2 canvases: the first was committed */
+  r = http(port, "POST", "/v1/completions", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 128, \"seed\": 5}", NULL, 0);
+  assert_int_equal(r.status, 200);
+  free(r.body);
+  char *first = NULL, prompt2[4096];
+  assert_dg_ok(dg_detokenize(g_m, ct, 64, 0, &first));
+  snprintf(prompt2, sizeof prompt2, "Once upon a time%s And then", first);
+  expect xc2 = engine_completion(prompt2, 64, 6, NULL, &ci2, &nci2, NULL);
+  int32_t *cached = malloc((nci + 64) * sizeof *cached);
+  memcpy(cached, ci, nci * sizeof *cached);
+  memcpy(cached + nci, ct, 64 * sizeof *cached);
+  const int32_t want_c = lcp(cached, nci + 64, ci2, nci2);
+  assert_true(want_c > (int32_t)nci); /* past the first prompt: into the committed canvas */
+  cJSON *cb = cJSON_CreateObject();
+  cJSON_AddStringToObject(cb, "prompt", prompt2);
+  cJSON_AddNumberToObject(cb, "max_tokens", 64);
+  cJSON_AddNumberToObject(cb, "seed", 6);
+  b = cJSON_PrintUnformatted(cb);
+  cJSON_Delete(cb);
+  r = http(port, "POST", "/v1/completions", b, NULL, 0);
+  free(b);
+  assert_int_equal(r.status, 200);
+  cJSON *co = cJSON_Parse(r.body);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(co, "choices"), 0), "text")->valuestring,
+                      xc2.text);
+  cJSON_Delete(co);
+  assert_int_equal(cached_tokens(r.body), want_c);
+  printf("# completion continuing a 2-canvas answer: %d of %zu prompt tokens cached (%zu of the first prompt, %d of its "
+         "committed canvas)\n", want_c, nci2, nci, want_c - (int)nci);
+  free(r.body);
+  dg_server_stop(srv);
+
+  /* 0 slots: nothing cached, the same answers */
+  o.cache_slots = 0;
+  assert_dg_ok(dg_server_start(g_m, &o, &srv));
+  port = dg_server_port(srv);
+  for (int k = 0; k < 2; k++) {
+    b = chat_body(m2, 3, 64, 8, NULL);
+    r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
+    free(b);
+    check_chat_json(&r, &x2);
+    assert_int_equal(cached_tokens(r.body), 0);
+    free(r.body);
+  }
+  assert_true(metric(port, "dgemma_prompt_tokens_cached_total") == 0);
+  assert_true(metric(port, "dgemma_prompt_cache_contexts") == 0);
+  /* issue 16: without stop ids the <eos> canvases after the answer are hidden, not completion tokens */
+  const char *kw = "{\"diffusion_turbo\": false, \"eos_token_id\": [], \"max_denoising_steps\": 4, \"proposal\": \"argmax\"}";
+  dg_chat_message mq[1] = {{"user", Q[1]}};
+  expect xe = engine_chat(mq, 1, 192, 3, kw);
+  b = chat_body(mq, 1, 192, 3, kw);
+  r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
+  free(b);
+  check_chat_json(&r, &xe); /* completion_tokens = the engine's n_visible */
+  free(r.body);
+  printf("# {\"eos_token_id\": []}: %d tokens generated, %d visible = usage.completion_tokens\n", xe.n_tokens, xe.n_visible);
+  assert_true(xe.n_visible < xe.n_tokens);
+  dg_server_stop(srv);
+  free(x1.text); free(x2.text); free(x3.text); free(xc.text); free(xc2.text); free(xe.text);
+  dg_free(p1); dg_free(p2); dg_free(p3); dg_free(first);
+  free(ci); free(ct); free(ci2); free(cached);
+  curl_global_cleanup();
+  dg_model_free(g_m);
+}
 #endif
 
 int main(void) {
@@ -907,6 +1105,7 @@ int main(void) {
       cmocka_unit_test(test_http),
       cmocka_unit_test(test_openai_client),
       cmocka_unit_test(test_cancel_and_stop),
+      cmocka_unit_test(test_prompt_cache),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_cancel*" */
   return cmocka_run_group_tests_name("serve", tests, NULL, NULL);

@@ -20,7 +20,9 @@
  *  - turbo_head_rows (the LM head a few rows at a time) changes no token,
  *    forward or step statistic, alone or in a batch; the host memory per
  *    turbo canvas at vocabulary 262,144 and canvas 256 is <= 32 MB (peak RSS;
- *    issue 16). */
+ *    issue 16);
+ *  - dg_context_copy_prefix: a prefix copied from another context and the rest
+ *    prefilled gives a fresh prefill's K/V and generations bit for bit. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <malloc.h>
@@ -1453,6 +1455,121 @@ static void test_batch_continuous(void **state) {
   dg_model_free(m);
 }
 
+/* The K/V of positions 0..n-1 of every layer, dst against src: 0 = the same bits. */
+static int kv_differs(const dg_context *a, const dg_context *b, int32_t n) {
+  const dg_model *m = a->m;
+  for (int li = 0; li < m->cfg.n_layers; li++) {
+    const size_t D = (size_t)m->layers[li].head_dim;
+    for (int h = 0; h < m->layers[li].n_kv; h++)
+      if (memcmp(a->kv[li].k + (size_t)h * a->cap * D, b->kv[li].k + (size_t)h * b->cap * D, (size_t)n * D * 4) ||
+          memcmp(a->kv[li].v + (size_t)h * a->cap * D, b->kv[li].v + (size_t)h * b->cap * D, (size_t)n * D * 4))
+        return 1;
+  }
+  return 0;
+}
+
+static void expect_same_result(const dg_gen_result *a, const dg_gen_result *b) {
+  assert_int_equal(a->n_tokens, b->n_tokens);
+  assert_memory_equal(a->tokens, b->tokens, (size_t)a->n_tokens * 4);
+  assert_int_equal(a->n_steps, b->n_steps);
+  assert_int_equal(a->n_valid, b->n_valid);
+  assert_int_equal(a->n_forwarded, b->n_forwarded);
+  assert_int_equal(a->finish_reason, b->finish_reason);
+}
+
+/* dg_context_copy_prefix (the prompt cache of `dgemma serve`): a conversation's second request, its first
+ * n tokens copied from the context of the first (prompt, then one committed canvas) and only the rest
+ * prefilled, gives the K/V of a fresh prefill bit for bit (the prompt is longer than an encoder chunk and
+ * the copy ends inside the second chunk) and the same generation, turbo and reference, also from a shorter
+ * prefix where a third request diverges; bad arguments are refused and leave dst as it was. */
+static void test_context_copy(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth("copy", c, 0);
+  const int32_t C = c.canvas, NA = 270, NB = 9;
+  int32_t *full = malloc((size_t)(NA + C + NB) * sizeof *full);
+  synth_random_ids(full, NA, c.vocab, 91);
+  dg_gen_params gp[2];
+  for (int k = 0; k < 2; k++) {
+    gp[k] = dg_gen_default_params(m);
+    gp[k].max_new_tokens = 2 * C;
+    gp[k].max_denoising_steps = 12;
+    gp[k].n_stop_ids = 0; /* every canvas runs: the first request leaves its first canvas committed */
+    gp[k].seed = 17;
+  }
+  assert_dg_ok(dg_gen_params_apply_json(&gp[0], "{\"diffusion_turbo\": true, \"turbo_compact\": true}"));
+  /* request 1: the prompt and two canvases; its context holds the prompt and the first canvas */
+  dg_context *ca, *cf, *cr;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = NA + 2 * C;
+  assert_dg_ok(dg_context_new(m, &cp, &ca));
+  dg_gen_result r1;
+  assert_dg_ok(dg_generate(ca, full, NA, &gp[0], &r1));
+  const int32_t len_a = dg_context_length(ca);
+  assert_int_equal(len_a, NA + C);
+  memcpy(full + NA, r1.tokens, (size_t)C * sizeof *full); /* the committed canvas */
+  synth_random_ids(full + NA + C, NB, c.vocab, 92);       /* the next turn */
+  const int32_t NF = NA + C + NB;
+  cp.max_context = NF + 2 * C + 5; /* another capacity than ca's: rows are strided by it */
+  assert_dg_ok(dg_context_new(m, &cp, &cf));
+  assert_dg_ok(dg_context_new(m, &cp, &cr));
+  /* the K/V: a fresh prefill of the whole sequence against the copy + the rest */
+  assert_dg_ok(dg_encode(cf, full, (size_t)NF));
+  assert_dg_ok(dg_context_copy_prefix(cr, ca, len_a));
+  assert_int_equal(dg_context_length(cr), len_a);
+  assert_int_equal(dg_context_length(ca), len_a); /* the source is unchanged */
+  assert_false(kv_differs(cr, ca, len_a));
+  assert_dg_ok(dg_encode(cr, full + len_a, (size_t)(NF - len_a)));
+  assert_false(kv_differs(cr, cf, NF));
+  /* generations: fresh against reused, turbo (k = 0) and reference (k = 1), from the whole cached context and
+   * from a prefix of 200 tokens (a request that diverges from the cache there) */
+  const int32_t from[2] = {len_a, 200};
+  for (int k = 0; k < 2; k++)
+    for (int f = 0; f < 2; f++) {
+      dg_gen_result fresh, reused;
+      dg_context_reset(cf);
+      assert_dg_ok(dg_generate(cf, full, (size_t)NF, &gp[k], &fresh));
+      assert_dg_ok(dg_context_copy_prefix(cr, ca, from[f]));
+      assert_dg_ok(dg_generate(cr, full + from[f], (size_t)(NF - from[f]), &gp[k], &reused));
+      expect_same_result(&fresh, &reused);
+      dg_gen_result_free(&fresh);
+      dg_gen_result_free(&reused);
+    }
+  /* bad arguments: refused, dst unchanged */
+  assert_dg_ok(dg_context_copy_prefix(cr, ca, 5));
+  assert_int_equal(dg_context_copy_prefix(NULL, ca, 1), DG_ERR_INVALID_ARG);
+  assert_int_equal(dg_context_copy_prefix(cr, NULL, 1), DG_ERR_INVALID_ARG);
+  assert_int_equal(dg_context_copy_prefix(ca, ca, 1), DG_ERR_INVALID_ARG);
+  assert_int_equal(dg_context_copy_prefix(cr, ca, -1), DG_ERR_INVALID_ARG);
+  assert_int_equal(dg_context_copy_prefix(cr, ca, len_a + 1), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "source's length"));
+  dg_context *small;
+  cp.max_context = 100;
+  assert_dg_ok(dg_context_new(m, &cp, &small));
+  assert_int_equal(dg_context_copy_prefix(small, ca, 101), DG_ERR_CONTEXT_FULL);
+  assert_non_null(strstr(dg_last_error(), "capacity of 100"));
+  assert_int_equal(dg_context_length(small), 0);
+  assert_dg_ok(dg_context_copy_prefix(small, ca, 100));
+  assert_false(kv_differs(small, ca, 100));
+  dg_model *m2 = load_synth("copy2", c, 0);
+  dg_context *other;
+  assert_dg_ok(dg_context_new(m2, NULL, &other));
+  assert_int_equal(dg_context_copy_prefix(other, ca, 1), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "different models"));
+  assert_int_equal(dg_context_length(cr), 5);
+  printf("# copy prefix: %d of %d positions copied, the rest prefilled: K/V and generations (turbo, reference; "
+         "from %d and from %d) bit for bit a fresh prefill's\n", len_a, NF, from[0], from[1]);
+  dg_context_free(other);
+  dg_model_free(m2);
+  dg_context_free(small);
+  dg_gen_result_free(&r1);
+  dg_context_free(ca);
+  dg_context_free(cf);
+  dg_context_free(cr);
+  free(full);
+  dg_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kwargs),     cmocka_unit_test(test_turbo_off_unchanged),
@@ -1462,6 +1579,7 @@ int main(void) {
       cmocka_unit_test(test_compact_stale),  cmocka_unit_test(test_bucketing),
       cmocka_unit_test(test_batch),      cmocka_unit_test(test_batch_continuous),
       cmocka_unit_test(test_head_rows),  cmocka_unit_test(test_turbo_memory),
+      cmocka_unit_test(test_context_copy),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_turbo_memory" */
   return cmocka_run_group_tests_name("turbo", tests, setup, teardown);

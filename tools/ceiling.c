@@ -29,8 +29,12 @@
  * those; the exact default kernels cannot reach them), with
  * the ceilings (bench.c) measured before and after the sweep in the same
  * command (the best of both: on a shared machine the load moves), and the
- * fraction of it reached (roofline time / measured time). */
+ * fraction of it reached (roofline time / measured time). AMX is detected and
+ * reported (amx_state) but never in the roofline: no AMX rate is measured. */
 #include <cjson/cJSON.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -182,10 +186,27 @@ static const char *fmt_name(int bits, char *buf, size_t n) {
   return buf;
 }
 
+/* Whether the CPU has AMX (CPUID leaf 7: AMX-TILE, EDX bit 24; AMX-INT8 bit 25;
+ * AMX-BF16 bit 22; Intel SDM vol. 2A, CPUID): "absent", or "present (...)". dgemma
+ * has no AMX kernel and no AMX rate loop, so an AMX rate is never measured: when
+ * present, the rooflines below exclude it (they use the vector rates) and say so. */
+static const char *amx_state(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1u)) {
+    const int i8 = d >> 25 & 1u, bf = d >> 22 & 1u;
+    return i8 && bf ? "present (AMX-TILE, INT8, BF16)" : i8 ? "present (AMX-TILE, INT8)" : bf ? "present (AMX-TILE, BF16)"
+                                                                                           : "present (AMX-TILE)";
+  }
+#endif
+  return "absent";
+}
+
 /* rates: [0] fp32 FMA, [1] bf16 dot product, [2] int8 VNNI dot product, [3] int8 AVX2
  * vpmaddubsw (0 = absent). A quantized row's compute rate is the fastest of FMA and
  * the int8 rates the CPU has (whatever kernel set runs), a bf16 row's of FMA and bf16. */
-static void emit(const ce_row *r, const dg_kernels *kn, double bw, const double *rates, double mm, int nt, FILE *out) {
+static void emit(const ce_row *r, const dg_kernels *kn, double bw, const double *rates, double mm, int nt, FILE *out,
+                 const char *amx) {
   char f[32];
   int mb;
   const int alt = r->bits >= 16 ? 1 : rates[2] >= rates[3] ? 2 : 3;
@@ -228,6 +249,7 @@ static void emit(const ce_row *r, const dg_kernels *kn, double bw, const double 
   cJSON_AddNumberToObject(j, "fma_gflop_s", fma / 1e9);
   cJSON_AddNumberToObject(j, "compute_gflop_s", rate / 1e9);
   cJSON_AddStringToObject(j, "compute_rate", rate_name);
+  cJSON_AddStringToObject(j, "amx", amx); /* never in the roofline: see amx_state */
   cJSON_AddNumberToObject(j, "matmul_gflop_s", mm / 1e9);
   cJSON_AddNumberToObject(j, "threads", nt);
   char *s = cJSON_PrintUnformatted(j);
@@ -484,6 +506,13 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
     rbf = fmax(rbf, rbf2);
     ri8 = fmax(ri8, ri82);
     rub = fmax(rub, rub2);
+    const char *amx = amx_state();
+    if (!strcmp(amx, "absent"))
+      printf("AMX: absent on this CPU (CPUID leaf 7): the rates above are its fastest\n");
+    else
+      printf("AMX: %s, but the rooflines below exclude it: dgemma has no AMX kernel and no loop that measures an AMX "
+             "rate, so no measured rate exists to put in them (they understate this CPU's bf16/int8 ceiling)\n",
+             amx);
     printf("ceiling sweep: %s kernels, MoE shapes of the 26B model (hidden %d, expert intermediate %d, %d experts, "
            "top-%d); per-call median of %d runs after %d warm-up; roofline = max(weight bytes / copy, FLOPs / the "
            "fastest compute rate for the format: bf16 max(FMA, vdpbf16ps), quantized max(FMA, vpdpbusd, vpmaddubsw))\n\n",
@@ -491,7 +520,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "
            "of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const double rates[4] = {rate, rbf, ri8, rub};
-    for (size_t i = 0; i < nr; i++) emit(&rs[i], kn, bw, rates, mm, nt, out);
+    for (size_t i = 0; i < nr; i++) emit(&rs[i], kn, bw, rates, mm, nt, out, amx);
     printf("\nM = activation rows sharing each weight (moe_gathered: rows per expert hit, T tokens x top-%d / experts "
            "hit); weight MB and GFLOP per call; GB/s = weight bytes / median; of roofline = roofline / median. One-expert "
            "shapes walk through a %d-expert stack (max(2, %d / M) experts per run) so that weights come from memory.\n",

@@ -12,7 +12,17 @@
  * block callback turns each committed canvas into text (SSE chunk or the
  * final message); its step callback writes the opt-in draft-canvas event and
  * tells the engine when the client has gone (its canvas is cancelled at the
- * next step). */
+ * next step).
+ *
+ * Prompt cache (--cache-slots N, llama-server's cache_prompt, vLLM's prefix
+ * caching). A finished request's context (its prompt and the canvases it
+ * committed, all but the last) is kept with its token sequence, at most N of
+ * them, the least recently used evicted. A new request's context starts as a
+ * copy of the cached one sharing the longest token prefix with its prompt
+ * (dg_context_copy_prefix) and only the rest of the prompt is prefilled, so a
+ * conversation's follow-up turn does not prefill the turns before it again.
+ * The copy holds the same K/V bits a prefill would, so the answer is the same
+ * (test_serve). The cache belongs to the scheduler thread. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -37,6 +47,7 @@ dg_serve_opts dg_serve_default_opts(void) {
   o.max_batch = 4;
   o.max_queue = 256;
   o.timeout_s = 30;
+  o.cache_slots = 4;
   o.lim.max_body = 1 << 20;
   o.lim.max_messages = 256;
   o.lim.max_tokens = 8192;
@@ -102,6 +113,10 @@ typedef struct job {
   dg_status status;       /* engine failure (DG_OK otherwise) */
   char errmsg[512];
   dg_context *ctx;
+  int32_t cap;            /* ctx's positions */
+  int32_t n_cached;       /* prompt tokens copied from the prompt cache, not prefilled */
+  int32_t *blk, n_blk;    /* every canvas's tokens as the engine made them (the committed ones are the cache's key) */
+  int blk_lost;           /* out of memory for blk: the context is not cached */
   dg_gen_result res;
   int32_t slot;
   /* output, written by the scheduler (callbacks), read by the connection; under srv->mu */
@@ -113,6 +128,7 @@ typedef struct job {
   int closed;             /* no more output will come */
   const char *finish;     /* "stop", "length", "repetition" */
   double t0, t_end;
+  double prefill_s;       /* the context (prompt cache copy included) and the prompt's prefill, s; < 0: not measured */
   int32_t n_steps, n_blocks;
   pthread_cond_t cv;
 } job;
@@ -142,7 +158,20 @@ struct dg_server {
   double last_step_ms;
   unsigned long long http_2xx, http_4xx, http_5xx;
   int32_t n_generating;   /* generation requests whose response is not yet sent (under mu) */
+  /* the prompt cache (scheduler thread; the counters under mu) */
+  struct cache_entry *cache; /* [o.cache_slots] */
+  int32_t n_cache;
+  int cache_off;          /* the backend cannot copy a context (CUDA for now) */
+  unsigned long long cache_tick, prompt_tokens_cached, cache_hits;
+  long long cache_positions;
 };
+
+/* A finished context and the tokens its KV cache holds. */
+typedef struct cache_entry {
+  dg_context *ctx;
+  int32_t *toks, n;
+  unsigned long long used; /* cache_tick of its last use */
+} cache_entry;
 
 static void logf_(dg_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(dg_server *s, const char *fmt, ...) {
@@ -161,6 +190,7 @@ static void job_unref(job *j) {
   dg_srv_request_free(&j->req);
   free(j->prompt);
   free(j->toks);
+  free(j->blk);
   free(j->text.p);
   free(j->out.p);
   dg_gen_result_free(&j->res);
@@ -207,6 +237,7 @@ static cJSON *usage_json(job *j) {
   cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->n_prompt);
   cJSON_AddNumberToObject(u, "completion_tokens", j->completion_tokens);
   cJSON_AddNumberToObject(u, "total_tokens", (double)j->n_prompt + j->completion_tokens);
+  cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", j->n_cached);
   return u;
 }
 
@@ -217,6 +248,8 @@ static cJSON *stats_json(job *j) {
   cJSON_AddNumberToObject(x, "canvases", j->n_blocks);
   cJSON_AddNumberToObject(x, "denoising_steps", j->n_steps);
   cJSON_AddNumberToObject(x, "seconds", sec);
+  if (j->prefill_s >= 0) cJSON_AddNumberToObject(x, "prefill_seconds", j->prefill_s);
+  else cJSON_AddNullToObject(x, "prefill_seconds");
   cJSON_AddNumberToObject(x, "tokens_per_second", sec > 0 ? j->completion_tokens / sec : 0.0);
   cJSON_AddStringToObject(x, "sampler", j->turbo ? "turbo" : "reference");
   return x;
@@ -275,6 +308,19 @@ static void job_close(job *j) {
 
 /* ---- engine callbacks (scheduler thread) ---- */
 
+/* Of ids[n], the tokens the text shows (the detokenizer drops pad and special tokens): what usage counts
+ * as completion tokens, as dg_gen_result.n_visible does (the <eos> canvases after an answer without stop
+ * ids are not generated text). */
+static int32_t shown_tokens(const dg_model *m, const int32_t *ids, int32_t n) {
+  int32_t k = 0;
+  for (int32_t i = 0; i < n; i++) {
+    char *t = NULL;
+    if (dg_detokenize(m, ids + i, 1, 0, &t) == DG_OK && t && *t) k++;
+    dg_free(t);
+  }
+  return k;
+}
+
 /* Emit the text of j->toks that is settled (stop strings, incomplete characters); final = no more tokens. */
 static void emit_text(job *j, int final) {
   dg_server *s = j->srv;
@@ -296,7 +342,7 @@ static void emit_text(job *j, int final) {
       dg_free(p);
       if (l > safe) break;
     }
-    j->completion_tokens = k <= j->n_toks ? k : j->n_toks;
+    j->completion_tokens = shown_tokens(s->m, j->toks, k <= j->n_toks ? k : j->n_toks);
   }
   if (safe > j->text.n && !memcmp(t, j->text.p ? j->text.p : "", j->text.n)) {
     size_t old = j->text.n;
@@ -314,6 +360,14 @@ static int on_block(const dg_block_info *bi, void *ud) {
   job *j = ud;
   dg_server *s = j->srv;
   pthread_mutex_lock(&s->mu);
+  int32_t *bp = realloc(j->blk, (size_t)(j->n_blk + bi->n_tokens) * sizeof *bp); /* the prompt cache's key */
+  if (bp) {
+    memcpy(bp + j->n_blk, bi->tokens, (size_t)bi->n_tokens * sizeof *bp);
+    j->blk = bp;
+    j->n_blk += bi->n_tokens;
+  } else {
+    j->blk_lost = 1;
+  }
   int32_t take = bi->n_valid;
   if (j->n_toks + take > j->max_tokens) {
     j->cut = 1;
@@ -328,8 +382,9 @@ static int on_block(const dg_block_info *bi, void *ud) {
   if (take > 0) {
     memcpy(j->toks + j->n_toks, bi->tokens, (size_t)take * sizeof(int32_t));
     j->n_toks += take;
+    /* the visible tokens (issue 16: not the hidden <eos> canvases); the engine counted the whole block's */
+    j->completion_tokens += take == bi->n_valid ? bi->n_visible : shown_tokens(s->m, bi->tokens, take);
   }
-  j->completion_tokens = j->n_toks;
   j->n_blocks++;
   j->n_steps += bi->n_steps;
   emit_text(j, 0);
@@ -380,6 +435,79 @@ static int on_step(const dg_step_info *si, void *ud) {
   return j->cancelled;
 }
 
+/* ---- prompt cache (scheduler thread) ---- */
+
+static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb) {
+  int32_t k = 0;
+  while (k < na && k < nb && a[k] == b[k]) k++;
+  return k;
+}
+
+static void cache_drop(dg_server *s, int32_t i) {
+  cache_entry *e = &s->cache[i];
+  s->cache_positions -= e->n;
+  dg_context_free(e->ctx);
+  free(e->toks);
+  *e = s->cache[--s->n_cache];
+}
+
+/* Start j's new context from the cached context that shares the longest token prefix with its prompt
+ * (one prompt token at least is left to prefill: the engine starts from the prompt's end): its K/V of
+ * that prefix copied, j->n_cached = its length. Nothing on a miss or a failed copy (then the whole
+ * prompt is prefilled as without a cache). */
+static void cache_lookup(dg_server *s, job *j) {
+  int32_t best = -1, bp = 0;
+  for (int32_t i = 0; i < s->n_cache; i++) {
+    int32_t p = common_prefix(s->cache[i].toks, s->cache[i].n, j->prompt, (int32_t)j->n_prompt);
+    if (p > (int32_t)j->n_prompt - 1) p = (int32_t)j->n_prompt - 1;
+    if (p > bp) { bp = p; best = i; }
+  }
+  if (best < 0) return;
+  dg_status st = dg_context_copy_prefix(j->ctx, s->cache[best].ctx, bp);
+  if (st) {
+    logf_(s, "dgemma serve: prompt cache: %s: %s%s", dg_status_str(st), dg_last_error(),
+          st == DG_ERR_BACKEND ? "; the cache is off" : "");
+    if (st == DG_ERR_BACKEND) s->cache_off = 1;
+    return;
+  }
+  j->n_cached = bp;
+  s->cache[best].used = ++s->cache_tick;
+}
+
+/* Keep j's finished context (under mu): its tokens are the prompt and the canvases it committed.
+ * Entries whose tokens begin this one's go (it holds them); beyond o.cache_slots the least recently
+ * used goes. A context with much unused room (max_tokens above what was generated) is first copied
+ * into one of its length, so an entry holds the KV cache of its tokens only. */
+static void cache_store(dg_server *s, job *j) {
+  if (!s->o.cache_slots || s->cache_off || !j->ctx || j->blk_lost) return;
+  const int32_t len = dg_context_length(j->ctx), gen = len - (int32_t)j->n_prompt, C = s->info.canvas_length;
+  if (gen < 0 || gen > j->n_blk) return;
+  int32_t *toks = malloc((size_t)(len > 0 ? len : 1) * sizeof *toks);
+  if (!toks) return;
+  memcpy(toks, j->prompt, j->n_prompt * sizeof *toks);
+  if (gen) memcpy(toks + j->n_prompt, j->blk, (size_t)gen * sizeof *toks);
+  dg_context *ctx = j->ctx;
+  if (j->cap - len > C) {
+    dg_context_params cp = dg_context_default_params();
+    cp.max_context = len;
+    dg_context *fit = NULL;
+    if (dg_context_new(s->m, &cp, &fit) == DG_OK && dg_context_copy_prefix(fit, ctx, len) == DG_OK) ctx = fit;
+    else dg_context_free(fit);
+  }
+  for (int32_t i = s->n_cache - 1; i >= 0; i--)
+    if (s->cache[i].n <= len && common_prefix(s->cache[i].toks, s->cache[i].n, toks, len) == s->cache[i].n)
+      cache_drop(s, i);
+  if (s->n_cache == s->o.cache_slots) {
+    int32_t lru = 0;
+    for (int32_t i = 1; i < s->n_cache; i++)
+      if (s->cache[i].used < s->cache[lru].used) lru = i;
+    cache_drop(s, lru);
+  }
+  s->cache[s->n_cache++] = (cache_entry){ctx, toks, len, ++s->cache_tick};
+  s->cache_positions += len;
+  if (ctx == j->ctx) j->ctx = NULL; /* the cache's now */
+}
+
 /* ---- scheduler ---- */
 
 /* A job has left the engine (under mu): its finish reason and metrics; the scheduler's reference goes. */
@@ -398,24 +526,35 @@ static void job_finish(dg_server *s, job *j, dg_status st) {
     }
     s->requests_ok++;
     s->completion_tokens += (unsigned long long)j->completion_tokens;
+    cache_store(s, j);
   }
   dg_context_free(j->ctx);
   j->ctx = NULL;
   job_close(j);
   s->n_running--;
-  logf_(s, "dgemma serve: %s %s: %d prompt + %d completion tokens, %d canvases, %d steps, %.2f s%s%s%s", j->id,
-        j->finish ? j->finish : j->cancelled ? "cancelled" : "failed", (int)j->n_prompt, j->completion_tokens,
-        j->n_blocks, j->n_steps, j->t_end - j->t0, started ? "" : " (before it started)", j->status ? ": " : "",
+  logf_(s, "dgemma serve: %s %s: %d prompt (%d cached) + %d completion tokens, %d canvases, %d steps, %.2f s%s%s%s",
+        j->id, j->finish ? j->finish : j->cancelled ? "cancelled" : "failed", (int)j->n_prompt, j->n_cached,
+        j->completion_tokens, j->n_blocks, j->n_steps, j->t_end - j->t0, started ? "" : " (before it started)", j->status ? ": " : "",
         j->status ? j->errmsg : "");
   job_unref(j);
 }
 
+/* The prompt counters of an admitted job (under mu). */
+static void cache_count(dg_server *s, job *j) {
+  s->prompt_tokens += j->n_prompt;
+  s->prompt_tokens_cached += (unsigned long long)j->n_cached;
+  s->cache_hits += j->n_cached > 0;
+}
+
+/* j's context: its prompt and canvases' positions, started from the prompt cache where it can. */
 static dg_status job_context(dg_server *s, job *j) {
   const int32_t C = s->info.canvas_length;
   dg_context_params cp = dg_context_default_params();
   int64_t canv = ((int64_t)j->gp.max_new_tokens + C - 1) / C;
-  cp.max_context = (int32_t)((int64_t)j->n_prompt + canv * C);
-  return dg_context_new(s->m, &cp, &j->ctx);
+  cp.max_context = j->cap = (int32_t)((int64_t)j->n_prompt + canv * C);
+  dg_status st = dg_context_new(s->m, &cp, &j->ctx);
+  if (!st && s->o.cache_slots && !s->cache_off) cache_lookup(s, j);
+  return st;
 }
 
 static void *scheduler(void *arg) {
@@ -447,9 +586,12 @@ static void *scheduler(void *arg) {
       j->t0 = now_s();
       dg_status st = job_context(s, j);
       int32_t slot = -1;
-      if (!st) st = dg_batch_add(s->batch, j->ctx, j->prompt, j->n_prompt, &j->gp, &j->res, &slot);
+      if (!st)
+        st = dg_batch_add(s->batch, j->ctx, j->prompt + j->n_cached, j->n_prompt - (size_t)j->n_cached, &j->gp, &j->res,
+                          &slot);
+      j->prefill_s = now_s() - j->t0;
       pthread_mutex_lock(&s->mu);
-      s->prompt_tokens += j->n_prompt;
+      cache_count(s, j);
       if (st) job_finish(s, j, st);
       else { s->slots[slot] = j; j->slot = slot; s->canvases_total++; }
     }
@@ -464,10 +606,11 @@ static void *scheduler(void *arg) {
       if (j->cancelled) { job_finish(s, j, DG_ERR_ABORTED); continue; }
       pthread_mutex_unlock(&s->mu);
       j->t0 = now_s();
+      j->prefill_s = -1; /* inside dg_generate */
       dg_status st = job_context(s, j);
-      if (!st) st = dg_generate(j->ctx, j->prompt, j->n_prompt, &j->gp, &j->res);
+      if (!st) st = dg_generate(j->ctx, j->prompt + j->n_cached, j->n_prompt - (size_t)j->n_cached, &j->gp, &j->res);
       pthread_mutex_lock(&s->mu);
-      s->prompt_tokens += j->n_prompt;
+      cache_count(s, j);
       s->ref_forwards += (unsigned long long)j->res.n_steps;
       s->canvases_total++;
       job_finish(s, j, st);
@@ -599,8 +742,16 @@ static char *metrics_text(dg_server *s) {
   M("dgemma_requests_total{outcome=\"ok\"} %llu\n", s->requests_ok);
   M("dgemma_requests_total{outcome=\"error\"} %llu\n", s->requests_err);
   M("dgemma_requests_total{outcome=\"cancelled\"} %llu\n", s->requests_cancelled);
-  M("# HELP dgemma_prompt_tokens_total Prompt tokens prefilled.\n# TYPE dgemma_prompt_tokens_total counter\n"
-    "dgemma_prompt_tokens_total %llu\n", s->prompt_tokens);
+  M("# HELP dgemma_prompt_tokens_total Prompt tokens of the requests admitted (those from the prompt cache included).\n"
+    "# TYPE dgemma_prompt_tokens_total counter\ndgemma_prompt_tokens_total %llu\n", s->prompt_tokens);
+  M("# HELP dgemma_prompt_tokens_cached_total Prompt tokens whose K/V came from the prompt cache (not prefilled).\n"
+    "# TYPE dgemma_prompt_tokens_cached_total counter\ndgemma_prompt_tokens_cached_total %llu\n", s->prompt_tokens_cached);
+  M("# HELP dgemma_prompt_cache_hits_total Requests started from a cached context.\n"
+    "# TYPE dgemma_prompt_cache_hits_total counter\ndgemma_prompt_cache_hits_total %llu\n", s->cache_hits);
+  M("# HELP dgemma_prompt_cache_contexts Finished contexts kept for reuse (at most --cache-slots).\n"
+    "# TYPE dgemma_prompt_cache_contexts gauge\ndgemma_prompt_cache_contexts %d\n", s->n_cache);
+  M("# HELP dgemma_prompt_cache_positions Token positions whose K/V the cached contexts hold.\n"
+    "# TYPE dgemma_prompt_cache_positions gauge\ndgemma_prompt_cache_positions %lld\n", s->cache_positions);
   M("# HELP dgemma_generation_tokens_total Completion tokens returned.\n# TYPE dgemma_generation_tokens_total counter\n"
     "dgemma_generation_tokens_total %llu\n", s->completion_tokens);
   M("# HELP dgemma_queue_depth Requests waiting for a canvas slot.\n# TYPE dgemma_queue_depth gauge\n"
@@ -927,7 +1078,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 dg_status dg_server_start(dg_model *m, const dg_serve_opts *o, dg_server **out) {
   *out = NULL;
   if (!m || !o || o->max_batch < 1 || o->max_batch > 4096 || o->port < 0 || o->port > 65535 || o->max_queue < 1 ||
-      o->lim.max_messages < 1 || o->lim.max_tokens < 1 || o->lim.max_context < 2 || o->lim.max_body < 16)
+      o->cache_slots < 0 || o->cache_slots > 4096 || o->lim.max_messages < 1 || o->lim.max_tokens < 1 || o->lim.max_context < 2 || o->lim.max_body < 16)
     return DG_ERR_INVALID_ARG;
   dg_server *s = calloc(1, sizeof *s);
   if (!s) return DG_ERR_OUT_OF_MEMORY;
@@ -941,7 +1092,14 @@ dg_status dg_server_start(dg_model *m, const dg_serve_opts *o, dg_server **out) 
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->slots = calloc((size_t)o->max_batch, sizeof *s->slots);
-  if (!s->slots) st = DG_ERR_OUT_OF_MEMORY;
+  s->cache = calloc((size_t)(o->cache_slots > 0 ? o->cache_slots : 1), sizeof *s->cache);
+  if (!s->slots || !s->cache) st = DG_ERR_OUT_OF_MEMORY;
+  /* dg_context_copy_prefix is the CPU backend's only, for now (DG_ERR_BACKEND elsewhere, which cache_lookup
+   * also takes as "off"): no device context is kept for nothing */
+  if (o->cache_slots && s->info.device != DG_DEVICE_CPU) {
+    s->cache_off = 1;
+    logf_(s, "dgemma serve: prompt cache off: the CUDA backend cannot copy a KV cache yet (dg_context_copy_prefix)");
+  }
   if (!st) st = dg_batch_new(m, o->max_batch, &s->batch);
   if (!st) {
     if (pthread_create(&s->sched, NULL, scheduler, s)) st = DG_ERR_OUT_OF_MEMORY;
@@ -993,6 +1151,8 @@ void dg_server_stop(dg_server *s) {
     MHD_stop_daemon(s->d); /* waits for the connection threads */
   }
   dg_batch_free(s->batch);
+  while (s->n_cache > 0) cache_drop(s, s->n_cache - 1);
+  free(s->cache);
   free(s->slots);
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
@@ -1060,11 +1220,13 @@ static void serve_usage(FILE *f) {
           "      --max-body BYTES     request body size (default %zu)\n"
           "      --max-messages N     chat messages per request (default %d)\n"
           "      --timeout S          idle connection timeout in seconds (default %d; 0: none)\n"
+          "      --cache-slots N      prompt cache: finished contexts kept, a request that begins with one's tokens\n"
+          "                           prefills only the rest (default %d; 0: off; each holds one request's KV cache)\n"
           "      --quiet              no log line per request on stderr\n"
           "  -h, --help               this help\n"
           "      --version            the version\n",
           d.host, d.port, d.max_batch, d.max_queue, (int)d.lim.max_tokens, (int)d.lim.max_context, d.lim.max_body,
-          (int)d.lim.max_messages, d.timeout_s);
+          (int)d.lim.max_messages, d.timeout_s, d.cache_slots);
 }
 
 int dg_cli_serve(int argc, char **argv, const char *default_model) {
@@ -1108,6 +1270,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--max-body")) o.lim.max_body = (size_t)serve_int(a, VAL(), 16, 1LL << 32);
     else if (!strcmp(a, "--max-messages")) o.lim.max_messages = (int32_t)serve_int(a, VAL(), 1, 1 << 20);
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
+    else if (!strcmp(a, "--cache-slots")) o.cache_slots = (int)serve_int(a, VAL(), 0, 4096);
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
     else if (!strcmp(a, "--version")) { printf("dgemma %s\n", DGEMMA_VERSION); return 0; } /* as every command */

@@ -113,6 +113,9 @@ typedef struct dg_serve_opts {
   const char *api_key;     /* NULL = no auth; else "Authorization: Bearer KEY" on /v1/ and /metrics */
   const char *gen_kwargs;  /* server defaults over the checkpoint's (dg_gen_params_apply_json) */
   int timeout_s;           /* idle connection timeout (a stalled request is closed), seconds */
+  int cache_slots;         /* prompt cache: finished contexts kept (least recently used evicted), each at most one
+                              request's KV cache; a request starts from the one sharing the longest token prefix
+                              with its prompt and prefills only the rest (dg_context_copy_prefix); 0 = off */
   dg_srv_limits lim;
   FILE *log;               /* one line per request, NULL = quiet */
 } dg_serve_opts;

@@ -27,7 +27,8 @@
  *               v2 the fused chain (k_vocab_stats, k_vocab_sc: z recomputed in registers, never stored;
  *               DGEMMA_VOCAB=fused, not the default: slower than v0 on the H200, session 14), checked word for word against v0; v2's statistics and probabilities also apart;
  *               "v2 gN": v2 in launch groups of N positions (the second read of a group's logits from the L2);
- *               "v3 z stored": pass 1 also stores z in place, the passes after it read z instead of recomputing it
+ *               "v3 z stored": pass 1 also stores z in place, the passes after it read z as stored (DG_VZ_STORED: no
+ *               softcap, no division) instead of recomputing it (DGEMMA_VOCAB=zstore, not the default until measured)
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
  *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
  *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);
@@ -475,7 +476,7 @@ static void chain_case(int C, int V) {
       CKL(k_sc_probs(0, d0, p0, C, V, act, ws));
     };
     auto fused = [&] {
-      CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws));
+      CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, 0));
       CKL(k_vocab_sc(0, d1, p1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
     };
     up(d0, lg);
@@ -489,7 +490,7 @@ static void chain_case(int C, int V) {
     CKL(cudaDeviceSynchronize());
     const std::vector<dg_cuda_pos_stats> a = down(s0, C), b = down(s1, C);
     const std::vector<bf16> pa = down(p0, n), pb = down(p1, n);
-    const std::vector<float> lb = down(d1, n);
+    const std::vector<float> lb = down(d1, n), za = down(d0, n); /* za: the chain's z, for v3's stored z */
     const std::vector<int32_t> bd = down(dbad, 2);
     const size_t ds = ndiff(a, b), dp = ndiff(pa, pb), dl = memcmp(lb.data(), lg.data(), n * 4) != 0;
     const int ok = ds == 0 && dp == 0 && dl == 0 && bd[0] == bd[1] && bd[0] == INT32_MAX;
@@ -506,12 +507,12 @@ static void chain_case(int C, int V) {
     row(nm, "v2 fused", med, mn, n * (3 * 4.0 + 2), n * 6.0, chk, ok);
     /* v2 in launch groups of g positions (k_vocab_stats_g / k_vocab_sc_g): pass 2 (sampled) or the sc sum
      * (argmax) and the write pass find the group's logits in the L2; v3: pass 1 stores z in place (one write more)
-     * and the passes after it read z (cap 0, T 1: z / 1) instead of recomputing softcap and division */
+     * and the passes after it read z as stored (DG_VZ_STORED) instead of recomputing softcap and division */
     for (int var = 0; var < 3; var++) {
       const int g = var < 2 ? gsz[var] : 0, store = var == 2;
       auto run = [&] {
         CKL(k_vocab_stats_g(0, d2, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, g, store));
-        CKL(k_vocab_sc_g(0, d2, p1, C, V, store ? 0.0f : cap, store ? 1.0f : T, act, ws,
+        CKL(k_vocab_sc_g(0, d2, p1, C, V, store ? DG_VZ_STORED : cap, store ? 1.0f : T, act, ws,
                          mode == DG_PROPOSAL_ARGMAX ? 1 : 2, g));
       };
       up(d2, lg);
@@ -522,11 +523,13 @@ static void chain_case(int C, int V) {
       const std::vector<dg_cuda_pos_stats> b2 = down(s1, C);
       const std::vector<bf16> pb2 = down(p1, n);
       const std::vector<int32_t> bd2 = down(dbad, 2);
-      const size_t ds2 = ndiff(a, b2), dp2 = ndiff(pa, pb2);
-      const int ok2 = ds2 == 0 && dp2 == 0 && bd2[1] == bd[0];
-      char chk2[200], vn[24];
-      snprintf(chk2, sizeof chk2, "%s: vs v0 records differing %zu of %d, P values %zu of %zu; bad %s", mname[k], ds2, C,
-               dp2, n, bd2[1] == bd[0] ? "same" : "DIFFERS");
+      const size_t ds2 = ndiff(a, b2), dp2 = ndiff(pa, pb2), dz2 = store ? ndiff(za, down(d2, n)) : 0;
+      const int ok2 = ds2 == 0 && dp2 == 0 && dz2 == 0 && bd2[1] == bd[0];
+      char chk2[240], vn[24];
+      char zs[48] = "";
+      if (store) snprintf(zs, sizeof zs, ", stored z values %zu", dz2);
+      snprintf(chk2, sizeof chk2, "%s: vs v0 records differing %zu of %d, P values %zu of %zu%s; bad %s", mname[k], ds2,
+               C, dp2, n, zs, bd2[1] == bd[0] ? "same" : "DIFFERS");
       if (store) snprintf(vn, sizeof vn, "v3 z stored");
       else snprintf(vn, sizeof vn, "v2 g%d", g);
       timeit(run, med, mn);
@@ -536,7 +539,7 @@ static void chain_case(int C, int V) {
       row(nm, vn, med, mn, n * (rd + 2), n * 6.0, chk2, ok2);
     }
     /* the two halves of v2: the statistics (before the host sync) and the probabilities (after it) */
-    timeit([&] { CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws)); },
+    timeit([&] { CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, 0)); },
            med, mn);
     row(nm, "v2 stats", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 4.0 : 8.0), n * 4.0, chk, ok);
     timeit([&] { CKL(k_vocab_sc(0, d1, p1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2)); }, med, mn);

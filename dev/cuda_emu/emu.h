@@ -135,6 +135,9 @@ using std::max;
 using std::min;
 
 #define DG_LAUNCH(kernel, grid, block, smem, stream) emu::launcher(dim3(grid), dim3(block), (smem), kernel)
+/* A cooperative launch (common.cuh) is a plain one here: blocks run one after another, so there is no co-residency
+ * to ask for, and a kernel that waits grid-wide must take its own emulated path (route_gr_kernel's, moe.cu). */
+#define DG_LAUNCH_COOP(kernel, grid, block, smem, stream) DG_LAUNCH(kernel, grid, block, smem, stream)
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
 #define DG_PDL_ENTRY() ((void)0) /* blocks run one after another: nothing to wait for */
 #define DG_ASSERT_ALIGNED(ptr, bytes) emu::check_aligned((const void *)(ptr), (bytes), #ptr, __FILE__, __LINE__)

@@ -82,6 +82,10 @@ typedef struct dg_backend {
   /* Whether the cache of ctx can be rolled back to len positions (dg_context_truncate, before it sets the
    * length): DG_OK, or DG_ERR_CONTEXT_FULL naming what a ring cache has overwritten. */
   dg_status (*truncate_check)(const dg_context *ctx, int32_t len);
+  /* dg_context_copy_prefix after its checks (same model, n <= src->len and dst->cap, src's positions
+   * 0..n-1 intact): the K/V of positions 0..n-1 from src into dst, bit for bit; the caller sets dst->len.
+   * Optional: NULL = the backend cannot (dg_context_copy_prefix answers DG_ERR_BACKEND). */
+  dg_status (*ctx_copy)(dg_context *dst, const dg_context *src, int32_t n);
   /* The per-layer canvas K/V buffers of the compacted pass (spec 7.4); idempotent. */
   dg_status (*compact_prepare)(dg_context *ctx);
 

@@ -142,6 +142,7 @@ static const dg_backend cpu_backend = {
     .ctx_init = cpu_ctx_init,
     .ctx_free = cpu_ctx_free,
     .truncate_check = cpu_truncate_check,
+    .ctx_copy = dg_context_copy_host,
     .compact_prepare = dg_cpu_compact_buffers,
     .encode = dg_cpu_encode,
     .decode = dg_cpu_decode_logits,

@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "cpu/scratch.h"
 #include "io/quant.h"
 
 const dg_kernels *dg_kernels_avx2_impl(void);
@@ -113,7 +114,9 @@ static inline __m256i codes36(const uint8_t *p, const int B, const unpack36 *u) 
  * per row t and step of the packed weights (cps codes: 256/B, or 32 for B = 3, 6),
  * nsub vectors of 32 s8 codes in the weights' unpacking order; per row and unit of
  * U = max(G, cps) codes the 8 per-lane scales d of the lanes' groups; per row and
- * group c = d * sum qx (zero padded to a multiple of 8). */
+ * group c = d * sum qx (zero padded to a multiple of 8).
+ * The buffers are the calling thread's scratch (scratch.h, DG_KSCRATCH_LPX: kept for
+ * the thread's life, so a product allocates nothing once one of its size has run). */
 typedef struct qx_buf {
   int B, G, nsub, cps;
   int64_t K, steps, units, ng, cstride;
@@ -121,8 +124,6 @@ typedef struct qx_buf {
   float *dl;  /* [T][units][8] */
   float *c;   /* [T][cstride] */
 } qx_buf;
-
-static void qx_free(qx_buf *b) { free(b->q); free(b->dl); free(b->c); }
 
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
   memset(b, 0, sizeof *b);
@@ -132,16 +133,18 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   b->units = (K + U - 1) / U;
   b->ng = K / G;
   b->cstride = (b->ng + 7) / 8 * 8;
-  b->q = aligned_alloc(32, (size_t)T * (size_t)b->steps * (size_t)b->nsub * 32 + 32);
-  b->dl = aligned_alloc(32, ((size_t)T * (size_t)b->units * 8 * sizeof(float) + 31) / 32 * 32);
-  b->c = aligned_alloc(32, ((size_t)T * (size_t)b->cstride * sizeof(float) + 31) / 32 * 32);
-  if (!b->q || !b->dl || !b->c) { qx_free(b); return -1; }
+  void *part[3]; /* the calling thread's scratch, kept (scratch.h) */
+  const size_t nq = (size_t)T * (size_t)b->steps * (size_t)b->nsub * 32, ndl = (size_t)T * (size_t)b->units * 8 * sizeof(float);
+  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 3, (const size_t[3]){nq, ndl, (size_t)T * (size_t)b->cstride * sizeof(float)}, part))
+    return -1;
+  b->q = part[0], b->dl = part[1], b->c = part[2];
   const int nsub = b->nsub, cps = b->cps, lane = cps / 8, Q = qmax_for(B);
   int fail = 0;
   /* parallel over rows; a call of fewer rows than threads (M = 1) stays on this thread (no wake-up) */
 #pragma omp parallel num_threads(T < n_threads ? (int)T : n_threads) reduction(| : fail)
   {
-    float *dh = malloc((size_t)(2 * b->ng + 1) * sizeof(float)); /* d of each group of the row, then 1 / d */
+    /* this thread's (scratch.h): d of each group of the row, then 1 / d */
+    float *dh = dg_kscratch(DG_KSCRATCH_LPROW, (size_t)(2 * b->ng + 1) * sizeof(float));
     fail |= !dh;
     const int lg = __builtin_ctz((unsigned)G); /* G is a power of 2: k / G = k >> lg (no division per element) */
 #pragma omp for schedule(static)
@@ -200,10 +203,8 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
       }
       for (int64_t g = 0; g < b->ng; g++) ct[g] *= dh[g];
     }
-    free(dh);
   }
-  if (fail) { qx_free(b); return -1; }
-  return 0;
+  return fail ? -1 : 0;
 }
 
 static inline float hsum8(__m256 v) {
@@ -405,7 +406,6 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
         const int64_t n = b * RT_MAX;
         lp_rows(y + t * ldy + n, ldy, &q, t, T - t < TT_MAX ? T - t : TT_MAX, w, row0 + n, N - n < RT_MAX ? N - n : RT_MAX);
       }
-  qx_free(&q);
 }
 
 static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
@@ -430,7 +430,6 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
                 (int64_t)e * rows_per_expert + row_off + n, N - n < RT_MAX ? N - n : RT_MAX);
       }
   }
-  qx_free(&q);
 }
 
 static void matmul_rows_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "cpu/scratch.h"
 #include "io/quant.h"
 
 const dg_kernels *dg_kernels_avx512_impl(void);
@@ -124,7 +125,9 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
 /* The activations of one call, quantized for one weight format (B bits, group G):
  * per row t and 64-byte step of the packed weights (cps = 512/B codes), nsub =
  * 8/B vectors of 64 s8 codes in the weights' unpacking order, the per-lane
- * scale d of the lane's group (16 floats), and per group c = d * sum qx. */
+ * scale d of the lane's group (16 floats), and per group c = d * sum qx.
+ * The buffers are the calling thread's scratch (scratch.h, DG_KSCRATCH_LPX: kept for
+ * the thread's life, so a product allocates nothing once one of its size has run). */
 typedef struct qx_buf {
   int B, G, nsub, cps;
   int64_t K, steps, ng;
@@ -139,10 +142,11 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
   b->cstride = (b->ng + 15) / 16 * 16;
-  b->q = aligned_alloc(64, (size_t)T * (size_t)b->steps * (size_t)b->nsub * 64 + 64);
-  b->dl = aligned_alloc(64, (size_t)T * (size_t)b->steps * 16 * sizeof(float) + 64);
-  b->c = aligned_alloc(64, (size_t)T * (size_t)b->cstride * sizeof(float) + 64);
-  if (!b->q || !b->dl || !b->c) { free(b->q); free(b->dl); free(b->c); return -1; }
+  void *part[3]; /* the calling thread's scratch, kept (scratch.h) */
+  const size_t nq = (size_t)T * (size_t)b->steps * (size_t)b->nsub * 64, ndl = (size_t)T * (size_t)b->steps * 16 * sizeof(float);
+  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 3, (const size_t[3]){nq, ndl, (size_t)T * (size_t)b->cstride * sizeof(float)}, part))
+    return -1;
+  b->q = part[0], b->dl = part[1], b->c = part[2];
   const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
   int fail = 0;
   /* 16 lanes at a time (G is a multiple of 32: a vector never spans two groups), the same
@@ -152,9 +156,12 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
    * group's sum of qx exact in int32; then the codes in the weights' unpacking order. */
 #pragma omp parallel num_threads(T < n_threads ? (int)T : n_threads) reduction(| : fail)
   {
-    float *dh = malloc((size_t)b->ng * sizeof(float)); /* d of each group of the row */
-    int8_t *qn = malloc((size_t)b->steps * (size_t)cps); /* the row's codes in natural order, zero past K */
-    fail |= !dh || !qn;
+    /* this thread's: d of each group of the row; the row's codes in natural order, zero past K */
+    const size_t rsz[2] = {(size_t)b->ng * sizeof(float), (size_t)b->steps * (size_t)cps};
+    void *rp[2] = {NULL, NULL};
+    fail |= dg_kscratch_parts(DG_KSCRATCH_LPROW, 2, rsz, rp) != 0;
+    float *dh = rp[0];
+    int8_t *qn = rp[1];
     const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512 qhi = _mm512_set1_ps(127.0f), qlo = _mm512_set1_ps(-127.0f);
 #pragma omp for schedule(static)
@@ -196,14 +203,9 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
         }
       }
     }
-    free(dh);
-    free(qn);
   }
-  if (fail) { free(b->q); free(b->dl); free(b->c); return -1; }
-  return 0;
+  return fail ? -1 : 0;
 }
-
-static void qx_free(qx_buf *b) { free(b->q); free(b->dl); free(b->c); }
 
 /* Up to 16 scales/biases from p[g0 ...] (n of them) widened to fp32 lanes. */
 static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
@@ -309,24 +311,20 @@ static int lp_kind(const dg_weight *w) {
   return w->bits == 2 || w->bits == 4 || w->bits == 8 ? 2 : 0;
 }
 
-/* The activations of a call in the form its weight format wants (NULL-free on success). */
+/* The activations of a call in the form its weight format wants, in the calling thread's
+ * scratch (scratch.h: nothing to free; valid until its next low-precision product). */
 typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
 
 static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int n_threads) {
   memset(p, 0, sizeof *p);
   if (kind == 1) {
     p->Kp = (w->cols + 31) / 32 * 32;
-    p->xb = aligned_alloc(64, (size_t)T * (size_t)p->Kp * 2 + 64);
+    p->xb = dg_kscratch(DG_KSCRATCH_LPX, (size_t)T * (size_t)p->Kp * 2); /* the calling thread's, kept */
     if (!p->xb) return -1;
     x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
     return 0;
   }
   return qx_quantize(&p->q, x, ldx, T, w->cols, w->bits, w->group_size, n_threads);
-}
-
-static void lp_release(lp_x *p, int kind) {
-  if (kind == 1) free(p->xb);
-  else qx_free(&p->q);
 }
 
 static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
@@ -347,7 +345,6 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (int64_t b = 0; b < nblk; b++)
     lp_block(y + b * 4, ldy, &p, kind, 0, T, w, row0 + b * 4, N - b * 4 < 4 ? N - b * 4 : 4);
-  lp_release(&p, kind);
 }
 
 static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *start, int E,
@@ -368,7 +365,6 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
     lp_block(y + (int64_t)start[e] * ldy + n, ldy, &p, kind, start[e], T, w, (int64_t)e * rows_per_expert + row_off + n,
              N - n < 4 ? N - n : 4);
   }
-  lp_release(&p, kind);
 }
 
 static void matmul_rows_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w,

@@ -48,3 +48,16 @@ void *dg_kscratch(int slot, size_t bytes) {
   }
   return s->p[slot];
 }
+
+int dg_kscratch_parts(int slot, int n, const size_t *bytes, void **parts) {
+  if (n < 1 || n > 8) return -1;
+  size_t off[8], total = 0;
+  for (int i = 0; i < n; i++) {
+    off[i] = total;
+    total += (bytes[i] + 63) / 64 * 64;
+  }
+  char *base = dg_kscratch(slot, total);
+  if (!base) return -1;
+  for (int i = 0; i < n; i++) parts[i] = base + off[i];
+  return 0;
+}

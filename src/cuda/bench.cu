@@ -204,6 +204,7 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   BT_(balloc(ptrs, &np, (void **)&b.y, TK * H * 4, "y"));
   BT_(balloc(ptrs, &np, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "group sums"));
   BT_(balloc(ptrs, &np, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "permuted inputs"));
+  BT_(balloc(ptrs, &np, (void **)&b.hs, TK * IE / 32 * 4, "down input group sums"));
   BC_(k_group(0, &b, T, E, K));
   BC_(cudaDeviceSynchronize());
   for (int r = 0; r < a->warmup + a->reps; r++) {

@@ -70,34 +70,52 @@ typedef __nv_bfloat16 bf16;
  * both instructions return at once. */
 extern int dg_cuda_pdl;
 #define DG_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n griddepcontrol.wait;\n" ::: "memory")
+/* coop (DG_LAUNCH_COOP): the launch also carries cudaLaunchAttributeCooperative (CUDA runtime API, cudaLaunchKernelEx:
+ * "the same usage and semantics as cudaLaunchCooperativeKernel"): the driver places every block of the grid at once
+ * or refuses the launch (cudaErrorCooperativeLaunchTooLarge), whatever else runs on the device, so that a grid-wide
+ * wait inside the kernel cannot deadlock; the attribute is valid for launches and graph nodes, so a captured
+ * launch becomes a cooperative kernel node (a graph update cannot turn it into a plain one or back). The PDL
+ * attribute composes with it in the same attribute list. */
 template <typename... KP> struct dg_launch_pdl {
   void (*k)(KP...);
   dim3 g, b;
   size_t smem;
   cudaStream_t s;
+  int coop;
   template <typename... A> void operator()(A &&...args) const {
-    if (!dg_cuda_pdl) {
+    if (!dg_cuda_pdl && !coop) {
       k<<<g, b, smem, s>>>(static_cast<KP>(args)...);
       return;
     }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (dg_cuda_pdl) {
+      at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+      at[na].id = cudaLaunchAttributeCooperative;
+      at[na++].val.cooperative = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = b;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = na;
     (void)cudaLaunchKernelEx(&cfg, k, static_cast<KP>(args)...); /* an error is left for cudaGetLastError */
   }
 };
 template <typename... KP>
-static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b, size_t smem, cudaStream_t s) {
-  return dg_launch_pdl<KP...>{k, g, b, smem, s};
+static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b, size_t smem, cudaStream_t s,
+                                                int coop = 0) {
+  return dg_launch_pdl<KP...>{k, g, b, smem, s, coop};
 }
 #define DG_LAUNCH(kernel, grid, block, smem, stream) dg_launch_of((kernel), dim3(grid), dim3(block), (smem), (stream))
+/* A cooperative launch (above); the emulation (dev/cuda_emu/emu.h) maps it to its plain launch. */
+#define DG_LAUNCH_COOP(kernel, grid, block, smem, stream)                                                        \
+  dg_launch_of((kernel), dim3(grid), dim3(block), (smem), (stream), 1)
 #define DG_DYN_SMEM(type, name) extern __shared__ type name[]
 #define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
 #endif
@@ -192,7 +210,11 @@ struct dg_cuda_moe_buf {
   const bf16 *gu_x;
   int gu_group;
   const bf16 *gu_ready;
-  bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert) */
+  bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert); where hp_group > 0 in the down product's
+                        * fragment order instead (its input copy made by the gate/up kernel, DGEMMA_DN_FUSE=1) */
+  float *hs;           /* [T*K*IE/32] or NULL: the group sums of h's rows made by the gate/up kernel (qmoe.cu) */
+  int hp_group;        /* host bookkeeping: G of the copy and sums the last gate/up product left in h and hs (0: none);
+                        * k_qe_down uses them instead of its own k_group_sums_perm, and clears it */
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
   bf16 *xp;            /* [max(T*H, T*K*IE)] their input in fragment order (k_group_sums_perm, lane layout) */
@@ -232,11 +254,12 @@ struct dg_cuda_ctx {
   bf16 *h;                  /* [T, I] */
   float *rlog;              /* [T, E] router logits */
   dg_cuda_moe_buf moe;
-  float *logits;            /* [C, V] softcapped logits, then z = logits / T (the default chain); DGEMMA_VOCAB=fused: see lg */
+  float *logits;            /* [C, V] softcapped logits, then z = logits / T (the default chain); DGEMMA_VOCAB=fused
+                               and zstore: see lg */
   /* What c->logits holds for the sampler (passes.cu, the fused chain of kernels.cu): lg_virt = 0: the softcapped
    * logits or z itself; lg_virt = 1: x whose z = vz(x, lg_cap, lg_T) (softcap still to apply where lg_cap > 0,
-   * the division by the step's temperature where lg_T != 1) was not stored; lg_parts: what c->vws holds for that z
-   * (k_vocab_sc's have). */
+   * the division by the step's temperature where lg_T != 1) was not stored, or (lg_cap DG_VZ_STORED, zstore) z
+   * itself as the statistics' pass 1 stored it; lg_parts: what c->vws holds for that z (k_vocab_sc's have). */
   int lg_virt, lg_parts;
   float lg_cap, lg_T;
   bf16 *P;                  /* [C, V] self-conditioning probabilities */
@@ -348,17 +371,20 @@ cudaError_t k_step_stats_g(cudaStream_t s, float *logits, int C, int V, float te
 cudaError_t k_sc_probs_g(cudaStream_t s, const float *z, bf16 *P, int C, int V, int act_dtype, void *ws, int group);
 /* The fused chain (kernels.cu, issue 14): the same outputs bit for bit from logits x left unchanged, z = vz(x) =
  * (cap > 0 ? tanhf(x / cap) * cap : x) / T recomputed in registers (softcap_kernel's and the division's fp32
- * operations); fewer passes. k_vocab_stats: k_step_stats's out and *bad (logits unchanged), plus the
- * self-conditioning probabilities' chunk maxima (and with sampled proposals their sums) in ws for k_vocab_sc.
- * k_vocab_sc: k_sc_probs's P of that z; have: what ws holds for the same logits, cap, T and act (0 nothing, 1 the
- * maxima: after argmax proposals, 2 the sums too: after sampled ones). k_vocab_z: x = vz(x) in place. */
+ * operations); fewer passes. k_vocab_stats: k_step_stats's out and *bad, plus the self-conditioning probabilities'
+ * chunk maxima (and with sampled proposals their sums) in ws for k_vocab_sc; store 0: logits unchanged; store 1
+ * (DGEMMA_VOCAB=zstore): pass 1 also writes z in place (the chain's z bit for bit), and the passes after it take
+ * those values as they are (cap DG_VZ_STORED). k_vocab_sc: k_sc_probs's P of that z; have: what ws holds for the
+ * same logits, cap, T and act (0 nothing, 1 the maxima: after argmax proposals, 2 the sums too: after sampled
+ * ones); after k_vocab_stats with store 1: cap DG_VZ_STORED, T 1. k_vocab_z: x = vz(x) in place. */
+#define DG_VZ_STORED (-1.0f) /* vz's cap for logits that already hold z (stored by a pass 1): z = x, no operation */
 cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
                           uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
-                          int32_t *bad, void *ws);
+                          int32_t *bad, void *ws, int store);
 cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
                        void *ws, int have);
 cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T);
-/* For the lab: group as k_step_stats_g's; store 1: pass 1 also stores z in place (then k_vocab_sc with cap 0, T 1). */
+/* For the lab: group as k_step_stats_g's; store as k_vocab_stats's. */
 cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
                             uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
                             int32_t *bad, void *ws, int group, int store);
@@ -481,6 +507,15 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
                          int E, int K, int nt);
 cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K,
                       int nt);
+/* With DGEMMA_DN_FUSE=1 (not the default until measured on a GPU; qr_dn_fuse_set(1 / 0) forces it on / off, -1 gives
+ * the environment's choice back: the tests): the group G of the down product's input copy that k_qe_gate_up makes
+ * in qr_kernel's epilogue (b->h in k_group_sums_perm's fragment order, its group sums into b->hs; qr_store_hp,
+ * qmoe_r.cuh), so that k_qe_down launches no copy of its own: where both stacks are lane records, b->hs is set, IE
+ * is a multiple of the gate/up block's 16 QR_WARPS features and G (the down stack's group; bf16: QR_BF16_GROUP)
+ * divides them; else 0. The caller sets b->hp_group to it before k_qe_gate_up (dg_cuda_experts); the down product's
+ * inputs are word for word those of the separate copy (test_experts_dn_fuse). */
+int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b);
+void qr_dn_fuse_set(int on);
 /* out[r * (cols / G) + j] = sum_{k < G} x[r * cols + j G + k] in fp32, r < rows. */
 cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out);
 /* k_group_sums, and xp [rows, cols] = x with each run of 8 columns permuted to

@@ -131,6 +131,7 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->moe.y, TK * H * 4);
   B_(c->moe.xs, XQ / 32 * 4);
   B_(c->moe.xp, XQ * 2);
+  B_(c->moe.hs, TK * IE / 32 * 4); /* DGEMMA_DN_FUSE's group sums of h (groups of >= 32) */
   B_(c->logits, C * V * 4);
   B_(c->P, C * V * 2);
   B_(c->soft, C * H * 4);

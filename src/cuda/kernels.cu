@@ -984,14 +984,24 @@ __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, 
  * max, pass 2 (vfuse_cdf_kernel; sampled proposals) also vsc_sum_kernel's chunk sum (both need only the row max),
  * and the probabilities then need one pass (vfuse_write_kernel; after argmax proposals two, the sums first). The
  * partials are the chain's, reduced in the chain's order: every output word is the chain's (test_vocab_chain).
+ * "zstore" (DGEMMA_VOCAB=zstore; the lab's "v3 z stored", argmax chain 0.602 ms against the chain's 0.678 on the H200,
+ * session 14): the fused chain whose pass 1 also stores z in place (one write more), so that the passes after it
+ * read z as it is (vz's DG_VZ_STORED) instead of recomputing tanhf and the divisions; every output word and the
+ * stored z the chain's (test_vocab_chain).
  * Passes over the C x V fp32 logits (26B: C = 256, V = 262,144, 268 MB a pass), a sampled step with
  * self-conditioning: chain 2 writes + 7 reads (softcap r+w, pass 1 r+w, pass 2, sc max, sc sum, sc write) + P;
- * fused 3 reads (pass 1, pass 2, sc write) + P (134 MB of bf16). The templates' F = 0 is the chain's kernel, F = 1
- * the fused one. */
+ * fused 3 reads (pass 1, pass 2, sc write) + P (134 MB of bf16); zstore 3 reads + 1 write + P. The templates' F = 0
+ * is the chain's kernel, F = 1 the fused one (zstore's too). */
 
 /* The fused chain's z of a logit x: softcap_kernel's tanhf(x / cap) * cap where cap > 0, then vstats_part_kernel's
- * division by T (separate fp32 operations, nothing to contract: the chain's bits). */
-__device__ __forceinline__ float vz(float x, float cap, float T) { return (cap > 0.0f ? tanhf(x / cap) * cap : x) / T; }
+ * division by T (separate fp32 operations, nothing to contract: the chain's bits); cap DG_VZ_STORED (< 0): x already
+ * is z, stored by a pass 1 with store (DGEMMA_VOCAB=zstore), taken as it is (the chain's later passes read z the same
+ * way; no division by 1, which would cost a division's instructions per element for the same value). A uniform
+ * branch: every thread of a launch takes the same side. */
+__device__ __forceinline__ float vz(float x, float cap, float T) {
+  if (cap < 0.0f) return x;
+  return (cap > 0.0f ? tanhf(x / cap) * cap : x) / T;
+}
 
 /* vload, then z = vz(x) of every element (absent ones: vz(0) = 0, as the chain's 0 / T). */
 __device__ __forceinline__ void vzload(const float *row, int V, int base, int vec, float cap, float T,
@@ -1295,9 +1305,9 @@ cudaError_t k_step_stats(cudaStream_t s, float *logits, int C, int V, float temp
   return k_step_stats_g(s, logits, C, V, temperature, mode, seed, block, step, uni, out, bad, ws, DG_VOCAB_GROUP);
 }
 
-/* The fused chain's statistics (see the top of this part): logits unchanged; store (the lab's variant): pass 1
- * stores z in place (the chain's z), later passes recompute z as vz(x, cap, T) of the logits as given (callers of
- * k_vocab_sc then pass cap 0, T 1: z / 1 = z for every non-NaN z, and a NaN is the division's NaN either way). */
+/* The fused chain's statistics (see the top of this part): logits unchanged; store (DGEMMA_VOCAB=zstore, the lab's
+ * "v3 z stored"): pass 1 stores z in place (the chain's z: the same vz in registers, the chain's division), the
+ * passes after it read the stored z as it is (cap DG_VZ_STORED; callers of k_vocab_sc pass it too, with T 1). */
 cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
                             uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
                             int32_t *bad, void *ws, int group, int store) {
@@ -1306,20 +1316,20 @@ cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float c
   for (int c0 = 0; c0 < C; c0 += G) {
     const int n = C - c0 < G ? C - c0 : G;
     DG_LAUNCH(vfuse_part_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, cap, T, act, store, part, c0);
-    if (mode != DG_PROPOSAL_ARGMAX) /* after store: z / 1 */
-      DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, store ? 0.0f : cap, store ? 1.0f : T, act, 1,
-                                                        part, c0);
+    if (mode != DG_PROPOSAL_ARGMAX) /* after store: z as stored */
+      DG_LAUNCH(vfuse_cdf_kernel, dim3(NB, n), VNT, 0, s)(logits, V, vec, store ? DG_VZ_STORED : cap, store ? 1.0f : T,
+                                                        act, 1, part, c0);
   }
-  DG_LAUNCH(vfuse_finish_kernel, C, VNT, 0, s)(logits, V, vec, NB, part, store ? 0.0f : cap, store ? 1.0f : T, mode,
-                                              seed, block, step, uni, out, bad);
+  DG_LAUNCH(vfuse_finish_kernel, C, VNT, 0, s)(logits, V, vec, NB, part, store ? DG_VZ_STORED : cap,
+                                              store ? 1.0f : T, mode, seed, block, step, uni, out, bad);
   return cudaGetLastError();
 }
 
 cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, float cap, float T, int act, int mode,
                           uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,
-                          int32_t *bad, void *ws) {
+                          int32_t *bad, void *ws, int store) {
   return k_vocab_stats_g(s, const_cast<float *>(logits), C, V, cap, T, act, mode, seed, block, step, uni, out, bad, ws,
-                         DG_VOCAB_GROUP, 0);
+                         DG_VOCAB_GROUP, store);
 }
 
 __global__ void vz_inplace_kernel(float *x, size_t n, float cap, float T) {

@@ -858,8 +858,12 @@ int k_router_tiles_ok(int T, int E, int H, int K) { return H > 0 && H % 4 == 0 &
  * The wait of step 3 is a grid-wide one. Limit (session 14 review): the residency check below is per grid, so
  * several route_gr_kernel grids spinning at once on one GPU (contexts on different streams driven from threads, MPS
  * clients) could together exceed it and wait forever; dgemma's CLI and server run one pass at a time per GPU, and
- * such callers should set DGEMMA_ROUTE=tiles (a cooperative launch, which the driver guarantees or refuses, is the
- * fix to try on a GPU). For one grid at a time it is safe by construction: k_route_grid launches only grids that fit on the
+ * such callers should set DGEMMA_ROUTE=tiles, or DGEMMA_ROUTE_COOP=1: the grid goes through a cooperative launch
+ * (DG_LAUNCH_COOP, common.cuh: the driver places all its blocks at once or refuses it, whatever else runs; with the
+ * PDL attribute in the same list, and captured into graphs as a cooperative kernel node), so no grid waits on blocks
+ * that are not placed; the residency check stays, so that a launch the driver would refuse is never made and the
+ * tiles' kernel runs instead (not the default until it has run on a GPU: the emulation cannot model it, its
+ * DG_LAUNCH_COOP is the plain launch). For one grid at a time it is safe by construction: k_route_grid launches only grids that fit on the
  * device at once (grid <= SMs x cudaOccupancyMaxActiveBlocksPerMultiprocessor for the block size; else the tiles'
  * kernel), so every block is resident while any waits, and no block waits on anything but blocks of its own grid
  * (under PDL the next kernel's blocks are placed only once every block of this grid has run its DG_PDL_ENTRY, i.e.
@@ -982,8 +986,16 @@ static int route_gr_warps(int T, int E, int K) {
   return 0;
 }
 
+/* DGEMMA_ROUTE_COOP=1: route_gr_kernel through a cooperative launch (above); read once when the library loads. */
+static int route_coop_from_env(void) {
+  const char *v = getenv("DGEMMA_ROUTE_COOP");
+  return v && !strcmp(v, "1");
+}
+static const int route_coop = route_coop_from_env();
+
 /* Whether nb blocks of route_gr_kernel<JP> of W warps are resident at once on the current device (the grid-wide
- * wait's condition; cached per device, JP and W). */
+ * wait's condition; cached per device, JP and W); with DGEMMA_ROUTE_COOP=1 also whether the device takes cooperative
+ * launches (cudaDevAttrCooperativeLaunch). */
 template <int JP> static int route_gr_resident(int nb, int W) {
 #ifdef DG_CUDA_EMU
   (void)nb;
@@ -995,11 +1007,12 @@ template <int JP> static int route_gr_resident(int nb, int W) {
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16 || W < 1 || W > RTK_WMAX) return 0;
   int c = __atomic_load_n(&cap[dev][W], __ATOMIC_RELAXED);
   if (!c) {
-    int per = 0, sms = 0;
+    int per = 0, sms = 0, coop = 1;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP>, 32 * W, 0) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        (route_coop && cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess))
       return 0;
-    c = per * sms > 0 ? per * sms : -1;
+    c = per * sms > 0 && coop ? per * sms : -1;
     __atomic_store_n(&cap[dev][W], c, __ATOMIC_RELAXED);
   }
   return nb <= c;
@@ -1013,7 +1026,8 @@ static cudaError_t route_gr_launch(cudaStream_t s, const float *part, int S, flo
                                    const dg_cuda_moe_buf *b, int T, int E, int K, int W, int H) {
   const int nb = (T + W - 1) / W;
   if (!route_gr_resident<JP>(nb, W)) return cudaErrorInvalidValue;
-  DG_LAUNCH(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  if (route_coop) DG_LAUNCH_COOP(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  else DG_LAUNCH(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
   return cudaGetLastError();
 }
 
@@ -1280,6 +1294,7 @@ static const int qe_nt_env = qe_nt_from_env();
 static cudaError_t experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,
                               int H, int IE, int E, int K, int nt) {
   const dg_cuda_w *gu = &l->experts_gate_up, *dn = &l->experts_down;
+  b->hp_group = k_qe_dn_fuse_group(gu, dn, IE, b); /* DGEMMA_DN_FUSE=1: the down input's copy in gate/up's epilogue */
   cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, nt)
                                                           : k_bexperts(s, 1, gu, xe, b, T, H, IE, E, K);
   if (e != cudaSuccess) return e;

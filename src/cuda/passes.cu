@@ -195,12 +195,17 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
  * of a sampled step with self-conditioning instead of 9), every output word the chain's; on the H200 (session 14)
  * its passes are bound by that recomputation (tanhf and two divisions per element per pass) and it is not faster:
  * head + self-conditioning + statistics 1.850 ms per 26B pass against the chain's 1.797 in --profile, the lab's
- * argmax chain 0.719 against 0.678 ms. Read once when the library loads. */
-static int vocab_fused_from_env(void) {
+ * argmax chain 0.719 against 0.678 ms. DGEMMA_VOCAB=zstore: the fused chain whose statistics' pass 1 also stores
+ * z in place (k_vocab_stats's store), the passes after it reading z as stored (c->lg_cap DG_VZ_STORED): the lab's
+ * "v3 z stored" (argmax chain 0.602 ms on the H200, session 14), every output word the chain's; not the default until
+ * measured in the backend. Read once when the library loads: 0 the chain, 1 fused, 2 zstore. */
+static int vocab_mode_from_env(void) {
   const char *v = getenv("DGEMMA_VOCAB");
-  return v && !strcmp(v, "fused");
+  if (v && !strcmp(v, "fused")) return 1;
+  if (v && !strcmp(v, "zstore")) return 2;
+  return 0;
 }
-static const int vocab_fused = vocab_fused_from_env();
+static const int vocab_mode = vocab_mode_from_env();
 
 /* c->logits as a pass left them: softcapped (or without softcap: none) unless raw_cap > 0, the softcap that the
  * fused chain will apply in registers. */
@@ -211,9 +216,14 @@ void logits_written(dg_cuda_ctx *c, float raw_cap) {
   c->lg_parts = 0;
 }
 
-/* A virtual z in c->logits made real in place (the chain's values bit for bit: vz is its operations). */
+/* A virtual z in c->logits made real in place (the chain's values bit for bit: vz is its operations); a stored one
+ * (lg_cap DG_VZ_STORED) is real already. */
 static dg_status logits_materialize(dg_cuda_ctx *c) {
   if (!c->lg_virt) return DG_OK;
+  if (c->lg_cap < 0.0f) {
+    logits_written(c, 0.0f);
+    return DG_OK;
+  }
   const dg_cuda_model_desc *d = &c->m->d;
   CKK(c, k_vocab_z(c->stream, c->logits, (size_t)d->canvas * d->vocab, c->lg_cap, c->lg_T));
   logits_written(c, 0.0f);
@@ -338,8 +348,8 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
     c->have_soft = 1; /* soft_from in the body */
   }
   DG_TRY(decoder_upload(c, canvas, pos0));
-  /* the fused chain: the softcap left to the sampler's kernels unless the logits go to the host */
-  const int raw = vocab_fused && !logits_out && d->softcap > 0.0f;
+  /* the fused chain (and zstore): the softcap left to the sampler's kernels unless the logits go to the host */
+  const int raw = vocab_mode && !logits_out && d->softcap > 0.0f;
   const decode_arg a = {pos0, sc, raw};
   const dg_graph_key key = {raw ? DG_GRAPH_DECODE_RAW : DG_GRAPH_DECODE, (int32_t)sc, T, T};
   DG_TRY(graph_run(c, &key, pos0, decode_body, &a));
@@ -361,14 +371,16 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_pr
   if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
-  if (vocab_fused) {
+  if (vocab_mode) {
     /* z of the logits as they are: a z already virtual (statistics twice on one pass) is made real first, as the
-     * chain's second division would divide it in place */
-    if (c->lg_virt && c->lg_T != 1.0f) DG_TRY(logits_materialize(c));
+     * chain's second division would divide it in place (a stored z is real: its cap counts as 0) */
+    if (c->lg_virt && (c->lg_T != 1.0f || c->lg_cap < 0.0f)) DG_TRY(logits_materialize(c));
+    const int store = vocab_mode == 2;
     CKK(c, k_vocab_stats(s, c->logits, C, d->vocab, c->lg_cap, temperature, d->act_dtype, mode, seed, (uint32_t)block,
-                         (uint32_t)step, c->uni, c->stats, c->bad, c->vws));
+                         (uint32_t)step, c->uni, c->stats, c->bad, c->vws, store));
     c->lg_virt = 1;
-    c->lg_T = temperature;
+    c->lg_cap = store ? DG_VZ_STORED : c->lg_cap; /* zstore: c->logits holds z, the partials are of that z */
+    c->lg_T = store ? 1.0f : temperature;
     c->lg_parts = mode == DG_PROPOSAL_ARGMAX ? 1 : 2;
   } else {
     DG_TRY(logits_materialize(c)); /* (never virtual without the fused chain) */

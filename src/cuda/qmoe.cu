@@ -60,6 +60,27 @@ template <int GATEUP> static cudaError_t qr_launch(cudaStream_t s, dim3 grid, in
   }
 }
 
+/* DGEMMA_DN_FUSE=1: the down product's input copy made by the gate/up kernel (k_qe_dn_fuse_group); read once, or
+ * set by qr_dn_fuse_set (the tests). */
+static int dn_fuse_override = -1;
+void qr_dn_fuse_set(int on) { dn_fuse_override = on; }
+static int dn_fuse_on(void) {
+  if (dn_fuse_override >= 0) return dn_fuse_override;
+  static int v = -1; /* read once (a data race on first use writes the same value) */
+  if (v < 0) {
+    const char *e = getenv("DGEMMA_DN_FUSE");
+    v = e && e[0] == '1' && !e[1];
+  }
+  return v;
+}
+
+int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b) {
+  const int FEAT = 16 * QR_WARPS, G = dn->bits ? dn->group : QR_BF16_GROUP;
+  if (!dn_fuse_on() || !b->hs || gu->lay != DG_CUDA_LAY_LANES || dn->lay != DG_CUDA_LAY_LANES) return 0;
+  if (IE <= 0 || IE % FEAT || G <= 0 || G % 8 || FEAT % G) return 0;
+  return G;
+}
+
 /* The launchers' bit width of a stack: bf16 stacks (bits 0) in lane records run qr_kernel's BITS 16. */
 static int qr_bits(const dg_cuda_w *W) { return W->bits ? W->bits : 16; }
 
@@ -93,8 +114,13 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
       const cudaError_t e = k_group_sums_perm(s, xe, T, H, a.group, b->xs, b->xp);
       if (e != cudaSuccess) return e;
     }
+    if (b->hp_group > 0) { /* the down product's input copy and sums in the epilogue (k_qe_dn_fuse_group) */
+      a.hg = b->hp_group;
+      a.hs = b->hs;
+    }
     return qr_launch<1>(s, dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, qr_bits(W));
   }
+  b->hp_group = 0; /* qe_kernel stores h plainly */
   const cudaError_t e = k_group_sums(s, xe, T, H, W->group, b->xs);
   if (e != cudaSuccess) return e;
   return qe_launch<1>(s, dim3(E, (IE + 16 * QE_WARPS - 1) / (16 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
@@ -112,6 +138,14 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
   a.Kdim = IE;
   a.N = H;
   a.y = b->y;
+  const int made = b->hp_group > 0 && b->hp_group == a.group; /* by the gate/up kernel (k_qe_dn_fuse_group) */
+  b->hp_group = 0;
+  if (made && W->lay != DG_CUDA_LAY_LANES) return cudaErrorInvalidValue; /* h is in qr_kernel's order */
+  if (made) {
+    a.X = b->h;
+    a.xs = b->hs;
+    return qr_launch<0>(s, dim3(E, (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, qr_bits(W));
+  }
   if (W->lay == DG_CUDA_LAY_LANES) {
     a.X = b->xp;
     const cudaError_t e = k_group_sums_perm(s, b->h, T * K, IE, a.group, b->xs, b->xp);

@@ -78,7 +78,10 @@ struct qe_args {
   const int32_t *count, *start, *pairs;
   const int32_t *order; /* NULL, or the experts by descending count (group_scan_kernel): qr_body's block order */
   int topk, Kdim, N; /* N: gate/up IE (features), down H (rows) */
-  bf16 *h;           /* gate/up output [T * topk, IE] */
+  bf16 *h;           /* gate/up output [T * topk, IE]: hg 0 as it is; hg > 0 (qr_kernel only) in the down product's
+                        fragment order (k_group_sums_perm's xp), with its group sums into hs */
+  float *hs;         /* hg > 0: the group sums of h's rows [T * topk, IE / hg] (k_group_sums_perm's out) */
+  int hg;            /* the down product's group G (dividing 16 WARPS), 0: h stored plainly */
   float *y;          /* down output [T * topk, H] */
   int stage_bytes, w_bytes, x_bytes, sb_bytes, xsr;
 };

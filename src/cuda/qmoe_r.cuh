@@ -526,6 +526,40 @@ __device__ __forceinline__ void qr_ring_stages(const unsigned char *smem, dg_spt
   dg_cp_wait<0>();
 }
 
+/* The gate/up epilogue with the down product's input copy (a.hg > 0; DGEMMA_DN_FUSE=1, qmoe.cu): the pass's h values,
+ * bf16(gelu(gate) up) as qe_store makes them, go into a shared tile [8 NT][16 WARPS + 8] (the ring's memory, free
+ * after the loop's last barrier; rows 16-byte aligned), and after a barrier one thread per (token, group of a.hg
+ * features) writes that group of the block's 16 WARPS features into a.h in the down product's fragment order and its
+ * sum into a.hs, by group_sum_perm (mma.cuh) itself: the same bits as k_group_sums_perm over a plainly stored h,
+ * so the down product's inputs are word for word those of the separate copy (test_experts_dn_fuse), which is then
+ * not launched. Needs the block's features to be whole groups (a.hg divides 16 WARPS) and every slab full (IE a
+ * multiple of 16 WARPS: the host's condition, k_qe_dn_fuse_group). The next pass reuses the tile's memory only after
+ * the barrier that follows its row table. */
+template <int NT, int WARPS>
+__device__ __forceinline__ void qr_store_hp(const qe_args &a, const float (&acc)[2][NT][4], int row0, int mp, int slab,
+                                            int warp, int g, int t, unsigned char *smem) {
+  constexpr int FEAT = 16 * WARPS, HR = FEAT + 8; /* a token's tile row: FEAT bf16, then 16 bytes apart */
+  bf16 *tile = (bf16 *)smem;
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int qq = 0; qq < 2; qq++) {
+      const int tk = 8 * j + 2 * t + qq;
+      if (tk >= mp) continue;
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++)
+        tile[tk * HR + warp * 16 + g + 8 * hf] =
+            __float2bfloat16_rn(qe_gelu(acc[0][j][2 * hf + qq]) * acc[1][j][2 * hf + qq]);
+    }
+  __syncthreads();
+  const int G = a.hg, gpb = FEAT / G, ng = a.N / G, n0 = slab * FEAT;
+  for (int i = threadIdx.x; i < mp * gpb; i += 32 * WARPS) {
+    const int tk = i / gpb, jj = i % gpb;
+    const size_t row = (size_t)(row0 + tk);
+    a.hs[row * ng + n0 / G + jj] = group_sum_perm(tile + tk * HR + jj * G, a.h + row * a.N + n0 + jj * G, G);
+  }
+}
+
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 /* (A WD-deep ring of weight stages per warp in shared memory, filled by bulk copies, instead of the D register
  * stages was measured slower in session 3, lab versions 10-12, and removed.)
@@ -555,6 +589,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
   static_assert(!(BM && NZ), "NZ copies 4-byte sums");
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
+  static_assert(!GATEUP || STAGES * STB >= NTOK * (FEAT + 8) * 2, "qr_store_hp's tile fits in the ring");
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
   const int cnt = a.count[e];
@@ -646,7 +681,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     }
     __syncthreads(); /* every warp is done with the ring before the next pass refills it */
 
-    qe_store<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
+    if (GATEUP && a.hg > 0) qr_store_hp<NT, WARPS>(a, acc, base + p0, mp, slab, warp, g, t, smem); /* uniform */
+    else qe_store<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
   }
 }
 

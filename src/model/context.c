@@ -216,3 +216,36 @@ dg_status dg_context_truncate(dg_context *ctx, int32_t len) {
   ctx->len = len;
   return DG_OK;
 }
+
+dg_status dg_context_copy_prefix(dg_context *dst, const dg_context *src, int32_t n) {
+  if (!dst || !src) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_copy_prefix: NULL context");
+  if (dst == src) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_copy_prefix: the source is the destination");
+  if (dst->m != src->m)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_copy_prefix: the two contexts belong to different models");
+  if (n < 0 || n > src->len)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_copy_prefix: %d positions is outside [0, %d] (the source's length)",
+                     n, src->len);
+  if (n > dst->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "dg_context_copy_prefix: %d positions exceed the destination's capacity of %d",
+                     n, dst->cap);
+  if (!dst->m->bk->ctx_copy)
+    return dg_seterr(DG_ERR_BACKEND, "dg_context_copy_prefix: the %s backend cannot copy a KV cache (yet)",
+                     dst->m->bk->name);
+  /* the source's positions before n must all still be there (a ring cache may have overwritten some) */
+  DG_TRY(src->m->bk->truncate_check(src, n));
+  DG_TRY(dst->m->bk->ctx_copy(dst, src, n));
+  dst->len = n;
+  return DG_OK;
+}
+
+dg_status dg_context_copy_host(dg_context *dst, const dg_context *src, int32_t n) {
+  const dg_model *m = dst->m;
+  for (int li = 0; li < m->cfg.n_layers; li++) {
+    const size_t D = (size_t)m->layers[li].head_dim, row = (size_t)n * D * sizeof(float);
+    for (int h = 0; h < m->layers[li].n_kv; h++) { /* [NKV, S, D]: positions 0..n-1 of head h are one run */
+      memcpy(dst->kv[li].k + (size_t)h * dst->cap * D, src->kv[li].k + (size_t)h * src->cap * D, row);
+      memcpy(dst->kv[li].v + (size_t)h * dst->cap * D, src->kv[li].v + (size_t)h * src->cap * D, row);
+    }
+  }
+  return DG_OK;
+}

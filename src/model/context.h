@@ -56,6 +56,10 @@ void dg_context_share_work(dg_context *ctx, const dg_context *from);
  * and V, in one block (idempotent). Errors: DG_ERR_OUT_OF_MEMORY. */
 dg_status dg_context_compact_buffers(dg_context *ctx);
 
+/* The CPU backend's ctx_copy (backend.h): the K/V rows of positions 0..n-1 of every layer from src into
+ * dst (same model; n <= both capacities, checked by dg_context_copy_prefix, which sets dst->len). */
+dg_status dg_context_copy_host(dg_context *dst, const dg_context *src, int32_t n);
+
 /* Free every host buffer of ctx (its state, canvas K/V buffers, own activations
  * and soft-embedding scratch), not ctx itself; NULL members are fine. */
 void dg_context_free_host(dg_context *ctx);

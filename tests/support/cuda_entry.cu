@@ -120,11 +120,35 @@ done:
 
 static dg_status test_experts_with(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                    const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
-                                   uint16_t *h, float *y);
+                                   int fuse, int *fused, uint16_t *h, float *y);
 extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_weight *down,
                                           const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K,
                                           uint16_t *h, float *y) {
-  return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, -1, -1, h, y);
+  int fused;
+  return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, -1, -1, -1, &fused, h, y);
+}
+/* The experts with the down product's input copy made by the gate/up kernel (fuse 1) and by its own launch (0),
+ * word for word. */
+extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, const dg_weight *down,
+                                                  const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
+                                                  int K, int nt, long n_diff[2], int *fused) {
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_dn_fuse: tile count %d (1-5, 8 or 0)", nt);
+  const size_t nh = (size_t)T * K * IE, ny = (size_t)T * K * H;
+  uint16_t *h0 = (uint16_t *)malloc(nh * 2), *h1 = (uint16_t *)malloc(nh * 2);
+  float *y0 = (float *)malloc(ny * 4), *y1 = (float *)malloc(ny * 4);
+  int f0 = 0;
+  dg_status st = !h0 || !h1 || !y0 || !y1 ? dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory") : DG_OK;
+  if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 0, &f0, h0, y0);
+  if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, fused, h1, y1);
+  if (st == DG_OK && f0) st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_dn_fuse: fused with the switch off");
+  n_diff[0] = n_diff[1] = 0;
+  if (st == DG_OK) {
+    for (size_t i = 0; i < nh; i++) n_diff[0] += h0[i] != h1[i];
+    for (size_t i = 0; i < ny; i++) n_diff[1] += memcmp(&y0[i], &y1[i], 4) != 0;
+  }
+  free(h0); free(h1); free(y0); free(y1);
+  return st;
 }
 extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
@@ -132,12 +156,16 @@ extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_u
   if (nt < 0 || nt > 8 || nt == 6 || nt == 7 || dq_from < 0 || dq_from > 8)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_nt: tile count %d (1-5, 8 or 0) or DQ from %d (0-8)",
                      nt, dq_from);
-  return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, dq_from, h, y);
+  int fused;
+  return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, dq_from, -1, &fused, h, y);
 }
-/* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. */
+/* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. fuse 0 / 1: the down
+ * product's input copy by its own launch / by the gate/up kernel where it can (qr_dn_fuse_set; -1: DGEMMA_DN_FUSE's
+ * choice); *fused: whether the gate/up kernel made it (h is then read back in k_group_sums_perm's order and
+ * returned in the plain one). */
 static dg_status test_experts_with(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                    const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
-                                   uint16_t *h, float *y) {
+                                   int fuse, int *fused, uint16_t *h, float *y) {
   if (gate_up->rows != (int64_t)E * 2 * IE || gate_up->cols != H || down->rows != (int64_t)E * H || down->cols != IE ||
       T <= 0 || K <= 0 || K > E)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts: shapes [%lld, %lld] and [%lld, %lld] do not match "
@@ -169,11 +197,27 @@ static dg_status test_experts_with(int device, const dg_weight *gate_up, const d
   TT_(dalloc(&al, (void **)&b.y, TK * H * 4, "y"));
   TT_(dalloc(&al, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "xs"));
   TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
+  TT_(dalloc(&al, (void **)&b.hs, TK * IE / 32 * 4, "hs"));
   TC_(k_group(0, &b, T, E, K));
-  if (nt < 0) TC_(dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K));
-  else TC_(dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from));
+  qr_dn_fuse_set(fuse);
+  *fused = k_qe_dn_fuse_group(&l.experts_gate_up, &l.experts_down, IE, &b) > 0;
+  {
+    const cudaError_t e = nt < 0 ? dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K)
+                                 : dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from);
+    qr_dn_fuse_set(-1); /* before any exit */
+    if (e != cudaSuccess) {
+      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_experts%s: %s", nt < 0 ? "" : "_nt", cudaGetErrorString(e));
+      goto done;
+    }
+  }
   TT_(test_out(slot_row, b.slot_row, TK * 4));
   TC_(cudaMemcpy(hd, b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
+  if (*fused) /* runs of 8 stored as (x0, x4, x1, x5, x2, x6, x3, x7) */
+    for (size_t r = 0; r < TK * IE; r += 8) {
+      uint16_t v[8];
+      for (int i = 0; i < 4; i++) { v[i] = hd[r + 2 * i]; v[4 + i] = hd[r + 2 * i + 1]; }
+      memcpy(hd + r, v, 16);
+    }
   TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < TK; i++) { /* grouped order -> (token, slot) order */
     memcpy(h + i * IE, hd + (size_t)slot_row[i] * IE, (size_t)IE * 2);
@@ -370,7 +414,7 @@ static long parts_diff(const float *ma, const double *sa, const float *mb, const
 
 extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
                                               int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[4]) {
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[6]) {
   if (C <= 0 || V <= 0 || !(T > 0.0f) ||
       (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
@@ -384,7 +428,7 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
   float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
   double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
-  for (int i = 0; i < 4; i++) n_diff[i] = 0;
+  for (int i = 0; i < 6; i++) n_diff[i] = 0;
   if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
   TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
@@ -412,7 +456,7 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   /* the fused chain on the raw logits, the probabilities from what the statistics left */
   TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V))); /* no partial of the chain's */
   TC_(k_vocab_stats(0, (const float *)dx, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
-                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws));
+                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws, 0));
   TC_(k_vocab_sc(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
   TT_(words_diff(ds0, ds1, sw, 4, &n_diff[0]));
   TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[0]));
@@ -431,6 +475,21 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(words_diff(dz, dz2, n, 4, &n_diff[3]));
   TT_(test_in(&al, &dz2, raw, n * 4, "logits (as given)"));
   TT_(words_diff(dx, dz2, n, 4, &n_diff[3]));
+  /* zstore: pass 1 stores z in the logits (dz2, the raw logits again), the probabilities read it as stored */
+  TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
+  TC_(cudaMemset(ds1, 0xFF, sw * 4));
+  TC_(cudaMemset(dP1, 0x55, n * 2));
+  TC_(cudaMemcpy((int32_t *)db + 1, &nobad, 4, cudaMemcpyHostToDevice));
+  TC_(k_vocab_stats(0, (const float *)dz2, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
+                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws, 1));
+  TC_(k_vocab_sc(0, (const float *)dz2, (bf16 *)dP1, C, V, DG_VZ_STORED, 1.0f, act, ws,
+                 mode == DG_PROPOSAL_ARGMAX ? 1 : 2));
+  TT_(words_diff(ds0, ds1, sw, 4, &n_diff[4]));
+  TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[4]));
+  TT_(words_diff(dP0, dP1, n, 2, &n_diff[5]));
+  TT_(sc_parts(ws, C, V, 1, pm1, ps1));
+  n_diff[5] += parts_diff(pm0, ps0, pm1, ps1, np);
+  TT_(words_diff(dz, dz2, n, 4, &n_diff[5])); /* the stored z: the chain's */
   TT_(test_out(stats, ds1, sw * 4));
   TT_(test_out(bad, (int32_t *)db + 1, 4));
   TT_(test_out(P, dP1, n * 2));
@@ -699,6 +758,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
+    dg_cuda_test_experts_dn_fuse,
     dg_cuda_test_ctx_arena,
 };
 

@@ -46,6 +46,13 @@ dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, const dg_we
 dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                   const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
                                   uint16_t *h, float *y);
+/* dg_cuda_experts_nt (tile count nt as there, the exact fold) twice: the down product's input copy and group sums
+ * made by its own launch (k_group_sums_perm), and made by the gate/up kernel's epilogue where k_qe_dn_fuse_group
+ * allows it (DGEMMA_DN_FUSE=1's path, forced on by qr_dn_fuse_set); *fused: whether it did. n_diff: the words of h
+ * [0] (bf16, read back in the plain order) and of y [1] (fp32) that differ between the two. */
+dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                       const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
+                                       int *fused);
 
 /* The router on the device (k_route in mode 1, route_kernel, or 2, route_tk_kernel: the modes of
  * DGEMMA_ROUTE=fused and =tiles; spec 4.6 step 2) for logits rlog [T, E]
@@ -86,20 +93,22 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
                                  int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
                                  int window, uint16_t *out);
 
-/* The sampler's passes over the logits after the LM head (src/cuda/kernels.cu), both chains on the same raw
+/* The sampler's passes over the logits after the LM head (src/cuda/kernels.cu), the three chains on the same raw
  * logits raw [C, V]: the chain (k_softcap in place where cap > 0, k_step_stats with z = logits / T in place,
- * k_sc_probs of that z; DGEMMA_VOCAB=chain) and the fused chain (k_vocab_stats and k_vocab_sc on the raw logits,
- * z recomputed in registers; the default). T > 0; mode a dg_proposal (Philox uniforms from seed, block, step, or
- * uni [C]); act the self-conditioning dtype (DG_BF16, DG_F16, DG_F32). Returns the fused chain's statistics stats
- * [C] (dg_pos_stats layout), its first non-finite position *bad (INT32_MAX: none) and its probabilities P [C, V]
- * (bf16 bits); n_diff the words (32-bit; P: its 16-bit values) that differ from the chain's: [0] the statistics
- * and the bad position, [1] P after the statistics (the maxima and, sampled, the sums they left), [2] P with
- * nothing left (every pass of its own), both with the probabilities' chunk maxima and sums (float and double words)
- * against the chain's, [3] k_vocab_z's z against the chain's in-place z, plus the fused chain's logits against raw
- * (they must stay untouched). */
+ * k_sc_probs of that z; the default), the fused chain (k_vocab_stats and k_vocab_sc on the raw logits, z recomputed
+ * in registers; DGEMMA_VOCAB=fused) and zstore (k_vocab_stats with store 1: z stored by pass 1, k_vocab_sc with cap
+ * DG_VZ_STORED; DGEMMA_VOCAB=zstore). T > 0; mode a dg_proposal (Philox uniforms from seed, block, step, or
+ * uni [C]); act the self-conditioning dtype (DG_BF16, DG_F16, DG_F32). Returns zstore's statistics stats [C]
+ * (dg_pos_stats layout), its first non-finite position *bad (INT32_MAX: none) and the fused chain's probabilities
+ * P [C, V] (bf16 bits); n_diff the words (32-bit; P: its 16-bit values) that differ from the chain's: [0] the fused
+ * statistics and bad position, [1] fused P after the statistics (the maxima and, sampled, the sums they left),
+ * [2] fused P with nothing left (every pass of its own), both with the probabilities' chunk maxima and sums (float
+ * and double words) against the chain's, [3] k_vocab_z's z against the chain's in-place z, plus the fused chain's
+ * logits against raw (they must stay untouched); [4] zstore's statistics and bad position, [5] zstore's P after its
+ * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z. */
 dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                    uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                   int32_t *bad, uint16_t *P, long n_diff[4]);
+                                   int32_t *bad, uint16_t *P, long n_diff[6]);
 
 /* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
  * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
@@ -168,7 +177,10 @@ typedef struct dg_cuda_test_api {
                                  long *n_diff);
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                int32_t *bad, uint16_t *P, long n_diff[4]);
+                                int32_t *bad, uint16_t *P, long n_diff[6]);
+  dg_status (*test_experts_dn_fuse)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                                    const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
+                                    int *fused);
   dg_status (*test_ctx_arena)(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad);
 } dg_cuda_test_api;
 
