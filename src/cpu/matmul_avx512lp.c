@@ -146,6 +146,23 @@ typedef struct qx_buf {
   int64_t cstride;
 } qx_buf;
 
+/* One 64-byte step's activation codes src[0 .. 64 nsub) in the weights' unpacking order:
+ * qs[s * 64 + j] = src[nsub j + s] (nsub = 8/B = 1, 2 or 4), by truncating 16- or 32-bit
+ * lanes (vpmovwb / vpmovdb) of the source shifted right by 8 s bits. */
+static inline void qx_unpack_order(int8_t *qs, const int8_t *src, int nsub) {
+  if (nsub == 1) {
+    memcpy(qs, src, 64);
+    return;
+  }
+  for (int i = 0; i < nsub; i++) {
+    const __m512i v = _mm512_loadu_si512(src + 64 * i);
+    for (int s = 0; s < nsub; s++) {
+      if (nsub == 2) _mm256_storeu_si256((__m256i *)(qs + s * 64 + 32 * i), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8 * s)));
+      else _mm_storeu_si128((__m128i *)(qs + s * 64 + 16 * i), _mm512_cvtepi32_epi8(_mm512_srli_epi32(v, 8 * s)));
+    }
+  }
+}
+
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
   b->steps = (K + b->cps - 1) / b->cps;
@@ -200,10 +217,7 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
         int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 64;
         float *dl = b->dl + ((size_t)t * (size_t)b->steps + (size_t)st) * 16;
         const int64_t k0 = st * cps;
-        if (nsub == 1) memcpy(qs, qn + k0, 64);
-        else
-          for (int j = 0; j < 64; j++)
-            for (int s = 0; s < nsub; s++) qs[s * 64 + j] = qn[k0 + (int64_t)nsub * j + s];
+        qx_unpack_order(qs, qn + k0, nsub);
         for (int i = 0; i < 16; i++) {
           const int64_t k = k0 + (int64_t)i * lane;
           dl[i] = k < K ? dt[k / G] : 0.0f;
