@@ -75,9 +75,12 @@ static void x_to_bf16(const float *x, int64_t ldx, int64_t T, int64_t K, int64_t
 #define PF_HINT _MM_HINT_T1
 #endif
 /* The same for the one-activation-row tiles (VTILE1: the matvec), which stream the weights
- * fastest: PF1_ROWS 0 = no software prefetch. */
+ * fastest and want the prefetch further ahead (0 = none). Idle 2-core Zen 4 EPYC, 4-bit, -t 2,
+ * active wait, medians of 15 (docs/results/cpu-s15/mv_sweep_window1.txt): gate/up [1408, 2816]
+ * 4 rows on 63-67 us, 8: 64-72, 16: 64-68, 32: 65-68, none: 140-143; down [2816, 704]
+ * 4: 59-61 us, 8: 44-46, 16: 37, 32: 37-38, none: 55-56; -t 1 gate/up 4: 107-108, 16: 96-100. */
 #ifndef PF1_ROWS
-#define PF1_ROWS 4
+#define PF1_ROWS 16
 #endif
 #ifndef PF1_HINT
 #define PF1_HINT _MM_HINT_T1
