@@ -257,16 +257,20 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
   }                                                                                                          \
   UNROLL for (int i = 0; i < RT; i++)                                                                        \
     UNROLL for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);
+/* The start of every tile: the step geometry of B-bit codes in groups of G (cps codes per
+ * 64-byte step, lg = log2 G), the code mask, and gi: each dword lane's group within its step. */
+#define VTILE_PROLOGUE(B)                                                                                    \
+  const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                         \
+  const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                          \
+  const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                                \
+  int32_t idx[16];                                                                                           \
+  for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                               \
+  const __m512i gi = _mm512_loadu_si512(idx);
 #define VTILE(B, RT, TT)                                                                                     \
   static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
                                       const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
                                       dg_dtype sbt) {                                                        \
-    const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                       \
-    const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                        \
-    const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                              \
-    int32_t idx[16];                                                                                         \
-    for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                             \
-    const __m512i gi = _mm512_loadu_si512(idx);                                                              \
+    VTILE_PROLOGUE(B)                                                                                        \
     const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
     const int8_t *xq[TT];                                                                                    \
     const float *xd[TT], *xc[TT];                                                                            \
@@ -309,12 +313,7 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
                                    const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
                                    dg_dtype sbt) {                                                           \
     enum { TT = 1 };                                                                                         \
-    const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                       \
-    const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                        \
-    const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                              \
-    int32_t idx[16];                                                                                         \
-    for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                             \
-    const __m512i gi = _mm512_loadu_si512(idx);                                                              \
+    VTILE_PROLOGUE(B)                                                                                        \
     const int8_t *xq = xb->q + (size_t)t0 * (size_t)steps * (size_t)nsub * 64;                               \
     const float *xg = xb->dg + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
