@@ -274,6 +274,27 @@ static void check_lp_quant(const dg_kernels *lp, int Q, int B, int G, int T, int
   free(wf); free(data); free(sc); free(bi); free(x); free(y0); free(y1); free(y2);
 }
 
+/* One call of T = 23 activation rows (N = 9 weight rows: a 1-row tail block) equals 23
+ * one-row calls bit for bit: no output element depends on the tile that computed it
+ * (B-bit weights, group G, K columns; random codes, scales and biases). */
+static void check_lp_rows_equal(const dg_kernels *k, int B, int G, int K) {
+  const int T = 23, N = 9, ng = K / G;
+  uint8_t *data = malloc((size_t)N * (size_t)dg_quant_row_bytes(K, B));
+  uint16_t *sc = malloc((size_t)N * ng * 2), *bi = malloc((size_t)N * ng * 2);
+  float *x = malloc((size_t)T * K * sizeof(float)), *y1 = malloc((size_t)T * N * sizeof(float));
+  float *y2 = malloc((size_t)T * N * sizeof(float));
+  for (int i = 0; i < N * (int)dg_quant_row_bytes(K, B); i++) data[i] = (uint8_t)(rand() & 0xff);
+  for (int i = 0; i < N * ng; i++) { sc[i] = dg_f32_to_bf16(frand() * 0.01f); bi[i] = dg_f32_to_bf16(frand() * 0.1f); }
+  for (int i = 0; i < T * K; i++) x[i] = frand();
+  dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
+                 .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
+  k->matmul(y1, N, x, K, T, &W, 0, N, 2);
+  for (int t = 0; t < T; t++) k->matmul(y2 + (size_t)t * N, N, x + (size_t)t * K, K, 1, &W, 0, N, 1);
+  if (memcmp(y1, y2, (size_t)T * N * sizeof(float)))
+    fail_msg("%s %d-bit G=%d K=%d: 23 rows in one call differ from 23 one-row calls", k->name, B, G, K);
+  free(data); free(sc); free(bi); free(x); free(y1); free(y2);
+}
+
 static void test_avx512lp(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx512lp();
@@ -290,7 +311,15 @@ static void test_avx512lp(void **state) {
     check_lp_quant(k, 127, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], 0, &wq, &rq);
     printf("# avx512lp %d-bit G=%d T=%d N=%d K=%d vs oracle: largest |diff| / bound = %.4f (<= 1), / sum|x w| = %.2e\n",
            qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], wq, rq);
-  }
+  }  /* one activation row runs the 4x1 / 1x1 tiles (each step's s_g d_g from products formed once
+   * per 16 groups), several run the 4x4 / 1x4 ones: the same bits. K with a partial last step
+   * (704 at 4 bits, 96 and 160 at 2 and 8), a step of two groups (4-bit g64), of four (2-bit
+   * g64), half a group (8-bit g128), and more than 16 groups (2816 / 64 = 44) */
+  static const int bg[][3] = {{4, 64, 2816}, {4, 64, 704}, {4, 32, 160}, {4, 128, 256}, {2, 32, 96},
+                              {2, 64, 512}, {8, 32, 160}, {8, 128, 384}, {2, 32, 1120}};
+  for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) check_lp_rows_equal(k, bg[c][0], bg[c][1], bg[c][2]);
+  printf("# avx512lp: 23 rows in one call = 23 one-row calls bit for bit (4-bit g64/g32/g128, 2-bit g32/g64, "
+         "8-bit g32/g128; K with partial last steps)\n");
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64
@@ -318,23 +347,8 @@ static void test_avx2lp(void **state) {
   }
   /* no element depends on the tile: T = 23 rows (8 + 8 + 4 + 2 + 1 tiles, N = 9: a 1-row tail block) in one
    * call equal 23 one-row calls bit for bit, for each bit width */
-  static const int bg[][2] = {{2, 32}, {2, 128}, {3, 32}, {4, 64}, {6, 64}, {8, 32}};
-  for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) {
-    const int B = bg[c][0], G = bg[c][1], T = 23, N = 9, K = 256, ng = K / G;
-    uint8_t *data = malloc((size_t)N * (size_t)dg_quant_row_bytes(K, B));
-    uint16_t *sc = malloc((size_t)N * ng * 2), *bi = malloc((size_t)N * ng * 2);
-    float *x = malloc((size_t)T * K * sizeof(float)), *y1 = malloc((size_t)T * N * sizeof(float));
-    float *y2 = malloc((size_t)T * N * sizeof(float));
-    for (int i = 0; i < N * (int)dg_quant_row_bytes(K, B); i++) data[i] = (uint8_t)(rand() & 0xff);
-    for (int i = 0; i < N * ng; i++) { sc[i] = dg_f32_to_bf16(frand() * 0.01f); bi[i] = dg_f32_to_bf16(frand() * 0.1f); }
-    for (int i = 0; i < T * K; i++) x[i] = frand();
-    dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
-                   .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
-    k->matmul(y1, N, x, K, T, &W, 0, N, 2);
-    for (int t = 0; t < T; t++) k->matmul(y2 + (size_t)t * N, N, x + (size_t)t * K, K, 1, &W, 0, N, 1);
-    assert_memory_equal(y1, y2, (size_t)T * N * sizeof(float));
-    free(data); free(sc); free(bi); free(x); free(y1); free(y2);
-  }
+  static const int bg[][3] = {{2, 32, 256}, {2, 128, 256}, {3, 32, 256}, {4, 64, 256}, {6, 64, 256}, {8, 32, 256}};
+  for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) check_lp_rows_equal(k, bg[c][0], bg[c][1], bg[c][2]);
   printf("# avx2lp: 23 rows in one call = 23 one-row calls bit for bit (2-bit g32/g128, 3-bit g32, 4-bit g64, 6-bit "
          "g64, 8-bit g32)\n");
 }

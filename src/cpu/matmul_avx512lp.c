@@ -74,6 +74,17 @@ static void x_to_bf16(const float *x, int64_t ldx, int64_t T, int64_t K, int64_t
 #ifndef PF_HINT
 #define PF_HINT _MM_HINT_T1
 #endif
+/* The same for the one-activation-row tiles (VTILE1: the matvec), which stream the weights
+ * fastest and want the prefetch further ahead (0 = none). Idle 2-core Zen 4 EPYC, 4-bit, -t 2,
+ * active wait, medians of 15 (docs/results/cpu-s15/mv_sweep_window1.txt): gate/up [1408, 2816]
+ * 4 rows on 63-67 us, 8: 64-72, 16: 64-68, 32: 65-68, none: 140-143; down [2816, 704]
+ * 4: 59-61 us, 8: 44-46, 16: 37, 32: 37-38, none: 55-56; -t 1 gate/up 4: 107-108, 16: 96-100. */
+#ifndef PF1_ROWS
+#define PF1_ROWS 16
+#endif
+#ifndef PF1_HINT
+#define PF1_HINT _MM_HINT_T1
+#endif
 
 #define BTILE(RT, TT)                                                                                       \
   static void btile_##RT##x##TT(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp,                    \
@@ -125,7 +136,7 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
 /* The activations of one call, quantized for one weight format (B bits, group G):
  * per row t and 64-byte step of the packed weights (cps = 512/B codes), nsub =
  * 8/B vectors of 64 s8 codes in the weights' unpacking order, the per-lane
- * scale d of the lane's group (16 floats), and per group c = d * sum qx.
+ * scale d of the lane's group (16 floats), and per group d and c = d * sum qx.
  * The buffers are the calling thread's scratch (scratch.h, DG_KSCRATCH_LPX: kept for
  * the thread's life, so a product allocates nothing once one of its size has run). */
 typedef struct qx_buf {
@@ -134,19 +145,37 @@ typedef struct qx_buf {
   int8_t *q;   /* [T][steps][nsub][64] */
   float *dl;   /* [T][steps][16] */
   float *c;    /* [T][ng + 15] (zero padded to a multiple of 16) */
+  float *dg;   /* [T][ng + 15]: d of each group, zero padded like c */
   int64_t cstride;
 } qx_buf;
+
+/* One 64-byte step's activation codes src[0 .. 64 nsub) in the weights' unpacking order:
+ * qs[s * 64 + j] = src[nsub j + s] (nsub = 8/B = 1, 2 or 4), by truncating 16- or 32-bit
+ * lanes (vpmovwb / vpmovdb) of the source shifted right by 8 s bits. */
+static inline void qx_unpack_order(int8_t *qs, const int8_t *src, int nsub) {
+  if (nsub == 1) {
+    memcpy(qs, src, 64);
+    return;
+  }
+  for (int i = 0; i < nsub; i++) {
+    const __m512i v = _mm512_loadu_si512(src + 64 * i);
+    for (int s = 0; s < nsub; s++) {
+      if (nsub == 2) _mm256_storeu_si256((__m256i *)(qs + s * 64 + 32 * i), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8 * s)));
+      else _mm_storeu_si128((__m128i *)(qs + s * 64 + 16 * i), _mm512_cvtepi32_epi8(_mm512_srli_epi32(v, 8 * s)));
+    }
+  }
+}
 
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
   b->cstride = (b->ng + 15) / 16 * 16;
-  void *part[3]; /* the calling thread's scratch, kept (scratch.h) */
+  void *part[4]; /* the calling thread's scratch, kept (scratch.h) */
   const size_t nq = (size_t)T * (size_t)b->steps * (size_t)b->nsub * 64, ndl = (size_t)T * (size_t)b->steps * 16 * sizeof(float);
-  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 3, (const size_t[3]){nq, ndl, (size_t)T * (size_t)b->cstride * sizeof(float)}, part))
-    return -1;
-  b->q = part[0], b->dl = part[1], b->c = part[2];
+  const size_t nc = (size_t)T * (size_t)b->cstride * sizeof(float);
+  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 4, (const size_t[4]){nq, ndl, nc, nc}, part)) return -1;
+  b->q = part[0], b->dl = part[1], b->c = part[2], b->dg = part[3];
   const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
   int fail = 0;
   /* 16 lanes at a time (G is a multiple of 32: a vector never spans two groups), the same
@@ -156,25 +185,23 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
    * group's sum of qx exact in int32; then the codes in the weights' unpacking order. */
 #pragma omp parallel num_threads(T < n_threads ? (int)T : n_threads) reduction(| : fail)
   {
-    /* this thread's: d of each group of the row; the row's codes in natural order, zero past K */
-    const size_t rsz[2] = {(size_t)b->ng * sizeof(float), (size_t)b->steps * (size_t)cps};
-    void *rp[2] = {NULL, NULL};
-    fail |= dg_kscratch_parts(DG_KSCRATCH_LPROW, 2, rsz, rp) != 0;
-    float *dh = rp[0];
-    int8_t *qn = rp[1];
+    /* this thread's: the row's codes in natural order, zero past K */
+    int8_t *qn = dg_kscratch(DG_KSCRATCH_LPROW, (size_t)b->steps * (size_t)cps);
+    fail |= !qn;
     const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512 qhi = _mm512_set1_ps(127.0f), qlo = _mm512_set1_ps(-127.0f);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; t++) {
-      if (!dh || !qn) continue;
+      if (!qn) continue;
       const float *xt = x + t * ldx;
-      float *ct = b->c + t * b->cstride;
+      float *ct = b->c + t * b->cstride, *dt = b->dg + t * b->cstride;
       memset(ct, 0, (size_t)b->cstride * sizeof(float));
+      memset(dt, 0, (size_t)b->cstride * sizeof(float));
       for (int64_t g = 0; g < b->ng; g++) {
         __m512 m = _mm512_setzero_ps();
         for (int k = 0; k < G; k += 16) m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xt + g * G + k), absm), m);
         const float d = _mm512_reduce_max_ps(m) / 127.0f;
-        dh[g] = d;
+        dt[g] = d;
         __m512i qsum = _mm512_setzero_si512();
         for (int k = 0; k < G; k += 16) {
           __m512i q = _mm512_setzero_si512();
@@ -193,13 +220,10 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
         int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 64;
         float *dl = b->dl + ((size_t)t * (size_t)b->steps + (size_t)st) * 16;
         const int64_t k0 = st * cps;
-        if (nsub == 1) memcpy(qs, qn + k0, 64);
-        else
-          for (int j = 0; j < 64; j++)
-            for (int s = 0; s < nsub; s++) qs[s * 64 + j] = qn[k0 + (int64_t)nsub * j + s];
+        qx_unpack_order(qs, qn + k0, nsub);
         for (int i = 0; i < 16; i++) {
           const int64_t k = k0 + (int64_t)i * lane;
-          dl[i] = k < K ? dh[k / G] : 0.0f;
+          dl[i] = k < K ? dt[k / G] : 0.0f;
         }
       }
     }
@@ -221,16 +245,32 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
 /* RT weight rows x TT activation rows; x points at the call's qx_buf rows. Every tile
  * prefetches (PF_ROWS, PF_HINT: above the bf16 tiles) the next block's row. */
 #define UNROLL _Pragma("GCC unroll 16")
+/* The end of every tile: the bias part sum_g b_g d_g sum_k qx_k (16 groups at a time) added
+ * to the accumulators after all steps, then one horizontal sum per output. */
+#define VTILE_BIAS_STORE(RT, TT)                                                                             \
+  for (int64_t g = 0; g < ng; g += 16) {                                                                     \
+    const int n = (int)(ng - g < 16 ? ng - g : 16);                                                          \
+    UNROLL for (int i = 0; i < RT; i++) {                                                                    \
+      const __m512 b = load_sb(sbt, bi[i], g, n);                                                            \
+      UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_fmadd_ps(b, _mm512_load_ps(xc[j] + g), acc[i][j]); \
+    }                                                                                                        \
+  }                                                                                                          \
+  UNROLL for (int i = 0; i < RT; i++)                                                                        \
+    UNROLL for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);
+/* The start of every tile: the step geometry of B-bit codes in groups of G (cps codes per
+ * 64-byte step, lg = log2 G), the code mask, and gi: each dword lane's group within its step. */
+#define VTILE_PROLOGUE(B)                                                                                    \
+  const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                         \
+  const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                          \
+  const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                                \
+  int32_t idx[16];                                                                                           \
+  for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                               \
+  const __m512i gi = _mm512_loadu_si512(idx);
 #define VTILE(B, RT, TT)                                                                                     \
   static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
                                       const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
                                       dg_dtype sbt) {                                                        \
-    const int G = xb->G, nsub = 8 / B, cps = 512 / B, lg = __builtin_ctz((unsigned)G);                       \
-    const int64_t steps = xb->steps, rb = xb->K * B / 8, ng = xb->ng;                                        \
-    const __m512i bm = _mm512_set1_epi8((char)((1 << B) - 1));                                              \
-    int32_t idx[16];                                                                                         \
-    for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                             \
-    const __m512i gi = _mm512_loadu_si512(idx);                                                              \
+    VTILE_PROLOGUE(B)                                                                                        \
     const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
     const int8_t *xq[TT];                                                                                    \
     const float *xd[TT], *xc[TT];                                                                            \
@@ -260,18 +300,48 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
         }                                                                                                    \
       }                                                                                                      \
     }                                                                                                        \
-    /* the bias part: sum_g b_g d_g sum_k qx_k, 16 groups at a time */                                       \
-    for (int64_t g = 0; g < ng; g += 16) {                                                                   \
-      const int n = (int)(ng - g < 16 ? ng - g : 16);                                                        \
-      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
-        const __m512 b = load_sb(sbt, bi[i], g, n);                                                          \
-        UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_fmadd_ps(b, _mm512_load_ps(xc[j] + g), acc[i][j]); \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
+  }
+/* RT weight rows x one activation row (the matvec, and the rows past the last 4 of a call):
+ * the same sums in the same order as VTILE, bit for bit, with less work per step. VTILE
+ * forms each step's per-lane factor s_g d_g from a scale load, a widening, a permute, a
+ * load of d and a product; here the products s_g d_g of 16 groups are formed once (one
+ * vector product per row: the same fp32 product, so the same bits) and each step takes
+ * its lanes' factors with one permute of that register. Lanes past K: s = d = 0 in both. */
+#define VTILE1(B, RT)                                                                                        \
+  static void vtile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
+                                   const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
+                                   dg_dtype sbt) {                                                           \
+    enum { TT = 1 };                                                                                         \
+    VTILE_PROLOGUE(B)                                                                                        \
+    const int8_t *xq = xb->q + (size_t)t0 * (size_t)steps * (size_t)nsub * 64;                               \
+    const float *xg = xb->dg + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
+    __m512 acc[RT][1];                                                                                       \
+    UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
+    for (int64_t g16 = 0; g16 < ng; g16 += 16) { /* 16 groups: whole steps, as 16 G is a multiple of cps */ \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
+      const __m512 dv = _mm512_load_ps(xg + g16);                                                            \
+      __m512 sd[RT];                                                                                         \
+      UNROLL for (int i = 0; i < RT; i++) sd[i] = _mm512_mul_ps(load_sb(sbt, sc[i], g16, n), dv);            \
+      const int64_t s1 = ((g16 + 16) << lg) / cps;                                                           \
+      for (int64_t st = (g16 << lg) / cps; st < steps && st < s1; st++) {                                    \
+        const int64_t byte0 = st * 64;                                                                       \
+        const __mmask64 lm = rb - byte0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (rb - byte0)) - 1);       \
+        const __m512i li = _mm512_add_epi32(gi, _mm512_set1_epi32((int)(((st * cps) >> lg) - g16)));         \
+        UNROLL for (int i = 0; i < RT; i++) {                                                                \
+          const __m512i raw = _mm512_maskz_loadu_epi8(lm, rows[i] + byte0);                                 \
+          if (PF1_ROWS) _mm_prefetch((const char *)rows[i] + byte0 + PF1_ROWS * rb, PF1_HINT);             \
+          __m512i isum = _mm512_setzero_si512();                                                             \
+          UNROLL for (int u = 0; u < nsub; u++)                                                              \
+            isum = _mm512_dpbusd_epi32(isum, B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm), \
+                                       _mm512_load_si512(xq + (st * nsub + u) * 64));                        \
+          acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(li, sd[i]), acc[i][0]); \
+        }                                                                                                    \
       }                                                                                                      \
     }                                                                                                        \
-    UNROLL for (int i = 0; i < RT; i++)                                                                      \
-      UNROLL for (int j = 0; j < TT; j++) y[j * ldy + i] = _mm512_reduce_add_ps(acc[i][j]);                 \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-#define VTILES(B) VTILE(B, 4, 4) VTILE(B, 4, 1) VTILE(B, 1, 4) VTILE(B, 1, 1)
+#define VTILES(B) VTILE(B, 4, 4) VTILE1(B, 4) VTILE(B, 1, 4) VTILE1(B, 1)
 VTILES(2)
 VTILES(4)
 VTILES(8)
