@@ -1035,6 +1035,8 @@ static void test_prompt_cache(void **state) {
   assert_int_equal(xc.n_tokens, 128); /* no stop in 2 canvases: the first was committed */
   r = http(port, "POST", "/v1/completions", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 128, \"seed\": 5}", NULL, 0);
   assert_int_equal(r.status, 200);
+  /* it shares only <bos> with the cached chats: below the cache's minimum, not reused (nor an LRU refresh) */
+  assert_int_equal(cached_tokens(r.body), 0);
   free(r.body);
   char *first = NULL, prompt2[4096];
   assert_dg_ok(dg_detokenize(g_m, ct, 64, 0, &first));

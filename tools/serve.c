@@ -451,7 +451,14 @@ static void cache_drop(dg_server *s, int32_t i) {
   *e = s->cache[--s->n_cache];
 }
 
+/* The fewest shared prompt tokens the cache reuses. Every chat prompt begins with the same template
+ * tokens and every completion with <bos>: a few shared tokens say nothing of a conversation, copying
+ * them saves nothing, and taking them as a hit would refresh an unrelated entry's place in the LRU
+ * order (a newer conversation was then evicted first: session 15's review). */
+#define CACHE_MIN_REUSE 8
+
 /* Start j's new context from the cached context that shares the longest token prefix with its prompt
+ * (at least CACHE_MIN_REUSE tokens; on a tie the most recently used)
  * (one prompt token at least is left to prefill: the engine starts from the prompt's end): its K/V of
  * that prefix copied, j->n_cached = its length. Nothing on a miss or a failed copy (then the whole
  * prompt is prefilled as without a cache). */
@@ -460,9 +467,9 @@ static void cache_lookup(dg_server *s, job *j) {
   for (int32_t i = 0; i < s->n_cache; i++) {
     int32_t p = common_prefix(s->cache[i].toks, s->cache[i].n, j->prompt, (int32_t)j->n_prompt);
     if (p > (int32_t)j->n_prompt - 1) p = (int32_t)j->n_prompt - 1;
-    if (p > bp) { bp = p; best = i; }
+    if (p > bp || (p == bp && best >= 0 && s->cache[i].used > s->cache[best].used)) { bp = p; best = i; }
   }
-  if (best < 0) return;
+  if (best < 0 || bp < CACHE_MIN_REUSE) return;
   dg_status st = dg_context_copy_prefix(j->ctx, s->cache[best].ctx, bp);
   if (st) {
     logf_(s, "dgemma serve: prompt cache: %s: %s%s", dg_status_str(st), dg_last_error(),
@@ -1221,7 +1228,8 @@ static void serve_usage(FILE *f) {
           "      --max-messages N     chat messages per request (default %d)\n"
           "      --timeout S          idle connection timeout in seconds (default %d; 0: none)\n"
           "      --cache-slots N      prompt cache: finished contexts kept, a request that begins with one's tokens\n"
-          "                           prefills only the rest (default %d; 0: off; each holds one request's KV cache)\n"
+          "                           prefills only the rest (default %d; 0: off; each holds one request's context:\n"
+          "                           its KV cache and, unless copied to its length, its working buffers)\n"
           "      --quiet              no log line per request on stderr\n"
           "  -h, --help               this help\n"
           "      --version            the version\n",
