@@ -48,7 +48,8 @@
 #     KERNELS (comma-separated; default by the CPU's flags: avx512,avx512lp
 #     (exact, bf16/VNNI) with AVX-512 F/BW/VL/DQ + BF16 + VNNI; avx512,avx2lp
 #     with AVX-512 F/BW/VL/DQ alone; avx2,avx2lp (exact, int8 vpmaddubsw)
-#     otherwise), DGEMMA (default build-cpu/dgemma);
+#     otherwise), DGEMMA (default build-cpu/dgemma, a CPU-only build, which this
+#     script makes with `make BUILD=build-cpu CUDA=0 build-cpu/dgemma` when absent);
 #  5. prints one table: per shape and M, GB/s of weights read and GFLOP/s of
 #     each, the fastest q4_K path's time / dgemma's per kernel set, last set
 #     first, and the last set vs the fastest 4.5-bit ggml path (q4_K or q4_0,
@@ -84,6 +85,11 @@ if [ -z "${KERNELS:-}" ]; then
   else KERNELS=avx2,avx2lp; fi
 fi
 mkdir -p "$GG" "$OUT"
+if [ ! -x "$DGEMMA" ] && [ "$DGEMMA" = "$ROOT/build-cpu/dgemma" ]; then
+  echo "# building $DGEMMA (CPU-only)" >&2
+  nice make -j"$(nproc)" BUILD=build-cpu CUDA=0 build-cpu/dgemma >"$OUT/dgemma_build.log"
+fi
+[ -x "$DGEMMA" ] || { echo "ggml_side_by_side.sh: DGEMMA=$DGEMMA is not an executable" >&2; exit 2; }
 
 rev=$(git --git-dir="$GGML_GIT" rev-parse "$GGML_REV")
 if [ "$(cat "$GG/src.rev" 2>/dev/null)" != "$rev" ]; then

@@ -187,16 +187,26 @@ static const char *fmt_name(int bits, char *buf, size_t n) {
 }
 
 /* Whether the CPU has AMX (CPUID leaf 7: AMX-TILE, EDX bit 24; AMX-INT8 bit 25;
- * AMX-BF16 bit 22; Intel SDM vol. 2A, CPUID): "absent", or "present (...)". dgemma
+ * AMX-BF16 bit 22) and whether the OS enabled its tile state (XCR0 bits 17 XTILECFG and
+ * 18 XTILEDATA, read by XGETBV when CPUID.1:ECX.OSXSAVE[27] is set; Intel SDM vol. 1,
+ * 13.3): "absent", "present (...)", or "present (...) but not enabled by the OS". dgemma
  * has no AMX kernel and no AMX rate loop, so an AMX rate is never measured: when
  * present, the rooflines below exclude it (they use the vector rates) and say so. */
 static const char *amx_state(void) {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a, b, c, d;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1u)) {
+    static char buf[96];
     const int i8 = d >> 25 & 1u, bf = d >> 22 & 1u;
-    return i8 && bf ? "present (AMX-TILE, INT8, BF16)" : i8 ? "present (AMX-TILE, INT8)" : bf ? "present (AMX-TILE, BF16)"
-                                                                                           : "present (AMX-TILE)";
+    int os = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1u)) {
+      unsigned lo, hi;
+      __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0u));
+      os = (lo >> 17 & 3u) == 3u;
+    }
+    snprintf(buf, sizeof buf, "present (AMX-TILE%s%s)%s", i8 ? ", INT8" : "", bf ? ", BF16" : "",
+             os ? "" : " but not enabled by the OS (XCR0 tile state off)");
+    return buf;
   }
 #endif
   return "absent";
