@@ -11,7 +11,7 @@
 # every test of tests/test_cuda.c) one at a time, SAN_T seconds each, none started after SAN_END s (default 480);
 # SAN_PAR=all: every (tool, test) pair in a process of its own, all at once (16 cores: ~30 processes ran well).
 # A SAN_FILTER item TEST@K runs case K of a test that loops over cases (DG_TEST_CASE, tests/test_cuda.c), e.g.
-# "test_replay@0 test_replay@1 test_replay@2". OUT/summary_TOOL.txt, and the logs (the first 20 KB of each) in
+# "test_replay@0 test_replay@1 ... test_replay@5" (2 x fixture + mode; test_sampled: 3 x fixture + seed - 1). OUT/summary_TOOL.txt, and the logs (the first 20 KB of each) in
 # OUT/san_logs.tgz (few files come back from a call).
 set -u
 cd "$(dirname "$0")/.."
