@@ -27,7 +27,13 @@ for B in $BS; do
   OMP_WAIT_POLICY=passive "$BIN" serve -m "$MODEL" -t "$THREADS" --port $PORT --max-batch "$B" --quiet \
     --gen-kwargs "$KW" "${EXTRA[@]}" 2>"$tmp/server.log" &
   SPID=$!
-  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  # until /health answers: SERVE_WAIT seconds at most (default 300: the 26B checkpoint loads in tens of seconds)
+  for _ in $(seq $(( ${SERVE_WAIT:-300} * 10 ))); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+    kill -0 $SPID 2>/dev/null || { echo "serve_bench.sh: the server exited:" >&2; tail -5 "$tmp/server.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 || { echo "serve_bench.sh: no /health after ${SERVE_WAIT:-300} s" >&2; exit 1; }
   round() { # $1 = round index: B concurrent requests, their bodies to $tmp/r.$i
     local pids=()
     for i in $(seq 0 $((B - 1))); do
