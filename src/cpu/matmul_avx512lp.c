@@ -31,7 +31,7 @@
  * lane i of a 64-byte step covers 4 (8/B) consecutive codes, all in one group
  * (G >= 32), so each step's int32 sums are scaled by a per-lane s_g d_g vector;
  * transposed (a group of at most 8 dwords, and at least 14 groups a row), each
- * block of 16 groups is transposed in registers so that lane g sees group g
+ * block of 16 groups is transposed in registers so that each lane sees one group
  * only: its int32 sum is the group's whole integer dot product, scaled once.
  * Either way there is no horizontal sum per group, one per output.
  * What it rounds: x -> d qx, |d qx - x| <= d/2 (1 + 2^-20) per element; the
@@ -139,11 +139,12 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
 
 /* The activations of one call, quantized for one weight format (B bits, group G),
  * in one of two layouts matching the kernels below:
- *  - transposed (n = G B / 32 dwords of packed weights per group is 2, 4 or 8: tr_n = n):
- *    per row t and block of 16 groups (16 G codes, n 64-byte vectors of packed weights),
- *    q[t][blk][m][u][64]: sub-step m < n, nibble plane u < nsub = 8/B; dword lane g holds
- *    the 4 codes that meet byte u of group g's packed dword m (tr_dwords);
- *  - by step (n = 16 or 32: 4-bit g128, 8-bit g64/g128; tr_n = 0): per row t and 64-byte
+ *  - transposed (n = G B / 32 dwords of packed weights per group is 2, 4 or 8, and the
+ *    row's last block of 16 groups at most 1/8 empty: tr_n = n): per row t and block of 16
+ *    groups (16 G codes, n 64-byte vectors of packed weights), q[t][blk][m][u][64]: sub-step
+ *    m < n, plane u < nsub = 8/B; dword lane l holds the 4 codes that meet byte u of packed
+ *    dword m of group TR_GROUP[n][l] (tr_dwords), and dp the d of that group per lane;
+ *  - by step (otherwise: 4-bit g128, 8-bit g64/g128, fewer than 14 groups; tr_n = 0): per row t and 64-byte
  *    step of the packed weights (cps = 512/B codes), nsub vectors of 64 s8 codes in the
  *    weights' unpacking order, and dl, the per-lane scale d of the lane's group.
  * Both: per group d (dg) and c = d * sum qx. The buffers are the calling thread's scratch
@@ -156,6 +157,7 @@ typedef struct qx_buf {
   float *dl;   /* by step only: [T][steps][16] */
   float *c;    /* [T][ng + 15] (zero padded to a multiple of 16) */
   float *dg;   /* [T][ng + 15]: d of each group, zero padded like c */
+  float *dp;   /* transposed only: [T][ng + 15], dg in each block's lane order (TR_GROUP) */
   int64_t cstride;
 } qx_buf;
 
@@ -176,27 +178,44 @@ static inline void qx_unpack_order(int8_t *qs, const int8_t *src, int nsub) {
   }
 }
 
-/* Transposes n (2, 4 or 8) vectors of dwords in place: in v[k] lane l is dword D[16 k + l]
- * of a block whose group g holds dwords D[n g .. n g + n); after, v[m] lane g = D[n g + m]
- * (lane g sees only group g). log2 n rounds; each maps position P = 16 k + l (r + 4 bits,
- * n = 2^r) to its rotation right by one bit: vectors 2h, 2h+1 give h (even lanes of the
- * pair) and h + n/2 (odd lanes), n vpermt2d per round. r rotations move the low r bits of
- * P (the dword within its group) to the vector index and the group to the lane. */
-static inline __attribute__((always_inline)) void tr_round(__m512i *v, int n, __m512i ie, __m512i io) {
-  __m512i t[8];
-  _Pragma("GCC unroll 8") for (int h = 0; h < n / 2; h++) {
-    t[h] = _mm512_permutex2var_epi32(v[2 * h], ie, v[2 * h + 1]);
-    t[h + n / 2] = _mm512_permutex2var_epi32(v[2 * h], io, v[2 * h + 1]);
-  }
-  _Pragma("GCC unroll 8") for (int h = 0; h < n; h++) v[h] = t[h];
-}
+/* Transposes n (2, 4 or 8) vectors of dwords in place so that each lane sees one group:
+ * in v[k] lane l is dword D[16 k + l] of a block whose group g holds dwords D[n g .. n g + n);
+ * after, v[m] lane l = D[n TR_GROUP[n][l] + m]. In-lane unpacks (the 4 x 4 dword transpose
+ * of each 128-bit chunk: vpunpck{l,h}dq then vpunpck{l,h}qdq, n of each) and, for n = 8,
+ * n vpermt2q that pair the 128-bit chunks (an 8 x 8 transpose in each 256-bit half: the low
+ * halves hold the even groups, the high halves the odd ones); n = 2: 2 vshufps. */
+static const int32_t TR_GROUP[3][16] = {{0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15}, /* n = 2 */
+                                        {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15}, /* n = 4 */
+                                        {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15}}; /* n = 8 */
 static inline __attribute__((always_inline)) void tr_dwords(__m512i *v, int n) {
-  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
-  tr_round(v, n, ie, io); /* written out, not a loop: the kernels keep v[] in registers */
-  if (n >= 4) tr_round(v, n, ie, io);
-  if (n >= 8) tr_round(v, n, ie, io);
+  if (n == 2) {
+    const __m512 a = _mm512_castsi512_ps(v[0]), b = _mm512_castsi512_ps(v[1]);
+    v[0] = _mm512_castps_si512(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    v[1] = _mm512_castps_si512(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    return;
+  }
+  __m512i t[8], u[8];
+  _Pragma("GCC unroll 8") for (int p = 0; p < n / 2; p++) {
+    t[2 * p] = _mm512_unpacklo_epi32(v[2 * p], v[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_epi32(v[2 * p], v[2 * p + 1]);
+  }
+  _Pragma("GCC unroll 8") for (int q = 0; q < n / 4; q++) {
+    u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  if (n == 4) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) v[m] = u[m];
+    return;
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+    v[m] = _mm512_permutex2var_epi64(u[m], lo, u[m + 4]);
+    v[m + 4] = _mm512_permutex2var_epi64(u[m], hi, u[m + 4]);
+  }
 }
+static inline int tr_index(int n) { return n == 2 ? 0 : n == 4 ? 1 : 2; }
 
 /* The transposed layout of one row's codes qn (natural order, zero past the last group):
  * each block's packed-order planes (qx_unpack_order, per 64-byte weight vector) transposed
@@ -232,12 +251,12 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
    * at g64, would waste 5 of 16) */
   b->tr_n = G * B / 32 <= 8 && (b->nblk * 16 - b->ng) * 8 <= b->nblk * 16 ? G * B / 32 : 0;
   b->cstride = (b->ng + 15) / 16 * 16;
-  void *part[4]; /* the calling thread's scratch, kept (scratch.h) */
+  void *part[5]; /* the calling thread's scratch, kept (scratch.h) */
   const size_t rowq = b->tr_n ? (size_t)b->nblk * 16 * (size_t)G : (size_t)b->steps * (size_t)b->nsub * 64;
   const size_t nq = (size_t)T * rowq, ndl = b->tr_n ? 0 : (size_t)T * (size_t)b->steps * 16 * sizeof(float);
   const size_t nc = (size_t)T * (size_t)b->cstride * sizeof(float);
-  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 4, (const size_t[4]){nq, ndl, nc, nc}, part)) return -1;
-  b->q = part[0], b->dl = part[1], b->c = part[2], b->dg = part[3];
+  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 5, (const size_t[5]){nq, ndl, nc, nc, b->tr_n ? nc : 0}, part)) return -1;
+  b->q = part[0], b->dl = part[1], b->c = part[2], b->dg = part[3], b->dp = part[4];
   const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
   int fail = 0;
   /* 16 lanes at a time (G is a multiple of 32: a vector never spans two groups), the same
@@ -280,6 +299,8 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
       memset(qn + b->ng * G, 0, rowq - (size_t)(b->ng * G));
       if (b->tr_n) {
         qx_store_transposed(b->q + (size_t)t * rowq, qn, b);
+        const int32_t *pg = TR_GROUP[tr_index(b->tr_n)];
+        for (int64_t g = 0; g < b->cstride; g++) b->dp[t * b->cstride + g] = dt[g - g % 16 + pg[g % 16]];
         continue;
       }
       for (int64_t st = 0; st < b->steps; st++) {
@@ -413,11 +434,12 @@ VTILES(4)
 VTILES(8)
 
 /* The transposed layout (qx_buf: n = G B / 32 = N dwords per group, 2, 4 or 8): per block
- * of 16 groups each row's N packed vectors are transposed (tr_dwords) so that dword lane g
- * holds group g only. The int32 sum of lane g over the block's N sub-steps and nsub planes
- * is then group g's exact sum_k q_k qx_k (|sum| <= G 255 127 < 2^24: its fp32 conversion
- * is exact too), and each lane takes one scaled term per block, (s_g d_g) (sum), in block
- * order: fp32 s_g d_g (one rounding), then an FMA. Every tile shape does these same
+ * of 16 groups each row's N packed vectors are transposed (tr_dwords) so that dword lane l
+ * holds group g = TR_GROUP[N][l] only. The int32 sum of lane l over the block's N sub-steps
+ * and nsub planes is then group g's exact sum_k q_k qx_k (|sum| <= G 255 127 < 2^24: its
+ * fp32 conversion is exact too), and each lane takes one scaled term per block, (s_g d_g)
+ * (sum), in block order: fp32 s_g d_g (one rounding; s permuted to the lanes, d from dp),
+ * then an FMA. Every tile shape does these same
  * operations per lane, so a row's bits do not depend on the tile (or the batch) it ran in.
  * Lanes past the last group load zero codes, s = d = 0. The loads of a partial last block
  * are masked (never past the row).
@@ -425,10 +447,11 @@ VTILES(8)
 static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
                                                          int64_t pf) {
   const int64_t byte0 = blk * N * 64;
+  const int full = byte0 + 64 * N <= rb; /* all blocks but a partial last one */
   _Pragma("GCC unroll 8") for (int k = 0; k < N; k++) {
     const int64_t r = rb - byte0 - 64 * k;
     const __mmask64 lm = r >= 64 ? ~(__mmask64)0 : r <= 0 ? 0 : (((__mmask64)1 << r) - 1);
-    v[k] = _mm512_maskz_loadu_epi8(lm, row + byte0 + 64 * k);
+    v[k] = full ? _mm512_loadu_si512(row + byte0 + 64 * k) : _mm512_maskz_loadu_epi8(lm, row + byte0 + 64 * k);
     if (pf) _mm_prefetch((const char *)row + byte0 + 64 * k + pf, PF_HINT); /* a later block's row */
   }
   tr_dwords(v, N);
@@ -444,11 +467,12 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
                    const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
     enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
     const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+    const __m512i pg = _mm512_loadu_si512(TR_GROUP[tr_index(N)]); /* lane -> group */                      \
     const int8_t *xq[TT];                                                                                    \
     const float *xg[TT], *xc[TT];                                                                            \
     UNROLL for (int j = 0; j < TT; j++) {                                                                    \
       xq[j] = xb->q + (size_t)(t0 + j) * (size_t)nblk * NSUB * BLK;                                          \
-      xg[j] = xb->dg + (t0 + j) * xb->cstride;                                                               \
+      xg[j] = xb->dp + (t0 + j) * xb->cstride;                                                               \
       xc[j] = xb->c + (t0 + j) * xb->cstride;                                                                \
     }                                                                                                        \
     __m512 acc[RT][TT];                                                                                      \
@@ -472,7 +496,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
           UNROLL for (int j = 0; j < TT; j++)                                                                \
             isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));                   \
         }                                                                                                    \
-        const __m512 s = load_sb(sbt, sc[i], g16, n);                                                        \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
         UNROLL for (int j = 0; j < TT; j++)                                                                  \
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
       }                                                                                                      \
