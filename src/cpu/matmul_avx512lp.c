@@ -546,8 +546,14 @@ static const vtiles *vtile_table(int B, int tr_n) {
 }
 
 /* Activation rows from which a 4-row block's transposed, unpacked weights are written once
- * (per thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them. */
-#define TPREP_MIN_T 8
+ * (per thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
+ * Idle 2-core Zen 4 EPYC, -t 2, 4-bit gate/up [1408, 2816] g64, active wait, medians of 11,
+ * three alternations (docs/results/cpu-s16/lp17_prep_ab.txt), ms without / with: M = 8
+ * 0.195-0.198 / 0.215-0.229, 12: 0.282-0.287 / 0.289-0.294, 16: 0.364-0.366 / 0.360-0.362,
+ * 24: 0.524 / 0.498-0.507, 32: 0.689-0.691 / 0.645-0.658, 64: 1.337-1.351 / 1.219-1.247. */
+#ifndef TPREP_MIN_T
+#define TPREP_MIN_T 16
+#endif
 
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
                       int64_t rt) {
