@@ -484,18 +484,26 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
         __m512i v[PREP ? 1 : N];                                                                             \
         const int8_t *wp = pw + ((size_t)i * (size_t)nblk + (size_t)blk) * NSUB * BLK;                       \
         if (!PREP) t_load(v, N, rows[i], blk, rb, pf);                                                       \
-        __m512i isum[TT];                                                                                    \
+        __m512i isum[TT], ihi[TT];                                                                           \
         const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
         UNROLL for (int j = 0; j < TT; j++) {                                                                \
-          isum[j] = _mm512_setzero_si512();                                                                  \
+          isum[j] = ihi[j] = _mm512_setzero_si512();                                                         \
           xr[j] = xq[j] + blk * N * NSUB * 64;                                                               \
           __asm__("" : "+r"(xr[j]));                                                                         \
         }                                                                                                    \
         UNROLL for (int m = 0; m < N * NSUB; m++) {                                                          \
-          const __m512i wc = PREP ? _mm512_load_si512(wp + m * 64) : t_unpack(v[PREP ? 0 : m / NSUB], B, m % NSUB); \
-          UNROLL for (int j = 0; j < TT; j++)                                                                \
-            isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));                   \
+          /* 4-bit, unpacked here: the high codes as 16 q (one AND, no shift) into their own sum */          \
+          const int hi16 = !PREP && B == 4 && m % NSUB == 1;                                                 \
+          const __m512i wc = PREP ? _mm512_load_si512(wp + m * 64)                                           \
+                             : hi16 ? _mm512_and_si512(v[PREP ? 0 : m / NSUB], _mm512_set1_epi8((char)0xF0)) \
+                                    : t_unpack(v[PREP ? 0 : m / NSUB], B, m % NSUB);                         \
+          UNROLL for (int j = 0; j < TT; j++) {                                                              \
+            if (hi16) ihi[j] = _mm512_dpbusd_epi32(ihi[j], wc, _mm512_load_si512(xr[j] + m * 64));           \
+            else isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));              \
+          }                                                                                                  \
         }                                                                                                    \
+        /* sum 16 q x is a multiple of 16 (|.| < 2^24): the shift is exact, so isum is the same integer */   \
+        if (!PREP && B == 4) UNROLL for (int j = 0; j < TT; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(ihi[j], 4)); \
         const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
         UNROLL for (int j = 0; j < TT; j++)                                                                  \
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
