@@ -304,22 +304,30 @@ static void test_avx512lp(void **state) {
   for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) check_lp_bf16(k, bs[i][0], bs[i][1], bs[i][2], &w, &wh, &rel);
   printf("# avx512lp bf16 vs oracle: largest |diff| / bound = %.4f, vs oracle on bf16(x): %.4f (must be <= 1); "
          "largest |diff| / sum|x w| = %.2e\n", w, wh, rel);
-  static const int qs[][5] = {{4, 64, 5, 9, 192}, {4, 32, 1, 4, 704}, {4, 128, 8, 5, 256}, {2, 32, 3, 8, 96},
-                              {2, 64, 6, 4, 512}, {8, 32, 7, 5, 160}, {8, 128, 2, 8, 384}, {4, 64, 16, 8, 2816}};
+  /* by-step layout (fewer than 14 groups, or 4-bit g128 / 8-bit g64+), then the transposed one (a partial
+   * last block: 44 groups of 48 lanes, 30 of 32, 15 of 16), with T < 16 (every tile unpacks its rows)
+   * and T >= 16 (a 4-row block unpacked once, TPREP_MIN_T) */
+  static const int qs[][5] = {{4, 64, 5, 9, 192},    {4, 32, 1, 4, 704},    {4, 128, 8, 5, 256},  {2, 32, 3, 8, 96},
+                              {2, 64, 6, 4, 512},    {8, 32, 7, 5, 160},    {8, 128, 2, 8, 384},  {8, 64, 9, 5, 1024},
+                              {4, 64, 16, 8, 2816},  {4, 64, 3, 5, 2816},   {4, 32, 17, 6, 1408}, {2, 32, 9, 8, 1408},
+                              {2, 64, 5, 4, 2816},   {2, 128, 18, 5, 3840}, {8, 32, 16, 5, 480},  {8, 32, 2, 4, 480}};
   for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
     double wq = 0, rq = 0;
     check_lp_quant(k, 127, qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], 0, &wq, &rq);
     printf("# avx512lp %d-bit G=%d T=%d N=%d K=%d vs oracle: largest |diff| / bound = %.4f (<= 1), / sum|x w| = %.2e\n",
            qs[i][0], qs[i][1], qs[i][2], qs[i][3], qs[i][4], wq, rq);
-  }  /* one activation row runs the 4x1 / 1x1 tiles (each step's s_g d_g from products formed once
-   * per 16 groups), several run the 4x4 / 1x4 ones: the same bits. K with a partial last step
-   * (704 at 4 bits, 96 and 160 at 2 and 8), a step of two groups (4-bit g64), of four (2-bit
-   * g64), half a group (8-bit g128), and more than 16 groups (2816 / 64 = 44) */
-  static const int bg[][3] = {{4, 64, 2816}, {4, 64, 704}, {4, 32, 160}, {4, 128, 256}, {2, 32, 96},
-                              {2, 64, 512}, {8, 32, 160}, {8, 128, 384}, {2, 32, 1120}};
+  }  /* one activation row runs the 4x1 / 1x1 tiles (by step: each step's s_g d_g from products
+   * formed once per 16 groups; transposed: each tile unpacks its rows), several run the 4x4 / 1x4
+   * ones (transposed, 23 rows: on rows unpacked once per 4-row block): the same bits. By step: K
+   * with a partial last step (704 at 4 bits, 96 and 160 at 2 and 8), a step of two groups (4-bit
+   * g64), of four (2-bit g64), half a group (8-bit g128); transposed: every format, 44 groups
+   * (48 lanes), 30 (32), 15 (16: 8-bit g32 K = 480, a half-filled last vector) */
+  static const int bg[][3] = {{4, 64, 2816}, {4, 64, 704}, {4, 32, 160},  {4, 128, 256},  {2, 32, 96},
+                              {2, 64, 512},  {8, 32, 160}, {8, 128, 384}, {2, 32, 1120},  {4, 32, 1408},
+                              {2, 32, 1408}, {2, 64, 2816}, {2, 128, 3840}, {8, 32, 480}, {8, 64, 1024}};
   for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) check_lp_rows_equal(k, bg[c][0], bg[c][1], bg[c][2]);
-  printf("# avx512lp: 23 rows in one call = 23 one-row calls bit for bit (4-bit g64/g32/g128, 2-bit g32/g64, "
-         "8-bit g32/g128; K with partial last steps)\n");
+  printf("# avx512lp: 23 rows in one call = 23 one-row calls bit for bit (4-bit g64/g32/g128, 2-bit g32/g64/g128, "
+         "8-bit g32/g64/g128; both layouts; K with partial last steps and blocks)\n");
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64

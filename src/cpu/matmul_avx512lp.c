@@ -27,9 +27,13 @@
  * unpacked in registers: 64 packed bytes hold 8/B codes per byte, code
  * (8/B) j + s in bits [B s, B s + B) of byte j (the MLX stream order for
  * B = 2, 4, 8), so (bytes >> B s) & (2^B - 1) gives 64 codes and the
- * activations are stored in that order. Dword lane i of a 64-byte step covers
- * 4 (8/B) consecutive codes, all in one group (G >= 32), so the group's
- * s_g d_g is a per-lane vector: no horizontal sum per group, one per output.
+ * activations are stored in that order. Two layouts (qx_buf): by step, dword
+ * lane i of a 64-byte step covers 4 (8/B) consecutive codes, all in one group
+ * (G >= 32), so each step's int32 sums are scaled by a per-lane s_g d_g vector;
+ * transposed (a group of at most 8 dwords, and at least 14 groups a row), each
+ * block of 16 groups is transposed in registers so that each lane sees one group
+ * only: its int32 sum is the group's whole integer dot product, scaled once.
+ * Either way there is no horizontal sum per group, one per output.
  * What it rounds: x -> d qx, |d qx - x| <= d/2 (1 + 2^-20) per element; the
  * fp32 scale/bias arithmetic and the sums over groups, a few roundings per
  * term (the test's bound: (d_g/2)(1 + 2^-20) sum_{k in g} |w_k| plus
@@ -133,19 +137,27 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
 
 /* ---- MLX affine 2/4/8-bit weights ------------------------------------------ */
 
-/* The activations of one call, quantized for one weight format (B bits, group G):
- * per row t and 64-byte step of the packed weights (cps = 512/B codes), nsub =
- * 8/B vectors of 64 s8 codes in the weights' unpacking order, the per-lane
- * scale d of the lane's group (16 floats), and per group d and c = d * sum qx.
- * The buffers are the calling thread's scratch (scratch.h, DG_KSCRATCH_LPX: kept for
- * the thread's life, so a product allocates nothing once one of its size has run). */
+/* The activations of one call, quantized for one weight format (B bits, group G),
+ * in one of two layouts matching the kernels below:
+ *  - transposed (n = G B / 32 dwords of packed weights per group is 2, 4 or 8, and the
+ *    row's last block of 16 groups at most 1/8 empty: tr_n = n): per row t and block of 16
+ *    groups (16 G codes, n 64-byte vectors of packed weights), q[t][blk][m][u][64]: sub-step
+ *    m < n, plane u < nsub = 8/B; dword lane l holds the 4 codes that meet byte u of packed
+ *    dword m of group TR_GROUP[n][l] (tr_dwords), and dp the d of that group per lane;
+ *  - by step (otherwise: 4-bit g128, 8-bit g64/g128, fewer than 14 groups; tr_n = 0): per row t and 64-byte
+ *    step of the packed weights (cps = 512/B codes), nsub vectors of 64 s8 codes in the
+ *    weights' unpacking order, and dl, the per-lane scale d of the lane's group.
+ * Both: per group d (dg) and c = d * sum qx. The buffers are the calling thread's scratch
+ * (scratch.h, DG_KSCRATCH_LPX: kept for the thread's life, so a product allocates nothing
+ * once one of its size has run). */
 typedef struct qx_buf {
-  int B, G, nsub, cps;
-  int64_t K, steps, ng;
-  int8_t *q;   /* [T][steps][nsub][64] */
-  float *dl;   /* [T][steps][16] */
+  int B, G, nsub, cps, tr_n;
+  int64_t K, steps, ng, nblk;
+  int8_t *q;   /* transposed: [T][nblk][n][nsub][64]; by step: [T][steps][nsub][64] */
+  float *dl;   /* by step only: [T][steps][16] */
   float *c;    /* [T][ng + 15] (zero padded to a multiple of 16) */
   float *dg;   /* [T][ng + 15]: d of each group, zero padded like c */
+  float *dp;   /* transposed only: [T][ng + 15], dg in each block's lane order (TR_GROUP) */
   int64_t cstride;
 } qx_buf;
 
@@ -166,27 +178,96 @@ static inline void qx_unpack_order(int8_t *qs, const int8_t *src, int nsub) {
   }
 }
 
+/* Transposes n (2, 4 or 8) vectors of dwords in place so that each lane sees one group:
+ * in v[k] lane l is dword D[16 k + l] of a block whose group g holds dwords D[n g .. n g + n);
+ * after, v[m] lane l = D[n TR_GROUP[n][l] + m]. In-lane unpacks (the 4 x 4 dword transpose
+ * of each 128-bit chunk: vpunpck{l,h}dq then vpunpck{l,h}qdq, n of each) and, for n = 8,
+ * n vpermt2q that pair the 128-bit chunks (an 8 x 8 transpose in each 256-bit half: the low
+ * halves hold the even groups, the high halves the odd ones); n = 2: 2 vshufps. */
+static const int32_t TR_GROUP[3][16] = {{0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15}, /* n = 2 */
+                                        {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15}, /* n = 4 */
+                                        {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15}}; /* n = 8 */
+static inline __attribute__((always_inline)) void tr_dwords(__m512i *v, int n) {
+  if (n == 2) {
+    const __m512 a = _mm512_castsi512_ps(v[0]), b = _mm512_castsi512_ps(v[1]);
+    v[0] = _mm512_castps_si512(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    v[1] = _mm512_castps_si512(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    return;
+  }
+  __m512i t[8], u[8];
+  _Pragma("GCC unroll 8") for (int p = 0; p < n / 2; p++) {
+    t[2 * p] = _mm512_unpacklo_epi32(v[2 * p], v[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_epi32(v[2 * p], v[2 * p + 1]);
+  }
+  _Pragma("GCC unroll 8") for (int q = 0; q < n / 4; q++) {
+    u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  if (n == 4) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) v[m] = u[m];
+    return;
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+    v[m] = _mm512_permutex2var_epi64(u[m], lo, u[m + 4]);
+    v[m + 4] = _mm512_permutex2var_epi64(u[m], hi, u[m + 4]);
+  }
+}
+static inline int tr_index(int n) { return n == 2 ? 0 : n == 4 ? 1 : 2; }
+
+/* The transposed layout of one row's codes qn (natural order, zero past the last group):
+ * each block's packed-order planes (qx_unpack_order, per 64-byte weight vector) transposed
+ * as the weights will be (tr_dwords: it moves whole dwords, and the unpacking works per
+ * byte, so codes and weights stay paired). */
+static void qx_store_transposed(int8_t *q, const int8_t *qn, const qx_buf *b) {
+  const int n = b->tr_n, nsub = b->nsub;
+  int8_t tmp[8 * 4 * 64] __attribute__((aligned(64))); /* [k < n][u < nsub][64] */
+  for (int64_t blk = 0; blk < b->nblk; blk++) {
+    const int8_t *src = qn + blk * 16 * b->G;
+    int8_t *dst = q + blk * 16 * b->G;
+    for (int k = 0; k < n; k++) qx_unpack_order(tmp + k * nsub * 64, src + k * nsub * 64, nsub);
+    for (int u = 0; u < nsub; u++) {
+      __m512i v[8];
+      for (int k = 0; k < n; k++) v[k] = _mm512_load_si512(tmp + (k * nsub + u) * 64);
+      if (n == 2) tr_dwords(v, 2); /* n a constant in each call: the rounds unrolled */
+      else if (n == 4) tr_dwords(v, 4);
+      else tr_dwords(v, 8);
+      for (int m = 0; m < n; m++) _mm512_store_si512(dst + (m * nsub + u) * 64, v[m]);
+    }
+  }
+}
+
+/* Quantizes x [T, K] (stride ldx) per row and group of G into b (layouts above), with the
+ * calling thread's scratch. Returns 0, or -1 when out of memory. */
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
+  b->nblk = (b->ng + 15) / 16;
+  /* transposed when a group is at most 8 dwords and the last block's unused lanes are at
+   * most 1/8 of all (they cost the same as used ones: 11 groups, as the 26B's down product
+   * at g64, would waste 5 of 16) */
+  b->tr_n = G * B / 32 <= 8 && (b->nblk * 16 - b->ng) * 8 <= b->nblk * 16 ? G * B / 32 : 0;
   b->cstride = (b->ng + 15) / 16 * 16;
-  void *part[4]; /* the calling thread's scratch, kept (scratch.h) */
-  const size_t nq = (size_t)T * (size_t)b->steps * (size_t)b->nsub * 64, ndl = (size_t)T * (size_t)b->steps * 16 * sizeof(float);
+  void *part[5]; /* the calling thread's scratch, kept (scratch.h) */
+  const size_t rowq = b->tr_n ? (size_t)b->nblk * 16 * (size_t)G : (size_t)b->steps * (size_t)b->nsub * 64;
+  const size_t nq = (size_t)T * rowq, ndl = b->tr_n ? 0 : (size_t)T * (size_t)b->steps * 16 * sizeof(float);
   const size_t nc = (size_t)T * (size_t)b->cstride * sizeof(float);
-  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 4, (const size_t[4]){nq, ndl, nc, nc}, part)) return -1;
-  b->q = part[0], b->dl = part[1], b->c = part[2], b->dg = part[3];
+  if (dg_kscratch_parts(DG_KSCRATCH_LPX, 5, (const size_t[5]){nq, ndl, nc, nc, b->tr_n ? nc : 0}, part)) return -1;
+  b->q = part[0], b->dl = part[1], b->c = part[2], b->dg = part[3], b->dp = part[4];
   const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
   int fail = 0;
   /* 16 lanes at a time (G is a multiple of 32: a vector never spans two groups), the same
    * operations as one element at a time: the group maximum of |x| (vmaxps with x first:
    * a NaN x leaves the maximum as fmaxf does), d = max / 127, qx = round(x / d) (a true
    * division, vrndscaleps to nearest even as nearbyintf) clamped to [-127, 127], the
-   * group's sum of qx exact in int32; then the codes in the weights' unpacking order. */
+   * group's sum of qx exact in int32; then the codes in the kernels' layout. */
 #pragma omp parallel num_threads(T < n_threads ? (int)T : n_threads) reduction(| : fail)
   {
-    /* this thread's: the row's codes in natural order, zero past K */
-    int8_t *qn = dg_kscratch(DG_KSCRATCH_LPROW, (size_t)b->steps * (size_t)cps);
+    /* this thread's: the row's codes in natural order, zero past the last group */
+    int8_t *qn = dg_kscratch(DG_KSCRATCH_LPROW, rowq);
     fail |= !qn;
     const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     const __m512 qhi = _mm512_set1_ps(127.0f), qlo = _mm512_set1_ps(-127.0f);
@@ -215,7 +296,13 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
         }
         ct[g] = (float)_mm512_reduce_add_epi32(qsum) * d; /* exact sum: |sum| <= 127 G < 2^24 */
       }
-      memset(qn + b->ng * G, 0, (size_t)(b->steps * cps - b->ng * G));
+      memset(qn + b->ng * G, 0, rowq - (size_t)(b->ng * G));
+      if (b->tr_n) {
+        qx_store_transposed(b->q + (size_t)t * rowq, qn, b);
+        const int32_t *pg = TR_GROUP[tr_index(b->tr_n)];
+        for (int64_t g = 0; g < b->cstride; g++) b->dp[t * b->cstride + g] = dt[g - g % 16 + pg[g % 16]];
+        continue;
+      }
       for (int64_t st = 0; st < b->steps; st++) {
         int8_t *qs = b->q + ((size_t)t * (size_t)b->steps + (size_t)st) * (size_t)nsub * 64;
         float *dl = b->dl + ((size_t)t * (size_t)b->steps + (size_t)st) * 16;
@@ -269,7 +356,7 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
 #define VTILE(B, RT, TT)                                                                                     \
   static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
                                       const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
-                                      dg_dtype sbt) {                                                        \
+                                      dg_dtype sbt, const int8_t *pw) {                                      \
     VTILE_PROLOGUE(B)                                                                                        \
     const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
     const int8_t *xq[TT];                                                                                    \
@@ -311,7 +398,7 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
 #define VTILE1(B, RT)                                                                                        \
   static void vtile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
                                    const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
-                                   dg_dtype sbt) {                                                           \
+                                   dg_dtype sbt, const int8_t *pw) {                                         \
     enum { TT = 1 };                                                                                         \
     VTILE_PROLOGUE(B)                                                                                        \
     const int8_t *xq = xb->q + (size_t)t0 * (size_t)steps * (size_t)nsub * 64;                               \
@@ -346,31 +433,161 @@ VTILES(2)
 VTILES(4)
 VTILES(8)
 
+/* The transposed layout (qx_buf: n = G B / 32 = N dwords per group, 2, 4 or 8): per block
+ * of 16 groups each row's N packed vectors are transposed (tr_dwords) so that dword lane l
+ * holds group g = TR_GROUP[N][l] only. The int32 sum of lane l over the block's N sub-steps
+ * and nsub planes is then group g's exact sum_k q_k qx_k (|sum| <= G 255 127 < 2^24: its
+ * fp32 conversion is exact too), and each lane takes one scaled term per block, (s_g d_g)
+ * (sum), in block order: fp32 s_g d_g (one rounding; s permuted to the lanes, d from dp),
+ * then an FMA. Every tile shape does these same
+ * operations per lane, so a row's bits do not depend on the tile (or the batch) it ran in.
+ * Lanes past the last group load zero codes, s = d = 0. The loads of a partial last block
+ * are masked (never past the row).
+ * t_load: row's block blk, transposed, into v[0 .. N); t_unpack: plane u of one of them. */
+static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
+                                                         int64_t pf) {
+  const int64_t byte0 = blk * N * 64;
+  const int full = byte0 + 64 * N <= rb; /* all blocks but a partial last one */
+  _Pragma("GCC unroll 8") for (int k = 0; k < N; k++) {
+    const int64_t r = rb - byte0 - 64 * k;
+    const __mmask64 lm = r >= 64 ? ~(__mmask64)0 : r <= 0 ? 0 : (((__mmask64)1 << r) - 1);
+    v[k] = full ? _mm512_loadu_si512(row + byte0 + 64 * k) : _mm512_maskz_loadu_epi8(lm, row + byte0 + 64 * k);
+    if (pf) _mm_prefetch((const char *)row + byte0 + 64 * k + pf, PF_HINT); /* a later block's row */
+  }
+  tr_dwords(v, N);
+}
+static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
+  return B == 8 ? v : _mm512_and_si512(_mm512_srli_epi16(v, B * u), _mm512_set1_epi8((char)((1 << B) - 1)));
+}
+/* PREP 0: each tile transposes and unpacks its rows' blocks itself (t_block); PREP 1: it
+ * reads them from pw, the 4 rows' blocks written once by tprep (vnni_rows, T >= 8): the
+ * same codes, so the same bits. */
+#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
+                   const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
+    enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+    const __m512i pg = _mm512_loadu_si512(TR_GROUP[tr_index(N)]); /* lane -> group */                      \
+    const int8_t *xq[TT];                                                                                    \
+    const float *xg[TT], *xc[TT];                                                                            \
+    UNROLL for (int j = 0; j < TT; j++) {                                                                    \
+      xq[j] = xb->q + (size_t)(t0 + j) * (size_t)nblk * NSUB * BLK;                                          \
+      xg[j] = xb->dp + (t0 + j) * xb->cstride;                                                               \
+      xc[j] = xb->c + (t0 + j) * xb->cstride;                                                                \
+    }                                                                                                        \
+    __m512 acc[RT][TT];                                                                                      \
+    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps(); \
+    for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
+      const int64_t g16 = blk * 16;                                                                          \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        __m512i v[PREP ? 1 : N];                                                                             \
+        const int8_t *wp = pw + ((size_t)i * (size_t)nblk + (size_t)blk) * NSUB * BLK;                       \
+        if (!PREP) t_load(v, N, rows[i], blk, rb, pf);                                                       \
+        __m512i isum[TT], ihi[TT];                                                                           \
+        const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
+        UNROLL for (int j = 0; j < TT; j++) {                                                                \
+          isum[j] = ihi[j] = _mm512_setzero_si512();                                                         \
+          xr[j] = xq[j] + blk * N * NSUB * 64;                                                               \
+          __asm__("" : "+r"(xr[j]));                                                                         \
+        }                                                                                                    \
+        UNROLL for (int m = 0; m < N * NSUB; m++) {                                                          \
+          /* 4-bit, unpacked here: the high codes as 16 q (one AND, no shift) into their own sum */          \
+          const int hi16 = !PREP && B == 4 && m % NSUB == 1;                                                 \
+          const __m512i wc = PREP ? _mm512_load_si512(wp + m * 64)                                           \
+                             : hi16 ? _mm512_and_si512(v[PREP ? 0 : m / NSUB], _mm512_set1_epi8((char)0xF0)) \
+                                    : t_unpack(v[PREP ? 0 : m / NSUB], B, m % NSUB);                         \
+          UNROLL for (int j = 0; j < TT; j++) {                                                              \
+            if (hi16) ihi[j] = _mm512_dpbusd_epi32(ihi[j], wc, _mm512_load_si512(xr[j] + m * 64));           \
+            else isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));              \
+          }                                                                                                  \
+        }                                                                                                    \
+        /* sum 16 q x is a multiple of 16 (|.| < 2^24): the shift is exact, so isum is the same integer */   \
+        if (!PREP && B == 4) UNROLL for (int j = 0; j < TT; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(ihi[j], 4)); \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        UNROLL for (int j = 0; j < TT; j++)                                                                  \
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
+      }                                                                                                      \
+    }                                                                                                        \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
+  }
+/* The 4 rows' blocks of a tile row, unpacked: pw[i][blk][m][u][64] (prefetching as the 4x4 tile). */
+#define TPREP(B, N)                                                                                          \
+  static void tprep_##B##_##N(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows) {                   \
+    const int64_t rb = xb->K * B / 8;                                                                        \
+    for (int i = 0; i < 4; i++)                                                                              \
+      for (int64_t blk = 0; blk < xb->nblk; blk++) {                                                         \
+        __m512i v[N];                                                                                        \
+        t_load(v, N, rows[i], blk, rb, PF_ROWS * rb);                                                        \
+        UNROLL for (int m = 0; m < N * (8 / B); m++)                                                         \
+          _mm512_store_si512(pw + ((i * xb->nblk + blk) * N * (8 / B) + m) * 64, t_unpack(v[m / (8 / B)], B, m % (8 / B))); \
+      }                                                                                                      \
+  }
+#define TTILES(B, N)                                                                                         \
+  TTILE(B, N, 4, 4, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, ttile_##B##_##N##_4x1)                    \
+  TTILE(B, N, 1, 4, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, ttile_##B##_##N##_1x1)                    \
+  TTILE(B, N, 4, 4, 1, ttilep_##B##_##N##_4x4) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
+TTILES(2, 2) /* g32 */
+TTILES(2, 4) /* g64 */
+TTILES(2, 8) /* g128 */
+TTILES(4, 4) /* g32 */
+TTILES(4, 8) /* g64 */
+TTILES(8, 8) /* g32 */
+
 typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
-                         const char *const *sc, const char *const *bi, dg_dtype sbt);
-/* [bits 2, 4, 8][shape 4x4, 4x1, 1x4, 1x1] */
-static const vtile_fn VTILE_TABLE[3][4] = {{vtile_2_4x4, vtile_2_4x1, vtile_2_1x4, vtile_2_1x1},
-                                           {vtile_4_4x4, vtile_4_4x1, vtile_4_1x4, vtile_4_1x1},
-                                           {vtile_8_4x4, vtile_8_4x1, vtile_8_1x4, vtile_8_1x1}};
+                         const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw);
+typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows);
+/* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
+ * (NULL: none)] and the preparation of 4 rows. */
+typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; } vtiles;
+#define TTROW(B, N)                                                                                          \
+  {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
+    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N}
+#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL}
+/* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step). */
+static const vtiles *vtile_table(int B, int tr_n) {
+  static const vtiles T2[4] = {SROW(2), TTROW(2, 2), TTROW(2, 4), TTROW(2, 8)},
+                      T4[3] = {SROW(4), TTROW(4, 4), TTROW(4, 8)}, T8[2] = {SROW(8), TTROW(8, 8)};
+  if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
+  if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
+  return &T8[tr_n ? 1 : 0];
+}
+
+/* Activation rows from which a 4-row block's transposed, unpacked weights are written once
+ * (per thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
+ * Idle 2-core Zen 4 EPYC, -t 2, 4-bit gate/up [1408, 2816] g64, active wait, medians of 11,
+ * three alternations (docs/results/cpu-s16/lp17_prep_ab.txt), ms without / with: M = 8
+ * 0.195-0.198 / 0.215-0.229, 12: 0.282-0.287 / 0.289-0.294, 16: 0.364-0.366 / 0.360-0.362,
+ * 24: 0.524 / 0.498-0.507, 32: 0.689-0.691 / 0.645-0.658, 64: 1.337-1.351 / 1.219-1.247. */
+#ifndef TPREP_MIN_T
+#define TPREP_MIN_T 16
+#endif
 
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
                       int64_t rt) {
   const uint8_t *rows[4];
   const char *sc[4], *bi[4];
   for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
-  const vtile_fn *tf = VTILE_TABLE[w->bits == 2 ? 0 : w->bits == 4 ? 1 : 2];
+  const vtiles *vt = vtile_table(w->bits, xb->tr_n);
+  const vtile_fn *tf = vt->f;
+  const dg_dtype sbt = w->sb_dtype;
   int64_t t = 0;
   if (rt == 4) {
-    for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, w->sb_dtype);
-    for (; t < T; t++) tf[1](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, w->sb_dtype);
+    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * 16 * (size_t)xb->G) : NULL;
+    if (pw) { /* 4 rows x nblk blocks of 16 G codes (NULL when out of memory: the tiles that unpack) */
+      vt->prep(pw, xb, rows);
+      tf += 4;
+    }
+    for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
+    for (; t < T; t++) tf[1](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
     return;
   }
   for (int i = 0; i < rt; i++) {
     const uint8_t *r1[1] = {rows[i]};
     const char *s1[1] = {sc[i]}, *b1[1] = {bi[i]};
     int64_t tt = 0;
-    for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, w->sb_dtype);
-    for (; tt < T; tt++) tf[3](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, w->sb_dtype);
+    for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
+    for (; tt < T; tt++) tf[3](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
   }
 }
 
