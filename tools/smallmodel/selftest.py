@@ -217,17 +217,91 @@ class _CharTokenizer:
         return "".join("\n" if i == common.NEWLINE else chr(i - 108) if i >= 108 else "" for i in ids)
 
 
-def _stub_env(tmp):
+def _install_stubs():
     """train.main's imports and model construction without Transformers / tokenizers: stand-ins
     for the Tokenizer, the model (standin.StandIn) and the consistency check (our own forward is
     the only forward the stand-in has)."""
     import types
-    import gen_problems as gp
     sys.modules.setdefault("transformers", types.SimpleNamespace(__version__="none (selftest stub)"))
-    sys.modules.setdefault("tokenizers", types.SimpleNamespace(Tokenizer=_CharTokenizer))
+    sys.modules.setdefault("tokenizers", types.SimpleNamespace(Tokenizer=_CharTokenizer, __version__="stub"))
     hfmodel.new_model = lambda V, a, vision="auto", seed=0, log=print, experts=None: (
         standin.StandIn(hfmodel.text_config_dict(V, a), a.canvas, seed=seed), None)
     hfmodel.consistency_check = lambda *a, **k: ({"plain": {"fast_vs_public": 0.0, "public_vs_cache": 0.0}}, 0.0)
+
+
+def as_python(argv):
+    """selftest.py --as-python SCRIPT ARGS | -c CODE: run a tool under the stubs (PYTHON for the
+    shell scripts); train_tokenizer.py writes a placeholder tokenizer.json."""
+    _install_stubs()
+    if argv[0] == "-c":
+        sys.argv = ["-c"] + argv[2:]
+        exec(compile(argv[1], "<stub -c>", "exec"), {"__name__": "__main__"})
+        return 0
+    script = argv[0]
+    if os.path.basename(script) == "train_tokenizer.py":
+        out = argv[argv.index("--out") + 1]
+        os.makedirs(out, exist_ok=True)
+        open(os.path.join(out, "tokenizer.json"), "w").write("{}")
+        return 0
+    import runpy
+    sys.argv = argv
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+def test_chunks(tmp):
+    """train_chunk.sh three times under the stubs: fresh, resumed on the same machine, and resumed
+    on a 'fresh machine' from the packed parts of the second call."""
+    import subprocess
+    data_in = os.path.join(tmp, "in")
+    os.makedirs(os.path.join(data_in, "gsm8k"))
+    os.makedirs(os.path.join(data_in, "text", "tinyshakespeare"))
+    common.write_jsonl(os.path.join(data_in, "gsm8k", "train.jsonl"),
+                       [{"question": "What is %d + 1?" % i, "answer": "<<%d+1=%d>>\n#### %d" % (i, i + 1, i + 1)}
+                        for i in range(30)])
+    with open(os.path.join(data_in, "text", "tinyshakespeare", "input.txt"), "w") as f:
+        f.write("ROMEO:\nBut soft, what light through yonder window breaks?\n" * 40)
+    work, ck = os.path.join(tmp, "work"), os.path.join(tmp, "ck")
+    env = dict(os.environ, PYTHON="%s %s --as-python" % (sys.executable, os.path.abspath(__file__)))
+    sh = os.path.join(HERE, "train_chunk.sh")
+    first = ["--", "--batch", "8", "--len-multiple", "32", "--sh-len", "48", "--max-len", "400", "--warmup", "4",
+             "--schedule-steps", "12", "--forward", "own", "--amp", "off", "--max-steps", "6", "--log-every", "2",
+             "--mix-schedule", "0=ops1:0.5,problems:0.3,gsm8k:0.1,shakespeare:0.1;6=problems:0.9,shakespeare:0.1",
+             "--batch-mode", "single", "--ckpt-every", "0"] + TINY
+    outs = []
+    for i, (ckdir, parts) in enumerate(((ck, None), (ck, None), (os.path.join(tmp, "ck_fresh"), "out1"))):
+        out = os.path.join(tmp, "out%d" % i)
+        cmd = ["bash", sh, "--ckpt", ckdir, "--minutes", "0", "--data", data_in, "--work", work, "--out", out]
+        if parts:
+            cmd += ["--parts", os.path.join(tmp, parts)]
+        if i == 0:
+            subprocess.run([sys.executable, os.path.join(HERE, "prepare_data.py"), "--data", data_in, "--out",
+                            os.path.join(work, "data"), "--train-n", "300", "--pool-n", "200"], check=True,
+                           stdout=subprocess.DEVNULL)
+        r = subprocess.run(cmd + (first if i == 0 else ["--", "--max-steps", "3", "--probe-every", "0"]), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        outs.append(out)
+        if r.returncode != 0:
+            print(r.stdout[-3000:])
+        check(r.returncode == 0, "train_chunk.sh call %d exits 0" % (i + 1))
+    files = sorted(os.listdir(outs[1]))
+    check(len(files) <= 8 and any(f.startswith("ckpt.tar.part-") for f in files) and "train_log.csv" in files,
+          "train_chunk.sh packs at most 8 files: %s" % files)
+    m1 = ckpt.load(ck)["trainer"]
+    m2 = ckpt.load(os.path.join(tmp, "ck_fresh"))
+    check(m1["step"] == 9 and m1["run"] == 2, "second call resumed on the same machine: step %d, run %d"
+          % (m1["step"], m1["run"]))
+    check(m2["trainer"]["step"] == 12 and m2["trainer"]["run"] == 3 and m2["dtype"] == "fp32",
+          "third call resumed from the packed parts on a fresh checkpoint dir: step %d, run %d"
+          % (m2["trainer"]["step"], m2["trainer"]["run"]))
+    log = runlog.read_log(os.path.join(outs[2], "train_log.csv"))
+    check([r["run"] for r in log][-1] == "3" and log[-1]["step"] == "12" and log[0]["run"] == "1",
+          "the log carried in the parts holds all three runs (%d rows)" % len(log))
+
+
+def _stub_env(tmp):
+    import gen_problems as gp
+    _install_stubs()
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     train_p = gp.generate_train(40)
@@ -277,6 +351,9 @@ def test_main(tmp):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--as-python":
+        return as_python(argv[1:])
     ap = argparse.ArgumentParser(description="torch checks of the small-model training machinery")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -294,6 +371,8 @@ def main(argv=None):
     if dev.type == "cpu":
         with tempfile.TemporaryDirectory() as tmp:
             test_main(tmp)
+        with tempfile.TemporaryDirectory() as tmp:
+            test_chunks(tmp)
     test_flops(tr, dev)
     test_probe(tr, dev)
     if not a.skip_compile:
