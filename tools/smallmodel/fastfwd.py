@@ -158,7 +158,9 @@ class OwnForward:
         topv, topi = p.topk(self.top_k, -1)
         topv = topv / topv.sum(-1, keepdim=True)
         topv = topv * ro.per_expert_scale.float()[topi]
-        w = torch.zeros_like(p).scatter(-1, topi, topv)                       # [B, T, E]
+        # zeros of topv's dtype: under CUDA autocast softmax returns fp32 (p and topv agree); under
+        # CPU autocast (torch 1.13) p stays bf16 while topv is promoted to fp32 by the scale
+        w = torch.zeros(p.shape, dtype=topv.dtype, device=p.device).scatter(-1, topi, topv)   # [B, T, E]
         xe = _rms(r, layer.pre_feedforward_layernorm_2.weight, self.eps)
         ex = layer.experts
         Ei = ex.gate_up_proj.shape[1] // 2
