@@ -101,13 +101,19 @@ class Flops(unittest.TestCase):
         B, L, C, nsc = 2, 5, 3, 1
         enc = B * L * 156 + 2 * 2 * 2 * (B * L) * (L + 1) / 2 + B * (L - 1) * 4 * 10
         dec_row = C * 156 + 2 * 2 * 2 * C * (L + C) + C * 4 * 10
-        main = B * dec_row + B * C * (10 * 4 + 3 * 4 * 6)
-        want = 2 * (3 * enc + nsc * dec_row + 3 * main)
+        main = B * dec_row + B * C * 3 * 4 * 6          # + the self-conditioning MLP (3x: with gradients)
+        soft = B * C * 10 * 4                            # softmax(logits) @ E: forward + dE only (2x)
+        want = 2 * (3 * enc + nsc * dec_row + 3 * main + 2 * soft)
         self.assertEqual(runlog.step_flops(d, B, L, C, nsc), want)
+        # attention left out: the same minus every Q K^T / P V product
+        attn = 2 * 2 * 2 * (B * L) * (L + 1) / 2 * 3 + 2 * 2 * 2 * C * (L + C) * (nsc + 3 * B)
+        self.assertEqual(runlog.step_flops(d, B, L, C, nsc, attn="none"), want - 2 * attn)
         # no self-conditioning rows: no sc pass and no sc input
         self.assertEqual(runlog.step_flops(d, B, L, C, 0), 2 * (3 * enc + 3 * B * dec_row))
         with self.assertRaises(ValueError):
             runlog.step_flops(d, 2, 5, 3, 3)
+        with self.assertRaises(ValueError):
+            runlog.step_flops(d, 2, 5, 3, 1, attn="half")
 
     def test_mfu_and_peak(self):
         self.assertAlmostEqual(runlog.mfu(989.4e12, 2.0, 989.4), 0.5)

@@ -13,11 +13,12 @@ over the text model (dims from the text config):
              without causal skipping and torch's FLOP counter count), L + C for a canvas query
              (every context key is computed, masked or not);
   lm_head (tied embedding) H * V per scored position;
-  self-conditioning input (main decoder pass, when used): V * H (softmax(logits) @ E) + 3 * H * I_sc.
+  self-conditioning input (main decoder pass, when used): V * H (softmax(logits) @ E) + 3 * H * I (its MLP).
 A training step: encoder over B x L tokens with gradients (+ the AR head on B x (L - 1)), a no-grad
 decoder pass over the n_sc self-conditioned rows (B_sc x C), the main decoder pass over B x C with
 gradients. FLOPs = 2 * MACs for a forward; a pass with gradients costs 3x its forward (backward
-= 2x forward: gradients of inputs and of weights).
+= 2x forward: gradients of inputs and of weights), except softmax(logits) @ E of the
+self-conditioning input, whose input carries no gradient: 2x (forward and the gradient of E).
 """
 
 import csv
@@ -69,17 +70,23 @@ def attn_macs(d, queries, keys):
 def step_flops(d, B, L, C, n_sc, ar=True, sc=True, moe="active", attn="causal"):
     """FLOPs of one training step (see the module doc): batch B, padded length L, canvas C,
     n_sc rows in the self-conditioning pass; ar: encoder AR loss computed; sc: the main pass takes
-    self-conditioning input (when any row uses it)."""
+    self-conditioning input (when any row uses it); attn: "causal", "full" or "none" (attention
+    scores left out, to compare with counters that report attention kernels apart)."""
     if not (B > 0 and L > 0 and C > 0 and 0 <= n_sc <= B):
         raise ValueError("step_flops: need B, L, C > 0 and 0 <= n_sc <= B (got %s)" % ((B, L, C, n_sc),))
     H, V = d["H"], d["V"]
     per_tok = token_macs(d, moe)
-    enc_keys = (L + 1) / 2.0 if attn == "causal" else float(L)
+    if attn not in ("causal", "full", "none"):
+        raise ValueError("step_flops: attn must be causal, full or none (got %r)" % (attn,))
+    enc_keys = {"causal": (L + 1) / 2.0, "full": float(L), "none": 0.0}[attn]
+    dec_keys = 0 if attn == "none" else L + C
     enc = B * L * per_tok + attn_macs(d, B * L, enc_keys) + (B * (L - 1) * H * V if ar else 0)
-    dec_one = C * per_tok + attn_macs(d, C, L + C) + C * H * V      # one row of a decoder pass
+    dec_one = C * per_tok + attn_macs(d, C, dec_keys) + C * H * V      # one row of a decoder pass
     sc_pass = n_sc * dec_one
-    main = B * dec_one + (B * C * (V * H + 3 * H * d["I"]) if sc and n_sc > 0 else 0)
-    return 2.0 * (3 * enc + sc_pass + 3 * main)
+    use_sc = sc and n_sc > 0
+    main = B * dec_one + (B * C * 3 * H * d["I"] if use_sc else 0)
+    soft = B * C * V * H if use_sc else 0                             # softmax(logits) @ E
+    return 2.0 * (3 * enc + sc_pass + 3 * main + 2 * soft)
 
 
 def mfu(flops, seconds, peak_tflops):

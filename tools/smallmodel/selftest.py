@@ -156,10 +156,20 @@ def test_flops(tr, dev):
         tr.train_step()
     tr.compute_loss = orig
     B, L = seen["shape"]
-    want = runlog.step_flops(d_w, B, L, a.canvas, seen["n_sc"], moe="dense", attn="full")
     got = fc.get_total_flops()
-    check(abs(got - want) <= 0.02 * want, "step_flops (dense MoE, full attention) %.4g vs FlopCounterMode %.4g" % (
-        want, got))
+    counts = fc.get_flop_counts().get("Global", {})
+    attn_ops = {str(k): v for k, v in counts.items() if "scaled_dot_product" in str(k)}
+    if attn_ops:
+        # fused attention kernels are counted apart, their backward with recomputation (2.5x the
+        # forward, not 2x): compare everything else with the formula without attention
+        want = runlog.step_flops(d_w, B, L, a.canvas, seen["n_sc"], moe="dense", attn="none")
+        got -= sum(attn_ops.values())
+        what = "without attention (attention kernels counted: %s)" % {k: "%.3g" % v for k, v in attn_ops.items()}
+    else:
+        want = runlog.step_flops(d_w, B, L, a.canvas, seen["n_sc"], moe="dense", attn="full")
+        what = "with full attention (attention as plain products)"
+    check(abs(got - want) <= 0.01 * want, "step_flops (dense MoE) %s: %.6g vs FlopCounterMode %.6g" % (
+        what, want, got))
 
 
 def test_probe(tr, dev):
@@ -364,6 +374,9 @@ def main(argv=None):
     dev = torch.device(a.device)
     print("selftest: torch %s on %s" % (torch.__version__, dev), flush=True)
     if dev.type == "cuda":
+        # bit equality on the GPU needs deterministic kernels (cuBLAS workspace, no atomics); where
+        # torch has none (warn_only) the resume check can fail by rounding: read its max difference
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.use_deterministic_algorithms(True, warn_only=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -210,6 +210,9 @@ class Batcher:
         self.stream = torch.tensor(data["stream"], device=device)
         self.names = list(self.sched.names)
         self.src_id = {n: i for i, n in enumerate(self.names)}
+        # what the sampler's indices refer to: a resumed run on other data continues another stream
+        self.fingerprint = {"groups": {k: len(v) for k, v in data["groups"].items()},
+                            "tokens": sum(len(x) for x in seqs), "stream": len(data["stream"])}
         self.set_step(0)
 
     def set_step(self, step):
@@ -394,7 +397,8 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state(self):
-        return {"step": self.step, "run": self.run, "examples": self.examples, "mix_schedule": self.batcher.sched.spec}
+        return {"step": self.step, "run": self.run, "examples": self.examples, "mix_schedule": self.batcher.sched.spec,
+                "data": self.batcher.fingerprint}
 
     def save(self, path, side_dir=None):
         import ckpt
@@ -410,6 +414,9 @@ class Trainer:
         ckpt.restore_optimizer(self.opt, st, self.log)
         tr = st["trainer"]
         self.step, self.run, self.examples = tr["step"], tr["run"], tr["examples"]
+        if tr.get("data") not in (None, self.batcher.fingerprint):
+            self.log("WARNING: the training data differ from the checkpoint's (%s, now %s): the data stream "
+                     "does not continue the same" % (tr["data"], self.batcher.fingerprint))
         if rng:
             ckpt.set_rng_state(st["rng"], self.batcher.rng)
         self.batcher.set_step(self.step)
