@@ -24,15 +24,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
+# shellcheck source=tools/smallmodel/lib.sh
+. tools/smallmodel/lib.sh
 
 DATA=.devdata WORK=/tmp/smchunk OUT="" MINUTES=8 CKPT="" INIT="" PARTS="" FINAL=0
 EXTRA=()
 while [ $# -gt 0 ]; do
+  if sm_opt "$@"; then shift 2; continue; fi
   case "$1" in
-    --data) DATA=$2; shift 2 ;;
-    --work) WORK=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --minutes) MINUTES=$2; shift 2 ;;
     --ckpt) CKPT=$2; shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --parts) PARTS=$2; shift 2 ;;
@@ -42,37 +41,25 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$CKPT" ] || { echo "train_chunk.sh: --ckpt DIR is required" >&2; exit 2; }
-PY=${PYTHON:-python3}
-T=tools/smallmodel
-mkdir -p "$WORK" "$CKPT"
-exec > >(tee -a "$WORK/run.log") 2>&1
-T0=$(date +%s)
-stage() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+mkdir -p "$CKPT"
+sm_start "$WORK"
 
-pack() {
-  rc=$?
-  [ -n "$OUT" ] || exit $rc
-  stage "pack -> $OUT (exit status so far $rc)"
-  mkdir -p "$OUT"
+pack_files() {
   if [ -f "$CKPT/state.pt" ]; then
     rm -rf "$WORK/ckpt_pack"
     $PY $T/ckpt.py convert "$CKPT" "$WORK/ckpt_pack" --dtype bf16 --moments drop &&
-      tar -cf - -C "$WORK/ckpt_pack" . | split -b 15m -d -a 2 - "$OUT/ckpt.tar.part-" || true
+      tar -cf - -C "$WORK/ckpt_pack" . | sm_parts ckpt || true
   fi
   if [ "$FINAL" = 1 ] && [ -d "$WORK/train/model" ]; then
-    tar -cf - -C "$WORK/train" model | split -b 15m -d -a 2 - "$OUT/model.tar.part-" || true
+    tar -cf - -C "$WORK/train" model | sm_parts model || true
   fi
   for f in "$CKPT/train_log.csv" "$WORK/loss.png" "$WORK/run.log" "$WORK/train/train_summary.json"; do
     [ -f "$f" ] && cp "$f" "$OUT/$(basename "$f")"
   done
-  ls -la "$OUT"
-  exit $rc
 }
-trap pack EXIT
+trap 'sm_pack pack_files' EXIT
 
-stage "environment"
-nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
-$PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "| transformers", transformers.__version__, "| tokenizers", tokenizers.__version__)'
+sm_environment
 
 if [ ! -f "$CKPT/state.pt" ] && [ -n "$PARTS" ] && ls "$PARTS"/ckpt.tar.part-* >/dev/null 2>&1; then
   stage "unpacking $PARTS/ckpt.tar.part-* into $CKPT"
