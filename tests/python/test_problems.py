@@ -92,6 +92,42 @@ class Problems(unittest.TestCase):
         self.assertEqual(again, self.held)
         self.assertEqual(gp.generate_train(50), self.train[:50])
 
+    def test_has_carry(self):
+        # column arithmetic on 3-digit numbers: units, tens and chained carries / borrows
+        for v, op, b, want in ((13, "+", 2, False), (18, "+", 5, True), (95, "+", 10, True), (40, "+", 30, False),
+                               (13, "-", 4, True), (20, "-", 1, True), (29, "-", 15, False), (105, "-", 10, True),
+                               (100, "-", 1, True), (40, "*", 3, False), (40, "/", 4, False)):
+            self.assertEqual(gp.has_carry(v, op, b), want, (v, op, b))
+
+    def test_curriculum_pools(self):
+        """Pools (shortened to 4,000 problems each for CI time): disjoint from the held-out and
+        validation questions, within their step range, answers correct, carries over-represented."""
+        val, _ = gp.generate_validation(self.train, self.held)
+        base = gp.carry_share(self.train[:20000])
+        for name, (_, _, lo, hi, carry) in gp.POOLS.items():
+            items, dropped = gp.generate_pool(name, self.held + val, n=4000)
+            self.assertEqual(len(items), 4000)
+            self.assertEqual(gp.check_disjoint(items, self.held), [])
+            self.assertEqual(gp.check_disjoint(items, val), [])
+            self.assertEqual(set(p["steps"] for p in items), set(range(lo, hi + 1)))
+            for p in items:
+                gp.verify_problem(p)
+            share = gp.carry_share(items)
+            # natural share about 0.42; with carry_frac c the share is about c + (1 - c) * 0.42 minus the
+            # values with no carrying operand (16 %): 0.71 for ops1 (c 0.7), 0.63 for short (c 0.5)
+            self.assertGreater(share, base + 0.15, name)
+            self.assertGreater(share, carry * 0.9, name)
+            again, _ = gp.generate_pool(name, self.held + val, n=50)
+            self.assertEqual(again, items[:50])
+
+    def test_pool_excludes_collisions(self):
+        # a pool asked to exclude its own first draws drops exactly those and keeps the rest in order
+        first, _ = gp.generate_pool("ops1", [], n=30)
+        items, dropped = gp.generate_pool("ops1", first[:10], n=30)
+        self.assertEqual(dropped, 10)
+        self.assertEqual(gp.check_disjoint(items, first[:10]), [])
+        self.assertEqual(items[:20], first[10:30])
+
     @unittest.skipUnless(os.path.exists(COMMITTED_HELDOUT), "no committed held-out file")
     def test_committed_heldout_matches(self):
         self.assertEqual(gp.read_jsonl(COMMITTED_HELDOUT), self.held)

@@ -41,6 +41,38 @@ def _gelu(x):
     return F.gelu(x, approximate="tanh")
 
 
+def _torch_at_least(major, minor):
+    try:
+        v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return v >= (major, minor)
+
+
+# scaled_dot_product_attention with enable_gqa needs torch >= 2.5 (the GPU machine has 2.x);
+# older torch (Debian's 1.13 on the CPU machines, for selftest.py) takes the explicit form below.
+_SDPA_GQA = hasattr(F, "scaled_dot_product_attention") and _torch_at_least(2, 5)
+
+
+def _attention(q, k, v, mask=None, causal=False):
+    """Attention with scale 1 (spec 4.4: the q/k norms replace 1/sqrt(d)). q [B, nh, Tq, d],
+    k, v [B, nkv, Tk, d] (nh a multiple of nkv: GQA), mask bool [B, 1, Tq, Tk] (True = attend) or
+    causal. Returns [B, nh, Tq, d]."""
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=1.0,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-1, -2)
+    if causal:
+        Tq, Tk = q.shape[2], k.shape[2]
+        s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(Tk - Tq + 1), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s.float(), -1).to(v.dtype) @ v
+
+
 class OwnForward:
     """encode(seq) -> state; decode(state, canvas, mask, pos, sc_logits, sc_mask) -> logits."""
 
@@ -126,7 +158,9 @@ class OwnForward:
         topv, topi = p.topk(self.top_k, -1)
         topv = topv / topv.sum(-1, keepdim=True)
         topv = topv * ro.per_expert_scale.float()[topi]
-        w = torch.zeros_like(p).scatter(-1, topi, topv)                       # [B, T, E]
+        # zeros of topv's dtype: under CUDA autocast softmax returns fp32 (p and topv agree); under
+        # CPU autocast (torch 1.13) p stays bf16 while topv is promoted to fp32 by the scale
+        w = torch.zeros(p.shape, dtype=topv.dtype, device=p.device).scatter(-1, topi, topv)   # [B, T, E]
         xe = _rms(r, layer.pre_feedforward_layernorm_2.weight, self.eps)
         ex = layer.experts
         Ei = ex.gate_up_proj.shape[1] // 2
@@ -155,8 +189,7 @@ class OwnForward:
             a = _rms(x, layer.input_layernorm.weight, self.eps)
             q, k, v = self._qkv(li, layer, a, pos)
             kv.append((k, v))
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0,
-                                               enable_gqa=q.shape[1] != k.shape[1])
+            o = _attention(q, k, v, causal=True)
             x = self._ffn(layer, x, self._attn_out(layer, o), self.enc_layers[li].layer_scalar)
         return {"kv": kv, "h": _rms(x, self.dec.norm.weight, self.eps) if self.ar_normed else x}
 
@@ -184,8 +217,7 @@ class OwnForward:
             ck, cv = state["kv"][li]
             kk = torch.cat([ck.to(k.dtype), k], 2)
             vv = torch.cat([cv.to(v.dtype), v], 2)
-            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=1.0,
-                                               enable_gqa=q.shape[1] != kk.shape[1])
+            o = _attention(q, kk, vv, mask=mask)
             x = self._ffn(layer, x, self._attn_out(layer, o), layer.layer_scalar)
         h = _rms(x, self.dec.norm.weight, self.eps)
         return torch.tanh(F.linear(h, self.E).float() / self.cap) * self.cap

@@ -109,7 +109,32 @@ def _allowed_ops(v):
     return ops
 
 
-def _pick_operand(rng, v, op):
+def has_carry(v, op, b):
+    """Whether the column arithmetic of v op b (3-digit numbers) carries (+) or borrows (-) in any
+    column. Only + and - are considered; * and / return False."""
+    if op not in "+-":
+        return False
+    c = 0
+    for _ in range(3):
+        dv, db = v % 10, b % 10
+        c = (1 if dv + db + c >= 10 else 0) if op == "+" else (1 if dv - db - c < 0 else 0)
+        if c:
+            return True
+        v, b = v // 10, b // 10
+    return False
+
+
+def _pick_operand(rng, v, op, carry_frac=None):
+    if carry_frac is not None and op in "+-":
+        # Curriculum pools: with probability carry_frac the operand is drawn among those that carry
+        # or borrow (when any exists), so that column arithmetic is over-represented. Without
+        # carry_frac no extra random number is drawn (the committed sets stay byte-identical).
+        hi = min(ADD_MAX, VMAX - v) if op == "+" else min(SUB_MAX, v - VMIN)
+        if rng.random() < carry_frac:
+            cands = [b for b in range(1, hi + 1) if has_carry(v, op, b)]
+            if cands:
+                return rng.choice(cands)
+        return rng.randint(1, hi)
     if op == "+":
         return rng.randint(1, min(ADD_MAX, VMAX - v))
     if op == "-":
@@ -124,8 +149,10 @@ def _cap(s):
     return s[0].upper() + s[1:]
 
 
-def generate_problem(rng, steps):
-    """One problem with exactly `steps` operations, drawn from `rng` (random.Random)."""
+def generate_problem(rng, steps, carry_frac=None):
+    """One problem with exactly `steps` operations, drawn from `rng` (random.Random).
+    carry_frac (curriculum pools only): probability that a + or - step draws its operand among
+    those that carry or borrow; None keeps the original draw (no extra random numbers)."""
     if not MIN_STEPS <= steps <= MAX_STEPS:
         raise ValueError("steps must be in [%d, %d]" % (MIN_STEPS, MAX_STEPS))
     name, subj, obj = rng.choice(NAMES)
@@ -138,7 +165,7 @@ def generate_problem(rng, steps):
     for s in range(steps):
         allowed = _allowed_ops(v)
         op = rng.choices(allowed, weights=[OP_WEIGHTS[o] for o in allowed])[0]
-        b = _pick_operand(rng, v, op)
+        b = _pick_operand(rng, v, op, carry_frac)
         r = _apply(v, op, b)
         assert VMIN <= r <= VMAX
         sent = rng.choice(STEP_TEMPLATES[op]).format(P=_cap(subj), p=subj, O=other, o=obj, b=b, x=item)
@@ -226,6 +253,47 @@ def generate_validation(train, heldout, per_steps=VAL_PER_STEPS, seed=VAL_SEED):
     training and the held-out questions. Used to choose between training variants so that the
     held-out set is only ever used for the final report. Returns (items, dropped)."""
     return generate_heldout(list(train) + list(heldout), per_steps, seed)
+
+
+# Curriculum pools (training only): single operations first, carries and borrows over-represented,
+# then short chains. Drawn after the held-out and validation sets, so their draws that collide
+# with those sets (normalised question) are dropped here: disjoint by construction, tested.
+POOLS = {
+    # name: (seed, n, min_steps, max_steps, carry_frac)
+    "ops1": (4321, 50_000, 1, 1, 0.7),
+    "short": (4322, 50_000, 2, 3, 0.5),
+}
+
+
+def generate_pool(name, exclude, n=None):
+    """Training pool `name` of POOLS: n problems (default the pool's size) with a uniform number of
+    steps in [min_steps, max_steps] and the pool's carry_frac, skipping any draw whose normalised
+    question is in `exclude` (the held-out and validation problems). Returns (items, dropped)."""
+    seed, size, lo, hi, carry = POOLS[name]
+    n = size if n is None else n
+    rng = random.Random(seed)
+    taken = set(normalize_question(p["question"]) for p in exclude)
+    out, dropped = [], 0
+    while len(out) < n:
+        p = generate_problem(rng, rng.randint(lo, hi), carry)
+        if normalize_question(p["question"]) in taken:
+            dropped += 1
+            continue
+        out.append(p)
+    return out, dropped
+
+
+def carry_share(problems):
+    """Fraction of the + and - steps of `problems` that carry or borrow (reported, tested)."""
+    n = k = 0
+    for p in problems:
+        v = p["start"]
+        for op, b, r in p["ops"]:
+            if op in "+-":
+                n += 1
+                k += has_carry(v, op, b)
+            v = r
+    return k / n if n else 0.0
 
 
 def verify_problem(p):

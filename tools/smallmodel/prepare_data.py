@@ -8,6 +8,7 @@ DIR holds copies of ../shared/data/gsm8k/train.jsonl and
 Writes to --out:
   problems_train.jsonl, problems_heldout.jsonl  generated problems (gen_problems.py)
   problems_val.jsonl                            validation problems (choosing among variants)
+  problems_ops1.jsonl, problems_short.jsonl     curriculum pools (gen_problems.POOLS; --pools)
   gsm8k_train.jsonl                             GSM8K train, calculator annotations stripped
   shakespeare_train.txt, shakespeare_heldout.txt   tinyshakespeare split (held-out tail = last 10%)
   data_meta.json                                counts, seeds, sha256 of the inputs
@@ -39,6 +40,9 @@ def main(argv=None):
     ap.add_argument("--train-n", type=int, default=gen_problems.TRAIN_N)
     ap.add_argument("--heldout-per-steps", type=int, default=gen_problems.HELDOUT_PER_STEPS)
     ap.add_argument("--heldout-frac", type=float, default=0.9, help="Shakespeare train fraction")
+    ap.add_argument("--pools", default=",".join(gen_problems.POOLS),
+                    help="curriculum pools to write (comma list of gen_problems.POOLS names; empty: none)")
+    ap.add_argument("--pool-n", type=int, default=0, help="problems per pool (0: the pool's documented size)")
     a = ap.parse_args(argv)
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -67,6 +71,16 @@ def main(argv=None):
     if gen_problems.check_disjoint(train + held, val):
         sys.exit("prepare_data: validation problems share questions with train or held-out")
     common.write_jsonl(os.path.join(a.out, "problems_val.jsonl"), val)
+    pools = {}
+    for name in [x for x in a.pools.split(",") if x]:
+        if name not in gen_problems.POOLS:
+            sys.exit("prepare_data: unknown pool %r (known: %s)" % (name, ", ".join(gen_problems.POOLS)))
+        items, pdrop = gen_problems.generate_pool(name, held + val, a.pool_n or None)
+        if gen_problems.check_disjoint(items, held) or gen_problems.check_disjoint(items, val):
+            sys.exit("prepare_data: pool %s shares questions with held-out or validation" % name)
+        common.write_jsonl(os.path.join(a.out, "problems_%s.jsonl" % name), items)
+        pools[name] = {"n": len(items), "seed": gen_problems.POOLS[name][0], "dropped": pdrop,
+                       "carry_share": round(gen_problems.carry_share(items), 4)}
 
     meta = {"gsm8k_train": {"path": os.path.basename(gsm_path), "sha256": sha256(gsm_path), "n": len(gsm)},
             "tinyshakespeare": {"sha256": sha256(sh_path), "chars": len(text), "train_chars": len(sh_train),
@@ -75,12 +89,12 @@ def main(argv=None):
                          "heldout_n": len(held), "heldout_seed": gen_problems.HELDOUT_SEED,
                          "heldout_per_steps": a.heldout_per_steps, "heldout_dropped": dropped,
                          "disjoint": True, "val_n": len(val), "val_seed": gen_problems.VAL_SEED,
-                         "val_dropped": val_dropped}}
+                         "val_dropped": val_dropped, "pools": pools}}
     with open(os.path.join(a.out, "data_meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print("prepare_data: gsm8k %d, shakespeare %d train / %d held-out chars, problems %d train / %d held-out "
-          "(%d dropped), %.1fs" % (len(gsm), len(sh_train), len(sh_held), len(train), len(held), dropped,
-                                   time.time() - t0), flush=True)
+          "(%d dropped), pools %s, %.1fs" % (len(gsm), len(sh_train), len(sh_held), len(train), len(held), dropped,
+                                             pools or "none", time.time() - t0), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
+# shellcheck source=tools/smallmodel/lib.sh
+. tools/smallmodel/lib.sh
 
 DATA=.devdata WORK=/tmp/sweep OUT="" MINUTES=6 RESUME=""
 NAMES=() ARGS=()
 while [ $# -gt 0 ]; do
+  if sm_opt "$@"; then shift 2; continue; fi
   case "$1" in
-    --data) DATA=$2; shift 2 ;;
-    --work) WORK=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --minutes) MINUTES=$2; shift 2 ;;
     --resume) RESUME=$2; shift 2 ;;
     --variant)
       n=${2%%:*}; n=${n// /}
@@ -37,32 +36,19 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#NAMES[@]} -gt 0 ] || { echo "sweep.sh: give at least one --variant 'NAME: args'" >&2; exit 2; }
-PY=${PYTHON:-python3}
-T=tools/smallmodel
-mkdir -p "$WORK"
-exec > >(tee -a "$WORK/run.log") 2>&1
-T0=$(date +%s)
-stage() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+sm_start "$WORK"
 
-pack() {
-  rc=$?
-  [ -n "$OUT" ] || exit $rc
-  stage "pack -> $OUT (exit status so far $rc)"
-  mkdir -p "$OUT"
+pack_files() {
   (cd "$WORK" && ls -d run.log loss.png sweep.md tokenizer best eval data/data_meta.json \
       v_*/train_log.csv v_*/train_summary.json v_*/train.log v_*/val/results.json 2>/dev/null) > "$WORK/.packlist" || true
-  tar -cf - -C "$WORK" -T "$WORK/.packlist" | split -b 15m -d -a 2 - "$OUT/bundle.tar.part-" || true
+  tar -cf - -C "$WORK" -T "$WORK/.packlist" | sm_parts bundle || true
   for f in run.log loss.png sweep.md eval/results.md; do
     [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/$(basename "$f")"
   done
-  ls -la "$OUT"
-  exit $rc
 }
-trap pack EXIT
+trap 'sm_pack pack_files' EXIT
 
-stage "environment"
-nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
-$PY -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "| transformers", transformers.__version__, "| tokenizers", tokenizers.__version__)'
+sm_environment
 
 stage "data"
 $PY $T/prepare_data.py --data "$DATA" --out "$WORK/data"
