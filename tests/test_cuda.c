@@ -2591,7 +2591,8 @@ static void test_quant_expert_bodies(void **state) {
  * for word, over the bodies it reaches (the backend's tile count at 37 tokens: 3 n-tiles with the 2-tile body; 1 and
  * 8 n-tiles), groups of 32 and 64 and bf16 lane records; and the stacks it must leave to the separate copy (down
  * groups of 128, which span two gate/up blocks; IE not a multiple of the block's 64 features; qe_kernel's f16
- * scales) with the flag saying so. Expert 0 takes every token's slot 0, slot 1 cycles over 2..4 (check_qexperts). */
+ * scales) with the flag saying so. Expert 0 takes every token's slot 0, slot 1 cycles over 2..4 (check_qexperts).
+ * Then the host condition alone on the cases the loader cannot make or no fused kernel is compiled for. */
 static void test_experts_dn_fuse(void **state) {
   (void)state;
   need_gpu();
@@ -2631,6 +2632,21 @@ static void test_experts_dn_fuse(void **state) {
   }
   printf("# down input copy in the gate/up epilogue: h and y equal to the separate copy's word for word (%ld words, "
          "%zu stacks: 5 fused, 3 left to the copy)\n", words, sizeof cs / sizeof cs[0]);
+  /* The host condition alone (k_qe_dn_fuse_group), on shapes no stack of the loader has (groups 8 and 16) and on
+   * the cases without a compiled fused kernel (gate/up and down groups differing, group 128, DGEMMA_QR_DQ on) */
+  static const struct { int bgu, ggu, bd, gd, IE, dq, G; } hc[] = {
+      {4, 64, 4, 64, 128, 0, 64}, {3, 32, 2, 32, 64, 0, 32}, {0, 0, 0, 0, 128, 0, 64},  {0, 0, 4, 64, 128, 0, 64},
+      {4, 16, 4, 16, 128, 0, 0},  {4, 8, 4, 8, 128, 0, 0},   {4, 128, 4, 128, 256, 0, 0}, {4, 64, 4, 32, 128, 0, 0},
+      {4, 32, 4, 64, 128, 0, 0},  {0, 0, 4, 32, 128, 0, 0},  {4, 64, 4, 64, 128, 4, 0},  {4, 64, 4, 64, 96, 0, 0},
+      {4, 64, 4, 64, 0, 0, 0},
+  };
+  for (size_t c = 0; c < sizeof hc / sizeof hc[0]; c++) {
+    int G = -1;
+    assert_dg_ok(cut()->test_dn_fuse_group(hc[c].bgu, hc[c].ggu, hc[c].bd, hc[c].gd, hc[c].IE, hc[c].dq, &G));
+    if (G != hc[c].G)
+      fail_msg("host case %zu (gate/up %d-bit g%d, down %d-bit g%d, IE %d, DQ from %d): group %d, expected %d", c,
+               hc[c].bgu, hc[c].ggu, hc[c].bd, hc[c].gd, hc[c].IE, hc[c].dq, G, hc[c].G);
+  }
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
