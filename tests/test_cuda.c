@@ -1446,6 +1446,78 @@ static void test_turbo_batch(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* The three chains over the logits through the backend's passes (src/cuda/passes.cu: the decode leaving the raw
+ * logits with the softcap pending, dg_cuda_step_stats, the kept self-conditioning of dg_cuda_soft_from_z, the z made
+ * real where a pass needs it; zstore's bookkeeping of a z stored in place, c->lg_cap DG_VZ_STORED), chosen by
+ * dg_cuda_vocab_set as DGEMMA_VOCAB would: reference generations (softcap 30, V 333, argmax and sampled proposals,
+ * 6 steps, one block) under the fused chain and zstore produce the chain's tokens and step counts exactly
+ * (test_vocab_chain: every statistic and probability word the chain's). */
+static void test_vocab_modes(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_vocabXXXXXX";
+  const synth_cfg sc = turbo_cfg();
+  dg_model *gm = NULL;
+  { /* the synth model written into a new temporary dir, loaded on the device */
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(synth_model_dir(dir, &sc), 0);
+    dg_model_params mp = dg_model_default_params();
+    mp.no_tokenizer = 1;
+    mp.device = DG_DEVICE_CUDA;
+    assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  }
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, P = 24;
+  assert_true(gm->cfg.final_logit_softcapping > 0.0f); /* the decode leaves the raw logits only with a softcap */
+  int32_t prompt[24];
+  synth_random_ids(prompt, P, V, 77);
+  dg_gen_params gp[2];
+  gp[0] = dg_gen_default_params(gm);
+  gp[0].max_new_tokens = C; /* one block (the emulation is slow) */
+  gp[0].max_denoising_steps = 6;
+  gp[0].n_stop_ids = 0;
+  gp[0].proposal = DG_PROPOSAL_ARGMAX;
+  gp[1] = gp[0];
+  gp[1].seed = 11;
+  gp[1].proposal = DG_PROPOSAL_SAMPLE;
+  static const char *name[3] = {"chain", "fused", "zstore"};
+  dg_gen_result r[3][2];
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + 2 * C;
+  dg_context *x;
+  assert_dg_ok(dg_context_new(gm, &cp, &x));
+  for (int m = 0; m < 3; m++) {
+    assert_dg_ok(cut()->test_vocab_set(m));
+    for (int k = 0; k < 2; k++) {
+      dg_context_reset(x);
+      memset(&r[m][k], 0, sizeof r[m][k]);
+      const dg_status st = dg_generate(x, prompt, P, &gp[k], &r[m][k]);
+      if (st != DG_OK) {
+        cut()->test_vocab_set(-1);
+        fail_msg("%s, proposal %d: %s", name[m], gp[k].proposal, dg_last_error());
+      }
+    }
+  }
+  assert_dg_ok(cut()->test_vocab_set(-1));
+  for (int m = 1; m < 3; m++)
+    for (int k = 0; k < 2; k++) {
+      if (r[m][k].n_tokens != r[0][k].n_tokens || r[m][k].n_steps != r[0][k].n_steps)
+        fail_msg("%s, proposal %d: %d tokens in %d steps, the chain %d in %d", name[m], gp[k].proposal,
+                 r[m][k].n_tokens, r[m][k].n_steps, r[0][k].n_tokens, r[0][k].n_steps);
+      for (int i = 0; i < r[0][k].n_tokens; i++)
+        if (r[m][k].tokens[i] != r[0][k].tokens[i])
+          fail_msg("%s, proposal %d: token %d is %d, the chain's %d", name[m], gp[k].proposal, i, r[m][k].tokens[i],
+                   r[0][k].tokens[i]);
+    }
+  printf("# vocabulary chains through the passes: fused and zstore generate the chain's tokens (argmax %d tokens in "
+         "%d steps, sampled %d in %d)\n", r[0][0].n_tokens, r[0][0].n_steps, r[0][1].n_tokens, r[0][1].n_steps);
+  for (int m = 0; m < 3; m++)
+    for (int k = 0; k < 2; k++) dg_gen_result_free(&r[m][k]);
+  dg_context_free(x);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* ---- CUDA graphs (src/cuda/graph.cu; on unless DGEMMA_GRAPHS=0) --------------------- */
 
 /* DGEMMA_GRAPHS / DGEMMA_GRAPHS_MAX for the contexts made next (graph.cu reads them in dg_cuda_ctx_new);
@@ -2861,7 +2933,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
-      cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain),
+      cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),

@@ -172,6 +172,11 @@ extern "C" dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int d
   qr_dn_fuse_set(-1);
   return DG_OK;
 }
+extern "C" dg_status dg_cuda_test_vocab_set(int mode) {
+  if (mode < -1 || mode > 2) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_set: mode %d (-1..2)", mode);
+  dg_cuda_vocab_set(mode);
+  return DG_OK;
+}
 extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                              int K, int nt, int dq_from, uint16_t *h, float *y) {
@@ -783,7 +788,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
     dg_cuda_test_experts_dn_fuse,
-    dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group,
+    dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }
