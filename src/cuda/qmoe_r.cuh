@@ -745,14 +745,15 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   if constexpr (BITS == 16) { /* bf16: no groups, stages of 64 weights */
     if (a.group != QR_BF16_GROUP) return cudaErrorInvalidValue;
     return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  }
-  switch (a.group) {
-  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS>(s, grid, a);
-  case 128: /* QR_GATEUP_HP: not instantiated (a down group of 128 spans two gate/up blocks: k_qe_dn_fuse_group) */
-    if constexpr (GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
-    else return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  default: return cudaErrorInvalidValue;
+  } else { /* (bf16 never launches the group kernels: not instantiated for it, they were 24 of qmoe_r16.cu's 36) */
+    switch (a.group) {
+    case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+    case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS>(s, grid, a);
+    case 128: /* QR_GATEUP_HP: not instantiated (a down group of 128 spans two gate/up blocks: k_qe_dn_fuse_group) */
+      if constexpr (GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
+      else return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+    default: return cudaErrorInvalidValue;
+    }
   }
 }
 
