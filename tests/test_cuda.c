@@ -1454,6 +1454,78 @@ static void test_turbo_batch(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* The three chains over the logits through the backend's passes (src/cuda/passes.cu: the decode leaving the raw
+ * logits with the softcap pending, dg_cuda_step_stats, the kept self-conditioning of dg_cuda_soft_from_z, the z made
+ * real where a pass needs it; zstore's bookkeeping of a z stored in place, c->lg_cap DG_VZ_STORED), chosen by
+ * dg_cuda_vocab_set as DGEMMA_VOCAB would: reference generations (softcap 30, V 333, argmax and sampled proposals,
+ * 6 steps, one block) under the fused chain and zstore produce the chain's tokens and step counts exactly
+ * (test_vocab_chain: every statistic and probability word the chain's). */
+static void test_vocab_modes(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_vocabXXXXXX";
+  const synth_cfg sc = turbo_cfg();
+  dg_model *gm = NULL;
+  { /* the synth model written into a new temporary dir, loaded on the device */
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(synth_model_dir(dir, &sc), 0);
+    dg_model_params mp = dg_model_default_params();
+    mp.no_tokenizer = 1;
+    mp.device = DG_DEVICE_CUDA;
+    assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  }
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, P = 24;
+  assert_true(gm->cfg.final_logit_softcapping > 0.0f); /* the decode leaves the raw logits only with a softcap */
+  int32_t prompt[24];
+  synth_random_ids(prompt, P, V, 77);
+  dg_gen_params gp[2];
+  gp[0] = dg_gen_default_params(gm);
+  gp[0].max_new_tokens = C; /* one block (the emulation is slow) */
+  gp[0].max_denoising_steps = 6;
+  gp[0].n_stop_ids = 0;
+  gp[0].proposal = DG_PROPOSAL_ARGMAX;
+  gp[1] = gp[0];
+  gp[1].seed = 11;
+  gp[1].proposal = DG_PROPOSAL_SAMPLE;
+  static const char *name[3] = {"chain", "fused", "zstore"};
+  dg_gen_result r[3][2];
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + 2 * C;
+  dg_context *x;
+  assert_dg_ok(dg_context_new(gm, &cp, &x));
+  for (int m = 0; m < 3; m++) {
+    assert_dg_ok(cut()->test_vocab_set(m));
+    for (int k = 0; k < 2; k++) {
+      dg_context_reset(x);
+      memset(&r[m][k], 0, sizeof r[m][k]);
+      const dg_status st = dg_generate(x, prompt, P, &gp[k], &r[m][k]);
+      if (st != DG_OK) {
+        cut()->test_vocab_set(-1);
+        fail_msg("%s, proposal %d: %s", name[m], gp[k].proposal, dg_last_error());
+      }
+    }
+  }
+  assert_dg_ok(cut()->test_vocab_set(-1));
+  for (int m = 1; m < 3; m++)
+    for (int k = 0; k < 2; k++) {
+      if (r[m][k].n_tokens != r[0][k].n_tokens || r[m][k].n_steps != r[0][k].n_steps)
+        fail_msg("%s, proposal %d: %d tokens in %d steps, the chain %d in %d", name[m], gp[k].proposal,
+                 r[m][k].n_tokens, r[m][k].n_steps, r[0][k].n_tokens, r[0][k].n_steps);
+      for (int i = 0; i < r[0][k].n_tokens; i++)
+        if (r[m][k].tokens[i] != r[0][k].tokens[i])
+          fail_msg("%s, proposal %d: token %d is %d, the chain's %d", name[m], gp[k].proposal, i, r[m][k].tokens[i],
+                   r[0][k].tokens[i]);
+    }
+  printf("# vocabulary chains through the passes: fused and zstore generate the chain's tokens (argmax %d tokens in "
+         "%d steps, sampled %d in %d)\n", r[0][0].n_tokens, r[0][0].n_steps, r[0][1].n_tokens, r[0][1].n_steps);
+  for (int m = 0; m < 3; m++)
+    for (int k = 0; k < 2; k++) dg_gen_result_free(&r[m][k]);
+  dg_context_free(x);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* ---- CUDA graphs (src/cuda/graph.cu; on unless DGEMMA_GRAPHS=0) --------------------- */
 
 /* DGEMMA_GRAPHS / DGEMMA_GRAPHS_MAX for the contexts made next (graph.cu reads them in dg_cuda_ctx_new);
@@ -2599,7 +2671,8 @@ static void test_quant_expert_bodies(void **state) {
  * for word, over the bodies it reaches (the backend's tile count at 37 tokens: 3 n-tiles with the 2-tile body; 1 and
  * 8 n-tiles), groups of 32 and 64 and bf16 lane records; and the stacks it must leave to the separate copy (down
  * groups of 128, which span two gate/up blocks; IE not a multiple of the block's 64 features; qe_kernel's f16
- * scales) with the flag saying so. Expert 0 takes every token's slot 0, slot 1 cycles over 2..4 (check_qexperts). */
+ * scales) with the flag saying so. Expert 0 takes every token's slot 0, slot 1 cycles over 2..4 (check_qexperts).
+ * Then the host condition alone on the cases the loader cannot make or no fused kernel is compiled for. */
 static void test_experts_dn_fuse(void **state) {
   (void)state;
   need_gpu();
@@ -2639,6 +2712,21 @@ static void test_experts_dn_fuse(void **state) {
   }
   printf("# down input copy in the gate/up epilogue: h and y equal to the separate copy's word for word (%ld words, "
          "%zu stacks: 5 fused, 3 left to the copy)\n", words, sizeof cs / sizeof cs[0]);
+  /* The host condition alone (k_qe_dn_fuse_group), on shapes no stack of the loader has (groups 8 and 16) and on
+   * the cases without a compiled fused kernel (gate/up and down groups differing, group 128, DGEMMA_QR_DQ on) */
+  static const struct { int bgu, ggu, bd, gd, IE, dq, G; } hc[] = {
+      {4, 64, 4, 64, 128, 0, 64}, {3, 32, 2, 32, 64, 0, 32}, {0, 0, 0, 0, 128, 0, 64},  {0, 0, 4, 64, 128, 0, 64},
+      {4, 16, 4, 16, 128, 0, 0},  {4, 8, 4, 8, 128, 0, 0},   {4, 128, 4, 128, 256, 0, 0}, {4, 64, 4, 32, 128, 0, 0},
+      {4, 32, 4, 64, 128, 0, 0},  {0, 0, 4, 32, 128, 0, 0},  {4, 64, 4, 64, 128, 4, 0},  {4, 64, 4, 64, 96, 0, 0},
+      {4, 64, 4, 64, 0, 0, 0},
+  };
+  for (size_t c = 0; c < sizeof hc / sizeof hc[0]; c++) {
+    int G = -1;
+    assert_dg_ok(cut()->test_dn_fuse_group(hc[c].bgu, hc[c].ggu, hc[c].bd, hc[c].gd, hc[c].IE, hc[c].dq, &G));
+    if (G != hc[c].G)
+      fail_msg("host case %zu (gate/up %d-bit g%d, down %d-bit g%d, IE %d, DQ from %d): group %d, expected %d", c,
+               hc[c].bgu, hc[c].ggu, hc[c].bd, hc[c].gd, hc[c].IE, hc[c].dq, G, hc[c].G);
+  }
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
@@ -2853,7 +2941,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
-      cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain),
+      cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
       cmocka_unit_test(test_graphs),

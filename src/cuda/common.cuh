@@ -510,10 +510,12 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
 /* With DGEMMA_DN_FUSE=1 (not the default until measured on a GPU; qr_dn_fuse_set(1 / 0) forces it on / off, -1 gives
  * the environment's choice back: the tests): the group G of the down product's input copy that k_qe_gate_up makes
  * in qr_kernel's epilogue (b->h in k_group_sums_perm's fragment order, its group sums into b->hs; qr_store_hp,
- * qmoe_r.cuh), so that k_qe_down launches no copy of its own: where both stacks are lane records, b->hs is set, IE
- * is a multiple of the gate/up block's 16 QR_WARPS features and G (the down stack's group; bf16: QR_BF16_GROUP)
- * divides them; else 0. The caller sets b->hp_group to it before k_qe_gate_up (dg_cuda_experts); the down product's
- * inputs are word for word those of the separate copy (test_experts_dn_fuse). */
+ * qmoe_r.cuh, qr_kernel's GATEUP QR_GATEUP_HP), so that k_qe_down launches no copy of its own: where both stacks are
+ * lane records, b->hs is set, IE is a multiple of the gate/up block's 16 QR_WARPS features, G (the down stack's
+ * group; bf16: QR_BF16_GROUP) is 32 or 64 (whole groups in a block's features; b->hs holds IE / 32 sums per row),
+ * the gate/up stack has the same group, and DGEMMA_QR_DQ is off (the kernels with that epilogue are compiled for
+ * these cases only); else 0. The caller sets b->hp_group to it before k_qe_gate_up (dg_cuda_experts); the down
+ * product's inputs are word for word those of the separate copy (test_experts_dn_fuse). */
 int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b);
 void qr_dn_fuse_set(int on);
 /* out[r * (cols / G) + j] = sum_{k < G} x[r * cols + j G + k] in fp32, r < rows. */

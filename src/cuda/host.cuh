@@ -140,6 +140,9 @@ dg_status decoder_body(dg_cuda_ctx *c, int32_t pos0, dg_sc_source sc);
 /* c->logits as a pass left them (passes.cu): softcapped or without softcap (raw_cap 0), or raw with the softcap
  * raw_cap still to apply (the fused chain's decode); any z before forgotten. */
 void logits_written(dg_cuda_ctx *c, float raw_cap);
+/* The chain over the logits the passes take from now on (passes.cu): 0 the chain, 1 fused, 2 zstore (the values of
+ * DGEMMA_VOCAB=chain, fused, zstore); -1 gives the environment's choice back. For the tests, between passes. */
+void dg_cuda_vocab_set(int mode);
 
 /* ---- graph.cu ---- */
 

@@ -198,14 +198,18 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
  * argmax chain 0.719 against 0.678 ms. DGEMMA_VOCAB=zstore: the fused chain whose statistics' pass 1 also stores
  * z in place (k_vocab_stats's store), the passes after it reading z as stored (c->lg_cap DG_VZ_STORED): the lab's
  * "v3 z stored" (argmax chain 0.602 ms on the H200, session 14), every output word the chain's; not the default until
- * measured in the backend. Read once when the library loads: 0 the chain, 1 fused, 2 zstore. */
+ * measured in the backend. Read once when the library loads: 0 the chain, 1 fused, 2 zstore; dg_cuda_vocab_set
+ * overrides it (the tests). */
 static int vocab_mode_from_env(void) {
   const char *v = getenv("DGEMMA_VOCAB");
   if (v && !strcmp(v, "fused")) return 1;
   if (v && !strcmp(v, "zstore")) return 2;
   return 0;
 }
-static const int vocab_mode = vocab_mode_from_env();
+static const int vocab_mode_env = vocab_mode_from_env();
+static int vocab_mode_override = -1;
+void dg_cuda_vocab_set(int mode) { vocab_mode_override = mode >= 0 && mode <= 2 ? mode : -1; }
+static int vocab_mode_now(void) { return vocab_mode_override >= 0 ? vocab_mode_override : vocab_mode_env; }
 
 /* c->logits as a pass left them: softcapped (or without softcap: none) unless raw_cap > 0, the softcap that the
  * fused chain will apply in registers. */
@@ -349,7 +353,7 @@ extern "C" dg_status dg_cuda_decode(dg_cuda_ctx *c, const int32_t *canvas, int32
   }
   DG_TRY(decoder_upload(c, canvas, pos0));
   /* the fused chain (and zstore): the softcap left to the sampler's kernels unless the logits go to the host */
-  const int raw = vocab_mode && !logits_out && d->softcap > 0.0f;
+  const int raw = vocab_mode_now() && !logits_out && d->softcap > 0.0f;
   const decode_arg a = {pos0, sc, raw};
   const dg_graph_key key = {raw ? DG_GRAPH_DECODE_RAW : DG_GRAPH_DECODE, (int32_t)sc, T, T};
   DG_TRY(graph_run(c, &key, pos0, decode_body, &a));
@@ -371,6 +375,7 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_pr
   if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(c->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
+  const int vocab_mode = vocab_mode_now();
   if (vocab_mode) {
     /* z of the logits as they are: a z already virtual (statistics twice on one pass) is made real first, as the
      * chain's second division would divide it in place (a stored z is real: its cap counts as 0) */

@@ -15,16 +15,22 @@ extern template cudaError_t qe_launch_bits<8, 0>(cudaStream_t, dim3, int, const 
 extern template cudaError_t qe_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<2, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<2, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<2, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<3, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<3, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<3, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<4, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<4, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<4, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<6, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<6, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<6, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<8, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<8, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<8, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<16, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qr_launch_bits<16, 1>(cudaStream_t, dim3, int, const qe_args &);
+extern template cudaError_t qr_launch_bits<16, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 
 template <int GATEUP> static cudaError_t qe_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
   switch (bits) {
@@ -75,9 +81,16 @@ static int dn_fuse_on(void) {
 }
 
 int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b) {
-  const int FEAT = 16 * QR_WARPS, G = dn->bits ? dn->group : QR_BF16_GROUP;
+  constexpr int FEAT = 16 * QR_WARPS; /* the gate/up block's features */
+  static_assert(FEAT % 64 == 0, "groups of 32 and 64 are whole in a gate/up block's features");
+  const int G = dn->bits ? dn->group : QR_BF16_GROUP, Ggu = gu->bits ? gu->group : QR_BF16_GROUP;
   if (!dn_fuse_on() || !b->hs || gu->lay != DG_CUDA_LAY_LANES || dn->lay != DG_CUDA_LAY_LANES) return 0;
-  if (IE <= 0 || IE % FEAT || G <= 0 || G % 8 || FEAT % G) return 0;
+  if (IE <= 0 || IE % FEAT) return 0; /* every slab of features full */
+  /* G 32 or 64: whole groups in a block's features, and b->hs holds IE / 32 sums per row; G 128 spans two blocks */
+  if (G != 32 && G != 64) return 0;
+  /* the QR_GATEUP_HP kernels exist for the gate/up group of the down stack (one group for both stacks: what
+   * `dgemma quantize` and MLX write) and the exact fold: no DQ body (qr_launch_bits) */
+  if (Ggu != G || qr_dq_from() > 0) return 0;
   return G;
 }
 
@@ -114,11 +127,13 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
       const cudaError_t e = k_group_sums_perm(s, xe, T, H, a.group, b->xs, b->xp);
       if (e != cudaSuccess) return e;
     }
+    const int grid_y = (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS), ntr = nt > 0 ? nt : qe_nt(T, K, E);
     if (b->hp_group > 0) { /* the down product's input copy and sums in the epilogue (k_qe_dn_fuse_group) */
       a.hg = b->hp_group;
       a.hs = b->hs;
+      return qr_launch<QR_GATEUP_HP>(s, dim3(E, grid_y), ntr, a, qr_bits(W));
     }
-    return qr_launch<1>(s, dim3(E, (IE + 16 * QR_WARPS - 1) / (16 * QR_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, qr_bits(W));
+    return qr_launch<1>(s, dim3(E, grid_y), ntr, a, qr_bits(W));
   }
   b->hp_group = 0; /* qe_kernel stores h plainly */
   const cudaError_t e = k_group_sums(s, xe, T, H, W->group, b->xs);

@@ -72,17 +72,21 @@ struct qe_args {
   const uint32_t *q; /* [E * rows_per_expert, Kdim * BITS / 32] */
   const void *sbp;   /* (s, b) pairs, tile layout (qe_tiling) */
   int sb, group, pb; /* pair dtype, group size, bytes per pair */
+  int hg;            /* qr_kernel's GATEUP QR_GATEUP_HP only (DGEMMA_DN_FUSE=1): the down product's group G, 32 or 64
+                        (dividing the block's 16 WARPS features); in the 4 bytes of padding before rowbytes */
   int64_t rowbytes;  /* bytes per weight row */
   const bf16 *X;     /* gate/up: xe [T, Kdim]; down: h [T * topk, Kdim] */
   const float *xs;   /* group sums of X's rows [., Kdim / group] */
   const int32_t *count, *start, *pairs;
   const int32_t *order; /* NULL, or the experts by descending count (group_scan_kernel): qr_body's block order */
   int topk, Kdim, N; /* N: gate/up IE (features), down H (rows) */
-  bf16 *h;           /* gate/up output [T * topk, IE]: hg 0 as it is; hg > 0 (qr_kernel only) in the down product's
-                        fragment order (k_group_sums_perm's xp), with its group sums into hs */
-  float *hs;         /* hg > 0: the group sums of h's rows [T * topk, IE / hg] (k_group_sums_perm's out) */
-  int hg;            /* the down product's group G (dividing 16 WARPS), 0: h stored plainly */
-  float *y;          /* down output [T * topk, H] */
+  bf16 *h;           /* gate/up output [T * topk, IE]: as it is; qr_kernel's GATEUP QR_GATEUP_HP in the down
+                        product's fragment order (k_group_sums_perm's xp), with its group sums into hs */
+  union {            /* (a gate/up product writes no y: hs shares its place, so qe_args keeps its size and offsets) */
+    float *y;        /* down output [T * topk, H] */
+    float *hs;       /* qr_kernel's GATEUP QR_GATEUP_HP: the group sums of h's rows [T * topk, IE / hg]
+                        (k_group_sums_perm's out) */
+  };
   int stage_bytes, w_bytes, x_bytes, sb_bytes, xsr;
 };
 

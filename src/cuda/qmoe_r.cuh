@@ -52,6 +52,12 @@
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
+/* qr_kernel's GATEUP: 0 the down product, 1 the gate/up product (h stored plainly, qe_store), QR_GATEUP_HP the gate/up
+ * product whose epilogue also makes the down product's input copy and group sums (qr_store_hp; DGEMMA_DN_FUSE=1).
+ * A template value of its own, so that the kernels of 0 and 1 carry no trace of that epilogue (the same PTX as
+ * before it existed: docs/cuda.md, session 16); instantiated for gate/up groups 32 and 64 and the exact
+ * fold only (no DQ body), the cases k_qe_dn_fuse_group (qmoe.cu) chooses it for. */
+#define QR_GATEUP_HP 2
 
 /* Codes per stage of a group size: max(64, group); bf16 stacks (bits 16) have no groups: their "group" is the
  * stage itself (32 or 64 weights). */
@@ -526,15 +532,15 @@ __device__ __forceinline__ void qr_ring_stages(const unsigned char *smem, dg_spt
   dg_cp_wait<0>();
 }
 
-/* The gate/up epilogue with the down product's input copy (a.hg > 0; DGEMMA_DN_FUSE=1, qmoe.cu): the pass's h values,
- * bf16(gelu(gate) up) as qe_store makes them, go into a shared tile [8 NT][16 WARPS + 8] (the ring's memory, free
- * after the loop's last barrier; rows 16-byte aligned), and after a barrier one thread per (token, group of a.hg
- * features) writes that group of the block's 16 WARPS features into a.h in the down product's fragment order and its
- * sum into a.hs, by group_sum_perm (mma.cuh) itself: the same bits as k_group_sums_perm over a plainly stored h,
- * so the down product's inputs are word for word those of the separate copy (test_experts_dn_fuse), which is then
- * not launched. Needs the block's features to be whole groups (a.hg divides 16 WARPS) and every slab full (IE a
- * multiple of 16 WARPS: the host's condition, k_qe_dn_fuse_group). The next pass reuses the tile's memory only after
- * the barrier that follows its row table. */
+/* The gate/up epilogue with the down product's input copy (qr_kernel's GATEUP QR_GATEUP_HP; DGEMMA_DN_FUSE=1,
+ * qmoe.cu): the pass's h values, bf16(gelu(gate) up) as qe_store makes them, go into a shared tile
+ * [8 NT][16 WARPS + 8] (the ring's memory, free after the loop's last barrier; rows 16-byte aligned), and after a
+ * barrier one thread per (token, group of a.hg features) writes that group of the block's 16 WARPS features into a.h
+ * in the down product's fragment order and its sum into a.hs, by group_sum_perm (mma.cuh) itself: the same bits as
+ * k_group_sums_perm over a plainly stored h, so the down product's inputs are word for word those of the separate copy
+ * (test_experts_dn_fuse), which is then not launched. Needs the block's features to be whole groups (a.hg divides
+ * 16 WARPS) and every slab full (IE a multiple of 16 WARPS: the host's condition, k_qe_dn_fuse_group). The next pass
+ * reuses the tile's memory only after the barrier that follows its row table. */
 template <int NT, int WARPS>
 __device__ __forceinline__ void qr_store_hp(const qe_args &a, const float (&acc)[2][NT][4], int row0, int mp, int slab,
                                             int warp, int g, int t, unsigned char *smem) {
@@ -589,7 +595,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
   static_assert(!(BM && NZ), "NZ copies 4-byte sums");
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
-  static_assert(!GATEUP || STAGES * STB >= NTOK * (FEAT + 8) * 2, "qr_store_hp's tile fits in the ring");
+  static_assert(GATEUP != QR_GATEUP_HP || STAGES * STB >= NTOK * (FEAT + 8) * 2, "qr_store_hp's tile fits in the ring");
+  constexpr int GU = GATEUP != 0; /* a gate/up product (qe_pass_rows, qe_store) */
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
   const int cnt = a.count[e];
@@ -608,7 +615,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
 
   for (int p0 = 0; p0 < cnt; p0 += NTOK) {
     const int mp = min(NTOK, cnt - p0);
-    qe_pass_rows<GATEUP, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
     __syncthreads();
 
     /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
@@ -681,8 +688,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     }
     __syncthreads(); /* every warp is done with the ring before the next pass refills it */
 
-    if (GATEUP && a.hg > 0) qr_store_hp<NT, WARPS>(a, acc, base + p0, mp, slab, warp, g, t, smem); /* uniform */
-    else qe_store<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
+    if constexpr (GATEUP == QR_GATEUP_HP) qr_store_hp<NT, WARPS>(a, acc, base + p0, mp, slab, warp, g, t, smem);
+    else qe_store<GU, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
   }
 }
 
@@ -738,12 +745,15 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   if constexpr (BITS == 16) { /* bf16: no groups, stages of 64 weights */
     if (a.group != QR_BF16_GROUP) return cudaErrorInvalidValue;
     return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  }
-  switch (a.group) {
-  case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS>(s, grid, a);
-  case 128: return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-  default: return cudaErrorInvalidValue;
+  } else { /* (bf16 never launches the group kernels: not instantiated for it, they were 24 of qmoe_r16.cu's 36) */
+    switch (a.group) {
+    case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+    case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS>(s, grid, a);
+    case 128: /* QR_GATEUP_HP: not instantiated (a down group of 128 spans two gate/up blocks: k_qe_dn_fuse_group) */
+      if constexpr (GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
+      else return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+    default: return cudaErrorInvalidValue;
+    }
   }
 }
 
@@ -780,7 +790,7 @@ template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 gr
 
 template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
-  if constexpr (BITS != 16 && BITS != 6) {
+  if constexpr (BITS != 16 && BITS != 6 && GATEUP != QR_GATEUP_HP) { /* QR_GATEUP_HP: no DQ body */
     const int dq = qr_dq_from();
     if (dq > 0 && nt >= dq && nt >= 4 && a.group == 64) return qr_launch_dq<BITS, GATEUP>(s, grid, nt, a);
   }
@@ -804,5 +814,6 @@ void qr_tile_pack(const qe_tiling &t, const uint8_t *codes, const void *scales, 
 
 #define DG_QR_INSTANTIATE(BITS)                                                                         \
   template cudaError_t qr_launch_bits<BITS, 0>(cudaStream_t, dim3, int, const qe_args &);             \
-  template cudaError_t qr_launch_bits<BITS, 1>(cudaStream_t, dim3, int, const qe_args &);
+  template cudaError_t qr_launch_bits<BITS, 1>(cudaStream_t, dim3, int, const qe_args &);             \
+  template cudaError_t qr_launch_bits<BITS, QR_GATEUP_HP>(cudaStream_t, dim3, int, const qe_args &);
 #endif

@@ -150,6 +150,33 @@ extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *g
   free(h0); free(h1); free(y0); free(y1);
   return st;
 }
+/* k_qe_dn_fuse_group on lane-record stacks of the given widths (0: bf16) and groups, with b->hs set, the switch
+ * forced on and DGEMMA_QR_DQ's choice dq_from (qr_dq_set): host bookkeeping only, no device memory. */
+extern "C" dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int dn_bits, int dn_group, int IE,
+                                                int dq_from, int *G) {
+  if (dq_from < 0 || dq_from > 8)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_dn_fuse_group: DQ from %d (0-8)", dq_from);
+  dg_cuda_w gu, dn;
+  memset(&gu, 0, sizeof gu);
+  memset(&dn, 0, sizeof dn);
+  gu.bits = gu_bits; gu.group = gu_group; gu.lay = DG_CUDA_LAY_LANES;
+  dn.bits = dn_bits; dn.group = dn_group; dn.lay = DG_CUDA_LAY_LANES;
+  dg_cuda_moe_buf b;
+  memset(&b, 0, sizeof b);
+  float hs_word = 0; /* only tested for NULL */
+  b.hs = &hs_word;
+  qr_dn_fuse_set(1);
+  qr_dq_set(dq_from);
+  *G = k_qe_dn_fuse_group(&gu, &dn, IE, &b);
+  qr_dq_set(-1);
+  qr_dn_fuse_set(-1);
+  return DG_OK;
+}
+extern "C" dg_status dg_cuda_test_vocab_set(int mode) {
+  if (mode < -1 || mode > 2) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_set: mode %d (-1..2)", mode);
+  dg_cuda_vocab_set(mode);
+  return DG_OK;
+}
 extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                              int K, int nt, int dq_from, uint16_t *h, float *y) {
@@ -200,7 +227,9 @@ static dg_status test_experts_with(int device, const dg_weight *gate_up, const d
   TT_(dalloc(&al, (void **)&b.hs, TK * IE / 32 * 4, "hs"));
   TC_(k_group(0, &b, T, E, K));
   qr_dn_fuse_set(fuse);
+  if (nt >= 0) qr_dq_set(dq_from); /* as dg_cuda_experts_nt sets it: k_qe_dn_fuse_group reads it */
   *fused = k_qe_dn_fuse_group(&l.experts_gate_up, &l.experts_down, IE, &b) > 0;
+  qr_dq_set(-1);
   {
     const cudaError_t e = nt < 0 ? dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K)
                                  : dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from);
@@ -759,7 +788,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
     dg_cuda_test_experts_dn_fuse,
-    dg_cuda_test_ctx_arena,
+    dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

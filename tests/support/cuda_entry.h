@@ -53,6 +53,14 @@ dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg
 dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                        const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
                                        int *fused);
+/* *G = k_qe_dn_fuse_group (src/cuda/common.cuh) for lane-record stacks gate/up (gu_bits 0: bf16, gu_group) and down
+ * (dn_bits, dn_group), IE features, with the group-sum buffer present, DGEMMA_DN_FUSE forced on and DGEMMA_QR_DQ's
+ * choice dq_from (0 off, 4-8): the down group the gate/up epilogue would make its copy for, 0 where it must not.
+ * Host only (no device memory); DG_ERR_INVALID_ARG for dq_from outside 0-8. */
+dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int dn_bits, int dn_group, int IE, int dq_from, int *G);
+/* The chain over the logits of the passes that follow (dg_cuda_vocab_set, src/cuda/host.cuh): 0 the chain, 1 fused,
+ * 2 zstore (DGEMMA_VOCAB's values), -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. */
+dg_status dg_cuda_test_vocab_set(int mode);
 
 /* The router on the device (k_route in mode 1, route_kernel, or 2, route_tk_kernel: the modes of
  * DGEMMA_ROUTE=fused and =tiles; spec 4.6 step 2) for logits rlog [T, E]
@@ -182,6 +190,8 @@ typedef struct dg_cuda_test_api {
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
                                     int *fused);
   dg_status (*test_ctx_arena)(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad);
+  dg_status (*test_dn_fuse_group)(int gu_bits, int gu_group, int dn_bits, int dn_group, int IE, int dq_from, int *G);
+  dg_status (*test_vocab_set)(int mode);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
