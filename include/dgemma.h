@@ -388,6 +388,13 @@ dg_status dg_context_truncate(dg_context *ctx, int32_t len);
  * DG_ERR_BACKEND when the model's backend cannot copy a cache (CUDA, for now). dst is unchanged on
  * failure. */
 dg_status dg_context_copy_prefix(dg_context *dst, const dg_context *src, int32_t n);
+/* Free what ctx holds besides its KV cache and the small per-context rows sized with it: on the CPU the
+ * activations of a pass (a few MB, more with the vocabulary's probability rows: one row [V] per thread),
+ * the canvas K/V buffers of the compacted pass and the self-conditioning scratch; each is made again by
+ * the next pass that needs it, so ctx stays fully usable. For a context kept only to be copied from (a
+ * prompt cache's entry). A CUDA context keeps its device work buffers (one block with its KV cache): nothing
+ * is freed there, for now. Not while a pass or a dg_batch uses ctx. Errors: DG_ERR_INVALID_ARG (NULL). */
+dg_status dg_context_release_buffers(dg_context *ctx);
 
 /* Stage timing of a CUDA context (`dgemma bench --profile`): GPU time per
  * stage of the passes run on ctx since dg_context_profile(ctx, 1), measured

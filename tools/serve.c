@@ -484,7 +484,9 @@ static void cache_lookup(dg_server *s, job *j) {
 /* Keep j's finished context (under mu): its tokens are the prompt and the canvases it committed.
  * Entries whose tokens begin this one's go (it holds them); beyond o.cache_slots the least recently
  * used goes. A context with much unused room (max_tokens above what was generated) is first copied
- * into one of its length, so an entry holds the KV cache of its tokens only. */
+ * into one of its length, and a kept context's working buffers are released (dg_context_release_buffers:
+ * on the CPU its pass activations and canvas K/V, ~5x the KV of a short conversation on the bundled
+ * model), so an entry holds the KV cache of its tokens (on CUDA also the context's device work buffers). */
 static void cache_store(dg_server *s, job *j) {
   if (!s->o.cache_slots || s->cache_off || !j->ctx || j->blk_lost) return;
   const int32_t len = dg_context_length(j->ctx), gen = len - (int32_t)j->n_prompt, C = s->info.canvas_length;
@@ -510,6 +512,7 @@ static void cache_store(dg_server *s, job *j) {
       if (s->cache[i].used < s->cache[lru].used) lru = i;
     cache_drop(s, lru);
   }
+  dg_context_release_buffers(ctx); /* only its KV cache is read again (never fails on a context) */
   s->cache[s->n_cache++] = (cache_entry){ctx, toks, len, ++s->cache_tick};
   s->cache_positions += len;
   if (ctx == j->ctx) j->ctx = NULL; /* the cache's now */
@@ -1228,8 +1231,8 @@ static void serve_usage(FILE *f) {
           "      --max-messages N     chat messages per request (default %d)\n"
           "      --timeout S          idle connection timeout in seconds (default %d; 0: none)\n"
           "      --cache-slots N      prompt cache: finished contexts kept, a request that begins with one's tokens\n"
-          "                           prefills only the rest (default %d; 0: off; each holds one request's context:\n"
-          "                           its KV cache and, unless copied to its length, its working buffers)\n"
+          "                           prefills only the rest (default %d; 0: off; each holds one request's KV\n"
+          "                           cache, its pass buffers released; on CUDA also its device work buffers)\n"
           "      --quiet              no log line per request on stderr\n"
           "  -h, --help               this help\n"
           "      --version            the version\n",
