@@ -22,7 +22,8 @@
  * (dg_context_copy_prefix) and only the rest of the prompt is prefilled, so a
  * conversation's follow-up turn does not prefill the turns before it again.
  * The copy holds the same K/V bits a prefill would, so the answer is the same
- * (test_serve). The cache belongs to the scheduler thread. */
+ * (test_serve; on CUDA the bits of a prefill split where the copy ends:
+ * dgemma.h). The cache belongs to the scheduler thread. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -161,7 +162,7 @@ struct dg_server {
   /* the prompt cache (scheduler thread; the counters under mu) */
   struct cache_entry *cache; /* [o.cache_slots] */
   int32_t n_cache;
-  int cache_off;          /* the backend cannot copy a context (CUDA for now) */
+  int cache_off;          /* a copy failed with DG_ERR_BACKEND: the backend cannot copy a context, or the device failed */
   unsigned long long cache_tick, prompt_tokens_cached, cache_hits;
   long long cache_positions;
 };
@@ -1104,12 +1105,6 @@ dg_status dg_server_start(dg_model *m, const dg_serve_opts *o, dg_server **out) 
   s->slots = calloc((size_t)o->max_batch, sizeof *s->slots);
   s->cache = calloc((size_t)(o->cache_slots > 0 ? o->cache_slots : 1), sizeof *s->cache);
   if (!s->slots || !s->cache) st = DG_ERR_OUT_OF_MEMORY;
-  /* dg_context_copy_prefix is the CPU backend's only, for now (DG_ERR_BACKEND elsewhere, which cache_lookup
-   * also takes as "off"): no device context is kept for nothing */
-  if (o->cache_slots && s->info.device != DG_DEVICE_CPU) {
-    s->cache_off = 1;
-    logf_(s, "dgemma serve: prompt cache off: the CUDA backend cannot copy a KV cache yet (dg_context_copy_prefix)");
-  }
   if (!st) st = dg_batch_new(m, o->max_batch, &s->batch);
   if (!st) {
     if (pthread_create(&s->sched, NULL, scheduler, s)) st = DG_ERR_OUT_OF_MEMORY;
