@@ -378,16 +378,27 @@ int32_t dg_context_length(const dg_context *ctx);
 dg_status dg_context_truncate(dg_context *ctx, int32_t len);
 /* Make dst hold the first n positions of src's KV cache: their K/V are copied (bit for bit), what dst
  * held is dropped and its length becomes n, so a dg_encode / dg_generate / dg_batch_add on dst then
- * continues at position n exactly as on a fresh context that had prefilled the same n tokens (on the
- * CPU the encoder's rows do not depend on how a prompt is split into passes). src is not
- * changed. A prompt cache (`dgemma serve --cache-slots`) keeps finished contexts and starts a request
- * whose prompt begins with a cached context's tokens this way: only the rest is prefilled. dst may be
- * smaller or larger than src (its own max_context). Errors: DG_ERR_INVALID_ARG (NULL, dst == src,
- * contexts of two models, n outside [0, dg_context_length(src)]); DG_ERR_CONTEXT_FULL (n above dst's
- * capacity, or a ring cache of src, as in dg_context_truncate, no longer holds keys position n needs);
- * DG_ERR_BACKEND when the model's backend cannot copy a cache (CUDA, for now). dst is unchanged on
- * failure. */
+ * continues at position n exactly as src's context did after the same n tokens. On the CPU the encoder's
+ * rows do not depend on how a prompt is split into passes, so that is also a fresh prefill of the whole
+ * prompt; on CUDA it is a prefill split at n, as src's was (whether the device's rows depend on the
+ * split, through the row counts of its products, has not been measured). src is not changed. A prompt
+ * cache (`dgemma serve --cache-slots`) keeps finished contexts and starts a request whose prompt begins
+ * with a cached context's tokens this way: only the rest is prefilled. dst may be smaller or larger than
+ * src (its own max_context). On CUDA the sliding-window layers of a ring cache (full_window_cache 0) get
+ * only the positions src's ring still holds (at least the window before n), so dst cannot later be rolled
+ * back below them (dg_context_truncate says so); the copy runs on the device and is finished on return.
+ * Errors: DG_ERR_INVALID_ARG (NULL, dst == src, contexts of two models, n outside [0,
+ * dg_context_length(src)]); DG_ERR_CONTEXT_FULL (n above dst's capacity, or a ring cache of src, as in
+ * dg_context_truncate, no longer holds keys position n needs); DG_ERR_BACKEND when the model's backend
+ * cannot copy a cache, or the device failed. dst is unchanged on a refusal. */
 dg_status dg_context_copy_prefix(dg_context *dst, const dg_context *src, int32_t n);
+/* Free what ctx holds besides its KV cache and the small per-context rows sized with it: on the CPU the
+ * activations of a pass (a few MB, more with the vocabulary's probability rows: one row [V] per thread),
+ * the canvas K/V buffers of the compacted pass and the self-conditioning scratch; each is made again by
+ * the next pass that needs it, so ctx stays fully usable. For a context kept only to be copied from (a
+ * prompt cache's entry). A CUDA context keeps its device work buffers (one block with its KV cache): nothing
+ * is freed there, for now. Not while a pass or a dg_batch uses ctx. Errors: DG_ERR_INVALID_ARG (NULL). */
+dg_status dg_context_release_buffers(dg_context *ctx);
 
 /* Stage timing of a CUDA context (`dgemma bench --profile`): GPU time per
  * stage of the passes run on ctx since dg_context_profile(ctx, 1), measured

@@ -1775,6 +1775,23 @@ static void test_turbo_continuous(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* A synthetic model with a window of 16 and a canvas of 16 (its sliding layers' device ring: 320 slots, window - 1 +
+ * 256 in tiles of 64) written to the mkdtemp template dir, loaded on CUDA (test_cuda_truncate, test_cuda_copy). */
+static dg_model *load_window16(char *dir, unsigned seed) {
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = synth_default();
+  c.window = 16;
+  c.canvas = 16;
+  c.seed = seed;
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *gm;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  return gm;
+}
+
 /* dg_context_truncate on CUDA: the sliding layers' ring cache (window 16 + a 256-token encoder chunk: 320 slots)
  * refuses a roll-back whose window it has overwritten and leaves the context as it was; a context made with
  * full_window_cache rolls back anywhere; a roll-back the ring allows, and the full cache's, give the logits of a
@@ -1785,17 +1802,7 @@ static void test_cuda_truncate(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   char dir[] = "/tmp/dg_cuda_truncXXXXXX";
-  assert_non_null(mkdtemp(dir));
-  synth_cfg c = synth_default();
-  c.window = 16;
-  c.canvas = 16;
-  c.seed = 17;
-  assert_int_equal(synth_model_dir(dir, &c), 0);
-  dg_model_params mp = dg_model_default_params();
-  mp.no_tokenizer = 1;
-  mp.device = DG_DEVICE_CUDA;
-  dg_model *gm;
-  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  dg_model *gm = load_window16(dir, 17);
   const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
   int32_t ids[400], canvas[64];
   synth_random_ids(ids, 400, V, 5);
@@ -1839,6 +1846,118 @@ static void test_cuda_truncate(void **state) {
          "with the logits of a context that never went past 256; full_window_cache rolls back to 50\n");
   free(ref); free(got);
   dg_context_free(b); dg_context_free(ring); dg_context_free(full);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
+/* dg_context_copy_prefix on the device (dg_cuda_ctx_copy, the prompt cache of `dgemma serve`): a context B that
+ * copies the first n positions of a context A and prefills the rest gives the logits of a context C that
+ * prefilled the same tokens itself, bit for bit. C prefills positions [0, n) in the same encoder call as A did
+ * (the device's rows are not promised to be independent of how a prompt is split into passes, so the test
+ * keeps the split the same: only the copy differs). A then went on past n (more tokens and a canvas: its
+ * sliding layers' ring, 320 slots here for a window of 16, has moved on), so the copy reads each position
+ * from its ring slot. Cases: n below, at and above the window, a copy whose slots wrap round the ring, A's
+ * whole length, a full-window destination (its slots are positions) from a ring and a ring destination from
+ * a full-window source, a small destination whose ring is its whole cache, and a copy from a copy.
+ * A copy whose ring no longer holds the window before n is refused, and a destination refuses to roll back
+ * below what it was given. */
+typedef struct copy_case {
+  int32_t n;      /* positions copied */
+  int32_t more;   /* tokens A prefills after n before its canvas (0: n is A's whole length) */
+  int src_full;   /* A with full_window_cache */
+  int32_t cap;    /* B's and C's max_context */
+  int dst_full;   /* B and C with full_window_cache */
+  int32_t rest;   /* tokens B and C prefill after n */
+} copy_case;
+
+/* One case of test_cuda_copy: A, then B (the copy + the rest) against C (a prefill of the same tokens), and D,
+ * a copy of the whole of B. ref, got: [C, V] scratch. */
+static void copy_case_run(dg_model *gm, const copy_case *k, const int32_t *ids, const int32_t *other,
+                          const int32_t *canvas, float *ref, float *got) {
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 512;
+  cp.full_window_cache = k->src_full;
+  dg_context *a = NULL, *b = NULL, *c = NULL;
+  assert_dg_ok(dg_context_new(gm, &cp, &a));
+  assert_dg_ok(dg_encode(a, ids, (size_t)k->n));
+  if (k->more > 0) assert_dg_ok(dg_encode(a, other, (size_t)k->more)); /* A's own continuation */
+  assert_dg_ok(dg_decode(a, canvas, NULL, got));                         /* and a canvas after it */
+  cp.max_context = k->cap;
+  cp.full_window_cache = k->dst_full;
+  assert_dg_ok(dg_context_new(gm, &cp, &b));
+  assert_dg_ok(dg_context_new(gm, &cp, &c));
+  assert_dg_ok(dg_encode(c, ids, (size_t)k->n));
+  assert_dg_ok(dg_encode(c, ids + k->n, (size_t)k->rest));
+  assert_dg_ok(dg_decode(c, canvas, NULL, ref));
+  assert_dg_ok(dg_encode(b, other + 100, 50)); /* B held something else before */
+  assert_dg_ok(dg_context_copy_prefix(b, a, k->n));
+  assert_int_equal(dg_context_length(b), k->n);
+  assert_dg_ok(dg_encode(b, ids + k->n, (size_t)k->rest));
+  assert_dg_ok(dg_decode(b, canvas, NULL, got));
+  if (memcmp(got, ref, (size_t)C * V * 4)) {
+    int first = -1;
+    for (int i = 0; i < C * V && first < 0; i++)
+      if (memcmp(&got[i], &ref[i], 4)) first = i;
+    fail_msg("copy n=%d (A %s, +%d; B/C cap %d %s, +%d): logits differ from C's, first at [%d, %d]: %.9g vs %.9g",
+             k->n, k->src_full ? "full" : "ring", k->more, k->cap, k->dst_full ? "full" : "ring", k->rest, first / V,
+             first % V, got[first], ref[first]);
+  }
+  /* a copy from the copy (its sliding layers hold positions from some lo on): the same logits again */
+  dg_context *d = NULL;
+  assert_dg_ok(dg_context_new(gm, &cp, &d));
+  assert_dg_ok(dg_context_copy_prefix(d, b, k->n + k->rest));
+  assert_dg_ok(dg_decode(d, canvas, NULL, got));
+  assert_memory_equal(got, ref, (size_t)C * V * 4);
+  dg_context_free(a); dg_context_free(b); dg_context_free(c); dg_context_free(d);
+}
+
+static void test_cuda_copy(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_copyXXXXXX";
+  dg_model *gm = load_window16(dir, 23);
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  int32_t ids[512], other[512], canvas[16];
+  synth_random_ids(ids, 512, V, 31);
+  synth_random_ids(other, 512, V, 32);
+  synth_random_ids(canvas, C, V, 33);
+  float *ref = malloc((size_t)C * V * 4), *got = malloc((size_t)C * V * 4);
+  assert_true(ref && got);
+  /* A's cache: 512 positions + the canvas; its ring 320 slots (window - 1 + 256 in tiles of 64). A's writes end at
+   * n + more + 16, and the ring must still hold n's window: n + more + 16 <= n - 15 + 320. */
+  static const copy_case cases[] = {
+      {10, 280, 0, 512, 0, 37},  /* n below the window */
+      {16, 280, 0, 512, 0, 37},  /* n at the window */
+      {100, 280, 0, 512, 0, 37}, /* above it: positions 76..99 from the ring */
+      {400, 80, 0, 512, 0, 37},  /* positions 176..399: slots 176..319 and 0..79 */
+      {400, 0, 0, 512, 0, 60},   /* A's whole length */
+      {400, 80, 0, 512, 1, 37},  /* a full-window B from a ring */
+      {400, 80, 1, 512, 0, 37},  /* a ring B (positions 80..399) from a full-window A */
+      {40, 200, 0, 64, 0, 20},   /* B of 64 positions: its ring is its whole cache */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    copy_case_run(gm, &cases[i], ids, other, canvas, ref, got);
+  /* refusals: A's ring no longer holds n's window; B refuses to roll back below what the copy gave it */
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 512;
+  dg_context *a = NULL, *b = NULL;
+  assert_dg_ok(dg_context_new(gm, &cp, &a));
+  assert_dg_ok(dg_context_new(gm, &cp, &b));
+  assert_dg_ok(dg_encode(a, ids, 480));
+  assert_int_equal(dg_context_copy_prefix(b, a, 100), DG_ERR_CONTEXT_FULL); /* positions 85..99 are gone */
+  assert_int_equal(dg_context_length(b), 0);
+  assert_dg_ok(dg_context_copy_prefix(b, a, 400)); /* positions 160..399 */
+  assert_int_equal(dg_context_truncate(b, 150), DG_ERR_CONTEXT_FULL);
+  assert_non_null(strstr(dg_last_error(), "dg_context_copy_prefix"));
+  assert_int_equal(dg_context_length(b), 400);
+  assert_dg_ok(dg_context_truncate(b, 175)); /* its window 160..174 is there */
+  printf("# cuda copy: %zu copies (n = 10..400, ring and full-window either side, a small destination, a copy of a "
+         "copy) give a fresh prefill's logits bit for bit; a lost window and a roll-back below the copy refused\n",
+         sizeof cases / sizeof cases[0]);
+  dg_context_free(a); dg_context_free(b);
+  free(ref); free(got);
   dg_model_free(gm);
   dg_test_rm_dir(dir);
 }
@@ -2943,7 +3062,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),

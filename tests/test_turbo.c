@@ -1481,7 +1481,9 @@ static void expect_same_result(const dg_gen_result *a, const dg_gen_result *b) {
  * n tokens copied from the context of the first (prompt, then one committed canvas) and only the rest
  * prefilled, gives the K/V of a fresh prefill bit for bit (the prompt is longer than an encoder chunk and
  * the copy ends inside the second chunk) and the same generation, turbo and reference, also from a shorter
- * prefix where a third request diverges; bad arguments are refused and leave dst as it was. */
+ * prefix where a third request diverges, from a source whose working buffers were released
+ * (dg_context_release_buffers) and into a destination released before each generation; bad arguments are
+ * refused and leave dst as it was. */
 static void test_context_copy(void **state) {
   (void)state;
   synth_cfg c = turbo_synth();
@@ -1507,6 +1509,17 @@ static void test_context_copy(void **state) {
   assert_dg_ok(dg_generate(ca, full, NA, &gp[0], &r1));
   const int32_t len_a = dg_context_length(ca);
   assert_int_equal(len_a, NA + C);
+  /* a prompt cache's entry keeps its KV cache only: the pass activations and canvas K/V go (made again on demand:
+   * the generations on cr below run after a release too) */
+  assert_non_null(ca->own_w);
+  assert_non_null(ca->cbuf_arena);
+  assert_dg_ok(dg_context_release_buffers(ca));
+  assert_null(ca->own_w);
+  assert_null(ca->w);
+  assert_null(ca->cbuf_arena);
+  assert_null(ca->soft_pb);
+  assert_int_equal(dg_context_length(ca), len_a);
+  assert_int_equal(dg_context_release_buffers(NULL), DG_ERR_INVALID_ARG);
   memcpy(full + NA, r1.tokens, (size_t)C * sizeof *full); /* the committed canvas */
   synth_random_ids(full + NA + C, NB, c.vocab, 92);       /* the next turn */
   const int32_t NF = NA + C + NB;
@@ -1531,6 +1544,7 @@ static void test_context_copy(void **state) {
       assert_dg_ok(dg_generate(cf, full, (size_t)NF, &gp[k], &fresh));
       assert_dg_ok(dg_context_copy_prefix(cr, ca, from[f]));
       assert_dg_ok(dg_generate(cr, full + from[f], (size_t)(NF - from[f]), &gp[k], &reused));
+      assert_dg_ok(dg_context_release_buffers(cr)); /* the next round regrows them */
       expect_same_result(&fresh, &reused);
       dg_gen_result_free(&fresh);
       dg_gen_result_free(&reused);

@@ -22,7 +22,8 @@
  * (dg_context_copy_prefix) and only the rest of the prompt is prefilled, so a
  * conversation's follow-up turn does not prefill the turns before it again.
  * The copy holds the same K/V bits a prefill would, so the answer is the same
- * (test_serve). The cache belongs to the scheduler thread. */
+ * (test_serve; on CUDA the bits of a prefill split where the copy ends:
+ * dgemma.h). The cache belongs to the scheduler thread. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -161,7 +162,7 @@ struct dg_server {
   /* the prompt cache (scheduler thread; the counters under mu) */
   struct cache_entry *cache; /* [o.cache_slots] */
   int32_t n_cache;
-  int cache_off;          /* the backend cannot copy a context (CUDA for now) */
+  int cache_off;          /* a copy failed with DG_ERR_BACKEND: the backend cannot copy a context, or the device failed */
   unsigned long long cache_tick, prompt_tokens_cached, cache_hits;
   long long cache_positions;
 };
@@ -484,7 +485,9 @@ static void cache_lookup(dg_server *s, job *j) {
 /* Keep j's finished context (under mu): its tokens are the prompt and the canvases it committed.
  * Entries whose tokens begin this one's go (it holds them); beyond o.cache_slots the least recently
  * used goes. A context with much unused room (max_tokens above what was generated) is first copied
- * into one of its length, so an entry holds the KV cache of its tokens only. */
+ * into one of its length, and a kept context's working buffers are released (dg_context_release_buffers:
+ * on the CPU its pass activations and canvas K/V, ~5x the KV of a short conversation on the bundled
+ * model), so an entry holds the KV cache of its tokens (on CUDA also the context's device work buffers). */
 static void cache_store(dg_server *s, job *j) {
   if (!s->o.cache_slots || s->cache_off || !j->ctx || j->blk_lost) return;
   const int32_t len = dg_context_length(j->ctx), gen = len - (int32_t)j->n_prompt, C = s->info.canvas_length;
@@ -510,6 +513,7 @@ static void cache_store(dg_server *s, job *j) {
       if (s->cache[i].used < s->cache[lru].used) lru = i;
     cache_drop(s, lru);
   }
+  dg_context_release_buffers(ctx); /* only its KV cache is read again (never fails on a context) */
   s->cache[s->n_cache++] = (cache_entry){ctx, toks, len, ++s->cache_tick};
   s->cache_positions += len;
   if (ctx == j->ctx) j->ctx = NULL; /* the cache's now */
@@ -1101,12 +1105,6 @@ dg_status dg_server_start(dg_model *m, const dg_serve_opts *o, dg_server **out) 
   s->slots = calloc((size_t)o->max_batch, sizeof *s->slots);
   s->cache = calloc((size_t)(o->cache_slots > 0 ? o->cache_slots : 1), sizeof *s->cache);
   if (!s->slots || !s->cache) st = DG_ERR_OUT_OF_MEMORY;
-  /* dg_context_copy_prefix is the CPU backend's only, for now (DG_ERR_BACKEND elsewhere, which cache_lookup
-   * also takes as "off"): no device context is kept for nothing */
-  if (o->cache_slots && s->info.device != DG_DEVICE_CPU) {
-    s->cache_off = 1;
-    logf_(s, "dgemma serve: prompt cache off: the CUDA backend cannot copy a KV cache yet (dg_context_copy_prefix)");
-  }
   if (!st) st = dg_batch_new(m, o->max_batch, &s->batch);
   if (!st) {
     if (pthread_create(&s->sched, NULL, scheduler, s)) st = DG_ERR_OUT_OF_MEMORY;
@@ -1228,8 +1226,8 @@ static void serve_usage(FILE *f) {
           "      --max-messages N     chat messages per request (default %d)\n"
           "      --timeout S          idle connection timeout in seconds (default %d; 0: none)\n"
           "      --cache-slots N      prompt cache: finished contexts kept, a request that begins with one's tokens\n"
-          "                           prefills only the rest (default %d; 0: off; each holds one request's context:\n"
-          "                           its KV cache and, unless copied to its length, its working buffers)\n"
+          "                           prefills only the rest (default %d; 0: off; each holds one request's KV\n"
+          "                           cache, its pass buffers released; on CUDA also its device work buffers)\n"
           "      --quiet              no log line per request on stderr\n"
           "  -h, --help               this help\n"
           "      --version            the version\n",

@@ -64,6 +64,9 @@ static dg_status cu_ctx_init(dg_context *ctx, int32_t rows) {
 }
 static void cu_ctx_free(dg_context *ctx) { dg_cuda_ctx_free(ctx->dev); }
 static dg_status cu_truncate_check(const dg_context *ctx, int32_t len) { return dg_cuda_truncate_check(ctx->dev, len); }
+static dg_status cu_ctx_copy(dg_context *dst, const dg_context *src, int32_t n) {
+  return dg_cuda_ctx_copy(dst->dev, src->dev, n);
+}
 static dg_status cu_compact_prepare(dg_context *ctx) {
   (void)ctx; /* the device cache's canvas slots are the canvas K/V buffers */
   return DG_OK;
@@ -196,6 +199,7 @@ static const dg_backend cuda_backend = {
     .ctx_init = cu_ctx_init,
     .ctx_free = cu_ctx_free,
     .truncate_check = cu_truncate_check,
+    .ctx_copy = cu_ctx_copy,
     .compact_prepare = cu_compact_prepare,
     .encode = cu_encode,
     .decode = cu_decode,

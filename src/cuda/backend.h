@@ -97,6 +97,14 @@ dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, int full_
 /* Whether the cache can be rolled back to position len (dg_context_truncate): DG_OK, or DG_ERR_CONTEXT_FULL when
  * the sliding layers' ring (full_window 0) has overwritten a key of the window before len. */
 dg_status dg_cuda_truncate_check(const dg_cuda_ctx *c, int32_t len);
+/* The backend's ctx_copy (src/backend/backend.h; dg_context_copy_prefix, which checked both contexts' model, n <=
+ * their lengths and capacities and that src still holds the window before n): the K/V of positions [0, n) of every
+ * full layer from src into dst, and of the positions [lo, n) of every sliding layer, lo the first that src's ring
+ * still holds, at least n - dst's ring (position p sits in slot p % S of each side's own slot count S), bit for bit,
+ * by one kernel per layer on dst's stream after src's stream has drained; synchronised before return. dst's
+ * sliding layers then hold positions lo.. only (dg_cuda_truncate_check refuses to roll back below lo + window - 1).
+ * Errors: DG_ERR_BACKEND. */
+dg_status dg_cuda_ctx_copy(dg_cuda_ctx *dst, const dg_cuda_ctx *src, int32_t n);
 void dg_cuda_ctx_free(dg_cuda_ctx *c);
 
 /* Encoder pass (spec 4.5) over ids[n] at positions pos0..pos0+n-1, in

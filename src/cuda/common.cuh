@@ -238,6 +238,8 @@ struct dg_cuda_ctx {
   int32_t enc_chunk;        /* tokens per encoder pass (<= tmax; ENC_CHUNK unless DGEMMA_ENC_CHUNK) */
   int32_t hi;               /* 1 + the highest position whose K/V a pass has written since the last pass at position
                              * 0 (dg_cuda_truncate_check: what a ring may have overwritten) */
+  int32_t lo;               /* the first position the sliding layers hold (0; dg_cuda_ctx_copy: the first it copied);
+                             * back to 0 with the next pass at position 0 */
   bf16 **kc, **vc;          /* [L] -> [NKV, S or S_ring, D] */
   int32_t *ids;             /* [tmax] */
   float *x;                 /* [T, H] residual stream, fp32 */

@@ -49,18 +49,74 @@ static size_t blas_ws_bytes(int device) {
 }
 
 void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end) {
-  if (pos0 == 0) c->hi = 0;
+  if (pos0 == 0) c->hi = c->lo = 0;
   if (end > c->hi) c->hi = end;
 }
 
 extern "C" dg_status dg_cuda_truncate_check(const dg_cuda_ctx *c, int32_t len) {
   const int32_t W = c->m->d.window, need = len - (W - 1) > 0 ? len - (W - 1) : 0;
-  if (c->S_ring >= c->S || len == 0 || c->hi <= need + c->S_ring) return DG_OK;
+  if (len == 0 || ((c->S_ring >= c->S || c->hi <= need + c->S_ring) && need >= c->lo)) return DG_OK;
+  if (need < c->lo)
+    return dg_seterr(DG_ERR_CONTEXT_FULL,
+                     "CUDA context: position %d needs the keys of positions %d..%d in the sliding-window layers, but "
+                     "this context's K/V there begin at position %d (dg_context_copy_prefix brought no older ones)",
+                     len, need, len - 1, c->lo);
   return dg_seterr(DG_ERR_CONTEXT_FULL,
                    "CUDA context: rolling back to position %d needs the keys of positions %d..%d in the sliding-window "
                    "layers, but their ring cache of %d slots has since held positions up to %d; a context made with "
                    "dg_context_params.full_window_cache = 1 keeps every position",
                    len, need, len - 1, c->S_ring, c->hi - 1);
+}
+
+/* ---- copying a KV cache (dg_context_copy_prefix) ------------------------------ */
+
+/* The first position whose sliding-layer K/V c still holds: its copied start (lo), or what its ring has not
+ * overwritten since (a position p sits in slot p % S_ring; positions up to hi - 1 have been written). */
+static int32_t ring_first(const dg_cuda_ctx *c) {
+  const int32_t kept = c->S_ring >= c->S ? 0 : c->hi - c->S_ring;
+  return kept > c->lo ? kept : c->lo;
+}
+
+/* One layer's K and V, [NKV, S, D] bf16 viewed as pairs (D even, checked at upload): for every head h and position p
+ * in [lo, n), dst's slot p % Sd gets src's slot p % Ss (a full layer: S slots > n, so slot p on both sides). */
+__global__ void kv_copy_kernel(uint32_t *dk, uint32_t *dv, const uint32_t *sk, const uint32_t *sv, int NKV, int D2,
+                               int Sd, int Ss, int lo, int n) {
+  DG_PDL_ENTRY();
+  const size_t np = (size_t)(n - lo), tot = (size_t)NKV * np * (size_t)D2;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t d = i % (size_t)D2, r = i / (size_t)D2, h = r / np;
+    const int p = lo + (int)(r % np);
+    const size_t so = (h * (size_t)Ss + (size_t)(p % Ss)) * D2 + d, dof = (h * (size_t)Sd + (size_t)(p % Sd)) * D2 + d;
+    dk[dof] = sk[so];
+    dv[dof] = sv[so];
+  }
+}
+
+extern "C" dg_status dg_cuda_ctx_copy(dg_cuda_ctx *dst, const dg_cuda_ctx *src, int32_t n) {
+  const dg_cuda_model *m = dst->m;
+  CK(cudaSetDevice(m->device));
+  /* src's passes have all synchronised before returning; this only orders a copy after any work still queued */
+  CK(cudaStreamSynchronize(src->stream));
+  /* the sliding layers: the positions src still holds, at most the last S_ring of dst's ring */
+  int32_t lo_s = ring_first(src);
+  if (dst->S_ring < dst->S && n - dst->S_ring > lo_s) lo_s = n - dst->S_ring;
+  if (lo_s > n) lo_s = n; /* (the caller's truncate_check makes lo_s <= n - (window - 1)) */
+  for (int i = 0; i < m->d.n_layers; i++) {
+    const dg_cuda_layer *l = &m->layers[i];
+    const int lo = l->is_full ? 0 : lo_s;
+    if (n - lo <= 0) continue;
+    const int Sd = l->is_full ? dst->S : dst->S_ring, Ss = l->is_full ? src->S : src->S_ring, D2 = l->head_dim / 2;
+    const size_t tot = (size_t)l->n_kv * (size_t)(n - lo) * (size_t)D2, nb = (tot + 255) / 256;
+    DG_LAUNCH(kv_copy_kernel, (unsigned)(nb < 65535 ? nb : 65535), 256, 0, dst->stream)(
+        (uint32_t *)dst->kc[i], (uint32_t *)dst->vc[i], (const uint32_t *)src->kc[i], (const uint32_t *)src->vc[i],
+        l->n_kv, D2, Sd, Ss, lo, (int)n);
+    CK(cudaGetLastError());
+  }
+  CK(cudaStreamSynchronize(dst->stream));
+  /* dst holds positions [0, n) on the full layers and [lo_s, n) on the sliding ones (dg_cuda_truncate_check) */
+  dst->hi = n;
+  dst->lo = lo_s;
+  return DG_OK;
 }
 
 /* The shape of a context: its pass rows T (max(canvas, encoder chunk, rows)), cache length S (cap + canvas) and

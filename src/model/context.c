@@ -3,7 +3,8 @@
  * self-conditioning rows: one allocation; the canvas K/V buffers of the
  * compacted pass: one more, on first use), the activations of a pass (a
  * dg_work, one allocation, the context's own or a batch's shared one),
- * their release, and the cache-length calls of dgemma.h. Every block is laid
+ * their release (dg_context_release_buffers: a prompt cache's entry keeps
+ * its KV cache only), and the cache-length calls of dgemma.h. Every block is laid
  * out from a size table (llm.c's way). The CPU backend's table
  * (backend_cpu.c: ctx_init / ctx_free) calls these; a CUDA context keeps
  * everything on the device instead. */
@@ -158,6 +159,18 @@ void dg_context_trim(dg_context *ctx) {
   free(ctx->soft_pb);
   ctx->soft_pb = NULL;
   ctx->soft_pb_rows = 0;
+}
+
+dg_status dg_context_release_buffers(dg_context *ctx) {
+  if (!ctx) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_release_buffers: NULL context");
+  if (ctx->w == ctx->own_w) ctx->w = NULL; /* a batch's shared activations are the batch's */
+  work_free(ctx->own_w);
+  ctx->own_w = NULL;
+  free(ctx->cbuf_arena); /* the canvas K/V index and rows: dg_context_compact_buffers makes them again */
+  ctx->cbuf_arena = NULL;
+  ctx->cbuf_k = ctx->cbuf_v = NULL;
+  dg_context_trim(ctx);
+  return DG_OK;
 }
 
 void dg_context_free_host(dg_context *ctx) {
