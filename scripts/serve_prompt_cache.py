@@ -55,7 +55,7 @@ def conversation(port, k, words):
 
 def serve(args, slots):
     p = subprocess.Popen([args.bin, "serve", "-m", args.model, "-t", str(args.threads), "--port", "0",
-                          "--cache-slots", str(slots), "--gen-kwargs", args.gen_kwargs, "--quiet"],
+                          "--cache-slots", str(slots), "--gen-kwargs", args.gen_kwargs, "--device", args.device, "--quiet"],
                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
     for line in p.stderr:  # "dgemma serve: http://127.0.0.1:PORT/ model ..."
         m = re.search(r"http://[0-9.]+:(\d+)/", line)
@@ -84,6 +84,7 @@ def main():
     ap.add_argument("-r", dest="reps", type=int, default=7)
     ap.add_argument("-w", dest="words", type=int, default=1500)
     ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--device", default="cpu", help="the server's --device (cpu or cuda)")
     ap.add_argument("--bin", default=os.environ.get("BIN", "build/dgemma"))
     ap.add_argument("--gen-kwargs", default=TURBO, help="the server's --gen-kwargs (default: turbo's recommended "
                     "setting; '{}': the reference sampler)")
