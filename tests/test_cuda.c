@@ -126,10 +126,19 @@ static void matmul_grouped_bf16(float *y, int64_t ldy, const float *x, int64_t l
 static const dg_kernels k_bf16 = {"bf16-rounding test kernel", matmul_bf16, matmul_grouped_bf16, NULL, NULL};
 
 /* DG_TEST_CASE=K runs only case K (0-based; test_attention: version K) of the tests that loop over cases,
- * so that scripts/sanitize_gpu.sh can check their cases in parallel processes; unset: every case. */
+ * so that scripts/sanitize_gpu.sh can check their cases in parallel processes; unset: every case. A K that
+ * is not a decimal number, or that no case of the tests that ran matched, fails the run (main): else
+ * test_replay@6 or test_sampled@x would pass having checked nothing (or case 0 only). */
+static int g_case_asked, g_case_hit;
 static int test_case(int k) {
   const char *v = getenv("DG_TEST_CASE");
-  return !v || !*v || atoi(v) == k;
+  if (!v || !*v) return 1;
+  char *end;
+  const long n = strtol(v, &end, 10);
+  g_case_asked = 1;
+  if (*end || n != k) return 0;
+  g_case_hit = 1;
+  return 1;
 }
 
 static void need_gpu(void) {
@@ -3070,5 +3079,11 @@ int main(void) {
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
-  return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+  int rc = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+  if (g_case_asked && !g_case_hit) {
+    fprintf(stderr, "test_cuda: DG_TEST_CASE=%s matched no case of the tests that ran (nothing was checked)\n",
+            getenv("DG_TEST_CASE"));
+    rc = rc ? rc : 1;
+  }
+  return rc;
 }

@@ -295,6 +295,43 @@ static void check_lp_rows_equal(const dg_kernels *k, int B, int G, int K) {
   free(data); free(sc); free(bi); free(x); free(y1); free(y2);
 }
 
+/* Non-finite activations stay non-finite, as in the exact kernels (IEEE: x_k = NaN or +-Inf
+ * makes sum_k x_k w_k NaN or +-Inf): a NaN must not be quantized into a finite code, or the
+ * forward pass's check of the logits (DG_ERR_NUMERIC) never sees it. Row 0 holds a NaN, row 1
+ * +Inf, row 2 -Inf, row 3 is finite; every output of rows 0-2 must be non-finite (NaN for row
+ * 0), row 3's must equal a call on row 3 alone. B = 0: bf16 weights. */
+static void check_lp_nonfinite(const dg_kernels *k, int B, int G, int K) {
+  const int T = 4, N = 5, ng = B ? K / G : 0;
+  const size_t rb = B ? (size_t)dg_quant_row_bytes(K, B) : (size_t)K * 2;
+  uint8_t *data = malloc((size_t)N * rb);
+  uint16_t *sc = malloc((size_t)N * (ng + 1) * 2), *bi = malloc((size_t)N * (ng + 1) * 2);
+  float *wf = malloc((size_t)N * K * sizeof(float)), *x = malloc((size_t)T * K * sizeof(float));
+  float *y = malloc((size_t)T * N * sizeof(float)), *y1 = malloc((size_t)N * sizeof(float));
+  for (int i = 0; i < N * K; i++) wf[i] = frand() * 0.05f;
+  dg_weight W = {.dtype = DG_BF16, .data = data, .rows = N, .cols = K};
+  if (B) {
+    for (int n = 0; n < N; n++)
+      dg_quant_row(wf + (size_t)n * K, K, B, G, DG_BF16, data + n * rb, sc + (size_t)n * ng, bi + (size_t)n * ng);
+    W = (dg_weight){.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
+                    .sb_dtype = DG_BF16, .scales = sc, .biases = bi};
+  } else {
+    for (int i = 0; i < N * K; i++) { uint16_t h = dg_f32_to_bf16(wf[i]); memcpy(data + 2 * (size_t)i, &h, 2); }
+  }
+  for (int i = 0; i < T * K; i++) x[i] = frand();
+  x[0 * K + K / 2 + 1] = NAN;
+  x[1 * K + 3] = INFINITY;
+  x[2 * K + K - 1] = -INFINITY;
+  k->matmul(y, N, x, K, T, &W, 0, N, 2);
+  k->matmul(y1, N, x + 3 * K, K, 1, &W, 0, N, 1);
+  for (int n = 0; n < N; n++) {
+    if (!isnan(y[n]) || isfinite(y[N + n]) || isfinite(y[2 * N + n]))
+      fail_msg("%s %d-bit G=%d K=%d: output %d of rows with NaN / +Inf / -Inf activations = %g / %g / %g (must be NaN "
+               "/ non-finite / non-finite)", k->name, B, G, K, n, y[n], y[N + n], y[2 * N + n]);
+    assert_memory_equal(&y[3 * N + n], &y1[n], sizeof(float));
+  }
+  free(data); free(sc); free(bi); free(wf); free(x); free(y); free(y1);
+}
+
 static void test_avx512lp(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx512lp();
@@ -328,6 +365,10 @@ static void test_avx512lp(void **state) {
   for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) check_lp_rows_equal(k, bg[c][0], bg[c][1], bg[c][2]);
   printf("# avx512lp: 23 rows in one call = 23 one-row calls bit for bit (4-bit g64/g32/g128, 2-bit g32/g64/g128, "
          "8-bit g32/g64/g128; both layouts; K with partial last steps and blocks)\n");
+  /* non-finite activations: bf16, by step (4-bit g64 K = 256, 8-bit g128), transposed (4-bit g64 K = 1024,
+   * 2-bit g32, 8-bit g32) */
+  static const int nf[][3] = {{0, 0, 96}, {4, 64, 256}, {8, 128, 384}, {4, 64, 1024}, {2, 32, 1408}, {8, 32, 480}};
+  for (size_t c = 0; c < sizeof nf / sizeof nf[0]; c++) check_lp_nonfinite(k, nf[c][0], nf[c][1], nf[c][2]);
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64
@@ -359,6 +400,8 @@ static void test_avx2lp(void **state) {
   for (size_t c = 0; c < sizeof bg / sizeof bg[0]; c++) check_lp_rows_equal(k, bg[c][0], bg[c][1], bg[c][2]);
   printf("# avx2lp: 23 rows in one call = 23 one-row calls bit for bit (2-bit g32/g128, 3-bit g32, 4-bit g64, 6-bit "
          "g64, 8-bit g32)\n");
+  static const int nf[][3] = {{2, 32, 256}, {3, 64, 192}, {4, 64, 256}, {6, 128, 384}, {8, 32, 160}};
+  for (size_t c = 0; c < sizeof nf / sizeof nf[0]; c++) check_lp_nonfinite(k, nf[c][0], nf[c][1], nf[c][2]);
 }
 
 static void test_conversions(void **state) {

@@ -155,13 +155,19 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
       /* group maxima, 8 lanes at a time (G is a multiple of 8) */
       const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
       for (int64_t g = 0; g < b->ng; g++) {
-        __m256 m = _mm256_setzero_ps();
-        for (int k = 0; k < G; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xt + g * G + k), absm));
+        __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+        for (int k = 0; k < G; k += 8) {
+          const __m256 v = _mm256_loadu_ps(xt + g * G + k);
+          nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+          m = _mm256_max_ps(m, _mm256_and_ps(v, absm));
+        }
         float mv[8];
         _mm256_storeu_ps(mv, m);
         float mx = 0.0f;
         for (int i = 0; i < 8; i++) mx = fmaxf(mx, mv[i]);
-        dh[g] = mx / (float)Q;
+        /* a NaN in the group: d = NaN (1/d and the codes 0), so every output of the row is NaN, as in
+         * the exact path (vmaxps would drop it) */
+        dh[g] = _mm256_movemask_ps(nan) ? NAN : mx / (float)Q;
         dh[b->ng + g] = dh[g] > 0.0f ? 1.0f / dh[g] : 0.0f;
       }
       const float *inv = dh + b->ng;

@@ -261,7 +261,8 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   int fail = 0;
   /* 16 lanes at a time (G is a multiple of 32: a vector never spans two groups), the same
    * operations as one element at a time: the group maximum of |x| (vmaxps with x first:
-   * a NaN x leaves the maximum as fmaxf does), d = max / 127, qx = round(x / d) (a true
+   * a NaN x leaves the maximum as fmaxf does; a group holding a NaN gets d = NaN instead,
+   * so that the NaN reaches y as in the exact kernels), d = max / 127, qx = round(x / d) (a true
    * division, vrndscaleps to nearest even as nearbyintf) clamped to [-127, 127], the
    * group's sum of qx exact in int32; then the codes in the kernels' layout. */
 #pragma omp parallel num_threads(T < n_threads ? (int)T : n_threads) reduction(| : fail)
@@ -280,8 +281,14 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
       memset(dt, 0, (size_t)b->cstride * sizeof(float));
       for (int64_t g = 0; g < b->ng; g++) {
         __m512 m = _mm512_setzero_ps();
-        for (int k = 0; k < G; k += 16) m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xt + g * G + k), absm), m);
-        const float d = _mm512_reduce_max_ps(m) / 127.0f;
+        __mmask16 nan = 0;
+        for (int k = 0; k < G; k += 16) {
+          const __m512 v = _mm512_loadu_ps(xt + g * G + k);
+          nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+          m = _mm512_max_ps(_mm512_and_ps(v, absm), m);
+        }
+        /* a NaN in the group: d = NaN (codes 0), so every output of the row is NaN, as in the exact path */
+        const float d = nan ? NAN : _mm512_reduce_max_ps(m) / 127.0f;
         dt[g] = d;
         __m512i qsum = _mm512_setzero_si512();
         for (int k = 0; k < G; k += 16) {
