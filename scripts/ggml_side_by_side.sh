@@ -87,7 +87,8 @@ fi
 mkdir -p "$GG" "$OUT"
 if [ ! -x "$DGEMMA" ] && [ "$DGEMMA" = "$ROOT/build-cpu/dgemma" ]; then
   echo "# building $DGEMMA (CPU-only)" >&2
-  nice make -j"$(nproc)" BUILD=build-cpu CUDA=0 build-cpu/dgemma >"$OUT/dgemma_build.log"
+  nice make -j"$(nproc)" BUILD=build-cpu CUDA=0 build-cpu/dgemma >"$OUT/dgemma_build.log" 2>&1 ||
+    { echo "ggml_side_by_side.sh: building $DGEMMA failed; see $OUT/dgemma_build.log" >&2; exit 1; }
 fi
 [ -x "$DGEMMA" ] || { echo "ggml_side_by_side.sh: DGEMMA=$DGEMMA is not an executable" >&2; exit 2; }
 

@@ -16,12 +16,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 BIN=${BIN:-build/dgemma}
+[[ ${SERVE_WAIT:-300} =~ ^[0-9]+$ ]] || { echo "serve_bench.sh: SERVE_WAIT=$SERVE_WAIT is not a number of seconds" >&2; exit 2; }
 KW='{"diffusion_turbo": true, "turbo_accept": "confidence", "turbo_threshold": [0.95, 0.80, 8], "turbo_repair": true, "turbo_compact": true}'
 QS=("What is 7 times 8?" "Tom has 23 apples and buys 14 more. How many apples does he have?"
     "Write a line about the sea." "What is 12 plus 30?" "Sam has 5 pens and loses 2. How many are left?"
     "Name a color." "What is 9 times 6?" "Tell me about the moon.")
 PORT=$((20000 + RANDOM % 20000))
-tmp=$(mktemp -d); trap 'kill $SPID 2>/dev/null || true; rm -rf "$tmp"' EXIT
+SPID=""
+tmp=$(mktemp -d); trap '[ -n "$SPID" ] && kill $SPID 2>/dev/null; rm -rf "$tmp"' EXIT
 base=""
 for B in $BS; do
   OMP_WAIT_POLICY=passive "$BIN" serve -m "$MODEL" -t "$THREADS" --port $PORT --max-batch "$B" --quiet \
