@@ -958,6 +958,19 @@ static char *chat_body(const dg_chat_message *msgs, int n, int max_tokens, int s
   return b;
 }
 
+/* POST msgs as a chat completion (chat_body's fields), check the answer against x, and
+ * return its usage.prompt_tokens_details.cached_tokens. */
+static int chat_cached(int port, const dg_chat_message *msgs, int n, int max_tokens, int seed, const char *kwargs,
+                       const expect *x) {
+  char *b = chat_body(msgs, n, max_tokens, seed, kwargs);
+  http_resp r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
+  free(b);
+  check_chat_json(&r, x);
+  const int c = cached_tokens(r.body);
+  free(r.body);
+  return c;
+}
+
 static int32_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
   int32_t k = 0;
   while ((size_t)k < na && (size_t)k < nb && a[k] == b[k]) k++;
@@ -981,26 +994,18 @@ static void test_prompt_cache(void **state) {
   dg_server *srv = serve_small(&o);
   curl_global_init(CURL_GLOBAL_DEFAULT);
   int port = dg_server_port(srv);
+  http_resp r;
+  char *b;
   const char *q1 = "Tom has 5 pens. He buys 3 more pens. How many pens does Tom have now?", *q2 = "How many pens does Tom have?";
   /* turn 1: nothing cached */
   dg_chat_message m1[1] = {{"user", q1}};
   expect x1 = engine_chat(m1, 1, 64, 7, NULL);
-  char *b = chat_body(m1, 1, 64, 7, NULL);
-  http_resp r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
-  free(b);
-  check_chat_json(&r, &x1);
-  assert_int_equal(cached_tokens(r.body), 0);
-  free(r.body);
+  assert_int_equal(chat_cached(port, m1, 1, 64, 7, NULL, &x1), 0);
   assert_true(x1.n_tokens <= 64); /* one canvas: the context keeps the prompt only (the last canvas is never committed) */
   /* turn 2: the conversation so far and a new question */
   dg_chat_message m2[3] = {{"user", q1}, {"assistant", x1.text}, {"user", q2}};
   expect x2 = engine_chat(m2, 3, 64, 8, NULL);
-  b = chat_body(m2, 3, 64, 8, NULL);
-  r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
-  free(b);
-  check_chat_json(&r, &x2);
-  const int c2 = cached_tokens(r.body);
-  free(r.body);
+  const int c2 = chat_cached(port, m2, 3, 64, 8, NULL, &x2);
   int32_t *p1, *p2, *p3;
   size_t n1, n2, n3;
   assert_dg_ok(dg_chat_apply(g_m, m1, 1, 0, &p1, &n1));
@@ -1016,12 +1021,7 @@ static void test_prompt_cache(void **state) {
   if (lcp(p3, n3, p1, n1) > want3) want3 = lcp(p3, n3, p1, n1);
   assert_true(want3 > c2 && want3 < (int32_t)n2);
   expect x3 = engine_chat(m3, 3, 64, 9, NULL);
-  b = chat_body(m3, 3, 64, 9, NULL);
-  r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
-  free(b);
-  check_chat_json(&r, &x3);
-  const int c3 = cached_tokens(r.body);
-  free(r.body);
+  const int c3 = chat_cached(port, m3, 3, 64, 9, NULL, &x3);
   assert_int_equal(c3, want3);
   printf("# prompt cache: turn 2 %d of %zu prompt tokens cached, a diverging turn 3 %d of %zu; answers as fresh runs\n", c2,
          n2, c3, n3);
@@ -1070,14 +1070,7 @@ static void test_prompt_cache(void **state) {
   o.cache_slots = 0;
   assert_dg_ok(dg_server_start(g_m, &o, &srv));
   port = dg_server_port(srv);
-  for (int k = 0; k < 2; k++) {
-    b = chat_body(m2, 3, 64, 8, NULL);
-    r = http(port, "POST", "/v1/chat/completions", b, NULL, 0);
-    free(b);
-    check_chat_json(&r, &x2);
-    assert_int_equal(cached_tokens(r.body), 0);
-    free(r.body);
-  }
+  for (int k = 0; k < 2; k++) assert_int_equal(chat_cached(port, m2, 3, 64, 8, NULL, &x2), 0);
   assert_true(metric(port, "dgemma_prompt_tokens_cached_total") == 0);
   assert_true(metric(port, "dgemma_prompt_cache_contexts") == 0);
   /* issue 16: without stop ids the <eos> canvases after the answer are hidden, not completion tokens */
