@@ -1042,9 +1042,10 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 39 work buffers, src/cuda/context.cu ctx_layout) lie inside the block, 256
- * bytes aligned from its start, without overlap, and a byte pattern of each, all written first, reads back intact.
- * With a sliding-window ring cache (the default) and a full-window cache (every layer the same length). */
+ * its buffers (2 caches per layer and 39 work buffers, src/cuda/context.cu ctx_layout; 40 with DGEMMA_BRANCH=1: the
+ * second cuBLAS handle's workspace) lie inside the block, 256 bytes aligned from its start, without overlap, and a
+ * byte pattern of each, all written first, reads back intact. With a sliding-window ring cache (the default) and a
+ * full-window cache (every layer the same length), each with DGEMMA_BRANCH off and on (dg_cuda_branch_set). */
 static void test_ctx_arena(void **state) {
   (void)state;
   need_gpu();
@@ -1055,20 +1056,24 @@ static void test_ctx_arena(void **state) {
   synth_cfg c = turbo_cfg();
   assert_int_equal(synth_model_dir(dir, &c), 0);
   load_pair(dir, &cm, &gm);
-  for (int full = 0; full < 2; full++) {
+  for (int k = 0; k < 4; k++) {
+    const int full = k & 1, branch = k >> 1;
     dg_context_params p = dg_context_default_params();
     p.full_window_cache = full;
     dg_context *ctx;
-    assert_dg_ok(dg_context_new(gm, &p, &ctx));
+    assert_dg_ok(cut()->test_branch_set(branch));
+    const dg_status st = dg_context_new(gm, &p, &ctx);
+    assert_dg_ok(cut()->test_branch_set(-1));
+    assert_dg_ok(st);
     int32_t na[2] = {-1, -1};
     int nb = 0;
     long bad = -1;
     assert_dg_ok(cut()->test_ctx_arena(ctx->dev, na, &nb, &bad));
-    printf("# context (full window %d): %d device and %d pinned host allocations, %d buffers, %ld bad\n", full, na[0],
-           na[1], nb, bad);
+    printf("# context (full window %d, branch %d): %d device and %d pinned host allocations, %d buffers, %ld bad\n",
+           full, branch, na[0], na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 39);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 39 + branch);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
@@ -1709,6 +1714,135 @@ static void test_graphs(void **state) {
     free(out[k]);
     dg_gen_result_free(&rg[k]);
     dg_gen_result_free(&rt[k]);
+  }
+  free(z); free(soft);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
+/* ---- DGEMMA_BRANCH (src/cuda/passes.cu ffn_branches) ---------------------------------- */
+
+/* Each layer's dense MLP on a second stream, concurrent with its router, grouping and experts, gives the bits of the
+ * sequential order: the same kernels on the same inputs, only the order between the two branches changes. Contexts
+ * of one CUDA model made with the switch off and on (dg_cuda_branch_set, as DGEMMA_BRANCH=0 / 1) run graphs_seq
+ * (encoder chunks, decoder passes without and with host self-conditioning logits, LM-head rows, compacted passes of a
+ * partial forward set and of the whole canvas, at two positions; graphs as by default: on the GPU plain, captured,
+ * updated and replayed), one decode with profiling on (the stage marks time one stream: no fork then), a reference
+ * generation (argmax; the kept self-conditioning) and a stacked turbo batch (dg_generate_batch, B = 2: layer_segs
+ * with two segments): every logit word (memcmp) and token must be equal. The branch context must have forked, the
+ * other never, neither in the profiled decode; on the GPU neither may have fallen back from graphs (a capture the
+ * fork broke would). Under the CPU emulation every launch runs when it is made and ffn_branches issues the MoE branch
+ * first: the branches then run in the opposite order to the sequential pass, so a buffer both touched would change
+ * the results there. Neither can show a race between the two streams on a GPU (compute-sanitizer racecheck does). */
+static void test_branch(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_branchXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *gm;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, H = gm->cfg.hidden_size, P = 40;
+  int32_t prompt[40], p2[11], c0[16], c1[16];
+  assert_true(C == 16);
+  synth_random_ids(prompt, P, V, 61);
+  synth_random_ids(p2, 11, V, 62);
+  synth_random_ids(c0, C, V, 63);
+  synth_random_ids(c1, C, V, 64);
+  const int32_t *cv[2] = {c0, c1};
+  float *z = malloc((size_t)C * V * 4), *soft = malloc((size_t)C * H * 4);
+  unsigned sd = 23;
+  for (int i = 0; i < C * V; i++) z[i] = synth_rand(&sd) * 4.0f;
+  for (int i = 0; i < C * H; i++) soft[i] = synth_rand(&sd) * 3.0f;
+  const size_t cap = (size_t)2 * 16 * C * V + (size_t)C * V; /* graphs_seq's outputs and the profiled decode */
+  dg_gen_params gp = dg_gen_default_params(gm), tp[2];
+  gp.max_new_tokens = C; /* one block of 4 steps, and turbo canvases of at most 3 (the emulation is slow) */
+  gp.max_denoising_steps = 4;
+  gp.n_stop_ids = 0;
+  gp.proposal = DG_PROPOSAL_ARGMAX;
+  for (int i = 0; i < 2; i++) {
+    tp[i] = gp;
+    tp[i].max_new_tokens = 2 * C;
+    tp[i].max_denoising_steps = 3;
+    tp[i].seed = 40 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&tp[i], "{\"diffusion_turbo\": true, \"turbo_compact\": true, "
+                                                   "\"turbo_bucket\": true, \"turbo_topk\": 16}"));
+  }
+  const int32_t *ps[2] = {prompt, p2};
+  size_t np[2] = {(size_t)P, 11};
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + 3 * C;
+  float *out[2];
+  size_t n[2];
+  dg_gen_result rg[2], rb[2][2];
+  int64_t forks[2];
+  for (int k = 0; k < 2; k++) {
+    /* every context made from here to the end of the iteration, dg_generate_batch's work context included */
+    assert_dg_ok(cut()->test_branch_set(k));
+    dg_context *x, *xb[2];
+    assert_dg_ok(dg_context_new(gm, &cp, &x));
+    assert_dg_ok(dg_context_new(gm, &cp, &xb[0]));
+    assert_dg_ok(dg_context_new(gm, &cp, &xb[1]));
+    out[k] = malloc(cap * 4);
+    n[k] = 0;
+    graphs_seq(x, prompt, P, cv, z, soft, out[k], &n[k]);
+    int on = -1;
+    int64_t before = 0, after = 0;
+    assert_dg_ok(cut()->test_branch_stats(x->dev, &on, &before));
+    assert_int_equal(on, k);
+    assert_dg_ok(dg_context_profile(x, 1)); /* profiled: sequential */
+    assert_dg_ok(dg_decode(x, c1, NULL, out[k] + n[k]));
+    n[k] += (size_t)C * V;
+    assert_dg_ok(dg_context_profile(x, 0));
+    assert_dg_ok(cut()->test_branch_stats(x->dev, &on, &after));
+    if (after != before) fail_msg("branch %d: a profiled decode forked %lld layers", k, (long long)(after - before));
+    assert_true(n[k] <= cap);
+    dg_context_reset(x);
+    memset(&rg[k], 0, sizeof rg[k]);
+    assert_dg_ok(dg_generate(x, prompt, P, &gp, &rg[k]));
+    assert_dg_ok(dg_generate_batch(xb, 2, ps, np, tp, rb[k]));
+    assert_dg_ok(cut()->test_branch_set(-1));
+    assert_dg_ok(cut()->test_branch_stats(x->dev, &on, &forks[k]));
+    if ((k == 0) != (forks[k] == 0)) fail_msg("branch %d: %lld layers forked", k, (long long)forks[k]);
+    dg_cuda_graph_stats gs;
+    dg_context *all[3] = {x, xb[0], xb[1]};
+    for (int i = 0; i < 3; i++) {
+      assert_dg_ok(cu()->graph_stats(all[i]->dev, &gs));
+      if (gs.fallbacks) fail_msg("branch %d, context %d: graphs fell back to plain launches: %s", k, i, gs.why);
+      if (i == 0)
+        printf("# branch %d: %lld layers forked; graphs %s: %lld plain, %lld captures, %lld replays\n", k,
+               (long long)forks[k], gs.on ? "on" : "off", (long long)gs.plain, (long long)gs.captures,
+               (long long)gs.replays);
+    }
+    for (int i = 0; i < 3; i++) dg_context_free(all[i]);
+  }
+  assert_int_equal(n[1], n[0]);
+  if (memcmp(out[1], out[0], n[0] * 4)) {
+    size_t i = 0;
+    while (!memcmp(&out[1][i], &out[0][i], 4)) i++;
+    fail_msg("branch: output %zu of %zu differs from the sequential order's (%.9g vs %.9g)", i, n[0], out[1][i],
+             out[0][i]);
+  }
+  assert_int_equal(rg[1].n_tokens, rg[0].n_tokens);
+  assert_int_equal(rg[1].n_steps, rg[0].n_steps);
+  assert_memory_equal(rg[1].tokens, rg[0].tokens, (size_t)rg[0].n_tokens * 4);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(rb[1][i].n_tokens, rb[0][i].n_tokens);
+    assert_int_equal(rb[1][i].n_steps, rb[0][i].n_steps);
+    assert_memory_equal(rb[1][i].tokens, rb[0][i].tokens, (size_t)rb[0][i].n_tokens * 4);
+  }
+  printf("# branch: %zu outputs, a generation of %d tokens (%d steps) and a stacked turbo batch of %d + %d tokens "
+         "bit-identical with the dense MLP on its own stream and in order\n", n[0], rg[0].n_tokens, rg[0].n_steps,
+         rb[0][0].n_tokens, rb[0][1].n_tokens);
+  for (int k = 0; k < 2; k++) {
+    free(out[k]);
+    dg_gen_result_free(&rg[k]);
+    for (int i = 0; i < 2; i++) dg_gen_result_free(&rb[k][i]);
   }
   free(z); free(soft);
   dg_model_free(gm);
@@ -3072,7 +3206,7 @@ int main(void) {
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
-      cmocka_unit_test(test_graphs),
+      cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),

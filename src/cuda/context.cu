@@ -1,5 +1,6 @@
 /* context.cu: the CUDA backend's contexts (dg_cuda_ctx_new: KV cache, work
- * buffers, one stream, one cuBLAS handle) and the stage timing of
+ * buffers, one stream, one cuBLAS handle; with DGEMMA_BRANCH=1 a second of
+ * each for the dense MLP, passes.cu) and the stage timing of
  * `dgemma bench --profile` (dg_cuda_profile; interface: backend.h). */
 #include <math.h>
 #include <stdio.h>
@@ -196,6 +197,7 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->bad, 4);
   B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
   B_(c->blas_ws, blas_ws_bytes(m->device));
+  if (c->side.on) B_(c->side.ws, blas_ws_bytes(m->device)); /* DGEMMA_BRANCH=1's second cuBLAS handle's */
 #undef B_
 }
 
@@ -255,7 +257,28 @@ int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, s
   return cv.n;
 }
 
-/* c's stream, cuBLAS handle (its workspace c->blas_ws) and graphs. */
+/* DGEMMA_BRANCH=1 (c->side.on): the second stream, its cuBLAS handle (workspace c->side.ws, set up as c->blas is)
+ * and the fork and join events of passes.cu's layer_segs. */
+static dg_status ctx_side(dg_cuda_ctx *c) {
+  auto *sd = &c->side;
+  cudaError_t e = cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->fork, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->join, cudaEventDisableTiming);
+  if (e != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "DGEMMA_BRANCH=1: the second stream or its events: %s", cudaGetErrorString(e));
+  cublasStatus_t bs = cublasCreate(&sd->blas);
+  if (bs != CUBLAS_STATUS_SUCCESS) sd->blas = NULL;
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(sd->blas, sd->stream);
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(sd->blas, CUBLAS_DEFAULT_MATH);
+#ifndef DG_CUDA_EMU
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(sd->blas, sd->ws, blas_ws_bytes(c->m->device));
+#endif
+  if (bs != CUBLAS_STATUS_SUCCESS)
+    return dg_seterr(DG_ERR_BACKEND, "DGEMMA_BRANCH=1: the second cuBLAS handle: %s", cublasGetStatusString(bs));
+  return DG_OK;
+}
+
+/* c's stream, cuBLAS handle (its workspace c->blas_ws), graphs, and with c->side.on the second stream's. */
 static dg_status ctx_stream(dg_cuda_ctx *c) {
   cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e));
@@ -272,6 +295,7 @@ static dg_status ctx_stream(dg_cuda_ctx *c) {
   if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
 #endif
   gemm_pins_init(c, blas_ws_bytes(c->m->device), 0);
+  if (c->side.on) DG_TRY(ctx_side(c));
   dg_status st = graph_init(c);
   if (st != DG_OK) return st;
   /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
@@ -299,6 +323,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->enc_chunk = enc_chunk;
   c->norm_next = -1; /* no layer's input norm written ahead (passes.cu, k_ffn_combine_norm) */
   c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
+  c->side.on = dg_cuda_branch_now(); /* before the layout: its workspace is carved only then */
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';
@@ -318,11 +343,16 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   ctx_priv *pv = (ctx_priv *)c;
   cudaSetDevice(c->m->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
+  if (c->side.stream) cudaStreamSynchronize(c->side.stream); /* idle unless a pass failed between fork and join */
   if (c->prof) dg_cuda_profile(c, 0);
   graph_free(c);
   gemm_pins_free(c);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
+  if (c->side.blas) cublasDestroy(c->side.blas);
+  if (c->side.fork) cudaEventDestroy(c->side.fork);
+  if (c->side.join) cudaEventDestroy(c->side.join);
+  if (c->side.stream) cudaStreamDestroy(c->side.stream);
   if (pv->host) cudaFreeHost(pv->host);
   turbo_free(c);
   if (pv->dev) cudaFree(pv->dev);

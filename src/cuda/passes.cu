@@ -2,7 +2,9 @@
  * (dg_cuda_encode, dg_cuda_decode), the sampler's per-position statistics
  * (dg_cuda_step_stats) and the self-conditioning soft embedding
  * (dg_cuda_soft_from_z), as a sequence of cuBLAS products and kernels
- * (kernels.cu, moe.cu, attention.cu), mirroring src/model/forward.c step by step.
+ * (kernels.cu, moe.cu, attention.cu), mirroring src/model/forward.c step by step
+ * (with DGEMMA_BRANCH=1 each layer's dense MLP on a second stream, concurrent
+ * with its router and experts: ffn_branches).
  * MLX affine-quantized matrices go through the dequantizing kernels of
  * quant.cu / qmoe*.cu instead of cuBLAS and the bf16 expert kernel. Not
  * here: the generation loop (src/sample/generate.c and src/sample/turbo.c drive every
@@ -56,6 +58,16 @@ dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_
   return DG_OK;
 }
 
+/* DGEMMA_BRANCH=1 (ffn_branches, below): read once when the library loads; dg_cuda_branch_set overrides it. */
+static int branch_from_env(void) {
+  const char *v = getenv("DGEMMA_BRANCH");
+  return v && v[0] == '1' && !v[1];
+}
+static const int branch_env = branch_from_env();
+static int branch_override = -1;
+void dg_cuda_branch_set(int on) { branch_override = on == 0 || on == 1 ? on : -1; }
+int dg_cuda_branch_now(void) { return branch_override >= 0 ? branch_override : branch_env; }
+
 /* DGEMMA_STACK_DENSE=1: the dense products of a stacked pass over all its rows at once (fewer weight reads;
  * a canvas's results then differ from its own pass's in rounding); read once when the library loads. */
 static int stack_dense_from_env(void) {
@@ -63,6 +75,79 @@ static int stack_dense_from_env(void) {
   return v && v[0] == '1' && !v[1];
 }
 static const int stack_dense = stack_dense_from_env();
+
+/* The dense MLP of layer l (spec 4.4 step 5; its post norm comes with the combine) over the normed rows c->a [T, H]
+ * into c->dense [T, H], on c->stream: per canvas sg[g] for ng > 1 (layer_segs), over all T rows for ng = 1. */
+static dg_status dense_mlp(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, const dg_cuda_seg *sg, int ng) {
+  const size_t H = (size_t)c->m->d.hidden;
+  for (int g = 0; g < ng; g++) {
+    const int r0 = ng == 1 ? 0 : sg[g].r0, n = ng == 1 ? T : sg[g].n;
+    DG_TRY(geglu_mlp(c, c->a + r0 * H, n, &l->w_gate_up, &l->w_down, c->dense + r0 * H));
+  }
+  return mark(c, DG_CUDA_ST_DENSE);
+}
+
+/* The MoE branch of layer l (spec 4.6) on c->stream: router logits in fp32 (step 2) from c->u [T, H], softmax, top-K
+ * and the grouping by expert (by default two launches, router_tile_kernel and route_gr_kernel; DGEMMA_ROUTE=tiles
+ * route_tk_kernel for the second, DGEMMA_ROUTE=chain the chain of launches, DGEMMA_ROUTE=fused one launch after the
+ * logits' split products; the profile's grouping stage is inside the router's), then the experts over c->xe [T, H]
+ * into c->moe.y. */
+static dg_status moe_branch(dg_cuda_ctx *c, const dg_cuda_layer *l, int T) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  cudaStream_t s = c->stream;
+  c->moe.gu_x = c->xe; /* DGEMMA_ROUTE=grid makes the gate/up input's permuted copy and group sums while it waits */
+  c->moe.gu_group = k_qe_gate_up_group(&l->experts_gate_up);
+  CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, d->hidden,
+                        d->top_k, c->rws, -1));
+  DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
+  DG_TRY(mark(c, DG_CUDA_ST_GROUP));
+  CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, d->hidden, d->moe_inter, d->n_experts, d->top_k));
+  return mark(c, DG_CUDA_ST_EXPERTS);
+}
+
+/* DGEMMA_BRANCH=1: each layer's dense MLP on a second stream (c->side), concurrent with its router, grouping and
+ * experts (issue 12 item 5). The two branches are independent given the attention residual (spec 4.4 steps 5-7):
+ * the dense one reads c->a and writes c->gu, c->h, c->dense (and cuBLAS's workspace: the side's own), the MoE one
+ * reads c->u, c->xe and writes c->rlog, c->rws, c->moe; only the combine reads both. So the side stream waits for
+ * an event recorded after k_attn_residual (fork) and the main one for an event recorded after the dense MLP (join),
+ * before the combine; in a graph capture the two become parallel branches of the graph (the side stream joins the
+ * capture through the fork's wait and leaves it through the join). The same kernels on the same inputs: the bits of
+ * the sequential order (test_branch). Off (everything in order on c->stream) while profiling (the stage marks time
+ * one stream) and with DGEMMA_CUDA_SYNC=1 (which synchronises c->stream only).
+ * The router's grid-wide wait (route_gr_kernel, DGEMMA_ROUTE=grid) stays safe: it needs every block of its grid
+ * resident at once, which k_route_grid checks for an idle GPU; the dense branch's kernels may hold SMs a while, but
+ * they never wait on the router (their only dependencies are the fork and each other), so they finish and the
+ * router's remaining blocks are placed; under PDL a kernel after route_gr_kernel is placed only once every block of
+ * it has run its DG_PDL_ENTRY (is resident), and a dense kernel placed early by PDL waits on its own predecessor on
+ * the side stream only. The host issues the MoE branch first, then the dense one: under the CPU emulation, which
+ * runs every launch when it is made, the branches then run in the opposite order to the sequential pass, so a
+ * buffer the two shared would change the results there. */
+static dg_status ffn_branches(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, const dg_cuda_seg *sg, int ng) {
+  if (!c->side.on || c->prof || c->debug_sync) {
+    DG_TRY(dense_mlp(c, l, T, sg, ng));
+    return moe_branch(c, l, T);
+  }
+  cudaStream_t main_s = c->stream;
+  CK(cudaEventRecord(c->side.fork, main_s));
+  CK(cudaStreamWaitEvent(c->side.stream, c->side.fork, 0));
+  c->side.forks++;
+  DG_TRY(moe_branch(c, l, T));
+  /* the dense MLP issued with c's stream, cuBLAS handle and workspace the side's (every product of geglu_mlp, a
+   * pinned one included, takes them from c), then c's own again */
+  cublasHandle_t main_blas = c->blas;
+  void *main_ws = c->blas_ws;
+  c->stream = c->side.stream;
+  c->blas = c->side.blas;
+  c->blas_ws = c->side.ws;
+  const dg_status st = dense_mlp(c, l, T, sg, ng);
+  c->stream = main_s;
+  c->blas = main_blas;
+  c->blas_ws = main_ws;
+  DG_TRY(st);
+  CK(cudaEventRecord(c->side.join, c->side.stream));
+  CK(cudaStreamWaitEvent(main_s, c->side.join, 0));
+  return DG_OK;
+}
 
 /* One layer (spec 4.4) over c->x [T, H] whose rows are the canvases sg[0..nseg) (host array), each a run of
  * consecutive rows with its own KV cache and positions: causal = encoder (one segment); sg[g].dpos != NULL
@@ -127,24 +212,9 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   CKK(c, k_attn_residual(s, c->x, c->f1, l->post_attn_norm, l->pre_ff_norm, l->pre_ff2_norm, l->router_scale, root, c->a,
                      c->xe, c->u, T, H, eps));
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
-  for (int g = 0; g < ng; g++)
-    DG_TRY(geglu_mlp(c, c->a + (size_t)SEG_R0(g) * H, SEG_N(g), &l->w_gate_up, &l->w_down,
-                     c->dense + (size_t)SEG_R0(g) * H));
 #undef SEG_R0
 #undef SEG_N
-  DG_TRY(mark(c, DG_CUDA_ST_DENSE));
-  /* router logits in fp32 (spec 4.6 step 2), softmax, top-K and the grouping by expert (by default two launches,
-   * router_tile_kernel and route_gr_kernel; DGEMMA_ROUTE=tiles route_tk_kernel for the second, DGEMMA_ROUTE=chain the
-   * chain of launches, DGEMMA_ROUTE=fused one launch after the logits' split products); the profile's grouping stage
-   * is inside the router's */
-  c->moe.gu_x = c->xe; /* DGEMMA_ROUTE=grid makes the gate/up input's permuted copy and group sums while it waits */
-  c->moe.gu_group = k_qe_gate_up_group(&l->experts_gate_up);
-  CKK(c, k_router_route(s, c->u, l->router, c->rlog, l->per_expert_scale, &c->moe, T, d->n_experts, H, d->top_k,
-                        c->rws, -1));
-  DG_TRY(mark(c, DG_CUDA_ST_ROUTER));
-  DG_TRY(mark(c, DG_CUDA_ST_GROUP));
-  CKK(c, dg_cuda_experts(s, l, c->xe, &c->moe, T, H, d->moe_inter, d->n_experts, d->top_k));
-  DG_TRY(mark(c, DG_CUDA_ST_EXPERTS));
+  DG_TRY(ffn_branches(c, l, T, sg, ng));
   /* the combine, and with it the next layer's input norm into c->a when there is a next layer (one launch and one
    * read of x fewer; the same bits as the norm's own kernel); layer li + 1 of these T rows then skips its norm */
   int fused = 0;

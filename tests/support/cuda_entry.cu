@@ -177,6 +177,17 @@ extern "C" dg_status dg_cuda_test_vocab_set(int mode) {
   dg_cuda_vocab_set(mode);
   return DG_OK;
 }
+extern "C" dg_status dg_cuda_test_branch_set(int on) {
+  if (on < -1 || on > 1) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_branch_set: %d (-1..1)", on);
+  dg_cuda_branch_set(on);
+  return DG_OK;
+}
+extern "C" dg_status dg_cuda_test_branch_stats(const dg_cuda_ctx *c, int *on, int64_t *forks) {
+  if (!c || !on || !forks) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_branch_stats: NULL argument");
+  *on = c->side.on;
+  *forks = c->side.forks;
+  return DG_OK;
+}
 extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                              int K, int nt, int dq_from, uint16_t *h, float *y) {
@@ -788,7 +799,8 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
     dg_cuda_test_experts_dn_fuse,
-    dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set,
+    dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
+    dg_cuda_test_branch_stats,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -61,6 +61,13 @@ dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int dn_bits, int
 /* The chain over the logits of the passes that follow (dg_cuda_vocab_set, src/cuda/host.cuh): 0 the chain, 1 fused,
  * 2 zstore (DGEMMA_VOCAB's values), -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. */
 dg_status dg_cuda_test_vocab_set(int mode);
+/* DGEMMA_BRANCH for the contexts made next (dg_cuda_branch_set, src/cuda/host.cuh): 1 each layer's dense MLP on a
+ * second stream, concurrent with the router and experts, 0 everything on one stream, -1 the environment's choice again;
+ * DG_ERR_INVALID_ARG for other values. */
+dg_status dg_cuda_test_branch_set(int on);
+/* Of context c: *on whether it was made with the second stream, *forks the layers it has issued with the fork so far
+ * (passes.cu ffn_branches; plain passes and captures count, graph replays do not). */
+dg_status dg_cuda_test_branch_stats(const dg_cuda_ctx *c, int *on, int64_t *forks);
 
 /* The router on the device (k_route in mode 1, route_kernel, or 2, route_tk_kernel: the modes of
  * DGEMMA_ROUTE=fused and =tiles; spec 4.6 step 2) for logits rlog [T, E]
@@ -192,6 +199,8 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_ctx_arena)(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad);
   dg_status (*test_dn_fuse_group)(int gu_bits, int gu_group, int dn_bits, int dn_group, int IE, int dq_from, int *G);
   dg_status (*test_vocab_set)(int mode);
+  dg_status (*test_branch_set)(int on);
+  dg_status (*test_branch_stats)(const dg_cuda_ctx *c, int *on, int64_t *forks);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
