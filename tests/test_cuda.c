@@ -1042,7 +1042,7 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 39 work buffers, src/cuda/context.cu ctx_layout; 40 with DGEMMA_BRANCH=1: the
+ * its buffers (2 caches per layer and 39 work buffers, src/cuda/context.cu ctx_layout; 40 with the branches on, the default: the
  * second cuBLAS handle's workspace) lie inside the block, 256 bytes aligned from its start, without overlap, and a
  * byte pattern of each, all written first, reads back intact. With a sliding-window ring cache (the default) and a
  * full-window cache (every layer the same length), each with DGEMMA_BRANCH off and on (dg_cuda_branch_set). */

@@ -28,7 +28,7 @@
  *               DGEMMA_VOCAB=fused, not the default: slower than v0 on the H200, session 14), checked word for word against v0; v2's statistics and probabilities also apart;
  *               "v2 gN": v2 in launch groups of N positions (the second read of a group's logits from the L2);
  *               "v3 z stored": pass 1 also stores z in place, the passes after it read z as stored (DG_VZ_STORED: no
- *               softcap, no division) instead of recomputing it (DGEMMA_VOCAB=zstore, not the default until measured)
+ *               softcap, no division) instead of recomputing it (DGEMMA_VOCAB=zstore, the backend's default since session 17)
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
  *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
  *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);

@@ -284,11 +284,11 @@ struct dg_cuda_ctx {
                                  * each; the turbo engine's buffers and cuBLAS's, graphs' and pins' own not counted) */
   int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the
                                  * combine of the layer before it, k_ffn_combine_norm; -1: none) */
-  /* DGEMMA_BRANCH=1 (passes.cu, layer_segs): each layer's dense MLP on a second stream, concurrent with its router,
+  /* DGEMMA_BRANCH (on by default; passes.cu, layer_segs): each layer's dense MLP on a second stream, concurrent with its router,
    * grouping and experts on `stream`, forked after the attention residual and joined before the combine. Made with
    * the context where the switch is on when it is made (on 0: none of it, every pass sequential). */
   struct dg_cuda_side {
-    int on;                /* the context was made with DGEMMA_BRANCH=1 (or dg_cuda_branch_set(1)) */
+    int on;                /* the context was made with the branches on (the default, or dg_cuda_branch_set(1)) */
     cudaStream_t stream;   /* non-blocking; has work only between a layer's fork and join */
     cublasHandle_t blas;   /* bound to stream, with workspace ws of blas_ws's size (the same algorithms as blas) */
     void *ws;              /* its own: two products running at once never share a workspace */

@@ -1,5 +1,5 @@
 /* context.cu: the CUDA backend's contexts (dg_cuda_ctx_new: KV cache, work
- * buffers, one stream, one cuBLAS handle; with DGEMMA_BRANCH=1 a second of
+ * buffers, a stream and a cuBLAS handle; by default (DGEMMA_BRANCH) a second of
  * each for the dense MLP, passes.cu) and the stage timing of
  * `dgemma bench --profile` (dg_cuda_profile; interface: backend.h). */
 #include <math.h>
@@ -197,7 +197,7 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->bad, 4);
   B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
   B_(c->blas_ws, blas_ws_bytes(m->device));
-  if (c->side.on) B_(c->side.ws, blas_ws_bytes(m->device)); /* DGEMMA_BRANCH=1's second cuBLAS handle's */
+  if (c->side.on) B_(c->side.ws, blas_ws_bytes(m->device)); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
 #undef B_
 }
 
@@ -257,7 +257,7 @@ int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, s
   return cv.n;
 }
 
-/* DGEMMA_BRANCH=1 (c->side.on): the second stream, its cuBLAS handle (workspace c->side.ws, set up as c->blas is)
+/* The concurrent branches (c->side.on, DGEMMA_BRANCH): the second stream, its cuBLAS handle (workspace c->side.ws, set up as c->blas is)
  * and the fork and join events of passes.cu's layer_segs. */
 static dg_status ctx_side(dg_cuda_ctx *c) {
   auto *sd = &c->side;
@@ -265,7 +265,7 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->fork, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->join, cudaEventDisableTiming);
   if (e != cudaSuccess)
-    return dg_seterr(DG_ERR_BACKEND, "DGEMMA_BRANCH=1: the second stream or its events: %s", cudaGetErrorString(e));
+    return dg_seterr(DG_ERR_BACKEND, "the concurrent branches' second stream or its events (DGEMMA_BRANCH=0 runs without them): %s", cudaGetErrorString(e));
   cublasStatus_t bs = cublasCreate(&sd->blas);
   if (bs != CUBLAS_STATUS_SUCCESS) sd->blas = NULL;
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(sd->blas, sd->stream);
@@ -274,7 +274,7 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(sd->blas, sd->ws, blas_ws_bytes(c->m->device));
 #endif
   if (bs != CUBLAS_STATUS_SUCCESS)
-    return dg_seterr(DG_ERR_BACKEND, "DGEMMA_BRANCH=1: the second cuBLAS handle: %s", cublasGetStatusString(bs));
+    return dg_seterr(DG_ERR_BACKEND, "the concurrent branches' second cuBLAS handle (DGEMMA_BRANCH=0 runs without it): %s", cublasGetStatusString(bs));
   return DG_OK;
 }
 

@@ -145,8 +145,8 @@ void logits_written(dg_cuda_ctx *c, float raw_cap);
 void dg_cuda_vocab_set(int mode);
 
 /* DGEMMA_BRANCH (passes.cu): whether a context made now runs each layer's dense MLP on its second stream, concurrent
- * with the router and experts (1) or everything in order on one stream (0): the environment's choice (DGEMMA_BRANCH=1,
- * read once when the library loads; off by default) unless dg_cuda_branch_set(0 / 1) overrides it (-1 gives the
+ * with the router and experts (1) or everything in order on one stream (0): the environment's choice (on unless
+ * DGEMMA_BRANCH=0, read once when the library loads) unless dg_cuda_branch_set(0 / 1) overrides it (-1 gives the
  * environment's choice back; the tests). A context keeps what it was made with. */
 int dg_cuda_branch_now(void);
 void dg_cuda_branch_set(int on);

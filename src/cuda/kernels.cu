@@ -974,7 +974,7 @@ __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, 
 }
 
 /* ---- the two chains over the logits (issue 14) ----
- * "chain" (the backend's default; DGEMMA_VOCAB=fused selects the other, not faster on the H200, session 14): softcap_kernel writes softcap(logits) in place after
+ * "chain" (DGEMMA_VOCAB=chain; the default until H200 session 17; DGEMMA_VOCAB=fused selects the second, not faster on the H200, session 14): softcap_kernel writes softcap(logits) in place after
  * the LM head; vstats_part_kernel stores z = logits / T in place, vstats_cdf_kernel (sampled proposals) and
  * vstats_finish_kernel read it; vsc_max_kernel, vsc_sum_kernel and vsc_write_kernel read it again for the
  * self-conditioning probabilities. "fused" (DGEMMA_VOCAB=fused): the LM head's logits stay as it left them (raw: the
@@ -984,7 +984,7 @@ __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, 
  * max, pass 2 (vfuse_cdf_kernel; sampled proposals) also vsc_sum_kernel's chunk sum (both need only the row max),
  * and the probabilities then need one pass (vfuse_write_kernel; after argmax proposals two, the sums first). The
  * partials are the chain's, reduced in the chain's order: every output word is the chain's (test_vocab_chain).
- * "zstore" (DGEMMA_VOCAB=zstore; the lab's "v3 z stored", argmax chain 0.602 ms against the chain's 0.678 on the H200,
+ * "zstore" (the default since H200 session 17, DGEMMA_VOCAB=zstore; the lab's "v3 z stored", argmax chain 0.602 ms against the chain's 0.678 on the H200,
  * session 14): the fused chain whose pass 1 also stores z in place (one write more), so that the passes after it
  * read z as it is (vz's DG_VZ_STORED) instead of recomputing tanhf and the divisions; every output word and the
  * stored z the chain's (test_vocab_chain).

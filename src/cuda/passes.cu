@@ -3,7 +3,7 @@
  * (dg_cuda_step_stats) and the self-conditioning soft embedding
  * (dg_cuda_soft_from_z), as a sequence of cuBLAS products and kernels
  * (kernels.cu, moe.cu, attention.cu), mirroring src/model/forward.c step by step
- * (with DGEMMA_BRANCH=1 each layer's dense MLP on a second stream, concurrent
+ * (by default, DGEMMA_BRANCH, each layer's dense MLP on a second stream, concurrent
  * with its router and experts: ffn_branches).
  * MLX affine-quantized matrices go through the dequantizing kernels of
  * quant.cu / qmoe*.cu instead of cuBLAS and the bf16 expert kernel. Not
@@ -58,10 +58,12 @@ dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_
   return DG_OK;
 }
 
-/* DGEMMA_BRANCH=1 (ffn_branches, below): read once when the library loads; dg_cuda_branch_set overrides it. */
+/* The two branches of a layer concurrent (ffn_branches, below): the default since H200 session 17 (vllm protocol on
+ * the 26B, 1,211.3 -> 1,219.7 tok/s alone, 1,221.8 -> 1,234.6 with the zstore chain); DGEMMA_BRANCH=0 runs them one
+ * after another. Read once when the library loads; dg_cuda_branch_set overrides it. */
 static int branch_from_env(void) {
   const char *v = getenv("DGEMMA_BRANCH");
-  return v && v[0] == '1' && !v[1];
+  return !(v && v[0] == '0' && !v[1]);
 }
 static const int branch_env = branch_from_env();
 static int branch_override = -1;
@@ -105,7 +107,7 @@ static dg_status moe_branch(dg_cuda_ctx *c, const dg_cuda_layer *l, int T) {
   return mark(c, DG_CUDA_ST_EXPERTS);
 }
 
-/* DGEMMA_BRANCH=1: each layer's dense MLP on a second stream (c->side), concurrent with its router, grouping and
+/* DGEMMA_BRANCH (on unless DGEMMA_BRANCH=0): each layer's dense MLP on a second stream (c->side), concurrent with its router, grouping and
  * experts (issue 12 item 5). The two branches are independent given the attention residual (spec 4.4 steps 5-7):
  * the dense one reads c->a and writes c->gu, c->h, c->dense (and cuBLAS's workspace: the side's own), the MoE one
  * reads c->u, c->xe and writes c->rlog, c->rws, c->moe; only the combine reads both. So the side stream waits for
@@ -258,7 +260,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
   return DG_OK;
 }
 
-/* The chain over the logits after the LM head (kernels.cu, issue 14). By default the chain (softcap in place, z =
+/* The chain over the logits after the LM head (kernels.cu, issue 14). DGEMMA_VOCAB=chain: the chain (softcap in place, z =
  * logits / T in place, the probabilities' three passes over z). DGEMMA_VOCAB=fused: the fused one, the decoder pass
  * of the reference sampler leaves the raw logits (no softcap_kernel), the statistics and the self-conditioning
  * probabilities recompute z = softcap(x) / T in registers and never store it (3 passes over the [C, V] fp32 logits
@@ -267,14 +269,15 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
  * head + self-conditioning + statistics 1.850 ms per 26B pass against the chain's 1.797 in --profile, the lab's
  * argmax chain 0.719 against 0.678 ms. DGEMMA_VOCAB=zstore: the fused chain whose statistics' pass 1 also stores
  * z in place (k_vocab_stats's store), the passes after it reading z as stored (c->lg_cap DG_VZ_STORED): the lab's
- * "v3 z stored" (argmax chain 0.602 ms on the H200, session 14), every output word the chain's; not the default until
- * measured in the backend. Read once when the library loads: 0 the chain, 1 fused, 2 zstore; dg_cuda_vocab_set
- * overrides it (the tests). */
+ * "v3 z stored" (argmax chain 0.602 ms on the H200, session 14), every output word the chain's; **the default since H200
+ * session 17** (vllm protocol on the 26B: 1,211.3 -> 1,221.8 tok/s; LM head + self-conditioning + statistics 1.785 ->
+ * 1.662 ms per pass); DGEMMA_VOCAB=chain gives the chain back. Read once when the library loads: 0 the chain,
+ * 1 fused, 2 zstore; dg_cuda_vocab_set overrides it (the tests). */
 static int vocab_mode_from_env(void) {
   const char *v = getenv("DGEMMA_VOCAB");
+  if (v && !strcmp(v, "chain")) return 0;
   if (v && !strcmp(v, "fused")) return 1;
-  if (v && !strcmp(v, "zstore")) return 2;
-  return 0;
+  return 2;
 }
 static const int vocab_mode_env = vocab_mode_from_env();
 static int vocab_mode_override = -1;
