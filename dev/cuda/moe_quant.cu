@@ -463,6 +463,7 @@ static cudaError_t run_nodiet(int prod, stack *st, routing *r) {
   const cudaError_t e = backend_args(prod, st, r, &a, &grid);
   if (e != cudaSuccess) return e;
   const int nt = qe_nt(r->T, TOPK, E);
+  g_dq = 0;
   switch (st->w.bits) {
   case 2: return gateup ? qr_launch_bits<2, 1, 0>(0, grid, nt, a) : qr_launch_bits<2, 0, 0>(0, grid, nt, a);
   case 3: return gateup ? qr_launch_bits<3, 1, 0>(0, grid, nt, a) : qr_launch_bits<3, 0, 0>(0, grid, nt, a);
@@ -698,7 +699,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
   if (ver == 95) return run_nodiet(prod, st, r);
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50 and 80-94 only (a build in a fraction of the time) */
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94 and 95 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
