@@ -2751,6 +2751,10 @@ static void test_quant_experts(void **state) {
   check_qexperts(4, 8, 128, 128, 128, DG_BF16, &wh, &wy); /* qr, stages of 128 codes */
   /* qr; K = 192: three weight stages, activation stages of two (QR_SUB) and a tail of one */
   check_qexperts(4, 3, 64, 192, 192, DG_BF16, &wh, &wy);
+  /* qr, 6 weight stages or more each way: the steady-state iterations of qr_kernel's DIET loop (qr_diet_pass) at the
+   * widths test_quant_experts_diet does not compare with the loop before it (2, 6, 8 bits) */
+  check_qexperts(2, 6, 64, 384, 512, DG_BF16, &wh, &wy);
+  check_qexperts(8, 2, 32, 512, 384, DG_BF16, &wh, &wy);
   check_qexperts(4, 3, 64, 192, 192, DG_F16, &wh, &wy); /* qe: f16 scales */
   check_qexperts(2, 6, 32, 288, 64, DG_F32, &wh, &wy);  /* qe, f32 scales; H = 288: a tail of 32, 2.25 down slabs */
   printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, bf16/f16/f32 scales, 37 "
