@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # qw_lab_gpu.sh OUT: the wgmma candidate of the quantized expert kernel (issue 11, dev/cuda/qmoe_w.cuh) beside
 # the backend's qr_kernel, in one GPU-machine call:
-#   1. build; the lab (sm_90a) and the SASS opcode counts of qr_kernel<4,1,3,64> and qw_kernel<4,1,3,64> (sass.txt)
+#   1. build; the lab (sm_90a) and the SASS opcode counts of qr_kernel<4,1,3,64> (DIET 1 and 0, with their stage loops'
+#      counts per weight stage, scripts/qr_sass_loop.py) and qw_kernel<4,1,3,64> (sass.txt)
 #   2. the lab in separate runs (a fault in one run cannot take the others' rows with it), LAB_RUNS (default
 #      "3 20 22,23,24,25 21": the backend's version 3, version 20 alone, the others, 21 = LBO/SBO exchanged: its
 #      check must fail), at LAB_MS rows per expert and LAB_TS gathered tokens -> lab.md, lab.jsonl
@@ -47,8 +48,12 @@ sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function,
   grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z][A-Z0-9_.]+' /tmp/s.txt | awk '{print $NF}' | sed 's/\..*//' \
     | sort | uniq -c | sort -rn | head -32
 }
-[ "${SASS:-1}" = 1 ] && { sass _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELi0ELin2ELi1ELi0EE build/moe_quant
-  sass _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELi0ELi2ELi1ELi0EE build/moe_quant; cp /tmp/s.txt /tmp/sass_qr.txt
+[ "${SASS:-1}" = 1 ] && { # qr_kernel<4,1,3,64> as the backend runs it (DIET 1) and before the SASS diet (DIET 0, lab version 95)
+  cuobjdump -sass build/moe_quant > /tmp/lab.sass 2>&1 # the stage loops' counts per weight stage: scripts/qr_sass_loop.py
+  for q in _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi1EE \
+           _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi0EE; do
+    sass $q build/moe_quant; python3 scripts/qr_sass_loop.py /tmp/lab.sass $q
+  done; cp /tmp/s.txt /tmp/sass_qr.txt
   sass _Z9qw_kernelILi4ELi1ELi3ELi64ELi2ELi3ELi3ELi2ELi2ELi0EE build/moe_quant; cp /tmp/s.txt /tmp/sass_qw.txt
   echo; echo "# SASS of qw_kernel<4,1,3,64,2,3,3>"; cat /tmp/sass_qw.txt; echo; echo "# SASS of qr_kernel<4,1,3,64>"; cat /tmp/sass_qr.txt
 } > "$OUT/sass.txt" && grep -E "^#|HGMMA|HMMA|FFMA|LOP3" "$OUT/sass.txt" | grep -E "^#|^ +[0-9]+ " | head -40

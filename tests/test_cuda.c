@@ -2885,6 +2885,10 @@ static void test_quant_experts(void **state) {
   check_qexperts(4, 8, 128, 128, 128, DG_BF16, &wh, &wy); /* qr, stages of 128 codes */
   /* qr; K = 192: three weight stages, activation stages of two (QR_SUB) and a tail of one */
   check_qexperts(4, 3, 64, 192, 192, DG_BF16, &wh, &wy);
+  /* qr, 6 weight stages or more each way: the steady-state iterations of qr_kernel's DIET loop (qr_diet_pass) at the
+   * widths test_quant_experts_diet does not compare with the loop before it (2, 6, 8 bits) */
+  check_qexperts(2, 6, 64, 384, 512, DG_BF16, &wh, &wy);
+  check_qexperts(8, 2, 32, 512, 384, DG_BF16, &wh, &wy);
   check_qexperts(4, 3, 64, 192, 192, DG_F16, &wh, &wy); /* qe: f16 scales */
   check_qexperts(2, 6, 32, 288, 64, DG_F32, &wh, &wy);  /* qe, f32 scales; H = 288: a tail of 32, 2.25 down slabs */
   printf("# quantized gathered MoE (gate/up + GeGLU, down; 2/3/4/6/8 bits, g32/64/128, bf16/f16/f32 scales, 37 "
@@ -2928,6 +2932,34 @@ static void test_quant_expert_bodies(void **state) {
          wh[1], wy[1]);
 }
 
+/* A case of the word-for-word expert tests (test_experts_dn_fuse, test_quant_experts_diet): the gate/up [E 2 IE, H]
+ * and down [E H, IE] stacks (bgu- and bd-bit, group G, pairs of dtype sb; 0 bits: bf16), T <= 64 tokens of bf16
+ * inputs, expert 0 in every token's slot 0 and slot 1 cycling over 2..4 (K 2). */
+typedef struct {
+  qmat gu, dn;
+  int32_t idx[128];
+  uint16_t *xb;
+  float *xf;
+} xcase;
+static void xcase_make(xcase *x, int bgu, int bd, int G, int H, int IE, int T, dg_dtype sb, int E, int K) {
+  assert_true(T <= 64 && K == 2);
+  qmat_make(&x->gu, (int64_t)E * 2 * IE, H, bgu, G, sb);
+  qmat_make(&x->dn, (int64_t)E * H, IE, bd, G, sb);
+  for (int t = 0; t < T; t++) {
+    x->idx[t * K] = 0;
+    x->idx[t * K + 1] = 2 + t % 3;
+  }
+  x->xb = malloc(2 * (size_t)T * H);
+  x->xf = malloc(4 * (size_t)T * H);
+  rand_bf16(x->xb, x->xf, (size_t)T * H, 2.0f);
+}
+static void xcase_free(xcase *x) {
+  qmat_free(&x->gu);
+  qmat_free(&x->dn);
+  free(x->xb);
+  free(x->xf);
+}
+
 /* The down product's input copy made by the gate/up kernel's epilogue (DGEMMA_DN_FUSE=1; qr_store_hp,
  * src/cuda/qmoe_r.cuh) against the separate copy (k_group_sums_perm): h (read back in the plain order) and y word
  * for word, over the bodies it reaches (the backend's tile count at 37 tokens: 3 n-tiles with the 2-tile body; 1 and
@@ -2949,28 +2981,16 @@ static void test_experts_dn_fuse(void **state) {
   long words = 0;
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     const int T = cs[c].T, H = cs[c].H, IE = cs[c].IE;
-    qmat gu, dn;
-    qmat_make(&gu, (int64_t)E * 2 * IE, H, cs[c].bgu, cs[c].G, cs[c].sb);
-    qmat_make(&dn, (int64_t)E * H, IE, cs[c].bd, cs[c].G, cs[c].sb);
-    int32_t idx[128];
-    for (int t = 0; t < T; t++) {
-      idx[t * K] = 0;
-      idx[t * K + 1] = 2 + t % 3;
-    }
-    uint16_t *xb = malloc(2 * (size_t)T * H);
-    float *xf = malloc(4 * (size_t)T * H);
-    rand_bf16(xb, xf, (size_t)T * H, 2.0f);
-    dg_weight mg = gu.w, md = dn.w;
+    xcase x;
+    xcase_make(&x, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].sb, E, K);
     long nd[2] = {-1, -1};
     int fused = -1;
-    assert_dg_ok(cut()->test_experts_dn_fuse(0, &mg, &md, xb, idx, T, H, IE, E, K, cs[c].nt, nd, &fused));
+    assert_dg_ok(cut()->test_experts_dn_fuse(0, &x.gu.w, &x.dn.w, x.xb, x.idx, T, H, IE, E, K, cs[c].nt, nd, &fused));
     if (fused != cs[c].fused || nd[0] || nd[1])
       fail_msg("case %zu (%d/%d-bit g%d H %d IE %d, %d tokens, nt %d): fused %d (expected %d), words that differ: h "
                "%ld, y %ld", c, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].nt, fused, cs[c].fused, nd[0], nd[1]);
     words += (long)T * K * (IE + H);
-    qmat_free(&gu);
-    qmat_free(&dn);
-    free(xb); free(xf);
+    xcase_free(&x);
   }
   printf("# down input copy in the gate/up epilogue: h and y equal to the separate copy's word for word (%ld words, "
          "%zu stacks: 5 fused, 3 left to the copy)\n", words, sizeof cs / sizeof cs[0]);
@@ -2989,6 +3009,36 @@ static void test_experts_dn_fuse(void **state) {
       fail_msg("host case %zu (gate/up %d-bit g%d, down %d-bit g%d, IE %d, DQ from %d): group %d, expected %d", c,
                hc[c].bgu, hc[c].ggu, hc[c].bd, hc[c].gd, hc[c].IE, hc[c].dq, G, hc[c].G);
   }
+}
+
+/* qr_kernel's stage loop of the SASS diet (DIET 1, the backend's: qr_diet_pass in src/cuda/qmoe_r.cuh) against the
+ * loop before it (DIET 0): h and y word for word on stacks deep enough for the steady-state iterations (6 weight
+ * stages or more) and for the tested last ones, at the backend's tile count for 37 tokens (3 n-tiles, the 2-tile
+ * body for the smaller experts), 1 and 8 n-tiles, 4-bit g64, 3-bit g32, g128 and bf16 lane records. */
+static void test_quant_experts_diet(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const struct { int bgu, bd, G, H, IE, T, nt; } cs[] = {
+      {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 640, 384, 37, 1}, {4, 4, 64, 640, 128, 61, 8},
+      {3, 4, 32, 512, 384, 37, 0}, {4, 3, 128, 768, 384, 37, 0}, {0, 0, 0, 640, 384, 37, 0},
+  };
+  const int E = 5, K = 2;
+  long words = 0;
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    const int T = cs[c].T, H = cs[c].H, IE = cs[c].IE;
+    xcase x;
+    xcase_make(&x, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, DG_BF16, E, K);
+    long nd[2] = {-1, -1};
+    assert_dg_ok(cut()->test_experts_diet(0, &x.gu.w, &x.dn.w, x.xb, x.idx, T, H, IE, E, K, cs[c].nt, nd));
+    if (nd[0] || nd[1])
+      fail_msg("case %zu (%d/%d-bit g%d H %d IE %d, %d tokens, nt %d): words that differ: h %ld, y %ld", c,
+               cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].nt, nd[0], nd[1]);
+    words += (long)T * K * (IE + H);
+    xcase_free(&x);
+  }
+  printf("# qr_kernel's stage loop after the SASS diet: h and y equal to the loop's before word for word (%ld words, "
+         "%zu stacks)\n", words, sizeof cs / sizeof cs[0]);
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
@@ -3208,7 +3258,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -67,6 +67,8 @@
  *              (k_group's order, qr_block): largest processing time first
  *   versions 61-65 (4-bit): version 50 with the weights through a ring in shared memory (run_ring)
  *   versions 90-94 (4-bit): probes of the weight stream alone (run_probe; no check)
+ *   version 95 (every bit width and bf16): version 50 before the SASS diet (qr_kernel's DIET 0, session 17), each output
+ *              compared with version 50's bit for bit
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -451,6 +453,27 @@ static cudaError_t backend_args(int prod, stack *st, routing *r, qe_args *a, dim
   return cudaSuccess;
 }
 
+/* Version 95 (every bit width and bf16): version 50 with qr_kernel's stage loop as it was before the SASS diet
+ * (qr_launch_bits' DIET 0: tests and branches in every iteration, zero-filled copies, generic shared pointers);
+ * its outputs are compared with version 50's bit for bit. */
+static cudaError_t run_nodiet(int prod, stack *st, routing *r) {
+  qe_args a;
+  dim3 grid;
+  const int gateup = prod == GU;
+  const cudaError_t e = backend_args(prod, st, r, &a, &grid);
+  if (e != cudaSuccess) return e;
+  const int nt = qe_nt(r->T, TOPK, E);
+  g_dq = 0;
+  switch (st->w.bits) {
+  case 2: return gateup ? qr_launch_bits<2, 1, 0>(0, grid, nt, a) : qr_launch_bits<2, 0, 0>(0, grid, nt, a);
+  case 3: return gateup ? qr_launch_bits<3, 1, 0>(0, grid, nt, a) : qr_launch_bits<3, 0, 0>(0, grid, nt, a);
+  case 4: return gateup ? qr_launch_bits<4, 1, 0>(0, grid, nt, a) : qr_launch_bits<4, 0, 0>(0, grid, nt, a);
+  case 6: return gateup ? qr_launch_bits<6, 1, 0>(0, grid, nt, a) : qr_launch_bits<6, 0, 0>(0, grid, nt, a);
+  case 8: return gateup ? qr_launch_bits<8, 1, 0>(0, grid, nt, a) : qr_launch_bits<8, 0, 0>(0, grid, nt, a);
+  default: return gateup ? qr_launch_bits<16, 1, 0>(0, grid, nt, a) : qr_launch_bits<16, 0, 0>(0, grid, nt, a);
+  }
+}
+
 /* Versions 51-60: the backend's kernel as it runs (version 50: the block order, qr_launch_bits' choices per tile
  * count) with other choices at 1 and 2 n-tiles (up to 16 rows per expert: the decode-sized canvases), where the
  * kernel is bound by its weight stream, not its instructions: blocks per SM the registers are capped for (MBn),
@@ -675,7 +698,8 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50 and 80-94 only (a build in a fraction of the time) */
+  if (ver == 95) return run_nodiet(prod, st, r);
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94 and 95 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -986,27 +1010,27 @@ int main(int argc, char **argv) {
         const double roof = std::max(wbytes / bw, flops / rate);
         for (int ver : versv) {
           if (ver == 1 && cs.first == 0 && cs.second > 64 && quick) continue;
-          if (bits == 16 ? ver != 3 && (ver < 40 || ver > 50) : ver >= 40 && ver < 50) continue; /* bf16: 3, 40-50; 51-60: 4-bit */
+          if (bits == 16 ? ver != 3 && ver != 95 && (ver < 40 || ver > 50) : ver >= 40 && ver < 50) continue; /* bf16: 3, 40-50, 95; 51-60: 4-bit */
           if (bits == 16 && ver >= 70 && ver < 80) continue; /* DQ: quantized stacks (2, 3, 4, 8 bits) */
           if (bits != 4 && ver >= 75 && ver < 80) continue; /* qw DQ: 4-bit (qw_tile_pack) */
           if (bits == 6 && ver >= 70 && ver < 80) continue;
           if ((bits == 16 || bits == 6) && ver >= 80 && ver < 90) continue; /* qs: quantized stacks of 2, 3, 4, 8 bits */
           if (bits != 4 && ver > 80 && ver < 90) continue;                   /* 81-89: 4-bit */
-          if (bits != 16 && ver >= 4 && ver != 50 && !(ver >= 70 && ver < 90) &&
+          if (bits != 16 && ver >= 4 && ver != 50 && ver != 95 && !(ver >= 70 && ver < 90) &&
               (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
-          if (ver >= 90 && bits != 4) continue; /* the probes: 4-bit only */
+          if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */
           else CKL(cudaMemset(r.b.y, 0xff, (size_t)r.T * TOPK * H * 4));
           CKL(run_version(ver, prod, &gu, &dn, &r));
           CKL(cudaDeviceSynchronize());
-          const int probe = ver >= 90; /* no output to check */
+          const int probe = ver >= 90 && ver <= 94; /* no output to check */
           const double q = probe ? 0.0 : check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
-          long ndiff = -1; /* versions 80-89: output words that differ from version 50's (bit-identical by construction) */
-          if (ver >= 80 && ver < 90) {
+          long ndiff = -1; /* versions 80-89, 95: output words that differ from version 50's (bit-identical by construction) */
+          if ((ver >= 80 && ver < 90) || ver == 95) {
             const size_t words = prod == GU ? (size_t)r.T * TOPK * IE : (size_t)r.T * TOPK * H, wb = prod == GU ? 2 : 4;
             void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
             std::vector<uint8_t> o1(words * wb), o2(words * wb);

@@ -13,6 +13,7 @@
  *   dg_cp_async{4,8,16}  cp.async.{ca,cg}.shared.global of 4/8/16 bytes; the 16-byte
  *                    one with a source size (0: the destination is zero-filled)
  *   dg_cp_commit, dg_cp_wait<N>  cp.async.commit_group / wait_group N
+ *   dg_lds16, dg_lds8f  ld.shared of 16 bytes (4 words) / 8 bytes (2 floats) at a dg_sptr address
  *   dg_ldsm_x4, dg_ldsm_x4_t  ldmatrix.sync.aligned.m8n8.x4.shared.b16 (and .trans):
  *                    lane 8m + i gives the address of row i of 8x8 matrix m (16
  *                    contiguous bytes); register m of lane l receives matrix m's
@@ -63,6 +64,18 @@ __device__ __forceinline__ void dg_cp_async16_nz(dg_sptr dst, const void *src) {
 }
 __device__ __forceinline__ void dg_cp_async4_nz(dg_sptr dst, const void *src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+/* Shared-memory loads from a dg_sptr address: 16 bytes, and 8 bytes as two floats (volatile: never moved across
+ * a barrier or a cp.async wait). */
+__device__ __forceinline__ uint4 dg_lds16(dg_sptr a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float2 dg_lds8f(dg_sptr a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
 }
 __device__ __forceinline__ void dg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void dg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -146,6 +159,8 @@ static inline void dg_cp_async4_sp(dg_sptr dst, const void *src, int src_bytes) 
 }
 static inline void dg_cp_async16_nz(dg_sptr dst, const void *src) { memcpy((void *)dst, src, 16); }
 static inline void dg_cp_async4_nz(dg_sptr dst, const void *src) { memcpy((void *)dst, src, 4); }
+static inline uint4 dg_lds16(dg_sptr a) { uint4 v; memcpy(&v, a, 16); return v; }
+static inline float2 dg_lds8f(dg_sptr a) { float2 v; memcpy(&v, a, 8); return v; }
 static inline void dg_cp_commit() {}
 template <int N> static inline void dg_cp_wait() {}
 

@@ -54,7 +54,11 @@ int qr_dq_from(void) {
   return v;
 }
 
+static qr_launcher qr_test_launcher = NULL;
+void qr_launcher_set(qr_launcher f) { qr_test_launcher = f; }
+
 template <int GATEUP> static cudaError_t qr_launch(cudaStream_t s, dim3 grid, int nt, qe_args &a, int bits) {
+  if (GATEUP != QR_GATEUP_HP && qr_test_launcher) return qr_test_launcher(s, grid, nt, a, bits, GATEUP);
   switch (bits) {
   case 2: return qr_launch_bits<2, GATEUP>(s, grid, nt, a);
   case 3: return qr_launch_bits<3, GATEUP>(s, grid, nt, a);

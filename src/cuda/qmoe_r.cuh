@@ -40,6 +40,8 @@
 #ifndef DG_CUDA_QMOE_R_CUH
 #define DG_CUDA_QMOE_R_CUH
 
+#include <type_traits>
+
 #include "cuda/qmoe.cuh"
 
 #define QR_WARPS 4  /* warps per block (the backend's choice) */
@@ -50,6 +52,7 @@
 #define QR_MINB1 6  /* at 1 n-tile (experts of at most 8 rows), group 64, <= 4 bits: 6 blocks per SM (the backend's choice) */
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
+#define QR_DIET 1    /* qr_kernel's DIET loop (qr_diet_pass: the same bits, fewer instructions; the backend's choice) */
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 /* qr_kernel's GATEUP: 0 the down product, 1 the gate/up product (h stored plainly, qe_store), QR_GATEUP_HP the gate/up
@@ -269,8 +272,9 @@ template <int N, int PSZ> __device__ __forceinline__ void qr_ld_pieces(uint32_t 
 /* One weight stage of a lane's record into R (RW words) from p, the lane's piece of its warp's stage in device
  * memory (CP: the compact layout, codes then the pairs of row group g; else whole lane records in PS-byte
  * pieces); PF > 0: lane 0 asks L2 for the warp's stage PF stages ahead, PF < 0: per-lane line prefetches -PF
- * ahead (wst: this stage's index of nst, stages sstride bytes apart). */
-template <int BITS, int GS, int CP, int PF>
+ * ahead (wst: this stage's index of nst, stages sstride bytes apart; FULL: the prefetched stage is known to be
+ * one of the nst, no test). */
+template <int BITS, int GS, int CP, int PF, bool FULL = false>
 __device__ __forceinline__ void qr_load_stage(uint32_t *R, const unsigned char *p, int lane, int g, int wst, int nst,
                                               int64_t sstride) {
   constexpr bool RAW = BITS == 16;
@@ -278,9 +282,9 @@ __device__ __forceinline__ void qr_load_stage(uint32_t *R, const unsigned char *
   constexpr int REC = qr_rec(BITS, GS), PS = REC % 16 == 0 ? 16 : 8, NP = REC / PS;
   constexpr int PSC = CB % 16 == 0 ? 16 : 8, NPC = CB / PSC, WSTAGE = qr_wstage(BITS, GS, CP);
   if constexpr (PF > 0) {
-    if (lane == 0 && wst + PF < nst) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
+    if (lane == 0 && (FULL || wst + PF < nst)) dg_prefetch_l2(p + (int64_t)PF * sstride, WSTAGE); /* lane 0: p is the warp's stage */
   } else if constexpr (PF < 0) {
-    if (wst - PF < nst) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
+    if (FULL || wst - PF < nst) qr_prefetch_lines<CB, GPW, CP ? PSC : PS>(p + (int64_t)(-PF) * sstride, lane);
   }
   if constexpr (CP) {
     qr_ld_pieces<NPC, PSC>(R, p);
@@ -295,6 +299,32 @@ __device__ __forceinline__ void qr_load_stage(uint32_t *R, const unsigned char *
   }
 }
 
+/* The exact fold of group lg of a weight stage (record R, bf16 pairs): acc += s_j P'_j + (b_j - OFF s_j) S_j with
+ * xsum[j] the lane's two tokens' group sums of n-tile j, then part = 0 (qr_fold; qr_stage_diet). */
+template <int BITS, int NT, int GS>
+__device__ __forceinline__ void qr_fold_group(float (&acc)[2][NT][4], float (&part)[2][NT][4], const uint32_t *R,
+                                              int lg, const float2 (&xsum)[NT]) {
+  constexpr int KC = qr_kc(GS, BITS), GPS = KC / GS, CB = 4 * (KC / 32) * BITS;
+  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    float s0, b0, s8, b8;
+    qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0); /* bf16 pairs only */
+    qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
+    b0 = fmaf(-OFF, s0, b0);
+    b8 = fmaf(-OFF, s8, b8);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      float *A = acc[mt][j], *P = part[mt][j];
+      A[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], A[0]));
+      A[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], A[1]));
+      A[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], A[2]));
+      A[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], A[3]));
+      P[0] = P[1] = P[2] = P[3] = 0.0f;
+    }
+  }
+}
+
 /* The per-group fold of qr_body after run c of weight stage s (sub-stage sub of its activation stage): when run c
  * completes a group lg, acc += s_j P'_j + (b_j - OFF s_j) S_j and part = 0 (BM: acc += s P', the bias term by the
  * tensor cores over the split group sums at E0, the slot's sums; af the bias products' A fragments, asel lane t's
@@ -305,7 +335,6 @@ __device__ __forceinline__ void qr_fold(float (&acc)[2][NT][4], float (&part)[2]
                                         int s, int sub, int ng, int g, int t, uint32_t asel) {
   constexpr bool RAW = BITS == 16;
   constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, CPG = GS / 32;
-  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   if constexpr (RAW) {
   } else if (BM && (c + 1) % CPG == 0) { /* group lg complete: acc += s P', part = 0; (b - OFF s) S by the tensor cores */
     const int lg = c / CPG, ga = sub * GPS + lg, gb = ga & 1;
@@ -341,23 +370,7 @@ __device__ __forceinline__ void qr_fold(float (&acc)[2][NT][4], float (&part)[2]
     float2 xsum[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-      float s0, b0, s8, b8;
-      qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0); /* bf16 pairs only */
-      qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
-      b0 = fmaf(-OFF, s0, b0);
-      b8 = fmaf(-OFF, s8, b8);
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        float *A = acc[mt][j], *P = part[mt][j];
-        A[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], A[0]));
-        A[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], A[1]));
-        A[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], A[2]));
-        A[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], A[3]));
-        P[0] = P[1] = P[2] = P[3] = 0.0f;
-      }
-    }
+    qr_fold_group<BITS, NT, GS>(acc, part, R, lg, xsum);
   }
 }
 
@@ -386,19 +399,10 @@ __device__ __forceinline__ void qr_dq_rows(const uint32_t *R, int c, int mt, uin
   }
 }
 
-/* The products of run c (32 codes of each of the lane's 4 rows) of a weight stage: the lane's B fragments of the NT
- * token tiles from the activation stage Xs (XS bytes per token row), its A fragments decoded from the record R
- * (qr_codes; DQ: dequantized to bf16 weights by qr_dq_rows, group size GS), P[mt][j] += A B by mma.m16n8k16 (P:
- * the group's partial sums, or acc itself for bf16 weights and DQ). */
-template <int BITS, int NT, int RUNS, int XS, int DQ = 0, int GS = 64>
-__device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint32_t *R, const unsigned char *Xs, int c,
-                                                int g, int t) {
-  uint32_t bf[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; j++) {
-    const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
-    bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
-  }
+/* The tensor-core products of run c of a weight stage with the lane's B fragments bf of the NT token tiles (qr_run_products,
+ * qr_stage_diet): A decoded from the record R (qr_codes; DQ: dequantized, qr_dq_rows), P[mt][j] += A B. */
+template <int BITS, int NT, int RUNS, int DQ = 0, int GS = 64>
+__device__ __forceinline__ void qr_run_mma(float (&P)[2][NT][4], const uint32_t *R, const uint32_t (&bf)[NT][4], int c) {
 #pragma unroll
   for (int mt = 0; mt < 2; mt++) {
     uint32_t pg[4], p8[4];
@@ -412,6 +416,22 @@ __device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint
       dg_mma_bf16(P[mt][j], a1, &bf[j][2]);
     }
   }
+}
+
+/* The products of run c (32 codes of each of the lane's 4 rows) of a weight stage: the lane's B fragments of the NT
+ * token tiles from the activation stage Xs (XS bytes per token row), its A fragments decoded from the record R
+ * (qr_codes; DQ: dequantized to bf16 weights by qr_dq_rows, group size GS), P[mt][j] += A B by mma.m16n8k16 (P:
+ * the group's partial sums, or acc itself for bf16 weights and DQ). */
+template <int BITS, int NT, int RUNS, int XS, int DQ = 0, int GS = 64>
+__device__ __forceinline__ void qr_run_products(float (&P)[2][NT][4], const uint32_t *R, const unsigned char *Xs, int c,
+                                                int g, int t) {
+  uint32_t bf[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    const uint4 u = *(const uint4 *)(Xs + (8 * j + g) * XS + 64 * c + 16 * t);
+    bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
+  }
+  qr_run_mma<BITS, NT, RUNS, DQ, GS>(P, R, bf, c);
 }
 
 /* A pass's first L2 prefetches of the warp's weight stages 1 .. |PF| - 1 (qr_load_stage's own prefetch covers the
@@ -566,6 +586,199 @@ __device__ __forceinline__ void qr_store_hp(const qe_args &a, const float (&acc)
   }
 }
 
+/* A pass's outputs (qr_body): the gate/up product's h (qe_store; QR_GATEUP_HP also the down product's input copy,
+ * qr_store_hp) or the down product's y. */
+template <int GATEUP, int NT, int WARPS>
+__device__ __forceinline__ void qr_epilogue(const qe_args &a, const float (&acc)[2][NT][4], const bool (&mvalid)[2],
+                                            int row0, int mp, int slab, int warp, int g, int t, unsigned char *smem) {
+  if constexpr (GATEUP == QR_GATEUP_HP) qr_store_hp<NT, WARPS>(a, acc, row0, mp, slab, warp, g, t, smem);
+  else qe_store<GATEUP != 0, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t);
+}
+
+/* DIET (qr_kernel's template value; the backend's since session 17, issue 11's "SASS diet"): the same products,
+ * folds and fp32 operations in the same order as the loop of qr_body, so the same output bits, with fewer
+ * instructions per weight stage:
+ *   - the stage loop in two parts: the steady state (qr_diet_pass's FAST iterations), where every weight stage
+ *     loaded, every L2 prefetch and every activation stage issued is known to exist and to be whole, so no test,
+ *     no branch and no column checks (the last stage's shorter copy) are in it; then the last iterations with
+ *     qr_body's tests;
+ *   - activation copies without source sizes: a pass token past the expert's rows copies token 0's row and sums
+ *     instead of zeros (its column of the products reaches only outputs that are never stored: qe_store and
+ *     qr_store_hp skip tokens from mp on, and the tensor core's columns are independent), and each copy's source
+ *     advances by one stage instead of being formed from the column;
+ *   - the activation fragments and group sums read by 32-bit shared addresses (dg_lds16, dg_lds8f) from a lane
+ *     base fixed for the pass, instead of generic pointers rebuilt at every stage.
+ * BM and DQ keep qr_body's loop. */
+
+/* A thread's copies of an activation stage (DIET): as qr_xcopy, every source a real row (token 0's past the
+ * expert's rows), advanced by one activation stage per issue. */
+template <int GS, int NTOK, int THREADS, int KA, int XS, int XB, int GPW, int SUB> struct qr_xdiet {
+  static constexpr int PER = KA / 8, CH = (NTOK * PER + THREADS - 1) / THREADS;
+  static constexpr int NS = NTOK * SUB * GPW, CHS = (NS + THREADS - 1) / THREADS, CHA = CHS > 0 ? CHS : 1;
+  static constexpr bool XEVEN = NTOK * PER % THREADS == 0, SEVEN = NS % THREADS == 0;
+  const bf16 *xsrc[CH];
+  int xdst[CH];
+  const float *ssrc[CHA];
+  int sdst[CHA];
+
+  __device__ __forceinline__ void init(const qe_args &a, const int64_t *xrow, const int64_t *srow, int tid) {
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+      const int i = tid + k * THREADS, r = min(i / PER, NTOK - 1), c = i % PER;
+      const int64_t xr = xrow[r] >= 0 ? xrow[r] : xrow[0];
+      xsrc[k] = a.X + xr + 8 * c;
+      xdst[k] = i < NTOK * PER ? r * XS + 16 * c : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < CHS; k++) {
+      const int i = tid + k * THREADS, j = i / NTOK, r = i % NTOK;
+      const int64_t sr = srow[r] >= 0 ? srow[r] : srow[0];
+      ssrc[k] = a.xs + sr + j;
+      sdst[k] = i < NS ? XB + 4 * i : -1;
+    }
+  }
+  /* The next activation stage (its first column icol) into the ring slot at slot; FULL: known to be whole, else
+   * columns past Kdim (a last stage of fewer than SUB weight stages) are not loaded (and never read). */
+  template <bool FULL> __device__ __forceinline__ void issue(dg_sptr slot, int icol, int Kdim, int tid) {
+    if (FULL || SUB == 1 || icol + KA <= Kdim) {
+#pragma unroll
+      for (int k = 0; k < CH; k++)
+        if (XEVEN || xdst[k] >= 0) dg_cp_async16_nz(slot + xdst[k], xsrc[k]);
+#pragma unroll
+      for (int k = 0; k < CHS; k++)
+        if (SEVEN || sdst[k] >= 0) dg_cp_async4_nz(slot + sdst[k], ssrc[k]);
+    } else {
+      const int cols = Kdim - icol;
+#pragma unroll
+      for (int k = 0; k < CH; k++)
+        if (xdst[k] >= 0 && 8 * ((tid + k * THREADS) % PER) < cols) dg_cp_async16_nz(slot + xdst[k], xsrc[k]);
+#pragma unroll
+      for (int k = 0; k < CHS; k++)
+        if (sdst[k] >= 0 && (tid + k * THREADS) / NTOK * GS < cols) dg_cp_async4_nz(slot + sdst[k], ssrc[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < CH; k++) xsrc[k] += KA;
+#pragma unroll
+    for (int k = 0; k < CHS; k++) ssrc[k] += KA / GS;
+  }
+};
+
+/* One weight stage of the DIET loop: qr_stage_products' products and folds (not BM, not DQ) with the activation
+ * fragments at xl (the lane's address in its ring slot: (8 j + g) XS + 16 t from the slot, j = 0) and the group
+ * sums at sl (the slot's sums + 8 t), sub-stage sub of the slot. */
+template <int BITS, int NT, int GS, int SUB>
+__device__ __forceinline__ void qr_stage_diet(float (&acc)[2][NT][4], float (&part)[2][NT][4], const uint32_t *R,
+                                              dg_sptr xl, dg_sptr sl, int sub) {
+  constexpr bool RAW = BITS == 16;
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, NTOK = 8 * NT, CPG = GS / 32;
+  constexpr int XS = qr_xs(GS, SUB, BITS);
+  const dg_sptr xs = xl + 2 * KC * sub, ss = sl + 4 * NTOK * GPS * sub;
+#pragma unroll
+  for (int c = 0; c < RUNS; c++) {
+    uint32_t bf[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const uint4 u = dg_lds16(xs + 8 * j * XS + 64 * c);
+      bf[j][0] = u.x; bf[j][1] = u.y; bf[j][2] = u.z; bf[j][3] = u.w;
+    }
+    qr_run_mma<BITS, NT, RUNS>(RAW ? acc : part, R, bf, c);
+    if constexpr (!RAW) {
+      if ((c + 1) % CPG == 0) {
+        const int lg = c / CPG;
+        float2 xsum[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) xsum[j] = dg_lds8f(ss + 4 * (lg * NTOK + 8 * j));
+        qr_fold_group<BITS, NT, GS>(acc, part, R, lg, xsum);
+      }
+    }
+  }
+}
+
+/* One pass of qr_body for DIET (register stages, D > 0; see above), its outputs stored (qr_epilogue): the ring's
+ * first STAGES - 1 activation stages, the first D - 1 weight stages, then FAST iterations (D weight stages each)
+ * while everything they load, prefetch and issue exists and is whole, then qr_body's tested iterations. xrow, srow:
+ * the pass's row table (qe_pass_rows); mvalid, row0, mp, slab: qe_store's; wstage0 / wq: the warp's stage 0 and the
+ * lane's piece of it; nst weight and nsa activation stages; smem: the ring (STAGES slots of STB bytes). */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP>
+__device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
+                                             const bool (&mvalid)[2], int row0, int mp, int slab,
+                                             const unsigned char *wstage0, const unsigned char *wq, int nst, int nsa,
+                                             int tid, unsigned char *smem) {
+  constexpr int KC = qr_kc(GS, BITS), RW = qr_rec(BITS, GS) / 4, NTOK = 8 * NT, KA = SUB * KC;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, STB = XB + qr_sbb(GS, SUB, NT, 0);
+  constexpr int APF = PF < 0 ? -PF : PF, GPW = BITS == 16 ? 0 : KC / GS, THREADS = 32 * WARPS;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, CP); /* bytes of a stage of the slab */
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, Kdim = a.Kdim;
+  const dg_sptr sbase = dg_sp(smem);
+  float acc[2][NT][4], part[2][NT][4];
+  qe_zero(acc);
+  qe_zero(part);
+  qr_xdiet<GS, NTOK, THREADS, KA, XS, XB, GPW, SUB> xc;
+  xc.init(a, xrow, srow, tid);
+  /* FAST iterations it .. it + D - 1 load weight stages up to it + 2 D - 2 and prefetch APF past them, and
+   * issue activation stages up to (it + D - SUB) / SUB + STAGES - 1, all whole when it + FAST <= nst */
+  constexpr int FAST = 2 * D - 1 + APF > D + (STAGES - 1) * SUB ? 2 * D - 1 + APF : D + (STAGES - 1) * SUB;
+  int islot = 0, icol = 0, cslot = 0;
+  auto issue = [&](auto full) {
+    xc.template issue<decltype(full)::value>(sbase + islot * STB, icol, Kdim, tid);
+    islot = islot == STAGES - 1 ? 0 : islot + 1;
+    icol += KA;
+  };
+#pragma unroll
+  for (int sa = 0; sa < STAGES - 1; sa++) {
+    if (sa < nsa) issue(std::false_type());
+    dg_cp_commit();
+  }
+  qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
+  uint32_t W[D][RW];
+  const unsigned char *wnext = wq;
+#pragma unroll
+  for (int d = 0; d < D - 1; d++)
+    if (d < nst) {
+      qr_load_stage<BITS, GS, CP, PF>(W[d], wnext, lane, g, d, nst, sstride);
+      wnext += sstride;
+    }
+  const dg_sptr xl0 = sbase + g * XS + 16 * t, sl0 = sbase + XB + 8 * t;
+  /* activation stage sa begins at weight stage s: its slot, its copies complete for every warp, the next issued */
+  auto astage = [&](int s, auto full) {
+    if (s > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+    dg_cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (decltype(full)::value || s / SUB + STAGES - 1 < nsa) issue(full);
+    dg_cp_commit();
+  };
+  int it = 0;
+  if constexpr (D % SUB == 0) {
+    for (; it + FAST <= nst; it += D) {
+#pragma unroll
+      for (int d = 0; d < D; d++) {
+        const int s = it + d;
+        qr_load_stage<BITS, GS, CP, PF, true>(W[(d + D - 1) % D], wnext, lane, g, s + D - 1, nst, sstride);
+        wnext += sstride;
+        if (d % SUB == 0) astage(s, std::true_type());
+        qr_stage_diet<BITS, NT, GS, SUB>(acc, part, W[d], xl0 + cslot * STB, sl0 + cslot * STB, d % SUB);
+      }
+    }
+  }
+  for (; it < nst; it += D) {
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      const int s = it + d;
+      if (s < nst) {
+        if (s + D - 1 < nst) {
+          qr_load_stage<BITS, GS, CP, PF>(W[(d + D - 1) % D], wnext, lane, g, s + D - 1, nst, sstride);
+          wnext += sstride;
+        }
+        const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+        if (sub == 0) astage(s, std::false_type());
+        qr_stage_diet<BITS, NT, GS, SUB>(acc, part, W[d], xl0 + cslot * STB, sl0 + cslot * STB, sub);
+      }
+    }
+  }
+  __syncthreads(); /* every warp is done with the ring before the next pass refills it (or qr_store_hp uses it) */
+  qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t, smem);
+}
+
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 /* (A WD-deep ring of weight stages per warp in shared memory, filled by bulk copies, instead of the D register
  * stages was measured slower in session 3, lab versions 10-12, and removed.)
@@ -574,7 +787,7 @@ __device__ __forceinline__ void qr_store_hp(const qe_args &a, const float (&acc)
  * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). e, slab: the block's expert and slab
  * (qr_block). */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int BM, int NZ,
-          int DQ = 0>
+          int DQ = 0, int DIET = 0>
 __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, const int e, const int slab) {
   /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
    * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
@@ -593,7 +806,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   constexpr int KA = SUB * KC; /* codes per activation stage (one barrier each) */
   constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, BM), STB = XB + SBB;
   static_assert(!BM || (SUB * GPS) % 2 == 0, "the bias products take the groups of an activation stage in pairs");
-  static_assert(!(BM && NZ), "NZ copies 4-byte sums");
+  static_assert(!(BM && NZ) && !(DIET && NZ), "NZ copies 4-byte sums; DIET copies real rows past the expert's");
   static_assert(REC % 8 == 0, "a lane record is whole 8-byte pieces");
   static_assert(GATEUP != QR_GATEUP_HP || STAGES * STB >= NTOK * (FEAT + 8) * 2, "qr_store_hp's tile fits in the ring");
   constexpr int GU = GATEUP != 0; /* a gate/up product (qe_pass_rows, qe_store) */
@@ -617,79 +830,82 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     const int mp = min(NTOK, cnt - p0);
     qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
     __syncthreads();
-
-    /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
-    qr_xcopy<GS, NTOK, THREADS, KA, XS, XB, GSX, SUB, BM, NZ> xc;
-    xc.init(a, xrow, srow, tid);
-    /* issue() loads activation stages 0, 1, 2, ... in turn: its slot and source offsets advance by one stage */
-    const dg_sptr sbase = dg_sp(smem);
-    int islot = 0, icol = 0;
-    auto issue = [&]() {
-      xc.issue(sbase + islot * STB, icol, a.Kdim);
-      islot = islot == STAGES - 1 ? 0 : islot + 1;
-      icol += KA;
-    };
-    /* wload() loads the weight stages 0, 1, 2, ... in turn */
-    const unsigned char *wnext = wq;
-    int wst = 0; /* the stage wload loads next */
-    auto wload = [&](uint32_t *R) {
-      qr_load_stage<BITS, GS, CP, PF>(R, wnext, lane, g, wst, nst, sstride);
-      wnext += sstride;
-      if constexpr (PF != 0) wst++;
-    };
-
-    float acc[2][NT][4], part[DQ ? 1 : 2][DQ ? 1 : NT][4]; /* DQ: no partial sums (part unused) */
-    qe_zero(acc);
-    if constexpr (!DQ) qe_zero(part);
-    /* BM: the A fragments of the bias products of a pair of groups (qr_bias_sel), 2 x 16 rows */
-    uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
-    const uint32_t asel = qr_bias_sel<BITS>(t);
-
-    /* one weight stage s: the lane's record R against its part (sub) of the ring slot of activation stage s / SUB */
-    int cslot = 0; /* the ring slot of the activation stage being computed */
-    auto compute = [&](const uint32_t *R, int s, int sub) {
-      qr_stage_products<BITS, NT, GS, SUB, BM, DQ>(acc, part, af, R, smem, cslot * STB, s, sub, ng, g, t, asel);
-    };
-
-    /* activation stage sa begins: its ring slot, its copies complete for every warp, the next one issued */
-    auto astage = [&](int sa) {
-      if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
-      dg_cp_wait<STAGES - 2>();
-      __syncthreads();
-      if (sa + STAGES - 1 < nsa) issue();
-      dg_cp_commit();
-    };
-    if constexpr (D < 0) {
-      qr_ring_stages<BITS, GS, WARPS, -D, STAGES, SUB, STB, PF, CP>(smem, sbase, wq, sstride, nst, nsa, warp, lane, g,
-                                                                    cslot, issue, compute);
+    if constexpr (DIET && !BM && !DQ && D > 0) { /* the DIET loop (qr_diet_pass): same operations, fewer instructions */
+      qr_diet_pass<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP>(a, xrow, srow, mvalid, base + p0, mp, slab,
+                                                                         wstage0, wq, nst, nsa, tid, smem);
     } else {
-      uint32_t W[D][RW];
-#pragma unroll
-      for (int sa = 0; sa < STAGES - 1; sa++) {
-        if (sa < nsa) issue();
+      /* this thread's copies of an activation stage, fixed for the pass (qr_xcopy) */
+      qr_xcopy<GS, NTOK, THREADS, KA, XS, XB, GSX, SUB, BM, NZ> xc;
+      xc.init(a, xrow, srow, tid);
+      /* issue() loads activation stages 0, 1, 2, ... in turn: its slot and source offsets advance by one stage */
+      const dg_sptr sbase = dg_sp(smem);
+      int islot = 0, icol = 0;
+      auto issue = [&]() {
+        xc.issue(sbase + islot * STB, icol, a.Kdim);
+        islot = islot == STAGES - 1 ? 0 : islot + 1;
+        icol += KA;
+      };
+      /* wload() loads the weight stages 0, 1, 2, ... in turn */
+      const unsigned char *wnext = wq;
+      int wst = 0; /* the stage wload loads next */
+      auto wload = [&](uint32_t *R) {
+        qr_load_stage<BITS, GS, CP, PF>(R, wnext, lane, g, wst, nst, sstride);
+        wnext += sstride;
+        if constexpr (PF != 0) wst++;
+      };
+
+      float acc[2][NT][4], part[DQ ? 1 : 2][DQ ? 1 : NT][4]; /* DQ: no partial sums (part unused) */
+      qe_zero(acc);
+      if constexpr (!DQ) qe_zero(part);
+      /* BM: the A fragments of the bias products of a pair of groups (qr_bias_sel), 2 x 16 rows */
+      uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+      const uint32_t asel = qr_bias_sel<BITS>(t);
+
+      /* one weight stage s: the lane's record R against its part (sub) of the ring slot of activation stage s / SUB */
+      int cslot = 0; /* the ring slot of the activation stage being computed */
+      auto compute = [&](const uint32_t *R, int s, int sub) {
+        qr_stage_products<BITS, NT, GS, SUB, BM, DQ>(acc, part, af, R, smem, cslot * STB, s, sub, ng, g, t, asel);
+      };
+
+      /* activation stage sa begins: its ring slot, its copies complete for every warp, the next one issued */
+      auto astage = [&](int sa) {
+        if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+        dg_cp_wait<STAGES - 2>();
+        __syncthreads();
+        if (sa + STAGES - 1 < nsa) issue();
         dg_cp_commit();
-      }
-      qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
+      };
+      if constexpr (D < 0) {
+        qr_ring_stages<BITS, GS, WARPS, -D, STAGES, SUB, STB, PF, CP>(smem, sbase, wq, sstride, nst, nsa, warp, lane, g,
+                                                                      cslot, issue, compute);
+      } else {
+        uint32_t W[D][RW];
 #pragma unroll
-      for (int d = 0; d < D - 1; d++)
-        if (d < nst) wload(W[d]);
-      for (int it = 0; it < nst; it += D) {
+        for (int sa = 0; sa < STAGES - 1; sa++) {
+          if (sa < nsa) issue();
+          dg_cp_commit();
+        }
+        qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
 #pragma unroll
-        for (int d = 0; d < D; d++) {
-          const int s = it + d;
-          if (s < nst) {
-            if (s + D - 1 < nst) wload(W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
-            const int sub = D % SUB == 0 ? d % SUB : s % SUB;
-            if (sub == 0) astage(s / SUB); /* s = SUB sa */
-            compute(W[d], s, sub);
+        for (int d = 0; d < D - 1; d++)
+          if (d < nst) wload(W[d]);
+        for (int it = 0; it < nst; it += D) {
+#pragma unroll
+          for (int d = 0; d < D; d++) {
+            const int s = it + d;
+            if (s < nst) {
+              if (s + D - 1 < nst) wload(W[(d + D - 1) % D]); /* the slot of stage s - 1, computed */
+              const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+              if (sub == 0) astage(s / SUB); /* s = SUB sa */
+              compute(W[d], s, sub);
+            }
           }
         }
       }
-    }
-    __syncthreads(); /* every warp is done with the ring before the next pass refills it */
+      __syncthreads(); /* every warp is done with the ring before the next pass refills it */
 
-    if constexpr (GATEUP == QR_GATEUP_HP) qr_store_hp<NT, WARPS>(a, acc, base + p0, mp, slab, warp, g, t, smem);
-    else qe_store<GU, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t);
+      qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t, smem);
+    }
   }
 }
 
@@ -699,7 +915,8 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
  * instead of zero-filled (their ring rows keep stale values, which reach only the output columns of those tokens,
  * never stored), so a copy needs no source size. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0>
+          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0,
+          int DIET = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   DG_PDL_ENTRY();
 #ifndef DG_CUDA_EMU
@@ -711,18 +928,19 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   qr_block(a, &e, &slab);
   if constexpr (NTS > 0 && NTS < NT) {
     if (a.count[e] <= 8 * NTS) {
-      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ>(a, smem, e, slab);
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ, DIET>(a, smem, e, slab);
       return;
     }
   }
-  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ>(a, smem, e, slab);
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ, DIET>(a, smem, e, slab);
 }
 
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
-          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0>
+          int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0,
+          int DIET = 0>
 static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   constexpr int NTOK = 8 * NT, XB = NTOK * qr_xs(GS, SUB, BITS), SBB = qr_sbb(GS, SUB, NT, BM);
-  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, CP, NTS, BM, NZ, DQ>;
+  void (*kern)(qe_args) = qr_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, CP, NTS, BM, NZ, DQ, DIET>;
   /* D < 0: the weight ring of -D stages after the activation ring (qr_body) */
   constexpr size_t RING = D < 0 ? (size_t)(-D) * WARPS * (qr_cb(BITS, GS) / 16 + qr_kc(GS, BITS) / GS) * 32 * 16 : 0;
   const size_t smem = (size_t)STAGES * (XB + SBB) + RING;
@@ -740,18 +958,18 @@ static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
 
 /* MINB64: blocks per SM the registers are capped for at group 64 (MINB at the other groups). */
 template <int BITS, int GATEUP, int NT, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1,
-          int PF = 0, int NTS = 0, int MINB64 = MINB>
+          int PF = 0, int NTS = 0, int MINB64 = MINB, int DIET = 0>
 static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   if constexpr (BITS == 16) { /* bf16: no groups, stages of 64 weights */
     if (a.group != QR_BF16_GROUP) return cudaErrorInvalidValue;
-    return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+    return qr_launch_g<16, GATEUP, NT, QR_BF16_GROUP, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS, 0, 0, 0, DIET>(s, grid, a);
   } else { /* (bf16 never launches the group kernels: not instantiated for it, they were 24 of qmoe_r16.cu's 36) */
     switch (a.group) {
-    case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
-    case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS>(s, grid, a);
+    case 32: return qr_launch_g<BITS, GATEUP, NT, 32, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS, 0, 0, 0, DIET>(s, grid, a);
+    case 64: return qr_launch_g<BITS, GATEUP, NT, 64, WARPS, D, STAGES, MINB64, QR_SUB, PF, 1, NTS, 0, 0, 0, DIET>(s, grid, a);
     case 128: /* QR_GATEUP_HP: not instantiated (a down group of 128 spans two gate/up blocks: k_qe_dn_fuse_group) */
       if constexpr (GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
-      else return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS>(s, grid, a);
+      else return qr_launch_g<BITS, GATEUP, NT, 128, WARPS, D, STAGES, MINB, QR_SUB, PF, 1, NTS, 0, 0, 0, DIET>(s, grid, a);
     default: return cudaErrorInvalidValue;
     }
   }
@@ -778,6 +996,11 @@ int qr_dq_from(void);
 /* Override qr_dq_from: n >= 0 (0 never, 4..8) until qr_dq_set(-1) gives the environment's choice back (the tests,
  * through dg_cuda_experts_nt). */
 void qr_dq_set(int n);
+/* The tests' launcher of the lane-record products (qmoe.cu's qr_launch calls it instead of qr_launch_bits while it
+ * is set, the down product's input copy in the epilogue excepted; NULL gives the backend's back):
+ * tests/support/cuda_entry.cu swaps in the kernels of DIET 0 to compare the outputs word for word. */
+typedef cudaError_t (*qr_launcher)(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup);
+void qr_launcher_set(qr_launcher f);
 
 /* The DQ body at NT n-tiles (experts of at most 8 NTS rows take NTS), registers for 3 blocks per SM (lab version 72, session 12: uniform M = 64 gate/up 228.0 us vs 262.6 at 2), group 64 only. */
 template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
@@ -788,19 +1011,20 @@ template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 gr
   }
 }
 
-template <int BITS, int GATEUP> cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
-  constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
+template <int BITS, int GATEUP, int DIET = QR_DIET>
+cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB, L = DIET;
   if constexpr (BITS != 16 && BITS != 6 && GATEUP != QR_GATEUP_HP) { /* QR_GATEUP_HP: no DQ body */
     const int dq = qr_dq_from();
     if (dq > 0 && nt >= dq && nt >= 4 && a.group == 64) return qr_launch_dq<BITS, GATEUP>(s, grid, nt, a);
   }
   switch (nt) {
-  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB>(s, grid, a);
-  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB>(s, grid, a);
-  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS>(s, grid, a);
-  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3>(s, grid, a);
-  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4>(s, grid, a);
-  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6>(s, grid, a);
+  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB, L>(s, grid, a);
+  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, MB, L>(s, grid, a);
+  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS, MB, L>(s, grid, a);
+  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3, 1, L>(s, grid, a);
+  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, L>(s, grid, a);
+  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, L>(s, grid, a);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cuda/host.cuh"
+#include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
 
 #include "cuda_entry.h"
 
@@ -127,21 +128,20 @@ extern "C" dg_status dg_cuda_test_experts(int device, const dg_weight *gate_up, 
   int fused;
   return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, -1, -1, -1, &fused, h, y);
 }
-/* The experts with the down product's input copy made by the gate/up kernel (fuse 1) and by its own launch (0),
- * word for word. */
-extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, const dg_weight *down,
-                                                  const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
-                                                  int K, int nt, long n_diff[2], int *fused) {
-  if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_dn_fuse: tile count %d (1-5, 8 or 0)", nt);
+/* test_experts_with twice, with the down product's input copy by its own launch and the backend's launchers first,
+ * then with fuse1 and the launcher swap (qr_launcher_set; NULL: the backend's): the words of h [0] and y [1] that
+ * differ; fused0 / fused1: whether each run's gate/up kernel made the copy. */
+static dg_status experts_twice(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                               const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int fuse1,
+                               qr_launcher swap, long n_diff[2], int *fused0, int *fused1) {
   const size_t nh = (size_t)T * K * IE, ny = (size_t)T * K * H;
   uint16_t *h0 = (uint16_t *)malloc(nh * 2), *h1 = (uint16_t *)malloc(nh * 2);
   float *y0 = (float *)malloc(ny * 4), *y1 = (float *)malloc(ny * 4);
-  int f0 = 0;
   dg_status st = !h0 || !h1 || !y0 || !y1 ? dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory") : DG_OK;
-  if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 0, &f0, h0, y0);
-  if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, fused, h1, y1);
-  if (st == DG_OK && f0) st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_dn_fuse: fused with the switch off");
+  if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 0, fused0, h0, y0);
+  qr_launcher_set(swap);
+  if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, fuse1, fused1, h1, y1);
+  qr_launcher_set(NULL);
   n_diff[0] = n_diff[1] = 0;
   if (st == DG_OK) {
     for (size_t i = 0; i < nh; i++) n_diff[0] += h0[i] != h1[i];
@@ -149,6 +149,36 @@ extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *g
   }
   free(h0); free(h1); free(y0); free(y1);
   return st;
+}
+/* The experts with the down product's input copy made by the gate/up kernel (fuse 1) and by its own launch (0),
+ * word for word. */
+extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, const dg_weight *down,
+                                                  const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
+                                                  int K, int nt, long n_diff[2], int *fused) {
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_dn_fuse: tile count %d (1-5, 8 or 0)", nt);
+  int f0 = 0;
+  dg_status st = experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 1, NULL, n_diff, &f0, fused);
+  if (st == DG_OK && f0) st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_dn_fuse: fused with the switch off");
+  return st;
+}
+/* qr_kernel's stage loop before the SASS diet (DIET 0) for 3- and 4-bit and bf16 stacks: the launcher
+ * dg_cuda_test_experts_diet swaps in (qr_launcher_set) */
+static cudaError_t nodiet_launch(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup) {
+  switch (bits) {
+  case 3: return gateup ? qr_launch_bits<3, 1, 0>(s, grid, nt, a) : qr_launch_bits<3, 0, 0>(s, grid, nt, a);
+  case 4: return gateup ? qr_launch_bits<4, 1, 0>(s, grid, nt, a) : qr_launch_bits<4, 0, 0>(s, grid, nt, a);
+  case 16: return gateup ? qr_launch_bits<16, 1, 0>(s, grid, nt, a) : qr_launch_bits<16, 0, 0>(s, grid, nt, a);
+  default: return cudaErrorInvalidValue; /* not instantiated here */
+  }
+}
+extern "C" dg_status dg_cuda_test_experts_diet(int device, const dg_weight *gate_up, const dg_weight *down,
+                                               const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
+                                               int K, int nt, long n_diff[2]) {
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_diet: tile count %d (1-5, 8 or 0)", nt);
+  int f0, f1;
+  return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, nodiet_launch, n_diff, &f0, &f1);
 }
 /* k_qe_dn_fuse_group on lane-record stacks of the given widths (0: bf16) and groups, with b->hs set, the switch
  * forced on and DGEMMA_QR_DQ's choice dq_from (qr_dq_set): host bookkeeping only, no device memory. */
@@ -800,7 +830,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
     dg_cuda_test_experts_dn_fuse,
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
-    dg_cuda_test_branch_stats,
+    dg_cuda_test_branch_stats, dg_cuda_test_experts_diet,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }
