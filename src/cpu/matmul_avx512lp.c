@@ -32,7 +32,9 @@
  * (G >= 32), so each step's int32 sums are scaled by a per-lane s_g d_g vector;
  * transposed (a group of at most 8 dwords, and at least 14 groups a row), each
  * block of 16 groups is transposed in registers so that each lane sees one group
- * only: its int32 sum is the group's whole integer dot product, scaled once.
+ * only: its int32 sum is the group's whole integer dot product, scaled once (calls of fewer
+ * than 4 rows at 8 dwords a group skip the weights' transpose: per-step sums, then a
+ * reduction tree to the same lanes; the same integers, so the same bits).
  * Either way there is no horizontal sum per group, one per output.
  * What it rounds: x -> d qx, |d qx - x| <= d/2 (1 + 2^-20) per element; the
  * fp32 scale/bias arithmetic and the sums over groups, a few roundings per
@@ -144,6 +146,10 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
  *    groups (16 G codes, n 64-byte vectors of packed weights), q[t][blk][m][u][64]: sub-step
  *    m < n, plane u < nsub = 8/B; dword lane l holds the 4 codes that meet byte u of packed
  *    dword m of group TR_GROUP[n][l] (tr_dwords), and dp the d of that group per lane;
+ *  - natural (nat: a transposed format with n = 8, in a call of fewer than 4 activation rows,
+ *    so that only the one-row tiles run: NTILE below): as transposed but each block's n 64-byte
+ *    steps in the weights' stream order, q[t][blk][m][u][64] = the nsub planes of step m
+ *    (qx_unpack_order), not transposed; dp as transposed;
  *  - by step (otherwise: 4-bit g128, 8-bit g64/g128, fewer than 14 groups; tr_n = 0): per row t and 64-byte
  *    step of the packed weights (cps = 512/B codes), nsub vectors of 64 s8 codes in the
  *    weights' unpacking order, and dl, the per-lane scale d of the lane's group.
@@ -152,8 +158,9 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
  * once one of its size has run). */
 typedef struct qx_buf {
   int B, G, nsub, cps, tr_n;
+  int nat;     /* transposed formats with n = 8, calls of < 4 rows: the codes in natural order (below) */
   int64_t K, steps, ng, nblk;
-  int8_t *q;   /* transposed: [T][nblk][n][nsub][64]; by step: [T][steps][nsub][64] */
+  int8_t *q;   /* transposed and natural: [T][nblk][n][nsub][64]; by step: [T][steps][nsub][64] */
   float *dl;   /* by step only: [T][steps][16] */
   float *c;    /* [T][ng + 15] (zero padded to a multiple of 16) */
   float *dg;   /* [T][ng + 15]: d of each group, zero padded like c */
@@ -239,9 +246,11 @@ static void qx_store_transposed(int8_t *q, const int8_t *qn, const qx_buf *b) {
   }
 }
 
-/* Quantizes x [T, K] (stride ldx) per row and group of G into b (layouts above), with the
- * calling thread's scratch. Returns 0, or -1 when out of memory. */
-static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
+/* Quantizes x [T, K] (stride ldx) per row and group of G into b (layouts above; natural where
+ * the format allows it and T_max, the most rows any tile meets, is below 4), with the calling
+ * thread's scratch. Returns 0, or -1 when out of memory. */
+static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t T_max, int64_t K, int B, int G,
+                       int n_threads) {
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
@@ -250,6 +259,7 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
    * most 1/8 of all (they cost the same as used ones: 11 groups, as the 26B's down product
    * at g64, would waste 5 of 16) */
   b->tr_n = G * B / 32 <= 8 && (b->nblk * 16 - b->ng) * 8 <= b->nblk * 16 ? G * B / 32 : 0;
+  b->nat = b->tr_n == 8 && T_max < 4;
   b->cstride = (b->ng + 15) / 16 * 16;
   void *part[5]; /* the calling thread's scratch, kept (scratch.h) */
   const size_t rowq = b->tr_n ? (size_t)b->nblk * 16 * (size_t)G : (size_t)b->steps * (size_t)b->nsub * 64;
@@ -305,7 +315,9 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
       }
       memset(qn + b->ng * G, 0, rowq - (size_t)(b->ng * G));
       if (b->tr_n) {
-        qx_store_transposed(b->q + (size_t)t * rowq, qn, b);
+        if (b->nat) /* a block's n steps are n consecutive 64-byte steps of the row (16 G = n cps) */
+          for (int64_t st = 0; st < b->nblk * b->tr_n; st++) qx_unpack_order(b->q + (size_t)t * rowq + st * nsub * 64, qn + st * cps, nsub);
+        else qx_store_transposed(b->q + (size_t)t * rowq, qn, b);
         const int32_t *pg = TR_GROUP[tr_index(b->tr_n)];
         for (int64_t g = 0; g < b->cstride; g++) b->dp[t * b->cstride + g] = dt[g - g % 16 + pg[g % 16]];
         continue;
@@ -334,6 +346,17 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
   case DG_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + g0));
   default: return _mm512_maskz_loadu_ps(m, (const float *)p + g0);
   }
+}
+
+/* The one-activation-row tiles also prefetch the scales and biases of their rows PF1_ROWS
+ * rows on (sbrow bytes a row, each array's rows contiguous), once per tile. */
+static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, int64_t sbrow) {
+  for (int i = 0; i < rt; i++)
+    for (int64_t off = 0; off < sbrow + 63; off += 64) {
+      const int64_t o = PF1_ROWS * sbrow + (off < sbrow ? off : sbrow - 1);
+      _mm_prefetch(sc[i] + o, PF1_HINT);
+      _mm_prefetch(bi[i] + o, PF1_HINT);
+    }
 }
 
 /* RT weight rows x TT activation rows; x points at the call's qx_buf rows. Every tile
@@ -412,6 +435,7 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
     const float *xg = xb->dg + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
     UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
+    if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
     for (int64_t g16 = 0; g16 < ng; g16 += 16) { /* 16 groups: whole steps, as 16 G is a multiple of cps */ \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       const __m512 dv = _mm512_load_ps(xg + g16);                                                            \
@@ -450,9 +474,9 @@ VTILES(8)
  * operations per lane, so a row's bits do not depend on the tile (or the batch) it ran in.
  * Lanes past the last group load zero codes, s = d = 0. The loads of a partial last block
  * are masked (never past the row).
- * t_load: row's block blk, transposed, into v[0 .. N); t_unpack: plane u of one of them. */
-static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
-                                                         int64_t pf) {
+ * t_raw: row's block blk as stored into v[0 .. N); t_load: transposed; t_unpack: plane u of one of them. */
+static inline __attribute__((always_inline)) void t_raw(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
+                                                        int64_t pf) {
   const int64_t byte0 = blk * N * 64;
   const int full = byte0 + 64 * N <= rb; /* all blocks but a partial last one */
   _Pragma("GCC unroll 8") for (int k = 0; k < N; k++) {
@@ -461,6 +485,10 @@ static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, cons
     v[k] = full ? _mm512_loadu_si512(row + byte0 + 64 * k) : _mm512_maskz_loadu_epi8(lm, row + byte0 + 64 * k);
     if (pf) _mm_prefetch((const char *)row + byte0 + 64 * k + pf, PF_HINT); /* a later block's row */
   }
+}
+static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
+                                                         int64_t pf) {
+  t_raw(v, N, row, blk, rb, pf);
   tr_dwords(v, N);
 }
 static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
@@ -484,6 +512,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
     }                                                                                                        \
     __m512 acc[RT][TT];                                                                                      \
     UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps(); \
+    if (TT == 1 && PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                               \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
       const int64_t g16 = blk * 16;                                                                          \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
@@ -541,20 +570,77 @@ TTILES(4, 4) /* g32 */
 TTILES(4, 8) /* g64 */
 TTILES(8, 8) /* g32 */
 
+/* The natural layout (qx_buf.nat: n = 8, a call's tiles all one activation row wide): each of
+ * a block's 8 steps (64 packed bytes: groups 2 m and 2 m + 1 of the block in lanes 0-7 and
+ * 8-15) gets its own int32 dot product per lane (vpdpbusd over the nsub planes), then a
+ * reduction tree adds each step's 8 lanes of a group and gathers the 16 sums into the lanes
+ * of TR_GROUP[8] (lane l < 8: group 2 l, l >= 8: group 2 (l - 8) + 1), as tr_dwords puts
+ * them: 3 rounds of in-lane unpacks and adds (pairs of dwords, then of qwords: each 128-bit
+ * chunk's 4 dwords of one step summed) and 2 vpermt2q + 1 add joining a group's two chunks,
+ * 21 instructions against tr_dwords' 24 (and 16 fewer dword moves into the unpacks). The
+ * integer sums are exact, so isum is the same integer as TTILE's and the same fp32
+ * operations follow: the bits of TTILE, for every row. */
+static inline __attribute__((always_inline)) __m512i n_sum8(const __m512i *p) {
+  __m512i w[4], x[2];
+  _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)
+    w[q] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * q], p[2 * q + 1]), _mm512_unpackhi_epi32(p[2 * q], p[2 * q + 1]));
+  _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++)
+    x[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(w[2 * q], w[2 * q + 1]), _mm512_unpackhi_epi64(w[2 * q], w[2 * q + 1]));
+  /* x[q] chunk c, lane j: chunk c's sum of step 4 q + j; a group = chunks (0, 1) or (2, 3) of its step */
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  return _mm512_add_epi32(_mm512_permutex2var_epi64(x[0], lo, x[1]), _mm512_permutex2var_epi64(x[0], hi, x[1]));
+}
+#define NTILE(B, RT)                                                                                         \
+  static void ntile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
+                                   const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
+                                   dg_dtype sbt, const int8_t *pw) {                                         \
+    enum { TT = 1, N = 8, NSUB = 8 / B };                                                                    \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8;                                          \
+    const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
+    const int8_t *xq = xb->q + (size_t)t0 * (size_t)nblk * N * NSUB * 64;                                    \
+    const float *xg = xb->dp + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
+    __m512 acc[RT][1];                                                                                       \
+    UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
+    if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
+    for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
+      const int64_t g16 = blk * 16;                                                                          \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        __m512i v[N], ps[N];                                                                                 \
+        t_raw(v, N, rows[i], blk, rb, PF1_ROWS * rb);                                                        \
+        const int8_t *xr = xq + blk * N * NSUB * 64; /* opaque: the codes are operands from the L1 */       \
+        __asm__("" : "+r"(xr));                                                                              \
+        UNROLL for (int m = 0; m < N; m++) {                                                                 \
+          ps[m] = _mm512_setzero_si512();                                                                    \
+          UNROLL for (int u = 0; u < NSUB; u++)                                                              \
+            ps[m] = _mm512_dpbusd_epi32(ps[m], t_unpack(v[m], B, u), _mm512_load_si512(xr + (m * NSUB + u) * 64)); \
+        }                                                                                                    \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(n_sum8(ps)), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
+      }                                                                                                      \
+    }                                                                                                        \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
+  }
+NTILE(2, 4) NTILE(2, 1) /* g128 */
+NTILE(4, 4) NTILE(4, 1) /* g64 */
+NTILE(8, 4) NTILE(8, 1) /* g32 */
+
 typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
                          const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw);
 typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows);
 /* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
- * (NULL: none)] and the preparation of 4 rows. */
-typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; } vtiles;
-#define TTROW(B, N)                                                                                          \
+ * (NULL: none)], the preparation of 4 rows, and 4x1, 1x1 on the natural layout (NULL: none). */
+typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; } vtiles;
+#define TTROW(B, N, NAT4, NAT1)                                                                              \
   {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
-    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N}
-#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL}
+    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}}
+#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
 /* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step). */
 static const vtiles *vtile_table(int B, int tr_n) {
-  static const vtiles T2[4] = {SROW(2), TTROW(2, 2), TTROW(2, 4), TTROW(2, 8)},
-                      T4[3] = {SROW(4), TTROW(4, 4), TTROW(4, 8)}, T8[2] = {SROW(8), TTROW(8, 8)};
+  static const vtiles T2[4] = {SROW(2), TTROW(2, 2, NULL, NULL), TTROW(2, 4, NULL, NULL),
+                               TTROW(2, 8, ntile_2_4x1, ntile_2_1x1)},
+                      T4[3] = {SROW(4), TTROW(4, 4, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1)},
+                      T8[2] = {SROW(8), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1)};
   if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
   if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
   return &T8[tr_n ? 1 : 0];
@@ -577,6 +663,7 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
   for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
   const vtiles *vt = vtile_table(w->bits, xb->tr_n);
   const vtile_fn *tf = vt->f;
+  const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
   const dg_dtype sbt = w->sb_dtype;
   int64_t t = 0;
   if (rt == 4) {
@@ -586,7 +673,7 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
       tf += 4;
     }
     for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
-    for (; t < T; t++) tf[1](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
+    for (; t < T; t++) (pw ? tf[1] : f41)(y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
     return;
   }
   for (int i = 0; i < rt; i++) {
@@ -594,7 +681,7 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
     const char *s1[1] = {sc[i]}, *b1[1] = {bi[i]};
     int64_t tt = 0;
     for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
-    for (; tt < T; tt++) tf[3](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
+    for (; tt < T; tt++) f11(y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
   }
 }
 
@@ -609,7 +696,8 @@ static int lp_kind(const dg_weight *w) {
  * scratch (scratch.h: nothing to free; valid until its next low-precision product). */
 typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
 
-static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int n_threads) {
+static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, int64_t T_max, const dg_weight *w,
+                      int n_threads) {
   memset(p, 0, sizeof *p);
   if (kind == 1) {
     p->Kp = (w->cols + 31) / 32 * 32;
@@ -618,7 +706,7 @@ static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T,
     x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
     return 0;
   }
-  return qx_quantize(&p->q, x, ldx, T, w->cols, w->bits, w->group_size, n_threads);
+  return qx_quantize(&p->q, x, ldx, T, T_max, w->cols, w->bits, w->group_size, n_threads);
 }
 
 static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
@@ -631,7 +719,7 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
                       int64_t N, int n_threads) {
   const int kind = lp_kind(w);
   lp_x p;
-  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, w, n_threads)) { /* exact path (also when out of memory) */
+  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, T, w, n_threads)) { /* exact path (also when out of memory) */
     dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads);
     return;
   }
@@ -645,8 +733,10 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
                               const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads) {
   const int kind = lp_kind(w);
   const int64_t R = start[E];
+  int64_t T_max = 0; /* the most rows of one expert */
+  for (int e = 0; e < E; e++) T_max = start[e + 1] - start[e] > T_max ? start[e + 1] - start[e] : T_max;
   lp_x p;
-  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, w, n_threads)) {
+  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, T_max, w, n_threads)) {
     dg_kernels_avx512_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
     return;
   }
