@@ -474,9 +474,9 @@ VTILES(8)
  * operations per lane, so a row's bits do not depend on the tile (or the batch) it ran in.
  * Lanes past the last group load zero codes, s = d = 0. The loads of a partial last block
  * are masked (never past the row).
- * t_raw: row's block blk as stored into v[0 .. N); t_load: transposed; t_unpack: plane u of one of them. */
-static inline __attribute__((always_inline)) void t_raw(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
-                                                        int64_t pf) {
+ * t_load: row's block blk, transposed, into v[0 .. N); t_unpack: plane u of one of them. */
+static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
+                                                         int64_t pf) {
   const int64_t byte0 = blk * N * 64;
   const int full = byte0 + 64 * N <= rb; /* all blocks but a partial last one */
   _Pragma("GCC unroll 8") for (int k = 0; k < N; k++) {
@@ -485,10 +485,6 @@ static inline __attribute__((always_inline)) void t_raw(__m512i *v, int N, const
     v[k] = full ? _mm512_loadu_si512(row + byte0 + 64 * k) : _mm512_maskz_loadu_epi8(lm, row + byte0 + 64 * k);
     if (pf) _mm_prefetch((const char *)row + byte0 + 64 * k + pf, PF_HINT); /* a later block's row */
   }
-}
-static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
-                                                         int64_t pf) {
-  t_raw(v, N, row, blk, rb, pf);
   tr_dwords(v, N);
 }
 static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
@@ -575,48 +571,62 @@ TTILES(8, 8) /* g32 */
  * 8-15) gets its own int32 dot product per lane (vpdpbusd over the nsub planes), then a
  * reduction tree adds each step's 8 lanes of a group and gathers the 16 sums into the lanes
  * of TR_GROUP[8] (lane l < 8: group 2 l, l >= 8: group 2 (l - 8) + 1), as tr_dwords puts
- * them: 3 rounds of in-lane unpacks and adds (pairs of dwords, then of qwords: each 128-bit
- * chunk's 4 dwords of one step summed) and 2 vpermt2q + 1 add joining a group's two chunks,
- * 21 instructions against tr_dwords' 24 (and 16 fewer dword moves into the unpacks). The
+ * them: in-lane unpacks and adds of pairs of steps' dwords (w), then of pairs of pairs'
+ * qwords (x2: each 128-bit chunk's 4 dwords of one step summed), then 2 vpermt2q + 1 add
+ * joining a group's two chunks: 21 instructions against tr_dwords' 24 and no unpack of
+ * moved dwords. The tile goes step by step over all its rows, so each step's activation
+ * codes are loaded once for the RT rows (TTILE loads them per row: 24 vector loads per
+ * row and block against 12 here), and the tree's rounds run as their inputs arrive. The
  * integer sums are exact, so isum is the same integer as TTILE's and the same fp32
  * operations follow: the bits of TTILE, for every row. */
-static inline __attribute__((always_inline)) __m512i n_sum8(const __m512i *p) {
-  __m512i w[4], x[2];
-  _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)
-    w[q] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * q], p[2 * q + 1]), _mm512_unpackhi_epi32(p[2 * q], p[2 * q + 1]));
-  _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++)
-    x[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(w[2 * q], w[2 * q + 1]), _mm512_unpackhi_epi64(w[2 * q], w[2 * q + 1]));
-  /* x[q] chunk c, lane j: chunk c's sum of step 4 q + j; a group = chunks (0, 1) or (2, 3) of its step */
-  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-  return _mm512_add_epi32(_mm512_permutex2var_epi64(x[0], lo, x[1]), _mm512_permutex2var_epi64(x[0], hi, x[1]));
-}
 #define NTILE(B, RT)                                                                                         \
   static void ntile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
                                    const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
                                    dg_dtype sbt, const int8_t *pw) {                                         \
     enum { TT = 1, N = 8, NSUB = 8 / B };                                                                    \
-    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8;                                          \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = PF1_ROWS * rb;                      \
     const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); \
     const int8_t *xq = xb->q + (size_t)t0 * (size_t)nblk * N * NSUB * 64;                                    \
     const float *xg = xb->dp + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
     UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
     if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
-      const int64_t g16 = blk * 16;                                                                          \
-      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
-      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
-        __m512i v[N], ps[N];                                                                                 \
-        t_raw(v, N, rows[i], blk, rb, PF1_ROWS * rb);                                                        \
-        const int8_t *xr = xq + blk * N * NSUB * 64; /* opaque: the codes are operands from the L1 */       \
-        __asm__("" : "+r"(xr));                                                                              \
-        UNROLL for (int m = 0; m < N; m++) {                                                                 \
-          ps[m] = _mm512_setzero_si512();                                                                    \
-          UNROLL for (int u = 0; u < NSUB; u++)                                                              \
-            ps[m] = _mm512_dpbusd_epi32(ps[m], t_unpack(v[m], B, u), _mm512_load_si512(xr + (m * NSUB + u) * 64)); \
+      const int64_t g16 = blk * 16, byte0 = blk * N * 64;                                                    \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16), full = byte0 + 64 * N <= rb;                       \
+      const int8_t *xr = xq + blk * N * NSUB * 64;                                                           \
+      /* step by step, all RT rows: each step's codes loaded once; the tree's rounds as soon as their \
+       * inputs are there (w: pairs of steps, x2: quads), so that few sums are live */                      \
+      __m512i w[RT][4], x2[RT][2];                                                                           \
+      UNROLL for (int p = 0; p < 4; p++) {                                                                   \
+        __m512i ps[RT][2];                                                                                   \
+        UNROLL for (int h = 0; h < 2; h++) {                                                                 \
+          const int m = 2 * p + h;                                                                           \
+          const int64_t r = rb - byte0 - 64 * m;                                                             \
+          const __mmask64 lm = r >= 64 ? ~(__mmask64)0 : r <= 0 ? 0 : (((__mmask64)1 << r) - 1);            \
+          __m512i xv[NSUB];                                                                                  \
+          UNROLL for (int u = 0; u < NSUB; u++) xv[u] = _mm512_load_si512(xr + (m * NSUB + u) * 64);         \
+          UNROLL for (int i = 0; i < RT; i++) {                                                              \
+            const uint8_t *wp = rows[i] + byte0 + 64 * m;                                                    \
+            const __m512i v = full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);              \
+            if (pf) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                           \
+            ps[i][h] = _mm512_setzero_si512();                                                               \
+            UNROLL for (int u = 0; u < NSUB; u++) ps[i][h] = _mm512_dpbusd_epi32(ps[i][h], t_unpack(v, B, u), xv[u]); \
+          }                                                                                                  \
         }                                                                                                    \
+        UNROLL for (int i = 0; i < RT; i++) {                                                                \
+          w[i][p] = _mm512_add_epi32(_mm512_unpacklo_epi32(ps[i][0], ps[i][1]), _mm512_unpackhi_epi32(ps[i][0], ps[i][1])); \
+          if (p % 2)                                                                                         \
+            x2[i][p / 2] = _mm512_add_epi32(_mm512_unpacklo_epi64(w[i][p - 1], w[i][p]), _mm512_unpackhi_epi64(w[i][p - 1], w[i][p])); \
+        }                                                                                                    \
+      }                                                                                                      \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        /* x2[i][q] chunk c, lane j: chunk c's sum of step 4 q + j; a group = chunks (0, 1) or (2, 3) */     \
+        const __m512i isum = _mm512_add_epi32(_mm512_permutex2var_epi64(x2[i][0], lo, x2[i][1]),            \
+                                              _mm512_permutex2var_epi64(x2[i][0], hi, x2[i][1]));           \
         const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
-        acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(n_sum8(ps)), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
+        acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
       }                                                                                                      \
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
