@@ -490,9 +490,9 @@ static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, cons
 static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
   return B == 8 ? v : _mm512_and_si512(_mm512_srli_epi16(v, B * u), _mm512_set1_epi8((char)((1 << B) - 1)));
 }
-/* PREP 0: each tile transposes and unpacks its rows' blocks itself (t_block); PREP 1: it
- * reads them from pw, the 4 rows' blocks written once by tprep (vnni_rows, T >= 8): the
- * same codes, so the same bits. */
+/* PREP 0: each tile transposes its rows' blocks itself (t_load); PREP 1: it reads them from
+ * pw, the 4 rows' blocks transposed once by tprep (vnni_rows, T >= TPREP_MIN_T): the same
+ * codes, so the same bits. Either way the tile unpacks them (4-bit: one AND a plane). */
 #define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
   static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
                    const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
@@ -513,9 +513,9 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       const int64_t g16 = blk * 16;                                                                          \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       UNROLL for (int i = 0; i < RT; i++) {                                                                  \
-        __m512i v[PREP ? 1 : N];                                                                             \
-        const int8_t *wp = pw + ((size_t)i * (size_t)nblk + (size_t)blk) * NSUB * BLK;                       \
+        __m512i v[N];                                                                                        \
         if (!PREP) t_load(v, N, rows[i], blk, rb, pf);                                                       \
+        else UNROLL for (int k = 0; k < N; k++) v[k] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
         __m512i isum[TT], ihi[TT];                                                                           \
         const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
         UNROLL for (int j = 0; j < TT; j++) {                                                                \
@@ -525,17 +525,16 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
         }                                                                                                    \
         UNROLL for (int m = 0; m < N * NSUB; m++) {                                                          \
           /* 4-bit, unpacked here: the high codes as 16 q (one AND, no shift) into their own sum */          \
-          const int hi16 = !PREP && B == 4 && m % NSUB == 1;                                                 \
-          const __m512i wc = PREP ? _mm512_load_si512(wp + m * 64)                                           \
-                             : hi16 ? _mm512_and_si512(v[PREP ? 0 : m / NSUB], _mm512_set1_epi8((char)0xF0)) \
-                                    : t_unpack(v[PREP ? 0 : m / NSUB], B, m % NSUB);                         \
+          const int hi16 = B == 4 && m % NSUB == 1;                                                          \
+          const __m512i wc = hi16 ? _mm512_and_si512(v[m / NSUB], _mm512_set1_epi8((char)0xF0))              \
+                                  : t_unpack(v[m / NSUB], B, m % NSUB);                                      \
           UNROLL for (int j = 0; j < TT; j++) {                                                              \
             if (hi16) ihi[j] = _mm512_dpbusd_epi32(ihi[j], wc, _mm512_load_si512(xr[j] + m * 64));           \
             else isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));              \
           }                                                                                                  \
         }                                                                                                    \
         /* sum 16 q x is a multiple of 16 (|.| < 2^24): the shift is exact, so isum is the same integer */   \
-        if (!PREP && B == 4) UNROLL for (int j = 0; j < TT; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(ihi[j], 4)); \
+        if (B == 4) UNROLL for (int j = 0; j < TT; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(ihi[j], 4)); \
         const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
         UNROLL for (int j = 0; j < TT; j++)                                                                  \
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
@@ -543,7 +542,9 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-/* The 4 rows' blocks of a tile row, unpacked: pw[i][blk][m][u][64] (prefetching as the 4x4 tile). */
+/* The 4 rows' blocks of a tile row, transposed (still packed: half the bytes of the unpacked
+ * codes at 4 bits, and the tiles' AND is cheaper than a load): pw[i][blk][k][64], k < N
+ * (prefetching as the 4x4 tile). */
 #define TPREP(B, N)                                                                                          \
   static void tprep_##B##_##N(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows) {                   \
     const int64_t rb = xb->K * B / 8;                                                                        \
@@ -551,8 +552,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       for (int64_t blk = 0; blk < xb->nblk; blk++) {                                                         \
         __m512i v[N];                                                                                        \
         t_load(v, N, rows[i], blk, rb, PF_ROWS * rb);                                                        \
-        UNROLL for (int m = 0; m < N * (8 / B); m++)                                                         \
-          _mm512_store_si512(pw + ((i * xb->nblk + blk) * N * (8 / B) + m) * 64, t_unpack(v[m / (8 / B)], B, m % (8 / B))); \
+        UNROLL for (int k = 0; k < N; k++) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k]); \
       }                                                                                                      \
   }
 #define TTILES(B, N)                                                                                         \
@@ -656,14 +656,18 @@ static const vtiles *vtile_table(int B, int tr_n) {
   return &T8[tr_n ? 1 : 0];
 }
 
-/* Activation rows from which a 4-row block's transposed, unpacked weights are written once
- * (per thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
+/* Activation rows from which a 4-row block's transposed weights are written once (per
+ * thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
  * Idle 2-core Zen 4 EPYC, -t 2, 4-bit gate/up [1408, 2816] g64, active wait, medians of 11,
- * three alternations (docs/results/cpu-s16/lp17_prep_ab.txt), ms without / with: M = 8
- * 0.195-0.198 / 0.215-0.229, 12: 0.282-0.287 / 0.289-0.294, 16: 0.364-0.366 / 0.360-0.362,
- * 24: 0.524 / 0.498-0.507, 32: 0.689-0.691 / 0.645-0.658, 64: 1.337-1.351 / 1.219-1.247. */
+ * three alternations (docs/results/cpu-s16/lp17_prep_ab.txt; unpacked codes in pw then), ms
+ * without / with: M = 8 0.195-0.198 / 0.215-0.229, 12: 0.282-0.287 / 0.289-0.294, 16:
+ * 0.364-0.366 / 0.360-0.362, 24: 0.524 / 0.498-0.507, 32: 0.689-0.691 / 0.645-0.658, 64:
+ * 1.337-1.351 / 1.219-1.247. With packed codes in pw (1 thread, weights in the L2, the
+ * fastest of 31 calls, 3 alternations on a loaded machine): M = 8 0.320-0.333 with /
+ * 0.313-0.322 without, 12 0.454-0.462 / 0.482-0.486, 16 0.587-0.593 against the unpacked
+ * pw's 0.614-0.629: from 12. */
 #ifndef TPREP_MIN_T
-#define TPREP_MIN_T 16
+#define TPREP_MIN_T 12
 #endif
 
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
@@ -677,8 +681,8 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
   const dg_dtype sbt = w->sb_dtype;
   int64_t t = 0;
   if (rt == 4) {
-    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * 16 * (size_t)xb->G) : NULL;
-    if (pw) { /* 4 rows x nblk blocks of 16 G codes (NULL when out of memory: the tiles that unpack) */
+    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64) : NULL;
+    if (pw) { /* 4 rows x nblk blocks of n 64-byte vectors (NULL when out of memory: the tiles that transpose) */
       vt->prep(pw, xb, rows);
       tf += 4;
     }
