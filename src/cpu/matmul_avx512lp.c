@@ -490,14 +490,9 @@ static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, cons
 static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
   return B == 8 ? v : _mm512_and_si512(_mm512_srli_epi16(v, B * u), _mm512_set1_epi8((char)((1 << B) - 1)));
 }
-/* PREP 0: each tile transposes its rows' blocks itself (t_load); PREP 1: it reads them from
- * pw, the 4 rows' blocks transposed once by tprep (vnni_rows, T >= TPREP_MIN_T): the same
- * codes, so the same bits. Either way the tile unpacks them (4-bit: one AND a plane). */
-#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
-  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
-                   const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
-    enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
-    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+/* The start of the transposed tiles: the lane -> group map, the TT activation rows' codes,
+ * d per lane and c, and the accumulators. */
+#define TTILE_PROLOGUE(N, RT, TT)                                                                            \
     const __m512i pg = _mm512_loadu_si512(TR_GROUP[tr_index(N)]); /* lane -> group */                      \
     const int8_t *xq[TT];                                                                                    \
     const float *xg[TT], *xc[TT];                                                                            \
@@ -507,7 +502,16 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       xc[j] = xb->c + (t0 + j) * xb->cstride;                                                                \
     }                                                                                                        \
     __m512 acc[RT][TT];                                                                                      \
-    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps(); \
+    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps();
+/* PREP 0: each tile transposes its rows' blocks itself (t_load); PREP 1: it reads them from
+ * pw, the 4 rows' blocks transposed once by tprep (vnni_rows, T >= TPREP_MIN_T): the same
+ * codes, so the same bits. Either way the tile unpacks them (4-bit: one AND a plane). */
+#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
+                   const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
+    enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+    TTILE_PROLOGUE(N, RT, TT)                                                                                \
     if (TT == 1 && PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                               \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
       const int64_t g16 = blk * 16;                                                                          \
@@ -555,10 +559,52 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
         UNROLL for (int k = 0; k < N; k++) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k]); \
       }                                                                                                      \
   }
+/* The 4x4 tile on prepared rows, step by step: for each of a block's N packed vectors the 4
+ * rows' vectors (pw) and, per plane, the 4 activation rows' codes are loaded once and meet in
+ * 16 int32 sums (isum[i][j]); TTILE loads the codes once per weight row (a vector load per
+ * vpdpbusd: 4 rows x 4 x 16 of them a block against 8 x 12 here), which bounds it by the
+ * loads. The 16 fp32 accumulators stay in memory between blocks (no registers left for them:
+ * read and written once a block). The high codes unpacked by shift and AND, into the same
+ * sums: the integers of TTILE, then the same fp32 operations in the same order, so the
+ * same bits. */
+#define TTILEP44(B, N)                                                                                       \
+  static void ttilep_##B##_##N##_4x4(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
+                                     const uint8_t *const *rows, const char *const *sc,                     \
+                                     const char *const *bi, dg_dtype sbt, const int8_t *pw) {               \
+    enum { RT = 4, TT = 4, NSUB = 8 / B, BLK = N * 64 };                                                     \
+    const int64_t ng = xb->ng, nblk = xb->nblk;                                                              \
+    TTILE_PROLOGUE(N, RT, TT)                                                                                \
+    for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
+      const int64_t g16 = blk * 16;                                                                          \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
+      __m512i isum[RT][TT];                                                                                  \
+      UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) isum[i][j] = _mm512_setzero_si512(); \
+      UNROLL for (int k = 0; k < N; k++) {                                                                   \
+        __m512i vk[RT];                                                                                      \
+        UNROLL for (int i = 0; i < RT; i++) vk[i] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
+        UNROLL for (int u = 0; u < NSUB; u++) {                                                              \
+          __m512i xv[TT];                                                                                    \
+          UNROLL for (int j = 0; j < TT; j++) xv[j] = _mm512_load_si512(xq[j] + (blk * N * NSUB + k * NSUB + u) * 64); \
+          UNROLL for (int i = 0; i < RT; i++) {                                                              \
+            const __m512i wc = t_unpack(vk[i], B, u);                                                        \
+            UNROLL for (int j = 0; j < TT; j++) isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], wc, xv[j]);     \
+          }                                                                                                  \
+        }                                                                                                    \
+      }                                                                                                      \
+      __asm__("" : : "r"(acc) : "memory"); /* acc in memory: the registers are the sums' */                 \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        UNROLL for (int j = 0; j < TT; j++)                                                                  \
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i][j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
+      }                                                                                                      \
+      __asm__("" : : "r"(acc) : "memory");                                                                   \
+    }                                                                                                        \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
+  }
 #define TTILES(B, N)                                                                                         \
   TTILE(B, N, 4, 4, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, ttile_##B##_##N##_4x1)                    \
   TTILE(B, N, 1, 4, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, ttile_##B##_##N##_1x1)                    \
-  TTILE(B, N, 4, 4, 1, ttilep_##B##_##N##_4x4) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
+  TTILEP44(B, N) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
 TTILES(2, 2) /* g32 */
 TTILES(2, 4) /* g64 */
 TTILES(2, 8) /* g128 */
