@@ -711,9 +711,12 @@ static const vtiles *vtile_table(int B, int tr_n) {
  * 1.337-1.351 / 1.219-1.247. With packed codes in pw (1 thread, weights in the L2, the
  * fastest of 31 calls, 3 alternations on a loaded machine): M = 8 0.320-0.333 with /
  * 0.313-0.322 without, 12 0.454-0.462 / 0.482-0.486, 16 0.587-0.593 against the unpacked
- * pw's 0.614-0.629: from 12. */
+ * pw's 0.614-0.629: from 12. With the step-by-step 4x4 tile on prepared rows (TTILEP44; same
+ * harness, 3 alternations, load ~1.8, medians of 31 with / without): M = 4 0.171-0.183 /
+ * 0.159-0.161 (fastest), 5 0.224-0.226 / 0.237-0.238, 6 0.273-0.282 / 0.307-0.341, 8
+ * 0.291-0.292 / 0.316-0.321: from 5. */
 #ifndef TPREP_MIN_T
-#define TPREP_MIN_T 12
+#define TPREP_MIN_T 5
 #endif
 
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
