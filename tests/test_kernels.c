@@ -342,8 +342,8 @@ static void test_avx512lp(void **state) {
   printf("# avx512lp bf16 vs oracle: largest |diff| / bound = %.4f, vs oracle on bf16(x): %.4f (must be <= 1); "
          "largest |diff| / sum|x w| = %.2e\n", w, wh, rel);
   /* by-step layout (fewer than 14 groups, or 4-bit g128 / 8-bit g64+), then the transposed one (a partial
-   * last block: 44 groups of 48 lanes, 30 of 32, 15 of 16), with T < 16 (every tile unpacks its rows)
-   * and T >= 16 (a 4-row block unpacked once, TPREP_MIN_T) */
+   * last block: 44 groups of 48 lanes, 30 of 32, 15 of 16), with T < 5 (every tile transposes its rows)
+   * and T >= 5 (a 4-row block transposed once, TPREP_MIN_T) */
   static const int qs[][5] = {{4, 64, 5, 9, 192},    {4, 32, 1, 4, 704},    {4, 128, 8, 5, 256},  {2, 32, 3, 8, 96},
                               {2, 64, 6, 4, 512},    {8, 32, 7, 5, 160},    {8, 128, 2, 8, 384},  {8, 64, 9, 5, 1024},
                               {4, 64, 16, 8, 2816},  {4, 64, 3, 5, 2816},   {4, 32, 17, 6, 1408}, {2, 32, 9, 8, 1408},

@@ -32,7 +32,9 @@
  * (G >= 32), so each step's int32 sums are scaled by a per-lane s_g d_g vector;
  * transposed (a group of at most 8 dwords, and at least 14 groups a row), each
  * block of 16 groups is transposed in registers so that each lane sees one group
- * only: its int32 sum is the group's whole integer dot product, scaled once.
+ * only: its int32 sum is the group's whole integer dot product, scaled once (calls of fewer
+ * than 4 rows at 8 dwords a group skip the weights' transpose: per-step sums, then a
+ * reduction tree to the same lanes; the same integers, so the same bits).
  * Either way there is no horizontal sum per group, one per output.
  * What it rounds: x -> d qx, |d qx - x| <= d/2 (1 + 2^-20) per element; the
  * fp32 scale/bias arithmetic and the sums over groups, a few roundings per
@@ -144,6 +146,10 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
  *    groups (16 G codes, n 64-byte vectors of packed weights), q[t][blk][m][u][64]: sub-step
  *    m < n, plane u < nsub = 8/B; dword lane l holds the 4 codes that meet byte u of packed
  *    dword m of group TR_GROUP[n][l] (tr_dwords), and dp the d of that group per lane;
+ *  - natural (nat: a transposed format with n = 8, in a call of fewer than 4 activation rows,
+ *    so that only the one-row tiles run: NTILE below): as transposed but each block's n 64-byte
+ *    steps in the weights' stream order, q[t][blk][m][u][64] = the nsub planes of step m
+ *    (qx_unpack_order), not transposed; dp as transposed;
  *  - by step (otherwise: 4-bit g128, 8-bit g64/g128, fewer than 14 groups; tr_n = 0): per row t and 64-byte
  *    step of the packed weights (cps = 512/B codes), nsub vectors of 64 s8 codes in the
  *    weights' unpacking order, and dl, the per-lane scale d of the lane's group.
@@ -152,8 +158,9 @@ static void bf16_rows(float *y, int64_t ldy, const uint16_t *xb, int64_t Kp, int
  * once one of its size has run). */
 typedef struct qx_buf {
   int B, G, nsub, cps, tr_n;
+  int nat;     /* transposed formats with n = 8, calls of < 4 rows: the codes in natural order (below) */
   int64_t K, steps, ng, nblk;
-  int8_t *q;   /* transposed: [T][nblk][n][nsub][64]; by step: [T][steps][nsub][64] */
+  int8_t *q;   /* transposed and natural: [T][nblk][n][nsub][64]; by step: [T][steps][nsub][64] */
   float *dl;   /* by step only: [T][steps][16] */
   float *c;    /* [T][ng + 15] (zero padded to a multiple of 16) */
   float *dg;   /* [T][ng + 15]: d of each group, zero padded like c */
@@ -239,9 +246,11 @@ static void qx_store_transposed(int8_t *q, const int8_t *qn, const qx_buf *b) {
   }
 }
 
-/* Quantizes x [T, K] (stride ldx) per row and group of G into b (layouts above), with the
- * calling thread's scratch. Returns 0, or -1 when out of memory. */
-static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t K, int B, int G, int n_threads) {
+/* Quantizes x [T, K] (stride ldx) per row and group of G into b (layouts above; natural where
+ * the format allows it and T_max, the most rows any tile meets, is below 4), with the calling
+ * thread's scratch. Returns 0, or -1 when out of memory. */
+static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t T_max, int64_t K, int B, int G,
+                       int n_threads) {
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
@@ -250,6 +259,7 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
    * most 1/8 of all (they cost the same as used ones: 11 groups, as the 26B's down product
    * at g64, would waste 5 of 16) */
   b->tr_n = G * B / 32 <= 8 && (b->nblk * 16 - b->ng) * 8 <= b->nblk * 16 ? G * B / 32 : 0;
+  b->nat = b->tr_n == 8 && T_max < 4;
   b->cstride = (b->ng + 15) / 16 * 16;
   void *part[5]; /* the calling thread's scratch, kept (scratch.h) */
   const size_t rowq = b->tr_n ? (size_t)b->nblk * 16 * (size_t)G : (size_t)b->steps * (size_t)b->nsub * 64;
@@ -305,7 +315,9 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
       }
       memset(qn + b->ng * G, 0, rowq - (size_t)(b->ng * G));
       if (b->tr_n) {
-        qx_store_transposed(b->q + (size_t)t * rowq, qn, b);
+        if (b->nat) /* a block's n steps are n consecutive 64-byte steps of the row (16 G = n cps) */
+          for (int64_t st = 0; st < b->nblk * b->tr_n; st++) qx_unpack_order(b->q + (size_t)t * rowq + st * nsub * 64, qn + st * cps, nsub);
+        else qx_store_transposed(b->q + (size_t)t * rowq, qn, b);
         const int32_t *pg = TR_GROUP[tr_index(b->tr_n)];
         for (int64_t g = 0; g < b->cstride; g++) b->dp[t * b->cstride + g] = dt[g - g % 16 + pg[g % 16]];
         continue;
@@ -334,6 +346,17 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
   case DG_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + g0));
   default: return _mm512_maskz_loadu_ps(m, (const float *)p + g0);
   }
+}
+
+/* The one-activation-row tiles also prefetch the scales and biases of their rows PF1_ROWS
+ * rows on (sbrow bytes a row, each array's rows contiguous), once per tile. */
+static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, int64_t sbrow) {
+  for (int i = 0; i < rt; i++)
+    for (int64_t off = 0; off < sbrow + 63; off += 64) {
+      const int64_t o = PF1_ROWS * sbrow + (off < sbrow ? off : sbrow - 1);
+      _mm_prefetch(sc[i] + o, PF1_HINT);
+      _mm_prefetch(bi[i] + o, PF1_HINT);
+    }
 }
 
 /* RT weight rows x TT activation rows; x points at the call's qx_buf rows. Every tile
@@ -412,6 +435,7 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
     const float *xg = xb->dg + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
     UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
+    if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
     for (int64_t g16 = 0; g16 < ng; g16 += 16) { /* 16 groups: whole steps, as 16 G is a multiple of cps */ \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       const __m512 dv = _mm512_load_ps(xg + g16);                                                            \
@@ -466,14 +490,9 @@ static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, cons
 static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
   return B == 8 ? v : _mm512_and_si512(_mm512_srli_epi16(v, B * u), _mm512_set1_epi8((char)((1 << B) - 1)));
 }
-/* PREP 0: each tile transposes and unpacks its rows' blocks itself (t_block); PREP 1: it
- * reads them from pw, the 4 rows' blocks written once by tprep (vnni_rows, T >= 8): the
- * same codes, so the same bits. */
-#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
-  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
-                   const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
-    enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
-    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+/* The start of the transposed tiles: the lane -> group map, the TT activation rows' codes,
+ * d per lane and c, and the accumulators. */
+#define TTILE_PROLOGUE(N, RT, TT)                                                                            \
     const __m512i pg = _mm512_loadu_si512(TR_GROUP[tr_index(N)]); /* lane -> group */                      \
     const int8_t *xq[TT];                                                                                    \
     const float *xg[TT], *xc[TT];                                                                            \
@@ -483,14 +502,24 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       xc[j] = xb->c + (t0 + j) * xb->cstride;                                                                \
     }                                                                                                        \
     __m512 acc[RT][TT];                                                                                      \
-    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps(); \
+    UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) acc[i][j] = _mm512_setzero_ps();
+/* PREP 0: each tile transposes its rows' blocks itself (t_load); PREP 1: it reads them from
+ * pw, the 4 rows' blocks transposed once by tprep (vnni_rows, T >= TPREP_MIN_T): the same
+ * codes, so the same bits. Either way the tile unpacks them (4-bit: one AND a plane). */
+#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
+                   const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
+    enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+    TTILE_PROLOGUE(N, RT, TT)                                                                                \
+    if (TT == 1 && PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                               \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
       const int64_t g16 = blk * 16;                                                                          \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       UNROLL for (int i = 0; i < RT; i++) {                                                                  \
-        __m512i v[PREP ? 1 : N];                                                                             \
-        const int8_t *wp = pw + ((size_t)i * (size_t)nblk + (size_t)blk) * NSUB * BLK;                       \
+        __m512i v[N];                                                                                        \
         if (!PREP) t_load(v, N, rows[i], blk, rb, pf);                                                       \
+        else UNROLL for (int k = 0; k < N; k++) v[k] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
         __m512i isum[TT], ihi[TT];                                                                           \
         const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
         UNROLL for (int j = 0; j < TT; j++) {                                                                \
@@ -500,17 +529,16 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
         }                                                                                                    \
         UNROLL for (int m = 0; m < N * NSUB; m++) {                                                          \
           /* 4-bit, unpacked here: the high codes as 16 q (one AND, no shift) into their own sum */          \
-          const int hi16 = !PREP && B == 4 && m % NSUB == 1;                                                 \
-          const __m512i wc = PREP ? _mm512_load_si512(wp + m * 64)                                           \
-                             : hi16 ? _mm512_and_si512(v[PREP ? 0 : m / NSUB], _mm512_set1_epi8((char)0xF0)) \
-                                    : t_unpack(v[PREP ? 0 : m / NSUB], B, m % NSUB);                         \
+          const int hi16 = B == 4 && m % NSUB == 1;                                                          \
+          const __m512i wc = hi16 ? _mm512_and_si512(v[m / NSUB], _mm512_set1_epi8((char)0xF0))              \
+                                  : t_unpack(v[m / NSUB], B, m % NSUB);                                      \
           UNROLL for (int j = 0; j < TT; j++) {                                                              \
             if (hi16) ihi[j] = _mm512_dpbusd_epi32(ihi[j], wc, _mm512_load_si512(xr[j] + m * 64));           \
             else isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));              \
           }                                                                                                  \
         }                                                                                                    \
         /* sum 16 q x is a multiple of 16 (|.| < 2^24): the shift is exact, so isum is the same integer */   \
-        if (!PREP && B == 4) UNROLL for (int j = 0; j < TT; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(ihi[j], 4)); \
+        if (B == 4) UNROLL for (int j = 0; j < TT; j++) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(ihi[j], 4)); \
         const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
         UNROLL for (int j = 0; j < TT; j++)                                                                  \
           acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
@@ -518,7 +546,9 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-/* The 4 rows' blocks of a tile row, unpacked: pw[i][blk][m][u][64] (prefetching as the 4x4 tile). */
+/* The 4 rows' blocks of a tile row, transposed (still packed: half the bytes of the unpacked
+ * codes at 4 bits, and the tiles' AND is cheaper than a load): pw[i][blk][k][64], k < N
+ * (prefetching as the 4x4 tile). */
 #define TPREP(B, N)                                                                                          \
   static void tprep_##B##_##N(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows) {                   \
     const int64_t rb = xb->K * B / 8;                                                                        \
@@ -526,14 +556,55 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       for (int64_t blk = 0; blk < xb->nblk; blk++) {                                                         \
         __m512i v[N];                                                                                        \
         t_load(v, N, rows[i], blk, rb, PF_ROWS * rb);                                                        \
-        UNROLL for (int m = 0; m < N * (8 / B); m++)                                                         \
-          _mm512_store_si512(pw + ((i * xb->nblk + blk) * N * (8 / B) + m) * 64, t_unpack(v[m / (8 / B)], B, m % (8 / B))); \
+        UNROLL for (int k = 0; k < N; k++) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k]); \
       }                                                                                                      \
+  }
+/* The 4x4 tile on prepared rows, step by step: for each of a block's N packed vectors the 4
+ * rows' vectors (pw) and, per plane, the 4 activation rows' codes are loaded once and meet in
+ * 16 int32 sums (isum[i][j]); TTILE loads the codes once per weight row (a vector load per
+ * vpdpbusd: 4 rows x 4 x 16 of them a block against 8 x 12 here), which bounds it by the
+ * loads. The 16 fp32 accumulators stay in memory between blocks (no registers left for them:
+ * read and written once a block). The high codes unpacked by shift and AND, into the same
+ * sums: the integers of TTILE, then the same fp32 operations in the same order, so the
+ * same bits. */
+#define TTILEP44(B, N)                                                                                       \
+  static void ttilep_##B##_##N##_4x4(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
+                                     const uint8_t *const *rows, const char *const *sc,                     \
+                                     const char *const *bi, dg_dtype sbt, const int8_t *pw) {               \
+    enum { RT = 4, TT = 4, NSUB = 8 / B, BLK = N * 64 };                                                     \
+    const int64_t ng = xb->ng, nblk = xb->nblk;                                                              \
+    TTILE_PROLOGUE(N, RT, TT)                                                                                \
+    for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
+      const int64_t g16 = blk * 16;                                                                          \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
+      __m512i isum[RT][TT];                                                                                  \
+      UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) isum[i][j] = _mm512_setzero_si512(); \
+      UNROLL for (int k = 0; k < N; k++) {                                                                   \
+        __m512i vk[RT];                                                                                      \
+        UNROLL for (int i = 0; i < RT; i++) vk[i] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
+        UNROLL for (int u = 0; u < NSUB; u++) {                                                              \
+          __m512i xv[TT];                                                                                    \
+          UNROLL for (int j = 0; j < TT; j++) xv[j] = _mm512_load_si512(xq[j] + (blk * N * NSUB + k * NSUB + u) * 64); \
+          UNROLL for (int i = 0; i < RT; i++) {                                                              \
+            const __m512i wc = t_unpack(vk[i], B, u);                                                        \
+            UNROLL for (int j = 0; j < TT; j++) isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], wc, xv[j]);     \
+          }                                                                                                  \
+        }                                                                                                    \
+      }                                                                                                      \
+      __asm__("" : : "r"(acc) : "memory"); /* acc in memory: the registers are the sums' */                 \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        UNROLL for (int j = 0; j < TT; j++)                                                                  \
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i][j]), _mm512_mul_ps(s, _mm512_load_ps(xg[j] + g16)), acc[i][j]); \
+      }                                                                                                      \
+      __asm__("" : : "r"(acc) : "memory");                                                                   \
+    }                                                                                                        \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
 #define TTILES(B, N)                                                                                         \
   TTILE(B, N, 4, 4, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, ttile_##B##_##N##_4x1)                    \
   TTILE(B, N, 1, 4, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, ttile_##B##_##N##_1x1)                    \
-  TTILE(B, N, 4, 4, 1, ttilep_##B##_##N##_4x4) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
+  TTILEP44(B, N) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
 TTILES(2, 2) /* g32 */
 TTILES(2, 4) /* g64 */
 TTILES(2, 8) /* g128 */
@@ -541,33 +612,111 @@ TTILES(4, 4) /* g32 */
 TTILES(4, 8) /* g64 */
 TTILES(8, 8) /* g32 */
 
+/* The natural layout (qx_buf.nat: n = 8, a call's tiles all one activation row wide): each of
+ * a block's 8 steps (64 packed bytes: groups 2 m and 2 m + 1 of the block in lanes 0-7 and
+ * 8-15) gets its own int32 dot product per lane (vpdpbusd over the nsub planes), then a
+ * reduction tree adds each step's 8 lanes of a group and gathers the 16 sums into the lanes
+ * of TR_GROUP[8] (lane l < 8: group 2 l, l >= 8: group 2 (l - 8) + 1), as tr_dwords puts
+ * them: in-lane unpacks and adds of pairs of steps' dwords (w), then of pairs of pairs'
+ * qwords (x2: each 128-bit chunk's 4 dwords of one step summed), then 2 vpermt2q + 1 add
+ * joining a group's two chunks: 21 instructions against tr_dwords' 24 and no unpack of
+ * moved dwords. The tile goes step by step over all its rows, so each step's activation
+ * codes are loaded once for the RT rows (TTILE loads them per row: 24 vector loads per
+ * row and block against 12 here), and the tree's rounds run as their inputs arrive. The
+ * integer sums are exact, so isum is the same integer as TTILE's and the same fp32
+ * operations follow: the bits of TTILE, for every row. */
+#define NTILE(B, RT)                                                                                         \
+  static void ntile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
+                                   const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
+                                   dg_dtype sbt, const int8_t *pw) {                                         \
+    enum { TT = 1, N = 8, NSUB = 8 / B };                                                                    \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = PF1_ROWS * rb;                      \
+    const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); \
+    const int8_t *xq = xb->q + (size_t)t0 * (size_t)nblk * N * NSUB * 64;                                    \
+    const float *xg = xb->dp + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
+    __m512 acc[RT][1];                                                                                       \
+    UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
+    if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
+    for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
+      const int64_t g16 = blk * 16, byte0 = blk * N * 64;                                                    \
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16), full = byte0 + 64 * N <= rb;                       \
+      const int8_t *xr = xq + blk * N * NSUB * 64;                                                           \
+      /* step by step, all RT rows: each step's codes loaded once; the tree's rounds as soon as their \
+       * inputs are there (w: pairs of steps, x2: quads), so that few sums are live */                      \
+      __m512i w[RT][4], x2[RT][2];                                                                           \
+      UNROLL for (int p = 0; p < 4; p++) {                                                                   \
+        __m512i ps[RT][2];                                                                                   \
+        UNROLL for (int h = 0; h < 2; h++) {                                                                 \
+          const int m = 2 * p + h;                                                                           \
+          const int64_t r = rb - byte0 - 64 * m;                                                             \
+          const __mmask64 lm = r >= 64 ? ~(__mmask64)0 : r <= 0 ? 0 : (((__mmask64)1 << r) - 1);            \
+          __m512i xv[NSUB];                                                                                  \
+          UNROLL for (int u = 0; u < NSUB; u++) xv[u] = _mm512_load_si512(xr + (m * NSUB + u) * 64);         \
+          UNROLL for (int i = 0; i < RT; i++) {                                                              \
+            const uint8_t *wp = rows[i] + byte0 + 64 * m;                                                    \
+            const __m512i v = full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);              \
+            if (pf) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                           \
+            ps[i][h] = _mm512_setzero_si512();                                                               \
+            UNROLL for (int u = 0; u < NSUB; u++) ps[i][h] = _mm512_dpbusd_epi32(ps[i][h], t_unpack(v, B, u), xv[u]); \
+          }                                                                                                  \
+        }                                                                                                    \
+        UNROLL for (int i = 0; i < RT; i++) {                                                                \
+          w[i][p] = _mm512_add_epi32(_mm512_unpacklo_epi32(ps[i][0], ps[i][1]), _mm512_unpackhi_epi32(ps[i][0], ps[i][1])); \
+          if (p % 2)                                                                                         \
+            x2[i][p / 2] = _mm512_add_epi32(_mm512_unpacklo_epi64(w[i][p - 1], w[i][p]), _mm512_unpackhi_epi64(w[i][p - 1], w[i][p])); \
+        }                                                                                                    \
+      }                                                                                                      \
+      UNROLL for (int i = 0; i < RT; i++) {                                                                  \
+        /* x2[i][q] chunk c, lane j: chunk c's sum of step 4 q + j; a group = chunks (0, 1) or (2, 3) */     \
+        const __m512i isum = _mm512_add_epi32(_mm512_permutex2var_epi64(x2[i][0], lo, x2[i][1]),            \
+                                              _mm512_permutex2var_epi64(x2[i][0], hi, x2[i][1]));           \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
+      }                                                                                                      \
+    }                                                                                                        \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
+  }
+NTILE(2, 4) NTILE(2, 1) /* g128 */
+NTILE(4, 4) NTILE(4, 1) /* g64 */
+NTILE(8, 4) NTILE(8, 1) /* g32 */
+
 typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
                          const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw);
 typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows);
 /* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
- * (NULL: none)] and the preparation of 4 rows. */
-typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; } vtiles;
-#define TTROW(B, N)                                                                                          \
+ * (NULL: none)], the preparation of 4 rows, and 4x1, 1x1 on the natural layout (NULL: none). */
+typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; } vtiles;
+#define TTROW(B, N, NAT4, NAT1)                                                                              \
   {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
-    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N}
-#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL}
+    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}}
+#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
 /* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step). */
 static const vtiles *vtile_table(int B, int tr_n) {
-  static const vtiles T2[4] = {SROW(2), TTROW(2, 2), TTROW(2, 4), TTROW(2, 8)},
-                      T4[3] = {SROW(4), TTROW(4, 4), TTROW(4, 8)}, T8[2] = {SROW(8), TTROW(8, 8)};
+  static const vtiles T2[4] = {SROW(2), TTROW(2, 2, NULL, NULL), TTROW(2, 4, NULL, NULL),
+                               TTROW(2, 8, ntile_2_4x1, ntile_2_1x1)},
+                      T4[3] = {SROW(4), TTROW(4, 4, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1)},
+                      T8[2] = {SROW(8), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1)};
   if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
   if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
   return &T8[tr_n ? 1 : 0];
 }
 
-/* Activation rows from which a 4-row block's transposed, unpacked weights are written once
- * (per thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
+/* Activation rows from which a 4-row block's transposed weights are written once (per
+ * thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
  * Idle 2-core Zen 4 EPYC, -t 2, 4-bit gate/up [1408, 2816] g64, active wait, medians of 11,
- * three alternations (docs/results/cpu-s16/lp17_prep_ab.txt), ms without / with: M = 8
- * 0.195-0.198 / 0.215-0.229, 12: 0.282-0.287 / 0.289-0.294, 16: 0.364-0.366 / 0.360-0.362,
- * 24: 0.524 / 0.498-0.507, 32: 0.689-0.691 / 0.645-0.658, 64: 1.337-1.351 / 1.219-1.247. */
+ * three alternations (docs/results/cpu-s16/lp17_prep_ab.txt; unpacked codes in pw then), ms
+ * without / with: M = 8 0.195-0.198 / 0.215-0.229, 12: 0.282-0.287 / 0.289-0.294, 16:
+ * 0.364-0.366 / 0.360-0.362, 24: 0.524 / 0.498-0.507, 32: 0.689-0.691 / 0.645-0.658, 64:
+ * 1.337-1.351 / 1.219-1.247. With packed codes in pw (1 thread, weights in the L2, the
+ * fastest of 31 calls, 3 alternations on a loaded machine): M = 8 0.320-0.333 with /
+ * 0.313-0.322 without, 12 0.454-0.462 / 0.482-0.486, 16 0.587-0.593 against the unpacked
+ * pw's 0.614-0.629: from 12. With the step-by-step 4x4 tile on prepared rows (TTILEP44; same
+ * harness, 3 alternations, load ~1.8, medians of 31 with / without): M = 4 0.171-0.183 /
+ * 0.159-0.161 (fastest), 5 0.224-0.226 / 0.237-0.238, 6 0.273-0.282 / 0.307-0.341, 8
+ * 0.291-0.292 / 0.316-0.321: from 5. */
 #ifndef TPREP_MIN_T
-#define TPREP_MIN_T 16
+#define TPREP_MIN_T 5
 #endif
 
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
@@ -577,16 +726,17 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
   for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
   const vtiles *vt = vtile_table(w->bits, xb->tr_n);
   const vtile_fn *tf = vt->f;
+  const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
   const dg_dtype sbt = w->sb_dtype;
   int64_t t = 0;
   if (rt == 4) {
-    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * 16 * (size_t)xb->G) : NULL;
-    if (pw) { /* 4 rows x nblk blocks of 16 G codes (NULL when out of memory: the tiles that unpack) */
+    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64) : NULL;
+    if (pw) { /* 4 rows x nblk blocks of n 64-byte vectors (NULL when out of memory: the tiles that transpose) */
       vt->prep(pw, xb, rows);
       tf += 4;
     }
     for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
-    for (; t < T; t++) tf[1](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
+    for (; t < T; t++) (pw ? tf[1] : f41)(y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
     return;
   }
   for (int i = 0; i < rt; i++) {
@@ -594,7 +744,7 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
     const char *s1[1] = {sc[i]}, *b1[1] = {bi[i]};
     int64_t tt = 0;
     for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
-    for (; tt < T; tt++) tf[3](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
+    for (; tt < T; tt++) f11(y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
   }
 }
 
@@ -609,7 +759,8 @@ static int lp_kind(const dg_weight *w) {
  * scratch (scratch.h: nothing to free; valid until its next low-precision product). */
 typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
 
-static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int n_threads) {
+static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, int64_t T_max, const dg_weight *w,
+                      int n_threads) {
   memset(p, 0, sizeof *p);
   if (kind == 1) {
     p->Kp = (w->cols + 31) / 32 * 32;
@@ -618,7 +769,7 @@ static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T,
     x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
     return 0;
   }
-  return qx_quantize(&p->q, x, ldx, T, w->cols, w->bits, w->group_size, n_threads);
+  return qx_quantize(&p->q, x, ldx, T, T_max, w->cols, w->bits, w->group_size, n_threads);
 }
 
 static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
@@ -631,7 +782,7 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
                       int64_t N, int n_threads) {
   const int kind = lp_kind(w);
   lp_x p;
-  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, w, n_threads)) { /* exact path (also when out of memory) */
+  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, T, w, n_threads)) { /* exact path (also when out of memory) */
     dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads);
     return;
   }
@@ -645,8 +796,10 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
                               const dg_weight *w, int64_t rows_per_expert, int64_t row_off, int64_t N, int n_threads) {
   const int kind = lp_kind(w);
   const int64_t R = start[E];
+  int64_t T_max = 0; /* the most rows of one expert */
+  for (int e = 0; e < E; e++) T_max = start[e + 1] - start[e] > T_max ? start[e + 1] - start[e] : T_max;
   lp_x p;
-  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, w, n_threads)) {
+  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, T_max, w, n_threads)) {
     dg_kernels_avx512_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
     return;
   }

@@ -10,7 +10,7 @@
 
 /* QDEQ, ROWS: matmul_driver.h; LPX: a low-precision product's activations (the
  * calling thread's, shared by the product's threads while it runs); LPROW: the
- * per-thread row buffers of quantizing them; LPW: the per-thread unpacked weights of
+ * per-thread row buffers of quantizing them; LPW: the per-thread transposed (packed) weights of
  * avx512lp's 4-row blocks. */
 enum {
   DG_KSCRATCH_QDEQ = 0, DG_KSCRATCH_ROWS = 1, DG_KSCRATCH_LPX = 2, DG_KSCRATCH_LPROW = 3, DG_KSCRATCH_LPW = 4,
