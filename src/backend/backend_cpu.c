@@ -17,50 +17,44 @@
 #include "model/model.h"
 #include "model/rowstats.h"
 
-/* The model's matrices, n of them (at most 13 a layer + 4), for the pack below. */
-static int cpu_model_weights(dg_model *m, dg_weight **ws) {
-  int n = 0;
-  ws[n++] = &m->embed, ws[n++] = &m->sc_gate, ws[n++] = &m->sc_up, ws[n++] = &m->sc_down;
-  for (int i = 0; i < m->cfg.n_layers; i++) {
+/* fn over each of the model's matrices (the embedding, the self-conditioning MLP, 10 a layer), in order; stops at the
+ * first status that is not DG_OK and returns it. */
+static dg_status cpu_each_weight(dg_model *m, dg_status (*fn)(dg_weight *w)) {
+  dg_weight *top[] = {&m->embed, &m->sc_gate, &m->sc_up, &m->sc_down};
+  for (size_t j = 0; j < sizeof top / sizeof top[0]; j++) DG_TRY(fn(top[j]));
+  for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
     dg_layer *l = &m->layers[i];
     dg_weight *lw[] = {&l->q, &l->k, &l->v, &l->o, &l->mlp_gate, &l->mlp_up, &l->mlp_down, &l->router,
                        &l->experts_gate_up, &l->experts_down};
-    for (size_t j = 0; j < sizeof lw / sizeof lw[0]; j++) ws[n++] = lw[j];
+    for (size_t j = 0; j < sizeof lw / sizeof lw[0]; j++) DG_TRY(fn(lw[j]));
   }
-  return n;
+  return DG_OK;
 }
 
-/* DGEMMA_CPU_PACK=1 with the avx512lp kernels: every quantized matrix the pack applies to
- * (cpu/pack.c: 2-bit g128, 4-bit g64, 8-bit g32) gets a packed copy that avx512lp's one-row
- * tiles read (calls of fewer than 4 rows per weight: the same bits). Opt-in: it costs a
- * second copy of those matrices in anonymous memory (the mmap'd originals stay, read by the
- * other tiles). */
+/* The packed copy of one matrix where the pack applies (cpu/pack.c: 2-bit g128, 4-bit g64, 8-bit g32). */
+static dg_status cpu_pack_one(dg_weight *w) {
+  if (!w->data || !w->bits || !dg_cpu_pack_applies(w)) return DG_OK;
+  if (!(w->cpu_pack = dg_cpu_pack_build(w)))
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "DGEMMA_CPU_PACK=1: out of memory for the packed copy of a %lld x %lld matrix",
+                     (long long)w->rows, (long long)w->cols);
+  return DG_OK;
+}
+static dg_status cpu_unpack_one(dg_weight *w) {
+  free((void *)w->cpu_pack);
+  w->cpu_pack = NULL;
+  return DG_OK;
+}
+
+/* DGEMMA_CPU_PACK=1 with the avx512lp kernels: every quantized matrix the pack applies to gets a packed copy that
+ * avx512lp's one-row tiles read (calls of fewer than 4 rows per weight: the same bits). Opt-in: it costs a second copy
+ * of those matrices in anonymous memory (the mmap'd originals stay, read by the other tiles). */
 static dg_status cpu_model_init(dg_model *m, int device) {
   (void)device;
   const char *v = getenv("DGEMMA_CPU_PACK");
   if (!v || strcmp(v, "1") || strcmp(m->kern->name, "avx512lp")) return DG_OK;
-  dg_weight **ws = malloc((size_t)(4 + 10 * m->cfg.n_layers) * sizeof *ws);
-  if (!ws) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-  const int n = cpu_model_weights(m, ws);
-  dg_status st = DG_OK;
-  for (int i = 0; i < n && !st; i++)
-    if (ws[i]->data && ws[i]->bits && dg_cpu_pack_applies(ws[i]) && !(ws[i]->cpu_pack = dg_cpu_pack_build(ws[i])))
-      st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "DGEMMA_CPU_PACK=1: out of memory for the packed copy of a %lld x %lld matrix",
-                     (long long)ws[i]->rows, (long long)ws[i]->cols);
-  free(ws);
-  return st;
+  return cpu_each_weight(m, cpu_pack_one);
 }
-static void cpu_model_free(dg_model *m) {
-  if (!m->layers) return;
-  dg_weight **ws = malloc((size_t)(4 + 10 * m->cfg.n_layers) * sizeof *ws);
-  if (!ws) return;
-  const int n = cpu_model_weights(m, ws);
-  for (int i = 0; i < n; i++) {
-    free((void *)ws[i]->cpu_pack);
-    ws[i]->cpu_pack = NULL;
-  }
-  free(ws);
-}
+static void cpu_model_free(dg_model *m) { (void)cpu_each_weight(m, cpu_unpack_one); }
 static size_t cpu_model_bytes(const dg_model *m) { (void)m; return 0; }
 
 static dg_status cpu_ctx_init(dg_context *ctx, int32_t rows) { return dg_context_alloc_host(ctx, rows); }

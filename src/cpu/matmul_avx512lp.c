@@ -631,7 +631,7 @@ TTILES(8, 8) /* g32 */
 /* NTILE on a pack (PACK = 1, w->cpu_pack: cpu/pack.c): one stream per thread, which the
  * hardware prefetcher follows; PK_PF bytes on it are prefetched as well (0 = none). 2-core
  * Zen 4 EPYC, 4-bit [1408, 2816] over a 64-expert stack, -t 2, active wait, loaded (load
- * 5.4-5.8), per-call p50 of 2688 calls, two alternations (docs/results/cpu-s16/rb17_pack.txt):
+ * 5.4-5.8), per-call p50 of 2688 calls, two alternations (docs/results/cpu-s17/rb17_pack.txt):
  * none 0.047 / 0.072 ms, 1024: 4.5 (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
 #ifndef PK_PF
 #define PK_PF 0
