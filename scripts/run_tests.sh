@@ -58,10 +58,10 @@ for i in "${!list[@]}"; do
   echo "== $t"
   while [ ! -f "$res/$i.rc" ]; do sleep 0.2; done
   out=$(cat "$res/$i.out"); rc=$(cat "$res/$i.rc")
-  sum=$(echo "$out" | grep -E '\[  (PASSED|FAILED|  ERROR|SKIPPED)|\[==========\]|^#|FAIL')
+  sum=$(echo "$out" | grep -E '\[  (PASSED|FAILED|  ERROR|SKIPPED)|\[  ERROR   \]|\[   LINE   \]|\[==========\]|^#|FAIL')
   echo "$sum" | head -100
   # past the first 100 lines, still every failure (a test binary with many # lines hid its FAILED line)
-  echo "$sum" | tail -n +101 | grep -E '\[  (FAILED|  ERROR)|FAIL' | head -50
+  echo "$sum" | tail -n +101 | grep -E '\[  (FAILED|  ERROR)|\[  ERROR   \]|\[   LINE   \]|FAIL' | head -50
   p=$(echo "$out" | grep -o '\[  PASSED  \] [0-9]*' | awk '{s+=$NF} END{print s+0}')
   f=$(echo "$out" | grep -o '\[  FAILED  \] [0-9]*' | awk '{s+=$NF} END{print s+0}')
   # cmocka's own count: "[  SKIPPED ] N test(s), listed below:" (skipped tests are not in PASSED)
