@@ -86,7 +86,15 @@ static void fill_bytes(uint8_t *p, size_t n, uint64_t seed) {
 typedef struct ce_stack {
   dg_weight w;
   void *data, *scales, *biases;
+  void *pack; /* DGEMMA_CPU_PACK=1: w.cpu_pack (cpu/pack.c), else NULL */
 } ce_stack;
+
+/* DGEMMA_CPU_PACK=1: the quantized stacks get a packed copy for avx512lp's one-row tiles
+ * (cpu/pack.c: the same bits; a second copy of the stack's bytes). */
+static int ce_pack_on(void) {
+  const char *v = getenv("DGEMMA_CPU_PACK");
+  return v && !strcmp(v, "1");
+}
 
 static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t seed) {
   memset(s, 0, sizeof *s);
@@ -107,10 +115,16 @@ static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t
   fill_bf16(s->biases, ng, seed + 2);
   s->w = (dg_weight){.dtype = DG_U32, .data = s->data, .rows = rows, .cols = cols, .bits = bits,
                      .group_size = CE_G, .sb_dtype = DG_BF16, .scales = s->scales, .biases = s->biases};
+  if (ce_pack_on() && dg_cpu_pack_applies(&s->w)) {
+    s->pack = dg_cpu_pack_build(&s->w);
+    if (!s->pack) return -1;
+    s->w.cpu_pack = s->pack;
+  }
   return 0;
 }
 
 static void stack_free(ce_stack *s) {
+  free(s->pack);
   free(s->data);
   free(s->scales);
   free(s->biases);
@@ -527,6 +541,9 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
            "top-%d); per-call median of %d runs after %d warm-up; roofline = max(weight bytes / copy, FLOPs / the "
            "fastest compute rate for the format: bf16 max(FMA, vdpbf16ps), quantized max(FMA, vpdpbusd, vpmaddubsw))\n\n",
            kn->name, CE_H, CE_IE, CE_E, CE_TOPK, reps, warm);
+    if (ce_pack_on())
+      printf("DGEMMA_CPU_PACK=1: the quantized stacks also hold a packed copy (cpu/pack.c: 2-bit g128, 4-bit g64, 8-bit "
+             "g32) that avx512lp's one-row tiles read (calls of M < 4); same bits\n\n");
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "
            "of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const double rates[4] = {rate, rbf, ri8, rub};

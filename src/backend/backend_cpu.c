@@ -7,19 +7,60 @@
  * logits R rows at a time in the caller's scratch (turbo.c, "Memory"). */
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "cpu/kernels.h"
 #include "model/context.h"
 #include "base/dg_error.h"
 #include "model/model.h"
 #include "model/rowstats.h"
 
-static dg_status cpu_model_init(dg_model *m, int device) {
-  (void)m; (void)device;
-  return DG_OK;
+/* The model's matrices, n of them (at most 13 a layer + 4), for the pack below. */
+static int cpu_model_weights(dg_model *m, dg_weight **ws) {
+  int n = 0;
+  ws[n++] = &m->embed, ws[n++] = &m->sc_gate, ws[n++] = &m->sc_up, ws[n++] = &m->sc_down;
+  for (int i = 0; i < m->cfg.n_layers; i++) {
+    dg_layer *l = &m->layers[i];
+    dg_weight *lw[] = {&l->q, &l->k, &l->v, &l->o, &l->mlp_gate, &l->mlp_up, &l->mlp_down, &l->router,
+                       &l->experts_gate_up, &l->experts_down};
+    for (size_t j = 0; j < sizeof lw / sizeof lw[0]; j++) ws[n++] = lw[j];
+  }
+  return n;
 }
-static void cpu_model_free(dg_model *m) { (void)m; }
+
+/* DGEMMA_CPU_PACK=1 with the avx512lp kernels: every quantized matrix the pack applies to
+ * (cpu/pack.c: 2-bit g128, 4-bit g64, 8-bit g32) gets a packed copy that avx512lp's one-row
+ * tiles read (calls of fewer than 4 rows per weight: the same bits). Opt-in: it costs a
+ * second copy of those matrices in anonymous memory (the mmap'd originals stay, read by the
+ * other tiles). */
+static dg_status cpu_model_init(dg_model *m, int device) {
+  (void)device;
+  const char *v = getenv("DGEMMA_CPU_PACK");
+  if (!v || strcmp(v, "1") || strcmp(m->kern->name, "avx512lp")) return DG_OK;
+  dg_weight **ws = malloc((size_t)(4 + 10 * m->cfg.n_layers) * sizeof *ws);
+  if (!ws) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  const int n = cpu_model_weights(m, ws);
+  dg_status st = DG_OK;
+  for (int i = 0; i < n && !st; i++)
+    if (ws[i]->data && ws[i]->bits && dg_cpu_pack_applies(ws[i]) && !(ws[i]->cpu_pack = dg_cpu_pack_build(ws[i])))
+      st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "DGEMMA_CPU_PACK=1: out of memory for the packed copy of a %lld x %lld matrix",
+                     (long long)ws[i]->rows, (long long)ws[i]->cols);
+  free(ws);
+  return st;
+}
+static void cpu_model_free(dg_model *m) {
+  if (!m->layers) return;
+  dg_weight **ws = malloc((size_t)(4 + 10 * m->cfg.n_layers) * sizeof *ws);
+  if (!ws) return;
+  const int n = cpu_model_weights(m, ws);
+  for (int i = 0; i < n; i++) {
+    free((void *)ws[i]->cpu_pack);
+    ws[i]->cpu_pack = NULL;
+  }
+  free(ws);
+}
 static size_t cpu_model_bytes(const dg_model *m) { (void)m; return 0; }
 
 static dg_status cpu_ctx_init(dg_context *ctx, int32_t rows) { return dg_context_alloc_host(ctx, rows); }

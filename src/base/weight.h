@@ -24,6 +24,9 @@ typedef struct dg_weight {
   int group_size;               /* 32, 64 or 128 (quantized only) */
   dg_dtype sb_dtype;            /* scales/biases dtype: DG_BF16, DG_F16 or DG_F32 */
   const void *scales, *biases;  /* [rows, cols/group_size] (quantized only) */
+  const void *cpu_pack;         /* NULL, or a copy of the same codes, scales and biases in the order
+                                 * avx512lp's one-row tiles read them (cpu/pack.c: opt-in, owned by
+                                 * whoever built it); every other reader uses the fields above */
 } dg_weight;
 
 #endif

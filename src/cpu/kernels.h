@@ -94,4 +94,13 @@ const dg_kernels *dg_kernels_avx512lp(void);
  * tested in test_kernels.c. NULL if the CPU lacks AVX2 or FMA. */
 const dg_kernels *dg_kernels_avx2lp(void);
 
+/* An opt-in copy of a quantized weight in the order avx512lp's one-row tiles read it
+ * (layout and cost: cpu/pack.c). dg_cpu_pack_applies: 2-bit g128, 4-bit g64, 8-bit g32,
+ * at least 4 rows. dg_cpu_pack_build returns the copy (malloc'd: the caller frees it and
+ * stores it in w->cpu_pack), or NULL when it does not apply or out of memory; the kernels
+ * give the same bits with it as without. */
+int dg_cpu_pack_applies(const dg_weight *w);
+int64_t dg_cpu_pack_block_bytes(const dg_weight *w); /* bytes of one 4-row block */
+void *dg_cpu_pack_build(const dg_weight *w);
+
 #endif

@@ -624,12 +624,27 @@ TTILES(8, 8) /* g32 */
  * codes are loaded once for the RT rows (TTILE loads them per row: 24 vector loads per
  * row and block against 12 here), and the tree's rounds run as their inputs arrive. The
  * integer sums are exact, so isum is the same integer as TTILE's and the same fp32
- * operations follow: the bits of TTILE, for every row. */
-#define NTILE(B, RT)                                                                                         \
-  static void ntile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
-                                   const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
-                                   dg_dtype sbt, const int8_t *pw) {                                         \
+ * operations follow: the bits of TTILE, for every row. With PACK (4 rows, the weight's
+ * cpu_pack: cpu/pack.c) the same codes, scales and biases come from the 4-row block's
+ * packed bytes in the order used here (a partial last step zero padded, as the masked load
+ * reads it): the same bits again, from one stream instead of six. */
+/* NTILE on a pack (PACK = 1, w->cpu_pack: cpu/pack.c): one stream per thread, which the
+ * hardware prefetcher follows; PK_PF bytes on it are prefetched as well (0 = none). 2-core
+ * Zen 4 EPYC, 4-bit [1408, 2816] over a 64-expert stack, -t 2, active wait, loaded (load
+ * 5.4-5.8), per-call p50 of 2688 calls, two alternations (docs/results/cpu-s16/rb17_pack.txt):
+ * none 0.047 / 0.072 ms, 1024: 4.5 (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
+#ifndef PK_PF
+#define PK_PF 0
+#endif
+#define NTILE(B, RT, PACK, NAME)                                                                             \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
+                   const char *const *sc, const char *const *bi_, dg_dtype sbt, const int8_t *pw) {          \
     enum { TT = 1, N = 8, NSUB = 8 / B };                                                                    \
+    /* PACK (RT = 4): the 4 rows' codes, scales and biases from pw, their 4-row block of w->cpu_pack \
+     * (cpu/pack.c), read in order: one stream; else from the MLX layout */                                \
+    const int64_t esz = sbt == DG_F32 ? 4 : 2;                                                               \
+    const char *pp = (const char *)pw, *bi[RT];                                                              \
+    UNROLL for (int i = 0; i < RT; i++) bi[i] = PACK ? pp + dg_cpu_pack_block_bytes_k(xb, esz) - (RT - i) * xb->ng * esz : bi_[i]; \
     const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = PF1_ROWS * rb;                      \
     const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); \
@@ -637,10 +652,11 @@ TTILES(8, 8) /* g32 */
     const float *xg = xb->dp + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
     UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
-    if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
+    if (PF1_ROWS && !PACK) pf_sb(sc, bi, RT, ng * esz);                                                      \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
       const int64_t g16 = blk * 16, byte0 = blk * N * 64;                                                    \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16), full = byte0 + 64 * N <= rb;                       \
+      const int ns = rb - byte0 >= 64 * N ? N : (int)((rb - byte0 + 63) / 64); /* PACK: the block's steps */  \
       const int8_t *xr = xq + blk * N * NSUB * 64;                                                           \
       /* step by step, all RT rows: each step's codes loaded once; the tree's rounds as soon as their \
        * inputs are there (w: pairs of steps, x2: quads), so that few sums are live */                      \
@@ -654,9 +670,11 @@ TTILES(8, 8) /* g32 */
           __m512i xv[NSUB];                                                                                  \
           UNROLL for (int u = 0; u < NSUB; u++) xv[u] = _mm512_load_si512(xr + (m * NSUB + u) * 64);         \
           UNROLL for (int i = 0; i < RT; i++) {                                                              \
-            const uint8_t *wp = rows[i] + byte0 + 64 * m;                                                    \
-            const __m512i v = full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);              \
-            if (pf) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                           \
+            const uint8_t *wp = PACK ? (const uint8_t *)pp + (4 * m + i) * 64 : rows[i] + byte0 + 64 * m;   \
+            const __m512i v = PACK ? (m < ns ? _mm512_loadu_si512(wp) : _mm512_setzero_si512())              \
+                                   : full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);       \
+            if (pf && !PACK) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                  \
+            if (PACK && PK_PF) _mm_prefetch((const char *)wp + PK_PF, PF1_HINT);                             \
             ps[i][h] = _mm512_setzero_si512();                                                               \
             UNROLL for (int u = 0; u < NSUB; u++) ps[i][h] = _mm512_dpbusd_epi32(ps[i][h], t_unpack(v, B, u), xv[u]); \
           }                                                                                                  \
@@ -671,32 +689,41 @@ TTILES(8, 8) /* g32 */
         /* x2[i][q] chunk c, lane j: chunk c's sum of step 4 q + j; a group = chunks (0, 1) or (2, 3) */     \
         const __m512i isum = _mm512_add_epi32(_mm512_permutex2var_epi64(x2[i][0], lo, x2[i][1]),            \
                                               _mm512_permutex2var_epi64(x2[i][0], hi, x2[i][1]));           \
-        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        const __m512 s = _mm512_permutexvar_ps(pg, PACK ? load_sb(sbt, pp + ns * 256 + i * n * esz, 0, n)      \
+                                                        : load_sb(sbt, sc[i], g16, n));                      \
         acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
       }                                                                                                      \
+      if (PACK) pp += ns * 256 + 4 * n * esz;                                                                \
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-NTILE(2, 4) NTILE(2, 1) /* g128 */
-NTILE(4, 4) NTILE(4, 1) /* g64 */
-NTILE(8, 4) NTILE(8, 1) /* g32 */
+/* dg_cpu_pack_block_bytes of the call's weight, from its qx_buf (the same K, B and G) */
+static inline int64_t dg_cpu_pack_block_bytes_k(const qx_buf *xb, int64_t esz) {
+  const int64_t rb = xb->K * xb->B / 8;
+  int64_t p = 0;
+  for (int64_t blk = 0; blk < xb->nblk; blk++) p += rb - blk * 512 >= 512 ? 8 * 256 : (rb - blk * 512 + 63) / 64 * 256;
+  return p + 8 * xb->ng * esz;
+}
+NTILE(2, 4, 0, ntile_2_4x1) NTILE(2, 1, 0, ntile_2_1x1) NTILE(2, 4, 1, ntilepk_2_4x1) /* g128 */
+NTILE(4, 4, 0, ntile_4_4x1) NTILE(4, 1, 0, ntile_4_1x1) NTILE(4, 4, 1, ntilepk_4_4x1) /* g64 */
+NTILE(8, 4, 0, ntile_8_4x1) NTILE(8, 1, 0, ntile_8_1x1) NTILE(8, 4, 1, ntilepk_8_4x1) /* g32 */
 
 typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
                          const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw);
 typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows);
 /* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
  * (NULL: none)], the preparation of 4 rows, and 4x1, 1x1 on the natural layout (NULL: none). */
-typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; } vtiles;
-#define TTROW(B, N, NAT4, NAT1)                                                                              \
+typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; vtile_fn natpk; } vtiles;
+#define TTROW(B, N, NAT4, NAT1, NATPK)                                                                       \
   {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
-    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}}
-#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
+    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}, NATPK}
+#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}, NULL}
 /* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step). */
 static const vtiles *vtile_table(int B, int tr_n) {
-  static const vtiles T2[4] = {SROW(2), TTROW(2, 2, NULL, NULL), TTROW(2, 4, NULL, NULL),
-                               TTROW(2, 8, ntile_2_4x1, ntile_2_1x1)},
-                      T4[3] = {SROW(4), TTROW(4, 4, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1)},
-                      T8[2] = {SROW(8), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1)};
+  static const vtiles T2[4] = {SROW(2), TTROW(2, 2, NULL, NULL, NULL), TTROW(2, 4, NULL, NULL, NULL),
+                               TTROW(2, 8, ntile_2_4x1, ntile_2_1x1, ntilepk_2_4x1)},
+                      T4[3] = {SROW(4), TTROW(4, 4, NULL, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1, ntilepk_4_4x1)},
+                      T8[2] = {SROW(8), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1, ntilepk_8_4x1)};
   if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
   if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
   return &T8[tr_n ? 1 : 0];
@@ -729,6 +756,11 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
   const dg_dtype sbt = w->sb_dtype;
   int64_t t = 0;
+  if (rt == 4 && xb->nat && vt->natpk && w->cpu_pack && r0 % 4 == 0) { /* the one-row tile on w's pack (T < 4) */
+    const int8_t *pk = (const int8_t *)w->cpu_pack + (size_t)(r0 / 4) * (size_t)dg_cpu_pack_block_bytes(w);
+    for (; t < T; t++) vt->natpk(y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pk);
+    return;
+  }
   if (rt == 4) {
     int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64) : NULL;
     if (pw) { /* 4 rows x nblk blocks of n 64-byte vectors (NULL when out of memory: the tiles that transpose) */
