@@ -3013,8 +3013,9 @@ static void test_experts_dn_fuse(void **state) {
 
 /* qr_kernel's stage loop of the SASS diet (DIET 1, the backend's: qr_diet_pass in src/cuda/qmoe_r.cuh) against the
  * loop before it (DIET 0): h and y word for word on stacks deep enough for the steady-state iterations (6 weight
- * stages or more) and for the tested last ones, at the backend's tile count for 37 tokens (3 n-tiles, the 2-tile
- * body for the smaller experts), 1 and 8 n-tiles, 4-bit g64, 3-bit g32, g128 and bf16 lane records. */
+ * stages or more) and for the tested last ones, even and odd stage counts, at the backend's tile count for 37 tokens
+ * (3 n-tiles, the 2-tile body for the smaller experts), 1, 3 and 8 n-tiles, 4-bit g64, 3-bit g32/g64, g128 and bf16
+ * lane records; an empty expert (1) in every case. */
 static void test_quant_experts_diet(void **state) {
   (void)state;
   need_gpu();
@@ -3022,6 +3023,10 @@ static void test_quant_experts_diet(void **state) {
   static const struct { int bgu, bd, G, H, IE, T, nt; } cs[] = {
       {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 640, 384, 37, 1}, {4, 4, 64, 640, 128, 61, 8},
       {3, 4, 32, 512, 384, 37, 0}, {4, 3, 128, 768, 384, 37, 0}, {0, 0, 0, 640, 384, 37, 0},
+      /* odd stage counts (the 26B's down product: IE 704, 11 weight stages; a half last activation stage after
+       * the FAST iterations), 7 and 9 stages; 48 tokens at 3 n-tiles: expert 0 in two whole passes of 24 and the
+       * others' 16 rows one whole pass of the 2-tile body (no token past the expert's rows) */
+      {4, 4, 64, 704, 448, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {3, 3, 64, 576, 704, 37, 1}, {0, 0, 0, 704, 448, 37, 0},
   };
   const int E = 5, K = 2;
   long words = 0;

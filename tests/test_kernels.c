@@ -329,6 +329,20 @@ static void check_lp_nonfinite(const dg_kernels *k, int B, int G, int K) {
                "/ non-finite / non-finite)", k->name, B, G, K, n, y[n], y[N + n], y[2 * N + n]);
     assert_memory_equal(&y[3 * N + n], &y1[n], sizeof(float));
   }
+  /* each of rows 0-2 alone (a call of fewer than 4 rows: avx512lp's natural layout and one-row tiles at 8 dwords a
+   * group), and rows 0-2 in one call of 3 */
+  for (int t = 0; t < 3; t++) {
+    k->matmul(y1, N, x + (size_t)t * K, K, 1, &W, 0, N, 1);
+    for (int n = 0; n < N; n++)
+      if (t == 0 ? !isnan(y1[n]) : isfinite(y1[n]))
+        fail_msg("%s %d-bit G=%d K=%d: output %d of row %d alone = %g (must be %s)", k->name, B, G, K, n, t, y1[n],
+                 t == 0 ? "NaN" : "non-finite");
+  }
+  k->matmul(y, N, x, K, 3, &W, 0, N, 2);
+  for (int n = 0; n < N; n++)
+    if (!isnan(y[n]) || isfinite(y[N + n]) || isfinite(y[2 * N + n]))
+      fail_msg("%s %d-bit G=%d K=%d: output %d of 3 rows with NaN / +Inf / -Inf activations = %g / %g / %g", k->name, B,
+               G, K, n, y[n], y[N + n], y[2 * N + n]);
   free(data); free(sc); free(bi); free(wf); free(x); free(y); free(y1);
 }
 
@@ -421,7 +435,7 @@ static void test_avx512lp(void **state) {
   printf("# avx512lp: 23 rows in one call = 23 one-row calls bit for bit (4-bit g64/g32/g128, 2-bit g32/g64/g128, "
          "8-bit g32/g64/g128; both layouts; K with partial last steps and blocks)\n");
   /* non-finite activations: bf16, by step (4-bit g64 K = 256, 8-bit g128), transposed (4-bit g64 K = 1024,
-   * 2-bit g32, 8-bit g32) */
+   * 2-bit g32, 8-bit g32; in calls of 1 and 3 rows 4-bit g64 and 8-bit g32 take the natural layout) */
   static const int nf[][3] = {{0, 0, 96}, {4, 64, 256}, {8, 128, 384}, {4, 64, 1024}, {2, 32, 1408}, {8, 32, 480}};
   for (size_t c = 0; c < sizeof nf / sizeof nf[0]; c++) check_lp_nonfinite(k, nf[c][0], nf[c][1], nf[c][2]);
   /* the pack: 44 groups (a last block of 12, 6 steps), 30 (a last block of 14, 7 steps), 15 at 8-bit
