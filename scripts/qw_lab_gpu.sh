@@ -48,7 +48,7 @@ sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function,
   grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z][A-Z0-9_.]+' /tmp/s.txt | awk '{print $NF}' | sed 's/\..*//' \
     | sort | uniq -c | sort -rn | head -32
 }
-[ "${SASS:-1}" = 1 ] && { # qr_kernel<4,1,3,64> as the backend runs it (DIET 1) and before the SASS diet (DIET 0, lab version 95)
+[ "${SASS:-1}" = 1 ] && { # qr_kernel<4,1,3,64> with the SASS diet (DIET 1) and before it (DIET 0; the backend's is QR_DIET, lab version 95 the other)
   cuobjdump -sass build/moe_quant > /tmp/lab.sass 2>&1 # the stage loops' counts per weight stage: scripts/qr_sass_loop.py
   for q in _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi1EE \
            _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi0EE; do

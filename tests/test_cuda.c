@@ -3011,8 +3011,8 @@ static void test_experts_dn_fuse(void **state) {
   }
 }
 
-/* qr_kernel's stage loop of the SASS diet (DIET 1, the backend's: qr_diet_pass in src/cuda/qmoe_r.cuh) against the
- * loop before it (DIET 0): h and y word for word on stacks deep enough for the steady-state iterations (6 weight
+/* qr_kernel's stage loop of the SASS diet (DIET 1: qr_diet_pass in src/cuda/qmoe_r.cuh) against the loop before it
+ * (DIET 0), the backend's one (QR_DIET) against the test library's other one: h and y word for word on stacks deep enough for the steady-state iterations (6 weight
  * stages or more) and for the tested last ones, even and odd stage counts, at the backend's tile count for 37 tokens
  * (3 n-tiles, the 2-tile body for the smaller experts), 1, 3 and 8 n-tiles, 4-bit g64, 3-bit g32/g64, g128 and bf16
  * lane records; an empty expert (1) in every case. */

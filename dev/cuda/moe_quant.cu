@@ -67,8 +67,8 @@
  *              (k_group's order, qr_block): largest processing time first
  *   versions 61-65 (4-bit): version 50 with the weights through a ring in shared memory (run_ring)
  *   versions 90-94 (4-bit): probes of the weight stream alone (run_probe; no check)
- *   version 95 (every bit width and bf16): version 50 before the SASS diet (qr_kernel's DIET 0, session 17), each output
- *              compared with version 50's bit for bit
+ *   version 95 (every bit width and bf16): version 50 with qr_kernel's other stage loop (DIET 1 - QR_DIET: the SASS
+ *              diet's, session 17, while the backend keeps the loop before it), each output compared with version 50's bit for bit
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -453,9 +453,10 @@ static cudaError_t backend_args(int prod, stack *st, routing *r, qe_args *a, dim
   return cudaSuccess;
 }
 
-/* Version 95 (every bit width and bf16): version 50 with qr_kernel's stage loop as it was before the SASS diet
- * (qr_launch_bits' DIET 0: tests and branches in every iteration, zero-filled copies, generic shared pointers);
- * its outputs are compared with version 50's bit for bit. */
+/* Version 95 (every bit width and bf16): version 50 with qr_kernel's other stage loop (qr_launch_bits' DIET
+ * 1 - QR_DIET: since session 17 the SASS diet's, steady-state iterations without tests, real-row copies, 32-bit shared
+ * loads, while the backend keeps the loop before it until a GPU has timed both); its outputs are compared with
+ * version 50's bit for bit. */
 static cudaError_t run_nodiet(int prod, stack *st, routing *r) {
   qe_args a;
   dim3 grid;
@@ -465,12 +466,12 @@ static cudaError_t run_nodiet(int prod, stack *st, routing *r) {
   const int nt = qe_nt(r->T, TOPK, E);
   g_dq = 0;
   switch (st->w.bits) {
-  case 2: return gateup ? qr_launch_bits<2, 1, 0>(0, grid, nt, a) : qr_launch_bits<2, 0, 0>(0, grid, nt, a);
-  case 3: return gateup ? qr_launch_bits<3, 1, 0>(0, grid, nt, a) : qr_launch_bits<3, 0, 0>(0, grid, nt, a);
-  case 4: return gateup ? qr_launch_bits<4, 1, 0>(0, grid, nt, a) : qr_launch_bits<4, 0, 0>(0, grid, nt, a);
-  case 6: return gateup ? qr_launch_bits<6, 1, 0>(0, grid, nt, a) : qr_launch_bits<6, 0, 0>(0, grid, nt, a);
-  case 8: return gateup ? qr_launch_bits<8, 1, 0>(0, grid, nt, a) : qr_launch_bits<8, 0, 0>(0, grid, nt, a);
-  default: return gateup ? qr_launch_bits<16, 1, 0>(0, grid, nt, a) : qr_launch_bits<16, 0, 0>(0, grid, nt, a);
+  case 2: return gateup ? qr_launch_bits<2, 1, 1 - QR_DIET>(0, grid, nt, a) : qr_launch_bits<2, 0, 1 - QR_DIET>(0, grid, nt, a);
+  case 3: return gateup ? qr_launch_bits<3, 1, 1 - QR_DIET>(0, grid, nt, a) : qr_launch_bits<3, 0, 1 - QR_DIET>(0, grid, nt, a);
+  case 4: return gateup ? qr_launch_bits<4, 1, 1 - QR_DIET>(0, grid, nt, a) : qr_launch_bits<4, 0, 1 - QR_DIET>(0, grid, nt, a);
+  case 6: return gateup ? qr_launch_bits<6, 1, 1 - QR_DIET>(0, grid, nt, a) : qr_launch_bits<6, 0, 1 - QR_DIET>(0, grid, nt, a);
+  case 8: return gateup ? qr_launch_bits<8, 1, 1 - QR_DIET>(0, grid, nt, a) : qr_launch_bits<8, 0, 1 - QR_DIET>(0, grid, nt, a);
+  default: return gateup ? qr_launch_bits<16, 1, 1 - QR_DIET>(0, grid, nt, a) : qr_launch_bits<16, 0, 1 - QR_DIET>(0, grid, nt, a);
   }
 }
 

@@ -52,7 +52,9 @@
 #define QR_MINB1 6  /* at 1 n-tile (experts of at most 8 rows), group 64, <= 4 bits: 6 blocks per SM (the backend's choice) */
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
-#define QR_DIET 1    /* qr_kernel's DIET loop (qr_diet_pass: the same bits, fewer instructions; the backend's choice) */
+#define QR_DIET 0    /* qr_kernel's DIET loop (qr_diet_pass: the same bits, ~29 % fewer instructions in the stage loop,
+                      * session 17) is not the backend's until it has run and been timed on a GPU (docs/cuda.md, "The next
+                      * GPU calls"); the tests and the lab run the other one (1 - QR_DIET) beside it */
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 /* qr_kernel's GATEUP: 0 the down product, 1 the gate/up product (h stored plainly, qe_store), QR_GATEUP_HP the gate/up
@@ -595,7 +597,7 @@ __device__ __forceinline__ void qr_epilogue(const qe_args &a, const float (&acc)
   else qe_store<GATEUP != 0, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t);
 }
 
-/* DIET (qr_kernel's template value; the backend's since session 17, issue 11's "SASS diet"): the same products,
+/* DIET (qr_kernel's template value, issue 11's "SASS diet", session 17; not the backend's until a GPU has run it: QR_DIET): the same products,
  * folds and fp32 operations in the same order as the loop of qr_body, so the same output bits, with fewer
  * instructions per weight stage:
  *   - the stage loop in two parts: the steady state (qr_diet_pass's FAST iterations), where every weight stage
@@ -998,7 +1000,7 @@ int qr_dq_from(void);
 void qr_dq_set(int n);
 /* The tests' launcher of the lane-record products (qmoe.cu's qr_launch calls it instead of qr_launch_bits while it
  * is set, the down product's input copy in the epilogue excepted; NULL gives the backend's back):
- * tests/support/cuda_entry.cu swaps in the kernels of DIET 0 to compare the outputs word for word. */
+ * tests/support/cuda_entry.cu swaps in the kernels of the other DIET (1 - QR_DIET) to compare the outputs word for word. */
 typedef cudaError_t (*qr_launcher)(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup);
 void qr_launcher_set(qr_launcher f);
 

@@ -162,13 +162,14 @@ extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *g
   if (st == DG_OK && f0) st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_dn_fuse: fused with the switch off");
   return st;
 }
-/* qr_kernel's stage loop before the SASS diet (DIET 0) for 3- and 4-bit and bf16 stacks: the launcher
- * dg_cuda_test_experts_diet swaps in (qr_launcher_set) */
+/* qr_kernel with the other stage loop than the backend's (DIET 1 - QR_DIET: the SASS diet's while the backend keeps
+ * the loop before it) for 3- and 4-bit and bf16 stacks: the launcher dg_cuda_test_experts_diet swaps in
+ * (qr_launcher_set) */
 static cudaError_t nodiet_launch(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup) {
   switch (bits) {
-  case 3: return gateup ? qr_launch_bits<3, 1, 0>(s, grid, nt, a) : qr_launch_bits<3, 0, 0>(s, grid, nt, a);
-  case 4: return gateup ? qr_launch_bits<4, 1, 0>(s, grid, nt, a) : qr_launch_bits<4, 0, 0>(s, grid, nt, a);
-  case 16: return gateup ? qr_launch_bits<16, 1, 0>(s, grid, nt, a) : qr_launch_bits<16, 0, 0>(s, grid, nt, a);
+  case 3: return gateup ? qr_launch_bits<3, 1, 1 - QR_DIET>(s, grid, nt, a) : qr_launch_bits<3, 0, 1 - QR_DIET>(s, grid, nt, a);
+  case 4: return gateup ? qr_launch_bits<4, 1, 1 - QR_DIET>(s, grid, nt, a) : qr_launch_bits<4, 0, 1 - QR_DIET>(s, grid, nt, a);
+  case 16: return gateup ? qr_launch_bits<16, 1, 1 - QR_DIET>(s, grid, nt, a) : qr_launch_bits<16, 0, 1 - QR_DIET>(s, grid, nt, a);
   default: return cudaErrorInvalidValue; /* not instantiated here */
   }
 }
