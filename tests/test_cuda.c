@@ -890,6 +890,18 @@ static synth_cfg turbo_cfg(void) {
   return c;
 }
 
+/* A synthetic model of configuration c written to the mkdtemp template dir and loaded on CUDA (no tokenizer). */
+static dg_model *load_synth_cuda(char *dir, const synth_cfg *c) {
+  assert_non_null(mkdtemp(dir));
+  assert_int_equal(synth_model_dir(dir, c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *gm;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  return gm;
+}
+
 static void load_turbo_models(dg_model **cm, dg_model **gm, dg_model **sm) {
   char dir[] = "/tmp/dg_cuda_turboXXXXXX";
   assert_non_null(mkdtemp(dir));
@@ -1739,14 +1751,8 @@ static void test_branch(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   char dir[] = "/tmp/dg_cuda_branchXXXXXX";
-  assert_non_null(mkdtemp(dir));
   synth_cfg sc = turbo_cfg();
-  assert_int_equal(synth_model_dir(dir, &sc), 0);
-  dg_model_params mp = dg_model_default_params();
-  mp.no_tokenizer = 1;
-  mp.device = DG_DEVICE_CUDA;
-  dg_model *gm;
-  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  dg_model *gm = load_synth_cuda(dir, &sc);
   const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, H = gm->cfg.hidden_size, P = 40;
   int32_t prompt[40], p2[11], c0[16], c1[16];
   assert_true(C == 16);
@@ -1921,18 +1927,11 @@ static void test_turbo_continuous(void **state) {
 /* A synthetic model with a window of 16 and a canvas of 16 (its sliding layers' device ring: 320 slots, window - 1 +
  * 256 in tiles of 64) written to the mkdtemp template dir, loaded on CUDA (test_cuda_truncate, test_cuda_copy). */
 static dg_model *load_window16(char *dir, unsigned seed) {
-  assert_non_null(mkdtemp(dir));
   synth_cfg c = synth_default();
   c.window = 16;
   c.canvas = 16;
   c.seed = seed;
-  assert_int_equal(synth_model_dir(dir, &c), 0);
-  dg_model_params mp = dg_model_default_params();
-  mp.no_tokenizer = 1;
-  mp.device = DG_DEVICE_CUDA;
-  dg_model *gm;
-  assert_dg_ok(dg_model_load(dir, &mp, &gm));
-  return gm;
+  return load_synth_cuda(dir, &c);
 }
 
 /* dg_context_truncate on CUDA: the sliding layers' ring cache (window 16 + a 256-token encoder chunk: 320 slots)
