@@ -22,6 +22,10 @@
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
 #   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
 #   (and, without TESTS, BENCH, CEIL or ATT, no build at all). LAB_RUNS=none: no lab at all (build, runs, SASS).
+#   BENCH_DEFS="QR_DIET=1 QR_DIET=1,QR_MINB=5": with BENCH, one more build of dgemma per space-separated item with those
+#   compile-time settings (-D, commas between one item's; the macros of src/cuda that are #ifndef-guarded) in build-defK/,
+#   made in the background from the start, and the vllm bench with it (appended to bench.txt, bench.jsonl): a backend
+#   choice fixed at compile time timed end to end in the same call as the default.
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -36,6 +40,12 @@ else make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgem
   || { tail -30 /tmp/build.txt; exit 1; }; fi
 echo "== built $(el)"
 [ -n "${BENCH:-}" ] && gpu_mkrandom_bg 8
+defs_build() { # K DEFS: build-defK/dgemma with -D for each comma-separated item of DEFS (log /tmp/defs_K.txt)
+  nice make -j"$(nproc)" CUDA=1 WERROR= BUILD=build-def$1 XCFLAGS="$XC $(echo "$2" | tr ',' '\n' | sed 's/^/-D/' | tr '\n' ' ')" \
+    XLDFLAGS="$XL" build-def$1/dgemma > /tmp/defs_$1.txt 2>&1 || { echo "build $2 failed"; tail -20 /tmp/defs_$1.txt; }
+}
+dpids=(); k=0
+if [ -n "${BENCH:-}" ]; then for d in ${BENCH_DEFS:-}; do k=$((k + 1)); defs_build $k "$d" & dpids+=($!); done; fi
 if [ -n "${LAB_BIN:-}" ]; then # a lab built elsewhere (same CUDA toolkit): its libraries from here
   rm -f build/moe_quant; cp "$LAB_BIN" build/moe_quant; chmod +x build/moe_quant; export LD_LIBRARY_PATH="$CUL${XL:+:/tmp/dgdeps/usr/lib/x86_64-linux-gnu}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   build/moe_quant --help > /dev/null 2>&1; [ $? -le 2 ] || { echo "LAB_BIN does not run here"; ldd build/moe_quant | grep "not found"; exit 1; }
@@ -135,6 +145,14 @@ if [ -n "${BENCH:-}" ]; then
     env ${alt//,/ } timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
       -o /tmp/bench_alt.jsonl > /tmp/bench_alt.txt 2>&1; echo "bench $alt rc $? $(el)"; tail -24 /tmp/bench_alt.txt
     { echo; echo "## $alt"; cat /tmp/bench_alt.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_alt.jsonl >> "$OUT/bench.jsonl"
+  done
+  k=0
+  for d in ${BENCH_DEFS:-}; do # the vllm bench with each compile-time variant's build (appended)
+    k=$((k + 1)); wait "${dpids[$((k - 1))]}"; echo "built $d $(el)"
+    [ -x build-def$k/dgemma ] || { echo "bench $d: no build"; continue; }
+    timeout 150 build-def$k/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
+      -o /tmp/bench_def.jsonl > /tmp/bench_def.txt 2>&1; echo "bench -D $d rc $? $(el)"; tail -24 /tmp/bench_def.txt
+    { echo; echo "## -D $d (build-def$k)"; cat /tmp/bench_def.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_def.jsonl >> "$OUT/bench.jsonl"
   done
   if [ -n "${BATCH:-}" ]; then # issue 14: the stacked pass of B canvases (appended to bench.txt / bench.jsonl)
     timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases "${BATCH_B:-1,2,4,8}" \

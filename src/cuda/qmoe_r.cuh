@@ -44,17 +44,37 @@
 
 #include "cuda/qmoe.cuh"
 
+/* The backend's choices below can be set at compile time (-DQR_DIET=1 in XCFLAGS for every object alike, as
+ * scripts/qw_lab_gpu.sh BENCH_DEFS does to time one end to end); a build mixing values across objects is not allowed. */
+#ifndef QR_WARPS
 #define QR_WARPS 4  /* warps per block (the backend's choice) */
+#endif
+#ifndef QR_D
 #define QR_D 2      /* register stages of weights (the backend's choice) */
+#endif
+#ifndef QR_STAGES
 #define QR_STAGES 3 /* activation ring depth (the backend's choice) */
+#endif
+#ifndef QR_SUB
 #define QR_SUB 2    /* weight stages per activation stage (the backend's choice) */
+#endif
+#ifndef QR_MINB
 #define QR_MINB 4   /* blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
+#endif
+#ifndef QR_MINB1
 #define QR_MINB1 6  /* at 1 n-tile (experts of at most 8 rows), group 64, <= 4 bits: 6 blocks per SM (the backend's choice) */
+#endif
+#ifndef QR_PF
 #define QR_PF 2     /* L2 prefetch distance in weight stages from 3 n-tiles (the backend's choice) */
+#endif
+#ifndef QR_NTS
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
+#endif
+#ifndef QR_DIET
 #define QR_DIET 0    /* qr_kernel's DIET loop (qr_diet_pass: the same bits, ~29 % fewer instructions in the stage loop,
                       * session 17) is not the backend's until it has run and been timed on a GPU (docs/cuda.md, "The next
                       * GPU calls"); the tests and the lab run the other one (1 - QR_DIET) beside it */
+#endif
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 /* qr_kernel's GATEUP: 0 the down product, 1 the gate/up product (h stored plainly, qe_store), QR_GATEUP_HP the gate/up
