@@ -3010,6 +3010,34 @@ static void test_experts_dn_fuse(void **state) {
   }
 }
 
+/* A case of the word-for-word kernel comparisons of test_quant_experts_diet and test_quant_experts_lab: xcase_make's
+ * stacks and tokens, tile count nt as dg_cuda_experts_nt (0: the backend's choice). */
+typedef struct {
+  int bgu, bd, G, H, IE, T, nt;
+} wcase;
+
+/* Each of the n cases through the test library twice, the backend's kernels and then version ver's (0: the other
+ * DIET, test_experts_diet; 95-101: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
+ * returns the words compared. */
+static long experts_words(const wcase *cs, size_t n, int ver) {
+  const int E = 5, K = 2;
+  long words = 0;
+  for (size_t c = 0; c < n; c++) {
+    const int T = cs[c].T, H = cs[c].H, IE = cs[c].IE;
+    xcase x;
+    xcase_make(&x, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, DG_BF16, E, K);
+    long nd[2] = {-1, -1};
+    if (ver) assert_dg_ok(cut()->test_experts_lab(0, ver, &x.gu.w, &x.dn.w, x.xb, x.idx, T, H, IE, E, K, cs[c].nt, nd));
+    else assert_dg_ok(cut()->test_experts_diet(0, &x.gu.w, &x.dn.w, x.xb, x.idx, T, H, IE, E, K, cs[c].nt, nd));
+    if (nd[0] || nd[1])
+      fail_msg("version %d, case %zu (%d/%d-bit g%d H %d IE %d, %d tokens, nt %d): words that differ: h %ld, y %ld",
+               ver, c, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].nt, nd[0], nd[1]);
+    words += (long)T * K * (IE + H);
+    xcase_free(&x);
+  }
+  return words;
+}
+
 /* qr_kernel's stage loop of the SASS diet (DIET 1: qr_diet_pass in src/cuda/qmoe_r.cuh) against the loop before it
  * (DIET 0), the backend's one (QR_DIET) against the test library's other one: h and y word for word on stacks deep enough for the steady-state iterations (6 weight
  * stages or more) and for the tested last ones, even and odd stage counts, at the backend's tile count for 37 tokens
@@ -3019,7 +3047,7 @@ static void test_quant_experts_diet(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  static const struct { int bgu, bd, G, H, IE, T, nt; } cs[] = {
+  static const wcase cs[] = {
       {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 640, 384, 37, 1}, {4, 4, 64, 640, 128, 61, 8},
       {3, 4, 32, 512, 384, 37, 0}, {4, 3, 128, 768, 384, 37, 0}, {0, 0, 0, 640, 384, 37, 0},
       /* odd stage counts (the 26B's down product: IE 704, 11 weight stages; a half last activation stage after
@@ -3027,22 +3055,28 @@ static void test_quant_experts_diet(void **state) {
        * others' 16 rows one whole pass of the 2-tile body (no token past the expert's rows) */
       {4, 4, 64, 704, 448, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {3, 3, 64, 576, 704, 37, 1}, {0, 0, 0, 704, 448, 37, 0},
   };
-  const int E = 5, K = 2;
-  long words = 0;
-  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
-    const int T = cs[c].T, H = cs[c].H, IE = cs[c].IE;
-    xcase x;
-    xcase_make(&x, cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, DG_BF16, E, K);
-    long nd[2] = {-1, -1};
-    assert_dg_ok(cut()->test_experts_diet(0, &x.gu.w, &x.dn.w, x.xb, x.idx, T, H, IE, E, K, cs[c].nt, nd));
-    if (nd[0] || nd[1])
-      fail_msg("case %zu (%d/%d-bit g%d H %d IE %d, %d tokens, nt %d): words that differ: h %ld, y %ld", c,
-               cs[c].bgu, cs[c].bd, cs[c].G, H, IE, T, cs[c].nt, nd[0], nd[1]);
-    words += (long)T * K * (IE + H);
-    xcase_free(&x);
-  }
+  const long words = experts_words(cs, sizeof cs / sizeof cs[0], 0);
   printf("# qr_kernel's stage loop after the SASS diet: h and y equal to the loop's before word for word (%ld words, "
          "%zu stacks)\n", words, sizeof cs / sizeof cs[0]);
+}
+
+/* The kernel lab's versions 96-101 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
+ * stages, prefetch distances and activation stages at 2 and 3 n-tiles) against the backend's kernels, h and y word
+ * for word (the same arithmetic; the lab compares them with version 50 on the GPU, this on the emulation before):
+ * 4-bit g64 at the backend's tile count for 37 tokens (3 n-tiles and the 2-tile body), 48 tokens at 3 n-tiles
+ * (whole passes), 2 n-tiles, and the 26B's down depth (IE 704: 11 weight stages, a half last activation stage)
+ * with 16 gate/up stages (the FAST iterations of 4 register stages: 9 stages or more). */
+static void test_quant_experts_lab(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const wcase cs[] = {
+      {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {4, 4, 64, 640, 384, 37, 2}, {4, 4, 64, 1024, 704, 37, 0},
+  };
+  long words = 0;
+  for (int ver = 96; ver <= 101; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
+  printf("# kernel lab versions 96-101 (the SASS diet's launch choices): h and y equal to the backend's word for word "
+         "(%ld words, %zu stacks each)\n", words, sizeof cs / sizeof cs[0]);
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of
@@ -3262,7 +3296,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -10,6 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-101 (dg_cuda_test_experts_lab) */
 
 #include "cuda_entry.h"
 
@@ -180,6 +181,27 @@ extern "C" dg_status dg_cuda_test_experts_diet(int device, const dg_weight *gate
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_diet: tile count %d (1-5, 8 or 0)", nt);
   int f0, f1;
   return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, nodiet_launch, n_diff, &f0, &f1);
+}
+/* The kernel lab's version lab_ver of the 4-bit products (dev/cuda/qr_diet_lab.cuh qr_diet_version: the SASS diet
+ * with other launch choices), the launcher dg_cuda_test_experts_lab swaps in (qr_launcher_set) */
+static int lab_ver;
+static cudaError_t lab_launch(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup) {
+  if (bits != 4) return cudaErrorInvalidValue; /* the candidates are instantiated for 4 bits only */
+  return gateup ? qr_diet_version<4, 1>(lab_ver, s, grid, nt, a) : qr_diet_version<4, 0>(lab_ver, s, grid, nt, a);
+}
+extern "C" dg_status dg_cuda_test_experts_lab(int device, int version, const dg_weight *gate_up, const dg_weight *down,
+                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
+                                              int K, int nt, long n_diff[2]) {
+  if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: tile count %d (1-5, 8 or 0)", nt);
+  if (version < 95 || version > 101)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-101)", version);
+  if (gate_up->bits != 4 || down->bits != 4)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: %d/%d-bit stacks (4-bit only)",
+                     gate_up->bits, down->bits);
+  int f0, f1;
+  lab_ver = version;
+  return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
 }
 /* k_qe_dn_fuse_group on lane-record stacks of the given widths (0: bf16) and groups, with b->hs set, the switch
  * forced on and DGEMMA_QR_DQ's choice dq_from (qr_dq_set): host bookkeeping only, no device memory. */
@@ -831,7 +853,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
     dg_cuda_test_experts_dn_fuse,
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
-    dg_cuda_test_branch_stats, dg_cuda_test_experts_diet,
+    dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

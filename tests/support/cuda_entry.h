@@ -58,6 +58,12 @@ dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, con
  * 0, through qr_launcher_set; 3- and 4-bit and bf16 stacks only). n_diff: the words of h [0] and y [1] that differ. */
 dg_status dg_cuda_test_experts_diet(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2]);
+/* dg_cuda_test_experts_diet with the kernel lab's version (95-101, dev/cuda/qr_diet_lab.cuh qr_diet_version: the
+ * SASS diet with other launch choices, the same arithmetic) in place of the other DIET, on 4-bit stacks;
+ * DG_ERR_INVALID_ARG for another version, width or tile count. */
+dg_status dg_cuda_test_experts_lab(int device, int version, const dg_weight *gate_up, const dg_weight *down,
+                                   const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
+                                   long n_diff[2]);
 /* *G = k_qe_dn_fuse_group (src/cuda/common.cuh) for lane-record stacks gate/up (gu_bits 0: bf16, gu_group) and down
  * (dn_bits, dn_group), IE features, with the group-sum buffer present, DGEMMA_DN_FUSE forced on and DGEMMA_QR_DQ's
  * choice dq_from (0 off, 4-8): the down group the gate/up epilogue would make its copy for, 0 where it must not.
@@ -208,6 +214,9 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_branch_stats)(const dg_cuda_ctx *c, int *on, int64_t *forks);
   dg_status (*test_experts_diet)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                  const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2]);
+  dg_status (*test_experts_lab)(int device, int version, const dg_weight *gate_up, const dg_weight *down,
+                                const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
+                                long n_diff[2]);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
