@@ -21,7 +21,9 @@
  *                    (rows 2 (l % 4), +1, column l / 4), lower index in the low half
  *   dg_prmt          __byte_perm
  *   dg_and_or        (a & b) | c, one lop3
- *   dg_bf16x2_fma    a b + c per bf16 half, rounded once to bf16 (fma.rn.bf16x2) */
+ *   dg_bf16x2_fma    a b + c per bf16 half, rounded once to bf16 (fma.rn.bf16x2)
+ *   dg_bar_sync      bar.sync id, n: named barrier id (1..15; 0 is __syncthreads') of n threads (a multiple of
+ *                    32), ordering shared and global memory among them as __syncthreads does */
 #ifndef DG_CUDA_MMA_CUH
 #define DG_CUDA_MMA_CUH
 
@@ -109,6 +111,9 @@ __device__ __forceinline__ uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
+}
+__device__ __forceinline__ void dg_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 
@@ -211,6 +216,7 @@ static inline uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
   return (uint32_t)dg_emu_bf16_fma1((uint16_t)a, (uint16_t)b, (uint16_t)c) |
          ((uint32_t)dg_emu_bf16_fma1((uint16_t)(a >> 16), (uint16_t)(b >> 16), (uint16_t)(c >> 16)) << 16);
 }
+static inline void dg_bar_sync(int id, int n) { emu::bar_sync(id, n); }
 #endif
 
 /* One group of G values at p (bf16, 16-byte aligned, G % 8 == 0): their fp32 sum in column order, and the group
