@@ -439,8 +439,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
  * tile) 224 KiB / 2^20 = 0.219 against version 6's 416 KiB / 2^21 = 0.203, a barrier per 32 keys instead of 64,
  * and 4 splits instead of 2 at the sliding layer (64 blocks a split on 264 slots; partials 16.8 MB instead of 8.4,
  * merged in the kernel). D 512 keeps version 10's tiles in 11: Q alone is 64 KiB and O's half 128 registers.
- * ptxas (nvcc 13.0, sm_90): version 9 as 6 (153 registers at D 128, 186 at D 256, 243 at D 512); 10 the same, with
- * all 16 named barriers reserved (the pair barrier's id is a register); 11 106 (D 128) and 128 (D 256); no spills. */
+ * ptxas (nvcc 13.0, sm_90): version 9 as 6 (153 registers at D 128, 186 at D 256, 243 at D 512); 10 the same,
+ * barriers 0-4 (dg_bar_sync4's immediate ids; an id in a register made ptxas reserve all 16); 11 106 (D 128) and 128
+ * (D 256); no spills. */
 template <int D, int BK, int MT, int ST> struct fp_cfg {
   static constexpr int H = D / 2, BM = 64 * MT, WARPS = 8;
   static constexpr int QH = BM * H * 2, KH = BK * H * 2; /* bytes of one half tile */
@@ -480,8 +481,9 @@ __device__ __forceinline__ void fp_scores(float (&s)[MT][BK / 8][4], const char 
 
 /* flash_pair_kernel's options (FL): FP_FUSE, the key splits merged inside the kernel (fp_merge_last) where the
  * launch gives arrival counters (a.cnt), else by fp_combine_kernel; FP_PAIRBAR, the partial scores exchanged behind a
- * barrier of the pair's 64 threads (bar.sync 1 + rg) instead of the block's, so that a pair goes on to its softmax and
- * P V without waiting for the other three pairs' Q K^T (one block-wide barrier per key tile instead of two). */
+ * barrier of the pair's 64 threads (bar.sync 1 + rg, dg_bar_sync4) instead of the block's, so that a pair goes on to
+ * its softmax and P V without waiting for the other three pairs' Q K^T (one block-wide barrier per key tile instead
+ * of two). */
 enum { FP_FUSE = 1, FP_PAIRBAR = 2 };
 
 /* fp_merge_row: the merge of output row `row`'s n_split partials, columns [c, c + 8): O = sum_z 2^((m_z - M) log2 e)
@@ -605,8 +607,8 @@ __global__ void __launch_bounds__(256, MINB) flash_pair_kernel(fa_args a) {
       for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) xw[((mt * (BK / 8) + nt) * 4 + e) * 32 + lane] = s[mt][nt][e];
-    if (FL & FP_PAIRBAR) dg_bar_sync(1 + rg, 64); /* the pair's partial scores: warps rg and rg + 4 only */
-    else __syncthreads();                          /* the pair's partial scores */
+    if (FL & FP_PAIRBAR) dg_bar_sync4<64>(rg); /* the pair's partial scores: warps rg and rg + 4 only */
+    else __syncthreads();                       /* the pair's partial scores */
     uint32_t pa[MT][BK / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
