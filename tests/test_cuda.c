@@ -2771,9 +2771,12 @@ static void test_attention(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  for (int v = 1; v <= 8; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
+  for (int v = 1; v <= 11; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
                                     6-8: warp pairs splitting the head dim (flash_pair_kernel; 7: 32 rows per warp;
-                                    8: 7 with a 3-deep K/V ring) */
+                                    8: 7 with a 3-deep K/V ring); 9-11: 6 with the splits merged in the kernel (9),
+                                    and the pair's own exchange barrier (10), and 2 blocks per SM at D <= 256 (11); the
+                                    first three shapes split their keys (3, 4 and 2 splits at 6's tiles on the
+                                    emulation's 132 one-block SMs) */
     if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     double worst = 0;
     /* the 26B's sliding layer in the decoder: a 64-row canvas after 700 positions, window 512 (keys split) */
@@ -2796,7 +2799,12 @@ static void test_attention(void **state) {
            v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : v == 5 ? "tensor cores, the earlier key splits"
            : v == 6 ? "tensor cores, warp pairs split the head dim"
            : v == 7 ? "tensor cores, warp pairs split the head dim, 32 rows per warp"
-           : v == 8 ? "tensor cores, warp pairs split the head dim, 32 rows per warp, 3 K/V stages" : "tensor cores, another tile", worst);
+           : v == 8 ? "tensor cores, warp pairs split the head dim, 32 rows per warp, 3 K/V stages"
+           : v == 9 ? "tensor cores, warp pairs split the head dim, splits merged in the kernel"
+           : v == 10 ? "tensor cores, warp pairs split the head dim, splits merged in the kernel, pair barriers"
+           : v == 11 ? "tensor cores, warp pairs split the head dim, splits merged in the kernel, pair barriers, 2 blocks "
+                       "per SM"
+                     : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
   check_attention("decoder D 16", 0, 24, 2, 2, 16, 64, 20, 44, 0, 0, 8, 1.0f, &worst);

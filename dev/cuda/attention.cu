@@ -20,6 +20,16 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
+ *   version 9  version 6 with the key splits merged inside the kernel: the last split block of a row tile to arrive
+ *              (an arrival counter per tile) merges its rows as fp_combine_kernel does, bit for bit, so no combine
+ *              launch (fp_combine_kernel: 6.4 us of the sliding layer's 44, 9.2 of the full layer's 82 in session
+ *              14's Nsight Compute run)
+ *   version 10 version 9 with the pair's own barrier (bar.sync 1 + pair, 64 threads) for the score exchange: one
+ *              block-wide barrier per key tile instead of two
+ *   version 11 version 10 at D 128 and 256 with 32-key tiles in 112 KiB of shared memory under
+ *              __launch_bounds__(256, 2) (at most 128 registers): 2 blocks per SM, 4 warps per scheduler from two
+ *              blocks whose barriers are independent; the split rule then gives 4 splits at the sliding layer; D 512
+ *              as 10
  *
  * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
  * 1024; full layers 2 KV heads of 512):
@@ -80,9 +90,16 @@ int main(int argc, char **argv) {
   int reps = 20, vmask = 30, small = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--versions") && i + 1 < argc) {
+    else if (!strcmp(argv[i], "--versions") && i + 1 < argc) { /* a comma-separated list of 1..DG_ATT_VERSIONS */
       vmask = 0;
-      for (const char *p = argv[++i]; *p; p++) if (*p >= '1' && *p <= '9') vmask |= 1 << (*p - '0');
+      for (char *p = argv[++i], *end; *p; p = *end ? end + 1 : end) {
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > DG_ATT_VERSIONS || (*end && *end != ',')) {
+          fprintf(stderr, "attention_lab: --versions takes versions 1..%d separated by commas\n", DG_ATT_VERSIONS);
+          return 2;
+        }
+        vmask |= 1 << v;
+      }
     } else if (!strcmp(argv[i], "--small")) small = 1;
     else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2] [--small]\n"); return 2; }
   }
@@ -157,6 +174,9 @@ int main(int argc, char **argv) {
     float *dq; bf16 *dk, *dv, *dout;
     dg_att_ws ws;
     ws.n = 8 * (size_t)nq * NH * (D + 2);
+    ws.ncnt = DG_ATT_CNT;
+    CKL(cudaMalloc((void **)&ws.cnt, (size_t)ws.ncnt * 4));
+    CKL(cudaMemset(ws.cnt, 0, (size_t)ws.ncnt * 4)); /* zero between launches: each merging block re-zeroes its own */
     CKL(cudaMalloc((void **)&dq, qn * 4)); CKL(cudaMalloc((void **)&dk, kvn * 2)); CKL(cudaMalloc((void **)&dv, kvn * 2)); CKL(cudaMalloc((void **)&dout, qn * 2));
     CKL(cudaMalloc((void **)&ws.part, ws.n * 4));
     CKL(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
@@ -175,7 +195,7 @@ int main(int argc, char **argv) {
     }
     const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
     const double roof = std::max(bytes / bw, flops / rate) * 1e3;
-    for (int v = 1; v <= 9; v++) {
+    for (int v = 1; v <= DG_ATT_VERSIONS; v++) {
       if (!(vmask >> v & 1)) continue;
       CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
       CKL(cudaDeviceSynchronize());
@@ -225,7 +245,7 @@ int main(int argc, char **argv) {
              ok ? "ok" : "FAILED", worst);
       fflush(stdout);
     }
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part); cudaFree(ws.cnt);
   }
   printf("# check: %d failing rows\n", failed);
   return failed ? 1 : 0;

@@ -30,6 +30,9 @@ std::function<void()> body;
 /* block barrier */
 int bar_count = 0;
 unsigned bar_gen = 0;
+/* named barriers (bar.sync id, n): 16 per block, as on the GPU; id 0 is __syncthreads' own */
+int nb_count[16];
+unsigned nb_gen[16];
 /* warp exchange */
 struct warp {
   int count;
@@ -70,6 +73,26 @@ void syncthreads() {
   while (bar_gen == g) {
     yield();
     if (++spins > 1000000) { fprintf(stderr, "emu: __syncthreads deadlock (threads exited early?)\n"); abort(); }
+  }
+}
+
+/* bar.sync id, n (PTX ISA, "bar.sync"): the first n threads to arrive at barrier id go on together. A count
+ * that is not a multiple of 32 (or is over the block's threads), or id outside 1..15, is a bug in the kernel. */
+void bar_sync(int id, int n) {
+  if (id < 1 || id > 15 || n <= 0 || n % 32 || n > nthreads) {
+    fprintf(stderr, "emu: bar.sync %d, %d in a block of %d threads\n", id, n, nthreads);
+    abort();
+  }
+  unsigned g = nb_gen[id];
+  if (++nb_count[id] == n) {
+    nb_count[id] = 0;
+    nb_gen[id]++;
+    return;
+  }
+  int spins = 0;
+  while (nb_gen[id] == g) {
+    yield();
+    if (++spins > 1000000) { fprintf(stderr, "emu: bar.sync %d deadlock\n", id); abort(); }
   }
 }
 
@@ -127,6 +150,7 @@ void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
       for (unsigned bx = 0; bx < grid.x; bx++) {
         blockIdx_ = uint3_{bx, by, bz};
         bar_count = 0;
+        for (int b = 0; b < 16; b++) nb_count[b] = 0;
         for (auto &w : warps) w.count = 0;
         for (int i = 0; i < n; i++) {
           getcontext(&th[i].ctx);

@@ -50,6 +50,7 @@ namespace emu {
 extern uint3_ threadIdx_, blockIdx_;
 extern dim3 blockDim_, gridDim_;
 void syncthreads();
+void bar_sync(int id, int n); /* named barrier id (1..15) of n threads (a multiple of 32) */
 void warp_exchange(const void *v, void *out, int size, int src_lane); /* all lanes of the warp */
 void warp_gather(const void *v, void *all, int size);              /* all lanes: everyone's `size` (<= 64) bytes */
 void *dyn_smem();

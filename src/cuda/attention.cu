@@ -135,6 +135,7 @@ struct fa_args {
   const bf16 *kc, *vc;
   bf16 *out;
   float *part; /* n_split > 1: O partials [n_split, nq * NH, D] then (m, l) [n_split, nq * NH, 2] */
+  int *cnt;    /* versions 9-11 with n_split > 1: arrival counters [row tiles * NKV] (dg_att_ws), else NULL */
   int S, nq, NH, NKV, causal, is_full, window, n_split;
   int32_t pos0, kv_hi; /* decoder: keys end at kv_hi */
 };
@@ -420,7 +421,27 @@ __global__ void __launch_bounds__(32 * WARPS, 1) flash_kernel(fa_args a) {
  * never does (a 256-token chunk's sliding layer is 64 blocks of 64 rows: half the H200's SMs idle without
  * splits); the partials are merged by fp_combine_kernel (flash_combine_kernel's arithmetic, more loads in
  * flight). At the 26B's shapes after 1,024 positions (H200, 132 SMs, 1 block per SM): decoder sliding 64 blocks
- * x 2 splits (v6) or 32 x 4 (v7), decoder full 64 x 2. */
+ * x 2 splits (v6) or 32 x 4 (v7), decoder full 64 x 2.
+ *
+ * Versions 9-11 (session 18's candidates, not yet timed): the sliding layer's 44 us in session 14's Nsight
+ * Compute run were 37.7 in this kernel ("SM %" 35: neither the tensor cores nor shared memory busy) and 6.4 in
+ * fp_combine_kernel (the full layer's 82: 72.9 and 9.2). Version 9 (FP_FUSE) merges the splits in the kernel
+ * (fp_merge_last: the last split block of a row tile, found by an arrival counter, reads the partials back from L2
+ * and writes the output): no combine launch and its tail, fp_combine_kernel's arithmetic. Version 10 (FP_PAIRBAR) adds
+ * the pair's own barrier for the score exchange, so a pair's softmax and P V need not wait for the slowest pair's
+ * Q K^T: with every warp of the block released together at each barrier, the eight warps reach the exponentials
+ * (MUFU) and the tensor-core phases at the same time, one phase idling the other's units. Version 11 (MINB = 2, D
+ * 128 and 256, 32-key tiles) fits two blocks per SM: shared memory Q 32 + K/V 2 x 32 + exchange 16 = 112 KiB
+ * (+ 1 KiB reserved per block: 226 of the SM's 228 KiB), at most 128 registers per thread (2 x 256 x 128 = the
+ * 64 K register file); so 16 warps per SM, 4 per scheduler, from two blocks whose barriers are independent (one's
+ * barrier waits and softmax overlap the other's products), against version 6's 8 warps of one block (186
+ * registers, 192 KiB). Its costs: shared-memory bytes per multiply-add (loads + the cp.async fill, per block and
+ * tile) 224 KiB / 2^20 = 0.219 against version 6's 416 KiB / 2^21 = 0.203, a barrier per 32 keys instead of 64,
+ * and 4 splits instead of 2 at the sliding layer (64 blocks a split on 264 slots; partials 16.8 MB instead of 8.4,
+ * merged in the kernel). D 512 keeps version 10's tiles in 11: Q alone is 64 KiB and O's half 128 registers.
+ * ptxas (nvcc 13.0, sm_90): version 9 as 6 (153 registers at D 128, 186 at D 256, 243 at D 512); 10 the same,
+ * barriers 0-4 (dg_bar_sync4's immediate ids; an id in a register made ptxas reserve all 16); 11 106 (D 128) and 128
+ * (D 256); no spills. */
 template <int D, int BK, int MT, int ST> struct fp_cfg {
   static constexpr int H = D / 2, BM = 64 * MT, WARPS = 8;
   static constexpr int QH = BM * H * 2, KH = BK * H * 2; /* bytes of one half tile */
@@ -429,15 +450,17 @@ template <int D, int BK, int MT, int ST> struct fp_cfg {
 };
 
 /* fp_scores: a warp's partial Q K^T over one half of the dims for its MT m-tiles (rows 16 (MT rg + mt) of the
- * half tile Qs), each K fragment loaded once for the MT tiles (as fa_scores at MT = 1). */
-template <int H, int BK, int MT>
+ * half tile Qs), each K fragment loaded once for the MT tiles (as fa_scores at MT = 1); UN: the unroll of the dims
+ * loop (the Q fragments the compiler may load ahead; 1 under 128 registers, version 11, which spilled 24-28 bytes at
+ * D 256 with 2 or 4). */
+template <int H, int BK, int MT, int UN = 4 / MT>
 __device__ __forceinline__ void fp_scores(float (&s)[MT][BK / 8][4], const char *Qs, const char *kt, int rg,
                                           int lane) {
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int i = 0; i < BK / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
-#pragma unroll(4 / MT)
+#pragma unroll(UN)
   for (int kk = 0; kk < H / 16; kk++) {
     uint32_t qa[MT][4];
 #pragma unroll
@@ -456,8 +479,69 @@ __device__ __forceinline__ void fp_scores(float (&s)[MT][BK / 8][4], const char 
   }
 }
 
-template <int D, int BK, int MT, int ST>
-__global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
+/* flash_pair_kernel's options (FL): FP_FUSE, the key splits merged inside the kernel (fp_merge_last) where the
+ * launch gives arrival counters (a.cnt), else by fp_combine_kernel; FP_PAIRBAR, the partial scores exchanged behind a
+ * barrier of the pair's 64 threads (bar.sync 1 + rg, dg_bar_sync4) instead of the block's, so that a pair goes on to
+ * its softmax and P V without waiting for the other three pairs' Q K^T (one block-wide barrier per key tile instead
+ * of two). */
+enum { FP_FUSE = 1, FP_PAIRBAR = 2 };
+
+/* fp_merge_row: the merge of output row `row`'s n_split partials, columns [c, c + 8): O = sum_z 2^((m_z - M) log2 e)
+ * O_z / sum_z 2^(...) l_z, M = max m_z, z in order (flash_combine_kernel's arithmetic); CG: the loads go to L2
+ * (ld.global.cg: partials another block stored in this launch). */
+template <bool CG, typename T> __device__ __forceinline__ T fp_ld(const T *p) {
+  if constexpr (CG) return __ldcg(p);
+  else return *p;
+}
+template <int D, bool CG>
+__device__ __forceinline__ void fp_merge_row(const float *part, bf16 *out, int n_split, size_t NR, size_t row, int c) {
+  const float *ml = part + (size_t)n_split * NR * D;
+  float M = -INFINITY;
+  for (int z = 0; z < n_split; z++) M = fmaxf(M, fp_ld<CG>(ml + ((size_t)z * NR + row) * 2));
+  const float mu = M == -INFINITY ? 0.0f : M * FA_L2E;
+  float L = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int z = 0; z < n_split; z++) {
+    const float2 mz = fp_ld<CG>((const float2 *)(ml + ((size_t)z * NR + row) * 2));
+    const float *src = part + ((size_t)z * NR + row) * D + c;
+    const float4 v0 = fp_ld<CG>((const float4 *)src), v1 = fp_ld<CG>((const float4 *)(src + 4));
+    const float wz = exp2f(mz.x * FA_L2E - mu);
+    L += wz * mz.y;
+    acc[0] += wz * v0.x; acc[1] += wz * v0.y; acc[2] += wz * v0.z; acc[3] += wz * v0.w;
+    acc[4] += wz * v1.x; acc[5] += wz * v1.y; acc[6] += wz * v1.z; acc[7] += wz * v1.w;
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  *(uint4 *)(out + row * D + c) = make_uint4(fa_pack(acc[0] * inv, acc[1] * inv), fa_pack(acc[2] * inv, acc[3] * inv),
+                                             fa_pack(acc[4] * inv, acc[5] * inv), fa_pack(acc[6] * inv, acc[7] * inv));
+}
+
+/* fp_merge_last (FP_FUSE, versions 9-11): the key splits merged inside flash_pair_kernel, without
+ * fp_combine_kernel's launch. Every split block of row tile (blockIdx.x, KV head g) has stored its partial (O, m, l)
+ * (fa_store); the last of the n_split to arrive (an arrival counter per tile: the "last block" pattern of the CUDA
+ * samples' threadFenceReduction: each block's stores fenced before its arrival, the last block fenced after it and
+ * reading the others' partials from L2, ld.global.cg) merges the tile's rows with fp_combine_kernel's arithmetic
+ * (fp_merge_row, the same operations in the same order on the same partials as version 6's) and zeroes the counter
+ * for the next launch. flag: one int of shared memory the loop no longer uses. */
+template <int D, int BM>
+__device__ __forceinline__ void fp_merge_last(const fa_args &a, int *flag, int r0, int R, int G, int g, int tid) {
+  __threadfence();
+  __syncthreads(); /* every thread's partial stored and fenced; every warp out of the loop (flag reuses X) */
+  int *cnt = a.cnt + (size_t)g * gridDim.x + blockIdx.x;
+  if (tid == 0) *flag = atomicAdd(cnt, 1) == a.n_split - 1;
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  constexpr int TPR = D / 8;
+  const size_t NR = (size_t)a.nq * a.NH;
+  for (int r = tid / TPR; r < BM && r0 + r < R; r += 256 / TPR) {
+    const int gr = r0 + r;
+    fp_merge_row<D, true>(a.part, a.out, a.n_split, NR, (size_t)(gr / G) * a.NH + g * G + gr % G, 8 * (tid % TPR));
+  }
+  if (tid == 0) *cnt = 0;
+}
+
+template <int D, int BK, int MT, int ST, int FL, int MINB>
+__global__ void __launch_bounds__(256, MINB) flash_pair_kernel(fa_args a) {
   DG_PDL_ENTRY();
   typedef fp_cfg<D, BK, MT, ST> C;
   constexpr int H = C::H, BM = C::BM, NTH = 256, HC = H / 8, XW = 16 * MT * BK; /* HC: 16-byte chunks per half row */
@@ -516,14 +600,15 @@ __global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
     if (it + ST - 1 < ntile) load_kv(it + ST - 1, (it + ST - 1) % ST);
     dg_cp_commit();
     float s[MT][BK / 8][4];
-    fp_scores<H, BK, MT>(s, Qs + hf * C::QH, Ks + buf * C::KB + hf * C::KH, rg, lane);
+    fp_scores<H, BK, MT, (MINB > 1 ? 1 : 4 / MT)>(s, Qs + hf * C::QH, Ks + buf * C::KB + hf * C::KH, rg, lane);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) xw[((mt * (BK / 8) + nt) * 4 + e) * 32 + lane] = s[mt][nt][e];
-    __syncthreads(); /* the pair's partial scores */
+    if (FL & FP_PAIRBAR) dg_bar_sync4<64>(rg); /* the pair's partial scores: warps rg and rg + 4 only */
+    else __syncthreads();                       /* the pair's partial scores */
     uint32_t pa[MT][BK / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -555,6 +640,8 @@ __global__ void __launch_bounds__(256, 1) flash_pair_kernel(fa_args a) {
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
     fa_store<D, H>(a, o[mt], m[mt], l[mt], r0, 16 * (MT * rg + mt) + (lane >> 2), R, G, g, hf * H, z, lane);
+  if constexpr ((FL & FP_FUSE) != 0)
+    if (a.cnt) fp_merge_last<D, BM>(a, (int *)X, r0, R, G, g, tid);
 }
 
 /* Merge the key splits of one output row per block (D / 4 threads, 4 columns
@@ -580,34 +667,16 @@ __global__ void flash_combine_kernel(const float *part, bf16 *out, int n_split, 
   dst[1] = fa_pack(acc[2] * inv, acc[3] * inv);
 }
 
-/* fp_combine_kernel (versions 6-8): flash_combine_kernel's merge, the same operations in the same order, with
- * D / 8 threads per row (8 columns each, two float4 per split) and 256 threads per block, the split loop unrolled
- * by 4 so that a thread's loads of four splits are in flight together (flash_combine_kernel's loop waits for
- * each split's load before issuing the next). */
+/* fp_combine_kernel (versions 6-8; 9-11 where the launch has no counters): flash_combine_kernel's merge
+ * (fp_merge_row), the same operations in the same order, with D / 8 threads per row (8 columns each, two float4 per
+ * split) and 256 threads per block, the split loop unrolled by 4 so that a thread's loads of four splits are in
+ * flight together (flash_combine_kernel's loop waits for each split's load before issuing the next). */
 template <int D> __global__ void __launch_bounds__(256) fp_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR) {
   DG_PDL_ENTRY();
   constexpr int TPR = D / 8;
   const size_t row = (size_t)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
   if (row >= NR) return;
-  const int c = 8 * (threadIdx.x % TPR);
-  const float *ml = part + (size_t)n_split * NR * D;
-  float M = -INFINITY;
-  for (int z = 0; z < n_split; z++) M = fmaxf(M, ml[((size_t)z * NR + row) * 2]);
-  const float mu = M == -INFINITY ? 0.0f : M * FA_L2E;
-  float L = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-  for (int z = 0; z < n_split; z++) {
-    const float2 mz = *(const float2 *)(ml + ((size_t)z * NR + row) * 2);
-    const float *src = part + ((size_t)z * NR + row) * D + c;
-    const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
-    const float wz = exp2f(mz.x * FA_L2E - mu);
-    L += wz * mz.y;
-    acc[0] += wz * v0.x; acc[1] += wz * v0.y; acc[2] += wz * v0.z; acc[3] += wz * v0.w;
-    acc[4] += wz * v1.x; acc[5] += wz * v1.y; acc[6] += wz * v1.z; acc[7] += wz * v1.w;
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  *(uint4 *)(out + row * D + c) = make_uint4(fa_pack(acc[0] * inv, acc[1] * inv), fa_pack(acc[2] * inv, acc[3] * inv),
-                                             fa_pack(acc[4] * inv, acc[5] * inv), fa_pack(acc[6] * inv, acc[7] * inv));
+  fp_merge_row<D, false>(part, out, n_split, NR, row, 8 * (threadIdx.x % TPR));
 }
 
 static int sm_count(void) {
@@ -685,22 +754,27 @@ static int fa_choose_splits(const dg_att_ws *ws, const fa_args &a, int blocks, i
   return ns;
 }
 
-template <int D, int BK, int MT, int ST = 2>
+/* MINB > 1: the largest shared-memory carveout asked for, so that MINB blocks' tiles fit an SM (the carveout is a
+ * hint the driver may otherwise set for one block); the split count follows the occupancy the runtime reports. */
+template <int D, int BK, int MT, int ST = 2, int FL = 0, int MINB = 1>
 static cudaError_t flash_pair_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
   typedef fp_cfg<D, BK, MT, ST> C;
   const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
-  void (*kern)(fa_args) = flash_pair_kernel<D, BK, MT, ST>;
+  void (*kern)(fa_args) = flash_pair_kernel<D, BK, MT, ST, FL, MINB>;
   static int per_sm = 0;
   if (!per_sm) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e == cudaSuccess && MINB > 1)
+      e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     if (e != cudaSuccess) return e;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, C::SMEM) != cudaSuccess || per_sm < 1)
       per_sm = 1;
   }
   const int ns = fa_choose_splits(ws, a, bx * a.NKV, BK, per_sm, D);
   a.n_split = ns;
+  a.cnt = (FL & FP_FUSE) && ns > 1 && ws->cnt && bx * a.NKV <= ws->ncnt ? ws->cnt : NULL; /* ns > 1: ws given */
   DG_LAUNCH(kern, dim3(bx, a.NKV, ns), 256, C::SMEM, s)(a);
-  if (ns > 1) {
+  if (ns > 1 && !a.cnt) {
     const size_t NR = (size_t)a.nq * a.NH;
     constexpr int RPB = 256 / (D / 8); /* rows per combine block */
     DG_LAUNCH(fp_combine_kernel<D>, (unsigned)((NR + RPB - 1) / RPB), 256, 0, s)(a.part, a.out, ns, NR);
@@ -719,11 +793,11 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > 8) return cudaErrorInvalidValue;
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > DG_ATT_VERSIONS) return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
-  a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
+  a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi; a.cnt = NULL;
   /* version 2 (and 0): the backend's configuration; 3, 4: the lab's alternatives (dev/cuda/attention.cu); 5: version 2
    * with the earlier split rule (fa_splits) */
   if (version == 5) {
@@ -758,6 +832,25 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
     default: return flash_pair_launch<512, 32, 1>(s, ws, a);
     }
   }
+  if (version >= 9) { /* 9: version 6 with the splits merged in the kernel (FP_FUSE); 10: 9 with the pair's own
+                         barrier for the score exchange (FP_PAIRBAR); 11: 10 at D 128 and 256 with 32-key tiles in 112
+                         KiB of shared memory and at most 128 registers, 2 blocks per SM; D 512 as 10 (D 64: as 6) */
+    constexpr int F9 = FP_FUSE, F10 = FP_FUSE | FP_PAIRBAR;
+    switch (D) {
+    case 64: return flash_launch<64, 64, 64, 4>(s, ws, a);
+    case 128:
+      return version == 9 ? flash_pair_launch<128, 64, 1, 2, F9>(s, ws, a)
+             : version == 10 ? flash_pair_launch<128, 64, 1, 2, F10>(s, ws, a)
+                             : flash_pair_launch<128, 32, 1, 2, F10, 2>(s, ws, a);
+    case 256:
+      return version == 9 ? flash_pair_launch<256, 64, 1, 2, F9>(s, ws, a)
+             : version == 10 ? flash_pair_launch<256, 64, 1, 2, F10>(s, ws, a)
+                             : flash_pair_launch<256, 32, 1, 2, F10, 2>(s, ws, a);
+    default:
+      return version == 9 ? flash_pair_launch<512, 32, 1, 2, F9>(s, ws, a)
+                          : flash_pair_launch<512, 32, 1, 2, F10>(s, ws, a);
+    }
+  }
   if (version == 3) {
     switch (D) {
     case 64: return flash_launch<64, 64, 32, 4>(s, ws, a);
@@ -786,24 +879,26 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
  * session 13 (lab, 26B shapes after 1,024 positions: decoder sliding 0.0490 -> 0.0421 ms, full 0.1225 -> 0.0795,
  * encoder sliding 0.0650 -> 0.0403, full 0.1228 -> 0.0779; vllm --profile attention 1.970 -> 1.553 ms per pass;
  * test_cuda passes with it; docs/measurements.md); DGEMMA_ATTN=N or N,M another of k_attention_any's versions
- * (0: version 2's configuration, flash_kernel, the default before; 7, 8: flash_pair_kernel's other tiles) for the
- * head dims that version takes, version 0 for the others (the warp-per-row kernel where no tensor-core kernel
- * applies); N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers); "N,"
- * is N for both; values outside 0..8 or not numbers keep the default. */
+ * (0: version 2's configuration, flash_kernel, the default before; 7, 8: flash_pair_kernel's other tiles; 9-11:
+ * its candidates of session 18, unmeasured: splits merged in the kernel, the pair's own exchange barrier, 2 blocks
+ * per SM) for the head dims that version takes, version 0 for the others (the warp-per-row kernel where no
+ * tensor-core kernel applies); N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full
+ * layers); "N," is N for both; values outside 0..DG_ATT_VERSIONS or not numbers keep the default. */
 static int attn_version(int D, int NH, int NKV) {
   static int v[2] = {-1, -1};
   if (v[0] < 0 || v[1] < 0) {
     const char *e = getenv("DGEMMA_ATTN");
     int a = 6, b = 6;
-    if (e && *e) { /* N or N,M of 0..8; anything else keeps the default, as DGEMMA_ROUTE and DGEMMA_GRAPHS do */
+    if (e && *e) { /* N or N,M of 0..DG_ATT_VERSIONS; anything else keeps the default, as DGEMMA_ROUTE and
+                      DGEMMA_GRAPHS do */
       char *end = NULL;
       const long n = strtol(e, &end, 10);
-      if (end != e && n >= 0 && n <= 8 && (*end == '\0' || *end == ',')) {
+      if (end != e && n >= 0 && n <= DG_ATT_VERSIONS && (*end == '\0' || *end == ',')) {
         a = b = (int)n;
         if (*end == ',' && end[1]) {
           char *end2 = NULL;
           const long m = strtol(end + 1, &end2, 10);
-          b = end2 != end + 1 && !*end2 && m >= 0 && m <= 8 ? (int)m : 6;
+          b = end2 != end + 1 && !*end2 && m >= 0 && m <= DG_ATT_VERSIONS ? (int)m : 6;
         }
       }
     }

@@ -19,7 +19,10 @@ enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cu
 enum { cudaStreamNonBlocking = 1 };
 enum { cudaEventDisableTiming = 2 };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9
+};
 struct cudaDeviceProp {
   char name[256];
   int major, minor, multiProcessorCount;
