@@ -94,13 +94,22 @@ const dg_kernels *dg_kernels_avx512lp(void);
  * tested in test_kernels.c. NULL if the CPU lacks AVX2 or FMA. */
 const dg_kernels *dg_kernels_avx2lp(void);
 
-/* An opt-in copy of a quantized weight in the order avx512lp's one-row tiles read it
- * (layout and cost: cpu/pack.c). dg_cpu_pack_applies: 2-bit g128, 4-bit g64, 8-bit g32,
- * at least 4 rows. dg_cpu_pack_build returns the copy (malloc'd: the caller frees it and
- * stores it in w->cpu_pack), or NULL when it does not apply or out of memory; the kernels
- * give the same bits with it as without. */
+/* A copy of a quantized weight in the order avx512lp's tiles read it, 4 rows interleaved
+ * (layout and cost: cpu/pack.c). dg_cpu_pack_applies: 2-, 4- and 8-bit, any group size and
+ * shape. dg_cpu_pack_build returns the copy (aligned_alloc'd: the caller frees it and stores it
+ * in w->cpu_pack), or NULL when it does not apply or out of memory; avx512lp gives the same
+ * bits with it as without and, with it, reads nothing of the MLX layout's codes, scales and
+ * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). dg_cpu_pack_row_ptrs: row r's codes in w->cpu_pack (r < w->rows): byte o (a multiple of 64
+ * below the row's whole 64-byte steps) at *codes + 4 o, the partial last step's bytes at *tail, its
+ * scales and biases (contiguous). */
 int dg_cpu_pack_applies(const dg_weight *w);
+/* Whether a model run by avx512lp gets packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "1" 1,
+ * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1 (the caller refuses it). */
+#define DG_CPU_PACK_DEFAULT 0
+int dg_cpu_pack_wanted(void);
 int64_t dg_cpu_pack_block_bytes(const dg_weight *w); /* bytes of one 4-row block */
 void *dg_cpu_pack_build(const dg_weight *w);
+void dg_cpu_pack_row_ptrs(const dg_weight *w, int64_t r, const uint8_t **codes, const uint8_t **tail, const char **sc,
+                          const char **bi);
 
 #endif
