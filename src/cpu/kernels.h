@@ -99,17 +99,32 @@ const dg_kernels *dg_kernels_avx2lp(void);
  * shape. dg_cpu_pack_build returns the copy (aligned_alloc'd: the caller frees it and stores it
  * in w->cpu_pack), or NULL when it does not apply or out of memory; avx512lp gives the same
  * bits with it as without and, with it, reads nothing of the MLX layout's codes, scales and
- * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). dg_cpu_pack_row_ptrs: row r's codes in w->cpu_pack (r < w->rows): byte o (a multiple of 64
- * below the row's whole 64-byte steps) at *codes + 4 o, the partial last step's bytes at *tail, its
- * scales and biases (contiguous). */
+ * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). */
 int dg_cpu_pack_applies(const dg_weight *w);
 /* Whether a model run by avx512lp gets packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "1" 1,
  * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1 (the caller refuses it). */
 #define DG_CPU_PACK_DEFAULT 0
 int dg_cpu_pack_wanted(void);
-int64_t dg_cpu_pack_block_bytes(const dg_weight *w); /* bytes of one 4-row block */
 void *dg_cpu_pack_build(const dg_weight *w);
-void dg_cpu_pack_row_ptrs(const dg_weight *w, int64_t r, const uint8_t **codes, const uint8_t **tail, const char **sc,
-                          const char **bi);
+/* Where a quantized weight's rows are, for the tiles (once per call, not per row): pack = the
+ * weight's pack or NULL; rb = a row's packed bytes, tl = rb % 64 (the partial last step's bytes),
+ * sbrow = a row's scale (or bias) bytes, P = a pack's 4-row block's bytes (cpu/pack.c). */
+typedef struct dg_cpu_pack_geom {
+  const char *pack;
+  int64_t rb, tl, sbrow, P;
+} dg_cpu_pack_geom;
+dg_cpu_pack_geom dg_cpu_pack_geom_of(const dg_weight *w);
+/* Row r of a pack (g->pack != NULL, r < rows): byte o (a multiple of 64 below rb - tl) of its
+ * codes at *codes + 4 o, the tl bytes of the partial last step at *tail, its scales and biases
+ * (contiguous) at *sc and *bi. The one definition of the layout: cpu/pack.c writes through it. */
+static inline void dg_cpu_pack_row(const dg_cpu_pack_geom *g, int64_t r, const uint8_t **codes, const uint8_t **tail,
+                                   const char **sc, const char **bi) {
+  const char *b = g->pack + (size_t)(r >> 2) * (size_t)g->P;
+  const int64_t j = r & 3, c4 = 4 * g->rb; /* the block's codes: 4 rows' whole steps, then their tails */
+  *codes = (const uint8_t *)b + 64 * j;
+  *tail = (const uint8_t *)b + c4 - 4 * g->tl + j * g->tl;
+  *sc = b + c4 + j * g->sbrow;
+  *bi = b + c4 + (4 + j) * g->sbrow;
+}
 
 #endif

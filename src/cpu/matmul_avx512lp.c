@@ -746,26 +746,30 @@ static const vtiles *vtile_table(int B, int tr_n) {
   return &T8[tr_n ? 1 : 0];
 }
 
-/* Rows [r0, r0 + rt) of w as the tiles read them (lp_rows): from w->cpu_pack where w has one,
- * else from the MLX layout. */
-static void lp_rows_of(lp_rows *s, const dg_weight *w, int64_t r0, int64_t rt) {
-  const int64_t rb = dg_quant_row_bytes(w->cols, w->bits), sbrow = w->cols / w->group_size * (int64_t)dg_dtype_size(w->sb_dtype);
+/* Rows [r0, r0 + rt) of w as the tiles read them (lp_rows), g its geometry (dg_cpu_pack_geom_of,
+ * once per call): from g->pack, w's pack, where it has one, else from the MLX layout. */
+static inline void lp_rows_of(lp_rows *s, const dg_weight *w, const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
   for (int i = 0; i < rt; i++) {
-    if (w->cpu_pack) dg_cpu_pack_row_ptrs(w, r0 + i, &s->row[i], &s->tail[i], &s->sc[i], &s->bi[i]);
-    else dg_quant_row_ptrs(w, r0 + i, &s->row[i], &s->sc[i], &s->bi[i]), s->tail[i] = s->row[i] + rb / 64 * 64;
+    const int64_t r = r0 + i;
+    if (g->pack) {
+      dg_cpu_pack_row(g, r, &s->row[i], &s->tail[i], &s->sc[i], &s->bi[i]);
+      continue;
+    }
+    s->row[i] = (const uint8_t *)w->data + (size_t)r * (size_t)g->rb;
+    s->tail[i] = s->row[i] + g->rb - g->tl;
+    s->sc[i] = (const char *)w->scales + (size_t)r * (size_t)g->sbrow;
+    s->bi[i] = (const char *)w->biases + (size_t)r * (size_t)g->sbrow;
   }
   s->sbt = w->sb_dtype;
-  s->rbf = rb / 64 * 64;
-  if (w->cpu_pack) { /* the same row of a later 4-row block: P bytes a block */
-    const int64_t P = dg_cpu_pack_block_bytes(w);
-    s->ls = 2;
-    s->pf = PF_ROWS / 4 * P;
-    s->pf1 = s->pfs1 = PK1_BLOCKS * P;
+  s->rbf = g->rb - g->tl;
+  s->ls = g->pack ? 2 : 0;
+  if (g->pack) { /* the same row of a later 4-row block: P bytes a block */
+    s->pf = PF_ROWS / 4 * g->P;
+    s->pf1 = s->pfs1 = PK1_BLOCKS * g->P;
   } else {
-    s->ls = 0;
-    s->pf = PF_ROWS * rb;
-    s->pf1 = PF1_ROWS * rb;
-    s->pfs1 = PF1_ROWS * sbrow;
+    s->pf = PF_ROWS * g->rb;
+    s->pf1 = PF1_ROWS * g->rb;
+    s->pfs1 = PF1_ROWS * g->sbrow;
   }
 }
 _Static_assert(PF_ROWS % 4 == 0, "PF_ROWS: whole 4-row blocks (the pack's prefetch is PF_ROWS / 4 blocks on)");
@@ -787,10 +791,10 @@ _Static_assert(PF_ROWS % 4 == 0, "PF_ROWS: whole 4-row blocks (the pack's prefet
 #define TPREP_MIN_T 5
 #endif
 
-static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
-                      int64_t rt) {
+static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
+                      const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
   lp_rows wr;
-  lp_rows_of(&wr, w, r0, rt);
+  lp_rows_of(&wr, w, g, r0, rt);
   const vtiles *vt = vtile_table(w->bits, xb->tr_n);
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
@@ -823,7 +827,7 @@ static int lp_kind(const dg_weight *w) {
 
 /* The activations of a call in the form its weight format wants, in the calling thread's
  * scratch (scratch.h: nothing to free; valid until its next low-precision product). */
-typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
+typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; dg_cpu_pack_geom g; } lp_x;
 
 static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, int64_t T_max, const dg_weight *w,
                       int n_threads) {
@@ -835,13 +839,14 @@ static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T,
     x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
     return 0;
   }
+  p->g = dg_cpu_pack_geom_of(w); /* where the rows are (the pack or the MLX layout), once per call */
   return qx_quantize(&p->q, x, ldx, T, T_max, w->cols, w->bits, w->group_size, n_threads);
 }
 
 static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
                      int64_t r0, int64_t rt) {
   if (kind == 1) bf16_rows(y, ldy, p->xb + t0 * p->Kp, p->Kp, T, w, r0, rt);
-  else vnni_rows(y, ldy, &p->q, t0, T, w, r0, rt);
+  else vnni_rows(y, ldy, &p->q, t0, T, w, &p->g, r0, rt);
 }
 
 static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t row0,

@@ -5,7 +5,7 @@
  *
  * Which weights: 2-, 4- and 8-bit, any group size (the formats of avx512lp's VNNI tiles).
  * Rows are taken 4 at a time: 4-row block b holds rows 4 b .. 4 b + 3 (a last block of
- * fewer rows is zero past the matrix's last row) at b * dg_cpu_pack_block_bytes(w). With rb
+ * fewer rows is zero past the matrix's last row) at b P (P: dg_cpu_pack_geom). With rb
  * the row's packed bytes, S = floor(rb / 64) whole 64-byte steps and a tail of t = rb - 64 S
  * bytes (0 .. 63), a block holds
  *   step s of row i at (4 s + i) 64 (s < S): the row's bytes [64 s, 64 s + 64);
@@ -14,7 +14,7 @@
  *   the 4 rows' ng biases (row i at 256 S + 4 t + (4 + i) ng esz);
  *   zeros up to a multiple of 64 bytes (each block starts on a cache line).
  * So byte o < 64 S of row i's codes is at (row i's start) + 4 o, its tail, scales and biases
- * are contiguous as in the MLX layout (dg_cpu_pack_row_ptrs): the tiles read the same codes,
+ * are contiguous as in the MLX layout (dg_cpu_pack_row, kernels.h): the tiles read the same codes,
  * scales and biases, compute the same integers and the same fp32 operations from them, so the
  * bits do not change (tests/test_kernels.c).
  *
@@ -38,42 +38,33 @@ int dg_cpu_pack_applies(const dg_weight *w) {
          w->cols % w->group_size == 0 && w->rows >= 1 && w->cols >= 1;
 }
 
-int64_t dg_cpu_pack_block_bytes(const dg_weight *w) {
-  const int64_t rb = dg_quant_row_bytes(w->cols, w->bits), ng = w->cols / w->group_size;
-  const int64_t p = 4 * rb + 8 * ng * (int64_t)dg_dtype_size(w->sb_dtype); /* 256 S + 4 t = 4 rb */
-  return (p + 63) / 64 * 64;
-}
-
-void dg_cpu_pack_row_ptrs(const dg_weight *w, int64_t r, const uint8_t **codes, const uint8_t **tail, const char **sc,
-                          const char **bi) {
-  const int64_t rb = dg_quant_row_bytes(w->cols, w->bits), sbr = w->cols / w->group_size * (int64_t)dg_dtype_size(w->sb_dtype);
-  const char *b = (const char *)w->cpu_pack + (size_t)(r / 4) * (size_t)dg_cpu_pack_block_bytes(w);
-  const int64_t i = r % 4, S = rb / 64, t = rb - 64 * S;
-  *codes = (const uint8_t *)b + 64 * i;
-  *tail = (const uint8_t *)b + 256 * S + i * t;
-  *sc = b + 4 * rb + i * sbr;
-  *bi = b + 4 * rb + (4 + i) * sbr;
+dg_cpu_pack_geom dg_cpu_pack_geom_of(const dg_weight *w) {
+  dg_cpu_pack_geom g = {(const char *)w->cpu_pack, dg_quant_row_bytes(w->cols, w->bits), 0,
+                        w->cols / w->group_size * (int64_t)dg_dtype_size(w->sb_dtype), 0};
+  g.tl = g.rb % 64;
+  g.P = (4 * g.rb + 8 * g.sbrow + 63) / 64 * 64; /* 256 S + 4 t = 4 rb, the scales, the biases, padding */
+  return g;
 }
 
 void *dg_cpu_pack_build(const dg_weight *w) {
   if (!dg_cpu_pack_applies(w)) return NULL;
-  const int64_t rb = dg_quant_row_bytes(w->cols, w->bits), S = rb / 64, t = rb - 64 * S, nb4 = (w->rows + 3) / 4;
-  const size_t sbr = (size_t)(w->cols / w->group_size) * dg_dtype_size(w->sb_dtype);
-  const size_t P = (size_t)dg_cpu_pack_block_bytes(w);
-  char *pack = aligned_alloc(64, (size_t)nb4 * P);
+  dg_cpu_pack_geom g = dg_cpu_pack_geom_of(w);
+  const int64_t S = g.rb / 64, nb4 = (w->rows + 3) / 4;
+  char *pack = aligned_alloc(64, (size_t)nb4 * (size_t)g.P);
   if (!pack) return NULL;
+  g.pack = pack;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nb4; b++) {
-    char *p = pack + (size_t)b * P;
-    memset(p, 0, P);
-    for (int i = 0; i < 4 && 4 * b + i < w->rows; i++) {
-      const uint8_t *row;
-      const char *sc, *bi;
-      dg_quant_row_ptrs(w, 4 * b + i, &row, &sc, &bi);
-      for (int64_t s = 0; s < S; s++) memcpy(p + (4 * s + i) * 64, row + 64 * s, 64);
-      memcpy(p + 256 * S + i * t, row + 64 * S, (size_t)t);
-      memcpy(p + 4 * rb + (size_t)i * sbr, sc, sbr);
-      memcpy(p + 4 * rb + (size_t)(4 + i) * sbr, bi, sbr);
+    memset(pack + (size_t)b * (size_t)g.P, 0, (size_t)g.P);
+    for (int64_t r = 4 * b; r < 4 * b + 4 && r < w->rows; r++) {
+      const uint8_t *row, *pc, *pt;
+      const char *sc, *bi, *ps, *pb;
+      dg_quant_row_ptrs(w, r, &row, &sc, &bi);
+      dg_cpu_pack_row(&g, r, &pc, &pt, &ps, &pb); /* the pack's own memory: written through */
+      for (int64_t s = 0; s < S; s++) memcpy((uint8_t *)pc + 256 * s, row + 64 * s, 64);
+      memcpy((uint8_t *)pt, row + 64 * S, (size_t)g.tl);
+      memcpy((char *)ps, sc, (size_t)g.sbrow);
+      memcpy((char *)pb, bi, (size_t)g.sbrow);
     }
   }
   return pack;
