@@ -353,10 +353,11 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
  * at row[i] + (o << ls), ls = 0 in the MLX layout, 2 in the pack (4 rows interleaved 64 bytes at a
  * time); a partial last step's bytes (o = rbf) at tail[i] (row[i] + rbf in the MLX layout, after
  * the 4 rows' whole steps in the pack); sc[i], bi[i]: the row's scales and biases (contiguous in
- * both). Either way the tiles load the same codes, scales and biases, so they give the same bits. pf, pf1: bytes from a code address to the one its tile prefetches (0 =
- * none), the same row of a later 4-row block: PF_ROWS rows on for the tiles of 4 activation
- * rows, PF1_ROWS (MLX) or PK1_BLOCKS blocks (pack) for the one-row tiles; pfs1: the same for
- * the one-row tiles' scales and biases. */
+ * both). Either way the tiles load the same codes, scales and biases, so they give the same bits.
+ * pf, pf1: bytes from a code address to the one its tile prefetches (0 = none), the same row of a
+ * later 4-row block: PF_ROWS rows on for the tiles of 4 activation rows, PF1_ROWS (MLX) or
+ * PK1_BLOCKS / PK1S_BLOCKS blocks (pack) for the one-row tiles; pfs1: the same for the one-row
+ * tiles' scales and biases. */
 typedef struct lp_rows {
   const uint8_t *row[4], *tail[4];
   const char *sc[4], *bi[4];
@@ -662,13 +663,17 @@ TTILES(8, 8) /* g32 */
  * integer sums are exact, so isum is the same integer as TTILE's and the same fp32
  * operations follow: the bits of TTILE, for every row. On a pack (lp_rows, ls = 2) the
  * 4 rows of a block are one stream, which the hardware prefetcher follows. */
-/* The one-row tiles' prefetch on a pack: PK1_BLOCKS 4-row blocks on (0 = none). 2-core Zen 4
+/* NTILE's prefetch on a pack: PK1_BLOCKS 4-row blocks on (0 = none). 2-core Zen 4
  * EPYC, 4-bit [1408, 2816] over a 64-expert stack, -t 2, active wait, loaded (load 5.4-5.8),
  * per-call p50 of 2688 calls, two alternations (docs/results/cpu-s17/rb17_pack.txt, session 17's
  * layout: the scales inside each block of 16 groups): none 0.047 / 0.072 ms, 1024 bytes on 4.5
  * (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
 #ifndef PK1_BLOCKS
 #define PK1_BLOCKS 0
+#endif
+/* The same for the other one-row tiles on a pack (VTILE1 by step, TTILE 4x1 / 1x1 transposed at n = 2 or 4). */
+#ifndef PK1S_BLOCKS
+#define PK1S_BLOCKS 0
 #endif
 #define NTILE(B, RT, NAME)                                                                                   \
   static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
@@ -747,8 +752,9 @@ static const vtiles *vtile_table(int B, int tr_n) {
 }
 
 /* Rows [r0, r0 + rt) of w as the tiles read them (lp_rows), g its geometry (dg_cpu_pack_geom_of,
- * once per call): from g->pack, w's pack, where it has one, else from the MLX layout. */
-static inline void lp_rows_of(lp_rows *s, const dg_weight *w, const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
+ * once per call): from g->pack, w's pack, where it has one, else from the MLX layout; nat: the
+ * call's one-row tiles are NTILE (for the pack's prefetch distance). */
+static inline void lp_rows_of(lp_rows *s, const dg_weight *w, const dg_cpu_pack_geom *g, int nat, int64_t r0, int64_t rt) {
   for (int i = 0; i < rt; i++) {
     const int64_t r = r0 + i;
     if (g->pack) {
@@ -765,7 +771,7 @@ static inline void lp_rows_of(lp_rows *s, const dg_weight *w, const dg_cpu_pack_
   s->ls = g->pack ? 2 : 0;
   if (g->pack) { /* the same row of a later 4-row block: P bytes a block */
     s->pf = PF_ROWS / 4 * g->P;
-    s->pf1 = s->pfs1 = PK1_BLOCKS * g->P;
+    s->pf1 = s->pfs1 = (nat ? PK1_BLOCKS : PK1S_BLOCKS) * g->P; /* NTILE or the other one-row tiles */
   } else {
     s->pf = PF_ROWS * g->rb;
     s->pf1 = PF1_ROWS * g->rb;
@@ -794,7 +800,7 @@ _Static_assert(PF_ROWS % 4 == 0, "PF_ROWS: whole 4-row blocks (the pack's prefet
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
                       const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
   lp_rows wr;
-  lp_rows_of(&wr, w, g, r0, rt);
+  lp_rows_of(&wr, w, g, xb->nat, r0, rt);
   const vtiles *vt = vtile_table(w->bits, xb->tr_n);
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
