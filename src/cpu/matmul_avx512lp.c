@@ -415,10 +415,15 @@ static inline void pf_sb(const lp_rows *wr, int rt, int64_t sbrow) {
   int32_t idx[16];                                                                                           \
   for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                               \
   const __m512i gi = _mm512_loadu_si512(idx);
-#define VTILE(B, RT, TT)                                                                                     \
-  static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, \
-                                      const int8_t *pw) {                                                    \
-    LP_ROWS_LOCALS                                                                                           \
+/* LS: the code addresses' shift (lp_rows.ls) as a constant, 0 (MLX layout) or 2 (pack), so that
+ * the step addresses are pointer increments (these tiles are compute bound: a shift by a
+ * variable, an add and a compare per load and row cost ~10 % at M = 8 on the down product). */
+#define VTILE(B, RT, TT, LS, NAME)                                                                           \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
+    LP_SB_LOCALS                                                                                             \
+    const uint8_t *const *rows = wr->row, *const *tails = wr->tail;                                          \
+    const int64_t rbf = wr->rbf;                                                                             \
+    enum { ls = LS };                                                                                        \
     VTILE_PROLOGUE(B)                                                                                        \
     const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
     const int8_t *xq[TT];                                                                                    \
@@ -493,7 +498,9 @@ static inline void pf_sb(const lp_rows *wr, int rt, int64_t sbrow) {
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-#define VTILES(B) VTILE(B, 4, 4) VTILE1(B, 4) VTILE(B, 1, 4) VTILE1(B, 1)
+#define VTILES(B)                                                                                            \
+  VTILE(B, 4, 4, 0, vtile_##B##_4x4) VTILE1(B, 4) VTILE(B, 1, 4, 0, vtile_##B##_1x4) VTILE1(B, 1)               \
+  VTILE(B, 4, 4, 2, vtilepk_##B##_4x4) VTILE(B, 1, 4, 2, vtilepk_##B##_1x4)
 VTILES(2)
 VTILES(4)
 VTILES(8)
@@ -739,13 +746,16 @@ typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; } vtiles;
 #define TTROW(B, N, NAT4, NAT1)                                                                              \
   {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
     ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}}
-#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
-/* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step). */
-static const vtiles *vtile_table(int B, int tr_n) {
-  static const vtiles T2[4] = {SROW(2), TTROW(2, 2, NULL, NULL), TTROW(2, 4, NULL, NULL),
+#define SROW(B, V) {{V##_##B##_4x4, vtile_##B##_4x1, V##_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
+/* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step; pk: on
+ * the weight's pack). */
+static const vtiles *vtile_table(int B, int tr_n, int pk) {
+  static const vtiles T2[4] = {SROW(2, vtile), TTROW(2, 2, NULL, NULL), TTROW(2, 4, NULL, NULL),
                                TTROW(2, 8, ntile_2_4x1, ntile_2_1x1)},
-                      T4[3] = {SROW(4), TTROW(4, 4, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1)},
-                      T8[2] = {SROW(8), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1)};
+                      T4[3] = {SROW(4, vtile), TTROW(4, 4, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1)},
+                      T8[2] = {SROW(8, vtile), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1)},
+                      SP[3] = {SROW(2, vtilepk), SROW(4, vtilepk), SROW(8, vtilepk)};
+  if (!tr_n && pk) return &SP[B == 2 ? 0 : B == 4 ? 1 : 2];
   if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
   if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
   return &T8[tr_n ? 1 : 0];
@@ -801,7 +811,7 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
                       const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
   lp_rows wr;
   lp_rows_of(&wr, w, g, xb->nat, r0, rt);
-  const vtiles *vt = vtile_table(w->bits, xb->tr_n);
+  const vtiles *vt = vtile_table(w->bits, xb->tr_n, g->pack != NULL);
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
   int64_t t = 0;
