@@ -516,10 +516,9 @@ VTILES(8)
  * Lanes past the last group load zero codes, s = d = 0. The loads of a partial last block
  * are masked (never past the row).
  * t_load: row's block blk, transposed, into v[0 .. N); t_unpack: plane u of one of them. */
-static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const lp_rows *wr, int i, int64_t blk,
+static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const lp_rows *wr, int i, int ls, int64_t blk,
                                                          int64_t rb, int64_t pf) {
-  const uint8_t *row = wr->row[i];
-  const int ls = wr->ls;
+  const uint8_t *row = wr->row[i]; /* ls: wr->ls, a constant in each tile (LS) */
   const int64_t byte0 = blk * N * 64;
   const int full = byte0 + 64 * N <= rb; /* all blocks but a partial last one */
   _Pragma("GCC unroll 8") for (int k = 0; k < N; k++) {
@@ -550,7 +549,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
 /* PREP 0: each tile transposes its rows' blocks itself (t_load); PREP 1: it reads them from
  * pw, the 4 rows' blocks transposed once by tprep (vnni_rows, T >= TPREP_MIN_T): the same
  * codes, so the same bits. Either way the tile unpacks them (4-bit: one AND a plane). */
-#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
+#define TTILE(B, N, RT, TT, PREP, LS, NAME)                                                                  \
   static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
     enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
     LP_SB_LOCALS                                                                                             \
@@ -562,7 +561,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       UNROLL for (int i = 0; i < RT; i++) {                                                                  \
         __m512i v[N];                                                                                        \
-        if (!PREP) t_load(v, N, wr, i, blk, rb, pf);                                                         \
+        if (!PREP) t_load(v, N, wr, i, LS, blk, rb, pf);                                                     \
         else UNROLL for (int k = 0; k < N; k++) v[k] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
         __m512i isum[TT], ihi[TT];                                                                           \
         const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
@@ -593,13 +592,13 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
 /* The 4 rows' blocks of a tile row, transposed (still packed: half the bytes of the unpacked
  * codes at 4 bits, and the tiles' AND is cheaper than a load): pw[i][blk][k][64], k < N
  * (prefetching as the 4x4 tile). */
-#define TPREP(B, N)                                                                                          \
-  static void tprep_##B##_##N(int8_t *pw, const qx_buf *xb, const lp_rows *wr) {                            \
+#define TPREP(B, N, LS, NAME)                                                                                \
+  static void NAME(int8_t *pw, const qx_buf *xb, const lp_rows *wr) {                                        \
     const int64_t rb = xb->K * B / 8;                                                                        \
     for (int i = 0; i < 4; i++)                                                                              \
       for (int64_t blk = 0; blk < xb->nblk; blk++) {                                                         \
         __m512i v[N];                                                                                        \
-        t_load(v, N, wr, i, blk, rb, wr->pf);                                                                \
+        t_load(v, N, wr, i, LS, blk, rb, wr->pf);                                                            \
         UNROLL for (int k = 0; k < N; k++) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k]); \
       }                                                                                                      \
   }
@@ -645,10 +644,16 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
+/* Each format's tiles that read the weights twice: LS = 0 for the MLX layout (ttile_, tprep_), 2
+ * for the pack (ttilek_, tprepk_; lp_rows: the shift a constant, as VTILE's); the tiles on
+ * prepared rows read pw only. */
 #define TTILES(B, N)                                                                                         \
-  TTILE(B, N, 4, 4, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, ttile_##B##_##N##_4x1)                    \
-  TTILE(B, N, 1, 4, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, ttile_##B##_##N##_1x1)                    \
-  TTILEP44(B, N) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
+  TTILE(B, N, 4, 4, 0, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, 0, ttile_##B##_##N##_4x1)              \
+  TTILE(B, N, 1, 4, 0, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, 0, ttile_##B##_##N##_1x1)              \
+  TTILE(B, N, 4, 4, 0, 2, ttilek_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, 2, ttilek_##B##_##N##_4x1)            \
+  TTILE(B, N, 1, 4, 0, 2, ttilek_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, 2, ttilek_##B##_##N##_1x1)            \
+  TTILEP44(B, N) TTILE(B, N, 4, 1, 1, 0, ttilep_##B##_##N##_4x1)                                             \
+  TPREP(B, N, 0, tprep_##B##_##N) TPREP(B, N, 2, tprepk_##B##_##N)
 TTILES(2, 2) /* g32 */
 TTILES(2, 4) /* g64 */
 TTILES(2, 8) /* g128 */
@@ -743,22 +748,26 @@ typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const lp_rows *wr);
 /* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
  * (NULL: none)], the preparation of 4 rows, and 4x1, 1x1 on the natural layout (NULL: none). */
 typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; } vtiles;
-#define TTROW(B, N, NAT4, NAT1)                                                                              \
-  {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
-    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}}
+#define TTROW(B, N, NAT4, NAT1, T, P)                                                                        \
+  {{T##_##B##_##N##_4x4, T##_##B##_##N##_4x1, T##_##B##_##N##_1x4, T##_##B##_##N##_1x1,                      \
+    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, P##_##B##_##N, {NAT4, NAT1}}
 #define SROW(B, V) {{V##_##B##_4x4, vtile_##B##_4x1, V##_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
 /* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step; pk: on
  * the weight's pack). */
 static const vtiles *vtile_table(int B, int tr_n, int pk) {
-  static const vtiles T2[4] = {SROW(2, vtile), TTROW(2, 2, NULL, NULL), TTROW(2, 4, NULL, NULL),
-                               TTROW(2, 8, ntile_2_4x1, ntile_2_1x1)},
-                      T4[3] = {SROW(4, vtile), TTROW(4, 4, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1)},
-                      T8[2] = {SROW(8, vtile), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1)},
-                      SP[3] = {SROW(2, vtilepk), SROW(4, vtilepk), SROW(8, vtilepk)};
-  if (!tr_n && pk) return &SP[B == 2 ? 0 : B == 4 ? 1 : 2];
-  if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
-  if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
-  return &T8[tr_n ? 1 : 0];
+  static const vtiles T2[2][4] = {{SROW(2, vtile), TTROW(2, 2, NULL, NULL, ttile, tprep), TTROW(2, 4, NULL, NULL, ttile, tprep),
+                                   TTROW(2, 8, ntile_2_4x1, ntile_2_1x1, ttile, tprep)},
+                                  {SROW(2, vtilepk), TTROW(2, 2, NULL, NULL, ttilek, tprepk), TTROW(2, 4, NULL, NULL, ttilek, tprepk),
+                                   TTROW(2, 8, ntile_2_4x1, ntile_2_1x1, ttilek, tprepk)}},
+                      T4[2][3] = {{SROW(4, vtile), TTROW(4, 4, NULL, NULL, ttile, tprep), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1, ttile, tprep)},
+                                  {SROW(4, vtilepk), TTROW(4, 4, NULL, NULL, ttilek, tprepk),
+                                   TTROW(4, 8, ntile_4_4x1, ntile_4_1x1, ttilek, tprepk)}},
+                      T8[2][2] = {{SROW(8, vtile), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1, ttile, tprep)},
+                                  {SROW(8, vtilepk), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1, ttilek, tprepk)}};
+  pk = pk != 0;
+  if (B == 2) return &T2[pk][tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
+  if (B == 4) return &T4[pk][tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
+  return &T8[pk][tr_n ? 1 : 0];
 }
 
 /* Rows [r0, r0 + rt) of w as the tiles read them (lp_rows), g its geometry (dg_cpu_pack_geom_of,
