@@ -680,6 +680,8 @@ TTILES(8, 8) /* g32 */
  * per-call p50 of 2688 calls, two alternations (docs/results/cpu-s17/rb17_pack.txt, session 17's
  * layout: the scales inside each block of 16 groups): none 0.047 / 0.072 ms, 1024 bytes on 4.5
  * (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
+/* Session 18's layout (d2f3587, idle, side-by-side, 3 alternations, avx512lp GFLOP/s medians: no prefetch /
+ * 4 blocks on for both families): gate/up M = 1 132 / 77, down 110 / 63 (docs/results/cpu-s18/pk18_w2_*). */
 #ifndef PK1_BLOCKS
 #define PK1_BLOCKS 0
 #endif
