@@ -346,58 +346,67 @@ static void check_lp_nonfinite(const dg_kernels *k, int B, int G, int K) {
   free(data); free(sc); free(bi); free(wf); free(x); free(y); free(y1);
 }
 
-/* The one-row tiles on a weight's pack (cpu/pack.c, w->cpu_pack) give the bits they give on
- * the MLX layout: T = 1, 2, 3 activation rows (the tiles of a call of fewer than 4), N rows
- * (N % 4: a last block read from the MLX layout), a call starting at row0 (row0 % 4 != 0:
- * every block read from the MLX layout), and the grouped entry (experts of N / 2 rows at a
- * row offset). Random codes, bf16 scales and biases (f32 ones when sb32). */
+/* Every avx512lp tile on a weight's pack (cpu/pack.c, w->cpu_pack) gives the bits it gives on the MLX
+ * layout: T = 1, 2, 3 activation rows (the one-row tiles, natural or not), 4 (the 4x4 tile that
+ * transposes), 5, 7 and 9 (the 4-row block prepared once: 4x4 tiles on it and the 4x1 tile for the
+ * odd rows), every format's layout (the caller's K and G: transposed or by step), N rows (N % 4: a
+ * partial last 4-row block, zero padded in the pack; rows past the last 4 of a call run the 1x4 and
+ * 1x1 tiles), a call from row0 = 1 (every 4-row block of the call straddles two of the pack's) and
+ * the grouped entry (2 experts of N / 2 rows, products of rows from row_off 2 and 4). Random codes,
+ * bf16 scales and biases (f32 ones when sb32). The same integers and fp32 operations either way:
+ * compared with memcmp, no tolerance. */
 static void check_lp_pack(const dg_kernels *k, int B, int G, int N, int K, int sb32) {
+  enum { TM = 9 };
   const int ng = K / G, esz = sb32 ? 4 : 2;
   const size_t rb = (size_t)dg_quant_row_bytes(K, B);
   uint8_t *data = malloc((size_t)N * rb);
   char *sc = malloc((size_t)N * ng * esz), *bi = malloc((size_t)N * ng * esz);
-  float *x = malloc((size_t)3 * K * sizeof(float)), *y1 = malloc((size_t)3 * N * sizeof(float));
-  float *y2 = malloc((size_t)3 * N * sizeof(float));
+  float *x = malloc((size_t)TM * K * sizeof(float)), *y1 = malloc((size_t)TM * N * sizeof(float));
+  float *y2 = malloc((size_t)TM * N * sizeof(float));
   for (size_t i = 0; i < (size_t)N * rb; i++) data[i] = (uint8_t)(rand() & 0xff);
   for (int i = 0; i < N * ng; i++) {
     const float s = frand() * 0.01f, b = frand() * 0.1f;
     if (sb32) { memcpy(sc + 4 * (size_t)i, &s, 4); memcpy(bi + 4 * (size_t)i, &b, 4); }
     else { uint16_t h = dg_f32_to_bf16(s), g = dg_f32_to_bf16(b); memcpy(sc + 2 * (size_t)i, &h, 2); memcpy(bi + 2 * (size_t)i, &g, 2); }
   }
-  for (int i = 0; i < 3 * K; i++) x[i] = frand();
+  for (int i = 0; i < TM * K; i++) x[i] = frand();
   dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = B, .group_size = G,
                  .sb_dtype = sb32 ? DG_F32 : DG_BF16, .scales = sc, .biases = bi};
   assert_true(dg_cpu_pack_applies(&W));
   dg_weight P = W;
   P.cpu_pack = dg_cpu_pack_build(&W);
   assert_non_null(P.cpu_pack);
-  for (int T = 1; T <= 3; T++)
+  P.data = P.scales = P.biases = NULL; /* with a pack the tiles read nothing else (a read here would crash) */
+  static const int Ts[] = {1, 2, 3, 4, 5, 7, 9};
+  for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
     for (int r0 = 0; r0 <= 1; r0++) {
-      const int n = N - r0;
-      memset(y1, 0, (size_t)3 * N * sizeof(float));
-      memset(y2, 0xff, (size_t)3 * N * sizeof(float));
+      const int T = Ts[ti], n = N - r0;
+      memset(y1, 0, (size_t)TM * N * sizeof(float));
+      memset(y2, 0xff, (size_t)TM * N * sizeof(float));
       k->matmul(y1, n, x, K, T, &W, r0, n, 2);
       k->matmul(y2, n, x, K, T, &P, r0, n, 2);
       if (memcmp(y1, y2, (size_t)T * n * sizeof(float)))
         fail_msg("%s %d-bit G=%d N=%d K=%d T=%d row0=%d sb %s: the pack's bits differ from the MLX layout's", k->name, B, G,
                  N, K, T, r0, sb32 ? "f32" : "bf16");
     }
-  const int half = N / 2; /* grouped (N >= 12): 2 experts of `half` rows, products of rows [2, half) (row_off 2) */
-  int32_t start[3] = {0, 1, 3};
-  if (half >= 6) {
-    k->matmul_grouped(y1, half - 2, x, K, start, 2, &W, half, 2, half - 2, 2);
-    k->matmul_grouped(y2, half - 2, x, K, start, 2, &P, half, 2, half - 2, 2);
-    assert_memory_equal(y1, y2, (size_t)3 * (half - 2) * sizeof(float));
-    start[1] = 2; /* row_off 4: aligned blocks on the pack */
-    k->matmul_grouped(y1, half - 4, x, K, start, 2, &W, half, 4, half - 4, 2);
-    k->matmul_grouped(y2, half - 4, x, K, start, 2, &P, half, 4, half - 4, 2);
-    assert_memory_equal(y1, y2, (size_t)3 * (half - 4) * sizeof(float));
-  }
-  /* and the tile reads the pack: a code changed in it changes the product */
+  const int half = N / 2; /* grouped (N >= 12): 2 experts of `half` rows, products of rows [off, half) */
+  if (half >= 6)
+    for (int off = 2; off <= 4; off += 2)
+      for (int e1 = 1; e1 <= 6; e1 += 5) { /* expert 0: 1 row then 6 (tiles of 4 and the prepared block) */
+        const int32_t start[3] = {0, e1, e1 + 3};
+        k->matmul_grouped(y1, half - off, x, K, start, 2, &W, half, off, half - off, 2);
+        k->matmul_grouped(y2, half - off, x, K, start, 2, &P, half, off, half - off, 2);
+        if (memcmp(y1, y2, (size_t)(e1 + 3) * (half - off) * sizeof(float)))
+          fail_msg("%s %d-bit G=%d N=%d K=%d grouped row_off %d, %d + 3 rows: the pack's bits differ", k->name, B, G, N,
+                   K, off, e1);
+      }
+  /* and the tiles read the pack: a code changed in it changes the product */
   ((uint8_t *)P.cpu_pack)[0] ^= 0x11;
-  k->matmul(y1, N, x, K, 1, &W, 0, N, 1);
-  k->matmul(y2, N, x, K, 1, &P, 0, N, 1);
-  assert_true(memcmp(y1, y2, sizeof(float)) != 0);
+  for (int T = 1; T <= 4; T += 3) {
+    k->matmul(y1, N, x, K, T, &W, 0, N, 1);
+    k->matmul(y2, N, x, K, T, &P, 0, N, 1);
+    assert_true(memcmp(y1, y2, sizeof(float)) != 0);
+  }
   free((void *)P.cpu_pack); free(data); free(sc); free(bi); free(x); free(y1); free(y2);
 }
 
@@ -438,14 +447,18 @@ static void test_avx512lp(void **state) {
    * 2-bit g32, 8-bit g32; in calls of 1 and 3 rows 4-bit g64 and 8-bit g32 take the natural layout) */
   static const int nf[][3] = {{0, 0, 96}, {4, 64, 256}, {8, 128, 384}, {4, 64, 1024}, {2, 32, 1408}, {8, 32, 480}};
   for (size_t c = 0; c < sizeof nf / sizeof nf[0]; c++) check_lp_nonfinite(k, nf[c][0], nf[c][1], nf[c][2]);
-  /* the pack: 44 groups (a last block of 12, 6 steps), 30 (a last block of 14, 7 steps), 15 at 8-bit
-   * g32 K = 480 (one block, a half-filled last step), 2-bit g128 (30 groups), N = 4 .. 22 (tails of
-   * 0-3 rows), f32 scales and biases */
+  /* the pack, every format and layout of the VNNI tiles: transposed at 8 dwords a group (44 groups: a last block
+   * of 12 and 6 steps; 30: 14 and 7; 8-bit g32 K = 480: one block, a half-filled last step; 2-bit g128), at 4 and
+   * 2 (4-bit g32, 2-bit g64, 2-bit g32), by step (4-bit g64 K = 704, the 26B's down product: 11 groups;
+   * 4-bit g128; 8-bit g64 and g128; 2-bit g32 K = 96, a partial last step); N = 4 .. 22 (last 4-row blocks
+   * of 1-4 rows), f32 scales and biases */
   static const int pk[][5] = {{4, 64, 2816, 22, 0}, {4, 64, 1920, 16, 0}, {4, 64, 1024, 4, 0}, {8, 32, 480, 21, 0},
-                              {2, 128, 3840, 13, 0}, {4, 64, 2816, 12, 1}, {8, 32, 1408, 12, 0}};
+                              {2, 128, 3840, 13, 0}, {4, 64, 2816, 12, 1}, {8, 32, 1408, 12, 0}, {4, 64, 704, 14, 0},
+                              {4, 64, 704, 13, 1}, {4, 32, 1408, 15, 0}, {4, 128, 256, 12, 0}, {2, 64, 2816, 13, 0},
+                              {2, 32, 1408, 12, 0}, {2, 32, 96, 17, 0}, {8, 64, 1024, 13, 0}, {8, 128, 384, 12, 1}};
   for (size_t c = 0; c < sizeof pk / sizeof pk[0]; c++) check_lp_pack(k, pk[c][0], pk[c][1], pk[c][3], pk[c][2], pk[c][4]);
-  printf("# avx512lp: the one-row tiles on a weight's pack (cpu/pack.c) = on the MLX layout, bit for bit (T = 1-3, "
-         "4/8/2-bit, bf16 and f32 scales, tails of 0-3 rows, unaligned row0, grouped)\n");
+  printf("# avx512lp: every tile on a weight's pack (cpu/pack.c) = on the MLX layout, bit for bit (T = 1-5, 7, 9; "
+         "2/4/8-bit, transposed and by step, bf16 and f32 scales, last blocks of 1-4 rows, row0 = 1, grouped)\n");
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64

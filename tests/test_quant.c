@@ -746,6 +746,76 @@ static void test_twin(void **state) {
   dg_test_rm_dir(f); dg_test_rm_dir(q); dg_test_rm_dir(t); dg_test_rm_dir(pe);
 }
 
+/* The avx512lp pack (cpu/pack.c, built by the CPU backend): a 2/4/8-bit model loaded with DGEMMA_CPU_PACK=1
+ * (every 2-, 4- and 8-bit matrix but the embedding packed, their MLX pages dropped from the mapping) gives the
+ * logits of DGEMMA_CPU_PACK=0 bit for bit, with and without self-conditioning, and so does the model whose
+ * experts are stored one by one (stacks the loader owns: packed, their MLX copy kept). 4-bit g32 rows of
+ * 16 bytes (hidden 32: one partial step), the router's 5 rows (a last 4-row block of 1), 2-bit experts
+ * and 8-bit attention. DGEMMA_CPU_PACK of another value is refused. */
+static void test_pack_model(void **state) {
+  (void)state;
+  if (!dg_kernels_avx512lp()) dg_test_skip("test_quant pack: this CPU (or build) has no AVX-512 BF16 + VNNI");
+  synth_cfg c = synth_default();
+  char f[512], q[512], pe[512];
+  snprintf(f, sizeof f, "%s/pkf", tmp_root);
+  snprintf(q, sizeof q, "%s/pkq", tmp_root);
+  snprintf(pe, sizeof pe, "%s/pkpe", tmp_root);
+  quantize_synth(f, q, c, "all=4:32,experts=2:32,router=8:32,attn=8:32", 32);
+  write_per_expert(q, pe, c.experts);
+  const char *ks = getenv("DGEMMA_KERNELS"), *ps = getenv("DGEMMA_CPU_PACK");
+  char *ksv = ks ? strdup(ks) : NULL, *psv = ps ? strdup(ps) : NULL;
+  setenv("DGEMMA_KERNELS", "avx512lp", 1);
+  const int P = 20, C = c.canvas, V = c.vocab;
+  int32_t prompt[20], canvas[8];
+  for (int i = 0; i < P; i++) prompt[i] = (i * 37 + 5) % V;
+  for (int i = 0; i < C; i++) canvas[i] = (i * 101 + 7) % V;
+  float *l[2][2][2]; /* [dir][pack][sc] */
+  for (int d = 0; d < 2; d++)
+    for (int pk = 0; pk < 2; pk++) {
+      setenv("DGEMMA_CPU_PACK", pk ? "1" : "0", 1);
+      dg_model_params mp = dg_model_default_params();
+      mp.no_tokenizer = 1;
+      mp.n_threads = 2;
+      dg_model *m;
+      assert_dg_ok(dg_model_load(d ? pe : q, &mp, &m));
+      assert_string_equal(m->kern->name, "avx512lp");
+      assert_int_equal(m->layers[0].experts_gate_up.bits, 2);
+      assert_int_equal(m->layers[0].router.bits, 8);
+      assert_int_equal(m->layers[0].experts_gate_up.cpu_pack != NULL, pk);
+      assert_int_equal(m->layers[1].router.cpu_pack != NULL, pk);
+      assert_int_equal(m->layers[2].q.cpu_pack != NULL, pk);
+      assert_null(m->embed.cpu_pack);
+      dg_context *cx;
+      assert_dg_ok(dg_context_new(m, NULL, &cx));
+      assert_dg_ok(dg_encode(cx, prompt, P));
+      for (int sc = 0; sc < 2; sc++) {
+        l[d][pk][sc] = malloc((size_t)C * V * 4);
+        assert_dg_ok(dg_decode(cx, canvas, sc ? l[d][pk][0] : NULL, l[d][pk][sc]));
+      }
+      dg_context_free(cx);
+      dg_model_free(m);
+    }
+  for (int d = 0; d < 2; d++)
+    for (int sc = 0; sc < 2; sc++)
+      if (memcmp(l[d][0][sc], l[d][1][sc], (size_t)C * V * 4))
+        fail_msg("avx512lp logits (%s, %s self-conditioning) differ with the pack", d ? "experts one by one" : "stacked",
+                 sc ? "with" : "without");
+  setenv("DGEMMA_CPU_PACK", "yes", 1);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  dg_model *m = NULL;
+  assert_int_equal(dg_model_load(q, &mp, &m), DG_ERR_INVALID_ARG);
+  assert_non_null(strstr(dg_last_error(), "DGEMMA_CPU_PACK=\"yes\""));
+  printf("# avx512lp with and without the pack (2/4/8-bit model, stacked and per-expert experts): logits "
+         "bit-identical, with and without self-conditioning\n");
+  if (ksv) setenv("DGEMMA_KERNELS", ksv, 1); else unsetenv("DGEMMA_KERNELS");
+  if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
+  free(ksv); free(psv);
+  for (int d = 0; d < 2; d++)
+    for (int pk = 0; pk < 2; pk++) free(l[d][pk][0]), free(l[d][pk][1]);
+  dg_test_rm_dir(f); dg_test_rm_dir(q); dg_test_rm_dir(pe);
+}
+
 /* The bundled small model (bf16) quantized to 8 bits, group 64.
  * Logit closeness, measured and justified: `dgemma qreport` measured over 8
  * prompts x 3 inputs a mean KL(p_bf16 || p_q8) of 1.8e-4 .. 2.5e-4 nats per
@@ -1012,6 +1082,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_kernels_avx512),
       cmocka_unit_test(test_bad_quantized),
       cmocka_unit_test(test_twin),
+      cmocka_unit_test(test_pack_model),
       cmocka_unit_test(test_quantize_output),
       cmocka_unit_test(test_quantize_nonfinite),
       cmocka_unit_test(test_small_model_q8),

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "procmem.h"
 
 static char g_tmp[256]; /* mkdtemp directory of the current test */
 
@@ -234,6 +235,48 @@ static void test_roundtrip_all_dtypes(void **state) {
   assert_null(dg_st_metadata(st, "format"));
   dg_st_close(st);
   free(block);
+}
+
+/* dg_st_drop_pages: after the pages of a tensor are dropped, RSS is lower by about the tensor's
+ * size (RssFile counts the mapping's resident pages; the file is 4 MiB, so the drop is 1024 pages
+ * less at most the 2 the tensor shares with the header and its neighbour), the tensor still
+ * reads its bytes (faulted back in from the file), and a range in caller memory
+ * (dg_st_open_memory) or outside the mappings is left alone (0 bytes). */
+static void test_drop_pages(void **state) {
+  (void)state;
+  const size_t n = (size_t)4 << 20;
+  uint8_t *d = malloc(n);
+  assert_non_null(d);
+  for (size_t i = 0; i < n; i++) d[i] = (uint8_t)(i * 131 + (i >> 12));
+  dg_tensor t = {.name = "w", .dtype = DG_U8, .ndim = 1, .shape = {(int64_t)n}, .data = d, .nbytes = n};
+  const char *path = tmp_path("drop.safetensors");
+  assert_dg_ok(dg_st_write(path, &t, 1, NULL, NULL, 0));
+  dg_safetensors *st = NULL;
+  assert_dg_ok(dg_st_open_file(path, &st));
+  const dg_tensor *w = dg_st_find(st, "w");
+  assert_non_null(w);
+  assert_memory_equal(w->data, d, n); /* every page resident */
+  const long before = dg_proc_kb("VmRSS:");
+  const size_t dropped = dg_st_drop_pages(st, w->data, n);
+  const long after = dg_proc_kb("VmRSS:"), pg = sysconf(_SC_PAGESIZE);
+  printf("# dg_st_drop_pages: %zu of %zu bytes advised, VmRSS %ld -> %ld kB\n", dropped, n, before, after);
+  assert_true(dropped >= n - 2 * (size_t)pg && dropped <= n);
+  assert_true(before - after >= (long)(dropped / 1024) * 9 / 10);
+  assert_memory_equal(w->data, d, n); /* the same bytes, from the file */
+  assert_int_equal(dg_st_drop_pages(st, d, n), 0); /* not a mapping of st */
+  assert_int_equal(dg_st_drop_pages(st, (const char *)w->data + 1, n), 0); /* past the file's end */
+  assert_int_equal(dg_st_drop_pages(NULL, w->data, n), 0);
+  dg_st_close(st);
+  size_t flen = 0;
+  char *raw = dg_test_read_file(path, &flen);
+  assert_non_null(raw);
+  assert_dg_ok(dg_st_open_memory("mem", raw, flen, &st));
+  w = dg_st_find(st, "w");
+  assert_int_equal(dg_st_drop_pages(st, w->data, n), 0); /* caller memory: never advised */
+  assert_memory_equal(w->data, d, n);
+  dg_st_close(st);
+  free(raw);
+  free(d);
 }
 
 static void test_roundtrip_empty(void **state) {
@@ -656,6 +699,7 @@ int main(void) {
     cmocka_unit_test(test_dtypes),
     cmocka_unit_test_setup_teardown(test_roundtrip_all_dtypes, setup_tmp, teardown_tmp),
     cmocka_unit_test_setup_teardown(test_roundtrip_empty, setup_tmp, teardown_tmp),
+    cmocka_unit_test_setup_teardown(test_drop_pages, setup_tmp, teardown_tmp),
     cmocka_unit_test_setup_teardown(test_reference_bytes, setup_tmp, teardown_tmp),
     cmocka_unit_test_setup_teardown(test_valid_edge_cases, setup_tmp, teardown_tmp),
     cmocka_unit_test_setup_teardown(test_sharded, setup_tmp, teardown_tmp),

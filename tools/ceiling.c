@@ -86,14 +86,13 @@ static void fill_bytes(uint8_t *p, size_t n, uint64_t seed) {
 typedef struct ce_stack {
   dg_weight w;
   void *data, *scales, *biases;
-  void *pack; /* DGEMMA_CPU_PACK=1: w.cpu_pack (cpu/pack.c), else NULL */
+  void *pack; /* w.cpu_pack where ce_pack_on (cpu/pack.c), else NULL */
 } ce_stack;
 
-/* DGEMMA_CPU_PACK=1: the quantized stacks get a packed copy for avx512lp's one-row tiles
- * (cpu/pack.c: the same bits; a second copy of the stack's bytes). */
+/* As the CPU backend (backend_cpu.c): with the avx512lp kernels and DGEMMA_CPU_PACK=1 (or its default), the quantized
+ * stacks get a pack that avx512lp's tiles read instead (cpu/pack.c: the same bits). */
 static int ce_pack_on(void) {
-  const char *v = getenv("DGEMMA_CPU_PACK");
-  return v && !strcmp(v, "1");
+  return dg_cpu_pack_wanted() == 1 && !strcmp(dg_kernels_best()->name, "avx512lp");
 }
 
 static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t seed) {
@@ -542,8 +541,8 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
            "fastest compute rate for the format: bf16 max(FMA, vdpbf16ps), quantized max(FMA, vpdpbusd, vpmaddubsw))\n\n",
            kn->name, CE_H, CE_IE, CE_E, CE_TOPK, reps, warm);
     if (ce_pack_on())
-      printf("DGEMMA_CPU_PACK=1: the quantized stacks also hold a packed copy (cpu/pack.c: 2-bit g128, 4-bit g64, 8-bit "
-             "g32) that avx512lp's one-row tiles read (calls of M < 4); same bits\n\n");
+      printf("avx512lp pack (DGEMMA_CPU_PACK): the quantized stacks are also held in the pack "
+             "(cpu/pack.c) that every avx512lp tile reads instead of the MLX layout; same bits\n\n");
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "
            "of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const double rates[4] = {rate, rbf, ri8, rub};

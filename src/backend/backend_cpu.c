@@ -16,42 +16,57 @@
 #include "base/dg_error.h"
 #include "model/model.h"
 #include "model/rowstats.h"
+#include "io/quant.h"
+#include "io/safetensors.h"
 
 /* fn over each of the model's matrices (the embedding, the self-conditioning MLP, 10 a layer), in order; stops at the
  * first status that is not DG_OK and returns it. */
-static dg_status cpu_each_weight(dg_model *m, dg_status (*fn)(dg_weight *w)) {
+static dg_status cpu_each_weight(dg_model *m, dg_status (*fn)(const dg_model *m, dg_weight *w)) {
   dg_weight *top[] = {&m->embed, &m->sc_gate, &m->sc_up, &m->sc_down};
-  for (size_t j = 0; j < sizeof top / sizeof top[0]; j++) DG_TRY(fn(top[j]));
+  for (size_t j = 0; j < sizeof top / sizeof top[0]; j++) DG_TRY(fn(m, top[j]));
   for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
     dg_layer *l = &m->layers[i];
     dg_weight *lw[] = {&l->q, &l->k, &l->v, &l->o, &l->mlp_gate, &l->mlp_up, &l->mlp_down, &l->router,
                        &l->experts_gate_up, &l->experts_down};
-    for (size_t j = 0; j < sizeof lw / sizeof lw[0]; j++) DG_TRY(fn(lw[j]));
+    for (size_t j = 0; j < sizeof lw / sizeof lw[0]; j++) DG_TRY(fn(m, lw[j]));
   }
   return DG_OK;
 }
 
-/* The packed copy of one matrix where the pack applies (cpu/pack.c: 2-bit g128, 4-bit g64, 8-bit g32). */
-static dg_status cpu_pack_one(dg_weight *w) {
-  if (!w->data || !w->bits || !dg_cpu_pack_applies(w)) return DG_OK;
+/* The pack of one matrix (cpu/pack.c: 2-, 4- and 8-bit), then its MLX bytes leave the process's memory where they
+ * are the checkpoint's mapping (dg_st_drop_pages): with the pack, the avx512lp kernels read nothing of them, and a
+ * later reader (the exact kernels' fallback when a product's scratch cannot be allocated) faults them back in from
+ * the file. Expert stacks the loader concatenated from per-expert tensors are its own memory and stay. */
+static dg_status cpu_pack_one(const dg_model *m, dg_weight *w) {
+  if (w == &m->embed || !w->data || !w->bits || !dg_cpu_pack_applies(w)) return DG_OK; /* the embedding: below */
   if (!(w->cpu_pack = dg_cpu_pack_build(w)))
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "DGEMMA_CPU_PACK=1: out of memory for the packed copy of a %lld x %lld matrix",
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "the avx512lp pack (DGEMMA_CPU_PACK): out of memory for a %lld x %lld matrix",
                      (long long)w->rows, (long long)w->cols);
+  const size_t sb = (size_t)w->rows * (size_t)(w->cols / w->group_size) * dg_dtype_size(w->sb_dtype);
+  (void)dg_st_drop_pages(m->st, w->data, (size_t)w->rows * (size_t)dg_quant_row_bytes(w->cols, w->bits));
+  (void)dg_st_drop_pages(m->st, w->scales, sb);
+  (void)dg_st_drop_pages(m->st, w->biases, sb);
   return DG_OK;
 }
-static dg_status cpu_unpack_one(dg_weight *w) {
+static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
+  (void)m;
   free((void *)w->cpu_pack);
   w->cpu_pack = NULL;
   return DG_OK;
 }
 
-/* DGEMMA_CPU_PACK=1 with the avx512lp kernels: every quantized matrix the pack applies to gets a packed copy that
- * avx512lp's one-row tiles read (calls of fewer than 4 rows per weight: the same bits). Opt-in: it costs a second copy
- * of those matrices in anonymous memory (the mmap'd originals stay, read by the other tiles). */
+/* With the avx512lp kernels and DGEMMA_CPU_PACK=1 (DG_CPU_PACK_DEFAULT when unset) every 2-, 4- or 8-bit matrix
+ * but the embedding gets a pack (cpu/pack.c) that all of avx512lp's tiles read instead of the MLX layout (the same
+ * bits; the matrix-vector products read one stream per 4 rows instead of six), and its MLX pages are dropped, so the
+ * weights take about the memory they take without the pack. The embedding is not packed: its row lookups and the soft
+ * embedding's transposed product (exact kernels) read the MLX layout, so a pack would double it. */
 static dg_status cpu_model_init(dg_model *m, int device) {
   (void)device;
-  const char *v = getenv("DGEMMA_CPU_PACK");
-  if (!v || strcmp(v, "1") || strcmp(m->kern->name, "avx512lp")) return DG_OK;
+  const int want = dg_cpu_pack_wanted();
+  if (want < 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_CPU_PACK=\"%s\" is neither 0 (no pack) nor 1 (the pack)",
+                     getenv("DGEMMA_CPU_PACK"));
+  if (!want || strcmp(m->kern->name, "avx512lp")) return DG_OK;
   return cpu_each_weight(m, cpu_pack_one);
 }
 static void cpu_model_free(dg_model *m) { (void)cpu_each_weight(m, cpu_unpack_one); }

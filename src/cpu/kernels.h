@@ -94,13 +94,37 @@ const dg_kernels *dg_kernels_avx512lp(void);
  * tested in test_kernels.c. NULL if the CPU lacks AVX2 or FMA. */
 const dg_kernels *dg_kernels_avx2lp(void);
 
-/* An opt-in copy of a quantized weight in the order avx512lp's one-row tiles read it
- * (layout and cost: cpu/pack.c). dg_cpu_pack_applies: 2-bit g128, 4-bit g64, 8-bit g32,
- * at least 4 rows. dg_cpu_pack_build returns the copy (malloc'd: the caller frees it and
- * stores it in w->cpu_pack), or NULL when it does not apply or out of memory; the kernels
- * give the same bits with it as without. */
+/* A copy of a quantized weight in the order avx512lp's tiles read it, 4 rows interleaved
+ * (layout and cost: cpu/pack.c). dg_cpu_pack_applies: 2-, 4- and 8-bit, any group size and
+ * shape. dg_cpu_pack_build returns the copy (aligned_alloc'd: the caller frees it and stores it
+ * in w->cpu_pack), or NULL when it does not apply or out of memory; avx512lp gives the same
+ * bits with it as without and, with it, reads nothing of the MLX layout's codes, scales and
+ * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). */
 int dg_cpu_pack_applies(const dg_weight *w);
-int64_t dg_cpu_pack_block_bytes(const dg_weight *w); /* bytes of one 4-row block */
+/* Whether a model run by avx512lp gets packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "1" 1,
+ * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1 (the caller refuses it). */
+#define DG_CPU_PACK_DEFAULT 0
+int dg_cpu_pack_wanted(void);
 void *dg_cpu_pack_build(const dg_weight *w);
+/* Where a quantized weight's rows are, for the tiles (once per call, not per row): pack = the
+ * weight's pack or NULL; rb = a row's packed bytes, tl = rb % 64 (the partial last step's bytes),
+ * sbrow = a row's scale (or bias) bytes, P = a pack's 4-row block's bytes (cpu/pack.c). */
+typedef struct dg_cpu_pack_geom {
+  const char *pack;
+  int64_t rb, tl, sbrow, P;
+} dg_cpu_pack_geom;
+dg_cpu_pack_geom dg_cpu_pack_geom_of(const dg_weight *w);
+/* Row r of a pack (g->pack != NULL, r < rows): byte o (a multiple of 64 below rb - tl) of its
+ * codes at *codes + 4 o, the tl bytes of the partial last step at *tail, its scales and biases
+ * (contiguous) at *sc and *bi. The one definition of the layout: cpu/pack.c writes through it. */
+static inline void dg_cpu_pack_row(const dg_cpu_pack_geom *g, int64_t r, const uint8_t **codes, const uint8_t **tail,
+                                   const char **sc, const char **bi) {
+  const char *b = g->pack + (size_t)(r >> 2) * (size_t)g->P;
+  const int64_t j = r & 3, c4 = 4 * g->rb; /* the block's codes: 4 rows' whole steps, then their tails */
+  *codes = (const uint8_t *)b + 64 * j;
+  *tail = (const uint8_t *)b + c4 - 4 * g->tl + j * g->tl;
+  *sc = b + c4 + j * g->sbrow;
+  *bi = b + c4 + (4 + j) * g->sbrow;
+}
 
 #endif

@@ -348,14 +348,46 @@ static inline __m512 load_sb(dg_dtype t, const char *p, int64_t g0, int n) {
   }
 }
 
-/* The one-activation-row tiles also prefetch the scales and biases of their rows PF1_ROWS
- * rows on (sbrow bytes a row, each array's rows contiguous), once per tile. */
-static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, int64_t sbrow) {
+/* The weight rows a tile reads (up to 4), in the MLX layout or in the weight's pack (cpu/pack.c):
+ * byte o (a multiple of 64 below rbf, the row's bytes in whole 64-byte steps) of row i's codes is
+ * at row[i] + (o << ls), ls = 0 in the MLX layout, 2 in the pack (4 rows interleaved 64 bytes at a
+ * time); a partial last step's bytes (o = rbf) at tail[i] (row[i] + rbf in the MLX layout, after
+ * the 4 rows' whole steps in the pack); sc[i], bi[i]: the row's scales and biases (contiguous in
+ * both). Either way the tiles load the same codes, scales and biases, so they give the same bits.
+ * pf, pf1: bytes from a code address to the one its tile prefetches (0 = none), the same row of a
+ * later 4-row block: PF_ROWS rows on for the tiles of 4 activation rows, PF1_ROWS (MLX) or
+ * PK1_BLOCKS / PK1S_BLOCKS blocks (pack) for the one-row tiles; pfs1: the same for the one-row
+ * tiles' scales and biases. */
+typedef struct lp_rows {
+  const uint8_t *row[4], *tail[4];
+  const char *sc[4], *bi[4];
+  dg_dtype sbt;
+  int ls;
+  int64_t rbf, pf, pf1, pfs1;
+} lp_rows;
+/* The tiles' view of an lp_rows: the scales' and biases' fields (LP_SB_LOCALS) or all of them
+ * (LP_ROWS_LOCALS) as locals; WADDR(i, o): byte o of row i, o < rbf (a whole step); WADDRP(i, o):
+ * any step's, the partial last one's too. */
+#define LP_SB_LOCALS                                                                                         \
+  const char *const *sc = wr->sc, *const *bi = wr->bi;                                                       \
+  const dg_dtype sbt = wr->sbt;
+#define LP_ROWS_LOCALS                                                                                       \
+  LP_SB_LOCALS                                                                                               \
+  const uint8_t *const *rows = wr->row, *const *tails = wr->tail;                                            \
+  const int ls = wr->ls;                                                                                     \
+  const int64_t rbf = wr->rbf;
+#define WADDR(i, o) (rows[i] + ((int64_t)(o) << ls))
+#define WADDRP(i, o) ((o) < rbf ? WADDR(i, o) : tails[i])
+
+/* The one-activation-row tiles also prefetch the scales and biases of their rows (wr->pfs1
+ * bytes on, sbrow bytes a row), once per tile. */
+static inline void pf_sb(const lp_rows *wr, int rt, int64_t sbrow) {
+  if (!wr->pfs1) return;
   for (int i = 0; i < rt; i++)
     for (int64_t off = 0; off < sbrow + 63; off += 64) {
-      const int64_t o = PF1_ROWS * sbrow + (off < sbrow ? off : sbrow - 1);
-      _mm_prefetch(sc[i] + o, PF1_HINT);
-      _mm_prefetch(bi[i] + o, PF1_HINT);
+      const int64_t o = wr->pfs1 + (off < sbrow ? off : sbrow - 1);
+      _mm_prefetch(wr->sc[i] + o, PF1_HINT);
+      _mm_prefetch(wr->bi[i] + o, PF1_HINT);
     }
 }
 
@@ -383,10 +415,15 @@ static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, i
   int32_t idx[16];                                                                                           \
   for (int i = 0; i < 16; i++) idx[i] = cps >= G ? (i * (cps / 16)) >> lg : 0;                               \
   const __m512i gi = _mm512_loadu_si512(idx);
-#define VTILE(B, RT, TT)                                                                                     \
-  static void vtile_##B##_##RT##x##TT(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
-                                      const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
-                                      dg_dtype sbt, const int8_t *pw) {                                      \
+/* LS: the code addresses' shift (lp_rows.ls) as a constant, 0 (MLX layout) or 2 (pack), so that
+ * the step addresses are pointer increments (these tiles are compute bound: a shift by a
+ * variable, an add and a compare per load and row cost ~10 % at M = 8 on the down product). */
+#define VTILE(B, RT, TT, LS, NAME)                                                                           \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
+    LP_SB_LOCALS                                                                                             \
+    const uint8_t *const *rows = wr->row, *const *tails = wr->tail;                                          \
+    const int64_t rbf = wr->rbf;                                                                             \
+    enum { ls = LS };                                                                                        \
     VTILE_PROLOGUE(B)                                                                                        \
     const int gps = cps >= G ? cps >> lg : 1; /* groups per step */                                          \
     const int8_t *xq[TT];                                                                                    \
@@ -403,8 +440,9 @@ static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, i
       const __mmask64 lm = rb - byte0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (rb - byte0)) - 1);         \
       const int ngs = (int)(ng - g0 < gps ? ng - g0 : gps);                                                  \
       UNROLL for (int i = 0; i < RT; i++) {                                                                  \
-        const __m512i raw = _mm512_maskz_loadu_epi8(lm, rows[i] + byte0);                                   \
-        _mm_prefetch((const char *)rows[i] + byte0 + PF_ROWS * rb, PF_HINT); /* the next block's row */  \
+        const uint8_t *wp = WADDRP(i, byte0);                                                                \
+        const __m512i raw = _mm512_maskz_loadu_epi8(lm, wp);                                                 \
+        if (wr->pf) _mm_prefetch((const char *)wp + wr->pf, PF_HINT); /* the next block's row */             \
         const __m512 s = _mm512_permutexvar_ps(gi, load_sb(sbt, sc[i], g0, ngs));                            \
         __m512i wc[8 / B];                                                                                   \
         UNROLL for (int u = 0; u < nsub; u++) wc[u] = B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm); \
@@ -426,16 +464,16 @@ static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, i
  * vector product per row: the same fp32 product, so the same bits) and each step takes
  * its lanes' factors with one permute of that register. Lanes past K: s = d = 0 in both. */
 #define VTILE1(B, RT)                                                                                        \
-  static void vtile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                     \
-                                   const uint8_t *const *rows, const char *const *sc, const char *const *bi, \
-                                   dg_dtype sbt, const int8_t *pw) {                                         \
+  static void vtile_##B##_##RT##x1(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr,   \
+                                   const int8_t *pw) {                                                       \
     enum { TT = 1 };                                                                                         \
+    LP_ROWS_LOCALS                                                                                           \
     VTILE_PROLOGUE(B)                                                                                        \
     const int8_t *xq = xb->q + (size_t)t0 * (size_t)steps * (size_t)nsub * 64;                               \
     const float *xg = xb->dg + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
     UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
-    if (PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                                           \
+    pf_sb(wr, RT, ng * (sbt == DG_F32 ? 4 : 2));                                                             \
     for (int64_t g16 = 0; g16 < ng; g16 += 16) { /* 16 groups: whole steps, as 16 G is a multiple of cps */ \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       const __m512 dv = _mm512_load_ps(xg + g16);                                                            \
@@ -447,8 +485,9 @@ static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, i
         const __mmask64 lm = rb - byte0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (rb - byte0)) - 1);       \
         const __m512i li = _mm512_add_epi32(gi, _mm512_set1_epi32((int)(((st * cps) >> lg) - g16)));         \
         UNROLL for (int i = 0; i < RT; i++) {                                                                \
-          const __m512i raw = _mm512_maskz_loadu_epi8(lm, rows[i] + byte0);                                 \
-          if (PF1_ROWS) _mm_prefetch((const char *)rows[i] + byte0 + PF1_ROWS * rb, PF1_HINT);             \
+          const uint8_t *wp = WADDRP(i, byte0);                                                              \
+          const __m512i raw = _mm512_maskz_loadu_epi8(lm, wp);                                               \
+          if (wr->pf1) _mm_prefetch((const char *)wp + wr->pf1, PF1_HINT);                                   \
           __m512i isum = _mm512_setzero_si512();                                                             \
           UNROLL for (int u = 0; u < nsub; u++)                                                              \
             isum = _mm512_dpbusd_epi32(isum, B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm), \
@@ -459,7 +498,9 @@ static inline void pf_sb(const char *const *sc, const char *const *bi, int rt, i
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-#define VTILES(B) VTILE(B, 4, 4) VTILE1(B, 4) VTILE(B, 1, 4) VTILE1(B, 1)
+#define VTILES(B)                                                                                            \
+  VTILE(B, 4, 4, 0, vtile_##B##_4x4) VTILE1(B, 4) VTILE(B, 1, 4, 0, vtile_##B##_1x4) VTILE1(B, 1)               \
+  VTILE(B, 4, 4, 2, vtilepk_##B##_4x4) VTILE(B, 1, 4, 2, vtilepk_##B##_1x4)
 VTILES(2)
 VTILES(4)
 VTILES(8)
@@ -475,15 +516,17 @@ VTILES(8)
  * Lanes past the last group load zero codes, s = d = 0. The loads of a partial last block
  * are masked (never past the row).
  * t_load: row's block blk, transposed, into v[0 .. N); t_unpack: plane u of one of them. */
-static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const uint8_t *row, int64_t blk, int64_t rb,
-                                                         int64_t pf) {
+static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, const lp_rows *wr, int i, int ls, int64_t blk,
+                                                         int64_t rb, int64_t pf) {
+  const uint8_t *row = wr->row[i]; /* ls: wr->ls, a constant in each tile (LS) */
   const int64_t byte0 = blk * N * 64;
   const int full = byte0 + 64 * N <= rb; /* all blocks but a partial last one */
   _Pragma("GCC unroll 8") for (int k = 0; k < N; k++) {
     const int64_t r = rb - byte0 - 64 * k;
     const __mmask64 lm = r >= 64 ? ~(__mmask64)0 : r <= 0 ? 0 : (((__mmask64)1 << r) - 1);
-    v[k] = full ? _mm512_loadu_si512(row + byte0 + 64 * k) : _mm512_maskz_loadu_epi8(lm, row + byte0 + 64 * k);
-    if (pf) _mm_prefetch((const char *)row + byte0 + 64 * k + pf, PF_HINT); /* a later block's row */
+    const uint8_t *a = full || r >= 64 ? row + ((byte0 + 64 * k) << ls) : wr->tail[i]; /* lp_rows */
+    v[k] = full ? _mm512_loadu_si512(a) : _mm512_maskz_loadu_epi8(lm, a);
+    if (pf) _mm_prefetch((const char *)a + pf, PF_HINT); /* a later block's row */
   }
   tr_dwords(v, N);
 }
@@ -506,19 +549,19 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
 /* PREP 0: each tile transposes its rows' blocks itself (t_load); PREP 1: it reads them from
  * pw, the 4 rows' blocks transposed once by tprep (vnni_rows, T >= TPREP_MIN_T): the same
  * codes, so the same bits. Either way the tile unpacks them (4-bit: one AND a plane). */
-#define TTILE(B, N, RT, TT, PREP, NAME)                                                                      \
-  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
-                   const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw) {           \
+#define TTILE(B, N, RT, TT, PREP, LS, NAME)                                                                  \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
     enum { NSUB = 8 / B, BLK = N * 64 /* packed bytes of a block */ };                                      \
-    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = (TT == 1 ? PF1_ROWS : PF_ROWS) * rb; \
+    LP_SB_LOCALS                                                                                             \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = TT == 1 ? wr->pf1 : wr->pf;        \
     TTILE_PROLOGUE(N, RT, TT)                                                                                \
-    if (TT == 1 && PF1_ROWS) pf_sb(sc, bi, RT, ng * (sbt == DG_F32 ? 4 : 2));                               \
+    if (TT == 1) pf_sb(wr, RT, ng * (sbt == DG_F32 ? 4 : 2));                                                \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
       const int64_t g16 = blk * 16;                                                                          \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                    \
       UNROLL for (int i = 0; i < RT; i++) {                                                                  \
         __m512i v[N];                                                                                        \
-        if (!PREP) t_load(v, N, rows[i], blk, rb, pf);                                                       \
+        if (!PREP) t_load(v, N, wr, i, LS, blk, rb, pf);                                                     \
         else UNROLL for (int k = 0; k < N; k++) v[k] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
         __m512i isum[TT], ihi[TT];                                                                           \
         const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
@@ -549,13 +592,13 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
 /* The 4 rows' blocks of a tile row, transposed (still packed: half the bytes of the unpacked
  * codes at 4 bits, and the tiles' AND is cheaper than a load): pw[i][blk][k][64], k < N
  * (prefetching as the 4x4 tile). */
-#define TPREP(B, N)                                                                                          \
-  static void tprep_##B##_##N(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows) {                   \
+#define TPREP(B, N, LS, NAME)                                                                                \
+  static void NAME(int8_t *pw, const qx_buf *xb, const lp_rows *wr) {                                        \
     const int64_t rb = xb->K * B / 8;                                                                        \
     for (int i = 0; i < 4; i++)                                                                              \
       for (int64_t blk = 0; blk < xb->nblk; blk++) {                                                         \
         __m512i v[N];                                                                                        \
-        t_load(v, N, rows[i], blk, rb, PF_ROWS * rb);                                                        \
+        t_load(v, N, wr, i, LS, blk, rb, wr->pf);                                                            \
         UNROLL for (int k = 0; k < N; k++) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k]); \
       }                                                                                                      \
   }
@@ -568,10 +611,10 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
  * sums: the integers of TTILE, then the same fp32 operations in the same order, so the
  * same bits. */
 #define TTILEP44(B, N)                                                                                       \
-  static void ttilep_##B##_##N##_4x4(float *y, int64_t ldy, const qx_buf *xb, int64_t t0,                  \
-                                     const uint8_t *const *rows, const char *const *sc,                     \
-                                     const char *const *bi, dg_dtype sbt, const int8_t *pw) {               \
+  static void ttilep_##B##_##N##_4x4(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, \
+                                     const int8_t *pw) {                                                    \
     enum { RT = 4, TT = 4, NSUB = 8 / B, BLK = N * 64 };                                                     \
+    LP_SB_LOCALS                                                                                             \
     const int64_t ng = xb->ng, nblk = xb->nblk;                                                              \
     TTILE_PROLOGUE(N, RT, TT)                                                                                \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
@@ -601,10 +644,16 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
+/* Each format's tiles that read the weights twice: LS = 0 for the MLX layout (ttile_, tprep_), 2
+ * for the pack (ttilek_, tprepk_; lp_rows: the shift a constant, as VTILE's); the tiles on
+ * prepared rows read pw only. */
 #define TTILES(B, N)                                                                                         \
-  TTILE(B, N, 4, 4, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, ttile_##B##_##N##_4x1)                    \
-  TTILE(B, N, 1, 4, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, ttile_##B##_##N##_1x1)                    \
-  TTILEP44(B, N) TTILE(B, N, 4, 1, 1, ttilep_##B##_##N##_4x1) TPREP(B, N)
+  TTILE(B, N, 4, 4, 0, 0, ttile_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, 0, ttile_##B##_##N##_4x1)              \
+  TTILE(B, N, 1, 4, 0, 0, ttile_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, 0, ttile_##B##_##N##_1x1)              \
+  TTILE(B, N, 4, 4, 0, 2, ttilek_##B##_##N##_4x4) TTILE(B, N, 4, 1, 0, 2, ttilek_##B##_##N##_4x1)            \
+  TTILE(B, N, 1, 4, 0, 2, ttilek_##B##_##N##_1x4) TTILE(B, N, 1, 1, 0, 2, ttilek_##B##_##N##_1x1)            \
+  TTILEP44(B, N) TTILE(B, N, 4, 1, 1, 0, ttilep_##B##_##N##_4x1)                                             \
+  TPREP(B, N, 0, tprep_##B##_##N) TPREP(B, N, 2, tprepk_##B##_##N)
 TTILES(2, 2) /* g32 */
 TTILES(2, 4) /* g64 */
 TTILES(2, 8) /* g128 */
@@ -624,39 +673,38 @@ TTILES(8, 8) /* g32 */
  * codes are loaded once for the RT rows (TTILE loads them per row: 24 vector loads per
  * row and block against 12 here), and the tree's rounds run as their inputs arrive. The
  * integer sums are exact, so isum is the same integer as TTILE's and the same fp32
- * operations follow: the bits of TTILE, for every row. With PACK (4 rows, the weight's
- * cpu_pack: cpu/pack.c) the same codes, scales and biases come from the 4-row block's
- * packed bytes in the order used here (a partial last step zero padded, as the masked load
- * reads it): the same bits again, from one stream instead of six. */
-/* NTILE on a pack (PACK = 1, w->cpu_pack: cpu/pack.c): one stream per thread, which the
- * hardware prefetcher follows; PK_PF bytes on it are prefetched as well (0 = none). 2-core
- * Zen 4 EPYC, 4-bit [1408, 2816] over a 64-expert stack, -t 2, active wait, loaded (load
- * 5.4-5.8), per-call p50 of 2688 calls, two alternations (docs/results/cpu-s17/rb17_pack.txt):
- * none 0.047 / 0.072 ms, 1024: 4.5 (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
-#ifndef PK_PF
-#define PK_PF 0
+ * operations follow: the bits of TTILE, for every row. On a pack (lp_rows, ls = 2) the
+ * 4 rows of a block are one stream, which the hardware prefetcher follows. */
+/* NTILE's prefetch on a pack: PK1_BLOCKS 4-row blocks on (0 = none). 2-core Zen 4
+ * EPYC, 4-bit [1408, 2816] over a 64-expert stack, -t 2, active wait, loaded (load 5.4-5.8),
+ * per-call p50 of 2688 calls, two alternations (docs/results/cpu-s17/rb17_pack.txt, session 17's
+ * layout: the scales inside each block of 16 groups): none 0.047 / 0.072 ms, 1024 bytes on 4.5
+ * (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
+/* Session 18's layout (d2f3587, idle, side-by-side, 3 alternations, avx512lp GFLOP/s medians: no prefetch /
+ * 4 blocks on for both families): gate/up M = 1 132 / 77, down 110 / 63 (docs/results/cpu-s18/pk18_w2_*). */
+#ifndef PK1_BLOCKS
+#define PK1_BLOCKS 0
 #endif
-#define NTILE(B, RT, PACK, NAME)                                                                             \
-  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,          \
-                   const char *const *sc, const char *const *bi_, dg_dtype sbt, const int8_t *pw) {          \
+/* The same for the other one-row tiles on a pack (VTILE1 by step, TTILE 4x1 / 1x1 transposed at n = 2 or 4). */
+#ifndef PK1S_BLOCKS
+#define PK1S_BLOCKS 0
+#endif
+#define NTILE(B, RT, NAME)                                                                                   \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
     enum { TT = 1, N = 8, NSUB = 8 / B };                                                                    \
-    /* PACK (RT = 4): the 4 rows' codes, scales and biases from pw, their 4-row block of w->cpu_pack \
-     * (cpu/pack.c), read in order: one stream; else from the MLX layout */                                \
+    LP_ROWS_LOCALS                                                                                           \
     const int64_t esz = sbt == DG_F32 ? 4 : 2;                                                               \
-    const char *pp = (const char *)pw, *bi[RT];                                                              \
-    UNROLL for (int i = 0; i < RT; i++) bi[i] = PACK ? pp + dg_cpu_pack_block_bytes_k(xb, esz) - (RT - i) * xb->ng * esz : bi_[i]; \
-    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = PF1_ROWS * rb;                      \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = wr->pf1;                            \
     const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); \
     const int8_t *xq = xb->q + (size_t)t0 * (size_t)nblk * N * NSUB * 64;                                    \
     const float *xg = xb->dp + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
     __m512 acc[RT][1];                                                                                       \
     UNROLL for (int i = 0; i < RT; i++) acc[i][0] = _mm512_setzero_ps();                                     \
-    if (PF1_ROWS && !PACK) pf_sb(sc, bi, RT, ng * esz);                                                      \
+    pf_sb(wr, RT, ng * esz);                                                                                 \
     for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
       const int64_t g16 = blk * 16, byte0 = blk * N * 64;                                                    \
       const int n = (int)(ng - g16 < 16 ? ng - g16 : 16), full = byte0 + 64 * N <= rb;                       \
-      const int ns = rb - byte0 >= 64 * N ? N : (int)((rb - byte0 + 63) / 64); /* PACK: the block's steps */  \
       const int8_t *xr = xq + blk * N * NSUB * 64;                                                           \
       /* step by step, all RT rows: each step's codes loaded once; the tree's rounds as soon as their \
        * inputs are there (w: pairs of steps, x2: quads), so that few sums are live */                      \
@@ -670,11 +718,9 @@ TTILES(8, 8) /* g32 */
           __m512i xv[NSUB];                                                                                  \
           UNROLL for (int u = 0; u < NSUB; u++) xv[u] = _mm512_load_si512(xr + (m * NSUB + u) * 64);         \
           UNROLL for (int i = 0; i < RT; i++) {                                                              \
-            const uint8_t *wp = PACK ? (const uint8_t *)pp + (4 * m + i) * 64 : rows[i] + byte0 + 64 * m;   \
-            const __m512i v = PACK ? (m < ns ? _mm512_loadu_si512(wp) : _mm512_setzero_si512())              \
-                                   : full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);       \
-            if (pf && !PACK) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                  \
-            if (PACK && PK_PF) _mm_prefetch((const char *)wp + PK_PF, PF1_HINT);                             \
+            const uint8_t *wp = full ? WADDR(i, byte0 + 64 * m) : WADDRP(i, byte0 + 64 * m);                 \
+            const __m512i v = full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);              \
+            if (pf) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                           \
             ps[i][h] = _mm512_setzero_si512();                                                               \
             UNROLL for (int u = 0; u < NSUB; u++) ps[i][h] = _mm512_dpbusd_epi32(ps[i][h], t_unpack(v, B, u), xv[u]); \
           }                                                                                                  \
@@ -689,45 +735,71 @@ TTILES(8, 8) /* g32 */
         /* x2[i][q] chunk c, lane j: chunk c's sum of step 4 q + j; a group = chunks (0, 1) or (2, 3) */     \
         const __m512i isum = _mm512_add_epi32(_mm512_permutex2var_epi64(x2[i][0], lo, x2[i][1]),            \
                                               _mm512_permutex2var_epi64(x2[i][0], hi, x2[i][1]));           \
-        const __m512 s = _mm512_permutexvar_ps(pg, PACK ? load_sb(sbt, pp + ns * 256 + i * n * esz, 0, n)      \
-                                                        : load_sb(sbt, sc[i], g16, n));                      \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
         acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
       }                                                                                                      \
-      if (PACK) pp += ns * 256 + 4 * n * esz;                                                                \
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
-/* dg_cpu_pack_block_bytes of the call's weight, from its qx_buf (the same K, B and G) */
-static inline int64_t dg_cpu_pack_block_bytes_k(const qx_buf *xb, int64_t esz) {
-  const int64_t rb = xb->K * xb->B / 8;
-  int64_t p = 0;
-  for (int64_t blk = 0; blk < xb->nblk; blk++) p += rb - blk * 512 >= 512 ? 8 * 256 : (rb - blk * 512 + 63) / 64 * 256;
-  return p + 8 * xb->ng * esz;
-}
-NTILE(2, 4, 0, ntile_2_4x1) NTILE(2, 1, 0, ntile_2_1x1) NTILE(2, 4, 1, ntilepk_2_4x1) /* g128 */
-NTILE(4, 4, 0, ntile_4_4x1) NTILE(4, 1, 0, ntile_4_1x1) NTILE(4, 4, 1, ntilepk_4_4x1) /* g64 */
-NTILE(8, 4, 0, ntile_8_4x1) NTILE(8, 1, 0, ntile_8_1x1) NTILE(8, 4, 1, ntilepk_8_4x1) /* g32 */
+NTILE(2, 4, ntile_2_4x1) NTILE(2, 1, ntile_2_1x1) /* g128 */
+NTILE(4, 4, ntile_4_4x1) NTILE(4, 1, ntile_4_1x1) /* g64 */
+NTILE(8, 4, ntile_8_4x1) NTILE(8, 1, ntile_8_1x1) /* g32 */
 
-typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const uint8_t *const *rows,
-                         const char *const *sc, const char *const *bi, dg_dtype sbt, const int8_t *pw);
-typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const uint8_t *const *rows);
+typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw);
+typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const lp_rows *wr);
 /* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
  * (NULL: none)], the preparation of 4 rows, and 4x1, 1x1 on the natural layout (NULL: none). */
-typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; vtile_fn natpk; } vtiles;
-#define TTROW(B, N, NAT4, NAT1, NATPK)                                                                       \
-  {{ttile_##B##_##N##_4x4, ttile_##B##_##N##_4x1, ttile_##B##_##N##_1x4, ttile_##B##_##N##_1x1,              \
-    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, tprep_##B##_##N, {NAT4, NAT1}, NATPK}
-#define SROW(B) {{vtile_##B##_4x4, vtile_##B##_4x1, vtile_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}, NULL}
-/* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step). */
-static const vtiles *vtile_table(int B, int tr_n) {
-  static const vtiles T2[4] = {SROW(2), TTROW(2, 2, NULL, NULL, NULL), TTROW(2, 4, NULL, NULL, NULL),
-                               TTROW(2, 8, ntile_2_4x1, ntile_2_1x1, ntilepk_2_4x1)},
-                      T4[3] = {SROW(4), TTROW(4, 4, NULL, NULL, NULL), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1, ntilepk_4_4x1)},
-                      T8[2] = {SROW(8), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1, ntilepk_8_4x1)};
-  if (B == 2) return &T2[tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
-  if (B == 4) return &T4[tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
-  return &T8[tr_n ? 1 : 0];
+typedef struct vtiles { vtile_fn f[6]; tprep_fn prep; vtile_fn nat[2]; } vtiles;
+#define TTROW(B, N, NAT4, NAT1, T, P)                                                                        \
+  {{T##_##B##_##N##_4x4, T##_##B##_##N##_4x1, T##_##B##_##N##_1x4, T##_##B##_##N##_1x1,                      \
+    ttilep_##B##_##N##_4x4, ttilep_##B##_##N##_4x1}, P##_##B##_##N, {NAT4, NAT1}}
+#define SROW(B, V) {{V##_##B##_4x4, vtile_##B##_4x1, V##_##B##_1x4, vtile_##B##_1x1, NULL, NULL}, NULL, {NULL, NULL}}
+/* The tiles of B-bit codes in the layout of xb (transposed with n = xb->tr_n, or by step; pk: on
+ * the weight's pack). */
+static const vtiles *vtile_table(int B, int tr_n, int pk) {
+  static const vtiles T2[2][4] = {{SROW(2, vtile), TTROW(2, 2, NULL, NULL, ttile, tprep), TTROW(2, 4, NULL, NULL, ttile, tprep),
+                                   TTROW(2, 8, ntile_2_4x1, ntile_2_1x1, ttile, tprep)},
+                                  {SROW(2, vtilepk), TTROW(2, 2, NULL, NULL, ttilek, tprepk), TTROW(2, 4, NULL, NULL, ttilek, tprepk),
+                                   TTROW(2, 8, ntile_2_4x1, ntile_2_1x1, ttilek, tprepk)}},
+                      T4[2][3] = {{SROW(4, vtile), TTROW(4, 4, NULL, NULL, ttile, tprep), TTROW(4, 8, ntile_4_4x1, ntile_4_1x1, ttile, tprep)},
+                                  {SROW(4, vtilepk), TTROW(4, 4, NULL, NULL, ttilek, tprepk),
+                                   TTROW(4, 8, ntile_4_4x1, ntile_4_1x1, ttilek, tprepk)}},
+                      T8[2][2] = {{SROW(8, vtile), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1, ttile, tprep)},
+                                  {SROW(8, vtilepk), TTROW(8, 8, ntile_8_4x1, ntile_8_1x1, ttilek, tprepk)}};
+  pk = pk != 0;
+  if (B == 2) return &T2[pk][tr_n == 2 ? 1 : tr_n == 4 ? 2 : tr_n == 8 ? 3 : 0];
+  if (B == 4) return &T4[pk][tr_n == 4 ? 1 : tr_n == 8 ? 2 : 0];
+  return &T8[pk][tr_n ? 1 : 0];
 }
+
+/* Rows [r0, r0 + rt) of w as the tiles read them (lp_rows), g its geometry (dg_cpu_pack_geom_of,
+ * once per call): from g->pack, w's pack, where it has one, else from the MLX layout; nat: the
+ * call's one-row tiles are NTILE (for the pack's prefetch distance). */
+static inline void lp_rows_of(lp_rows *s, const dg_weight *w, const dg_cpu_pack_geom *g, int nat, int64_t r0, int64_t rt) {
+  for (int i = 0; i < rt; i++) {
+    const int64_t r = r0 + i;
+    if (g->pack) {
+      dg_cpu_pack_row(g, r, &s->row[i], &s->tail[i], &s->sc[i], &s->bi[i]);
+      continue;
+    }
+    s->row[i] = (const uint8_t *)w->data + (size_t)r * (size_t)g->rb;
+    s->tail[i] = s->row[i] + g->rb - g->tl;
+    s->sc[i] = (const char *)w->scales + (size_t)r * (size_t)g->sbrow;
+    s->bi[i] = (const char *)w->biases + (size_t)r * (size_t)g->sbrow;
+  }
+  s->sbt = w->sb_dtype;
+  s->rbf = g->rb - g->tl;
+  s->ls = g->pack ? 2 : 0;
+  if (g->pack) { /* the same row of a later 4-row block: P bytes a block */
+    s->pf = PF_ROWS / 4 * g->P;
+    s->pf1 = s->pfs1 = (nat ? PK1_BLOCKS : PK1S_BLOCKS) * g->P; /* NTILE or the other one-row tiles */
+  } else {
+    s->pf = PF_ROWS * g->rb;
+    s->pf1 = PF1_ROWS * g->rb;
+    s->pfs1 = PF1_ROWS * g->sbrow;
+  }
+}
+_Static_assert(PF_ROWS % 4 == 0, "PF_ROWS: whole 4-row blocks (the pack's prefetch is PF_ROWS / 4 blocks on)");
 
 /* Activation rows from which a 4-row block's transposed weights are written once (per
  * thread, DG_KSCRATCH_LPW) and read by every tile instead of each tile redoing them.
@@ -746,37 +818,30 @@ static const vtiles *vtile_table(int B, int tr_n) {
 #define TPREP_MIN_T 5
 #endif
 
-static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w, int64_t r0,
-                      int64_t rt) {
-  const uint8_t *rows[4];
-  const char *sc[4], *bi[4];
-  for (int i = 0; i < rt; i++) dg_quant_row_ptrs(w, r0 + i, &rows[i], &sc[i], &bi[i]);
-  const vtiles *vt = vtile_table(w->bits, xb->tr_n);
+static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
+                      const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
+  lp_rows wr;
+  lp_rows_of(&wr, w, g, xb->nat, r0, rt);
+  const vtiles *vt = vtile_table(w->bits, xb->tr_n, g->pack != NULL);
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
-  const dg_dtype sbt = w->sb_dtype;
   int64_t t = 0;
-  if (rt == 4 && xb->nat && vt->natpk && w->cpu_pack && r0 % 4 == 0) { /* the one-row tile on w's pack (T < 4) */
-    const int8_t *pk = (const int8_t *)w->cpu_pack + (size_t)(r0 / 4) * (size_t)dg_cpu_pack_block_bytes(w);
-    for (; t < T; t++) vt->natpk(y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pk);
-    return;
-  }
   if (rt == 4) {
     int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64) : NULL;
     if (pw) { /* 4 rows x nblk blocks of n 64-byte vectors (NULL when out of memory: the tiles that transpose) */
-      vt->prep(pw, xb, rows);
+      vt->prep(pw, xb, &wr);
       tf += 4;
     }
-    for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
-    for (; t < T; t++) (pw ? tf[1] : f41)(y + t * ldy, ldy, xb, t0 + t, rows, sc, bi, sbt, pw);
+    for (; t + 4 <= T; t += 4) tf[0](y + t * ldy, ldy, xb, t0 + t, &wr, pw);
+    for (; t < T; t++) (pw ? tf[1] : f41)(y + t * ldy, ldy, xb, t0 + t, &wr, pw);
     return;
   }
   for (int i = 0; i < rt; i++) {
-    const uint8_t *r1[1] = {rows[i]};
-    const char *s1[1] = {sc[i]}, *b1[1] = {bi[i]};
+    lp_rows w1 = wr; /* row i alone */
+    w1.row[0] = wr.row[i], w1.tail[0] = wr.tail[i], w1.sc[0] = wr.sc[i], w1.bi[0] = wr.bi[i];
     int64_t tt = 0;
-    for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
-    for (; tt < T; tt++) f11(y + tt * ldy + i, ldy, xb, t0 + tt, r1, s1, b1, sbt, NULL);
+    for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, &w1, NULL);
+    for (; tt < T; tt++) f11(y + tt * ldy + i, ldy, xb, t0 + tt, &w1, NULL);
   }
 }
 
@@ -789,7 +854,7 @@ static int lp_kind(const dg_weight *w) {
 
 /* The activations of a call in the form its weight format wants, in the calling thread's
  * scratch (scratch.h: nothing to free; valid until its next low-precision product). */
-typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; } lp_x;
+typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; dg_cpu_pack_geom g; } lp_x;
 
 static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, int64_t T_max, const dg_weight *w,
                       int n_threads) {
@@ -801,13 +866,14 @@ static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T,
     x_to_bf16(x, ldx, T, w->cols, p->Kp, p->xb, n_threads);
     return 0;
   }
+  p->g = dg_cpu_pack_geom_of(w); /* where the rows are (the pack or the MLX layout), once per call */
   return qx_quantize(&p->q, x, ldx, T, T_max, w->cols, w->bits, w->group_size, n_threads);
 }
 
 static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
                      int64_t r0, int64_t rt) {
   if (kind == 1) bf16_rows(y, ldy, p->xb + t0 * p->Kp, p->Kp, T, w, r0, rt);
-  else vnni_rows(y, ldy, &p->q, t0, T, w, r0, rt);
+  else vnni_rows(y, ldy, &p->q, t0, T, w, &p->g, r0, rt);
 }
 
 static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t row0,

@@ -1,70 +1,71 @@
-/* pack.c: an opt-in copy of an MLX affine weight laid out for avx512lp's one-row tiles
- * (the matvec, M < 4: ntile in cpu/matmul_avx512lp.c), so that each thread reads one
- * stream instead of the MLX layout's six (4 rows of codes, the scales, the biases).
+/* pack.c: a copy of an MLX affine weight laid out for avx512lp's tiles (cpu/matmul_avx512lp.c),
+ * so that a thread reads one stream per 4 rows instead of the MLX layout's six (4 rows of
+ * codes, the scales, the biases). Built by the CPU backend for avx512lp (backend_cpu.c:
+ * DGEMMA_CPU_PACK=1), which then lets the MLX bytes leave the process's memory.
  *
- * Which weights: 2-bit g128, 4-bit g64, 8-bit g32 (8 packed dwords a group, the tiles'
- * n = 8), at least 4 rows. Rows are taken 4 at a time (4-row block b: rows 4 b .. 4 b + 3;
- * a last block of fewer rows is not packed and is read from the MLX layout). Block b's
- * bytes start at b * dg_cpu_pack_block_bytes(w) and hold, per block of 16 groups blk
- * (16 G codes = 512 packed bytes a row; n = min(16, ng - 16 blk) groups):
- *   ns = min(8, ceil((row bytes - 512 blk) / 64)) steps, each 4 rows x 64 packed bytes
- *   (step m of row i at (4 m + i) 64; a partial last step zero padded, as the tile's
- *   masked load reads it),
- *   then the 4 rows' n scales (row i at i n, the weight's sb dtype);
- * and after the last blk the 4 rows' ng biases (row i at i ng). The same codes, scales and
- * biases as the MLX layout, only moved: the tiles compute the same integers and the same
- * fp32 operations from them, so the bits do not change (tests/test_kernels.c).
+ * Which weights: 2-, 4- and 8-bit, any group size (the formats of avx512lp's VNNI tiles).
+ * Rows are taken 4 at a time: 4-row block b holds rows 4 b .. 4 b + 3 (a last block of
+ * fewer rows is zero past the matrix's last row) at b P (P: dg_cpu_pack_geom). With rb
+ * the row's packed bytes, S = floor(rb / 64) whole 64-byte steps and a tail of t = rb - 64 S
+ * bytes (0 .. 63), a block holds
+ *   step s of row i at (4 s + i) 64 (s < S): the row's bytes [64 s, 64 s + 64);
+ *   row i's tail at 256 S + i t: its last t bytes (which the tiles read with a masked load);
+ *   the 4 rows' ng scales (row i at 256 S + 4 t + i ng esz, the weight's sb dtype);
+ *   the 4 rows' ng biases (row i at 256 S + 4 t + (4 + i) ng esz);
+ *   zeros up to a multiple of 64 bytes (each block starts on a cache line).
+ * So byte o < 64 S of row i's codes is at (row i's start) + 4 o, its tail, scales and biases
+ * are contiguous as in the MLX layout (dg_cpu_pack_row, kernels.h): the tiles read the same codes,
+ * scales and biases, compute the same integers and the same fp32 operations from them, so the
+ * bits do not change (tests/test_kernels.c).
  *
- * Cost: a second copy of the packed matrices (as many bytes as their codes, scales and
- * biases, plus the zero padding of partial steps: none at the 26B's shapes) in anonymous
- * memory; the MLX copy stays for every other reader (writers, quantize, the CUDA upload,
- * the other tiles). */
+ * Cost: the bytes of the codes, scales and biases plus under 64 a block (the 26B's 4-bit g64
+ * experts: none for gate/up, rows of 1408 bytes and 44 bf16 scales; 16 bytes on 1584, 1%, for
+ * down, rows of 352 and 11), in anonymous memory. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/kernels.h"
 #include "io/quant.h"
 
-int dg_cpu_pack_applies(const dg_weight *w) {
-  return w->bits && (w->bits == 2 || w->bits == 4 || w->bits == 8) && w->group_size * w->bits == 256 &&
-         w->cols % w->group_size == 0 && w->rows >= 4;
+int dg_cpu_pack_wanted(void) {
+  const char *v = getenv("DGEMMA_CPU_PACK");
+  if (!v) return DG_CPU_PACK_DEFAULT;
+  return !strcmp(v, "1") ? 1 : !strcmp(v, "0") ? 0 : -1;
 }
 
-int64_t dg_cpu_pack_block_bytes(const dg_weight *w) {
-  const int64_t rb = dg_quant_row_bytes(w->cols, w->bits), ng = w->cols / w->group_size;
-  const int64_t esz = (int64_t)dg_dtype_size(w->sb_dtype);
-  int64_t p = 4 * ng * esz;
-  for (int64_t blk = 0; blk * 16 < ng; blk++) {
-    const int64_t left = rb - blk * 512, ns = left >= 512 ? 8 : (left + 63) / 64;
-    p += ns * 256;
-  }
-  return p + 4 * ng * esz; /* scales and biases */
+int dg_cpu_pack_applies(const dg_weight *w) {
+  return w->bits && (w->bits == 2 || w->bits == 4 || w->bits == 8) && w->group_size > 0 &&
+         w->cols % w->group_size == 0 && w->rows >= 1 && w->cols >= 1;
+}
+
+dg_cpu_pack_geom dg_cpu_pack_geom_of(const dg_weight *w) {
+  dg_cpu_pack_geom g = {(const char *)w->cpu_pack, dg_quant_row_bytes(w->cols, w->bits), 0,
+                        w->cols / w->group_size * (int64_t)dg_dtype_size(w->sb_dtype), 0};
+  g.tl = g.rb % 64;
+  g.P = (4 * g.rb + 8 * g.sbrow + 63) / 64 * 64; /* 256 S + 4 t = 4 rb, the scales, the biases, padding */
+  return g;
 }
 
 void *dg_cpu_pack_build(const dg_weight *w) {
   if (!dg_cpu_pack_applies(w)) return NULL;
-  const int64_t rb = dg_quant_row_bytes(w->cols, w->bits), ng = w->cols / w->group_size, nb4 = w->rows / 4;
-  const size_t esz = dg_dtype_size(w->sb_dtype), P = (size_t)dg_cpu_pack_block_bytes(w);
-  char *pack = malloc((size_t)nb4 * P);
+  dg_cpu_pack_geom g = dg_cpu_pack_geom_of(w);
+  const int64_t S = g.rb / 64, nb4 = (w->rows + 3) / 4;
+  char *pack = aligned_alloc(64, (size_t)nb4 * (size_t)g.P);
   if (!pack) return NULL;
+  g.pack = pack;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nb4; b++) {
-    const uint8_t *rows[4];
-    const char *sc[4], *bi[4];
-    for (int i = 0; i < 4; i++) dg_quant_row_ptrs(w, 4 * b + i, &rows[i], &sc[i], &bi[i]);
-    char *p = pack + (size_t)b * P;
-    for (int64_t blk = 0; blk * 16 < ng; blk++) {
-      const int64_t left = rb - blk * 512, ns = left >= 512 ? 8 : (left + 63) / 64;
-      const int64_t n = ng - 16 * blk < 16 ? ng - 16 * blk : 16;
-      for (int64_t m = 0; m < ns; m++)
-        for (int i = 0; i < 4; i++, p += 64) {
-          const int64_t o = blk * 512 + 64 * m, have = rb - o < 64 ? rb - o : 64;
-          memcpy(p, rows[i] + o, (size_t)have);
-          memset(p + have, 0, (size_t)(64 - have));
-        }
-      for (int i = 0; i < 4; i++, p += n * esz) memcpy(p, sc[i] + 16 * blk * esz, (size_t)n * esz);
+    memset(pack + (size_t)b * (size_t)g.P, 0, (size_t)g.P);
+    for (int64_t r = 4 * b; r < 4 * b + 4 && r < w->rows; r++) {
+      const uint8_t *row, *pc, *pt;
+      const char *sc, *bi, *ps, *pb;
+      dg_quant_row_ptrs(w, r, &row, &sc, &bi);
+      dg_cpu_pack_row(&g, r, &pc, &pt, &ps, &pb); /* the pack's own memory: written through */
+      for (int64_t s = 0; s < S; s++) memcpy((uint8_t *)pc + 256 * s, row + 64 * s, 64);
+      memcpy((uint8_t *)pt, row + 64 * S, (size_t)g.tl);
+      memcpy((char *)ps, sc, (size_t)g.sbrow);
+      memcpy((char *)pb, bi, (size_t)g.sbrow);
     }
-    for (int i = 0; i < 4; i++, p += ng * esz) memcpy(p, bi[i], (size_t)ng * esz);
   }
   return pack;
 }

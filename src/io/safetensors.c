@@ -107,6 +107,20 @@ const dg_tensor *dg_st_find(const dg_safetensors *st, const char *name) {
   return NULL;
 }
 
+size_t dg_st_drop_pages(const dg_safetensors *st, const void *p, size_t n) {
+  if (!st || !p || !n) return 0;
+  const uintptr_t a = (uintptr_t)p, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  for (size_t i = 0; i < st->n_files; i++) {
+    const st_file *f = &st->files[i];
+    const uintptr_t m = (uintptr_t)f->map;
+    if (!f->mapped || a < m || a - m > f->size || n > f->size - (a - m)) continue;
+    const uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + n) / pg * pg; /* whole pages inside */
+    if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED)) return 0;
+    return hi - lo;
+  }
+  return 0;
+}
+
 const char *dg_st_metadata(const dg_safetensors *st, const char *key) {
   if (!st || !key || st->n_files == 0) return NULL;
   const st_file *f = &st->files[0];

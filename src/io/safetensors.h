@@ -110,6 +110,16 @@ size_t dg_st_count(const dg_safetensors *st);
 const dg_tensor *dg_st_at(const dg_safetensors *st, size_t i);
 /* Value of `key` in the first file's __metadata__, or NULL if absent. */
 const char *dg_st_metadata(const dg_safetensors *st, const char *key);
+/* Lets the resident pages of [p, p + n) leave this process's memory when the range lies inside
+ * one of st's own file mappings (dg_st_open_file / dg_st_open_dir): madvise(MADV_DONTNEED) on
+ * the whole pages inside the range (pages it shares with neighbouring bytes are kept). The
+ * mappings are read-only and MAP_PRIVATE, so no page was ever copied on write: each is the page
+ * cache's, RSS drops by those that were resident, and a later read of the range faults them
+ * back in from the file, the same bytes (the data pointers stay valid). For a reader that has
+ * its own copy of a tensor (the avx512lp kernels' pack, cpu/pack.c) and will not read it again.
+ * A range in caller memory (dg_st_open_memory) or outside every mapping is left alone.
+ * Returns the bytes advised (0 when none). */
+size_t dg_st_drop_pages(const dg_safetensors *st, const void *p, size_t n);
 /* Unmap every file and free everything; every dg_tensor pointer obtained from
  * st becomes invalid. NULL is a no-op. */
 void dg_st_close(dg_safetensors *st);
