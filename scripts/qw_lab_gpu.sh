@@ -40,9 +40,12 @@ else make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgem
   || { tail -30 /tmp/build.txt; exit 1; }; fi
 echo "== built $(el)"
 [ -n "${BENCH:-}" ] && gpu_mkrandom_bg 8
-defs_build() { # K DEFS: build-defK/dgemma with -D for each comma-separated item of DEFS (log /tmp/defs_K.txt)
+defs_build() { # K DEFS: build-defK/dgemma with -D for each comma-separated item of DEFS (log /tmp/defs_K.txt); status 1
+  # when the build fails (the binary removed first, so that a warm machine's build-defK/dgemma of an earlier call's DEFS
+  # is never benched under this call's name)
+  rm -f build-def$1/dgemma
   nice make -j"$(nproc)" CUDA=1 WERROR= BUILD=build-def$1 XCFLAGS="$XC $(echo "$2" | tr ',' '\n' | sed 's/^/-D/' | tr '\n' ' ')" \
-    XLDFLAGS="$XL" build-def$1/dgemma > /tmp/defs_$1.txt 2>&1 || { echo "build $2 failed"; tail -20 /tmp/defs_$1.txt; }
+    XLDFLAGS="$XL" build-def$1/dgemma > /tmp/defs_$1.txt 2>&1 || { echo "build $2 failed"; tail -20 /tmp/defs_$1.txt; return 1; }
 }
 dpids=(); k=0
 if [ -n "${BENCH:-}" ]; then for d in ${BENCH_DEFS:-}; do k=$((k + 1)); defs_build $k "$d" & dpids+=($!); done; fi
@@ -148,8 +151,8 @@ if [ -n "${BENCH:-}" ]; then
   done
   k=0
   for d in ${BENCH_DEFS:-}; do # the vllm bench with each compile-time variant's build (appended)
-    k=$((k + 1)); wait "${dpids[$((k - 1))]}"; echo "built $d $(el)"
-    [ -x build-def$k/dgemma ] || { echo "bench $d: no build"; continue; }
+    k=$((k + 1)); wait "${dpids[$((k - 1))]}" && [ -x build-def$k/dgemma ] || { echo "bench $d: no build $(el)"; continue; }
+    echo "built $d $(el)"
     timeout 150 build-def$k/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
       -o /tmp/bench_def.jsonl > /tmp/bench_def.txt 2>&1; echo "bench -D $d rc $? $(el)"; tail -24 /tmp/bench_def.txt
     { echo; echo "## -D $d (build-def$k)"; cat /tmp/bench_def.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_def.jsonl >> "$OUT/bench.jsonl"

@@ -68,11 +68,12 @@ const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
   if (why && n) {
     char v[64]; /* the value, control characters escaped and cut: the message stays one line */
     size_t k = 0;
-    for (const unsigned char *c = (const unsigned char *)env; *c && k + 5 < sizeof v; c++)
+    const unsigned char *c = (const unsigned char *)env;
+    for (; *c && k + 5 < sizeof v; c++)
       k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, sizeof v - k, "\\x%02x", *c)
                                                                         : snprintf(v + k, sizeof v - k, "%c", *c));
     snprintf(why, n, "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp, avx2lp; using the %s kernels", v,
-             strlen(env) > k ? "..." : "", best->name);
+             *c ? "..." : "", best->name);
   }
   return best;
 }

@@ -75,6 +75,9 @@
                       * session 17) is not the backend's until it has run and been timed on a GPU (docs/cuda.md, "The next
                       * GPU calls"); the tests and the lab run the other one (1 - QR_DIET) beside it */
 #endif
+#if QR_DIET != 0 && QR_DIET != 1
+#error "QR_DIET (-DQR_DIET=...) is 0 or 1: the tests and the lab instantiate the other loop as 1 - QR_DIET"
+#endif
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 /* qr_kernel's GATEUP: 0 the down product, 1 the gate/up product (h stored plainly, qe_store), QR_GATEUP_HP the gate/up
