@@ -65,15 +65,10 @@ static dg_status cpu_model_init(dg_model *m, int device) {
   const int want = dg_cpu_pack_wanted();
   if (want < 0) {
     const char *env = getenv("DGEMMA_CPU_PACK");
-    char v[64]; /* the value, control characters escaped and cut (as DGEMMA_KERNELS's): the message stays one line */
-    size_t k = 0;
-    const unsigned char *c = (const unsigned char *)env;
-    for (; *c && k + 5 < sizeof v; c++)
-      k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, sizeof v - k, "\\x%02x", *c)
-                                                                        : snprintf(v + k, sizeof v - k, "%c", *c));
-    v[k] = '\0';
+    char v[64];
+    const int cut = dg_env_quote(env, v, sizeof v);
     return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_CPU_PACK=\"%s%s\" is neither 0 (no pack) nor 1 (the pack)", v,
-                     *c ? "..." : "");
+                     cut ? "..." : "");
   }
   if (!want || strcmp(m->kern->name, "avx512lp")) return DG_OK;
   return cpu_each_weight(m, cpu_pack_one);

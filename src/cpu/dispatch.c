@@ -66,16 +66,22 @@ const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
       return best;
     }
   if (why && n) {
-    char v[64]; /* the value, control characters escaped and cut: the message stays one line */
-    size_t k = 0;
-    const unsigned char *c = (const unsigned char *)env;
-    for (; *c && k + 5 < sizeof v; c++)
-      k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, sizeof v - k, "\\x%02x", *c)
-                                                                        : snprintf(v + k, sizeof v - k, "%c", *c));
+    char v[64];
+    const int cut = dg_env_quote(env, v, sizeof v);
     snprintf(why, n, "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp, avx2lp; using the %s kernels", v,
-             *c ? "..." : "", best->name);
+             cut ? "..." : "", best->name);
   }
   return best;
+}
+
+int dg_env_quote(const char *s, char *v, size_t n) {
+  size_t k = 0;
+  const unsigned char *c = (const unsigned char *)s;
+  for (; *c && k + 5 < n; c++)
+    k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, n - k, "\\x%02x", *c)
+                                                                      : snprintf(v + k, n - k, "%c", *c));
+  v[k] = '\0';
+  return *c != 0;
 }
 
 const dg_kernels *dg_kernels_best(void) { return dg_kernels_pick(getenv("DGEMMA_KERNELS"), NULL, 0); }
