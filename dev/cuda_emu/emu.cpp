@@ -211,6 +211,11 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cu
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemset2DAsync(void *d, size_t pitch, int v, size_t width, size_t height, cudaStream_t) {
+  if (width > pitch && height > 1) return cudaErrorInvalidValue;
+  for (size_t r = 0; r < height; r++) memset((char *)d + r * pitch, v, width);
+  return cudaSuccess;
+}
 struct emu_event { double t; };
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = (cudaEvent_t)calloc(1, sizeof(emu_event)); return *e ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }

@@ -119,6 +119,7 @@ static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b
 #define DG_DYN_SMEM(type, name) extern __shared__ type name[]
 #define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
 #endif
+extern int dg_cuda_initcheck; /* DGEMMA_INITCHECK=1: cuBLAS outputs cleared first (kernels.cu; host.cuh dg_initcheck_clear) */
 
 /* One weight matrix [rows, cols] on the device: bf16, or MLX affine-quantized
  * as stored (the host's dg_weight, src/base/weight.h): packed rows of cols*bits/32 uint32

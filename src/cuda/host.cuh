@@ -18,6 +18,13 @@
 
 /* ---- one block for many buffers ---- */
 
+/* Under DGEMMA_INITCHECK=1 (kernels.cu) only: zero the fp32 matrix y that a cuBLAS product is about to write on s:
+ * rows rows of cols floats, ld floats apart (ld >= cols), so that compute-sanitizer's initcheck, which misses the stores of
+ * cuBLAS's kernels, sees y written. Otherwise nothing. Returns the memset's error (cudaSuccess when off). */
+static inline cudaError_t dg_initcheck_clear(cudaStream_t s, float *y, size_t ld, size_t cols, size_t rows) {
+  return dg_cuda_initcheck ? cudaMemset2DAsync(y, ld * sizeof(float), 0, cols * sizeof(float), rows, s) : cudaSuccess;
+}
+
 /* Laying buffers out in one block (llm.c's size table): carve() gives each buffer the next CARVE_ALIGN-aligned
  * offset of the block; with base NULL it only adds up the bytes (the pointers it gives are NULL), so the same walk
  * sizes the block and then assigns the pointers into it (context.cu: a context's buffers; turbo_host.cu: the turbo

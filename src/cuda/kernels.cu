@@ -30,6 +30,18 @@ static int pdl_from_env(void) {
 }
 int dg_cuda_pdl = pdl_from_env();
 
+/* DGEMMA_INITCHECK=1 (read once when the library loads; any other value or none: off): every cuBLAS product's output
+ * is cleared (cudaMemset2DAsync) before the product writes it. For compute-sanitizer's initcheck only, which does not
+ * see the stores of cuBLAS's nvjet kernels (session 19, dev/cuda/initcheck_gemm.cu: every element of a correct product
+ * reported unwritten) and so reports every later read of a product as uninitialized. With the clear, a read initcheck
+ * reports is one of memory nothing wrote; an element cuBLAS failed to write would read 0, which the tests' comparisons
+ * with the CPU catch. No effect on any output. */
+static int initcheck_from_env(void) {
+  const char *v = getenv("DGEMMA_INITCHECK");
+  return v && v[0] == '1' && !v[1];
+}
+int dg_cuda_initcheck = initcheck_from_env();
+
 /* ---- reductions ---------------------------------------------------------- */
 
 /* Sum of squares of x[0..n) over the block. */

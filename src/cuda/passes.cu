@@ -23,6 +23,7 @@
 static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
                       float alpha, float beta) {
   dg_status st;
+  if (beta == 0.0f) CK(dg_initcheck_clear(c->stream, y, (size_t)ldy, (size_t)N, (size_t)T));
   if (alpha == 1.0f && beta == 0.0f && gemm_pinned(c, x, ldx, T, W, N, K, y, ldy, &st)) return st; /* gemm_pin.cu */
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta,
                    y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -324,6 +325,7 @@ static dg_status soft_from_v(dg_cuda_ctx *c, const float *z, int virt) {
     return DG_OK;
   }
   /* column-major view: soft^T [H, C] = E^T [H, V] . P^T [V, C] */
+  CK(dg_initcheck_clear(c->stream, c->soft, (size_t)d->hidden, (size_t)d->hidden, (size_t)d->canvas));
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed.w,
                    CUDA_R_16BF, d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->soft, CUDA_R_32F, d->hidden,
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -349,10 +349,12 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
     const float alpha = d->embed_scale, beta = 0.0f;
     if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
       CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
-    } else
-    CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
-                     d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT));
+    } else {
+      CK(dg_initcheck_clear(s, c->f1, (size_t)d->hidden, (size_t)d->hidden, (size_t)n));
+      CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
+                       d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT));
+    }
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
   } else if (mode == DG_TURBO_SC_TOPK) { /* top-K: the K probabilities of the host chain times the K rows of E */
     if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
