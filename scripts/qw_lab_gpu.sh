@@ -25,7 +25,9 @@
 #   BENCH_DEFS="QR_DIET=1 QR_DIET=1,QR_MINB=5": with BENCH, one more build of dgemma per space-separated item with those
 #   compile-time settings (-D, commas between one item's; the macros of src/cuda that are #ifndef-guarded) in build-defK/,
 #   made in the background from the start, and the vllm bench with it (appended to bench.txt, bench.jsonl): a backend
-#   choice fixed at compile time timed end to end in the same call as the default.
+#   choice fixed at compile time timed end to end in the same call as the default. DEFS_TESTS=1 (with BENCH_DEFS): each
+#   build-defK also makes tests/test_cuda, run after its bench on TEST_FILTERS (default test_quant_experts
+#   test_experts_dn_fuse), appended to bench.txt: the outputs under that setting on the GPU.
 # Carry .devdeb (and .devdata for BENCH=1).
 set -u
 cd "$(dirname "$0")/.."
@@ -43,9 +45,10 @@ echo "== built $(el)"
 defs_build() { # K DEFS: build-defK/dgemma with -D for each comma-separated item of DEFS (log /tmp/defs_K.txt); status 1
   # when the build fails (the binary removed first, so that a warm machine's build-defK/dgemma of an earlier call's DEFS
   # is never benched under this call's name)
-  rm -f build-def$1/dgemma
+  rm -f build-def$1/dgemma build-def$1/tests/test_cuda
   nice make -j"$(nproc)" CUDA=1 WERROR= BUILD=build-def$1 XCFLAGS="$XC $(echo "$2" | tr ',' '\n' | sed 's/^/-D/' | tr '\n' ' ')" \
-    XLDFLAGS="$XL" build-def$1/dgemma > /tmp/defs_$1.txt 2>&1 || { echo "build $2 failed"; tail -20 /tmp/defs_$1.txt; return 1; }
+    XLDFLAGS="$XL" build-def$1/dgemma ${DEFS_TESTS:+build-def$1/tests/test_cuda} > /tmp/defs_$1.txt 2>&1 \
+    || { echo "build $2 failed"; tail -20 /tmp/defs_$1.txt; return 1; }
 }
 dpids=(); k=0
 if [ -n "${BENCH:-}" ]; then for d in ${BENCH_DEFS:-}; do k=$((k + 1)); defs_build $k "$d" & dpids+=($!); done; fi
@@ -156,6 +159,11 @@ if [ -n "${BENCH:-}" ]; then
     timeout 150 build-def$k/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile \
       -o /tmp/bench_def.jsonl > /tmp/bench_def.txt 2>&1; echo "bench -D $d rc $? $(el)"; tail -24 /tmp/bench_def.txt
     { echo; echo "## -D $d (build-def$k)"; cat /tmp/bench_def.txt; } >> "$OUT/bench.txt"; cat /tmp/bench_def.jsonl >> "$OUT/bench.jsonl"
+    [ -n "${DEFS_TESTS:-}" ] && for t in ${TEST_FILTERS:-test_quant_experts test_experts_dn_fuse}; do
+      { echo; echo "## -D $d test_cuda $t"; DG_TEST_FILTER=$t timeout ${TESTS_T:-300} build-def$k/tests/test_cuda 2>&1; } \
+        > /tmp/defs_test.txt; echo "test_cuda -D $d $t rc $? $(el)"; grep -E "^\[  (PASSED|FAILED) " /tmp/defs_test.txt
+      cat /tmp/defs_test.txt >> "$OUT/bench.txt"
+    done
   done
   if [ -n "${BATCH:-}" ]; then # issue 14: the stacked pass of B canvases (appended to bench.txt / bench.jsonl)
     timeout "${BATCH_T:-200}" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases "${BATCH_B:-1,2,4,8}" \

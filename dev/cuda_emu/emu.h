@@ -141,6 +141,8 @@ using std::min;
 #define DG_LAUNCH_COOP(kernel, grid, block, smem, stream) DG_LAUNCH(kernel, grid, block, smem, stream)
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
 #define DG_PDL_ENTRY() ((void)0) /* blocks run one after another: nothing to wait for */
+#define DG_PDL_LAUNCH() ((void)0)
+#define DG_PDL_WAIT() ((void)0)
 #define DG_ASSERT_ALIGNED(ptr, bytes) emu::check_aligned((const void *)(ptr), (bytes), #ptr, __FILE__, __LINE__)
 
 namespace emu {

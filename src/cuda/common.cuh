@@ -70,6 +70,12 @@ typedef __nv_bfloat16 bf16;
  * both instructions return at once. */
 extern int dg_cuda_pdl;
 #define DG_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n griddepcontrol.wait;\n" ::: "memory")
+/* DG_PDL_ENTRY's two halves, for a kernel that does work between them which needs nothing of the grids before it
+ * (qr_kernel's qr_prewait: L2 prefetches of constant weights). Only `*_prewait(...)` calls may stand between them
+ * (tests/python/test_pdl_entry.py); the "memory" clobber keeps every global access of the source after
+ * DG_PDL_WAIT() after it. */
+#define DG_PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#define DG_PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
 /* coop (DG_LAUNCH_COOP): the launch also carries cudaLaunchAttributeCooperative (CUDA runtime API, cudaLaunchKernelEx:
  * "the same usage and semantics as cudaLaunchCooperativeKernel"): the driver places every block of the grid at once
  * or refuses the launch (cudaErrorCooperativeLaunchTooLarge), whatever else runs on the device, so that a grid-wide

@@ -78,6 +78,13 @@
 #if QR_DIET != 0 && QR_DIET != 1
 #error "QR_DIET (-DQR_DIET=...) is 0 or 1: the tests and the lab instantiate the other loop as 1 - QR_DIET"
 #endif
+#ifndef QR_PREWAIT
+#define QR_PREWAIT 0 /* the down product's weight stages asked of L2 before griddepcontrol.wait (qr_prewait): 0 none;
+                      * not the backend's until timed on a GPU (issue 11) */
+#endif
+#if QR_PREWAIT < 0 || QR_PREWAIT > 1024
+#error "QR_PREWAIT (-DQR_PREWAIT=...) is 0 (off) or the weight stages per block to prefetch, 1..1024 (a large N: all)"
+#endif
 #define QR_BF16_GROUP 64 /* bf16 stacks (BITS 16): the "group", i.e. stages of 64 weights (qr_kc) */
 #define QR_MINB16 2 /* bf16 stacks: blocks per SM the registers are capped for, up to 3 n-tiles (the backend's choice) */
 /* qr_kernel's GATEUP: 0 the down product, 1 the gate/up product (h stored plainly, qe_store), QR_GATEUP_HP the gate/up
@@ -479,14 +486,52 @@ __device__ __forceinline__ void qr_prefetch_first(const unsigned char *wstage0, 
 /* The expert e and slab of this block: block (x, y) is expert x's slab y; with a.order, the blocks in launch order
  * (x fastest) take the experts by descending count, each expert's slabs one after another (largest processing time
  * first: no long block is left for the last wave; the slabs of an expert read its activation rows close in time). */
-__device__ __forceinline__ void qr_block(const qe_args &a, int *e, int *slab) {
+template <bool CG = false> __device__ __forceinline__ void qr_block(const qe_args &a, int *e, int *slab) {
   if (a.order) {
     const int lin = blockIdx.y * gridDim.x + blockIdx.x;
-    *e = a.order[lin / gridDim.y];
+    *e = CG ? __ldcg(a.order + lin / gridDim.y) : a.order[lin / gridDim.y]; /* CG: from L2, no L1 line (qr_prewait) */
     *slab = lin % gridDim.y;
   } else {
     *e = blockIdx.x;
     *slab = blockIdx.y;
+  }
+}
+
+/* QR_PREWAIT = N > 0: before griddepcontrol.wait, the down product's block (GATEUP 0) asks L2 for the first
+ * min(N, nst) weight stages of its slab (lane 0 of warp w the block's stages w, w + WARPS, ...; a block's stage is
+ * the WARPS warps' stages, sstride contiguous bytes, so this is each warp's first N stages), so that with programmatic
+ * dependent launch the blocks of down's first wave, placed during the tail of the grid before it and waiting there,
+ * have those bytes loaded while HBM is partly idle (session 9: a launch's ramp and tail cost ~13 us; the 26B down
+ * product is 2,816 blocks of ~50 KB, 11 stages of 4.6 KB, ~65-80 us per layer). Expected gain: up to the ramp of
+ * the down launch, a few us per layer; risk: L2 thrash, the 528 resident blocks' whole slabs (N >= 11) are 26 MB of
+ * the 50 MB L2, beside gate/up's output h (2.9 MB at T 256) and the tail's own streams. A prefetch never changes a
+ * result, and with PDL off (DGEMMA_PDL=0) it is merely early.
+ * Why the expert may be read here: order and count are written by the router's grid, at least two launches earlier
+ * (gate/up in between, and k_group_sums_perm unless DGEMMA_DN_FUSE=1). A block is placed only once every block of
+ * the grid just before it has begun (launch_dependents), so a down block only once every block of each grid since
+ * the router's has begun; where one of those grids has more than one wave (the 26B gate/up: 1,408 blocks, 528
+ * resident), its last blocks began only after earlier ones had exited, i.e. had passed their own wait, which
+ * returns once the grid before it has completed, and that grid had passed its own wait: the router's grid has
+ * completed and its writes are in L2, where these reads go (ld.global.cg). Where every grid between fits in one
+ * wave, they may return the previous layer's routing (or any bytes):
+ * the block then prefetches another slab (wasted bandwidth, never a wrong result: qr_kernel reads order again after
+ * the wait, a load the compiler cannot merge with this one across the wait's memory clobber, and that cannot hit
+ * an L1 line of this one since .cg does not allocate in L1); the expert is range-checked, so the addresses stay in
+ * the stack. Gate/up does not do it: its order is written by the grid right before it (route_gr_kernel) or one grid
+ * earlier whose blocks may all be waiting at once. */
+template <int BITS, int GATEUP, int GS, int WARPS, int CP>
+__device__ __forceinline__ void qr_prewait(const qe_args &a) {
+  if constexpr (QR_PREWAIT > 0 && GATEUP == 0) {
+    if ((threadIdx.x & 31) != 0) return;
+    int e, slab;
+    qr_block<true>(a, &e, &slab);
+    if (e < 0 || e >= (int)gridDim.x || __ldcg(a.count + e) == 0) return; /* a stale order, or an expert without rows */
+    const int nst = a.Kdim / qr_kc(GS, BITS), n = min(QR_PREWAIT, nst);
+    const int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, CP); /* bytes of a block's stage */
+    const unsigned char *p = (const unsigned char *)a.q + ((int64_t)e * gridDim.y + slab) * nst * sstride;
+    for (int i = threadIdx.x >> 5; i < n; i += WARPS) dg_prefetch_l2(p + i * sstride, (uint32_t)sstride);
+  } else {
+    (void)a;
   }
 }
 
@@ -943,7 +988,9 @@ template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR
           int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0,
           int DIET = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
-  DG_PDL_ENTRY();
+  DG_PDL_LAUNCH();
+  qr_prewait<BITS, GATEUP, GS, WARPS, CP>(a); /* QR_PREWAIT: L2 prefetches of the slab's first weight stages */
+  DG_PDL_WAIT();
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
 #else

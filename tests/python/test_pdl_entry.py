@@ -4,7 +4,9 @@ With programmatic dependent launch (on unless DGEMMA_PDL=0, src/cuda/common.cuh)
 stream is still running; a kernel is correct then only if griddepcontrol.wait (inside DG_PDL_ENTRY)
 runs before its first global read or write. This test parses every __global__ function of src/cuda
 and of the dev/cuda labs that include the backend's headers and fails, naming file, line and kernel,
-when the body's first statement is not DG_PDL_ENTRY(). It also checks that the parser finds the
+when the body's first statement is not DG_PDL_ENTRY() (or DG_PDL_LAUNCH(), calls of *_prewait functions only,
+then DG_PDL_WAIT(): common.cuh's split entry for qr_kernel's QR_PREWAIT, whose reads before the wait only choose
+L2 prefetch addresses, never a result). It also checks that the parser finds the
 kernels it must (a parser that found none would pass everything).
 
 plain python3:  python3 -m unittest discover -s tests/python -v
@@ -57,9 +59,25 @@ def kernels(path):
         brace, semi = src.find("{", j), src.find(";", j)
         if brace == -1 or (semi != -1 and semi < brace):
             continue  # a declaration
-        first = src[brace + 1:].lstrip().split(";", 1)[0].strip()
+        first = entry(src[brace + 1:])
         out.append((src.count("\n", 0, m.start()) + 1, name[0] if name else "?", first))
     return out
+
+
+PREWAIT = re.compile(r"\w+_prewait\s*(<[^;{}]*>)?\s*\([^;{}]*\)")
+
+
+def entry(body):
+    """The body's first statement; "DG_PDL_ENTRY()" also for DG_PDL_LAUNCH(), then only calls of *_prewait
+    functions (work that needs nothing of the grids before: common.cuh), then DG_PDL_WAIT()."""
+    stmts = [x.strip() for x in body.split(";", 8)[:8]]
+    if stmts[0] == "DG_PDL_LAUNCH()":
+        for i, x in enumerate(stmts[1:], 1):
+            if x == "DG_PDL_WAIT()":
+                return "DG_PDL_ENTRY()" if i > 1 else "DG_PDL_LAUNCH(); DG_PDL_WAIT()"
+            if not PREWAIT.fullmatch(x):
+                break
+    return stmts[0]
 
 
 def sources():
@@ -92,12 +110,18 @@ class PdlEntry(unittest.TestCase):
         with tempfile.NamedTemporaryFile("w", suffix=".cu", delete=False) as f:
             f.write("/* __global__ in a comment */\n__global__ void ok_kernel(int *p) {\n  DG_PDL_ENTRY();\n  p[0] = 1;\n}\n"
                     "template <int N> __global__ void __launch_bounds__(128) bad_kernel(int *p, int (*q)(int)) {\n  p[0] = N;\n}\n"
-                    "__global__ void declared_kernel(int *p);\n")
+                    "__global__ void declared_kernel(int *p);\n"
+                    "__global__ void split_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait<1, 2>(p);\n  DG_PDL_WAIT();\n}\n"
+                    "__global__ void early_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  p[0] = 1;\n  DG_PDL_WAIT();\n}\n"
+                    "__global__ void nowait_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait(p);\n  p[0] = 1;\n}\n")
         try:
             ks = kernels(f.name)
         finally:
             os.unlink(f.name)
-        self.assertEqual([(n, fs) for _, n, fs in ks], [("ok_kernel", "DG_PDL_ENTRY()"), ("bad_kernel", "p[0] = N")])
+        self.assertEqual([(n, fs) for _, n, fs in ks], [("ok_kernel", "DG_PDL_ENTRY()"), ("bad_kernel", "p[0] = N"),
+                                                        ("split_kernel", "DG_PDL_ENTRY()"),
+                                                        ("early_kernel", "DG_PDL_LAUNCH()"),
+                                                        ("nowait_kernel", "DG_PDL_LAUNCH()")])
 
 
 if __name__ == "__main__":
