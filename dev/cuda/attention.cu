@@ -20,6 +20,9 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
+ * Versions 1-8 are the backend's (src/cuda/attention.cu, k_attention_any); 9-11 the lab's own (attention_lab.cuh,
+ * att_lab_version: version 6's block from src/cuda/attention.cuh with the changes below; slower than 6 on every
+ * row on an H100 in session 18, so not in the backend):
  *   version 9  version 6 with the key splits merged inside the kernel: the last split block of a row tile to arrive
  *              (an arrival counter per tile) merges its rows as fp_combine_kernel does, bit for bit, so no combine
  *              launch (fp_combine_kernel: 6.4 us of the sliding layer's 44, 9.2 of the full layer's 82 in session
@@ -30,6 +33,8 @@
  *              __launch_bounds__(256, 2) (at most 128 registers): 2 blocks per SM, 4 warps per scheduler from two
  *              blocks whose barriers are independent; the split rule then gives 4 splits at the sliding layer; D 512
  *              as 10
+ * Every version is launched twice before its check, the second time into an output of NaN bytes, which is the one
+ * checked (9-11: the arrival counters must be back at zero after a launch).
  *
  * Rows (spec 3.1: 16 query heads; sliding layers 8 KV heads of 256, window
  * 1024; full layers 2 KV heads of 512):
@@ -44,7 +49,8 @@
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
  *   build/attention_lab [--reps N] [--versions 1,2] [--small]
- * (the kernels are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH.)
+ * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-11 this file's, built
+ * by the line above.)
  * --small: emulation-sized rows (canvas 32 after P = 96 and 160, window 64; checks only, every row checked),
  * for the CPU emulation of dev/cuda_emu after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -59,8 +65,10 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
+#include "attention_lab.cuh" /* versions 9-11 (lab only) */
 #include "cuda/common.cuh"
 
 #define CKL(x)                                                                                                   \
@@ -90,12 +98,12 @@ int main(int argc, char **argv) {
   int reps = 20, vmask = 30, small = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--versions") && i + 1 < argc) { /* a comma-separated list of 1..DG_ATT_VERSIONS */
+    else if (!strcmp(argv[i], "--versions") && i + 1 < argc) { /* a comma-separated list of 1..ATT_LAB_LAST */
       vmask = 0;
       for (char *p = argv[++i], *end; *p; p = *end ? end + 1 : end) {
         const long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > DG_ATT_VERSIONS || (*end && *end != ',')) {
-          fprintf(stderr, "attention_lab: --versions takes versions 1..%d separated by commas\n", DG_ATT_VERSIONS);
+        if (end == p || v < 1 || v > ATT_LAB_LAST || (*end && *end != ',')) {
+          fprintf(stderr, "attention_lab: --versions takes versions 1..%d separated by commas\n", ATT_LAB_LAST);
           return 2;
         }
         vmask |= 1 << v;
@@ -174,9 +182,10 @@ int main(int argc, char **argv) {
     float *dq; bf16 *dk, *dv, *dout;
     dg_att_ws ws;
     ws.n = 8 * (size_t)nq * NH * (D + 2);
-    ws.ncnt = DG_ATT_CNT;
-    CKL(cudaMalloc((void **)&ws.cnt, (size_t)ws.ncnt * 4));
-    CKL(cudaMemset(ws.cnt, 0, (size_t)ws.ncnt * 4)); /* zero between launches: each merging block re-zeroes its own */
+    const int ncnt = 4096; /* versions 9-11's arrival counters (a 256-token canvas of the 26B: 64 (row tile, KV head)) */
+    int *cnt;
+    CKL(cudaMalloc((void **)&cnt, (size_t)ncnt * 4));
+    CKL(cudaMemset(cnt, 0, (size_t)ncnt * 4)); /* zero between launches: each merging block re-zeroes its own */
     CKL(cudaMalloc((void **)&dq, qn * 4)); CKL(cudaMalloc((void **)&dk, kvn * 2)); CKL(cudaMalloc((void **)&dv, kvn * 2)); CKL(cudaMalloc((void **)&dout, qn * 2));
     CKL(cudaMalloc((void **)&ws.part, ws.n * 4));
     CKL(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
@@ -195,9 +204,17 @@ int main(int argc, char **argv) {
     }
     const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
     const double roof = std::max(bytes / bw, flops / rate) * 1e3;
-    for (int v = 1; v <= DG_ATT_VERSIONS; v++) {
+    for (int v = 1; v <= ATT_LAB_LAST; v++) {
       if (!(vmask >> v & 1)) continue;
-      CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
+      auto launch = [&]() { /* the backend's versions, or the lab's own */
+        return v < ATT_LAB_FIRST
+                   ? k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W)
+                   : att_lab_version(v, 0, &ws, cnt, ncnt, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal,
+                                     rw.full, W);
+      };
+      CKL(launch());
+      CKL(cudaMemset(dout, 0xFF, qn * 2)); /* NaN: the second launch is the one checked */
+      CKL(launch());
       CKL(cudaDeviceSynchronize());
       CKL(cudaMemcpy(out.data(), dout, qn * 2, cudaMemcpyDeviceToHost));
       /* check 24 sampled (query, head) rows against double precision: |diff| <= 2^-6 max|o| of the row
@@ -223,9 +240,11 @@ int main(int argc, char **argv) {
           double o = 0;
           for (int j = lo; j < hi; j++) o += s[j - lo] / den * b2f(vc[((size_t)g * S + j) * D + d]);
           omax = std::max(omax, fabs(o));
-          dmax = std::max(dmax, fabs(o - b2f(out[((size_t)tq * NH + h) * D + d])));
+          const double e = fabs(o - b2f(out[((size_t)tq * NH + h) * D + d]));
+          if (e > dmax || std::isnan(e)) dmax = e; /* a NaN sticks (std::max drops it) and fails the row */
         }
-        worst = std::max(worst, dmax / (ldexp(1.0, -6) * omax));
+        const double r = dmax / (ldexp(1.0, -6) * omax);
+        if (r > worst || std::isnan(r)) worst = r;
       }
       const bool ok = worst <= 1.0;
       failed += !ok;
@@ -233,7 +252,7 @@ int main(int argc, char **argv) {
       for (int r = 0; r < (small ? 1 : reps); r++) {
         DG_LAUNCH(read_kernel, prop.multiProcessorCount * 8, 512, 0, 0)(big, std::min(RB, (size_t)256 << 20) / 16, sink); /* flush the 60 MB L2 */
         CKL(cudaEventRecord(e0));
-        CKL(k_attention_any(0, &ws, v, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
+        CKL(launch());
         CKL(cudaEventRecord(e1));
         CKL(cudaEventSynchronize(e1));
         ms.push_back(time_ms(e0, e1));
@@ -245,7 +264,7 @@ int main(int argc, char **argv) {
              ok ? "ok" : "FAILED", worst);
       fflush(stdout);
     }
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part); cudaFree(ws.cnt);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part); cudaFree(cnt);
   }
   printf("# check: %d failing rows\n", failed);
   return failed ? 1 : 0;

@@ -228,20 +228,12 @@ struct dg_cuda_moe_buf {
 };
 
 /* Device scratch for the tensor-core kernel's key splits: n floats (a split
- * count that does not fit is lowered; part NULL: no splits); cnt: ncnt arrival
- * counters of the in-kernel split merge (attention versions 9-11, one per row
- * tile and KV head of a launch), zero between launches (set to zero once at
- * allocation; each launch's merging block zeroes its own again); cnt NULL, or
- * a launch with more (row tile, KV head) blocks than ncnt: those versions merge
- * with the separate kernel instead. */
+ * count that does not fit is lowered; part NULL: no splits). */
 typedef struct dg_att_ws {
   float *part;
   size_t n;
-  int *cnt;
-  int ncnt;
 } dg_att_ws;
-#define DG_ATT_VERSIONS 11 /* k_attention_any's versions: 0..DG_ATT_VERSIONS */
-#define DG_ATT_CNT 4096 /* the counters a context allocates (a 256-token canvas of the 26B: 64 row tiles) */
+#define DG_ATT_VERSIONS 8 /* k_attention_any's versions: 0..DG_ATT_VERSIONS (the lab's 9-11: dev/cuda/attention.cu) */
 
 struct dg_cuda_ctx {
   dg_cuda_model *m;
@@ -363,8 +355,9 @@ cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, con
  * on full layers, else the window's start. version 0: the tensor-core kernel
  * where k_attention_flash_ok (D in 64, 128, 256, 512), else the warp-per-row
  * kernel; 1: the warp-per-row kernel; 2: the tensor-core kernel; 3..DG_ATT_VERSIONS:
- * its other versions (the lab's, dev/cuda/attention.cu; 6 is the passes' default)
- * (cudaErrorInvalidValue where one cannot run or for another version). */
+ * its other versions (as the lab dev/cuda/attention.cu numbers them; 6 is the
+ * passes' default) (cudaErrorInvalidValue where one cannot run or for another
+ * version, the lab's own 9-11 included). */
 cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, const float *q, const bf16 *kc,
                             const bf16 *vc, bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi,
                             int causal, int is_full, int window);

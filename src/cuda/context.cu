@@ -169,8 +169,6 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   /* up to 8 key splits of a canvas's attention (attention.cu lowers the count for more rows) */
   c->att_ws.n = 8 * C * NH * ((size_t)m->dmax + 2);
   B_(c->att_ws.part, c->att_ws.n * 4);
-  c->att_ws.ncnt = DG_ATT_CNT;
-  B_(c->att_ws.cnt, (size_t)DG_ATT_CNT * 4);
   B_(c->gu, T * 2 * I * 4);
   B_(c->h, T * (I > IE ? I : IE) * 2);
   B_(c->rlog, T * E * 4);
@@ -231,9 +229,8 @@ static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
   cv.base = (unsigned char *)pv->dev;
   ctx_layout(c, z, &cv, &kv);
   if (cudaMemset(pv->dev, 0, kv) != cudaSuccess || cudaMemset(c->moe.done, 0, 4) != cudaSuccess ||
-      cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess ||
-      cudaMemset(c->att_ws.cnt, 0, (size_t)DG_ATT_CNT * 4) != cudaSuccess)
-    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache or the router's or attention's block counters failed");
+      cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache or the router's block counters failed");
   const size_t hs = (z->C * sizeof(dg_cuda_pos_stats) + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN;
   if (cudaMallocHost(&pv->host, hs + 4) != cudaSuccess) {
     pv->host = NULL;

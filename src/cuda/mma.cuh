@@ -21,11 +21,7 @@
  *                    (rows 2 (l % 4), +1, column l / 4), lower index in the low half
  *   dg_prmt          __byte_perm
  *   dg_and_or        (a & b) | c, one lop3
- *   dg_bf16x2_fma    a b + c per bf16 half, rounded once to bf16 (fma.rn.bf16x2)
- *   dg_bar_sync4<N>(k)  bar.sync 1 + k, N for k in 0..3 (the same k for the whole warp): named barrier 1 + k (0 is
- *                    __syncthreads') of N threads (a multiple of 32), ordering shared and global memory among them
- *                    as __syncthreads does; four predicated bar.sync with immediate ids, so ptxas reserves barriers
- *                    0-4 only (an id in a register reserves all 16) without branches */
+ *   dg_bf16x2_fma    a b + c per bf16 half, rounded once to bf16 (fma.rn.bf16x2) */
 #ifndef DG_CUDA_MMA_CUH
 #define DG_CUDA_MMA_CUH
 
@@ -113,12 +109,6 @@ __device__ __forceinline__ uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
-}
-template <int N> __device__ __forceinline__ void dg_bar_sync4(int k) {
-  static_assert(N % 32 == 0, "bar.sync: a multiple of 32 threads");
-  asm volatile("{\n .reg .pred p0, p1, p2, p3;\n setp.eq.s32 p0, %0, 0;\n setp.eq.s32 p1, %0, 1;\n"
-               " setp.eq.s32 p2, %0, 2;\n setp.eq.s32 p3, %0, 3;\n @p0 bar.sync 1, %1;\n @p1 bar.sync 2, %1;\n"
-               " @p2 bar.sync 3, %1;\n @p3 bar.sync 4, %1;\n}\n" ::"r"(k), "n"(N) : "memory");
 }
 
 
@@ -221,7 +211,6 @@ static inline uint32_t dg_bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
   return (uint32_t)dg_emu_bf16_fma1((uint16_t)a, (uint16_t)b, (uint16_t)c) |
          ((uint32_t)dg_emu_bf16_fma1((uint16_t)(a >> 16), (uint16_t)(b >> 16), (uint16_t)(c >> 16)) << 16);
 }
-template <int N> static inline void dg_bar_sync4(int k) { emu::bar_sync(1 + k, N); }
 #endif
 
 /* One group of G values at p (bf16, 16-byte aligned, G % 8 == 0): their fp32 sum in column order, and the group

@@ -85,7 +85,7 @@ def sources():
     for p in sorted(glob.glob(os.path.join(ROOT, "dev", "cuda", "*.cu")) + glob.glob(os.path.join(ROOT, "dev", "cuda", "*.cuh"))):
         with open(p, encoding="utf-8") as f:
             text = f.read()
-        if re.search(r'#include "cuda/(common|qmoe|kernels)', text):
+        if re.search(r'#include "cuda/(common|qmoe|kernels|attention)', text):
             files.append(p)
     return files
 
