@@ -55,7 +55,7 @@ static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
   return DG_OK;
 }
 
-/* With the avx512lp kernels and DGEMMA_CPU_PACK=1 (DG_CPU_PACK_DEFAULT, 1, when unset) every 2-, 4- or 8-bit matrix
+/* With the avx512lp kernels and DGEMMA_CPU_PACK=1 (DG_CPU_PACK_DEFAULT when unset) every 2-, 4- or 8-bit matrix
  * but the embedding gets a pack (cpu/pack.c) that all of avx512lp's tiles read instead of the MLX layout (the same
  * bits; the matrix-vector products read one stream per 4 rows instead of six), and its MLX pages are dropped, so the
  * weights take about the memory they take without the pack. The embedding is not packed: its row lookups and the soft

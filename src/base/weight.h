@@ -25,7 +25,7 @@ typedef struct dg_weight {
   dg_dtype sb_dtype;            /* scales/biases dtype: DG_BF16, DG_F16 or DG_F32 */
   const void *scales, *biases;  /* [rows, cols/group_size] (quantized only) */
   const void *cpu_pack;         /* NULL, or a copy of the same codes, scales and biases in the order
-                                 * avx512lp's tiles read them (cpu/pack.c: unless DGEMMA_CPU_PACK=0, owned by
+                                 * avx512lp's tiles read them (cpu/pack.c: DGEMMA_CPU_PACK=1, owned by
                                  * whoever built it); every other reader uses the fields above (whose
                                  * checkpoint pages the CPU backend may have dropped: they fault back in) */
 } dg_weight;

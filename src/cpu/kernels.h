@@ -108,11 +108,8 @@ const dg_kernels *dg_kernels_avx2lp(void);
 int dg_cpu_pack_applies(const dg_weight *w);
 /* Whether a model run by avx512lp gets packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "1" 1,
  * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both callers refuse it
- * with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL).
- * The default is the pack since session 19: on the idle 2-core EPYC no row of scripts/ggml_side_by_side.sh
- * (4-bit gate/up and down, M = 1, 8, 16, 64, 256, -t 2) is slower with it, M = 1 faster (docs/measurements.md,
- * docs/results/cpu-s19/); its memory: +1.8 % max RSS on a stacked 4-bit checkpoint (the MLX pages dropped). */
-#define DG_CPU_PACK_DEFAULT 1
+ * with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
+#define DG_CPU_PACK_DEFAULT 0
 int dg_cpu_pack_wanted(char *why, size_t n);
 void *dg_cpu_pack_build(const dg_weight *w);
 /* Where a quantized weight's rows are, for the tiles (once per call, not per row): pack = the

@@ -1,7 +1,7 @@
 /* pack.c: a copy of an MLX affine weight laid out for avx512lp's tiles (cpu/matmul_avx512lp.c),
  * so that a thread reads one stream per 4 rows instead of the MLX layout's six (4 rows of
- * codes, the scales, the biases). Built by the CPU backend for avx512lp (backend_cpu.c: the
- * default; DGEMMA_CPU_PACK=0 turns it off), which then lets the MLX bytes leave the process's memory.
+ * codes, the scales, the biases). Built by the CPU backend for avx512lp (backend_cpu.c:
+ * DGEMMA_CPU_PACK=1), which then lets the MLX bytes leave the process's memory.
  *
  * Which weights: 2-, 4- and 8-bit, any group size (the formats of avx512lp's VNNI tiles).
  * Rows are taken 4 at a time: 4-row block b holds rows 4 b .. 4 b + 3 (a last block of
