@@ -823,7 +823,8 @@ _Static_assert(PF_ROWS % 4 == 0, "PF_ROWS: whole 4-row blocks (the pack's prefet
  * MLX layout they are two arrays of their own, which the hardware prefetcher streams). Without this, those loads
  * missed: perf record, -t 1, down [2816, 704] M = 8, 16 % of vtilepk_4_4x4's samples on the widening after the scales'
  * load, the call 0.289 ms on the pack against 0.248 without (medians of 40). So vnni_rows prefetches them, 8 sbrow
- * bytes, the same distance on, once per block. */
+ * bytes, the same distance on, once per block: 0.223-0.225 ms (docs/results/cpu-s19/pk19_diagnosis.txt; -t 2, idle:
+ * no M = 8-256 row slower on the pack, docs/measurements.md, session 19). */
 static inline void pf_pack_sb(const lp_rows *wr, int64_t sbrow) {
   const uintptr_t a = (uintptr_t)(wr->sc[0] + wr->pf), end = a + (uintptr_t)(8 * sbrow); /* the 4 rows' scales, biases */
   for (uintptr_t l = a & ~(uintptr_t)63; l < end; l += 64) _mm_prefetch((const char *)l, PF_HINT);
