@@ -90,9 +90,10 @@ typedef struct ce_stack {
 } ce_stack;
 
 /* As the CPU backend (backend_cpu.c): with the avx512lp kernels and DGEMMA_CPU_PACK=1 (or its default), the quantized
- * stacks get a pack that avx512lp's tiles read instead (cpu/pack.c: the same bits). */
+ * stacks get a pack that avx512lp's tiles read instead (cpu/pack.c: the same bits). Another value of DGEMMA_CPU_PACK
+ * is refused before anything is measured (bench_ceiling), as the backend refuses it. */
 static int ce_pack_on(void) {
-  return dg_cpu_pack_wanted() == 1 && !strcmp(dg_kernels_best()->name, "avx512lp");
+  return dg_cpu_pack_wanted(NULL, 0) == 1 && !strcmp(dg_kernels_best()->name, "avx512lp");
 }
 
 static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t seed) {
@@ -454,6 +455,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
   if (nF > 0) nT = bench_parse_list(toks, "--moe-tokens", 0, 4096, Ts, BENCH_MAX_LIST, err, sizeof err);
   if (nM < 0 || nF < 0 || nT < 0) { fprintf(stderr, "dgemma bench: %s\n", err); return 2; }
   if (o->device == DG_DEVICE_CUDA) return bench_ceiling_cuda(o, Ms, nM, fm, nF, Ts, nT, out);
+  if (dg_cpu_pack_wanted(err, sizeof err) < 0) { fprintf(stderr, "dgemma bench: %s\n", err); return 2; }
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   const dg_kernels *kn = dg_kernels_best();
   const char *isa = "", *kname = "";

@@ -62,14 +62,9 @@ static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
  * embedding's transposed product (exact kernels) read the MLX layout, so a pack would double it. */
 static dg_status cpu_model_init(dg_model *m, int device) {
   (void)device;
-  const int want = dg_cpu_pack_wanted();
-  if (want < 0) {
-    const char *env = getenv("DGEMMA_CPU_PACK");
-    char v[64];
-    const int cut = dg_env_quote(env, v, sizeof v);
-    return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_CPU_PACK=\"%s%s\" is neither 0 (no pack) nor 1 (the pack)", v,
-                     cut ? "..." : "");
-  }
+  char why[160];
+  const int want = dg_cpu_pack_wanted(why, sizeof why);
+  if (want < 0) return dg_seterr(DG_ERR_INVALID_ARG, "%s", why);
   if (!want || strcmp(m->kern->name, "avx512lp")) return DG_OK;
   return cpu_each_weight(m, cpu_pack_one);
 }

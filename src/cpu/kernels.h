@@ -107,9 +107,14 @@ const dg_kernels *dg_kernels_avx2lp(void);
  * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). */
 int dg_cpu_pack_applies(const dg_weight *w);
 /* Whether a model run by avx512lp gets packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "1" 1,
- * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1 (the caller refuses it). */
+ * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both callers refuse it
+ * with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
+/* Still opt-in after session 19: with the scales' prefetch the pack is no slower at M = 8-256 and faster at
+ * M = 1 on gate/up [1408, 2816], but the down product [2816, 704] at M = 1 (by-step tiles, no software prefetch
+ * on the pack) runs either as fast as without it or 1.4-2.4x slower, by process and window (idle side-by-side,
+ * docs/measurements.md, docs/results/cpu-s19/). */
 #define DG_CPU_PACK_DEFAULT 0
-int dg_cpu_pack_wanted(void);
+int dg_cpu_pack_wanted(char *why, size_t n);
 void *dg_cpu_pack_build(const dg_weight *w);
 /* Where a quantized weight's rows are, for the tiles (once per call, not per row): pack = the
  * weight's pack or NULL; rb = a row's packed bytes, tl = rb % 64 (the partial last step's bytes),

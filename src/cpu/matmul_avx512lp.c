@@ -818,10 +818,23 @@ _Static_assert(PF_ROWS % 4 == 0, "PF_ROWS: whole 4-row blocks (the pack's prefet
 #define TPREP_MIN_T 5
 #endif
 
+/* On a pack the tiles of 4 activation rows (and the preparation) prefetch the next 4-row block's codes (wr->pf bytes
+ * on, one prefetch per code line they load) but not its scales and biases, which follow its codes (cpu/pack.c; in the
+ * MLX layout they are two arrays of their own, which the hardware prefetcher streams). Without this, those loads
+ * missed: perf record, -t 1, down [2816, 704] M = 8, 16 % of vtilepk_4_4x4's samples on the widening after the scales'
+ * load, the call 0.289 ms on the pack against 0.248 without (medians of 40). So vnni_rows prefetches them, 8 sbrow
+ * bytes, the same distance on, once per block: 0.223-0.225 ms (docs/results/cpu-s19/pk19_diagnosis.txt; -t 2, idle:
+ * no M = 8-256 row slower on the pack, docs/measurements.md, session 19). */
+static inline void pf_pack_sb(const lp_rows *wr, int64_t sbrow) {
+  const uintptr_t a = (uintptr_t)(wr->sc[0] + wr->pf), end = a + (uintptr_t)(8 * sbrow); /* the 4 rows' scales, biases */
+  for (uintptr_t l = a & ~(uintptr_t)63; l < end; l += 64) _mm_prefetch((const char *)l, PF_HINT);
+}
+
 static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
                       const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
   lp_rows wr;
   lp_rows_of(&wr, w, g, xb->nat, r0, rt);
+  if (g->pack && rt == 4 && T >= 4 && wr.pf) pf_pack_sb(&wr, g->sbrow); /* the tiles with wr.pf run */
   const vtiles *vt = vtile_table(w->bits, xb->tr_n, g->pack != NULL);
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */

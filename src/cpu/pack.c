@@ -21,16 +21,24 @@
  * Cost: the bytes of the codes, scales and biases plus under 64 a block (the 26B's 4-bit g64
  * experts: none for gate/up, rows of 1408 bytes and 44 bf16 scales; 16 bytes on 1584, 1%, for
  * down, rows of 352 and 11), in anonymous memory. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/kernels.h"
 #include "io/quant.h"
 
-int dg_cpu_pack_wanted(void) {
+int dg_cpu_pack_wanted(char *why, size_t n) {
   const char *v = getenv("DGEMMA_CPU_PACK");
+  if (why && n) why[0] = '\0';
   if (!v) return DG_CPU_PACK_DEFAULT;
-  return !strcmp(v, "1") ? 1 : !strcmp(v, "0") ? 0 : -1;
+  if (!strcmp(v, "1") || !strcmp(v, "0")) return v[0] == '1';
+  if (why && n) {
+    char q[64];
+    const int cut = dg_env_quote(v, q, sizeof q);
+    snprintf(why, n, "DGEMMA_CPU_PACK=\"%s%s\" is neither 0 (no pack) nor 1 (the pack)", q, cut ? "..." : "");
+  }
+  return -1;
 }
 
 int dg_cpu_pack_applies(const dg_weight *w) {
