@@ -23,7 +23,8 @@ mkdir -p "$OUT"
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_cuda > /tmp/san_build.txt 2>&1 || { tail -20 /tmp/san_build.txt; exit 1; }
 if [ -n "${SAN_RUN:-}" ]; then
   gpu_build /tmp/san_build_all.txt || exit 1
-  if [ "${SAN_LAYERS:-}" = 2 ] && [[ "$SAN_RUN" != */tmp/dg26b* ]]; then cp dev/cfg_26b_2layers.json /tmp/cfgL.json; gpu_tokenizer # no full checkpoint needed
+  [ "${SAN_LAYERS:-}" = 2 ] && cp dev/cfg_26b_2layers.json /tmp/cfgL.json # also when SAN_RUN names /tmp/dg26b
+  if [ "${SAN_LAYERS:-}" = 2 ] && [[ "$SAN_RUN" != */tmp/dg26b* ]]; then gpu_tokenizer # no full checkpoint needed
   else gpu_mkrandom_bg 16; wait $mk; fi
   if [ -n "${SAN_LAYERS:-}" ] && [ "$SAN_LAYERS" != 2 ]; then # the 26B's shapes cut to SAN_LAYERS layers (the last one full attention)
     python3 - "$SAN_LAYERS" <<'PY'
@@ -34,9 +35,10 @@ for k in ("quantization", "quantization_config"): c.pop(k, None)
 json.dump(c, open("/tmp/cfgL.json", "w"), indent=1)
 PY
   fi
-  if [ -n "${SAN_LAYERS:-}" ]; then # /tmp/dgL: the 26B's shapes, SAN_LAYERS layers
+  if [ -n "${SAN_LAYERS:-}" ]; then # /tmp/dgL: the 26B's shapes, SAN_LAYERS layers (a warm machine's of another N rewritten)
+    cmp -s /tmp/cfgL.json /tmp/dgL/config.json.cfgL || rm -rf /tmp/dgL
     [ -f /tmp/dgL/config.json ] || build/dgemma mkrandom /tmp/dgL --config /tmp/cfgL.json --source .cache/gemma3 -t 16 \
-      > /tmp/mkL.log 2>&1 || { tail -3 /tmp/mkL.log; exit 1; }
+      > /tmp/mkL.log 2>&1 && cp /tmp/cfgL.json /tmp/dgL/config.json.cfgL || { tail -3 /tmp/mkL.log; exit 1; }
     tail -1 /tmp/mkL.log
   fi
   for tool in ${SAN_TOOLS:-memcheck racecheck}; do

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# sanitize_gpu_paths.sh: scripts/sanitize_gpu.sh's SAN_RUN / SAN_LAYERS paths without a GPU, with stubs for make,
+# compute-sanitizer and build/dgemma (its mkrandom writes only a config.json, and fails when --config names a missing
+# file, as the real one does), in a private /tmp (the script's paths /tmp/dg26b, /tmp/dgL, /tmp/cfgL.json are fixed):
+# needs root and unshare(1). Prints one line per case and exits 1 if any case is wrong. Cases: SAN_LAYERS=2 with
+# SAN_RUN on /tmp/dgL and on /tmp/dg26b (the second had no /tmp/cfgL.json before review19: mkrandom failed), SAN_LAYERS=4,
+# and SAN_LAYERS=4 then 2 on one machine (a warm machine's /tmp/dgL of 4 layers was taken for the 2-layer cut).
+#   sudo dev/sanitize_gpu_paths.sh
+set -u
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+exec unshare -m --propagation private bash -s "$SRC" <<'EOS'
+set -u
+SRC=$1
+mount -t tmpfs none /tmp || exit 1
+H=/tmp/h; R=/tmp/repo; mkdir -p $H/bin $R/scripts $R/dev $R/tests $R/build $R/.devdata/gemma3 $R/.cache
+cp "$SRC"/scripts/sanitize_gpu.sh "$SRC"/scripts/gpu_env.sh $R/scripts/; cp "$SRC"/dev/cfg_26b_2layers.json $R/dev/
+cp "$SRC"/tests/test_cuda.c $R/tests/; echo "{}" | gzip > $R/.devdata/gemma3/tokenizer.json.gz
+printf '#!/bin/bash\nexit 0\n' > $H/bin/make; cp $H/bin/make $H/bin/cc
+printf '#!/bin/bash\necho "========= ERROR SUMMARY: 0 errors"\n' > $H/bin/compute-sanitizer
+cat > $R/build/dgemma <<'EOF'
+#!/bin/bash
+[ "$1" = mkrandom ] || exit 0
+out=$2; shift 2; cfg=""
+while [ $# -gt 0 ]; do [ "$1" = --config ] && cfg=$2; shift; done
+[ -z "$cfg" ] || [ -f "$cfg" ] || { echo "mkrandom: cannot open $cfg" >&2; exit 1; }
+mkdir -p "$out"
+if [ -n "$cfg" ]; then cp "$cfg" "$out/config.json"; else python3 -c 'import json; print(json.dumps({"text_config":
+  {"num_hidden_layers": 30, "layer_types": ["sliding_attention"] * 29 + ["full_attention"]}}))' > "$out/config.json"; fi
+EOF
+chmod +x $H/bin/* $R/build/dgemma
+export PATH=$H/bin:$PATH
+bad=0
+layers() { python3 -c 'import json; print(json.load(open("/tmp/dgL/config.json"))["text_config"]["num_hidden_layers"])' 2>/dev/null; }
+case1() { # NAME WANT_LAYERS SAN_LAYERS SAN_RUN's model
+  SAN_LAYERS=$3 SAN_RUN="run -m $4 --device cuda -p hi" SAN_TOOLS=memcheck bash $R/scripts/sanitize_gpu.sh /tmp/out > /tmp/o.txt 2>&1
+  local rc=$? got; got=$(layers)
+  if [ $rc = 0 ] && [ "$got" = "$2" ]; then echo "ok   $1"; else echo "FAIL $1: rc $rc, /tmp/dgL layers '$got' (want $2): $(tail -1 /tmp/o.txt)"; bad=1; fi
+}
+case1 "SAN_LAYERS=2, SAN_RUN on /tmp/dgL" 2 2 /tmp/dgL
+rm -rf /tmp/dgL /tmp/dg26b /tmp/cfgL.json
+case1 "SAN_LAYERS=2, SAN_RUN on /tmp/dg26b" 2 2 /tmp/dg26b
+rm -rf /tmp/dgL /tmp/dg26b /tmp/cfgL.json
+case1 "SAN_LAYERS=4" 4 4 /tmp/dgL
+case1 "SAN_LAYERS=2 after SAN_LAYERS=4 on the same machine" 2 2 /tmp/dgL
+exit $bad
+EOS
