@@ -6,7 +6,11 @@ runs before its first global read or write. This test parses every __global__ fu
 and of the dev/cuda labs that include the backend's headers and fails, naming file, line and kernel,
 when the body's first statement is not DG_PDL_ENTRY() (or DG_PDL_LAUNCH(), calls of *_prewait functions only,
 then DG_PDL_WAIT(): common.cuh's split entry for qr_kernel's QR_PREWAIT, whose reads before the wait only choose
-L2 prefetch addresses, never a result). It also checks that the parser finds the
+L2 prefetch addresses, never a result). A prewait call's arguments must be plain names (no expression that loads,
+stores or calls), and each *_prewait function called must be defined in these sources with no store in its own
+body (an element, pointer or member assignment, an atomic, asm, a store intrinsic): by the text, so a store in a
+function the prewait calls is not seen, nor is whether its reads before the wait may be stale (qr_prewait's comment
+argues that for its own). It also checks that the parser finds the
 kernels it must (a parser that found none would pass everything).
 
 plain python3:  python3 -m unittest discover -s tests/python -v
@@ -64,12 +68,20 @@ def kernels(path):
     return out
 
 
-PREWAIT = re.compile(r"\w+_prewait\s*(<[^;{}]*>)?\s*\([^;{}]*\)")
+# a call of a *_prewait function whose template and call arguments are plain names or numbers: no expression that
+# could load, store or call anything before the wait (`k_prewait(p), (p[0] = 1)`, `k_prewait(atomicAdd(p, 1))`)
+PREWAIT = re.compile(r"(\w+_prewait)\s*(<[\w\s,]*>)?\s*\(\s*(\w+(\s*,\s*\w+)*)?\s*\)")
+
+# what a *_prewait function's own body may not contain (prewait_stores): an assignment to an element, through a
+# pointer or to a member of one, an increment of an element, an atomic, inline asm, a store intrinsic, memset/memcpy
+STORE = re.compile(r"\]\s*(\+\+|--|([-+*/%&|^]|<<|>>)?=(?!=))|(\+\+|--)\s*[\w.]+\s*\[|->\s*\w+\s*([-+*/%&|^]|<<|>>)?=(?!=)"
+                   r"|\batomic\w*\s*\(|\basm\b|\b__st\w*\s*\(|\bmem(set|cpy)\w*\s*\(")
 
 
 def entry(body):
     """The body's first statement; "DG_PDL_ENTRY()" also for DG_PDL_LAUNCH(), then only calls of *_prewait
-    functions (work that needs nothing of the grids before: common.cuh), then DG_PDL_WAIT()."""
+    functions with plain-name arguments (work that needs nothing of the grids before: common.cuh), then
+    DG_PDL_WAIT()."""
     stmts = [x.strip() for x in body.split(";", 8)[:8]]
     if stmts[0] == "DG_PDL_LAUNCH()":
         for i, x in enumerate(stmts[1:], 1):
@@ -78,6 +90,28 @@ def entry(body):
             if not PREWAIT.fullmatch(x):
                 break
     return stmts[0]
+
+
+def prewait_defs(path):
+    """{name: body} of each *_prewait function defined in path (comments stripped)."""
+    with open(path, encoding="utf-8") as f:
+        src = strip_comments(f.read())
+    out = {}
+    for m in re.finditer(r"\b(\w+_prewait)\s*\([^;{}]*\)\s*\{", src):
+        i, depth = m.end() - 1, 0
+        for j in range(i, len(src)):
+            depth += {"{": 1, "}": -1}.get(src[j], 0)
+            if depth == 0:
+                out[m.group(1)] = src[i + 1:j]
+                break
+    return out
+
+
+def prewait_stores(body):
+    """The statements of a *_prewait body that may write memory (STORE; by the text of the body itself: a store
+    inside a function it calls is not seen), or a statement starting with a dereference that assigns."""
+    stmts = [x.strip() for x in re.split(r"[;{}]", body)]
+    return [x for x in stmts if STORE.search(x) or re.match(r"\*.*[^=!<>]=(?!=)", x)]
 
 
 def sources():
@@ -100,6 +134,16 @@ class PdlEntry(unittest.TestCase):
                 if first != "DG_PDL_ENTRY()":
                     bad.append("%s:%d: kernel %s begins with %r, not DG_PDL_ENTRY()" % (os.path.relpath(p, ROOT), line, name, first[:60]))
         self.assertEqual(bad, [], "\n".join(bad))
+        # each *_prewait function a kernel calls before DG_PDL_WAIT() is defined in these sources and stores nothing
+        defs, called = {}, set()
+        for p in sources():
+            defs.update(prewait_defs(p))
+            with open(p, encoding="utf-8") as f:
+                called.update(m.group(1) for m in PREWAIT.finditer(strip_comments(f.read())))
+        for name in sorted(called):
+            self.assertIn(name, defs, "%s is called before DG_PDL_WAIT() but not defined in src/cuda or dev/cuda" % name)
+            self.assertEqual(prewait_stores(defs[name]), [], "%s may write memory before DG_PDL_WAIT()" % name)
+        self.assertIn("qr_prewait", called)
         # the parser sees the kernels of the pass (not an empty list that passes trivially)
         for k in ("qr_kernel", "flash_kernel", "group_scan_kernel", "rmsnorm_kernel", "topk_kernel"):
             self.assertIn(k, found, "kernel %s not found by the parser" % k)
@@ -113,7 +157,9 @@ class PdlEntry(unittest.TestCase):
                     "__global__ void declared_kernel(int *p);\n"
                     "__global__ void split_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait<1, 2>(p);\n  DG_PDL_WAIT();\n}\n"
                     "__global__ void early_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  p[0] = 1;\n  DG_PDL_WAIT();\n}\n"
-                    "__global__ void nowait_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait(p);\n  p[0] = 1;\n}\n")
+                    "__global__ void nowait_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait(p);\n  p[0] = 1;\n}\n"
+                    "__global__ void comma_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait(p), (p[0] = 1);\n  DG_PDL_WAIT();\n}\n"
+                    "__global__ void arg_kernel(int *p) {\n  DG_PDL_LAUNCH();\n  k_prewait(atomicAdd(p, 1));\n  DG_PDL_WAIT();\n}\n")
         try:
             ks = kernels(f.name)
         finally:
@@ -121,7 +167,28 @@ class PdlEntry(unittest.TestCase):
         self.assertEqual([(n, fs) for _, n, fs in ks], [("ok_kernel", "DG_PDL_ENTRY()"), ("bad_kernel", "p[0] = N"),
                                                         ("split_kernel", "DG_PDL_ENTRY()"),
                                                         ("early_kernel", "DG_PDL_LAUNCH()"),
-                                                        ("nowait_kernel", "DG_PDL_LAUNCH()")])
+                                                        ("nowait_kernel", "DG_PDL_LAUNCH()"),
+                                                        ("comma_kernel", "DG_PDL_LAUNCH()"),
+                                                        ("arg_kernel", "DG_PDL_LAUNCH()")])
+
+    def test_prewait_store_flagged(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".cuh", delete=False) as f:
+            f.write("template <int N> __device__ void ok_prewait(const int *p) {\n  const int *q = p + N; /* p[0] = 1; */\n"
+                    "  for (int i = 0; i < N; i += 2) dg_prefetch_l2(q + i, 16);\n}\n"
+                    "__device__ void a_prewait(int *p) { if (p) p[1] = 0; }\n"
+                    "__device__ void b_prewait(int *p) { *p = 1; }\n"
+                    "__device__ void c_prewait(S *s) { s->n += 1; }\n"
+                    "__device__ void d_prewait(int *p) { atomicAdd(p, 1); }\n"
+                    "__device__ void e_prewait(int *p) { p[2]++; }\n")
+        try:
+            d = prewait_defs(f.name)
+        finally:
+            os.unlink(f.name)
+        self.assertEqual(sorted(d), ["a_prewait", "b_prewait", "c_prewait", "d_prewait", "e_prewait", "ok_prewait"])
+        self.assertEqual(prewait_stores(d["ok_prewait"]), [])
+        for k in "abcde":
+            self.assertNotEqual(prewait_stores(d[k + "_prewait"]), [], k)
 
 
 if __name__ == "__main__":
