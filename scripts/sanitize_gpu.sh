@@ -23,19 +23,21 @@ mkdir -p "$OUT"
 make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_cuda > /tmp/san_build.txt 2>&1 || { tail -20 /tmp/san_build.txt; exit 1; }
 if [ -n "${SAN_RUN:-}" ]; then
   gpu_build /tmp/san_build_all.txt || exit 1
-  [ "${SAN_LAYERS:-}" = 2 ] && cp dev/cfg_26b_2layers.json /tmp/cfgL.json # also when SAN_RUN names /tmp/dg26b
-  if [ "${SAN_LAYERS:-}" = 2 ] && [[ "$SAN_RUN" != */tmp/dg26b* ]]; then gpu_tokenizer # no full checkpoint needed
-  else gpu_mkrandom_bg 16; wait $mk; fi
-  if [ -n "${SAN_LAYERS:-}" ] && [ "$SAN_LAYERS" != 2 ]; then # the 26B's shapes cut to SAN_LAYERS layers (the last one full attention)
-    python3 - "$SAN_LAYERS" <<'PY'
+  # the full 26B checkpoint: for a SAN_RUN naming it, and as the source of a cut other than the committed 2-layer one
+  if [ "${SAN_LAYERS:-}" != 2 ] || [[ "$SAN_RUN" == */tmp/dg26b* ]]; then gpu_mkrandom_bg 16; wait $mk; else gpu_tokenizer; fi
+  case "${SAN_LAYERS:-}" in # /tmp/cfgL.json: the 26B's shapes cut to SAN_LAYERS layers (the last one full attention)
+  "") ;;
+  2) cp dev/cfg_26b_2layers.json /tmp/cfgL.json ;;
+  *) python3 - "$SAN_LAYERS" <<'PY'
 import json, sys
 n = int(sys.argv[1]); c = json.load(open("/tmp/dg26b/config.json")); t = c["text_config"]
 t["num_hidden_layers"] = n; t["layer_types"] = t["layer_types"][:n - 1] + ["full_attention"]
 for k in ("quantization", "quantization_config"): c.pop(k, None)
 json.dump(c, open("/tmp/cfgL.json", "w"), indent=1)
 PY
-  fi
-  if [ -n "${SAN_LAYERS:-}" ]; then # /tmp/dgL: the 26B's shapes, SAN_LAYERS layers (a warm machine's of another N rewritten)
+  ;;
+  esac
+  if [ -n "${SAN_LAYERS:-}" ]; then # /tmp/dgL from /tmp/cfgL.json (a warm machine's of another N rewritten)
     cmp -s /tmp/cfgL.json /tmp/dgL/config.json.cfgL || rm -rf /tmp/dgL
     [ -f /tmp/dgL/config.json ] || build/dgemma mkrandom /tmp/dgL --config /tmp/cfgL.json --source .cache/gemma3 -t 16 \
       > /tmp/mkL.log 2>&1 && cp /tmp/cfgL.json /tmp/dgL/config.json.cfgL || { tail -3 /tmp/mkL.log; exit 1; }

@@ -212,7 +212,7 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cu
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaMemset2DAsync(void *d, size_t pitch, int v, size_t width, size_t height, cudaStream_t) {
-  if (width > pitch && height > 1) return cudaErrorInvalidValue;
+  if (width > pitch) return cudaErrorInvalidValue; /* as the runtime: a row may not overlap the next */
   for (size_t r = 0; r < height; r++) memset((char *)d + r * pitch, v, width);
   return cudaSuccess;
 }
