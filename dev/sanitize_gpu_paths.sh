@@ -16,14 +16,20 @@ H=/tmp/h; R=/tmp/repo; mkdir -p $H/bin $R/scripts $R/dev $R/tests $R/build $R/.d
 cp "$SRC"/scripts/sanitize_gpu.sh "$SRC"/scripts/gpu_env.sh $R/scripts/; cp "$SRC"/dev/cfg_26b_2layers.json $R/dev/
 cp "$SRC"/tests/test_cuda.c $R/tests/; echo "{}" | gzip > $R/.devdata/gemma3/tokenizer.json.gz
 printf '#!/bin/bash\nexit 0\n' > $H/bin/make; cp $H/bin/make $H/bin/cc
-printf '#!/bin/bash\necho "========= ERROR SUMMARY: 0 errors"\n' > $H/bin/compute-sanitizer
+cat > $H/bin/compute-sanitizer <<'EOF'
+#!/bin/bash
+while [ $# -gt 0 ] && [[ "$1" != */dgemma ]]; do shift; done # the application and its arguments, run as the tool would
+"$@" || exit 1
+echo "========= ERROR SUMMARY: 0 errors"
+EOF
 cat > $R/build/dgemma <<'EOF'
 #!/bin/bash
+[ "$1" = run ] && { [ -f "$3/config.json" ] || { echo "dgemma: cannot load model $3" >&2; exit 1; }; exit 0; }
 [ "$1" = mkrandom ] || exit 0
 out=$2; shift 2; cfg=""
 while [ $# -gt 0 ]; do [ "$1" = --config ] && cfg=$2; shift; done
 [ -z "$cfg" ] || [ -f "$cfg" ] || { echo "mkrandom: cannot open $cfg" >&2; exit 1; }
-mkdir -p "$out"
+mkdir -p "$out"; sleep 0.3 # a model being written: its directory there, no config.json yet
 if [ -n "$cfg" ]; then cp "$cfg" "$out/config.json"; else python3 -c 'import json; print(json.dumps({"text_config":
   {"num_hidden_layers": 30, "layer_types": ["sliding_attention"] * 29 + ["full_attention"]}}))' > "$out/config.json"; fi
 EOF
@@ -42,5 +48,12 @@ case1 "SAN_LAYERS=2, SAN_RUN on /tmp/dg26b" 2 2 /tmp/dg26b
 rm -rf /tmp/dgL /tmp/dg26b /tmp/cfgL.json
 case1 "SAN_LAYERS=4" 4 4 /tmp/dgL
 case1 "SAN_LAYERS=2 after SAN_LAYERS=4 on the same machine" 2 2 /tmp/dgL
+rm -rf /tmp/dgL /tmp/dg26b /tmp/cfgL.json # three runs started together, one tool each (session 20's call 3): each finds the model
+for t in memcheck racecheck synccheck; do
+  SAN_LAYERS=2 SAN_RUN="run -m /tmp/dgL --device cuda -p hi" SAN_TOOLS=$t bash $R/scripts/sanitize_gpu.sh /tmp/out_$t > /tmp/o_$t.txt 2>&1 &
+done; wait
+n=$(cat /tmp/out_*/*_run.txt | grep -c "^# rc 0,")
+if [ "$n" = 3 ] && [ "$(layers)" = 2 ]; then echo "ok   SAN_LAYERS=2, three tools started together"
+else echo "FAIL SAN_LAYERS=2, three tools started together: $n of 3 ran (rc 0); $(grep -h "cannot load" /tmp/out_*/*_run.txt | head -1)"; bad=1; fi
 exit $bad
 EOS

@@ -1131,6 +1131,8 @@ static void test_turbo_sc(void **state) {
       dg_turbo_pos tp;
       dg_turbo_dist(kv + (size_t)r * K, ki + (size_t)r * K, K, cap, T, 0.0f, DG_PROPOSAL_ARGMAX, kp + (size_t)r * K, &tp);
     }
+    for (size_t i = 0; i < (size_t)C * H; i++) s0[i] = synth_rand(&sd); /* a known state: the untouched rows' check */
+    assert_dg_ok(cut()->put_soft(ctx->dev, s0));
     assert_dg_ok(cut()->get_soft(ctx->dev, s0));
     assert_dg_ok(cu()->turbo_sc(ctx->dev, mode, n, rows, cap, T, kp));
     assert_dg_ok(cut()->get_soft(ctx->dev, sg));

@@ -651,6 +651,14 @@ extern "C" dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft) {
   return DG_OK;
 }
 
+extern "C" dg_status dg_cuda_test_put_soft(dg_cuda_ctx *c, const float *soft) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  CK(cudaSetDevice(c->m->device));
+  CK(cudaMemcpyAsync(c->soft, soft, (size_t)d->canvas * d->hidden * 4, cudaMemcpyHostToDevice, c->stream));
+  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
 #define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
 #define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
@@ -739,6 +747,10 @@ extern "C" dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *
   TT_(dalloc(&al, &c.blas_ws, ws_bytes, "pin workspace"));
   test_fill_bf16<<<1024, 256>>>(W, (size_t)m * k, 0x9e3779b9u);
   test_fill_bf16<<<1024, 256>>>(x, (size_t)n * k, 0x7f4a7c15u);
+  /* the outputs cleared first: compute-sanitizer's initcheck does not see cuBLAS's stores (session 5), so without this
+   * the copies below read, as far as it knows, memory nothing wrote (session 20: 256 MB reports until its time ran out) */
+  TC_(cudaMemset(y0, 0, ny * 4));
+  TC_(cudaMemset(y1, 0, ny * 4));
   TC_(cudaGetLastError());
   TC_(cudaStreamCreate(&c.stream));
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, c.stream) != CUBLAS_STATUS_SUCCESS ||
@@ -853,7 +865,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_experts_nt, dg_cuda_test_gemm_pins, dg_cuda_test_combine_norm, dg_cuda_test_vocab_chain,
     dg_cuda_test_experts_dn_fuse,
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
-    dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab,
+    dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

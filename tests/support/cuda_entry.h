@@ -142,6 +142,9 @@ dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, f
 dg_status dg_cuda_test_put_raw_rows(dg_cuda_ctx *c, int32_t n, const float *raw);
 /* Copy c's device self-conditioning rows [C, H] to soft (host). Errors: DG_ERR_BACKEND. */
 dg_status dg_cuda_test_get_soft(dg_cuda_ctx *c, float *soft);
+/* Copy host rows soft [C, H] into c's device self-conditioning rows (a known state for the tests that check which
+ * rows a kernel leaves untouched; without it those rows are memory nothing wrote). Errors: DG_ERR_BACKEND. */
+dg_status dg_cuda_test_put_soft(dg_cuda_ctx *c, const float *soft);
 
 /* A pinned dense product (src/cuda/gemm_pin.cu) against cublasGemmEx's default on the same inputs: pin i of the
  * table (its shape m x n x k: y[n, m] = x[n, k] W[m, k]^T, W and x filled on the device with values in [-1, 1) of
@@ -217,6 +220,7 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_experts_lab)(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                 const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                 long n_diff[2]);
+  dg_status (*put_soft)(dg_cuda_ctx *c, const float *soft);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
