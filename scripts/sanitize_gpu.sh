@@ -14,7 +14,10 @@
 # of a 26B step, N/30 of its launches), for SAN_RUN's "-m /tmp/dgL".
 # SAN_PAR=1: every tool of SAN_TOOLS (default all four) at once, one process each, over each test of SAN_FILTER (default:
 # every test of tests/test_cuda.c) one at a time, SAN_T seconds each, none started after SAN_END s (default 480);
-# SAN_PAR=all: every (tool, test) pair in a process of its own, all at once (16 cores: ~30 processes ran well).
+# SAN_PAR=all: every (tool, test) pair in a process of its own, all at once (16 cores: ~30 processes ran well, 74 in
+# session 20), at most SAN_JOBS (default 80) at a time: each holds a CUDA context and the tool's device memory.
+# SAN_FILTER=cases: every test of tests/test_cuda.c, each looping test as its cases TEST@K (san_cases below: 67 items
+# at 37 tests; dev/sanitize_gpu_paths.sh checks the table against the tests that call test_case).
 # A SAN_FILTER item TEST@K runs case K of a test that loops over cases (DG_TEST_CASE, tests/test_cuda.c), e.g.
 # "test_replay@0 test_replay@1 ... test_replay@5" (2 x fixture + mode; test_sampled: 3 x fixture + seed - 1). OUT/summary_TOOL.txt, and the logs (the first 20 KB of each) in
 # OUT/san_logs.tgz (few files come back from a call).
@@ -65,6 +68,17 @@ PY
   done
   exit 0
 fi
+san_cases() { # every test of tests/test_cuda.c, the ones looping over cases (DG_TEST_CASE) as TEST@K, K their cases
+  local t
+  for t in $(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//'); do
+    case $t in
+      test_synth_logits|test_turbo_generate) echo $t@{0..4} ;; test_golden_logits) echo $t@{0..3} ;;
+      test_replay|test_sampled) echo $t@{0..5} ;; test_attention) echo $t@{1..8} ;; test_quant_synth_logits) echo $t@{0..2} ;;
+      *) echo $t ;;
+    esac
+  done | tr '\n' ' '
+}
+[ "${SAN_FILTER:-}" = cases ] && SAN_FILTER=$(san_cases)
 if [ -n "${SAN_PAR:-}" ]; then # the tools at once on the same GPU, each test (or TEST@CASE) in a process of its own
   tests=${SAN_FILTER:-$(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//')}
   mkdir -p /tmp/san
@@ -80,7 +94,8 @@ if [ -n "${SAN_PAR:-}" ]; then # the tools at once on the same GPU, each test (o
       >> "$OUT/summary_$tool.txt"; rm -f "$log.full"
   }
   for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
-    if [ "$SAN_PAR" = all ]; then for f in $tests; do san1 $tool $f & done # every (tool, test) pair at once
+    if [ "$SAN_PAR" = all ]; then for f in $tests; do # every (tool, test) pair at once, at most SAN_JOBS running
+        while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-80}" ]; do wait -n; done; san1 $tool $f & done
     else ( for f in $tests; do san1 $tool $f
         [ "$(( $(date +%s) - t0 ))" -gt "${SAN_END:-480}" ] && { echo "$tool: stopped at the time limit" >> "$OUT/summary_$tool.txt"; break; }
       done ) & fi
