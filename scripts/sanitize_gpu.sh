@@ -36,10 +36,11 @@ make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_c
 if [ -n "${SAN_RUN:-}" ]; then
   gpu_build /tmp/san_build_all.txt || exit 1
   # the full 26B checkpoint: for a SAN_RUN naming it, and as the source of a cut other than the committed 2-layer one
-  if [ "${SAN_LAYERS:-}" != 2 ] || [[ "$SAN_RUN" == */tmp/dg26b* ]]; then gpu_mkrandom_bg 16; wait $mk; else gpu_tokenizer; fi
-  # one writer of /tmp/cfgL.json and /tmp/dgL at a time: runs started together (one tool each) otherwise read each other's
-  # half-written config, remove the model under each other and find none (session 20)
+  # one writer of .cache/gemma3, /tmp/dg26b, /tmp/cfgL.json and /tmp/dgL at a time: runs started together (one tool
+  # each) otherwise read each other's half-written config, remove the model under each other and find none (session 20),
+  # or take the tokenizer another run is still unpacking (gpu_tokenizer tests only that the file exists; review20)
   exec 8> /tmp/dgL.lock; flock 8
+  if [ "${SAN_LAYERS:-}" != 2 ] || [[ "$SAN_RUN" == */tmp/dg26b* ]]; then gpu_mkrandom_bg 16; wait $mk; else gpu_tokenizer; fi
   case "${SAN_LAYERS:-}" in # /tmp/cfgL.json: the 26B's shapes cut to SAN_LAYERS layers (the last one full attention)
   "") ;;
   2) cp dev/cfg_26b_2layers.json /tmp/cfgL.json ;;
