@@ -6,7 +6,8 @@
 # SAN_RUN on /tmp/dgL and on /tmp/dg26b (the second had no /tmp/cfgL.json before review19: mkrandom failed), SAN_LAYERS=4,
 # SAN_LAYERS=4 then 2 on one machine (a warm machine's /tmp/dgL of 4 layers was taken for the 2-layer cut), three tools'
 # runs started together on a fresh machine (session 20: they raced on /tmp/cfgL.json; review20: on the tokenizer one
-# of them was still unpacking), and SAN_FILTER=cases against the tests of test_cuda.c that loop over cases.
+# of them was still unpacking), SAN_FILTER=cases against the tests of test_cuda.c that loop over cases, SAN_PAR=all with
+# a test that skips (NOT-PASSED) and SAN_DEADLINE.
 #   sudo dev/sanitize_gpu_paths.sh
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +23,8 @@ printf '#!/bin/bash\nexit 0\n' > $H/bin/make; cp $H/bin/make $H/bin/cc
 printf '#!/bin/bash\nsleep 0.5; exec %s "$@"\n' "$(command -v gunzip)" > $H/bin/gunzip
 cat > $H/bin/compute-sanitizer <<'EOF'
 #!/bin/bash
-while [ $# -gt 0 ] && [[ "$1" != */dgemma ]]; do shift; done # the application and its arguments, run as the tool would
+while [ $# -gt 0 ] && [[ "$1" != */dgemma ]] && [[ "$1" != */test_cuda ]]; do shift; done # the application and its
+# arguments, run as the tool would
 "$@" || exit 1
 echo "========= ERROR SUMMARY: 0 errors"
 EOF
@@ -38,7 +40,13 @@ mkdir -p "$out"; sleep 0.3 # a model being written: its directory there, no conf
 if [ -n "$cfg" ]; then cp "$cfg" "$out/config.json"; else python3 -c 'import json; print(json.dumps({"text_config":
   {"num_hidden_layers": 30, "layer_types": ["sliding_attention"] * 29 + ["full_attention"]}}))' > "$out/config.json"; fi
 EOF
-chmod +x $H/bin/* $R/build/dgemma
+mkdir -p $R/build/tests; cat > $R/build/tests/test_cuda <<'EOF'
+#!/bin/bash
+echo "[==========] Running 1 test(s)."; echo "[ RUN      ] $DG_TEST_FILTER" # test_branch skips (rc 0, as cmocka)
+if [ "$DG_TEST_FILTER" = test_branch ]; then echo "[  SKIPPED ] test_branch"; echo "[  PASSED  ] 0 test(s)."
+else echo "[       OK ] $DG_TEST_FILTER"; echo "[  PASSED  ] 1 test(s)."; fi
+EOF
+chmod +x $H/bin/* $R/build/dgemma $R/build/tests/test_cuda
 export PATH=$H/bin:$PATH
 bad=0
 layers() { python3 -c 'import json; print(json.load(open("/tmp/dgL/config.json"))["text_config"]["num_hidden_layers"])' 2>/dev/null; }
@@ -68,5 +76,15 @@ got=$(cd $R && eval "$(sed -n '/^san_cases() {/,/^}/p' scripts/sanitize_gpu.sh)"
   | sort -u | tr '\n' ' ')
 if [ -n "$want" ] && [ "$want" = "$got" ]; then echo "ok   SAN_FILTER=cases splits exactly the looping tests ($(echo $got | wc -w))"
 else echo "FAIL SAN_FILTER=cases: test_cuda.c loops in '$want', the script splits '$got'"; bad=1; fi
+# SAN_PAR=all: a test that skips (cmocka exits 0) is marked NOT-PASSED, one that passes is not; past SAN_DEADLINE none starts
+SAN_PAR=all SAN_TOOLS=memcheck SAN_FILTER="test_branch test_ctx_arena" bash $R/scripts/sanitize_gpu.sh /tmp/out_p > /tmp/o_p.txt 2>&1
+s=/tmp/out_p/summary_memcheck.txt
+if grep -q "^memcheck test_branch rc 0 .*NOT-PASSED" $s && grep -q "^memcheck test_ctx_arena rc 0 .*kernels: none$" $s; then
+  echo "ok   SAN_PAR=all: a skipped test NOT-PASSED, a passed one clean"
+else echo "FAIL SAN_PAR=all: a skipped test NOT-PASSED, a passed one clean: $(cat $s 2>/dev/null | tr '\n' '|')"; bad=1; fi
+SAN_DEADLINE=$(( $(date +%s) + 5 )) SAN_PAR=all SAN_TOOLS=memcheck SAN_FILTER=test_ctx_arena bash $R/scripts/sanitize_gpu.sh /tmp/out_d \
+  > /tmp/o_d.txt 2>&1
+if grep -q "^memcheck test_ctx_arena rc none .*NOT-PASSED" /tmp/out_d/summary_memcheck.txt; then echo "ok   SAN_DEADLINE: nothing started past it"
+else echo "FAIL SAN_DEADLINE: $(cat /tmp/out_d/summary_memcheck.txt 2>/dev/null)"; bad=1; fi
 exit $bad
 EOS
