@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # sanitize_gpu_paths.sh: scripts/sanitize_gpu.sh's SAN_RUN / SAN_LAYERS paths without a GPU, with stubs for make,
 # compute-sanitizer and build/dgemma (its mkrandom writes only a config.json, and fails when --config names a missing
-# file or --source has no tokenizer.json, as the real one does) and gunzip (slow to start), in a private /tmp (the script's paths /tmp/dg26b, /tmp/dgL, /tmp/cfgL.json are fixed):
+# file or --source has no tokenizer.json, as the real one does) and gunzip (slow to start), in a private /tmp (the
+# script's paths /tmp/dg26b, /tmp/dgL, /tmp/cfgL.json are fixed):
 # needs root and unshare(1). Prints one line per case and exits 1 if any case is wrong. Cases: SAN_LAYERS=2 with
 # SAN_RUN on /tmp/dgL and on /tmp/dg26b (the second had no /tmp/cfgL.json before review19: mkrandom failed), SAN_LAYERS=4,
 # SAN_LAYERS=4 then 2 on one machine (a warm machine's /tmp/dgL of 4 layers was taken for the 2-layer cut), three tools'
