@@ -35,9 +35,10 @@ san_t() { # the seconds a run may take: SAN_T, or less to end by SAN_DEADLINE; s
   left=$(( SAN_DEADLINE - $(date +%s) )); [ "$left" -lt "$t" ] && t=$left
   echo "$t"; [ "$left" -ge 10 ]
 }
-san_kernels() { # LOG: "kernels: N NAME, ..." for the device code each report of LOG points at (racecheck's Read/Write
-  # threads, the others' "at KERNEL"), so that reports inside cuBLAS and inside dgemma's kernels are told apart
-  grep -E "^=========  .*((access|Thread \([0-9,]+\)) at |on access by )|^=========     at " "$1" \
+san_kernels() { # LOG: "kernels: N NAME, ..." for the device code each report of LOG points at (racecheck's "Race
+  # reported between Read access at KERNEL" once per report, not its Write peers, review20; its hazard lines' threads;
+  # the others' "at KERNEL"), so that reports inside cuBLAS and inside dgemma's kernels are told apart
+  grep -E "^=========  .*(Thread \([0-9,]+\) at |on access by )|^=========     at |^========= .*Race reported between [A-Za-z]+ access at " "$1" \
     | sed -E 's/.*on access by ([A-Za-z]+).*/host-API:\1/; s/.* at //; s/^void //; s/[<(].*//; s/\+0x[0-9a-f]+.*//' \
     | sort | uniq -c | sort -rn | awk '{printf "%s%d %s", (NR > 1 ? ", " : "kernels: "), $1, $2} END {if (!NR) printf "kernels: none"}'
 }
