@@ -23,7 +23,7 @@
 # initcheck: `SWEEP_TOOLS="memcheck synccheck"` is what is left).
 # Reports in cuBLAS's kernels are named as such in the summaries (kernels: ...). An item is clean when its line reads
 # rc 0, "kernels: none" and no NOT-PASSED (a skipped test exits 0 too): summary.txt lists every other line, and counts
-# the items each tool ran against the items asked.
+# the items each tool ran against the items asked. Without a GPU: `sudo dev/san_sweep_stub.sh` (every tool stubbed).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/san_sweep_gpu.sh OUT}
