@@ -20,15 +20,25 @@
 # at 37 tests; dev/sanitize_gpu_paths.sh checks the table against the tests that call test_case).
 # A SAN_FILTER item TEST@K runs case K of a test that loops over cases (DG_TEST_CASE, tests/test_cuda.c), e.g.
 # "test_replay@0 test_replay@1 ... test_replay@5" (2 x fixture + mode; test_sampled: 3 x fixture + seed - 1). OUT/summary_TOOL.txt, and the logs (the first 20 KB of each) in
-# OUT/san_logs.tgz (few files come back from a call).
+# OUT/san_logs.tgz (few files come back from a call). An item's summary line ends in "NOT-PASSED" when its log has no
+# passed test or a skipped one (cmocka exits 0 when a test skips, e.g. need_gpu() finding no usable device, or when the
+# filter matches none: rc 0 without it checked nothing).
+# SAN_DEADLINE: a time (seconds since the epoch) no run may pass: each run's limit is the lesser of SAN_T and the time
+# left, and a run with less than 10 s left is not started ("rc none"), so that a call's summary comes back in time.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/sanitize_gpu.sh OUT}
 mkdir -p "$OUT"
 . scripts/gpu_env.sh
-san_kernels() { # LOG: "kernels: N NAME, ..." for the device code each report of LOG points at (racecheck's Read/Write
-  # threads, the others' "at KERNEL"), so that reports inside cuBLAS and inside dgemma's kernels are told apart
-  grep -E "^=========  .*((access|Thread \([0-9,]+\)) at |on access by )|^=========     at " "$1" \
+san_t() { # the seconds a run may take: SAN_T, or less to end by SAN_DEADLINE; status 1 when under 10 s are left of it
+  local t=${SAN_T:-120} left; [ -z "${SAN_DEADLINE:-}" ] && { echo "$t"; return 0; }
+  left=$(( SAN_DEADLINE - $(date +%s) )); [ "$left" -lt "$t" ] && t=$left
+  echo "$t"; [ "$left" -ge 10 ]
+}
+san_kernels() { # LOG: "kernels: N NAME, ..." for the device code each report of LOG points at (racecheck's "Race
+  # reported between Read access at KERNEL" once per report, not its Write peers, review20; its hazard lines' threads;
+  # the others' "at KERNEL"), so that reports inside cuBLAS and inside dgemma's kernels are told apart
+  grep -E "^=========  .*(Thread \([0-9,]+\) at |on access by )|^=========     at |^========= .*Race reported between [A-Za-z]+ access at " "$1" \
     | sed -E 's/.*on access by ([A-Za-z]+).*/host-API:\1/; s/.* at //; s/^void //; s/[<(].*//; s/\+0x[0-9a-f]+.*//' \
     | sort | uniq -c | sort -rn | awk '{printf "%s%d %s", (NR > 1 ? ", " : "kernels: "), $1, $2} END {if (!NR) printf "kernels: none"}'
 }
@@ -36,10 +46,11 @@ make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_c
 if [ -n "${SAN_RUN:-}" ]; then
   gpu_build /tmp/san_build_all.txt || exit 1
   # the full 26B checkpoint: for a SAN_RUN naming it, and as the source of a cut other than the committed 2-layer one
-  if [ "${SAN_LAYERS:-}" != 2 ] || [[ "$SAN_RUN" == */tmp/dg26b* ]]; then gpu_mkrandom_bg 16; wait $mk; else gpu_tokenizer; fi
-  # one writer of /tmp/cfgL.json and /tmp/dgL at a time: runs started together (one tool each) otherwise read each other's
-  # half-written config, remove the model under each other and find none (session 20)
+  # one writer of .cache/gemma3, /tmp/dg26b, /tmp/cfgL.json and /tmp/dgL at a time: runs started together (one tool
+  # each) otherwise read each other's half-written config, remove the model under each other and find none (session 20),
+  # or take the tokenizer another run is still unpacking (gpu_tokenizer tests only that the file exists; review20)
   exec 8> /tmp/dgL.lock; flock 8
+  if [ "${SAN_LAYERS:-}" != 2 ] || [[ "$SAN_RUN" == */tmp/dg26b* ]]; then gpu_mkrandom_bg 16; wait $mk; else gpu_tokenizer; fi
   case "${SAN_LAYERS:-}" in # /tmp/cfgL.json: the 26B's shapes cut to SAN_LAYERS layers (the last one full attention)
   "") ;;
   2) cp dev/cfg_26b_2layers.json /tmp/cfgL.json ;;
@@ -61,7 +72,8 @@ PY
   flock -u 8; exec 8>&-
   for tool in ${SAN_TOOLS:-memcheck racecheck}; do
     log="$OUT/${tool}_run.txt"; s0=$(date +%s)
-    { echo "# compute-sanitizer --tool $tool ${SAN_OPTS:-} build/dgemma $SAN_RUN"; timeout ${SAN_T:-120} compute-sanitizer \
+    t=$(san_t) || { echo "run $tool: # rc none: not started, SAN_DEADLINE"; continue; }
+    { echo "# compute-sanitizer --tool $tool ${SAN_OPTS:-} build/dgemma $SAN_RUN"; timeout "$t" compute-sanitizer \
       --tool $tool ${SAN_OPTS:-} --error-exitcode 9 build/dgemma $SAN_RUN 2>&1 | cut -c1-400; echo "# rc ${PIPESTATUS[0]}, $(( $(date +%s) - s0 )) s"; } > "$log"
     echo "# $(san_kernels "$log")" >> "$log"
     echo "run $tool: $(tail -2 "$log" | head -1) $(tail -1 "$log")"; grep -E "SUMMARY|dgemma:" "$log" | tail -5
@@ -83,14 +95,17 @@ if [ -n "${SAN_PAR:-}" ]; then # the tools at once on the same GPU, each test (o
   tests=${SAN_FILTER:-$(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//')}
   mkdir -p /tmp/san
   san1() { # TOOL ITEM: one test (ITEM = TEST or TEST@CASE: DG_TEST_CASE=CASE) under one tool
-    local tool=$1 f=${2%@*} k="" s0 rc log; [ "$2" != "$f" ] && k=${2#*@}
+    local tool=$1 f=${2%@*} k="" s0 rc log t v=""; [ "$2" != "$f" ] && k=${2#*@}
     s0=$(date +%s); log="/tmp/san/${tool}_${f}${k:+_$k}.txt"
-    DG_TEST_CASE="$k" DG_TEST_FILTER="$f" timeout ${SAN_T:-120} compute-sanitizer --tool $tool ${SAN_OPTS:-} --error-exitcode 9 \
+    t=$(san_t) || { echo "$tool $2 rc none 0 s not started: SAN_DEADLINE NOT-PASSED" >> "$OUT/summary_$tool.txt"; return; }
+    DG_TEST_CASE="$k" DG_TEST_FILTER="$f" timeout "$t" compute-sanitizer --tool $tool ${SAN_OPTS:-} --error-exitcode 9 \
       build/tests/test_cuda > "$log.full" 2>&1; rc=$?
+    grep -qE "^\[  PASSED  \] [1-9]" "$log.full" && ! grep -qE "^\[  SKIPPED \]" "$log.full" \
+      || v=" NOT-PASSED (no test passed, or one skipped: not all checked)"
     { echo "# DG_TEST_CASE=$k DG_TEST_FILTER=$f compute-sanitizer --tool $tool ${SAN_OPTS:-} --error-exitcode 9 build/tests/test_cuda:" \
-        "rc $rc, $(( $(date +%s) - s0 )) s"; echo "# kernels of the reports (the whole log): $(san_kernels "$log.full")"
+        "rc $rc, $(( $(date +%s) - s0 )) s$v"; echo "# kernels of the reports (the whole log): $(san_kernels "$log.full")"
       head -c 20000 "$log.full"; } > "$log"
-    echo "$tool $2 rc $rc $(( $(date +%s) - s0 )) s $(grep -E "SUMMARY" "$log.full" | tail -1) $(san_kernels "$log.full")" \
+    echo "$tool $2 rc $rc $(( $(date +%s) - s0 )) s $(grep -E "SUMMARY" "$log.full" | tail -1) $(san_kernels "$log.full")$v" \
       >> "$OUT/summary_$tool.txt"; rm -f "$log.full"
   }
   for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
