@@ -750,7 +750,8 @@ extern "C" dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *
   /* the outputs cleared first: compute-sanitizer's initcheck does not see cuBLAS's stores (session 5), so without this
    * the copies below read, as far as it knows, memory nothing wrote (session 20: 256 MB reports until its time ran out) */
   TC_(cudaMemset(y0, 0, ny * 4));
-  TC_(cudaMemset(y1, 0, ny * 4));
+  TC_(cudaMemset(y1, 0xff, ny * 4)); /* NaN words, unlike y0's zeros: an element neither product wrote differs (both
+                                      * products have beta 0, so cuBLAS does not read them) */
   TC_(cudaGetLastError());
   TC_(cudaStreamCreate(&c.stream));
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, c.stream) != CUBLAS_STATUS_SUCCESS ||
