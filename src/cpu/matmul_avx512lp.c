@@ -257,8 +257,8 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   b->nblk = (b->ng + 15) / 16;
   /* transposed when a group is at most 8 dwords and the last block's unused lanes are at
    * most 1/8 of all (they cost the same as used ones: 11 groups, as the 26B's down product
-   * at g64, would waste 5 of 16) */
-  b->tr_n = G * B / 32 <= 8 && (b->nblk * 16 - b->ng) * 8 <= b->nblk * 16 ? G * B / 32 : 0;
+   * at g64, would waste 5 of 16): dg_lp_tr_n, which the default pack's choice shares (kernels.h) */
+  b->tr_n = dg_lp_tr_n(K, B, G);
   b->nat = b->tr_n == 8 && T_max < 4;
   b->cstride = (b->ng + 15) / 16 * 16;
   void *part[5]; /* the calling thread's scratch, kept (scratch.h) */
