@@ -361,8 +361,8 @@ static void test_cli_errors(void **state) {
   const int rc = run_cli("bench --protocol ceiling -t 1 --rows 1 --formats 4 --moe-tokens 0", &o, &e);
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(psv);
-  const char *want = "dgemma bench: DGEMMA_CPU_PACK=\"yes\\x22\" is none of 0 (no pack), 1 (every matrix) and nat (the "
-                     "default)\n";
+  const char *want = "dgemma bench: DGEMMA_CPU_PACK=\"yes\\x22\" is none of 0 (no pack), 1 (every matrix) and nat "
+                     "(gate/up-shaped ones)\n";
   if (rc != 2 || strcmp(e, want) || o[0]) fail_msg("DGEMMA_CPU_PACK=yes\": exit %d, stdout \"%s\", stderr \"%s\"", rc, o, e);
   free(o);
   free(e);

@@ -463,11 +463,12 @@ static void test_avx512lp(void **state) {
 
 /* Which matrices each DGEMMA_CPU_PACK mode packs (cpu/pack.c, kernels.h): the layout avx512lp quantizes the
  * activations in (dg_lp_tr_n: n = G B / 32 dwords a group when n <= 8 and the last block of 16 groups is at most 1/8
- * empty, else 0, by step), and the default's choice (dg_cpu_pack_nat: 2/4/8-bit with n = 8), against values worked
- * out by hand from that rule: the 26B's experts' gate/up (4-bit g64, K = 2816: 44 groups, 4 of 48 lanes empty) is
- * taken, its down (K = 704: 11 groups, 5 of 16 empty) is not; 8-bit g32 at 14 groups (2 of 16 empty, exactly 1/8) is,
- * at 13 not; n = 2 and 4 (transposed, not natural) and n = 16 (by step) are not; 3-bit never (no pack). Then the
- * variable's values: unset the default (DG_CPU_PACK_DEFAULT), 0, 1, nat; anything else -1 with the reason. */
+ * empty, else 0, by step), and DGEMMA_CPU_PACK=nat's choice (dg_cpu_pack_nat: 2/4/8-bit with n = 8), against
+ * values worked out by hand from that rule: the 26B's experts' gate/up (4-bit g64, K = 2816: 44 groups, 4 of 48
+ * lanes empty) is taken, its down (K = 704: 11 groups, 5 of 16 empty) is not; 8-bit g32 at 14 groups (2 of 16
+ * empty, exactly 1/8) is, at 13 not; n = 2 and 4 (transposed, not natural) and n = 16 (by step) are not; 3-bit
+ * never (no pack). Then the variable's values: unset the default (DG_CPU_PACK_DEFAULT), 0, 1, nat; anything else
+ * -1 with the reason. */
 static void test_pack_choice(void **state) {
   (void)state;
   static const struct { int B, G, K, tr_n, nat; } c[] = {
@@ -498,8 +499,8 @@ static void test_pack_choice(void **state) {
     const int got = dg_cpu_pack_wanted(why, sizeof why);
     char want_why[160] = "";
     if (e[i].want < 0)
-      snprintf(want_why, sizeof want_why, "DGEMMA_CPU_PACK=\"%s\" is none of 0 (no pack), 1 (every matrix) and nat (the "
-               "default)", e[i].v);
+      snprintf(want_why, sizeof want_why, "DGEMMA_CPU_PACK=\"%s\" is none of 0 (no pack), 1 (every matrix) and nat "
+               "(gate/up-shaped ones)", e[i].v);
     if (got != e[i].want || strcmp(why, want_why))
       fail_msg("DGEMMA_CPU_PACK=\"%s\": %d \"%s\", want %d \"%s\"", e[i].v, got, why, e[i].want, want_why);
   }

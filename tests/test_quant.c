@@ -747,9 +747,9 @@ static void test_twin(void **state) {
 }
 
 /* The avx512lp pack (cpu/pack.c, built by the CPU backend): a 2/4/8-bit model loaded with DGEMMA_CPU_PACK=1
- * (every 2-, 4- and 8-bit matrix but the embedding packed, their MLX pages dropped from the mapping), with "nat" and
- * with it unset (the default: only the matrices dg_cpu_pack_nat takes, the rest read in the MLX layout) gives the
- * logits of DGEMMA_CPU_PACK=0 bit for bit, with and without self-conditioning, and so does the model whose experts
+ * (every 2-, 4- and 8-bit matrix but the embedding packed, their MLX pages dropped from the mapping), with "nat"
+ * (only the matrices dg_cpu_pack_nat takes, the rest read in the MLX layout) and unset (DG_CPU_PACK_DEFAULT) gives
+ * the logits of DGEMMA_CPU_PACK=0 bit for bit, with and without self-conditioning, and so does the model whose experts
  * are stored one by one (stacks the loader owns: packed, their MLX copy kept). Model 0 (hidden 32): 4-bit g32 rows
  * of 16 bytes (one partial step), the router's 5 rows (a last 4-row block of 1), 2-bit experts and 8-bit attention;
  * no matrix has 14 groups, so "nat" packs none. Model 1 (hidden 1024, 4-bit g64, 8-bit g32 router and attention):

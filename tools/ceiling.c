@@ -90,7 +90,7 @@ typedef struct ce_stack {
 } ce_stack;
 
 /* As the CPU backend (backend_cpu.c): with the avx512lp kernels, the quantized stacks that DGEMMA_CPU_PACK's mode
- * takes (dg_cpu_pack_takes: 1 all, unset or "nat" the natural-layout ones, as the 26B's gate/up and not its down)
+ * takes (dg_cpu_pack_takes: 1 all, "nat" the natural-layout ones, as the 26B's gate/up and not its down; unset none)
  * get a pack that avx512lp's tiles read instead (cpu/pack.c: the same bits); returns the mode, DG_CPU_PACK_NONE for
  * other kernels. Another value of DGEMMA_CPU_PACK is refused before anything is measured (bench_ceiling), as the
  * backend refuses it. */
@@ -549,7 +549,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
     if (pm != DG_CPU_PACK_NONE)
       printf("avx512lp pack (DGEMMA_CPU_PACK %s): %s are also held in the pack (cpu/pack.c) that every avx512lp "
              "tile reads instead of the MLX layout; same bits\n\n",
-             pm == DG_CPU_PACK_ALL ? "1" : "nat, the default when unset",
+             pm == DG_CPU_PACK_ALL ? "1" : "nat",
              pm == DG_CPU_PACK_ALL ? "the quantized stacks"
                                    : "the quantized stacks dg_cpu_pack_nat takes (here gate/up, not down)");
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "

@@ -61,8 +61,9 @@ static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
 /* With the avx512lp kernels and DGEMMA_CPU_PACK=1 every 2-, 4- or 8-bit matrix but the embedding gets a pack
  * (cpu/pack.c) that all of avx512lp's tiles read instead of the MLX layout (the same bits; the matrix-vector products
  * read one stream per 4 rows instead of six), and its MLX pages are dropped, so the weights take about the memory
- * they take without the pack; unset (DG_CPU_PACK_DEFAULT) or "nat", only those dg_cpu_pack_nat takes (by format and
- * row length: the transposed layout at 8 dwords a group, e.g. the 26B's experts' gate/up but not their down); 0 none.
+ * they take without the pack; "nat", only those dg_cpu_pack_nat takes (by format and row length: the transposed
+ * layout at 8 dwords a group, e.g. the 26B's experts' gate/up but not their down); 0 or unset (DG_CPU_PACK_DEFAULT)
+ * none.
  * The embedding is not packed: its row lookups and the soft embedding's transposed product (exact kernels) read the
  * MLX layout, so a pack would double it. */
 static dg_status cpu_model_init(dg_model *m, int device) {

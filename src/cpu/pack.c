@@ -1,13 +1,14 @@
 /* pack.c: a copy of an MLX affine weight laid out for avx512lp's tiles (cpu/matmul_avx512lp.c),
  * so that a thread reads one stream per 4 rows instead of the MLX layout's six (4 rows of
  * codes, the scales, the biases). Built by the CPU backend for avx512lp (backend_cpu.c:
- * DGEMMA_CPU_PACK=1 every matrix it applies to; unset or "nat" those dg_cpu_pack_nat takes),
+ * DGEMMA_CPU_PACK=1 every matrix it applies to, "nat" those dg_cpu_pack_nat takes; unset none),
  * which then lets the MLX bytes leave the process's memory.
  *
  * Which weights: 2-, 4- and 8-bit, any group size (the formats of avx512lp's VNNI tiles);
- * the default takes only those whose activations avx512lp quantizes in the transposed layout
- * at 8 dwords a group (dg_cpu_pack_nat, kernels.h: their one-row products run NTILE), the
- * ones the pack was never slower on (session 19; docs/measurements.md).
+ * "nat" takes only those whose activations avx512lp quantizes in the transposed layout at 8
+ * dwords a group (dg_cpu_pack_nat, kernels.h: their one-row products run NTILE), the ones the
+ * pack was never slower on in session 19 (not the default: slower on Zen 5, session 20;
+ * docs/measurements.md).
  * Rows are taken 4 at a time: 4-row block b holds rows 4 b .. 4 b + 3 (a last block of
  * fewer rows is zero past the matrix's last row) at b P (P: dg_cpu_pack_geom). With rb
  * the row's packed bytes, S = floor(rb / 64) whole 64-byte steps and a tail of t = rb - 64 S
@@ -42,8 +43,8 @@ int dg_cpu_pack_wanted(char *why, size_t n) {
   if (why && n) {
     char q[64];
     const int cut = dg_env_quote(v, q, sizeof q);
-    snprintf(why, n, "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix) and nat (the default)", q,
-             cut ? "..." : "");
+    snprintf(why, n, "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix) and nat (gate/up-shaped ones)",
+             q, cut ? "..." : "");
   }
   return -1;
 }
