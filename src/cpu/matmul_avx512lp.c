@@ -681,7 +681,10 @@ TTILES(8, 8) /* g32 */
  * layout: the scales inside each block of 16 groups): none 0.047 / 0.072 ms, 1024 bytes on 4.5
  * (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
 /* Session 18's layout (d2f3587, idle, side-by-side, 3 alternations, avx512lp GFLOP/s medians: no prefetch /
- * 4 blocks on for both families): gate/up M = 1 132 / 77, down 110 / 63 (docs/results/cpu-s18/pk18_w2_*). */
+ * 4 blocks on for both families): gate/up M = 1 132 / 77, down 110 / 63 (docs/results/cpu-s18/pk18_w2_*).
+ * On the Zen 5 EPYC of session 20 the opposite (idle side-by-side, 5 alternations, DGEMMA_CPU_PACK=1 with 4 blocks on
+ * for both vs no pack): gate/up M = 1 1.12x, down 1.33x, while the pack without the prefetch was 0.46x (gate/up) and
+ * 0.27x (down) of no pack (docs/results/cpu-s20/pk20_w2_*, pk20_diagnosis_*): the right distance depends on the CPU. */
 #ifndef PK1_BLOCKS
 #define PK1_BLOCKS 0
 #endif
