@@ -461,6 +461,55 @@ static void test_avx512lp(void **state) {
          "2/4/8-bit, transposed and by step, bf16 and f32 scales, last blocks of 1-4 rows, row0 = 1, grouped)\n");
 }
 
+/* Which matrices each DGEMMA_CPU_PACK mode packs (cpu/pack.c, kernels.h): the layout avx512lp quantizes the
+ * activations in (dg_lp_tr_n: n = G B / 32 dwords a group when n <= 8 and the last block of 16 groups is at most 1/8
+ * empty, else 0, by step), and DGEMMA_CPU_PACK=nat's choice (dg_cpu_pack_nat: 2/4/8-bit with n = 8), against
+ * values worked out by hand from that rule: the 26B's experts' gate/up (4-bit g64, K = 2816: 44 groups, 4 of 48
+ * lanes empty) is taken, its down (K = 704: 11 groups, 5 of 16 empty) is not; 8-bit g32 at 14 groups (2 of 16
+ * empty, exactly 1/8) is, at 13 not; n = 2 and 4 (transposed, not natural) and n = 16 (by step) are not; 3-bit
+ * never (no pack). Then the variable's values: unset the default (DG_CPU_PACK_DEFAULT), 0, 1, nat; anything else
+ * -1 with the reason. */
+static void test_pack_choice(void **state) {
+  (void)state;
+  static const struct { int B, G, K, tr_n, nat; } c[] = {
+      {4, 64, 2816, 8, 1}, {4, 64, 1920, 8, 1}, {4, 64, 1024, 8, 1}, {8, 32, 480, 8, 1},  {2, 128, 3840, 8, 1},
+      {8, 32, 1408, 8, 1}, {8, 32, 448, 8, 1},  {8, 32, 416, 0, 0},  {4, 64, 704, 0, 0},  {4, 32, 1408, 4, 0},
+      {4, 128, 256, 0, 0}, {2, 64, 2816, 4, 0}, {2, 32, 1408, 2, 0}, {2, 32, 96, 0, 0},   {8, 64, 1024, 0, 0},
+      {8, 128, 384, 0, 0}, {3, 64, 2816, 6, 0}, {4, 64, 64, 0, 0}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    const dg_weight w = {.dtype = DG_U32, .rows = 13, .cols = c[i].K, .bits = c[i].B, .group_size = c[i].G,
+                         .sb_dtype = DG_BF16};
+    const int tr = dg_lp_tr_n(c[i].K, c[i].B, c[i].G), nat = dg_cpu_pack_nat(&w);
+    if (tr != c[i].tr_n || nat != c[i].nat)
+      fail_msg("%d-bit g%d K = %d: dg_lp_tr_n %d (want %d), dg_cpu_pack_nat %d (want %d)", c[i].B, c[i].G, c[i].K, tr,
+               c[i].tr_n, nat, c[i].nat);
+    assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_NONE), 0);
+    assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_ALL), c[i].B != 3);
+    assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_NAT), c[i].nat);
+  }
+  const char *ps = getenv("DGEMMA_CPU_PACK");
+  char *psv = ps ? strdup(ps) : NULL, why[160];
+  unsetenv("DGEMMA_CPU_PACK");
+  assert_int_equal(dg_cpu_pack_wanted(why, sizeof why), DG_CPU_PACK_DEFAULT);
+  assert_string_equal(why, "");
+  static const struct { const char *v; int want; } e[] = {{"0", DG_CPU_PACK_NONE}, {"1", DG_CPU_PACK_ALL},
+                                                           {"nat", DG_CPU_PACK_NAT}, {"NAT", -1}, {"", -1}, {"2", -1}};
+  for (size_t i = 0; i < sizeof e / sizeof e[0]; i++) {
+    setenv("DGEMMA_CPU_PACK", e[i].v, 1);
+    const int got = dg_cpu_pack_wanted(why, sizeof why);
+    char want_why[160] = "";
+    if (e[i].want < 0)
+      snprintf(want_why, sizeof want_why, "DGEMMA_CPU_PACK=\"%s\" is none of 0 (no pack), 1 (every matrix) and nat "
+               "(gate/up-shaped ones)", e[i].v);
+    if (got != e[i].want || strcmp(why, want_why))
+      fail_msg("DGEMMA_CPU_PACK=\"%s\": %d \"%s\", want %d \"%s\"", e[i].v, got, why, e[i].want, want_why);
+  }
+  if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
+  free(psv);
+  printf("# pack choice: dg_lp_tr_n and dg_cpu_pack_nat as worked out by hand in %zu formats and lengths; "
+         "DGEMMA_CPU_PACK unset / 0 / 1 / nat taken, other values refused\n", sizeof c / sizeof c[0]);
+}
+
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64
  * for 8-bit weights. The cases cover every bit width (2/3/4/6/8) and group size the kernel
  * takes, K not a multiple of a 32-byte step's 256/B codes (a partial last step),
@@ -616,6 +665,7 @@ int main(void) {
       cmocka_unit_test(test_rows_avx2),
       cmocka_unit_test(test_avx512lp),
       cmocka_unit_test(test_avx2lp),
+      cmocka_unit_test(test_pack_choice),
       cmocka_unit_test(test_attn_avx512),
   };
   return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);

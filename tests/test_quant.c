@@ -747,73 +747,97 @@ static void test_twin(void **state) {
 }
 
 /* The avx512lp pack (cpu/pack.c, built by the CPU backend): a 2/4/8-bit model loaded with DGEMMA_CPU_PACK=1
- * (every 2-, 4- and 8-bit matrix but the embedding packed, their MLX pages dropped from the mapping) gives the
- * logits of DGEMMA_CPU_PACK=0 bit for bit, with and without self-conditioning, and so does the model whose
- * experts are stored one by one (stacks the loader owns: packed, their MLX copy kept). 4-bit g32 rows of
- * 16 bytes (hidden 32: one partial step), the router's 5 rows (a last 4-row block of 1), 2-bit experts
- * and 8-bit attention. DGEMMA_CPU_PACK of another value is refused. */
+ * (every 2-, 4- and 8-bit matrix but the embedding packed, their MLX pages dropped from the mapping), with "nat"
+ * (only the matrices dg_cpu_pack_nat takes, the rest read in the MLX layout) and unset (DG_CPU_PACK_DEFAULT) gives
+ * the logits of DGEMMA_CPU_PACK=0 bit for bit, with and without self-conditioning, and so does the model whose experts
+ * are stored one by one (stacks the loader owns: packed, their MLX copy kept). Model 0 (hidden 32): 4-bit g32 rows
+ * of 16 bytes (one partial step), the router's 5 rows (a last 4-row block of 1), 2-bit experts and 8-bit attention;
+ * no matrix has 14 groups, so "nat" packs none. Model 1 (hidden 1024, 4-bit g64, 8-bit g32 router and attention):
+ * "nat" packs the matrices that read 1024 columns (experts' and MLP's gate/up at 16 groups, router and q at 32) and
+ * not those that read 64 or 32 (the experts' down, o: 1 group), so one model runs packed and unpacked matrices.
+ * DGEMMA_CPU_PACK of another value is refused. */
 static void test_pack_model(void **state) {
   (void)state;
   if (!dg_kernels_avx512lp()) dg_test_skip("test_quant pack: this CPU (or build) has no AVX-512 BF16 + VNNI");
-  synth_cfg c = synth_default();
-  char f[512], q[512], pe[512];
-  snprintf(f, sizeof f, "%s/pkf", tmp_root);
-  snprintf(q, sizeof q, "%s/pkq", tmp_root);
-  snprintf(pe, sizeof pe, "%s/pkpe", tmp_root);
-  quantize_synth(f, q, c, "all=4:32,experts=2:32,router=8:32,attn=8:32", 32);
-  write_per_expert(q, pe, c.experts);
   const char *ks = getenv("DGEMMA_KERNELS"), *ps = getenv("DGEMMA_CPU_PACK");
   char *ksv = ks ? strdup(ks) : NULL, *psv = ps ? strdup(ps) : NULL;
   setenv("DGEMMA_KERNELS", "avx512lp", 1);
-  const int P = 20, C = c.canvas, V = c.vocab;
-  int32_t prompt[20], canvas[8];
-  for (int i = 0; i < P; i++) prompt[i] = (i * 37 + 5) % V;
-  for (int i = 0; i < C; i++) canvas[i] = (i * 101 + 7) % V;
-  float *l[2][2][2]; /* [dir][pack][sc] */
-  for (int d = 0; d < 2; d++)
-    for (int pk = 0; pk < 2; pk++) {
-      setenv("DGEMMA_CPU_PACK", pk ? "1" : "0", 1);
-      dg_model_params mp = dg_model_default_params();
-      mp.no_tokenizer = 1;
-      mp.n_threads = 2;
-      dg_model *m;
-      assert_dg_ok(dg_model_load(d ? pe : q, &mp, &m));
-      assert_string_equal(m->kern->name, "avx512lp");
-      assert_int_equal(m->layers[0].experts_gate_up.bits, 2);
-      assert_int_equal(m->layers[0].router.bits, 8);
-      assert_int_equal(m->layers[0].experts_gate_up.cpu_pack != NULL, pk);
-      assert_int_equal(m->layers[1].router.cpu_pack != NULL, pk);
-      assert_int_equal(m->layers[2].q.cpu_pack != NULL, pk);
-      assert_null(m->embed.cpu_pack);
-      dg_context *cx;
-      assert_dg_ok(dg_context_new(m, NULL, &cx));
-      assert_dg_ok(dg_encode(cx, prompt, P));
-      for (int sc = 0; sc < 2; sc++) {
-        l[d][pk][sc] = malloc((size_t)C * V * 4);
-        assert_dg_ok(dg_decode(cx, canvas, sc ? l[d][pk][0] : NULL, l[d][pk][sc]));
+  const char *modes[4] = {"0", "1", "nat", NULL}; /* NULL: unset, the default (DG_CPU_PACK_DEFAULT) */
+  const int mode_of[4] = {DG_CPU_PACK_NONE, DG_CPU_PACK_ALL, DG_CPU_PACK_NAT, DG_CPU_PACK_DEFAULT};
+  char q0[512] = "";
+  for (int mdl = 0; mdl < 2; mdl++) {
+    synth_cfg c = synth_default();
+    if (mdl) c.hidden = 1024, c.inter = 64, c.moe_inter = 64;
+    char f[512], q[512], pe[512];
+    snprintf(f, sizeof f, "%s/pkf%d", tmp_root, mdl);
+    snprintf(q, sizeof q, "%s/pkq%d", tmp_root, mdl);
+    snprintf(pe, sizeof pe, "%s/pkpe%d", tmp_root, mdl);
+    if (mdl) quantize_synth(f, q, c, "all=4:64,router=8:32,attn=8:32", 64);
+    else quantize_synth(f, q, c, "all=4:32,experts=2:32,router=8:32,attn=8:32", 32), snprintf(q0, sizeof q0, "%s", q);
+    write_per_expert(q, pe, c.experts);
+    const int P = 20, C = c.canvas, V = c.vocab;
+    int32_t prompt[20], canvas[8];
+    for (int i = 0; i < P; i++) prompt[i] = (i * 37 + 5) % V;
+    for (int i = 0; i < C; i++) canvas[i] = (i * 101 + 7) % V;
+    float *l[2][4][2]; /* [dir][mode][sc] */
+    for (int d = 0; d < 2; d++)
+      for (int pk = 0; pk < 4; pk++) {
+        if (modes[pk]) setenv("DGEMMA_CPU_PACK", modes[pk], 1); else unsetenv("DGEMMA_CPU_PACK");
+        const int mode = mode_of[pk], all = mode == DG_CPU_PACK_ALL, nat = mode == DG_CPU_PACK_NAT;
+        dg_model_params mp = dg_model_default_params();
+        mp.no_tokenizer = 1;
+        mp.n_threads = 2;
+        dg_model *m;
+        assert_dg_ok(dg_model_load(d ? pe : q, &mp, &m));
+        assert_string_equal(m->kern->name, "avx512lp");
+        assert_int_equal(m->layers[0].experts_gate_up.bits, mdl ? 4 : 2);
+        assert_int_equal(m->layers[0].router.bits, 8);
+        assert_int_equal(m->layers[2].q.bits, 8);
+        /* model 0's down products (12 and 24 columns) stay float (the group-size rule); model 1's are 4-bit g64 */
+        assert_int_equal(m->layers[0].experts_down.bits, mdl ? 4 : 0);
+        assert_int_equal(m->layers[1].mlp_down.bits, mdl ? 4 : 0);
+        /* which matrices mode packs: model 0 none but with 1; model 1 the 1024-column ones with nat too */
+        assert_int_equal(m->layers[0].experts_gate_up.cpu_pack != NULL, all || (mdl && nat));
+        assert_int_equal(m->layers[0].experts_down.cpu_pack != NULL, mdl && all);
+        assert_int_equal(m->layers[1].router.cpu_pack != NULL, all || (mdl && nat));
+        assert_int_equal(m->layers[2].q.cpu_pack != NULL, all || (mdl && nat));
+        assert_int_equal(m->layers[2].o.cpu_pack != NULL, all);
+        assert_int_equal(m->layers[1].mlp_up.cpu_pack != NULL, all || (mdl && nat));
+        assert_int_equal(m->layers[1].mlp_down.cpu_pack != NULL, mdl && all);
+        assert_null(m->embed.cpu_pack);
+        dg_context *cx;
+        assert_dg_ok(dg_context_new(m, NULL, &cx));
+        assert_dg_ok(dg_encode(cx, prompt, P));
+        for (int sc = 0; sc < 2; sc++) {
+          l[d][pk][sc] = malloc((size_t)C * V * 4);
+          assert_dg_ok(dg_decode(cx, canvas, sc ? l[d][pk][0] : NULL, l[d][pk][sc]));
+        }
+        dg_context_free(cx);
+        dg_model_free(m);
       }
-      dg_context_free(cx);
-      dg_model_free(m);
-    }
-  for (int d = 0; d < 2; d++)
-    for (int sc = 0; sc < 2; sc++)
-      if (memcmp(l[d][0][sc], l[d][1][sc], (size_t)C * V * 4))
-        fail_msg("avx512lp logits (%s, %s self-conditioning) differ with the pack", d ? "experts one by one" : "stacked",
-                 sc ? "with" : "without");
+    for (int d = 0; d < 2; d++)
+      for (int pk = 1; pk < 4; pk++)
+        for (int sc = 0; sc < 2; sc++)
+          if (memcmp(l[d][0][sc], l[d][pk][sc], (size_t)C * V * 4))
+            fail_msg("model %d: avx512lp logits (%s, %s self-conditioning) differ with DGEMMA_CPU_PACK %s from 0", mdl,
+                     d ? "experts one by one" : "stacked", sc ? "with" : "without", modes[pk] ? modes[pk] : "unset");
+    for (int d = 0; d < 2; d++)
+      for (int pk = 0; pk < 4; pk++) free(l[d][pk][0]), free(l[d][pk][1]);
+    dg_test_rm_dir(f); dg_test_rm_dir(pe);
+    if (mdl) dg_test_rm_dir(q);
+  }
   setenv("DGEMMA_CPU_PACK", "yes", 1);
   dg_model_params mp = dg_model_default_params();
   mp.no_tokenizer = 1;
   dg_model *m = NULL;
-  assert_int_equal(dg_model_load(q, &mp, &m), DG_ERR_INVALID_ARG);
+  assert_int_equal(dg_model_load(q0, &mp, &m), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "DGEMMA_CPU_PACK=\"yes\""));
-  printf("# avx512lp with and without the pack (2/4/8-bit model, stacked and per-expert experts): logits "
-         "bit-identical, with and without self-conditioning\n");
+  printf("# avx512lp with DGEMMA_CPU_PACK 1, nat and unset vs 0 (2/4/8-bit models, stacked and per-expert experts; "
+         "nat: none / the 1024-column matrices packed): logits bit-identical, with and without self-conditioning\n");
   if (ksv) setenv("DGEMMA_KERNELS", ksv, 1); else unsetenv("DGEMMA_KERNELS");
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(ksv); free(psv);
-  for (int d = 0; d < 2; d++)
-    for (int pk = 0; pk < 2; pk++) free(l[d][pk][0]), free(l[d][pk][1]);
-  dg_test_rm_dir(f); dg_test_rm_dir(q); dg_test_rm_dir(pe);
+  dg_test_rm_dir(q0);
 }
 
 /* The bundled small model (bf16) quantized to 8 bits, group 64.

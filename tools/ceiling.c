@@ -86,14 +86,17 @@ static void fill_bytes(uint8_t *p, size_t n, uint64_t seed) {
 typedef struct ce_stack {
   dg_weight w;
   void *data, *scales, *biases;
-  void *pack; /* w.cpu_pack where ce_pack_on (cpu/pack.c), else NULL */
+  void *pack; /* w.cpu_pack where ce_pack_mode takes it (cpu/pack.c), else NULL */
 } ce_stack;
 
-/* As the CPU backend (backend_cpu.c): with the avx512lp kernels and DGEMMA_CPU_PACK=1 (or its default), the quantized
- * stacks get a pack that avx512lp's tiles read instead (cpu/pack.c: the same bits). Another value of DGEMMA_CPU_PACK
- * is refused before anything is measured (bench_ceiling), as the backend refuses it. */
-static int ce_pack_on(void) {
-  return dg_cpu_pack_wanted(NULL, 0) == 1 && !strcmp(dg_kernels_best()->name, "avx512lp");
+/* As the CPU backend (backend_cpu.c): with the avx512lp kernels, the quantized stacks that DGEMMA_CPU_PACK's mode
+ * takes (dg_cpu_pack_takes: 1 all, "nat" the natural-layout ones, as the 26B's gate/up and not its down; unset none)
+ * get a pack that avx512lp's tiles read instead (cpu/pack.c: the same bits); returns the mode, DG_CPU_PACK_NONE for
+ * other kernels. Another value of DGEMMA_CPU_PACK is refused before anything is measured (bench_ceiling), as the
+ * backend refuses it. */
+static int ce_pack_mode(void) {
+  const int mode = dg_cpu_pack_wanted(NULL, 0);
+  return mode > 0 && !strcmp(dg_kernels_best()->name, "avx512lp") ? mode : DG_CPU_PACK_NONE;
 }
 
 static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t seed) {
@@ -115,7 +118,7 @@ static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t
   fill_bf16(s->biases, ng, seed + 2);
   s->w = (dg_weight){.dtype = DG_U32, .data = s->data, .rows = rows, .cols = cols, .bits = bits,
                      .group_size = CE_G, .sb_dtype = DG_BF16, .scales = s->scales, .biases = s->biases};
-  if (ce_pack_on() && dg_cpu_pack_applies(&s->w)) {
+  if (dg_cpu_pack_takes(&s->w, ce_pack_mode())) {
     s->pack = dg_cpu_pack_build(&s->w);
     if (!s->pack) return -1;
     s->w.cpu_pack = s->pack;
@@ -542,9 +545,13 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
            "top-%d); per-call median of %d runs after %d warm-up; roofline = max(weight bytes / copy, FLOPs / the "
            "fastest compute rate for the format: bf16 max(FMA, vdpbf16ps), quantized max(FMA, vpdpbusd, vpmaddubsw))\n\n",
            kn->name, CE_H, CE_IE, CE_E, CE_TOPK, reps, warm);
-    if (ce_pack_on())
-      printf("avx512lp pack (DGEMMA_CPU_PACK): the quantized stacks are also held in the pack "
-             "(cpu/pack.c) that every avx512lp tile reads instead of the MLX layout; same bits\n\n");
+    const int pm = ce_pack_mode();
+    if (pm != DG_CPU_PACK_NONE)
+      printf("avx512lp pack (DGEMMA_CPU_PACK %s): %s are also held in the pack (cpu/pack.c) that every avx512lp "
+             "tile reads instead of the MLX layout; same bits\n\n",
+             pm == DG_CPU_PACK_ALL ? "1" : "nat",
+             pm == DG_CPU_PACK_ALL ? "the quantized stacks"
+                                   : "the quantized stacks dg_cpu_pack_nat takes (here gate/up, not down)");
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "
            "of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const double rates[4] = {rate, rbf, ri8, rub};

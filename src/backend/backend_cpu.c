@@ -33,12 +33,13 @@ static dg_status cpu_each_weight(dg_model *m, dg_status (*fn)(const dg_model *m,
   return DG_OK;
 }
 
-/* The pack of one matrix (cpu/pack.c: 2-, 4- and 8-bit), then its MLX bytes leave the process's memory where they
- * are the checkpoint's mapping (dg_st_drop_pages): with the pack, the avx512lp kernels read nothing of them, and a
- * later reader (the exact kernels' fallback when a product's scratch cannot be allocated) faults them back in from
- * the file. Expert stacks the loader concatenated from per-expert tensors are its own memory and stay. */
-static dg_status cpu_pack_one(const dg_model *m, dg_weight *w) {
-  if (w == &m->embed || !w->data || !w->bits || !dg_cpu_pack_applies(w)) return DG_OK; /* the embedding: below */
+/* The pack of one matrix where mode (a dg_cpu_pack_wanted value) takes it (cpu/pack.c: 2-, 4- and 8-bit), then its
+ * MLX bytes leave the process's memory where they are the checkpoint's mapping (dg_st_drop_pages): with the pack, the
+ * avx512lp kernels read nothing of them, and a later reader (the exact kernels' fallback when a product's scratch
+ * cannot be allocated) faults them back in from the file. Expert stacks the loader concatenated from per-expert
+ * tensors are its own memory and stay. */
+static dg_status cpu_pack_one(const dg_model *m, dg_weight *w, int mode) {
+  if (w == &m->embed || !w->data || !w->bits || !dg_cpu_pack_takes(w, mode)) return DG_OK; /* the embedding: below */
   if (!(w->cpu_pack = dg_cpu_pack_build(w)))
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "the avx512lp pack (DGEMMA_CPU_PACK): out of memory for a %lld x %lld matrix",
                      (long long)w->rows, (long long)w->cols);
@@ -48,6 +49,8 @@ static dg_status cpu_pack_one(const dg_model *m, dg_weight *w) {
   (void)dg_st_drop_pages(m->st, w->biases, sb);
   return DG_OK;
 }
+static dg_status cpu_pack_all(const dg_model *m, dg_weight *w) { return cpu_pack_one(m, w, DG_CPU_PACK_ALL); }
+static dg_status cpu_pack_nat(const dg_model *m, dg_weight *w) { return cpu_pack_one(m, w, DG_CPU_PACK_NAT); }
 static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
   (void)m;
   free((void *)w->cpu_pack);
@@ -55,18 +58,21 @@ static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
   return DG_OK;
 }
 
-/* With the avx512lp kernels and DGEMMA_CPU_PACK=1 (DG_CPU_PACK_DEFAULT when unset) every 2-, 4- or 8-bit matrix
- * but the embedding gets a pack (cpu/pack.c) that all of avx512lp's tiles read instead of the MLX layout (the same
- * bits; the matrix-vector products read one stream per 4 rows instead of six), and its MLX pages are dropped, so the
- * weights take about the memory they take without the pack. The embedding is not packed: its row lookups and the soft
- * embedding's transposed product (exact kernels) read the MLX layout, so a pack would double it. */
+/* With the avx512lp kernels and DGEMMA_CPU_PACK=1 every 2-, 4- or 8-bit matrix but the embedding gets a pack
+ * (cpu/pack.c) that all of avx512lp's tiles read instead of the MLX layout (the same bits; the matrix-vector products
+ * read one stream per 4 rows instead of six), and its MLX pages are dropped, so the weights take about the memory
+ * they take without the pack; "nat", only those dg_cpu_pack_nat takes (by format and row length: the transposed
+ * layout at 8 dwords a group, e.g. the 26B's experts' gate/up but not their down); 0 or unset (DG_CPU_PACK_DEFAULT)
+ * none.
+ * The embedding is not packed: its row lookups and the soft embedding's transposed product (exact kernels) read the
+ * MLX layout, so a pack would double it. */
 static dg_status cpu_model_init(dg_model *m, int device) {
   (void)device;
   char why[160];
   const int want = dg_cpu_pack_wanted(why, sizeof why);
   if (want < 0) return dg_seterr(DG_ERR_INVALID_ARG, "%s", why);
-  if (!want || strcmp(m->kern->name, "avx512lp")) return DG_OK;
-  return cpu_each_weight(m, cpu_pack_one);
+  if (want == DG_CPU_PACK_NONE || strcmp(m->kern->name, "avx512lp")) return DG_OK;
+  return cpu_each_weight(m, want == DG_CPU_PACK_ALL ? cpu_pack_all : cpu_pack_nat);
 }
 static void cpu_model_free(dg_model *m) { (void)cpu_each_weight(m, cpu_unpack_one); }
 static size_t cpu_model_bytes(const dg_model *m) { (void)m; return 0; }

@@ -106,15 +106,38 @@ const dg_kernels *dg_kernels_avx2lp(void);
  * bits with it as without and, with it, reads nothing of the MLX layout's codes, scales and
  * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). */
 int dg_cpu_pack_applies(const dg_weight *w);
-/* Whether a model run by avx512lp gets packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "1" 1,
- * "0" 0, unset DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both callers refuse it
- * with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
-/* Still opt-in after session 19: with the scales' prefetch the pack is no slower at M = 8-256 and faster at
- * M = 1 on gate/up [1408, 2816], but the down product [2816, 704] at M = 1 (by-step tiles, no software prefetch
- * on the pack) runs either as fast as without it or 1.4-2.4x slower, by process and window (idle side-by-side,
- * docs/measurements.md, docs/results/cpu-s19/). */
-#define DG_CPU_PACK_DEFAULT 0
+/* Which matrices a model run by avx512lp packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "0"
+ * DG_CPU_PACK_NONE, "1" DG_CPU_PACK_ALL (every matrix dg_cpu_pack_applies to), "nat" DG_CPU_PACK_NAT (only those
+ * dg_cpu_pack_nat holds for), unset DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
+ * callers refuse it with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
+enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2 };
+/* Still no pack by default. Session 19 (idle side-by-side on a 2-core EPYC with a ~105 GFLOP/s FMA ceiling,
+ * docs/results/cpu-s19/): with the scales' prefetch the pack was no slower at M = 8-256 and faster at M = 1 on gate/up
+ * [1408, 2816] (4-bit g64, natural-order one-row tiles: 1.09x and 1.29x), but the down product [2816, 704] (11 groups a
+ * row: by-step tiles) at M = 1 ran either as fast as without it or 1.4-2.4x slower, by process and window. Session 20
+ * made "nat" (those gate/up-shaped matrices only, chosen by format and row length) and measured it as the default on
+ * a 2-core Zen 5 EPYC (family 26, FMA ceiling ~165 GFLOP/s, docs/results/cpu-s20/): there the pack is slower at M = 1
+ * in every run, gate/up 0.46x (median of five alternations; 0.134-0.143 ms a call vs 0.056-0.070 without) and down
+ * with DGEMMA_CPU_PACK=1 0.27x (0.100 vs 0.027 ms), so which layout a matvec wants depends on the CPU. */
+#define DG_CPU_PACK_DEFAULT DG_CPU_PACK_NONE
 int dg_cpu_pack_wanted(char *why, size_t n);
+/* The layout avx512lp quantizes a product's activations in for a B-bit, group-G weight of K columns, which picks
+ * its tiles (cpu/matmul_avx512lp.c, qx_buf): n = G B / 32 dwords of packed codes a group when n <= 8 and the row's
+ * last block of 16 groups is at most 1/8 empty (the "transposed" layout; with n = 8, calls of < 4 activation rows
+ * run the natural-order one-row tiles, NTILE), else 0 (the "by step" layout: e.g. 4-bit g128, 8-bit g64, or fewer
+ * than 14 groups a row, as the 26B's down product's 11). */
+static inline int dg_lp_tr_n(int64_t K, int B, int G) {
+  const int64_t ng = K / G, nblk = (ng + 15) / 16, n = (int64_t)G * B / 32;
+  return n <= 8 && (nblk * 16 - ng) * 8 <= nblk * 16 ? (int)n : 0;
+}
+/* Whether DGEMMA_CPU_PACK=nat (DG_CPU_PACK_NAT) packs w: dg_cpu_pack_applies and dg_lp_tr_n(cols, bits, group) = 8,
+ * i.e. 2-bit g128, 4-bit g64 or 8-bit g32 with at least 14 groups a row (the last block of 16 at most 1/8 empty):
+ * the matrices whose matrix-vector products run the natural-order tiles (NTILE) and larger ones the transposed
+ * tiles on prepared rows. The 26B's experts' gate/up [1408, 2816] at 4-bit g64 (44 groups) are such; its down
+ * [2816, 704] (11 groups) is not, nor is any by-step or n = 2 / 4 matrix (not measured with the pack at M = 1). */
+int dg_cpu_pack_nat(const dg_weight *w);
+/* Whether mode (a dg_cpu_pack_wanted value >= 0) packs w: NONE never, ALL dg_cpu_pack_applies, NAT dg_cpu_pack_nat. */
+int dg_cpu_pack_takes(const dg_weight *w, int mode);
 void *dg_cpu_pack_build(const dg_weight *w);
 /* Where a quantized weight's rows are, for the tiles (once per call, not per row): pack = the
  * weight's pack or NULL; rb = a row's packed bytes, tl = rb % 64 (the partial last step's bytes),

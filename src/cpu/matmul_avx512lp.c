@@ -257,8 +257,8 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   b->nblk = (b->ng + 15) / 16;
   /* transposed when a group is at most 8 dwords and the last block's unused lanes are at
    * most 1/8 of all (they cost the same as used ones: 11 groups, as the 26B's down product
-   * at g64, would waste 5 of 16) */
-  b->tr_n = G * B / 32 <= 8 && (b->nblk * 16 - b->ng) * 8 <= b->nblk * 16 ? G * B / 32 : 0;
+   * at g64, would waste 5 of 16): dg_lp_tr_n, which the default pack's choice shares (kernels.h) */
+  b->tr_n = dg_lp_tr_n(K, B, G);
   b->nat = b->tr_n == 8 && T_max < 4;
   b->cstride = (b->ng + 15) / 16 * 16;
   void *part[5]; /* the calling thread's scratch, kept (scratch.h) */
@@ -681,7 +681,10 @@ TTILES(8, 8) /* g32 */
  * layout: the scales inside each block of 16 groups): none 0.047 / 0.072 ms, 1024 bytes on 4.5
  * (preempted) / 0.073, 4096: 0.096 / 0.102, 16384: 0.096 / 0.097. */
 /* Session 18's layout (d2f3587, idle, side-by-side, 3 alternations, avx512lp GFLOP/s medians: no prefetch /
- * 4 blocks on for both families): gate/up M = 1 132 / 77, down 110 / 63 (docs/results/cpu-s18/pk18_w2_*). */
+ * 4 blocks on for both families): gate/up M = 1 132 / 77, down 110 / 63 (docs/results/cpu-s18/pk18_w2_*).
+ * On the Zen 5 EPYC of session 20 the opposite (idle side-by-side, 5 alternations, DGEMMA_CPU_PACK=1 with 4 blocks on
+ * for both vs no pack): gate/up M = 1 1.12x, down 1.33x, while the pack without the prefetch was 0.46x (gate/up) and
+ * 0.27x (down) of no pack (docs/results/cpu-s20/pk20_w2_*, pk20_diagnosis_*): the right distance depends on the CPU. */
 #ifndef PK1_BLOCKS
 #define PK1_BLOCKS 0
 #endif

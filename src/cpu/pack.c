@@ -1,9 +1,14 @@
 /* pack.c: a copy of an MLX affine weight laid out for avx512lp's tiles (cpu/matmul_avx512lp.c),
  * so that a thread reads one stream per 4 rows instead of the MLX layout's six (4 rows of
  * codes, the scales, the biases). Built by the CPU backend for avx512lp (backend_cpu.c:
- * DGEMMA_CPU_PACK=1), which then lets the MLX bytes leave the process's memory.
+ * DGEMMA_CPU_PACK=1 every matrix it applies to, "nat" those dg_cpu_pack_nat takes; unset none),
+ * which then lets the MLX bytes leave the process's memory.
  *
- * Which weights: 2-, 4- and 8-bit, any group size (the formats of avx512lp's VNNI tiles).
+ * Which weights: 2-, 4- and 8-bit, any group size (the formats of avx512lp's VNNI tiles);
+ * "nat" takes only those whose activations avx512lp quantizes in the transposed layout at 8
+ * dwords a group (dg_cpu_pack_nat, kernels.h: their one-row products run NTILE), the ones the
+ * pack was never slower on in session 19 (not the default: slower on Zen 5, session 20;
+ * docs/measurements.md).
  * Rows are taken 4 at a time: 4-row block b holds rows 4 b .. 4 b + 3 (a last block of
  * fewer rows is zero past the matrix's last row) at b P (P: dg_cpu_pack_geom). With rb
  * the row's packed bytes, S = floor(rb / 64) whole 64-byte steps and a tail of t = rb - 64 S
@@ -32,11 +37,14 @@ int dg_cpu_pack_wanted(char *why, size_t n) {
   const char *v = getenv("DGEMMA_CPU_PACK");
   if (why && n) why[0] = '\0';
   if (!v) return DG_CPU_PACK_DEFAULT;
-  if (!strcmp(v, "1") || !strcmp(v, "0")) return v[0] == '1';
+  if (!strcmp(v, "0")) return DG_CPU_PACK_NONE;
+  if (!strcmp(v, "1")) return DG_CPU_PACK_ALL;
+  if (!strcmp(v, "nat")) return DG_CPU_PACK_NAT;
   if (why && n) {
     char q[64];
     const int cut = dg_env_quote(v, q, sizeof q);
-    snprintf(why, n, "DGEMMA_CPU_PACK=\"%s%s\" is neither 0 (no pack) nor 1 (the pack)", q, cut ? "..." : "");
+    snprintf(why, n, "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix) and nat (gate/up-shaped ones)",
+             q, cut ? "..." : "");
   }
   return -1;
 }
@@ -44,6 +52,14 @@ int dg_cpu_pack_wanted(char *why, size_t n) {
 int dg_cpu_pack_applies(const dg_weight *w) {
   return w->bits && (w->bits == 2 || w->bits == 4 || w->bits == 8) && w->group_size > 0 &&
          w->cols % w->group_size == 0 && w->rows >= 1 && w->cols >= 1;
+}
+
+int dg_cpu_pack_nat(const dg_weight *w) {
+  return dg_cpu_pack_applies(w) && dg_lp_tr_n(w->cols, w->bits, w->group_size) == 8;
+}
+
+int dg_cpu_pack_takes(const dg_weight *w, int mode) {
+  return mode == DG_CPU_PACK_ALL ? dg_cpu_pack_applies(w) : mode == DG_CPU_PACK_NAT ? dg_cpu_pack_nat(w) : 0;
 }
 
 dg_cpu_pack_geom dg_cpu_pack_geom_of(const dg_weight *w) {
