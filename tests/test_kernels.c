@@ -11,6 +11,9 @@
 #include <float.h>
 #include <math.h>
 
+#include <sys/mman.h>
+
+#include "base/dg_mem.h"
 #include "model/context.h"
 #include "cpu/kernels.h"
 #include "io/quant.h"
@@ -656,6 +659,93 @@ static void test_attn_avx512(void **state) {
   printf("# avx512 attn_block: %d queries bit-identical to the scalar loop\n", checked);
 }
 
+/* dg_big_alloc (base/dg_mem.h): the buffers the matvecs stream. Checked: the address is
+ * 2 MiB-aligned and the madvise call covers the size rounded up to 2 MiB (1 B, 2 MiB,
+ * 2 MiB + 1 B -> 2, 2, 4 MiB) with MADV_HUGEPAGE; every byte of the buffer is writable
+ * and reads back (a pattern over the rounded size); a failing madvise (as with a kernel
+ * without THP) still returns the same usable memory with *huge = 0; without THP wanted
+ * (DGEMMA_THP unset or not "1") it is 64-byte aligned and madvise is not called; 0 bytes and sizes that
+ * overflow the rounding give NULL; the real madvise succeeds where the kernel has THP. */
+static struct { void *addr; size_t len; int advice, calls, rc; } adv;
+static int fake_advise(void *addr, size_t len, int advice) {
+  adv.addr = addr; adv.len = len; adv.advice = advice; adv.calls++;
+  return adv.rc;
+}
+static void fill_check(unsigned char *p, size_t n, unsigned char salt) {
+  for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 131u + salt);
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (unsigned char)(i * 131u + salt)) fail_msg("byte %zu of %zu reads %u", i, n, p[i]);
+}
+static void test_big_alloc(void **state) {
+  (void)state;
+  const size_t H = DG_HUGE_PAGE;
+  assert_int_equal(H, (size_t)2 << 20);
+  static const struct { size_t bytes, len; } c[] = {{1, 2 << 20}, {2 << 20, 2 << 20}, {(2 << 20) + 1, 4 << 20},
+                                                    {5000000, 6 << 20}};
+  for (int rc = 0; rc >= -1; rc--)
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+      adv.calls = 0; adv.rc = rc;
+      int huge = -7;
+      unsigned char *p = dg_big_alloc_with(c[i].bytes, 1, fake_advise, &huge);
+      assert_non_null(p);
+      assert_int_equal((uintptr_t)p % H, 0);
+      assert_int_equal(adv.calls, 1);
+      assert_ptr_equal(adv.addr, p);
+      assert_int_equal(adv.len, c[i].len);
+      assert_int_equal(adv.advice, MADV_HUGEPAGE);
+      assert_int_equal(huge, rc == 0);
+      fill_check(p, c[i].len, (unsigned char)i);
+      free(p);
+    }
+  adv.calls = 0;
+  int huge = -7;
+  unsigned char *p = dg_big_alloc_with(100, 0, fake_advise, &huge);
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % 64, 0);
+  assert_int_equal(adv.calls, 0);
+  assert_int_equal(huge, 0);
+  fill_check(p, 128, 3);
+  free(p);
+  assert_null(dg_big_alloc_with(0, 1, fake_advise, &huge));
+  assert_null(dg_big_alloc_with(0, 0, fake_advise, NULL));
+  assert_null(dg_big_alloc_with(SIZE_MAX - 5, 1, fake_advise, NULL));
+  assert_null(dg_big_alloc_with(SIZE_MAX - 5, 0, fake_advise, NULL));
+  assert_int_equal(adv.calls, 0);
+  /* the real madvise: succeeds wherever the kernel was built with THP (sysfs has its switch), in any mode */
+  const int thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
+  p = dg_big_alloc_with(3 * H, 1, NULL, &huge);
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % H, 0);
+  assert_int_equal(huge, thp);
+  fill_check(p, 3 * H, 5);
+  free(p);
+  /* DGEMMA_THP: "1" turns it on; unset or anything else leaves it off */
+  const char *e = getenv("DGEMMA_THP");
+  char *ev = e ? strdup(e) : NULL;
+  unsetenv("DGEMMA_THP");
+  assert_int_equal(dg_big_alloc_wants_huge(), 0);
+  setenv("DGEMMA_THP", "0", 1);
+  assert_int_equal(dg_big_alloc_wants_huge(), 0);
+  p = dg_big_alloc(H + 1, &huge);
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % 64, 0);
+  assert_int_equal(huge, 0);
+  fill_check(p, H + 64, 9);
+  free(p);
+  setenv("DGEMMA_THP", "1", 1);
+  assert_int_equal(dg_big_alloc_wants_huge(), 1);
+  p = dg_big_alloc(H + 1, &huge);
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % H, 0);
+  assert_int_equal(huge, thp);
+  fill_check(p, 2 * H, 11);
+  free(p);
+  if (ev) setenv("DGEMMA_THP", ev, 1); else unsetenv("DGEMMA_THP");
+  free(ev);
+  printf("# big alloc: 2 MiB-aligned, rounded up to 2 MiB, MADV_HUGEPAGE asked; usable with madvise failing; "
+         "DGEMMA_THP=1 on, else plain; real madvise %s\n", thp ? "succeeded (THP in this kernel)" : "refused (no THP here)");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conversions),
@@ -666,6 +756,7 @@ int main(void) {
       cmocka_unit_test(test_avx512lp),
       cmocka_unit_test(test_avx2lp),
       cmocka_unit_test(test_pack_choice),
+      cmocka_unit_test(test_big_alloc),
       cmocka_unit_test(test_attn_avx512),
   };
   return cmocka_run_group_tests_name("kernels", tests, NULL, NULL);

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/dg_mem.h"
 #include "backend/backend.h"
 #include "bench.h"
 #include "cuda/backend.h"
@@ -102,16 +103,16 @@ static int ce_pack_mode(void) {
 static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t seed) {
   memset(s, 0, sizeof *s);
   if (bits >= 16) {
-    s->data = malloc((size_t)(rows * cols) * 2);
+    s->data = dg_big_alloc((size_t)(rows * cols) * 2, NULL);
     if (!s->data) return -1;
     fill_bf16(s->data, (size_t)(rows * cols), seed);
     s->w = (dg_weight){.dtype = DG_BF16, .data = s->data, .rows = rows, .cols = cols};
     return 0;
   }
   const size_t ng = (size_t)rows * (size_t)(cols / CE_G);
-  s->data = malloc((size_t)(rows * cols * bits / 8));
-  s->scales = malloc(ng * 2);
-  s->biases = malloc(ng * 2);
+  s->data = dg_big_alloc((size_t)(rows * cols * bits / 8), NULL); /* base/dg_mem.h: THP with DGEMMA_THP=1 */
+  s->scales = dg_big_alloc(ng * 2, NULL);
+  s->biases = dg_big_alloc(ng * 2, NULL);
   if (!s->data || !s->scales || !s->biases) return -1;
   fill_bytes(s->data, (size_t)(rows * cols * bits / 8), seed);
   fill_bf16(s->scales, ng, seed + 1);

@@ -101,8 +101,9 @@ const dg_kernels *dg_kernels_avx2lp(void);
 
 /* A copy of a quantized weight in the order avx512lp's tiles read it, 4 rows interleaved
  * (layout and cost: cpu/pack.c). dg_cpu_pack_applies: 2-, 4- and 8-bit, any group size and
- * shape. dg_cpu_pack_build returns the copy (aligned_alloc'd: the caller frees it and stores it
- * in w->cpu_pack), or NULL when it does not apply or out of memory; avx512lp gives the same
+ * shape. dg_cpu_pack_build returns the copy (dg_big_alloc'd, base/dg_mem.h: 2 MiB-aligned and
+ * madvise(MADV_HUGEPAGE)'d with DGEMMA_THP=1; the caller free()s it and stores it in
+ * w->cpu_pack), or NULL when it does not apply or out of memory; avx512lp gives the same
  * bits with it as without and, with it, reads nothing of the MLX layout's codes, scales and
  * biases (but for the exact kernels' fallback when a product's scratch cannot be allocated). */
 int dg_cpu_pack_applies(const dg_weight *w);

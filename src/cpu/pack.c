@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/dg_mem.h"
 #include "cpu/kernels.h"
 #include "io/quant.h"
 
@@ -74,7 +75,7 @@ void *dg_cpu_pack_build(const dg_weight *w) {
   if (!dg_cpu_pack_applies(w)) return NULL;
   dg_cpu_pack_geom g = dg_cpu_pack_geom_of(w);
   const int64_t S = g.rb / 64, nb4 = (w->rows + 3) / 4;
-  char *pack = aligned_alloc(64, (size_t)nb4 * (size_t)g.P);
+  char *pack = dg_big_alloc((size_t)nb4 * (size_t)g.P, NULL); /* base/dg_mem.h: 2 MiB pages with DGEMMA_THP=1 */
   if (!pack) return NULL;
   g.pack = pack;
 #pragma omp parallel for schedule(static)

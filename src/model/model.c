@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/dg_mem.h"
 #include "base/dg_error.h"
 #include "io/quant.h"
 
@@ -228,8 +229,9 @@ static dg_status bind_experts(dg_model *m, int li, const char *what, int64_t E, 
     int q = ew[0].bits != 0;
     size_t rb = q ? (size_t)dg_quant_row_bytes(C, ew[0].bits) : (size_t)C * dg_dtype_size(ew[0].dtype);
     size_t sbb = q ? (size_t)(C / ew[0].group_size) * dg_dtype_size(ew[0].sb_dtype) : 0;
-    char *d = aligned_alloc(64, ((size_t)(E * R) * rb + 63) / 64 * 64);
-    char *sc = q ? malloc((size_t)(E * R) * sbb) : NULL, *bi = q ? malloc((size_t)(E * R) * sbb) : NULL;
+    /* anonymous copies the matvecs stream: 2 MiB pages with DGEMMA_THP=1 (base/dg_mem.h) */
+    char *d = dg_big_alloc((size_t)(E * R) * rb, NULL);
+    char *sc = q ? dg_big_alloc((size_t)(E * R) * sbb, NULL) : NULL, *bi = q ? dg_big_alloc((size_t)(E * R) * sbb, NULL) : NULL;
     if (!d || (q && (!sc || !bi))) {
       free(d); free(sc); free(bi);
       st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory stacking the experts of layer %d", li);

@@ -1,0 +1,44 @@
+/* dg_mem.c: see dg_mem.h. */
+#include "base/dg_mem.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+int dg_big_alloc_wants_huge(void) {
+  const char *e = getenv("DGEMMA_THP");
+  return e && !strcmp(e, "1");
+}
+
+static int sys_advise(void *addr, size_t length, int advice) {
+#ifdef MADV_HUGEPAGE
+  return madvise(addr, length, advice);
+#else
+  (void)addr; (void)length; (void)advice;
+  return -1;
+#endif
+}
+
+void *dg_big_alloc_with(size_t bytes, int want_huge, dg_advise_fn advise, int *huge) {
+  if (huge) *huge = 0;
+  if (!bytes) return NULL;
+  if (!want_huge) {
+    if (bytes > SIZE_MAX - 63) return NULL;
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+  if (bytes > SIZE_MAX - (DG_HUGE_PAGE - 1)) return NULL;
+  const size_t n = (bytes + DG_HUGE_PAGE - 1) / DG_HUGE_PAGE * DG_HUGE_PAGE;
+  void *p = aligned_alloc(DG_HUGE_PAGE, n);
+  if (!p) return NULL;
+#ifdef MADV_HUGEPAGE
+  const int advice = MADV_HUGEPAGE;
+#else
+  const int advice = 14;
+#endif
+  const int ok = (advise ? advise : sys_advise)(p, n, advice) == 0;
+  if (huge) *huge = ok;
+  return p;
+}
+
+void *dg_big_alloc(size_t bytes, int *huge) { return dg_big_alloc_with(bytes, dg_big_alloc_wants_huge(), NULL, huge); }
