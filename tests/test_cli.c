@@ -390,6 +390,25 @@ static void test_logits_interrupted(void **state) {
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
   assert_non_null(strstr(e, "--prompt-ids id 4096 (index 1) is outside the vocabulary [0, 4096)"));
   free(e);
+  /* a prompt one id too long for the canvas to fit under max_position_embeddings: refused before any prefill (issue
+   * 16: the check came after a full prefill), the -o file untouched */
+  const size_t nlong = (size_t)(info.max_position_embeddings - info.canvas_length + 1);
+  char lids[620], la[640], want_msg[300];
+  snprintf(lids, sizeof lids, "%s/prompt-long.i32", g_dir);
+  f = fopen(lids, "wb");
+  assert_non_null(f);
+  for (size_t i = 0; i < nlong; i++) assert_int_equal(fwrite(&ids[i % 256], 4, 1, f), 1);
+  fclose(f);
+  snprintf(la, sizeof la, "@%s", lids);
+  const char *argv_bad3[] = {"dgemma", "logits", "-m", SMALL, "-t", "1", "--prompt-ids", la, "--canvas-ids", ca, "-o", out, NULL};
+  st = run_signalled(argv_bad3, 0, 0, NULL);
+  e = read_err();
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+  snprintf(want_msg, sizeof want_msg, "--prompt-ids has %zu ids: the canvas would take positions %zu..%d, past the model's "
+           "max_position_embeddings %d", nlong, nlong, info.max_position_embeddings, info.max_position_embeddings);
+  if (!strstr(e, want_msg)) fail_msg("expected \"%s\" in: %s", want_msg, e);
+  free(e);
+  remove(lids);
   char *now = dg_test_read_file(out, NULL);
   assert_string_equal(now, previous);
   free(now);
