@@ -73,7 +73,7 @@ else echo "FAIL SAN_LAYERS=2, three tools started together: $n of 3 ran (rc 0); 
 # SAN_FILTER=cases: the tests split into cases are exactly those of test_cuda.c that call test_case (DG_TEST_CASE)
 want=$(awk '/^static void test_[a-z_0-9]*\(void \*\*state\)/ {n = $3; sub(/\(void/, "", n)} /test_case\(/ && !/^static/ {print n}' \
   "$SRC"/tests/test_cuda.c | sort -u | tr '\n' ' ')
-got=$(cd $R && eval "$(sed -n '/^san_cases() {/,/^}/p' scripts/sanitize_gpu.sh)" && san_cases | tr ' ' '\n' | grep @ | sed 's/@.*//' \
+got=$(cd $R && . scripts/gpu_env.sh && san_cases | tr ' ' '\n' | grep @ | sed 's/@.*//' \
   | sort -u | tr '\n' ' ')
 if [ -n "$want" ] && [ "$want" = "$got" ]; then echo "ok   SAN_FILTER=cases splits exactly the looping tests ($(echo $got | wc -w))"
 else echo "FAIL SAN_FILTER=cases: test_cuda.c loops in '$want', the script splits '$got'"; bad=1; fi

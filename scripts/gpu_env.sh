@@ -4,6 +4,7 @@
 #   NXL      the same library flags spelled for nvcc (-Xlinker)
 #   CUL      the CUDA toolkit's library directory (from the nvcc on the PATH)
 #   el       a function printing the seconds since the script started: "(N s)"
+#   san_tests, san_cases  the tests of tests/test_cuda.c (below)
 # and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu, for sm_90a; needs build/libdgemma.a;
 # LAB_LEAN=1: only versions 1-3, 40, 50, 80-94 and 95-101, built in a fraction of the time).
 t0=$(date +%s)
@@ -17,6 +18,20 @@ CUL=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
 lab_build() { # sm_90a: the lab's wgmma versions (qmoe_w.cuh) need it
   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a ${LAB_LEAN:+-DLAB_LEAN} -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
     -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
+}
+# san_tests: the tests of tests/test_cuda.c, one per line, in its order; san_cases: the same with each test that loops
+# over cases (DG_TEST_CASE) as TEST@K, one item per case, space-separated (sanitize_gpu.sh's SAN_FILTER=cases;
+# san_sweep_gpu.sh counts them; dev/sanitize_gpu_paths.sh checks the table against the tests that call test_case).
+san_tests() { grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//'; }
+san_cases() {
+  local t
+  for t in $(san_tests); do
+    case $t in
+      test_synth_logits|test_turbo_generate) echo $t@{0..4} ;; test_golden_logits) echo $t@{0..3} ;;
+      test_replay|test_sampled) echo $t@{0..5} ;; test_attention) echo $t@{1..8} ;; test_quant_synth_logits) echo $t@{0..2} ;;
+      *) echo $t ;;
+    esac
+  done | tr '\n' ' '
 }
 # gpu_tokenizer: the Gemma tokenizer (carried gzipped in .devdata) unpacked into .cache/gemma3, mkrandom's --source.
 gpu_tokenizer() {

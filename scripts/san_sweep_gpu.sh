@@ -64,7 +64,7 @@ for tool in $TOOLS; do # the step: sanitize_gpu.sh writes /tmp/dgL once (a lock)
 done
 wait
 echo "all $(el)"
-items=$(eval "$(sed -n '/^san_cases() {/,/^}/p' scripts/sanitize_gpu.sh)"; san_cases | wc -w)
+items=$(san_cases | wc -w)
 { echo "control: $control"
   for tool in $TOOLS; do
     s="$OUT/tests_$tool/summary_$tool.txt"

@@ -16,7 +16,7 @@
 # every test of tests/test_cuda.c) one at a time, SAN_T seconds each, none started after SAN_END s (default 480);
 # SAN_PAR=all: every (tool, test) pair in a process of its own, all at once (16 cores: ~30 processes ran well, 74 in
 # session 20), at most SAN_JOBS (default 80) at a time: each holds a CUDA context and the tool's device memory.
-# SAN_FILTER=cases: every test of tests/test_cuda.c, each looping test as its cases TEST@K (san_cases below: 67 items
+# SAN_FILTER=cases: every test of tests/test_cuda.c, each looping test as its cases TEST@K (san_cases, gpu_env.sh: 67 items
 # at 37 tests; dev/sanitize_gpu_paths.sh checks the table against the tests that call test_case).
 # A SAN_FILTER item TEST@K runs case K of a test that loops over cases (DG_TEST_CASE, tests/test_cuda.c), e.g.
 # "test_replay@0 test_replay@1 ... test_replay@5" (2 x fixture + mode; test_sampled: 3 x fixture + seed - 1). OUT/summary_TOOL.txt, and the logs (the first 20 KB of each) in
@@ -80,19 +80,9 @@ PY
   done
   exit 0
 fi
-san_cases() { # every test of tests/test_cuda.c, the ones looping over cases (DG_TEST_CASE) as TEST@K, K their cases
-  local t
-  for t in $(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//'); do
-    case $t in
-      test_synth_logits|test_turbo_generate) echo $t@{0..4} ;; test_golden_logits) echo $t@{0..3} ;;
-      test_replay|test_sampled) echo $t@{0..5} ;; test_attention) echo $t@{1..8} ;; test_quant_synth_logits) echo $t@{0..2} ;;
-      *) echo $t ;;
-    esac
-  done | tr '\n' ' '
-}
 [ "${SAN_FILTER:-}" = cases ] && SAN_FILTER=$(san_cases)
 if [ -n "${SAN_PAR:-}" ]; then # the tools at once on the same GPU, each test (or TEST@CASE) in a process of its own
-  tests=${SAN_FILTER:-$(grep -o "cmocka_unit_test([a-z_0-9]*)" tests/test_cuda.c | sed 's/cmocka_unit_test(//; s/)//')}
+  tests=${SAN_FILTER:-$(san_tests)}
   mkdir -p /tmp/san
   san1() { # TOOL ITEM: one test (ITEM = TEST or TEST@CASE: DG_TEST_CASE=CASE) under one tool
     local tool=$1 f=${2%@*} k="" s0 rc log t v=""; [ "$2" != "$f" ] && k=${2#*@}
