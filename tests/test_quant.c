@@ -832,6 +832,7 @@ static void test_pack_model(void **state) {
   dg_model *m = NULL;
   assert_int_equal(dg_model_load(q0, &mp, &m), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "DGEMMA_CPU_PACK=\"yes\""));
+  dg_test_rm_dir(q0); /* model 0's quantized copy, kept for this refusal */
   printf("# avx512lp with DGEMMA_CPU_PACK 1, nat and unset vs 0 (2/4/8-bit models, stacked and per-expert experts; "
          "nat: none / the 1024-column matrices packed): logits bit-identical, with and without self-conditioning\n");
   if (ksv) setenv("DGEMMA_KERNELS", ksv, 1); else unsetenv("DGEMMA_KERNELS");

@@ -11,14 +11,13 @@ int dg_big_alloc_wants_huge(void) {
   return e && !strcmp(e, "1");
 }
 
-static int sys_advise(void *addr, size_t length, int advice) {
 #ifdef MADV_HUGEPAGE
-  return madvise(addr, length, advice);
-#else
-  (void)addr; (void)length; (void)advice;
-  return -1;
+#define DG_MADV_HUGEPAGE MADV_HUGEPAGE
+static int sys_advise(void *addr, size_t length, int advice) { return madvise(addr, length, advice); }
+#else /* no THP in these headers: the advice always fails, the memory is used in small pages */
+#define DG_MADV_HUGEPAGE 14 /* Linux's value; only a test's advise function sees it */
+static int sys_advise(void *addr, size_t length, int advice) { (void)addr; (void)length; (void)advice; return -1; }
 #endif
-}
 
 void *dg_big_alloc_with(size_t bytes, int want_huge, dg_advise_fn advise, int *huge) {
   if (huge) *huge = 0;
@@ -31,12 +30,7 @@ void *dg_big_alloc_with(size_t bytes, int want_huge, dg_advise_fn advise, int *h
   const size_t n = (bytes + DG_HUGE_PAGE - 1) / DG_HUGE_PAGE * DG_HUGE_PAGE;
   void *p = aligned_alloc(DG_HUGE_PAGE, n);
   if (!p) return NULL;
-#ifdef MADV_HUGEPAGE
-  const int advice = MADV_HUGEPAGE;
-#else
-  const int advice = 14;
-#endif
-  const int ok = (advise ? advise : sys_advise)(p, n, advice) == 0;
+  const int ok = (advise ? advise : sys_advise)(p, n, DG_MADV_HUGEPAGE) == 0;
   if (huge) *huge = ok;
   return p;
 }
