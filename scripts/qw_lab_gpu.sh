@@ -22,7 +22,7 @@
 #   LAB_BIN=PATH: the lab binary built beforehand (e.g. on the CPU machine: `make CUDA=1 NVDEV= BUILD=build-gpu
 #   build-gpu/libdgemma.a`, then lab_build's nvcc line against it), carried in an ignored folder: no lab build here
 #   (and, without TESTS, BENCH, CEIL or ATT, no build at all). LAB_RUNS=none: no lab at all (build, runs, SASS).
-#   BENCH_DEFS="QR_DIET=1 QR_DIET=1,QR_MINB=5": with BENCH, one more build of dgemma per space-separated item with those
+#   BENCH_DEFS="QR_DIET_TILES=0x1fe QR_DIET_TILES=0x1fe,QR_MINB=5": with BENCH, one more build of dgemma per space-separated item with those
 #   compile-time settings (-D, commas between one item's; the macros of src/cuda that are #ifndef-guarded) in build-defK/,
 #   made in the background from the start, and the vllm bench with it (appended to bench.txt, bench.jsonl): a backend
 #   choice fixed at compile time timed end to end in the same call as the default. DEFS_TESTS=1 (with BENCH_DEFS): each
@@ -64,7 +64,7 @@ sass() { # FUNCTION-PREFIX OBJECT: opcode counts of the first matching function,
   grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z][A-Z0-9_.]+' /tmp/s.txt | awk '{print $NF}' | sed 's/\..*//' \
     | sort | uniq -c | sort -rn | head -32
 }
-[ "${SASS:-1}" = 1 ] && { # qr_kernel<4,1,3,64> with the SASS diet (DIET 1) and before it (DIET 0; the backend's is QR_DIET, lab version 95 the other)
+[ "${SASS:-1}" = 1 ] && { # qr_kernel<4,1,3,64> with the SASS diet (DIET 1) and before it (DIET 0; the backend's runs DIET 1 at QR_DIET_TILES' tile counts, lab version 95 the other)
   cuobjdump -sass build/moe_quant > /tmp/lab.sass 2>&1 # the stage loops' counts per weight stage: scripts/qr_sass_loop.py
   for q in _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi1EE \
            _Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi0EE; do

@@ -3020,7 +3020,7 @@ typedef struct {
 } wcase;
 
 /* Each of the n cases through the test library twice, the backend's kernels and then version ver's (0: the other
- * DIET, test_experts_diet; 95-101: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
+ * DIET, test_experts_diet; 95-104: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
  * returns the words compared. */
 static long experts_words(const wcase *cs, size_t n, int ver) {
   const int E = 5, K = 2;
@@ -3042,9 +3042,9 @@ static long experts_words(const wcase *cs, size_t n, int ver) {
 }
 
 /* qr_kernel's stage loop of the SASS diet (DIET 1: qr_diet_pass in src/cuda/qmoe_r.cuh) against the loop before it
- * (DIET 0), the backend's one (QR_DIET) against the test library's other one: h and y word for word on stacks deep enough for the steady-state iterations (6 weight
+ * (DIET 0), the backend's choice per tile count (QR_DIET_TILES) against the test library's other one: h and y word for word on stacks deep enough for the steady-state iterations (6 weight
  * stages or more) and for the tested last ones, even and odd stage counts, at the backend's tile count for 37 tokens
- * (3 n-tiles, the 2-tile body for the smaller experts), 1, 3 and 8 n-tiles, 4-bit g64, 3-bit g32/g64, g128 and bf16
+ * (3 n-tiles, the 2-tile body for the smaller experts), 1, 3, 4, 5 and 8 n-tiles, 4-bit g64, 3-bit g32/g64, g128 and bf16
  * lane records; an empty expert (1) in every case. */
 static void test_quant_experts_diet(void **state) {
   (void)state;
@@ -3057,13 +3057,16 @@ static void test_quant_experts_diet(void **state) {
        * the FAST iterations), 7 and 9 stages; 48 tokens at 3 n-tiles: expert 0 in two whole passes of 24 and the
        * others' 16 rows one whole pass of the 2-tile body (no token past the expert's rows) */
       {4, 4, 64, 704, 448, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {3, 3, 64, 576, 704, 37, 1}, {0, 0, 0, 704, 448, 37, 0},
+      /* 4 and 5 n-tiles, where the backend runs the diet since session 21 (QR_DIET_TILES) and the test library the
+       * loop before it */
+      {4, 4, 64, 640, 384, 61, 5}, {4, 4, 64, 704, 448, 61, 4},
   };
   const long words = experts_words(cs, sizeof cs / sizeof cs[0], 0);
   printf("# qr_kernel's stage loop after the SASS diet: h and y equal to the loop's before word for word (%ld words, "
          "%zu stacks)\n", words, sizeof cs / sizeof cs[0]);
 }
 
-/* The kernel lab's versions 96-101 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
+/* The kernel lab's versions 96-104 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
  * stages, prefetch distances and activation stages at 2 and 3 n-tiles) against the backend's kernels, h and y word
  * for word (the same arithmetic; the lab compares them with version 50 on the GPU, this on the emulation before):
  * 4-bit g64 at the backend's tile count for 37 tokens (3 n-tiles and the 2-tile body), 48 tokens at 3 n-tiles
@@ -3077,8 +3080,8 @@ static void test_quant_experts_lab(void **state) {
       {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {4, 4, 64, 640, 384, 37, 2}, {4, 4, 64, 1024, 704, 37, 0},
   };
   long words = 0;
-  for (int ver = 96; ver <= 101; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
-  printf("# kernel lab versions 96-101 (the SASS diet's launch choices): h and y equal to the backend's word for word "
+  for (int ver = 96; ver <= 104; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
+  printf("# kernel lab versions 96-104 (the SASS diet's launch choices): h and y equal to the backend's word for word "
          "(%ld words, %zu stacks each)\n", words, sizeof cs / sizeof cs[0]);
 }
 

@@ -44,7 +44,7 @@
 
 #include "cuda/qmoe.cuh"
 
-/* The backend's choices below can be set at compile time (-DQR_DIET=1 in XCFLAGS for every object alike, as
+/* The backend's choices below can be set at compile time (-DQR_DIET_TILES=0x1fe in XCFLAGS for every object alike, as
  * scripts/qw_lab_gpu.sh BENCH_DEFS does to time one end to end); a build mixing values across objects is not allowed. */
 #ifndef QR_WARPS
 #define QR_WARPS 4  /* warps per block (the backend's choice) */
@@ -70,13 +70,20 @@
 #ifndef QR_NTS
 #define QR_NTS 2    /* at 3 n-tiles, the n-tiles of the body for experts of at most 8 QR_NTS rows (the backend's choice) */
 #endif
-#ifndef QR_DIET
-#define QR_DIET 0    /* qr_kernel's DIET loop (qr_diet_pass: the same bits, ~29 % fewer instructions in the stage loop,
-                      * session 17) is not the backend's until it has run and been timed on a GPU (docs/cuda.md, "The next
-                      * GPU calls"); the tests and the lab run the other one (1 - QR_DIET) beside it */
+#ifdef QR_DIET
+#error "QR_DIET became QR_DIET_TILES (session 21): -DQR_DIET_TILES=0x1fe runs the DIET loop at every tile count, 0 at none"
 #endif
-#if QR_DIET != 0 && QR_DIET != 1
-#error "QR_DIET (-DQR_DIET=...) is 0 or 1: the tests and the lab instantiate the other loop as 1 - QR_DIET"
+#ifndef QR_DIET_TILES
+#define QR_DIET_TILES 0x30 /* the n-tile counts (bit n: n n-tiles, 1..8) at which qr_kernel runs the DIET loop (qr_diet_pass:
+                            * the same bits, ~29 % fewer static instructions in the stage loop, session 17): 4 and 5.
+                            * Lab versions 50 and 95 on an H100 (sessions 18 and 21, docs/cuda.md): at 5 n-tiles (T 512,
+                            * two stacked canvases) gate/up -10 % (194.0 -> 174.6 us), down the same within the spread;
+                            * at the 26B canvas's 2-3 n-tiles no gain (gate/up +0.5 %, down +3 %); at 8 n-tiles slower
+                            * (T 1024: gate/up +3 %, down +5 %). 4 n-tiles not timed (between 3 and 5). The tests and the
+                            * lab run the other loop at every tile count beside it (qr_launch_bits' FLIP) */
+#endif
+#if QR_DIET_TILES < 0 || QR_DIET_TILES > 0x1fe || (QR_DIET_TILES & 1)
+#error "QR_DIET_TILES (-DQR_DIET_TILES=...) is a mask of n-tile counts 1..8 (bit n), 0 to 0x1fe"
 #endif
 #ifndef QR_PREWAIT
 #define QR_PREWAIT 0 /* the down product's weight stages asked of L2 before griddepcontrol.wait (qr_prewait): 0 none;
@@ -665,7 +672,7 @@ __device__ __forceinline__ void qr_epilogue(const qe_args &a, const float (&acc)
   else qe_store<GATEUP != 0, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t);
 }
 
-/* DIET (qr_kernel's template value, issue 11's "SASS diet", session 17; not the backend's until a GPU has run it: QR_DIET): the same products,
+/* DIET (qr_kernel's template value, issue 11's "SASS diet", session 17; the backend's at the tile counts of QR_DIET_TILES): the same products,
  * folds and fp32 operations in the same order as the loop of qr_body, so the same output bits, with fewer
  * instructions per weight stage:
  *   - the stage loop in two parts: the steady state (qr_diet_pass's FAST iterations), where every weight stage
@@ -1070,7 +1077,7 @@ int qr_dq_from(void);
 void qr_dq_set(int n);
 /* The tests' launcher of the lane-record products (qmoe.cu's qr_launch calls it instead of qr_launch_bits while it
  * is set, the down product's input copy in the epilogue excepted; NULL gives the backend's back):
- * tests/support/cuda_entry.cu swaps in the kernels of the other DIET (1 - QR_DIET) to compare the outputs word for word. */
+ * tests/support/cuda_entry.cu swaps in the kernels of the other stage loop (FLIP 1) to compare the outputs word for word. */
 typedef cudaError_t (*qr_launcher)(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup);
 void qr_launcher_set(qr_launcher f);
 
@@ -1083,20 +1090,26 @@ template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 gr
   }
 }
 
-template <int BITS, int GATEUP, int DIET = QR_DIET>
+/* qr_kernel's stage loop at nt n-tiles: DIET 1 where bit nt of tiles is set, else 0; flip 1: the other one. */
+__host__ __device__ constexpr int qr_diet_at(int nt, int tiles, int flip) { return ((tiles >> nt) & 1) ^ flip; }
+/* The backend's lane-record products at nt n-tiles (qe_nt): the launch choices per tile count, the DIET loop at
+ * the tile counts of the mask TILES (the backend's: QR_DIET_TILES); FLIP 1: the other stage loop at every tile count
+ * (the tests' and the lab's comparison); TILES 0x1fe, FLIP 0: the diet everywhere (lab versions 96-101 outside their
+ * own choices). */
+template <int BITS, int GATEUP, int FLIP = 0, int TILES = QR_DIET_TILES>
 cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
-  constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB, L = DIET;
+  constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
   if constexpr (BITS != 16 && BITS != 6 && GATEUP != QR_GATEUP_HP) { /* QR_GATEUP_HP: no DQ body */
     const int dq = qr_dq_from();
     if (dq > 0 && nt >= dq && nt >= 4 && a.group == 64) return qr_launch_dq<BITS, GATEUP>(s, grid, nt, a);
   }
   switch (nt) {
-  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB, L>(s, grid, a);
-  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, MB, L>(s, grid, a);
-  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS, MB, L>(s, grid, a);
-  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3, 1, L>(s, grid, a);
-  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, L>(s, grid, a);
-  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, L>(s, grid, a);
+  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB, qr_diet_at(1, TILES, FLIP)>(s, grid, a);
+  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, MB, qr_diet_at(2, TILES, FLIP)>(s, grid, a);
+  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS, MB, qr_diet_at(3, TILES, FLIP)>(s, grid, a);
+  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3, 1, qr_diet_at(4, TILES, FLIP)>(s, grid, a);
+  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, qr_diet_at(5, TILES, FLIP)>(s, grid, a);
+  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, qr_diet_at(8, TILES, FLIP)>(s, grid, a);
   }
 }
 

@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-101 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-104 (dg_cuda_test_experts_lab) */
 
 #include "cuda_entry.h"
 
@@ -163,14 +163,14 @@ extern "C" dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *g
   if (st == DG_OK && f0) st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_dn_fuse: fused with the switch off");
   return st;
 }
-/* qr_kernel with the other stage loop than the backend's (DIET 1 - QR_DIET: the SASS diet's while the backend keeps
- * the loop before it) for 3- and 4-bit and bf16 stacks: the launcher dg_cuda_test_experts_diet swaps in
- * (qr_launcher_set) */
+/* qr_kernel with the other stage loop than the backend's at every tile count (qr_launch_bits' FLIP 1: the loop
+ * before the SASS diet where the backend runs the diet (QR_DIET_TILES), the diet elsewhere) for 3-
+ * and 4-bit and bf16 stacks: the launcher dg_cuda_test_experts_diet swaps in (qr_launcher_set) */
 static cudaError_t nodiet_launch(cudaStream_t s, dim3 grid, int nt, const qe_args &a, int bits, int gateup) {
   switch (bits) {
-  case 3: return gateup ? qr_launch_bits<3, 1, 1 - QR_DIET>(s, grid, nt, a) : qr_launch_bits<3, 0, 1 - QR_DIET>(s, grid, nt, a);
-  case 4: return gateup ? qr_launch_bits<4, 1, 1 - QR_DIET>(s, grid, nt, a) : qr_launch_bits<4, 0, 1 - QR_DIET>(s, grid, nt, a);
-  case 16: return gateup ? qr_launch_bits<16, 1, 1 - QR_DIET>(s, grid, nt, a) : qr_launch_bits<16, 0, 1 - QR_DIET>(s, grid, nt, a);
+  case 3: return gateup ? qr_launch_bits<3, 1, 1>(s, grid, nt, a) : qr_launch_bits<3, 0, 1>(s, grid, nt, a);
+  case 4: return gateup ? qr_launch_bits<4, 1, 1>(s, grid, nt, a) : qr_launch_bits<4, 0, 1>(s, grid, nt, a);
+  case 16: return gateup ? qr_launch_bits<16, 1, 1>(s, grid, nt, a) : qr_launch_bits<16, 0, 1>(s, grid, nt, a);
   default: return cudaErrorInvalidValue; /* not instantiated here */
   }
 }
@@ -194,8 +194,8 @@ extern "C" dg_status dg_cuda_test_experts_lab(int device, int version, const dg_
                                               int K, int nt, long n_diff[2]) {
   if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: tile count %d (1-5, 8 or 0)", nt);
-  if (version < 95 || version > 101)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-101)", version);
+  if (version < 95 || version > 104)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-104)", version);
   if (gate_up->bits != 4 || down->bits != 4)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: %d/%d-bit stacks (4-bit only)",
                      gate_up->bits, down->bits);
