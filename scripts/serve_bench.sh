@@ -23,7 +23,9 @@ QS=("What is 7 times 8?" "Tom has 23 apples and buys 14 more. How many apples do
     "Name a color." "What is 9 times 6?" "Tell me about the moon.")
 PORT=$((20000 + RANDOM % 20000))
 SPID=""
-tmp=$(mktemp -d); trap '[ -n "$SPID" ] && kill $SPID 2>/dev/null; rm -rf "$tmp"' EXIT
+# (the trap's kill of a server already stopped fails; under set -e that ended the script with status 1 before the
+# rm, after every run: session 21's CUDA run printed all its rows and exited 1)
+tmp=$(mktemp -d); trap '{ [ -n "$SPID" ] && kill $SPID 2>/dev/null; } || true; rm -rf "$tmp"' EXIT
 base=""
 for B in $BS; do
   OMP_WAIT_POLICY=passive "$BIN" serve -m "$MODEL" -t "$THREADS" --port $PORT --max-batch "$B" --quiet \
@@ -58,7 +60,7 @@ for B in $BS; do
   done
   t1=$(date +%s.%N)
   steps1=$(curl -s "http://127.0.0.1:$PORT/metrics" | sed -n 's/^dgemma_step_seconds_count //p')
-  kill $SPID; wait $SPID 2>/dev/null || true
+  kill $SPID; wait $SPID 2>/dev/null || true; SPID=""
   python3 - "$B" "$tok" "$t0" "$t1" "$fwd" "$steps0" "$steps1" "${base:-0}" <<'PY'
 import sys
 B, tok, t0, t1, fwd, s0, s1, base = sys.argv[1:]
@@ -68,5 +70,5 @@ base = float(base) or tps
 print(f"B={B}: {tok} tokens in {wall:.2f} s = {tps:.1f} tok/s aggregate ({tps / base:.2f}x B=1); "
       f"{int(float(s1) - float(s0))} batched steps for {fwd} forwards")
 PY
-  [ -z "$base" ] && base=$(python3 -c "print($tok / ($t1 - $t0))")
+  if [ -z "$base" ]; then base=$(python3 -c "print($tok / ($t1 - $t0))"); fi
 done
