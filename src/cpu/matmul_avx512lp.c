@@ -759,9 +759,9 @@ NTILE(8, 4, ntile_8_4x1) NTILE(8, 1, ntile_8_1x1) /* g32 */
  * lie: one forward stream per unit, and per thread over its consecutive units. IL1_BYTES: every line of the stream
  * (codes, scales, biases) prefetched that many bytes on (0 = none). The layout alone did not do it: 2-core Zen 5
  * EPYC, 26B gate/up [1408, 2816] 4-bit g64, -t 2, M = 1, ceiling bench medians (docs/results/cpu-s21/il21_sweep*):
- * no prefetch 0.084-0.092 ms (R = 8; R = 4 0.091-0.100) against the MLX layout's 0.065-0.074 in the same windows;
- * one line in four 4 KiB on 0.087-0.096; every line 4 KiB on 0.049-0.052 (16 KiB 0.050, 24 KiB 0.051-0.055; R = 4
- * 8 KiB 0.055-0.056). */
+ * no prefetch 0.084-0.092 ms (R = 8; R = 4 0.092-0.100) against the MLX layout's 0.065-0.074 (one 0.105) in the same
+ * windows; one line in four, 2-8 KiB on, 0.080-0.104; every line 4 KiB on 0.049-0.052 (16 KiB 0.050, 24 KiB
+ * 0.051-0.055; R = 4 8 KiB 0.055-0.056). The side-by-side with ggml: docs/measurements.md, session 21. */
 #ifndef IL1_BYTES
 #define IL1_BYTES 4096
 #endif
