@@ -460,14 +460,16 @@ static void test_avx512lp(void **state) {
                               {2, 128, 3840, 13, 0}, {4, 64, 2816, 12, 1}, {8, 32, 1408, 12, 0}, {4, 64, 704, 14, 0},
                               {4, 64, 704, 13, 1}, {4, 32, 1408, 15, 0}, {4, 128, 256, 12, 0}, {2, 64, 2816, 13, 0},
                               {2, 32, 1408, 12, 0}, {2, 32, 96, 17, 0}, {8, 64, 1024, 13, 0}, {8, 128, 384, 12, 1}};
-  for (size_t c = 0; c < sizeof pk / sizeof pk[0]; c++) check_lp_pack(k, pk[c][0], pk[c][1], pk[c][3], pk[c][2], pk[c][4], 0);
+  for (size_t c = 0; c < sizeof pk / sizeof pk[0]; c++)
+    check_lp_pack(k, pk[c][0], pk[c][1], pk[c][3], pk[c][2], pk[c][4], 0);
   /* the interleaved pack (DGEMMA_CPU_PACK=il), R = 4 and 8 rows, the formats it takes (8 dwords a group): 44 groups (a
    * last block of 12: 6 steps), 30 (14: 7), 8-bit g32 K = 480 (15 groups: a last step of 32 bytes), 2-bit g128, one
    * block exactly (4-bit g64 K = 1024), f32 scales; N of 4 .. 22 (units of 1 .. 8 rows, zero rows past the last) */
   static const int il[][5] = {{4, 64, 2816, 22, 0}, {4, 64, 1920, 13, 0}, {4, 64, 1024, 4, 0}, {8, 32, 480, 21, 0},
                               {2, 128, 3840, 13, 0}, {4, 64, 2816, 12, 1}, {8, 32, 1408, 17, 1}};
   for (int R = 4; R <= 8; R += 4)
-    for (size_t c = 0; c < sizeof il / sizeof il[0]; c++) check_lp_pack(k, il[c][0], il[c][1], il[c][3], il[c][2], il[c][4], R);
+    for (size_t c = 0; c < sizeof il / sizeof il[0]; c++)
+      check_lp_pack(k, il[c][0], il[c][1], il[c][3], il[c][2], il[c][4], R);
   printf("# avx512lp: every tile on a weight's pack (cpu/pack.c) = on the MLX layout, bit for bit (T = 1-5, 7, 9; "
          "2/4/8-bit, transposed and by step, bf16 and f32 scales, last blocks of 1-4 rows, row0 = 1, grouped); "
          "the interleaved pack of 4 and 8 rows too\n");

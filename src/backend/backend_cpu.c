@@ -75,7 +75,9 @@ static dg_status cpu_model_init(dg_model *m, int device) {
   const int want = dg_cpu_pack_wanted(why, sizeof why);
   if (want < 0) return dg_seterr(DG_ERR_INVALID_ARG, "%s", why);
   if (want == DG_CPU_PACK_NONE || strcmp(m->kern->name, "avx512lp")) return DG_OK;
-  return cpu_each_weight(m, want == DG_CPU_PACK_ALL ? cpu_pack_all : want == DG_CPU_PACK_NAT ? cpu_pack_nat : cpu_pack_il);
+  return cpu_each_weight(m, want == DG_CPU_PACK_ALL   ? cpu_pack_all
+                            : want == DG_CPU_PACK_NAT ? cpu_pack_nat
+                                                      : cpu_pack_il);
 }
 static void cpu_model_free(dg_model *m) { (void)cpu_each_weight(m, cpu_unpack_one); }
 static size_t cpu_model_bytes(const dg_model *m) { (void)m; return 0; }

@@ -109,7 +109,8 @@ const dg_kernels *dg_kernels_avx2lp(void);
 int dg_cpu_pack_applies(const dg_weight *w);
 /* Which matrices a model run by avx512lp packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "0"
  * DG_CPU_PACK_NONE, "1" DG_CPU_PACK_ALL (every matrix dg_cpu_pack_applies to), "nat" DG_CPU_PACK_NAT (only those
- * dg_cpu_pack_nat holds for), "il" DG_CPU_PACK_IL (those, in the interleaved layout), unset DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
+ * dg_cpu_pack_nat holds for), "il" DG_CPU_PACK_IL (those, in the interleaved layout), unset
+ * DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
  * callers refuse it with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
 enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2, DG_CPU_PACK_IL = 3 };
 /* Still no pack by default. Session 19 (idle side-by-side on a 2-core EPYC with a ~105 GFLOP/s FMA ceiling,

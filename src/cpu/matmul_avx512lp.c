@@ -922,8 +922,8 @@ static inline void pf_pack_sb(const lp_rows *wr, int64_t sbrow) {
 }
 
 /* The tiles of rt (<= 4) weight rows wr (pk: on the 4-row pack) times activation rows t0 .. t0 + T - 1. */
-static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, int B, int pk, const lp_rows *wrp,
-                       int64_t rt) {
+static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, int B, int pk,
+                       const lp_rows *wrp, int64_t rt) {
   const lp_rows wr = *wrp;
   const vtiles *vt = vtile_table(B, xb->tr_n, pk);
   const vtile_fn *tf = vt->f;
@@ -997,11 +997,11 @@ static void il_prep(int8_t *pw, char *sb, const dg_cpu_pack_geom *g, int64_t u, 
 
 /* Weight rows [lo, hi) of unit u of an interleaved pack (g->il) times activation rows t0 .. t0 + T - 1, into
  * y[t ldy + r - lo] for the unit's rows r in [lo, hi). A call in the natural layout (T < 4) runs ILTILE on the unit;
- * others run the tiles on prepared rows (ttilep_, as vnni_tiles from TPREP_MIN_T rows) on each whole 4-row sub-pass
- * the call takes (the unit prepared once, il_prep), and on the rows of a sub-pass taken in part (a call's first or last rows) the tiles of
- * the MLX layout on the unit copied out (dg_cpu_il_unit_rows) into the thread's scratch. Either way the bits of the
- * unpacked weight: each row's operations do not depend on the tile it runs in (tests/test_kernels.c,
- * check_lp_rows_equal). Out of scratch memory: the exact product of the rows. */
+ * others run the tiles on prepared rows (ttilep_: vnni_tiles takes them from TPREP_MIN_T rows, here for any T) on
+ * each whole 4-row sub-pass the call takes (the unit prepared once, il_prep), and on the rows of a sub-pass taken in
+ * part (a call's first or last rows) the tiles of the MLX layout on the unit copied out (dg_cpu_il_unit_rows) into
+ * the thread's scratch. Either way the bits of the unpacked weight: each row's operations do not depend on the tile
+ * it runs in (tests/test_kernels.c, check_lp_rows_equal). Out of scratch memory: the exact product of the rows. */
 static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
                     const dg_cpu_pack_geom *g, int64_t u, int64_t lo, int64_t hi) {
   const int64_t R = g->R, a = u * R > lo ? u * R : lo, b = u * R + R < hi ? u * R + R : hi;
@@ -1017,7 +1017,8 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
   const int64_t rs = (g->rb + 63) / 64 * 64, ss = (g->sbrow + 63) / 64 * 64, st = rs + 2 * ss;
   void *part[2];
   int8_t *pw = dg_kscratch(DG_KSCRATCH_LPW, (size_t)R * (size_t)xb->nblk * 8 * 64);
-  if (!pw || dg_kscratch_parts(DG_KSCRATCH_LPIL, 2, (const size_t[2]){(size_t)(R * st), (size_t)(2 * R * g->sbrow)}, part)) {
+  const size_t need[2] = {(size_t)(R * st), (size_t)(2 * R * g->sbrow)}; /* a unit copied out; R rows' scales, biases */
+  if (!pw || dg_kscratch_parts(DG_KSCRATCH_LPIL, 2, need, part)) {
     dg_kernels_avx512_impl()->matmul(y + a - lo, ldy, xb->x + t0 * xb->ldx, xb->ldx, T, w, a, b - a, 1);
     return;
   }
@@ -1034,7 +1035,10 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
     if (qa == q0 && qb == q0 + 4) {
       if (!prepped) il_prep(pw, sb, g, u, xb->nblk), prepped = 1;
       const int8_t *pp = pw + (size_t)4 * p * (size_t)xb->nblk * 8 * 64;
-      for (int i = 0; i < 4; i++) wr.sc[i] = sb + 2 * (4 * p + i) * g->sbrow, wr.bi[i] = sb + (2 * (4 * p + i) + 1) * g->sbrow;
+      for (int i = 0; i < 4; i++) {
+        wr.sc[i] = sb + 2 * (4 * p + i) * g->sbrow;
+        wr.bi[i] = wr.sc[i] + g->sbrow;
+      }
       int64_t t = 0;
       for (; t + 4 <= T; t += 4) tp[0](y + t * ldy + q0 - lo, ldy, xb, t0 + t, &wr, pp);
       for (; t < T; t++) tp[1](y + t * ldy + q0 - lo, ldy, xb, t0 + t, &wr, pp);
@@ -1044,7 +1048,8 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
     for (int64_t r = qa; r < qb; r++) {
       const uint8_t *c = (const uint8_t *)buf + (r - u * R) * st;
       const int i = (int)(r - qa);
-      wr.row[i] = c, wr.tail[i] = c + g->rb - g->tl, wr.sc[i] = (const char *)c + rs, wr.bi[i] = (const char *)c + rs + ss;
+      wr.row[i] = c, wr.tail[i] = c + g->rb - g->tl;
+      wr.sc[i] = (const char *)c + rs, wr.bi[i] = (const char *)c + rs + ss;
     }
     vnni_tiles(y + qa - lo, ldy, xb, t0, T, w->bits, 0, &wr, qb - qa);
   }

@@ -41,8 +41,9 @@
  *   after the last block (at boff) the R rows' ng biases, row r at boff + r ng esz, then zeros to a multiple of 64.
  * BF = 512 R + 16 R esz is a multiple of 64: every block and every step starts on a cache line. The tile reads the
  * same codes (zero where the MLX layout's masked loads give zero), scales and biases and does the same integer and
- * fp32 operations, so the bits do not change (tests/test_kernels.c); the tiles of 4 or more activation rows copy
- * their rows out into the MLX layout first (dg_cpu_il_row). Cost: the codes, scales and biases plus the zeros of a
+ * fp32 operations, so the bits do not change (tests/test_kernels.c); calls of 4 or more activation rows prepare each
+ * unit's rows once for the tiles on prepared rows (il_prep there; a unit a call takes only in part is copied out to
+ * the MLX layout, dg_cpu_il_unit_rows). Cost: the codes, scales and biases plus the zeros of a
  * partial last step and the unit's padding (the 26B's gate/up, R = 8: none, 12672 bytes a unit). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +64,9 @@ int dg_cpu_pack_wanted(char *why, size_t n) {
   if (why && n) {
     char q[64];
     const int cut = dg_env_quote(v, q, sizeof q);
-    snprintf(why, n, "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix), nat (gate/up-shaped ones) and il (those interleaved)",
+    snprintf(why, n,
+             "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix), nat (gate/up-shaped ones) and il "
+             "(those interleaved)",
              q, cut ? "..." : "");
   }
   return -1;
@@ -168,7 +171,8 @@ void dg_cpu_il_unit_rows(const dg_cpu_pack_geom *g, int64_t u, char *dst, int64_
       for (int m = 0; m < ns; m++)
         for (int i = 0; i < 4; i++) /* a whole 64 bytes: the pack's zeros past a row's end, inside rs */
           memcpy(dst + (4 * p + i) * stride + 512 * blk + 64 * m, b + (p * ns + m) * 256 + 64 * i, 64);
-    for (int j = 0; j < R; j++) memcpy(dst + j * stride + rs + 16 * blk * g->esz, b + 64 * R * ns + j * n * g->esz, (size_t)(n * g->esz));
+    for (int j = 0; j < R; j++)
+      memcpy(dst + j * stride + rs + 16 * blk * g->esz, b + 64 * R * ns + j * n * g->esz, (size_t)(n * g->esz));
   }
   const char *bi = g->il + (size_t)u * (size_t)g->U + g->boff;
   for (int j = 0; j < R; j++) memcpy(dst + j * stride + rs + ss, bi + j * g->ng * g->esz, (size_t)(g->ng * g->esz));
