@@ -121,10 +121,11 @@ enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2, DG_CPU_PA
  * a 2-core Zen 5 EPYC (family 26, FMA ceiling ~165 GFLOP/s, docs/results/cpu-s20/): there the pack is slower at M = 1
  * in every run, gate/up 0.46x (median of five alternations; 0.134-0.143 ms a call vs 0.056-0.070 without) and down
  * with DGEMMA_CPU_PACK=1 0.27x (0.100 vs 0.027 ms), so which layout a matvec wants depends on the CPU. Session 21,
- * the same Zen 5 (idle side-by-side, five alternations, docs/measurements.md): "il" (the same matrices interleaved 8
- * rows a unit, every line prefetched) gate/up M = 1 1.26x no pack (all five 1.11-1.58), no other row slower, but
- * 0.93x [0.81-1.16] ggml q4_K's GB/s in the same runs (at q4_K or above only in processes with the fast copy
- * ceiling): the M = 1 bullet's condition for a default is not met, so "il" stays opt-in. */
+ * the same Zen 5 (idle side-by-side, two sets of five alternations, docs/measurements.md): "il" (the same matrices
+ * interleaved 8 rows a unit, every line prefetched) gate/up M = 1 1.26x and 1.80x no pack (all ten 1.11-2.36), no
+ * other row slower, but 0.93x [0.81-1.16] and 0.89x [0.82-1.34] ggml q4_K's GB/s in the same runs (above q4_K only
+ * in processes with the fast copy ceiling): the M = 1 bullet's condition for a default is not met, so "il" stays
+ * opt-in. */
 #define DG_CPU_PACK_DEFAULT DG_CPU_PACK_NONE
 int dg_cpu_pack_wanted(char *why, size_t n);
 /* The layout avx512lp quantizes a product's activations in for a B-bit, group-G weight of K columns, which picks
