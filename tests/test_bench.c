@@ -353,7 +353,7 @@ static void test_cli_errors(void **state) {
   assert_non_null(strstr(e, "needs diffusion_turbo"));
   free(o);
   free(e);
-  /* DGEMMA_CPU_PACK none of 0, 1 and nat: the CPU ceiling sweep refuses it with the CPU backend's message (the one
+  /* DGEMMA_CPU_PACK none of 0, 1, nat and il: the CPU ceiling sweep refuses it with the CPU backend's message (the one
    * cpu/pack.c writes for both; test_quant's test_pack_model checks the backend's), before measuring anything */
   const char *ps = getenv("DGEMMA_CPU_PACK");
   char *psv = ps ? strdup(ps) : NULL;
@@ -361,8 +361,8 @@ static void test_cli_errors(void **state) {
   const int rc = run_cli("bench --protocol ceiling -t 1 --rows 1 --formats 4 --moe-tokens 0", &o, &e);
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(psv);
-  const char *want = "dgemma bench: DGEMMA_CPU_PACK=\"yes\\x22\" is none of 0 (no pack), 1 (every matrix) and nat "
-                     "(gate/up-shaped ones)\n";
+  const char *want = "dgemma bench: DGEMMA_CPU_PACK=\"yes\\x22\" is none of 0 (no pack), 1 (every matrix), nat "
+                     "(gate/up-shaped ones) and il (those interleaved)\n";
   if (rc != 2 || strcmp(e, want) || o[0]) fail_msg("DGEMMA_CPU_PACK=yes\": exit %d, stdout \"%s\", stderr \"%s\"", rc, o, e);
   free(o);
   free(e);

@@ -358,7 +358,7 @@ static void check_lp_nonfinite(const dg_kernels *k, int B, int G, int K) {
  * the grouped entry (2 experts of N / 2 rows, products of rows from row_off 2 and 4). Random codes,
  * bf16 scales and biases (f32 ones when sb32). The same integers and fp32 operations either way:
  * compared with memcmp, no tolerance. */
-static void check_lp_pack(const dg_kernels *k, int B, int G, int N, int K, int sb32) {
+static void check_lp_pack(const dg_kernels *k, int B, int G, int N, int K, int sb32, int il) {
   enum { TM = 9 };
   const int ng = K / G, esz = sb32 ? 4 : 2;
   const size_t rb = (size_t)dg_quant_row_bytes(K, B);
@@ -377,7 +377,8 @@ static void check_lp_pack(const dg_kernels *k, int B, int G, int N, int K, int s
                  .sb_dtype = sb32 ? DG_F32 : DG_BF16, .scales = sc, .biases = bi};
   assert_true(dg_cpu_pack_applies(&W));
   dg_weight P = W;
-  P.cpu_pack = dg_cpu_pack_build(&W);
+  P.cpu_pack = il ? dg_cpu_pack_build_il(&W, il) : dg_cpu_pack_build(&W);
+  P.cpu_pack_il = il;
   assert_non_null(P.cpu_pack);
   P.data = P.scales = P.biases = NULL; /* with a pack the tiles read nothing else (a read here would crash) */
   static const int Ts[] = {1, 2, 3, 4, 5, 7, 9};
@@ -389,8 +390,8 @@ static void check_lp_pack(const dg_kernels *k, int B, int G, int N, int K, int s
       k->matmul(y1, n, x, K, T, &W, r0, n, 2);
       k->matmul(y2, n, x, K, T, &P, r0, n, 2);
       if (memcmp(y1, y2, (size_t)T * n * sizeof(float)))
-        fail_msg("%s %d-bit G=%d N=%d K=%d T=%d row0=%d sb %s: the pack's bits differ from the MLX layout's", k->name, B, G,
-                 N, K, T, r0, sb32 ? "f32" : "bf16");
+        fail_msg("%s %d-bit G=%d N=%d K=%d T=%d row0=%d sb %s il %d: the pack's bits differ from the MLX layout's", k->name,
+                 B, G, N, K, T, r0, sb32 ? "f32" : "bf16", il);
     }
   const int half = N / 2; /* grouped (N >= 12): 2 experts of `half` rows, products of rows [off, half) */
   if (half >= 6)
@@ -400,8 +401,8 @@ static void check_lp_pack(const dg_kernels *k, int B, int G, int N, int K, int s
         k->matmul_grouped(y1, half - off, x, K, start, 2, &W, half, off, half - off, 2);
         k->matmul_grouped(y2, half - off, x, K, start, 2, &P, half, off, half - off, 2);
         if (memcmp(y1, y2, (size_t)(e1 + 3) * (half - off) * sizeof(float)))
-          fail_msg("%s %d-bit G=%d N=%d K=%d grouped row_off %d, %d + 3 rows: the pack's bits differ", k->name, B, G, N,
-                   K, off, e1);
+          fail_msg("%s %d-bit G=%d N=%d K=%d il %d grouped row_off %d, %d + 3 rows: the pack's bits differ", k->name, B, G,
+                   N, K, il, off, e1);
       }
   /* and the tiles read the pack: a code changed in it changes the product */
   ((uint8_t *)P.cpu_pack)[0] ^= 0x11;
@@ -459,9 +460,19 @@ static void test_avx512lp(void **state) {
                               {2, 128, 3840, 13, 0}, {4, 64, 2816, 12, 1}, {8, 32, 1408, 12, 0}, {4, 64, 704, 14, 0},
                               {4, 64, 704, 13, 1}, {4, 32, 1408, 15, 0}, {4, 128, 256, 12, 0}, {2, 64, 2816, 13, 0},
                               {2, 32, 1408, 12, 0}, {2, 32, 96, 17, 0}, {8, 64, 1024, 13, 0}, {8, 128, 384, 12, 1}};
-  for (size_t c = 0; c < sizeof pk / sizeof pk[0]; c++) check_lp_pack(k, pk[c][0], pk[c][1], pk[c][3], pk[c][2], pk[c][4]);
+  for (size_t c = 0; c < sizeof pk / sizeof pk[0]; c++)
+    check_lp_pack(k, pk[c][0], pk[c][1], pk[c][3], pk[c][2], pk[c][4], 0);
+  /* the interleaved pack (DGEMMA_CPU_PACK=il), R = 4 and 8 rows, the formats it takes (8 dwords a group): 44 groups (a
+   * last block of 12: 6 steps), 30 (14: 7), 8-bit g32 K = 480 (15 groups: a last step of 32 bytes), 2-bit g128, one
+   * block exactly (4-bit g64 K = 1024), f32 scales; N of 4 .. 22 (units of 1 .. 8 rows, zero rows past the last) */
+  static const int il[][5] = {{4, 64, 2816, 22, 0}, {4, 64, 1920, 13, 0}, {4, 64, 1024, 4, 0}, {8, 32, 480, 21, 0},
+                              {2, 128, 3840, 13, 0}, {4, 64, 2816, 12, 1}, {8, 32, 1408, 17, 1}};
+  for (int R = 4; R <= 8; R += 4)
+    for (size_t c = 0; c < sizeof il / sizeof il[0]; c++)
+      check_lp_pack(k, il[c][0], il[c][1], il[c][3], il[c][2], il[c][4], R);
   printf("# avx512lp: every tile on a weight's pack (cpu/pack.c) = on the MLX layout, bit for bit (T = 1-5, 7, 9; "
-         "2/4/8-bit, transposed and by step, bf16 and f32 scales, last blocks of 1-4 rows, row0 = 1, grouped)\n");
+         "2/4/8-bit, transposed and by step, bf16 and f32 scales, last blocks of 1-4 rows, row0 = 1, grouped); "
+         "the interleaved pack of 4 and 8 rows too\n");
 }
 
 /* Which matrices each DGEMMA_CPU_PACK mode packs (cpu/pack.c, kernels.h): the layout avx512lp quantizes the
@@ -489,6 +500,23 @@ static void test_pack_choice(void **state) {
     assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_NONE), 0);
     assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_ALL), c[i].B != 3);
     assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_NAT), c[i].nat);
+    assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_IL), c[i].nat);
+  }
+  /* the interleaved pack: refused (NULL) where "nat" does not take the matrix, and for R other than 4 and 8 */
+  {
+    uint8_t data[4 * 1408] = {0};
+    uint16_t sb[4 * 44] = {0};
+    dg_weight w = {.dtype = DG_U32, .data = data, .rows = 4, .cols = 2816, .bits = 4, .group_size = 64,
+                   .sb_dtype = DG_BF16, .scales = sb, .biases = sb};
+    for (int R = 3; R <= 9; R++) {
+      void *p = dg_cpu_pack_build_il(&w, R);
+      assert_int_equal(p != NULL, R == 4 || R == 8);
+      free(p);
+    }
+    w.cols = 704; /* 11 groups: by step */
+    assert_null(dg_cpu_pack_build_il(&w, 4));
+    w.cols = 2816, w.group_size = 32; /* 4-bit g32: transposed at 4 dwords */
+    assert_null(dg_cpu_pack_build_il(&w, 8));
   }
   const char *ps = getenv("DGEMMA_CPU_PACK");
   char *psv = ps ? strdup(ps) : NULL, why[160];
@@ -496,21 +524,22 @@ static void test_pack_choice(void **state) {
   assert_int_equal(dg_cpu_pack_wanted(why, sizeof why), DG_CPU_PACK_DEFAULT);
   assert_string_equal(why, "");
   static const struct { const char *v; int want; } e[] = {{"0", DG_CPU_PACK_NONE}, {"1", DG_CPU_PACK_ALL},
-                                                           {"nat", DG_CPU_PACK_NAT}, {"NAT", -1}, {"", -1}, {"2", -1}};
+                                                           {"nat", DG_CPU_PACK_NAT}, {"il", DG_CPU_PACK_IL},
+                                                           {"NAT", -1}, {"", -1}, {"2", -1}, {"il8", -1}};
   for (size_t i = 0; i < sizeof e / sizeof e[0]; i++) {
     setenv("DGEMMA_CPU_PACK", e[i].v, 1);
     const int got = dg_cpu_pack_wanted(why, sizeof why);
     char want_why[160] = "";
     if (e[i].want < 0)
-      snprintf(want_why, sizeof want_why, "DGEMMA_CPU_PACK=\"%s\" is none of 0 (no pack), 1 (every matrix) and nat "
-               "(gate/up-shaped ones)", e[i].v);
+      snprintf(want_why, sizeof want_why, "DGEMMA_CPU_PACK=\"%s\" is none of 0 (no pack), 1 (every matrix), nat "
+               "(gate/up-shaped ones) and il (those interleaved)", e[i].v);
     if (got != e[i].want || strcmp(why, want_why))
       fail_msg("DGEMMA_CPU_PACK=\"%s\": %d \"%s\", want %d \"%s\"", e[i].v, got, why, e[i].want, want_why);
   }
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(psv);
   printf("# pack choice: dg_lp_tr_n and dg_cpu_pack_nat as worked out by hand in %zu formats and lengths; "
-         "DGEMMA_CPU_PACK unset / 0 / 1 / nat taken, other values refused\n", sizeof c / sizeof c[0]);
+         "DGEMMA_CPU_PACK unset / 0 / 1 / nat / il taken, other values refused\n", sizeof c / sizeof c[0]);
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64

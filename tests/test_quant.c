@@ -748,7 +748,8 @@ static void test_twin(void **state) {
 
 /* The avx512lp pack (cpu/pack.c, built by the CPU backend): a 2/4/8-bit model loaded with DGEMMA_CPU_PACK=1
  * (every 2-, 4- and 8-bit matrix but the embedding packed, their MLX pages dropped from the mapping), with "nat"
- * (only the matrices dg_cpu_pack_nat takes, the rest read in the MLX layout) and unset (DG_CPU_PACK_DEFAULT) gives
+ * (only the matrices dg_cpu_pack_nat takes, the rest read in the MLX layout), "il" (those, in the interleaved layout
+ * of DG_CPU_IL_ROWS rows) and unset (DG_CPU_PACK_DEFAULT) gives
  * the logits of DGEMMA_CPU_PACK=0 bit for bit, with and without self-conditioning, and so does the model whose experts
  * are stored one by one (stacks the loader owns: packed, their MLX copy kept). Model 0 (hidden 32): 4-bit g32 rows
  * of 16 bytes (one partial step), the router's 5 rows (a last 4-row block of 1), 2-bit experts and 8-bit attention;
@@ -762,8 +763,9 @@ static void test_pack_model(void **state) {
   const char *ks = getenv("DGEMMA_KERNELS"), *ps = getenv("DGEMMA_CPU_PACK");
   char *ksv = ks ? strdup(ks) : NULL, *psv = ps ? strdup(ps) : NULL;
   setenv("DGEMMA_KERNELS", "avx512lp", 1);
-  const char *modes[4] = {"0", "1", "nat", NULL}; /* NULL: unset, the default (DG_CPU_PACK_DEFAULT) */
-  const int mode_of[4] = {DG_CPU_PACK_NONE, DG_CPU_PACK_ALL, DG_CPU_PACK_NAT, DG_CPU_PACK_DEFAULT};
+  enum { NM = 5 };
+  const char *modes[NM] = {"0", "1", "nat", "il", NULL}; /* NULL: unset, the default (DG_CPU_PACK_DEFAULT) */
+  const int mode_of[NM] = {DG_CPU_PACK_NONE, DG_CPU_PACK_ALL, DG_CPU_PACK_NAT, DG_CPU_PACK_IL, DG_CPU_PACK_DEFAULT};
   char q0[512] = "";
   for (int mdl = 0; mdl < 2; mdl++) {
     synth_cfg c = synth_default();
@@ -779,11 +781,12 @@ static void test_pack_model(void **state) {
     int32_t prompt[20], canvas[8];
     for (int i = 0; i < P; i++) prompt[i] = (i * 37 + 5) % V;
     for (int i = 0; i < C; i++) canvas[i] = (i * 101 + 7) % V;
-    float *l[2][4][2]; /* [dir][mode][sc] */
+    float *l[2][NM][2]; /* [dir][mode][sc] */
     for (int d = 0; d < 2; d++)
-      for (int pk = 0; pk < 4; pk++) {
+      for (int pk = 0; pk < NM; pk++) {
         if (modes[pk]) setenv("DGEMMA_CPU_PACK", modes[pk], 1); else unsetenv("DGEMMA_CPU_PACK");
-        const int mode = mode_of[pk], all = mode == DG_CPU_PACK_ALL, nat = mode == DG_CPU_PACK_NAT;
+        const int mode = mode_of[pk], all = mode == DG_CPU_PACK_ALL;
+        const int nat = mode == DG_CPU_PACK_NAT || mode == DG_CPU_PACK_IL; /* the same matrices, il interleaved */
         dg_model_params mp = dg_model_default_params();
         mp.no_tokenizer = 1;
         mp.n_threads = 2;
@@ -805,6 +808,8 @@ static void test_pack_model(void **state) {
         assert_int_equal(m->layers[1].mlp_up.cpu_pack != NULL, all || (mdl && nat));
         assert_int_equal(m->layers[1].mlp_down.cpu_pack != NULL, mdl && all);
         assert_null(m->embed.cpu_pack);
+        assert_int_equal(m->layers[0].experts_gate_up.cpu_pack_il, mdl && mode == DG_CPU_PACK_IL ? DG_CPU_IL_ROWS : 0);
+        assert_int_equal(m->layers[2].q.cpu_pack_il, mdl && mode == DG_CPU_PACK_IL ? DG_CPU_IL_ROWS : 0);
         dg_context *cx;
         assert_dg_ok(dg_context_new(m, NULL, &cx));
         assert_dg_ok(dg_encode(cx, prompt, P));
@@ -816,13 +821,13 @@ static void test_pack_model(void **state) {
         dg_model_free(m);
       }
     for (int d = 0; d < 2; d++)
-      for (int pk = 1; pk < 4; pk++)
+      for (int pk = 1; pk < NM; pk++)
         for (int sc = 0; sc < 2; sc++)
           if (memcmp(l[d][0][sc], l[d][pk][sc], (size_t)C * V * 4))
             fail_msg("model %d: avx512lp logits (%s, %s self-conditioning) differ with DGEMMA_CPU_PACK %s from 0", mdl,
                      d ? "experts one by one" : "stacked", sc ? "with" : "without", modes[pk] ? modes[pk] : "unset");
     for (int d = 0; d < 2; d++)
-      for (int pk = 0; pk < 4; pk++) free(l[d][pk][0]), free(l[d][pk][1]);
+      for (int pk = 0; pk < NM; pk++) free(l[d][pk][0]), free(l[d][pk][1]);
     dg_test_rm_dir(f); dg_test_rm_dir(pe);
     if (mdl) dg_test_rm_dir(q);
   }
@@ -833,8 +838,8 @@ static void test_pack_model(void **state) {
   assert_int_equal(dg_model_load(q0, &mp, &m), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "DGEMMA_CPU_PACK=\"yes\""));
   dg_test_rm_dir(q0); /* model 0's quantized copy, kept for this refusal */
-  printf("# avx512lp with DGEMMA_CPU_PACK 1, nat and unset vs 0 (2/4/8-bit models, stacked and per-expert experts; "
-         "nat: none / the 1024-column matrices packed): logits bit-identical, with and without self-conditioning\n");
+  printf("# avx512lp with DGEMMA_CPU_PACK 1, nat, il and unset vs 0 (2/4/8-bit models, stacked and per-expert experts; "
+         "nat, il: none / the 1024-column matrices packed): logits bit-identical, with and without self-conditioning\n");
   if (ksv) setenv("DGEMMA_KERNELS", ksv, 1); else unsetenv("DGEMMA_KERNELS");
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(ksv); free(psv);

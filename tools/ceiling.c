@@ -119,11 +119,9 @@ static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t
   fill_bf16(s->biases, ng, seed + 2);
   s->w = (dg_weight){.dtype = DG_U32, .data = s->data, .rows = rows, .cols = cols, .bits = bits,
                      .group_size = CE_G, .sb_dtype = DG_BF16, .scales = s->scales, .biases = s->biases};
-  if (dg_cpu_pack_takes(&s->w, ce_pack_mode())) {
-    s->pack = dg_cpu_pack_build(&s->w);
-    if (!s->pack) return -1;
-    s->w.cpu_pack = s->pack;
-  }
+  const int pk = dg_cpu_pack_set(&s->w, ce_pack_mode()); /* 1: not taken */
+  if (pk < 0) return -1;
+  s->pack = pk ? NULL : (void *)s->w.cpu_pack;
   return 0;
 }
 
@@ -548,11 +546,12 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
            kn->name, CE_H, CE_IE, CE_E, CE_TOPK, reps, warm);
     const int pm = ce_pack_mode();
     if (pm != DG_CPU_PACK_NONE)
-      printf("avx512lp pack (DGEMMA_CPU_PACK %s): %s are also held in the pack (cpu/pack.c) that every avx512lp "
+      printf("avx512lp pack (DGEMMA_CPU_PACK %s): %s are also held in the pack (cpu/pack.c%s) that every avx512lp "
              "tile reads instead of the MLX layout; same bits\n\n",
-             pm == DG_CPU_PACK_ALL ? "1" : "nat",
+             pm == DG_CPU_PACK_ALL ? "1" : pm == DG_CPU_PACK_NAT ? "nat" : "il",
              pm == DG_CPU_PACK_ALL ? "the quantized stacks"
-                                   : "the quantized stacks dg_cpu_pack_nat takes (here gate/up, not down)");
+                                   : "the quantized stacks dg_cpu_pack_nat takes (here gate/up, not down)",
+             pm == DG_CPU_PACK_IL ? ", interleaved by " DG_CPU_IL_ROWS_STR " rows" : "");
     printf("| shape | format | M | weight MB | GFLOP | median ms | spread ms | GB/s | GFLOP/s | roofline ms | bound | "
            "of roofline |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const double rates[4] = {rate, rbf, ri8, rub};

@@ -40,7 +40,7 @@ static dg_status cpu_each_weight(dg_model *m, dg_status (*fn)(const dg_model *m,
  * tensors are its own memory and stay. */
 static dg_status cpu_pack_one(const dg_model *m, dg_weight *w, int mode) {
   if (w == &m->embed || !w->data || !w->bits || !dg_cpu_pack_takes(w, mode)) return DG_OK; /* the embedding: below */
-  if (!(w->cpu_pack = dg_cpu_pack_build(w)))
+  if (dg_cpu_pack_set(w, mode)) /* the 4-row pack, or (mode IL) the interleaved one */
     return dg_seterr(DG_ERR_OUT_OF_MEMORY, "the avx512lp pack (DGEMMA_CPU_PACK): out of memory for a %lld x %lld matrix",
                      (long long)w->rows, (long long)w->cols);
   const size_t sb = (size_t)w->rows * (size_t)(w->cols / w->group_size) * dg_dtype_size(w->sb_dtype);
@@ -51,10 +51,12 @@ static dg_status cpu_pack_one(const dg_model *m, dg_weight *w, int mode) {
 }
 static dg_status cpu_pack_all(const dg_model *m, dg_weight *w) { return cpu_pack_one(m, w, DG_CPU_PACK_ALL); }
 static dg_status cpu_pack_nat(const dg_model *m, dg_weight *w) { return cpu_pack_one(m, w, DG_CPU_PACK_NAT); }
+static dg_status cpu_pack_il(const dg_model *m, dg_weight *w) { return cpu_pack_one(m, w, DG_CPU_PACK_IL); }
 static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
   (void)m;
   free((void *)w->cpu_pack);
   w->cpu_pack = NULL;
+  w->cpu_pack_il = 0;
   return DG_OK;
 }
 
@@ -62,8 +64,9 @@ static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
  * (cpu/pack.c) that all of avx512lp's tiles read instead of the MLX layout (the same bits; the matrix-vector products
  * read one stream per 4 rows instead of six), and its MLX pages are dropped, so the weights take about the memory
  * they take without the pack; "nat", only those dg_cpu_pack_nat takes (by format and row length: the transposed
- * layout at 8 dwords a group, e.g. the 26B's experts' gate/up but not their down); 0 or unset (DG_CPU_PACK_DEFAULT)
- * none.
+ * layout at 8 dwords a group, e.g. the 26B's experts' gate/up but not their down); "il", the same matrices in the
+ * interleaved layout of DG_CPU_IL_ROWS rows (cpu/pack.c: one forward stream a thread in the matrix-vector products);
+ * 0 or unset (DG_CPU_PACK_DEFAULT) none.
  * The embedding is not packed: its row lookups and the soft embedding's transposed product (exact kernels) read the
  * MLX layout, so a pack would double it. */
 static dg_status cpu_model_init(dg_model *m, int device) {
@@ -72,7 +75,9 @@ static dg_status cpu_model_init(dg_model *m, int device) {
   const int want = dg_cpu_pack_wanted(why, sizeof why);
   if (want < 0) return dg_seterr(DG_ERR_INVALID_ARG, "%s", why);
   if (want == DG_CPU_PACK_NONE || strcmp(m->kern->name, "avx512lp")) return DG_OK;
-  return cpu_each_weight(m, want == DG_CPU_PACK_ALL ? cpu_pack_all : cpu_pack_nat);
+  return cpu_each_weight(m, want == DG_CPU_PACK_ALL   ? cpu_pack_all
+                            : want == DG_CPU_PACK_NAT ? cpu_pack_nat
+                                                      : cpu_pack_il);
 }
 static void cpu_model_free(dg_model *m) { (void)cpu_each_weight(m, cpu_unpack_one); }
 static size_t cpu_model_bytes(const dg_model *m) { (void)m; return 0; }

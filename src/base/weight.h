@@ -28,6 +28,8 @@ typedef struct dg_weight {
                                  * avx512lp's tiles read them (cpu/pack.c: DGEMMA_CPU_PACK=1, owned by
                                  * whoever built it); every other reader uses the fields above (whose
                                  * checkpoint pages the CPU backend may have dropped: they fault back in) */
+  int cpu_pack_il;              /* 0: cpu_pack (if any) is the 4-row pack; R (4 or 8): it is the interleaved
+                                 * layout of R rows (cpu/pack.c, DGEMMA_CPU_PACK=il) */
 } dg_weight;
 
 #endif

@@ -109,9 +109,10 @@ const dg_kernels *dg_kernels_avx2lp(void);
 int dg_cpu_pack_applies(const dg_weight *w);
 /* Which matrices a model run by avx512lp packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "0"
  * DG_CPU_PACK_NONE, "1" DG_CPU_PACK_ALL (every matrix dg_cpu_pack_applies to), "nat" DG_CPU_PACK_NAT (only those
- * dg_cpu_pack_nat holds for), unset DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
+ * dg_cpu_pack_nat holds for), "il" DG_CPU_PACK_IL (those, in the interleaved layout), unset
+ * DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
  * callers refuse it with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
-enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2 };
+enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2, DG_CPU_PACK_IL = 3 };
 /* Still no pack by default. Session 19 (idle side-by-side on a 2-core EPYC with a ~105 GFLOP/s FMA ceiling,
  * docs/results/cpu-s19/): with the scales' prefetch the pack was no slower at M = 8-256 and faster at M = 1 on gate/up
  * [1408, 2816] (4-bit g64, natural-order one-row tiles: 1.09x and 1.29x), but the down product [2816, 704] (11 groups a
@@ -119,7 +120,12 @@ enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2 };
  * made "nat" (those gate/up-shaped matrices only, chosen by format and row length) and measured it as the default on
  * a 2-core Zen 5 EPYC (family 26, FMA ceiling ~165 GFLOP/s, docs/results/cpu-s20/): there the pack is slower at M = 1
  * in every run, gate/up 0.46x (median of five alternations; 0.134-0.143 ms a call vs 0.056-0.070 without) and down
- * with DGEMMA_CPU_PACK=1 0.27x (0.100 vs 0.027 ms), so which layout a matvec wants depends on the CPU. */
+ * with DGEMMA_CPU_PACK=1 0.27x (0.100 vs 0.027 ms), so which layout a matvec wants depends on the CPU. Session 21,
+ * the same Zen 5 (idle side-by-side, two sets of five alternations, docs/measurements.md): "il" (the same matrices
+ * interleaved 8 rows a unit, every line prefetched) gate/up M = 1 1.26x and 1.80x no pack (all ten 1.11-2.36), no
+ * other row slower, but 0.93x [0.81-1.16] and 0.89x [0.82-1.34] ggml q4_K's GB/s in the same runs (above q4_K only
+ * in processes with the fast copy ceiling): the M = 1 bullet's condition for a default is not met, so "il" stays
+ * opt-in. */
 #define DG_CPU_PACK_DEFAULT DG_CPU_PACK_NONE
 int dg_cpu_pack_wanted(char *why, size_t n);
 /* The layout avx512lp quantizes a product's activations in for a B-bit, group-G weight of K columns, which picks
@@ -137,15 +143,38 @@ static inline int dg_lp_tr_n(int64_t K, int B, int G) {
  * tiles on prepared rows. The 26B's experts' gate/up [1408, 2816] at 4-bit g64 (44 groups) are such; its down
  * [2816, 704] (11 groups) is not, nor is any by-step or n = 2 / 4 matrix (not measured with the pack at M = 1). */
 int dg_cpu_pack_nat(const dg_weight *w);
-/* Whether mode (a dg_cpu_pack_wanted value >= 0) packs w: NONE never, ALL dg_cpu_pack_applies, NAT dg_cpu_pack_nat. */
+/* Whether mode (a dg_cpu_pack_wanted value >= 0) packs w: NONE never, ALL dg_cpu_pack_applies, NAT and IL
+ * dg_cpu_pack_nat. */
 int dg_cpu_pack_takes(const dg_weight *w, int mode);
 void *dg_cpu_pack_build(const dg_weight *w);
+/* The interleaved layout of R = 4 or 8 rows (DGEMMA_CPU_PACK=il: R = DG_CPU_IL_ROWS; layout and cost: cpu/pack.c) of a
+ * weight dg_cpu_pack_nat takes (its one-row products run NTILE): each R-row unit one contiguous run of bytes in the
+ * order avx512lp's matrix-vector tile reads them (codes, scales, biases). dg_big_alloc'd (the caller free()s it,
+ * stores it in w->cpu_pack and R in w->cpu_pack_il); NULL when dg_cpu_pack_nat does not hold, R is neither 4 nor 8,
+ * or out of memory. avx512lp gives the same bits with it as without (tests/test_kernels.c). */
+void *dg_cpu_pack_build_il(const dg_weight *w, int R);
+#ifndef DG_CPU_IL_ROWS
+#define DG_CPU_IL_ROWS 8
+#endif
+#define DG_CPU_IL_STR_(x) #x
+#define DG_CPU_IL_STR(x) DG_CPU_IL_STR_(x)
+#define DG_CPU_IL_ROWS_STR DG_CPU_IL_STR(DG_CPU_IL_ROWS)
+/* Builds the pack that mode (a dg_cpu_pack_wanted value >= 0) wants for w, if it takes w (dg_cpu_pack_takes), and
+ * sets w->cpu_pack (and w->cpu_pack_il: 0, or DG_CPU_IL_ROWS for IL). Returns 1 when mode does not take w (w
+ * untouched), 0 when built, -1 out of memory (w untouched). The CPU backend and tools/ceiling.c call it. */
+int dg_cpu_pack_set(dg_weight *w, int mode);
 /* Where a quantized weight's rows are, for the tiles (once per call, not per row): pack = the
  * weight's pack or NULL; rb = a row's packed bytes, tl = rb % 64 (the partial last step's bytes),
  * sbrow = a row's scale (or bias) bytes, P = a pack's 4-row block's bytes (cpu/pack.c). */
 typedef struct dg_cpu_pack_geom {
   const char *pack;
   int64_t rb, tl, sbrow, P;
+  /* The interleaved layout (w->cpu_pack_il = R != 0; pack is then NULL): il = the pack; an R-row unit's bytes U; a
+   * whole block of 16 groups' bytes BF (R 512 codes, R 16 scales); the biases' offset in a unit boff; esz, the bytes
+   * of a scale; ng groups a row; the last block's 64-byte steps ns_last and groups n_last (cpu/pack.c). */
+  const char *il;
+  int R, ns_last, n_last;
+  int64_t U, BF, boff, esz, ng;
 } dg_cpu_pack_geom;
 dg_cpu_pack_geom dg_cpu_pack_geom_of(const dg_weight *w);
 /* Row r of a pack (g->pack != NULL, r < rows): byte o (a multiple of 64 below rb - tl) of its
@@ -160,5 +189,18 @@ static inline void dg_cpu_pack_row(const dg_cpu_pack_geom *g, int64_t r, const u
   *sc = b + c4 + j * g->sbrow;
   *bi = b + c4 + (4 + j) * g->sbrow;
 }
+/* Unit u of an interleaved pack (g->il != NULL): block blk's bytes at the return value (its sub-pass p's step m of
+ * row 4 p + i at + (p ns + m) 256 + 64 i, ns = 8 or g->ns_last for the last block; then the R rows' scales of the
+ * block's n groups, row r at + 64 R ns + r n esz); the unit's biases at g->il + u U + boff (row r at + r ng esz).
+ * The one definition of the layout: cpu/pack.c writes through it. */
+static inline const char *dg_cpu_il_block(const dg_cpu_pack_geom *g, int64_t u, int64_t blk) {
+  return g->il + (size_t)u * (size_t)g->U + (size_t)blk * (size_t)g->BF;
+}
+/* The R rows of unit u of an interleaved pack copied out in the MLX layout, reading the unit forward: row j's codes
+ * (rb bytes, then zeros to a multiple of 64) at dst + j stride, its ng scales 64-byte aligned after them (at
+ * + rs, rs = rb rounded up to 64), its biases at + rs + ss (ss = ng esz rounded up to 64); stride >= rs + 2 ss.
+ * The tiles of 4 or more activation rows read these where a call takes a 4-row part of a unit in part
+ * (cpu/matmul_avx512lp.c, il_unit). */
+void dg_cpu_il_unit_rows(const dg_cpu_pack_geom *g, int64_t u, char *dst, int64_t stride);
 
 #endif

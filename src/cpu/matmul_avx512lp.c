@@ -166,6 +166,8 @@ typedef struct qx_buf {
   float *dg;   /* [T][ng + 15]: d of each group, zero padded like c */
   float *dp;   /* transposed only: [T][ng + 15], dg in each block's lane order (TR_GROUP) */
   int64_t cstride;
+  const float *x; /* the call's activations (stride ldx), for the exact fallback of vnni_rows */
+  int64_t ldx;
 } qx_buf;
 
 /* One 64-byte step's activation codes src[0 .. 64 nsub) in the weights' unpacking order:
@@ -251,7 +253,7 @@ static void qx_store_transposed(int8_t *q, const int8_t *qn, const qx_buf *b) {
  * thread's scratch. Returns 0, or -1 when out of memory. */
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t T_max, int64_t K, int B, int G,
                        int n_threads) {
-  b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K;
+  b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K; b->x = x; b->ldx = ldx;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
   b->nblk = (b->ng + 15) / 16;
@@ -748,6 +750,92 @@ NTILE(2, 4, ntile_2_4x1) NTILE(2, 1, ntile_2_1x1) /* g128 */
 NTILE(4, 4, ntile_4_4x1) NTILE(4, 1, ntile_4_1x1) /* g64 */
 NTILE(8, 4, ntile_8_4x1) NTILE(8, 1, ntile_8_1x1) /* g32 */
 
+/* NTILE on the interleaved layout (cpu/pack.c, DGEMMA_CPU_PACK=il): all R rows of unit u (R = 4 or 8) times one
+ * activation row t0, block by block, each block's R / 4 sub-passes of 4 rows as NTILE's 4x1 runs its block (the
+ * same loads of the same codes: full loads where NTILE's masked ones give the same bytes, the steps past a row's end
+ * zero as NTILE's all-masked loads; the same vpdpbusd, reduction tree, scale and fp32 operations per row, then the
+ * same bias terms in the same order), so each output has NTILE's bits; the R outputs go to out[0 .. R) (rows past the
+ * matrix's last are the pack's zero rows: computed, not stored by the caller). The bytes are read in the order they
+ * lie: one forward stream per unit, and per thread over its consecutive units. IL1_BYTES: every line of the stream
+ * (codes, scales, biases) prefetched that many bytes on (0 = none). The layout alone did not do it: 2-core Zen 5
+ * EPYC, 26B gate/up [1408, 2816] 4-bit g64, -t 2, M = 1, ceiling bench medians (docs/results/cpu-s21/il21_sweep*):
+ * no prefetch 0.084-0.092 ms (R = 8; R = 4 0.092-0.100) against the MLX layout's 0.065-0.074 (one 0.105) in the same
+ * windows; one line in four, 2-8 KiB on, 0.080-0.104; every line 4 KiB on 0.049-0.052 (16 KiB 0.050, 24 KiB
+ * 0.051-0.055; R = 4 8 KiB 0.055-0.056). The side-by-side with ggml: docs/measurements.md, session 21. */
+#ifndef IL1_BYTES
+#define IL1_BYTES 4096
+#endif
+
+#ifndef IL1_HINT
+#define IL1_HINT _MM_HINT_T1
+#endif
+#define ILTILE(B, R, NAME)                                                                                   \
+  static void NAME(float *out, const qx_buf *xb, int64_t t0, const dg_cpu_pack_geom *g, dg_dtype sbt, int64_t u) { \
+    enum { N = 8, NSUB = 8 / B, NP = R / 4 };                                                                \
+    const int64_t esz = g->esz, ng = xb->ng, nblk = xb->nblk;                                                \
+    const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); \
+    const int8_t *xq = xb->q + (size_t)t0 * (size_t)nblk * N * NSUB * 64;                                    \
+    const float *xg = xb->dp + t0 * xb->cstride, *xc = xb->c + t0 * xb->cstride;                             \
+    __m512 acc[R];                                                                                           \
+    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                         \
+    for (int64_t blk = 0; blk < nblk; blk++) {                                                               \
+      const int64_t g16 = blk * 16;                                                                          \
+      const int last = blk == nblk - 1, ns = last ? g->ns_last : 8, n = last ? g->n_last : 16;              \
+      const char *bb = dg_cpu_il_block(g, u, blk), *sb = bb + 64 * R * ns;                                   \
+      const int8_t *xr = xq + blk * N * NSUB * 64;                                                           \
+      if (IL1_BYTES) /* the block's scales' lines, as the codes' below: every line of the stream IL1_BYTES on */ \
+        for (int64_t o = 0; o < R * n * esz; o += 64) _mm_prefetch(sb + o + IL1_BYTES, IL1_HINT);            \
+      UNROLL for (int p = 0; p < NP; p++) {                                                                  \
+        const char *cb = bb + p * ns * 256;                                                                  \
+        __m512i w[4][4], x2[4][2];                                                                           \
+        UNROLL for (int pp = 0; pp < 4; pp++) {                                                              \
+          __m512i ps[4][2];                                                                                  \
+          UNROLL for (int h = 0; h < 2; h++) {                                                               \
+            const int m = 2 * pp + h;                                                                        \
+            __m512i xv[NSUB];                                                                                \
+            UNROLL for (int k = 0; k < NSUB; k++) xv[k] = _mm512_load_si512(xr + (m * NSUB + k) * 64);       \
+            UNROLL for (int i = 0; i < 4; i++) {                                                             \
+              const char *wp = cb + (m * 4 + i) * 64;                                                        \
+              const __m512i v = !last || m < ns ? _mm512_loadu_si512(wp) : _mm512_setzero_si512();          \
+              if (IL1_BYTES && (!last || m < ns)) _mm_prefetch(wp + IL1_BYTES, IL1_HINT);                    \
+              ps[i][h] = _mm512_setzero_si512();                                                             \
+              UNROLL for (int k = 0; k < NSUB; k++) ps[i][h] = _mm512_dpbusd_epi32(ps[i][h], t_unpack(v, B, k), xv[k]); \
+            }                                                                                                \
+          }                                                                                                  \
+          UNROLL for (int i = 0; i < 4; i++) {                                                               \
+            w[i][pp] = _mm512_add_epi32(_mm512_unpacklo_epi32(ps[i][0], ps[i][1]), _mm512_unpackhi_epi32(ps[i][0], ps[i][1])); \
+            if (pp % 2)                                                                                      \
+              x2[i][pp / 2] = _mm512_add_epi32(_mm512_unpacklo_epi64(w[i][pp - 1], w[i][pp]), _mm512_unpackhi_epi64(w[i][pp - 1], w[i][pp])); \
+          }                                                                                                  \
+        }                                                                                                    \
+        UNROLL for (int i = 0; i < 4; i++) {                                                                 \
+          const __m512i isum = _mm512_add_epi32(_mm512_permutex2var_epi64(x2[i][0], lo, x2[i][1]),          \
+                                                _mm512_permutex2var_epi64(x2[i][0], hi, x2[i][1]));         \
+          const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sb + (4 * p + i) * n * esz, 0, n));        \
+          acc[4 * p + i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[4 * p + i]); \
+        }                                                                                                    \
+      }                                                                                                      \
+    }                                                                                                        \
+    const char *bi = g->il + (size_t)u * (size_t)g->U + g->boff; /* as VTILE_BIAS_STORE */                   \
+    if (IL1_BYTES)                                                                                           \
+      for (int64_t o = 0; o < g->U - g->boff; o += 64) _mm_prefetch(bi + o + IL1_BYTES, IL1_HINT);          \
+    for (int64_t gg = 0; gg < ng; gg += 16) {                                                                \
+      const int n = (int)(ng - gg < 16 ? ng - gg : 16);                                                      \
+      UNROLL for (int r = 0; r < R; r++)                                                                     \
+        acc[r] = _mm512_fmadd_ps(load_sb(sbt, bi + r * ng * esz, gg, n), _mm512_load_ps(xc + gg), acc[r]);   \
+    }                                                                                                        \
+    UNROLL for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);                                \
+  }
+ILTILE(2, 4, iltile_2_4) ILTILE(2, 8, iltile_2_8) /* g128 */
+ILTILE(4, 4, iltile_4_4) ILTILE(4, 8, iltile_4_8) /* g64 */
+ILTILE(8, 4, iltile_8_4) ILTILE(8, 8, iltile_8_8) /* g32 */
+typedef void (*iltile_fn)(float *out, const qx_buf *xb, int64_t t0, const dg_cpu_pack_geom *g, dg_dtype sbt, int64_t u);
+static iltile_fn iltile_of(int B, int R) {
+  static const iltile_fn f[3][2] = {{iltile_2_4, iltile_2_8}, {iltile_4_4, iltile_4_8}, {iltile_8_4, iltile_8_8}};
+  return f[B == 2 ? 0 : B == 4 ? 1 : 2][R == 8];
+}
+
 typedef void (*vtile_fn)(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw);
 typedef void (*tprep_fn)(int8_t *pw, const qx_buf *xb, const lp_rows *wr);
 /* The tiles of a format: [shape 4x4, 4x1, 1x4, 1x1, then 4x4 and 4x1 on prepared rows
@@ -833,12 +921,11 @@ static inline void pf_pack_sb(const lp_rows *wr, int64_t sbrow) {
   for (uintptr_t l = a & ~(uintptr_t)63; l < end; l += 64) _mm_prefetch((const char *)l, PF_HINT);
 }
 
-static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
-                      const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
-  lp_rows wr;
-  lp_rows_of(&wr, w, g, xb->nat, r0, rt);
-  if (g->pack && rt == 4 && T >= 4 && wr.pf) pf_pack_sb(&wr, g->sbrow); /* the tiles with wr.pf run */
-  const vtiles *vt = vtile_table(w->bits, xb->tr_n, g->pack != NULL);
+/* The tiles of rt (<= 4) weight rows wr (pk: on the 4-row pack) times activation rows t0 .. t0 + T - 1. */
+static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, int B, int pk,
+                       const lp_rows *wrp, int64_t rt) {
+  const lp_rows wr = *wrp;
+  const vtiles *vt = vtile_table(B, xb->tr_n, pk);
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
   int64_t t = 0;
@@ -858,6 +945,113 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
     int64_t tt = 0;
     for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, &w1, NULL);
     for (; tt < T; tt++) f11(y + tt * ldy + i, ldy, xb, t0 + tt, &w1, NULL);
+  }
+}
+
+static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
+                      const dg_cpu_pack_geom *g, int64_t r0, int64_t rt) {
+  lp_rows wr;
+  lp_rows_of(&wr, w, g, xb->nat, r0, rt);
+  if (g->pack && rt == 4 && T >= 4 && wr.pf) pf_pack_sb(&wr, g->sbrow); /* the tiles with wr.pf run */
+  vnni_tiles(y, ldy, xb, t0, T, w->bits, g->pack != NULL, &wr, rt);
+}
+
+/* The R rows of unit u of an interleaved pack as TPREP writes a 4-row block from the MLX layout, sub-pass after
+ * sub-pass: row j's blocks of 8 steps transposed (tr_dwords) into pw[j][blk][k][64] (so sub-pass p's 4 rows start at
+ * pw + 4 p nblk 512, as the tiles on prepared rows read them), the steps past a row's end zero (the pack's zeros, or
+ * not loaded: t_load's masked loads give the same); and the R rows' scales and biases copied to sb (row j's ng
+ * scales at sb + 2 j sbrow, its biases at + sbrow) for the tiles' lp_rows. Reads the unit forward, once, and
+ * prefetches every line ILP_BYTES on. */
+/* ILP_BYTES (same bench, M = 8 / 16 / 64, three alternations): 0: 0.196-0.200 / 0.240-0.248 / 0.561-0.585 ms, 4 KiB
+ * 0.126-0.133 / 0.166-0.171 / 0.487-0.494, 8 KiB 0.116-0.117 / 0.160-0.164 / 0.482-0.502; the MLX layout 0.132-0.149 /
+ * 0.166-0.172 / 0.482-0.613 (docs/results/cpu-s21/il21_sweep5.txt). */
+#ifndef ILP_BYTES
+#define ILP_BYTES 8192
+#endif
+static void il_prep(int8_t *pw, char *sb, const dg_cpu_pack_geom *g, int64_t u, int64_t nblk) {
+  const int R = g->R;
+  const int64_t esz = g->esz, sbrow = g->sbrow;
+  for (int64_t blk = 0; blk < nblk; blk++) {
+    const char *bb = dg_cpu_il_block(g, u, blk);
+    const int last = blk == nblk - 1, ns = last ? g->ns_last : 8, n = last ? g->n_last : 16;
+    const char *sc = bb + 64 * R * ns;
+    for (int j = 0; j < R; j++) {
+      const char *cb = bb + (j / 4) * ns * 256 + (j % 4) * 64;
+      __m512i v[8];
+      for (int k = 0; k < 8; k++) {
+        v[k] = k < ns ? _mm512_loadu_si512(cb + k * 256) : _mm512_setzero_si512();
+        if (ILP_BYTES && k < ns) _mm_prefetch(cb + k * 256 + ILP_BYTES, IL1_HINT);
+      }
+      tr_dwords(v, 8);
+      for (int k = 0; k < 8; k++) _mm512_store_si512(pw + ((j * nblk + blk) * 8 + k) * 64, v[k]);
+      memcpy(sb + 2 * j * sbrow + 16 * blk * esz, sc + j * n * esz, (size_t)(n * esz));
+    }
+    if (ILP_BYTES)
+      for (int64_t o = 0; o < R * n * esz; o += 64) _mm_prefetch(sc + o + ILP_BYTES, IL1_HINT);
+  }
+  const char *bi = g->il + (size_t)u * (size_t)g->U + g->boff;
+  for (int j = 0; j < R; j++) memcpy(sb + (2 * j + 1) * sbrow, bi + j * g->ng * esz, (size_t)(g->ng * esz));
+  if (ILP_BYTES)
+    for (int64_t o = 0; o < g->U - g->boff; o += 64) _mm_prefetch(bi + o + ILP_BYTES, IL1_HINT);
+}
+
+/* Weight rows [lo, hi) of unit u of an interleaved pack (g->il) times activation rows t0 .. t0 + T - 1, into
+ * y[t ldy + r - lo] for the unit's rows r in [lo, hi). A call in the natural layout (T < 4) runs ILTILE on the unit;
+ * others run the tiles on prepared rows (ttilep_: vnni_tiles takes them from TPREP_MIN_T rows, here for any T) on
+ * each whole 4-row sub-pass the call takes (the unit prepared once, il_prep), and on the rows of a sub-pass taken in
+ * part (a call's first or last rows) the tiles of the MLX layout on the unit copied out (dg_cpu_il_unit_rows) into
+ * the thread's scratch. Either way the bits of the unpacked weight: each row's operations do not depend on the tile
+ * it runs in (tests/test_kernels.c, check_lp_rows_equal). Out of scratch memory: the exact product of the rows. */
+static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
+                    const dg_cpu_pack_geom *g, int64_t u, int64_t lo, int64_t hi) {
+  const int64_t R = g->R, a = u * R > lo ? u * R : lo, b = u * R + R < hi ? u * R + R : hi;
+  if (xb->nat) {
+    const iltile_fn f = iltile_of(w->bits, (int)R);
+    float out[8];
+    for (int64_t t = 0; t < T; t++) {
+      f(out, xb, t0 + t, g, w->sb_dtype, u);
+      for (int64_t r = a; r < b; r++) y[t * ldy + r - lo] = out[r - u * R];
+    }
+    return;
+  }
+  const int64_t rs = (g->rb + 63) / 64 * 64, ss = (g->sbrow + 63) / 64 * 64, st = rs + 2 * ss;
+  void *part[2];
+  int8_t *pw = dg_kscratch(DG_KSCRATCH_LPW, (size_t)R * (size_t)xb->nblk * 8 * 64);
+  const size_t need[2] = {(size_t)(R * st), (size_t)(2 * R * g->sbrow)}; /* a unit copied out; R rows' scales, biases */
+  if (!pw || dg_kscratch_parts(DG_KSCRATCH_LPIL, 2, need, part)) {
+    dg_kernels_avx512_impl()->matmul(y + a - lo, ldy, xb->x + t0 * xb->ldx, xb->ldx, T, w, a, b - a, 1);
+    return;
+  }
+  char *buf = part[0], *sb = part[1];
+  int copied = 0, prepped = 0;
+  const vtile_fn *tp = vtile_table(w->bits, 8, 0)->f + 4; /* the 4x4 and 4x1 tiles on prepared rows */
+  for (int p = 0; p < R / 4; p++) {
+    const int64_t q0 = u * R + 4 * p, qa = q0 > a ? q0 : a, qb = q0 + 4 < b ? q0 + 4 : b;
+    if (qa >= qb) continue;
+    lp_rows wr;
+    memset(&wr, 0, sizeof wr);
+    wr.sbt = w->sb_dtype;
+    wr.rbf = g->rb - g->tl;
+    if (qa == q0 && qb == q0 + 4) {
+      if (!prepped) il_prep(pw, sb, g, u, xb->nblk), prepped = 1;
+      const int8_t *pp = pw + (size_t)4 * p * (size_t)xb->nblk * 8 * 64;
+      for (int i = 0; i < 4; i++) {
+        wr.sc[i] = sb + 2 * (4 * p + i) * g->sbrow;
+        wr.bi[i] = wr.sc[i] + g->sbrow;
+      }
+      int64_t t = 0;
+      for (; t + 4 <= T; t += 4) tp[0](y + t * ldy + q0 - lo, ldy, xb, t0 + t, &wr, pp);
+      for (; t < T; t++) tp[1](y + t * ldy + q0 - lo, ldy, xb, t0 + t, &wr, pp);
+      continue;
+    }
+    if (!copied) dg_cpu_il_unit_rows(g, u, buf, st), copied = 1;
+    for (int64_t r = qa; r < qb; r++) {
+      const uint8_t *c = (const uint8_t *)buf + (r - u * R) * st;
+      const int i = (int)(r - qa);
+      wr.row[i] = c, wr.tail[i] = c + g->rb - g->tl;
+      wr.sc[i] = (const char *)c + rs, wr.bi[i] = (const char *)c + rs + ss;
+    }
+    vnni_tiles(y + qa - lo, ldy, xb, t0, T, w->bits, 0, &wr, qb - qa);
   }
 }
 
@@ -900,6 +1094,12 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
     dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads);
     return;
   }
+  if (kind == 2 && p.g.il) { /* the interleaved pack's units, one forward stream per thread */
+    const int64_t R = p.g.R, u0 = row0 / R, u1 = (row0 + N + R - 1) / R;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t u = u0; u < u1; u++) il_unit(y, ldy, &p.q, 0, T, w, &p.g, u, row0, row0 + N);
+    return;
+  }
   const int64_t nblk = (N + 3) / 4;
 #pragma omp parallel for num_threads(n_threads) schedule(static)
   for (int64_t b = 0; b < nblk; b++)
@@ -915,6 +1115,17 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
   lp_x p;
   if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, T_max, w, n_threads)) {
     dg_kernels_avx512_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
+    return;
+  }
+  if (kind == 2 && p.g.il) { /* the interleaved pack: tasks of (expert, unit), up to nu units an expert */
+    const int64_t R = p.g.R, nu = (N + R - 1) / R + 1, ntask = (int64_t)E * nu;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 8)
+    for (int64_t task = 0; task < ntask; task++) {
+      const int e = (int)(task / nu);
+      const int64_t lo = (int64_t)e * rows_per_expert + row_off, u = lo / R + task % nu, T = start[e + 1] - start[e];
+      if (T <= 0 || u * R >= lo + N) continue;
+      il_unit(y + (int64_t)start[e] * ldy, ldy, &p.q, start[e], T, w, &p.g, u, lo, lo + N);
+    }
     return;
   }
   const int64_t nblk = (N + 3) / 4, ntask = (int64_t)E * nblk;
