@@ -171,7 +171,11 @@ __device__ __forceinline__ void qr_dring_pass(const qe_args &a, const int64_t *x
 #pragma unroll
     for (int d = 0; d < U; d++) step(s + d, d % WR, d % SUB, std::true_type());
   }
-  for (; s < nst; s++) step(s, s % WR, s % SUB, std::false_type());
+  for (; s < nst; s += U) { /* the last stages, with tests (slot and sub-stage still known at compile time) */
+#pragma unroll
+    for (int d = 0; d < U; d++)
+      if (s + d < nst) step(s + d, d % WR, d % SUB, std::false_type());
+  }
   dg_cp_wait<0>();
   __syncthreads(); /* every warp is done with the rings before the next pass refills them */
   qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t, smem);
