@@ -6,7 +6,7 @@
 #   el       a function printing the seconds since the script started: "(N s)"
 #   san_tests, san_cases  the tests of tests/test_cuda.c (below)
 # and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu, for sm_90a; needs build/libdgemma.a;
-# LAB_LEAN=1: only versions 1-3, 40, 50, 80-94 and 95-104, built in a fraction of the time).
+# LAB_LEAN=1: only versions 1-3, 40, 50, 80-94 and 95-106, built in a fraction of the time).
 t0=$(date +%s)
 el() { echo "($(( $(date +%s) - t0 )) s)"; }
 XC=""; XL=""; NXL=""

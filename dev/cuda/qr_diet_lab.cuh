@@ -1,4 +1,4 @@
-/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-104 of
+/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-106 of
  * dev/cuda/moe_quant.cu), in one table for the lab and for the emulation test that compares each with the
  * backend's kernels word for word (tests/support/cuda_entry.cu dg_cuda_test_experts_lab, tests/test_cuda.c
  * test_quant_experts_lab). Lab only: nothing here is the backend's until a GPU has timed it.
@@ -9,7 +9,9 @@
  * launch choices with the other stage loop at every tile count (qr_launch_bits' FLIP 1); 96-104 (4-bit) change, for group 64 at 3 n-tiles (the 256-token
  * canvas of the 26B: 16 rows per expert on average; experts of at most 8 NTS rows take the NTS-tile body) and at 2
  * n-tiles, the choices below; other tile counts and groups run the diet with the backend's choices (qr_launch_bits with
- * the diet at every tile count).
+ * the diet at every tile count). Versions 105-106 (4-bit) run, for group 64 at 3 n-tiles, the diet's loop over a weight
+ * ring in shared memory instead of register stages (qr_dring_kernel below: the same record words, so the same
+ * arithmetic), and 96-104's fallback elsewhere.
  *
  * The arithmetic that chose them (ptxas -v of nvcc 13 -O2 sm_90a, 4-bit g64, docs/cuda.md "The next GPU calls"):
  * an H100 / H200 SM has 65,536 registers, 228 KB of shared memory and 4 schedulers; a block is 4 warps (128
@@ -35,9 +37,235 @@ cudaError_t qr_diet_launch(cudaStream_t s, dim3 grid, int nt, const qe_args &a) 
   return qr_launch_bits<BITS, GATEUP, 0, 0x1fe>(s, grid, nt, a); /* the diet at every tile count */
 }
 
-/* The lab version ver (95-104) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
+/* Versions 105-106 (session 21): the diet's loop over a weight ring in shared memory (qr_dring_kernel). At 3 n-tiles
+ * the diet's warps wait on their weight loads (long scoreboard 19.1 % of the stall samples at T 256, docs/cuda.md
+ * session 21 item 2): 2 register stages keep 1 stage (1,152 bytes) in flight per warp and D 4 at 4 blocks per SM
+ * spills (98). Here each warp's stages go by cp.async into a ring of WR slots in shared memory WR - 1 stages ahead
+ * ((WR - 1) x 1,152 bytes in flight per warp, no registers held for them) and are read back with LDS right before
+ * their products, under the diet's steady state (FAST iterations without tests).
+ *
+ * A ring slot is a warp's stage exactly as in device memory (the compact layout, qr_wstage: 32 lanes' code pieces,
+ * piece-major, then 16 GPS pair bytes per row group), so lane l copies its own code pieces and lanes 0 .. 8 GPS - 1
+ * one pair piece each, and a lane reads its code pieces and its row group's pairs from the addresses qr_load_stage
+ * reads in device memory: the record R is the same words, so the products and folds (qr_stage_diet) are the same fp32
+ * operations in the same order as the backend's, and the outputs equal word for word. The pairs are read by lanes
+ * (g, 0..3) but copied by lane g GPS + i: the __syncwarp after each stage's wait orders them (the __syncthreads at an
+ * activation stage's first weight stage does the same), and also orders every lane's reads of slot s - 1 before the
+ * copy into it at stage s. (The weight ring of qr_body's D < 0, lab versions 61-65, duplicates the pairs per lane,
+ * 1,536 bytes per warp stage instead of 1,152, and needs no warp barrier.)
+ *
+ * Commit groups: the STAGES - 1 activation stages, the WR - 1 weight stages, then one group per weight stage s
+ * carrying stage s + WR - 1's copies and, when s begins an activation stage sa, stage sa + STAGES - 1's. At stage s,
+ * weight stage s's group has WR - 2 groups after it, and at s = SUB sa activation stage sa's has SUB (STAGES - 1) - 1,
+ * so the wait is WR - 2 at a stage that begins no activation stage and min(WR - 2, SUB (STAGES - 1) - 1) at one that
+ * does (WR 6 at SUB 2, STAGES 3: 3, i.e. weight stage s + 1 is waited for there too).
+ *
+ * Shared memory per block (4-bit g64, 3 n-tiles, WARPS 4, STAGES 3, SUB 2): the activation ring 3 x (24 x 320 +
+ * 192) = 23,616 bytes, the weight rings WR x 4 x 1,152 = 18,432 (WR 4) or 27,648 (WR 6), the row tables of the 3- and
+ * 2-tile bodies 640 (ptxas: static smem): 42,688 and 51,904 bytes, so 4 blocks per SM take 170,752 / 207,616 bytes
+ * (174,848 / 211,712 with the 1 KB reserved per block) of the SM's 233,472 (228 KB); the diet's register stages
+ * take 24,256. Bytes in flight per warp: (WR - 1) x 1,152 = 3,456 / 5,760 (D 2 register stages: 1,152). */
+
+/* Least common multiple of two positive ints (compile time). */
+__host__ __device__ constexpr int qr_lcm(int x, int y) {
+  int p = x, q = y;
+  while (q) { const int r = p % q; p = q; q = r; }
+  return x / p * y;
+}
+/* Dynamic shared memory of qr_dring_kernel: the activation ring (as qr_body's) then WARPS rings of WR warp stages. */
+template <int BITS, int NT, int GS, int WARPS, int WR, int STAGES, int SUB>
+__host__ __device__ constexpr size_t qr_dring_smem() {
+  return (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0)) +
+         (size_t)WARPS * WR * qr_wstage(BITS, GS, 1);
+}
+
+/* One pass of qr_dring_kernel (as qr_diet_pass, with the weight ring above instead of register stages): the
+ * activation ring's first STAGES - 1 stages and the ring's first WR - 1 weight stages, then FAST iterations of U =
+ * lcm(WR, SUB) weight stages (slot and sub-stage known at compile time) while every stage they copy is one of the
+ * nst and every activation stage they issue is whole, then the last ones with tests; the pass's outputs stored
+ * (qr_epilogue). xrow, srow: the pass's row table (qe_pass_rows); mvalid, row0, mp, slab: qe_store's; wstage0: the
+ * warp's stage 0 in device memory, stages sstride bytes apart; nst weight and nsa activation stages; smem: the
+ * activation ring (STAGES slots of STB bytes), then the warps' weight rings (WR slots of WSTAGE bytes each). */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int WR, int STAGES, int SUB>
+__device__ __forceinline__ void qr_dring_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
+                                              const bool (&mvalid)[2], int row0, int mp, int slab,
+                                              const unsigned char *wstage0, int nst, int nsa, int tid,
+                                              unsigned char *smem) {
+  constexpr int KC = qr_kc(GS, BITS), RW = qr_rec(BITS, GS) / 4, NTOK = 8 * NT, KA = SUB * KC;
+  constexpr int GPS = KC / GS, CB = 4 * (KC / 32) * BITS, THREADS = 32 * WARPS;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, STB = XB + qr_sbb(GS, SUB, NT, 0);
+  constexpr int WSTAGE = qr_wstage(BITS, GS, 1);
+  constexpr int64_t sstride = (int64_t)WARPS * WSTAGE; /* bytes of a stage of the slab */
+  constexpr int U = qr_lcm(WR, SUB); /* weight stages per FAST iteration */
+  constexpr int FAST = U + (WR - 1 > SUB * (STAGES - 1) ? WR - 1 : SUB * (STAGES - 1));
+  constexpr int WA = WR - 2 < SUB * (STAGES - 1) - 1 ? WR - 2 : SUB * (STAGES - 1) - 1; /* the wait at s = SUB sa */
+  static_assert(BITS != 16 && CB % 16 == 0 && 8 * GPS <= 32, "quantized codes in 16-byte pieces, a pair piece per lane");
+  static_assert(WR >= 2 && STAGES >= 2, "a ring of 2 stages at least");
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, Kdim = a.Kdim;
+  const dg_sptr sbase = dg_sp(smem);
+  float acc[2][NT][4], part[2][NT][4];
+  qe_zero(acc);
+  qe_zero(part);
+  qr_xdiet<GS, NTOK, THREADS, KA, XS, XB, GPS, SUB> xc;
+  xc.init(a, xrow, srow, tid);
+  int islot = 0, icol = 0, cslot = STAGES - 1; /* cslot: advanced to 0 at stage 0 */
+  auto issue = [&](auto full) {
+    xc.template issue<decltype(full)::value>(sbase + islot * STB, icol, Kdim, tid);
+    islot = islot == STAGES - 1 ? 0 : islot + 1;
+    icol += KA;
+  };
+#pragma unroll
+  for (int sa = 0; sa < STAGES - 1; sa++) {
+    if (sa < nsa) issue(std::false_type());
+    dg_cp_commit();
+  }
+  /* the lane's copies of a weight stage: its code pieces (k 512 + 16 lane) and, lanes < 8 GPS, pair piece lane (32 CB
+   * + 16 lane), from wnext (the lane's piece of the next stage to copy) into ring slot `slot` */
+  const dg_sptr wl = sbase + STAGES * STB + warp * WR * WSTAGE + 16 * lane;
+  const bool pl = lane < 8 * GPS;
+  const unsigned char *wnext = wstage0 + 16 * lane;
+  auto wissue = [&](int slot) {
+    const dg_sptr d = wl + slot * WSTAGE;
+#pragma unroll
+    for (int k = 0; k < CB / 16; k++) dg_cp_async16_nz(d + 512 * k, wnext + 512 * k);
+    if (pl) dg_cp_async16_nz(d + 32 * CB, wnext + 32 * CB);
+    wnext += sstride;
+  };
+#pragma unroll
+  for (int j = 0; j < WR - 1; j++) {
+    if (j < nst) wissue(j);
+    dg_cp_commit();
+  }
+  const dg_sptr xl0 = sbase + g * XS + 16 * t, sl0 = sbase + XB + 8 * t;
+  const dg_sptr rc = wl, rp = sbase + STAGES * STB + warp * WR * WSTAGE + 32 * CB + 16 * GPS * g; /* slot 0's */
+  /* weight stage s in ring slot `slot`, sub-stage sub of its activation stage; FULL: everything it copies and
+   * issues exists and is whole */
+  auto step = [&](int s, int slot, int sub, auto full) {
+    constexpr bool FULL = decltype(full)::value;
+    if (sub == 0) { /* activation stage s / SUB begins: its slot, its copies landed for every warp, the next issued */
+      cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+      dg_cp_wait<WA>();
+      __syncthreads();
+      if (FULL || s / SUB + STAGES - 1 < nsa) issue(full);
+    } else {
+      dg_cp_wait<WR - 2>();
+      __syncwarp(); /* the warp's copies of stage s landed; its reads of slot s - 1 done */
+    }
+    if (FULL || s + WR - 1 < nst) wissue(slot == 0 ? WR - 1 : slot - 1); /* stage s + WR - 1 into slot s - 1's */
+    dg_cp_commit();
+    uint32_t R[RW];
+#pragma unroll
+    for (int k = 0; k < CB / 16; k++) {
+      const uint4 v = dg_lds16(rc + slot * WSTAGE + 512 * k);
+      R[4 * k] = v.x; R[4 * k + 1] = v.y; R[4 * k + 2] = v.z; R[4 * k + 3] = v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < GPS; i++) {
+      const uint4 v = dg_lds16(rp + slot * WSTAGE + 16 * i);
+      R[CB / 4 + 4 * i] = v.x; R[CB / 4 + 4 * i + 1] = v.y; R[CB / 4 + 4 * i + 2] = v.z; R[CB / 4 + 4 * i + 3] = v.w;
+    }
+    qr_stage_diet<BITS, NT, GS, SUB>(acc, part, R, xl0 + cslot * STB, sl0 + cslot * STB, sub);
+  };
+  int s = 0;
+  for (; s + FAST <= nst; s += U) { /* s a multiple of U: slot d mod WR, sub-stage d mod SUB */
+#pragma unroll
+    for (int d = 0; d < U; d++) step(s + d, d % WR, d % SUB, std::true_type());
+  }
+  for (; s < nst; s += U) { /* the last stages, with tests (slot and sub-stage still known at compile time) */
+#pragma unroll
+    for (int d = 0; d < U; d++)
+      if (s + d < nst) step(s + d, d % WR, d % SUB, std::false_type());
+  }
+  dg_cp_wait<0>();
+  __syncthreads(); /* every warp is done with the rings before the next pass refills them */
+  qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t, smem);
+}
+
+/* qr_body's passes for qr_dring_pass: the expert's rows in passes of 8 NT tokens, each pass's row table then the
+ * pass (the same prelude as qr_body's). */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int WR, int STAGES, int SUB>
+__device__ __forceinline__ void qr_dring_body(const qe_args &a, unsigned char *smem, const int e, const int slab) {
+  constexpr int KC = qr_kc(GS, BITS), WSTAGE = qr_wstage(BITS, GS, 1);
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
+  constexpr int GU = GATEUP != 0;
+  static_assert(GATEUP != QR_GATEUP_HP, "the plain epilogues only");
+  __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
+  __shared__ int64_t srow[NTOK]; /* its row of group sums */
+  const int cnt = a.count[e];
+  if (cnt == 0) return;
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  const int64_t si = (int64_t)e * gridDim.y + slab;
+  const int64_t sstride = (int64_t)WARPS * WSTAGE;
+  const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE;
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    __syncthreads();
+    qr_dring_pass<BITS, GATEUP, NT, GS, WARPS, WR, STAGES, SUB>(a, xrow, srow, mvalid, base + p0, mp, slab, wstage0,
+                                                                nst, nsa, tid, smem);
+  }
+}
+
+/* The kernel of versions 105-106: qr_kernel's (block order, NTS body for experts of at most 8 NTS rows, MINB blocks
+ * per SM the registers are capped for) with qr_dring_body. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int WR, int STAGES, int MINB, int SUB, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_dring_kernel(qe_args a) {
+  DG_PDL_LAUNCH();
+  DG_PDL_WAIT();
+#ifndef DG_CUDA_EMU
+  extern __shared__ __align__(16) unsigned char smem[];
+#else
+  DG_DYN_SMEM(unsigned char, smem);
+#endif
+  int e, slab;
+  qr_block(a, &e, &slab);
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[e] <= 8 * NTS) {
+      qr_dring_body<BITS, GATEUP, NTS, GS, WARPS, WR, STAGES, SUB>(a, smem, e, slab);
+      return;
+    }
+  }
+  qr_dring_body<BITS, GATEUP, NT, GS, WARPS, WR, STAGES, SUB>(a, smem, e, slab);
+}
+
+/* qr_dring_kernel on stream s over grid (experts, slabs) as qr_launch_g, qr_dring_smem bytes of dynamic shared memory
+ * (the attribute set once per instantiation above 48 KB); the attribute's or the launch's error, else cudaSuccess. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int WR, int STAGES, int MINB, int SUB, int NTS>
+cudaError_t qr_dring_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args) = qr_dring_kernel<BITS, GATEUP, NT, GS, WARPS, WR, STAGES, MINB, SUB, NTS>;
+  constexpr size_t smem = qr_dring_smem<BITS, NT, GS, WARPS, WR, STAGES, SUB>();
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
+/* Versions 105 (WR 4) and 106 (WR 6): for group 64 at 3 n-tiles qr_dring_kernel with the backend's other choices
+ * (4 warps, 3 activation stages, SUB 2, registers for 4 blocks per SM, the 2-tile body for experts of at most 16
+ * rows; no L2 prefetch: the ring's copies are the bytes in flight); elsewhere as 96-104 (qr_diet_launch with the
+ * backend's choices). */
+template <int BITS, int GATEUP, int WR>
+cudaError_t qr_dring_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if (a.group == 64 && nt == 3)
+    return qr_dring_launch<BITS, GATEUP, 3, 64, QR_WARPS, WR, QR_STAGES, QR_MINB, QR_SUB, QR_NTS>(s, grid, a);
+  return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
+}
+
+/* The lab version ver (95-106) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
  * or down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
- * qr_diet_launch's candidates, for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
+ * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
  * build, paid on the GPU machine's clock); cudaErrorInvalidValue for any other version or width. */
 template <int BITS, int GATEUP>
 cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
@@ -57,6 +285,9 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     case 102: return qr_diet_launch<BITS, GATEUP, 3, 4, 2, 2, 2, 4, 2>(s, grid, nt, a); /* 3 n-tiles: D 4, 3 blocks */
     case 103: return qr_diet_launch<BITS, GATEUP, 3, 4, 4, 2, 2, 4, 2>(s, grid, nt, a); /* 102, prefetch 4 ahead */
     case 104: return qr_diet_launch<BITS, GATEUP, 3, 3, 2, 3, 2, 4, 2>(s, grid, nt, a); /* 3 n-tiles: D 3 SUB 3, 3 blocks */
+    /* 105-106 (session 21): the weight ring in shared memory under the diet's loop (qr_dring_kernel) */
+    case 105: return qr_dring_version<BITS, GATEUP, 4>(s, grid, nt, a); /* 3 n-tiles: a ring of 4 weight stages */
+    case 106: return qr_dring_version<BITS, GATEUP, 6>(s, grid, nt, a); /* 3 n-tiles: a ring of 6 weight stages */
     default: break;
     }
   }

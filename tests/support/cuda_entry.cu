@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-104 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-106 (dg_cuda_test_experts_lab) */
 
 #include "cuda_entry.h"
 
@@ -194,8 +194,8 @@ extern "C" dg_status dg_cuda_test_experts_lab(int device, int version, const dg_
                                               int K, int nt, long n_diff[2]) {
   if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: tile count %d (1-5, 8 or 0)", nt);
-  if (version < 95 || version > 104)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-104)", version);
+  if (version < 95 || version > 106)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-106)", version);
   if (gate_up->bits != 4 || down->bits != 4)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: %d/%d-bit stacks (4-bit only)",
                      gate_up->bits, down->bits);
