@@ -216,8 +216,7 @@ __device__ __forceinline__ void qr_dring_body(const qe_args &a, unsigned char *s
  * per SM the registers are capped for) with qr_dring_body. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int WR, int STAGES, int MINB, int SUB, int NTS>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_dring_kernel(qe_args a) {
-  DG_PDL_LAUNCH();
-  DG_PDL_WAIT();
+  DG_PDL_ENTRY();
 #ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[];
 #else
