@@ -156,6 +156,9 @@ void *dg_cpu_pack_build_il(const dg_weight *w, int R);
 #ifndef DG_CPU_IL_ROWS
 #define DG_CPU_IL_ROWS 8
 #endif
+#if DG_CPU_IL_ROWS != 4 && DG_CPU_IL_ROWS != 8
+#error "DG_CPU_IL_ROWS (-DDG_CPU_IL_ROWS=...) is 4 or 8: another value builds, then every il load fails as out of memory"
+#endif
 #define DG_CPU_IL_STR_(x) #x
 #define DG_CPU_IL_STR(x) DG_CPU_IL_STR_(x)
 #define DG_CPU_IL_ROWS_STR DG_CPU_IL_STR(DG_CPU_IL_ROWS)
