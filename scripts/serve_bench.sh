@@ -23,8 +23,7 @@ QS=("What is 7 times 8?" "Tom has 23 apples and buys 14 more. How many apples do
     "Name a color." "What is 9 times 6?" "Tell me about the moon.")
 PORT=$((20000 + RANDOM % 20000))
 SPID=""
-# (the trap's kill of a server already stopped fails; under set -e that ended the script with status 1 before the
-# rm, after every run: session 21's CUDA run printed all its rows and exited 1)
+# (the trap's kill may fail, the server already stopped: allowed, so that set -e does not end the trap before its rm)
 tmp=$(mktemp -d); trap '{ [ -n "$SPID" ] && kill $SPID 2>/dev/null; } || true; rm -rf "$tmp"' EXIT
 base=""
 for B in $BS; do

@@ -1094,22 +1094,24 @@ template <int BITS, int GATEUP> cudaError_t qr_launch_dq(cudaStream_t s, dim3 gr
 __host__ __device__ constexpr int qr_diet_at(int nt, int tiles, int flip) { return ((tiles >> nt) & 1) ^ flip; }
 /* The backend's lane-record products at nt n-tiles (qe_nt): the launch choices per tile count, the DIET loop at
  * the tile counts of the mask TILES (the backend's: QR_DIET_TILES); FLIP 1: the other stage loop at every tile count
- * (the tests' and the lab's comparison); TILES 0x1fe, FLIP 0: the diet everywhere (lab versions 96-101 outside their
+ * (the tests' and the lab's comparison); TILES 0x1fe, FLIP 0: the diet everywhere (lab versions 96-106 outside their
  * own choices). */
 template <int BITS, int GATEUP, int FLIP = 0, int TILES = QR_DIET_TILES>
 cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
+  constexpr int L1 = qr_diet_at(1, TILES, FLIP), L2 = qr_diet_at(2, TILES, FLIP), L3 = qr_diet_at(3, TILES, FLIP),
+                L4 = qr_diet_at(4, TILES, FLIP), L5 = qr_diet_at(5, TILES, FLIP), L8 = qr_diet_at(8, TILES, FLIP);
   if constexpr (BITS != 16 && BITS != 6 && GATEUP != QR_GATEUP_HP) { /* QR_GATEUP_HP: no DQ body */
     const int dq = qr_dq_from();
     if (dq > 0 && nt >= dq && nt >= 4 && a.group == 64) return qr_launch_dq<BITS, GATEUP>(s, grid, nt, a);
   }
   switch (nt) {
-  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB, qr_diet_at(1, TILES, FLIP)>(s, grid, a);
-  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, MB, qr_diet_at(2, TILES, FLIP)>(s, grid, a);
-  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS, MB, qr_diet_at(3, TILES, FLIP)>(s, grid, a);
-  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3, 1, qr_diet_at(4, TILES, FLIP)>(s, grid, a);
-  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, qr_diet_at(5, TILES, FLIP)>(s, grid, a);
-  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, qr_diet_at(8, TILES, FLIP)>(s, grid, a);
+  case 1: return qr_launch_nt<BITS, GATEUP, 1, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, BITS <= 4 ? QR_MINB1 : MB, L1>(s, grid, a);
+  case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, MB, L2>(s, grid, a);
+  case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS, MB, L3>(s, grid, a);
+  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3, 1, L4>(s, grid, a);
+  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, L5>(s, grid, a);
+  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, L8>(s, grid, a);
   }
 }
 
