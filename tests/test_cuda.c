@@ -2639,8 +2639,9 @@ static void test_router_route(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
-   * mode 3: router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since session 14) */
-  for (int mode = 1; mode <= 3; mode++) {
+   * mode 3: router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since session 14); mode 4:
+   * router_tile_deep_kernel + route_gr_kernel with its gate/up copy's loads first (DGEMMA_ROUTE=deep, session 22) */
+  for (int mode = 1; mode <= 4; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
                                                                        tokens (mode 2: 4 x 2 x 16 product blocks, 64
@@ -2651,15 +2652,66 @@ static void test_router_route(void **state) {
                                                                        mode 2's too): 8 chunks; 4 expert tiles */
     check_router_route(mode, 5, 8, 8, 8, &checked, &tokens);        /* K = E */
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
-    if (mode == 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
+    if (mode >= 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
       check_router_route(mode, 600, 128, 256, 8, &checked, &tokens);
     printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row; "
-           "mode 3 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+           "modes 3 and 4 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
            "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);
     assert_true(checked * 2 > tokens);
   }
+}
+
+/* ---- the experts' input copy (k_group_sums_perm_v, qmoe.cu) --------------------------
+ * Version 0 (a block per row) and version 2 (a thread per group, its loads before its stores; DGEMMA_GSP=flat)
+ * against the host's own arithmetic: each group sum is one fp32 chain over the group's columns in order (the
+ * device's order; the host's fp32 additions round the same way, so the words must be equal, no tolerance), the copy
+ * each run of 8 columns as (0, 4, 1, 5, 2, 6, 3, 7). Outputs are poisoned first (NaN / 0xFFFF), so a group or
+ * element left unwritten fails. Shapes: the 26B's down input (2,048 pair rows of 704, G 64) and gate/up input (256
+ * tokens of 2,816); G 32 and 128 (group_sum_perm_lf's other sizes); G 8 and 48 (group_sum_perm's loop); a group
+ * count that leaves the last block part empty. */
+static void check_group_sums_perm(int rows, int cols, int G) {
+  const size_t n = (size_t)rows * cols, ns = n / G;
+  uint16_t *x = malloc(n * 2), *xp = malloc(n * 2), *rp = malloc(n * 2);
+  float *xs = malloc(ns * 4), *rs = malloc(ns * 4);
+  assert_true(x && xp && rp && xs && rs);
+  /* magnitudes over 2^-8 .. 2^8 within each group: most fp32 chains round (an order change shows) */
+  for (size_t i = 0; i < n; i++) x[i] = dg_f32_to_bf16(ldexpf(q_rand(), (int)((i * 7) % 17) - 8));
+  for (size_t g = 0; g < ns; g++) {
+    float a = 0.0f;
+    for (int k = 0; k < G; k++) a += dg_bf16_to_f32(x[g * G + k]);
+    rs[g] = a;
+  }
+  for (size_t r = 0; r < n / 8; r++)
+    for (int m = 0; m < 4; m++) {
+      rp[8 * r + 2 * m] = x[8 * r + m];
+      rp[8 * r + 2 * m + 1] = x[8 * r + m + 4];
+    }
+  for (int version = 0; version <= 2; version += 2) {
+    assert_dg_ok(cut()->test_group_sums_perm(0, version, x, rows, cols, G, xs, xp));
+    long nd = 0;
+    for (size_t g = 0; g < ns; g++) nd += memcmp(&xs[g], &rs[g], 4) != 0;
+    for (size_t i = 0; i < n; i++) nd += xp[i] != rp[i];
+    if (nd) fail_msg("k_group_sums_perm_v version %d, rows %d cols %d G %d: %ld of %zu words differ from the host's", version,
+                     rows, cols, G, nd, ns + n);
+  }
+  free(x); free(xp); free(rp); free(xs); free(rs);
+}
+
+static void test_group_sums_perm(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  check_group_sums_perm(2048, 704, 64); /* 26B down input: 22,528 groups, 352 blocks */
+  check_group_sums_perm(256, 2816, 64); /* 26B gate/up input */
+  check_group_sums_perm(37, 96, 32);
+  check_group_sums_perm(5, 384, 128);
+  check_group_sums_perm(3, 48, 8);      /* group_sum_perm's loop (G not 32, 64, 128) */
+  check_group_sums_perm(7, 240, 48);
+  check_group_sums_perm(1, 64, 64);     /* one group: 63 idle threads in the block */
+  printf("# experts' input copy: versions 0 and 2 of k_group_sums_perm_v equal to the host's fp32 chains and "
+         "permutation, word for word (7 shapes)\n");
 }
 
 /* ---- attention (src/cuda/attention.cu) ---------------------------------------
@@ -3306,7 +3358,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

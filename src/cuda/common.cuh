@@ -449,7 +449,9 @@ cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, 
 /* k_router_logits then k_route; mode 1: the split sums of the logits added inside route_kernel, two launches;
  * mode 2: k_router_tiles_product then k_route_tiles, two launches (H % 4 == 0 and a shape k_route_tiles covers,
  * k_router_tiles_ok; else mode 0); mode 3: k_router_tiles_product then k_route_grid (k_router_grid_ok, b->gsc; else
- * mode 2); rlog and the groupings bit for bit those of the separate calls. */
+ * mode 2); mode 4 (DGEMMA_ROUTE=deep, session 22; not the default): mode 3 with router_tile_deep_kernel (every stage of
+ * a split in flight at once) and route_gr_kernel's gate/up copy loading each group before storing it (where mode 3
+ * covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
 /* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set
@@ -459,6 +461,10 @@ cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float
 int k_router_tiles_ok(int T, int E, int H, int K);
 cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
                                    int *S);
+/* The same product in a given version: 0 router_tile_kernel (3 stages of 16 k in flight); 4 router_tile_deep_kernel
+ * (11 of a 26B split's 11 in flight, 96 KB of dynamic shared memory): every split sum the same word. */
+cudaError_t k_router_tiles_product_v(cudaStream_t s, int version, const float *u, const float *W, float *ws, int T,
+                                     int E, int H, int *S);
 cudaError_t k_route_tiles(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
                           dg_cuda_moe_buf *b, int T, int E, int K);
 /* G of the permuted copy k_qe_gate_up makes of its input for the stack W (lane records), 0 where it makes none
@@ -546,6 +552,11 @@ cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int 
 /* k_group_sums, and xp [rows, cols] = x with each run of 8 columns permuted to
  * (0, 4, 1, 5, 2, 6, 3, 7) (the B-fragment order of qr_kernel, qmoe_r.cuh). */
 cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp);
+/* k_group_sums_perm in a given version: 0 one block of 64 threads per row, a thread per group (the default); 2 a
+ * thread per (row, group) over the whole input, each group's loads before its stores (qmoe.cu; DGEMMA_GSP=flat makes
+ * it k_group_sums_perm's); every output word the same. x, xp 16-byte aligned, G % 8 == 0, cols % G == 0. */
+cudaError_t k_group_sums_perm_v(cudaStream_t s, int version, const bf16 *x, int rows, int cols, int G, float *out,
+                                bf16 *xp);
 /* k_group_sums_perm with each group sum S (fp32, the same order of additions) written as the three bf16 parts
  * S = hi + mid + lo (hi = bf16(S), mid = bf16(S - hi), lo = bf16(S - hi - mid); |S - hi - mid - lo| <= 2^-24 |S|)
  * in the record the bias products of qr_kernel's BM mode read (qmoe_r.cuh): out4[r * (cols / G) + j] = the

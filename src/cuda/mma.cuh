@@ -232,4 +232,38 @@ __device__ __forceinline__ float group_sum_perm(const bf16 *p, bf16 *q, int G) {
   return s;
 }
 
+/* group_sum_perm for G = 8 NV (a compile-time group), every load of the group issued before the first store
+ * (session 22, issue 12): group_sum_perm's loop stores run k before loading run k + 8, and as q may alias p the
+ * compiler keeps that order, so a group costs G / 8 global-load latencies one after another (8 at G 64: most of
+ * k_group_sums_perm's 5-7 us per 26B layer on the H200). The same additions in the same order (the sum over the
+ * runs in column order, one fp32 chain), the same permutation: every output word equal to group_sum_perm's. */
+template <int NV> __device__ __forceinline__ float group_sum_perm_lf(const bf16 *p, bf16 *q) {
+  uint4 v[NV];
+#pragma unroll
+  for (int k = 0; k < NV; k++) v[k] = *(const uint4 *)(p + 8 * k);
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) s += __uint_as_float((i & 1 ? w[i >> 1] & 0xffff0000u : w[i >> 1] << 16));
+  }
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    uint4 o;
+    o.x = dg_prmt(v[k].x, v[k].z, 0x5410u);
+    o.y = dg_prmt(v[k].x, v[k].z, 0x7632u);
+    o.z = dg_prmt(v[k].y, v[k].w, 0x5410u);
+    o.w = dg_prmt(v[k].y, v[k].w, 0x7632u);
+    *(uint4 *)(q + 8 * k) = o;
+  }
+  return s;
+}
+
+/* group_sum_perm_lf where G is 32, 64 or 128 (the lane records' groups), else group_sum_perm: the same words. */
+__device__ __forceinline__ float group_sum_perm_any(const bf16 *p, bf16 *q, int G) {
+  return G == 64 ? group_sum_perm_lf<8>(p, q) : G == 32 ? group_sum_perm_lf<4>(p, q)
+         : G == 128 ? group_sum_perm_lf<16>(p, q) : group_sum_perm(p, q, G);
+}
+
 #endif

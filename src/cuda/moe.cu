@@ -348,6 +348,7 @@ static int route_mode_from_env(void) {
   if (v && !strcmp(v, "fused")) return 1;
   if (v && (!strcmp(v, "chain") || !strcmp(v, "split"))) return 0; /* split: session 11's name for the chain */
   if (v && !strcmp(v, "tiles")) return 2;
+  if (v && !strcmp(v, "deep")) return 4; /* session 22: router_tile_deep_kernel + route_gr_kernel<JP, 1> */
   return 3; /* DGEMMA_ROUTE=grid, or unset */
 }
 static const int route_mode_default = route_mode_from_env();
@@ -502,10 +503,10 @@ static int router_parts(cudaStream_t s, const float *u, const float *W, float *r
  * (r / 2) % 4: rows r and r + 1 differ by 64 bytes, so 8 consecutive rows at one q fill the 32 banks once. */
 __device__ __forceinline__ int rt_sw(int r, int q) { return r * RT_K + ((q ^ ((r >> 1) & 3)) << 2); }
 
-__global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u, const float *W, float *part, int T,
-                                                                 int E, int H, int KS) {
-  DG_PDL_ENTRY();
-  __shared__ __align__(16) float sm[RT_STAGES][(RT_T + RT_E) * RT_K];
+/* router_tile_kernel's body with STG stage buffers at sm (the stages in flight: STG - 1). */
+template <int STG>
+__device__ __forceinline__ void router_tile_body(float (*sm)[(RT_T + RT_E) * RT_K], const float *u, const float *W,
+                                                 float *part, int T, int E, int H, int KS) {
   const int t0 = blockIdx.x * RT_T, e0 = blockIdx.y * RT_E, sp = blockIdx.z;
   const int kb = sp * KS, ke = min(H, kb + KS), ns = ke > kb ? (ke - kb + RT_K - 1) / RT_K : 0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -529,16 +530,16 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
 #pragma unroll
     for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
 #pragma unroll
-  for (int st = 0; st < RT_STAGES - 1; st++) {
+  for (int st = 0; st < STG - 1; st++) {
     if (st < ns) load(st, st);
     dg_cp_commit();
   }
   for (int st = 0; st < ns; st++) {
-    dg_cp_wait<RT_STAGES - 2>(); /* this thread's copies of stage st have landed */
+    dg_cp_wait<STG - 2>(); /* this thread's copies of stage st have landed */
     __syncthreads();             /* everyone's; and every read of the buffer refilled below is done */
-    if (st + RT_STAGES - 1 < ns) load(st + RT_STAGES - 1, (st + RT_STAGES - 1) % RT_STAGES);
+    if (st + STG - 1 < ns) load(st + STG - 1, (st + STG - 1) % STG);
     dg_cp_commit();
-    const float *As = sm[st % RT_STAGES], *Bs = As + RT_T * RT_K;
+    const float *As = sm[st % STG], *Bs = As + RT_T * RT_K;
 #pragma unroll
     for (int q = 0; q < 4; q++) {
       float4 a[4], b[4];
@@ -576,6 +577,28 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
       if (e < E) part[((size_t)sp * T + t) * E + e] = acc[i][j];
     }
   }
+}
+
+__global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u, const float *W, float *part, int T,
+                                                                 int E, int H, int KS) {
+  DG_PDL_ENTRY();
+  __shared__ __align__(16) float sm[RT_STAGES][(RT_T + RT_E) * RT_K];
+  router_tile_body<RT_STAGES>(sm, u, W, part, T, E, H, KS);
+}
+
+/* Version 4 of the product (DGEMMA_ROUTE=deep, session 22): router_tile_kernel with RT_DEEP stage buffers in
+ * dynamic shared memory (96 KB: one block per SM, as the 128 blocks of the 26B shape are anyway), so that a 26B
+ * split's 11 stages of 16 k are all asked for at once, before the first product. router_tile_kernel keeps 3 stages
+ * in flight: each stage's ~0.26 us of products (2 warps x 256 FFMA per SM sub-partition) covers one third of a
+ * load's latency from DRAM, so the block waits at most stages (~1 us per round trip under load against ~0.8 us of
+ * products for three stages). The same tiles, micro-tiles and per-output chains (k ascending in the split): every
+ * split sum the same word. */
+#define RT_DEEP 12
+__global__ void __launch_bounds__(RT_THREADS) router_tile_deep_kernel(const float *u, const float *W, float *part,
+                                                                      int T, int E, int H, int KS) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM(float, dyn);
+  router_tile_body<RT_DEEP>((float (*)[(RT_T + RT_E) * RT_K])dyn, u, W, part, T, E, H, KS);
 }
 
 #define RTK_PMAX 4096 /* pairs T K of one route_tk_kernel launch */
@@ -905,15 +928,17 @@ __device__ __forceinline__ void rgr_place(const dg_cuda_moe_buf &b, const int *t
 
 /* Step 2b: the permuted copy xp and group sums xs of the gate/up input rows of this block's tokens (b.gu_x [T, H],
  * group b.gu_group: k_group_sums_perm's outputs for those rows, group_sum_perm's arithmetic), while it waits. */
-__device__ __forceinline__ void rgr_prep_rows(const dg_cuda_moe_buf &b, int t0, int nt, int H) {
+template <int LF> __device__ __forceinline__ void rgr_prep_rows(const dg_cuda_moe_buf &b, int t0, int nt, int H) {
   const int G = b.gu_group, ng = H / G;
   for (int j = threadIdx.x; j < nt * ng; j += blockDim.x) {
     const size_t r = (size_t)t0 + j / ng, g = j % ng;
-    b.xs[r * ng + g] = group_sum_perm(b.gu_x + r * H + g * G, b.xp + r * H + g * G, G);
+    /* LF (DGEMMA_ROUTE=deep): each group's loads before its stores (group_sum_perm_any): the same words */
+    b.xs[r * ng + g] = LF ? group_sum_perm_any(b.gu_x + r * H + g * G, b.xp + r * H + g * G, G)
+                          : group_sum_perm(b.gu_x + r * H + g * G, b.xp + r * H + g * G, G);
   }
 }
 
-template <int JP>
+template <int JP, int LF = 0>
 __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *part, int S, float *rlog,
                                                                  const float *pes, dg_cuda_moe_buf b, int T, int E,
                                                                  int K, int H) {
@@ -955,7 +980,7 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *pa
       atomicAdd(gen, 1); /* wraps on the device: only compared for a change */
     }
   }
-  if (H > 0) rgr_prep_rows(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H); /* 2b (H 0: none) */
+  if (H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H); /* 2b (H 0: none) */
 #ifdef DG_CUDA_EMU
   if (!last) return;
   for (int bb = 0; bb < nb; bb++) { /* step 3 for every block in turn, its experts and ranks read back */
@@ -996,7 +1021,7 @@ static const int route_coop = route_coop_from_env();
 /* Whether nb blocks of route_gr_kernel<JP> of W warps are resident at once on the current device (the grid-wide
  * wait's condition; cached per device, JP and W); with DGEMMA_ROUTE_COOP=1 also whether the device takes cooperative
  * launches (cudaDevAttrCooperativeLaunch). */
-template <int JP> static int route_gr_resident(int nb, int W) {
+template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
 #ifdef DG_CUDA_EMU
   (void)nb;
   (void)W;
@@ -1008,7 +1033,7 @@ template <int JP> static int route_gr_resident(int nb, int W) {
   int c = __atomic_load_n(&cap[dev][W], __ATOMIC_RELAXED);
   if (!c) {
     int per = 0, sms = 0, coop = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP>, 32 * W, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP, LF>, 32 * W, 0) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         (route_coop && cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess))
       return 0;
@@ -1021,19 +1046,20 @@ template <int JP> static int route_gr_resident(int nb, int W) {
 
 /* The launch of route_gr_kernel, or cudaErrorInvalidValue (nothing launched) where it does not cover the shape or
  * the grid would not be resident at once: the caller takes another mode. */
-template <int JP>
+template <int JP, int LF = 0>
 static cudaError_t route_gr_launch(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
                                    const dg_cuda_moe_buf *b, int T, int E, int K, int W, int H) {
   const int nb = (T + W - 1) / W;
-  if (!route_gr_resident<JP>(nb, W)) return cudaErrorInvalidValue;
-  if (route_coop) DG_LAUNCH_COOP(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
-  else DG_LAUNCH(route_gr_kernel<JP>, nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  if (!route_gr_resident<JP, LF>(nb, W)) return cudaErrorInvalidValue;
+  if (route_coop) DG_LAUNCH_COOP((route_gr_kernel<JP, LF>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  else DG_LAUNCH((route_gr_kernel<JP, LF>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
   return cudaGetLastError();
 }
 
-/* H > 0 with b->gu_x and b->gu_group set: the gate/up input's copy and sums made too (b->gu_ready = b->gu_x). */
+/* H > 0 with b->gu_x and b->gu_group set: the gate/up input's copy and sums made too (b->gu_ready = b->gu_x);
+ * lf: with route_gr_kernel<JP, 1> (its loads before its stores: DGEMMA_ROUTE=deep). */
 static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
-                                dg_cuda_moe_buf *b, int T, int E, int K, int H) {
+                                dg_cuda_moe_buf *b, int T, int E, int K, int H, int lf = 0) {
   const int W = route_gr_warps(T, E, K);
   if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done || !b->gsc) return cudaErrorInvalidValue;
   const int G = b->gu_group;
@@ -1041,10 +1067,17 @@ static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float 
       ((uintptr_t)b->gu_x | (uintptr_t)b->xp) & 15)
     H = 0;
   cudaError_t e;
-  if (E <= 32) e = route_gr_launch<1>(s, part, S, rlog, pes, b, T, E, K, W, H);
-  else if (E <= 64) e = route_gr_launch<2>(s, part, S, rlog, pes, b, T, E, K, W, H);
-  else if (E <= 128) e = route_gr_launch<4>(s, part, S, rlog, pes, b, T, E, K, W, H);
-  else e = route_gr_launch<8>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  if (lf) {
+    if (E <= 32) e = route_gr_launch<1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 64) e = route_gr_launch<2, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 128) e = route_gr_launch<4, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else e = route_gr_launch<8, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  } else {
+    if (E <= 32) e = route_gr_launch<1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 64) e = route_gr_launch<2>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 128) e = route_gr_launch<4>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else e = route_gr_launch<8>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  }
   b->gu_ready = e == cudaSuccess && H > 0 ? b->gu_x : NULL;
   return e;
 }
@@ -1063,15 +1096,40 @@ int k_router_grid_ok(int T, int E, int H, int K) {
          : E <= 128 ? route_gr_resident<4>(nb, W) : route_gr_resident<8>(nb, W);
 }
 
-cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
-                                   int *S_out) {
+/* router_tile_deep_kernel's dynamic shared memory allowed on the current device (once per device). */
+static cudaError_t router_deep_attr(void) {
+  static int done[16];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= 0 && dev < 16 && __atomic_load_n(&done[dev], __ATOMIC_RELAXED)) return cudaSuccess;
+  e = cudaFuncSetAttribute(router_tile_deep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)(RT_DEEP * (RT_T + RT_E) * RT_K * sizeof(float)));
+  if (e == cudaSuccess && dev >= 0 && dev < 16) __atomic_store_n(&done[dev], 1, __ATOMIC_RELAXED);
+  return e;
+}
+
+cudaError_t k_router_tiles_product_v(cudaStream_t s, int version, const float *u, const float *W, float *ws, int T,
+                                     int E, int H, int *S_out) {
   if (H <= 0 || H % 4 || (((uintptr_t)u | (uintptr_t)W) & 15)) return cudaErrorInvalidValue;
   const int S = router_splits(T, E, H);
   const int KS = ((H + S - 1) / S + RG_K - 1) / RG_K * RG_K; /* router_parts' splits */
-  DG_LAUNCH(router_tile_kernel, dim3((T + RT_T - 1) / RT_T, (E + RT_E - 1) / RT_E, S), RT_THREADS, 0, s)(u, W, ws, T,
-                                                                                                       E, H, KS);
+  const dim3 grid((T + RT_T - 1) / RT_T, (E + RT_E - 1) / RT_E, S);
+  if (version == 4) {
+    const cudaError_t e = router_deep_attr();
+    if (e != cudaSuccess) return e;
+    DG_LAUNCH(router_tile_deep_kernel, grid, RT_THREADS, RT_DEEP * (RT_T + RT_E) * RT_K * sizeof(float), s)(u, W, ws, T,
+                                                                                                          E, H, KS);
+  } else {
+    DG_LAUNCH(router_tile_kernel, grid, RT_THREADS, 0, s)(u, W, ws, T, E, H, KS);
+  }
   *S_out = S;
   return cudaGetLastError();
+}
+
+cudaError_t k_router_tiles_product(cudaStream_t s, const float *u, const float *W, float *ws, int T, int E, int H,
+                                   int *S_out) {
+  return k_router_tiles_product_v(s, 0, u, W, ws, T, E, H, S_out);
 }
 
 cudaError_t k_router_logits(cudaStream_t s, const float *u, const float *W, float *rlog, int T, int E, int H,
@@ -1089,10 +1147,10 @@ cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode) {
   const int rm = route_mode(mode), aligned = !(((uintptr_t)u | (uintptr_t)W) & 15);
   b->gu_ready = NULL;
-  if (rm == 3 && aligned && b->gsc && k_router_grid_ok(T, E, H, K)) {
+  if (rm >= 3 && aligned && b->gsc && k_router_grid_ok(T, E, H, K)) { /* 4: the deep product, the copy's loads first */
     int S = 0;
-    cudaError_t e = k_router_tiles_product(s, u, W, ws, T, E, H, &S);
-    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H);
+    cudaError_t e = k_router_tiles_product_v(s, rm == 4 ? 4 : 0, u, W, ws, T, E, H, &S);
+    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H, rm == 4);
   }
   if (rm >= 2 && k_router_tiles_ok(T, E, H, K) && aligned) { /* mode 3 where it does not cover the shape: 2 */
     int S = 0;
@@ -1120,7 +1178,7 @@ cudaError_t k_route_topk(cudaStream_t s, float *rlog, const float *per_expert_sc
 
 cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E,
                     int K, int mode) {
-  if (route_mode(mode) == 3 && b->gsc && k_router_grid_ok(T, E, 4, K)) /* the logits as one split */
+  if (route_mode(mode) >= 3 && b->gsc && k_router_grid_ok(T, E, 4, K)) /* the logits as one split */
     return k_route_grid(s, rlog, 1, rlog, per_expert_scale, b, T, E, K);
   if (route_mode(mode) >= 2 && route_tk_warps(T, E, K) > 0)
     return k_route_tiles(s, rlog, 1, rlog, per_expert_scale, b, T, E, K);

@@ -204,10 +204,43 @@ __global__ void group_sums_perm_kernel(const bf16 *x, int cols, int G, float *ou
   for (int j = threadIdx.x; j < ng; j += blockDim.x) out[(size_t)r * ng + j] = group_sum_perm(p + j * G, q + j * G, G);
 }
 
-cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp) {
+/* Version 2 (session 22): a thread per (row, group) over the whole [rows, cols / G] (blocks of GSP_THREADS, as
+ * many as the groups need: 22,528 groups of a 26B down input in 352 blocks, against 2,048 blocks of 64 threads of
+ * which 11 work), each group's loads all issued before its stores (group_sum_perm_any, mma.cuh): one load latency
+ * per group instead of G / 8. The same additions in the same order: every output word version 0's. */
+#define GSP_THREADS 64
+__global__ void __launch_bounds__(GSP_THREADS) group_sums_perm_flat_kernel(const bf16 *x, int ng, int G, long n,
+                                                                           float *out, bf16 *xp) {
+  DG_PDL_ENTRY();
+  const long i = (long)blockIdx.x * GSP_THREADS + threadIdx.x; /* group i: row i / ng, group i % ng */
+  if (i >= n) return;
+  out[i] = group_sum_perm_any(x + i * G, xp + i * G, G); /* row r's group j starts at r cols + j G = i G */
+}
+
+/* DGEMMA_GSP=flat: k_group_sums_perm takes version 2 (above); read once when the library loads; not the default
+ * until timed on a GPU (dev/cuda/step_kernels.cu's "gate/up input copy" and "down input copy" rows). */
+static int gsp_from_env(void) {
+  const char *v = getenv("DGEMMA_GSP");
+  return v && !strcmp(v, "flat") ? 2 : 0;
+}
+static const int gsp_default = gsp_from_env();
+
+cudaError_t k_group_sums_perm_v(cudaStream_t s, int version, const bf16 *x, int rows, int cols, int G, float *out,
+                                bf16 *xp) {
   if (rows <= 0) return cudaSuccess;
+  if (version == 2) {
+    const long n = (long)rows * (cols / G);
+    if (n <= 0) return cudaSuccess;
+    DG_LAUNCH(group_sums_perm_flat_kernel, (unsigned)((n + GSP_THREADS - 1) / GSP_THREADS), GSP_THREADS, 0, s)(
+        x, cols / G, G, n, out, xp);
+    return cudaGetLastError();
+  }
   DG_LAUNCH(group_sums_perm_kernel, rows, 64, 0, s)(x, cols, G, out, xp);
   return cudaGetLastError();
+}
+
+cudaError_t k_group_sums_perm(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out, bf16 *xp) {
+  return k_group_sums_perm_v(s, gsp_default, x, rows, cols, G, out, xp);
 }
 
 /* bf16 bits of v (round to nearest even; the parts here are finite) and the value they stand for */

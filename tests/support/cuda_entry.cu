@@ -375,11 +375,11 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
 
 extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
                                                int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 3)
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 4)
     return dg_seterr(DG_ERR_INVALID_ARG,
-                     "dg_cuda_test_router_route: mode %d (1..3), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
+                     "dg_cuda_test_router_route: mode %d (1..4), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
-  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode == 3 && !k_router_grid_ok(T, E, H, K)))
+  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode >= 3 && !k_router_grid_ok(T, E, H, K)))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode %d does not cover T %d, E %d, H %d, K %d",
                      mode, T, E, H, K);
   CK(cudaSetDevice(device));
@@ -444,9 +444,10 @@ extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float
                        (float *)dws, mode)); /* the mode asked for (-1: the library's default) */
     TT_(route_words(&b, (const float *)drl, T, E, K, got));
     for (size_t i = 0; i < nw; i++) *n_diff += got[i] != ref[i];
-    if (mode == 3) { /* route_gr_kernel must have made the gate/up input's copy and sums */
+    if (mode >= 3) { /* route_gr_kernel must have made the gate/up input's copy and sums */
       if (b.gu_ready != b.gu_x) {
-        st = dg_seterr(DG_ERR_BACKEND, "router mode 3: the gate/up input's copy was not made (T %d, E %d, H %d)", T, E, H);
+        st = dg_seterr(DG_ERR_BACKEND, "router mode %d: the gate/up input's copy was not made (T %d, E %d, H %d)", mode,
+                       T, E, H);
         goto done;
       }
       TC_(cudaMemcpy(xgot, b.xs, nxs * 4, cudaMemcpyDeviceToHost));
@@ -857,6 +858,28 @@ done:
   dfree_all(&al);
   return st;
 }
+extern "C" dg_status dg_cuda_test_group_sums_perm(int device, int version, const uint16_t *x, int rows, int cols, int G,
+                                                  float *xs, uint16_t *xp) {
+  if (rows <= 0 || G <= 0 || G % 8 || cols <= 0 || cols % G || (version != 0 && version != 2))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_group_sums_perm: version %d (0 or 2), rows %d, cols %d, G %d",
+                     version, rows, cols, G);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *dx = NULL, *dxs = NULL, *dxp = NULL;
+  const size_t n = (size_t)rows * cols, ns = n / G;
+  TT_(test_in(&al, &dx, x, n * 2, "rows"));
+  TT_(dalloc(&al, &dxs, ns * 4, "group sums"));
+  TT_(dalloc(&al, &dxp, n * 2, "permuted copy"));
+  TC_(cudaMemset(dxs, 0xFF, ns * 4)); /* NaN / 0xFFFF: a word not written shows */
+  TC_(cudaMemset(dxp, 0xFF, n * 2));
+  TC_(k_group_sums_perm_v(0, version, (const bf16 *)dx, rows, cols, G, (float *)dxs, (bf16 *)dxp));
+  TT_(test_out(xs, dxs, ns * 4));
+  TT_(test_out(xp, dxp, n * 2));
+done:
+  dfree_all(&al);
+  return st;
+}
 #undef TT_
 #undef TC_
 
@@ -867,6 +890,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_experts_dn_fuse,
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
+    dg_cuda_test_group_sums_perm,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -100,9 +100,16 @@ dg_status dg_cuda_test_route(int device, int mode, float *rlog, const float *pes
  * inputs: u fp32 [T, H] (the router input), W fp32 [E, H], pes [E]. n_diff: the number of 32-bit words of the
  * outputs (probabilities [T, E], idx, w, count, start, pairs, slot_row, tiles, n_tiles, order) that differ
  * between the two ways (both fused runs counted), 0 when they agree bit for bit; idx [T, K] and w [T, K] the
- * fused choices. E <= 256, K <= min(E, 32). */
+ * fused choices. Modes 3 and 4 (route_gr_kernel; 4: the deep product, DGEMMA_ROUTE=deep) also the gate/up input's
+ * permuted copy and sums made inside the launch, against k_group_sums_perm's. E <= 256, K <= min(E, 32). */
 dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes, int T, int E,
                                     int H, int K, int32_t *idx, float *w, long *n_diff);
+
+/* The experts' input copy (k_group_sums_perm_v, qmoe.cu) in version 0 (a block per row) or 2 (a thread per group,
+ * its loads first): x bf16 bits [rows, cols] -> xs [rows, cols / G] (each group's fp32 sum in column order) and xp
+ * bf16 bits [rows, cols] (each run of 8 columns permuted to 0, 4, 1, 5, 2, 6, 3, 7). G % 8 == 0, cols % G == 0. */
+dg_status dg_cuda_test_group_sums_perm(int device, int version, const uint16_t *x, int rows, int cols, int G,
+                                       float *xs, uint16_t *xp);
 
 /* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
  * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
@@ -221,6 +228,8 @@ typedef struct dg_cuda_test_api {
                                 const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                 long n_diff[2]);
   dg_status (*put_soft)(dg_cuda_ctx *c, const float *soft);
+  dg_status (*test_group_sums_perm)(int device, int version, const uint16_t *x, int rows, int cols, int G, float *xs,
+                                    uint16_t *xp);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
