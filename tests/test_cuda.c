@@ -3279,7 +3279,8 @@ static void test_combine_norm(void **state) {
     long n_diff = -1;
     assert_dg_ok(cut()->test_combine_norm(0, x, dense, y, idx, w, nv, nv + H, nv + 2 * H, nv + 3 * H, 0.75f, 1e-6f, T, H,
                                           K, &fused, &n_diff));
-    printf("# combine + norm H %d T %d K %d: fused %d, %ld words differ\n", H, T, K, fused, n_diff);
+    printf("# combine + norm H %d T %d K %d: fused %d, %ld words differ (versions 0 and 2 vs the two launches)\n", H, T,
+           K, fused, n_diff);
     assert_int_equal(fused, shapes[c][3]);
     assert_int_equal(n_diff, 0);
     free(x); free(dense); free(y); free(w); free(nv); free(idx);

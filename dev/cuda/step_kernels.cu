@@ -20,7 +20,8 @@
  *   rows        T = 256 token rows of H = 2816 (dense I = 2112; q/k/v heads of 256 and 512)
  *     rmsnorm, attn_residual, ffn_combine (K = 8 of 128 experts), geglu, qkv_post: v1 the earlier kernels,
  *     v0 the backend's (one row in registers as float4s, one barrier per reduction; warp per head for
- *     qkv_post), v2 rmsnorm at 128 threads per row
+ *     qkv_post), v2 rmsnorm at 128 threads per row; "ffn_combine + next norm" (k_ffn_combine_norm_v, the backend's
+ *     launch): v0 the default's, v2 the next norm's weight loaded at the start (DGEMMA_COMBINE=pre, session 22)
  *   router      rlog [T, E = 128] = u . W^T in fp32: v1 cublasSgemm, v0 k_router_logits (split over H)
  *   vocab chain  the whole chain after the LM head of a step with self-conditioning (C x V raw logits, softcap 30,
  *               T 0.7, bf16): v0 the chain (k_softcap in place, k_step_stats, k_sc_probs; the backend's default),
@@ -32,7 +33,14 @@
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
  *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
  *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);
- *               v1 to v3 checked word for word against v0; one stage, 30 back to back, v2's and v3's launches apart
+ *               v1 to v3 checked word for word against v0; one stage, 30 back to back, v2's and v3's launches apart;
+ *               v4 router_tile_deep_kernel + route_gr_kernel<JP, 1> (DGEMMA_ROUTE=deep, session 22: a split's 11
+ *               stages of 16 k in flight at once instead of 3; the gate/up copy's loads before its stores), checked
+ *               word for word against v0 (the stage), v2 (the split sums alone, the stage with the copy)
+ *   input copies  k_group_sums_perm_v (the experts' gate/up input [T, H] and down input [T K, IE = H / 4], G 64):
+ *               v0 a block of 64 threads per row, a thread per group (G / 8 load latencies in a row), v2 a thread
+ *               per group over the whole input with its loads first (DGEMMA_GSP=flat, session 22); both word for
+ *               word against the host's fp32 chains and permutation
  *
  * bytes = what the version moves (its passes); floor = the least bytes the operation needs (every input read
  * once, every output written once) / read bandwidth. Check: the lab's own bound per output (fp32: normwise
@@ -686,6 +694,42 @@ static void rows_case(int T, int H, int I, int K, int E) {
       const double bytes = TK * H * 4.0 + TH * 12.0 + H * 12.0 + TK * 12.0;
       row("ffn_combine K=8", vn, med, mn, bytes, bytes, chk, ex <= 1e-5);
     }
+    /* the combine with the next layer's input norm (k_ffn_combine_norm_v, the backend's launch since session 14): v0
+     * the default's kernel, v2 the next norm's weight loaded with the other weights (DGEMMA_COMBINE=pre, session
+     * 22); x and a_next word for word against v0's, x also against the reference */
+    {
+      std::vector<float> wn = rv(H, 1, 0.5f);
+      float *dwn = dnew<float>(H);
+      bf16 *dan = dnew<bf16>(TH);
+      up(dwn, wn);
+      std::vector<float> x0;
+      std::vector<bf16> a0;
+      for (int ver : {0, 2}) {
+        int fused = 0;
+        auto launch = [&] {
+          CKL(k_ffn_combine_norm_v(0, ver, dx, dd, dy, dsr, didx, dtw, dw1, dw2, dwf, scalar, T, H, K, eps, dwn, dan, &fused));
+        };
+        up(dx, x);
+        CKL(cudaMemset(dan, 0xff, TH * 2));
+        launch();
+        CKL(cudaDeviceSynchronize());
+        std::vector<float> xg = down(dx, TH);
+        std::vector<bf16> ag = down(dan, TH);
+        if (ver == 0) { x0 = xg; a0 = ag; }
+        const double ex = err_f(xg, rx);
+        const size_t nd = ndiff(xg, x0) + ndiff(ag, a0);
+        char chk[200], vn[8];
+        snprintf(chk, sizeof chk, "fused %d; x %.1e (fp32, ok <= 1e-5); %zu of %zu words (x, a_next) differ from v0", fused, ex,
+                 nd, 2 * TH);
+        snprintf(vn, sizeof vn, "v%d", ver);
+        double med, mn;
+        up(dx, x);
+        timeit(launch, med, mn); /* x drifts over the repetitions (x += ...): timing only */
+        const double bytes = TK * H * 4.0 + TH * 14.0 + H * 16.0 + TK * 12.0;
+        row("ffn_combine + next norm K=8", vn, med, mn, bytes, bytes, chk, ex <= 1e-5 && nd == 0 && fused);
+      }
+      cudaFree(dwn); cudaFree(dan);
+    }
     cudaFree(dx); cudaFree(dd); cudaFree(dy); cudaFree(dw1); cudaFree(dw2); cudaFree(dwf); cudaFree(dtw);
     cudaFree(didx); cudaFree(dsr);
   }
@@ -805,8 +849,8 @@ static void rows_case(int T, int H, int I, int K, int E) {
     std::vector<uint32_t> ref;
     const double in_bytes = (double)TH * 4 + (double)E * H * 4 + E * 4.0,
                  out_bytes = (double)T * E * 4 + TKn * 16.0 + E * 16.0 + (TKn / 32.0 + E) * 8;
-    const char *vnames[4] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid"};
-    for (int ver : {0, 1, 2, 3}) {
+    const char *vnames[5] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid", "v4 deep"};
+    for (int ver : {0, 1, 2, 3, 4}) {
       auto launch = [&] { CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver)); };
       poison();
       launch();
@@ -863,6 +907,19 @@ static void rows_case(int T, int H, int I, int K, int E) {
         row("route from split sums (grid)", "v3", med, mn, (double)S * T * E * 4 + out_bytes,
             (double)S * T * E * 4 + out_bytes, "the grouping over every block", 1);
       }
+      /* v4's product (router_tile_deep_kernel: every stage of a split in flight at once), its split sums word for
+       * word against v2's (router_tile_kernel) */
+      CKL(k_router_tiles_product(0, du, dW, dws, T, E, H, &S));
+      CKL(cudaDeviceSynchronize());
+      const std::vector<uint32_t> p2 = down((const uint32_t *)dws, (size_t)S * T * E);
+      CKL(cudaMemset(dws, 0xff, (size_t)S * T * E * 4));
+      int S4 = 0;
+      CKL(k_router_tiles_product_v(0, 4, du, dW, dws, T, E, H, &S4));
+      CKL(cudaDeviceSynchronize());
+      const size_t nd4 = S4 == S ? ndiff(down((const uint32_t *)dws, (size_t)S * T * E), p2) : p2.size();
+      timeit([&] { CKL(k_router_tiles_product_v(0, 4, du, dW, dws, T, E, H, &S4)); }, med, mn);
+      snprintf(chk, sizeof chk, "%d splits; %zu of %zu split sums differ from v2", S4, nd4, p2.size());
+      row("router split sums (deep)", "v4", med, mn, in_bytes + (double)S * T * E * 4, in_bytes, chk, nd4 == 0);
     }
     if (H % 64 == 0) { /* the stage up to the experts' gate/up input: v2 + k_group_sums_perm (the launch k_qe_gate_up
                         * makes for lane records) against v3 making the copy and sums inside route_gr_kernel */
@@ -879,7 +936,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
       b.xs = dnew<float>(TH / G);
       b.xp = dnew<bf16>(TH);
       std::vector<uint32_t> r2;
-      for (int ver : {2, 3}) {
+      for (int ver : {2, 3, 4}) {
         auto launch = [&] {
           b.gu_x = (const bf16 *)dxe;
           b.gu_group = G;
@@ -915,6 +972,58 @@ static void rows_case(int T, int H, int I, int K, int E) {
     cudaFree(du); cudaFree(dW); cudaFree(dpes); cudaFree(dr); cudaFree(dws);
     cudaFree(b.topk_idx); cudaFree(b.topk_w); cudaFree(b.count); cudaFree(b.start); cudaFree(b.pairs);
     cudaFree(b.slot_row); cudaFree(b.tiles); cudaFree(b.n_tiles); cudaFree(b.order); cudaFree(b.done); cudaFree(b.gsc);
+  }
+  /* the experts' input copies (k_group_sums_perm_v): the gate/up input [T, H] (26B: made inside route_gr_kernel
+   * by default, by its own launch under DGEMMA_ROUTE=tiles) and the down input [T K, IE] (26B IE = 704: its own
+   * launch unless DGEMMA_DN_FUSE=1); v0 a block of 64 threads per row, a thread per group, G / 8 load latencies in a
+   * row (group_sum_perm's loop stores a run before loading the next); v2 a thread per group over the whole input,
+   * the group's loads first (DGEMMA_GSP=flat). Both against the host's fp32 chains and permutation, word for word. */
+  {
+    const int G = H % 64 == 0 ? 64 : H % 32 == 0 ? 32 : 8, IE = std::max(G, H / 4 / G * G);
+    const struct { const char *name; int rows, cols; } cs[2] = {{"gate/up input copy", T, H}, {"down input copy", T * K, IE}};
+    for (const auto &c : cs) {
+      const size_t n = (size_t)c.rows * c.cols, ns = n / G;
+      std::vector<uint16_t> x(n), rp(n);
+      std::vector<float> rsum(ns);
+      for (size_t i = 0; i < n; i++) { /* bf16 bits of values over 2^-8 .. 2^8: most chains round */
+        const float f = ldexpf(frand(), (int)((i * 7) % 17) - 8);
+        uint32_t u32;
+        memcpy(&u32, &f, 4);
+        x[i] = (uint16_t)(u32 >> 16);
+      }
+      for (size_t g = 0; g < ns; g++) {
+        float a = 0.0f;
+        for (int k = 0; k < G; k++) {
+          const uint32_t u32 = (uint32_t)x[g * G + k] << 16;
+          float f;
+          memcpy(&f, &u32, 4);
+          a += f;
+        }
+        rsum[g] = a;
+      }
+      for (size_t r = 0; r < n / 8; r++)
+        for (int m = 0; m < 4; m++) { rp[8 * r + 2 * m] = x[8 * r + m]; rp[8 * r + 2 * m + 1] = x[8 * r + m + 4]; }
+      uint16_t *dx = dnew<uint16_t>(n), *dxp = dnew<uint16_t>(n);
+      float *dxs = dnew<float>(ns);
+      up(dx, x);
+      for (int ver : {0, 2}) {
+        auto launch = [&] { CKL(k_group_sums_perm_v(0, ver, (const bf16 *)dx, c.rows, c.cols, G, dxs, (bf16 *)dxp)); };
+        CKL(cudaMemset(dxs, 0xff, ns * 4)); CKL(cudaMemset(dxp, 0xff, n * 2));
+        launch();
+        CKL(cudaDeviceSynchronize());
+        const size_t nd = ndiff(down(dxs, ns), rsum) + ndiff(down(dxp, n), rp);
+        char chk[200], vn[16], nm[80];
+        const long nb = ver == 2 ? (long)((ns + 63) / 64) : c.rows;
+        snprintf(chk, sizeof chk, "%ld blocks of 64; %zu of %zu words differ from the host's", nb, nd, ns + n);
+        snprintf(vn, sizeof vn, ver == 2 ? "v2 flat" : "v0");
+        snprintf(nm, sizeof nm, "%s %d x %d G %d", c.name, c.rows, c.cols, G);
+        double med, mn;
+        timeit(launch, med, mn);
+        const double bytes = n * 4.0 + ns * 4.0;
+        row(nm, vn, med, mn, bytes, bytes, chk, nd == 0);
+      }
+      cudaFree(dx); cudaFree(dxp); cudaFree(dxs);
+    }
   }
   /* qkv_post: sliding (16 q, 8 kv heads of 256) and full (16 q, 2 kv heads of 512, K = V) layers */
   for (int full = 0; full < 2 && !router_only; full++) {

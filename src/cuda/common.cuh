@@ -347,6 +347,14 @@ cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, con
                                const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
                                const float *w_ff, float scalar, int T, int H, int K, float eps, const float *w_next,
                                bf16 *a_next, int *fused);
+/* k_ffn_combine_norm in a given version: 0 the default's kernel; 2 the same with the next norm's weight loaded at
+ * the start (ffn_combine_row_kernel's PRE, kernels.cu; DGEMMA_COMBINE=pre makes it k_ffn_combine_norm's): every
+ * output word the same. */
+cudaError_t k_ffn_combine_norm_v(cudaStream_t s, int version, float *x, const float *dense, const float *y,
+                                 const int32_t *slot_row, const int32_t *topk_idx, const float *topk_w,
+                                 const float *w_ff1, const float *w_ff2, const float *w_ff, float scalar, int T, int H,
+                                 int K, float eps, const float *w_next, bf16 *a_next, int *fused);
+
 /* ---- attention (attention.cu) ---- */
 /* Attention of nq query rows q fp32 [nq, NH, D] over the cache kc, vc bf16
  * [NKV, S, D] into out bf16 [nq, NH, D] (spec 4.4 step 3, masks 4.5).

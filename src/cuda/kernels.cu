@@ -14,6 +14,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <initializer_list>
 
@@ -707,8 +708,13 @@ __global__ void __launch_bounds__(NT) ffn_combine_reg_kernel(float *x, const flo
 
 /* The register-row version (the row kernels' comment above), K <= KMAX: the dense and x rows and the three
  * weight vectors loaded before the slot order's barrier, the K expert rows right after it (per element in the
- * same ascending-expert order from 0 as the loop kernel); the two first sums of squares at one barrier. */
-template <int NTR, int F4, int KMAX = 8>
+ * same ascending-expert order from 0 as the loop kernel); the two first sums of squares at one barrier.
+ * PRE (DGEMMA_COMBINE=pre, session 22; not the default): the next layer's norm weight w_next loaded with the other
+ * weights at the start instead of after the stores of x, so that its load latency (a weight of the next layer: from
+ * DRAM, ~0.6-1 us, while the reduction it would overlap is a few hundred cycles) is off the end of every block (the
+ * grid is one wave of 256 blocks in lockstep at the 26B shape: each block's tail is the kernel's); 12 registers more
+ * per thread at F4 3. The same values and operations: every output word the default's. */
+template <int NTR, int F4, int KMAX = 8, int PRE = 0>
 __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const float *dense, const float *y,
                                                               const int32_t *slot_row, const int32_t *topk_idx,
                                                               const float *topk_w, const float *w_ff1,
@@ -722,12 +728,15 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
   const size_t t = blockIdx.x;
   const int H4 = H >> 2;
   combine_slot_order(t, K, topk_idx, slot_row, topk_w, srow, sw);
-  float4 dv[F4], xv[F4], w1[F4], w2[F4], wf[F4], gv[F4];
+  float4 dv[F4], xv[F4], w1[F4], w2[F4], wf[F4], gv[F4], wn[PRE ? F4 : 1];
   ld_row4<NTR>(dv, dense + t * H, H4);
   ld_row4<NTR>(xv, x + t * H, H4);
   ld_row4<NTR>(w1, w_ff1, H4);
   ld_row4<NTR>(w2, w_ff2, H4);
   ld_row4<NTR>(wf, w_ff, H4);
+  if constexpr (PRE) {
+    if (a_next) ld_row4<NTR>(wn, w_next, H4);
+  }
 #pragma unroll
   for (int k = 0; k < F4; k++) gv[k] = zero4();
   __syncthreads();
@@ -777,8 +786,12 @@ __global__ void __launch_bounds__(NTR) ffn_combine_row_kernel(float *x, const fl
   if (!a_next) return;
   /* the next layer's input norm of the row just stored (xv: zeros past H4, as ld_row4 left them), with
    * rmsnorm_row_kernel's own code: a_next holds the bits k_rmsnorm(x, w_next) would write */
-  ld_row4<NTR>(w1, w_next, H4); /* w1: w_ff1's registers, no longer needed */
-  rms_row_out<NTR>(xv, w1, 1, (float *)NULL, a_next + t * H, H, eps, shn);
+  if constexpr (PRE) {
+    rms_row_out<NTR>(xv, wn, 1, (float *)NULL, a_next + t * H, H, eps, shn);
+  } else {
+    ld_row4<NTR>(w1, w_next, H4); /* w1: w_ff1's registers, no longer needed */
+    rms_row_out<NTR>(xv, w1, 1, (float *)NULL, a_next + t * H, H, eps, shn);
+  }
 }
 
 /* version 0: the register-row kernel where it applies (K <= 8), else the earlier choice; 1: the earlier choice
@@ -819,16 +832,41 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
   return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
 }
 
+/* DGEMMA_COMBINE=pre: k_ffn_combine_norm takes version 2 (ffn_combine_row_kernel's PRE); read once when the library
+ * loads; not the default until timed on a GPU (dev/cuda/step_kernels.cu's "ffn_combine + next norm" rows). */
+static int combine_from_env(void) {
+  const char *v = getenv("DGEMMA_COMBINE");
+  return v && !strcmp(v, "pre") ? 2 : 0;
+}
+static const int combine_default = combine_from_env();
+
 cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,
                                const int32_t *topk_idx, const float *topk_w, const float *w_ff1, const float *w_ff2,
                                const float *w_ff, float scalar, int T, int H, int K, float eps, const float *w_next,
                                bf16 *a_next, int *fused) {
+  return k_ffn_combine_norm_v(s, combine_default, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar,
+                              T, H, K, eps, w_next, a_next, fused);
+}
+
+cudaError_t k_ffn_combine_norm_v(cudaStream_t s, int version, float *x, const float *dense, const float *y,
+                                 const int32_t *slot_row, const int32_t *topk_idx, const float *topk_w,
+                                 const float *w_ff1, const float *w_ff2, const float *w_ff, float scalar, int T, int H,
+                                 int K, float eps, const float *w_next, bf16 *a_next, int *fused) {
   /* fused only where both kernels take their register-row forms at RNT threads (the same F4): k_ffn_combine_v's
    * version 0 and k_rmsnorm_v's version 0 conditions */
   const int f4 = K > 8 || !al(16, {x, dense, y, w_ff1, w_ff2, w_ff, w_next}) || !al(8, {a_next}) || !w_next || !a_next
                      ? 0 : row_f4(H, RNT);
   *fused = f4 != 0;
   if (!f4) return k_ffn_combine_v(s, 0, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, T, H, K, eps);
+  if (version == 2) {
+    decltype(&ffn_combine_row_kernel<RNT, 1>) kern =
+        f4 == 1 ? ffn_combine_row_kernel<RNT, 1, 8, 1> : f4 == 2 ? ffn_combine_row_kernel<RNT, 2, 8, 1>
+        : f4 == 3 ? ffn_combine_row_kernel<RNT, 3, 8, 1> : f4 == 4 ? ffn_combine_row_kernel<RNT, 4, 8, 1>
+        : f4 == 6 ? ffn_combine_row_kernel<RNT, 6, 8, 1> : ffn_combine_row_kernel<RNT, 8, 8, 1>;
+    DG_LAUNCH(kern, T, RNT, 0, s)(x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps, w_next,
+                                  a_next);
+    return cudaGetLastError();
+  }
 #define RNT_ RNT
   ROW_DISPATCH(f4, ffn_combine_row_kernel, x, dense, y, slot_row, topk_idx, topk_w, w_ff1, w_ff2, w_ff, scalar, H, K, eps,
                w_next, a_next)

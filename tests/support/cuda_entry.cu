@@ -845,14 +845,23 @@ extern "C" dg_status dg_cuda_test_combine_norm(int device, const float *x, const
   TT_(test_in(&al, (void **)&dslot, slot, TK * 4, "slot_row"));
   TC_(k_ffn_combine(0, dx1, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps));
   TC_(k_rmsnorm(0, dx1, wn, NULL, a1, T, H, eps));
-  TC_(k_ffn_combine_norm(0, dx2, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps, wn, a2, fused));
-  if (!*fused) TC_(k_rmsnorm(0, dx2, wn, NULL, a2, T, H, eps));
   TT_(test_out(hx1, dx1, TH * 4));
-  TT_(test_out(hx2, dx2, TH * 4));
   TT_(test_out(ha1, a1, TH * 2));
-  TT_(test_out(ha2, a2, TH * 2));
-  for (size_t i = 0; i < TH; i++) *n_diff += memcmp(&hx1[i], &hx2[i], 4) != 0;
-  for (size_t i = 0; i < TH; i++) *n_diff += ha1[i] != ha2[i];
+  /* version 0 (the default's kernel), then version 2 (the next norm's weight loaded first, DGEMMA_COMBINE=pre) from
+   * the same x, each against the two launches */
+  for (int version = 0; version <= 2; version += 2) {
+    int f = 0;
+    TC_(cudaMemcpy(dx2, x, TH * 4, cudaMemcpyHostToDevice));
+    TC_(cudaMemset(a2, 0xFF, TH * 2));
+    TC_(k_ffn_combine_norm_v(0, version, dx2, dd, dy, dslot, didx, dw, w1, w2, wf, scalar, T, H, K, eps, wn, a2, &f));
+    if (!f) TC_(k_rmsnorm(0, dx2, wn, NULL, a2, T, H, eps));
+    if (version == 0) *fused = f;
+    else if (f != *fused) { st = dg_seterr(DG_ERR_BACKEND, "combine: version 2 fused %d, version 0 %d", f, *fused); goto done; }
+    TT_(test_out(hx2, dx2, TH * 4));
+    TT_(test_out(ha2, a2, TH * 2));
+    for (size_t i = 0; i < TH; i++) *n_diff += memcmp(&hx1[i], &hx2[i], 4) != 0;
+    for (size_t i = 0; i < TH; i++) *n_diff += ha1[i] != ha2[i];
+  }
 done:
   free(slot); free(hx1); free(hx2); free(ha1); free(ha2);
   dfree_all(&al);

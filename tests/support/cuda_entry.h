@@ -165,7 +165,8 @@ dg_status dg_cuda_test_put_soft(dg_cuda_ctx *c, const float *soft);
 dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
                                  double *worst);
 
-/* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm) against the two
+/* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm_v versions 0 and 2, each
+ * from the same x; n_diff counts both) against the two
  * launches it replaces (k_ffn_combine, then k_rmsnorm of the new x with w_next into bf16), on the same inputs:
  * x fp32 [T, H] (the residual, updated), dense fp32 [T, H], y fp32 [T K, H] (the expert outputs, pair t K + k in row
  * t K + k), experts idx [T, K] (distinct per token), weights w [T, K], the norms' weights w_ff1, w_ff2, w_ff, w_next
