@@ -589,10 +589,10 @@ __global__ void __launch_bounds__(RT_THREADS) router_tile_kernel(const float *u,
 /* Version 4 of the product (DGEMMA_ROUTE=deep, session 22): router_tile_kernel with RT_DEEP stage buffers in
  * dynamic shared memory (96 KB: one block per SM, as the 128 blocks of the 26B shape are anyway), so that a 26B
  * split's 11 stages of 16 k are all asked for at once, before the first product. router_tile_kernel keeps 3 stages
- * in flight: each stage's ~0.26 us of products (2 warps x 256 FFMA per SM sub-partition) covers one third of a
- * load's latency from DRAM, so the block waits at most stages (~1 us per round trip under load against ~0.8 us of
- * products for three stages). The same tiles, micro-tiles and per-output chains (k ascending in the split): every
- * split sum the same word. */
+ * in flight: each stage's ~0.26 us of products (2 warps x 256 FFMA per SM sub-partition) covers about a third of a
+ * load's round trip under load (~0.8-1 us, W from DRAM), so the products stall whenever they catch up with the
+ * loads, and the first stage's whole round trip comes first. The same tiles, micro-tiles and per-output chains (k
+ * ascending in the split): every split sum the same word. */
 #define RT_DEEP 12
 __global__ void __launch_bounds__(RT_THREADS) router_tile_deep_kernel(const float *u, const float *W, float *part,
                                                                       int T, int E, int H, int KS) {
