@@ -611,7 +611,8 @@ static dg_status load_vocab(dg_tokenizer *t, const cJSON *m, const char *path, i
   cJSON_ArrayForEach(c, vocab) {
     int32_t id;
     if (json_id(c, &id))
-      return dg_seterr(DG_ERR_TOKENIZER, "%s: model.vocab[\"%s\"] is not a valid id", path, c->string);
+      return dg_seterr(DG_ERR_TOKENIZER, "%s: model.vocab[\"%s\"] is %s, not a valid id (an integer in [0, 2147483647))",
+                       path, c->string, DG_JSON_DESC(c));
     if (model_vocab > 0 && id >= model_vocab)
       return dg_seterr(DG_ERR_VOCAB_MISMATCH, "%s: model.vocab[\"%s\"] = %d is >= the model's vocab_size %d",
                        path, c->string, id, model_vocab);
@@ -752,8 +753,10 @@ static dg_status load_added(dg_tokenizer *t, const cJSON *root, const char *path
     size_t idx = i++;
     if (!cJSON_IsObject(c)) return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu] is not an object", path, idx);
     int32_t id;
-    if (json_id(cJSON_GetObjectItemCaseSensitive(c, "id"), &id))
-      return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu].id missing or not a valid id", path, idx);
+    const cJSON *idv = cJSON_GetObjectItemCaseSensitive(c, "id");
+    if (json_id(idv, &id))
+      return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu].id is %s, not a valid id (an integer in [0, 2147483647))",
+                       path, idx, DG_JSON_DESC(idv));
     const cJSON *cont = cJSON_GetObjectItemCaseSensitive(c, "content");
     if (!cJSON_IsString(cont)) return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu].content missing or not a string", path, idx);
     char where[64];
