@@ -2,9 +2,9 @@
  * as a user drives it (issue 15).
  *
  * Checks:
- *   - quantize, mkrandom and logits interrupted by SIGINT and by SIGTERM at
- *     random moments (a few runs each, seed printed): the exit status is 130
- *     or 143 and nothing partial is left (no output directory, an empty one
+ *   - quantize, mkrandom and logits interrupted by SIGINT, SIGTERM and SIGHUP at
+ *     random moments (a few runs each, seed printed): the exit status is 130,
+ *     143 or 129 and nothing partial is left (no output directory, an empty one
  *     left empty, an existing -o file byte for byte as before, no temporary
  *     sibling); a run the signal reached only after its output was complete
  *     exits 0 with the complete output. A rerun after an interruption works.
@@ -112,6 +112,7 @@ static pid_t spawn_cli(const char *const *argv) {
     if (!freopen(of, "w", stdout) || !freopen(ef, "w", stderr)) _exit(126);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     execv(g_exe, (char *const *)argv);
     _exit(127);
   }
@@ -181,6 +182,8 @@ static int n_entries(const char *dir) {
 
 /* ---- interrupted writers of an output directory (quantize, mkrandom) ------------ */
 
+static const char *sig_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+
 typedef enum { W_QUANTIZE, W_MKRANDOM } writer;
 
 static void writer_argv(writer w, const char *out, const char **argv) {
@@ -209,10 +212,12 @@ static void interrupted_dir_writer(writer w) {
   assert_true(ref_size > 0);
   const int ref_files = n_entries(ref);
   int interrupted = 0, completed = 0;
-  for (int i = 0; i < 4; i++) {
-    const int sig = i % 2 ? SIGTERM : SIGINT;
-    /* run 0 at once (always interrupted), the others at a random moment of a whole run */
-    const long delay = i == 0 ? 0 : (long)((double)rand() / RAND_MAX * T * 1e6);
+  for (int i = 0; i < 6; i++) {
+    /* SIGHUP (a closed terminal) as well: its default action left the partial temporary directory (review rev16) */
+    const int sig = (const int[]){SIGINT, SIGTERM, SIGHUP}[i % 3];
+    /* runs 0-2 at once, one per signal (always interrupted: a signal without a handler, as SIGHUP had, ends the
+     * run unsent), the others at a random moment of a whole run */
+    const long delay = i < 3 ? 0 : (long)((double)rand() / RAND_MAX * T * 1e6);
     snprintf(out, sizeof out, "%s/%s-%d", g_dir, name, i);
     const int pre_empty = i == 1; /* an empty directory given as OUT_DIR stays, empty */
     if (pre_empty) assert_int_equal(mkdir(out, 0755), 0);
@@ -222,8 +227,8 @@ static void interrupted_dir_writer(writer w) {
     char *e = read_err();
     assert_true(WIFEXITED(st));
     const int code = WEXITSTATUS(st);
-    printf("# %s run %d: %s after %.3f s of %.3f s -> exit %d\n", name, i, sig == SIGINT ? "SIGINT" : "SIGTERM",
-           delay / 1e6, T, code);
+    printf("# %s run %d: %s after %.3f s of %.3f s -> exit %d\n", name, i, sig_name(sig), delay / 1e6, T, code);
+    if (i < 3 && code != 128 + sig) fail_msg("%s run %d: %s at once: exit %d, want %d", name, i, sig_name(sig), code, 128 + sig);
     if (code == 128 + sig) {
       interrupted++;
       if (!strstr(e, "interrupted") || !strstr(e, "nothing was left in")) fail_msg("%s: stderr: %s", name, e);
@@ -423,13 +428,13 @@ static void test_logits_interrupted(void **state) {
   assert_true(file_size(ref) == want);
   argv[11] = out;
   int interrupted = 0;
-  /* run 0 at once; 1-3 at a random moment of a whole run; 4-7 in its last tenth, around the
-   * rename of the temporary file (a signal just after it must not end the command with 128 + sig
-   * over the new file: exit 128 + sig means the old file was kept) */
-  for (int i = 0; i < 8; i++) {
-    const int sig = i % 2 ? SIGTERM : SIGINT;
+  /* runs 0-2 at once, one per signal (SIGINT, SIGTERM, SIGHUP: always interrupted); 3-5 at a random moment of a
+   * whole run; 6-9 in its last tenth, around the rename of the temporary file (a signal just after it must not end
+   * the command with 128 + sig over the new file: exit 128 + sig means the old file was kept) */
+  for (int i = 0; i < 10; i++) {
+    const int sig = (const int[]){SIGINT, SIGTERM, SIGHUP}[i % 3];
     const double u = (double)rand() / RAND_MAX;
-    const long delay = i == 0 ? 0 : (long)((i < 4 ? u : 0.9 + 0.1 * u) * T * 1e6);
+    const long delay = i < 3 ? 0 : (long)((i < 6 ? u : 0.9 + 0.1 * u) * T * 1e6);
     f = fopen(out, "w");
     fputs(previous, f);
     fclose(f);
@@ -437,11 +442,11 @@ static void test_logits_interrupted(void **state) {
     st = run_signalled(argv, sig, delay, &sent);
     assert_true(WIFEXITED(st));
     const int code = WEXITSTATUS(st);
-    printf("# logits run %d: %s after %.3f s of %.3f s -> exit %d\n", i, sig == SIGINT ? "SIGINT" : "SIGTERM",
-           delay / 1e6, T, code);
+    printf("# logits run %d: %s after %.3f s of %.3f s -> exit %d\n", i, sig_name(sig), delay / 1e6, T, code);
     size_t len = 0;
     char *got = dg_test_read_file(out, &len);
     assert_non_null(got);
+    if (i < 3 && code != 128 + sig) fail_msg("logits run %d: %s at once: exit %d, want %d", i, sig_name(sig), code, 128 + sig);
     if (code == 128 + sig) {
       interrupted++;
       assert_string_equal(got, previous); /* the old file, byte for byte */

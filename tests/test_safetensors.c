@@ -618,6 +618,12 @@ static const bad_dir bad_dirs[] = {
    DG_ERR_CONFIG, "model.safetensors.index.json", "weight_map[\"a\"]"},
   {"empty weight_map (found by fuzz/fuzz_st_index)", "{\"weight_map\": {}}", {S1, NULL}, {"a", NULL}, NULL,
    DG_ERR_CONFIG, "model.safetensors.index.json", "\"weight_map\" is empty"},
+  /* review rev16: cJSON took the first value of a repeated key and ignored what follows the object; Python's
+   * json.load (Transformers) keeps the last and refuses a second value */
+  {"index with trailing data", "{\"weight_map\":{\"a\":\"" S1 "\"}}\n{\"weight_map\":{}}", {S1, NULL}, {"a", NULL}, NULL,
+   DG_ERR_JSON, "model.safetensors.index.json", "trailing data after the JSON value at byte 56"},
+  {"weight_map twice", "{\"weight_map\":{\"a\":\"" S1 "\"},\"weight_map\":{\"b\":\"" S1 "\"}}", {S1, NULL}, {"a", NULL},
+   NULL, DG_ERR_JSON, "model.safetensors.index.json", "key \"weight_map\" appears twice"},
   {"broken shard", "{\"weight_map\":{\"w\":\"" S1 "\"}}", {NULL, NULL}, {NULL, NULL},
    "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", DG_ERR_SAFETENSORS, S1, "\"w\""},
 };

@@ -90,8 +90,10 @@ void catch_stop_signals(int immediate) {
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  const int sigs[2] = {SIGINT, SIGTERM};
-  for (int k = 0; k < 2; k++) {
+  /* SIGHUP too: a closed terminal or a dropped ssh session is an interruption like Ctrl-C (its default action
+   * left a partial temporary directory, review rev16); under nohup it stays ignored */
+  const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int k = 0; k < 3; k++) {
     sigaction(sigs[k], NULL, &old);
     if (old.sa_handler != SIG_IGN) sigaction(sigs[k], &sa, NULL);
   }

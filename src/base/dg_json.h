@@ -38,5 +38,9 @@ const char *dg_json_desc(const cJSON *v, char *buf, size_t cap);
  * element). *oom is set to 1 (and NULL returned) when out of memory; it must
  * be 0 on entry. */
 const cJSON *dg_json_repeated_key(const cJSON *v, const char **parent, int *oom);
+/* The first repeated key among the members of the object v itself (its children only, in O(k log k)), or NULL
+ * (also when v is not an object): for readers that check some objects of a file and not others (tokenizer.json's
+ * model.vocab, whose repeats the tokenizer reader resolves itself). *oom as for dg_json_repeated_key. */
+const cJSON *dg_json_repeated_member(const cJSON *v, int *oom);
 
 #endif

@@ -745,8 +745,19 @@ static dg_status st_index_map(const char *ipath, const char *text, size_t len, c
   if (!*root)
     return dg_seterr(DG_ERR_JSON, "%s: not valid JSON (error near byte %td)", ipath,
                      end ? end - text : (ptrdiff_t)-1);
+  for (const char *p = end; p < text + len; p++) /* a second value or a stale tail: Python's json refuses it too */
+    if (!st_is_ws((unsigned char)*p))
+      return dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte %td", ipath, p - text);
   if (!cJSON_IsObject(*root))
     return dg_seterr(DG_ERR_JSON, "%s: top level is %s, not an object", ipath, dg_json_kind(*root));
+  /* cJSON's lookups take a repeated key's first value, Transformers' json.load its last: two weight_maps would
+   * load different tensors there and here (weight_map's own repeats: st_index_shards, "listed twice") */
+  int oom = 0;
+  const cJSON *dup = dg_json_repeated_member(*root, &oom);
+  if (oom) return st_oom(ipath);
+  if (dup)
+    return dg_seterr(DG_ERR_JSON, "%s: key \"%s\" appears twice in the top-level object (which value is meant?)", ipath,
+                     dup->string);
   const cJSON *wm = cJSON_GetObjectItemCaseSensitive(*root, "weight_map");
   if (!cJSON_IsObject(wm))
     return dg_seterr(DG_ERR_CONFIG, "%s: field \"weight_map\" is %s, not an object", ipath,

@@ -36,6 +36,7 @@
 
 #include "base/dg_error.h"
 #include "base/dg_io.h"
+#include "base/dg_json.h"
 
 /* ------------------------------------------------------------------------- */
 /* DiffusionGemma special-token names, applied by id (spec section 2 table).  */
@@ -610,7 +611,8 @@ static dg_status load_vocab(dg_tokenizer *t, const cJSON *m, const char *path, i
   cJSON_ArrayForEach(c, vocab) {
     int32_t id;
     if (json_id(c, &id))
-      return dg_seterr(DG_ERR_TOKENIZER, "%s: model.vocab[\"%s\"] is not a valid id", path, c->string);
+      return dg_seterr(DG_ERR_TOKENIZER, "%s: model.vocab[\"%s\"] is %s, not a valid id (an integer in [0, 2147483647))",
+                       path, c->string, DG_JSON_DESC(c));
     if (model_vocab > 0 && id >= model_vocab)
       return dg_seterr(DG_ERR_VOCAB_MISMATCH, "%s: model.vocab[\"%s\"] = %d is >= the model's vocab_size %d",
                        path, c->string, id, model_vocab);
@@ -751,8 +753,10 @@ static dg_status load_added(dg_tokenizer *t, const cJSON *root, const char *path
     size_t idx = i++;
     if (!cJSON_IsObject(c)) return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu] is not an object", path, idx);
     int32_t id;
-    if (json_id(cJSON_GetObjectItemCaseSensitive(c, "id"), &id))
-      return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu].id missing or not a valid id", path, idx);
+    const cJSON *idv = cJSON_GetObjectItemCaseSensitive(c, "id");
+    if (json_id(idv, &id))
+      return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu].id is %s, not a valid id (an integer in [0, 2147483647))",
+                       path, idx, DG_JSON_DESC(idv));
     const cJSON *cont = cJSON_GetObjectItemCaseSensitive(c, "content");
     if (!cJSON_IsString(cont)) return dg_seterr(DG_ERR_TOKENIZER, "%s: added_tokens[%zu].content missing or not a string", path, idx);
     char where[64];
@@ -864,11 +868,38 @@ dg_status dg_tokenizer_load(const char *path, int32_t model_vocab, dg_tokenizer 
   return st;
 }
 
+/* A key repeated in an object of the file: cJSON's lookups take the first value, the tokenizers library refuses
+ * (serde: "duplicate field") or keeps the last, so the file means two things. Every object is checked but
+ * model.vocab, whose repeats load_vocab resolves (the same id again is accepted, another id refused). */
+static dg_status check_repeats(const cJSON *root, const char *path) {
+  int oom_ = 0;
+  const char *parent = NULL, *under = NULL; /* under: the top-level member the repeat was found in */
+  const cJSON *d = dg_json_repeated_member(root, &oom_);
+  for (const cJSON *c = root->child; c && !d && !oom_; c = c->next) {
+    under = c->string;
+    if (strcmp(c->string, "model") != 0) { d = dg_json_repeated_key(c, &parent, &oom_); continue; }
+    if ((d = dg_json_repeated_member(c, &oom_))) parent = "model";
+    for (const cJSON *e = c->child; e && !d && !oom_; e = e->next)
+      if (strcmp(e->string, "vocab") != 0) d = dg_json_repeated_key(e, &parent, &oom_);
+  }
+  if (oom_) return oom();
+  if (!d) return DG_OK;
+  if (parent) /* the object holding it has a key */
+    return dg_seterr(DG_ERR_JSON, "%s: key \"%s\" appears twice in \"%s\" (which value is meant?)", path, d->string,
+                     parent);
+  if (under) /* an element of an array under a top-level member (added_tokens[i]) */
+    return dg_seterr(DG_ERR_JSON, "%s: key \"%s\" appears twice in an object under \"%s\" (which value is meant?)",
+                     path, d->string, under);
+  return dg_seterr(DG_ERR_JSON, "%s: key \"%s\" appears twice in the top-level object (which value is meant?)", path,
+                   d->string);
+}
+
 dg_status dg_tokenizer_load_text(const char *path, const char *data, size_t len, int32_t model_vocab,
                                  dg_tokenizer **out) {
   if (out) *out = NULL;
   if (!path || (!data && len) || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_tokenizer_load_text: NULL argument");
-  cJSON *root = cJSON_ParseWithLength(data ? data : "", len);
+  const char *text = data ? data : "", *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   if (!root) {
     const char *e = cJSON_GetErrorPtr();
     size_t off = (e && data && e >= data && e <= data + len) ? (size_t)(e - data) : 0;
@@ -879,7 +910,13 @@ dg_status dg_tokenizer_load_text(const char *path, const char *data, size_t len,
   int32_t *vocab_piece = NULL, vocab_max = -1;
   dg_tokenizer *t = calloc(1, sizeof *t);
   if (!t) { cJSON_Delete(root); return oom(); }
+  for (const char *q = end; q && q < text + len; q++) /* a second value or a stale tail (the library refuses it) */
+    if (*q != ' ' && *q != '\n' && *q != '\r' && *q != '\t') {
+      st = dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte offset %td", path, q - text);
+      goto done;
+    }
   if (!cJSON_IsObject(root)) { st = dg_seterr(DG_ERR_TOKENIZER, "%s: top level is not a JSON object", path); goto done; }
+  if ((st = check_repeats(root, path))) goto done;
 
   st = load_model(t, root, path, model_vocab, &vocab_piece, &vocab_max);
   if (st) goto done;
