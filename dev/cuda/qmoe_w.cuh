@@ -191,58 +191,58 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
           }
           dg_wg_commit();
         }
-        return;
-      }
+      } else { /* (else, not return: no unreachable loop in the DQ instantiations) */
 #pragma unroll
-      for (int lg = 0; lg < GPS; lg++) {
-        uint32_t A[CPG][2][2][4];
+        for (int lg = 0; lg < GPS; lg++) {
+          uint32_t A[CPG][2][2][4];
 #pragma unroll
-        for (int cc = 0; cc < CPG; cc++) {
-          const int c = lg * CPG + cc;
+          for (int cc = 0; cc < CPG; cc++) {
+            const int c = lg * CPG + cc;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+              uint32_t pg[4], p8[4];
+              qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+              qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+              A[cc][mt][0][0] = pg[0]; A[cc][mt][0][1] = p8[0]; A[cc][mt][0][2] = pg[1]; A[cc][mt][0][3] = p8[1];
+              A[cc][mt][1][0] = pg[2]; A[cc][mt][1][1] = p8[2]; A[cc][mt][1][2] = pg[3]; A[cc][mt][1][3] = p8[3];
+            }
+          }
+          dg_wg_pin<NT>(part[0]);
+          dg_wg_pin<NT>(part[1]);
+          dg_wg_fence();
+#pragma unroll
+          for (int cc = 0; cc < CPG; cc++) {
+            const int c = lg * CPG + cc;
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+              /* pieces 4 c + 2 m (k 0..7) and 4 c + 2 m + 1 (k 8..15) of the stage */
+              const uint64_t desc = desc0 + (uint64_t)(((4 * c + 2 * m) * PB) >> 4);
+#pragma unroll
+              for (int mt = 0; mt < 2; mt++) dg_wgmma_bf16<NT>(part[mt], A[cc][mt][m], desc, cc > 0 || m > 0);
+            }
+          }
+          dg_wg_commit();
+          dg_wg_wait0();
+          dg_wg_pin<NT>(part[0]);
+          dg_wg_pin<NT>(part[1]);
+          float2 xsum[NT];
+#pragma unroll
+          for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
-            uint32_t pg[4], p8[4];
-            qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
-            qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
-            A[cc][mt][0][0] = pg[0]; A[cc][mt][0][1] = p8[0]; A[cc][mt][0][2] = pg[1]; A[cc][mt][0][3] = p8[1];
-            A[cc][mt][1][0] = pg[2]; A[cc][mt][1][1] = p8[2]; A[cc][mt][1][2] = pg[3]; A[cc][mt][1][3] = p8[3];
-          }
-        }
-        dg_wg_pin<NT>(part[0]);
-        dg_wg_pin<NT>(part[1]);
-        dg_wg_fence();
+            float s0, b0, s8, b8;
+            qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0);
+            qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
+            b0 = fmaf(-OFF, s0, b0);
+            b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
-        for (int cc = 0; cc < CPG; cc++) {
-          const int c = lg * CPG + cc;
-#pragma unroll
-          for (int m = 0; m < 2; m++) {
-            /* pieces 4 c + 2 m (k 0..7) and 4 c + 2 m + 1 (k 8..15) of the stage */
-            const uint64_t desc = desc0 + (uint64_t)(((4 * c + 2 * m) * PB) >> 4);
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) dg_wgmma_bf16<NT>(part[mt], A[cc][mt][m], desc, cc > 0 || m > 0);
-          }
-        }
-        dg_wg_commit();
-        dg_wg_wait0();
-        dg_wg_pin<NT>(part[0]);
-        dg_wg_pin<NT>(part[1]);
-        float2 xsum[NT];
-#pragma unroll
-        for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          float s0, b0, s8, b8;
-          qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0);
-          qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
-          b0 = fmaf(-OFF, s0, b0);
-          b8 = fmaf(-OFF, s8, b8);
-#pragma unroll
-          for (int j = 0; j < NT; j++) {
-            float *Ac = acc[mt][j], *P = part[mt][j];
-            Ac[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], Ac[0]));
-            Ac[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], Ac[1]));
-            Ac[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], Ac[2]));
-            Ac[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], Ac[3]));
+            for (int j = 0; j < NT; j++) {
+              float *Ac = acc[mt][j], *P = part[mt][j];
+              Ac[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], Ac[0]));
+              Ac[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], Ac[1]));
+              Ac[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], Ac[2]));
+              Ac[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], Ac[3]));
+            }
           }
         }
       }
