@@ -189,10 +189,13 @@ static inline void dg_wg_wait0() { emu::wgmma_wait(0); }
 static inline void dg_wg_wait1() { emu::wgmma_wait(1); }
 static inline void dg_fence_proxy_async() {}
 template <int NT> static inline void dg_wg_pin(float (&)[NT][4]) {}
+/* the shapes the asm above has, no others (a kernel that runs here must build for the GPU too) */
 template <int NT> static inline void dg_wgmma_bf16(float (&d)[NT][4], const uint32_t a[4], uint64_t desc, int scd) {
+  static_assert(NT == 1 || NT == 2 || NT == 3 || NT == 4 || NT == 8 || NT == 16, "dg_wgmma_bf16: N = 8, 16, 24, 32, 64, 128");
   emu::wgmma_bf16(&d[0][0], NT, a, 0, desc, scd);
 }
 template <int NT> static inline void dg_wgmma_bf16_ss(float (&d)[NT][4], uint64_t adesc, uint64_t bdesc, int scd) {
+  static_assert(NT == 8, "dg_wgmma_bf16_ss: N = 64 only");
   emu::wgmma_bf16(&d[0][0], NT, NULL, adesc, bdesc, scd);
 }
 static inline int dg_wg_available() { return 1; }
