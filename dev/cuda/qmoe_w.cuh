@@ -30,122 +30,17 @@
  *     no zeroing of the partial sums), commit, wait, fold.
  *
  * SWAP (a check of the descriptor's reading): LBO and SBO exchanged; only one
- * of the two orders can pass the lab's check. */
+ * of the two orders can pass the lab's check.
+ *
+ * The wgmma wrappers are src/cuda/wgmma.cuh's, so the kernel also runs on the CPU emulation (dev/cuda_emu):
+ * tests/test_cuda.c test_quant_experts_wgmma runs versions 20, 22 and 75 there (and 21, which must fail) through
+ * the test library's dg_cuda_test_experts_qw. */
 #ifndef DG_CUDA_QMOE_W_CUH
 #define DG_CUDA_QMOE_W_CUH
 
 #include "cuda/qmoe_r.cuh"
 
-#ifndef DG_CUDA_EMU
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
-#define DG_WG_TRAP 1 /* not an sm_90a pass: the kernels trap (the lab builds for sm_90a) */
-#endif
-
-/* The matrix descriptor of a no-swizzle canonical tile in shared memory at saddr (PTX ISA, wgmma "matrix
- * descriptor"): start address, leading and stride byte offsets, each >> 4. */
-__device__ __forceinline__ uint64_t dg_wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ void dg_wg_fence() {
-#ifndef DG_WG_TRAP
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void dg_wg_commit() {
-#ifndef DG_WG_TRAP
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void dg_wg_wait0() {
-#ifndef DG_WG_TRAP
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void dg_wg_wait1() {
-#ifndef DG_WG_TRAP
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#endif
-}
-/* Shared memory written by the generic proxy (cp.async, stores) made visible to the tensor cores' reads. */
-__device__ __forceinline__ void dg_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* Pin registers in place for the compiler around asynchronous tensor-core operations. */
-template <int NT> __device__ __forceinline__ void dg_wg_pin(float (&d)[NT][4]) {
-#pragma unroll
-  for (int j = 0; j < NT; j++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) asm volatile("" : "+f"(d[j][i])::"memory");
-}
-
-#define DG_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-/* d (64 x 8 NT, this warp's 16 rows: the mma.sync C layout per 8 columns) = A B + (scd ? d : 0); A 64 x 16 bf16
- * from the lanes' registers (the mma.sync A layout per warp), B 16 x 8 NT bf16 K-major at desc. */
-template <int NT> __device__ __forceinline__ void dg_wgmma_bf16(float (&d)[NT][4], const uint32_t a[4], uint64_t desc, int scd);
-template <> __device__ __forceinline__ void dg_wgmma_bf16<1>(float (&d)[1][4], const uint32_t a[4], uint64_t desc, int scd) {
-#ifdef DG_WG_TRAP
-  __trap();
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-               : DG_WG_D4(0)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
-#endif
-}
-template <> __device__ __forceinline__ void dg_wgmma_bf16<2>(float (&d)[2][4], const uint32_t a[4], uint64_t desc, int scd) {
-#ifdef DG_WG_TRAP
-  __trap();
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, "
-               "p, 1, 1, 0;\n}\n"
-               : DG_WG_D4(0), DG_WG_D4(1)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
-#endif
-}
-template <> __device__ __forceinline__ void dg_wgmma_bf16<3>(float (&d)[3][4], const uint32_t a[4], uint64_t desc, int scd) {
-#ifdef DG_WG_TRAP
-  __trap();
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, "
-               "{%12,%13,%14,%15}, %16, p, 1, 1, 0;\n}\n"
-               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
-#endif
-}
-template <> __device__ __forceinline__ void dg_wgmma_bf16<4>(float (&d)[4][4], const uint32_t a[4], uint64_t desc, int scd) {
-#ifdef DG_WG_TRAP
-  __trap();
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,"
-               "%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
-#endif
-}
-template <> __device__ __forceinline__ void dg_wgmma_bf16<8>(float (&d)[8][4], const uint32_t a[4], uint64_t desc, int scd) {
-#ifdef DG_WG_TRAP
-  __trap();
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-               "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
-#endif
-}
-template <> __device__ __forceinline__ void dg_wgmma_bf16<16>(float (&d)[16][4], const uint32_t a[4], uint64_t desc, int scd) {
-#ifdef DG_WG_TRAP
-  __trap();
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-               "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7), DG_WG_D4(8), DG_WG_D4(9), DG_WG_D4(10), DG_WG_D4(11), DG_WG_D4(12), DG_WG_D4(13), DG_WG_D4(14), DG_WG_D4(15)
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
-#endif
-}
-#undef DG_WG_D4
+#include "cuda/wgmma.cuh" /* the wgmma wrappers (and their CPU emulation) */
 
 /* qe_args as for qr_kernel (X = xp, q = the wgmma-order lane records of qw_tile_pack); 4 warps per block. */
 template <int BITS, int GATEUP, int NT, int GS, int D = QR_D, int STAGES = QR_STAGES, int MINB = 1, int SUB = QR_SUB,
@@ -161,7 +56,11 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
   constexpr int CPG = GS / 32;                 /* runs per group */
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   constexpr uint32_t LBO = SWAP ? 128u : (uint32_t)PB, SBO = SWAP ? (uint32_t)PB : 128u;
+#ifndef DG_CUDA_EMU
   extern __shared__ __align__(16) unsigned char smem[]; /* (the alignment of every kernel's declaration) */
+#else
+  DG_DYN_SMEM(unsigned char, smem);
+#endif
   __shared__ int64_t xrow[NTOK];
   __shared__ int64_t srow[NTOK];
   int e, slab;
@@ -292,58 +191,58 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
           }
           dg_wg_commit();
         }
-        return;
-      }
+      } else { /* (else, not return: no unreachable loop in the DQ instantiations) */
 #pragma unroll
-      for (int lg = 0; lg < GPS; lg++) {
-        uint32_t A[CPG][2][2][4];
+        for (int lg = 0; lg < GPS; lg++) {
+          uint32_t A[CPG][2][2][4];
 #pragma unroll
-        for (int cc = 0; cc < CPG; cc++) {
-          const int c = lg * CPG + cc;
+          for (int cc = 0; cc < CPG; cc++) {
+            const int c = lg * CPG + cc;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+              uint32_t pg[4], p8[4];
+              qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+              qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+              A[cc][mt][0][0] = pg[0]; A[cc][mt][0][1] = p8[0]; A[cc][mt][0][2] = pg[1]; A[cc][mt][0][3] = p8[1];
+              A[cc][mt][1][0] = pg[2]; A[cc][mt][1][1] = p8[2]; A[cc][mt][1][2] = pg[3]; A[cc][mt][1][3] = p8[3];
+            }
+          }
+          dg_wg_pin<NT>(part[0]);
+          dg_wg_pin<NT>(part[1]);
+          dg_wg_fence();
+#pragma unroll
+          for (int cc = 0; cc < CPG; cc++) {
+            const int c = lg * CPG + cc;
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+              /* pieces 4 c + 2 m (k 0..7) and 4 c + 2 m + 1 (k 8..15) of the stage */
+              const uint64_t desc = desc0 + (uint64_t)(((4 * c + 2 * m) * PB) >> 4);
+#pragma unroll
+              for (int mt = 0; mt < 2; mt++) dg_wgmma_bf16<NT>(part[mt], A[cc][mt][m], desc, cc > 0 || m > 0);
+            }
+          }
+          dg_wg_commit();
+          dg_wg_wait0();
+          dg_wg_pin<NT>(part[0]);
+          dg_wg_pin<NT>(part[1]);
+          float2 xsum[NT];
+#pragma unroll
+          for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) {
-            uint32_t pg[4], p8[4];
-            qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
-            qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
-            A[cc][mt][0][0] = pg[0]; A[cc][mt][0][1] = p8[0]; A[cc][mt][0][2] = pg[1]; A[cc][mt][0][3] = p8[1];
-            A[cc][mt][1][0] = pg[2]; A[cc][mt][1][1] = p8[2]; A[cc][mt][1][2] = pg[3]; A[cc][mt][1][3] = p8[3];
-          }
-        }
-        dg_wg_pin<NT>(part[0]);
-        dg_wg_pin<NT>(part[1]);
-        dg_wg_fence();
+            float s0, b0, s8, b8;
+            qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0);
+            qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
+            b0 = fmaf(-OFF, s0, b0);
+            b8 = fmaf(-OFF, s8, b8);
 #pragma unroll
-        for (int cc = 0; cc < CPG; cc++) {
-          const int c = lg * CPG + cc;
-#pragma unroll
-          for (int m = 0; m < 2; m++) {
-            /* pieces 4 c + 2 m (k 0..7) and 4 c + 2 m + 1 (k 8..15) of the stage */
-            const uint64_t desc = desc0 + (uint64_t)(((4 * c + 2 * m) * PB) >> 4);
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) dg_wgmma_bf16<NT>(part[mt], A[cc][mt][m], desc, cc > 0 || m > 0);
-          }
-        }
-        dg_wg_commit();
-        dg_wg_wait0();
-        dg_wg_pin<NT>(part[0]);
-        dg_wg_pin<NT>(part[1]);
-        float2 xsum[NT];
-#pragma unroll
-        for (int j = 0; j < NT; j++) xsum[j] = *(const float2 *)(Ss + 4 * (lg * NTOK + 8 * j + 2 * t));
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          float s0, b0, s8, b8;
-          qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0, &b0);
-          qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8, &b8);
-          b0 = fmaf(-OFF, s0, b0);
-          b8 = fmaf(-OFF, s8, b8);
-#pragma unroll
-          for (int j = 0; j < NT; j++) {
-            float *Ac = acc[mt][j], *P = part[mt][j];
-            Ac[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], Ac[0]));
-            Ac[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], Ac[1]));
-            Ac[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], Ac[2]));
-            Ac[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], Ac[3]));
+            for (int j = 0; j < NT; j++) {
+              float *Ac = acc[mt][j], *P = part[mt][j];
+              Ac[0] = fmaf(b0, xsum[j].x, fmaf(s0, P[0], Ac[0]));
+              Ac[1] = fmaf(b0, xsum[j].y, fmaf(s0, P[1], Ac[1]));
+              Ac[2] = fmaf(b8, xsum[j].x, fmaf(s8, P[2], Ac[2]));
+              Ac[3] = fmaf(b8, xsum[j].y, fmaf(s8, P[3], Ac[3]));
+            }
           }
         }
       }
@@ -411,5 +310,4 @@ static cudaError_t qw_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   DG_LAUNCH(kern, grid, 128, smem, s)(a);
   return cudaGetLastError();
 }
-#endif /* !DG_CUDA_EMU */
 #endif

@@ -40,12 +40,41 @@ struct warp {
   unsigned char val[32][64]; /* one lane's published value (a shuffle's 8 bytes, an mma fragment set) */
 };
 std::vector<warp> warps;
+/* warpgroup exchange (wgmma's rendezvous): 128 threads, 4 whole warps */
+struct wgroup {
+  int count;
+  unsigned gen;
+  unsigned char val[128][64];
+};
+std::vector<wgroup> wgroups;
+/* one thread's wgmma operations not yet retired by a wait_group, in issue order; grp: the commit group it
+ * belongs to (committed + 1 while uncommitted) */
+struct wg_op {
+  float *d;
+  int n8, scd, areg;
+  float a[2][16]; /* A from registers: this thread's rows g and g + 8 of its warp's 16, read at the issue */
+  uint64_t adesc, bdesc;
+  unsigned grp;
+};
+struct wg_state {
+  std::vector<wg_op> q;
+  unsigned committed;
+};
+std::vector<wg_state> wgs;
 std::vector<unsigned char> smem;
+unsigned char *smem_base; /* 1024-byte aligned start of the dynamic shared memory */
+size_t smem_size;
 cudaError_t last = cudaSuccess;
 
 void yield() { swapcontext(&th[cur].ctx, &sched); }
 void entry() {
   body();
+  if (!wgs[cur].q.empty()) {
+    fprintf(stderr, "emu: thread %d of block (%u,%u,%u) exited with %zu wgmma operations not retired by "
+            "wgmma.wait_group (their accumulators are never written)\n", cur, blockIdx_.x, blockIdx_.y, blockIdx_.z,
+            wgs[cur].q.size());
+    abort();
+  }
   th[cur].done = true;
   alive--;
 }
@@ -60,7 +89,16 @@ void check_aligned(const void *p, unsigned bytes, const char *what, const char *
     abort();
   }
 }
-void *dyn_smem() { return smem.data(); }
+void *dyn_smem() { return smem_base; }
+uint32_t smem_addr(const void *p) {
+  const uintptr_t o = (uintptr_t)p - (uintptr_t)smem_base;
+  if ((const unsigned char *)p < smem_base || o > smem_size) {
+    fprintf(stderr, "emu: shared address of %p, which is not in this launch's dynamic shared memory (%p, %zu bytes): "
+            "the emulation gives shared addresses to dynamic shared memory only\n", p, (void *)smem_base, smem_size);
+    abort();
+  }
+  return (uint32_t)o;
+}
 
 void syncthreads() {
   unsigned g = bar_gen;
@@ -97,15 +135,16 @@ void bar_sync(int id, int n) {
 }
 
 /* Each lane publishes its value, waits for its warp, reads src_lane's, waits again. */
-static void warp_barrier(warp &w, int n) {
-  unsigned g = w.gen;
-  if (++w.count == n) { w.count = 0; w.gen++; return; }
+static void group_barrier(int &count, unsigned &gen, int n, const char *what) {
+  unsigned g = gen;
+  if (++count == n) { count = 0; gen++; return; }
   int spins = 0;
-  while (w.gen == g) {
+  while (gen == g) {
     yield();
-    if (++spins > 1000000) { fprintf(stderr, "emu: warp shuffle deadlock (diverged warp?)\n"); abort(); }
+    if (++spins > 1000000) { fprintf(stderr, "emu: %s deadlock (diverged threads?)\n", what); abort(); }
   }
 }
+static void warp_barrier(warp &w, int n) { group_barrier(w.count, w.gen, n, "warp shuffle"); }
 void warp_exchange(const void *v, void *out, int size, int src) {
   const int wi = cur >> 5, n = warp_size(wi);
   warp &w = warps[wi];
@@ -127,6 +166,161 @@ void warp_gather(const void *v, void *all, int size) {
   warp_barrier(w, n);
 }
 
+/* Each of the warpgroup's 128 threads publishes `size` bytes; every one gets all 128 (wgmma's operands). */
+void warpgroup_gather(const void *v, void *all, int size) {
+  const int gi = cur >> 7;
+  if (size > 64 || 128 * (gi + 1) > nthreads) {
+    fprintf(stderr, "emu: warpgroup operation of %d bytes by thread %d of a block of %d threads (a warpgroup is "
+            "128 threads, 4 whole warps)\n", size, cur, nthreads);
+    abort();
+  }
+  wgroup &w = wgroups[(size_t)gi];
+  memcpy(w.val[cur & 127], v, (size_t)size);
+  group_barrier(w.count, w.gen, 128, "warpgroup (wgmma)");
+  for (int l = 0; l < 128; l++) memcpy((unsigned char *)all + (size_t)l * size, w.val[l], (size_t)size);
+  group_barrier(w.count, w.gen, 128, "warpgroup (wgmma)");
+}
+
+/* ---- wgmma (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") ----
+ * A descriptor (PTX ISA, "Matrix Descriptor"): bits 0-13 start address >> 4, 16-29 leading dimension byte offset
+ * (LBO) >> 4, 32-45 stride dimension byte offset (SBO) >> 4, 49-51 base offset, 62-63 swizzle (0 none, 1 128-byte,
+ * 2 64-byte, 3 32-byte). K-major operands only (the wrappers pass no transpose): element (mn, k) of a 16-bit
+ * operand, in its 8 x 16-byte core matrices (8 rows of 8 k),
+ *   no swizzle:  start + (mn % 8) 16 + (mn / 8) SBO + (k / 8) LBO + (k % 8) 2
+ *   128-byte:    start + (mn % 8) 128 + (mn / 8) SBO + (k / 8) 16 + (k % 8) 2, then address bits 4-6 ^= bits 7-9
+ *                (LBO unused: the k16 step lies inside one 128-byte row). */
+static void wg_check_desc(uint64_t desc, const char *which) {
+  const unsigned mode = (unsigned)(desc >> 62), base = (unsigned)(desc >> 49) & 7u;
+  const uint32_t start = (uint32_t)(desc & 0x3FFFu) << 4, sbo = (uint32_t)((desc >> 32) & 0x3FFFu) << 4;
+  if (base) {
+    fprintf(stderr, "emu: wgmma %s descriptor %#llx: base offset %u is not emulated (0 only)\n", which,
+            (unsigned long long)desc, base);
+    abort();
+  }
+  if (mode == 2 || mode == 3) {
+    fprintf(stderr, "emu: wgmma %s descriptor %#llx: %d-byte swizzle is not emulated (none and 128-byte only)\n",
+            which, (unsigned long long)desc, mode == 2 ? 64 : 32);
+    abort();
+  }
+  if (mode == 1 && ((start & 0x380u) || sbo % 1024)) {
+    fprintf(stderr, "emu: wgmma %s descriptor %#llx: 128-byte swizzle with the pattern off a 1024-byte boundary "
+            "(start %#x, SBO %u): not emulated (the emulation swizzles the address's own bits 7-9)\n", which,
+            (unsigned long long)desc, start, sbo);
+    abort();
+  }
+}
+static float wg_elem(uint64_t desc, int mn, int k) {
+  const uint32_t start = (uint32_t)(desc & 0x3FFFu) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFFu) << 4;
+  const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFFu) << 4;
+  uint32_t a;
+  if ((desc >> 62) == 1) {
+    a = start + (uint32_t)(mn & 7) * 128u + (uint32_t)(mn >> 3) * sbo + (uint32_t)(k >> 3) * 16u + (uint32_t)(k & 7) * 2u;
+    a ^= ((a >> 7) & 7u) << 4;
+  } else {
+    a = start + (uint32_t)(mn & 7) * 16u + (uint32_t)(mn >> 3) * sbo + (uint32_t)(k >> 3) * lbo + (uint32_t)(k & 7) * 2u;
+  }
+  if ((size_t)a + 2 > smem_size) {
+    fprintf(stderr, "emu: wgmma operand element (%d, %d) at shared address %u, past the %zu bytes of dynamic shared "
+            "memory (descriptor %#llx)\n", mn, k, a, smem_size, (unsigned long long)desc);
+    abort();
+  }
+  uint16_t h;
+  memcpy(&h, smem_base + a, 2);
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static float bf16_lo(uint32_t v) { const uint32_t u = v << 16; float f; memcpy(&f, &u, 4); return f; }
+static float bf16_hi(uint32_t v) { const uint32_t u = v & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
+
+void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd) {
+  struct pub {
+    uint32_t a[4];
+    uint64_t adesc, bdesc;
+    int32_t n8, scd, areg;
+  } mine, all[128];
+  memset(&mine, 0, sizeof mine);
+  if (a) memcpy(mine.a, a, 16);
+  mine.adesc = a ? 0 : adesc;
+  mine.bdesc = bdesc;
+  mine.n8 = n8;
+  mine.scd = scd != 0;
+  mine.areg = a != NULL;
+  warpgroup_gather(&mine, all, (int)sizeof mine);
+  const int wt = cur & 127, w = wt >> 5, l = wt & 31, g = l >> 2;
+  for (int i = 0; i < 128; i++)
+    if (all[i].adesc != mine.adesc || all[i].bdesc != mine.bdesc || all[i].n8 != mine.n8 || all[i].scd != mine.scd ||
+        all[i].areg != mine.areg) {
+      fprintf(stderr, "emu: wgmma operands differ across the warpgroup (threads %d and %d of block (%u,%u,%u): "
+              "descriptors, shape, scale-d or A's source; .aligned: every thread issues the same wgmma)\n",
+              (cur & ~127) + i, cur, blockIdx_.x, blockIdx_.y, blockIdx_.z);
+      abort();
+    }
+  if (n8 < 1 || n8 > 32) { fprintf(stderr, "emu: wgmma m64n%dk16: N is 8..256\n", 8 * n8); abort(); }
+  if (!a) wg_check_desc(adesc, "A");
+  wg_check_desc(bdesc, "B");
+  wg_op op;
+  op.d = d;
+  op.n8 = n8;
+  op.scd = scd != 0;
+  op.areg = a != NULL;
+  op.adesc = adesc;
+  op.bdesc = bdesc;
+  wg_state &st = wgs[(size_t)cur];
+  op.grp = st.committed + 1;
+  if (a) { /* the mma.m16n8k16 A layout per warp: lane 4 g + t holds (row g, k 2t, 2t+1) in a0, row g + 8 in a1,
+              k + 8 in a2, a3 */
+    for (int t = 0; t < 4; t++) {
+      const pub &f = all[32 * w + 4 * g + t];
+      op.a[0][2 * t] = bf16_lo(f.a[0]); op.a[0][2 * t + 1] = bf16_hi(f.a[0]);
+      op.a[1][2 * t] = bf16_lo(f.a[1]); op.a[1][2 * t + 1] = bf16_hi(f.a[1]);
+      op.a[0][2 * t + 8] = bf16_lo(f.a[2]); op.a[0][2 * t + 9] = bf16_hi(f.a[2]);
+      op.a[1][2 * t + 8] = bf16_lo(f.a[3]); op.a[1][2 * t + 9] = bf16_hi(f.a[3]);
+    }
+  }
+  st.q.push_back(op);
+}
+
+void wgmma_commit() { wgs[(size_t)cur].committed++; }
+
+/* This thread's D elements of op: d[4 j + i] = (row 16 w + g + 8 (i / 2), column 8 j + 2 t + i % 2), the sum in k
+ * order from D (or 0), each product exact in fp32 (bf16 operands), each addition rounded to nearest. */
+static void wg_exec(const wg_op &op) {
+  const int wt = cur & 127, w = wt >> 5, l = wt & 31, g = l >> 2, t = l & 3;
+  float A[2][16];
+  if (op.areg) memcpy(A, op.a, sizeof A);
+  else
+    for (int r = 0; r < 2; r++)
+      for (int k = 0; k < 16; k++) A[r][k] = wg_elem(op.adesc, 16 * w + g + 8 * r, k);
+  for (int j = 0; j < op.n8; j++)
+    for (int c = 0; c < 2; c++) {
+      const int col = 8 * j + 2 * t + c;
+      float B[16];
+      for (int k = 0; k < 16; k++) B[k] = wg_elem(op.bdesc, col, k);
+      for (int r = 0; r < 2; r++) {
+        float *o = op.d + 4 * j + 2 * r + c;
+        volatile float s = op.scd ? *o : 0.0f;
+        for (int k = 0; k < 16; k++) {
+          volatile float p = A[r][k] * B[k]; /* exact: 8-bit significands */
+          s = s + p;
+        }
+        *o = s;
+      }
+    }
+}
+
+void wgmma_wait(int n) {
+  wg_state &st = wgs[(size_t)cur];
+  size_t done = 0;
+  for (const wg_op &op : st.q) {
+    if (op.grp + (unsigned)n > st.committed) break; /* issue order: later ops are in the same or newer groups */
+    wg_exec(op);
+    done++;
+  }
+  st.q.erase(st.q.begin(), st.q.begin() + (long)done);
+}
+
 void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
   const int n = (int)(block.x * block.y * block.z);
   if (n <= 0 || n > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
@@ -140,8 +334,12 @@ void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
     th.resize((size_t)n);
     stacks.assign((size_t)n * STACK, 0);
   }
-  smem.assign(sm + 16, 0xFF); /* uninitialised: NaN */
+  smem.assign(sm + 16 + 1024, 0xFF); /* uninitialised: NaN */
+  smem_base = smem.data() + (1024 - (uintptr_t)smem.data() % 1024) % 1024;
+  smem_size = sm;
   warps.assign((size_t)(n + 31) / 32, warp{0, 0, {}});
+  wgroups.assign((size_t)(n + 127) / 128, wgroup{0, 0, {}});
+  wgs.assign((size_t)n, wg_state{{}, 0});
   blockDim_ = block;
   gridDim_ = grid;
   body = fn;
@@ -152,6 +350,8 @@ void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
         bar_count = 0;
         for (int b = 0; b < 16; b++) nb_count[b] = 0;
         for (auto &w : warps) w.count = 0;
+        for (auto &w : wgroups) w.count = 0;
+        for (auto &s : wgs) { s.q.clear(); s.committed = 0; }
         for (int i = 0; i < n; i++) {
           getcontext(&th[i].ctx);
           th[i].ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * STACK;

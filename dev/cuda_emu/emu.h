@@ -54,6 +54,18 @@ void bar_sync(int id, int n); /* named barrier id (1..15) of n threads (a multip
 void warp_exchange(const void *v, void *out, int size, int src_lane); /* all lanes of the warp */
 void warp_gather(const void *v, void *all, int size);              /* all lanes: everyone's `size` (<= 64) bytes */
 void *dyn_smem();
+/* The shared-memory address of p (its byte offset in the launch's dynamic shared memory, which starts 1024-byte
+ * aligned both as an address and on the host, so that swizzle bits agree); aborts for any other pointer (a static
+ * __shared__ variable has no emulated shared address). */
+uint32_t smem_addr(const void *p);
+void warpgroup_gather(const void *v, void *all, int size); /* the 128 threads of a warpgroup: everyone's `size` (<= 64) bytes */
+/* wgmma.mma_async m64nNk16 f32 += bf16 x bf16 (src/cuda/wgmma.cuh, dev/cuda_emu/README.md): this thread's part of the
+ * warpgroup's product, recorded at the issue (a rendezvous of the warpgroup: A from registers is read then) and
+ * computed at the wgmma_wait that retires its group (the descriptors' shared memory is read then). n8 = N / 8;
+ * a: this thread's 4 A registers, or NULL for A from the descriptor adesc; scd 0: D = A B, else D += A B. */
+void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd);
+void wgmma_commit();      /* wgmma.commit_group */
+void wgmma_wait(int n);   /* wgmma.wait_group n: all but the newest n committed groups complete */
 void run(dim3 grid, dim3 block, size_t smem, std::function<void()> fn);
 int lane();
 void check_aligned(const void *p, unsigned bytes, const char *what, const char *file, int line);

@@ -11,6 +11,7 @@
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-106 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 
 #include "cuda_entry.h"
 
@@ -892,6 +893,212 @@ done:
 #undef TT_
 #undef TC_
 
+/* ---- wgmma (src/cuda/wgmma.cuh) and the kernel lab's warpgroup kernels (dev/cuda/qmoe_w.cuh qw_kernel) ---- */
+#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
+#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    goto done; } } while (0)
+
+/* Whether this build's device code has wgmma (sm_90a; the default build's compute_90 traps instead). */
+__global__ void wg_probe_kernel(int *avail) {
+  DG_PDL_ENTRY();
+  if (threadIdx.x == 0) *avail = dg_wg_available();
+}
+static dg_status wg_probe(alloc_list *al, int *avail) {
+  int *d = NULL;
+  DG_TRY(dalloc(al, (void **)&d, 4, "wgmma probe"));
+  DG_LAUNCH(wg_probe_kernel, 1, 32, 0, 0)(d);
+  CK(cudaGetLastError());
+  return test_out(avail, d, 4);
+}
+
+/* One wgmma.mma_async m64n64k16 (dg_cuda_test_wgmma): A [64, 16] and B's transpose Bt [64, 16] (bf16, row-major)
+ * into shared memory in the layout that mode asks for, D = A B + C (scd) from C's fragments, D written back in the
+ * documented fragment layout. Shared memory from a 1024-byte boundary: A's tile at 0, B's at WGT_OPB. */
+enum { WGT_SW128 = 1, WGT_ASMEM = 2, WGT_SCD0 = 4, WGT_SLICE = 16, WGT_OPB = 8192 };
+__global__ void __launch_bounds__(128) wg_test_kernel(const uint16_t *A, const uint16_t *Bt, const float *C, float *D,
+                                                       int mode) {
+  DG_PDL_ENTRY();
+#ifndef DG_CUDA_EMU
+  extern __shared__ __align__(16) unsigned char smem[];
+#else
+  DG_DYN_SMEM(unsigned char, smem);
+#endif
+  const int tid = threadIdx.x, w = tid >> 5, l = tid & 31, g = l >> 2, t = l & 3;
+  const int sw = mode & WGT_SW128, slice = (mode / WGT_SLICE) & 3, mut = mode >> 8;
+  const uint32_t s0 = dg_smem_addr(smem), pad = (1024u - s0 % 1024u) % 1024u, sa = s0 + pad;
+  unsigned char *tile = smem + pad;
+  /* filler 3.0 everywhere (what a wrong address reads), then each operand's (mn, k):
+   *   no swizzle (LBO 1024, SBO 128): (mn / 8) 128 + (k / 8) 1024 + (mn % 8) 16 + (k % 8) 2;
+   *   128-byte swizzle (SBO 1024): row mn of 128 bytes (64 k), the operand's k16 slice at k 16 s.. of the row
+   *   (s = mode / WGT_SLICE % 4: the descriptor's start 32 s bytes in), bits 4-6 of the offset XORed with 7-9 */
+  for (int i = tid; i < WGT_OPB; i += 128) ((uint16_t *)tile)[i] = 0x4040;
+  __syncthreads();
+  for (int i = tid; i < 2 * 64 * 16; i += 128) {
+    const int op = i / 1024, mn = (i / 16) % 64, k = i % 16;
+    uint32_t off;
+    if (sw) {
+      off = (uint32_t)(mn * 128 + (16 * slice + k) * 2);
+      off ^= ((off >> 7) & 7u) << 4;
+    } else {
+      off = (uint32_t)((mn / 8) * 128 + (k / 8) * 1024 + (mn % 8) * 16 + (k % 8) * 2);
+    }
+    *(uint16_t *)(tile + op * WGT_OPB + off) = op ? Bt[mn * 16 + k] : A[mn * 16 + k];
+  }
+  uint64_t desc[2];
+  for (int op = 0; op < 2; op++) {
+    const uint32_t a = sa + (uint32_t)(op * WGT_OPB);
+    desc[op] = sw ? dg_wg_desc_sw128(a + 32 * slice, 1024) : mut == 1 ? dg_wg_desc(a, 128, 1024) : dg_wg_desc(a, 1024, 128);
+    if (mut == 2) desc[op] &= ~((uint64_t)3 << 62); /* the swizzle mode dropped */
+  }
+  float d[8][4];
+  for (int j = 0; j < 8; j++)
+    for (int i = 0; i < 4; i++) d[j][i] = C[(16 * w + g + 8 * (i >> 1)) * 64 + 8 * j + 2 * t + (i & 1)];
+  const int r0 = 16 * w + g, r8 = r0 + 8;
+  uint32_t a[4];
+  a[0] = (uint32_t)A[r0 * 16 + 2 * t] | (uint32_t)A[r0 * 16 + 2 * t + 1] << 16;
+  a[1] = (uint32_t)A[r8 * 16 + 2 * t] | (uint32_t)A[r8 * 16 + 2 * t + 1] << 16;
+  a[2] = (uint32_t)A[r0 * 16 + 2 * t + 8] | (uint32_t)A[r0 * 16 + 2 * t + 9] << 16;
+  a[3] = (uint32_t)A[r8 * 16 + 2 * t + 8] | (uint32_t)A[r8 * 16 + 2 * t + 9] << 16;
+  if (mut == 3) { const uint32_t x = a[1]; a[1] = a[2]; a[2] = x; } /* the A fragment's k and row halves mixed */
+  dg_fence_proxy_async();
+  __syncthreads();
+  dg_wg_fence();
+  const int scd = !(mode & WGT_SCD0);
+  if (mode & WGT_ASMEM) dg_wgmma_bf16_ss<8>(d, desc[0], desc[1], scd);
+  else dg_wgmma_bf16<8>(d, a, desc[1], scd);
+  dg_wg_commit();
+  const int early = mut == 4; /* the accumulators read before the wait_group */
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) {
+      dg_wg_wait0();
+      dg_wg_pin<8>(d);
+    }
+    if (pass == (early ? 0 : 1))
+      for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) D[(16 * w + g + 8 * (i >> 1)) * 64 + 8 * j + 2 * t + (i & 1)] = d[j][i];
+  }
+}
+extern "C" dg_status dg_cuda_test_wgmma(int device, int mode, const uint16_t *A, const uint16_t *Bt, const float *C,
+                                        float *D, int *avail) {
+  const int mut = mode >> 8, lay = mode & 255;
+  if ((lay & ~(WGT_SW128 | WGT_ASMEM | WGT_SCD0 | 3 * WGT_SLICE)) || ((lay & 3 * WGT_SLICE) && !(lay & WGT_SW128)) || mut < 0 || mut > 4 || (mut == 1 && (lay & WGT_SW128)) ||
+      (mut == 2 && !(lay & WGT_SW128)) || (mut == 3 && (lay & WGT_ASMEM)))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_wgmma: mode %#x", mode);
+#ifndef DG_CUDA_EMU
+  if (mut == 4) /* on the GPU the early read is undefined, not a certain failure */
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_wgmma: mutation 4 (no wait) is for the emulation only");
+#endif
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *dA = NULL, *dB = NULL, *dC = NULL, *dD = NULL;
+  TT_(wg_probe(&al, avail));
+  if (!*avail) goto done;
+  TT_(test_in(&al, &dA, A, 64 * 16 * 2, "A"));
+  TT_(test_in(&al, &dB, Bt, 64 * 16 * 2, "Bt"));
+  TT_(test_in(&al, &dC, C, 64 * 64 * 4, "C"));
+  TT_(dalloc(&al, &dD, 64 * 64 * 4, "D"));
+  DG_LAUNCH(wg_test_kernel, 1, 128, 1024 + 2 * WGT_OPB, 0)((const uint16_t *)dA, (const uint16_t *)dB,
+                                                           (const float *)dC, (float *)dD, mode);
+  TC_(cudaGetLastError());
+  TT_(test_out(D, dD, 64 * 64 * 4));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+/* The lane records of qw_kernel from the backend's (qr_tile_pack's compact layout, 4 warps per block): lane (g, t)'s
+ * code j of a row's run of 32 becomes the run's code 8 (j % 4) + 4 (j / 4) + t (qw_tile_pack in
+ * dev/cuda/moe_quant.cu), that is code 4 (j / 4) + t of lane (g, j % 4); the pairs stay. n stages of 4 warps. */
+static void qw_recode(uint8_t *q, int64_t n, int bits, int group) {
+  const int KC = qr_kc(group), RUNS = KC / 32, CB = 4 * RUNS * bits, PSC = CB % 16 == 0 ? 16 : 8;
+  const int64_t WST = qr_wstage(bits, group, 1);
+  const uint32_t mask = (1u << bits) - 1;
+  uint8_t in[32 * 64], out[32 * 64]; /* CB <= 64 (8 bits, 2 runs) */
+  for (int64_t s = 0; s < n; s++) {
+    uint8_t *ws = q + s * WST;
+    for (int lane = 0; lane < 32; lane++)
+      for (int p = 0; p < CB / PSC; p++) memcpy(in + lane * CB + p * PSC, ws + (p * 32 + lane) * PSC, (size_t)PSC);
+    memset(out, 0, sizeof out);
+    for (int lane = 0; lane < 32; lane++)
+      for (int r = 0; r < 4 * RUNS; r++) /* (row r / RUNS, run r % RUNS) */
+        for (int j = 0; j < 8; j++) {
+          const int src = (lane & ~3) + (j & 3), bs = (r * 8 + 4 * (j >> 2) + (lane & 3)) * bits, bd = (r * 8 + j) * bits;
+          uint32_t v = 0;
+          memcpy(&v, in + src * CB + bs / 8, bs / 8 + 1 < CB ? 2 : 1);
+          v = (v >> (bs % 8)) & mask;
+          v <<= bd % 8;
+          out[lane * CB + bd / 8] |= (uint8_t)v;
+          if (v >> 8) out[lane * CB + bd / 8 + 1] |= (uint8_t)(v >> 8);
+        }
+    for (int lane = 0; lane < 32; lane++)
+      for (int p = 0; p < CB / PSC; p++) memcpy(ws + (p * 32 + lane) * PSC, out + lane * CB + p * PSC, (size_t)PSC);
+  }
+}
+/* The kernel lab's qw version qw_ver (dev/cuda/moe_quant.cu run_wg / run_wgdq, 4-bit g64) in place of qr_kernel:
+ * the backend's records recoded into a copy (qw_recode), the launch, the copy freed. */
+static int qw_ver;
+static cudaError_t qw_launch_ver(cudaStream_t s, dim3 grid, int nt, const qe_args &a0, int bits, int gateup) {
+  if (bits != 4 || a0.group != 64) return cudaErrorInvalidValue; /* the versions are instantiated for 4-bit g64 */
+  if (qw_ver == 75 && nt <= 3) return gateup ? qr_launch_bits<4, 1>(s, grid, nt, a0) : qr_launch_bits<4, 0>(s, grid, nt, a0);
+  const int64_t n = (int64_t)grid.x * grid.y * (a0.Kdim / qr_kc(64)) * 4;
+  const size_t bytes = (size_t)n * qr_wstage(4, 64, 1);
+  uint8_t *h = (uint8_t *)malloc(bytes);
+  void *dq = NULL;
+  if (!h) return cudaErrorMemoryAllocation;
+  cudaError_t e = cudaMalloc(&dq, bytes);
+  if (e == cudaSuccess) e = cudaMemcpy(h, a0.q, bytes, cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) {
+    qw_recode(h, n, 4, 64);
+    e = cudaMemcpy(dq, h, bytes, cudaMemcpyHostToDevice);
+  }
+  qe_args a = a0;
+  a.q = (const uint32_t *)dq;
+#define QW_NT(GU, D, ST, MB, SUB, PF, SW)                                                                       \
+  (nt == 1   ? qw_launch_g<4, GU, 1, 64, D, ST, MB, SUB, 0, SW>(s, grid, a)                                     \
+   : nt == 2 ? qw_launch_g<4, GU, 2, 64, D, ST, MB, SUB, 0, SW>(s, grid, a)                                     \
+   : nt == 3 ? qw_launch_g<4, GU, 3, 64, D, ST, MB, SUB, PF, SW>(s, grid, a)                                    \
+             : qw_launch_g<4, GU, 4, 64, D, ST, MB, SUB, PF, SW>(s, grid, a))
+  if (e == cudaSuccess) switch (qw_ver) {
+    case 20: e = gateup ? QW_NT(1, 2, 3, 4, 2, 2, 0) : QW_NT(0, 2, 3, 4, 2, 2, 0); break;
+    case 21: e = gateup ? QW_NT(1, 2, 3, 4, 2, 2, 1) : QW_NT(0, 2, 3, 4, 2, 2, 1); break; /* LBO and SBO exchanged */
+    case 22: e = gateup ? QW_NT(1, 2, 3, 3, 2, 2, 0) : QW_NT(0, 2, 3, 3, 2, 2, 0); break;
+    default: /* 75: the DQ body, 64 tokens per pass, ring of 3, 1 block per SM */
+      e = gateup ? qw_launch_g<4, 1, 8, 64, QR_D, 3, 1, QR_SUB, -2, 0, 1>(s, grid, a)
+                 : qw_launch_g<4, 0, 8, 64, QR_D, 3, 1, QR_SUB, -2, 0, 1>(s, grid, a);
+    }
+#undef QW_NT
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  cudaFree(dq);
+  free(h);
+  return e;
+}
+extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate_up, const dg_weight *down,
+                                             const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
+                                             int K, int nt, uint16_t *h, float *y, int *avail) {
+  if (version != 20 && version != 21 && version != 22 && version != 75)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75)", version);
+  if (nt < 1 || nt > 8 || nt == 6 || nt == 7)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: tile count %d (1-5, 8)", nt);
+  if (gate_up->bits != 4 || down->bits != 4 || gate_up->group_size != 64 || down->group_size != 64)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: %d/%d-bit g%d/g%d stacks (4-bit g64 only)",
+                     gate_up->bits, down->bits, gate_up->group_size, down->group_size);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = wg_probe(&al, avail);
+  dfree_all(&al);
+  if (st != DG_OK || !*avail) return st;
+  int fused;
+  qw_ver = version;
+  qr_launcher_set(qw_launch_ver);
+  st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 0, &fused, h, y);
+  qr_launcher_set(NULL);
+  return st;
+}
+#undef TT_
+#undef TC_
+
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
@@ -900,6 +1107,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
+    dg_cuda_test_wgmma, dg_cuda_test_experts_qw,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

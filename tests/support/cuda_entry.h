@@ -64,6 +64,25 @@ dg_status dg_cuda_test_experts_diet(int device, const dg_weight *gate_up, const 
 dg_status dg_cuda_test_experts_lab(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                    const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                    long n_diff[2]);
+/* One wgmma.mma_async m64n64k16 f32 += bf16 x bf16 (src/cuda/wgmma.cuh) by one warpgroup: D [64, 64] = A B + C,
+ * or A B with mode & 4 (scale-d 0); A [64, 16] and Bt = B's transpose [64, 16] bf16 row-major, C and D fp32
+ * row-major. B from shared memory through a K-major descriptor, no swizzle (mode & 1 clear: LBO 1024, SBO 128) or
+ * 128-byte swizzle (mode & 1: SBO 1024, the operand the k16 slice s = (mode >> 4) & 3 of each 128-byte row of 64 k,
+ * the descriptor's start 32 s bytes in); A from registers, or with
+ * mode & 2 from shared memory in B's layout. Mutations (mode >> 8; each must fail a test's bound): 1 LBO and SBO
+ * exchanged (no swizzle), 2 the descriptors' swizzle mode dropped (128-byte), 3 A's registers a[1] and a[2]
+ * exchanged (A from registers), 4 D read before wgmma.wait_group (the emulation only). *avail = 0 (and nothing run)
+ * where the build's device code has no wgmma (not sm_90a). DG_ERR_INVALID_ARG for another mode. */
+dg_status dg_cuda_test_wgmma(int device, int mode, const uint16_t *A, const uint16_t *Bt, const float *C, float *D,
+                             int *avail);
+/* dg_cuda_experts_nt's products (tile count nt, no DQ, no fused copy) with the kernel lab's wgmma version `version`
+ * (dev/cuda/moe_quant.cu: 20, 22 qw_kernel; 21 = 20 with the descriptor's LBO and SBO exchanged; 75 qw_kernel's DQ
+ * body from 4 n-tiles, the backend's kernel below) in place of qr_kernel, on 4-bit g64 stacks: h [T K, IE] and
+ * y [T K, H] as dg_cuda_test_experts_nt. *avail = 0 (nothing run) where the build has no wgmma (not sm_90a).
+ * DG_ERR_INVALID_ARG for another version, width, group or tile count. */
+dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate_up, const dg_weight *down,
+                                  const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
+                                  uint16_t *h, float *y, int *avail);
 /* *G = k_qe_dn_fuse_group (src/cuda/common.cuh) for lane-record stacks gate/up (gu_bits 0: bf16, gu_group) and down
  * (dn_bits, dn_group), IE features, with the group-sum buffer present, DGEMMA_DN_FUSE forced on and DGEMMA_QR_DQ's
  * choice dq_from (0 off, 4-8): the down group the gate/up epilogue would make its copy for, 0 where it must not.
@@ -231,6 +250,11 @@ typedef struct dg_cuda_test_api {
   dg_status (*put_soft)(dg_cuda_ctx *c, const float *soft);
   dg_status (*test_group_sums_perm)(int device, int version, const uint16_t *x, int rows, int cols, int G, float *xs,
                                     uint16_t *xp);
+  dg_status (*test_wgmma)(int device, int mode, const uint16_t *A, const uint16_t *Bt, const float *C, float *D,
+                          int *avail);
+  dg_status (*test_experts_qw)(int device, int version, const dg_weight *gate_up, const dg_weight *down,
+                               const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
+                               uint16_t *h, float *y, int *avail);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
