@@ -1,4 +1,4 @@
-/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-106 of
+/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-108 of
  * dev/cuda/moe_quant.cu), in one table for the lab and for the emulation test that compares each with the
  * backend's kernels word for word (tests/support/cuda_entry.cu dg_cuda_test_experts_lab, tests/test_cuda.c
  * test_quant_experts_lab). Lab only: nothing here is the backend's until a GPU has timed it.
@@ -11,7 +11,9 @@
  * n-tiles, the choices below; other tile counts and groups run the diet with the backend's choices (qr_launch_bits with
  * the diet at every tile count). Versions 105-106 (4-bit) run, for group 64 at 3 n-tiles, the diet's loop over a weight
  * ring in shared memory instead of register stages (qr_dring_kernel below: the same record words, so the same
- * arithmetic), and 96-104's fallback elsewhere.
+ * arithmetic), and 96-104's fallback elsewhere. Versions 107-108 (4-bit) run, for group 64 at 2 and 3 n-tiles, the
+ * diet with the backend's choices in a persistent grid (qr_pers_kernel below: the same items, the same arithmetic
+ * per item), and 96-104's fallback elsewhere.
  *
  * The arithmetic that chose them (ptxas -v of nvcc 13 -O2 sm_90a, 4-bit g64, docs/cuda.md "The next GPU calls"):
  * an H100 / H200 SM has 65,536 registers, 228 KB of shared memory and 4 schedulers; a block is 4 warps (128
@@ -262,9 +264,162 @@ cudaError_t qr_dring_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a
   return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
 }
 
-/* The lab version ver (95-106) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
+/* Versions 107-108 (session 22): a persistent form of the backend's kernel. At the 26B canvas (T 256) the down
+ * product's grid is 128 experts x 22 slabs = 2,816 blocks, 528 resident on an H100 (4 per SM): 5.33 waves of blocks
+ * that each stream one 50.7 KB slab (11 weight stages) and stop, so every block pays its first stage's DRAM round
+ * trip, the activation ring's fill and the epilogue (docs/cuda.md, "Measured on an H100 in session 22"). Here the
+ * grid is the resident blocks only (SMs x cudaOccupancyMaxActiveBlocksPerMultiprocessor, at most the items), and
+ * block b takes the work items (expert, slab) b, b + gridDim.x, b + 2 gridDim.x, ... of the backend's block order
+ * (qr_item: item i is the block that qr_block names i in launch order, so the experts by descending count), and
+ * before each item's body asks L2 for the first NPF weight stages of its next item's slab (lane 0 of warp w the
+ * block's stages w, w + WARPS, ...: a block's stage is sstride contiguous bytes), so that those stages are in L2
+ * while the current item's are computed and the next item's first loads do not wait on DRAM.
+ *
+ * Each item is qr_body's work for that (expert, slab) with the diet's loop (qr_diet_pass: register stages, the
+ * backend's D, STAGES, SUB, line prefetches and NTS body), so the same products, folds and fp32 operations in the
+ * same order as version 50's block for that item; an item's outputs are its expert's rows of its slab only, written
+ * by the one block that takes it, so no output depends on which block computes an item or in what order: every
+ * word equals version 50's. Between items the block does what qr_body does between two passes of one expert (the
+ * row table rewritten after the pass's closing __syncthreads, every read of it and of the activation ring done
+ * before that barrier; the last activation stage's copies waited for in the pass), so chaining items is chaining
+ * passes. A prefetch never changes a result. */
+
+/* The expert e and slab of work item i (0 .. nexp nslab - 1): the block that qr_block names i in launch order of a
+ * grid (nexp, nslab), i.e. lin = i. */
+__device__ __forceinline__ void qr_item(const qe_args &a, int i, int nexp, int nslab, int *e, int *slab) {
+  if (a.order) {
+    *e = a.order[i / nslab];
+    *slab = i % nslab;
+  } else {
+    *e = i % nexp;
+    *slab = i / nexp;
+  }
+}
+
+/* qr_body's work (DIET loop, compact records) for expert e's slab of nslab per expert: the expert's rows in passes
+ * of 8 NT tokens, each pass's row table then qr_diet_pass (qr_body's prelude with nslab for gridDim.y). */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF>
+__device__ __forceinline__ void qr_pers_body(const qe_args &a, unsigned char *smem, const int e, const int slab,
+                                             const int nslab) {
+  constexpr int KC = qr_kc(GS, BITS), CB = 4 * (KC / 32) * BITS, PSC = CB % 16 == 0 ? 16 : 8;
+  constexpr int WSTAGE = qr_wstage(BITS, GS, 1);
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
+  constexpr int GU = GATEUP != 0;
+  static_assert(BITS != 16 && GATEUP != QR_GATEUP_HP && D > 0, "quantized stacks, the plain epilogues, register stages");
+  __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
+  __shared__ int64_t srow[NTOK]; /* its row of group sums */
+  const int cnt = a.count[e];
+  if (cnt == 0) return;
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  const int64_t si = (int64_t)e * nslab + slab;
+  const int64_t sstride = (int64_t)WARPS * WSTAGE;
+  const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE;
+  const unsigned char *wq = wstage0 + lane * PSC;
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    __syncthreads();
+    qr_diet_pass<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, 1>(a, xrow, srow, mvalid, base + p0, mp, slab, wstage0,
+                                                                      wq, nst, nsa, tid, smem);
+  }
+}
+
+/* The kernel of versions 107-108: gridDim.x resident blocks over the nexp x nslab items (qr_item), block b items b,
+ * b + gridDim.x, ...; before each item, the next one's first NPF weight stages asked of L2 (an expert without rows:
+ * none); an expert of at most 8 NTS rows takes the NTS-tile body; registers capped for MINB blocks per SM. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS,
+          int NPF>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_pers_kernel(qe_args a, int nexp, int nslab) {
+  DG_PDL_ENTRY();
+#ifndef DG_CUDA_EMU
+  extern __shared__ __align__(16) unsigned char smem[];
+#else
+  DG_DYN_SMEM(unsigned char, smem);
+#endif
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1); /* bytes of a block's weight stage */
+  const int items = nexp * nslab, nst = a.Kdim / qr_kc(GS, BITS), warp = threadIdx.x >> 5;
+  int i = blockIdx.x, e, slab;
+  if (i >= items) return;
+  qr_item(a, i, nexp, nslab, &e, &slab);
+  for (;;) {
+    const int in = i + gridDim.x;
+    int en = -1, sn = 0;
+    if (in < items) qr_item(a, in, nexp, nslab, &en, &sn);
+    if constexpr (NPF > 0) {
+      if (en >= 0 && (threadIdx.x & 31) == 0 && a.count[en] > 0) {
+        const unsigned char *p = (const unsigned char *)a.q + ((int64_t)en * nslab + sn) * nst * sstride;
+        for (int k = warp; k < NPF && k < nst; k += WARPS) dg_prefetch_l2(p + k * sstride, (uint32_t)sstride);
+      }
+    }
+    if (NTS > 0 && NTS < NT && a.count[e] <= 8 * NTS)
+      qr_pers_body<BITS, GATEUP, (NTS > 0 && NTS < NT ? NTS : NT), GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, nslab);
+    else
+      qr_pers_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, nslab);
+    if (en < 0) break;
+    i = in;
+    e = en;
+    slab = sn;
+  }
+}
+
+/* Test hook: > 0 caps the persistent grid at that many blocks (so that on the emulation, whose occupancy query
+ * answers 132 SMs x 1 block, each block takes several items; tests/support/cuda_entry.cu); 0: resident blocks. */
+static int qr_pers_grid_cap = 0;
+
+/* qr_pers_kernel for the products of grid (experts, slabs) as qr_launch_g would launch them: min(items, SMs x
+ * resident blocks per SM, qr_pers_grid_cap if set) blocks, qr_diet_pass's ring of dynamic shared memory (the
+ * attribute set once per instantiation above 48 KB); the attribute's, query's or launch's error, else cudaSuccess. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS,
+          int NPF>
+cudaError_t qr_pers_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args, int, int) = qr_pers_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS, NPF>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
+  static int resident = 0; /* SMs x blocks per SM, queried once per instantiation */
+  if (!resident) {
+#ifndef DG_CUDA_EMU
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+#endif
+    int dev = 0, sms = 0, per = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 32 * WARPS, smem);
+    if (e != cudaSuccess) return e;
+    if (sms < 1 || per < 1) return cudaErrorInvalidConfiguration;
+    resident = sms * per;
+  }
+  const int items = (int)(grid.x * grid.y);
+  int blocks = items < resident ? items : resident;
+  if (qr_pers_grid_cap > 0 && blocks > qr_pers_grid_cap) blocks = qr_pers_grid_cap;
+  if (blocks < 1) return cudaSuccess; /* no items */
+  DG_LAUNCH(kern, blocks, 32 * WARPS, smem, s)(a, (int)grid.x, (int)grid.y);
+  return cudaGetLastError();
+}
+
+/* Versions 107 (NPF 2) and 108 (NPF 6): for group 64 at 3 n-tiles (the backend's choices: registers for 4 blocks per
+ * SM, line prefetches 2 stages ahead, the 2-tile body for experts of at most 16 rows) and at 2 n-tiles (4 blocks per
+ * SM, no prefetch) qr_pers_kernel with the diet's loop; elsewhere as 96-104 (qr_diet_launch with the backend's
+ * choices). */
+template <int BITS, int GATEUP, int NPF>
+cudaError_t qr_pers_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if (a.group == 64 && nt == 3)
+    return qr_pers_launch<BITS, GATEUP, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS, NPF>(s, grid, a);
+  if (a.group == 64 && nt == 2)
+    return qr_pers_launch<BITS, GATEUP, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0, NPF>(s, grid, a);
+  return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
+}
+
+/* The lab version ver (95-108) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
  * or down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
- * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
+ * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's (the persistent grid), for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
  * build, paid on the GPU machine's clock); cudaErrorInvalidValue for any other version or width. */
 template <int BITS, int GATEUP>
 cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
@@ -287,6 +442,9 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     /* 105-106 (session 21): the weight ring in shared memory under the diet's loop (qr_dring_kernel) */
     case 105: return qr_dring_version<BITS, GATEUP, 4>(s, grid, nt, a); /* 3 n-tiles: a ring of 4 weight stages */
     case 106: return qr_dring_version<BITS, GATEUP, 6>(s, grid, nt, a); /* 3 n-tiles: a ring of 6 weight stages */
+    /* 107-108 (session 22): the persistent grid (qr_pers_kernel), the next item's first stages asked of L2 */
+    case 107: return qr_pers_version<BITS, GATEUP, 2>(s, grid, nt, a); /* 2 and 3 n-tiles: 2 stages ahead */
+    case 108: return qr_pers_version<BITS, GATEUP, 6>(s, grid, nt, a); /* 2 and 3 n-tiles: 6 stages ahead */
     default: break;
     }
   }

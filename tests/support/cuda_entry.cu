@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-106 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-108 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 
 #include "cuda_entry.h"
@@ -195,14 +195,28 @@ extern "C" dg_status dg_cuda_test_experts_lab(int device, int version, const dg_
                                               int K, int nt, long n_diff[2]) {
   if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: tile count %d (1-5, 8 or 0)", nt);
-  if (version < 95 || version > 106)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-106)", version);
+  if (version < 95 || version > 108)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-108)", version);
   if (gate_up->bits != 4 || down->bits != 4)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: %d/%d-bit stacks (4-bit only)",
                      gate_up->bits, down->bits);
   int f0, f1;
   lab_ver = version;
-  return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
+  if (version < 107)
+    return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
+  /* 107-108, the persistent grid: once with the resident blocks (the emulation's 132, at least the items: a block
+   * each), once capped at 3 blocks (each takes items b, b + 3, ...: the item loop, the next item's prefetch); the
+   * words that differ summed over both */
+  long nd2[2] = {0, 0};
+  qr_pers_grid_cap = 0;
+  dg_status st = experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
+  if (st != DG_OK) return st;
+  qr_pers_grid_cap = 3;
+  st = experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, nd2, &f0, &f1);
+  qr_pers_grid_cap = 0;
+  n_diff[0] += nd2[0];
+  n_diff[1] += nd2[1];
+  return st;
 }
 /* k_qe_dn_fuse_group on lane-record stacks of the given widths (0: bf16) and groups, with b->hs set, the switch
  * forced on and DGEMMA_QR_DQ's choice dq_from (qr_dq_set): host bookkeeping only, no device memory. */
