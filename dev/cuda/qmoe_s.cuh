@@ -199,11 +199,7 @@ __device__ __forceinline__ void qs_pass(const qe_args &a, unsigned char *smem, i
 template <int BITS, int GATEUP, int NTM, int W, int D, int PF>
 __global__ void __launch_bounds__(32 * W, 1) qs_kernel(qe_args a) {
   DG_PDL_ENTRY();
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   const int e = a.order ? a.order[blockIdx.x] : (int)blockIdx.x;
   const int cnt = a.count[e], base = a.start[e];
   for (int p0 = 0; p0 < cnt; p0 += 8 * NTM) {

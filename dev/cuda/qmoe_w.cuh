@@ -56,11 +56,7 @@ __global__ void __launch_bounds__(128, MINB) qw_kernel(qe_args a) {
   constexpr int CPG = GS / 32;                 /* runs per group */
   constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
   constexpr uint32_t LBO = SWAP ? 128u : (uint32_t)PB, SBO = SWAP ? (uint32_t)PB : 128u;
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[]; /* (the alignment of every kernel's declaration) */
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   __shared__ int64_t xrow[NTOK];
   __shared__ int64_t srow[NTOK];
   int e, slab;

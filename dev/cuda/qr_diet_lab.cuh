@@ -219,11 +219,7 @@ __device__ __forceinline__ void qr_dring_body(const qe_args &a, unsigned char *s
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int WR, int STAGES, int MINB, int SUB, int NTS>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_dring_kernel(qe_args a) {
   DG_PDL_ENTRY();
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   int e, slab;
   qr_block(a, &e, &slab);
   if constexpr (NTS > 0 && NTS < NT) {
@@ -337,11 +333,7 @@ template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, in
           int NPF>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_pers_kernel(qe_args a, int nexp, int nslab) {
   DG_PDL_ENTRY();
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1); /* bytes of a block's weight stage */
   const int items = nexp * nslab, nst = a.Kdim / qr_kc(GS, BITS), warp = threadIdx.x >> 5;
   int i = blockIdx.x, e, slab;

@@ -152,6 +152,7 @@ using std::min;
  * to ask for, and a kernel that waits grid-wide must take its own emulated path (route_gr_kernel's, moe.cu). */
 #define DG_LAUNCH_COOP(kernel, grid, block, smem, stream) DG_LAUNCH(kernel, grid, block, smem, stream)
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
+#define DG_DYN_SMEM16(name) DG_DYN_SMEM(unsigned char, name)
 #define DG_PDL_ENTRY() ((void)0) /* blocks run one after another: nothing to wait for */
 #define DG_PDL_LAUNCH() ((void)0)
 #define DG_PDL_WAIT() ((void)0)

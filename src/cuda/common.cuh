@@ -123,6 +123,9 @@ static inline dg_launch_pdl<KP...> dg_launch_of(void (*k)(KP...), dim3 g, dim3 b
 #define DG_LAUNCH_COOP(kernel, grid, block, smem, stream)                                                        \
   dg_launch_of((kernel), dim3(grid), dim3(block), (smem), (stream), 1)
 #define DG_DYN_SMEM(type, name) extern __shared__ type name[]
+/* A kernel's dynamic shared memory as 16-byte aligned bytes (cp.async and 16-byte loads); the emulation's form in
+ * dev/cuda_emu/emu.h. */
+#define DG_DYN_SMEM16(name) extern __shared__ __align__(16) unsigned char name[]
 #define DG_ASSERT_ALIGNED(ptr, bytes) ((void)0) /* checked by the emulation only */
 #endif
 extern int dg_cuda_initcheck; /* DGEMMA_INITCHECK=1: cuBLAS outputs cleared first (kernels.cu; host.cuh dg_initcheck_clear) */

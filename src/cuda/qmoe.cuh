@@ -429,11 +429,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qe_kernel(qe_args a) {
   constexpr int WS = qe_ws(BITS, KC), XS = qe_xs(KC), NTOK = 8 * NT, KCB = KC * BITS / 8;
   static_assert(KCB % 16 == 0, "a full stage of a row is whole 16-byte pieces");
   static_assert(KC % GS == 0, "a stage holds whole groups");
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
   const int e = blockIdx.x, slab = blockIdx.y;

@@ -998,11 +998,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   DG_PDL_LAUNCH();
   qr_prewait<BITS, GATEUP, GS, WARPS, CP>(a); /* QR_PREWAIT: L2 prefetches of the slab's first weight stages */
   DG_PDL_WAIT();
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   int e, slab;
   qr_block(a, &e, &slab);
   if constexpr (NTS > 0 && NTS < NT) {

@@ -933,11 +933,7 @@ enum { WGT_SW128 = 1, WGT_ASMEM = 2, WGT_SCD0 = 4, WGT_SLICE = 16, WGT_OPB = 819
 __global__ void __launch_bounds__(128) wg_test_kernel(const uint16_t *A, const uint16_t *Bt, const float *C, float *D,
                                                        int mode) {
   DG_PDL_ENTRY();
-#ifndef DG_CUDA_EMU
-  extern __shared__ __align__(16) unsigned char smem[];
-#else
-  DG_DYN_SMEM(unsigned char, smem);
-#endif
+  DG_DYN_SMEM16(smem);
   const int tid = threadIdx.x, w = tid >> 5, l = tid & 31, g = l >> 2, t = l & 3;
   const int sw = mode & WGT_SW128, slice = (mode / WGT_SLICE) & 3, mut = mode >> 8;
   const uint32_t s0 = dg_smem_addr(smem), pad = (1024u - s0 % 1024u) % 1024u, sa = s0 + pad;
