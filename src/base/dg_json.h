@@ -43,4 +43,15 @@ const cJSON *dg_json_repeated_key(const cJSON *v, const char **parent, int *oom)
  * model.vocab, whose repeats the tokenizer reader resolves itself). *oom as for dg_json_repeated_key. */
 const cJSON *dg_json_repeated_member(const cJSON *v, int *oom);
 
+/* Where a text's trailing data starts: the offset of the first byte of
+ * text[end - text, len) that is not JSON whitespace (space, tab, newline,
+ * carriage return), or -1 if there is none. end is where cJSON's parse of one
+ * value stopped (cJSON_ParseWithLengthOpts' return_parse_end; NULL: -1). A
+ * second value or a stale tail there is refused by Python's json too. */
+static inline ptrdiff_t dg_json_trailing(const char *text, size_t len, const char *end) {
+  for (const char *q = end; q && q < text + len; q++)
+    if (*q != ' ' && *q != '\n' && *q != '\r' && *q != '\t') return q - text;
+  return -1;
+}
+
 #endif

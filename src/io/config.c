@@ -42,12 +42,11 @@ static dg_status parse_json_text(const char *path, const char *text, size_t len,
     size_t off = e && e >= text && e <= text + len ? (size_t)(e - text) : 0;
     return dg_seterr(DG_ERR_JSON, "%s: malformed JSON near byte %zu", path, off);
   }
-  for (const char *q = end; q < text + len; q++)
-    if (*q != ' ' && *q != '\n' && *q != '\r' && *q != '\t') {
-      size_t off = (size_t)(q - text);
-      cJSON_Delete(j);
-      return dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte %zu", path, off);
-    }
+  const ptrdiff_t tail = dg_json_trailing(text, len, end);
+  if (tail >= 0) {
+    cJSON_Delete(j);
+    return dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte %zu", path, (size_t)tail);
+  }
   if (!cJSON_IsObject(j)) {
     cJSON_Delete(j);
     return dg_seterr(DG_ERR_JSON, "%s: top level is not a JSON object", path);

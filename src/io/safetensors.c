@@ -745,9 +745,8 @@ static dg_status st_index_map(const char *ipath, const char *text, size_t len, c
   if (!*root)
     return dg_seterr(DG_ERR_JSON, "%s: not valid JSON (error near byte %td)", ipath,
                      end ? end - text : (ptrdiff_t)-1);
-  for (const char *p = end; p < text + len; p++) /* a second value or a stale tail: Python's json refuses it too */
-    if (!st_is_ws((unsigned char)*p))
-      return dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte %td", ipath, p - text);
+  const ptrdiff_t tail = dg_json_trailing(text, len, end); /* a second value or a stale tail */
+  if (tail >= 0) return dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte %td", ipath, tail);
   if (!cJSON_IsObject(*root))
     return dg_seterr(DG_ERR_JSON, "%s: top level is %s, not an object", ipath, dg_json_kind(*root));
   /* cJSON's lookups take a repeated key's first value, Transformers' json.load its last: two weight_maps would

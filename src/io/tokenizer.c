@@ -910,11 +910,11 @@ dg_status dg_tokenizer_load_text(const char *path, const char *data, size_t len,
   int32_t *vocab_piece = NULL, vocab_max = -1;
   dg_tokenizer *t = calloc(1, sizeof *t);
   if (!t) { cJSON_Delete(root); return oom(); }
-  for (const char *q = end; q && q < text + len; q++) /* a second value or a stale tail (the library refuses it) */
-    if (*q != ' ' && *q != '\n' && *q != '\r' && *q != '\t') {
-      st = dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte offset %td", path, q - text);
-      goto done;
-    }
+  const ptrdiff_t tail = dg_json_trailing(text, len, end); /* a second value or a stale tail (the library refuses it) */
+  if (tail >= 0) {
+    st = dg_seterr(DG_ERR_JSON, "%s: trailing data after the JSON value at byte offset %td", path, tail);
+    goto done;
+  }
   if (!cJSON_IsObject(root)) { st = dg_seterr(DG_ERR_TOKENIZER, "%s: top level is not a JSON object", path); goto done; }
   if ((st = check_repeats(root, path))) goto done;
 
