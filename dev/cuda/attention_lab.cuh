@@ -39,7 +39,7 @@
 #include "cuda/wgmma.cuh" /* version 12's Q K^T (wgmma.mma_async, sm_90a; emulated on the CPU) */
 
 #define ATT_LAB_FIRST 9 /* the lab's own versions: ATT_LAB_FIRST..ATT_LAB_LAST (k_attention_any takes the others) */
-#define ATT_LAB_LAST 12
+#define ATT_LAB_LAST 13
 
 /* lab_bar_sync4<N>(k): bar.sync 1 + k, N for k in 0..3 (the same k for the whole warp): named barrier 1 + k (0 is
  * __syncthreads') of N threads (a multiple of 32), ordering shared and global memory among them as __syncthreads
@@ -156,6 +156,12 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
  *               twice: 1.5x the needed products, as version 2's value slices, but K and V read once per block
  *               and no exchange); 32 keys per tile (wgmma m64n32k16): Q 64 KiB + 2 x (32 + 32) KiB + 1 KiB.
  *   D 64        version 6 (as 9-11).
+ * Version 13: version 12 with one warpgroup per block (128 threads, 64 rows) and 32-key tiles at D 128 and 256, so
+ * that two blocks fit an SM (D 256: Q 32 + 2 x (K 16 + V 16) + 1 = 97 KiB; __launch_bounds__(128, 2): up to 255
+ * registers still): two independent blocks per SM whose barriers, softmaxes and products interleave (one block's
+ * exponentials beside the other's tensor-core work), at the price of version 6's L2 -> shared bytes per multiply-add
+ * (no sharing of K/V tiles between warpgroups) and a barrier per 32 keys. Splits at the sliding layer after 1,024:
+ * 64 blocks x 4 of 10 tiles (264 slots). D 512 as 12, D 64 version 6.
  * Key splits: fa_choose_splits over the occupancy (one block per SM): at the 26B's decoder rows after 1,024
  * positions, sliding 32 blocks a split x 4 splits of 5 tiles (version 6: 64 x 2 of 10), full 64 x 2 of 20 (as 6);
  * merged by lab_combine_kernel (fp_combine_kernel's arithmetic).
@@ -165,8 +171,10 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
  * Rounding: as version 6 (q and P rounded to bf16, products exact, fp32 sums; wgmma sums the D products of a score
  * in its own order, which the test's bound allows: fp32 accumulation of D terms), so tests/test_cuda.c's bound
  * holds unchanged. Needs sm_90a (the lab's build); built for another architecture the kernel traps. */
-template <int D, int BK, int VS> struct wq_cfg {
-  static constexpr int BM = VS == 1 ? 128 : 64, DV = D / VS; /* rows per block; output columns per warpgroup */
+template <int D, int BK, int VS, int NWG> struct wq_cfg {
+  static_assert(VS == 1 || NWG == 2, "att_wq_kernel: the value split takes two warpgroups");
+  static constexpr int NTH = 128 * NWG, BM = VS == 1 ? 64 * NWG : 64, DV = D / VS; /* threads; rows per block;
+                                                                                     output columns per warpgroup */
   static constexpr int QB = BM * D * 2, KB = BK * D * 2;    /* bytes of the Q tile, of one K (or V) tile */
   static constexpr int SMEM = QB + 4 * KB + 1024;           /* Q, 2 stages of K and V, the 1024-byte alignment */
 };
@@ -175,10 +183,10 @@ template <int D, int BK, int VS> struct wq_cfg {
  * ch / 8 at (ch / 8) ROWS 128; inside it fa_swz<64>, the 128-byte swizzle of wgmma's K-major layout) */
 template <int ROWS> __device__ __forceinline__ int wq_at(int r, int ch) { return (ch >> 3) * (ROWS * 128) + fa_swz<64>(r, ch & 7); }
 
-template <int D, int BK, int VS>
-__global__ void __launch_bounds__(256, 1) att_wq_kernel(fa_args a) {
+template <int D, int BK, int VS, int NWG>
+__global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(fa_args a) {
   DG_PDL_ENTRY();
-  typedef wq_cfg<D, BK, VS> C;
+  typedef wq_cfg<D, BK, VS, NWG> C;
   constexpr int BM = C::BM, DV = C::DV, NT = BK / 8;
   DG_DYN_SMEM16(wq_raw);
   char *sm = (char *)wq_raw + ((1024u - (dg_smem_addr(wq_raw) & 1023u)) & 1023u); /* the swizzle's 1024-byte patterns */
@@ -193,11 +201,11 @@ __global__ void __launch_bounds__(256, 1) att_wq_kernel(fa_args a) {
   const int ntile = zhi > zlo ? (zhi - zlo + BK - 1) / BK : 0;
   const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D;
 
-  fa_load_q<D, BM, 256>(a, Qs, r0, R, G, g, tid, [](int r, int ch) { return wq_at<BM>(r, ch); });
+  fa_load_q<D, BM, C::NTH>(a, Qs, r0, R, G, g, tid, [](int r, int ch) { return wq_at<BM>(r, ch); });
   auto load_kv = [&](int it, int buf) {
     const int kb = zlo + it * BK, sb = kb % a.S;
     char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::KB;
-    for (int i = tid; i < BK * (D / 8); i += 256) {
+    for (int i = tid; i < BK * (D / 8); i += C::NTH) {
       const int r = i / (D / 8), ch = i % (D / 8), ok = kb + r < zhi;
       int sl = sb + r; /* one wrap at most (a pass's keys never share a slot) */
       sl -= sl >= a.S ? a.S : 0;
@@ -268,19 +276,19 @@ template <int D> __global__ void __launch_bounds__(256) lab_combine_kernel(const
   fp_merge_row<D, false>(part, out, n_split, NR, row, 8 * (threadIdx.x % TPR));
 }
 
-template <int D, int BK, int VS> static cudaError_t att_wq_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
-  typedef wq_cfg<D, BK, VS> C;
+template <int D, int BK, int VS, int NWG> static cudaError_t att_wq_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+  typedef wq_cfg<D, BK, VS, NWG> C;
   const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
-  void (*kern)(fa_args) = att_wq_kernel<D, BK, VS>;
+  void (*kern)(fa_args) = att_wq_kernel<D, BK, VS, NWG>;
   static int per_sm = 0; /* one attribute call and occupancy query per instantiation */
   if (!per_sm) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
     if (e != cudaSuccess) return e;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, C::SMEM) != cudaSuccess || per_sm < 1)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, C::NTH, C::SMEM) != cudaSuccess || per_sm < 1)
       per_sm = 1;
   }
   a.n_split = fa_choose_splits(ws, a, bx * a.NKV, BK, per_sm, D);
-  DG_LAUNCH(kern, dim3(bx, a.NKV, a.n_split), 256, C::SMEM, s)(a);
+  DG_LAUNCH(kern, dim3(bx, a.NKV, a.n_split), C::NTH, C::SMEM, s)(a);
   if (a.n_split > 1) {
     const size_t NR = (size_t)a.nq * a.NH;
     constexpr int RPB = 256 / (D / 8);
@@ -304,8 +312,11 @@ static cudaError_t att_lab_version(int v, cudaStream_t s, const dg_att_ws *ws, i
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
   a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
   if (v == 12)
-    return D == 128 ? att_wq_launch<128, 64, 1>(s, ws, a) : D == 256 ? att_wq_launch<256, 64, 1>(s, ws, a)
-                                                                     : att_wq_launch<512, 32, 2>(s, ws, a);
+    return D == 128 ? att_wq_launch<128, 64, 1, 2>(s, ws, a) : D == 256 ? att_wq_launch<256, 64, 1, 2>(s, ws, a)
+                                                                        : att_wq_launch<512, 32, 2, 2>(s, ws, a);
+  if (v == 13)
+    return D == 128 ? att_wq_launch<128, 32, 1, 1>(s, ws, a) : D == 256 ? att_wq_launch<256, 32, 1, 1>(s, ws, a)
+                                                                        : att_wq_launch<512, 32, 2, 2>(s, ws, a);
   switch (D) {
   case 128:
     return v == 9 ? att_lab_launch<128, 64, 0, 1>(s, ws, cnt, ncnt, a)
