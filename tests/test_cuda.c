@@ -2842,12 +2842,24 @@ static void test_attention(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  for (int v = 1; v <= 8; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
+  for (int v = 1; v <= 13; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
                                     6-8: warp pairs splitting the head dim (flash_pair_kernel; 7: 32 rows per warp;
                                     8: 7 with a 3-deep K/V ring); the first three shapes split their keys (3, 4 and 2
-                                    splits at 6's tiles on the emulation's 132 one-block SMs). The lab's versions 9-11
-                                    are checked by the lab (dev/cuda/attention.cu), not here. */
+                                    splits at 6's tiles on the emulation's 132 one-block SMs). 9-12: the attention
+                                    lab's own (dev/cuda/attention_lab.cuh; 9-11 the key splits merged in the kernel,
+                                    12, 13 Q K^T on wgmma, sm_90a only: the GPU build of the tests is sm_90 unless
+                                    CUDA_ARCH says sm_90a, where they are skipped) */
     if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
+    if (v >= 12) { /* whether this build's device code has wgmma: one product of test_wgmma (mode 0) as the probe */
+      static uint16_t A[64 * 16], Bt[64 * 16];
+      static float C0[64 * 64], D0[64 * 64];
+      int avail = 1;
+      assert_dg_ok(cut()->test_wgmma(0, 0, A, Bt, C0, D0, &avail));
+      if (!avail) {
+        printf("# attention version %d: skipped (this build's device code has no wgmma: sm_90a only)\n", v);
+        continue;
+      }
+    }
     double worst = 0;
     /* the 26B's sliding layer in the decoder: a 64-row canvas after 700 positions, window 512 (keys split) */
     check_attention("decoder sliding D 256", v, 64, 16, 8, 256, 800, 700, 764, 0, 0, 512, 0.25f, &worst);
@@ -2869,7 +2881,11 @@ static void test_attention(void **state) {
            v == 1 ? "one warp per query and head" : v == 2 ? "tensor cores" : v == 5 ? "tensor cores, the earlier key splits"
            : v == 6 ? "tensor cores, warp pairs split the head dim"
            : v == 7 ? "tensor cores, warp pairs split the head dim, 32 rows per warp"
-           : v == 8 ? "tensor cores, warp pairs split the head dim, 32 rows per warp, 3 K/V stages" : "tensor cores, another tile", worst);
+           : v == 8 ? "tensor cores, warp pairs split the head dim, 32 rows per warp, 3 K/V stages"
+           : v == 9 ? "version 6, key splits merged in the kernel" : v == 10 ? "version 9, the pair's own barrier"
+           : v == 11 ? "version 10, 32-key tiles, 2 blocks per SM" : v == 12 ? "Q K^T on wgmma, whole rows per warp"
+           : v == 13 ? "version 12, one warpgroup per block, 2 blocks per SM"
+           : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
   check_attention("decoder D 16", 0, 24, 2, 2, 16, 64, 20, 44, 0, 0, 8, 1.0f, &worst);

@@ -20,9 +20,9 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
- * Versions 1-8 are the backend's (src/cuda/attention.cu, k_attention_any); 9-11 the lab's own (attention_lab.cuh,
- * att_lab_version: version 6's block from src/cuda/attention.cuh with the changes below; slower than 6 on every
- * row on an H100 in session 18, so not in the backend):
+ * Versions 1-8 are the backend's (src/cuda/attention.cu, k_attention_any); 9-12 the lab's own (attention_lab.cuh,
+ * att_lab_version; 9-11: version 6's block from src/cuda/attention.cuh with the changes below, slower than 6 on every
+ * row on an H100 in session 18, so not in the backend; 12: its own kernel, not yet timed):
  *   version 9  version 6 with the key splits merged inside the kernel: the last split block of a row tile to arrive
  *              (an arrival counter per tile) merges its rows as fp_combine_kernel does, bit for bit, so no combine
  *              launch (fp_combine_kernel: 6.4 us of the sliding layer's 44, 9.2 of the full layer's 82 in session
@@ -33,6 +33,11 @@
  *              __launch_bounds__(256, 2) (at most 128 registers): 2 blocks per SM, 4 warps per scheduler from two
  *              blocks whose barriers are independent; the split rule then gives 4 splits at the sliding layer; D 512
  *              as 10
+ *   version 12 (session 23) Q K^T on wgmma (sm_90a), whole rows per warp: two warpgroups per block; D 128 / 256:
+ *              128 rows (64 per warpgroup) sharing each 64-key K/V tile, no score exchange, one barrier per tile,
+ *              each softmax once; D 512: both warpgroups on the same 64 rows, each half of the output columns
+ *              (Q K^T computed by both), 32-key tiles; P V on mma.sync; splits merged by lab_combine_kernel
+ *              (fp_combine_kernel's arithmetic). Needs the sm_90a build below (elsewhere it traps)
  * Every version is launched twice before its check, the second time into an output of NaN bytes, which is the one
  * checked (9-11: the arrival counters must be back at zero after a launch).
  *
@@ -49,8 +54,8 @@
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
  *   build/attention_lab [--reps N] [--versions 1,2] [--small]
- * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-11 this file's, built
- * by the line above.)
+ * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-12 this file's, built
+ * by the line above; dev/gpu/att12.sh builds both for sm_90a and runs 6 and 12 side by side.)
  * --small: emulation-sized rows (canvas 32 after P = 96 and 160, window 64; checks only, every row checked),
  * for the CPU emulation of dev/cuda_emu after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -68,7 +73,7 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_lab.cuh" /* versions 9-11 (lab only) */
+#include "attention_lab.cuh" /* versions 9-12 (lab only) */
 #include "cuda/common.cuh"
 
 #define CKL(x)                                                                                                   \

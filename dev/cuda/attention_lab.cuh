@@ -1,4 +1,5 @@
-/* attention_lab.cuh: the attention lab's versions 9-11 (dev/cuda/attention.cu; issue 12, session 18's candidates).
+/* attention_lab.cuh: the attention lab's versions 9-12 (dev/cuda/attention.cu; issue 12, session 18's candidates 9-11,
+ * session 23's version 12: Q K^T on wgmma, its own comment below).
  * Lab only: on an H100 (session 18) each was slower than version 6, the backend's default, on every row of the lab
  * (docs/cuda.md "Measured on an H100 in session 18"), so none is the backend's; they stay here, checked against the
  * lab's CPU reference and timed beside 6, for a later session to build on. Each is version 6's block
@@ -35,9 +36,10 @@
 #define DG_DEV_ATTENTION_LAB_CUH
 
 #include "cuda/attention.cuh"
+#include "cuda/wgmma.cuh" /* version 12's Q K^T (wgmma.mma_async, sm_90a; emulated on the CPU) */
 
 #define ATT_LAB_FIRST 9 /* the lab's own versions: ATT_LAB_FIRST..ATT_LAB_LAST (k_attention_any takes the others) */
-#define ATT_LAB_LAST 11
+#define ATT_LAB_LAST 13
 
 /* lab_bar_sync4<N>(k): bar.sync 1 + k, N for k in 0..3 (the same k for the whole warp): named barrier 1 + k (0 is
  * __syncthreads') of N threads (a multiple of 32), ordering shared and global memory among them as __syncthreads
@@ -128,6 +130,173 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
   return cudaGetLastError();
 }
 
+/* ---- version 12 (session 23, issue 12): Q K^T on wgmma, whole rows per warp ------------------------------------
+ *
+ * Why (docs/cuda.md "Attention at the 26B's decoder shapes"): version 6's flash_pair_kernel runs at 15-16 % of the
+ * H100's bf16 rate on the 26B's decoder rows (sliding 42.6 us for a 6.6 us floor, full 80.1 for 13.3), about 3.5x
+ * its own tensor-core time per key tile. Per tile and warp it spends, besides its 128 mma.sync: 40 ldmatrix for
+ * the Q and K fragments of its half of Q K^T, the partial scores through shared memory (32 floats stored and 32
+ * loaded per lane) behind a second block-wide barrier, and the whole online softmax of its 16 rows twice (warps w
+ * and w ^ 4 compute the same exponentials, bit-identical), with all eight warps in lock step between the two
+ * barriers, so the tensor cores idle during the exponentials and the MUFU during the products.
+ *
+ * Version 12: a block is two warpgroups (256 threads); wgmma.mma_async m64nNk16 (src/cuda/wgmma.cuh) computes a
+ * warpgroup's 64 x BK scores over the whole head dim with Q and K read by the tensor cores from shared memory
+ * (128-byte-swizzled K-major panels of 64 dims: exactly fa_swz<64>'s layout, so cp.async fills them as before and
+ * ldmatrix.trans reads V from the same kind of panel); the scores land in the mma.sync C layout per warp (16 rows,
+ * lane rows g and g + 8), so fa_mask and fa_softmax run on them unchanged and each warp owns whole rows: no score
+ * exchange, no second barrier, no duplicated softmax. P V stays on mma.sync (P is in registers in the A layout;
+ * wgmma's B from shared memory would need V transposed, which the wrappers and the emulation do not take).
+ *   D 128, 256  (VS 1) warpgroup wg takes rows 64 wg .. 64 wg + 63 of a 128-row tile, all D output columns (O: 16
+ *               rows x D fp32 per warp, 128 registers at D 256); both warpgroups share each K/V tile, so the block
+ *               reads half the K/V bytes per multiply-add of version 6's 64 rows; 64 keys per tile.
+ *               Shared memory: Q 128 x D + 2 x (K + V) 64 x D (bf16) + 1 KiB of alignment: 193 KiB at D 256.
+ *   D 512       (VS 2) both warpgroups take the same 64 rows, warpgroup wg the output columns [256 wg, + 256)
+ *               (O 128 registers); each computes the whole Q K^T of its rows (the tensor-core work of Q K^T
+ *               twice: 1.5x the needed products, as version 2's value slices, but K and V read once per block
+ *               and no exchange); 32 keys per tile (wgmma m64n32k16): Q 64 KiB + 2 x (32 + 32) KiB + 1 KiB.
+ *   D 64        version 6 (as 9-11).
+ * Version 13: version 12 with one warpgroup per block (128 threads, 64 rows) and 32-key tiles at D 128 and 256, so
+ * that two blocks fit an SM (D 256: Q 32 + 2 x (K 16 + V 16) + 1 = 97 KiB; __launch_bounds__(128, 2): up to 255
+ * registers still): two independent blocks per SM whose barriers, softmaxes and products interleave (one block's
+ * exponentials beside the other's tensor-core work), at the price of version 6's L2 -> shared bytes per multiply-add
+ * (no sharing of K/V tiles between warpgroups) and a barrier per 32 keys. Splits at the sliding layer after 1,024:
+ * 64 blocks x 4 of 10 tiles (264 slots). D 512 as 12, D 64 version 6.
+ * Key splits: fa_choose_splits over the occupancy (one block per SM): at the 26B's decoder rows after 1,024
+ * positions, sliding 32 blocks a split x 4 splits of 5 tiles (version 6: 64 x 2 of 10), full 64 x 2 of 20 (as 6);
+ * merged by lab_combine_kernel (fp_combine_kernel's arithmetic).
+ * Per tile: wait for the tile's copies, fence.proxy.async (this thread's cp.async and Q stores visible to the
+ * tensor cores), one __syncthreads, the next tile's copies issued, then per warpgroup D / 16 wgmmas in one commit
+ * group, wait_group 0, mask, softmax, P V.
+ * Rounding: as version 6 (q and P rounded to bf16, products exact, fp32 sums; wgmma sums the D products of a score
+ * in its own order, which the test's bound allows: fp32 accumulation of D terms), so tests/test_cuda.c's bound
+ * holds unchanged. Needs sm_90a (the lab's build); built for another architecture the kernel traps. */
+template <int D, int BK, int VS, int NWG> struct wq_cfg {
+  static_assert(VS == 1 || NWG == 2, "att_wq_kernel: the value split takes two warpgroups");
+  static constexpr int NTH = 128 * NWG, BM = VS == 1 ? 64 * NWG : 64, DV = D / VS; /* threads; rows per block;
+                                                                                     output columns per warpgroup */
+  static constexpr int QB = BM * D * 2, KB = BK * D * 2;    /* bytes of the Q tile, of one K (or V) tile */
+  static constexpr int SMEM = QB + 4 * KB + 1024;           /* Q, 2 stages of K and V, the 1024-byte alignment */
+};
+
+/* byte offset of 16-byte chunk ch of row r in a tile of ROWS rows stored as 128-byte panels of 64 dims (panel
+ * ch / 8 at (ch / 8) ROWS 128; inside it fa_swz<64>, the 128-byte swizzle of wgmma's K-major layout) */
+template <int ROWS> __device__ __forceinline__ int wq_at(int r, int ch) { return (ch >> 3) * (ROWS * 128) + fa_swz<64>(r, ch & 7); }
+
+template <int D, int BK, int VS, int NWG>
+__global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(fa_args a) {
+  DG_PDL_ENTRY();
+  typedef wq_cfg<D, BK, VS, NWG> C;
+  constexpr int BM = C::BM, DV = C::DV, NT = BK / 8;
+  DG_DYN_SMEM16(wq_raw);
+  char *sm = (char *)wq_raw + ((1024u - (dg_smem_addr(wq_raw) & 1023u)) & 1023u); /* the swizzle's 1024-byte patterns */
+  char *Qs = sm, *Ks = sm + C::QB, *Vs = Ks + 2 * C::KB;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, wg = w >> 2, wq = w & 3;
+  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * BM, g = blockIdx.y, z = blockIdx.z;
+  const int mrow = VS == 1 ? 64 * wg : 0, dv0 = VS == 1 ? 0 : wg * DV; /* the warpgroup's rows and columns */
+  int blo, bhi;
+  fa_range(a, r0, G, BM, &blo, &bhi);
+  const int nt_all = (bhi - blo + BK - 1) / BK, per = (nt_all + a.n_split - 1) / a.n_split;
+  const int zlo = blo + z * per * BK, zhi = min(bhi, zlo + per * BK);
+  const int ntile = zhi > zlo ? (zhi - zlo + BK - 1) / BK : 0;
+  const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D;
+
+  fa_load_q<D, BM, C::NTH>(a, Qs, r0, R, G, g, tid, [](int r, int ch) { return wq_at<BM>(r, ch); });
+  auto load_kv = [&](int it, int buf) {
+    const int kb = zlo + it * BK, sb = kb % a.S;
+    char *kd = Ks + buf * C::KB, *vd = Vs + buf * C::KB;
+    for (int i = tid; i < BK * (D / 8); i += C::NTH) {
+      const int r = i / (D / 8), ch = i % (D / 8), ok = kb + r < zhi;
+      int sl = sb + r; /* one wrap at most (a pass's keys never share a slot) */
+      sl -= sl >= a.S ? a.S : 0;
+      const size_t src = (size_t)(ok ? sl : sb) * D + ch * 8;
+      const int dst = wq_at<BK>(r, ch);
+      dg_cp_async16(kd + dst, kg + src, ok ? 16 : 0);
+      dg_cp_async16(vd + dst, vg + src, ok ? 16 : 0);
+    }
+  };
+
+  float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  const int R_first = r0 / G, R_last = (min(r0 + BM, R) - 1) / G;
+  const int rl = mrow + 16 * wq + (lane >> 2); /* the lane's rows r0 + rl, + 8 (wgmma's D layout: warp wq of the
+                                                  warpgroup holds its rows 16 wq ..) */
+  const uint32_t qa = dg_smem_addr(Qs) + (uint32_t)mrow * 128u, ka = dg_smem_addr(Ks);
+
+  if (ntile > 0) load_kv(0, 0);
+  dg_cp_commit();
+  for (int it = 0; it < ntile; it++) {
+    const int buf = it & 1, kb = zlo + it * BK;
+    dg_cp_wait<0>();
+    dg_fence_proxy_async(); /* this thread's copies (and, at it 0, its Q stores) visible to the tensor cores */
+    __syncthreads();        /* tile it landed for every thread; every warp has left step it - 1 (its buffer's wgmmas
+                               retired by their wait_group, its ldmatrix done) */
+    if (it + 1 < ntile) load_kv(it + 1, buf ^ 1);
+    dg_cp_commit();
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    dg_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      const uint64_t ad = dg_wg_desc_sw128(qa + (uint32_t)((kk >> 2) * (BM * 128) + (kk & 3) * 32), 1024);
+      const uint64_t bd = dg_wg_desc_sw128(ka + (uint32_t)(buf * C::KB + (kk >> 2) * (BK * 128) + (kk & 3) * 32), 1024);
+      dg_wgmma_bf16_ss<NT>(s, ad, bd, kk > 0);
+    }
+    dg_wg_commit();
+    dg_wg_wait0();
+    dg_wg_pin<NT>(s);
+    fa_mask<BK>(a, s, kb, zhi, (r0 + rl) / G, (r0 + rl + 8) / G, R_first, R_last, lane);
+    uint32_t pa[BK / 16][4];
+    fa_softmax<DV, BK>(s, m, l, o, pa);
+    const char *vt = Vs + buf * C::KB;
+#pragma unroll
+    for (int j = 0; j < BK / 16; j++) {
+#pragma unroll
+      for (int dp = 0; dp < DV / 16; dp++) {
+        uint32_t vf[4];
+        const int ch = dv0 / 8 + 2 * dp + (lane >> 4);
+        dg_ldsm_x4_t(vf, vt + wq_at<BK>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), ch));
+        dg_mma_bf16(o[2 * dp], pa[j], vf);
+        dg_mma_bf16(o[2 * dp + 1], pa[j], vf + 2);
+      }
+    }
+  }
+  fa_store<D, DV>(a, o, m, l, r0, rl, R, G, g, dv0, z, lane);
+}
+
+/* version 12's merge of the key splits: fp_combine_kernel's (src/cuda/attention.cu; fp_merge_row, the same
+ * operations in the same order), D / 8 threads per row. */
+template <int D> __global__ void __launch_bounds__(256) lab_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR) {
+  DG_PDL_ENTRY();
+  constexpr int TPR = D / 8;
+  const size_t row = (size_t)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
+  if (row >= NR) return;
+  fp_merge_row<D, false>(part, out, n_split, NR, row, 8 * (threadIdx.x % TPR));
+}
+
+template <int D, int BK, int VS, int NWG> static cudaError_t att_wq_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
+  typedef wq_cfg<D, BK, VS, NWG> C;
+  const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
+  void (*kern)(fa_args) = att_wq_kernel<D, BK, VS, NWG>;
+  static int per_sm = 0; /* one attribute call and occupancy query per instantiation */
+  if (!per_sm) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e != cudaSuccess) return e;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, C::NTH, C::SMEM) != cudaSuccess || per_sm < 1)
+      per_sm = 1;
+  }
+  a.n_split = fa_choose_splits(ws, a, bx * a.NKV, BK, per_sm, D);
+  DG_LAUNCH(kern, dim3(bx, a.NKV, a.n_split), C::NTH, C::SMEM, s)(a);
+  if (a.n_split > 1) {
+    const size_t NR = (size_t)a.nq * a.NH;
+    constexpr int RPB = 256 / (D / 8);
+    DG_LAUNCH(lab_combine_kernel<D>, (unsigned)((NR + RPB - 1) / RPB), 256, 0, s)(a.part, a.out, a.n_split, NR);
+  }
+  return cudaGetLastError();
+}
+
 /* Lab version v (ATT_LAB_FIRST..ATT_LAB_LAST) of the attention, with k_attention_any's arguments (shapes and key
  * ranges: src/cuda/common.cuh) and the arrival counters (cnt, ncnt ints, zero); cudaErrorInvalidValue for another
  * version or a head dim the tensor-core kernels do not take (k_attention_flash_ok). */
@@ -142,6 +311,12 @@ static cudaError_t att_lab_version(int v, cudaStream_t s, const dg_att_ws *ws, i
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
   a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
+  if (v == 12)
+    return D == 128 ? att_wq_launch<128, 64, 1, 2>(s, ws, a) : D == 256 ? att_wq_launch<256, 64, 1, 2>(s, ws, a)
+                                                                        : att_wq_launch<512, 32, 2, 2>(s, ws, a);
+  if (v == 13)
+    return D == 128 ? att_wq_launch<128, 32, 1, 1>(s, ws, a) : D == 256 ? att_wq_launch<256, 32, 1, 1>(s, ws, a)
+                                                                        : att_wq_launch<512, 32, 2, 2>(s, ws, a);
   switch (D) {
   case 128:
     return v == 9 ? att_lab_launch<128, 64, 0, 1>(s, ws, cnt, ncnt, a)

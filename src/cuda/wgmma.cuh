@@ -155,9 +155,20 @@ template <> __device__ __forceinline__ void dg_wgmma_bf16<16>(float (&d)[16][4],
 #endif
 }
 
-/* d (64 x 64) = A B + (scd ? d : 0), A 64 x 16 bf16 K-major at adesc, B 16 x 64 bf16 K-major at bdesc (no
- * transposes, no negation). */
+/* d (64 x 8 NT) = A B + (scd ? d : 0), A 64 x 16 bf16 K-major at adesc, B 16 x 8 NT bf16 K-major at bdesc (no
+ * transposes, no negation); N = 32 (NT 4: the attention lab's version 12 at D 512) and 64. */
 template <int NT> __device__ __forceinline__ void dg_wgmma_bf16_ss(float (&d)[NT][4], uint64_t adesc, uint64_t bdesc, int scd);
+template <> __device__ __forceinline__ void dg_wgmma_bf16_ss<4>(float (&d)[4][4], uint64_t adesc, uint64_t bdesc, int scd) {
+#ifdef DG_WG_TRAP
+  __trap();
+#else
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,"
+               "%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3)
+               : "l"(adesc), "l"(bdesc), "r"(scd));
+#endif
+}
 template <> __device__ __forceinline__ void dg_wgmma_bf16_ss<8>(float (&d)[8][4], uint64_t adesc, uint64_t bdesc, int scd) {
 #ifdef DG_WG_TRAP
   __trap();
@@ -195,7 +206,7 @@ template <int NT> static inline void dg_wgmma_bf16(float (&d)[NT][4], const uint
   emu::wgmma_bf16(&d[0][0], NT, a, 0, desc, scd);
 }
 template <int NT> static inline void dg_wgmma_bf16_ss(float (&d)[NT][4], uint64_t adesc, uint64_t bdesc, int scd) {
-  static_assert(NT == 8, "dg_wgmma_bf16_ss: N = 64 only");
+  static_assert(NT == 4 || NT == 8, "dg_wgmma_bf16_ss: N = 32, 64");
   emu::wgmma_bf16(&d[0][0], NT, NULL, adesc, bdesc, scd);
 }
 static inline int dg_wg_available() { return 1; }

@@ -12,6 +12,7 @@
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-108 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
+#include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-13 (dg_cuda_test_attention) */
 
 #include "cuda_entry.h"
 
@@ -616,7 +617,7 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
                 lo = is_full ? 0 : causal ? (pos0 + 1 - window > 0 ? pos0 + 1 - window : 0)
                                           : (pos0 - (window - 1) > 0 ? pos0 - (window - 1) : 0);
   if (nq <= 0 || NH <= 0 || NKV <= 0 || NH % NKV || D <= 0 || D % 8 || S <= 0 || pos0 < 0 || window <= 0 ||
-      version < 0 || version > DG_ATT_VERSIONS || (!causal && kv_hi <= pos0) || hi - lo > S)
+      version < 0 || version > ATT_LAB_LAST || (!causal && kv_hi <= pos0) || hi - lo > S)
     return dg_seterr(DG_ERR_INVALID_ARG,
                      "dg_cuda_test_attention: version %d, nq %d, NH %d, NKV %d, D %d, S %d, pos0 %d, kv_hi %d, "
                      "causal %d, window %d",
@@ -628,15 +629,23 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
   alloc_list al = {NULL, 0, 0};
   dg_status st = DG_OK;
   void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
+  void *dcnt = NULL;
   dg_att_ws ws = {NULL, 8 * (size_t)nq * NH * ((size_t)D + 2)};
   const size_t kvn = (size_t)NKV * S * D * 2, on = (size_t)nq * NH * D;
+  const int ncnt = 4096; /* the lab's versions 9-11: arrival counters, one per (row tile, KV head), zero */
   TT_(test_in(&al, &dq, q, on * 4, "q"));
   TT_(test_in(&al, &dk, kc, kvn, "k cache"));
   TT_(test_in(&al, &dv, vc, kvn, "v cache"));
   TT_(dalloc(&al, &dout, on * 2, "out"));
   TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
-  TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq, NH,
-                      NKV, D, pos0, kv_hi, causal, is_full, window));
+  if (version >= ATT_LAB_FIRST) { /* the lab's versions (dev/cuda/attention_lab.cuh), not the backend's */
+    TT_(dalloc(&al, &dcnt, (size_t)ncnt * 4, "arrival counters"));
+    TC_(cudaMemset(dcnt, 0, (size_t)ncnt * 4));
+    TC_(att_lab_version(version, 0, &ws, (int *)dcnt, ncnt, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv,
+                        (bf16 *)dout, S, nq, NH, NKV, D, pos0, kv_hi, causal, is_full, window));
+  } else
+    TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq,
+                        NH, NKV, D, pos0, kv_hi, causal, is_full, window));
   TT_(test_out(out, dout, on * 2));
 done:
   dfree_all(&al);
