@@ -3255,7 +3255,7 @@ static void test_wgmma(void **state) {
  * passed there in sessions 5 and 12): 20 and 22 at 1, 2, 3 and 4 n-tiles, 75's DQ body at 4 and 8 n-tiles (its
  * bound qdq_bound), 4-bit g64, 61 tokens x top-2 (expert 0 in every token: passes of 8 NT tokens and a tail); version
  * 21 (20 with the descriptor's LBO and SBO exchanged) must fail at every tile count from 2 on (at 1 n-tile the two
- * are both 128 bytes: the same descriptor); the large-M versions 120 and 121 (dev/cuda/qmoe_wl.cuh wl_kernel) at 64,
+ * are both 128 bytes: the same descriptor); the large-M versions 120-122 (dev/cuda/qmoe_wl.cuh wl_kernel) at 64,
  * 128 and 256 rows per expert and 1,024 and 2,048 tokens routed at random, within qdq_bound (below). Skipped where
  * the build's device code has no wgmma. */
 static void test_quant_experts_wgmma(void **state) {
@@ -3282,12 +3282,13 @@ static void test_quant_experts_wgmma(void **state) {
   printf("# kernel lab wgmma versions on %s: 20 and 22 (1-4 n-tiles) largest |diff| / bound h %.4f, y %.4f; 75 (DQ, "
          "4 and 8 n-tiles) h %.4f, y %.4f (<= 1); 21 (LBO and SBO exchanged) fails: %ld outputs or more past their bounds "
          "(of %d) at 2-4 n-tiles\n", "this device", wh, wy, dh, dy, least, 61 * 2 * (128 + 128));
-  /* 120, 121 (wl_kernel, dev/cuda/qmoe_wl.cuh: the large-M kernel, 128- and 64-row passes) on 8 experts, top-2,
-   * H 448 (7 k stages: the ring of 6 slots wraps; 3.5 down slabs of 128: a last one half past N) and IE 192 (3 down
-   * k stages: fewer than the copies in flight), every output within qdq_bound: every expert exactly M = 64, 128,
+  /* 120-122 (wl_kernel, dev/cuda/qmoe_wl.cuh: the large-M kernel, 128- and 64-row passes, 128 and 256 columns) on
+   * 8 experts, top-2, H 448 (7 k stages: the rings of 4-6 slots wrap; 3.5 down slabs of 128, 1.75 of 256: a last one
+   * partly past N) and IE 192 (3 down k stages: fewer than the copies in flight; 1.5 gate/up slabs of 128 features
+   * at 122), every output within qdq_bound: every expert exactly M = 64, 128,
    * 256 rows (token t's slots on experts 2 t, 2 t + 1 mod 8), and T = 1024, 2048 tokens routed top-2 at random over
    * experts 0-6 (expert 7 empty; ~290 and ~590 rows each: several passes and a partial last one). */
-  double lh[2] = {0, 0}, ly[2] = {0, 0};
+  double lh[3] = {0, 0, 0}, ly[3] = {0, 0, 0};
   const int E = 8, K = 2, H = 448, IE = 192;
   static const int rows[3] = {64, 128, 256}, toks[2] = {1024, 2048};
   int32_t *idx = malloc(4 * (size_t)2048 * K);
@@ -3305,12 +3306,12 @@ static void test_quant_experts_wgmma(void **state) {
       idx[t * K] = (int)(rs % 7);
       idx[t * K + 1] = (int)((idx[t * K] + 1 + (rs >> 32) % 6) % 7);
     }
-    for (int v = 0; v < 2; v++) check_qexperts_route(4, 4, 64, H, IE, DG_BF16, E, K, T, idx, 8, -1, 120 + v, 1, &lh[v], &ly[v], NULL);
+    for (int v = 0; v < 3; v++) check_qexperts_route(4, 4, 64, H, IE, DG_BF16, E, K, T, idx, 8, -1, 120 + v, 1, &lh[v], &ly[v], NULL);
   }
   free(idx);
-  printf("# kernel lab large-M wgmma versions 120 (128-row passes) and 121 (64): M = 64, 128, 256 rows per expert and "
-         "T = 1024, 2048 tokens top-2 of 7 experts, largest |diff| / qdq_bound h %.4f / %.4f, y %.4f / %.4f (<= 1)\n",
-         lh[0], lh[1], ly[0], ly[1]);
+  printf("# kernel lab large-M wgmma versions 120 (128-row passes, 128 columns), 121 (64 rows) and 122 (128 rows, 256 "
+         "columns): M = 64, 128, 256 rows per expert and T = 1024, 2048 tokens top-2 of 7 experts, largest |diff| / "
+         "qdq_bound h %.4f / %.4f / %.4f, y %.4f / %.4f / %.4f (<= 1)\n", lh[0], lh[1], lh[2], ly[0], ly[1], ly[2]);
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of

@@ -122,7 +122,7 @@
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 #include "qr_diet_lab.cuh" /* versions 95-108: the SASS diet, its launch choices, weight rings, persistent grid (lab only) */
-#include "qmoe_wl.cuh" /* versions 120-121: the large-M wgmma kernel (lab only) */
+#include "qmoe_wl.cuh" /* versions 120-122: the large-M wgmma kernel (lab only) */
 extern "C" {
 #include "io/quant.h"
 }
@@ -251,11 +251,11 @@ static void qw_tile_pack(const qe_tiling &t, const uint8_t *codes, uint8_t *dst)
 static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lanes = 0) {
   for (const tiled &t : st->tl)
     if (t.warps == warps && t.kc == kc && t.gateup == gateup && t.lanes == lanes) return t;
-  if (lanes == 4) { /* wl_kernel's layout (qmoe_wl.cuh wl_pack; 4-bit g64) */
+  if (lanes == 4) { /* wl_kernel's layout of slabs of `warps` columns (qmoe_wl.cuh wl_pack; 4-bit g64) */
     const int N = gateup ? IE : H, K = (int)st->w.cols;
-    const size_t qb = wl_bytes(gateup, E, N, K);
+    const size_t qb = wl_bytes(gateup, E, N, K, warps);
     std::vector<uint8_t> hq(qb);
-    wl_pack(gateup, E, N, K, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
+    wl_pack(gateup, E, N, K, warps, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
     tiled t = {warps, kc, gateup, lanes, NULL, NULL, qb};
     CKL(cudaMalloc((void **)&t.q, qb));
     CKL(cudaMemcpy(t.q, hq.data(), qb, cudaMemcpyHostToDevice));
@@ -581,20 +581,22 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
   }
 }
 
-/* Versions 120-121 (4-bit g64): wl_kernel (dev/cuda/qmoe_wl.cuh: wgmma m64n128k16 with A the gathered rows of xp and
+/* Versions 120-122 (4-bit g64): wl_kernel (dev/cuda/qmoe_wl.cuh: wgmma m64nBNk16 with A the gathered rows of xp and
  * B the weights dequantized to bf16 in shared memory, both 128-byte swizzled; the DQ bound) at every row count, the
- * blocks in the backend's descending-count order: 120 = two warpgroups (passes of 128 rows), a ring of 6 slots
- * (4 stages of copies ahead), 1 block per SM (173 KB); 121 = one warpgroup (64 rows), 4 slots, 2 blocks per SM. */
+ * blocks in the backend's descending-count order: 120 = two warpgroups (passes of 128 rows), BN 128, a ring of 6
+ * slots (4 stages of copies ahead), 1 block per SM (173 KB); 121 = one warpgroup (64 rows), BN 128, 4 slots, 2 blocks
+ * per SM (100 KB); 122 = two warpgroups, BN 256 (half the A tiles' L2 reads per flop), 5 slots (224 KB). */
 static cudaError_t run_wl(int ver, int prod, stack *st, routing *r) {
-  const int gateup = prod == GU;
-  const tiled &tl = get_tiled(st, 0, G, gateup, 4);
+  const int gateup = prod == GU, bn = ver == 122 ? 256 : 128;
+  const tiled &tl = get_tiled(st, bn, G, gateup, 4);
   qe_args a;
   cudaError_t e = lab_args(tl, r, gateup, 0, &a);
   if (e != cudaSuccess) return e;
   a.order = r->ord;
   g_dq = 1;
   if (ver == 120) return gateup ? wl_launch<1, 2, 6>(0, E, a) : wl_launch<0, 2, 6>(0, E, a);
-  return gateup ? wl_launch<1, 1, 4, 2>(0, E, a) : wl_launch<0, 1, 4, 2>(0, E, a);
+  if (ver == 121) return gateup ? wl_launch<1, 1, 4, 2>(0, E, a) : wl_launch<0, 1, 4, 2>(0, E, a);
+  return gateup ? wl_launch<1, 2, 5, 1, 256>(0, E, a) : wl_launch<0, 2, 5, 1, 256>(0, E, a);
 }
 
 /* Versions 75-79 (4-bit): the backend's kernel (version 50) up to 3 n-tiles; from 4 n-tiles qw_kernel's DQ body
@@ -746,7 +748,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
   if (ver >= 95 && ver <= 108) return run_diet(ver, prod, st, r);
-  if (ver == 120 || ver == 121) return run_wl(ver, prod, st, r);
+  if (ver >= 120 && ver <= 122) return run_wl(ver, prod, st, r);
 #ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94 and 95-108 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);

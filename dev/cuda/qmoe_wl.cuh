@@ -11,13 +11,13 @@
  * do (CUTLASS's and vLLM's "machete", Marlin: read for the idea, nothing copied):
  *
  *   block       WG consumer warpgroups (128 WG threads; all of them also copy and dequantize: no producer warp),
- *               the tile BM = 64 WG gathered rows (tokens) x BN = 128 output columns of one expert; the block
- *               walks its expert's rows in passes of BM (a.order: the experts by descending count, qr_block)
- *   columns     gate/up: 64 gate features and the same 64 up features (columns 0-63 and 64-127), so that a lane
- *               holds gate and up of the same (row, feature) for the GeGLU epilogue; down: 128 rows of H
+ *               the tile BM = 64 WG gathered rows (tokens) x BN = 128 or 256 output columns of one expert; the
+ *               block walks its expert's rows in passes of BM (a.order: the experts by descending count, qr_block)
+ *   columns     gate/up: BN / 2 gate features and the same BN / 2 up features (the tile's first and second half),
+ *               so that a lane holds gate and up of the same (row, feature) for the GeGLU epilogue; down: BN rows
  *   k stage     64 k = one group: per stage the A tile (BM rows x 64 bf16, 128 bytes a row) and the packed weights
  *               of the stage (wl layout below) arrive by cp.async in a ring of ST slots, L = ST - 2 stages ahead
- *   B operand   the stage's 128 x 64 weights dequantized (w = fl_bf16(q s + b) by fma.rn.bf16x2, as qr_dq_rows)
+ *   B operand   the stage's BN x 64 weights dequantized (w = fl_bf16(q s + b) by fma.rn.bf16x2, as qr_dq_rows)
  *               into a bf16 tile, K-major, 128-byte swizzle (row n: its 64 k in 128 bytes, 16-byte chunk c at
  *               (c ^ (n % 8)) 16), three such tiles in rotation: tile s % 3 is written during stage s - 1's
  *               products and read by stage s's
@@ -25,8 +25,8 @@
  *               in the same swizzled layout; the weights are dequantized into the same order (k position 2 p + e of
  *               a run holds w of k p + 4 e: the pair (q_p, q_p+4) is one shift and mask of the MLX word), so that
  *               the dot products are those of the plain order, summed in another order
- *   products    per stage and warpgroup: 4 wgmma.m64n128k16 (A and B from shared memory, fp32 accumulators in
- *               64 registers per thread), one commit group; the next stage's dequantization runs while they are
+ *   products    per stage and warpgroup: 4 wgmma.m64nBNk16 (A and B from shared memory, fp32 accumulators in
+ *               BN / 2 registers per thread), one commit group; the next stage's dequantization runs while they are
  *               in flight; wait_group 1 retires the stage before
  *
  * One barrier per stage. Iteration s: wait for this thread's copies of stage s + 1, fence.proxy.async (its copies
@@ -35,9 +35,9 @@
  * s - 1, before this barrier); the wgmmas of stage s; the dequantization of stage s + 1 into tile (s + 1) % 3 (last
  * read by stage s - 2's wgmmas: the same); wait_group 1.
  *
- * wl layout (wl_pack): per (expert, slab of 128 columns, group) one contiguous chunk of WL_CHUNK = 4,608 bytes:
- * the 128 columns' 32 code bytes (the MLX row's bytes of the group as they are, little-endian nibbles), then their
- * 128 (scale, bias) pairs (bf16, scale in the low half); columns past the product's N are zero (stores skip them).
+ * wl layout (wl_pack): per (expert, slab of BN columns, group) one contiguous chunk of 36 BN bytes (4,608 at BN 128):
+ * the BN columns' 32 code bytes (the MLX row's bytes of the group as they are, little-endian nibbles), then their
+ * BN (scale, bias) pairs (bf16, scale in the low half); columns past the product's N are zero (stores skip them).
  *
  * Accuracy: that of the DQ body (qr_run_products_dq; the lab's g_dq bound, tests/test_cuda.c qdq_bound): each w
  * rounded once to bf16 from the exact q s + b, exact products, fp32 sums in any order at up to 2u each:
@@ -45,7 +45,7 @@
  * Aq = sum |x q s| (the reference's own w_k = fl(fl(q s) + b) is within u (|q s| + |w|) of q s + b).
  *
  * The wrappers are src/cuda/wgmma.cuh's, so the kernel also runs on the CPU emulation (dev/cuda_emu): tests/test_cuda.c
- * test_quant_experts_wgmma runs versions 120 and 121 there through dg_cuda_test_experts_qw. */
+ * test_quant_experts_wgmma runs versions 120-122 there through dg_cuda_test_experts_qw. */
 #ifndef DG_CUDA_QMOE_WL_CUH
 #define DG_CUDA_QMOE_WL_CUH
 
@@ -54,49 +54,55 @@
 #include "cuda/qmoe_r.cuh"
 #include "cuda/wgmma.cuh"
 
-enum { WL_BN = 128, WL_CODES = WL_BN * 32, WL_CHUNK = WL_CODES + WL_BN * 4, WL_BTILE = WL_BN * 128 };
-
-/* Slabs of 128 columns of a product with N features (gate/up: 64 features a slab) or rows (down). */
-__host__ __device__ inline int wl_slabs(int gateup, int N) { return gateup ? (N + 63) / 64 : (N + WL_BN - 1) / WL_BN; }
-/* Bytes of a stack in the wl layout: E experts, N features (gate/up) or rows (down) each, K columns. */
-__host__ inline size_t wl_bytes(int gateup, int64_t E, int N, int K) {
-  return (size_t)E * wl_slabs(gateup, N) * (K / 64) * WL_CHUNK;
+/* A chunk of bn columns: its codes, the whole chunk, the bf16 tile of a stage (bn rows of 128 bytes). */
+__host__ __device__ constexpr int wl_codes(int bn) { return bn * 32; }
+__host__ __device__ constexpr int wl_chunk(int bn) { return bn * 36; }
+__host__ __device__ constexpr int wl_btile(int bn) { return bn * 128; }
+/* Slabs of bn columns of a product with N features (gate/up: bn / 2 features a slab) or rows (down). */
+__host__ __device__ inline int wl_slabs(int gateup, int N, int bn) { return gateup ? (N + bn / 2 - 1) / (bn / 2) : (N + bn - 1) / bn; }
+/* Bytes of a stack in the wl layout of bn-column slabs: E experts, N features (gate/up) or rows (down) each, K columns. */
+__host__ inline size_t wl_bytes(int gateup, int64_t E, int N, int K, int bn) {
+  return (size_t)E * wl_slabs(gateup, N, bn) * (K / 64) * wl_chunk(bn);
 }
-/* The wl layout of a 4-bit g64 MLX stack [E rows_per_expert, K] (codes: rows of K / 2 bytes; sc, bi: bf16 [rows,
- * K / 64]); gate/up: expert e's gate rows e 2N + f, up rows e 2N + N + f; down: rows e N + f. dst: wl_bytes. */
-__host__ inline void wl_pack(int gateup, int64_t E, int N, int K, const uint8_t *codes, const uint16_t *sc,
+/* The wl layout (bn-column slabs) of a 4-bit g64 MLX stack [E rows_per_expert, K] (codes: rows of K / 2 bytes; sc, bi:
+ * bf16 [rows, K / 64]); gate/up: expert e's gate rows e 2N + f, up rows e 2N + N + f (slab sl: columns c < bn / 2 gate
+ * f = sl bn / 2 + c, the others up of the same f); down: rows e N + f. dst: wl_bytes. */
+__host__ inline void wl_pack(int gateup, int64_t E, int N, int K, int bn, const uint8_t *codes, const uint16_t *sc,
                              const uint16_t *bi, uint8_t *dst) {
-  const int ns = wl_slabs(gateup, N), ng = K / 64;
+  const int ns = wl_slabs(gateup, N, bn), ng = K / 64, hb = bn / 2;
   for (int64_t e = 0; e < E; e++)
     for (int sl = 0; sl < ns; sl++)
       for (int j = 0; j < ng; j++) {
-        uint8_t *ch = dst + (((size_t)e * ns + sl) * ng + j) * WL_CHUNK;
-        memset(ch, 0, WL_CHUNK);
-        for (int c = 0; c < WL_BN; c++) {
+        uint8_t *ch = dst + (((size_t)e * ns + sl) * ng + j) * wl_chunk(bn);
+        memset(ch, 0, (size_t)wl_chunk(bn));
+        for (int c = 0; c < bn; c++) {
           int64_t row = -1;
           if (gateup) {
-            const int f = sl * 64 + (c & 63);
-            if (f < N) row = e * 2 * N + (c >= 64 ? N : 0) + f;
+            const int f = sl * hb + c % hb;
+            if (f < N) row = e * 2 * N + (c >= hb ? N : 0) + f;
           } else {
-            const int f = sl * WL_BN + c;
+            const int f = sl * bn + c;
             if (f < N) row = e * N + f;
           }
           if (row < 0) continue;
           memcpy(ch + 32 * c, codes + row * (K / 2) + 32 * j, 32);
           const uint32_t p = (uint32_t)sc[row * ng + j] | (uint32_t)bi[row * ng + j] << 16;
-          memcpy(ch + WL_CODES + 4 * c, &p, 4);
+          memcpy(ch + wl_codes(bn) + 4 * c, &p, 4);
         }
       }
 }
 
-/* qe_args as for qr_kernel but for q (the wl layout) and X (xp; no group sums): gate/up h = bf16(gelu(gate) up)
- * [rows, N], down y [rows, N] fp32, rows in grouped order. WG warpgroups (BM = 64 WG rows per pass), ST ring slots
- * (ST >= 4: L = ST - 2 stages of copies in flight), MINB blocks per SM. */
-template <int GATEUP, int WG, int ST, int MINB = 1>
+/* qe_args as for qr_kernel but for q (the wl layout of BN-column slabs) and X (xp; no group sums): gate/up h =
+ * bf16(gelu(gate) up) [rows, N], down y [rows, N] fp32, rows in grouped order. WG warpgroups (BM = 64 WG rows per
+ * pass), ST ring slots (ST >= 4: L = ST - 2 stages of copies in flight), MINB blocks per SM, BN 128 or 256 columns
+ * (wgmma m64nBNk16; BN / 2 gate and as many up features). */
+template <int GATEUP, int WG, int ST, int MINB = 1, int BN = 128>
 __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
   DG_PDL_ENTRY();
   static_assert(ST >= 4, "wl_kernel: ST >= 4 (two stages of copies ahead at least)");
-  constexpr int THREADS = 128 * WG, BM = 64 * WG, L = ST - 2;
+  static_assert(BN == 128 || BN == 256, "wl_kernel: BN 128 or 256");
+  constexpr int THREADS = 128 * WG, BM = 64 * WG, L = ST - 2, NT = BN / 8, HB = BN / 2;
+  constexpr int WL_CODES = wl_codes(BN), WL_CHUNK = wl_chunk(BN), WL_BTILE = wl_btile(BN);
   constexpr int ABYTES = BM * 128;                       /* one slot's A tile */
   constexpr int OFF_B = ST * ABYTES, OFF_W = OFF_B + 3 * WL_BTILE;
   constexpr int ACH = BM * 8 / THREADS;                  /* 16-byte A copies per thread and stage (4) */
@@ -153,7 +159,7 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       const unsigned char *w = smem + OFF_W + (s % ST) * WL_CHUNK;
       unsigned char *bt = smem + OFF_B + (s % 3) * WL_BTILE;
 #pragma unroll
-      for (int it = tid; it < 2 * WL_BN; it += THREADS) {
+      for (int it = tid; it < 2 * BN; it += THREADS) {
         const int c = it >> 1, h = it & 1;
         const uint4 v = *(const uint4 *)(w + 32 * c + 16 * h);
         const uint32_t sb = *(const uint32_t *)(w + WL_CODES + 4 * c);
@@ -173,9 +179,9 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       }
     };
 
-    float acc[16][4];
+    float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
       for (int i = 0; i < 4; i++) acc[j][i] = 0.0f; /* (the first wgmma has scale-d 0: only defined registers) */
 #pragma unroll
@@ -192,13 +198,13 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       dg_wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; kk++)
-        dg_wgmma_bf16_ss<16>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024), s > 0 || kk > 0);
+        dg_wgmma_bf16_ss<NT>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024), s > 0 || kk > 0);
       dg_wg_commit();
       if (s + 1 < nk) dequant(s + 1);
       dg_wg_wait1();
     }
     dg_wg_wait0();
-    dg_wg_pin<16>(acc);
+    dg_wg_pin<NT>(acc);
 
     /* lane (g, t) of warp w: rows 16 w + g + 8 hf of its warpgroup's 64, columns 8 j + 2 t + (0, 1) */
 #pragma unroll
@@ -207,19 +213,19 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       if (m >= mp) continue;
       const size_t row = (size_t)(base + p0 + m);
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
+      for (int j = 0; j < NT / 2; j++) {
         if (GATEUP) {
-          const int f = slab * 64 + 8 * j + 2 * t;
+          const int f = slab * HB + 8 * j + 2 * t;
 #pragma unroll
           for (int q = 0; q < 2; q++)
-            if (f + q < a.N) a.h[row * a.N + f + q] = __float2bfloat16_rn(qe_gelu(acc[j][2 * hf + q]) * acc[j + 8][2 * hf + q]);
+            if (f + q < a.N) a.h[row * a.N + f + q] = __float2bfloat16_rn(qe_gelu(acc[j][2 * hf + q]) * acc[j + NT / 2][2 * hf + q]);
         } else {
 #pragma unroll
           for (int j2 = 0; j2 < 2; j2++) {
-            const int n = slab * WL_BN + 64 * j2 + 8 * j + 2 * t;
+            const int n = slab * BN + HB * j2 + 8 * j + 2 * t;
 #pragma unroll
             for (int q = 0; q < 2; q++)
-              if (n + q < a.N) a.y[row * a.N + n + q] = acc[8 * j2 + j][2 * hf + q];
+              if (n + q < a.N) a.y[row * a.N + n + q] = acc[NT / 2 * j2 + j][2 * hf + q];
           }
         }
       }
@@ -228,19 +234,19 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
   }
 }
 
-/* Launches wl_kernel over E experts (grid (E, wl_slabs)); a.q the wl layout, a.X xp. */
-template <int GATEUP, int WG, int ST, int MINB = 1>
+/* Launches wl_kernel over E experts (grid (E, wl_slabs)); a.q the wl layout of BN-column slabs, a.X xp. */
+template <int GATEUP, int WG, int ST, int MINB = 1, int BN = 128>
 static cudaError_t wl_launch(cudaStream_t s, int E, const qe_args &a) {
   if (a.Kdim % 64 || a.group != 64) return cudaErrorInvalidValue;
-  void (*kern)(qe_args) = wl_kernel<GATEUP, WG, ST, MINB>;
-  const size_t smem = (size_t)ST * (64 * WG * 128 + WL_CHUNK) + 3 * WL_BTILE + 1024; /* + the 1024-byte alignment */
+  void (*kern)(qe_args) = wl_kernel<GATEUP, WG, ST, MINB, BN>;
+  const size_t smem = (size_t)ST * (64 * WG * 128 + wl_chunk(BN)) + 3 * wl_btile(BN) + 1024; /* + 1024-byte alignment */
   static int set = 0;
   if (!set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     set = 1;
   }
-  DG_LAUNCH(kern, dim3(E, wl_slabs(GATEUP, a.N)), 128 * WG, smem, s)(a);
+  DG_LAUNCH(kern, dim3(E, wl_slabs(GATEUP, a.N, BN)), 128 * WG, smem, s)(a);
   return cudaGetLastError();
 }
 #endif
