@@ -84,6 +84,14 @@
  *              persistent grid at 2 and 3 n-tiles (the resident blocks take the (expert, slab) items in the backend's
  *              order, item b + k blocks for block b), the next item's first 2 (107) or 6 (108) weight stages asked of
  *              L2 before each item; elsewhere as 96-104; each output compared with version 50's bit for bit (session 22)
+ *   versions 120-122 (4-bit g64; dev/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
+ *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
+ *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
+ *              layout (wl_pack) dequantized to bf16 once per tile (B), cp.async rings, fp32 accumulators over the
+ *              whole K (the DQ bound, g_dq); blocks in version 50's order, every row count: 120 = passes of 128 rows,
+ *              BN 128, 6 slots; 121 = passes of 64 rows, BN 128, 4 slots, 2 blocks per SM; 122 = 128 rows, BN 256, 5
+ *              slots; each output checked against the CPU and 256 sampled outputs against version 50's within the
+ *              sum of both bounds (check_vs50: not word for word, the sums' orders differ)
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
