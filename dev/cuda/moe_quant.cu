@@ -592,8 +592,9 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
 /* Versions 120-122 (4-bit g64): wl_kernel (dev/cuda/qmoe_wl.cuh: wgmma m64nBNk16 with A the gathered rows of xp and
  * B the weights dequantized to bf16 in shared memory, both 128-byte swizzled; the DQ bound) at every row count, the
  * blocks in the backend's descending-count order: 120 = two warpgroups (passes of 128 rows), BN 128, a ring of 6
- * slots (4 stages of copies ahead), 1 block per SM (173 KB); 121 = one warpgroup (64 rows), BN 128, 4 slots, 2 blocks
- * per SM (100 KB); 122 = two warpgroups, BN 256 (half the A tiles' L2 reads per flop), 5 slots (224 KB). */
+ * slots (4 stages of copies ahead), 1 block per SM (176,128 bytes of shared memory); 121 = one warpgroup (64 rows),
+ * BN 128, 4 slots, 2 blocks per SM (101,376 bytes); 122 = two warpgroups, BN 256 (half the A tiles' L2 reads per
+ * flop), 5 slots (227,328 bytes). */
 static cudaError_t run_wl(int ver, int prod, stack *st, routing *r) {
   const int gateup = prod == GU, bn = ver == 122 ? 256 : 128;
   const tiled &tl = get_tiled(st, bn, G, gateup, 4);

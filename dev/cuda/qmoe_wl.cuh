@@ -59,8 +59,11 @@ __host__ __device__ constexpr int wl_codes(int bn) { return bn * 32; }
 __host__ __device__ constexpr int wl_chunk(int bn) { return bn * 36; }
 __host__ __device__ constexpr int wl_btile(int bn) { return bn * 128; }
 /* Slabs of bn columns of a product with N features (gate/up: bn / 2 features a slab) or rows (down). */
-__host__ __device__ inline int wl_slabs(int gateup, int N, int bn) { return gateup ? (N + bn / 2 - 1) / (bn / 2) : (N + bn - 1) / bn; }
-/* Bytes of a stack in the wl layout of bn-column slabs: E experts, N features (gate/up) or rows (down) each, K columns. */
+__host__ __device__ inline int wl_slabs(int gateup, int N, int bn) {
+  return gateup ? (N + bn / 2 - 1) / (bn / 2) : (N + bn - 1) / bn;
+}
+/* Bytes of a stack in the wl layout of bn-column slabs: E experts, N features (gate/up) or rows (down) each, K
+ * columns. */
 __host__ inline size_t wl_bytes(int gateup, int64_t E, int N, int K, int bn) {
   return (size_t)E * wl_slabs(gateup, N, bn) * (K / 64) * wl_chunk(bn);
 }
@@ -194,11 +197,13 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       dg_fence_proxy_async();
       __syncthreads();
       issue(s + L);
-      const uint32_t at = sm + (uint32_t)((s % ST) * ABYTES + wg * 64 * 128), bt = sm + (uint32_t)(OFF_B + (s % 3) * WL_BTILE);
+      const uint32_t at = sm + (uint32_t)((s % ST) * ABYTES + wg * 64 * 128);
+      const uint32_t bt = sm + (uint32_t)(OFF_B + (s % 3) * WL_BTILE);
       dg_wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; kk++)
-        dg_wgmma_bf16_ss<NT>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024), s > 0 || kk > 0);
+        dg_wgmma_bf16_ss<NT>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024),
+                             s > 0 || kk > 0);
       dg_wg_commit();
       if (s + 1 < nk) dequant(s + 1);
       dg_wg_wait1();
@@ -218,7 +223,8 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
           const int f = slab * HB + 8 * j + 2 * t;
 #pragma unroll
           for (int q = 0; q < 2; q++)
-            if (f + q < a.N) a.h[row * a.N + f + q] = __float2bfloat16_rn(qe_gelu(acc[j][2 * hf + q]) * acc[j + NT / 2][2 * hf + q]);
+            if (f + q < a.N)
+              a.h[row * a.N + f + q] = __float2bfloat16_rn(qe_gelu(acc[j][2 * hf + q]) * acc[j + NT / 2][2 * hf + q]);
         } else {
 #pragma unroll
           for (int j2 = 0; j2 < 2; j2++) {
