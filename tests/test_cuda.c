@@ -2433,18 +2433,28 @@ static void check_qexperts_nt(int bits_gu, int bits_d, int G, int H, int IE, dg_
 /* check_qexperts_nt's comparison with the products of the kernel lab's wgmma version ver (test_experts_qw; 0: the
  * backend's); must_pass 0: the outputs past their bounds are counted into *nbad instead of failing (a version that
  * must fail). Returns with *wh = -1 (nothing run) where the build has no wgmma. */
+static void check_qexperts_route(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, int E, int K, int T,
+                                 const int32_t *idx, int nt, int dq, int ver, int must_pass, double *wh, double *wy,
+                                 long *nbad);
 static void check_qexperts_ver(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, int T, int nt, int dq,
                                int ver, int must_pass, double *wh, double *wy, long *nbad) {
   const int E = 5, K = 2;
-  qmat gu, dn;
-  qmat_make(&gu, (int64_t)E * 2 * IE, H, bits_gu, G, sb);
-  qmat_make(&dn, (int64_t)E * H, IE, bits_d, G, sb);
   assert_true(T <= 64);
   int32_t idx[128];
   for (int t = 0; t < T; t++) {
     idx[t * K] = 0;
     idx[t * K + 1] = 2 + t % 3;
   }
+  check_qexperts_route(bits_gu, bits_d, G, H, IE, sb, E, K, T, idx, nt, dq, ver, must_pass, wh, wy, nbad);
+}
+/* check_qexperts_ver's comparison over E experts, top-K routing idx [T, K]; dq < 0: the version dequantizes to bf16 at
+ * every tile count (120-: qdq_bound for every output of 4-bit g64 stacks). */
+static void check_qexperts_route(int bits_gu, int bits_d, int G, int H, int IE, dg_dtype sb, int E, int K, int T,
+                                 const int32_t *idx, int nt, int dq, int ver, int must_pass, double *wh, double *wy,
+                                 long *nbad) {
+  qmat gu, dn;
+  qmat_make(&gu, (int64_t)E * 2 * IE, H, bits_gu, G, sb);
+  qmat_make(&dn, (int64_t)E * H, IE, bits_d, G, sb);
   uint16_t *xb = malloc(2 * (size_t)T * H), *h = malloc(2 * (size_t)T * K * IE);
   float *xf = malloc(4 * (size_t)T * H), *y = malloc(4 * (size_t)T * K * H);
   float *wg = malloc(4 * (size_t)H), *wu = malloc(4 * (size_t)H), *wd = malloc(4 * (size_t)IE), *hf = malloc(4 * (size_t)IE);
@@ -2459,8 +2469,9 @@ static void check_qexperts_ver(int bits_gu, int bits_d, int G, int H, int IE, dg
     goto out;
   }
   /* DQ runs from dq n-tiles on, for group-64 stacks of 2, 3, 4, 8 bits (qr_launch_bits): there its bound */
-  const int dq_gu = dq > 0 && nt >= dq && nt >= 4 && G == 64 && bits_gu && bits_gu != 6 && bits_gu <= 8;
-  const int dq_d = dq > 0 && nt >= dq && nt >= 4 && G == 64 && bits_d && bits_d != 6 && bits_d <= 8;
+  const int dq_all = dq < 0 && ver >= 120;
+  const int dq_gu = (dq_all || (dq > 0 && nt >= dq && nt >= 4)) && G == 64 && bits_gu && bits_gu != 6 && bits_gu <= 8;
+  const int dq_d = (dq_all || (dq > 0 && nt >= dq && nt >= 4)) && G == 64 && bits_d && bits_d != 6 && bits_d <= 8;
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
   for (int p = 0; p < T * K; p++) {
     const int t = p / K, e = idx[p];
@@ -3260,7 +3271,9 @@ static void test_wgmma(void **state) {
  * passed there in sessions 5 and 12): 20 and 22 at 1, 2, 3 and 4 n-tiles, 75's DQ body at 4 and 8 n-tiles (its
  * bound qdq_bound), 4-bit g64, 61 tokens x top-2 (expert 0 in every token: passes of 8 NT tokens and a tail); version
  * 21 (20 with the descriptor's LBO and SBO exchanged) must fail at every tile count from 2 on (at 1 n-tile the two
- * are both 128 bytes: the same descriptor). Skipped where the build's device code has no wgmma. */
+ * are both 128 bytes: the same descriptor); the large-M versions 120-122 (dev/cuda/qmoe_wl.cuh wl_kernel) at 64,
+ * 128 and 256 rows per expert and 1,024 and 2,048 tokens routed at random, within qdq_bound (below). Skipped where
+ * the build's device code has no wgmma. */
 static void test_quant_experts_wgmma(void **state) {
   (void)state;
   need_gpu();
@@ -3285,6 +3298,36 @@ static void test_quant_experts_wgmma(void **state) {
   printf("# kernel lab wgmma versions on %s: 20 and 22 (1-4 n-tiles) largest |diff| / bound h %.4f, y %.4f; 75 (DQ, "
          "4 and 8 n-tiles) h %.4f, y %.4f (<= 1); 21 (LBO and SBO exchanged) fails: %ld outputs or more past their bounds "
          "(of %d) at 2-4 n-tiles\n", "this device", wh, wy, dh, dy, least, 61 * 2 * (128 + 128));
+  /* 120-122 (wl_kernel, dev/cuda/qmoe_wl.cuh: the large-M kernel, 128- and 64-row passes, 128 and 256 columns) on
+   * 8 experts, top-2, H 448 (7 k stages: the rings of 4-6 slots wrap; 3.5 down slabs of 128, 1.75 of 256: a last one
+   * partly past N) and IE 192 (3 down k stages: fewer than the copies in flight; 1.5 gate/up slabs of 128 features
+   * at 122), every output within qdq_bound: every expert exactly M = 64, 128,
+   * 256 rows (token t's slots on experts 2 t, 2 t + 1 mod 8), and T = 1024, 2048 tokens routed top-2 at random over
+   * experts 0-6 (expert 7 empty; ~290 and ~590 rows each: several passes and a partial last one). */
+  double lh[3] = {0, 0, 0}, ly[3] = {0, 0, 0};
+  const int E = 8, K = 2, H = 448, IE = 192;
+  static const int rows[3] = {64, 128, 256}, toks[2] = {1024, 2048};
+  int32_t *idx = malloc(4 * (size_t)2048 * K);
+  assert_non_null(idx);
+  for (int c = 0; c < 5; c++) {
+    const int T = c < 3 ? rows[c] * E / K : toks[c - 3];
+    uint64_t rs = 0x2545f4914f6cdd1dull + (uint64_t)c;
+    for (int t = 0; t < T; t++) {
+      if (c < 3) {
+        idx[t * K] = (2 * t) % E;
+        idx[t * K + 1] = (2 * t + 1) % E;
+        continue;
+      }
+      rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+      idx[t * K] = (int)(rs % 7);
+      idx[t * K + 1] = (int)((idx[t * K] + 1 + (rs >> 32) % 6) % 7);
+    }
+    for (int v = 0; v < 3; v++) check_qexperts_route(4, 4, 64, H, IE, DG_BF16, E, K, T, idx, 8, -1, 120 + v, 1, &lh[v], &ly[v], NULL);
+  }
+  free(idx);
+  printf("# kernel lab large-M wgmma versions 120 (128-row passes, 128 columns), 121 (64 rows) and 122 (128 rows, 256 "
+         "columns): M = 64, 128, 256 rows per expert and T = 1024, 2048 tokens top-2 of 7 experts, largest |diff| / "
+         "qdq_bound h %.4f / %.4f / %.4f, y %.4f / %.4f / %.4f (<= 1)\n", lh[0], lh[1], lh[2], ly[0], ly[1], ly[2]);
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of

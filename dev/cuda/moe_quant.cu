@@ -84,6 +84,14 @@
  *              persistent grid at 2 and 3 n-tiles (the resident blocks take the (expert, slab) items in the backend's
  *              order, item b + k blocks for block b), the next item's first 2 (107) or 6 (108) weight stages asked of
  *              L2 before each item; elsewhere as 96-104; each output compared with version 50's bit for bit (session 22)
+ *   versions 120-122 (4-bit g64; dev/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
+ *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
+ *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
+ *              layout (wl_pack) dequantized to bf16 once per tile (B), cp.async rings, fp32 accumulators over the
+ *              whole K (the DQ bound, g_dq); blocks in version 50's order, every row count: 120 = passes of 128 rows,
+ *              BN 128, 6 slots; 121 = passes of 64 rows, BN 128, 4 slots, 2 blocks per SM; 122 = 128 rows, BN 256, 5
+ *              slots; each output checked against the CPU and 256 sampled outputs against version 50's within the
+ *              sum of both bounds (check_vs50: not word for word, the sums' orders differ)
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -122,6 +130,7 @@
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 #include "qr_diet_lab.cuh" /* versions 95-108: the SASS diet, its launch choices, weight rings, persistent grid (lab only) */
+#include "qmoe_wl.cuh" /* versions 120-122: the large-M wgmma kernel (lab only) */
 extern "C" {
 #include "io/quant.h"
 }
@@ -250,6 +259,17 @@ static void qw_tile_pack(const qe_tiling &t, const uint8_t *codes, uint8_t *dst)
 static const tiled &get_tiled(stack *st, int warps, int kc, int gateup, int lanes = 0) {
   for (const tiled &t : st->tl)
     if (t.warps == warps && t.kc == kc && t.gateup == gateup && t.lanes == lanes) return t;
+  if (lanes == 4) { /* wl_kernel's layout of slabs of `warps` columns (qmoe_wl.cuh wl_pack; 4-bit g64) */
+    const int N = gateup ? IE : H, K = (int)st->w.cols;
+    const size_t qb = wl_bytes(gateup, E, N, K, warps);
+    std::vector<uint8_t> hq(qb);
+    wl_pack(gateup, E, N, K, warps, st->pk.data(), st->sc.data(), st->bi.data(), hq.data());
+    tiled t = {warps, kc, gateup, lanes, NULL, NULL, qb};
+    CKL(cudaMalloc((void **)&t.q, qb));
+    CKL(cudaMemcpy(t.q, hq.data(), qb, cudaMemcpyHostToDevice));
+    st->tl.push_back(t);
+    return st->tl.back();
+  }
   /* bf16 (bits 16): the stage is the "group" (qr_kc) */
   qe_tiling q = qe_tiling_of(warps, kc, gateup, st->w.bits, st->w.bits == 16 ? kc : G, 4, E, st->w.rows, st->w.cols);
   q.cp = lanes == 1; /* lanes 2: the replicated-pair lane records (qr_wstage cp 0) */
@@ -569,6 +589,25 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
   }
 }
 
+/* Versions 120-122 (4-bit g64): wl_kernel (dev/cuda/qmoe_wl.cuh: wgmma m64nBNk16 with A the gathered rows of xp and
+ * B the weights dequantized to bf16 in shared memory, both 128-byte swizzled; the DQ bound) at every row count, the
+ * blocks in the backend's descending-count order: 120 = two warpgroups (passes of 128 rows), BN 128, a ring of 6
+ * slots (4 stages of copies ahead), 1 block per SM (176,128 bytes of shared memory); 121 = one warpgroup (64 rows),
+ * BN 128, 4 slots, 2 blocks per SM (101,376 bytes); 122 = two warpgroups, BN 256 (half the A tiles' L2 reads per
+ * flop), 5 slots (227,328 bytes). */
+static cudaError_t run_wl(int ver, int prod, stack *st, routing *r) {
+  const int gateup = prod == GU, bn = ver == 122 ? 256 : 128;
+  const tiled &tl = get_tiled(st, bn, G, gateup, 4);
+  qe_args a;
+  cudaError_t e = lab_args(tl, r, gateup, 0, &a);
+  if (e != cudaSuccess) return e;
+  a.order = r->ord;
+  g_dq = 1;
+  if (ver == 120) return gateup ? wl_launch<1, 2, 6>(0, E, a) : wl_launch<0, 2, 6>(0, E, a);
+  if (ver == 121) return gateup ? wl_launch<1, 1, 4, 2>(0, E, a) : wl_launch<0, 1, 4, 2>(0, E, a);
+  return gateup ? wl_launch<1, 2, 5, 1, 256>(0, E, a) : wl_launch<0, 2, 5, 1, 256>(0, E, a);
+}
+
 /* Versions 75-79 (4-bit): the backend's kernel (version 50) up to 3 n-tiles; from 4 n-tiles qw_kernel's DQ body
  * (wgmma.m64nNk16 with the weights dequantized to bf16 in registers as A, the activations from the shared ring as
  * B, accumulated over the whole K: no per-group wait, one run's wgmmas in flight while the next run is decoded;
@@ -718,6 +757,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
   if (ver >= 95 && ver <= 108) return run_diet(ver, prod, st, r);
+  if (ver >= 120 && ver <= 122) return run_wl(ver, prod, st, r);
 #ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94 and 95-108 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
@@ -867,6 +907,59 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   return k_qe_down(0, &w, &b, T, H, IE, E, TOPK, 0);
 }
 
+/* The exact h = gelu(gate) up of expert e's feature n on input x, and the bound of a kernel's bf16 h on it (*bound;
+ * the products' bounds dot_ref's, g_dq as set): the GPU's fp32 gate and up sums g', u' are within dg, du of the exact
+ * g, u; |gelu_tanh'| <= 1.1290, so gelu(g') u' is within E1 = 1.13 dg (|u| + du) + |gelu(g)| du of gelu(g) u; the
+ * fp32 gelu adds at most 64 u_f32 (|g| + 1) |u'|; the bf16 store rounds by at most 2^-8 of the value (tests/test_cuda.c
+ * check_qexperts derives the same). */
+static double h_ref(const stack *gu, int e, int n, const float *x, double *bound) {
+  double dg, du;
+  const double g = dot_ref(&gu->w, (int64_t)e * 2 * IE + n, x, &dg);
+  const double uu = dot_ref(&gu->w, (int64_t)e * 2 * IE + IE + n, x, &du);
+  const double u = ldexp(1.0, -24), ref = gelu_d(g) * uu;
+  const double e1 = 1.13 * dg * (fabs(uu) + du) + fabs(gelu_d(g)) * du + 64.0 * u * (fabs(g) + 1.0) * (fabs(uu) + du);
+  *bound = ldexp(1.0, -8) * (fabs(ref) + e1) + e1 + 1e-30;
+  return ref;
+}
+
+/* Versions 120-: the outputs o (h bf16 or y fp32, as the run left them) against version 50's o50 at nsamp sampled
+ * outputs, within the sum of the two bounds (each within its own of the exact value: the DQ bound for o, g_dq 1; the
+ * exact fold's for o50, g_dq 0), not word for word (other summation orders). Returns the largest |o - o50| / (bound
+ * + bound50) (> 1 fails). */
+static double check_vs50(int prod, const stack *gu, const stack *dn, routing *r, const std::vector<uint8_t> &o,
+                         const std::vector<uint8_t> &o50, int nsamp) {
+  const size_t TK = (size_t)r->T * TOPK;
+  std::vector<int32_t> slot(TK);
+  CKL(cudaMemcpy(slot.data(), r->b.slot_row, TK * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> x((size_t)std::max(H, IE));
+  double worst = 0;
+  for (int i = 0; i < nsamp; i++) {
+    const size_t p = rnd() % TK, row = (size_t)slot[p];
+    const int e = r->idx[p], n = (int)(rnd() % (prod == GU ? IE : H));
+    double b1, b0, v1, v0;
+    if (prod == GU) {
+      for (int k = 0; k < H; k++) x[(size_t)k] = dg_bf16_to_f32(r->hx[(p / TOPK) * H + k]);
+      g_dq = 1;
+      (void)h_ref(gu, e, n, x.data(), &b1);
+      g_dq = 0;
+      (void)h_ref(gu, e, n, x.data(), &b0);
+      v1 = dg_bf16_to_f32(((const uint16_t *)o.data())[row * IE + n]);
+      v0 = dg_bf16_to_f32(((const uint16_t *)o50.data())[row * IE + n]);
+    } else {
+      for (int k = 0; k < IE; k++) x[(size_t)k] = dg_bf16_to_f32(r->hh[row * IE + k]);
+      g_dq = 1;
+      (void)dot_ref(&dn->w, (int64_t)e * H + n, x.data(), &b1);
+      g_dq = 0;
+      (void)dot_ref(&dn->w, (int64_t)e * H + n, x.data(), &b0);
+      v1 = ((const float *)o.data())[row * H + n];
+      v0 = ((const float *)o50.data())[row * H + n];
+    }
+    const double q = std::isfinite(v1) && std::isfinite(v0) ? fabs(v1 - v0) / (b1 + b0 + 1e-30) : 1e30;
+    worst = std::max(worst, q);
+  }
+  return worst;
+}
+
 /* Check sampled outputs of the last run against the CPU; returns the largest |diff| / bound (> 1 fails). */
 static double check(int prod, const stack *gu, const stack *dn, routing *r, int nsamp) {
   const int T = r->T;
@@ -882,12 +975,8 @@ static double check(int prod, const stack *gu, const stack *dn, routing *r, int 
       const size_t p = rnd() % TK;
       const int t = (int)(p / TOPK), e = r->idx[p], n = (int)(rnd() % IE);
       for (int k = 0; k < H; k++) x[(size_t)k] = dg_bf16_to_f32(r->hx[(size_t)t * H + k]);
-      double dg, du;
-      const double g = dot_ref(&gu->w, (int64_t)e * 2 * IE + n, x.data(), &dg);
-      const double uu = dot_ref(&gu->w, (int64_t)e * 2 * IE + IE + n, x.data(), &du);
-      const double u = ldexp(1.0, -24), ref = gelu_d(g) * uu;
-      const double e1 = 1.13 * dg * (fabs(uu) + du) + fabs(gelu_d(g)) * du + 64.0 * u * (fabs(g) + 1.0) * (fabs(uu) + du);
-      const double bound = ldexp(1.0, -8) * (fabs(ref) + e1) + e1 + 1e-30;
+      double bound;
+      const double ref = h_ref(gu, e, n, x.data(), &bound);
       const double got = dg_bf16_to_f32(h[(size_t)slot[p] * IE + n]);
       const double q = std::isfinite(got) ? fabs(got - ref) / bound : 1e30;
       worst = std::max(worst, q);
@@ -1040,6 +1129,7 @@ int main(int argc, char **argv) {
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           if (ver > 95 && ver <= 108 && bits != 4) continue; /* the diet's launch choices, rings, persistent grid: 4-bit only */
+          if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           if (prod == GU) CKL(cudaMemset(r.b.h, 0xff, (size_t)r.T * TOPK * IE * 2)); /* poison: NaN */
@@ -1064,6 +1154,20 @@ int main(int argc, char **argv) {
             if (ndiff) failures++;
             if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           }
+          double q50 = -1; /* versions 120-: |v - v50| / (bound + bound50) over 256 sampled outputs */
+          if (ver >= 120) {
+            const size_t bytes = prod == GU ? (size_t)r.T * TOPK * IE * 2 : (size_t)r.T * TOPK * H * 4;
+            void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
+            std::vector<uint8_t> o1(bytes), o2(bytes);
+            CKL(cudaMemcpy(o1.data(), out, bytes, cudaMemcpyDeviceToHost));
+            CKL(cudaMemset(out, 0xff, bytes));
+            CKL(run_version(50, prod, &gu, &dn, &r));
+            CKL(cudaDeviceSynchronize());
+            CKL(cudaMemcpy(o2.data(), out, bytes, cudaMemcpyDeviceToHost));
+            q50 = check_vs50(prod, &gu, &dn, &r, o1, o2, 256);
+            if (!(q50 <= 1.0)) failures++;
+            if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
+          }
           std::vector<double> t;
           int reps = nreps;
           for (int rep = 0; rep < reps + 3; rep++) {
@@ -1084,6 +1188,9 @@ int main(int argc, char **argv) {
                  wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med,
                  q, probe ? "probe" : q <= 1.0 && ndiff <= 0 ? (ndiff == 0 ? "ok, = v50" : "ok") : ndiff > 0 ? "FAIL (!= v50)" : "FAIL");
           if (ndiff > 0) printf("  version %d: %ld output words differ from version 50's\n", ver, ndiff);
+          if (q50 >= 0)
+            printf("  version %d vs 50: largest |diff| / (bound + bound of v50) %.3f over 256 sampled outputs (%s)\n", ver,
+                   q50, q50 <= 1.0 ? "ok" : "FAIL");
           if (jf)
             fprintf(jf, "{\"kind\": \"moe_lab\", \"device\": \"%s\", \"bits\": %d, \"group\": %d, \"product\": \"%s\", "
                         "\"routing\": \"%s\", \"n\": %d, \"tokens\": %d, \"experts_hit\": %d, \"rows_per_expert\": %.2f, "

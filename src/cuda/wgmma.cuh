@@ -1,5 +1,5 @@
 /* wgmma.cuh: Hopper's warpgroup tensor-core product (wgmma.mma_async, sm_90a) for the kernel lab's warpgroup
- * kernels (dev/cuda/qmoe_w.cuh; none of the backend's kernels uses it yet), with the CPU emulation's equivalents
+ * kernels (dev/cuda/qmoe_w.cuh, qmoe_wl.cuh; none of the backend's kernels uses it yet), with the CPU emulation's equivalents
  * (dev/cuda_emu: DG_CUDA_EMU) so that such kernels can be written and checked without a GPU.
  *
  * Source: PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions" (wgmma.mma_async,
@@ -155,8 +155,9 @@ template <> __device__ __forceinline__ void dg_wgmma_bf16<16>(float (&d)[16][4],
 #endif
 }
 
-/* d (64 x 8 NT) = A B + (scd ? d : 0), A 64 x 16 bf16 K-major at adesc, B 16 x 8 NT bf16 K-major at bdesc (no
- * transposes, no negation); N = 32 (NT 4: the attention lab's version 12 at D 512) and 64. */
+/* d (64 x 8 NT, NT = 4, 8, 16 or 32) = A B + (scd ? d : 0), A 64 x 16 bf16 K-major at adesc, B 16 x 8 NT bf16
+ * K-major at bdesc (no transposes, no negation); N = 32 for the attention lab's version 12 at D 512, 64-256 for the
+ * large-M expert lab versions 120-122. */
 template <int NT> __device__ __forceinline__ void dg_wgmma_bf16_ss(float (&d)[NT][4], uint64_t adesc, uint64_t bdesc, int scd);
 template <> __device__ __forceinline__ void dg_wgmma_bf16_ss<4>(float (&d)[4][4], uint64_t adesc, uint64_t bdesc, int scd) {
 #ifdef DG_WG_TRAP
@@ -177,6 +178,28 @@ template <> __device__ __forceinline__ void dg_wgmma_bf16_ss<8>(float (&d)[8][4]
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
                "%32, %33, p, 1, 1, 0, 0;\n}\n"
                : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7)
+               : "l"(adesc), "l"(bdesc), "r"(scd));
+#endif
+}
+template <> __device__ __forceinline__ void dg_wgmma_bf16_ss<16>(float (&d)[16][4], uint64_t adesc, uint64_t bdesc, int scd) {
+#ifdef DG_WG_TRAP
+  __trap();
+#else
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+               "%64, %65, p, 1, 1, 0, 0;\n}\n"
+               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7), DG_WG_D4(8), DG_WG_D4(9), DG_WG_D4(10), DG_WG_D4(11), DG_WG_D4(12), DG_WG_D4(13), DG_WG_D4(14), DG_WG_D4(15)
+               : "l"(adesc), "l"(bdesc), "r"(scd));
+#endif
+}
+template <> __device__ __forceinline__ void dg_wgmma_bf16_ss<32>(float (&d)[32][4], uint64_t adesc, uint64_t bdesc, int scd) {
+#ifdef DG_WG_TRAP
+  __trap();
+#else
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+               "%128, %129, p, 1, 1, 0, 0;\n}\n"
+               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7), DG_WG_D4(8), DG_WG_D4(9), DG_WG_D4(10), DG_WG_D4(11), DG_WG_D4(12), DG_WG_D4(13), DG_WG_D4(14), DG_WG_D4(15), DG_WG_D4(16), DG_WG_D4(17), DG_WG_D4(18), DG_WG_D4(19), DG_WG_D4(20), DG_WG_D4(21), DG_WG_D4(22), DG_WG_D4(23), DG_WG_D4(24), DG_WG_D4(25), DG_WG_D4(26), DG_WG_D4(27), DG_WG_D4(28), DG_WG_D4(29), DG_WG_D4(30), DG_WG_D4(31)
                : "l"(adesc), "l"(bdesc), "r"(scd));
 #endif
 }
@@ -206,7 +229,7 @@ template <int NT> static inline void dg_wgmma_bf16(float (&d)[NT][4], const uint
   emu::wgmma_bf16(&d[0][0], NT, a, 0, desc, scd);
 }
 template <int NT> static inline void dg_wgmma_bf16_ss(float (&d)[NT][4], uint64_t adesc, uint64_t bdesc, int scd) {
-  static_assert(NT == 4 || NT == 8, "dg_wgmma_bf16_ss: N = 32, 64");
+  static_assert(NT == 4 || NT == 8 || NT == 16 || NT == 32, "dg_wgmma_bf16_ss: N = 32, 64, 128, 256");
   emu::wgmma_bf16(&d[0][0], NT, NULL, adesc, bdesc, scd);
 }
 static inline int dg_wg_available() { return 1; }

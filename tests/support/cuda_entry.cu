@@ -13,6 +13,7 @@
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-108 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-13 (dg_cuda_test_attention) */
+#include "../../dev/cuda/qmoe_wl.cuh"    /* the lab's large-M wgmma versions 120-122 (dg_cuda_test_experts_qw) */
 
 #include "cuda_entry.h"
 
@@ -1058,8 +1059,36 @@ static void qw_recode(uint8_t *q, int64_t n, int bits, int group) {
 /* The kernel lab's qw version qw_ver (dev/cuda/moe_quant.cu run_wg / run_wgdq, 4-bit g64) in place of qr_kernel:
  * the backend's records recoded into a copy (qw_recode), the launch, the copy freed. */
 static int qw_ver;
+static const dg_weight *qw_w[2]; /* versions 120-: the host stacks (down, gate/up), packed by wl_pack at launch */
+/* Versions 120-122 (dev/cuda/moe_quant.cu run_wl): wl_kernel over the wl layout of the host stack (wl_pack), the
+ * launch, the copy freed; 120: two warpgroups (128-row passes), 6 slots, 128 columns; 121: one warpgroup (64 rows),
+ * 4 slots, 2 blocks per SM; 122: two warpgroups, 5 slots, 256 columns. */
+static cudaError_t wl_launch_ver(cudaStream_t s, const qe_args &a0, int gateup) {
+  const dg_weight *w = qw_w[gateup];
+  const int E = (int)(w->rows / (gateup ? 2 * a0.N : a0.N));
+  const int bn = qw_ver == 122 ? 256 : 128;
+  const size_t bytes = wl_bytes(gateup, E, a0.N, a0.Kdim, bn);
+  uint8_t *h = (uint8_t *)malloc(bytes);
+  void *dq = NULL;
+  if (!h) return cudaErrorMemoryAllocation;
+  wl_pack(gateup, E, a0.N, a0.Kdim, bn, (const uint8_t *)w->data, (const uint16_t *)w->scales, (const uint16_t *)w->biases, h);
+  cudaError_t e = cudaMalloc(&dq, bytes);
+  if (e == cudaSuccess) e = cudaMemcpy(dq, h, bytes, cudaMemcpyHostToDevice);
+  qe_args a = a0;
+  a.q = (const uint32_t *)dq;
+  if (e == cudaSuccess) {
+    if (qw_ver == 120) e = gateup ? wl_launch<1, 2, 6>(s, E, a) : wl_launch<0, 2, 6>(s, E, a);
+    else if (qw_ver == 121) e = gateup ? wl_launch<1, 1, 4, 2>(s, E, a) : wl_launch<0, 1, 4, 2>(s, E, a);
+    else e = gateup ? wl_launch<1, 2, 5, 1, 256>(s, E, a) : wl_launch<0, 2, 5, 1, 256>(s, E, a);
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  cudaFree(dq);
+  free(h);
+  return e;
+}
 static cudaError_t qw_launch_ver(cudaStream_t s, dim3 grid, int nt, const qe_args &a0, int bits, int gateup) {
   if (bits != 4 || a0.group != 64) return cudaErrorInvalidValue; /* the versions are instantiated for 4-bit g64 */
+  if (qw_ver >= 120) return wl_launch_ver(s, a0, gateup);
   if (qw_ver == 75 && nt <= 3) return gateup ? qr_launch_bits<4, 1>(s, grid, nt, a0) : qr_launch_bits<4, 0>(s, grid, nt, a0);
   const int64_t n = (int64_t)grid.x * grid.y * (a0.Kdim / qr_kc(64)) * 4;
   const size_t bytes = (size_t)n * qr_wstage(4, 64, 1);
@@ -1096,8 +1125,12 @@ static cudaError_t qw_launch_ver(cudaStream_t s, dim3 grid, int nt, const qe_arg
 extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                              int K, int nt, uint16_t *h, float *y, int *avail) {
-  if (version != 20 && version != 21 && version != 22 && version != 75)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75)", version);
+  if (version != 20 && version != 21 && version != 22 && version != 75 && version != 120 && version != 121 &&
+      version != 122)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 120-122)", version);
+  if (version >= 120 && (gate_up->sb_dtype != DG_BF16 || down->sb_dtype != DG_BF16 || H % 64 || IE % 64))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d needs bf16 scales and H, IE multiples "
+                     "of 64", version);
   if (nt < 1 || nt > 8 || nt == 6 || nt == 7)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: tile count %d (1-5, 8)", nt);
   if (gate_up->bits != 4 || down->bits != 4 || gate_up->group_size != 64 || down->group_size != 64)
@@ -1110,6 +1143,8 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
   if (st != DG_OK || !*avail) return st;
   int fused;
   qw_ver = version;
+  qw_w[0] = down;
+  qw_w[1] = gate_up;
   qr_launcher_set(qw_launch_ver);
   st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 0, &fused, h, y);
   qr_launcher_set(NULL);

@@ -77,8 +77,9 @@ dg_status dg_cuda_test_wgmma(int device, int mode, const uint16_t *A, const uint
                              int *avail);
 /* dg_cuda_experts_nt's products (tile count nt, no DQ, no fused copy) with the kernel lab's wgmma version `version`
  * (dev/cuda/moe_quant.cu: 20, 22 qw_kernel; 21 = 20 with the descriptor's LBO and SBO exchanged; 75 qw_kernel's DQ
- * body from 4 n-tiles, the backend's kernel below) in place of qr_kernel, on 4-bit g64 stacks: h [T K, IE] and
- * y [T K, H] as dg_cuda_test_experts_nt. *avail = 0 (nothing run) where the build has no wgmma (not sm_90a).
+ * body from 4 n-tiles, the backend's kernel below; 120-122 dev/cuda/qmoe_wl.cuh wl_kernel, the large-M kernel, at
+ * every tile count: bf16 scales, H and IE multiples of 64) in place of qr_kernel, on 4-bit g64 stacks: h [T K, IE]
+ * and y [T K, H] as dg_cuda_test_experts_nt. *avail = 0 (nothing run) where the build has no wgmma (not sm_90a).
  * DG_ERR_INVALID_ARG for another version, width, group or tile count. */
 dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                   const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
