@@ -409,7 +409,137 @@ cudaError_t qr_pers_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a)
   return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
 }
 
-/* The lab version ver (95-108) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
+/* Version 109 (session 23): the backend's choices with the diet's loop, each block's first weight stage loaded early.
+ * Why (docs/cuda.md, "Session 23: where the 4-bit products lose"): at the 26B canvas on the H100 the uniform M 16
+ * timings fit blocks that each take a fixed F ~ 2.85 us besides c ~ 0.885 us per 4,608-byte block stage (gate/up
+ * 44 stages, 3 rounds of the 528 resident blocks: 125.5 us; down 11 stages, 6 rounds: 75.5 us), and in the stages
+ * themselves the SMs' DRAM stream runs at ~89 % of the read ceiling: F costs down 23 % and gate/up 7 %. F is mostly
+ * latency: qr_block's order load, then count and start, then qe_pass_rows' index loads and a barrier, and only then
+ * (qr_diet_pass) the first weight load, whose DRAM round trip is the longest link. Here each warp loads its first D - 1
+ * weight stages into registers (and issues the pass's first L2 prefetches) as soon as the expert is known, before
+ * count, start and the row table, so that round trip overlaps theirs; qr_diet_pass (PRE 1) then takes them from
+ * W0. An expert without rows loads one stage per warp for nothing (in bounds: its slab exists). Later passes of an
+ * expert (more than 8 NT rows) load their first stages the same way before their row table. The same record words
+ * in the same registers, so the same products, folds and fp32 operations in the same order as version 50's: every
+ * output word equal. */
+
+/* The first D - 1 weight stages of the warp's slab into W0 (D - 1 records of RW words) and the pass's first L2
+ * prefetches, exactly as qr_diet_pass (PRE 0) issues them. */
+template <int BITS, int GS, int D, int PF>
+__device__ __forceinline__ void qr_early_loads(uint32_t *W0, const unsigned char *wstage0, const unsigned char *wq,
+                                               int lane, int g, int nst, int64_t sstride) {
+  constexpr int RW = qr_rec(BITS, GS) / 4;
+  qr_prefetch_first<BITS, GS, 1, PF>(wstage0, wq, lane, nst, sstride);
+  const unsigned char *wnext = wq;
+#pragma unroll
+  for (int d = 0; d < D - 1; d++)
+    if (d < nst) {
+      qr_load_stage<BITS, GS, 1, PF>(W0 + d * RW, wnext, lane, g, d, nst, sstride);
+      wnext += sstride;
+    }
+}
+
+/* The warp's stage 0 of expert e's slab in device memory (*wstage0) and the lane's piece of it (*wq), stages
+ * sstride = WARPS qr_wstage bytes apart (qr_body's addresses). */
+template <int BITS, int GS, int WARPS>
+__device__ __forceinline__ void qr_early_addr(const qe_args &a, int e, int slab, int warp, int lane,
+                                              const unsigned char **wstage0, const unsigned char **wq) {
+  constexpr int KC = qr_kc(GS, BITS), CB = 4 * (KC / 32) * BITS, PSC = CB % 16 == 0 ? 16 : 8;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  const int nst = a.Kdim / KC;
+  *wstage0 = (const unsigned char *)a.q + ((int64_t)e * gridDim.y + slab) * nst * sstride +
+             (int64_t)warp * qr_wstage(BITS, GS, 1);
+  *wq = *wstage0 + lane * PSC;
+}
+
+/* qr_body's work for expert e's slab (DIET loop, compact records) whose first pass's first D - 1 weight stages are
+ * already in W0 (qr_early_loads from wstage0 / wq); a later pass (an expert of more than 8 NT rows) loads its own the
+ * same way before its row table; qr_diet_pass PRE 1. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF>
+__device__ __forceinline__ void qr_early_body(const qe_args &a, unsigned char *smem, const int e, const int slab,
+                                              uint32_t *W0, const unsigned char *wstage0, const unsigned char *wq) {
+  constexpr int KC = qr_kc(GS, BITS);
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
+  constexpr int GU = GATEUP != 0;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  static_assert(BITS != 16 && GATEUP != QR_GATEUP_HP && D > 1, "quantized stacks, the plain epilogues, register stages");
+  __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
+  __shared__ int64_t srow[NTOK]; /* its row of group sums */
+  const int cnt = a.count[e];
+  if (cnt == 0) return;
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    if (p0 > 0) qr_early_loads<BITS, GS, D, PF>(W0, wstage0, wq, lane, g, nst, sstride); /* this pass's first stages */
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    __syncthreads();
+    qr_diet_pass<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, 1, 1>(a, xrow, srow, mvalid, base + p0, mp, slab,
+                                                                         wstage0, wq, nst, nsa, tid, smem, W0);
+  }
+}
+
+/* The kernel of version 109: qr_kernel's (block order, the NTS-tile body for experts of at most 8 NTS rows, MINB
+ * blocks per SM the registers are capped for) with qr_early_body; the first weight stages are loaded (the same for
+ * both bodies) as soon as qr_block has named the expert, before its count is read. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_early_kernel(qe_args a) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  constexpr int RW = qr_rec(BITS, GS) / 4;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  int e, slab;
+  qr_block(a, &e, &slab);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const unsigned char *wstage0, *wq;
+  qr_early_addr<BITS, GS, WARPS>(a, e, slab, warp, lane, &wstage0, &wq);
+  uint32_t W0[D - 1][RW];
+  qr_early_loads<BITS, GS, D, PF>(&W0[0][0], wstage0, wq, lane, lane >> 2, a.Kdim / qr_kc(GS, BITS), sstride);
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[e] <= 8 * NTS) {
+      qr_early_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, &W0[0][0], wstage0, wq);
+      return;
+    }
+  }
+  qr_early_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, &W0[0][0], wstage0, wq);
+}
+
+/* qr_early_kernel over grid (experts, slabs) as qr_launch_g launches qr_kernel (the diet's ring of dynamic shared
+ * memory, the attribute set once per instantiation above 48 KB); the attribute's or the launch's error. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+cudaError_t qr_early_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args) = qr_early_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
+/* Version 109: for group 64 at 3 n-tiles (the backend's choices: registers for 4 blocks per SM, line prefetches 2
+ * stages ahead, the 2-tile body for experts of at most 16 rows) and at 2 n-tiles (4 blocks per SM, no prefetch)
+ * qr_early_kernel; elsewhere as 96-104 (qr_diet_launch with the backend's choices). */
+template <int BITS, int GATEUP>
+cudaError_t qr_early_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if (a.group == 64 && nt == 3)
+    return qr_early_launch<BITS, GATEUP, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS>(s, grid, a);
+  if (a.group == 64 && nt == 2)
+    return qr_early_launch<BITS, GATEUP, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0>(s, grid, a);
+  return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
+}
+
+/* The lab version ver (95-109) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
  * or down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
  * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's (the persistent grid), for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
  * build, paid on the GPU machine's clock); cudaErrorInvalidValue for any other version or width. */
@@ -437,6 +567,8 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     /* 107-108 (session 22): the persistent grid (qr_pers_kernel), the next item's first stages asked of L2 */
     case 107: return qr_pers_version<BITS, GATEUP, 2>(s, grid, nt, a); /* 2 and 3 n-tiles: 2 stages ahead */
     case 108: return qr_pers_version<BITS, GATEUP, 6>(s, grid, nt, a); /* 2 and 3 n-tiles: 6 stages ahead */
+    /* 109 (session 23): the block's first weight stages loaded before its row table (qr_early_kernel) */
+    case 109: return qr_early_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
     default: break;
     }
   }
