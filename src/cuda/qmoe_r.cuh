@@ -780,9 +780,10 @@ __device__ __forceinline__ void qr_stage_diet(float (&acc)[2][NT][4], float (&pa
  * while everything they load, prefetch and issue exists and is whole, then qr_body's tested iterations. xrow, srow:
  * the pass's row table (qe_pass_rows); mvalid, row0, mp, slab: qe_store's; wstage0 / wq: the warp's stage 0 and the
  * lane's piece of it; nst weight and nsa activation stages; smem: the ring (STAGES slots of STB bytes). PRE 1 (lab
- * version 109, dev/cuda/qr_diet_lab.cuh qr_early_kernel): the caller has already loaded weight stages 0 .. D - 2
- * into W0 (D - 1 records of RW words) and issued the pass's first L2 prefetches, as this function would; the same
- * words, so the same arithmetic. */
+ * version 109, dev/cuda/qr_diet_lab.cuh qr_early_kernel): the caller has already copied the lane's records of weight
+ * stages 0 .. D - 2 by cp.async into shared memory at W0 (D - 1 records of RW words, one commit group before the
+ * pass, so older than the ring's first STAGES - 1) and issued the pass's first L2 prefetches, as this function
+ * would; they are read into the same registers, so the same arithmetic. */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int PRE = 0>
 __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
                                              const bool (&mvalid)[2], int row0, int mp, int slab,
@@ -816,12 +817,19 @@ __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xr
   uint32_t W[D][RW];
   const unsigned char *wnext = wq;
   if constexpr (PRE) { /* the first D - 1 weight stages (and the first L2 prefetches) were issued by the caller into
-                        * W0 (D - 1 records of RW words), as the branch below issues them (lab version 109) */
+                        * shared memory at W0 (lab version 109): their group is older than the ring's STAGES - 1 */
+    static_assert(RW % 4 == 0, "records of whole 16-byte pieces");
+    dg_cp_wait<STAGES - 1>();
+    const dg_sptr w0 = dg_sp(W0);
 #pragma unroll
     for (int d = 0; d < D - 1; d++)
       if (d < nst) {
 #pragma unroll
-        for (int i = 0; i < RW; i++) W[d][i] = W0[d * RW + i];
+        for (int k = 0; k < RW / 4; k++) { /* asm volatile loads: never moved above the wait (a plain load was: its
+                                            * asm has no memory clobber, and nvcc hoisted the reads above the copies) */
+          const uint4 v = dg_lds16(w0 + 16 * (d * RW / 4 + k));
+          W[d][4 * k] = v.x; W[d][4 * k + 1] = v.y; W[d][4 * k + 2] = v.z; W[d][4 * k + 3] = v.w;
+        }
         wnext += sstride;
       }
   } else {
