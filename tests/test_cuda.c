@@ -3117,7 +3117,7 @@ typedef struct {
 } wcase;
 
 /* Each of the n cases through the test library twice, the backend's kernels and then version ver's (0: the other
- * DIET, test_experts_diet; 95-108: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
+ * DIET, test_experts_diet; 95-109: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
  * returns the words compared. */
 static long experts_words(const wcase *cs, size_t n, int ver) {
   const int E = 5, K = 2;
@@ -3163,7 +3163,7 @@ static void test_quant_experts_diet(void **state) {
          "%zu stacks)\n", words, sizeof cs / sizeof cs[0]);
 }
 
-/* The kernel lab's versions 96-108 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
+/* The kernel lab's versions 96-109 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
  * stages, prefetch distances and activation stages at 2 and 3 n-tiles, 105-106 over a weight ring in shared memory of
  * 4 and 6 stages at 3 n-tiles, 107-108 in a persistent grid at 2 and 3 n-tiles, run by the test library with the
  * resident blocks and with 3 blocks that take several items each) against the backend's kernels, h and y word
@@ -3182,8 +3182,8 @@ static void test_quant_experts_lab(void **state) {
       {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {4, 4, 64, 640, 384, 37, 2}, {4, 4, 64, 1024, 704, 37, 0},
   };
   long words = 0;
-  for (int ver = 96; ver <= 108; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
-  printf("# kernel lab versions 96-108 (the SASS diet's launch choices, weight rings, persistent grid): h and y equal to the "
+  for (int ver = 96; ver <= 109; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
+  printf("# kernel lab versions 96-109 (the SASS diet's launch choices, weight rings, persistent grid, early weights): h and y equal to the "
          "backend's word for word (%ld words, %zu stacks each)\n", words, sizeof cs / sizeof cs[0]);
 }
 
@@ -3264,6 +3264,46 @@ static void test_wgmma(void **state) {
          "scale-d 1 / 0) and the 128-byte ones at the row's other k16 slices, within g(34) (|C| + sum |ab|): largest "
          "|diff| / bound %.4f; each mutation fails at %ld of 4096 elements or more\n", emu ? "CPU emulation" : "GPU",
          worst, least);
+}
+
+/* cp.async.bulk into a 2-slot shared-memory ring, each slot's mbarrier waited for by parity (src/cuda/qmoe_r.cuh
+ * dg_bulk_g2s, dg_mbar_wait; dg_cuda_test_bulk of the test library), the emulation's model of them (dev/cuda_emu:
+ * the copy performed at the wait on its phase) or the GPU's: 1, 2, 3 and 37 stages of 256 random bytes copied byte
+ * for byte. On the emulation the two mutations, the slot read without a wait and the wait on the other parity, must
+ * each leave most of the bytes of a 37-stage copy wrong (the slot's previous stage or the NaN fill). */
+static void test_bulk_copy(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  enum { N = 37, SLOT = 256 };
+  static uint8_t src[N * SLOT], dst[N * SLOT];
+  for (int i = 0; i < N * SLOT; i++) src[i] = (uint8_t)(int)((q_rand() + 1.0f) * 128.0f); /* q_rand: [-1, 1) */
+  char info[256] = "";
+  const int emu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation") != NULL;
+  static const int ns[] = {1, 2, 3, N};
+  for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+    memset(dst, 0, sizeof dst);
+    assert_dg_ok(cut()->test_bulk(0, 0, src, dst, ns[c]));
+    for (int i = 0; i < ns[c] * SLOT; i++)
+      if (dst[i] != src[i]) fail_msg("bulk copy of %d stages: byte %d is %u, expected %u", ns[c], i, dst[i], src[i]);
+  }
+  long least = N * SLOT;
+  if (emu)
+    for (int mode = 1; mode <= 2; mode++) {
+      memset(dst, 0, sizeof dst);
+      assert_dg_ok(cut()->test_bulk(0, mode, src, dst, N));
+      long bad = 0;
+      for (int i = 0; i < N * SLOT; i++) bad += dst[i] != src[i];
+      if (bad < N * SLOT / 2)
+        fail_msg("bulk copy mutation %d (%s): only %ld of %d bytes wrong", mode,
+                 mode == 1 ? "no wait" : "the other parity", bad, N * SLOT);
+      if (bad < least) least = bad;
+    }
+  if (emu)
+    printf("# cp.async.bulk + mbarrier ring (CPU emulation): 1, 2, 3, %d stages byte for byte; each mutation (no wait, "
+           "the other parity) leaves %ld of %d bytes wrong or more\n", N, least, N * SLOT);
+  else
+    printf("# cp.async.bulk + mbarrier ring (GPU): 1, 2, 3, %d stages byte for byte\n", N);
 }
 
 /* The kernel lab's wgmma versions (dev/cuda/moe_quant.cu, qw_kernel of dev/cuda/qmoe_w.cuh) in place of qr_kernel,
@@ -3548,7 +3588,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -84,6 +84,10 @@
  *              persistent grid at 2 and 3 n-tiles (the resident blocks take the (expert, slab) items in the backend's
  *              order, item b + k blocks for block b), the next item's first 2 (107) or 6 (108) weight stages asked of
  *              L2 before each item; elsewhere as 96-104; each output compared with version 50's bit for bit (session 22)
+ *   version 109 (4-bit; dev/cuda/qr_diet_lab.cuh qr_early_kernel): the diet with the backend's choices at 2 and 3
+ *              n-tiles, each warp's first weight stage loaded (and the first L2 prefetches issued) as soon as the block
+ *              knows its expert, before the expert's count, start and row table; elsewhere as 96-104; each output
+ *              compared with version 50's bit for bit (session 23)
  *   versions 120-122 (4-bit g64; dev/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -129,7 +133,7 @@
 #include "cuda/qmoe_r.cuh"
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
-#include "qr_diet_lab.cuh" /* versions 95-108: the SASS diet, its launch choices, weight rings, persistent grid (lab only) */
+#include "qr_diet_lab.cuh" /* versions 95-109: the SASS diet, its launch choices, weight rings, persistent grid, early weights (lab only) */
 #include "qmoe_wl.cuh" /* versions 120-122: the large-M wgmma kernel (lab only) */
 extern "C" {
 #include "io/quant.h"
@@ -489,11 +493,11 @@ static cudaError_t backend_args(int prod, stack *st, routing *r, qe_args *a, dim
   return cudaSuccess;
 }
 
-/* Versions 95-108 (qr_diet_version, dev/cuda/qr_diet_lab.cuh): version 50 (the backend's block order) with
+/* Versions 95-109 (qr_diet_version, dev/cuda/qr_diet_lab.cuh): version 50 (the backend's block order) with
  * qr_kernel's other stage loop (95: qr_launch_bits' FLIP 1; the SASS diet's loop, session 17, has steady-state
  * iterations without tests, real-row copies, 32-bit shared loads; the backend runs it at the tile counts of
  * QR_DIET_TILES, the loop before it elsewhere) and the diet with other launch choices (96-104) or over a weight ring in
- * shared memory (105-106) or in a persistent grid (107-108), 4-bit rows only; their outputs are compared with
+ * shared memory (105-106) or in a persistent grid (107-108) or with the first weight loads early (109), 4-bit rows only; their outputs are compared with
  * version 50's bit for bit. */
 static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   qe_args a;
@@ -756,9 +760,9 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
-  if (ver >= 95 && ver <= 108) return run_diet(ver, prod, st, r);
+  if (ver >= 95 && ver <= 109) return run_diet(ver, prod, st, r);
   if (ver >= 120 && ver <= 122) return run_wl(ver, prod, st, r);
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94 and 95-108 only (a build in a fraction of the time) */
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-109 and 120-122 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -1128,7 +1132,7 @@ int main(int argc, char **argv) {
               (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
-          if (ver > 95 && ver <= 108 && bits != 4) continue; /* the diet's launch choices, rings, persistent grid: 4-bit only */
+          if (ver > 95 && ver <= 109 && bits != 4) continue; /* the diet's launch choices, rings, persistent grid, early weights: 4-bit only */
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1139,8 +1143,8 @@ int main(int argc, char **argv) {
           const int probe = ver >= 90 && ver <= 94; /* no output to check */
           const double q = probe ? 0.0 : check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
-          long ndiff = -1; /* versions 80-89, 95-108: output words that differ from version 50's (bit-identical by construction) */
-          if ((ver >= 80 && ver < 90) || (ver >= 95 && ver <= 108)) {
+          long ndiff = -1; /* versions 80-89, 95-109: output words that differ from version 50's (bit-identical by construction) */
+          if ((ver >= 80 && ver < 90) || (ver >= 95 && ver <= 109)) {
             const size_t words = prod == GU ? (size_t)r.T * TOPK * IE : (size_t)r.T * TOPK * H, wb = prod == GU ? 2 : 4;
             void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
             std::vector<uint8_t> o1(words * wb), o2(words * wb);

@@ -409,7 +409,162 @@ cudaError_t qr_pers_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a)
   return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
 }
 
-/* The lab version ver (95-108) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
+/* Version 109 (session 23): the backend's choices with the diet's loop, each block's first weight stage copied early.
+ * Why (docs/cuda.md, "Session 23 (helper moe11)"): at the 26B canvas on the H100 the uniform M 16 timings fit blocks
+ * that each take a fixed F ~ 2.85 us besides c ~ 0.885 us per 4,608-byte block stage (gate/up 44 stages, 3 rounds of
+ * the 528 resident blocks: 125.5 us; down 11 stages, 6 rounds: 75.5 us), and in the stages themselves the SMs' DRAM
+ * stream runs at ~89 % of the read ceiling: F costs down 23 % and gate/up 7 %. F is mostly latency: qr_block's order
+ * load, then count and start, then qe_pass_rows' index loads and a barrier, and only then (qr_diet_pass) the first
+ * weight load, whose DRAM round trip is the longest link. Here each lane copies its record of the slab's first D - 1
+ * weight stages by cp.async into its own 4 RW (D - 1) bytes of shared memory (48 at 4-bit g64, D 2; after the
+ * activation ring; no register holds them, so nothing waits for them: a first draft loaded them into registers, and
+ * ptxas at the 128-register cap spilled those registers at once, the spill stores waiting on the loads) and issues the pass's
+ * first L2 prefetches as soon as the expert is known, before count, start and the row table; qr_diet_pass (PRE 1)
+ * reads the records back into its register stages. An expert without rows copies one stage per warp for nothing (in
+ * bounds: its slab exists). Later passes of an expert (more than 8 NT rows) copy their first stages the same way
+ * before their row table. The same record words in the same registers, so the same products, folds and fp32
+ * operations in the same order as version 50's: every output word equal. */
+
+/* Bytes of shared memory of qr_early_kernel's early records: WARPS x 32 lanes x (D - 1) records of RW words. */
+template <int BITS, int GS, int WARPS, int D> __host__ __device__ constexpr int qr_early_bytes() {
+  return WARPS * 32 * (D - 1) * qr_rec(BITS, GS);
+}
+
+/* The lane's records of the slab's first D - 1 weight stages by cp.async into W0s (its (D - 1) RW words of shared
+ * memory), one commit group, and the pass's first L2 prefetches, as qr_diet_pass (PRE 0) issues its loads and
+ * prefetches: wstage0 / wq the warp's stage 0 and the lane's code piece of it, nst stages sstride bytes apart. */
+template <int BITS, int GS, int D, int PF>
+__device__ __forceinline__ void qr_early_copies(dg_sptr W0s, const unsigned char *wstage0, const unsigned char *wq,
+                                                int lane, int g, int nst, int64_t sstride) {
+  constexpr int KC = qr_kc(GS, BITS), GPS = KC / GS, CB = 4 * (KC / 32) * BITS, RW = qr_rec(BITS, GS) / 4;
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, APF = PF < 0 ? -PF : PF;
+  static_assert(BITS != 16 && PSC == 16 && PF <= 0, "compact 16-byte code pieces, line prefetches");
+  qr_prefetch_first<BITS, GS, 1, PF>(wstage0, wq, lane, nst, sstride);
+  const unsigned char *wnext = wq;
+#pragma unroll
+  for (int d = 0; d < D - 1; d++)
+    if (d < nst) {
+      if (APF > 0 && d + APF < nst) qr_prefetch_lines<CB, GPS, PSC>(wnext + (int64_t)APF * sstride, lane);
+      const dg_sptr dst = W0s + 4 * RW * d;
+#pragma unroll
+      for (int k = 0; k < CB / 16; k++) dg_cp_async16_nz(dst + 16 * k, wnext + k * 32 * 16); /* qr_ld_pieces' */
+      const unsigned char *pp = wnext - lane * 16 + 32 * CB + g * 16 * GPS;                /* qr_load_stage's */
+#pragma unroll
+      for (int i = 0; i < GPS; i++) dg_cp_async16_nz(dst + CB + 16 * i, pp + 16 * i);
+      wnext += sstride;
+    }
+  dg_cp_commit();
+}
+
+/* The warp's stage 0 of expert e's slab in device memory (*wstage0) and the lane's piece of it (*wq), stages
+ * WARPS qr_wstage bytes apart (qr_body's addresses). */
+template <int BITS, int GS, int WARPS>
+__device__ __forceinline__ void qr_early_addr(const qe_args &a, int e, int slab, int warp, int lane,
+                                              const unsigned char **wstage0, const unsigned char **wq) {
+  constexpr int KC = qr_kc(GS, BITS), CB = 4 * (KC / 32) * BITS, PSC = CB % 16 == 0 ? 16 : 8;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  const int nst = a.Kdim / KC;
+  *wstage0 = (const unsigned char *)a.q + ((int64_t)e * gridDim.y + slab) * nst * sstride +
+             (int64_t)warp * qr_wstage(BITS, GS, 1);
+  *wq = *wstage0 + lane * PSC;
+}
+
+/* qr_body's work for expert e's slab (DIET loop, compact records) whose first pass's first D - 1 weight stages are
+ * already on their way into W0 (the lane's early records in shared memory, qr_early_copies); a later pass (an
+ * expert of more than 8 NT rows) copies its own the same way before its row table; qr_diet_pass PRE 1. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF>
+__device__ __forceinline__ void qr_early_body(const qe_args &a, unsigned char *smem, const int e, const int slab,
+                                              const uint32_t *W0, const unsigned char *wstage0,
+                                              const unsigned char *wq) {
+  constexpr int KC = qr_kc(GS, BITS);
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
+  constexpr int GU = GATEUP != 0;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  static_assert(BITS != 16 && GATEUP != QR_GATEUP_HP && D > 1, "quantized stacks, the plain epilogues, register stages");
+  __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
+  __shared__ int64_t srow[NTOK]; /* its row of group sums */
+  const int cnt = a.count[e];
+  if (cnt == 0) {
+    dg_cp_wait<0>(); /* the early copies land before the block exits */
+    return;
+  }
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    if (p0 > 0) qr_early_copies<BITS, GS, D, PF>(dg_sp(W0), wstage0, wq, lane, g, nst, sstride); /* this pass's */
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    __syncthreads();
+    qr_diet_pass<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, 1, 1>(a, xrow, srow, mvalid, base + p0, mp, slab,
+                                                                         wstage0, wq, nst, nsa, tid, smem, W0);
+  }
+}
+
+/* The kernel of version 109: qr_kernel's (block order, the NTS-tile body for experts of at most 8 NTS rows, MINB
+ * blocks per SM the registers are capped for) with qr_early_body; the first weight stages' copies (the same for both
+ * bodies, into shared memory after the NT-tile body's activation ring) go out as soon as qr_block has named the
+ * expert, before its count is read. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_early_kernel(qe_args a) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  constexpr int RW = qr_rec(BITS, GS) / 4;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  constexpr int RING = STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0)); /* the larger body's ring */
+  int e, slab;
+  qr_block(a, &e, &slab);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const unsigned char *wstage0, *wq;
+  qr_early_addr<BITS, GS, WARPS>(a, e, slab, warp, lane, &wstage0, &wq);
+  const uint32_t *W0 = (const uint32_t *)(smem + RING + 4 * RW * (D - 1) * tid); /* this lane's early records */
+  qr_early_copies<BITS, GS, D, PF>(dg_sp(W0), wstage0, wq, lane, lane >> 2, a.Kdim / qr_kc(GS, BITS), sstride);
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[e] <= 8 * NTS) {
+      qr_early_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, W0, wstage0, wq);
+      return;
+    }
+  }
+  qr_early_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, W0, wstage0, wq);
+}
+
+/* qr_early_kernel over grid (experts, slabs) as qr_launch_g launches qr_kernel (the diet's ring of dynamic shared
+ * memory and the early records after it, qr_early_bytes; the attribute set once per instantiation above 48 KB); the
+ * attribute's or the launch's error. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+cudaError_t qr_early_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args) = qr_early_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0)) +
+                          qr_early_bytes<BITS, GS, WARPS, D>(); /* the ring, then the early records */
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
+/* Version 109: for group 64 at 3 n-tiles (the backend's choices: registers for 4 blocks per SM, line prefetches 2
+ * stages ahead, the 2-tile body for experts of at most 16 rows) and at 2 n-tiles (4 blocks per SM, no prefetch)
+ * qr_early_kernel; elsewhere as 96-104 (qr_diet_launch with the backend's choices). */
+template <int BITS, int GATEUP>
+cudaError_t qr_early_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if (a.group == 64 && nt == 3)
+    return qr_early_launch<BITS, GATEUP, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS>(s, grid, a);
+  if (a.group == 64 && nt == 2)
+    return qr_early_launch<BITS, GATEUP, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0>(s, grid, a);
+  return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
+}
+
+/* The lab version ver (95-109) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
  * or down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
  * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's (the persistent grid), for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
  * build, paid on the GPU machine's clock); cudaErrorInvalidValue for any other version or width. */
@@ -437,6 +592,8 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     /* 107-108 (session 22): the persistent grid (qr_pers_kernel), the next item's first stages asked of L2 */
     case 107: return qr_pers_version<BITS, GATEUP, 2>(s, grid, nt, a); /* 2 and 3 n-tiles: 2 stages ahead */
     case 108: return qr_pers_version<BITS, GATEUP, 6>(s, grid, nt, a); /* 2 and 3 n-tiles: 6 stages ahead */
+    /* 109 (session 23): the block's first weight stages loaded before its row table (qr_early_kernel) */
+    case 109: return qr_early_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
     default: break;
     }
   }

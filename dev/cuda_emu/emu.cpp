@@ -5,6 +5,7 @@
 #include <time.h>
 #include <ucontext.h>
 
+#include <map>
 #include <vector>
 
 #include "cublas_v2.h"
@@ -61,6 +62,20 @@ struct wg_state {
   unsigned committed;
 };
 std::vector<wg_state> wgs;
+/* mbarriers of the block being run, by shared-memory offset (emu.h mbar_init): the bulk copies recorded on the
+ * current phase, performed when a thread waits on it */
+struct bulk_copy {
+  unsigned char *dst;
+  const unsigned char *src;
+  uint32_t bytes;
+};
+struct mbar {
+  int expected, pending;
+  unsigned phase;
+  int64_t tx; /* transaction bytes expected by arrive.expect_tx, less those of the copies performed */
+  std::vector<bulk_copy> copies;
+};
+std::map<uint32_t, mbar> mbars;
 std::vector<unsigned char> smem;
 unsigned char *smem_base; /* 1024-byte aligned start of the dynamic shared memory */
 size_t smem_size;
@@ -321,6 +336,80 @@ void wgmma_wait(int n) {
   st.q.erase(st.q.begin(), st.q.begin() + (long)done);
 }
 
+static mbar &mbar_of(void *bar, const char *what) {
+  const uint32_t o = smem_addr(bar);
+  auto it = mbars.find(o);
+  if (o % 8 || it == mbars.end()) {
+    fprintf(stderr, "emu: %s on shared offset %u of block (%u,%u,%u), which is not an initialised mbarrier "
+            "(8-byte aligned, mbarrier.init first)\n", what, o, blockIdx_.x, blockIdx_.y, blockIdx_.z);
+    abort();
+  }
+  return it->second;
+}
+void mbar_init(void *bar, int count) {
+  const uint32_t o = smem_addr(bar);
+  auto it = mbars.find(o);
+  if (o % 8 || count < 1 || (it != mbars.end() && !it->second.copies.empty())) {
+    fprintf(stderr, "emu: mbarrier.init at shared offset %u, count %d (8-byte aligned, count >= 1, no copy pending "
+            "on it)\n", o, count);
+    abort();
+  }
+  mbars[o] = mbar{count, count, 0, 0, {}};
+  memset(bar, 0, 8);
+}
+/* The current phase of m (its arrivals all in) completes: its copies performed, their bytes checked against the
+ * transaction count, the next phase begun. */
+static void mbar_complete(mbar &m, void *bar) {
+  for (const bulk_copy &c : m.copies) {
+    memcpy(c.dst, c.src, c.bytes);
+    m.tx -= c.bytes;
+  }
+  m.copies.clear();
+  if (m.tx != 0) {
+    fprintf(stderr, "emu: mbarrier at shared offset %u: the phase's transaction bytes are off by %lld from its "
+            "copies' (arrive.expect_tx and cp.async.bulk disagree: on the GPU a hang or an early completion)\n",
+            smem_addr(bar), (long long)m.tx);
+    abort();
+  }
+  m.phase++;
+  m.pending = m.expected;
+}
+void mbar_arrive_expect_tx(void *bar, uint32_t bytes) {
+  mbar &m = mbar_of(bar, "mbarrier.arrive.expect_tx");
+  if (m.pending < 1) mbar_complete(m, bar); /* the phase before, never waited for, completed by now (its copies land) */
+  m.tx += bytes;
+  m.pending--;
+}
+void bulk_g2s(void *dst, const void *src, uint32_t bytes, void *bar) {
+  mbar &m = mbar_of(bar, "cp.async.bulk");
+  const uint32_t d = smem_addr(dst);
+  if (bytes == 0 || bytes % 16 || d % 16 || (uintptr_t)src % 16 || d + bytes > smem_size) {
+    fprintf(stderr, "emu: cp.async.bulk of %u bytes from %p to shared offset %u (16-byte aligned addresses, a "
+            "nonzero multiple of 16 bytes, inside the %zu bytes of dynamic shared memory)\n", bytes, src, d, smem_size);
+    abort();
+  }
+  m.copies.push_back(bulk_copy{(unsigned char *)dst, (const unsigned char *)src, bytes});
+}
+bool mbar_try_wait_parity(void *bar, uint32_t parity) {
+  mbar &m = mbar_of(bar, "mbarrier.try_wait.parity");
+  if ((m.phase & 1u) != (parity & 1u)) return true; /* the phase of that parity completed (the one before) */
+  if (m.pending > 0) return false;                  /* arrivals still to come: the caller spins (yields) */
+  mbar_complete(m, bar);
+  return true;
+}
+/* The wait loop of dg_mbar_wait: a false try_wait yields to the other threads (they may still arrive). */
+void mbar_wait_parity(void *bar, uint32_t parity) {
+  int spins = 0;
+  while (!mbar_try_wait_parity(bar, parity)) {
+    yield();
+    if (++spins > 1000000) {
+      fprintf(stderr, "emu: mbarrier wait at shared offset %u, parity %u: deadlock (no thread arrives)\n",
+              smem_addr(bar), parity);
+      abort();
+    }
+  }
+}
+
 void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
   const int n = (int)(block.x * block.y * block.z);
   if (n <= 0 || n > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
@@ -352,6 +441,7 @@ void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
         for (auto &w : warps) w.count = 0;
         for (auto &w : wgroups) w.count = 0;
         for (auto &s : wgs) { s.q.clear(); s.committed = 0; }
+        mbars.clear();
         for (int i = 0; i < n; i++) {
           getcontext(&th[i].ctx);
           th[i].ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * STACK;
@@ -370,6 +460,12 @@ void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
             cur = i;
             threadIdx_ = th[i].idx;
             swapcontext(&sched, &th[i].ctx);
+          }
+        for (const auto &m : mbars)
+          if (!m.second.copies.empty()) {
+            fprintf(stderr, "emu: block (%u,%u,%u) exited with %zu cp.async.bulk copies on the mbarrier at shared "
+                    "offset %u never waited for\n", bx, by, bz, m.second.copies.size(), m.first);
+            abort();
           }
       }
   cur = -1;

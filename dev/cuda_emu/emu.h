@@ -66,6 +66,22 @@ void warpgroup_gather(const void *v, void *all, int size); /* the 128 threads of
 void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd);
 void wgmma_commit();      /* wgmma.commit_group */
 void wgmma_wait(int n);   /* wgmma.wait_group n: all but the newest n committed groups complete */
+/* mbarrier and cp.async.bulk (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier",
+ * "cp.async.bulk"; dev/cuda_emu/README.md): an mbarrier in dynamic shared memory (bar: its 8 bytes) with an
+ * expected arrival count, the current phase, the arrivals still pending in it and its transaction count. A bulk copy
+ * global -> shared is recorded at the issue and performed (its bytes read and written, its transaction bytes
+ * completed) only when a thread waits on the phase it completes, so a thread that reads the destination without
+ * waiting, or waits on the wrong parity, reads the old bytes; the phase completes when its arrivals and transaction
+ * bytes are all in, the next begins with the expected count again (an arrival on a phase whose arrivals are all in
+ * completes that phase first: its copies have landed by then on the GPU too). Misuse aborts with the reason: an
+ * uninitialised barrier, a copy not 16-byte aligned or not a multiple of 16 bytes, a destination outside the dynamic
+ * shared memory, transaction bytes that do not match the copies', a wait that no arrival can complete, a block that
+ * exits with copies not waited for. */
+void mbar_init(void *bar, int count);
+void mbar_arrive_expect_tx(void *bar, uint32_t bytes);
+void bulk_g2s(void *dst, const void *src, uint32_t bytes, void *bar);
+bool mbar_try_wait_parity(void *bar, uint32_t parity); /* true once the phase of that parity has completed */
+void mbar_wait_parity(void *bar, uint32_t parity);      /* try_wait until true, yielding to the other threads */
 void run(dim3 grid, dim3 block, size_t smem, std::function<void()> fn);
 int lane();
 void check_aligned(const void *p, unsigned bytes, const char *what, const char *file, int line);

@@ -167,10 +167,14 @@ __device__ __forceinline__ void dg_mbar_wait(uint64_t *bar, uint32_t phase) {
 #else
 static inline uint4 dg_ld_stream16(const void *p) { uint4 v; memcpy(&v, p, 16); return v; }
 static inline uint2 dg_ld_stream8(const void *p) { uint2 v; memcpy(&v, p, 8); return v; }
-static inline void dg_mbar_init(uint64_t *) {}
+/* the emulation's mbarrier and bulk copy (dev/cuda_emu/emu.h: the copy performed when a thread waits on its phase) */
+static inline void dg_mbar_init(uint64_t *bar) { emu::mbar_init(bar, 1); }
 static inline void dg_mbar_fence_init() {}
-static inline void dg_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *) { memcpy(dst, src, bytes); }
-static inline void dg_mbar_wait(uint64_t *, uint32_t) {}
+static inline void dg_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  emu::mbar_arrive_expect_tx(bar, bytes);
+  emu::bulk_g2s(dst, src, bytes, bar);
+}
+static inline void dg_mbar_wait(uint64_t *bar, uint32_t phase) { emu::mbar_wait_parity(bar, phase); }
 static inline void dg_prefetch_l2(const void *, uint32_t) {}
 #endif
 
@@ -775,12 +779,16 @@ __device__ __forceinline__ void qr_stage_diet(float (&acc)[2][NT][4], float (&pa
  * first STAGES - 1 activation stages, the first D - 1 weight stages, then FAST iterations (D weight stages each)
  * while everything they load, prefetch and issue exists and is whole, then qr_body's tested iterations. xrow, srow:
  * the pass's row table (qe_pass_rows); mvalid, row0, mp, slab: qe_store's; wstage0 / wq: the warp's stage 0 and the
- * lane's piece of it; nst weight and nsa activation stages; smem: the ring (STAGES slots of STB bytes). */
-template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP>
+ * lane's piece of it; nst weight and nsa activation stages; smem: the ring (STAGES slots of STB bytes). PRE 1 (lab
+ * version 109, dev/cuda/qr_diet_lab.cuh qr_early_kernel): the caller has already copied the lane's records of weight
+ * stages 0 .. D - 2 by cp.async into shared memory at W0 (D - 1 records of RW words, one commit group before the
+ * pass, so older than the ring's first STAGES - 1) and issued the pass's first L2 prefetches, as this function
+ * would; they are read into the same registers, so the same arithmetic. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int PRE = 0>
 __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
                                              const bool (&mvalid)[2], int row0, int mp, int slab,
                                              const unsigned char *wstage0, const unsigned char *wq, int nst, int nsa,
-                                             int tid, unsigned char *smem) {
+                                             int tid, unsigned char *smem, const uint32_t *W0 = nullptr) {
   constexpr int KC = qr_kc(GS, BITS), RW = qr_rec(BITS, GS) / 4, NTOK = 8 * NT, KA = SUB * KC;
   constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, STB = XB + qr_sbb(GS, SUB, NT, 0);
   constexpr int APF = PF < 0 ? -PF : PF, GPW = BITS == 16 ? 0 : KC / GS, THREADS = 32 * WARPS;
@@ -806,15 +814,33 @@ __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xr
     if (sa < nsa) issue(std::false_type());
     dg_cp_commit();
   }
-  qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
   uint32_t W[D][RW];
   const unsigned char *wnext = wq;
+  if constexpr (PRE) { /* the first D - 1 weight stages (and the first L2 prefetches) were issued by the caller into
+                        * shared memory at W0 (lab version 109): their group is older than the ring's STAGES - 1 */
+    static_assert(RW % 4 == 0, "records of whole 16-byte pieces");
+    dg_cp_wait<STAGES - 1>();
+    const dg_sptr w0 = dg_sp(W0);
 #pragma unroll
-  for (int d = 0; d < D - 1; d++)
-    if (d < nst) {
-      qr_load_stage<BITS, GS, CP, PF>(W[d], wnext, lane, g, d, nst, sstride);
-      wnext += sstride;
-    }
+    for (int d = 0; d < D - 1; d++)
+      if (d < nst) {
+#pragma unroll
+        for (int k = 0; k < RW / 4; k++) { /* asm volatile loads: never moved above the wait (a plain load was: its
+                                            * asm has no memory clobber, and nvcc hoisted the reads above the copies) */
+          const uint4 v = dg_lds16(w0 + 16 * (d * RW / 4 + k));
+          W[d][4 * k] = v.x; W[d][4 * k + 1] = v.y; W[d][4 * k + 2] = v.z; W[d][4 * k + 3] = v.w;
+        }
+        wnext += sstride;
+      }
+  } else {
+    qr_prefetch_first<BITS, GS, CP, PF>(wstage0, wq, lane, nst, sstride);
+#pragma unroll
+    for (int d = 0; d < D - 1; d++)
+      if (d < nst) {
+        qr_load_stage<BITS, GS, CP, PF>(W[d], wnext, lane, g, d, nst, sstride);
+        wnext += sstride;
+      }
+  }
   const dg_sptr xl0 = sbase + g * XS + 16 * t, sl0 = sbase + XB + 8 * t;
   /* activation stage sa begins at weight stage s: its slot, its copies complete for every warp, the next issued */
   auto astage = [&](int s, auto full) {

@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-108 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-109 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-13 (dg_cuda_test_attention) */
 #include "../../dev/cuda/qmoe_wl.cuh"    /* the lab's large-M wgmma versions 120-122 (dg_cuda_test_experts_qw) */
@@ -197,14 +197,14 @@ extern "C" dg_status dg_cuda_test_experts_lab(int device, int version, const dg_
                                               int K, int nt, long n_diff[2]) {
   if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: tile count %d (1-5, 8 or 0)", nt);
-  if (version < 95 || version > 108)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-108)", version);
+  if (version < 95 || version > 109)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-109)", version);
   if (gate_up->bits != 4 || down->bits != 4)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: %d/%d-bit stacks (4-bit only)",
                      gate_up->bits, down->bits);
   int f0, f1;
   lab_ver = version;
-  if (version < 107)
+  if (version < 107 || version > 108)
     return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
   /* 107-108, the persistent grid: once with the resident blocks (the emulation's 132, at least the items: a block
    * each), once capped at 3 blocks (each takes items b, b + 3, ...: the item loop, the next item's prefetch); the
@@ -1028,6 +1028,54 @@ done:
   return st;
 }
 
+/* dg_cuda_test_bulk's kernel: 64 threads, slots of BT_SLOT bytes at 0 and BT_SLOT, their mbarriers at 2 BT_SLOT. */
+enum { BT_SLOT = 256 };
+__global__ void __launch_bounds__(64) bulk_test_kernel(const uint8_t *src, uint8_t *dst, int n, int mode) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  uint64_t *bar = (uint64_t *)(smem + 2 * BT_SLOT);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    dg_mbar_init(&bar[0]);
+    dg_mbar_init(&bar[1]);
+    dg_mbar_fence_init();
+  }
+  __syncthreads();
+  if (tid == 0) dg_bulk_g2s(smem, src, BT_SLOT, &bar[0]);
+  for (int s = 0; s < n; s++) {
+    const int slot = s & 1;
+    if (tid == 0 && s + 1 < n) /* slot 1 - slot was read at stage s - 1, before the barrier that ended it */
+      dg_bulk_g2s(smem + (1 - slot) * BT_SLOT, src + (size_t)(s + 1) * BT_SLOT, BT_SLOT, &bar[1 - slot]);
+    const uint32_t parity = (uint32_t)(s >> 1) & 1u;
+    if (mode != 1) dg_mbar_wait(&bar[slot], mode == 2 ? parity ^ 1u : parity);
+    const uint32_t v = *(const uint32_t *)(smem + slot * BT_SLOT + 4 * tid);
+    memcpy(dst + (size_t)s * BT_SLOT + 4 * tid, &v, 4);
+    __syncthreads(); /* every thread's read of the slot done before it is refilled */
+  }
+  if (mode != 0 && tid == 0) /* the mutations: each slot's last phase waited for, so that the block exits clean */
+    for (int s = n > 1 ? n - 2 : 0; s < n; s++) dg_mbar_wait(&bar[s & 1], (uint32_t)(s >> 1) & 1u);
+}
+extern "C" dg_status dg_cuda_test_bulk(int device, int mode, const uint8_t *src, uint8_t *dst, int n) {
+  if (mode < 0 || mode > 2 || n < 1 || n > 64)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_bulk: mode %d (0-2), %d stages (1-64)", mode, n);
+#ifndef DG_CUDA_EMU
+  if (mode != 0) /* on the GPU an early read is undefined, not a certain failure */
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_bulk: mutation %d is for the emulation only", mode);
+#endif
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *ds = NULL, *dd = NULL;
+  TT_(test_in(&al, &ds, src, (size_t)n * BT_SLOT, "src"));
+  TT_(dalloc(&al, &dd, (size_t)n * BT_SLOT, "dst"));
+  DG_LAUNCH(bulk_test_kernel, 1, 64, 2 * BT_SLOT + 16, 0)((const uint8_t *)ds, (uint8_t *)dd, n, mode);
+  TC_(cudaGetLastError());
+  TT_(test_out(dst, dd, (size_t)n * BT_SLOT));
+done:
+  dfree_all(&al);
+  return st;
+}
+
 /* The lane records of qw_kernel from the backend's (qr_tile_pack's compact layout, 4 warps per block): lane (g, t)'s
  * code j of a row's run of 32 becomes the run's code 8 (j % 4) + 4 (j / 4) + t (qw_tile_pack in
  * dev/cuda/moe_quant.cu), that is code 4 (j / 4) + t of lane (g, j % 4); the pairs stay. n stages of 4 warps. */
@@ -1161,7 +1209,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
-    dg_cuda_test_wgmma, dg_cuda_test_experts_qw,
+    dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

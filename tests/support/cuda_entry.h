@@ -58,7 +58,7 @@ dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, con
  * 0, through qr_launcher_set; 3- and 4-bit and bf16 stacks only). n_diff: the words of h [0] and y [1] that differ. */
 dg_status dg_cuda_test_experts_diet(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2]);
-/* dg_cuda_test_experts_diet with the kernel lab's version (95-104, dev/cuda/qr_diet_lab.cuh qr_diet_version: the
+/* dg_cuda_test_experts_diet with the kernel lab's version (95-109, dev/cuda/qr_diet_lab.cuh qr_diet_version: the
  * SASS diet with other launch choices, the same arithmetic) in place of the other DIET, on 4-bit stacks;
  * DG_ERR_INVALID_ARG for another version, width or tile count. */
 dg_status dg_cuda_test_experts_lab(int device, int version, const dg_weight *gate_up, const dg_weight *down,
@@ -81,6 +81,13 @@ dg_status dg_cuda_test_wgmma(int device, int mode, const uint16_t *A, const uint
  * every tile count: bf16 scales, H and IE multiples of 64) in place of qr_kernel, on 4-bit g64 stacks: h [T K, IE]
  * and y [T K, H] as dg_cuda_test_experts_nt. *avail = 0 (nothing run) where the build has no wgmma (not sm_90a).
  * DG_ERR_INVALID_ARG for another version, width, group or tile count. */
+/* A ring of 2 shared-memory slots of 256 bytes filled by cp.async.bulk on an mbarrier each (src/cuda/qmoe_r.cuh
+ * dg_bulk_g2s, dg_mbar_wait; one block of 64 threads, thread 0 issuing stage s + 1 while stage s is read): dst
+ * [n, 256] = src [n, 256] byte for byte, n 1..64 stages (each slot's mbarrier through n / 2 phases). Mutations
+ * (mode 1, 2; the emulation only, where each must leave bytes of dst unequal: on the GPU the result is undefined):
+ * 1 the slot read without waiting on its mbarrier, 2 the wait on the other parity. DG_ERR_INVALID_ARG for another
+ * mode or n. */
+dg_status dg_cuda_test_bulk(int device, int mode, const uint8_t *src, uint8_t *dst, int n);
 dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                   const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                   uint16_t *h, float *y, int *avail);
@@ -258,6 +265,7 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_experts_qw)(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                uint16_t *h, float *y, int *avail);
+  dg_status (*test_bulk)(int device, int mode, const uint8_t *src, uint8_t *dst, int n);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
