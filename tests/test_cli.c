@@ -14,6 +14,8 @@
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
  *     stays (the file behind the link gets the output), a full device is exit 1.
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
+ *   - a file past the size limit (ulimit -f): quantize, mkrandom, logits -o and tokenize's stdout exit 1
+ *     with "File too large", nothing partial left (SIGXFSZ had killed them silently).
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
  *     detokenizer shows, not every canvas position; the same for the summaries
@@ -41,6 +43,7 @@
 #include <sched.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
@@ -619,6 +622,95 @@ static void test_stdout_full(void **state) {
     assert_non_null(strstr(e, "cannot write to standard output: No space left on device"));
     free(e);
   }
+}
+
+/* ---- a file past the size limit (ulimit -f) --------------------------------------------- */
+
+/* Run dgemma with argv under RLIMIT_FSIZE = limit bytes and SIGXFSZ at its default action (as a shell with
+ * `ulimit -f` starts it); stdout to out_path (NULL: g_dir/cli.out), stderr to g_dir/cli.err. Returns the
+ * wait status. */
+static int run_fsize_limited(const char *const *argv, rlim_t limit, const char *out_path) {
+  fflush(stdout);
+  char of[512], ef[512];
+  snprintf(of, sizeof of, "%s/cli.out", g_dir);
+  snprintf(ef, sizeof ef, "%s/cli.err", g_dir);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(out_path ? out_path : of, "w", stdout) || !freopen(ef, "w", stderr)) _exit(126);
+    signal(SIGXFSZ, SIG_DFL);
+    struct rlimit rl = {limit, limit};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(125);
+    execv(g_exe, (char *const *)argv);
+    _exit(127);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* A write past RLIMIT_FSIZE is a write error like a full disk: exit 1, "File too large" on stderr,
+ * nothing partial left (no output directory, the old -o file byte for byte, no temporary sibling). Before,
+ * SIGXFSZ's default action killed the process (status 128 + 25) without a message, and quantize and
+ * mkrandom left their temporary directory with a truncated shard (review aud16). */
+static void test_file_size_limit(void **state) {
+  (void)state;
+  char out[600];
+  for (int w = 0; w < 2; w++) { /* quantize (a 5.6 MB shard), mkrandom (3.7 MB) past a 64 KiB limit */
+    const char *argv[12];
+    snprintf(out, sizeof out, "%s/fsize-%d", g_dir, w);
+    writer_argv(w ? W_MKRANDOM : W_QUANTIZE, out, argv);
+    const int st = run_fsize_limited(argv, 64 << 10, NULL);
+    char *e = read_err();
+    printf("# %s past a 64 KiB file size limit: %s %d; %s", argv[1], WIFEXITED(st) ? "exit" : "signal",
+           WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), strstr(e, "dgemma: ") ? strstr(e, "dgemma: ") : "\n");
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_non_null(strstr(e, "File too large"));
+    free(e);
+    assert_int_equal(n_entries(out), -1);
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+  /* logits over an existing -o file: 64 canvas rows of the bundled model's logits past a 4 KiB limit */
+  char ids[1024];
+  int k = 0;
+  for (int i = 0; i < 64; i++) k += snprintf(ids + k, sizeof ids - (size_t)k, "%s%d", i ? "," : "", 100 + i);
+  snprintf(out, sizeof out, "%s/fsize-logits.bin", g_dir);
+  write_file(out, "old", 3);
+  const char *la[] = {"dgemma", "logits", "-m", SMALL, "-t", "1", "--prompt-ids", "2,105,2364", "--canvas-ids", ids,
+                      "-o", out, NULL};
+  int st = run_fsize_limited(la, 4 << 10, NULL);
+  char *e = read_err();
+  printf("# logits -o past a 4 KiB limit: %s %d; %s", WIFEXITED(st) ? "exit" : "signal",
+         WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), e);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(e, "File too large"));
+  free(e);
+  size_t n = 0;
+  char *old = dg_test_read_file(out, &n);
+  assert_non_null(old);
+  assert_int_equal(n, 3);
+  assert_memory_equal(old, "old", 3);
+  free(old);
+  assert_int_equal(count_tmp_entries(), 0);
+  /* standard output to a file: tokenize's ids of "1 2 ... 3000" (about 55 KB) past a 4 KiB limit */
+  char *text = malloc(20000);
+  assert_non_null(text);
+  k = 0;
+  for (int i = 1; i <= 3000; i++) k += snprintf(text + k, 20000 - (size_t)k, "%d ", i);
+  char so[600];
+  snprintf(so, sizeof so, "%s/fsize-stdout.txt", g_dir);
+  const char *ta[] = {"dgemma", "tokenize", "-m", SMALL, "-p", text, NULL};
+  st = run_fsize_limited(ta, 4 << 10, so);
+  free(text);
+  e = read_err();
+  printf("# tokenize > a file past a 4 KiB limit: %s %d; %s", WIFEXITED(st) ? "exit" : "signal",
+         WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), e);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(e, "cannot write to standard output: File too large"));
+  free(e);
 }
 
 /* ---- the token count without stop ids ------------------------------------------- */
@@ -2294,6 +2386,7 @@ int main(void) {
       cmocka_unit_test(test_eval_summary_interrupted),
       cmocka_unit_test(test_output_targets),
       cmocka_unit_test(test_stdout_full),
+      cmocka_unit_test(test_file_size_limit),
       cmocka_unit_test(test_eos_empty_count),
       cmocka_unit_test(test_eval_eos_empty_count),
       cmocka_unit_test(test_help),

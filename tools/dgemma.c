@@ -1995,6 +1995,11 @@ static int cmd_quantize(const opts *o) {
 
 int main(int argc, char **argv) {
   reexec_with_passive_wait(argv);
+  /* A file past the size limit (ulimit -f, RLIMIT_FSIZE) is a write error like a full disk: with SIGXFSZ
+   * ignored the write fails with EFBIG, which every writer reports with the file named and cleans up after;
+   * at its default action the signal killed the process without a word, leaving quantize's and mkrandom's
+   * temporary directory (review aud16) */
+  signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) {
     global_help(stderr);
     return 2;
