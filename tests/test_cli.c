@@ -13,6 +13,8 @@
  *     its stop point: exit 130 (143) at once and nothing left.
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
  *     stays (the file behind the link gets the output), a full device is exit 1.
+ *   - quantize and mkrandom into a symlink to an empty directory: the directory it names gets the output,
+ *     the link stays.
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
  *   - a file past the size limit (ulimit -f): quantize, mkrandom, logits -o and tokenize's stdout exit 1
  *     with "File too large", nothing partial left (SIGXFSZ had killed them silently).
@@ -601,6 +603,42 @@ static void test_output_targets(void **state) {
   assert_int_equal(lstat(out, &sb), 0);
   assert_true(S_ISCHR(sb.st_mode));
   assert_int_equal(count_tmp_entries(), 0);
+}
+
+/* An output directory given as a symbolic link to an empty directory (a models folder linked to a bigger
+ * disk): quantize and mkrandom write into the directory the link names and the link stays a link, as -o
+ * through a link replaces the file it names. Before, both did all their work and then failed to rename
+ * their temporary directory over the link ("Not a directory"; review aud16). */
+static void test_outdir_symlink(void **state) {
+  (void)state;
+  for (int w = 0; w < 2; w++) {
+    char real[700], sub[600], link[600], shard[800];
+    snprintf(sub, sizeof sub, "%s/disk-%d", g_dir, w);
+    snprintf(real, sizeof real, "%s/out", sub);
+    snprintf(link, sizeof link, "%s/linked-%d", g_dir, w);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(mkdir(real, 0755), 0);
+    assert_int_equal(symlink(real, link), 0);
+    char link_slash[700];
+    snprintf(link_slash, sizeof link_slash, "%s%s", link, w ? "/" : ""); /* "DIR/" names DIR as well */
+    const char *argv[12];
+    writer_argv(w ? W_MKRANDOM : W_QUANTIZE, link_slash, argv);
+    const int st = run_signalled(argv, 0, 0, NULL);
+    char *e = read_err();
+    printf("# %s into a symlink to an empty directory: exit %d\n", argv[1], WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) printf("# stderr: %s", e);
+    free(e);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    struct stat sb;
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    snprintf(shard, sizeof shard, "%s/model.safetensors", real);
+    assert_true(file_size(shard) > 0);
+    assert_true(n_entries(real) >= 2); /* config.json and the shard at least */
+    assert_int_equal(n_entries(sub), 1);  /* no temporary sibling beside the real directory */
+    assert_int_equal(count_tmp_entries(), 0);
+  }
 }
 
 /* ---- write errors on stdout -------------------------------------------------------- */
@@ -2385,6 +2423,7 @@ int main(void) {
       cmocka_unit_test(test_logits_interrupted),
       cmocka_unit_test(test_eval_summary_interrupted),
       cmocka_unit_test(test_output_targets),
+      cmocka_unit_test(test_outdir_symlink),
       cmocka_unit_test(test_stdout_full),
       cmocka_unit_test(test_file_size_limit),
       cmocka_unit_test(test_eos_empty_count),
