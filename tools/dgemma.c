@@ -1904,7 +1904,7 @@ static int quant_progress(int64_t done, int64_t total, const char *tensor, void 
   return 0;
 }
 
-/* The progress bar, and a stop after SIGINT/SIGTERM/SIGHUP (the library then removes its temporary directory). */
+/* The progress bar, and a stop after SIGINT/SIGTERM/SIGHUP/SIGPIPE (the library then removes its temporary directory). */
 static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
   quant_progress(done, total, tensor, ud);
   return g_stop_sig != 0;
