@@ -14,7 +14,7 @@
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
  *     stays (the file behind the link gets the output), a full device is exit 1.
  *   - quantize and mkrandom into a symlink to an empty directory: the directory it names gets the output,
- *     the link stays.
+ *     the link stays; a link to nothing is refused before any work.
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
  *   - quantize and mkrandom with their output piped into `head -1`: exit 141, nothing left.
  *   - a file past the size limit (ulimit -f): quantize, mkrandom, logits -o and tokenize's stdout exit 1
@@ -640,6 +640,24 @@ static void test_outdir_symlink(void **state) {
     assert_int_equal(n_entries(sub), 1);  /* no temporary sibling beside the real directory */
     assert_int_equal(count_tmp_entries(), 0);
   }
+  /* a link to nothing: refused before any work (it did all of it, then failed to rename over the link) */
+  char dang[600];
+  snprintf(dang, sizeof dang, "%s/dangling", g_dir);
+  assert_int_equal(symlink("/nonexistent/aud16/dir", dang), 0);
+  const char *argv[12];
+  writer_argv(W_MKRANDOM, dang, argv);
+  const int st = run_signalled(argv, 0, 0, NULL);
+  char *e = read_err();
+  printf("# mkrandom into a dangling symlink: exit %d, %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, e);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(e, "a symbolic link to a directory that does not exist"));
+  assert_null(strstr(e, "%")); /* refused before the first tensor's progress line */
+  free(e);
+  struct stat sb;
+  assert_int_equal(lstat(dang, &sb), 0);
+  assert_true(S_ISLNK(sb.st_mode));
+  assert_int_equal(count_tmp_entries(), 0);
 }
 
 /* ---- the reader of a pipe gone (`| head -1`) ------------------------------------------ */

@@ -81,6 +81,9 @@ dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap, void (*ann
   struct stat sb;
   if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
     return dg_seterr(DG_ERR_INVALID_ARG, "%s: exists and is not a directory", out_dir);
+  if (lstat(dir, &sb) == 0 && S_ISLNK(sb.st_mode)) /* a link outdir_target did not resolve: to nothing */
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: a symbolic link to a directory that does not exist (make the directory "
+                     "it names, or name another output)", out_dir);
   char *slash = strrchr(dir, '/');
   const char *name = slash ? slash + 1 : dir;
   if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
