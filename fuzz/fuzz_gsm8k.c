@@ -6,7 +6,8 @@
  * file, written to a temporary file per run. Properties: an error has a
  * message; loaded items have a label of digits only; a resume counts at most
  * n_done items, each once, and leaves the file no longer than it was, ending
- * in a newline (or empty); the stop cut lies inside the text. */
+ * in a newline (or empty); a refused resume leaves it byte for byte as it was
+ * (its length); the stop cut lies inside the text. */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,6 +64,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     struct stat sb;
     if (stat(g_path, &sb) != 0) fz_fail("file gone");
     if ((size_t)sb.st_size > n - 1) fz_fail("file grew to %lld bytes", (long long)sb.st_size);
+    /* a refused file is left as it was (only a resumed one loses its torn last line) */
+    if (rc && (size_t)sb.st_size != n - 1) fz_fail("refused, but the file went from %zu to %lld bytes", n - 1,
+                                                   (long long)sb.st_size);
     if (rc == 0 && sb.st_size > 0) {
       f = fopen(g_path, "rb");
       fseek(f, -1, SEEK_END);

@@ -13,7 +13,12 @@
  *     its stop point: exit 130 (143) at once and nothing left.
  *   - -o through a symlink, to a FIFO or to a device: the link, FIFO or device
  *     stays (the file behind the link gets the output), a full device is exit 1.
+ *   - quantize and mkrandom into a symlink to an empty directory: the directory it names gets the output,
+ *     the link stays; a link to nothing is refused before any work.
  *   - `run` and `tokenize` with stdout on /dev/full: exit 1 and a message.
+ *   - quantize and mkrandom with their output piped into `head -1`: exit 141, nothing left.
+ *   - a file past the size limit (ulimit -f): quantize, mkrandom, logits -o and tokenize's stdout exit 1
+ *     with "File too large", nothing partial left (SIGXFSZ had killed them silently).
  *   - with {"eos_token_id": []} the token count of a generation (library
  *     n_visible and the summary of `dgemma run`) is the number of tokens the
  *     detokenizer shows, not every canvas position; the same for the summaries
@@ -41,6 +46,7 @@
 #include <sched.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
@@ -600,6 +606,107 @@ static void test_output_targets(void **state) {
   assert_int_equal(count_tmp_entries(), 0);
 }
 
+/* An output directory given as a symbolic link to an empty directory (a models folder linked to a bigger
+ * disk): quantize and mkrandom write into the directory the link names and the link stays a link, as -o
+ * through a link replaces the file it names. Before, both did all their work and then failed to rename
+ * their temporary directory over the link ("Not a directory"; review aud16). */
+static void test_outdir_symlink(void **state) {
+  (void)state;
+  for (int w = 0; w < 2; w++) {
+    char real[700], sub[600], link[600], shard[800];
+    snprintf(sub, sizeof sub, "%s/disk-%d", g_dir, w);
+    snprintf(real, sizeof real, "%s/out", sub);
+    snprintf(link, sizeof link, "%s/linked-%d", g_dir, w);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(mkdir(real, 0755), 0);
+    assert_int_equal(symlink(real, link), 0);
+    char link_slash[700];
+    snprintf(link_slash, sizeof link_slash, "%s%s", link, w ? "/" : ""); /* "DIR/" names DIR as well */
+    const char *argv[12];
+    writer_argv(w ? W_MKRANDOM : W_QUANTIZE, link_slash, argv);
+    const int st = run_signalled(argv, 0, 0, NULL);
+    char *e = read_err();
+    printf("# %s into a symlink to an empty directory: exit %d\n", argv[1], WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) printf("# stderr: %s", e);
+    free(e);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    struct stat sb;
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    snprintf(shard, sizeof shard, "%s/model.safetensors", real);
+    assert_true(file_size(shard) > 0);
+    assert_true(n_entries(real) >= 2); /* config.json and the shard at least */
+    assert_int_equal(n_entries(sub), 1);  /* no temporary sibling beside the real directory */
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+  /* a link to nothing: refused before any work (it did all of it, then failed to rename over the link) */
+  char dang[600];
+  snprintf(dang, sizeof dang, "%s/dangling", g_dir);
+  assert_int_equal(symlink("/nonexistent/aud16/dir", dang), 0);
+  const char *argv[12];
+  writer_argv(W_MKRANDOM, dang, argv);
+  const int st = run_signalled(argv, 0, 0, NULL);
+  char *e = read_err();
+  printf("# mkrandom into a dangling symlink: exit %d, %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, e);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(e, "a symbolic link to a directory that does not exist"));
+  assert_null(strstr(e, "%")); /* refused before the first tensor's progress line */
+  free(e);
+  struct stat sb;
+  assert_int_equal(lstat(dang, &sb), 0);
+  assert_true(S_ISLNK(sb.st_mode));
+  assert_int_equal(count_tmp_entries(), 0);
+}
+
+/* ---- the reader of a pipe gone (`| head -1`) ------------------------------------------ */
+
+/* Run dgemma with argv, stdout and stderr into a pipe that has no reader any more (`dgemma ... 2>&1 | head -1`
+ * once head has its line, or `| true`: the read end is closed before the child starts, so its first write fails,
+ * whatever the timing); SIGPIPE at its default action in the child, as a shell starts it. Returns the wait status. */
+static int run_into_head(const char *const *argv) {
+  fflush(stdout);
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  close(fd[0]);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (dup2(fd[1], 1) < 0 || dup2(fd[1], 2) < 0) _exit(126);
+    close(fd[1]);
+    signal(SIGPIPE, SIG_DFL);
+    execv(g_exe, (char *const *)argv);
+    _exit(127);
+  }
+  close(fd[1]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* quantize and mkrandom print their progress while they write: once the reader is gone they end with status 141
+ * (128 + SIGPIPE, what the shell reports for a process SIGPIPE killed) and leave nothing: no output directory, no
+ * temporary sibling. Before, SIGPIPE's default action killed them at their next progress line with the temporary
+ * directory left behind (review aud16; `bench -o F | head -1` left its temporary file the same way when a row
+ * came before the file was complete: not tested here, bench --quick prints its rows at the end). */
+static void test_reader_gone(void **state) {
+  (void)state;
+  char out[600];
+  for (int w = 0; w < 2; w++) {
+    const char *argv[12];
+    snprintf(out, sizeof out, "%s/head-%d", g_dir, w);
+    writer_argv(w ? W_MKRANDOM : W_QUANTIZE, out, argv);
+    const int st = run_into_head(argv);
+    printf("# %s 2>&1 | head -1: %s %d\n", argv[1], WIFEXITED(st) ? "exit" : "signal",
+           WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 128 + SIGPIPE);
+    assert_int_equal(n_entries(out), -1);
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+}
+
 /* ---- write errors on stdout -------------------------------------------------------- */
 
 static void test_stdout_full(void **state) {
@@ -619,6 +726,95 @@ static void test_stdout_full(void **state) {
     assert_non_null(strstr(e, "cannot write to standard output: No space left on device"));
     free(e);
   }
+}
+
+/* ---- a file past the size limit (ulimit -f) --------------------------------------------- */
+
+/* Run dgemma with argv under RLIMIT_FSIZE = limit bytes and SIGXFSZ at its default action (as a shell with
+ * `ulimit -f` starts it); stdout to out_path (NULL: g_dir/cli.out), stderr to g_dir/cli.err. Returns the
+ * wait status. */
+static int run_fsize_limited(const char *const *argv, rlim_t limit, const char *out_path) {
+  fflush(stdout);
+  char of[512], ef[512];
+  snprintf(of, sizeof of, "%s/cli.out", g_dir);
+  snprintf(ef, sizeof ef, "%s/cli.err", g_dir);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(out_path ? out_path : of, "w", stdout) || !freopen(ef, "w", stderr)) _exit(126);
+    signal(SIGXFSZ, SIG_DFL);
+    struct rlimit rl = {limit, limit};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(125);
+    execv(g_exe, (char *const *)argv);
+    _exit(127);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+/* A write past RLIMIT_FSIZE is a write error like a full disk: exit 1, "File too large" on stderr,
+ * nothing partial left (no output directory, the old -o file byte for byte, no temporary sibling). Before,
+ * SIGXFSZ's default action killed the process (status 128 + 25) without a message, and quantize and
+ * mkrandom left their temporary directory with a truncated shard (review aud16). */
+static void test_file_size_limit(void **state) {
+  (void)state;
+  char out[600];
+  for (int w = 0; w < 2; w++) { /* quantize (a 5.6 MB shard), mkrandom (3.7 MB) past a 64 KiB limit */
+    const char *argv[12];
+    snprintf(out, sizeof out, "%s/fsize-%d", g_dir, w);
+    writer_argv(w ? W_MKRANDOM : W_QUANTIZE, out, argv);
+    const int st = run_fsize_limited(argv, 64 << 10, NULL);
+    char *e = read_err();
+    printf("# %s past a 64 KiB file size limit: %s %d; %s", argv[1], WIFEXITED(st) ? "exit" : "signal",
+           WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), strstr(e, "dgemma: ") ? strstr(e, "dgemma: ") : "\n");
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_non_null(strstr(e, "File too large"));
+    free(e);
+    assert_int_equal(n_entries(out), -1);
+    assert_int_equal(count_tmp_entries(), 0);
+  }
+  /* logits over an existing -o file: 64 canvas rows of the bundled model's logits past a 4 KiB limit */
+  char ids[1024];
+  int k = 0;
+  for (int i = 0; i < 64; i++) k += snprintf(ids + k, sizeof ids - (size_t)k, "%s%d", i ? "," : "", 100 + i);
+  snprintf(out, sizeof out, "%s/fsize-logits.bin", g_dir);
+  write_file(out, "old", 3);
+  const char *la[] = {"dgemma", "logits", "-m", SMALL, "-t", "1", "--prompt-ids", "2,105,2364", "--canvas-ids", ids,
+                      "-o", out, NULL};
+  int st = run_fsize_limited(la, 4 << 10, NULL);
+  char *e = read_err();
+  printf("# logits -o past a 4 KiB limit: %s %d; %s", WIFEXITED(st) ? "exit" : "signal",
+         WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), e);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(e, "File too large"));
+  free(e);
+  size_t n = 0;
+  char *old = dg_test_read_file(out, &n);
+  assert_non_null(old);
+  assert_int_equal(n, 3);
+  assert_memory_equal(old, "old", 3);
+  free(old);
+  assert_int_equal(count_tmp_entries(), 0);
+  /* standard output to a file: tokenize's ids of "1 2 ... 3000" (about 55 KB) past a 4 KiB limit */
+  char *text = malloc(20000);
+  assert_non_null(text);
+  k = 0;
+  for (int i = 1; i <= 3000; i++) k += snprintf(text + k, 20000 - (size_t)k, "%d ", i);
+  char so[600];
+  snprintf(so, sizeof so, "%s/fsize-stdout.txt", g_dir);
+  const char *ta[] = {"dgemma", "tokenize", "-m", SMALL, "-p", text, NULL};
+  st = run_fsize_limited(ta, 4 << 10, so);
+  free(text);
+  e = read_err();
+  printf("# tokenize > a file past a 4 KiB limit: %s %d; %s", WIFEXITED(st) ? "exit" : "signal",
+         WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), e);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(e, "cannot write to standard output: File too large"));
+  free(e);
 }
 
 /* ---- the token count without stop ids ------------------------------------------- */
@@ -2293,7 +2489,10 @@ int main(void) {
       cmocka_unit_test(test_logits_interrupted),
       cmocka_unit_test(test_eval_summary_interrupted),
       cmocka_unit_test(test_output_targets),
+      cmocka_unit_test(test_outdir_symlink),
       cmocka_unit_test(test_stdout_full),
+      cmocka_unit_test(test_file_size_limit),
+      cmocka_unit_test(test_reader_gone),
       cmocka_unit_test(test_eos_empty_count),
       cmocka_unit_test(test_eval_eos_empty_count),
       cmocka_unit_test(test_help),

@@ -343,6 +343,24 @@ static void test_resume_malformed(void **state) {
   assert_int_equal(gsm8k_resume_read(p, "c", done, 8, &s, err, sizeof err), 0);
   assert_int_equal(s.n, 1);
   assert_true(s.tokens == 9007199254740992LL);
+  /* a last line without a newline: dropped if it is the start of a result line ('{"idx":' or a prefix of it), an
+   * error that leaves the file as it was if not (-o naming some other file; it was truncated away: review aud16) */
+  memset(done, 0, sizeof done);
+  memset(&s, 0, sizeof s);
+  p = tmp_file("r6.jsonl", "{\"id");
+  assert_int_equal(gsm8k_resume_read(p, "c", done, 8, &s, err, sizeof err), 0);
+  size_t flen = 1;
+  char *ft = dg_test_read_file(p, &flen);
+  assert_non_null(ft);
+  assert_int_equal(flen, 0);
+  free(ft);
+  p = tmp_file("r7.jsonl", "notes without a newline");
+  assert_int_equal(gsm8k_resume_read(p, "c", done, 8, &s, err, sizeof err), -1);
+  assert_non_null(strstr(err, "r7.jsonl line 1 has no newline and is not the start of a gsm8k result line"));
+  ft = dg_test_read_file(p, &flen);
+  assert_non_null(ft);
+  assert_int_equal(flen, strlen("notes without a newline"));
+  free(ft);
   /* a missing file is a fresh start */
   memset(&s, 0, sizeof s);
   assert_int_equal(gsm8k_resume_read("/nonexistent/items.jsonl", "c", done, 8, &s, err, sizeof err), 0);
@@ -480,10 +498,48 @@ static void test_cli_problems_ids(void **state) {
   free(e);
   free(out);
   assert_int_equal(count_lines(items), 3);
+  /* a torn last write ('{"id":' cut short, no newline) is dropped on resume; a file whose last line has no newline
+   * and is not the start of a result line (-o naming some other file) is refused and kept byte for byte: it was
+   * truncated away (review aud16) */
+  FILE *f = fopen(items, "a");
+  assert_non_null(f);
+  fputs("{\"i", f);
+  fclose(f);
+  snprintf(args, sizeof args,
+           "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 3 "
+           "--file tools/smallmodel/data/problems_heldout.jsonl -o %s", items);
+  rc = run_cli_out(args, &out, &e);
+  if (rc != 0) fail_msg("exit %d, stderr: %s", rc, e);
+  assert_non_null(strstr(out, "3 problems (3 resumed from the output file)"));
+  free(e);
+  free(out);
+  assert_int_equal(count_lines(items), 3);
+  size_t tlen = 0;
+  char *txt = dg_test_read_file(items, &tlen);
+  assert_true(tlen >= 2 && !strcmp(txt + tlen - 2, "}\n")); /* the torn start is gone, the 3 lines whole */
+  free(txt);
+  char notes[600];
+  snprintf(notes, sizeof notes, "%s/notes.txt", g_dir);
+  f = fopen(notes, "w");
+  assert_non_null(f);
+  fputs("my notes, no newline at the end", f);
+  fclose(f);
+  snprintf(args, sizeof args,
+           "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --limit 1 "
+           "--file tools/smallmodel/data/problems_heldout.jsonl -o %s", notes);
+  assert_int_equal(run_cli(args, &e), 1);
+  assert_non_null(strstr(e, "line 1 has no newline and is not the start of a problems result line"));
+  free(e);
+  size_t nlen = 0;
+  txt = dg_test_read_file(notes, &nlen);
+  assert_non_null(txt);
+  assert_int_equal(nlen, strlen("my notes, no newline at the end"));
+  assert_memory_equal(txt, "my notes, no newline at the end", nlen);
+  free(txt);
   /* the same ids from another problems file: refused, naming the id */
   char other[600];
   snprintf(other, sizeof other, "%s/other_problems.jsonl", g_dir);
-  FILE *f = fopen(other, "w");
+  f = fopen(other, "w");
   assert_non_null(f);
   fputs("{\"id\": 0, \"question\": \"Tom has 5 pens. He buys 2 more pens. How many pens does Tom have?\", "
         "\"steps\": 1, \"final\": 7}\n", f);

@@ -1904,7 +1904,7 @@ static int quant_progress(int64_t done, int64_t total, const char *tensor, void 
   return 0;
 }
 
-/* The progress bar, and a stop after SIGINT/SIGTERM/SIGHUP (the library then removes its temporary directory). */
+/* The progress bar, and a stop after SIGINT/SIGTERM/SIGHUP/SIGPIPE (the library then removes its temporary directory). */
 static int mk_progress(int64_t done, int64_t total, const char *tensor, void *ud) {
   quant_progress(done, total, tensor, ud);
   return g_stop_sig != 0;
@@ -1995,6 +1995,11 @@ static int cmd_quantize(const opts *o) {
 
 int main(int argc, char **argv) {
   reexec_with_passive_wait(argv);
+  /* A file past the size limit (ulimit -f, RLIMIT_FSIZE) is a write error like a full disk: with SIGXFSZ
+   * ignored the write fails with EFBIG, which every writer reports with the file named and cleans up after;
+   * at its default action the signal killed the process without a word, leaving quantize's and mkrandom's
+   * temporary directory (review aud16) */
+  signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) {
     global_help(stderr);
     return 2;

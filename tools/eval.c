@@ -209,7 +209,8 @@ static uint64_t prompt_hash(const int32_t *ids, size_t n) {
  * *n_out records. They are counted only when the problems file holds their id
  * (within --limit) with the same prompt. A line of another configuration, a
  * line that is not a result line, or an id seen twice is an error (message on
- * stderr, exit 1); a torn last line (no newline) is dropped from the file. */
+ * stderr, exit 1); a torn last line (no newline) is dropped from the file if it is the start of a result line
+ * ('{"id":' or a prefix of it), refused like any other line if not. */
 static problem_done *problems_resume(const char *path, const char *config, size_t *n_out) {
   *n_out = 0;
   /* only a regular file can be resumed: a device (/dev/full, /dev/zero) reads as one endless line */
@@ -235,7 +236,14 @@ static problem_done *problems_resume(const char *path, const char *config, size_
   const char *why = NULL;
   while ((len = getline(&line, &cap, f)) > 0) {
     lineno++;
-    if (line[len - 1] != '\n') break; /* torn last write: dropped below */
+    if (line[len - 1] != '\n') { /* torn last write: dropped below, if it is one (review aud16) */
+      /* a line this command wrote starts {"id": (cJSON_PrintUnformatted, "id" added first); anything else without
+       * a newline is not ours (-o naming some other file): truncating it away lost the file's last line */
+      const size_t k = (size_t)len < 6 ? (size_t)len : 6;
+      if (memcmp(line, "{\"id\":", k))
+        why = "has no newline and is not the start of a problems result line; remove the file or pass another -o";
+      break;
+    }
     good_end += (long)len;
     if (blank(line)) continue;
     cJSON *j = cJSON_ParseWithLength(line, (size_t)len);

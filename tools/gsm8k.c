@@ -250,7 +250,16 @@ int gsm8k_resume_read(const char *path, const char *config, uint8_t *done, int n
   int lineno = 0, rc = 0;
   while ((len = getline(&line, &cap, f)) > 0) {
     lineno++;
-    if (line[len - 1] != '\n') break; /* torn last write: dropped below */
+    if (line[len - 1] != '\n') { /* torn last write: dropped below, if it is one (review aud16) */
+      /* a line this loop wrote starts {"idx": (cJSON_PrintUnformatted, "idx" added first); anything else without a
+       * newline is not ours (-o naming some other file): truncating it away lost the file's last line */
+      const size_t k = (size_t)len < 7 ? (size_t)len : 7;
+      if (memcmp(line, "{\"idx\":", k))
+        rc = seterr(err, errlen,
+                    "%s line %d has no newline and is not the start of a gsm8k result line; remove the file or pass "
+                    "another -o", path, lineno);
+      break;
+    }
     good_end += (long)len;
     if (blank(line)) continue;
     cJSON *j = cJSON_ParseWithLength(line, (size_t)len);

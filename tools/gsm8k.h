@@ -103,8 +103,9 @@ typedef struct gsm8k_summary {
 /* Read an existing per-item JSONL for resuming: marks done[idx] for every
  * complete line with idx < n_done and adds it to *s (lines beyond, from a run
  * with a larger --limit, stay in the file uncounted). A last line without its
- * newline (an interrupted write) is dropped: the file is truncated to the
- * last complete line. A missing file is not an error. Returns 0, or -1 with
+ * newline (an interrupted write: '{"idx":' or a prefix of it) is dropped: the
+ * file is truncated to the last complete line; one that does not start so is
+ * not ours and is an error. A missing file is not an error. Returns 0, or -1 with
  * err set: a line that is not a JSON object with the expected fields, a
  * repeated idx, or a line written by another configuration. */
 int gsm8k_resume_read(const char *path, const char *config, uint8_t *done, int n_done, gsm8k_summary *s, char *err,

@@ -91,9 +91,12 @@ void catch_stop_signals(int immediate) {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   /* SIGHUP too: a closed terminal or a dropped ssh session is an interruption like Ctrl-C (its default action
-   * left a partial temporary directory, review rev16); under nohup it stays ignored */
-  const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-  for (int k = 0; k < 3; k++) {
+   * left a partial temporary directory, review rev16); under nohup it stays ignored. SIGPIPE as well: the reader
+   * of a pipe the command writes to has gone (`dgemma quantize ... 2>&1 | head -1`), which ends the pipeline as
+   * Ctrl-C would; its default action killed quantize at its next progress line with the temporary directory
+   * left (review aud16). Exit status 141 either way; ignored when the command was started with it ignored */
+  const int sigs[4] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+  for (int k = 0; k < 4; k++) {
     sigaction(sigs[k], NULL, &old);
     if (old.sa_handler != SIG_IGN) sigaction(sigs[k], &sa, NULL);
   }

@@ -1,7 +1,8 @@
 /* outfile.h: interruption and output files of the CLI commands (tools/ only;
  * the library never touches signals).
  *
- * SIGINT, SIGTERM and SIGHUP end a command with status 128 + the signal (130, 143, 129),
+ * SIGINT, SIGTERM, SIGHUP and SIGPIPE (a pipe's reader gone) end a command with status 128 + the signal
+ * (130, 143, 129, 141),
  * leaving what was there before: an output file is written to a temporary
  * name in its directory (".<name>.tmp-XXXXXX") and renamed over the target
  * only when complete (out_open / out_commit; through a symlink, the file it
@@ -17,10 +18,10 @@
 #include <signal.h>
 #include <stdio.h>
 
-/* The SIGINT/SIGTERM/SIGHUP received since catch_stop_signals, 0 if none. */
+/* The SIGINT/SIGTERM/SIGHUP/SIGPIPE received since catch_stop_signals, 0 if none. */
 extern volatile sig_atomic_t g_stop_sig;
 
-/* Install the SIGINT/SIGTERM/SIGHUP handlers. immediate = 1: the command has no stop
+/* Install the SIGINT/SIGTERM/SIGHUP/SIGPIPE handlers. immediate = 1: the command has no stop
  * point; the handler removes the temporary output file and exits at once
  * with 128 + the signal. immediate = 0: it only records the signal in
  * g_stop_sig; a second one removes the temporary file and directory and
@@ -43,7 +44,7 @@ FILE *out_open(const char *path);
 /* Flush, fsync and close the temporary file and rename it to `path`.
  * Returns 0, or 1 after a message naming the file and the error (the
  * temporary file is removed, `path` left as it was). Call it last: once
- * the file is renamed, SIGINT, SIGTERM and SIGHUP are only recorded (g_stop_sig),
+ * the file is renamed, SIGINT, SIGTERM, SIGHUP and SIGPIPE are only recorded (g_stop_sig),
  * so an exit status of 128 + sig always means the old file was kept. */
 int out_commit(FILE *f, const char *path);
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -56,15 +57,33 @@ dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t 
   return DG_OK;
 }
 
+/* The directory out_dir names, in dir (cap bytes): out_dir without trailing slashes or, when that is a
+ * symbolic link to a directory, the directory it resolves to (realpath), so that the temporary sibling is made
+ * and renamed beside the real directory (a rename over the link itself fails with ENOTDIR, after all the
+ * work: review aud16). Returns its length, 0 if empty or too long. */
+static int outdir_target(const char *out_dir, char *dir, size_t cap) {
+  int n = snprintf(dir, cap, "%s", out_dir ? out_dir : "");
+  if (n <= 0 || (size_t)n >= cap) return 0;
+  while (n > 1 && dir[n - 1] == '/') dir[--n] = 0; /* "out/" names "out" */
+  struct stat lsb, sb;
+  char real[PATH_MAX];
+  if (lstat(dir, &lsb) == 0 && S_ISLNK(lsb.st_mode) && stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+      realpath(dir, real) && strlen(real) < cap)
+    n = snprintf(dir, cap, "%s", real);
+  return n;
+}
+
 dg_status dg_outdir_begin(const char *out_dir, char *tmp, size_t cap, void (*announce)(const char *tmp, void *ud),
                           void *ud) {
   char dir[4096];
-  int n = snprintf(dir, sizeof dir, "%s", out_dir ? out_dir : "");
-  if (n <= 0 || (size_t)n >= sizeof dir) return dg_seterr(DG_ERR_INVALID_ARG, "output directory name empty or too long");
-  while (n > 1 && dir[n - 1] == '/') dir[--n] = 0; /* "out/" names "out" */
+  int n = outdir_target(out_dir, dir, sizeof dir);
+  if (n <= 0) return dg_seterr(DG_ERR_INVALID_ARG, "output directory name empty or too long");
   struct stat sb;
   if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
     return dg_seterr(DG_ERR_INVALID_ARG, "%s: exists and is not a directory", out_dir);
+  if (lstat(dir, &sb) == 0 && S_ISLNK(sb.st_mode)) /* a link outdir_target did not resolve: to nothing */
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: a symbolic link to a directory that does not exist (make the directory "
+                     "it names, or name another output)", out_dir);
   char *slash = strrchr(dir, '/');
   const char *name = slash ? slash + 1 : dir;
   if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
@@ -101,7 +120,10 @@ dg_status dg_outdir_commit(const char *tmp, const char *out_dir) {
   umask(um);
   if (chmod(tmp, 0755 & ~um) != 0)
     return dg_seterr(DG_ERR_IO, "%s: cannot set permissions: %s", tmp, strerror(errno));
-  if (rename(tmp, out_dir) != 0) {
+  char dir[4096];
+  if (outdir_target(out_dir, dir, sizeof dir) <= 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "output directory name empty or too long");
+  if (rename(tmp, dir) != 0) {
     int err = errno;
     if (err == ENOTEMPTY || err == EEXIST)
       return dg_seterr(DG_ERR_IO, "%s: output directory is not empty (something was written there meanwhile)", out_dir);

@@ -26,7 +26,9 @@ dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t 
  * a caller that removes it from a signal handler knows it from the moment it
  * exists; after a failure announce(NULL). out_dir itself must be absent or an empty
  * directory (the caller checks emptiness, with its own message); a file in
- * its place is DG_ERR_INVALID_ARG. DG_ERR_IO if the sibling cannot be made.
+ * its place is DG_ERR_INVALID_ARG. DG_ERR_IO if the sibling cannot be made. A symbolic link to a
+ * directory stands for that directory: the sibling is made beside it and renamed over it (the link stays);
+ * a link to nothing is DG_ERR_INVALID_ARG (before any work: a rename over it fails).
  * dg_outdir_commit renames tmp to out_dir (an empty out_dir is replaced;
  * one that became non-empty meanwhile is DG_ERR_IO, tmp then left to the
  * caller's dg_outdir_discard). dg_outdir_discard removes tmp and the plain
