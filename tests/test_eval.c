@@ -582,7 +582,10 @@ static void test_cli_problems_ids(void **state) {
   assert_int_equal(count_lines(items), 3);
 }
 
-/* SIGINT (SIGTERM) during generation: exit status 130 (143), a clear message, the partial summary on stdout. */
+/* SIGINT, SIGTERM, SIGHUP or SIGPIPE during generation: exit status 128 + the signal (130, 143, 129, 141), a clear
+ * message, the partial summary on stdout, and the -o journal whole: as many complete result lines as the message
+ * counts, which a rerun resumes without writing anything. Before, SIGHUP (a closed terminal) and SIGPIPE (a pipe's
+ * reader gone) killed eval at their default action, without the message or the partial summary (review aud16). */
 static void cli_interrupt(int sig) {
   char exe[1024], errf[600], outf[600], items[600];
   ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -595,15 +598,18 @@ static void cli_interrupt(int sig) {
   /* the previous run's files would show its start line before this child has reopened them */
   unlink(errf);
   unlink(outf);
+  unlink(items);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
     freopen(errf, "w", stderr);
     freopen(outf, "w", stdout);
-    /* the default disposition, as at an interactive shell: a test run launched in the
+    /* the default dispositions, as at an interactive shell: a test run launched in the
      * background inherits an ignored SIGINT, which dgemma (rightly) keeps ignoring */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256", "-s", "48",
           "--limit", "4", "-o", items, (char *)NULL);
     _exit(127);
@@ -617,19 +623,55 @@ static void cli_interrupt(int sig) {
     if (!started) usleep(100000);
   }
   assert_true(started);
-  usleep(200000);
+  /* and until the first item is journaled (about 5 s of the 4 x 5 s), so that there is something to keep */
+  for (int i = 0; i < 1200 && count_lines(items) < 1; i++) usleep(50000);
+  assert_true(count_lines(items) >= 1);
   kill(pid, sig);
   int status;
   assert_int_equal(waitpid(pid, &status, 0), pid);
+  printf("# eval gsm8k -o, %s: %s %d\n", strsignal(sig), WIFEXITED(status) ? "exit" : "killed by signal",
+         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
   assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 128 + sig); /* 130 for SIGINT, 143 for SIGTERM */
+  assert_int_equal(WEXITSTATUS(status), 128 + sig); /* 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 141 SIGPIPE */
   char *e = dg_test_read_file(errf, NULL), *o = dg_test_read_file(outf, NULL);
-  if (!strstr(e, "interrupted after ") || !strstr(e, "of 4 items; rerun the same command to resume"))
+  int n_done = -1;
+  const char *msg = strstr(e, "interrupted after ");
+  if (!msg || sscanf(msg, "interrupted after %d of 4 items", &n_done) != 1 ||
+      !strstr(e, "of 4 items; rerun the same command to resume"))
     fail_msg("stderr: %s", e);
+  printf("# %d of 4 items done and journaled\n", n_done);
   assert_non_null(strstr(o, "(partial)"));
   assert_non_null(strstr(o, "INTERRUPTED: rerun the same command to resume"));
   free(e);
   free(o);
+  assert_true(n_done >= 1);
+  /* the journal: n_done whole lines, items 0 .. n_done - 1 in order, nothing torn after them */
+  size_t len = 0;
+  char *j = dg_test_read_file(items, &len);
+  assert_non_null(j);
+  assert_int_equal(count_lines(items), n_done);
+  assert_true(len == 0 || j[len - 1] == '\n');
+  const char *p = j;
+  for (int i = 0; i < n_done; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "{\"idx\":%d,", i);
+    assert_memory_equal(p, key, strlen(key));
+    p = strchr(p, '\n') + 1;
+  }
+  /* resumable: a rerun of the same configuration over the items done answers them from the file */
+  char args[1024], want[64];
+  snprintf(args, sizeof args, "eval gsm8k -m models/dgemma-small --data " FIX " -t 1 -n 256 -s 48 --limit %d -o %s",
+           n_done, items);
+  assert_int_equal(run_cli(args, &e), 0);
+  snprintf(want, sizeof want, "resuming: %d of %d items already in", n_done, n_done);
+  if (!strstr(e, want)) fail_msg("stderr: %s", e);
+  free(e);
+  size_t len2 = 0;
+  char *j2 = dg_test_read_file(items, &len2);
+  assert_int_equal(len2, len);
+  assert_memory_equal(j2, j, len);
+  free(j2);
+  free(j);
 }
 
 static void test_cli_interrupt(void **state) {
@@ -640,6 +682,56 @@ static void test_cli_interrupt(void **state) {
 static void test_cli_terminate(void **state) {
   (void)state;
   cli_interrupt(SIGTERM);
+}
+
+static void test_cli_hangup(void **state) {
+  (void)state;
+  cli_interrupt(SIGHUP);
+}
+
+static void test_cli_broken_pipe(void **state) {
+  (void)state;
+  cli_interrupt(SIGPIPE);
+}
+
+/* The reader of eval's output gone (`dgemma eval gsm8k ... 2>&1 | head -1` once head has its line): stdout and
+ * stderr into a pipe whose read end is closed before the child starts, SIGPIPE at its default action as a shell
+ * starts it. Every write raises SIGPIPE: the start line stops the run, and the summary and the message after it
+ * fail with EPIPE instead of killing eval; exit 141, the -o file there and empty (no item was done). Before, the
+ * start line's SIGPIPE killed eval (review aud16); with SIGPIPE reset to its default after the first one, as a
+ * second Ctrl-C is, the summary's write would kill it. */
+static void test_cli_reader_gone(void **state) {
+  (void)state;
+  char exe[1024], items[600];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  strcat(exe, "/../dgemma");
+  snprintf(items, sizeof items, "%s/gone_items.jsonl", g_dir);
+  unlink(items);
+  fflush(stdout);
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  close(fd[0]);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (dup2(fd[1], 1) < 0 || dup2(fd[1], 2) < 0) _exit(126);
+    close(fd[1]);
+    signal(SIGPIPE, SIG_DFL);
+    execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256", "-s", "48",
+          "--limit", "4", "-o", items, (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  printf("# eval gsm8k 2>&1 | (reader gone): %s %d\n", WIFEXITED(status) ? "exit" : "killed by signal",
+         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 128 + SIGPIPE);
+  assert_int_equal(access(items, F_OK), 0);
+  assert_int_equal(count_lines(items), 0);
 }
 
 /* ---- bench helpers ------------------------------------------------------------------- */
@@ -721,6 +813,9 @@ int main(void) {
       cmocka_unit_test(test_cli_resume),     cmocka_unit_test(test_cli_problems_ids),
       cmocka_unit_test(test_cli_interrupt),
       cmocka_unit_test(test_cli_terminate),
+      cmocka_unit_test(test_cli_hangup),
+      cmocka_unit_test(test_cli_broken_pipe),
+      cmocka_unit_test(test_cli_reader_gone),
       cmocka_unit_test(test_bench_helpers),  cmocka_unit_test(test_bench_cost),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -10,8 +10,9 @@
  *     count with Wilson 95% intervals, tok/s and forwards per block. -o
  *     writes one line per problem (with its tokens, forwards, blocks,
  *     positions forwarded and seconds) and resumes: a rerun of the same
- *     configuration skips the ids already in the file; Ctrl-C (SIGINT) or
- *     SIGTERM stops at the next denoising step with status 130 or 143. The
+ *     configuration skips the ids already in the file; Ctrl-C (SIGINT),
+ *     SIGTERM, SIGHUP or SIGPIPE stops at the next denoising step with status
+ *     130, 143, 129 or 141. The
  *     file is a journal: one whole line appended and flushed per finished
  *     problem, so an interruption leaves the earlier lines and the finished
  *     problems (and a torn last line, after a crash, is dropped on resume). --limit N takes the file's first N
@@ -46,33 +47,40 @@
 #include "eval.h"
 #include "outfile.h"
 
-static volatile sig_atomic_t g_interrupted = 0; /* the SIGINT/SIGTERM received (0: none) */
+static volatile sig_atomic_t g_interrupted = 0; /* the SIGINT/SIGTERM/SIGHUP/SIGPIPE received (0: none) */
 static volatile sig_atomic_t g_hold_signals = 0; /* 1 while --summary is written: signals only recorded */
 
 static void on_signal(int sig) {
-  g_interrupted = sig; /* exit status 128 + sig: 130 for SIGINT, 143 for SIGTERM */
-  if (!g_hold_signals) signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
+  g_interrupted = sig; /* exit status 128 + sig: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 141 SIGPIPE */
+  /* a second Ctrl-C ends the process at once; not a second SIGPIPE: every write to the gone reader raises
+   * one (the progress line, the messages), so it stays caught and those writes fail with EPIPE instead */
+  if (!g_hold_signals && sig != SIGPIPE) signal(sig, SIG_DFL);
 }
 
-/* SIGINT and SIGTERM stop a run at the next denoising step (g_interrupted);
- * a signal the process was started with ignored (a background job) stays
- * ignored. stop_signals_restore puts the earlier dispositions back. */
-static struct sigaction g_old_int, g_old_term;
+/* SIGINT, SIGTERM, SIGHUP (a closed terminal, a dropped ssh session) and
+ * SIGPIPE (the reader of a pipe eval writes to has gone: `2>&1 | head -1`)
+ * stop a run at the next denoising step (g_interrupted): the -o lines
+ * written so far stay whole and a rerun resumes. Before, SIGHUP's and
+ * SIGPIPE's default actions killed eval without its message or partial
+ * summary, and could leave --summary's temporary file (review aud16). A
+ * signal the process was started with ignored (a background job, nohup)
+ * stays ignored. stop_signals_restore puts the earlier dispositions back. */
+static const int g_stop_sigs[4] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+static struct sigaction g_old_sa[4];
 
 static void stop_signals_catch(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, NULL, &g_old_int);
-  sigaction(SIGTERM, NULL, &g_old_term);
-  if (g_old_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
-  if (g_old_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
+  for (int k = 0; k < 4; k++) {
+    sigaction(g_stop_sigs[k], NULL, &g_old_sa[k]);
+    if (g_old_sa[k].sa_handler != SIG_IGN) sigaction(g_stop_sigs[k], &sa, NULL);
+  }
 }
 
 static void stop_signals_restore(void) {
-  sigaction(SIGINT, &g_old_int, NULL);
-  sigaction(SIGTERM, &g_old_term, NULL);
+  for (int k = 0; k < 4; k++) sigaction(g_stop_sigs[k], &g_old_sa[k], NULL);
 }
 
 static double wall(void) {

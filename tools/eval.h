@@ -40,7 +40,8 @@ int dg_cli_gsm8k_load(const eval_opts *o, gsm8k_inputs *in);
 
 /* Run `dgemma eval gsm8k` on loaded inputs: per-item JSONL (-o, resumable),
  * markdown summary on stdout, JSON summary (--summary). Returns the exit
- * status: 0 done, 1 error, 130 interrupted by SIGINT, 143 by SIGTERM (partial results kept). */
+ * status: 0 done, 1 error, 130 interrupted by SIGINT, 143 by SIGTERM, 129 by SIGHUP, 141 by SIGPIPE (partial
+ * results kept). */
 int dg_cli_gsm8k(dg_model *m, const eval_opts *o, gsm8k_inputs *in);
 
 #endif
