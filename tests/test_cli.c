@@ -662,29 +662,6 @@ static void test_outdir_symlink(void **state) {
 
 /* ---- the reader of a pipe gone (`| head -1`) ------------------------------------------ */
 
-/* Run dgemma with argv, stdout and stderr into a pipe that has no reader any more (`dgemma ... 2>&1 | head -1`
- * once head has its line, or `| true`: the read end is closed before the child starts, so its first write fails,
- * whatever the timing); SIGPIPE at its default action in the child, as a shell starts it. Returns the wait status. */
-static int run_into_head(const char *const *argv) {
-  fflush(stdout);
-  int fd[2];
-  assert_int_equal(pipe(fd), 0);
-  close(fd[0]);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    if (dup2(fd[1], 1) < 0 || dup2(fd[1], 2) < 0) _exit(126);
-    close(fd[1]);
-    signal(SIGPIPE, SIG_DFL);
-    execv(g_exe, (char *const *)argv);
-    _exit(127);
-  }
-  close(fd[1]);
-  int status = 0;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  return status;
-}
-
 /* quantize and mkrandom print their progress while they write: once the reader is gone they end with status 141
  * (128 + SIGPIPE, what the shell reports for a process SIGPIPE killed) and leave nothing: no output directory, no
  * temporary sibling. Before, SIGPIPE's default action killed them at their next progress line with the temporary
@@ -697,7 +674,7 @@ static void test_reader_gone(void **state) {
     const char *argv[12];
     snprintf(out, sizeof out, "%s/head-%d", g_dir, w);
     writer_argv(w ? W_MKRANDOM : W_QUANTIZE, out, argv);
-    const int st = run_into_head(argv);
+    const int st = dg_test_run_reader_gone(g_exe, argv);
     printf("# %s 2>&1 | head -1: %s %d\n", argv[1], WIFEXITED(st) ? "exit" : "signal",
            WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
     assert_true(WIFEXITED(st));

@@ -588,10 +588,7 @@ static void test_cli_problems_ids(void **state) {
  * reader gone) killed eval at their default action, without the message or the partial summary (review aud16). */
 static void cli_interrupt(int sig) {
   char exe[1024], errf[600], outf[600], items[600];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[k] = 0;
-  *strrchr(exe, '/') = 0;
-  strcat(exe, "/../dgemma");
+  dg_test_cli_exe(exe, sizeof exe);
   snprintf(errf, sizeof errf, "%s/int.err", g_dir);
   snprintf(outf, sizeof outf, "%s/int.out", g_dir);
   snprintf(items, sizeof items, "%s/int_items_%d.jsonl", g_dir, sig);
@@ -703,29 +700,12 @@ static void test_cli_broken_pipe(void **state) {
 static void test_cli_reader_gone(void **state) {
   (void)state;
   char exe[1024], items[600];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[k] = 0;
-  *strrchr(exe, '/') = 0;
-  strcat(exe, "/../dgemma");
+  dg_test_cli_exe(exe, sizeof exe);
   snprintf(items, sizeof items, "%s/gone_items.jsonl", g_dir);
   unlink(items);
-  fflush(stdout);
-  int fd[2];
-  assert_int_equal(pipe(fd), 0);
-  close(fd[0]);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    if (dup2(fd[1], 1) < 0 || dup2(fd[1], 2) < 0) _exit(126);
-    close(fd[1]);
-    signal(SIGPIPE, SIG_DFL);
-    execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256", "-s", "48",
-          "--limit", "4", "-o", items, (char *)NULL);
-    _exit(127);
-  }
-  close(fd[1]);
-  int status;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
+  const char *const argv[] = {exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256",
+                              "-s", "48", "--limit", "4", "-o", items, NULL};
+  const int status = dg_test_run_reader_gone(exe, argv);
   printf("# eval gsm8k 2>&1 | (reader gone): %s %d\n", WIFEXITED(status) ? "exit" : "killed by signal",
          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
   assert_true(WIFEXITED(status));

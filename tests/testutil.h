@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <ftw.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,19 +70,49 @@ static inline char *dg_test_read_file(const char *path, size_t *len) {
   return buf;
 }
 
+/* The dgemma binary of the same build, <test binary dir>/../dgemma, into exe[n]. */
+static inline void dg_test_cli_exe(char *exe, size_t n) {
+  ssize_t k = readlink("/proc/self/exe", exe, n - 1);
+  assert_true(k > 0);
+  exe[k] = 0;
+  *strrchr(exe, '/') = 0;
+  strncat(exe, "/../dgemma", n - strlen(exe) - 1);
+}
+
+/* Run exe with argv (NULL-terminated), stdout and stderr into a pipe that has no reader any more (`dgemma ... 2>&1
+ * | head -1` once head has its line, or `| true`: the read end is closed before the child starts, so its first
+ * write fails, whatever the timing); SIGPIPE at its default action in the child, as a shell starts it. Returns the
+ * wait status. */
+static inline int dg_test_run_reader_gone(const char *exe, const char *const *argv) {
+  fflush(stdout);
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  close(fd[0]);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (dup2(fd[1], 1) < 0 || dup2(fd[1], 2) < 0) _exit(126);
+    close(fd[1]);
+    signal(SIGPIPE, SIG_DFL);
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  close(fd[1]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return status;
+}
+
 /* Run the CLI (the dgemma binary of the same build: <test binary dir>/../dgemma)
  * with ARGS through the shell; stdout and stderr go to files in tmpdir and
  * come back malloc'd in *out / *err (out may be NULL: stdout is dropped).
  * Returns the exit status, or -1 if the process did not exit normally. */
 static inline int dg_test_run_cli(const char *tmpdir, const char *args, char **out, char **err) {
   char exe[1024], cmd[8192], of[512], ef[512];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  assert_true(k > 0);
-  exe[k] = 0;
-  *strrchr(exe, '/') = 0;
+  dg_test_cli_exe(exe, sizeof exe);
   snprintf(of, sizeof of, "%s/cli.out", tmpdir);
   snprintf(ef, sizeof ef, "%s/cli.err", tmpdir);
-  snprintf(cmd, sizeof cmd, "%s/../dgemma %s >%s 2>%s", exe, args, out ? of : "/dev/null", ef);
+  snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", exe, args, out ? of : "/dev/null", ef);
   int rc = system(cmd);
   if (out) *out = dg_test_read_file(of, NULL);
   *err = dg_test_read_file(ef, NULL);
