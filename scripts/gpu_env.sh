@@ -19,6 +19,13 @@ lab_build() { # sm_90a: the lab's wgmma versions (qmoe_w.cuh) need it
   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a ${LAB_LEAN:+-DLAB_LEAN} -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build/libdgemma.a \
     -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
 }
+# lab_unpack: the LAB_LEAN lab carried in .devbin (moe_quant.xz, .devbin/README) as /tmp/mq, with LD_LIBRARY_PATH
+# set for it (the CUDA libraries; cJSON from .devdeb, unpacked under /tmp/dgdeps if not yet).
+lab_unpack() {
+  [ -d /tmp/dgdeps ] || for f in .devdeb/*.deb; do dpkg -x "$f" /tmp/dgdeps; done
+  export LD_LIBRARY_PATH="$CUL:/tmp/dgdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  xz -dc .devbin/moe_quant.xz > /tmp/mq && chmod +x /tmp/mq
+}
 # san_tests: the tests of tests/test_cuda.c, one per line, in its order; san_cases: the same with each test that loops
 # over cases (DG_TEST_CASE) as TEST@K, one item per case, space-separated (sanitize_gpu.sh's SAN_FILTER=cases;
 # san_sweep_gpu.sh counts them; dev/sanitize_gpu_paths.sh checks the table against the tests that call test_case).

@@ -5,7 +5,6 @@
 # One call, carry .devdeb; about 5-6 minutes on an H100. Usage: bash dev/gpu/issue16_close.sh $OUT
 O=$1; mkdir -p "$O"
 . scripts/gpu_env.sh
-t0=$(date +%s); el() { echo "$(( $(date +%s) - t0 )) s"; }
 git log --oneline -1 2>/dev/null | tee "$O/log.txt"; nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$O/log.txt"
 gpu_build "$O/build.txt" || exit 1; echo "build $(el)" | tee -a "$O/log.txt"
 F="test_group_sums_perm test_router_route test_combine_norm test_route"

@@ -6,9 +6,7 @@
 # and carried with .devdeb. About 20 s of GPU time. Usage: bash dev/gpu/lab109.sh $OUT
 O=$1; mkdir -p "$O"
 . scripts/gpu_env.sh
-P=/tmp/dgdeps; [ -d $P ] || for f in .devdeb/*.deb; do dpkg -x $f $P; done
-export LD_LIBRARY_PATH="$CUL:$P/usr/lib/x86_64-linux-gnu"
-xz -dc .devbin/moe_quant.xz > /tmp/mq; chmod +x /tmp/mq
+lab_unpack
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$O/lab.txt"
 for run in 1 2; do
   t0=$(date +%s)

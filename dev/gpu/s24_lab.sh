@@ -10,10 +10,7 @@
 # Verdict rules: docs/cuda.md "The next GPU calls". Usage: bash dev/gpu/s24_lab.sh $OUT
 O=$1; mkdir -p "$O"
 . scripts/gpu_env.sh
-t0=$(date +%s); el() { echo "$(( $(date +%s) - t0 )) s"; }
-P=/tmp/dgdeps; [ -d $P ] || for f in .devdeb/*.deb; do dpkg -x $f $P; done
-export LD_LIBRARY_PATH="$CUL:$P/usr/lib/x86_64-linux-gnu"
-xz -dc .devbin/moe_quant.xz > /tmp/mq; chmod +x /tmp/mq
+lab_unpack
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee "$O/log.txt"
 for run in 1 2; do
   timeout 120 /tmp/mq --bits 4 --versions 50,95,109 --ms 16 --ts 128,256 --reps 5 >> "$O/lab109.txt" 2>&1
