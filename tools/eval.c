@@ -65,22 +65,12 @@ static void on_signal(int sig) {
  * summary, and could leave --summary's temporary file (review aud16). A
  * signal the process was started with ignored (a background job, nohup)
  * stays ignored. stop_signals_restore puts the earlier dispositions back. */
-static const int g_stop_sigs[4] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-static struct sigaction g_old_sa[4];
+static struct sigaction g_old_sa[OUT_N_STOP_SIGS];
 
-static void stop_signals_catch(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int k = 0; k < 4; k++) {
-    sigaction(g_stop_sigs[k], NULL, &g_old_sa[k]);
-    if (g_old_sa[k].sa_handler != SIG_IGN) sigaction(g_stop_sigs[k], &sa, NULL);
-  }
-}
+static void stop_signals_catch(void) { out_catch_stop_sigs(on_signal, g_old_sa); }
 
 static void stop_signals_restore(void) {
-  for (int k = 0; k < 4; k++) sigaction(g_stop_sigs[k], &g_old_sa[k], NULL);
+  for (int k = 0; k < OUT_N_STOP_SIGS; k++) sigaction(out_stop_sigs[k], &g_old_sa[k], NULL);
 }
 
 static double wall(void) {

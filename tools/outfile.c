@@ -84,22 +84,28 @@ static void on_stop_signal(int sig) {
   g_stop_sig = sig;
 }
 
+const int out_stop_sigs[OUT_N_STOP_SIGS] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+void out_catch_stop_sigs(void (*handler)(int), struct sigaction old[OUT_N_STOP_SIGS]) {
+  struct sigaction sa, prev;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  for (int k = 0; k < OUT_N_STOP_SIGS; k++) {
+    sigaction(out_stop_sigs[k], NULL, &prev);
+    if (old) old[k] = prev;
+    if (prev.sa_handler != SIG_IGN) sigaction(out_stop_sigs[k], &sa, NULL);
+  }
+}
+
 void catch_stop_signals(int immediate) {
   g_stop_mode = immediate ? 1 : 0;
-  struct sigaction sa, old;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
   /* SIGHUP too: a closed terminal or a dropped ssh session is an interruption like Ctrl-C (its default action
    * left a partial temporary directory, review rev16); under nohup it stays ignored. SIGPIPE as well: the reader
    * of a pipe the command writes to has gone (`dgemma quantize ... 2>&1 | head -1`), which ends the pipeline as
    * Ctrl-C would; its default action killed quantize at its next progress line with the temporary directory
    * left (review aud16). Exit status 141 either way; ignored when the command was started with it ignored */
-  const int sigs[4] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-  for (int k = 0; k < 4; k++) {
-    sigaction(sigs[k], NULL, &old);
-    if (old.sa_handler != SIG_IGN) sigaction(sigs[k], &sa, NULL);
-  }
+  out_catch_stop_sigs(on_stop_signal, NULL);
 }
 
 void out_track_dir(const char *tmp_dir, void *user_data) {

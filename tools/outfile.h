@@ -21,6 +21,15 @@
 /* The SIGINT/SIGTERM/SIGHUP/SIGPIPE received since catch_stop_signals, 0 if none. */
 extern volatile sig_atomic_t g_stop_sig;
 
+/* The signals that stop a command: SIGINT, SIGTERM, SIGHUP, SIGPIPE. */
+#define OUT_N_STOP_SIGS 4
+extern const int out_stop_sigs[OUT_N_STOP_SIGS];
+
+/* Install handler for each of out_stop_sigs that the process was not started with ignored (a background job,
+ * nohup: it stays ignored); the earlier dispositions into old[] if old is not NULL (sigaction them back to
+ * restore). */
+void out_catch_stop_sigs(void (*handler)(int), struct sigaction old[OUT_N_STOP_SIGS]);
+
 /* Install the SIGINT/SIGTERM/SIGHUP/SIGPIPE handlers. immediate = 1: the command has no stop
  * point; the handler removes the temporary output file and exits at once
  * with 128 + the signal. immediate = 0: it only records the signal in
