@@ -36,8 +36,8 @@
  *   version 12 (session 23) Q K^T on wgmma (sm_90a), whole rows per warp: two warpgroups per block; D 128 / 256:
  *              128 rows (64 per warpgroup) sharing each 64-key K/V tile, no score exchange, one barrier per tile,
  *              each softmax once; D 512: both warpgroups on the same 64 rows, each half of the output columns
- *              (Q K^T computed by both), 32-key tiles; P V on mma.sync; splits merged by lab_combine_kernel
- *              (fp_combine_kernel's arithmetic). Needs the sm_90a build below (elsewhere it traps)
+ *              (Q K^T computed by both), 32-key tiles; P V on mma.sync; splits merged by fp_combine_kernel
+ *              (attention.cuh), as version 6's are. Needs the sm_90a build below (elsewhere it traps)
  * Every version is launched twice before its check, the second time into an output of NaN bytes, which is the one
  * checked (9-11: the arrival counters must be back at zero after a launch).
  *

@@ -164,7 +164,7 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
  * 64 blocks x 4 of 10 tiles (264 slots). D 512 as 12, D 64 version 6.
  * Key splits: fa_choose_splits over the occupancy (one block per SM): at the 26B's decoder rows after 1,024
  * positions, sliding 32 blocks a split x 4 splits of 5 tiles (version 6: 64 x 2 of 10), full 64 x 2 of 20 (as 6);
- * merged by lab_combine_kernel (fp_combine_kernel's arithmetic).
+ * merged by fp_combine_kernel (attention.cuh), as version 6's are.
  * Per tile: wait for the tile's copies, fence.proxy.async (this thread's cp.async and Q stores visible to the
  * tensor cores), one __syncthreads, the next tile's copies issued, then per warpgroup D / 16 wgmmas in one commit
  * group, wait_group 0, mask, softmax, P V.
@@ -266,16 +266,6 @@ __global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(fa_args a) {
   fa_store<D, DV>(a, o, m, l, r0, rl, R, G, g, dv0, z, lane);
 }
 
-/* version 12's merge of the key splits: fp_combine_kernel's (src/cuda/attention.cu; fp_merge_row, the same
- * operations in the same order), D / 8 threads per row. */
-template <int D> __global__ void __launch_bounds__(256) lab_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR) {
-  DG_PDL_ENTRY();
-  constexpr int TPR = D / 8;
-  const size_t row = (size_t)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
-  if (row >= NR) return;
-  fp_merge_row<D, false>(part, out, n_split, NR, row, 8 * (threadIdx.x % TPR));
-}
-
 template <int D, int BK, int VS, int NWG> static cudaError_t att_wq_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a) {
   typedef wq_cfg<D, BK, VS, NWG> C;
   const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
@@ -292,7 +282,7 @@ template <int D, int BK, int VS, int NWG> static cudaError_t att_wq_launch(cudaS
   if (a.n_split > 1) {
     const size_t NR = (size_t)a.nq * a.NH;
     constexpr int RPB = 256 / (D / 8);
-    DG_LAUNCH(lab_combine_kernel<D>, (unsigned)((NR + RPB - 1) / RPB), 256, 0, s)(a.part, a.out, a.n_split, NR);
+    DG_LAUNCH(fp_combine_kernel<D>, (unsigned)((NR + RPB - 1) / RPB), 256, 0, s)(a.part, a.out, a.n_split, NR);
   }
   return cudaGetLastError();
 }

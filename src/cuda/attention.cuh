@@ -370,6 +370,18 @@ __device__ __forceinline__ void fp_merge_row(const float *part, bf16 *out, int n
                                              fa_pack(acc[4] * inv, acc[5] * inv), fa_pack(acc[6] * inv, acc[7] * inv));
 }
 
+/* fp_combine_kernel (versions 6-8, and the lab's 12-13): flash_combine_kernel's merge (fp_merge_row), the same
+ * operations in the same order, with D / 8 threads per row (8 columns each, two float4 per split) and 256 threads per block, the split loop
+ * unrolled by 4 so that a thread's loads of four splits are in flight together (flash_combine_kernel's loop waits for
+ * each split's load before issuing the next). */
+template <int D> __global__ void __launch_bounds__(256) fp_combine_kernel(const float *part, bf16 *out, int n_split, size_t NR) {
+  DG_PDL_ENTRY();
+  constexpr int TPR = D / 8;
+  const size_t row = (size_t)blockIdx.x * (256 / TPR) + threadIdx.x / TPR;
+  if (row >= NR) return;
+  fp_merge_row<D, false>(part, out, n_split, NR, row, 8 * (threadIdx.x % TPR));
+}
+
 static inline int sm_count(void) {
   static int n = 0;
   if (!n) {
