@@ -1,0 +1,465 @@
+/* dense_lab.cu (lab, issue 12 item 5): the dense bf16 products of a 26B-A4B decoder pass (q/k/v, o-proj, dense MLP
+ * gate|up and down) at 128-512 canvas rows, on a Hopper wgmma kernel of this file (dn_kernel) beside the backend's
+ * call (cublasGemmEx, OP_T OP_N, bf16 in, fp32 accumulate and out: src/cuda/passes.cu gemm), in the same run, each
+ * checked against a double-precision CPU reference on sampled outputs, then timed with cudaEvents (median and spread
+ * of --reps, L2 flushed by a 256 MiB write before each rep) against the floor of this GPU measured in the same
+ * command (a streaming read of 2 GiB and cublasGemmEx 8192^3, best of 5).
+ *
+ * The product: y[T, N] fp32 = x[T, K] bf16 W[N, K]^T (W row-major, the checkpoint's [out, in]).
+ *
+ * dn_kernel<WG, ST, NT> (BN = 8 NT weight rows a block, BM = 64 WG canvas rows a pass):
+ *   grid        (ceil(N / BN), KS): block (i, j) owns the slab of BN weight rows n0 = i BN.. and the j-th of KS
+ *               equal runs of the K / 64 stages (split-K: enough blocks for the SMs when N / BN alone is too few);
+ *               each weight byte is read from HBM by exactly one block, once per pass over the rows (one pass for
+ *               T <= BM: the rows are small, every row of the canvas uses the slab while it is in shared memory)
+ *   warpgroups  WG, warpgroup w the canvas rows 64 w.. of the pass: wgmma m64nBNk16, A = the activations, B = the
+ *               weight slab, both from shared memory (dg_wgmma_bf16_ss), fp32 accumulators (NT x 4 per thread)
+ *   stage       64 k: the A tile (BM rows x 128 bytes) and the B tile (BN rows x 128 bytes), both K-major with the
+ *               128-byte swizzle (row r's 16-byte chunk c at (c ^ (r % 8)) 16; 1024-byte aligned; the layout
+ *               dev/cuda/qmoe_wl.cuh uses), copied by cp.async straight from x and W (no conversion), in a ring of
+ *               ST slots, L = ST - 2 stages in flight ahead of the products
+ *   iteration s wait for stage s's copies (this thread's), fence.proxy.async, barrier; copies of stage s + L into
+ *               slot (s + L) % ST (last read by stage s - 2's wgmmas, retired by every warpgroup's wait_group 1 of
+ *               iteration s - 1, before this barrier); 4 wgmmas (k16 steps at 32-byte offsets), commit, wait_group 1
+ *   rows past T cp.async with 0 source bytes: zeros, never stored
+ *   epilogue    KS = 1: the fp32 results stored (float2 per lane); KS > 1: added (atomicAdd, red.global.add.f32)
+ *               into y, which the launcher zeroes first (cudaMemsetAsync, inside the timed region)
+ * Requirements: K % 64 == 0, ldx % 8 == 0, x and W 16-byte aligned (cp.async of 16 bytes), T >= 1.
+ *
+ * Versions (--versions):
+ *   0  cublasGemmEx, CUBLAS_GEMM_DEFAULT (the backend's call; gemm_pin.cu's pins are not applied here)
+ *   1  dn_kernel BN 128, ST 4, KS chosen so that slabs x KS <= the SM count (one block per SM: ~193 KiB of ring)
+ *   2  dn_kernel BN 64, ST 5, KS the same rule
+ *   3  dn_kernel BN 128, ST 4, KS 1 (no memset, no atomics: the slab count alone fills the SMs or not)
+ *
+ * Accuracy (the check's bound, derived): every product x_k w_k of two bf16 values is exact in fp32 (8 + 8
+ * significant bits <= 24); the sum over K products (in any order: the tensor cores' internal order and rounding of
+ * fp32 additions are unspecified, truncation allowed, so 2u per addition, u = 2^-24), plus at most KS - 1 additions
+ * of split partials (atomics, any order) and the add to the zeroed output, has at most K + KS additions on any
+ * path, so |y - exact| <= g(2 (K + KS)) sum_k |x_k w_k|, g(n) = n u / (1 - n u) (Higham, Accuracy and Stability,
+ * 2nd ed., Lemma 3.1 and section 4.2: recursive summation in any order). cuBLAS (fp32 accumulate, its split-K
+ * included) is checked against the same bound with KS 1 for its additions... its order is unknown, so against
+ * g(2 (K + 64)); the lab's result against cuBLAS's within the sum of the two bounds (the summation orders
+ * differ: no bitwise comparison is meaningful). Checked on sampled outputs (--samples; every output with --small),
+ * each version's output first filled with NaN bytes (a missed store is NaN, fails).
+ *
+ * Build and run (GPU machine; sm_90a: the wgmma wrappers trap on any other target):
+ *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xptxas -v dev/cuda/dense_lab.cu \
+ *        -lcublas -lcudart -o build-a/dense_lab
+ *   build-a/dense_lab [--reps 30] [--rows 128,256,512] [--shapes qkv_s,o_s] [--versions 0,1,2,3] [--samples 4096]
+ * On the CPU emulation (dev/cuda_emu; checks only, emulation-sized shapes, every output checked):
+ *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
+ *       -c dev/cuda_emu/emu.cpp -o build-emu/emu_lab.o
+ *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
+ *       dev/cuda/dense_lab.cu -x none build-emu/emu_lab.o -lm -lstdc++ -o build-emu/dense_lab
+ *   build-emu/dense_lab --small */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/wgmma.cuh"
+
+#define CKL(x)                                                                                                   \
+  do {                                                                                                           \
+    cudaError_t e_ = (x);                                                                                        \
+    if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } \
+  } while (0)
+#define CBL(x)                                                                                                   \
+  do {                                                                                                           \
+    cublasStatus_t s_ = (x);                                                                                     \
+    if (s_ != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #x, (int)s_); exit(1); } \
+  } while (0)
+
+/* y[T, N] (ld ldy) = x[T, K] (ld ldx) W[N, K]^T; ks: the split of the K / 64 stages over gridDim.y. */
+struct dn_args {
+  const bf16 *X;
+  const bf16 *W;
+  float *Y;
+  int T, N, K, ldx, ldy, ks;
+};
+
+#ifdef DG_CUDA_EMU
+static inline void dn_red(float *p, float v) { *p += v; } /* blocks run one after another here */
+#else
+__device__ __forceinline__ void dn_red(float *p, float v) { atomicAdd(p, v); }
+#endif
+
+template <int WG, int ST, int NT>
+__global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
+  DG_PDL_ENTRY();
+  static_assert(ST >= 3, "dn_kernel: ST >= 3 (one stage of copies ahead at least)");
+  static_assert(NT == 8 || NT == 16, "dn_kernel: BN 64 or 128");
+  constexpr int THREADS = 128 * WG, BM = 64 * WG, BN = 8 * NT, L = ST - 2;
+  constexpr int ABYTES = BM * 128, BBYTES = BN * 128, SLOT = ABYTES + BBYTES;
+  constexpr int ACH = BM * 8 / THREADS; /* 16-byte copies of the A tile per thread and stage (4) */
+  static_assert((BN * 8) % THREADS == 0, "dn_kernel: the B tile's 16-byte pieces a whole number per thread");
+  constexpr int BCH = BN * 8 / THREADS;
+  DG_DYN_SMEM16(smem_raw);
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * BN;
+  const int nk = a.K / 64, per = (nk + a.ks - 1) / a.ks, k0 = blockIdx.y * per, k1 = min(nk, k0 + per);
+  if (k0 >= k1) return; /* an empty split (uniform per block) */
+  const int ns = k1 - k0;
+  /* 1024-byte aligned slots (the 128-byte swizzle's pattern) */
+  const uint32_t s0 = dg_smem_addr(smem_raw), pad = (1024u - s0 % 1024u) % 1024u, sm = s0 + pad;
+  const dg_sptr sbase = dg_sp(smem_raw + pad);
+  /* this thread's B copies: piece q = tid + THREADS k, weight row n = q / 8, 16-byte piece r = q % 8 of the stage */
+  const bf16 *bsrc[BCH];
+  int bdst[BCH], bbytes[BCH];
+#pragma unroll
+  for (int k = 0; k < BCH; k++) {
+    const int q = tid + THREADS * k, n = q >> 3, r = q & 7;
+    const int ok = n0 + n < a.N;
+    bsrc[k] = ok ? a.W + (size_t)(n0 + n) * a.K + 8 * r : a.W;
+    bbytes[k] = ok ? 16 : 0;
+    bdst[k] = ABYTES + n * 128 + ((r ^ (n & 7)) << 4);
+  }
+  for (int p0 = 0; p0 < a.T; p0 += BM) {
+    const bf16 *asrc[ACH];
+    int adst[ACH], abytes[ACH];
+#pragma unroll
+    for (int k = 0; k < ACH; k++) {
+      const int q = tid + THREADS * k, m = q >> 3, r = q & 7;
+      const int ok = p0 + m < a.T;
+      asrc[k] = ok ? a.X + (size_t)(p0 + m) * a.ldx + 8 * r : a.X;
+      abytes[k] = ok ? 16 : 0; /* rows past T: zeros (never stored) */
+      adst[k] = m * 128 + ((r ^ (m & 7)) << 4);
+    }
+    auto issue = [&](int s) {
+      if (s < ns) {
+        const dg_sptr slot = sbase + (s % ST) * SLOT;
+        const int kofs = 64 * (k0 + s);
+#pragma unroll
+        for (int k = 0; k < ACH; k++) dg_cp_async16_sp(slot + adst[k], asrc[k] + (abytes[k] ? kofs : 0), abytes[k]);
+#pragma unroll
+        for (int k = 0; k < BCH; k++) dg_cp_async16_sp(slot + bdst[k], bsrc[k] + (bbytes[k] ? kofs : 0), bbytes[k]);
+      }
+      dg_cp_commit(); /* an empty group past the run keeps the wait counts uniform */
+    };
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < L; s++) issue(s);
+    for (int s = 0; s < ns; s++) {
+      dg_cp_wait<L - 1>(); /* stage s (this thread's copies): s + L groups committed, L - 1 may be pending */
+      dg_fence_proxy_async();
+      __syncthreads();
+      issue(s + L);
+      const uint32_t at = sm + (uint32_t)((s % ST) * SLOT + wg * 64 * 128), bt = sm + (uint32_t)((s % ST) * SLOT + ABYTES);
+      dg_wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; kk++)
+        dg_wgmma_bf16_ss<NT>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024),
+                             s > 0 || kk > 0);
+      dg_wg_commit();
+      dg_wg_wait1();
+    }
+    dg_wg_wait0();
+    dg_wg_pin<NT>(acc);
+    /* lane (g, t) of warp w: rows 16 w + g + 8 hf of its warpgroup's 64, columns 8 j + 2 t + (0, 1) of the slab */
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      const int row = p0 + wg * 64 + 16 * warp + g + 8 * hf;
+      if (row >= a.T) continue;
+      float *yr = a.Y + (size_t)row * a.ldy;
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        const int n = n0 + 8 * j + 2 * t;
+        if (a.ks == 1 && n + 1 < a.N) {
+          *(float2 *)(yr + n) = make_float2(acc[j][2 * hf], acc[j][2 * hf + 1]);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 2; q++)
+            if (n + q < a.N) {
+              if (a.ks == 1) yr[n + q] = acc[j][2 * hf + q];
+              else dn_red(yr + n + q, acc[j][2 * hf + q]);
+            }
+        }
+      }
+    }
+    __syncthreads(); /* every slot read (wait_group 0 above) by every warpgroup before the next pass's copies */
+  }
+}
+
+/* Dynamic shared memory of a dn_kernel: ST slots of (BM + BN) rows of 128 bytes, + 1024 for the alignment. */
+static size_t dn_smem(int WG, int ST, int NT) { return (size_t)ST * (64 * WG + 8 * NT) * 128 + 1024; }
+
+/* Launches dn_kernel (y zeroed first when a.ks > 1). */
+template <int WG, int ST, int NT> static cudaError_t dn_launch(cudaStream_t s, const dn_args &a) {
+  if (a.K % 64 || a.ldx % 8 || a.T < 1 || a.ks < 1) return cudaErrorInvalidValue;
+  void (*kern)(dn_args) = dn_kernel<WG, ST, NT>;
+  const size_t smem = dn_smem(WG, ST, NT);
+  static int set = 0;
+  if (!set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+  if (a.ks > 1) {
+#ifdef DG_CUDA_EMU
+    cudaError_t e = cudaMemset(a.Y, 0, (size_t)a.T * a.ldy * 4);
+#else
+    cudaError_t e = cudaMemsetAsync(a.Y, 0, (size_t)a.T * a.ldy * 4, s);
+#endif
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid((a.N + 8 * NT - 1) / (8 * NT), a.ks);
+#ifdef DG_CUDA_EMU
+  DG_LAUNCH(kern, grid, 128 * WG, smem, s)(a);
+#else
+  kern<<<grid, 128 * WG, smem, s>>>(a); /* a plain launch: the lab links no library (DG_LAUNCH's PDL switch is its) */
+#endif
+  return cudaGetLastError();
+}
+
+/* ---- host side ------------------------------------------------------------------------------------------------ */
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd() { rs ^= rs >> 12; rs ^= rs << 25; rs ^= rs >> 27; return rs * 0x2545f4914f6cdd1dull; }
+static float frand() { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+static uint16_t f2b(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
+static float b2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+
+struct shape {
+  const char *name;
+  int N, K;
+  int per_pass; /* products of this shape per decoder pass of the 26B (30 layers: 25 sliding, 5 full) */
+};
+/* the gemm_lab's x W^T rows (dev/cuda/gemm_lab.cu) */
+static const shape BIG[] = {
+    {"qkv_s", 8192, 2816, 25}, /* q 16 x 256, k and v 8 x 256 */
+    {"qkv_f", 9216, 2816, 5},  /* q 16 x 512, k 2 x 512 (v = k) */
+    {"o_s", 2816, 4096, 25},   {"o_f", 2816, 8192, 5},
+    {"mlp_gu", 4224, 2816, 31}, /* dense MLP gate|up (30 layers + the self-conditioning MLP) */
+    {"mlp_d", 2816, 2112, 31},
+};
+/* emulation-sized: partial slabs, uneven splits, partial row passes */
+static const shape SMALL[] = {{"small_a", 256, 512, 0}, {"small_b", 192, 640, 0}, {"small_c", 136, 384, 0}};
+
+#ifndef DG_CUDA_EMU
+__global__ void flush_kernel(float4 *p, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = make_float4((float)i, 0.f, 0.f, 0.f);
+}
+__global__ void read_kernel(const float4 *p, size_t n, float *out) {
+  float s = 0.f;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float4 v = __ldcs(p + i);
+    s += v.x + v.y + v.z + v.w;
+  }
+  if (s == 12345.678f) *out = s; /* keeps the loads */
+}
+static float4 *g_flush;
+static size_t g_flush_n;
+/* Median / min / max of R timed runs of op (ms), L2 flushed before each. */
+template <class Op> static void timeit(int R, Op op, float *med, float *lo, float *hi) {
+  cudaEvent_t e0, e1;
+  CKL(cudaEventCreate(&e0)); CKL(cudaEventCreate(&e1));
+  std::vector<float> t(R);
+  op(); CKL(cudaDeviceSynchronize()); /* warm-up */
+  for (int r = 0; r < R; r++) {
+    flush_kernel<<<1056, 256>>>(g_flush, g_flush_n);
+    CKL(cudaEventRecord(e0, 0));
+    op();
+    CKL(cudaEventRecord(e1, 0));
+    CKL(cudaEventSynchronize(e1));
+    CKL(cudaEventElapsedTime(&t[r], e0, e1));
+  }
+  std::sort(t.begin(), t.end());
+  *med = t[R / 2]; *lo = t[0]; *hi = t[R - 1];
+  cudaEventDestroy(e0); cudaEventDestroy(e1);
+}
+#endif
+
+/* The split for version v: slabs x KS <= SMs (one block per SM), at least 2 stages a split. */
+static int auto_ks(int N, int K, int BN, int sms) {
+  const int slabs = (N + BN - 1) / BN, nk = K / 64;
+  int ks = sms / slabs;
+  if (ks < 1) ks = 1;
+  if (ks > nk / 2) ks = nk / 2 > 0 ? nk / 2 : 1;
+  return ks;
+}
+
+static cudaError_t run_version(int v, const dn_args &a0, int ks_override) {
+  dn_args a = a0;
+  const int WG4 = a.T > 128;
+  switch (v) {
+    case 1: case 3:
+      if (v == 3) a.ks = 1; else if (ks_override > 0) a.ks = ks_override;
+      return WG4 ? dn_launch<4, 4, 16>(0, a) : dn_launch<2, 4, 16>(0, a);
+    case 2:
+      if (ks_override > 0) a.ks = ks_override;
+      return WG4 ? dn_launch<4, 5, 8>(0, a) : dn_launch<2, 5, 8>(0, a);
+  }
+  return cudaErrorInvalidValue;
+}
+
+int main(int argc, char **argv) {
+  int R = 30, small = 0, nsamp = 4096, ks_override = 0;
+  const char *only = NULL, *rows_s = "128,256,512", *vers = "0,1,2,3";
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) R = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_s = argv[++i];
+    else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--versions") && i + 1 < argc) vers = argv[++i];
+    else if (!strcmp(argv[i], "--samples") && i + 1 < argc) nsamp = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--ks") && i + 1 < argc) ks_override = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--small")) small = 1;
+    else {
+      fprintf(stderr, "usage: dense_lab [--reps R] [--rows 128,256,512] [--shapes a,b] [--versions 0,1,2,3] [--samples S] "
+                      "[--ks KS] [--small]\n");
+      return 2;
+    }
+  }
+  if (R < 1 || nsamp < 1) { fprintf(stderr, "dense_lab: --reps and --samples >= 1\n"); return 2; }
+  std::vector<int> rows, vs;
+  for (const char *p = rows_s; *p;) { rows.push_back(atoi(p)); const char *c = strchr(p, ','); if (!c) break; p = c + 1; }
+  for (const char *p = vers; *p;) { vs.push_back(atoi(p)); const char *c = strchr(p, ','); if (!c) break; p = c + 1; }
+  if (small) rows = {40, 96, 200, 300}; /* 300: two passes of 256 rows */
+  for (int T : rows)
+    if (T < 1 || T > 4096) { fprintf(stderr, "dense_lab: rows 1..4096\n"); return 2; }
+  for (int v : vs)
+    if (v < 0 || v > 3) { fprintf(stderr, "dense_lab: versions 0..3\n"); return 2; }
+  cudaDeviceProp prop;
+  CKL(cudaGetDeviceProperties(&prop, 0));
+  const int sms = small ? 6 : prop.multiProcessorCount;
+  cublasHandle_t h;
+  CBL(cublasCreate(&h));
+  float bw = 0.f, rate = 0.f;
+#ifndef DG_CUDA_EMU
+  if (!small) {
+    g_flush_n = ((size_t)256 << 20) / 16;
+    CKL(cudaMalloc(&g_flush, g_flush_n * 16));
+    const size_t n = ((size_t)2 << 30) / 16;
+    float4 *p; float *o;
+    CKL(cudaMalloc(&p, n * 16)); CKL(cudaMalloc(&o, 4));
+    CKL(cudaMemset(p, 0, n * 16));
+    float med, lo, hi;
+    timeit(5, [&] { read_kernel<<<prop.multiProcessorCount * 8, 512>>>(p, n, o); }, &med, &lo, &hi);
+    bw = (float)(n * 16) / (lo * 1e-3f) / 1e9f;
+    CKL(cudaFree(p)); CKL(cudaFree(o));
+    const int G = 8192;
+    bf16 *ga, *gb; float *gc;
+    CKL(cudaMalloc(&ga, (size_t)G * G * 2)); CKL(cudaMalloc(&gb, (size_t)G * G * 2)); CKL(cudaMalloc(&gc, (size_t)G * G * 4));
+    CKL(cudaMemset(ga, 0, (size_t)G * G * 2)); CKL(cudaMemset(gb, 0, (size_t)G * G * 2));
+    const float one = 1.f, zero = 0.f;
+    timeit(5, [&] { CBL(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, G, G, G, &one, ga, CUDA_R_16BF, G, gb, CUDA_R_16BF, G,
+                                      &zero, gc, CUDA_R_32F, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)); }, &med, &lo, &hi);
+    rate = 2.0f * G * (float)G * G / (lo * 1e-3f) / 1e12f;
+    CKL(cudaFree(ga)); CKL(cudaFree(gb)); CKL(cudaFree(gc));
+  }
+#endif
+  printf("# dense_lab on %s (%d SMs)%s: read %.0f GB/s (streaming read of 2 GiB, best of 5), bf16 %.0f TFLOP/s "
+         "(cublasGemmEx 8192^3, best of 5); medians of %d reps, L2 flushed before each; floor = max(bytes / read, "
+         "FLOPs / bf16), bytes = W + x (bf16) + y (fp32)\n",
+         prop.name, prop.multiProcessorCount, small ? " [--small: checks only]" : "", bw, rate, R);
+  printf("| shape | T | N | K | version | KS | grid | ms | spread | floor ms | floor %% | TFLOP/s | GB/s | err/bound "
+         "(ref) | diff/bound (cuBLAS) | check |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const double u = ldexp(1.0, -24);
+  auto gam = [&](double n) { return n * u / (1 - n * u); };
+  int bad_total = 0;
+  std::vector<double> pass_ms(4, 0.0);
+  std::vector<int> pass_have(4, 1);
+  double pass_floor = 0;
+  const shape *shapes = small ? SMALL : BIG;
+  const int nshapes = small ? (int)(sizeof SMALL / sizeof SMALL[0]) : (int)(sizeof BIG / sizeof BIG[0]);
+  for (int T : rows) {
+    for (int si = 0; si < nshapes; si++) {
+      const shape &sh = shapes[si];
+      if (only && !strstr(only, sh.name)) continue;
+      const int N = sh.N, K = sh.K;
+      std::vector<uint16_t> hx((size_t)T * K), hw((size_t)N * K);
+      for (auto &e : hx) e = f2b(frand());
+      for (auto &e : hw) e = f2b(frand() * 0.0625f);
+      bf16 *dx, *dw; float *dy0, *dy;
+      CKL(cudaMalloc((void **)&dx, hx.size() * 2)); CKL(cudaMalloc((void **)&dw, hw.size() * 2));
+      CKL(cudaMalloc((void **)&dy0, (size_t)T * N * 4)); CKL(cudaMalloc((void **)&dy, (size_t)T * N * 4));
+      CKL(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+      CKL(cudaMemcpy(dw, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+      const float one = 1.f, zero = 0.f;
+      auto cublas = [&] { CBL(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, dw, CUDA_R_16BF, K, dx, CUDA_R_16BF, K,
+                                           &zero, dy0, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)); };
+      CKL(cudaMemset(dy0, 0xff, (size_t)T * N * 4));
+      cublas();
+      CKL(cudaDeviceSynchronize());
+      std::vector<float> ycb((size_t)T * N), ylab((size_t)T * N);
+      CKL(cudaMemcpy(ycb.data(), dy0, ycb.size() * 4, cudaMemcpyDeviceToHost));
+      /* the sampled outputs (all with --small) and their exact values and sum |x w| */
+      std::vector<int> sr, sc;
+      if (small) { for (int r = 0; r < T; r++) for (int c = 0; c < N; c++) { sr.push_back(r); sc.push_back(c); } }
+      else { for (int i = 0; i < nsamp; i++) { sr.push_back((int)(rnd() % T)); sc.push_back((int)(rnd() % N)); } }
+      const size_t ns = sr.size();
+      std::vector<double> ex(ns), ab(ns);
+#pragma omp parallel for
+      for (long i = 0; i < (long)ns; i++) {
+        double e = 0, aa = 0;
+        const uint16_t *xr = &hx[(size_t)sr[i] * K], *wr = &hw[(size_t)sc[i] * K];
+        for (int k = 0; k < K; k++) { const double p = (double)b2f(xr[k]) * b2f(wr[k]); e += p; aa += fabs(p); }
+        ex[i] = e; ab[i] = aa;
+      }
+      const double flops = 2.0 * T * N * K, bytes = 2.0 * ((double)N * K + (double)T * K) + 4.0 * T * N;
+      const double floor_ms = small ? 0 : fmax(bytes / (bw * 1e9), flops / (rate * 1e12)) * 1e3;
+      if (T == 256) pass_floor += sh.per_pass * floor_ms;
+      for (int v : vs) {
+        const int BN = v == 2 ? 64 : 128;
+        const int ks = v == 0 ? 0 : v == 3 ? 1 : ks_override > 0 ? ks_override : auto_ks(N, K, BN, sms);
+        dn_args a = {dx, dw, dy, T, N, K, K, N, ks};
+        auto op = [&] { if (v == 0) cublas(); else CKL(run_version(v, a, 0)); };
+        float *dout = v == 0 ? dy0 : dy;
+        /* twice, the second into NaN bytes, which is the one checked */
+        op();
+        CKL(cudaDeviceSynchronize());
+        CKL(cudaMemset(dout, 0xff, (size_t)T * N * 4));
+        op();
+        CKL(cudaDeviceSynchronize());
+        CKL(cudaMemcpy(ylab.data(), dout, ylab.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0, worst_cb = 0;
+        long nbad = 0;
+        const double gv = v == 0 ? gam(2.0 * (K + 64)) : gam(2.0 * (K + ks)), gcb = gam(2.0 * (K + 64));
+        for (size_t i = 0; i < ns; i++) {
+          const size_t o = (size_t)sr[i] * N + sc[i];
+          const double b = gv * ab[i] + 1e-30, q = fabs(ylab[o] - ex[i]) / b;
+          const double qc = fabs((double)ylab[o] - ycb[o]) / (b + gcb * ab[i]);
+          if (!(q <= 1) || !(qc <= 1)) nbad++;
+          if (!(q <= worst)) worst = q == q ? q : INFINITY;
+          if (!(qc <= worst_cb)) worst_cb = qc == qc ? qc : INFINITY;
+        }
+        bad_total += nbad > 0;
+        float med = 0, lo = 0, hi = 0;
+#ifndef DG_CUDA_EMU
+        if (!small) timeit(R, op, &med, &lo, &hi);
+#endif
+        char grid[48];
+        if (v == 0) snprintf(grid, sizeof grid, "cuBLAS");
+        else snprintf(grid, sizeof grid, "%dx%d, %d thr", (N + BN - 1) / BN, ks, T > 128 ? 512 : 256);
+        if (T == 256) { if (med > 0) pass_ms[v] += sh.per_pass * med; else pass_have[v] = 0; }
+        printf("| %s | %d | %d | %d | %d | %d | %s | %.4f | %.4f-%.4f | %.4f | %.1f | %.0f | %.0f | %.3f | %.3f | %s |\n",
+               sh.name, T, N, K, v, ks, grid, med, lo, hi, floor_ms, med > 0 ? 100.0 * floor_ms / med : 0.0,
+               med > 0 ? flops / (med * 1e9) : 0.0, med > 0 ? bytes / (med * 1e6) : 0.0, worst, worst_cb,
+               nbad ? "FAIL" : "ok");
+        if (nbad) printf("#   %s T %d version %d: %ld of %zu outputs past the bound\n", sh.name, T, v, nbad, ns);
+      }
+      CKL(cudaFree(dx)); CKL(cudaFree(dw)); CKL(cudaFree(dy0)); CKL(cudaFree(dy));
+    }
+  }
+  if (!small) {
+    printf("\nper decoder pass of the 26B at T 256 (the six shapes x their count per pass): floor %.3f ms", pass_floor);
+    for (int v : vs)
+      if (pass_have[v]) printf("; version %d %.3f ms", v, pass_ms[v]);
+    printf("\n");
+  }
+  printf("# %s\n", bad_total ? "SOME CHECKS FAILED" : "all checks within their bounds");
+  cublasDestroy(h);
+  return bad_total ? 1 : 0;
+}
