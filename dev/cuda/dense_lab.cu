@@ -28,9 +28,13 @@
  *
  * Versions (--versions):
  *   0  cublasGemmEx, CUBLAS_GEMM_DEFAULT (the backend's call; gemm_pin.cu's pins are not applied here)
- *   1  dn_kernel BN 128, ST 4, KS chosen so that slabs x KS <= the SM count (one block per SM: ~193 KiB of ring)
- *   2  dn_kernel BN 64, ST 5, KS the same rule
+ *   1  dn_kernel BN 128, ST 4 (~193 KiB of ring: one block per SM), KS by auto_ks (the fewest waves x stages per SM)
+ *   2  dn_kernel BN 64, ST 5 (~201 KiB at T > 128), KS the same rule
  *   3  dn_kernel BN 128, ST 4, KS 1 (no memset, no atomics: the slab count alone fills the SMs or not)
+ *   4  version 1 with the weight rows of stage s + L + 4 prefetched into L2 (prefetch.global.L2) at iteration s, and
+ *      stages L..L+3 at the start: the ring holds only L = 2 stages of 16 KiB of weights (the activations take the
+ *      other 32 KiB of a slot), ~32 KiB of HBM reads in flight per SM against the ~35 KiB that ~23 GB/s per SM over a
+ *      ~1.5 us loaded latency needs; with the prefetch ~6 stages (~96 KiB) are asked for
  *
  * Accuracy (the check's bound, derived): every product x_k w_k of two bf16 values is exact in fp32 (8 + 8
  * significant bits <= 24); the sum over K products (in any order: the tensor cores' internal order and rounding of
@@ -46,7 +50,7 @@
  * Build and run (GPU machine; sm_90a: the wgmma wrappers trap on any other target):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xptxas -v dev/cuda/dense_lab.cu \
  *        -lcublas -lcudart -o build-a/dense_lab
- *   build-a/dense_lab [--reps 30] [--rows 128,256,512] [--shapes qkv_s,o_s] [--versions 0,1,2,3] [--samples 4096]
+ *   build-a/dense_lab [--reps 30] [--rows 128,256,512] [--shapes qkv_s,o_s] [--versions 0,1,2,3,4] [--samples 4096]
  * On the CPU emulation (dev/cuda_emu; checks only, emulation-sized shapes, every output checked):
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
  *       -c dev/cuda_emu/emu.cpp -o build-emu/emu_lab.o
@@ -88,11 +92,14 @@ struct dn_args {
 
 #ifdef DG_CUDA_EMU
 static inline void dn_red(float *p, float v) { *p += v; } /* blocks run one after another here */
+static inline void dn_prefetch_l2(const void *) {}      /* a hint: nothing to emulate */
 #else
 __device__ __forceinline__ void dn_red(float *p, float v) { atomicAdd(p, v); }
+/* prefetch.global.L2 (PTX ISA: a hint, no result): the line holding p brought into L2 */
+__device__ __forceinline__ void dn_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 #endif
 
-template <int WG, int ST, int NT>
+template <int WG, int ST, int NT, int PF = 0>
 __global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
   DG_PDL_ENTRY();
   static_assert(ST >= 3, "dn_kernel: ST >= 3 (one stage of copies ahead at least)");
@@ -144,6 +151,11 @@ __global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
       }
       dg_cp_commit(); /* an empty group past the run keeps the wait counts uniform */
     };
+    /* PF > 0: the weight rows of stage s (BN lines of 128 bytes) asked into L2 ahead of their cp.async (thread n one
+     * row; the activations are L2-resident already): more HBM bytes in flight per SM than the ring's L stages */
+    auto prefetch = [&](int s) {
+      if (PF > 0 && s < ns && tid < BN && n0 + tid < a.N) dn_prefetch_l2(a.W + (size_t)(n0 + tid) * a.K + 64 * (k0 + s));
+    };
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -151,11 +163,14 @@ __global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
       for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < L; s++) issue(s);
+    if (PF > 0 && p0 == 0)
+      for (int s = L; s < L + PF; s++) prefetch(s);
     for (int s = 0; s < ns; s++) {
       dg_cp_wait<L - 1>(); /* stage s (this thread's copies): s + L groups committed, L - 1 may be pending */
       dg_fence_proxy_async();
       __syncthreads();
       issue(s + L);
+      if (p0 == 0) prefetch(s + L + PF);
       const uint32_t at = sm + (uint32_t)((s % ST) * SLOT + wg * 64 * 128), bt = sm + (uint32_t)((s % ST) * SLOT + ABYTES);
       dg_wg_fence();
 #pragma unroll
@@ -196,9 +211,9 @@ __global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
 static size_t dn_smem(int WG, int ST, int NT) { return (size_t)ST * (64 * WG + 8 * NT) * 128 + 1024; }
 
 /* Launches dn_kernel (y zeroed first when a.ks > 1). */
-template <int WG, int ST, int NT> static cudaError_t dn_launch(cudaStream_t s, const dn_args &a) {
+template <int WG, int ST, int NT, int PF = 0> static cudaError_t dn_launch(cudaStream_t s, const dn_args &a) {
   if (a.K % 64 || a.ldx % 8 || a.T < 1 || a.ks < 1) return cudaErrorInvalidValue;
-  void (*kern)(dn_args) = dn_kernel<WG, ST, NT>;
+  void (*kern)(dn_args) = dn_kernel<WG, ST, NT, PF>;
   const size_t smem = dn_smem(WG, ST, NT);
   static int set = 0;
   if (!set) {
@@ -282,13 +297,18 @@ template <class Op> static void timeit(int R, Op op, float *med, float *lo, floa
 }
 #endif
 
-/* The split for version v: slabs x KS <= SMs (one block per SM), at least 2 stages a split. */
+/* The split for versions 1 and 2: the KS (1..8, at least 2 stages a split) that
+ * minimises the critical path of one SM, waves x stages a block = ceil(slabs KS / SMs) ceil(nk / KS) (one block per
+ * SM: the ring takes ~160-193 KiB of shared memory), the smaller KS on a tie (fewer atomics, a smaller memset share). */
 static int auto_ks(int N, int K, int BN, int sms) {
   const int slabs = (N + BN - 1) / BN, nk = K / 64;
-  int ks = sms / slabs;
-  if (ks < 1) ks = 1;
-  if (ks > nk / 2) ks = nk / 2 > 0 ? nk / 2 : 1;
-  return ks;
+  int best = 1;
+  long best_cost = -1;
+  for (int ks = 1; ks <= 8 && ks <= (nk > 1 ? nk / 2 : 1); ks++) {
+    const long cost = (long)((slabs * ks + sms - 1) / sms) * ((nk + ks - 1) / ks);
+    if (best_cost < 0 || cost < best_cost) { best_cost = cost; best = ks; }
+  }
+  return best;
 }
 
 static cudaError_t run_version(int v, const dn_args &a0, int ks_override) {
@@ -301,13 +321,16 @@ static cudaError_t run_version(int v, const dn_args &a0, int ks_override) {
     case 2:
       if (ks_override > 0) a.ks = ks_override;
       return WG4 ? dn_launch<4, 5, 8>(0, a) : dn_launch<2, 5, 8>(0, a);
+    case 4:
+      if (ks_override > 0) a.ks = ks_override;
+      return WG4 ? dn_launch<4, 4, 16, 4>(0, a) : dn_launch<2, 4, 16, 4>(0, a);
   }
   return cudaErrorInvalidValue;
 }
 
 int main(int argc, char **argv) {
   int R = 30, small = 0, nsamp = 4096, ks_override = 0;
-  const char *only = NULL, *rows_s = "128,256,512", *vers = "0,1,2,3";
+  const char *only = NULL, *rows_s = "128,256,512", *vers = "0,1,2,3,4";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) R = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_s = argv[++i];
@@ -317,7 +340,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ks") && i + 1 < argc) ks_override = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--small")) small = 1;
     else {
-      fprintf(stderr, "usage: dense_lab [--reps R] [--rows 128,256,512] [--shapes a,b] [--versions 0,1,2,3] [--samples S] "
+      fprintf(stderr, "usage: dense_lab [--reps R] [--rows 128,256,512] [--shapes a,b] [--versions 0,1,2,3,4] [--samples S] "
                       "[--ks KS] [--small]\n");
       return 2;
     }
@@ -330,7 +353,7 @@ int main(int argc, char **argv) {
   for (int T : rows)
     if (T < 1 || T > 4096) { fprintf(stderr, "dense_lab: rows 1..4096\n"); return 2; }
   for (int v : vs)
-    if (v < 0 || v > 3) { fprintf(stderr, "dense_lab: versions 0..3\n"); return 2; }
+    if (v < 0 || v > 4) { fprintf(stderr, "dense_lab: versions 0..4\n"); return 2; }
   cudaDeviceProp prop;
   CKL(cudaGetDeviceProperties(&prop, 0));
   const int sms = small ? 6 : prop.multiProcessorCount;
@@ -369,8 +392,8 @@ int main(int argc, char **argv) {
   const double u = ldexp(1.0, -24);
   auto gam = [&](double n) { return n * u / (1 - n * u); };
   int bad_total = 0;
-  std::vector<double> pass_ms(4, 0.0);
-  std::vector<int> pass_have(4, 1);
+  std::vector<double> pass_ms(5, 0.0);
+  std::vector<int> pass_have(5, 1);
   double pass_floor = 0;
   const shape *shapes = small ? SMALL : BIG;
   const int nshapes = small ? (int)(sizeof SMALL / sizeof SMALL[0]) : (int)(sizeof BIG / sizeof BIG[0]);
