@@ -7,9 +7,9 @@
 #      shape, two row passes), one rep each (sanitizer.txt)
 #   3. the lab twice (lab.md): the six dense shapes of a 26B pass (q/k/v sliding and full, o-proj sliding and full,
 #      dense MLP gate|up and down) at T 128, 256, 512 rows, cuBLAS (version 0, the backend's call) and dn_kernel
-#      versions 1-3 in the same run, each checked against double precision on 4,096 sampled outputs and against
+#      versions 1-4 in the same run, each checked against double precision on 4,096 sampled outputs and against
 #      cuBLAS, then timed (median of 30, L2 flushed before each)
-#   4. a split-K sweep of version 1 at T 256 (--ks 1, 2, 3, 4, 6, 8; ksweep.md): where the auto rule's choice sits
+#   4. a split-K sweep of versions 1 and 4 at T 256 (--ks 1, 2, 3, 4, 6, 8; ksweep.md): where the auto rule's choice sits
 # Verdict rule (for a later session, not this script): a version goes to the backend for a shape only if it is within
 # its bound there and its median is below cuBLAS's by more than the two rows' spread in both runs.
 set -u
@@ -39,8 +39,8 @@ for run in 1 2; do
 done
 : > "$OUT/ksweep.md"
 for ks in 1 2 3 4 6 8; do
-  timeout 60 build-a/dense_lab --reps 30 --rows 256 --versions 0,1 --ks $ks > /tmp/ks.md 2>&1
-  echo "ks $ks rc $? $(el)"; { echo "## --ks $ks (version 1; version 0 cuBLAS)"; grep -E "^\||^# " /tmp/ks.md; echo; } >> "$OUT/ksweep.md"
+  timeout 60 build-a/dense_lab --reps 30 --rows 256 --versions 0,1,4 --ks $ks > /tmp/ks.md 2>&1
+  echo "ks $ks rc $? $(el)"; { echo "## --ks $ks (versions 1, 4; version 0 cuBLAS)"; grep -E "^\||^# " /tmp/ks.md; echo; } >> "$OUT/ksweep.md"
 done
-grep -E "^\| [a-z_]+ \| 256 \| [0-9]+ \| [0-9]+ \| 1 " "$OUT/ksweep.md"
+grep -E "^\| [a-z_]+ \| 256 \| [0-9]+ \| [0-9]+ \| [14] " "$OUT/ksweep.md"
 echo "== done $(el)"
