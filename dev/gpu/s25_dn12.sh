@@ -3,13 +3,14 @@
 # machine, one call (carry .devdeb; about 2-4 minutes on an H100; needs nothing built: the lab is one file, headers
 # of src/cuda and cuBLAS only):
 #   1. build the lab for sm_90a with ptxas's registers and spills of every kernel (ptxas.txt)
-#   2. compute-sanitizer memcheck on two small rows (T 128 mlp_d, T 512 o_s: split-K atomics, a partial slab-free
-#      shape, two row passes), one rep each (sanitizer.txt)
+#   2. compute-sanitizer memcheck on three small runs (T 128 mlp_d; T 512 o_s: split-K atomics, two row passes;
+#      T 256 mlp_gu with version 5's workspace and counters), one rep each (sanitizer.txt)
 #   3. the lab twice (lab.md): the six dense shapes of a 26B pass (q/k/v sliding and full, o-proj sliding and full,
 #      dense MLP gate|up and down) at T 128, 256, 512 rows, cuBLAS (version 0, the backend's call) and dn_kernel
 #      versions 1-4 in the same run, each checked against double precision on 4,096 sampled outputs and against
-#      cuBLAS, then timed (median of 30, L2 flushed before each)
-#   4. a split-K sweep of versions 1 and 4 at T 256 (--ks 1, 2, 3, 4, 6, 8; ksweep.md): where the auto rule's choice sits
+#      cuBLAS, then timed (median of 30, L2 flushed before each); and for gate|up, the backend's pair (cuBLAS +
+#      geglu4, "0g") against version 5 (GeGLU in the epilogue, h bf16 out), rows "mlp_gu+geglu"
+#   4. a split-K sweep of versions 1, 4 and 5 at T 256 (--ks 1, 2, 3, 4, 6, 8; ksweep.md): where the auto rule's choice sits
 # Verdict rule (for a later session, not this script): a version goes to the backend for a shape only if it is within
 # its bound there and its median is below cuBLAS's by more than the two rows' spread in both runs.
 set -u
@@ -27,6 +28,8 @@ if command -v compute-sanitizer > /dev/null; then
   { timeout 120 compute-sanitizer --tool memcheck build-a/dense_lab --rows 128 --shapes mlp_d --reps 1 --samples 512
     echo "rc $?"
     timeout 120 compute-sanitizer --tool memcheck build-a/dense_lab --rows 512 --shapes o_s --reps 1 --samples 512
+    echo "rc $?"
+    timeout 120 compute-sanitizer --tool memcheck build-a/dense_lab --rows 256 --shapes mlp_gu --versions 0,5 --reps 1 --samples 512
     echo "rc $?"; } > "$OUT/sanitizer.txt" 2>&1
   echo "sanitizer $(el)"; grep -E "ERROR SUMMARY|rc |checks" "$OUT/sanitizer.txt"
 fi
@@ -35,12 +38,12 @@ for run in 1 2; do
   timeout 200 build-a/dense_lab --reps 30 > /tmp/dl.md 2>&1
   echo "lab run $run rc $? $(el)"; { echo "## run $run (--reps 30)"; cat /tmp/dl.md; echo; } >> "$OUT/lab.md"
   grep -E "^# |per decoder pass|FAIL" /tmp/dl.md
-  grep -E "^\| [a-z_]+ \| 256 " /tmp/dl.md
+  grep -E "^\| [a-z_+]+ \| 256 " /tmp/dl.md
 done
 : > "$OUT/ksweep.md"
 for ks in 1 2 3 4 6 8; do
-  timeout 60 build-a/dense_lab --reps 30 --rows 256 --versions 0,1,4 --ks $ks > /tmp/ks.md 2>&1
-  echo "ks $ks rc $? $(el)"; { echo "## --ks $ks (versions 1, 4; version 0 cuBLAS)"; grep -E "^\||^# " /tmp/ks.md; echo; } >> "$OUT/ksweep.md"
+  timeout 60 build-a/dense_lab --reps 30 --rows 256 --versions 0,1,4,5 --ks $ks > /tmp/ks.md 2>&1
+  echo "ks $ks rc $? $(el)"; { echo "## --ks $ks (versions 1, 4, 5; version 0 cuBLAS)"; grep -E "^\||^# " /tmp/ks.md; echo; } >> "$OUT/ksweep.md"
 done
-grep -E "^\| [a-z_]+ \| 256 \| [0-9]+ \| [0-9]+ \| [14] " "$OUT/ksweep.md"
+grep -E "^\| [a-z_+]+ \| 256 \| [0-9]+ \| [0-9]+ \| [145] " "$OUT/ksweep.md"
 echo "== done $(el)"
