@@ -7,7 +7,8 @@
  *
  * The product: y[T, N] fp32 = x[T, K] bf16 W[N, K]^T (W row-major, the checkpoint's [out, in]).
  *
- * dn_kernel<WG, ST, NT> (BN = 8 NT weight rows a block, BM = 64 WG canvas rows a pass):
+ * dn_kernel<WG, ST, NT, PF, EPI> (BN = 8 NT weight rows a block, BM = 64 WG canvas rows a pass; PF: version 4's L2
+ * prefetch distance in stages, 0 none; EPI 1: version 5's GeGLU epilogue, 0 the plain fp32 product):
  *   grid        (ceil(N / BN), KS): block (i, j) owns the slab of BN weight rows n0 = i BN.. and the j-th of KS
  *               equal runs of the K / 64 stages (split-K: enough blocks for the SMs when N / BN alone is too few);
  *               each weight byte is read from HBM by exactly one block, once per pass over the rows (one pass for
@@ -23,7 +24,8 @@
  *               iteration s - 1, before this barrier); 4 wgmmas (k16 steps at 32-byte offsets), commit, wait_group 1
  *   rows past T cp.async with 0 source bytes: zeros, never stored
  *   epilogue    KS = 1: the fp32 results stored (float2 per lane); KS > 1: added (atomicAdd, red.global.add.f32)
- *               into y, which the launcher zeroes first (cudaMemsetAsync, inside the timed region)
+ *               into y, which the launcher zeroes first (cudaMemsetAsync, inside the timed region); EPI 1: version 5
+ *               below. The launcher turns a KS that would leave a split empty into fewer runs of the same length
  * Requirements: K % 64 == 0, ldx % 8 == 0, x and W 16-byte aligned (cp.async of 16 bytes), T >= 1.
  *
  * Versions (--versions):
@@ -35,7 +37,6 @@
  *      stages L..L+3 at the start: the ring holds only L = 2 stages of 16 KiB of weights (the activations take the
  *      other 32 KiB of a slot), ~32 KiB of HBM reads in flight per SM against the ~35 KiB that ~23 GB/s per SM over a
  *      ~1.5 us loaded latency needs; with the prefetch ~6 stages (~96 KiB) are asked for
- *
  *   5  (gate|up only: mlp_gu, and small_a with --small) version 4 with the GeGLU in the epilogue, h = bf16(gelu_tanh(g) u)
  *      [T, I]: the weights interleaved per slab (64 gate rows, then the 64 up rows of the same features), so a block
  *      holds gate and up of its 64 features; KS 1: h from the registers; KS > 1: every block adds its partial sums into
@@ -52,9 +53,11 @@
  * fp32 additions are unspecified, truncation allowed, so 2u per addition, u = 2^-24), plus at most KS - 1 additions
  * of split partials (atomics, any order) and the add to the zeroed output, has at most K + KS additions on any
  * path, so |y - exact| <= g(2 (K + KS)) sum_k |x_k w_k|, g(n) = n u / (1 - n u) (Higham, Accuracy and Stability,
- * 2nd ed., Lemma 3.1 and section 4.2: recursive summation in any order). cuBLAS (fp32 accumulate, its split-K
- * included) is checked against the same bound with KS 1 for its additions... its order is unknown, so against
- * g(2 (K + 64)); the lab's result against cuBLAS's within the sum of the two bounds (the summation orders
+ * 2nd ed., Lemma 3.1 and section 4.2: recursive summation in any order). cuBLAS (fp32 accumulate) is checked
+ * against g(2 (K + 64)) sum |x w|: its order and split-K are unknown, and 64 more additions cover any split-K of up
+ * to 64 parts (its heuristic's algorithms for these shapes on the H200 split at most 4 ways:
+ * docs/results/h200-s14/call2_gemm_lab.md);
+ * the lab's result against cuBLAS's within the sum of the two bounds (the summation orders
  * differ: no bitwise comparison is meaningful). Checked on sampled outputs (--samples; every output with --small),
  * each version's output first filled with NaN bytes (a missed store is NaN, fails).
  *
