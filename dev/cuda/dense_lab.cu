@@ -8,7 +8,8 @@
  * The product: y[T, N] fp32 = x[T, K] bf16 W[N, K]^T (W row-major, the checkpoint's [out, in]).
  *
  * dn_kernel<WG, ST, NT, PF, EPI> (BN = 8 NT weight rows a block, BM = 64 WG canvas rows a pass; PF: version 4's L2
- * prefetch distance in stages, 0 none; EPI 1: version 5's GeGLU epilogue, 0 the plain fp32 product):
+ * prefetch distance in stages, 0 none; EPI 1: version 5's GeGLU epilogue, 2: version 6's q/k/v one, 0 the plain fp32
+ * product):
  *   grid        (ceil(N / BN), KS): block (i, j) owns the slab of BN weight rows n0 = i BN.. and the j-th of KS
  *               equal runs of the K / 64 stages (split-K: enough blocks for the SMs when N / BN alone is too few);
  *               each weight byte is read from HBM by exactly one block, once per pass over the rows (one pass for
@@ -47,6 +48,17 @@
  *      geglu4_kernel's arithmetic). h is checked against bf16(gelu(g) u) of the exact sums within the bound derived
  *      beside its check (main), and version 5 against the pair within twice that; after version 5 the workspace and
  *      counters must be all zero.
+ *   6  (q/k/v of a sliding layer only: qkv_s, and small_q with --small) version 4 with the q/k/v post-processing in
+ *      the epilogue (the backend's k_qkv_post: q/k rmsnorm with their weights, v rms, rotate-half rope at position
+ *      pos0 + row, q fp32 [T, NH, D], K and V bf16 into their cache slots pos % S): every block puts its partial (or,
+ *      KS 1, its result) into an fp32 workspace; the last of the head's D / 128 slabs x KS blocks to arrive (a
+ *      counter per head and row pass) finishes the head, a warp per row (the sum of squares by a xor tree), and
+ *      leaves the workspace and counter zero: no fp32 qkv in HBM (16.8 MB write + read at T 256), one launch
+ *      instead of two. Timed against "0q": cublasGemmEx into qkv fp32, then lab_qkv_post_kernel (qkv_post_kernel's
+ *      expressions, a warp per (row, head)). Each output is checked against the exact sums' post-processing at the
+ *      device's fp32 angle within the bound derived beside its check (main); version 6 against the pair within
+ *      twice that. Full layers are not done: D 512 fits the finish (8 pairs a lane), but K = V there (no v heads:
+ *      the k head's finish would also write v = rms(k raw)), and their N is (NH + NKV) D.
  *
  * Accuracy (the check's bound, derived): every product x_k w_k of two bf16 values is exact in fp32 (8 + 8
  * significant bits <= 24); the sum over K products (in any order: the tensor cores' internal order and rounding of
@@ -64,7 +76,7 @@
  * Build and run (GPU machine; sm_90a: the wgmma wrappers trap on any other target):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xptxas -v dev/cuda/dense_lab.cu \
  *        -lcublas -lcudart -o build-a/dense_lab
- *   build-a/dense_lab [--reps 30] [--rows 128,256,512] [--shapes qkv_s,o_s] [--versions 0,1,2,3,4,5] [--samples 4096]
+ *   build-a/dense_lab [--reps 30] [--rows 128,256,512] [--shapes qkv_s,o_s] [--versions 0,1,2,3,4,5,6] [--samples 4096]
  * On the CPU emulation (dev/cuda_emu; checks only, emulation-sized shapes, every output checked):
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
  *       -c dev/cuda_emu/emu.cpp -o build-emu/emu_lab.o
@@ -108,6 +120,20 @@ struct dn_args {
   bf16 *H;
   int *cnt;
   int I;
+  /* EPI 2: the q/k/v post-processing's arguments, in device memory (read by the finishing block only; by value
+   * here they cost the plain kernels registers: ptxas spilled versions 1 and 4 with them in dn_args) */
+  const struct dn_qkv *qp;
+};
+/* EPI 2 (q/k/v post, version 6; sliding layers: has_v, no scattered positions): the raw [q | k | v] heads of D
+ * columns in the workspace Y [T, (NH + 2 NKV) D] (zero before, left zero), finished per head as the backend's
+ * qkv_post_kernel: q = rope(rms(q) q_norm) fp32 [T, NH, D]; k = rope(rms(k) k_norm) bf16 into kc[g][pos % S];
+ * v = rms(v) bf16 into vc[g][pos % S]; pos = pos0 + row; cnt (dn_args) [heads x 16] */
+struct dn_qkv {
+  float *q;
+  bf16 *kc, *vc;
+  const float *qn, *kn, *invf;
+  int NH, NKV, D, S, pos0;
+  float eps;
 };
 
 /* gelu_tanh as the backend's (src/cuda/kernels.cu gelu_tanh: spec 4.1), the same operations in the same order */
@@ -130,7 +156,7 @@ __global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
   DG_PDL_ENTRY();
   static_assert(ST >= 3, "dn_kernel: ST >= 3 (one stage of copies ahead at least)");
   static_assert(NT == 8 || NT == 16, "dn_kernel: BN 64 or 128");
-  static_assert(EPI == 0 || NT == 16, "dn_kernel: the GeGLU epilogue's slab is 64 gate + 64 up columns");
+  static_assert(EPI == 0 || NT == 16, "dn_kernel: the GeGLU and q/k/v epilogues' slabs are 128 columns");
   constexpr int THREADS = 128 * WG, BM = 64 * WG, BN = 8 * NT, L = ST - 2;
   constexpr int ABYTES = BM * 128, BBYTES = BN * 128, SLOT = ABYTES + BBYTES;
   constexpr int ACH = BM * 8 / THREADS; /* 16-byte copies of the A tile per thread and stage (4) */
@@ -246,6 +272,65 @@ __global__ void __launch_bounds__(128 * WG, 1) dn_kernel(dn_args a) {
         }
       }
     }
+    if (EPI == 2) {
+      /* the last of the (D / BN) KS blocks of this head and pass to arrive finishes the head: a warp per row, lane
+       * holding the pairs (i, i + D / 2), i = lane + 32 e; sum of squares by a xor tree; the backend's expressions */
+      __shared__ int last2;
+      const dn_qkv &b = *a.qp;
+      __threadfence();
+      __syncthreads();
+      const int hd = n0 / b.D;
+      int *cnt = a.cnt + hd * 16 + p0 / BM;
+      if (tid == 0) last2 = atomicAdd(cnt, 1) == (b.D / BN) * a.ks - 1;
+      __syncthreads();
+      if (last2) {
+        __threadfence();
+        const int h = b.D / 2, kind = hd < b.NH ? 0 : hd < b.NH + b.NKV ? 1 : 2;
+        const int gk = kind == 1 ? hd - b.NH : hd - b.NH - b.NKV;
+        for (int m = tid >> 5; m < BM; m += THREADS / 32) {
+          const int row = p0 + m;
+          if (row >= a.T) continue; /* uniform per warp */
+          float *w = a.Y + (size_t)row * a.ldy + (size_t)hd * b.D;
+          float va[8], vb[8]; /* D <= 512: h / 32 <= 8 pairs per lane */
+          float ss = 0.0f;
+          for (int e = 0; e < h / 32; e++) {
+            const int i = lane + 32 * e;
+            va[e] = __ldcg(w + i);
+            vb[e] = __ldcg(w + i + h);
+            ss += va[e] * va[e] + vb[e] * vb[e];
+            w[i] = 0.0f;
+            w[i + h] = 0.0f;
+          }
+          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+          const float r = rsqrtf(ss / (float)b.D + b.eps);
+          const int pos = b.pos0 + row, cs = pos % b.S;
+          const float p = (float)pos;
+          for (int e = 0; e < h / 32; e++) {
+            const int i = lane + 32 * e;
+            if (kind == 2) {
+              bf16 *dst = b.vc + ((size_t)gk * b.S + cs) * b.D;
+              dst[i] = __float2bfloat16_rn(va[e] * r);
+              dst[i + h] = __float2bfloat16_rn(vb[e] * r);
+              continue;
+            }
+            const float *nw = kind == 0 ? b.qn : b.kn;
+            const float x0 = (va[e] * r) * nw[i], x1 = (vb[e] * r) * nw[i + h];
+            const float ang = b.invf[i] * p, c = cosf(ang), sn = sinf(ang);
+            const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
+            if (kind == 0) {
+              float *qd = b.q + ((size_t)row * b.NH + hd) * b.D;
+              qd[i] = y0;
+              qd[i + h] = y1;
+            } else {
+              bf16 *kd = b.kc + ((size_t)gk * b.S + cs) * b.D;
+              kd[i] = __float2bfloat16_rn(y0);
+              kd[i + h] = __float2bfloat16_rn(y1);
+            }
+          }
+        }
+        if (tid == 0) *cnt = 0;
+      }
+    }
     if (EPI == 1 && a.ks > 1) {
       /* the last of the KS blocks of this slab and pass to arrive (a counter per slab and pass) reads the sums back
        * from L2 (__ldcg: past L1), writes h and leaves the workspace tile and the counter zero for the next launch
@@ -282,6 +367,7 @@ static size_t dn_smem(int WG, int ST, int NT) { return (size_t)ST * (64 * WG + 8
 template <int WG, int ST, int NT, int PF = 0, int EPI = 0> static cudaError_t dn_launch(cudaStream_t s, const dn_args &a) {
   if (a.K % 64 || a.ldx % 8 || a.T < 1 || a.ks < 1) return cudaErrorInvalidValue;
   if (EPI == 1 && (a.I % 64 || a.N != 2 * a.I || a.T > 16 * 64 * WG)) return cudaErrorInvalidValue;
+  if (EPI == 2 && (!a.qp || a.T > 16 * 64 * WG)) return cudaErrorInvalidValue; /* (shapes: lab_qkv_check) */
   void (*kern)(dn_args) = dn_kernel<WG, ST, NT, PF, EPI>;
   /* no empty split: KS reduced to the number of runs of ceil(nk / KS) stages (the same runs), so that every block
    * of a slab arrives at the GeGLU epilogue's counter */
@@ -295,7 +381,7 @@ template <int WG, int ST, int NT, int PF = 0, int EPI = 0> static cudaError_t dn
     if (e != cudaSuccess) return e;
     set = 1;
   }
-  if (b.ks > 1 && EPI == 0) { /* (EPI 1: the workspace is kept zero by the kernel) */
+  if (b.ks > 1 && EPI == 0) { /* (EPI 1, 2: the workspace is kept zero by the kernel) */
 #ifdef DG_CUDA_EMU
     cudaError_t e = cudaMemset(b.Y, 0, (size_t)b.T * b.ldy * 4);
 #else
@@ -336,6 +422,57 @@ static void lab_geglu(const float *gu, bf16 *h, int T, int I) {
   CKL(cudaGetLastError());
 }
 
+/* The backend's second launch of the q/k/v pair for the lab (qkv_post_kernel's arithmetic, has_v, positions pos0 +
+ * t; the sum of squares in a warp's xor order as qkv_post_warp_kernel): one warp per (row t, head slot), grid (T,
+ * NH + 2 NKV), from qkv [T, ld] fp32. */
+__global__ void lab_qkv_post_kernel(const float *qkv, int ld, float *q, bf16 *kc, bf16 *vc, int S, const float *qn,
+                                    const float *kn, const float *invf, int NH, int NKV, int D, int pos0, float eps) {
+  const int t = blockIdx.x, hd = blockIdx.y, lane = threadIdx.x, h = D / 2;
+  const int kind = hd < NH ? 0 : hd < NH + NKV ? 1 : 2, gk = kind == 1 ? hd - NH : hd - NH - NKV;
+  const float *w = qkv + (size_t)t * ld + (size_t)hd * D;
+  float va[8], vb[8], ss = 0.0f;
+  for (int e = 0; e < h / 32; e++) {
+    va[e] = w[lane + 32 * e];
+    vb[e] = w[lane + 32 * e + h];
+    ss += va[e] * va[e] + vb[e] * vb[e];
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float r = rsqrtf(ss / (float)D + eps);
+  const int pos = pos0 + t, cs = pos % S;
+  const float p = (float)pos;
+  for (int e = 0; e < h / 32; e++) {
+    const int i = lane + 32 * e;
+    if (kind == 2) {
+      bf16 *dst = vc + ((size_t)gk * S + cs) * D;
+      dst[i] = __float2bfloat16_rn(va[e] * r);
+      dst[i + h] = __float2bfloat16_rn(vb[e] * r);
+      continue;
+    }
+    const float *nw = kind == 0 ? qn : kn;
+    const float x0 = (va[e] * r) * nw[i], x1 = (vb[e] * r) * nw[i + h];
+    const float ang = invf[i] * p, c = cosf(ang), sn = sinf(ang);
+    const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn;
+    if (kind == 0) {
+      float *qd = q + ((size_t)t * NH + hd) * D;
+      qd[i] = y0;
+      qd[i + h] = y1;
+    } else {
+      bf16 *kd = kc + ((size_t)gk * S + cs) * D;
+      kd[i] = __float2bfloat16_rn(y0);
+      kd[i + h] = __float2bfloat16_rn(y1);
+    }
+  }
+}
+static void lab_qkv_post(const float *qkv, int ld, int T, const dn_qkv &a) {
+  const dim3 grid(T, a.NH + 2 * a.NKV);
+#ifdef DG_CUDA_EMU
+  DG_LAUNCH(lab_qkv_post_kernel, grid, 32, 0, 0)(qkv, ld, a.q, a.kc, a.vc, a.S, a.qn, a.kn, a.invf, a.NH, a.NKV, a.D, a.pos0, a.eps);
+#else
+  lab_qkv_post_kernel<<<grid, 32>>>(qkv, ld, a.q, a.kc, a.vc, a.S, a.qn, a.kn, a.invf, a.NH, a.NKV, a.D, a.pos0, a.eps);
+#endif
+  CKL(cudaGetLastError());
+}
+
 /* ---- host side ------------------------------------------------------------------------------------------------ */
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
@@ -358,7 +495,8 @@ static const shape BIG[] = {
     {"mlp_d", 2816, 2112, 31},
 };
 /* emulation-sized: partial slabs, uneven splits, partial row passes */
-static const shape SMALL[] = {{"small_a", 256, 512, 0}, {"small_b", 192, 640, 0}, {"small_c", 136, 384, 0}};
+static const shape SMALL[] = {{"small_a", 256, 512, 0}, {"small_b", 192, 640, 0}, {"small_c", 136, 384, 0},
+                               {"small_q", 1024, 256, 0}}; /* small_q: q/k/v of 2 q heads, 1 KV head, D 256 */
 
 #ifndef DG_CUDA_EMU
 __global__ void flush_kernel(float4 *p, size_t n) {
@@ -425,13 +563,16 @@ static cudaError_t run_version(int v, const dn_args &a0, int ks_override) {
     case 5:
       if (ks_override > 0) a.ks = ks_override;
       return WG4 ? dn_launch<4, 4, 16, 4, 1>(0, a) : dn_launch<2, 4, 16, 4, 1>(0, a);
+    case 6:
+      if (ks_override > 0) a.ks = ks_override;
+      return WG4 ? dn_launch<4, 4, 16, 4, 2>(0, a) : dn_launch<2, 4, 16, 4, 2>(0, a);
   }
   return cudaErrorInvalidValue;
 }
 
 int main(int argc, char **argv) {
   int R = 30, small = 0, nsamp = 4096, ks_override = 0;
-  const char *only = NULL, *rows_s = "128,256,512", *vers = "0,1,2,3,4,5";
+  const char *only = NULL, *rows_s = "128,256,512", *vers = "0,1,2,3,4,5,6";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) R = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_s = argv[++i];
@@ -441,7 +582,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ks") && i + 1 < argc) ks_override = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--small")) small = 1;
     else {
-      fprintf(stderr, "usage: dense_lab [--reps R] [--rows 128,256,512] [--shapes a,b] [--versions 0,1,2,3,4,5] [--samples S] "
+      fprintf(stderr, "usage: dense_lab [--reps R] [--rows 128,256,512] [--shapes a,b] [--versions 0,1,2,3,4,5,6] [--samples S] "
                       "[--ks KS] [--small]\n");
       return 2;
     }
@@ -454,7 +595,7 @@ int main(int argc, char **argv) {
   for (int T : rows)
     if (T < 1 || T > 4096) { fprintf(stderr, "dense_lab: rows 1..4096\n"); return 2; }
   for (int v : vs)
-    if (v < 0 || v > 5) { fprintf(stderr, "dense_lab: versions 0..5\n"); return 2; }
+    if (v < 0 || v > 6) { fprintf(stderr, "dense_lab: versions 0..6\n"); return 2; }
   cudaDeviceProp prop;
   CKL(cudaGetDeviceProperties(&prop, 0));
   const int sms = small ? 6 : prop.multiProcessorCount;
@@ -493,8 +634,8 @@ int main(int argc, char **argv) {
   const double u = ldexp(1.0, -24);
   auto gam = [&](double n) { return n * u / (1 - n * u); };
   int bad_total = 0;
-  std::vector<double> pass_ms(6, 0.0);
-  std::vector<int> pass_have(6, 1);
+  std::vector<double> pass_ms(7, 0.0);
+  std::vector<int> pass_have(7, 1);
   double pass_floor = 0;
   const shape *shapes = small ? SMALL : BIG;
   const int nshapes = small ? (int)(sizeof SMALL / sizeof SMALL[0]) : (int)(sizeof BIG / sizeof BIG[0]);
@@ -536,7 +677,7 @@ int main(int argc, char **argv) {
       const double floor_ms = small ? 0 : fmax(bytes / (bw * 1e9), flops / (rate * 1e12)) * 1e3;
       if (T == 256) pass_floor += sh.per_pass * floor_ms;
       for (int v : vs) {
-        if (v == 5) continue; /* the GeGLU rows, below */
+        if (v >= 5) continue; /* the GeGLU and q/k/v rows, below */
         const int BN = v == 2 ? 64 : 128;
         const int ks = v == 0 ? 0 : v == 3 ? 1 : ks_override > 0 ? ks_override : auto_ks(N, K, BN, sms);
         dn_args a = {dx, dw, dy, T, N, K, K, N, ks};
@@ -674,6 +815,159 @@ int main(int argc, char **argv) {
                            sh.name, T, w == 0 ? "pair" : "version 5", nbad, gn, nz);
         }
         CKL(cudaFree(dwp)); CKL(cudaFree(dh)); CKL(cudaFree(dws)); CKL(cudaFree(dcnt));
+      }
+      const int qNH = !strcmp(sh.name, "qkv_s") ? 16 : !strcmp(sh.name, "small_q") ? 2 : 0;
+      if (std::find(vs.begin(), vs.end(), 6) != vs.end() && qNH) {
+        /* the q/k/v product with its post-processing (sliding layer: q, k, v heads): the backend's pair (cuBLAS into
+         * qkv fp32, then lab_qkv_post_kernel) against version 6 (the heads finished in the product's epilogue) */
+        const int NH = qNH, NKV = NH / 2, NHD = NH + 2 * NKV, D = N / NHD, h = D / 2;
+        const int S = small ? T + 16 : T + 1024, pos0 = small ? S - T / 2 : 1024; /* small: the ring wraps */
+        std::vector<float> hqn(D), hkn(D), hinv(h);
+        for (auto &e : hqn) e = 1.0f + 0.5f * frand();
+        for (auto &e : hkn) e = 1.0f + 0.5f * frand();
+        for (int i = 0; i < h; i++) hinv[i] = (float)pow(10000.0, -2.0 * i / D);
+        float *dq, *dqn, *dkn, *dinv, *dws2; bf16 *dkc, *dvc; int *dcnt2;
+        const size_t nq = (size_t)T * NH * D, nkv = (size_t)NKV * S * D;
+        CKL(cudaMalloc((void **)&dq, nq * 4)); CKL(cudaMalloc((void **)&dkc, nkv * 2)); CKL(cudaMalloc((void **)&dvc, nkv * 2));
+        CKL(cudaMalloc((void **)&dqn, D * 4)); CKL(cudaMalloc((void **)&dkn, D * 4)); CKL(cudaMalloc((void **)&dinv, h * 4));
+        CKL(cudaMalloc((void **)&dws2, (size_t)T * N * 4)); CKL(cudaMalloc((void **)&dcnt2, (size_t)NHD * 16 * 4));
+        CKL(cudaMemcpy(dqn, hqn.data(), D * 4, cudaMemcpyHostToDevice));
+        CKL(cudaMemcpy(dkn, hkn.data(), D * 4, cudaMemcpyHostToDevice));
+        CKL(cudaMemcpy(dinv, hinv.data(), h * 4, cudaMemcpyHostToDevice));
+        CKL(cudaMemset(dws2, 0, (size_t)T * N * 4)); CKL(cudaMemset(dcnt2, 0, (size_t)NHD * 16 * 4));
+        const int ks6 = ks_override > 0 ? ks_override : auto_ks(N, K, 128, sms);
+        /* the shapes version 6 takes: D a multiple of 128 (whole slabs a head), 64 <= D / 2 <= 256 (1-8 pairs a lane) */
+        if (D % 128 || D > 512 || N != NHD * D) { fprintf(stderr, "dense_lab: q/k/v shape N %d D %d not supported\n", N, D); return 1; }
+        const dn_qkv hq = {dq, dkc, dvc, dqn, dkn, dinv, NH, NKV, D, S, pos0, 1e-6f};
+        dn_qkv *dqp;
+        CKL(cudaMalloc((void **)&dqp, sizeof hq));
+        CKL(cudaMemcpy(dqp, &hq, sizeof hq, cudaMemcpyHostToDevice));
+        dn_args a6 = {dx, dw, dws2, T, N, K, K, N, ks6, NULL, dcnt2, 0, dqp};
+        /* samples (row, head): the exact raw sums of the head's D columns and their sum |x w| */
+        std::vector<int> qr, qh;
+        if (small) { for (int r = 0; r < T; r++) for (int c = 0; c < NHD; c++) { qr.push_back(r); qh.push_back(c); } }
+        else { for (int i = 0; i < 192; i++) { qr.push_back((int)(rnd() % T)); qh.push_back((int)(rnd() % NHD)); } }
+        const size_t qn_ = qr.size();
+        std::vector<double> qs(qn_ * D), qa(qn_ * D);
+#pragma omp parallel for
+        for (long i = 0; i < (long)qn_; i++)
+          for (int j = 0; j < D; j++) {
+            double e = 0, aa = 0;
+            const uint16_t *xr = &hx[(size_t)qr[i] * K], *wr = &hw[(size_t)(qh[i] * D + j) * K];
+            for (int k = 0; k < K; k++) { const double pr = (double)b2f(xr[k]) * b2f(wr[k]); e += pr; aa += fabs(pr); }
+            qs[i * D + j] = e; qa[i * D + j] = aa;
+          }
+        /* The reference and bound of each output (derived): raw s_j within B_j = g(2 (K + 64)) sum |x w| (either
+         * path); the fp32 sum of squares within Ess = sum (2 |s| B + B^2) + g(2 D + 2) sum (|s| + B)^2; m = ss / D +
+         * eps within Em = Ess / D + 2u (m + Ess / D); rsqrtf within 2 ulp (4u relative) and the slope of m^-1/2, so r
+         * within Er = 0.5 (m - Em)^-1.5 Em + 4u (r + 0.5 (m - Em)^-1.5 Em); a normed, weighted element x = s r w
+         * within Ex = |w| (B (r + Er) + |s| Er) + 2u |w| (|s| + B) (r + Er); the rope of the pair at the same fp32 angle
+         * (cosf, sinf within 2 ulp: 4u absolute each; 3 roundings): E0 = Ex0 + Ex1 + 7u (|x0| + Ex0 + |x1| + Ex1);
+         * q fp32: E0; k bf16: E0 + 2^-8 (|y| + E0); v = bf16(s r): B (r + Er) + |s| Er + u (|s| + B) (r + Er), then
+         * the same 2^-8. u = 2^-24. */
+        const double uu = ldexp(1.0, -24), gb = gam(2.0 * (K + 64)), gd = gam(2.0 * D + 2), b8 = ldexp(1.0, -8);
+        std::vector<double> yref(qn_ * D), ybnd(qn_ * D);
+        for (size_t i = 0; i < qn_; i++) {
+          const double *sv = &qs[i * D], *av = &qa[i * D];
+          double sq = 0, Ess = 0, sqb = 0;
+          for (int j = 0; j < D; j++) {
+            const double B = gb * av[j];
+            sq += sv[j] * sv[j]; Ess += 2 * fabs(sv[j]) * B + B * B; sqb += (fabs(sv[j]) + B) * (fabs(sv[j]) + B);
+          }
+          Ess += gd * sqb;
+          const double m = sq / D + 1e-6, Em = Ess / D + 2 * uu * (m + Ess / D), r = 1 / sqrt(m);
+          const double dr = m > Em ? 0.5 * pow(m - Em, -1.5) * Em : INFINITY, Er = dr + 4 * uu * (r + dr);
+          const int hd = qh[i], kind = hd < NH ? 0 : hd < NH + NKV ? 1 : 2, pos = pos0 + qr[i];
+          for (int j = 0; j < h; j++) {
+            const int jj[2] = {j, j + h};
+            if (kind == 2) {
+              for (int z = 0; z < 2; z++) {
+                const double sj = sv[jj[z]], B = gb * av[jj[z]];
+                const double E = B * (r + Er) + fabs(sj) * Er + uu * (fabs(sj) + B) * (r + Er), y = sj * r;
+                yref[i * D + jj[z]] = y; ybnd[i * D + jj[z]] = E + b8 * (fabs(y) + E) + 1e-30;
+              }
+              continue;
+            }
+            const float *nw = kind == 0 ? hqn.data() : hkn.data();
+            double x[2], Ex[2];
+            for (int z = 0; z < 2; z++) {
+              const double sj = sv[jj[z]], B = gb * av[jj[z]], wv = fabs((double)nw[jj[z]]);
+              x[z] = sj * r * nw[jj[z]];
+              Ex[z] = wv * (B * (r + Er) + fabs(sj) * Er) + 2 * uu * wv * (fabs(sj) + B) * (r + Er);
+            }
+            const float ang = hinv[j] * (float)pos; /* the device's fp32 angle */
+            const double c = cos((double)ang), sn = sin((double)ang);
+            const double E0 = Ex[0] + Ex[1] + 7 * uu * (fabs(x[0]) + Ex[0] + fabs(x[1]) + Ex[1]);
+            const double y0 = x[0] * c - x[1] * sn, y1 = x[1] * c + x[0] * sn;
+            yref[i * D + j] = y0; yref[i * D + j + h] = y1;
+            ybnd[i * D + j] = (kind == 1 ? E0 + b8 * (fabs(y0) + E0) : E0) + 1e-30;
+            ybnd[i * D + j + h] = (kind == 1 ? E0 + b8 * (fabs(y1) + E0) : E0) + 1e-30;
+          }
+        }
+        auto pair = [&] { cublas(); lab_qkv_post(dy0, N, T, hq); };
+        auto fused = [&] { CKL(run_version(6, a6, 0)); };
+        const double qbytes = 2.0 * ((double)N * K + (double)T * K) + 4.0 * nq + 2.0 * 2 * T * NKV * D;
+        const double qfloor = small ? 0 : fmax(qbytes / (bw * 1e9), flops / (rate * 1e12)) * 1e3;
+        std::vector<float> gq0(nq), gq(nq);
+        std::vector<uint16_t> gk0(nkv), gv0(nkv), gk(nkv), gv(nkv);
+        for (int w = 0; w < 2; w++) {
+          auto op = [&] { if (w == 0) pair(); else fused(); };
+          op();
+          CKL(cudaDeviceSynchronize());
+          CKL(cudaMemset(dq, 0xff, nq * 4)); CKL(cudaMemset(dkc, 0xff, nkv * 2)); CKL(cudaMemset(dvc, 0xff, nkv * 2));
+          op();
+          CKL(cudaDeviceSynchronize());
+          std::vector<float> &oq = w == 0 ? gq0 : gq;
+          std::vector<uint16_t> &ok = w == 0 ? gk0 : gk, &ov = w == 0 ? gv0 : gv;
+          CKL(cudaMemcpy(oq.data(), dq, nq * 4, cudaMemcpyDeviceToHost));
+          CKL(cudaMemcpy(ok.data(), dkc, nkv * 2, cudaMemcpyDeviceToHost));
+          CKL(cudaMemcpy(ov.data(), dvc, nkv * 2, cudaMemcpyDeviceToHost));
+          double worst = 0, worst_p = 0;
+          long nbad = 0;
+          for (size_t i = 0; i < qn_; i++) {
+            const int hd = qh[i], kind = hd < NH ? 0 : hd < NH + NKV ? 1 : 2, row = qr[i], cs = (pos0 + row) % S;
+            const int gk_ = kind == 1 ? hd - NH : hd - NH - NKV;
+            for (int j = 0; j < D; j++) {
+              double got, other;
+              if (kind == 0) { const size_t o = ((size_t)row * NH + hd) * D + j; got = oq[o]; other = gq0[o]; }
+              else {
+                const size_t o = ((size_t)gk_ * S + cs) * D + j;
+                got = b2f(kind == 1 ? ok[o] : ov[o]); other = b2f(kind == 1 ? gk0[o] : gv0[o]);
+              }
+              const double q = fabs(got - yref[i * D + j]) / ybnd[i * D + j];
+              const double qp = w == 0 ? 0 : fabs(got - other) / (2 * ybnd[i * D + j]);
+              if (!(q <= 1) || !(qp <= 1)) nbad++;
+              if (!(q <= worst)) worst = q == q ? q : INFINITY;
+              if (!(qp <= worst_p)) worst_p = qp == qp ? qp : INFINITY;
+            }
+          }
+          long nz = 0;
+          if (w == 1) {
+            std::vector<float> ws((size_t)T * N);
+            std::vector<int> cn((size_t)NHD * 16);
+            CKL(cudaMemcpy(ws.data(), dws2, ws.size() * 4, cudaMemcpyDeviceToHost));
+            CKL(cudaMemcpy(cn.data(), dcnt2, cn.size() * 4, cudaMemcpyDeviceToHost));
+            for (float e : ws) nz += e != 0.0f;
+            for (int e : cn) nz += e != 0;
+            if (nz) nbad++;
+          }
+          bad_total += nbad > 0;
+          float med = 0, lo = 0, hi = 0;
+#ifndef DG_CUDA_EMU
+          if (!small) timeit(R, op, &med, &lo, &hi);
+#endif
+          char grid[48];
+          if (w == 0) snprintf(grid, sizeof grid, "cuBLAS + qkv_post");
+          else snprintf(grid, sizeof grid, "%dx%d, %d thr", N / 128, ks6, T > 128 ? 512 : 256);
+          printf("| %s+post | %d | %d | %d | %s | %d | %s | %.4f | %.4f-%.4f | %.4f | %.1f | %.0f | %.0f | %.3f | %.3f | %s |\n",
+                 sh.name, T, N, K, w == 0 ? "0q" : "6", w == 0 ? 0 : ks6, grid, med, lo, hi, qfloor,
+                 med > 0 ? 100.0 * qfloor / med : 0.0, med > 0 ? flops / (med * 1e9) : 0.0,
+                 med > 0 ? qbytes / (med * 1e6) : 0.0, worst, worst_p, nbad ? "FAIL" : "ok");
+          if (nbad) printf("#   %s+post T %d %s: %ld outputs past the bound; %ld workspace words or counters not zero\n",
+                           sh.name, T, w == 0 ? "pair" : "version 6", nbad, nz);
+        }
+        CKL(cudaFree(dq)); CKL(cudaFree(dkc)); CKL(cudaFree(dvc)); CKL(cudaFree(dqn)); CKL(cudaFree(dkn));
+        CKL(cudaFree(dinv)); CKL(cudaFree(dws2)); CKL(cudaFree(dcnt2)); CKL(cudaFree(dqp));
       }
       CKL(cudaFree(dx)); CKL(cudaFree(dw)); CKL(cudaFree(dy0)); CKL(cudaFree(dy));
     }
