@@ -45,7 +45,9 @@
  *              before the Q tile, the Q tile's loads of a batch (8 chunks per thread) all in flight before their
  *              conversions (version 12's fa_load_q: one pair of loads per branch and store, 8 dependent round
  *              trips at D 512); output bit-identical to 12's
- * --prof (timing only): after the table, versions 12 and 14 (if asked) once more per row with att_wq_kernel's
+ *   version 15 (session 24) version 14 with P V on wgmma: P from registers as A, V read MN-major (transposed B)
+ *              from the same swizzled panels, DV / 128 m64n128k16 per 16 keys and warpgroup
+ * --prof (timing only): after the table, versions 12, 14 and 15 (if asked) once more per row with att_wq_kernel's
  * clock64 stamps per phase (prologue, wait + barrier, copies issued, Q K^T, softmax, P V, store: attention_lab.cuh),
  * the flash kernel and fp_combine_kernel timed apart by an event between them.
  * Every version is launched twice before its check, the second time into an output of NaN bytes, which is the one
@@ -66,7 +68,7 @@
  *   build/attention_lab [--reps N] [--versions 1,2] [--small] [--prof]
  * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-14 this file's, built
  * by the line above; dev/gpu/att12.sh builds both for sm_90a and runs 6, 12 and 13 side by side, dev/gpu/s25_at12.sh
- * 6, 12 and 14, and 12 and 14 with --prof.)
+ * 6, 12, 14 and 15, and 12, 14 and 15 with --prof.)
  * --small: emulation-sized rows (canvas 32 after P = 96 and 160, window 64; checks only, every row checked),
  * for the CPU emulation of dev/cuda_emu after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -292,7 +294,7 @@ int main(int argc, char **argv) {
              ms.back(), flops / (med * 1e-3) / 1e12, bytes / (med * 1e-3) / 1e9, roof, 100.0 * roof / med,
              ok ? "ok" : "FAILED", worst);
       fflush(stdout);
-      if (prof && (v == 12 || v == 14) && D != 64) { /* one stamped launch after an L2 flush */
+      if (prof && (v == 12 || v == 14 || v == 15) && D != 64) { /* one stamped launch after an L2 flush */
         int nb = PMAXB;
         const int NW = 8; /* att_wq_kernel at D 128-512: two warpgroups */
         CKL(cudaMemset(dprof, 0, (size_t)PMAXB * PSTR * 8));

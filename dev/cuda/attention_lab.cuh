@@ -1,6 +1,6 @@
 /* attention_lab.cuh: the attention lab's versions 9-14 (dev/cuda/attention.cu; issue 12, session 18's candidates 9-11,
- * session 23's versions 12-13: Q K^T on wgmma, session 24's 14: 12 with its prologue reordered, and the phase
- * stamps of the lab's --prof; each its own comment below).
+ * session 23's versions 12-13: Q K^T on wgmma, session 24's 14: 12 with its prologue reordered, 15: 14 with P V on
+ * wgmma, and the phase stamps of the lab's --prof; each its own comment below).
  * Lab only: on an H100 (session 18) each was slower than version 6, the backend's default, on every row of the lab
  * (docs/cuda.md "Measured on an H100 in session 18"), so none is the backend's; they stay here, checked against the
  * lab's CPU reference and timed beside 6, for a later session to build on. Each is version 6's block
@@ -40,7 +40,7 @@
 #include "cuda/wgmma.cuh" /* version 12's Q K^T (wgmma.mma_async, sm_90a; emulated on the CPU) */
 
 #define ATT_LAB_FIRST 9 /* the lab's own versions: ATT_LAB_FIRST..ATT_LAB_LAST (k_attention_any takes the others) */
-#define ATT_LAB_LAST 14
+#define ATT_LAB_LAST 15
 
 /* lab_bar_sync4<N>(k): bar.sync 1 + k, N for k in 0..3 (the same k for the whole warp): named barrier 1 + k (0 is
  * __syncthreads') of N threads (a multiple of 32), ordering shared and global memory among them as __syncthreads
@@ -261,9 +261,20 @@ struct wq_args {
   unsigned long long *prof;
 };
 
+/* ---- version 15 (session 24): version 14 with P V on wgmma -------------------------------------------------------
+ * P V of a warpgroup's 64 rows and DV columns per 16 keys as DV / 128 wgmma m64n128k16 with A = P from registers
+ * (fa_softmax's pa: the mma.sync A layout per warp, which is wgmma's register A layout) and B = V read by the tensor
+ * cores MN-major (imm-trans-b 1: dg_wgmma_bf16_tb16, src/cuda/wgmma.cuh): the V panel [keys][64 dims] in 128-byte
+ * rows with fa_swz<64>'s swizzle is the MN-major 128-byte-swizzle pattern (64 consecutive dims of one key per row,
+ * 8 keys a 1024-byte pattern: SBO 1024, 16 keys = 2048 bytes per k16 step; the next 64 dims are the next panel, BK 128
+ * bytes on: LBO). Per warp and tile this replaces DV / 16 ldmatrix.trans and DV / 8 mma.sync per 16 keys by a
+ * warpgroup's DV / 128 wgmmas; the wait for them ends the tile (the V buffer is refilled after the next barrier). The
+ * sums: products exact, fp32 accumulation in wgmma's order (the test's bound, as for Q K^T). */
+
 /* PRO 0: version 12's prologue (fa_load_q, then the first copies), 1: version 14's (wq_load_q after the first
- * copies); PROF 1: the phase stamps (above) into p.prof: per block WQ_PROF_BLOCK + NWG 4 x 8 u64 */
-template <int D, int BK, int VS, int NWG, int PRO, int PROF>
+ * copies); PROF 1: the phase stamps (above) into p.prof: per block WQ_PROF_BLOCK + NWG 4 x 8 u64; PVW 1: P V on
+ * wgmma (version 15) */
+template <int D, int BK, int VS, int NWG, int PRO, int PROF, int PVW = 0>
 __global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(wq_args p) {
   DG_PDL_ENTRY();
   const fa_args &a = p.a;
@@ -353,15 +364,30 @@ __global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(wq_args p) {
     fa_softmax<DV, BK>(s, m, l, o, pa);
     stamp(4);
     const char *vt = Vs + buf * C::KB;
+    if constexpr (PVW) { /* version 15: P V on wgmma, B = V MN-major */
+      static_assert(DV % 128 == 0, "att_wq_kernel: P V on wgmma takes 128 columns per product");
+      const uint32_t va = dg_smem_addr(vt) + (uint32_t)(dv0 / 64) * (BK * 128);
+      dg_wg_fence(); /* o (rescaled) and pa (written) by ordinary instructions before the wgmmas read them */
 #pragma unroll
-    for (int j = 0; j < BK / 16; j++) {
+      for (int j = 0; j < BK / 16; j++)
 #pragma unroll
-      for (int dp = 0; dp < DV / 16; dp++) {
-        uint32_t vf[4];
-        const int ch = dv0 / 8 + 2 * dp + (lane >> 4);
-        dg_ldsm_x4_t(vf, vt + wq_at<BK>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), ch));
-        dg_mma_bf16(o[2 * dp], pa[j], vf);
-        dg_mma_bf16(o[2 * dp + 1], pa[j], vf + 2);
+        for (int h = 0; h < DV / 128; h++)
+          dg_wgmma_bf16_tb16(*(float(*)[16][4]) & o[16 * h][0], pa[j],
+                             dg_wg_desc_sw128_mn(va + (uint32_t)(2 * h * (BK * 128) + j * 2048), BK * 128, 1024), 1);
+      dg_wg_commit();
+      dg_wg_wait0();
+      dg_wg_pin<DV / 8>(o);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BK / 16; j++) {
+#pragma unroll
+        for (int dp = 0; dp < DV / 16; dp++) {
+          uint32_t vf[4];
+          const int ch = dv0 / 8 + 2 * dp + (lane >> 4);
+          dg_ldsm_x4_t(vf, vt + wq_at<BK>(16 * j + (lane & 7) + 8 * ((lane >> 3) & 1), ch));
+          dg_mma_bf16(o[2 * dp], pa[j], vf);
+          dg_mma_bf16(o[2 * dp + 1], pa[j], vf + 2);
+        }
       }
     }
     stamp(5);
@@ -384,12 +410,12 @@ __global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(wq_args p) {
 /* One launch of att_wq_kernel (and fp_combine_kernel if it splits). PROF: prof must hold *nblk blocks' stamps
  * (WQ_PROF_BLOCK + NWG 4 x 8 u64 each; nblk in: the capacity in blocks, out: the grid's blocks), else
  * cudaErrorInvalidValue; ev (PROF, optional): an event recorded between the two kernels. */
-template <int D, int BK, int VS, int NWG, int PRO = 0, int PROF = 0>
+template <int D, int BK, int VS, int NWG, int PRO = 0, int PROF = 0, int PVW = 0>
 static cudaError_t att_wq_launch(cudaStream_t s, const dg_att_ws *ws, fa_args a, unsigned long long *prof = NULL,
                                  int *nblk = NULL, cudaEvent_t ev = NULL) {
   typedef wq_cfg<D, BK, VS, NWG> C;
   const int G = a.NH / a.NKV, R = a.nq * G, bx = (R + C::BM - 1) / C::BM;
-  void (*kern)(wq_args) = att_wq_kernel<D, BK, VS, NWG, PRO, PROF>;
+  void (*kern)(wq_args) = att_wq_kernel<D, BK, VS, NWG, PRO, PROF, PVW>;
   static int per_sm = 0; /* one attribute call and occupancy query per instantiation */
   if (!per_sm) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -438,6 +464,10 @@ static cudaError_t att_lab_version(int v, cudaStream_t s, const dg_att_ws *ws, i
   if (v == 14)
     return D == 128 ? att_wq_launch<128, 64, 1, 2, 1>(s, ws, a) : D == 256 ? att_wq_launch<256, 64, 1, 2, 1>(s, ws, a)
                                                                            : att_wq_launch<512, 32, 2, 2, 1>(s, ws, a);
+  if (v == 15)
+    return D == 128   ? att_wq_launch<128, 64, 1, 2, 1, 0, 1>(s, ws, a)
+           : D == 256 ? att_wq_launch<256, 64, 1, 2, 1, 0, 1>(s, ws, a)
+                      : att_wq_launch<512, 32, 2, 2, 1, 0, 1>(s, ws, a);
   switch (D) {
   case 128:
     return v == 9 ? att_lab_launch<128, 64, 0, 1>(s, ws, cnt, ncnt, a)
@@ -452,7 +482,7 @@ static cudaError_t att_lab_version(int v, cudaStream_t s, const dg_att_ws *ws, i
   }
 }
 
-/* The lab's --prof (timing only): version 12 or 14 with att_wq_kernel's phase stamps (PROF above) into prof, room
+/* The lab's --prof (timing only): version 12, 14 or 15 with att_wq_kernel's phase stamps (PROF above) into prof, room
  * for *nblk blocks (out: the grid's blocks), WQ_PROF_BLOCK + 8 x 8 u64 each; ev recorded between the flash kernel
  * and fp_combine_kernel; the arguments as att_lab_version's. cudaErrorInvalidValue for another version, D 64, or
  * too few blocks' room. The output is the version's own (the stamps change no arithmetic). */
@@ -460,7 +490,7 @@ static inline cudaError_t att_lab_profile(int v, cudaStream_t s, const dg_att_ws
                                    cudaEvent_t ev, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out, int S,
                                    int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi, int causal, int is_full,
                                    int window) {
-  if ((v != 12 && v != 14) || D == 64 || !k_attention_flash_ok(D, NH, NKV)) return cudaErrorInvalidValue;
+  if ((v != 12 && v != 14 && v != 15) || D == 64 || !k_attention_flash_ok(D, NH, NKV)) return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
@@ -469,9 +499,13 @@ static inline cudaError_t att_lab_profile(int v, cudaStream_t s, const dg_att_ws
     return D == 128 ? att_wq_launch<128, 64, 1, 2, 0, 1>(s, ws, a, prof, nblk, ev)
            : D == 256 ? att_wq_launch<256, 64, 1, 2, 0, 1>(s, ws, a, prof, nblk, ev)
                       : att_wq_launch<512, 32, 2, 2, 0, 1>(s, ws, a, prof, nblk, ev);
-  return D == 128 ? att_wq_launch<128, 64, 1, 2, 1, 1>(s, ws, a, prof, nblk, ev)
-         : D == 256 ? att_wq_launch<256, 64, 1, 2, 1, 1>(s, ws, a, prof, nblk, ev)
-                    : att_wq_launch<512, 32, 2, 2, 1, 1>(s, ws, a, prof, nblk, ev);
+  if (v == 14)
+    return D == 128 ? att_wq_launch<128, 64, 1, 2, 1, 1>(s, ws, a, prof, nblk, ev)
+           : D == 256 ? att_wq_launch<256, 64, 1, 2, 1, 1>(s, ws, a, prof, nblk, ev)
+                      : att_wq_launch<512, 32, 2, 2, 1, 1>(s, ws, a, prof, nblk, ev);
+  return D == 128 ? att_wq_launch<128, 64, 1, 2, 1, 1, 1>(s, ws, a, prof, nblk, ev)
+         : D == 256 ? att_wq_launch<256, 64, 1, 2, 1, 1, 1>(s, ws, a, prof, nblk, ev)
+                    : att_wq_launch<512, 32, 2, 2, 1, 1, 1>(s, ws, a, prof, nblk, ev);
 }
 
 #endif

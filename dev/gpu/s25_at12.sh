@@ -2,15 +2,17 @@
 # s25_at12.sh OUT: issue 12 item 2 (session 24, helper at12), one call, carry .devdeb; about 4-5 minutes on an H100:
 #   1. the library for sm_90a in build-a (dev/gpu/att12.sh's build), then in parallel the attention lab (sm_90a,
 #      -Xptxas -v: ptxas.txt, att_wq_kernel's registers and spills in ptxas_wq.txt) and tests/test_cuda
-#   2. the lab twice with versions 6, 12 and 14 side by side (lab.md; 6 is the backend's default, 14 is 12 with its
+#   2. the lab twice with versions 6, 12, 14 and 15 side by side (lab.md; 6 is the backend's default, 14 is 12 with its
 #      prologue's latency chain cut: the first K/V copies before the Q tile, the Q loads of a batch in flight
-#      together), then once with --prof (prof.md: versions 12 and 14 with att_wq_kernel's per-phase clock stamps,
+#      together; 15 is 14 with P V on wgmma, V read as a transposed B: its first run on hardware, the lab's check of
+#      every row against double precision says whether the MN-major descriptor is read as the emulation reads it),
+#      then once with --prof (prof.md: versions 12, 14 and 15 with att_wq_kernel's per-phase clock stamps,
 #      timing only: where a block's time goes: prologue, wait + barrier, copies, Q K^T, softmax, P V, store; flash and
 #      combine kernels timed apart)
-#   3. test_attention for versions 12 and 14 (DG_TEST_CASE, one process each: tests.txt)
-# Verdict (docs/cuda.md "Attention at the 26B's decoder shapes", session 24): 14 replaces 12 as the candidate if both
-# its decoder rows at P 1024 are below 12's median by more than the two rows' spread in both runs and test_attention
-# passes with it; prof.md says which phase the next version attacks.
+#   3. test_attention for versions 12, 14 and 15 (DG_TEST_CASE, one process each: tests.txt)
+# Verdict (docs/cuda.md "Attention at the 26B's decoder shapes", session 24): 14 (15) replaces 12 as the candidate if
+# both its decoder rows at P 1024 are below 12's (14's) median by more than the two rows' spread in both runs and
+# test_attention passes with it; prof.md says which phase the next version attacks.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: dev/gpu/s25_at12.sh OUT}
@@ -34,14 +36,14 @@ grep -c "0 bytes spill stores" "$OUT/ptxas_wq.txt"
 wait $tb; echo "test_cuda build rc $? $(el)"
 : > "$OUT/lab.md"
 for run in 1 2; do
-  timeout 120 build-a/attention_lab --versions 6,12,14 --reps 30 > /tmp/lab.md 2>&1
-  echo "lab run $run rc $? $(el)"; { echo "## run $run (--versions 6,12,14 --reps 30)"; cat /tmp/lab.md; } >> "$OUT/lab.md"
-  grep -E "^\| decoder|check" /tmp/lab.md | head -20
+  timeout 120 build-a/attention_lab --versions 6,12,14,15 --reps 30 > /tmp/lab.md 2>&1
+  echo "lab run $run rc $? $(el)"; { echo "## run $run (--versions 6,12,14,15 --reps 30)"; cat /tmp/lab.md; } >> "$OUT/lab.md"
+  grep -E "^\| decoder|check" /tmp/lab.md | head -26
 done
-timeout 120 build-a/attention_lab --versions 12,14 --reps 5 --prof > "$OUT/prof.md" 2>&1
+timeout 120 build-a/attention_lab --versions 12,14,15 --reps 5 --prof > "$OUT/prof.md" 2>&1
 echo "lab --prof rc $? $(el)"; sed -n '/--prof/,$p' "$OUT/prof.md"
 : > "$OUT/tests.txt"
-for k in 12 14; do
+for k in 12 14 15; do
   DG_TEST_CASE=$k DG_TEST_FILTER=test_attention timeout 120 build-a/tests/test_cuda >> "$OUT/tests.txt" 2>&1
   echo "test_attention case $k rc $? $(el)"
 done
