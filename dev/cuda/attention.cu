@@ -20,9 +20,10 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
- * Versions 1-8 are the backend's (src/cuda/attention.cu, k_attention_any); 9-12 the lab's own (attention_lab.cuh,
+ * Versions 1-8 are the backend's (src/cuda/attention.cu, k_attention_any); 9-14 the lab's own (attention_lab.cuh,
  * att_lab_version; 9-11: version 6's block from src/cuda/attention.cuh with the changes below, slower than 6 on every
- * row on an H100 in session 18, so not in the backend; 12: its own kernel, not yet timed):
+ * row on an H100 in session 18, so not in the backend; 12-14: their own kernel, att_wq_kernel; on an H100 in
+ * session 24 12 was 8-9 % faster than 6 at the decoder's sliding rows and even at the full ones, 13 no faster):
  *   version 9  version 6 with the key splits merged inside the kernel: the last split block of a row tile to arrive
  *              (an arrival counter per tile) merges its rows as fp_combine_kernel does, bit for bit, so no combine
  *              launch (fp_combine_kernel: 6.4 us of the sliding layer's 44, 9.2 of the full layer's 82 in session
@@ -38,6 +39,17 @@
  *              each softmax once; D 512: both warpgroups on the same 64 rows, each half of the output columns
  *              (Q K^T computed by both), 32-key tiles; P V on mma.sync; splits merged by fp_combine_kernel
  *              (attention.cuh), as version 6's are. Needs the sm_90a build below (elsewhere it traps)
+ *   version 13 (session 23) version 12 with one warpgroup per block (64 rows), 32-key tiles at D 128 / 256: two
+ *              blocks per SM; D 512 as 12
+ *   version 14 (session 24) version 12 with its prologue's latency chain cut: the first K/V tile's copies issued
+ *              before the Q tile, the Q tile's loads of a batch (8 chunks per thread) all in flight before their
+ *              conversions (version 12's fa_load_q: one pair of loads per branch and store, 8 dependent round
+ *              trips at D 512); output bit-identical to 12's
+ *   version 15 (session 24) version 14 with P V on wgmma: P from registers as A, V read MN-major (transposed B)
+ *              from the same swizzled panels, DV / 128 m64n128k16 per 16 keys and warpgroup
+ * --prof (timing only): after the table, versions 12, 14 and 15 (if asked) once more per row with att_wq_kernel's
+ * clock64 stamps per phase (prologue, wait + barrier, copies issued, Q K^T, softmax, P V, store: attention_lab.cuh),
+ * the flash kernel and fp_combine_kernel timed apart by an event between them.
  * Every version is launched twice before its check, the second time into an output of NaN bytes, which is the one
  * checked (9-11: the arrival counters must be back at zero after a launch).
  *
@@ -53,9 +65,10 @@
  * Build and run (GPU machine, after make CUDA=1):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
- *   build/attention_lab [--reps N] [--versions 1,2] [--small]
- * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-12 this file's, built
- * by the line above; dev/gpu/att12.sh builds both for sm_90a and runs 6 and 12 side by side.)
+ *   build/attention_lab [--reps N] [--versions 1,2] [--small] [--prof]
+ * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-14 this file's, built
+ * by the line above; dev/gpu/att12.sh builds both for sm_90a and runs 6, 12 and 13 side by side, dev/gpu/s25_at12.sh
+ * 6, 12, 14 and 15, and 12, 14 and 15 with --prof.)
  * --small: emulation-sized rows (canvas 32 after P = 96 and 160, window 64; checks only, every row checked),
  * for the CPU emulation of dev/cuda_emu after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -70,10 +83,11 @@
 #include <string.h>
 
 #include <algorithm>
+#include <string>
 #include <cmath>
 #include <vector>
 
-#include "attention_lab.cuh" /* versions 9-12 (lab only) */
+#include "attention_lab.cuh" /* versions 9-14 (lab only) */
 #include "cuda/common.cuh"
 
 #define CKL(x)                                                                                                   \
@@ -100,7 +114,7 @@ __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
 
 int main(int argc, char **argv) {
-  int reps = 20, vmask = 30, small = 0;
+  int reps = 20, vmask = 30, small = 0, prof = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) { /* a comma-separated list of 1..ATT_LAB_LAST */
@@ -114,7 +128,8 @@ int main(int argc, char **argv) {
         vmask |= 1 << v;
       }
     } else if (!strcmp(argv[i], "--small")) small = 1;
-    else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2] [--small]\n"); return 2; }
+    else if (!strcmp(argv[i], "--prof")) prof = 1;
+    else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2] [--small] [--prof]\n"); return 2; }
   }
   cudaDeviceProp prop;
   CKL(cudaGetDeviceProperties(&prop, 0));
@@ -174,6 +189,17 @@ int main(int argc, char **argv) {
   const int NH = 16, C = small ? 32 : 256, W = small ? 64 : 1024;
   int failed = 0;
   const int nrows = small ? 4 : 8;
+  /* --prof: versions 12 and 14 once more per row with att_wq_kernel's phase stamps (attention_lab.cuh, PROF) */
+  const int PMAXB = 4096, PSTR = WQ_PROF_BLOCK + 64;
+  unsigned long long *dprof = NULL;
+  std::vector<unsigned long long> hprof;
+  std::vector<std::string> plines;
+  cudaEvent_t emid;
+  CKL(cudaEventCreate(&emid));
+  if (prof) {
+    CKL(cudaMalloc((void **)&dprof, (size_t)PMAXB * PSTR * 8));
+    hprof.resize((size_t)PMAXB * PSTR);
+  }
   for (int ri = 0; ri < nrows; ri++) {
     const row &rw = small ? small_rows[ri] : big_rows[ri];
     const int NKV = rw.full ? 2 : 8, D = rw.full ? 512 : 256, G = NH / NKV;
@@ -268,8 +294,61 @@ int main(int argc, char **argv) {
              ms.back(), flops / (med * 1e-3) / 1e12, bytes / (med * 1e-3) / 1e9, roof, 100.0 * roof / med,
              ok ? "ok" : "FAILED", worst);
       fflush(stdout);
+      if (prof && (v == 12 || v == 14 || v == 15) && D != 64) { /* one stamped launch after an L2 flush */
+        int nb = PMAXB;
+        const int NW = 8; /* att_wq_kernel at D 128-512: two warpgroups */
+        CKL(cudaMemset(dprof, 0, (size_t)PMAXB * PSTR * 8));
+        DG_LAUNCH(read_kernel, prop.multiProcessorCount * 8, 512, 0, 0)(big, std::min(RB, (size_t)256 << 20) / 16, sink);
+        CKL(cudaEventRecord(e0));
+        CKL(att_lab_profile(v, 0, &ws, dprof, &nb, emid, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal,
+                            rw.full, W));
+        CKL(cudaEventRecord(e1));
+        CKL(cudaEventSynchronize(e1));
+        CKL(cudaMemcpy(hprof.data(), dprof, (size_t)nb * PSTR * 8, cudaMemcpyDeviceToHost));
+        unsigned long long g0 = ~0ull, g1 = 0, smax = 0;
+        double ck = 0, ns = 0, ph[WQ_NPH] = {0};
+        std::vector<double> dur;
+        std::vector<int> per_sm(1024, 0);
+        for (int b = 0; b < nb; b++) {
+          const unsigned long long *pb = &hprof[(size_t)b * PSTR];
+          g0 = std::min(g0, pb[0]); g1 = std::max(g1, pb[1]); smax = std::max(smax, pb[0]);
+          ck += (double)(pb[3] - pb[2]); ns += (double)(pb[1] - pb[0]);
+          dur.push_back((pb[1] - pb[0]) * 1e-3);
+          per_sm[pb[4] & 1023]++;
+          for (int w = 0; w < NW; w++)
+            for (int k = 0; k < WQ_NPH; k++) ph[k] += (double)pb[WQ_PROF_BLOCK + w * 8 + k];
+        }
+        std::sort(dur.begin(), dur.end());
+        const double ghz = ns > 0 ? ck / ns : 1.0; /* cycles per ns */
+        int sms = 0, maxb = 0;
+        for (int c : per_sm) { sms += c > 0; maxb = std::max(maxb, c); }
+        char buf[512];
+        int n = snprintf(buf, sizeof buf, "| %s | %d | %.4f | %.4f | %d x %d | %d (<= %d each) | %.2f | %.2f | %.2f / %.2f |",
+                         rw.name, v, time_ms(e0, emid), time_ms(emid, e1), nb, (int)hprof[5], sms, maxb, (g1 - g0) * 1e-3,
+                         (smax - g0) * 1e-3, dur[dur.size() / 2], dur.back());
+        double tot = 0;
+        for (int k = 0; k < WQ_NPH; k++) {
+          const double us = ph[k] / (nb * NW) / ghz * 1e-3;
+          tot += us;
+          n += snprintf(buf + n, sizeof buf - n, " %.2f |", us);
+        }
+        snprintf(buf + n, sizeof buf - n, " %.2f | %.3f |", tot, ghz);
+        plines.push_back(buf);
+      }
     }
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part); cudaFree(cnt);
+  }
+  if (prof) {
+    printf("\n--prof (timing only): one launch per row and version after an L2 flush, att_wq_kernel's stamps: flash /\n"
+           "combine ms by events around each kernel; blocks x tiles (block 0's); SMs used; span = first block start to\n"
+           "last block end, starts = last block start after the first; block us median / max; then per warp (mean over\n"
+           "every warp of every block) the phases in us at the blocks' own clock (cycles per ns, last column): a stamp\n"
+           "after an asynchronous instruction does not wait for it (attention_lab.cuh, version 14's comment)\n");
+    printf("| row | version | flash ms | combine ms | blocks x tiles | SMs | span us | starts us | block us | prologue | "
+           "wait+barrier | copies issued | Q K^T | softmax | P V | store | sum | GHz |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (auto &l : plines) printf("%s\n", l.c_str());
+    cudaFree(dprof);
   }
   printf("# check: %d failing rows\n", failed);
   return failed ? 1 : 0;

@@ -52,7 +52,7 @@ std::vector<wgroup> wgroups;
  * belongs to (committed + 1 while uncommitted) */
 struct wg_op {
   float *d;
-  int n8, scd, areg;
+  int n8, scd, areg, tb;
   float a[2][16]; /* A from registers: this thread's rows g and g + 8 of its warp's 16, read at the issue */
   uint64_t adesc, bdesc;
   unsigned grp;
@@ -199,7 +199,7 @@ void warpgroup_gather(const void *v, void *all, int size) {
 /* ---- wgmma (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") ----
  * A descriptor (PTX ISA, "Matrix Descriptor"): bits 0-13 start address >> 4, 16-29 leading dimension byte offset
  * (LBO) >> 4, 32-45 stride dimension byte offset (SBO) >> 4, 49-51 base offset, 62-63 swizzle (0 none, 1 128-byte,
- * 2 64-byte, 3 32-byte). K-major operands only (the wrappers pass no transpose): element (mn, k) of a 16-bit
+ * 2 64-byte, 3 32-byte). K-major operands (and B MN-major with tb: wg_elem_mn, below): element (mn, k) of a 16-bit
  * operand, in its 8 x 16-byte core matrices (8 rows of 8 k),
  *   no swizzle:  start + (mn % 8) 16 + (mn / 8) SBO + (k / 8) LBO + (k % 8) 2
  *   128-byte:    start + (mn % 8) 128 + (mn / 8) SBO + (k / 8) 16 + (k % 8) 2, then address bits 4-6 ^= bits 7-9
@@ -246,14 +246,41 @@ static float wg_elem(uint64_t desc, int mn, int k) {
   memcpy(&f, &u, 4);
   return f;
 }
+/* Element (n, k) of an MN-major (transposed) 16-bit B with the 128-byte swizzle (the attention lab's version 15: V
+ * [keys, dims] as B = V, k = key, n = dim): the PTX ISA's canonical layout "Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,
+ * LBO),(8T,SBO))" (its "Canonical Layouts" table; T = 8 16-bit elements): rows of 128 bytes hold 64 consecutive n of
+ * one k, 8 rows a 1024-byte pattern, the 8-row groups along k SBO apart, the 64-column blocks along n LBO apart; the
+ * 16-byte chunk index XORed with the row in the pattern as for K-major. */
+static float wg_elem_mn(uint64_t desc, int n, int k) {
+  const uint32_t start = (uint32_t)(desc & 0x3FFFu) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFFu) << 4;
+  const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFFu) << 4;
+  if ((desc >> 62) != 1 || lbo % 1024) {
+    fprintf(stderr, "emu: wgmma MN-major B descriptor %#llx: only the 128-byte swizzle with 1024-byte multiples of LBO "
+            "is emulated\n", (unsigned long long)desc);
+    abort();
+  }
+  uint32_t a = start + (uint32_t)(k & 7) * 128u + (uint32_t)(k >> 3) * sbo + (uint32_t)(n >> 6) * lbo + (uint32_t)(n & 63) * 2u;
+  a ^= ((a >> 7) & 7u) << 4;
+  if ((size_t)a + 2 > smem_size) {
+    fprintf(stderr, "emu: wgmma MN-major B element (%d, %d) at shared address %u, past the %zu bytes of dynamic shared "
+            "memory (descriptor %#llx)\n", n, k, a, smem_size, (unsigned long long)desc);
+    abort();
+  }
+  uint16_t h;
+  memcpy(&h, smem_base + a, 2);
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 static float bf16_lo(uint32_t v) { const uint32_t u = v << 16; float f; memcpy(&f, &u, 4); return f; }
 static float bf16_hi(uint32_t v) { const uint32_t u = v & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
 
-void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd) {
+void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd, int tb) {
   struct pub {
     uint32_t a[4];
     uint64_t adesc, bdesc;
-    int32_t n8, scd, areg;
+    int32_t n8, scd, areg, tb;
   } mine, all[128];
   memset(&mine, 0, sizeof mine);
   if (a) memcpy(mine.a, a, 16);
@@ -262,11 +289,12 @@ void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bd
   mine.n8 = n8;
   mine.scd = scd != 0;
   mine.areg = a != NULL;
+  mine.tb = tb != 0;
   warpgroup_gather(&mine, all, (int)sizeof mine);
   const int wt = cur & 127, w = wt >> 5, l = wt & 31, g = l >> 2;
   for (int i = 0; i < 128; i++)
     if (all[i].adesc != mine.adesc || all[i].bdesc != mine.bdesc || all[i].n8 != mine.n8 || all[i].scd != mine.scd ||
-        all[i].areg != mine.areg) {
+        all[i].areg != mine.areg || all[i].tb != mine.tb) {
       fprintf(stderr, "emu: wgmma operands differ across the warpgroup (threads %d and %d of block (%u,%u,%u): "
               "descriptors, shape, scale-d or A's source; .aligned: every thread issues the same wgmma)\n",
               (cur & ~127) + i, cur, blockIdx_.x, blockIdx_.y, blockIdx_.z);
@@ -280,6 +308,7 @@ void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bd
   op.n8 = n8;
   op.scd = scd != 0;
   op.areg = a != NULL;
+  op.tb = tb != 0;
   op.adesc = adesc;
   op.bdesc = bdesc;
   wg_state &st = wgs[(size_t)cur];
@@ -312,7 +341,7 @@ static void wg_exec(const wg_op &op) {
     for (int c = 0; c < 2; c++) {
       const int col = 8 * j + 2 * t + c;
       float B[16];
-      for (int k = 0; k < 16; k++) B[k] = wg_elem(op.bdesc, col, k);
+      for (int k = 0; k < 16; k++) B[k] = op.tb ? wg_elem_mn(op.bdesc, col, k) : wg_elem(op.bdesc, col, k);
       for (int r = 0; r < 2; r++) {
         float *o = op.d + 4 * j + 2 * r + c;
         volatile float s = op.scd ? *o : 0.0f;

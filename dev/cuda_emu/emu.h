@@ -62,8 +62,9 @@ void warpgroup_gather(const void *v, void *all, int size); /* the 128 threads of
 /* wgmma.mma_async m64nNk16 f32 += bf16 x bf16 (src/cuda/wgmma.cuh, dev/cuda_emu/README.md): this thread's part of the
  * warpgroup's product, recorded at the issue (a rendezvous of the warpgroup: A from registers is read then) and
  * computed at the wgmma_wait that retires its group (the descriptors' shared memory is read then). n8 = N / 8;
- * a: this thread's 4 A registers, or NULL for A from the descriptor adesc; scd 0: D = A B, else D += A B. */
-void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd);
+ * a: this thread's 4 A registers, or NULL for A from the descriptor adesc; scd 0: D = A B, else D += A B; tb 1: B
+ * MN-major (imm-trans-b; 128-byte swizzle only: emu.cpp wg_elem_mn). */
+void wgmma_bf16(float *d, int n8, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int scd, int tb = 0);
 void wgmma_commit();      /* wgmma.commit_group */
 void wgmma_wait(int n);   /* wgmma.wait_group n: all but the newest n committed groups complete */
 /* mbarrier and cp.async.bulk (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier",

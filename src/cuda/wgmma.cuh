@@ -13,7 +13,8 @@
  *                    A[g][2t+1]), a[1] the same of row g + 8, a[2], a[3] those at k + 8; lower k in the low half);
  *                    or from shared memory through a descriptor (dg_wgmma_bf16_ss)
  *   B (16 x N bf16)  from shared memory through a descriptor, K-major (column n's 16 k contiguous per core
- *                    matrix row; no transpose)
+ *                    matrix row; no transpose), or MN-major with the 128-byte swizzle (dg_wgmma_bf16_tb16:
+ *                    imm-trans-b 1, dg_wg_desc_sw128_mn)
  *   descriptor       64 bits: start address >> 4 (bits 0-13), leading dimension byte offset (LBO) >> 4 (16-29),
  *                    stride dimension byte offset (SBO) >> 4 (32-45), base offset (49-51), swizzle (62-63: 0 none,
  *                    1 128-byte, 2 64-byte, 3 32-byte). K-major core matrices are 8 rows (m or n) of 16 bytes (8 k):
@@ -48,6 +49,14 @@ __device__ __forceinline__ uint64_t dg_wg_desc(uint32_t saddr, uint32_t lbo, uin
  * aligned): LBO unused (1, as is customary), swizzle mode 1. */
 __device__ __forceinline__ uint64_t dg_wg_desc_sw128(uint32_t saddr, uint32_t sbo) {
   return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(sbo >> 4) << 32) | ((uint64_t)1 << 62);
+}
+/* The same of a 128-byte-swizzled MN-major B (transposed): the PTX ISA's canonical layout "Swizzle<3,4,3> o
+ * ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))" (its "Canonical Layouts" table; T = 8 16-bit elements): rows of 128 bytes =
+ * 64 consecutive n of one k, 8 rows (k) a 1024-byte pattern, the 8-row groups along k SBO apart, the 64-column
+ * blocks along n LBO apart. */
+__device__ __forceinline__ uint64_t dg_wg_desc_sw128_mn(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+         ((uint64_t)1 << 62);
 }
 
 #ifndef DG_CUDA_EMU
@@ -155,6 +164,21 @@ template <> __device__ __forceinline__ void dg_wgmma_bf16<16>(float (&d)[16][4],
 #endif
 }
 
+/* d (64 x 128 fp32, this warp's 16 rows) = A B + (scd ? d : 0), A 64 x 16 bf16 from the lanes' registers (the
+ * mma.sync A layout per warp), B 16 x 128 bf16 MN-major (transposed: imm-trans-b 1) at desc, a 128-byte-swizzled
+ * descriptor of dg_wg_desc_sw128_mn (the attention lab's version 15: P V with P from registers, V [keys, dims]). */
+__device__ __forceinline__ void dg_wgmma_bf16_tb16(float (&d)[16][4], const uint32_t a[4], uint64_t desc, int scd) {
+#ifdef DG_WG_TRAP
+  __trap();
+#else
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+               "{%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+               : DG_WG_D4(0), DG_WG_D4(1), DG_WG_D4(2), DG_WG_D4(3), DG_WG_D4(4), DG_WG_D4(5), DG_WG_D4(6), DG_WG_D4(7), DG_WG_D4(8), DG_WG_D4(9), DG_WG_D4(10), DG_WG_D4(11), DG_WG_D4(12), DG_WG_D4(13), DG_WG_D4(14), DG_WG_D4(15)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scd));
+#endif
+}
+
 /* d (64 x 8 NT, NT = 4, 8, 16 or 32) = A B + (scd ? d : 0), A 64 x 16 bf16 K-major at adesc, B 16 x 8 NT bf16
  * K-major at bdesc (no transposes, no negation); N = 32 for the attention lab's version 12 at D 512, 64-256 for the
  * large-M expert lab versions 120-122. */
@@ -227,6 +251,9 @@ template <int NT> static inline void dg_wg_pin(float (&)[NT][4]) {}
 template <int NT> static inline void dg_wgmma_bf16(float (&d)[NT][4], const uint32_t a[4], uint64_t desc, int scd) {
   static_assert(NT == 1 || NT == 2 || NT == 3 || NT == 4 || NT == 8 || NT == 16, "dg_wgmma_bf16: N = 8, 16, 24, 32, 64, 128");
   emu::wgmma_bf16(&d[0][0], NT, a, 0, desc, scd);
+}
+static inline void dg_wgmma_bf16_tb16(float (&d)[16][4], const uint32_t a[4], uint64_t desc, int scd) {
+  emu::wgmma_bf16(&d[0][0], 16, a, 0, desc, scd, 1);
 }
 template <int NT> static inline void dg_wgmma_bf16_ss(float (&d)[NT][4], uint64_t adesc, uint64_t bdesc, int scd) {
   static_assert(NT == 4 || NT == 8 || NT == 16 || NT == 32, "dg_wgmma_bf16_ss: N = 32, 64, 128, 256");

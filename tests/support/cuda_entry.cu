@@ -12,7 +12,7 @@
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-109 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
-#include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-13 (dg_cuda_test_attention) */
+#include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
 #include "../../dev/cuda/qmoe_wl.cuh"    /* the lab's large-M wgmma versions 120-122 (dg_cuda_test_experts_qw) */
 
 #include "cuda_entry.h"

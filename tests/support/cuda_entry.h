@@ -148,8 +148,8 @@ dg_status dg_cuda_test_group_sums_perm(int device, int version, const uint16_t *
  * (query, head), 2: the tensor-core kernel (D of 64, 128, 256 or 512; else
  * DG_ERR_INVALID_ARG), 3 and 4: its other tile shapes (the lab's), 5: version
  * 2 with the earlier choice of key splits, 6-8: the backend's warp-pair
- * kernels; 9-13: the attention lab's own (dev/cuda/attention_lab.cuh,
- * att_lab_version; 12 and 13 need sm_90a, elsewhere they trap). The key splits use up
+ * kernels; 9-15: the attention lab's own (dev/cuda/attention_lab.cuh,
+ * att_lab_version; 12-15 need sm_90a, elsewhere they trap). The key splits use up
  * to 8 splits of scratch. */
 dg_status dg_cuda_test_attention(int device, int version, const float *q, const uint16_t *kc, const uint16_t *vc, int S,
                                  int nq, int NH, int NKV, int D, int32_t pos0, int32_t kv_hi, int causal, int is_full,
