@@ -402,6 +402,7 @@ template <int WG, int ST, int NT, int PF = 0, int EPI = 0> static cudaError_t dn
  * grid (ceil(I / 4 / 256), T)), written here for the lab (it links no library): h = bf16(gelu_tanh(gate) up) from
  * gu [T, 2 I] (gate columns first). I % 4 == 0. */
 __global__ void lab_geglu4_kernel(const float *gu, bf16 *h, int I) {
+  DG_PDL_ENTRY();
   const int f = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t t = blockIdx.y;
   if (4 * f >= I) return;
@@ -427,6 +428,7 @@ static void lab_geglu(const float *gu, bf16 *h, int T, int I) {
  * NH + 2 NKV), from qkv [T, ld] fp32. */
 __global__ void lab_qkv_post_kernel(const float *qkv, int ld, float *q, bf16 *kc, bf16 *vc, int S, const float *qn,
                                     const float *kn, const float *invf, int NH, int NKV, int D, int pos0, float eps) {
+  DG_PDL_ENTRY();
   const int t = blockIdx.x, hd = blockIdx.y, lane = threadIdx.x, h = D / 2;
   const int kind = hd < NH ? 0 : hd < NH + NKV ? 1 : 2, gk = kind == 1 ? hd - NH : hd - NH - NKV;
   const float *w = qkv + (size_t)t * ld + (size_t)hd * D;
@@ -500,10 +502,12 @@ static const shape SMALL[] = {{"small_a", 256, 512, 0}, {"small_b", 192, 640, 0}
 
 #ifndef DG_CUDA_EMU
 __global__ void flush_kernel(float4 *p, size_t n) {
+  DG_PDL_ENTRY();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     p[i] = make_float4((float)i, 0.f, 0.f, 0.f);
 }
 __global__ void read_kernel(const float4 *p, size_t n, float *out) {
+  DG_PDL_ENTRY();
   float s = 0.f;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     const float4 v = __ldcs(p + i);
