@@ -882,12 +882,13 @@ __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xr
   qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t, smem);
 }
 
-/* qr_body's timeline hooks (TL): none in the backend (every call inlines to nothing, the PTX unchanged); the kernel
- * lab's version 110 (dev/cuda/qr_diet_lab.cuh qr_tl_stamps) records, by thread 0 of each block, the block's times at
- * these points: its row table ready (rows, the first pass), its first activation stage landed (act0, after that
- * stage's barrier), its first weight stage landed (w0: v, the word of thread 0's record that must be in its register,
- * makes the stamp wait for that load), the stage loop's end and the epilogue's end (loop, epi: the last pass), and an
- * expert without rows (empty). */
+/* qr_body's timeline hooks (TL): none in the backend (every call inlines to nothing: the PTX unchanged but for the
+ * mangled names of qr_body's static shared arrays, which carry the parameter); the kernel lab's version 110
+ * (dev/cuda/qr_diet_lab.cuh qr_tl_stamps) records, by thread 0 of each block, the block's times at these points: its
+ * row table ready (rows, the first pass), its first activation stage landed (act0, after that stage's barrier), its
+ * first weight stage landed (w0: v, the word of thread 0's record that must be in its register, makes the stamp wait
+ * for that load), the stage loop's end and the epilogue's end (loop, epi: the last pass), and an expert without rows
+ * (empty). */
 struct qr_tl_none {
   static constexpr bool on = false; /* qr_body's first iteration of stages peeled for the stamps */
   __device__ __forceinline__ void rows(int, int) const {}
