@@ -3119,7 +3119,7 @@ typedef struct {
 } wcase;
 
 /* Each of the n cases through the test library twice, the backend's kernels and then version ver's (0: the other
- * DIET, test_experts_diet; 95-109: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
+ * DIET, test_experts_diet; 95-111: the kernel lab's, test_experts_lab), failing on any word of h or y that differs;
  * returns the words compared. */
 static long experts_words(const wcase *cs, size_t n, int ver) {
   const int E = 5, K = 2;
@@ -3165,10 +3165,13 @@ static void test_quant_experts_diet(void **state) {
          "%zu stacks)\n", words, sizeof cs / sizeof cs[0]);
 }
 
-/* The kernel lab's versions 96-109 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
+/* The kernel lab's versions 96-111 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
  * stages, prefetch distances and activation stages at 2 and 3 n-tiles, 105-106 over a weight ring in shared memory of
  * 4 and 6 stages at 3 n-tiles, 107-108 in a persistent grid at 2 and 3 n-tiles, run by the test library with the
- * resident blocks and with 3 blocks that take several items each) against the backend's kernels, h and y word
+ * resident blocks and with 3 blocks that take several items each, 109 the first weight stage early, 110 version 50
+ * with the per-block timeline, whose stamps the test library also checks for program order, 111 two slabs per down
+ * block with one pipeline across them: even and odd stage counts (6, 7, 11), an odd slab count (H 640: 5 slabs, the
+ * last block one slab) and a partial last slab (H 704)) against the backend's kernels, h and y word
  * for word (the same arithmetic; the lab compares them with version 50 on the GPU, this on the emulation before):
  * 4-bit g64 at the backend's tile count for 37 tokens (3 n-tiles and the 2-tile body), 48 tokens at 3 n-tiles
  * (whole passes), 2 n-tiles, and the 26B's down depth (IE 704: 11 weight stages, a half last activation stage)
@@ -3184,8 +3187,9 @@ static void test_quant_experts_lab(void **state) {
       {4, 4, 64, 640, 384, 37, 0}, {4, 4, 64, 704, 448, 48, 3}, {4, 4, 64, 640, 384, 37, 2}, {4, 4, 64, 1024, 704, 37, 0},
   };
   long words = 0;
-  for (int ver = 96; ver <= 109; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
-  printf("# kernel lab versions 96-109 (the SASS diet's launch choices, weight rings, persistent grid, early weights): h and y equal to the "
+  for (int ver = 96; ver <= 111; ver++) words += experts_words(cs, sizeof cs / sizeof cs[0], ver);
+  printf("# kernel lab versions 96-111 (the SASS diet's launch choices, weight rings, persistent grid, early weights, "
+         "timeline, slab pairs): h and y equal to the "
          "backend's word for word (%ld words, %zu stacks each)\n", words, sizeof cs / sizeof cs[0]);
 }
 

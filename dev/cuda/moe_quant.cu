@@ -88,6 +88,15 @@
  *              n-tiles, each warp's first weight stage loaded (and the first L2 prefetches issued) as soon as the block
  *              knows its expert, before the expert's count, start and row table; elsewhere as 96-104; each output
  *              compared with version 50's bit for bit (session 23)
+ *   version 110 (4-bit; dev/cuda/qr_diet_lab.cuh qr_tl_kernel): version 50's kernel (the backend's choices at 2 and 3
+ *              n-tiles) with a per-block timeline (thread 0's %globaltimer / %clock64 stamps at entry, row table ready,
+ *              first activation and weight stages landed, stage loop end, epilogue end, and %smid), printed after the
+ *              row (print_timeline: each phase's median and p10/p90 over blocks, the blocks' start times against the
+ *              first, the rounds and the tail, the per-SM busy fraction); elsewhere version 50 itself; each output
+ *              compared with version 50's bit for bit (session 24)
+ *   version 111 (4-bit; dev/cuda/qr_diet_lab.cuh qr_pair_kernel): the down product's blocks two consecutive n-slabs
+ *              each (half the blocks), one weight / activation pipeline across both slabs, at 2 and 3 n-tiles;
+ *              gate/up and elsewhere version 50; each output compared with version 50's bit for bit (session 24)
  *   versions 120-122 (4-bit g64; dev/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -133,7 +142,8 @@
 #include "cuda/qmoe_r.cuh"
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
-#include "qr_diet_lab.cuh" /* versions 95-109: the SASS diet, its launch choices, weight rings, persistent grid, early weights (lab only) */
+#include "qr_diet_lab.cuh" /* versions 95-111: the SASS diet, its launch choices, weight rings, persistent grid, early
+                               * weights, timeline, slab pairs (lab only) */
 #include "qmoe_wl.cuh" /* versions 120-122: the large-M wgmma kernel (lab only) */
 extern "C" {
 #include "io/quant.h"
@@ -493,11 +503,12 @@ static cudaError_t backend_args(int prod, stack *st, routing *r, qe_args *a, dim
   return cudaSuccess;
 }
 
-/* Versions 95-109 (qr_diet_version, dev/cuda/qr_diet_lab.cuh): version 50 (the backend's block order) with
+/* Versions 95-111 (qr_diet_version, dev/cuda/qr_diet_lab.cuh): version 50 (the backend's block order) with
  * qr_kernel's other stage loop (95: qr_launch_bits' FLIP 1; the SASS diet's loop, session 17, has steady-state
  * iterations without tests, real-row copies, 32-bit shared loads; the backend runs it at the tile counts of
  * QR_DIET_TILES, the loop before it elsewhere) and the diet with other launch choices (96-104) or over a weight ring in
- * shared memory (105-106) or in a persistent grid (107-108) or with the first weight loads early (109), 4-bit rows only; their outputs are compared with
+ * shared memory (105-106) or in a persistent grid (107-108) or with the first weight loads early (109), or version 50
+ * with a timeline (110) or two slabs per down block (111), 4-bit rows only; their outputs are compared with
  * version 50's bit for bit. */
 static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   qe_args a;
@@ -515,6 +526,129 @@ static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   case 8: return gateup ? qr_diet_version<8, 1>(ver, 0, grid, nt, a) : qr_diet_version<8, 0>(ver, 0, grid, nt, a);
   default: return gateup ? qr_diet_version<16, 1>(ver, 0, grid, nt, a) : qr_diet_version<16, 0>(ver, 0, grid, nt, a);
   }
+}
+
+/* q-quantile (0..1) of v by the nearest rank (v sorted here); 0 for an empty v. */
+static double quant(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, (size_t)(q * (v.size() - 1) + 0.5))];
+}
+
+/* Version 110's timeline of its last launch (dev/cuda/qr_diet_lab.cuh qr_tl_kernel, qr_tl_buf: QR_TL_WORDS words per
+ * block), printed under the row: the SM clock (clock64 cycles per globaltimer ns over all blocks) and the
+ * globaltimer's step (the smallest gap between distinct entry stamps); each phase's length in us over the blocks of
+ * experts with rows (median, p10 and p90): rows = entry to the row table (qr_block's order, count, start,
+ * qe_pass_rows, barrier), act0 = to the first activation stage's barrier, w0 = to the first weight stage in thread 0's
+ * registers after that, loop = to the stage loop's end (last pass), epi = the epilogue, block = entry to the
+ * epilogue's end; over one-pass blocks (at most 8 nt rows) F = block - loop and the loop per weight stage (nst
+ * stages); the blocks' start times after the first block's (p10, median, p90, last) and how many start within 2 us of
+ * it; the concurrency over time from the globaltimer intervals (its maximum C: the resident slots reached; blocks / C
+ * rounds; the mean busy slots over the span), the tail (from the last block's start to the end: its length and its
+ * slots' busy fraction); per SM, the union of its blocks' intervals over the span (min, p10, median, max over the SMs
+ * seen). */
+static void print_timeline(int nst, int nt) {
+  const size_t nb = qr_tl_blocks;
+  if (!nb) {
+    printf("  version 110: no timeline (version 50's kernel ran: not 4-bit g64 at 2 or 3 n-tiles)\n");
+    return;
+  }
+  std::vector<uint64_t> w(nb * QR_TL_WORDS);
+  CKL(cudaMemcpy(w.data(), qr_tl_buf, w.size() * 8, cudaMemcpyDeviceToHost));
+  uint64_t g0 = UINT64_MAX, g1 = 0;
+  double sc = 0, sg = 0;
+  std::vector<uint64_t> starts;
+  for (size_t b = 0; b < nb; b++) {
+    const uint64_t *x = &w[b * QR_TL_WORDS];
+    g0 = std::min(g0, x[0]);
+    g1 = std::max(g1, x[1]);
+    sc += (double)(x[7] - x[2]);
+    sg += (double)(x[1] - x[0]);
+    starts.push_back(x[0]);
+  }
+  std::sort(starts.begin(), starts.end());
+  uint64_t step = UINT64_MAX;
+  for (size_t i = 1; i < nb; i++)
+    if (starts[i] > starts[i - 1]) step = std::min(step, starts[i] - starts[i - 1]);
+  const double cpn = sg > 0 ? sc / sg : 1.0, span = (g1 - g0) * 1e-3; /* cycles per ns; us */
+  auto us = [&](uint64_t c0, uint64_t c1) { return (double)(c1 - c0) / cpn * 1e-3; };
+  std::vector<double> ph[8]; /* rows, act0, w0, loop, epi, block, F, per stage */
+  std::vector<double> st;
+  long empty = 0, now0 = 0;
+  for (size_t b = 0; b < nb; b++) {
+    const uint64_t *x = &w[b * QR_TL_WORDS];
+    const long cnt = (long)(uint32_t)x[9];
+    st.push_back((x[0] - g0) * 1e-3);
+    if (cnt == 0) { empty++; continue; }
+    ph[0].push_back(us(x[2], x[3]));
+    ph[1].push_back(us(x[3], x[4]));
+    if (x[5]) ph[2].push_back(us(x[4], x[5])); else now0++;
+    if (x[5]) ph[3].push_back(us(x[5], x[6]));
+    ph[4].push_back(us(x[6], x[7]));
+    ph[5].push_back(us(x[2], x[7]));
+    if (cnt <= 8 * nt && x[5]) {
+      ph[6].push_back(us(x[2], x[7]) - us(x[5], x[6]));
+      ph[7].push_back(us(x[5], x[6]) / nst);
+    }
+  }
+  /* concurrency: +1 at each start, -1 at each end (globaltimer) */
+  std::vector<std::pair<uint64_t, int>> ev;
+  for (size_t b = 0; b < nb; b++) {
+    ev.push_back({w[b * QR_TL_WORDS], 1});
+    ev.push_back({w[b * QR_TL_WORDS + 1], -1});
+  }
+  std::sort(ev.begin(), ev.end(), [](const std::pair<uint64_t, int> &p, const std::pair<uint64_t, int> &q) {
+    return p.first != q.first ? p.first < q.first : p.second < q.second; /* an end before a start at the same ns */
+  });
+  const uint64_t tlast = starts.back();
+  int cur = 0, cmax = 0;
+  double area = 0, tarea = 0;
+  for (size_t i = 0; i < ev.size(); i++) {
+    if (i > 0) {
+      const uint64_t a0 = ev[i - 1].first, a1 = ev[i].first;
+      area += (double)cur * (a1 - a0);
+      if (a1 > tlast) tarea += (double)cur * (a1 - std::max(a0, tlast));
+    }
+    cur += ev[i].second;
+    cmax = std::max(cmax, cur);
+  }
+  const double tail = (g1 - tlast) * 1e-3;
+  long early = 0;
+  for (uint64_t t : starts) early += t - g0 <= 2000;
+  /* per SM: the union of its blocks' intervals */
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> sm(1024);
+  for (size_t b = 0; b < nb; b++) {
+    const uint64_t *x = &w[b * QR_TL_WORDS];
+    sm[std::min<uint64_t>(x[8], 1023)].push_back({x[0], x[1]});
+  }
+  std::vector<double> busy;
+  for (auto &v : sm) {
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    uint64_t u = 0, c0 = v[0].first, c1 = v[0].second;
+    for (auto &iv : v) {
+      if (iv.first > c1) { u += c1 - c0; c0 = iv.first; c1 = iv.second; }
+      else c1 = std::max(c1, iv.second);
+    }
+    u += c1 - c0;
+    busy.push_back(u * 1e-3 / span);
+  }
+  printf("  timeline (version 110): %zu blocks, %ld of experts without rows; clock %.3f GHz (clock64 / globaltimer), "
+         "globaltimer step %llu ns; span %.1f us\n",
+         nb, empty, cpn, (unsigned long long)(step == UINT64_MAX ? 0 : step), span);
+  static const char *nm[8] = {"rows", "act0", "w0", "loop", "epi", "block", "F (1 pass)", "loop/stage"};
+  printf("   phases us, median [p10 p90]:");
+  for (int k = 0; k < 8; k++)
+    printf("%s %s %.2f [%.2f %.2f]", k ? " |" : "", nm[k], quant(ph[k], 0.5), quant(ph[k], 0.1), quant(ph[k], 0.9));
+  printf("%s\n", now0 ? " (w0 not stamped in some blocks)" : "");
+  printf("   starts after the first, us: p10 %.1f, median %.1f, p90 %.1f, last %.1f; %ld blocks within 2 us\n",
+         quant(st, 0.1), quant(st, 0.5), quant(st, 0.9), (tlast - g0) * 1e-3, early);
+  printf("   slots: at most %d blocks at once, %zu blocks = %.2f rounds of them; busy slots over the span %.1f %%; tail "
+         "(last start to end) %.1f us = %.1f %% of the span, its slots %.1f %% busy\n", cmax, nb, (double)nb / cmax,
+         100.0 * area / ((double)cmax * (g1 - g0)), tail, 100.0 * tail / span,
+         tail > 0 ? 100.0 * tarea / ((double)cmax * (g1 - tlast)) : 0.0);
+  printf("   per-SM busy (its blocks' union / span) over %zu SMs: min %.3f, p10 %.3f, median %.3f, max %.3f\n",
+         busy.size(), quant(busy, 0), quant(busy, 0.1), quant(busy, 0.5), quant(busy, 1));
 }
 
 /* Versions 51-60: the backend's kernel as it runs (version 50: the block order, qr_launch_bits' choices per tile
@@ -760,9 +894,9 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
-  if (ver >= 95 && ver <= 109) return run_diet(ver, prod, st, r);
+  if (ver >= 95 && ver <= 111) return run_diet(ver, prod, st, r);
   if (ver >= 120 && ver <= 122) return run_wl(ver, prod, st, r);
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-109 and 120-122 only (a build in a fraction of the time) */
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-111 and 120-122 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -1132,7 +1266,8 @@ int main(int argc, char **argv) {
               (bits != 4 || (ver < 35 && qe_nt(r.T, TOPK, E) > 4))) continue;
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
-          if (ver > 95 && ver <= 109 && bits != 4) continue; /* the diet's launch choices, rings, persistent grid, early weights: 4-bit only */
+          /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
+          if (ver > 95 && ver <= 111 && bits != 4) continue;
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1143,8 +1278,9 @@ int main(int argc, char **argv) {
           const int probe = ver >= 90 && ver <= 94; /* no output to check */
           const double q = probe ? 0.0 : check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
-          long ndiff = -1; /* versions 80-89, 95-109: output words that differ from version 50's (bit-identical by construction) */
-          if ((ver >= 80 && ver < 90) || (ver >= 95 && ver <= 109)) {
+          /* versions 80-89, 95-111: output words that differ from version 50's (bit-identical by construction) */
+          long ndiff = -1;
+          if ((ver >= 80 && ver < 90) || (ver >= 95 && ver <= 111)) {
             const size_t words = prod == GU ? (size_t)r.T * TOPK * IE : (size_t)r.T * TOPK * H, wb = prod == GU ? 2 : 4;
             void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
             std::vector<uint8_t> o1(words * wb), o2(words * wb);
@@ -1192,6 +1328,7 @@ int main(int argc, char **argv) {
                  wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med,
                  q, probe ? "probe" : q <= 1.0 && ndiff <= 0 ? (ndiff == 0 ? "ok, = v50" : "ok") : ndiff > 0 ? "FAIL (!= v50)" : "FAIL");
           if (ndiff > 0) printf("  version %d: %ld output words differ from version 50's\n", ver, ndiff);
+          if (ver == 110) print_timeline(prod == GU ? H / qr_kc(G, 4) : IE / qr_kc(G, 4), qe_nt(r.T, TOPK, E));
           if (q50 >= 0)
             printf("  version %d vs 50: largest |diff| / (bound + bound of v50) %.3f over 256 sampled outputs (%s)\n", ver,
                    q50, q50 <= 1.0 ? "ok" : "FAIL");

@@ -1,4 +1,4 @@
-/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-108 of
+/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-111 of
  * dev/cuda/moe_quant.cu), in one table for the lab and for the emulation test that compares each with the
  * backend's kernels word for word (tests/support/cuda_entry.cu dg_cuda_test_experts_lab, tests/test_cuda.c
  * test_quant_experts_lab). Lab only: nothing here is the backend's until a GPU has timed it.
@@ -564,10 +564,331 @@ cudaError_t qr_early_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a
   return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
 }
 
-/* The lab version ver (95-109) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1)
- * or down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
- * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's (the persistent grid), for 4 bits only (the 26B's experts; each candidate is 4 more kernels in the lab's
- * build, paid on the GPU machine's clock); cudaErrorInvalidValue for any other version or width. */
+/* Version 110 (session 24, helper mo11): version 50's kernel (qr_kernel with the backend's choices at 2 and 3 n-tiles,
+ * its stage loop DIET 0 there) with a per-block timeline: thread 0 of each block writes QR_TL_WORDS 64-bit words to
+ * qr_tl_buf at word QR_TL_WORDS x (blockIdx.y gridDim.x + blockIdx.x) (the launch order): 0 %globaltimer (ns) at entry
+ * (after griddepcontrol.wait), 1 %globaltimer at the end (the last pass's epilogue issued, or an expert without rows
+ * found), 2-7 %clock64 (SM cycles) at entry, the row table ready (the first pass; after its barrier), the first
+ * activation stage landed (after that stage's barrier), the first weight stage landed in thread 0's registers (read
+ * after a comparison of the record's first word with 0x9e3779b9: in-order issue makes the read wait for that load, the
+ * SASS checked; 0 in the one case in 2^32 where the word is that value), the stage loop's end (the last pass, after
+ * its barrier) and the epilogue's end (the last pass), 8 %smid, 9 the expert << 32 | its row count. An expert without
+ * rows: words 3-7 all at its end. The stamps are the hooks of qr_body's TL parameter (qr_tl_none in the backend):
+ * stores to this buffer only, so every output word is version 50's (test_quant_experts_lab, the lab's "= v50"). Where
+ * the phases' lengths come from %clock64 (the SM's cycles, converted by the ratio of clock64 to globaltimer over all
+ * blocks), the start times against the launch from %globaltimer (one clock for every SM). */
+#define QR_TL_WORDS 10
+#ifdef DG_CUDA_EMU /* no clocks: one counter, so each block's stamps increase in program order */
+static inline uint64_t qr_tl_tick() {
+  static uint64_t n;
+  return ++n;
+}
+static inline uint64_t qr_tl_clock() { return qr_tl_tick(); }
+static inline uint64_t qr_tl_gtime() { return qr_tl_tick(); }
+static inline uint64_t qr_tl_clock_after(uint32_t) { return qr_tl_tick(); }
+static inline unsigned qr_tl_smid() { return 0; }
+#else
+__device__ __forceinline__ uint64_t qr_tl_clock() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ uint64_t qr_tl_gtime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t)::"memory");
+  return t;
+}
+/* %clock64 read once v is in its register (0 if v is 0x9e3779b9): the read's result is selected by a comparison of
+ * v, which ptxas emits as ISETP, CS2R, SEL; a warp issues in order, so the clock is read only once the ISETP has had
+ * v, i.e. once v's load landed (the lab's SASS was checked for the ISETP before the CS2R: docs/cuda.md, session 24). */
+__device__ __forceinline__ uint64_t qr_tl_clock_after(uint32_t v) {
+  uint64_t t;
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0x9e3779b9;\n mov.u64 %0, 0;\n @p mov.u64 %0, %%clock64;\n}\n"
+               : "=l"(t)
+               : "r"(v)
+               : "memory");
+  return t;
+}
+__device__ __forceinline__ unsigned qr_tl_smid() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(r));
+  return r;
+}
+#endif
+
+/* qr_body's TL hooks for version 110: thread 0 writes its block's words (above) at b. */
+struct qr_tl_stamps {
+  static constexpr bool on = true; /* act0 and w0 in a copy of qr_body's first iteration, outside the stage loop */
+  uint64_t *b;
+  __device__ __forceinline__ void rows(int tid, int p0) const {
+    if (tid == 0 && p0 == 0) b[3] = qr_tl_clock();
+  }
+  __device__ __forceinline__ void act0(int tid, int p0) const {
+    if (tid == 0 && p0 == 0) b[4] = qr_tl_clock();
+  }
+  __device__ __forceinline__ void w0(int tid, int p0, uint32_t v) const {
+    if (tid == 0 && p0 == 0) b[5] = qr_tl_clock_after(v);
+  }
+  __device__ __forceinline__ void loop(int tid) const {
+    if (tid == 0) b[6] = qr_tl_clock();
+  }
+  __device__ __forceinline__ void epi(int tid) const {
+    if (tid == 0) {
+      b[7] = qr_tl_clock();
+      b[1] = qr_tl_gtime();
+    }
+  }
+  __device__ __forceinline__ void empty(int tid) const {
+    if (tid == 0) {
+      const uint64_t c = qr_tl_clock();
+      for (int k = 3; k < 8; k++) b[k] = c;
+      b[1] = qr_tl_gtime();
+    }
+  }
+};
+
+/* The kernel of version 110: qr_kernel (DIET 0, no bias products, NZ 0) with the stamps (qr_tl_stamps) into tl. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_tl_kernel(qe_args a, uint64_t *tl) {
+  DG_PDL_LAUNCH();
+  qr_prewait<BITS, GATEUP, GS, WARPS, 1>(a);
+  DG_PDL_WAIT();
+  uint64_t g0 = 0, c0 = 0; /* entry: after the wait for the grid before (under PDL a block may be placed earlier) */
+  if (threadIdx.x == 0) {
+    g0 = qr_tl_gtime();
+    c0 = qr_tl_clock();
+  }
+  DG_DYN_SMEM16(smem);
+  int e, slab;
+  qr_block(a, &e, &slab);
+  const qr_tl_stamps st{tl + (int64_t)QR_TL_WORDS * (blockIdx.y * gridDim.x + blockIdx.x)};
+  if (threadIdx.x == 0) {
+    st.b[0] = g0;
+    st.b[2] = c0;
+    st.b[8] = qr_tl_smid();
+    st.b[9] = (uint64_t)e << 32 | (uint32_t)a.count[e];
+  }
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[e] <= 8 * NTS) {
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, 1, 0, 0, 0, 0, qr_tl_stamps>(a, smem, e, slab, st);
+      return;
+    }
+  }
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, 1, 0, 0, 0, 0, qr_tl_stamps>(a, smem, e, slab, st);
+}
+
+/* The timeline buffer of version 110's last launch (host side): its words, the blocks it holds (0: the last launch of
+ * version 110 ran version 50's kernel without stamps, i.e. not 4-bit g64 at 2 or 3 n-tiles). */
+static uint64_t *qr_tl_buf;
+static size_t qr_tl_cap, qr_tl_blocks;
+
+/* qr_tl_kernel over grid (experts, slabs) as qr_launch_g launches qr_kernel; the buffer grown (zeroed) to the grid. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+cudaError_t qr_tl_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args, uint64_t *) = qr_tl_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
+  const size_t blocks = (size_t)grid.x * grid.y;
+  if (blocks > qr_tl_cap) {
+    if (qr_tl_buf) cudaFree(qr_tl_buf);
+    qr_tl_buf = NULL;
+    qr_tl_cap = 0;
+    cudaError_t e = cudaMalloc((void **)&qr_tl_buf, blocks * QR_TL_WORDS * 8);
+    if (e != cudaSuccess) return e;
+    e = cudaMemset(qr_tl_buf, 0, blocks * QR_TL_WORDS * 8);
+    if (e != cudaSuccess) return e;
+    qr_tl_cap = blocks;
+  }
+  qr_tl_blocks = blocks;
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a, qr_tl_buf);
+  return cudaGetLastError();
+}
+
+/* Version 110: for group 64 at 3 n-tiles and 2 n-tiles version 50's launch (qr_launch_bits' choices there, DIET 0)
+ * with the timeline (qr_tl_kernel); elsewhere version 50 itself, no timeline (qr_tl_blocks 0). */
+template <int BITS, int GATEUP>
+cudaError_t qr_tl_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  static_assert(!((QR_DIET_TILES >> 2) & 1) && !((QR_DIET_TILES >> 3) & 1), "version 50 runs DIET 0 at 2 and 3 n-tiles");
+  if (a.group == 64 && nt == 3)
+    return qr_tl_launch<BITS, GATEUP, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS>(s, grid, a);
+  if (a.group == 64 && nt == 2)
+    return qr_tl_launch<BITS, GATEUP, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0>(s, grid, a);
+  qr_tl_blocks = 0;
+  return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
+}
+
+/* Version 111 (session 24, helper mo11): the down product's blocks each take two consecutive n-slabs of one expert
+ * (grid (experts, ceil(slabs / 2)): the 26B's 2,816 blocks of 11 weight stages become 1,408 of 22, 2.67 rounds of
+ * the 528 resident blocks instead of 5.33), with one weight and activation pipeline across both: the slabs' weight
+ * stages are contiguous in the lane-record layout (slab y of expert e at stage (e slabs + y) nst), so the register
+ * stages, the L2 line prefetches and the activation ring simply run on over 2 nst stages (the activation columns
+ * starting again at 0 for the second slab; its first stages issued during the first slab's last ones), and only the
+ * accumulators are stored (the epilogue) and zeroed between the slabs. The model (docs/cuda.md, session 23: a block
+ * costs F + n c, F = 2.85 us, c = 0.885 us) gives the uniform M 16 down product 3 (22 c + F) = 67 us against
+ * 6 (11 c + F) = 75.5 us if the second slab pays none of F, 70 us if it pays its epilogue and ~1 us more. Per slab the
+ * same products and folds in the same order as qr_body's (version 50's), so every output word is version 50's.
+ * Gate/up keeps version 50 (11 slabs per expert: 704 blocks of 88 stages would be 1.33 rounds, i.e. 2 rounds of twice
+ * the time: 161 us against 125.5 by the same model). Non-diet loop (DIET 0) as version 50 at 2 and 3 n-tiles, D 2. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF>
+__device__ __forceinline__ void qr_pair_body(const qe_args &a, unsigned char *smem, const int e, const int pair,
+                                             const int nslab) {
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, CB = 4 * RUNS * BITS, RW = qr_rec(BITS, GS) / 4;
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, WSTAGE = qr_wstage(BITS, GS, 1);
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT, KA = SUB * KC;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, STB = XB + qr_sbb(GS, SUB, NT, 0);
+  constexpr int GU = GATEUP != 0;
+  static_assert(BITS != 16 && GATEUP != QR_GATEUP_HP && D == 2,
+                "quantized stacks, the plain epilogues, 2 register stages");
+  __shared__ int64_t xrow[NTOK];
+  __shared__ int64_t srow[NTOK];
+  const int cnt = a.count[e];
+  if (cnt == 0) return;
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int slab0 = 2 * pair, ns = min(2, nslab - slab0), vst = ns * nst, vsa = ns * nsa; /* the block's stages */
+  constexpr int64_t sstride = (int64_t)WARPS * WSTAGE;
+  const unsigned char *wstage0 = (const unsigned char *)a.q + ((int64_t)e * nslab + slab0) * nst * sstride +
+                                 (int64_t)warp * WSTAGE; /* the warp's stage 0 of the first slab; the second's follow */
+  const unsigned char *wq = wstage0 + lane * PSC;
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    __syncthreads();
+    qr_xcopy<GS, NTOK, THREADS, KA, XS, XB, GPS, SUB, 0, 0> xc;
+    xc.init(a, xrow, srow, tid);
+    const dg_sptr sbase = dg_sp(smem);
+    int islot = 0, icol = 0;
+    auto issue = [&]() { /* the activation stages of both slabs in turn: the columns start again at the second */
+      xc.issue(sbase + islot * STB, icol, a.Kdim);
+      islot = islot == STAGES - 1 ? 0 : islot + 1;
+      icol += KA;
+      if (icol >= nsa * KA) icol = 0;
+    };
+    const unsigned char *wnext = wq;
+    int wst = 0;
+    auto wload = [&](uint32_t *R) { /* the weight stages of both slabs in turn (contiguous), prefetches across */
+      qr_load_stage<BITS, GS, 1, PF>(R, wnext, lane, g, wst, vst, sstride);
+      wnext += sstride;
+      if constexpr (PF != 0) wst++;
+    };
+    float acc[2][NT][4], part[2][NT][4];
+    qe_zero(acc);
+    qe_zero(part);
+    uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+    const uint32_t asel = qr_bias_sel<BITS>(t);
+    int cslot = 0;
+    auto compute = [&](const uint32_t *R, int s, int sub) {
+      qr_stage_products<BITS, NT, GS, SUB, 0, 0>(acc, part, af, R, smem, cslot * STB, s, sub, ng, g, t, asel);
+    };
+    auto astage = [&](int va) { /* va: the activation stage over both slabs */
+      if (va > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+      dg_cp_wait<STAGES - 2>();
+      __syncthreads();
+      if (va + STAGES - 1 < vsa) issue();
+      dg_cp_commit();
+    };
+    uint32_t W[D][RW];
+#pragma unroll
+    for (int sa = 0; sa < STAGES - 1; sa++) {
+      if (sa < vsa) issue();
+      dg_cp_commit();
+    }
+    qr_prefetch_first<BITS, GS, 1, PF>(wstage0, wq, lane, vst, sstride);
+    if (vst > 0) wload(W[0]);
+    /* slab k's stages s = 0 .. nst - 1, block stage k nst + s in register slot (k nst + s) mod 2: OFF = k nst mod 2 */
+    auto run = [&](int k, auto off) {
+      constexpr int OFF = decltype(off)::value;
+      for (int it = 0; it < nst; it += D) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+          const int s = it + d;
+          if (s < nst) {
+            if (k * nst + s + 1 < vst) wload(W[(d + OFF + 1) % D]); /* the slot of the stage before, computed */
+            const int sub = D % SUB == 0 ? d % SUB : s % SUB; /* (it is a multiple of D) */
+            if (sub == 0) astage(k * nsa + s / SUB);
+            compute(W[(d + OFF) % D], s, sub);
+          }
+        }
+      }
+    };
+    for (int k = 0; k < ns; k++) {
+      if ((k * nst) % D == 0) run(k, std::integral_constant<int, 0>());
+      else run(k, std::integral_constant<int, 1>());
+      const int slab = slab0 + k;
+      const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+      bool mvalid[2];
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+      if (k + 1 == ns) __syncthreads(); /* every warp is done with the ring before the next pass refills it */
+      qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t, smem);
+      qe_zero(acc);
+      qe_zero(part);
+    }
+  }
+}
+
+/* The kernel of version 111: qr_kernel's block order over (experts, pairs of slabs) (nslab: the product's slabs per
+ * expert), the NTS-tile body for experts of at most 8 NTS rows, with qr_pair_body. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_pair_kernel(qe_args a, int nslab) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  int e, pair;
+  qr_block(a, &e, &pair);
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[e] <= 8 * NTS) {
+      qr_pair_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, pair, nslab);
+      return;
+    }
+  }
+  qr_pair_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, pair, nslab);
+}
+
+/* qr_pair_kernel over (experts, ceil(slabs / 2)) for the grid (experts, slabs) of qr_launch_g. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+cudaError_t qr_pair_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args, int) = qr_pair_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
+#ifndef DG_CUDA_EMU
+  static int set = 0;
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, dim3(grid.x, (grid.y + 1) / 2), 32 * WARPS, smem, s)(a, (int)grid.y);
+  return cudaGetLastError();
+}
+
+/* Version 111: the down product at 3 and 2 n-tiles (group 64, version 50's choices there) by qr_pair_kernel;
+ * gate/up and everything else version 50's kernel. */
+template <int BITS, int GATEUP>
+cudaError_t qr_pair_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if constexpr (GATEUP == 0) {
+    if (a.group == 64 && nt == 3)
+      return qr_pair_launch<BITS, 0, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS>(s, grid, a);
+    if (a.group == 64 && nt == 2)
+      return qr_pair_launch<BITS, 0, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0>(s, grid, a);
+  }
+  return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
+}
+
+/* The lab version ver (95-111) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1) or
+ * down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
+ * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's
+ * (the persistent grid), 109 qr_early_version's (the first weight stage early), 110 qr_tl_version's (version 50 with
+ * the per-block timeline), 111 qr_pair_version's (two slabs per down block), for 4 bits only (the 26B's experts; each
+ * candidate is 4 more kernels in the lab's build, paid on the GPU machine's clock); cudaErrorInvalidValue for any
+ * other version or width. */
 template <int BITS, int GATEUP>
 cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   if (ver == 95) return qr_launch_bits<BITS, GATEUP, 1>(s, grid, nt, a);
@@ -594,6 +915,10 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     case 108: return qr_pers_version<BITS, GATEUP, 6>(s, grid, nt, a); /* 2 and 3 n-tiles: 6 stages ahead */
     /* 109 (session 23): the block's first weight stages loaded before its row table (qr_early_kernel) */
     case 109: return qr_early_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
+    /* 110 (session 24): version 50 with the per-block timeline (qr_tl_kernel) */
+    case 110: return qr_tl_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
+    /* 111 (session 24): the down product's blocks two slabs each, one pipeline across them (qr_pair_kernel) */
+    case 111: return qr_pair_version<BITS, GATEUP>(s, grid, nt, a); /* down at 2 and 3 n-tiles */
     default: break;
     }
   }

@@ -882,6 +882,23 @@ __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xr
   qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t, smem);
 }
 
+/* qr_body's timeline hooks (TL): none in the backend (every call inlines to nothing: the PTX unchanged but for the
+ * mangled names of qr_body's static shared arrays, which carry the parameter); the kernel lab's version 110
+ * (dev/cuda/qr_diet_lab.cuh qr_tl_stamps) records, by thread 0 of each block, the block's times at these points: its
+ * row table ready (rows, the first pass), its first activation stage landed (act0, after that stage's barrier), its
+ * first weight stage landed (w0: v, the word of thread 0's record that must be in its register, makes the stamp wait
+ * for that load), the stage loop's end and the epilogue's end (loop, epi: the last pass), and an expert without rows
+ * (empty). */
+struct qr_tl_none {
+  static constexpr bool on = false; /* qr_body's first iteration of stages peeled for the stamps */
+  __device__ __forceinline__ void rows(int, int) const {}
+  __device__ __forceinline__ void act0(int, int) const {}
+  __device__ __forceinline__ void w0(int, int, uint32_t) const {}
+  __device__ __forceinline__ void loop(int) const {}
+  __device__ __forceinline__ void epi(int) const {}
+  __device__ __forceinline__ void empty(int) const {}
+};
+
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
 /* (A WD-deep ring of weight stages per warp in shared memory, filled by bulk copies, instead of the D register
  * stages was measured slower in session 3, lab versions 10-12, and removed.)
@@ -890,8 +907,9 @@ __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xr
  * PF < 0: the same -PF stages ahead by per-lane line prefetches (qr_prefetch_lines). e, slab: the block's expert and slab
  * (qr_block). */
 template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int CP, int BM, int NZ,
-          int DQ = 0, int DIET = 0>
-__device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, const int e, const int slab) {
+          int DQ = 0, int DIET = 0, class TL = qr_tl_none>
+__device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, const int e, const int slab,
+                                        const TL &tl = TL()) {
   /* RAW: bf16 weights (BITS 16): the records hold the weights, no pairs, no group sums, no fold: the products
    * accumulate straight into acc (GS is then only the stage's nominal group, 64) */
   constexpr bool RAW = BITS == 16;
@@ -916,7 +934,10 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   __shared__ int64_t xrow[NTOK]; /* element offset of each pass token's X row, -1 past the expert's rows */
   __shared__ int64_t srow[NTOK]; /* its row of group sums */
   const int cnt = a.count[e];
-  if (cnt == 0) return;
+  if (cnt == 0) {
+    tl.empty(threadIdx.x);
+    return;
+  }
   const int base = a.start[e];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
@@ -933,6 +954,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
     const int mp = min(NTOK, cnt - p0);
     qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
     __syncthreads();
+    tl.rows(tid, p0);
     if constexpr (DIET && !BM && !DQ && D > 0) { /* the DIET loop (qr_diet_pass): same operations, fewer instructions */
       qr_diet_pass<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP>(a, xrow, srow, mvalid, base + p0, mp, slab,
                                                                          wstage0, wq, nst, nsa, tid, smem);
@@ -992,7 +1014,23 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
 #pragma unroll
         for (int d = 0; d < D - 1; d++)
           if (d < nst) wload(W[d]);
-        for (int it = 0; it < nst; it += D) {
+        int it0 = 0;
+        if constexpr (TL::on) { /* the timeline's stamps in a copy of the first iteration, not in the loop */
+#pragma unroll
+          for (int d = 0; d < D; d++)
+            if (d < nst) {
+              if (d + D - 1 < nst) wload(W[(d + D - 1) % D]);
+              const int sub = d % SUB;
+              if (sub == 0) astage(d / SUB);
+              if (d == 0) {
+                tl.act0(tid, p0);
+                tl.w0(tid, p0, W[0][0]);
+              }
+              compute(W[d], d, sub);
+            }
+          it0 = D;
+        }
+        for (int it = it0; it < nst; it += D) {
 #pragma unroll
           for (int d = 0; d < D; d++) {
             const int s = it + d;
@@ -1006,8 +1044,10 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
         }
       }
       __syncthreads(); /* every warp is done with the ring before the next pass refills it */
+      tl.loop(tid);
 
       qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t, smem);
+      tl.epi(tid);
     }
   }
 }

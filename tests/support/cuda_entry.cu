@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-109 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-111 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
 #include "../../dev/cuda/qmoe_wl.cuh"    /* the lab's large-M wgmma versions 120-122 (dg_cuda_test_experts_qw) */
@@ -192,18 +192,67 @@ static cudaError_t lab_launch(cudaStream_t s, dim3 grid, int nt, const qe_args &
   if (bits != 4) return cudaErrorInvalidValue; /* the candidates are instantiated for 4 bits only */
   return gateup ? qr_diet_version<4, 1>(lab_ver, s, grid, nt, a) : qr_diet_version<4, 0>(lab_ver, s, grid, nt, a);
 }
+/* Version 110 (qr_diet_lab.cuh qr_tl_kernel) through experts_twice, then the timeline of its last launch (the down
+ * product's; none where it ran version 50's kernel, qr_tl_blocks 0): every block of an expert with rows has its
+ * stamps in program order (clock: entry < row table < first activation stage < first weight stage < loop end <
+ * epilogue end, strictly on the emulation, whose stamps are one counter; on a GPU equal clocks are allowed and a
+ * first-weight stamp of 0 is the one record word in 2^32 that reads as "no stamp"), an expert without rows its five
+ * body stamps equal, globaltimer entry <= end, and the expert and row count of word 9 in range; DG_ERR_BACKEND
+ * naming the first block that is not. */
+static dg_status experts_tl(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
+                            const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2]) {
+  int f0, f1;
+  qr_tl_blocks = 0;
+  dg_status st = experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
+  if (st != DG_OK || qr_tl_blocks == 0) return st;
+  const size_t nb = qr_tl_blocks;
+  uint64_t *w = (uint64_t *)malloc(nb * QR_TL_WORDS * 8);
+  if (!w) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  if (cudaMemcpy(w, qr_tl_buf, nb * QR_TL_WORDS * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    free(w);
+    return dg_seterr(DG_ERR_BACKEND, "experts_tl: the timeline's copy failed");
+  }
+#ifdef DG_CUDA_EMU
+  const int strict = 1;
+#else
+  const int strict = 0;
+#endif
+  for (size_t b = 0; b < nb && st == DG_OK; b++) {
+    const uint64_t *s = w + b * QR_TL_WORDS;
+    const long e = (long)(s[9] >> 32), cnt = (long)(uint32_t)s[9];
+    int ok = e >= 0 && e < E && cnt >= 0 && cnt <= (long)T * K && s[0] <= s[1];
+    uint64_t prev = s[2];
+    for (int k = 3; k < 8 && ok; k++) {
+      if (cnt == 0 && k > 3) {
+        ok = s[k] == s[3];
+        continue;
+      }
+      if (k == 5 && cnt > 0 && s[5] == 0 && !strict) continue; /* no stamp (the record word 0x9e3779b9) */
+      ok = strict ? prev < s[k] : prev <= s[k];
+      prev = s[k];
+    }
+    if (!ok)
+      st = dg_seterr(DG_ERR_BACKEND, "experts_tl: block %zu of %zu: stamps out of order or out of range (expert %ld, "
+                     "%ld rows; clock %llu %llu %llu %llu %llu %llu)", b, nb, e, cnt, (unsigned long long)s[2],
+                     (unsigned long long)s[3], (unsigned long long)s[4], (unsigned long long)s[5],
+                     (unsigned long long)s[6], (unsigned long long)s[7]);
+  }
+  free(w);
+  return st;
+}
 extern "C" dg_status dg_cuda_test_experts_lab(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                               const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                               int K, int nt, long n_diff[2]) {
   if (nt < 0 || nt > 8 || nt == 6 || nt == 7)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: tile count %d (1-5, 8 or 0)", nt);
-  if (version < 95 || version > 109)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-109)", version);
+  if (version < 95 || version > 111)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: version %d (95-111)", version);
   if (gate_up->bits != 4 || down->bits != 4)
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_lab: %d/%d-bit stacks (4-bit only)",
                      gate_up->bits, down->bits);
   int f0, f1;
   lab_ver = version;
+  if (version == 110) return experts_tl(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, n_diff);
   if (version < 107 || version > 108)
     return experts_twice(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, lab_launch, n_diff, &f0, &f1);
   /* 107-108, the persistent grid: once with the resident blocks (the emulation's 132, at least the items: a block

@@ -58,9 +58,9 @@ dg_status dg_cuda_test_experts_dn_fuse(int device, const dg_weight *gate_up, con
  * 0, through qr_launcher_set; 3- and 4-bit and bf16 stacks only). n_diff: the words of h [0] and y [1] that differ. */
 dg_status dg_cuda_test_experts_diet(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2]);
-/* dg_cuda_test_experts_diet with the kernel lab's version (95-109, dev/cuda/qr_diet_lab.cuh qr_diet_version: the
- * SASS diet with other launch choices, the same arithmetic) in place of the other DIET, on 4-bit stacks;
- * DG_ERR_INVALID_ARG for another version, width or tile count. */
+/* dg_cuda_test_experts_diet with the kernel lab's version (95-111, dev/cuda/qr_diet_lab.cuh qr_diet_version: the SASS
+ * diet with other launch choices, the same arithmetic; 110 also checks its timeline's stamps) in place of the other
+ * DIET, on 4-bit stacks; DG_ERR_INVALID_ARG for another version, width or tile count. */
 dg_status dg_cuda_test_experts_lab(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                    const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                    long n_diff[2]);
