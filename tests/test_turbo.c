@@ -777,7 +777,29 @@ static void test_turbo_generate(void **state) {
 
 typedef struct kvsnap { float **k, **v; int L; size_t *n; } kvsnap;
 
-static kvsnap kv_save(const dg_context *ctx) {
+/* The canvas K/V of every layer (dg_context_canvas_kv: the cache's canvas slots or the separate rows) copied
+ * to (dir 0), from (dir 1) or compared with (dir 2: 1 when equal) s's [C, NKV, D] rows. */
+static int kv_rows(dg_context *ctx, const kvsnap *s, int dir) {
+  const dg_model *m = ctx->m;
+  const int C = m->cfg.canvas_length;
+  for (int i = 0; i < s->L; i++) {
+    float *k, *v;
+    size_t hs, rs;
+    assert_dg_ok(dg_context_canvas_kv(ctx, i, &k, &v, &hs, &rs));
+    const int NKV = m->cfg.n_kv_heads[i], D = m->cfg.head_dim[i];
+    for (int j = 0; j < C; j++)
+      for (int g = 0; g < NKV; g++) {
+        float *ck = k + (size_t)g * hs + (size_t)j * rs, *cv = v + (size_t)g * hs + (size_t)j * rs;
+        float *sk = s->k[i] + ((size_t)j * NKV + g) * D, *sv = s->v[i] + ((size_t)j * NKV + g) * D;
+        if (dir == 0) { memcpy(sk, ck, (size_t)D * 4); memcpy(sv, cv, (size_t)D * 4); }
+        else if (dir == 1) { memcpy(ck, sk, (size_t)D * 4); memcpy(cv, sv, (size_t)D * 4); }
+        else if (memcmp(ck, sk, (size_t)D * 4) || memcmp(cv, sv, (size_t)D * 4)) return 0;
+      }
+  }
+  return 1;
+}
+
+static kvsnap kv_save(dg_context *ctx) {
   const dg_model *m = ctx->m;
   kvsnap s = {calloc((size_t)m->cfg.n_layers, sizeof(float *)), calloc((size_t)m->cfg.n_layers, sizeof(float *)),
               m->cfg.n_layers, calloc((size_t)m->cfg.n_layers, sizeof(size_t))};
@@ -785,22 +807,12 @@ static kvsnap kv_save(const dg_context *ctx) {
     s.n[i] = (size_t)m->cfg.canvas_length * m->cfg.n_kv_heads[i] * m->cfg.head_dim[i];
     s.k[i] = malloc(s.n[i] * 4);
     s.v[i] = malloc(s.n[i] * 4);
-    memcpy(s.k[i], ctx->cbuf_k[i], s.n[i] * 4);
-    memcpy(s.v[i], ctx->cbuf_v[i], s.n[i] * 4);
   }
+  kv_rows(ctx, &s, 0);
   return s;
 }
-static void kv_restore(dg_context *ctx, const kvsnap *s) {
-  for (int i = 0; i < s->L; i++) {
-    memcpy(ctx->cbuf_k[i], s->k[i], s->n[i] * 4);
-    memcpy(ctx->cbuf_v[i], s->v[i], s->n[i] * 4);
-  }
-}
-static int kv_equal(const dg_context *ctx, const kvsnap *s) {
-  for (int i = 0; i < s->L; i++)
-    if (memcmp(ctx->cbuf_k[i], s->k[i], s->n[i] * 4) || memcmp(ctx->cbuf_v[i], s->v[i], s->n[i] * 4)) return 0;
-  return 1;
-}
+static void kv_restore(dg_context *ctx, const kvsnap *s) { kv_rows(ctx, s, 1); }
+static int kv_equal(dg_context *ctx, const kvsnap *s) { return kv_rows(ctx, s, 2); }
 static void kv_free(kvsnap *s) {
   for (int i = 0; i < s->L; i++) { free(s->k[i]); free(s->v[i]); }
   free(s->k); free(s->v); free(s->n);
@@ -876,6 +888,29 @@ static void compact_checks(int ref) {
          m->kern->name, dp);
   assert_memory_equal(a, b, (size_t)nh * V * 4);
   assert_true(kv_equal(ctx, &after));
+  /* (4) the canvas K/V in the cache's canvas slots (ctx: 4096 positions) or, for a canvas past the cache
+   * (cx: capacity 20 = the prompt), in the separate rows: the same passes give the same bits */
+  assert_null(ctx->cbuf_arena);
+  dg_context *cx;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 20;
+  assert_dg_ok(dg_context_new(m, &cp, &cx));
+  assert_dg_ok(dg_encode(cx, prompt, 20));
+  assert_int_equal(dg_forward_compact(cx, canvas, pos, C, soft, head, C, b), DG_ERR_INVALID_ARG); /* not readied */
+  assert_non_null(strstr(dg_last_error(), "without canvas K/V buffers"));
+  assert_dg_ok(dg_compact_buffers(cx));
+  assert_null(cx->cbuf_arena); /* made on the first pass that needs them */
+  assert_dg_ok(dg_forward_compact(ctx, canvas, pos, C, soft, head, C, a));
+  assert_dg_ok(dg_forward_compact(cx, canvas, pos, C, soft, head, C, b));
+  assert_non_null(cx->cbuf_arena);
+  assert_memory_equal(a, b, (size_t)C * V * 4);
+  assert_dg_ok(dg_forward_compact(ctx, tok, fpos, nf, soft, hrow, nh, a));
+  assert_dg_ok(dg_forward_compact(cx, tok, fpos, nf, soft, hrow, nh, b));
+  assert_memory_equal(a, b, (size_t)nh * V * 4);
+  kvsnap in_cache = kv_save(ctx);
+  assert_true(kv_equal(cx, &in_cache));
+  kv_free(&in_cache);
+  dg_context_free(cx);
   kv_free(&before);
   kv_free(&after);
   free(a); free(b); free(soft);
@@ -1512,11 +1547,27 @@ static void test_context_copy(void **state) {
   /* a prompt cache's entry keeps its KV cache only: the pass activations and canvas K/V go (made again on demand:
    * the generations on cr below run after a release too) */
   assert_non_null(ca->own_w);
-  assert_non_null(ca->cbuf_arena);
+  assert_true(ca->canvas_kv_ready);
+  assert_null(ca->cbuf_arena); /* both canvases had the cache's own slots (NA + 2C positions) */
+  {
+    /* a context of dg_generate_check's minimum (NA + C): the second canvas is past the cache and has the
+     * separate rows; the same generation bit for bit */
+    dg_context *cm;
+    dg_context_params cpm = dg_context_default_params();
+    cpm.max_context = NA + C;
+    assert_dg_ok(dg_context_new(m, &cpm, &cm));
+    dg_gen_result rm;
+    assert_dg_ok(dg_generate(cm, full, NA, &gp[0], &rm));
+    assert_non_null(cm->cbuf_arena);
+    expect_same_result(&r1, &rm);
+    dg_gen_result_free(&rm);
+    dg_context_free(cm);
+  }
   assert_dg_ok(dg_context_release_buffers(ca));
   assert_null(ca->own_w);
   assert_null(ca->w);
   assert_null(ca->cbuf_arena);
+  assert_false(ca->canvas_kv_ready);
   assert_null(ca->soft_pb);
   assert_int_equal(dg_context_length(ca), len_a);
   assert_int_equal(dg_context_release_buffers(NULL), DG_ERR_INVALID_ARG);

@@ -486,7 +486,8 @@ static void cache_lookup(dg_server *s, job *j) {
  * Entries whose tokens begin this one's go (it holds them); beyond o.cache_slots the least recently
  * used goes. A context with much unused room (max_tokens above what was generated) is first copied
  * into one of its length, and a kept context's working buffers are released (dg_context_release_buffers:
- * on the CPU its pass activations and canvas K/V, ~5x the KV of a short conversation on the bundled
+ * on the CPU its pass activations (and the separate canvas K/V rows of a canvas past its capacity: the
+ * canvas K/V live in the cache's own slots otherwise), ~5x the KV of a short conversation on the bundled
  * model), so an entry holds the KV cache of its tokens (on CUDA also the context's device work buffers). */
 static void cache_store(dg_server *s, job *j) {
   if (!s->o.cache_slots || s->cache_off || !j->ctx || j->blk_lost) return;

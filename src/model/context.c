@@ -1,7 +1,8 @@
 /* context.c: the host side of a context (context.h): its own state sized
  * from the model's config (the KV cache, the per-thread score rows, the
- * self-conditioning rows: one allocation; the canvas K/V buffers of the
- * compacted pass: one more, on first use), the activations of a pass (a
+ * self-conditioning rows: one allocation; the canvas K/V of the compacted
+ * pass live in the cache's canvas slots, or, for a canvas past the cache's
+ * capacity, in one more allocation on first need), the activations of a pass (a
  * dg_work, one allocation, the context's own or a batch's shared one),
  * their release (dg_context_release_buffers: a prompt cache's entry keeps
  * its KV cache only), and the cache-length calls of dgemma.h. Every block is laid
@@ -166,8 +167,9 @@ dg_status dg_context_release_buffers(dg_context *ctx) {
   if (ctx->w == ctx->own_w) ctx->w = NULL; /* a batch's shared activations are the batch's */
   work_free(ctx->own_w);
   ctx->own_w = NULL;
-  free(ctx->cbuf_arena); /* the canvas K/V index and rows: dg_context_compact_buffers makes them again */
+  free(ctx->cbuf_arena); /* the separate canvas K/V rows: made again on need, after dg_context_compact_buffers */
   ctx->cbuf_arena = NULL;
+  ctx->canvas_kv_ready = 0;
   ctx->cbuf_k = ctx->cbuf_v = NULL;
   dg_context_trim(ctx);
   return DG_OK;
@@ -183,7 +185,12 @@ void dg_context_free_host(dg_context *ctx) {
 }
 
 dg_status dg_context_compact_buffers(dg_context *ctx) {
-  if (ctx->cbuf_arena) return DG_OK;
+  ctx->canvas_kv_ready = 1; /* the cache's canvas slots need nothing; the separate rows come on first need */
+  return DG_OK;
+}
+
+/* The separate canvas rows [L] x [C, NKV, D] for K and V in one block (a canvas the cache has no slots for). */
+static dg_status canvas_rows_alloc(dg_context *ctx) {
   const dg_config *c = &ctx->m->cfg;
   const int L = c->n_layers;
   /* the table: the two indexes [L], then per layer its K and V rows [C, NKV, D] */
@@ -206,9 +213,30 @@ dg_status dg_context_compact_buffers(dg_context *ctx) {
   free(rowp);
   if (!ctx->cbuf_arena) {
     ctx->cbuf_k = ctx->cbuf_v = NULL;
-    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the canvas K/V buffers (%d layers x canvas %d)", L,
-                     c->canvas_length);
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY,
+                     "out of memory for the canvas K/V rows (%d layers x canvas %d; positions %d..%d are past the "
+                     "cache's %d)", L, c->canvas_length, ctx->len, ctx->len + c->canvas_length - 1, ctx->cap);
   }
+  return DG_OK;
+}
+
+dg_status dg_context_canvas_kv(dg_context *ctx, int li, float **k, float **v, size_t *hs, size_t *rs) {
+  if (!ctx->canvas_kv_ready || !ctx->kv)
+    return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers (dg_compact_buffers)");
+  const dg_config *c = &ctx->m->cfg;
+  const size_t D = (size_t)c->head_dim[li], NKV = (size_t)c->n_kv_heads[li];
+  if ((int64_t)ctx->len + c->canvas_length <= ctx->cap) { /* the cache's canvas slots [len, len + C) */
+    *k = ctx->kv[li].k + (size_t)ctx->len * D;
+    *v = ctx->kv[li].v + (size_t)ctx->len * D;
+    *hs = (size_t)ctx->cap * D;
+    *rs = D;
+    return DG_OK;
+  }
+  if (!ctx->cbuf_arena) DG_TRY(canvas_rows_alloc(ctx));
+  *k = ctx->cbuf_k[li];
+  *v = ctx->cbuf_v[li];
+  *hs = D;
+  *rs = NKV * D;
   return DG_OK;
 }
 

@@ -52,9 +52,23 @@ dg_status dg_context_work(dg_context *ctx);
  * through the one dg_work, so a canvas holds only its own state (issue 16). */
 void dg_context_share_work(dg_context *ctx, const dg_context *from);
 
-/* The per-layer canvas K/V buffers of the compacted pass, [L] x [C, NKV, D] for K
- * and V, in one block (idempotent). Errors: DG_ERR_OUT_OF_MEMORY. */
+/* Readies ctx for compacted passes (spec 7.4; idempotent): their canvas K/V, per layer C rows of
+ * NKV x D floats for K and V, live in the KV cache's own canvas slots, positions [len, len + C) of
+ * ctx->kv (as on CUDA: the cache is [NKV, cap, D], and a context sized prompt + canvases x C has
+ * them), so nothing is allocated here. A canvas the cache has no slots for (len + C > cap: a
+ * context sized to dg_generate_check's minimum, whose last canvas is never committed) gets the
+ * separate rows [L] x [C, NKV, D] in one block, on its first pass (dg_context_canvas_kv).
+ * Errors: none today (DG_OK). */
 dg_status dg_context_compact_buffers(dg_context *ctx);
+
+/* Where the canvas K/V of layer li of ctx's current canvas (at positions ctx->len..) live: K row j
+ * (canvas position j in [0, C)) of KV head g at *k + g * *hs + j * *rs, V likewise from *v. In the
+ * cache's slots (len + C <= cap): *k = kv[li].k + len * D, *hs = cap * D, *rs = D; else the separate
+ * rows cbuf_k/v[li] ([C, NKV, D]: *hs = D, *rs = NKV * D), allocated here on first need. Both places
+ * hold the same values for the same passes, so a pass's outputs do not depend on which is used.
+ * Errors: DG_ERR_INVALID_ARG (dg_context_compact_buffers not called since the last
+ * dg_context_release_buffers), DG_ERR_OUT_OF_MEMORY. */
+dg_status dg_context_canvas_kv(dg_context *ctx, int li, float **k, float **v, size_t *hs, size_t *rs);
 
 /* The CPU backend's ctx_copy (backend.h): the K/V rows of positions 0..n-1 of every layer from src into
  * dst (same model; n <= both capacities, checked by dg_context_copy_prefix, which sets dst->len). */

@@ -136,13 +136,15 @@ static inline void cache_range(int full, int chunk, int32_t pos0, int t, int32_t
 
 /* For T queries q [T, NH, D] at positions pos0.., attend over
  *   cache positions [lo(t), hi(t)) of layer li, and
- *   if ck != NULL, all T chunk keys ck/cv [T, NKV, D] (decoder canvas).
+ *   if ck != NULL, the n_ck chunk keys and values of the decoder canvas: key j of KV head g at
+ *   ck + g * chs + j * crs (the pass's own [T, NKV, D]: chs = D, crs = NKV * D; the cache's canvas
+ *   slots [NKV, S, D]: chs = S * D, crs = D; dg_context_canvas_kv), values likewise from cv.
  * Encoder (ck == NULL): hi(t) = pos0 + t + 1 (causal; the chunk is already in
  * the cache), lo(t) = 0 (full) or hi(t) - window (sliding).
  * Decoder: hi = pos0 (= L), lo = 0 (full) or max(0, L - (window - 1)).
  * Scale 1.0, no softcap, softmax in fp32. out: [T, NH, D]. */
 static void attention(dg_context *ctx, int li, const float *q, int T, int32_t pos0, const float *ck,
-                      const float *cv, int n_ck, float *out) {
+                      const float *cv, size_t chs, size_t crs, int n_ck, float *out) {
   const dg_model *m = ctx->m;
   const dg_layer *l = &m->layers[li];
   const int NH = m->cfg.n_heads, NKV = l->n_kv, D = l->head_dim, G = NH / NKV;
@@ -167,8 +169,8 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
         lo[i] = a;
         n1[i] = hi - a;
       }
-      m->kern->attn_block(nq, qv, ov, lo, n1, kc + (size_t)g * S * D, vc + (size_t)g * S * D, ck ? ck + (size_t)g * D : NULL,
-                          cv ? cv + (size_t)g * D : NULL, (int64_t)NKV * D, ck ? n_ck : 0, D,
+      m->kern->attn_block(nq, qv, ov, lo, n1, kc + (size_t)g * S * D, vc + (size_t)g * S * D, ck ? ck + (size_t)g * chs : NULL,
+                          cv ? cv + (size_t)g * chs : NULL, (int64_t)crs, ck ? n_ck : 0, D,
                           ctx->scores + (size_t)omp_get_thread_num() * stride);
     }
     return;
@@ -191,7 +193,7 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
       if (s > mx) mx = s;
     }
     for (int j = 0; j < n2; j++) {
-      const float *kv = ck + ((size_t)j * NKV + g) * D;
+      const float *kv = ck + (size_t)g * chs + (size_t)j * crs;
       float s = 0.0f;
       for (int d = 0; d < D; d++) s += qv[d] * kv[d];
       sc[n1 + j] = s;
@@ -211,7 +213,7 @@ static void attention(dg_context *ctx, int li, const float *q, int T, int32_t po
       for (int d = 0; d < D; d++) o[d] += p * vv[d];
     }
     for (int j = 0; j < n2; j++) {
-      const float *vv = cv + ((size_t)j * NKV + g) * D;
+      const float *vv = cv + (size_t)g * chs + (size_t)j * crs;
       float p = sc[n1 + j] * inv;
       for (int d = 0; d < D; d++) o[d] += p * vv[d];
     }
@@ -411,7 +413,7 @@ static dg_status encode_chunk(dg_context *ctx, const int32_t *ids, int T) {
     /* The encoder's outputs are discarded: after the last layer's K/V nothing
      * is needed (spec 4.4, last paragraph). */
     if (li == c->n_layers - 1) break;
-    attention(ctx, li, ctx->w->q, T, pos0, NULL, NULL, 0, ctx->w->att);
+    attention(ctx, li, ctx->w->q, T, pos0, NULL, NULL, 0, 0, 0, ctx->w->att);
     attn_out(ctx, li, T);
     ffn(ctx, li, T, l->layer_scalar_enc);
   }
@@ -449,7 +451,8 @@ static dg_status decode_layers(dg_context *ctx, const int32_t *canvas, const flo
   rmsnorm_rows(ctx->w->x, ctx->w->x, NULL, T, H, eps, nt);
   for (int li = 0; li < c->n_layers; li++) {
     qkv(ctx, li, T, pos0, NULL);
-    attention(ctx, li, ctx->w->q, T, pos0, ctx->w->k, ctx->w->v, T, ctx->w->att);
+    const size_t D = (size_t)m->layers[li].head_dim;
+    attention(ctx, li, ctx->w->q, T, pos0, ctx->w->k, ctx->w->v, D, (size_t)m->layers[li].n_kv * D, T, ctx->w->att);
     attn_out(ctx, li, T);
     ffn(ctx, li, T, m->layers[li].layer_scalar_dec);
   }
@@ -549,14 +552,22 @@ static dg_status compact_input(dg_context *ctx, const int32_t *tok, const int32_
   return DG_OK;
 }
 
-/* Fresh K/V of the n tokens in ctx->w->k / ctx->w->v scattered into the layer's canvas rows pos[]. */
-static void compact_scatter(dg_context *ctx, int li, const int32_t *pos, int32_t n) {
-  const dg_layer *l = &ctx->m->layers[li];
-  const size_t row = (size_t)l->n_kv * l->head_dim;
-  for (int32_t t = 0; t < n; t++) { /* a duplicated position writes identical values (idempotent) */
-    memcpy(ctx->cbuf_k[li] + (size_t)pos[t] * row, ctx->w->k + (size_t)t * row, row * sizeof(float));
-    memcpy(ctx->cbuf_v[li] + (size_t)pos[t] * row, ctx->w->v + (size_t)t * row, row * sizeof(float));
-  }
+/* The canvas K/V of layer li (dg_context_canvas_kv): K/V of canvas position j, KV head g at k/v + g * hs + j * rs. */
+typedef struct canvas_kv {
+  float *k, *v;
+  size_t hs, rs;
+} canvas_kv;
+
+/* Fresh K/V of the n tokens in src_k / src_v ([n, NKV, D]) scattered into the layer's canvas rows pos[]. */
+static void compact_scatter(const dg_layer *l, const canvas_kv *ck, const float *src_k, const float *src_v,
+                            const int32_t *pos, int32_t n) {
+  const size_t D = (size_t)l->head_dim, row = (size_t)l->n_kv * D;
+  for (int32_t t = 0; t < n; t++) /* a duplicated position writes identical values (idempotent) */
+    for (int g = 0; g < l->n_kv; g++) {
+      const size_t at = (size_t)g * ck->hs + (size_t)pos[t] * ck->rs;
+      memcpy(ck->k + at, src_k + (size_t)t * row + (size_t)g * D, D * sizeof(float));
+      memcpy(ck->v + at, src_v + (size_t)t * row + (size_t)g * D, D * sizeof(float));
+    }
 }
 
 dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32_t q, int host_hn) {
@@ -619,14 +630,16 @@ static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int
     qkv(work, li, N, 0, ap);
     for (int32_t q = 0; q < B; q++) {
       dg_context *sq = seqs[q].ctx;
-      for (int32_t t = 0; t < seqs[q].n; t++) { /* scatter (a duplicated position writes identical values) */
-        memcpy(sq->cbuf_k[li] + (size_t)seqs[q].pos[t] * kvrow, work->w->k + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
-        memcpy(sq->cbuf_v[li] + (size_t)seqs[q].pos[t] * kvrow, work->w->v + (size_t)(off[q] + t) * kvrow, kvrow * sizeof(float));
-      }
-      /* the canvas's queries over [its prefix K/V, its whole canvas buffer], no mask (spec 7.4) */
-      attention(sq, li, work->w->q + (size_t)off[q] * qrow, seqs[q].n, sq->len, sq->cbuf_k[li], sq->cbuf_v[li], C,
+      canvas_kv ck;
+      if ((st = dg_context_canvas_kv(sq, li, &ck.k, &ck.v, &ck.hs, &ck.rs))) break; /* (made by the batch's checks) */
+      /* scatter into the canvas's K/V: the cache's canvas slots (or its separate rows) */
+      compact_scatter(l, &ck, work->w->k + (size_t)off[q] * kvrow, work->w->v + (size_t)off[q] * kvrow, seqs[q].pos,
+                      seqs[q].n);
+      /* the canvas's queries over [its prefix K/V, its whole canvas K/V], no mask (spec 7.4) */
+      attention(sq, li, work->w->q + (size_t)off[q] * qrow, seqs[q].n, sq->len, ck.k, ck.v, ck.hs, ck.rs, C,
                 work->w->att + (size_t)off[q] * qrow);
     }
+    if (st) break;
     attn_out(work, li, N);
     ffn(work, li, N, l->layer_scalar_dec);
   }
@@ -639,9 +652,9 @@ static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int
 dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
   const dg_model *m = work->m;
   for (int32_t q = 0; q < B; q++) {
-    if (!seqs[q].ctx->cbuf_k)
-      return dg_seterr(DG_ERR_INVALID_ARG, "compacted decoder pass without canvas K/V buffers");
     DG_TRY(dg_compact_seq_check(m, &seqs[q], q, 1));
+    canvas_kv ck; /* where its canvas K/V live (the separate rows, if needed, made now: before any pass) */
+    DG_TRY(dg_context_canvas_kv(seqs[q].ctx, 0, &ck.k, &ck.v, &ck.hs, &ck.rs));
   }
   DG_TRY(dg_context_work(work));
   const int32_t T = work->w->tmax; /* >= C >= any canvas's forward set (dg_compact_seq_check) */
@@ -672,17 +685,23 @@ static void row_qkv(dg_context *ctx, int li, int32_t pos, const float *x) {
   qkv(ctx, li, 1, ctx->len, &ap);
 }
 
-void dg_cpu_row_kv(dg_context *ctx, int li, int32_t pos, const float *x) {
+dg_status dg_cpu_row_kv(dg_context *ctx, int li, int32_t pos, const float *x) {
+  canvas_kv ck;
+  DG_TRY(dg_context_canvas_kv(ctx, li, &ck.k, &ck.v, &ck.hs, &ck.rs));
   row_qkv(ctx, li, pos, x);
-  compact_scatter(ctx, li, &pos, 1);
+  compact_scatter(&ctx->m->layers[li], &ck, ctx->w->k, ctx->w->v, &pos, 1);
+  return DG_OK;
 }
 
-void dg_cpu_row_layer(dg_context *ctx, int li, int32_t pos, const float *x, float *y) {
+dg_status dg_cpu_row_layer(dg_context *ctx, int li, int32_t pos, const float *x, float *y) {
+  canvas_kv ck;
+  DG_TRY(dg_context_canvas_kv(ctx, li, &ck.k, &ck.v, &ck.hs, &ck.rs));
   row_qkv(ctx, li, pos, x);
-  attention(ctx, li, ctx->w->q, 1, ctx->len, ctx->cbuf_k[li], ctx->cbuf_v[li], ctx->m->cfg.canvas_length, ctx->w->att);
+  attention(ctx, li, ctx->w->q, 1, ctx->len, ck.k, ck.v, ck.hs, ck.rs, ctx->m->cfg.canvas_length, ctx->w->att);
   attn_out(ctx, li, 1);
   ffn(ctx, li, 1, ctx->m->layers[li].layer_scalar_dec);
   memcpy(y, ctx->w->x, (size_t)ctx->m->cfg.hidden_size * sizeof(float));
+  return DG_OK;
 }
 
 void dg_cpu_rows_head(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw) {

@@ -99,13 +99,17 @@ struct dg_context {
   int32_t n_score_threads;
   int32_t score_stride; /* DG_SCORE_FLOATS(S, max(C, encoder chunk)) floats per thread */
   float *soft;          /* [C, H] self-conditioning soft embedding */
-  float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V buffers of the compacted decoder (spec 7.4); NULL until used */
+  int canvas_kv_ready;  /* dg_context_compact_buffers was called (and no dg_context_release_buffers since): the
+                           compacted passes may run. Their canvas K/V live in the KV cache's own canvas slots,
+                           positions [len, len + C) of kv (as on CUDA), when len + C <= cap; else in cbuf_k/v */
+  float **cbuf_k, **cbuf_v; /* [L] x [C, NKV, D] canvas K/V of the compacted decoder (spec 7.4) for a canvas the
+                               cache has no slots for (len + C > cap); NULL until such a canvas (dg_context_canvas_kv) */
   float *soft_pb;       /* [soft_pb_rows, V] dg_soft_embedding's block probabilities (SOFT_ROWS rows per
                            thread), allocated on the first call and kept until dg_context_trim (the end of a request), so a step allocates
                            nothing; NULL until used */
   size_t soft_pb_rows;
   void *arena;          /* the one allocation of kv, its K/V rows, scores and soft (context.c's size table) */
-  void *cbuf_arena;     /* the one allocation of cbuf_k, cbuf_v and their rows */
+  void *cbuf_arena;     /* the one allocation of cbuf_k, cbuf_v and their rows (NULL while every canvas fits the cache) */
   void *dev;    /* the backend's context (CUDA: a dg_cuda_ctx with the device KV cache and buffers;
                    the CPU buffers above are then not allocated), else NULL */
 };
@@ -163,7 +167,8 @@ dg_status dg_cpu_decode_rows(dg_context *ctx, const int32_t *canvas, const float
  * decoder pass, softcapped logits_out [C, V]. */
 dg_status dg_cpu_decode_logits(dg_context *ctx, const int32_t *canvas, const float *sc_logits, float *logits_out);
 
-/* dg_compact_buffers on the CPU: [L] x [C, NKV, D] K and V in one block (context.c). */
+/* dg_compact_buffers on the CPU (context.c, dg_context_compact_buffers): allocates nothing while the
+ * canvas fits the cache's slots. */
 dg_status dg_cpu_compact_buffers(dg_context *ctx);
 
 /* Decoder pass over canvas[C] at positions ctx->len.. (spec 4.5, 4.8).
@@ -234,15 +239,17 @@ dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32
 
 /* The compacted pass's steps for one token at a time, so that the token-by-token oracle of the
  * tests (tests/support/compact_oracle.h) is built from the pass's own steps. ctx: a CPU context
- * with its work buffers (dg_context_work) and canvas K/V buffers; pos: a canvas position.
+ * with its work buffers (dg_context_work), readied by dg_compact_buffers; pos: a canvas position.
  * dg_cpu_row_input: x [H] = the decoder input of token tok (E[tok] * scale + the SC MLP of
  * soft's row pos, soft [C, H] or NULL, post-normed; spec 4.8). dg_cpu_row_kv: the K/V of layer
- * li of the row x [H] written into the layer's canvas buffer row pos. dg_cpu_row_layer: layer
- * li on the row x [H] (its attention over [prefix, the whole canvas buffer], no mask, then its
- * FFN): y [H]. dg_cpu_rows_head: the LM head on the n rows rows[] of hid [*, H]: raw [n, V]. */
+ * li of the row x [H] written into the layer's canvas K/V row pos (dg_context_canvas_kv: the
+ * cache's slot len + pos, or the separate rows). dg_cpu_row_layer: layer li on the row x [H]
+ * (its attention over [prefix, the whole canvas K/V], no mask, then its FFN): y [H]. Both
+ * fail as dg_context_canvas_kv. dg_cpu_rows_head: the LM head on the n rows rows[] of hid
+ * [*, H]: raw [n, V]. */
 dg_status dg_cpu_row_input(dg_context *ctx, int32_t tok, int32_t pos, const float *soft, float *x);
-void dg_cpu_row_kv(dg_context *ctx, int li, int32_t pos, const float *x);
-void dg_cpu_row_layer(dg_context *ctx, int li, int32_t pos, const float *x, float *y);
+dg_status dg_cpu_row_kv(dg_context *ctx, int li, int32_t pos, const float *x);
+dg_status dg_cpu_row_layer(dg_context *ctx, int li, int32_t pos, const float *x, float *y);
 void dg_cpu_rows_head(dg_context *ctx, const float *hid, const int32_t *rows, int32_t n, float *raw);
 
 /* Self-conditioning soft embedding from processed logits z [C, V] (spec 5 and

@@ -24,7 +24,10 @@
  * turbo_compact runs the compacted active-set decoder (spec 7.4,
  * dg_forward_compact): the forward set is the active positions plus those
  * frozen on the previous step; other frozen positions are served from the
- * per-layer canvas K/V buffers with the K/V of their last forward (stale).
+ * per-layer canvas K/V with the K/V of their last forward (stale): on both
+ * backends the KV cache's own canvas slots, positions [len, len + C) (the CPU
+ * keeps separate rows only for a canvas past its cache's capacity, context.h
+ * dg_context_canvas_kv).
  * turbo_bucket pads the forward set and the LM-head rows up to a shape bucket
  * with duplicates of the last real entry; all bookkeeping uses real counts.
  *
