@@ -2513,6 +2513,28 @@ static void check_qexperts_route(int bits_gu, int bits_d, int G, int H, int IE, 
                  bits_d, G, H, IE, t, e, n, y[(size_t)p * H + n], ex, err, bound);
     }
   }
+  if (ver == 200) { /* the experts under the threshold: h and y word for word the default path's (qr_kernel's) */
+    uint16_t *h0 = malloc(2 * (size_t)T * K * IE);
+    float *y0 = malloc(4 * (size_t)T * K * H);
+    assert_non_null(h0);
+    assert_non_null(y0);
+    assert_dg_ok(cut()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h0, y0));
+    long nd = 0, nbig = 0, nsmall = 0;
+    for (int p = 0; p < T * K; p++) {
+      const int big = rows_e[idx[p]] >= 128;
+      nbig += big;
+      nsmall += !big;
+      if (big) continue;
+      nd += memcmp(h + (size_t)p * IE, h0 + (size_t)p * IE, 2 * (size_t)IE) != 0 ||
+            memcmp(y + (size_t)p * H, y0 + (size_t)p * H, 4 * (size_t)H) != 0;
+    }
+    free(h0);
+    free(y0);
+    if (nd || !nbig || !nsmall)
+      fail_msg("DGEMMA_WL=1: h or y of %ld of the %ld rows under 128 rows an expert differ from the default path's (%ld "
+               "rows over)", nd,
+               nsmall, nbig);
+  }
 out:
   qmat_free(&gu);
   qmat_free(&dn);
@@ -3377,7 +3399,10 @@ static void test_quant_experts_wgmma(void **state) {
    * call it, the stack uploaded with the wl layout beside the lane records; 200 tokens top-2 over 8 experts: expert 0
    * exactly 128 rows (the threshold: wl_kernel), expert 2 127 (qr_kernel), expert 1 72, experts 3-7 14-15 each;
    * every h within qdq_bound where its expert has >= 128 rows, the exact fold's bound elsewhere; y (qr_kernel's
-   * down) within the exact fold's. dg_cuda_test_experts_qw fails where no wl_kernel was launched. */
+   * down) within the exact fold's; the rows of the experts under 128 rows (h and y) word for word those of the
+   * default path (qr_kernel both ways); dg_cuda_test_experts_qw fails where no wl_kernel was launched. (The bounds
+   * alone cannot tell the kernels apart: with wl_kernel over every expert the small experts' h stay within the exact
+   * fold's bound, 0.55 of it.) */
   double wlh = 0, wly = 0;
   {
     const int T = 200;
