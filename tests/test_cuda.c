@@ -1054,8 +1054,9 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 39 work buffers, src/cuda/context.cu ctx_layout; 40 with the branches on, the default: the
- * second cuBLAS handle's workspace) lie inside the block, 256 bytes aligned from its start, without overlap, and a
+ * its buffers (2 caches per layer and 40 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
+ * included since session 24; 41 with the branches on, the default: the second cuBLAS handle's workspace) lie inside
+ * the block, 256 bytes aligned from its start, without overlap, and a
  * byte pattern of each, all written first, reads back intact. With a sliding-window ring cache (the default) and a
  * full-window cache (every layer the same length), each with DGEMMA_BRANCH off and on (dg_cuda_branch_set). */
 static void test_ctx_arena(void **state) {
@@ -1085,7 +1086,7 @@ static void test_ctx_arena(void **state) {
            full, branch, na[0], na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 39 + branch);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 40 + branch);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
@@ -2469,13 +2470,19 @@ static void check_qexperts_route(int bits_gu, int bits_d, int G, int H, int IE, 
     goto out;
   }
   /* DQ runs from dq n-tiles on, for group-64 stacks of 2, 3, 4, 8 bits (qr_launch_bits): there its bound */
-  const int dq_all = dq < 0 && ver >= 120;
-  const int dq_gu = (dq_all || (dq > 0 && nt >= dq && nt >= 4)) && G == 64 && bits_gu && bits_gu != 6 && bits_gu <= 8;
+  const int dq_all = dq < 0 && ver >= 120 && ver < 200;
+  int dq_gu = (dq_all || (dq > 0 && nt >= dq && nt >= 4)) && G == 64 && bits_gu && bits_gu != 6 && bits_gu <= 8;
+  int rows_e[64] = {0}; /* ver 200 (DGEMMA_WL=1): the experts of >= 128 rows (WL_MIN_ROWS) in the DQ body */
+  if (ver == 200) {
+    assert_true(E <= 64);
+    for (int p = 0; p < T * K; p++) rows_e[idx[p]]++;
+  }
   const int dq_d = (dq_all || (dq > 0 && nt >= dq && nt >= 4)) && G == 64 && bits_d && bits_d != 6 && bits_d <= 8;
   const double u = ldexp(1.0, -24), ub = ldexp(1.0, -8);
   for (int p = 0; p < T * K; p++) {
     const int t = p / K, e = idx[p];
     const float *x = xf + (size_t)t * H;
+    if (ver == 200) dq_gu = rows_e[e] >= 128;
     for (int n = 0; n < IE; n++) {
       const int64_t rg = (int64_t)e * 2 * IE + n, ru = rg + IE;
       qmat_row(&gu, rg, wg);
@@ -2506,6 +2513,28 @@ static void check_qexperts_route(int bits_gu, int bits_d, int G, int H, int IE, 
         fail_msg("experts down %d-bit g%d H=%d IE=%d: token %d expert %d y[%d] = %.9g, exact %.9g, |diff| %.3g > %.3g",
                  bits_d, G, H, IE, t, e, n, y[(size_t)p * H + n], ex, err, bound);
     }
+  }
+  if (ver == 200) { /* the experts under the threshold: h and y word for word the default path's (qr_kernel's) */
+    uint16_t *h0 = malloc(2 * (size_t)T * K * IE);
+    float *y0 = malloc(4 * (size_t)T * K * H);
+    assert_non_null(h0);
+    assert_non_null(y0);
+    assert_dg_ok(cut()->test_experts(0, &mg, &md, xb, idx, T, H, IE, E, K, h0, y0));
+    long nd = 0, nbig = 0, nsmall = 0;
+    for (int p = 0; p < T * K; p++) {
+      const int big = rows_e[idx[p]] >= 128;
+      nbig += big;
+      nsmall += !big;
+      if (big) continue;
+      nd += memcmp(h + (size_t)p * IE, h0 + (size_t)p * IE, 2 * (size_t)IE) != 0 ||
+            memcmp(y + (size_t)p * H, y0 + (size_t)p * H, 4 * (size_t)H) != 0;
+    }
+    free(h0);
+    free(y0);
+    if (nd || !nbig || !nsmall)
+      fail_msg("DGEMMA_WL=1: h or y of %ld of the %ld rows under 128 rows an expert differ from the default path's (%ld "
+               "rows over)", nd,
+               nsmall, nbig);
   }
 out:
   qmat_free(&gu);
@@ -3317,7 +3346,7 @@ static void test_bulk_copy(void **state) {
  * passed there in sessions 5 and 12): 20 and 22 at 1, 2, 3 and 4 n-tiles, 75's DQ body at 4 and 8 n-tiles (its
  * bound qdq_bound), 4-bit g64, 61 tokens x top-2 (expert 0 in every token: passes of 8 NT tokens and a tail); version
  * 21 (20 with the descriptor's LBO and SBO exchanged) must fail at every tile count from 2 on (at 1 n-tile the two
- * are both 128 bytes: the same descriptor); the large-M versions 120-122 (dev/cuda/qmoe_wl.cuh wl_kernel) at 64,
+ * are both 128 bytes: the same descriptor); the large-M versions 120-122 (src/cuda/qmoe_wl.cuh wl_kernel) at 64,
  * 128 and 256 rows per expert and 1,024 and 2,048 tokens routed at random, within qdq_bound (below). Skipped where
  * the build's device code has no wgmma. */
 static void test_quant_experts_wgmma(void **state) {
@@ -3344,13 +3373,16 @@ static void test_quant_experts_wgmma(void **state) {
   printf("# kernel lab wgmma versions on %s: 20 and 22 (1-4 n-tiles) largest |diff| / bound h %.4f, y %.4f; 75 (DQ, "
          "4 and 8 n-tiles) h %.4f, y %.4f (<= 1); 21 (LBO and SBO exchanged) fails: %ld outputs or more past their bounds "
          "(of %d) at 2-4 n-tiles\n", "this device", wh, wy, dh, dy, least, 61 * 2 * (128 + 128));
-  /* 120-122 (wl_kernel, dev/cuda/qmoe_wl.cuh: the large-M kernel, 128- and 64-row passes, 128 and 256 columns) on
+  /* 120-122 (wl_kernel, src/cuda/qmoe_wl.cuh: the large-M kernel, 128- and 64-row passes, 128 and 256 columns) on
    * 8 experts, top-2, H 448 (7 k stages: the rings of 4-6 slots wrap; 3.5 down slabs of 128, 1.75 of 256: a last one
    * partly past N) and IE 192 (3 down k stages: fewer than the copies in flight; 1.5 gate/up slabs of 128 features
    * at 122), every output within qdq_bound: every expert exactly M = 64, 128,
    * 256 rows (token t's slots on experts 2 t, 2 t + 1 mod 8), and T = 1024, 2048 tokens routed top-2 at random over
-   * experts 0-6 (expert 7 empty; ~290 and ~590 rows each: several passes and a partial last one). */
-  double lh[3] = {0, 0, 0}, ly[3] = {0, 0, 0};
+   * experts 0-6 (expert 7 empty; ~290 and ~590 rows each: several passes and a partial last one). 123 and 124
+   * (122 with a block over 3 or all slabs of its expert): here both of an expert's 2 slabs (gate/up and down at 256
+   * columns) in one block, fewer than the 3 a block may take; a slab's accumulators stored and restarted inside the
+   * one stream of copies (2 x 3 or 2 x 7 stages), the ring wrapping across the slab boundary. */
+  double lh[5] = {0, 0, 0, 0, 0}, ly[5] = {0, 0, 0, 0, 0};
   const int E = 8, K = 2, H = 448, IE = 192;
   static const int rows[3] = {64, 128, 256}, toks[2] = {1024, 2048};
   int32_t *idx = malloc(4 * (size_t)2048 * K);
@@ -3368,12 +3400,32 @@ static void test_quant_experts_wgmma(void **state) {
       idx[t * K] = (int)(rs % 7);
       idx[t * K + 1] = (int)((idx[t * K] + 1 + (rs >> 32) % 6) % 7);
     }
-    for (int v = 0; v < 3; v++) check_qexperts_route(4, 4, 64, H, IE, DG_BF16, E, K, T, idx, 8, -1, 120 + v, 1, &lh[v], &ly[v], NULL);
+    for (int v = 0; v < 5; v++) check_qexperts_route(4, 4, 64, H, IE, DG_BF16, E, K, T, idx, 8, -1, 120 + v, 1, &lh[v], &ly[v], NULL);
+  }
+  /* the backend's hybrid (DGEMMA_WL=1, src/cuda/qmoe_wl.cu; "version" 200): the whole experts path as the passes
+   * call it, the stack uploaded with the wl layout beside the lane records; 200 tokens top-2 over 8 experts: expert 0
+   * exactly 128 rows (the threshold: wl_kernel), expert 2 127 (qr_kernel), expert 1 72, experts 3-7 14-15 each;
+   * every h within qdq_bound where its expert has >= 128 rows, the exact fold's bound elsewhere; y (qr_kernel's
+   * down) within the exact fold's; the rows of the experts under 128 rows (h and y) word for word those of the
+   * default path (qr_kernel both ways); dg_cuda_test_experts_qw fails where no wl_kernel was launched. (The bounds
+   * alone cannot tell the kernels apart: with wl_kernel over every expert the small experts' h stay within the exact
+   * fold's bound, 0.55 of it.) */
+  double wlh = 0, wly = 0;
+  {
+    const int T = 200;
+    for (int t = 0; t < T; t++) {
+      idx[t * K] = t < 128 ? 0 : 1;
+      idx[t * K + 1] = t < 127 ? 2 : 3 + t % 5;
+    }
+    check_qexperts_route(4, 4, 64, H, IE, DG_BF16, E, K, T, idx, -1, 0, 200, 1, &wlh, &wly, NULL);
   }
   free(idx);
-  printf("# kernel lab large-M wgmma versions 120 (128-row passes, 128 columns), 121 (64 rows) and 122 (128 rows, 256 "
-         "columns): M = 64, 128, 256 rows per expert and T = 1024, 2048 tokens top-2 of 7 experts, largest |diff| / "
-         "qdq_bound h %.4f / %.4f / %.4f, y %.4f / %.4f / %.4f (<= 1)\n", lh[0], lh[1], lh[2], ly[0], ly[1], ly[2]);
+  printf("# DGEMMA_WL=1 (the backend's hybrid gate/up): experts of 128, 127, 72, 14-15 rows, largest |diff| / bound h "
+         "%.4f, y %.4f (<= 1)\n", wlh, wly);
+  printf("# kernel lab large-M wgmma versions 120 (128-row passes, 128 columns), 121 (64 rows), 122 (128 rows, 256 "
+         "columns), 123 and 124 (122 over 3 and all slabs a block): M = 64, 128, 256 rows per expert and T = 1024, 2048 "
+         "tokens top-2 of 7 experts, largest |diff| / qdq_bound h %.4f / %.4f / %.4f / %.4f / %.4f, y %.4f / %.4f / %.4f "
+         "/ %.4f / %.4f (<= 1)\n", lh[0], lh[1], lh[2], lh[3], lh[4], ly[0], ly[1], ly[2], ly[3], ly[4]);
 }
 
 /* Whole-model logits of quantized models, GPU vs CPU, with the tolerance of

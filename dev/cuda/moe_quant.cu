@@ -97,7 +97,7 @@
  *   version 111 (4-bit; dev/cuda/qr_diet_lab.cuh qr_pair_kernel): the down product's blocks two consecutive n-slabs
  *              each (half the blocks), one weight / activation pipeline across both slabs, at 2 and 3 n-tiles;
  *              gate/up and elsewhere version 50; each output compared with version 50's bit for bit (session 24)
- *   versions 120-122 (4-bit g64; dev/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
+ *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
  *              layout (wl_pack) dequantized to bf16 once per tile (B), cp.async rings, fp32 accumulators over the
@@ -105,6 +105,8 @@
  *              BN 128, 6 slots; 121 = passes of 64 rows, BN 128, 4 slots, 2 blocks per SM; 122 = 128 rows, BN 256, 5
  *              slots; each output checked against the CPU and 256 sampled outputs against version 50's within the
  *              sum of both bounds (check_vs50: not word for word, the sums' orders differ)
+ *   versions 123, 124 (session 24): 122 with a block over 3 slabs of its expert (123) or all of them (124), one
+ *              stream of copies and dequantizations across the slabs (the ring filled and drained once a pass)
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -144,7 +146,7 @@
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 #include "qr_diet_lab.cuh" /* versions 95-111: the SASS diet, its launch choices, weight rings, persistent grid, early
                                * weights, timeline, slab pairs (lab only) */
-#include "qmoe_wl.cuh" /* versions 120-122: the large-M wgmma kernel (lab only) */
+#include "cuda/qmoe_wl.cuh" /* versions 120-124: the large-M wgmma kernel (the backend gate/up of DGEMMA_WL=1 is 122) */
 extern "C" {
 #include "io/quant.h"
 }
@@ -727,14 +729,16 @@ static cudaError_t run_wg(int prod, stack *st, routing *r, int nt) {
   }
 }
 
-/* Versions 120-122 (4-bit g64): wl_kernel (dev/cuda/qmoe_wl.cuh: wgmma m64nBNk16 with A the gathered rows of xp and
+/* Versions 120-122 (4-bit g64): wl_kernel (src/cuda/qmoe_wl.cuh: wgmma m64nBNk16 with A the gathered rows of xp and
  * B the weights dequantized to bf16 in shared memory, both 128-byte swizzled; the DQ bound) at every row count, the
  * blocks in the backend's descending-count order: 120 = two warpgroups (passes of 128 rows), BN 128, a ring of 6
  * slots (4 stages of copies ahead), 1 block per SM (176,128 bytes of shared memory); 121 = one warpgroup (64 rows),
  * BN 128, 4 slots, 2 blocks per SM (101,376 bytes); 122 = two warpgroups, BN 256 (half the A tiles' L2 reads per
- * flop), 5 slots (227,328 bytes). */
+ * flop), 5 slots (227,328 bytes); 123, 124 = 122 with a block over 3 slabs (gate/up: 2 blocks an expert; down: 4)
+ * or every slab of its expert (one block an expert), the copies streaming on across the slabs (session 24: down's
+ * K 704 is 11 stages a block at one slab, where the ring's fill and drain weigh). */
 static cudaError_t run_wl(int ver, int prod, stack *st, routing *r) {
-  const int gateup = prod == GU, bn = ver == 122 ? 256 : 128;
+  const int gateup = prod == GU, bn = ver >= 122 ? 256 : 128;
   const tiled &tl = get_tiled(st, bn, G, gateup, 4);
   qe_args a;
   cudaError_t e = lab_args(tl, r, gateup, 0, &a);
@@ -743,6 +747,8 @@ static cudaError_t run_wl(int ver, int prod, stack *st, routing *r) {
   g_dq = 1;
   if (ver == 120) return gateup ? wl_launch<1, 2, 6>(0, E, a) : wl_launch<0, 2, 6>(0, E, a);
   if (ver == 121) return gateup ? wl_launch<1, 1, 4, 2>(0, E, a) : wl_launch<0, 1, 4, 2>(0, E, a);
+  if (ver == 123) return gateup ? wl_launch<1, 2, 5, 1, 256, 3>(0, E, a) : wl_launch<0, 2, 5, 1, 256, 3>(0, E, a);
+  if (ver == 124) return gateup ? wl_launch<1, 2, 5, 1, 256, 12>(0, E, a) : wl_launch<0, 2, 5, 1, 256, 12>(0, E, a);
   return gateup ? wl_launch<1, 2, 5, 1, 256>(0, E, a) : wl_launch<0, 2, 5, 1, 256>(0, E, a);
 }
 
@@ -895,8 +901,8 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
   if (ver >= 95 && ver <= 111) return run_diet(ver, prod, st, r);
-  if (ver >= 120 && ver <= 122) return run_wl(ver, prod, st, r);
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-111 and 120-122 only (a build in a fraction of the time) */
+  if (ver >= 120 && ver <= 124) return run_wl(ver, prod, st, r);
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-111 and 120-124 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {

@@ -147,6 +147,9 @@ struct dg_cuda_w {
                                inside, qmoe_r.cuh; sbp NULL); bf16 expert stacks: DG_CUDA_LAY_TILES (w, the
                                plain [rows, cols]) or DG_CUDA_LAY_LANES (q: lane records of the bf16 weights,
                                qr_tile_pack with bits 16; w NULL) */
+  void *wl;                 /* NULL, or (DGEMMA_WL=1, 4-bit g64 gate/up stacks with bf16 pairs, a device with wgmma)
+                               the same stack in qmoe_wl.cuh's wl layout of 256-column slabs beside the lane
+                               records: k_qe_gate_up's hybrid (qmoe_wl.cu) */
 };
 enum { DG_CUDA_LAY_TILES = 0, DG_CUDA_LAY_LANES = 1 };
 
@@ -228,6 +231,7 @@ struct dg_cuda_moe_buf {
   float *y;            /* [T*K, H] expert outputs in grouped order */
   float *xs;           /* [max(T*H, T*K*IE) / 32] per-group activation sums of the quantized products (qmoe.cu) */
   bf16 *xp;            /* [max(T*H, T*K*IE)] their input in fragment order (k_group_sums_perm, lane layout) */
+  int32_t *wl_count;   /* [2 E] or NULL: DGEMMA_WL=1's count split at WL_MIN_ROWS (qmoe_wl.cu k_wl_split) */
 };
 
 /* Device scratch for the tensor-core kernel's key splits: n floats (a split
@@ -558,6 +562,13 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
  * product's inputs are word for word those of the separate copy (test_experts_dn_fuse). */
 int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b);
 void qr_dn_fuse_set(int on);
+/* DGEMMA_WL=1 (qmoe_wl.cu; off by default): the hybrid gate/up of 4-bit g64 experts (experts of >= WL_MIN_ROWS rows
+ * through the wgmma kernel wl_kernel, from the wl layout packed at upload, dg_cuda_w.wl). qr_wl_set(1 / 0) forces it
+ * on / off for the stacks uploaded next, -1 gives the environment's choice back (the tests); qr_wl_launches counts
+ * the hybrid's wl_kernel launches (the tests: that it ran). */
+void qr_wl_set(int on);
+int qr_wl_on(void);
+extern long qr_wl_launches;
 /* out[r * (cols / G) + j] = sum_{k < G} x[r * cols + j G + k] in fp32, r < rows. */
 cudaError_t k_group_sums(cudaStream_t s, const bf16 *x, int rows, int cols, int G, float *out);
 /* k_group_sums, and xp [rows, cols] = x with each run of 8 columns permuted to

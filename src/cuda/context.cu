@@ -182,6 +182,7 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->moe.tiles, (TK + E) * 2 * 4);
   B_(c->moe.n_tiles, 4);
   B_(c->moe.order, E * 4);
+  B_(c->moe.wl_count, 2 * E * 4); /* DGEMMA_WL=1's split counts (qmoe_wl.cu) */
   B_(c->moe.done, 4);
   B_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
   B_(c->moe.h, TK * IE * 2);

@@ -96,6 +96,11 @@ dg_status up_w(alloc_list *al, dg_cuda_w *dst, const dg_weight *const *parts, in
 dg_status check_mat(const dg_weight *m, const char *what, int layer);
 /* Upload an expert stack of E experts (gateup: gate/up [E*2*IE, H], else down [E*H, IE]) in the layout of the
  * expert kernels (stage as up_w, or NULL: allocated when needed). */
+/* DGEMMA_WL=1 (qmoe_wl.cu): whether m, an expert stack (gateup 1: gate/up), gets the wl layout beside its lane
+ * records (4-bit g64 bf16 pairs, K a multiple of 64, a device with wgmma; sets wl_kernel's shared memory), and its
+ * packing into dst->wl (device memory wl_bytes(1, E, IE, K, 256) from al). */
+int qr_wl_usable(const dg_weight *m, int gateup);
+dg_status up_experts_wl(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int64_t E, const char *what);
 dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gateup, int64_t E, const char *what,
                      uint16_t *stage);
 

@@ -89,6 +89,7 @@ int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const d
   static_assert(FEAT % 64 == 0, "groups of 32 and 64 are whole in a gate/up block's features");
   const int G = dn->bits ? dn->group : QR_BF16_GROUP, Ggu = gu->bits ? gu->group : QR_BF16_GROUP;
   if (!dn_fuse_on() || !b->hs || gu->lay != DG_CUDA_LAY_LANES || dn->lay != DG_CUDA_LAY_LANES) return 0;
+  if (gu->wl) return 0; /* DGEMMA_WL=1: wl_kernel stores h plainly */
   if (IE <= 0 || IE % FEAT) return 0; /* every slab of features full */
   /* G 32 or 64: whole groups in a block's features, and b->hs holds IE / 32 sums per row; G 128 spans two blocks */
   if (G != 32 && G != 64) return 0;
@@ -136,6 +137,14 @@ cudaError_t k_qe_gate_up(cudaStream_t s, const dg_cuda_w *W, const bf16 *xe, dg_
       a.hg = b->hp_group;
       a.hs = b->hs;
       return qr_launch<QR_GATEUP_HP>(s, dim3(E, grid_y), ntr, a, qr_bits(W));
+    }
+    if (W->wl && b->wl_count) { /* DGEMMA_WL=1 (qmoe_wl.cu): the experts of >= WL_MIN_ROWS rows to wl_kernel */
+      cudaError_t e = k_wl_split(s, b->count, b->wl_count, E);
+      qe_args lo = a, hi = a;
+      lo.count = b->wl_count;
+      hi.count = b->wl_count + E;
+      if (e == cudaSuccess) e = qr_launch<1>(s, dim3(E, grid_y), ntr, lo, qr_bits(W));
+      return e != cudaSuccess ? e : k_wl_gate_up(s, W, hi, E);
     }
     return qr_launch<1>(s, dim3(E, grid_y), ntr, a, qr_bits(W));
   }

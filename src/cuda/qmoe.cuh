@@ -89,6 +89,16 @@ struct qe_args {
   };
   int stage_bytes, w_bytes, x_bytes, sb_bytes, xsr;
 };
+/* The backend's hybrid gate/up (DGEMMA_WL=1, qmoe_wl.cu; wl_kernel in qmoe_wl.cuh): experts of at least this many
+ * rows to wl_kernel (version 122's instantiation), the others to qr_kernel (session 24: 122 beat the backend's kernel
+ * by 1.3-1.6x on an H100 at 128 and 256 rows per expert, lost at 64). */
+#define WL_MIN_ROWS 128
+/* DGEMMA_WL=1 (qmoe_wl.cu): k_wl_split writes count split at WL_MIN_ROWS into wl_count [2 E] (first E: the experts
+ * under it, 0 for the others; then those at or over it, 0 for the others), so that qr_kernel (count = wl_count) and
+ * wl_kernel (count = wl_count + E) each skip the other's experts with their own kernels unchanged; k_wl_gate_up
+ * launches wl_kernel over E experts with a0 as qr_kernel's gate/up arguments (X = xp) and W->wl, the wl layout. */
+cudaError_t k_wl_split(cudaStream_t s, const int32_t *count, int32_t *wl_count, int E);
+cudaError_t k_wl_gate_up(cudaStream_t s, const dg_cuda_w *W, const qe_args &a0, int E);
 
 /* The tile layout of an expert stack for blocks of `warps` warps and stages
  * of kc codes (what the backend uploads, backend.cu up_experts): the stack is

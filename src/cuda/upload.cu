@@ -260,6 +260,7 @@ dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gat
     if (st == DG_OK && (e = cudaMemcpy(dst->q, hq, qb, cudaMemcpyHostToDevice)) != cudaSuccess)
       st = dg_seterr(DG_ERR_BACKEND, "%s:%d: cudaMemcpy of %s failed: %s", __FILE__, __LINE__, what, cudaGetErrorString(e));
     free(hq);
+    if (st == DG_OK && qr_wl_usable(m, gateup)) st = up_experts_wl(al, dst, m, E, what); /* DGEMMA_WL=1 */
     return st;
   }
   size_t pb;

@@ -13,7 +13,7 @@
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-111 (dg_cuda_test_experts_lab) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
-#include "../../dev/cuda/qmoe_wl.cuh"    /* the lab's large-M wgmma versions 120-122 (dg_cuda_test_experts_qw) */
+#include "cuda/qmoe_wl.cuh" /* the large-M wgmma kernel: lab versions 120-124 (dg_cuda_test_experts_qw) */
 
 #include "cuda_entry.h"
 
@@ -57,6 +57,7 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->slot_row, TK * 4, "slot_row"));
   DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
   DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
+  DG_TRY(dalloc(al, (void **)&b->wl_count, (size_t)E * 8, "wl_count"));
   DG_TRY(dalloc(al, (void **)&b->done, 4, "route block counter"));
   CK(cudaMemset(b->done, 0, 4));
   DG_TRY(dalloc(al, (void **)&b->gsc, DG_ROUTE_GSC_INTS * 4, "route grid scratch"));
@@ -1159,11 +1160,12 @@ static int qw_ver;
 static const dg_weight *qw_w[2]; /* versions 120-: the host stacks (down, gate/up), packed by wl_pack at launch */
 /* Versions 120-122 (dev/cuda/moe_quant.cu run_wl): wl_kernel over the wl layout of the host stack (wl_pack), the
  * launch, the copy freed; 120: two warpgroups (128-row passes), 6 slots, 128 columns; 121: one warpgroup (64 rows),
- * 4 slots, 2 blocks per SM; 122: two warpgroups, 5 slots, 256 columns. */
+ * 4 slots, 2 blocks per SM; 122: two warpgroups, 5 slots, 256 columns; 123, 124: 122 with a block over 3 slabs or
+ * every slab of its expert (the copies streaming on across the slabs). */
 static cudaError_t wl_launch_ver(cudaStream_t s, const qe_args &a0, int gateup) {
   const dg_weight *w = qw_w[gateup];
   const int E = (int)(w->rows / (gateup ? 2 * a0.N : a0.N));
-  const int bn = qw_ver == 122 ? 256 : 128;
+  const int bn = qw_ver >= 122 ? 256 : 128;
   const size_t bytes = wl_bytes(gateup, E, a0.N, a0.Kdim, bn);
   uint8_t *h = (uint8_t *)malloc(bytes);
   void *dq = NULL;
@@ -1176,6 +1178,8 @@ static cudaError_t wl_launch_ver(cudaStream_t s, const qe_args &a0, int gateup) 
   if (e == cudaSuccess) {
     if (qw_ver == 120) e = gateup ? wl_launch<1, 2, 6>(s, E, a) : wl_launch<0, 2, 6>(s, E, a);
     else if (qw_ver == 121) e = gateup ? wl_launch<1, 1, 4, 2>(s, E, a) : wl_launch<0, 1, 4, 2>(s, E, a);
+    else if (qw_ver == 123) e = gateup ? wl_launch<1, 2, 5, 1, 256, 3>(s, E, a) : wl_launch<0, 2, 5, 1, 256, 3>(s, E, a);
+    else if (qw_ver == 124) e = gateup ? wl_launch<1, 2, 5, 1, 256, 12>(s, E, a) : wl_launch<0, 2, 5, 1, 256, 12>(s, E, a);
     else e = gateup ? wl_launch<1, 2, 5, 1, 256>(s, E, a) : wl_launch<0, 2, 5, 1, 256>(s, E, a);
   }
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
@@ -1222,9 +1226,23 @@ static cudaError_t qw_launch_ver(cudaStream_t s, dim3 grid, int nt, const qe_arg
 extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate_up, const dg_weight *down,
                                              const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E,
                                              int K, int nt, uint16_t *h, float *y, int *avail) {
-  if (version != 20 && version != 21 && version != 22 && version != 75 && version != 120 && version != 121 &&
-      version != 122)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 120-122)", version);
+  if (version == 200) { /* the backend's experts path as the passes call it, with DGEMMA_WL=1 (qmoe_wl.cu) */
+    CK(cudaSetDevice(device));
+    alloc_list al = {NULL, 0, 0};
+    dg_status st = wg_probe(&al, avail);
+    dfree_all(&al);
+    if (st != DG_OK || !*avail) return st;
+    int fused;
+    const long n0 = qr_wl_launches;
+    qr_wl_set(1);
+    st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, -1, 0, -1, &fused, h, y);
+    qr_wl_set(-1);
+    if (st == DG_OK && qr_wl_launches == n0)
+      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: DGEMMA_WL=1 launched no wl_kernel");
+    return st;
+  }
+  if (version != 20 && version != 21 && version != 22 && version != 75 && (version < 120 || version > 124))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 120-124, 200)", version);
   if (version >= 120 && (gate_up->sb_dtype != DG_BF16 || down->sb_dtype != DG_BF16 || H % 64 || IE % 64))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d needs bf16 scales and H, IE multiples "
                      "of 64", version);

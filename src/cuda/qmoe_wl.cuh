@@ -1,6 +1,7 @@
-/* qmoe_wl.cuh (dev/cuda, lab only): the 4-bit g64 gathered expert products for experts of MANY rows (64-256 and
+/* qmoe_wl.cuh: the 4-bit g64 gathered expert products for experts of MANY rows (64-256 and
  * more per expert: the batch of issue 14, the prefill of issue 12) on Hopper's wgmma with both operands in shared
- * memory: the kernel lab's versions 120- (dev/cuda/moe_quant.cu), not the backend's.
+ * memory: the kernel lab's versions 120-124 (dev/cuda/moe_quant.cu) and, behind DGEMMA_WL=1 (qmoe_wl.cu), the
+ * backend's gate/up product of the experts of >= WL_MIN_ROWS rows (version 122's instantiation).
  *
  * Why another wgmma kernel: qw_kernel (qmoe_w.cuh, versions 20-27, 75) kept qr_kernel's shape (a block of 128
  * weight rows streams its lane records once, the tokens are the small N of m64nNk16, N = 8 NT <= 64) and lost to
@@ -54,6 +55,7 @@
 #include "cuda/qmoe_r.cuh"
 #include "cuda/wgmma.cuh"
 
+
 /* A chunk of bn columns: its codes, the whole chunk, the bf16 tile of a stage (bn rows of 128 bytes). */
 __host__ __device__ constexpr int wl_codes(int bn) { return bn * 32; }
 __host__ __device__ constexpr int wl_chunk(int bn) { return bn * 36; }
@@ -99,7 +101,7 @@ __host__ inline void wl_pack(int gateup, int64_t E, int N, int K, int bn, const 
  * bf16(gelu(gate) up) [rows, N], down y [rows, N] fp32, rows in grouped order. WG warpgroups (BM = 64 WG rows per
  * pass), ST ring slots (ST >= 4: L = ST - 2 stages of copies in flight), MINB blocks per SM, BN 128 or 256 columns
  * (wgmma m64nBNk16; BN / 2 gate and as many up features). */
-template <int GATEUP, int WG, int ST, int MINB = 1, int BN = 128>
+template <int GATEUP, int WG, int ST, int MINB = 1, int BN = 128, int NS = 1>
 __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
   DG_PDL_ENTRY();
   static_assert(ST >= 4, "wl_kernel: ST >= 4 (two stages of copies ahead at least)");
@@ -113,18 +115,22 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
   constexpr uint32_t ONE = 0x3F803F80u, M128 = 0xC300C300u; /* bf16 1 and -128 in both halves */
   DG_DYN_SMEM16(smem_raw);
   __shared__ int64_t xrow[BM];
-  int e, slab;
-  qr_block(a, &e, &slab);
+  int e, sgrp;
+  qr_block(a, &e, &sgrp);
   const int cnt = a.count[e];
   if (cnt == 0) return;
+  /* NS > 1 (versions 123-): this block's slabs slab0 .. slab0 + nsl - 1 of the expert, one stream of nsl nk stages
+   * per pass (their chunks are contiguous in the wl layout), so the ring's fill and drain are paid once per pass */
+  const int ns = wl_slabs(GATEUP, a.N, BN), slab0 = sgrp * NS, nsl = min(NS, ns - slab0);
   const int base = a.start[e];
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int nk = a.Kdim / 64;
+  const int nk = a.Kdim / 64, U = NS == 1 ? nk : nsl * nk; /* U: the stages of a pass (nk per slab; NS 1: 183
+                                                                  * registers at 122, against 210 with nsl nk) */
   /* 1024-byte aligned operand tiles (the 128-byte swizzle's pattern) */
   const uint32_t s0 = dg_smem_addr(smem_raw), pad = (1024u - s0 % 1024u) % 1024u, sm = s0 + pad;
   unsigned char *smem = smem_raw + pad;
   const dg_sptr sbase = dg_sp(smem);
-  const unsigned char *wsrc = (const unsigned char *)a.q + ((size_t)e * gridDim.y + slab) * nk * WL_CHUNK;
+  const unsigned char *wsrc = (const unsigned char *)a.q + ((size_t)e * ns + slab0) * nk * WL_CHUNK;
 
   for (int p0 = 0; p0 < cnt; p0 += BM) {
     const int mp = min(BM, cnt - p0);
@@ -142,11 +148,11 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       abytes[k] = xr >= 0 ? 16 : 0; /* rows past the pass: zeros (never stored) */
       adst[k] = m * 128 + ((r ^ (m & 7)) << 4);
     }
-    auto issue = [&](int s) {
-      if (s < nk) {
-        const int slot = s % ST;
+    auto issue = [&](int s) { /* stage s of the pass: k stage s % nk of slab slab0 + s / nk */
+      if (s < U) {
+        const int slot = s % ST, ks = NS == 1 ? s : s % nk;
 #pragma unroll
-        for (int k = 0; k < ACH; k++) dg_cp_async16_sp(sbase + slot * ABYTES + adst[k], asrc[k] + 64 * s, abytes[k]);
+        for (int k = 0; k < ACH; k++) dg_cp_async16_sp(sbase + slot * ABYTES + adst[k], asrc[k] + 64 * ks, abytes[k]);
         const unsigned char *w = wsrc + (size_t)s * WL_CHUNK;
 #pragma unroll
         for (int k = 0; k < WCT; k++) {
@@ -182,6 +188,34 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       }
     };
 
+    /* lane (g, t) of warp w: rows 16 w + g + 8 hf of its warpgroup's 64, columns 8 j + 2 t + (0, 1) of slab sl */
+    auto store = [&](const float (&acc)[NT][4], int slab) {
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        const int m = wg * 64 + 16 * warp + g + 8 * hf;
+        if (m >= mp) continue;
+        const size_t row = (size_t)(base + p0 + m);
+#pragma unroll
+        for (int j = 0; j < NT / 2; j++) {
+          if (GATEUP) {
+            const int f = slab * HB + 8 * j + 2 * t;
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+              if (f + q < a.N)
+                a.h[row * a.N + f + q] = __float2bfloat16_rn(qe_gelu(acc[j][2 * hf + q]) * acc[j + NT / 2][2 * hf + q]);
+          } else {
+#pragma unroll
+            for (int j2 = 0; j2 < 2; j2++) {
+              const int n = slab * BN + HB * j2 + 8 * j + 2 * t;
+#pragma unroll
+              for (int q = 0; q < 2; q++)
+                if (n + q < a.N) a.y[row * a.N + n + q] = acc[NT / 2 * j2 + j][2 * hf + q];
+            }
+          }
+        }
+      }
+    };
+
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -192,7 +226,8 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
     dg_cp_wait<L - 1>(); /* stage 0 */
     __syncthreads();
     dequant(0);
-    for (int s = 0; s < nk; s++) {
+    int ks = 0, sl = slab0; /* stage s's k stage and slab */
+    for (int s = 0; s < U; s++) {
       dg_cp_wait<L - 2>(); /* stage s + 1 (this thread's copies) */
       dg_fence_proxy_async();
       __syncthreads();
@@ -201,50 +236,34 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       const uint32_t bt = sm + (uint32_t)(OFF_B + (s % 3) * WL_BTILE);
       dg_wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++)
+      for (int kk = 0; kk < 4; kk++) /* scale-d 0 at a slab's first k: a fresh accumulation */
         dg_wgmma_bf16_ss<NT>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024),
-                             s > 0 || kk > 0);
+                             (NS == 1 ? s : ks) > 0 || kk > 0);
       dg_wg_commit();
-      if (s + 1 < nk) dequant(s + 1);
+      if (s + 1 < U) dequant(s + 1);
+      if (NS > 1 && ks == nk - 1 && s + 1 < U) { /* a slab done, another follows: its outputs, then on */
+        dg_wg_wait0();
+        dg_wg_pin<NT>(acc);
+        store(acc, sl);
+        ks = 0;
+        sl++;
+        continue;
+      }
       dg_wg_wait1();
+      if (NS > 1) ks++;
     }
     dg_wg_wait0();
     dg_wg_pin<NT>(acc);
-
-    /* lane (g, t) of warp w: rows 16 w + g + 8 hf of its warpgroup's 64, columns 8 j + 2 t + (0, 1) */
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      const int m = wg * 64 + 16 * warp + g + 8 * hf;
-      if (m >= mp) continue;
-      const size_t row = (size_t)(base + p0 + m);
-#pragma unroll
-      for (int j = 0; j < NT / 2; j++) {
-        if (GATEUP) {
-          const int f = slab * HB + 8 * j + 2 * t;
-#pragma unroll
-          for (int q = 0; q < 2; q++)
-            if (f + q < a.N)
-              a.h[row * a.N + f + q] = __float2bfloat16_rn(qe_gelu(acc[j][2 * hf + q]) * acc[j + NT / 2][2 * hf + q]);
-        } else {
-#pragma unroll
-          for (int j2 = 0; j2 < 2; j2++) {
-            const int n = slab * BN + HB * j2 + 8 * j + 2 * t;
-#pragma unroll
-            for (int q = 0; q < 2; q++)
-              if (n + q < a.N) a.y[row * a.N + n + q] = acc[NT / 2 * j2 + j][2 * hf + q];
-          }
-        }
-      }
-    }
+    store(acc, sl);
     __syncthreads(); /* xrow and the slots of this pass read by every thread before the next pass */
   }
 }
 
 /* Launches wl_kernel over E experts (grid (E, wl_slabs)); a.q the wl layout of BN-column slabs, a.X xp. */
-template <int GATEUP, int WG, int ST, int MINB = 1, int BN = 128>
+template <int GATEUP, int WG, int ST, int MINB = 1, int BN = 128, int NS = 1>
 static cudaError_t wl_launch(cudaStream_t s, int E, const qe_args &a) {
   if (a.Kdim % 64 || a.group != 64) return cudaErrorInvalidValue;
-  void (*kern)(qe_args) = wl_kernel<GATEUP, WG, ST, MINB, BN>;
+  void (*kern)(qe_args) = wl_kernel<GATEUP, WG, ST, MINB, BN, NS>;
   const size_t smem = (size_t)ST * (64 * WG * 128 + wl_chunk(BN)) + 3 * wl_btile(BN) + 1024; /* + 1024-byte alignment */
   static int set = 0;
   if (!set) {
@@ -252,7 +271,7 @@ static cudaError_t wl_launch(cudaStream_t s, int E, const qe_args &a) {
     if (e != cudaSuccess) return e;
     set = 1;
   }
-  DG_LAUNCH(kern, dim3(E, wl_slabs(GATEUP, a.N, BN)), 128 * WG, smem, s)(a);
+  DG_LAUNCH(kern, dim3(E, (wl_slabs(GATEUP, a.N, BN) + NS - 1) / NS), 128 * WG, smem, s)(a);
   return cudaGetLastError();
 }
 #endif
