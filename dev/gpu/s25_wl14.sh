@@ -17,20 +17,18 @@
 #      differ from its single run within the DQ bound: src/cuda/qmoe_wl.cu), and the device memory line shows the
 #      wl layout's cost (~311 MB a layer);
 #   5. test_quant_experts_wgmma on the sm_90a build (the lab's 120-124 and DGEMMA_WL=1's path on the hardware's wgmma).
-# Usage: bash dev/gpu/s25_wl14.sh $OUT
+# The carry limit (64 MiB with the tree, ~41 MB at session 24's end) does not hold .devbin (~23 MB) and .devdata/gemma3
+# (5.4 MB) together, so the call is made in two parts, one after the other on the same machine:
+#   PART=lab   bash dev/gpu/s25_wl14.sh $OUT   (carry .devdeb .devbin: items 1-2, ~2 min)
+#   PART=bench bash dev/gpu/s25_wl14.sh $OUT   (carry .devdeb .devdata/gemma3: items 3-5, ~5-6 min)
+# Usage: [PART=lab|bench] bash dev/gpu/s25_wl14.sh $OUT (default both, only where the carry fits)
 O=$1; mkdir -p "$O"
+PART=${PART:-all}
 . scripts/gpu_env.sh
-lab_unpack
 A="-gencode=arch=compute_90a,code=sm_90a"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee "$O/log.txt"
-( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-a CUDA_ARCH="$A" all build-a/tests/test_cuda \
-    > /tmp/build_a.txt 2>&1; echo "build_a rc $? $(el)" >> "$O/log.txt" ) &
-bp=$!
-( gpu_tokenizer
-  make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
-  build-c/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 4 > /tmp/mkrandom.log 2>&1
-  echo "mkrandom rc $? $(el)" >> "$O/log.txt" ) &
-mk=$!
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
+if [ "$PART" != bench ]; then
+lab_unpack
 timeout 240 /tmp/mq --bits 4 --versions 50,122,123,124 --ms 64,128,256 --ts 1024,2048 --reps 10 --json "$O/lab_wl.jsonl" \
   > "$O/lab_wl.txt" 2>&1
 echo "lab_wl rc $? $(el): $(grep -c FAIL "$O/lab_wl.txt") FAIL" | tee -a "$O/log.txt"
@@ -50,6 +48,16 @@ pat = re.compile(r"(pipe_tensor|gmma|hmma|lts__t_(bytes|sectors)|lts__throughput
 for n, u, v in zip(names, units, vals):
     if pat.search(n): print(f"{n} [{u}] = {v}")
 PY
+fi
+[ "$PART" = lab ] && { echo "done $(el)" | tee -a "$O/log.txt"; exit 0; }
+( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-a CUDA_ARCH="$A" all build-a/tests/test_cuda \
+    > /tmp/build_a.txt 2>&1; echo "build_a rc $? $(el)" >> "$O/log.txt" ) &
+bp=$!
+( gpu_tokenizer
+  make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
+  build-c/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 4 > /tmp/mkrandom.log 2>&1
+  echo "mkrandom rc $? $(el)" >> "$O/log.txt" ) &
+mk=$!
 wait $bp; tail -3 /tmp/build_a.txt > "$O/build_tail.txt"
 DG_TEST_FILTER=test_quant_experts_wgmma timeout 240 build-a/tests/test_cuda > "$O/tests.txt" 2>&1 &
 tp=$!
