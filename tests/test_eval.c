@@ -607,7 +607,7 @@ static void cli_interrupt(int sig) {
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
-    execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "256", "-s", "48",
+    execl(exe, exe, "eval", "gsm8k", "-m", "models/dgemma-small", "--data", FIX, "-t", "1", "-n", "64", "-s", "48",
           "--limit", "4", "-o", items, (char *)NULL);
     _exit(127);
   }
@@ -620,7 +620,7 @@ static void cli_interrupt(int sig) {
     if (!started) usleep(100000);
   }
   assert_true(started);
-  /* and until the first item is journaled (about 5 s of the 4 x 5 s), so that there is something to keep */
+  /* and until the first item is journaled (one 64-token canvas: about 2.5 s, 20 s under ASan, of the 4), so that there is something to keep */
   for (int i = 0; i < 1200 && count_lines(items) < 1; i++) usleep(50000);
   assert_true(count_lines(items) >= 1);
   kill(pid, sig);
@@ -657,7 +657,7 @@ static void cli_interrupt(int sig) {
   }
   /* resumable: a rerun of the same configuration over the items done answers them from the file */
   char args[1024], want[64];
-  snprintf(args, sizeof args, "eval gsm8k -m models/dgemma-small --data " FIX " -t 1 -n 256 -s 48 --limit %d -o %s",
+  snprintf(args, sizeof args, "eval gsm8k -m models/dgemma-small --data " FIX " -t 1 -n 64 -s 48 --limit %d -o %s",
            n_done, items);
   assert_int_equal(run_cli(args, &e), 0);
   snprintf(want, sizeof want, "resuming: %d of %d items already in", n_done, n_done);
