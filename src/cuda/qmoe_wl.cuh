@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
   const int cnt = a.count[e];
   if (cnt == 0) return;
   /* NS > 1 (versions 123-): this block's slabs slab0 .. slab0 + nsl - 1 of the expert, one stream of nsl nk stages
-   * per pass (their chunks are contiguous in the wl layout), so the ring's fill and drain are paid once per pass */
+   * per pass (their chunks are contiguous in the wl layout), so the copy ring's fill and drain are paid once per pass;
+   * the wgmma pipeline drains (wait_group 0) at each slab's end for its store */
   const int ns = wl_slabs(GATEUP, a.N, BN), slab0 = sgrp * NS, nsl = min(NS, ns - slab0);
   const int base = a.start[e];
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -226,8 +227,9 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
     dg_cp_wait<L - 1>(); /* stage 0 */
     __syncthreads();
     dequant(0);
-    int ks = 0, sl = slab0; /* stage s's k stage and slab */
-    for (int s = 0; s < U; s++) {
+    /* stage s (global to the pass: slots, copies and tiles run on across slab boundaries): the wgmmas of k stage ks
+     * (scale-d 0 at ks 0: a fresh accumulation), the dequantization of stage s + 1, wait_group 1 */
+    auto step = [&](int s, int ks) {
       dg_cp_wait<L - 2>(); /* stage s + 1 (this thread's copies) */
       dg_fence_proxy_async();
       __syncthreads();
@@ -236,25 +238,29 @@ __global__ void __launch_bounds__(128 * WG, MINB) wl_kernel(qe_args a) {
       const uint32_t bt = sm + (uint32_t)(OFF_B + (s % 3) * WL_BTILE);
       dg_wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; kk++) /* scale-d 0 at a slab's first k: a fresh accumulation */
+      for (int kk = 0; kk < 4; kk++)
         dg_wgmma_bf16_ss<NT>(acc, dg_wg_desc_sw128(at + 32 * kk, 1024), dg_wg_desc_sw128(bt + 32 * kk, 1024),
-                             (NS == 1 ? s : ks) > 0 || kk > 0);
+                             ks > 0 || kk > 0);
       dg_wg_commit();
       if (s + 1 < U) dequant(s + 1);
-      if (NS > 1 && ks == nk - 1 && s + 1 < U) { /* a slab done, another follows: its outputs, then on */
+      dg_wg_wait1();
+    };
+    if constexpr (NS == 1) {
+      for (int s = 0; s < U; s++) step(s, s);
+      dg_wg_wait0();
+      dg_wg_pin<NT>(acc);
+      store(acc, slab0);
+    } else {
+      /* each slab's wgmma pipeline drains in its own loop (wait_group 0, then the accumulators are pinned and stored),
+       * as the passes follow one another: no non-wgmma definition of the accumulators while a group is in flight
+       * (ptxas C7515 serialized every wgmma when the store sat inside the one loop over the pass's stages) */
+      for (int i = 0, s = 0; i < nsl; i++) {
+        for (int ks = 0; ks < nk; ks++, s++) step(s, ks);
         dg_wg_wait0();
         dg_wg_pin<NT>(acc);
-        store(acc, sl);
-        ks = 0;
-        sl++;
-        continue;
+        store(acc, slab0 + i);
       }
-      dg_wg_wait1();
-      if (NS > 1) ks++;
     }
-    dg_wg_wait0();
-    dg_wg_pin<NT>(acc);
-    store(acc, sl);
     __syncthreads(); /* xrow and the slots of this pass read by every thread before the next pass */
   }
 }
