@@ -224,6 +224,21 @@ static void wg_check_desc(uint64_t desc, const char *which) {
     abort();
   }
 }
+/* The bf16 at dynamic shared-memory byte address a, as a float; an address past the dynamic shared memory aborts
+ * with the operand's element (i, j) and descriptor named. */
+static float wg_smem_bf16(uint32_t a, const char *what, int i, int j, uint64_t desc) {
+  if ((size_t)a + 2 > smem_size) {
+    fprintf(stderr, "emu: wgmma %s element (%d, %d) at shared address %u, past the %zu bytes of dynamic shared "
+            "memory (descriptor %#llx)\n", what, i, j, a, smem_size, (unsigned long long)desc);
+    abort();
+  }
+  uint16_t h;
+  memcpy(&h, smem_base + a, 2);
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 static float wg_elem(uint64_t desc, int mn, int k) {
   const uint32_t start = (uint32_t)(desc & 0x3FFFu) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFFu) << 4;
   const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFFu) << 4;
@@ -234,17 +249,7 @@ static float wg_elem(uint64_t desc, int mn, int k) {
   } else {
     a = start + (uint32_t)(mn & 7) * 16u + (uint32_t)(mn >> 3) * sbo + (uint32_t)(k >> 3) * lbo + (uint32_t)(k & 7) * 2u;
   }
-  if ((size_t)a + 2 > smem_size) {
-    fprintf(stderr, "emu: wgmma operand element (%d, %d) at shared address %u, past the %zu bytes of dynamic shared "
-            "memory (descriptor %#llx)\n", mn, k, a, smem_size, (unsigned long long)desc);
-    abort();
-  }
-  uint16_t h;
-  memcpy(&h, smem_base + a, 2);
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
+  return wg_smem_bf16(a, "operand", mn, k, desc);
 }
 /* Element (n, k) of an MN-major (transposed) 16-bit B with the 128-byte swizzle (the attention lab's version 15: V
  * [keys, dims] as B = V, k = key, n = dim): the PTX ISA's canonical layout "Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,
@@ -261,17 +266,7 @@ static float wg_elem_mn(uint64_t desc, int n, int k) {
   }
   uint32_t a = start + (uint32_t)(k & 7) * 128u + (uint32_t)(k >> 3) * sbo + (uint32_t)(n >> 6) * lbo + (uint32_t)(n & 63) * 2u;
   a ^= ((a >> 7) & 7u) << 4;
-  if ((size_t)a + 2 > smem_size) {
-    fprintf(stderr, "emu: wgmma MN-major B element (%d, %d) at shared address %u, past the %zu bytes of dynamic shared "
-            "memory (descriptor %#llx)\n", n, k, a, smem_size, (unsigned long long)desc);
-    abort();
-  }
-  uint16_t h;
-  memcpy(&h, smem_base + a, 2);
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
+  return wg_smem_bf16(a, "MN-major B", n, k, desc);
 }
 static float bf16_lo(uint32_t v) { const uint32_t u = v << 16; float f; memcpy(&f, &u, 4); return f; }
 static float bf16_hi(uint32_t v) { const uint32_t u = v & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
