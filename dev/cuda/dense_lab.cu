@@ -518,6 +518,18 @@ __global__ void read_kernel(const float4 *p, size_t n, float *out) {
 static float4 *g_flush;
 static size_t g_flush_n;
 /* Median / min / max of R timed runs of op (ms), L2 flushed before each. */
+/* How many words of a split-K version's fp32 workspace (nws floats) and per-slab arrival counters (ncnt ints) are not
+ * zero after a launch: versions 5 and 6 leave both zero for the next launch (the last block of a slab clears them). */
+static long left_nonzero(const float *dws, size_t nws, const int *dcnt, size_t ncnt) {
+  std::vector<float> ws(nws);
+  std::vector<int> cn(ncnt);
+  CKL(cudaMemcpy(ws.data(), dws, nws * 4, cudaMemcpyDeviceToHost));
+  CKL(cudaMemcpy(cn.data(), dcnt, ncnt * 4, cudaMemcpyDeviceToHost));
+  long nz = 0;
+  for (float e : ws) nz += e != 0.0f;
+  for (int e : cn) nz += e != 0;
+  return nz;
+}
 template <class Op> static void timeit(int R, Op op, float *med, float *lo, float *hi) {
   cudaEvent_t e0, e1;
   CKL(cudaEventCreate(&e0)); CKL(cudaEventCreate(&e1));
@@ -793,16 +805,8 @@ int main(int argc, char **argv) {
             if (!(q <= worst)) worst = q == q ? q : INFINITY;
             if (!(qp <= worst_p)) worst_p = qp == qp ? qp : INFINITY;
           }
-          long nz = 0;
-          if (w == 1) { /* the workspace and the counters left zero for the next launch */
-            std::vector<float> ws((size_t)T * N);
-            std::vector<int> cn((size_t)slabs * 16);
-            CKL(cudaMemcpy(ws.data(), dws, ws.size() * 4, cudaMemcpyDeviceToHost));
-            CKL(cudaMemcpy(cn.data(), dcnt, cn.size() * 4, cudaMemcpyDeviceToHost));
-            for (float e : ws) nz += e != 0.0f;
-            for (int e : cn) nz += e != 0;
-            if (nz) nbad++;
-          }
+          const long nz = w == 1 ? left_nonzero(dws, (size_t)T * N, dcnt, (size_t)slabs * 16) : 0;
+          if (nz) nbad++;
           bad_total += nbad > 0;
           float med = 0, lo = 0, hi = 0;
 #ifndef DG_CUDA_EMU
@@ -945,16 +949,8 @@ int main(int argc, char **argv) {
               if (!(qp <= worst_p)) worst_p = qp == qp ? qp : INFINITY;
             }
           }
-          long nz = 0;
-          if (w == 1) {
-            std::vector<float> ws((size_t)T * N);
-            std::vector<int> cn((size_t)NHD * 16);
-            CKL(cudaMemcpy(ws.data(), dws2, ws.size() * 4, cudaMemcpyDeviceToHost));
-            CKL(cudaMemcpy(cn.data(), dcnt2, cn.size() * 4, cudaMemcpyDeviceToHost));
-            for (float e : ws) nz += e != 0.0f;
-            for (int e : cn) nz += e != 0;
-            if (nz) nbad++;
-          }
+          const long nz = w == 1 ? left_nonzero(dws2, (size_t)T * N, dcnt2, (size_t)NHD * 16) : 0;
+          if (nz) nbad++;
           bad_total += nbad > 0;
           float med = 0, lo = 0, hi = 0;
 #ifndef DG_CUDA_EMU
