@@ -15,12 +15,19 @@ O=$1; mkdir -p "$O"
 V=${LAB_VERSIONS:-50,110,112}
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee "$O/log.txt"
+mkdir -p build-sk
+# the lab's object (one nvcc, single-threaded) beside the library's make -j16, then the link
+nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_SK -Xptxas -v -Iinclude -Isrc $XC dev/cuda/moe_quant.cu -o build-sk/moe_quant.o \
+  > "$O/lab_build.txt" 2>&1 &
+lp=$!
 make -j16 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-sk CUDA_ARCH="$A" build-sk/libdgemma.a > "$O/build.txt" 2>&1
 echo "library rc $? $(el)" | tee -a "$O/log.txt"
-nvcc -O2 -std=c++17 $A -DLAB_ONLY_SK -Xptxas -v -Iinclude -Isrc $XC dev/cuda/moe_quant.cu build-sk/libdgemma.a \
-  -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build-sk/moe_quant > "$O/lab_build.txt" 2>&1
-echo "lab build rc $? $(el)" | tee -a "$O/log.txt"
-grep -A1 -E "Compiling entry.*qr_sk_kernel" "$O/lab_build.txt" | grep -E "registers|spill" > "$O/sk_ptxas.txt"
+wait $lp; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
+nvcc $A build-sk/moe_quant.o build-sk/libdgemma.a -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build-sk/moe_quant \
+  >> "$O/lab_build.txt" 2>&1
+echo "lab link rc $? $(el)" | tee -a "$O/log.txt"
+[ -x build-sk/moe_quant ] || { tail -30 "$O/build.txt" "$O/lab_build.txt"; exit 1; }
+grep -A2 -E "Compiling entry.*qr_sk_kernel" "$O/lab_build.txt" | grep -E "Compiling|registers|spill" > "$O/sk_ptxas.txt"
 export LD_LIBRARY_PATH="$CUL:/tmp/dgdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for run in 1 2; do
   echo "## run $run" >> "$O/lab.txt"
