@@ -103,6 +103,9 @@
  *              last piece of an item adding the pieces' fp32 sums in piece order and running the epilogue; checked
  *              against the CPU and, within both bounds, against version 50 (check_vs50; a split item's sums are
  *              rounded in another order) (session 25)
+ *   version 113 (4-bit; dev/cuda/qr_diet_lab.cuh qr_empty_kernel): an empty kernel over version 50's grid, block and
+ *              dynamic shared memory (2 or 3 n-tiles), timed as every version: the launch, block scheduling and
+ *              events' share of a row's time (a probe: no output, no check) (session 25)
  *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -137,7 +140,7 @@
  *        build/libdgemma.a -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
  *   build/moe_quant [--quick] [--json FILE] [--bits 4,3,2] [--versions 1,2]
  */
-#ifdef LAB_ONLY_SK /* -DLAB_ONLY_SK: LAB_LEAN narrowed to versions 1-3, 40, 50 and 95-112 (4-bit rows only for 95-112):
+#ifdef LAB_ONLY_SK /* -DLAB_ONLY_SK: LAB_LEAN narrowed to versions 1-3, 40, 50 and 95-113 (4-bit rows only for 95-113):
                      * the lab of dev/gpu/s25_sk11.sh, built on the GPU machine in a minute or two */
 #ifndef LAB_LEAN
 #define LAB_LEAN
@@ -917,8 +920,8 @@ static cudaError_t run_qs_bits(int bits, int prod, stack *st, routing *r, int nt
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
-  if (ver >= 95 && ver <= 112) return run_diet(ver, prod, st, r);
-#ifdef LAB_ONLY_SK /* versions 1-3, 40, 50 and 95-112 only (issue 11's session-25 call: the build in ~1-2 minutes) */
+  if (ver >= 95 && ver <= 113) return run_diet(ver, prod, st, r);
+#ifdef LAB_ONLY_SK /* versions 1-3, 40, 50 and 95-113 only (issue 11's session-25 call: the build in ~1-2 minutes) */
   (void)run_probe; /* (not built in: no "declared but never referenced" warnings) */
   (void)run_wl;
   if ((ver >= 80 && ver < 95) || ver >= 120) return cudaErrorNotSupported;
@@ -926,7 +929,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   if (ver >= 120 && ver <= 124) return run_wl(ver, prod, st, r);
 #endif
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-112 and 120-124 only (a build in a fraction of the time) */
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-113 and 120-124 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -1299,7 +1302,7 @@ int main(int argc, char **argv) {
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
-          if (ver > 95 && ver <= 112 && bits != 4) continue;
+          if (ver > 95 && ver <= 113 && bits != 4) continue;
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1307,7 +1310,7 @@ int main(int argc, char **argv) {
           else CKL(cudaMemset(r.b.y, 0xff, (size_t)r.T * TOPK * H * 4));
           CKL(run_version(ver, prod, &gu, &dn, &r));
           CKL(cudaDeviceSynchronize());
-          const int probe = ver >= 90 && ver <= 94; /* no output to check */
+          const int probe = (ver >= 90 && ver <= 94) || ver == 113; /* no output to check */
           const double q = probe ? 0.0 : check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
           /* versions 80-89, 95-111: output words that differ from version 50's (bit-identical by construction) */

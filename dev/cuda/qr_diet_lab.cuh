@@ -1165,12 +1165,31 @@ cudaError_t qr_sk_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
 }
 
-/* The lab version ver (95-112) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1) or
+/* Version 113 (session 25): what the lab's timing holds besides the blocks' own time (session 24's timelines: the
+ * median minus the span of the blocks is 7-9 us in every row): an empty kernel (DG_PDL_ENTRY, then return) over the
+ * same grid (experts, slabs), with qr_kernel's block of 32 QR_WARPS threads and its dynamic shared memory at the tile
+ * count nt (2 or 3; other counts: 3's), launched and timed as every version is (after the L2 flush, between two
+ * events). No output (the lab prints it as a probe). Its blocks are not capped at 4 per SM (no registers to speak of),
+ * so it takes the launch, the block scheduling of the grid and the events' own cost, not the slots' rounds. */
+__global__ void __launch_bounds__(32 * QR_WARPS) qr_empty_kernel(qe_args a) {
+  DG_PDL_ENTRY();
+  (void)a;
+}
+template <int BITS>
+cudaError_t qr_empty_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  const int n = nt == 2 ? 2 : 3;
+  const size_t smem = (size_t)QR_STAGES * (8 * n * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, n, 0));
+  DG_LAUNCH(qr_empty_kernel, grid, 32 * QR_WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
+/* The lab version ver (95-113) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1) or
  * down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
  * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's
  * (the persistent grid), 109 qr_early_version's (the first weight stage early), 110 qr_tl_version's (version 50 with
  * the per-block timeline), 111 qr_pair_version's (two slabs per down block), 112 qr_sk_version's (the last partial
- * round split along K; not word-equal to 50: within the derived bound), for 4 bits only (the 26B's experts; each
+ * round split along K; not word-equal to 50: within the derived bound), 113 an empty kernel over the same grid
+ * (qr_empty_version: no output), for 4 bits only (the 26B's experts; each
  * candidate is 4 more kernels in the lab's build, paid on the GPU machine's clock); cudaErrorInvalidValue for any
  * other version or width. */
 template <int BITS, int GATEUP>
@@ -1209,6 +1228,8 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
 #endif
     /* 112 (session 25): the last partial round's items split along K in QR_SK_P pieces (qr_sk_kernel) */
     case 112: return qr_sk_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
+    /* 113 (session 25): an empty kernel over the same grid (qr_empty_kernel): the timing's overhead */
+    case 113: return qr_empty_version<BITS>(s, grid, nt, a);
     default: break;
     }
   }

@@ -3,16 +3,18 @@
 # whole round of resident blocks split along K in 3 pieces, the last piece of each adding the pieces' fp32 sums in piece
 # order) beside the backend (50) and its timeline (110), twice in one call. Builds on the machine (carry .devdeb only):
 # the library for sm_90a (make -j16, build-sk) and the lab narrowed to versions 1-3, 40, 50, 95-112 (-DLAB_ONLY_SK;
-# ~1-2 min), then `moe_quant --bits 4 --versions 50,110,112 --ms 16 --ts 128,256 --reps 5` twice: 110's rows with their
-# timelines (the spread of 50 from run to run and the phases again), 112's rows checked against the CPU and, within
-# both bounds, against version 50 (its split items' words differ from 50's: "vs 50: ... (ok)" under each 112 row).
+# ~1-2 min), then `moe_quant --bits 4 --versions 50,110,112,113 --ms 16 --ts 128,256 --reps 5` twice: 110's rows with
+# their timelines (the spread of 50 from run to run and the phases again), 112's rows checked against the CPU and,
+# within both bounds, against version 50 (its split items' words differ from 50's: "vs 50: ... (ok)" under each 112
+# row), 113 (an empty kernel over the same grid, timed the same way: a probe row, no check) for the time outside the
+# blocks.
 # The rule for adopting (docs/cuda.md "Session 25 (helper sk11)"): 112 is the candidate for the backend's 2-3 n-tile
 # launch only if on both products at gathered T 256 and uniform M 16, in both runs, its median is more than 3 % under
 # 50's and its min-max range does not overlap 50's, and every 112 row checks ok (CPU and vs 50).
 # LAB_VERSIONS overrides the versions. About 3-4 minutes on an H100. Usage: bash dev/gpu/s25_sk11.sh $OUT
 O=$1; mkdir -p "$O"
 . scripts/gpu_env.sh
-V=${LAB_VERSIONS:-50,110,112}
+V=${LAB_VERSIONS:-50,110,112,113}
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee "$O/log.txt"
 mkdir -p build-sk
@@ -34,6 +36,6 @@ for run in 1 2; do
   timeout 150 build-sk/moe_quant --bits 4 --versions $V --ms 16 --ts 128,256 --reps 5 >> "$O/lab.txt" 2>&1
   echo "lab run $run rc $? $(el): $(grep -c 'ok, = v50' "$O/lab.txt") rows = v50, $(grep -c 'vs 50.*(ok)' "$O/lab.txt") 112 rows ok vs 50, $(grep -c FAIL "$O/lab.txt") FAIL so far" | tee -a "$O/log.txt"
 done
-grep -E '^## run|\| (50|112) \|' "$O/lab.txt" > "$O/rows.txt"
+grep -E '^## run|\| (50|112|113) \|' "$O/lab.txt" > "$O/rows.txt"
 grep -E '^## run|\| 110 \||^  timeline|^   (phases|starts|slots|per-SM)' "$O/lab.txt" > "$O/timeline.txt"
 cat "$O/rows.txt"
