@@ -159,8 +159,8 @@
 #include "cuda/qmoe_r.cuh"
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
-#include "qr_diet_lab.cuh" /* versions 95-112: the SASS diet, its launch choices, weight rings, persistent grid, early
-                               * weights, timeline, slab pairs, tail split (lab only) */
+#include "qr_diet_lab.cuh" /* versions 95-113: the SASS diet, its launch choices, weight rings, persistent grid, early
+                               * weights, timeline, slab pairs, tail split, empty probe (lab only) */
 #include "cuda/qmoe_wl.cuh" /* versions 120-124: the large-M wgmma kernel (the backend gate/up of DGEMMA_WL=1 is 122) */
 extern "C" {
 #include "io/quant.h"
