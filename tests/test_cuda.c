@@ -3194,7 +3194,7 @@ static void test_quant_experts_diet(void **state) {
          "%zu stacks)\n", words, sizeof cs / sizeof cs[0]);
 }
 
-/* The kernel lab's versions 96-111 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
+/* The kernel lab's versions 96-112 (dev/cuda/qr_diet_lab.cuh: the SASS diet with other blocks per SM, register
  * stages, prefetch distances and activation stages at 2 and 3 n-tiles, 105-106 over a weight ring in shared memory of
  * 4 and 6 stages at 3 n-tiles, 107-108 in a persistent grid at 2 and 3 n-tiles, run by the test library with the
  * resident blocks and with 3 blocks that take several items each, 109 the first weight stage early, 110 version 50
@@ -3220,6 +3220,29 @@ static void test_quant_experts_lab(void **state) {
   printf("# kernel lab versions 96-111 (the SASS diet's launch choices, weight rings, persistent grid, early weights, "
          "timeline, slab pairs): h and y equal to the "
          "backend's word for word (%ld words, %zu stacks each)\n", words, sizeof cs / sizeof cs[0]);
+}
+
+/* The kernel lab's version 112 (dev/cuda/qr_diet_lab.cuh qr_sk_kernel: the last partial round of items split along K
+ * in 3 pieces, the last piece adding their fp32 sums in piece order): not word for word (a split item's fp32
+ * sums are rounded in another order), so against the exact products within check_qexperts_nt's bounds (qdot_bound
+ * counts 2 ng + 1 roundings of the running sum; a split's chains are shorter, joined by 2 additions), on
+ * check_qexperts_ver's routing (expert 0 in all 37 tokens: two passes at 3 n-tiles; experts 2-4 12-13 rows: the
+ * 2-tile body; expert 1 none; the items by descending row count, each expert's slabs in turn: qr_item). Slots 0
+ * (the emulation's 132: every item split) and 13: gate/up at IE 448 35 items, 26 whole, the last 9 split (the last
+ * expert with rows' last 2 slabs, the empty expert's 7); down at H 640 25 items, 13 whole, 12 split (7 of experts
+ * with rows, 5 of the empty one), at H 1280 50 items, 39 whole, 11 split (1 with rows, 10 empty).
+ * Stage counts: gate/up H 640 10 (pieces of 3, 3, 4), H 1280 20 (6, 7, 7: the FAST iterations), down IE 448 7 (2,
+ * 2, 3). At 2 n-tiles expert 0 takes 3 passes. */
+static void test_quant_experts_sk(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  double sh = 0, sy = 0;
+  static const int sk[][3] = {{0, 640, 3}, {13, 640, 3}, {13, 640, 2}, {0, 1280, 3}, {13, 1280, 3}};
+  for (size_t c = 0; c < sizeof sk / sizeof sk[0]; c++)
+    check_qexperts_ver(4, 4, 64, sk[c][1], 448, DG_BF16, 37, sk[c][2], 0, 112 + 1000 * sk[c][0], 1, &sh, &sy, NULL);
+  printf("# kernel lab version 112 (tail split along K, 3 pieces; %zu cases): largest |diff| / bound h %.4f, y %.4f "
+         "(<= 1)\n", sizeof sk / sizeof sk[0], sh, sy);
 }
 
 /* One wgmma m64n64k16 (src/cuda/wgmma.cuh; test_wgmma of the test library) against a plain loop: D = A B + C (or
@@ -3646,7 +3669,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -97,6 +97,15 @@
  *   version 111 (4-bit; dev/cuda/qr_diet_lab.cuh qr_pair_kernel): the down product's blocks two consecutive n-slabs
  *              each (half the blocks), one weight / activation pipeline across both slabs, at 2 and 3 n-tiles;
  *              gate/up and elsewhere version 50; each output compared with version 50's bit for bit (session 24)
+ *   version 112 (4-bit; dev/cuda/qr_diet_lab.cuh qr_sk_kernel): the diet with the backend's choices at 2 and 3
+ *              n-tiles, floor(items / slots) x slots items (slots: the resident blocks) whole, each of the rest split
+ *              along K into QR_SK_P (3) pieces of consecutive weight stages, a block each after the whole ones, the
+ *              last piece of an item adding the pieces' fp32 sums in piece order and running the epilogue; checked
+ *              against the CPU and, within both bounds, against version 50 (check_vs50; a split item's sums are
+ *              rounded in another order) (session 25)
+ *   version 113 (4-bit; dev/cuda/qr_diet_lab.cuh qr_empty_kernel): an empty kernel over version 50's grid, block and
+ *              dynamic shared memory (2 or 3 n-tiles), timed as every version: the launch, block scheduling and
+ *              events' share of a row's time (a probe: no output, no check) (session 25)
  *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -131,6 +140,12 @@
  *        build/libdgemma.a -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
  *   build/moe_quant [--quick] [--json FILE] [--bits 4,3,2] [--versions 1,2]
  */
+#ifdef LAB_ONLY_SK /* -DLAB_ONLY_SK: LAB_LEAN narrowed to versions 1-3, 40, 50 and 95-113 (4-bit rows only for 95-113):
+                     * the lab of dev/gpu/s25_sk11.sh, built on the GPU machine in a minute or two */
+#ifndef LAB_LEAN
+#define LAB_LEAN
+#endif
+#endif
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -144,8 +159,8 @@
 #include "cuda/qmoe_r.cuh"
 #include "qmoe_w.cuh" /* the wgmma candidate (lab only) */
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
-#include "qr_diet_lab.cuh" /* versions 95-111: the SASS diet, its launch choices, weight rings, persistent grid, early
-                               * weights, timeline, slab pairs (lab only) */
+#include "qr_diet_lab.cuh" /* versions 95-113: the SASS diet, its launch choices, weight rings, persistent grid, early
+                               * weights, timeline, slab pairs, tail split, empty probe (lab only) */
 #include "cuda/qmoe_wl.cuh" /* versions 120-124: the large-M wgmma kernel (the backend gate/up of DGEMMA_WL=1 is 122) */
 extern "C" {
 #include "io/quant.h"
@@ -511,7 +526,8 @@ static cudaError_t backend_args(int prod, stack *st, routing *r, qe_args *a, dim
  * QR_DIET_TILES, the loop before it elsewhere) and the diet with other launch choices (96-104) or over a weight ring in
  * shared memory (105-106) or in a persistent grid (107-108) or with the first weight loads early (109), or version 50
  * with a timeline (110) or two slabs per down block (111), 4-bit rows only; their outputs are compared with
- * version 50's bit for bit. */
+ * version 50's bit for bit; 112 (the last partial round split along K, 4-bit) is checked against the CPU and against
+ * version 50 within both bounds (check_vs50), as 120-124. */
 static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   qe_args a;
   dim3 grid;
@@ -520,6 +536,11 @@ static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   if (e != cudaSuccess) return e;
   const int nt = qe_nt(r->T, TOPK, E);
   g_dq = 0;
+  qr_sk_rows = r->T * TOPK; /* version 112's workspace rows */
+#ifdef LAB_ONLY_SK /* 4-bit only: the other widths' version 95 not built */
+  if (st->w.bits != 4) return cudaErrorNotSupported;
+  return gateup ? qr_diet_version<4, 1>(ver, 0, grid, nt, a) : qr_diet_version<4, 0>(ver, 0, grid, nt, a);
+#endif
   switch (st->w.bits) {
   case 2: return gateup ? qr_diet_version<2, 1>(ver, 0, grid, nt, a) : qr_diet_version<2, 0>(ver, 0, grid, nt, a);
   case 3: return gateup ? qr_diet_version<3, 1>(ver, 0, grid, nt, a) : qr_diet_version<3, 0>(ver, 0, grid, nt, a);
@@ -897,12 +918,18 @@ static cudaError_t run_qs_bits(int bits, int prod, stack *st, routing *r, int nt
 }
 
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
-  if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
-  if (ver >= 95 && ver <= 111) return run_diet(ver, prod, st, r);
+  if (ver >= 95 && ver <= 113) return run_diet(ver, prod, st, r);
+#ifdef LAB_ONLY_SK /* versions 1-3, 40, 50 and 95-113 only (issue 11's session-25 call: the build in ~1-2 minutes) */
+  (void)run_probe; /* (not built in: no "declared but never referenced" warnings) */
+  (void)run_wl;
+  if ((ver >= 80 && ver < 95) || ver >= 120) return cudaErrorNotSupported;
+#else
+  if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
   if (ver >= 120 && ver <= 124) return run_wl(ver, prod, st, r);
-#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-111 and 120-124 only (a build in a fraction of the time) */
+#endif
+#ifndef LAB_LEAN /* LAB_LEAN: versions 1-3, 40, 50, 80-94, 95-113 and 120-124 only (a build in a fraction of the time) */
   if (ver >= 20 && ver < 28) {
     const int nt = qe_nt(T, TOPK, E);
     switch (ver) {
@@ -957,6 +984,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   }
 #endif
   g_dq = 0;
+#ifndef LAB_ONLY_SK
   if (ver >= 80 && ver < 90) {
     const int nt = qe_nt(T, TOPK, E), bits = st->w.bits;
     switch (ver) {
@@ -970,6 +998,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
     default: return run_qs<4, 4, 11, 4, -8>(prod, st, r, nt);          /* 87: 11 warps, 4 stages, 8 ahead */
     }
   }
+#endif
 #ifndef LAB_LEAN
   if (ver >= 75 && ver < 80) {
     const int nt = qe_nt(T, TOPK, E);
@@ -1273,7 +1302,7 @@ int main(int argc, char **argv) {
           if (bits == 16 && ver > 40 && ver < 50 && qe_nt(r.T, TOPK, E) > 4) continue;
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
-          if (ver > 95 && ver <= 111 && bits != 4) continue;
+          if (ver > 95 && ver <= 113 && bits != 4) continue;
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1281,7 +1310,7 @@ int main(int argc, char **argv) {
           else CKL(cudaMemset(r.b.y, 0xff, (size_t)r.T * TOPK * H * 4));
           CKL(run_version(ver, prod, &gu, &dn, &r));
           CKL(cudaDeviceSynchronize());
-          const int probe = ver >= 90 && ver <= 94; /* no output to check */
+          const int probe = (ver >= 90 && ver <= 94) || ver == 113; /* no output to check */
           const double q = probe ? 0.0 : check(prod, &gu, &dn, &r, 48);
           if (!(q <= 1.0)) failures++;
           /* versions 80-89, 95-111: output words that differ from version 50's (bit-identical by construction) */
@@ -1300,8 +1329,8 @@ int main(int argc, char **argv) {
             if (ndiff) failures++;
             if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           }
-          double q50 = -1; /* versions 120-: |v - v50| / (bound + bound50) over 256 sampled outputs */
-          if (ver >= 120) {
+          double q50 = -1; /* versions 112, 120-: |v - v50| / (bound + bound50) over 256 sampled outputs */
+          if (ver >= 120 || ver == 112) {
             const size_t bytes = prod == GU ? (size_t)r.T * TOPK * IE * 2 : (size_t)r.T * TOPK * H * 4;
             void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
             std::vector<uint8_t> o1(bytes), o2(bytes);

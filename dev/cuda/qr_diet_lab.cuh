@@ -1,4 +1,4 @@
-/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-111 of
+/* qr_diet_lab.cuh: the kernel lab's candidates of the SASS diet's launch choices (issue 11; lab versions 95-112 of
  * dev/cuda/moe_quant.cu), in one table for the lab and for the emulation test that compares each with the
  * backend's kernels word for word (tests/support/cuda_entry.cu dg_cuda_test_experts_lab, tests/test_cuda.c
  * test_quant_experts_lab). Lab only: nothing here is the backend's until a GPU has timed it.
@@ -13,7 +13,9 @@
  * ring in shared memory instead of register stages (qr_dring_kernel below: the same record words, so the same
  * arithmetic), and 96-104's fallback elsewhere. Versions 107-108 (4-bit) run, for group 64 at 2 and 3 n-tiles, the
  * diet with the backend's choices in a persistent grid (qr_pers_kernel below: the same items, the same arithmetic
- * per item), and 96-104's fallback elsewhere.
+ * per item), and 96-104's fallback elsewhere. Version 112 (session 25) runs, for group 64 at 2 and 3 n-tiles, the items
+ * past the last whole round of resident blocks in 3 pieces along K (qr_sk_kernel below: not word for word, within the
+ * derived bound; tests/test_cuda.c test_quant_experts_sk through dg_cuda_test_experts_qw).
  *
  * The arithmetic that chose them (ptxas -v of nvcc 13 -O2 sm_90a, 4-bit g64, docs/cuda.md "The next GPU calls"):
  * an H100 / H200 SM has 65,536 registers, 228 KB of shared memory and 4 schedulers; a block is 4 warps (128
@@ -882,11 +884,312 @@ cudaError_t qr_pair_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a)
   return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
 }
 
-/* The lab version ver (95-111) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1) or
+/* Version 112 (session 25, helper sk11): the last partial round of blocks split along K (a static tail split).
+ * Why (docs/cuda.md, "Session 25 (helper sk11)"): the per-block timelines of version 110 on an H100 (session 24's call)
+ * show the 26B canvas's gate/up product as 1,408 blocks over 528 resident slots (4 per SM), 2.67 rounds, whose last
+ * round leaves its slots 50-60 % busy for 28 % of the span, and a block in that round no faster than one in a full round
+ * (its stream is latency-bound, ~0.78 us per weight stage either way); the down product's 2,816 blocks are 5.33 rounds.
+ * Here the first whole = floor(items / slots) x slots items (in the backend's order: experts by descending row count,
+ * each expert's slabs in turn, qr_item) run whole as version 50's blocks do, and each of the remaining items is split
+ * into QR_SK_P pieces of consecutive weight stages (piece k: stages [nst k / P, nst (k + 1) / P)), one block each,
+ * launched after the whole items. At the 26B's shapes P 3 makes the pieces whole rounds: gate/up 352 tail items x 3 =
+ * 1,056 pieces = 2 rounds of 14-15 stages, down 176 x 3 = 528 = 1 round of 3-4 stages.
+ *
+ * A piece runs the diet's loop (qr_sk_pass: qr_diet_pass with its epilogue left to the caller) over its stages with
+ * the activation columns and group sums offset to its first stage (a qe_args copy: X, xs and Kdim), so its fp32 sums
+ * are the same products and folds as version 50's over those groups, in the same order; it stores them (acc, fp32) to
+ * a workspace at (piece, slab, grouped row, weight row of the block), then adds one to the item's counter (after a
+ * __threadfence). The piece that finds the counter at P - 1 (the last to finish) resets it, reads the P partial sums
+ * of every row through L2 (__ldcg) and adds them in piece order, ((s_0 + s_1) + s_2), whichever piece arrives last, so
+ * the output is deterministic, then runs version 50's epilogue (GeGLU and the bf16 store, or the fp32 y store).
+ * Rounding: the sum over the stages is now P chains of 2 ng_k fmaf roundings joined by P - 1 additions instead of one
+ * chain of 2 ng, so a split item's output words may differ from version 50's; every output stays within the bound the
+ * lab and tests/test_cuda.c derive (qdot_bound counts 2 ng + 1 roundings of the running sum, and a split's longest
+ * chain is at most 2 (ng - P + 1) + P - 1 <= 2 ng + 1). Whole items are version 50's words exactly.
+ * Workspace: QR_SK_P x slabs x qr_sk_rows (the routed rows, T x top-k, set by the caller) x 32 WARPS floats, and a
+ * counter per item, zeroed once (each last piece leaves its counter 0 for the next launch). */
+#define QR_SK_P 3
+static int qr_sk_rows = 0;      /* the routed rows T x top-k of the products to come (the caller's) */
+static int qr_sk_slots_cap = 0; /* test hook: > 0 takes the resident slots as this many (a tail on the emulation) */
+static float *qr_sk_ws;
+static int *qr_sk_ctr;
+static size_t qr_sk_ws_cap, qr_sk_ctr_cap;
+
+/* qr_diet_pass (src/cuda/qmoe_r.cuh, CP 1, PRE 0) with the pass's fp32 sums left in acc instead of stored: the same
+ * loads, copies, products and folds in the same order (the same code, the epilogue cut off). */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF>
+__device__ __forceinline__ void qr_sk_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
+                                           const unsigned char *wstage0, const unsigned char *wq, int nst, int nsa,
+                                           int tid, unsigned char *smem, float (&acc)[2][NT][4]) {
+  constexpr int KC = qr_kc(GS, BITS), RW = qr_rec(BITS, GS) / 4, NTOK = 8 * NT, KA = SUB * KC;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, STB = XB + qr_sbb(GS, SUB, NT, 0);
+  constexpr int APF = PF < 0 ? -PF : PF, GPW = BITS == 16 ? 0 : KC / GS, THREADS = 32 * WARPS;
+  constexpr int64_t sstride = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3, Kdim = a.Kdim;
+  const dg_sptr sbase = dg_sp(smem);
+  float part[2][NT][4];
+  qe_zero(acc);
+  qe_zero(part);
+  qr_xdiet<GS, NTOK, THREADS, KA, XS, XB, GPW, SUB> xc;
+  xc.init(a, xrow, srow, tid);
+  constexpr int FAST = 2 * D - 1 + APF > D + (STAGES - 1) * SUB ? 2 * D - 1 + APF : D + (STAGES - 1) * SUB;
+  int islot = 0, icol = 0, cslot = 0;
+  auto issue = [&](auto full) {
+    xc.template issue<decltype(full)::value>(sbase + islot * STB, icol, Kdim, tid);
+    islot = islot == STAGES - 1 ? 0 : islot + 1;
+    icol += KA;
+  };
+#pragma unroll
+  for (int sa = 0; sa < STAGES - 1; sa++) {
+    if (sa < nsa) issue(std::false_type());
+    dg_cp_commit();
+  }
+  uint32_t W[D][RW];
+  const unsigned char *wnext = wq;
+  qr_prefetch_first<BITS, GS, 1, PF>(wstage0, wq, lane, nst, sstride);
+#pragma unroll
+  for (int d = 0; d < D - 1; d++)
+    if (d < nst) {
+      qr_load_stage<BITS, GS, 1, PF>(W[d], wnext, lane, g, d, nst, sstride);
+      wnext += sstride;
+    }
+  const dg_sptr xl0 = sbase + g * XS + 16 * t, sl0 = sbase + XB + 8 * t;
+  auto astage = [&](int s, auto full) {
+    if (s > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+    dg_cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (decltype(full)::value || s / SUB + STAGES - 1 < nsa) issue(full);
+    dg_cp_commit();
+  };
+  int it = 0;
+  if constexpr (D % SUB == 0) {
+    for (; it + FAST <= nst; it += D) {
+#pragma unroll
+      for (int d = 0; d < D; d++) {
+        const int s = it + d;
+        qr_load_stage<BITS, GS, 1, PF, true>(W[(d + D - 1) % D], wnext, lane, g, s + D - 1, nst, sstride);
+        wnext += sstride;
+        if (d % SUB == 0) astage(s, std::true_type());
+        qr_stage_diet<BITS, NT, GS, SUB>(acc, part, W[d], xl0 + cslot * STB, sl0 + cslot * STB, d % SUB);
+      }
+    }
+  }
+  for (; it < nst; it += D) {
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      const int s = it + d;
+      if (s < nst) {
+        if (s + D - 1 < nst) {
+          qr_load_stage<BITS, GS, 1, PF>(W[(d + D - 1) % D], wnext, lane, g, s + D - 1, nst, sstride);
+          wnext += sstride;
+        }
+        const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+        if (sub == 0) astage(s, std::false_type());
+        qr_stage_diet<BITS, NT, GS, SUB>(acc, part, W[d], xl0 + cslot * STB, sl0 + cslot * STB, sub);
+      }
+    }
+  }
+  __syncthreads(); /* every warp is done with the ring before the next pass refills it */
+}
+
+/* The workspace word of weight row col (0 .. 32 WARPS - 1) of slab slab, grouped row row, piece k. */
+__device__ __forceinline__ int64_t qr_sk_at(int k, int slab, int nslab, int rows, int row, int col, int rpb) {
+  return (((int64_t)k * nslab + slab) * rows + row) * rpb + col;
+}
+
+/* Item (e, slab)'s work: whole (piece < 0: version 50's block with the diet's loop, qr_pers_body's) or piece `piece` of
+ * QR_SK_P (its stages, its partial sums to ws, the last piece's sum in piece order and the epilogue); ctr: the item's
+ * counter. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF>
+__device__ __forceinline__ void qr_sk_body(const qe_args &a, unsigned char *smem, const int e, const int slab,
+                                           const int nslab, const int piece, float *ws, int *ctr, const int rows) {
+  constexpr int KC = qr_kc(GS, BITS), CB = 4 * (KC / 32) * BITS, PSC = CB % 16 == 0 ? 16 : 8;
+  constexpr int WSTAGE = qr_wstage(BITS, GS, 1), P = QR_SK_P;
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT;
+  constexpr int GU = GATEUP != 0;
+  static_assert(BITS != 16 && GATEUP != QR_GATEUP_HP && D > 0, "quantized stacks, the plain epilogues, register stages");
+  __shared__ int64_t xrow[NTOK];
+  __shared__ int64_t srow[NTOK];
+  __shared__ int last;
+  const int cnt = a.count[e];
+  if (cnt == 0) return; /* every piece of an expert without rows returns here: its counter stays 0 */
+  const int base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC;
+  const int s0 = piece < 0 ? 0 : nst * piece / P, s1 = piece < 0 ? nst : nst * (piece + 1) / P;
+  const int nstp = s1 - s0, nsap = (nstp + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  const int64_t si = (int64_t)e * nslab + slab;
+  const int64_t sstride = (int64_t)WARPS * WSTAGE;
+  const unsigned char *wstage0 =
+      (const unsigned char *)a.q + (si * nst + s0) * sstride + (int64_t)warp * WSTAGE; /* the piece's first stage */
+  const unsigned char *wq = wstage0 + lane * PSC;
+  qe_args ap = a; /* the piece's columns: its activations and group sums from its first stage on */
+  ap.X = a.X + (int64_t)s0 * KC;
+  ap.xs = a.xs + (int64_t)s0 * (KC / GS);
+  ap.Kdim = nstp * KC;
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid); /* offsets by the full Kdim */
+    __syncthreads();
+    float acc[2][NT][4];
+    qr_sk_pass<BITS, NT, GS, WARPS, D, STAGES, SUB, PF>(ap, xrow, srow, wstage0, wq, nstp, nsap, tid, smem, acc);
+    if (piece < 0) {
+      qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t, smem);
+      continue;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int tk = 8 * j + 2 * t + (i & 1);
+          if (tk < mp)
+            ws[qr_sk_at(piece, slab, nslab, rows, base + p0 + tk, warp * 32 + mt * 16 + g + 8 * (i >> 1), ROWS)] =
+                acc[mt][j][i];
+        }
+  }
+  if (piece < 0) return;
+  __threadfence(); /* this thread's partial sums visible device-wide before the count below */
+  __syncthreads();
+  if (tid == 0) {
+    const int old = atomicAdd(ctr + si, 1);
+    last = old == P - 1;
+    if (last) ctr[si] = 0; /* for the next launch (no other piece of this item is left to count) */
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int tk = 8 * j + 2 * t + (i & 1), col = warp * 32 + mt * 16 + g + 8 * (i >> 1);
+          float v = 0.0f;
+          if (tk < mp) {
+            v = __ldcg(ws + qr_sk_at(0, slab, nslab, rows, base + p0 + tk, col, ROWS));
+#pragma unroll
+            for (int k = 1; k < P; k++) v = v + __ldcg(ws + qr_sk_at(k, slab, nslab, rows, base + p0 + tk, col, ROWS));
+          }
+          acc[mt][j][i] = v;
+        }
+    qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t, smem);
+  }
+}
+
+/* The kernel of version 112: block b < whole takes item b whole, block whole + P u + k piece k of item whole + u
+ * (qr_item's order); an expert of at most 8 NTS rows takes the NTS-tile body. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_sk_kernel(qe_args a, int nexp, int nslab, int whole, float *ws,
+                                                                 int *ctr, int rows) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  const int b = blockIdx.x;
+  const int i = b < whole ? b : whole + (b - whole) / QR_SK_P, piece = b < whole ? -1 : (b - whole) % QR_SK_P;
+  int e, slab;
+  qr_item(a, i, nexp, nslab, &e, &slab);
+  if (NTS > 0 && NTS < NT && a.count[e] <= 8 * NTS)
+    qr_sk_body<BITS, GATEUP, (NTS > 0 && NTS < NT ? NTS : NT), GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, nslab,
+                                                                                             piece, ws, ctr, rows);
+  else
+    qr_sk_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF>(a, smem, e, slab, nslab, piece, ws, ctr, rows);
+}
+
+/* Grow a device buffer to n elements of sz bytes, zeroed. */
+template <class T> static cudaError_t qr_sk_grow(T **p, size_t *cap, size_t n) {
+  if (n <= *cap) return cudaSuccess;
+  if (*p) cudaFree(*p);
+  *p = NULL;
+  *cap = 0;
+  cudaError_t e = cudaMalloc((void **)p, n * sizeof(T));
+  if (e == cudaSuccess) e = cudaMemset(*p, 0, n * sizeof(T));
+  if (e == cudaSuccess) *cap = n;
+  return e;
+}
+
+/* qr_sk_kernel for the products of grid (experts, slabs) as qr_launch_g would launch them: slots = SMs x resident
+ * blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor; qr_sk_slots_cap if set), whole = floor(items / slots)
+ * x slots items whole and the rest in QR_SK_P pieces (none split if the stage count is under P or items divide
+ * evenly); the workspace and counters grown to qr_sk_rows (cudaErrorInvalidValue if unset). */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+cudaError_t qr_sk_launch(cudaStream_t s, dim3 grid, const qe_args &a) {
+  void (*kern)(qe_args, int, int, int, float *, int *, int) =
+      qr_sk_kernel<BITS, GATEUP, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
+  static int resident = 0;
+  if (!resident) {
+#ifndef DG_CUDA_EMU
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+#endif
+    int dev = 0, sms = 0, per = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 32 * WARPS, smem);
+    if (e != cudaSuccess) return e;
+    if (sms < 1 || per < 1) return cudaErrorInvalidConfiguration;
+    resident = sms * per;
+  }
+  if (qr_sk_rows < 1) return cudaErrorInvalidValue;
+  const int slots = qr_sk_slots_cap > 0 ? qr_sk_slots_cap : resident;
+  const int items = (int)(grid.x * grid.y), nst = a.Kdim / qr_kc(GS, BITS);
+  const int whole = nst < QR_SK_P ? items : items / slots * slots, blocks = whole + (items - whole) * QR_SK_P;
+  if (blocks < 1) return cudaSuccess;
+  cudaError_t e = qr_sk_grow(&qr_sk_ws, &qr_sk_ws_cap, (size_t)QR_SK_P * grid.y * qr_sk_rows * 32 * WARPS);
+  if (e == cudaSuccess) e = qr_sk_grow(&qr_sk_ctr, &qr_sk_ctr_cap, (size_t)items);
+  if (e != cudaSuccess) return e;
+  DG_LAUNCH(kern, blocks, 32 * WARPS, smem, s)(a, (int)grid.x, (int)grid.y, whole, qr_sk_ws, qr_sk_ctr, qr_sk_rows);
+  return cudaGetLastError();
+}
+
+/* Version 112: for group 64 at 3 n-tiles (the backend's choices: 4 blocks per SM, line prefetches 2 stages ahead, the
+ * 2-tile body for experts of at most 16 rows) and at 2 n-tiles (4 blocks per SM, no prefetch) qr_sk_kernel; elsewhere
+ * as 96-104 (qr_diet_launch with the backend's choices). */
+template <int BITS, int GATEUP>
+cudaError_t qr_sk_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if (a.group == 64 && nt == 3)
+    return qr_sk_launch<BITS, GATEUP, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS>(s, grid, a);
+  if (a.group == 64 && nt == 2)
+    return qr_sk_launch<BITS, GATEUP, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0>(s, grid, a);
+  return qr_diet_launch<BITS, GATEUP, 4, 2, 2, 2, 2, 4, 2>(s, grid, nt, a);
+}
+
+/* Version 113 (session 25): what the lab's timing holds besides the blocks' own time (session 24's timelines: the
+ * median minus the span of the blocks is 7-9 us in every row): an empty kernel (DG_PDL_ENTRY, then return) over the
+ * same grid (experts, slabs), with qr_kernel's block of 32 QR_WARPS threads and its dynamic shared memory at the tile
+ * count nt (2 or 3; other counts: 3's), launched and timed as every version is (after the L2 flush, between two
+ * events). No output (the lab prints it as a probe). Its blocks are not capped at 4 per SM (no registers to speak of),
+ * so it takes the launch, the block scheduling of the grid and the events' own cost, not the slots' rounds. */
+__global__ void __launch_bounds__(32 * QR_WARPS) qr_empty_kernel(qe_args a) {
+  DG_PDL_ENTRY();
+  (void)a;
+}
+template <int BITS>
+cudaError_t qr_empty_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  const int n = nt == 2 ? 2 : 3;
+  const size_t smem = (size_t)QR_STAGES * (8 * n * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, n, 0));
+  DG_LAUNCH(qr_empty_kernel, grid, 32 * QR_WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
+/* The lab version ver (95-113) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1) or
  * down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
  * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's
  * (the persistent grid), 109 qr_early_version's (the first weight stage early), 110 qr_tl_version's (version 50 with
- * the per-block timeline), 111 qr_pair_version's (two slabs per down block), for 4 bits only (the 26B's experts; each
+ * the per-block timeline), 111 qr_pair_version's (two slabs per down block), 112 qr_sk_version's (the last partial
+ * round split along K; not word-equal to 50: within the derived bound), 113 an empty kernel over the same grid
+ * (qr_empty_version: no output), for 4 bits only (the 26B's experts; each
  * candidate is 4 more kernels in the lab's build, paid on the GPU machine's clock); cudaErrorInvalidValue for any
  * other version or width. */
 template <int BITS, int GATEUP>
@@ -894,6 +1197,7 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
   if (ver == 95) return qr_launch_bits<BITS, GATEUP, 1>(s, grid, nt, a);
   if constexpr (BITS == 4) {
     switch (ver) {
+#ifndef LAB_ONLY_SK /* (dev/cuda/moe_quant.cu: the session-25 lab builds 110 and 112 only) */
     case 96: return qr_diet_launch<BITS, GATEUP, 4, 2, 3, 2, 2, 4, 2>(s, grid, nt, a);  /* 3 n-tiles: prefetch 3 ahead */
     case 97: return qr_diet_launch<BITS, GATEUP, 4, 2, 4, 2, 2, 4, 2>(s, grid, nt, a);  /* 3 n-tiles: prefetch 4 ahead */
     case 98: return qr_diet_launch<BITS, GATEUP, 4, 4, 2, 2, 2, 4, 2>(s, grid, nt, a);  /* 3 n-tiles: 4 register stages */
@@ -916,9 +1220,16 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     /* 109 (session 23): the block's first weight stages loaded before its row table (qr_early_kernel) */
     case 109: return qr_early_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
     /* 110 (session 24): version 50 with the per-block timeline (qr_tl_kernel) */
+#endif
     case 110: return qr_tl_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
     /* 111 (session 24): the down product's blocks two slabs each, one pipeline across them (qr_pair_kernel) */
+#ifndef LAB_ONLY_SK
     case 111: return qr_pair_version<BITS, GATEUP>(s, grid, nt, a); /* down at 2 and 3 n-tiles */
+#endif
+    /* 112 (session 25): the last partial round's items split along K in QR_SK_P pieces (qr_sk_kernel) */
+    case 112: return qr_sk_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
+    /* 113 (session 25): an empty kernel over the same grid (qr_empty_kernel): the timing's overhead */
+    case 113: return qr_empty_version<BITS>(s, grid, nt, a);
     default: break;
     }
   }

@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-111 (dg_cuda_test_experts_lab) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-112 (dg_cuda_test_experts_lab; 112: _qw) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
 #include "cuda/qmoe_wl.cuh" /* the large-M wgmma kernel: lab versions 120-124 (dg_cuda_test_experts_qw) */
@@ -1241,8 +1241,27 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
       st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: DGEMMA_WL=1 launched no wl_kernel");
     return st;
   }
+  if (version % 1000 == 112 && version >= 112 && version < 1000000) {
+    /* the lab's tail split (qr_diet_lab.cuh qr_sk_kernel; no wgmma): 112 with the resident slots of the occupancy
+     * query (the emulation's 132: every item of a small stack split), 112 + 1000 c with the slots taken as c (the
+     * items past the last multiple of c split, the others whole) */
+    if (gate_up->bits != 4 || down->bits != 4)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 112: %d/%d-bit stacks (4-bit only)",
+                       gate_up->bits, down->bits);
+    int fused;
+    *avail = 1;
+    lab_ver = 112;
+    qr_sk_rows = T * K;
+    qr_sk_slots_cap = version / 1000;
+    qr_launcher_set(lab_launch);
+    dg_status st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 0, &fused, h, y);
+    qr_launcher_set(NULL);
+    qr_sk_slots_cap = 0;
+    return st;
+  }
   if (version != 20 && version != 21 && version != 22 && version != 75 && (version < 120 || version > 124))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 120-124, 200)", version);
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 112, 120-124, 200)",
+                     version);
   if (version >= 120 && (gate_up->sb_dtype != DG_BF16 || down->sb_dtype != DG_BF16 || H % 64 || IE % 64))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d needs bf16 scales and H, IE multiples "
                      "of 64", version);
