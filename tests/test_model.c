@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "model/model.h"
@@ -160,7 +161,8 @@ static void mut_shape_k(cJSON *h) { /* same byte size, wrong shape: [NKV*D, H] -
 typedef enum breakage {
   B_NO_CONFIG, B_CONFIG_JSON, B_MODEL_TYPE, B_MISSING_FIELD, B_FIELD_TYPE, B_LAYER_TYPES, B_TOPK,
   B_NO_WEIGHTS, B_TRUNCATED, B_HEADER_LEN, B_OVERLAP, B_OUT_OF_RANGE, B_MISSING_TENSOR, B_SHAPE, B_DTYPE,
-  B_NO_V_SLIDING, B_NO_ENC_SCALAR, B_NAN_SCALAR, B_GEN_JSON, B_GEN_FIELD, B_TOK_JSON, B_VOCAB, B_INDEX_SHARD, B_COUNT
+  B_NO_V_SLIDING, B_NO_ENC_SCALAR, B_NAN_SCALAR, B_GEN_JSON, B_GEN_FIELD, B_TOK_JSON, B_VOCAB, B_INDEX_SHARD,
+  B_FIFO_CONFIG, B_FIFO_WEIGHTS, B_FIFO_GEN, B_FIFO_TOK, B_COUNT
 } breakage;
 
 typedef struct bad_case {
@@ -194,6 +196,11 @@ static const bad_case BAD[] = {
     {B_TOK_JSON, "tokenizer.json malformed", DG_ERR_JSON, "tokenizer.json", NULL},
     {B_VOCAB, "tokenizer id past the model vocabulary", DG_ERR_VOCAB_MISMATCH, "tokenizer.json", "400"},
     {B_INDEX_SHARD, "index names a missing shard", DG_ERR_NOT_FOUND, "model-00002-of-00002.safetensors", NULL},
+    /* a FIFO with no writer: refused at once, not a read that waits for ever (review nc16) */
+    {B_FIFO_CONFIG, "config.json is a FIFO", DG_ERR_IO, "config.json", "not a readable regular file"},
+    {B_FIFO_WEIGHTS, "model.safetensors is a FIFO", DG_ERR_IO, "model.safetensors", "not a regular file"},
+    {B_FIFO_GEN, "generation_config.json is a FIFO", DG_ERR_IO, "generation_config.json", "not a readable regular file"},
+    {B_FIFO_TOK, "tokenizer.json is a FIFO", DG_ERR_IO, "tokenizer.json", "not a readable regular file"},
 };
 
 static void apply_breakage(const char *dir, breakage b) {
@@ -245,6 +252,14 @@ static void apply_breakage(const char *dir, breakage b) {
     write_file(p, idx, strlen(idx));
     break;
   }
+  case B_FIFO_CONFIG: case B_FIFO_WEIGHTS: case B_FIFO_GEN: case B_FIFO_TOK: {
+    const char *name = b == B_FIFO_CONFIG ? "config.json" : b == B_FIFO_WEIGHTS ? "model.safetensors"
+                       : b == B_FIFO_GEN ? "generation_config.json" : "tokenizer.json";
+    path_of(p, sizeof p, dir, name);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    break;
+  }
   default: break;
   }
 }
@@ -253,6 +268,7 @@ static void test_bad_model_dirs(void **state) {
   (void)state;
   synth_cfg c = synth_default();
   c.with_tokenizer = 1;
+  alarm(120); /* a load that blocks (an open of a FIFO) ends the test (SIGALRM) instead of hanging the suite */
   for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/case%zu", tmp_root, i);
@@ -269,6 +285,7 @@ static void test_bad_model_dirs(void **state) {
     if (BAD[i].msg2 && !strstr(msg, BAD[i].msg2)) fail_msg("%s: message lacks \"%s\": %s", BAD[i].what, BAD[i].msg2, msg);
     dg_test_rm_dir(dir);
   }
+  alarm(0);
   assert_true(sizeof BAD / sizeof BAD[0] >= 15);
 }
 

@@ -18,7 +18,9 @@
 
 dg_status dg_read_file(const char *path, uint64_t max_bytes, char **buf, size_t *len) {
   *buf = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: the open of a FIFO with no writer returns at once (and is refused below as not a
+   * regular file) instead of waiting for a writer for ever; it changes nothing for a regular file */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return dg_seterr(DG_ERR_NOT_FOUND, "%s: no such file", path);
     return dg_seterr(DG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

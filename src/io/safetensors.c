@@ -637,7 +637,8 @@ static dg_status st_add_file(dg_safetensors *st, const char *path) {
   if (!(f->path = strdup(path))) return st_oom(path);
   st->n_files++; /* from here dg_st_close cleans up f */
 
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO with no writer is refused below, not waited on (dg_read_file likewise) */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return st_open_err(path, errno);
   struct stat sb;
   if (fstat(fd, &sb) != 0) {
