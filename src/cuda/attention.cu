@@ -1,5 +1,5 @@
 /* attention.cu: the layer's attention (spec 4.4 step 3, masks 4.5) over the
- * KV cache, three kernels:
+ * KV cache, four kernels:
  *   1. attention_kernel: one warp per (query, head), sequential over the
  *      keys, fp32 throughout (the first kernel; kept for head dims the
  *      tensor-core kernel does not take, and as the lab's version 1);
@@ -9,9 +9,11 @@
  *      2023, algorithm 1), and the keys split across blocks when the queries
  *      alone give too few blocks (flash-decoding: partial (O, m, l) per split,
  *      merged by flash_combine_kernel);
- *   3. flash_pair_kernel (the passes' default since session 13: lab version 6; 7, 8 and flash_kernel through
- *      DGEMMA_ATTN): flash_kernel's
- *      pieces with warp pairs splitting the head dim (attention.cuh, above fp_cfg).
+ *   3. flash_pair_kernel (lab version 6: the passes' default since session 13, and since session 25 where the
+ *      device runs no sm_90a code; 7, 8 and flash_kernel through DGEMMA_ATTN): flash_kernel's pieces with warp
+ *      pairs splitting the head dim (attention.cuh, above fp_cfg);
+ *   4. att_wq_kernel (version 15, attention_wq.cuh; the passes' default since session 25 where the device runs this
+ *      build's sm_90a code, k_attention_choose below): Q K^T and P V on Hopper's wgmma, whole rows per warp.
  * The pieces the kernels share with the attention lab (dev/cuda/attention.cu) are in attention.cuh.
  * All: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
  *   encoder (causal): hi = pos + 1, lo = 0 on full layers, hi - window on
@@ -27,8 +29,8 @@
  * probabilities p = exp(s - m) to bf16 before PV (relative 2^-9); the row sums
  * l and the output accumulate in fp32 from the unrounded p. */
 #include <float.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
