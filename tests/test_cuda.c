@@ -3323,7 +3323,8 @@ static double wgmma_case(int mode, const uint16_t *A, const uint16_t *Bt, const 
  * start 0, 32, 64, 96 bytes in), A from registers and from shared memory, scale-d 1 and 0, each within wgmma_case's
  * bound; and mutations that must fail it: the descriptor's LBO and SBO exchanged, the
  * swizzle mode dropped, A's registers a[1] and a[2] exchanged, and (emulation only) D read before the
- * wait_group. Skipped where the build's device code has no wgmma (the default compute_90 GPU build). */
+ * wait_group. Skipped where the build's device code has no wgmma (a CUDA_ARCH without sm_90a, or a GPU other than
+ * Hopper). */
 static void test_wgmma(void **state) {
   (void)state;
   need_gpu();
@@ -3341,7 +3342,8 @@ static void test_wgmma(void **state) {
   for (int m = 0; m < 8 + 3 * 4; m++) { /* the 8 layouts, then the 128-byte ones at k16 slices 1..3 of the row */
     const int mode = m < 8 ? m : (2 * ((m - 8) % 4) + 1) + 16 * (1 + (m - 8) / 4);
     const double q = wgmma_case(mode, A, Bt, C, &nbad, &avail);
-    if (!avail) dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only; the default is compute_90)");
+    if (!avail)
+      dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only: a CUDA_ARCH without it, or not Hopper)");
     if (nbad)
       fail_msg("wgmma mode %#x (%s, A from %s, scale-d %d, k16 slice %d): %ld of 4096 elements past the bound (worst "
                "%.3g)", mode, mode & 1 ? "128-byte swizzle" : "no swizzle", mode & 2 ? "shared memory" : "registers",
@@ -3424,7 +3426,8 @@ static void test_quant_experts_wgmma(void **state) {
   for (int v = 0; v < 2; v++)
     for (int nt = 1; nt <= 4; nt++) {
       check_qexperts_ver(4, 4, 64, 128, 128, DG_BF16, 61, nt, 0, vers[v], 1, &wh, &wy, NULL);
-      if (wh < 0) dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only; the default is compute_90)");
+      if (wh < 0)
+        dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only: a CUDA_ARCH without it, or not Hopper)");
     }
   check_qexperts_ver(4, 4, 64, 256, 192, DG_BF16, 37, 3, 0, 20, 1, &wh, &wy, NULL); /* deeper: 4 and 3 weight stages */
   for (int nt = 4; nt <= 8; nt += 4) check_qexperts_ver(4, 4, 64, 128, 128, DG_BF16, 61, nt, 4, 75, 1, &dh, &dy, NULL);
