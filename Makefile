@@ -14,7 +14,10 @@
 #   NVCC=PATH       the nvcc to use (default: nvcc on the PATH, else /usr/local/cuda/bin/nvcc)
 #   CUDA_LIBDIR=DIR where libcudart.so and libcublas.so are (default: asked of nvcc;
 #                   without them the default is CUDA=0)
-#   CUDA_ARCH=...   nvcc -gencode flags (default: sm_90 code + compute_90 PTX)
+#   CUDA_ARCH=...   nvcc -gencode flags (default since session 25: sm_90a code + compute_90 PTX: a Hopper GPU
+#                   runs the sm_90a SASS, where the wgmma kernels run (the passes' attention version 15,
+#                   DGEMMA_WL=1); another GPU JIT-compiles the compute_90 PTX, where they are never selected
+#                   (src/cuda/qmoe_wl.cu cuda_wg_available); the default before: compute_90,code=sm_90)
 #   NVDEV=-G        extra nvcc flags (device code); `make test` on a machine without a GPU sets -G
 #                   (TEST_NVDEV): every CUDA source is still compiled (cicc and ptxas: compile
 #                   errors are caught), without device optimization, ~5x less nvcc time; the
@@ -49,7 +52,7 @@ CUDA_LIBDIRS := $(if $(NVCC),$(shell $(NVCC) --dryrun -x cu -o /dev/null /dev/nu
                   $(patsubst %/bin/nvcc,%/lib64,$(NVCC)) /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
 CUDA_LIBDIR  ?= $(firstword $(foreach d,$(CUDA_LIBDIRS),$(if $(and $(wildcard $(d)/libcudart.so),$(wildcard $(d)/libcublas.so)),$(realpath $(d)))))
 CUDA      ?= $(if $(and $(NVCC),$(CUDA_LIBDIR)),1,0)
-CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 TEST_NVDEV ?= $(if $(wildcard /dev/nvidia0),,-G)
 ifneq ($(filter test,$(MAKECMDGOALS)),)
 NVDEV     ?= $(TEST_NVDEV)

@@ -890,6 +890,16 @@ static synth_cfg turbo_cfg(void) {
   return c;
 }
 
+/* turbo_cfg with head dims the tensor-core attention takes (k_attention_flash_ok: D 128 on the sliding layers, 512
+ * on the full one), so that the passes run the backend's default attention kernels at both of its head-dim classes
+ * (src/cuda/attention.cu: version 15 on an sm_90a build on Hopper, else 6); turbo_cfg's D 8 / 16 take the
+ * warp-per-row kernel whatever the version. For test_graphs (graphs, compacted passes) and test_turbo_batch
+ * (stacked canvases). */
+static void turbo_tc_dims(synth_cfg *c) {
+  c->head_dim = 128;
+  c->ghd = 512;
+}
+
 /* A synthetic model of configuration c written to the mkdtemp template dir and loaded on CUDA (no tokenizer). */
 static dg_model *load_synth_cuda(char *dir, const synth_cfg *c) {
   assert_non_null(mkdtemp(dir));
@@ -1438,6 +1448,7 @@ static void test_turbo_batch(void **state) {
   char dir[] = "/tmp/dg_cuda_tbatXXXXXX";
   assert_non_null(mkdtemp(dir));
   synth_cfg c = turbo_cfg();
+  turbo_tc_dims(&c);
   assert_int_equal(synth_model_dir(dir, &c), 0);
   dg_model_params mp = dg_model_default_params();
   mp.no_tokenizer = 1;
@@ -1628,6 +1639,7 @@ static void test_graphs(void **state) {
   char dir[] = "/tmp/dg_cuda_graphXXXXXX";
   assert_non_null(mkdtemp(dir));
   synth_cfg c = turbo_cfg();
+  turbo_tc_dims(&c);
   assert_int_equal(synth_model_dir(dir, &c), 0);
   dg_model_params mp = dg_model_default_params();
   mp.no_tokenizer = 1;
@@ -2887,8 +2899,9 @@ static void test_attention(void **state) {
                                     8: 7 with a 3-deep K/V ring); the first three shapes split their keys (3, 4 and 2
                                     splits at 6's tiles on the emulation's 132 one-block SMs). 9-12: the attention
                                     lab's own (dev/cuda/attention_lab.cuh; 9-11 the key splits merged in the kernel,
-                                    12-15 Q K^T on wgmma (14: 12's prologue reordered, 15: and P V on wgmma), sm_90a only: the GPU build of the tests is sm_90 unless
-                                    CUDA_ARCH says sm_90a, where they are skipped) */
+                                    12-15 Q K^T on wgmma (14: 12's prologue reordered, 15: and P V on wgmma; 15 through the backend's
+                                    k_attention_any, the passes' default on Hopper), sm_90a only: skipped where this build's
+                                    device code has no wgmma (CUDA_ARCH without sm_90a, or a GPU other than Hopper) */
     if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     if (v >= 12) { /* whether this build's device code has wgmma: one product of test_wgmma (mode 0) as the probe */
       static uint16_t A[64 * 16], Bt[64 * 16];
@@ -2932,6 +2945,59 @@ static void test_attention(void **state) {
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
   check_attention("decoder D 16", 0, 24, 2, 2, 16, 64, 20, 44, 0, 0, 8, 1.0f, &worst);
   printf("# attention version 0, D 16: largest |diff| / bound %.4f (<= 1)\n", worst);
+}
+
+/* The passes' attention versions, chosen once per context (src/cuda/attention.cu k_attention_choose; the context's
+ * line through dg_cuda_api.choices, as `dgemma bench` prints it): with DGEMMA_ATTN unset, 15 (the wgmma kernel) at
+ * both head-dim classes where this build's device code has wgmma (sm_90a on a Hopper GPU; the CPU emulation models
+ * it), else 6; DGEMMA_ATTN=6 is 6; "2,15" is 2 and (15 where wgmma runs, else 6); a value that is not a version keeps
+ * the default; each context reads the variable when it is made. The passes' own tests (test_graphs, the turbo
+ * tests, ...) then run the default on this build: 15 on an sm_90a build on an H100 or H200. */
+static void test_attention_choice(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device context to ask");
+  static uint16_t A[64 * 16], Bt[64 * 16];
+  static float C0[64 * 64], D0[64 * 64];
+  int avail = 1;
+  assert_dg_ok(cut()->test_wgmma(0, 0, A, Bt, C0, D0, &avail));
+  const char *old = getenv("DGEMMA_ATTN");
+  char keep[64] = "";
+  if (old) snprintf(keep, sizeof keep, "%s", old);
+  char dir[] = "/tmp/dg_cuda_attvXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = synth_default();
+  sc.dt = DG_BF16;
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m;
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  const int wq = avail ? 15 : 6;
+  static const struct { const char *env; int small, wide; } cases[] = {
+      {NULL, -1, -1}, {"6", 6, 6}, {"15", -1, -1}, {"2,15", 2, -1}, {"15,", -1, -1}, {"9", -1, -1}, {"x", -1, -1},
+      {"", -1, -1}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i].env) setenv("DGEMMA_ATTN", cases[i].env, 1);
+    else unsetenv("DGEMMA_ATTN");
+    dg_context_params cp = dg_context_default_params();
+    dg_context *x;
+    assert_dg_ok(dg_context_new(m, &cp, &x));
+    char line[256] = "";
+    assert_dg_ok(cu()->choices(x->dev, line, sizeof line));
+    int a = -2, b = -2;
+    assert_int_equal(sscanf(line, "attention version %d at head dims <= 256, %d above", &a, &b), 2);
+    const int ea = cases[i].small < 0 ? wq : cases[i].small, eb = cases[i].wide < 0 ? wq : cases[i].wide;
+    if (a != ea || b != eb)
+      fail_msg("DGEMMA_ATTN=%s: the context chose %d and %d, expected %d and %d (wgmma %s): %s",
+               cases[i].env ? cases[i].env : "(unset)", a, b, ea, eb, avail ? "runs" : "does not run", line);
+    if (i == 0) printf("# attention choice, DGEMMA_ATTN unset: %s\n", line);
+    dg_context_free(x);
+  }
+  if (old) setenv("DGEMMA_ATTN", keep, 1);
+  else unsetenv("DGEMMA_ATTN");
+  dg_model_free(m);
 }
 
 /* dg_context_profile (bench --profile): the stage marks of known passes and
@@ -3280,7 +3346,8 @@ static double wgmma_case(int mode, const uint16_t *A, const uint16_t *Bt, const 
  * start 0, 32, 64, 96 bytes in), A from registers and from shared memory, scale-d 1 and 0, each within wgmma_case's
  * bound; and mutations that must fail it: the descriptor's LBO and SBO exchanged, the
  * swizzle mode dropped, A's registers a[1] and a[2] exchanged, and (emulation only) D read before the
- * wait_group. Skipped where the build's device code has no wgmma (the default compute_90 GPU build). */
+ * wait_group. Skipped where the build's device code has no wgmma (a CUDA_ARCH without sm_90a, or a GPU other than
+ * Hopper). */
 static void test_wgmma(void **state) {
   (void)state;
   need_gpu();
@@ -3298,7 +3365,8 @@ static void test_wgmma(void **state) {
   for (int m = 0; m < 8 + 3 * 4; m++) { /* the 8 layouts, then the 128-byte ones at k16 slices 1..3 of the row */
     const int mode = m < 8 ? m : (2 * ((m - 8) % 4) + 1) + 16 * (1 + (m - 8) / 4);
     const double q = wgmma_case(mode, A, Bt, C, &nbad, &avail);
-    if (!avail) dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only; the default is compute_90)");
+    if (!avail)
+      dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only: a CUDA_ARCH without it, or not Hopper)");
     if (nbad)
       fail_msg("wgmma mode %#x (%s, A from %s, scale-d %d, k16 slice %d): %ld of 4096 elements past the bound (worst "
                "%.3g)", mode, mode & 1 ? "128-byte swizzle" : "no swizzle", mode & 2 ? "shared memory" : "registers",
@@ -3381,7 +3449,8 @@ static void test_quant_experts_wgmma(void **state) {
   for (int v = 0; v < 2; v++)
     for (int nt = 1; nt <= 4; nt++) {
       check_qexperts_ver(4, 4, 64, 128, 128, DG_BF16, 61, nt, 0, vers[v], 1, &wh, &wy, NULL);
-      if (wh < 0) dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only; the default is compute_90)");
+      if (wh < 0)
+        dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only: a CUDA_ARCH without it, or not Hopper)");
     }
   check_qexperts_ver(4, 4, 64, 256, 192, DG_BF16, 37, 3, 0, 20, 1, &wh, &wy, NULL); /* deeper: 4 and 3 weight stages */
   for (int nt = 4; nt <= 8; nt += 4) check_qexperts_ver(4, 4, 64, 128, 128, DG_BF16, 61, nt, 4, 75, 1, &dh, &dy, NULL);
@@ -3669,7 +3738,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

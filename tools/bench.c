@@ -973,6 +973,9 @@ static int run_row(dg_model *m, const bench_opts *o, const int32_t *ids, size_t 
     }
     /* the context's CUDA graphs (on unless DGEMMA_GRAPHS=0, src/cuda/graph.cu): what they did over the runs, and why they
      * stopped if they did */
+    char ch[256];
+    if (cu && ctx->dev && !cu->choices(ctx->dev, ch, sizeof ch)) /* the context's kernel choices (attention version) */
+      fprintf(stderr, "%s %s: %s\n", r->protocol, r->prompt, ch);
     dg_cuda_graph_stats gs;
     if (cu && ctx->dev && !cu->graph_stats(ctx->dev, &gs) && gs.asked)
       fprintf(stderr, "%s %s: CUDA graphs %s: %lld captures (%lld instantiated, %lld updated in place), %lld replays, "

@@ -20,7 +20,9 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
- * Versions 1-8 are the backend's (src/cuda/attention.cu, k_attention_any); 9-14 the lab's own (attention_lab.cuh,
+ * Versions 1-8 and 15 are the backend's (src/cuda/attention.cu, k_attention_any; 15, att_wq_kernel in
+ * src/cuda/attention_wq.cuh, its default on Hopper since session 25, run here from the lab's own instance); 9-14 the
+ * lab's own (attention_lab.cuh,
  * att_lab_version; 9-11: version 6's block from src/cuda/attention.cuh with the changes below, slower than 6 on every
  * row on an H100 in session 18, so not in the backend; 12-14: their own kernel, att_wq_kernel; on an H100 in
  * session 24 12 was 8-9 % faster than 6 at the decoder's sliding rows and even at the full ones, 13 no faster):
@@ -211,7 +213,7 @@ int main(int argc, char **argv) {
     for (auto &x : kc) x = f2b(1.7f * frand());
     for (auto &x : vc) x = f2b(frand() + 0.25f);
     float *dq; bf16 *dk, *dv, *dout;
-    dg_att_ws ws;
+    dg_att_ws ws = {}; /* ver, wq_why: the passes' choice, unused here (versions are named per call) */
     ws.n = 8 * (size_t)nq * NH * (D + 2);
     const int ncnt = 4096; /* versions 9-11's arrival counters (a 256-token canvas of the 26B: 64 (row tile, KV head)) */
     int *cnt;

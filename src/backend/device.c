@@ -186,7 +186,7 @@ static float *cu_sc_host(dg_context *ctx) {
 
 static const dg_cuda_api cuda_api = {
     dg_cuda_step_stats, dg_cuda_compact, dg_cuda_topk, dg_cuda_turbo_sc, dg_cuda_ceilings_measure,
-    dg_cuda_bench_experts, dg_cuda_mem_used, dg_cuda_graph_stats_get,
+    dg_cuda_bench_experts, dg_cuda_mem_used, dg_cuda_graph_stats_get, dg_cuda_ctx_choices,
 };
 
 static const dg_backend cuda_backend = {

@@ -1,5 +1,5 @@
 /* attention.cu: the layer's attention (spec 4.4 step 3, masks 4.5) over the
- * KV cache, three kernels:
+ * KV cache, four kernels:
  *   1. attention_kernel: one warp per (query, head), sequential over the
  *      keys, fp32 throughout (the first kernel; kept for head dims the
  *      tensor-core kernel does not take, and as the lab's version 1);
@@ -9,9 +9,11 @@
  *      2023, algorithm 1), and the keys split across blocks when the queries
  *      alone give too few blocks (flash-decoding: partial (O, m, l) per split,
  *      merged by flash_combine_kernel);
- *   3. flash_pair_kernel (the passes' default since session 13: lab version 6; 7, 8 and flash_kernel through
- *      DGEMMA_ATTN): flash_kernel's
- *      pieces with warp pairs splitting the head dim (attention.cuh, above fp_cfg).
+ *   3. flash_pair_kernel (lab version 6: the passes' default since session 13, and since session 25 where the
+ *      device runs no sm_90a code; 7, 8 and flash_kernel through DGEMMA_ATTN): flash_kernel's pieces with warp
+ *      pairs splitting the head dim (attention.cuh, above fp_cfg);
+ *   4. att_wq_kernel (version 15, attention_wq.cuh; the passes' default since session 25 where the device runs this
+ *      build's sm_90a code, k_attention_choose below): Q K^T and P V on Hopper's wgmma, whole rows per warp.
  * The pieces the kernels share with the attention lab (dev/cuda/attention.cu) are in attention.cuh.
  * All: scale 1.0, no softcap (spec 4.4); keys are the cache slots [lo, hi):
  *   encoder (causal): hi = pos + 1, lo = 0 on full layers, hi - window on
@@ -28,10 +30,12 @@
  * l and the output accumulate in fp32 from the unrounded p. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/attention.cuh"
+#include "cuda/attention_wq.cuh"
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 
@@ -338,11 +342,20 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || version > DG_ATT_VERSIONS) return cudaErrorInvalidValue;
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || (version > DG_ATT_VERSIONS && version != DG_ATT_WQ))
+    return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
   a.S = S; a.nq = nq; a.NH = NH; a.NKV = NKV; a.causal = causal; a.is_full = is_full; a.window = window;
   a.n_split = 1; a.pos0 = pos0; a.kv_hi = kv_hi;
+  if (version == DG_ATT_WQ) { /* version 15 (attention_wq.cuh): the lab's tiles; D 64 as version 6 (below) */
+    switch (D) {
+    case 128: return att_wq_launch<128, 64, 1, 2, 1, 0, 1>(s, ws, a);
+    case 256: return att_wq_launch<256, 64, 1, 2, 1, 0, 1>(s, ws, a);
+    case 512: return att_wq_launch<512, 32, 2, 2, 1, 0, 1>(s, ws, a);
+    default: version = 6;
+    }
+  }
   /* version 2 (and 0): the backend's configuration; 3, 4: the lab's alternatives (dev/cuda/attention.cu); 5: version 2
    * with the earlier split rule (fa_splits) */
   if (version == 5) {
@@ -401,49 +414,92 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   }
 }
 
-/* The passes' attention kernel version (read once): unset, version 6 (flash_pair_kernel), the default since H200
- * session 13 (lab, 26B shapes after 1,024 positions: decoder sliding 0.0490 -> 0.0421 ms, full 0.1225 -> 0.0795,
- * encoder sliding 0.0650 -> 0.0403, full 0.1228 -> 0.0779; vllm --profile attention 1.970 -> 1.553 ms per pass;
- * test_cuda passes with it; docs/measurements.md); DGEMMA_ATTN=N or N,M another of k_attention_any's versions
- * (0: version 2's configuration, flash_kernel, the default before; 7, 8: flash_pair_kernel's other tiles) for the
- * head dims that version takes, version 0 for the others (the warp-per-row kernel where no tensor-core kernel
- * applies); N,M: N for head dims up to 256 (the 26B's sliding layers), M for wider ones (its full layers); "N,"
- * is N for both; values outside 0..DG_ATT_VERSIONS (8) or not numbers keep the default (the lab's versions 9-11,
- * session 18's candidates, slower than 6 on an H100, are not the backend's: dev/cuda/attention_lab.cuh). */
-static int attn_version(int D, int NH, int NKV) {
-  static int v[2] = {-1, -1};
-  if (v[0] < 0 || v[1] < 0) {
-    const char *e = getenv("DGEMMA_ATTN");
-    int a = 6, b = 6;
-    if (e && *e) { /* N or N,M of 0..DG_ATT_VERSIONS; anything else keeps the default, as DGEMMA_ROUTE and
-                      DGEMMA_GRAPHS do */
-      char *end = NULL;
-      const long n = strtol(e, &end, 10);
-      if (end != e && n >= 0 && n <= DG_ATT_VERSIONS && (*end == '\0' || *end == ',')) {
-        a = b = (int)n;
-        if (*end == ',' && end[1]) {
-          char *end2 = NULL;
-          const long m = strtol(end + 1, &end2, 10);
-          b = end2 != end + 1 && !*end2 && m >= 0 && m <= DG_ATT_VERSIONS ? (int)m : 6;
-        }
-      }
-    }
-    v[1] = b; /* a race on first use writes the same values */
-    v[0] = a;
+/* The passes' attention kernel versions, chosen once per context (k_attention_choose, from dg_cuda_ctx_new) into
+ * ws->ver[0] (head dims up to 256: the 26B's sliding layers) and ws->ver[1] (wider: its full layers):
+ *   - DGEMMA_ATTN unset (or not one of the values below): version 15 (att_wq_kernel, attention_wq.cuh: Q K^T and P V
+ *     on wgmma) where cuda_wg_available() says the device runs this build's sm_90a code (a Hopper GPU and a build
+ *     with -gencode=arch=compute_90a,code=sm_90a, the Makefile's default since session 25), else version 6
+ *     (flash_pair_kernel, the default since H200 session 13: lab, 26B shapes after 1,024 positions, decoder sliding
+ *     0.0490 -> 0.0421 ms, full 0.1225 -> 0.0795 against flash_kernel; docs/measurements.md). Version 15 on an H100
+ *     (session 25, lab, two runs, decoder after 1,024 positions): sliding 0.0322 / 0.0322 ms against 6's 0.0433 /
+ *     0.0431, full 0.0647 / 0.0650 against 0.0807 / 0.0812; test_attention within its bound (docs/cuda.md).
+ *   - DGEMMA_ATTN=N or N,M: another of k_attention_any's versions (0..DG_ATT_VERSIONS, or 15) for the head dims that
+ *     version takes, version 0 for the others (the warp-per-row kernel where no tensor-core kernel applies); N,M: N
+ *     for head dims up to 256, M for wider ones; "N," is N for both. 15 asked for where the device does not run
+ *     sm_90a code is 6 (the log says so: the kernel would trap there). The lab's versions 9-14 are not the
+ *     backend's (dev/cuda/attention_lab.cuh).
+ * Per call, where 15 cannot run a shape, it is 6: head dim 64 (k_attention_any: halves of 32 are too narrow for
+ * its panels; version 6 there is version 2's kernel), and head dims the tensor-core kernels do not take
+ * (k_attention_flash_ok: then the warp-per-row kernel, as for every version >= 2). Every other shape the passes
+ * pass runs as it is: GQA of any group (rows are (query, head) pairs of one KV head), ring caches (a tile's slots
+ * wrap once, as in version 6), the encoder's causal chunks and the decoder's canvas (fa_range / fa_mask, version
+ * 6's), compacted turbo rows and stacked batches (each a call of nq rows), key splits in ws->part (fa_choose_splits,
+ * version 6's rule), CUDA graphs (the launch's attribute call comes at a shape's first, plain, pass). */
+enum { ATT_WHY_ENV = 1, ATT_WHY_WG = 2, ATT_WHY_NO_WG = 3, ATT_WHY_ENV_NO_WG = 4 };
+
+/* DGEMMA_ATTN's N or N,M into v[0], v[1]; 0 when unset or not one of the accepted values (v untouched) */
+static int attn_env(int v[2]) {
+  const char *e = getenv("DGEMMA_ATTN");
+  if (!e || !*e) return 0;
+  char *end = NULL;
+  const long n = strtol(e, &end, 10);
+  const int ok_n = end != e && ((n >= 0 && n <= DG_ATT_VERSIONS) || n == DG_ATT_WQ);
+  if (!ok_n || (*end != '\0' && *end != ',')) return 0; /* anything else keeps the default, as DGEMMA_ROUTE does */
+  v[0] = v[1] = (int)n;
+  if (*end == ',' && end[1]) {
+    char *end2 = NULL;
+    const long m = strtol(end + 1, &end2, 10);
+    if (end2 != end + 1 && !*end2 && ((m >= 0 && m <= DG_ATT_VERSIONS) || m == DG_ATT_WQ)) v[1] = (int)m;
+    else v[1] = 6; /* a second value that is not a version: 6 there, as before */
   }
-  const int u = v[D > 256];
+  return 1;
+}
+
+void k_attention_choose(dg_att_ws *ws) {
+  int v[2] = {6, 6};
+  const int env = attn_env(v);
+  const int wg = cuda_wg_available();
+  if (!env) {
+    if (wg) v[0] = v[1] = DG_ATT_WQ;
+    ws->wq_why = wg ? ATT_WHY_WG : ATT_WHY_NO_WG;
+  } else {
+    ws->wq_why = ATT_WHY_ENV;
+    for (int i = 0; i < 2; i++)
+      if (v[i] == DG_ATT_WQ && !wg) {
+        v[i] = 6;
+        ws->wq_why = ATT_WHY_ENV_NO_WG;
+      }
+  }
+  ws->ver[0] = v[0];
+  ws->ver[1] = v[1];
+}
+
+void k_attention_describe(const dg_att_ws *ws, char *buf, size_t n) {
+  static const char *why[] = {
+      "not chosen", "DGEMMA_ATTN",
+      "default: the device runs this build's sm_90a (wgmma) code",
+      "default: no sm_90a (wgmma) code that the device runs, so not version 15",
+      "DGEMMA_ATTN, its 15 replaced by 6: no sm_90a (wgmma) code that the device runs"};
+  const int w = ws->wq_why >= 0 && ws->wq_why <= ATT_WHY_ENV_NO_WG ? ws->wq_why : 0;
+  snprintf(buf, n, "attention version %d at head dims <= 256, %d above (%s; head dim 64 takes 6 under 15)",
+           ws->ver[0], ws->ver[1], why[w]);
+}
+
+/* the context's version for head dim D (version 0 where no tensor-core kernel takes the shape) */
+static int attn_version(const dg_att_ws *ws, int D, int NH, int NKV) {
+  const int u = ws->ver[D > 256];
   return u >= 2 && !k_attention_flash_ok(D, NH, NKV) ? 0 : u;
 }
 
 cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
                         int S, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window) {
-  return k_attention_any(s, ws, attn_version(D, NH, NKV), q, kc, vc, out, S, T, NH, NKV, D, pos0, pos0 + T, causal,
+  return k_attention_any(s, ws, attn_version(ws, D, NH, NKV), q, kc, vc, out, S, T, NH, NKV, D, pos0, pos0 + T, causal,
                          is_full, window);
 }
 
 cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,
                                bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full,
                                int window) {
-  return k_attention_any(s, ws, attn_version(D, NH, NKV), q, kc, vc, out, S, nq, NH, NKV, D, pos0, pos0 + C, 0, is_full,
-                         window);
+  return k_attention_any(s, ws, attn_version(ws, D, NH, NKV), q, kc, vc, out, S, nq, NH, NKV, D, pos0, pos0 + C, 0,
+                         is_full, window);
 }

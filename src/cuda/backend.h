@@ -275,6 +275,13 @@ typedef struct dg_cuda_graph_stats {
  * asked for). Errors: DG_ERR_INVALID_ARG (NULL argument). */
 dg_status dg_cuda_graph_stats_get(const dg_cuda_ctx *c, dg_cuda_graph_stats *out);
 
+/* ---- the context's kernel choices (context.cu) ------------------------------ */
+/* One line into buf (n bytes, truncated to fit) naming the choices c made once when it was made: the passes'
+ * attention versions at head dims <= 256 and above and why (src/cuda/attention.cu k_attention_choose: 15, the
+ * wgmma kernel, where the device runs this build's sm_90a code, else 6; DGEMMA_ATTN). `dgemma bench` prints it.
+ * Errors: DG_ERR_INVALID_ARG (NULL argument, n 0). */
+dg_status dg_cuda_ctx_choices(const dg_cuda_ctx *c, char *buf, size_t n);
+
 /* ---- ceilings and benchmarks (ceil.cu, bench.cu; `dgemma bench`) ---------- */
 
 /* What device `device` reaches in this process, measured now (ceil.cu).
@@ -384,6 +391,7 @@ typedef struct dg_cuda_api {
   dg_status (*bench_experts)(int device, const dg_cuda_bench_experts_args *a, dg_cuda_bench_result *out);
   dg_status (*mem_used)(int device, size_t *used, size_t *total);
   dg_status (*graph_stats)(const dg_cuda_ctx *c, dg_cuda_graph_stats *out);
+  dg_status (*choices)(const dg_cuda_ctx *c, char *buf, size_t n);
 } dg_cuda_api;
 
 #ifdef __cplusplus

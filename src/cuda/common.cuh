@@ -239,8 +239,13 @@ struct dg_cuda_moe_buf {
 typedef struct dg_att_ws {
   float *part;
   size_t n;
+  int ver[2]; /* the passes' attention versions (k_attention, k_attention_canvas) at head dims <= 256 and above: set
+               * once per context by k_attention_choose (context.cu); the lab's and tests' own ws leave them 0 */
+  int wq_why; /* k_attention_choose's reason (ATT_WHY_*, attention.cu), for the context's log line */
 } dg_att_ws;
-#define DG_ATT_VERSIONS 8 /* k_attention_any's versions: 0..DG_ATT_VERSIONS (the lab's 9-11: dev/cuda/attention.cu) */
+#define DG_ATT_VERSIONS 8 /* k_attention_any's versions 0..DG_ATT_VERSIONS, and DG_ATT_WQ (the lab's own 9-14:
+                             dev/cuda/attention.cu) */
+#define DG_ATT_WQ 15      /* k_attention_any's wgmma version (att_wq_kernel, attention_wq.cuh; sm_90a code only) */
 
 struct dg_cuda_ctx {
   dg_cuda_model *m;
@@ -371,12 +376,23 @@ cudaError_t k_ffn_combine_norm_v(cudaStream_t s, int version, float *x, const fl
  * where k_attention_flash_ok (D in 64, 128, 256, 512), else the warp-per-row
  * kernel; 1: the warp-per-row kernel; 2: the tensor-core kernel; 3..DG_ATT_VERSIONS:
  * its other versions (as the lab dev/cuda/attention.cu numbers them; 6 is the
- * passes' default) (cudaErrorInvalidValue where one cannot run or for another
- * version, the lab's own 9-11 included). */
+ * passes' default without sm_90a code); DG_ATT_WQ (15): att_wq_kernel with Q K^T
+ * and P V on wgmma (the passes' default on Hopper with sm_90a code; at D 64 it is
+ * version 6; the caller checks the device runs wgmma, cuda_wg_available, else it
+ * traps) (cudaErrorInvalidValue where one cannot run or for another version, the
+ * lab's own 9-14 included). */
 cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, const float *q, const bf16 *kc,
                             const bf16 *vc, bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi,
                             int causal, int is_full, int window);
 int k_attention_flash_ok(int D, int NH, int NKV);
+/* Whether the current device runs this build's wgmma (sm_90a) code: a probe kernel, once per process and device
+ * (qmoe_wl.cu; not inside a stream capture). */
+int cuda_wg_available(void);
+/* ws->ver[0], ws->ver[1] (the passes' versions at head dims <= 256 and wider) and ws->wq_why from DGEMMA_ATTN and the
+ * device: called once per context (dg_cuda_ctx_new) on its device; the rule: attention.cu above attn_choose. */
+void k_attention_choose(dg_att_ws *ws);
+/* One line naming ws's versions and why (k_attention_choose's choice) into buf of n bytes (the context's log). */
+void k_attention_describe(const dg_att_ws *ws, char *buf, size_t n);
 /* Decoder attention of nq query rows over the cache slots [lo, pos0 + C): the
  * prefix and the whole canvas of C slots (spec 7.4: the canvas K/V buffer). */
 cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,

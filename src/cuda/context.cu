@@ -335,7 +335,14 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
     dg_cuda_ctx_free(c);
     return st;
   }
+  k_attention_choose(&c->att_ws); /* the passes' attention versions, once per context (attention.cu) */
   *out = c;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_ctx_choices(const dg_cuda_ctx *c, char *buf, size_t n) {
+  if (!c || !buf || !n) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_ctx_choices: NULL argument or no room");
+  k_attention_describe(&c->att_ws, buf, n);
   return DG_OK;
 }
 

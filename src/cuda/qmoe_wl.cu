@@ -40,19 +40,29 @@ __global__ void wl_probe_kernel(int *out) {
   *out = dg_wg_available();
 }
 
-/* Whether this device's code has wgmma (the sm_90a pass): a one-thread probe, run once per process. */
-static int wl_available(void) {
-  static int v = -1;
-  if (v >= 0) return v;
-  int *d = NULL, h = 0;
-  v = 0;
-  if (cudaMalloc((void **)&d, sizeof(int)) != cudaSuccess) return v;
-  DG_LAUNCH(wl_probe_kernel, 1, 1, 0, 0)(d);
-  if (cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
-    v = h == 1;
-  cudaFree(d);
+/* Whether the current device runs this build's wgmma code (the device took the build's sm_90a SASS: a Hopper GPU
+ * and a build with -gencode=arch=compute_90a,code=sm_90a; the compute_90 PTX JIT-compiled for it, or sm_90 SASS,
+ * say 0): a one-thread probe of dg_wg_available() in device code, run once per process and device (64 devices
+ * kept; a device number past that is probed each time). Not inside a stream capture (it allocates and copies).
+ * The users: DGEMMA_WL=1 (qr_wl_usable below) and the passes' attention default (attention.cu k_attention_choose). */
+int cuda_wg_available(void) {
+  static int v[64] = {0}; /* 0 unknown, 1 no, 2 yes (a data race on first use writes the same value) */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (dev >= 0 && dev < 64 && v[dev]) return v[dev] == 2;
+  int *d = NULL, h = 0, ok = 0;
+  if (cudaMalloc((void **)&d, sizeof(int)) == cudaSuccess) {
+    DG_LAUNCH(wl_probe_kernel, 1, 1, 0, 0)(d);
+    if (cudaGetLastError() == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
+      ok = h == 1;
+    cudaFree(d);
+  }
   (void)cudaGetLastError();
-  return v;
+  if (dev >= 0 && dev < 64) v[dev] = ok ? 2 : 1;
+  return ok;
 }
 
 #define WL_GU 1, 2, 5, 1, 256 /* version 122: gate/up, 2 warpgroups, 5 slots, 1 block per SM, 256 columns */
@@ -60,7 +70,7 @@ static int wl_available(void) {
 int qr_wl_usable(const dg_weight *m, int gateup) {
   if (!gateup || !qr_wl_on() || m->bits != 4 || m->group_size != 64 || m->sb_dtype != DG_BF16 || m->cols % 64)
     return 0;
-  if (!wl_available()) return 0;
+  if (!cuda_wg_available()) return 0;
   /* the kernel's shared memory, set here, outside any stream capture */
   const size_t smem = (size_t)5 * (128 * 128 + wl_chunk(256)) + 3 * wl_btile(256) + 1024;
   return cudaFuncSetAttribute(wl_kernel<WL_GU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;

@@ -689,7 +689,8 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
   TT_(test_in(&al, &dv, vc, kvn, "v cache"));
   TT_(dalloc(&al, &dout, on * 2, "out"));
   TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
-  if (version >= ATT_LAB_FIRST) { /* the lab's versions (dev/cuda/attention_lab.cuh), not the backend's */
+  if (version >= ATT_LAB_FIRST && version != DG_ATT_WQ) { /* the lab's versions (dev/cuda/attention_lab.cuh), not the
+                                                             backend's (15 is: k_attention_any below) */
     TT_(dalloc(&al, &dcnt, (size_t)ncnt * 4, "arrival counters"));
     TC_(cudaMemset(dcnt, 0, (size_t)ncnt * 4));
     TC_(att_lab_version(version, 0, &ws, (int *)dcnt, ncnt, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv,
@@ -973,7 +974,7 @@ done:
     st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
     goto done; } } while (0)
 
-/* Whether this build's device code has wgmma (sm_90a; the default build's compute_90 traps instead). */
+/* Whether this build's device code has wgmma (sm_90a, the default since session 25; a compute_90 pass traps instead). */
 __global__ void wg_probe_kernel(int *avail) {
   DG_PDL_ENTRY();
   if (threadIdx.x == 0) *avail = dg_wg_available();
