@@ -414,6 +414,7 @@ dg_status dg_context_release_buffers(dg_context *ctx);
  * on = 0 stops and frees the events. Errors: DG_ERR_INVALID_ARG on a CPU
  * context, DG_ERR_BACKEND. */
 #define DG_PROFILE_STAGES 13
+#define DG_PROFILE_EXPERT_BINS 1024
 typedef struct dg_profile {
   double ms[DG_PROFILE_STAGES]; /* milliseconds of GPU time per stage */
   const char *name[DG_PROFILE_STAGES];
@@ -428,6 +429,11 @@ typedef struct dg_profile {
   int64_t stack_passes;   /* stacks (one per denoising step unless the forward sets overflow the work rows) */
   int64_t stack_canvases; /* canvases summed over those stacks */
   int64_t stack_rows;     /* forward-set rows summed over those stacks */
+  /* Rows per expert in those stacks' MoE, read back after every layer's routing: stack_expert_rows[r] = the
+   * (stack, layer, expert) triples with r rows (r = 0: not hit; the last bin: r >= DG_PROFILE_EXPERT_BINS - 1);
+   * they sum to stacks x layers x experts, and r x count to stack_rows x layers x top_k. */
+  int64_t stack_expert_rows[DG_PROFILE_EXPERT_BINS];
+  int64_t stack_expert_rows_max;
 } dg_profile;
 dg_status dg_context_profile(dg_context *ctx, int on);
 /* Synchronise and read the totals (profiling stays on). DG_ERR_INVALID_ARG if it is off. */

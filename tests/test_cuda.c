@@ -1487,7 +1487,8 @@ static void test_turbo_batch(void **state) {
  * stack, so over the two canvases' records: stacks = the batched passes the step callbacks show (records
  * grouped by canvas order, as tools/bench.c does), canvases = the step records, rows = their forward_shape
  * summed; each stack marks 1 (entry) + 1 (embedding) + 10 per layer + 1 (LM heads) and 1 per canvas with kept
- * self-conditioning rows; attention, experts and LM head took time > 0, nothing < 0. The canvases' own records
+ * self-conditioning rows; attention, experts and LM head took time > 0, nothing < 0; the rows per expert read
+ * back count every (stack, layer, expert) once and sum to rows x layers x top_k. The canvases' own records
  * hold their prefills (experts > 0) and none of the stacks'. Profiling leaves the tokens as they were (the
  * branches run in order: test_branch's bits); a single-canvas run records no stack. */
 typedef struct prof_rec { int32_t n, last, passes, rows; } prof_rec;
@@ -1580,6 +1581,22 @@ static void test_profile_batch(void **state) {
                se = pr[0].stack_ms[DG_CUDA_ST_EXPERTS] + pr[1].stack_ms[DG_CUDA_ST_EXPERTS],
                sh = pr[0].stack_ms[DG_CUDA_ST_HEAD] + pr[1].stack_ms[DG_CUDA_ST_HEAD];
   if (!(sa > 0 && se > 0 && sh > 0)) fail_msg("stacked: attention %g, experts %g, LM head %g ms", sa, se, sh);
+  /* rows per expert: every (stack, layer, expert) counted once, and the rows x top_k pairs of each layer */
+  const int E = gm->cfg.n_experts, K = gm->cfg.top_k_experts;
+  int64_t triples = 0, pairs = 0, mx = 0;
+  for (int i = 0; i < 2; i++) {
+    for (int r = 0; r < DG_PROFILE_EXPERT_BINS; r++) {
+      triples += pr[i].stack_expert_rows[r];
+      pairs += (int64_t)r * pr[i].stack_expert_rows[r];
+    }
+    mx = pr[i].stack_expert_rows_max > mx ? pr[i].stack_expert_rows_max : mx;
+  }
+  printf("# profile batch: rows per expert: %lld (stack, layer, expert) triples, %lld pairs, max %lld\n",
+         (long long)triples, (long long)pairs, (long long)mx);
+  assert_true(E > 0 && mx < DG_PROFILE_EXPERT_BINS - 1);
+  assert_int_equal(triples, passes * L * E);
+  assert_int_equal(pairs, rows * L * K);
+  assert_true(mx >= (rows * K + passes * E - 1) / (passes * E)); /* at least the mean of some stack's layer */
   /* one canvas alone: its passes on its own context, no stack recorded; profiling restarted: totals reset */
   dg_gen_result r1;
   dg_context_reset(cx[0]);
@@ -1590,6 +1607,7 @@ static void test_profile_batch(void **state) {
   assert_int_equal(pr[0].stack_passes, 0);
   assert_int_equal(pr[0].stack_marks, 0);
   for (int k = 0; k < DG_PROFILE_STAGES; k++) assert_true(pr[0].stack_ms[k] == 0);
+  for (int r = 0; r < DG_PROFILE_EXPERT_BINS; r++) assert_true(pr[0].stack_expert_rows[r] == 0);
   assert_true(pr[0].ms[DG_CUDA_ST_HEAD] > 0 && pr[0].ms[DG_CUDA_ST_ATTN] > 0);
   dg_gen_result_free(&r1);
   for (int i = 0; i < 2; i++) {

@@ -933,7 +933,11 @@ static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *
     const int B = Bs[r];
     bench_trace tr = {0};
     double sec = 0, cv[DG_PROFILE_STAGES] = {0}, sk[DG_PROFILE_STAGES] = {0};
-    int64_t sk_passes = 0, sk_canv = 0, sk_rows = 0, marks = 0;
+    int64_t sk_passes = 0, sk_canv = 0, sk_rows = 0, marks = 0, emax = 0;
+    int sk_e50 = 0, sk_e90 = 0;
+    double sk_hit = 0;
+    static int64_t eh[DG_PROFILE_EXPERT_BINS]; /* rows per expert over the B records */
+    memset(eh, 0, sizeof eh);
     dg_status st = DG_OK;
     for (int b = 0; b < B && !st; b++) st = dg_context_profile(ctx[b], 1);
     if (!st) st = bench_batch_run(ctx, B, ids, n, gp, res, &sec, &tr);
@@ -943,6 +947,8 @@ static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *
       if ((st = dg_context_profile_read(ctx[b], &p))) break;
       for (int i = 0; i < DG_PROFILE_STAGES; i++) { cv[i] += p.ms[i]; sk[i] += p.stack_ms[i]; names[i] = p.name[i]; }
       sk_passes += p.stack_passes; sk_canv += p.stack_canvases; sk_rows += p.stack_rows;
+      for (int i = 0; i < DG_PROFILE_EXPERT_BINS; i++) eh[i] += p.stack_expert_rows[i];
+      emax = p.stack_expert_rows_max > emax ? p.stack_expert_rows_max : emax;
       marks += p.marks + p.stack_marks;
     }
     for (int b = 0; b < B; b++) dg_context_profile(ctx[b], 0);
@@ -1025,8 +1031,8 @@ static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *
     qsort(rows, (size_t)(np < cap ? np : cap), sizeof *rows, cmp_i32);
     const int32_t rmin = np ? rows[0] : 0, rmax = np ? rows[np - 1] : 0;
     const double rmed = np ? (np % 2 ? rows[np / 2] : 0.5 * (rows[np / 2 - 1] + rows[np / 2])) : 0;
-    char hs[256] = "";
-    for (int k = B, used = 0; k >= 1; k--)
+    char hs[1024] = ""; /* "k: passes" for k = B..1: at most 64 entries of at most 14 characters */
+    for (int k = B, used = 0; k >= 1 && used < (int)sizeof hs; k--)
       if (hist[k]) used += snprintf(hs + used, sizeof hs - (size_t)used, "%s%d: %d", used ? ", " : "", k, hist[k]);
     const double pp = np > 0 ? np : 1, mean_e = rmed * K / (E ? E : 1);
     const double hit_e = E ? E * (1.0 - pow(1.0 - (double)K / E, rmed)) : 0;
@@ -1044,9 +1050,29 @@ static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *
            own ? "all on the canvas's own context (B = 1: no work context, no stacks)"
                : "each a stack on the batch's work context", rmin, rmed, rmax, B, commits, repairs, forwards, mean_e,
            hit_e, E);
-    if (!own)
-      printf("backend's record of the stacks: %lld stacks, %lld canvases, %lld rows (%.1f rows per stack)\n",
-             (long long)sk_passes, (long long)sk_canv, (long long)sk_rows, sk_passes ? (double)sk_rows / sk_passes : 0);
+    if (!own) {
+      /* rows per expert of the hit (stack, layer, expert) triples: median, p90 from the histogram */
+      int64_t hit = 0, acc = 0;
+      for (int i = 1; i < DG_PROFILE_EXPERT_BINS; i++) hit += eh[i];
+      int e50 = 0, e90 = 0;
+      for (int i = 1; i < DG_PROFILE_EXPERT_BINS && hit > 0; i++) {
+        acc += eh[i];
+        if (!e50 && 2 * acc >= hit) e50 = i;
+        if (!e90 && 10 * acc >= 9 * hit) { e90 = i; break; }
+      }
+      const int32_t L = m->cfg.n_layers;
+      printf("backend's record of the stacks: %lld stacks, %lld canvases, %lld rows (%.1f rows per stack); rows per "
+             "expert in the stacked MoE (measured: the routing's counts after every layer), over the (stack, layer, "
+             "expert) triples with rows: median %d, p90 %d, max %lld%s; experts hit per layer %.1f of %d\n",
+             (long long)sk_passes, (long long)sk_canv, (long long)sk_rows, sk_passes ? (double)sk_rows / sk_passes : 0,
+             e50, e90, (long long)emax, emax >= DG_PROFILE_EXPERT_BINS - 1 ? " (or more)" : "",
+             sk_passes && L ? (double)hit / ((double)sk_passes * L) : 0, E);
+      if (out) { /* kept for the JSON line below */
+        sk_e50 = e50;
+        sk_e90 = e90;
+        sk_hit = sk_passes && L ? (double)hit / ((double)sk_passes * L) : 0;
+      }
+    }
     printf("| stage | stacked ms per pass | %% | floor ms per pass | floor / ms | per-canvas ms per pass | %% | per-canvas "
            "floor ms per pass |\n|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < DG_PROFILE_STAGES; k++) {
@@ -1094,6 +1120,10 @@ static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *
       cJSON_AddNumberToObject(j, "rows_min", rmin);
       cJSON_AddNumberToObject(j, "rows_median", rmed);
       cJSON_AddNumberToObject(j, "rows_max", rmax);
+      cJSON_AddNumberToObject(j, "expert_rows_median", sk_e50);
+      cJSON_AddNumberToObject(j, "expert_rows_p90", sk_e90);
+      cJSON_AddNumberToObject(j, "expert_rows_max", (double)emax);
+      cJSON_AddNumberToObject(j, "experts_hit_per_layer", sk_hit);
       cJSON *h = cJSON_AddArrayToObject(j, "passes_by_canvases");
       for (int k = 1; k <= B; k++) cJSON_AddItemToArray(h, cJSON_CreateNumber(hist[k]));
       cJSON *a = cJSON_AddObjectToObject(j, "stacked_ms"), *b2 = cJSON_AddObjectToObject(j, "per_canvas_ms");

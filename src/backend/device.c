@@ -182,6 +182,9 @@ static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
   out->stack_passes = sp.passes;
   out->stack_canvases = sp.canvases;
   out->stack_rows = sp.rows;
+  _Static_assert(DG_PROFILE_EXPERT_BINS == DG_CUDA_EXPERT_BINS, "dgemma.h and backend.h bin the same rows");
+  for (int i = 0; i < DG_PROFILE_EXPERT_BINS; i++) out->stack_expert_rows[i] = sp.expert_rows[i];
+  out->stack_expert_rows_max = sp.expert_rows_max;
   return DG_OK;
 }
 

@@ -249,12 +249,17 @@ dg_status dg_cuda_profile(dg_cuda_ctx *c, int on);
  * first mark (from the previous stacked pass this context led) charged to
  * DG_CUDA_ST_HOST: between stacked passes, the canvases' own device work
  * (top-K, self-conditioning rows, repair forwards, commits) and the host's. */
+#define DG_CUDA_EXPERT_BINS 1024
 typedef struct dg_cuda_stack_prof {
   double ms[DG_CUDA_NSTAGES];
   int64_t marks;
   int64_t passes;   /* stacks run */
   int64_t canvases; /* canvases summed over them */
   int64_t rows;     /* forward-set rows summed over them */
+  /* rows per expert in the stacks' MoE (the routing's moe.count, read back after every layer of every stack):
+   * expert_rows[r] = (stack, layer, expert) triples with r rows (the last bin: r >= DG_CUDA_EXPERT_BINS - 1) */
+  int64_t expert_rows[DG_CUDA_EXPERT_BINS];
+  int64_t expert_rows_max;
 } dg_cuda_stack_prof;
 /* Synchronise, then ms[DG_CUDA_NSTAGES] = GPU milliseconds per stage since
  * profiling started (from cudaEventElapsedTime) of the passes on c's own

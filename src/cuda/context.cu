@@ -370,6 +370,8 @@ struct dg_cuda_prof {
   double ms[DG_CUDA_NSTAGES];
   int64_t marks;
   int64_t passes, canvases, rows; /* a stacked passes' record (prof_stack): stacks, canvases and rows summed */
+  int32_t *h_cnt;                  /* pinned [n_layers * E]: the last stack's expert counts per layer (prof_stack) */
+  int64_t erows[DG_CUDA_EXPERT_BINS], erows_max;
 };
 
 static const char *const kStageNames[DG_CUDA_NSTAGES] = {
@@ -408,6 +410,7 @@ dg_status mark(dg_cuda_ctx *c, int st) {
 static void prof_free(dg_cuda_prof *p) {
   if (!p) return;
   for (int i = 0; i < PROF_EV; i++) cudaEventDestroy(p->ev[i]);
+  if (p->h_cnt) cudaFreeHost(p->h_cnt);
   free(p);
 }
 
@@ -447,8 +450,33 @@ dg_status prof_stack_begin(dg_cuda_ctx *w, dg_cuda_ctx *lead, int32_t canvases, 
   lead->prof_stack->passes++;
   lead->prof_stack->canvases += canvases;
   lead->prof_stack->rows += rows;
+  const dg_cuda_model_desc *d = &w->m->d;
+  if (!lead->prof_stack->h_cnt && d->n_experts > 0 &&
+      cudaMallocHost((void **)&lead->prof_stack->h_cnt, (size_t)d->n_layers * d->n_experts * 4) != cudaSuccess) {
+    lead->prof_stack->h_cnt = NULL;
+    return dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %d expert counts failed", d->n_layers * d->n_experts);
+  }
   w->prof = lead->prof_stack;
   return DG_OK;
+}
+
+dg_status prof_stack_layer(dg_cuda_ctx *w, int li) {
+  dg_cuda_prof *p = w->prof;
+  if (!p || !p->h_cnt) return DG_OK;
+  const int E = w->m->d.n_experts;
+  CK(cudaMemcpyAsync(p->h_cnt + (size_t)li * E, w->moe.count, (size_t)E * 4, cudaMemcpyDeviceToHost, w->stream));
+  return DG_OK;
+}
+
+void prof_stack_end(dg_cuda_ctx *w) {
+  dg_cuda_prof *p = w->prof;
+  if (!p || !p->h_cnt) return;
+  const int E = w->m->d.n_experts, L = w->m->d.n_layers;
+  for (int i = 0; i < L * E; i++) {
+    const int64_t r = p->h_cnt[i];
+    p->erows[r < DG_CUDA_EXPERT_BINS - 1 ? r : DG_CUDA_EXPERT_BINS - 1]++;
+    if (r > p->erows_max) p->erows_max = r;
+  }
 }
 
 extern "C" dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks, dg_cuda_stack_prof *stack) {
@@ -467,6 +495,8 @@ extern "C" dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n
       stack->passes = p->passes;
       stack->canvases = p->canvases;
       stack->rows = p->rows;
+      for (int i = 0; i < DG_CUDA_EXPERT_BINS; i++) stack->expert_rows[i] = p->erows[i];
+      stack->expert_rows_max = p->erows_max;
     }
   }
   return DG_OK;

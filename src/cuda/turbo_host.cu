@@ -237,7 +237,10 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
     DG_TRY(mark(w, DG_CUDA_ST_SC));
   }
   CKK(w, k_rmsnorm(s, w->x, NULL, w->x, NULL, N, H, d->eps));
-  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_segs(w, li, N, seg, B, 0));
+  for (int li = 0; li < d->n_layers; li++) {
+    DG_TRY(layer_segs(w, li, N, seg, B, 0));
+    DG_TRY(prof_stack_layer(w, li)); /* profiling: this layer's rows per expert */
+  }
   /* the LM head of each canvas's head rows, into its own logits (head_upload and head_body's operations) */
   for (int32_t b = 0; b < B; b++) {
     dg_cuda_ctx *c = q[b].c;
@@ -254,6 +257,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   }
   DG_TRY(mark(w, DG_CUDA_ST_HEAD));
   CK(cudaStreamSynchronize(s));
+  prof_stack_end(w);
   return DG_OK;
 }
 
