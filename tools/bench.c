@@ -1609,7 +1609,7 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
              "between stacked passes (the canvases' own device work and the host's). Per canvas: the B contexts' own "
              "streams summed (prefill, commits, repair forwards, top-K, self-conditioning rows; B = 1 also its "
              "compacted passes), per batched pass; their host row counts the other streams' time too (not summed). "
-             "Floor per stage = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s) of the cost model at each pass's "
+             "Floor per stage = max(bytes / %.1f GB/s, FLOPs / %.1f TFLOP/s) of the cost model at each pass's "
              "recorded rows (weights once per stacked pass).\n", bw / 1e9, rate / 1e12);
       if (profile_batch(m, o, &bgp, Bs, nB, bw, rate, out)) { out_discard(out); return 1; }
     }
