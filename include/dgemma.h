@@ -407,15 +407,33 @@ dg_status dg_context_release_buffers(dg_context *ctx);
  * the time between calls into the backend). Stages, in pass order: embedding
  * and norms, q/k/v + rope, attention, o-proj, dense MLP, router + top-k,
  * grouping, experts, combine, LM head, self-conditioning, sampler statistics,
- * host and launch gaps; the reference sampler's calls are split this way (the
- * turbo engine's own calls are charged to the stage marked after them).
+ * host and launch gaps; the reference sampler's calls are split this way, the
+ * turbo engine's too (its top-K under sampler statistics, its self-conditioning
+ * rows under self-conditioning, its compacted and row passes' embedding, SC
+ * MLP and LM head under theirs).
  * on = 0 stops and frees the events. Errors: DG_ERR_INVALID_ARG on a CPU
  * context, DG_ERR_BACKEND. */
 #define DG_PROFILE_STAGES 13
+#define DG_PROFILE_EXPERT_BINS 1024
 typedef struct dg_profile {
   double ms[DG_PROFILE_STAGES]; /* milliseconds of GPU time per stage */
   const char *name[DG_PROFILE_STAGES];
   int64_t marks; /* stage boundaries recorded */
+  /* The stacked passes of a batch (dg_generate_batch, dg_batch_step with B > 1 on CUDA) that ctx led: ctx was
+   * the first canvas of the stack with profiling on. They run on the batch's work context, not on ctx, so ms[]
+   * above leaves them out (its "host and launch gaps" hold them); here the same stages, the interval before a
+   * stack's first mark (since the previous stack ctx led: the canvases' own device work and the host's) under
+   * "host and launch gaps". Summed over the batch's contexts: every stacked pass once. All zero without one. */
+  double stack_ms[DG_PROFILE_STAGES];
+  int64_t stack_marks;
+  int64_t stack_passes;   /* stacks (one per denoising step unless the forward sets overflow the work rows) */
+  int64_t stack_canvases; /* canvases summed over those stacks */
+  int64_t stack_rows;     /* forward-set rows summed over those stacks */
+  /* Rows per expert in those stacks' MoE, read back after every layer's routing: stack_expert_rows[r] = the
+   * (stack, layer, expert) triples with r rows (r = 0: not hit; the last bin: r >= DG_PROFILE_EXPERT_BINS - 1);
+   * they sum to stacks x layers x experts, and r x count to stack_rows x layers x top_k. */
+  int64_t stack_expert_rows[DG_PROFILE_EXPERT_BINS];
+  int64_t stack_expert_rows_max;
 } dg_profile;
 dg_status dg_context_profile(dg_context *ctx, int on);
 /* Synchronise and read the totals (profiling stays on). DG_ERR_INVALID_ARG if it is off. */

@@ -203,6 +203,76 @@ static void test_batch_floor(void **state) {
   dg_model_free(m);
 }
 
+/* bench --profile --protocol batch's per-stage floors of a stacked pass: the stages add up to
+ * bench_decoder_batch_cost of the same pass field by field (relative 1e-9 for the sums of doubles, exact for
+ * the logits' bytes); one canvas of C rows and C head rows is bench_stage_cost's decoder pass stage by stage;
+ * the layers' weights are those of one pass at the rows' sum (20 + 30 rows: stage 7's expert bytes at the hit
+ * fraction 1 - 0.75^50 of the bundled model's 9,437,184 expert bytes, test_decoder_batch_cost's count), the
+ * LM head's FLOPs count the head rows only (2 x (10 + 12) x 4096 x 256) and the attention is each canvas's at
+ * its own context. */
+static void test_stage_cost_batch(void **state) {
+  (void)state;
+  dg_model *m = load_small(0);
+  dg_model_info mi;
+  dg_model_get_info(m, &mi);
+  const int32_t C = mi.canvas_length;
+  bench_pass_seq two[2] = {{20, 10, 10}, {30, 12, 100}}, one = {C, C, 100};
+  bench_cost st[DG_PROFILE_STAGES], sum = {0, 0, 0, 0};
+  memset(st, 0, sizeof st);
+  bench_stage_cost_batch(m, two, 2, st);
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+    sum.weight_bytes += st[i].weight_bytes; sum.kv_bytes += st[i].kv_bytes;
+    sum.other_bytes += st[i].other_bytes; sum.flops += st[i].flops;
+  }
+  bench_cost w = bench_decoder_batch_cost(m, two, 2);
+  if (fabs(sum.weight_bytes - w.weight_bytes) > 1e-9 * w.weight_bytes || fabs(sum.kv_bytes - w.kv_bytes) > 1e-9 * w.kv_bytes ||
+      sum.other_bytes != w.other_bytes || fabs(sum.flops - w.flops) > 1e-9 * w.flops)
+    fail_msg("stages sum to bytes %.1f/%.1f/%.1f flops %.1f, the pass %.1f/%.1f/%.1f flops %.1f", sum.weight_bytes,
+             sum.kv_bytes, sum.other_bytes, sum.flops, w.weight_bytes, w.kv_bytes, w.other_bytes, w.flops);
+  const double want7 = (1 - pow(0.75, 50)) * 9437184.0;
+  if (fabs(st[7].weight_bytes - want7) > 1e-9 * want7) fail_msg("experts' bytes %.1f, want %.1f", st[7].weight_bytes, want7);
+  assert_true(fabs(st[9].flops - 2.0 * 22 * 4096 * 256) < 1.0);
+  assert_true(st[9].other_bytes == 22.0 * 4096 * 4);
+  bench_cost a[DG_PROFILE_STAGES], b[DG_PROFILE_STAGES];
+  memset(a, 0, sizeof a);
+  memset(b, 0, sizeof b);
+  bench_stage_cost(m, 20, 10, 0, a); /* attention of canvas 0 alone, then canvas 1's */
+  bench_stage_cost(m, 30, 100, 0, b);
+  if (fabs(st[2].flops - (a[2].flops + b[2].flops)) > 1e-9 * st[2].flops ||
+      fabs(st[2].kv_bytes - (a[2].kv_bytes + b[2].kv_bytes)) > 1e-9 * st[2].kv_bytes)
+    fail_msg("attention %.1f flops %.1f bytes, the canvases' own %.1f, %.1f", st[2].flops, st[2].kv_bytes,
+             a[2].flops + b[2].flops, a[2].kv_bytes + b[2].kv_bytes);
+  memset(st, 0, sizeof st);
+  memset(a, 0, sizeof a);
+  bench_stage_cost_batch(m, &one, 1, st);
+  bench_stage_cost(m, C, 100, 0, a);
+  for (int i = 0; i < DG_PROFILE_STAGES; i++)
+    if (fabs(st[i].weight_bytes - a[i].weight_bytes) > 1e-9 * a[i].weight_bytes || st[i].kv_bytes != a[i].kv_bytes ||
+        st[i].other_bytes != a[i].other_bytes || fabs(st[i].flops - a[i].flops) > 1e-9 * a[i].flops)
+      fail_msg("stage %d: one canvas's stacked pass differs from its own pass", i);
+  dg_model_free(m);
+}
+
+/* The batched passes of a trace (the records of test_batch_floor): three passes of 64 + 64, 20 + 30 and 64
+ * rows carrying 2, 2 and 1 canvases; a record of a canvas outside [0, B) is skipped; a cap below the count
+ * fills cap entries and still returns every pass; B = 1 makes every record a pass of its own. */
+static void test_batch_passes(void **state) {
+  (void)state;
+  bench_step_rec steps[] = {{0, 0, 64, 64}, {1, 0, 64, 64}, {0, 0, 20, 10}, {5, 0, 7, 7}, {1, 0, 30, 12}, {0, 1, 64, 64}};
+  bench_trace tr = {steps, 6, 6, NULL, 0, 0, 0};
+  int32_t rows[4] = {-1, -1, -1, -1}, canv[4] = {-1, -1, -1, -1};
+  assert_int_equal(bench_batch_passes(&tr, 2, rows, canv, 4), 3);
+  assert_int_equal(rows[0], 128); assert_int_equal(rows[1], 50); assert_int_equal(rows[2], 64);
+  assert_int_equal(canv[0], 2); assert_int_equal(canv[1], 2); assert_int_equal(canv[2], 1);
+  assert_int_equal(rows[3], -1);
+  int32_t r1[1] = {-1};
+  assert_int_equal(bench_batch_passes(&tr, 2, r1, NULL, 1), 3);
+  assert_int_equal(r1[0], 128);
+  assert_int_equal(bench_batch_passes(&tr, 1, NULL, NULL, 0), 3); /* canvas 0's records only: 64, 20, 64 */
+  bench_trace empty = {NULL, 0, 0, NULL, 0, 0, 0};
+  assert_int_equal(bench_batch_passes(&empty, 4, rows, canv, 4), 0);
+}
+
 /* ---- the batch protocol on the bundled model --------------------------------------------- */
 
 static void test_batch_params(void **state) {
@@ -325,6 +395,16 @@ static void test_parse_lists(void **state) {
   o.protocol = "speed";
   assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
   assert_string_equal(err, "unknown --protocol \"speed\" (vllm, p512, batch, ceiling, all)");
+  /* --profile: batch rows split too, on CUDA only; never the ceiling protocol */
+  o.protocol = "batch";
+  o.profile = 1;
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
+  assert_string_equal(err, "--profile times the CUDA backend's stages: add --device cuda");
+  o.device = DG_DEVICE_CUDA;
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
+  o.protocol = "ceiling";
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
+  assert_string_equal(err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol ceiling");
 }
 
 /* The CLI rejects bad options with exit status 2 before loading a model (none exists at -m here). */
@@ -647,7 +727,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul_cost),       cmocka_unit_test(test_route),
-      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_stage_cost), cmocka_unit_test(test_batch_floor),
+      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_stage_cost), cmocka_unit_test(test_batch_floor), cmocka_unit_test(test_stage_cost_batch), cmocka_unit_test(test_batch_passes),
       cmocka_unit_test(test_batch_params),      cmocka_unit_test(test_batch_equals_single),
       cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_rows),          cmocka_unit_test(test_cli_out_atomic),

@@ -1017,7 +1017,7 @@ static void test_rejected_options(void **state) {
       {"bench -m /nonexistent --protocol vllm --gen-kwargs '{'", "--gen-kwargs is read by --protocol batch"},
       {"bench -m /nonexistent --protocol p512 --gen-kwargs '{\"seed\": 1}'", "--gen-kwargs is read by --protocol batch"},
       {"bench -m /nonexistent --protocol vllm --profile", "--profile times the CUDA backend's stages: add --device cuda"},
-      {"bench -m /nonexistent --protocol batch --profile --device cuda", "--profile splits the vllm and p512 rows"},
+      {"bench -m /nonexistent --protocol batch --profile", "--profile times the CUDA backend's stages: add --device cuda"},
       {"frobnicate -m x", "dgemma: unknown command \"frobnicate\"; see `dgemma --help`"},
       {"serve -m /nonexistent --frobnicate", "dgemma serve: unknown option --frobnicate; see `dgemma serve --help`"},
       {"serve -m /nonexistent --port", "dgemma serve: --port needs a value; see `dgemma serve --help`"},
@@ -1045,7 +1045,8 @@ static void test_rejected_options(void **state) {
       {"run -m /nonexistent -f /dev/null", "the prompt is empty (the file holds no text)"},
       /* bench: --profile does not apply to the ceiling protocol, whatever the device; --prompt-tokens only to vllm */
       {"bench -m /nonexistent --protocol ceiling --profile",
-       "dgemma bench: --profile splits the vllm and p512 rows into stages, not --protocol ceiling; see `dgemma bench --help`"},
+       "dgemma bench: --profile splits the vllm, p512 and batch rows into stages, not --protocol ceiling; see `dgemma bench --help`"},
+      {"bench -m /nonexistent --protocol ceiling --profile --device cuda", "--profile splits the vllm, p512 and batch rows"},
       {"bench -m /nonexistent --protocol p512 --prompt-tokens 64", "--prompt-tokens sets the prompt of --protocol vllm"},
       /* serve: every usage error ends with the help tail, and its numbers are decimal too */
       {"serve -m /nonexistent --port 0x10",

@@ -1493,6 +1493,145 @@ static void test_turbo_batch(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* dg_context_profile over a batch (bench --profile --protocol batch): the stacked passes of dg_generate_batch
+ * run on the batch's work context and are recorded in dg_profile.stack_* of the first profiled canvas of each
+ * stack, so over the two canvases' records: stacks = the batched passes the step callbacks show (records
+ * grouped by canvas order, as tools/bench.c does), canvases = the step records, rows = their forward_shape
+ * summed; each stack marks 1 (entry) + 1 (embedding) + 10 per layer + 1 (LM heads) and 1 per canvas with kept
+ * self-conditioning rows; attention, experts and LM head took time > 0, nothing < 0; the rows per expert read
+ * back count every (stack, layer, expert) once and sum to rows x layers x top_k. The canvases' own records
+ * hold their prefills (experts > 0) and none of the stacks'. Profiling leaves the tokens as they were (the
+ * branches run in order: test_branch's bits); a single-canvas run records no stack. */
+typedef struct prof_rec { int32_t n, last, passes, rows; } prof_rec;
+typedef struct prof_cb { prof_rec *r; int32_t canvas; } prof_cb;
+static int prof_on_step(const dg_step_info *si, void *ud) {
+  prof_cb *cb = (prof_cb *)ud;
+  if (cb->r->n == 0 || cb->canvas <= cb->r->last) cb->r->passes++;
+  cb->r->last = cb->canvas;
+  cb->r->n++;
+  cb->r->rows += si->forward_shape;
+  return 0;
+}
+
+static void test_profile_batch(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  dg_model *gm;
+  char dir[] = "/tmp/dg_cuda_pbatXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, L = gm->cfg.n_layers;
+  int32_t prompt[30], p2[11];
+  synth_random_ids(prompt, 30, V, 81);
+  synth_random_ids(p2, 11, V, 82);
+  const char *kw[2] = {"{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+                       "\"turbo_repair\": true, \"turbo_compact\": true}",
+                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", "
+                       "\"turbo_topk\": 8}"};
+  const int32_t *ps[2] = {prompt, p2};
+  size_t np[2] = {30, 11};
+  dg_gen_params g[2];
+  prof_rec rec = {0, -1, 0, 0};
+  prof_cb cbs[2] = {{&rec, 0}, {&rec, 1}};
+  for (int i = 0; i < 2; i++) {
+    g[i] = dg_gen_default_params(gm);
+    g[i].max_new_tokens = 2 * C;
+    g[i].max_denoising_steps = 3; /* the emulation is slow */
+    g[i].n_stop_ids = 0;
+    g[i].seed = 30 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&g[i], kw[i]));
+  }
+  dg_context *cx[2];
+  dg_gen_result rb[2], rp[2];
+  for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+  assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rb));
+  for (int i = 0; i < 2; i++) {
+    dg_context_reset(cx[i]);
+    assert_dg_ok(dg_context_profile(cx[i], 1));
+    g[i].on_step = prof_on_step;
+    g[i].user_data = &cbs[i];
+  }
+  assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rp));
+  dg_profile pr[2];
+  int64_t passes = 0, canv = 0, rows = 0, marks = 0;
+  for (int i = 0; i < 2; i++) {
+    assert_dg_ok(dg_context_profile_read(cx[i], &pr[i]));
+    passes += pr[i].stack_passes;
+    canv += pr[i].stack_canvases;
+    rows += pr[i].stack_rows;
+    marks += pr[i].stack_marks;
+    assert_int_equal(rp[i].n_tokens, rb[i].n_tokens);
+    assert_memory_equal(rp[i].tokens, rb[i].tokens, (size_t)rb[i].n_tokens * 4);
+    for (int k = 0; k < DG_PROFILE_STAGES; k++)
+      if (!(pr[i].ms[k] >= 0 && pr[i].stack_ms[k] >= 0))
+        fail_msg("canvas %d stage %s: %g ms own, %g ms stacked", i, pr[i].name[k], pr[i].ms[k], pr[i].stack_ms[k]);
+    if (!(pr[i].ms[DG_CUDA_ST_EXPERTS] > 0)) fail_msg("canvas %d: its prefill's experts took no time", i);
+  }
+  printf("# profile batch: %lld stacks (steps show %d passes), %lld canvases (%d records), %lld rows (%d), %lld "
+         "marks; stacked attention %.4f, experts %.4f, LM head %.4f ms; canvas 0 led %lld\n", (long long)passes,
+         rec.passes, (long long)canv, rec.n, (long long)rows, rec.rows, (long long)marks,
+         pr[0].stack_ms[DG_CUDA_ST_ATTN] + pr[1].stack_ms[DG_CUDA_ST_ATTN],
+         pr[0].stack_ms[DG_CUDA_ST_EXPERTS] + pr[1].stack_ms[DG_CUDA_ST_EXPERTS],
+         pr[0].stack_ms[DG_CUDA_ST_HEAD] + pr[1].stack_ms[DG_CUDA_ST_HEAD], (long long)pr[0].stack_passes);
+  assert_true(rec.passes > 0);
+  assert_int_equal(passes, rec.passes);
+  assert_int_equal(canv, rec.n);
+  assert_int_equal(rows, rec.rows);
+  assert_true(pr[0].stack_passes > 0); /* canvas 0 leads every stack it is in */
+  const int64_t per = 3 + 10LL * L;
+  if (!(marks >= passes * per && marks <= passes * per + canv))
+    fail_msg("stack marks %lld outside [%lld, %lld]", (long long)marks, (long long)(passes * per),
+             (long long)(passes * per + canv));
+  const double sa = pr[0].stack_ms[DG_CUDA_ST_ATTN] + pr[1].stack_ms[DG_CUDA_ST_ATTN],
+               se = pr[0].stack_ms[DG_CUDA_ST_EXPERTS] + pr[1].stack_ms[DG_CUDA_ST_EXPERTS],
+               sh = pr[0].stack_ms[DG_CUDA_ST_HEAD] + pr[1].stack_ms[DG_CUDA_ST_HEAD];
+  if (!(sa > 0 && se > 0 && sh > 0)) fail_msg("stacked: attention %g, experts %g, LM head %g ms", sa, se, sh);
+  /* rows per expert: every (stack, layer, expert) counted once, and the rows x top_k pairs of each layer */
+  const int E = gm->cfg.n_experts, K = gm->cfg.top_k_experts;
+  int64_t triples = 0, pairs = 0, mx = 0;
+  for (int i = 0; i < 2; i++) {
+    for (int r = 0; r < DG_PROFILE_EXPERT_BINS; r++) {
+      triples += pr[i].stack_expert_rows[r];
+      pairs += (int64_t)r * pr[i].stack_expert_rows[r];
+    }
+    mx = pr[i].stack_expert_rows_max > mx ? pr[i].stack_expert_rows_max : mx;
+  }
+  printf("# profile batch: rows per expert: %lld (stack, layer, expert) triples, %lld pairs, max %lld\n",
+         (long long)triples, (long long)pairs, (long long)mx);
+  assert_true(E > 0 && mx < DG_PROFILE_EXPERT_BINS - 1);
+  assert_int_equal(triples, passes * L * E);
+  assert_int_equal(pairs, rows * L * K);
+  assert_true(mx >= (rows * K + passes * E - 1) / (passes * E)); /* at least the mean of some stack's layer */
+  /* one canvas alone: its passes on its own context, no stack recorded; profiling restarted: totals reset */
+  dg_gen_result r1;
+  dg_context_reset(cx[0]);
+  assert_dg_ok(dg_context_profile(cx[0], 1));
+  g[0].on_step = NULL;
+  assert_dg_ok(dg_generate(cx[0], ps[0], np[0], &g[0], &r1));
+  assert_dg_ok(dg_context_profile_read(cx[0], &pr[0]));
+  assert_int_equal(pr[0].stack_passes, 0);
+  assert_int_equal(pr[0].stack_marks, 0);
+  for (int k = 0; k < DG_PROFILE_STAGES; k++) assert_true(pr[0].stack_ms[k] == 0);
+  for (int r = 0; r < DG_PROFILE_EXPERT_BINS; r++) assert_true(pr[0].stack_expert_rows[r] == 0);
+  assert_true(pr[0].ms[DG_CUDA_ST_HEAD] > 0 && pr[0].ms[DG_CUDA_ST_ATTN] > 0);
+  dg_gen_result_free(&r1);
+  for (int i = 0; i < 2; i++) {
+    assert_dg_ok(dg_context_profile(cx[i], 0));
+    assert_int_equal(dg_context_profile_read(cx[i], &pr[i]), DG_ERR_INVALID_ARG);
+    dg_gen_result_free(&rb[i]);
+    dg_gen_result_free(&rp[i]);
+    dg_context_free(cx[i]);
+  }
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* The three chains over the logits through the backend's passes (src/cuda/passes.cu: the decode leaving the raw
  * logits with the softcap pending, dg_cuda_step_stats, the kept self-conditioning of dg_cuda_soft_from_z, the z made
  * real where a pass needs it; zstore's bookkeeping of a z stored in place, c->lg_cap DG_VZ_STORED), chosen by
@@ -3738,7 +3877,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -129,9 +129,9 @@ bench_cost bench_decoder_cost(const dg_model *m, int32_t ctx_len) {
  * self-conditioning; the last layer stops after its K/V, counted whole here as in
  * bench_encoder_cost). Stages with no weight or attention traffic (norms, grouping, combine, sampler
  * statistics, host) get none. */
-void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st) {
+/* The layers' products of a pass over T rows (stages q/k/v, o-proj, dense MLP, router, experts) into st. */
+static void stage_weights(const dg_model *m, double T, bench_cost *st) {
   const dg_config *cf = &m->cfg;
-  const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
   const double hit = expert_hit(cf->n_experts, cf->top_k_experts, T);
   for (int l = 0; l < cf->n_layers; l++) {
     const dg_layer *L = &m->layers[l];
@@ -148,6 +148,12 @@ void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal,
     st[7].flops += 2.0 * T * cf->top_k_experts * (wparams(&L->experts_gate_up) + wparams(&L->experts_down)) /
                    (cf->n_experts ? cf->n_experts : 1);
   }
+}
+
+void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st) {
+  const dg_config *cf = &m->cfg;
+  const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
+  stage_weights(m, T, st);
   layers_attention(m, T, ctx_len, causal ? T : C, causal, &st[2]);
   if (causal) return;
   st[9].weight_bytes += wbytes(&m->embed); /* LM head */
@@ -155,6 +161,24 @@ void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal,
   st[9].other_bytes += (double)T * V * sizeof(float);
   st[10].weight_bytes += wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
   st[10].flops += 2.0 * T * V * (double)H + 2.0 * T * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
+}
+
+void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n, bench_cost *st) {
+  const dg_config *cf = &m->cfg;
+  const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
+  double rows = 0, head = 0;
+  for (int i = 0; i < n; i++) {
+    rows += seqs[i].rows;
+    head += seqs[i].head_rows;
+    layers_attention(m, seqs[i].rows, seqs[i].ctx_len, C, 0, &st[2]);
+  }
+  if (rows <= 0) return;
+  stage_weights(m, rows, st);
+  st[9].weight_bytes += wbytes(&m->embed); /* LM head */
+  st[9].flops += 2.0 * head * V * (double)H;
+  st[9].other_bytes += head * V * sizeof(float);
+  st[10].weight_bytes += wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
+  st[10].flops += 2.0 * head * V * (double)H + 2.0 * rows * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
 }
 
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
@@ -321,8 +345,8 @@ int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
     return -1;
   if (o->formats && bench_parse_formats(o->formats, v, BENCH_MAX_LIST, err, n_err) < 0) return -1;
   /* first whether --profile applies to the protocol at all, then where it can run */
-  if (o->profile && (!strcmp(p, "ceiling") || !strcmp(p, "batch"))) {
-    snprintf(err, n_err, "--profile splits the vllm and p512 rows into stages, not --protocol %s", p);
+  if (o->profile && !strcmp(p, "ceiling")) {
+    snprintf(err, n_err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol %s", p);
     return -1;
   }
   if (o->profile && o->device != DG_DEVICE_CUDA) {
@@ -733,6 +757,30 @@ double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, cons
   return all;
 }
 
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+int32_t bench_batch_passes(const bench_trace *tr, int B, int32_t *rows, int32_t *canvases, int32_t cap) {
+  int32_t np = 0, r_sum = 0, n = 0, last = -1;
+  for (int32_t i = 0; i <= tr->n_steps; i++) {
+    const bench_step_rec *r = i < tr->n_steps ? &tr->steps[i] : NULL;
+    if (n > 0 && (!r || r->canvas <= last)) { /* the same rule as bench_batch_floor's */
+      if (np < cap && rows) rows[np] = r_sum;
+      if (np < cap && canvases) canvases[np] = n;
+      np++;
+      n = r_sum = 0;
+    }
+    if (!r) break;
+    if (r->canvas < 0 || r->canvas >= B) continue;
+    r_sum += r->rows;
+    n++;
+    last = r->canvas;
+  }
+  return np;
+}
+
 typedef struct batch_row {
   int B;
   int32_t P, G, blocks, forwards, passes;
@@ -740,7 +788,26 @@ typedef struct batch_row {
   double bw, rate; /* the ceilings of this row: measured just before and after it, the best of both */
   int memory_bound;
   int checked, equal; /* canvases compared with a smaller B's row, and how many had the same tokens */
+  int32_t rows_min, rows_max; /* rows per batched pass of the last run (forward sets summed, bucket-padded) */
+  double rows_med;
 } batch_row;
+
+/* min / median / max of the rows per batched pass of a recorded batch (0 when there is none). */
+static void batch_rows_stats(const bench_trace *tr, int B, int32_t *lo, double *med, int32_t *hi) {
+  *lo = *hi = 0;
+  *med = 0;
+  const int32_t cap = tr->n_steps + 1;
+  int32_t *rows = malloc((size_t)cap * sizeof *rows);
+  if (!rows) return;
+  const int32_t np = bench_batch_passes(tr, B, rows, NULL, cap);
+  if (np > 0) {
+    qsort(rows, (size_t)np, sizeof *rows, cmp_i32);
+    *lo = rows[0];
+    *hi = rows[np - 1];
+    *med = np % 2 ? rows[np / 2] : 0.5 * (rows[np / 2 - 1] + rows[np / 2]);
+  }
+  free(rows);
+}
 
 /* The rows of the batch protocol: for each B, canvases 0..B-1 (prompt b % 8, seed + b) generated together. */
 static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, const int *Bs, int nB,
@@ -820,6 +887,7 @@ static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, 
       }
       row->floor_s = bench_batch_floor(m, B, n, &tr, row->bw, row->rate, &row->memory_bound, &row->passes,
                                        &row->bytes_s, &row->flops_s);
+      batch_rows_stats(&tr, B, &row->rows_min, &row->rows_med, &row->rows_max);
     }
     bench_trace_free(&tr);
   }
@@ -829,6 +897,256 @@ static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, 
     if (ctx) dg_context_free(ctx[b]);
   }
   free(ids); free(seen); free(n); free(ctx); free(res);
+  return rc;
+}
+
+static void json_line(FILE *out, cJSON *j);
+
+/* bench --profile --protocol batch: for each B one more dg_generate_batch with the stage timing of every canvas's
+ * context on (outside the timed rows). The stacked passes run on the batch's work context: each canvas's
+ * dg_profile.stack_ms holds those it led, so the sum over the B contexts is every stacked pass once; ms[] holds
+ * the canvases' own device work (prefill, commits, repair forwards, top-K, self-conditioning rows; B = 1: also its
+ * compacted passes, which run on its own context). Printed per batched pass with the cost model's floor per stage
+ * at each pass's recorded rows (bench_stage_cost_batch) and, per canvas, of its prefill, commits and repairs. */
+static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, const int *Bs, int nB, double bw,
+                         double rate, FILE *out) {
+  const int32_t C = m->cfg.canvas_length, E = m->cfg.n_experts, K = m->cfg.top_k_experts;
+  int Bmax = 0;
+  for (int i = 0; i < nB; i++) Bmax = Bs[i] > Bmax ? Bs[i] : Bmax;
+  int32_t **ids = calloc((size_t)Bmax, sizeof *ids);
+  size_t *n = calloc((size_t)Bmax, sizeof *n);
+  dg_context **ctx = calloc((size_t)Bmax, sizeof *ctx);
+  dg_gen_result *res = calloc((size_t)Bmax, sizeof *res);
+  int rc = !ids || !n || !ctx || !res;
+  if (rc) fprintf(stderr, "dgemma bench: out of memory\n");
+  const int32_t n_canv = (gp->max_new_tokens + C - 1) / C;
+  for (int b = 0; !rc && b < Bmax; b++) {
+    dg_context_params cp = dg_context_default_params();
+    dg_status st = bench_batch_prompt(m, b, &ids[b], &n[b], NULL);
+    if (!st) {
+      cp.max_context = (int32_t)n[b] + n_canv * C;
+      st = dg_context_new(m, &cp, &ctx[b]);
+    }
+    if (st) { fprintf(stderr, "dgemma bench: --profile: canvas %d: %s: %s\n", b, dg_status_str(st), dg_last_error()); rc = 1; }
+  }
+  for (int r = 0; !rc && r < nB; r++) {
+    const int B = Bs[r];
+    bench_trace tr = {0};
+    double sec = 0, cv[DG_PROFILE_STAGES] = {0}, sk[DG_PROFILE_STAGES] = {0};
+    int64_t sk_passes = 0, sk_canv = 0, sk_rows = 0, marks = 0, emax = 0;
+    int sk_e50 = 0, sk_e90 = 0;
+    double sk_hit = 0;
+    static int64_t eh[DG_PROFILE_EXPERT_BINS]; /* rows per expert over the B records */
+    memset(eh, 0, sizeof eh);
+    dg_status st = DG_OK;
+    for (int b = 0; b < B && !st; b++) st = dg_context_profile(ctx[b], 1);
+    if (!st) st = bench_batch_run(ctx, B, ids, n, gp, res, &sec, &tr);
+    const char *names[DG_PROFILE_STAGES] = {0};
+    for (int b = 0; b < B && !st; b++) {
+      dg_profile p;
+      if ((st = dg_context_profile_read(ctx[b], &p))) break;
+      for (int i = 0; i < DG_PROFILE_STAGES; i++) { cv[i] += p.ms[i]; sk[i] += p.stack_ms[i]; names[i] = p.name[i]; }
+      sk_passes += p.stack_passes; sk_canv += p.stack_canvases; sk_rows += p.stack_rows;
+      for (int i = 0; i < DG_PROFILE_EXPERT_BINS; i++) eh[i] += p.stack_expert_rows[i];
+      emax = p.stack_expert_rows_max > emax ? p.stack_expert_rows_max : emax;
+      marks += p.marks + p.stack_marks;
+    }
+    for (int b = 0; b < B; b++) dg_context_profile(ctx[b], 0);
+    if (!st && tr.oom) st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory recording the batch trace");
+    if (st) {
+      fprintf(stderr, "dgemma bench: --profile: batch B = %d: %s: %s\n", B, dg_status_str(st), dg_last_error());
+      for (int b = 0; b < B; b++) dg_gen_result_free(&res[b]);
+      bench_trace_free(&tr);
+      rc = 1;
+      break;
+    }
+    int32_t forwards = 0, blocks = 0, toks = 0;
+    for (int b = 0; b < B; b++) {
+      forwards += res[b].n_steps;
+      blocks += res[b].n_blocks;
+      toks += res[b].n_valid;
+      dg_gen_result_free(&res[b]);
+    }
+    /* the batched passes from the step records: rows and canvases of each, and each stage's floor at its rows */
+    const int32_t cap = tr.n_steps + 1;
+    int32_t *rows = malloc((size_t)cap * sizeof *rows), *canv = malloc((size_t)cap * sizeof *canv);
+    bench_pass_seq *ps = malloc((size_t)B * sizeof *ps);
+    int32_t *per = calloc((size_t)B * (n_canv + 1), sizeof *per); /* step records per (canvas, block) */
+    if (!rows || !canv || !ps || !per) {
+      fprintf(stderr, "dgemma bench: out of memory\n");
+      free(rows); free(canv); free(ps); free(per);
+      bench_trace_free(&tr);
+      rc = 1;
+      break;
+    }
+    const int32_t np = bench_batch_passes(&tr, B, rows, canv, cap);
+    double fs[DG_PROFILE_STAGES] = {0}, fc[DG_PROFILE_STAGES] = {0};
+    int32_t nps = 0, last = -1;
+    for (int32_t i = 0; i <= tr.n_steps; i++) {
+      const bench_step_rec *q = i < tr.n_steps ? &tr.steps[i] : NULL;
+      if (nps > 0 && (!q || q->canvas <= last)) {
+        bench_cost c[DG_PROFILE_STAGES];
+        memset(c, 0, sizeof c);
+        bench_stage_cost_batch(m, ps, nps, c);
+        for (int k = 0; k < DG_PROFILE_STAGES; k++) fs[k] += bench_floor_s(&c[k], bw, rate, NULL);
+        nps = 0;
+      }
+      if (!q) break;
+      if (q->canvas < 0 || q->canvas >= B) continue;
+      ps[nps++] = (bench_pass_seq){q->rows, q->head_rows, (int32_t)n[q->canvas] + q->block * C};
+      last = q->canvas;
+      if (q->block >= 0 && q->block <= n_canv) per[(size_t)q->canvas * (n_canv + 1) + q->block]++;
+    }
+    int32_t repairs = 0, commits = 0;
+    for (int b = 0; b < B; b++) { /* prefills */
+      bench_cost c[DG_PROFILE_STAGES];
+      memset(c, 0, sizeof c);
+      bench_stage_cost(m, (int32_t)n[b], 0, 1, c);
+      for (int k = 0; k < DG_PROFILE_STAGES; k++) fc[k] += bench_floor_s(&c[k], bw, rate, NULL);
+    }
+    for (int32_t i = 0; i < tr.n_blocks; i++) { /* commits and repair forwards */
+      const bench_block_rec *q = &tr.blocks[i];
+      if (q->canvas < 0 || q->canvas >= B || q->block < 0 || q->block > n_canv) continue;
+      const int32_t L = (int32_t)n[q->canvas] + q->block * C;
+      bench_cost c[DG_PROFILE_STAGES];
+      if (q->block > 0) {
+        memset(c, 0, sizeof c);
+        bench_stage_cost(m, C, L - C, 1, c);
+        for (int k = 0; k < DG_PROFILE_STAGES; k++) fc[k] += bench_floor_s(&c[k], bw, rate, NULL);
+        commits++;
+      }
+      for (int32_t k2 = per[(size_t)q->canvas * (n_canv + 1) + q->block]; k2 < q->n_steps; k2++) {
+        memset(c, 0, sizeof c);
+        bench_stage_cost(m, C, L, 0, c);
+        for (int k = 0; k < DG_PROFILE_STAGES; k++) fc[k] += bench_floor_s(&c[k], bw, rate, NULL);
+        repairs++;
+      }
+    }
+    const int own = sk_passes == 0; /* B = 1: the compacted passes ran on the canvas's own context */
+    if (own)
+      for (int k = 0; k < DG_PROFILE_STAGES; k++) { fc[k] += fs[k]; fs[k] = 0; }
+    /* rows per pass, canvases per pass */
+    int32_t hist[BENCH_MAX_B + 1] = {0};
+    for (int32_t i = 0; i < np && i < cap; i++) hist[canv[i] <= BENCH_MAX_B ? canv[i] : 0]++;
+    qsort(rows, (size_t)(np < cap ? np : cap), sizeof *rows, cmp_i32);
+    const int32_t rmin = np ? rows[0] : 0, rmax = np ? rows[np - 1] : 0;
+    const double rmed = np ? (np % 2 ? rows[np / 2] : 0.5 * (rows[np / 2 - 1] + rows[np / 2])) : 0;
+    char hs[1024] = ""; /* "k: passes" for k = B..1: at most 64 entries of at most 14 characters */
+    for (int k = B, used = 0; k >= 1 && used < (int)sizeof hs; k--)
+      if (hist[k]) used += snprintf(hs + used, sizeof hs - (size_t)used, "%s%d: %d", used ? ", " : "", k, hist[k]);
+    const double pp = np > 0 ? np : 1, mean_e = rmed * K / (E ? E : 1);
+    const double hit_e = E ? E * (1.0 - pow(1.0 - (double)K / E, rmed)) : 0;
+    double ts = 0, tc = 0, fts = 0, ftc = 0;
+    for (int k = 0; k < DG_PROFILE_STAGES; k++) {
+      if (k != DG_PROFILE_STAGES - 1) { ts += sk[k]; tc += cv[k]; }
+      fts += fs[k]; ftc += fc[k];
+    }
+    printf("\nbatch --profile B = %d: one more run (not in the rows above), %.1f ms wall, %d tokens, %lld stage marks; "
+           "%d batched passes (canvases in the pass: %s), %s; rows per batched pass (forward-set positions summed over "
+           "its canvases, bucket-padded) min / median / max %d / %.0f / %d; per canvas on its own context: %d prefills, "
+           "%d commits, %d repair forwards (%d decoder forwards in all); rows per expert in the stacked MoE at the "
+           "median pass (uniform routing, the cost model's, not measured): %.1f on average, %.1f of %d experts hit\n",
+           B, sec * 1e3, toks, (long long)marks, np, hs,
+           own ? "all on the canvas's own context (B = 1: no work context, no stacks)"
+               : "each a stack on the batch's work context", rmin, rmed, rmax, B, commits, repairs, forwards, mean_e,
+           hit_e, E);
+    if (!own) {
+      /* rows per expert of the hit (stack, layer, expert) triples: median, p90 from the histogram */
+      int64_t hit = 0, acc = 0;
+      for (int i = 1; i < DG_PROFILE_EXPERT_BINS; i++) hit += eh[i];
+      int e50 = 0, e90 = 0;
+      for (int i = 1; i < DG_PROFILE_EXPERT_BINS && hit > 0; i++) {
+        acc += eh[i];
+        if (!e50 && 2 * acc >= hit) e50 = i;
+        if (!e90 && 10 * acc >= 9 * hit) { e90 = i; break; }
+      }
+      const int32_t L = m->cfg.n_layers;
+      printf("backend's record of the stacks: %lld stacks, %lld canvases, %lld rows (%.1f rows per stack); rows per "
+             "expert in the stacked MoE (measured: the routing's counts after every layer), over the (stack, layer, "
+             "expert) triples with rows: median %d, p90 %d, max %lld%s; experts hit per layer %.1f of %d\n",
+             (long long)sk_passes, (long long)sk_canv, (long long)sk_rows, sk_passes ? (double)sk_rows / sk_passes : 0,
+             e50, e90, (long long)emax, emax >= DG_PROFILE_EXPERT_BINS - 1 ? " (or more)" : "",
+             sk_passes && L ? (double)hit / ((double)sk_passes * L) : 0, E);
+      if (out) { /* kept for the JSON line below */
+        sk_e50 = e50;
+        sk_e90 = e90;
+        sk_hit = sk_passes && L ? (double)hit / ((double)sk_passes * L) : 0;
+      }
+    }
+    printf("| stage | stacked ms per pass | %% | floor ms per pass | floor / ms | per-canvas ms per pass | %% | per-canvas "
+           "floor ms per pass |\n|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < DG_PROFILE_STAGES; k++) {
+      const int host = k == DG_PROFILE_STAGES - 1;
+      char a[64], b2[64], c2[64], d2[64];
+      if (fs[k] > 0) {
+        snprintf(a, sizeof a, "%.3f", fs[k] * 1e3 / pp);
+        snprintf(b2, sizeof b2, "%.1f%%", sk[k] > 0 ? 100.0 * fs[k] * 1e3 / sk[k] : 0);
+      } else {
+        snprintf(a, sizeof a, "-");
+        snprintf(b2, sizeof b2, "-");
+      }
+      if (host) snprintf(c2, sizeof c2, "(%.3f)", cv[k] / pp);
+      else snprintf(c2, sizeof c2, "%.3f", cv[k] / pp);
+      if (fc[k] > 0) snprintf(d2, sizeof d2, "%.3f", fc[k] * 1e3 / pp);
+      else snprintf(d2, sizeof d2, "-");
+      char e2[32], s2[32];
+      if (host) { snprintf(e2, sizeof e2, "-"); snprintf(s2, sizeof s2, "-"); }
+      else {
+        snprintf(e2, sizeof e2, "%.1f%%", tc > 0 ? 100.0 * cv[k] / tc : 0);
+        snprintf(s2, sizeof s2, "%.1f%%", ts > 0 ? 100.0 * sk[k] / ts : 0);
+      }
+      printf("| %s | %s%.3f%s | %s | %s | %s | %s | %s | %s |\n", names[k] ? names[k] : "?", host ? "(" : "",
+             sk[k] / pp, host ? ")" : "", s2, a, b2, c2, e2, d2);
+    }
+    /* the share column of the per-canvas part */
+    printf("| all but host | %.3f | 100%% | %.3f | %.1f%% | %.3f | 100%% | %.3f |\n", ts / pp, fts * 1e3 / pp,
+           ts > 0 ? 100.0 * fts * 1e3 / ts : 0, tc / pp, ftc * 1e3 / pp);
+    printf("per batched pass (%d): stacked-pass GPU %.3f ms + per-canvas GPU %.3f ms + the rest %.3f ms (host work and "
+           "the GPU idle: wall %.3f ms - both)\n",
+           np, ts / pp, tc / pp, (sec * 1e3 - ts - tc) / pp, sec * 1e3 / pp);
+    if (out) {
+      cJSON *j = cJSON_CreateObject();
+      cJSON_AddStringToObject(j, "protocol", "batch_profile");
+      cJSON_AddStringToObject(j, "model", o->model_dir);
+      cJSON_AddNumberToObject(j, "B", B);
+      cJSON_AddNumberToObject(j, "wall_ms", sec * 1e3);
+      cJSON_AddNumberToObject(j, "generated_tokens", toks);
+      cJSON_AddNumberToObject(j, "passes", np);
+      cJSON_AddNumberToObject(j, "stacks", (double)sk_passes);
+      cJSON_AddNumberToObject(j, "stack_rows", (double)sk_rows);
+      cJSON_AddNumberToObject(j, "forwards", forwards);
+      cJSON_AddNumberToObject(j, "repairs", repairs);
+      cJSON_AddNumberToObject(j, "commits", commits);
+      cJSON_AddNumberToObject(j, "rows_min", rmin);
+      cJSON_AddNumberToObject(j, "rows_median", rmed);
+      cJSON_AddNumberToObject(j, "rows_max", rmax);
+      cJSON_AddNumberToObject(j, "expert_rows_median", sk_e50);
+      cJSON_AddNumberToObject(j, "expert_rows_p90", sk_e90);
+      cJSON_AddNumberToObject(j, "expert_rows_max", (double)emax);
+      cJSON_AddNumberToObject(j, "experts_hit_per_layer", sk_hit);
+      cJSON *h = cJSON_AddArrayToObject(j, "passes_by_canvases");
+      for (int k = 1; k <= B; k++) cJSON_AddItemToArray(h, cJSON_CreateNumber(hist[k]));
+      cJSON *a = cJSON_AddObjectToObject(j, "stacked_ms"), *b2 = cJSON_AddObjectToObject(j, "per_canvas_ms");
+      cJSON *f1 = cJSON_AddObjectToObject(j, "stacked_floor_ms"), *f2 = cJSON_AddObjectToObject(j, "per_canvas_floor_ms");
+      for (int k = 0; k < DG_PROFILE_STAGES; k++) {
+        const char *nm = names[k] ? names[k] : "?";
+        cJSON_AddNumberToObject(a, nm, sk[k]);
+        cJSON_AddNumberToObject(b2, nm, cv[k]);
+        cJSON_AddNumberToObject(f1, nm, fs[k] * 1e3);
+        cJSON_AddNumberToObject(f2, nm, fc[k] * 1e3);
+      }
+      cJSON_AddNumberToObject(j, "gpu_read_gb_s", bw / 1e9);
+      cJSON_AddNumberToObject(j, "gpu_bf16_tflop_s", rate / 1e12);
+      json_line(out, j);
+    }
+    free(rows); free(canv); free(ps); free(per);
+    bench_trace_free(&tr);
+  }
+  for (int b = 0; b < Bmax; b++) {
+    if (ids) dg_free(ids[b]);
+    if (ctx) dg_context_free(ctx[b]);
+  }
+  free(ids); free(n); free(ctx); free(res);
   return rc;
 }
 
@@ -1267,6 +1585,9 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
         cJSON_AddStringToObject(j, "bound", r->memory_bound ? "memory" : "compute");
         cJSON_AddNumberToObject(j, "same_tokens_checked", r->checked);
         cJSON_AddNumberToObject(j, "same_tokens_equal", r->equal);
+        cJSON_AddNumberToObject(j, "rows_per_pass_min", r->rows_min);
+        cJSON_AddNumberToObject(j, "rows_per_pass_median", r->rows_med);
+        cJSON_AddNumberToObject(j, "rows_per_pass_max", r->rows_max);
         json_ceilings(j, device, gc, r->bw, r->rate, mm, nt);
         json_line(out, j);
       }
@@ -1278,6 +1599,23 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
            "load of a shared machine moves over minutes) (bytes term: the bytes / copy part alone); same tokens: canvases whose tokens equal those of the first (smaller-B) row "
            "that generated them.%s\n", reps, warm,
            gc ? " On CUDA: copy = the GPU's read bandwidth, FMA rate = its bf16 GEMM rate, both of the command's start." : "");
+    printf("rows per batched pass of each row's last run (the canvases' forward sets summed, bucket-padded; %s), min / "
+           "median / max:", bgp.turbo.compact ? "turbo_compact: live + just-committed positions"
+                                              : "turbo_compact off: every canvas forwards all its positions");
+    for (int i = 0; i < nB; i++)
+      printf("%s B = %d: %d / %.0f / %d", i ? ";" : "", br[i].B, br[i].rows_min, br[i].rows_med, br[i].rows_max);
+    printf("\n");
+    if (o->profile) {
+      printf("\nbatch --profile: per B one more dg_generate_batch with every canvas's stage timing on (cudaEvents; the "
+             "concurrent branches off, so layers run their dense MLP and MoE one after the other). Stacked: the stacked "
+             "passes on the batch's work context, GPU ms per batched pass; its host row (in parentheses) is the time "
+             "between stacked passes (the canvases' own device work and the host's). Per canvas: the B contexts' own "
+             "streams summed (prefill, commits, repair forwards, top-K, self-conditioning rows; B = 1 also its "
+             "compacted passes), per batched pass; their host row counts the other streams' time too (not summed). "
+             "Floor per stage = max(bytes / %.1f GB/s, FLOPs / %.1f TFLOP/s) of the cost model at each pass's "
+             "recorded rows (weights once per stacked pass).\n", bw / 1e9, rate / 1e12);
+      if (profile_batch(m, o, &bgp, Bs, nB, bw, rate, out)) { out_discard(out); return 1; }
+    }
   }
   if (out && out_commit(out, o->out)) return 1;
   return 0;

@@ -34,7 +34,8 @@ typedef struct bench_opts {
    * protocols; the ceiling protocol's kernels and ceilings, on GPU cuda_device) */
   int device;
   int cuda_device;
-  int profile;            /* vllm, p512 on CUDA: one more run with stage timing (dg_context_profile), printed */
+  int profile;            /* vllm, p512, batch on CUDA: one more run (batch: of each B) with stage timing
+                           * (dg_context_profile), printed */
 } bench_opts;
 
 #define BENCH_MAX_B 64   /* canvases in one batch row */
@@ -238,6 +239,18 @@ dg_status bench_batch_run(dg_context *const *ctxs, int B, int32_t *const *prompt
  * batch even where the second dominates). */
 double bench_batch_floor(const dg_model *m, int B, const size_t *n_prompts, const bench_trace *tr, double bw,
                          double rate, int *memory_bound, int32_t *n_passes, double *bytes_s, double *flops_s);
+
+/* bench_decoder_batch_cost split by the stages of dg_context_profile (st: DG_PROFILE_STAGES entries, added
+ * to): one stacked decoder pass over n canvases. The weights of the layers' products once at the rows' sum
+ * (experts: the expected number hit), each canvas's attention at its context, the LM head's embedding read
+ * and its logits for the head rows, the self-conditioning's embedding read (head rows x 2 V H) and its MLP
+ * over every row. The stages sum to bench_decoder_batch_cost field by field. */
+void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n, bench_cost *st);
+
+/* The batched decoder passes of a recorded batch (grouped as bench_batch_floor does): for pass i (i < cap;
+ * both arrays may be NULL) rows[i] = its forward-set rows summed over its canvases, canvases[i] = how many
+ * canvases it carried. Returns the number of passes (also past cap). */
+int32_t bench_batch_passes(const bench_trace *tr, int B, int32_t *rows, int32_t *canvases, int32_t cap);
 
 /* The ceiling sweep (tools/ceiling.c). With o->device == DG_DEVICE_CUDA it
  * runs on GPU o->cuda_device instead: for each format, the expert MLP

@@ -175,7 +175,17 @@ static dg_status cu_profile(dg_context *ctx, int on) { return dg_cuda_profile(ct
 static dg_status cu_profile_read(dg_context *ctx, dg_profile *out) {
   _Static_assert(DG_PROFILE_STAGES == DG_CUDA_NSTAGES, "dgemma.h and backend.h count the same stages");
   for (int i = 0; i < DG_PROFILE_STAGES; i++) out->name[i] = dg_cuda_stage_name(i);
-  return dg_cuda_profile_read(ctx->dev, out->ms, &out->marks);
+  dg_cuda_stack_prof sp;
+  DG_TRY(dg_cuda_profile_read(ctx->dev, out->ms, &out->marks, &sp));
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) out->stack_ms[i] = sp.ms[i];
+  out->stack_marks = sp.marks;
+  out->stack_passes = sp.passes;
+  out->stack_canvases = sp.canvases;
+  out->stack_rows = sp.rows;
+  _Static_assert(DG_PROFILE_EXPERT_BINS == DG_CUDA_EXPERT_BINS, "dgemma.h and backend.h bin the same rows");
+  for (int i = 0; i < DG_PROFILE_EXPERT_BINS; i++) out->stack_expert_rows[i] = sp.expert_rows[i];
+  out->stack_expert_rows_max = sp.expert_rows_max;
+  return DG_OK;
 }
 
 /* A device context keeps its SC rows on the device: the sampler holds its host rows itself. */

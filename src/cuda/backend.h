@@ -243,10 +243,29 @@ const char *dg_cuda_stage_name(int i);
  * events); 0: stop and free them. Recording adds one cudaEventRecord per
  * stage (~12 per layer). Errors: DG_ERR_BACKEND, DG_ERR_OUT_OF_MEMORY. */
 dg_status dg_cuda_profile(dg_cuda_ctx *c, int on);
+/* The stacked passes (dg_cuda_compact_batch) that a profiled context led: it
+ * was the first canvas of the stack whose profiling was on. Their stage marks
+ * are recorded on the work context's stream, the interval before a stack's
+ * first mark (from the previous stacked pass this context led) charged to
+ * DG_CUDA_ST_HOST: between stacked passes, the canvases' own device work
+ * (top-K, self-conditioning rows, repair forwards, commits) and the host's. */
+#define DG_CUDA_EXPERT_BINS 1024
+typedef struct dg_cuda_stack_prof {
+  double ms[DG_CUDA_NSTAGES];
+  int64_t marks;
+  int64_t passes;   /* stacks run */
+  int64_t canvases; /* canvases summed over them */
+  int64_t rows;     /* forward-set rows summed over them */
+  /* rows per expert in the stacks' MoE (the routing's moe.count, read back after every layer of every stack):
+   * expert_rows[r] = (stack, layer, expert) triples with r rows (the last bin: r >= DG_CUDA_EXPERT_BINS - 1) */
+  int64_t expert_rows[DG_CUDA_EXPERT_BINS];
+  int64_t expert_rows_max;
+} dg_cuda_stack_prof;
 /* Synchronise, then ms[DG_CUDA_NSTAGES] = GPU milliseconds per stage since
- * profiling started (from cudaEventElapsedTime); *n_marks the marks taken.
- * DG_ERR_INVALID_ARG if profiling is off. */
-dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks);
+ * profiling started (from cudaEventElapsedTime) of the passes on c's own
+ * stream; *n_marks the marks taken; *stack (may be NULL) the stacked passes c
+ * led (all zero if none). DG_ERR_INVALID_ARG if profiling is off. */
+dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks, dg_cuda_stack_prof *stack);
 
 /* ---- CUDA graphs (graph.cu; issue 12) -------------------------------------- */
 /* What a context's graph cache did since the context was made. Unless

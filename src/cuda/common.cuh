@@ -298,6 +298,9 @@ struct dg_cuda_ctx {
   int32_t *h_bad;             /* pinned host [1] */
   struct dg_cuda_turbo *tb;   /* turbo engine buffers (turbo_host.cu), allocated on first use */
   struct dg_cuda_prof *prof;  /* stage timing (dg_cuda_profile), NULL when off */
+  struct dg_cuda_prof *prof_stack; /* while prof is on: the stacked passes this context led (dg_cuda_compact_batch:
+                                    * the first profiled canvas of a stack), recorded on the work context's stream;
+                                    * allocated by the first such pass, freed with prof */
   struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
   struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
   int32_t n_allocs[2];          /* the device and pinned host allocations this context made (context.cu: one block

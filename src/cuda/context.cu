@@ -352,7 +352,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   cudaSetDevice(c->m->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
   if (c->side.stream) cudaStreamSynchronize(c->side.stream); /* idle unless a pass failed between fork and join */
-  if (c->prof) dg_cuda_profile(c, 0);
+  if (c->prof || c->prof_stack) dg_cuda_profile(c, 0);
   graph_free(c);
   gemm_pins_free(c);
   if (c->blas) cublasDestroy(c->blas);
@@ -376,6 +376,9 @@ struct dg_cuda_prof {
   int n;           /* events recorded in this batch (ev[0] may be the previous batch's last) */
   double ms[DG_CUDA_NSTAGES];
   int64_t marks;
+  int64_t passes, canvases, rows; /* a stacked passes' record (prof_stack): stacks, canvases and rows summed */
+  int32_t *h_cnt;                  /* pinned [n_layers * E]: the last stack's expert counts per layer (prof_stack) */
+  int64_t erows[DG_CUDA_EXPERT_BINS], erows_max;
 };
 
 static const char *const kStageNames[DG_CUDA_NSTAGES] = {
@@ -385,8 +388,7 @@ static const char *const kStageNames[DG_CUDA_NSTAGES] = {
 extern "C" const char *dg_cuda_stage_name(int i) { return i >= 0 && i < DG_CUDA_NSTAGES ? kStageNames[i] : "?"; }
 
 /* Sum the intervals of the recorded batch, keep its last event as the next batch's start. */
-static dg_status prof_flush(dg_cuda_ctx *c) {
-  dg_cuda_prof *p = c->prof;
+static dg_status prof_flush(dg_cuda_prof *p) {
   if (p->n == 0) return DG_OK;
   CK(cudaEventSynchronize(p->ev[p->n - 1]));
   for (int i = 1; i < p->n; i++) {
@@ -405,22 +407,21 @@ static dg_status prof_flush(dg_cuda_ctx *c) {
 dg_status mark(dg_cuda_ctx *c, int st) {
   dg_cuda_prof *p = c->prof;
   if (!p) return DG_OK;
-  if (p->n == PROF_EV) DG_TRY(prof_flush(c));
+  if (p->n == PROF_EV) DG_TRY(prof_flush(p));
   CK(cudaEventRecord(p->ev[p->n], c->stream));
   p->st[p->n++] = st;
   p->marks++;
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_profile(dg_cuda_ctx *c, int on) {
-  CK(cudaSetDevice(c->m->device));
-  if (c->prof) {
-    CK(cudaStreamSynchronize(c->stream));
-    for (int i = 0; i < PROF_EV; i++) cudaEventDestroy(c->prof->ev[i]);
-    free(c->prof);
-    c->prof = NULL;
-  }
-  if (!on) return DG_OK;
+static void prof_free(dg_cuda_prof *p) {
+  if (!p) return;
+  for (int i = 0; i < PROF_EV; i++) cudaEventDestroy(p->ev[i]);
+  if (p->h_cnt) cudaFreeHost(p->h_cnt);
+  free(p);
+}
+
+static dg_status prof_new(dg_cuda_prof **out) {
   dg_cuda_prof *p = (dg_cuda_prof *)calloc(1, sizeof *p);
   if (!p) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory for %d profiling events", PROF_EV);
   for (int i = 0; i < PROF_EV; i++) {
@@ -431,16 +432,79 @@ extern "C" dg_status dg_cuda_profile(dg_cuda_ctx *c, int on) {
       return dg_seterr(DG_ERR_BACKEND, "cudaEventCreate failed: %s", cudaGetErrorString(e));
     }
   }
-  c->prof = p;
+  *out = p;
   return DG_OK;
 }
 
-extern "C" dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks) {
+extern "C" dg_status dg_cuda_profile(dg_cuda_ctx *c, int on) {
+  CK(cudaSetDevice(c->m->device));
+  if (c->prof) {
+    CK(cudaStreamSynchronize(c->stream));
+    prof_free(c->prof);
+    c->prof = NULL;
+  }
+  if (c->prof_stack) { /* its events were recorded on a work context's stream, which a stacked pass synchronised */
+    prof_free(c->prof_stack);
+    c->prof_stack = NULL;
+  }
+  if (!on) return DG_OK;
+  return prof_new(&c->prof);
+}
+
+dg_status prof_stack_begin(dg_cuda_ctx *w, dg_cuda_ctx *lead, int32_t canvases, int32_t rows) {
+  if (!lead->prof) return DG_OK;
+  if (!lead->prof_stack) DG_TRY(prof_new(&lead->prof_stack));
+  lead->prof_stack->passes++;
+  lead->prof_stack->canvases += canvases;
+  lead->prof_stack->rows += rows;
+  const dg_cuda_model_desc *d = &w->m->d;
+  if (!lead->prof_stack->h_cnt && d->n_experts > 0 &&
+      cudaMallocHost((void **)&lead->prof_stack->h_cnt, (size_t)d->n_layers * d->n_experts * 4) != cudaSuccess) {
+    lead->prof_stack->h_cnt = NULL;
+    return dg_seterr(DG_ERR_BACKEND, "cudaMallocHost of %d expert counts failed", d->n_layers * d->n_experts);
+  }
+  w->prof = lead->prof_stack;
+  return DG_OK;
+}
+
+dg_status prof_stack_layer(dg_cuda_ctx *w, int li) {
+  dg_cuda_prof *p = w->prof;
+  if (!p || !p->h_cnt) return DG_OK;
+  const int E = w->m->d.n_experts;
+  CK(cudaMemcpyAsync(p->h_cnt + (size_t)li * E, w->moe.count, (size_t)E * 4, cudaMemcpyDeviceToHost, w->stream));
+  return DG_OK;
+}
+
+void prof_stack_end(dg_cuda_ctx *w) {
+  dg_cuda_prof *p = w->prof;
+  if (!p || !p->h_cnt) return;
+  const int E = w->m->d.n_experts, L = w->m->d.n_layers;
+  for (int i = 0; i < L * E; i++) {
+    const int64_t r = p->h_cnt[i];
+    p->erows[r < DG_CUDA_EXPERT_BINS - 1 ? r : DG_CUDA_EXPERT_BINS - 1]++;
+    if (r > p->erows_max) p->erows_max = r;
+  }
+}
+
+extern "C" dg_status dg_cuda_profile_read(dg_cuda_ctx *c, double *ms, int64_t *n_marks, dg_cuda_stack_prof *stack) {
   if (!c->prof) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_profile_read: profiling is off (dg_cuda_profile(c, 1) first)");
   CK(cudaSetDevice(c->m->device));
-  DG_TRY(prof_flush(c));
+  DG_TRY(prof_flush(c->prof));
   for (int i = 0; i < DG_CUDA_NSTAGES; i++) ms[i] = c->prof->ms[i];
   if (n_marks) *n_marks = c->prof->marks;
+  if (stack) {
+    memset(stack, 0, sizeof *stack);
+    dg_cuda_prof *p = c->prof_stack;
+    if (p) {
+      DG_TRY(prof_flush(p));
+      for (int i = 0; i < DG_CUDA_NSTAGES; i++) stack->ms[i] = p->ms[i];
+      stack->marks = p->marks;
+      stack->passes = p->passes;
+      stack->canvases = p->canvases;
+      stack->rows = p->rows;
+      for (int i = 0; i < DG_CUDA_EXPERT_BINS; i++) stack->expert_rows[i] = p->erows[i];
+      stack->expert_rows_max = p->erows_max;
+    }
+  }
   return DG_OK;
 }
-

@@ -113,6 +113,15 @@ int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, s
 
 /* The interval that ends now belongs to stage st (no-op when profiling is off). */
 dg_status mark(dg_cuda_ctx *c, int st);
+/* A stacked pass of `canvases` canvases and `rows` rows on work context w whose first profiled canvas is lead:
+ * when lead's profiling is on, w's marks go to lead->prof_stack (made here on first use) until w->prof is set
+ * back to NULL, and the pass is counted there; a no-op otherwise. Errors: those of dg_cuda_profile. */
+dg_status prof_stack_begin(dg_cuda_ctx *w, dg_cuda_ctx *lead, int32_t canvases, int32_t rows);
+/* While w->prof is a stacked passes' record: layer li's expert counts (w->moe.count, E) copied to its host row,
+ * on w->stream after the layer's routing (no-op otherwise). */
+dg_status prof_stack_layer(dg_cuda_ctx *w, int li);
+/* After w->stream is synchronised: the copied counts of every layer into the record's histogram. */
+void prof_stack_end(dg_cuda_ctx *w);
 /* A pass writes the K/V of positions [pos0, end): c->hi (a pass at position 0 starts the cache over). */
 void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end);
 

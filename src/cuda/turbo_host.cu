@@ -119,7 +119,8 @@ typedef struct rows_arg {
 static dg_status rows_body(dg_cuda_ctx *c, const void *arg) {
   const rows_arg *a = (const rows_arg *)arg;
   DG_TRY(decoder_body(c, a->pos0, a->sc));
-  return head_body(c, a->n);
+  DG_TRY(head_body(c, a->n));
+  return mark(c, DG_CUDA_ST_HEAD);
 }
 
 extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, int32_t pos0, dg_sc_source sc,
@@ -131,6 +132,7 @@ extern "C" dg_status dg_cuda_decode_rows(dg_cuda_ctx *c, const int32_t *canvas, 
                      c->cap);
   if (n < 0 || n > T) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA decode: %d head rows for a canvas of %d", n, T);
   CK(cudaSetDevice(m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   DG_TRY(turbo_bufs(c, 0));
   DG_TRY(turbo_soft_in(c, &sc, soft));
   DG_TRY(decoder_upload(c, canvas, pos0));
@@ -157,15 +159,18 @@ static dg_status compact_body(dg_cuda_ctx *c, const void *arg) {
   cudaStream_t s = c->stream;
   dg_cuda_turbo *t = c->tb;
   CKK(c, k_embed(s, c->x, &m->embed, c->ids, n, H, d->embed_scale));
+  DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
   if (a->sc == DG_SC_KEPT) { /* SC rows of the forward set's canvas positions (spec 4.8, 5) */
     CKK(c, k_gather_rows(s, c->u, c->soft, t->cpos, n, H));
     CKK(c, k_rmsnorm(s, c->u, m->sc_pre_norm, NULL, c->a, n, H, d->eps));
     DG_TRY(geglu_mlp(c, c->a, n, &m->sc_gate_up, &m->sc_down, c->f1));
     CKK(c, k_add(s, c->x, c->f1, (size_t)n * H));
+    DG_TRY(mark(c, DG_CUDA_ST_SC));
   }
   CKK(c, k_rmsnorm(s, c->x, NULL, c->x, NULL, n, H, d->eps));
   for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_at(c, li, n, a->pos0, 0, t->pos));
-  return head_body(c, a->nh);
+  DG_TRY(head_body(c, a->nh));
+  return mark(c, DG_CUDA_ST_HEAD);
 }
 
 extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const int32_t *pos, int32_t n, int32_t pos0,
@@ -180,6 +185,7 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   if (n < 1 || n > C || n > c->tmax || nh < 0 || nh > C)
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA compacted pass: forward set %d / head rows %d outside [1, %d]", n, nh, C);
   CK(cudaSetDevice(m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   DG_TRY(turbo_bufs(c, 0));
   dg_cuda_turbo *t = c->tb;
   DG_TRY(turbo_soft_in(c, &sc, soft));
@@ -209,6 +215,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   cudaStream_t s = w->stream;
   dg_cuda_turbo *t = w->tb;
   dg_cuda_seg seg[DG_CUDA_MAX_STACK];
+  DG_TRY(mark(w, DG_CUDA_ST_HOST)); /* (w->prof: the lead canvas's record of stacked passes, prof_stack_begin) */
   for (int32_t b = 0, off = 0; b < B; off += q[b].n, b++) {
     for (int32_t i = 0; i < q[b].n; i++) t->h_pos[off + i] = q[b].pos0 + q[b].pos[i];
     CK(cudaMemcpyAsync(w->ids + off, q[b].tok, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s));
@@ -218,6 +225,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   }
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)N * 4, cudaMemcpyHostToDevice, s));
   CKK(w, k_embed(s, w->x, &m->embed, w->ids, N, H, d->embed_scale));
+  DG_TRY(mark(w, DG_CUDA_ST_EMBED_NORM));
   /* SC rows per canvas, from its own kept rows (as dg_cuda_compact: the MLP over that canvas's rows) */
   for (int32_t b = 0; b < B; b++) {
     if (q[b].sc != DG_SC_KEPT) continue;
@@ -226,9 +234,13 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
     CKK(w, k_rmsnorm(s, w->u + r0, m->sc_pre_norm, NULL, w->a + r0, q[b].n, H, d->eps));
     DG_TRY(geglu_mlp(w, w->a + r0, q[b].n, &m->sc_gate_up, &m->sc_down, w->f1 + r0));
     CKK(w, k_add(s, w->x + r0, w->f1 + r0, (size_t)q[b].n * H));
+    DG_TRY(mark(w, DG_CUDA_ST_SC));
   }
   CKK(w, k_rmsnorm(s, w->x, NULL, w->x, NULL, N, H, d->eps));
-  for (int li = 0; li < d->n_layers; li++) DG_TRY(layer_segs(w, li, N, seg, B, 0));
+  for (int li = 0; li < d->n_layers; li++) {
+    DG_TRY(layer_segs(w, li, N, seg, B, 0));
+    DG_TRY(prof_stack_layer(w, li)); /* profiling: this layer's rows per expert */
+  }
   /* the LM head of each canvas's head rows, into its own logits (head_upload and head_body's operations) */
   for (int32_t b = 0; b < B; b++) {
     dg_cuda_ctx *c = q[b].c;
@@ -243,7 +255,9 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
     if (q[b].raw_out)
       CK(cudaMemcpyAsync(q[b].raw_out, c->logits, (size_t)q[b].nh * d->vocab * 4, cudaMemcpyDeviceToHost, s));
   }
+  DG_TRY(mark(w, DG_CUDA_ST_HEAD));
   CK(cudaStreamSynchronize(s));
+  prof_stack_end(w);
   return DG_OK;
 }
 
@@ -283,7 +297,12 @@ extern "C" dg_status dg_cuda_compact_batch(dg_cuda_ctx *w, const dg_cuda_cseq *q
   for (int32_t b0 = 0; b0 < B && !st;) {
     int32_t b1 = b0, N = 0;
     while (b1 < B && b1 - b0 < DG_CUDA_MAX_STACK && N + qq[b1].n <= w->tmax) N += qq[b1++].n;
-    st = compact_stack(w, qq + b0, b1 - b0, N);
+    /* stage timing: the stack's marks go to the record of its first canvas with profiling on, if any */
+    dg_cuda_ctx *lead = NULL;
+    for (int32_t b = b0; b < b1 && !lead; b++) lead = qq[b].c->prof ? qq[b].c : NULL;
+    st = lead ? prof_stack_begin(w, lead, b1 - b0, N) : DG_OK;
+    if (!st) st = compact_stack(w, qq + b0, b1 - b0, N);
+    w->prof = NULL; /* never w's own: the lead's record stays the lead's */
     b0 = b1;
   }
   free(qq);
@@ -314,6 +333,7 @@ extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *v
   dg_cuda_turbo *t = c->tb;
   cudaStream_t s = c->stream;
   if (n == 0) return DG_OK;
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   t->klast = K;
   *c->h_bad = INT32_MAX;
   CK(cudaMemcpyAsync(t->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
@@ -321,6 +341,7 @@ extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *v
   CK(cudaMemcpyAsync(c->h_bad, t->bad, 4, cudaMemcpyDeviceToHost, s));
   CK(cudaMemcpyAsync(val, t->val, (size_t)n * K * 4, cudaMemcpyDeviceToHost, s));
   CK(cudaMemcpyAsync(idx, t->idx, (size_t)n * K * 4, cudaMemcpyDeviceToHost, s));
+  DG_TRY(mark(c, DG_CUDA_ST_STATS)); /* the turbo engine's top-K: its sampler statistics */
   CK(cudaStreamSynchronize(s));
   if (*c->h_bad != INT32_MAX) {
     int32_t r = *c->h_bad, col = -1;
@@ -343,6 +364,7 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
                      t ? t->nraw : 0);
   CK(cudaSetDevice(m->device));
   if (n == 0) return DG_OK;
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
     CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
@@ -368,6 +390,6 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
   }
   c->have_soft = 1;
-  return DG_OK;
+  return mark(c, DG_CUDA_ST_SC);
 }
 
