@@ -283,12 +283,13 @@ static void test_batch_params(void **state) {
   assert_true(gp.turbo.enabled && gp.turbo.repair);
   assert_int_equal(gp.turbo.accept, DG_TURBO_ACCEPT_CONFIDENCE);
   assert_true(gp.turbo.threshold_hi == 0.95f && gp.turbo.threshold_lo == 0.80f && gp.turbo.threshold_k0 == 8);
+  assert_true(gp.turbo.compact); /* issue 14: the compacted decoder, each canvas forwards its live positions */
   assert_int_equal(gp.turbo.repeat_guard, 0);
   assert_int_equal(gp.n_stop_ids, 0);
   assert_int_equal(gp.max_new_tokens, 4 * 64);
   assert_true(gp.seed == 7);
-  assert_dg_ok(bench_batch_params(m, "{\"turbo_compact\": true, \"max_new_tokens\": 128}", 0, 0, &gp));
-  assert_true(gp.turbo.compact && gp.turbo.repair);
+  assert_dg_ok(bench_batch_params(m, "{\"turbo_compact\": false, \"max_new_tokens\": 128}", 0, 0, &gp));
+  assert_true(!gp.turbo.compact && gp.turbo.repair); /* --gen-kwargs over the protocol's setting */
   assert_int_equal(gp.max_new_tokens, 128);
   assert_dg_ok(bench_batch_params(m, "{\"max_new_tokens\": 128}", 192, 0, &gp)); /* -n wins */
   assert_int_equal(gp.max_new_tokens, 192);

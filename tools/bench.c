@@ -575,7 +575,7 @@ void bench_trace_free(bench_trace *t) {
 /* The write-up's recommended interactive setting, stop ids and the repeat guard off. */
 static const char *kBatchDefaults =
     "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.95, 0.80, 8], "
-    "\"turbo_repair\": true, \"turbo_repeat_guard\": 0, \"eos_token_id\": []}";
+    "\"turbo_repair\": true, \"turbo_compact\": true, \"turbo_repeat_guard\": 0, \"eos_token_id\": []}";
 
 dg_status bench_batch_params(const dg_model *m, const char *gen_kwargs, int gen_tokens, uint64_t seed,
                              dg_gen_params *out) {

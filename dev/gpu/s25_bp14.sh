@@ -9,10 +9,10 @@
 #      stacked passes, bench --profile --protocol batch's source) on the hardware (tests.txt);
 #   3. `dgemma bench --protocol batch --canvases 1,4,8 --reps 2 --profile` (defaults: no DGEMMA_WL), bench.txt and
 #      bench.jsonl (the rows as protocol "batch", each B's profile as "batch_profile");
-#   4. only with COMPACT=1 (+ ~80-100 s, so ~7.5 min in all): the same with --gen-kwargs '{"turbo_compact": true}',
-#      bench_compact.txt / .jsonl. The batch protocol's setting (tools/bench.c kBatchDefaults) leaves turbo_compact
-#      at its default, false, so every canvas forwards all 256 positions each step (a stacked pass of B canvases is
-#      B x 256 rows: the rows line under the table says so); issue 14's acceptance names the compacted decoder.
+#   4. only with FULL=1 (+ ~80-100 s, so ~7.5 min in all): the same with --gen-kwargs '{"turbo_compact": false}',
+#      bench_full.txt / .jsonl: the full canvases of every batch row before session 25 (each canvas forwards all 256
+#      positions each step, a stacked pass of B canvases is B x 256 rows). Since session 25 the protocol's setting
+#      (tools/bench.c kBatchDefaults) has turbo_compact true, the compacted decoder issue 14's acceptance names.
 # How to read bench.txt: the table first is the timed rows (tok/s, passes, floor), as in /work/.device/2/bench.txt;
 # the profiled runs come after it, one more dg_generate_batch per B with the stage timing of every canvas's context on
 # (not in the timed rows; the concurrent branches are off while profiling, so the layers run their dense MLP and MoE
@@ -26,7 +26,7 @@
 # canvases' idle time, not GPU work. The last line splits the wall time per pass into stacked GPU + per-canvas GPU + the
 # rest (host work and the GPU idle). docs/cuda.md (issue 14's section, "Where a stacked pass's time goes") says what
 # to compare: the per-canvas dense products and attention x B against the experts' one stack.
-# Usage: [COMPACT=1] bash dev/gpu/s25_bp14.sh $OUT
+# Usage: [FULL=1] bash dev/gpu/s25_bp14.sh $OUT
 O=$1; mkdir -p "$O"
 . scripts/gpu_env.sh
 A="-gencode=arch=compute_90a,code=sm_90a"
@@ -50,10 +50,10 @@ timeout 300 build-a/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --
   -o "$O/bench.jsonl" > "$O/bench.txt" 2>&1
 echo "batch --profile rc $? $(el)" | tee -a "$O/log.txt"
 tail -60 "$O/bench.txt"
-if [ "${COMPACT:-0}" = 1 ]; then
+if [ "${FULL:-0}" = 1 ]; then
   timeout 200 build-a/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 --profile \
-    --gen-kwargs '{"turbo_compact": true}' -o "$O/bench_compact.jsonl" > "$O/bench_compact.txt" 2>&1
-  echo "batch --profile turbo_compact rc $? $(el)" | tee -a "$O/log.txt"
-  tail -60 "$O/bench_compact.txt"
+    --gen-kwargs '{"turbo_compact": false}' -o "$O/bench_full.jsonl" > "$O/bench_full.txt" 2>&1
+  echo "batch --profile full canvases rc $? $(el)" | tee -a "$O/log.txt"
+  tail -60 "$O/bench_full.txt"
 fi
 echo "done $(el)" | tee -a "$O/log.txt"
