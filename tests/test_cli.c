@@ -1198,6 +1198,15 @@ static void test_empty_values(void **state) {
   WANT("dgemma replay: --prompt-ids needs at least one id");
   CASE("replay -m %s -t 1 --prompt-ids @%s --canvases %s", SMALL, empty, empty);
   WANT("dgemma replay: --prompt-ids @%s holds no ids", empty);
+  /* a file without end (issue 16, session 25's review): refused at the option's limit, not read until the OOM killer */
+  CASE("replay -m %s -t 1 --prompt-ids @/dev/zero --canvases %s", SMALL, empty);
+  WANT("dgemma: /dev/zero holds more than 67108864 bytes, the most an @FILE id list reads");
+  CASE("logits -m %s -t 1 --prompt-ids 2,3 --canvas-ids %s --sc-logits /dev/zero -o %s/l.bin", SMALL, canvas, g_dir);
+  WANT("bytes, the most --sc-logits (float32 [canvas, vocab]) reads");
+  CASE("replay -m %s -t 1 --prompt-ids 2 --canvases /dev/zero", SMALL);
+  WANT("dgemma: /dev/zero holds more than 268435456 bytes, the most --canvases reads");
+  CASE("replay -m %s -t 1 --prompt-ids 2 --canvases %s --uniforms /dev/zero", SMALL, empty);
+  WANT("dgemma: /dev/zero holds more than 268435456 bytes, the most --uniforms reads");
   CASE("eval gsm8k -m %s -o ''", SMALL);
   WANT("dgemma eval: -o needs a file name, got an empty string");
   CASE("eval gsm8k -m %s --summary ''", SMALL);

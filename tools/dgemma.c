@@ -367,7 +367,11 @@ static const char *q(const char *s) {
 }
 
 /* Whole file (a leading '@' is accepted and skipped), or exit naming the file and the reason. */
-static void *read_all(const char *path, size_t *len) {
+/* The whole of FILE (or @FILE) into one malloc'd buffer, at most max bytes: a larger file (or a device such as
+ * /dev/zero, which never ends) is refused with a message naming the file, the option and the limit, instead of
+ * growing the buffer until the allocation fails or the OOM killer ends the process (exit 2, as a file of the wrong
+ * size); a file that cannot be opened or read exits 1. */
+static void *read_all(const char *path, size_t *len, size_t max, const char *option) {
   if (path[0] == '@') path++;
   FILE *f = fopen(path, "rb");
   if (!f) { fprintf(stderr, "dgemma: cannot open %s: %s\n", path, strerror(errno)); exit(1); }
@@ -375,10 +379,16 @@ static void *read_all(const char *path, size_t *len) {
   char *buf = malloc(cap);
   while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
     n += k;
+    if (n > max) {
+      fprintf(stderr, "dgemma: %s holds more than %zu bytes, the most %s reads\n", path, max, option);
+      exit(2); /* bad input, as a file of the wrong size */
+    }
     if (n == cap) {
-      char *nb = realloc(buf, cap *= 2);
+      size_t grow = cap > max / 2 ? max + 1 : 2 * cap; /* one byte past max shows a file that is too long */
+      char *nb = realloc(buf, grow);
       if (!nb) { free(buf); buf = NULL; }
       buf = nb;
+      cap = grow;
     }
   }
   if (!buf || ferror(f)) { fprintf(stderr, "dgemma: cannot read %s: %s\n", path, buf ? strerror(errno) : "out of memory"); exit(1); }
@@ -386,6 +396,12 @@ static void *read_all(const char *path, size_t *len) {
   *len = n;
   return buf;
 }
+
+/* read_all's limits: an id list (--prompt-ids/--canvas-ids @FILE) of at most 16 M int32 ids, past any context a
+ * model here has; replay's canvases and uniforms 256 MiB (a 1,024-token replay of the 26B at 256 steps per block
+ * records 4 MiB of canvases) */
+#define CLI_IDS_MAX ((size_t)64 << 20)
+#define CLI_REPLAY_MAX ((size_t)256 << 20)
 
 /* Standard output at the end of a command: a write error (a full disk,
  * /dev/full) is reported and the status becomes 1. */
@@ -402,7 +418,7 @@ static int32_t *parse_ids(const char *arg, size_t *n) {
   if (arg[0] == '@') {
     if (!arg[1]) usage_exit("an @FILE id list needs a file name after the @");
     size_t len;
-    int32_t *ids = read_all(arg, &len);
+    int32_t *ids = read_all(arg, &len, CLI_IDS_MAX, "an @FILE id list");
     if (len % 4) { fprintf(stderr, "dgemma: %s: size %zu is not a multiple of 4 (int32)\n", arg + 1, len); exit(1); }
     *n = len / 4;
     return ids;
@@ -1627,7 +1643,7 @@ static int cmd_logits(const opts *o) {
   size_t CV = (size_t)info.canvas_length * (size_t)info.vocab_size;
   if (o->sc_logits) {
     size_t len;
-    sc = read_all(o->sc_logits, &len);
+    sc = read_all(o->sc_logits, &len, CV * 4, "--sc-logits (float32 [canvas, vocab])");
     if (len != CV * 4) {
       fprintf(stderr, "dgemma: %s has %zu bytes; expected %zu (float32 [%d, %d])\n", o->sc_logits, len, CV * 4,
               info.canvas_length, info.vocab_size);
@@ -1684,7 +1700,7 @@ static int cmd_replay(const opts *o) {
   dg_model *m = load_model(o, 0);
   dg_gen_params gp = gen_params(m, o);
   size_t len;
-  int32_t *canv = read_all(o->canvases, &len);
+  int32_t *canv = read_all(o->canvases, &len, CLI_REPLAY_MAX, "--canvases");
   dg_model_info info;
   dg_model_get_info(m, &info);
   if (len % (4 * (size_t)info.canvas_length)) {
@@ -1695,7 +1711,7 @@ static int cmd_replay(const opts *o) {
   ncv = len / 4;
   float *uni = NULL;
   if (o->uniforms) {
-    uni = read_all(o->uniforms, &len);
+    uni = read_all(o->uniforms, &len, CLI_REPLAY_MAX, "--uniforms");
     if (len % 4) { fprintf(stderr, "dgemma: %s is not float32 data\n", o->uniforms); return 2; }
     nu = len / 4;
   }
