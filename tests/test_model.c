@@ -162,7 +162,7 @@ typedef enum breakage {
   B_NO_CONFIG, B_CONFIG_JSON, B_MODEL_TYPE, B_MISSING_FIELD, B_FIELD_TYPE, B_LAYER_TYPES, B_TOPK,
   B_NO_WEIGHTS, B_TRUNCATED, B_HEADER_LEN, B_OVERLAP, B_OUT_OF_RANGE, B_MISSING_TENSOR, B_SHAPE, B_DTYPE,
   B_NO_V_SLIDING, B_NO_ENC_SCALAR, B_NAN_SCALAR, B_GEN_JSON, B_GEN_FIELD, B_TOK_JSON, B_VOCAB, B_INDEX_SHARD,
-  B_FIFO_CONFIG, B_FIFO_WEIGHTS, B_FIFO_GEN, B_FIFO_TOK, B_COUNT
+  B_FIFO_CONFIG, B_FIFO_WEIGHTS, B_FIFO_GEN, B_FIFO_TOK, B_EOS_CFG, B_EOS_CFG_ONLY, B_COUNT
 } breakage;
 
 typedef struct bad_case {
@@ -201,6 +201,10 @@ static const bad_case BAD[] = {
     {B_FIFO_WEIGHTS, "model.safetensors is a FIFO", DG_ERR_IO, "model.safetensors", "not a regular file"},
     {B_FIFO_GEN, "generation_config.json is a FIFO", DG_ERR_IO, "generation_config.json", "not a readable regular file"},
     {B_FIFO_TOK, "tokenizer.json is a FIFO", DG_ERR_IO, "tokenizer.json", "not a readable regular file"},
+    /* config.json's eos id past the vocabulary: refused even where generation_config.json sets its own (review
+     * nc16: accepted silently), and named in config.json, not generation_config.json, when that file is absent */
+    {B_EOS_CFG, "config.json eos past the vocabulary", DG_ERR_CONFIG, "/config.json: eos_token_id 99999", "vocabulary"},
+    {B_EOS_CFG_ONLY, "... and no generation_config.json", DG_ERR_CONFIG, "/config.json: eos_token_id 99999", "vocabulary"},
 };
 
 static void apply_breakage(const char *dir, breakage b) {
@@ -243,6 +247,12 @@ static void apply_breakage(const char *dir, breakage b) {
   case B_NO_ENC_SCALAR: mutate_header(dir, mut_remove_enc_scalar); break;
   case B_NAN_SCALAR: set_nan(dir, "model.decoder.layers.1.layer_scalar"); break;
   case B_GEN_JSON: edit_text(dir, "generation_config.json", "{", "{{"); break;
+  case B_EOS_CFG: edit_text(dir, "config.json", "\"eos_token_id\":1,", "\"eos_token_id\":99999,"); break;
+  case B_EOS_CFG_ONLY:
+    edit_text(dir, "config.json", "\"eos_token_id\":1,", "\"eos_token_id\":99999,");
+    path_of(p, sizeof p, dir, "generation_config.json");
+    assert_int_equal(unlink(p), 0);
+    break;
   case B_GEN_FIELD: edit_text(dir, "generation_config.json", "\"max_denoising_steps\":4", "\"max_denoising_steps\":-3"); break;
   case B_TOK_JSON: edit_text(dir, "tokenizer.json", "\"model\":{", "\"model\":{,"); break;
   case B_VOCAB: synth_tokenizer(dir, 400); break;

@@ -433,7 +433,13 @@ dg_status dg_model_load_host(const char *dir, const dg_model_params *params, dg_
       goto fail;
     }
   }
-  for (int i = 0; i < m->gen_defaults.n_stop_ids; i++)
+  for (int i = 0; i < c->n_eos; i++) /* config.json's own, also where generation_config.json overrides them */
+    if (c->eos_ids[i] >= c->vocab_size) {
+      st = dg_seterr(DG_ERR_CONFIG, "%s/config.json: eos_token_id %d is outside the vocabulary (%d)", dir,
+                     c->eos_ids[i], c->vocab_size);
+      goto fail;
+    }
+  for (int i = 0; found && i < m->gen_defaults.n_stop_ids; i++)
     if (m->gen_defaults.stop_ids[i] >= c->vocab_size) {
       st = dg_seterr(DG_ERR_CONFIG, "%s/generation_config.json: eos_token_id %d is outside the vocabulary (%d)", dir,
                      m->gen_defaults.stop_ids[i], c->vocab_size);
