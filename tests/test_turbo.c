@@ -1490,6 +1490,58 @@ static void test_batch_continuous(void **state) {
   dg_model_free(m);
 }
 
+/* Issue 16 (host memory per canvas): in a batch a canvas without turbo_compact forwards every position in every
+ * pass, so the CPU's stacked pass keeps its canvas K/V in the work context's one-layer scratch, not in the cache's
+ * canvas slots of every layer: after a one-block generation (the canvas is never committed) those slots are as
+ * calloc left them, while a compacted canvas of the same batch has written its own (the frozen positions' K/V
+ * must persist, spec 7.4). Before the scratch every canvas's slots were written at every layer. */
+static void test_batch_transient_kv(void **state) {
+  (void)state;
+  synth_cfg c = turbo_synth();
+  dg_model *m = load_synth("transient", c, 0);
+  const int32_t C = c.canvas;
+  int32_t p[3][11];
+  const int32_t *prompts[3] = {p[0], p[1], p[2]};
+  size_t np[3] = {11, 7, 9};
+  dg_gen_params gp[3];
+  dg_context *ctx[3];
+  dg_gen_result r[3];
+  for (int i = 0; i < 3; i++) {
+    synth_random_ids(p[i], (int)np[i], c.vocab, 70 + i);
+    gp[i] = dg_gen_default_params(m);
+    gp[i].max_new_tokens = C;
+    gp[i].max_denoising_steps = 6;
+    gp[i].seed = 5 + (uint64_t)i;
+    gp[i].n_stop_ids = 0;
+    assert_dg_ok(dg_gen_params_apply_json(&gp[i], i == 2 ? "{\"diffusion_turbo\": true, \"turbo_compact\": true}"
+                                                         : "{\"diffusion_turbo\": true}"));
+    dg_context_params cp = dg_context_default_params();
+    cp.max_context = (int32_t)np[i] + C; /* the canvas has the cache's slots */
+    assert_dg_ok(dg_context_new(m, &cp, &ctx[i]));
+  }
+  assert_dg_ok(dg_generate_batch(ctx, 3, prompts, np, gp, r));
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dg_context_length(ctx[i]), (int32_t)np[i]); /* the last canvas is never committed */
+    size_t nonzero = 0, total = 0;
+    for (int li = 0; li < m->cfg.n_layers; li++) {
+      const size_t D = (size_t)m->layers[li].head_dim;
+      for (int h = 0; h < m->layers[li].n_kv; h++)
+        for (size_t e = 0; e < (size_t)C * D; e++) {
+          const size_t at = (size_t)h * ctx[i]->cap * D + np[i] * D + e;
+          nonzero += ctx[i]->kv[li].k[at] != 0.0f || ctx[i]->kv[li].v[at] != 0.0f;
+          total++;
+        }
+    }
+    printf("# canvas %d (%s): %zu of %zu canvas-slot K/V words written\n", i, i == 2 ? "compacted" : "not compacted",
+           nonzero, total);
+    if (i == 2) assert_true(nonzero > total / 2);
+    else assert_int_equal(nonzero, 0);
+    dg_gen_result_free(&r[i]);
+    dg_context_free(ctx[i]);
+  }
+  dg_model_free(m);
+}
+
 /* The K/V of positions 0..n-1 of every layer, dst against src: 0 = the same bits. */
 static int kv_differs(const dg_context *a, const dg_context *b, int32_t n) {
   const dg_model *m = a->m;
@@ -1642,7 +1694,7 @@ int main(void) {
       cmocka_unit_test(test_schedule),   cmocka_unit_test(test_sc_modes),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_compact),
       cmocka_unit_test(test_compact_stale),  cmocka_unit_test(test_bucketing),
-      cmocka_unit_test(test_batch),      cmocka_unit_test(test_batch_continuous),
+      cmocka_unit_test(test_batch),      cmocka_unit_test(test_batch_transient_kv), cmocka_unit_test(test_batch_continuous),
       cmocka_unit_test(test_head_rows),  cmocka_unit_test(test_turbo_memory),
       cmocka_unit_test(test_context_copy),
   };

@@ -193,7 +193,7 @@ dg_status dg_forward_compact_batch(dg_context *work, const dg_compact_seq *seqs,
 
 dg_status dg_forward_compact(dg_context *ctx, const int32_t *tok, const int32_t *pos, int32_t n, const float *soft,
                              const int32_t *head, int32_t nh, float *raw) {
-  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL, DG_SC_NONE};
+  dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL, DG_SC_NONE, 0};
   return dg_forward_compact_batch(ctx, &q, 1);
 }
 

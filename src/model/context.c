@@ -169,6 +169,8 @@ dg_status dg_context_release_buffers(dg_context *ctx) {
   ctx->own_w = NULL;
   free(ctx->cbuf_arena); /* the separate canvas K/V rows: made again on need, after dg_context_compact_buffers */
   ctx->cbuf_arena = NULL;
+  free(ctx->kvt); /* a batch work context's one-layer canvas K/V scratch: made again on need */
+  ctx->kvt = NULL;
   ctx->canvas_kv_ready = 0;
   ctx->cbuf_k = ctx->cbuf_v = NULL;
   dg_context_trim(ctx);
@@ -178,6 +180,8 @@ dg_status dg_context_release_buffers(dg_context *ctx) {
 void dg_context_free_host(dg_context *ctx) {
   free(ctx->arena);
   free(ctx->cbuf_arena);
+  free(ctx->kvt);
+  ctx->kvt = NULL;
   work_free(ctx->own_w);
   free(ctx->soft_pb);
   ctx->arena = ctx->cbuf_arena = NULL;

@@ -586,6 +586,16 @@ dg_status dg_compact_seq_check(const dg_model *m, const dg_compact_seq *s, int32
 
 /* One chunk of a compacted batch: the B canvases seqs[] (their rows together at most work's
  * tmax, checked) as one stack of rows through every layer in work's activations. */
+/* Floats of one of K and V in a batch work context's kvt: the largest layer's canvas K/V, C x NKV x D. */
+static size_t kvt_floats(const dg_model *m) {
+  size_t e = 0;
+  for (int li = 0; li < m->cfg.n_layers; li++) {
+    const size_t x = (size_t)m->cfg.canvas_length * m->cfg.n_kv_heads[li] * m->cfg.head_dim[li];
+    if (x > e) e = x;
+  }
+  return e;
+}
+
 static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int32_t B) {
   const dg_model *m = work->m;
   const dg_config *c = &m->cfg;
@@ -631,7 +641,13 @@ static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int
     for (int32_t q = 0; q < B; q++) {
       dg_context *sq = seqs[q].ctx;
       canvas_kv ck;
-      if ((st = dg_context_canvas_kv(sq, li, &ck.k, &ck.v, &ck.hs, &ck.rs))) break; /* (made by the batch's checks) */
+      if (seqs[q].kv_transient) { /* every position forwarded: the layer's K/V live only in this pass (issue 16) */
+        ck.k = work->kvt;
+        ck.v = work->kvt + kvt_floats(m);
+        ck.hs = (size_t)C * l->head_dim;
+        ck.rs = (size_t)l->head_dim;
+      } else if ((st = dg_context_canvas_kv(sq, li, &ck.k, &ck.v, &ck.hs, &ck.rs)))
+        break; /* (made by the batch's checks) */
       /* scatter into the canvas's K/V: the cache's canvas slots (or its separate rows) */
       compact_scatter(l, &ck, work->w->k + (size_t)off[q] * kvrow, work->w->v + (size_t)off[q] * kvrow, seqs[q].pos,
                       seqs[q].n);
@@ -653,6 +669,16 @@ dg_status dg_cpu_compact_batch(dg_context *work, const dg_compact_seq *seqs, int
   const dg_model *m = work->m;
   for (int32_t q = 0; q < B; q++) {
     DG_TRY(dg_compact_seq_check(m, &seqs[q], q, 1));
+    if (seqs[q].kv_transient) {
+      for (int32_t t = 0; t < m->cfg.canvas_length; t++) /* F = all in canvas order (seq_prepare) */
+        if (t >= seqs[q].n || seqs[q].pos[t] != t)
+          return dg_seterr(DG_ERR_INVALID_ARG, "batched pass: canvas %d has transient K/V but does not forward "
+                           "canvas position %d as its row %d (%d rows)", q, t, t, seqs[q].n);
+      if (!work->kvt && !(work->kvt = malloc(2 * kvt_floats(m) * sizeof(float))))
+        return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for the batch's canvas K/V scratch (%zu floats)",
+                         2 * kvt_floats(m));
+      continue; /* no slots or separate rows of its own */
+    }
     canvas_kv ck; /* where its canvas K/V live (the separate rows, if needed, made now: before any pass) */
     DG_TRY(dg_context_canvas_kv(seqs[q].ctx, 0, &ck.k, &ck.v, &ck.hs, &ck.rs));
   }

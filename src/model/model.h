@@ -110,6 +110,9 @@ struct dg_context {
   size_t soft_pb_rows;
   void *arena;          /* the one allocation of kv, its K/V rows, scores and soft (context.c's size table) */
   void *cbuf_arena;     /* the one allocation of cbuf_k, cbuf_v and their rows (NULL while every canvas fits the cache) */
+  float *kvt;           /* [2, max over layers of C * NKV * D] a batch work context's scratch for the canvas K/V of one
+                           layer of its kv_transient canvases (dg_compact_seq), made on first need, kept until
+                           dg_context_release_buffers; NULL until then */
   void *dev;    /* the backend's context (CUDA: a dg_cuda_ctx with the device KV cache and buffers;
                    the CPU buffers above are then not allocated), else NULL */
 };
@@ -217,6 +220,11 @@ typedef struct dg_compact_seq {
   float *hn;  /* [nh, H] their final-normed hidden states instead (CPU only; dg_lm_head_rows) */
   dg_sc_source sc; /* with soft NULL: DG_SC_KEPT for the rows a device backend kept (its last sc_rows), else
                     * DG_SC_NONE (no self-conditioning) */
+  int kv_transient; /* 1: a canvas without turbo_compact in a batch: every position is forwarded in every pass (n >= C,
+                     * all of 0..C-1 among pos), so no later pass reads this pass's canvas K/V and the CPU keeps them
+                     * in the batch work context's one-layer scratch (kvt) instead of the cache's canvas slots of every
+                     * layer (issue 16: host memory per canvas). 0: the slots (or separate rows). Device backends
+                     * keep their own slots either way. */
 } dg_compact_seq;
 
 /* Multi-canvas batching: the B canvases' forward sets run through every

@@ -578,7 +578,7 @@ static dg_compact_seq seq_pass(turbo_seq *q) {
   turbo_state *s = &q->s;
   const dg_sc_source sc = q->sc_any ? q->sc_src : DG_SC_NONE; /* host rows in s->soft, or the backend's kept rows */
   return (dg_compact_seq){q->ctx, s->ftok, s->fpos, q->shape_f, sc == DG_SC_HOST ? s->soft : NULL, s->head,
-                          q->shape_h, NULL, s->hn, sc};
+                          q->shape_h, NULL, s->hn, sc, !q->p->turbo.compact /* F = all: seq_prepare */};
 }
 
 /* q's next forward on its own: the compacted or plain single-canvas pass

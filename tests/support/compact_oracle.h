@@ -22,7 +22,7 @@ static dg_status dg_compact_oracle(dg_context *ctx, const int32_t *tok, const in
   const dg_model *m = ctx->m;
   const int H = m->cfg.hidden_size;
   if (!ctx->kv) return dg_seterr(DG_ERR_INVALID_ARG, "the compacted-pass oracle is CPU code: use a CPU context");
-  const dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL, DG_SC_NONE};
+  const dg_compact_seq q = {ctx, tok, pos, n, soft, head, nh, raw, NULL, DG_SC_NONE, 0};
   DG_TRY(dg_compact_seq_check(m, &q, 0, 0));
   float *ck, *cv;
   size_t chs, crs;
