@@ -809,28 +809,63 @@ static void batch_rows_stats(const bench_trace *tr, int B, int32_t *lo, double *
   free(rows);
 }
 
+/* The batch protocol's canvases 0..Bmax-1 (Bmax = the largest of Bs): canvas b's prompt (bench_batch_prompt: chat
+ * prompt b % 8) and its context of prompt + the canvases gp's tokens need, and room for Bmax results. Shared by the
+ * timed rows and --profile. Returns 0, or 1 after saying on stderr which canvas failed (what: the message's prefix). */
+typedef struct batch_set {
+  int Bmax;
+  int32_t **ids;
+  size_t *n;
+  dg_context **ctx;
+  dg_gen_result *res;
+} batch_set;
+
+static void batch_set_close(batch_set *s) {
+  for (int b = 0; b < s->Bmax; b++) {
+    if (s->ids) dg_free(s->ids[b]);
+    if (s->ctx) dg_context_free(s->ctx[b]);
+  }
+  free(s->ids); free(s->n); free(s->ctx); free(s->res);
+  memset(s, 0, sizeof *s);
+}
+
+static int batch_set_open(dg_model *m, const dg_gen_params *gp, const int *Bs, int nB, const char *what, batch_set *s) {
+  const int32_t C = m->cfg.canvas_length, n_canv = (gp->max_new_tokens + C - 1) / C;
+  memset(s, 0, sizeof *s);
+  for (int i = 0; i < nB; i++) s->Bmax = Bs[i] > s->Bmax ? Bs[i] : s->Bmax;
+  s->ids = calloc((size_t)s->Bmax, sizeof *s->ids);
+  s->n = calloc((size_t)s->Bmax, sizeof *s->n);
+  s->ctx = calloc((size_t)s->Bmax, sizeof *s->ctx);
+  s->res = calloc((size_t)s->Bmax, sizeof *s->res);
+  if (!s->ids || !s->n || !s->ctx || !s->res) {
+    fprintf(stderr, "dgemma bench: out of memory\n");
+    return 1;
+  }
+  for (int b = 0; b < s->Bmax; b++) {
+    dg_context_params cp = dg_context_default_params();
+    dg_status st = bench_batch_prompt(m, b, &s->ids[b], &s->n[b], NULL);
+    if (!st) {
+      cp.max_context = (int32_t)s->n[b] + n_canv * C;
+      st = dg_context_new(m, &cp, &s->ctx[b]);
+    }
+    if (st) {
+      fprintf(stderr, "dgemma bench: %s canvas %d: %s: %s\n", what, b, dg_status_str(st), dg_last_error());
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* The rows of the batch protocol: for each B, canvases 0..B-1 (prompt b % 8, seed + b) generated together. */
 static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, const int *Bs, int nB,
                      const dg_cuda_ceilings *gc, batch_row *rows) {
-  const int32_t C = m->cfg.canvas_length;
-  int Bmax = 0;
-  for (int i = 0; i < nB; i++) Bmax = Bs[i] > Bmax ? Bs[i] : Bmax;
-  int32_t **ids = calloc((size_t)Bmax, sizeof *ids), **seen = calloc((size_t)Bmax, sizeof *seen);
-  size_t *n = calloc((size_t)Bmax, sizeof *n);
-  dg_context **ctx = calloc((size_t)Bmax, sizeof *ctx);
-  dg_gen_result *res = calloc((size_t)Bmax, sizeof *res);
-  int rc = !ids || !seen || !n || !ctx || !res;
-  if (rc) fprintf(stderr, "dgemma bench: out of memory\n");
-  const int32_t n_canv = (gp->max_new_tokens + C - 1) / C;
-  for (int b = 0; !rc && b < Bmax; b++) {
-    dg_context_params cp = dg_context_default_params();
-    dg_status st = bench_batch_prompt(m, b, &ids[b], &n[b], NULL);
-    if (!st) {
-      cp.max_context = (int32_t)n[b] + n_canv * C;
-      st = dg_context_new(m, &cp, &ctx[b]);
-    }
-    if (st) { fprintf(stderr, "dgemma bench: batch canvas %d: %s: %s\n", b, dg_status_str(st), dg_last_error()); rc = 1; }
-  }
+  batch_set bs;
+  int rc = batch_set_open(m, gp, Bs, nB, "batch", &bs);
+  int32_t **ids = bs.ids, **seen = calloc((size_t)bs.Bmax, sizeof *seen);
+  size_t *n = bs.n;
+  dg_context **ctx = bs.ctx;
+  dg_gen_result *res = bs.res;
+  if (!rc && !seen) { fprintf(stderr, "dgemma bench: out of memory\n"); rc = 1; }
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   for (int r = 0; !rc && r < nB; r++) {
     const int B = Bs[r];
@@ -891,12 +926,9 @@ static int run_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, 
     }
     bench_trace_free(&tr);
   }
-  for (int b = 0; b < Bmax; b++) {
-    if (ids) dg_free(ids[b]);
-    if (seen) free(seen[b]);
-    if (ctx) dg_context_free(ctx[b]);
-  }
-  free(ids); free(seen); free(n); free(ctx); free(res);
+  for (int b = 0; seen && b < bs.Bmax; b++) free(seen[b]);
+  free(seen);
+  batch_set_close(&bs);
   return rc;
 }
 
@@ -911,24 +943,13 @@ static void json_line(FILE *out, cJSON *j);
 static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *gp, const int *Bs, int nB, double bw,
                          double rate, FILE *out) {
   const int32_t C = m->cfg.canvas_length, E = m->cfg.n_experts, K = m->cfg.top_k_experts;
-  int Bmax = 0;
-  for (int i = 0; i < nB; i++) Bmax = Bs[i] > Bmax ? Bs[i] : Bmax;
-  int32_t **ids = calloc((size_t)Bmax, sizeof *ids);
-  size_t *n = calloc((size_t)Bmax, sizeof *n);
-  dg_context **ctx = calloc((size_t)Bmax, sizeof *ctx);
-  dg_gen_result *res = calloc((size_t)Bmax, sizeof *res);
-  int rc = !ids || !n || !ctx || !res;
-  if (rc) fprintf(stderr, "dgemma bench: out of memory\n");
-  const int32_t n_canv = (gp->max_new_tokens + C - 1) / C;
-  for (int b = 0; !rc && b < Bmax; b++) {
-    dg_context_params cp = dg_context_default_params();
-    dg_status st = bench_batch_prompt(m, b, &ids[b], &n[b], NULL);
-    if (!st) {
-      cp.max_context = (int32_t)n[b] + n_canv * C;
-      st = dg_context_new(m, &cp, &ctx[b]);
-    }
-    if (st) { fprintf(stderr, "dgemma bench: --profile: canvas %d: %s: %s\n", b, dg_status_str(st), dg_last_error()); rc = 1; }
-  }
+  const int32_t n_canv = (gp->max_new_tokens + C - 1) / C; /* blocks per canvas */
+  batch_set bs;
+  int rc = batch_set_open(m, gp, Bs, nB, "--profile:", &bs);
+  int32_t **ids = bs.ids;
+  size_t *n = bs.n;
+  dg_context **ctx = bs.ctx;
+  dg_gen_result *res = bs.res;
   for (int r = 0; !rc && r < nB; r++) {
     const int B = Bs[r];
     bench_trace tr = {0};
@@ -1142,11 +1163,7 @@ static int profile_batch(dg_model *m, const bench_opts *o, const dg_gen_params *
     free(rows); free(canv); free(ps); free(per);
     bench_trace_free(&tr);
   }
-  for (int b = 0; b < Bmax; b++) {
-    if (ids) dg_free(ids[b]);
-    if (ctx) dg_context_free(ctx[b]);
-  }
-  free(ids); free(n); free(ctx); free(res);
+  batch_set_close(&bs);
   return rc;
 }
 
