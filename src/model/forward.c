@@ -601,6 +601,7 @@ static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int
   const dg_config *c = &m->cfg;
   const int H = c->hidden_size, nt = m->n_threads, C = c->canvas_length;
   const float eps = c->rms_norm_eps;
+  const size_t kvt_v = kvt_floats(m); /* where kvt's V half starts */
   /* the lists live in the activations (4 tmax + 1 entries: a chunk has at most tmax canvases) */
   int32_t *buf = work->w->cmp_buf;
   int32_t N = 0;
@@ -643,7 +644,7 @@ static dg_status compact_chunk(dg_context *work, const dg_compact_seq *seqs, int
       canvas_kv ck;
       if (seqs[q].kv_transient) { /* every position forwarded: the layer's K/V live only in this pass (issue 16) */
         ck.k = work->kvt;
-        ck.v = work->kvt + kvt_floats(m);
+        ck.v = work->kvt + kvt_v;
         ck.hs = (size_t)C * l->head_dim;
         ck.rs = (size_t)l->head_dim;
       } else if ((st = dg_context_canvas_kv(sq, li, &ck.k, &ck.v, &ck.hs, &ck.rs)))
