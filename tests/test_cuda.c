@@ -1438,6 +1438,27 @@ static void test_turbo_generate(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* The two canvases of test_turbo_batch and test_profile_batch: prompts of 30 and 11 random ids (seeds 81, 82) and
+ * two turbo settings (compact + repair + confidence; turbo_steps + top-K SC), two canvases of at most 3 steps each
+ * (+ repair: the emulation is slow), seeds 30 and 31, no stop ids. */
+static void turbo_batch_inputs(const dg_model *gm, int32_t prompt[30], int32_t p2[11], dg_gen_params g[2]) {
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  synth_random_ids(prompt, 30, V, 81);
+  synth_random_ids(p2, 11, V, 82);
+  const char *kw[2] = {"{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
+                       "\"turbo_repair\": true, \"turbo_compact\": true}",
+                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", "
+                       "\"turbo_topk\": 8}"};
+  for (int i = 0; i < 2; i++) {
+    g[i] = dg_gen_default_params(gm);
+    g[i].max_new_tokens = 2 * C;
+    g[i].max_denoising_steps = 3;
+    g[i].n_stop_ids = 0;
+    g[i].seed = 30 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&g[i], kw[i]));
+  }
+}
+
 /* dg_generate_batch on CUDA contexts (one device pass per canvas): every
  * canvas equals its own CUDA run bit for bit (compact + repair + confidence,
  * and turbo_steps + topk SC, with different prompt lengths). */
@@ -1455,25 +1476,11 @@ static void test_turbo_batch(void **state) {
   if (as_cpu()) mp.reference_kernels = 1;
   else mp.device = DG_DEVICE_CUDA;
   assert_dg_ok(dg_model_load(dir, &mp, &gm));
-  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
   int32_t prompt[30], p2[11];
-  synth_random_ids(prompt, 30, V, 81);
-  synth_random_ids(p2, 11, V, 82);
-  const char *kw[2] = {"{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
-                       "\"turbo_repair\": true, \"turbo_compact\": true}",
-                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", "
-                       "\"turbo_topk\": 8}"};
+  dg_gen_params g[2];
+  turbo_batch_inputs(gm, prompt, p2, g);
   const int32_t *ps[2] = {prompt, p2};
   size_t np[2] = {30, 11};
-  dg_gen_params g[2];
-  for (int i = 0; i < 2; i++) {
-    g[i] = dg_gen_default_params(gm);
-    g[i].max_new_tokens = 2 * C;
-    g[i].max_denoising_steps = 3; /* two canvases of at most 3 steps (+ repair): the emulation is slow */
-    g[i].n_stop_ids = 0;
-    g[i].seed = 30 + (uint64_t)i;
-    assert_dg_ok(dg_gen_params_apply_json(&g[i], kw[i]));
-  }
   dg_context *cx[2];
   dg_gen_result rb[2], r1;
   for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
@@ -1526,27 +1533,14 @@ static void test_profile_batch(void **state) {
   mp.no_tokenizer = 1;
   mp.device = DG_DEVICE_CUDA;
   assert_dg_ok(dg_model_load(dir, &mp, &gm));
-  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, L = gm->cfg.n_layers;
+  const int L = gm->cfg.n_layers;
   int32_t prompt[30], p2[11];
-  synth_random_ids(prompt, 30, V, 81);
-  synth_random_ids(p2, 11, V, 82);
-  const char *kw[2] = {"{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", \"turbo_threshold\": [0.6, 0.3, 2], "
-                       "\"turbo_repair\": true, \"turbo_compact\": true}",
-                       "{\"diffusion_turbo\": true, \"turbo_compact\": true, \"turbo_steps\": 4, \"turbo_sc\": \"topk\", "
-                       "\"turbo_topk\": 8}"};
+  dg_gen_params g[2];
+  turbo_batch_inputs(gm, prompt, p2, g);
   const int32_t *ps[2] = {prompt, p2};
   size_t np[2] = {30, 11};
-  dg_gen_params g[2];
   prof_rec rec = {0, -1, 0, 0};
   prof_cb cbs[2] = {{&rec, 0}, {&rec, 1}};
-  for (int i = 0; i < 2; i++) {
-    g[i] = dg_gen_default_params(gm);
-    g[i].max_new_tokens = 2 * C;
-    g[i].max_denoising_steps = 3; /* the emulation is slow */
-    g[i].n_stop_ids = 0;
-    g[i].seed = 30 + (uint64_t)i;
-    assert_dg_ok(dg_gen_params_apply_json(&g[i], kw[i]));
-  }
   dg_context *cx[2];
   dg_gen_result rb[2], rp[2];
   for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
