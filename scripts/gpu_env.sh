@@ -49,6 +49,16 @@ gpu_tokenizer() {
 gpu_build() {
   make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > "$1" 2>&1 || { tail -30 "$1"; return 1; }
 }
+# gpu_mkrandom_cpu_bg LOG: a CPU-only CLI in build-c (so that it needs no CUDA build: it runs beside one) writing the
+# 26B-A4B random checkpoint /tmp/dg26b in the background, "mkrandom rc N (T s)" appended to LOG (the CLI's build
+# in /tmp/build_c.txt, mkrandom's output in /tmp/mkrandom.log); mk = the job's pid, for `wait $mk`.
+gpu_mkrandom_cpu_bg() {
+  ( gpu_tokenizer
+    make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
+    build-c/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 4 > /tmp/mkrandom.log 2>&1
+    echo "mkrandom rc $? $(el)" >> "$1" ) &
+  mk=$!
+}
 # gpu_mkrandom_bg [THREADS]: the 26B-A4B random checkpoint /tmp/dg26b written in the background unless it is
 # there (log /tmp/mkrandom.log); mk = the job's pid, for `wait $mk`.
 gpu_mkrandom_bg() {

@@ -23,11 +23,7 @@
 O=${1:?usage: dev/gpu/s25_at15.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
-( gpu_tokenizer
-  make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
-  build-c/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 4 > /tmp/mkrandom.log 2>&1
-  echo "mkrandom rc $? $(el)" >> "$O/log.txt" ) &
-mk=$!
+gpu_mkrandom_cpu_bg "$O/log.txt"
 make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > /tmp/build.txt 2>&1
 echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -3 /tmp/build.txt > "$O/build_tail.txt"
 echo "nvflags: $(cat build/.nvflags)" >> "$O/log.txt"

@@ -53,11 +53,7 @@ fi
 ( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-a CUDA_ARCH="$A" all build-a/tests/test_cuda \
     > /tmp/build_a.txt 2>&1; echo "build_a rc $? $(el)" >> "$O/log.txt" ) &
 bp=$!
-( gpu_tokenizer
-  make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
-  build-c/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 4 > /tmp/mkrandom.log 2>&1
-  echo "mkrandom rc $? $(el)" >> "$O/log.txt" ) &
-mk=$!
+gpu_mkrandom_cpu_bg "$O/log.txt"
 wait $bp; tail -3 /tmp/build_a.txt > "$O/build_tail.txt"
 DG_TEST_FILTER=test_quant_experts_wgmma timeout 240 build-a/tests/test_cuda > "$O/tests.txt" 2>&1 &
 tp=$!
