@@ -132,6 +132,7 @@
  * expert intermediate 704, top-8. Rows of the sweep:
  *   uniform M   every expert gets exactly M rows (T = 16 M tokens), M = 1..256
  *   gathered T  T tokens routed top-8 of 128 uniformly at random (seed 1)
+ *   skewed T    (--ss only) T tokens, each routed to expert 0 and 7 others at random: expert 0 T rows (route_skew)
  * for gate/up ([1408, 2816] per expert, GeGLU fused) and down ([2816, 704]),
  * MLX affine bits 2/3/4/6/8, group 64, bf16 scales and biases; bits 16: bf16 weights
  * (roofline bytes 2 per weight; check bound K 2^-22 sum |x w|: exact products, fp32 accumulation).
@@ -455,6 +456,28 @@ static void route_random(routing *r, int T) {
     }
   }
 }
+
+/* Skewed T (--ss, session 26): T tokens, each routed to expert 0 and 7 other experts at random: expert 0 has T rows
+ * (several passes: its gate/up and down blocks are by far the longest), the others ~7 T / 127. Version 114's stress:
+ * expert 0's items come first in the block order, so its down blocks are taken while its gate/up blocks still run
+ * and must wait for them (a down block that did not wait, or read h or its sums before the gate/up writes were
+ * visible, would change y's words against version 50's). */
+static void route_skew(routing *r, int T) {
+  r->T = T;
+  r->idx.resize((size_t)T * TOPK);
+  for (int t = 0; t < T; t++) {
+    int perm[E];
+    for (int e = 0; e < E; e++) perm[e] = e;
+    r->idx[(size_t)t * TOPK] = 0;
+    for (int k = 1; k < TOPK; k++) { /* partial Fisher-Yates over experts 1 .. E - 1 */
+      const int j = k + (int)(rnd() % (uint64_t)(E - k));
+      std::swap(perm[k], perm[j]);
+      r->idx[(size_t)t * TOPK + k] = perm[k];
+    }
+  }
+}
+static const char *case_label(int kind) { return kind == 0 ? "uniform" : kind == 1 ? "gathered T" : "skewed T"; }
+static const char *case_json(int kind) { return kind == 0 ? "uniform" : kind == 1 ? "random" : "skewed"; }
 
 /* ---- versions ---- */
 enum { GU = 0, DN = 1 };
@@ -1255,7 +1278,7 @@ static double check(int prod, const stack *gu, const stack *dn, routing *r, int 
 
 int main(int argc, char **argv) {
   int quick = 0;
-  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3", *ms_s = NULL, *ts_s = NULL;
+  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3", *ms_s = NULL, *ts_s = NULL, *ss_s = NULL;
   int nreps = 25;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -1264,8 +1287,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) vers_s = argv[++i];
     else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms_s = argv[++i];
     else if (!strcmp(argv[i], "--ts") && i + 1 < argc) ts_s = argv[++i];
+    else if (!strcmp(argv[i], "--ss") && i + 1 < argc) ss_s = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) nreps = atoi(argv[++i]);
-    else { fprintf(stderr, "usage: moe_quant [--quick] [--json FILE] [--bits LIST] [--versions LIST] [--ms LIST|none] [--ts LIST|none] [--reps N]\n"); return 2; }
+    else { fprintf(stderr, "usage: moe_quant [--quick] [--json FILE] [--bits LIST] [--versions LIST] [--ms LIST|none] [--ts LIST|none] [--ss LIST] [--reps N]\n"); return 2; }
   }
   std::vector<int> bitsv, versv;
   for (const char *p = bits_s; *p;) { bitsv.push_back(atoi(p)); while (*p && *p != ',') p++; if (*p) p++; }
@@ -1347,6 +1371,8 @@ int main(int argc, char **argv) {
   };
   if (ms_s) parse(ms_s, Ms);
   if (ts_s) parse(ts_s, Ts);
+  std::vector<int> Ss; /* skewed T (route_skew): none unless asked for */
+  if (ss_s) parse(ss_s, Ss);
   printf("| bits | product | rows | M/expert | version | median us | min-max us | GB/s | TFLOP/s | roofline us | %% of roofline | check |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failures = 0;
@@ -1354,15 +1380,18 @@ int main(int argc, char **argv) {
     stack gu, dn;
     make_stack(&gu, (int64_t)E * 2 * IE, H, bits);
     make_stack(&dn, (int64_t)E * H, IE, bits);
-    std::vector<std::pair<int, int>> cases; /* (kind 0 uniform / 1 random, value) */
+    std::vector<std::pair<int, int>> cases; /* (kind 0 uniform / 1 random / 2 skewed, value) */
     for (int M : Ms) cases.push_back({0, M});
     for (int T : Ts) cases.push_back({1, T});
+    for (int T : Ss) cases.push_back({2, T});
     for (auto cs : cases) {
       routing r;
       /* each case's routing and inputs from a generator state of its own: rows compare across runs whatever
        * versions ran before (the checks draw from the same generator) */
       rs = 0x9e3779b97f4a7c15ull ^ ((uint64_t)cs.first << 32 | (uint64_t)cs.second);
-      if (cs.first == 0) route_uniform(&r, cs.second); else route_random(&r, cs.second);
+      if (cs.first == 0) route_uniform(&r, cs.second);
+      else if (cs.first == 1) route_random(&r, cs.second);
+      else route_skew(&r, cs.second);
       route_alloc(&r);
       CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
       for (int prod = 0; prod < 2; prod++) {
@@ -1439,7 +1468,7 @@ int main(int argc, char **argv) {
           std::sort(t.begin(), t.end());
           const double med = t[t.size() / 2];
           char label[64];
-          snprintf(label, sizeof label, "%s %d", cs.first == 0 ? "uniform" : "gathered T", cs.second);
+          snprintf(label, sizeof label, "%s %d", case_label(cs.first), cs.second);
           printf("| %d | %s | %s | %.1f | %d | %.1f | %.1f-%.1f | %.0f | %.1f | %.1f | %.1f | %.3f %s |\n", bits,
                  prod == GU ? "gate_up" : "down", label, (double)r.T * TOPK / E, ver, med, t.front(), t.back(),
                  wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med,
@@ -1455,7 +1484,7 @@ int main(int argc, char **argv) {
                         "\"version\": %d, \"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, \"reps\": %zu, "
                         "\"weight_bytes\": %.0f, \"flops\": %.0f, \"gbs\": %.1f, \"tflops\": %.2f, \"roofline_us\": %.2f, "
                         "\"frac_roofline\": %.4f, \"read_gbs\": %.1f, \"bf16_tflops\": %.1f, \"check_ratio\": %.4f}\n",
-                    prop.name, bits, G, prod == GU ? "gate_up" : "down", cs.first == 0 ? "uniform" : "random",
+                    prop.name, bits, G, prod == GU ? "gate_up" : "down", case_json(cs.first),
                     cs.second, r.T, r.hit, (double)r.T * TOPK / E, ver, med, t.front(), t.back(), t.size(), wbytes,
                     flops, wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, roof * 1e6 / med,
                     bw / 1e9, rate / 1e12, q);
@@ -1513,7 +1542,7 @@ int main(int argc, char **argv) {
           std::sort(t.begin(), t.end());
           const double med = t[t.size() / 2];
           char label[64];
-          snprintf(label, sizeof label, "%s %d", cs.first == 0 ? "uniform" : "gathered T", cs.second);
+          snprintf(label, sizeof label, "%s %d", case_label(cs.first), cs.second);
           printf("| %d | gate_up+down | %s | %.1f | %d | %.1f | %.1f-%.1f | %.0f | %.1f | %.1f | %.1f | %.3f %s |\n", bits,
                  label, (double)TK / E, ver, med, t.front(), t.back(), wb / (med * 1e-6) / 1e9,
                  flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med, q,
@@ -1528,7 +1557,7 @@ int main(int argc, char **argv) {
                         "\"version\": %d, \"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, \"reps\": %zu, "
                         "\"weight_bytes\": %.0f, \"flops\": %.0f, \"roofline_us\": %.2f, \"check_ratio\": %.4f, "
                         "\"diff_h\": %ld, \"diff_y\": %ld}\n",
-                    prop.name, bits, G, cs.first == 0 ? "uniform" : "random", cs.second, r.T, r.hit, (double)TK / E, ver,
+                    prop.name, bits, G, case_json(cs.first), cs.second, r.T, r.hit, (double)TK / E, ver,
                     med, t.front(), t.back(), t.size(), wb, flops, roof * 1e6, q, dh, dy);
           fflush(stdout);
         }
