@@ -3444,6 +3444,46 @@ static void test_quant_experts_sk(void **state) {
          "(<= 1)\n", sizeof sk / sizeof sk[0], sh, sy);
 }
 
+/* The kernel lab's version 114 (dev/cuda/qr_diet_lab.cuh qr_fg_kernel: gate/up and down in one launch, the blocks
+ * taking work tickets in order, each down block waiting on its expert's count of finished gate/up blocks): the test
+ * library runs version 50 with the fused down input (the backend's two launches, DGEMMA_DN_FUSE=1) and 114 twice
+ * (the second launch on the counters the first left), failing on any word of h or y that differs from 50's (the same
+ * bodies, qr_body: the same fp32 operations), on a wait that finds its expert's gate/up blocks not all counted (on
+ * the emulation blocks run in ticket order, so every count must be whole when a down block arrives) or a counter not
+ * back at 0; here 114's h and y against the exact products within check_qexperts_nt's bounds. Routings: check_qexperts_
+ * ver's (expert 0 in all 37 tokens: two passes at 3 n-tiles, three at 2; experts 2-4 12-13 rows: the 2-tile body;
+ * expert 1 none: its blocks return at once, its down blocks without waiting), uniform (16 rows each of 5 experts,
+ * T 40), and gathered (T 29 routed top-2 at random over 7 of 8 experts, expert 7 none); gate/up 10 stages (H 640),
+ * down 7 (IE 448) or 11 (IE 704: the 26B's). */
+static void test_quant_experts_fg(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  double sh = 0, sy = 0;
+  int ncase = 0;
+  static const int vc[][3] = {{640, 448, 3}, {640, 448, 2}, {640, 704, 0}};
+  for (size_t c = 0; c < sizeof vc / sizeof vc[0]; c++, ncase++)
+    check_qexperts_ver(4, 4, 64, vc[c][0], vc[c][1], DG_BF16, 37, vc[c][2], 0, 114, 1, &sh, &sy, NULL);
+  int32_t idx[128];
+  for (int p = 0; p < 40 * 2; p++) idx[p] = p % 5; /* uniform: 16 rows per expert */
+  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 5, 2, 40, idx, 0, 0, 114, 1, &sh, &sy, NULL);
+  ncase++;
+  uint32_t r = 12345u;
+  for (int t = 0; t < 29; t++) { /* gathered: two distinct experts of 0..6 per token */
+    r = r * 1664525u + 1013904223u;
+    const int a = (int)((r >> 16) % 7);
+    r = r * 1664525u + 1013904223u;
+    const int b = (a + 1 + (int)((r >> 16) % 6)) % 7;
+    idx[2 * t] = a;
+    idx[2 * t + 1] = b;
+  }
+  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 8, 2, 29, idx, 0, 0, 114, 1, &sh, &sy, NULL);
+  ncase++;
+  printf("# kernel lab version 114 (gate/up + down in one launch, %d cases, each launched twice): h and y equal to "
+         "version 50's with the fused down input word for word; largest |diff| / bound h %.4f, y %.4f (<= 1)\n",
+         ncase, sh, sy);
+}
+
 /* One wgmma m64n64k16 (src/cuda/wgmma.cuh; test_wgmma of the test library) against a plain loop: D = A B + C (or
  * A B) with A [64, 16], B [16, 64] bf16 and C fp32, exact in double; the bound g(34) (|C| + sum_k |a b|),
  * g(n) = n u / (1 - n u), u = 2^-24: 16 products exact in fp32 (bf16 operands), 17 additions at up to 2u each (the
@@ -3871,7 +3911,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

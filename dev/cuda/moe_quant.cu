@@ -106,6 +106,14 @@
  *   version 113 (4-bit; dev/cuda/qr_diet_lab.cuh qr_empty_kernel): an empty kernel over version 50's grid, block and
  *              dynamic shared memory (2 or 3 n-tiles), timed as every version: the launch, block scheduling and
  *              events' share of a row's time (a probe: no output, no check) (session 25)
+ *   version 114 (4-bit; dev/cuda/qr_diet_lab.cuh qr_fg_kernel): gate/up and down in one launch at 2 and 3 n-tiles, the
+ *              blocks taking work tickets in order from a global counter (the gate/up items, then the down items, each
+ *              in version 50's order), a down block waiting (acquire spin) only until its expert's gate/up blocks are
+ *              counted; version 50's bodies (qr_body, the HP epilogue: h in the down product's fragment order and its
+ *              sums). Not a row of its own per product: with 114 in --versions, each case also gets "gate_up+down" rows
+ *              for version 50 (the backend with DGEMMA_DN_FUSE=1: two launches back to back) and 114, each checked
+ *              against the CPU (check_fused: h, and y over the kernel's own h) and 114's h and y against 50's word for
+ *              word, its counters after the launches (no wait ran out, all back at 0) (session 26)
  *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -124,6 +132,7 @@
  * expert intermediate 704, top-8. Rows of the sweep:
  *   uniform M   every expert gets exactly M rows (T = 16 M tokens), M = 1..256
  *   gathered T  T tokens routed top-8 of 128 uniformly at random (seed 1)
+ *   skewed T    (--ss only) T tokens, each routed to expert 0 and 7 others at random: expert 0 T rows (route_skew)
  * for gate/up ([1408, 2816] per expert, GeGLU fused) and down ([2816, 704]),
  * MLX affine bits 2/3/4/6/8, group 64, bf16 scales and biases; bits 16: bf16 weights
  * (roofline bytes 2 per weight; check bound K 2^-22 sum |x w|: exact products, fp32 accumulation).
@@ -140,8 +149,9 @@
  *        build/libdgemma.a -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
  *   build/moe_quant [--quick] [--json FILE] [--bits 4,3,2] [--versions 1,2]
  */
-#ifdef LAB_ONLY_SK /* -DLAB_ONLY_SK: LAB_LEAN narrowed to versions 1-3, 40, 50 and 95-113 (4-bit rows only for 95-113):
-                     * the lab of dev/gpu/s25_sk11.sh, built on the GPU machine in a minute or two */
+#ifdef LAB_ONLY_SK /* -DLAB_ONLY_SK: LAB_LEAN narrowed to versions 1-3, 40, 50, 95-113 and 114's gate/up + down rows
+                     * (4-bit rows only for 95-114): the lab of dev/gpu/s25_sk11.sh and s26_fg11.sh, built on the GPU
+                     * machine in a minute or two */
 #ifndef LAB_LEAN
 #define LAB_LEAN
 #endif
@@ -404,6 +414,7 @@ static void route_alloc(routing *r) {
   CKL(cudaMalloc((void **)&r->b.y, TK * H * 4));
   CKL(cudaMalloc((void **)&r->b.xs, std::max(TK * IE, (size_t)r->T * H) / 32 * 4));
   CKL(cudaMalloc((void **)&r->b.xp, std::max(TK * IE, (size_t)r->T * H) * 2));
+  CKL(cudaMalloc((void **)&r->b.hs, TK * IE / 32 * 4)); /* the gate/up + down rows' sums of h (version 114) */
   CKL(cudaMalloc((void **)&r->xe, (size_t)r->T * H * 2));
   r->hx.resize((size_t)r->T * H);
   for (auto &v : r->hx) v = dg_f32_to_bf16(frand());
@@ -423,7 +434,7 @@ static void route_alloc(routing *r) {
 
 static void route_free(routing *r) {
   cudaFree(r->b.topk_idx); cudaFree(r->b.count); cudaFree(r->b.start); cudaFree(r->b.pairs); cudaFree(r->b.slot_row); cudaFree(r->ord);
-  cudaFree(r->b.tiles); cudaFree(r->b.n_tiles); cudaFree(r->b.h); cudaFree(r->b.y); cudaFree(r->b.xs); cudaFree(r->b.xp); cudaFree(r->xe);
+  cudaFree(r->b.tiles); cudaFree(r->b.n_tiles); cudaFree(r->b.h); cudaFree(r->b.y); cudaFree(r->b.xs); cudaFree(r->b.xp); cudaFree(r->b.hs); cudaFree(r->xe);
 }
 
 static void route_uniform(routing *r, int M) { /* pair p = t K + k -> expert p mod E: every expert exactly M rows */
@@ -445,6 +456,28 @@ static void route_random(routing *r, int T) {
     }
   }
 }
+
+/* Skewed T (--ss, session 26): T tokens, each routed to expert 0 and 7 other experts at random: expert 0 has T rows
+ * (several passes: its gate/up and down blocks are by far the longest), the others ~7 T / 127. Version 114's stress:
+ * expert 0's items come first in the block order, so its down blocks are taken while its gate/up blocks still run
+ * and must wait for them (a down block that did not wait, or read h or its sums before the gate/up writes were
+ * visible, would change y's words against version 50's). */
+static void route_skew(routing *r, int T) {
+  r->T = T;
+  r->idx.resize((size_t)T * TOPK);
+  for (int t = 0; t < T; t++) {
+    int perm[E];
+    for (int e = 0; e < E; e++) perm[e] = e;
+    r->idx[(size_t)t * TOPK] = 0;
+    for (int k = 1; k < TOPK; k++) { /* partial Fisher-Yates over experts 1 .. E - 1 */
+      const int j = k + (int)(rnd() % (uint64_t)(E - k));
+      std::swap(perm[k], perm[j]);
+      r->idx[(size_t)t * TOPK + k] = perm[k];
+    }
+  }
+}
+static const char *case_label(int kind) { return kind == 0 ? "uniform" : kind == 1 ? "gathered T" : "skewed T"; }
+static const char *case_json(int kind) { return kind == 0 ? "uniform" : kind == 1 ? "random" : "skewed"; }
 
 /* ---- versions ---- */
 enum { GU = 0, DN = 1 };
@@ -549,6 +582,77 @@ static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   case 8: return gateup ? qr_diet_version<8, 1>(ver, 0, grid, nt, a) : qr_diet_version<8, 0>(ver, 0, grid, nt, a);
   default: return gateup ? qr_diet_version<16, 1>(ver, 0, grid, nt, a) : qr_diet_version<16, 0>(ver, 0, grid, nt, a);
   }
+}
+
+/* The gate/up + down rows (versions 50 and 114, 4-bit): gate/up over xe and down over the h it makes, as the backend
+ * runs them with DGEMMA_DN_FUSE=1 (gate/up's epilogue writes h in the down product's fragment order and its group
+ * sums, qr_store_hp; down reads them). 50: the backend's own launchers (k_qe_gate_up with b.hp_group 64: the input
+ * copy k_group_sums_perm of xe, then qr_kernel QR_GATEUP_HP; k_qe_down: qr_kernel over h and its sums), two launches
+ * back to back (PDL as in the backend); 114: the same input copy, then gate/up and down in one launch (qr_fg_version,
+ * dev/cuda/qr_diet_lab.cuh). Both in the backend's block order. */
+static cudaError_t run_fused(int ver, stack *gu, stack *dn, routing *r) {
+  const int nt = qe_nt(r->T, TOPK, E);
+  g_dq = 0;
+  if (ver == 50) {
+    dg_cuda_w wg = gu->d, wd = dn->d;
+    const tiled &tg = get_tiled(gu, QR_WARPS, qr_kc(G), 1, 1);
+    const tiled &td = get_tiled(dn, QR_WARPS, qr_kc(G), 0, 1);
+    wg.q = tg.q; wd.q = td.q;
+    wg.sbp = wd.sbp = NULL;
+    wg.s = wg.b = wd.s = wd.b = NULL;
+    wg.w = wd.w = NULL;
+    wg.lay = wd.lay = DG_CUDA_LAY_LANES;
+    dg_cuda_moe_buf b = r->b;
+    b.order = r->ord;
+    b.hp_group = G; /* k_qe_dn_fuse_group's choice for 4-bit g64 stacks, IE 704 (a multiple of 64) */
+    const cudaError_t e = k_qe_gate_up(0, &wg, r->xe, &b, r->T, H, IE, E, TOPK, 0);
+    return e != cudaSuccess ? e : k_qe_down(0, &wd, &b, r->T, H, IE, E, TOPK, 0);
+  }
+  qe_args a, d;
+  const tiled &tg = get_tiled(gu, QR_WARPS, qr_kc(G), 1, 1);
+  const tiled &td = get_tiled(dn, QR_WARPS, qr_kc(G), 0, 1);
+  const cudaError_t e = lab_args(tg, r, 1, 0, &a); /* the input copy of xe (xp, xs), as k_qe_gate_up makes it */
+  if (e != cudaSuccess) return e;
+  a.order = r->ord;
+  a.hg = G;
+  a.hs = r->b.hs;
+  memset(&d, 0, sizeof d);
+  d.q = td.q; d.sb = DG_CUDA_BF16; d.group = G; d.pb = 4;
+  d.count = r->b.count; d.start = r->b.start; d.pairs = r->b.pairs; d.topk = TOPK; d.order = r->ord;
+  d.X = r->b.h; d.xs = r->b.hs; d.Kdim = IE; d.N = H; d.y = r->b.y;
+  return qr_fg_version<4>(0, E, nt, a, d);
+}
+
+/* The gate/up + down rows' outputs against the CPU at nsamp sampled (pair, feature) and (pair, row) each: hp the h
+ * the run left (grouped rows in the fragment order: runs of 8 as x0 x4 x1 x5 x2 x6 x3 x7), put back in plain order
+ * into *hplain; the down reference takes that h as its input (the kernel's own), as tests/test_cuda.c
+ * check_qexperts does. Returns the largest |diff| / bound. */
+static double h_ref(const stack *gu, int e, int n, const float *x, double *bound);
+static double check_fused(const stack *gu, const stack *dn, routing *r, const std::vector<uint16_t> &hp,
+                          const std::vector<float> &y, std::vector<uint16_t> *hplain, int nsamp) {
+  const size_t TK = (size_t)r->T * TOPK;
+  hplain->resize(hp.size());
+  for (size_t i = 0; i < hp.size(); i += 8)
+    for (int j = 0; j < 4; j++) {
+      (*hplain)[i + j] = hp[i + 2 * j];
+      (*hplain)[i + 4 + j] = hp[i + 2 * j + 1];
+    }
+  std::vector<int32_t> slot(TK);
+  CKL(cudaMemcpy(slot.data(), r->b.slot_row, TK * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> x((size_t)std::max(H, IE));
+  double worst = 0;
+  for (int i = 0; i < nsamp; i++) {
+    const size_t p = rnd() % TK, row = (size_t)slot[p];
+    const int e = r->idx[p], n = (int)(rnd() % IE), m = (int)(rnd() % H);
+    double bound;
+    for (int k = 0; k < H; k++) x[(size_t)k] = dg_bf16_to_f32(r->hx[(p / TOPK) * H + k]);
+    const double ref = h_ref(gu, e, n, x.data(), &bound), got = dg_bf16_to_f32((*hplain)[row * IE + n]);
+    worst = std::max(worst, std::isfinite(got) ? fabs(got - ref) / bound : 1e30);
+    for (int k = 0; k < IE; k++) x[(size_t)k] = dg_bf16_to_f32((*hplain)[row * IE + k]);
+    const double refy = dot_ref(&dn->w, (int64_t)e * H + m, x.data(), &bound), goty = y[row * H + m];
+    worst = std::max(worst, std::isfinite(goty) ? fabs(goty - refy) / (bound + 1e-30) : 1e30);
+  }
+  return worst;
 }
 
 /* q-quantile (0..1) of v by the nearest rank (v sorted here); 0 for an empty v. */
@@ -1174,7 +1278,7 @@ static double check(int prod, const stack *gu, const stack *dn, routing *r, int 
 
 int main(int argc, char **argv) {
   int quick = 0;
-  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3", *ms_s = NULL, *ts_s = NULL;
+  const char *json = NULL, *bits_s = "4,3,2,8,6", *vers_s = "1,2,3", *ms_s = NULL, *ts_s = NULL, *ss_s = NULL;
   int nreps = 25;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -1183,8 +1287,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) vers_s = argv[++i];
     else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms_s = argv[++i];
     else if (!strcmp(argv[i], "--ts") && i + 1 < argc) ts_s = argv[++i];
+    else if (!strcmp(argv[i], "--ss") && i + 1 < argc) ss_s = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) nreps = atoi(argv[++i]);
-    else { fprintf(stderr, "usage: moe_quant [--quick] [--json FILE] [--bits LIST] [--versions LIST] [--ms LIST|none] [--ts LIST|none] [--reps N]\n"); return 2; }
+    else { fprintf(stderr, "usage: moe_quant [--quick] [--json FILE] [--bits LIST] [--versions LIST] [--ms LIST|none] [--ts LIST|none] [--ss LIST] [--reps N]\n"); return 2; }
   }
   std::vector<int> bitsv, versv;
   for (const char *p = bits_s; *p;) { bitsv.push_back(atoi(p)); while (*p && *p != ',') p++; if (*p) p++; }
@@ -1266,6 +1371,8 @@ int main(int argc, char **argv) {
   };
   if (ms_s) parse(ms_s, Ms);
   if (ts_s) parse(ts_s, Ts);
+  std::vector<int> Ss; /* skewed T (route_skew): none unless asked for */
+  if (ss_s) parse(ss_s, Ss);
   printf("| bits | product | rows | M/expert | version | median us | min-max us | GB/s | TFLOP/s | roofline us | %% of roofline | check |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failures = 0;
@@ -1273,15 +1380,18 @@ int main(int argc, char **argv) {
     stack gu, dn;
     make_stack(&gu, (int64_t)E * 2 * IE, H, bits);
     make_stack(&dn, (int64_t)E * H, IE, bits);
-    std::vector<std::pair<int, int>> cases; /* (kind 0 uniform / 1 random, value) */
+    std::vector<std::pair<int, int>> cases; /* (kind 0 uniform / 1 random / 2 skewed, value) */
     for (int M : Ms) cases.push_back({0, M});
     for (int T : Ts) cases.push_back({1, T});
+    for (int T : Ss) cases.push_back({2, T});
     for (auto cs : cases) {
       routing r;
       /* each case's routing and inputs from a generator state of its own: rows compare across runs whatever
        * versions ran before (the checks draw from the same generator) */
       rs = 0x9e3779b97f4a7c15ull ^ ((uint64_t)cs.first << 32 | (uint64_t)cs.second);
-      if (cs.first == 0) route_uniform(&r, cs.second); else route_random(&r, cs.second);
+      if (cs.first == 0) route_uniform(&r, cs.second);
+      else if (cs.first == 1) route_random(&r, cs.second);
+      else route_skew(&r, cs.second);
       route_alloc(&r);
       CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
       for (int prod = 0; prod < 2; prod++) {
@@ -1303,6 +1413,7 @@ int main(int argc, char **argv) {
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
           if (ver > 95 && ver <= 113 && bits != 4) continue;
+          if (ver == 114) continue; /* gate/up + down in one launch: its own rows after both products' */
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1357,7 +1468,7 @@ int main(int argc, char **argv) {
           std::sort(t.begin(), t.end());
           const double med = t[t.size() / 2];
           char label[64];
-          snprintf(label, sizeof label, "%s %d", cs.first == 0 ? "uniform" : "gathered T", cs.second);
+          snprintf(label, sizeof label, "%s %d", case_label(cs.first), cs.second);
           printf("| %d | %s | %s | %.1f | %d | %.1f | %.1f-%.1f | %.0f | %.1f | %.1f | %.1f | %.3f %s |\n", bits,
                  prod == GU ? "gate_up" : "down", label, (double)r.T * TOPK / E, ver, med, t.front(), t.back(),
                  wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med,
@@ -1373,10 +1484,81 @@ int main(int argc, char **argv) {
                         "\"version\": %d, \"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, \"reps\": %zu, "
                         "\"weight_bytes\": %.0f, \"flops\": %.0f, \"gbs\": %.1f, \"tflops\": %.2f, \"roofline_us\": %.2f, "
                         "\"frac_roofline\": %.4f, \"read_gbs\": %.1f, \"bf16_tflops\": %.1f, \"check_ratio\": %.4f}\n",
-                    prop.name, bits, G, prod == GU ? "gate_up" : "down", cs.first == 0 ? "uniform" : "random",
+                    prop.name, bits, G, prod == GU ? "gate_up" : "down", case_json(cs.first),
                     cs.second, r.T, r.hit, (double)r.T * TOPK / E, ver, med, t.front(), t.back(), t.size(), wbytes,
                     flops, wbytes / (med * 1e-6) / 1e9, flops / (med * 1e-6) / 1e12, roof * 1e6, roof * 1e6 / med,
                     bw / 1e9, rate / 1e12, q);
+          fflush(stdout);
+        }
+      }
+      /* version 114 asked for (4-bit): the gate/up + down rows, version 50's two launches and 114's one, each
+       * checked against the CPU (check_fused), 114's h and y against 50's word for word and its counters (a wait
+       * that ran out, the reset: qr_fg_error) */
+      if (bits == 4 && std::find(versv.begin(), versv.end(), 114) != versv.end()) {
+        const size_t TK = (size_t)r.T * TOPK;
+        const double wb = (double)r.hit * ((2.0 * IE) * ((double)H * bits / 8 + 2.0 * (H / G) * 2) +
+                                           (double)H * ((double)IE * bits / 8 + 2.0 * (IE / G) * 2));
+        const double flops = 2.0 * TK * (2.0 * IE * H + (double)H * IE), roof = std::max(wb / bw, flops / rate);
+        std::vector<uint16_t> h50, hp(TK * IE), hplain;
+        std::vector<float> y50, y(TK * H);
+        for (int ver : {50, 114}) {
+          CKL(cudaMemset(r.b.h, 0xff, TK * IE * 2)); /* poison: NaN */
+          CKL(cudaMemset(r.b.hs, 0xff, TK * IE / 32 * 4));
+          CKL(cudaMemset(r.b.y, 0xff, TK * H * 4));
+          CKL(run_fused(ver, &gu, &dn, &r));
+          CKL(cudaDeviceSynchronize());
+          CKL(cudaMemcpy(hp.data(), r.b.h, TK * IE * 2, cudaMemcpyDeviceToHost));
+          CKL(cudaMemcpy(y.data(), r.b.y, TK * H * 4, cudaMemcpyDeviceToHost));
+          const double q = check_fused(&gu, &dn, &r, hp, y, &hplain, 48);
+          long dh = -1, dy = -1;
+          int ferr = 0;
+          if (ver == 50) {
+            h50 = hp;
+            y50 = y;
+          } else {
+            dh = dy = 0;
+            for (size_t i = 0; i < hp.size(); i++) dh += hp[i] != h50[i];
+            for (size_t i = 0; i < y.size(); i++) dy += memcmp(&y[i], &y50[i], 4) != 0;
+            ferr = qr_fg_error(E);
+          }
+          const int ok = q <= 1.0 && dh <= 0 && dy <= 0 && ferr == 0;
+          if (!ok) failures++;
+          std::vector<double> t;
+          for (int rep = 0; rep < nreps + 3; rep++) {
+            CKL(cudaMemsetAsync(flush, rep & 0xff, flush_bytes));
+            CKL(cudaEventRecord(e0));
+            CKL(run_fused(ver, &gu, &dn, &r));
+            CKL(cudaEventRecord(e1));
+            CKL(cudaEventSynchronize(e1));
+            if (rep >= 3) t.push_back(time_ms(e0, e1) * 1e3);
+          }
+          if (ver == 114) { /* the timed launches too: no wait ran out, the counters back at 0 */
+            const int fe = qr_fg_error(E);
+            if (fe) {
+              failures++;
+              printf("  version 114: counters after the timed launches: %s\n", fe == 1 ? "a wait ran out" : "not reset");
+            }
+          }
+          std::sort(t.begin(), t.end());
+          const double med = t[t.size() / 2];
+          char label[64];
+          snprintf(label, sizeof label, "%s %d", case_label(cs.first), cs.second);
+          printf("| %d | gate_up+down | %s | %.1f | %d | %.1f | %.1f-%.1f | %.0f | %.1f | %.1f | %.1f | %.3f %s |\n", bits,
+                 label, (double)TK / E, ver, med, t.front(), t.back(), wb / (med * 1e-6) / 1e9,
+                 flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med, q,
+                 ok ? (ver == 114 ? "ok, = v50" : "ok") : "FAIL");
+          if (ver == 114)
+            printf("  version 114 vs 50 (DGEMMA_DN_FUSE=1, two launches): words that differ h %ld of %zu, y %ld of %zu; "
+                   "counters %s\n", dh, hp.size(), dy, y.size(),
+                   ferr == 0 ? "ok (no wait ran out, all back at 0)" : ferr == 1 ? "FAIL (a wait ran out)" : ferr == 2 ? "FAIL (not reset)" : "FAIL (unreadable)");
+          if (jf)
+            fprintf(jf, "{\"kind\": \"moe_lab\", \"device\": \"%s\", \"bits\": %d, \"group\": %d, \"product\": \"gate_up+down\", "
+                        "\"routing\": \"%s\", \"n\": %d, \"tokens\": %d, \"experts_hit\": %d, \"rows_per_expert\": %.2f, "
+                        "\"version\": %d, \"median_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, \"reps\": %zu, "
+                        "\"weight_bytes\": %.0f, \"flops\": %.0f, \"roofline_us\": %.2f, \"check_ratio\": %.4f, "
+                        "\"diff_h\": %ld, \"diff_y\": %ld}\n",
+                    prop.name, bits, G, case_json(cs.first), cs.second, r.T, r.hit, (double)TK / E, ver,
+                    med, t.front(), t.back(), t.size(), wb, flops, roof * 1e6, q, dh, dy);
           fflush(stdout);
         }
       }

@@ -882,7 +882,9 @@ __device__ __forceinline__ void qr_diet_pass(const qe_args &a, const int64_t *xr
   qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t, smem);
 }
 
-/* qr_body's timeline hooks (TL): none in the backend (every call inlines to nothing: the PTX unchanged but for the
+/* qr_body's hooks (TL): the slab count per expert of the weight stack (slabs(): the grid's y here, the lab's version
+ * 114 a ticket's; session 26, the PTX of qmoe_r*.cu unchanged by it: docs/cuda.md "Session 26 (helper fg11)") and the
+ * timeline's (below): none in the backend (every call inlines to nothing: the PTX unchanged but for the
  * mangled names of qr_body's static shared arrays, which carry the parameter); the kernel lab's version 110
  * (dev/cuda/qr_diet_lab.cuh qr_tl_stamps) records, by thread 0 of each block, the block's times at these points: its
  * row table ready (rows, the first pass), its first activation stage landed (act0, after that stage's barrier), its
@@ -897,6 +899,9 @@ struct qr_tl_none {
   __device__ __forceinline__ void loop(int) const {}
   __device__ __forceinline__ void epi(int) const {}
   __device__ __forceinline__ void empty(int) const {}
+  /* the slabs per expert in the weight stack (its slab index e slabs + slab): the grid's y (experts, slabs); the lab's
+   * one-launch version 114 (dev/cuda/qr_diet_lab.cuh qr_fg_kernel, a 1-D grid of tickets) gives it explicitly */
+  __device__ __forceinline__ unsigned slabs() const { return gridDim.y; }
 };
 
 /* qe_args as for qe_kernel, with X the permuted copy (k_group_sums_perm) and q the lane records. */
@@ -945,7 +950,7 @@ __device__ __forceinline__ void qr_body(const qe_args &a, unsigned char *smem, c
   bool mvalid[2];
 #pragma unroll
   for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
-  const int64_t si = (int64_t)e * gridDim.y + slab;
+  const int64_t si = (int64_t)e * tl.slabs() + slab;
   const int64_t sstride = (int64_t)WARPS * WSTAGE; /* bytes of a stage of the slab */
   const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE; /* the warp's stage 0 */
   const unsigned char *wq = wstage0 + lane * (CP ? PSC : PS);

@@ -10,7 +10,7 @@
 
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
-#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-112 (dg_cuda_test_experts_lab; 112: _qw) */
+#include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-114 (dg_cuda_test_experts_lab; 112, 114: _qw) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
 #include "cuda/qmoe_wl.cuh" /* the large-M wgmma kernel: lab versions 120-124 (dg_cuda_test_experts_qw) */
@@ -317,6 +317,32 @@ extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_u
   int fused;
   return test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, dq_from, -1, &fused, h, y);
 }
+/* Lab version 114 (dev/cuda/qr_diet_lab.cuh qr_fg_version: gate/up and down in one launch) in place of the backend's
+ * launches while fg_on is set (test_experts_with, with the fused down input forced on): the gate/up input's copy
+ * (k_group_sums_perm, as k_qe_gate_up makes it), then the one launch over the arguments k_qe_gate_up (QR_GATEUP_HP)
+ * and k_qe_down (over h and its sums) would pass; synchronized, then its counters read (qr_fg_error: fg_err 1 a
+ * down block's wait found its expert's gate/up blocks not all counted, 2 a counter not back at 0). */
+static int fg_on, fg_err;
+static cudaError_t experts_fg(const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H, int IE, int E,
+                              int K, int nt) {
+  const dg_cuda_w *W = &l->experts_gate_up, *V = &l->experts_down;
+  if (W->bits != 4 || V->bits != 4 || W->lay != DG_CUDA_LAY_LANES || V->lay != DG_CUDA_LAY_LANES || !b->hs)
+    return cudaErrorInvalidValue;
+  cudaError_t e = k_group_sums_perm(0, xe, T, H, W->group, b->xs, b->xp);
+  if (e != cudaSuccess) return e;
+  qe_args a, d;
+  memset(&a, 0, sizeof a);
+  a.q = W->q; a.sbp = W->sbp; a.sb = W->sb; a.group = W->group;
+  a.count = b->count; a.start = b->start; a.pairs = b->pairs; a.order = b->order; a.topk = K;
+  d = a;
+  a.X = b->xp; a.xs = b->xs; a.Kdim = H; a.N = IE; a.h = b->h; a.hg = W->group; a.hs = b->hs;
+  d.q = V->q; d.sbp = V->sbp; d.sb = V->sb; d.group = V->group;
+  d.X = b->h; d.xs = b->hs; d.Kdim = IE; d.N = H; d.y = b->y;
+  e = qr_fg_version<4>(0, E, nt > 0 ? nt : qe_nt(T, K, E), a, d);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) fg_err = qr_fg_error(E);
+  return e;
+}
 /* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. fuse 0 / 1: the down
  * product's input copy by its own launch / by the gate/up kernel where it can (qr_dn_fuse_set; -1: DGEMMA_DN_FUSE's
  * choice); *fused: whether the gate/up kernel made it (h is then read back in k_group_sums_perm's order and
@@ -361,9 +387,15 @@ static dg_status test_experts_with(int device, const dg_weight *gate_up, const d
   if (nt >= 0) qr_dq_set(dq_from); /* as dg_cuda_experts_nt sets it: k_qe_dn_fuse_group reads it */
   *fused = k_qe_dn_fuse_group(&l.experts_gate_up, &l.experts_down, IE, &b) > 0;
   qr_dq_set(-1);
+  if (fg_on && !*fused) {
+    qr_dn_fuse_set(-1);
+    st = dg_seterr(DG_ERR_INVALID_ARG, "version 114: the stacks do not take the fused down input (k_qe_dn_fuse_group)");
+    goto done;
+  }
   {
-    const cudaError_t e = nt < 0 ? dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K)
-                                 : dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from);
+    const cudaError_t e = fg_on    ? experts_fg(&l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt)
+                          : nt < 0 ? dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K)
+                                   : dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from);
     qr_dn_fuse_set(-1); /* before any exit */
     if (e != cudaSuccess) {
       st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_experts%s: %s", nt < 0 ? "" : "_nt", cudaGetErrorString(e));
@@ -1260,8 +1292,47 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     qr_sk_slots_cap = 0;
     return st;
   }
+  if (version == 114) {
+    /* the lab's gate/up + down in one launch (qr_diet_lab.cuh qr_fg_version, 4-bit): version 50 with the fused down
+     * input (the backend's two launches, DGEMMA_DN_FUSE=1), then 114 twice (the second finds the counters the first
+     * left: they must be back at 0), each h and y word for word 50's; h and y returned are 114's (the caller checks
+     * them against the CPU) */
+    if (gate_up->bits != 4 || down->bits != 4)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 114: %d/%d-bit stacks (4-bit only)",
+                       gate_up->bits, down->bits);
+    *avail = 1;
+    const size_t nh = (size_t)T * K * IE, ny = (size_t)T * K * H;
+    uint16_t *h0 = (uint16_t *)malloc(nh * 2);
+    float *y0 = (float *)malloc(ny * 4);
+    int fused = 0;
+    dg_status st = !h0 || !y0 ? dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory") : DG_OK;
+    if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, &fused, h0, y0);
+    if (st == DG_OK && !fused)
+      st = dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 114: the stacks do not take the fused down "
+                     "input (k_qe_dn_fuse_group: group 32 or 64, IE a multiple of %d)", 16 * QR_WARPS);
+    for (int run = 0; run < 2 && st == DG_OK; run++) {
+      fg_on = 1;
+      fg_err = 0;
+      st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, &fused, h, y);
+      fg_on = 0;
+      if (st != DG_OK) break;
+      if (fg_err)
+        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version 114, launch %d: %s", run + 1,
+                       fg_err == 1 ? "a down block's wait found its expert's gate/up blocks not all counted"
+                                   : fg_err == 2 ? "a counter not back at 0 after the launch" : "counters unreadable");
+      long dh = 0, dy = 0;
+      for (size_t i = 0; i < nh && st == DG_OK; i++) dh += h[i] != h0[i];
+      for (size_t i = 0; i < ny && st == DG_OK; i++) dy += memcmp(&y[i], &y0[i], 4) != 0;
+      if (st == DG_OK && (dh || dy))
+        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version 114, launch %d: words that differ from "
+                       "version 50's (DGEMMA_DN_FUSE=1): h %ld of %zu, y %ld of %zu", run + 1, dh, nh, dy, ny);
+    }
+    free(h0);
+    free(y0);
+    return st;
+  }
   if (version != 20 && version != 21 && version != 22 && version != 75 && (version < 120 || version > 124))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 112, 120-124, 200)",
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 112, 114, 120-124, 200)",
                      version);
   if (version >= 120 && (gate_up->sb_dtype != DG_BF16 || down->sb_dtype != DG_BF16 || H % 64 || IE % 64))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d needs bf16 scales and H, IE multiples "

@@ -80,7 +80,10 @@ dg_status dg_cuda_test_wgmma(int device, int mode, const uint16_t *A, const uint
  * body from 4 n-tiles, the backend's kernel below; 120-122 src/cuda/qmoe_wl.cuh wl_kernel, the large-M kernel, at
  * every tile count: bf16 scales, H and IE multiples of 64; 112 + 1000 c, c >= 0, dev/cuda/qr_diet_lab.cuh
  * qr_sk_kernel, the last partial round split along K, with the resident slots taken as c, 0: the occupancy query's; no
- * wgmma, any 4-bit group) in place of qr_kernel, on 4-bit g64 stacks: h [T K, IE]
+ * wgmma, any 4-bit group; 114 qr_fg_version, gate/up and down in one launch over the fused down input (4-bit, group 32
+ * or 64, IE a multiple of 64): run twice after version 50 with DGEMMA_DN_FUSE=1, DG_ERR_BACKEND where a word of h or y
+ * differs from 50's, a down block's wait found its expert's gate/up blocks not all counted, or a counter is not back at
+ * 0) in place of qr_kernel, on 4-bit g64 stacks: h [T K, IE]
  * and y [T K, H] as dg_cuda_test_experts_nt. *avail = 0 (nothing run) where the build has no wgmma (not sm_90a).
  * DG_ERR_INVALID_ARG for another version, width, group or tile count. */
 /* A ring of 2 shared-memory slots of 256 bytes filled by cp.async.bulk on an mbarrier each (src/cuda/qmoe_r.cuh
