@@ -106,7 +106,8 @@
  *   version 113 (4-bit; dev/cuda/qr_diet_lab.cuh qr_empty_kernel): an empty kernel over version 50's grid, block and
  *              dynamic shared memory (2 or 3 n-tiles), timed as every version: the launch, block scheduling and
  *              events' share of a row's time (a probe: no output, no check) (session 25)
- *   version 114 (4-bit; dev/cuda/qr_diet_lab.cuh qr_fg_kernel): gate/up and down in one launch at 2 and 3 n-tiles, the
+ *   version 114 (4-bit; src/cuda/qmoe_fg.cuh qr_fg_kernel, the backend's with DGEMMA_EXPERTS_FG=1, off by default):
+ *              gate/up and down in one launch at 2 and 3 n-tiles, the
  *              blocks taking work tickets in order from a global counter (the gate/up items, then the down items, each
  *              in version 50's order), a down block waiting (acquire spin) only until its expert's gate/up blocks are
  *              counted; version 50's bodies (qr_body, the HP epilogue: h in the down product's fragment order and its

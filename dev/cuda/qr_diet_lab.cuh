@@ -17,7 +17,7 @@
  * past the last whole round of resident blocks in 3 pieces along K (qr_sk_kernel below: not word for word, within the
  * derived bound; tests/test_cuda.c test_quant_experts_sk through dg_cuda_test_experts_qw). Version 114 (session 26) runs
  * gate/up and down in one launch, work tickets in order and a wait per down block on its expert's gate/up blocks
- * (qr_fg_kernel below: version 50's bodies, word for word; tests/test_cuda.c test_quant_experts_fg through
+ * (src/cuda/qmoe_fg.cuh qr_fg_kernel: version 50's bodies, word for word; tests/test_cuda.c test_quant_experts_fg through
  * dg_cuda_test_experts_qw; the lab's "gate_up+down" rows).
  *
  * The arithmetic that chose them (ptxas -v of nvcc 13 -O2 sm_90a, 4-bit g64, docs/cuda.md "The next GPU calls"):
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuda/qmoe_r.cuh"
+#include "cuda/qmoe_fg.cuh" /* version 114: the backend's qr_fg_kernel */
 
 /* qr_kernel with the diet's loop (DIET 1) and, for quantized stacks of group 64, at 3 n-tiles MB3 blocks per SM the
  * registers are capped for, D3 register stages of weights, line prefetches PF3 weight stages ahead, SUB3 weight
@@ -1189,139 +1190,11 @@ cudaError_t qr_empty_version(cudaStream_t s, dim3 grid, int nt, const qe_args &a
   return cudaGetLastError();
 }
 
-/* Version 114 (session 26, helper fg11): gate/up and down in one launch (qr_fg_kernel), each down block starting as
- * soon as its expert's gate/up blocks are done, instead of version 50's two launches (the backend with
- * DGEMMA_DN_FUSE=1: gate/up's epilogue qr_store_hp writes h in the down product's fragment order and its group
- * sums, the words k_group_sums_perm would make; then down over them), where the down grid's first blocks wait at
- * griddepcontrol.wait for the whole gate/up grid, so gate/up's last round (2.67 rounds of 528 resident blocks at
- * the 26B's shapes: 27-29 % of its span with half the slots busy, session 25's timeline) leaves half the slots empty.
- *
- * Work tickets: a 1-D grid of E ngu + E ndn blocks (ngu, ndn: the slabs per expert of each product); thread 0 of a
- * block takes the next ticket from a global counter (atomicAdd) and shares it through shared memory. Tickets
- * 0 .. E ngu - 1 are the gate/up blocks in version 50's order (qr_block with a.order: the experts by descending row
- * count, each expert's slabs one after another), tickets E ngu .. the down blocks in the same expert order. A gate/up
- * block runs version 50's gate/up body with the HP epilogue (qr_body QR_GATEUP_HP, the 2-tile body for the small
- * experts at 3 n-tiles as qr_kernel), then every thread fences (__threadfence), the block meets at a barrier and
- * thread 0 counts the block on its expert's counter (done[e], atomicAdd): a release of the block's h and sums. A down
- * block of an expert with rows first waits (thread 0 spins on an acquire load of done[e] with __nanosleep until it
- * reaches ngu, then a barrier: the acquire and the barrier order every thread's later reads after the gate/up blocks'
- * writes), then runs version 50's down body (qr_body GATEUP 0) over h and the sums. The bodies are qr_body itself
- * (DIET 0, as version 50 at 2 and 3 n-tiles), the slab index formed from the ticket's slab count (qr_fg_tl::slabs)
- * instead of the grid's, so every product, fold and store is version 50's: h, the sums and y word for word.
- *
- * No deadlock, whatever order the hardware places blocks in: tickets are taken in order, so when a block holds down
- * ticket t every ticket below t, among them all E ngu gate/up tickets, is held by a block that is running or has
- * finished (a ticket is taken by a running block, which keeps its slot until it exits). A gate/up block never waits
- * on anything, so each finishes and counts itself; hence every done[e] reaches ngu and every wait ends. (The blocks'
- * own launch order is not used: blockIdx plays no part.) Experts without rows: their gate/up blocks return at once
- * and do not count (qr_body returns before its row table), their down blocks return without waiting.
- *
- * How the down body reads what gate/up wrote in the same launch: h by 16-byte cp.async.cg (dg_cp_async16_*: L2,
- * never an L1 line), the sums by 4-byte cp.async.ca (there is no 16-byte-aligned form for 11 sums a row at the 26B's
- * 704 / 64): ordered by thread 0's ld.acquire.gpu and the barrier after it (PTX memory model: causality order through
- * the release's fence + atomic, the acquire and bar.sync), which the hardware implements by invalidating the SM's L1 at
- * the acquire, so an L1 line of the sums fetched by an earlier block on that SM (another expert's rows in the same
- * 128-byte line) cannot be read stale afterwards. The row tables (a.pairs, count, start, order) were written before
- * the launch.
- *
- * Counters (qr_fg_ctr, ints): [0] the next ticket, [1] the blocks finished, [2] an error flag (a wait that ran past
- * ~1 s on the GPU, or on the emulation found its expert's gate/up blocks not all counted: the host reads and clears
- * it, qr_fg_error), [3 ..] done[e]. The last block to finish (its count of finished blocks reads all but one) sets
- * [0], [1] and every done[e] back to 0, after a fence: every other block has then finished, so nothing reads them
- * again in this launch, and the next launch (a CUDA graph's replay too) finds them zero without a host memset.
- * Zeroed once by the host when first allocated. */
-#ifdef DG_CUDA_EMU
-static inline int qr_fg_ld_acquire(const int *p) { return *p; }
-static inline void qr_fg_nap(unsigned) {}
-#else
-__device__ __forceinline__ int qr_fg_ld_acquire(const int *p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void qr_fg_nap(unsigned ns) { __nanosleep(ns); }
-#endif
-
-/* qr_body's hooks for version 114: none but the slab count per expert (the grid is 1-D). */
-struct qr_fg_tl : qr_tl_none {
-  unsigned ns;
-  __device__ __forceinline__ explicit qr_fg_tl(unsigned n) : ns(n) {}
-  __device__ __forceinline__ unsigned slabs() const { return ns; }
-};
-
-/* One item of version 114: expert e's slab `slab` of a product of nslab slabs per expert, by qr_body as qr_kernel runs
- * it (DIET 0, no bias products, NZ 0; the NTS-tile body for an expert of at most 8 NTS rows). */
-template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int NTS>
-__device__ __forceinline__ void qr_fg_item(const qe_args &a, unsigned char *smem, int e, int slab, int nslab) {
-  const qr_fg_tl tl((unsigned)nslab);
-  if constexpr (NTS > 0 && NTS < NT) {
-    if (a.count[e] <= 8 * NTS) {
-      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, 1, 0, 0, 0, 0, qr_fg_tl>(a, smem, e, slab, tl);
-      return;
-    }
-  }
-  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, 1, 0, 0, 0, 0, qr_fg_tl>(a, smem, e, slab, tl);
-}
-
-/* Thread 0 of a down block: wait until *c (its expert's gate/up blocks counted) reaches n. On the GPU an acquire
- * load per try, __nanosleep between tries (32 ns doubling to 256); past 2^22 tries (~1 s: a bug, never a legitimate
- * wait of a few us) it raises the error flag and goes on (the outputs are then wrong and the host says why) rather
- * than hang. On the emulation blocks run one after another in ticket order, so every gate/up block of the expert has
- * finished: a count short of n is the error at once. */
-__device__ __forceinline__ void qr_fg_wait(const int *c, int n, int *err) {
-#ifdef DG_CUDA_EMU
-  if (qr_fg_ld_acquire(c) < n) *err = 1;
-#else
-  unsigned ns = 32;
-  for (long tries = 0; qr_fg_ld_acquire(c) < n; tries++) {
-    if (tries >= (1L << 22)) {
-      atomicExch(err, 1);
-      return;
-    }
-    qr_fg_nap(ns);
-    if (ns < 256) ns *= 2;
-  }
-#endif
-}
-
-template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
-__global__ void __launch_bounds__(32 * WARPS, MINB) qr_fg_kernel(qe_args gu, qe_args dn, int E, int ngu, int ndn,
-                                                                  int *ctr) {
-  DG_PDL_ENTRY();
-  DG_DYN_SMEM16(smem);
-  __shared__ int ticket_s;
-  const int tid = threadIdx.x, G = E * ngu;
-  int *done = ctr + 3;
-  if (tid == 0) ticket_s = atomicAdd(ctr, 1);
-  __syncthreads();
-  const int tk = ticket_s;
-  if (tk < G) { /* gate/up: expert gu.order[tk / ngu]'s slab tk % ngu, h and its sums by the HP epilogue */
-    const int e = gu.order[tk / ngu];
-    qr_fg_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(gu, smem, e, tk % ngu, ngu);
-    if (gu.count[e] > 0) {
-      __threadfence(); /* this thread's h and sums visible device-wide before the count (the release) */
-      __syncthreads();
-      if (tid == 0) atomicAdd(done + e, 1);
-    }
-  } else { /* down: expert dn.order[d / ndn]'s slab d % ndn once its gate/up blocks are all counted */
-    const int d = tk - G, e = dn.order[d / ndn];
-    if (dn.count[e] > 0) {
-      if (tid == 0) qr_fg_wait(done + e, ngu, ctr + 2);
-      __syncthreads();
-      qr_fg_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, d % ndn, ndn);
-    }
-  }
-  if (tid == 0) { /* the last block to finish sets the counters back to 0 for the next launch */
-    __threadfence();
-    if (atomicAdd(ctr + 1, 1) == G + E * ndn - 1) {
-      ctr[0] = 0;
-      ctr[1] = 0;
-      for (int i = 0; i < E; i++) done[i] = 0;
-    }
-  }
-}
-
-/* The counters of qr_fg_kernel (above): 3 + experts ints, zeroed when allocated; the kernels leave them zeroed. */
+/* Version 114 (session 26, helper fg11): gate/up and down in one launch, each down block starting as soon as its
+ * expert's gate/up blocks are done: the backend's qr_fg_kernel (src/cuda/qmoe_fg.cuh, its design and the argument
+ * that it cannot deadlock; the backend's with DGEMMA_EXPERTS_FG=1 since session 26's helper fgb), launched through the
+ * library's qr_fg_bits<4> with the lab's own counters below. */
+/* The lab's counters of qr_fg_kernel: 3 + experts ints, zeroed when allocated; the kernels leave them zeroed. */
 static int *qr_fg_ctr;
 static int qr_fg_ctr_cap;
 static cudaError_t qr_fg_ctr_grow(int E) {
@@ -1351,24 +1224,6 @@ static int qr_fg_error(int E) {
   return r;
 }
 
-template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
-cudaError_t qr_fg_launch(cudaStream_t s, int E, int ngu, int ndn, const qe_args &gu, const qe_args &dn) {
-  void (*kern)(qe_args, qe_args, int, int, int, int *) = qr_fg_kernel<BITS, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS>;
-  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
-  cudaError_t e = qr_fg_ctr_grow(E);
-  if (e != cudaSuccess) return e;
-#ifndef DG_CUDA_EMU
-  static int set = 0; /* one attribute call per instantiation */
-  if (!set && smem > 48 * 1024) {
-    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = 1;
-  }
-#endif
-  DG_LAUNCH(kern, E * (ngu + ndn), 32 * WARPS, smem, s)(gu, dn, E, ngu, ndn, qr_fg_ctr);
-  return cudaGetLastError();
-}
-
 /* Version 50's gate/up + down as the backend runs them with DGEMMA_DN_FUSE=1: gate/up (QR_GATEUP_HP: h in the down
  * product's fragment order and its sums into gu.h, gu.hs) over the grid (E, ngu), then down over them (E, ndn);
  * dn.X = gu.h and dn.xs = gu.hs are the caller's. */
@@ -1380,20 +1235,18 @@ template <int BITS> cudaError_t qr_fg_v50(cudaStream_t s, int E, int nt, const q
 }
 
 /* Version 114: gate/up (gu, with the HP epilogue's hg and hs) and down (dn: X = gu.h, xs = gu.hs) over E experts at
- * nt n-tiles (qe_nt) in one launch (qr_fg_kernel) for group 64 at 3 n-tiles (the backend's choices: 4 blocks per SM,
- * line prefetches 2 stages ahead, the 2-tile body for experts of at most 16 rows) and at 2 n-tiles (4 blocks per SM,
- * no prefetch); elsewhere version 50's two launches (qr_fg_v50). The HP epilogue needs whole slabs of features
- * (gu.N a multiple of 16 QR_WARPS) and gu.hg 32 or 64 (k_qe_dn_fuse_group's conditions); cudaErrorInvalidValue
- * otherwise. */
+ * nt n-tiles (qe_nt) in one launch (the library's qr_fg_bits<4>: qr_fg_kernel with the backend's choices) for group
+ * 64 at 2 and 3 n-tiles; elsewhere version 50's two launches (qr_fg_v50). The HP epilogue needs whole slabs of
+ * features (gu.N a multiple of 16 QR_WARPS) and gu.hg 32 or 64 (k_qe_dn_fuse_group's conditions);
+ * cudaErrorInvalidValue otherwise. */
 template <int BITS> cudaError_t qr_fg_version(cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
   if (!gu.hs || gu.N % (16 * QR_WARPS) || (gu.hg != 32 && gu.hg != 64) || gu.group != gu.hg || dn.group != gu.hg ||
       dn.X != gu.h || dn.xs != gu.hs || dn.Kdim != gu.N)
     return cudaErrorInvalidValue;
-  const int ngu = gu.N / (16 * QR_WARPS), ndn = (dn.N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
-  if (gu.group == 64 && nt == 3)
-    return qr_fg_launch<BITS, 3, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, -QR_PF, QR_NTS>(s, E, ngu, ndn, gu, dn);
-  if (gu.group == 64 && nt == 2)
-    return qr_fg_launch<BITS, 2, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, 0, 0>(s, E, ngu, ndn, gu, dn);
+  if (qr_fg_takes(nt, gu, dn)) {
+    const cudaError_t e = qr_fg_ctr_grow(E);
+    return e != cudaSuccess ? e : qr_fg_bits<BITS>(s, E, nt, gu, dn, qr_fg_ctr);
+  }
   return qr_fg_v50<BITS>(s, E, nt, gu, dn);
 }
 

@@ -222,6 +222,7 @@ struct dg_cuda_moe_buf {
    * and clears it. Host-side bookkeeping: the device reads only gu_x and gu_group. */
   const bf16 *gu_x;
   int gu_group;
+  int fg_off;          /* host bookkeeping: DGEMMA_EXPERTS_FG's counters at done + fg_off (dg_moe_fg below; 0: none) */
   const bf16 *gu_ready;
   bf16 *h;             /* [T*K, IE] gelu(gate) * up per (token, expert); where hp_group > 0 in the down product's
                         * fragment order instead (its input copy made by the gate/up kernel, DGEMMA_DN_FUSE=1) */
@@ -233,6 +234,12 @@ struct dg_cuda_moe_buf {
   bf16 *xp;            /* [max(T*H, T*K*IE)] their input in fragment order (k_group_sums_perm, lane layout) */
   int32_t *wl_count;   /* [2 E] or NULL: DGEMMA_WL=1's count split at WL_MIN_ROWS (qmoe_wl.cu k_wl_split) */
 };
+/* DGEMMA_EXPERTS_FG=1's counters of b (3 + E ints, qmoe_fg.cuh qr_fg_kernel: the next ticket, the blocks finished,
+ * the error flag, done[e]; zeroed at allocation, every launch leaves them zero) at done + fg_off, in the same
+ * allocation (context.cu's buffer table: a row of their own); NULL where fg_off is 0: two launches whatever the
+ * switch. (An offset in the struct's padding, not a pointer: the router's kernels take the struct by value, and
+ * their PTX stays as it was.) */
+static inline int32_t *dg_moe_fg(const dg_cuda_moe_buf *b) { return b->fg_off > 0 ? b->done + b->fg_off : NULL; }
 
 /* Device scratch for the tensor-core kernel's key splits: n floats (a split
  * count that does not fit is lowered; part NULL: no splits). */
@@ -581,6 +588,20 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
  * product's inputs are word for word those of the separate copy (test_experts_dn_fuse). */
 int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b);
 void qr_dn_fuse_set(int on);
+/* With DGEMMA_EXPERTS_FG=1 (read once, at the first MoE layer; not the default until timed on a GPU:
+ * dev/gpu/s26_fgb.sh; qr_experts_fg_set(1 / 0) forces it on / off, -1 gives the environment's choice back: the
+ * tests) dg_cuda_experts runs gate/up and down as ONE launch (qmoe_fg.cuh qr_fg_kernel: work tickets in order, each
+ * down block waiting on its expert's gate/up blocks) where it can: both stacks 4-bit lane records of group 64 with
+ * the fused down input's conditions (k_qe_dn_fuse_group's, the switch DGEMMA_DN_FUSE aside), 2 or 3 n-tiles, the
+ * counters present (dg_moe_fg) and no test launcher (qr_launcher_set); elsewhere today's launches. Its h, group sums and y are word for word
+ * those of DGEMMA_DN_FUSE=1's two launches (test_quant_experts_fgb). k_qe_experts_fg: gate/up's input copy (unless
+ * the router made it) and the one launch; *ran 0 where it does not apply (nothing launched, cudaSuccess). A down
+ * block's wait past ~1 s on the GPU traps (the launch fails: cudaErrorLaunchFailure at the next synchronization,
+ * with DGEMMA_CUDA_SYNC=1 at dg_cuda_experts' own check); on the emulation the flag read after the launch gives
+ * cudaErrorLaunchFailure. */
+void qr_experts_fg_set(int on);
+cudaError_t k_qe_experts_fg(cudaStream_t s, const dg_cuda_w *gu, const dg_cuda_w *dn, const bf16 *xe,
+                            dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K, int nt, int *ran);
 /* DGEMMA_WL=1 (qmoe_wl.cu; off by default): the hybrid gate/up of 4-bit g64 experts (experts of >= WL_MIN_ROWS rows
  * through the wgmma kernel wl_kernel, from the wl layout packed at upload, dg_cuda_w.wl). qr_wl_set(1 / 0) forces it
  * on / off for the stacks uploaded next, -1 gives the environment's choice back (the tests); qr_wl_launches counts

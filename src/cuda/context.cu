@@ -184,6 +184,9 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->moe.order, E * 4);
   B_(c->moe.wl_count, 2 * E * 4); /* DGEMMA_WL=1's split counts (qmoe_wl.cu) */
   B_(c->moe.done, 4);
+  int32_t *fg = NULL;
+  B_(fg, (3 + E) * 4); /* DGEMMA_EXPERTS_FG's counters (qmoe_fg.cuh; zeroed below): dg_moe_fg, at done + fg_off */
+  c->moe.fg_off = cv->base ? (int)(fg - c->moe.done) : 0; /* (the sizing pass has no pointers) */
   B_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
   B_(c->moe.h, TK * IE * 2);
   B_(c->moe.y, TK * H * 4);
@@ -230,8 +233,9 @@ static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
   cv.base = (unsigned char *)pv->dev;
   ctx_layout(c, z, &cv, &kv);
   if (cudaMemset(pv->dev, 0, kv) != cudaSuccess || cudaMemset(c->moe.done, 0, 4) != cudaSuccess ||
-      cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess)
-    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache or the router's block counters failed");
+      cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess ||
+      cudaMemset(dg_moe_fg(&c->moe), 0, (3 + (size_t)z->E) * 4) != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "cudaMemset of the KV cache or the router's or experts' block counters failed");
   const size_t hs = (z->C * sizeof(dg_cuda_pos_stats) + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN;
   if (cudaMallocHost(&pv->host, hs + 4) != cudaSuccess) {
     pv->host = NULL;

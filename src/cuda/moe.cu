@@ -1352,9 +1352,12 @@ static const int qe_nt_env = qe_nt_from_env();
 static cudaError_t experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,
                               int H, int IE, int E, int K, int nt) {
   const dg_cuda_w *gu = &l->experts_gate_up, *dn = &l->experts_down;
+  int ran = 0; /* DGEMMA_EXPERTS_FG=1: gate/up and down in one launch where it applies (qmoe.cu) */
+  cudaError_t e = k_qe_experts_fg(s, gu, dn, xe, b, T, H, IE, E, K, nt, &ran);
+  if (e != cudaSuccess || ran) return e;
   b->hp_group = k_qe_dn_fuse_group(gu, dn, IE, b); /* DGEMMA_DN_FUSE=1: the down input's copy in gate/up's epilogue */
-  cudaError_t e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, nt)
-                                                          : k_bexperts(s, 1, gu, xe, b, T, H, IE, E, K);
+  e = gu->bits || gu->lay == DG_CUDA_LAY_LANES ? k_qe_gate_up(s, gu, xe, b, T, H, IE, E, K, nt)
+                                              : k_bexperts(s, 1, gu, xe, b, T, H, IE, E, K);
   if (e != cudaSuccess) return e;
   return dn->bits || dn->lay == DG_CUDA_LAY_LANES ? k_qe_down(s, dn, b, T, H, IE, E, K, nt)
                                                   : k_bexperts(s, 0, dn, b->h, b, T, H, IE, E, K);

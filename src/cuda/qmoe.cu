@@ -1,7 +1,7 @@
 /* qmoe.cu: the gathered MoE products over MLX affine-quantized expert stacks
  * on tensor cores (spec 4.6 step 4): host launchers and the group sums. The
  * kernel, its math and layout: qmoe.cuh; its instantiations: qmoe_b*.cu. */
-#include "cuda/qmoe_r.cuh"
+#include "cuda/qmoe_fg.cuh"
 
 extern template cudaError_t qe_launch_bits<2, 0>(cudaStream_t, dim3, int, const qe_args &);
 extern template cudaError_t qe_launch_bits<2, 1>(cudaStream_t, dim3, int, const qe_args &);
@@ -84,11 +84,25 @@ static int dn_fuse_on(void) {
   return v;
 }
 
-int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b) {
+/* DGEMMA_EXPERTS_FG=1: gate/up and down in one launch (k_qe_experts_fg); read once, or set by qr_experts_fg_set. */
+static int experts_fg_override = -1;
+void qr_experts_fg_set(int on) { experts_fg_override = on; }
+static int experts_fg_on(void) {
+  if (experts_fg_override >= 0) return experts_fg_override;
+  static int v = -1; /* read once (a data race on first use writes the same value) */
+  if (v < 0) {
+    const char *e = getenv("DGEMMA_EXPERTS_FG");
+    v = e && e[0] == '1' && !e[1];
+  }
+  return v;
+}
+
+/* k_qe_dn_fuse_group's conditions on the stacks, whatever the switch */
+static int dn_fuse_group_of(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b) {
   constexpr int FEAT = 16 * QR_WARPS; /* the gate/up block's features */
   static_assert(FEAT % 64 == 0, "groups of 32 and 64 are whole in a gate/up block's features");
   const int G = dn->bits ? dn->group : QR_BF16_GROUP, Ggu = gu->bits ? gu->group : QR_BF16_GROUP;
-  if (!dn_fuse_on() || !b->hs || gu->lay != DG_CUDA_LAY_LANES || dn->lay != DG_CUDA_LAY_LANES) return 0;
+  if (!b->hs || gu->lay != DG_CUDA_LAY_LANES || dn->lay != DG_CUDA_LAY_LANES) return 0;
   if (gu->wl) return 0; /* DGEMMA_WL=1: wl_kernel stores h plainly */
   if (IE <= 0 || IE % FEAT) return 0; /* every slab of features full */
   /* G 32 or 64: whole groups in a block's features, and b->hs holds IE / 32 sums per row; G 128 spans two blocks */
@@ -97,6 +111,10 @@ int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const d
    * `dgemma quantize` and MLX write) and the exact fold: no DQ body (qr_launch_bits) */
   if (Ggu != G || qr_dq_from() > 0) return 0;
   return G;
+}
+
+int k_qe_dn_fuse_group(const dg_cuda_w *gu, const dg_cuda_w *dn, int IE, const dg_cuda_moe_buf *b) {
+  return dn_fuse_on() ? dn_fuse_group_of(gu, dn, IE, b) : 0;
 }
 
 /* The launchers' bit width of a stack: bf16 stacks (bits 0) in lane records run qr_kernel's BITS 16. */
@@ -183,6 +201,48 @@ cudaError_t k_qe_down(cudaStream_t s, const dg_cuda_w *W, dg_cuda_moe_buf *b, in
   const cudaError_t e = k_group_sums(s, b->h, T * K, IE, W->group, b->xs);
   if (e != cudaSuccess) return e;
   return qe_launch<0>(s, dim3(E, (H + 32 * QE_WARPS - 1) / (32 * QE_WARPS)), nt > 0 ? nt : qe_nt(T, K, E), a, W->bits);
+}
+
+long qr_fg_launches = 0;
+cudaError_t k_qe_experts_fg(cudaStream_t s, const dg_cuda_w *gu, const dg_cuda_w *dn, const bf16 *xe,
+                            dg_cuda_moe_buf *b, int T, int H, int IE, int E, int K, int nt, int *ran) {
+  *ran = 0;
+  int32_t *ctr = dg_moe_fg(b);
+  if (!experts_fg_on() || !ctr || qr_test_launcher || E <= 0) return cudaSuccess;
+  if (gu->bits != 4 || dn->bits != 4 || dn_fuse_group_of(gu, dn, IE, b) != 64) return cudaSuccess;
+  const int ntr = nt > 0 ? nt : qe_nt(T, K, E);
+  qe_args a, d;
+  qe_common(&a, gu, b, K); /* as k_qe_gate_up with hp_group 64 */
+  a.X = b->xp;
+  a.Kdim = H;
+  a.N = IE;
+  a.h = b->h;
+  a.hg = 64;
+  a.hs = b->hs;
+  qe_common(&d, dn, b, K); /* as k_qe_down over the copy and sums made by gate/up's epilogue */
+  d.X = b->h;
+  d.xs = b->hs;
+  d.Kdim = IE;
+  d.N = H;
+  d.y = b->y;
+  if (!qr_fg_takes(ntr, a, d)) return cudaSuccess;
+  *ran = 1;
+  const int ready = b->gu_ready == xe && b->gu_group == a.group; /* made by route_gr_kernel (moe.cu) */
+  b->gu_ready = NULL;
+  b->hp_group = 0; /* nothing left for a k_qe_down */
+  if (!ready) {
+    const cudaError_t e = k_group_sums_perm(s, xe, T, H, a.group, b->xs, b->xp);
+    if (e != cudaSuccess) return e;
+  }
+  const cudaError_t e = qr_fg_bits<4>(s, E, ntr, a, d, ctr);
+  qr_fg_launches++;
+#ifdef DG_CUDA_EMU /* launches run to completion on the emulation: a wait that found its count short raised the flag */
+  if (e == cudaSuccess && ctr[2]) {
+    ctr[2] = 0;
+    return cudaErrorLaunchFailure;
+  }
+#endif
+  return e;
 }
 
 /* One block per row, a thread per group: sums in fp32, in column order. */

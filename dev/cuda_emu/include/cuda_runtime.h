@@ -11,6 +11,7 @@ typedef enum cudaError {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
+  cudaErrorLaunchFailure = 719, /* what a device-side trap gives (src/cuda/qmoe.cu k_qe_experts_fg reports it) */
 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
 /* an event holds the host's monotonic time of its record (the emulation is synchronous) */
