@@ -1064,8 +1064,9 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 40 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
- * included since session 24; 41 with the branches on, the default: the second cuBLAS handle's workspace) lie inside
+ * its buffers (2 caches per layer and 41 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
+ * included since session 24, DGEMMA_EXPERTS_FG's counters since session 26; 42 with the branches on, the default: the
+ * second cuBLAS handle's workspace) lie inside
  * the block, 256 bytes aligned from its start, without overlap, and a
  * byte pattern of each, all written first, reads back intact. With a sliding-window ring cache (the default) and a
  * full-window cache (every layer the same length), each with DGEMMA_BRANCH off and on (dg_cuda_branch_set). */
@@ -1096,7 +1097,7 @@ static void test_ctx_arena(void **state) {
            full, branch, na[0], na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 40 + branch);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 41 + branch);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
@@ -3484,6 +3485,138 @@ static void test_quant_experts_fg(void **state) {
          ncase, sh, sy);
 }
 
+/* The backend's DGEMMA_EXPERTS_FG=1 (src/cuda/qmoe.cu k_qe_experts_fg: gate/up and down in one launch of
+ * qmoe_fg.cuh qr_fg_kernel, the counters in the MoE buffers) through dg_cuda_test_experts_qw version 115: each case
+ * run by the backend with DGEMMA_DN_FUSE=1 and the switch off (two launches), then twice with the switch on; each of
+ * those must make exactly one fused launch, leave the counters at 0 and give h and y word for word the two
+ * launches'; then h and y within check_qexperts_nt's bounds of the exact products. The cases of
+ * test_quant_experts_fg: 3 and 2 n-tiles (the 2-tile body for the small experts at 3; expert 0 in several gate/up
+ * passes), IE 704 (the 26B's) at qe_nt's choice, uniform, gathered with an expert without rows. (Tile counts and
+ * widths the launch does not take keep the two launches: test_quant_experts and test_experts_dn_fuse under
+ * DGEMMA_EXPERTS_FG=1, docs/cuda.md "Session 26 (helper fgb)".) */
+static void test_quant_experts_fgb(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  double sh = 0, sy = 0;
+  int ncase = 0;
+  static const int vc[][3] = {{640, 448, 3}, {640, 448, 2}, {640, 704, 0}};
+  for (size_t c = 0; c < sizeof vc / sizeof vc[0]; c++, ncase++)
+    check_qexperts_ver(4, 4, 64, vc[c][0], vc[c][1], DG_BF16, 37, vc[c][2], 0, 115, 1, &sh, &sy, NULL);
+  int32_t idx[128];
+  for (int p = 0; p < 40 * 2; p++) idx[p] = p % 5; /* uniform: 16 rows per expert */
+  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 5, 2, 40, idx, 0, 0, 115, 1, &sh, &sy, NULL);
+  ncase++;
+  uint32_t r = 12345u;
+  for (int t = 0; t < 29; t++) { /* gathered: two distinct experts of 0..6 per token (expert 7 none) */
+    r = r * 1664525u + 1013904223u;
+    const int a = (int)((r >> 16) % 7);
+    r = r * 1664525u + 1013904223u;
+    const int b = (a + 1 + (int)((r >> 16) % 6)) % 7;
+    idx[2 * t] = a;
+    idx[2 * t + 1] = b;
+  }
+  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 8, 2, 29, idx, 0, 0, 115, 1, &sh, &sy, NULL);
+  ncase++;
+  printf("# backend DGEMMA_EXPERTS_FG=1 (gate/up + down in one launch, %d cases, each run twice): h and y equal to "
+         "the two launches' with DGEMMA_DN_FUSE=1 word for word, counters back at 0; largest |diff| / bound h %.4f, "
+         "y %.4f (<= 1)\n", ncase, sh, sy);
+}
+
+/* DGEMMA_EXPERTS_FG=1 in the passes (dg_cuda_experts as passes.cu calls it, the counters in the context's MoE
+ * buffers): a synthetic model whose experts the fused launch takes (every matrix 4-bit g64: hidden 64, expert width
+ * 64; 8 experts, top-2: the 40-token prompt at 3 n-tiles, the 32-token canvas at 2), with the switch off and on (one
+ * context each): a prompt, then three decodes (the canvas, a second canvas, the first again: on a GPU the later
+ * passes are graph replays of the captured ones) must give the same logits word for word, the switch's context must
+ * have made fused launches (one per layer with experts in the prompt pass and the first decode at least; none with
+ * it off), and under the profiler (graphs off) exactly that many, the same count of marks, the same logits as the
+ * plain run and time in the experts stage. */
+static void quantize_dir(const char *in, const char *out, int bits, int G, const char *recipe);
+static void test_experts_fg_passes(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  synth_cfg c = synth_default();
+  c.hidden = 64; c.head_dim = 64; c.ghd = 128; c.inter = 128; c.moe_inter = 64; c.experts = 8; c.topk = 2;
+  c.window = 16; c.canvas = 32; c.vocab = 512; c.seed = 13; c.dt = DG_BF16;
+  char root[] = "/tmp/dg_cuda_fgXXXXXX";
+  assert_non_null(mkdtemp(root));
+  char fdir[600], qdir[600];
+  snprintf(fdir, sizeof fdir, "%s/float", root);
+  snprintf(qdir, sizeof qdir, "%s/q4", root);
+  assert_int_equal(mkdir(fdir, 0755), 0);
+  assert_int_equal(synth_model_dir(fdir, &c), 0);
+  quantize_dir(fdir, qdir, 4, 64, NULL);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m;
+  assert_dg_ok(dg_model_load(qdir, &mp, &m));
+  const int C = m->cfg.canvas_length, V = m->cfg.vocab_size, L = m->cfg.n_layers, P = 40;
+  const size_t CV = (size_t)C * V;
+  int32_t prompt[40], cv[2][32];
+  synth_random_ids(prompt, P, V, 41u);
+  synth_random_ids(cv[0], C, V, 42u);
+  synth_random_ids(cv[1], C, V, 43u);
+  float *l[2][3];
+  long launches[2], lprof[2];
+  dg_profile pr[2];
+  dg_cuda_graph_stats gs[2];
+  memset(gs, 0, sizeof gs);
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + 2 * C;
+  for (int f = 0; f < 2; f++) {
+    long n0, n1, n2;
+    assert_dg_ok(cut()->test_experts_fg(f, &n0));
+    dg_context *x;
+    assert_dg_ok(dg_context_new(m, &cp, &x));
+    assert_dg_ok(dg_encode(x, prompt, (size_t)P));
+    for (int i = 0; i < 3; i++) {
+      l[f][i] = malloc(CV * 4);
+      assert_dg_ok(dg_decode(x, cv[i == 1], NULL, l[f][i]));
+    }
+    assert_dg_ok(cu()->graph_stats(x->dev, &gs[f]));
+    dg_context_free(x);
+    assert_dg_ok(cut()->test_experts_fg(f, &n1));
+    launches[f] = n1 - n0;
+    assert_dg_ok(dg_context_new(m, &cp, &x)); /* the profiler's run (plain launches, a mark per stage) */
+    assert_dg_ok(dg_context_profile(x, 1));
+    assert_dg_ok(dg_encode(x, prompt, (size_t)P));
+    float *lp = malloc(CV * 4);
+    assert_dg_ok(dg_decode(x, cv[0], NULL, lp));
+    assert_dg_ok(dg_context_profile_read(x, &pr[f]));
+    if (memcmp(lp, l[f][0], CV * 4)) fail_msg("switch %d: the profiled decode's logits differ from the plain one's", f);
+    free(lp);
+    dg_context_free(x);
+    assert_dg_ok(cut()->test_experts_fg(-1, &n2));
+    lprof[f] = n2 - n1;
+  }
+  long nd = 0;
+  for (int i = 0; i < 3; i++)
+    for (size_t k = 0; k < CV; k++) nd += memcmp(&l[0][i][k], &l[1][i][k], 4) != 0;
+  printf("# DGEMMA_EXPERTS_FG=1 in the passes (%d layers, 4-bit g64 experts): %ld fused launches (%ld profiled), 0 "
+         "with the switch off (%ld); graphs %s: %lld captures, %lld replays; profile marks %lld / %lld, experts "
+         "%.4f / %.4f ms; logits words that differ %ld of %zu\n", L, launches[1], lprof[1], launches[0] + lprof[0],
+         gs[1].on ? "on" : "off", (long long)gs[1].captures, (long long)gs[1].replays, (long long)pr[0].marks,
+         (long long)pr[1].marks, pr[0].ms[DG_CUDA_ST_EXPERTS], pr[1].ms[DG_CUDA_ST_EXPERTS], nd, 3 * CV);
+  if (nd) fail_msg("DGEMMA_EXPERTS_FG=1: %ld logit words differ from the two launches'", nd);
+  if (launches[0] || lprof[0]) fail_msg("switch off: %ld fused launches", launches[0] + lprof[0]);
+  /* a prompt pass runs the experts of every layer but the last (only the K/V of the last are needed), a decode of
+   * every layer: 2 L - 1 for the profiled run (plain launches), at least that with graphs (captures count, replays
+   * do not) */
+  if (launches[1] < 2L * L - 1 || lprof[1] != 2L * L - 1)
+    fail_msg("switch on: %ld fused launches (at least %d expected), %ld profiled (%d expected)", launches[1],
+             2 * L - 1, lprof[1], 2 * L - 1);
+  if (gs[1].on && !(gs[1].replays > 0)) fail_msg("switch on: graphs on but no replay");
+  if (pr[0].marks != pr[1].marks) fail_msg("profile marks %lld with the switch, %lld without", (long long)pr[1].marks,
+                                          (long long)pr[0].marks);
+  if (!(pr[1].ms[DG_CUDA_ST_EXPERTS] > 0)) fail_msg("profile: experts %g ms with the switch", pr[1].ms[DG_CUDA_ST_EXPERTS]);
+  for (int f = 0; f < 2; f++)
+    for (int i = 0; i < 3; i++) free(l[f][i]);
+  dg_model_free(m);
+  dg_test_rm_dir(root);
+}
+
 /* One wgmma m64n64k16 (src/cuda/wgmma.cuh; test_wgmma of the test library) against a plain loop: D = A B + C (or
  * A B) with A [64, 16], B [16, 64] bf16 and C fp32, exact in double; the bound g(34) (|C| + sum_k |a b|),
  * g(n) = n u / (1 - n u), u = 2^-24: 16 products exact in fp32 (bf16 operands), 17 additions at up to 2u each (the
@@ -3911,7 +4044,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -58,8 +58,9 @@ static dg_status test_group_bufs(alloc_list *al, dg_cuda_moe_buf *b, size_t TK, 
   DG_TRY(dalloc(al, (void **)&b->tiles, (TK + E) * 2 * 4, "tiles"));
   DG_TRY(dalloc(al, (void **)&b->order, (size_t)E * 4, "order"));
   DG_TRY(dalloc(al, (void **)&b->wl_count, (size_t)E * 8, "wl_count"));
-  DG_TRY(dalloc(al, (void **)&b->done, 4, "route block counter"));
-  CK(cudaMemset(b->done, 0, 4));
+  DG_TRY(dalloc(al, (void **)&b->done, (4 + (size_t)E) * 4, "route block counter and DGEMMA_EXPERTS_FG's counters"));
+  CK(cudaMemset(b->done, 0, (4 + (size_t)E) * 4));
+  b->fg_off = 1; /* the fused launch's 3 + E counters after the router's (dg_moe_fg) */
   DG_TRY(dalloc(al, (void **)&b->gsc, DG_ROUTE_GSC_INTS * 4, "route grid scratch"));
   CK(cudaMemset(b->gsc, 0, DG_ROUTE_GSC_INTS * 4));
   return dalloc(al, (void **)&b->n_tiles, 4, "n_tiles");
@@ -302,6 +303,12 @@ extern "C" dg_status dg_cuda_test_branch_set(int on) {
   dg_cuda_branch_set(on);
   return DG_OK;
 }
+extern "C" dg_status dg_cuda_test_experts_fg(int on, long *launches) {
+  if (on < -1 || on > 1) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_fg: %d (-1..1)", on);
+  qr_experts_fg_set(on);
+  if (launches) *launches = qr_fg_launches;
+  return DG_OK;
+}
 extern "C" dg_status dg_cuda_test_branch_stats(const dg_cuda_ctx *c, int *on, int64_t *forks) {
   if (!c || !on || !forks) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_branch_stats: NULL argument");
   *on = c->side.on;
@@ -345,8 +352,10 @@ static cudaError_t experts_fg(const dg_cuda_layer *l, const bf16 *xe, dg_cuda_mo
 }
 /* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. fuse 0 / 1: the down
  * product's input copy by its own launch / by the gate/up kernel where it can (qr_dn_fuse_set; -1: DGEMMA_DN_FUSE's
- * choice); *fused: whether the gate/up kernel made it (h is then read back in k_group_sums_perm's order and
- * returned in the plain one). */
+ * choice); fuse 0 also holds DGEMMA_EXPERTS_FG off (its launch makes the copy in the epilogue); *fused: whether the
+ * gate/up kernel made it, by DGEMMA_DN_FUSE or in DGEMMA_EXPERTS_FG's launch (h is then read back in
+ * k_group_sums_perm's order and returned in the plain one). b's DGEMMA_EXPERTS_FG counters must be back at 0 after
+ * the run. */
 static dg_status test_experts_with(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                    const int32_t *idx, int T, int H, int IE, int E, int K, int nt, int dq_from,
                                    int fuse, int *fused, uint16_t *h, float *y) {
@@ -383,20 +392,25 @@ static dg_status test_experts_with(int device, const dg_weight *gate_up, const d
   TT_(dalloc(&al, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "xp"));
   TT_(dalloc(&al, (void **)&b.hs, TK * IE / 32 * 4, "hs"));
   TC_(k_group(0, &b, T, E, K));
+  if (fuse == 0) qr_experts_fg_set(0); /* the separate copy: no fused epilogue, so not DGEMMA_EXPERTS_FG's launch */
   qr_dn_fuse_set(fuse);
   if (nt >= 0) qr_dq_set(dq_from); /* as dg_cuda_experts_nt sets it: k_qe_dn_fuse_group reads it */
   *fused = k_qe_dn_fuse_group(&l.experts_gate_up, &l.experts_down, IE, &b) > 0;
   qr_dq_set(-1);
   if (fg_on && !*fused) {
     qr_dn_fuse_set(-1);
+    if (fuse == 0) qr_experts_fg_set(-1);
     st = dg_seterr(DG_ERR_INVALID_ARG, "version 114: the stacks do not take the fused down input (k_qe_dn_fuse_group)");
     goto done;
   }
   {
+    const long fg0 = qr_fg_launches;
     const cudaError_t e = fg_on    ? experts_fg(&l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt)
                           : nt < 0 ? dg_cuda_experts(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K)
                                    : dg_cuda_experts_nt(0, &l, (const bf16 *)dxe, &b, T, H, IE, E, K, nt, dq_from);
     qr_dn_fuse_set(-1); /* before any exit */
+    if (fuse == 0) qr_experts_fg_set(-1);
+    if (qr_fg_launches != fg0) *fused = 1; /* DGEMMA_EXPERTS_FG's launch: h in the fused order too */
     if (e != cudaSuccess) {
       st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_experts%s: %s", nt < 0 ? "" : "_nt", cudaGetErrorString(e));
       goto done;
@@ -411,6 +425,21 @@ static dg_status test_experts_with(int device, const dg_weight *gate_up, const d
       memcpy(hd + r, v, 16);
     }
   TC_(cudaMemcpy(yd, b.y, TK * H * 4, cudaMemcpyDeviceToHost));
+  { /* DGEMMA_EXPERTS_FG=1's counters: every launch must leave them zero (its last block's reset) */
+    const int n = 3 + E;
+    int32_t *fgc = (int32_t *)malloc((size_t)n * 4);
+    if (!fgc) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+    const cudaError_t e = cudaMemcpy(fgc, dg_moe_fg(&b), (size_t)n * 4, cudaMemcpyDeviceToHost);
+    int bad = -1;
+    for (int i = 0; i < n && e == cudaSuccess && bad < 0; i++)
+      if (fgc[i]) bad = i;
+    if (e != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "cudaMemcpy of DGEMMA_EXPERTS_FG's counters: %s", cudaGetErrorString(e));
+    else if (bad >= 0)
+      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_experts: DGEMMA_EXPERTS_FG's counter %d is %d after the launch (not back "
+                                     "at 0)", bad, fgc[bad]);
+    free(fgc);
+    if (st != DG_OK) goto done;
+  }
   for (size_t i = 0; i < TK; i++) { /* grouped order -> (token, slot) order */
     memcpy(h + i * IE, hd + (size_t)slot_row[i] * IE, (size_t)IE * 2);
     memcpy(y + i * H, yd + (size_t)slot_row[i] * H, (size_t)H * 4);
@@ -1331,8 +1360,49 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     free(y0);
     return st;
   }
+  if (version == 115) {
+    /* the backend's DGEMMA_EXPERTS_FG=1 (qmoe.cu k_qe_experts_fg: gate/up and down in one launch of qmoe_fg.cuh
+     * qr_fg_kernel) through dg_cuda_experts_nt (nt 0: qe_nt's choice): first the backend with DGEMMA_DN_FUSE=1 and the
+     * switch off (two launches), then twice with the switch on (test_experts_with also fails on a counter of b.fg not
+     * back at 0 after each); each run must have made exactly one fused launch (qr_fg_launches) and given h and y word
+     * for word the two launches'; h and y returned are the fused launch's */
+    if (gate_up->bits != 4 || down->bits != 4)
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 115: %d/%d-bit stacks (4-bit only)",
+                       gate_up->bits, down->bits);
+    *avail = 1;
+    const size_t nh = (size_t)T * K * IE, ny = (size_t)T * K * H;
+    uint16_t *h0 = (uint16_t *)malloc(nh * 2);
+    float *y0 = (float *)malloc(ny * 4);
+    int fused = 0;
+    dg_status st = !h0 || !y0 ? dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory") : DG_OK;
+    qr_experts_fg_set(0);
+    if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, &fused, h0, y0);
+    if (st == DG_OK && !fused)
+      st = dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 115: the stacks do not take the fused down "
+                     "input (k_qe_dn_fuse_group: group 32 or 64, IE a multiple of %d)", 16 * QR_WARPS);
+    for (int run = 0; run < 2 && st == DG_OK; run++) {
+      const long n0 = qr_fg_launches;
+      qr_experts_fg_set(1);
+      st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, &fused, h, y);
+      qr_experts_fg_set(-1);
+      if (st != DG_OK) break;
+      if (qr_fg_launches != n0 + 1)
+        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version 115, run %d: %ld fused launches (expected 1)",
+                       run + 1, qr_fg_launches - n0);
+      long dh = 0, dy = 0;
+      for (size_t i = 0; i < nh && st == DG_OK; i++) dh += h[i] != h0[i];
+      for (size_t i = 0; i < ny && st == DG_OK; i++) dy += memcmp(&y[i], &y0[i], 4) != 0;
+      if (st == DG_OK && (dh || dy))
+        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version 115, run %d: words that differ from the two "
+                       "launches' (DGEMMA_DN_FUSE=1): h %ld of %zu, y %ld of %zu", run + 1, dh, nh, dy, ny);
+    }
+    qr_experts_fg_set(-1);
+    free(h0);
+    free(y0);
+    return st;
+  }
   if (version != 20 && version != 21 && version != 22 && version != 75 && (version < 120 || version > 124))
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 112, 114, 120-124, 200)",
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d (20, 21, 22, 75, 112, 114, 115, 120-124, 200)",
                      version);
   if (version >= 120 && (gate_up->sb_dtype != DG_BF16 || down->sb_dtype != DG_BF16 || H % 64 || IE % 64))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d needs bf16 scales and H, IE multiples "
@@ -1367,7 +1437,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
-    dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk,
+    dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_experts_fg,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -108,6 +108,11 @@ dg_status dg_cuda_test_vocab_set(int mode);
  * second stream, concurrent with the router and experts, 0 everything on one stream, -1 the environment's choice again;
  * DG_ERR_INVALID_ARG for other values. */
 dg_status dg_cuda_test_branch_set(int on);
+/* DGEMMA_EXPERTS_FG (qr_experts_fg_set, src/cuda/common.cuh): on 1 gate/up and down in one launch where it applies, 0
+ * two launches, -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. *launches (if not NULL): the
+ * fused launches the backend has made so far in this process (qr_fg_launches; captures count, graph replays do
+ * not). */
+dg_status dg_cuda_test_experts_fg(int on, long *launches);
 /* Of context c: *on whether it was made with the second stream, *forks the layers it has issued with the fork so far
  * (passes.cu ffn_branches; plain passes and captures count, graph replays do not). */
 dg_status dg_cuda_test_branch_stats(const dg_cuda_ctx *c, int *on, int64_t *forks);
@@ -271,6 +276,7 @@ typedef struct dg_cuda_test_api {
                                const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                uint16_t *h, float *y, int *avail);
   dg_status (*test_bulk)(int device, int mode, const uint8_t *src, uint8_t *dst, int n);
+  dg_status (*test_experts_fg)(int on, long *launches);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
