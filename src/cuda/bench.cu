@@ -6,7 +6,8 @@
  * quantized kernels), each timed with cudaEvents after a write of
  * flush_bytes to a scratch buffer so that the weights come from HBM, not
  * from the L2 cache. Only dg_cuda_experts and k_group are called: whatever
- * kernels sit behind them are what is measured. */
+ * kernels sit behind them are what is measured (with DGEMMA_EXPERTS_FG=1 the
+ * one fused launch where it applies: the buffers carry its counters). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +206,10 @@ extern "C" dg_status dg_cuda_bench_experts(int device, const dg_cuda_bench_exper
   BT_(balloc(ptrs, &np, (void **)&b.xs, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) / 32 * 4, "group sums"));
   BT_(balloc(ptrs, &np, (void **)&b.xp, (TK * IE > (size_t)T * H ? TK * IE : (size_t)T * H) * 2, "permuted inputs"));
   BT_(balloc(ptrs, &np, (void **)&b.hs, TK * IE / 32 * 4, "down input group sums"));
+  /* DGEMMA_EXPERTS_FG=1's counters (dg_moe_fg, common.cuh: at done + 1, zeroed once; every launch leaves them 0) */
+  BT_(balloc(ptrs, &np, (void **)&b.done, (4 + (size_t)E) * 4, "the fused launch's block counters"));
+  BC_(cudaMemset(b.done, 0, (4 + (size_t)E) * 4));
+  b.fg_off = 1;
   BC_(k_group(0, &b, T, E, K));
   BC_(cudaDeviceSynchronize());
   for (int r = 0; r < a->warmup + a->reps; r++) {
