@@ -593,8 +593,8 @@ void qr_dn_fuse_set(int on);
  * tests) dg_cuda_experts runs gate/up and down as ONE launch (qmoe_fg.cuh qr_fg_kernel: work tickets in order, each
  * down block waiting on its expert's gate/up blocks) where it can: both stacks 4-bit lane records of group 64 with
  * the fused down input's conditions (k_qe_dn_fuse_group's, the switch DGEMMA_DN_FUSE aside), 2 or 3 n-tiles, the
- * counters present (dg_moe_fg) and no test launcher (qr_launcher_set); elsewhere today's launches. Its h, group sums and y are word for word
- * those of DGEMMA_DN_FUSE=1's two launches (test_quant_experts_fgb). k_qe_experts_fg: gate/up's input copy (unless
+ * counters present (dg_moe_fg) and no test launcher (qr_launcher_set); elsewhere today's launches. Its h, group sums
+ * and y are word for word those of DGEMMA_DN_FUSE=1's two launches (test_quant_experts_fgb). k_qe_experts_fg: gate/up's input copy (unless
  * the router made it) and the one launch; *ran 0 where it does not apply (nothing launched, cudaSuccess). A down
  * block's wait past ~1 s on the GPU traps (the launch fails: cudaErrorLaunchFailure at the next synchronization,
  * with DGEMMA_CUDA_SYNC=1 at dg_cuda_experts' own check); on the emulation the flag read after the launch gives

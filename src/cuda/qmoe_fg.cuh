@@ -44,7 +44,7 @@
  * 128-byte line) cannot be read stale afterwards. The row tables (a.pairs, count, start, order) were written before
  * the launch.
  *
- * Counters (ctr, 3 + E ints: the lab's qr_fg_ctr, the backend's dg_cuda_moe_buf.fg): [0] the next ticket, [1] the
+ * Counters (ctr, 3 + E ints: the lab's qr_fg_ctr, the backend's dg_moe_fg): [0] the next ticket, [1] the
  * blocks finished, [2] an error flag (a wait that ran past ~1 s on the GPU, which then also traps: the launch fails
  * with cudaErrorLaunchFailure at the stream's next synchronization, so the outputs are never silently wrong; or on
  * the emulation a wait that found its expert's gate/up blocks not all counted: the host reads and clears it, the
