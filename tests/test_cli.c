@@ -1167,6 +1167,92 @@ static void test_new_user_findings(void **state) {
   unlink(fifo);
 }
 
+/* "-o -" (session 26, issue nb26): logits writes the logits to standard output, byte for byte what -o FILE
+ * writes, and no file named "-" appears in the working directory (one did: out_open took "-" as a file name);
+ * a terminal as standard output is refused (binary float32). bench -o -, eval -o - and eval --summary - are
+ * refused in one line (exit 2, before a model loads): their tables go to standard output, and eval reads its -o
+ * file back to resume; they too had written a file named "-". */
+static void test_dash_output(void **state) {
+  (void)state;
+  char canvas[64 * 2 + 1] = "", args[4096], exe[1024], model[1024], file[600], piped[600], dash[600];
+  for (int k = 0; k < 64; k++) strcat(canvas, k ? ",4" : "4");
+  dg_test_cli_exe(exe, sizeof exe);
+  assert_non_null(realpath(SMALL, model));
+  snprintf(file, sizeof file, "%s/dash-file.f32", g_dir);
+  snprintf(piped, sizeof piped, "%s/dash-stdout.f32", g_dir);
+  snprintf(dash, sizeof dash, "%s/-", g_dir);
+  char *out, *err;
+  snprintf(args, sizeof args, "logits -m %s -t 1 --prompt-ids 2,105 --canvas-ids %s -o %s", model, canvas, file);
+  assert_int_equal(cli(args, &out, &err), 0);
+  free(out);
+  free(err);
+  /* in g_dir, so that a file named "-" would land there */
+  snprintf(args, sizeof args, "--version >/dev/null; (cd %s && %s logits -m %s -t 1 --prompt-ids 2,105 --canvas-ids %s -o - > %s)",
+           g_dir, exe, model, canvas, piped);
+  int rc = cli(args, &out, &err);
+  printf("# logits -o - > FILE -> %d: %s", rc, err);
+  struct stat sb;
+  const int made_dash = stat(dash, &sb) == 0;
+  unlink(dash);
+  assert_int_equal(rc, 0);
+  assert_false(made_dash);
+  assert_non_null(strstr(err, "logits to standard output"));
+  size_t n_file = 0, n_piped = 0;
+  char *a = dg_test_read_file(file, &n_file), *b = dg_test_read_file(piped, &n_piped);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(n_file, (size_t)64 * 4096 * sizeof(float)); /* [canvas_length, vocab] of the bundled model */
+  assert_int_equal(n_piped, n_file);
+  assert_memory_equal(a, b, n_file);
+  free(a);
+  free(b);
+  free(out);
+  free(err);
+  unlink(file);
+  unlink(piped);
+  static const char *cases[][2] = {
+      {"bench -m /nonexistent -o -", "dgemma bench: -o -: standard output holds the benchmark's table; give a file name"},
+      {"eval gsm8k -m /nonexistent -o -", "dgemma eval: -o -: standard output holds the evaluation's table"},
+      {"eval gsm8k -m /nonexistent --out=-", "dgemma eval: --out -: standard output holds the evaluation's table"},
+      {"eval gsm8k -m /nonexistent --summary -", "dgemma eval: --summary -: standard output holds the evaluation's table"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(args, sizeof args, "--version >/dev/null; cd %s && %s %s", g_dir, exe, cases[i][0]);
+    rc = cli(args, &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    const int made = stat(dash, &sb) == 0;
+    unlink(dash);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out || made)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\"), a file \"-\" %s",
+               cases[i][0], rc, out, err, cases[i][1], made ? "made" : "not made");
+    free(out);
+    free(err);
+  }
+  /* a terminal as standard output: refused before the model loads */
+  int master = -1;
+  pid_t pid = forkpty(&master, NULL, NULL, NULL);
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execl(exe, "dgemma", "logits", "-m", "/nonexistent", "--prompt-ids", "2", "--canvas-ids", "4", "-o", "-", (char *)NULL);
+    _exit(127);
+  }
+  char tty[4096];
+  size_t nt = 0;
+  for (;;) {
+    ssize_t k = read(master, tty + nt, sizeof tty - 1 - nt);
+    if (k <= 0) break;
+    nt += (size_t)k;
+  }
+  tty[nt] = 0;
+  int st;
+  waitpid(pid, &st, 0);
+  close(master);
+  printf("# logits -o - on a terminal -> %d: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, tty);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 2);
+  assert_non_null(strstr(tty, "dgemma logits: -o -: standard output is a terminal"));
+}
+
 /* An empty file, directory or id list ("-o ''", a shell variable that was not set) is a usage error
  * naming the option: exit 2, one line, nothing on stdout, before a model loads where the model is not
  * needed to tell (review finding: `logits -o ''` said ": names a directory, not a file", `--prompt-ids ""`
@@ -2485,6 +2571,7 @@ int main(void) {
       cmocka_unit_test(test_help),
       cmocka_unit_test(test_rejected_options),
       cmocka_unit_test(test_empty_values),
+      cmocka_unit_test(test_dash_output),
       cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),

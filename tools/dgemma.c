@@ -161,7 +161,7 @@ static const command kCommands[] = {
      "      --prompt-ids LIST|@FILE   prompt ids: comma-separated, or @file of int32\n"
      "      --canvas-ids LIST|@FILE   canvas ids (canvas_length of them)\n"
      "      --sc-logits FILE          previous step's processed logits [C,V] float32 (self-conditioning)\n"
-     "  -o, --out FILE                output file (written whole or not at all)\n",
+     "  -o, --out FILE                output file (written whole or not at all; \"-\": standard output)\n",
      1, 1},
     {"replay", C_REPLAY, "generate from injected random canvases/uniforms, print the ids (parity)",
      "usage: dgemma replay [-m DIR] --prompt-ids LIST|@FILE --canvases FILE [--uniforms FILE] [options]\n"
@@ -611,7 +611,16 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = nonempty(ARG(), a, "at least one id (LIST or @FILE)");
     else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = nonempty(ARG(), a, "the canvas ids (LIST or @FILE)");
     else if (!strcmp(a, "--sc-logits")) o->sc_logits = FILEARG();
-    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = FILEARG();
+    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) {
+      o->out = FILEARG();
+      /* "-" is standard output for logits only: bench and eval print their tables there, and eval reads its
+       * -o file back to resume (a file named "-" had been written in the current directory) */
+      if (!strcmp(o->out, "-") && g_cmd->bit != C_LOGITS) {
+        snprintf(msg, sizeof msg, "%s -: standard output holds the %s's table; give a file name", a,
+                 g_cmd->bit == C_EVAL ? "evaluation" : "benchmark");
+        usage_exit(msg);
+      }
+    }
     else if (!strcmp(a, "--canvases")) o->canvases = FILEARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = FILEARG();
     else if (!strcmp(a, "--stop")) {
@@ -633,7 +642,10 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = parse_int(ARG(), a, 1, INT32_MAX);
     else if (!strcmp(a, "--pieces")) o->pieces = 1;
     else if (!strcmp(a, "--data")) o->data = nonempty(ARG(), a, "a directory");
-    else if (!strcmp(a, "--summary")) o->summary = FILEARG();
+    else if (!strcmp(a, "--summary")) {
+      o->summary = FILEARG();
+      if (!strcmp(o->summary, "-")) usage_exit("--summary -: standard output holds the evaluation's table; give a file name");
+    }
     else if (!strcmp(a, "--chat")) o->chat = 1;
     else if (!strcmp(a, "--sample")) o->sample = 1;
     else if (!strcmp(a, "--shots")) { o->shots = (int)parse_int(ARG(), a, 0, 64); o->shots_set = 1; }
@@ -1604,6 +1616,8 @@ static int cmd_detokenize(const opts *o) {
 static int cmd_logits(const opts *o) {
   if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
   no_positional(o, "logits");
+  const int to_stdout = !strcmp(o->out, "-");
+  if (to_stdout && isatty(1)) usage_exit("-o -: standard output is a terminal, and the logits are binary float32; redirect it or give a file");
   catch_stop_signals(1); /* no stop point in a forward pass: the handler removes the temporary file and exits */
   size_t np, nc;
   int32_t *prompt = parse_ids(o->prompt_ids, &np); /* before the model loads: a bad list is told at once */
@@ -1675,7 +1689,7 @@ static int cmd_logits(const opts *o) {
   }
   if (out_commit(f, o->out)) goto out;
   fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s (encode %zu tokens %.3f s, decode %.3f s; wall times)\n",
-          info.canvas_length, info.vocab_size, o->out, np,
+          info.canvas_length, info.vocab_size, to_stdout ? "standard output" : o->out, np,
           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
           (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec));
   rc = 0;
