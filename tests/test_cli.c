@@ -1167,6 +1167,35 @@ static void test_new_user_findings(void **state) {
   unlink(fifo);
 }
 
+/* --temp so small that logits / T overflow fp32 (1e-38: t_min 5e-39, a denormal): a usage error naming --temp,
+ * before the prefill, for both samplers (session 26: the reference sampler failed after the prefill with
+ * "non-finite logits", the turbo engine printed a canvas of noise and exit 0); 1e-30 still generates. */
+static void test_tiny_temperature(void **state) {
+  (void)state;
+  static const char *cases[][2] = {
+      {"run -m " SMALL " -t 1 -n 64 -p hi --temp 1e-38", "dgemma run: --temp 1e-38: invalid argument: t_min = "},
+      {"run -m " SMALL " -t 1 -n 64 -p hi --temp 1e-38 --gen-kwargs '{\"diffusion_turbo\": true}'",
+       "dgemma run: --gen-kwargs with --temp 1e-38: invalid argument: t_min = "},
+      {"run -m " SMALL " -t 1 -n 64 -p hi --gen-kwargs '{\"t_min\": 1e-40, \"t_max\": 0.5}'",
+       "dgemma run: --gen-kwargs: invalid argument: t_min = "},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out, *err;
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || !strstr(err, "is too small") || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+  }
+  char *out, *err;
+  assert_int_equal(cli("run -m " SMALL " -t 1 -n 64 -p hi --temp 1e-30", &out, &err), 0);
+  assert_non_null(strstr(err, "finish reason"));
+  free(out);
+  free(err);
+}
+
 /* "-o -" (session 26, issue nb26): logits writes the logits to standard output, byte for byte what -o FILE
  * writes, and no file named "-" appears in the working directory (one did: out_open took "-" as a file name);
  * a terminal as standard output is refused (binary float32). bench -o -, eval -o - and eval --summary - are
@@ -2572,6 +2601,7 @@ int main(void) {
       cmocka_unit_test(test_rejected_options),
       cmocka_unit_test(test_empty_values),
       cmocka_unit_test(test_dash_output),
+      cmocka_unit_test(test_tiny_temperature),
       cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),

@@ -815,10 +815,15 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
     gp.t_max = (float)o->temp;
     gp.t_min = (float)(o->temp * ratio);
   }
-  /* what the model refuses (a stop id outside its vocabulary, ...) is a usage error now, not after a prefill */
+  /* what the model refuses (a stop id outside its vocabulary, a --temp so small that logits / T overflow, ...) is
+   * a usage error now, not after a prefill */
   dg_status st;
-  if (o->gen_kwargs && (st = dg_gen_params_check(m, &gp))) {
-    fprintf(stderr, "dgemma %s: --gen-kwargs: %s: %s\n", g_cmd->name, dg_status_str(st), dg_last_error());
+  if ((o->gen_kwargs || (o->temp_set && o->temp > 0)) && (st = dg_gen_params_check(m, &gp))) {
+    if (o->gen_kwargs && o->temp_set)
+      fprintf(stderr, "dgemma %s: --gen-kwargs with --temp %g: %s: %s\n", g_cmd->name, o->temp, dg_status_str(st),
+              dg_last_error());
+    else if (o->gen_kwargs) fprintf(stderr, "dgemma %s: --gen-kwargs: %s: %s\n", g_cmd->name, dg_status_str(st), dg_last_error());
+    else fprintf(stderr, "dgemma %s: --temp %g: %s: %s\n", g_cmd->name, o->temp, dg_status_str(st), dg_last_error());
     exit(2);
   }
   return gp;

@@ -877,7 +877,13 @@ static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, d
       (j->req.model && strcmp(j->req.model, s->model_id) &&
        dg_srv_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist; this server serves '%s'",
                    j->req.model, s->model_id)) ||
-      dg_srv_gen_params(&j->req, &s->defaults, &s->o.lim, &j->gp, &e)) {
+      dg_srv_gen_params(&j->req, &s->defaults, &s->o.lim, &j->gp, &e) ||
+      /* what the model refuses (a temperature so small that logits / T overflow, a stop id outside the
+       * vocabulary) is a 400 naming the field now, not an error after the prefill (or a stream's error event) */
+      (dg_gen_params_check(s->m, &j->gp) &&
+       dg_srv_fail(&e, 400, j->req.has_temperature ? "temperature" : j->req.gen_kwargs ? "dgemma.gen_kwargs" : NULL,
+                   "invalid_value", "%s%s", j->req.has_temperature ? "'temperature': " : j->req.gen_kwargs ? "'dgemma.gen_kwargs': " : "",
+                   dg_last_error()))) {
     pthread_mutex_lock(&s->mu);
     job_unref(j);
     pthread_mutex_unlock(&s->mu);
