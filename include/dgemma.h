@@ -546,7 +546,9 @@ dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n);
  * the cache, with self-conditioning from sc_logits [C, V] (the previous step's
  * processed logits z = softcapped logits / T; NULL = zero signal, the first
  * step of a block). Writes softcapped fp32 logits [C, V] to logits_out. The
- * cache is not modified. C must equal the model's canvas_length. */
+ * cache is not modified. C must equal the model's canvas_length. Errors:
+ * DG_ERR_INVALID_ARG (a canvas id outside the vocabulary, a NaN or infinite
+ * sc_logits value, named by its [row, id]). */
 dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits,
                     float *logits_out);
 

@@ -1167,6 +1167,40 @@ static void test_new_user_findings(void **state) {
   unlink(fifo);
 }
 
+/* logits --sc-logits holding a NaN or an infinity: refused naming the file, the value and its [row, id] (exit 2, as
+ * the file's other checks), no output file (session 26: all-NaN logits were written, exit 0). */
+static void test_sc_logits_nonfinite(void **state) {
+  (void)state;
+  char canvas[64 * 2 + 1] = "", sc[600], outf[600], args[4096];
+  for (int k = 0; k < 64; k++) strcat(canvas, k ? ",4" : "4");
+  snprintf(sc, sizeof sc, "%s/sc-nonfinite.f32", g_dir);
+  snprintf(outf, sizeof outf, "%s/sc-nonfinite-out.f32", g_dir);
+  const size_t CV = (size_t)64 * 4096; /* [canvas_length, vocab] of the bundled model */
+  float *z = calloc(CV, sizeof(float));
+  assert_non_null(z);
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  for (int k = 0; k < 3; k++) {
+    z[(size_t)3 * 4096 + 100] = bad[k];
+    write_file(sc, (const char *)z, CV * sizeof(float));
+    snprintf(args, sizeof args, "logits -m %s -t 1 --prompt-ids 2,105 --canvas-ids %s --sc-logits %s -o %s", SMALL, canvas,
+             sc, outf);
+    char *out, *err;
+    int rc = cli(args, &out, &err);
+    printf("# --sc-logits with %g at [3, 100] -> %d: %s", (double)bad[k], rc, err);
+    struct stat sb;
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(err, "is not finite"));
+    assert_non_null(strstr(err, "at [3, 100]"));
+    assert_non_null(strstr(err, sc));
+    assert_int_equal(count_char(err, '\n'), 1);
+    assert_int_equal(stat(outf, &sb), -1);
+    free(out);
+    free(err);
+  }
+  free(z);
+  unlink(sc);
+}
+
 /* --temp so small that logits / T overflow fp32 (1e-38: t_min 5e-39, a denormal): a usage error naming --temp,
  * before the prefill, for both samplers (session 26: the reference sampler failed after the prefill with
  * "non-finite logits", the turbo engine printed a canvas of noise and exit 0); 1e-30 still generates. */
@@ -2602,6 +2636,7 @@ int main(void) {
       cmocka_unit_test(test_empty_values),
       cmocka_unit_test(test_dash_output),
       cmocka_unit_test(test_tiny_temperature),
+      cmocka_unit_test(test_sc_logits_nonfinite),
       cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),

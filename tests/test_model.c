@@ -355,6 +355,16 @@ static void test_chunking_and_readonly_cache(void **state) {
   assert_int_equal(dg_decode(a, badc, NULL, lc), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "384"));
   assert_int_equal(dg_encode(a, badc, 8), DG_ERR_INVALID_ARG);
+  /* a NaN or an infinity in sc_logits is refused naming its [row, id] (session 26: `logits --sc-logits` of NaNs
+   * wrote all-NaN logits and exit 0) */
+  const float nonfinite[3] = {NAN, INFINITY, -INFINITY};
+  for (int k = 0; k < 3; k++) {
+    memcpy(lb, la, (size_t)C * V * 4);
+    lb[(size_t)5 * V + 17] = nonfinite[k];
+    assert_int_equal(dg_decode(a, canvas, lb, lc), DG_ERR_INVALID_ARG);
+    printf("# sc_logits with %g: %s\n", (double)nonfinite[k], dg_last_error());
+    assert_non_null(strstr(dg_last_error(), "sc_logits[5, 17]"));
+  }
   /* capacity */
   assert_int_equal(dg_encode(a, prompt, 300), DG_ERR_CONTEXT_FULL);
   free(la); free(lb); free(lc);

@@ -1668,6 +1668,12 @@ static int cmd_logits(const opts *o) {
               info.canvas_length, info.vocab_size);
       goto out;
     }
+    for (size_t k = 0; k < CV; k++) /* NaN or inf: every logit would be NaN (the library refuses it too) */
+      if (!isfinite(sc[k])) {
+        fprintf(stderr, "dgemma: --sc-logits %s: value %g at [%zu, %zu] (float32 [canvas, vocab]) is not finite\n",
+                o->sc_logits, (double)sc[k], k / (size_t)info.vocab_size, k % (size_t)info.vocab_size);
+        goto out;
+      }
   }
   rc = 1;
   FILE *f = out_open(o->out); /* before the forward passes: an unwritable directory fails now */
