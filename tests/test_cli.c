@@ -2403,6 +2403,26 @@ static void test_chat(void **state) {
   dg_model_free(m);
 }
 
+/* A chat line holding a NUL byte (standard input not a terminal) is skipped with a message naming the line and
+ * the offset; the chat goes on (session 26: the message was cut at the NUL silently, "a\0b" answered as "a"). */
+static void test_chat_nul_line(void **state) {
+  (void)state;
+  char in[600], args[2048], *out, *err;
+  snprintf(in, sizeof in, "%s/chat-nul.txt", g_dir);
+  write_file(in, "a\0b\nTom has 5 pens. How many pens does Tom have?\n", 49);
+  snprintf(args, sizeof args, "chat -m %s -t 1 -n 64 -s 4 --greedy < %s", SMALL, in);
+  int rc = cli(args, &out, &err);
+  printf("# chat with a NUL line -> %d: stderr %s", rc, err);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(err, "dgemma chat: input line 1 holds a NUL byte at offset 1 (text expected); skipped\n"));
+  int answers = 0; /* one summary line "(dgemma: N tokens, ..." per answer */
+  for (const char *p = err; (p = strstr(p, "(dgemma: ")); p++) answers++;
+  assert_int_equal(answers, 1);
+  free(out);
+  free(err);
+  unlink(in);
+}
+
 /* Ctrl-C stops a long answer without leaving the chat. */
 static void test_chat_interrupt(void **state) {
   (void)state;
@@ -2651,6 +2671,7 @@ int main(void) {
       cmocka_unit_test(test_review2_findings),
       cmocka_unit_test(test_chat),
       cmocka_unit_test(test_chat_interrupt),
+      cmocka_unit_test(test_chat_nul_line),
       cmocka_unit_test(test_no_prompt_on_terminal),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_stop" */

@@ -1200,8 +1200,10 @@ static int chat_on_step(const dg_step_info *si, void *ud) {
   return g_chat_interrupt != 0; /* Ctrl-C: stop within one denoising step */
 }
 
-/* One line from the user, malloc'd without its newline; NULL at the end of input. */
-static char *chat_read_line(int tty) {
+/* One line from the user, malloc'd without its newline; NULL at the end of input. *nul: the offset of the
+ * first NUL byte in it, -1 if none (the message would end there: getline reads past it, strlen does not). */
+static char *chat_read_line(int tty, long *nul) {
+  *nul = -1;
 #ifdef DG_HAVE_LIBEDIT
   if (tty) {
     char *l = readline("> ");
@@ -1221,6 +1223,8 @@ static char *chat_read_line(int tty) {
     return NULL;
   }
   while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
+  const char *z = memchr(line, 0, (size_t)k);
+  if (z) *nul = (long)(z - line);
   return line;
 }
 
@@ -1300,7 +1304,14 @@ static int cmd_chat(const opts *o) {
             "a system message, /quit leaves (or Ctrl-D); Ctrl-C stops an answer.\n",
             o->model ? o->model : default_model(), cap);
   char *line;
-  while ((line = chat_read_line(tty))) {
+  long nul;
+  for (long lineno = 1; (line = chat_read_line(tty, &nul)); lineno++) {
+    if (nul >= 0) { /* the message would have been cut at the NUL, silently (run -f refuses such a file too) */
+      fprintf(stderr, "dgemma chat: input line %ld holds a NUL byte at offset %ld (text expected); skipped\n", lineno,
+              nul);
+      free(line);
+      continue;
+    }
     if (line[0] == '/' || !*line) {
       const int act = chat_command(line, &system);
       free(line);
