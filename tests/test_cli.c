@@ -1167,6 +1167,33 @@ static void test_new_user_findings(void **state) {
   unlink(fifo);
 }
 
+/* serve's options that name something must not be empty (a shell variable that was not set): exit 2, one line,
+ * before the model loads or a socket opens (session 26: `--api-key ''` started a server without authentication,
+ * -m '' looked for "/config.json", --host '' failed as "invalid argument", --model-id '' served the name ""). */
+static void test_serve_empty_values(void **state) {
+  (void)state;
+  static const char *cases[][2] = {
+      {"--api-key ''", "dgemma serve: --api-key needs a key (leave --api-key out for none), got an empty string"},
+      {"--api-key=", "dgemma serve: --api-key needs a key"},
+      {"-m ''", "dgemma serve: -m needs a model directory, got an empty string"},
+      {"--host ''", "dgemma serve: --host needs an address, got an empty string"},
+      {"--model-id ''", "dgemma serve: --model-id needs a name, got an empty string"},
+  };
+  char exe[1024], args[2048], *out, *err;
+  dg_test_cli_exe(exe, sizeof exe);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    /* timeout: a server that started (the defect) is stopped, exit 124 */
+    snprintf(args, sizeof args, "--version >/dev/null; timeout 20 %s serve -t 1 --port 0 %s", exe, cases[i][0]);
+    int rc = cli(args, &out, &err);
+    printf("# dgemma serve %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 2 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma serve %s: exit %d (want 2), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0],
+               rc, out, err, cases[i][1]);
+    free(out);
+    free(err);
+  }
+}
+
 /* logits --sc-logits holding a NaN or an infinity: refused naming the file, the value and its [row, id] (exit 2, as
  * the file's other checks), no output file (session 26: all-NaN logits were written, exit 0). */
 static void test_sc_logits_nonfinite(void **state) {
@@ -2657,6 +2684,7 @@ int main(void) {
       cmocka_unit_test(test_dash_output),
       cmocka_unit_test(test_tiny_temperature),
       cmocka_unit_test(test_sc_logits_nonfinite),
+      cmocka_unit_test(test_serve_empty_values),
       cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),

@@ -1195,6 +1195,15 @@ static void serve_usage_exit(const char *what, const char *value) {
   exit(2);
 }
 
+/* v, or a usage error "OPT needs WHY, got an empty string" when it is empty. */
+static const char *serve_nonempty(const char *opt, const char *v, const char *why, char *what, size_t n) {
+  if (!*v) {
+    snprintf(what, n, "%s needs %s, got an empty string", opt, why);
+    serve_usage_exit(what, NULL);
+  }
+  return v;
+}
+
 static long long serve_int(const char *opt, const char *v, long long lo, long long hi) {
   long long x;
   if (cli_parse_ll(v, lo, hi, &x)) { /* decimal only: no "0x10", no white space, nothing after */
@@ -1262,7 +1271,10 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     }
 #define VAL() (eq ? (eq_used = 1, eq) : i + 1 < argc ? argv[++i] : (snprintf(what, sizeof what, "%s needs a value", a), \
                                            serve_usage_exit(what, NULL), ""))
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = VAL();
+/* a value that must not be empty (a shell variable that was not set): `--api-key "$KEY"` had started a server
+ * without authentication, -m '' looked for "/config.json" (as in the other commands, a usage error) */
+#define NONEMPTY(v, why) serve_nonempty(a, (v), (why), what, sizeof what)
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = NONEMPTY(VAL(), "a model directory");
     else if (!strcmp(a, "--device")) {
       const char *d = VAL();
       if (!strcmp(d, "cpu")) mp.device = DG_DEVICE_CPU;
@@ -1271,13 +1283,13 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       else serve_usage_exit("--device expects cpu, cuda or cuda:N, got", d);
     }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) mp.n_threads = (int)serve_int(a, VAL(), 0, DG_MAX_THREADS);
-    else if (!strcmp(a, "--host")) o.host = VAL();
+    else if (!strcmp(a, "--host")) o.host = NONEMPTY(VAL(), "an address");
     else if (!strcmp(a, "--port")) o.port = (int)serve_int(a, VAL(), 0, 65535);
     else if (!strcmp(a, "--max-batch")) o.max_batch = (int)serve_int(a, VAL(), 1, 4096);
     else if (!strcmp(a, "--max-queue")) o.max_queue = (int)serve_int(a, VAL(), 1, 1 << 20);
-    else if (!strcmp(a, "--api-key")) o.api_key = VAL();
+    else if (!strcmp(a, "--api-key")) o.api_key = NONEMPTY(VAL(), "a key (leave --api-key out for none)");
     else if (!strcmp(a, "--gen-kwargs")) o.gen_kwargs = VAL();
-    else if (!strcmp(a, "--model-id")) o.model_id = VAL();
+    else if (!strcmp(a, "--model-id")) o.model_id = NONEMPTY(VAL(), "a name");
     else if (!strcmp(a, "--max-tokens")) o.lim.max_tokens = (int32_t)serve_int(a, VAL(), 1, 1 << 24);
     else if (!strcmp(a, "--max-context")) o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX);
     else if (!strcmp(a, "--max-body")) o.lim.max_body = (size_t)serve_int(a, VAL(), 16, 1LL << 32);
@@ -1299,6 +1311,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       serve_usage_exit(what, argv[i]);
     }
 #undef VAL
+#undef NONEMPTY
   }
   char twarn[256]; /* -t (or OMP_NUM_THREADS) above the available cores is capped, as in the other commands */
   mp.n_threads = cli_threads(mp.n_threads, twarn, sizeof twarn);
