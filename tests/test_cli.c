@@ -1167,6 +1167,40 @@ static void test_new_user_findings(void **state) {
   unlink(fifo);
 }
 
+/* Standard input or a file holding a NUL byte is refused as soon as the NUL is read, naming the source and the
+ * offset (exit 1): `run < /dev/zero`, `run -f /dev/zero` and `tokenize -f /dev/urandom` had read until memory ran
+ * out (the NUL was looked for only after the whole stream), and `detokenize` dropped the ids after a NUL. */
+static void test_nul_streams(void **state) {
+  (void)state;
+  char exe[1024], ids[600], args[2048], *out, *err;
+  dg_test_cli_exe(exe, sizeof exe);
+  snprintf(ids, sizeof ids, "%s/nul-ids.txt", g_dir);
+  write_file(ids, "5,6\0,7\n", 7);
+  char *cases[4][2];
+  assert_true(asprintf(&cases[0][0], "run -m %s -t 1 -n 64 < /dev/zero", SMALL) > 0);
+  assert_true(asprintf(&cases[0][1], "dgemma run: standard input holds a NUL byte at offset 0 (text expected)") > 0);
+  assert_true(asprintf(&cases[1][0], "run -m %s -t 1 -n 64 -f /dev/zero", SMALL) > 0);
+  assert_true(asprintf(&cases[1][1], "dgemma run: /dev/zero holds a NUL byte at offset 0 (text expected)") > 0);
+  assert_true(asprintf(&cases[2][0], "tokenize -m %s -f /dev/urandom", SMALL) > 0);
+  assert_true(asprintf(&cases[2][1], "dgemma tokenize: /dev/urandom holds a NUL byte at offset") > 0);
+  assert_true(asprintf(&cases[3][0], "detokenize -m %s < %s", SMALL, ids) > 0);
+  assert_true(asprintf(&cases[3][1], "dgemma detokenize: standard input holds a NUL byte at offset 3 (text expected)") > 0);
+  for (int i = 0; i < 4; i++) {
+    /* timeout: an endless read (the defect) ends with 124 */
+    snprintf(args, sizeof args, "--version >/dev/null; timeout 20 %s %s", exe, cases[i][0]);
+    int rc = cli(args, &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 1 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 1), stdout \"%.100s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+    free(cases[i][0]);
+    free(cases[i][1]);
+  }
+  unlink(ids);
+}
+
 /* serve's options that name something must not be empty (a shell variable that was not set): exit 2, one line,
  * before the model loads or a socket opens (session 26: `--api-key ''` started a server without authentication,
  * -m '' looked for "/config.json", --host '' failed as "invalid argument", --model-id '' served the name ""). */
@@ -2685,6 +2719,7 @@ int main(void) {
       cmocka_unit_test(test_tiny_temperature),
       cmocka_unit_test(test_sc_logits_nonfinite),
       cmocka_unit_test(test_serve_empty_values),
+      cmocka_unit_test(test_nul_streams),
       cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),

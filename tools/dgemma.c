@@ -831,11 +831,19 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
 
 /* ---- prompts from files and standard input -------------------------------- */
 
-/* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error. */
+/* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error, or at the first
+ * NUL byte (every reader wants text, a C string: `run < /dev/zero` or `tokenize -f /dev/urandom` had read until
+ * memory ran out before the NUL was looked for, and detokenize dropped the ids after a NUL silently). */
 static char *read_stream(FILE *f, const char *name, size_t *len) {
   size_t cap = 1 << 16, n = 0, k;
   char *buf = malloc(cap + 1);
   while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+    const char *z = memchr(buf + n, 0, k);
+    if (z) {
+      fprintf(stderr, "dgemma %s: %s holds a NUL byte at offset %zu (text expected)\n", g_cmd->name, name,
+              (size_t)(z - buf));
+      exit(1);
+    }
     n += k;
     if (n == cap) {
       char *nb = realloc(buf, (cap *= 2) + 1);
