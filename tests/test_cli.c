@@ -1167,6 +1167,40 @@ static void test_new_user_findings(void **state) {
   unlink(fifo);
 }
 
+/* A prompt or text that is not UTF-8 is refused naming where it came from (session 26: "dgemma: prompt: invalid
+ * argument" and the library's "chat message 0 content: ..." named neither the file nor -p nor standard input). */
+static void test_invalid_utf8_source(void **state) {
+  (void)state;
+  char in[600], *cases[5][2], *out, *err;
+  snprintf(in, sizeof in, "%s/latin1.txt", g_dir);
+  write_file(in, "caf\xe9 au lait\n", 13);
+  assert_true(asprintf(&cases[0][0], "run -m %s -t 1 -n 64 -f %s", SMALL, in) > 0);
+  assert_true(asprintf(&cases[0][1], "dgemma run: cannot tokenize the prompt from %s (chat message 0): invalid argument: "
+                                     "chat message 0 content: invalid UTF-8 at byte offset 3 (byte 0xE9)", in) > 0);
+  assert_true(asprintf(&cases[1][0], "run -m %s -t 1 -n 64 --system hi < %s", SMALL, in) > 0);
+  assert_true(asprintf(&cases[1][1], "dgemma run: cannot tokenize the prompt from standard input (chat message 1; --system "
+                                     "is message 0)") > 0);
+  assert_true(asprintf(&cases[2][0], "run -m %s -t 1 -n 64 --raw -p \"$(cat %s)\"", SMALL, in) > 0);
+  assert_true(asprintf(&cases[2][1], "dgemma run: cannot tokenize the prompt from -p: invalid argument: tokenizer encode: "
+                                     "invalid UTF-8 at byte offset 3") > 0);
+  assert_true(asprintf(&cases[3][0], "tokenize -m %s -f %s", SMALL, in) > 0);
+  assert_true(asprintf(&cases[3][1], "dgemma tokenize: cannot tokenize the text from %s: invalid argument", in) > 0);
+  assert_true(asprintf(&cases[4][0], "tokenize -m %s \"$(cat %s)\"", SMALL, in) > 0);
+  assert_true(asprintf(&cases[4][1], "dgemma tokenize: cannot tokenize the text from the argument: invalid argument") > 0);
+  for (int i = 0; i < 5; i++) {
+    int rc = cli(cases[i][0], &out, &err);
+    printf("# dgemma %s -> %d: %s", cases[i][0], rc, err);
+    if (rc != 1 || !strstr(err, cases[i][1]) || count_char(err, '\n') != 1 || *out)
+      fail_msg("dgemma %s: exit %d (want 1), stdout \"%s\", stderr \"%s\" (want one line with \"%s\")", cases[i][0], rc,
+               out, err, cases[i][1]);
+    free(out);
+    free(err);
+    free(cases[i][0]);
+    free(cases[i][1]);
+  }
+  unlink(in);
+}
+
 /* Standard input or a file holding a NUL byte is refused as soon as the NUL is read, naming the source and the
  * offset (exit 1): `run < /dev/zero`, `run -f /dev/zero` and `tokenize -f /dev/urandom` had read until memory ran
  * out (the NUL was looked for only after the whole stream), and `detokenize` dropped the ids after a NUL. */
@@ -2720,6 +2754,7 @@ int main(void) {
       cmocka_unit_test(test_sc_logits_nonfinite),
       cmocka_unit_test(test_serve_empty_values),
       cmocka_unit_test(test_nul_streams),
+      cmocka_unit_test(test_invalid_utf8_source),
       cmocka_unit_test(test_new_user_findings),
       cmocka_unit_test(test_gen_kwargs_exit),
       cmocka_unit_test(test_gen_kwargs_vocab),

@@ -1035,6 +1035,23 @@ static const char *finish_name(const stream_state *ss, dg_finish_reason f) {
   return (unsigned)f < 3 ? why[f] : "?";
 }
 
+/* Where input_text's text came from, for messages: "-p", "the argument", "standard input" or the file's name. */
+static const char *text_source(const opts *o) {
+  const char *given = o->prompt ? o->prompt : o->positional;
+  if (given && strcmp(given, "-") != 0) return o->prompt ? "-p" : "the argument";
+  if (o->file && strcmp(o->file, "-") != 0) return o->file;
+  return "standard input";
+}
+
+/* A text the tokenizer or the chat template refused (invalid UTF-8): one message naming where the text came
+ * from (the library's names the message and the byte offset), exit 1. */
+static void die_text(const opts *o, const char *what, int chat, dg_status st) {
+  fprintf(stderr, "dgemma %s: cannot tokenize %s from %s%s: %s: %s\n", g_cmd->name, what, text_source(o),
+          !chat ? "" : o->system ? " (chat message 1; --system is message 0)" : " (chat message 0)", dg_status_str(st),
+          dg_last_error());
+  exit(1);
+}
+
 static int cmd_run(const opts *o) {
   if (o->raw && (o->system || o->think))
     usage_exit("--raw sends the prompt without the chat template, so --system and --think cannot apply");
@@ -1060,6 +1077,7 @@ static int cmd_run(const opts *o) {
     msgs[nm++] = (dg_chat_message){"user", prompt};
     st = dg_chat_apply(m, msgs, nm, o->think, &ids, &n);
   }
+  if (st == DG_ERR_INVALID_ARG) die_text(o, "the prompt", !o->raw, st); /* invalid UTF-8: say which input */
   if (st) die("prompt", st);
   if (owned) free((char *)prompt);
   if (n == 0) usage_exit("the prompt is empty (with --raw no BOS is added, so an empty text has no tokens)");
@@ -1538,6 +1556,7 @@ static int cmd_tokenize(const opts *o) {
   int32_t *ids;
   size_t n;
   dg_status st = dg_tokenize(m, text, len, o->special, &ids, &n);
+  if (st == DG_ERR_INVALID_ARG) die_text(o, "the text", 0, st); /* invalid UTF-8: say which input */
   if (st) die("tokenize", st);
   if (owned) free((char *)text);
   if (o->pieces) {
