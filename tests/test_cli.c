@@ -2498,6 +2498,28 @@ static void test_chat(void **state) {
   dg_model_free(m);
 }
 
+/* Ctrl-C at the chat's prompt (no answer running) discards the line and asks again; the conversation stays
+ * (session 26: it ended the chat with exit 0 and no message, so a Ctrl-C meant for an answer that had just
+ * ended lost the whole conversation). */
+static void test_chat_ctrl_c_at_prompt(void **state) {
+  (void)state;
+  const char *argv[] = {"dgemma", "chat", "-m", SMALL, "-t", "1", "-n", "64", "-s", "4", "--greedy", NULL};
+  pty_session s;
+  pty_start(&s, argv);
+  size_t at = pty_expect(&s, 0, "> ", 60);
+  pty_send(&s, "half a li");
+  pty_send(&s, "\x03");
+  at = pty_expect(&s, at, "(Ctrl-C: /quit or Ctrl-D leaves)\n", 20);
+  pty_expect(&s, at, "> ", 10);
+  assert_int_equal(kill(s.pid, 0), 0); /* still running */
+  char *a = pty_turn(&s, "Tom has 5 pens. How many pens does Tom have?");
+  printf("# after Ctrl-C at the prompt: \"%s\"\n", a);
+  assert_non_null(strstr(s.buf, "context ")); /* the turn ran: its summary line */
+  free(a);
+  pty_send(&s, "/quit\n");
+  assert_int_equal(pty_finish(&s), 0);
+}
+
 /* A chat line holding a NUL byte (standard input not a terminal) is skipped with a message naming the line and
  * the offset; the chat goes on (session 26: the message was cut at the NUL silently, "a\0b" answered as "a"). */
 static void test_chat_nul_line(void **state) {
@@ -2770,6 +2792,7 @@ int main(void) {
       cmocka_unit_test(test_chat),
       cmocka_unit_test(test_chat_interrupt),
       cmocka_unit_test(test_chat_nul_line),
+      cmocka_unit_test(test_chat_ctrl_c_at_prompt),
       cmocka_unit_test(test_no_prompt_on_terminal),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_stop" */

@@ -1245,6 +1245,7 @@ static char *chat_read_line(int tty, long *nul) {
   size_t cap = 0;
   ssize_t k = getline(&line, &cap, stdin);
   if (k < 0) {
+    if (g_chat_interrupt) clearerr(stdin); /* Ctrl-C at the prompt (EINTR): the caller asks again */
     free(line);
     return NULL;
   }
@@ -1331,7 +1332,19 @@ static int cmd_chat(const opts *o) {
             o->model ? o->model : default_model(), cap);
   char *line;
   long nul;
-  for (long lineno = 1; (line = chat_read_line(tty, &nul)); lineno++) {
+  for (long lineno = 1;; lineno++) {
+    g_chat_interrupt = 0;
+    if (!(line = chat_read_line(tty, &nul))) {
+      /* Ctrl-C at the prompt interrupts the read: it discards the line being typed and asks again, as a shell
+       * does (it had ended the chat, exit 0, losing the conversation: also a Ctrl-C meant for an answer that had
+       * just ended). Ctrl-D or the end of input leaves. */
+      if (g_chat_interrupt && tty) {
+        printf("(Ctrl-C: /quit or Ctrl-D leaves)\n");
+        fflush(stdout);
+        continue;
+      }
+      break;
+    }
     if (nul >= 0) { /* the message would have been cut at the NUL, silently (run -f refuses such a file too) */
       fprintf(stderr, "dgemma chat: input line %ld holds a NUL byte at offset %ld (text expected); skipped\n", lineno,
               nul);
