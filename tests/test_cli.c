@@ -1386,6 +1386,15 @@ static void test_dash_output(void **state) {
     free(out);
     free(err);
   }
+  /* standard output full: exit 1, the message names it */
+  snprintf(args, sizeof args, "--version >/dev/null; (%s logits -m %s -t 1 --prompt-ids 2,105 --canvas-ids %s -o - > /dev/full)",
+           exe, model, canvas);
+  rc = cli(args, &out, &err);
+  printf("# logits -o - > /dev/full -> %d: %s", rc, err);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(err, "dgemma: cannot write standard output (-o -): No space left on device"));
+  free(out);
+  free(err);
   /* a terminal as standard output: refused before the model loads */
   int master = -1;
   pid_t pid = forkpty(&master, NULL, NULL, NULL);

@@ -1745,7 +1745,7 @@ static int cmd_logits(const opts *o) {
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
   clock_gettime(CLOCK_MONOTONIC, &t2);
   if (fwrite(logits, sizeof(float), CV, f) != CV) {
-    fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
+    fprintf(stderr, "dgemma: cannot write %s: %s\n", to_stdout ? "standard output (-o -)" : o->out, strerror(errno));
     fclose(f);
     goto out; /* the temporary file is removed at exit */
   }

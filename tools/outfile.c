@@ -207,7 +207,9 @@ int out_commit(FILE *f, const char *path) {
   if (g_direct) { /* a device, FIFO or standard output: nothing to rename */
     if (f != stdout && fclose(f) != 0 && !bad) { bad = 1; err = errno; }
     g_direct = 0;
-    if (bad) fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(err ? err : EIO));
+    if (bad)
+      fprintf(stderr, "dgemma: cannot write %s: %s\n", f == stdout ? "standard output (-o -)" : path,
+              strerror(err ? err : EIO));
     return bad;
   }
   if (!bad && fsync(fileno(f)) != 0 && errno != EINVAL) { bad = 1; err = errno; }
