@@ -19,6 +19,7 @@
  * its own options (kOptions). Without -m the bundled small model is used
  * ($DGEMMA_MODEL, else models/dgemma-small next to the executable's ../, else
  * ./models/dgemma-small). */
+#include <ctype.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -1937,9 +1938,30 @@ static int cmd_bench(const opts *o) {
 
 /* ---- quantize -------------------------------------------------------------- */
 
+/* The items of a recipe, separated by one ',': an empty one (",,", a leading or trailing ',', only white space) is
+ * a usage error naming it (the library skips empty items and takes "" for the default recipe, so
+ * `--recipe "$R"` with R unset, or a stray comma, had quantized with another recipe than the one meant). */
+static void check_recipe_items(const char *opt, const char *recipe) {
+  char msg[768];
+  int k = 0;
+  for (const char *p = recipe;; k++) {
+    const size_t n = strcspn(p, ",");
+    size_t sp = 0;
+    while (sp < n && isspace((unsigned char)p[sp])) sp++;
+    if (sp == n) {
+      if (!k && !p[n]) snprintf(msg, sizeof msg, "%s needs a recipe (CLASS=BITS, ...), got \"%s\"", opt, q(recipe));
+      else snprintf(msg, sizeof msg, "%s \"%s\": item %d is empty (items are separated by one ',')", opt, q(recipe), k + 1);
+      usage_exit(msg);
+    }
+    if (!p[n]) break;
+    p += n + 1;
+  }
+}
+
 /* A --recipe that does not parse is a usage error (exit 2), found before any file is read. */
 static void check_recipe(const char *recipe, int bits, int group_size) {
   dg_quant_recipe r;
+  if (recipe) check_recipe_items("--recipe", recipe);
   if (recipe && dg_quant_recipe_parse(recipe, bits, group_size, &r)) {
     char msg[768];
     snprintf(msg, sizeof msg, "--recipe: %s", q(dg_last_error()));
@@ -1967,6 +1989,7 @@ static void check_recipes(const char *recipes, int bits, int group_size) {
                k + 1);
       usage_exit(msg);
     }
+    check_recipe_items("--recipes: a recipe", one);
     dg_quant_recipe r;
     if (dg_quant_recipe_parse(one, bits, group_size, &r)) {
       snprintf(msg, sizeof msg, "--recipes: %s", q(dg_last_error()));
