@@ -729,6 +729,15 @@ static void test_http(void **state) {
   assert_non_null(strstr(r.body, "\"param\":\"dgemma.gen_kwargs\""));
   assert_non_null(strstr(r.body, "is too small"));
   free(r.body);
+  /* a valid temperature beside a gen_kwargs stop id outside the vocabulary: the field named is gen_kwargs */
+  r = http(port, "POST", "/v1/chat/completions",
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 64, \"temperature\": 0.5, "
+           "\"dgemma\": {\"gen_kwargs\": {\"eos_token_id\": [99999]}}}", NULL, 0);
+  printf("# temperature 0.5, eos_token_id [99999]: %ld %s\n", (long)r.status, r.body);
+  assert_int_equal(r.status, 400);
+  assert_non_null(strstr(r.body, "\"param\":\"dgemma.gen_kwargs\""));
+  assert_non_null(strstr(r.body, "99999"));
+  free(r.body);
   char *big = malloc(20000);
   memset(big, ' ', 19999);
   big[19999] = 0;

@@ -866,6 +866,24 @@ static char *final_json(job *j) {
   return out;
 }
 
+/* dg_gen_params_check of a request's parameters gp: 0, or a 400 in *e naming the field that made them invalid:
+ * temperature if they pass without it, else dgemma.gen_kwargs (the server's own defaults were checked at start). */
+static int params_refused(const dg_server *s, const dg_srv_request *r, const dg_gen_params *gp, dg_srv_error *e) {
+  if (!dg_gen_params_check(s->m, gp)) return 0;
+  char msg[sizeof e->message];
+  snprintf(msg, sizeof msg, "%s", dg_last_error());
+  int temp = 0;
+  if (r->has_temperature) { /* the same request without its temperature */
+    dg_srv_request t = *r;
+    dg_srv_error e2;
+    dg_gen_params g2;
+    t.has_temperature = 0;
+    temp = !dg_srv_gen_params(&t, &s->defaults, &s->o.lim, &g2, &e2) && !dg_gen_params_check(s->m, &g2);
+  }
+  const char *field = temp ? "temperature" : r->gen_kwargs ? "dgemma.gen_kwargs" : NULL;
+  return dg_srv_fail(e, 400, field, "invalid_value", "%s%s%s%s", field ? "'" : "", field ? field : "", field ? "': " : "", msg);
+}
+
 static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, dg_srv_kind kind, conn_state *cs) {
   dg_srv_error e;
   job *j = calloc(1, sizeof *j);
@@ -880,10 +898,7 @@ static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, d
       dg_srv_gen_params(&j->req, &s->defaults, &s->o.lim, &j->gp, &e) ||
       /* what the model refuses (a temperature so small that logits / T overflow, a stop id outside the
        * vocabulary) is a 400 naming the field now, not an error after the prefill (or a stream's error event) */
-      (dg_gen_params_check(s->m, &j->gp) &&
-       dg_srv_fail(&e, 400, j->req.has_temperature ? "temperature" : j->req.gen_kwargs ? "dgemma.gen_kwargs" : NULL,
-                   "invalid_value", "%s%s", j->req.has_temperature ? "'temperature': " : j->req.gen_kwargs ? "'dgemma.gen_kwargs': " : "",
-                   dg_last_error()))) {
+      params_refused(s, &j->req, &j->gp, &e)) {
     pthread_mutex_lock(&s->mu);
     job_unref(j);
     pthread_mutex_unlock(&s->mu);
