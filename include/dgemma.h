@@ -340,7 +340,9 @@ dg_status dg_gen_params_apply_json(dg_gen_params *p, const char *json);
 
 /* The checks dg_generate makes on p against model m before anything runs (stop
  * ids and pad_token_id inside the vocabulary, turbo_topk <= vocab, the
- * temperature schedule, ...), so that a caller can refuse bad settings up
+ * temperature schedule 0 < t_min < t_max with final_logit_softcapping / t_min
+ * finite in fp32 (1 / t_min without softcapping: the processed logits z = logits / T
+ * must not overflow), ...), so that a caller can refuse bad settings up
  * front. DG_ERR_INVALID_ARG with a message naming the field and its value. */
 dg_status dg_gen_params_check(const dg_model *m, const dg_gen_params *p);
 
@@ -544,7 +546,9 @@ dg_status dg_encode(dg_context *ctx, const int32_t *ids, size_t n);
  * the cache, with self-conditioning from sc_logits [C, V] (the previous step's
  * processed logits z = softcapped logits / T; NULL = zero signal, the first
  * step of a block). Writes softcapped fp32 logits [C, V] to logits_out. The
- * cache is not modified. C must equal the model's canvas_length. */
+ * cache is not modified. C must equal the model's canvas_length. Errors:
+ * DG_ERR_INVALID_ARG (a canvas id outside the vocabulary, a NaN or infinite
+ * sc_logits value, named by its [row, id]). */
 dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logits,
                     float *logits_out);
 

@@ -1462,9 +1462,60 @@ static void turbo_batch_inputs(const dg_model *gm, int32_t prompt[30], int32_t p
 
 /* dg_generate_batch on CUDA contexts (one device pass per canvas): every
  * canvas equals its own CUDA run bit for bit (compact + repair + confidence,
- * and turbo_steps + topk SC, with different prompt lengths). */
+ * and turbo_steps + topk SC, with different prompt lengths). mode: DGEMMA_STACK_DENSE for the contexts (-1 the
+ * environment's, 2 inv: the stacked pass's dense products, LM head and SC MLP once over the stack); tok_out
+ * (2 x 2C, may be NULL) and n_out receive the batch's tokens. */
+static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2], uint64_t h_out[2]);
+/* A canvas's steps as one FNV-1a hash: every step's block, step, accepted count, mean entropy's bits, active and
+ * forwarded counts, argmax canvas and next canvas (turbo_batch_run: a head row's logits that went to the wrong
+ * canvas changes its entropies and argmaxes even where the committed tokens happen to agree). */
+typedef struct trace_cb { uint64_t h; int32_t n; } trace_cb;
+static void trace_mix(trace_cb *t, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) t->h = (t->h ^ b[i]) * 1099511628211ull;
+}
+static int trace_on_step(const dg_step_info *si, void *ud) {
+  trace_cb *t = (trace_cb *)ud;
+  const int32_t v[5] = {si->block, si->step, si->n_accepted, si->n_active, si->n_forwarded};
+  trace_mix(t, v, sizeof v);
+  trace_mix(t, &si->mean_entropy, sizeof si->mean_entropy);
+  if (si->argmax) trace_mix(t, si->argmax, (size_t)si->canvas_length * 4);
+  if (si->canvas) trace_mix(t, si->canvas, (size_t)si->canvas_length * 4);
+  t->n++;
+  return 0;
+}
 static void test_turbo_batch(void **state) {
   (void)state;
+  turbo_batch_run(-1, NULL, NULL, NULL);
+}
+
+/* The same under DGEMMA_STACK_DENSE=inv (forced): every canvas of the batch equals its own run under the switch. On
+ * the emulation (no cublasLt; every product a plain dot product per output, invariant whatever the rows) the
+ * switch changes only how the stacked pass is cut, so its tokens also equal the default's batch there: the stacked
+ * products, heads and SC rows cover the same rows as the per-canvas ones. On a GPU the invariant algorithms round
+ * otherwise than cuBLAS's default: there only the first check applies. */
+static void test_turbo_batch_inv(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  int shapes = 0, active = 0, cfg[9], rule = 0;
+  long nd = 0, nc = 0;
+  double worst = 0.0;
+  assert_dg_ok(cut()->test_gemm_inv(0, 0, 1, 1, &shapes, &active, cfg, &rule, &nd, &nc, &worst));
+  int32_t t0[2][512], t2[2][512], n0[2], n2[2];
+  uint64_t h0[2], h2[2];
+  turbo_batch_run(2, t2, n2, h2);
+  if (active != -1) return; /* a GPU: the two modes' bits differ by design */
+  turbo_batch_run(0, t0, n0, h0);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(n0[i], n2[i]);
+    assert_memory_equal(t0[i], t2[i], (size_t)n0[i] * 4);
+    assert_true(h0[i] == h2[i]);
+  }
+  printf("# emulation: the inv batch's tokens and step traces equal the per-canvas batch's\n");
+}
+
+static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2], uint64_t h_out[2]) {
   need_gpu();
   dg_model *gm;
   char dir[] = "/tmp/dg_cuda_tbatXXXXXX";
@@ -1484,19 +1535,37 @@ static void test_turbo_batch(void **state) {
   size_t np[2] = {30, 11};
   dg_context *cx[2];
   dg_gen_result rb[2], r1;
+  if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
   for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+  trace_cb tb[2] = {{1469598103934665603ull, 0}, {1469598103934665603ull, 0}}, t1;
+  for (int i = 0; i < 2; i++) {
+    g[i].on_step = trace_on_step;
+    g[i].user_data = &tb[i];
+  }
   assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rb));
   for (int i = 0; i < 2; i++) {
     dg_context_reset(cx[i]);
+    t1 = (trace_cb){1469598103934665603ull, 0};
+    g[i].user_data = &t1;
     assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
     assert_int_equal(r1.n_tokens, rb[i].n_tokens);
     assert_int_equal(r1.n_steps, rb[i].n_steps);
     assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
+    assert_true(t1.n > 0);
+    assert_int_equal(t1.n, tb[i].n);
+    assert_true(t1.h == tb[i].h); /* every step's entropy, argmax and canvas as in its own run */
+    if (h_out) h_out[i] = tb[i].h;
+    if (tok_out) {
+      assert_true(rb[i].n_tokens <= 512);
+      n_out[i] = rb[i].n_tokens;
+      memcpy(tok_out[i], rb[i].tokens, (size_t)rb[i].n_tokens * 4);
+    }
     dg_gen_result_free(&r1);
     dg_gen_result_free(&rb[i]);
     dg_context_free(cx[i]);
   }
-  printf("# cuda batch B=2: every canvas equals its own CUDA run\n");
+  if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(-1));
+  printf("# cuda batch B=2 (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", mode);
   dg_model_free(gm);
   dg_test_rm_dir(dir);
 }
@@ -3938,6 +4007,35 @@ static void test_gemm_pins(void **state) {
   assert_int_equal(cut()->test_gemm_pins(0, n_cfg, &n_cfg, &active, &n_diff, &n_checked, &worst), DG_ERR_INVALID_ARG);
 }
 
+/* The batch-invariant products (src/cuda/gemm_inv.cu, DGEMMA_STACK_DENSE=inv) of every product shape of a 26B-A4B
+ * pass: on a GPU each runs (a configuration is found for it: a table line or the fallback rule), the first M2 rows
+ * of its product over M1 rows equal its product over those M2 rows alone word for word, for (M1, M2) = (566, 1) and
+ * (566, 163) (a B = 4 and a B = 1 stack of the batch bench, session 26, and one row), and sampled outputs are
+ * within 2 gamma_K sum |a b| of cuBLAS's default (two fp32 dot products of the same terms). */
+static void test_gemm_inv(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  int n_shapes = 0, active = 0, cfg[9], rule = 0;
+  long n_diff = 0, n_checked = 0;
+  double worst = 0.0;
+  static const int M2[2] = {1, 163};
+  for (int i = 0; i == 0 || i < n_shapes; i++)
+    for (int j = 0; j < 2; j++) {
+      assert_dg_ok(cut()->test_gemm_inv(0, i, 566, M2[j], &n_shapes, &active, cfg, &rule, &n_diff, &n_checked, &worst));
+      if (active == -1) dg_test_skip("test_cuda: this build has no cublasLt (the CPU emulation)");
+      printf("# gemm inv shape %d of %d, rows 566 / %d: config %d %d %d %d %d %d %d %d %d (%s), %ld words differ, "
+             "%ld sampled, worst |diff| / bound %.4f\n", i, n_shapes, M2[j], cfg[0], cfg[1], cfg[2], cfg[3], cfg[4],
+             cfg[5], cfg[6], cfg[7], cfg[8], rule == 0 ? "table" : rule == 1 ? "fallback rule, split-K 1" : "fallback rule, first entry", n_diff, n_checked, worst);
+      assert_int_equal(active, 1);
+      assert_int_equal(n_checked, 512);
+      assert_true(worst <= 1.0);
+      assert_int_equal(n_diff, 0);
+    }
+  assert_int_equal(cut()->test_gemm_inv(0, n_shapes, 2, 1, &n_shapes, &active, cfg, &rule, &n_diff, &n_checked, &worst),
+                   DG_ERR_INVALID_ARG);
+}
+
 /* k_ffn_combine_norm (a layer's combine and the next layer's input norm in one launch, passes.cu) equals the
  * two launches it replaces word for word: the new x and the normed bf16 rows, at the 26B's width (H 2816: 3 float4s
  * per thread), at H 64 (one), with 2 and 8 experts per token, and at an H where the register kernels do not apply
@@ -4041,12 +4139,12 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
-      cmocka_unit_test(test_gemm_pins),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
+      cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   int rc = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -567,6 +567,53 @@ static void test_cli_problems_ids(void **state) {
   assert_int_equal(run_cli(args, &e), 1);
   assert_non_null(strstr(e, "-o /dev/full is not a regular file"));
   free(e);
+  /* a prompt longer than the first context (1024 + the canvases) is evaluated in a larger one, and a text window's
+   * context longer than 4096 ids too (session 26: both ended the run with "context length exceeded", naming no
+   * line); one past the model's 131072 positions is an error naming the file and the line */
+  char longp[600], longt[600];
+  snprintf(longp, sizeof longp, "%s/long_problems.jsonl", g_dir);
+  snprintf(longt, sizeof longt, "%s/long_text.jsonl", g_dir);
+  const int lens[2] = {1500, 131072 - 64 + 1}; /* the second: one position too many with -n 64 */
+  for (int k = 0; k < 2; k++) {
+    f = fopen(longp, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"id\": 3, \"steps\": 1, \"final\": 5, \"prompt_ids\": [2");
+    for (int i = 1; i < lens[k]; i++) fputs(",5", f);
+    fputs("]}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "eval problems -m models/dgemma-small -t 1 -n 64 -s 2 --file %s", longp);
+    int rc = run_cli(args, &e);
+    printf("# eval problems, a prompt of %d ids -> %d: %s\n", lens[k], rc, e);
+    if (k == 0) assert_int_equal(rc, 0);
+    else {
+      assert_int_equal(rc, 1);
+      assert_non_null(strstr(e, "long_problems.jsonl line 1: problem id 3: a prompt of 131009 tokens + 1 canvas(es) of 64 "
+                                "needs 131073 positions, past the model's max_position_embeddings 131072"));
+    }
+    free(e);
+    f = fopen(longt, "w");
+    assert_non_null(f);
+    const int nctx = k == 0 ? 4200 : 131072 - 64 + 1; /* 4200 > the first context of 4096 */
+    fprintf(f, "{\"context\": [2");
+    for (int i = 1; i < nctx; i++) fputs(",5", f);
+    fputs("], \"target\": [5", f);
+    for (int i = 1; i < 64; i++) fputs(",5", f);
+    fputs("], \"noise\": [4", f);
+    for (int i = 1; i < 64; i++) fputs(",4", f);
+    fputs("]}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "eval text -m models/dgemma-small -t 1 --file %s", longt);
+    rc = run_cli(args, &e);
+    printf("# eval text, a context of %d ids -> %d: %s\n", nctx, rc, e);
+    if (k == 0) assert_int_equal(rc, 0);
+    else {
+      assert_int_equal(rc, 1);
+      assert_non_null(strstr(e, "long_text.jsonl line 1: a context of 131009 ids + the canvas of 64 needs 131073 positions"));
+    }
+    free(e);
+  }
+  unlink(longp);
+  unlink(longt);
   /* gsm8k-only options are refused, not ignored */
   snprintf(args, sizeof args, "eval problems --summary /tmp/x.json --file %s", dup);
   assert_int_equal(run_cli(args, &e), 2);
@@ -798,5 +845,6 @@ int main(void) {
       cmocka_unit_test(test_cli_reader_gone),
       cmocka_unit_test(test_bench_helpers),  cmocka_unit_test(test_bench_cost),
   };
+  if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_cli_problems_ids" */
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -355,6 +355,16 @@ static void test_chunking_and_readonly_cache(void **state) {
   assert_int_equal(dg_decode(a, badc, NULL, lc), DG_ERR_INVALID_ARG);
   assert_non_null(strstr(dg_last_error(), "384"));
   assert_int_equal(dg_encode(a, badc, 8), DG_ERR_INVALID_ARG);
+  /* a NaN or an infinity in sc_logits is refused naming its [row, id] (session 26: `logits --sc-logits` of NaNs
+   * wrote all-NaN logits and exit 0) */
+  const float nonfinite[3] = {NAN, INFINITY, -INFINITY};
+  for (int k = 0; k < 3; k++) {
+    memcpy(lb, la, (size_t)C * V * 4);
+    lb[(size_t)5 * V + 17] = nonfinite[k];
+    assert_int_equal(dg_decode(a, canvas, lb, lc), DG_ERR_INVALID_ARG);
+    printf("# sc_logits with %g: %s\n", (double)nonfinite[k], dg_last_error());
+    assert_non_null(strstr(dg_last_error(), "sc_logits[5, 17]"));
+  }
   /* capacity */
   assert_int_equal(dg_encode(a, prompt, 300), DG_ERR_CONTEXT_FULL);
   free(la); free(lb); free(lc);
@@ -458,6 +468,28 @@ static void test_generate_deterministic(void **state) {
   bad.stop_ids[0] = c.vocab;
   assert_int_equal(dg_generate(ctx, prompt, 12, &bad, &rbad), DG_ERR_INVALID_ARG);
   assert_null(rbad.tokens);
+  /* a t_min so small that softcap / t_min overflows fp32 (a denormal; --temp 1e-38): refused up front, by both
+   * samplers (session 26: the reference sampler failed later with "non-finite logits", the turbo engine's softmax
+   * turned NaN and accepted a canvas of noise in one step). 30 / 1e-37 is finite: still accepted, and runs. */
+  for (int turbo = 0; turbo < 2; turbo++) {
+    bad = gp;
+    if (turbo) assert_dg_ok(dg_gen_params_apply_json(&bad, "{\"diffusion_turbo\": true}"));
+    bad.t_min = 1e-39f;
+    bad.t_max = 2e-39f;
+    dg_context_reset(ctx);
+    assert_int_equal(dg_generate(ctx, prompt, 12, &bad, &rbad), DG_ERR_INVALID_ARG);
+    printf("# t_min 1e-39 (%s): %s\n", turbo ? "turbo" : "reference", dg_last_error());
+    assert_non_null(strstr(dg_last_error(), "is too small"));
+    assert_null(rbad.tokens);
+    assert_int_equal(dg_gen_params_check(m, &bad), DG_ERR_INVALID_ARG);
+    bad.t_min = 1e-37f;
+    bad.t_max = 2e-37f;
+    assert_dg_ok(dg_gen_params_check(m, &bad));
+    dg_context_reset(ctx);
+    assert_dg_ok(dg_generate(ctx, prompt, 12, &bad, &rbad));
+    for (int i = 0; i < rbad.n_tokens; i++) assert_true(rbad.tokens[i] >= 0 && rbad.tokens[i] < c.vocab);
+    dg_gen_result_free(&rbad);
+  }
   dg_gen_result_free(&r1); dg_gen_result_free(&r2); dg_gen_result_free(&r3); dg_gen_result_free(&r4);
   dg_context_free(ctx);
   dg_model_free(m);

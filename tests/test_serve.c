@@ -711,6 +711,33 @@ static void test_http(void **state) {
   r = http(port, "POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 5000}", NULL, 0);
   assert_int_equal(r.status, 400);
   free(r.body);
+  /* a temperature so small that logits / T overflow fp32 (t_min = 0.4 * 1e-40, a denormal): 400 naming the field,
+   * before any work (session 26: a turbo request answered 200 with a canvas of noise, accepted in one step) */
+  r = http(port, "POST", "/v1/chat/completions",
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 64, \"temperature\": 1e-40}", NULL, 0);
+  printf("# temperature 1e-40: %ld %s\n", (long)r.status, r.body);
+  assert_int_equal(r.status, 400);
+  assert_string_equal(error_code(&r, code, sizeof code), "invalid_value");
+  assert_non_null(strstr(r.body, "\"param\":\"temperature\""));
+  assert_non_null(strstr(r.body, "is too small"));
+  free(r.body);
+  r = http(port, "POST", "/v1/chat/completions",
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 64, \"stream\": true, "
+           "\"dgemma\": {\"gen_kwargs\": {\"t_min\": 1e-39, \"t_max\": 0.5}}}", NULL, 0);
+  printf("# gen_kwargs t_min 1e-39: %ld %s\n", (long)r.status, r.body);
+  assert_int_equal(r.status, 400);
+  assert_non_null(strstr(r.body, "\"param\":\"dgemma.gen_kwargs\""));
+  assert_non_null(strstr(r.body, "is too small"));
+  free(r.body);
+  /* a valid temperature beside a gen_kwargs stop id outside the vocabulary: the field named is gen_kwargs */
+  r = http(port, "POST", "/v1/chat/completions",
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 64, \"temperature\": 0.5, "
+           "\"dgemma\": {\"gen_kwargs\": {\"eos_token_id\": [99999]}}}", NULL, 0);
+  printf("# temperature 0.5, eos_token_id [99999]: %ld %s\n", (long)r.status, r.body);
+  assert_int_equal(r.status, 400);
+  assert_non_null(strstr(r.body, "\"param\":\"dgemma.gen_kwargs\""));
+  assert_non_null(strstr(r.body, "99999"));
+  free(r.body);
   char *big = malloc(20000);
   memset(big, ' ', 19999);
   big[19999] = 0;

@@ -19,6 +19,7 @@
  * its own options (kOptions). Without -m the bundled small model is used
  * ($DGEMMA_MODEL, else models/dgemma-small next to the executable's ../, else
  * ./models/dgemma-small). */
+#include <ctype.h>
 #include <errno.h>
 #include <sched.h>
 #include <fcntl.h>
@@ -161,7 +162,7 @@ static const command kCommands[] = {
      "      --prompt-ids LIST|@FILE   prompt ids: comma-separated, or @file of int32\n"
      "      --canvas-ids LIST|@FILE   canvas ids (canvas_length of them)\n"
      "      --sc-logits FILE          previous step's processed logits [C,V] float32 (self-conditioning)\n"
-     "  -o, --out FILE                output file (written whole or not at all)\n",
+     "  -o, --out FILE                output file (written whole or not at all; \"-\": standard output)\n",
      1, 1},
     {"replay", C_REPLAY, "generate from injected random canvases/uniforms, print the ids (parity)",
      "usage: dgemma replay [-m DIR] --prompt-ids LIST|@FILE --canvases FILE [--uniforms FILE] [options]\n"
@@ -611,7 +612,16 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = nonempty(ARG(), a, "at least one id (LIST or @FILE)");
     else if (!strcmp(a, "--canvas-ids")) o->canvas_ids = nonempty(ARG(), a, "the canvas ids (LIST or @FILE)");
     else if (!strcmp(a, "--sc-logits")) o->sc_logits = FILEARG();
-    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = FILEARG();
+    else if (!strcmp(a, "-o") || !strcmp(a, "--out")) {
+      o->out = FILEARG();
+      /* "-" is standard output for logits only: bench and eval print their tables there, and eval reads its
+       * -o file back to resume (a file named "-" had been written in the current directory) */
+      if (!strcmp(o->out, "-") && g_cmd->bit != C_LOGITS) {
+        snprintf(msg, sizeof msg, "%s -: standard output holds the %s's table; give a file name", a,
+                 g_cmd->bit == C_EVAL ? "evaluation" : "benchmark");
+        usage_exit(msg);
+      }
+    }
     else if (!strcmp(a, "--canvases")) o->canvases = FILEARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = FILEARG();
     else if (!strcmp(a, "--stop")) {
@@ -633,7 +643,10 @@ static void parse_opts(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->ctx_size = parse_int(ARG(), a, 1, INT32_MAX);
     else if (!strcmp(a, "--pieces")) o->pieces = 1;
     else if (!strcmp(a, "--data")) o->data = nonempty(ARG(), a, "a directory");
-    else if (!strcmp(a, "--summary")) o->summary = FILEARG();
+    else if (!strcmp(a, "--summary")) {
+      o->summary = FILEARG();
+      if (!strcmp(o->summary, "-")) usage_exit("--summary -: standard output holds the evaluation's table; give a file name");
+    }
     else if (!strcmp(a, "--chat")) o->chat = 1;
     else if (!strcmp(a, "--sample")) o->sample = 1;
     else if (!strcmp(a, "--shots")) { o->shots = (int)parse_int(ARG(), a, 0, 64); o->shots_set = 1; }
@@ -803,10 +816,15 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
     gp.t_max = (float)o->temp;
     gp.t_min = (float)(o->temp * ratio);
   }
-  /* what the model refuses (a stop id outside its vocabulary, ...) is a usage error now, not after a prefill */
+  /* what the model refuses (a stop id outside its vocabulary, a --temp so small that logits / T overflow, ...) is
+   * a usage error now, not after a prefill */
   dg_status st;
-  if (o->gen_kwargs && (st = dg_gen_params_check(m, &gp))) {
-    fprintf(stderr, "dgemma %s: --gen-kwargs: %s: %s\n", g_cmd->name, dg_status_str(st), dg_last_error());
+  if ((o->gen_kwargs || (o->temp_set && o->temp > 0)) && (st = dg_gen_params_check(m, &gp))) {
+    if (o->gen_kwargs && o->temp_set)
+      fprintf(stderr, "dgemma %s: --gen-kwargs with --temp %g: %s: %s\n", g_cmd->name, o->temp, dg_status_str(st),
+              dg_last_error());
+    else if (o->gen_kwargs) fprintf(stderr, "dgemma %s: --gen-kwargs: %s: %s\n", g_cmd->name, dg_status_str(st), dg_last_error());
+    else fprintf(stderr, "dgemma %s: --temp %g: %s: %s\n", g_cmd->name, o->temp, dg_status_str(st), dg_last_error());
     exit(2);
   }
   return gp;
@@ -814,11 +832,19 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
 
 /* ---- prompts from files and standard input -------------------------------- */
 
-/* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error. */
+/* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error, or at the first
+ * NUL byte (every reader wants text, a C string: `run < /dev/zero` or `tokenize -f /dev/urandom` had read until
+ * memory ran out before the NUL was looked for, and detokenize dropped the ids after a NUL silently). */
 static char *read_stream(FILE *f, const char *name, size_t *len) {
   size_t cap = 1 << 16, n = 0, k;
   char *buf = malloc(cap + 1);
   while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+    const char *z = memchr(buf + n, 0, k);
+    if (z) {
+      fprintf(stderr, "dgemma %s: %s holds a NUL byte at offset %zu (text expected)\n", g_cmd->name, name,
+              (size_t)(z - buf));
+      exit(1);
+    }
     n += k;
     if (n == cap) {
       char *nb = realloc(buf, (cap *= 2) + 1);
@@ -1010,6 +1036,23 @@ static const char *finish_name(const stream_state *ss, dg_finish_reason f) {
   return (unsigned)f < 3 ? why[f] : "?";
 }
 
+/* Where input_text's text came from, for messages: "-p", "the argument", "standard input" or the file's name. */
+static const char *text_source(const opts *o) {
+  const char *given = o->prompt ? o->prompt : o->positional;
+  if (given && strcmp(given, "-") != 0) return o->prompt ? "-p" : "the argument";
+  if (o->file && strcmp(o->file, "-") != 0) return o->file;
+  return "standard input";
+}
+
+/* A text the tokenizer or the chat template refused (invalid UTF-8): one message naming where the text came
+ * from (the library's names the message and the byte offset), exit 1. */
+static void die_text(const opts *o, const char *what, int chat, dg_status st) {
+  fprintf(stderr, "dgemma %s: cannot tokenize %s from %s%s: %s: %s\n", g_cmd->name, what, text_source(o),
+          !chat ? "" : o->system ? " (chat message 1; --system is message 0)" : " (chat message 0)", dg_status_str(st),
+          dg_last_error());
+  exit(1);
+}
+
 static int cmd_run(const opts *o) {
   if (o->raw && (o->system || o->think))
     usage_exit("--raw sends the prompt without the chat template, so --system and --think cannot apply");
@@ -1035,6 +1078,7 @@ static int cmd_run(const opts *o) {
     msgs[nm++] = (dg_chat_message){"user", prompt};
     st = dg_chat_apply(m, msgs, nm, o->think, &ids, &n);
   }
+  if (st == DG_ERR_INVALID_ARG) die_text(o, "the prompt", !o->raw, st); /* invalid UTF-8: say which input */
   if (st) die("prompt", st);
   if (owned) free((char *)prompt);
   if (n == 0) usage_exit("the prompt is empty (with --raw no BOS is added, so an empty text has no tokens)");
@@ -1183,8 +1227,10 @@ static int chat_on_step(const dg_step_info *si, void *ud) {
   return g_chat_interrupt != 0; /* Ctrl-C: stop within one denoising step */
 }
 
-/* One line from the user, malloc'd without its newline; NULL at the end of input. */
-static char *chat_read_line(int tty) {
+/* One line from the user, malloc'd without its newline; NULL at the end of input. *nul: the offset of the
+ * first NUL byte in it, -1 if none (the message would end there: getline reads past it, strlen does not). */
+static char *chat_read_line(int tty, long *nul) {
+  *nul = -1;
 #ifdef DG_HAVE_LIBEDIT
   if (tty) {
     char *l = readline("> ");
@@ -1200,10 +1246,13 @@ static char *chat_read_line(int tty) {
   size_t cap = 0;
   ssize_t k = getline(&line, &cap, stdin);
   if (k < 0) {
+    if (g_chat_interrupt) clearerr(stdin); /* Ctrl-C at the prompt (EINTR): the caller asks again */
     free(line);
     return NULL;
   }
   while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
+  const char *z = memchr(line, 0, (size_t)k);
+  if (z) *nul = (long)(z - line);
   return line;
 }
 
@@ -1283,7 +1332,26 @@ static int cmd_chat(const opts *o) {
             "a system message, /quit leaves (or Ctrl-D); Ctrl-C stops an answer.\n",
             o->model ? o->model : default_model(), cap);
   char *line;
-  while ((line = chat_read_line(tty))) {
+  long nul;
+  for (long lineno = 1;; lineno++) {
+    g_chat_interrupt = 0;
+    if (!(line = chat_read_line(tty, &nul))) {
+      /* Ctrl-C at the prompt interrupts the read: it discards the line being typed and asks again, as a shell
+       * does (it had ended the chat, exit 0, losing the conversation: also a Ctrl-C meant for an answer that had
+       * just ended). Ctrl-D or the end of input leaves. */
+      if (g_chat_interrupt && tty) {
+        printf("(Ctrl-C: /quit or Ctrl-D leaves)\n");
+        fflush(stdout);
+        continue;
+      }
+      break;
+    }
+    if (nul >= 0) { /* the message would have been cut at the NUL, silently (run -f refuses such a file too) */
+      fprintf(stderr, "dgemma chat: input line %ld holds a NUL byte at offset %ld (text expected); skipped\n", lineno,
+              nul);
+      free(line);
+      continue;
+    }
     if (line[0] == '/' || !*line) {
       const int act = chat_command(line, &system);
       free(line);
@@ -1502,6 +1570,7 @@ static int cmd_tokenize(const opts *o) {
   int32_t *ids;
   size_t n;
   dg_status st = dg_tokenize(m, text, len, o->special, &ids, &n);
+  if (st == DG_ERR_INVALID_ARG) die_text(o, "the text", 0, st); /* invalid UTF-8: say which input */
   if (st) die("tokenize", st);
   if (owned) free((char *)text);
   if (o->pieces) {
@@ -1604,6 +1673,8 @@ static int cmd_detokenize(const opts *o) {
 static int cmd_logits(const opts *o) {
   if (!o->prompt_ids || !o->canvas_ids || !o->out) usage_exit("logits needs --prompt-ids, --canvas-ids and -o");
   no_positional(o, "logits");
+  const int to_stdout = !strcmp(o->out, "-");
+  if (to_stdout && isatty(1)) usage_exit("-o -: standard output is a terminal, and the logits are binary float32; redirect it or give a file");
   catch_stop_signals(1); /* no stop point in a forward pass: the handler removes the temporary file and exits */
   size_t np, nc;
   int32_t *prompt = parse_ids(o->prompt_ids, &np); /* before the model loads: a bad list is told at once */
@@ -1649,6 +1720,12 @@ static int cmd_logits(const opts *o) {
               info.canvas_length, info.vocab_size);
       goto out;
     }
+    for (size_t k = 0; k < CV; k++) /* NaN or inf: every logit would be NaN (the library refuses it too) */
+      if (!isfinite(sc[k])) {
+        fprintf(stderr, "dgemma: --sc-logits %s: value %g at [%zu, %zu] (float32 [canvas, vocab]) is not finite\n",
+                o->sc_logits, (double)sc[k], k / (size_t)info.vocab_size, k % (size_t)info.vocab_size);
+        goto out;
+      }
   }
   rc = 1;
   FILE *f = out_open(o->out); /* before the forward passes: an unwritable directory fails now */
@@ -1669,13 +1746,13 @@ static int cmd_logits(const opts *o) {
   if ((st = dg_decode(ctx, canvas, sc, logits))) die("decode", st);
   clock_gettime(CLOCK_MONOTONIC, &t2);
   if (fwrite(logits, sizeof(float), CV, f) != CV) {
-    fprintf(stderr, "dgemma: cannot write %s: %s\n", o->out, strerror(errno));
+    fprintf(stderr, "dgemma: cannot write %s: %s\n", to_stdout ? "standard output (-o -)" : o->out, strerror(errno));
     fclose(f);
     goto out; /* the temporary file is removed at exit */
   }
   if (out_commit(f, o->out)) goto out;
   fprintf(stderr, "dgemma: wrote [%d, %d] float32 logits to %s (encode %zu tokens %.3f s, decode %.3f s; wall times)\n",
-          info.canvas_length, info.vocab_size, o->out, np,
+          info.canvas_length, info.vocab_size, to_stdout ? "standard output" : o->out, np,
           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
           (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec));
   rc = 0;
@@ -1861,9 +1938,30 @@ static int cmd_bench(const opts *o) {
 
 /* ---- quantize -------------------------------------------------------------- */
 
+/* The items of a recipe, separated by one ',': an empty one (",,", a leading or trailing ',', only white space) is
+ * a usage error naming it (the library skips empty items and takes "" for the default recipe, so
+ * `--recipe "$R"` with R unset, or a stray comma, had quantized with another recipe than the one meant). */
+static void check_recipe_items(const char *opt, const char *recipe) {
+  char msg[768];
+  int k = 0;
+  for (const char *p = recipe;; k++) {
+    const size_t n = strcspn(p, ",");
+    size_t sp = 0;
+    while (sp < n && isspace((unsigned char)p[sp])) sp++;
+    if (sp == n) {
+      if (!k && !p[n]) snprintf(msg, sizeof msg, "%s needs a recipe (CLASS=BITS, ...), got \"%s\"", opt, q(recipe));
+      else snprintf(msg, sizeof msg, "%s \"%s\": item %d is empty (items are separated by one ',')", opt, q(recipe), k + 1);
+      usage_exit(msg);
+    }
+    if (!p[n]) break;
+    p += n + 1;
+  }
+}
+
 /* A --recipe that does not parse is a usage error (exit 2), found before any file is read. */
 static void check_recipe(const char *recipe, int bits, int group_size) {
   dg_quant_recipe r;
+  if (recipe) check_recipe_items("--recipe", recipe);
   if (recipe && dg_quant_recipe_parse(recipe, bits, group_size, &r)) {
     char msg[768];
     snprintf(msg, sizeof msg, "--recipe: %s", q(dg_last_error()));
@@ -1891,6 +1989,7 @@ static void check_recipes(const char *recipes, int bits, int group_size) {
                k + 1);
       usage_exit(msg);
     }
+    check_recipe_items("--recipes: a recipe", one);
     dg_quant_recipe r;
     if (dg_quant_recipe_parse(one, bits, group_size, &r)) {
       snprintf(msg, sizeof msg, "--recipes: %s", q(dg_last_error()));

@@ -338,7 +338,8 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
   FILE *out = o->out ? open_or_die(o->out, "a") : NULL;
   dg_context_params cp = dg_context_default_params();
   int32_t ncanv = (gp.max_new_tokens + info.canvas_length - 1) / info.canvas_length;
-  cp.max_context = 1024 + ncanv * info.canvas_length;
+  cp.max_context = 1024 + ncanv * info.canvas_length; /* grown for a longer prompt (below) */
+  if (cp.max_context > info.max_position_embeddings) cp.max_context = info.max_position_embeddings;
   dg_context *ctx;
   dg_status st = dg_context_new(m, &cp, &ctx);
   if (st) die_st("context", st);
@@ -407,6 +408,22 @@ static int eval_problems(dg_model *m, const eval_opts *o) {
       free(prompt);
       cJSON_Delete(j);
       continue;
+    }
+    /* a prompt longer than the context so far gets a larger one (the context had been fixed at 1024 + the
+     * canvases: a longer prompt ended the whole run with "context length exceeded", naming no line); one past
+     * the model's positions is an error naming the line */
+    const int64_t need = (int64_t)np + (int64_t)ncanv * info.canvas_length;
+    if (need > info.max_position_embeddings) {
+      fprintf(stderr,
+              "dgemma eval: %s line %d: problem id %lld: a prompt of %zu tokens + %d canvas(es) of %d needs %lld "
+              "positions, past the model's max_position_embeddings %d\n",
+              o->file, lineno, id, np, ncanv, info.canvas_length, (long long)need, info.max_position_embeddings);
+      exit(1);
+    }
+    if (need > cp.max_context) {
+      dg_context_free(ctx);
+      cp.max_context = (int32_t)(need + need / 4 < info.max_position_embeddings ? need + need / 4 : need);
+      if ((st = dg_context_new(m, &cp, &ctx))) die_st("context", st);
     }
     gp.seed = (uint64_t)(o->seed + id);
     dg_context_reset(ctx);
@@ -516,7 +533,7 @@ static int eval_text(dg_model *m, const eval_opts *o) {
   dg_model_get_info(m, &info);
   const int C = info.canvas_length, V = info.vocab_size;
   dg_context_params cp = dg_context_default_params();
-  cp.max_context = 4096;
+  cp.max_context = 4096 < info.max_position_embeddings ? 4096 : info.max_position_embeddings; /* grown below */
   dg_context *ctx;
   dg_status st = dg_context_new(m, &cp, &ctx);
   if (st) die_st("context", st);
@@ -543,6 +560,20 @@ static int eval_text(dg_model *m, const eval_opts *o) {
               "[0, %d)\n",
               o->file, lineno, C, C, V);
       exit(1);
+    }
+    /* the context grows for a longer one (it had been fixed at 4096 positions: a longer context ended the run
+     * with "context length exceeded", naming no line); one past the model's positions is an error naming the line */
+    if ((int64_t)nc + C > info.max_position_embeddings) {
+      fprintf(stderr,
+              "dgemma eval: %s line %d: a context of %zu ids + the canvas of %d needs %lld positions, past the model's "
+              "max_position_embeddings %d\n",
+              o->file, lineno, nc, C, (long long)nc + C, info.max_position_embeddings);
+      exit(1);
+    }
+    if ((int64_t)nc > cp.max_context) {
+      dg_context_free(ctx);
+      cp.max_context = (int32_t)nc;
+      if ((st = dg_context_new(m, &cp, &ctx))) die_st("context", st);
     }
     dg_context_reset(ctx);
     if ((st = dg_encode(ctx, c, nc))) die_st("encode", st);

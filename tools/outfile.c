@@ -126,6 +126,11 @@ static void remove_tmp_at_exit(void) {
 FILE *out_try_open(const char *path, const char *who) {
   g_open_status = 1;
   g_direct = 0;
+  if (!strcmp(path, "-")) { /* standard output: written in place, as a FIFO is; out_commit flushes, never closes it */
+    tmp_path_forget();
+    g_direct = 1;
+    return stdout;
+  }
   const char *base = strrchr(path, '/');
   if (!*(base ? base + 1 : path)) {
     fprintf(stderr, "%s: %s: names a directory, not a file\n", who, path);
@@ -199,10 +204,12 @@ FILE *out_open(const char *path) {
 int out_commit(FILE *f, const char *path) {
   int bad = fflush(f) != 0 || ferror(f);
   int err = errno;
-  if (g_direct) { /* a device or FIFO: nothing to rename */
-    if (fclose(f) != 0 && !bad) { bad = 1; err = errno; }
+  if (g_direct) { /* a device, FIFO or standard output: nothing to rename */
+    if (f != stdout && fclose(f) != 0 && !bad) { bad = 1; err = errno; }
     g_direct = 0;
-    if (bad) fprintf(stderr, "dgemma: cannot write %s: %s\n", path, strerror(err ? err : EIO));
+    if (bad)
+      fprintf(stderr, "dgemma: cannot write %s: %s\n", f == stdout ? "standard output (-o -)" : path,
+              strerror(err ? err : EIO));
     return bad;
   }
   if (!bad && fsync(fileno(f)) != 0 && errno != EINVAL) { bad = 1; err = errno; }
@@ -229,7 +236,7 @@ int out_commit(FILE *f, const char *path) {
 
 void out_discard(FILE *f) {
   if (!f) return;
-  fclose(f);
+  if (f != stdout) fclose(f);
   g_direct = 0;
   if (flag_get(&g_tmp_path_set)) unlink(g_tmp_path);
   tmp_path_forget();

@@ -43,7 +43,8 @@ void catch_stop_signals(int immediate);
 void out_track_dir(const char *tmp_dir, void *user_data);
 
 /* A temporary file next to `path`, opened for writing before any long work;
- * the target is not touched. NULL after a message on stderr naming the file
+ * the target is not touched. `path` "-" is standard output (written in place; out_commit
+ * flushes it and leaves it open). NULL after a message on stderr naming the file
  * and the reason ("<who>: cannot write PATH: ...") if it cannot be made
  * (path names a directory, the directory is missing or not writable). */
 FILE *out_try_open(const char *path, const char *who);

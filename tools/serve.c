@@ -866,6 +866,24 @@ static char *final_json(job *j) {
   return out;
 }
 
+/* dg_gen_params_check of a request's parameters gp: 0, or a 400 in *e naming the field that made them invalid:
+ * temperature if they pass without it, else dgemma.gen_kwargs (the server's own defaults were checked at start). */
+static int params_refused(const dg_server *s, const dg_srv_request *r, const dg_gen_params *gp, dg_srv_error *e) {
+  if (!dg_gen_params_check(s->m, gp)) return 0;
+  char msg[sizeof e->message];
+  snprintf(msg, sizeof msg, "%s", dg_last_error());
+  int temp = 0;
+  if (r->has_temperature) { /* the same request without its temperature */
+    dg_srv_request t = *r;
+    dg_srv_error e2;
+    dg_gen_params g2;
+    t.has_temperature = 0;
+    temp = !dg_srv_gen_params(&t, &s->defaults, &s->o.lim, &g2, &e2) && !dg_gen_params_check(s->m, &g2);
+  }
+  const char *field = temp ? "temperature" : r->gen_kwargs ? "dgemma.gen_kwargs" : NULL;
+  return dg_srv_fail(e, 400, field, "invalid_value", "%s%s%s%s", field ? "'" : "", field ? field : "", field ? "': " : "", msg);
+}
+
 static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, dg_srv_kind kind, conn_state *cs) {
   dg_srv_error e;
   job *j = calloc(1, sizeof *j);
@@ -877,7 +895,10 @@ static enum MHD_Result handle_generate(dg_server *s, struct MHD_Connection *c, d
       (j->req.model && strcmp(j->req.model, s->model_id) &&
        dg_srv_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist; this server serves '%s'",
                    j->req.model, s->model_id)) ||
-      dg_srv_gen_params(&j->req, &s->defaults, &s->o.lim, &j->gp, &e)) {
+      dg_srv_gen_params(&j->req, &s->defaults, &s->o.lim, &j->gp, &e) ||
+      /* what the model refuses (a temperature so small that logits / T overflow, a stop id outside the
+       * vocabulary) is a 400 naming the field now, not an error after the prefill (or a stream's error event) */
+      params_refused(s, &j->req, &j->gp, &e)) {
     pthread_mutex_lock(&s->mu);
     job_unref(j);
     pthread_mutex_unlock(&s->mu);
@@ -1189,6 +1210,15 @@ static void serve_usage_exit(const char *what, const char *value) {
   exit(2);
 }
 
+/* v, or a usage error "OPT needs WHY, got an empty string" when it is empty. */
+static const char *serve_nonempty(const char *opt, const char *v, const char *why, char *what, size_t n) {
+  if (!*v) {
+    snprintf(what, n, "%s needs %s, got an empty string", opt, why);
+    serve_usage_exit(what, NULL);
+  }
+  return v;
+}
+
 static long long serve_int(const char *opt, const char *v, long long lo, long long hi) {
   long long x;
   if (cli_parse_ll(v, lo, hi, &x)) { /* decimal only: no "0x10", no white space, nothing after */
@@ -1256,7 +1286,10 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     }
 #define VAL() (eq ? (eq_used = 1, eq) : i + 1 < argc ? argv[++i] : (snprintf(what, sizeof what, "%s needs a value", a), \
                                            serve_usage_exit(what, NULL), ""))
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = VAL();
+/* a value that must not be empty (a shell variable that was not set): `--api-key "$KEY"` had started a server
+ * without authentication, -m '' looked for "/config.json" (as in the other commands, a usage error) */
+#define NONEMPTY(v, why) serve_nonempty(a, (v), (why), what, sizeof what)
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = NONEMPTY(VAL(), "a model directory");
     else if (!strcmp(a, "--device")) {
       const char *d = VAL();
       if (!strcmp(d, "cpu")) mp.device = DG_DEVICE_CPU;
@@ -1265,13 +1298,13 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       else serve_usage_exit("--device expects cpu, cuda or cuda:N, got", d);
     }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) mp.n_threads = (int)serve_int(a, VAL(), 0, DG_MAX_THREADS);
-    else if (!strcmp(a, "--host")) o.host = VAL();
+    else if (!strcmp(a, "--host")) o.host = NONEMPTY(VAL(), "an address");
     else if (!strcmp(a, "--port")) o.port = (int)serve_int(a, VAL(), 0, 65535);
     else if (!strcmp(a, "--max-batch")) o.max_batch = (int)serve_int(a, VAL(), 1, 4096);
     else if (!strcmp(a, "--max-queue")) o.max_queue = (int)serve_int(a, VAL(), 1, 1 << 20);
-    else if (!strcmp(a, "--api-key")) o.api_key = VAL();
+    else if (!strcmp(a, "--api-key")) o.api_key = NONEMPTY(VAL(), "a key (leave --api-key out for none)");
     else if (!strcmp(a, "--gen-kwargs")) o.gen_kwargs = VAL();
-    else if (!strcmp(a, "--model-id")) o.model_id = VAL();
+    else if (!strcmp(a, "--model-id")) o.model_id = NONEMPTY(VAL(), "a name");
     else if (!strcmp(a, "--max-tokens")) o.lim.max_tokens = (int32_t)serve_int(a, VAL(), 1, 1 << 24);
     else if (!strcmp(a, "--max-context")) o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX);
     else if (!strcmp(a, "--max-body")) o.lim.max_body = (size_t)serve_int(a, VAL(), 16, 1LL << 32);
@@ -1293,6 +1326,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       serve_usage_exit(what, argv[i]);
     }
 #undef VAL
+#undef NONEMPTY
   }
   char twarn[256]; /* -t (or OMP_NUM_THREADS) above the available cores is capped, as in the other commands */
   mp.n_threads = cli_threads(mp.n_threads, twarn, sizeof twarn);

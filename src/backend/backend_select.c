@@ -12,6 +12,7 @@
  * libraries. The plugin's calls into the library (dg_seterr, ...) resolve
  * to the program's own symbols (linked with -rdynamic), so errors reach
  * dg_last_error as before. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,6 +178,15 @@ dg_status dg_decode(dg_context *ctx, const int32_t *canvas, const float *sc_logi
     if (canvas[i] < 0 || canvas[i] >= ctx->m->cfg.vocab_size)
       return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: canvas id %d at position %d is outside the vocabulary [0, %d)",
                        canvas[i], i, ctx->m->cfg.vocab_size);
+  /* processed logits are finite (softcap / T, t_min checked: dg_gen_params_check); a NaN or an infinity makes the
+   * self-conditioning softmax NaN and every logit NaN, which had been returned as a success */
+  if (sc_logits) {
+    const size_t CV = (size_t)ctx->m->cfg.canvas_length * (size_t)ctx->m->cfg.vocab_size;
+    for (size_t k = 0; k < CV; k++)
+      if (!isfinite(sc_logits[k]))
+        return dg_seterr(DG_ERR_INVALID_ARG, "dg_decode: sc_logits[%zu, %zu] = %g is not finite",
+                         k / (size_t)ctx->m->cfg.vocab_size, k % (size_t)ctx->m->cfg.vocab_size, (double)sc_logits[k]);
+  }
   return ctx->m->bk->decode(ctx, canvas, sc_logits, logits_out);
 }
 

@@ -310,6 +310,8 @@ struct dg_cuda_ctx {
                                     * allocated by the first such pass, freed with prof */
   struct dg_cuda_graphs *graphs; /* the passes' CUDA graphs (graph.cu; DGEMMA_GRAPHS=0: off) */
   struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
+  struct dg_gemm_inv *inv;       /* DGEMMA_STACK_DENSE=inv: the batch-invariant algorithms of every dense product
+                                  * (gemm_inv.cu; NULL: off, or the emulation) */
   int32_t n_allocs[2];          /* the device and pinned host allocations this context made (context.cu: one block
                                  * each; the turbo engine's buffers and cuBLAS's, graphs' and pins' own not counted) */
   int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the

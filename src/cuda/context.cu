@@ -300,6 +300,7 @@ static dg_status ctx_stream(dg_cuda_ctx *c) {
   if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
 #endif
   gemm_pins_init(c, blas_ws_bytes(c->m->device), 0);
+  DG_TRY(gemm_inv_init(c, blas_ws_bytes(c->m->device))); /* DGEMMA_STACK_DENSE=inv */
   if (c->side.on) DG_TRY(ctx_side(c));
   dg_status st = graph_init(c);
   if (st != DG_OK) return st;
@@ -359,6 +360,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   if (c->prof || c->prof_stack) dg_cuda_profile(c, 0);
   graph_free(c);
   gemm_pins_free(c);
+  gemm_inv_free(c);
   if (c->blas) cublasDestroy(c->blas);
   if (c->stream) cudaStreamDestroy(c->stream);
   if (c->side.blas) cublasDestroy(c->side.blas);

@@ -201,6 +201,27 @@ int gemm_pin_shape(int i, int *m, int *n, int *k);
 int gemm_pins_device(void);
 int gemm_pinned(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 *W, int N, int K, float *y, int ldy,
                 dg_status *st);
+/* gemm_inv.cu (issue 14): DGEMMA_STACK_DENSE. stack_dense_now: 0 the dense products of a stacked pass per canvas
+ * (default), 1 once over the stack's rows with cuBLAS's default, 2 ("inv") once over the stack's rows and every dense
+ * product of every pass through one batch-invariant cublasLt algorithm per product shape; dg_cuda_stack_dense_set
+ * (0..2, -1 the environment's) overrides it (tests; set it before making the contexts: a context's graphs keep the
+ * products they captured). gemm_inv_init: with mode 2 on a GPU, c->inv (a cublasLt handle; the algorithms chosen on
+ * first use of each shape); otherwise c->inv = NULL. Errors: DG_ERR_OUT_OF_MEMORY, DG_ERR_BACKEND. gemm_inv runs
+ * C[n, m] (fp32, ld ldc) = alpha op(A) B on c->stream with workspace c->blas_ws: tn = 1 y = x W^T (A = W [m, k]
+ * row-major bf16, B = x [n, k] bf16 ld ldb), tn = 0 y = P E (A = E [k, m] row-major, B = P [n, k] ld ldb), beta 0;
+ * returns 0 when c->inv is NULL (the caller runs its default product), else 1 with *st DG_OK or the error (no
+ * configuration for the shape, cublasLt refused it at n rows: the message names shape, configuration and rows).
+ * gemm_inv_shape: the products of a 26B-A4B pass (i = 0..7; 0 past the end); gemm_inv_config: the configuration
+ * chosen for a shape (algo, tile, stages, split-K, reduction, swizzle, custom, inner, cluster) and how it
+ * was chosen (0 the table, 1 the fallback rule's split-K 1 entry, 2 its first entry); 0 when none (or off). */
+void dg_cuda_stack_dense_set(int mode);
+int stack_dense_now(void);
+dg_status gemm_inv_init(dg_cuda_ctx *c, size_t ws_bytes);
+void gemm_inv_free(dg_cuda_ctx *c);
+int gemm_inv(dg_cuda_ctx *c, int tn, int m, int n, int k, float alpha, const bf16 *A, const bf16 *B, int ldb, float *C,
+             int ldc, dg_status *st);
+int gemm_inv_shape(int i, int *tn, int *m, int *k);
+int gemm_inv_config(dg_cuda_ctx *c, int tn, int m, int k, int v[9], int *rule);
 dg_status graph_init(dg_cuda_ctx *c);
 /* Destroy c's graphs (dg_cuda_ctx_free; the stream idle). */
 void graph_free(dg_cuda_ctx *c);

@@ -24,6 +24,8 @@ static dg_status gemm(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const bf16 
                       float alpha, float beta) {
   dg_status st;
   if (beta == 0.0f) CK(dg_initcheck_clear(c->stream, y, (size_t)ldy, (size_t)N, (size_t)T));
+  /* DGEMMA_STACK_DENSE=inv: the shape's batch-invariant algorithm (gemm_inv.cu), before any pin */
+  if (beta == 0.0f && gemm_inv(c, 1, N, T, K, alpha, W, x, ldx, y, ldy, &st)) return st;
   if (alpha == 1.0f && beta == 0.0f && gemm_pinned(c, x, ldx, T, W, N, K, y, ldy, &st)) return st; /* gemm_pin.cu */
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx, &beta,
                    y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -70,14 +72,6 @@ static const int branch_env = branch_from_env();
 static int branch_override = -1;
 void dg_cuda_branch_set(int on) { branch_override = on == 0 || on == 1 ? on : -1; }
 int dg_cuda_branch_now(void) { return branch_override >= 0 ? branch_override : branch_env; }
-
-/* DGEMMA_STACK_DENSE=1: the dense products of a stacked pass over all its rows at once (fewer weight reads;
- * a canvas's results then differ from its own pass's in rounding); read once when the library loads. */
-static int stack_dense_from_env(void) {
-  const char *v = getenv("DGEMMA_STACK_DENSE");
-  return v && v[0] == '1' && !v[1];
-}
-static const int stack_dense = stack_dense_from_env();
 
 /* The dense MLP of layer l (spec 4.4 step 5; its post norm comes with the combine) over the normed rows c->a [T, H]
  * into c->dense [T, H], on c->stream: per canvas sg[g] for ng > 1 (layer_segs), over all T rows for ng = 1. */
@@ -166,11 +160,13 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   const float eps = d->eps;
   const size_t qrow = (size_t)NH * D; /* floats of q, bf16 of att per row */
   cudaStream_t s = c->stream;
-  /* the dense products per canvas unless DGEMMA_STACK_DENSE=1: cuBLAS may pick another algorithm (another
-   * rounding) for another row count, so a canvas's rows go through the row count of its own pass and its
-   * results are those of its own dg_cuda_compact bit for bit; the experts, whose weights dominate, run over
-   * every row at once (their kernels' arithmetic per row does not depend on the other rows) */
-  const int ng = nseg > 1 && !stack_dense ? nseg : 1;
+  /* the dense products per canvas unless DGEMMA_STACK_DENSE (gemm_inv.cu stack_dense_now) is 1 or inv: cuBLAS may
+   * pick another algorithm (another rounding) for another row count, so by default a canvas's rows go through the
+   * row count of its own pass and its results are those of its own dg_cuda_compact bit for bit; with inv every
+   * product runs one algorithm whatever the row count (the same bits, one weight read per stack); with 1 cuBLAS's
+   * default over the stack (a canvas's bits may differ). The experts, whose weights dominate, run over every row at
+   * once (their kernels' arithmetic per row does not depend on the other rows) */
+  const int ng = nseg > 1 && !stack_dense_now() ? nseg : 1;
 #define SEG_R0(g) (ng == 1 ? 0 : sg[g].r0)
 #define SEG_N(g) (ng == 1 ? T : sg[g].n)
   /* the input norm, unless the previous layer's combine wrote it already (k_ffn_combine_norm, below) */
@@ -326,6 +322,13 @@ static dg_status soft_from_v(dg_cuda_ctx *c, const float *z, int virt) {
   }
   /* column-major view: soft^T [H, C] = E^T [H, V] . P^T [V, C] */
   CK(dg_initcheck_clear(c->stream, c->soft, (size_t)d->hidden, (size_t)d->hidden, (size_t)d->canvas));
+  dg_status st;
+  if (gemm_inv(c, 0, d->hidden, d->canvas, d->vocab, alpha, (const bf16 *)c->m->embed.w, c->P, d->vocab, c->soft,
+               d->hidden, &st)) { /* DGEMMA_STACK_DENSE=inv */
+    DG_TRY(st);
+    c->have_soft = 1;
+    return DG_OK;
+  }
   CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, d->canvas, d->vocab, &alpha, c->m->embed.w,
                    CUDA_R_16BF, d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->soft, CUDA_R_32F, d->hidden,
                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

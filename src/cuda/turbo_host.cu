@@ -226,23 +226,63 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   CK(cudaMemcpyAsync(t->pos, t->h_pos, (size_t)N * 4, cudaMemcpyHostToDevice, s));
   CKK(w, k_embed(s, w->x, &m->embed, w->ids, N, H, d->embed_scale));
   DG_TRY(mark(w, DG_CUDA_ST_EMBED_NORM));
-  /* SC rows per canvas, from its own kept rows (as dg_cuda_compact: the MLP over that canvas's rows) */
+  /* SC rows per canvas, from its own kept rows (as dg_cuda_compact: the MLP over that canvas's rows); with
+   * DGEMMA_STACK_DENSE (1 or inv) the MLP once over each run of consecutive canvases with kept rows */
+  const int stacked = stack_dense_now() != 0;
   for (int32_t b = 0; b < B; b++) {
     if (q[b].sc != DG_SC_KEPT) continue;
     const size_t r0 = (size_t)seg[b].r0 * H;
     CKK(w, k_gather_rows(s, w->u + r0, q[b].c->soft, t->cpos + seg[b].r0, q[b].n, H));
     CKK(w, k_rmsnorm(s, w->u + r0, m->sc_pre_norm, NULL, w->a + r0, q[b].n, H, d->eps));
-    DG_TRY(geglu_mlp(w, w->a + r0, q[b].n, &m->sc_gate_up, &m->sc_down, w->f1 + r0));
-    CKK(w, k_add(s, w->x + r0, w->f1 + r0, (size_t)q[b].n * H));
-    DG_TRY(mark(w, DG_CUDA_ST_SC));
+    int32_t e = b + 1; /* the run [b, e) whose MLP runs here */
+    if (stacked)
+      while (e < B && q[e].sc == DG_SC_KEPT) {
+        const size_t e0 = (size_t)seg[e].r0 * H;
+        CKK(w, k_gather_rows(s, w->u + e0, q[e].c->soft, t->cpos + seg[e].r0, q[e].n, H));
+        CKK(w, k_rmsnorm(s, w->u + e0, m->sc_pre_norm, NULL, w->a + e0, q[e].n, H, d->eps));
+        e++;
+      }
+    const int32_t rows = seg[e - 1].r0 + q[e - 1].n - seg[b].r0;
+    DG_TRY(geglu_mlp(w, w->a + r0, rows, &m->sc_gate_up, &m->sc_down, w->f1 + r0));
+    CKK(w, k_add(s, w->x + r0, w->f1 + r0, (size_t)rows * H));
+    for (int32_t i = b; i < e; i++) DG_TRY(mark(w, DG_CUDA_ST_SC)); /* one mark per canvas, as unstacked */
+    b = e - 1;
   }
   CKK(w, k_rmsnorm(s, w->x, NULL, w->x, NULL, N, H, d->eps));
   for (int li = 0; li < d->n_layers; li++) {
     DG_TRY(layer_segs(w, li, N, seg, B, 0));
     DG_TRY(prof_stack_layer(w, li)); /* profiling: this layer's rows per expert */
   }
-  /* the LM head of each canvas's head rows, into its own logits (head_upload and head_body's operations) */
-  for (int32_t b = 0; b < B; b++) {
+  /* the LM head of each canvas's head rows, into its own logits (head_upload and head_body's operations); with
+   * DGEMMA_STACK_DENSE (1 or inv) once over the stack's head rows (all canvases', in canvas order), in chunks of up
+   * to C rows (w's logits), each chunk's rows then copied into their canvases' logits (a chunk may end inside a
+   * canvas: the products' rows do not depend on the chunk) */
+  if (stacked) {
+    int32_t NH = 0;
+    for (int32_t b = 0; b < B; b++) {
+      for (int32_t i = 0; i < q[b].nh; i++) t->h_pos[NH + i] = seg[b].r0 + q[b].head[i];
+      NH += q[b].nh;
+      q[b].c->tb->nraw = q[b].nh;
+    }
+    for (int32_t a = 0; a < NH; a += d->canvas) {
+      const int32_t L = NH - a < d->canvas ? NH - a : d->canvas;
+      /* from pageable memory: staged before the call returns (each chunk its own slice of h_pos anyway) */
+      CK(cudaMemcpyAsync(t->rows, t->h_pos + a, (size_t)L * 4, cudaMemcpyHostToDevice, s));
+      CKK(w, k_gather_rows(s, w->u, w->x, t->rows, L, H));
+      CKK(w, k_rmsnorm(s, w->u, m->final_norm, NULL, w->a, L, H, d->eps));
+      DG_TRY(wmatmul(w, w->a, H, L, &m->embed, w->logits, d->vocab));
+      for (int32_t b = 0, s0 = 0; b < B; s0 += q[b].nh, b++) { /* canvas b's head rows are [s0, s0 + nh) */
+        const int32_t lo = s0 > a ? s0 : a, hi = s0 + q[b].nh < a + L ? s0 + q[b].nh : a + L;
+        if (lo < hi)
+          CK(cudaMemcpyAsync(q[b].c->logits + (size_t)(lo - s0) * d->vocab, w->logits + (size_t)(lo - a) * d->vocab,
+                             (size_t)(hi - lo) * d->vocab * 4, cudaMemcpyDeviceToDevice, s));
+      }
+    }
+    for (int32_t b = 0; b < B; b++)
+      if (q[b].raw_out && q[b].nh > 0)
+        CK(cudaMemcpyAsync(q[b].raw_out, q[b].c->logits, (size_t)q[b].nh * d->vocab * 4, cudaMemcpyDeviceToHost, s));
+  }
+  for (int32_t b = 0; !stacked && b < B; b++) {
     dg_cuda_ctx *c = q[b].c;
     c->tb->nraw = q[b].nh;
     if (q[b].nh <= 0) continue;
@@ -373,7 +413,12 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
       CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
     } else {
       CK(dg_initcheck_clear(s, c->f1, (size_t)d->hidden, (size_t)d->hidden, (size_t)n));
-      CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
+      dg_status st;
+      if (gemm_inv(c, 0, d->hidden, n, d->vocab, alpha, (const bf16 *)m->embed.w, c->P, d->vocab, c->f1, d->hidden,
+                   &st)) /* DGEMMA_STACK_DENSE=inv: the shape's invariant algorithm */
+        DG_TRY(st);
+      else
+        CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
                        d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
                        CUBLAS_GEMM_DEFAULT));
     }

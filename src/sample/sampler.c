@@ -74,6 +74,16 @@ dg_status dg_gen_params_validate(const dg_model *m, const dg_gen_params *p) {
                      p->t_min, p->t_max);
   if (p->t_min == 0.0f)
     return dg_seterr(DG_ERR_INVALID_ARG, "t_min = 0 would divide the last step's logits by zero");
+  /* z = softcapped logits / T in fp32 (spec 6.1): |softcapped logit| <= final_logit_softcapping, so z stays finite
+   * for every T >= t_min iff cap / t_min does (rounding is monotone). A smaller t_min (a denormal, --temp 1e-38) made
+   * z +-inf: the reference sampler failed with "non-finite logits" and the turbo engine's K-way softmax turned NaN
+   * and accepted a whole canvas of noise. Without softcapping the logits have no bound: 1 / t_min must be finite. */
+  const float cap = m->cfg.final_logit_softcapping > 0.0f ? m->cfg.final_logit_softcapping : 1.0f;
+  if (!isfinite(cap / p->t_min))
+    return dg_seterr(DG_ERR_INVALID_ARG,
+                     "t_min = %g is too small: %s %g divided by it overflows float32 (for argmax proposals use "
+                     "temperature 0)", p->t_min, m->cfg.final_logit_softcapping > 0.0f ? "a logit softcapped at" : "a logit of",
+                     cap);
   if (p->stability_threshold < 0)
     return dg_seterr(DG_ERR_INVALID_ARG, "stability_threshold = %d must be >= 0", p->stability_threshold);
   if (p->n_stop_ids < 0 || p->n_stop_ids > DG_MAX_STOP_IDS)

@@ -946,6 +946,112 @@ done:
   return st;
 #endif
 }
+extern "C" dg_status dg_cuda_test_stack_dense_set(int mode) {
+  if (mode < -1 || mode > 2) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_stack_dense_set: %d (-1..2)", mode);
+  dg_cuda_stack_dense_set(mode);
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_test_gemm_inv(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9],
+                                           int *rule, long *n_diff, long *n_checked, double *worst) {
+  int tn = 0, m = 0, k = 0;
+  *n_shapes = 0;
+  while (gemm_inv_shape(*n_shapes, &tn, &m, &k)) ++*n_shapes;
+  *active = -1; *rule = -1; *n_diff = 0; *n_checked = 0; *worst = 0.0;
+  for (int a = 0; a < 9; a++) cfg[a] = -1;
+  if (!gemm_inv_shape(i, &tn, &m, &k))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_gemm_inv: shape %d outside the list of %d", i, *n_shapes);
+  if (M2 < 1 || M1 < M2) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_gemm_inv: rows %d, %d (1 <= M2 <= M1)", M1, M2);
+#ifdef DG_CUDA_EMU
+  (void)device;
+  return DG_OK; /* no cublasLt on the emulation */
+#else
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_cuda_ctx c;
+  memset(&c, 0, sizeof c);
+  cublasHandle_t h = NULL;
+  bf16 *A = NULL, *B = NULL;
+  float *y1 = NULL, *y2 = NULL, *y0 = NULL, *hy0 = NULL, *hy1 = NULL;
+  uint16_t *hb = NULL, *ha = NULL;
+  const size_t ws_bytes = (size_t)32 << 20, ny = (size_t)m * M1, na = (size_t)m * k, nb = (size_t)k * M1;
+  const int NS = 512;
+  dg_status st = DG_OK;
+  TT_(dalloc(&al, (void **)&A, na * 2, "inv A"));
+  TT_(dalloc(&al, (void **)&B, nb * 2, "inv B"));
+  TT_(dalloc(&al, (void **)&y0, ny * 4, "inv y0"));
+  TT_(dalloc(&al, (void **)&y1, ny * 4, "inv y1"));
+  TT_(dalloc(&al, (void **)&y2, (size_t)m * M2 * 4, "inv y2"));
+  TT_(dalloc(&al, &c.blas_ws, ws_bytes, "inv workspace"));
+  test_fill_bf16<<<1024, 256>>>(A, na, 0x9e3779b9u);
+  test_fill_bf16<<<1024, 256>>>(B, nb, 0x7f4a7c15u);
+  TC_(cudaMemset(y0, 0, ny * 4));
+  TC_(cudaMemset(y1, 0xff, ny * 4));
+  TC_(cudaMemset(y2, 0, (size_t)m * M2 * 4)); /* zeros vs y1's NaN words: an output neither product wrote differs */
+  TC_(cudaGetLastError());
+  TC_(cudaStreamCreate(&c.stream));
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, c.stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(h, c.blas_ws, ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+    st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_gemm_inv: cuBLAS set-up failed");
+    goto done;
+  }
+  {
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(h, tn ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, m, M1, k, &one, A, CUDA_R_16BF, tn ? k : m, B,
+                     CUDA_R_16BF, k, &zero, y0, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
+        CUBLAS_STATUS_SUCCESS) {
+      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_gemm_inv: cublasGemmEx failed");
+      goto done;
+    }
+  }
+  dg_cuda_stack_dense_set(2); /* the invariant products themselves are under test, whatever DGEMMA_STACK_DENSE says */
+  st = gemm_inv_init(&c, ws_bytes);
+  dg_cuda_stack_dense_set(-1);
+  if (st) goto done;
+  *active = gemm_inv(&c, tn, m, M1, k, 1.0f, A, B, k, y1, m, &st);
+  if (st != DG_OK || !*active) goto done;
+  if (gemm_inv(&c, tn, m, M2, k, 1.0f, A, B, k, y2, m, &st) && st != DG_OK) goto done;
+  gemm_inv_config(&c, tn, m, k, cfg, rule);
+  TC_(cudaStreamSynchronize(c.stream));
+  hy0 = (float *)malloc(ny * 4); hy1 = (float *)malloc(ny * 4);
+  hb = (uint16_t *)malloc(nb * 2); ha = (uint16_t *)malloc(tn ? (size_t)k * 2 : na * 2); /* P . E: all of E */
+  if (!hy0 || !hy1 || !hb || !ha) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TC_(cudaMemcpy(hy0, y2, (size_t)m * M2 * 4, cudaMemcpyDeviceToHost)); /* the M2 product's rows, then y1's */
+  TC_(cudaMemcpy(hy1, y1, ny * 4, cudaMemcpyDeviceToHost));
+  for (size_t j = 0; j < (size_t)m * M2; j++) *n_diff += memcmp(&hy0[j], &hy1[j], 4) != 0;
+  TC_(cudaMemcpy(hy0, y0, ny * 4, cudaMemcpyDeviceToHost)); /* the default at M1 rows */
+  TC_(cudaMemcpy(hb, B, nb * 2, cudaMemcpyDeviceToHost));
+  if (!tn) TC_(cudaMemcpy(ha, A, na * 2, cudaMemcpyDeviceToHost));
+  {
+    const double u = ldexp(1.0, -24), gam = k * u / (1.0 - k * u);
+    uint32_t r = 12345;
+    for (int s = 0; s < NS; s++) { /* sampled outputs (column j, row t), the four corners first */
+      r = r * 1664525u + 1013904223u;
+      const int j = s == 0 || s == 1 ? 0 : s == 2 || s == 3 ? m - 1 : (int)(r % (uint32_t)m);
+      const int t = s == 0 || s == 2 ? 0 : s == 1 || s == 3 ? M1 - 1 : (int)((r >> 7) % (uint32_t)M1);
+      if (tn) TC_(cudaMemcpy(ha, A + (size_t)j * k, (size_t)k * 2, cudaMemcpyDeviceToHost)); /* row j of W */
+      double mag = 0.0;
+      for (int q = 0; q < k; q++) { /* W[j, q] (row j copied), or E[q, j] */
+        uint32_t a = (uint32_t)hb[(size_t)t * k + q] << 16, b = (uint32_t)ha[tn ? (size_t)q : (size_t)q * m + j] << 16;
+        float fa, fb;
+        memcpy(&fa, &a, 4); memcpy(&fb, &b, 4);
+        mag += fabs((double)fa * fb);
+      }
+      const double bound = 2.0 * gam * mag + 1e-30, d = fabs((double)hy1[(size_t)t * m + j] - hy0[(size_t)t * m + j]);
+      if (!(d / bound <= *worst)) *worst = d / bound; /* a NaN makes it NaN */
+      ++*n_checked;
+    }
+  }
+done:
+  free(hy0); free(hy1); free(hb); free(ha);
+  gemm_inv_free(&c);
+  if (h) cublasDestroy(h);
+  if (c.stream) cudaStreamDestroy(c.stream);
+  dfree_all(&al);
+  return st;
+#endif
+}
 extern "C" dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *dense, const float *y,
                                                const int32_t *idx, const float *w, const float *w_ff1,
                                                const float *w_ff2, const float *w_ff, const float *w_next, float scalar,
@@ -1437,7 +1543,8 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_ctx_arena, dg_cuda_test_dn_fuse_group, dg_cuda_test_vocab_set, dg_cuda_test_branch_set,
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
-    dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_experts_fg,
+    dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
+    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

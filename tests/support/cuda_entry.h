@@ -204,6 +204,22 @@ dg_status dg_cuda_test_put_soft(dg_cuda_ctx *c, const float *soft);
 dg_status dg_cuda_test_gemm_pins(int device, int i, int *n_cfg, int *active, long *n_diff, long *n_checked,
                                  double *worst);
 
+/* DGEMMA_STACK_DENSE's mode for the contexts made after it (dg_cuda_stack_dense_set: 0 per canvas, 1 stacked, 2 inv;
+ * -1 the environment's). DG_ERR_INVALID_ARG outside -1..2. */
+dg_status dg_cuda_test_stack_dense_set(int mode);
+
+/* The batch-invariant product of shape i of gemm_inv_shape (the 26B-A4B pass's products, random bf16 inputs) at M1
+ * and at M2 <= M1 rows, the M2 rows being the first M2 of the M1 input (src/cuda/gemm_inv.cu, forced on):
+ * *n_shapes the list's length, *active 1 when the invariant product ran (-1 on the emulation: no cublasLt, nothing
+ * done), cfg[9] and *rule its configuration (algo, tile, stages, split-K, reduction, swizzle, custom, inner, cluster)
+ * and how it was chosen (gemm_inv_config); *n_diff the output words of the first M2 rows that differ between the
+ * two products (0: invariant); *n_checked outputs of the M1 product sampled against cublasGemmEx's default at M1,
+ * each against the bound 2 gamma_K sum_k |a b| of two fp32 dot products of the same terms (gamma_K = K u /
+ * (1 - K u), u = 2^-24), *worst the largest |diff| / bound. Errors: DG_ERR_INVALID_ARG for i outside the list or
+ * rows outside 1 <= M2 <= M1; the invariant product's own error (no configuration, refused at a row count). */
+dg_status dg_cuda_test_gemm_inv(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9], int *rule,
+                                long *n_diff, long *n_checked, double *worst);
+
 /* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm_v versions 0 and 2, each
  * from the same x; n_diff counts both) against the two
  * launches it replaces (k_ffn_combine, then k_rmsnorm of the new x with w_next into bf16), on the same inputs:
@@ -276,6 +292,9 @@ typedef struct dg_cuda_test_api {
                                const uint16_t *xe, const int32_t *idx, int T, int H, int IE, int E, int K, int nt,
                                uint16_t *h, float *y, int *avail);
   dg_status (*test_bulk)(int device, int mode, const uint8_t *src, uint8_t *dst, int n);
+  dg_status (*test_stack_dense_set)(int mode);
+  dg_status (*test_gemm_inv)(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9], int *rule,
+                             long *n_diff, long *n_checked, double *worst);
   dg_status (*test_experts_fg)(int on, long *launches);
 } dg_cuda_test_api;
 
