@@ -142,7 +142,7 @@ static void test_stage_cost(void **state) {
       fail_msg("causal %d: stages sum to bytes %.1f/%.1f/%.1f flops %.1f, the pass %.1f/%.1f/%.1f flops %.1f", causal,
                sum.weight_bytes, sum.kv_bytes, sum.other_bytes, sum.flops, w.weight_bytes, w.kv_bytes, w.other_bytes,
                w.flops);
-    const int zero[] = {0, 6, 8, 11, 12}; /* norms, grouping, combine, sampler statistics, host */
+    const int zero[] = {0, 6, 8, 11, 12}; /* norms, grouping, combine, statistics, host: no weights */
     for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
       assert_true(st[zero[i]].weight_bytes == 0 && st[zero[i]].flops == 0 && st[zero[i]].kv_bytes == 0);
     const double lr = causal ? 5 : 6;

@@ -1070,8 +1070,9 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 40 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
- * included since session 24; 41 with the branches on, the default: the second cuBLAS handle's workspace) lie inside
+ * its buffers (2 caches per layer and 41 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
+ * included since session 24, k_vocab_one's row counters since session 26; 42 with the branches on, the default: the
+ * second cuBLAS handle's workspace) lie inside
  * the block, 256 bytes aligned from its start, without overlap, and a
  * byte pattern of each, all written first, reads back intact. With a sliding-window ring cache (the default) and a
  * full-window cache (every layer the same length), each with DGEMMA_BRANCH off and on (dg_cuda_branch_set). */
@@ -1102,7 +1103,7 @@ static void test_ctx_arena(void **state) {
            full, branch, na[0], na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 40 + branch);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 41 + branch);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
