@@ -119,12 +119,17 @@ static void test_decoder_batch_cost(void **state) {
 /* bench --profile's per-stage floors: the stages of a decoder and an encoder pass add up to the whole
  * pass's cost (bench_decoder_cost, bench_encoder_cost) field by field; the hand counts of the bundled
  * model above for the attention (4 * 64 rows * 64 keys * 4 heads * 512) and the LM head (2 * 64 * 4096
- * * 256, its embedding once: 4096 * 256 bf16); the stages without a cost model stay zero. */
+ * * 256, its embedding once: 4096 * 256 bf16); the stages without weights have no weight, K/V or FLOP terms; the
+ * activation bytes of norms, combine and sampler statistics (stage_acts, session 26) by hand for the bundled model
+ * (H 256, V 4096, 6 layers, top-2, bf16 embedding rows of 512 bytes, 64 rows): norms 64 (512 + 4 * 256) for the
+ * embedding, 8 * 64 * 256 for the decoder's norm of it, 6 * 64 * 256 for layer 0's input norm and 20 * 64 * 256 per
+ * layer with a residual (6 decoder, 5 encoder); combine (12 + 4 * 2) * 64 * 256 + 12 * 64 * 2 per layer with a combine
+ * plus 2 * 64 * 256 for each of 5 next-layer norms; statistics 64 * 4096 * 4 (decoder only); none in a pass's cost. */
 static void test_stage_cost(void **state) {
   (void)state;
   dg_model *m = load_small(0);
   for (int causal = 0; causal <= 1; causal++) {
-    bench_cost st[DG_PROFILE_STAGES], sum = {0, 0, 0, 0};
+    bench_cost st[DG_PROFILE_STAGES], sum = {0, 0, 0, 0, 0};
     memset(st, 0, sizeof st);
     bench_stage_cost(m, 64, 100, causal, st);
     for (int i = 0; i < DG_PROFILE_STAGES; i++) {
@@ -137,9 +142,17 @@ static void test_stage_cost(void **state) {
       fail_msg("causal %d: stages sum to bytes %.1f/%.1f/%.1f flops %.1f, the pass %.1f/%.1f/%.1f flops %.1f", causal,
                sum.weight_bytes, sum.kv_bytes, sum.other_bytes, sum.flops, w.weight_bytes, w.kv_bytes, w.other_bytes,
                w.flops);
-    const int zero[] = {0, 6, 8, 11, 12}; /* norms, grouping, combine, sampler statistics, host */
+    const int zero[] = {0, 6, 8, 11, 12}; /* norms, grouping, combine, statistics, host: no weights */
     for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
       assert_true(st[zero[i]].weight_bytes == 0 && st[zero[i]].flops == 0 && st[zero[i]].kv_bytes == 0);
+    const double lr = causal ? 5 : 6;
+    assert_true(st[0].act_bytes == 64.0 * (512 + 4 * 256) + (causal ? 0 : 8.0 * 64 * 256) + 6.0 * 64 * 256 +
+                                       lr * 20 * 64 * 256);
+    assert_true(st[8].act_bytes == lr * ((12 + 4 * 2) * 64.0 * 256 + 12.0 * 64 * 2) + 5 * 2.0 * 64 * 256);
+    assert_true(st[11].act_bytes == (causal ? 0 : 64.0 * 4096 * 4));
+    for (int i = 0; i < DG_PROFILE_STAGES; i++)
+      if (i != 0 && i != 8 && i != 11) assert_true(st[i].act_bytes == 0);
+    assert_true(w.act_bytes == 0); /* the pass's floor stays the weights', K/V's and logits' */
     if (!causal) {
       assert_true(fabs(st[9].flops - 2.0 * 64 * 4096 * 256) < 1.0);
       assert_true(st[9].weight_bytes == 4096.0 * 256 * 2 && st[9].other_bytes == 64.0 * 4096 * 4);
@@ -217,7 +230,7 @@ static void test_stage_cost_batch(void **state) {
   dg_model_get_info(m, &mi);
   const int32_t C = mi.canvas_length;
   bench_pass_seq two[2] = {{20, 10, 10}, {30, 12, 100}}, one = {C, C, 100};
-  bench_cost st[DG_PROFILE_STAGES], sum = {0, 0, 0, 0};
+  bench_cost st[DG_PROFILE_STAGES], sum = {0, 0, 0, 0, 0};
   memset(st, 0, sizeof st);
   bench_stage_cost_batch(m, two, 2, st);
   for (int i = 0; i < DG_PROFILE_STAGES; i++) {
@@ -248,7 +261,8 @@ static void test_stage_cost_batch(void **state) {
   bench_stage_cost(m, C, 100, 0, a);
   for (int i = 0; i < DG_PROFILE_STAGES; i++)
     if (fabs(st[i].weight_bytes - a[i].weight_bytes) > 1e-9 * a[i].weight_bytes || st[i].kv_bytes != a[i].kv_bytes ||
-        st[i].other_bytes != a[i].other_bytes || fabs(st[i].flops - a[i].flops) > 1e-9 * a[i].flops)
+        st[i].other_bytes != a[i].other_bytes || fabs(st[i].flops - a[i].flops) > 1e-9 * a[i].flops ||
+        st[i].act_bytes != a[i].act_bytes)
       fail_msg("stage %d: one canvas's stacked pass differs from its own pass", i);
   dg_model_free(m);
 }

@@ -100,7 +100,7 @@ static void layers_attention(const dg_model *m, int32_t T, int32_t ctx_len, int3
 }
 
 bench_cost bench_decoder_batch_cost(const dg_model *m, const bench_pass_seq *seqs, int n) {
-  bench_cost c = {0, 0, 0, 0};
+  bench_cost c = {0, 0, 0, 0, 0};
   const dg_config *cf = &m->cfg;
   const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
   double rows = 0, head = 0;
@@ -127,8 +127,8 @@ bench_cost bench_decoder_cost(const dg_model *m, int32_t ctx_len) {
 /* The cost model above split by the stages of dg_context_profile (DG_PROFILE_STAGES entries of st, added
  * to): a pass over T rows after ctx_len cached positions, causal = encoder (no LM head, no
  * self-conditioning; the last layer stops after its K/V, counted whole here as in
- * bench_encoder_cost). Stages with no weight or attention traffic (norms, grouping, combine, sampler
- * statistics, host) get none. */
+ * bench_encoder_cost). Stages with no weight or attention traffic get none of those; norms, combine and sampler
+ * statistics get their activations' bytes (act_bytes, stage_acts below), grouping and host nothing. */
 /* The layers' products of a pass over T rows (stages q/k/v, o-proj, dense MLP, router, experts) into st. */
 static void stage_weights(const dg_model *m, double T, bench_cost *st) {
   const dg_config *cf = &m->cfg;
@@ -150,11 +150,37 @@ static void stage_weights(const dg_model *m, double T, bench_cost *st) {
   }
 }
 
+/* The stages without weights (session 26, issue 12 item 5), as act_bytes: each input read once and each output
+ * written once, at the dtype the CUDA passes store it in (src/cuda/passes.cu; docs/cuda.md "Session 26 (helper
+ * vs12)"), over a pass of T rows of which `head` go through the LM head:
+ *   embedding and norms (0): the T embedding rows read and x [T, H] fp32 written; a decoder pass's norm of the
+ *     embedding in place (x read and written); layer 0's input norm (x read, bf16 a written); per layer the attention
+ *     residual k_attn_residual (x and the o-projection read, x and the router input written in fp32, the dense and
+ *     the experts' inputs in bf16: 20 bytes per element);
+ *   combine (8): per layer x, the dense output and the K expert rows read and x written in fp32, the K slots,
+ *     expert ids and weights read (12 bytes a pair), and but after the last layer the next layer's normed input
+ *     written in bf16;
+ *   sampler statistics (11): the [head, V] fp32 logits read once (the self-conditioning probabilities can come from
+ *     the same read: DGEMMA_VOCAB=one).
+ * The encoder's last layer stops after its K/V (no residual, no combine). Norm weights (H floats each) are left
+ * out. Not part of a pass's cost (bench_decoder_cost: the weights, K/V and the logits written), whose floor these
+ * do not change; activations of a 256-row pass (2.9 MB a row block) may sit in the L2, so these floors are the
+ * device-memory bound of the kernels as they are, not of the operation. */
+static void stage_acts(const dg_model *m, double T, double head, int causal, bench_cost *st) {
+  const dg_config *cf = &m->cfg;
+  const double H = cf->hidden_size, V = cf->vocab_size, K = cf->top_k_experts, L = cf->n_layers;
+  const double Lr = causal ? L - 1 : L, erow = wbytes(&m->embed) / V;
+  st[0].act_bytes += T * (erow + 4 * H) + (causal ? 0 : 8 * T * H) + 6 * T * H + Lr * 20 * T * H;
+  st[8].act_bytes += Lr * (T * H * (12 + 4 * K) + 12 * T * K) + (L > 1 ? (L - 1) * 2 * T * H : 0);
+  st[11].act_bytes += head * V * 4;
+}
+
 void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st) {
   const dg_config *cf = &m->cfg;
   const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
   stage_weights(m, T, st);
   layers_attention(m, T, ctx_len, causal ? T : C, causal, &st[2]);
+  stage_acts(m, T, causal ? 0 : T, causal, st);
   if (causal) return;
   st[9].weight_bytes += wbytes(&m->embed); /* LM head */
   st[9].flops += 2.0 * T * V * (double)H;
@@ -174,6 +200,7 @@ void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n
   }
   if (rows <= 0) return;
   stage_weights(m, rows, st);
+  stage_acts(m, rows, head, 0, st);
   st[9].weight_bytes += wbytes(&m->embed); /* LM head */
   st[9].flops += 2.0 * head * V * (double)H;
   st[9].other_bytes += head * V * sizeof(float);
@@ -182,14 +209,14 @@ void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n
 }
 
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
-  bench_cost c = {0, 0, 0, 0};
+  bench_cost c = {0, 0, 0, 0, 0};
   layers_weights(m, T, &c);
   layers_attention(m, T, ctx_len, T, 1, &c);
   return c;
 }
 
 double bench_floor_s(const bench_cost *c, double bw, double rate, int *memory_bound) {
-  double tb = (c->weight_bytes + c->kv_bytes + c->other_bytes) / bw, tf = c->flops / rate;
+  double tb = (c->weight_bytes + c->kv_bytes + c->other_bytes + c->act_bytes) / bw, tf = c->flops / rate;
   if (memory_bound) *memory_bound = tb >= tf;
   return tb > tf ? tb : tf;
 }
@@ -206,7 +233,7 @@ double bench_median(double *v, int n) {
 }
 
 bench_cost bench_matmul_cost(int64_t N, int64_t K, int bits, int group_size, int64_t M) {
-  bench_cost c = {0, 0, 0, 0};
+  bench_cost c = {0, 0, 0, 0, 0};
   if (bits >= 16) c.weight_bytes = 2.0 * (double)N * (double)K;
   else c.weight_bytes = (double)N * (double)K * bits / 8.0 + 2.0 * (double)N * (double)(K / group_size) * 2.0;
   c.flops = 2.0 * (double)M * (double)N * (double)K;
@@ -263,7 +290,7 @@ int32_t bench_route_even(int M, int E, int top_k, int32_t *ids) {
 
 bench_cost bench_experts_cost(int bits, int group_size, int64_t H, int64_t IE, int64_t experts, int64_t rows) {
   bench_cost gu = bench_matmul_cost(2 * IE, H, bits, group_size, rows), dn = bench_matmul_cost(H, IE, bits, group_size, rows);
-  bench_cost c = {0, 0, 0, 0};
+  bench_cost c = {0, 0, 0, 0, 0};
   c.weight_bytes = (double)experts * (gu.weight_bytes + dn.weight_bytes);
   c.flops = gu.flops + dn.flops;
   return c;

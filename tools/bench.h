@@ -64,6 +64,8 @@ int bench_check_model(const dg_model *m, const bench_opts *o, char *err, size_t 
 typedef struct bench_cost {
   double weight_bytes, kv_bytes, other_bytes; /* weights read, K/V read+written, logits written */
   double flops;                               /* matrix products (2 per multiply-add) + attention */
+  double act_bytes; /* the per-stage model only (bench_stage_cost; 0 in a pass's cost): activations read and written
+                       by the stages without weights (norms, combine) and the sampler statistics' read of the logits */
 } bench_cost;
 
 /* One decoder pass over the canvas (C tokens) after ctx_len cached tokens:

@@ -493,7 +493,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
     for (int sh = 0; sh < 2; sh++)
       for (int i = 0; i < nM; i++) {
         const int64_t N = sh == 0 ? 2 * CE_IE : CE_H, K = sh == 0 ? CE_H : CE_IE;
-        ce_row r = {sh == 0 ? "expert_gate_up" : "expert_down", fm[f], 1, 0, 0, N, K, Ms[i], {0, 0, 0, 0}, 0, 0, 0};
+        ce_row r = {sh == 0 ? "expert_gate_up" : "expert_down", fm[f], 1, 0, 0, N, K, Ms[i], {0, 0, 0, 0, 0}, 0, 0, 0};
         r.calls = Ms[i] >= 64 ? 2 : CE_E / Ms[i] > 2 ? CE_E / Ms[i] : 2;
         r.cost = bench_matmul_cost(N, K, fm[f], CE_G, Ms[i]);
         ce_one a = {kn, sh == 0 ? &gu.w : &dn.w, y, sh == 0 ? x : h1, Ms[i], N, K, r.calls, nt};
@@ -506,7 +506,7 @@ int bench_ceiling(const bench_opts *o, int nt, FILE *out) {
       const int hit = bench_route(Ts[i], CE_E, CE_TOPK, 42, start, NULL);
       if (hit <= 0) { fprintf(stderr, "dgemma bench: out of memory routing %d tokens\n", Ts[i]); rc = 1; break; }
       const int64_t R = (int64_t)Ts[i] * CE_TOPK;
-      ce_row r = {"moe_gathered", fm[f], hit, Ts[i], 1, CE_IE, CE_H, (double)R / hit, {0, 0, 0, 0}, 0, 0, 0};
+      ce_row r = {"moe_gathered", fm[f], hit, Ts[i], 1, CE_IE, CE_H, (double)R / hit, {0, 0, 0, 0, 0}, 0, 0, 0};
       bench_cost a1 = bench_matmul_cost(2 * CE_IE, CE_H, fm[f], CE_G, 0), a2 = bench_matmul_cost(CE_H, CE_IE, fm[f], CE_G, 0);
       r.cost.weight_bytes = hit * (a1.weight_bytes + a2.weight_bytes);
       r.cost.flops = 2.0 * (double)R * (2.0 * CE_IE * CE_H + (double)CE_H * CE_IE);

@@ -29,7 +29,12 @@
  *               DGEMMA_VOCAB=fused, not the default: slower than v0 on the H200, session 14), checked word for word against v0; v2's statistics and probabilities also apart;
  *               "v2 gN": v2 in launch groups of N positions (the second read of a group's logits from the L2);
  *               "v3 z stored": pass 1 also stores z in place, the passes after it read z as stored (DG_VZ_STORED: no
- *               softcap, no division) instead of recomputing it (DGEMMA_VOCAB=zstore, the backend's default since session 17)
+ *               softcap, no division) instead of recomputing it (DGEMMA_VOCAB=zstore, the backend's default since session 17);
+ *               "v3 stats" / "v3 sc": its two halves as the backend runs them (the profile's sampler statistics; the
+ *               probabilities' pass of its self-conditioning); "v4 one (G blocks)": k_vocab_one (DGEMMA_VOCAB=one, session
+ *               26): statistics and P in one persistent launch that reads the raw logits once (row waits between its three
+ *               phases; "b3": the kernel held to 3 blocks per SM), "v4 phased": its three phase launches; each word for
+ *               word against v0
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
  *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
  *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);
@@ -50,8 +55,8 @@
  * Build and run (GPU machine, after make CUDA=1; scripts/step_kernels_lab_gpu.sh does both):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc dev/cuda/step_kernels.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/step_kernels_lab
- *   build/step_kernels_lab [--reps N] [--small] [--router | --vocab]   (--router: only the router rows; --vocab:
- *   only the vocabulary rows: step stats, sc probs, vocab chain)
+ *   build/step_kernels_lab [--reps N] [--small] [--router | --vocab | --chain]   (--router: only the router rows;
+ *   --vocab: only the vocabulary rows: step stats, sc probs, vocab chain; --chain: only the vocab chain rows)
  * --small: emulation-sized shapes (C = 3, V = 20,003 and 20,480, T = 5 and 3), for the CPU emulation of
  * dev/cuda_emu (checks only; its times mean nothing), after make BUILD=build-emu EMU=1 CUDA=0 build-emu/libdgemma.a:
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc  *       dev/cuda/step_kernels.cu -x none build-emu/libdgemma.a -lcjson -lm -lstdc++ -o build-emu/step_kernels_lab
@@ -234,7 +239,7 @@ static cudaEvent_t e0, e1;
 static uint4 *flushbuf;
 static size_t flushn;
 static unsigned *sink;
-static int reps = 20, nsm = 132, failed = 0, router_only = 0, vocab_only = 0;
+static int reps = 20, nsm = 132, failed = 0, router_only = 0, vocab_only = 0, chain_only = 0;
 static double bw = 1;
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
@@ -467,6 +472,7 @@ static void chain_case(int C, int V) {
   bf16 *p0 = dnew<bf16>(n), *p1 = dnew<bf16>(n);
   dg_cuda_pos_stats *s0 = dnew<dg_cuda_pos_stats>(C), *s1 = dnew<dg_cuda_pos_stats>(C);
   int32_t *dbad = dnew<int32_t>(2);
+  int *dcnt = dnew<int>(C); /* k_vocab_one's row counters */
   void *ws = dnew<char>(k_vocab_ws_bytes(C, V));
   const uint64_t seed = 0x0123456789abcdefull;
   const uint32_t block = 2, step = 5;
@@ -516,6 +522,8 @@ static void chain_case(int C, int V) {
     /* v2 in launch groups of g positions (k_vocab_stats_g / k_vocab_sc_g): pass 2 (sampled) or the sc sum
      * (argmax) and the write pass find the group's logits in the L2; v3: pass 1 stores z in place (one write more)
      * and the passes after it read z as stored (DG_VZ_STORED) instead of recomputing softcap and division */
+    char chk3[240] = "";
+    int ok3 = 0;
     for (int var = 0; var < 3; var++) {
       const int g = var < 2 ? gsz[var] : 0, store = var == 2;
       auto run = [&] {
@@ -540,11 +548,52 @@ static void chain_case(int C, int V) {
                C, dp2, n, zs, bd2[1] == bd[0] ? "same" : "DIFFERS");
       if (store) snprintf(vn, sizeof vn, "v3 z stored");
       else snprintf(vn, sizeof vn, "v2 g%d", g);
+      if (store) { snprintf(chk3, sizeof chk3, "%s", chk2); ok3 = ok2; }
       timeit(run, med, mn);
       /* bytes from device memory: v3 pass 1 r+w, 2 reads; a group's second read of its logits in the L2 (sampled:
        * pass 2 after pass 1; argmax: the write pass after the sum) */
       const double rd = store ? 4 * 4.0 : 2 * 4.0;
       row(nm, vn, med, mn, n * (rd + 2), n * 6.0, chk2, ok2);
+    }
+    /* v3's two halves as the backend runs them (the profile's sampler statistics, and the probabilities' pass of its
+     * self-conditioning): k_vocab_stats with store, then k_vocab_sc of the stored z */
+    up(d2, lg);
+    timeit([&] { CKL(k_vocab_stats(0, d2, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, 1)); }, med,
+           mn);
+    row(nm, "v3 stats", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 8.0 : 12.0), n * 4.0, chk3, ok3);
+    timeit([&] { CKL(k_vocab_sc(0, d2, p1, C, V, DG_VZ_STORED, 1.0f, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2)); },
+           med, mn);
+    row(nm, "v3 sc", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 10.0 : 6.0), n * 6.0, chk3, ok3);
+    /* v4 (DGEMMA_VOCAB=one, session 26): k_vocab_one, the statistics and P in one launch that reads the raw logits once
+     * (its blocks wait for the other blocks of their row between the phases), and its three phase launches (the
+     * emulation's form; the same words); every record, P value and bad position against v0, the logits untouched */
+    for (int form : {0, 2, 1}) {
+      const int G = k_vocab_one_grid_form(C, V, form);
+      if (form != 1 && G == 0) {
+        printf("| %s | v4 one form %d | | | | | | | a row's blocks do not fit at once: phased only |\n", nm, form);
+        continue;
+      }
+      auto run = [&] {
+        CKL(k_vocab_one(0, d2, p1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, dcnt, form));
+      };
+      up(d2, lg);
+      CKL(cudaMemcpy(dbad + 1, nobad, 4, cudaMemcpyHostToDevice));
+      CKL(cudaMemset(p1, 0x44, n * 2));
+      CKL(cudaMemset(s1, 0xff, C * sizeof(dg_cuda_pos_stats)));
+      run();
+      CKL(cudaDeviceSynchronize());
+      const std::vector<dg_cuda_pos_stats> b4 = down(s1, C);
+      const std::vector<bf16> pb4 = down(p1, n);
+      const std::vector<int32_t> bd4 = down(dbad, 2);
+      const size_t ds4 = ndiff(a, b4), dp4 = ndiff(pa, pb4), dl4 = ndiff(lg, down(d2, n));
+      const int ok4 = ds4 == 0 && dp4 == 0 && dl4 == 0 && bd4[1] == bd[0];
+      char chk4[240], vn[40];
+      snprintf(chk4, sizeof chk4, "%s: vs v0 records differing %zu of %d, P values %zu of %zu; logits changed %zu; bad %s",
+               mname[k], ds4, C, dp4, n, dl4, bd4[1] == bd[0] ? "same" : "DIFFERS");
+      if (G > 0) snprintf(vn, sizeof vn, "v4 one%s (%d blocks)", form == 2 ? " b3" : "", G);
+      else snprintf(vn, sizeof vn, "v4 phased");
+      timeit(run, med, mn);
+      row(nm, vn, med, mn, n * (G > 0 ? 6.0 : 14.0), n * 6.0, chk4, ok4);
     }
     /* the two halves of v2: the statistics (before the host sync) and the probabilities (after it) */
     timeit([&] { CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, 0)); },
@@ -554,7 +603,7 @@ static void chain_case(int C, int V) {
     row(nm, "v2 sc", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 10.0 : 6.0), n * 6.0, chk, ok);
   }
   cudaFree(d0); cudaFree(d1); cudaFree(d2); cudaFree(duni); cudaFree(p0); cudaFree(p1); cudaFree(s0); cudaFree(s1); cudaFree(dbad);
-  cudaFree(ws);
+  cudaFree(ws); cudaFree(dcnt);
 }
 
 static double rms_inv(const float *x, int H, double eps) {
@@ -1101,7 +1150,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--router")) router_only = 1;
     else if (!strcmp(argv[i], "--vocab")) vocab_only = 1;
-    else { fprintf(stderr, "usage: step_kernels_lab [--reps N] [--small] [--router | --vocab]\n"); return 2; }
+    else if (!strcmp(argv[i], "--chain")) vocab_only = chain_only = 1;
+    else { fprintf(stderr, "usage: step_kernels_lab [--reps N] [--small] [--router | --vocab | --chain]\n"); return 2; }
   }
   if (small && reps > 2) reps = 2;
   cudaDeviceProp prop;
@@ -1132,10 +1182,12 @@ int main(int argc, char **argv) {
   if (small) {
     gsz[0] = 2; gsz[1] = 1;
     if (!router_only) {
-      stats_case(3, 20003); /* tails: V % 8192 != 0 and V % 4 != 0 (scalar loads) */
-      stats_case(3, 20480);
-      sc_case(3, 20003, DG_CUDA_BF16);
-      sc_case(3, 20480, DG_CUDA_F32);
+      if (!chain_only) {
+        stats_case(3, 20003); /* tails: V % 8192 != 0 and V % 4 != 0 (scalar loads) */
+        stats_case(3, 20480);
+        sc_case(3, 20003, DG_CUDA_BF16);
+        sc_case(3, 20480, DG_CUDA_F32);
+      }
       chain_case(3, 20003);
       chain_case(3, 20480);
     }
@@ -1146,8 +1198,10 @@ int main(int argc, char **argv) {
     if (router_only) rows_case(37, 200, 64, 3, 40); /* T of no block multiple, E of no warp multiple, 4 splits */
   } else {
     if (!router_only) {
-      stats_case(256, 262144);
-      sc_case(256, 262144, DG_CUDA_BF16);
+      if (!chain_only) {
+        stats_case(256, 262144);
+        sc_case(256, 262144, DG_CUDA_BF16);
+      }
       chain_case(256, 262144);
     }
     if (!vocab_only) rows_case(256, 2816, 2112, 8, 128);

@@ -408,6 +408,7 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
     CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
+    if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
     const float alpha = d->embed_scale, beta = 0.0f;
     if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
       CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
