@@ -52,11 +52,16 @@ gpu_build() {
 # gpu_mkrandom_cpu_bg LOG: a CPU-only CLI in build-c (so that it needs no CUDA build: it runs beside one) writing the
 # 26B-A4B random checkpoint /tmp/dg26b in the background, "mkrandom rc N (T s)" appended to LOG (the CLI's build
 # in /tmp/build_c.txt, mkrandom's output in /tmp/mkrandom.log); mk = the job's pid, for `wait $mk`.
+# A checkpoint written whole by an earlier call on the same warm machine (/tmp/dg26b.ok, made after mkrandom
+# succeeded) is kept: "mkrandom kept" is logged instead, and the job ends at once.
 gpu_mkrandom_cpu_bg() {
-  ( gpu_tokenizer
+  ( if [ -f /tmp/dg26b.ok ] && [ -f /tmp/dg26b/config.json ]; then echo "mkrandom kept (/tmp/dg26b.ok) $(el)" >> "$1"; exit 0; fi
+    rm -f /tmp/dg26b.ok
+    gpu_tokenizer
     make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
     build-c/dgemma mkrandom /tmp/dg26b --source .cache/gemma3 -t 4 > /tmp/mkrandom.log 2>&1
-    echo "mkrandom rc $? $(el)" >> "$1" ) &
+    r=$?; [ $r = 0 ] && touch /tmp/dg26b.ok
+    echo "mkrandom rc $r $(el)" >> "$1" ) &
   mk=$!
 }
 # gpu_mkrandom_bg [THREADS]: the 26B-A4B random checkpoint /tmp/dg26b written in the background unless it is
