@@ -68,7 +68,7 @@ done
 grep -E "^# (backend DGEMMA_EXPERTS_FG|DGEMMA_EXPERTS_FG|kernel lab version 114)|FAILED|ERROR" "$O/tests.txt" | tee -a "$O/log.txt"
 echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 9 passed, $(grep -c '\[  FAILED  \]' "$O/tests.txt") FAILED lines" | tee -a "$O/log.txt"
 # the lab's object and the ptxas run (CPU work) end before the benches, so that they do not run beside them
-wait $pp; grep -A2 -E "Compiling entry.*qr_fg_kernel" /tmp/fg_ptxas.txt | grep -E "Compiling|registers|spill" > "$O/fg_ptxas.txt"
+wait $pp; grep -A3 -E "Compiling entry.*qr_fg_kernel" /tmp/fg_ptxas.txt | grep -E "Compiling|registers|spill" > "$O/fg_ptxas.txt"
 wait $lp; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
 nvcc $A build-fg/moe_quant.o build/libdgemma.a -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build-fg/moe_quant \
   >> "$O/lab_build.txt" 2>&1
