@@ -33,6 +33,9 @@
 # canvas, ~11-23 us of ~190 us per layer, i.e. ~0.35-0.7 ms of ~14.3 ms per pass: vllm ~1,128 -> ~1,155-1,185 tok/s
 # on the H100 (session 25's at15 numbers). A tie or a loss keeps the switch off (the next reading: lab 114 with
 # version 110's per-block stamps); a failed test or word difference is a bug to fix before any timing counts.
+# Files back (at most 8 come back from $OUT): log.txt (the build's and the lab build's tails too), tests.txt,
+# fg_ptxas.txt, summary.md, bench.txt, bench.jsonl (the four runs' rows, each run after a {"kind": "run"} line),
+# lab.txt, fused.txt.
 # Usage: bash dev/gpu/s26_fgb.sh $OUT
 O=${1:?usage: dev/gpu/s26_fgb.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
@@ -42,12 +45,12 @@ git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$O/log.txt"
 gpu_mkrandom_cpu_bg "$O/log.txt"
 mkdir -p build-fg
 nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_SK -Iinclude -Isrc $XC dev/cuda/moe_quant.cu -o build-fg/moe_quant.o \
-  > "$O/lab_build.txt" 2>&1 &
+  > /tmp/lab_build.txt 2>&1 &
 lp=$!
 nvcc -c -O2 -std=c++17 $A -Xptxas -v -Iinclude -Isrc $XC src/cuda/qmoe_fg.cu -o build-fg/qmoe_fg.o > /tmp/fg_ptxas.txt 2>&1 &
 pp=$!
 make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/dgemma build/tests/test_cuda > /tmp/build.txt 2>&1
-echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -3 /tmp/build.txt > "$O/build_tail.txt"
+echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -3 /tmp/build.txt >> "$O/log.txt"
 echo "nvflags: $(cat build/.nvflags)" >> "$O/log.txt"
 [ -x build/dgemma ] && [ -x build/tests/test_cuda ] || { tail -30 /tmp/build.txt; exit 1; }
 export LD_LIBRARY_PATH="$CUL:/tmp/dgdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -71,8 +74,8 @@ echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 9 passed, $(gr
 wait $pp; grep -A3 -E "Compiling entry.*qr_fg_kernel" /tmp/fg_ptxas.txt | grep -E "Compiling|registers|spill" > "$O/fg_ptxas.txt"
 wait $lp; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
 nvcc $A build-fg/moe_quant.o build/libdgemma.a -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build-fg/moe_quant \
-  >> "$O/lab_build.txt" 2>&1
-echo "lab link rc $? $(el)" | tee -a "$O/log.txt"
+  >> /tmp/lab_build.txt 2>&1
+echo "lab link rc $? $(el)" | tee -a "$O/log.txt"; [ -x build-fg/moe_quant ] || tail -20 /tmp/lab_build.txt >> "$O/log.txt"
 # 3. the 26B vllm bench, A B A B
 wait $mk; tail -1 /tmp/mkrandom.log >> "$O/log.txt"
 echo "| run | DGEMMA_EXPERTS_FG | tok/s | median s | spread s | ms/forward | experts ms/pass | all ms/pass |" > "$O/summary.md"
@@ -82,10 +85,13 @@ for pair in 1 2; do
   for v in default 1; do
     n=$((n + 1))
     if [ $v = 1 ]; then export DGEMMA_EXPERTS_FG=1; else unset DGEMMA_EXPERTS_FG; fi
+    rm -f /tmp/fgb_bench_$n.jsonl
     if [ $(left) -lt 45 ]; then echo "bench $n not run: $(left) s left $(el)" | tee -a "$O/log.txt"; continue; fi
     timeout 70 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 3 --profile \
-      -o "$O/bench_$n.jsonl" > /tmp/bench.txt 2>&1
+      -o /tmp/fgb_bench_$n.jsonl > /tmp/bench.txt 2>&1
     echo "bench $n DGEMMA_EXPERTS_FG=$v rc $? $(el)" | tee -a "$O/log.txt"
+    # one bench.jsonl for the four runs (at most 8 files come back): each run's rows after a line naming it
+    { echo "{\"kind\": \"run\", \"run\": $n, \"DGEMMA_EXPERTS_FG\": \"$v\"}"; cat /tmp/fgb_bench_$n.jsonl 2>/dev/null; } >> "$O/bench.jsonl"
     { echo; echo "## run $n: DGEMMA_EXPERTS_FG=$v"; cat /tmp/bench.txt; } >> "$O/bench.txt"
     awk -v n=$n -v v=$v -F'|' '
       /^\| experts \|/ { ex = $3 } /^\| all \|/ { all = $3 }
@@ -104,6 +110,6 @@ if [ -x build-fg/moe_quant ] && [ $lt -ge 5 ]; then
   echo "lab rc $? $(el): $(grep -c '| 114 | .*ok, = v50' "$O/lab.txt") 114 rows ok = v50, $(grep -c 'counters ok' "$O/lab.txt") with counters ok, $(grep -c FAIL "$O/lab.txt") FAIL" | tee -a "$O/log.txt"
   grep -E 'gate_up\+down|version 114' "$O/lab.txt" > "$O/fused.txt"
 else
-  echo "lab not run: $lt s left $(el)" | tee -a "$O/log.txt"; tail -20 "$O/lab_build.txt"
+  echo "lab not run: $lt s left $(el)" | tee -a "$O/log.txt"; tail -20 /tmp/lab_build.txt
 fi
 echo "done $(el)" | tee -a "$O/log.txt"
