@@ -36,6 +36,8 @@
 # share: lab "v4 one" sampled vs "v3 stats" + "v3 sc" sampled; if that is < 0.1 ms, (b) will not hold. Otherwise (or
 # if v4 one b3 beats v4 one by > 5 %: then the backend's form should become b3 first and this call repeat) the
 # default stays zstore and the numbers go into docs/measurements.md either way.
+# Files back (at most 8 come back from $OUT): log.txt, build_tail.txt, lab.md, tests.txt, summary.md, bench.txt,
+# bench.jsonl (the four runs' rows, each run after a {"kind": "run"} line).
 # Usage: bash dev/gpu/s26_vs12.sh $OUT
 O=${1:?usage: dev/gpu/s26_vs12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
@@ -70,9 +72,12 @@ for pair in 1 2; do
   for v in default one; do
     n=$((n + 1))
     if [ $v = one ]; then export DGEMMA_VOCAB=one; else unset DGEMMA_VOCAB; fi
+    rm -f /tmp/vs12_bench_$n.jsonl
     timeout 100 build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 3 --profile \
-      -o "$O/bench_$n.jsonl" > /tmp/bench.txt 2>&1
+      -o /tmp/vs12_bench_$n.jsonl > /tmp/bench.txt 2>&1
     echo "bench $n DGEMMA_VOCAB=$v rc $? $(el)" | tee -a "$O/log.txt"
+    # one bench.jsonl for the four runs (at most 8 files come back): each run's rows after a line naming it
+    { echo "{\"kind\": \"run\", \"run\": $n, \"DGEMMA_VOCAB\": \"$v\"}"; cat /tmp/vs12_bench_$n.jsonl 2>/dev/null; } >> "$O/bench.jsonl"
     { echo; echo "## run $n: DGEMMA_VOCAB=$v"; cat /tmp/bench.txt; } >> "$O/bench.txt"
     awk -v n=$n -v v=$v -F'|' '
       /^\| LM head \|/ { hd = $3 } /^\| self-conditioning \|/ { sc = $3 } /^\| sampler statistics \|/ { st = $3 }
