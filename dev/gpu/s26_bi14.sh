@@ -10,9 +10,12 @@
 #      verdict per product (the fastest invariant configuration, its cost against the default, its table line for
 #      src/cuda/gemm_inv.cu INV_CFG). It runs beside the build (make -j12 of 16 cores): GPU event timings, L2 flushed;
 #      the CPU load can add launch gaps to the smallest products' times (a few us), not to the large ones;
-#   2. in the background: the sm_90a library, CLI and tests/test_cuda in build-a (as s25_bp14.sh), and the CPU CLI
-#      writing the 26B random checkpoint /tmp/dg26b (gpu_mkrandom_cpu_bg, ~280 s);
-#   3. once the lab is done and build-a is there: the GPU tests under the switch (tests.txt):
+#   2. in the background: the library, CLI and tests/test_cuda in build/ with the Makefile's default CUDA_ARCH (sm_90a
+#      SASS, the same kernels as an sm_90a-only build, + compute_90 PTX) and the same make line as s26_fgb.sh and
+#      s26_vs12.sh, so that after them on a warm machine nothing is rebuilt (build-a with CUDA_ARCH=sm_90a alone was a
+#      whole second build, ~110-220 s), and the CPU CLI writing the 26B random checkpoint /tmp/dg26b
+#      (gpu_mkrandom_cpu_bg, ~280 s; kept from an earlier call: /tmp/dg26b.ok);
+#   3. once the lab is done and build/ is there: the GPU tests under the switch (tests.txt):
 #      test_gemm_inv (each product of a 26B pass: the first M2 rows of its product over 566 rows equal its product
 #      over M2 = 1 and 163 rows, word for word; within 2 gamma_K sum |a b| of the default), test_turbo_batch with
 #      DGEMMA_STACK_DENSE=inv (every canvas of a B = 2 batch equals its single run, both under the switch),
@@ -33,7 +36,7 @@
 # with (i), (ii) and (v) met: the switch stays off; the lab's per-product costs say which product to replace (a
 # product of our own whose k order is fixed, as the experts' kernels are) before trying again.
 # Usage: bash dev/gpu/s26_bi14.sh $OUT
-O=$1; mkdir -p "$O"
+O=${1:?usage: dev/gpu/s26_bi14.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
@@ -44,25 +47,25 @@ mkdir -p build
   timeout 240 build/gemm_inv --reps 7 --json "$O/gemm_inv.jsonl" > "$O/gemm_inv.txt" 2>&1
   echo "lab rc $? $(el)" >> "$O/log.txt" ) &
 lp=$!
-( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-a CUDA_ARCH="$A" all build-a/tests/test_cuda \
-    > /tmp/build_a.txt 2>&1; echo "build_a rc $? $(el)" >> "$O/log.txt" ) &
+( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda \
+    > /tmp/build_a.txt 2>&1; echo "build rc $? $(el)" >> "$O/log.txt" ) &
 bp=$!
 gpu_mkrandom_cpu_bg "$O/log.txt"
 wait $lp
 grep -E '^\(c\)|table line|^per decoder pass' "$O/gemm_inv.txt" | tee -a "$O/log.txt"
 wait $bp; tail -3 /tmp/build_a.txt >> "$O/log.txt"
 for t in test_gemm_inv test_turbo_batch test_turbo_batch_inv; do
-  DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=$t timeout 90 build-a/tests/test_cuda >> "$O/tests.txt" 2>&1
+  DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=$t timeout 90 build/tests/test_cuda >> "$O/tests.txt" 2>&1
   echo "$t (DGEMMA_STACK_DENSE=inv) rc $? $(el)" | tee -a "$O/log.txt"
 done
-DG_TEST_FILTER=test_turbo_batch timeout 60 build-a/tests/test_cuda >> "$O/tests.txt" 2>&1
+DG_TEST_FILTER=test_turbo_batch timeout 60 build/tests/test_cuda >> "$O/tests.txt" 2>&1
 echo "test_turbo_batch (default) rc $? $(el)" | tee -a "$O/log.txt"
 grep -E '^# gemm inv' "$O/tests.txt"
 wait $mk; tail -2 /tmp/mkrandom.log >> "$O/log.txt"
-timeout 120 build-a/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 \
+timeout 120 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 \
   -o "$O/bench.jsonl" > "$O/bench.txt" 2>&1
 echo "batch default rc $? $(el)" | tee -a "$O/log.txt"
-DGEMMA_STACK_DENSE=inv timeout 120 build-a/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 \
+DGEMMA_STACK_DENSE=inv timeout 120 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 \
   --reps 2 -o "$O/bench_inv.jsonl" > "$O/bench_inv.txt" 2>&1
 echo "batch DGEMMA_STACK_DENSE=inv rc $? $(el)" | tee -a "$O/log.txt"
 grep -E '^\| [148] \|' "$O/bench.txt" "$O/bench_inv.txt"
