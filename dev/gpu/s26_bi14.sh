@@ -41,7 +41,7 @@ O=${1:?usage: dev/gpu/s26_bi14.sh OUT}; mkdir -p "$O"
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
 git log --oneline -1 | tee -a "$O/log.txt"
-mkdir -p build
+mkdir -p build; rm -f build/gemm_inv # never an earlier call's on a warm machine
 ( nvcc -O2 -std=c++17 $A dev/cuda/gemm_inv.cu -L"$CUL" -lcublasLt -lcublas -o build/gemm_inv > /tmp/lab_build.txt 2>&1
   echo "lab build rc $? $(el)" >> "$O/log.txt"; tail -5 /tmp/lab_build.txt >> "$O/log.txt"
   timeout 240 build/gemm_inv --reps 7 --json "$O/gemm_inv.jsonl" > "$O/gemm_inv.txt" 2>&1

@@ -43,7 +43,7 @@ A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$O/log.txt"
 gpu_mkrandom_cpu_bg "$O/log.txt"
-mkdir -p build-fg
+mkdir -p build-fg; rm -f build-fg/moe_quant.o
 nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_SK -Iinclude -Isrc $XC dev/cuda/moe_quant.cu -o build-fg/moe_quant.o \
   > /tmp/lab_build.txt 2>&1 &
 lp=$!
@@ -73,6 +73,7 @@ echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 9 passed, $(gr
 # the lab's object and the ptxas run (CPU work) end before the benches, so that they do not run beside them
 wait $pp; grep -A3 -E "Compiling entry.*qr_fg_kernel" /tmp/fg_ptxas.txt | grep -E "Compiling|registers|spill" > "$O/fg_ptxas.txt"
 wait $lp; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
+rm -f build-fg/moe_quant # never an earlier call's binary on a warm machine
 nvcc $A build-fg/moe_quant.o build/libdgemma.a -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build-fg/moe_quant \
   >> /tmp/lab_build.txt 2>&1
 echo "lab link rc $? $(el)" | tee -a "$O/log.txt"; [ -x build-fg/moe_quant ] || tail -20 /tmp/lab_build.txt >> "$O/log.txt"

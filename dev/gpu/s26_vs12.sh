@@ -43,6 +43,7 @@ O=${1:?usage: dev/gpu/s26_vs12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
 gpu_mkrandom_cpu_bg "$O/log.txt"
+rm -f /tmp/step_kernels_lab.o build/step_kernels_lab # never an earlier call's on a warm machine
 ( nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc $XC -c dev/cuda/step_kernels.cu \
     -o /tmp/step_kernels_lab.o > /tmp/lab_build.txt 2>&1; echo "lab object rc $? $(el)" >> "$O/log.txt" ) &
 labo=$!
