@@ -8,8 +8,9 @@
 #      (a) whether cuBLAS's default gives row r at M the same words as at M = 2048, (b) every configuration of the
 #      heuristic lists at M = 256 and 2048 run at every M (invariant? ms per M, '*' = not offered at that M), (c) the
 #      verdict per product (the fastest invariant configuration, its cost against the default, its table line for
-#      src/cuda/gemm_inv.cu INV_CFG). It runs beside the build (make -j12 of 16 cores): GPU event timings, L2 flushed;
-#      the CPU load can add launch gaps to the smallest products' times (a few us), not to the large ones;
+#      src/cuda/gemm_inv.cu INV_CFG). On a fresh machine it runs beside the build (make -j12 of 16 cores; after fgb and
+#      vs12 on the warm machine there is nothing to build): GPU event timings, L2 flushed; the CPU load can add launch
+#      gaps to the smallest products' times (a few us), not to the large ones;
 #   2. in the background: the library, CLI and tests/test_cuda in build/ with the Makefile's default CUDA_ARCH (sm_90a
 #      SASS, the same kernels as an sm_90a-only build, + compute_90 PTX) and the same make line as s26_fgb.sh and
 #      s26_vs12.sh, so that after them on a warm machine nothing is rebuilt (build-a with CUDA_ARCH=sm_90a alone was a
