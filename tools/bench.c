@@ -175,23 +175,27 @@ static void stage_acts(const dg_model *m, double T, double head, int causal, ben
   st[11].act_bytes += head * V * 4;
 }
 
+/* The LM head (9) over `head` rows and self-conditioning (10: its embedding product over `head` rows, its MLP over
+ * `rows`) of a decoder pass into st. */
+static void stage_vocab(const dg_model *m, double head, double rows, bench_cost *st) {
+  const double V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+  st[9].weight_bytes += wbytes(&m->embed); /* LM head */
+  st[9].flops += 2.0 * head * V * H;
+  st[9].other_bytes += head * V * sizeof(float);
+  st[10].weight_bytes += wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
+  st[10].flops += 2.0 * head * V * H + 2.0 * rows * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
+}
+
 void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st) {
-  const dg_config *cf = &m->cfg;
-  const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
+  const int32_t C = m->cfg.canvas_length;
   stage_weights(m, T, st);
   layers_attention(m, T, ctx_len, causal ? T : C, causal, &st[2]);
   stage_acts(m, T, causal ? 0 : T, causal, st);
-  if (causal) return;
-  st[9].weight_bytes += wbytes(&m->embed); /* LM head */
-  st[9].flops += 2.0 * T * V * (double)H;
-  st[9].other_bytes += (double)T * V * sizeof(float);
-  st[10].weight_bytes += wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
-  st[10].flops += 2.0 * T * V * (double)H + 2.0 * T * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
+  if (!causal) stage_vocab(m, T, T, st);
 }
 
 void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n, bench_cost *st) {
-  const dg_config *cf = &m->cfg;
-  const int32_t C = cf->canvas_length, V = cf->vocab_size, H = cf->hidden_size;
+  const int32_t C = m->cfg.canvas_length;
   double rows = 0, head = 0;
   for (int i = 0; i < n; i++) {
     rows += seqs[i].rows;
@@ -201,11 +205,7 @@ void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n
   if (rows <= 0) return;
   stage_weights(m, rows, st);
   stage_acts(m, rows, head, 0, st);
-  st[9].weight_bytes += wbytes(&m->embed); /* LM head */
-  st[9].flops += 2.0 * head * V * (double)H;
-  st[9].other_bytes += head * V * sizeof(float);
-  st[10].weight_bytes += wbytes(&m->embed) + wbytes(&m->sc_gate) + wbytes(&m->sc_up) + wbytes(&m->sc_down);
-  st[10].flops += 2.0 * head * V * (double)H + 2.0 * rows * (wparams(&m->sc_gate) + wparams(&m->sc_up) + wparams(&m->sc_down));
+  stage_vocab(m, head, rows, st);
 }
 
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
