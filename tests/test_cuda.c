@@ -3522,6 +3522,32 @@ static void test_quant_experts_sk(void **state) {
          "(<= 1)\n", sizeof sk / sizeof sk[0], sh, sy);
 }
 
+/* The cases of test_quant_experts_fg (lab version 114) and test_quant_experts_fgb (the backend's switch, version 115),
+ * run through version ver with check_qexperts_ver / check_qexperts_route (each failing on its own): 3 and 2 n-tiles
+ * and IE 704 over check_qexperts_ver's routing, uniform (16 rows each of 5 experts, T 40), gathered (T 29 routed
+ * top-2 at random over 7 of 8 experts, expert 7 none). The largest |diff| / bound into *sh, *sy; the case count. */
+static int check_experts_fg_cases(int ver, double *sh, double *sy) {
+  int ncase = 0;
+  static const int vc[][3] = {{640, 448, 3}, {640, 448, 2}, {640, 704, 0}};
+  for (size_t c = 0; c < sizeof vc / sizeof vc[0]; c++, ncase++)
+    check_qexperts_ver(4, 4, 64, vc[c][0], vc[c][1], DG_BF16, 37, vc[c][2], 0, ver, 1, sh, sy, NULL);
+  int32_t idx[128];
+  for (int p = 0; p < 40 * 2; p++) idx[p] = p % 5; /* uniform: 16 rows per expert */
+  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 5, 2, 40, idx, 0, 0, ver, 1, sh, sy, NULL);
+  ncase++;
+  uint32_t r = 12345u;
+  for (int t = 0; t < 29; t++) { /* gathered: two distinct experts of 0..6 per token (expert 7 none) */
+    r = r * 1664525u + 1013904223u;
+    const int a = (int)((r >> 16) % 7);
+    r = r * 1664525u + 1013904223u;
+    const int b = (a + 1 + (int)((r >> 16) % 6)) % 7;
+    idx[2 * t] = a;
+    idx[2 * t + 1] = b;
+  }
+  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 8, 2, 29, idx, 0, 0, ver, 1, sh, sy, NULL);
+  return ncase + 1;
+}
+
 /* The kernel lab's version 114 (dev/cuda/qr_diet_lab.cuh qr_fg_kernel: gate/up and down in one launch, the blocks
  * taking work tickets in order, each down block waiting on its expert's count of finished gate/up blocks): the test
  * library runs version 50 with the fused down input (the backend's two launches, DGEMMA_DN_FUSE=1) and 114 twice
@@ -3538,25 +3564,7 @@ static void test_quant_experts_fg(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   double sh = 0, sy = 0;
-  int ncase = 0;
-  static const int vc[][3] = {{640, 448, 3}, {640, 448, 2}, {640, 704, 0}};
-  for (size_t c = 0; c < sizeof vc / sizeof vc[0]; c++, ncase++)
-    check_qexperts_ver(4, 4, 64, vc[c][0], vc[c][1], DG_BF16, 37, vc[c][2], 0, 114, 1, &sh, &sy, NULL);
-  int32_t idx[128];
-  for (int p = 0; p < 40 * 2; p++) idx[p] = p % 5; /* uniform: 16 rows per expert */
-  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 5, 2, 40, idx, 0, 0, 114, 1, &sh, &sy, NULL);
-  ncase++;
-  uint32_t r = 12345u;
-  for (int t = 0; t < 29; t++) { /* gathered: two distinct experts of 0..6 per token */
-    r = r * 1664525u + 1013904223u;
-    const int a = (int)((r >> 16) % 7);
-    r = r * 1664525u + 1013904223u;
-    const int b = (a + 1 + (int)((r >> 16) % 6)) % 7;
-    idx[2 * t] = a;
-    idx[2 * t + 1] = b;
-  }
-  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 8, 2, 29, idx, 0, 0, 114, 1, &sh, &sy, NULL);
-  ncase++;
+  const int ncase = check_experts_fg_cases(114, &sh, &sy);
   printf("# kernel lab version 114 (gate/up + down in one launch, %d cases, each launched twice): h and y equal to "
          "version 50's with the fused down input word for word; largest |diff| / bound h %.4f, y %.4f (<= 1)\n",
          ncase, sh, sy);
@@ -3576,25 +3584,7 @@ static void test_quant_experts_fgb(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   double sh = 0, sy = 0;
-  int ncase = 0;
-  static const int vc[][3] = {{640, 448, 3}, {640, 448, 2}, {640, 704, 0}};
-  for (size_t c = 0; c < sizeof vc / sizeof vc[0]; c++, ncase++)
-    check_qexperts_ver(4, 4, 64, vc[c][0], vc[c][1], DG_BF16, 37, vc[c][2], 0, 115, 1, &sh, &sy, NULL);
-  int32_t idx[128];
-  for (int p = 0; p < 40 * 2; p++) idx[p] = p % 5; /* uniform: 16 rows per expert */
-  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 5, 2, 40, idx, 0, 0, 115, 1, &sh, &sy, NULL);
-  ncase++;
-  uint32_t r = 12345u;
-  for (int t = 0; t < 29; t++) { /* gathered: two distinct experts of 0..6 per token (expert 7 none) */
-    r = r * 1664525u + 1013904223u;
-    const int a = (int)((r >> 16) % 7);
-    r = r * 1664525u + 1013904223u;
-    const int b = (a + 1 + (int)((r >> 16) % 6)) % 7;
-    idx[2 * t] = a;
-    idx[2 * t + 1] = b;
-  }
-  check_qexperts_route(4, 4, 64, 640, 448, DG_BF16, 8, 2, 29, idx, 0, 0, 115, 1, &sh, &sy, NULL);
-  ncase++;
+  const int ncase = check_experts_fg_cases(115, &sh, &sy);
   printf("# backend DGEMMA_EXPERTS_FG=1 (gate/up + down in one launch, %d cases, each run twice): h and y equal to "
          "the two launches' with DGEMMA_DN_FUSE=1 word for word, counters back at 0; largest |diff| / bound h %.4f, "
          "y %.4f (<= 1)\n", ncase, sh, sy);
