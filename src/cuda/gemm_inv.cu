@@ -71,12 +71,22 @@ enum { NCFG = 9, INV_MAX = 16 };
 /* One line of the lab's verdicts: the shape (tn, cuBLAS m, k), the row count whose heuristic list holds the
  * configuration, and the configuration (algo id, tile, stages, split-K, reduction, swizzle, custom, inner, cluster;
  * -1 matches any). Lines come from dev/cuda/gemm_inv.cu's "table line" output (verdict: invariant at every M of its
- * list, the fastest such); none yet: until a GPU run of the lab fills it, every shape takes the fallback rule. */
+ * list, the fastest such): pasted from the lab's run on an H100 80GB HBM3 (cuBLAS 13.0, session 27,
+ * docs/results/h100-s27/bi14/gemm_inv.txt). On another GPU or cuBLAS version a line whose configuration is not in
+ * the list falls to the fallback rule. */
 struct inv_cfg {
   int tn, m, k, mref;
   int v[NCFG];
 };
 static const inv_cfg INV_CFG[] = {
+    {1, 8192, 2816, 256, {66, 20, 35, 1, 0, 0, 1, -1, -1}}, /* qkv_s */
+    {1, 9216, 2816, 256, {66, 184, 35, 1, 0, 0, 2, -1, -1}}, /* qkv_f */
+    {1, 2816, 4096, 256, {66, 135, 35, 1, 0, 0, 2, -1, -1}}, /* o_s */
+    {1, 2816, 8192, 2048, {66, 20, 35, 1, 0, 0, 1, -1, -1}}, /* o_f */
+    {1, 4224, 2816, 256, {66, 28, 35, 1, 0, 0, 2, -1, -1}}, /* mlp_gu */
+    {1, 2816, 2112, 256, {66, 183, 35, 1, 0, 0, 2, -1, -1}}, /* mlp_d */
+    {1, 262144, 2816, 2048, {66, 209, 35, 1, 0, 0, 4, -1, -1}}, /* lm_head */
+    {0, 2816, 262144, 2048, {66, 20, 35, 1, 0, 0, 1, -1, -1}}, /* sc_soft */
     {-1, 0, 0, 0, {0}}, /* end */
 };
 static const cublasLtMatmulAlgoConfigAttributes_t CFG_ATTR[NCFG] = {
