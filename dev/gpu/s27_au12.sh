@@ -20,9 +20,10 @@
 #      device GiB; predicted ~15.6 GiB: the experts 2.66 GiB smaller) and the 3-bit step (issue 11: 3-bit >= 1.25x
 #      faster than 4-bit, here on the whole step, not only the experts);
 #   3. `--protocol step --contexts 100000 --reps 1 --warmup 0` on /tmp/dg26b: "a 100K-token prompt runs with peak
-#      device memory <= 20 GiB plus its KV cache" (device GiB against 20 + the row's "KV cache GiB", 2.01 GiB by the
-#      layout: 100,256 positions x 20,480 bytes on the 5 full layers + 0.244 GiB of sliding rings), its prefill time
-#      and its step (against P 1024's from item 1: another run, same machine);
+#      device memory <= 20 GiB plus its KV cache" (device GiB against 20 + the row's "KV cache GiB", 2.161 GiB by the
+#      layout: a context of 100,256 positions has S = 100,512 cache rows x 20,480 bytes on the 5 full layers, 1.917
+#      GiB, + 0.244 GiB of sliding rings; predicted 16.48 + 2.73 + ~0.83 = ~20.0 GiB), its prefill time and its step
+#      (against P 1024's from item 1: another run, same machine);
 #   4. `dgemma bench --protocol vllm --reps 3 --profile` on /tmp/dg26b: "vllm >= 2,500 tok/s" (H100 session 25:
 #      1,154.7 tok/s at the same code but for session 26's default-off switches) and issue 11's "MoE of one decoder
 #      step <= 3.5 ms" (the profile's router + top-k, grouping and experts rows, ms per pass), "reports a GPU floor";
@@ -72,6 +73,7 @@ build_cli() {
   echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -3 /tmp/build.txt > "$O/build_tail.txt"
   echo "nvflags: $(cat build/.nvflags 2>/dev/null)" >> "$O/log.txt"
 }
+rm -f /tmp/au12_*.txt /tmp/au12_*.jsonl # an earlier call's outputs on a warm machine never reach this summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee -a "$O/log.txt"
 df -h /tmp | tail -1 | tee -a "$O/log.txt"
 
