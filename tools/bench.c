@@ -1508,6 +1508,43 @@ static double dev_used_bytes(const dg_model_info *info, int cuda_device, double 
   return (double)used;
 }
 
+/* One row of the step protocol (run_step): prompt P, runs, steps timed, prefill and step times (s), their floors,
+ * the step over the first P's, the KV cache's bytes and device memory (bytes; 0 on the CPU). */
+typedef struct step_row {
+  int32_t P;
+  int warm, reps, ns;
+  double pmed, plo, phi, pf, smed, slo, shi, sf, ratio, kv, used, before, tot;
+} step_row;
+
+static void step_json(FILE *out, const step_row *r, const bench_opts *o, int32_t C, const char *device,
+                      const dg_cuda_ceilings *gc, double bw, double rate, double mm, int nt) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "protocol", "step");
+  cJSON_AddStringToObject(j, "model", o->model_dir);
+  cJSON_AddNumberToObject(j, "canvas", C);
+  cJSON_AddNumberToObject(j, "prompt_tokens", r->P);
+  cJSON_AddNumberToObject(j, "warmup", r->warm);
+  cJSON_AddNumberToObject(j, "reps", r->reps);
+  cJSON_AddNumberToObject(j, "prefill_median_s", r->pmed);
+  cJSON_AddNumberToObject(j, "prefill_min_s", r->plo);
+  cJSON_AddNumberToObject(j, "prefill_max_s", r->phi);
+  cJSON_AddNumberToObject(j, "prefill_floor_s", r->pf);
+  cJSON_AddNumberToObject(j, "steps_timed", r->ns);
+  cJSON_AddNumberToObject(j, "step_median_s", r->smed);
+  cJSON_AddNumberToObject(j, "step_min_s", r->slo);
+  cJSON_AddNumberToObject(j, "step_max_s", r->shi);
+  cJSON_AddNumberToObject(j, "step_floor_s", r->sf);
+  cJSON_AddNumberToObject(j, "step_over_first", r->ratio);
+  if (r->used > 0) {
+    cJSON_AddNumberToObject(j, "kv_cache_bytes", r->kv);
+    cJSON_AddNumberToObject(j, "device_used_bytes", r->used);
+    cJSON_AddNumberToObject(j, "device_used_before_context_bytes", r->before);
+    cJSON_AddNumberToObject(j, "device_total_bytes", r->tot);
+  }
+  json_ceilings(j, device, gc, bw, rate, mm, nt);
+  json_line(out, j);
+}
+
 /* The step protocol (issue 12's prefill and step-after-P lines): for each prompt length P of --contexts, a context
  * of P + C positions; each run (warm-up runs first, untimed): reset, dg_encode of the P-token vllm prompt timed on
  * the host (the prefill; the CUDA encoder synchronises before it returns), dg_context_truncate to P - 1 and
@@ -1618,31 +1655,8 @@ static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, co
            smed / step0, mem);
     fflush(stdout);
     if (out) {
-      cJSON *j = cJSON_CreateObject();
-      cJSON_AddStringToObject(j, "protocol", "step");
-      cJSON_AddStringToObject(j, "model", o->model_dir);
-      cJSON_AddNumberToObject(j, "canvas", C);
-      cJSON_AddNumberToObject(j, "prompt_tokens", P);
-      cJSON_AddNumberToObject(j, "warmup", warm);
-      cJSON_AddNumberToObject(j, "reps", reps);
-      cJSON_AddNumberToObject(j, "prefill_median_s", pmed);
-      cJSON_AddNumberToObject(j, "prefill_min_s", plo);
-      cJSON_AddNumberToObject(j, "prefill_max_s", phi);
-      cJSON_AddNumberToObject(j, "prefill_floor_s", pf);
-      cJSON_AddNumberToObject(j, "steps_timed", ns);
-      cJSON_AddNumberToObject(j, "step_median_s", smed);
-      cJSON_AddNumberToObject(j, "step_min_s", slo);
-      cJSON_AddNumberToObject(j, "step_max_s", shi);
-      cJSON_AddNumberToObject(j, "step_floor_s", sf);
-      cJSON_AddNumberToObject(j, "step_over_first", smed / step0);
-      if (used > 0) {
-        cJSON_AddNumberToObject(j, "kv_cache_bytes", kv);
-        cJSON_AddNumberToObject(j, "device_used_bytes", used);
-        cJSON_AddNumberToObject(j, "device_used_before_context_bytes", before);
-        cJSON_AddNumberToObject(j, "device_total_bytes", tot);
-      }
-      json_ceilings(j, device, gc, bw, rate, mm, m->n_threads);
-      json_line(out, j);
+      const step_row sr = {P, warm, reps, ns, pmed, plo, phi, pf, smed, slo, shi, sf, smed / step0, kv, used, before, tot};
+      step_json(out, &sr, o, C, device, gc, bw, rate, mm, m->n_threads);
     }
   }
   printf("\nprefill floor = max(bytes / %s) of one encoder pass of P tokens; step floor = the same of one decoder pass "

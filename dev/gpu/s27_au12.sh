@@ -33,14 +33,18 @@
 #      M in 1..64, 3- and 2-bit >= 80 %, bf16 >= 85 % at M 16; last run on the H200 in session 9: 53.6 %, 68.0 % at
 #      M 1 down to 26.2 % at M 64, 3-bit 38.5 %, bf16 86.1 % at M 16), then, if python3 imports torch,
 #      `scripts/torch_anchors.py --rows 16 --moe-tokens 256 --impl torch_int4pack` with this run's ceilings (issue 11:
-#      >= 7x PyTorch's int4 kernel at M 16 in the same run; 11.7x on the H200 in session 2).
+#      >= 7x PyTorch's int4 kernel at M 16 in the same run; 11.7x on the H200 in session 2);
+#   6. `dgemma bench -m models/dgemma-small --device cuda --protocol all --canvases 1 --reps 3`: the bundled model's
+#      ">= 1,000 tok/s with the reference sampler" (its vllm row; 7,024 on the H200 in session 13) and the nearest
+#      pair for "the turbo engine faster than the reference on the GPU" (batch B = 1, turbo's recommended setting,
+#      chat prompt 0, against the p512 rows, reference sampler, chat prompts 0-2: not the same prompts or lengths).
 # Not here: issue 12's ">= 12x / >= 15x Transformers" need item 7's peer script (tools/, Transformers at the 26B
 # shapes), which does not exist yet; the bf16 checkpoint's step (50.50 GB: with /tmp/dg26b and /tmp/dg26b3 it passes
 # the 64 GiB disk, and mkrandom + load + bench do not fit beside items 0-5) is `PART=bf16` below, a second call on
 # the warm machine (about 200 s there; about 500 s on a fresh one, the build included): it removes /tmp/dg26b and
 # /tmp/dg26b3, writes /tmp/dg26b16 (`--recipe all=bf16`, -t 16) and runs `--protocol step --contexts 1024 --reps 2`
 # on it: "bf16 checkpoint: decoder step <= 14 ms" (P 1024's step median).
-# Files back (at most 8): log.txt, build_tail.txt, step.txt (items 1-3, each run's whole output), vllm.txt,
+# Files back (at most 8): log.txt, build_tail.txt, step.txt (items 1-3, each run's whole output), vllm.txt (items 4, 6),
 # ceiling.txt (with the anchors' table), bench.jsonl (every JSON row, each run's after a {"kind": "run"} line),
 # summary.md (the lines against their targets, grep of the tables). PART=bf16 writes log.txt, build_tail.txt,
 # step.txt, bench.jsonl, summary.md.
@@ -136,6 +140,10 @@ if guard 40 "ceiling"; then
     echo "torch anchors: skipped (time, or no torch with CUDA) $(el)" | tee -a "$O/log.txt"
   fi
 fi
+# 6. the bundled model on the GPU: the reference sampler's vllm and p512 rows, the turbo engine's batch B = 1 row
+if guard 35 "bundled model"; then
+  bench small vllm.txt "$(lim 80)" -m models/dgemma-small --device cuda --protocol all --canvases 1 --reps 3
+fi
 # summary: each line's number beside its target (the tables' columns; "-" where an item did not run)
 {
   echo "| line | target | value | from |"; echo "|---|---|---|---|"
@@ -152,6 +160,10 @@ fi
     /^\| router \+ top-k \|/ { r = $3 } /^\| grouping \|/ { g = $3 } /^\| experts \|/ { e = $3 }
     END { if (e != "") printf "| MoE of a step (router + grouping + experts, ms per pass) | <= 3.5 | %s + %s + %s | vllm --profile |\n", r, g, e }' \
     /tmp/au12_vllm.txt 2>/dev/null
+  awk -F'|' '/^\| vllm \| filler \|/ { printf "| bundled model, reference sampler, vllm (tok/s) | >= 1,000 | %s | small |\n", $10 }
+    /^\| p512 \|/ { printf "| bundled model, reference sampler, p512 %s (tok/s) | (beside turbo B = 1) | %s | small |\n", $3, $10 }
+    /^\| 1 \| [0-9]+ \|/ { printf "| bundled model, turbo (recommended), batch B = 1 (tok/s) | > the reference | %s | small |\n", $9 }' \
+    /tmp/au12_small.txt 2>/dev/null
   grep -E "^\| (moe_gathered|experts_all) \| (4-bit g64|3-bit g64|2-bit g64|bf16) \|" /tmp/au12_ceiling.txt 2>/dev/null |
     awk -F'|' '{ printf "| ceiling %s %s T %s M %s (%% of roofline) | 85 (3/2-bit 80) | %s (%s ms) | ceiling |\n", $2, $3, $4, $5, $14, $8 }'
   grep -E "torch_int4pack" /tmp/au12_anchors.txt 2>/dev/null | head -4 | sed 's/^/| anchor: /; s/$/ |/'
