@@ -6,8 +6,8 @@
 # guard of the time left (AU12_T, default 540 s from the start) and its own timeout; items in order of value:
 #   0. build/dgemma and build/libdgemma_cuda.so (no CUDA_ARCH: the Makefile's sm_90a + compute_90), beside it a CPU
 #      CLI in build-c writing the 26B-A4B random checkpoint /tmp/dg26b (4-bit g64 experts, bf16 elsewhere:
-#      gpu_mkrandom_cpu_bg); after the build, build-c writes /tmp/dg26b3 (`--recipe all=bf16,experts=3`: 3-bit g64
-#      experts, bf16 elsewhere, 14.82 GB by `--dry-run`) in the background with -t 12;
+#      gpu_mkrandom_cpu_bg); after it, still beside the build, build-c writes /tmp/dg26b3 (`--recipe
+#      all=bf16,experts=3`: 3-bit g64 experts, bf16 elsewhere, 14.82 GB by `--dry-run`, ~95 s at -t 4);
 #   1. `dgemma bench --protocol step --contexts 1024,8192,32768 --reps 3` on /tmp/dg26b (new in session 27: per P
 #      the prefill of P tokens (dg_encode, host-timed) and the decoder step after it (interval between step
 #      callbacks: self-conditioning, decoder pass, sampler statistics, host; 15 per run), device memory with the
@@ -16,7 +16,7 @@
 #      P 8192 / 32768), "peak device memory, 4-bit experts, 8K context <= 18 GiB" (P 8192's "device GiB (context
 #      held)": total - free of cudaMemGetInfo, CUDA context included; the arithmetic of the context's own block in
 #      docs/cuda.md predicts 16.48 + 0.98 + ~0.83 = ~18.3 GiB);
-#   2. the same protocol on /tmp/dg26b3, --contexts 1024,8192 --reps 2: "<= 15 GiB with 3-bit experts" (P 8192's
+#   2. the same protocol on /tmp/dg26b3 (waited for here), --contexts 1024,8192 --reps 2: "<= 15 GiB with 3-bit experts" (P 8192's
 #      device GiB; predicted ~15.6 GiB: the experts 2.66 GiB smaller) and the 3-bit step (issue 11: 3-bit >= 1.25x
 #      faster than 4-bit, here on the whole step, not only the experts);
 #   3. `--protocol step --contexts 100000 --reps 1 --warmup 0` on /tmp/dg26b: "a 100K-token prompt runs with peak
@@ -101,21 +101,31 @@ if [ "${PART:-main}" = bf16 ]; then
 fi
 
 gpu_mkrandom_cpu_bg "$O/log.txt"
-build_cli
-wait $mk; tail -1 /tmp/mkrandom.log >> "$O/log.txt"
-# the 3-bit checkpoint while the GPU runs item 1 (build-c/dgemma is the CPU CLI gpu_mkrandom_cpu_bg built)
+# the 3-bit checkpoint after the 4-bit one, still beside the build (-t 4, as the 4-bit: the GPU items after the build
+# run with the host's cores free), by the CPU CLI that gpu_mkrandom_cpu_bg built; where a warm machine kept
+# /tmp/dg26b without building it, after the build with the CUDA CLI (the same CPU code) before item 2
 mk3=""
-if [ -x build-c/dgemma ] && [ ! -f /tmp/dg26b3/config.json ]; then
-  ( build-c/dgemma mkrandom /tmp/dg26b3 --source .cache/gemma3 --recipe all=bf16,experts=3 -t 12 > /tmp/mkrandom3.log 2>&1
-    echo "mkrandom 3-bit rc $? $(el)" >> "$O/log.txt" ) &
+if [ ! -f /tmp/dg26b3/config.json ]; then
+  ( while kill -0 "$mk" 2>/dev/null; do sleep 2; done
+    if [ -x build-c/dgemma ]; then
+      build-c/dgemma mkrandom /tmp/dg26b3 --source .cache/gemma3 --recipe all=bf16,experts=3 -t 4 > /tmp/mkrandom3.log 2>&1
+      echo "mkrandom 3-bit rc $? $(el)" >> "$O/log.txt"
+    fi ) &
   mk3=$!
 fi
+build_cli
+wait $mk; tail -1 /tmp/mkrandom.log >> "$O/log.txt"
 : > "$O/step.txt"
 # 1. the step, the prefill and the memory at 1K / 8K / 32K, 4-bit experts
 guard 90 "step 4-bit" && bench step4 step.txt "$(lim 180)" -m /tmp/dg26b --device cuda --protocol step \
   --contexts 1024,8192,32768 --reps 3
 # 2. 3-bit experts: memory at 8K and the step
-[ -n "$mk3" ] && wait $mk3; tail -1 /tmp/mkrandom3.log 2>/dev/null >> "$O/log.txt"
+[ -n "$mk3" ] && wait $mk3
+if [ ! -f /tmp/dg26b3/config.json ] && guard 150 "mkrandom 3-bit"; then
+  build/dgemma mkrandom /tmp/dg26b3 --source .cache/gemma3 --recipe all=bf16,experts=3 -t 16 > /tmp/mkrandom3.log 2>&1
+  echo "mkrandom 3-bit (CUDA CLI, after item 1) rc $? $(el)" | tee -a "$O/log.txt"
+fi
+tail -1 /tmp/mkrandom3.log 2>/dev/null >> "$O/log.txt"
 guard 60 "step 3-bit" && bench step3 step.txt "$(lim 120)" -m /tmp/dg26b3 --device cuda --protocol step \
   --contexts 1024,8192 --reps 2
 # 3. a 100K-token prompt
