@@ -3,9 +3,10 @@
  * of batched decoder passes against hand counts, the MoE routing, the
  * grouping of a recorded batch into passes for the floor, the batch
  * protocol's outputs against B = 1 runs canvas by canvas on the bundled
- * model, and the option errors of the CLI. No timing is asserted. */
+ * model, the step protocol's rows and KV cache bytes, and the option errors of the CLI. No timing is asserted. */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <cpuid.h>
 #include <math.h>
 #include <sys/wait.h>
@@ -409,7 +410,7 @@ static void test_parse_lists(void **state) {
   assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
   o.protocol = "speed";
   assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
-  assert_string_equal(err, "unknown --protocol \"speed\" (vllm, p512, batch, ceiling, all)");
+  assert_string_equal(err, "unknown --protocol \"speed\" (vllm, p512, batch, step, ceiling, all)");
   /* --profile: batch rows split too, on CUDA only; never the ceiling protocol */
   o.protocol = "batch";
   o.profile = 1;
@@ -420,6 +421,15 @@ static void test_parse_lists(void **state) {
   o.protocol = "ceiling";
   assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
   assert_string_equal(err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol ceiling");
+  o.protocol = "step";
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
+  assert_string_equal(err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol step");
+  o.profile = 0;
+  o.contexts = "1024,8192,32768,100000";
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
+  o.protocol = "batch";
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
+  assert_string_equal(err, "--contexts sets the prompts of --protocol step, not of --protocol batch");
 }
 
 /* The CLI rejects bad options with exit status 2 before loading a model (none exists at -m here). */
@@ -428,7 +438,14 @@ static void test_cli_errors(void **state) {
   static const char *cases[][2] = {
       {"bench --canvases 0 -m /nonexistent/model", "dgemma bench: --canvases: 0 is not in [1, 64]"},
       {"bench --canvases 1,2,65 -m /nonexistent/model", "--canvases: 65 is not in [1, 64]"},
-      {"bench --protocol speed -m /nonexistent/model", "unknown --protocol \"speed\" (vllm, p512, batch, ceiling, all)"},
+      {"bench --protocol speed -m /nonexistent/model", "unknown --protocol \"speed\" (vllm, p512, batch, step, ceiling, all)"},
+      {"bench --protocol step --contexts 0 -m /nonexistent/model", "--contexts: 0 is not in [1, 1048576]"},
+      {"bench --protocol vllm --contexts 64 -m /nonexistent/model",
+       "--contexts sets the prompts of --protocol step, not of --protocol vllm"},
+      {"bench --protocol step --prompt-tokens 64 -m /nonexistent/model",
+       "--prompt-tokens sets the prompt of --protocol vllm (and of the vllm row of all), not of --protocol step"},
+      {"bench --protocol step --device cuda --profile -m /nonexistent/model",
+       "--profile splits the vllm, p512 and batch rows into stages, not --protocol step"},
       {"bench --protocol ceiling --rows 0", "--rows: 0 is not in [1, 4096]"},
       {"bench --protocol ceiling --formats bf16,5", "--formats: \"5\" is not a format"},
   };
@@ -605,6 +622,75 @@ static void test_cli_out_atomic(void **state) {
     if (!(fabs(an_a_ - an_b_) <= (tol))) fail_msg("%s = %.17g, expected %.17g", #a, an_a_, an_b_); \
   } while (0)
 
+/* The KV cache bytes of the step protocol's memory column (bench_kv_cache_bytes), by hand on the bundled model
+ * (6 layers: 4 sliding of 2 KV heads x D 64, window 512; 2 full of 1 KV head x D 128; canvas 64): cap 1000 -> S 1064;
+ * a full layer 2 (K, V) x 1 x 1064 x 128 x 2 bytes = 544,768; a sliding layer in a CUDA ring of
+ * round_up(511 + max(64, 256), 64) = 768 slots 2 x 2 x 768 x 64 x 2 = 393,216, with every position 544,768; an encoder
+ * chunk of 512 makes the ring round_up(511 + 512, 64) = 1,024 slots (524,288 bytes); a cap below the ring (S 164) the
+ * same both ways. */
+static void test_kv_cache_bytes(void **state) {
+  (void)state;
+  dg_model *m = load_small(0);
+  assert_true(bench_kv_cache_bytes(m, 1000, 1, 256) == 2 * 544768.0 + 4 * 393216.0);
+  assert_true(bench_kv_cache_bytes(m, 1000, 0, 256) == 6 * 544768.0);
+  assert_true(bench_kv_cache_bytes(m, 1000, 1, 512) == 2 * 544768.0 + 4 * 524288.0);
+  const double S = 164;
+  assert_true(bench_kv_cache_bytes(m, 100, 1, 256) == 2 * (2 * 1 * S * 128 * 2) + 4 * (2 * 2 * S * 64 * 2));
+  assert_true(bench_kv_cache_bytes(m, 100, 0, 256) == bench_kv_cache_bytes(m, 100, 1, 256));
+  dg_model_free(m);
+}
+
+/* One small run of the step protocol through the CLI on the bundled model (CPU): a row per --contexts value, in
+ * order, each with 15 timed steps per run (16 fixed steps, so 15 intervals), its medians inside their spreads, the
+ * first row's step ratio exactly 1, and no device memory (the CPU has none to report). */
+static void test_cli_step(void **state) {
+  (void)state;
+  char args[1024], path[600], *o, *e;
+  snprintf(path, sizeof path, "%s/step.jsonl", g_dir);
+  snprintf(args, sizeof args, "bench --protocol step -t 1 --contexts 8,40 --reps 2 --warmup 0 -o %s", path);
+  if (run_cli(args, &o, &e) != 0) fail_msg("%s: %s", args, e);
+  assert_non_null(strstr(o, "| P | prefill median ms |"));
+  free(o);
+  free(e);
+  char *j = dg_test_read_file(path, NULL);
+  assert_non_null(j);
+  const int want_p[2] = {8, 40};
+  char *line = j;
+  for (int r = 0; r < 2; r++) {
+    char *nl = strchr(line, '\n');
+    assert_non_null(nl);
+    *nl = 0;
+    cJSON *row = cJSON_Parse(line);
+    assert_non_null(row);
+    assert_string_equal(cJSON_GetObjectItem(row, "protocol")->valuestring, "step");
+    assert_int_equal(cJSON_GetObjectItem(row, "prompt_tokens")->valueint, want_p[r]);
+    assert_int_equal(cJSON_GetObjectItem(row, "steps_timed")->valueint, 2 * 15);
+    const double pmin = cJSON_GetObjectItem(row, "prefill_min_s")->valuedouble,
+                 pmed = cJSON_GetObjectItem(row, "prefill_median_s")->valuedouble,
+                 pmax = cJSON_GetObjectItem(row, "prefill_max_s")->valuedouble,
+                 smin = cJSON_GetObjectItem(row, "step_min_s")->valuedouble,
+                 smed = cJSON_GetObjectItem(row, "step_median_s")->valuedouble,
+                 smax = cJSON_GetObjectItem(row, "step_max_s")->valuedouble;
+    assert_true(pmin > 0 && pmin <= pmed && pmed <= pmax);
+    assert_true(smin > 0 && smin <= smed && smed <= smax);
+    assert_true(cJSON_GetObjectItem(row, "step_floor_s")->valuedouble > 0);
+    if (r == 0) assert_true(cJSON_GetObjectItem(row, "step_over_first")->valuedouble == 1.0);
+    assert_null(cJSON_GetObjectItem(row, "device_used_bytes"));
+    assert_string_equal(cJSON_GetObjectItem(row, "device")->valuestring, "cpu");
+    cJSON_Delete(row);
+    line = nl + 1;
+  }
+  assert_int_equal(*line, 0); /* two rows, no more */
+  free(j);
+  /* a prompt whose canvas would pass max_position_embeddings (131,072) is refused before anything runs */
+  snprintf(args, sizeof args, "bench --protocol step -t 1 --contexts 64,131009 --reps 1 --warmup 0");
+  assert_int_equal(run_cli(args, &o, &e), 2);
+  assert_non_null(strstr(e, "--contexts 131009: the step row needs 131073 positions"));
+  free(o);
+  free(e);
+}
+
+
 /* The even routing of the CUDA ceiling rows: every expert exactly M rows, K distinct experts per
  * token; the random routing's ids give bench_route's counts. */
 static void test_route_even(void **state) {
@@ -747,7 +833,8 @@ int main(void) {
       cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_rows),          cmocka_unit_test(test_cli_out_atomic),
       cmocka_unit_test(test_route_even),        cmocka_unit_test(test_gpu_floor),
-      cmocka_unit_test(test_cli_ceiling_cuda),
+      cmocka_unit_test(test_cli_ceiling_cuda),   cmocka_unit_test(test_kv_cache_bytes),
+      cmocka_unit_test(test_cli_step),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -356,11 +356,12 @@ int bench_parse_formats(const char *s, int *bits, int cap, char *err, size_t n_e
   return n;
 }
 
-static const char *kProtocols = "vllm, p512, batch, ceiling, all";
+static const char *kProtocols = "vllm, p512, batch, step, ceiling, all";
 
 int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
   const char *p = o->protocol ? o->protocol : "all";
-  if (strcmp(p, "vllm") && strcmp(p, "p512") && strcmp(p, "batch") && strcmp(p, "ceiling") && strcmp(p, "all")) {
+  if (strcmp(p, "vllm") && strcmp(p, "p512") && strcmp(p, "batch") && strcmp(p, "step") && strcmp(p, "ceiling") &&
+      strcmp(p, "all")) {
     snprintf(err, n_err, "unknown --protocol \"%s\" (%s)", p, kProtocols);
     return -1;
   }
@@ -371,8 +372,14 @@ int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
   if (o->moe_tokens && bench_parse_list(o->moe_tokens, "--moe-tokens", 0, 4096, v, BENCH_MAX_LIST, err, n_err) < 0)
     return -1;
   if (o->formats && bench_parse_formats(o->formats, v, BENCH_MAX_LIST, err, n_err) < 0) return -1;
+  if (o->contexts && bench_parse_list(o->contexts, "--contexts", 1, 1 << 20, v, BENCH_MAX_LIST, err, n_err) < 0)
+    return -1;
+  if (o->contexts && strcmp(p, "step")) {
+    snprintf(err, n_err, "--contexts sets the prompts of --protocol step, not of --protocol %s", p);
+    return -1;
+  }
   /* first whether --profile applies to the protocol at all, then where it can run */
-  if (o->profile && !strcmp(p, "ceiling")) {
+  if (o->profile && (!strcmp(p, "ceiling") || !strcmp(p, "step"))) {
     snprintf(err, n_err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol %s", p);
     return -1;
   }
@@ -579,6 +586,33 @@ static const char *kPrompts[8][2] = {
     {"translate", "Translate into German: The weather is nice today, so let us walk along the river."},
 };
 
+/* The vllm and step protocols' prompt: <bos> + kFiller's tokens repeated and cut to P - 1, malloc'd; NULL after
+ * saying why on stderr. */
+static int32_t *filler_prompt(const dg_model *m, int32_t P) {
+  int32_t *ids = malloc((size_t)P * sizeof *ids), *t = NULL, *bos = NULL;
+  size_t nt_ = 0, nb = 0, have = 1;
+  if (!ids || dg_tokenize(m, "<bos>", 5, 1, &bos, &nb) || nb != 1 || dg_tokenize(m, kFiller, strlen(kFiller), 0, &t, &nt_) || !nt_) {
+    fprintf(stderr, "dgemma bench: cannot build the prompt (tokenizer): %s\n", dg_last_error());
+    free(ids); dg_free(t); dg_free(bos);
+    return NULL;
+  }
+  ids[0] = bos[0];
+  while (have < (size_t)P) { ids[have] = t[(have - 1) % nt_]; have++; }
+  dg_free(t); dg_free(bos);
+  return ids;
+}
+
+/* vLLM's protocol's generation settings: G tokens, 16 fixed denoising steps per canvas, stop ids off. */
+static dg_gen_params vllm_params(const dg_model *m, int32_t G, uint64_t seed) {
+  dg_gen_params gp = dg_gen_default_params(m);
+  gp.max_new_tokens = G;
+  gp.max_denoising_steps = 16;
+  gp.stability_threshold = 17; /* > N: never stable, so exactly 16 steps (the reference's way) */
+  gp.n_stop_ids = 0;           /* every canvas generated */
+  gp.seed = seed;
+  return gp;
+}
+
 typedef struct run_trace {
   int32_t steps[4096]; /* decoder forwards per block */
   int32_t n_blocks;
@@ -642,6 +676,19 @@ int bench_check_model(const dg_model *m, const bench_opts *o, char *err, size_t 
                (G + C - 1) / C * C, C, max_pos, o->prompt_tokens > 0 ? "--prompt-tokens or -n" : "-n");
       return -1;
     }
+  }
+  if (!strcmp(p, "step")) { /* each prompt and its one canvas */
+    int Ps[BENCH_MAX_LIST];
+    const int nP = bench_parse_list(o->contexts ? o->contexts : "1024", "--contexts", 1, 1 << 20, Ps, BENCH_MAX_LIST,
+                                    err, n_err);
+    if (nP < 0) return -1;
+    for (int i = 0; i < nP; i++)
+      if ((long long)Ps[i] + C > max_pos) {
+        snprintf(err, n_err, "--contexts %d: the step row needs %lld positions (the prompt and a canvas of %d), past "
+                 "the model's max_position_embeddings %d", Ps[i], (long long)Ps[i] + C, C, max_pos);
+        return -1;
+      }
+    return 0;
   }
   const int do_512 = all || !strcmp(p, "p512"), do_batch = all || !strcmp(p, "batch");
   for (int k = 0; (do_512 || do_batch) && k < 8; k++) { /* the chat prompts of the p512 (k < 3) and batch rows */
@@ -1423,13 +1470,211 @@ static void json_line(FILE *out, cJSON *j) {
   fflush(out);
 }
 
+/* ---- step protocol ------------------------------------------------------------------ */
+
+double bench_kv_cache_bytes(const dg_model *m, int32_t cap, int cuda_ring, int32_t enc_chunk) {
+  const dg_config *c = &m->cfg;
+  const double S = (double)cap + c->canvas_length;
+  const int32_t T0 = c->canvas_length > enc_chunk ? c->canvas_length : enc_chunk;
+  const double ring = c->sliding_window >= 1 ? (double)(((int64_t)c->sliding_window - 1 + T0 + 63) / 64 * 64) : S;
+  double b = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    const double Sl = c->is_full[i] || !cuda_ring ? S : fmin(ring, S);
+    b += 2.0 * c->n_kv_heads[i] * Sl * c->head_dim[i] * 2.0; /* K and V, bf16 */
+  }
+  return b;
+}
+
+/* Host times of the step callbacks of one generation (the step protocol). */
+typedef struct step_marks {
+  double t[64];
+  int n;
+} step_marks;
+
+static int step_mark(const dg_step_info *si, void *ud) {
+  (void)si;
+  step_marks *s = ud;
+  if (s->n < 64) s->t[s->n] = now_s();
+  s->n++;
+  return 0;
+}
+
+/* Device memory in use (total - free of cudaMemGetInfo) on a CUDA model's GPU; 0 on the CPU or if unknown. */
+static double dev_used_bytes(const dg_model_info *info, int cuda_device, double *total) {
+  const dg_cuda_api *cu = NULL;
+  size_t used = 0, tot = 0;
+  if (info->device != DG_DEVICE_CUDA || dg_cuda_api_get(&cu) || cu->mem_used(cuda_device, &used, &tot)) return 0;
+  if (total) *total = (double)tot;
+  return (double)used;
+}
+
+/* One row of the step protocol (run_step): prompt P, runs, steps timed, prefill and step times (s), their floors,
+ * the step over the first P's, the KV cache's bytes and device memory (bytes; 0 on the CPU). */
+typedef struct step_row {
+  int32_t P;
+  int warm, reps, ns;
+  double pmed, plo, phi, pf, smed, slo, shi, sf, ratio, kv, used, before, tot;
+} step_row;
+
+static void step_json(FILE *out, const step_row *r, const bench_opts *o, int32_t C, const char *device,
+                      const dg_cuda_ceilings *gc, double bw, double rate, double mm, int nt) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "protocol", "step");
+  cJSON_AddStringToObject(j, "model", o->model_dir);
+  cJSON_AddNumberToObject(j, "canvas", C);
+  cJSON_AddNumberToObject(j, "prompt_tokens", r->P);
+  cJSON_AddNumberToObject(j, "warmup", r->warm);
+  cJSON_AddNumberToObject(j, "reps", r->reps);
+  cJSON_AddNumberToObject(j, "prefill_median_s", r->pmed);
+  cJSON_AddNumberToObject(j, "prefill_min_s", r->plo);
+  cJSON_AddNumberToObject(j, "prefill_max_s", r->phi);
+  cJSON_AddNumberToObject(j, "prefill_floor_s", r->pf);
+  cJSON_AddNumberToObject(j, "steps_timed", r->ns);
+  cJSON_AddNumberToObject(j, "step_median_s", r->smed);
+  cJSON_AddNumberToObject(j, "step_min_s", r->slo);
+  cJSON_AddNumberToObject(j, "step_max_s", r->shi);
+  cJSON_AddNumberToObject(j, "step_floor_s", r->sf);
+  cJSON_AddNumberToObject(j, "step_over_first", r->ratio);
+  if (r->used > 0) {
+    cJSON_AddNumberToObject(j, "kv_cache_bytes", r->kv);
+    cJSON_AddNumberToObject(j, "device_used_bytes", r->used);
+    cJSON_AddNumberToObject(j, "device_used_before_context_bytes", r->before);
+    cJSON_AddNumberToObject(j, "device_total_bytes", r->tot);
+  }
+  json_ceilings(j, device, gc, bw, rate, mm, nt);
+  json_line(out, j);
+}
+
+/* The step protocol (issue 12's prefill and step-after-P lines): for each prompt length P of --contexts, a context
+ * of P + C positions; each run (warm-up runs first, untimed): reset, dg_encode of the P-token vllm prompt timed on
+ * the host (the prefill; the CUDA encoder synchronises before it returns), dg_context_truncate to P - 1 and
+ * dg_generate of one canvas from the last prompt token with vLLM's settings (16 fixed steps), the host time of each
+ * step callback recorded: the decoder step = the interval between consecutive callbacks (each holds the previous
+ * step's self-conditioning, the decoder pass, the sampler statistics and the host's sampler), 15 per run. Prints
+ * per P the medians and min-max of both, their floors (cost model, the command's ceilings), the step against the
+ * first P's, and on CUDA the device memory in use with the context held (total - free: the CUDA context, the
+ * weights and every buffer; before the context too) beside the KV cache's bytes (bench_kv_cache_bytes). */
+static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, const char *device,
+                    const dg_cuda_ceilings *gc, double mm, FILE *out) {
+  char err[256];
+  int Ps[BENCH_MAX_LIST];
+  const int nP = bench_parse_list(o->contexts ? o->contexts : "1024", "--contexts", 1, 1 << 20, Ps, BENCH_MAX_LIST,
+                                  err, sizeof err);
+  if (nP < 0) { fprintf(stderr, "dgemma bench: %s\n", err); return 2; }
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  const int32_t C = info.canvas_length;
+  const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
+  const int cuda = info.device == DG_DEVICE_CUDA;
+  /* the CUDA context's encoder chunk (src/cuda/context.cu enc_chunk_from_env: DGEMMA_ENC_CHUNK, a multiple of 64 in
+   * [64, 4096], else 256), which sizes the sliding layers' rings */
+  int32_t enc_chunk = 256;
+  const char *ev = getenv("DGEMMA_ENC_CHUNK");
+  if (ev && *ev) {
+    char *end = NULL;
+    const long n = strtol(ev, &end, 10);
+    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) enc_chunk = (int32_t)n;
+  }
+  printf("step protocol: per prompt P (the vllm prompt's tokens) a context of P + %d positions; each run: the prefill "
+         "(dg_encode of P tokens, host-timed) and one canvas of 16 fixed steps from the last prompt token (the cache "
+         "truncated to P - 1), the decoder step = the interval between consecutive step callbacks (self-conditioning, "
+         "decoder pass, sampler statistics and the host's sampler; 15 per run); %d runs after %d warm-up\n\n",
+         C, reps, warm);
+  printf("| P | prefill median ms | prefill spread ms | prefill tok/s | prefill floor ms | step median ms | step spread "
+         "ms | steps timed | step floor ms | step floor/median | step / first P's | device GiB (context held) | "
+         "before the context GiB | KV cache GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  fflush(stdout);
+  double step0 = 0;
+  for (int i = 0; i < nP; i++) {
+    const int32_t P = Ps[i];
+    int32_t *ids = filler_prompt(m, P);
+    if (!ids) return 1;
+    double tot = 0;
+    const double before = dev_used_bytes(&info, o->cuda_device, &tot);
+    dg_context_params cp = dg_context_default_params();
+    cp.max_context = P + C;
+    dg_context *ctx = NULL;
+    dg_status st = dg_context_new(m, &cp, &ctx);
+    if (st) {
+      fprintf(stderr, "dgemma bench: step P = %d: context: %s: %s\n", P, dg_status_str(st), dg_last_error());
+      free(ids);
+      return 1;
+    }
+    double *pre = malloc((size_t)reps * sizeof *pre), *stp = malloc((size_t)reps * 15 * sizeof *stp);
+    int ns = 0;
+    for (int r = 0; !st && pre && stp && r < warm + reps; r++) {
+      dg_context_reset(ctx);
+      const double t0 = now_s();
+      st = dg_encode(ctx, ids, (size_t)P);
+      const double t1 = now_s();
+      if (!st) st = dg_context_truncate(ctx, P - 1);
+      step_marks sm;
+      sm.n = 0;
+      dg_gen_params gp = vllm_params(m, C, o->seed);
+      gp.on_step = step_mark;
+      gp.user_data = &sm;
+      dg_gen_result res;
+      memset(&res, 0, sizeof res);
+      if (!st) st = dg_generate(ctx, ids + P - 1, 1, &gp, &res);
+      if (!st) dg_gen_result_free(&res);
+      if (!st && sm.n != 16) {
+        fprintf(stderr, "dgemma bench: step P = %d: %d step callbacks, not 16\n", P, sm.n);
+        st = DG_ERR_BACKEND;
+      }
+      if (!st && r >= warm) {
+        pre[r - warm] = t1 - t0;
+        for (int k = 1; k < 16; k++) stp[ns++] = sm.t[k] - sm.t[k - 1];
+      }
+      if (o->tty) fprintf(stderr, "\rstep P = %d: run %d/%d%s", P, r + 1, warm + reps, r < warm ? " (warm-up)" : "          ");
+    }
+    if (o->tty) fprintf(stderr, "\r%60s\r", "");
+    if (!pre || !stp) st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory for %d runs' times", reps);
+    if (st) {
+      fprintf(stderr, "dgemma bench: step P = %d: %s: %s\n", P, dg_status_str(st), dg_last_error());
+      free(pre); free(stp); free(ids);
+      dg_context_free(ctx);
+      return 1;
+    }
+    const double used = dev_used_bytes(&info, o->cuda_device, NULL);
+    dg_context_free(ctx);
+    free(ids);
+    double plo = pre[0], phi = pre[0], slo = stp[0], shi = stp[0];
+    for (int k = 1; k < reps; k++) { plo = fmin(plo, pre[k]); phi = fmax(phi, pre[k]); }
+    for (int k = 1; k < ns; k++) { slo = fmin(slo, stp[k]); shi = fmax(shi, stp[k]); }
+    const double pmed = bench_median(pre, reps), smed = bench_median(stp, ns);
+    free(pre); free(stp);
+    if (i == 0) step0 = smed;
+    bench_cost ec = bench_encoder_cost(m, P, 0), dc = bench_decoder_cost(m, P);
+    const double pf = bench_floor_s(&ec, bw, rate, NULL), sf = bench_floor_s(&dc, bw, rate, NULL);
+    const double kv = cuda ? bench_kv_cache_bytes(m, P + C, 1, enc_chunk) : 0;
+    char mem[128] = "- | - | -";
+    if (used > 0)
+      snprintf(mem, sizeof mem, "%.2f | %.2f | %.3f", used / 1073741824.0, before / 1073741824.0, kv / 1073741824.0);
+    printf("| %d | %.3f | %.3f–%.3f | %.0f | %.3f | %.3f | %.3f–%.3f | %d | %.3f | %.1f%% | %.3f | %s |\n", P, pmed * 1e3,
+           plo * 1e3, phi * 1e3, P / pmed, pf * 1e3, smed * 1e3, slo * 1e3, shi * 1e3, ns, sf * 1e3, 100 * sf / smed,
+           smed / step0, mem);
+    fflush(stdout);
+    if (out) {
+      const step_row sr = {P, warm, reps, ns, pmed, plo, phi, pf, smed, slo, shi, sf, smed / step0, kv, used, before, tot};
+      step_json(out, &sr, o, C, device, gc, bw, rate, mm, m->n_threads);
+    }
+  }
+  printf("\nprefill floor = max(bytes / %s) of one encoder pass of P tokens; step floor = the same of one decoder pass "
+         "after P cached positions (the cost model); device GiB: total - free of cudaMemGetInfo after the runs with the "
+         "context held, and before it was made (CUDA context, weights, cuBLAS); KV cache: its bytes by the backend's "
+         "layout (%s)\n", gc ? "GPU read, FLOPs / GPU bf16 rate" : "copy, FLOPs / FMA rate",
+         cuda ? "sliding layers in rings" : "the CPU's: not shown");
+  return 0;
+}
+
 int dg_cli_bench(dg_model *m, const bench_opts *o) {
   char err[256];
   if (bench_check_opts(o, err, sizeof err)) { fprintf(stderr, "dgemma bench: %s\n", err); return 2; }
   const char *proto = o->protocol ? o->protocol : "all";
   const int all = !strcmp(proto, "all");
   const int do_vllm = all || !strcmp(proto, "vllm"), do_512 = all || !strcmp(proto, "p512");
-  const int do_batch = all || !strcmp(proto, "batch"), do_ceil = !strcmp(proto, "ceiling");
+  const int do_batch = all || !strcmp(proto, "batch"), do_ceil = !strcmp(proto, "ceiling"),
+            do_step = !strcmp(proto, "step");
   if (m && !do_ceil && bench_check_model(m, o, err, sizeof err)) { /* before the ceilings are measured */
     fprintf(stderr, "dgemma bench: %s; see `dgemma bench --help`\n", err);
     return 2;
@@ -1493,6 +1738,11 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   printf("one decoder step (canvas %d, empty context): %.1f MB (weights %.1f, logits %.1f), %.3f GFLOP -> floor %.2f ms\n\n",
          C, (dc.weight_bytes + dc.kv_bytes + dc.other_bytes) / 1e6, dc.weight_bytes / 1e6, dc.other_bytes / 1e6,
          dc.flops / 1e9, 1e3 * bench_floor_s(&dc, bw, rate, NULL));
+  if (do_step) {
+    const int rs = run_step(m, o, bw, rate, device, gc, mm, out);
+    if (rs) { out_discard(out); return rs; }
+    return out && out_commit(out, o->out) ? 1 : 0;
+  }
   row rows[8];
   int nr = 0, rc = 0;
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
@@ -1501,24 +1751,9 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     if (C != 256 && o->prompt_tokens <= 0)
       printf("vllm protocol: this model's canvas is %d, not 256: prompt %d and %d generated tokens keep vLLM's 4 "
              "canvases in, 4 out (1024/1024 at canvas 256)\n", C, P, G);
-    /* the prompt: <bos> + filler text cut to P - 1 tokens */
-    int32_t *ids = malloc((size_t)P * sizeof *ids), *t = NULL, *bos = NULL;
-    size_t nt_ = 0, nb = 0, have = 1;
-    if (!ids || dg_tokenize(m, "<bos>", 5, 1, &bos, &nb) || nb != 1 || dg_tokenize(m, kFiller, strlen(kFiller), 0, &t, &nt_) || !nt_) {
-      fprintf(stderr, "dgemma bench: cannot build the prompt (tokenizer): %s\n", dg_last_error());
-      free(ids); dg_free(t); dg_free(bos);
-      out_discard(out);
-      return 1;
-    }
-    ids[0] = bos[0];
-    while (have < (size_t)P) { ids[have] = t[(have - 1) % nt_]; have++; }
-    dg_free(t); dg_free(bos);
-    dg_gen_params gp = dg_gen_default_params(m);
-    gp.max_new_tokens = G;
-    gp.max_denoising_steps = 16;
-    gp.stability_threshold = 17; /* > N: never stable, so exactly 16 steps (the reference's way) */
-    gp.n_stop_ids = 0;           /* every canvas generated */
-    gp.seed = o->seed;
+    int32_t *ids = filler_prompt(m, P);
+    if (!ids) { out_discard(out); return 1; }
+    dg_gen_params gp = vllm_params(m, G, o->seed);
     row *r = &rows[nr++];
     memset(r, 0, sizeof *r);
     r->protocol = "vllm";

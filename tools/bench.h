@@ -13,10 +13,12 @@
 
 typedef struct bench_opts {
   const char *model_dir;  /* for the output rows */
-  const char *protocol;   /* "vllm", "p512", "batch", "ceiling" or "all" (vllm + p512 + batch; NULL = all) */
+  const char *protocol;   /* "vllm", "p512", "batch", "step", "ceiling" or "all" (vllm + p512 + batch; NULL = all) */
   int reps;               /* timed runs per row (<= 0: 3) */
   int warmup;             /* untimed runs before them (< 0: 1) */
   int prompt_tokens;      /* vllm: prompt length (<= 0: 4 canvases, = 1024 at canvas 256); refused by the others */
+  const char *contexts;   /* step protocol: prompt lengths P, comma-separated ("1024" when NULL), each in [1, 2^20];
+                           * refused by the others */
   int gen_tokens;         /* generated tokens (<= 0: vllm 4 canvases, p512 512) */
   const char *out;        /* JSON lines, or NULL */
   uint64_t seed;
@@ -34,7 +36,7 @@ typedef struct bench_opts {
    * protocols; the ceiling protocol's kernels and ceilings, on GPU cuda_device) */
   int device;
   int cuda_device;
-  int profile;            /* vllm, p512, batch on CUDA: one more run (batch: of each B) with stage timing
+  int profile;            /* vllm, p512, batch (not step, ceiling) on CUDA: one more run (batch: of each B) with stage timing
                            * (dg_context_profile), printed */
 } bench_opts;
 
@@ -110,6 +112,15 @@ void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal,
 /* Floor of a pass in seconds: max(bytes / bw, flops / rate). bw in bytes/s,
  * rate in FLOP/s. *memory_bound (may be NULL) = 1 if the bytes term wins. */
 double bench_floor_s(const bench_cost *c, double bw, double rate, int *memory_bound);
+
+/* Bytes of the KV cache of a context of cap positions (dg_context_params.max_context) as the backend lays it out
+ * (src/cuda/context.cu ctx_dims_of / ctx_layout): per layer K and V, each n_kv_heads x S x head_dim bf16 (2 bytes),
+ * S = cap + canvas_length on full-attention layers; on sliding layers with cuda_ring set (CUDA without
+ * full_window_cache) the ring of round_up(sliding_window - 1 + max(canvas_length, enc_chunk), 64) slots (at most S),
+ * else S. On the 26B (30 layers, 5 full: 2 KV heads x 512; 25 sliding: 8 x 256, window 1024, canvas 256, enc_chunk
+ * 256): 20,480 bytes per position on the full layers + 262,144,000 bytes of rings. The CPU backend keeps every
+ * position on every layer (cuda_ring 0). */
+double bench_kv_cache_bytes(const dg_model *m, int32_t cap, int cuda_ring, int32_t enc_chunk);
 
 /* Median of v[n] (sorted in place); 0 for n = 0. */
 double bench_median(double *v, int n);

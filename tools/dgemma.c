@@ -192,20 +192,22 @@ static const command kCommands[] = {
      "  -n N, -s STEPS, --seed S, --greedy, --gen-kwargs JSON   as for run\n",
      1, 1},
     {"bench", C_BENCH, "throughput protocols against measured floors",
-     "usage: dgemma bench [-m DIR] [--protocol vllm|p512|batch|ceiling|all] [options]\n"
+     "usage: dgemma bench [-m DIR] [--protocol vllm|p512|batch|step|ceiling|all] [options]\n"
      "\n"
      "vllm: a prompt of 4 canvases, 4 canvases generated, 16 fixed steps each (vLLM's 1024 in, 1024\n"
      "out at the 26B's canvas of 256; 256/256 for the bundled model's 64); p512: three chat prompts,\n"
-     "512 generated tokens; batch: B canvases per forward (turbo engine); ceiling: the matrix kernels\n"
+     "512 generated tokens; batch: B canvases per forward (turbo engine); step: the prefill of P prompt\n"
+     "tokens and the decoder step after it, for each P of --contexts; ceiling: the matrix kernels\n"
      "at the 26B's MoE shapes (no model needed). Each row is printed against a floor measured in the\n"
      "same command (docs/eval.md). The options are checked before anything is measured.\n",
-     "      --protocol P         vllm, p512, batch, ceiling or all (default all: vllm, p512, batch)\n"
+     "      --protocol P         vllm, p512, batch, step, ceiling or all (default all: vllm, p512, batch)\n"
      "      --reps N, --warmup N timed repetitions and warm-up runs\n"
      "  -o, --out FILE           one JSON line per row\n"
      "      --prompt-tokens P    vllm: prompt length (default 4 canvases)\n"
      "  -n N                     tokens generated (default: vllm 4 canvases, p512 512, batch 4 canvases)\n"
      "      --seed S             random seed\n"
      "      --canvases 1,2,4,8   batch: the B values\n"
+     "      --contexts 1024,...  step: the prompt lengths P (default 1024)\n"
      "      --gen-kwargs JSON    batch: generation settings (the other protocols fix theirs)\n"
      "      --rows 1,2,...,256, --formats bf16,8,4,3,2, --moe-tokens 256, --quick   ceiling sweep\n"
      "      --profile            vllm, p512, batch on --device cuda: one more run (batch: of each B) split into\n"
@@ -292,6 +294,7 @@ static const option_def kOptions[] = {
     {NULL, "--reps", C_BENCH},
     {NULL, "--warmup", C_BENCH},
     {NULL, "--prompt-tokens", C_BENCH},
+    {NULL, "--contexts", C_BENCH},
     {NULL, "--bits", C_QUANTIZE | C_MKRANDOM | C_QREPORT},
     {NULL, "--group-size", C_QUANTIZE | C_MKRANDOM | C_QREPORT},
     {NULL, "--recipe", C_QUANTIZE | C_MKRANDOM},
@@ -481,7 +484,7 @@ static const char *default_model(void) {
 #define DG_CLI_MAX_STOPS 16
 
 typedef struct opts {
-  const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms;
+  const char *model, *prompt, *system, *gen_kwargs, *prompt_ids, *canvas_ids, *sc_logits, *out, *canvases, *uniforms, *contexts;
   const char *file, *recipe, *recipes, *config, *source;
   long long ctx_size;              /* chat -c */
   const char *data, *summary, *protocol;
@@ -623,6 +626,7 @@ static void parse_opts(int argc, char **argv, opts *o) {
       }
     }
     else if (!strcmp(a, "--canvases")) o->canvases = FILEARG();
+    else if (!strcmp(a, "--contexts")) o->contexts = ARG();
     else if (!strcmp(a, "--uniforms")) o->uniforms = FILEARG();
     else if (!strcmp(a, "--stop")) {
       const char *v = ARG();
@@ -1913,6 +1917,7 @@ static int cmd_bench(const opts *o) {
   bo.seed = o->seed_set ? (uint64_t)o->seed : 0;
   bo.tty = isatty(2);
   bo.canvases = o->canvases;
+  bo.contexts = o->contexts;
   bo.gen_kwargs = o->gen_kwargs;
   bo.rows = o->rows;
   bo.formats = o->formats;
