@@ -4040,8 +4040,8 @@ static void test_gemm_inv(void **state) {
  * P's rows have ld V + 8, the 8 pad columns NaN (a read of them would poison the outputs):
  *   - the first M2 rows of the product over M1 rows equal the product over M2 rows, word for word (the invariance the
  *     stacked batch needs);
- *   - every token tile (16, 32, 64, 128 rows), the chunking (7-row chunks) and the backend's hook (gemm_inv under
- *     DGEMMA_STACK_DENSE=1, 256-row chunks) give the M1 product's words;
+ *   - every token tile (16, 32, 64, 128 rows; 128 also with a ring of 4 stages), the chunking (7-row chunks) and the
+ *     backend's hook (gemm_inv under DGEMMA_STACK_DENSE=1, 256-row chunks) give the M1 product's words;
  *   - 256 sampled outputs (the 4 corners first) within gamma_n sum_v |alpha p e| + 2^-24 |ref| of an fp64
  *     reference, n = V / 16 + 17 + 12 + 1, u = 2^-23: a chain of V / 16 mma steps of 16 exact products each (the
  *     tensor core may truncate its additions: u = 2^-23), at most 12 run sums (sc_prod_splits) and alpha (Higham,
@@ -4086,21 +4086,21 @@ static void test_sc_prod(void **state) {
                  d = fabs((double)y1[(size_t)t * H + h] - ref);
     if (!(d / bound <= worst)) worst = d / bound; /* a NaN makes it NaN */
   }
-  long nd[2] = {0, 0}, nm[7] = {0};
+  long nd[2] = {0, 0}, nm[8] = {0};
   for (int j = 0; j < 2; j++) {
     assert_dg_ok(cut()->test_sc_prod(0, 0, V, H, M2[j], ldp, alpha, P, E, y2));
     for (size_t i = 0; i < (size_t)M2[j] * H; i++) nd[j] += memcmp(&y1[i], &y2[i], 4) != 0;
   }
-  for (int mode = 1; mode <= 6; mode++) {
+  for (int mode = 1; mode <= 7; mode++) {
     assert_dg_ok(cut()->test_sc_prod(0, mode, V, H, M1, ldp, alpha, P, E, y2));
     for (size_t i = 0; i < (size_t)M1 * H; i++) nm[mode] += memcmp(&y1[i], &y2[i], 4) != 0;
   }
-  printf("# sc_prod V %d H %d: rows %d / %d / %d: %ld and %ld words differ; tiles 16/32/64/128, hook, 7-row chunks: "
-         "%ld %ld %ld %ld %ld %ld words differ; 256 sampled vs fp64, worst |diff| / bound %.4f\n", V, H, M1, M2[0],
-         M2[1], nd[0], nd[1], nm[1], nm[2], nm[3], nm[4], nm[5], nm[6], worst);
+  printf("# sc_prod V %d H %d: rows %d / %d / %d: %ld and %ld words differ; tiles 16/32/64/128, hook, 7-row chunks, "
+         "128 with 4 stages: %ld %ld %ld %ld %ld %ld %ld words differ; 256 sampled vs fp64, worst |diff| / bound %.4f\n",
+         V, H, M1, M2[0], M2[1], nd[0], nd[1], nm[1], nm[2], nm[3], nm[4], nm[5], nm[6], nm[7], worst);
   assert_int_equal(nd[0], 0);
   assert_int_equal(nd[1], 0);
-  for (int mode = 1; mode <= 6; mode++) assert_int_equal(nm[mode], 0);
+  for (int mode = 1; mode <= 7; mode++) assert_int_equal(nm[mode], 0);
   assert_true(worst <= 1.0);
   assert_int_equal(cut()->test_sc_prod(0, 0, 64, 100, 1, 64, 1.0f, P, E, y2), DG_ERR_INVALID_ARG);
   free(P); free(E); free(y1); free(y2);

@@ -6,13 +6,14 @@
  *   1  sc_prod_run, the token tile by sc_prod_bm, all M rows through one workspace (mc = 2048);
  *   2  the same with the tile forced to 128 rows; 3 forced to 64; 4 forced to 16 (the tile's cost alone);
  *   5  version 1 in chunks of 256 rows (the backend's workspace, src/cuda/sc_prod.cu SC_MC; --small: 48 rows);
+ *   7  version 2 with a ring of 4 stages (128 KiB: one block an SM; version 2's ring of 3, 96 KiB, fits two);
  *   6  cublasLt's first split-K-1 entry of its heuristic list at 256 rows (the configuration session 26's lab found
  *      the only invariant one for this shape: src/cuda/gemm_inv.cu's fallback rule), run at every M (not on the
  *      emulation: it has no cublasLt).
  * For M in --ms (default 1, 2, 8, 16, 64, 163, 256, 566, 1024, 2048; the M-row input is the first M rows of one
  * MMAX-row P, so row r is the same data at every M):
  *   inv     the words of each version's rows at M against the same rows of its own output at MMAX ("rows differing":
- *           0 at every M is the invariance the issue needs), and versions 1-5 against version 1 at MMAX (same S: the
+ *           0 at every M is the invariance the issue needs), and versions 1-5, 7 against version 1 at MMAX (same S: the
  *           tile and the chunking must not change a word: sc_prod.cuh's claim);
  *   check   at MMAX, NS sampled outputs (the 4 corners first) against an fp64 CPU reference, |diff| / bound with
  *           bound = gamma_n sum_v |alpha p e| + |alpha| 2^-24 |ref|, n = V / 16 + 17 + S + 1, u = 2^-23: a chain of
@@ -32,7 +33,8 @@
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
  *       dev/cuda/sc_prod.cu -x none build-emu/dev/cuda_emu/emu.o -lm -o build-emu/sc_prod_lab
  *   build-emu/sc_prod_lab --small
- * Exit status 1 if any check fails (a word differs where invariance is claimed, or a sample exceeds its bound). */
+ * Exit status 1 if any check of versions 1-5, 7 fails (a word differs where invariance is claimed, or a sample exceeds
+ * its bound); versions 0 and 6 (cuBLAS) are reported only. */
 #ifndef DG_CUDA_EMU
 #include <cublasLt.h>
 #endif
@@ -116,7 +118,7 @@ static float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(
 
 int main(int argc, char **argv) {
   int reps = 7, V = 262144, H = 2816, MMAX = 2048;
-  std::vector<int> ms = {1, 2, 8, 16, 64, 163, 256, 566, 1024, 2048}, vers = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<int> ms = {1, 2, 8, 16, 64, 163, 256, 566, 1024, 2048}, vers = {0, 1, 2, 3, 4, 5, 7, 6};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms = parse_list(argv[++i]);
@@ -138,7 +140,7 @@ int main(int argc, char **argv) {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   bf16 *E, *P;
   float *ws, *ws256;
-  const int NV = 7;
+  const int NV = 8;
   float *out[NV] = {}, *ref[NV] = {}; /* out: the current M; ref: at MMAX */
   CK(cudaMalloc((void **)&E, nE * 2)); CK(cudaMalloc((void **)&P, nP * 2));
   CK(cudaMalloc((void **)&ws, (size_t)S * MMAX * H * 4)); CK(cudaMalloc((void **)&ws256, (size_t)S * 256 * H * 4));
@@ -205,8 +207,8 @@ int main(int argc, char **argv) {
       CB(cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, H, M, V, &alpha, E, CUDA_R_16BF, H, P, CUDA_R_16BF, V, &zero, o,
                       CUDA_R_32F, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       return 1;
-    case 1: case 2: case 3: case 4: case 5: {
-      const int bm = v == 2 ? 128 : v == 3 ? 64 : v == 4 ? 16 : 0;
+    case 1: case 2: case 3: case 4: case 5: case 7: {
+      const int bm = v == 2 ? 128 : v == 3 ? 64 : v == 4 ? 16 : v == 7 ? -128 : 0;
       CK(sc_prod_run(st, P, V, E, V, H, M, alpha, o, H, v == 5 ? ws256 : ws, v == 5 ? mc5 : MMAX, bm));
       return 1;
     }
@@ -266,7 +268,7 @@ int main(int argc, char **argv) {
       if (!run(v, MMAX, ref[v])) { printf("version %d: cannot run at M %d\n", v, MMAX); continue; }
       CK(cudaStreamSynchronize(st));
       CK(cudaMemcpy(h_a.data(), ref[v], nO * 4, cudaMemcpyDeviceToHost));
-      const int Sv = v >= 1 && v <= 5 ? S : 1;
+      const int Sv = v != 0 && v != 6 ? S : 1;
       const double u = ldexp(1.0, -23), n = V / 16.0 + 17 + Sv + 1, gam = n * u / (1 - n * u);
       double worst = 0.0;
       for (int s = 0; s < NS; s++) {
@@ -275,15 +277,15 @@ int main(int argc, char **argv) {
         worst = std::max(worst, d / bound);
       }
       int eq1 = -1;
-      if (v >= 1 && v <= 5 && out[1] && ref[1] && v != 1) {
+      if (v != 0 && v != 6 && v != 1 && out[1] && ref[1]) {
         CK(cudaMemcpy(h_b.data(), ref[1], nO * 4, cudaMemcpyDeviceToHost));
         eq1 = memcmp(h_a.data(), h_b.data(), nO * 4) == 0;
         if (!eq1) fails++;
       }
-      if (worst > 1.0) fails++;
+      if (worst > 1.0 && v != 0 && v != 6) fails++; /* cuBLAS's (S = 1 in the bound): reported only */
       printf("check version %d at M %d: %d samples vs fp64, worst |diff| / bound %.4f (gamma_n n %.0f)%s%s\n", v, MMAX,
              NS, worst, n, eq1 < 0 ? "" : eq1 ? ", all words equal to version 1's" : ", WORDS DIFFER from version 1's",
-             worst > 1.0 ? "  FAIL" : "");
+             worst > 1.0 && v != 0 && v != 6 ? "  FAIL" : (worst > 1.0 ? "  (beyond the model's bound)" : ""));
     }
   }
   const double bytesE = (double)nE * 2;
@@ -301,13 +303,14 @@ int main(int argc, char **argv) {
       CK(cudaMemcpy(h_b.data(), ref[v], (size_t)M * H * 4, cudaMemcpyDeviceToHost));
       int rows = 0;
       for (int t = 0; t < M; t++) rows += memcmp(&h_a[(size_t)t * H], &h_b[(size_t)t * H], (size_t)H * 4) != 0;
-      if (rows && v != 0) fails++; /* version 0 is not claimed invariant */
+      const bool ours = v != 0 && v != 6; /* cuBLAS's versions are reported, not claimed invariant here */
+      if (rows && ours) fails++;
       float t3[3] = {0, 0, 0};
       if (!g_small) timeit(reps, st, [&] { run(v, M, out[v]); }, t3);
       tmed[v][mi] = t3[0];
       printf("| %d | %d | %.4f | %.4f - %.4f | %.0f | %.1f | %.3f | %d%s |\n", v, M, t3[0], t3[1], t3[2],
              t3[0] > 0 ? bytes / (t3[0] * 1e6) : 0.0, t3[0] > 0 ? 100.0 * floor_ms / t3[0] : 0.0,
-             tmed[0][mi] > 0 ? t3[0] / tmed[0][mi] : 0.0, rows, rows && v != 0 ? "  FAIL" : "");
+             tmed[0][mi] > 0 ? t3[0] / tmed[0][mi] : 0.0, rows, rows && ours ? "  FAIL" : "");
     }
   }
   printf("\n%s: %d failed checks\n", fails ? "FAIL" : "PASS", fails);

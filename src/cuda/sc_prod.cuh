@@ -22,7 +22,8 @@
  * its BM tokens; blocks of the same (j, s) for other token tiles are adjacent in launch order (x fastest), so at
  * M > BM they share the slab through L2 and E is read from HBM about once per call. Stage = E's 64 x 128 (16 KiB,
  * rows of 256 bytes, 16-byte chunk c of row v at c ^ (v % 8)) and P's BM x 64 (rows of 128 bytes, chunk c of row t at
- * c ^ (t % 8)): conflict-free ldmatrix. A ring of SC_ST = 4 slots by cp.async (3 stages in flight); tokens past M and
+ * c ^ (t % 8)): conflict-free ldmatrix. A ring of ST slots by cp.async (ST - 1 stages in flight: ST 4, and 3 for BM 128
+ * so that two blocks fit an SM; ST changes the timing only, never the order); tokens past M and
  * vocabulary rows past V are zero-filled (cp.async with 0 source bytes), never stored. Warps: WM = 1 (BM 16) or 2
  * token groups x WH = 8 / WM column groups; a warp's tile 128 / WH columns (MA m16 tiles: A = E^T by
  * ldmatrix.x4.trans) x BM / WM tokens (NT n8 tiles: B = P^T by ldmatrix.x4). Partial sums go to ws [S, mc, H]
@@ -32,7 +33,7 @@
 
 #include "cuda/mma.cuh"
 
-enum { SC_BH = 128, SC_BK = 64, SC_ST = 4, SC_THREADS = 256 };
+enum { SC_BH = 128, SC_BK = 64, SC_THREADS = 256 };
 
 /* The run count S: a function of V only (never of M). 12 runs x 22 column slabs of the 26B (H 2816) = 264 blocks,
  * two per SM of an H100/H200 (132 SMs) at BM <= 64; at least 1 stage a run for small vocabularies. */
@@ -40,14 +41,15 @@ static inline int sc_prod_splits(int V) {
   const int n = (V + SC_BK - 1) / SC_BK;
   return n < 12 ? n : 12;
 }
-/* Shared memory of a block: SC_ST slots of E's 64 x 128 and P's BM x 64 bf16. */
-static inline size_t sc_prod_smem(int bm) { return (size_t)SC_ST * (SC_BK * SC_BH + bm * SC_BK) * 2; }
+/* Shared memory of a block: st slots of E's 64 x 128 and P's bm x 64 bf16 (st 4: 72, 80, 96, 128 KiB for bm 16, 32,
+ * 64, 128; st 3 at bm 128: 96 KiB). */
+static inline size_t sc_prod_smem(int bm, int st) { return (size_t)st * (SC_BK * SC_BH + bm * SC_BK) * 2; }
 static inline bool sc_prod_fits(int V, int H, int ldp, const void *P, const void *E) {
   return V >= 8 && H >= SC_BH && H % SC_BH == 0 && V % 8 == 0 && ldp % 8 == 0 && ((uintptr_t)P & 15) == 0 &&
          ((uintptr_t)E & 15) == 0;
 }
 
-template <int BM>
+template <int BM, int SC_ST>
 __global__ void __launch_bounds__(SC_THREADS) sc_prod_kernel(const bf16 *__restrict__ P, int ldp,
                                                               const bf16 *__restrict__ E, int V, int H, int M, int S,
                                                               float *__restrict__ ws, int mc) {
@@ -168,25 +170,33 @@ static inline int sc_prod_bm(int M) {
 static inline cudaError_t sc_prod_run(cudaStream_t st, const bf16 *P, int ldp, const bf16 *E, int V, int H, int M,
                                       float alpha, float *out, int ldo, float *ws, int mc, int bm) {
   if (M <= 0) return cudaSuccess;
-  if (!sc_prod_fits(V, H, ldp, P, E) || mc < 1 || ldo < H || (bm && bm != 16 && bm != 32 && bm != 64 && bm != 128))
+  if (!sc_prod_fits(V, H, ldp, P, E) || mc < 1 || ldo < H ||
+      (bm && bm != 16 && bm != 32 && bm != 64 && bm != 128 && bm != -128))
     return cudaErrorInvalidValue;
+  static int sm_set = 0; /* the shared-memory limits, raised once for every instantiation: a one-time call that must
+                          * not happen during a capture (src/cuda/graph.cu), whichever tile a captured pass takes */
+  if (!sm_set) {
+#define SC_A(B_, ST_)                                                                                             \
+  cudaFuncSetAttribute(sc_prod_kernel<B_, ST_>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sc_prod_smem(B_, ST_))
+    const cudaError_t e[5] = {SC_A(16, 4), SC_A(32, 4), SC_A(64, 4), SC_A(128, 3), SC_A(128, 4)};
+#undef SC_A
+    for (int i = 0; i < 5; i++)
+      if (e[i] != cudaSuccess) return e[i];
+    sm_set = 1;
+  }
   const int S = sc_prod_splits(V);
   const int nch = (M + mc - 1) / mc, ch = (M + nch - 1) / nch; /* equal chunks of at most mc rows */
   for (int r0 = 0; r0 < M; r0 += ch) {
-    const int m = M - r0 < ch ? M - r0 : ch, b = bm ? bm : sc_prod_bm(m);
+    const int m = M - r0 < ch ? M - r0 : ch, b = bm < 0 ? -bm : bm ? bm : sc_prod_bm(m);
     const bf16 *p = P + (size_t)r0 * ldp;
     const dim3 grid((m + b - 1) / b, H / SC_BH, S);
-    const size_t sm = sc_prod_smem(b);
-    /* the shared-memory limit raised at every launch (host only, not a stream operation; per device) */
-#define SC_L(B_)                                                                                                  \
-  do {                                                                                                            \
-    cudaFuncSetAttribute(sc_prod_kernel<B_>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);               \
-    DG_LAUNCH(sc_prod_kernel<B_>, grid, SC_THREADS, sm, st)(p, ldp, E, V, H, m, S, ws, mc);                       \
-  } while (0)
-    if (b == 16) SC_L(16);
-    else if (b == 32) SC_L(32);
-    else if (b == 64) SC_L(64);
-    else SC_L(128);
+    const size_t sm = sc_prod_smem(b, b == 128 && bm >= 0 ? 3 : 4);
+#define SC_L(B_, ST_) DG_LAUNCH((sc_prod_kernel<B_, ST_>), grid, SC_THREADS, sm, st)(p, ldp, E, V, H, m, S, ws, mc)
+    if (b == 16) SC_L(16, 4);
+    else if (b == 32) SC_L(32, 4);
+    else if (b == 64) SC_L(64, 4);
+    else if (bm >= 0) SC_L(128, 3);
+    else SC_L(128, 4);
 #undef SC_L
     const long long n4 = (long long)m * (H / 4);
     const int nb = (int)((n4 + 255) / 256 < 2048 ? (n4 + 255) / 256 : 2048);

@@ -1567,8 +1567,8 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     goto done; } } while (0)
 extern "C" dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, int M, int ldp, float alpha,
                                           const uint16_t *P, const uint16_t *E, float *out) {
-  if (mode < 0 || mode > 6 || M < 1 || V < 1 || H < 1 || ldp < V)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_prod: mode %d (0-6), V %d, H %d, M %d, ldp %d", mode, V, H,
+  if (mode < 0 || mode > 7 || M < 1 || V < 1 || H < 1 || ldp < V)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_prod: mode %d (0-7), V %d, H %d, M %d, ldp %d", mode, V, H,
                      M, ldp);
   CK(cudaSetDevice(device));
   alloc_list al = {NULL, 0, 0};
@@ -1598,7 +1598,7 @@ extern "C" dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, in
       goto done;
     }
   } else {
-    const int bm = mode >= 1 && mode <= 4 ? 8 << mode : 0, mc = mode == 6 ? 7 : M;
+    const int bm = mode >= 1 && mode <= 4 ? 8 << mode : mode == 7 ? -128 : 0, mc = mode == 6 ? 7 : M;
     TT_(dalloc(&al, (void **)&ws, (size_t)sc_prod_splits(V) * mc * H * 4, "sc workspace"));
     TC_(sc_prod_run(c.stream, (const bf16 *)dP, ldp, (const bf16 *)dE, V, H, M, alpha, (float *)dO, H, ws, mc, bm));
   }

@@ -227,7 +227,7 @@ dg_status dg_cuda_test_gemm_inv(int device, int i, int M1, int M2, int *n_shapes
  * src/cuda/sc_prod.cuh's batch-invariant kernel (session 27, sk12): mode 0 sc_prod_run with its own tile choice in one
  * chunk of M rows; 1-4 the token tile forced to 16, 32, 64, 128 rows; 5 through gemm_inv on a bare context with
  * DGEMMA_STACK_DENSE forced to 1 (the backend's hook, src/cuda/gemm_inv.cu: its workspace of 256 rows, so chunks of
- * at most 256 rows); 6 chunks of at most 7 rows. Every mode must give the same words (the kernel's claim). out
+ * at most 256 rows); 6 chunks of at most 7 rows; 7 the 128-row tile with a ring of 4 stages. Every mode must give the same words (the kernel's claim). out
  * [M, H] fp32. DG_ERR_INVALID_ARG for another mode, M < 1, ldp < V, or a shape sc_prod does not take (H % 128,
  * V % 8, ldp % 8); DG_ERR_BACKEND where mode 5's hook did not take it or a launch failed. */
 dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, int M, int ldp, float alpha, const uint16_t *P,
