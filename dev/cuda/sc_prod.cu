@@ -7,9 +7,9 @@
  *   2  the same with the tile forced to 128 rows; 3 forced to 64; 4 forced to 16 (the tile's cost alone);
  *   5  version 1 in chunks of 256 rows (the backend's workspace, src/cuda/sc_prod.cu SC_MC; --small: 48 rows);
  *   7  version 2 with a ring of 4 stages (128 KiB: one block an SM; version 2's ring of 3, 96 KiB, fits two);
- *   6  cublasLt's first split-K-1 entry of its heuristic list at 256 rows (the configuration session 26's lab found
- *      the only invariant one for this shape: src/cuda/gemm_inv.cu's fallback rule), run at every M (not on the
- *      emulation: it has no cublasLt).
+ *   6  cublasLt's first split-K-1 entry of its heuristic list at 256 rows, else at 2048 rows (session 27's first H100
+ *      call found split-K 1, algo 66 tile 20 from the 2048-row list, the only invariant configuration for this
+ *      shape), run at every M (not on the emulation: it has no cublasLt).
  * For M in --ms (default 1, 2, 8, 16, 64, 163, 256, 566, 1024, 2048; the M-row input is the first M rows of one
  * MMAX-row P, so row r is the same data at every M):
  *   inv     the words of each version's rows at M against the same rows of its own output at MMAX ("rows differing":
@@ -181,22 +181,29 @@ int main(int argc, char **argv) {
     CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_ws_bytes,
                                             sizeof lt_ws_bytes));
     cublasLtMatmulHeuristicResult_t hr[32];
-    int nr = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, hr, &nr) != CUBLAS_STATUS_SUCCESS) nr = 0;
-    for (int i = 0; i < nr && !lt_ok; i++) {
-      uint32_t u[4] = {0, 0, 0, 0};
-      size_t w = 0;
-      const cublasLtMatmulAlgoConfigAttributes_t at[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
-                                                          CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM};
-      for (int a = 0; a < 4; a++) cublasLtMatmulAlgoConfigGetAttribute(&hr[i].algo, at[a], &u[a], sizeof u[a], &w);
-      if (hr[i].state == CUBLAS_STATUS_SUCCESS && hr[i].workspaceSize <= lt_ws_bytes && u[3] == 1) {
-        lt_algo = hr[i].algo; lt_ok = 1;
-        for (int a = 0; a < 4; a++) lt_v[a] = (int)u[a];
+    for (int from : {256, 2048}) { /* the lists at 256 rows, then at 2048 (session 26's verdict came from there) */
+      if (lt_ok) break;
+      uint64_t cols = (uint64_t)from;
+      CB(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols));
+      CB(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols));
+      int nr = 0;
+      if (cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, hr, &nr) != CUBLAS_STATUS_SUCCESS) nr = 0;
+      for (int i = 0; i < nr && !lt_ok; i++) {
+        uint32_t u[4] = {0, 0, 0, 0};
+        size_t w = 0;
+        const cublasLtMatmulAlgoConfigAttributes_t at[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                            CUBLASLT_ALGO_CONFIG_STAGES_ID,
+                                                            CUBLASLT_ALGO_CONFIG_SPLITK_NUM};
+        for (int a = 0; a < 4; a++) cublasLtMatmulAlgoConfigGetAttribute(&hr[i].algo, at[a], &u[a], sizeof u[a], &w);
+        if (hr[i].state == CUBLAS_STATUS_SUCCESS && hr[i].workspaceSize <= lt_ws_bytes && u[3] == 1) {
+          lt_algo = hr[i].algo; lt_ok = from;
+          for (int a = 0; a < 4; a++) lt_v[a] = (int)u[a];
+        }
       }
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    printf("# version 6: cublasLt split-K 1 entry at 256 rows: %s (algo %d tile %d stages %d split-K %d)\n",
-           lt_ok ? "found" : "none", lt_v[0], lt_v[1], lt_v[2], lt_v[3]);
+    printf("# version 6: cublasLt's first split-K 1 entry: %s %d rows' list (algo %d tile %d stages %d split-K %d)\n",
+           lt_ok ? "from the" : "none in the 256 and 2048", lt_ok ? lt_ok : 0, lt_v[0], lt_v[1], lt_v[2], lt_v[3]);
   }
 #endif
   /* version v at M rows into o; 0 where it cannot run */
