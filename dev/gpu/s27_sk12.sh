@@ -36,7 +36,8 @@
 #       ~0.6 ms in a pass of ~12 ms).
 # A fresh machine spends ~110-220 s on build/ (common.cuh and host.cuh changed: every CUDA object) beside mkrandom's
 # ~205-280 s, so part 4 will mostly be skipped; then, on the same warm machine (build/ and /tmp/dg26b kept):
-#   bash dev/gpu/s27_sk12.sh $OUT bench     (part 4 alone, B = 1, 4, 8, ~4 min; 5 files back)
+#   bash dev/gpu/s27_sk12.sh $OUT bench     (part 4 alone, B = 1, 4, 8, ~4 min; 5 files back; up to ~8 min where
+#   the first call ended before mkrandom did and the checkpoint is written again: still under the 600 s limit)
 # Usage: bash dev/gpu/s27_sk12.sh $OUT [bench]
 O=${1:?usage: dev/gpu/s27_sk12.sh OUT [bench]}; mkdir -p "$O"
 . scripts/gpu_env.sh
