@@ -1446,6 +1446,71 @@ static void test_turbo_generate(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* k_turbo_sc_probs_tab (the exact SC probabilities in three launches over a table of canvases; the default since
+ * session 27) against k_turbo_sc_probs (session 26's kernel, one 512-thread block per row), word for word: the new
+ * launches repeat the row kernel's order of its double sum (thread t of 512 sums columns t, t + 512, ... in order;
+ * the warps' and then warp 0's butterflies), the maximum and the probabilities do not depend on the order. Three
+ * canvases of 3, 0 and 5 rows (an empty one between: the table's row offsets), their own temperatures, softcap
+ * 30 and none, activation dtypes bf16 (z kept in P), f16 and f32 (z computed again), V = 333 (short last chunk)
+ * and 1,100 (threads with 2 and 3 columns; the emulation's chunks are 128 columns, the GPU's 8,192); on a GPU also
+ * V = 262,144 (the 26B's vocabulary) at 24 + 0 + 40 rows. Also each row's softmax sum, the double the
+ * probabilities divide by, bit for bit (the table's from its warp sums as scp_write_kernel forms it; the row
+ * kernel's from its shared memory): a sum in another order differs there in its last bits long before a
+ * probability's bf16 word changes (tried: threads summing the columns t * 16 + w, t * 16 + w + 512, ... instead
+ * of 32 w + t, ... fail on the sums while the words pass). Raw logits: uniform in [-20, 20) with every 7th column
+ * equal to its row's first (ties), one column per row at +25; odd rows uniform in [-60, 60) (exp(z - max) then
+ * spans far more than a double's 53 bits, so the sums round and their order shows). A word not written would read
+ * 0xFFFF. */
+static void test_turbo_sc_probs(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char info[256] = {0};
+  const int emu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation") != NULL;
+  const int acts[3] = {DG_BF16, DG_F16, DG_F32};
+  const int Vs[3] = {333, 1100, 262144};
+  const float caps[2] = {30.0f, 0.0f}, T[3] = {0.7f, 1.0f, 1.3f};
+  long words = 0;
+  for (int vi = 0; vi < (emu ? 2 : 3); vi++) {
+    const int V = Vs[vi];
+    const int32_t n[3] = {vi == 2 ? 24 : 3, 0, vi == 2 ? 40 : 5};
+    const size_t R = (size_t)n[0] + n[1] + n[2];
+    float *raw = malloc(R * V * 4);
+    uint16_t *pt = malloc(R * V * 2), *pr = malloc(R * V * 2);
+    double sumt[64], sumr[64];
+    assert_true(R <= 64);
+    assert_non_null(raw);
+    assert_non_null(pt);
+    assert_non_null(pr);
+    unsigned seed = 1234u + (unsigned)vi;
+    for (size_t r = 0; r < R; r++) {
+      for (int v = 0; v < V; v++) raw[r * V + v] = (r % 2 ? 60.0f : 20.0f) * synth_rand(&seed);
+      for (int v = 7; v < V; v += 7) raw[r * V + v] = raw[r * V];
+      raw[r * V + (r * 37) % V] = 25.0f;
+    }
+    for (int ai = 0; ai < 3; ai++)
+      for (int ci = 0; ci < 2; ci++) {
+        if (vi == 2 && (ai > 0 || ci > 0)) continue; /* the 26B's shape: bf16, softcap 30 */
+        assert_dg_ok(cut()->test_sc_probs(0, acts[ai], 3, n, V, caps[ci], T, raw, pt, pr, sumt, sumr));
+        for (size_t r = 0; r < R; r++) /* the double itself: a change of the sum's order shows here first */
+          if (memcmp(&sumt[r], &sumr[r], 8))
+            fail_msg("V %d act %d cap %g row %zu: softmax sum %.17g (table) != %.17g (row kernel)", V, acts[ai],
+                     (double)caps[ci], r, sumt[r], sumr[r]);
+        for (size_t i = 0; i < R * V; i++)
+          if (pt[i] != pr[i])
+            fail_msg("V %d act %d cap %g: word %zu (row %zu, column %zu): table 0x%04x, row kernel 0x%04x", V, acts[ai],
+                     (double)caps[ci], i, i / V, i % V, pt[i], pr[i]);
+        for (size_t i = 0; i < R * V; i++) assert_true(pr[i] != 0xFFFF); /* every word written */
+        words += (long)(R * V);
+      }
+    free(raw);
+    free(pt);
+    free(pr);
+  }
+  printf("# turbo SC probabilities: the table launches equal the row kernel in all %ld words (%s)\n", words,
+         emu ? "CPU emulation" : "GPU");
+}
+
 /* The two canvases of test_turbo_batch and test_profile_batch: prompts of 30 and 11 random ids (seeds 81, 82) and
  * two turbo settings (compact + repair + confidence; turbo_steps + top-K SC), two canvases of at most 3 steps each
  * (+ repair: the emulation is slow), seeds 30 and 31, no stop ids. */
@@ -4137,7 +4202,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),

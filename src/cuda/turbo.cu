@@ -10,7 +10,7 @@
 #include <float.h>
 #include <math.h>
 
-#include "cuda/common.cuh"
+#include "cuda/host.cuh"
 
 #define TB_CHUNK 64 /* = DG_TOPK_CHUNK (src/sample/turbo.h): elements per chunk */
 #ifdef DG_CUDA_EMU
@@ -80,7 +80,8 @@ static __device__ void tk_block_best(float &v, int &i, float *shv, int *shi) {
   i = shi[0];
 }
 
-/* One block per row r of raw [n, V]:
+/* Row r of raw [n, V] (x = its row; cvr/cir [nC], cdv/cdi [min(K, nC) * 64], valr/idxr [K] its rows of the
+ * buffers), one block:
  *   1. chunk maxima over chunks of 64 (the first maximal element represents
  *      its chunk) into cv/ci [nC], checking that the row is finite;
  *   2. the nsel = min(K, nC) best chunks, one block-wide selection per rank,
@@ -90,35 +91,27 @@ static __device__ void tk_block_best(float &v, int &i, float *shv, int *shi) {
  * Equal to the first K of a full sort under the order (the K best elements
  * lie in the K best chunks). bad[0]: the first non-finite row (atomicMin,
  * INT32_MAX if none), bad[1 + r]: its first non-finite column. */
-__global__ void __launch_bounds__(TK_NT) topk_hier_kernel(const float *raw, int V, int K, float *cv, int32_t *ci,
-                                                          float *candv, int32_t *candi, float *val, int32_t *idx,
-                                                          int32_t *bad) {
-  DG_PDL_ENTRY();
-  __shared__ float shv[32];
-  __shared__ int shi[32];
-  __shared__ int shbad;
-  const int r = blockIdx.x, tid = threadIdx.x;
+static __device__ void topk_row(const float *x, int V, int K, float *cvr, int32_t *cir, float *cdv, int32_t *cdi,
+                                float *valr, int32_t *idxr, int32_t *bad, int r, float *shv, int *shi, int *shbad) {
+  const int tid = threadIdx.x;
   const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, nsel = min(K, nC), ncand = nsel * TB_CHUNK;
-  const float *x = raw + (size_t)r * V;
-  float *cvr = cv + (size_t)r * nC, *cdv = candv + (size_t)r * ncand;
-  int32_t *cir = ci + (size_t)r * nC, *cdi = candi + (size_t)r * ncand;
-  if (tid == 0) shbad = INT32_MAX;
+  if (tid == 0) *shbad = INT32_MAX;
   __syncthreads();
   for (int c = tid; c < nC; c += blockDim.x) {
     const int lo = c * TB_CHUNK, hi = min(V, lo + TB_CHUNK);
     int b = lo;
     for (int v = lo; v < hi; v++) {
       const float f = x[v];
-      if (!isfinite(f)) { atomicMin(&shbad, v); break; }
+      if (!isfinite(f)) { atomicMin(shbad, v); break; }
       if (f > x[b]) b = v;
     }
     cvr[c] = x[b];
     cir[c] = b;
   }
   __syncthreads();
-  if (shbad != INT32_MAX) {
+  if (*shbad != INT32_MAX) {
     if (tid == 0) {
-      bad[1 + r] = shbad;
+      bad[1 + r] = *shbad;
       atomicMin(bad, r);
     }
     return;
@@ -147,11 +140,70 @@ __global__ void __launch_bounds__(TK_NT) topk_hier_kernel(const float *raw, int 
     tk_block_best(bv, bi, shv, shi);
     if (bp >= 0 && mine == bi) { cdv[bp] = -INFINITY; cdi[bp] = INT32_MAX; } /* ids are unique: one owner */
     if (tid == 0) {
-      val[(size_t)r * K + k] = bv;
-      idx[(size_t)r * K + k] = bi;
+      valr[k] = bv;
+      idxr[k] = bi;
     }
     __syncthreads();
   }
+}
+
+/* One block per row r of raw [n, V] (topk_row). */
+__global__ void __launch_bounds__(TK_NT) topk_hier_kernel(const float *raw, int V, int K, float *cv, int32_t *ci,
+                                                          float *candv, int32_t *candi, float *val, int32_t *idx,
+                                                          int32_t *bad) {
+  DG_PDL_ENTRY();
+  __shared__ float shv[32];
+  __shared__ int shi[32];
+  __shared__ int shbad;
+  const int r = blockIdx.x;
+  const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, ncand = min(K, nC) * TB_CHUNK;
+  topk_row(raw + (size_t)r * V, V, K, cv + (size_t)r * nC, ci + (size_t)r * nC, candv + (size_t)r * ncand,
+           candi + (size_t)r * ncand, val + (size_t)r * K, idx + (size_t)r * K, bad, r, shv, shi, &shbad);
+}
+
+/* Row g of a table's rows (the canvases' rows one after another): its canvas b and row r within it. The loop over
+ * the table's fixed size keeps every index a constant (no copy of the parameters to local memory). */
+static __device__ __forceinline__ int tab_canvas(const int32_t *row0, int B, int g, int *r) {
+  int b = 0;
+#pragma unroll
+  for (int i = 1; i < DG_TB_TAB; i++)
+    if (i < B && g >= row0[i]) b = i;
+  int base = 0;
+#pragma unroll
+  for (int i = 0; i < DG_TB_TAB; i++)
+    if (i == b) base = row0[i];
+  *r = g - base;
+  return b;
+}
+
+template <typename S> static __device__ __forceinline__ S tab_pick(const S *s, int b) {
+  S o = s[0];
+#pragma unroll
+  for (int i = 1; i < DG_TB_TAB; i++)
+    if (i == b) o = s[i];
+  return o;
+}
+
+/* One block per row of the table's canvases: topk_row with each canvas's own buffers and K. */
+__global__ void __launch_bounds__(TK_NT) topk_tab_kernel(const dg_tk_tab t, int V) {
+  DG_PDL_ENTRY();
+  __shared__ float shv[32];
+  __shared__ int shi[32];
+  __shared__ int shbad;
+  int r;
+  const int b = tab_canvas(t.row0, t.B, blockIdx.x, &r);
+  const dg_tk_seg s = tab_pick(t.s, b);
+  const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, ncand = min(s.K, nC) * TB_CHUNK;
+  topk_row(s.raw + (size_t)r * V, V, s.K, s.cv + (size_t)r * nC, s.ci + (size_t)r * nC, s.candv + (size_t)r * ncand,
+           s.candi + (size_t)r * ncand, s.val + (size_t)r * s.K, s.idx + (size_t)r * s.K, s.bad, r, shv, shi, &shbad);
+}
+
+cudaError_t k_topk_tab(cudaStream_t s, const dg_tk_tab *t, int V) {
+  if (t->B < 1 || t->B > DG_TB_TAB) return cudaErrorInvalidValue;
+  const int R = t->row0[t->B];
+  if (R <= 0) return cudaSuccess;
+  DG_LAUNCH(topk_tab_kernel, R, TK_NT, 0, s)(*t, V);
+  return cudaGetLastError();
 }
 
 cudaError_t k_topk_hier(cudaStream_t s, const float *raw, int n, int V, int K, float *cv, int32_t *ci, float *candv,
@@ -176,7 +228,7 @@ static __device__ __forceinline__ float tb_z(float raw, float cap, float T) {
 /* One block per row: z = softcap(raw)/T as src/sample/turbo.c's exact mode, then
  * P = cast(softmax(cast(z))) as dg_soft_row (max and sum over the row,
  * the sum of the fp32 exponentials in double), stored as bf16 for the product. */
-__global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float cap, float T, int act) {
+__global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float cap, float T, int act, double *sum_out) {
   DG_PDL_ENTRY();
   __shared__ float shf[32];
   __shared__ double shd[32];
@@ -205,6 +257,7 @@ __global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float ca
     if (l == 0) shd[0] = ss;
   }
   __syncthreads();
+  if (sum_out && tid == 0) sum_out[r] = shd[0];
   const float inv = (float)(1.0 / shd[0]);
   for (int v = tid; v < V; v += blockDim.x)
     P[(size_t)r * V + v] =
@@ -213,8 +266,111 @@ __global__ void turbo_sc_probs_kernel(const float *raw, bf16 *P, int V, float ca
 
 cudaError_t k_turbo_sc_probs(cudaStream_t s, const float *raw, bf16 *P, int n, int V, float cap, float T, int act) {
   if (n <= 0) return cudaSuccess;
-  DG_LAUNCH(turbo_sc_probs_kernel, n, 512, 0, s)(raw, P, V, cap, T, act);
+  DG_LAUNCH(turbo_sc_probs_kernel, n, 512, 0, s)(raw, P, V, cap, T, act, (double *)NULL);
   return cudaGetLastError();
+}
+
+cudaError_t k_turbo_sc_probs_sum(cudaStream_t s, const float *raw, bf16 *P, int n, int V, float cap, float T, int act,
+                                 double *sum) {
+  if (n <= 0) return cudaSuccess;
+  DG_LAUNCH(turbo_sc_probs_kernel, n, 512, 0, s)(raw, P, V, cap, T, act, sum);
+  return cudaGetLastError();
+}
+
+/* The same words from three launches over a table of canvases (k_turbo_sc_probs_tab), without the one block per
+ * row: turbo_sc_probs_kernel's sum fixes the order of its additions (thread t of SCP_NT sums columns t, t + SCP_NT,
+ * ... in double in that order; the warps' butterflies; warp 0's butterfly over the SCP_NW warp sums), which
+ * scp_sum_kernel repeats with one 32-thread block per (row, warp) and scp_write_kernel's butterfly over the warp
+ * sums; the maximum (fmaxf) and the probabilities do not depend on the order. ST: z = cast(softcap(raw) / T) is
+ * computed once and kept in P as its act dtype (1 bf16, 2 f16: exact, cast already rounded it there), or computed
+ * again from raw in each launch (0: act f32). */
+#define SCP_NT 512 /* = turbo_sc_probs_kernel's block: the order of its sum */
+#define SCP_NW (SCP_NT / 32)
+#define SCP_BT 256 /* threads of scp_max_kernel and scp_write_kernel */
+
+template <int ST> static __device__ __forceinline__ float scp_z(const dg_tb_seg &s, size_t o, float cap, int act) {
+  if (ST == 1) return __bfloat162float(s.P[o]);
+  if (ST == 2) return __half2float(reinterpret_cast<const __half *>(s.P)[o]);
+  return tb_round_act(tb_z(s.raw[o], cap, s.T), act);
+}
+
+static __device__ __forceinline__ float scp_row_max(const float *pm, int nch) {
+  float mx = -FLT_MAX;
+  for (int c = 0; c < nch; c++) mx = fmaxf(mx, pm[c]);
+  return mx;
+}
+
+/* Block (c, g): row g of the table, columns [c SCP_CW, (c + 1) SCP_CW): z's maximum into pmax[r, c] (and z into P
+ * for ST 1, 2). */
+template <int ST> __global__ void __launch_bounds__(SCP_BT) scp_max_kernel(const dg_tb_tab t, int V, float cap, int act) {
+  DG_PDL_ENTRY();
+  __shared__ float shf[32];
+  int r;
+  const dg_tb_seg s = tab_pick(t.s, tab_canvas(t.row0, t.B, blockIdx.y, &r));
+  const size_t o = (size_t)r * V;
+  const int lo = blockIdx.x * DG_SCP_CW, hi = min(V, lo + DG_SCP_CW), l = threadIdx.x & 31, w = threadIdx.x >> 5;
+  float mx = -FLT_MAX;
+  for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+    const float z = tb_round_act(tb_z(s.raw[o + v], cap, s.T), act);
+    mx = fmaxf(mx, z);
+    if (ST == 1) s.P[o + v] = __float2bfloat16_rn(z);
+    if (ST == 2) reinterpret_cast<__half *>(s.P)[o + v] = __float2half_rn(z);
+  }
+  for (int k = 16; k; k >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, k));
+  if (l == 0) shf[w] = mx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) mx = fmaxf(mx, shf[i]);
+    s.pmax[(size_t)r * gridDim.x + blockIdx.x] = mx;
+  }
+}
+
+/* Block (w, g), 32 threads: warp w of turbo_sc_probs_kernel for row g: its threads' sums of exp(z - max) in double
+ * (thread t = 32 w + lane: columns t, t + SCP_NT, ...), the warp's butterfly, into psum[r, w]. */
+template <int ST> __global__ void __launch_bounds__(32) scp_sum_kernel(const dg_tb_tab t, int V, int nch, float cap, int act) {
+  DG_PDL_ENTRY();
+  int r;
+  const dg_tb_seg s = tab_pick(t.s, tab_canvas(t.row0, t.B, blockIdx.y, &r));
+  const size_t o = (size_t)r * V;
+  const float mx = scp_row_max(s.pmax + (size_t)r * nch, nch);
+  double sum = 0.0;
+  for (int v = blockIdx.x * 32 + threadIdx.x; v < V; v += SCP_NT) sum += (double)expf(scp_z<ST>(s, o + v, cap, act) - mx);
+  for (int k = 16; k; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
+  if (threadIdx.x == 0) s.psum[(size_t)r * SCP_NW + blockIdx.x] = sum;
+}
+
+/* Block (c, g): the row's sum as turbo_sc_probs_kernel's warp 0 forms it from the warp sums (every warp here forms
+ * it alike), then P of columns [c SCP_CW, (c + 1) SCP_CW). */
+template <int ST> __global__ void __launch_bounds__(SCP_BT) scp_write_kernel(const dg_tb_tab t, int V, int nch, float cap, int act) {
+  DG_PDL_ENTRY();
+  int r;
+  const dg_tb_seg s = tab_pick(t.s, tab_canvas(t.row0, t.B, blockIdx.y, &r));
+  const size_t o = (size_t)r * V;
+  const float mx = scp_row_max(s.pmax + (size_t)r * nch, nch);
+  const int l = threadIdx.x & 31;
+  double ss = l < SCP_NW ? s.psum[(size_t)r * SCP_NW + l] : 0.0;
+  for (int k = 16; k; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
+  const float inv = (float)(1.0 / ss);
+  const int lo = blockIdx.x * DG_SCP_CW, hi = min(V, lo + DG_SCP_CW);
+  for (int v = lo + threadIdx.x; v < hi; v += blockDim.x)
+    s.P[o + v] = __float2bfloat16_rn(tb_round_act(expf(scp_z<ST>(s, o + v, cap, act) - mx) * inv, act));
+}
+
+template <int ST> static cudaError_t scp_launch(cudaStream_t s, const dg_tb_tab *t, int R, int V, float cap, int act) {
+  const int nch = dg_scp_chunks(V);
+  DG_LAUNCH(scp_max_kernel<ST>, dim3(nch, R), SCP_BT, 0, s)(*t, V, cap, act);
+  DG_LAUNCH(scp_sum_kernel<ST>, dim3(SCP_NW, R), 32, 0, s)(*t, V, nch, cap, act);
+  DG_LAUNCH(scp_write_kernel<ST>, dim3(nch, R), SCP_BT, 0, s)(*t, V, nch, cap, act);
+  return cudaGetLastError();
+}
+
+cudaError_t k_turbo_sc_probs_tab(cudaStream_t s, const dg_tb_tab *t, int V, float cap, int act) {
+  if (t->B < 1 || t->B > DG_TB_TAB) return cudaErrorInvalidValue;
+  const int R = t->row0[t->B];
+  if (R <= 0) return cudaSuccess;
+  if (act == DG_CUDA_BF16) return scp_launch<1>(s, t, R, V, cap, act);
+  if (act == DG_CUDA_F16) return scp_launch<2>(s, t, R, V, cap, act);
+  return scp_launch<0>(s, t, R, V, cap, act);
 }
 
 /* One block per row r: soft[rows[r], j] = scale * sum_k p[r, k] E[idx[r, k], j],

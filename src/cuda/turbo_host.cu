@@ -12,6 +12,15 @@
 
 /* ---- turbo engine (spec 7; host engine src/sample/turbo.c, kernels turbo.cu) -------------- */
 
+/* DGEMMA_SC_PROBS (host.cuh sc_probs_now): "row" the one-block-per-row kernel, else the table kernels. */
+static int sc_probs_override = -1;
+static const int sc_probs_env = [] {
+  const char *v = getenv("DGEMMA_SC_PROBS");
+  return v && !strcmp(v, "row") ? 0 : 1;
+}();
+int sc_probs_now(void) { return sc_probs_override >= 0 ? sc_probs_override : sc_probs_env; }
+void dg_cuda_sc_probs_set(int mode) { sc_probs_override = mode < 0 ? -1 : mode != 0; }
+
 static void turbo_topk_free(dg_cuda_turbo *t) {
   cudaFree(t->kblk);
   t->kblk = NULL;
@@ -25,6 +34,8 @@ void turbo_free(dg_cuda_ctx *c) {
   if (!t) return;
   turbo_topk_free(t);
   cudaFree(t->iblk);
+  cudaFree(t->sblk);
+  if (t->sc_ev) cudaEventDestroy(t->sc_ev);
   free(t->h_pos);
   free(t);
   c->tb = NULL;
@@ -42,6 +53,8 @@ dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
         carve_to(cv, t->pos, T * 4);
         carve_to(cv, t->cpos, T * 4);
         carve_to(cv, t->rows, C * 4);
+        carve_to(cv, t->pmax, C * dg_scp_chunks((int)V) * 4);
+        carve_to(cv, t->psum, C * 16 * 8);
       });
     if (st) {
       turbo_free(c);
@@ -393,6 +406,62 @@ extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *v
   return DG_OK;
 }
 
+/* P [n, V] (bf16) = the exact self-conditioning probabilities of canvas c's first n raw rows at temperature T, on
+ * x's stream (x: c, or a batch's work context): the table kernels, or with DGEMMA_SC_PROBS=row the row kernel (the
+ * same words). */
+static dg_status sc_probs_one(dg_cuda_ctx *x, dg_cuda_ctx *c, bf16 *P, int32_t n, float cap, float T) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (!sc_probs_now()) {
+    CKK(x, k_turbo_sc_probs(x->stream, c->logits, P, n, d->vocab, cap, T, d->act_dtype));
+    return DG_OK;
+  }
+  dg_tb_tab tab = {};
+  tab.B = 1;
+  tab.row0[1] = n;
+  tab.s[0] = (dg_tb_seg){c->logits, P, c->tb->pmax, c->tb->psum, T};
+  CKK(x, k_turbo_sc_probs_tab(x->stream, &tab, d->vocab, cap, d->act_dtype));
+  return DG_OK;
+}
+
+/* out [n, H] (fp32) = embed_scale * P . E for P [n, V] (bf16), on x's stream, cuBLAS handle and workspace: the
+ * dequantizing kernel for a quantized embedding, else DGEMMA_STACK_DENSE=inv's algorithm for the shape, else
+ * cuBLAS's default. */
+static dg_status sc_product(dg_cuda_ctx *x, const bf16 *P, int32_t n, float *out) {
+  const dg_cuda_model *m = x->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const float alpha = d->embed_scale, beta = 0.0f;
+  if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
+    CKK(x, k_qsoft(x->stream, P, n, &m->embed, alpha, out));
+    return DG_OK;
+  }
+  CK(dg_initcheck_clear(x->stream, out, (size_t)d->hidden, (size_t)d->hidden, (size_t)n));
+  dg_status st;
+  if (gemm_inv(x, 0, d->hidden, n, d->vocab, alpha, (const bf16 *)m->embed.w, P, d->vocab, out, d->hidden,
+               &st)) /* DGEMMA_STACK_DENSE=inv: the shape's invariant algorithm */
+    return st;
+  CKB(cublasGemmEx(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
+                   d->hidden, P, CUDA_R_16BF, d->vocab, &beta, out, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT));
+  return DG_OK;
+}
+
+/* The top-K mode's rows of canvas c on x's stream: its host probabilities p [n, K] up, then the kernel (its rows
+ * already in c->tb->rows). */
+static dg_status sc_topk_rows(dg_cuda_ctx *x, dg_cuda_ctx *c, int32_t n, const float *p) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  dg_cuda_turbo *t = c->tb;
+  if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
+  if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
+    return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
+                                               "quantized (%d bits): use turbo_sc \"exact\" or \"adaptive\"",
+                     m->embed.bits);
+  CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, x->stream));
+  CKK(x, k_turbo_sc_topk(x->stream, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden,
+                         d->embed_scale));
+  return DG_OK;
+}
+
 extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                                       const float *p) {
   const dg_cuda_model *m = c->m;
@@ -402,40 +471,185 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
   if (!t || n < 0 || n > t->nraw || n > d->canvas)
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: %d rows asked, %d raw logit rows on the device", n,
                      t ? t->nraw : 0);
+  if (mode != DG_TURBO_SC_EXACT && mode != DG_TURBO_SC_TOPK)
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
   CK(cudaSetDevice(m->device));
   if (n == 0) return DG_OK;
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
-    CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
+    DG_TRY(sc_probs_one(c, c, c->P, n, cap, T));
     if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
-    const float alpha = d->embed_scale, beta = 0.0f;
-    if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
-      CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
-    } else {
-      CK(dg_initcheck_clear(s, c->f1, (size_t)d->hidden, (size_t)d->hidden, (size_t)n));
-      dg_status st;
-      if (gemm_inv(c, 0, d->hidden, n, d->vocab, alpha, (const bf16 *)m->embed.w, c->P, d->vocab, c->f1, d->hidden,
-                   &st)) /* DGEMMA_STACK_DENSE=inv: the shape's invariant algorithm */
-        DG_TRY(st);
-      else
-        CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
-                       d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT));
-    }
+    DG_TRY(sc_product(c, c->P, n, c->f1));
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
-  } else if (mode == DG_TURBO_SC_TOPK) { /* top-K: the K probabilities of the host chain times the K rows of E */
-    if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
-    if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
-      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
-                                                 "quantized (%d bits): use turbo_sc \"exact\" or \"adaptive\"",
-                       m->embed.bits);
-    CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, s));
-    CKK(c, k_turbo_sc_topk(s, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden, d->embed_scale));
-  } else {
-    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
+  } else { /* top-K: the K probabilities of the host chain times the K rows of E */
+    DG_TRY(sc_topk_rows(c, c, n, p));
   }
   c->have_soft = 1;
   return mark(c, DG_CUDA_ST_SC);
 }
 
+/* The record a batch's vocabulary work on w's stream marks into: the first profiled canvas's own (NULL: none). */
+static dg_cuda_prof *batch_prof(dg_cuda_ctx *const *cs, int32_t B) {
+  for (int32_t b = 0; b < B; b++)
+    if (cs[b]->prof) return cs[b]->prof;
+  return NULL;
+}
+
+extern "C" dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, int32_t B, const int32_t *n,
+                                        const int32_t *K, float *const *val, int32_t *const *idx, int32_t *bad_row,
+                                        int32_t *bad_col, dg_status *st) {
+  const dg_cuda_model_desc *d = &w->m->d;
+  CK(cudaSetDevice(w->m->device));
+  for (int32_t b = 0; b < B; b++) {
+    dg_cuda_ctx *c = cs[b];
+    if (c->m != w->m) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d belongs to another model", b);
+    if (!c->tb || n[b] < 0 || n[b] > c->tb->nraw)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d: %d rows asked, %d raw logit rows on the device",
+                       b, n[b], c->tb ? c->tb->nraw : 0);
+    if (K[b] < 1 || K[b] > d->vocab)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d: K = %d outside [1, %d]", b, K[b], d->vocab);
+    DG_TRY(turbo_bufs(c, K[b]));
+    st[b] = DG_OK;
+  }
+  cudaStream_t s = w->stream;
+  w->prof = batch_prof(cs, B);
+  DG_TRY(mark(w, DG_CUDA_ST_HOST));
+  for (int32_t b0 = 0; b0 < B;) { /* DG_TB_TAB canvases (with rows) a launch */
+    dg_tk_tab tab = {};
+    int32_t b = b0;
+    for (; b < B && tab.B < DG_TB_TAB; b++) {
+      dg_cuda_ctx *c = cs[b];
+      dg_cuda_turbo *t = c->tb;
+      if (n[b] == 0) continue;
+      t->klast = K[b];
+      *c->h_bad = INT32_MAX;
+      CK(cudaMemcpyAsync(t->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
+      tab.s[tab.B] = (dg_tk_seg){c->logits, t->cv, t->candv, t->val, t->ci, t->candi, t->idx, t->bad, K[b]};
+      tab.row0[tab.B + 1] = tab.row0[tab.B] + n[b];
+      tab.B++;
+    }
+    if (tab.B) CKK(w, k_topk_tab(s, &tab, d->vocab));
+    b0 = b;
+  }
+  for (int32_t b = 0; b < B; b++) {
+    if (n[b] == 0) continue;
+    dg_cuda_turbo *t = cs[b]->tb;
+    CK(cudaMemcpyAsync(cs[b]->h_bad, t->bad, 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(val[b], t->val, (size_t)n[b] * K[b] * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(idx[b], t->idx, (size_t)n[b] * K[b] * 4, cudaMemcpyDeviceToHost, s));
+  }
+  DG_TRY(mark(w, DG_CUDA_ST_STATS)); /* the turbo engine's top-K: its sampler statistics */
+  w->prof = NULL;
+  CK(cudaStreamSynchronize(s));
+  for (int32_t b = 0; b < B; b++) {
+    if (n[b] == 0 || *cs[b]->h_bad == INT32_MAX) continue;
+    int32_t r = *cs[b]->h_bad, col = -1;
+    CK(cudaMemcpy(&col, cs[b]->tb->bad + 1 + r, 4, cudaMemcpyDeviceToHost));
+    bad_row[b] = r;
+    bad_col[b] = col;
+    st[b] = DG_ERR_NUMERIC;
+  }
+  return DG_OK;
+}
+
+/* A work context's stacked P rows for `rows` rows (made on first use under DGEMMA_STACK_DENSE 1 / inv). */
+static dg_status sc_stack_bufs(dg_cuda_ctx *w, int32_t rows) {
+  dg_cuda_turbo *t = w->tb;
+  if (rows <= t->pst_rows) return DG_OK;
+  cudaFree(t->sblk);
+  t->sblk = NULL;
+  t->pst_rows = 0;
+  const size_t V = w->m->d.vocab;
+  DG_TRY(carve_block(&t->sblk, "the stacked self-conditioning probabilities",
+                     [&](carver *cv) { carve_to(cv, t->Pst, (size_t)rows * V * 2); }));
+  t->pst_rows = rows;
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_turbo_sc_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, int32_t B,
+                                            float cap) {
+  const dg_cuda_model *m = w->m;
+  const dg_cuda_model_desc *d = &m->d;
+  CK(cudaSetDevice(m->device));
+  DG_TRY(turbo_bufs(w, 0));
+  for (int32_t b = 0; b < B; b++) {
+    dg_cuda_ctx *c = cs[b];
+    dg_cuda_turbo *t = c->tb;
+    if (c->m != m) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning batch: canvas %d belongs to another model", b);
+    if (!t || q[b].n < 0 || q[b].n > t->nraw || q[b].n > d->canvas)
+      return dg_seterr(DG_ERR_INVALID_ARG,
+                       "CUDA self-conditioning batch: canvas %d: %d rows asked, %d raw logit rows on the device", b,
+                       q[b].n, t ? t->nraw : 0);
+    if (q[b].mode != DG_TURBO_SC_EXACT && q[b].mode != DG_TURBO_SC_TOPK)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning batch: canvas %d: unknown mode %d", b, (int)q[b].mode);
+  }
+  cudaStream_t s = w->stream;
+  dg_cuda_turbo *wt = w->tb;
+  if (!wt->sc_ev) CK(cudaEventCreateWithFlags(&wt->sc_ev, cudaEventDisableTiming));
+  w->prof = batch_prof(cs, B);
+  dg_status st = mark(w, DG_CUDA_ST_HOST);
+  /* the exact rows' products: once over the canvases' rows side by side with DGEMMA_STACK_DENSE (1 or inv; the
+   * table kernels' P straight into the stacked rows), else one per canvas (cuBLAS's choice at each canvas's rows) */
+  const int stacked = stack_dense_now() != 0 && sc_probs_now() && !m->embed.bits;
+  for (int32_t b = 0; b < B && !st; b++) {
+    if (q[b].n == 0) continue;
+    const cudaError_t e = cudaMemcpyAsync(cs[b]->tb->rows, q[b].rows, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: row upload failed: %s", cudaGetErrorString(e));
+    else if (q[b].mode == DG_TURBO_SC_TOPK) st = sc_topk_rows(w, cs[b], q[b].n, q[b].p);
+  }
+  for (int32_t b0 = 0; b0 < B && !st;) { /* the exact canvases, DG_TB_TAB a launch */
+    dg_tb_tab tab = {};
+    int32_t ix[DG_TB_TAB], b = b0;
+    for (; b < B && tab.B < DG_TB_TAB; b++) {
+      if (q[b].mode != DG_TURBO_SC_EXACT || q[b].n == 0) continue;
+      dg_cuda_ctx *c = cs[b];
+      ix[tab.B] = b;
+      tab.s[tab.B] = (dg_tb_seg){c->logits, c->P, c->tb->pmax, c->tb->psum, q[b].T};
+      tab.row0[tab.B + 1] = tab.row0[tab.B] + q[b].n;
+      tab.B++;
+      if (c->lg_parts == 3) c->lg_parts = 2; /* c->P (or the stack's) no longer k_vocab_one's */
+    }
+    b0 = b;
+    if (!tab.B) continue;
+    const int32_t R = tab.row0[tab.B];
+    if (stacked) {
+      if ((st = sc_stack_bufs(w, w->tmax > R ? w->tmax : R))) break;
+      for (int32_t i = 0; i < tab.B; i++) tab.s[i].P = wt->Pst + (size_t)tab.row0[i] * d->vocab;
+      const cudaError_t e = k_turbo_sc_probs_tab(s, &tab, d->vocab, cap, d->act_dtype);
+      if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "k_turbo_sc_probs_tab: %s", cudaGetErrorString(e)); break; }
+      if ((st = sc_product(w, wt->Pst, R, w->f1))) break;
+      for (int32_t i = 0; i < tab.B && !st; i++) {
+        dg_cuda_ctx *c = cs[ix[i]];
+        const cudaError_t e2 = k_scatter_rows(s, c->soft, w->f1 + (size_t)tab.row0[i] * d->hidden, c->tb->rows,
+                                              q[ix[i]].n, d->hidden);
+        if (e2 != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "k_scatter_rows: %s", cudaGetErrorString(e2));
+      }
+      continue;
+    }
+    if (sc_probs_now()) {
+      const cudaError_t e = k_turbo_sc_probs_tab(s, &tab, d->vocab, cap, d->act_dtype);
+      if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "k_turbo_sc_probs_tab: %s", cudaGetErrorString(e)); break; }
+    }
+    for (int32_t i = 0; i < tab.B && !st; i++) {
+      dg_cuda_ctx *c = cs[ix[i]];
+      const int32_t nb = q[ix[i]].n;
+      if (!sc_probs_now()) st = sc_probs_one(w, c, c->P, nb, cap, q[ix[i]].T);
+      if (!st) st = sc_product(w, c->P, nb, c->f1);
+      if (!st) {
+        const cudaError_t e2 = k_scatter_rows(s, c->soft, c->f1, c->tb->rows, nb, d->hidden);
+        if (e2 != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "k_scatter_rows: %s", cudaGetErrorString(e2));
+      }
+    }
+  }
+  for (int32_t b = 0; b < B; b++)
+    if (q[b].n > 0) cs[b]->have_soft = 1;
+  if (!st) st = mark(w, DG_CUDA_ST_SC);
+  w->prof = NULL;
+  /* the canvases' own streams (their repair forwards, commits) after the rows are written */
+  cudaError_t e = cudaEventRecord(wt->sc_ev, s);
+  for (int32_t b = 0; b < B && e == cudaSuccess; b++) e = cudaStreamWaitEvent(cs[b]->stream, wt->sc_ev, 0);
+  if (e != cudaSuccess && !st) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: cudaEventRecord / cudaStreamWaitEvent failed: %s", cudaGetErrorString(e));
+  if (st) (void)cudaStreamSynchronize(s);
+  return st;
+}
