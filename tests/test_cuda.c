@@ -1532,12 +1532,15 @@ static void turbo_batch_inputs(const dg_model *gm, int32_t prompt[30], int32_t p
   }
 }
 
-/* dg_generate_batch on CUDA contexts (one device pass per canvas): every
+/* dg_generate_batch on CUDA contexts (stacked passes): every
  * canvas equals its own CUDA run bit for bit (compact + repair + confidence,
- * and turbo_steps + topk SC, with different prompt lengths). mode: DGEMMA_STACK_DENSE for the contexts (-1 the
- * environment's, 2 inv: the stacked pass's dense products, LM head and SC MLP once over the stack); tok_out
- * (2 x 2C, may be NULL) and n_out receive the batch's tokens. */
-static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2], uint64_t h_out[2]);
+ * and turbo_steps + topk SC, with different prompt lengths; a third canvas, exact SC as the first, so that the
+ * batched pass's top-K (head_topk_batch: one launch over the canvases' rows) and exact SC (sc_rows_batch: one
+ * probabilities launch over two canvases, and under DGEMMA_STACK_DENSE one product over their rows side by side)
+ * have canvases at row offsets other than 0). mode: DGEMMA_STACK_DENSE for the contexts (-1 the
+ * environment's, 2 inv: the stacked pass's dense products, LM head, SC MLP and exact SC product once over the
+ * stack); tok_out (3 x 2C, may be NULL) and n_out receive the batch's tokens. */
+static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3], uint64_t h_out[3]);
 /* A canvas's steps as one FNV-1a hash: every step's block, step, accepted count, mean entropy's bits, active and
  * forwarded counts, argmax canvas and next canvas (turbo_batch_run: a head row's logits that went to the wrong
  * canvas changes its entropies and argmaxes even where the committed tokens happen to agree). */
@@ -1574,12 +1577,12 @@ static void test_turbo_batch_inv(void **state) {
   long nd = 0, nc = 0;
   double worst = 0.0;
   assert_dg_ok(cut()->test_gemm_inv(0, 0, 1, 1, &shapes, &active, cfg, &rule, &nd, &nc, &worst));
-  int32_t t0[2][512], t2[2][512], n0[2], n2[2];
-  uint64_t h0[2], h2[2];
+  int32_t t0[3][512], t2[3][512], n0[3], n2[3];
+  uint64_t h0[3], h2[3];
   turbo_batch_run(2, t2, n2, h2);
   if (active != -1) return; /* a GPU: the two modes' bits differ by design */
   turbo_batch_run(0, t0, n0, h0);
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     assert_int_equal(n0[i], n2[i]);
     assert_memory_equal(t0[i], t2[i], (size_t)n0[i] * 4);
     assert_true(h0[i] == h2[i]);
@@ -1587,7 +1590,7 @@ static void test_turbo_batch_inv(void **state) {
   printf("# emulation: the inv batch's tokens and step traces equal the per-canvas batch's\n");
 }
 
-static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2], uint64_t h_out[2]) {
+static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3], uint64_t h_out[3]) {
   need_gpu();
   dg_model *gm;
   char dir[] = "/tmp/dg_cuda_tbatXXXXXX";
@@ -1600,22 +1603,26 @@ static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2],
   if (as_cpu()) mp.reference_kernels = 1;
   else mp.device = DG_DEVICE_CUDA;
   assert_dg_ok(dg_model_load(dir, &mp, &gm));
-  int32_t prompt[30], p2[11];
-  dg_gen_params g[2];
+  int32_t prompt[30], p2[11], p3[17];
+  dg_gen_params g[3];
   turbo_batch_inputs(gm, prompt, p2, g);
-  const int32_t *ps[2] = {prompt, p2};
-  size_t np[2] = {30, 11};
-  dg_context *cx[2];
-  dg_gen_result rb[2], r1;
+  synth_random_ids(p3, 17, gm->cfg.vocab_size, 83);
+  g[2] = g[0]; /* exact SC as canvas 0, another threshold and seed */
+  g[2].seed = 32;
+  assert_dg_ok(dg_gen_params_apply_json(&g[2], "{\"turbo_threshold\": [0.5, 0.2, 2]}"));
+  const int32_t *ps[3] = {prompt, p2, p3};
+  size_t np[3] = {30, 11, 17};
+  dg_context *cx[3];
+  dg_gen_result rb[3], r1;
   if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
-  for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
-  trace_cb tb[2] = {{1469598103934665603ull, 0}, {1469598103934665603ull, 0}}, t1;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+  trace_cb tb[3] = {{1469598103934665603ull, 0}, {1469598103934665603ull, 0}, {1469598103934665603ull, 0}}, t1;
+  for (int i = 0; i < 3; i++) {
     g[i].on_step = trace_on_step;
     g[i].user_data = &tb[i];
   }
-  assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rb));
-  for (int i = 0; i < 2; i++) {
+  assert_dg_ok(dg_generate_batch(cx, 3, ps, np, g, rb));
+  for (int i = 0; i < 3; i++) {
     dg_context_reset(cx[i]);
     t1 = (trace_cb){1469598103934665603ull, 0};
     g[i].user_data = &t1;
@@ -1637,7 +1644,7 @@ static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2],
     dg_context_free(cx[i]);
   }
   if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(-1));
-  printf("# cuda batch B=2 (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", mode);
+  printf("# cuda batch B=3 (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", mode);
   dg_model_free(gm);
   dg_test_rm_dir(dir);
 }

@@ -310,6 +310,7 @@ template <int ST> __global__ void __launch_bounds__(SCP_BT) scp_max_kernel(const
   const size_t o = (size_t)r * V;
   const int lo = blockIdx.x * DG_SCP_CW, hi = min(V, lo + DG_SCP_CW), l = threadIdx.x & 31, w = threadIdx.x >> 5;
   float mx = -FLT_MAX;
+#pragma unroll 4
   for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
     const float z = tb_round_act(tb_z(s.raw[o + v], cap, s.T), act);
     mx = fmaxf(mx, z);
@@ -334,6 +335,7 @@ template <int ST> __global__ void __launch_bounds__(32) scp_sum_kernel(const dg_
   const size_t o = (size_t)r * V;
   const float mx = scp_row_max(s.pmax + (size_t)r * nch, nch);
   double sum = 0.0;
+#pragma unroll 8 /* the loads ahead of the sum's chain */
   for (int v = blockIdx.x * 32 + threadIdx.x; v < V; v += SCP_NT) sum += (double)expf(scp_z<ST>(s, o + v, cap, act) - mx);
   for (int k = 16; k; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
   if (threadIdx.x == 0) s.psum[(size_t)r * SCP_NW + blockIdx.x] = sum;
@@ -352,6 +354,7 @@ template <int ST> __global__ void __launch_bounds__(SCP_BT) scp_write_kernel(con
   for (int k = 16; k; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
   const float inv = (float)(1.0 / ss);
   const int lo = blockIdx.x * DG_SCP_CW, hi = min(V, lo + DG_SCP_CW);
+#pragma unroll 4
   for (int v = lo + threadIdx.x; v < hi; v += blockDim.x)
     s.P[o + v] = __float2bfloat16_rn(tb_round_act(expf(scp_z<ST>(s, o + v, cap, act) - mx) * inv, act));
 }

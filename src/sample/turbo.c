@@ -574,8 +574,15 @@ static dg_status seq_after_forward(turbo_seq *q) {
  * the phases differs). Otherwise seq_after_forward one sequence after another. Returns DG_OK, or an error no
  * one sequence's (a backend call's), which is then every sequence's st too. */
 static dg_status seqs_after_forward(dg_context *work, turbo_seq *const *qs, int32_t n, dg_status *st) {
+  /* DGEMMA_TURBO_BATCH=0: one sequence after another as before session 27 (each canvas's top-K and SC rows on its
+   * own stream; for comparison: the same tokens) */
+  static int env = -1;
+  if (env < 0) {
+    const char *v = getenv("DGEMMA_TURBO_BATCH");
+    env = !(v && !strcmp(v, "0"));
+  }
   const dg_backend *bk = work ? work->m->bk : NULL;
-  if (!bk || !bk->head_topk_batch || !bk->sc_rows_batch || n < 2) {
+  if (!env || !bk || !bk->head_topk_batch || !bk->sc_rows_batch || n < 2) {
     for (int32_t i = 0; i < n; i++) st[i] = seq_after_forward(qs[i]);
     return DG_OK;
   }
