@@ -1649,6 +1649,76 @@ static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3],
   dg_test_rm_dir(dir);
 }
 
+/* More canvases than one table launch takes (DG_TB_TAB = 8) and than one stack holds: 9 canvases with exact SC, one
+ * canvas each (2 steps + repair), prompts of 5..13 random ids, seeds 40..48. The batched pass's top-K and
+ * probabilities run as two table launches, and under DGEMMA_STACK_DENSE=inv (mode 2) the SC rows made ahead fill the
+ * work context's rows (8 canvases' worth) so the ninth canvas's are made at the scatter, after the first eight's
+ * scatters. Every canvas's tokens and step traces equal its single run's, by default and under inv. */
+static void test_turbo_batch9(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  enum { NB = 9 };
+  dg_model *gm;
+  char dir[] = "/tmp/dg_cuda_tb9XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  int32_t prompts[NB][13];
+  const int32_t *ps[NB];
+  size_t np[NB];
+  dg_gen_params g[NB];
+  for (int i = 0; i < NB; i++) {
+    np[i] = 5 + (size_t)i;
+    synth_random_ids(prompts[i], (int)np[i], V, 90 + (unsigned)i);
+    ps[i] = prompts[i];
+    g[i] = dg_gen_default_params(gm);
+    g[i].max_new_tokens = C;
+    g[i].max_denoising_steps = 2;
+    g[i].n_stop_ids = 0;
+    g[i].seed = 40 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&g[i], "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", "
+                                                 "\"turbo_threshold\": [0.6, 0.3, 2], \"turbo_repair\": true, "
+                                                 "\"turbo_compact\": true}"));
+  }
+  for (int mode = 0; mode <= 2; mode += 2) {
+    assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
+    dg_context *cx[NB];
+    dg_gen_result rb[NB], r1;
+    trace_cb tb[NB], t1;
+    for (int i = 0; i < NB; i++) {
+      assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+      tb[i] = (trace_cb){1469598103934665603ull, 0};
+      g[i].on_step = trace_on_step;
+      g[i].user_data = &tb[i];
+    }
+    assert_dg_ok(dg_generate_batch(cx, NB, ps, np, g, rb));
+    for (int i = 0; i < NB; i++) {
+      dg_context_reset(cx[i]);
+      t1 = (trace_cb){1469598103934665603ull, 0};
+      g[i].user_data = &t1;
+      assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
+      assert_int_equal(r1.n_tokens, rb[i].n_tokens);
+      assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
+      assert_true(t1.n > 0);
+      assert_int_equal(t1.n, tb[i].n);
+      assert_true(t1.h == tb[i].h);
+      dg_gen_result_free(&r1);
+      dg_gen_result_free(&rb[i]);
+      dg_context_free(cx[i]);
+    }
+    printf("# cuda batch B=%d (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", NB, mode);
+  }
+  assert_dg_ok(cut()->test_stack_dense_set(-1));
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* dg_context_profile over a batch (bench --profile --protocol batch): the stacked passes of dg_generate_batch
  * run on the batch's work context and are recorded in dg_profile.stack_* of the first profiled canvas of each
  * stack, so over the two canvases' records: stacks = the batched passes the step callbacks show (records
@@ -4209,7 +4279,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),

@@ -3,15 +3,17 @@
 # launches over a table of canvases instead of one 512-thread block per row (k_turbo_sc_probs_tab, src/cuda/turbo.cu;
 # the same words: the row kernel's order of its double sum is kept), and a batched pass's top-K and SC rows as one
 # backend call each over its canvases (head_topk_batch / sc_rows_batch: one top-K launch and one probabilities
-# launch on the work stream instead of B of each on B streams; under DGEMMA_STACK_DENSE 1 / inv also one P . E
-# product over the canvases' rows side by side). docs/cuda.md "Session 27 (helper sc14)". One command, carry
+# launch on the work stream instead of B of each on B streams, the exact SC products made on the GPU while the host
+# runs the canvases' steps; under DGEMMA_STACK_DENSE 1 / inv also one P . E product over the canvases' rows side by
+# side). docs/cuda.md "Session 27 (helper sc14)". One command, carry
 # .devdeb .devdata/gemma3; ~8-9 minutes on a fresh H100 (< 540 s; less on a warm machine whose build/ is there):
 #   1. in the background: the library, CLI and tests/test_cuda in build/ (the Makefile's default CUDA_ARCH and the
 #      same make line as s26_bi14.sh / s26_fgb.sh / s26_vs12.sh: on a warm machine only the changed files build), and
 #      the 26B random checkpoint /tmp/dg26b (gpu_mkrandom_cpu_bg; kept from an earlier call: /tmp/dg26b.ok);
 #   2. the GPU tests (tests.txt): test_turbo_sc_probs (the table launches against the row kernel at V 333, 1,100 and
 #      262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_sc (the device SC rows against
-#      the CPU's within the derived bound), test_turbo_batch (B = 3 stacked: every canvas equals its own run, tokens
+#      the CPU's within the derived bound), test_turbo_generate (the single-canvas turbo path against the CPU's),
+#      test_turbo_batch (B = 3 stacked: every canvas equals its own run, tokens
 #      and step traces) by default, with DGEMMA_TURBO_BATCH=0 (the per-canvas path of session 26) and with
 #      DGEMMA_STACK_DENSE=inv, test_turbo_batch_inv, test_turbo_continuous (dg_batch_step), test_profile_batch;
 #   3. `dgemma bench --protocol batch --device cuda --reps 2 --profile` on the 26B: default B = 1, 4, 8 (bench.txt);
@@ -26,7 +28,7 @@
 #   (B) the batched pass's one-call top-K and SC (DGEMMA_TURBO_BATCH unset) stay the default only if
 #       test_turbo_batch (default, =0 and inv), test_turbo_continuous and test_profile_batch pass, bench.txt's "same
 #       tokens as smaller B" reads 1/1 and 4/4, AND bench.txt's B = 4 tok/s exceeds bench_base.txt's B = 4 by more
-#       than the two rows' spreads (expected ~+10 %: docs/cuda.md). Otherwise the default goes back to one canvas
+#       than the two rows' spreads (expected ~+16 %: docs/cuda.md). Otherwise the default goes back to one canvas
 #       after another (src/sample/turbo.c seqs_after_forward: env = v && !strcmp(v, "1")).
 #   (C) DGEMMA_STACK_DENSE=inv stays a switch here whatever its rows (s26_bi14.sh's rule decides it; this call adds
 #       its rows with the stacked SC product and the batched vocabulary work).
@@ -47,6 +49,7 @@ tst() { # NAME ENV...: one test under the given environment, its rc in log.txt
 }
 tst test_turbo_sc_probs
 tst test_turbo_sc
+tst test_turbo_generate
 tst test_turbo_batch
 tst test_turbo_batch DGEMMA_TURBO_BATCH=0
 tst test_turbo_batch DGEMMA_STACK_DENSE=inv
@@ -55,7 +58,7 @@ tst test_turbo_continuous
 tst test_profile_batch
 grep -E '^# turbo SC probabilities|^# cuda batch|^# emulation' "$O/tests.txt"
 # a test that skips exits 0 too ("[  PASSED  ] 0 test(s)"): count the passes
-echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 8 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"
+echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 9 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"
 wait $mk; tail -2 /tmp/mkrandom.log >> "$O/log.txt"
 left() { echo $(( 530 - ($(date +%s) - t0) )); }
 bench() { # NAME CANVASES ENV...

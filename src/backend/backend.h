@@ -152,9 +152,12 @@ typedef struct dg_backend {
    * pass at once (issue 14: one launch for their rows, one synchronisation), work the batch's work context:
    * a[b] / r[b] canvas ctxs[b]'s arguments, each canvas's results those of its own call. head_topk_batch:
    * st[b] each canvas's status (DG_ERR_NUMERIC with a[b].bad_row / bad_col), the return an error that is no one
-   * canvas's (st then undefined); on_row per canvas after every canvas's rows came back. sc_rows_batch: kept[b]
-   * as sc_rows's *kept. */
-  dg_status (*head_topk_batch)(dg_context *work, dg_context *const *ctxs, dg_head_args *a, int32_t B, dg_status *st);
+   * canvas's (st then undefined); on_row per canvas after every canvas's rows came back; pre (NULL: none) the
+   * sc_rows arguments each canvas's step may want after it (n 0: none), which the backend may start on ahead
+   * while the host runs the steps (sc_rows_batch then finishes them). sc_rows_batch: kept[b] as sc_rows's
+   * *kept. */
+  dg_status (*head_topk_batch)(dg_context *work, dg_context *const *ctxs, dg_head_args *a, const struct dg_sc_req *pre,
+                                int32_t B, dg_status *st);
   dg_status (*sc_rows_batch)(dg_context *work, dg_context *const *ctxs, const struct dg_sc_req *r, int32_t B, int *kept);
   /* Copy the first n raw head rows of the last pass to raw [n, V] (where !raw_on_row; else
    * DG_ERR_INVALID_ARG: the rows went to on_row and are not kept). */

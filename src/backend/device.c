@@ -169,13 +169,21 @@ static dg_status cu_sc_rows(dg_context *ctx, dg_turbo_sc mode, int32_t n, const 
 }
 
 /* head_topk of a batched pass's canvases: one device launch (dg_cuda_topk_batch), then each canvas's per-row work. */
-static dg_status cu_head_topk_batch(dg_context *work, dg_context *const *ctxs, dg_head_args *a, int32_t B, dg_status *st) {
+static dg_status cu_head_topk_batch(dg_context *work, dg_context *const *ctxs, dg_head_args *a, const dg_sc_req *pre,
+                                    int32_t B, dg_status *st) {
   if (B < 1) return DG_OK;
   dg_cuda_ctx **cs = calloc((size_t)B, sizeof *cs);
   int32_t *iv = calloc((size_t)B * 4, sizeof *iv);
   float **val = calloc((size_t)B, sizeof *val);
   int32_t **idx = calloc((size_t)B, sizeof *idx);
-  dg_status r = cs && iv && val && idx ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  dg_cuda_screq *q = pre ? calloc((size_t)B, sizeof *q) : NULL;
+  dg_status r = cs && iv && val && idx && (q || !pre) ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  float cap = 0.0f;
+  for (int32_t b = 0; b < B && q; b++) { /* the exact rows the device makes ahead; the others none */
+    const int ex = pre[b].mode == DG_TURBO_SC_EXACT && pre[b].n > 0;
+    q[b] = (dg_cuda_screq){pre[b].mode, ex ? pre[b].n : 0, pre[b].rows, pre[b].T, NULL};
+    if (ex) cap = pre[b].cap;
+  }
   int32_t *n = iv, *K = iv + B, *brow = iv + 2 * B, *bcol = iv + 3 * B;
   for (int32_t b = 0; b < B && !r; b++) {
     cs[b] = ctxs[b]->dev;
@@ -185,7 +193,7 @@ static dg_status cu_head_topk_batch(dg_context *work, dg_context *const *ctxs, d
     idx[b] = a[b].idx;
     a[b].last0 = -1;
   }
-  if (!r) r = dg_cuda_topk_batch(work->dev, cs, B, n, K, val, idx, brow, bcol, st);
+  if (!r) r = dg_cuda_topk_batch(work->dev, cs, B, n, K, val, idx, brow, bcol, st, q, cap);
   for (int32_t b = 0; b < B && !r; b++) {
     if (st[b] == DG_ERR_NUMERIC) {
       a[b].bad_row = brow[b];
@@ -201,6 +209,7 @@ static dg_status cu_head_topk_batch(dg_context *work, dg_context *const *ctxs, d
   free(iv);
   free(val);
   free(idx);
+  free(q);
   return r;
 }
 

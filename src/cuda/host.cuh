@@ -250,6 +250,10 @@ struct dg_cuda_turbo {
   bf16 *Pst;         /* work context, DGEMMA_STACK_DENSE 1 / inv: [pst_rows, V] the stacked SC rows' P */
   int32_t pst_rows;
   cudaEvent_t sc_ev; /* work context: the end of the last dg_cuda_turbo_sc_batch (the canvases' streams wait on it) */
+  cudaEvent_t tk_ev; /* work context: the top-K results of the last dg_cuda_topk_batch on the host */
+  int32_t sc_pre_n;  /* rows of the exact SC product made ahead from the current raw rows (0: none; logits_written) */
+  float sc_pre_T;    /* its temperature */
+  float *sc_pre_f1;  /* its rows [sc_pre_n, H]: the canvas's f1, or the work context's (DGEMMA_STACK_DENSE 1 / inv) */
   void *iblk, *kblk, *sblk; /* the blocks of the index buffers (pos, cpos, rows, pmax, psum), of the top-K buffers
                              * and of Pst (carve_block) */
 };

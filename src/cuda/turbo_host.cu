@@ -36,6 +36,7 @@ void turbo_free(dg_cuda_ctx *c) {
   cudaFree(t->iblk);
   cudaFree(t->sblk);
   if (t->sc_ev) cudaEventDestroy(t->sc_ev);
+  if (t->tk_ev) cudaEventDestroy(t->tk_ev);
   free(t->h_pos);
   free(t);
   c->tb = NULL;
@@ -489,6 +490,9 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
   return mark(c, DG_CUDA_ST_SC);
 }
 
+static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, const int32_t *L,
+                               int32_t nl, float cap, int32_t *made);
+
 /* The record a batch's vocabulary work on w's stream marks into: the first profiled canvas's own (NULL: none). */
 static dg_cuda_prof *batch_prof(dg_cuda_ctx *const *cs, int32_t B) {
   for (int32_t b = 0; b < B; b++)
@@ -498,7 +502,7 @@ static dg_cuda_prof *batch_prof(dg_cuda_ctx *const *cs, int32_t B) {
 
 extern "C" dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, int32_t B, const int32_t *n,
                                         const int32_t *K, float *const *val, int32_t *const *idx, int32_t *bad_row,
-                                        int32_t *bad_col, dg_status *st) {
+                                        int32_t *bad_col, dg_status *st, const dg_cuda_screq *pre, float cap) {
   const dg_cuda_model_desc *d = &w->m->d;
   CK(cudaSetDevice(w->m->device));
   for (int32_t b = 0; b < B; b++) {
@@ -512,6 +516,7 @@ extern "C" dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, 
     DG_TRY(turbo_bufs(c, K[b]));
     st[b] = DG_OK;
   }
+  DG_TRY(turbo_bufs(w, 0));
   cudaStream_t s = w->stream;
   w->prof = batch_prof(cs, B);
   DG_TRY(mark(w, DG_CUDA_ST_HOST));
@@ -540,8 +545,32 @@ extern "C" dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, 
     CK(cudaMemcpyAsync(idx[b], t->idx, (size_t)n[b] * K[b] * 4, cudaMemcpyDeviceToHost, s));
   }
   DG_TRY(mark(w, DG_CUDA_ST_STATS)); /* the turbo engine's top-K: its sampler statistics */
+  dg_cuda_turbo *wt = w->tb;
+  if (!wt->tk_ev) CK(cudaEventCreateWithFlags(&wt->tk_ev, cudaEventDisableTiming));
+  CK(cudaEventRecord(wt->tk_ev, s));
+  /* ahead: the exact SC products the steps may want, made while the host runs the steps (not scattered: a step
+   * that ends its canvas keeps the rows of the step before; dg_cuda_turbo_sc_batch scatters them) */
+  int32_t nl = 0, made = 0;
+  int32_t *L = pre ? (int32_t *)malloc((size_t)B * sizeof *L) : NULL;
+  if (pre && !L) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  for (int32_t b = 0; pre && b < B; b++)
+    if (pre[b].mode == DG_TURBO_SC_EXACT && pre[b].n > 0 && pre[b].n <= n[b]) L[nl++] = b;
+  dg_status sst = nl > 0 ? sc_exact_make(w, cs, pre, L, nl, cap, &made) : DG_OK;
+  if (!sst && nl > 0) sst = mark(w, DG_CUDA_ST_SC);
+  if (!sst && nl > 0) { /* a canvas's own stream (a repair forward or commit where its step wants no SC rows:
+                         * no dg_cuda_turbo_sc_batch) after the work that reads its logits and writes its f1 / P */
+    cudaError_t e = wt->sc_ev ? cudaSuccess : cudaEventCreateWithFlags(&wt->sc_ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(wt->sc_ev, s);
+    for (int32_t i = 0; i < nl && e == cudaSuccess; i++) e = cudaStreamWaitEvent(cs[L[i]]->stream, wt->sc_ev, 0);
+    if (e != cudaSuccess) sst = dg_seterr(DG_ERR_BACKEND, "CUDA top-K batch: event after the SC rows made ahead: %s", cudaGetErrorString(e));
+  }
+  free(L);
   w->prof = NULL;
-  CK(cudaStreamSynchronize(s));
+  CK(cudaEventSynchronize(wt->tk_ev));
+  if (sst) {
+    (void)cudaStreamSynchronize(s);
+    return sst;
+  }
   for (int32_t b = 0; b < B; b++) {
     if (n[b] == 0 || *cs[b]->h_bad == INT32_MAX) continue;
     int32_t r = *cs[b]->h_bad, col = -1;
@@ -567,6 +596,61 @@ static dg_status sc_stack_bufs(dg_cuda_ctx *w, int32_t rows) {
   return DG_OK;
 }
 
+/* Whether canvas c's exact SC product for n rows at temperature T was made ahead (sc_exact_make) from its current
+ * raw rows (a pass writing its logits forgets it: logits_written). */
+static int sc_made(const dg_cuda_ctx *c, int32_t n, float T) {
+  const dg_cuda_turbo *t = c->tb;
+  return t->sc_pre_n > 0 && t->sc_pre_n == n && !memcmp(&t->sc_pre_T, &T, sizeof T);
+}
+
+/* The exact SC products (not scattered) of canvases cs[L[0..nl)] (q[L[i]]: exact mode, n > 0) on w's stream: the
+ * probabilities by the table launches (DG_TB_TAB canvases a set) or the row kernel (DGEMMA_SC_PROBS=row), the
+ * products per canvas into its own f1 (cuBLAS's choice at its rows), or with DGEMMA_STACK_DENSE 1 / inv over the
+ * canvases' rows side by side (w's Pst and f1, up to w->tmax rows in all: a canvas that would not fit is left
+ * for a later call). Each canvas made gets tb->sc_pre_* (its rows' place). *made: how many of L, from the front. */
+static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, const int32_t *L,
+                               int32_t nl, float cap, int32_t *made) {
+  const dg_cuda_model *m = w->m;
+  const dg_cuda_model_desc *d = &m->d;
+  cudaStream_t s = w->stream;
+  dg_cuda_turbo *wt = w->tb;
+  const int stacked = stack_dense_now() != 0 && sc_probs_now() && !m->embed.bits;
+  *made = 0;
+  if (stacked) DG_TRY(sc_stack_bufs(w, w->tmax));
+  for (int32_t off = 0; *made < nl;) { /* off: the stacked rows used so far */
+    dg_tb_tab tab = {};
+    while (*made + tab.B < nl && tab.B < DG_TB_TAB) {
+      const int32_t b = L[*made + tab.B];
+      if (stacked && off + tab.row0[tab.B] + q[b].n > w->tmax) break;
+      dg_cuda_ctx *c = cs[b];
+      bf16 *P = stacked ? wt->Pst + (size_t)(off + tab.row0[tab.B]) * d->vocab : c->P;
+      tab.s[tab.B] = (dg_tb_seg){c->logits, P, c->tb->pmax, c->tb->psum, q[b].T};
+      tab.row0[tab.B + 1] = tab.row0[tab.B] + q[b].n;
+      tab.B++;
+    }
+    if (!tab.B) break; /* stacked and full: the rest later */
+    const int32_t R = tab.row0[tab.B];
+    if (sc_probs_now()) CKK(w, k_turbo_sc_probs_tab(s, &tab, d->vocab, cap, d->act_dtype));
+    for (int32_t i = 0; i < tab.B; i++) {
+      const int32_t b = L[*made + i];
+      dg_cuda_ctx *c = cs[b];
+      dg_cuda_turbo *t = c->tb;
+      if (!sc_probs_now()) DG_TRY(sc_probs_one(w, c, c->P, q[b].n, cap, q[b].T));
+      if (!stacked) {
+        if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
+        DG_TRY(sc_product(w, c->P, q[b].n, c->f1));
+      }
+      t->sc_pre_n = q[b].n;
+      t->sc_pre_T = q[b].T;
+      t->sc_pre_f1 = stacked ? w->f1 + (size_t)(off + tab.row0[i]) * d->hidden : c->f1;
+    }
+    if (stacked) DG_TRY(sc_product(w, wt->Pst + (size_t)off * d->vocab, R, w->f1 + (size_t)off * d->hidden));
+    *made += tab.B;
+    off += R;
+  }
+  return DG_OK;
+}
+
 extern "C" dg_status dg_cuda_turbo_sc_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, int32_t B,
                                             float cap) {
   const dg_cuda_model *m = w->m;
@@ -587,61 +671,35 @@ extern "C" dg_status dg_cuda_turbo_sc_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *
   cudaStream_t s = w->stream;
   dg_cuda_turbo *wt = w->tb;
   if (!wt->sc_ev) CK(cudaEventCreateWithFlags(&wt->sc_ev, cudaEventDisableTiming));
+  int32_t *L = (int32_t *)malloc((size_t)B * 2 * sizeof *L), *U = L + B, nl = 0;
+  if (!L) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
   w->prof = batch_prof(cs, B);
   dg_status st = mark(w, DG_CUDA_ST_HOST);
-  /* the exact rows' products: once over the canvases' rows side by side with DGEMMA_STACK_DENSE (1 or inv; the
-   * table kernels' P straight into the stacked rows), else one per canvas (cuBLAS's choice at each canvas's rows) */
-  const int stacked = stack_dense_now() != 0 && sc_probs_now() && !m->embed.bits;
   for (int32_t b = 0; b < B && !st; b++) {
     if (q[b].n == 0) continue;
     const cudaError_t e = cudaMemcpyAsync(cs[b]->tb->rows, q[b].rows, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s);
     if (e != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: row upload failed: %s", cudaGetErrorString(e));
     else if (q[b].mode == DG_TURBO_SC_TOPK) st = sc_topk_rows(w, cs[b], q[b].n, q[b].p);
+    else L[nl++] = b;
   }
-  for (int32_t b0 = 0; b0 < B && !st;) { /* the exact canvases, DG_TB_TAB a launch */
-    dg_tb_tab tab = {};
-    int32_t ix[DG_TB_TAB], b = b0;
-    for (; b < B && tab.B < DG_TB_TAB; b++) {
-      if (q[b].mode != DG_TURBO_SC_EXACT || q[b].n == 0) continue;
-      dg_cuda_ctx *c = cs[b];
-      ix[tab.B] = b;
-      tab.s[tab.B] = (dg_tb_seg){c->logits, c->P, c->tb->pmax, c->tb->psum, q[b].T};
-      tab.row0[tab.B + 1] = tab.row0[tab.B] + q[b].n;
-      tab.B++;
-      if (c->lg_parts == 3) c->lg_parts = 2; /* c->P (or the stack's) no longer k_vocab_one's */
+  /* the exact rows: those made ahead (dg_cuda_topk_batch) scattered first, then the rest made (the stacked ones
+   * from w's row 0 again, after the scatters above them on the stream) and scattered, until none is left */
+  while (!st && nl > 0) {
+    int32_t nu = 0;
+    for (int32_t i = 0; i < nl && !st; i++) {
+      dg_cuda_ctx *c = cs[L[i]];
+      if (!sc_made(c, q[L[i]].n, q[L[i]].T)) { U[nu++] = L[i]; continue; }
+      const cudaError_t e = k_scatter_rows(s, c->soft, c->tb->sc_pre_f1, c->tb->rows, q[L[i]].n, d->hidden);
+      if (e != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "k_scatter_rows: %s", cudaGetErrorString(e));
+      c->tb->sc_pre_n = 0; /* used */
     }
-    b0 = b;
-    if (!tab.B) continue;
-    const int32_t R = tab.row0[tab.B];
-    if (stacked) {
-      if ((st = sc_stack_bufs(w, w->tmax > R ? w->tmax : R))) break;
-      for (int32_t i = 0; i < tab.B; i++) tab.s[i].P = wt->Pst + (size_t)tab.row0[i] * d->vocab;
-      const cudaError_t e = k_turbo_sc_probs_tab(s, &tab, d->vocab, cap, d->act_dtype);
-      if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "k_turbo_sc_probs_tab: %s", cudaGetErrorString(e)); break; }
-      if ((st = sc_product(w, wt->Pst, R, w->f1))) break;
-      for (int32_t i = 0; i < tab.B && !st; i++) {
-        dg_cuda_ctx *c = cs[ix[i]];
-        const cudaError_t e2 = k_scatter_rows(s, c->soft, w->f1 + (size_t)tab.row0[i] * d->hidden, c->tb->rows,
-                                              q[ix[i]].n, d->hidden);
-        if (e2 != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "k_scatter_rows: %s", cudaGetErrorString(e2));
-      }
-      continue;
-    }
-    if (sc_probs_now()) {
-      const cudaError_t e = k_turbo_sc_probs_tab(s, &tab, d->vocab, cap, d->act_dtype);
-      if (e != cudaSuccess) { st = dg_seterr(DG_ERR_BACKEND, "k_turbo_sc_probs_tab: %s", cudaGetErrorString(e)); break; }
-    }
-    for (int32_t i = 0; i < tab.B && !st; i++) {
-      dg_cuda_ctx *c = cs[ix[i]];
-      const int32_t nb = q[ix[i]].n;
-      if (!sc_probs_now()) st = sc_probs_one(w, c, c->P, nb, cap, q[ix[i]].T);
-      if (!st) st = sc_product(w, c->P, nb, c->f1);
-      if (!st) {
-        const cudaError_t e2 = k_scatter_rows(s, c->soft, c->f1, c->tb->rows, nb, d->hidden);
-        if (e2 != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "k_scatter_rows: %s", cudaGetErrorString(e2));
-      }
-    }
+    int32_t made = 0;
+    if (!st && nu > 0) st = sc_exact_make(w, cs, q, U, nu, cap, &made);
+    if (!st && nu > 0 && made == 0) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: no room for %d rows", q[U[0]].n);
+    memcpy(L, U, (size_t)nu * sizeof *L);
+    nl = nu;
   }
+  free(L);
   for (int32_t b = 0; b < B; b++)
     if (q[b].n > 0) cs[b]->have_soft = 1;
   if (!st) st = mark(w, DG_CUDA_ST_SC);

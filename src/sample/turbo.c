@@ -568,7 +568,8 @@ static dg_status seq_after_forward(turbo_seq *q) {
 
 /* seq_after_forward of the n sequences qs[] of one batched pass (work: the batch's work context), st[i] each
  * one's status: where the backend has head_topk_batch and sc_rows_batch, in three phases: every sequence's
- * top-K in one backend call, every sequence's acceptance and update, every due SC row set in one call (issue 14:
+ * top-K in one backend call (with the SC rows each step may want, which the backend may start making while the
+ * host runs the steps), every sequence's acceptance and update, every due SC row set in one call (issue 14:
  * one launch over the canvases instead of one per canvas); each sequence's results those of its own
  * seq_after_forward (its own logits, state and random stream; only the order of the sequences' host work across
  * the phases differs). Otherwise seq_after_forward one sequence after another. Returns DG_OK, or an error no
@@ -588,20 +589,25 @@ static dg_status seqs_after_forward(dg_context *work, turbo_seq *const *qs, int3
   }
   dg_context **ctxs = malloc((size_t)n * sizeof *ctxs);
   dg_head_args *a = malloc((size_t)n * sizeof *a);
-  dg_sc_req *r = malloc((size_t)n * sizeof *r);
+  dg_sc_req *r = malloc((size_t)n * sizeof *r), *pre = malloc((size_t)n * sizeof *pre);
   dg_status *sub = malloc((size_t)n * sizeof *sub);
   int32_t *ix = malloc((size_t)n * sizeof *ix), *kept = malloc((size_t)n * sizeof *kept);
-  dg_status ret = ctxs && a && r && sub && ix && kept ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  dg_status ret = ctxs && a && r && pre && sub && ix && kept ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   int32_t m = 0;
   for (int32_t i = 0; i < n && !ret; i++) { /* phase 1: the top-K of every sequence's head rows */
     turbo_seq *q = qs[i];
     if ((st[i] = seq_pre(q))) continue;
     q->rc = (turbo_row_ctx){&q->s, q->ctx->m, q->p, q->T, seq_sc_ahead(q) && q->p->turbo.sc_mode != DG_TURBO_SC_TOPK};
     a[m] = turbo_rows_args(&q->s, &q->rc, q->n_act);
+    /* the SC rows this step may want (seq_post makes them due only where seq_sc_ahead holds): a backend may start
+     * on the exact ones while the host runs the steps */
+    const int may = seq_sc_ahead(q) && q->p->turbo.sc_mode == DG_TURBO_SC_EXACT;
+    pre[m] = (dg_sc_req){q->p->turbo.sc_mode, may ? q->n_act : 0, q->s.active, q->ctx->m->cfg.final_logit_softcapping,
+                         q->T, NULL};
     ctxs[m] = q->ctx;
     ix[m++] = i;
   }
-  if (!ret && m > 0) ret = bk->head_topk_batch(work, ctxs, a, m, sub);
+  if (!ret && m > 0) ret = bk->head_topk_batch(work, ctxs, a, pre, m, sub);
   int32_t ns = 0;
   for (int32_t j = 0; j < m && !ret; j++) { /* phase 2: acceptance and update, the SC rows left for phase 3 */
     turbo_seq *q = qs[ix[j]];
@@ -626,6 +632,7 @@ static dg_status seqs_after_forward(dg_context *work, turbo_seq *const *qs, int3
   free(ctxs);
   free(a);
   free(r);
+  free(pre);
   free(sub);
   free(ix);
   free(kept);
