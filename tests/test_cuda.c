@@ -1649,11 +1649,12 @@ static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3],
   dg_test_rm_dir(dir);
 }
 
-/* More canvases than one table launch takes (DG_TB_TAB = 8) and than one stack holds: 9 canvases with exact SC, one
- * canvas each (2 steps + repair), prompts of 5..13 random ids, seeds 40..48. The batched pass's top-K and
- * probabilities run as two table launches, and under DGEMMA_STACK_DENSE=inv (mode 2) the SC rows made ahead fill the
- * work context's rows (8 canvases' worth) so the ninth canvas's are made at the scatter, after the first eight's
- * scatters. Every canvas's tokens and step traces equal its single run's, by default and under inv. */
+/* More canvases than one table launch takes (DG_TB_TAB = 8): 9 canvases with exact SC, one canvas each (2 steps +
+ * repair), prompts of 5..13 random ids, seeds 40..48. The batched pass's top-K and probabilities run as two table
+ * launches (8 + 1 canvases), under DGEMMA_STACK_DENSE=inv (mode 2) the stacked SC product over all nine canvases'
+ * rows (144 of the work context's max(8 C, encoder chunk) rows: the rows made later at the scatter, for stacks past
+ * the work context's rows, are not reached here). Every canvas's tokens and step traces equal its single run's, by
+ * default and under inv. */
 static void test_turbo_batch9(void **state) {
   (void)state;
   need_gpu();

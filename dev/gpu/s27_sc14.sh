@@ -11,11 +11,15 @@
 #      same make line as s26_bi14.sh / s26_fgb.sh / s26_vs12.sh: on a warm machine only the changed files build), and
 #      the 26B random checkpoint /tmp/dg26b (gpu_mkrandom_cpu_bg; kept from an earlier call: /tmp/dg26b.ok);
 #   2. the GPU tests (tests.txt): test_turbo_sc_probs (the table launches against the row kernel at V 333, 1,100 and
-#      262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_sc (the device SC rows against
+#      262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_topk (the device top-K, its
+#      body now shared with the table launch, against the CPU's dg_topk_hier bit for bit), test_turbo_sc (the device
+#      SC rows against
 #      the CPU's within the derived bound), test_turbo_generate (the single-canvas turbo path against the CPU's),
 #      test_turbo_batch (B = 3 stacked: every canvas equals its own run, tokens
 #      and step traces) by default, with DGEMMA_TURBO_BATCH=0 (the per-canvas path of session 26) and with
-#      DGEMMA_STACK_DENSE=inv, test_turbo_batch_inv, test_turbo_continuous (dg_batch_step), test_profile_batch;
+#      DGEMMA_STACK_DENSE=inv, test_turbo_batch_inv, test_turbo_batch9 with DGEMMA_ENC_CHUNK=64 (9 canvases: two
+#      table launches, two stacks, under inv SC rows made at the scatter past the work context's 128 rows),
+#      test_turbo_continuous (dg_batch_step), test_profile_batch;
 #   3. `dgemma bench --protocol batch --device cuda --reps 2 --profile` on the 26B: default B = 1, 4, 8 (bench.txt);
 #      the session-26 path DGEMMA_TURBO_BATCH=0 DGEMMA_SC_PROBS=row B = 1, 4 (bench_base.txt: the same tokens, the
 #      baseline of this call); DGEMMA_STACK_DENSE=inv B = 1, 4, 8 (bench_inv.txt; only with >= 100 s left). The
@@ -48,17 +52,19 @@ tst() { # NAME ENV...: one test under the given environment, its rc in log.txt
   echo "$t ${*:-(default)} rc $? $(el)" | tee -a "$O/log.txt"
 }
 tst test_turbo_sc_probs
+tst test_turbo_topk
 tst test_turbo_sc
 tst test_turbo_generate
 tst test_turbo_batch
 tst test_turbo_batch DGEMMA_TURBO_BATCH=0
 tst test_turbo_batch DGEMMA_STACK_DENSE=inv
 tst test_turbo_batch_inv
+tst test_turbo_batch9 DGEMMA_ENC_CHUNK=64
 tst test_turbo_continuous
 tst test_profile_batch
 grep -E '^# turbo SC probabilities|^# cuda batch|^# emulation' "$O/tests.txt"
 # a test that skips exits 0 too ("[  PASSED  ] 0 test(s)"): count the passes
-echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 9 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"
+echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 11 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"
 wait $mk; tail -2 /tmp/mkrandom.log >> "$O/log.txt"
 left() { echo $(( 530 - ($(date +%s) - t0) )); }
 bench() { # NAME CANVASES ENV...
