@@ -69,6 +69,7 @@ wait $mk; tail -2 /tmp/mkrandom.log >> "$O/log.txt"
 left() { echo $(( 530 - ($(date +%s) - t0) )); }
 bench() { # NAME CANVASES ENV...
   local nm=$1 cv=$2; shift 2
+  rm -f /tmp/b_$nm.jsonl # (an earlier call's on a warm machine)
   echo "{\"kind\": \"run\", \"name\": \"$nm\", \"env\": \"$*\"}" >> "$O/bench.jsonl"
   env "$@" timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases $cv --reps 2 \
     --profile -o /tmp/b_$nm.jsonl > "$O/$nm.txt" 2>&1
