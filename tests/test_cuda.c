@@ -1066,6 +1066,50 @@ static void test_turbo_topk(void **state) {
   dg_model_free(cm);
   dg_model_free(gm);
   dg_test_rm_dir(dir);
+  /* On a GPU also the 26B's vocabulary (V 262,144: 4,096 chunks, and at K = 64 4,096 candidates, the sizes of
+   * topk_row's shared-memory sorts; the emulation sorts at most 256 and would take minutes here): random rows and
+   * rows of heavy ties, K 1, 64 (the engine's) and 65. */
+  char info[256] = {0};
+  if (dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation")) return;
+  char dir2[] = "/tmp/dg_cuda_topkvXXXXXX";
+  synth_cfg c2 = turbo_cfg();
+  c2.vocab = 262144;
+  dg_model *gv2 = load_synth_cuda(dir2, &c2);
+  const int C2 = gv2->cfg.canvas_length, V2 = gv2->cfg.vocab_size, K2s[3] = {1, 64, 65};
+  dg_context *ctx2;
+  assert_dg_ok(dg_context_new(gv2, NULL, &ctx2));
+  float *x2 = malloc((size_t)C2 * V2 * 4), *g2 = malloc((size_t)C2 * 65 * 4), *c2v = malloc(65 * 4);
+  int32_t *g2i = malloc((size_t)C2 * 65 * 4), *c2i = malloc(65 * 4);
+  void *scr2 = malloc(dg_topk_scratch_size(V2, 65));
+  assert_non_null(x2); assert_non_null(g2); assert_non_null(c2v); assert_non_null(g2i); assert_non_null(c2i);
+  assert_non_null(scr2);
+  int cases2 = 0;
+  for (int kind = 0; kind < 2; kind++) {
+    for (size_t e = 0; e < (size_t)C2 * V2; e++) {
+      const float f = synth_rand(&sd);
+      x2[e] = kind == 0 ? f * 30.0f : floorf((f + 1.0f) * 1.5f);
+    }
+    assert_dg_ok(cut()->put_raw_rows(ctx2->dev, C2, x2));
+    for (int kk = 0; kk < 3; kk++) {
+      const int K = K2s[kk];
+      int32_t br = -1, bc = -1, bad;
+      assert_dg_ok(cu()->topk(ctx2->dev, C2, K, g2, g2i, &br, &bc));
+      for (int r = 0; r < C2; r++) {
+        assert_int_equal(dg_topk_hier(x2 + (size_t)r * V2, V2, K, 1, c2v, c2i, scr2, &bad), DG_OK);
+        for (int k = 0; k < K; k++)
+          if (g2i[(size_t)r * K + k] != c2i[k] || memcmp(&g2[(size_t)r * K + k], &c2v[k], 4))
+            fail_msg("V %d kind %d K %d row %d rank %d: device id %d (%g), CPU id %d (%g)", V2, kind, K, r, k,
+                     g2i[(size_t)r * K + k], g2[(size_t)r * K + k], c2i[k], c2v[k]);
+      }
+      cases2++;
+    }
+  }
+  printf("# device top-K at V %d equals dg_topk_hier bit for bit in %d cases (%d rows; random, ties; K 1, 64, 65)\n",
+         V2, cases2, C2);
+  free(x2); free(g2); free(c2v); free(g2i); free(c2i); free(scr2);
+  dg_context_free(ctx2);
+  dg_model_free(gv2);
+  dg_test_rm_dir(dir2);
 }
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a

@@ -11,8 +11,8 @@
 #      same make line as s26_bi14.sh / s26_fgb.sh / s26_vs12.sh: on a warm machine only the changed files build), and
 #      the 26B random checkpoint /tmp/dg26b (gpu_mkrandom_cpu_bg; kept from an earlier call: /tmp/dg26b.ok);
 #   2. the GPU tests (tests.txt): test_turbo_sc_probs (the table launches against the row kernel at V 333, 1,100 and
-#      262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_topk (the device top-K, its
-#      body now shared with the table launch, against the CPU's dg_topk_hier bit for bit), test_turbo_sc (the device
+#      262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_topk (the device top-K, rewritten:
+#      one warp a chunk and shared-memory sorts, against the CPU's dg_topk_hier bit for bit, also at V 262,144), test_turbo_sc (the device
 #      SC rows against
 #      the CPU's within the derived bound), test_turbo_generate (the single-canvas turbo path against the CPU's),
 #      test_turbo_batch (B = 3 stacked: every canvas equals its own run, tokens
@@ -34,6 +34,8 @@
 #       tokens as smaller B" reads 1/1 and 4/4, AND bench.txt's B = 4 tok/s exceeds bench_base.txt's B = 4 by more
 #       than the two rows' spreads (expected ~+16 %: docs/cuda.md). Otherwise the default goes back to one canvas
 #       after another (src/sample/turbo.c seqs_after_forward: env = v && !strcmp(v, "1")).
+#   (D) the top-K's rewrite (one warp a chunk, the shared-memory sorts; exact by construction, no switch) stays only
+#       if test_turbo_topk passes here (its V 262,144 cases included); otherwise revert the commit that made it.
 #   (C) DGEMMA_STACK_DENSE=inv stays a switch here whatever its rows (s26_bi14.sh's rule decides it; this call adds
 #       its rows with the stacked SC product and the batched vocabulary work).
 # Usage: bash dev/gpu/s27_sc14.sh $OUT

@@ -15,8 +15,12 @@
 #define TB_CHUNK 64 /* = DG_TOPK_CHUNK (src/sample/turbo.h): elements per chunk */
 #ifdef DG_CUDA_EMU
 #define TK_NT 64 /* two warps: the cross-warp reduction is exercised, the emulation stays fast */
+#define TK_SORT 256 /* below the test models' candidate counts at K >= 5: both of topk_row's ways run there */
+#define TK_CW 4     /* chunks a warp loads at once (topk_row) */
 #else
 #define TK_NT 256
+#define TK_SORT 4096 /* the 26B's 4,096 chunks and, at K = 64, its 4,096 candidates: 32 KB of shared memory */
+#define TK_CW 8      /* chunks a warp loads at once (topk_row): 16 loads in flight */
 #endif
 
 /* ---- row gather / scatter -------------------------------------------------- */
@@ -80,33 +84,79 @@ static __device__ void tk_block_best(float &v, int &i, float *shv, int *shi) {
   i = shi[0];
 }
 
+/* Sort the n2 pairs (sv, si) in shared memory (n2 a power of two) so that each precedes the next under tk_before:
+ * a bitonic network, every thread of the block taking part (pads (-inf, INT32_MAX) go last). */
+static __device__ void tk_sort(float *sv, int *si, int n2) {
+  for (int k = 2; k <= n2; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+        const int p = i ^ j;
+        if (p <= i) continue;
+        const float a = sv[i], b = sv[p];
+        const int ia = si[i], ib = si[p];
+        if ((i & k) == 0 ? tk_before(b, ib, a, ia) : tk_before(a, ia, b, ib)) {
+          sv[i] = b;
+          sv[p] = a;
+          si[i] = ib;
+          si[p] = ia;
+        }
+      }
+      __syncthreads();
+    }
+}
+
 /* Row r of raw [n, V] (x = its row; cvr/cir [nC], cdv/cdi [min(K, nC) * 64], valr/idxr [K] its rows of the
  * buffers), one block:
  *   1. chunk maxima over chunks of 64 (the first maximal element represents
  *      its chunk) into cv/ci [nC], checking that the row is finite;
- *   2. the nsel = min(K, nC) best chunks, one block-wide selection per rank,
+ *   2. the nsel = min(K, nC) best chunks (all chunk maxima sorted in shared memory,
+ *      tk_sort, where they fit TK_SORT; else one block-wide selection per rank),
  *      their elements copied to the candidates candv/candi [nsel * 64]
  *      (a short last chunk padded with empty elements);
- *   3. the K best candidates, one selection per rank, into val/idx [K].
+ *   3. the K best candidates (sorted likewise, else one selection per rank), into val/idx [K].
  * Equal to the first K of a full sort under the order (the K best elements
- * lie in the K best chunks). bad[0]: the first non-finite row (atomicMin,
- * INT32_MAX if none), bad[1 + r]: its first non-finite column. */
+ * lie in the K best chunks); the order is total, so every way of finding them gives
+ * the same words. bad[0]: the first non-finite row (atomicMin, INT32_MAX if none),
+ * bad[1 + r]: its first non-finite column. ssv/ssi: TK_SORT pairs of shared memory. */
 static __device__ void topk_row(const float *x, int V, int K, float *cvr, int32_t *cir, float *cdv, int32_t *cdi,
-                                float *valr, int32_t *idxr, int32_t *bad, int r, float *shv, int *shi, int *shbad) {
+                                float *valr, int32_t *idxr, int32_t *bad, int r, float *shv, int *shi, int *shbad,
+                                float *ssv, int *ssi) {
   const int tid = threadIdx.x;
   const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, nsel = min(K, nC), ncand = nsel * TB_CHUNK;
   if (tid == 0) *shbad = INT32_MAX;
   __syncthreads();
-  for (int c = tid; c < nC; c += blockDim.x) {
-    const int lo = c * TB_CHUNK, hi = min(V, lo + TB_CHUNK);
-    int b = lo;
-    for (int v = lo; v < hi; v++) {
-      const float f = x[v];
-      if (!isfinite(f)) { atomicMin(shbad, v); break; }
-      if (f > x[b]) b = v;
+  /* 1. one warp a chunk, TK_CW chunks a warp at a time (their 2 TK_CW loads issued first: one block a row, so the
+   * loads in flight decide the pace): lane l holds columns lo + l and lo + 32 + l, the warp's best under tk_before
+   * is the chunk's first maximal element (ties to the lower id); a non-finite column anywhere in the row reaches
+   * shbad's minimum as the sequential scan's first one did */
+  const int lane = tid & 31, nw = blockDim.x >> 5;
+  for (int c0 = (tid >> 5) * TK_CW; c0 < nC; c0 += nw * TK_CW) {
+    float f[2 * TK_CW];
+#pragma unroll
+    for (int u = 0; u < TK_CW; u++) {
+      const int v0 = (c0 + u) * TB_CHUNK + lane, v1 = v0 + 32;
+      f[2 * u] = v0 < V ? x[v0] : -INFINITY;
+      f[2 * u + 1] = v1 < V ? x[v1] : -INFINITY;
     }
-    cvr[c] = x[b];
-    cir[c] = b;
+#pragma unroll
+    for (int u = 0; u < TK_CW; u++) {
+      const int c = c0 + u, v0 = c * TB_CHUNK + lane, v1 = v0 + 32;
+      if (c >= nC) break; /* (uniform over the warp) */
+      if (v0 < V && !isfinite(f[2 * u])) atomicMin(shbad, v0);
+      if (v1 < V && !isfinite(f[2 * u + 1])) atomicMin(shbad, v1);
+      float bv = f[2 * u];
+      int bi = v0 < V ? v0 : INT32_MAX;
+      if (v1 < V && f[2 * u + 1] > bv) { bv = f[2 * u + 1]; bi = v1; }
+      for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (tk_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+      }
+      if (lane == 0) {
+        cvr[c] = bv;
+        cir[c] = bi;
+      }
+    }
   }
   __syncthreads();
   if (*shbad != INT32_MAX) {
@@ -116,7 +166,24 @@ static __device__ void topk_row(const float *x, int V, int K, float *cvr, int32_
     }
     return;
   }
-  for (int s = 0; s < nsel; s++) {
+  int n2 = 1, m2 = 1;
+  while (n2 < nC) n2 <<= 1;
+  while (m2 < ncand) m2 <<= 1;
+  if (n2 <= TK_SORT) { /* 2. sorted: the first nsel are the best chunks */
+    for (int i = tid; i < n2; i += blockDim.x) {
+      ssv[i] = i < nC ? cvr[i] : -INFINITY;
+      ssi[i] = i < nC ? cir[i] : INT32_MAX;
+    }
+    __syncthreads();
+    tk_sort(ssv, ssi, n2);
+    for (int e = tid; e < ncand; e += blockDim.x) {
+      const int v = ssi[e / TB_CHUNK] / TB_CHUNK * TB_CHUNK + e % TB_CHUNK;
+      cdv[e] = v < V ? x[v] : -INFINITY;
+      cdi[e] = v < V ? v : INT32_MAX;
+    }
+    __syncthreads();
+  }
+  for (int s = 0; n2 > TK_SORT && s < nsel; s++) {
     float bv = -INFINITY;
     int bi = INT32_MAX;
     for (int c = tid; c < nC; c += blockDim.x)
@@ -130,6 +197,19 @@ static __device__ void topk_row(const float *x, int V, int K, float *cvr, int32_
     }
     if (tid == 0) { cvr[ch] = -INFINITY; cir[ch] = INT32_MAX; } /* taken */
     __syncthreads();
+  }
+  if (m2 <= TK_SORT) { /* 3. sorted: the first K */
+    for (int i = tid; i < m2; i += blockDim.x) {
+      ssv[i] = i < ncand ? cdv[i] : -INFINITY;
+      ssi[i] = i < ncand ? cdi[i] : INT32_MAX;
+    }
+    __syncthreads();
+    tk_sort(ssv, ssi, m2);
+    for (int k = tid; k < K; k += blockDim.x) {
+      valr[k] = ssv[k];
+      idxr[k] = ssi[k];
+    }
+    return;
   }
   for (int k = 0; k < K; k++) {
     float bv = -INFINITY;
@@ -155,10 +235,12 @@ __global__ void __launch_bounds__(TK_NT) topk_hier_kernel(const float *raw, int 
   __shared__ float shv[32];
   __shared__ int shi[32];
   __shared__ int shbad;
+  __shared__ float ssv[TK_SORT];
+  __shared__ int ssi[TK_SORT];
   const int r = blockIdx.x;
   const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, ncand = min(K, nC) * TB_CHUNK;
   topk_row(raw + (size_t)r * V, V, K, cv + (size_t)r * nC, ci + (size_t)r * nC, candv + (size_t)r * ncand,
-           candi + (size_t)r * ncand, val + (size_t)r * K, idx + (size_t)r * K, bad, r, shv, shi, &shbad);
+           candi + (size_t)r * ncand, val + (size_t)r * K, idx + (size_t)r * K, bad, r, shv, shi, &shbad, ssv, ssi);
 }
 
 /* Row g of a table's rows (the canvases' rows one after another): its canvas b and row r within it. The loop over
@@ -190,12 +272,15 @@ __global__ void __launch_bounds__(TK_NT) topk_tab_kernel(const dg_tk_tab t, int 
   __shared__ float shv[32];
   __shared__ int shi[32];
   __shared__ int shbad;
+  __shared__ float ssv[TK_SORT];
+  __shared__ int ssi[TK_SORT];
   int r;
   const int b = tab_canvas(t.row0, t.B, blockIdx.x, &r);
   const dg_tk_seg s = tab_pick(t.s, b);
   const int nC = (V + TB_CHUNK - 1) / TB_CHUNK, ncand = min(s.K, nC) * TB_CHUNK;
   topk_row(s.raw + (size_t)r * V, V, s.K, s.cv + (size_t)r * nC, s.ci + (size_t)r * nC, s.candv + (size_t)r * ncand,
-           s.candi + (size_t)r * ncand, s.val + (size_t)r * s.K, s.idx + (size_t)r * s.K, s.bad, r, shv, shi, &shbad);
+           s.candi + (size_t)r * ncand, s.val + (size_t)r * s.K, s.idx + (size_t)r * s.K, s.bad, r, shv, shi, &shbad,
+           ssv, ssi);
 }
 
 cudaError_t k_topk_tab(cudaStream_t s, const dg_tk_tab *t, int V) {
