@@ -10,20 +10,21 @@
 #   1. in the background: the library, CLI and tests/test_cuda in build/ (the Makefile's default CUDA_ARCH and the
 #      same make line as s26_bi14.sh / s26_fgb.sh / s26_vs12.sh: on a warm machine only the changed files build), and
 #      the 26B random checkpoint /tmp/dg26b (gpu_mkrandom_cpu_bg; kept from an earlier call: /tmp/dg26b.ok);
-#   2. the GPU tests (tests.txt): test_turbo_sc_probs (the table launches against the row kernel at V 333, 1,100 and
-#      262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_topk (the device top-K, rewritten:
-#      one warp a chunk and shared-memory sorts, against the CPU's dg_topk_hier bit for bit, also at V 262,144), test_turbo_sc (the device
-#      SC rows against
-#      the CPU's within the derived bound), test_turbo_generate (the single-canvas turbo path against the CPU's),
-#      test_turbo_batch (B = 3 stacked: every canvas equals its own run, tokens
-#      and step traces) by default, with DGEMMA_TURBO_BATCH=0 (the per-canvas path of session 26) and with
+#   2. the GPU tests (tests.txt): test_turbo_sc_probs (the table launches against the row kernel at V 333, 1,100
+#      and 262,144: every bf16 word and every row's softmax sum bit for bit), test_turbo_topk (the rewritten device
+#      top-K: one warp a chunk, shared-memory sorts; against the CPU's dg_topk_hier bit for bit, also at V 262,144),
+#      test_turbo_sc (the device SC rows against the CPU's within the derived bound), test_turbo_generate (the
+#      single-canvas turbo path against the CPU's), test_turbo_batch (B = 3 stacked: every canvas equals its own run,
+#      tokens and step traces) by default, with DGEMMA_TURBO_BATCH=0 (the per-canvas path of session 26) and with
 #      DGEMMA_STACK_DENSE=inv, test_turbo_batch_inv, test_turbo_batch9 with DGEMMA_ENC_CHUNK=64 (9 canvases: two
 #      table launches, two stacks, under inv SC rows made at the scatter past the work context's 128 rows),
 #      test_turbo_continuous (dg_batch_step), test_profile_batch;
 #   3. `dgemma bench --protocol batch --device cuda --reps 2 --profile` on the 26B: default B = 1, 4, 8 (bench.txt);
 #      the session-26 path DGEMMA_TURBO_BATCH=0 DGEMMA_SC_PROBS=row B = 1, 4 (bench_base.txt: the same tokens, the
-#      baseline of this call); DGEMMA_STACK_DENSE=inv B = 1, 4, 8 (bench_inv.txt; only with >= 100 s left). The
-#      three runs' JSON rows in bench.jsonl, each run's after a {"kind": "run", ...} line.
+#      baseline of this call; the top-K's rewrite has no switch, so it runs in both: its own effect shows against
+#      session 26's "sampler statistics" rows, 0.521 ms a B = 1 pass, docs/results/h100-s26/bp14/bench.txt);
+#      DGEMMA_STACK_DENSE=inv B = 1, 4, 8 (bench_inv.txt; only with >= 100 s left). The three runs' JSON rows in
+#      bench.jsonl, each run's after a {"kind": "run", ...} line.
 # The rules, written before any GPU run:
 #   (A) the table probabilities stay the default (DGEMMA_SC_PROBS unset) only if test_turbo_sc_probs and
 #       test_turbo_sc pass here AND bench.txt's B = 1 profile shows "self-conditioning" ms per pass below
@@ -32,11 +33,11 @@
 #   (B) the batched pass's one-call top-K and SC (DGEMMA_TURBO_BATCH unset) stay the default only if
 #       test_turbo_batch (default, =0 and inv), test_turbo_continuous and test_profile_batch pass, bench.txt's "same
 #       tokens as smaller B" reads 1/1 and 4/4, AND bench.txt's B = 4 tok/s exceeds bench_base.txt's B = 4 by more
-#       than the two rows' spreads (expected ~+16 %: docs/cuda.md). Otherwise the default goes back to one canvas
+#       than the two rows' spreads (expected ~+10-15 %: docs/cuda.md). Otherwise the default goes back to one canvas
 #       after another (src/sample/turbo.c seqs_after_forward: env = v && !strcmp(v, "1")).
-#   (D) the top-K's rewrite (one warp a chunk, the shared-memory sorts; exact by construction, no switch) stays only
+#   (C) the top-K's rewrite (one warp a chunk, the shared-memory sorts; exact by construction, no switch) stays only
 #       if test_turbo_topk passes here (its V 262,144 cases included); otherwise revert the commit that made it.
-#   (C) DGEMMA_STACK_DENSE=inv stays a switch here whatever its rows (s26_bi14.sh's rule decides it; this call adds
+#   (D) DGEMMA_STACK_DENSE=inv stays a switch here whatever its rows (s26_bi14.sh's rule decides it; this call adds
 #       its rows with the stacked SC product and the batched vocabulary work).
 # Usage: bash dev/gpu/s27_sc14.sh $OUT
 O=${1:?usage: dev/gpu/s27_sc14.sh OUT}; mkdir -p "$O"
