@@ -1066,6 +1066,50 @@ static void test_turbo_topk(void **state) {
   dg_model_free(cm);
   dg_model_free(gm);
   dg_test_rm_dir(dir);
+  /* On a GPU also the 26B's vocabulary (V 262,144: 4,096 chunks, and at K = 64 4,096 candidates, the sizes of
+   * topk_row's shared-memory sorts; the emulation sorts at most 256 and would take minutes here): random rows and
+   * rows of heavy ties, K 1, 64 (the engine's) and 65. */
+  char info[256] = {0};
+  if (dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation")) return;
+  char dir2[] = "/tmp/dg_cuda_topkvXXXXXX";
+  synth_cfg c2 = turbo_cfg();
+  c2.vocab = 262144;
+  dg_model *gv2 = load_synth_cuda(dir2, &c2);
+  const int C2 = gv2->cfg.canvas_length, V2 = gv2->cfg.vocab_size, K2s[3] = {1, 64, 65};
+  dg_context *ctx2;
+  assert_dg_ok(dg_context_new(gv2, NULL, &ctx2));
+  float *x2 = malloc((size_t)C2 * V2 * 4), *g2 = malloc((size_t)C2 * 65 * 4), *c2v = malloc(65 * 4);
+  int32_t *g2i = malloc((size_t)C2 * 65 * 4), *c2i = malloc(65 * 4);
+  void *scr2 = malloc(dg_topk_scratch_size(V2, 65));
+  assert_non_null(x2); assert_non_null(g2); assert_non_null(c2v); assert_non_null(g2i); assert_non_null(c2i);
+  assert_non_null(scr2);
+  int cases2 = 0;
+  for (int kind = 0; kind < 2; kind++) {
+    for (size_t e = 0; e < (size_t)C2 * V2; e++) {
+      const float f = synth_rand(&sd);
+      x2[e] = kind == 0 ? f * 30.0f : floorf((f + 1.0f) * 1.5f);
+    }
+    assert_dg_ok(cut()->put_raw_rows(ctx2->dev, C2, x2));
+    for (int kk = 0; kk < 3; kk++) {
+      const int K = K2s[kk];
+      int32_t br = -1, bc = -1, bad;
+      assert_dg_ok(cu()->topk(ctx2->dev, C2, K, g2, g2i, &br, &bc));
+      for (int r = 0; r < C2; r++) {
+        assert_int_equal(dg_topk_hier(x2 + (size_t)r * V2, V2, K, 1, c2v, c2i, scr2, &bad), DG_OK);
+        for (int k = 0; k < K; k++)
+          if (g2i[(size_t)r * K + k] != c2i[k] || memcmp(&g2[(size_t)r * K + k], &c2v[k], 4))
+            fail_msg("V %d kind %d K %d row %d rank %d: device id %d (%g), CPU id %d (%g)", V2, kind, K, r, k,
+                     g2i[(size_t)r * K + k], g2[(size_t)r * K + k], c2i[k], c2v[k]);
+      }
+      cases2++;
+    }
+  }
+  printf("# device top-K at V %d equals dg_topk_hier bit for bit in %d cases (%d rows; random, ties; K 1, 64, 65)\n",
+         V2, cases2, C2);
+  free(x2); free(g2); free(c2v); free(g2i); free(c2i); free(scr2);
+  dg_context_free(ctx2);
+  dg_model_free(gv2);
+  dg_test_rm_dir(dir2);
 }
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
@@ -1446,6 +1490,71 @@ static void test_turbo_generate(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* k_turbo_sc_probs_tab (the exact SC probabilities in three launches over a table of canvases; the default since
+ * session 27) against k_turbo_sc_probs (session 26's kernel, one 512-thread block per row), word for word: the new
+ * launches repeat the row kernel's order of its double sum (thread t of 512 sums columns t, t + 512, ... in order;
+ * the warps' and then warp 0's butterflies), the maximum and the probabilities do not depend on the order. Three
+ * canvases of 3, 0 and 5 rows (an empty one between: the table's row offsets), their own temperatures, softcap
+ * 30 and none, activation dtypes bf16 (z kept in P), f16 and f32 (z computed again), V = 333 (short last chunk)
+ * and 1,100 (threads with 2 and 3 columns; the emulation's chunks are 128 columns, the GPU's 8,192); on a GPU also
+ * V = 262,144 (the 26B's vocabulary) at 24 + 0 + 40 rows. Also each row's softmax sum, the double the
+ * probabilities divide by, bit for bit (the table's from its warp sums as scp_write_kernel forms it; the row
+ * kernel's from its shared memory): a sum in another order differs there in its last bits long before a
+ * probability's bf16 word changes (tried: threads summing the columns t * 16 + w, t * 16 + w + 512, ... instead
+ * of 32 w + t, ... fail on the sums while the words pass). Raw logits: uniform in [-20, 20) with every 7th column
+ * equal to its row's first (ties), one column per row at +25; odd rows uniform in [-60, 60) (exp(z - max) then
+ * spans far more than a double's 53 bits, so the sums round and their order shows). A word not written would read
+ * 0xFFFF. */
+static void test_turbo_sc_probs(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char info[256] = {0};
+  const int emu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation") != NULL;
+  const int acts[3] = {DG_BF16, DG_F16, DG_F32};
+  const int Vs[3] = {333, 1100, 262144};
+  const float caps[2] = {30.0f, 0.0f}, T[3] = {0.7f, 1.0f, 1.3f};
+  long words = 0;
+  for (int vi = 0; vi < (emu ? 2 : 3); vi++) {
+    const int V = Vs[vi];
+    const int32_t n[3] = {vi == 2 ? 24 : 3, 0, vi == 2 ? 40 : 5};
+    const size_t R = (size_t)n[0] + n[1] + n[2];
+    float *raw = malloc(R * V * 4);
+    uint16_t *pt = malloc(R * V * 2), *pr = malloc(R * V * 2);
+    double sumt[64], sumr[64];
+    assert_true(R <= 64);
+    assert_non_null(raw);
+    assert_non_null(pt);
+    assert_non_null(pr);
+    unsigned seed = 1234u + (unsigned)vi;
+    for (size_t r = 0; r < R; r++) {
+      for (int v = 0; v < V; v++) raw[r * V + v] = (r % 2 ? 60.0f : 20.0f) * synth_rand(&seed);
+      for (int v = 7; v < V; v += 7) raw[r * V + v] = raw[r * V];
+      raw[r * V + (r * 37) % V] = 25.0f;
+    }
+    for (int ai = 0; ai < 3; ai++)
+      for (int ci = 0; ci < 2; ci++) {
+        if (vi == 2 && (ai > 0 || ci > 0)) continue; /* the 26B's shape: bf16, softcap 30 */
+        assert_dg_ok(cut()->test_sc_probs(0, acts[ai], 3, n, V, caps[ci], T, raw, pt, pr, sumt, sumr));
+        for (size_t r = 0; r < R; r++) /* the double itself: a change of the sum's order shows here first */
+          if (memcmp(&sumt[r], &sumr[r], 8))
+            fail_msg("V %d act %d cap %g row %zu: softmax sum %.17g (table) != %.17g (row kernel)", V, acts[ai],
+                     (double)caps[ci], r, sumt[r], sumr[r]);
+        for (size_t i = 0; i < R * V; i++)
+          if (pt[i] != pr[i])
+            fail_msg("V %d act %d cap %g: word %zu (row %zu, column %zu): table 0x%04x, row kernel 0x%04x", V, acts[ai],
+                     (double)caps[ci], i, i / V, i % V, pt[i], pr[i]);
+        for (size_t i = 0; i < R * V; i++) assert_true(pr[i] != 0xFFFF); /* every word written */
+        words += (long)(R * V);
+      }
+    free(raw);
+    free(pt);
+    free(pr);
+  }
+  printf("# turbo SC probabilities: the table launches equal the row kernel in all %ld words (%s)\n", words,
+         emu ? "CPU emulation" : "GPU");
+}
+
 /* The two canvases of test_turbo_batch and test_profile_batch: prompts of 30 and 11 random ids (seeds 81, 82) and
  * two turbo settings (compact + repair + confidence; turbo_steps + top-K SC), two canvases of at most 3 steps each
  * (+ repair: the emulation is slow), seeds 30 and 31, no stop ids. */
@@ -1467,12 +1576,15 @@ static void turbo_batch_inputs(const dg_model *gm, int32_t prompt[30], int32_t p
   }
 }
 
-/* dg_generate_batch on CUDA contexts (one device pass per canvas): every
+/* dg_generate_batch on CUDA contexts (stacked passes): every
  * canvas equals its own CUDA run bit for bit (compact + repair + confidence,
- * and turbo_steps + topk SC, with different prompt lengths). mode: DGEMMA_STACK_DENSE for the contexts (-1 the
- * environment's, 2 inv: the stacked pass's dense products, LM head and SC MLP once over the stack); tok_out
- * (2 x 2C, may be NULL) and n_out receive the batch's tokens. */
-static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2], uint64_t h_out[2]);
+ * and turbo_steps + topk SC, with different prompt lengths; a third canvas, exact SC as the first, so that the
+ * batched pass's top-K (head_topk_batch: one launch over the canvases' rows) and exact SC (sc_rows_batch: one
+ * probabilities launch over two canvases, and under DGEMMA_STACK_DENSE one product over their rows side by side)
+ * have canvases at row offsets other than 0). mode: DGEMMA_STACK_DENSE for the contexts (-1 the
+ * environment's, 2 inv: the stacked pass's dense products, LM head, SC MLP and exact SC product once over the
+ * stack); tok_out (3 x 2C, may be NULL) and n_out receive the batch's tokens. */
+static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3], uint64_t h_out[3]);
 /* A canvas's steps as one FNV-1a hash: every step's block, step, accepted count, mean entropy's bits, active and
  * forwarded counts, argmax canvas and next canvas (turbo_batch_run: a head row's logits that went to the wrong
  * canvas changes its entropies and argmaxes even where the committed tokens happen to agree). */
@@ -1509,12 +1621,12 @@ static void test_turbo_batch_inv(void **state) {
   long nd = 0, nc = 0;
   double worst = 0.0;
   assert_dg_ok(cut()->test_gemm_inv(0, 0, 1, 1, &shapes, &active, cfg, &rule, &nd, &nc, &worst));
-  int32_t t0[2][512], t2[2][512], n0[2], n2[2];
-  uint64_t h0[2], h2[2];
+  int32_t t0[3][512], t2[3][512], n0[3], n2[3];
+  uint64_t h0[3], h2[3];
   turbo_batch_run(2, t2, n2, h2);
   if (active != -1) return; /* a GPU: the two modes' bits differ by design */
   turbo_batch_run(0, t0, n0, h0);
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     assert_int_equal(n0[i], n2[i]);
     assert_memory_equal(t0[i], t2[i], (size_t)n0[i] * 4);
     assert_true(h0[i] == h2[i]);
@@ -1522,7 +1634,7 @@ static void test_turbo_batch_inv(void **state) {
   printf("# emulation: the inv batch's tokens and step traces equal the per-canvas batch's\n");
 }
 
-static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2], uint64_t h_out[2]) {
+static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3], uint64_t h_out[3]) {
   need_gpu();
   dg_model *gm;
   char dir[] = "/tmp/dg_cuda_tbatXXXXXX";
@@ -1535,22 +1647,26 @@ static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2],
   if (as_cpu()) mp.reference_kernels = 1;
   else mp.device = DG_DEVICE_CUDA;
   assert_dg_ok(dg_model_load(dir, &mp, &gm));
-  int32_t prompt[30], p2[11];
-  dg_gen_params g[2];
+  int32_t prompt[30], p2[11], p3[17];
+  dg_gen_params g[3];
   turbo_batch_inputs(gm, prompt, p2, g);
-  const int32_t *ps[2] = {prompt, p2};
-  size_t np[2] = {30, 11};
-  dg_context *cx[2];
-  dg_gen_result rb[2], r1;
+  synth_random_ids(p3, 17, gm->cfg.vocab_size, 83);
+  g[2] = g[0]; /* exact SC as canvas 0, another threshold and seed */
+  g[2].seed = 32;
+  assert_dg_ok(dg_gen_params_apply_json(&g[2], "{\"turbo_threshold\": [0.5, 0.2, 2]}"));
+  const int32_t *ps[3] = {prompt, p2, p3};
+  size_t np[3] = {30, 11, 17};
+  dg_context *cx[3];
+  dg_gen_result rb[3], r1;
   if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
-  for (int i = 0; i < 2; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
-  trace_cb tb[2] = {{1469598103934665603ull, 0}, {1469598103934665603ull, 0}}, t1;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+  trace_cb tb[3] = {{1469598103934665603ull, 0}, {1469598103934665603ull, 0}, {1469598103934665603ull, 0}}, t1;
+  for (int i = 0; i < 3; i++) {
     g[i].on_step = trace_on_step;
     g[i].user_data = &tb[i];
   }
-  assert_dg_ok(dg_generate_batch(cx, 2, ps, np, g, rb));
-  for (int i = 0; i < 2; i++) {
+  assert_dg_ok(dg_generate_batch(cx, 3, ps, np, g, rb));
+  for (int i = 0; i < 3; i++) {
     dg_context_reset(cx[i]);
     t1 = (trace_cb){1469598103934665603ull, 0};
     g[i].user_data = &t1;
@@ -1572,7 +1688,78 @@ static void turbo_batch_run(int mode, int32_t tok_out[2][512], int32_t n_out[2],
     dg_context_free(cx[i]);
   }
   if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(-1));
-  printf("# cuda batch B=2 (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", mode);
+  printf("# cuda batch B=3 (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", mode);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
+/* More canvases than one table launch takes (DG_TB_TAB = 8): 9 canvases with exact SC, one canvas each (2 steps +
+ * repair), prompts of 5..13 random ids, seeds 40..48. The batched pass's top-K and probabilities run as two table
+ * launches (8 + 1 canvases), under DGEMMA_STACK_DENSE=inv (mode 2) the stacked SC product over all nine canvases'
+ * rows (144 of the work context's max(8 C, encoder chunk) rows: the rows made later at the scatter, for stacks past
+ * the work context's rows, are not reached here). Every canvas's tokens and step traces equal its single run's, by
+ * default and under inv. */
+static void test_turbo_batch9(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  enum { NB = 9 };
+  dg_model *gm;
+  char dir[] = "/tmp/dg_cuda_tb9XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg c = turbo_cfg();
+  assert_int_equal(synth_model_dir(dir, &c), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  assert_dg_ok(dg_model_load(dir, &mp, &gm));
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size;
+  int32_t prompts[NB][13];
+  const int32_t *ps[NB];
+  size_t np[NB];
+  dg_gen_params g[NB];
+  for (int i = 0; i < NB; i++) {
+    np[i] = 5 + (size_t)i;
+    synth_random_ids(prompts[i], (int)np[i], V, 90 + (unsigned)i);
+    ps[i] = prompts[i];
+    g[i] = dg_gen_default_params(gm);
+    g[i].max_new_tokens = C;
+    g[i].max_denoising_steps = 2;
+    g[i].n_stop_ids = 0;
+    g[i].seed = 40 + (uint64_t)i;
+    assert_dg_ok(dg_gen_params_apply_json(&g[i], "{\"diffusion_turbo\": true, \"turbo_accept\": \"confidence\", "
+                                                 "\"turbo_threshold\": [0.6, 0.3, 2], \"turbo_repair\": true, "
+                                                 "\"turbo_compact\": true}"));
+  }
+  for (int mode = 0; mode <= 2; mode += 2) {
+    assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
+    dg_context *cx[NB];
+    dg_gen_result rb[NB], r1;
+    trace_cb tb[NB], t1;
+    for (int i = 0; i < NB; i++) {
+      assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+      tb[i] = (trace_cb){1469598103934665603ull, 0};
+      g[i].on_step = trace_on_step;
+      g[i].user_data = &tb[i];
+    }
+    assert_dg_ok(dg_generate_batch(cx, NB, ps, np, g, rb));
+    for (int i = 0; i < NB; i++) {
+      dg_context_reset(cx[i]);
+      t1 = (trace_cb){1469598103934665603ull, 0};
+      g[i].user_data = &t1;
+      assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
+      assert_int_equal(r1.n_tokens, rb[i].n_tokens);
+      assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
+      assert_true(t1.n > 0);
+      assert_int_equal(t1.n, tb[i].n);
+      assert_true(t1.h == tb[i].h);
+      dg_gen_result_free(&r1);
+      dg_gen_result_free(&rb[i]);
+      dg_context_free(cx[i]);
+    }
+    printf("# cuda batch B=%d (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", NB, mode);
+  }
+  assert_dg_ok(cut()->test_stack_dense_set(-1));
   dg_model_free(gm);
   dg_test_rm_dir(dir);
 }
@@ -4209,7 +4396,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),

@@ -60,6 +60,15 @@ typedef struct dg_head_args {
   int32_t last0;           /* out: first row of the last chunk (raw_on_row), else -1 */
 } dg_head_args;
 
+/* One canvas's sc_rows arguments (sc_rows_batch). */
+typedef struct dg_sc_req {
+  dg_turbo_sc mode;
+  int32_t n;
+  const int32_t *rows;
+  float cap, T;
+  const float *p;
+} dg_sc_req;
+
 typedef struct dg_backend {
   const char *name; /* "cpu", "cuda" */
   dg_device device; /* the device kind it runs on (dg_model_info.device) */
@@ -139,6 +148,17 @@ typedef struct dg_backend {
    * it does not make (the CPU: every mode): the caller makes host rows (DG_SC_HOST). */
   dg_status (*sc_rows)(dg_context *ctx, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                        const float *p, int *kept);
+  /* (optional, NULL: head_topk and sc_rows per canvas) head_topk and sc_rows of the B canvases of one batched
+   * pass at once (issue 14: one launch for their rows, one synchronisation), work the batch's work context:
+   * a[b] / r[b] canvas ctxs[b]'s arguments, each canvas's results those of its own call. head_topk_batch:
+   * st[b] each canvas's status (DG_ERR_NUMERIC with a[b].bad_row / bad_col), the return an error that is no one
+   * canvas's (st then undefined); on_row per canvas after every canvas's rows came back; pre (NULL: none) the
+   * sc_rows arguments each canvas's step may want after it (n 0: none), which the backend may start on ahead
+   * while the host runs the steps (sc_rows_batch then finishes them). sc_rows_batch: kept[b] as sc_rows's
+   * *kept. */
+  dg_status (*head_topk_batch)(dg_context *work, dg_context *const *ctxs, dg_head_args *a, const struct dg_sc_req *pre,
+                                int32_t B, dg_status *st);
+  dg_status (*sc_rows_batch)(dg_context *work, dg_context *const *ctxs, const struct dg_sc_req *r, int32_t B, int *kept);
   /* Copy the first n raw head rows of the last pass to raw [n, V] (where !raw_on_row; else
    * DG_ERR_INVALID_ARG: the rows went to on_row and are not kept). */
   dg_status (*head_raw)(dg_context *ctx, int32_t n, float *raw);

@@ -168,6 +168,75 @@ static dg_status cu_sc_rows(dg_context *ctx, dg_turbo_sc mode, int32_t n, const 
   return *kept ? dg_cuda_turbo_sc(ctx->dev, mode, n, rows, cap, T, p) : DG_OK;
 }
 
+/* head_topk of a batched pass's canvases: one device launch (dg_cuda_topk_batch), then each canvas's per-row work. */
+static dg_status cu_head_topk_batch(dg_context *work, dg_context *const *ctxs, dg_head_args *a, const dg_sc_req *pre,
+                                    int32_t B, dg_status *st) {
+  if (B < 1) return DG_OK;
+  dg_cuda_ctx **cs = calloc((size_t)B, sizeof *cs);
+  int32_t *iv = calloc((size_t)B * 4, sizeof *iv);
+  float **val = calloc((size_t)B, sizeof *val);
+  int32_t **idx = calloc((size_t)B, sizeof *idx);
+  dg_cuda_screq *q = pre ? calloc((size_t)B, sizeof *q) : NULL;
+  dg_status r = cs && iv && val && idx && (q || !pre) ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  float cap = 0.0f;
+  for (int32_t b = 0; b < B && q; b++) { /* the exact rows the device makes ahead; the others none */
+    const int ex = pre[b].mode == DG_TURBO_SC_EXACT && pre[b].n > 0;
+    q[b] = (dg_cuda_screq){pre[b].mode, ex ? pre[b].n : 0, pre[b].rows, pre[b].T, NULL};
+    if (ex) cap = pre[b].cap;
+  }
+  int32_t *n = iv, *K = iv + B, *brow = iv + 2 * B, *bcol = iv + 3 * B;
+  for (int32_t b = 0; b < B && !r; b++) {
+    cs[b] = ctxs[b]->dev;
+    n[b] = a[b].n;
+    K[b] = a[b].K;
+    val[b] = a[b].val;
+    idx[b] = a[b].idx;
+    a[b].last0 = -1;
+  }
+  if (!r) r = dg_cuda_topk_batch(work->dev, cs, B, n, K, val, idx, brow, bcol, st, q, cap);
+  for (int32_t b = 0; b < B && !r; b++) {
+    if (st[b] == DG_ERR_NUMERIC) {
+      a[b].bad_row = brow[b];
+      a[b].bad_col = bcol[b];
+      continue;
+    }
+    if (st[b] || !a[b].on_row) continue;
+    const dg_head_args *ab = &a[b];
+#pragma omp parallel for num_threads(ab->nt) schedule(dynamic)
+    for (int32_t row = 0; row < ab->n; row++) ab->on_row(ab->user, row, NULL, 1, omp_get_thread_num());
+  }
+  free(cs);
+  free(iv);
+  free(val);
+  free(idx);
+  free(q);
+  return r;
+}
+
+/* sc_rows of a batched pass's canvases: the modes the device keeps in one call (dg_cuda_turbo_sc_batch). */
+static dg_status cu_sc_rows_batch(dg_context *work, dg_context *const *ctxs, const dg_sc_req *r, int32_t B, int *kept) {
+  dg_cuda_ctx **cs = calloc((size_t)B, sizeof *cs);
+  dg_cuda_screq *q = calloc((size_t)B, sizeof *q);
+  if (!cs || !q) {
+    free(cs);
+    free(q);
+    return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  }
+  int32_t m = 0;
+  float cap = 0.0f;
+  for (int32_t b = 0; b < B; b++) {
+    kept[b] = r[b].mode == DG_TURBO_SC_EXACT || r[b].mode == DG_TURBO_SC_TOPK; /* adaptive: on the host */
+    if (!kept[b]) continue;
+    cs[m] = ctxs[b]->dev;
+    q[m++] = (dg_cuda_screq){r[b].mode, r[b].n, r[b].rows, r[b].T, r[b].p};
+    cap = r[b].cap;
+  }
+  dg_status st = m > 0 ? dg_cuda_turbo_sc_batch(work->dev, cs, q, m, cap) : DG_OK;
+  free(cs);
+  free(q);
+  return st;
+}
+
 static dg_status cu_head_raw(dg_context *ctx, int32_t n, float *raw) { return dg_cuda_raw_rows(ctx->dev, n, raw); }
 
 static dg_status cu_profile(dg_context *ctx, int on) { return dg_cuda_profile(ctx->dev, on); }
@@ -222,6 +291,8 @@ static const dg_backend cuda_backend = {
     .head_plan = cu_head_plan,
     .head_topk = cu_head_topk,
     .sc_rows = cu_sc_rows,
+    .head_topk_batch = cu_head_topk_batch, /* one launch over a batched pass's canvases */
+    .sc_rows_batch = cu_sc_rows_batch,
     .head_raw = cu_head_raw,
     .sc_host = cu_sc_host,
     .info = dg_cuda_info,

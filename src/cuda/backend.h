@@ -215,6 +215,33 @@ dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *val, int32_t
  *     ids. Any other mode: DG_ERR_INVALID_ARG. */
 dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                            const float *p);
+
+/* One canvas's dg_cuda_turbo_sc arguments (dg_cuda_turbo_sc_batch; dg_cuda_topk_batch's pre). */
+typedef struct dg_cuda_screq {
+  dg_turbo_sc mode;
+  int32_t n;
+  const int32_t *rows;
+  float T;
+  const float *p;
+} dg_cuda_screq;
+/* dg_cuda_topk of B canvases of one batched pass at once (issue 14): every canvas's rows in one launch
+ * (k_topk_tab, up to DG_TB_TAB canvases a launch) on the work context's stream w, one synchronisation; n[b],
+ * K[b], val[b], idx[b] canvas cs[b]'s arguments of dg_cuda_topk, its results the same; st[b] DG_OK, or
+ * DG_ERR_NUMERIC (no message) with bad_row[b] and bad_col[b]. pre (NULL: none): canvas b's exact SC rows its step
+ * may want (mode DG_TURBO_SC_EXACT, n <= n[b], T; cap the softcap), whose probabilities and product are made
+ * ahead on the work stream while the host runs the steps; dg_cuda_turbo_sc_batch with the same n and T then only
+ * scatters them (a pass in between forgets them). Profiling: the marks go to the first profiled canvas's record.
+ * Returns DG_ERR_INVALID_ARG (any canvas's arguments, nothing run) or DG_ERR_BACKEND. */
+dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, int32_t B, const int32_t *n, const int32_t *K,
+                             float *const *val, int32_t *const *idx, int32_t *bad_row, int32_t *bad_col, dg_status *st,
+                             const dg_cuda_screq *pre, float cap);
+/* dg_cuda_turbo_sc of B canvases at once, on the work context's stream w (each canvas's stream then waits for
+ * it): the exact mode's probabilities in one launch over the canvases (k_turbo_sc_probs_tab); the products
+ * P . E per canvas (cuBLAS's choice at its rows: its own run's bits), or with DGEMMA_STACK_DENSE 1 / inv once
+ * over all exact canvases' rows side by side in w's stacked P (inv: the batch-invariant algorithm, so each
+ * canvas keeps the bits of its own run under the switch). Each canvas's rows are those of its own
+ * dg_cuda_turbo_sc (under the same switch). Errors: as dg_cuda_turbo_sc's (nothing run for bad arguments). */
+dg_status dg_cuda_turbo_sc_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, int32_t B, float cap);
 /* ---- stage timing (issue 12: `dgemma bench --profile`) -------------------- */
 /* The stages of a pass, in the order they run. The interval between two
  * consecutive stage marks (cudaEvents on the context's stream) is charged to

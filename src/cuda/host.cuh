@@ -244,7 +244,7 @@ dg_status graph_run(dg_cuda_ctx *c, const dg_graph_key *key, int64_t sig, dg_pas
 /* ---- turbo_host.cu ---- */
 
 /* Device buffers of the turbo entry points, made on first use (turbo_bufs): two blocks, the index buffers and the
- * top-K buffers (remade for a larger K). */
+ * top-K buffers (remade for a larger K); a batch's work context also the stacked SC rows' P (sc_stack_bufs). */
 struct dg_cuda_turbo {
   int32_t *pos;      /* [tmax] absolute positions of a compacted pass's rows */
   int32_t *cpos;     /* [tmax] their canvas positions (self-conditioning rows) */
@@ -256,8 +256,73 @@ struct dg_cuda_turbo {
   float *cv, *candv, *val, *p; /* [C, nC], [C, min(K, nC) * 64], [C, K], [C, K] */
   int32_t *ci, *candi, *idx;   /* as cv, candv, val */
   int32_t *bad;      /* [1 + C] */
-  void *iblk, *kblk; /* the blocks of the index buffers (pos, cpos, rows) and of the top-K buffers (carve_block) */
+  float *pmax;       /* [C, dg_scp_chunks(V)] the exact SC probabilities' chunk maxima (k_turbo_sc_probs_tab) */
+  double *psum;      /* [C, 16] their warp sums */
+  bf16 *Pst;         /* work context, DGEMMA_STACK_DENSE 1 / inv: [pst_rows, V] the stacked SC rows' P */
+  int32_t pst_rows;
+  cudaEvent_t sc_ev; /* work context: the end of the last dg_cuda_turbo_sc_batch (the canvases' streams wait on it) */
+  cudaEvent_t tk_ev; /* work context: the top-K results of the last dg_cuda_topk_batch on the host */
+  int32_t sc_pre_n;  /* rows of the exact SC product made ahead from the current raw rows (0: none; logits_written) */
+  float sc_pre_T;    /* its temperature */
+  float *sc_pre_f1;  /* its rows [sc_pre_n, H]: the canvas's f1, or the work context's (DGEMMA_STACK_DENSE 1 / inv) */
+  void *iblk, *kblk, *sblk; /* the blocks of the index buffers (pos, cpos, rows, pmax, psum), of the top-K buffers
+                             * and of Pst (carve_block) */
 };
+
+/* Table launches over the canvases of a batch (issue 14: one launch for B canvases instead of B launches on B
+ * streams; turbo.cu). Canvas b's rows are rows [row0[b], row0[b + 1]) of the launch, row0[0] = 0, b < B <=
+ * DG_TB_TAB; each canvas has its own buffers and parameters, and each row's results are those of the one-canvas
+ * kernels (a row's work does not depend on the other rows). */
+#define DG_TB_TAB 8
+/* Columns per block of the exact self-conditioning probabilities' first and last launch (k_turbo_sc_probs_tab;
+ * the emulation's smaller, so that the test models' rows span several) and the chunks of a row of V. */
+#ifdef DG_CUDA_EMU
+#define DG_SCP_CW 128
+#else
+#define DG_SCP_CW 8192
+#endif
+static inline int dg_scp_chunks(int V) { return (V + DG_SCP_CW - 1) / DG_SCP_CW; }
+/* k_topk_tab: canvas b's raw [n, V] and its top-K buffers (dg_cuda_turbo's layout for its K). */
+typedef struct dg_tk_seg {
+  const float *raw;
+  float *cv, *candv, *val;
+  int32_t *ci, *candi, *idx, *bad;
+  int32_t K;
+} dg_tk_seg;
+typedef struct dg_tk_tab {
+  dg_tk_seg s[DG_TB_TAB];
+  int32_t row0[DG_TB_TAB + 1];
+  int32_t B;
+} dg_tk_tab;
+/* k_turbo_sc_probs_tab: canvas b's raw [n, V], P [n, V] (bf16) written, its scratch pmax [n, dg_scp_chunks(V)]
+ * and psum [n, 16] (dg_cuda_turbo), its temperature. */
+typedef struct dg_tb_seg {
+  const float *raw;
+  bf16 *P;
+  float *pmax;
+  double *psum;
+  float T;
+} dg_tb_seg;
+typedef struct dg_tb_tab {
+  dg_tb_seg s[DG_TB_TAB];
+  int32_t row0[DG_TB_TAB + 1];
+  int32_t B;
+} dg_tb_tab;
+/* The hierarchical exact top-K of every row of the table (k_topk_hier's per row, one block a row, one launch).
+ * cudaErrorInvalidValue for B outside [1, DG_TB_TAB]. */
+cudaError_t k_topk_tab(cudaStream_t s, const dg_tk_tab *t, int V);
+/* P = cast(softmax(cast(softcap(raw) / T))) of every row of the table, word for word k_turbo_sc_probs's (its
+ * order of the sum kept: turbo.cu), in three launches of (chunks or 16 warps) x rows blocks. cap: the softcap
+ * (0 none), act: the activation dtype. cudaErrorInvalidValue for B outside [1, DG_TB_TAB]. */
+cudaError_t k_turbo_sc_probs_tab(cudaStream_t s, const dg_tb_tab *t, int V, float cap, int act);
+/* k_turbo_sc_probs also writing each row's softmax sum (the double its probabilities divide by) to sum [n] (tests). */
+cudaError_t k_turbo_sc_probs_sum(cudaStream_t s, const float *raw, bf16 *P, int n, int V, float cap, float T, int act,
+                                 double *sum);
+/* DGEMMA_SC_PROBS (turbo_host.cu): 1 (default) the exact self-conditioning probabilities by k_turbo_sc_probs_tab,
+ * 0 (DGEMMA_SC_PROBS=row) by k_turbo_sc_probs (one block per row: session 26's kernel, for comparison); the same
+ * words. dg_cuda_sc_probs_set(0 / 1, -1 the environment's) overrides it (tests). */
+int sc_probs_now(void);
+void dg_cuda_sc_probs_set(int mode);
 
 /* c->tb with its index buffers; with K > 0 also the top-K buffers for K
  * (kept across calls for the largest K asked; a failed allocation leaves

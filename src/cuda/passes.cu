@@ -293,6 +293,7 @@ void logits_written(dg_cuda_ctx *c, float raw_cap) {
   c->lg_cap = raw_cap > 0.0f ? raw_cap : 0.0f;
   c->lg_T = 1.0f;
   c->lg_parts = 0;
+  if (c->tb) c->tb->sc_pre_n = 0; /* an exact SC product made ahead (turbo_host.cu) was of the raw rows before */
 }
 
 /* A virtual z in c->logits made real in place (the chain's values bit for bit: vz is its operations); a stored one

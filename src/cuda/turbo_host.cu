@@ -12,6 +12,15 @@
 
 /* ---- turbo engine (spec 7; host engine src/sample/turbo.c, kernels turbo.cu) -------------- */
 
+/* DGEMMA_SC_PROBS (host.cuh sc_probs_now): "row" the one-block-per-row kernel, else the table kernels. */
+static int sc_probs_override = -1;
+static const int sc_probs_env = [] {
+  const char *v = getenv("DGEMMA_SC_PROBS");
+  return v && !strcmp(v, "row") ? 0 : 1;
+}();
+int sc_probs_now(void) { return sc_probs_override >= 0 ? sc_probs_override : sc_probs_env; }
+void dg_cuda_sc_probs_set(int mode) { sc_probs_override = mode < 0 ? -1 : mode != 0; }
+
 static void turbo_topk_free(dg_cuda_turbo *t) {
   cudaFree(t->kblk);
   t->kblk = NULL;
@@ -25,6 +34,9 @@ void turbo_free(dg_cuda_ctx *c) {
   if (!t) return;
   turbo_topk_free(t);
   cudaFree(t->iblk);
+  cudaFree(t->sblk);
+  if (t->sc_ev) cudaEventDestroy(t->sc_ev);
+  if (t->tk_ev) cudaEventDestroy(t->tk_ev);
   free(t->h_pos);
   free(t);
   c->tb = NULL;
@@ -42,6 +54,8 @@ dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
         carve_to(cv, t->pos, T * 4);
         carve_to(cv, t->cpos, T * 4);
         carve_to(cv, t->rows, C * 4);
+        carve_to(cv, t->pmax, C * dg_scp_chunks((int)V) * 4);
+        carve_to(cv, t->psum, C * 16 * 8);
       });
     if (st) {
       turbo_free(c);
@@ -393,6 +407,62 @@ extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *v
   return DG_OK;
 }
 
+/* P [n, V] (bf16) = the exact self-conditioning probabilities of canvas c's first n raw rows at temperature T, on
+ * x's stream (x: c, or a batch's work context): the table kernels, or with DGEMMA_SC_PROBS=row the row kernel (the
+ * same words). */
+static dg_status sc_probs_one(dg_cuda_ctx *x, dg_cuda_ctx *c, bf16 *P, int32_t n, float cap, float T) {
+  const dg_cuda_model_desc *d = &c->m->d;
+  if (!sc_probs_now()) {
+    CKK(x, k_turbo_sc_probs(x->stream, c->logits, P, n, d->vocab, cap, T, d->act_dtype));
+    return DG_OK;
+  }
+  dg_tb_tab tab = {};
+  tab.B = 1;
+  tab.row0[1] = n;
+  tab.s[0] = (dg_tb_seg){c->logits, P, c->tb->pmax, c->tb->psum, T};
+  CKK(x, k_turbo_sc_probs_tab(x->stream, &tab, d->vocab, cap, d->act_dtype));
+  return DG_OK;
+}
+
+/* out [n, H] (fp32) = embed_scale * P . E for P [n, V] (bf16), on x's stream, cuBLAS handle and workspace: the
+ * dequantizing kernel for a quantized embedding, else DGEMMA_STACK_DENSE=inv's algorithm for the shape, else
+ * cuBLAS's default. */
+static dg_status sc_product(dg_cuda_ctx *x, const bf16 *P, int32_t n, float *out) {
+  const dg_cuda_model *m = x->m;
+  const dg_cuda_model_desc *d = &m->d;
+  const float alpha = d->embed_scale, beta = 0.0f;
+  if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
+    CKK(x, k_qsoft(x->stream, P, n, &m->embed, alpha, out));
+    return DG_OK;
+  }
+  CK(dg_initcheck_clear(x->stream, out, (size_t)d->hidden, (size_t)d->hidden, (size_t)n));
+  dg_status st;
+  if (gemm_inv(x, 0, d->hidden, n, d->vocab, alpha, (const bf16 *)m->embed.w, P, d->vocab, out, d->hidden,
+               &st)) /* DGEMMA_STACK_DENSE=inv: the shape's invariant algorithm */
+    return st;
+  CKB(cublasGemmEx(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
+                   d->hidden, P, CUDA_R_16BF, d->vocab, &beta, out, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT));
+  return DG_OK;
+}
+
+/* The top-K mode's rows of canvas c on x's stream: its host probabilities p [n, K] up, then the kernel (its rows
+ * already in c->tb->rows). */
+static dg_status sc_topk_rows(dg_cuda_ctx *x, dg_cuda_ctx *c, int32_t n, const float *p) {
+  const dg_cuda_model *m = c->m;
+  const dg_cuda_model_desc *d = &m->d;
+  dg_cuda_turbo *t = c->tb;
+  if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
+  if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
+    return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
+                                               "quantized (%d bits): use turbo_sc \"exact\" or \"adaptive\"",
+                     m->embed.bits);
+  CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, x->stream));
+  CKK(x, k_turbo_sc_topk(x->stream, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden,
+                         d->embed_scale));
+  return DG_OK;
+}
+
 extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t n, const int32_t *rows, float cap, float T,
                                       const float *p) {
   const dg_cuda_model *m = c->m;
@@ -402,40 +472,242 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
   if (!t || n < 0 || n > t->nraw || n > d->canvas)
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: %d rows asked, %d raw logit rows on the device", n,
                      t ? t->nraw : 0);
+  if (mode != DG_TURBO_SC_EXACT && mode != DG_TURBO_SC_TOPK)
+    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
   CK(cudaSetDevice(m->device));
   if (n == 0) return DG_OK;
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
-    CKK(c, k_turbo_sc_probs(s, c->logits, c->P, n, d->vocab, cap, T, d->act_dtype));
+    DG_TRY(sc_probs_one(c, c, c->P, n, cap, T));
     if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
-    const float alpha = d->embed_scale, beta = 0.0f;
-    if (m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel (as soft_from) */
-      CKK(c, k_qsoft(s, c->P, n, &m->embed, alpha, c->f1));
-    } else {
-      CK(dg_initcheck_clear(s, c->f1, (size_t)d->hidden, (size_t)d->hidden, (size_t)n));
-      dg_status st;
-      if (gemm_inv(c, 0, d->hidden, n, d->vocab, alpha, (const bf16 *)m->embed.w, c->P, d->vocab, c->f1, d->hidden,
-                   &st)) /* DGEMMA_STACK_DENSE=inv: the shape's invariant algorithm */
-        DG_TRY(st);
-      else
-        CKB(cublasGemmEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, d->hidden, n, d->vocab, &alpha, m->embed.w, CUDA_R_16BF,
-                       d->hidden, c->P, CUDA_R_16BF, d->vocab, &beta, c->f1, CUDA_R_32F, d->hidden, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT));
-    }
+    DG_TRY(sc_product(c, c->P, n, c->f1));
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
-  } else if (mode == DG_TURBO_SC_TOPK) { /* top-K: the K probabilities of the host chain times the K rows of E */
-    if (!t->klast) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning (topk) before dg_cuda_topk");
-    if (m->embed.bits) /* k_turbo_sc_topk reads bf16 rows of E */
-      return dg_seterr(DG_ERR_UNSUPPORTED_MODEL, "turbo_sc \"topk\" on CUDA needs a bf16 embedding; this model's is "
-                                                 "quantized (%d bits): use turbo_sc \"exact\" or \"adaptive\"",
-                       m->embed.bits);
-    CK(cudaMemcpyAsync(t->p, p, (size_t)n * t->klast * 4, cudaMemcpyHostToDevice, s));
-    CKK(c, k_turbo_sc_topk(s, t->p, t->idx, t->rows, (const bf16 *)m->embed.w, c->soft, n, t->klast, d->hidden, d->embed_scale));
-  } else {
-    return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
+  } else { /* top-K: the K probabilities of the host chain times the K rows of E */
+    DG_TRY(sc_topk_rows(c, c, n, p));
   }
   c->have_soft = 1;
   return mark(c, DG_CUDA_ST_SC);
 }
 
+static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, const int32_t *L,
+                               int32_t nl, float cap, int32_t *made);
+
+/* The record a batch's vocabulary work on w's stream marks into: the first profiled canvas's own (NULL: none). */
+static dg_cuda_prof *batch_prof(dg_cuda_ctx *const *cs, int32_t B) {
+  for (int32_t b = 0; b < B; b++)
+    if (cs[b]->prof) return cs[b]->prof;
+  return NULL;
+}
+
+extern "C" dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, int32_t B, const int32_t *n,
+                                        const int32_t *K, float *const *val, int32_t *const *idx, int32_t *bad_row,
+                                        int32_t *bad_col, dg_status *st, const dg_cuda_screq *pre, float cap) {
+  const dg_cuda_model_desc *d = &w->m->d;
+  CK(cudaSetDevice(w->m->device));
+  for (int32_t b = 0; b < B; b++) {
+    dg_cuda_ctx *c = cs[b];
+    if (c->m != w->m) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d belongs to another model", b);
+    if (!c->tb || n[b] < 0 || n[b] > c->tb->nraw)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d: %d rows asked, %d raw logit rows on the device",
+                       b, n[b], c->tb ? c->tb->nraw : 0);
+    if (K[b] < 1 || K[b] > d->vocab)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d: K = %d outside [1, %d]", b, K[b], d->vocab);
+    DG_TRY(turbo_bufs(c, K[b]));
+    st[b] = DG_OK;
+  }
+  DG_TRY(turbo_bufs(w, 0));
+  cudaStream_t s = w->stream;
+  w->prof = batch_prof(cs, B);
+  DG_TRY(mark(w, DG_CUDA_ST_HOST));
+  for (int32_t b0 = 0; b0 < B;) { /* DG_TB_TAB canvases (with rows) a launch */
+    dg_tk_tab tab = {};
+    int32_t b = b0;
+    for (; b < B && tab.B < DG_TB_TAB; b++) {
+      dg_cuda_ctx *c = cs[b];
+      dg_cuda_turbo *t = c->tb;
+      if (n[b] == 0) continue;
+      t->klast = K[b];
+      *c->h_bad = INT32_MAX;
+      CK(cudaMemcpyAsync(t->bad, c->h_bad, 4, cudaMemcpyHostToDevice, s));
+      tab.s[tab.B] = (dg_tk_seg){c->logits, t->cv, t->candv, t->val, t->ci, t->candi, t->idx, t->bad, K[b]};
+      tab.row0[tab.B + 1] = tab.row0[tab.B] + n[b];
+      tab.B++;
+    }
+    if (tab.B) CKK(w, k_topk_tab(s, &tab, d->vocab));
+    b0 = b;
+  }
+  for (int32_t b = 0; b < B; b++) {
+    if (n[b] == 0) continue;
+    dg_cuda_turbo *t = cs[b]->tb;
+    CK(cudaMemcpyAsync(cs[b]->h_bad, t->bad, 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(val[b], t->val, (size_t)n[b] * K[b] * 4, cudaMemcpyDeviceToHost, s));
+    CK(cudaMemcpyAsync(idx[b], t->idx, (size_t)n[b] * K[b] * 4, cudaMemcpyDeviceToHost, s));
+  }
+  DG_TRY(mark(w, DG_CUDA_ST_STATS)); /* the turbo engine's top-K: its sampler statistics */
+  dg_cuda_turbo *wt = w->tb;
+  if (!wt->tk_ev) CK(cudaEventCreateWithFlags(&wt->tk_ev, cudaEventDisableTiming));
+  CK(cudaEventRecord(wt->tk_ev, s));
+  /* ahead: the exact SC products the steps may want, made while the host runs the steps (not scattered: a step
+   * that ends its canvas keeps the rows of the step before; dg_cuda_turbo_sc_batch scatters them) */
+  int32_t nl = 0, made = 0;
+  int32_t *L = pre ? (int32_t *)malloc((size_t)B * sizeof *L) : NULL;
+  if (pre && !L) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  for (int32_t b = 0; pre && b < B; b++)
+    if (pre[b].mode == DG_TURBO_SC_EXACT && pre[b].n > 0 && pre[b].n <= n[b]) L[nl++] = b;
+  dg_status sst = nl > 0 ? sc_exact_make(w, cs, pre, L, nl, cap, &made) : DG_OK;
+  if (!sst && nl > 0) sst = mark(w, DG_CUDA_ST_SC);
+  if (!sst && nl > 0) { /* a canvas's own stream (a repair forward or commit where its step wants no SC rows:
+                         * no dg_cuda_turbo_sc_batch) after the work that reads its logits and writes its f1 / P */
+    cudaError_t e = wt->sc_ev ? cudaSuccess : cudaEventCreateWithFlags(&wt->sc_ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(wt->sc_ev, s);
+    for (int32_t i = 0; i < nl && e == cudaSuccess; i++) e = cudaStreamWaitEvent(cs[L[i]]->stream, wt->sc_ev, 0);
+    if (e != cudaSuccess) sst = dg_seterr(DG_ERR_BACKEND, "CUDA top-K batch: event after the SC rows made ahead: %s", cudaGetErrorString(e));
+  }
+  free(L);
+  w->prof = NULL;
+  CK(cudaEventSynchronize(wt->tk_ev));
+  if (sst) {
+    (void)cudaStreamSynchronize(s);
+    return sst;
+  }
+  for (int32_t b = 0; b < B; b++) {
+    if (n[b] == 0 || *cs[b]->h_bad == INT32_MAX) continue;
+    int32_t r = *cs[b]->h_bad, col = -1;
+    CK(cudaMemcpy(&col, cs[b]->tb->bad + 1 + r, 4, cudaMemcpyDeviceToHost));
+    bad_row[b] = r;
+    bad_col[b] = col;
+    st[b] = DG_ERR_NUMERIC;
+  }
+  return DG_OK;
+}
+
+/* A work context's stacked P rows for `rows` rows (made on first use under DGEMMA_STACK_DENSE 1 / inv). */
+static dg_status sc_stack_bufs(dg_cuda_ctx *w, int32_t rows) {
+  dg_cuda_turbo *t = w->tb;
+  if (rows <= t->pst_rows) return DG_OK;
+  cudaFree(t->sblk);
+  t->sblk = NULL;
+  t->pst_rows = 0;
+  const size_t V = w->m->d.vocab;
+  DG_TRY(carve_block(&t->sblk, "the stacked self-conditioning probabilities",
+                     [&](carver *cv) { carve_to(cv, t->Pst, (size_t)rows * V * 2); }));
+  t->pst_rows = rows;
+  return DG_OK;
+}
+
+/* Whether canvas c's exact SC product for n rows at temperature T was made ahead (sc_exact_make) from its current
+ * raw rows (a pass writing its logits forgets it: logits_written). */
+static int sc_made(const dg_cuda_ctx *c, int32_t n, float T) {
+  const dg_cuda_turbo *t = c->tb;
+  return t->sc_pre_n > 0 && t->sc_pre_n == n && !memcmp(&t->sc_pre_T, &T, sizeof T);
+}
+
+/* The exact SC products (not scattered) of canvases cs[L[0..nl)] (q[L[i]]: exact mode, n > 0) on w's stream: the
+ * probabilities by the table launches (DG_TB_TAB canvases a set) or the row kernel (DGEMMA_SC_PROBS=row), the
+ * products per canvas into its own f1 (cuBLAS's choice at its rows), or with DGEMMA_STACK_DENSE 1 / inv over the
+ * canvases' rows side by side (w's Pst and f1, up to w->tmax rows in all: a canvas that would not fit is left
+ * for a later call). Each canvas made gets tb->sc_pre_* (its rows' place). *made: how many of L, from the front. */
+static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, const int32_t *L,
+                               int32_t nl, float cap, int32_t *made) {
+  const dg_cuda_model *m = w->m;
+  const dg_cuda_model_desc *d = &m->d;
+  cudaStream_t s = w->stream;
+  dg_cuda_turbo *wt = w->tb;
+  const int stacked = stack_dense_now() != 0 && sc_probs_now() && !m->embed.bits;
+  *made = 0;
+  if (stacked) DG_TRY(sc_stack_bufs(w, w->tmax));
+  for (int32_t off = 0; *made < nl;) { /* off: the stacked rows used so far */
+    dg_tb_tab tab = {};
+    while (*made + tab.B < nl && tab.B < DG_TB_TAB) {
+      const int32_t b = L[*made + tab.B];
+      if (stacked && off + tab.row0[tab.B] + q[b].n > w->tmax) break;
+      dg_cuda_ctx *c = cs[b];
+      bf16 *P = stacked ? wt->Pst + (size_t)(off + tab.row0[tab.B]) * d->vocab : c->P;
+      tab.s[tab.B] = (dg_tb_seg){c->logits, P, c->tb->pmax, c->tb->psum, q[b].T};
+      tab.row0[tab.B + 1] = tab.row0[tab.B] + q[b].n;
+      tab.B++;
+    }
+    if (!tab.B) break; /* stacked and full: the rest later */
+    const int32_t R = tab.row0[tab.B];
+    if (sc_probs_now()) CKK(w, k_turbo_sc_probs_tab(s, &tab, d->vocab, cap, d->act_dtype));
+    for (int32_t i = 0; i < tab.B; i++) {
+      const int32_t b = L[*made + i];
+      dg_cuda_ctx *c = cs[b];
+      dg_cuda_turbo *t = c->tb;
+      if (!sc_probs_now()) DG_TRY(sc_probs_one(w, c, c->P, q[b].n, cap, q[b].T));
+      if (!stacked) {
+        if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
+        DG_TRY(sc_product(w, c->P, q[b].n, c->f1));
+      }
+      t->sc_pre_n = q[b].n;
+      t->sc_pre_T = q[b].T;
+      t->sc_pre_f1 = stacked ? w->f1 + (size_t)(off + tab.row0[i]) * d->hidden : c->f1;
+    }
+    if (stacked) DG_TRY(sc_product(w, wt->Pst + (size_t)off * d->vocab, R, w->f1 + (size_t)off * d->hidden));
+    *made += tab.B;
+    off += R;
+  }
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_turbo_sc_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_cuda_screq *q, int32_t B,
+                                            float cap) {
+  const dg_cuda_model *m = w->m;
+  const dg_cuda_model_desc *d = &m->d;
+  CK(cudaSetDevice(m->device));
+  DG_TRY(turbo_bufs(w, 0));
+  for (int32_t b = 0; b < B; b++) {
+    dg_cuda_ctx *c = cs[b];
+    dg_cuda_turbo *t = c->tb;
+    if (c->m != m) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning batch: canvas %d belongs to another model", b);
+    if (!t || q[b].n < 0 || q[b].n > t->nraw || q[b].n > d->canvas)
+      return dg_seterr(DG_ERR_INVALID_ARG,
+                       "CUDA self-conditioning batch: canvas %d: %d rows asked, %d raw logit rows on the device", b,
+                       q[b].n, t ? t->nraw : 0);
+    if (q[b].mode != DG_TURBO_SC_EXACT && q[b].mode != DG_TURBO_SC_TOPK)
+      return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning batch: canvas %d: unknown mode %d", b, (int)q[b].mode);
+  }
+  cudaStream_t s = w->stream;
+  dg_cuda_turbo *wt = w->tb;
+  if (!wt->sc_ev) CK(cudaEventCreateWithFlags(&wt->sc_ev, cudaEventDisableTiming));
+  int32_t *L = (int32_t *)malloc((size_t)B * 2 * sizeof *L), *U = L + B, nl = 0;
+  if (!L) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
+  w->prof = batch_prof(cs, B);
+  dg_status st = mark(w, DG_CUDA_ST_HOST);
+  for (int32_t b = 0; b < B && !st; b++) {
+    if (q[b].n == 0) continue;
+    const cudaError_t e = cudaMemcpyAsync(cs[b]->tb->rows, q[b].rows, (size_t)q[b].n * 4, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: row upload failed: %s", cudaGetErrorString(e));
+    else if (q[b].mode == DG_TURBO_SC_TOPK) st = sc_topk_rows(w, cs[b], q[b].n, q[b].p);
+    else L[nl++] = b;
+  }
+  /* the exact rows: those made ahead (dg_cuda_topk_batch) scattered first, then the rest made (the stacked ones
+   * from w's row 0 again, after the scatters above them on the stream) and scattered, until none is left */
+  while (!st && nl > 0) {
+    int32_t nu = 0;
+    for (int32_t i = 0; i < nl && !st; i++) {
+      dg_cuda_ctx *c = cs[L[i]];
+      if (!sc_made(c, q[L[i]].n, q[L[i]].T)) { U[nu++] = L[i]; continue; }
+      const cudaError_t e = k_scatter_rows(s, c->soft, c->tb->sc_pre_f1, c->tb->rows, q[L[i]].n, d->hidden);
+      if (e != cudaSuccess) st = dg_seterr(DG_ERR_BACKEND, "k_scatter_rows: %s", cudaGetErrorString(e));
+      c->tb->sc_pre_n = 0; /* used */
+    }
+    int32_t made = 0;
+    if (!st && nu > 0) st = sc_exact_make(w, cs, q, U, nu, cap, &made);
+    if (!st && nu > 0 && made == 0) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: no room for %d rows", q[U[0]].n);
+    memcpy(L, U, (size_t)nu * sizeof *L);
+    nl = nu;
+  }
+  free(L);
+  for (int32_t b = 0; b < B; b++)
+    if (q[b].n > 0) cs[b]->have_soft = 1;
+  if (!st) st = mark(w, DG_CUDA_ST_SC);
+  w->prof = NULL;
+  /* the canvases' own streams (their repair forwards, commits) after the rows are written */
+  cudaError_t e = cudaEventRecord(wt->sc_ev, s);
+  for (int32_t b = 0; b < B && e == cudaSuccess; b++) e = cudaStreamWaitEvent(cs[b]->stream, wt->sc_ev, 0);
+  if (e != cudaSuccess && !st) st = dg_seterr(DG_ERR_BACKEND, "CUDA self-conditioning batch: cudaEventRecord / cudaStreamWaitEvent failed: %s", cudaGetErrorString(e));
+  if (st) (void)cudaStreamSynchronize(s);
+  return st;
+}

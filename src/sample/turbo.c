@@ -294,17 +294,26 @@ static void row_done(void *user, int32_t a, float *raw, int last, int th) {
  * acceptance wants them); the last chunk's raw rows stay in s->w->raw
  * (s->lazy0 = its first active row). Returns DG_ERR_NUMERIC naming block,
  * step and position on NaN/Inf (the first such position). */
-static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t b,
-                            int32_t k, int32_t n, float T, int sc_ahead) {
+static dg_head_args turbo_rows_args(turbo_state *s, turbo_row_ctx *rc, int32_t n) {
   const turbo_scratch *w = s->w;
-  turbo_row_ctx rc = {s, m, p, T, sc_ahead && p->turbo.sc_mode != DG_TURBO_SC_TOPK}; /* topk SC needs no logits */
-  dg_head_args a = {n, s->K, s->hn, s->R, w->raw, w->tk, w->tk_size, s->nt, s->pk, s->pidx, row_done, &rc, -1, -1, -1};
-  dg_status st = m->bk->head_topk(ctx, &a);
-  s->lazy0 = a.last0;
+  return (dg_head_args){n, s->K, s->hn, s->R, w->raw, w->tk, w->tk_size, s->nt, s->pk, s->pidx, row_done, rc, -1, -1, -1};
+}
+
+/* After head_topk (st its status, a its arguments): the last chunk's first row, the error naming block b, step k
+ * and position on NaN/Inf. */
+static dg_status turbo_rows_done(turbo_state *s, dg_status st, const dg_head_args *a, int32_t b, int32_t k, int32_t n) {
+  s->lazy0 = a->last0;
   if (st == DG_ERR_NUMERIC)
     return dg_seterr(DG_ERR_NUMERIC, "non-finite logit (vocabulary id %d) at block %d, denoising step %d, canvas position %d",
-                     a.bad_col, b, k, a.bad_row >= 0 && a.bad_row < n ? s->active[a.bad_row] : a.bad_row);
+                     a->bad_col, b, k, a->bad_row >= 0 && a->bad_row < n ? s->active[a->bad_row] : a->bad_row);
   return st;
+}
+
+static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t b,
+                            int32_t k, int32_t n, float T, int sc_ahead) {
+  turbo_row_ctx rc = {s, m, p, T, sc_ahead && p->turbo.sc_mode != DG_TURBO_SC_TOPK}; /* topk SC needs no logits */
+  dg_head_args a = turbo_rows_args(s, &rc, n);
+  return turbo_rows_done(s, m->bk->head_topk(ctx, &a), &a, b, k, n);
 }
 
 /* Self-conditioning rows of the n active positions from this step (spec 5,
@@ -312,18 +321,22 @@ static dg_status turbo_rows(turbo_state *s, const dg_model *m, dg_context *ctx, 
  * where it can (*src = DG_SC_KEPT), else here in s->soft (*src = DG_SC_HOST)
  * from the staged rows of the earlier chunks and the last chunk's raw rows
  * still in the scratch, or from the raw rows the backend hands back. */
-static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t n,
-                          float T, dg_sc_source *src) {
-  const int32_t V = s->V, K = s->K, H = s->H;
-  const float cap = m->cfg.final_logit_softcapping;
+/* The backend's sc_rows arguments of the n active positions (topk: the K-way probabilities packed by active row
+ * into s->pk). */
+static dg_sc_req turbo_sc_req(turbo_state *s, const dg_model *m, const dg_gen_params *p, int32_t n, float T) {
+  const int32_t K = s->K;
   const dg_turbo_sc mode = p->turbo.sc_mode;
   if (mode == DG_TURBO_SC_TOPK) /* the K-way probabilities, packed by active row */
     for (int32_t a = 0; a < n; a++)
       memcpy(s->pk + (size_t)a * K, s->kp + (size_t)s->active[a] * K, (size_t)K * sizeof(float));
-  int kept = 0;
-  DG_TRY(m->bk->sc_rows(ctx, mode, n, s->active, cap, T, mode == DG_TURBO_SC_TOPK ? s->pk : NULL, &kept));
-  if (kept) { *src = DG_SC_KEPT; return DG_OK; }
-  *src = DG_SC_HOST;
+  return (dg_sc_req){mode, n, s->active, m->cfg.final_logit_softcapping, T, mode == DG_TURBO_SC_TOPK ? s->pk : NULL};
+}
+
+/* The rows a backend did not keep, here in s->soft (DG_SC_HOST). */
+static dg_status turbo_sc_host(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t n,
+                               float T) {
+  const int32_t V = s->V, H = s->H;
+  const dg_turbo_sc mode = p->turbo.sc_mode;
   const float *raw0 = s->raw; /* rows handed back by the backend, by active row from 0 */
   int32_t a0 = 0;
   if (mode != DG_TURBO_SC_TOPK && s->lazy0 >= 0) { /* the head ran here: staged rows, then the last chunk's */
@@ -343,6 +356,21 @@ static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, co
   return DG_OK;
 }
 
+/* Self-conditioning rows of the n active positions from this step (spec 5,
+ * 7.5), after turbo_rows with sc_ahead set: made and kept by the backend
+ * where it can (*src = DG_SC_KEPT), else here in s->soft (*src = DG_SC_HOST)
+ * from the staged rows of the earlier chunks and the last chunk's raw rows
+ * still in the scratch, or from the raw rows the backend hands back. */
+static dg_status turbo_sc(turbo_state *s, const dg_model *m, dg_context *ctx, const dg_gen_params *p, int32_t n,
+                          float T, dg_sc_source *src) {
+  const dg_sc_req r = turbo_sc_req(s, m, p, n, T);
+  int kept = 0;
+  DG_TRY(m->bk->sc_rows(ctx, r.mode, n, r.rows, r.cap, T, r.p, &kept));
+  if (kept) { *src = DG_SC_KEPT; return DG_OK; }
+  *src = DG_SC_HOST;
+  return turbo_sc_host(s, m, ctx, p, n, T);
+}
+
 /* One sequence (prompt) of the engine: its context, parameters, result and
  * the state of its current canvas. Sequences advance independently; a step
  * of every live sequence shares one decoder pass when batched. */
@@ -360,6 +388,11 @@ typedef struct turbo_seq {
   dg_sc_source sc_src;     /* where the SC rows of the next pass are (with sc_any) */
   int32_t n_act, n_f, n_h, shape_f, shape_h;
   int32_t rg_last, rg_run;
+  /* a batched pass's steps in phases (seqs_after_forward): the step's temperature, its head_topk callback's
+   * context, and whether its SC rows are still to make */
+  float T;
+  turbo_row_ctx rc;
+  int32_t sc_due;
 } turbo_seq;
 
 static void seq_free(turbo_seq *q) {
@@ -453,19 +486,28 @@ static int seq_prepare(turbo_seq *q, int batched) {
   return 1;
 }
 
-/* Everything after the step's forward: sampler chain, acceptance, update, SC, EOS; ends the canvas if due. */
-static dg_status seq_after_forward(turbo_seq *q) {
+/* The step's start after its forward: the counts, its temperature q->T and uniforms. */
+static dg_status seq_pre(turbo_seq *q) {
+  turbo_state *s = &q->s;
+  q->steps++;
+  q->t.n_forwarded += q->n_f;
+  q->T = dg_turbo_temperature(q->p, q->k, q->N);
+  return dg_draw_uniforms(&q->draws, q->b, q->k, s->uni);
+}
+
+/* Whether the step's SC rows may be computed ahead of the acceptance (only if this step can need them). */
+static int seq_sc_ahead(const turbo_seq *q) { return q->k + 1 < q->N || q->p->turbo.repair; }
+
+/* After the top-K (seq_pre, turbo_rows): acceptance, update, EOS, the step's notification; the SC rows now
+ * (defer 0) or, where due, left to the caller (defer 1: q->sc_due, then turbo_sc and q->sc_any = 1); ends the
+ * canvas if due. */
+static dg_status seq_post(turbo_seq *q, int defer) {
   turbo_state *s = &q->s;
   const dg_gen_params *p = q->p;
   const dg_turbo_params *tp = &p->turbo;
   const dg_model *m = q->ctx->m;
   const int32_t C = s->C, k = q->k, b = q->b, n_act = q->n_act;
-  q->steps++;
-  q->t.n_forwarded += q->n_f;
-  const float T = dg_turbo_temperature(p, k, q->N);
-  DG_TRY(dg_draw_uniforms(&q->draws, b, k, s->uni));
-  /* SC rows may be computed ahead of the acceptance only if this step can need them */
-  DG_TRY(turbo_rows(s, m, q->ctx, p, b, k, n_act, T, k + 1 < q->N || tp->repair));
+  const float T = q->T;
   const int flush = k == q->flush_step;
   int32_t n_acc = dg_turbo_accept_step(tp, p->entropy_bound, k, flush, s->active, n_act, s->ent, s->top1, s->acc,
                                        s->acc_scratch);
@@ -508,12 +550,93 @@ static dg_status seq_after_forward(turbo_seq *q) {
     for (int32_t i = 0; i < C; i++) any |= !s->frozen[i];
     more = more && any;
   }
-  if (more || tp->repair) { /* self-conditioning rows for the next forward */
+  if ((more || tp->repair) && defer) q->sc_due = 1; /* self-conditioning rows for the next forward: the caller's */
+  else if (more || tp->repair) {
     DG_TRY(turbo_sc(s, m, q->ctx, p, n_act, T, &q->sc_src));
     q->sc_any = 1;
   }
   if (!more) q->block_over = 1;
   return DG_OK;
+}
+
+/* Everything after the step's forward: sampler chain, acceptance, update, SC, EOS; ends the canvas if due. */
+static dg_status seq_after_forward(turbo_seq *q) {
+  DG_TRY(seq_pre(q));
+  DG_TRY(turbo_rows(&q->s, q->ctx->m, q->ctx, q->p, q->b, q->k, q->n_act, q->T, seq_sc_ahead(q)));
+  return seq_post(q, 0);
+}
+
+/* seq_after_forward of the n sequences qs[] of one batched pass (work: the batch's work context), st[i] each
+ * one's status: where the backend has head_topk_batch and sc_rows_batch, in three phases: every sequence's
+ * top-K in one backend call (with the SC rows each step may want, which the backend may start making while the
+ * host runs the steps), every sequence's acceptance and update, every due SC row set in one call (issue 14:
+ * one launch over the canvases instead of one per canvas); each sequence's results those of its own
+ * seq_after_forward (its own logits, state and random stream; only the order of the sequences' host work across
+ * the phases differs). Otherwise seq_after_forward one sequence after another. Returns DG_OK, or an error no
+ * one sequence's (a backend call's), which is then every sequence's st too. */
+static dg_status seqs_after_forward(dg_context *work, turbo_seq *const *qs, int32_t n, dg_status *st) {
+  /* DGEMMA_TURBO_BATCH=0: one sequence after another as before session 27 (each canvas's top-K and SC rows on its
+   * own stream; for comparison: the same tokens) */
+  static int env = -1;
+  if (env < 0) {
+    const char *v = getenv("DGEMMA_TURBO_BATCH");
+    env = !(v && !strcmp(v, "0"));
+  }
+  const dg_backend *bk = work ? work->m->bk : NULL;
+  if (!env || !bk || !bk->head_topk_batch || !bk->sc_rows_batch || n < 2) {
+    for (int32_t i = 0; i < n; i++) st[i] = seq_after_forward(qs[i]);
+    return DG_OK;
+  }
+  dg_context **ctxs = malloc((size_t)n * sizeof *ctxs);
+  dg_head_args *a = malloc((size_t)n * sizeof *a);
+  dg_sc_req *r = malloc((size_t)n * sizeof *r), *pre = malloc((size_t)n * sizeof *pre);
+  dg_status *sub = malloc((size_t)n * sizeof *sub);
+  int32_t *ix = malloc((size_t)n * sizeof *ix), *kept = malloc((size_t)n * sizeof *kept);
+  dg_status ret = ctxs && a && r && pre && sub && ix && kept ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  int32_t m = 0;
+  for (int32_t i = 0; i < n && !ret; i++) { /* phase 1: the top-K of every sequence's head rows */
+    turbo_seq *q = qs[i];
+    if ((st[i] = seq_pre(q))) continue;
+    q->rc = (turbo_row_ctx){&q->s, q->ctx->m, q->p, q->T, seq_sc_ahead(q) && q->p->turbo.sc_mode != DG_TURBO_SC_TOPK};
+    a[m] = turbo_rows_args(&q->s, &q->rc, q->n_act);
+    /* the SC rows this step may want (seq_post makes them due only where seq_sc_ahead holds): a backend may start
+     * on the exact ones while the host runs the steps */
+    const int may = seq_sc_ahead(q) && q->p->turbo.sc_mode == DG_TURBO_SC_EXACT;
+    pre[m] = (dg_sc_req){q->p->turbo.sc_mode, may ? q->n_act : 0, q->s.active, q->ctx->m->cfg.final_logit_softcapping,
+                         q->T, NULL};
+    ctxs[m] = q->ctx;
+    ix[m++] = i;
+  }
+  if (!ret && m > 0) ret = bk->head_topk_batch(work, ctxs, a, pre, m, sub);
+  int32_t ns = 0;
+  for (int32_t j = 0; j < m && !ret; j++) { /* phase 2: acceptance and update, the SC rows left for phase 3 */
+    turbo_seq *q = qs[ix[j]];
+    st[ix[j]] = turbo_rows_done(&q->s, sub[j], &a[j], q->b, q->k, q->n_act);
+    if (!st[ix[j]]) st[ix[j]] = seq_post(q, 1);
+    if (!st[ix[j]] && q->sc_due) {
+      r[ns] = turbo_sc_req(&q->s, q->ctx->m, q->p, q->n_act, q->T);
+      ctxs[ns] = q->ctx;
+      ix[ns++] = ix[j]; /* (ns <= j: an entry of ix not read again) */
+    }
+  }
+  if (!ret && ns > 0) ret = bk->sc_rows_batch(work, ctxs, r, ns, kept);
+  for (int32_t j = 0; j < ns && !ret; j++) { /* phase 3: where the backend did not keep them, the host's rows */
+    turbo_seq *q = qs[ix[j]];
+    q->sc_due = 0;
+    q->sc_any = 1;
+    q->sc_src = kept[j] ? DG_SC_KEPT : DG_SC_HOST;
+    if (!kept[j]) st[ix[j]] = turbo_sc_host(&q->s, q->ctx->m, q->ctx, q->p, q->n_act, q->T);
+  }
+  if (ret)
+    for (int32_t i = 0; i < n; i++) st[i] = ret;
+  free(ctxs);
+  free(a);
+  free(r);
+  free(pre);
+  free(sub);
+  free(ix);
+  free(kept);
+  return ret;
 }
 
 /* End of canvas: output tokens, optional repair forward, emission, repeat guard. */
@@ -600,24 +723,27 @@ static dg_status seq_forward(turbo_seq *q) {
 static dg_status turbo_run(turbo_seq *qs, int32_t B, dg_context *work) {
   const int batched = work != NULL; /* one stacked pass per step, else the canvas's own pass */
   dg_compact_seq *cs = calloc((size_t)B, sizeof *cs);
-  if (!cs) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
-  dg_status st = DG_OK;
-  for (;;) {
+  turbo_seq **live = calloc((size_t)B, sizeof *live);
+  dg_status *sts = calloc((size_t)B, sizeof *sts);
+  dg_status st = cs && live && sts ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  for (; !st;) {
     int32_t n = 0;
     for (int32_t i = 0; i < B && !st; i++) {
       turbo_seq *q = &qs[i];
       if ((st = seq_advance(q, batched))) break;
       if (q->done) continue;
+      live[n] = q;
       if (batched) cs[n++] = seq_pass(q);
       else { st = seq_forward(q); n++; }
     }
     if (st || n == 0) break;
     if (batched && (st = dg_forward_compact_batch(work, cs, n))) break;
-    for (int32_t i = 0; i < B && !st; i++)
-      if (!qs[i].done) st = seq_after_forward(&qs[i]);
-    if (st) break;
+    if ((st = seqs_after_forward(work, live, n, sts))) break;
+    for (int32_t i = 0; i < n && !st; i++) st = sts[i];
   }
   free(cs);
+  free(live);
+  free(sts);
   return st;
 }
 
@@ -683,6 +809,8 @@ struct dg_batch {
   uint8_t *used;        /* [cap] the slot holds a live sequence */
   dg_compact_seq *cs;   /* [cap] */
   int32_t *order;       /* [cap] slots of the current pass */
+  turbo_seq **live;     /* [cap] their sequences */
+  dg_status *sts;       /* [cap] their statuses after the pass (seqs_after_forward) */
   turbo_scratch w;      /* the vocabulary-sized scratch of every slot */
 };
 
@@ -699,7 +827,9 @@ dg_status dg_batch_new(const dg_model *m, int32_t max_canvases, dg_batch **out) 
   b->used = calloc((size_t)max_canvases, 1);
   b->cs = calloc((size_t)max_canvases, sizeof *b->cs);
   b->order = calloc((size_t)max_canvases, sizeof *b->order);
-  dg_status st = b->qs && b->used && b->cs && b->order ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
+  b->live = calloc((size_t)max_canvases, sizeof *b->live);
+  b->sts = calloc((size_t)max_canvases, sizeof *b->sts);
+  dg_status st = b->qs && b->used && b->cs && b->order && b->live && b->sts ? DG_OK : dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of memory");
   if (!st) {
     dg_context_params wp = dg_context_default_params();
     wp.max_context = 1; /* activations only: no KV cache of its own */
@@ -717,7 +847,7 @@ void dg_batch_free(dg_batch *b) {
     if (b->used[i]) dg_batch_cancel(b, i);
   dg_context_free(b->work);
   scratch_free(&b->w);
-  free(b->qs); free(b->used); free(b->cs); free(b->order);
+  free(b->qs); free(b->used); free(b->cs); free(b->order); free(b->live); free(b->sts);
   free(b);
 }
 
@@ -797,11 +927,12 @@ dg_status dg_batch_step(dg_batch *b, int32_t *done, dg_status *done_status, int3
     b->order[n++] = i;
   }
   if (n > 0) pass = dg_forward_compact_batch(b->work, b->cs, n);
+  for (int32_t j = 0; j < n && !pass; j++) b->live[j] = &b->qs[b->order[j]];
+  if (n > 0 && !pass) (void)seqs_after_forward(b->work, b->live, n, b->sts); /* its error is every slot's sts too */
   for (int32_t j = 0; j < n; j++) {
     const int32_t i = b->order[j];
     turbo_seq *q = &b->qs[i];
-    dg_status st = pass;
-    if (!st) st = seq_after_forward(q);
+    dg_status st = pass ? pass : b->sts[j];
     if (!st) st = seq_advance(q, 1);
     if (st || q->done) batch_end(b, i, st, done, done_status, n_done);
   }

@@ -1160,6 +1160,75 @@ done:
 #undef TT_
 #undef TC_
 
+/* ---- the exact self-conditioning probabilities (turbo.cu k_turbo_sc_probs_tab against k_turbo_sc_probs) ---- */
+#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
+#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    goto done; } } while (0)
+extern "C" dg_status dg_cuda_test_sc_probs(int device, int act, int B, const int32_t *n, int V, float cap,
+                                           const float *T, const float *raw, uint16_t *p_tab, uint16_t *p_row,
+                                           double *sum_tab, double *sum_row) {
+  if (B < 1 || B > DG_TB_TAB || V < 1)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_probs: B %d (1..%d), V %d", B, DG_TB_TAB, V);
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  void *draw = NULL, *dpt = NULL, *dpr = NULL, *dmax = NULL, *dsum = NULL, *drs = NULL;
+  double *ws = NULL;
+  size_t R = 0, off = 0;
+  for (int b = 0; b < B; b++) R += (size_t)n[b];
+  const size_t nch = (size_t)dg_scp_chunks(V);
+  dg_tb_tab tab = {};
+  TT_(test_in(&al, &draw, raw, R * V * 4, "raw rows"));
+  TT_(dalloc(&al, &dpt, R * V * 2, "P (table)"));
+  TT_(dalloc(&al, &dpr, R * V * 2, "P (row)"));
+  TT_(dalloc(&al, &dmax, R * nch * 4, "chunk maxima"));
+  TT_(dalloc(&al, &dsum, R * 16 * 8, "warp sums"));
+  TT_(dalloc(&al, &drs, R * 8 + 8, "row sums"));
+  TC_(cudaMemset(dpt, 0xFF, R * V * 2)); /* 0xFFFF (a NaN): a word not written shows */
+  TC_(cudaMemset(dpr, 0xFF, R * V * 2));
+  tab.B = B;
+  for (int b = 0; b < B; b++) { /* each canvas its own scratch (its rows of the buffers) */
+    tab.s[b] = (dg_tb_seg){(const float *)draw + off * V, (bf16 *)dpt + off * V, (float *)dmax + off * nch,
+                           (double *)dsum + off * 16, T[b]};
+    tab.row0[b + 1] = tab.row0[b] + n[b];
+    if (n[b] > 0)
+      TC_(k_turbo_sc_probs_sum(0, (const float *)draw + off * V, (bf16 *)dpr + off * V, n[b], V, cap, T[b], act,
+                               (double *)drs + off));
+    off += (size_t)n[b];
+  }
+  TC_(k_turbo_sc_probs_tab(0, &tab, V, cap, act));
+  TC_(cudaDeviceSynchronize());
+  TT_(test_out(p_tab, dpt, R * V * 2));
+  TT_(test_out(p_row, dpr, R * V * 2));
+  TT_(test_out(sum_row, drs, R * 8));
+  /* the table's sum of each row as scp_write_kernel forms it from the 16 warp sums (lane l < 16: warp l's, else 0;
+   * the xor butterfly, in IEEE double here as there) */
+  if (!(ws = (double *)malloc(R * 16 * 8))) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+  TT_(test_out(ws, dsum, R * 16 * 8));
+  for (size_t r = 0; r < R; r++) {
+    double lane[32], nx[32];
+    for (int l = 0; l < 32; l++) lane[l] = l < 16 ? ws[r * 16 + l] : 0.0;
+    for (int k = 16; k; k >>= 1) {
+      for (int l = 0; l < 32; l++) nx[l] = lane[l] + lane[l ^ k];
+      memcpy(lane, nx, sizeof lane);
+    }
+    sum_tab[r] = lane[0];
+  }
+done:
+  free(ws);
+  dfree_all(&al);
+  return st;
+}
+#undef TT_
+#undef TC_
+
+extern "C" dg_status dg_cuda_test_sc_probs_set(int mode) {
+  if (mode < -1 || mode > 1) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_probs_set: %d (-1..1)", mode);
+  dg_cuda_sc_probs_set(mode);
+  return DG_OK;
+}
+
 /* ---- wgmma (src/cuda/wgmma.cuh) and the kernel lab's warpgroup kernels (dev/cuda/qmoe_w.cuh qw_kernel) ---- */
 #define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
 #define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
@@ -1622,7 +1691,8 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
-    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_prod,
+    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_prod, dg_cuda_test_sc_probs,
+    dg_cuda_test_sc_probs_set,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

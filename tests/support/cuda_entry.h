@@ -148,6 +148,17 @@ dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const 
 dg_status dg_cuda_test_group_sums_perm(int device, int version, const uint16_t *x, int rows, int cols, int G,
                                        float *xs, uint16_t *xp);
 
+/* The exact self-conditioning probabilities of B canvases' raw rows raw [sum n, V] (canvas b's n[b] rows one
+ * after another, at temperature T[b]; softcap cap; activation dtype act): p_tab [sum n, V] bf16 bits from one
+ * k_turbo_sc_probs_tab launch over the B canvases (each its own buffers), p_row from k_turbo_sc_probs per canvas
+ * (session 26's one-block-per-row kernel); sum_tab / sum_row [sum n] each row's softmax sum (the double its
+ * probabilities divide by) as the table launches form it from their warp sums and as the row kernel does.
+ * B <= DG_TB_TAB. */
+dg_status dg_cuda_test_sc_probs(int device, int act, int B, const int32_t *n, int V, float cap, const float *T,
+                                const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
+/* DGEMMA_SC_PROBS for contexts' turbo SC from now on: 1 the table kernels, 0 the row kernel, -1 the environment's. */
+dg_status dg_cuda_test_sc_probs_set(int mode);
+
 /* The layer attention on the device (attention.cu, spec 4.4 step 3 and the
  * masks of 4.5): q fp32 [nq, NH, D], kc and vc bf16 bits [NKV, S, D] (the
  * cache of one layer: key j in slot j % S, so S may be a ring shorter than
@@ -311,6 +322,9 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_experts_fg)(int on, long *launches);
   dg_status (*test_sc_prod)(int device, int mode, int V, int H, int M, int ldp, float alpha, const uint16_t *P,
                             const uint16_t *E, float *out);
+  dg_status (*test_sc_probs)(int device, int act, int B, const int32_t *n, int V, float cap, const float *T,
+                             const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
+  dg_status (*test_sc_probs_set)(int mode);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
