@@ -1250,8 +1250,9 @@ template <int BITS> cudaError_t qr_fg_version(cudaStream_t s, int E, int nt, con
   return qr_fg_v50<BITS>(s, E, nt, gu, dn);
 }
 
-/* Versions 116-118 (session 27, helper tl11; 119 below): version 114's kernel (qr_fg_kernel: gate/up and down in one launch,
- * work tickets, a wait per down block) as a lab copy, qr_fgx_kernel, with two additions, each a choice of the launch:
+/* Versions 116-118 (session 27, helper tl11; 119 below): version 114's kernel (qr_fg_kernel: gate/up and down in one
+ * launch, work tickets, a wait per down block) as a lab copy, qr_fgx_kernel, with two additions, each a choice of the
+ * launch:
  * - STAMP 1 (116): version 110's per-block timeline (qr_tl_stamps' hooks in qr_body) into qr_fgx_buf at word
  *   QR_FGX_WORDS x ticket (the ticket order, not the launch order): 0 %globaltimer at entry (before the ticket), 1
  *   %globaltimer at the end (the last pass's epilogue, or an expert without rows found), 2-7 %clock64 at entry, the
@@ -1429,7 +1430,8 @@ cudaError_t qr_fgx_launch(cudaStream_t s, int E, int ngu, int ndn, const qe_args
 /* The order of version ver for G = E ngu gate/up items over `slots` resident blocks: 116 114's (ia = G, ik 0); 117 the
  * last partial round of gate/up items interleaved 1 : 2 with down items (ia = the whole experts' items below
  * (ceil(G / slots) - 1) slots, ik 2), 118 the last two rounds' 1 : 1 (ia below (ceil(G / slots) - 2) slots, ik 1);
- * ik lowered to what the experts before ia have in down items ((ia / ngu) ndn / (G - ia)), 114's order where that is 0. */
+ * ik lowered to what the experts before ia have in down items ((ia / ngu) ndn / (G - ia)), 114's order where that
+ * is 0. */
 static void qr_fgx_order(int ver, int E, int ngu, int ndn, int slots, int *ia, int *ik) {
   const int G = E * ngu, rb = ver == 118 ? 2 : 1, want = ver == 116 ? 0 : ver == 118 ? 1 : 2;
   const int rounds = slots > 0 ? (G + slots - 1) / slots : 0;
@@ -1576,7 +1578,8 @@ cudaError_t qr_fgp_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &d
 
 /* Version ver (116-119) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles: 116-118
  * qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks); elsewhere version 50's two launches. */
-template <int BITS> cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
+template <int BITS>
+cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
   if (ver < 116 || ver > 119) return cudaErrorInvalidValue;
   if (!gu.hs || gu.N % (16 * QR_WARPS) || (gu.hg != 32 && gu.hg != 64) || gu.group != gu.hg || dn.group != gu.hg ||
       dn.X != gu.h || dn.xs != gu.hs || dn.Kdim != gu.N)
