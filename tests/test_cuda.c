@@ -3757,6 +3757,29 @@ static void test_quant_experts_fg(void **state) {
          ncase, sh, sy);
 }
 
+/* The kernel lab's versions 116-119 (dev/cuda/qr_diet_lab.cuh, session 27): 114 with version 110's per-block timeline
+ * (116), other ticket orders (117, 118: the last gate/up items interleaved with down items of experts whose gate/up
+ * items all come earlier; qr_fgx_kernel) and persistent blocks taking their next ticket during their item (119,
+ * qr_fgp_kernel), on test_quant_experts_fg's cases, each launched twice: h and y word for word version 50's with the
+ * fused down input, the counters back at 0, a wait never finding its expert's gate/up blocks not all counted (on the
+ * emulation blocks run in ticket order: an order that put a down item before one of its expert's gate/up items fails
+ * here), and for 116 every item covered by exactly one ticket with its stamps in program order; 117 and 118 with 8
+ * resident slots (version + 8000) so that the gate/up items outnumber the slots and the orders interleave (the lines
+ * "ticket order ia .. ik .." say which did), 119 with 8 and 3 blocks (each block many items). */
+static void test_quant_experts_fgx(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static const int vs[] = {116, 8117, 8118, 8119, 3119};
+  for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+    double sh = 0, sy = 0;
+    const int ncase = check_experts_fg_cases(vs[v], &sh, &sy);
+    printf("# kernel lab version %d (slots %d; %d cases, each launched twice): h and y equal to version 50's with the "
+           "fused down input word for word; largest |diff| / bound h %.4f, y %.4f (<= 1)\n", vs[v] % 1000,
+           vs[v] / 1000, ncase, sh, sy);
+  }
+}
+
 /* The backend's DGEMMA_EXPERTS_FG=1 (src/cuda/qmoe.cu k_qe_experts_fg: gate/up and down in one launch of
  * qmoe_fg.cuh qr_fg_kernel, the counters in the MoE buffers) through dg_cuda_test_experts_qw version 115: each case
  * run by the backend with DGEMMA_DN_FUSE=1 and the switch off (two launches), then twice with the switch on; each of
@@ -4399,7 +4422,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv), cmocka_unit_test(test_sc_prod),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

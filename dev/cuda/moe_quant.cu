@@ -115,6 +115,14 @@
  *              for version 50 (the backend with DGEMMA_DN_FUSE=1: two launches back to back) and 114, each checked
  *              against the CPU (check_fused: h, and y over the kernel's own h) and 114's h and y against 50's word for
  *              word, its counters after the launches (no wait ran out, all back at 0) (session 26)
+ *   versions 116-119 (4-bit; dev/cuda/qr_diet_lab.cuh qr_fgx_kernel, session 27): version 114's kernel (a lab copy)
+ *              with version 110's per-block stamps (116: 114's ticket order; its timeline under the gate_up+down
+ *              row, print_fg_timeline: the ticket, each product's phases, the down blocks' waits, per expert its first
+ *              down ticket against its last gate/up count, gate/up's last round's slots, the slots over time) or
+ *              another ticket order (117: the last partial round of gate/up items interleaved 1 : 2 with down
+ *              items of experts already placed; 118: the last two rounds 1 : 1) or, 119 (qr_fgp_kernel),
+ *              persistent blocks over the resident slots, each taking its next ticket while it runs its item; rows
+ *              as 114's (gate_up+down, checked against the CPU, word for word against 50, the counters)
  *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -150,6 +158,12 @@
  *        build/libdgemma.a -lcublas -lcudart -lcjson -lgomp -o build/moe_quant
  *   build/moe_quant [--quick] [--json FILE] [--bits 4,3,2] [--versions 1,2]
  */
+#ifdef LAB_ONLY_FG /* -DLAB_ONLY_FG: LAB_ONLY_SK narrowed further to versions 1-3, 40, 50, 110 and the gate/up + down rows
+                     * of 114 and 116-119 (dev/gpu/s27_tl11.sh: 95 and 112-113 not compiled) */
+#ifndef LAB_ONLY_SK
+#define LAB_ONLY_SK
+#endif
+#endif
 #ifdef LAB_ONLY_SK /* -DLAB_ONLY_SK: LAB_LEAN narrowed to versions 1-3, 40, 50, 95-113 and 114's gate/up + down rows
                      * (4-bit rows only for 95-114): the lab of dev/gpu/s25_sk11.sh and s26_fg11.sh, built on the GPU
                      * machine in a minute or two */
@@ -621,7 +635,7 @@ static cudaError_t run_fused(int ver, stack *gu, stack *dn, routing *r) {
   d.q = td.q; d.sb = DG_CUDA_BF16; d.group = G; d.pb = 4;
   d.count = r->b.count; d.start = r->b.start; d.pairs = r->b.pairs; d.topk = TOPK; d.order = r->ord;
   d.X = r->b.h; d.xs = r->b.hs; d.Kdim = IE; d.N = H; d.y = r->b.y;
-  return qr_fg_version<4>(0, E, nt, a, d);
+  return ver == 114 ? qr_fg_version<4>(0, E, nt, a, d) : qr_fgx_version<4>(ver, 0, E, nt, a, d);
 }
 
 /* The gate/up + down rows' outputs against the CPU at nsamp sampled (pair, feature) and (pair, row) each: hp the h
@@ -662,6 +676,7 @@ static double quant(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, (size_t)(q * (v.size() - 1) + 0.5))];
 }
+#include "fg_timeline.h" /* version 116: the one launch's timeline printout */
 
 /* Version 110's timeline of its last launch (dev/cuda/qr_diet_lab.cuh qr_tl_kernel, qr_tl_buf: QR_TL_WORDS words per
  * block), printed under the row: the SM clock (clock64 cycles per globaltimer ns over all blocks) and the
@@ -777,6 +792,19 @@ static void print_timeline(int nst, int nt) {
          tail > 0 ? 100.0 * tarea / ((double)cmax * (g1 - tlast)) : 0.0);
   printf("   per-SM busy (its blocks' union / span) over %zu SMs: min %.3f, p10 %.3f, median %.3f, max %.3f\n",
          busy.size(), quant(busy, 0), quant(busy, 0.1), quant(busy, 0.5), quant(busy, 1));
+}
+
+/* Version 116's timeline of its last launch (qr_fgx_buf), printed by fg_timeline.h's fg_timeline_print. */
+static void print_fg_timeline(int ver, int nst_gu, int nst_dn) {
+  static_assert(QR_FGX_WORDS == FG_TL_WORDS, "qr_fgx_kernel's words per ticket are fg_timeline.h's");
+  const size_t nb = qr_fgx_blocks;
+  if (!nb) {
+    printf("  version %d: no timeline (not 4-bit g64 at 2 or 3 n-tiles)\n", ver);
+    return;
+  }
+  std::vector<uint64_t> w(nb * QR_FGX_WORDS);
+  CKL(cudaMemcpy(w.data(), qr_fgx_buf, w.size() * 8, cudaMemcpyDeviceToHost));
+  fg_timeline_print(w, ver, qr_fgx_ia, qr_fgx_ik, nst_gu, nst_dn);
 }
 
 /* Versions 51-60: the backend's kernel as it runs (version 50: the block order, qr_launch_bits' choices per tile
@@ -1414,7 +1442,7 @@ int main(int argc, char **argv) {
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
           if (ver > 95 && ver <= 113 && bits != 4) continue;
-          if (ver == 114) continue; /* gate/up + down in one launch: its own rows after both products' */
+          if (ver == 114 || (ver >= 116 && ver <= 119)) continue; /* gate/up + down in one launch: rows after both */
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1495,14 +1523,18 @@ int main(int argc, char **argv) {
       /* version 114 asked for (4-bit): the gate/up + down rows, version 50's two launches and 114's one, each
        * checked against the CPU (check_fused), 114's h and y against 50's word for word and its counters (a wait
        * that ran out, the reset: qr_fg_error) */
-      if (bits == 4 && std::find(versv.begin(), versv.end(), 114) != versv.end()) {
+      std::vector<int> fv; /* the one-launch versions asked for (114, 116-119), after version 50 */
+      for (int v : versv)
+        if (v == 114 || (v >= 116 && v <= 119)) fv.push_back(v);
+      if (bits == 4 && !fv.empty()) {
         const size_t TK = (size_t)r.T * TOPK;
         const double wb = (double)r.hit * ((2.0 * IE) * ((double)H * bits / 8 + 2.0 * (H / G) * 2) +
                                            (double)H * ((double)IE * bits / 8 + 2.0 * (IE / G) * 2));
         const double flops = 2.0 * TK * (2.0 * IE * H + (double)H * IE), roof = std::max(wb / bw, flops / rate);
         std::vector<uint16_t> h50, hp(TK * IE), hplain;
         std::vector<float> y50, y(TK * H);
-        for (int ver : {50, 114}) {
+        fv.insert(fv.begin(), 50);
+        for (int ver : fv) {
           CKL(cudaMemset(r.b.h, 0xff, TK * IE * 2)); /* poison: NaN */
           CKL(cudaMemset(r.b.hs, 0xff, TK * IE / 32 * 4));
           CKL(cudaMemset(r.b.y, 0xff, TK * H * 4));
@@ -1533,11 +1565,11 @@ int main(int argc, char **argv) {
             CKL(cudaEventSynchronize(e1));
             if (rep >= 3) t.push_back(time_ms(e0, e1) * 1e3);
           }
-          if (ver == 114) { /* the timed launches too: no wait ran out, the counters back at 0 */
+          if (ver != 50) { /* the timed launches too: no wait ran out, the counters back at 0 */
             const int fe = qr_fg_error(E);
             if (fe) {
               failures++;
-              printf("  version 114: counters after the timed launches: %s\n", fe == 1 ? "a wait ran out" : "not reset");
+              printf("  version %d: counters after the timed launches: %s\n", ver, fe == 1 ? "a wait ran out" : "not reset");
             }
           }
           std::sort(t.begin(), t.end());
@@ -1547,11 +1579,14 @@ int main(int argc, char **argv) {
           printf("| %d | gate_up+down | %s | %.1f | %d | %.1f | %.1f-%.1f | %.0f | %.1f | %.1f | %.1f | %.3f %s |\n", bits,
                  label, (double)TK / E, ver, med, t.front(), t.back(), wb / (med * 1e-6) / 1e9,
                  flops / (med * 1e-6) / 1e12, roof * 1e6, 100.0 * roof * 1e6 / med, q,
-                 ok ? (ver == 114 ? "ok, = v50" : "ok") : "FAIL");
-          if (ver == 114)
-            printf("  version 114 vs 50 (DGEMMA_DN_FUSE=1, two launches): words that differ h %ld of %zu, y %ld of %zu; "
-                   "counters %s\n", dh, hp.size(), dy, y.size(),
+                 ok ? (ver != 50 ? "ok, = v50" : "ok") : "FAIL");
+          if (ver != 50)
+            printf("  version %d vs 50 (DGEMMA_DN_FUSE=1, two launches): words that differ h %ld of %zu, y %ld of %zu; "
+                   "counters %s\n", ver, dh, hp.size(), dy, y.size(),
                    ferr == 0 ? "ok (no wait ran out, all back at 0)" : ferr == 1 ? "FAIL (a wait ran out)" : ferr == 2 ? "FAIL (not reset)" : "FAIL (unreadable)");
+          if (ver == 116) print_fg_timeline(ver, H / qr_kc(G, 4), IE / qr_kc(G, 4));
+          else if (ver > 114) printf("  version %d: ticket order ia %d ik %d (gate/up items %d)%s\n", ver, qr_fgx_ia, qr_fgx_ik,
+                                     E * (IE / (16 * QR_WARPS)), ver == 119 ? ", persistent blocks" : "");
           if (jf)
             fprintf(jf, "{\"kind\": \"moe_lab\", \"device\": \"%s\", \"bits\": %d, \"group\": %d, \"product\": \"gate_up+down\", "
                         "\"routing\": \"%s\", \"n\": %d, \"tokens\": %d, \"experts_hit\": %d, \"rows_per_expert\": %.2f, "

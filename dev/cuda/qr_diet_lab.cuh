@@ -1250,6 +1250,351 @@ template <int BITS> cudaError_t qr_fg_version(cudaStream_t s, int E, int nt, con
   return qr_fg_v50<BITS>(s, E, nt, gu, dn);
 }
 
+/* Versions 116-118 (session 27, helper tl11; 119 below): version 114's kernel (qr_fg_kernel: gate/up and down in one
+ * launch, work tickets, a wait per down block) as a lab copy, qr_fgx_kernel, with two additions, each a choice of the
+ * launch:
+ * - STAMP 1 (116): version 110's per-block timeline (qr_tl_stamps' hooks in qr_body) into qr_fgx_buf at word
+ *   QR_FGX_WORDS x ticket (the ticket order, not the launch order): 0 %globaltimer at entry (before the ticket), 1
+ *   %globaltimer at the end (the last pass's epilogue, or an expert without rows found), 2-7 %clock64 at entry, the
+ *   row table ready, the first activation stage, the first weight stage in thread 0's registers, the stage loop's end
+ *   and the epilogue's end (as 110), 8 %smid, 9 the expert << 32 | its row count, 10 %clock64 once the ticket is
+ *   shared (after the barrier), 11 %globaltimer then, 12 %globaltimer after the block's count on done[e] (gate/up)
+ *   or when its wait ended (down; 0 for an expert without rows), 13 the product (0 gate/up, 1 down) << 32 | the slab.
+ *   Stores to that buffer only: every output word is 114's (= version 50's).
+ * - the ticket order (ia, ik; qr_fgx_map): tickets 0 .. ia - 1 the first ia gate/up items in 114's order, then the
+ *   remaining G - ia gate/up items each followed by ik down items (the down items in 114's order: the experts by
+ *   descending row count), then the rest of the down items. ia = G (or ik = 0): 114's order exactly (116). The down
+ *   items placed among the last gate/up items belong to experts whose gate/up items all come before ticket ia (the
+ *   host's condition: ik (G - ia) <= (ia / ngu) ndn), so a down block still waits only on lower tickets: 114's
+ *   no-deadlock argument holds unchanged (tickets in order, gate/up blocks never wait).
+ * Why (docs/cuda.md "Session 27 (helper tl11)"): session 27's H100 call found 114 no faster than version 50's two
+ * launches (uniform M 16 188.0 against 187.2 us); the timeline says where its slots go, the order whether the last
+ * gate/up round's long blocks (~40 us) started earlier, beside down blocks, shorten the launch's end. */
+#define QR_FGX_WORDS 14
+static uint64_t *qr_fgx_buf;   /* the timeline of the last STAMP launch (host side), QR_FGX_WORDS words per ticket */
+static size_t qr_fgx_cap, qr_fgx_blocks; /* its capacity and blocks (0: the last launch had no stamps) */
+static int qr_fgx_slots_cap = 0; /* test hook: > 0 takes the resident slots as this many (ia on the emulation) */
+static int qr_fgx_ia, qr_fgx_ik; /* the last launch's order (for the lab's print) */
+
+/* The ticket tk's item: *gi the gate/up item (expert order index gi / ngu, slab gi % ngu) or *di the down item (d /
+ * ndn, d % ndn), the other -1; G gate/up items; (ia, ik) the order above. */
+__host__ __device__ __forceinline__ void qr_fgx_map(int tk, int G, int ia, int ik, int *gi, int *di) {
+  if (tk < ia) {
+    *gi = tk;
+    *di = -1;
+    return;
+  }
+  const int rg = G - ia, u = tk - ia;
+  if (u < rg * (ik + 1)) {
+    const int q = u / (ik + 1), r = u % (ik + 1);
+    *gi = r == 0 ? ia + q : -1;
+    *di = r == 0 ? -1 : q * ik + r - 1;
+    return;
+  }
+  *gi = -1;
+  *di = rg * ik + (u - rg * (ik + 1));
+}
+
+/* qr_body's hooks for 116: 110's stamps with the ticket's slab count */
+struct qr_fgx_stamps : qr_tl_stamps {
+  unsigned ns;
+  __device__ __forceinline__ unsigned slabs() const { return ns; }
+};
+
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int NTS, class TL>
+__device__ __forceinline__ void qr_fgx_item(const qe_args &a, unsigned char *smem, int e, int slab, const TL &tl) {
+  if constexpr (NTS > 0 && NTS < NT) {
+    if (a.count[e] <= 8 * NTS) {
+      qr_body<BITS, GATEUP, NTS, GS, WARPS, D, STAGES, SUB, PF, 1, 0, 0, 0, 0, TL>(a, smem, e, slab, tl);
+      return;
+    }
+  }
+  qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, 1, 0, 0, 0, 0, TL>(a, smem, e, slab, tl);
+}
+
+/* qr_fg_kernel (src/cuda/qmoe_fg.cuh: its design, waits, counters and reset) with the ticket order (ia, ik) and, STAMP
+ * 1, the timeline into tlb. */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS, int STAMP>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgx_kernel(qe_args gu, qe_args dn, int E, int ngu, int ndn,
+                                                                   int *ctr, int ia, int ik, uint64_t *tlb) {
+  DG_PDL_ENTRY();
+  uint64_t g0 = 0, c0 = 0;
+  if (STAMP && threadIdx.x == 0) {
+    g0 = qr_tl_gtime();
+    c0 = qr_tl_clock();
+  }
+  DG_DYN_SMEM16(smem);
+  __shared__ int ticket_s;
+  const int tid = threadIdx.x, G = E * ngu;
+  int *done = ctr + 3;
+  if (tid == 0) ticket_s = atomicAdd(ctr, 1);
+  __syncthreads();
+  const int tk = ticket_s;
+  int gi, di;
+  qr_fgx_map(tk, G, ia, ik, &gi, &di);
+  qr_fgx_stamps st;
+  st.b = tlb + (int64_t)QR_FGX_WORDS * tk;
+  if (STAMP && tid == 0) {
+    st.b[0] = g0;
+    st.b[2] = c0;
+    st.b[10] = qr_tl_clock();
+    st.b[11] = qr_tl_gtime();
+    st.b[8] = qr_tl_smid();
+    st.b[12] = 0;
+  }
+  if (gi >= 0) { /* gate/up: expert gu.order[gi / ngu]'s slab gi % ngu */
+    const int e = gu.order[gi / ngu];
+    if (STAMP && tid == 0) {
+      st.b[9] = (uint64_t)e << 32 | (uint32_t)gu.count[e];
+      st.b[13] = (uint32_t)(gi % ngu);
+    }
+    st.ns = (unsigned)ngu;
+    if constexpr (STAMP)
+      qr_fgx_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(gu, smem, e, gi % ngu, st);
+    else
+      qr_fgx_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(gu, smem, e, gi % ngu, qr_fg_tl(ngu));
+    if (gu.count[e] > 0) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        atomicAdd(done + e, 1);
+        if (STAMP) st.b[12] = qr_tl_gtime();
+      }
+    }
+  } else { /* down: expert dn.order[di / ndn]'s slab di % ndn once its gate/up blocks are all counted */
+    const int e = dn.order[di / ndn];
+    if (STAMP && tid == 0) {
+      st.b[9] = (uint64_t)e << 32 | (uint32_t)dn.count[e];
+      st.b[13] = (uint64_t)1 << 32 | (uint32_t)(di % ndn);
+    }
+    st.ns = (unsigned)ndn;
+    if (dn.count[e] > 0) {
+      if (tid == 0) {
+        qr_fg_wait(done + e, ngu, ctr + 2);
+        if (STAMP) st.b[12] = qr_tl_gtime();
+      }
+      __syncthreads();
+      if constexpr (STAMP)
+        qr_fgx_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, di % ndn, st);
+      else
+        qr_fgx_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, di % ndn, qr_fg_tl(ndn));
+    } else if (STAMP) {
+      st.empty(tid);
+    }
+  }
+  if (tid == 0) { /* the last block to finish sets the counters back to 0 for the next launch */
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1) == G + E * ndn - 1) {
+      ctr[0] = 0;
+      ctr[1] = 0;
+      for (int i = 0; i < E; i++) done[i] = 0;
+    }
+  }
+}
+
+/* One launch of qr_fgx_kernel (qr_fg_launch's form) with the order (ia, ik); STAMP: the timeline buffer grown to the
+ * grid (zeroed when allocated). */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS, int STAMP>
+cudaError_t qr_fgx_launch(cudaStream_t s, int E, int ngu, int ndn, const qe_args &gu, const qe_args &dn, int *ctr,
+                          int ia, int ik) {
+  void (*kern)(qe_args, qe_args, int, int, int, int *, int, int, uint64_t *) =
+      qr_fgx_kernel<BITS, NT, GS, WARPS, D, STAGES, MINB, SUB, PF, NTS, STAMP>;
+  constexpr size_t smem = (size_t)STAGES * (8 * NT * qr_xs(GS, SUB, BITS) + qr_sbb(GS, SUB, NT, 0));
+  const size_t blocks = (size_t)E * (ngu + ndn);
+  qr_fgx_blocks = 0;
+  if (STAMP) {
+    if (blocks > qr_fgx_cap) {
+      if (qr_fgx_buf) cudaFree(qr_fgx_buf);
+      qr_fgx_buf = NULL;
+      qr_fgx_cap = 0;
+      cudaError_t e = cudaMalloc((void **)&qr_fgx_buf, blocks * QR_FGX_WORDS * 8);
+      if (e != cudaSuccess) return e;
+      e = cudaMemset(qr_fgx_buf, 0, blocks * QR_FGX_WORDS * 8);
+      if (e != cudaSuccess) return e;
+      qr_fgx_cap = blocks;
+    }
+    qr_fgx_blocks = blocks;
+  }
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, blocks, 32 * WARPS, smem, s)(gu, dn, E, ngu, ndn, ctr, ia, ik, qr_fgx_buf);
+  return cudaGetLastError();
+}
+
+/* The order of version ver for G = E ngu gate/up items over `slots` resident blocks: 116 114's (ia = G, ik 0); 117 the
+ * last partial round of gate/up items interleaved 1 : 2 with down items (ia = the whole experts' items below
+ * (ceil(G / slots) - 1) slots, ik 2), 118 the last two rounds' 1 : 1 (ia below (ceil(G / slots) - 2) slots, ik 1);
+ * ik lowered to what the experts before ia have in down items ((ia / ngu) ndn / (G - ia)), 114's order where that
+ * is 0. */
+static void qr_fgx_order(int ver, int E, int ngu, int ndn, int slots, int *ia, int *ik) {
+  const int G = E * ngu, rb = ver == 118 ? 2 : 1, want = ver == 116 ? 0 : ver == 118 ? 1 : 2;
+  const int rounds = slots > 0 ? (G + slots - 1) / slots : 0;
+  int a = rounds > rb ? (rounds - rb) * slots : 0;
+  a = a / ngu * ngu;
+  if (a > G) a = G;
+  const int rg = G - a;
+  int k = want;
+  if (rg > 0 && (a / ngu) * ndn / rg < k) k = (a / ngu) * ndn / rg;
+  if (want == 0 || rg == 0 || k <= 0) {
+    a = G;
+    k = 0;
+  }
+  *ia = a;
+  *ik = k;
+}
+
+/* Versions 116-118 at 2 and 3 n-tiles (qr_fg_bits' choices): the slots from the occupancy query of the launch's kernel
+ * (qr_fgx_slots_cap if set); elsewhere version 50's two launches. 116 with the timeline. */
+template <int BITS, int STAMP, int NT, int PF, int NTS>
+cudaError_t qr_fgx_at(int ver, cudaStream_t s, int E, const qe_args &gu, const qe_args &dn) {
+  const int ngu = gu.N / (16 * QR_WARPS), ndn = (dn.N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
+  static int resident = 0;
+  if (!resident) {
+    void (*kern)(qe_args, qe_args, int, int, int, int *, int, int, uint64_t *) =
+        qr_fgx_kernel<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS, STAMP>;
+    constexpr size_t smem = (size_t)QR_STAGES * (8 * NT * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, NT, 0));
+#ifndef DG_CUDA_EMU
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+#endif
+    int dev = 0, sms = 0, per = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 32 * QR_WARPS, smem);
+    if (e != cudaSuccess) return e;
+    if (sms < 1 || per < 1) return cudaErrorInvalidConfiguration;
+    resident = sms * per;
+  }
+  qr_fgx_order(ver, E, ngu, ndn, qr_fgx_slots_cap > 0 ? qr_fgx_slots_cap : resident, &qr_fgx_ia, &qr_fgx_ik);
+  const cudaError_t e = qr_fg_ctr_grow(E);
+  if (e != cudaSuccess) return e;
+  return qr_fgx_launch<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS, STAMP>(
+      s, E, ngu, ndn, gu, dn, qr_fg_ctr, qr_fgx_ia, qr_fgx_ik);
+}
+
+/* Version 119 (session 27, helper tl11): version 114 with persistent blocks, each block's next ticket taken while it
+ * runs its current item (qr_fgp_kernel). Why: the slot model of the one launch (dev/cuda/fg_sim.cpp, docs/cuda.md
+ * "Session 27 (helper tl11)") reproduces 114's measured time only with ~0.7 us per block on the ticket's round trip
+ * (an L2 atomic on one word before the block knows its expert: 4,224 blocks x 0.7 us / 528 slots = ~5.6 us, plus
+ * the blocks' own launch), and puts 114 ~7 us lower without it. Here the grid is the resident slots (SMs x blocks
+ * per SM, at most the items); thread 0 takes the first ticket, then at the start of each item the next one
+ * (atomicAdd, its result kept in a register and shared only after the item, so thread 0 does not wait for it), and
+ * the block loops until its ticket is past the items. Items, bodies, release and wait are 114's (qr_fgx_map with
+ * 114's order: ia = G), so every word is 114's = version 50's. No deadlock: a block that waits holds a down ticket;
+ * every lower ticket is a block's current item (running or done: a block takes its next ticket only after its
+ * current one is taken, and runs it next) or already finished; the next tickets that blocks hold are all higher
+ * than their current items, and a gate/up ticket held as a next item belongs to a block whose current item is a
+ * gate/up item (tickets increase, and every gate/up ticket is below every down ticket), which never waits; so
+ * every gate/up item is run and counted. Counters as 114's, [1] counting finished blocks (the grid's), the last
+ * resetting them. */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgp_kernel(qe_args gu, qe_args dn, int E, int ngu, int ndn,
+                                                                   int *ctr) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  __shared__ int ticket_s;
+  const int tid = threadIdx.x, G = E * ngu, N = G + E * ndn;
+  int *done = ctr + 3;
+  if (tid == 0) ticket_s = atomicAdd(ctr, 1);
+  __syncthreads();
+  int tk = ticket_s;
+  while (tk < N) {
+    int nxt = 0;
+    if (tid == 0) nxt = atomicAdd(ctr, 1); /* in flight during the item */
+    if (tk < G) {
+      const int e = gu.order[tk / ngu];
+      qr_fgx_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(gu, smem, e, tk % ngu, qr_fg_tl(ngu));
+      if (gu.count[e] > 0) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) atomicAdd(done + e, 1);
+      }
+    } else {
+      const int d = tk - G, e = dn.order[d / ndn];
+      if (dn.count[e] > 0) {
+        if (tid == 0) qr_fg_wait(done + e, ngu, ctr + 2);
+        __syncthreads();
+        qr_fgx_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, d % ndn, qr_fg_tl(ndn));
+      }
+    }
+    __syncthreads(); /* every thread done with the item (its shared row tables, the ring) and with ticket_s */
+    if (tid == 0) ticket_s = nxt;
+    __syncthreads();
+    tk = ticket_s;
+  }
+  if (tid == 0) { /* the last block to finish sets the counters back to 0 for the next launch */
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+      ctr[0] = 0;
+      ctr[1] = 0;
+      for (int i = 0; i < E; i++) done[i] = 0;
+    }
+  }
+}
+
+static int qr_fgp_grid; /* the last launch's blocks (the lab's print) */
+
+/* Version 119 at nt n-tiles (2 or 3, qr_fg_bits' choices): grid = min(items, resident slots) (qr_fgx_slots_cap if
+ * set: fewer blocks, each taking more items, on the emulation). */
+template <int BITS, int NT, int PF, int NTS>
+cudaError_t qr_fgp_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &dn) {
+  const int ngu = gu.N / (16 * QR_WARPS), ndn = (dn.N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
+  void (*kern)(qe_args, qe_args, int, int, int, int *) =
+      qr_fgp_kernel<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS>;
+  constexpr size_t smem = (size_t)QR_STAGES * (8 * NT * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, NT, 0));
+  static int resident = 0;
+  if (!resident) {
+#ifndef DG_CUDA_EMU
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+#endif
+    int dev = 0, sms = 0, per = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 32 * QR_WARPS, smem);
+    if (e != cudaSuccess) return e;
+    if (sms < 1 || per < 1) return cudaErrorInvalidConfiguration;
+    resident = sms * per;
+  }
+  const int items = E * (ngu + ndn), slots = qr_fgx_slots_cap > 0 ? qr_fgx_slots_cap : resident;
+  qr_fgp_grid = items < slots ? items : slots;
+  qr_fgx_ia = E * ngu;
+  qr_fgx_ik = 0;
+  const cudaError_t e = qr_fg_ctr_grow(E);
+  if (e != cudaSuccess) return e;
+  DG_LAUNCH(kern, qr_fgp_grid, 32 * QR_WARPS, smem, s)(gu, dn, E, ngu, ndn, qr_fg_ctr);
+  return cudaGetLastError();
+}
+
+/* Version ver (116-119) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles: 116-118
+ * qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks); elsewhere version 50's two launches. */
+template <int BITS>
+cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
+  if (ver < 116 || ver > 119) return cudaErrorInvalidValue;
+  if (!gu.hs || gu.N % (16 * QR_WARPS) || (gu.hg != 32 && gu.hg != 64) || gu.group != gu.hg || dn.group != gu.hg ||
+      dn.X != gu.h || dn.xs != gu.hs || dn.Kdim != gu.N)
+    return cudaErrorInvalidValue;
+  qr_fgx_blocks = 0;
+  if (!qr_fg_takes(nt, gu, dn)) return qr_fg_v50<BITS>(s, E, nt, gu, dn);
+  if (ver == 119)
+    return nt == 3 ? qr_fgp_at<BITS, 3, -QR_PF, QR_NTS>(s, E, gu, dn) : qr_fgp_at<BITS, 2, 0, 0>(s, E, gu, dn);
+  const int stamp = ver == 116;
+  if (nt == 3)
+    return stamp ? qr_fgx_at<BITS, 1, 3, -QR_PF, QR_NTS>(ver, s, E, gu, dn)
+                 : qr_fgx_at<BITS, 0, 3, -QR_PF, QR_NTS>(ver, s, E, gu, dn);
+  return stamp ? qr_fgx_at<BITS, 1, 2, 0, 0>(ver, s, E, gu, dn) : qr_fgx_at<BITS, 0, 2, 0, 0>(ver, s, E, gu, dn);
+}
+
 /* The lab version ver (95-113) of the products over a lane-record stack of BITS bits (16: bf16), gate/up (GATEUP 1) or
  * down (0), nt n-tiles (qe_nt): version 95 the backend's launch choices with the other stage loop (FLIP 1), 96-104
  * qr_diet_launch's candidates, 105-106 qr_dring_version's (the weight ring, WR 4 and 6), 107-108 qr_pers_version's
@@ -1261,7 +1606,9 @@ template <int BITS> cudaError_t qr_fg_version(cudaStream_t s, int E, int nt, con
  * other version or width. */
 template <int BITS, int GATEUP>
 cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+#ifndef LAB_ONLY_FG /* (dev/cuda/moe_quant.cu: the session-27 lab builds 110 only of these) */
   if (ver == 95) return qr_launch_bits<BITS, GATEUP, 1>(s, grid, nt, a);
+#endif
   if constexpr (BITS == 4) {
     switch (ver) {
 #ifndef LAB_ONLY_SK /* (dev/cuda/moe_quant.cu: the session-25 lab builds 110 and 112 only) */
@@ -1294,9 +1641,11 @@ cudaError_t qr_diet_version(int ver, cudaStream_t s, dim3 grid, int nt, const qe
     case 111: return qr_pair_version<BITS, GATEUP>(s, grid, nt, a); /* down at 2 and 3 n-tiles */
 #endif
     /* 112 (session 25): the last partial round's items split along K in QR_SK_P pieces (qr_sk_kernel) */
+#ifndef LAB_ONLY_FG
     case 112: return qr_sk_version<BITS, GATEUP>(s, grid, nt, a); /* 2 and 3 n-tiles */
     /* 113 (session 25): an empty kernel over the same grid (qr_empty_kernel): the timing's overhead */
     case 113: return qr_empty_version<BITS>(s, grid, nt, a);
+#endif
     default: break;
     }
   }

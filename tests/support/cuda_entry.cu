@@ -332,7 +332,53 @@ extern "C" dg_status dg_cuda_test_experts_nt(int device, const dg_weight *gate_u
  * (k_group_sums_perm, as k_qe_gate_up makes it), then the one launch over the arguments k_qe_gate_up (QR_GATEUP_HP)
  * and k_qe_down (over h and its sums) would pass; synchronized, then its counters read (qr_fg_error: fg_err 1 a
  * down block's wait found its expert's gate/up blocks not all counted, 2 a counter not back at 0). */
-static int fg_on, fg_err;
+static int fg_on, fg_err, fg_ver = 114; /* fg_ver: 114, or 116-119 (qr_fgx_version) */
+/* After a launch of version 116 (synchronized): its timeline (qr_fgx_buf, a row per ticket) covers every item
+ * exactly once (gate/up: expert order index x ngu slabs, then down: x ndn; from words 9 and 13 against gu.order) and
+ * each block of an expert with rows has its stamps in program order (clock: entry <= ticket <= row table <= first
+ * activation stage <= first weight stage <= loop end <= epilogue end; globaltimer: entry <= ticket <= end, a down
+ * block's wait end between its ticket and its end, a gate/up block's count after its end; strictly on the emulation,
+ * whose stamps are one counter). fg_err 3 where not (a message on stderr). */
+static void fgx_check(int E, int ngu, int ndn, const int *order_h) {
+  const size_t nb = qr_fgx_blocks;
+  if (!nb) return;
+  uint64_t *w = (uint64_t *)malloc(nb * QR_FGX_WORDS * 8);
+  int *seen = (int *)calloc(nb, sizeof(int));
+  int *pos = (int *)malloc((size_t)E * sizeof(int));
+  if (!w || !seen || !pos || cudaMemcpy(w, qr_fgx_buf, nb * QR_FGX_WORDS * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    fg_err = 3;
+    free(w); free(seen); free(pos);
+    return;
+  }
+  for (int i = 0; i < E; i++) pos[order_h[i]] = i;
+#ifdef DG_CUDA_EMU
+  const int strict = 1;
+#else
+  const int strict = 0;
+#endif
+  for (size_t b = 0; b < nb && fg_err == 0; b++) {
+    const uint64_t *x = w + b * QR_FGX_WORDS;
+    const int prod = (int)(x[13] >> 32), slab = (int)(uint32_t)x[13], e = (int)(x[9] >> 32), cnt = (int)(uint32_t)x[9];
+    int ok = (prod == 0 || prod == 1) && e >= 0 && e < E && slab >= 0 && slab < (prod ? ndn : ngu);
+    if (ok) {
+      const size_t item = prod ? (size_t)E * ngu + (size_t)pos[e] * ndn + slab : (size_t)pos[e] * ngu + slab;
+      ok = item < nb && seen[item]++ == 0;
+    }
+    if (ok && cnt > 0) {
+      const uint64_t c[7] = {x[2], x[10], x[3], x[4], x[5], x[6], x[7]};
+      for (int k = 1; k < 7 && ok; k++) ok = strict ? c[k - 1] < c[k] : c[k - 1] <= c[k] || (k == 4 && c[k] == 0);
+      ok = ok && x[0] <= x[11] && x[11] <= x[1];
+      if (prod) ok = ok && x[11] <= x[12] && x[12] <= x[1];
+      else ok = ok && x[1] <= x[12];
+    }
+    if (!ok) {
+      fprintf(stderr, "version %d: ticket %zu of %zu: timeline out of order or an item not covered once (product %d, "
+              "expert %d, slab %d, %d rows)\n", fg_ver, b, nb, prod, e, slab, cnt);
+      fg_err = 3;
+    }
+  }
+  free(w); free(seen); free(pos);
+}
 static cudaError_t experts_fg(const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T, int H, int IE, int E,
                               int K, int nt) {
   const dg_cuda_w *W = &l->experts_gate_up, *V = &l->experts_down;
@@ -348,9 +394,20 @@ static cudaError_t experts_fg(const dg_cuda_layer *l, const bf16 *xe, dg_cuda_mo
   a.X = b->xp; a.xs = b->xs; a.Kdim = H; a.N = IE; a.h = b->h; a.hg = W->group; a.hs = b->hs;
   d.q = V->q; d.sbp = V->sbp; d.sb = V->sb; d.group = V->group;
   d.X = b->h; d.xs = b->hs; d.Kdim = IE; d.N = H; d.y = b->y;
-  e = qr_fg_version<4>(0, E, nt > 0 ? nt : qe_nt(T, K, E), a, d);
+  e = fg_ver == 114 ? qr_fg_version<4>(0, E, nt > 0 ? nt : qe_nt(T, K, E), a, d)
+                     : qr_fgx_version<4>(fg_ver, 0, E, nt > 0 ? nt : qe_nt(T, K, E), a, d);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e == cudaSuccess) fg_err = qr_fg_error(E);
+  if (e == cudaSuccess && fg_ver != 114)
+    printf("#   version %d: E %d, ticket order ia %d ik %d (%s)\n", fg_ver, E, qr_fgx_ia, qr_fgx_ik,
+           fg_ver == 119 ? "114's, persistent blocks" : qr_fgx_ik ? "interleaved" : "114's");
+  if (e == cudaSuccess && fg_ver == 119) printf("#   version 119: %d blocks\n", qr_fgp_grid);
+  if (e == cudaSuccess && fg_err == 0 && fg_ver != 114 && qr_fgx_blocks) {
+    int *order_h = (int *)malloc((size_t)E * sizeof(int));
+    if (!order_h || cudaMemcpy(order_h, b->order, (size_t)E * 4, cudaMemcpyDeviceToHost) != cudaSuccess) fg_err = 3;
+    else fgx_check(E, IE / (16 * QR_WARPS), (H + 32 * QR_WARPS - 1) / (32 * QR_WARPS), order_h);
+    free(order_h);
+  }
   return e;
 }
 /* nt < 0: dg_cuda_experts as the passes call it; else dg_cuda_experts_nt with nt and dq_from. fuse 0 / 1: the down
@@ -1521,14 +1578,18 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     qr_sk_slots_cap = 0;
     return st;
   }
-  if (version == 114) {
+  if (version == 114 || (version % 1000 >= 116 && version % 1000 <= 119)) {
     /* the lab's gate/up + down in one launch (qr_diet_lab.cuh qr_fg_version, 4-bit): version 50 with the fused down
      * input (the backend's two launches, DGEMMA_DN_FUSE=1), then 114 twice (the second finds the counters the first
      * left: they must be back at 0), each h and y word for word 50's; h and y returned are 114's (the caller checks
-     * them against the CPU) */
+     * them against the CPU); 116-119 (qr_fgx_version: 114 with the timeline, checked by fgx_check, other ticket
+     * orders, persistent blocks) likewise, version 116-119 + 1000 c taking the resident slots as c (qr_fgx_slots_cap:
+     * the interleaved orders of 117-118 need fewer slots than gate/up items, which the emulation's 132 x 4 never are;
+     * 119 then runs c blocks) */
+    const int fver = version % 1000;
     if (gate_up->bits != 4 || down->bits != 4)
-      return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 114: %d/%d-bit stacks (4-bit only)",
-                       gate_up->bits, down->bits);
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d: %d/%d-bit stacks (4-bit only)",
+                       fver, gate_up->bits, down->bits);
     *avail = 1;
     const size_t nh = (size_t)T * K * IE, ny = (size_t)T * K * H;
     uint16_t *h0 = (uint16_t *)malloc(nh * 2);
@@ -1537,24 +1598,30 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     dg_status st = !h0 || !y0 ? dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory") : DG_OK;
     if (st == DG_OK) st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, &fused, h0, y0);
     if (st == DG_OK && !fused)
-      st = dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version 114: the stacks do not take the fused down "
-                     "input (k_qe_dn_fuse_group: group 32 or 64, IE a multiple of %d)", 16 * QR_WARPS);
+      st = dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_experts_qw: version %d: the stacks do not take the fused down "
+                     "input (k_qe_dn_fuse_group: group 32 or 64, IE a multiple of %d)", fver, 16 * QR_WARPS);
     for (int run = 0; run < 2 && st == DG_OK; run++) {
       fg_on = 1;
       fg_err = 0;
+      fg_ver = fver;
+      qr_fgx_slots_cap = version / 1000;
       st = test_experts_with(device, gate_up, down, xe, idx, T, H, IE, E, K, nt, 0, 1, &fused, h, y);
       fg_on = 0;
+      fg_ver = 114;
+      qr_fgx_slots_cap = 0;
       if (st != DG_OK) break;
       if (fg_err)
-        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version 114, launch %d: %s", run + 1,
+        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version %d, launch %d: %s", fver, run + 1,
                        fg_err == 1 ? "a down block's wait found its expert's gate/up blocks not all counted"
-                                   : fg_err == 2 ? "a counter not back at 0 after the launch" : "counters unreadable");
+                                   : fg_err == 2 ? "a counter not back at 0 after the launch"
+                                   : fg_err == 3 ? "the timeline out of order or an item not covered once (stderr)"
+                                                 : "counters unreadable");
       long dh = 0, dy = 0;
       for (size_t i = 0; i < nh && st == DG_OK; i++) dh += h[i] != h0[i];
       for (size_t i = 0; i < ny && st == DG_OK; i++) dy += memcmp(&y[i], &y0[i], 4) != 0;
       if (st == DG_OK && (dh || dy))
-        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version 114, launch %d: words that differ from "
-                       "version 50's (DGEMMA_DN_FUSE=1): h %ld of %zu, y %ld of %zu", run + 1, dh, nh, dy, ny);
+        st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_experts_qw: version %d, launch %d: words that differ from "
+                       "version 50's (DGEMMA_DN_FUSE=1): h %ld of %zu, y %ld of %zu", fver, run + 1, dh, nh, dy, ny);
     }
     free(h0);
     free(y0);
