@@ -64,7 +64,11 @@ NVFLAGS   := -O2 -g $(NVDEV) -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -X
 # Per-ISA kernel files get their own flags; the code dispatches at run time.
 ISA_avx2   := -mavx2 -mfma -mf16c
 ISA_avx512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
-ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni
+# -falign-functions=64: the avx512lp tiles each start on a 64-byte line, so that their hot loops sit where they sat
+# whatever the size of the code before them: d2c7444 grew vnni_tiles by 0x117 bytes, which moved ttilep_4_8_4x4 and
+# tprep_4_8 by 32 bytes within their lines, and gate/up [1408, 2816] M = 8 (code it does not touch) went from
+# 0.194-0.205 to 0.272-0.286 ms in most processes (-t 1, 2-core Zen 5; docs/results/cpu-s27/m17_ab_m8_*).
+ISA_avx512lp := $(ISA_avx512) -mavx512bf16 -mavx512vnni -falign-functions=64
 ISA_avx2lp := $(ISA_avx2)
 
 .DEFAULT_GOAL := all

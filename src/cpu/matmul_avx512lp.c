@@ -746,6 +746,54 @@ TTILES(8, 8) /* g32 */
     }                                                                                                        \
     VTILE_BIAS_STORE(RT, TT)                                                                                 \
   }
+/* NTILE's operations with the rows taken one after another (SEQ1 below): row i's blocks all, then row i + 1's, so
+ * that the RT rows' codes are read as one forward stream; each row's loads, integer sums, reduction tree and fp32
+ * steps are NTILE's (its activation codes loaded again per row, from the L1), so each output has NTILE's bits. */
+#define NTILE_SEQ(B, RT, NAME)                                                                               \
+  static void NAME(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, const lp_rows *wr, const int8_t *pw) { \
+    enum { TT = 1, N = 8, NSUB = 8 / B };                                                                    \
+    LP_ROWS_LOCALS                                                                                           \
+    const int64_t esz = sbt == DG_F32 ? 4 : 2;                                                               \
+    const int64_t ng = xb->ng, nblk = xb->nblk, rb = xb->K * B / 8, pf = wr->pf1;                            \
+    const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]); /* lane -> group */                                 \
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); \
+    const int8_t *xq = xb->q + (size_t)t0 * (size_t)nblk * N * NSUB * 64;                                    \
+    const float *xg = xb->dp + t0 * xb->cstride, *xc[1] = {xb->c + t0 * xb->cstride};                        \
+    __m512 acc[RT][1];                                                                                       \
+    pf_sb(wr, RT, ng * esz);                                                                                 \
+    for (int i = 0; i < RT; i++) {                                                                           \
+      acc[i][0] = _mm512_setzero_ps();                                                                       \
+      for (int64_t blk = 0; blk < nblk; blk++) {                                                             \
+        const int64_t g16 = blk * 16, byte0 = blk * N * 64;                                                  \
+        const int n = (int)(ng - g16 < 16 ? ng - g16 : 16), full = byte0 + 64 * N <= rb;                     \
+        const int8_t *xr = xq + blk * N * NSUB * 64;                                                         \
+        __m512i w[4], x2[2];                                                                                 \
+        UNROLL for (int p = 0; p < 4; p++) {                                                                 \
+          __m512i ps[2];                                                                                     \
+          UNROLL for (int h = 0; h < 2; h++) {                                                               \
+            const int m = 2 * p + h;                                                                         \
+            const int64_t r = rb - byte0 - 64 * m;                                                           \
+            const __mmask64 lm = r >= 64 ? ~(__mmask64)0 : r <= 0 ? 0 : (((__mmask64)1 << r) - 1);          \
+            const uint8_t *wp = full ? WADDR(i, byte0 + 64 * m) : WADDRP(i, byte0 + 64 * m);                 \
+            const __m512i v = full ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(lm, wp);              \
+            if (pf) _mm_prefetch((const char *)wp + pf, PF1_HINT);                                           \
+            ps[h] = _mm512_setzero_si512();                                                                  \
+            UNROLL for (int u = 0; u < NSUB; u++)                                                            \
+              ps[h] = _mm512_dpbusd_epi32(ps[h], t_unpack(v, B, u), _mm512_load_si512(xr + (m * NSUB + u) * 64)); \
+          }                                                                                                  \
+          w[p] = _mm512_add_epi32(_mm512_unpacklo_epi32(ps[0], ps[1]), _mm512_unpackhi_epi32(ps[0], ps[1])); \
+          if (p % 2)                                                                                         \
+            x2[p / 2] = _mm512_add_epi32(_mm512_unpacklo_epi64(w[p - 1], w[p]), _mm512_unpackhi_epi64(w[p - 1], w[p])); \
+        }                                                                                                    \
+        const __m512i isum = _mm512_add_epi32(_mm512_permutex2var_epi64(x2[0], lo, x2[1]),                   \
+                                              _mm512_permutex2var_epi64(x2[0], hi, x2[1]));                  \
+        const __m512 s = _mm512_permutexvar_ps(pg, load_sb(sbt, sc[i], g16, n));                             \
+        acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_load_ps(xg + g16)), acc[i][0]); \
+      }                                                                                                      \
+    }                                                                                                        \
+    VTILE_BIAS_STORE(RT, TT)                                                                                 \
+  }
+NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntiles_8_4x1)
 NTILE(2, 4, ntile_2_4x1) NTILE(2, 1, ntile_2_1x1) /* g128 */
 NTILE(4, 4, ntile_4_4x1) NTILE(4, 1, ntile_4_1x1) /* g64 */
 NTILE(8, 4, ntile_8_4x1) NTILE(8, 1, ntile_8_1x1) /* g32 */
@@ -921,6 +969,23 @@ static inline void pf_pack_sb(const lp_rows *wr, int64_t sbrow) {
   for (uintptr_t l = a & ~(uintptr_t)63; l < end; l += 64) _mm_prefetch((const char *)l, PF_HINT);
 }
 
+/* SEQ1: a call in the natural layout (qx_buf.nat: fewer than 4 activation rows, n = 8) on the MLX layout runs each
+ * 4-row block's rows one after another (NTILE_SEQ; a tail block's rows by NTILE 1x1) instead of side by side (NTILE
+ * 4x1): a thread's codes are then one forward stream (a matrix's rows are contiguous), every line prefetched SEQ1_PF
+ * bytes on, as the interleaved pack's ILTILE reads its units (IL1_BYTES), instead of 4 streams 1408 bytes apart
+ * prefetched PF1_ROWS rows on. Each row's operations are NTILE's (tests/test_kernels.c, check_lp_rows_equal), so the
+ * bits are the same. 2-core Zen 5 EPYC, 26B gate/up [1408, 2816] 4-bit g64, M = 1, ceiling bench medians of 15,
+ * alternated in the same windows (docs/results/cpu-s27/m17_ab1_*.txt), ms, 4 rows side by side / rows one after
+ * another by NTILE 1x1 calls / NTILE_SEQ / ggml q4_K_8x8: -t 1, active wait, 0.188-0.207 / 0.104-0.109 /
+ * 0.098-0.101 / 0.077-0.079; -t 2 (unloaded rounds, active) 0.096-0.098 / 0.054-0.058 / - / 0.051; SEQ1_PF 2048,
+ * 8192 or 16384 and prefetcht0 within the spread. The down product [2816, 704] (by step, 352-byte rows) was slower
+ * with its rows one after another (0.052 against 0.037 ms): not nat, it keeps the 4-row tile. */
+#ifndef SEQ1
+#define SEQ1 1
+#endif
+#ifndef SEQ1_PF
+#define SEQ1_PF 4096
+#endif
 /* The tiles of rt (<= 4) weight rows wr (pk: on the 4-row pack) times activation rows t0 .. t0 + T - 1. */
 static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, int B, int pk,
                        const lp_rows *wrp, int64_t rt) {
@@ -929,6 +994,14 @@ static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int6
   const vtile_fn *tf = vt->f;
   const vtile_fn f41 = xb->nat ? vt->nat[0] : tf[1], f11 = xb->nat ? vt->nat[1] : tf[3]; /* T < 4 if nat */
   int64_t t = 0;
+  const int seq = SEQ1 && xb->nat && !pk; /* rows one after another: one forward stream (SEQ1 above) */
+  if (rt == 4 && seq) {
+    lp_rows ws = wr;
+    ws.pf1 = SEQ1_PF;
+    const vtile_fn fs = B == 2 ? ntiles_2_4x1 : B == 4 ? ntiles_4_4x1 : ntiles_8_4x1; /* nat: B = 2, 4 or 8 */
+    for (; t < T; t++) fs(y + t * ldy, ldy, xb, t0 + t, &ws, NULL);
+    return;
+  }
   if (rt == 4) {
     int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64) : NULL;
     if (pw) { /* 4 rows x nblk blocks of n 64-byte vectors (NULL when out of memory: the tiles that transpose) */
@@ -942,6 +1015,7 @@ static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int6
   for (int i = 0; i < rt; i++) {
     lp_rows w1 = wr; /* row i alone */
     w1.row[0] = wr.row[i], w1.tail[0] = wr.tail[i], w1.sc[0] = wr.sc[i], w1.bi[0] = wr.bi[i];
+    if (seq) w1.pf1 = SEQ1_PF;
     int64_t tt = 0;
     for (; tt + 4 <= T; tt += 4) tf[2](y + tt * ldy + i, ldy, xb, t0 + tt, &w1, NULL);
     for (; tt < T; tt++) f11(y + tt * ldy + i, ldy, xb, t0 + tt, &w1, NULL);

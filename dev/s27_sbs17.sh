@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# s27_sbs17.sh OUT [ROUNDS]: issue 17's side by side (scripts/ggml_side_by_side.sh: ggml's q4_K / q4_0 in the
+# same run as dgemma's avx512lp, -t 2, M = 1, 8, 16, 64, 256, the gathered MoE of 256 tokens) for each variant of
+# VARIANTS, alternated ROUNDS times (default 5), then the summary (dev/s27_sbs17_summary.py) into OUT/summary.txt.
+#   VARIANTS  space-separated NAME:BINARY[:ENV=V,ENV=V] (default: "seq1:build-cpu/dgemma
+#             il:build-cpu/dgemma:DGEMMA_CPU_PACK=il": this tree's build, without and with the interleaved pack)
+#   WAIT_POLICIES  passed on (default here active: the faster one on an idle machine; passive,active doubles the time)
+# Takes the bench lock itself; writes uptime and the load before and after each run into OUT/log.txt.
+# ~50 s a run with one wait policy: 2 variants x 5 rounds ~ 8.5 min.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: dev/s27_sbs17.sh OUT [ROUNDS]}
+ROUNDS=${2:-5}
+VARIANTS=${VARIANTS:-"seq1:build-cpu/dgemma il:build-cpu/dgemma:DGEMMA_CPU_PACK=il"}
+export WAIT_POLICIES=${WAIT_POLICIES:-active}
+mkdir -p "$OUT"
+exec 9>/work/BENCH_LOCK
+flock 9
+LOG=$OUT/log.txt
+echo "# $(date -u +%FT%TZ) lock taken; $(uptime); dgemma $(git rev-parse --short HEAD); variants $VARIANTS; policies $WAIT_POLICIES" | tee -a "$LOG"
+for r in $(seq "$ROUNDS"); do
+  for v in $VARIANTS; do
+    IFS=: read -r name bin envs <<<"$v"
+    e=(); [ -n "$envs" ] && IFS=, read -ra e <<<"$envs"
+    case $bin in /*) ;; *) bin=$PWD/$bin;; esac
+    env "${e[@]}" DGEMMA="$bin" KERNELS=avx512lp THREADS=2 ROWS=1,8,16,64,256 \
+      scripts/ggml_side_by_side.sh "$OUT/raw_${name}_r$r" >"$OUT/${name}_r$r.md" 2>"$OUT/${name}_r$r.err"
+    echo "# $(date -u +%T) $name r$r rc $? $(uptime | sed 's/.*load/load/')" | tee -a "$LOG"
+  done
+done
+python3 dev/s27_sbs17_summary.py "$OUT" $(for v in $VARIANTS; do printf '%s ' "${v%%:*}"; done) | tee "$OUT/summary.txt"
