@@ -46,16 +46,19 @@ if [ "$2" = bench ]; then
   git log --oneline -1 | tee -a "$O/log.txt"
   make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all > /tmp/build_a.txt 2>&1; echo "build rc $? $(el)" >> "$O/log.txt"
   gpu_mkrandom_cpu_bg "$O/log.txt"; wait $mk
-  timeout 200 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 \
+  # each bench ~100-110 s at B = 1, 4, 8 (session 27's bi14 call: 109 and 98 s); capped at the call's limit
+  # (DG_CALL_S: scripts/gpu_env.sh), the second only with >= 100 s of it left
+  timeout "$(call_cap 200)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 \
     -o "$O/bench.jsonl" > "$O/bench.txt" 2>&1
   echo "batch default rc $? $(el)" | tee -a "$O/log.txt"
-  DGEMMA_STACK_DENSE=inv timeout 200 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 \
+  [ "$(call_left)" -ge 100 ] || { echo "batch DGEMMA_STACK_DENSE=inv skipped: $(call_left) s left of the call $(el)" | tee -a "$O/log.txt"; exit 0; }
+  DGEMMA_STACK_DENSE=inv timeout "$(call_cap 200)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 \
     --reps 2 -o "$O/bench_inv.jsonl" > "$O/bench_inv.txt" 2>&1
   echo "batch DGEMMA_STACK_DENSE=inv rc $? $(el)" | tee -a "$O/log.txt"
   grep -E '^\| [148] \|' "$O/bench.txt" "$O/bench_inv.txt"
   exit 0
 fi
-BUDGET=285
+BUDGET=$(call_budget 285) # 285 s, or less where DG_CALL_S says the call's limit is less (scripts/gpu_env.sh)
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
