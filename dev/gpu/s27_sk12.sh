@@ -21,7 +21,7 @@
 #   (a) sc_prod is batch-invariant on the GPU iff sc_prod.txt's versions 1-5 and 7 show 0 rows differing at every M,
 #       their check lines are within the bound and versions 2-5, 7 "all words equal to version 1's" (PASS at the end),
 #       and
-#       test_sc_prod passes. If not: the hook (src/cuda/gemm_inv.cu lines 221-222) comes out again before any commit to
+#       test_sc_prod passes. If not: the hook (src/cuda/gemm_inv.cu lines 231-232, and its free at line 220) comes out again before any commit to
 #       main, and DGEMMA_STACK_DENSE=inv keeps cublasLt's split-K-1 product.
 #   (b) with (a): under DGEMMA_STACK_DENSE=1 and inv the SC product stays on sc_prod (this commit) if version 5's
 #       median is below version 6's at M = 163 and 566 (the B = 1 and B = 4 rows of the stacked pass).
