@@ -67,7 +67,7 @@ mkdir -p build; rm -f build/sc_prod_lab # never an earlier call's on a warm mach
 ( nvcc -O2 -std=c++17 $A -Iinclude -Isrc dev/cuda/sc_prod.cu -L"$CUL" -lcublasLt -lcublas -o build/sc_prod_lab \
     > /tmp/sc_lab_build.txt 2>&1
   echo "lab build rc $? $(el)" >> "$O/log.txt"; tail -5 /tmp/sc_lab_build.txt >> "$O/log.txt"
-  timeout 150 build/sc_prod_lab --reps 7 > "$O/sc_prod.txt" 2>&1
+  timeout "$(call_cap 150)" build/sc_prod_lab --reps 7 > "$O/sc_prod.txt" 2>&1
   echo "lab rc $? $(el)" >> "$O/log.txt" ) &
 lp=$!
 ( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda \
@@ -77,9 +77,9 @@ gpu_mkrandom_cpu_bg "$O/log.txt"
 wait $lp
 grep -E '^# |^check|^\| [0-7] \| (1|163|256|566|2048) \||PASS|FAIL' "$O/sc_prod.txt" | tee -a "$O/log.txt"
 wait $bp; tail -3 /tmp/build_a.txt >> "$O/log.txt"
-DG_TEST_FILTER=test_sc_prod timeout 60 build/tests/test_cuda >> "$O/tests.txt" 2>&1
+DG_TEST_FILTER=test_sc_prod timeout "$(call_cap 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
 echo "test_sc_prod rc $? $(el)" | tee -a "$O/log.txt"
-DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=test_gemm_inv timeout 60 build/tests/test_cuda >> "$O/tests.txt" 2>&1
+DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=test_gemm_inv timeout "$(call_cap 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
 echo "test_gemm_inv (DGEMMA_STACK_DENSE=inv) rc $? $(el)" | tee -a "$O/log.txt"
 grep -E '^# (sc_prod|gemm inv shape 7)' "$O/tests.txt" | tee -a "$O/log.txt"
 echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 2 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"
