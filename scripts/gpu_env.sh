@@ -9,6 +9,14 @@
 # LAB_LEAN=1: only versions 1-3, 40, 50, 80-94 and 95-106, built in a fraction of the time).
 t0=$(date +%s)
 el() { echo "($(( $(date +%s) - t0 )) s)"; }
+# The call's own limit: DG_CALL_S, the seconds the device call may run (its limit_s: 600, or less where the
+# session's device time left, status's budget_left_s, is less; the lead passes it, e.g. `DG_CALL_S=420 bash ...`),
+# 600 if unset. call_left: the seconds left of it less a 10 s margin (for the summary lines after the last item);
+# call_cap N: a timeout of N s or call_left where that is less (at least 1: `timeout 0` would mean no limit);
+# call_budget N: the seconds a script plans its guarded items in: N, or DG_CALL_S - 20 where that is less.
+call_left() { echo $(( ${DG_CALL_S:-600} - 10 - ($(date +%s) - t0) )); }
+call_cap() { local l; l=$(call_left); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+call_budget() { local c=$(( ${DG_CALL_S:-600} - 20 )); [ "$c" -lt "$1" ] && echo "$c" || echo "$1"; }
 XC=""; XL=""; NXL=""
 if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
   P=/tmp/dgdeps; for f in .devdeb/*.deb; do dpkg -x "$f" $P; done; L=$P/usr/lib/x86_64-linux-gnu

@@ -51,7 +51,7 @@
 # Usage: bash dev/gpu/s27_au12.sh $OUT          (PART=bf16 bash dev/gpu/s27_au12.sh $OUT: the bf16 checkpoint)
 O=${1:?usage: dev/gpu/s27_au12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
-T=${AU12_T:-540}
+T=${AU12_T:-$(call_budget 540)} # 540 s, or DG_CALL_S - 20 where the call's limit is less (scripts/gpu_env.sh)
 left() { echo $((T - ($(date +%s) - t0))); }
 # guard NEED NAME: 0 if NEED seconds are left, else a "skip" line in the log and 1
 guard() {
@@ -82,10 +82,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total 
 df -h /tmp | tail -1 | tee -a "$O/log.txt"
 
 if [ "${PART:-main}" = bf16 ]; then
-  rm -rf /tmp/dg26b /tmp/dg26b.ok /tmp/dg26b3 # 50.50 GB more: the other checkpoints go first
+  # ~200 s on a warm machine: with less of the call left, nothing is removed or written (the 4-bit and 3-bit
+  # checkpoints stay for a later call)
+  guard 220 "PART=bf16 (mkrandom 50.5 GB + load + step)" || exit 0
+  rm -rf /tmp/dg26b /tmp/dg26b.ok /tmp/dg26b3 /tmp/dg26b3.ok # 50.50 GB more: the other checkpoints go first
   gpu_tokenizer
   ( make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 &&
-    build-c/dgemma mkrandom /tmp/dg26b16 --source .cache/gemma3 --recipe all=bf16 -t 12 > /tmp/mkrandom16.log 2>&1
+    timeout "$(call_cap 300)" build-c/dgemma mkrandom /tmp/dg26b16 --source .cache/gemma3 --recipe all=bf16 -t 12 > /tmp/mkrandom16.log 2>&1
     echo "mkrandom bf16 rc $? $(el)" >> "$O/log.txt" ) &
   mk16=$!
   build_cli
@@ -104,12 +107,15 @@ gpu_mkrandom_cpu_bg "$O/log.txt"
 # the 3-bit checkpoint after the 4-bit one, still beside the build (-t 4, as the 4-bit: the GPU items after the build
 # run with the host's cores free), by the CPU CLI that gpu_mkrandom_cpu_bg built; where a warm machine kept
 # /tmp/dg26b without building it, after the build with the CUDA CLI (the same CPU code) before item 2
+# (/tmp/dg26b3.ok marks a checkpoint written whole, as /tmp/dg26b.ok does: one cut off by a call's limit is written again)
 mk3=""
-if [ ! -f /tmp/dg26b3/config.json ]; then
+if [ ! -f /tmp/dg26b3.ok ] || [ ! -f /tmp/dg26b3/config.json ]; then
+  rm -f /tmp/dg26b3.ok
   ( while kill -0 "$mk" 2>/dev/null; do sleep 2; done
     if [ -x build-c/dgemma ]; then
       build-c/dgemma mkrandom /tmp/dg26b3 --source .cache/gemma3 --recipe all=bf16,experts=3 -t 4 > /tmp/mkrandom3.log 2>&1
-      echo "mkrandom 3-bit rc $? $(el)" >> "$O/log.txt"
+      r=$?; [ $r = 0 ] && touch /tmp/dg26b3.ok
+      echo "mkrandom 3-bit rc $r $(el)" >> "$O/log.txt"
     fi ) &
   mk3=$!
 fi
@@ -121,9 +127,10 @@ guard 90 "step 4-bit" && bench step4 step.txt "$(lim 180)" -m /tmp/dg26b --devic
   --contexts 1024,8192,32768 --reps 3
 # 2. 3-bit experts: memory at 8K and the step
 [ -n "$mk3" ] && wait $mk3
-if [ ! -f /tmp/dg26b3/config.json ] && guard 150 "mkrandom 3-bit"; then
-  build/dgemma mkrandom /tmp/dg26b3 --source .cache/gemma3 --recipe all=bf16,experts=3 -t 16 > /tmp/mkrandom3.log 2>&1
-  echo "mkrandom 3-bit (CUDA CLI, after item 1) rc $? $(el)" | tee -a "$O/log.txt"
+if [ ! -f /tmp/dg26b3.ok ] && guard 150 "mkrandom 3-bit"; then
+  timeout "$(lim 140)" build/dgemma mkrandom /tmp/dg26b3 --source .cache/gemma3 --recipe all=bf16,experts=3 -t 16 > /tmp/mkrandom3.log 2>&1
+  r=$?; [ $r = 0 ] && touch /tmp/dg26b3.ok
+  echo "mkrandom 3-bit (CUDA CLI, after item 1) rc $r $(el)" | tee -a "$O/log.txt"
 fi
 tail -1 /tmp/mkrandom3.log 2>/dev/null >> "$O/log.txt"
 guard 60 "step 3-bit" && bench step3 step.txt "$(lim 120)" -m /tmp/dg26b3 --device cuda --protocol step \

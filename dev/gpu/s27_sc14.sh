@@ -6,7 +6,9 @@
 # launch on the work stream instead of B of each on B streams, the exact SC products made on the GPU while the host
 # runs the canvases' steps; under DGEMMA_STACK_DENSE 1 / inv also one P . E product over the canvases' rows side by
 # side). docs/cuda.md "Session 27 (helper sc14)". One command, carry
-# .devdeb .devdata/gemma3; ~8-9 minutes on a fresh H100 (< 540 s; less on a warm machine whose build/ is there):
+# .devdeb .devdata/gemma3; ~9 minutes on a fresh H100 (the guards plan in 580 s, or DG_CALL_S - 20 where the lead
+# passes a call limit below 600; each test and bench under a timeout capped at the call's limit; less on a warm machine
+# whose build/ is there):
 #   1. in the background: the library, CLI and tests/test_cuda in build/ (the Makefile's default CUDA_ARCH and the
 #      same make line as s26_bi14.sh / s26_fgb.sh / s26_vs12.sh: on a warm machine only the changed files build), and
 #      the 26B random checkpoint /tmp/dg26b (gpu_mkrandom_cpu_bg; kept from an earlier call: /tmp/dg26b.ok);
@@ -23,7 +25,8 @@
 #      the session-26 path DGEMMA_TURBO_BATCH=0 DGEMMA_SC_PROBS=row B = 1, 4 (bench_base.txt: the same tokens, the
 #      baseline of this call; the top-K's rewrite has no switch, so it runs in both: its own effect shows against
 #      session 26's "sampler statistics" rows, 0.521 ms a B = 1 pass, docs/results/h100-s26/bp14/bench.txt);
-#      DGEMMA_STACK_DENSE=inv B = 1, 4, 8 (bench_inv.txt; only with >= 100 s left). The three runs' JSON rows in
+#      DGEMMA_STACK_DENSE=inv B = 1, 4, 8 (bench_inv.txt; only with >= 135 s left: ~120 s with the profile run; bench_base
+#      only with >= 85 s left: B = 1, 4 ~75 s). The three runs' JSON rows in
 #      bench.jsonl, each run's after a {"kind": "run", ...} line.
 # The rules, written before any GPU run:
 #   (A) the table probabilities stay the default (DGEMMA_SC_PROBS unset) only if test_turbo_sc_probs and
@@ -51,7 +54,7 @@ gpu_mkrandom_cpu_bg "$O/log.txt"
 wait $bp; tail -3 /tmp/build_a.txt >> "$O/log.txt"
 tst() { # NAME ENV...: one test under the given environment, its rc in log.txt
   local t=$1; shift
-  env "$@" DG_TEST_FILTER=$t timeout 90 build/tests/test_cuda >> "$O/tests.txt" 2>&1
+  env "$@" DG_TEST_FILTER=$t timeout "$(call_cap 90)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
   echo "$t ${*:-(default)} rc $? $(el)" | tee -a "$O/log.txt"
 }
 tst test_turbo_sc_probs
@@ -69,20 +72,22 @@ grep -E '^# turbo SC probabilities|^# cuda batch|^# emulation' "$O/tests.txt"
 # a test that skips exits 0 too ("[  PASSED  ] 0 test(s)"): count the passes
 echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 11 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"
 wait $mk; tail -2 /tmp/mkrandom.log >> "$O/log.txt"
-left() { echo $(( 530 - ($(date +%s) - t0) )); }
+# the guards plan in 580 s of the call (less where DG_CALL_S says the call's limit is less: scripts/gpu_env.sh); each
+# bench's timeout is capped by the call's real limit (call_cap), so no bench runs past it
+left() { echo $(( $(call_budget 580) - ($(date +%s) - t0) )); }
 bench() { # NAME CANVASES ENV...
   local nm=$1 cv=$2; shift 2
   rm -f /tmp/b_$nm.jsonl # (an earlier call's on a warm machine)
   echo "{\"kind\": \"run\", \"name\": \"$nm\", \"env\": \"$*\"}" >> "$O/bench.jsonl"
-  env "$@" timeout 150 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases $cv --reps 2 \
+  env "$@" timeout "$(call_cap 180)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases $cv --reps 2 \
     --profile -o /tmp/b_$nm.jsonl > "$O/$nm.txt" 2>&1
   echo "$nm ($cv${*:+, $*}) rc $? $(el)" | tee -a "$O/log.txt"
   cat /tmp/b_$nm.jsonl >> "$O/bench.jsonl" 2>/dev/null
 }
 bench bench 1,4,8
-if [ "$(left)" -ge 50 ]; then bench bench_base 1,4 DGEMMA_TURBO_BATCH=0 DGEMMA_SC_PROBS=row
+if [ "$(left)" -ge 85 ]; then bench bench_base 1,4 DGEMMA_TURBO_BATCH=0 DGEMMA_SC_PROBS=row
 else echo "bench_base skipped: $(left) s left" | tee -a "$O/log.txt"; fi
-if [ "$(left)" -ge 100 ]; then bench bench_inv 1,4,8 DGEMMA_STACK_DENSE=inv
+if [ "$(left)" -ge 135 ]; then bench bench_inv 1,4,8 DGEMMA_STACK_DENSE=inv
 else echo "bench_inv skipped: $(left) s left" | tee -a "$O/log.txt"; fi
 grep -E '^\| [148] \|' "$O"/bench*.txt
 grep -E '^\| (self-conditioning|sampler statistics|host and launch gaps) \||^per batched pass' "$O"/bench*.txt

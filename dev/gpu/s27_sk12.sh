@@ -21,7 +21,7 @@
 #   (a) sc_prod is batch-invariant on the GPU iff sc_prod.txt's versions 1-5 and 7 show 0 rows differing at every M,
 #       their check lines are within the bound and versions 2-5, 7 "all words equal to version 1's" (PASS at the end),
 #       and
-#       test_sc_prod passes. If not: the hook (src/cuda/gemm_inv.cu lines 221-222) comes out again before any commit to
+#       test_sc_prod passes. If not: the hook (src/cuda/gemm_inv.cu lines 231-232, and its free at line 220) comes out again before any commit to
 #       main, and DGEMMA_STACK_DENSE=inv keeps cublasLt's split-K-1 product.
 #   (b) with (a): under DGEMMA_STACK_DENSE=1 and inv the SC product stays on sc_prod (this commit) if version 5's
 #       median is below version 6's at M = 163 and 566 (the B = 1 and B = 4 rows of the stacked pass).
@@ -46,16 +46,19 @@ if [ "$2" = bench ]; then
   git log --oneline -1 | tee -a "$O/log.txt"
   make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all > /tmp/build_a.txt 2>&1; echo "build rc $? $(el)" >> "$O/log.txt"
   gpu_mkrandom_cpu_bg "$O/log.txt"; wait $mk
-  timeout 200 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 \
+  # each bench ~100-110 s at B = 1, 4, 8 (session 27's bi14 call: 109 and 98 s); capped at the call's limit
+  # (DG_CALL_S: scripts/gpu_env.sh), the second only with >= 100 s of it left
+  timeout "$(call_cap 200)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 --reps 2 \
     -o "$O/bench.jsonl" > "$O/bench.txt" 2>&1
   echo "batch default rc $? $(el)" | tee -a "$O/log.txt"
-  DGEMMA_STACK_DENSE=inv timeout 200 build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 \
+  [ "$(call_left)" -ge 100 ] || { echo "batch DGEMMA_STACK_DENSE=inv skipped: $(call_left) s left of the call $(el)" | tee -a "$O/log.txt"; exit 0; }
+  DGEMMA_STACK_DENSE=inv timeout "$(call_cap 200)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4,8 \
     --reps 2 -o "$O/bench_inv.jsonl" > "$O/bench_inv.txt" 2>&1
   echo "batch DGEMMA_STACK_DENSE=inv rc $? $(el)" | tee -a "$O/log.txt"
   grep -E '^\| [148] \|' "$O/bench.txt" "$O/bench_inv.txt"
   exit 0
 fi
-BUDGET=285
+BUDGET=$(call_budget 285) # 285 s, or less where DG_CALL_S says the call's limit is less (scripts/gpu_env.sh)
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
@@ -64,7 +67,7 @@ mkdir -p build; rm -f build/sc_prod_lab # never an earlier call's on a warm mach
 ( nvcc -O2 -std=c++17 $A -Iinclude -Isrc dev/cuda/sc_prod.cu -L"$CUL" -lcublasLt -lcublas -o build/sc_prod_lab \
     > /tmp/sc_lab_build.txt 2>&1
   echo "lab build rc $? $(el)" >> "$O/log.txt"; tail -5 /tmp/sc_lab_build.txt >> "$O/log.txt"
-  timeout 150 build/sc_prod_lab --reps 7 > "$O/sc_prod.txt" 2>&1
+  timeout "$(call_cap 150)" build/sc_prod_lab --reps 7 > "$O/sc_prod.txt" 2>&1
   echo "lab rc $? $(el)" >> "$O/log.txt" ) &
 lp=$!
 ( make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda \
@@ -74,9 +77,9 @@ gpu_mkrandom_cpu_bg "$O/log.txt"
 wait $lp
 grep -E '^# |^check|^\| [0-7] \| (1|163|256|566|2048) \||PASS|FAIL' "$O/sc_prod.txt" | tee -a "$O/log.txt"
 wait $bp; tail -3 /tmp/build_a.txt >> "$O/log.txt"
-DG_TEST_FILTER=test_sc_prod timeout 60 build/tests/test_cuda >> "$O/tests.txt" 2>&1
+DG_TEST_FILTER=test_sc_prod timeout "$(call_cap 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
 echo "test_sc_prod rc $? $(el)" | tee -a "$O/log.txt"
-DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=test_gemm_inv timeout 60 build/tests/test_cuda >> "$O/tests.txt" 2>&1
+DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=test_gemm_inv timeout "$(call_cap 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
 echo "test_gemm_inv (DGEMMA_STACK_DENSE=inv) rc $? $(el)" | tee -a "$O/log.txt"
 grep -E '^# (sc_prod|gemm inv shape 7)' "$O/tests.txt" | tee -a "$O/log.txt"
 echo "tests: $(grep -c '\[  PASSED  \] 1 test' "$O/tests.txt") of 2 passed, $(grep -c '^\[  SKIPPED \] 1 test' "$O/tests.txt") skipped, $(grep -c '^\[  FAILED  \] 1 test' "$O/tests.txt") failed" | tee -a "$O/log.txt"

@@ -19,7 +19,8 @@
 #      persistent blocks over the resident slots, each taking its next ticket during its item): each checked against
 #      the CPU, word for word against 50 ("ok, = v50") and its counters.
 #      fused.txt: the gate_up+down rows and their word / order lines of both runs; timeline.txt: every timeline.
-# Guards: the lab's compile at most 230 s; each lab run at most 40 s.
+# Guards: the lab's compile at most 230 s; each lab run at most 40 s, the second only with >= 45 s left; every timeout
+# capped at the call's limit (DG_CALL_S, scripts/gpu_env.sh).
 #
 # The rule (written before any GPU run; docs/cuda.md "Session 27 (helper tl11)"):
 #  (a) 116 is read as 114's timeline only if every 116 row reads "ok, = v50" with counters ok and its median is
@@ -37,7 +38,7 @@ A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$O/log.txt"
 mkdir -p build-tl; rm -f build-tl/moe_quant.o build-tl/moe_quant # never an earlier call's binary on a warm machine
-timeout 230 nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_FG -Xptxas -v -Iinclude -Isrc $XC dev/cuda/moe_quant.cu \
+timeout "$(call_cap 230)" nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_FG -Xptxas -v -Iinclude -Isrc $XC dev/cuda/moe_quant.cu \
   -o build-tl/moe_quant.o > /tmp/tl_lab_build.txt 2>&1 &
 lp=$!
 make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/tl_build.txt 2>&1
@@ -63,7 +64,8 @@ export LD_LIBRARY_PATH="$CUL:/tmp/dgdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PA
 n=0
 for f in lab.txt lab2.txt; do
   n=$((n + 1))
-  timeout 40 build-tl/moe_quant --bits 4 --versions 50,110,114,116,117,118,119 --ms 16 --ts 256 --ss 256 --reps 5 \
+  [ "$(call_left)" -ge 45 ] || { echo "lab run $n skipped: $(call_left) s left of the call $(el)" | tee -a "$O/log.txt"; break; }
+  timeout "$(call_cap 40)" build-tl/moe_quant --bits 4 --versions 50,110,114,116,117,118,119 --ms 16 --ts 256 --ss 256 --reps 5 \
     > "$O/$f" 2>&1
   echo "lab run $n rc $? $(el): $(grep -c 'gate_up+down .*ok, = v50' "$O/$f") rows ok = v50, $(grep -c 'counters ok' "$O/$f") with counters ok, $(grep -c FAIL "$O/$f") FAIL" | tee -a "$O/log.txt"
   { echo "## run $n"; grep -E 'gate_up\+down|vs 50 \(DGEMMA|ticket order|counters after' "$O/$f"; } >> "$O/fused.txt"
