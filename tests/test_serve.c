@@ -164,6 +164,10 @@ static void test_parse(void **state) {
   BAD("\"dgemma\": {\"turbo\": true}", "dgemma", "unknown_parameter");
   BAD("\"dgemma\": {\"gen_kwargs\": \"{}\"}", "dgemma.gen_kwargs", "invalid_type");
   BAD("\"tools\": []", "tools", "unknown_parameter");
+  /* a name given twice (session 27: a fuzzed body with two dgemma.gen_kwargs leaked the first one's copy) */
+  BAD("\"dgemma\": {\"gen_kwargs\": {}, \"draft\": true, \"gen_kwargs\": {}}", "dgemma", "invalid_value");
+  BAD("\"dgemma\": {\"think\": true, \"think\": false}", "dgemma", "invalid_value");
+  BAD("\"seed\": 1, \"seed\": 2", "seed", "invalid_value");
 #undef BAD
   expect_parse(DG_SRV_COMPLETION, "{\"prompt\": 5}", 400, "prompt", "invalid_type");
   expect_parse(DG_SRV_COMPLETION, "{\"prompt\": \"\"}", 400, "prompt", "invalid_value");

@@ -204,12 +204,22 @@ static int parse_stop(const cJSON *root, dg_srv_request *r, dg_srv_error *err) {
   return 0;
 }
 
+/* 1 if an earlier member of f's object has f's name: JSON leaves duplicate names to the reader (RFC 8259 4), and a
+ * request that names a field twice is refused rather than read by whichever copy a lookup finds first. */
+static int repeated(const cJSON *f) {
+  for (const cJSON *g = f->prev; g && g->next; g = g->prev) /* cJSON: the first member's prev is the last member */
+    if (g->string && !strcmp(g->string, f->string)) return 1;
+  return 0;
+}
+
 static int parse_ext(const cJSON *root, dg_srv_request *r, dg_srv_error *err) {
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "dgemma");
   if (!e || cJSON_IsNull(e)) return 0;
   if (!cJSON_IsObject(e)) return dg_srv_fail(err, 400, "dgemma", "invalid_type", "'dgemma' must be an object");
   const cJSON *f;
   cJSON_ArrayForEach(f, e) {
+    if (repeated(f))
+      return dg_srv_fail(err, 400, "dgemma", "invalid_value", "field 'dgemma.%s' appears more than once", f->string);
     if (!strcmp(f->string, "gen_kwargs")) {
       if (!cJSON_IsObject(f))
         return dg_srv_fail(err, 400, "dgemma.gen_kwargs", "invalid_type", "'dgemma.gen_kwargs' must be an object");
@@ -229,9 +239,11 @@ static int parse_fields(dg_srv_kind kind, const cJSON *root, const dg_srv_limits
                         dg_srv_error *err) {
   const char *const *keys = kind == DG_SRV_CHAT ? CHAT_KEYS : COMPL_KEYS;
   const cJSON *f;
-  cJSON_ArrayForEach(f, root)
+  cJSON_ArrayForEach(f, root) {
     if (!known(keys, f->string))
       return dg_srv_fail(err, 400, f->string, "unknown_parameter", "unknown field '%s'", f->string);
+    if (repeated(f)) return dg_srv_fail(err, 400, f->string, "invalid_value", "field '%s' appears more than once", f->string);
+  }
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   if (model && !cJSON_IsNull(model)) {
     if (!cJSON_IsString(model)) return dg_srv_fail(err, 400, "model", "invalid_type", "'model' must be a string");
