@@ -1634,6 +1634,44 @@ static void test_turbo_batch_inv(void **state) {
   printf("# emulation: the inv batch's tokens and step traces equal the per-canvas batch's\n");
 }
 
+/* Runs the n canvases cx (fresh contexts) as one dg_generate_batch, then each alone after dg_context_reset, and
+ * asserts that every canvas's tokens, step count and step traces (trace_on_step's hash of every step's entropy,
+ * argmax and canvas) equal its single run's; g[i].on_step / user_data are set here. Where tok_out / h_out are given,
+ * the batch's tokens (<= 512 a canvas), their count and trace hash go there. Frees the results and the contexts. */
+static void batch_equals_singles(dg_context **cx, int n, const int32_t **ps, const size_t *np, dg_gen_params *g,
+                                 int32_t (*tok_out)[512], int32_t *n_out, uint64_t *h_out) {
+  dg_gen_result rb[16], r1;
+  trace_cb tb[16], t1;
+  assert_true(n <= 16);
+  for (int i = 0; i < n; i++) {
+    tb[i] = (trace_cb){1469598103934665603ull, 0};
+    g[i].on_step = trace_on_step;
+    g[i].user_data = &tb[i];
+  }
+  assert_dg_ok(dg_generate_batch(cx, n, ps, np, g, rb));
+  for (int i = 0; i < n; i++) {
+    dg_context_reset(cx[i]);
+    t1 = (trace_cb){1469598103934665603ull, 0};
+    g[i].user_data = &t1;
+    assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
+    assert_int_equal(r1.n_tokens, rb[i].n_tokens);
+    assert_int_equal(r1.n_steps, rb[i].n_steps);
+    assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
+    assert_true(t1.n > 0);
+    assert_int_equal(t1.n, tb[i].n);
+    assert_true(t1.h == tb[i].h); /* every step's entropy, argmax and canvas as in its own run */
+    if (h_out) h_out[i] = tb[i].h;
+    if (tok_out) {
+      assert_true(rb[i].n_tokens <= 512);
+      n_out[i] = rb[i].n_tokens;
+      memcpy(tok_out[i], rb[i].tokens, (size_t)rb[i].n_tokens * 4);
+    }
+    dg_gen_result_free(&r1);
+    dg_gen_result_free(&rb[i]);
+    dg_context_free(cx[i]);
+  }
+}
+
 static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3], uint64_t h_out[3]) {
   need_gpu();
   dg_model *gm;
@@ -1657,36 +1695,9 @@ static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3],
   const int32_t *ps[3] = {prompt, p2, p3};
   size_t np[3] = {30, 11, 17};
   dg_context *cx[3];
-  dg_gen_result rb[3], r1;
   if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
   for (int i = 0; i < 3; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
-  trace_cb tb[3] = {{1469598103934665603ull, 0}, {1469598103934665603ull, 0}, {1469598103934665603ull, 0}}, t1;
-  for (int i = 0; i < 3; i++) {
-    g[i].on_step = trace_on_step;
-    g[i].user_data = &tb[i];
-  }
-  assert_dg_ok(dg_generate_batch(cx, 3, ps, np, g, rb));
-  for (int i = 0; i < 3; i++) {
-    dg_context_reset(cx[i]);
-    t1 = (trace_cb){1469598103934665603ull, 0};
-    g[i].user_data = &t1;
-    assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
-    assert_int_equal(r1.n_tokens, rb[i].n_tokens);
-    assert_int_equal(r1.n_steps, rb[i].n_steps);
-    assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
-    assert_true(t1.n > 0);
-    assert_int_equal(t1.n, tb[i].n);
-    assert_true(t1.h == tb[i].h); /* every step's entropy, argmax and canvas as in its own run */
-    if (h_out) h_out[i] = tb[i].h;
-    if (tok_out) {
-      assert_true(rb[i].n_tokens <= 512);
-      n_out[i] = rb[i].n_tokens;
-      memcpy(tok_out[i], rb[i].tokens, (size_t)rb[i].n_tokens * 4);
-    }
-    dg_gen_result_free(&r1);
-    dg_gen_result_free(&rb[i]);
-    dg_context_free(cx[i]);
-  }
+  batch_equals_singles(cx, 3, ps, np, g, tok_out, n_out, h_out);
   if (mode >= 0 && !as_cpu()) assert_dg_ok(cut()->test_stack_dense_set(-1));
   printf("# cuda batch B=3 (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", mode);
   dg_model_free(gm);
@@ -1734,29 +1745,8 @@ static void test_turbo_batch9(void **state) {
   for (int mode = 0; mode <= 2; mode += 2) {
     assert_dg_ok(cut()->test_stack_dense_set(mode)); /* before the contexts are made */
     dg_context *cx[NB];
-    dg_gen_result rb[NB], r1;
-    trace_cb tb[NB], t1;
-    for (int i = 0; i < NB; i++) {
-      assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
-      tb[i] = (trace_cb){1469598103934665603ull, 0};
-      g[i].on_step = trace_on_step;
-      g[i].user_data = &tb[i];
-    }
-    assert_dg_ok(dg_generate_batch(cx, NB, ps, np, g, rb));
-    for (int i = 0; i < NB; i++) {
-      dg_context_reset(cx[i]);
-      t1 = (trace_cb){1469598103934665603ull, 0};
-      g[i].user_data = &t1;
-      assert_dg_ok(dg_generate(cx[i], ps[i], np[i], &g[i], &r1));
-      assert_int_equal(r1.n_tokens, rb[i].n_tokens);
-      assert_memory_equal(r1.tokens, rb[i].tokens, (size_t)r1.n_tokens * 4);
-      assert_true(t1.n > 0);
-      assert_int_equal(t1.n, tb[i].n);
-      assert_true(t1.h == tb[i].h);
-      dg_gen_result_free(&r1);
-      dg_gen_result_free(&rb[i]);
-      dg_context_free(cx[i]);
-    }
+    for (int i = 0; i < NB; i++) assert_dg_ok(dg_context_new(gm, NULL, &cx[i]));
+    batch_equals_singles(cx, NB, ps, np, g, NULL, NULL, NULL);
     printf("# cuda batch B=%d (DGEMMA_STACK_DENSE mode %d): every canvas equals its own CUDA run\n", NB, mode);
   }
   assert_dg_ok(cut()->test_stack_dense_set(-1));
