@@ -1602,6 +1602,8 @@ struct qr_fgn_ptrs { /* what the hooks read, per product (0 gate/up, 1 down): se
   int64_t sstride[2]; /* bytes of a weight stage of a slab (WARPS lane records) */
   int nst[2], ns[2];  /* weight stages per slab, slabs per expert */
   int G, N;           /* gate/up items, all items */
+  const int *done;    /* the gate/up counts per expert (qr_fg_kernel's ctr + 3): 127's early check */
+  int pre;            /* 127, thread 0: the next item's expert's gate/up count as the loop hook read it, else 0 */
 };
 
 __device__ __forceinline__ void qr_fgn_touch(const void *p, int64_t bytes, int l2) {
@@ -1616,11 +1618,14 @@ __device__ __forceinline__ void qr_fgn_touch(const void *p, int64_t bytes, int l
 #endif
 }
 
-/* qr_body's hooks for 125-126: the slab count of the current item (ns) and, in thread 0, the next ticket (nxt). */
-template <int WPF, int NTOK> struct qr_fgn_tl : qr_tl_none {
+/* qr_body's hooks for 125-127: the slab count of the current item (ns) and, in thread 0, the next ticket (nxt); EW
+ * (127): P->pre, the next item's expert's gate/up count as the loop hook read it (acquire), if the next item is a
+ * down item (in shared memory, not a register held across the stage loops: in a register it cost ptxas 72 / 48
+ * bytes of spills at 3 n-tiles instead of 28 / 28). */
+template <int WPF, int NTOK, int EW = 0> struct qr_fgn_tl : qr_tl_none {
   unsigned ns;
   int nxt;
-  const qr_fgn_ptrs *P;
+  qr_fgn_ptrs *P;
   __device__ __forceinline__ unsigned slabs() const { return ns; }
   __device__ __forceinline__ int prod() const { return nxt >= P->G; }
   __device__ __forceinline__ int oi() const { return prod() ? (nxt - P->G) / P->ns[1] : nxt / P->ns[0]; }
@@ -1630,6 +1635,11 @@ template <int WPF, int NTOK> struct qr_fgn_tl : qr_tl_none {
   __device__ __forceinline__ void loop(int tid) const {
     if (tid == 0 && nxt < P->N) {
       const int b = prod(), e = P->order[b][oi()];
+      /* 127: the acquire first (on the GPU an acquire at gpu scope invalidates the SM's L1, as the boundary's wait
+       * does in 125-126, where it drops the count / start lines prefetched for a down item before qr_body reads
+       * them), its value used only at the boundary */
+      if constexpr (EW)
+        if (b) P->pre = qr_fg_ld_acquire(P->done + e);
       qr_fgn_touch(P->count[b] + e, 4, 0);
       qr_fgn_touch(P->start[b] + e, 4, 0);
       if constexpr (WPF > 0) {
@@ -1651,8 +1661,13 @@ template <int WPF, int NTOK> struct qr_fgn_tl : qr_tl_none {
   }
 };
 
-/* 119's kernel (qr_fgp_kernel: items, order, waits, counters, reset) with qr_fgn_tl's hooks in its bodies. */
-template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS, int WPF>
+/* 119's kernel (qr_fgp_kernel: items, order, waits, counters, reset) with qr_fgn_tl's hooks in its bodies; EW 1
+ * (127): a down item whose expert's gate/up count the previous item's loop hook already read complete (an acquire
+ * load by thread 0, followed by the item boundary's barriers before any read of h: the order qr_fg_wait gives) skips
+ * qr_fg_wait's acquire round trip at the boundary. A count read short waits as 119 does: no new wait, so 119's
+ * no-deadlock argument holds. */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS, int WPF,
+          int EW = 0>
 __global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgn_kernel(qe_args gu, qe_args dn, int E, int ngu, int ndn,
                                                                    int *ctr) {
   DG_PDL_ENTRY();
@@ -1679,11 +1694,18 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgn_kernel(qe_args gu, qe
     P.ns[1] = ndn;
     P.G = G;
     P.N = N;
+    P.done = done;
+    P.pre = 0;
   }
   __syncthreads();
   int tk = ticket_s;
   while (tk < N) {
-    qr_fgn_tl<WPF, 8 * NT> tl;
+    int pre = 0; /* 127, thread 0: what the previous item's loop hook read of this item's count (P.pre), then 0 */
+    if (EW && tid == 0) {
+      pre = P.pre;
+      P.pre = 0;
+    }
+    qr_fgn_tl<WPF, 8 * NT, EW> tl;
     tl.P = &P;
     tl.nxt = N; /* threads other than 0: no next item (their hooks do nothing) */
     if (tid == 0) tl.nxt = atomicAdd(ctr, 1); /* in flight during the item */
@@ -1700,7 +1722,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgn_kernel(qe_args gu, qe
       const int d = tk - G, e = dn.order[d / ndn];
       tl.ns = (unsigned)ndn;
       if (dn.count[e] > 0) {
-        if (tid == 0) qr_fg_wait(done + e, ngu, ctr + 2);
+        if (tid == 0 && !(EW && pre >= ngu)) qr_fg_wait(done + e, ngu, ctr + 2);
         __syncthreads();
         qr_fgx_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, d % ndn, tl);
       }
@@ -1720,13 +1742,14 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgn_kernel(qe_args gu, qe
   }
 }
 
-/* Versions 125 (WPF 0) and 126 (WPF QR_FGN_WPF) at nt n-tiles (2 or 3): qr_fgp_at's grid and slots. */
+/* Versions 125 (WPF 0), 126 (WPF QR_FGN_WPF) and 127 (125 with EW 1) at nt n-tiles (2 or 3): qr_fgp_at's grid and
+ * slots. */
 #define QR_FGN_WPF 2 /* 126: the next item's first weight stages asked of L2 (107's distance) */
-template <int BITS, int NT, int PF, int NTS, int WPF>
+template <int BITS, int NT, int PF, int NTS, int WPF, int EW = 0>
 cudaError_t qr_fgn_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &dn) {
   const int ngu = gu.N / (16 * QR_WARPS), ndn = (dn.N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
   void (*kern)(qe_args, qe_args, int, int, int, int *) =
-      qr_fgn_kernel<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS, WPF>;
+      qr_fgn_kernel<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS, WPF, EW>;
   constexpr size_t smem = (size_t)QR_STAGES * (8 * NT * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, NT, 0));
   static int resident = 0;
   if (!resident) {
@@ -1754,12 +1777,12 @@ cudaError_t qr_fgn_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &d
   return cudaGetLastError();
 }
 
-/* Version ver (116-119, 125-126) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles:
- * 116-118 qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks), 125-126 qr_fgn_kernel (119
- * with the next item's head prefetched); elsewhere version 50's two launches. */
+/* Version ver (116-119, 125-127) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles:
+ * 116-118 qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks), 125-127 qr_fgn_kernel (119
+ * with the next item's head prefetched; 127 also the down wait's early check); elsewhere version 50's two launches. */
 template <int BITS>
 cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
-  if ((ver < 116 || ver > 119) && ver != 125 && ver != 126) return cudaErrorInvalidValue;
+  if ((ver < 116 || ver > 119) && (ver < 125 || ver > 127)) return cudaErrorInvalidValue;
   if (!gu.hs || gu.N % (16 * QR_WARPS) || (gu.hg != 32 && gu.hg != 64) || gu.group != gu.hg || dn.group != gu.hg ||
       dn.X != gu.h || dn.xs != gu.hs || dn.Kdim != gu.N)
     return cudaErrorInvalidValue;
@@ -1772,6 +1795,8 @@ cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args
   if (ver == 126)
     return nt == 3 ? qr_fgn_at<BITS, 3, -QR_PF, QR_NTS, QR_FGN_WPF>(s, E, gu, dn)
                    : qr_fgn_at<BITS, 2, 0, 0, QR_FGN_WPF>(s, E, gu, dn);
+  if (ver == 127)
+    return nt == 3 ? qr_fgn_at<BITS, 3, -QR_PF, QR_NTS, 0, 1>(s, E, gu, dn) : qr_fgn_at<BITS, 2, 0, 0, 0, 1>(s, E, gu, dn);
   const int stamp = ver == 116;
   if (nt == 3)
     return stamp ? qr_fgx_at<BITS, 1, 3, -QR_PF, QR_NTS>(ver, s, E, gu, dn)
