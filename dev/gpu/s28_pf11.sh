@@ -8,19 +8,20 @@
 #      (ptxas.txt: qr_fgn_kernel's and qr_fgp_kernel's registers and spills, the CCTL.IVALL / STRONG.GPU counts
 #      of 119's and 127's 3-n-tile kernels (does an acquire invalidate L1?), then the 3-n-tile stage loops of
 #      qr_fgn_kernel by scripts/qr_sass_loop.py: an LDL or STL there would be a spill inside a loop);
-#   3. `moe_quant --bits 4 --versions 50,114,119,125,126,127 --ms 16 --ts 256 --ss 256 --reps 5` twice (lab.txt, lab2.txt):
-#      per case 50's rows per product, then the gate_up+down rows of 50 (two launches, DGEMMA_DN_FUSE=1), 114, 119,
-#      125 (119 + the next item's order / count / start / pairs lines into L1 by thread 0 through qr_body's hooks) and
-#      126 (125 + the next item's first 2 weight stages into L2) and 127 (125 + a down item's wait skipped when the
-#      previous item's loop hook read its expert's count complete), each checked against the CPU, word for word
-#      against 50 ("ok, = v50") and its counters. fused.txt: the gate_up+down rows and their word / order lines.
+#   3. `moe_quant --bits 4 --versions 50,114,119,125,126,127 --ms 16 --ts 256 --ss 256 --reps 5` twice (lab.txt,
+#      lab2.txt): per case 50's rows per product, then the gate_up+down rows of 50 (two launches,
+#      DGEMMA_DN_FUSE=1), 114, 119, 125 (119 + the next item's order / count / start / pairs lines into L1 by
+#      thread 0 through qr_body's hooks), 126 (125 + the next item's first 2 weight stages into L2) and 127 (125 +
+#      a down item's wait skipped when the previous item's loop hook read its expert's count complete), each
+#      checked against the CPU, word for word against 50 ("ok, = v50") and its counters. fused.txt: the
+#      gate_up+down rows and their word / order lines.
 # Guards: the lab's compile at most 120 s; each lab run at most 30 s, the second only with >= 35 s left; every timeout
 # capped at the call's limit (DG_CALL_S, scripts/gpu_env.sh).
 #
 # The prediction (written before any GPU run; fg_sim.cpp calibrated on 119's 183.4 / 182.3 us = its 172.6 us span +
 # ~10 us): 125 at uniform M 16 ~177-179 us (gate/up F -0.5 to -1.0 us a block, down -0.4: the boundary's acquire
-# invalidates L1, so only the order entry stays), 126 ~175-178 if
-# the first stages' L2 prefetch pays (107's loss says it may not), 127 ~172-176 (down -0.8 to -1.1);
+# invalidates L1, so only the order entry stays), 126 ~175-178 if the first stages' L2 prefetch pays (107's loss
+# says it may not), 127 ~172-176 (down -0.8 to -1.1);
 # 85 % (<= ~162 us) is not expected from any of them.
 # The rule (written before any GPU run):
 #  (a) 125, 126 or 127 becomes the candidate to replace 119 (the next step's base) only if at uniform M 16 and gathered
