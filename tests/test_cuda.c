@@ -3755,12 +3755,15 @@ static void test_quant_experts_fg(void **state) {
  * emulation blocks run in ticket order: an order that put a down item before one of its expert's gate/up items fails
  * here), and for 116 every item covered by exactly one ticket with its stamps in program order; 117 and 118 with 8
  * resident slots (version + 8000) so that the gate/up items outnumber the slots and the orders interleave (the lines
- * "ticket order ia .. ik .." say which did), 119 with 8 and 3 blocks (each block many items). */
+ * "ticket order ia .. ik .." say which did), 119 with 8 and 3 blocks (each block many items); 125-127 (session 28:
+ * 119 with the next item's route tables prefetched through qr_body's hooks, 127 with the down wait's early check; on
+ * the emulation each prefetch reads its first and last byte, so an address outside its array is a read there) with
+ * 8 and 3 blocks likewise. */
 static void test_quant_experts_fgx(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  static const int vs[] = {116, 8117, 8118, 8119, 3119};
+  static const int vs[] = {116, 8117, 8118, 8119, 3119, 8125, 3125, 8126, 3126, 8127, 3127};
   for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
     double sh = 0, sy = 0;
     const int ncase = check_experts_fg_cases(vs[v], &sh, &sy);

@@ -9,7 +9,10 @@
  * once its expert's gate/up blocks have all ended. All experts have rows (uniform: 16 each, one pass).
  * Build and run (any C++17 compiler, no GPU):
  *   g++ -O2 -std=c++17 -Idev/cuda dev/cuda/fg_sim.cpp -o /tmp/fg_sim && /tmp/fg_sim [--slots 528] [--ticket 0.7]
- *       [--ia N --ik K] [--gu-loop 34.4] [--dn-loop 6.9]
+ *       [--ia N --ik K] [--gu-loop 34.4] [--dn-loop 6.9] [--gu-dF -1.0] [--dn-dF -0.8]
+ * --gu-dF / --dn-dF (session 28, helper pf11): us added to every gate/up / down block's phases outside the loop (taken
+ * off its row-table phase, negative: lab versions 125-126 hiding part of F, docs/cuda.md "Session 28 (helper pf11)");
+ * --ticket 0 models version 119's persistent blocks (the next ticket taken during the item).
  * Prints the modelled span and the timeline lines of version 116's printout. */
 #include <stdint.h>
 #include <stdio.h>
@@ -44,7 +47,7 @@ static void fgx_map(int tk, int G, int ia, int ik, int *gi, int *di) {
 
 int main(int argc, char **argv) {
   int S = 528, E = 128, ngu = 11, ndn = 22, ia = -1, ik = 0;
-  double ticket = 0.7, gul = 34.4, dnl = 6.9;
+  double ticket = 0.7, gul = 34.4, dnl = 6.9, gudf = 0, dndf = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--slots")) S = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--ticket")) ticket = atof(argv[i + 1]);
@@ -52,11 +55,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ik")) ik = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--gu-loop")) gul = atof(argv[i + 1]);
     else if (!strcmp(argv[i], "--dn-loop")) dnl = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--gu-dF")) gudf = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--dn-dF")) dndf = atof(argv[i + 1]);
     else { fprintf(stderr, "fg_sim: unknown option %s\n", argv[i]); return 2; }
   }
   const int G = E * ngu, N = G + E * ndn;
   if (ia < 0) ia = G;
-  const double ph[2][5] = {{1.9, 1.2, 0.9, gul, 1.1}, {1.5, 1.0, 1.0, dnl, 1.3}}; /* rows act0 w0 loop epi, us */
+  const double ph[2][5] = {{1.9 + gudf, 1.2, 0.9, gul, 1.1}, {1.5 + dndf, 1.0, 1.0, dnl, 1.3}}; /* rows act0 w0 loop epi, us */
   const double GHZ = 1.755;                                                        /* clock64 per ns */
   std::vector<uint64_t> w((size_t)N * FG_TL_WORDS, 0);
   std::vector<double> gudone(E, 0);
@@ -101,10 +106,11 @@ int main(int argc, char **argv) {
     end = std::max(end, t);
     slots.push(t);
   }
+  const double gub = ticket + ph[0][0] + ph[0][1] + ph[0][2] + gul + ph[0][4];
+  const double dnb = ticket + ph[1][0] + ph[1][1] + ph[1][2] + dnl + ph[1][4];
   printf("fg_sim: %d slots, ticket %.2f us, gate/up block %.1f us (loop %.1f), down block %.1f us (loop %.1f), order "
-         "ia %d ik %d: span %.1f us (slot-us %.0f / slots = %.1f us)\n", S, ticket, ticket + 1.9 + 1.2 + 0.9 + gul + 1.1,
-         gul, ticket + 1.5 + 1.0 + 1.0 + dnl + 1.3, dnl, ia, ik, end,
-         G * (ticket + 5.1 + gul) + E * ndn * (ticket + 4.8 + dnl), (G * (ticket + 5.1 + gul) + E * ndn * (ticket + 4.8 + dnl)) / S);
+         "ia %d ik %d: span %.1f us (slot-us %.0f / slots = %.1f us)\n", S, ticket, gub, gul, dnb, dnl, ia, ik, end,
+         G * gub + E * ndn * dnb, (G * gub + E * ndn * dnb) / S);
   fg_timeline_print(w, 116, ia, ik, 44, 11);
   return 0;
 }

@@ -123,6 +123,10 @@
  *              items of experts already placed; 118: the last two rounds 1 : 1) or, 119 (qr_fgp_kernel),
  *              persistent blocks over the resident slots, each taking its next ticket while it runs its item; rows
  *              as 114's (gate_up+down, checked against the CPU, word for word against 50, the counters)
+ *   versions 125-127 (4-bit; dev/cuda/qr_diet_lab.cuh qr_fgn_kernel, session 28): 119 with the next item's row-table
+ *              chain (order, count, start, gate/up's pairs) prefetched into L1 by thread 0 through qr_body's hooks
+ *              during the current item; 126 also the next item's first 2 weight stages into L2; 127 125 with a down
+ *              item's wait skipped when the previous item's loop hook read its expert's count complete; rows as 119's
  *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -159,7 +163,7 @@
  *   build/moe_quant [--quick] [--json FILE] [--bits 4,3,2] [--versions 1,2]
  */
 #ifdef LAB_ONLY_FG /* -DLAB_ONLY_FG: LAB_ONLY_SK narrowed further to versions 1-3, 40, 50, 110 and the gate/up + down rows
-                     * of 114 and 116-119 (dev/gpu/s27_tl11.sh: 95 and 112-113 not compiled) */
+                     * of 114, 116-119 and 125-127 (dev/gpu/s27_tl11.sh, s28_pf11.sh: 95 and 112-113 not compiled) */
 #ifndef LAB_ONLY_SK
 #define LAB_ONLY_SK
 #endif
@@ -1442,7 +1446,8 @@ int main(int argc, char **argv) {
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
           if (ver > 95 && ver <= 113 && bits != 4) continue;
-          if (ver == 114 || (ver >= 116 && ver <= 119)) continue; /* gate/up + down in one launch: rows after both */
+          if (ver == 114 || (ver >= 116 && ver <= 119) || (ver >= 125 && ver <= 127))
+            continue; /* gate/up + down in one launch: rows after both */
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
           if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
@@ -1523,9 +1528,9 @@ int main(int argc, char **argv) {
       /* version 114 asked for (4-bit): the gate/up + down rows, version 50's two launches and 114's one, each
        * checked against the CPU (check_fused), 114's h and y against 50's word for word and its counters (a wait
        * that ran out, the reset: qr_fg_error) */
-      std::vector<int> fv; /* the one-launch versions asked for (114, 116-119), after version 50 */
+      std::vector<int> fv; /* the one-launch versions asked for (114, 116-119, 125-127), after version 50 */
       for (int v : versv)
-        if (v == 114 || (v >= 116 && v <= 119)) fv.push_back(v);
+        if (v == 114 || (v >= 116 && v <= 119) || (v >= 125 && v <= 127)) fv.push_back(v);
       if (bits == 4 && !fv.empty()) {
         const size_t TK = (size_t)r.T * TOPK;
         const double wb = (double)r.hit * ((2.0 * IE) * ((double)H * bits / 8 + 2.0 * (H / G) * 2) +
@@ -1586,7 +1591,10 @@ int main(int argc, char **argv) {
                    ferr == 0 ? "ok (no wait ran out, all back at 0)" : ferr == 1 ? "FAIL (a wait ran out)" : ferr == 2 ? "FAIL (not reset)" : "FAIL (unreadable)");
           if (ver == 116) print_fg_timeline(ver, H / qr_kc(G, 4), IE / qr_kc(G, 4));
           else if (ver > 114) printf("  version %d: ticket order ia %d ik %d (gate/up items %d)%s\n", ver, qr_fgx_ia, qr_fgx_ik,
-                                     E * (IE / (16 * QR_WARPS)), ver == 119 ? ", persistent blocks" : "");
+                                     E * (IE / (16 * QR_WARPS)), ver == 119 ? ", persistent blocks"
+                                     : ver == 125 ? ", persistent blocks, next item's head to L1"
+                                     : ver == 126 ? ", persistent blocks, next item's head to L1, 2 weight stages to L2"
+                                     : ver == 127 ? ", persistent blocks, next item's head to L1, early down-wait check" : "");
           if (jf)
             fprintf(jf, "{\"kind\": \"moe_lab\", \"device\": \"%s\", \"bits\": %d, \"group\": %d, \"product\": \"gate_up+down\", "
                         "\"routing\": \"%s\", \"n\": %d, \"tokens\": %d, \"experts_hit\": %d, \"rows_per_expert\": %.2f, "

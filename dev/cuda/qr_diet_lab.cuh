@@ -1576,11 +1576,213 @@ cudaError_t qr_fgp_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &d
   return cudaGetLastError();
 }
 
-/* Version ver (116-119) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles: 116-118
- * qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks); elsewhere version 50's two launches. */
+/* Versions 125-126 (session 28, helper pf11): version 119 (persistent blocks, the next ticket taken at the start of
+ * the current item) with the next item's head made cheap during the current item (qr_fgn_kernel). Why
+ * (docs/cuda.md "Session 28 (helper pf11)"): 116's timeline puts a gate/up block's rows phase at 1.8 us and a down
+ * block's at 0.9 (+ the order read before it): a chain of dependent L2 round trips (order[ticket] -> count[e],
+ * start[e] -> gate/up's pairs[start ..] -> the row table, a barrier), paid at every item boundary. 119 knows the
+ * next ticket from the start of the item, so thread 0 walks that chain while the current item streams, through
+ * qr_body's own hooks (qr_fgn_tl: the kernel's bodies, and so every word, are 119's = 114's = version 50's):
+ * - rows (the current item's row table ready, its first pass): a prefetch.global.L1 of the next item's order entry;
+ * - loop (the current pass's stage loop done; every pass): the order entry read (an L1 hit by then), then L1
+ *   prefetches of count[e'] and start[e'] and, WPF > 0 (126), a bulk L2 prefetch of the next item's first WPF
+ *   weight stages (its slab's stages are contiguous: qr_body's wstage0 of warp 0, WPF stages of WARPS records);
+ * - epi (after the pass's epilogue), next item a gate/up item only: count[e'] and start[e'] read (L1), then L1
+ *   prefetches of the lines of pairs[start' .. start' + min(count', 8 NT) - 1] (its first pass's row indices).
+ * The next item's own reads of order, count, start and pairs (the kernel's and qr_body's, unchanged) then hit L1
+ * (the weights bypass L1, dg_ld_stream16, and the activations' 16-byte copies are cp.async.cg; only the group
+ * sums' 4-byte copies allocate there), instead of L2 (or DRAM, for 126's first
+ * weight stages). Prefetches only: nothing is loaded into the block's registers or shared memory ahead, so no
+ * state crosses the item boundary but the L1 / L2 lines. On the emulation a prefetch reads its first and last byte
+ * (qr_fgn_touch), so an address outside its array fails there as a plain read would. No deadlock: 119's argument
+ * (the hooks wait on nothing: plain loads of the read-only route tables). */
+struct qr_fgn_ptrs { /* what the hooks read, per product (0 gate/up, 1 down): set by thread 0 at the kernel's start */
+  const int32_t *order[2], *count[2], *start[2], *pairs;
+  const unsigned char *q[2];
+  int64_t sstride[2]; /* bytes of a weight stage of a slab (WARPS lane records) */
+  int nst[2], ns[2];  /* weight stages per slab, slabs per expert */
+  int G, N;           /* gate/up items, all items */
+  const int *done;    /* the gate/up counts per expert (qr_fg_kernel's ctr + 3): 127's early check */
+  int pre;            /* 127, thread 0: the next item's expert's gate/up count as the loop hook read it, else 0 */
+};
+
+__device__ __forceinline__ void qr_fgn_touch(const void *p, int64_t bytes, int l2) {
+#ifdef DG_CUDA_EMU
+  const volatile unsigned char *c = (const volatile unsigned char *)p;
+  (void)c[0];
+  (void)c[bytes - 1];
+  (void)l2;
+#else
+  if (l2) dg_prefetch_l2(p, (uint32_t)bytes);
+  else asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+#endif
+}
+
+/* qr_body's hooks for 125-127: the slab count of the current item (ns) and, in thread 0, the next ticket (nxt); EW
+ * (127): P->pre, the next item's expert's gate/up count as the loop hook read it (acquire), if the next item is a
+ * down item (in shared memory, not a register held across the stage loops: in a register it cost ptxas 72 / 48
+ * bytes of spills at 3 n-tiles instead of 28 / 28). */
+template <int WPF, int NTOK, int EW = 0> struct qr_fgn_tl : qr_tl_none {
+  unsigned ns;
+  int nxt;
+  qr_fgn_ptrs *P;
+  __device__ __forceinline__ unsigned slabs() const { return ns; }
+  __device__ __forceinline__ int prod() const { return nxt >= P->G; }
+  __device__ __forceinline__ int oi() const { return prod() ? (nxt - P->G) / P->ns[1] : nxt / P->ns[0]; }
+  __device__ __forceinline__ void rows(int tid, int p0) const {
+    if (tid == 0 && p0 == 0 && nxt < P->N) qr_fgn_touch(P->order[prod()] + oi(), 4, 0);
+  }
+  __device__ __forceinline__ void loop(int tid) const {
+    if (tid == 0 && nxt < P->N) {
+      const int b = prod(), e = P->order[b][oi()];
+      /* 127: the acquire first (on the GPU an acquire at gpu scope invalidates the SM's L1, as the boundary's wait
+       * does in 125-126, where it drops the count / start lines prefetched for a down item before qr_body reads
+       * them), its value used only at the boundary */
+      if constexpr (EW)
+        if (b) P->pre = qr_fg_ld_acquire(P->done + e);
+      qr_fgn_touch(P->count[b] + e, 4, 0);
+      qr_fgn_touch(P->start[b] + e, 4, 0);
+      if constexpr (WPF > 0) {
+        const int slab = b ? (nxt - P->G) % P->ns[1] : nxt % P->ns[0], n = min(WPF, P->nst[b]);
+        const int64_t si = (int64_t)e * P->ns[b] + slab;
+        if (n > 0) qr_fgn_touch(P->q[b] + si * P->nst[b] * P->sstride[b], n * P->sstride[b], 1);
+      }
+    }
+  }
+  __device__ __forceinline__ void epi(int tid) const {
+    if (tid == 0 && nxt < P->G) {
+      const int e = P->order[0][oi()], c = P->count[0][e];
+      if (c > 0) {
+        const int32_t *r = P->pairs + P->start[0][e];
+        qr_fgn_touch(r, 4, 0);
+        qr_fgn_touch(r + min(c, NTOK) - 1, 4, 0);
+      }
+    }
+  }
+};
+
+/* 119's kernel (qr_fgp_kernel: items, order, waits, counters, reset) with qr_fgn_tl's hooks in its bodies; EW 1
+ * (127): a down item whose expert's gate/up count the previous item's loop hook already read complete (an acquire
+ * load by thread 0, followed by the item boundary's barriers before any read of h: the order qr_fg_wait gives) skips
+ * qr_fg_wait's acquire round trip at the boundary. A count read short waits as 119 does: no new wait, so 119's
+ * no-deadlock argument holds. */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS, int WPF,
+          int EW = 0>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgn_kernel(qe_args gu, qe_args dn, int E, int ngu, int ndn,
+                                                                   int *ctr) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  __shared__ int ticket_s;
+  __shared__ qr_fgn_ptrs P;
+  const int tid = threadIdx.x, G = E * ngu, N = G + E * ndn;
+  int *done = ctr + 3;
+  if (tid == 0) {
+    ticket_s = atomicAdd(ctr, 1);
+    P.order[0] = gu.order;
+    P.order[1] = dn.order;
+    P.count[0] = gu.count;
+    P.count[1] = dn.count;
+    P.start[0] = gu.start;
+    P.start[1] = dn.start;
+    P.pairs = gu.pairs;
+    P.q[0] = (const unsigned char *)gu.q;
+    P.q[1] = (const unsigned char *)dn.q;
+    P.sstride[0] = P.sstride[1] = (int64_t)WARPS * qr_wstage(BITS, GS, 1);
+    P.nst[0] = gu.Kdim / qr_kc(GS, BITS);
+    P.nst[1] = dn.Kdim / qr_kc(GS, BITS);
+    P.ns[0] = ngu;
+    P.ns[1] = ndn;
+    P.G = G;
+    P.N = N;
+    P.done = done;
+    P.pre = 0;
+  }
+  __syncthreads();
+  int tk = ticket_s;
+  while (tk < N) {
+    int pre = 0; /* 127, thread 0: what the previous item's loop hook read of this item's count (P.pre), then 0 */
+    if (EW && tid == 0) {
+      pre = P.pre;
+      P.pre = 0;
+    }
+    qr_fgn_tl<WPF, 8 * NT, EW> tl;
+    tl.P = &P;
+    tl.nxt = N; /* threads other than 0: no next item (their hooks do nothing) */
+    if (tid == 0) tl.nxt = atomicAdd(ctr, 1); /* in flight during the item */
+    if (tk < G) {
+      const int e = gu.order[tk / ngu];
+      tl.ns = (unsigned)ngu;
+      qr_fgx_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(gu, smem, e, tk % ngu, tl);
+      if (gu.count[e] > 0) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) atomicAdd(done + e, 1);
+      }
+    } else {
+      const int d = tk - G, e = dn.order[d / ndn];
+      tl.ns = (unsigned)ndn;
+      if (dn.count[e] > 0) {
+        if (tid == 0 && !(EW && pre >= ngu)) qr_fg_wait(done + e, ngu, ctr + 2);
+        __syncthreads();
+        qr_fgx_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, d % ndn, tl);
+      }
+    }
+    __syncthreads(); /* every thread done with the item (its shared row tables, the ring) and with ticket_s */
+    if (tid == 0) ticket_s = tl.nxt;
+    __syncthreads();
+    tk = ticket_s;
+  }
+  if (tid == 0) { /* the last block to finish sets the counters back to 0 for the next launch */
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+      ctr[0] = 0;
+      ctr[1] = 0;
+      for (int i = 0; i < E; i++) done[i] = 0;
+    }
+  }
+}
+
+/* Versions 125 (WPF 0), 126 (WPF QR_FGN_WPF) and 127 (125 with EW 1) at nt n-tiles (2 or 3): qr_fgp_at's grid and
+ * slots. */
+#define QR_FGN_WPF 2 /* 126: the next item's first weight stages asked of L2 (107's distance) */
+template <int BITS, int NT, int PF, int NTS, int WPF, int EW = 0>
+cudaError_t qr_fgn_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &dn) {
+  const int ngu = gu.N / (16 * QR_WARPS), ndn = (dn.N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
+  void (*kern)(qe_args, qe_args, int, int, int, int *) =
+      qr_fgn_kernel<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS, WPF, EW>;
+  constexpr size_t smem = (size_t)QR_STAGES * (8 * NT * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, NT, 0));
+  static int resident = 0;
+  if (!resident) {
+#ifndef DG_CUDA_EMU
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+#endif
+    int dev = 0, sms = 0, per = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 32 * QR_WARPS, smem);
+    if (e != cudaSuccess) return e;
+    if (sms < 1 || per < 1) return cudaErrorInvalidConfiguration;
+    resident = sms * per;
+  }
+  const int items = E * (ngu + ndn), slots = qr_fgx_slots_cap > 0 ? qr_fgx_slots_cap : resident;
+  qr_fgp_grid = items < slots ? items : slots;
+  qr_fgx_ia = E * ngu;
+  qr_fgx_ik = 0;
+  const cudaError_t e = qr_fg_ctr_grow(E);
+  if (e != cudaSuccess) return e;
+  DG_LAUNCH(kern, qr_fgp_grid, 32 * QR_WARPS, smem, s)(gu, dn, E, ngu, ndn, qr_fg_ctr);
+  return cudaGetLastError();
+}
+
+/* Version ver (116-119, 125-127) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles:
+ * 116-118 qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks), 125-127 qr_fgn_kernel (119
+ * with the next item's head prefetched; 127 also the down wait's early check); elsewhere version 50's two launches. */
 template <int BITS>
 cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
-  if (ver < 116 || ver > 119) return cudaErrorInvalidValue;
+  if ((ver < 116 || ver > 119) && (ver < 125 || ver > 127)) return cudaErrorInvalidValue;
   if (!gu.hs || gu.N % (16 * QR_WARPS) || (gu.hg != 32 && gu.hg != 64) || gu.group != gu.hg || dn.group != gu.hg ||
       dn.X != gu.h || dn.xs != gu.hs || dn.Kdim != gu.N)
     return cudaErrorInvalidValue;
@@ -1588,6 +1790,13 @@ cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args
   if (!qr_fg_takes(nt, gu, dn)) return qr_fg_v50<BITS>(s, E, nt, gu, dn);
   if (ver == 119)
     return nt == 3 ? qr_fgp_at<BITS, 3, -QR_PF, QR_NTS>(s, E, gu, dn) : qr_fgp_at<BITS, 2, 0, 0>(s, E, gu, dn);
+  if (ver == 125)
+    return nt == 3 ? qr_fgn_at<BITS, 3, -QR_PF, QR_NTS, 0>(s, E, gu, dn) : qr_fgn_at<BITS, 2, 0, 0, 0>(s, E, gu, dn);
+  if (ver == 126)
+    return nt == 3 ? qr_fgn_at<BITS, 3, -QR_PF, QR_NTS, QR_FGN_WPF>(s, E, gu, dn)
+                   : qr_fgn_at<BITS, 2, 0, 0, QR_FGN_WPF>(s, E, gu, dn);
+  if (ver == 127)
+    return nt == 3 ? qr_fgn_at<BITS, 3, -QR_PF, QR_NTS, 0, 1>(s, E, gu, dn) : qr_fgn_at<BITS, 2, 0, 0, 0, 1>(s, E, gu, dn);
   const int stamp = ver == 116;
   if (nt == 3)
     return stamp ? qr_fgx_at<BITS, 1, 3, -QR_PF, QR_NTS>(ver, s, E, gu, dn)

@@ -400,8 +400,8 @@ static cudaError_t experts_fg(const dg_cuda_layer *l, const bf16 *xe, dg_cuda_mo
   if (e == cudaSuccess) fg_err = qr_fg_error(E);
   if (e == cudaSuccess && fg_ver != 114)
     printf("#   version %d: E %d, ticket order ia %d ik %d (%s)\n", fg_ver, E, qr_fgx_ia, qr_fgx_ik,
-           fg_ver == 119 ? "114's, persistent blocks" : qr_fgx_ik ? "interleaved" : "114's");
-  if (e == cudaSuccess && fg_ver == 119) printf("#   version 119: %d blocks\n", qr_fgp_grid);
+           fg_ver >= 119 ? "114's, persistent blocks" : qr_fgx_ik ? "interleaved" : "114's");
+  if (e == cudaSuccess && fg_ver >= 119) printf("#   version %d: %d blocks\n", fg_ver, qr_fgp_grid);
   if (e == cudaSuccess && fg_err == 0 && fg_ver != 114 && qr_fgx_blocks) {
     int *order_h = (int *)malloc((size_t)E * sizeof(int));
     if (!order_h || cudaMemcpy(order_h, b->order, (size_t)E * 4, cudaMemcpyDeviceToHost) != cudaSuccess) fg_err = 3;
@@ -1578,7 +1578,8 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     qr_sk_slots_cap = 0;
     return st;
   }
-  if (version == 114 || (version % 1000 >= 116 && version % 1000 <= 119)) {
+  if (version == 114 || (version % 1000 >= 116 && version % 1000 <= 119) ||
+      (version % 1000 >= 125 && version % 1000 <= 127)) {
     /* the lab's gate/up + down in one launch (qr_diet_lab.cuh qr_fg_version, 4-bit): version 50 with the fused down
      * input (the backend's two launches, DGEMMA_DN_FUSE=1), then 114 twice (the second finds the counters the first
      * left: they must be back at 0), each h and y word for word 50's; h and y returned are 114's (the caller checks
