@@ -13,8 +13,9 @@
 #   3. `moe_quant --bits 4 --versions 50,121,130,131,132,133 --ms 16,32,64,128 --ts 1024,2048 --reps 5`, twice if
 #      the call's time allows (lab.txt, lab2.txt): every 130-133 row checked against the CPU and word for word against
 #      version 50 ("ok, = v50").
-# Guards: the lab's compile at most 200 s; each lab run at most 60 s, the second only with >= 70 s left; every timeout
-# capped at the call's limit (DG_CALL_S, scripts/gpu_env.sh).
+# Guards: the lab's compile at most 200 s; each lab run at most 60 s, the second only with >= 70 s left of the call
+# and >= 30 s left of 145 s since the start (then capped there); every timeout capped at the call's limit (DG_CALL_S,
+# scripts/gpu_env.sh).
 #
 # The rule (written before any GPU run; docs/cuda.md "Session 28 (helper lm14)"):
 #  (a) a 130-133 row that is not "ok, = v50" is a bug to fix before any of its times counts.
@@ -62,7 +63,10 @@ n=0
 for f in lab.txt lab2.txt; do
   n=$((n + 1))
   [ "$(call_left)" -ge 70 ] || { echo "lab run $n skipped: $(call_left) s left of the call $(el)" | tee -a "$O/log.txt"; break; }
-  timeout "$(call_cap 60)" build-lm/moe_quant --bits 4 --versions 50,121,130,131,132,133 --ms 16,32,64,128 --ts 1024,2048 \
+  b=$(( 145 - ($(date +%s) - t0) )); [ "$b" -gt 60 ] && b=60 # the call's 150 s: the second run only in what is left
+  [ "$n" -eq 1 ] || [ "$b" -ge 30 ] || { echo "lab run $n skipped: the 150 s budget $(el)" | tee -a "$O/log.txt"; break; }
+  [ "$n" -eq 1 ] && b=60
+  timeout "$(call_cap "$b")" build-lm/moe_quant --bits 4 --versions 50,121,130,131,132,133 --ms 16,32,64,128 --ts 1024,2048 \
     --reps 5 > "$O/$f" 2>&1
   echo "lab run $n rc $? $(el): $(grep -cE '\| 13[0-3] \|.*ok, = v50' "$O/$f") rows of 130-133 ok = v50 (of 48), $(grep -c FAIL "$O/$f") FAIL" | tee -a "$O/log.txt"
 done
