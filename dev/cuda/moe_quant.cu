@@ -137,6 +137,13 @@
  *              sum of both bounds (check_vs50: not word for word, the sums' orders differ)
  *   versions 123, 124 (session 24): 122 with a block over 3 slabs of its expert (123) or all of them (124), one
  *              stream of copies and dequantizations across the slabs (the ring filled and drained once a pass)
+ *   versions 130-133 (4-bit g64; dev/cuda/qr_lm_lab.cuh qr_lm_kernel, qr_lm8_kernel, session 28, issues 12 and 14):
+ *              version 50's products with each pass's body fitted to its own rows (passes of 64 tokens, the last at the
+ *              smallest of 1-6 or 8 n-tiles that holds it) in version 50's grid (131), or one block per (expert, pass,
+ *              slab) in version 50's order (130: an expert's passes read its weights at the same time); 132: 130's
+ *              items with 8 warps per block, two warps per 32 weight rows, each on a half of the pass's 64 tokens (4
+ *              n-tiles: registers for 16 warps per SM instead of 8); 133: 132 with registers for 8 warps per SM (its
+ *              occupancy alone); bit for bit = v50
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -190,6 +197,7 @@
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 #include "qr_diet_lab.cuh" /* versions 95-113: the SASS diet, its launch choices, weight rings, persistent grid, early
                                * weights, timeline, slab pairs, tail split, empty probe (lab only) */
+#include "qr_lm_lab.cuh" /* versions 130-133: passes fitted to their rows, split blocks, token halves (session 28, helper lm14) */
 #include "cuda/qmoe_wl.cuh" /* versions 120-124: the large-M wgmma kernel (the backend gate/up of DGEMMA_WL=1 is 122) */
 extern "C" {
 #include "io/quant.h"
@@ -601,6 +609,19 @@ static cudaError_t run_diet(int ver, int prod, stack *st, routing *r) {
   case 8: return gateup ? qr_diet_version<8, 1>(ver, 0, grid, nt, a) : qr_diet_version<8, 0>(ver, 0, grid, nt, a);
   default: return gateup ? qr_diet_version<16, 1>(ver, 0, grid, nt, a) : qr_diet_version<16, 0>(ver, 0, grid, nt, a);
   }
+}
+
+/* Versions 130-133 (4-bit g64; dev/cuda/qr_lm_lab.cuh, session 28): version 50 with each pass's body fitted to its rows
+ * (131), and one block per (expert, pass, slab) (130; 132, 133 with two warps per weight warp, one per token half);
+ * outputs compared with version 50's bit for bit */
+static cudaError_t run_lm(int ver, int prod, stack *st, routing *r) {
+  qe_args a;
+  dim3 grid;
+  if (st->w.bits != 4) return cudaErrorNotSupported;
+  const cudaError_t e = backend_args(prod, st, r, &a, &grid);
+  if (e != cudaSuccess) return e;
+  qr_lm_pairs = r->T * TOPK;
+  return prod == GU ? qr_lm_launch<4, 1>(ver, 0, grid, a) : qr_lm_launch<4, 0>(ver, 0, grid, a);
 }
 
 /* The gate/up + down rows (versions 50 and 114, 4-bit): gate/up over xe and down over the h it makes, as the backend
@@ -1057,10 +1078,15 @@ static cudaError_t run_qs_bits(int bits, int prod, stack *st, routing *r, int nt
 static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing *r) {
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
+  if (ver >= 130 && ver <= 133) return run_lm(ver, prod, st, r);
   if (ver >= 95 && ver <= 113) return run_diet(ver, prod, st, r);
 #ifdef LAB_ONLY_SK /* versions 1-3, 40, 50 and 95-113 only (issue 11's session-25 call: the build in ~1-2 minutes) */
   (void)run_probe; /* (not built in: no "declared but never referenced" warnings) */
+#ifdef LAB_LM /* -DLAB_LM (dev/gpu/s28_lm14.sh): with 120-124 */
+  if (ver >= 120 && ver <= 124) return run_wl(ver, prod, st, r);
+#else
   (void)run_wl;
+#endif
   if ((ver >= 80 && ver < 95) || ver >= 120) return cudaErrorNotSupported;
 #else
   if (ver >= 90 && ver <= 94) return run_probe(ver, prod, prod == GU ? gu : dn, r);
@@ -1460,7 +1486,7 @@ int main(int argc, char **argv) {
           if (!(q <= 1.0)) failures++;
           /* versions 80-89, 95-111: output words that differ from version 50's (bit-identical by construction) */
           long ndiff = -1;
-          if ((ver >= 80 && ver < 90) || (ver >= 95 && ver <= 111)) {
+          if ((ver >= 80 && ver < 90) || (ver >= 95 && ver <= 111) || (ver >= 130 && ver <= 139)) {
             const size_t words = prod == GU ? (size_t)r.T * TOPK * IE : (size_t)r.T * TOPK * H, wb = prod == GU ? 2 : 4;
             void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
             std::vector<uint8_t> o1(words * wb), o2(words * wb);
@@ -1475,7 +1501,7 @@ int main(int argc, char **argv) {
             if (prod == DN) CKL(cudaMemcpy(r.b.h, r.hh.data(), r.hh.size() * 2, cudaMemcpyHostToDevice));
           }
           double q50 = -1; /* versions 112, 120-: |v - v50| / (bound + bound50) over 256 sampled outputs */
-          if (ver >= 120 || ver == 112) {
+          if ((ver >= 120 && ver <= 124) || ver == 112) {
             const size_t bytes = prod == GU ? (size_t)r.T * TOPK * IE * 2 : (size_t)r.T * TOPK * H * 4;
             void *out = prod == GU ? (void *)r.b.h : (void *)r.b.y;
             std::vector<uint8_t> o1(bytes), o2(bytes);
