@@ -4159,6 +4159,93 @@ static void test_quant_synth_logits(void **state) {
   dg_test_rm_dir(root);
 }
 
+/* The weights in one device block (src/cuda/upload.cu dg_cuda_model_new, session 28: cudaMalloc rounds each
+ * allocation of 2 MiB or more up to whole 2 MiB pages, ~0.18 GiB over the 26B's ~210 large matrices). A model
+ * loaded by default makes one cudaMalloc for its weights, of its weight bytes plus 256 bytes of alignment room per
+ * possible matrix (32 + 40 per layer), and carves its weights from it (all of them: no cudaMalloc outside it); one loaded with
+ * DGEMMA_WEIGHT_BLOCK=0 makes one cudaMalloc per matrix as before (no block). Both give the same logits word for
+ * word (memcmp: the same kernels read the same values at other addresses) on an encoded prompt, a decoder pass and
+ * a self-conditioned one, for a bf16 model and its 4-bit mixed quantization (3 allocations per quantized matrix,
+ * the experts' lane records or tiles). */
+static void test_weight_block(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device weights to test here");
+  synth_cfg c = synth_default();
+  c.hidden = 64; c.head_dim = 64; c.ghd = 128; c.inter = 96; c.moe_inter = 32; c.experts = 8; c.topk = 3;
+  c.window = 16; c.canvas = 16; c.vocab = 512; c.seed = 17; c.dt = DG_BF16;
+  char root[] = "/tmp/dg_cuda_wblockXXXXXX";
+  assert_non_null(mkdtemp(root));
+  char dirs[2][600];
+  snprintf(dirs[0], sizeof dirs[0], "%s/float", root);
+  snprintf(dirs[1], sizeof dirs[1], "%s/q", root);
+  assert_int_equal(mkdir(dirs[0], 0755), 0);
+  assert_int_equal(synth_model_dir(dirs[0], &c), 0);
+  quantize_dir(dirs[0], dirs[1], 4, 32, "attn=8,mlp=6,experts=3,sc=2,embed=4:64,router=8");
+  for (int k = 0; k < 2; k++) {
+    dg_model_params mp = dg_model_default_params();
+    mp.no_tokenizer = 1;
+    mp.device = DG_DEVICE_CUDA;
+    dg_model *gm[2]; /* [0]: DGEMMA_WEIGHT_BLOCK=0, [1]: the default */
+    setenv("DGEMMA_WEIGHT_BLOCK", "0", 1);
+    const dg_status st0 = dg_model_load(dirs[k], &mp, &gm[0]);
+    unsetenv("DGEMMA_WEIGHT_BLOCK");
+    assert_dg_ok(st0);
+    assert_dg_ok(dg_model_load(dirs[k], &mp, &gm[1]));
+    const int C = gm[1]->cfg.canvas_length, V = gm[1]->cfg.vocab_size, L = gm[1]->cfg.n_layers,
+              P = 3 * c.window + 5;
+    const size_t CV = (size_t)C * V;
+    int32_t *prompt = malloc((size_t)P * 4), *canvas = malloc((size_t)C * 4);
+    synth_random_ids(prompt, P, V, 7u + (unsigned)k);
+    synth_random_ids(canvas, C, V, 70u + (unsigned)k);
+    float *l[2], *l2[2], *sc = malloc(CV * sizeof(float));
+    dg_context *cx[2];
+    dg_context_params cp = dg_context_default_params();
+    cp.max_context = P + 2 * C;
+    for (int j = 0; j < 2; j++) {
+      assert_dg_ok(dg_context_new(gm[j], &cp, &cx[j]));
+      int n = 0;
+      size_t used = 0, cap = 0, wb = 0;
+      assert_dg_ok(cut()->test_weight_block(cx[j]->dev, &n, &used, &cap, &wb));
+      printf("# %s, %s: %d device allocations for %zu weight bytes; block %zu bytes, %zu carved\n",
+             k ? "4-bit mixed" : "bf16", j ? "one block (default)" : "DGEMMA_WEIGHT_BLOCK=0", n, wb, cap, used);
+      if (j) {
+        assert_int_equal(n, 1);
+        assert_true(cap == wb + (size_t)256 * (32 + 40 * (size_t)L));
+        /* weight_bytes counts the two rope vectors as 512 floats each (they hold head_dim / 2): at most 4 KiB over */
+        assert_true(used + 4096 >= wb && used <= cap);
+      } else {
+        assert_true(cap == 0 && used == 0);
+        assert_true(n > 2 * L); /* at least the experts' two stacks per layer, each on its own */
+      }
+      l[j] = malloc(CV * sizeof(float));
+      l2[j] = malloc(CV * sizeof(float));
+      assert_dg_ok(dg_encode(cx[j], prompt, (size_t)P));
+      assert_dg_ok(dg_decode(cx[j], canvas, NULL, l[j]));
+    }
+    for (size_t i = 0; i < CV; i++) sc[i] = l[1][i] / 0.7f;
+    for (int j = 0; j < 2; j++) assert_dg_ok(dg_decode(cx[j], canvas, sc, l2[j]));
+    long nd = 0, nd2 = 0;
+    for (size_t i = 0; i < CV; i++) {
+      nd += memcmp(&l[0][i], &l[1][i], 4) != 0;
+      nd2 += memcmp(&l2[0][i], &l2[1][i], 4) != 0;
+    }
+    printf("#   logits: %ld of %zu words differ (decoder pass), %ld (self-conditioned)\n", nd, CV, nd2);
+    assert_int_equal(nd, 0);
+    assert_int_equal(nd2, 0);
+    for (int j = 0; j < 2; j++) {
+      free(l[j]);
+      free(l2[j]);
+      dg_context_free(cx[j]);
+      dg_model_free(gm[j]);
+    }
+    free(sc);
+    free(prompt);
+    free(canvas);
+  }
+  dg_test_rm_dir(root);
+}
+
 /* The bundled model through `dgemma quantize` (dg_quantize) with mlx-vlm's
  * layout and 3-bit experts (8-bit embedding, attention, dense MLP and router,
  * 4-bit self-conditioning MLP, 3-bit experts). */
@@ -4411,7 +4498,7 @@ int main(void) {
       cmocka_unit_test(test_no_gpu_error), cmocka_unit_test(test_synth_logits), cmocka_unit_test(test_golden_logits),
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
-      cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_turbo_sc),
+      cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_weight_block), cmocka_unit_test(test_turbo_sc),
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),

@@ -49,6 +49,20 @@ static size_t blas_ws_bytes(int device) {
   return major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
 }
 
+/* Bytes of the concurrent branches' second cuBLAS workspace (DGEMMA_BRANCH): blas_ws_bytes, so that the dense
+ * MLP's products on the second handle may pick the algorithms of the first; DGEMMA_BRANCH_WS_KIB=N (1..32768, read
+ * once) sets N KiB instead, to measure on a GPU whether cuBLAS still picks the same ones at 256 rows with less
+ * (test_branch compares the branch's words with the one-stream order's; docs/cuda.md, session 28). */
+static size_t side_ws_bytes(int device) {
+  static const long kib = [] {
+    const char *v = getenv("DGEMMA_BRANCH_WS_KIB");
+    char *end = NULL;
+    const long n = v && *v ? strtol(v, &end, 10) : 0;
+    return end && !*end && n >= 1 && n <= 32768 ? n : 0L;
+  }();
+  return kib ? (size_t)kib << 10 : blas_ws_bytes(device);
+}
+
 void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end) {
   if (pos0 == 0) c->hi = c->lo = 0;
   if (end > c->hi) c->hi = end;
@@ -202,7 +216,7 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
   B_(c->vcnt, C * 4);
   B_(c->blas_ws, blas_ws_bytes(m->device));
-  if (c->side.on) B_(c->side.ws, blas_ws_bytes(m->device)); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
+  if (c->side.on) B_(c->side.ws, side_ws_bytes(m->device)); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
 #undef B_
 }
 
@@ -267,6 +281,9 @@ int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, s
  * and the fork and join events of passes.cu's layer_segs. */
 static dg_status ctx_side(dg_cuda_ctx *c) {
   auto *sd = &c->side;
+  if (side_ws_bytes(c->m->device) < blas_ws_bytes(c->m->device) && (c->pins || c->inv))
+    return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_BRANCH_WS_KIB: the pinned (DGEMMA_GEMM_PIN) or batch-invariant "
+                                         "(DGEMMA_STACK_DENSE=inv) products assume the whole workspace; unset one");
   cudaError_t e = cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->fork, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->join, cudaEventDisableTiming);
@@ -277,7 +294,7 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(sd->blas, sd->stream);
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(sd->blas, CUBLAS_DEFAULT_MATH);
 #ifndef DG_CUDA_EMU
-  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(sd->blas, sd->ws, blas_ws_bytes(c->m->device));
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(sd->blas, sd->ws, side_ws_bytes(c->m->device));
 #endif
   if (bs != CUBLAS_STATUS_SUCCESS)
     return dg_seterr(DG_ERR_BACKEND, "the concurrent branches' second cuBLAS handle (DGEMMA_BRANCH=0 runs without it): %s", cublasGetStatusString(bs));
@@ -335,8 +352,16 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';
   }
+  mem_log("context: before its block");
   dg_status st = ctx_buffers(pv, &z);
+  if (st == DG_OK && pv->dev) {
+    char w[128];
+    snprintf(w, sizeof w, "context: after its block (%zu bytes = %.3f GiB, cap %d)", pv->dev_bytes, pv->dev_bytes / GiB,
+             (int)cap);
+    mem_log(w);
+  }
   if (st == DG_OK) st = ctx_stream(c);
+  if (st == DG_OK) mem_log("context: after its streams, cuBLAS handles and graph cache (ctx_stream)");
   if (st != DG_OK) {
     dg_cuda_ctx_free(c);
     return st;
@@ -358,6 +383,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   cudaSetDevice(c->m->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
   if (c->side.stream) cudaStreamSynchronize(c->side.stream); /* idle unless a pass failed between fork and join */
+  mem_log("context: at dg_cuda_ctx_free, after its passes (graphs, turbo buffers, loaded kernels)");
   if (c->prof || c->prof_stack) dg_cuda_profile(c, 0);
   graph_free(c);
   gemm_pins_free(c);
@@ -372,6 +398,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   turbo_free(c);
   if (pv->dev) cudaFree(pv->dev);
   free(pv);
+  mem_log("context: freed");
 }
 
 /* ---- stage timing ------------------------------------------------------------ */

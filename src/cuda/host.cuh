@@ -74,14 +74,22 @@ template <class F> static inline dg_status carve_block(void **blk, const char *w
 
 /* ---- upload.cu ---- */
 
-/* All device allocations of a model or context, freed together. */
+/* All device allocations of a model or context, freed together. With an arena (a model's weights in one block,
+ * dg_cuda_model_new: cudaMalloc rounds every allocation of 2 MiB or more up to whole 2 MiB pages, ~1 MiB lost per
+ * matrix), dalloc carves from it at CARVE_ALIGN while it has room (the arena itself recorded in p). */
 typedef struct alloc_list {
   void **p;
   int n, cap;
+  unsigned char *arena;
+  size_t arena_off, arena_cap;
 } alloc_list;
-/* cudaMalloc of bytes into *out, recorded in al (what names it in the error). */
+/* bytes into *out: carved from al's arena where it has room, else a cudaMalloc recorded in al (what names it in
+ * the error). */
 dg_status dalloc(alloc_list *al, void **out, size_t bytes, const char *what);
 void dfree_all(alloc_list *al);
+/* DGEMMA_CUDA_MEMLOG=1: one stderr line "dgemma cuda mem: WHERE: used X MiB (total - free of cudaMemGetInfo), free
+ * Y MiB, stack limit S B" (the accounting of docs/cuda.md "What the context allocates"); nothing otherwise. */
+void mem_log(const char *where);
 /* Free and total device memory; DGEMMA_CUDA_MEM_LIMIT=BYTES in the environment
  * caps what dgemma considers free (to share a GPU, and to test the refusal). */
 cudaError_t mem_info(size_t *fr, size_t *tot);

@@ -99,6 +99,12 @@ static dg_status upload_bf16(bf16 *dst, const dg_weight *m, size_t off, size_t n
 
 /* All device allocations of a model or context, freed together. */
 dg_status dalloc(alloc_list *al, void **out, size_t bytes, const char *what) {
+  const size_t nb = (bytes + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN + (bytes == 0) * CARVE_ALIGN;
+  if (al->arena && nb <= al->arena_cap - al->arena_off) {
+    *out = al->arena + al->arena_off;
+    al->arena_off += nb;
+    return DG_OK;
+  }
   if (al->n == al->cap) {
     int nc = al->cap ? 2 * al->cap : 64;
     void **np = (void **)realloc(al->p, (size_t)nc * sizeof *np);
@@ -121,6 +127,78 @@ void dfree_all(alloc_list *al) {
   free(al->p);
   al->p = NULL;
   al->n = al->cap = 0;
+  al->arena = NULL;
+  al->arena_off = al->arena_cap = 0;
+}
+
+/* One cudaMalloc of bytes as al's arena (recorded in al, freed by dfree_all); 0 when DGEMMA_WEIGHT_BLOCK=0 (one
+ * cudaMalloc per matrix, as before session 28) or the allocation fails (dalloc then allocates each on its own). */
+static int arena_new(alloc_list *al, size_t bytes) {
+  const char *v = getenv("DGEMMA_WEIGHT_BLOCK");
+  if (v && !strcmp(v, "0")) return 0;
+  void *p = NULL;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (al->n == al->cap) {
+    const int nc = al->cap ? 2 * al->cap : 64;
+    void **np = (void **)realloc(al->p, (size_t)nc * sizeof *np);
+    if (!np) {
+      cudaFree(p);
+      return 0;
+    }
+    al->p = np;
+    al->cap = nc;
+  }
+  al->p[al->n++] = p; /* freed by dfree_all with the rest */
+  al->arena = (unsigned char *)p;
+  al->arena_off = 0;
+  al->arena_cap = bytes;
+  return 1;
+}
+
+static int memlog_on(void) {
+  static const int on = [] {
+    const char *v = getenv("DGEMMA_CUDA_MEMLOG");
+    return v && *v == '1';
+  }();
+  return on;
+}
+
+void mem_log(const char *where) {
+  if (!memlog_on()) return;
+  size_t fr = 0, tot = 0, stack = 0, fifo = 0, heap = 0;
+  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+    fprintf(stderr, "dgemma cuda mem: %s: cudaMemGetInfo failed: %s\n", where, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+#ifndef DG_CUDA_EMU
+  (void)cudaDeviceGetLimit(&stack, cudaLimitStackSize);
+  (void)cudaDeviceGetLimit(&fifo, cudaLimitPrintfFifoSize);
+  (void)cudaDeviceGetLimit(&heap, cudaLimitMallocHeapSize);
+  (void)cudaGetLastError();
+#endif
+  fprintf(stderr, "dgemma cuda mem: %s: used %.1f MiB (%.3f GiB), free %.1f MiB; limits: stack %zu B, printf fifo %zu B, "
+          "malloc heap %zu B\n", where, (tot - fr) / 1048576.0, (tot - fr) / GiB, fr / 1048576.0, stack, fifo, heap);
+}
+
+/* The context's device-side limits (DGEMMA_CUDA_LIMITS=0 keeps the driver's defaults): the per-thread stack limit
+ * to 0 bytes, and the printf FIFO and the device malloc heap (no kernel of ours calls printf or malloc) to 0. The
+ * driver reserves local memory for the stack limit times the threads the GPU holds at once (default 1 KiB: 132 SMs
+ * x 2,048 threads x 1 KiB = 264 MiB on an H100) and grows it itself for a launch whose kernel needs more ("The
+ * driver automatically increases the per-thread stack size for each kernel launch as needed", cuCtxSetLimit,
+ * CUDA driver API), so no kernel runs differently; DGEMMA_CUDA_MEMLOG=1 prints the limit the passes leave. A
+ * refusal (a FIFO or heap set after a kernel that uses it ran) is ignored: the limit stays as it was. */
+static void dev_limits(void) {
+#ifndef DG_CUDA_EMU
+  const char *v = getenv("DGEMMA_CUDA_LIMITS");
+  if (v && !strcmp(v, "0")) return;
+  (void)cudaDeviceSetLimit(cudaLimitStackSize, 0);
+  (void)cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 0);
+  (void)cudaDeviceSetLimit(cudaLimitMallocHeapSize, 0);
+  (void)cudaGetLastError();
+#endif
 }
 
 /* Model-side bookkeeping kept next to the public struct. */
@@ -479,6 +557,14 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
   *out = NULL;
   char info[512];
   DG_TRY(dg_cuda_info(d->device, info, sizeof info));
+  if (memlog_on()) {
+    const char *ml = getenv("CUDA_MODULE_LOADING");
+    fprintf(stderr, "dgemma cuda mem: %s; CUDA_MODULE_LOADING=%s\n", info,
+            ml && *ml ? ml : "(unset: the runtime's default, LAZY from CUDA 12.2)");
+  }
+  mem_log("model: the CUDA context made (dg_cuda_info's probe kernel ran)");
+  dev_limits();
+  mem_log("model: after the context's limits (stack, printf FIFO, malloc heap)");
   DG_TRY(check_desc(d));
   size_t need = 0;
   DG_TRY(check_fits(d, &need));
@@ -496,6 +582,10 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
   m->device = d->device;
   m->layers = layers;
   m->bytes = need;
+  /* the weights in one block: need (weight_bytes) plus CARVE_ALIGN for each allocation up_* makes (at most 3 x 3
+   * for a fused q/k/v, 3 for o, 9 vectors, 2 x 3 + 3 for the dense MLP, 3 for the router and its scales, 2 x 2 for
+   * the experts: 40 per layer; 32 for the globals) */
+  arena_new(&pv->al, need + (size_t)CARVE_ALIGN * (32 + 40 * (size_t)d->n_layers));
   dg_status st = upload_all(&pv->al, m, d, stage);
   free(stage);
   if (st != DG_OK) {
@@ -503,6 +593,12 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
     free(layers);
     free(pv);
     return st;
+  }
+  if (memlog_on()) {
+    char w[160];
+    snprintf(w, sizeof w, "model: after the weights (%zu bytes = %.3f GiB; %s, %d allocations outside it)", need,
+             need / GiB, pv->al.arena ? "one block" : "one cudaMalloc each", pv->al.n - (pv->al.arena ? 1 : 0));
+    mem_log(w);
   }
   *out = m;
   return DG_OK;
@@ -518,4 +614,13 @@ extern "C" void dg_cuda_model_free(dg_cuda_model *m) {
 }
 
 extern "C" size_t dg_cuda_model_bytes(const dg_cuda_model *m) { return m ? m->bytes : 0; }
+
+/* For tests/support/cuda_entry.cu (dg_cuda_test_weight_block): m's device allocations (*n: cudaMalloc calls
+ * recorded, the arena one of them), and its arena's bytes carved (*used) of *cap (0 and 0: no arena). */
+extern "C" void dg_cuda_model_allocs(const dg_cuda_model *m, int *n, size_t *used, size_t *cap) {
+  const model_priv *pv = (const model_priv *)m;
+  *n = pv->al.n;
+  *used = pv->al.arena ? pv->al.arena_off : 0;
+  *cap = pv->al.arena ? pv->al.arena_cap : 0;
+}
 

@@ -1750,6 +1750,17 @@ done:
 #undef TT_
 #undef TC_
 
+extern "C" void dg_cuda_model_allocs(const dg_cuda_model *m, int *n, size_t *used, size_t *cap); /* upload.cu */
+extern "C" size_t dg_cuda_model_bytes(const dg_cuda_model *m);
+
+extern "C" dg_status dg_cuda_test_weight_block(const dg_cuda_ctx *c, int *n, size_t *used, size_t *cap,
+                                               size_t *weight_bytes) {
+  if (!c || !n || !used || !cap || !weight_bytes) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_weight_block: NULL");
+  dg_cuda_model_allocs(c->m, n, used, cap);
+  *weight_bytes = dg_cuda_model_bytes(c->m);
+  return DG_OK;
+}
+
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
@@ -1760,7 +1771,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
     dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_prod, dg_cuda_test_sc_probs,
-    dg_cuda_test_sc_probs_set,
+    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

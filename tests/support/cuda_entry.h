@@ -264,6 +264,11 @@ dg_status dg_cuda_test_combine_norm(int device, const float *x, const float *den
  * context that is freed after. */
 dg_status dg_cuda_test_ctx_arena(dg_cuda_ctx *c, int32_t n_allocs[2], int *n_bufs, long *n_bad);
 
+/* The weights' allocations of c's model (src/cuda/upload.cu, session 28): *n cudaMalloc calls (one block: 1),
+ * *used bytes carved from the block of *cap (0, 0 without one: DGEMMA_WEIGHT_BLOCK=0 when the model was loaded),
+ * *weight_bytes the weights' bytes (dg_cuda_model_bytes). */
+dg_status dg_cuda_test_weight_block(const dg_cuda_ctx *c, int *n, size_t *used, size_t *cap, size_t *weight_bytes);
+
 /* The entry points above by pointer: dg_cuda_test_table() in the library, found with dlsym so that
  * the tests link in a CPU-only build. */
 typedef struct dg_cuda_test_api {
@@ -325,6 +330,7 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_sc_probs)(int device, int act, int B, const int32_t *n, int V, float cap, const float *T,
                              const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
   dg_status (*test_sc_probs_set)(int mode);
+  dg_status (*test_weight_block)(const dg_cuda_ctx *c, int *n, size_t *used, size_t *cap, size_t *weight_bytes);
 } dg_cuda_test_api;
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
