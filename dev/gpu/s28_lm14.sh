@@ -37,13 +37,16 @@ O=${1:?usage: dev/gpu/s28_lm14.sh OUT}; mkdir -p "$O"
 A="-gencode=arch=compute_90a,code=sm_90a"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$O/log.txt"
-mkdir -p build-lm; rm -f build-lm/moe_quant.o build-lm/moe_quant # never an earlier call's binary on a warm machine
+mkdir -p build-lm
+# LAB_PRE=1: the lead's combined call (dev/gpu/s28_final.sh) compiled the lab object already, with this command
+if [ -n "$LAB_PRE" ] && [ -s build-lm/moe_quant.o ]; then lp=; rm -f build-lm/moe_quant; else
+rm -f build-lm/moe_quant.o build-lm/moe_quant # never an earlier call's binary on a warm machine
 timeout "$(call_cap 200)" nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_FG -DLAB_LM -Xptxas -v -Iinclude -Isrc $XC dev/cuda/moe_quant.cu \
   -o build-lm/moe_quant.o > /tmp/lm_lab_build.txt 2>&1 &
-lp=$!
+lp=$!; fi
 make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/lm_build.txt 2>&1
 echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -2 /tmp/lm_build.txt >> "$O/log.txt"
-wait $lp; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
+{ [ -z "$lp" ] || wait $lp; }; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
 grep -A3 -E "Compiling entry.*(qr_lm_kernel|qr_lm8_kernel|qr_kernelILi4ELi[01]ELi[458]ELi64E)" /tmp/lm_lab_build.txt \
   | grep -E "Compiling|registers|spill" > "$O/ptxas.txt"
 if command -v cuobjdump > /dev/null && [ -s build-lm/moe_quant.o ]; then

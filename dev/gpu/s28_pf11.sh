@@ -40,13 +40,16 @@ A="-gencode=arch=compute_90a,code=sm_90a"
 V=50,114,119,125,126,127
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$O/log.txt"
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$O/log.txt"
-mkdir -p build-pf; rm -f build-pf/moe_quant.o build-pf/moe_quant # never an earlier call's binary on a warm machine
+mkdir -p build-pf
+# LAB_PRE=1: the lead's combined call (dev/gpu/s28_final.sh) compiled the lab object already, with this command
+if [ -n "$LAB_PRE" ] && [ -s build-pf/moe_quant.o ]; then lp=; rm -f build-pf/moe_quant; else
+rm -f build-pf/moe_quant.o build-pf/moe_quant # never an earlier call's binary on a warm machine
 timeout "$(call_cap 120)" nvcc -c -O2 -std=c++17 $A -DLAB_ONLY_FG -Xptxas -v -Iinclude -Isrc $XC dev/cuda/moe_quant.cu \
   -o build-pf/moe_quant.o > /tmp/pf_lab_build.txt 2>&1 &
-lp=$!
+lp=$!; fi
 make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/pf_build.txt 2>&1
 echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -2 /tmp/pf_build.txt >> "$O/log.txt"
-wait $lp; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
+{ [ -z "$lp" ] || wait $lp; }; echo "lab compile rc $? $(el)" | tee -a "$O/log.txt"
 grep -A3 -E "Compiling entry.*(qr_fgn_kernel|qr_fgp_kernel)" /tmp/pf_lab_build.txt | grep -E "Compiling|registers|spill" \
   > "$O/ptxas.txt"
 if command -v cuobjdump > /dev/null && [ -s build-pf/moe_quant.o ]; then
