@@ -3388,8 +3388,20 @@ static void test_attention_choice(void **state) {
   dg_model_free(m);
 }
 
+/* The CUDA context's encoder chunk as src/cuda/context.cu reads it: DGEMMA_ENC_CHUNK if a multiple of 64 in
+ * [64, 4096], else 256 (ENC_CHUNK). */
+static int enc_chunk_env(void) {
+  const char *ev = getenv("DGEMMA_ENC_CHUNK");
+  if (ev && *ev) {
+    char *end = NULL;
+    const long n = strtol(ev, &end, 10);
+    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) return (int)n;
+  }
+  return 256;
+}
+
 /* dg_context_profile (bench --profile): the stage marks of known passes and
- * their times. An encoder pass of n tokens in chunks of 256 marks 1 (entry) +
+ * their times. An encoder pass of n tokens in chunks of 256 (enc_chunk_env) marks 1 (entry) +
  * per chunk 1 (embedding) + 10 per layer but 2 for the last (it stops after
  * its K/V); a decoder pass without self-conditioning 1 + 1 + 10 per layer + 1
  * (LM head). The intervals are GPU time between events of one stream, so
@@ -3429,7 +3441,7 @@ static void test_profile(void **state) {
   assert_dg_ok(dg_context_profile_read(ctx, &pr));
   clock_gettime(CLOCK_MONOTONIC, &t1);
   const double wall_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
-  const int chunks = (P + 255) / 256;
+  const int chunks = (P + enc_chunk_env() - 1) / enc_chunk_env();
   const int64_t want = 1 + chunks * (1 + 10 * (L - 1) + 2) + (1 + 1 + 10 * L + 1);
   double sum = 0;
   for (int i = 0; i < DG_PROFILE_STAGES; i++) {
@@ -3476,13 +3488,7 @@ static void test_profile_encode(void **state) {
   dg_model *m;
   assert_dg_ok(dg_model_load(dir, &mp, &m));
   const int C = m->cfg.canvas_length, V = m->cfg.vocab_size, L = m->cfg.n_layers, P = 300;
-  int chunk = 256;
-  const char *ev = getenv("DGEMMA_ENC_CHUNK");
-  if (ev && *ev) {
-    char *end = NULL;
-    const long n = strtol(ev, &end, 10);
-    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) chunk = (int)n;
-  }
+  const int chunk = enc_chunk_env();
   dg_context_params cp = dg_context_default_params();
   cp.max_context = P + C;
   dg_context *ctx;
