@@ -193,7 +193,8 @@ static void test_encoder_chunks_cost(void **state) {
     if (!(fabs(ch[s].flops - one[s].flops) <= 1e-12 * one[s].flops))
       fail_msg("stage %d: chunks' FLOPs %.1f, one pass's %.1f", s, ch[s].flops, one[s].flops);
     if (s != 7 && !(fabs(ch[s].weight_bytes - 3 * one[s].weight_bytes) <= 1e-12 * one[s].weight_bytes))
-      fail_msg("stage %d: chunks' weight bytes %.1f, 3 x one pass's %.1f", s, ch[s].weight_bytes, 3 * one[s].weight_bytes);
+      fail_msg("stage %d: chunks' weight bytes %.1f, 3 x one pass's %.1f", s, ch[s].weight_bytes,
+               3 * one[s].weight_bytes);
   }
   dg_model_info info;
   dg_model_get_info(m, &info);

@@ -1604,9 +1604,11 @@ static int step_profile(dg_context *ctx, const dg_model *m, const int32_t *ids, 
   }
   const double wall = (t1 - t0) * 1e3;
   printf("\nstep --profile: one more prefill of P = %d tokens (not in the rows above) in %d chunk%s of %d tokens "
-         "(DGEMMA_ENC_CHUNK; the last %d); a chunk of %d rows gives %.1f rows per expert on average (%d tokens x top-%d "
+         "(DGEMMA_ENC_CHUNK; the last %d); a chunk of %d rows gives %.1f rows per expert on average "
+         "(%d tokens x top-%d "
          "/ %d experts) and hits %.1f%% of the experts; %.3f ms wall (dg_encode, host), %.3f ms profiled (%lld stage "
-         "marks, %.1f%% of the wall); floors = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s) of the cost model per stage, "
+         "marks, %.1f%% of the wall); floors = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s) of the cost model per "
+         "stage, "
          "as run (each chunk an encoder pass after the ones before: the weights read per chunk) and as one pass of P rows "
          "(the prefill floor above)\n",
          P, nch, nch == 1 ? "" : "s", enc_chunk, P - (nch - 1) * enc_chunk, T0, rpe, T0, cf->top_k_experts,
