@@ -168,6 +168,48 @@ static void test_stage_cost(void **state) {
   dg_model_free(m);
 }
 
+/* bench --protocol step --profile's floors of the prefill as the CUDA encoder runs it (bench_encoder_chunks_cost):
+ * P = 150 in chunks of 64 is 3 encoder passes (64, 64, 22 rows after 0, 64, 128 positions): the products' FLOPs
+ * (stages q/k/v, o-proj, dense MLP, router, experts) are those of one pass of 150 rows (linear in the rows: equal
+ * to 1e-12), the dense weights are read 3 times, the experts' the expected hit fraction of each chunk (1 - (1 -
+ * k / E)^T each, by hand); a chunk of >= P rows is the one pass field by field; P or chunk < 1 is 0 chunks. */
+static void test_encoder_chunks_cost(void **state) {
+  (void)state;
+  dg_model *m = load_small(0);
+  bench_cost ch[DG_PROFILE_STAGES], one[DG_PROFILE_STAGES], c1[DG_PROFILE_STAGES];
+  memset(ch, 0, sizeof ch);
+  memset(one, 0, sizeof one);
+  memset(c1, 0, sizeof c1);
+  assert_int_equal(bench_encoder_chunks_cost(m, 150, 64, ch), 3);
+  bench_stage_cost(m, 150, 0, 1, one);
+  assert_int_equal(bench_encoder_chunks_cost(m, 150, 256, c1), 1);
+  for (int i = 0; i < DG_PROFILE_STAGES; i++)
+    assert_true(c1[i].weight_bytes == one[i].weight_bytes && c1[i].kv_bytes == one[i].kv_bytes &&
+                c1[i].other_bytes == one[i].other_bytes && c1[i].act_bytes == one[i].act_bytes &&
+                c1[i].flops == one[i].flops);
+  const int prod[] = {1, 3, 4, 5, 7};
+  for (size_t i = 0; i < sizeof prod / sizeof prod[0]; i++) {
+    const int s = prod[i];
+    if (!(fabs(ch[s].flops - one[s].flops) <= 1e-12 * one[s].flops))
+      fail_msg("stage %d: chunks' FLOPs %.1f, one pass's %.1f", s, ch[s].flops, one[s].flops);
+    if (s != 7 && !(fabs(ch[s].weight_bytes - 3 * one[s].weight_bytes) <= 1e-12 * one[s].weight_bytes))
+      fail_msg("stage %d: chunks' weight bytes %.1f, 3 x one pass's %.1f", s, ch[s].weight_bytes,
+               3 * one[s].weight_bytes);
+  }
+  dg_model_info info;
+  dg_model_get_info(m, &info);
+  const double E = info.n_experts, k = info.top_k_experts; /* the bundled model: 8 experts, top-2 */
+  assert_true(E == 8 && k == 2);
+  const double h64 = 1 - pow(1 - k / E, 64), h22 = 1 - pow(1 - k / E, 22), h150 = 1 - pow(1 - k / E, 150);
+  assert_true(one[7].weight_bytes > 0);
+  const double want = one[7].weight_bytes / h150 * (2 * h64 + h22);
+  if (!(fabs(ch[7].weight_bytes - want) <= 1e-12 * want))
+    fail_msg("experts: chunks' weight bytes %.1f, want %.1f", ch[7].weight_bytes, want);
+  assert_int_equal(bench_encoder_chunks_cost(m, 0, 64, ch), 0);
+  assert_int_equal(bench_encoder_chunks_cost(m, 150, 0, ch), 0);
+  dg_model_free(m);
+}
+
 /* want[0] += the pass's floor, want[1] += its bytes term, want[2] += its FLOPs term. */
 static void add_floor(const bench_cost *c, double bw, double rate, double *want) {
   want[0] += bench_floor_s(c, bw, rate, NULL);
@@ -420,10 +462,13 @@ static void test_parse_lists(void **state) {
   assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
   o.protocol = "ceiling";
   assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
-  assert_string_equal(err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol ceiling");
-  o.protocol = "step";
+  assert_string_equal(err, "--profile splits the vllm, p512, batch and step rows into stages, not --protocol ceiling");
+  o.protocol = "step"; /* session 28: the first P's prefill split into stages, on CUDA only */
+  assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
+  o.device = DG_DEVICE_CPU;
   assert_int_equal(bench_check_opts(&o, err, sizeof err), -1);
-  assert_string_equal(err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol step");
+  assert_string_equal(err, "--profile times the CUDA backend's stages: add --device cuda");
+  o.device = DG_DEVICE_CUDA;
   o.profile = 0;
   o.contexts = "1024,8192,32768,100000";
   assert_int_equal(bench_check_opts(&o, err, sizeof err), 0);
@@ -444,8 +489,8 @@ static void test_cli_errors(void **state) {
        "--contexts sets the prompts of --protocol step, not of --protocol vllm"},
       {"bench --protocol step --prompt-tokens 64 -m /nonexistent/model",
        "--prompt-tokens sets the prompt of --protocol vllm (and of the vllm row of all), not of --protocol step"},
-      {"bench --protocol step --device cuda --profile -m /nonexistent/model",
-       "--profile splits the vllm, p512 and batch rows into stages, not --protocol step"},
+      {"bench --protocol step --profile -m /nonexistent/model",
+       "--profile times the CUDA backend's stages: add --device cuda"},
       {"bench --protocol ceiling --rows 0", "--rows: 0 is not in [1, 4096]"},
       {"bench --protocol ceiling --formats bf16,5", "--formats: \"5\" is not a format"},
   };
@@ -828,7 +873,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul_cost),       cmocka_unit_test(test_route),
-      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_stage_cost), cmocka_unit_test(test_batch_floor), cmocka_unit_test(test_stage_cost_batch), cmocka_unit_test(test_batch_passes),
+      cmocka_unit_test(test_decoder_batch_cost), cmocka_unit_test(test_stage_cost), cmocka_unit_test(test_encoder_chunks_cost), cmocka_unit_test(test_batch_floor), cmocka_unit_test(test_stage_cost_batch), cmocka_unit_test(test_batch_passes),
       cmocka_unit_test(test_batch_params),      cmocka_unit_test(test_batch_equals_single),
       cmocka_unit_test(test_parse_lists),       cmocka_unit_test(test_cli_errors),
       cmocka_unit_test(test_cli_rows),          cmocka_unit_test(test_cli_out_atomic),

@@ -1045,8 +1045,8 @@ static void test_rejected_options(void **state) {
       {"run -m /nonexistent -f /dev/null", "the prompt is empty (the file holds no text)"},
       /* bench: --profile does not apply to the ceiling protocol, whatever the device; --prompt-tokens only to vllm */
       {"bench -m /nonexistent --protocol ceiling --profile",
-       "dgemma bench: --profile splits the vllm, p512 and batch rows into stages, not --protocol ceiling; see `dgemma bench --help`"},
-      {"bench -m /nonexistent --protocol ceiling --profile --device cuda", "--profile splits the vllm, p512 and batch rows"},
+       "dgemma bench: --profile splits the vllm, p512, batch and step rows into stages, not --protocol ceiling; see `dgemma bench --help`"},
+      {"bench -m /nonexistent --protocol ceiling --profile --device cuda", "--profile splits the vllm, p512, batch and step rows"},
       {"bench -m /nonexistent --protocol p512 --prompt-tokens 64", "--prompt-tokens sets the prompt of --protocol vllm"},
       /* serve: every usage error ends with the help tail, and its numbers are decimal too */
       {"serve -m /nonexistent --port 0x10",

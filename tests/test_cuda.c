@@ -3388,8 +3388,20 @@ static void test_attention_choice(void **state) {
   dg_model_free(m);
 }
 
+/* The CUDA context's encoder chunk as src/cuda/context.cu reads it: DGEMMA_ENC_CHUNK if a multiple of 64 in
+ * [64, 4096], else 256 (ENC_CHUNK). */
+static int enc_chunk_env(void) {
+  const char *ev = getenv("DGEMMA_ENC_CHUNK");
+  if (ev && *ev) {
+    char *end = NULL;
+    const long n = strtol(ev, &end, 10);
+    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) return (int)n;
+  }
+  return 256;
+}
+
 /* dg_context_profile (bench --profile): the stage marks of known passes and
- * their times. An encoder pass of n tokens in chunks of 256 marks 1 (entry) +
+ * their times. An encoder pass of n tokens in chunks of 256 (enc_chunk_env) marks 1 (entry) +
  * per chunk 1 (embedding) + 10 per layer but 2 for the last (it stops after
  * its K/V); a decoder pass without self-conditioning 1 + 1 + 10 per layer + 1
  * (LM head). The intervals are GPU time between events of one stream, so
@@ -3429,7 +3441,7 @@ static void test_profile(void **state) {
   assert_dg_ok(dg_context_profile_read(ctx, &pr));
   clock_gettime(CLOCK_MONOTONIC, &t1);
   const double wall_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
-  const int chunks = (P + 255) / 256;
+  const int chunks = (P + enc_chunk_env() - 1) / enc_chunk_env();
   const int64_t want = 1 + chunks * (1 + 10 * (L - 1) + 2) + (1 + 1 + 10 * L + 1);
   double sum = 0;
   for (int i = 0; i < DG_PROFILE_STAGES; i++) {
@@ -3448,6 +3460,74 @@ static void test_profile(void **state) {
   assert_dg_ok(dg_context_profile(ctx, 0));
   assert_int_equal(dg_context_profile_read(ctx, &pr), DG_ERR_INVALID_ARG); /* stopped */
   free(ids); free(canvas); free(logits);
+  dg_context_free(ctx);
+  dg_model_free(m);
+}
+
+/* bench --protocol step --profile: the stage marks of an encoder pass alone (session 28, helper pp12). A prefill of
+ * P = 300 tokens in chunks of the context's encoder chunk (DGEMMA_ENC_CHUNK as src/cuda/context.cu reads it, else
+ * 256; this test under 64 too) marks 1 (entry) + per chunk 1 (embedding) + 10 per layer but 2 for the last (it
+ * stops after its K/V). The stages that an encoder pass never runs (LM head, self-conditioning, sampler
+ * statistics) are exactly 0; those it runs in every layer are > 0; nothing is negative. The stages sum to the GPU
+ * time from the entry's mark to the last chunk's last K/V, so: sum <= the host's wall time of dg_encode (it
+ * synchronises before it returns), and sum >= 0.8 x wall - 1 ms, the time outside the marks being the entry's
+ * cudaSetDevice before the first mark and the final synchronisation after the last (host calls of microseconds;
+ * the 1 ms and 20 % absorb a real GPU's launch and synchronisation latency at this small model's ~ms passes). */
+static void test_profile_encode(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_profeXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = synth_default();
+  sc.dt = DG_BF16;
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m;
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  const int C = m->cfg.canvas_length, V = m->cfg.vocab_size, L = m->cfg.n_layers, P = 300;
+  const int chunk = enc_chunk_env();
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = P + C;
+  dg_context *ctx;
+  assert_dg_ok(dg_context_new(m, &cp, &ctx));
+  int32_t *ids = malloc((size_t)P * 4);
+  for (int i = 0; i < P; i++) ids[i] = (i * 7 + 3) % V;
+  assert_dg_ok(dg_encode(ctx, ids, P)); /* a warm-up: first-use allocations outside the timed call */
+  dg_context_reset(ctx);
+  dg_profile pr;
+  assert_dg_ok(dg_context_profile(ctx, 1));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_dg_ok(dg_encode(ctx, ids, P));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_dg_ok(dg_context_profile_read(ctx, &pr));
+  const double wall_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+  const int chunks = (P + chunk - 1) / chunk;
+  const int64_t want = 1 + chunks * (1 + 10 * (L - 1) + 2);
+  double sum = 0;
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+    if (!(pr.ms[i] >= 0)) fail_msg("profile stage %s: %g ms", pr.name[i], pr.ms[i]);
+    sum += pr.ms[i];
+  }
+  printf("# encoder profile: chunk %d, %d chunks, %lld marks (expected %lld), stages sum %.3f ms, dg_encode wall "
+         "%.3f ms; q/k/v %.4f, attention %.4f, experts %.4f ms\n", chunk, chunks, (long long)pr.marks,
+         (long long)want, sum, wall_ms, pr.ms[DG_CUDA_ST_QKV], pr.ms[DG_CUDA_ST_ATTN], pr.ms[DG_CUDA_ST_EXPERTS]);
+  assert_int_equal(pr.marks, want);
+  if (!(sum <= wall_ms)) fail_msg("encoder profile: stages sum %.3f ms > dg_encode's wall %.3f ms", sum, wall_ms);
+  if (!(sum >= 0.8 * wall_ms - 1.0))
+    fail_msg("encoder profile: stages sum %.3f ms < 0.8 x dg_encode's wall %.3f ms - 1 ms", sum, wall_ms);
+  const int never[] = {DG_CUDA_ST_HEAD, DG_CUDA_ST_SC, DG_CUDA_ST_STATS};
+  for (int i = 0; i < 3; i++)
+    if (pr.ms[never[i]] != 0) fail_msg("encoder profile: %s took %g ms", pr.name[never[i]], pr.ms[never[i]]);
+  const int always[] = {DG_CUDA_ST_EMBED_NORM, DG_CUDA_ST_QKV,    DG_CUDA_ST_ATTN,    DG_CUDA_ST_OPROJ,
+                        DG_CUDA_ST_DENSE,      DG_CUDA_ST_ROUTER, DG_CUDA_ST_EXPERTS, DG_CUDA_ST_COMBINE};
+  for (int i = 0; i < 8; i++)
+    if (!(pr.ms[always[i]] > 0)) fail_msg("encoder profile: %s took no time", pr.name[always[i]]);
+  assert_dg_ok(dg_context_profile(ctx, 0));
+  free(ids);
   dg_context_free(ctx);
   dg_model_free(m);
 }
@@ -4502,7 +4582,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv), cmocka_unit_test(test_sc_prod),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

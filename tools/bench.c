@@ -208,6 +208,23 @@ void bench_stage_cost_batch(const dg_model *m, const bench_pass_seq *seqs, int n
   stage_vocab(m, head, rows, st);
 }
 
+int32_t bench_encoder_chunks_cost(const dg_model *m, int32_t P, int32_t chunk, bench_cost *st) {
+  if (P < 1 || chunk < 1) return 0;
+  int32_t n = 0;
+  for (int32_t i = 0; i < P; i += chunk, n++) bench_stage_cost(m, P - i < chunk ? P - i : chunk, i, 1, st);
+  return n;
+}
+
+int32_t bench_enc_chunk(void) {
+  const char *ev = getenv("DGEMMA_ENC_CHUNK");
+  if (ev && *ev) {
+    char *end = NULL;
+    const long n = strtol(ev, &end, 10);
+    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) return (int32_t)n;
+  }
+  return 256;
+}
+
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
   bench_cost c = {0, 0, 0, 0, 0};
   layers_weights(m, T, &c);
@@ -379,8 +396,8 @@ int bench_check_opts(const bench_opts *o, char *err, size_t n_err) {
     return -1;
   }
   /* first whether --profile applies to the protocol at all, then where it can run */
-  if (o->profile && (!strcmp(p, "ceiling") || !strcmp(p, "step"))) {
-    snprintf(err, n_err, "--profile splits the vllm, p512 and batch rows into stages, not --protocol %s", p);
+  if (o->profile && !strcmp(p, "ceiling")) {
+    snprintf(err, n_err, "--profile splits the vllm, p512, batch and step rows into stages, not --protocol %s", p);
     return -1;
   }
   if (o->profile && o->device != DG_DEVICE_CUDA) {
@@ -1545,6 +1562,87 @@ static void step_json(FILE *out, const step_row *r, const bench_opts *o, int32_t
   json_line(out, j);
 }
 
+/* bench --protocol step --profile (session 28, helper pp12): one more prefill of the first P's prompt on ctx (reset
+ * first) with the context's stage timing on, split into the stages of dg_context_profile, beside each stage's floor
+ * as the encoder runs it (bench_encoder_chunks_cost: chunks of enc_chunk tokens, the weights read per chunk) and
+ * as one pass of P rows would (bench_stage_cost(m, P, 0, 1): the prefill floor of the table). wall = the host's
+ * time of the dg_encode call (it synchronises before it returns), as the rows' prefill; the stages sum to the GPU
+ * time from the encoder's first mark (after the entry's cudaSetDevice) to the last chunk's last K/V, so they
+ * cannot exceed it. Also printed: the chunks, the rows per expert a chunk gives on average (T top_k / E) and the
+ * expected fraction of experts it hits. Returns 0, or 1 after saying why on stderr. */
+static int step_profile(dg_context *ctx, const dg_model *m, const int32_t *ids, int32_t P, int32_t enc_chunk,
+                        double bw, double rate, FILE *out) {
+  dg_context_reset(ctx);
+  dg_profile p;
+  double t0 = 0, t1 = 0;
+  dg_status st = dg_context_profile(ctx, 1);
+  if (!st) {
+    t0 = now_s();
+    st = dg_encode(ctx, ids, (size_t)P);
+    t1 = now_s();
+  }
+  if (!st) st = dg_context_profile_read(ctx, &p);
+  dg_context_profile(ctx, 0);
+  if (st) {
+    fprintf(stderr, "dgemma bench: step --profile: %s: %s\n", dg_status_str(st), dg_last_error());
+    return 1;
+  }
+  const dg_config *cf = &m->cfg;
+  bench_cost ch[DG_PROFILE_STAGES], one[DG_PROFILE_STAGES];
+  memset(ch, 0, sizeof ch);
+  memset(one, 0, sizeof one);
+  const int32_t nch = bench_encoder_chunks_cost(m, P, enc_chunk, ch);
+  bench_stage_cost(m, P, 0, 1, one);
+  const int32_t T0 = P < enc_chunk ? P : enc_chunk;
+  const double E = cf->n_experts > 0 ? cf->n_experts : 1, rpe = (double)T0 * cf->top_k_experts / E,
+               hit = cf->n_experts > 0 ? 1.0 - pow(1.0 - (double)cf->top_k_experts / E, (double)T0) : 0;
+  double tot = 0, fch = 0, fone = 0;
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+    tot += p.ms[i];
+    fch += bench_floor_s(&ch[i], bw, rate, NULL);
+    fone += bench_floor_s(&one[i], bw, rate, NULL);
+  }
+  const double wall = (t1 - t0) * 1e3;
+  printf("\nstep --profile: one more prefill of P = %d tokens (not in the rows above) in %d chunk%s of %d tokens "
+         "(DGEMMA_ENC_CHUNK; the last %d); a chunk of %d rows gives %.1f rows per expert on average "
+         "(%d tokens x top-%d "
+         "/ %d experts) and hits %.1f%% of the experts; %.3f ms wall (dg_encode, host), %.3f ms profiled (%lld stage "
+         "marks, %.1f%% of the wall); floors = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s) of the cost model per "
+         "stage, "
+         "as run (each chunk an encoder pass after the ones before: the weights read per chunk) and as one pass of P rows "
+         "(the prefill floor above)\n",
+         P, nch, nch == 1 ? "" : "s", enc_chunk, P - (nch - 1) * enc_chunk, T0, rpe, T0, cf->top_k_experts,
+         cf->n_experts, 100 * hit, wall, tot, (long long)p.marks, wall > 0 ? 100 * tot / wall : 0, bw / 1e9, rate / 1e12);
+  printf("| stage | ms | %% | floor ms (chunks as run) | floor / ms | floor ms (one pass of P) |\n|---|---|---|---|---|---|\n");
+  for (int i = 0; i < DG_PROFILE_STAGES; i++) {
+    const double a = bench_floor_s(&ch[i], bw, rate, NULL) * 1e3, b = bench_floor_s(&one[i], bw, rate, NULL) * 1e3;
+    if (a > 0)
+      printf("| %s | %.3f | %.1f%% | %.3f | %.1f%% | %.3f |\n", p.name[i], p.ms[i], 100 * p.ms[i] / (tot > 0 ? tot : 1), a,
+             p.ms[i] > 0 ? 100 * a / p.ms[i] : 0, b);
+    else
+      printf("| %s | %.3f | %.1f%% | - | - | - |\n", p.name[i], p.ms[i], 100 * p.ms[i] / (tot > 0 ? tot : 1));
+  }
+  printf("| all | %.3f | 100%% | %.3f | %.1f%% | %.3f |\n", tot, fch * 1e3, tot > 0 ? 100 * fch * 1e3 / tot : 0,
+         fone * 1e3);
+  fflush(stdout);
+  if (out) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "protocol", "step_profile");
+    cJSON_AddNumberToObject(j, "prompt_tokens", P);
+    cJSON_AddNumberToObject(j, "enc_chunk", enc_chunk);
+    cJSON_AddNumberToObject(j, "chunks", nch);
+    cJSON_AddNumberToObject(j, "rows_per_expert", rpe);
+    cJSON_AddNumberToObject(j, "wall_ms", wall);
+    cJSON_AddNumberToObject(j, "profiled_ms", tot);
+    cJSON_AddNumberToObject(j, "floor_chunks_ms", fch * 1e3);
+    cJSON_AddNumberToObject(j, "floor_one_pass_ms", fone * 1e3);
+    cJSON *sj = cJSON_AddObjectToObject(j, "stage_ms");
+    for (int i = 0; i < DG_PROFILE_STAGES; i++) cJSON_AddNumberToObject(sj, p.name[i], p.ms[i]);
+    json_line(out, j);
+  }
+  return 0;
+}
+
 /* The step protocol (issue 12's prefill and step-after-P lines): for each prompt length P of --contexts, a context
  * of P + C positions; each run (warm-up runs first, untimed): reset, dg_encode of the P-token vllm prompt timed on
  * the host (the prefill; the CUDA encoder synchronises before it returns), dg_context_truncate to P - 1 and
@@ -1566,15 +1664,8 @@ static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, co
   const int32_t C = info.canvas_length;
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   const int cuda = info.device == DG_DEVICE_CUDA;
-  /* the CUDA context's encoder chunk (src/cuda/context.cu enc_chunk_from_env: DGEMMA_ENC_CHUNK, a multiple of 64 in
-   * [64, 4096], else 256), which sizes the sliding layers' rings */
-  int32_t enc_chunk = 256;
-  const char *ev = getenv("DGEMMA_ENC_CHUNK");
-  if (ev && *ev) {
-    char *end = NULL;
-    const long n = strtol(ev, &end, 10);
-    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) enc_chunk = (int32_t)n;
-  }
+  /* the CUDA context's encoder chunk, which sizes the sliding layers' rings (and the prefill's passes) */
+  const int32_t enc_chunk = bench_enc_chunk();
   printf("step protocol: per prompt P (the vllm prompt's tokens) a context of P + %d positions; each run: the prefill "
          "(dg_encode of P tokens, host-timed) and one canvas of 16 fixed steps from the last prompt token (the cache "
          "truncated to P - 1), the decoder step = the interval between consecutive step callbacks (self-conditioning, "
@@ -1636,8 +1727,14 @@ static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, co
       return 1;
     }
     const double used = dev_used_bytes(&info, o->cuda_device, NULL);
-    dg_context_free(ctx);
-    free(ids);
+    /* --profile: the first P's prefill split into stages, printed after its row (below) */
+    const int prof = o->profile && i == 0;
+    if (!prof) {
+      dg_context_free(ctx);
+      free(ids);
+      ctx = NULL;
+      ids = NULL;
+    }
     double plo = pre[0], phi = pre[0], slo = stp[0], shi = stp[0];
     for (int k = 1; k < reps; k++) { plo = fmin(plo, pre[k]); phi = fmax(phi, pre[k]); }
     for (int k = 1; k < ns; k++) { slo = fmin(slo, stp[k]); shi = fmax(shi, stp[k]); }
@@ -1657,6 +1754,17 @@ static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, co
     if (out) {
       const step_row sr = {P, warm, reps, ns, pmed, plo, phi, pf, smed, slo, shi, sf, smed / step0, kv, used, before, tot};
       step_json(out, &sr, o, C, device, gc, bw, rate, mm, m->n_threads);
+    }
+    if (prof) {
+      const int rp = step_profile(ctx, m, ids, P, enc_chunk, bw, rate, out);
+      dg_context_free(ctx);
+      free(ids);
+      if (rp) return 1;
+      if (i + 1 < nP)
+        printf("\n| P | prefill median ms | prefill spread ms | prefill tok/s | prefill floor ms | step median ms | "
+               "step spread ms | steps timed | step floor ms | step floor/median | step / first P's | device GiB "
+               "(context held) | before the context GiB | KV cache GiB |\n|---|---|---|---|---|---|---|---|---|---|---|"
+               "---|---|---|\n");
     }
   }
   printf("\nprefill floor = max(bytes / %s) of one encoder pass of P tokens; step floor = the same of one decoder pass "

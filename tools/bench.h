@@ -109,6 +109,17 @@ bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len);
  * (bench_decoder_cost counts those weights twice per pass: head and soft embedding, as here). */
 void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal, bench_cost *st);
 
+/* The prefill of P tokens as the CUDA encoder runs it (src/cuda/passes.cu dg_cuda_encode): chunks of `chunk` tokens
+ * (the last one shorter), each an encoder pass after the chunks before it (bench_stage_cost(m, T_i, i * chunk, 1)),
+ * added to st (DG_PROFILE_STAGES entries). Every chunk reads the weights again (the experts: the fraction its T_i
+ * rows hit), while the FLOPs of the products and of the causal attention are those of one pass of P rows (no sliding
+ * window cut). Returns the number of chunks; 0 (st untouched) for P < 1 or chunk < 1. */
+int32_t bench_encoder_chunks_cost(const dg_model *m, int32_t P, int32_t chunk, bench_cost *st);
+
+/* The CUDA context's encoder chunk (src/cuda/context.cu enc_chunk_from_env): DGEMMA_ENC_CHUNK if it is a multiple
+ * of 64 in [64, 4096], else 256. */
+int32_t bench_enc_chunk(void);
+
 /* Floor of a pass in seconds: max(bytes / bw, flops / rate). bw in bytes/s,
  * rate in FLOP/s. *memory_bound (may be NULL) = 1 if the bytes term wins. */
 double bench_floor_s(const bench_cost *c, double bw, double rate, int *memory_bound);

@@ -210,8 +210,8 @@ static const command kCommands[] = {
      "      --contexts 1024,...  step: the prompt lengths P (default 1024)\n"
      "      --gen-kwargs JSON    batch: generation settings (the other protocols fix theirs)\n"
      "      --rows 1,2,...,256, --formats bf16,8,4,3,2, --moe-tokens 256, --quick   ceiling sweep\n"
-     "      --profile            vllm, p512, batch on --device cuda: one more run (batch: of each B) split into\n"
-     "                           stages (GPU ms each)\n",
+     "      --profile            vllm, p512, batch, step on --device cuda: one more run (batch: of each B; step:\n"
+     "                           the first P's prefill) split into stages (GPU ms each)\n",
      1, 1},
     {"quantize", C_QUANTIZE, "MLX affine quantization of a float checkpoint",
      "usage: dgemma quantize IN_DIR OUT_DIR [--bits B] [--group-size G] [--recipe SPEC] [-t N]\n"
