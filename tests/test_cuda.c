@@ -783,9 +783,7 @@ static void test_step_stats(void **state) {
  * same with z stored in place by the statistics' pass 1 and read as stored after it; DGEMMA_VOCAB=zstore) against
  * the chain (softcap in place, z in place, three passes of the probabilities; the default) on the same raw logits:
  * every word of the statistics, the first non-finite position and the probabilities P must be equal, whether P
- * follows the statistics (their partials reused) or runs alone (fused), and those of one (k_vocab_one,
- * DGEMMA_VOCAB=one: statistics and P in one launch, in its single-launch form where the device holds a row's blocks
- * at once, and its three phase launches; the emulation runs only the latter); the z made real in place (k_vocab_z) and
+ * follows the statistics (their partials reused) or runs alone (fused); the z made real in place (k_vocab_z) and
  * the z zstore stores equal the chain's z, and the fused chain leaves the logits untouched. Shapes with a partial
  * last chunk and V % 4 != 0
  * (scalar loads), softcap on and off, temperatures 1 and not, the three activation dtypes, the three proposal
@@ -802,7 +800,6 @@ static void test_vocab_chain(void **state) {
   };
   const int modes[3] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE, DG_PROPOSAL_REPLAY_UNIFORM};
   long words = 0;
-  int one_grid = 0, one_runs = 0;
   for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
     const int C = cs[k].C, V = cs[k].V;
     const size_t n = (size_t)C * V;
@@ -824,15 +821,15 @@ static void test_vocab_chain(void **state) {
     }
     if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
     for (int mi = 0; mi < 3; mi++) {
-      long nd[7] = {-1, -1, -1, -1, -1, -1, -1};
+      long nd[6] = {-1, -1, -1, -1, -1, -1};
       int32_t bad = -1;
       assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
-                                           0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd, &one_grid));
-      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5] || nd[6])
+                                           0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
+      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5])
         fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: fused statistics "
-                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld; one "
-                 "(statistics, P, partials, logits) %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T, cs[k].act,
-                 modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4], nd[5], nd[6]);
+                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld", k, C,
+                 V, (double)cs[k].cap, (double)cs[k].T, cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4],
+                 nd[5]);
       assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
       for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
         if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
@@ -840,15 +837,13 @@ static void test_vocab_chain(void **state) {
         for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
                                                                           ? (7 * c + 11) % V : (13 * c + 5) % V);
       words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n;
-      words += (one_grid > 0 ? 3 : 1) * ((long)C * 5 + 1 + 2 * (long)n); /* one: statistics, bad, P, logits */
-      if (one_grid > 0) one_runs++;
     }
     free(raw); free(uni); free(P); free(st);
   }
-  printf("# vocabulary chain: the fused chain, zstore and one equal to the chain word for word (%ld words compared: "
+  printf("# vocabulary chain: the fused chain and zstore equal to the chain word for word (%ld words compared: "
          "statistics, bad position, P after the statistics and alone, z made real, z stored, logits) on %zu cases x 3 "
-         "proposal modes; one's single launch (row waits) in %d of them, its three phase launches in all\n",
-         words, sizeof cs / sizeof cs[0], one_runs);
+         "proposal modes\n",
+         words, sizeof cs / sizeof cs[0]);
 }
 
 /* A model or context that does not fit is refused up front, naming the bytes
@@ -1114,8 +1109,9 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 42 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
- * included since session 24, k_vocab_one's row counters and DGEMMA_EXPERTS_FG's counters since session 26; 43 with
+ * its buffers (2 caches per layer and 41 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
+ * included since session 24, DGEMMA_EXPERTS_FG's counters since session 26, k_vocab_one's row counters from session
+ * 26 to 28; 42 with
  * the branches on, the default: the
  * second cuBLAS handle's workspace) lie inside
  * the block, 256 bytes aligned from its start, without overlap, and a
@@ -1148,7 +1144,7 @@ static void test_ctx_arena(void **state) {
            full, branch, na[0], na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 42 + branch);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 41 + branch);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
@@ -1884,8 +1880,7 @@ static void test_profile_batch(void **state) {
  * logits with the softcap pending, dg_cuda_step_stats, the kept self-conditioning of dg_cuda_soft_from_z, the z made
  * real where a pass needs it; zstore's bookkeeping of a z stored in place, c->lg_cap DG_VZ_STORED), chosen by
  * dg_cuda_vocab_set as DGEMMA_VOCAB would: reference generations (softcap 30, V 333, argmax and sampled proposals,
- * 6 steps, one block) under the fused chain, zstore and one (k_vocab_one: statistics and P in one launch, P found
- * made by the self-conditioning, c->lg_parts 3) produce the chain's tokens and step counts exactly
+ * 6 steps, one block) under the fused chain and zstore produce the chain's tokens and step counts exactly
  * (test_vocab_chain: every statistic and probability word the chain's). */
 static void test_vocab_modes(void **state) {
   (void)state;
@@ -1915,13 +1910,13 @@ static void test_vocab_modes(void **state) {
   gp[1] = gp[0];
   gp[1].seed = 11;
   gp[1].proposal = DG_PROPOSAL_SAMPLE;
-  static const char *name[4] = {"chain", "fused", "zstore", "one"};
-  dg_gen_result r[4][2];
+  static const char *name[3] = {"chain", "fused", "zstore"};
+  dg_gen_result r[3][2];
   dg_context_params cp = dg_context_default_params();
   cp.max_context = P + 2 * C;
   dg_context *x;
   assert_dg_ok(dg_context_new(gm, &cp, &x));
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < 3; m++) {
     assert_dg_ok(cut()->test_vocab_set(m));
     for (int k = 0; k < 2; k++) {
       dg_context_reset(x);
@@ -1934,7 +1929,7 @@ static void test_vocab_modes(void **state) {
     }
   }
   assert_dg_ok(cut()->test_vocab_set(-1));
-  for (int m = 1; m < 4; m++)
+  for (int m = 1; m < 3; m++)
     for (int k = 0; k < 2; k++) {
       if (r[m][k].n_tokens != r[0][k].n_tokens || r[m][k].n_steps != r[0][k].n_steps)
         fail_msg("%s, proposal %d: %d tokens in %d steps, the chain %d in %d", name[m], gp[k].proposal,
@@ -1944,9 +1939,9 @@ static void test_vocab_modes(void **state) {
           fail_msg("%s, proposal %d: token %d is %d, the chain's %d", name[m], gp[k].proposal, i, r[m][k].tokens[i],
                    r[0][k].tokens[i]);
     }
-  printf("# vocabulary chains through the passes: fused, zstore and one generate the chain's tokens (argmax %d tokens "
-         "in %d steps, sampled %d in %d)\n", r[0][0].n_tokens, r[0][0].n_steps, r[0][1].n_tokens, r[0][1].n_steps);
-  for (int m = 0; m < 4; m++)
+  printf("# vocabulary chains through the passes: fused and zstore generate the chain's tokens (argmax %d tokens in "
+         "%d steps, sampled %d in %d)\n", r[0][0].n_tokens, r[0][0].n_steps, r[0][1].n_tokens, r[0][1].n_steps);
+  for (int m = 0; m < 3; m++)
     for (int k = 0; k < 2; k++) dg_gen_result_free(&r[m][k]);
   dg_context_free(x);
   dg_model_free(gm);

@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <initializer_list>
-
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-114 (dg_cuda_test_experts_lab; 112, 114: _qw) */
@@ -297,7 +295,7 @@ extern "C" dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int d
   return DG_OK;
 }
 extern "C" dg_status dg_cuda_test_vocab_set(int mode) {
-  if (mode < -1 || mode > 3) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_set: mode %d (-1..3)", mode);
+  if (mode < -1 || mode > 2) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_set: mode %d (-1..2)", mode);
   dg_cuda_vocab_set(mode);
   return DG_OK;
 }
@@ -696,8 +694,7 @@ static long parts_diff(const float *ma, const double *sa, const float *mb, const
 
 extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
                                               int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[7],
-                                              int *one_grid) {
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[6]) {
   if (C <= 0 || V <= 0 || !(T > 0.0f) ||
       (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
@@ -706,13 +703,12 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   dg_status st = DG_OK;
   const size_t n = (size_t)C * V, sw = (size_t)C * sizeof(dg_cuda_pos_stats) / 4;
   void *dz = NULL, *dx = NULL, *dz2 = NULL, *duni = NULL, *ds0 = NULL, *ds1 = NULL, *db = NULL, *dP0 = NULL,
-       *dP1 = NULL, *ws = NULL, *dcnt = NULL;
+       *dP1 = NULL, *ws = NULL;
   const int32_t nobad = INT32_MAX;
   const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
   float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
   double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
-  for (int i = 0; i < 7; i++) n_diff[i] = 0;
-  *one_grid = k_vocab_one_grid(C, V);
+  for (int i = 0; i < 6; i++) n_diff[i] = 0;
   if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
   TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
@@ -724,7 +720,6 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(dalloc(&al, &dP0, n * 2, "P (chain)"));
   TT_(dalloc(&al, &dP1, n * 2, "P (fused)"));
   TT_(dalloc(&al, &ws, k_vocab_ws_bytes(C, V), "vocabulary partials"));
-  TT_(dalloc(&al, &dcnt, (size_t)C * 4, "row counters (k_vocab_one)"));
   /* P starts as different garbage in each: nothing either chain leaves unwritten passes for equal */
   TC_(cudaMemset(ds0, 0xFF, sw * 4)); /* the records of non-finite positions stay so in both (argmax -1) */
   TC_(cudaMemset(ds1, 0xFF, sw * 4));
@@ -775,25 +770,6 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(sc_parts(ws, C, V, 1, pm1, ps1));
   n_diff[5] += parts_diff(pm0, ps0, pm1, ps1, np);
   TT_(words_diff(dz, dz2, n, 4, &n_diff[5])); /* the stored z: the chain's */
-  /* one (k_vocab_one) on the raw logits (dx, untouched so far): its one launch (form 0, and the lab's form 2: at
-   * most 85 registers) where it fits, then the three phase launches (form 1) */
-  for (int form : {0, 2, 1}) {
-    if (form != 1 && k_vocab_one_grid_form(C, V, form) == 0) continue;
-    TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
-    TC_(cudaMemset(dcnt, 0x7F, (size_t)C * 4)); /* the launch clears them */
-    TC_(cudaMemset(ds1, 0xFF, sw * 4));
-    TC_(cudaMemset(dP1, 0x66 + form, n * 2));
-    TC_(cudaMemcpy((int32_t *)db + 1, &nobad, 4, cudaMemcpyHostToDevice));
-    TC_(k_vocab_one(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
-                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws, (int *)dcnt, form));
-    TT_(words_diff(ds0, ds1, sw, 4, &n_diff[6]));
-    TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[6]));
-    TT_(words_diff(dP0, dP1, n, 2, &n_diff[6]));
-    TT_(sc_parts(ws, C, V, 1, pm1, ps1));
-    n_diff[6] += parts_diff(pm0, ps0, pm1, ps1, np);
-    TT_(test_in(&al, &dz2, raw, n * 4, "logits (as given)"));
-    TT_(words_diff(dx, dz2, n, 4, &n_diff[6]));
-  }
   TT_(test_out(stats, ds1, sw * 4));
   TT_(test_out(bad, (int32_t *)db + 1, 4));
   TT_(test_out(P, dP1, n * 2));

@@ -102,7 +102,7 @@ dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate
  * Host only (no device memory); DG_ERR_INVALID_ARG for dq_from outside 0-8. */
 dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int dn_bits, int dn_group, int IE, int dq_from, int *G);
 /* The chain over the logits of the passes that follow (dg_cuda_vocab_set, src/cuda/host.cuh): 0 the chain, 1 fused,
- * 2 zstore, 3 one (DGEMMA_VOCAB's values), -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. */
+ * 2 zstore (DGEMMA_VOCAB's values), -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. */
 dg_status dg_cuda_test_vocab_set(int mode);
 /* DGEMMA_BRANCH for the contexts made next (dg_cuda_branch_set, src/cuda/host.cuh): 1 each layer's dense MLP on a
  * second stream, concurrent with the router and experts, 0 everything on one stream, -1 the environment's choice again;
@@ -188,14 +188,10 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
  * [2] fused P with nothing left (every pass of its own), both with the probabilities' chunk maxima and sums (float
  * and double words) against the chain's, [3] k_vocab_z's z against the chain's in-place z, plus the fused chain's
  * logits against raw (they must stay untouched); [4] zstore's statistics and bad position, [5] zstore's P after its
- * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z; [6] k_vocab_one's
- * (DGEMMA_VOCAB=one) statistics, bad position, P, chunk maxima and sums, and its logits against raw (untouched), in
- * its forms: the one launch (where the device holds a row's blocks at once; not in the emulation; also the lab's
- * form held to 3 blocks per SM) and the three phase launches; *one_grid: the one launch's blocks (0: only the
- * phased form ran). */
+ * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z. */
 dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                    uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                   int32_t *bad, uint16_t *P, long n_diff[7], int *one_grid);
+                                   int32_t *bad, uint16_t *P, long n_diff[6]);
 
 /* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
  * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
@@ -293,7 +289,7 @@ typedef struct dg_cuda_test_api {
                                  long *n_diff);
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                int32_t *bad, uint16_t *P, long n_diff[7], int *one_grid);
+                                int32_t *bad, uint16_t *P, long n_diff[6]);
   dg_status (*test_experts_dn_fuse)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
                                     int *fused);
