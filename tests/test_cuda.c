@@ -4219,7 +4219,7 @@ static void test_gemm_inv(void **state) {
       if (active == -1) dg_test_skip("test_cuda: this build has no cublasLt (the CPU emulation)");
       printf("# gemm inv shape %d of %d, rows 566 / %d: config %d %d %d %d %d %d %d %d %d (%s), %ld words differ, "
              "%ld sampled, worst |diff| / bound %.4f\n", i, n_shapes, M2[j], cfg[0], cfg[1], cfg[2], cfg[3], cfg[4],
-             cfg[5], cfg[6], cfg[7], cfg[8], rule == 0 ? "table" : rule == 1 ? "fallback rule, split-K 1" : rule == 2 ? "fallback rule, first entry" : "sc_prod.cu, v[3] its runs", n_diff, n_checked, worst);
+             cfg[5], cfg[6], cfg[7], cfg[8], rule == 0 ? "table" : rule == 1 ? "fallback rule, split-K 1" : "fallback rule, first entry", n_diff, n_checked, worst);
       assert_int_equal(active, 1);
       assert_int_equal(n_checked, 512);
       assert_true(worst <= 1.0);
@@ -4227,78 +4227,6 @@ static void test_gemm_inv(void **state) {
     }
   assert_int_equal(cut()->test_gemm_inv(0, n_shapes, 2, 1, &n_shapes, &active, cfg, &rule, &n_diff, &n_checked, &worst),
                    DG_ERR_INVALID_ARG);
-}
-
-/* The batch-invariant self-conditioning product (src/cuda/sc_prod.cuh, src/cuda/sc_prod.cu; session 27, sk12), out
- * [M, H] = alpha P [M, V] E [V, H] at the 26B's shape on a GPU (V 262144, H 2816, M1 566, M2 1 and 163: a B = 4 and
- * a B = 1 pass's SC rows) and at V 4104 (a zero-filled last stage), H 256, M1 70, M2 1 and 17 on the emulation;
- * P's rows have ld V + 8, the 8 pad columns NaN (a read of them would poison the outputs):
- *   - the first M2 rows of the product over M1 rows equal the product over M2 rows, word for word (the invariance the
- *     stacked batch needs);
- *   - every token tile (16, 32, 64, 128 rows; 128 also with a ring of 4 stages), the chunking (7-row chunks) and the
- *     backend's hook (gemm_inv under DGEMMA_STACK_DENSE=1, 256-row chunks) give the M1 product's words;
- *   - 256 sampled outputs (the 4 corners first) within gamma_n sum_v |alpha p e| + 2^-24 |ref| of an fp64
- *     reference, n = V / 16 + 17 + 12 + 1, u = 2^-23: a chain of V / 16 mma steps of 16 exact products each (the
- *     tensor core may truncate its additions: u = 2^-23), at most 12 run sums (sc_prod_splits) and alpha (Higham,
- *     Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.1);
- *   - H 100 (not a multiple of 128) is refused with DG_ERR_INVALID_ARG. */
-static void test_sc_prod(void **state) {
-  (void)state;
-  need_gpu();
-  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  char info[512];
-  const int emu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation") != NULL;
-  const int V = emu ? 4104 : 262144, H = emu ? 256 : 2816, M1 = emu ? 70 : 566, ldp = V + 8;
-  const int M2[2] = {1, emu ? 17 : 163};
-  const float alpha = 53.0660f;
-  uint16_t *P = malloc((size_t)M1 * ldp * 2), *E = malloc((size_t)V * H * 2);
-  float *y1 = malloc((size_t)M1 * H * 4), *y2 = malloc((size_t)M1 * H * 4);
-  assert_non_null(P); assert_non_null(E); assert_non_null(y1); assert_non_null(y2);
-  uint32_t r = 0x2545f491u;
-  for (size_t i = 0; i < (size_t)V * H; i++) {
-    r = r * 1664525u + 1013904223u;
-    E[i] = dg_f32_to_bf16(((float)(r >> 8) / 16777216.0f - 0.5f) * 0.1f);
-  }
-  for (int t = 0; t < M1; t++)
-    for (int v = 0; v < ldp; v++) {
-      r = r * 1664525u + 1013904223u;
-      P[(size_t)t * ldp + v] = v < V ? dg_f32_to_bf16((float)(r >> 8) / 16777216.0f * 2.0f / V) : 0x7fc0;
-    }
-  assert_dg_ok(cut()->test_sc_prod(0, 0, V, H, M1, ldp, alpha, P, E, y1));
-  const double u = ldexp(1.0, -23), n = V / 16.0 + 17 + 12 + 1, gam = n * u / (1.0 - n * u);
-  double worst = 0.0;
-  for (int s = 0; s < 256; s++) {
-    r = r * 1664525u + 1013904223u;
-    const int t = s < 4 ? (s & 1 ? M1 - 1 : 0) : (int)((r >> 8) % (uint32_t)M1);
-    r = r * 1664525u + 1013904223u;
-    const int h = s < 4 ? (s & 2 ? H - 1 : 0) : (int)((r >> 8) % (uint32_t)H);
-    double a = 0.0, b = 0.0;
-    for (int v = 0; v < V; v++) {
-      const double x = (double)dg_bf16_to_f32(P[(size_t)t * ldp + v]) * dg_bf16_to_f32(E[(size_t)v * H + h]);
-      a += x; b += fabs(x);
-    }
-    const double ref = alpha * a, bound = gam * fabs(alpha) * b + ldexp(1.0, -24) * fabs(ref),
-                 d = fabs((double)y1[(size_t)t * H + h] - ref);
-    if (!(d / bound <= worst)) worst = d / bound; /* a NaN makes it NaN */
-  }
-  long nd[2] = {0, 0}, nm[8] = {0};
-  for (int j = 0; j < 2; j++) {
-    assert_dg_ok(cut()->test_sc_prod(0, 0, V, H, M2[j], ldp, alpha, P, E, y2));
-    for (size_t i = 0; i < (size_t)M2[j] * H; i++) nd[j] += memcmp(&y1[i], &y2[i], 4) != 0;
-  }
-  for (int mode = 1; mode <= 7; mode++) {
-    assert_dg_ok(cut()->test_sc_prod(0, mode, V, H, M1, ldp, alpha, P, E, y2));
-    for (size_t i = 0; i < (size_t)M1 * H; i++) nm[mode] += memcmp(&y1[i], &y2[i], 4) != 0;
-  }
-  printf("# sc_prod V %d H %d: rows %d / %d / %d: %ld and %ld words differ; tiles 16/32/64/128, hook, 7-row chunks, "
-         "128 with 4 stages: %ld %ld %ld %ld %ld %ld %ld words differ; 256 sampled vs fp64, worst |diff| / bound %.4f\n",
-         V, H, M1, M2[0], M2[1], nd[0], nd[1], nm[1], nm[2], nm[3], nm[4], nm[5], nm[6], nm[7], worst);
-  assert_int_equal(nd[0], 0);
-  assert_int_equal(nd[1], 0);
-  for (int mode = 1; mode <= 7; mode++) assert_int_equal(nm[mode], 0);
-  assert_true(worst <= 1.0);
-  assert_int_equal(cut()->test_sc_prod(0, 0, 64, 100, 1, 64, 1.0f, P, E, y2), DG_ERR_INVALID_ARG);
-  free(P); free(E); free(y1); free(y2);
 }
 
 /* k_ffn_combine_norm (a layer's combine and the next layer's input norm in one launch, passes.cu) equals the
@@ -4409,7 +4337,7 @@ int main(void) {
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
-      cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv), cmocka_unit_test(test_sc_prod),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
+      cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   int rc = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -312,9 +312,6 @@ struct dg_cuda_ctx {
   struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
   struct dg_gemm_inv *inv;       /* DGEMMA_STACK_DENSE=inv: the batch-invariant algorithms of every dense product
                                   * (gemm_inv.cu; NULL: off, or the emulation) */
-  float *sc_ws;                  /* the self-conditioning product's partial sums (sc_prod.cu; DGEMMA_STACK_DENSE=1 or
-                                  * inv, allocated by its first product, freed by gemm_inv_free; NULL: none yet) */
-  size_t sc_ws_bytes;
   int32_t n_allocs[2];          /* the device and pinned host allocations this context made (context.cu: one block
                                  * each; the turbo engine's buffers and cuBLAS's, graphs' and pins' own not counted) */
   int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the

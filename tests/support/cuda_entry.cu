@@ -14,7 +14,6 @@
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
 #include "cuda/qmoe_wl.cuh" /* the large-M wgmma kernel: lab versions 120-124 (dg_cuda_test_experts_qw) */
-#include "cuda/sc_prod.cuh" /* the batch-invariant SC product (dg_cuda_test_sc_prod) */
 
 #include "cuda_entry.h"
 
@@ -1672,59 +1671,6 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
 #undef TT_
 #undef TC_
 
-/* The batch-invariant self-conditioning product (src/cuda/sc_prod.cuh; session 27, sk12). */
-#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
-#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-    goto done; } } while (0)
-extern "C" dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, int M, int ldp, float alpha,
-                                          const uint16_t *P, const uint16_t *E, float *out) {
-  if (mode < 0 || mode > 7 || M < 1 || V < 1 || H < 1 || ldp < V)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_prod: mode %d (0-7), V %d, H %d, M %d, ldp %d", mode, V, H,
-                     M, ldp);
-  CK(cudaSetDevice(device));
-  alloc_list al = {NULL, 0, 0};
-  dg_cuda_ctx c;
-  memset(&c, 0, sizeof c);
-  void *dP = NULL, *dE = NULL, *dO = NULL;
-  float *ws = NULL;
-  dg_status st = DG_OK;
-  TT_(test_in(&al, &dP, P, (size_t)M * ldp * 2, "sc P"));
-  TT_(test_in(&al, &dE, E, (size_t)V * H * 2, "sc E"));
-  TT_(dalloc(&al, &dO, (size_t)M * H * 4, "sc out"));
-  TC_(cudaMemset(dO, 0xff, (size_t)M * H * 4)); /* NaN words: an output never written differs */
-  if (!sc_prod_fits(V, H, ldp, dP, dE)) {
-    st = dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_prod: V %d, H %d, ldp %d do not fit sc_prod (H %% 128, V %% 8, "
-                   "ldp %% 8)", V, H, ldp);
-    goto done;
-  }
-  TC_(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-  if (mode == 5) {
-    dg_cuda_stack_dense_set(1);
-    int took = gemm_inv(&c, 0, H, M, V, alpha, (const bf16 *)dE, (const bf16 *)dP, ldp, (float *)dO, H, &st);
-    dg_cuda_stack_dense_set(-1);
-    if (st != DG_OK) goto done;
-    if (!took) {
-      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_sc_prod: gemm_inv did not take the product under "
-                                     "DGEMMA_STACK_DENSE=1");
-      goto done;
-    }
-  } else {
-    const int bm = mode >= 1 && mode <= 4 ? 8 << mode : mode == 7 ? -128 : 0, mc = mode == 6 ? 7 : M;
-    TT_(dalloc(&al, (void **)&ws, (size_t)sc_prod_splits(V) * mc * H * 4, "sc workspace"));
-    TC_(sc_prod_run(c.stream, (const bf16 *)dP, ldp, (const bf16 *)dE, V, H, M, alpha, (float *)dO, H, ws, mc, bm));
-  }
-  TC_(cudaStreamSynchronize(c.stream));
-  TT_(test_out(out, dO, (size_t)M * H * 4));
-done:
-  gemm_inv_free(&c);
-  if (c.stream) cudaStreamDestroy(c.stream);
-  dfree_all(&al);
-  return st;
-}
-#undef TT_
-#undef TC_
-
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
@@ -1734,7 +1680,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
-    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_prod, dg_cuda_test_sc_probs,
+    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_probs,
     dg_cuda_test_sc_probs_set,
 };
 

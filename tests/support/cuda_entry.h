@@ -230,15 +230,6 @@ dg_status dg_cuda_test_stack_dense_set(int mode);
  * rows outside 1 <= M2 <= M1; the invariant product's own error (no configuration, refused at a row count). */
 dg_status dg_cuda_test_gemm_inv(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9], int *rule,
                                 long *n_diff, long *n_checked, double *worst);
-/* The self-conditioning product out[M, H] = alpha P[M, V] (bf16, ld ldp) E[V, H] (bf16 row-major) on
- * src/cuda/sc_prod.cuh's batch-invariant kernel (session 27, sk12): mode 0 sc_prod_run with its own tile choice in one
- * chunk of M rows; 1-4 the token tile forced to 16, 32, 64, 128 rows; 5 through gemm_inv on a bare context with
- * DGEMMA_STACK_DENSE forced to 1 (the backend's hook, src/cuda/gemm_inv.cu: its workspace of 256 rows, so chunks of
- * at most 256 rows); 6 chunks of at most 7 rows; 7 the 128-row tile with a ring of 4 stages. Every mode must give the same words (the kernel's claim). out
- * [M, H] fp32. DG_ERR_INVALID_ARG for another mode, M < 1, ldp < V, or a shape sc_prod does not take (H % 128,
- * V % 8, ldp % 8); DG_ERR_BACKEND where mode 5's hook did not take it or a launch failed. */
-dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, int M, int ldp, float alpha, const uint16_t *P,
-                               const uint16_t *E, float *out);
 
 /* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm_v versions 0 and 2, each
  * from the same x; n_diff counts both) against the two
@@ -316,8 +307,6 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_gemm_inv)(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9], int *rule,
                              long *n_diff, long *n_checked, double *worst);
   dg_status (*test_experts_fg)(int on, long *launches);
-  dg_status (*test_sc_prod)(int device, int mode, int V, int H, int M, int ldp, float alpha, const uint16_t *P,
-                            const uint16_t *E, float *out);
   dg_status (*test_sc_probs)(int device, int act, int B, const int32_t *n, int V, float cap, const float *T,
                              const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
   dg_status (*test_sc_probs_set)(int mode);
