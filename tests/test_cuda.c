@@ -783,9 +783,7 @@ static void test_step_stats(void **state) {
  * same with z stored in place by the statistics' pass 1 and read as stored after it; DGEMMA_VOCAB=zstore) against
  * the chain (softcap in place, z in place, three passes of the probabilities; the default) on the same raw logits:
  * every word of the statistics, the first non-finite position and the probabilities P must be equal, whether P
- * follows the statistics (their partials reused) or runs alone (fused), and those of one (k_vocab_one,
- * DGEMMA_VOCAB=one: statistics and P in one launch, in its single-launch form where the device holds a row's blocks
- * at once, and its three phase launches; the emulation runs only the latter); the z made real in place (k_vocab_z) and
+ * follows the statistics (their partials reused) or runs alone (fused); the z made real in place (k_vocab_z) and
  * the z zstore stores equal the chain's z, and the fused chain leaves the logits untouched. Shapes with a partial
  * last chunk and V % 4 != 0
  * (scalar loads), softcap on and off, temperatures 1 and not, the three activation dtypes, the three proposal
@@ -802,7 +800,6 @@ static void test_vocab_chain(void **state) {
   };
   const int modes[3] = {DG_PROPOSAL_ARGMAX, DG_PROPOSAL_SAMPLE, DG_PROPOSAL_REPLAY_UNIFORM};
   long words = 0;
-  int one_grid = 0, one_runs = 0;
   for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
     const int C = cs[k].C, V = cs[k].V;
     const size_t n = (size_t)C * V;
@@ -824,15 +821,15 @@ static void test_vocab_chain(void **state) {
     }
     if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
     for (int mi = 0; mi < 3; mi++) {
-      long nd[7] = {-1, -1, -1, -1, -1, -1, -1};
+      long nd[6] = {-1, -1, -1, -1, -1, -1};
       int32_t bad = -1;
       assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
-                                           0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd, &one_grid));
-      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5] || nd[6])
+                                           0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
+      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5])
         fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: fused statistics "
-                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld; one "
-                 "(statistics, P, partials, logits) %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T, cs[k].act,
-                 modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4], nd[5], nd[6]);
+                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld", k, C,
+                 V, (double)cs[k].cap, (double)cs[k].T, cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4],
+                 nd[5]);
       assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
       for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
         if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
@@ -840,15 +837,13 @@ static void test_vocab_chain(void **state) {
         for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
                                                                           ? (7 * c + 11) % V : (13 * c + 5) % V);
       words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n;
-      words += (one_grid > 0 ? 3 : 1) * ((long)C * 5 + 1 + 2 * (long)n); /* one: statistics, bad, P, logits */
-      if (one_grid > 0) one_runs++;
     }
     free(raw); free(uni); free(P); free(st);
   }
-  printf("# vocabulary chain: the fused chain, zstore and one equal to the chain word for word (%ld words compared: "
+  printf("# vocabulary chain: the fused chain and zstore equal to the chain word for word (%ld words compared: "
          "statistics, bad position, P after the statistics and alone, z made real, z stored, logits) on %zu cases x 3 "
-         "proposal modes; one's single launch (row waits) in %d of them, its three phase launches in all\n",
-         words, sizeof cs / sizeof cs[0], one_runs);
+         "proposal modes\n",
+         words, sizeof cs / sizeof cs[0]);
 }
 
 /* A model or context that does not fit is refused up front, naming the bytes
@@ -1114,8 +1109,9 @@ static void test_turbo_topk(void **state) {
 
 /* A CUDA context makes one device allocation and one pinned host allocation (issue 13: one block carved from a
  * size table, llm.c's way), as counted by the context itself (dg_cuda_ctx.n_allocs, incremented where it allocates);
- * its buffers (2 caches per layer and 42 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
- * included since session 24, k_vocab_one's row counters and DGEMMA_EXPERTS_FG's counters since session 26; 43 with
+ * its buffers (2 caches per layer and 41 work buffers, src/cuda/context.cu ctx_layout, wl_count of DGEMMA_WL=1
+ * included since session 24, DGEMMA_EXPERTS_FG's counters since session 26, k_vocab_one's row counters from session
+ * 26 to 28; 42 with
  * the branches on, the default: the
  * second cuBLAS handle's workspace) lie inside
  * the block, 256 bytes aligned from its start, without overlap, and a
@@ -1148,7 +1144,7 @@ static void test_ctx_arena(void **state) {
            full, branch, na[0], na[1], nb, bad);
     assert_int_equal(na[0], 1);
     assert_int_equal(na[1], 1);
-    assert_int_equal(nb, 2 * gm->cfg.n_layers + 42 + branch);
+    assert_int_equal(nb, 2 * gm->cfg.n_layers + 41 + branch);
     assert_int_equal(bad, 0);
     dg_context_free(ctx);
   }
@@ -1884,8 +1880,7 @@ static void test_profile_batch(void **state) {
  * logits with the softcap pending, dg_cuda_step_stats, the kept self-conditioning of dg_cuda_soft_from_z, the z made
  * real where a pass needs it; zstore's bookkeeping of a z stored in place, c->lg_cap DG_VZ_STORED), chosen by
  * dg_cuda_vocab_set as DGEMMA_VOCAB would: reference generations (softcap 30, V 333, argmax and sampled proposals,
- * 6 steps, one block) under the fused chain, zstore and one (k_vocab_one: statistics and P in one launch, P found
- * made by the self-conditioning, c->lg_parts 3) produce the chain's tokens and step counts exactly
+ * 6 steps, one block) under the fused chain and zstore produce the chain's tokens and step counts exactly
  * (test_vocab_chain: every statistic and probability word the chain's). */
 static void test_vocab_modes(void **state) {
   (void)state;
@@ -1915,13 +1910,13 @@ static void test_vocab_modes(void **state) {
   gp[1] = gp[0];
   gp[1].seed = 11;
   gp[1].proposal = DG_PROPOSAL_SAMPLE;
-  static const char *name[4] = {"chain", "fused", "zstore", "one"};
-  dg_gen_result r[4][2];
+  static const char *name[3] = {"chain", "fused", "zstore"};
+  dg_gen_result r[3][2];
   dg_context_params cp = dg_context_default_params();
   cp.max_context = P + 2 * C;
   dg_context *x;
   assert_dg_ok(dg_context_new(gm, &cp, &x));
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < 3; m++) {
     assert_dg_ok(cut()->test_vocab_set(m));
     for (int k = 0; k < 2; k++) {
       dg_context_reset(x);
@@ -1934,7 +1929,7 @@ static void test_vocab_modes(void **state) {
     }
   }
   assert_dg_ok(cut()->test_vocab_set(-1));
-  for (int m = 1; m < 4; m++)
+  for (int m = 1; m < 3; m++)
     for (int k = 0; k < 2; k++) {
       if (r[m][k].n_tokens != r[0][k].n_tokens || r[m][k].n_steps != r[0][k].n_steps)
         fail_msg("%s, proposal %d: %d tokens in %d steps, the chain %d in %d", name[m], gp[k].proposal,
@@ -1944,9 +1939,9 @@ static void test_vocab_modes(void **state) {
           fail_msg("%s, proposal %d: token %d is %d, the chain's %d", name[m], gp[k].proposal, i, r[m][k].tokens[i],
                    r[0][k].tokens[i]);
     }
-  printf("# vocabulary chains through the passes: fused, zstore and one generate the chain's tokens (argmax %d tokens "
-         "in %d steps, sampled %d in %d)\n", r[0][0].n_tokens, r[0][0].n_steps, r[0][1].n_tokens, r[0][1].n_steps);
-  for (int m = 0; m < 4; m++)
+  printf("# vocabulary chains through the passes: fused and zstore generate the chain's tokens (argmax %d tokens in "
+         "%d steps, sampled %d in %d)\n", r[0][0].n_tokens, r[0][0].n_steps, r[0][1].n_tokens, r[0][1].n_steps);
+  for (int m = 0; m < 3; m++)
     for (int k = 0; k < 2; k++) dg_gen_result_free(&r[m][k]);
   dg_context_free(x);
   dg_model_free(gm);
@@ -4394,7 +4389,7 @@ static void test_gemm_inv(void **state) {
       if (active == -1) dg_test_skip("test_cuda: this build has no cublasLt (the CPU emulation)");
       printf("# gemm inv shape %d of %d, rows 566 / %d: config %d %d %d %d %d %d %d %d %d (%s), %ld words differ, "
              "%ld sampled, worst |diff| / bound %.4f\n", i, n_shapes, M2[j], cfg[0], cfg[1], cfg[2], cfg[3], cfg[4],
-             cfg[5], cfg[6], cfg[7], cfg[8], rule == 0 ? "table" : rule == 1 ? "fallback rule, split-K 1" : rule == 2 ? "fallback rule, first entry" : "sc_prod.cu, v[3] its runs", n_diff, n_checked, worst);
+             cfg[5], cfg[6], cfg[7], cfg[8], rule == 0 ? "table" : rule == 1 ? "fallback rule, split-K 1" : "fallback rule, first entry", n_diff, n_checked, worst);
       assert_int_equal(active, 1);
       assert_int_equal(n_checked, 512);
       assert_true(worst <= 1.0);
@@ -4402,78 +4397,6 @@ static void test_gemm_inv(void **state) {
     }
   assert_int_equal(cut()->test_gemm_inv(0, n_shapes, 2, 1, &n_shapes, &active, cfg, &rule, &n_diff, &n_checked, &worst),
                    DG_ERR_INVALID_ARG);
-}
-
-/* The batch-invariant self-conditioning product (src/cuda/sc_prod.cuh, src/cuda/sc_prod.cu; session 27, sk12), out
- * [M, H] = alpha P [M, V] E [V, H] at the 26B's shape on a GPU (V 262144, H 2816, M1 566, M2 1 and 163: a B = 4 and
- * a B = 1 pass's SC rows) and at V 4104 (a zero-filled last stage), H 256, M1 70, M2 1 and 17 on the emulation;
- * P's rows have ld V + 8, the 8 pad columns NaN (a read of them would poison the outputs):
- *   - the first M2 rows of the product over M1 rows equal the product over M2 rows, word for word (the invariance the
- *     stacked batch needs);
- *   - every token tile (16, 32, 64, 128 rows; 128 also with a ring of 4 stages), the chunking (7-row chunks) and the
- *     backend's hook (gemm_inv under DGEMMA_STACK_DENSE=1, 256-row chunks) give the M1 product's words;
- *   - 256 sampled outputs (the 4 corners first) within gamma_n sum_v |alpha p e| + 2^-24 |ref| of an fp64
- *     reference, n = V / 16 + 17 + 12 + 1, u = 2^-23: a chain of V / 16 mma steps of 16 exact products each (the
- *     tensor core may truncate its additions: u = 2^-23), at most 12 run sums (sc_prod_splits) and alpha (Higham,
- *     Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.1);
- *   - H 100 (not a multiple of 128) is refused with DG_ERR_INVALID_ARG. */
-static void test_sc_prod(void **state) {
-  (void)state;
-  need_gpu();
-  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  char info[512];
-  const int emu = dg_device_info(DG_DEVICE_CUDA, 0, info, sizeof info) == DG_OK && strstr(info, "emulation") != NULL;
-  const int V = emu ? 4104 : 262144, H = emu ? 256 : 2816, M1 = emu ? 70 : 566, ldp = V + 8;
-  const int M2[2] = {1, emu ? 17 : 163};
-  const float alpha = 53.0660f;
-  uint16_t *P = malloc((size_t)M1 * ldp * 2), *E = malloc((size_t)V * H * 2);
-  float *y1 = malloc((size_t)M1 * H * 4), *y2 = malloc((size_t)M1 * H * 4);
-  assert_non_null(P); assert_non_null(E); assert_non_null(y1); assert_non_null(y2);
-  uint32_t r = 0x2545f491u;
-  for (size_t i = 0; i < (size_t)V * H; i++) {
-    r = r * 1664525u + 1013904223u;
-    E[i] = dg_f32_to_bf16(((float)(r >> 8) / 16777216.0f - 0.5f) * 0.1f);
-  }
-  for (int t = 0; t < M1; t++)
-    for (int v = 0; v < ldp; v++) {
-      r = r * 1664525u + 1013904223u;
-      P[(size_t)t * ldp + v] = v < V ? dg_f32_to_bf16((float)(r >> 8) / 16777216.0f * 2.0f / V) : 0x7fc0;
-    }
-  assert_dg_ok(cut()->test_sc_prod(0, 0, V, H, M1, ldp, alpha, P, E, y1));
-  const double u = ldexp(1.0, -23), n = V / 16.0 + 17 + 12 + 1, gam = n * u / (1.0 - n * u);
-  double worst = 0.0;
-  for (int s = 0; s < 256; s++) {
-    r = r * 1664525u + 1013904223u;
-    const int t = s < 4 ? (s & 1 ? M1 - 1 : 0) : (int)((r >> 8) % (uint32_t)M1);
-    r = r * 1664525u + 1013904223u;
-    const int h = s < 4 ? (s & 2 ? H - 1 : 0) : (int)((r >> 8) % (uint32_t)H);
-    double a = 0.0, b = 0.0;
-    for (int v = 0; v < V; v++) {
-      const double x = (double)dg_bf16_to_f32(P[(size_t)t * ldp + v]) * dg_bf16_to_f32(E[(size_t)v * H + h]);
-      a += x; b += fabs(x);
-    }
-    const double ref = alpha * a, bound = gam * fabs(alpha) * b + ldexp(1.0, -24) * fabs(ref),
-                 d = fabs((double)y1[(size_t)t * H + h] - ref);
-    if (!(d / bound <= worst)) worst = d / bound; /* a NaN makes it NaN */
-  }
-  long nd[2] = {0, 0}, nm[8] = {0};
-  for (int j = 0; j < 2; j++) {
-    assert_dg_ok(cut()->test_sc_prod(0, 0, V, H, M2[j], ldp, alpha, P, E, y2));
-    for (size_t i = 0; i < (size_t)M2[j] * H; i++) nd[j] += memcmp(&y1[i], &y2[i], 4) != 0;
-  }
-  for (int mode = 1; mode <= 7; mode++) {
-    assert_dg_ok(cut()->test_sc_prod(0, mode, V, H, M1, ldp, alpha, P, E, y2));
-    for (size_t i = 0; i < (size_t)M1 * H; i++) nm[mode] += memcmp(&y1[i], &y2[i], 4) != 0;
-  }
-  printf("# sc_prod V %d H %d: rows %d / %d / %d: %ld and %ld words differ; tiles 16/32/64/128, hook, 7-row chunks, "
-         "128 with 4 stages: %ld %ld %ld %ld %ld %ld %ld words differ; 256 sampled vs fp64, worst |diff| / bound %.4f\n",
-         V, H, M1, M2[0], M2[1], nd[0], nd[1], nm[1], nm[2], nm[3], nm[4], nm[5], nm[6], nm[7], worst);
-  assert_int_equal(nd[0], 0);
-  assert_int_equal(nd[1], 0);
-  for (int mode = 1; mode <= 7; mode++) assert_int_equal(nm[mode], 0);
-  assert_true(worst <= 1.0);
-  assert_int_equal(cut()->test_sc_prod(0, 0, 64, 100, 1, 64, 1.0f, P, E, y2), DG_ERR_INVALID_ARG);
-  free(P); free(E); free(y1); free(y2);
 }
 
 /* k_ffn_combine_norm (a layer's combine and the next layer's input norm in one launch, passes.cu) equals the
@@ -4584,7 +4507,7 @@ int main(void) {
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
-      cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv), cmocka_unit_test(test_sc_prod),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
+      cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };
   if (getenv("DG_TEST_FILTER")) cmocka_set_test_filter(getenv("DG_TEST_FILTER")); /* e.g. "test_step*" */
   int rc = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);

@@ -160,8 +160,7 @@ static void stage_weights(const dg_model *m, double T, bench_cost *st) {
  *   combine (8): per layer x, the dense output and the K expert rows read and x written in fp32, the K slots,
  *     expert ids and weights read (12 bytes a pair), and but after the last layer the next layer's normed input
  *     written in bf16;
- *   sampler statistics (11): the [head, V] fp32 logits read once (the self-conditioning probabilities can come from
- *     the same read: DGEMMA_VOCAB=one).
+ *   sampler statistics (11): the [head, V] fp32 logits read once.
  * The encoder's last layer stops after its K/V (no residual, no combine). Norm weights (H floats each) are left
  * out. Not part of a pass's cost (bench_decoder_cost: the weights, K/V and the logits written), whose floor these
  * do not change; activations of a 256-row pass (2.9 MB a row block) may sit in the L2, so these floors are the

@@ -1,11 +1,11 @@
 /* sc_prod.cu (lab, issues 12 and 14, session 27 helper sk12): the self-conditioning product
  * out[M, H] fp32 = alpha P[M, V] E[V, H] (P the bf16 softmax rows, E the bf16 tied embedding, row-major as
  * src/cuda/passes.cu soft_from and turbo_host.cu dg_cuda_turbo_sc pass them to cuBLAS) at the 26B's V = 262144,
- * H = 2816, on src/cuda/sc_prod.cuh's batch-invariant kernel beside cuBLAS, same run:
+ * H = 2816, on dev/cuda/sc_prod.cuh's batch-invariant kernel beside cuBLAS, same run:
  *   0  cublasGemmEx, CUBLAS_GEMM_DEFAULT, OP_N OP_N as the backend calls it (not invariant over M at small M);
  *   1  sc_prod_run, the token tile by sc_prod_bm, all M rows through one workspace (mc = 2048);
  *   2  the same with the tile forced to 128 rows; 3 forced to 64; 4 forced to 16 (the tile's cost alone);
- *   5  version 1 in chunks of 256 rows (the backend's workspace, src/cuda/sc_prod.cu SC_MC; --small: 48 rows);
+ *   5  version 1 in chunks of 256 rows (the backend's chunking while it ran sc_prod, session 27; --small: 48 rows);
  *   7  version 2 with a ring of 4 stages (128 KiB: one block an SM; version 2's ring of 3, 96 KiB, fits two);
  *   6  cublasLt's first split-K-1 entry of its heuristic list at 256 rows, else at 2048 rows (session 27's first H100
  *      call found split-K 1, algo 66 tile 20 from the 2048-row list, the only invariant configuration for this
@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
-#include "cuda/sc_prod.cuh"
+#include "sc_prod.cuh" /* dev/cuda/: the kernel (src/cuda/ until session 28) */
 
 #undef CK
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)

@@ -31,10 +31,8 @@
  *               "v3 z stored": pass 1 also stores z in place, the passes after it read z as stored (DG_VZ_STORED: no
  *               softcap, no division) instead of recomputing it (DGEMMA_VOCAB=zstore, the backend's default since session 17);
  *               "v3 stats" / "v3 sc": its two halves as the backend runs them (the profile's sampler statistics; the
- *               probabilities' pass of its self-conditioning); "v4 one (G blocks)": k_vocab_one (DGEMMA_VOCAB=one, session
- *               26): statistics and P in one persistent launch that reads the raw logits once (row waits between its three
- *               phases; "b3": the kernel held to 3 blocks per SM), "v4 phased": its three phase launches; each word for
- *               word against v0
+ *               probabilities' pass of its self-conditioning); each word for word against v0 (v4, k_vocab_one,
+ *               DGEMMA_VOCAB=one: sessions 26-28, deleted after it lost on the H100, docs/cuda.md)
  *   router stage  k_router_route from u to the grouping (K = 8 of 128 experts, H = 2816): v0 the chain (6 launches),
  *               v1 route_kernel (DGEMMA_ROUTE=fused), v2 router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles, the
  *               default in session 13), v3 router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since 14);
@@ -472,7 +470,6 @@ static void chain_case(int C, int V) {
   bf16 *p0 = dnew<bf16>(n), *p1 = dnew<bf16>(n);
   dg_cuda_pos_stats *s0 = dnew<dg_cuda_pos_stats>(C), *s1 = dnew<dg_cuda_pos_stats>(C);
   int32_t *dbad = dnew<int32_t>(2);
-  int *dcnt = dnew<int>(C); /* k_vocab_one's row counters */
   void *ws = dnew<char>(k_vocab_ws_bytes(C, V));
   const uint64_t seed = 0x0123456789abcdefull;
   const uint32_t block = 2, step = 5;
@@ -564,37 +561,6 @@ static void chain_case(int C, int V) {
     timeit([&] { CKL(k_vocab_sc(0, d2, p1, C, V, DG_VZ_STORED, 1.0f, act, ws, mode == DG_PROPOSAL_ARGMAX ? 1 : 2)); },
            med, mn);
     row(nm, "v3 sc", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 10.0 : 6.0), n * 6.0, chk3, ok3);
-    /* v4 (DGEMMA_VOCAB=one, session 26): k_vocab_one, the statistics and P in one launch that reads the raw logits once
-     * (its blocks wait for the other blocks of their row between the phases), and its three phase launches (the
-     * emulation's form; the same words); every record, P value and bad position against v0, the logits untouched */
-    for (int form : {0, 2, 1}) {
-      const int G = k_vocab_one_grid_form(C, V, form);
-      if (form != 1 && G == 0) {
-        printf("| %s | v4 one form %d | | | | | | | a row's blocks do not fit at once: phased only |\n", nm, form);
-        continue;
-      }
-      auto run = [&] {
-        CKL(k_vocab_one(0, d2, p1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, dcnt, form));
-      };
-      up(d2, lg);
-      CKL(cudaMemcpy(dbad + 1, nobad, 4, cudaMemcpyHostToDevice));
-      CKL(cudaMemset(p1, 0x44, n * 2));
-      CKL(cudaMemset(s1, 0xff, C * sizeof(dg_cuda_pos_stats)));
-      run();
-      CKL(cudaDeviceSynchronize());
-      const std::vector<dg_cuda_pos_stats> b4 = down(s1, C);
-      const std::vector<bf16> pb4 = down(p1, n);
-      const std::vector<int32_t> bd4 = down(dbad, 2);
-      const size_t ds4 = ndiff(a, b4), dp4 = ndiff(pa, pb4), dl4 = ndiff(lg, down(d2, n));
-      const int ok4 = ds4 == 0 && dp4 == 0 && dl4 == 0 && bd4[1] == bd[0];
-      char chk4[240], vn[40];
-      snprintf(chk4, sizeof chk4, "%s: vs v0 records differing %zu of %d, P values %zu of %zu; logits changed %zu; bad %s",
-               mname[k], ds4, C, dp4, n, dl4, bd4[1] == bd[0] ? "same" : "DIFFERS");
-      if (G > 0) snprintf(vn, sizeof vn, "v4 one%s (%d blocks)", form == 2 ? " b3" : "", G);
-      else snprintf(vn, sizeof vn, "v4 phased");
-      timeit(run, med, mn);
-      row(nm, vn, med, mn, n * (G > 0 ? 6.0 : 14.0), n * 6.0, chk4, ok4);
-    }
     /* the two halves of v2: the statistics (before the host sync) and the probabilities (after it) */
     timeit([&] { CKL(k_vocab_stats(0, d1, C, V, cap, T, act, mode, seed, block, step, duni, s1, dbad + 1, ws, 0)); },
            med, mn);
@@ -603,7 +569,7 @@ static void chain_case(int C, int V) {
     row(nm, "v2 sc", med, mn, n * (mode == DG_PROPOSAL_ARGMAX ? 10.0 : 6.0), n * 6.0, chk, ok);
   }
   cudaFree(d0); cudaFree(d1); cudaFree(d2); cudaFree(duni); cudaFree(p0); cudaFree(p1); cudaFree(s0); cudaFree(s1); cudaFree(dbad);
-  cudaFree(ws); cudaFree(dcnt);
+  cudaFree(ws);
 }
 
 static double rms_inv(const float *x, int H, double eps) {

@@ -1,4 +1,5 @@
 #!/bin/bash
+# (History: DGEMMA_VOCAB=one lost in session 27 and was deleted in session 28; this script no longer applies to main.)
 # Session 26's call for issue 12 item 5 (helper vs12): DGEMMA_VOCAB=one (k_vocab_one, src/cuda/kernels.cu: the sampler
 # statistics and the self-conditioning probabilities P in one launch that reads the [256, 262,144] logits once, every
 # word the chain's) against the default zstore (4 passes over the logits, 4 launches). One command, carry

@@ -1,4 +1,6 @@
 #!/bin/bash
+# (Session 28: rule (a) met, rule (b) not (M 566: version 5 3.913 vs version 6 1.917 ms): the hook, src/cuda/sc_prod.cu and
+# test_sc_prod were removed; the lab's header is dev/cuda/sc_prod.cuh, part 1 still runs, part 3's test_sc_prod is gone.)
 # Session 27's call for issues 12 and 14 (helper sk12): the batch-invariant self-conditioning product P . E of our own
 # (src/cuda/sc_prod.cuh; docs/cuda.md "Session 27 (helper sk12)"). One command, carry .devdeb .devdata/gemma3; < 300 s
 # on an H100 (every step under a timeout from one 285 s budget). At most 7 files back.

@@ -288,8 +288,7 @@ struct dg_cuda_ctx {
   /* What c->logits holds for the sampler (passes.cu, the fused chain of kernels.cu): lg_virt = 0: the softcapped
    * logits or z itself; lg_virt = 1: x whose z = vz(x, lg_cap, lg_T) (softcap still to apply where lg_cap > 0,
    * the division by the step's temperature where lg_T != 1) was not stored, or (lg_cap DG_VZ_STORED, zstore) z
-   * itself as the statistics' pass 1 stored it; lg_parts: what c->vws holds for that z (k_vocab_sc's have), 3 (k_vocab_one,
-   * DGEMMA_VOCAB=one): those partials and c->P already the probabilities of that z. */
+   * itself as the statistics' pass 1 stored it; lg_parts: what c->vws holds for that z (k_vocab_sc's have). */
   int lg_virt, lg_parts;
   float lg_cap, lg_T;
   bf16 *P;                  /* [C, V] self-conditioning probabilities */
@@ -300,7 +299,6 @@ struct dg_cuda_ctx {
   dg_cuda_pos_stats *stats; /* [C] */
   int32_t *bad;             /* [1] first non-finite position or INT32_MAX */
   void *vws;                /* k_vocab_ws_bytes(C, V): per-chunk partials of k_step_stats / k_sc_probs */
-  int *vcnt;                /* [C] k_vocab_one's row counters (DGEMMA_VOCAB=one) */
   void *blas_ws;            /* cuBLAS's workspace (cublasSetWorkspace; context.cu) */
   float *rws;               /* [DG_ROUTER_MAX_SPLITS, T, E] split sums of the router logits */
   dg_cuda_pos_stats *h_stats; /* pinned host [C] */
@@ -314,9 +312,6 @@ struct dg_cuda_ctx {
   struct dg_gemm_pins *pins;     /* cublasLt algorithms pinned for some dense products (gemm_pin.cu; NULL: none) */
   struct dg_gemm_inv *inv;       /* DGEMMA_STACK_DENSE=inv: the batch-invariant algorithms of every dense product
                                   * (gemm_inv.cu; NULL: off, or the emulation) */
-  float *sc_ws;                  /* the self-conditioning product's partial sums (sc_prod.cu; DGEMMA_STACK_DENSE=1 or
-                                  * inv, allocated by its first product, freed by gemm_inv_free; NULL: none yet) */
-  size_t sc_ws_bytes;
   int32_t n_allocs[2];          /* the device and pinned host allocations this context made (context.cu: one block
                                  * each; the turbo engine's buffers and cuBLAS's, graphs' and pins' own not counted) */
   int32_t norm_next, norm_rows; /* layer norm_next's input norm of norm_rows rows is in a already (written by the
@@ -455,18 +450,6 @@ cudaError_t k_vocab_stats(cudaStream_t s, const float *logits, int C, int V, flo
 cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
                        void *ws, int have);
 cudaError_t k_vocab_z(cudaStream_t s, float *x, size_t n, float cap, float T);
-/* DGEMMA_VOCAB=one (kernels.cu, session 26): k_vocab_stats's out and *bad and k_vocab_sc's P of the same z = vz(logits,
- * cap, T) in one launch that reads the logits once (logits unchanged; ws holds the fused chain's partials after it,
- * as k_vocab_stats then k_vocab_sc with have 2 leave them), every word the chain's. cnt: C ints of device memory (the
- * rows' barrier counters, cleared by the launch). form 0: the one launch (the backend's); 2: the same kernel held to
- * 3 blocks per SM (the lab's); 1, or fewer than one row's blocks resident at once, or the emulation: three launches
- * (the same bodies and words, three reads). k_vocab_one_grid(_form): the one launch's blocks for C x V (0: phased).
- * Errors: the launches' cudaError_t. */
-cudaError_t k_vocab_one(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
-                        int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                        dg_cuda_pos_stats *out, int32_t *bad, void *ws, int *cnt, int form);
-extern "C" int k_vocab_one_grid(int C, int V);
-extern "C" int k_vocab_one_grid_form(int C, int V, int form);
 /* For the lab: group as k_step_stats_g's; store as k_vocab_stats's. */
 cudaError_t k_vocab_stats_g(cudaStream_t s, float *logits, int C, int V, float cap, float T, int act, int mode,
                             uint64_t seed, uint32_t block, uint32_t step, const float *uni, dg_cuda_pos_stats *out,

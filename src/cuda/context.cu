@@ -214,7 +214,6 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->stats, C * sizeof(dg_cuda_pos_stats));
   B_(c->bad, 4);
   B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
-  B_(c->vcnt, C * 4);
   B_(c->blas_ws, blas_ws_bytes(m->device));
   if (c->side.on) B_(c->side.ws, side_ws_bytes(m->device)); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
 #undef B_

@@ -217,7 +217,6 @@ dg_status gemm_inv_init(dg_cuda_ctx *c, size_t ws_bytes) {
 }
 
 void gemm_inv_free(dg_cuda_ctx *c) {
-  sc_prod_free(c); /* session 27 (sk12): the SC product's workspace */
   dg_gemm_inv *g = c->inv;
   if (!g) return;
   for (int i = 0; i < g->n; i++) inv_prod_free(&g->p[i]);
@@ -228,8 +227,6 @@ void gemm_inv_free(dg_cuda_ctx *c) {
 
 int gemm_inv(dg_cuda_ctx *c, int tn, int m, int n, int k, float alpha, const bf16 *A, const bf16 *B, int ldb, float *C,
              int ldc, dg_status *st) {
-  /* session 27 (sk12): the SC product P . E (tn 0) on sc_prod.cu's kernel under DGEMMA_STACK_DENSE=1 or inv */
-  if (!tn && (c->inv || stack_dense_now()) && sc_prod_gemm(c, m, n, k, alpha, A, B, ldb, C, ldc, st)) return 1;
   dg_gemm_inv *g = c->inv;
   if (!g) return 0;
   if (n <= 0) { /* no rows: nothing to compute (cublasLt may refuse an empty product) */
@@ -271,12 +268,6 @@ int gemm_inv(dg_cuda_ctx *c, int tn, int m, int n, int k, float alpha, const bf1
 }
 
 int gemm_inv_config(dg_cuda_ctx *c, int tn, int m, int k, int v[9], int *rule) {
-  if (!tn && c->sc_ws) { /* session 27 (sk12): sc_prod.cu ran it; v[3] its run count */
-    for (int a = 0; a < 9; a++) v[a] = -1;
-    v[3] = sc_prod_splits_of(k);
-    *rule = 3;
-    return 1;
-  }
   dg_gemm_inv *g = c->inv;
   inv_prod *p = g ? inv_get(g, tn, m, k) : NULL;
   if (!p || p->ok < 0) return 0;
@@ -286,10 +277,9 @@ int gemm_inv_config(dg_cuda_ctx *c, int tn, int m, int k, int v[9], int *rule) {
 }
 #else
 dg_status gemm_inv_init(dg_cuda_ctx *c, size_t) { c->inv = NULL; return DG_OK; }
-void gemm_inv_free(dg_cuda_ctx *c) { sc_prod_free(c); c->inv = NULL; }
-int gemm_inv(dg_cuda_ctx *c, int tn, int m, int n, int k, float alpha, const bf16 *A, const bf16 *B, int ldb, float *C,
-             int ldc, dg_status *st) { /* the SC product on sc_prod.cu's kernel (session 27, sk12), as on the GPU */
-  return !tn && stack_dense_now() && sc_prod_gemm(c, m, n, k, alpha, A, B, ldb, C, ldc, st);
+void gemm_inv_free(dg_cuda_ctx *c) { c->inv = NULL; }
+int gemm_inv(dg_cuda_ctx *, int, int, int, int, float, const bf16 *, const bf16 *, int, float *, int, dg_status *) {
+  return 0;
 }
 int gemm_inv_config(dg_cuda_ctx *, int, int, int, int *, int *) { return 0; }
 #endif

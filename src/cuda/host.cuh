@@ -230,17 +230,6 @@ int gemm_inv(dg_cuda_ctx *c, int tn, int m, int n, int k, float alpha, const bf1
              int ldc, dg_status *st);
 int gemm_inv_shape(int i, int *tn, int *m, int *k);
 int gemm_inv_config(dg_cuda_ctx *c, int tn, int m, int k, int v[9], int *rule);
-/* sc_prod.cu (issues 12 and 14): C[n, m] (fp32, ld ldc) = alpha P[n, k] (bf16, ld ldb) E[k, m] (bf16 row-major) on
- * c->stream by sc_prod.cuh's kernel, whose row r has the same words at every n (a fixed split of k into
- * sc_prod_splits(k) runs, a fixed order within and across them). Returns 0 (nothing done) where the shape does not fit
- * (sc_prod_fits: m % 128, k % 8, ldb % 8, 16-byte aligned P and E; or ldc < m): the caller runs its own product; else
- * 1 with *st DG_OK or the error (DG_ERR_OUT_OF_MEMORY: its workspace, c->sc_ws, allocated on first use; DG_ERR_BACKEND:
- * a first use inside a stream capture, or the launch failed). sc_prod_free releases the workspace (gemm_inv_free);
- * sc_prod_splits_of(k): its run count for k (sc_prod_splits). */
-int sc_prod_gemm(dg_cuda_ctx *c, int m, int n, int k, float alpha, const bf16 *E, const bf16 *P, int ldb, float *C,
-                 int ldc, dg_status *st);
-void sc_prod_free(dg_cuda_ctx *c);
-int sc_prod_splits_of(int k);
 dg_status graph_init(dg_cuda_ctx *c);
 /* Destroy c's graphs (dg_cuda_ctx_free; the stream idle). */
 void graph_free(dg_cuda_ctx *c);

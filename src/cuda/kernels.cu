@@ -999,27 +999,22 @@ __device__ __forceinline__ double vblock_sum(double v, double *sh) {
  * the row max g and its first index, S0 = sum exp(z - g) = sum_b s0_b exp(m_b - g) and
  * S1 = sum exp(z - g)(z - g) = sum_b exp(m_b - g) (s1_b + (m_b - g) s0_b), in double; any chunk's bad flag.
  * Every term of S1 is <= 0, so the entropy log S0 - S1 / S0 adds two non-negative numbers (no cancellation). */
-/* A partial's field as the combines read it: CG = 1 (vone_kernel: partials other blocks of the same launch wrote,
- * read after a row barrier) through the L2 (ld.global.cg), never a line this SM's L1 kept from an earlier read. */
-#define VLD(x) (CG ? __ldcg(&(x)) : (x))
-
-template <int CG = 0>
 __device__ void vcombine(const vpart *p, int NB, float &g, int &gi, double &S0, double &S1, int &bad) {
   const int l = threadIdx.x & 31;
   float m = -FLT_MAX;
   int mi = INT32_MAX, bd = 0;
   for (int b = l; b < NB; b += 32) {
-    argmax_merge(m, mi, VLD(p[b].m), VLD(p[b].amax));
-    bd |= VLD(p[b].bad);
+    argmax_merge(m, mi, p[b].m, p[b].amax);
+    bd |= p[b].bad;
   }
   for (int o = 16; o; o >>= 1) argmax_merge(m, mi, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, mi, o));
   bd = __ballot_sync(0xffffffffu, bd) != 0;
   double s0 = 0.0, s1 = 0.0;
   if (!bd)
     for (int b = l; b < NB; b += 32) {
-      const double d = (double)VLD(p[b].m) - (double)m, e = exp(d), ps0 = VLD(p[b].s0);
-      s0 += ps0 * e;
-      s1 += e * (VLD(p[b].s1) + d * ps0);
+      const double d = (double)p[b].m - (double)m, e = exp(d);
+      s0 += p[b].s0 * e;
+      s1 += e * (p[b].s1 + d * p[b].s0);
     }
   for (int o = 16; o; o >>= 1) {
     s0 += __shfl_xor_sync(0xffffffffu, s0, o);
@@ -1074,9 +1069,9 @@ __device__ __forceinline__ float round_act(float x, int act) {
 
 /* The row max of the chunk maxima (F = 0: m, vsc_max_kernel's; F = 1: scm, the fused pass 1's), by one warp
  * (every lane the same). */
-template <int F, int CG = 0> __device__ __forceinline__ float vrow_max(const vpart *p, int NB) {
+template <int F> __device__ __forceinline__ float vrow_max(const vpart *p, int NB) {
   float m = -FLT_MAX;
-  for (int b = threadIdx.x & 31; b < NB; b += 32) m = fmaxf(m, F ? VLD(p[b].scm) : VLD(p[b].m));
+  for (int b = threadIdx.x & 31; b < NB; b += 32) m = fmaxf(m, F ? p[b].scm : p[b].m);
   for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
 }
@@ -1526,322 +1521,6 @@ cudaError_t k_vocab_sc_g(cudaStream_t s, const float *logits, bf16 *P, int C, in
 cudaError_t k_vocab_sc(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
                        void *ws, int have) {
   return k_vocab_sc_g(s, logits, P, C, V, cap, T, act, ws, have, DG_VOCAB_GROUP);
-}
-
-/* ---- DGEMMA_VOCAB=one (session 26, helper vs12; issue 12 item 5): the statistics and the self-conditioning
- * probabilities in one launch, the logits read once ----
- * zstore (the default) reads the [C, V] fp32 logits four times and writes them once between the LM head and the
- * soft embedding's product (sampled proposals: pass 1 r + w, pass 2 r, the write pass r; 26B: 5 x 268 MB + P's
- * 134 MB). The three passes exist only because each needs a row-wide result of the one before: pass 2 the row max
- * and S0 (the probabilities' g and fs) and the probabilities' row max, the write pass the probabilities' row sum.
- * vone_kernel keeps its chunk of z in registers across the three phases and waits between them for the other
- * blocks of its row (a counter per row in global memory, vrow_sync) instead of ending the launch: the raw logits
- * read once, z computed once (vz: the fused chain's z, the chain's bits), P written once, nothing stored in the
- * logits, 1 launch instead of 4 (pass 1, pass 2, finish; write). Every phase is the fused chain's kernel body
- * operation for operation and in its order (phase 1 vstats_part_body<1> without store, phase 2 vstats_cdf_body<1>,
- * phase 3 vsc_write_body<1> and vstats_finish_body<1>, whose sampled search runs in the block that holds the chosen
- * chunk, from the probabilities phase 2 left in its shared memory), so every statistic, partial and P word is the
- * chain's (test_vocab_chain compares them word for word).
- * The waits are safe only if every block of a row is resident while any of them waits: the grid is persistent
- * (G blocks, a multiple of the NB chunks of a row, at most SMs x cudaOccupancyMaxActiveBlocksPerMultiprocessor),
- * block i always holds chunk i % NB of rows i / NB, i / NB + G / NB, ..., so the NB blocks that wait on each other
- * are always the same resident ones; the same limit as route_gr_kernel's (moe.cu: one such grid at a time per GPU).
- * Where fewer than NB blocks fit, and in the emulation (blocks one after another: a wait would never end), the
- * three phases run as three launches of grid (NB, C), each loading its chunk again (vone_phase_kernel<1..3>: the
- * same bodies, the same words; 3 reads of the logits). */
-
-/* Block-wide wait until target blocks of the row have arrived (this one counted): every earlier global write of the
- * block visible to the row's blocks first. */
-__device__ __forceinline__ void vrow_sync(int *cnt, int target) {
-#ifdef DG_CUDA_EMU
-  (void)cnt;
-  (void)target;
-  abort(); /* never launched here (k_vocab_one runs the phases apart) */
-#else
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    atomicAdd(cnt, 1);
-    while (*(volatile int *)cnt < target) __nanosleep(32);
-    __threadfence();
-  }
-  __syncthreads();
-#endif
-}
-
-/* Chunk b of row c through the phases PH (0: all three with the row's waits between them; 1, 2, 3: that one). */
-template <int PH>
-__device__ __forceinline__ void vone_body(const float *logits, bf16 *P, int V, int NB, int vec, int vecP, float cap,
-                                          float T, int act, int mode, uint64_t seed, uint32_t block, uint32_t step,
-                                          const float *uni, dg_cuda_pos_stats *out, int32_t *bad, vpart *part,
-                                          int *cnt, int c, int b) {
-  __shared__ float sp[VNT * VPAD];
-  __shared__ float shm[VNT / 32], shs[VNT / 32];
-  __shared__ int shi[VNT / 32], shb[VNT / 32];
-  __shared__ double sh0[VNT / 32], sh1[VNT / 32], shd[VNT / 32], sr[VNT], sw[VNT / 32], sr3[VNT], sw3[VNT / 32];
-  __shared__ float shg, shfs, shsm, shinv;
-  __shared__ int shgi, shbad, shbs, found;
-  __shared__ double shS0, shS1, shpre, shtarget;
-  const int tid = threadIdx.x, base = b * VCH, cdf = mode != DG_PROPOSAL_ARGMAX;
-  vpart *p = part + (size_t)c * NB;
-  float v[VPT];
-  vzload(logits + (size_t)c * V, V, base, vec, cap, T, v);
-  if (PH == 0 || PH == 1) { /* vstats_part_body<1>, store 0 */
-    float mx = -FLT_MAX;
-    int amax = INT32_MAX, nonfinite = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-      const int e = base + vslot(tid, k >> 2, k & 3);
-      if (e < V) {
-        if (!isfinite(v[k])) nonfinite = 1;
-        if (v[k] > mx) { mx = v[k]; amax = e; }
-      }
-    }
-    float scm = -FLT_MAX;
-#pragma unroll
-    for (int k = 0; k < VPT; k++)
-      if (base + vslot(tid, k >> 2, k & 3) < V) scm = fmaxf(scm, round_act(v[k], act));
-    nonfinite = __ballot_sync(0xffffffffu, nonfinite) != 0;
-    if ((tid & 31) == 0) shb[tid >> 5] = nonfinite;
-    vblock_argmax(mx, amax, shm, shi);
-    int bd = 0;
-    for (int w = 0; w < VNT / 32; w++) bd |= shb[w];
-    double s0 = 0.0, s1 = 0.0;
-    if (!bd) {
-#pragma unroll
-      for (int k = 0; k < VPT; k++) {
-        const int e = base + vslot(tid, k >> 2, k & 3);
-        if (e < V) {
-          const double d = (double)v[k] - (double)mx, ex = exp(d);
-          s0 += ex;
-          s1 += ex * d;
-        }
-      }
-    }
-    s0 = vblock_sum(s0, sh0);
-    s1 = vblock_sum(s1, sh1);
-    scm = vblock_max(scm, shs);
-    if (tid == 0) {
-      vpart *q = p + b;
-      q->m = mx; q->amax = amax; q->bad = bd; q->scm = scm;
-      q->s0 = s0; q->s1 = s1; q->t = 0.0; q->scs = 0.0;
-    }
-  }
-  if (PH == 0) vrow_sync(cnt, NB);
-  if (PH == 0 || PH == 2) { /* vstats_cdf_body<1> */
-    if (tid < 32) {
-      if (cdf) {
-        float g; int gi, bd; double S0, S1;
-        vcombine<1>(p, NB, g, gi, S0, S1, bd);
-        if (tid == 0) { shg = g; shfs = (float)S0; shbad = bd; }
-      }
-      const float m = vrow_max<1, 1>(p, NB);
-      if (tid == 0) shsm = m;
-    }
-    __syncthreads();
-    const float mx = shsm;
-    double s = 0.0;
-#pragma unroll
-    for (int k = 0; k < VPT; k++)
-      if (base + vslot(tid, k >> 2, k & 3) < V) s += (double)expf(round_act(v[k], act) - mx);
-    s = vblock_sum(s, shd);
-    if (tid == 0) p[b].scs = s;
-    if (cdf && !shbad) {
-      vchunk_probs(v, V, base, shg, shfs, sp);
-      double run = 0.0;
-      for (int k = 0; k < VPT; k++) run += (double)sp[tid * VPAD + k];
-      sr[tid] = run;
-      __syncthreads();
-      if ((tid & 31) == 0) {
-        double w = 0.0;
-        for (int l = 0; l < 32; l++) w += sr[tid + l];
-        sw[tid >> 5] = w;
-      }
-      __syncthreads();
-      if (tid == 0) {
-        double t = 0.0;
-        for (int w = 0; w < VNT / 32; w++) t += sw[w];
-        p[b].t = t;
-      }
-    }
-  }
-  if (PH == 0) vrow_sync(cnt, 2 * NB);
-  if (PH == 0 || PH == 3) { /* vsc_write_body<1>, then vstats_finish_body<1> */
-    if (tid < 32) {
-      const float m = vrow_max<1, 1>(p, NB);
-      double s = 0.0;
-      for (int i = tid; i < NB; i += 32) s += __ldcg(&p[i].scs);
-      for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      float g; int gi, bd; double S0, S1;
-      vcombine<1>(p, NB, g, gi, S0, S1, bd);
-      if (tid == 0) {
-        shsm = m; shinv = (float)(1.0 / s);
-        shg = g; shgi = gi; shS0 = S0; shS1 = S1; shfs = (float)S0; shbad = bd;
-      }
-    }
-    __syncthreads();
-    {
-      const float mx = shsm, inv = shinv;
-      bf16 *prow = P + (size_t)c * V;
-#pragma unroll
-      for (int j = 0; j < VPT / 4; j++) {
-        const int e = base + vslot(tid, j, 0);
-        float o[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) o[q] = round_act(expf(round_act(v[4 * j + q], act) - mx) * inv, act);
-        if (vecP && e + 3 < V) {
-          stb4(prow + e, o[0], o[1], o[2], o[3]);
-        } else {
-          for (int q = 0; q < 4; q++)
-            if (e + q < V) prow[e + q] = __float2bfloat16_rn(o[q]);
-        }
-      }
-    }
-    if (shbad) {
-      if (b == 0 && tid == 0) atomicMin(bad, c);
-    } else {
-      int prop = shgi, mine = b == 0;
-      if (cdf) {
-        if (tid == 0) {
-          const float u = mode == DG_PROPOSAL_REPLAY_UNIFORM ? uni[c] : proposal_uniform(seed, block, step, (uint32_t)c);
-          double total = 0.0;
-          for (int q = 0; q < NB; q++) total += __ldcg(&p[q].t);
-          const double target = (double)u * total;
-          double pre = 0.0;
-          int bs = NB - 1;
-          for (int q = 0; q < NB; q++) {
-            const double tq = __ldcg(&p[q].t);
-            if (target < pre + tq) { bs = q; break; }
-            pre += tq;
-          }
-          shbs = bs; shpre = pre; shtarget = target;
-          found = INT32_MAX;
-        }
-        __syncthreads();
-        mine = shbs == b;
-        if (mine) { /* the chosen chunk's block: the cdf within it, as vstats_finish_body's */
-          if (PH == 3) vchunk_probs(v, V, base, shg, shfs, sp); /* PH 0: phase 2 left them in sp */
-          double run = 0.0;
-          for (int k = 0; k < VPT; k++) run += (double)sp[tid * VPAD + k];
-          sr3[tid] = run;
-          __syncthreads();
-          if ((tid & 31) == 0) {
-            double w = 0.0;
-            for (int l = 0; l < 32; l++) { const double x = sr3[tid + l]; sr3[tid + l] = w; w += x; }
-            sw3[tid >> 5] = w;
-          }
-          __syncthreads();
-          if (tid == 0) {
-            double w = 0.0;
-            for (int i = 0; i < VNT / 32; i++) { const double x = sw3[i]; sw3[i] = w; w += x; }
-          }
-          __syncthreads();
-          const double pre = shpre, target = shtarget, wp = sw3[tid >> 5], lp = sr3[tid];
-          double r = 0.0;
-          for (int k = 0; k < VPT; k++) {
-            r += (double)sp[tid * VPAD + k];
-            const int e = base + tid * VPT + k;
-            if (e < V && pre + (wp + (lp + r)) > target) { atomicMin(&found, e); break; }
-          }
-          __syncthreads();
-          prop = found != INT32_MAX ? found : min(V, base + VCH) - 1;
-        }
-      }
-      if (mine && tid == 0) {
-        const double S0 = shS0, lse = (double)shg + log(S0), ent = log(S0) - shS1 / S0;
-        dg_cuda_pos_stats st;
-        st.argmax = shgi;
-        st.proposal = prop;
-        st.entropy = (float)(ent > 0.0 ? ent : 0.0);
-        st.max_prob = (float)exp((double)shg - lse);
-        out[c] = st;
-      }
-    }
-    __syncthreads(); /* the shared values of this row read before the next row's phase 1 */
-  }
-}
-
-/* The one launch: persistent grid of G blocks (G % NB == 0), block i over chunk i % NB of its rows. MB: the
- * launch bounds' blocks per SM (1: the compiler's choice, 118 registers on sm_90a, 2 blocks per SM; 3: at most 85
- * registers (80, 52 bytes spilled), 3 blocks per SM: for the lab's comparison). */
-template <int MB>
-__global__ void __launch_bounds__(VNT, MB) vone_kernel(const float *logits, bf16 *P, int C, int V, int NB, int vec,
-                                                       int vecP, float cap, float T, int act, int mode, uint64_t seed,
-                                                       uint32_t block, uint32_t step, const float *uni,
-                                                       dg_cuda_pos_stats *out, int32_t *bad, vpart *part, int *cnt) {
-  DG_PDL_ENTRY();
-  for (int w = blockIdx.x; w < C * NB; w += gridDim.x)
-    vone_body<0>(logits, P, V, NB, vec, vecP, cap, T, act, mode, seed, block, step, uni, out, bad, part, cnt + w / NB,
-                 w / NB, w % NB);
-}
-
-/* One phase over grid (NB, C). */
-template <int PH>
-__global__ void __launch_bounds__(VNT) vone_phase_kernel(const float *logits, bf16 *P, int V, int vec, int vecP,
-                                                         float cap, float T, int act, int mode, uint64_t seed,
-                                                         uint32_t block, uint32_t step, const float *uni,
-                                                         dg_cuda_pos_stats *out, int32_t *bad, vpart *part) {
-  DG_PDL_ENTRY();
-  vone_body<PH>(logits, P, V, gridDim.x, vec, vecP, cap, T, act, mode, seed, block, step, uni, out, bad, part, NULL,
-                blockIdx.y, blockIdx.x);
-}
-
-/* Blocks of vone_kernel<MB> (mb 0: MB 1, else MB 3) resident at once on the current device (cached per device;
- * 0 in the emulation). */
-static int vone_resident(int mb) {
-#ifdef DG_CUDA_EMU
-  (void)mb;
-  return 0;
-#else
-  static int cap[64][2];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  int *cp = &cap[dev][mb ? 1 : 0];
-  if (!*cp) {
-    int per_sm = 0, sms = 0;
-    if ((mb ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, vone_kernel<3>, VNT, 0)
-            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, vone_kernel<1>, VNT, 0)) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 0;
-    *cp = per_sm * sms > 0 ? per_sm * sms : -1;
-  }
-  return *cp > 0 ? *cp : 0;
-#endif
-}
-
-static int vone_grid(int C, int V, int mb) {
-  const int NB = (V + VCH - 1) / VCH, r = vone_resident(mb) / NB * NB;
-  return r < NB ? 0 : r < C * NB ? r : C * NB;
-}
-
-extern "C" int k_vocab_one_grid(int C, int V) { return vone_grid(C, V, 0); }
-extern "C" int k_vocab_one_grid_form(int C, int V, int form) { return form == 1 ? 0 : vone_grid(C, V, form == 2); }
-
-cudaError_t k_vocab_one(cudaStream_t s, const float *logits, bf16 *P, int C, int V, float cap, float T, int act,
-                        int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                        dg_cuda_pos_stats *out, int32_t *bad, void *ws, int *cnt, int form) {
-  const int NB = (V + VCH - 1) / VCH, vec = vec_ok(logits, V), vecP = vec && ((uintptr_t)P & 7) == 0;
-  const int G = k_vocab_one_grid_form(C, V, form);
-  vpart *part = (vpart *)ws;
-  if (G > 0) {
-    /* the counters cleared (a 2-D memset of one row: the emulation has no cudaMemsetAsync; never reached there) */
-    cudaError_t e = cudaMemset2DAsync(cnt, (size_t)C * sizeof(int), 0, (size_t)C * sizeof(int), 1, s);
-    if (e != cudaSuccess) return e;
-    if (form == 2)
-      DG_LAUNCH(vone_kernel<3>, G, VNT, 0, s)(logits, P, C, V, NB, vec, vecP, cap, T, act, mode, seed, block, step, uni,
-                                              out, bad, part, cnt);
-    else
-      DG_LAUNCH(vone_kernel<1>, G, VNT, 0, s)(logits, P, C, V, NB, vec, vecP, cap, T, act, mode, seed, block, step, uni,
-                                              out, bad, part, cnt);
-    return cudaGetLastError();
-  }
-  DG_LAUNCH(vone_phase_kernel<1>, dim3(NB, C), VNT, 0, s)(logits, P, V, vec, vecP, cap, T, act, mode, seed, block, step,
-                                                          uni, out, bad, part);
-  DG_LAUNCH(vone_phase_kernel<2>, dim3(NB, C), VNT, 0, s)(logits, P, V, vec, vecP, cap, T, act, mode, seed, block, step,
-                                                          uni, out, bad, part);
-  DG_LAUNCH(vone_phase_kernel<3>, dim3(NB, C), VNT, 0, s)(logits, P, V, vec, vecP, cap, T, act, mode, seed, block, step,
-                                                          uni, out, bad, part);
-  return cudaGetLastError();
 }
 
 /* Used by dg_cuda_info to ask whether this build has code for the GPU. */

@@ -268,22 +268,17 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
  * z in place (k_vocab_stats's store), the passes after it reading z as stored (c->lg_cap DG_VZ_STORED): the lab's
  * "v3 z stored" (argmax chain 0.602 ms on the H200, session 14), every output word the chain's; **the default since H200
  * session 17** (vllm protocol on the 26B: 1,211.3 -> 1,221.8 tok/s; LM head + self-conditioning + statistics 1.785 ->
- * 1.662 ms per pass); DGEMMA_VOCAB=chain gives the chain back. DGEMMA_VOCAB=one (session 26, helper vs12; not the
- * default until a GPU run shows it faster, dev/gpu/s26_vs12.sh): the fused chain's raw logits, the statistics and
- * the self-conditioning probabilities P in one launch of k_vocab_one that reads the logits once (every word the
- * chain's; z not stored, as fused), c->lg_parts 3: dg_cuda_soft_from_z finds P made and runs only the product.
- * Read once when the library loads: 0 the chain, 1 fused, 2 zstore, 3 one; dg_cuda_vocab_set overrides it (the
- * tests). */
+ * 1.662 ms per pass); DGEMMA_VOCAB=chain gives the chain back. Read once when the library loads: 0 the chain,
+ * 1 fused, 2 zstore; dg_cuda_vocab_set overrides it (the tests). */
 static int vocab_mode_from_env(void) {
   const char *v = getenv("DGEMMA_VOCAB");
   if (v && !strcmp(v, "chain")) return 0;
   if (v && !strcmp(v, "fused")) return 1;
-  if (v && !strcmp(v, "one")) return 3;
   return 2;
 }
 static const int vocab_mode_env = vocab_mode_from_env();
 static int vocab_mode_override = -1;
-void dg_cuda_vocab_set(int mode) { vocab_mode_override = mode >= 0 && mode <= 3 ? mode : -1; }
+void dg_cuda_vocab_set(int mode) { vocab_mode_override = mode >= 0 && mode <= 2 ? mode : -1; }
 static int vocab_mode_now(void) { return vocab_mode_override >= 0 ? vocab_mode_override : vocab_mode_env; }
 
 /* c->logits as a pass left them: softcapped (or without softcap: none) unless raw_cap > 0, the softcap that the
@@ -315,11 +310,10 @@ static dg_status logits_materialize(dg_cuda_ctx *c) {
  * Launches only (a graph body's part where virt = 0). */
 static dg_status soft_from_v(dg_cuda_ctx *c, const float *z, int virt) {
   const dg_cuda_model_desc *d = &c->m->d;
-  if (virt) {
-    if (c->lg_parts < 3) /* 3: k_vocab_one made P already (DGEMMA_VOCAB=one) */
-      CKK(c, k_vocab_sc(c->stream, z, c->P, d->canvas, d->vocab, c->lg_cap, c->lg_T, d->act_dtype, c->vws,
-                        c->lg_parts));
-  } else
+  if (virt)
+    CKK(c, k_vocab_sc(c->stream, z, c->P, d->canvas, d->vocab, c->lg_cap, c->lg_T, d->act_dtype, c->vws,
+                      c->lg_parts));
+  else
     CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws));
   const float alpha = d->embed_scale, beta = 0.0f;
   if (c->m->embed.bits) { /* quantized tied embedding: P . E with E dequantized in the kernel */
@@ -349,7 +343,7 @@ extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   CK(cudaSetDevice(c->m->device));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
   DG_TRY(soft_from_v(c, c->logits, c->lg_virt));
-  if (c->lg_virt) c->lg_parts = c->lg_parts == 3 ? 3 : 2; /* the passes it ran left the maxima and sums */
+  if (c->lg_virt) c->lg_parts = 2; /* the passes it ran left the maxima and sums */
   return mark(c, DG_CUDA_ST_SC);
 }
 
@@ -466,16 +460,12 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_pr
      * chain's second division would divide it in place (a stored z is real: its cap counts as 0) */
     if (c->lg_virt && (c->lg_T != 1.0f || c->lg_cap < 0.0f)) DG_TRY(logits_materialize(c));
     const int store = vocab_mode == 2;
-    if (vocab_mode == 3)
-      CKK(c, k_vocab_one(s, c->logits, c->P, C, d->vocab, c->lg_cap, temperature, d->act_dtype, mode, seed,
-                         (uint32_t)block, (uint32_t)step, c->uni, c->stats, c->bad, c->vws, c->vcnt, 0));
-    else
-      CKK(c, k_vocab_stats(s, c->logits, C, d->vocab, c->lg_cap, temperature, d->act_dtype, mode, seed,
-                           (uint32_t)block, (uint32_t)step, c->uni, c->stats, c->bad, c->vws, store));
+    CKK(c, k_vocab_stats(s, c->logits, C, d->vocab, c->lg_cap, temperature, d->act_dtype, mode, seed, (uint32_t)block,
+                         (uint32_t)step, c->uni, c->stats, c->bad, c->vws, store));
     c->lg_virt = 1;
     c->lg_cap = store ? DG_VZ_STORED : c->lg_cap; /* zstore: c->logits holds z, the partials are of that z */
     c->lg_T = store ? 1.0f : temperature;
-    c->lg_parts = vocab_mode == 3 ? 3 : mode == DG_PROPOSAL_ARGMAX ? 1 : 2;
+    c->lg_parts = mode == DG_PROPOSAL_ARGMAX ? 1 : 2;
   } else {
     DG_TRY(logits_materialize(c)); /* (never virtual without the fused chain) */
     CKK(c, k_step_stats(s, c->logits, C, d->vocab, temperature, mode, seed, (uint32_t)block, (uint32_t)step, c->uni,

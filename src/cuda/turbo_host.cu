@@ -480,7 +480,6 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
     DG_TRY(sc_probs_one(c, c, c->P, n, cap, T));
-    if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
     DG_TRY(sc_product(c, c->P, n, c->f1));
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
   } else { /* top-K: the K probabilities of the host chain times the K rows of E */
@@ -637,7 +636,6 @@ static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_
       dg_cuda_turbo *t = c->tb;
       if (!sc_probs_now()) DG_TRY(sc_probs_one(w, c, c->P, q[b].n, cap, q[b].T));
       if (!stacked) {
-        if (c->lg_parts == 3) c->lg_parts = 2; /* c->P no longer k_vocab_one's (DGEMMA_VOCAB=one) */
         DG_TRY(sc_product(w, c->P, q[b].n, c->f1));
       }
       t->sc_pre_n = q[b].n;

@@ -8,15 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <initializer_list>
-
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh" /* qr_launch_bits of DIET 0, qr_launcher_set */
 #include "../../dev/cuda/qr_diet_lab.cuh" /* the kernel lab's versions 95-114 (dg_cuda_test_experts_lab; 112, 114: _qw) */
 #include "../../dev/cuda/qmoe_w.cuh"     /* the lab's wgmma versions 20-22, 75 (dg_cuda_test_experts_qw) */
 #include "../../dev/cuda/attention_lab.cuh" /* the attention lab's versions 9-15 (dg_cuda_test_attention) */
 #include "cuda/qmoe_wl.cuh" /* the large-M wgmma kernel: lab versions 120-124 (dg_cuda_test_experts_qw) */
-#include "cuda/sc_prod.cuh" /* the batch-invariant SC product (dg_cuda_test_sc_prod) */
 
 #include "cuda_entry.h"
 
@@ -297,7 +294,7 @@ extern "C" dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int d
   return DG_OK;
 }
 extern "C" dg_status dg_cuda_test_vocab_set(int mode) {
-  if (mode < -1 || mode > 3) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_set: mode %d (-1..3)", mode);
+  if (mode < -1 || mode > 2) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_set: mode %d (-1..2)", mode);
   dg_cuda_vocab_set(mode);
   return DG_OK;
 }
@@ -696,8 +693,7 @@ static long parts_diff(const float *ma, const double *sa, const float *mb, const
 
 extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
                                               int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[7],
-                                              int *one_grid) {
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[6]) {
   if (C <= 0 || V <= 0 || !(T > 0.0f) ||
       (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
@@ -706,13 +702,12 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   dg_status st = DG_OK;
   const size_t n = (size_t)C * V, sw = (size_t)C * sizeof(dg_cuda_pos_stats) / 4;
   void *dz = NULL, *dx = NULL, *dz2 = NULL, *duni = NULL, *ds0 = NULL, *ds1 = NULL, *db = NULL, *dP0 = NULL,
-       *dP1 = NULL, *ws = NULL, *dcnt = NULL;
+       *dP1 = NULL, *ws = NULL;
   const int32_t nobad = INT32_MAX;
   const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
   float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
   double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
-  for (int i = 0; i < 7; i++) n_diff[i] = 0;
-  *one_grid = k_vocab_one_grid(C, V);
+  for (int i = 0; i < 6; i++) n_diff[i] = 0;
   if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
   TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
@@ -724,7 +719,6 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(dalloc(&al, &dP0, n * 2, "P (chain)"));
   TT_(dalloc(&al, &dP1, n * 2, "P (fused)"));
   TT_(dalloc(&al, &ws, k_vocab_ws_bytes(C, V), "vocabulary partials"));
-  TT_(dalloc(&al, &dcnt, (size_t)C * 4, "row counters (k_vocab_one)"));
   /* P starts as different garbage in each: nothing either chain leaves unwritten passes for equal */
   TC_(cudaMemset(ds0, 0xFF, sw * 4)); /* the records of non-finite positions stay so in both (argmax -1) */
   TC_(cudaMemset(ds1, 0xFF, sw * 4));
@@ -775,25 +769,6 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(sc_parts(ws, C, V, 1, pm1, ps1));
   n_diff[5] += parts_diff(pm0, ps0, pm1, ps1, np);
   TT_(words_diff(dz, dz2, n, 4, &n_diff[5])); /* the stored z: the chain's */
-  /* one (k_vocab_one) on the raw logits (dx, untouched so far): its one launch (form 0, and the lab's form 2: at
-   * most 85 registers) where it fits, then the three phase launches (form 1) */
-  for (int form : {0, 2, 1}) {
-    if (form != 1 && k_vocab_one_grid_form(C, V, form) == 0) continue;
-    TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
-    TC_(cudaMemset(dcnt, 0x7F, (size_t)C * 4)); /* the launch clears them */
-    TC_(cudaMemset(ds1, 0xFF, sw * 4));
-    TC_(cudaMemset(dP1, 0x66 + form, n * 2));
-    TC_(cudaMemcpy((int32_t *)db + 1, &nobad, 4, cudaMemcpyHostToDevice));
-    TC_(k_vocab_one(0, (const float *)dx, (bf16 *)dP1, C, V, cap, T, act, mode, seed, block, step, (const float *)duni,
-                    (dg_cuda_pos_stats *)ds1, (int32_t *)db + 1, ws, (int *)dcnt, form));
-    TT_(words_diff(ds0, ds1, sw, 4, &n_diff[6]));
-    TT_(words_diff(db, (int32_t *)db + 1, 1, 4, &n_diff[6]));
-    TT_(words_diff(dP0, dP1, n, 2, &n_diff[6]));
-    TT_(sc_parts(ws, C, V, 1, pm1, ps1));
-    n_diff[6] += parts_diff(pm0, ps0, pm1, ps1, np);
-    TT_(test_in(&al, &dz2, raw, n * 4, "logits (as given)"));
-    TT_(words_diff(dx, dz2, n, 4, &n_diff[6]));
-  }
   TT_(test_out(stats, ds1, sw * 4));
   TT_(test_out(bad, (int32_t *)db + 1, 4));
   TT_(test_out(P, dP1, n * 2));
@@ -1697,59 +1672,6 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
 #undef TT_
 #undef TC_
 
-/* The batch-invariant self-conditioning product (src/cuda/sc_prod.cuh; session 27, sk12). */
-#define TT_(x) do { if ((st = (x)) != DG_OK) goto done; } while (0)
-#define TC_(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    st = dg_seterr(DG_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-    goto done; } } while (0)
-extern "C" dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, int M, int ldp, float alpha,
-                                          const uint16_t *P, const uint16_t *E, float *out) {
-  if (mode < 0 || mode > 7 || M < 1 || V < 1 || H < 1 || ldp < V)
-    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_prod: mode %d (0-7), V %d, H %d, M %d, ldp %d", mode, V, H,
-                     M, ldp);
-  CK(cudaSetDevice(device));
-  alloc_list al = {NULL, 0, 0};
-  dg_cuda_ctx c;
-  memset(&c, 0, sizeof c);
-  void *dP = NULL, *dE = NULL, *dO = NULL;
-  float *ws = NULL;
-  dg_status st = DG_OK;
-  TT_(test_in(&al, &dP, P, (size_t)M * ldp * 2, "sc P"));
-  TT_(test_in(&al, &dE, E, (size_t)V * H * 2, "sc E"));
-  TT_(dalloc(&al, &dO, (size_t)M * H * 4, "sc out"));
-  TC_(cudaMemset(dO, 0xff, (size_t)M * H * 4)); /* NaN words: an output never written differs */
-  if (!sc_prod_fits(V, H, ldp, dP, dE)) {
-    st = dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_sc_prod: V %d, H %d, ldp %d do not fit sc_prod (H %% 128, V %% 8, "
-                   "ldp %% 8)", V, H, ldp);
-    goto done;
-  }
-  TC_(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-  if (mode == 5) {
-    dg_cuda_stack_dense_set(1);
-    int took = gemm_inv(&c, 0, H, M, V, alpha, (const bf16 *)dE, (const bf16 *)dP, ldp, (float *)dO, H, &st);
-    dg_cuda_stack_dense_set(-1);
-    if (st != DG_OK) goto done;
-    if (!took) {
-      st = dg_seterr(DG_ERR_BACKEND, "dg_cuda_test_sc_prod: gemm_inv did not take the product under "
-                                     "DGEMMA_STACK_DENSE=1");
-      goto done;
-    }
-  } else {
-    const int bm = mode >= 1 && mode <= 4 ? 8 << mode : mode == 7 ? -128 : 0, mc = mode == 6 ? 7 : M;
-    TT_(dalloc(&al, (void **)&ws, (size_t)sc_prod_splits(V) * mc * H * 4, "sc workspace"));
-    TC_(sc_prod_run(c.stream, (const bf16 *)dP, ldp, (const bf16 *)dE, V, H, M, alpha, (float *)dO, H, ws, mc, bm));
-  }
-  TC_(cudaStreamSynchronize(c.stream));
-  TT_(test_out(out, dO, (size_t)M * H * 4));
-done:
-  gemm_inv_free(&c);
-  if (c.stream) cudaStreamDestroy(c.stream);
-  dfree_all(&al);
-  return st;
-}
-#undef TT_
-#undef TC_
-
 extern "C" void dg_cuda_model_allocs(const dg_cuda_model *m, int *n, size_t *used, size_t *cap); /* upload.cu */
 extern "C" size_t dg_cuda_model_bytes(const dg_cuda_model *m);
 
@@ -1770,7 +1692,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_branch_stats, dg_cuda_test_experts_diet, dg_cuda_test_experts_lab, dg_cuda_test_put_soft,
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
-    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_prod, dg_cuda_test_sc_probs,
+    dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_probs,
     dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block,
 };
 

@@ -102,7 +102,7 @@ dg_status dg_cuda_test_experts_qw(int device, int version, const dg_weight *gate
  * Host only (no device memory); DG_ERR_INVALID_ARG for dq_from outside 0-8. */
 dg_status dg_cuda_test_dn_fuse_group(int gu_bits, int gu_group, int dn_bits, int dn_group, int IE, int dq_from, int *G);
 /* The chain over the logits of the passes that follow (dg_cuda_vocab_set, src/cuda/host.cuh): 0 the chain, 1 fused,
- * 2 zstore, 3 one (DGEMMA_VOCAB's values), -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. */
+ * 2 zstore (DGEMMA_VOCAB's values), -1 the environment's choice again; DG_ERR_INVALID_ARG for other values. */
 dg_status dg_cuda_test_vocab_set(int mode);
 /* DGEMMA_BRANCH for the contexts made next (dg_cuda_branch_set, src/cuda/host.cuh): 1 each layer's dense MLP on a
  * second stream, concurrent with the router and experts, 0 everything on one stream, -1 the environment's choice again;
@@ -188,14 +188,10 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
  * [2] fused P with nothing left (every pass of its own), both with the probabilities' chunk maxima and sums (float
  * and double words) against the chain's, [3] k_vocab_z's z against the chain's in-place z, plus the fused chain's
  * logits against raw (they must stay untouched); [4] zstore's statistics and bad position, [5] zstore's P after its
- * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z; [6] k_vocab_one's
- * (DGEMMA_VOCAB=one) statistics, bad position, P, chunk maxima and sums, and its logits against raw (untouched), in
- * its forms: the one launch (where the device holds a row's blocks at once; not in the emulation; also the lab's
- * form held to 3 blocks per SM) and the three phase launches; *one_grid: the one launch's blocks (0: only the
- * phased form ran). */
+ * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z. */
 dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                    uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                   int32_t *bad, uint16_t *P, long n_diff[7], int *one_grid);
+                                   int32_t *bad, uint16_t *P, long n_diff[6]);
 
 /* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
  * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
@@ -234,15 +230,6 @@ dg_status dg_cuda_test_stack_dense_set(int mode);
  * rows outside 1 <= M2 <= M1; the invariant product's own error (no configuration, refused at a row count). */
 dg_status dg_cuda_test_gemm_inv(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9], int *rule,
                                 long *n_diff, long *n_checked, double *worst);
-/* The self-conditioning product out[M, H] = alpha P[M, V] (bf16, ld ldp) E[V, H] (bf16 row-major) on
- * src/cuda/sc_prod.cuh's batch-invariant kernel (session 27, sk12): mode 0 sc_prod_run with its own tile choice in one
- * chunk of M rows; 1-4 the token tile forced to 16, 32, 64, 128 rows; 5 through gemm_inv on a bare context with
- * DGEMMA_STACK_DENSE forced to 1 (the backend's hook, src/cuda/gemm_inv.cu: its workspace of 256 rows, so chunks of
- * at most 256 rows); 6 chunks of at most 7 rows; 7 the 128-row tile with a ring of 4 stages. Every mode must give the same words (the kernel's claim). out
- * [M, H] fp32. DG_ERR_INVALID_ARG for another mode, M < 1, ldp < V, or a shape sc_prod does not take (H % 128,
- * V % 8, ldp % 8); DG_ERR_BACKEND where mode 5's hook did not take it or a launch failed. */
-dg_status dg_cuda_test_sc_prod(int device, int mode, int V, int H, int M, int ldp, float alpha, const uint16_t *P,
-                               const uint16_t *E, float *out);
 
 /* The combine of a layer with the next layer's input norm in one launch (k_ffn_combine_norm_v versions 0 and 2, each
  * from the same x; n_diff counts both) against the two
@@ -298,7 +285,7 @@ typedef struct dg_cuda_test_api {
                                  long *n_diff);
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                int32_t *bad, uint16_t *P, long n_diff[7], int *one_grid);
+                                int32_t *bad, uint16_t *P, long n_diff[6]);
   dg_status (*test_experts_dn_fuse)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
                                     int *fused);
@@ -325,8 +312,6 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_gemm_inv)(int device, int i, int M1, int M2, int *n_shapes, int *active, int cfg[9], int *rule,
                              long *n_diff, long *n_checked, double *worst);
   dg_status (*test_experts_fg)(int on, long *launches);
-  dg_status (*test_sc_prod)(int device, int mode, int V, int H, int M, int ldp, float alpha, const uint16_t *P,
-                            const uint16_t *E, float *out);
   dg_status (*test_sc_probs)(int device, int act, int B, const int32_t *n, int V, float cap, const float *T,
                              const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
   dg_status (*test_sc_probs_set)(int mode);

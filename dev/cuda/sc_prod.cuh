@@ -1,6 +1,8 @@
 /* sc_prod.cuh: the self-conditioning product out[M, H] = alpha P[M, V] E[V, H] with a per-output accumulation order
  * that does not depend on M (issues 12 and 14, session 27 helper sk12; docs/cuda.md "Session 27 (helper sk12)").
- * Used by src/cuda/sc_prod.cu (the backend, under DGEMMA_STACK_DENSE=1 or inv) and by dev/cuda/sc_prod.cu (the lab).
+ * Used by dev/cuda/sc_prod.cu (the lab) only: the backend ran it under DGEMMA_STACK_DENSE=1 or inv in session 27 and
+ * stopped in session 28 (it lost to cublasLt's split-K-1 entry at 566 rows, 3.913 vs 1.917 ms on the H100; docs/cuda.md
+ * "Session 27 (helper sk12)"), so the header moved here from src/cuda/.
  *
  * P bf16 row-major [M, V] (ld ldp: the softmax rows k_sc_probs / k_turbo_sc_probs write), E bf16 row-major [V, H]
  * (the tied embedding as stored), out fp32 row-major [M, H] (ld ldo). Requirements (sc_prod_fits): H % 128 == 0,
@@ -14,8 +16,8 @@
  * column r % 8 of its n8 tile and h at row h % 16 of its m16 tile in every tiling below, so even the tensor core's
  * internal order per element is the same at every M; the token tile BM (16..128 rows a block) and the chunking of M
  * (the workspace's rows) change only which block computes row r, not the arithmetic. So row r's words are the same
- * for every M >= r + 1 and every BM (test_sc_prod: the first M2 rows of a product over M1 rows equal the product over
- * M2 rows, word for word, each BM).
+ * for every M >= r + 1 and every BM (the lab's "rows differing" and "all words equal to version 1's"; session 27's
+ * test_sc_prod, removed with the backend's use in session 28, checked the same on the GPU and the emulation).
  *
  * sc_prod_kernel<BM>: grid (ceil(M / BM), H / 128, S), 256 threads (8 warps); block (i, j, s) the tokens i BM..,
  * the 128 columns 128 j.. of E and run s of the stages. Each block streams its [run x 128] slab of E once for all
