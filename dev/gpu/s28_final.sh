@@ -5,13 +5,18 @@
 #   0. at once, in the background: the two lab objects (s28_pf11.sh's and s28_lm14.sh's nvcc lines, the same flags
 #      and logs, so their scripts run with LAB_PRE=1 and compile nothing), gpu_mkrandom_cpu_bg (/tmp/dg26b), and
 #      the library, CLI and tests/test_cuda in build/ (the s27 make line: the sub-scripts' makes are then no-ops);
-#   1. dev/gpu/s28_pf11.sh (issue 11: lab 50, 114, 119, 125-127 at uniform M 16, gathered and skewed T 256), <= 60 s;
-#   2. dev/gpu/s28_lm14.sh (issues 14 and 12: lab 50, 121, 130-133 at M 16-128 and T 1024 / 2048), <= 80 s;
-#   3. cl12's GPU checks: test_vocab_chain, test_vocab_modes (DGEMMA_VOCAB=one deleted) and test_gemm_inv under
-#      DGEMMA_STACK_DENSE=inv (the SC shape through INV_CFG's sc_soft line now that sc_prod's hook is out);
-#   4. dev/gpu/s28_mem12.sh, <= 140 s (issue 12's memory lines: one weight block, CUDA limits at 0; its tests; its
-#      own guards drop its later items, the 3-bit checkpoint first, when time runs short);
-#   5. dev/gpu/s28_pp12.sh with the rest (issue 12: the 1024-token prefill's stages).
+#   1. dev/gpu/s28_pf11.sh (issue 11: lab 50, 114, 119, 125-127 at uniform M 16, gathered and skewed T 256), <= 45 s;
+#   2. the GPU checks of what landed untested there (~30 s, tests.txt): test_weight_block, test_ctx_arena,
+#      test_graphs, test_turbo_batch (mem12's one weight block and CUDA limits at 0 under the default paths),
+#      test_vocab_chain, test_vocab_modes (cl12: DGEMMA_VOCAB=one deleted), test_gemm_inv under
+#      DGEMMA_STACK_DENSE=inv (the SC shape through INV_CFG's sc_soft line, sc_prod's hook out: must say "(table)"
+#      and 0 words differ), test_branch with DGEMMA_BRANCH_WS_KIB=4096 (a measurement, not a default);
+#   3. mem12's item 1: the 4-bit step protocol at 1K and 8K with DGEMMA_CUDA_MEMLOG=1 (step4.txt; its rule in
+#      dev/gpu/s28_mem12.sh's header: the P 8192 row's device GiB against 18);
+#   4. dev/gpu/s28_lm14.sh (lab 50, 121, 130-133 at M 16-128 and T 1024 / 2048) only with >= 80 s left;
+#   5. dev/gpu/s28_pp12.sh with the rest (the 1024-token prefill's stages).
+# (Session 28's first try of this call was taken back by the device service after ~107 s: the budget left, ~497 s,
+# holds the build (~290 s fresh) and items 1-3; 4 and 5 go to the next session.)
 # Each sub-script's rule is in its own header, written before this call. Files back: log.txt (this script's lines),
 # s28.tgz (every sub-script's folder).
 # Usage: DG_CALL_S=600 bash dev/gpu/s28_final.sh $OUT
@@ -42,23 +47,28 @@ gpu_mkrandom_cpu_bg "$O/log.txt"
 make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" all build/tests/test_cuda > /tmp/final_build.txt 2>&1
 echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -3 /tmp/final_build.txt >> "$O/log.txt"
 wait $lab
-sub pf11 60 dev/gpu/s28_pf11.sh LAB_PRE=1
-sub lm14 80 dev/gpu/s28_lm14.sh LAB_PRE=1
+sub pf11 45 dev/gpu/s28_pf11.sh LAB_PRE=1
 wait $mk
-{
-  for t in test_vocab_chain test_vocab_modes; do
-    [ "$(rest)" -ge 60 ] || break
-    DG_TEST_FILTER=$t timeout 40 build/tests/test_cuda >> "$W/cl12_tests.txt" 2>&1; echo "cl12 $t rc $? $(el)"
-  done
-  if [ "$(rest)" -ge 60 ]; then
-    DGEMMA_STACK_DENSE=inv DG_TEST_FILTER=test_gemm_inv timeout 50 build/tests/test_cuda >> "$W/cl12_tests.txt" 2>&1
-    echo "cl12 test_gemm_inv (DGEMMA_STACK_DENSE=inv) rc $? $(el)"
-  fi
-} | tee -a "$O/log.txt"
-grep -E '^# (vocabulary|gemm inv shape)' "$W/cl12_tests.txt" 2>/dev/null | cut -c1-200 >> "$O/log.txt"
-sub mem12 140 dev/gpu/s28_mem12.sh
+# the GPU checks of what landed on main untested there (cl12's deletions, mem12's cuts: their default paths), ~30 s
+for t in test_weight_block test_ctx_arena test_graphs test_turbo_batch test_vocab_chain test_vocab_modes \
+         "test_gemm_inv DGEMMA_STACK_DENSE=inv" "test_branch DGEMMA_BRANCH_WS_KIB=4096"; do
+  [ "$(rest)" -ge 40 ] || { echo "tests stopped: $(rest) s left" | tee -a "$O/log.txt"; break; }
+  set -- $t; f=$1; shift
+  { echo "## $f $*"; env "$@" DG_TEST_FILTER=$f timeout 40 build/tests/test_cuda; } >> "$W/tests.txt" 2>&1
+  echo "$f ${*:-(default)} rc $? $(el)" | tee -a "$O/log.txt"
+done
+grep -E '^# (vocabulary|gemm inv shape|bf16|4-bit mixed)' "$W/tests.txt" 2>/dev/null | cut -c1-220 >> "$O/log.txt"
+# mem12's item 1: the 4-bit step protocol with the memory log (the 8K line against 18 GiB; steps against s28's au12)
+if [ -f /tmp/dg26b.ok ] && [ "$(rest)" -ge 55 ]; then
+  l=$(( $(rest) - 5 )); [ "$l" -gt 90 ] && l=90
+  DGEMMA_CUDA_MEMLOG=1 timeout $l build/dgemma bench -m /tmp/dg26b --device cuda --protocol step --contexts 1024,8192 \
+    --reps 2 -o "$W/step4.jsonl" > "$W/step4.txt" 2>&1
+  echo "step4 (DGEMMA_CUDA_MEMLOG=1) rc $? $(el)" | tee -a "$O/log.txt"
+  grep -E '^\| [0-9]+ \| [0-9.]+ \|' "$W/step4.txt" | cut -c1-200 >> "$O/log.txt"
+fi
+sub lm14 80 dev/gpu/s28_lm14.sh LAB_PRE=1
 sub pp12 600 dev/gpu/s28_pp12.sh
-for n in pf11 lm14 pp12 mem12; do
+for n in pf11 lm14 pp12; do
   { echo "== $n"; tail -12 "$W/$n/log.txt" 2>/dev/null; } >> "$O/log.txt"
 done
 tar czf "$O/s28.tgz" -C "$W" . 2>> "$O/log.txt"
