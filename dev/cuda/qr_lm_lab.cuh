@@ -88,8 +88,7 @@ __device__ __forceinline__ void qr_lm_find(const qe_args &a, int E, int item, in
  * 50's order for 131, an (expert, pass) for 130). */
 template <int BITS, int GATEUP, int GS, int SPLIT>
 __global__ void __launch_bounds__(32 * QR_WARPS, 1) qr_lm_kernel(qe_args a, int E, int slabs) {
-  DG_PDL_LAUNCH();
-  DG_PDL_WAIT();
+  DG_PDL_ENTRY();
   DG_DYN_SMEM16(smem);
   constexpr int WARPS = QR_WARPS, THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, GU = GATEUP != 0;
   constexpr int KC = qr_kc(GS, BITS), WSTAGE = qr_wstage(BITS, GS, 1), PSC = qr_cb(BITS, GS) % 16 == 0 ? 16 : 8;
@@ -252,8 +251,7 @@ __device__ __forceinline__ void qr_lm_half_pass(const qe_args &a, const int64_t 
 
 template <int BITS, int GATEUP, int GS, int MINB>
 __global__ void __launch_bounds__(256, MINB) qr_lm8_kernel(qe_args a, int E, int slabs) {
-  DG_PDL_LAUNCH();
-  DG_PDL_WAIT();
+  DG_PDL_ENTRY();
   DG_DYN_SMEM16(smem);
   constexpr int WARPS = QR_WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, GU = GATEUP != 0;
   constexpr int KC = qr_kc(GS, BITS), WSTAGE = qr_wstage(BITS, GS, 1), PSC = qr_cb(BITS, GS) % 16 == 0 ? 16 : 8;
