@@ -3833,12 +3833,13 @@ static void test_quant_experts_fg(void **state) {
  * "ticket order ia .. ik .." say which did), 119 with 8 and 3 blocks (each block many items); 125-127 (session 28:
  * 119 with the next item's route tables prefetched through qr_body's hooks, 127 with the down wait's early check; on
  * the emulation each prefetch reads its first and last byte, so an address outside its array is a read there) with
- * 8 and 3 blocks likewise. */
+ * 8 and 3 blocks likewise; 128-129 (rg11: 119 with the activation ring carried across
+ * items, 129 also the next item's first weight stage in registers) with 8 and 3 blocks. */
 static void test_quant_experts_fgx(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  static const int vs[] = {116, 8117, 8118, 8119, 3119, 8125, 3125, 8126, 3126, 8127, 3127};
+  static const int vs[] = {116, 8117, 8118, 8119, 3119, 8125, 3125, 8126, 3126, 8127, 3127, 8128, 3128, 8129, 3129};
   for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
     double sh = 0, sy = 0;
     const int ncase = check_experts_fg_cases(vs[v], &sh, &sy);

@@ -127,6 +127,10 @@
  *              chain (order, count, start, gate/up's pairs) prefetched into L1 by thread 0 through qr_body's hooks
  *              during the current item; 126 also the next item's first 2 weight stages into L2; 127 125 with a down
  *              item's wait skipped when the previous item's loop hook read its expert's count complete; rows as 119's
+ *   versions 128-129 (4-bit; qr_diet_lab.cuh qr_fgr_kernel, session 28, helper rg11): 119 with the activation ring
+ *              carried across items (the next item's row table and first STAGES - 1 activation stages issued during
+ *              the current item's last stages, the HP tile in the slot they do not take); 129 also the next item's
+ *              first weight stage loaded into registers before the current item's epilogue; rows as 119's
  *   versions 120-122 (4-bit g64; src/cuda/qmoe_wl.cuh wl_kernel, session 23, issues 12 and 14): the products for many
  *              rows per expert (compute-bound from ~71 rows per expert on an H100) on wgmma m64nBNk16 with both
  *              operands in 128-byte-swizzled shared memory: the gathered rows of xp (A) and the weights of a chunk
@@ -170,7 +174,7 @@
  *   build/moe_quant [--quick] [--json FILE] [--bits 4,3,2] [--versions 1,2]
  */
 #ifdef LAB_ONLY_FG /* -DLAB_ONLY_FG: LAB_ONLY_SK narrowed further to versions 1-3, 40, 50, 110 and the gate/up + down rows
-                     * of 114, 116-119 and 125-127 (dev/gpu/s27_tl11.sh, s28_pf11.sh: 95 and 112-113 not compiled) */
+                     * of 114, 116-119 and 125-129 (dev/gpu/s27_tl11.sh, s28_pf11.sh: 95 and 112-113 not compiled) */
 #ifndef LAB_ONLY_SK
 #define LAB_ONLY_SK
 #endif
@@ -1472,7 +1476,7 @@ int main(int argc, char **argv) {
           if (ver >= 90 && ver <= 94 && bits != 4) continue; /* the probes: 4-bit only */
           /* the diet's launch choices, rings, persistent grid, early weights, timeline, slab pairs: 4-bit only */
           if (ver > 95 && ver <= 113 && bits != 4) continue;
-          if (ver == 114 || (ver >= 116 && ver <= 119) || (ver >= 125 && ver <= 127))
+          if (ver == 114 || (ver >= 116 && ver <= 119) || (ver >= 125 && ver <= 129))
             continue; /* gate/up + down in one launch: rows after both */
           if (ver >= 120 && bits != 4) continue;             /* the large-M wgmma kernel: 4-bit g64 only */
           /* the down product reads h: restore the lab's input (a gate/up run overwrote it) */
@@ -1554,9 +1558,9 @@ int main(int argc, char **argv) {
       /* version 114 asked for (4-bit): the gate/up + down rows, version 50's two launches and 114's one, each
        * checked against the CPU (check_fused), 114's h and y against 50's word for word and its counters (a wait
        * that ran out, the reset: qr_fg_error) */
-      std::vector<int> fv; /* the one-launch versions asked for (114, 116-119, 125-127), after version 50 */
+      std::vector<int> fv; /* the one-launch versions asked for (114, 116-119, 125-129), after version 50 */
       for (int v : versv)
-        if (v == 114 || (v >= 116 && v <= 119) || (v >= 125 && v <= 127)) fv.push_back(v);
+        if (v == 114 || (v >= 116 && v <= 119) || (v >= 125 && v <= 129)) fv.push_back(v);
       if (bits == 4 && !fv.empty()) {
         const size_t TK = (size_t)r.T * TOPK;
         const double wb = (double)r.hit * ((2.0 * IE) * ((double)H * bits / 8 + 2.0 * (H / G) * 2) +
@@ -1620,7 +1624,10 @@ int main(int argc, char **argv) {
                                      E * (IE / (16 * QR_WARPS)), ver == 119 ? ", persistent blocks"
                                      : ver == 125 ? ", persistent blocks, next item's head to L1"
                                      : ver == 126 ? ", persistent blocks, next item's head to L1, 2 weight stages to L2"
-                                     : ver == 127 ? ", persistent blocks, next item's head to L1, early down-wait check" : "");
+                                     : ver == 127 ? ", persistent blocks, next item's head to L1, early down-wait check"
+                                     : ver == 128 ? ", persistent blocks, activation ring carried across items"
+                                     : ver == 129 ? ", persistent blocks, ring and first weight stage carried across items"
+                                                  : "");
           if (jf)
             fprintf(jf, "{\"kind\": \"moe_lab\", \"device\": \"%s\", \"bits\": %d, \"group\": %d, \"product\": \"gate_up+down\", "
                         "\"routing\": \"%s\", \"n\": %d, \"tokens\": %d, \"experts_hit\": %d, \"rows_per_expert\": %.2f, "

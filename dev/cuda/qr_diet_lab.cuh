@@ -1777,12 +1777,323 @@ cudaError_t qr_fgn_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &d
   return cudaGetLastError();
 }
 
-/* Version ver (116-119, 125-127) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles:
+/* Versions 128-129 (session 28, helper rg11): version 119 (persistent blocks, the next ticket taken at the start of the
+ * current item) with the activation ring carried across the item boundary (qr_fgr_kernel). Why (docs/cuda.md
+ * "Session 28 (helper rg11)"): 116's timeline puts F, a block's time outside its stage loop (rows, act0, w0,
+ * epilogue), at ~5.1 us of a gate/up block and ~4.8 of a down block (~40 % of it), and the slot model (fg_sim) says
+ * 85 % of the roofline needs about half of F hidden; 125-127 only make the row table's L2 chain cheaper. Here the
+ * next item's head runs inside the current item's last activation stages, as if the two items' activation stages
+ * were one stream through the same STAGES-slot cp.async ring:
+ * - at activation stage nsa - STAGES of the current item's last pass (its last own copy issued), thread 0 reads the
+ *   next ticket's item (qr_fgr_peek: order, count, start; a down item also its expert's gate/up count, one acquire
+ *   load, no wait) into a shared descriptor; the item is carried (ok) if it has rows, takes this NT-tile body (not
+ *   the NTS body) and, for down, its count was already complete;
+ * - at stage nsa - STAGES + 1 (after its barrier, the descriptor visible) every thread writes the next item's first
+ *   pass row table (qe_pass_rows), a barrier, the activation copies re-initialized for it (qr_xcopy::init; the
+ *   current item issues no more copies; the next item initializes them again from the same table, so that they are
+ *   not held in registers across the boundary), and its stage 0 issued into the ring slot the current item just
+ *   freed; at the following stages its stages 1 .. STAGES - 2: the commit groups run on exactly as within an item,
+ *   so the next item's first barrier waits for its stage 0 with wait_group STAGES - 2 as its later ones do;
+ * - the gate/up HP epilogue's tile (qr_store_hp) goes into the slot of the current item's last stage (cslot), which
+ *   the next item's first STAGES - 1 stages do not take (they are the two slots after it);
+ * - the next item then starts at its stage loop (its weight stages 0 .. D - 2 loaded there in 128; version 129, CW 1:
+ *   its stage 0, with its first L2 prefetches, loaded by the current item's last pass right after its last compute,
+ *   before the epilogue, into registers Wn held across the boundary, so that its DRAM trip runs under the
+ *   epilogue and the boundary too), a carried down item without qr_fg_wait (its count was read complete by thread
+ *   0's acquire, ordered before every thread's copies of h by the barriers in between: the order qr_fg_wait gives).
+ * Items not carried (the first, one without rows, the NTS body, a down item whose count was short, an item after a
+ * pass of fewer than STAGES activation stages) run as 119's. The mma sequence, K order and fold per row are qr_body's
+ * (the loop below is a copy of its non-DIET register-stage loop), so every word is 119's = version 50's. No deadlock:
+ * 119's argument (tickets, order, waits, counters, reset unchanged); the carry only reads a count and never waits,
+ * and a down item whose count it read short waits at its boundary as in 119. */
+struct qr_fgr_nx { /* the next item as thread 0 read it (qr_fgr_peek); ok 1: its first pass is carried */
+  int tk, e, slab, cnt, base, ok;
+};
+
+template <int BITS, int NT, int GS, int WARPS, int SUB>
+using qr_fgr_xc = qr_xcopy<GS, 8 * NT, 32 * WARPS, SUB * qr_kc(GS, BITS), qr_xs(GS, SUB, BITS),
+                           8 * NT * qr_xs(GS, SUB, BITS), qr_kc(GS, BITS) / GS, SUB, 0, 0>;
+
+/* Thread 0: ticket tk's item into *nx (tk >= N: none, ok 0). */
+template <int NT, int NTS>
+__device__ __forceinline__ void qr_fgr_peek(qr_fgr_nx *nx, int tk, const qe_args &gu, const qe_args &dn, int G, int N,
+                                            int ngu, int ndn, const int *done) {
+  nx->tk = tk;
+  nx->ok = 0;
+  if (tk >= N) return;
+  const bool isgu = tk < G;
+  const qe_args &a = isgu ? gu : dn;
+  const int e = a.order[isgu ? tk / ngu : (tk - G) / ndn], c = a.count[e];
+  nx->e = e;
+  nx->slab = isgu ? tk % ngu : (tk - G) % ndn;
+  nx->cnt = c;
+  if (c == 0 || (NTS > 0 && NTS < NT && c <= 8 * NTS)) return;
+  nx->base = a.start[e];
+  if (!isgu && qr_fg_ld_acquire(done + e) < ngu) return;
+  nx->ok = 1;
+}
+
+/* One item (expert e's slab of nslab, cnt rows from base) of the NT-tile body: qr_body's non-DIET register-stage
+ * passes (CP 1, no BM / NZ / DQ), the first pass's row table and first STAGES - 1 activation stages already issued if
+ * carried; islot / cslot the ring's issue and compute slots (carried across items); returns whether the next item
+ * (thread 0's nxt, described in *nx) was carried in. */
+template <int BITS, int GATEUP, int NT, int GS, int WARPS, int D, int STAGES, int SUB, int PF, int NTS, int CW, int RWN>
+__device__ __forceinline__ bool qr_fgr_item(const qe_args &a, const qe_args &gu, const qe_args &dn, unsigned char *smem,
+                                            int e, int slab, int nslab, int cnt, int base, bool carried, int &islot,
+                                            int &cslot, uint32_t (&Wn)[RWN], int64_t *xrow, int64_t *srow,
+                                            qr_fgr_nx *nx, int nxt, int G, int N, int ngu, int ndn, const int *done) {
+  constexpr int KC = qr_kc(GS, BITS), CB = 4 * (KC / 32) * BITS, RW = qr_rec(BITS, GS) / 4;
+  static_assert(!CW || RWN == RW, "Wn is one weight stage of a lane's record");
+  constexpr int PSC = CB % 16 == 0 ? 16 : 8, WSTAGE = qr_wstage(BITS, GS, 1);
+  constexpr int THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, NTOK = 8 * NT, KA = SUB * KC;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTOK * XS, SBB = qr_sbb(GS, SUB, NT, 0), STB = XB + SBB;
+  static_assert(BITS != 16 && D > 0 && STAGES >= 2, "quantized stacks, register stages");
+  static_assert(NTOK * (FEAT + 8) * 2 <= STB, "qr_store_hp's tile fits in one ring slot");
+  constexpr int GU = GATEUP != 0;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + SUB - 1) / SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  const int64_t si = (int64_t)e * nslab + slab, sstride = (int64_t)WARPS * WSTAGE;
+  const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE;
+  const unsigned char *wq = wstage0 + lane * PSC;
+  const dg_sptr sbase = dg_sp(smem);
+  bool cry = false; /* the next item carried in (its last pass: peek and the descriptor's ok) */
+  for (int p0 = 0; p0 < cnt; p0 += NTOK) {
+    const int mp = min(NTOK, cnt - p0);
+    const bool last = p0 + NTOK >= cnt, peek = last && nsa >= STAGES;
+    int icol = 0;
+    qr_fgr_xc<BITS, NT, GS, WARPS, SUB> xc; /* this pass's copies (qr_xcopy; re-initialized for a carried item) */
+    if (!(carried && p0 == 0)) {
+      qe_pass_rows<GU, NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+      __syncthreads();
+      xc.init(a, xrow, srow, tid);
+      islot = 0;
+      cslot = 0;
+#pragma unroll
+      for (int sa = 0; sa < STAGES - 1; sa++) {
+        if (sa < nsa) {
+          xc.issue(sbase + islot * STB, icol, a.Kdim);
+          islot = islot == STAGES - 1 ? 0 : islot + 1;
+          icol += KA;
+        }
+        dg_cp_commit();
+      }
+    } else { /* the row table the previous item wrote (unchanged since) */
+      xc.init(a, xrow, srow, tid);
+      icol = min(STAGES - 1, nsa) * KA; /* the stages the previous item issued */
+      cslot = cslot == STAGES - 1 ? 0 : cslot + 1; /* its stage 0's slot: the one after the previous item's last */
+    }
+    const unsigned char *wnext = wq;
+    int wst = 0;
+    auto wload = [&](uint32_t *R) {
+      qr_load_stage<BITS, GS, 1, PF>(R, wnext, lane, g, wst, nst, sstride);
+      wnext += sstride;
+      if constexpr (PF != 0) wst++;
+    };
+    float acc[2][NT][4], part[2][NT][4];
+    qe_zero(acc);
+    qe_zero(part);
+    uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+    const uint32_t asel = qr_bias_sel<BITS>(t);
+    auto compute = [&](const uint32_t *R, int s, int sub) {
+      qr_stage_products<BITS, NT, GS, SUB, 0, 0>(acc, part, af, R, smem, cslot * STB, s, sub, ng, g, t, asel);
+    };
+    auto astage = [&](int sa) {
+      if (sa > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+      dg_cp_wait<STAGES - 2>();
+      __syncthreads();
+      const int j = sa - (nsa - STAGES + 1); /* >= 0: the next item's stage j goes into the slot freed here */
+      if (j < 0) {
+        xc.issue(sbase + islot * STB, icol, a.Kdim);
+        islot = islot == STAGES - 1 ? 0 : islot + 1;
+        icol += KA;
+        if (peek && j == -1 && tid == 0) qr_fgr_peek<NT, NTS>(nx, nxt, gu, dn, G, N, ngu, ndn, done);
+      } else if (peek && nx->ok) { /* the descriptor is visible since stage nsa - STAGES + 1's barrier (j = 0) */
+        const bool ngu_ = nx->tk < G;
+        const qe_args &an = ngu_ ? gu : dn;
+        if (j == 0) {
+          const int nb = nx->base, nm = min(NTOK, nx->cnt);
+          if (ngu_) qe_pass_rows<1, NTOK, THREADS>(gu, xrow, srow, nb, nm, gu.Kdim / GS, tid);
+          else qe_pass_rows<0, NTOK, THREADS>(dn, xrow, srow, nb, nm, dn.Kdim / GS, tid);
+          __syncthreads();
+          xc.init(an, xrow, srow, tid);
+        }
+        if (j < (an.Kdim / KC + SUB - 1) / SUB) { /* its stage j: columns from j KA */
+          xc.issue(sbase + islot * STB, j * KA, an.Kdim);
+          islot = islot == STAGES - 1 ? 0 : islot + 1;
+        }
+      }
+      dg_cp_commit();
+    };
+    uint32_t W[D][RW];
+    bool wc = false; /* 129: stage 0 loaded by the previous item after its last compute (Wn) */
+    if constexpr (CW) {
+      if (carried && p0 == 0) {
+#pragma unroll
+        for (int i = 0; i < RW; i++) W[0][i] = Wn[i];
+        wnext += sstride;
+        if constexpr (PF != 0) wst++;
+        wc = true;
+      }
+    }
+    if (!wc) {
+      qr_prefetch_first<BITS, GS, 1, PF>(wstage0, wq, lane, nst, sstride);
+      if (nst > 0) wload(W[0]);
+    }
+#pragma unroll
+    for (int d = 1; d < D - 1; d++)
+      if (d < nst) wload(W[d]);
+    for (int it = 0; it < nst; it += D) {
+#pragma unroll
+      for (int d = 0; d < D; d++) {
+        const int s = it + d;
+        if (s < nst) {
+          if (s + D - 1 < nst) wload(W[(d + D - 1) % D]);
+          const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+          if (sub == 0) astage(s / SUB);
+          compute(W[d], s, sub);
+        }
+      }
+    }
+    if (last) cry = peek && nx->ok; /* (read from shared memory, not held across the loop) */
+    /* 129: the carried item's weight stage 0 (and its first prefetches) before this epilogue */
+    if constexpr (CW) if (cry) {
+      const bool ngu_ = nx->tk < G;
+      const qe_args &an = ngu_ ? gu : dn;
+      const int nstn = an.Kdim / KC;
+      const int64_t sin = (int64_t)nx->e * (ngu_ ? ngu : ndn) + nx->slab;
+      const unsigned char *w0n = (const unsigned char *)an.q + sin * nstn * sstride + (int64_t)warp * WSTAGE;
+      qr_prefetch_first<BITS, GS, 1, PF>(w0n, w0n + lane * PSC, lane, nstn, sstride);
+      if (nstn > 0) qr_load_stage<BITS, GS, 1, PF>(Wn, w0n + lane * PSC, lane, g, 0, nstn, sstride);
+    }
+    __syncthreads(); /* every warp is done with the ring slot cslot (the HP tile's) */
+    qr_epilogue<GATEUP, NT, WARPS>(a, acc, mvalid, base + p0, mp, slab, warp, g, t, smem + cslot * STB);
+  }
+  return cry;
+}
+
+/* 119's kernel (qr_fgp_kernel) with qr_fgr_item for the items of the NT-tile body (the others, and the first, as
+ * 119). */
+template <int BITS, int NT, int GS, int WARPS, int D, int STAGES, int MINB, int SUB, int PF, int NTS, int CW>
+__global__ void __launch_bounds__(32 * WARPS, MINB) qr_fgr_kernel(qe_args gu, qe_args dn, int E, int ngu, int ndn,
+                                                                   int *ctr) {
+  DG_PDL_ENTRY();
+  DG_DYN_SMEM16(smem);
+  __shared__ int ticket_s;
+  __shared__ qr_fgr_nx nx;
+  __shared__ int64_t xrow[8 * NT], srow[8 * NT];
+  const int tid = threadIdx.x, G = E * ngu, N = G + E * ndn;
+  int *done = ctr + 3;
+  if (tid == 0) ticket_s = atomicAdd(ctr, 1);
+  __syncthreads();
+  int tk = ticket_s, islot = 0, cslot = 0;
+  bool carried = false;
+  uint32_t Wn[CW ? qr_rec(BITS, GS) / 4 : 1]; /* 129: the carried item's weight stage 0 */
+  while (tk < N) {
+    int nxt = 0;
+    if (tid == 0) nxt = atomicAdd(ctr, 1); /* in flight during the item */
+    const bool isgu = tk < G;
+    int e, slab, cnt, base = 0;
+    if (carried) {
+      e = nx.e;
+      slab = nx.slab;
+      cnt = nx.cnt;
+      base = nx.base;
+    } else {
+      e = isgu ? gu.order[tk / ngu] : dn.order[(tk - G) / ndn];
+      slab = isgu ? tk % ngu : (tk - G) % ndn;
+      cnt = (isgu ? gu : dn).count[e];
+    }
+    const bool body = cnt > 0 && !(NTS > 0 && NTS < NT && cnt <= 8 * NTS);
+    bool cry = false;
+    if (isgu) {
+      if (body) {
+        if (!carried) base = gu.start[e];
+        cry = qr_fgr_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS, CW>(
+            gu, gu, dn, smem, e, slab, ngu, cnt, base, carried, islot, cslot, Wn, xrow, srow, &nx, nxt, G, N, ngu, ndn,
+            done);
+      } else {
+        qr_fgx_item<BITS, QR_GATEUP_HP, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(gu, smem, e, slab, qr_fg_tl(ngu));
+      }
+      if (cnt > 0) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) atomicAdd(done + e, 1);
+      }
+    } else if (cnt > 0) {
+      if (!carried) {
+        if (tid == 0) qr_fg_wait(done + e, ngu, ctr + 2);
+        __syncthreads();
+      }
+      if (body) {
+        if (!carried) base = dn.start[e];
+        cry = qr_fgr_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS, CW>(
+            dn, gu, dn, smem, e, slab, ndn, cnt, base, carried, islot, cslot, Wn, xrow, srow, &nx, nxt, G, N, ngu, ndn,
+            done);
+      } else {
+        qr_fgx_item<BITS, 0, NT, GS, WARPS, D, STAGES, SUB, PF, NTS>(dn, smem, e, slab, qr_fg_tl(ndn));
+      }
+    }
+    carried = cry;
+    __syncthreads(); /* every thread done with the item (the ring's HP tile, ticket_s and nx read) */
+    if (tid == 0) ticket_s = nxt;
+    __syncthreads();
+    tk = ticket_s;
+  }
+  if (tid == 0) { /* the last block to finish sets the counters back to 0 for the next launch */
+    __threadfence();
+    if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+      ctr[0] = 0;
+      ctr[1] = 0;
+      for (int i = 0; i < E; i++) done[i] = 0;
+    }
+  }
+}
+
+/* Versions 128 (CW 0) and 129 (CW 1) at nt n-tiles (2 or 3): qr_fgp_at's grid and slots. */
+template <int BITS, int NT, int PF, int NTS, int CW>
+cudaError_t qr_fgr_at(cudaStream_t s, int E, const qe_args &gu, const qe_args &dn) {
+  const int ngu = gu.N / (16 * QR_WARPS), ndn = (dn.N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
+  void (*kern)(qe_args, qe_args, int, int, int, int *) =
+      qr_fgr_kernel<BITS, NT, 64, QR_WARPS, QR_D, QR_STAGES, QR_MINB, QR_SUB, PF, NTS, CW>;
+  constexpr size_t smem = (size_t)QR_STAGES * (8 * NT * qr_xs(64, QR_SUB, BITS) + qr_sbb(64, QR_SUB, NT, 0));
+  static int resident = 0;
+  if (!resident) {
+#ifndef DG_CUDA_EMU
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e != cudaSuccess) return e;
+    }
+#endif
+    int dev = 0, sms = 0, per = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, 32 * QR_WARPS, smem);
+    if (e != cudaSuccess) return e;
+    if (sms < 1 || per < 1) return cudaErrorInvalidConfiguration;
+    resident = sms * per;
+  }
+  const int items = E * (ngu + ndn), slots = qr_fgx_slots_cap > 0 ? qr_fgx_slots_cap : resident;
+  qr_fgp_grid = items < slots ? items : slots;
+  qr_fgx_ia = E * ngu;
+  qr_fgx_ik = 0;
+  const cudaError_t e = qr_fg_ctr_grow(E);
+  if (e != cudaSuccess) return e;
+  DG_LAUNCH(kern, qr_fgp_grid, 32 * QR_WARPS, smem, s)(gu, dn, E, ngu, ndn, qr_fg_ctr);
+  return cudaGetLastError();
+}
+
+/* Version ver (116-119, 125-129) of gate/up gu and down dn (qr_fg_version's arguments and conditions) at nt n-tiles:
  * 116-118 qr_fgx_kernel (116 with the timeline), 119 qr_fgp_kernel (persistent blocks), 125-127 qr_fgn_kernel (119
- * with the next item's head prefetched; 127 also the down wait's early check); elsewhere version 50's two launches. */
+ * with the next item's head prefetched; 127 also the down wait's early check), 128-129 qr_fgr_kernel (119 with
+ * the activation ring carried across items; 129 also the next item's first weight stage); elsewhere version 50's two
+ * launches. */
 template <int BITS>
 cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args &gu, const qe_args &dn) {
-  if ((ver < 116 || ver > 119) && (ver < 125 || ver > 127)) return cudaErrorInvalidValue;
+  if ((ver < 116 || ver > 119) && (ver < 125 || ver > 129)) return cudaErrorInvalidValue;
   if (!gu.hs || gu.N % (16 * QR_WARPS) || (gu.hg != 32 && gu.hg != 64) || gu.group != gu.hg || dn.group != gu.hg ||
       dn.X != gu.h || dn.xs != gu.hs || dn.Kdim != gu.N)
     return cudaErrorInvalidValue;
@@ -1797,6 +2108,12 @@ cudaError_t qr_fgx_version(int ver, cudaStream_t s, int E, int nt, const qe_args
                    : qr_fgn_at<BITS, 2, 0, 0, QR_FGN_WPF>(s, E, gu, dn);
   if (ver == 127)
     return nt == 3 ? qr_fgn_at<BITS, 3, -QR_PF, QR_NTS, 0, 1>(s, E, gu, dn) : qr_fgn_at<BITS, 2, 0, 0, 0, 1>(s, E, gu, dn);
+  if (ver == 128 || ver == 129) {
+    const int cw = ver == 129;
+    if (nt == 3)
+      return cw ? qr_fgr_at<BITS, 3, -QR_PF, QR_NTS, 1>(s, E, gu, dn) : qr_fgr_at<BITS, 3, -QR_PF, QR_NTS, 0>(s, E, gu, dn);
+    return cw ? qr_fgr_at<BITS, 2, 0, 0, 1>(s, E, gu, dn) : qr_fgr_at<BITS, 2, 0, 0, 0>(s, E, gu, dn);
+  }
   const int stamp = ver == 116;
   if (nt == 3)
     return stamp ? qr_fgx_at<BITS, 1, 3, -QR_PF, QR_NTS>(ver, s, E, gu, dn)

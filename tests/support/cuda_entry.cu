@@ -1554,7 +1554,7 @@ extern "C" dg_status dg_cuda_test_experts_qw(int device, int version, const dg_w
     return st;
   }
   if (version == 114 || (version % 1000 >= 116 && version % 1000 <= 119) ||
-      (version % 1000 >= 125 && version % 1000 <= 127)) {
+      (version % 1000 >= 125 && version % 1000 <= 129)) {
     /* the lab's gate/up + down in one launch (qr_diet_lab.cuh qr_fg_version, 4-bit): version 50 with the fused down
      * input (the backend's two launches, DGEMMA_DN_FUSE=1), then 114 twice (the second finds the counters the first
      * left: they must be back at 0), each h and y word for word 50's; h and y returned are 114's (the caller checks
