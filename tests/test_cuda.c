@@ -821,28 +821,28 @@ static void test_vocab_chain(void **state) {
     }
     if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
     for (int mi = 0; mi < 3; mi++) {
-      long nd[6] = {-1, -1, -1, -1, -1, -1};
+      long nd[7] = {-1, -1, -1, -1, -1, -1, -1};
       int32_t bad = -1;
       assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
                                            0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
-      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5])
+      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5] || nd[6])
         fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: fused statistics "
-                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld", k, C,
-                 V, (double)cs[k].cap, (double)cs[k].T, cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4],
-                 nd[5]);
+                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld; P "
+                 "over the logits in groups of 1 and 2 rows %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T,
+                 cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4], nd[5], nd[6]);
       assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
       for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
         if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
       if (!cs[k].nan && cs[k].cap > 0.0f && k == 0)
         for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
                                                                           ? (7 * c + 11) % V : (13 * c + 5) % V);
-      words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n;
+      words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n + (C > 2 ? 4 : 2) * (long)n;
     }
     free(raw); free(uni); free(P); free(st);
   }
   printf("# vocabulary chain: the fused chain and zstore equal to the chain word for word (%ld words compared: "
-         "statistics, bad position, P after the statistics and alone, z made real, z stored, logits) on %zu cases x 3 "
-         "proposal modes\n",
+         "statistics, bad position, P after the statistics and alone, z made real, z stored, logits, P over the logits "
+         "in groups of 1 and 2 rows) on %zu cases x 3 proposal modes\n",
          words, sizeof cs / sizeof cs[0]);
 }
 

@@ -35,6 +35,16 @@ static int enc_chunk_from_env(void) {
 }
 static const int enc_chunk = enc_chunk_from_env();
 
+/* DGEMMA_SC_INPLACE=0: the self-conditioning probabilities P [C, V] bf16 in a buffer of their own (as before
+ * session 29); unset or anything else: in place (common.cuh's sc_group; read once). */
+static const int sc_inplace = [] {
+  const char *v = getenv("DGEMMA_SC_INPLACE");
+  return !(v && !strcmp(v, "0"));
+}();
+/* The launch group of P written in place for a canvas of C rows (0: not in place): C / 8 rows, at least 1, so that
+ * the head buffer is an eighth of P (16 MiB at the 26B's C 256, V 262,144); C < 2 has no room for it. */
+static int sc_group_for(int32_t C) { return !sc_inplace || C < 2 ? 0 : C >= 8 ? C / 8 : 1; }
+
 /* Bytes of the cuBLAS workspace of a context on GPU `device`: cuBLAS's default pool size, 32 MiB from compute
  * capability 9.0 (Hopper) on, 4 MiB before (cuBLAS documentation, cublasSetWorkspace). */
 static size_t blas_ws_bytes(int device) {
@@ -68,6 +78,19 @@ static long side_ws_kib_env(void) {
   }();
   return kib;
 }
+/* DGEMMA_BRANCH_HANDLE=one (read once): the dense branch's products on c's own cuBLAS handle, moved onto the side's
+ * stream and workspace for the branch and back (passes.cu, ffn_branches), instead of a second handle: the memory
+ * of one cublasCreate less per context (its share: the DGEMMA_CUDA_MEMLOG lines of ctx_stream and ctx_side). Off by
+ * default until a GPU run of test_branch shows the one-stream order's words with it (docs/cuda.md, session 29). */
+static const int side_one_handle = [] {
+  const char *v = getenv("DGEMMA_BRANCH_HANDLE");
+  return v && !strcmp(v, "one");
+}();
+
+/* The bytes of c's cuBLAS workspace and of the side's (passes.cu's one-handle branch sets them on c->blas). */
+size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c) { return blas_ws_bytes(c->m->device); }
+size_t ctx_side_ws_bytes(const dg_cuda_ctx *c);
+
 static size_t side_ws_bytes(int device) {
   const long kib = side_ws_kib_env();
   if (kib) return (size_t)kib << 10;
@@ -76,6 +99,8 @@ static size_t side_ws_bytes(int device) {
   const size_t full = blas_ws_bytes(device);
   return SIDE_WS_DEFAULT < full ? SIDE_WS_DEFAULT : full;
 }
+
+size_t ctx_side_ws_bytes(const dg_cuda_ctx *c) { return ((const ctx_priv *)c)->side_ws; }
 
 void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end) {
   if (pos0 == 0) c->hi = c->lo = 0;
@@ -221,8 +246,17 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->moe.xs, XQ / 32 * 4);
   B_(c->moe.xp, XQ * 2);
   B_(c->moe.hs, TK * IE / 32 * 4); /* DGEMMA_DN_FUSE's group sums of h (groups of >= 32) */
-  B_(c->logits, C * V * 4);
-  B_(c->P, C * V * 2);
+  if (c->sc_group) { /* P's first sc_group rows end where the logits begin (common.cuh): P runs on into them */
+    const size_t head = (size_t)c->sc_group * V * 2;
+    unsigned char *hb = NULL;
+    B_(hb, (head + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN);
+    B_(c->logits, C * V * 4);
+    c->P = (bf16 *)((unsigned char *)c->logits - head);
+    (void)hb;
+  } else {
+    B_(c->logits, C * V * 4);
+    B_(c->P, C * V * 2);
+  }
   B_(c->soft, C * H * 4);
   B_(c->uni, C * 4);
   B_(c->stats, C * sizeof(dg_cuda_pos_stats));
@@ -303,6 +337,10 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
   if (e != cudaSuccess)
     return dg_seterr(DG_ERR_BACKEND, "the concurrent branches' second stream or its events (DGEMMA_BRANCH=0 runs without them): %s", cudaGetErrorString(e));
   mem_log("context: side: after its stream and two events");
+  if (side_one_handle) { /* DGEMMA_BRANCH_HANDLE=one: c->blas serves both streams (sd->blas NULL) */
+    sd->blas = NULL;
+    return DG_OK;
+  }
   cublasStatus_t bs = cublasCreate(&sd->blas);
   if (bs != CUBLAS_STATUS_SUCCESS) sd->blas = NULL;
   mem_log("context: side: after its cublasCreate");
@@ -370,6 +408,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
   c->side.on = dg_cuda_branch_now(); /* before the layout: its workspace is carved only then */
   pv->side_ws = c->side.on ? side_ws_bytes(m->device) : 0;
+  c->sc_group = sc_group_for((int32_t)z.C); /* before the layout */
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';

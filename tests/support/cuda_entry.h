@@ -191,7 +191,7 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
  * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z. */
 dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                    uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                   int32_t *bad, uint16_t *P, long n_diff[6]);
+                                   int32_t *bad, uint16_t *P, long n_diff[7]);
 
 /* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
  * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
@@ -285,7 +285,7 @@ typedef struct dg_cuda_test_api {
                                  long *n_diff);
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                int32_t *bad, uint16_t *P, long n_diff[6]);
+                                int32_t *bad, uint16_t *P, long n_diff[7]);
   dg_status (*test_experts_dn_fuse)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
                                     int *fused);
