@@ -772,6 +772,33 @@ static void test_step_stats(void **state) {
   }
   printf("# step statistics kernel: argmax and proposals (argmax, Philox, replayed uniforms) identical to the CPU on "
          "%d positions x 3 modes; entropy rel diff %.2g\n", C, worst);
+  { /* the kept self-conditioning writes P over the logits (DGEMMA_SC_INPLACE unset: sc_group C / 8, at least 1):
+     * the statistics then refuse the dead logits, and take them again after a decoder pass */
+    int G = -1;
+    int32_t bad = -1;
+    const float T = 0.8f;
+    assert_dg_ok(cut()->test_soft_from_z(ctx->dev, &G));
+    const char *ip = getenv("DGEMMA_SC_INPLACE");
+    assert_int_equal(G, ip && !strcmp(ip, "0") ? 0 : C >= 8 ? C / 8 : C >= 2 ? 1 : 0);
+    const dg_status st = cu()->step_stats(ctx->dev, T, DG_PROPOSAL_ARGMAX, seed, block, step, uni, dev, &bad);
+    if (G > 0) {
+      assert_int_equal(st, DG_ERR_INVALID_ARG);
+      assert_non_null(strstr(dg_last_error(), "overwritten by the self-conditioning probabilities"));
+      int G2 = -1;
+      assert_int_equal(cut()->test_soft_from_z(ctx->dev, &G2), DG_ERR_INVALID_ARG); /* P from dead logits: refused */
+    } else {
+      assert_dg_ok(st);
+    }
+    assert_dg_ok(dg_decode(ctx, gdata(&f, "canvas_ids", DG_I32, NULL), NULL, lg));
+    assert_dg_ok(cu()->step_stats(ctx->dev, T, DG_PROPOSAL_ARGMAX, seed, block, step, uni, dev, &bad));
+    for (int i = 0; i < C; i++) { /* the same argmax as from the host's copy of these logits */
+      for (size_t v = 0; v < (size_t)V; v++) z[(size_t)i * V + v] = lg[(size_t)i * V + v] / T;
+      assert_int_equal(dg_position_stats(z + (size_t)i * V, V, uni[i], DG_PROPOSAL_ARGMAX, &host), DG_OK);
+      assert_int_equal(dev[i].argmax, host.argmax);
+    }
+    printf("# P over the logits (sc_group %d): after dg_cuda_soft_from_z the statistics and a second P %s; after the "
+           "next decode the statistics equal the CPU's again\n", G, G > 0 ? "are refused" : "run (P in its own buffer)");
+  }
   free(lg); free(z); free(uni); free(bits); free(dev);
   dg_context_free(ctx);
   dg_model_free(gm);

@@ -1702,6 +1702,11 @@ extern "C" dg_status dg_cuda_test_weight_block(const dg_cuda_ctx *c, int *n, siz
   return DG_OK;
 }
 
+extern "C" dg_status dg_cuda_test_soft_from_z(dg_cuda_ctx *c, int *sc_group) {
+  *sc_group = c->sc_group;
+  return dg_cuda_soft_from_z(c);
+}
+
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
@@ -1712,7 +1717,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
     dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_probs,
-    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block,
+    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block, dg_cuda_test_soft_from_z,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -316,7 +316,13 @@ typedef struct dg_cuda_test_api {
                              const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
   dg_status (*test_sc_probs_set)(int mode);
   dg_status (*test_weight_block)(const dg_cuda_ctx *c, int *n, size_t *used, size_t *cap, size_t *weight_bytes);
+  dg_status (*test_soft_from_z)(dg_cuda_ctx *c, int *sc_group);
 } dg_cuda_test_api;
+
+/* dg_cuda_soft_from_z(c) (the reference sampler's kept self-conditioning: P, then the SC product) and c's
+ * sc_group (0: P in a buffer of its own; G > 0: P over the logits in groups of G rows, common.cuh), for the test
+ * that the logits are refused after it (DG_ERR_INVALID_ARG) until a decoder pass writes them again. */
+dg_status dg_cuda_test_soft_from_z(dg_cuda_ctx *c, int *sc_group);
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
 
