@@ -772,6 +772,33 @@ static void test_step_stats(void **state) {
   }
   printf("# step statistics kernel: argmax and proposals (argmax, Philox, replayed uniforms) identical to the CPU on "
          "%d positions x 3 modes; entropy rel diff %.2g\n", C, worst);
+  { /* the kept self-conditioning writes P over the logits (DGEMMA_SC_INPLACE unset: sc_group C / 8, at least 1):
+     * the statistics then refuse the dead logits, and take them again after a decoder pass */
+    int G = -1;
+    int32_t bad = -1;
+    const float T = 0.8f;
+    assert_dg_ok(cut()->test_soft_from_z(ctx->dev, &G));
+    const char *ip = getenv("DGEMMA_SC_INPLACE");
+    assert_int_equal(G, ip && !strcmp(ip, "0") ? 0 : C >= 8 ? C / 8 : C >= 2 ? 1 : 0);
+    const dg_status st = cu()->step_stats(ctx->dev, T, DG_PROPOSAL_ARGMAX, seed, block, step, uni, dev, &bad);
+    if (G > 0) {
+      assert_int_equal(st, DG_ERR_INVALID_ARG);
+      assert_non_null(strstr(dg_last_error(), "overwritten by the self-conditioning probabilities"));
+      int G2 = -1;
+      assert_int_equal(cut()->test_soft_from_z(ctx->dev, &G2), DG_ERR_INVALID_ARG); /* P from dead logits: refused */
+    } else {
+      assert_dg_ok(st);
+    }
+    assert_dg_ok(dg_decode(ctx, gdata(&f, "canvas_ids", DG_I32, NULL), NULL, lg));
+    assert_dg_ok(cu()->step_stats(ctx->dev, T, DG_PROPOSAL_ARGMAX, seed, block, step, uni, dev, &bad));
+    for (int i = 0; i < C; i++) { /* the same argmax as from the host's copy of these logits */
+      for (size_t v = 0; v < (size_t)V; v++) z[(size_t)i * V + v] = lg[(size_t)i * V + v] / T;
+      assert_int_equal(dg_position_stats(z + (size_t)i * V, V, uni[i], DG_PROPOSAL_ARGMAX, &host), DG_OK);
+      assert_int_equal(dev[i].argmax, host.argmax);
+    }
+    printf("# P over the logits (sc_group %d): after dg_cuda_soft_from_z the statistics and a second P %s; after the "
+           "next decode the statistics equal the CPU's again\n", G, G > 0 ? "are refused" : "run (P in its own buffer)");
+  }
   free(lg); free(z); free(uni); free(bits); free(dev);
   dg_context_free(ctx);
   dg_model_free(gm);
@@ -821,28 +848,28 @@ static void test_vocab_chain(void **state) {
     }
     if (cs[k].nan) raw[(size_t)(C - 1) * V + V / 3] = NAN;
     for (int mi = 0; mi < 3; mi++) {
-      long nd[6] = {-1, -1, -1, -1, -1, -1};
+      long nd[7] = {-1, -1, -1, -1, -1, -1, -1};
       int32_t bad = -1;
       assert_dg_ok(cut()->test_vocab_chain(0, raw, C, V, cs[k].cap, cs[k].T, cs[k].act, modes[mi],
                                            0x0123456789abcdefull, 2, 5, uni, st, &bad, P, nd));
-      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5])
+      if (nd[0] || nd[1] || nd[2] || nd[3] || nd[4] || nd[5] || nd[6])
         fail_msg("case %zu (C %d V %d cap %g T %g act %d) mode %d: words that differ from the chain: fused statistics "
-                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld", k, C,
-                 V, (double)cs[k].cap, (double)cs[k].T, cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4],
-                 nd[5]);
+                 "%ld, P after them %ld, P alone %ld, z / logits %ld; zstore statistics %ld, P and stored z %ld; P "
+                 "over the logits in groups of 1 and 2 rows %ld", k, C, V, (double)cs[k].cap, (double)cs[k].T,
+                 cs[k].act, modes[mi], nd[0], nd[1], nd[2], nd[3], nd[4], nd[5], nd[6]);
       assert_int_equal(bad, cs[k].nan ? C - 1 : INT32_MAX);
       for (int c = 0; c < C; c++) /* written (the buffer starts as -1s) except at the non-finite position */
         if (c != bad) assert_true(st[c].argmax >= 0 && st[c].argmax < V && st[c].proposal >= 0 && st[c].proposal < V);
       if (!cs[k].nan && cs[k].cap > 0.0f && k == 0)
         for (int c = 0; c < C; c += 3) assert_int_equal(st[c].argmax, (7 * c + 11) % V < (13 * c + 5) % V
                                                                           ? (7 * c + 11) % V : (13 * c + 5) % V);
-      words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n;
+      words += 2 * ((long)C * 5 + 1) + 3 * (long)n + 3 * (long)n + (C > 2 ? 4 : 2) * (long)n;
     }
     free(raw); free(uni); free(P); free(st);
   }
   printf("# vocabulary chain: the fused chain and zstore equal to the chain word for word (%ld words compared: "
-         "statistics, bad position, P after the statistics and alone, z made real, z stored, logits) on %zu cases x 3 "
-         "proposal modes\n",
+         "statistics, bad position, P after the statistics and alone, z made real, z stored, logits, P over the logits "
+         "in groups of 1 and 2 rows) on %zu cases x 3 proposal modes\n",
          words, sizeof cs / sizeof cs[0]);
 }
 

@@ -291,7 +291,17 @@ struct dg_cuda_ctx {
    * itself as the statistics' pass 1 stored it; lg_parts: what c->vws holds for that z (k_vocab_sc's have). */
   int lg_virt, lg_parts;
   float lg_cap, lg_T;
-  bf16 *P;                  /* [C, V] self-conditioning probabilities */
+  int lg_dead;              /* c->logits overwritten by P written in place (dg_cuda_soft_from_z with sc_group > 0):
+                               nothing may read them until a pass writes them again (logits_written clears it) */
+  /* [C, V] self-conditioning probabilities of the reference path (soft_from_v). sc_group 0 (DGEMMA_SC_INPLACE=0):
+   * a buffer of their own, made in one launch group. sc_group G > 0 (the default, G = C / 8): P's first G rows
+   * in a buffer of their own that ends where c->logits begins, rows G.. in the logits' own bytes (P row c at
+   * c->logits + (c - G) V bf16 values), made in groups of G rows in order: group c0's rows land in the logits rows
+   * [0, c0) of the groups already read (the end of P row c <= c0 4V bytes for c in [c0, c0 + G), c0 >= G), so one
+   * [C, V] matrix with leading dimension V as before, 112 MiB less at the 26B's C 256, V 262,144 (context.cu). The
+   * turbo engine's rows use c->tb->P (turbo_host.cu): its exact rows made ahead may be made again from the logits. */
+  bf16 *P;
+  int sc_group;
   float *soft;              /* [C, H] soft embedding */
   int have_soft;
   int debug_sync;           /* DGEMMA_CUDA_SYNC=1: synchronise after every kernel (CKK) */

@@ -20,6 +20,7 @@ struct ctx_priv {
   void *host;        /* the pinned host block */
   int32_t rows;      /* what the context was made for (ctx_carves lays it out again) */
   int full_window;
+  size_t side_ws;     /* c->side.ws's bytes (side_ws_bytes when the context was made; 0 without the branches) */
 };
 
 /* Tokens per encoder pass: ENC_CHUNK, or DGEMMA_ENC_CHUNK=N (a multiple of 64 in [64, 4096]; read once): a longer
@@ -33,6 +34,16 @@ static int enc_chunk_from_env(void) {
   return end && !*end && n >= 64 && n <= 4096 && n % 64 == 0 ? (int)n : ENC_CHUNK;
 }
 static const int enc_chunk = enc_chunk_from_env();
+
+/* DGEMMA_SC_INPLACE=0: the self-conditioning probabilities P [C, V] bf16 in a buffer of their own (as before
+ * session 29); unset or anything else: in place (common.cuh's sc_group; read once). */
+static const int sc_inplace = [] {
+  const char *v = getenv("DGEMMA_SC_INPLACE");
+  return !(v && !strcmp(v, "0"));
+}();
+/* The launch group of P written in place for a canvas of C rows (0: not in place): C / 8 rows, at least 1, so that
+ * the head buffer is an eighth of P (16 MiB at the 26B's C 256, V 262,144); C < 2 has no room for it. */
+static int sc_group_for(int32_t C) { return !sc_inplace || C < 2 ? 0 : C >= 8 ? C / 8 : 1; }
 
 /* Bytes of the cuBLAS workspace of a context on GPU `device`: cuBLAS's default pool size, 32 MiB from compute
  * capability 9.0 (Hopper) on, 4 MiB before (cuBLAS documentation, cublasSetWorkspace). */
@@ -49,19 +60,47 @@ static size_t blas_ws_bytes(int device) {
   return major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
 }
 
-/* Bytes of the concurrent branches' second cuBLAS workspace (DGEMMA_BRANCH): blas_ws_bytes, so that the dense
- * MLP's products on the second handle may pick the algorithms of the first; DGEMMA_BRANCH_WS_KIB=N (1..32768, read
- * once) sets N KiB instead, to measure on a GPU whether cuBLAS still picks the same ones at 256 rows with less
- * (test_branch compares the branch's words with the one-stream order's; docs/cuda.md, session 28). */
-static size_t side_ws_bytes(int device) {
+/* Bytes of the concurrent branches' second cuBLAS workspace (DGEMMA_BRANCH): DGEMMA_BRANCH_WS_KIB=N (1..32768,
+ * read once) sets N KiB; unset, SIDE_WS_DEFAULT (4 MiB) unless the context's products are pinned
+ * (DGEMMA_GEMM_PIN=1) or batch-invariant (stack_dense_now() 2, DGEMMA_STACK_DENSE=inv), which run on the side's
+ * handle with the whole blas_ws_bytes (their cublasLt algorithms were chosen for it), so they get blas_ws_bytes.
+ * Why 4 MiB: the H100 call of session 28 ran test_branch with DGEMMA_BRANCH_WS_KIB=4096 and the dense MLP's
+ * products on the side handle gave the one-stream order's words (the same algorithms as with 32 MiB at the 26B's
+ * and the synth models' shapes; docs/cuda.md, session 28, helpers mem12 and m3b12). 28 MiB less per context.
+ * DGEMMA_BRANCH_WS_KIB=32768 gives the earlier default (the A/B of the speed). */
+#define SIDE_WS_DEFAULT ((size_t)4 << 20)
+static long side_ws_kib_env(void) {
   static const long kib = [] {
     const char *v = getenv("DGEMMA_BRANCH_WS_KIB");
     char *end = NULL;
     const long n = v && *v ? strtol(v, &end, 10) : 0;
     return end && !*end && n >= 1 && n <= 32768 ? n : 0L;
   }();
-  return kib ? (size_t)kib << 10 : blas_ws_bytes(device);
+  return kib;
 }
+/* DGEMMA_BRANCH_HANDLE=one (read once): the dense branch's products on c's own cuBLAS handle, moved onto the side's
+ * stream and workspace for the branch and back (passes.cu, ffn_branches), instead of a second handle: the memory
+ * of one cublasCreate less per context (its share: the DGEMMA_CUDA_MEMLOG lines of ctx_stream and ctx_side). Off by
+ * default until a GPU run of test_branch shows the one-stream order's words with it (docs/cuda.md, session 29). */
+static const int side_one_handle = [] {
+  const char *v = getenv("DGEMMA_BRANCH_HANDLE");
+  return v && !strcmp(v, "one");
+}();
+
+/* The bytes of c's cuBLAS workspace and of the side's (passes.cu's one-handle branch sets them on c->blas). */
+size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c) { return blas_ws_bytes(c->m->device); }
+size_t ctx_side_ws_bytes(const dg_cuda_ctx *c);
+
+static size_t side_ws_bytes(int device) {
+  const long kib = side_ws_kib_env();
+  if (kib) return (size_t)kib << 10;
+  const char *pin = getenv("DGEMMA_GEMM_PIN");
+  if ((pin && !strcmp(pin, "1")) || stack_dense_now() == 2) return blas_ws_bytes(device);
+  const size_t full = blas_ws_bytes(device);
+  return SIDE_WS_DEFAULT < full ? SIDE_WS_DEFAULT : full;
+}
+
+size_t ctx_side_ws_bytes(const dg_cuda_ctx *c) { return ((const ctx_priv *)c)->side_ws; }
 
 void note_written(dg_cuda_ctx *c, int32_t pos0, int32_t end) {
   if (pos0 == 0) c->hi = c->lo = 0;
@@ -207,15 +246,24 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->moe.xs, XQ / 32 * 4);
   B_(c->moe.xp, XQ * 2);
   B_(c->moe.hs, TK * IE / 32 * 4); /* DGEMMA_DN_FUSE's group sums of h (groups of >= 32) */
-  B_(c->logits, C * V * 4);
-  B_(c->P, C * V * 2);
+  if (c->sc_group) { /* P's first sc_group rows end where the logits begin (common.cuh): P runs on into them */
+    const size_t head = (size_t)c->sc_group * V * 2;
+    unsigned char *hb = NULL;
+    B_(hb, (head + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN);
+    B_(c->logits, C * V * 4);
+    c->P = (bf16 *)((unsigned char *)c->logits - head);
+    (void)hb;
+  } else {
+    B_(c->logits, C * V * 4);
+    B_(c->P, C * V * 2);
+  }
   B_(c->soft, C * H * 4);
   B_(c->uni, C * 4);
   B_(c->stats, C * sizeof(dg_cuda_pos_stats));
   B_(c->bad, 4);
   B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
   B_(c->blas_ws, blas_ws_bytes(m->device));
-  if (c->side.on) B_(c->side.ws, side_ws_bytes(m->device)); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
+  if (c->side.on) B_(c->side.ws, ((ctx_priv *)c)->side_ws); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
 #undef B_
 }
 
@@ -280,7 +328,7 @@ int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, s
  * and the fork and join events of passes.cu's layer_segs. */
 static dg_status ctx_side(dg_cuda_ctx *c) {
   auto *sd = &c->side;
-  if (side_ws_bytes(c->m->device) < blas_ws_bytes(c->m->device) && (c->pins || c->inv))
+  if (((ctx_priv *)c)->side_ws < blas_ws_bytes(c->m->device) && (c->pins || c->inv))
     return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_BRANCH_WS_KIB: the pinned (DGEMMA_GEMM_PIN) or batch-invariant "
                                          "(DGEMMA_STACK_DENSE=inv) products assume the whole workspace; unset one");
   cudaError_t e = cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking);
@@ -288,13 +336,20 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sd->join, cudaEventDisableTiming);
   if (e != cudaSuccess)
     return dg_seterr(DG_ERR_BACKEND, "the concurrent branches' second stream or its events (DGEMMA_BRANCH=0 runs without them): %s", cudaGetErrorString(e));
+  mem_log("context: side: after its stream and two events");
+  if (side_one_handle) { /* DGEMMA_BRANCH_HANDLE=one: c->blas serves both streams (sd->blas NULL) */
+    sd->blas = NULL;
+    return DG_OK;
+  }
   cublasStatus_t bs = cublasCreate(&sd->blas);
   if (bs != CUBLAS_STATUS_SUCCESS) sd->blas = NULL;
+  mem_log("context: side: after its cublasCreate");
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(sd->blas, sd->stream);
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(sd->blas, CUBLAS_DEFAULT_MATH);
 #ifndef DG_CUDA_EMU
-  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(sd->blas, sd->ws, side_ws_bytes(c->m->device));
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(sd->blas, sd->ws, ((ctx_priv *)c)->side_ws);
 #endif
+  mem_log("context: side: after cublasSetStream, SetMathMode, SetWorkspace");
   if (bs != CUBLAS_STATUS_SUCCESS)
     return dg_seterr(DG_ERR_BACKEND, "the concurrent branches' second cuBLAS handle (DGEMMA_BRANCH=0 runs without it): %s", cublasGetStatusString(bs));
   return DG_OK;
@@ -304,8 +359,10 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
 static dg_status ctx_stream(dg_cuda_ctx *c) {
   cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "cudaStreamCreateWithFlags failed: %s", cudaGetErrorString(e));
+  mem_log("context: after its stream");
   cublasStatus_t bs = cublasCreate(&c->blas);
   if (bs != CUBLAS_STATUS_SUCCESS) { c->blas = NULL; return dg_seterr(DG_ERR_BACKEND, "cublasCreate failed: %s", cublasGetStatusString(bs)); }
+  mem_log("context: after its cublasCreate");
   bs = cublasSetStream(c->blas, c->stream);
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for fp32 products */
   if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetStream/SetMathMode failed: %s", cublasGetStatusString(bs));
@@ -316,11 +373,14 @@ static dg_status ctx_stream(dg_cuda_ctx *c) {
   bs = cublasSetWorkspace(c->blas, c->blas_ws, blas_ws_bytes(c->m->device));
   if (bs != CUBLAS_STATUS_SUCCESS) return dg_seterr(DG_ERR_BACKEND, "cublasSetWorkspace failed: %s", cublasGetStatusString(bs));
 #endif
+  mem_log("context: after cublasSetStream, SetMathMode, SetWorkspace");
   gemm_pins_init(c, blas_ws_bytes(c->m->device), 0);
   DG_TRY(gemm_inv_init(c, blas_ws_bytes(c->m->device))); /* DGEMMA_STACK_DENSE=inv */
+  if (c->pins || c->inv) mem_log("context: after the cublasLt handles (DGEMMA_GEMM_PIN / DGEMMA_STACK_DENSE=inv)");
   if (c->side.on) DG_TRY(ctx_side(c));
   dg_status st = graph_init(c);
   if (st != DG_OK) return st;
+  mem_log("context: after graph_init");
   /* the cache memsets ran on the legacy stream, which our non-blocking stream does not wait for */
   e = cudaDeviceSynchronize();
   if (e != cudaSuccess) return dg_seterr(DG_ERR_BACKEND, "cudaDeviceSynchronize failed: %s", cudaGetErrorString(e));
@@ -347,6 +407,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->norm_next = -1; /* no layer's input norm written ahead (passes.cu, k_ffn_combine_norm) */
   c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
   c->side.on = dg_cuda_branch_now(); /* before the layout: its workspace is carved only then */
+  pv->side_ws = c->side.on ? side_ws_bytes(m->device) : 0;
+  c->sc_group = sc_group_for((int32_t)z.C); /* before the layout */
   {
     const char *dbg = getenv("DGEMMA_CUDA_SYNC");
     c->debug_sync = dbg && *dbg == '1';

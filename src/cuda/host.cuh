@@ -169,6 +169,9 @@ dg_status decoder_body(dg_cuda_ctx *c, int32_t pos0, dg_sc_source sc);
 /* c->logits as a pass left them (passes.cu): softcapped or without softcap (raw_cap 0), or raw with the softcap
  * raw_cap still to apply (the fused chain's decode); any z before forgotten. */
 void logits_written(dg_cuda_ctx *c, float raw_cap);
+/* DG_ERR_INVALID_ARG (naming who) where c->logits were overwritten by P made in their place (c->lg_dead, common.cuh's
+ * sc_group), else DG_OK: every reader of c->logits outside a pass asks first (passes.cu, turbo_host.cu). */
+dg_status logits_alive(const dg_cuda_ctx *c, const char *who);
 /* The chain over the logits the passes take from now on (passes.cu): 0 the chain, 1 fused, 2 zstore (the values of
  * DGEMMA_VOCAB=chain, fused, zstore); -1 gives the environment's choice back. For the tests, between passes. */
 void dg_cuda_vocab_set(int mode);
@@ -256,14 +259,17 @@ struct dg_cuda_turbo {
   float *pmax;       /* [C, dg_scp_chunks(V)] the exact SC probabilities' chunk maxima (k_turbo_sc_probs_tab) */
   double *psum;      /* [C, 16] their warp sums */
   bf16 *Pst;         /* work context, DGEMMA_STACK_DENSE 1 / inv: [pst_rows, V] the stacked SC rows' P */
+  bf16 *P;           /* [C, V] the exact SC rows' P: c->P where it has a buffer of its own (sc_group 0), else pblk:
+                      * an exact row made ahead may be made again from the raw rows (dg_cuda_turbo_sc_batch), so
+                      * the turbo engine never writes P over the logits */
   int32_t pst_rows;
   cudaEvent_t sc_ev; /* work context: the end of the last dg_cuda_turbo_sc_batch (the canvases' streams wait on it) */
   cudaEvent_t tk_ev; /* work context: the top-K results of the last dg_cuda_topk_batch on the host */
   int32_t sc_pre_n;  /* rows of the exact SC product made ahead from the current raw rows (0: none; logits_written) */
   float sc_pre_T;    /* its temperature */
   float *sc_pre_f1;  /* its rows [sc_pre_n, H]: the canvas's f1, or the work context's (DGEMMA_STACK_DENSE 1 / inv) */
-  void *iblk, *kblk, *sblk; /* the blocks of the index buffers (pos, cpos, rows, pmax, psum), of the top-K buffers
-                             * and of Pst (carve_block) */
+  void *iblk, *kblk, *sblk, *pblk; /* the blocks of the index buffers (pos, cpos, rows, pmax, psum), of the top-K
+                                     * buffers, of Pst and of P (carve_block) */
 };
 
 /* Table launches over the canvases of a batch (issue 14: one launch for B canvases instead of B launches on B

@@ -119,6 +119,23 @@ static dg_status moe_branch(dg_cuda_ctx *c, const dg_cuda_layer *l, int T) {
  * the side stream only. The host issues the MoE branch first, then the dense one: under the CPU emulation, which
  * runs every launch when it is made, the branches then run in the opposite order to the sequential pass, so a
  * buffer the two shared would change the results there. */
+size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c); /* context.cu */
+size_t ctx_side_ws_bytes(const dg_cuda_ctx *c);
+
+/* c->blas onto stream s and workspace ws of ws_bytes (cublasSetStream resets the workspace to cuBLAS's pool, so
+ * the workspace is set again after it): the one-handle branches (DGEMMA_BRANCH_HANDLE=one, c->side.blas NULL). */
+static dg_status blas_onto(dg_cuda_ctx *c, cudaStream_t s, void *ws, size_t ws_bytes) {
+  cublasStatus_t bs = cublasSetStream(c->blas, s);
+#ifndef DG_CUDA_EMU
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->blas, ws, ws_bytes);
+#else
+  (void)ws; (void)ws_bytes;
+#endif
+  if (bs != CUBLAS_STATUS_SUCCESS)
+    return dg_seterr(DG_ERR_BACKEND, "the dense branch's cuBLAS handle onto its stream: %s", cublasGetStatusString(bs));
+  return DG_OK;
+}
+
 static dg_status ffn_branches(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, const dg_cuda_seg *sg, int ng) {
   if (!c->side.on || c->prof || c->debug_sync) {
     DG_TRY(dense_mlp(c, l, T, sg, ng));
@@ -133,13 +150,19 @@ static dg_status ffn_branches(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, con
    * pinned one included, takes them from c), then c's own again */
   cublasHandle_t main_blas = c->blas;
   void *main_ws = c->blas_ws;
+  const int one = !c->side.blas; /* DGEMMA_BRANCH_HANDLE=one: c's handle moved onto the side and back */
+  if (one) DG_TRY(blas_onto(c, c->side.stream, c->side.ws, ctx_side_ws_bytes(c)));
   c->stream = c->side.stream;
-  c->blas = c->side.blas;
+  if (!one) c->blas = c->side.blas;
   c->blas_ws = c->side.ws;
-  const dg_status st = dense_mlp(c, l, T, sg, ng);
+  dg_status st = dense_mlp(c, l, T, sg, ng);
   c->stream = main_s;
   c->blas = main_blas;
   c->blas_ws = main_ws;
+  if (one) {
+    const dg_status sb = blas_onto(c, main_s, main_ws, ctx_blas_ws_bytes(c));
+    if (st == DG_OK) st = sb;
+  }
   DG_TRY(st);
   CK(cudaEventRecord(c->side.join, c->side.stream));
   CK(cudaStreamWaitEvent(main_s, c->side.join, 0));
@@ -288,7 +311,17 @@ void logits_written(dg_cuda_ctx *c, float raw_cap) {
   c->lg_cap = raw_cap > 0.0f ? raw_cap : 0.0f;
   c->lg_T = 1.0f;
   c->lg_parts = 0;
+  c->lg_dead = 0;
   if (c->tb) c->tb->sc_pre_n = 0; /* an exact SC product made ahead (turbo_host.cu) was of the raw rows before */
+}
+
+/* DG_ERR_INVALID_ARG where c->logits were overwritten by the self-conditioning probabilities (lg_dead), naming
+ * `who`; DG_OK otherwise. */
+dg_status logits_alive(const dg_cuda_ctx *c, const char *who) {
+  if (!c->lg_dead) return DG_OK;
+  return dg_seterr(DG_ERR_INVALID_ARG, "%s: the context's logits were overwritten by the self-conditioning "
+                   "probabilities made in their place (dg_cuda_soft_from_z; DGEMMA_SC_INPLACE=0 keeps them): run a "
+                   "decoder pass first", who);
 }
 
 /* A virtual z in c->logits made real in place (the chain's values bit for bit: vz is its operations); a stored one
@@ -307,12 +340,21 @@ static dg_status logits_materialize(dg_cuda_ctx *c) {
 
 /* soft [C, H] = embed_scale * P . E with P = cast(softmax(cast(z))) (spec 5, 4.9); virt (the fused chain; z =
  * c->logits): P of c->logits's virtual z, from the logits in registers after the passes k_vocab_stats left undone.
- * Launches only (a graph body's part where virt = 0). */
+ * With c->sc_group > 0 and z = c->logits, P is written over the logits (common.cuh) in groups of sc_group rows
+ * (each row's values those of one group: a row's passes read only its own z and partials), so z is dead after
+ * it (the caller marks it: lg_dead). Launches only (a graph body's part where virt = 0). */
 static dg_status soft_from_v(dg_cuda_ctx *c, const float *z, int virt) {
   const dg_cuda_model_desc *d = &c->m->d;
-  if (virt)
+  if (c->sc_group && z != c->logits)
+    return dg_seterr(DG_ERR_BACKEND, "soft_from_v: P is written over c->logits, so z must be c->logits");
+  if (virt && c->sc_group)
+    CKK(c, k_vocab_sc_g(c->stream, z, c->P, d->canvas, d->vocab, c->lg_cap, c->lg_T, d->act_dtype, c->vws,
+                        c->lg_parts, c->sc_group));
+  else if (virt)
     CKK(c, k_vocab_sc(c->stream, z, c->P, d->canvas, d->vocab, c->lg_cap, c->lg_T, d->act_dtype, c->vws,
                       c->lg_parts));
+  else if (c->sc_group)
+    CKK(c, k_sc_probs_g(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws, c->sc_group));
   else
     CKK(c, k_sc_probs(c->stream, z, c->P, d->canvas, d->vocab, d->act_dtype, c->vws));
   const float alpha = d->embed_scale, beta = 0.0f;
@@ -341,9 +383,11 @@ dg_status soft_from(dg_cuda_ctx *c, const float *z) { return soft_from_v(c, z, 0
 
 extern "C" dg_status dg_cuda_soft_from_z(dg_cuda_ctx *c) {
   CK(cudaSetDevice(c->m->device));
+  DG_TRY(logits_alive(c, "dg_cuda_soft_from_z"));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
   DG_TRY(soft_from_v(c, c->logits, c->lg_virt));
   if (c->lg_virt) c->lg_parts = 2; /* the passes it ran left the maxima and sums */
+  if (c->sc_group) c->lg_dead = 1;  /* P over the logits */
   return mark(c, DG_CUDA_ST_SC);
 }
 
@@ -450,6 +494,7 @@ extern "C" dg_status dg_cuda_step_stats(dg_cuda_ctx *c, float temperature, dg_pr
   const int C = d->canvas;
   cudaStream_t s = c->stream;
   CK(cudaSetDevice(c->m->device));
+  DG_TRY(logits_alive(c, "dg_cuda_step_stats"));
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
   if (mode == DG_PROPOSAL_REPLAY_UNIFORM) CK(cudaMemcpyAsync(c->uni, uni, (size_t)C * 4, cudaMemcpyHostToDevice, s));
   *c->h_bad = INT32_MAX;

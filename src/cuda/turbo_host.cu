@@ -35,6 +35,7 @@ void turbo_free(dg_cuda_ctx *c) {
   turbo_topk_free(t);
   cudaFree(t->iblk);
   cudaFree(t->sblk);
+  cudaFree(t->pblk);
   if (t->sc_ev) cudaEventDestroy(t->sc_ev);
   if (t->tk_ev) cudaEventDestroy(t->tk_ev);
   free(t->h_pos);
@@ -57,6 +58,11 @@ dg_status turbo_bufs(dg_cuda_ctx *c, int32_t K) {
         carve_to(cv, t->pmax, C * dg_scp_chunks((int)V) * 4);
         carve_to(cv, t->psum, C * 16 * 8);
       });
+    if (st == DG_OK && c->sc_group) /* P of its own: c->P runs into the logits (common.cuh) */
+      st = carve_block(&t->pblk, "the turbo self-conditioning probabilities",
+                       [&](carver *cv) { carve_to(cv, t->P, C * V * 2); });
+    else
+      t->P = c->P;
     if (st) {
       turbo_free(c);
       return st;
@@ -369,6 +375,7 @@ extern "C" dg_status dg_cuda_compact_batch(dg_cuda_ctx *w, const dg_cuda_cseq *q
 extern "C" dg_status dg_cuda_raw_rows(dg_cuda_ctx *c, int32_t n, float *raw_out) {
   if (!c->tb || n < 0 || n > c->tb->nraw)
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA: %d raw logit rows asked, %d on the device", n, c->tb ? c->tb->nraw : 0);
+  DG_TRY(logits_alive(c, "dg_cuda_raw_rows"));
   CK(cudaSetDevice(c->m->device));
   CK(cudaMemcpyAsync(raw_out, c->logits, (size_t)n * c->m->d.vocab * 4, cudaMemcpyDeviceToHost, c->stream));
   CK(cudaStreamSynchronize(c->stream));
@@ -382,6 +389,7 @@ extern "C" dg_status dg_cuda_topk(dg_cuda_ctx *c, int32_t n, int32_t K, float *v
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K: %d rows asked, %d raw logit rows on the device", n,
                      c->tb ? c->tb->nraw : 0);
   if (K < 1 || K > d->vocab) return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K: K = %d outside [1, %d]", K, d->vocab);
+  DG_TRY(logits_alive(c, "dg_cuda_topk"));
   CK(cudaSetDevice(c->m->device));
   DG_TRY(turbo_bufs(c, K));
   dg_cuda_turbo *t = c->tb;
@@ -474,13 +482,14 @@ extern "C" dg_status dg_cuda_turbo_sc(dg_cuda_ctx *c, dg_turbo_sc mode, int32_t 
                      t ? t->nraw : 0);
   if (mode != DG_TURBO_SC_EXACT && mode != DG_TURBO_SC_TOPK)
     return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning: unknown mode %d", (int)mode);
+  DG_TRY(logits_alive(c, "dg_cuda_turbo_sc"));
   CK(cudaSetDevice(m->device));
   if (n == 0) return DG_OK;
   DG_TRY(mark(c, DG_CUDA_ST_HOST));
   CK(cudaMemcpyAsync(t->rows, rows, (size_t)n * 4, cudaMemcpyHostToDevice, s));
   if (mode == DG_TURBO_SC_EXACT) { /* exact: P of the full rows, soft = scale P . E, scattered to the canvas rows */
-    DG_TRY(sc_probs_one(c, c, c->P, n, cap, T));
-    DG_TRY(sc_product(c, c->P, n, c->f1));
+    DG_TRY(sc_probs_one(c, c, c->tb->P, n, cap, T));
+    DG_TRY(sc_product(c, c->tb->P, n, c->f1));
     CKK(c, k_scatter_rows(s, c->soft, c->f1, t->rows, n, d->hidden));
   } else { /* top-K: the K probabilities of the host chain times the K rows of E */
     DG_TRY(sc_topk_rows(c, c, n, p));
@@ -512,6 +521,7 @@ extern "C" dg_status dg_cuda_topk_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, 
                        b, n[b], c->tb ? c->tb->nraw : 0);
     if (K[b] < 1 || K[b] > d->vocab)
       return dg_seterr(DG_ERR_INVALID_ARG, "CUDA top-K batch: canvas %d: K = %d outside [1, %d]", b, K[b], d->vocab);
+    DG_TRY(logits_alive(c, "dg_cuda_topk_batch"));
     DG_TRY(turbo_bufs(c, K[b]));
     st[b] = DG_OK;
   }
@@ -622,7 +632,7 @@ static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_
       const int32_t b = L[*made + tab.B];
       if (stacked && off + tab.row0[tab.B] + q[b].n > w->tmax) break;
       dg_cuda_ctx *c = cs[b];
-      bf16 *P = stacked ? wt->Pst + (size_t)(off + tab.row0[tab.B]) * d->vocab : c->P;
+      bf16 *P = stacked ? wt->Pst + (size_t)(off + tab.row0[tab.B]) * d->vocab : c->tb->P;
       tab.s[tab.B] = (dg_tb_seg){c->logits, P, c->tb->pmax, c->tb->psum, q[b].T};
       tab.row0[tab.B + 1] = tab.row0[tab.B] + q[b].n;
       tab.B++;
@@ -634,9 +644,9 @@ static dg_status sc_exact_make(dg_cuda_ctx *w, dg_cuda_ctx *const *cs, const dg_
       const int32_t b = L[*made + i];
       dg_cuda_ctx *c = cs[b];
       dg_cuda_turbo *t = c->tb;
-      if (!sc_probs_now()) DG_TRY(sc_probs_one(w, c, c->P, q[b].n, cap, q[b].T));
+      if (!sc_probs_now()) DG_TRY(sc_probs_one(w, c, c->tb->P, q[b].n, cap, q[b].T));
       if (!stacked) {
-        DG_TRY(sc_product(w, c->P, q[b].n, c->f1));
+        DG_TRY(sc_product(w, c->tb->P, q[b].n, c->f1));
       }
       t->sc_pre_n = q[b].n;
       t->sc_pre_T = q[b].T;
@@ -665,6 +675,7 @@ extern "C" dg_status dg_cuda_turbo_sc_batch(dg_cuda_ctx *w, dg_cuda_ctx *const *
                        q[b].n, t ? t->nraw : 0);
     if (q[b].mode != DG_TURBO_SC_EXACT && q[b].mode != DG_TURBO_SC_TOPK)
       return dg_seterr(DG_ERR_INVALID_ARG, "CUDA self-conditioning batch: canvas %d: unknown mode %d", b, (int)q[b].mode);
+    DG_TRY(logits_alive(c, "dg_cuda_turbo_sc_batch"));
   }
   cudaStream_t s = w->stream;
   dg_cuda_turbo *wt = w->tb;

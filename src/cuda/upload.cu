@@ -558,9 +558,10 @@ extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_mode
   char info[512];
   DG_TRY(dg_cuda_info(d->device, info, sizeof info));
   if (memlog_on()) {
-    const char *ml = getenv("CUDA_MODULE_LOADING");
-    fprintf(stderr, "dgemma cuda mem: %s; CUDA_MODULE_LOADING=%s\n", info,
-            ml && *ml ? ml : "(unset: the runtime's default, LAZY from CUDA 12.2)");
+    const char *ml = getenv("CUDA_MODULE_LOADING"), *bw = getenv("CUBLAS_WORKSPACE_CONFIG");
+    fprintf(stderr, "dgemma cuda mem: %s; CUDA_MODULE_LOADING=%s; CUBLAS_WORKSPACE_CONFIG=%s\n", info,
+            ml && *ml ? ml : "(unset: the runtime's default, LAZY from CUDA 12.2)",
+            bw && *bw ? bw : "(unset: cuBLAS's default pool per handle)");
   }
   mem_log("model: the CUDA context made (dg_cuda_info's probe kernel ran)");
   dev_limits();

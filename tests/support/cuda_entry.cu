@@ -693,7 +693,7 @@ static long parts_diff(const float *ma, const double *sa, const float *mb, const
 
 extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act,
                                               int mode, uint64_t seed, uint32_t block, uint32_t step, const float *uni,
-                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[6]) {
+                                              void *stats, int32_t *bad, uint16_t *P, long n_diff[7]) {
   if (C <= 0 || V <= 0 || !(T > 0.0f) ||
       (mode != DG_PROPOSAL_SAMPLE && mode != DG_PROPOSAL_ARGMAX && mode != DG_PROPOSAL_REPLAY_UNIFORM))
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_vocab_chain: C %d, V %d, T %g, mode %d", C, V, (double)T, mode);
@@ -707,7 +707,7 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   const size_t np = k_vocab_ws_bytes(C, V) / k_vocab_ws_bytes(1, 1); /* (position, chunk) partials */
   float *pm0 = (float *)malloc(np * 4), *pm1 = (float *)malloc(np * 4);
   double *ps0 = (double *)malloc(np * 8), *ps1 = (double *)malloc(np * 8);
-  for (int i = 0; i < 6; i++) n_diff[i] = 0;
+  for (int i = 0; i < 7; i++) n_diff[i] = 0;
   if (!pm0 || !pm1 || !ps0 || !ps1) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   TT_(test_in(&al, &dz, raw, n * 4, "logits (the chain's, softcapped and divided in place)"));
   TT_(test_in(&al, &dx, raw, n * 4, "logits (the fused chain's)"));
@@ -769,6 +769,25 @@ extern "C" dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int 
   TT_(sc_parts(ws, C, V, 1, pm1, ps1));
   n_diff[5] += parts_diff(pm0, ps0, pm1, ps1, np);
   TT_(words_diff(dz, dz2, n, 4, &n_diff[5])); /* the stored z: the chain's */
+  /* P over the logits (context.cu's layout with sc_group G: a head of G rows, CARVE_ALIGN-padded before the logits,
+   * that ends where they begin; P row c at logits + (c - G) V), made in groups of G rows: from the chain's z
+   * (k_sc_probs_g) and from the raw logits with nothing in ws (k_vocab_sc_g): the separate P's words (dP0) */
+  for (int G = 1; G <= 2 && G < C; G++) {
+    const size_t head = (size_t)G * V * 2, pad = (head + CARVE_ALIGN - 1) / CARVE_ALIGN * CARVE_ALIGN;
+    void *blk = NULL;
+    TT_(dalloc(&al, &blk, pad + n * 4, "P over the logits"));
+    float *lz = (float *)((unsigned char *)blk + pad);
+    bf16 *Pi = (bf16 *)((unsigned char *)lz - head);
+    TC_(cudaMemset(blk, 0x66, pad));
+    TC_(cudaMemcpy(lz, dz, n * 4, cudaMemcpyDeviceToDevice));
+    TC_(k_sc_probs_g(0, lz, Pi, C, V, act, ws, G));
+    TT_(words_diff(dP0, Pi, n, 2, &n_diff[6]));
+    TC_(cudaMemset(blk, 0x77, pad));
+    TC_(cudaMemcpy(lz, dx, n * 4, cudaMemcpyDeviceToDevice));
+    TC_(cudaMemset(ws, 0xFF, k_vocab_ws_bytes(C, V)));
+    TC_(k_vocab_sc_g(0, lz, Pi, C, V, cap, T, act, ws, 0, G));
+    TT_(words_diff(dP0, Pi, n, 2, &n_diff[6]));
+  }
   TT_(test_out(stats, ds1, sw * 4));
   TT_(test_out(bad, (int32_t *)db + 1, 4));
   TT_(test_out(P, dP1, n * 2));
@@ -1683,6 +1702,11 @@ extern "C" dg_status dg_cuda_test_weight_block(const dg_cuda_ctx *c, int *n, siz
   return DG_OK;
 }
 
+extern "C" dg_status dg_cuda_test_soft_from_z(dg_cuda_ctx *c, int *sc_group) {
+  *sc_group = c->sc_group;
+  return dg_cuda_soft_from_z(c);
+}
+
 static const dg_cuda_test_api test_table = {
     dg_cuda_test_matmul,    dg_cuda_test_embed,        dg_cuda_test_soft,     dg_cuda_test_experts, dg_cuda_test_route,
     dg_cuda_test_attention, dg_cuda_test_put_raw_rows, dg_cuda_test_get_soft,  dg_cuda_test_router_route,
@@ -1693,7 +1717,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
     dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_probs,
-    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block,
+    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block, dg_cuda_test_soft_from_z,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -191,7 +191,7 @@ dg_status dg_cuda_test_attention(int device, int version, const float *q, const 
  * statistics with its chunk maxima and sums, plus the z it stored against the chain's in-place z. */
 dg_status dg_cuda_test_vocab_chain(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                    uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                   int32_t *bad, uint16_t *P, long n_diff[6]);
+                                   int32_t *bad, uint16_t *P, long n_diff[7]);
 
 /* Upload n host rows raw [n, V] into context c as if a pass had left them (the tests of the device
  * top-K and self-conditioning rows). Errors: DG_ERR_INVALID_ARG (n outside [0, C]), DG_ERR_BACKEND,
@@ -285,7 +285,7 @@ typedef struct dg_cuda_test_api {
                                  long *n_diff);
   dg_status (*test_vocab_chain)(int device, const float *raw, int C, int V, float cap, float T, int act, int mode,
                                 uint64_t seed, uint32_t block, uint32_t step, const float *uni, void *stats,
-                                int32_t *bad, uint16_t *P, long n_diff[6]);
+                                int32_t *bad, uint16_t *P, long n_diff[7]);
   dg_status (*test_experts_dn_fuse)(int device, const dg_weight *gate_up, const dg_weight *down, const uint16_t *xe,
                                     const int32_t *idx, int T, int H, int IE, int E, int K, int nt, long n_diff[2],
                                     int *fused);
@@ -316,7 +316,13 @@ typedef struct dg_cuda_test_api {
                              const float *raw, uint16_t *p_tab, uint16_t *p_row, double *sum_tab, double *sum_row);
   dg_status (*test_sc_probs_set)(int mode);
   dg_status (*test_weight_block)(const dg_cuda_ctx *c, int *n, size_t *used, size_t *cap, size_t *weight_bytes);
+  dg_status (*test_soft_from_z)(dg_cuda_ctx *c, int *sc_group);
 } dg_cuda_test_api;
+
+/* dg_cuda_soft_from_z(c) (the reference sampler's kept self-conditioning: P, then the SC product) and c's
+ * sc_group (0: P in a buffer of its own; G > 0: P over the logits in groups of G rows, common.cuh), for the test
+ * that the logits are refused after it (DG_ERR_INVALID_ARG) until a decoder pass writes them again. */
+dg_status dg_cuda_test_soft_from_z(dg_cuda_ctx *c, int *sc_group);
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
 
