@@ -214,16 +214,6 @@ int32_t bench_encoder_chunks_cost(const dg_model *m, int32_t P, int32_t chunk, b
   return n;
 }
 
-int32_t bench_enc_chunk(void) {
-  const char *ev = getenv("DGEMMA_ENC_CHUNK");
-  if (ev && *ev) {
-    char *end = NULL;
-    const long n = strtol(ev, &end, 10);
-    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) return (int32_t)n;
-  }
-  return 256;
-}
-
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
   bench_cost c = {0, 0, 0, 0, 0};
   layers_weights(m, T, &c);
@@ -1663,8 +1653,13 @@ static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, co
   const int32_t C = info.canvas_length;
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   const int cuda = info.device == DG_DEVICE_CUDA;
-  /* the CUDA context's encoder chunk, which sizes the sliding layers' rings (and the prefill's passes) */
-  const int32_t enc_chunk = bench_enc_chunk();
+  /* the CUDA context's encoder chunk, which sizes the sliding layers' rings (and the prefill's passes); a bad
+   * DGEMMA_ENC_CHUNK is refused before anything is measured, as the CUDA context would refuse it */
+  int32_t enc_chunk = 0;
+  if (dg_cuda_enc_chunk(&enc_chunk) != DG_OK && cuda) {
+    fprintf(stderr, "dgemma bench: %s\n", dg_last_error());
+    return 2;
+  }
   printf("step protocol: per prompt P (the vllm prompt's tokens) a context of P + %d positions; each run: the prefill "
          "(dg_encode of P tokens, host-timed) and one canvas of 16 fixed steps from the last prompt token (the cache "
          "truncated to P - 1), the decoder step = the interval between consecutive step callbacks (self-conditioning, "
