@@ -4,6 +4,7 @@
 #   NXL      the same library flags spelled for nvcc (-Xlinker)
 #   CUL      the CUDA toolkit's library directory (from the nvcc on the PATH)
 #   el       a function printing the seconds since the script started: "(N s)"
+#   left, guard, lim, bench, one  a call script's guarded items and their logs (below; dev/gpu/s28_*.sh, s29_*.sh)
 #   san_tests, san_cases  the tests of tests/test_cuda.c (below)
 # and builds the kernel lab with lab_build (build/moe_quant from dev/cuda/moe_quant.cu, for sm_90a; needs build/libdgemma.a;
 # LAB_LEAN=1: only versions 1-3, 40, 50, 80-94 and 95-106, built in a fraction of the time).
@@ -17,6 +18,42 @@ el() { echo "($(( $(date +%s) - t0 )) s)"; }
 call_left() { echo $(( ${DG_CALL_S:-600} - 10 - ($(date +%s) - t0) )); }
 call_cap() { local l; l=$(call_left); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 call_budget() { local c=$(( ${DG_CALL_S:-600} - 20 )); [ "$c" -lt "$1" ] && echo "$c" || echo "$1"; }
+# A call script's guarded items (dev/gpu/s28_*.sh, s29_*.sh): the script sets O (its output folder, the log
+# $O/log.txt) and T (the seconds it plans its items in, e.g. T=$(call_budget 560)) after sourcing this file.
+# left: the seconds left of T since the script started (t0).
+left() { echo $((T - ($(date +%s) - t0))); }
+# guard NEED NAME: 0 if NEED seconds are left, else the line "skip NAME: L s left, it needs NEED (N s)" in the
+# log (and on stdout) and 1.
+guard() {
+  local l; l=$(left)
+  if [ "$l" -lt "$1" ]; then echo "skip $2: $l s left, it needs $1 $(el)" | tee -a "$O/log.txt"; return 1; fi
+}
+# lim CAP: a command's timeout, CAP or the time left less 10 s, whichever is smaller (guard first: it can be < 1).
+lim() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+# bench NAME TIMEOUT ARGS...: build/dgemma bench ARGS -o ${TP}NAME.jsonl under timeout TIMEOUT (TP: the script's
+# prefix of its /tmp files, e.g. TP=/tmp/m12_; the environment from the caller, ENVS its words for the headings),
+# the output and stderr in ${TP}NAME.txt, appended to $O/step.txt under a heading, the rows to $O/bench.jsonl
+# after a {"kind": "run"} line; "bench NAME rc RC (N s)" in the log; returns bench's status.
+bench() {
+  local name=$1 to=$2; shift 2
+  rm -f ${TP}$name.jsonl
+  timeout "$to" build/dgemma bench "$@" -o ${TP}$name.jsonl > ${TP}$name.txt 2>&1
+  local rc=$?
+  echo "bench $name rc $rc $(el)" | tee -a "$O/log.txt"
+  { echo; echo "## $name: ${ENVS:-} build/dgemma bench $*"; cat ${TP}$name.txt; } >> "$O/step.txt"
+  { echo "{\"kind\": \"run\", \"run\": \"$name\", \"env\": \"${ENVS:-}\", \"args\": \"$*\", \"rc\": $rc}"
+    cat ${TP}$name.jsonl 2>/dev/null; } >> "$O/bench.jsonl"
+  return $rc
+}
+# one NAME FILTER [ENV=VALUE...]: build/tests/test_cuda with DG_TEST_FILTER=FILTER under the ENV words (after
+# guard 25; timeout lim 90), its output appended to $O/tests.txt under a heading, "test NAME rc RC (N s)" in the log.
+one() {
+  local name=$1 f=$2; shift 2
+  guard 25 "test $name" || return 1
+  { echo; echo "## $name: $* DG_TEST_FILTER=$f build/tests/test_cuda"; } >> "$O/tests.txt"
+  env "$@" DG_TEST_FILTER="$f" timeout "$(lim 90)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
+  echo "test $name rc $? $(el)" | tee -a "$O/log.txt"
+}
 XC=""; XL=""; NXL=""
 if ! echo '#include <cjson/cJSON.h>' | cc -E -x c - >/dev/null 2>&1; then
   P=/tmp/dgdeps; for f in .devdeb/*.deb; do dpkg -x "$f" $P; done; L=$P/usr/lib/x86_64-linux-gnu

@@ -3410,16 +3410,62 @@ static void test_attention_choice(void **state) {
   dg_model_free(m);
 }
 
-/* The CUDA context's encoder chunk as src/cuda/context.cu reads it: DGEMMA_ENC_CHUNK if a multiple of 64 in
- * [64, 4096], else 256 (ENC_CHUNK). */
+/* The CUDA context's encoder chunk (dg_cuda_enc_chunk: DGEMMA_ENC_CHUNK, else 256); a value it refuses fails the
+ * test, as it would fail the context. */
 static int enc_chunk_env(void) {
-  const char *ev = getenv("DGEMMA_ENC_CHUNK");
-  if (ev && *ev) {
-    char *end = NULL;
-    const long n = strtol(ev, &end, 10);
-    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) return (int)n;
+  int32_t chunk = 0;
+  assert_dg_ok(dg_cuda_enc_chunk(&chunk));
+  return (int)chunk;
+}
+
+/* A CUDA context takes its encoder chunk from dg_cuda_enc_chunk when it is made: a DGEMMA_ENC_CHUNK that the query
+ * refuses fails dg_context_new with the query's status and line (naming the variable and the value), and leaves no
+ * context; a valid value or none gives one. That the chunk taken is the value asked for is test_profile_encode's
+ * (its mark count per chunk), run under DGEMMA_ENC_CHUNK=64 and 1024 too. */
+static void test_enc_chunk_refused(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device context to make");
+  const char *old = getenv("DGEMMA_ENC_CHUNK");
+  char keep[64] = "";
+  if (old) snprintf(keep, sizeof keep, "%s", old);
+  char dir[] = "/tmp/dg_cuda_encchXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = synth_default();
+  sc.dt = DG_BF16;
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  dg_model *m;
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  static const char *cases[] = {NULL, "64", "100", "abc", "0", "-64", "8192"};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i]) setenv("DGEMMA_ENC_CHUNK", cases[i], 1);
+    else unsetenv("DGEMMA_ENC_CHUNK");
+    const int good = !cases[i] || !strcmp(cases[i], "64");
+    dg_context_params cp = dg_context_default_params();
+    dg_context *x = (dg_context *)&x; /* not NULL: the call must set it */
+    const dg_status st = dg_context_new(m, &cp, &x);
+    if (good) {
+      assert_dg_ok(st);
+      assert_non_null(x);
+      dg_context_free(x);
+      continue;
+    }
+    assert_int_equal(st, DG_ERR_INVALID_ARG);
+    assert_null(x);
+    char want[256];
+    snprintf(want, sizeof want,
+             "DGEMMA_ENC_CHUNK=\"%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder pass; "
+             "unset: 256)",
+             cases[i]);
+    printf("# DGEMMA_ENC_CHUNK=%s: dg_context_new: %s\n", cases[i], dg_last_error());
+    assert_string_equal(dg_last_error(), want);
   }
-  return 256;
+  if (old) setenv("DGEMMA_ENC_CHUNK", keep, 1);
+  else unsetenv("DGEMMA_ENC_CHUNK");
+  dg_model_free(m);
 }
 
 /* dg_context_profile (bench --profile): the stage marks of known passes and
@@ -3487,8 +3533,8 @@ static void test_profile(void **state) {
 }
 
 /* bench --protocol step --profile: the stage marks of an encoder pass alone (session 28, helper pp12). A prefill of
- * P = 300 tokens in chunks of the context's encoder chunk (DGEMMA_ENC_CHUNK as src/cuda/context.cu reads it, else
- * 256; this test under 64 too) marks 1 (entry) + per chunk 1 (embedding) + 10 per layer but 2 for the last (it
+ * P = 300 tokens in chunks of the context's encoder chunk (dg_cuda_enc_chunk: DGEMMA_ENC_CHUNK, else 256; this
+ * test under 64 too) marks 1 (entry) + per chunk 1 (embedding) + 10 per layer but 2 for the last (it
  * stops after its K/V). The stages that an encoder pass never runs (LM head, self-conditioning, sampler
  * statistics) are exactly 0; those it runs in every layer are > 0; nothing is negative. The stages sum to the GPU
  * time from the entry's mark to the last chunk's last K/V, so: sum <= the host's wall time of dg_encode (it
@@ -4533,7 +4579,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_enc_chunk_refused), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

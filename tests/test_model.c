@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "model/context.h"
 #include "model/model.h"
 #include "synth.h"
 #include "testutil.h"
@@ -532,8 +533,64 @@ static void test_f16_checkpoint(void **state) {
   dg_model_free(mf);
 }
 
+/* dg_cuda_enc_chunk (a CPU-built query; the CUDA context and bench read the chunk through it): 256 unset or empty,
+ * N for a multiple of 64 in [64, 4096], and for anything else DG_ERR_INVALID_ARG with *chunk = 256 and one line
+ * naming the variable and the value (quoted: the newline as \x0a). The CPU backend does not read the variable:
+ * its chunk is the constant DG_ENC_CHUNK (src/model/forward.c), the query's default. */
+static void test_cuda_enc_chunk(void **state) {
+  (void)state;
+  const char *saved = getenv("DGEMMA_ENC_CHUNK");
+  char *keep = saved ? strdup(saved) : NULL;
+  int32_t chunk = -1;
+  unsetenv("DGEMMA_ENC_CHUNK");
+  assert_dg_ok(dg_cuda_enc_chunk(&chunk));
+  assert_int_equal(chunk, 256);
+  assert_int_equal(chunk, DG_ENC_CHUNK);
+  assert_dg_ok(dg_cuda_enc_chunk(NULL));
+  static const struct { const char *v; int32_t want; } good[] = {
+      {"", 256}, {"64", 64}, {"256", 256}, {"1024", 1024}, {"4096", 4096}, {"0128", 128}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    setenv("DGEMMA_ENC_CHUNK", good[i].v, 1);
+    chunk = -1;
+    assert_dg_ok(dg_cuda_enc_chunk(&chunk));
+    assert_int_equal(chunk, good[i].want);
+  }
+  static const struct { const char *v, *quoted; } bad[] = {
+      {"0", "0"},         {"abc", "abc"},     {"-64", "-64"},   {"100", "100"},   {"32", "32"},
+      {"96", "96"},       {"4160", "4160"},   {"8192", "8192"}, {"64abc", "64abc"}, {"1024 ", "1024 "},
+      {"1e3", "1e3"},     {"bad\nvalue", "bad\\x0avalue"},     {"99999999999999999999", "99999999999999999999"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DGEMMA_ENC_CHUNK", bad[i].v, 1);
+    chunk = -1;
+    assert_int_equal(dg_cuda_enc_chunk(&chunk), DG_ERR_INVALID_ARG);
+    assert_int_equal(chunk, 256);
+    char want[256];
+    snprintf(want, sizeof want,
+             "DGEMMA_ENC_CHUNK=\"%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder pass; "
+             "unset: 256)",
+             bad[i].quoted);
+    assert_string_equal(dg_last_error(), want);
+    assert_int_equal(dg_cuda_enc_chunk(NULL), DG_ERR_INVALID_ARG);
+  }
+  /* a long value is cut in the message (dg_env_quote's 64 bytes), marked by "..." */
+  char longv[201];
+  memset(longv, '7', 200);
+  longv[200] = '\0';
+  setenv("DGEMMA_ENC_CHUNK", longv, 1);
+  assert_int_equal(dg_cuda_enc_chunk(&chunk), DG_ERR_INVALID_ARG);
+  assert_int_equal(chunk, 256);
+  printf("# DGEMMA_ENC_CHUNK=7 x 200: %s\n", dg_last_error());
+  assert_true(!strncmp(dg_last_error(), "DGEMMA_ENC_CHUNK=\"7777777777", 27));
+  assert_non_null(strstr(dg_last_error(), "7...\" is not a multiple of 64 in [64, 4096]"));
+  assert_true(strlen(dg_last_error()) < 200);
+  if (keep) setenv("DGEMMA_ENC_CHUNK", keep, 1);
+  else unsetenv("DGEMMA_ENC_CHUNK");
+  free(keep);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cuda_enc_chunk),
       cmocka_unit_test(test_bad_model_dirs),
       cmocka_unit_test(test_chunking_and_readonly_cache),
       cmocka_unit_test(test_simd_vs_oracle),

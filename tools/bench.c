@@ -214,16 +214,6 @@ int32_t bench_encoder_chunks_cost(const dg_model *m, int32_t P, int32_t chunk, b
   return n;
 }
 
-int32_t bench_enc_chunk(void) {
-  const char *ev = getenv("DGEMMA_ENC_CHUNK");
-  if (ev && *ev) {
-    char *end = NULL;
-    const long n = strtol(ev, &end, 10);
-    if (end && !*end && n >= 64 && n <= 4096 && n % 64 == 0) return (int32_t)n;
-  }
-  return 256;
-}
-
 bench_cost bench_encoder_cost(const dg_model *m, int32_t T, int32_t ctx_len) {
   bench_cost c = {0, 0, 0, 0, 0};
   layers_weights(m, T, &c);
@@ -1663,8 +1653,10 @@ static int run_step(dg_model *m, const bench_opts *o, double bw, double rate, co
   const int32_t C = info.canvas_length;
   const int reps = o->reps > 0 ? o->reps : 3, warm = o->warmup >= 0 ? o->warmup : 1;
   const int cuda = info.device == DG_DEVICE_CUDA;
-  /* the CUDA context's encoder chunk, which sizes the sliding layers' rings (and the prefill's passes) */
-  const int32_t enc_chunk = bench_enc_chunk();
+  /* the CUDA context's encoder chunk, which sizes the sliding layers' rings (and the prefill's passes); on CUDA
+   * dg_cli_bench has refused a bad DGEMMA_ENC_CHUNK before the ceilings (the CPU backend does not read it) */
+  int32_t enc_chunk = 0;
+  (void)dg_cuda_enc_chunk(&enc_chunk);
   printf("step protocol: per prompt P (the vllm prompt's tokens) a context of P + %d positions; each run: the prefill "
          "(dg_encode of P tokens, host-timed) and one canvas of 16 fixed steps from the last prompt token (the cache "
          "truncated to P - 1), the decoder step = the interval between consecutive step callbacks (self-conditioning, "
@@ -1785,6 +1777,13 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
   if (m && !do_ceil && bench_check_model(m, o, err, sizeof err)) { /* before the ceilings are measured */
     fprintf(stderr, "dgemma bench: %s; see `dgemma bench --help`\n", err);
     return 2;
+  }
+  if (m && !do_ceil) { /* a DGEMMA_ENC_CHUNK that every CUDA context would refuse: said before the ceilings too */
+    dg_model_info mi;
+    if (dg_model_get_info(m, &mi) == DG_OK && mi.device == DG_DEVICE_CUDA && dg_cuda_enc_chunk(NULL) != DG_OK) {
+      fprintf(stderr, "dgemma bench: %s\n", dg_last_error());
+      return 2;
+    }
   }
   int Bs[BENCH_MAX_LIST], nB = bench_parse_list(o->canvases ? o->canvases : "1,2,4,8", "--canvases", 1, BENCH_MAX_B,
                                                 Bs, BENCH_MAX_LIST, err, sizeof err);

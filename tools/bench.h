@@ -116,10 +116,6 @@ void bench_stage_cost(const dg_model *m, int32_t T, int32_t ctx_len, int causal,
  * window cut). Returns the number of chunks; 0 (st untouched) for P < 1 or chunk < 1. */
 int32_t bench_encoder_chunks_cost(const dg_model *m, int32_t P, int32_t chunk, bench_cost *st);
 
-/* The CUDA context's encoder chunk (src/cuda/context.cu enc_chunk_from_env): DGEMMA_ENC_CHUNK if it is a multiple
- * of 64 in [64, 4096], else 256. */
-int32_t bench_enc_chunk(void);
-
 /* Floor of a pass in seconds: max(bytes / bw, flops / rate). bw in bytes/s,
  * rate in FLOP/s. *memory_bound (may be NULL) = 1 if the bytes term wins. */
 double bench_floor_s(const bench_cost *c, double bw, double rate, int *memory_bound);

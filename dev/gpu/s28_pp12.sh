@@ -37,12 +37,7 @@
 O=${1:?usage: dev/gpu/s28_pp12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
 T=${PP12_T:-$(call_budget 540)}
-left() { echo $((T - ($(date +%s) - t0))); }
-guard() {
-  local l; l=$(left)
-  if [ "$l" -lt "$1" ]; then echo "skip $2: $l s left, it needs $1 $(el)" | tee -a "$O/log.txt"; return 1; fi
-}
-lim() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+# left, guard and lim: scripts/gpu_env.sh; bench and tst are this script's own (an ENV argument, "-" for none)
 # bench NAME TIMEOUT ENV ARGS...: ENV (VAR=VALUE or "-") then build/dgemma bench ARGS -o /tmp/pp12_NAME.jsonl, its
 # output appended to step.txt under a heading, its rows to bench.jsonl after a run line
 bench() {

@@ -39,33 +39,7 @@
 O=${1:?usage: dev/gpu/s29_m3b12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
 T=$(call_budget 560)
-left() { echo $((T - ($(date +%s) - t0))); }
-guard() {
-  local l; l=$(left)
-  if [ "$l" -lt "$1" ]; then echo "skip $2: $l s left, it needs $1 $(el)" | tee -a "$O/log.txt"; return 1; fi
-}
-lim() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-# bench NAME TIMEOUT ARGS...: build/dgemma bench ARGS -o /tmp/m3_NAME.jsonl (environment from the caller), the
-# output and stderr appended to step.txt under a heading, the rows to bench.jsonl after a run line
-bench() {
-  local name=$1 to=$2; shift 2
-  rm -f /tmp/m3_$name.jsonl
-  timeout "$to" build/dgemma bench "$@" -o /tmp/m3_$name.jsonl > /tmp/m3_$name.txt 2>&1
-  local rc=$?
-  echo "bench $name rc $rc $(el)" | tee -a "$O/log.txt"
-  { echo; echo "## $name: ${ENVS:-} build/dgemma bench $*"; cat /tmp/m3_$name.txt; } >> "$O/step.txt"
-  { echo "{\"kind\": \"run\", \"run\": \"$name\", \"env\": \"${ENVS:-}\", \"args\": \"$*\", \"rc\": $rc}"
-    cat /tmp/m3_$name.jsonl 2>/dev/null; } >> "$O/bench.jsonl"
-  return $rc
-}
-# one NAME FILTER [ENV=VALUE...]: build/tests/test_cuda with DG_TEST_FILTER=FILTER, output to tests.txt
-one() {
-  local name=$1 f=$2; shift 2
-  guard 25 "test $name" || return 1
-  { echo; echo "## $name: $* DG_TEST_FILTER=$f build/tests/test_cuda"; } >> "$O/tests.txt"
-  env "$@" DG_TEST_FILTER="$f" timeout "$(lim 90)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
-  echo "test $name rc $? $(el)" | tee -a "$O/log.txt"
-}
+TP=/tmp/m3_ # left, guard, lim, bench (its files /tmp/m3_NAME.txt, .jsonl) and one: scripts/gpu_env.sh
 rm -f /tmp/m3_*.txt /tmp/m3_*.jsonl
 : > "$O/step.txt"; : > "$O/tests.txt"; : > "$O/bench.jsonl"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv | tee -a "$O/log.txt"

@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "base/dg_error.h"
+#include "model/context.h"
 #include "model/model.h"
 
 #ifdef DG_HAVE_CUDA
@@ -222,6 +223,26 @@ dg_status dg_cpu_kernels(const char **name) {
   const dg_kernels *k = dg_kernels_pick(getenv("DGEMMA_KERNELS"), why, sizeof why);
   if (name) *name = k->name;
   return why[0] ? dg_seterr(DG_ERR_INVALID_ARG, "%s", why) : DG_OK;
+}
+
+/* Here, beside the plugin's loader, because the CUDA plugin calls it (dg_cuda_ctx_new): a symbol of an object that
+ * every program opening the plugin links. */
+dg_status dg_cuda_enc_chunk(int32_t *chunk) {
+  if (chunk) *chunk = DG_ENC_CHUNK;
+  const char *v = getenv("DGEMMA_ENC_CHUNK");
+  if (!v || !*v) return DG_OK;
+  char *end = NULL;
+  const long n = strtol(v, &end, 10);
+  if (end != v && !*end && n >= 64 && n <= 4096 && n % 64 == 0) {
+    if (chunk) *chunk = (int32_t)n;
+    return DG_OK;
+  }
+  char q[64];
+  const int cut = dg_env_quote(v, q, sizeof q);
+  return dg_seterr(DG_ERR_INVALID_ARG,
+                   "DGEMMA_ENC_CHUNK=\"%s%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder "
+                   "pass; unset: %d)",
+                   q, cut ? "..." : "", DG_ENC_CHUNK);
 }
 
 dg_status dg_context_profile(dg_context *ctx, int on) {

@@ -262,7 +262,7 @@ struct dg_cuda_ctx {
   int32_t S_ring;           /* the slots of a sliding layer: a ring (position p in slot p % S_ring), min(S,
                              * window - 1 + max(C, encoder chunk) in tiles of 64) */
   int32_t tmax;             /* tokens per pass */
-  int32_t enc_chunk;        /* tokens per encoder pass (<= tmax; ENC_CHUNK unless DGEMMA_ENC_CHUNK) */
+  int32_t enc_chunk;        /* tokens per encoder pass (<= tmax; dg_cuda_enc_chunk when the context was made) */
   int32_t hi;               /* 1 + the highest position whose K/V a pass has written since the last pass at position
                              * 0 (dg_cuda_truncate_check: what a ring may have overwritten) */
   int32_t lo;               /* the first position the sliding layers hold (0; dg_cuda_ctx_copy: the first it copied);

@@ -23,18 +23,6 @@ struct ctx_priv {
   size_t side_ws;     /* c->side.ws's bytes (side_ws_bytes when the context was made; 0 without the branches) */
 };
 
-/* Tokens per encoder pass: ENC_CHUNK, or DGEMMA_ENC_CHUNK=N (a multiple of 64 in [64, 4096]; read once): a longer
- * prefill pass reads every weight once per N prompt tokens instead of per 256 (issue 12's prefill of 1,024 tokens
- * in one pass), at the price of buffers for N rows in every context. */
-static int enc_chunk_from_env(void) {
-  const char *v = getenv("DGEMMA_ENC_CHUNK");
-  if (!v || !*v) return ENC_CHUNK;
-  char *end = NULL;
-  const long n = strtol(v, &end, 10);
-  return end && !*end && n >= 64 && n <= 4096 && n % 64 == 0 ? (int)n : ENC_CHUNK;
-}
-static const int enc_chunk = enc_chunk_from_env();
-
 /* DGEMMA_SC_INPLACE=0: the self-conditioning probabilities P [C, V] bf16 in a buffer of their own (as before
  * session 29); unset or anything else: in place (common.cuh's sc_group; read once). */
 static const int sc_inplace = [] {
@@ -179,7 +167,7 @@ typedef struct ctx_dims {
   size_t C, H, V, I, IE, E, K, NH, T, S, S_ring, TK, W;
 } ctx_dims;
 
-static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, int full_window) {
+static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, int32_t enc_chunk) {
   const dg_cuda_model_desc *d = &m->d;
   ctx_dims z;
   z.C = d->canvas; z.H = d->hidden; z.V = d->vocab; z.I = d->inter; z.IE = d->moe_inter; z.E = d->n_experts;
@@ -311,7 +299,7 @@ static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
 
 int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, size_t *block_bytes) {
   ctx_priv *pv = (ctx_priv *)c;
-  const ctx_dims z = ctx_dims_of(c->m, c->cap, pv->rows, pv->full_window);
+  const ctx_dims z = ctx_dims_of(c->m, c->cap, pv->rows, pv->full_window, c->enc_chunk);
   carver cv = {};
   cv.base = (unsigned char *)pv->dev;
   cv.rec_p = p;
@@ -389,8 +377,13 @@ static dg_status ctx_stream(dg_cuda_ctx *c) {
 
 extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, dg_cuda_ctx **out) {
   *out = NULL;
+  /* tokens per encoder pass (DGEMMA_ENC_CHUNK; a bad value is refused with the reason): a longer prefill pass reads
+   * every weight once per enc_chunk prompt tokens instead of per 256 (issue 12's prefill of 1,024 tokens in one
+   * pass), at the price of buffers for enc_chunk rows; kept in c->enc_chunk, which ctx_carves lays out again with */
+  int32_t enc_chunk = 0;
+  DG_TRY(dg_cuda_enc_chunk(&enc_chunk));
   CK(cudaSetDevice(m->device));
-  const ctx_dims z = ctx_dims_of(m, cap, rows, full_window);
+  const ctx_dims z = ctx_dims_of(m, cap, rows, full_window, enc_chunk);
   ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv + 2 * (size_t)m->d.n_layers * sizeof(bf16 *));
   if (!pv) return dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory");
   dg_cuda_ctx *c = &pv->c;

@@ -12,7 +12,6 @@
 #include "cuda/common.cuh"
 
 #define GiB (1024.0 * 1024.0 * 1024.0)
-#define ENC_CHUNK 256 /* as src/model/forward.c; DGEMMA_ENC_CHUNK changes the device's (enc_chunk, context.cu) */
 #define RESERVE ((size_t)512 << 20) /* CUDA context, cuBLAS workspace and fragmentation */
 #define STAGE_ELEMS ((size_t)8 << 20) /* bf16 elements of the host staging buffer of an upload */
 

@@ -8,7 +8,9 @@
 
 #include "dgemma.h"
 
-#define DG_ENC_CHUNK 256 /* encoder tokens per pass; results do not depend on it */
+/* Encoder tokens per pass of the CPU backend; results do not depend on it. Fixed: DGEMMA_ENC_CHUNK sets a CUDA
+ * context's chunk only (dg_cuda_enc_chunk, dgemma.h), whose default this is. */
+#define DG_ENC_CHUNK 256
 /* One thread's attention scratch of a context of cap positions and tmax rows: 16 score rows
  * (cap + tmax) and a [DG_ATTN_DMAX][16] query block (dg_kernels.attn_block runs 16 queries at
  * once, for head dimensions up to DG_ATTN_DMAX; the scalar loop uses the first row). */
