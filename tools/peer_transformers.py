@@ -430,6 +430,15 @@ def init_param(torch, t, module, gen, std=0.02):
         t.fill_(1.0)
 
 
+def twin_tensor(torch, v, tv, where):
+    """The twin's tensor tv on the GPU in the meta tensor v's dtype; RuntimeError naming where if it has another
+    shape or is missing."""
+    if not isinstance(tv, torch.Tensor) or tuple(tv.shape) != tuple(v.shape):
+        raise RuntimeError("tensor attribute %s %s: the twin has %s" % (
+            where, tuple(v.shape), tuple(tv.shape) if isinstance(tv, torch.Tensor) else None))
+    return tv.to(device="cuda", dtype=v.dtype)
+
+
 def materialize(torch, m, twin, seed):
     """The meta model m made real on the GPU without a second copy of tied weights: each distinct parameter
     (by identity: the encoder's text weights are the decoder's once tied) allocated once on the GPU and
@@ -465,11 +474,17 @@ def materialize(torch, m, twin, seed):
                     path, name, tuple(b.shape), None if tb is None else tuple(tb.shape)))
             mod._buffers[name] = tb.to(device="cuda", dtype=b.dtype)
         for name, v in list(vars(mod).items()):
+            if name.startswith("_"):
+                continue
+            tv = getattr(src, name, None) if src is not None else None
             if isinstance(v, torch.Tensor) and getattr(v, "is_meta", False):
-                tv = getattr(src, name, None) if src is not None else None
-                if not isinstance(tv, torch.Tensor) or tuple(tv.shape) != tuple(v.shape):
-                    raise RuntimeError("tensor attribute %s.%s %s: no twin of that shape" % (path, name, tuple(v.shape)))
-                setattr(mod, name, tv.to(device="cuda", dtype=v.dtype))
+                setattr(mod, name, twin_tensor(torch, v, tv, "%s.%s" % (path, name)))
+            elif isinstance(v, dict) and any(isinstance(x, torch.Tensor) and getattr(x, "is_meta", False)
+                                             for x in v.values()):
+                tv = tv if isinstance(tv, dict) else {}
+                for k, x in list(v.items()):
+                    if isinstance(x, torch.Tensor) and getattr(x, "is_meta", False):
+                        v[k] = twin_tensor(torch, x, tv.get(k), "%s.%s[%r]" % (path, name, k))
     left = [k for k, t in list(m.named_parameters()) + list(m.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError("still on the meta device: %s" % left[:5])
@@ -514,16 +529,15 @@ def build_cuda(torch, tf, cfg, a):
     return m
 
 
-def build(torch, tf, a):
-    """(model, info): the 26B-A4B model in bf16 on the GPU, eval mode. --build auto: "meta" (built without
+def build(torch, tf, a, way):
+    """(model, info): the 26B-A4B model in bf16 on the GPU, eval mode, built the way asked: "meta" (built without
     memory, tied, each distinct weight allocated once on the GPU and initialised as Transformers does, buffers
-    from a small twin), then "cuda" (Transformers' own construction on the GPU: both copies before tying, an
-    H200 only) if "meta" fails. A tiny vision tower first, then none (design.md: the class builds one)."""
+    from a small twin) or "cuda" (Transformers' own construction on the GPU: both copies before tying, an H200
+    only). A tiny vision tower first, then none (design.md: the class builds one)."""
     Cfg = tf.DiffusionGemmaConfig
     tc = text_config()
     want = intended_layers(tc)
     errors = []
-    ways = BUILDS if a.build == "auto" else (a.build,)
     for vision in (TINY_VISION, None):
         try:
             cfg = Cfg(text_config=dict(tc), vision_config=(dict(vision) if vision else None), canvas_length=CANVAS,
@@ -531,43 +545,42 @@ def build(torch, tf, a):
         except Exception as e:  # noqa: BLE001 - the next vision variant
             errors.append("config (vision %s): %s: %s" % ("tiny" if vision else "none", type(e).__name__, e))
             continue
-        for way in ways:
-            torch.manual_seed(a.seed)
-            t0 = time.time()
-            m = None
-            try:
-                m = build_meta(torch, tf, cfg, vision, a, tc) if way == "meta" else build_cuda(torch, tf, cfg, a)
-            except Exception as e:  # noqa: BLE001 - the next way
-                oom = is_oom(torch, e)
-                errors.append("%s build (vision %s): %s%s: %s" % (way, "tiny" if vision else "none",
-                                                                 "out of memory: " if oom else "", type(e).__name__,
-                                                                 str(e)[:300]))
-                log(errors[-1])
-                if oom and way == "cuda":  # it will not fit with another vision tower either
-                    ways = tuple(w for w in ways if w != "cuda")
-            if m is None:
-                gc.collect()
-                torch.cuda.empty_cache()
-                continue
-            torch.cuda.synchronize()
-            got = [(t, L.self_attn.q_proj.out_features, L.self_attn.k_proj.out_features,
-                    getattr(L.self_attn, "v_proj", None) is not None)
-                   for t, L in zip(tc["layer_types"], m.model.decoder.layers)]
-            if got != want or len(m.model.decoder.layers) != len(want):
-                bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w][:3]
-                raise RuntimeError("layer shapes differ from the spec's (layer, got, wanted): %s; %d layers built"
-                                   % (bad, len(m.model.decoder.layers)))
-            if a.experts != "default" and experts_in_use(m) != [a.experts]:
-                set_experts(m, a.experts)
-            m.eval()
-            n = sum(p.numel() for name, p in m.named_parameters() if "vision" not in name and "layer_scalar" not in name)
-            info = {"build_s": time.time() - t0, "build": way, "vision": "tiny gemma4_vision" if vision else "none",
-                    "text_params": n, "text_params_expected": expected_text_params(tc),
-                    "weights_bytes": sum(p.numel() * p.element_size() for p in m.parameters()),
-                    "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in m.parameters()}),
-                    "allocated": torch.cuda.memory_allocated()}
-            return m, info
-    raise RuntimeError("could not build the 26B-A4B model: " + " | ".join(errors))
+        torch.manual_seed(a.seed)
+        t0 = time.time()
+        m = None
+        try:
+            m = build_meta(torch, tf, cfg, vision, a, tc) if way == "meta" else build_cuda(torch, tf, cfg, a)
+        except Exception as e:  # noqa: BLE001 - the next vision variant
+            oom = is_oom(torch, e)
+            errors.append("%s build (vision %s): %s%s: %s" % (way, "tiny" if vision else "none",
+                                                             "out of memory: " if oom else "", type(e).__name__,
+                                                             str(e)[:300]))
+            log(errors[-1])
+            del e
+            gc.collect()
+            torch.cuda.empty_cache()
+            if oom:  # it will not fit with another vision tower either
+                break
+            continue
+        torch.cuda.synchronize()
+        got = [(t, L.self_attn.q_proj.out_features, L.self_attn.k_proj.out_features,
+                getattr(L.self_attn, "v_proj", None) is not None)
+               for t, L in zip(tc["layer_types"], m.model.decoder.layers)]
+        if got != want or len(m.model.decoder.layers) != len(want):
+            bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w][:3]
+            raise RuntimeError("layer shapes differ from the spec's (layer, got, wanted): %s; %d layers built"
+                               % (bad, len(m.model.decoder.layers)))
+        if a.experts != "default" and experts_in_use(m) != [a.experts]:
+            set_experts(m, a.experts)
+        m.eval()
+        n = sum(p.numel() for name, p in m.named_parameters() if "vision" not in name and "layer_scalar" not in name)
+        info = {"build_s": time.time() - t0, "build": way, "vision": "tiny gemma4_vision" if vision else "none",
+                "text_params": n, "text_params_expected": expected_text_params(tc),
+                "weights_bytes": sum(p.numel() * p.element_size() for p in m.parameters()),
+                "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in m.parameters()}),
+                "allocated": torch.cuda.memory_allocated()}
+        return m, info
+    raise RuntimeError("; ".join(errors))
 
 
 class Peer:
@@ -848,6 +861,39 @@ def run_vllm(peer, ids):
     return f, mem
 
 
+def first_forward(torch, peer, env, a, ids_list):
+    """One small forward (16 prompt tokens, one decoder step) before any protocol: a lurking meta tensor or an
+    experts implementation that refuses bf16 on this GPU fails here, not mid-protocol. In the latter case the
+    experts go eager and env says so. None if it ran, else the error as text."""
+    ids = torch.tensor([ids_list[:16]], dtype=torch.long, device=peer.dev)
+
+    def run():
+        with torch.no_grad():
+            c = peer.new_cache()
+            peer.encode(c, ids)
+            peer.decode(c, peer.canvas(), 16, None)
+            del c
+        torch.cuda.synchronize()
+    try:
+        run()
+        return None
+    except Exception as e:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        first = "%s: %s" % (type(e).__name__, str(e)[:400])
+        if a.experts in ("eager", "default") or is_oom(torch, e) or "meta" in str(e):
+            return first
+    log("a first forward failed with experts implementation %s (%s): eager instead; the rows say so" % (
+        env["experts_implementation"], first))
+    set_experts(peer.m, "eager")
+    env["experts_implementation"] = "%s (fallback: %s failed)" % (",".join(experts_in_use(peer.m)), a.experts)
+    try:
+        run()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return "%s; with eager experts: %s: %s" % (first, type(e).__name__, str(e)[:400])
+
+
 RUNNERS = {"prefill": run_prefill, "step": run_step, "step_generate": run_step_generate, "vllm": run_vllm}
 
 
@@ -897,53 +943,45 @@ def main(argv=None):
     env = {"device": "cuda", "gpu": gpu, "torch_version": torch.__version__, "transformers_version": tf.__version__,
            "dtype": "bfloat16", "attn_implementation": a.attn, "experts_requested": a.experts,
            "prompt": "filler" if filler else "random", "seed": a.seed}
-    try:
-        model, info = build(torch, tf, a)
-    except Exception as e:  # noqa: BLE001
-        fail("model: %s: %s" % (type(e).__name__, e))
-        for p in a.protocol_list:
-            rows.add(error_row(p, env, a, "model not built: %s: %s" % (type(e).__name__, str(e)[:500])))
-        rows.close()
-        return 1
-    env.update({"experts_implementation": ",".join(experts_in_use(model)), "text_params": info["text_params"],
-                "vision_tower": info["vision"], "weights_bytes": info["weights_bytes"], "build": info["build"]})
-    log("model built (%s) in %.1f s, %.2f GiB allocated: %s text weights (spec: %s%s), %.2f GiB of weights (%s), "
-        "vision tower: %s; experts implementation %s (asked %s), attention %s" % (
-            info["build"], info["build_s"], info["allocated"] / GIB, format(info["text_params"], ","),
-            format(info["text_params_expected"], ","),
-            "" if info["text_params"] == info["text_params_expected"] else ": DIFFERENT",
-            info["weights_bytes"] / GIB, "/".join(info["dtypes"]), info["vision"], env["experts_implementation"],
-            a.experts, a.attn))
-    peer = Peer(torch, tf, model, a)
-    peer.filler = filler is not None
-    ids = torch.tensor([prompt_ids(a.prompt_tokens, filler, VOCAB, a.seed)], dtype=torch.long, device=peer.dev)
-    # one small forward first: an experts implementation that refuses bf16 on this GPU fails here, not mid-protocol
-    def first_forward():
-        with torch.no_grad():
-            c = peer.new_cache()
-            peer.encode(c, ids[:, :16])
-            peer.decode(c, peer.canvas(), 16, None)
-            del c
-        torch.cuda.synchronize()
-    try:
+    ids_list = prompt_ids(a.prompt_tokens, filler, VOCAB, a.seed)
+    errors = []
+    peer = model = None
+    for way in (BUILDS if a.build == "auto" else (a.build,)):
+        if errors and "out of memory" in errors[-1] and way == "cuda" and "cuda build" in errors[-1]:
+            continue
         try:
-            first_forward()
-        except Exception as e:  # noqa: BLE001
-            if a.experts in ("eager", "default") or is_oom(torch, e):
-                raise
-            log("a first forward failed with experts implementation %s (%s: %s): eager instead; the rows say so" % (
-                env["experts_implementation"], type(e).__name__, str(e)[:300]))
-            set_experts(model, "eager")
-            env["experts_implementation"] = "%s (fallback: %s failed)" % (",".join(experts_in_use(model)), a.experts)
-            first_forward()
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        fail("the first forward: %s: %s" % (type(e).__name__, e))
+            model, info = build(torch, tf, a, way)
+        except Exception as e:  # noqa: BLE001 - the next way
+            errors.append("%s build: %s: %s" % (way, type(e).__name__, str(e)[:700]))
+            del e
+            continue
+        env.update({"experts_implementation": ",".join(experts_in_use(model)), "text_params": info["text_params"],
+                    "vision_tower": info["vision"], "weights_bytes": info["weights_bytes"], "build": info["build"]})
+        log("model built (%s) in %.1f s, %.2f GiB allocated: %s text weights (spec: %s%s), %.2f GiB of weights "
+            "(%s), vision tower: %s; experts implementation %s (asked %s), attention %s" % (
+                info["build"], info["build_s"], info["allocated"] / GIB, format(info["text_params"], ","),
+                format(info["text_params_expected"], ","),
+                "" if info["text_params"] == info["text_params_expected"] else ": DIFFERENT",
+                info["weights_bytes"] / GIB, "/".join(info["dtypes"]), info["vision"], env["experts_implementation"],
+                a.experts, a.attn))
+        peer = Peer(torch, tf, model, a)
+        peer.filler = filler is not None
+        err = first_forward(torch, peer, env, a, ids_list)
+        if err is None:
+            break
+        errors.append("the first forward after the %s build failed: %s" % (way, err))
+        log(errors[-1])
+        peer = model = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    if peer is None:
+        msg = "model not built: " + " | ".join(errors)
+        fail(msg)
         for p in a.protocol_list:
-            rows.add(error_row(p, env, a, "the first forward failed: %s: %s" % (type(e).__name__, str(e)[:500])))
+            rows.add(error_row(p, env, a, msg[:1500]))
         rows.close()
         return 1
+    ids = torch.tensor([ids_list], dtype=torch.long, device=peer.dev)
     failed = 0
     for p in a.protocol_list:
         if a.deadline_s > 0 and time.time() - t_start > a.deadline_s:

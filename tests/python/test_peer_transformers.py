@@ -381,6 +381,7 @@ class Model(Module):
         inv = Tensor((tc.global_head_dim // 8,), FakeTorch.float32, dev, None if not real else "rope(%d)" % tc.head_dim)
         self.rotary._buffers["inv_freq"] = inv
         self.rotary.original_inv_freq = inv
+        self.rotary.per_type = {"full_attention": Tensor((16,), FakeTorch.float32, dev, "rope(512)" if real else None)}
         self.scalars = FMod()
         self.scalars._buffers["layer_scalar"] = Tensor((1,), FakeTorch.bfloat16, dev, 1.0 if real else None)
         self.vision = FMod()
@@ -458,6 +459,7 @@ class Model(Module):
         for name, t in self._named("_parameters") + self._named("_buffers"):
             assert not t.is_meta and t.device.type == "cuda", name
         assert self.rotary.inv_freq.value == "rope(256)" and not self.rotary.original_inv_freq.is_meta
+        assert self.rotary.per_type["full_attention"].value == "rope(512)"
         assert self.scalars.layer_scalar.value == 1.0
         assert self.embed.weight.init == "normal" and self.embed.weight.zero_rows == [0]
         assert self.experts[0].gate_up_proj.init == "normal" and self.rest.weight.init == 1.0
@@ -723,16 +725,20 @@ class FakeRun(unittest.TestCase):
         self.assertEqual(rc, 0, se)
         self.assertIn("the encoder's are not tied to the decoder's", so)
         self.assertEqual(read_jsonl(self.out)[0]["build"], "cuda")
-        self.assertEqual(Model.builds, [("meta", pt.VOCAB), ("cuda", pt.VOCAB)])
+        # meta with the tiny vision tower and without one (both refused), then cuda with the tiny one
+        self.assertEqual(Model.builds, [("meta", pt.VOCAB), ("meta", pt.VOCAB), ("cuda", pt.VOCAB)])
         Model.cuda_oom, Model.builds = True, []
         with faked():
             rc, so, se = run_main(["--protocols", "prefill,vllm", "-o", self.out])
         self.assertEqual(rc, 1)
-        # tiny vision: meta (refused), cuda (out of memory); no vision: meta again, cuda not tried again
-        self.assertEqual(Model.builds, [("meta", pt.VOCAB), ("cuda", pt.VOCAB), ("meta", pt.VOCAB)])
+        # meta (refused, both vision variants), cuda (out of memory: not tried again without the vision tower)
+        self.assertEqual(Model.builds, [("meta", pt.VOCAB), ("meta", pt.VOCAB), ("cuda", pt.VOCAB)])
         rows = read_jsonl(self.out)
         self.assertEqual(len(rows), 2)
-        self.assertIn("cuda build (vision tiny): out of memory: OOM", rows[0]["error"])
+        self.assertIn("model not built: meta build: RuntimeError: meta build (vision tiny): RuntimeError: the meta "
+                      "model has", rows[0]["error"])
+        self.assertIn("| cuda build: RuntimeError: cuda build (vision tiny): out of memory: OOM: CUDA out of memory",
+                      rows[0]["error"])
 
     def test_twin_buffer_shapes_are_checked(self):
         """A twin whose buffer has another shape than the big model's is refused (then the cuda build)."""
@@ -787,7 +793,23 @@ class FakeRun(unittest.TestCase):
             rc, so, se = run_main(["--protocols", "step", "--experts", "eager", "-o", self.out])
         self.assertEqual(rc, 1)
         rows = read_jsonl(self.out)
-        self.assertIn("the first forward failed: ValueError", rows[0]["error"])
+        self.assertIn("the first forward after the meta build failed: ValueError", rows[0]["error"])
+        self.assertIn("the first forward after the cuda build failed: ValueError", rows[0]["error"])
+
+    def test_experts_fallback_to_eager(self):
+        """grouped_mm refused at the first forward: eager, and every row says so (peer_ratios flags it)."""
+        class Refuse(Model):
+            def forward(self, *a, **k):
+                if self.experts[0].config._experts_implementation == "grouped_mm":
+                    raise RuntimeError("grouped_mm: unsupported dtype")
+                return Model.forward(self, *a, **k)
+        with faked():
+            sys.modules["transformers"].DiffusionGemmaForBlockDiffusion = Refuse
+            rc, so, se = run_main(["--protocols", "step", "--reps", "1", "--warmup", "0", "-o", self.out])
+        self.assertEqual(rc, 0, se)
+        r = read_jsonl(self.out)[0]
+        self.assertEqual(r["experts_implementation"], "eager (fallback: grouped_mm failed)")
+        self.assertAlmostEqual(r["step_median_s"], FWD_S, places=9)
 
     def test_deadline(self):
         with faked():
