@@ -17,8 +17,10 @@ each if there are several. PEER.jsonl: the peer's rows (protocols prefill, step,
   vllm             tok/s -> target 15x
   memory           device memory in use: dgemma's rows' device_used_bytes, the peer's peak allocated and total - free
 
-A ratio is marked "not comparable" when the two rows come from different GPUs (their "gpu" fields), and "peer not
-grouped_mm" when the peer's experts implementation was another (design.md's peer is grouped_mm). Without torch.
+A ratio is marked "not comparable" when the two rows come from different GPUs (their "gpu" fields), when the peer's
+generation stopped early or its model has another weight count than the 26B-A4B's (more than 0.1 % off), and "peer
+not grouped_mm" when the peer's experts implementation was another (design.md's peer is grouped_mm); such a line
+has no verdict. Without torch.
 """
 
 import argparse
@@ -26,6 +28,7 @@ import json
 import sys
 
 TARGETS = {"step": 12.0, "vllm": 15.0}
+TEXT_PARAMS = 25250986752  # the 26B-A4B's text weights without layer scalars (peer_transformers.expected_text_params)
 GIB = 1073741824.0
 
 
@@ -76,6 +79,11 @@ def ratios(dg, peer):
             notes.append("not comparable: dgemma on %s, the peer on %s" % (d["gpu"], p["gpu"]))
         if p is not None and "error" not in p and p.get("experts_implementation") not in (None, "grouped_mm"):
             notes.append("peer not grouped_mm (%s)" % p.get("experts_implementation"))
+        if p is not None and p.get("stopped_early"):
+            notes.append("not comparable: the peer stopped early (%s tokens)" % p.get("generated_tokens"))
+        if p is not None and "text_params" in p and abs(p["text_params"] - TEXT_PARAMS) > 1e-3 * TEXT_PARAMS:
+            notes.append("not comparable: the peer has %s text weights, not the 26B-A4B's %s" % (
+                format(p["text_params"], ","), format(TEXT_PARAMS, ",")))
         return notes
 
     def add(line, d, dkey, p, pkey, unit, target, higher_better=False):

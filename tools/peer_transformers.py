@@ -313,11 +313,12 @@ def table_lines(r):
                     r["prefill_max_s"] * 1e3, r["prompt_tokens"] / r["prefill_median_s"], r["reps"], mem_cells(r))]
     if p in ("step", "step_generate"):
         fwd = ("%.3f" % (r["forward_median_s"] * 1e3)) if "forward_median_s" in r else "-"
+        pre = ("%.3f | %.3f–%.3f" % (r["prefill_median_s"] * 1e3, r["prefill_min_s"] * 1e3, r["prefill_max_s"] * 1e3)
+               if "prefill_median_s" in r else "- | -")
         return ["| protocol | P | prefill median ms | prefill spread ms | step median ms | step spread ms | steps timed "
                 "| forward median ms | %s |" % MEM_HEAD, "|---|---|---|---|---|---|---|---|---|---|---|",
-                "| %s | %d | %.3f | %.3f–%.3f | %.3f | %.3f–%.3f | %d | %s | %s |" % (
-                    p, r["prompt_tokens"], r["prefill_median_s"] * 1e3, r["prefill_min_s"] * 1e3,
-                    r["prefill_max_s"] * 1e3, r["step_median_s"] * 1e3, r["step_min_s"] * 1e3, r["step_max_s"] * 1e3,
+                "| %s | %d | %s | %.3f | %.3f–%.3f | %d | %s | %s |" % (
+                    p, r["prompt_tokens"], pre, r["step_median_s"] * 1e3, r["step_min_s"] * 1e3, r["step_max_s"] * 1e3,
                     r["steps_timed"], fwd, mem_cells(r))]
     if p == "vllm":
         passes = r["forwards"] + r["encoder_passes"]
@@ -832,17 +833,18 @@ def run_step_generate(peer, ids):
     mem = None
     for r in range(a.warmup + a.reps):
         _, new, mk = generate_once(peer, ids, CANVAS, True, a.seed + r)
-        if len(mk.dec) != N or len(mk.enc) < 1:
-            raise RuntimeError("generate of one canvas made %d decoder forwards (wanted %d) and %d encoder calls "
-                               "(%d new tokens)" % (len(mk.dec), N, len(mk.enc), new))
+        if len(mk.dec) != N:
+            raise RuntimeError("generate of one canvas made %d decoder forwards (wanted %d; %d encoder calls, %d new "
+                               "tokens)" % (len(mk.dec), N, len(mk.enc), new))
         if r >= a.warmup:
-            pre.append(mk.enc[0][1] - mk.enc[0][0])
+            if mk.enc and mk.enc[0][1] is not None:  # the prefill, if generate called the encoder module
+                pre.append(mk.enc[0][1] - mk.enc[0][0])
             starts = [d[0] for d in mk.dec]
             stp += [starts[k + 1] - starts[k] for k in range(1, N - 1)]
             fwd += [d[1] - d[0] for d in mk.dec[1:]]
         if r == a.warmup + a.reps - 1:
             mem = peer.memory()
-    f = step_fields("prefill", pre)
+    f = step_fields("prefill", pre) if pre else {}
     f.update(step_fields("step", stp))
     f.update(step_fields("forward", fwd))
     f["steps_timed"] = len(stp)

@@ -67,10 +67,12 @@ guard 45 "dgemma step" && bench step "$(lim 90)" -m /tmp/dg26b --device cuda --p
 guard 45 "dgemma vllm" && bench vllm "$(lim 90)" -m /tmp/dg26b --device cuda --protocol vllm --reps 2
 grep -hE "^\| (1024|vllm) " "$O/step.txt" | cut -c1-200 | tee -a "$O/log.txt"
 # 3. the peer (its rows are written as each protocol ends; --deadline-s skips what cannot finish)
-if guard 90 "peer"; then
+# (needs ~100 s: imports ~15, the build ~30, the protocols ~50; no protocol starts in the last 40 s of its timeout:
+# vllm, the last and longest, takes ~30)
+if guard 150 "peer"; then
   L=$(lim 300)
   timeout "$L" python3 tools/peer_transformers.py --protocols prefill,step,step_generate,vllm --reps 3 --warmup 1 \
-    --tokenizer .cache/gemma3/tokenizer.json --deadline-s $((L - 60)) -o "$O/peer.jsonl" > "$O/peer.txt" 2>&1
+    --tokenizer .cache/gemma3/tokenizer.json --deadline-s $((L - 40)) -o "$O/peer.jsonl" > "$O/peer.txt" 2>&1
   echo "peer rc $? $(el)" | tee -a "$O/log.txt"
   grep -E "^peer:|^\| (prefill|step|step_generate|vllm) \||^peer_transformers.py:" "$O/peer.txt" | cut -c1-300 \
     | tee -a "$O/log.txt"

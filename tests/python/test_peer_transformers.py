@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import types
@@ -344,6 +345,8 @@ class Model(Module):
     untied = False    # the meta model's encoder keeps its own copy (the "meta" build must refuse it)
     cuda_oom = False  # a build under torch.device("cuda") of the 26B runs out of memory (an H100)
     builds = []       # (device type, vocab) of every _from_config
+    enc_direct = False  # generate calls the encoder's forward itself (no module hooks fire)
+    short = False       # generate stops after 2 canvases (an EOS the stop ids let through)
 
     def __init__(self, config, experts):
         super().__init__()
@@ -483,14 +486,16 @@ class Model(Module):
             raise Model.fail["vllm"]("CUDA out of memory. Tried to allocate 20.00 GiB")
         cache = Cache()
         P = ids.shape[1]
-        self.model.encoder(input_ids=ids, past_key_values=cache, position_ids=Tensor((1, P)))
-        for b in range(G // 256):
+        enc = self.model.encoder.forward if Model.enc_direct else self.model.encoder
+        enc(input_ids=ids, past_key_values=cache, position_ids=Tensor((1, P)))
+        blocks = min(G // 256, 2) if Model.short else G // 256
+        for b in range(blocks):
             if b:
-                self.model.encoder(input_ids=Tensor((1, 256)), past_key_values=cache, position_ids=Tensor((1, 256)))
+                enc(input_ids=Tensor((1, 256)), past_key_values=cache, position_ids=Tensor((1, 256)))
             for s in range(N):
                 self(decoder_input_ids=Tensor((1, 256)), self_conditioning_logits=None, past_key_values=cache)
                 Clock.t += SAMPLER_S
-        return types.SimpleNamespace(sequences=Tensor((1, P + G)))
+        return types.SimpleNamespace(sequences=Tensor((1, P + 256 * blocks)))
 
 
 class GenConfig:
@@ -646,6 +651,7 @@ class Arguments(unittest.TestCase):
 class NoTorch(unittest.TestCase):
     def test_clear_failure(self):
         d = tempfile.mkdtemp(prefix="pe12_")
+        self.addCleanup(shutil.rmtree, d, True)
         out = os.path.join(d, "p.jsonl")
         with faked(torch_ok=False):
             rc, so, se = run_main(["--protocols", "step,vllm", "-o", out])
@@ -669,11 +675,31 @@ class NoTorch(unittest.TestCase):
 class FakeRun(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="pe12_")
+        self.addCleanup(shutil.rmtree, self.dir, True)
         self.out = os.path.join(self.dir, "peer.jsonl")
         Model.fail, Model.untied, Model.cuda_oom, Model.builds = {}, False, False, []
+        Model.enc_direct = Model.short = False
 
     def tearDown(self):
         Model.fail, Model.untied, Model.cuda_oom = {}, False, False
+        Model.enc_direct = Model.short = False
+
+    def test_generate_without_encoder_hooks_and_early_stop(self):
+        """generate calling the encoder's forward itself: step_generate without a prefill, vllm without encoder
+        passes; a generation that stops after 2 canvases: "stopped_early", tok/s of the tokens that came."""
+        Model.enc_direct = Model.short = True
+        with faked():
+            rc, so, se = run_main(["--protocols", "step_generate,vllm", "--reps", "2", "--warmup", "0",
+                                   "-o", self.out])
+        self.assertEqual(rc, 0, se)
+        sg, v = read_jsonl(self.out)
+        self.assertNotIn("prefill_median_s", sg)
+        self.assertAlmostEqual(sg["step_median_s"], FWD_S + SAMPLER_S, places=9)
+        self.assertIn("| step_generate | 1024 | - | - | 81.000 |", so)
+        self.assertEqual((v["generated_tokens"], v["forwards"], v["encoder_passes"], v["stopped_early"]),
+                         (512, 32, 0, True))
+        wall = ENC_S_PER_1024 * (1 + 1 / 4) + 32 * (FWD_S + SAMPLER_S)
+        self.assertAlmostEqual(v["tok_per_s"], 512 / wall, places=6)
 
     def test_all_protocols(self):
         with faked():
@@ -870,6 +896,18 @@ class Ratios(unittest.TestCase):
                 self.assertIn("not comparable: dgemma on NVIDIA H100 80GB HBM3, the peer on NVIDIA H200", r["note"])
                 self.assertIn("peer not grouped_mm", r["note"])
 
+    def test_stopped_early_and_wrong_model(self):
+        peer = peer_rows()
+        peer[3] = dict(peer[3], stopped_early=True, generated_tokens=512)
+        peer[1] = dict(peer[1], text_params=3500000)
+        by = {r["line"][:20]: r for r in pr.ratios([DG_STEP, DG_VLLM], peer)}
+        self.assertIsNone(by["vllm protocol (1024 "]["met"])
+        self.assertIn("the peer stopped early (512 tokens)", by["vllm protocol (1024 "]["note"])
+        step = [r for r in pr.ratios([DG_STEP, DG_VLLM], peer) if "forward (no sampler)" in r["line"]][0]
+        self.assertIsNone(step["met"])
+        self.assertIn("the peer has 3,500,000 text weights", step["note"])
+        self.assertEqual(pr.TEXT_PARAMS, pt.expected_text_params(pt.text_config()))
+
     def test_errors_and_missing(self):
         peer = peer_rows()
         peer[3] = {"protocol": "vllm", "error": "out of memory: OutOfMemoryError: CUDA out of memory"}
@@ -881,6 +919,7 @@ class Ratios(unittest.TestCase):
 
     def test_cli(self):
         d = tempfile.mkdtemp(prefix="pe12_")
+        self.addCleanup(shutil.rmtree, d, True)
         a, b, j = (os.path.join(d, x) for x in ("dg.jsonl", "peer.jsonl", "r.jsonl"))
         with open(a, "w") as f:
             f.write('{"kind": "run", "run": "step", "rc": 0}\n' + json.dumps(DG_STEP) + "\n" + json.dumps(DG_VLLM) + "\n")
