@@ -112,7 +112,8 @@ def ratios(dg, peer):
         if p is None or "device_peak_allocated_bytes" not in p:
             continue
         d = dvllm if name == "vllm" else dstep
-        out.append({"line": "device memory, %s: dgemma in use vs Transformers' peak allocated (and total - free)" % name,
+        line = "device memory, %s: dgemma in use vs Transformers' peak allocated (and total - free)" % name
+        out.append({"line": line,
                     "dgemma": d.get("device_used_bytes") if d else None, "peer": p["device_peak_allocated_bytes"],
                     "peer_used": p.get("device_used_bytes"), "unit": "bytes", "ratio": None, "target": None,
                     "met": None, "note": "; ".join(note_for(d, p))})

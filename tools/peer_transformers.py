@@ -49,8 +49,8 @@ Nothing of the 26B passes through host memory either way. The protocols:
 Every protocol also records the device memory: torch.cuda.max_memory_allocated / max_memory_reserved since the
 protocol began, and total - free of torch.cuda.mem_get_info at its end with its objects still held (dgemma's
 "device GiB": the CUDA context, the weights and every buffer). An out-of-memory error (the 26B bf16 weights are
-~50.5 GB of an H100's 80) is caught per protocol: it is printed, a row with "error" is written, and the next protocol runs. Any other error of a
-protocol is treated the same way (the row says which).
+~50.5 GB of an H100's 80) is caught per protocol: it is printed, a row with "error" is written, and the next
+protocol runs. Any other error of a protocol is treated the same way (the row says which).
 
 Output: a markdown table per protocol (printed as each finishes) and, with -o FILE, JSON lines, one object per
 row, written as each protocol finishes, with dgemma bench's field names where they mean the same (protocol,
@@ -315,8 +315,8 @@ def table_lines(r):
         fwd = ("%.3f" % (r["forward_median_s"] * 1e3)) if "forward_median_s" in r else "-"
         pre = ("%.3f | %.3f–%.3f" % (r["prefill_median_s"] * 1e3, r["prefill_min_s"] * 1e3, r["prefill_max_s"] * 1e3)
                if "prefill_median_s" in r else "- | -")
-        return ["| protocol | P | prefill median ms | prefill spread ms | step median ms | step spread ms | steps timed "
-                "| forward median ms | %s |" % MEM_HEAD, "|---|---|---|---|---|---|---|---|---|---|---|",
+        return ["| protocol | P | prefill median ms | prefill spread ms | step median ms | step spread ms "
+                "| steps timed | forward median ms | %s |" % MEM_HEAD, "|---|---|---|---|---|---|---|---|---|---|---|",
                 "| %s | %d | %s | %.3f | %.3f–%.3f | %d | %s | %s |" % (
                     p, r["prompt_tokens"], pre, r["step_median_s"] * 1e3, r["step_min_s"] * 1e3, r["step_max_s"] * 1e3,
                     r["steps_timed"], fwd, mem_cells(r))]
@@ -814,7 +814,8 @@ def generate_once(peer, ids, G, marks_sync, seed):
             if is_oom(torch, e) or hasattr(peer, "eos"):
                 raise
             last = e
-            log("generate with eos_token_id=%r failed (%s: %s); trying the next" % (eos, type(e).__name__, str(e)[:200]))
+            log("generate with eos_token_id=%r failed (%s: %s); trying the next" % (
+                eos, type(e).__name__, str(e)[:200]))
             continue
         finally:
             mk.remove()
@@ -827,7 +828,7 @@ def generate_once(peer, ids, G, marks_sync, seed):
 
 
 def run_step_generate(peer, ids):
-    torch, a = peer.torch, peer.a
+    a = peer.a
     N = a.steps
     pre, stp, fwd = [], [], []
     mem = None
