@@ -460,11 +460,11 @@ def materialize(torch, m, twin, seed):
     (by identity: the encoder's text weights are the decoder's once tied) allocated once on the GPU and
     initialised (init_param, a CUDA generator seeded with seed); every buffer and plain tensor attribute still on
     the meta device copied from the same module path of twin (same shape required), in the meta tensor's dtype.
-    Returns the number of distinct parameters' values."""
+    Returns (distinct parameters' values, buffers copied, tensor attributes copied)."""
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     memo = {}
-    n = 0
+    n = nb = nt = 0
     for _, mod in m.named_modules():
         for name, p in list(mod._parameters.items()):
             if p is None:
@@ -489,22 +489,25 @@ def materialize(torch, m, twin, seed):
                 raise RuntimeError("buffer %s.%s %s: the twin has %s" % (
                     path, name, tuple(b.shape), None if tb is None else tuple(tb.shape)))
             mod._buffers[name] = tb.to(device="cuda", dtype=b.dtype)
+            nb += 1
         for name, v in list(vars(mod).items()):
             if name.startswith("_"):
                 continue
             tv = getattr(src, name, None) if src is not None else None
             if isinstance(v, torch.Tensor) and getattr(v, "is_meta", False):
                 setattr(mod, name, twin_tensor(torch, v, tv, "%s.%s" % (path, name)))
+                nt += 1
             elif isinstance(v, dict) and any(isinstance(x, torch.Tensor) and getattr(x, "is_meta", False)
                                              for x in v.values()):
                 tv = tv if isinstance(tv, dict) else {}
                 for k, x in list(v.items()):
                     if isinstance(x, torch.Tensor) and getattr(x, "is_meta", False):
                         v[k] = twin_tensor(torch, x, tv.get(k), "%s.%s[%r]" % (path, name, k))
+                        nt += 1
     left = [k for k, t in list(m.named_parameters()) + list(m.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError("still on the meta device: %s" % left[:5])
-    return n
+    return n, nb, nt
 
 
 def build_meta(torch, tf, cfg, vision, a, tc):
@@ -524,8 +527,14 @@ def build_meta(torch, tf, cfg, vision, a, tc):
                                                                        format(expected_text_params(tc), ",")))
     tcfg = Cfg(text_config=dict(tc, **TWIN), vision_config=(dict(vision) if vision else None), canvas_length=CANVAS,
                tie_word_embeddings=True, initializer_range=0.02)
+    t0 = time.time()
     twin = from_config(torch, Cls, tcfg, a, "cpu")
-    materialize(torch, m, twin, a.seed)
+    t1 = time.time()
+    n, nb, nt = materialize(torch, m, twin, a.seed)
+    torch.cuda.synchronize()
+    log("meta build: twin built on the host in %.1f s; %s distinct parameter values allocated and initialised on the "
+        "GPU, %d buffers and %d tensor attributes from the twin, in %.1f s" % (t1 - t0, format(n, ","), nb, nt,
+                                                                              time.time() - t1))
     del twin
     return m
 

@@ -738,6 +738,10 @@ class FakeRun(unittest.TestCase):
         self.assertIn("| vllm | 1024 | 1024 | 4 | 64 | 4 | %.3f |" % wall, so)
         self.assertIn("experts implementation grouped_mm (asked grouped_mm)", so)
         self.assertIn("25,250,986,752 text weights (spec: 25,250,986,752)", so)
+        # the 26B's text weights + the fake vision weight's 7; the rotary and layer-scalar buffers; the rotary's
+        # original_inv_freq alias and its dict-held tensor
+        self.assertRegex(so, r"meta build: twin built on the host in [0-9.]+ s; 25,250,986,759 distinct parameter "
+                             r"values allocated and initialised on the GPU, 2 buffers and 2 tensor attributes")
         # built on meta, the twin on the host; nothing of the 26B on the host
         self.assertEqual(Model.builds, [("meta", pt.VOCAB), ("cpu", 512)])
         self.assertTrue(all(r["build"] == "meta" for r in rows.values()))
