@@ -1,0 +1,117 @@
+#!/bin/bash
+# Session 29's call for issue 12 item 3 (helper rt12; docs/cuda.md "Session 29 (helper rt12): the router stage in one
+# launch"): DGEMMA_ROUTE=one (mode 5, router_one_kernel: router_tile_kernel's product, the routing, the grouping and
+# the gate/up input's copy in one launch) against the default (mode 3: router_tile_kernel + route_gr_kernel).
+# One command, carry `.devdeb .devdata/gemma3`, default kind (H100), DG_CALL_S = the call's limit (600 if unset).
+# A warm machine with an earlier build/ and /tmp/dg26b: ~150-200 s (the rebuild of moe.cu and its dependants ~40 s,
+# tests ~40 s, the lab ~20 s, four vllm benches ~30 s each); a fresh one builds ~260-330 s beside mkrandom (~155 s)
+# and reaches the tests and part of the benches: then the same command again on the warm machine runs the rest.
+# Every item after the build runs under a guard of the time left and its own timeout, in this order:
+#   1. tests: test_router_route (modes 1-5: mode 5's every output word, rlog, choices, weights, the grouping, and
+#      the gate/up input's copy and sums, equal to the chain's and k_group_sums_perm's, twice in a row, 8 shapes),
+#      test_route (modes 1-3, untouched kernels but rtk_choose's new arguments), then under DGEMMA_ROUTE=one:
+#      test_graphs, test_branch (the mode inside captured graphs, PDL and the concurrent dense branch: the small
+#      model's router is E 8, H 256, T 64: 4 product blocks taking 2 route slots each), test_synth_logits;
+#   2. the lab (dev/cuda/step_kernels.cu --router --reps 30): "router stage" and "+ gate/up input copy" rows, v3
+#      (the default) and v5 (one), one stage after an L2 flush and 30 back to back; v5 "0 of N words differ";
+#   3. `bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile`, A = the defaults, B =
+#      DGEMMA_ROUTE=one, in the order A B A B (the profile is one more run after the timed reps);
+#   4. with time left: `--protocol batch --canvases 1,4 --reps 2 --profile`, A then B (a stacked pass of more than
+#      256 rows is past mode 5's table and runs mode 3 there: only the B = 1 and small stacks change).
+# The rule, written before any GPU run:
+#   (a) correctness: every item-1 test passes and the lab's v5 rows say 0 words differ; else mode 5 stays off (a
+#       failure under DGEMMA_ROUTE=one only: the mode is fixed or deleted, the default untouched).
+#   (b) DGEMMA_ROUTE=one becomes the default (route_mode_from_env's return 3 -> 5, mode 3 kept as
+#       DGEMMA_ROUTE=grid) if (a) holds and, over item 3's two pairs, both B "router + top-k" rows are below both A
+#       rows and mean(A) - mean(B) > the larger of the two spreads (|A1 - A2|, |B1 - B2|), and B's mean tok/s >=
+#       A's mean tok/s less the larger of the two tok/s spreads.
+#   (c) the prediction (docs/cuda.md's section, by arithmetic per launch): router + top-k 0.905 -> ~0.55-0.70 ms per
+#       pass on the H100 (~30 -> ~18-23 us per layer), i.e. tok/s +2-3 % (13.0 ms per forward, ~0.2-0.35 ms less);
+#       the lab's stage + copy v3 ~27 us -> v5 ~16-20 us. It is refuted if the router row drops by less than 0.1 ms
+#       or the lab's v5 stage is not below v3's: then the time is not where the arithmetic puts it (the product's
+#       own ~8-9 us is kept by construction; the route half was modelled as fences, L2 round trips and the copy).
+# Files back (6): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md.
+# Usage: DG_CALL_S=600 bash dev/gpu/s29_rt12.sh $OUT
+O=${1:?usage: dev/gpu/s29_rt12.sh OUT}; mkdir -p "$O"
+. scripts/gpu_env.sh
+T=$(call_budget 570)
+left() { echo $((T - ($(date +%s) - t0))); }
+guard() {
+  local l; l=$(left)
+  if [ "$l" -lt "$1" ]; then echo "skip $2: $l s left, it needs $1 $(el)" | tee -a "$O/log.txt"; return 1; fi
+}
+lim() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+# bench NAME TIMEOUT ENV ARGS...: ENV (VAR=VALUE or "-") then build/dgemma bench ARGS, the output to bench.txt
+bench() {
+  local name=$1 to=$2 env=$3; shift 3
+  if [ "$env" = - ]; then timeout "$to" build/dgemma bench "$@" > /tmp/rt12_$name.txt 2>&1
+  else env "$env" timeout "$to" build/dgemma bench "$@" > /tmp/rt12_$name.txt 2>&1; fi
+  local rc=$?
+  echo "bench $name ($env) rc $rc $(el)" | tee -a "$O/log.txt"
+  { echo; echo "## $name: $env build/dgemma bench $*"; cat /tmp/rt12_$name.txt; } >> "$O/bench.txt"
+  return $rc
+}
+# one NAME FILTER [ENV=VALUE...]: build/tests/test_cuda with DG_TEST_FILTER=FILTER, output to tests.txt
+one() {
+  local name=$1 f=$2; shift 2
+  guard 25 "test $name" || return 1
+  { echo; echo "## $name: $* DG_TEST_FILTER=$f build/tests/test_cuda"; } >> "$O/tests.txt"
+  env "$@" DG_TEST_FILTER="$f" timeout "$(lim 90)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
+  echo "test $name rc $? $(el)" | tee -a "$O/log.txt"
+}
+rm -f /tmp/rt12_*.txt
+: > "$O/tests.txt"; : > "$O/bench.txt"; : > "$O/lab.md"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv | tee -a "$O/log.txt"
+git log --oneline -1 | tee -a "$O/log.txt"
+gpu_mkrandom_cpu_bg "$O/log.txt"
+make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/dgemma build/libdgemma_cuda.so build/libdgemma.a \
+  build/tests/test_cuda > /tmp/rt12_build.txt 2>&1
+echo "build rc $? $(el)" | tee -a "$O/log.txt"; tail -3 /tmp/rt12_build.txt > "$O/build_tail.txt"
+# the lab beside the tests (its own nvcc line: scripts/step_check_gpu.sh's)
+( nvcc -O2 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Iinclude -Isrc $XC dev/cuda/step_kernels.cu build/libdgemma.a \
+    -L"$CUL" $NXL -lcublas -lcudart -lcjson -lgomp -o build/step_kernels_lab > /tmp/rt12_lab_build.txt 2>&1
+  echo "lab build rc $? $(el)" >> "$O/log.txt" ) &
+lb=$!
+# 1. tests
+if [ -x build/tests/test_cuda ]; then
+  one router_route test_router_route
+  one route test_route
+  one graphs_one test_graphs DGEMMA_ROUTE=one
+  one branch_one test_branch DGEMMA_ROUTE=one
+  one synth_one test_synth_logits DGEMMA_ROUTE=one
+fi
+# 2. the lab's router rows (v3, v5; every version's words checked against v0 inside)
+wait $lb; tail -3 /tmp/rt12_lab_build.txt >> "$O/build_tail.txt"
+if [ -x build/step_kernels_lab ] && guard 40 "lab"; then
+  timeout "$(lim 60)" build/step_kernels_lab --router --reps 30 > "$O/lab.md" 2>&1
+  echo "lab rc $? $(el)" | tee -a "$O/log.txt"
+fi
+# 3. the vllm A/B, A B A B
+wait $mk; tail -1 /tmp/mkrandom.log >> "$O/log.txt" 2>/dev/null
+if [ -f /tmp/dg26b.ok ] && [ -f /tmp/dg26b/config.json ]; then
+  for i in 1 2; do
+    guard 45 "vllm A $i" && bench vllmA$i "$(lim 90)" - -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile
+    guard 45 "vllm B $i" && bench vllmB$i "$(lim 90)" DGEMMA_ROUTE=one -m /tmp/dg26b --device cuda --protocol vllm \
+      --reps 2 --profile
+  done
+  # 4. the batch protocol, A then B, with time left
+  guard 120 "batch A" && bench batchA "$(lim 110)" - -m /tmp/dg26b --device cuda --protocol batch --canvases 1,4 \
+    --reps 2 --profile
+  guard 100 "batch B" && bench batchB "$(lim 110)" DGEMMA_ROUTE=one -m /tmp/dg26b --device cuda --protocol batch \
+    --canvases 1,4 --reps 2 --profile
+else
+  echo "no /tmp/dg26b: the benches skipped $(el)" | tee -a "$O/log.txt"
+fi
+# summary: the tests' verdicts, the lab's router rows, each bench's tok/s row and router / grouping / all rows
+{
+  echo "# s29_rt12 summary"; echo
+  grep -hE "^## |^\[  (PASSED|FAILED)|^\[  FAILED|^# router" "$O/tests.txt"; echo
+  grep -E "^\| router stage|^\| route|^\| router split|^\(v5" "$O/lab.md"; echo
+  for r in vllmA1 vllmB1 vllmA2 vllmB2 batchA batchB; do
+    [ -f /tmp/rt12_$r.txt ] || continue
+    echo "## $r"
+    grep -E "^\| (vllm|[14]) \||^\| (router \+ top-k|grouping|experts|all) \|" /tmp/rt12_$r.txt
+  done
+} > "$O/summary.md" 2>&1
+cat "$O/summary.md"
+echo "done $(el)" | tee -a "$O/log.txt"
