@@ -17,7 +17,10 @@
 #   3. `bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile`, A = the defaults, B =
 #      DGEMMA_ROUTE=one, in the order A B A B (the profile is one more run after the timed reps);
 #   4. with time left: `--protocol batch --canvases 1,4 --reps 2 --profile`, A then B (a stacked pass of more than
-#      256 rows is past mode 5's table and runs mode 3 there: only the B = 1 and small stacks change).
+#      256 rows is past mode 5's table and runs mode 3 there: only the B = 1 and small stacks change);
+#   5. with time left and ncu on the machine: `ncu --set full` of the lab's first router_tile_kernel and first
+#      router_one_kernel at the 26B shape (ncu.txt): where the product's 10.4 us go against its 2.85 us of FFMA
+#      (the shared-memory wavefronts per FFMA, the stall reasons), the next question once the launch count is 1.
 # The rule, written before any GPU run:
 #   (a) correctness: every item-1 test passes and the lab's v5 rows say 0 words differ; else mode 5 stays off (a
 #       failure under DGEMMA_ROUTE=one only: the mode is fixed or deleted, the default untouched).
@@ -30,7 +33,8 @@
 #       the lab's stage + copy v3 ~27 us -> v5 ~16-20 us. It is refuted if the router row drops by less than 0.1 ms
 #       or the lab's v5 stage is not below v3's: then the time is not where the arithmetic puts it (the product's
 #       own ~8-9 us is kept by construction; the route half was modelled as fences, L2 round trips and the copy).
-# Files back (6): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md.
+# Files back (7): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md,
+# ncu.txt (item 5).
 # Usage: DG_CALL_S=600 bash dev/gpu/s29_rt12.sh $OUT
 O=${1:?usage: dev/gpu/s29_rt12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
@@ -101,6 +105,14 @@ if [ -f /tmp/dg26b.ok ] && [ -f /tmp/dg26b/config.json ]; then
     --canvases 1,4 --reps 2 --profile
 else
   echo "no /tmp/dg26b: the benches skipped $(el)" | tee -a "$O/log.txt"
+fi
+# 5. the product's counters (one launch of each kernel, ncu's replays), with time left
+if command -v ncu > /dev/null && [ -x build/step_kernels_lab ] && guard 80 "ncu"; then
+  for k in router_tile_kernel router_one_kernel; do
+    timeout "$(lim 60)" ncu --set full -k regex:$k -c 1 build/step_kernels_lab --router --reps 1 > /tmp/rt12_ncu.txt 2>&1
+    echo "ncu $k rc $? $(el)" | tee -a "$O/log.txt"
+    { echo "## $k"; grep -vE "^\| |^\(v5" /tmp/rt12_ncu.txt | grep -E "^  |==PROF==|==ERROR==|==WARNING==" ; } >> "$O/ncu.txt"
+  done
 fi
 # summary: the tests' verdicts, the lab's router rows, each bench's tok/s row and router / grouping / all rows
 {
