@@ -3123,8 +3123,9 @@ static void test_router_route(void **state) {
    * router_tile_deep_kernel + route_gr_kernel with its gate/up copy's loads first (DGEMMA_ROUTE=deep, session 22); mode
    * 5: router_one_kernel, the whole stage in one launch (DGEMMA_ROUTE=one, session 29; route slots of 2 tokens at the
    * 26B's shape, of 8 tokens with a block taking several slots at 37 x 40 x 200, 1 x 8 x 64 and 5 x 8 x 8, 10 token
-   * tiles at 600 tokens) */
-  for (int mode = 1; mode <= 5; mode++) {
+   * tiles at 600 tokens); mode 6: mode 3 with route_gr_kernel's copy loading first, its placement in one trip and the
+   * last block's copy after its placement (DGEMMA_ROUTE=gridp, session 29) */
+  for (int mode = 1; mode <= 6; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
                                                                        tokens (mode 2: 4 x 2 x 16 product blocks, 64
@@ -3141,7 +3142,7 @@ static void test_router_route(void **state) {
                       tile 36 tokens: slots past T */
       check_router_route(mode, 100, 192, 1024, 8, &checked, &tokens);
     printf("# router from its input (mode %d; mode 5 in one launch, the others in two): every output word equal to the separate launches' (twice in a row; "
-           "modes 3 to 5 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+           "modes 3 to 6 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
            "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);

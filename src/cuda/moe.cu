@@ -343,7 +343,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
  * noise end to end; lab stage 29.8 -> 26.5 us; every output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
  * of launches (router_reduce, topk, group count / scan / place; mode 0, the default before); DGEMMA_ROUTE=fused:
  * route_kernel (mode 1, 0.2 ms per pass slower than the chain in session 11); DGEMMA_ROUTE=one: router_one_kernel (mode
- * 5, session 29: the stage in one launch, not yet measured on a GPU). Read once when the library loads. */
+ * 5, session 29: the stage in one launch, not yet measured on a GPU); DGEMMA_ROUTE=gridp: mode 3 with route_gr_kernel's
+ * two serial tails made short (mode 6, session 29: the copy's loads first as mode 4, the placement's table loads all in
+ * flight at once, ro_place, and the last block's copy after its placement; not yet measured on a GPU). Read once when
+ * the library loads. */
 static int route_mode_from_env(void) {
   const char *v = getenv("DGEMMA_ROUTE");
   if (v && !strcmp(v, "fused")) return 1;
@@ -351,6 +354,7 @@ static int route_mode_from_env(void) {
   if (v && !strcmp(v, "tiles")) return 2;
   if (v && !strcmp(v, "deep")) return 4; /* session 22: router_tile_deep_kernel + route_gr_kernel<JP, 1> */
   if (v && !strcmp(v, "one")) return 5;  /* session 29: router_one_kernel (below; mode 3 where it does not cover) */
+  if (v && !strcmp(v, "gridp")) return 6; /* session 29: mode 3 with route_gr_kernel<JP, 1, 1> (below) */
   return 3; /* DGEMMA_ROUTE=grid, or unset */
 }
 static const int route_mode_default = route_mode_from_env();
@@ -935,6 +939,40 @@ __device__ __forceinline__ void rgr_place(const dg_cuda_moe_buf &b, const int *t
   }
 }
 
+/* The placement of slot q's PB pairs t0 K + p (expert pe[p], -1: none; rank pr[p]; shared) once start is final:
+ * j = start[e] + (pairs of e in slots 0 .. q - 1: their table rows summed by nh threads per pair, 8 loads in flight
+ * each) + rank; pairs[j] = i, slot_row[i] = j. pre [PB] shared scratch. Every thread of the block calls it. */
+__device__ __forceinline__ void ro_place(const dg_cuda_moe_buf &b, const int *tab, const int *pe, const int *pr,
+                                         int *pre, int q, int t0, int PB, int E, int K) {
+  const int tid = threadIdx.x;
+  if (PB <= 0) return; /* the same for every thread of the block */
+  const int nh = blockDim.x / PB, e0 = tid < PB ? pe[tid] : -1;
+  const int st = e0 >= 0 ? __ldcg(b.start + e0) : 0; /* in flight with the rows' loads */
+  if (tid < PB) pre[tid] = 0;
+  __syncthreads();
+  if (tid < nh * PB) {
+    const int p = tid % PB, h = tid / PB, e = pe[p];
+    if (e >= 0) {
+      int s = 0;
+      for (int b0 = h; b0 < q; b0 += 8 * nh) {
+        int c[8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) c[m] = b0 + m * nh < q ? __ldcg(tab + (size_t)(b0 + m * nh) * E + e) : 0;
+#pragma unroll
+        for (int m = 0; m < 8; m++) s += c[m];
+      }
+      if (s) atomicAdd(pre + p, s);
+    }
+  }
+  __syncthreads();
+  if (e0 >= 0) {
+    const int i = t0 * K + tid, j = st + pre[tid] + pr[tid];
+    b.pairs[j] = i;
+    b.slot_row[i] = j;
+  }
+  __syncthreads(); /* pre, pe and pr are written again by the next slot */
+}
+
 /* Step 2b: the permuted copy xp and group sums xs of the gate/up input rows of this block's tokens (b.gu_x [T, H],
  * group b.gu_group: k_group_sums_perm's outputs for those rows, group_sum_perm's arithmetic), while it waits. */
 template <int LF> __device__ __forceinline__ void rgr_prep_rows(const dg_cuda_moe_buf &b, int t0, int nt, int H) {
@@ -947,7 +985,7 @@ template <int LF> __device__ __forceinline__ void rgr_prep_rows(const dg_cuda_mo
   }
 }
 
-template <int JP, int LF = 0>
+template <int JP, int LF = 0, int PL = 0>
 __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *part, int S, float *rlog,
                                                                  const float *pes, dg_cuda_moe_buf b, int T, int E,
                                                                  int K, int H) {
@@ -989,7 +1027,8 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *pa
       atomicAdd(gen, 1); /* wraps on the device: only compared for a change */
     }
   }
-  if (H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H); /* 2b (H 0: none) */
+  /* 2b (H 0: none); PL: the last block makes its copy after its placement */
+  if (H > 0 && !(PL && last)) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H);
 #ifdef DG_CUDA_EMU
   if (!last) return;
   for (int bb = 0; bb < nb; bb++) { /* step 3 for every block in turn, its experts and ranks read back */
@@ -1000,15 +1039,22 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *pa
       pr[tid] = ok ? __ldcg(b.slot_row + i) : -1;
     }
     __syncthreads();
-    rgr_place(b, tab, sm.sid, pr, pre, bb, E, PB);
+    if (PL) ro_place(b, tab, sm.sid, pr, pre, bb, bb * (bd >> 5), PB, E, K);
+    else rgr_place(b, tab, sm.sid, pr, pre, bb, E, PB);
   }
+  if (PL && H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H);
 #else
   if (!last && tid == 0) {
     while (*(volatile int *)gen == g0) __nanosleep(100);
     __threadfence();
   }
   __syncthreads();
-  rgr_place(b, tab, sm.sid, pr, pre, blk, E, PB);
+  if (PL) {
+    ro_place(b, tab, sm.sid, pr, pre, blk, blk * (bd >> 5), PB, E, K);
+    if (last && H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H);
+  } else {
+    rgr_place(b, tab, sm.sid, pr, pre, blk, E, PB);
+  }
 #endif
 }
 
@@ -1030,7 +1076,7 @@ static const int route_coop = route_coop_from_env();
 /* Whether nb blocks of route_gr_kernel<JP> of W warps are resident at once on the current device (the grid-wide
  * wait's condition; cached per device, JP and W); with DGEMMA_ROUTE_COOP=1 also whether the device takes cooperative
  * launches (cudaDevAttrCooperativeLaunch). */
-template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
+template <int JP, int LF = 0, int PL = 0> static int route_gr_resident(int nb, int W) {
 #ifdef DG_CUDA_EMU
   (void)nb;
   (void)W;
@@ -1042,7 +1088,7 @@ template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
   int c = __atomic_load_n(&cap[dev][W], __ATOMIC_RELAXED);
   if (!c) {
     int per = 0, sms = 0, coop = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP, LF>, 32 * W, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP, LF, PL>, 32 * W, 0) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         (route_coop && cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess))
       return 0;
@@ -1055,20 +1101,20 @@ template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
 
 /* The launch of route_gr_kernel, or cudaErrorInvalidValue (nothing launched) where it does not cover the shape or
  * the grid would not be resident at once: the caller takes another mode. */
-template <int JP, int LF = 0>
+template <int JP, int LF = 0, int PL = 0>
 static cudaError_t route_gr_launch(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
                                    const dg_cuda_moe_buf *b, int T, int E, int K, int W, int H) {
   const int nb = (T + W - 1) / W;
-  if (!route_gr_resident<JP, LF>(nb, W)) return cudaErrorInvalidValue;
-  if (route_coop) DG_LAUNCH_COOP((route_gr_kernel<JP, LF>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
-  else DG_LAUNCH((route_gr_kernel<JP, LF>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  if (!route_gr_resident<JP, LF, PL>(nb, W)) return cudaErrorInvalidValue;
+  if (route_coop) DG_LAUNCH_COOP((route_gr_kernel<JP, LF, PL>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  else DG_LAUNCH((route_gr_kernel<JP, LF, PL>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
   return cudaGetLastError();
 }
 
 /* H > 0 with b->gu_x and b->gu_group set: the gate/up input's copy and sums made too (b->gu_ready = b->gu_x);
  * lf: with route_gr_kernel<JP, 1> (its loads before its stores: DGEMMA_ROUTE=deep). */
 static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
-                                dg_cuda_moe_buf *b, int T, int E, int K, int H, int lf = 0) {
+                                dg_cuda_moe_buf *b, int T, int E, int K, int H, int lf = 0, int pl = 0) {
   const int W = route_gr_warps(T, E, K);
   if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done || !b->gsc) return cudaErrorInvalidValue;
   const int G = b->gu_group;
@@ -1076,7 +1122,12 @@ static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float 
       ((uintptr_t)b->gu_x | (uintptr_t)b->xp) & 15)
     H = 0;
   cudaError_t e;
-  if (lf) {
+  if (pl) { /* DGEMMA_ROUTE=gridp: the copy's loads first, the placement in one trip, the last block's copy after it */
+    if (E <= 32) e = route_gr_launch<1, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 64) e = route_gr_launch<2, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 128) e = route_gr_launch<4, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else e = route_gr_launch<8, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  } else if (lf) {
     if (E <= 32) e = route_gr_launch<1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
     else if (E <= 64) e = route_gr_launch<2, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
     else if (E <= 128) e = route_gr_launch<4, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
@@ -1158,40 +1209,6 @@ __device__ __forceinline__ void ro_route_slot(rtk_rows &sm, int *pr, const float
     if (c) atomicAdd(tot + e, c);
   }
   __syncthreads(); /* sm.sid and pr are written again by the next slot */
-}
-
-/* The placement of slot q's PB pairs t0 K + p (expert pe[p], -1: none; rank pr[p]; shared) once start is final:
- * j = start[e] + (pairs of e in slots 0 .. q - 1: their table rows summed by nh threads per pair, 8 loads in flight
- * each) + rank; pairs[j] = i, slot_row[i] = j. pre [PB] shared scratch. Every thread of the block calls it. */
-__device__ __forceinline__ void ro_place(const dg_cuda_moe_buf &b, const int *tab, const int *pe, const int *pr,
-                                         int *pre, int q, int t0, int PB, int E, int K) {
-  const int tid = threadIdx.x;
-  if (PB <= 0) return; /* the same for every thread of the block */
-  const int nh = blockDim.x / PB, e0 = tid < PB ? pe[tid] : -1;
-  const int st = e0 >= 0 ? __ldcg(b.start + e0) : 0; /* in flight with the rows' loads */
-  if (tid < PB) pre[tid] = 0;
-  __syncthreads();
-  if (tid < nh * PB) {
-    const int p = tid % PB, h = tid / PB, e = pe[p];
-    if (e >= 0) {
-      int s = 0;
-      for (int b0 = h; b0 < q; b0 += 8 * nh) {
-        int c[8];
-#pragma unroll
-        for (int m = 0; m < 8; m++) c[m] = b0 + m * nh < q ? __ldcg(tab + (size_t)(b0 + m * nh) * E + e) : 0;
-#pragma unroll
-        for (int m = 0; m < 8; m++) s += c[m];
-      }
-      if (s) atomicAdd(pre + p, s);
-    }
-  }
-  __syncthreads();
-  if (e0 >= 0) {
-    const int i = t0 * K + tid, j = st + pre[tid] + pr[tid];
-    b.pairs[j] = i;
-    b.slot_row[i] = j;
-  }
-  __syncthreads(); /* pre, pe and pr are written again by the next slot */
 }
 
 /* The first token and the token count of route slot r of token tile tt (P tokens a slot, T tokens in all). */
@@ -1440,7 +1457,7 @@ cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float
   if (rm >= 3 && aligned && b->gsc && k_router_grid_ok(T, E, H, K)) { /* 4: the deep product, the copy's loads first */
     int S = 0;
     cudaError_t e = k_router_tiles_product_v(s, rm == 4 ? 4 : 0, u, W, ws, T, E, H, &S);
-    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H, rm == 4);
+    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H, rm == 4, rm == 6);
   }
   if (rm >= 2 && k_router_tiles_ok(T, E, H, K) && aligned) { /* mode 3 where it does not cover the shape: 2 */
     int S = 0;
