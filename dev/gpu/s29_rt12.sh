@@ -1,38 +1,48 @@
 #!/bin/bash
 # Session 29's call for issue 12 item 3 (helper rt12; docs/cuda.md "Session 29 (helper rt12): the router stage in one
 # launch"): DGEMMA_ROUTE=one (mode 5, router_one_kernel: router_tile_kernel's product, the routing, the grouping and
-# the gate/up input's copy in one launch) against the default (mode 3: router_tile_kernel + route_gr_kernel).
+# the gate/up input's copy in one launch) against the default (mode 3: router_tile_kernel + route_gr_kernel), and
+# DGEMMA_ROUTE=gridp (mode 6: mode 3's two launches with route_gr_kernel's two serial tails made short, the same
+# fixes mode 5 has: the copy's loads first, the placement's table loads all in flight, the last block's copy after
+# its placement), which says how much of mode 5's gain is the tails and how much the one launch.
 # One command, carry `.devdeb .devdata/gemma3`, default kind (H100), DG_CALL_S = the call's limit (600 if unset).
-# A warm machine with an earlier build/ and /tmp/dg26b: ~150-200 s (the rebuild of moe.cu and its dependants ~40 s,
-# tests ~40 s, the lab ~20 s, four vllm benches ~30 s each); a fresh one builds ~260-330 s beside mkrandom (~155 s)
-# and reaches the tests and part of the benches: then the same command again on the warm machine runs the rest.
+# A warm machine with an earlier build/ and /tmp/dg26b: ~300 s (the rebuild of moe.cu and its dependants ~40 s,
+# tests ~60 s, the lab ~25 s, six vllm benches ~30 s each; the batch protocol and ncu only with time left); a fresh
+# one builds ~260-330 s beside mkrandom (~155 s) and reaches the tests and part of the benches: then the same command
+# again on the warm machine runs the rest.
 # Every item after the build runs under a guard of the time left and its own timeout, in this order:
-#   1. tests: test_router_route (modes 1-5: mode 5's every output word, rlog, choices, weights, the grouping, and
-#      the gate/up input's copy and sums, equal to the chain's and k_group_sums_perm's, twice in a row, 8 shapes),
+#   1. tests: test_router_route (modes 1-6: modes 5 and 6's every output word, rlog, choices, weights, the grouping,
+#      and the gate/up input's copy and sums, equal to the chain's and k_group_sums_perm's, twice in a row, 7-8 shapes),
 #      test_route (modes 1-3, untouched kernels but rtk_choose's new arguments), then under DGEMMA_ROUTE=one:
 #      test_graphs, test_branch (the mode inside captured graphs, PDL and the concurrent dense branch: the small
-#      model's router is E 8, H 256, T 64: 4 product blocks taking 2 route slots each), test_synth_logits;
+#      model's router is E 8, H 256, T 64: 4 product blocks taking 2 route slots each), test_synth_logits, and
+#      test_branch under DGEMMA_ROUTE=gridp;
 #   2. the lab (dev/cuda/step_kernels.cu --router --reps 30): "router stage" and "+ gate/up input copy" rows, v3
-#      (the default) and v5 (one), one stage after an L2 flush and 30 back to back; v5 "0 of N words differ";
+#      (the default), v5 (one) and v6 (gridp), one stage after an L2 flush and 30 back to back; "0 of N words differ";
 #   3. `bench -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile`, A = the defaults, B =
-#      DGEMMA_ROUTE=one, in the order A B A B (the profile is one more run after the timed reps);
+#      DGEMMA_ROUTE=one, C = DGEMMA_ROUTE=gridp, in the order A B C A B C (the profile is one more run after the
+#      timed reps);
 #   4. with time left: `--protocol batch --canvases 1,4 --reps 2 --profile`, A then B (a stacked pass of more than
 #      256 rows is past mode 5's table and runs mode 3 there: only the B = 1 and small stacks change);
 #   5. with time left and ncu on the machine: `ncu --set full` of the lab's first router_tile_kernel and first
 #      router_one_kernel at the 26B shape (ncu.txt): where the product's 10.4 us go against its 2.85 us of FFMA
 #      (the shared-memory wavefronts per FFMA, the stall reasons), the next question once the launch count is 1.
 # The rule, written before any GPU run:
-#   (a) correctness: every item-1 test passes and the lab's v5 rows say 0 words differ; else mode 5 stays off (a
-#       failure under DGEMMA_ROUTE=one only: the mode is fixed or deleted, the default untouched).
-#   (b) DGEMMA_ROUTE=one becomes the default (route_mode_from_env's return 3 -> 5, mode 3 kept as
-#       DGEMMA_ROUTE=grid) if (a) holds and, over item 3's two pairs, both B "router + top-k" rows are below both A
-#       rows and mean(A) - mean(B) > the larger of the two spreads (|A1 - A2|, |B1 - B2|), and B's mean tok/s >=
-#       A's mean tok/s less the larger of the two tok/s spreads.
+#   (a) correctness, per mode: every item-1 test of it passes and the lab's v5 (v6) rows say 0 words differ; else
+#       the mode stays off (fixed or deleted; the default untouched).
+#   (b) a candidate X (B = one, C = gridp) qualifies if (a) holds for it and, over item 3's runs, both X "router +
+#       top-k" rows are below both A rows, mean(A) - mean(X) > the larger of the two spreads (|A1 - A2|, |X1 - X2|),
+#       and X's mean tok/s >= A's mean tok/s less the larger of the two tok/s spreads. The default becomes
+#       (route_mode_from_env's return when unset; mode 3 kept as DGEMMA_ROUTE=grid) the qualifying candidate with
+#       the lower mean router row; if both qualify and their means are within the larger of their spreads, gridp
+#       (the smaller change: no new wait). Neither qualifies: the default stays mode 3.
 #   (c) the prediction (docs/cuda.md's section, by arithmetic per launch): router + top-k 0.905 -> ~0.55-0.70 ms per
 #       pass on the H100 (~30 -> ~18-23 us per layer), i.e. tok/s +2-3 % (13.0 ms per forward, ~0.2-0.35 ms less);
 #       the lab's stage + copy v3 ~27 us -> v5 ~16-20 us. It is refuted if the router row drops by less than 0.1 ms
 #       or the lab's v5 stage is not below v3's: then the time is not where the arithmetic puts it (the product's
 #       own ~8-9 us is kept by construction; the route half was modelled as fences, L2 round trips and the copy).
+#       gridp (C): the two tails only, ~4-6 us per layer: router + top-k ~0.73-0.80 ms, lab stage + copy ~22-24 us;
+#       B - C is then the launch boundary and the routing on 128 blocks (~3-4 us per layer).
 # Files back (7): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md,
 # ncu.txt (item 5).
 # Usage: DG_CALL_S=600 bash dev/gpu/s29_rt12.sh $OUT
@@ -83,6 +93,7 @@ if [ -x build/tests/test_cuda ]; then
   one graphs_one test_graphs DGEMMA_ROUTE=one
   one branch_one test_branch DGEMMA_ROUTE=one
   one synth_one test_synth_logits DGEMMA_ROUTE=one
+  one branch_gridp test_branch DGEMMA_ROUTE=gridp
 fi
 # 2. the lab's router rows (v3, v5; every version's words checked against v0 inside)
 wait $lb; tail -3 /tmp/rt12_lab_build.txt >> "$O/build_tail.txt"
@@ -96,6 +107,8 @@ if [ -f /tmp/dg26b.ok ] && [ -f /tmp/dg26b/config.json ]; then
   for i in 1 2; do
     guard 45 "vllm A $i" && bench vllmA$i "$(lim 90)" - -m /tmp/dg26b --device cuda --protocol vllm --reps 2 --profile
     guard 45 "vllm B $i" && bench vllmB$i "$(lim 90)" DGEMMA_ROUTE=one -m /tmp/dg26b --device cuda --protocol vllm \
+      --reps 2 --profile
+    guard 45 "vllm C $i" && bench vllmC$i "$(lim 90)" DGEMMA_ROUTE=gridp -m /tmp/dg26b --device cuda --protocol vllm \
       --reps 2 --profile
   done
   # 4. the batch protocol, A then B, with time left
@@ -119,7 +132,7 @@ fi
   echo "# s29_rt12 summary"; echo
   grep -hE "^## |^\[  (PASSED|FAILED)|^\[  FAILED|^# router" "$O/tests.txt"; echo
   grep -E "^\| router stage|^\| route|^\| router split|^\(v5" "$O/lab.md"; echo
-  for r in vllmA1 vllmB1 vllmA2 vllmB2 batchA batchB; do
+  for r in vllmA1 vllmB1 vllmC1 vllmA2 vllmB2 vllmC2 batchA batchB; do
     [ -f /tmp/rt12_$r.txt ] || continue
     echo "## $r"
     grep -E "^\| (vllm|[14]) \||^\| (router \+ top-k|grouping|experts|all) \|" /tmp/rt12_$r.txt
