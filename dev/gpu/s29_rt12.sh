@@ -36,12 +36,11 @@
 #       (route_mode_from_env's return when unset; mode 3 kept as DGEMMA_ROUTE=grid) the qualifying candidate with
 #       the lower mean router row; if both qualify and their means are within the larger of their spreads, gridp
 #       (the smaller change: no new wait). Neither qualifies: the default stays mode 3.
-#   (c) the prediction (docs/cuda.md's section, by arithmetic per launch): router + top-k 0.905 -> ~0.55-0.70 ms per
-#       pass on the H100 (~30 -> ~18-23 us per layer), i.e. tok/s +2-3 % (13.0 ms per forward, ~0.2-0.35 ms less);
-#       the lab's stage + copy v3 ~27 us -> v5 ~16-20 us. It is refuted if the router row drops by less than 0.1 ms
-#       or the lab's v5 stage is not below v3's: then the time is not where the arithmetic puts it (the product's
-#       own ~8-9 us is kept by construction; the route half was modelled as fences, L2 round trips and the copy).
-#       gridp (C): the two tails only, ~4-6 us per layer: router + top-k ~0.73-0.80 ms, lab stage + copy ~22-24 us;
+#   (c) the prediction (docs/cuda.md's section: the route's dependent global round trips, ~0.8 us each, calibrated
+#       on the lab's route_gr alone): router + top-k 0.905 -> ~0.60-0.72 ms per pass for B (one) and ~0.72-0.80
+#       for C (gridp) on the H100; tok/s +1.4-2.4 % (B), +0.8-1.4 % (C); the lab's stage + copy v3 ~27 us -> v5
+#       ~18-21, v6 ~20-23 us. Refuted if B's router row drops by less than 0.1 ms or the lab's v5 stage is not below
+#       v3's: then the time is not where the arithmetic puts it (the product's own ~8-9 us is kept by construction).
 #       B - C is then the launch boundary and the routing on 128 blocks (~3-4 us per layer).
 # Files back (7): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md,
 # ncu.txt (item 5).
