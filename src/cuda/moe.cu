@@ -985,6 +985,9 @@ template <int LF> __device__ __forceinline__ void rgr_prep_rows(const dg_cuda_mo
   }
 }
 
+/* PL (DGEMMA_ROUTE=gridp, mode 6, session 29; with LF 1): step 3 by ro_place (every table load in flight at once and
+ * start[e] in the same trip, instead of rgr_place's two loads in flight per step: 8 dependent trips for block 63 of
+ * the 26B's 64), and the last block's copy (step 2b) after its placement instead of before it. The same words. */
 template <int JP, int LF = 0, int PL = 0>
 __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *part, int S, float *rlog,
                                                                  const float *pes, dg_cuda_moe_buf b, int T, int E,
