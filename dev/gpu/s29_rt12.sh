@@ -26,7 +26,10 @@
 #      256 rows is past mode 5's table and runs mode 3 there: only the B = 1 and small stacks change);
 #   5. with time left and ncu on the machine: `ncu --set full` of the lab's first router_tile_kernel and first
 #      router_one_kernel at the 26B shape (ncu.txt): where the product's 10.4 us go against its 2.85 us of FFMA
-#      (the shared-memory wavefronts per FFMA, the stall reasons), the next question once the launch count is 1.
+#      (the shared-memory wavefronts per FFMA, the stall reasons), the next question once the launch count is 1;
+#   6. with time left: compute-sanitizer racecheck and synccheck of test_router_route, `--kernel-name kns=route`
+#      (the router's kernels: every name with "route" in it, router_one_kernel and route_gr_kernel among them; the
+#      rest run unchecked; san.txt): the shared memory that mode 5's product and routing share, its barriers.
 # The rule, written before any GPU run:
 #   (a) correctness, per mode: every item-1 test of it passes and the lab's v5 (v6) rows say 0 words differ; else
 #       the mode stays off (fixed or deleted; the default untouched).
@@ -42,8 +45,8 @@
 #       ~18-21, v6 ~20-23 us. Refuted if B's router row drops by less than 0.1 ms or the lab's v5 stage is not below
 #       v3's: then the time is not where the arithmetic puts it (the product's own ~8-9 us is kept by construction).
 #       B - C is then the launch boundary and the routing on 128 blocks (~3-4 us per layer).
-# Files back (7): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md,
-# ncu.txt (item 5).
+# Files back (8): log.txt, build_tail.txt, tests.txt, lab.md, bench.txt (every bench's whole output), summary.md,
+# ncu.txt (item 5), san.txt (item 6).
 # Usage: DG_CALL_S=600 bash dev/gpu/s29_rt12.sh $OUT
 O=${1:?usage: dev/gpu/s29_rt12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
@@ -124,6 +127,16 @@ if command -v ncu > /dev/null && [ -x build/step_kernels_lab ] && guard 80 "ncu"
     timeout "$(lim 60)" ncu --set full -k regex:$k -c 1 build/step_kernels_lab --router --reps 1 > /tmp/rt12_ncu.txt 2>&1
     echo "ncu $k rc $? $(el)" | tee -a "$O/log.txt"
     { echo "## $k"; grep -vE "^\| |^\(v5" /tmp/rt12_ncu.txt | grep -E "^  |==PROF==|==ERROR==|==WARNING==" ; } >> "$O/ncu.txt"
+  done
+fi
+# 6. the sanitizers on the router's kernels (test_router_route: modes 1-6; kernels whose name has "route" checked)
+if command -v compute-sanitizer > /dev/null && [ -x build/tests/test_cuda ]; then
+  for tool in racecheck synccheck; do
+    guard 60 "$tool" || break
+    { echo "## compute-sanitizer --tool $tool --kernel-name kns=route --error-exitcode 9 (test_router_route)"
+      DG_TEST_FILTER=test_router_route timeout "$(lim 120)" compute-sanitizer --tool $tool --kernel-name kns=route \
+        --error-exitcode 9 build/tests/test_cuda 2>&1 | tail -25; echo "# rc ${PIPESTATUS[0]}"; } >> "$O/san.txt"
+    echo "$tool $(tail -1 "$O/san.txt") $(el)" | tee -a "$O/log.txt"
   done
 fi
 # summary: the tests' verdicts, the lab's router rows, each bench's tok/s row and router / grouping / all rows
