@@ -27,9 +27,9 @@
 #   5. with time left and ncu on the machine: `ncu --set full` of the lab's first router_tile_kernel and first
 #      router_one_kernel at the 26B shape (ncu.txt): where the product's 10.4 us go against its 2.85 us of FFMA
 #      (the shared-memory wavefronts per FFMA, the stall reasons), the next question once the launch count is 1;
-#   6. with time left: compute-sanitizer racecheck and synccheck of test_router_route, `--kernel-name kns=route`
-#      (the router's kernels: every name with "route" in it, router_one_kernel and route_gr_kernel among them; the
-#      rest run unchecked; san.txt): the shared memory that mode 5's product and routing share, its barriers.
+#   6. with time left: compute-sanitizer racecheck and synccheck of test_router_route, `--kernel-name
+#      kns=router_one` (router_one_kernel checked, the rest run unchecked; san.txt): the shared memory that mode 5's
+#      product and routing share, its barriers.
 # The rule, written before any GPU run:
 #   (a) correctness, per mode: every item-1 test of it passes and the lab's v5 (v6) rows say 0 words differ; else
 #       the mode stays off (fixed or deleted; the default untouched).
@@ -97,13 +97,13 @@ if [ -x build/tests/test_cuda ]; then
   one synth_one test_synth_logits DGEMMA_ROUTE=one
   one branch_gridp test_branch DGEMMA_ROUTE=gridp
 fi
-# 2. the lab's router rows (v3, v5; every version's words checked against v0 inside)
+# 2. the lab's router rows (v3, v5, v6; every version's words checked against v0 inside)
 wait $lb; tail -3 /tmp/rt12_lab_build.txt >> "$O/build_tail.txt"
 if [ -x build/step_kernels_lab ] && guard 40 "lab"; then
   timeout "$(lim 60)" build/step_kernels_lab --router --reps 30 > "$O/lab.md" 2>&1
   echo "lab rc $? $(el)" | tee -a "$O/log.txt"
 fi
-# 3. the vllm A/B, A B A B
+# 3. the vllm A/B/C, A B C A B C
 wait $mk; tail -1 /tmp/mkrandom.log >> "$O/log.txt" 2>/dev/null
 if [ -f /tmp/dg26b.ok ] && [ -f /tmp/dg26b/config.json ]; then
   for i in 1 2; do
@@ -129,12 +129,12 @@ if command -v ncu > /dev/null && [ -x build/step_kernels_lab ] && guard 80 "ncu"
     { echo "## $k"; grep -vE "^\| |^\(v5" /tmp/rt12_ncu.txt | grep -E "^  |==PROF==|==ERROR==|==WARNING==" ; } >> "$O/ncu.txt"
   done
 fi
-# 6. the sanitizers on the router's kernels (test_router_route: modes 1-6; kernels whose name has "route" checked)
+# 6. the sanitizers on router_one_kernel (test_router_route: modes 1-6, mode 5's kernel checked)
 if command -v compute-sanitizer > /dev/null && [ -x build/tests/test_cuda ]; then
   for tool in racecheck synccheck; do
     guard 60 "$tool" || break
-    { echo "## compute-sanitizer --tool $tool --kernel-name kns=route --error-exitcode 9 (test_router_route)"
-      DG_TEST_FILTER=test_router_route timeout "$(lim 120)" compute-sanitizer --tool $tool --kernel-name kns=route \
+    { echo "## compute-sanitizer --tool $tool --kernel-name kns=router_one --error-exitcode 9 (test_router_route)"
+      DG_TEST_FILTER=test_router_route timeout "$(lim 120)" compute-sanitizer --tool $tool --kernel-name kns=router_one \
         --error-exitcode 9 build/tests/test_cuda 2>&1 | tail -25; echo "# rc ${PIPESTATUS[0]}"; } >> "$O/san.txt"
     echo "$tool $(tail -1 "$O/san.txt") $(el)" | tee -a "$O/log.txt"
   done
