@@ -3141,7 +3141,8 @@ static void test_router_route(void **state) {
     if (mode == 5) /* 48 product blocks a token tile for its 32 slots of 2 tokens (16 blocks route none), the second
                       tile 36 tokens: slots past T */
       check_router_route(mode, 100, 192, 1024, 8, &checked, &tokens);
-    printf("# router from its input (mode %d; mode 5 in one launch, the others in two): every output word equal to the separate launches' (twice in a row; "
+    printf("# router from its input (mode %d; mode 5 in one launch, the others in two): every output word equal to "
+           "the separate launches' (twice in a row; "
            "modes 3 to 6 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
            "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,

@@ -869,7 +869,8 @@ static void rows_case(int T, int H, int I, int K, int E) {
     const double in_bytes = (double)TH * 4 + (double)E * H * 4 + E * 4.0,
                  out_bytes = (double)T * E * 4 + TKn * 16.0 + E * 16.0 + (TKn / 32.0 + E) * 8;
     const char *vnames[7] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid", "v4 deep", "v5 one", "v6 gridp"};
-    if (!k_router_one_ok(T, E, H, K)) printf("(v5: router_one_kernel does not cover T %d E %d H %d: its rows are v3's)\n", T, E, H);
+    if (!k_router_one_ok(T, E, H, K))
+      printf("(v5: router_one_kernel does not cover T %d E %d H %d: its rows are v3's)\n", T, E, H);
     for (int ver : {0, 1, 2, 3, 4, 5, 6}) {
       auto launch = [&] { CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver)); };
       poison();
@@ -977,8 +978,10 @@ static void rows_case(int T, int H, int I, int K, int E) {
           for (size_t i = 0; i < w.size() && i < r2.size(); i++) nd += w[i] != r2[i];
         }
         char chk[200];
-        snprintf(chk, sizeof chk, ver == 2 ? "3 launches; %zu output words" : ver == 5 ? "1 launch; %zu words differ from v2"
-                 : "2 launches; %zu words differ from v2", ver == 2 ? w.size() : nd);
+        snprintf(chk, sizeof chk,
+                 ver == 2 ? "3 launches; %zu output words"
+                 : ver == 5 ? "1 launch; %zu words differ from v2" : "2 launches; %zu words differ from v2",
+                 ver == 2 ? w.size() : nd);
         double med, mn;
         timeit(launch, med, mn);
         const double xb2 = TH * 2.0 * 2 + TH / G * 4.0;

@@ -504,10 +504,11 @@ cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, 
  * k_router_tiles_ok; else mode 0); mode 3: k_router_tiles_product then k_route_grid (k_router_grid_ok, b->gsc; else
  * mode 2); mode 4 (DGEMMA_ROUTE=deep, session 22; not the default): mode 3 with router_tile_deep_kernel (every stage of
  * a split in flight at once) and route_gr_kernel's gate/up copy loading each group before storing it (where mode 3
- * covers the shape, else mode 2); mode 5 (DGEMMA_ROUTE=one, session 29; not the default): k_router_one, the stage in one
- * launch (where it covers the shape, else mode 3); mode 6 (DGEMMA_ROUTE=gridp, session 29; not the default): mode 3 with
- * route_gr_kernel's copy loading first, its placement in one trip and the last block's copy after its placement (where
- * mode 3 covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate calls. */
+ * covers the shape, else mode 2); mode 5 (DGEMMA_ROUTE=one, session 29; not the default): k_router_one, the stage
+ * in one launch (where it covers the shape, else mode 3); mode 6 (DGEMMA_ROUTE=gridp, session 29; not the default):
+ * mode 3 with route_gr_kernel's copy loading first, its placement in one trip and the last block's copy after its
+ * placement (where mode 3 covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate
+ * calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
 /* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set

@@ -1266,7 +1266,7 @@ __global__ void __launch_bounds__(RT_THREADS) router_one_kernel(const float *u, 
     ro_route_slot<JP>(sm.r, pr, part, S, rlog, pes, b, tab, tot, T, E, K, tt * nslot + r, ro_t0(tt, r, P),
                       ro_nt(tt, r, P, T));
 #endif
-  __threadfence(); /* the slots' choices, ranks, counts and totals visible device-wide before the block counts itself done */
+  __threadfence(); /* the slots' choices, ranks, counts and totals visible device-wide before the block counts done */
   __syncthreads();
   if (tid == 0) last = atomicAdd(b.done, 1) == nb - 1;
   __syncthreads();
@@ -1366,7 +1366,8 @@ static int ro_grid(int T, int E, int H, int K, dim3 *grid, int *S, int *KS) {
 }
 
 static int ro_fits(int E, int nb) {
-  return E <= 32 ? ro_resident<1>(nb) : E <= 64 ? ro_resident<2>(nb) : E <= 128 ? ro_resident<4>(nb) : ro_resident<8>(nb);
+  return E <= 32 ? ro_resident<1>(nb) : E <= 64 ? ro_resident<2>(nb)
+         : E <= 128 ? ro_resident<4>(nb) : ro_resident<8>(nb);
 }
 
 int k_router_one_ok(int T, int E, int H, int K) {
