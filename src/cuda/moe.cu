@@ -746,18 +746,16 @@ __device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_b
  * t = blockIdx.x W + warp): the token's S split sums loaded at once and added in split order (router_reduce_kernel's
  * sum), topk_token's softmax, choices and weights (rlog, topk_idx, topk_w written), the block's pairs' experts in
  * sm.sid (-1 past T; after the barrier inside). Returns for thread tid < W K with a pair the pair's rank among the
- * block's pairs of its expert, else -1. router_one_kernel passes its slot's tokens: the first t0 and their count W
- * (<= the block's warps; warps from W on have no token), and CG 1 (the split sums written by other blocks of the
- * same grid: loaded from L2, ld.global.cg). */
-template <int JP, int CG = 0>
+ * block's pairs of its expert, else -1. SLOT 1 (router_one_kernel): the tokens are a route slot's, the first t0 and
+ * their count W (<= the block's warps; warps from W on have no token), and the split sums, written by other blocks of
+ * the same grid, are loaded from L2 (ld.global.cg); SLOT 0 ignores t0 and W (route_tk_kernel, route_gr_kernel: the
+ * code as before the slots). */
+template <int JP, int SLOT = 0>
 __device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S, float *rlog, const float *pes,
-                                          const dg_cuda_moe_buf &b, int T, int E, int K, int t0 = -1, int W = 0) {
+                                          const dg_cuda_moe_buf &b, int T, int E, int K, int t0 = 0, int W = 0) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (t0 < 0) {
-    W = blockDim.x >> 5;
-    t0 = blockIdx.x * W;
-  }
-  const int t = warp < W ? t0 + warp : T, PB = W * K;
+  if (!SLOT) W = blockDim.x >> 5;
+  const int t = SLOT ? (warp < W ? t0 + warp : T) : blockIdx.x * W + warp, PB = W * K;
   for (int e = tid; e < E; e += blockDim.x) sm.pes[e] = pes[e];
   float v[JP];
   if (t < T) {
@@ -771,7 +769,7 @@ __device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S
         const float *p = part + (size_t)t * E + min(lane + 32 * (h + jj), E - 1);
 #pragma unroll
         for (int s2 = 0; s2 < DG_ROUTER_MAX_SPLITS; s2++)
-          x[jj][s2] = CG ? __ldcg(p + (size_t)min(s2, S - 1) * n) : p[(size_t)min(s2, S - 1) * n];
+          x[jj][s2] = SLOT ? __ldcg(p + (size_t)min(s2, S - 1) * n) : p[(size_t)min(s2, S - 1) * n];
       }
 #pragma unroll
       for (int jj = 0; jj < JB; jj++) { /* router_reduce_kernel's sum */
@@ -820,7 +818,7 @@ __device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S
       b.topk_w[(size_t)t * K + lane] = (myp / wsum) * sm.pes[myid];
     }
   }
-  if (lane < K && warp < W) sm.sid[warp * K + lane] = myid;
+  if (lane < K && (!SLOT || warp < W)) sm.sid[warp * K + lane] = myid;
   __syncthreads();
   int r = -1; /* the pair's rank among the block's pairs of its expert */
   if (tid < PB && sm.sid[tid] >= 0) {
