@@ -3120,8 +3120,12 @@ static void test_router_route(void **state) {
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
    * mode 3: router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since session 14); mode 4:
-   * router_tile_deep_kernel + route_gr_kernel with its gate/up copy's loads first (DGEMMA_ROUTE=deep, session 22) */
-  for (int mode = 1; mode <= 4; mode++) {
+   * router_tile_deep_kernel + route_gr_kernel with its gate/up copy's loads first (DGEMMA_ROUTE=deep, session 22); mode
+   * 5: router_one_kernel, the whole stage in one launch (DGEMMA_ROUTE=one, session 29; route slots of 2 tokens at the
+   * 26B's shape, of 8 tokens with a block taking several slots at 37 x 40 x 200, 1 x 8 x 64 and 5 x 8 x 8, 10 token
+   * tiles at 600 tokens); mode 6: mode 3 with route_gr_kernel's copy loading first, its placement in one trip and the
+   * last block's copy after its placement (DGEMMA_ROUTE=gridp, session 29) */
+  for (int mode = 1; mode <= 6; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
                                                                        tokens (mode 2: 4 x 2 x 16 product blocks, 64
@@ -3134,8 +3138,12 @@ static void test_router_route(void **state) {
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
     if (mode >= 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
       check_router_route(mode, 600, 128, 256, 8, &checked, &tokens);
-    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row; "
-           "modes 3 and 4 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+    if (mode == 5) /* 48 product blocks a token tile for its 32 slots of 2 tokens (16 blocks route none), the second
+                      tile 36 tokens: slots past T */
+      check_router_route(mode, 100, 192, 1024, 8, &checked, &tokens);
+    printf("# router from its input (mode %d; mode 5 in one launch, the others in two): every output word equal to "
+           "the separate launches' (twice in a row; "
+           "modes 3 to 6 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
            "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);

@@ -504,7 +504,11 @@ cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, 
  * k_router_tiles_ok; else mode 0); mode 3: k_router_tiles_product then k_route_grid (k_router_grid_ok, b->gsc; else
  * mode 2); mode 4 (DGEMMA_ROUTE=deep, session 22; not the default): mode 3 with router_tile_deep_kernel (every stage of
  * a split in flight at once) and route_gr_kernel's gate/up copy loading each group before storing it (where mode 3
- * covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate calls. */
+ * covers the shape, else mode 2); mode 5 (DGEMMA_ROUTE=one, session 29; not the default): k_router_one, the stage
+ * in one launch (where it covers the shape, else mode 3); mode 6 (DGEMMA_ROUTE=gridp, session 29; not the default):
+ * mode 3 with route_gr_kernel's copy loading first, its placement in one trip and the last block's copy after its
+ * placement (where mode 3 covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate
+ * calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
 /* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set
@@ -531,6 +535,15 @@ int k_qe_gate_up_group(const dg_cuda_w *W);
 int k_router_grid_ok(int T, int E, int H, int K);
 cudaError_t k_route_grid(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
                          dg_cuda_moe_buf *b, int T, int E, int K);
+/* DGEMMA_ROUTE=one (mode 5, session 29; not the default; moe.cu): the whole router stage, mode 3's words, in one
+ * launch (router_one_kernel: router_tile_kernel's product on its grid into ws [S][T][E], each token tile's blocks
+ * waiting for one another, then route_gr_kernel's routing, grouping and gate/up input copy spread over the same
+ * blocks). Returns cudaErrorInvalidValue, launching nothing, where it does not cover the shape (k_router_one_ok: H %
+ * 4 == 0, T <= 1,984, (route slots x E) <= 16,384, i.e. T <= 256 at 128 experts, the grid resident at once; u, W
+ * not 16-byte aligned; b->gsc or b->done NULL). Sets b->gu_ready as mode 3 does. */
+int k_router_one_ok(int T, int E, int H, int K);
+cudaError_t k_router_one(cudaStream_t s, const float *u, const float *W, float *ws, float *rlog,
+                         const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E, int H, int K);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

@@ -560,11 +560,13 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
 
 extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
                                                int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 4)
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 6)
     return dg_seterr(DG_ERR_INVALID_ARG,
-                     "dg_cuda_test_router_route: mode %d (1..4), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
+                     "dg_cuda_test_router_route: mode %d (1..6), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
-  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode >= 3 && !k_router_grid_ok(T, E, H, K)))
+  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) ||
+      ((mode == 3 || mode == 4 || mode == 6) && !k_router_grid_ok(T, E, H, K)) ||
+      (mode == 5 && !k_router_one_ok(T, E, H, K))) /* mode 5 would take mode 3's path: refused, so it is tested */
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode %d does not cover T %d, E %d, H %d, K %d",
                      mode, T, E, H, K);
   CK(cudaSetDevice(device));
