@@ -1,0 +1,81 @@
+#!/bin/bash
+# Session 29's call for issues 12 and 14's attention (helper at12; docs/cuda.md "Session 29 (helper at12): the
+# decoder's attention near its floor, and one launch over a batch's canvases"): the attention lab's versions 15 (the
+# backend's default on Hopper), 16 (15 with the key splits merged inside a thread block cluster through distributed
+# shared memory: no fp32 partials in device memory, no combine launch) and 17 (16's kernel over B canvases in one
+# launch, each canvas its own q, K/V cache and output) at the 26B decoder's rows: a 256-query canvas over 1,280 and
+# 2,304 keys (P 1024 and 2048), sliding layers (D 256, 16 over 8 heads, window 1,024) and full layers (D 512, 16 over
+# 2), B = 1 and B = 4 canvases, each row against the floor measured in the same command (read bandwidth and bf16 rate:
+# the lab's roofline column). One command, no carry needed beyond the tree (`.devdeb` where the machine lacks cJSON /
+# cmocka headers); < 120 s on a warm machine with an earlier build/ (the library is then up to date: this branch
+# changes only the lab, the tests and the emulation); a fresh machine: + ~260 s for build/libdgemma.a, give it DG_CALL_S.
+#   0. build/libdgemma.a (the Makefile's default CUDA_ARCH: sm_90a + compute_90), then beside each other the lab
+#      (nvcc sm_90a, -Xptxas -v: registers and spills of att_wqc_kernel in ptxas.txt) and build/tests/test_cuda;
+#   1. the lab twice: `build/attention_lab --decoder --versions 15,16,17 --batch 4 --reps 30` (lab.md): rows
+#      "decoder sliding/full P1024/P2048" (B = 1: one launch of 16 or 17, 15 as the backend runs it: flash kernel +
+#      fp_combine_kernel) and the same rows "B4" (15 and 16: four launches in a row, the passes' way today; 17: one
+#      launch over the four canvases); every row checked against double precision (24 sampled rows per canvas), 16's
+#      and 17's words compared with 15's ("= v15 word for word" where their split count equals 15's), and the last line
+#      the cluster slots per split count (how many 2..8-block clusters of 193 KiB blocks the GPU holds at once);
+#   2. test_attention cases 15, 16 and 17 (the derived per-element bound, 7 shapes, rings; 16 and 17 split 3, 6 and
+#      2 ways there on the GPU's own occupancy) (tests.txt).
+# Files back (4): log.txt, ptxas.txt, lab.md, tests.txt.
+#
+# The rule, written before any GPU run:
+#  - Correct: every lab row of both runs "ok", test_attention cases 16 and 17 pass; 16 "= v15 word for word" at every
+#    B = 1 row whose split count equals 15's (4 at sliding, 2 at full, if the cluster slots line shows >= 128 slots at
+#    4 and 2). A word difference at equal splits is a defect to fix before any timing counts (the merge's arithmetic
+#    is fp_combine_kernel's by construction).
+#  - Version 16 replaces 15 in the passes (next session: behind DGEMMA_ATTN=16 first, then the default after the vllm
+#    A/B) only if, in both runs, at each of the four B = 1 decoder rows its median is below 15's by more than the
+#    spread (the larger of the two rows' max - min) and it is correct as above. Predicted (docs/cuda.md): sliding
+#    32.2 -> 23-25 us, full P1024 64.7 -> 53-56 us, full P2048 99.3 -> 88-91 us.
+#  - Version 17 is the candidate for issue 14's stacked attention (one launch over the stack's canvases, wired behind
+#    a switch next) only if, in both runs, at each of the four B4 rows its median is below 15's B4 median (four
+#    launches) by more than the spread, and it is correct. Predicted: sliding ~129 -> ~55 us (one split, one wave),
+#    full P1024 ~259 -> ~200 us, full P2048 ~397 -> ~350 us (one split, two waves).
+#  - Refuted if 16 is not faster at the sliding rows: then the partials' store and the combine launch were not
+#    ~12 us of 32 (session 25's --prof) under the pass's conditions, or the DSMEM merge costs more than the ~3-5 us
+#    assumed (the B = 1 rows give the merge's cost directly: 16 - (15 - store - combine)).
+# Usage: DG_CALL_S=<the call's limit> bash dev/gpu/s29_at12.sh $OUT
+O=${1:?usage: dev/gpu/s29_at12.sh OUT}; mkdir -p "$O"
+. scripts/gpu_env.sh
+T=${AT12_T:-$(call_budget 540)}
+left() { echo $((T - ($(date +%s) - t0))); }
+guard() {
+  local l; l=$(left)
+  if [ "$l" -lt "$1" ]; then echo "skip $2: $l s left, it needs $1 $(el)" | tee -a "$O/log.txt"; return 1; fi
+}
+lim() { local l; l=$(($(left) - 10)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+: > "$O/lab.md"; : > "$O/tests.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee -a "$O/log.txt"
+make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/libdgemma.a > /tmp/at12_build.txt 2>&1
+echo "library rc $? $(el)" | tee -a "$O/log.txt"
+nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc $XC -Xptxas -v dev/cuda/attention.cu \
+  build/libdgemma.a -L"$CUL" $NXL -lcublas -lcudart -o build/attention_lab > /tmp/at12_ptxas.txt 2>&1 &
+lb=$!
+make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_cuda > /tmp/at12_build_t.txt 2>&1 &
+tb=$!
+wait $lb; r=$?
+echo "lab rc $r $(el)" | tee -a "$O/log.txt"
+grep -A2 "Compiling entry.*att_wq" /tmp/at12_ptxas.txt | grep -E "entry|registers|spill" > "$O/ptxas.txt"
+[ $r = 0 ] || tail -20 /tmp/at12_ptxas.txt >> "$O/ptxas.txt"
+echo "att_wq*_kernel entries without spills: $(grep -c '0 bytes spill stores' "$O/ptxas.txt") of $(grep -c entry "$O/ptxas.txt")" | tee -a "$O/log.txt"
+# 1. the lab, twice (each run ~20-30 s: ceilings, 4 rows x (3 versions at B 1 + 3 at B 4) x 32 launches, checks)
+for run in 1 2; do
+  [ $r = 0 ] || break
+  guard 45 "lab run $run" || break
+  timeout "$(lim 90)" build/attention_lab --decoder --versions 15,16,17 --batch 4 --reps 30 > /tmp/at12_lab.md 2>&1
+  echo "lab run $run rc $? $(el)" | tee -a "$O/log.txt"
+  { echo "## run $run (--decoder --versions 15,16,17 --batch 4 --reps 30)"; cat /tmp/at12_lab.md; } >> "$O/lab.md"
+  grep -E "^\| decoder|^# " /tmp/at12_lab.md | cut -c1-200 | tee -a "$O/log.txt"
+done
+# 2. test_attention 15-17 on sm_90a
+wait $tb; echo "test_cuda build rc $? $(el)" | tee -a "$O/log.txt"
+for k in 15 16 17; do
+  guard 20 "test_attention case $k" || break
+  DG_TEST_CASE=$k DG_TEST_FILTER=test_attention timeout "$(lim 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
+  echo "test_attention case $k rc $? $(el)" | tee -a "$O/log.txt"
+done
+grep -hE "^# attention|FAIL|ERROR" "$O/tests.txt" | cut -c1-220 | tee -a "$O/log.txt"
+echo "done $(el)" | tee -a "$O/log.txt"
