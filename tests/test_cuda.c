@@ -3304,16 +3304,16 @@ static void test_attention(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  for (int v = 1; v <= 17; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
+  for (int v = 1; v <= 18; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
                                     6-8: warp pairs splitting the head dim (flash_pair_kernel; 7: 32 rows per warp;
                                     8: 7 with a 3-deep K/V ring); the first three shapes split their keys (3, 4 and 2
                                     splits at 6's tiles on the emulation's 132 one-block SMs). 9-12: the attention
                                     lab's own (dev/cuda/attention_lab.cuh; 9-11 the key splits merged in the kernel,
                                     12-15 Q K^T on wgmma (14: 12's prologue reordered, 15: and P V on wgmma; 15 through the backend's
                                     k_attention_any, the passes' default on Hopper; 16: 15 with the key splits merged
-                                    in a thread block cluster, 17: 16's kernel for a batch of canvases, here one), sm_90a
+                                    in a thread block cluster, 17 and 18: 16's kernel for a batch of canvases, here one), sm_90a
                                     only: skipped where this build's device code has no wgmma (CUDA_ARCH without sm_90a,
-                                    or a GPU other than Hopper). On the emulation 16 and 17 split the first three shapes
+                                    or a GPU other than Hopper). On the emulation 16-18 split the first three shapes
                                     3, 6 and 2 ways (cluster merges, rows interleaved over the ranks, a last row tile
                                     of 44 rows) */
     if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
@@ -3356,6 +3356,7 @@ static void test_attention(void **state) {
            : v == 15 ? "version 14, P V on wgmma (V as a transposed B)"
            : v == 16 ? "version 15, key splits merged in a thread block cluster"
            : v == 17 ? "version 16's kernel for a batch of canvases, one canvas"
+           : v == 18 ? "version 17 with each canvas's own split count, one canvas"
            : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */

@@ -20,6 +20,7 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
+ * (16-18: dev/cuda/attention_lab.cuh att_wqc_kernel, lab only.)
  * Versions 1-8 and 15 are the backend's (src/cuda/attention.cu, k_attention_any; 15, att_wq_kernel in
  * src/cuda/attention_wq.cuh, its default on Hopper since session 25, run here from the lab's own instance); 9-14 the
  * lab's own (attention_lab.cuh,
@@ -49,6 +50,11 @@
  *              trips at D 512); output bit-identical to 12's
  *   version 15 (session 24) version 14 with P V on wgmma: P from registers as A, V read MN-major (transposed B)
  *              from the same swizzled panels, DV / 128 m64n128k16 per 16 keys and warpgroup
+ *   version 16 (session 29) version 15's block launched in thread block clusters of its key splits: the partials
+ *              staged in shared memory and merged through distributed shared memory with fp_combine_kernel's
+ *              arithmetic, no partials in device memory, no combine launch (15's words where the splits agree)
+ *   version 17 (session 29) version 16's kernel over B canvases in one launch (--batch), one split count for all
+ *   version 18 (session 29) version 17 with each canvas's own split count (its single launch's words, any batch)
  * --prof (timing only): after the table, versions 12, 14 and 15 (if asked) once more per row with att_wq_kernel's
  * clock64 stamps per phase (prologue, wait + barrier, copies issued, Q K^T, softmax, P V, store: attention_lab.cuh),
  * the flash kernel and fp_combine_kernel timed apart by an event between them.
@@ -67,7 +73,10 @@
  * Build and run (GPU machine, after make CUDA=1):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
- *   build/attention_lab [--reps N] [--versions 1,2] [--small] [--prof]
+ *   build/attention_lab [--reps N] [--versions 1,2] [--small] [--prof] [--batch B] [--decoder]
+ * --batch B (1..8): after each row's versions, the same row for B canvases, each its own q, K/V cache and output: 15
+ * and 16 as B launches, 17 and 18 as one (rows "... B4"); --decoder: the decoder rows at P 1024 and 2048 only (the
+ * 26B decoder's 1,280 and 2,304 full-layer keys). 16-18 compare their words with 15's ("= v15 word for word").
  * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-14 this file's, built
  * by the line above; dev/gpu/att12.sh builds both for sm_90a and runs 6, 12 and 13 side by side, dev/gpu/s25_at12.sh
  * 6, 12, 14 and 15, and 12, 14 and 15 with --prof.)
@@ -268,7 +277,7 @@ int main(int argc, char **argv) {
     CKL(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
     CKL(cudaMemcpy(dk, kc.data(), kvn * 2, cudaMemcpyHostToDevice));
     CKL(cudaMemcpy(dv, vc.data(), kvn * 2, cudaMemcpyHostToDevice));
-    if (vmask >> 16 & 1 || vmask >> 17 & 1) { /* version 15's words, for 16's and 17's word-for-word comparison */
+    if (vmask >> 16 & 1 || vmask >> 17 & 1 || vmask >> 18 & 1) { /* version 15's words, for 16-18's comparison */
       ref15.resize(qn);
       CKL(k_attention_any(0, &ws, 15, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
       CKL(cudaDeviceSynchronize());
@@ -309,7 +318,7 @@ int main(int argc, char **argv) {
       const bool ok = worst <= 1.0;
       failed += !ok;
       char cmp[64] = "";
-      if ((v == 16 || v == 17) && !ref15.empty()) { /* same splits as 15: its words exactly (docs/cuda.md) */
+      if (v >= 16 && v <= 18 && !ref15.empty()) { /* same splits as 15: its words exactly (docs/cuda.md) */
         const size_t nd = words_vs15(out, ref15);
         snprintf(cmp, sizeof cmp, nd ? ", %d splits, %zu words != v15" : ", %d splits, = v15 word for word", wqc_last_ns,
                  nd);
@@ -372,9 +381,11 @@ int main(int argc, char **argv) {
       }
     }
     /* --batch B: B canvases, each its own q, K/V cache and output (canvas 0 the row's; --small: canvas i at position
-     * pos0 - 8 i, so that per-canvas positions are exercised): version 15 and 16 as B launches (the passes' way), 17
-     * as one launch over the B canvases (att_lab_batch); every canvas checked, the time of all B together */
-    if (batch > 1 && (vmask >> 15 & 1 || vmask >> 16 & 1 || vmask >> 17 & 1)) {
+     * pos0 - 24 i, so that per-canvas positions and, at the full rows, per-canvas split counts (2, 2, 1, 1) are
+     * exercised): version 15 and 16 as B launches (the passes' way), 17 and 18 as one launch over the B canvases
+     * (att_lab_batch; 18 with each canvas's own split count); every canvas checked and compared with 15's words, the
+     * time of all B together */
+    if (batch > 1 && (vmask >> 15 & 1 || vmask >> 16 & 1 || vmask >> 17 & 1 || vmask >> 18 & 1)) {
       const int nb = batch;
       std::vector<std::vector<float>> bq(nb);
       std::vector<std::vector<uint16_t>> bk(nb), bv(nb), bo(nb), b15(nb);
@@ -383,7 +394,7 @@ int main(int argc, char **argv) {
       std::vector<int32_t> bpos(nb);
       std::vector<int> bhi(nb);
       for (int i = 0; i < nb; i++) {
-        bpos[i] = small ? pos0 - 8 * i : pos0;
+        bpos[i] = small ? pos0 - 24 * i : pos0;
         bhi[i] = bpos[i] + C;
         if (i == 0) { bq[0] = q; bk[0] = kc; bv[0] = vc; }
         else {
@@ -406,13 +417,13 @@ int main(int argc, char **argv) {
         b15[i].resize(qn);
         CKL(cudaMemcpy(b15[i].data(), po[i], qn * 2, cudaMemcpyDeviceToHost));
       }
-      for (int v = 15; v <= 17; v++) {
+      for (int v = 15; v <= 18; v++) {
         if (!(vmask >> v & 1)) continue;
         int ns17 = 0;
         auto launch = [&]() -> cudaError_t {
-          if (v == 17)
+          if (v >= 17)
             return att_lab_batch(0, nb, pq.data(), pk.data(), pv.data(), po.data(), bpos.data(), bhi.data(), S, nq, NH,
-                                 NKV, D, rw.causal, rw.full, W, &ns17);
+                                 NKV, D, rw.causal, rw.full, W, &ns17, v == 18);
           for (int i = 0; i < nb; i++) {
             const cudaError_t e =
                 v == 15 ? k_attention_any(0, &ws, 15, pq[i], pk[i], pv[i], po[i], S, nq, NH, NKV, D, bpos[i], bhi[i],
@@ -451,7 +462,9 @@ int main(int argc, char **argv) {
         const double med = ms[ms.size() / 2];
         char name[96], cmp[96];
         snprintf(name, sizeof name, "%s B%d", rw.name, nb);
-        if (v == 17) snprintf(cmp, sizeof cmp, ", one launch, %d split%s, %zu words != v15", ns17, ns17 > 1 ? "s" : "", nd);
+        if (v >= 17)
+          snprintf(cmp, sizeof cmp, ", one launch, %d split%s%s, %zu words != v15", ns17, ns17 > 1 ? "s" : "",
+                   v == 18 ? " (cluster; each canvas its own)" : "", nd);
         else snprintf(cmp, sizeof cmp, ", %d launches, %zu words != v15", nb, nd);
         printf("| %s | %d | %.4f | %.4f-%.4f | %.1f | %.0f | %.4f | %.1f%% | %s (worst %.3f)%s |\n", name, v, med, ms[0],
                ms.back(), nb * flops / (med * 1e-3) / 1e12, nb * bytes / (med * 1e-3) / 1e9, nb * roof,
@@ -474,7 +487,7 @@ int main(int argc, char **argv) {
     for (auto &l : plines) printf("%s\n", l.c_str());
     cudaFree(dprof);
   }
-  if (vmask >> 16 & 1 || vmask >> 17 & 1) { /* versions 16-17: the blocks resident at once per split count */
+  if (vmask >> 16 & 1 || vmask >> 17 & 1 || vmask >> 18 & 1) { /* versions 16-18: blocks resident per split count */
     const int *s256 = wqc_slots<256, 64, 1, 1>(), *s512 = wqc_slots<512, 32, 2, 1>();
     printf("# version 16 (NB 1) blocks resident at once per split count 1..%d (clusters of that many x the count):", WQC_MAXS);
     for (int ns = 1; ns <= WQC_MAXS; ns++) printf(" %d/%d", s256 ? s256[ns] : -1, s512 ? s512[ns] : -1);

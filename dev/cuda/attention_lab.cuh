@@ -44,7 +44,7 @@
                                      session 25, where version 15 is the backend's default on Hopper) */
 
 #define ATT_LAB_FIRST 9 /* the lab's own versions: ATT_LAB_FIRST..ATT_LAB_LAST (k_attention_any takes the others) */
-#define ATT_LAB_LAST 17
+#define ATT_LAB_LAST 18
 
 /* lab_bar_sync4<N>(k): bar.sync 1 + k, N for k in 0..3 (the same k for the whole warp): named barrier 1 + k (0 is
  * __syncthreads') of N threads (a multiple of 32), ordering shared and global memory among them as __syncthreads
@@ -135,7 +135,7 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
   return cudaGetLastError();
 }
 
-/* ---- versions 16 and 17 (session 29, helper at12; issues 12 and 14): the key splits merged inside a cluster, and
+/* ---- versions 16-18 (session 29, helper at12; issues 12 and 14): the key splits merged inside a cluster, and
  * one launch over a batch's canvases ----------------------------------------------------------------------------
  *
  * Why (docs/cuda.md "Session 29 (helper at12)"): at the 26B's decoder rows version 15 spends, per sliding layer on an
@@ -160,7 +160,14 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
  * x n_split); each canvas its own q, K/V cache, output, positions and rows: fa_args per canvas in one
  * __grid_constant__ parameter; blocks past a canvas's rows leave at once, their whole cluster with them). The split
  * count is one for the launch (cluster shape), chosen over all the canvases' blocks: at B = 4 canvases of 256 rows the
- * sliding layer's 128 blocks fill one wave unsplit (20 tiles each), so no merge at all.
+ * sliding layer's 128 blocks fill one wave unsplit (20 tiles each), so no merge at all. A canvas's words then depend
+ * on the batch (its split count does), which issue 14's batch tests do not allow by default (a canvas in a stack =
+ * its single run, word for word).
+ * Version 18: version 17 with each canvas its own split count, the one wqc_splits gives that canvas alone (the
+ * cluster the largest count; a canvas's blocks past its count get no key and stage (m -inf, l 0, O 0), which add exact
+ * zeros to fp_merge_row's sums and leave its maximum; an unsplit canvas's block 0 stores directly, as 16 does): each
+ * canvas's words are its single launch's (version 16's, so 15's where their splits agree) whatever the batch, at the
+ * price of the merge per canvas (B = 4 at the sliding layer: 512 blocks in clusters of 4, four waves of 5 tiles).
  * Split rule (wqc_splits): fa_splits' estimate with slots per split count from the cluster occupancy
  * (cudaOccupancyMaxActiveClusters: a cluster's blocks share a GPC, so 4-block clusters at one block per SM may fit
  * fewer than 132 / 4) and a merge cost of WQC_MERGE_COST tiles for any split (staging + DSMEM reads: ~BM D 4 bytes per
@@ -188,8 +195,8 @@ template <typename T> static inline const T *lab_cluster_map(const T *p, unsigne
 #define WQC_MAXS 8         /* splits: a portable cluster */
 #define WQC_MERGE_COST 0.7 /* key tiles' time of the in-cluster merge, any split count > 1 */
 template <int NB> struct wqc_args {
-  fa_args a[NB]; /* per canvas; n_split the same in all */
-  int nb;
+  fa_args a[NB]; /* per canvas; n_split: the canvas's own split count (<= ns) */
+  int nb, ns;    /* canvases; the launch's split count (the cluster's size: blocks z = canvas ns + split) */
 };
 
 /* fp_merge_row's merge of row `row` (columns [c, c + 8)) from per-split staged rows: O of split z at o_z(z) (8
@@ -223,10 +230,11 @@ __global__ void __launch_bounds__(256, 1) att_wqc_kernel(const LAB_GRID_CONSTANT
   typedef wq_cfg<D, BK, VS, 2> C;
   constexpr int BM = C::BM, DV = C::DV, NT = BK / 8, OS = D + 8; /* OS: the staged O's row stride in floats */
   static_assert(BM * OS * 4 + BM * 8 <= C::SMEM - 1024, "att_wqc_kernel: the staged O fits the Q and K/V buffers");
-  const int ns = p.a[0].n_split, c = NB == 1 ? 0 : (int)blockIdx.z / ns, z = (int)blockIdx.z % ns;
+  const int ns = p.ns, c = NB == 1 ? 0 : (int)blockIdx.z / ns, z = (int)blockIdx.z % ns;
   const fa_args &a = p.a[c];
-  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * BM, g = blockIdx.y;
+  const int G = a.NH / a.NKV, R = a.nq * G, r0 = blockIdx.x * BM, g = blockIdx.y, nsc = a.n_split;
   if (r0 >= R) return; /* a canvas with fewer rows than the largest: the cluster (same x, y, canvas) leaves whole */
+  if (nsc == 1 && z > 0) return; /* the canvas unsplit (version 18, beside split canvases): block 0 stores, no merge */
   DG_DYN_SMEM16(wq_raw);
   char *sm = (char *)wq_raw + ((1024u - (dg_smem_addr(wq_raw) & 1023u)) & 1023u);
   char *Qs = sm, *Ks = sm + C::QB, *Vs = Ks + 2 * C::KB;
@@ -234,7 +242,8 @@ __global__ void __launch_bounds__(256, 1) att_wqc_kernel(const LAB_GRID_CONSTANT
   const int mrow = VS == 1 ? 64 * wg : 0, dv0 = VS == 1 ? 0 : wg * DV;
   int blo, bhi;
   fa_range(a, r0, G, BM, &blo, &bhi);
-  const int nt_all = (bhi - blo + BK - 1) / BK, per = (nt_all + ns - 1) / ns;
+  const int nt_all = (bhi - blo + BK - 1) / BK, per = (nt_all + nsc - 1) / nsc; /* the canvas's own splits: blocks
+                                                                                   z >= nsc get no key (m -inf, l 0) */
   const int zlo = blo + z * per * BK, zhi = min(bhi, zlo + per * BK);
   const int ntile = zhi > zlo ? (zhi - zlo + BK - 1) / BK : 0;
   const bf16 *kg = a.kc + (size_t)g * a.S * D, *vg = a.vc + (size_t)g * a.S * D;
@@ -300,7 +309,7 @@ __global__ void __launch_bounds__(256, 1) att_wqc_kernel(const LAB_GRID_CONSTANT
     dg_wg_wait0();
     dg_wg_pin<DV / 8>(o);
   }
-  if (ns == 1) { /* no split: the rows' output (n_split 1: fa_store normalises and stores bf16) */
+  if (nsc == 1) { /* no split: the rows' output (n_split 1: fa_store normalises and stores bf16) */
     fa_store<D, DV>(a, o, m, l, r0, rl, R, G, g, dv0, 0, lane);
     return;
   }
@@ -383,9 +392,12 @@ template <int D, int BK, int VS, int NB> static const int *wqc_slots() {
 static int wqc_last_ns = 0; /* the lab's report: the split count of the last wqc_launch */
 
 /* One launch of att_wqc_kernel over nb canvases (a[0..nb), the same NH, NKV, D, causal, window in each); *ns_out: the
- * split count chosen (NULL: not asked). */
+ * launch's split count (NULL: not asked). inv 0 (versions 16, 17): one split count for every canvas, chosen over all
+ * the canvases' blocks; inv 1 (version 18): each canvas its own, the count wqc_splits gives that canvas alone (so its
+ * words are those of its own single launch: a canvas's blocks past its count get no key, and their (m -inf, l 0, O 0)
+ * add exact zeros to the merge; an unsplit canvas's block 0 stores directly), the launch's the largest. */
 template <int D, int BK, int VS, int NB>
-static cudaError_t wqc_launch(cudaStream_t s, const fa_args *a, int nb, int *ns_out = NULL) {
+static cudaError_t wqc_launch(cudaStream_t s, const fa_args *a, int nb, int *ns_out = NULL, int inv = 0) {
   typedef wq_cfg<D, BK, VS, 2> C;
   if (nb < 1 || nb > NB) return cudaErrorInvalidValue;
   void (*kern)(wqc_args<NB>) = att_wqc_kernel<D, BK, VS, NB>;
@@ -393,7 +405,7 @@ static cudaError_t wqc_launch(cudaStream_t s, const fa_args *a, int nb, int *ns_
   if (!slots) return cudaErrorInvalidValue;
   wqc_args<NB> p;
   memset(&p, 0, sizeof p);
-  int bx = 0, tiles = 0;
+  int bx = 0, tiles = 0, nsi = 1;
   for (int i = 0; i < nb; i++) {
     const fa_args &x = a[i];
     if (x.NH != a[0].NH || x.NKV != a[0].NKV || x.causal != a[0].causal || x.window != a[0].window ||
@@ -404,13 +416,18 @@ static cudaError_t wqc_launch(cudaStream_t s, const fa_args *a, int nb, int *ns_
     int lo, hi; /* keys of the widest block before splitting (fa_choose_splits) */
     if (x.causal) { hi = x.pos0 + x.nq; lo = x.is_full ? 0 : max(0, x.pos0 + 1 - x.window); }
     else { hi = x.kv_hi; lo = x.is_full ? 0 : max(0, x.pos0 - (x.window - 1)); }
-    tiles = max(tiles, (hi - lo + BK - 1) / BK);
+    const int ti = (hi - lo + BK - 1) / BK, bxi = (R + C::BM - 1) / C::BM;
+    tiles = max(tiles, ti);
     p.a[i] = x;
+    p.a[i].n_split = bxi > 0 ? wqc_splits(bxi * x.NKV, ti, slots) : 1; /* the canvas alone (inv) */
+    nsi = max(nsi, p.a[i].n_split);
   }
   p.nb = nb;
   if (bx == 0) return cudaSuccess;
-  const int ns = wqc_splits(bx * a[0].NKV * nb, tiles, slots);
-  for (int i = 0; i < nb; i++) p.a[i].n_split = ns;
+  const int ns = inv ? nsi : wqc_splits(bx * a[0].NKV * nb, tiles, slots);
+  if (!inv)
+    for (int i = 0; i < nb; i++) p.a[i].n_split = ns;
+  p.ns = ns;
   if (ns_out) *ns_out = ns;
   wqc_last_ns = ns;
   const dim3 grid((unsigned)bx, (unsigned)a[0].NKV, (unsigned)(nb * ns));
@@ -447,7 +464,7 @@ static cudaError_t wqc_launch(cudaStream_t s, const fa_args *a, int nb, int *ns_
 static inline cudaError_t att_lab_batch(cudaStream_t s, int nb, const float *const *q, const bf16 *const *kc,
                                         const bf16 *const *vc, bf16 *const *out, const int32_t *pos0,
                                         const int *kv_hi, int S, int nq, int NH, int NKV, int D, int causal,
-                                        int is_full, int window, int *ns_out) {
+                                        int is_full, int window, int *ns_out, int inv = 0) {
   if (nb < 1 || nb > WQC_MAXB || (D != 128 && D != 256 && D != 512) || !k_attention_flash_ok(D, NH, NKV))
     return cudaErrorInvalidValue;
   if (nq <= 0) return cudaSuccess;
@@ -457,9 +474,9 @@ static inline cudaError_t att_lab_batch(cudaStream_t s, int nb, const float *con
     a[i].S = S; a[i].nq = nq; a[i].NH = NH; a[i].NKV = NKV; a[i].causal = causal; a[i].is_full = is_full;
     a[i].window = window; a[i].n_split = 1; a[i].pos0 = pos0[i]; a[i].kv_hi = kv_hi[i];
   }
-  return D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, a, nb, ns_out)
-         : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, a, nb, ns_out)
-                    : wqc_launch<512, 32, 2, WQC_MAXB>(s, a, nb, ns_out);
+  return D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, a, nb, ns_out, inv)
+         : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, a, nb, ns_out, inv)
+                    : wqc_launch<512, 32, 2, WQC_MAXB>(s, a, nb, ns_out, inv);
 }
 
 /* Lab version v (ATT_LAB_FIRST..ATT_LAB_LAST) of the attention, with k_attention_any's arguments (shapes and key
@@ -485,13 +502,14 @@ static cudaError_t att_lab_version(int v, cudaStream_t s, const dg_att_ws *ws, i
   if (v == 14)
     return D == 128 ? att_wq_launch<128, 64, 1, 2, 1>(s, ws, a) : D == 256 ? att_wq_launch<256, 64, 1, 2, 1>(s, ws, a)
                                                                            : att_wq_launch<512, 32, 2, 2, 1>(s, ws, a);
-  if (v == 16 || v == 17) /* one canvas: version 16's kernel (NB 1), or 17's (NB WQC_MAXB) with one canvas */
+  if (v >= 16 && v <= 18) /* one canvas: version 16's kernel (NB 1), or 17's and 18's (NB WQC_MAXB) with one canvas
+                             (for one canvas the two split rules agree) */
     return v == 16 ? (D == 128   ? wqc_launch<128, 64, 1, 1>(s, &a, 1)
                       : D == 256 ? wqc_launch<256, 64, 1, 1>(s, &a, 1)
                                  : wqc_launch<512, 32, 2, 1>(s, &a, 1))
-                   : (D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, &a, 1)
-                      : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, &a, 1)
-                                 : wqc_launch<512, 32, 2, WQC_MAXB>(s, &a, 1));
+                   : (D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, &a, 1, NULL, v == 18)
+                      : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, &a, 1, NULL, v == 18)
+                                 : wqc_launch<512, 32, 2, WQC_MAXB>(s, &a, 1, NULL, v == 18));
   if (v == 15) /* the backend's version 15 (src/cuda/attention.cu k_attention_any: the same template instances, here
                  compiled with the lab's architecture, so that the lab runs it whatever the library was built for) */
     return D == 128   ? att_wq_launch<128, 64, 1, 2, 1, 0, 1>(s, ws, a)

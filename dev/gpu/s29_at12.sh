@@ -2,8 +2,9 @@
 # Session 29's call for issues 12 and 14's attention (helper at12; docs/cuda.md "Session 29 (helper at12): the
 # decoder's attention near its floor, and one launch over a batch's canvases"): the attention lab's versions 15 (the
 # backend's default on Hopper), 16 (15 with the key splits merged inside a thread block cluster through distributed
-# shared memory: no fp32 partials in device memory, no combine launch) and 17 (16's kernel over B canvases in one
-# launch, each canvas its own q, K/V cache and output) at the 26B decoder's rows: a 256-query canvas over 1,280 and
+# shared memory: no fp32 partials in device memory, no combine launch), 17 (16's kernel over B canvases in one
+# launch, each canvas its own q, K/V cache and output, one split count for the launch) and 18 (17 with each canvas's
+# own split count: its words those of its single launch whatever the batch) at the 26B decoder's rows: a 256-query canvas over 1,280 and
 # 2,304 keys (P 1024 and 2048), sliding layers (D 256, 16 over 8 heads, window 1,024) and full layers (D 512, 16 over
 # 2), B = 1 and B = 4 canvases, each row against the floor measured in the same command (read bandwidth and bf16 rate:
 # the lab's roofline column). One command, no carry needed beyond the tree (`.devdeb` where the machine lacks cJSON /
@@ -11,18 +12,18 @@
 # changes only the lab, the tests and the emulation); a fresh machine: + ~260 s for build/libdgemma.a, give it DG_CALL_S.
 #   0. build/libdgemma.a (the Makefile's default CUDA_ARCH: sm_90a + compute_90), then beside each other the lab
 #      (nvcc sm_90a, -Xptxas -v: registers and spills of att_wqc_kernel in ptxas.txt) and build/tests/test_cuda;
-#   1. the lab twice: `build/attention_lab --decoder --versions 15,16,17 --batch 4 --reps 30` (lab.md): rows
-#      "decoder sliding/full P1024/P2048" (B = 1: one launch of 16 or 17, 15 as the backend runs it: flash kernel +
-#      fp_combine_kernel) and the same rows "B4" (15 and 16: four launches in a row, the passes' way today; 17: one
-#      launch over the four canvases); every row checked against double precision (24 sampled rows per canvas), 16's
-#      and 17's words compared with 15's ("= v15 word for word" where their split count equals 15's), and the last line
-#      the cluster slots per split count (how many 2..8-block clusters of 193 KiB blocks the GPU holds at once);
-#   2. test_attention cases 15, 16 and 17 (the derived per-element bound, 7 shapes, rings; 16 and 17 split 3, 6 and
-#      2 ways there on the GPU's own occupancy) (tests.txt).
+#   1. the lab twice: `build/attention_lab --decoder --versions 15,16,17,18 --batch 4 --reps 30` (lab.md): rows
+#      "decoder sliding/full P1024/P2048" (B = 1: one launch of 16-18, 15 as the backend runs it: flash kernel +
+#      fp_combine_kernel) and the same rows "B4" (15 and 16: four launches in a row, the passes' way today; 17, 18: one
+#      launch over the four canvases); every row checked against double precision (24 sampled rows per canvas), 16-18's
+#      words compared with 15's ("= v15 word for word" / "0 words != v15" where their split count equals 15's), and
+#      the last line the cluster slots per split count (how many 2..8-block clusters of 193 KiB blocks fit at once);
+#   2. test_attention cases 15-18 (the derived per-element bound, 7 shapes, rings; 16-18 split them by the GPU's own
+#      cluster occupancy) (tests.txt).
 # Files back (4): log.txt, ptxas.txt, lab.md, tests.txt.
 #
 # The rule, written before any GPU run:
-#  - Correct: every lab row of both runs "ok", test_attention cases 16 and 17 pass; 16 "= v15 word for word" at every
+#  - Correct: every lab row of both runs "ok", test_attention cases 16-18 pass; 16 "= v15 word for word" at every
 #    B = 1 row whose split count equals 15's (4 at sliding, 2 at full, if the cluster slots line shows >= 128 slots at
 #    4 and 2). A word difference at equal splits is a defect to fix before any timing counts (the merge's arithmetic
 #    is fp_combine_kernel's by construction).
@@ -34,6 +35,10 @@
 #    a switch next) only if, in both runs, at each of the four B4 rows its median is below 15's B4 median (four
 #    launches) by more than the spread, and it is correct. Predicted: sliding ~129 -> ~55 us (one split, one wave),
 #    full P1024 ~259 -> ~200 us, full P2048 ~397 -> ~350 us (one split, two waves).
+#  - Version 18 is the candidate instead of 17 for the stack's default (the batch tests' "a canvas in a stack = its
+#    single run, word for word" holds under it) if its B4 rows beat 15's four launches by more than the spread in both
+#    runs with 0 words != v15 wherever 16's B = 1 row is "= v15". Predicted: sliding ~129 -> ~85 us (512 blocks in
+#    4-block clusters: 4 waves of 5 tiles + merge), full P1024 ~259 -> ~225, full P2048 ~397 -> ~375.
 #  - Refuted if 16 is not faster at the sliding rows: then the partials' store and the combine launch were not
 #    ~12 us of 32 (session 25's --prof) under the pass's conditions, or the DSMEM merge costs more than the ~3-5 us
 #    assumed (the B = 1 rows give the merge's cost directly: 16 - (15 - store - combine)).
@@ -58,21 +63,21 @@ make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/tests/test_c
 tb=$!
 wait $lb; r=$?
 echo "lab rc $r $(el)" | tee -a "$O/log.txt"
-grep -A2 "Compiling entry.*att_wq" /tmp/at12_ptxas.txt | grep -E "entry|registers|spill" > "$O/ptxas.txt"
+grep -A3 "Compiling entry.*att_wq" /tmp/at12_ptxas.txt | grep -E "entry|Used|spill" > "$O/ptxas.txt"
 [ $r = 0 ] || tail -20 /tmp/at12_ptxas.txt >> "$O/ptxas.txt"
 echo "att_wq*_kernel entries without spills: $(grep -c '0 bytes spill stores' "$O/ptxas.txt") of $(grep -c entry "$O/ptxas.txt")" | tee -a "$O/log.txt"
-# 1. the lab, twice (each run ~20-30 s: ceilings, 4 rows x (3 versions at B 1 + 3 at B 4) x 32 launches, checks)
+# 1. the lab, twice (each run ~20-30 s: ceilings, 4 rows x (4 versions at B 1 + 4 at B 4) x 32 launches, checks)
 for run in 1 2; do
   [ $r = 0 ] || break
   guard 45 "lab run $run" || break
-  timeout "$(lim 90)" build/attention_lab --decoder --versions 15,16,17 --batch 4 --reps 30 > /tmp/at12_lab.md 2>&1
+  timeout "$(lim 90)" build/attention_lab --decoder --versions 15,16,17,18 --batch 4 --reps 30 > /tmp/at12_lab.md 2>&1
   echo "lab run $run rc $? $(el)" | tee -a "$O/log.txt"
-  { echo "## run $run (--decoder --versions 15,16,17 --batch 4 --reps 30)"; cat /tmp/at12_lab.md; } >> "$O/lab.md"
+  { echo "## run $run (--decoder --versions 15,16,17,18 --batch 4 --reps 30)"; cat /tmp/at12_lab.md; } >> "$O/lab.md"
   grep -E "^\| decoder|^# " /tmp/at12_lab.md | cut -c1-200 | tee -a "$O/log.txt"
 done
-# 2. test_attention 15-17 on sm_90a
+# 2. test_attention 15-18 on sm_90a
 wait $tb; echo "test_cuda build rc $? $(el)" | tee -a "$O/log.txt"
-for k in 15 16 17; do
+for k in 15 16 17 18; do
   guard 20 "test_attention case $k" || break
   DG_TEST_CASE=$k DG_TEST_FILTER=test_attention timeout "$(lim 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
   echo "test_attention case $k rc $? $(el)" | tee -a "$O/log.txt"
