@@ -19,8 +19,14 @@
 #      words compared with 15's ("= v15 word for word" / "0 words != v15" where their split count equals 15's), and
 #      the last line the cluster slots per split count (how many 2..8-block clusters of 193 KiB blocks fit at once);
 #   2. test_attention cases 15-18 (the derived per-element bound, 7 shapes, rings; 16-18 split them by the GPU's own
-#      cluster occupancy) (tests.txt).
-# Files back (4): log.txt, ptxas.txt, lab.md, tests.txt.
+#      cluster occupancy; 16 and 18 through the backend's k_attention_any), test_attention_choice (DGEMMA_ATTN=16, 18,
+#      "16,18" give those versions on sm_90a), test_turbo_batch under DGEMMA_ATTN=18 (a stack's canvases in one
+#      launch, k_attention_batch: every canvas equals its own run, tokens and step traces) and test_graphs under
+#      DGEMMA_ATTN=16 (cluster launches captured in CUDA graphs: graphs off / on bit-identical) (tests.txt);
+#   3. only with AT12_BENCH=1 and /tmp/dg26b already made (/tmp/dg26b.ok, an earlier call's gpu_mkrandom_cpu_bg): the
+#      vllm protocol with --profile, default (15) / DGEMMA_ATTN=16 / default / 16 (~40 s each; bench.txt): the
+#      attention stage per pass and tok/s under the passes' own conditions (q hot in L2, graphs, PDL).
+# Files back (4, 5 with item 3): log.txt, ptxas.txt, lab.md, tests.txt (, bench.txt).
 #
 # The rule, written before any GPU run:
 #  - Correct: every lab row of both runs "ok", test_attention cases 16-18 pass; 16 "= v15 word for word" at every
@@ -42,6 +48,12 @@
 #  - Refuted if 16 is not faster at the sliding rows: then the partials' store and the combine launch were not
 #    ~12 us of 32 (session 25's --prof) under the pass's conditions, or the DSMEM merge costs more than the ~3-5 us
 #    assumed (the B = 1 rows give the merge's cost directly: 16 - (15 - store - combine)).
+#  - Item 2's tests must pass for the switch values to stay (DGEMMA_ATTN=16 / 18 behind the switch, default 15
+#    unchanged); a failure of test_turbo_batch under 18 means a canvas's words depend on the stack (a defect of 18's
+#    per-canvas split counts or of k_attention_batch's arguments), of test_graphs under 16 that cluster launches do not
+#    replay as captured.
+#  - Item 3 (if run): 16 becomes the default candidate for the next session only if both its runs' attention rows are
+#    below both default runs' by more than the spread and tok/s is not lower; predicted attention 1.257 -> ~1.0 ms.
 # Usage: DG_CALL_S=<the call's limit> bash dev/gpu/s29_at12.sh $OUT
 O=${1:?usage: dev/gpu/s29_at12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
@@ -82,5 +94,31 @@ for k in 15 16 17 18; do
   DG_TEST_CASE=$k DG_TEST_FILTER=test_attention timeout "$(lim 60)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
   echo "test_attention case $k rc $? $(el)" | tee -a "$O/log.txt"
 done
-grep -hE "^# attention|FAIL|ERROR" "$O/tests.txt" | cut -c1-220 | tee -a "$O/log.txt"
+tst() { # NAME ENV FILTER: build/tests/test_cuda under ENV (VAR=VALUE or -) with DG_TEST_FILTER, into tests.txt
+  local rc
+  guard 25 "$1" || return 1
+  { echo; echo "## $1: $2 DG_TEST_FILTER=$3 build/tests/test_cuda"; } >> "$O/tests.txt"
+  if [ "$2" = - ]; then DG_TEST_FILTER=$3 timeout "$(lim 90)" build/tests/test_cuda >> "$O/tests.txt" 2>&1
+  else env "$2" DG_TEST_FILTER=$3 timeout "$(lim 90)" build/tests/test_cuda >> "$O/tests.txt" 2>&1; fi
+  rc=$?
+  echo "test $1 rc $rc $(el)" | tee -a "$O/log.txt"
+}
+tst choice - test_attention_choice
+tst batch_18 DGEMMA_ATTN=18 test_turbo_batch
+tst graphs_16 DGEMMA_ATTN=16 test_graphs
+grep -hE "^# attention|^# cuda (batch|graphs)|FAIL|ERROR" "$O/tests.txt" | cut -c1-220 | tee -a "$O/log.txt"
+# 3. the vllm A/B (optional)
+if [ "${AT12_BENCH:-0}" = 1 ] && [ -f /tmp/dg26b.ok ]; then
+  make -j"$(nproc)" CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/dgemma build/libdgemma_cuda.so > /tmp/at12_build_b.txt 2>&1
+  echo "dgemma build rc $? $(el)" | tee -a "$O/log.txt"
+  : > "$O/bench.txt"
+  for e in - DGEMMA_ATTN=16 - DGEMMA_ATTN=16; do
+    guard 60 "vllm $e" || break
+    { echo; echo "## $e build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 3 --profile"; } >> "$O/bench.txt"
+    if [ "$e" = - ]; then timeout "$(lim 90)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 3 --profile >> "$O/bench.txt" 2>&1
+    else env "$e" timeout "$(lim 90)" build/dgemma bench -m /tmp/dg26b --device cuda --protocol vllm --reps 3 --profile >> "$O/bench.txt" 2>&1; fi
+    echo "vllm $e rc $? $(el)" | tee -a "$O/log.txt"
+  done
+  grep -E "^## |attention version|^\| vllm \| filler|^\| attention \|" "$O/bench.txt" | cut -c1-200 | tee -a "$O/log.txt"
+fi
 echo "done $(el)" | tee -a "$O/log.txt"

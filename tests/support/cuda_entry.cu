@@ -826,8 +826,8 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
   TT_(test_in(&al, &dv, vc, kvn, "v cache"));
   TT_(dalloc(&al, &dout, on * 2, "out"));
   TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
-  if (version >= ATT_LAB_FIRST && version != DG_ATT_WQ) { /* the lab's versions (dev/cuda/attention_lab.cuh), not the
-                                                             backend's (15 is: k_attention_any below) */
+  if (version >= ATT_LAB_FIRST && version != DG_ATT_WQ && version != DG_ATT_WQC && version != DG_ATT_WQB) {
+    /* the lab's versions (dev/cuda/attention_lab.cuh), not the backend's (15, 16 and 18 are: k_attention_any below) */
     TT_(dalloc(&al, &dcnt, (size_t)ncnt * 4, "arrival counters"));
     TC_(cudaMemset(dcnt, 0, (size_t)ncnt * 4));
     TC_(att_lab_version(version, 0, &ws, (int *)dcnt, ncnt, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv,
