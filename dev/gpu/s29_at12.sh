@@ -7,9 +7,10 @@
 # own split count: its words those of its single launch whatever the batch) at the 26B decoder's rows: a 256-query canvas over 1,280 and
 # 2,304 keys (P 1024 and 2048), sliding layers (D 256, 16 over 8 heads, window 1,024) and full layers (D 512, 16 over
 # 2), B = 1 and B = 4 canvases, each row against the floor measured in the same command (read bandwidth and bf16 rate:
-# the lab's roofline column). One command, no carry needed beyond the tree (`.devdeb` where the machine lacks cJSON /
-# cmocka headers); < 120 s on a warm machine with an earlier build/ (the library is then up to date: this branch
-# changes only the lab, the tests and the emulation); a fresh machine: + ~260 s for build/libdgemma.a, give it DG_CALL_S.
+# the lab's roofline column). One command, carry `.devdeb` where the machine lacks cJSON / cmocka headers. The library
+# and test_cuda rebuild (this branch changes src/cuda/common.cuh, attention.cu, passes.cu): ~4-5 min on a warm machine,
+# ~6-7 fresh (session 25's fresh library build: ~260 s); the items after the build take ~2 min (the lab ~25 s a run);
+# give it DG_CALL_S (items are guarded by the time left).
 #   0. build/libdgemma.a (the Makefile's default CUDA_ARCH: sm_90a + compute_90), then beside each other the lab
 #      (nvcc sm_90a, -Xptxas -v: registers and spills of att_wqc_kernel in ptxas.txt) and build/tests/test_cuda;
 #   1. the lab twice: `build/attention_lab --decoder --versions 15,16,17,18 --batch 4 --reps 30` (lab.md): rows
