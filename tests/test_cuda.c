@@ -3364,6 +3364,74 @@ static void test_attention(void **state) {
   printf("# attention version 0, D 16: largest |diff| / bound %.4f (<= 1)\n", worst);
 }
 
+/* k_attention_batch (DGEMMA_ATTN=18's stacked attention, src/cuda/attention.cu: a stacked pass's canvases in one
+ * launch of att_wqc_kernel) against each canvas alone through k_attention_any's version 18 (the single run
+ * test_attention's case 18 bounds): word for word, since each canvas's split count is its own (its blocks past it add
+ * exact zeros to the cluster merge; an unsplit canvas stores directly). Three stacks, each canvas its own rows,
+ * positions, keys and cache: sliding D 256 (the canvases' own split counts 3, 3, 1 on the emulation's 132 one-block
+ * SMs: an unsplit canvas beside split ones), full D 512 (4, 3, 1: a canvas with fewer splits than the cluster), and
+ * nine D 128 canvases (two launches, 8 + 1). A canvas's keys or rows taken from another's, or one split count for the
+ * stack (the lab's version 17), changes words. */
+static void test_attention_batch(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static uint16_t A[64 * 16], Bt[64 * 16];
+  static float C0[64 * 64], D0[64 * 64];
+  int avail = 1;
+  assert_dg_ok(cut()->test_wgmma(0, 0, A, Bt, C0, D0, &avail));
+  if (!avail) dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only): version 18 is not run");
+  static const struct {
+    const char *label;
+    int nb, NH, NKV, D, is_full, window, S;
+    int nq[9], pos0[9], kv_hi[9];
+  } st[] = {
+      {"sliding D 256", 3, 16, 8, 256, 0, 512, 800, {64, 40, 17}, {700, 500, 40}, {764, 564, 104}},
+      {"full D 512", 3, 16, 2, 512, 1, 512, 400, {40, 24, 8}, {300, 150, 20}, {340, 190, 60}},
+      {"D 128 x 9", 9, 8, 4, 128, 0, 64, 400, {8, 11, 14, 17, 20, 23, 26, 29, 32},
+       {20, 50, 80, 110, 140, 170, 200, 230, 260}, {28, 61, 94, 127, 160, 193, 226, 259, 292}}};
+  long words = 0;
+  for (size_t k = 0; k < sizeof st / sizeof st[0]; k++) {
+    const int nb = st[k].nb, NH = st[k].NH, NKV = st[k].NKV, D = st[k].D, S = st[k].S;
+    float *q[9];
+    uint16_t *kc[9], *vc[9], *out[9], *one = NULL;
+    int32_t Sa[9], nq[9], pos0[9], kv_hi[9];
+    for (int i = 0; i < nb; i++) {
+      const size_t qn = (size_t)st[k].nq[i] * NH * D, kvn = (size_t)NKV * S * D;
+      q[i] = malloc(qn * 4);
+      kc[i] = malloc(kvn * 2);
+      vc[i] = malloc(kvn * 2);
+      out[i] = malloc(qn * 2);
+      assert_true(q[i] && kc[i] && vc[i] && out[i]);
+      for (size_t j = 0; j < qn; j++) q[i][j] = 0.25f * q_rand();
+      for (size_t j = 0; j < kvn; j++) {
+        kc[i][j] = dg_f32_to_bf16(1.7f * q_rand());
+        vc[i][j] = dg_f32_to_bf16(q_rand() + 0.25f);
+      }
+      Sa[i] = S; nq[i] = st[k].nq[i]; pos0[i] = st[k].pos0[i]; kv_hi[i] = st[k].kv_hi[i];
+    }
+    assert_dg_ok(cut()->test_attention_batch(0, nb, (const float *const *)q, (const uint16_t *const *)kc,
+                                             (const uint16_t *const *)vc, Sa, nq, pos0, kv_hi, NH, NKV, D,
+                                             st[k].is_full, st[k].window, out));
+    for (int i = 0; i < nb; i++) {
+      const size_t qn = (size_t)nq[i] * NH * D;
+      one = malloc(qn * 2);
+      assert_non_null(one);
+      assert_dg_ok(cut()->test_attention(0, 18, q[i], kc[i], vc[i], S, nq[i], NH, NKV, D, pos0[i], kv_hi[i], 0,
+                                          st[k].is_full, st[k].window, one));
+      for (size_t j = 0; j < qn; j++)
+        if (one[j] != out[i][j])
+          fail_msg("attention batch %s, canvas %d of %d: word %zu (query %zu, head %zu, dim %zu): stacked 0x%04x, alone "
+                   "0x%04x", st[k].label, i, nb, j, j / ((size_t)NH * D), j / D % NH, j % D, out[i][j], one[j]);
+      words += (long)qn;
+      free(one);
+      free(q[i]); free(kc[i]); free(vc[i]); free(out[i]);
+    }
+  }
+  printf("# attention batch (version 18, k_attention_batch): 3 stacks of 3, 3 and 9 canvases equal each canvas alone "
+         "in all %ld words\n", words);
+}
+
 /* The passes' attention versions, chosen once per context (src/cuda/attention.cu k_attention_choose; the context's
  * line through dg_cuda_api.choices, as `dgemma bench` prints it): with DGEMMA_ATTN unset, 15 (the wgmma kernel) at
  * both head-dim classes where this build's device code has wgmma (sm_90a on a Hopper GPU; the CPU emulation models
@@ -4543,7 +4611,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_batch), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -178,8 +178,8 @@ using std::min;
 /* A cooperative launch (common.cuh) is a plain one here: blocks run one after another, so there is no co-residency
  * to ask for, and a kernel that waits grid-wide must take its own emulated path (route_gr_kernel's, moe.cu). */
 #define DG_LAUNCH_COOP(kernel, grid, block, smem, stream) DG_LAUNCH(kernel, grid, block, smem, stream)
-/* A launch in thread block clusters of shape cdim (the attention lab's version 16: common.cuh has no such launch
- * yet; dev/cuda/attention_lab.cuh lab_launch_cluster is the GPU's form). */
+/* A launch in thread block clusters of shape cdim (att_wqc_kernel's, src/cuda/attention_wqc.cuh wqc_launch; its GPU
+ * form there is cudaLaunchKernelEx with cudaLaunchAttributeClusterDimension). */
 #define DG_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, cdim) \
   emu::launcher_cl(dim3(grid), dim3(block), (smem), kernel, dim3(cdim))
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()

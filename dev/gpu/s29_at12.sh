@@ -20,7 +20,8 @@
 #      words compared with 15's ("= v15 word for word" / "0 words != v15" where their split count equals 15's), and
 #      the last line the cluster slots per split count (how many 2..8-block clusters of 193 KiB blocks fit at once);
 #   2. test_attention cases 15-18 (the derived per-element bound, 7 shapes, rings; 16-18 split them by the GPU's own
-#      cluster occupancy; 16 and 18 through the backend's k_attention_any), test_attention_choice (DGEMMA_ATTN=16, 18,
+#      cluster occupancy; 16 and 18 through the backend's k_attention_any), test_attention_batch (k_attention_batch's
+#      stacks of 3, 3 and 9 canvases equal each canvas alone word for word), test_attention_choice (DGEMMA_ATTN=16, 18,
 #      "16,18" give those versions on sm_90a), test_turbo_batch under DGEMMA_ATTN=18 (a stack's canvases in one
 #      launch, k_attention_batch: every canvas equals its own run, tokens and step traces) and test_graphs under
 #      DGEMMA_ATTN=16 (cluster launches captured in CUDA graphs: graphs off / on bit-identical) (tests.txt);
@@ -30,7 +31,7 @@
 # Files back (4, 5 with item 3): log.txt, ptxas.txt, lab.md, tests.txt (, bench.txt).
 #
 # The rule, written before any GPU run:
-#  - Correct: every lab row of both runs "ok", test_attention cases 16-18 pass; 16 "= v15 word for word" at every
+#  - Correct: every lab row of both runs "ok", test_attention cases 16-18 and test_attention_batch pass; 16 "= v15 word for word" at every
 #    B = 1 row whose split count equals 15's (4 at sliding, 2 at full, if the cluster slots line shows >= 128 slots at
 #    4 and 2). A word difference at equal splits is a defect to fix before any timing counts (the merge's arithmetic
 #    is fp_combine_kernel's by construction).
@@ -104,6 +105,7 @@ tst() { # NAME ENV FILTER: build/tests/test_cuda under ENV (VAR=VALUE or -) with
   rc=$?
   echo "test $1 rc $rc $(el)" | tee -a "$O/log.txt"
 }
+tst batch - test_attention_batch
 tst choice - test_attention_choice
 tst batch_18 DGEMMA_ATTN=18 test_turbo_batch
 tst graphs_16 DGEMMA_ATTN=16 test_graphs
