@@ -253,6 +253,10 @@ typedef struct dg_att_ws {
 #define DG_ATT_VERSIONS 8 /* k_attention_any's versions 0..DG_ATT_VERSIONS, and DG_ATT_WQ (the lab's own 9-14:
                              dev/cuda/attention.cu) */
 #define DG_ATT_WQ 15      /* k_attention_any's wgmma version (att_wq_kernel, attention_wq.cuh; sm_90a code only) */
+#define DG_ATT_WQC 16     /* 15 with its key splits merged in a thread block cluster (att_wqc_kernel, attention_wqc.cuh;
+                             sm_90a; DGEMMA_ATTN=16 only, session 29) */
+#define DG_ATT_WQB 18     /* 16's kernel over a stack's canvases in one launch, each canvas its own split count
+                             (k_attention_batch; one canvas: k_attention_any; DGEMMA_ATTN=18 only, session 29) */
 
 struct dg_cuda_ctx {
   dg_cuda_model *m;
@@ -401,8 +405,10 @@ cudaError_t k_ffn_combine_norm_v(cudaStream_t s, int version, float *x, const fl
  * passes' default without sm_90a code); DG_ATT_WQ (15): att_wq_kernel with Q K^T
  * and P V on wgmma (the passes' default on Hopper with sm_90a code; at D 64 it is
  * version 6; the caller checks the device runs wgmma, cuda_wg_available, else it
- * traps) (cudaErrorInvalidValue where one cannot run or for another version, the
- * lab's own 9-14 included). */
+ * traps); DG_ATT_WQC (16), DG_ATT_WQB (18): att_wqc_kernel (attention_wqc.cuh: 15's
+ * block, the key splits merged in a thread block cluster; 18 through its batch instance, so that a canvas's words
+ * are the same alone and in k_attention_batch; D 64 as 6, wgmma as for 15) (cudaErrorInvalidValue where one cannot
+ * run or for another version, the lab's own 9-14 and 17 included). */
 cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, const float *q, const bf16 *kc,
                             const bf16 *vc, bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi,
                             int causal, int is_full, int window);
@@ -420,6 +426,19 @@ void k_attention_describe(const dg_att_ws *ws, char *buf, size_t n);
 cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,
                                bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full,
                                int window);
+/* The decoder attention of nb canvases (a stacked pass's segments, dg_cuda_seg) in one launch of version 18
+ * (DG_ATT_WQB, att_wqc_kernel over up to WQC_MAXB canvases at a time): canvas i's nq[i] rows of q[i] over its own cache
+ * kc[i], vc[i] of S[i] slots, keys [lo, kv_hi[i]) (lo: 0 on full layers, pos0[i] - (window - 1) on sliding ones),
+ * into out[i]; each canvas's words are those of k_attention_any(18) on it alone. The same NH, NKV, D (128, 256 or
+ * 512) and layer kind for all; cudaErrorInvalidValue otherwise or where wgmma does not run (the caller checks, as
+ * for 15). */
+cudaError_t k_attention_batch(cudaStream_t s, int nb, const float *const *q, const bf16 *const *kc,
+                              const bf16 *const *vc, bf16 *const *out, const int32_t *S, const int32_t *nq,
+                              const int32_t *pos0, const int32_t *kv_hi, int NH, int NKV, int D, int is_full,
+                              int window);
+/* Whether the passes' attention for head dim D runs stacked canvases in one launch (k_attention_batch: the context's
+ * version there is 18 and the shape is one att_wqc_kernel takes). */
+int k_attention_batched(const dg_att_ws *ws, int D, int NH, int NKV);
 /* causal = 1: encoder masks; 0: decoder (all of [lo, pos0 + T)). */
 cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
                         int S, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window);
