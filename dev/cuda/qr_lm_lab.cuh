@@ -27,6 +27,9 @@
  *       for 2 blocks per SM (16 warps); 133: the same kernel with registers for 1 block per SM (8 warps per SM, as
  *       version 50 at 8 n-tiles): 132 against 133 is the occupancy alone, the same source and words.
  *
+ *   134-137 (session 29, helper wp11): version 50 with registers (and at 8 n-tiles a ring of 2 stages) for more warps
+ *       per SM at 4-8 n-tiles (qr_occ_launch, at the end).
+ *
  * Checked against version 50 word for word on the emulation by dev/cuda/qr_lm_emu.cpp, on the GPU by the lab. */
 #ifndef DG_QR_LM_LAB_CUH
 #define DG_QR_LM_LAB_CUH
@@ -314,6 +317,46 @@ static cudaError_t qr_lm_launch(int ver, cudaStream_t s, dim3 grid, const qe_arg
 #endif
   DG_LAUNCH(kern, dim3((unsigned)(items * slabs)), ver >= 132 ? 256 : 32 * QR_WARPS, smem, s)(a, E, slabs);
   return cudaGetLastError();
+}
+
+/* Versions 134-137 (session 29, helper wp11; docs/cuda.md "Session 29 (helper wp11)"): version 50 itself (qr_kernel,
+ * the backend's launch choices, grid and block order, the same DIET loops) with more warps resident per SM at 4, 5 and
+ * 8 n-tiles (more than 24 rows per expert on average), where version 50 caps nothing (MINB 1: 216-255 registers, 2
+ * blocks of 4 warps per SM) and lm14's 132 against 133 measured the products latency-bound at 8 warps per SM. Only
+ * the registers' cap (launch bounds) and, at 8 n-tiles, the activation ring's depth change: no arithmetic, so every
+ * output word is version 50's. At 8 n-tiles the ring of 3 stages is 3 x (64 x 320 + 512) = 62,976 bytes of shared
+ * memory per block, so 3 blocks fit in the H100's 227 KB and 4 do not; a 2-stage ring (41,984 bytes) lets 4 (or 5):
+ *   134: registers for 3 blocks per SM (<= 168) at 4, 5, 8 n-tiles, ring 3: 12 warps per SM;
+ *   135: registers for 4 blocks per SM (<= 128) at 4, 5, 8 n-tiles, ring 2 at 8 n-tiles: 16 warps per SM;
+ *   136: 134 with ring 2 at 8 n-tiles (12 warps: 135 against 136 is 16 against 12 warps at the same ring);
+ *   137: version 50's registers (MINB 1) with ring 2 at 8 n-tiles (8 warps: the ring's own cost, 136 against 137 is
+ *        12 against 8 warps at the same ring, 134 against 50 the same at ring 3).
+ * Up to 3 n-tiles every version is version 50 (qr_launch_bits). ptxas -v says the registers and spills of each
+ * instance (the GPU call's ptxas.txt). */
+template <int BITS, int GATEUP, int MB, int S8>
+static cudaError_t qr_occ_nt(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  constexpr int L4 = qr_diet_at(4, QR_DIET_TILES, 0), L5 = qr_diet_at(5, QR_DIET_TILES, 0),
+                L8 = qr_diet_at(8, QR_DIET_TILES, 0);
+  switch (nt) { /* qr_launch_bits' cases 4, 5 and default with MINB MB (and ring S8 at 8 n-tiles) */
+  case 1: case 2: case 3: return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
+  case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, 3, MB, L4>(s, grid, a);
+  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, 4, MB, L5>(s, grid, a);
+  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, S8, MB, -QR_PF, 6, MB, L8>(s, grid, a);
+  }
+}
+
+/* Launch version ver (134-137) at nt n-tiles (qe_nt, as version 50). cudaErrorInvalidValue: another version or
+ * GATEUP HP (not instantiated here). */
+template <int BITS, int GATEUP>
+static cudaError_t qr_occ_launch(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
+  if (GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
+  switch (ver) {
+  case 134: return qr_occ_nt<BITS, GATEUP, 3, QR_STAGES>(s, grid, nt, a);
+  case 135: return qr_occ_nt<BITS, GATEUP, 4, 2>(s, grid, nt, a);
+  case 136: return qr_occ_nt<BITS, GATEUP, 3, 2>(s, grid, nt, a);
+  case 137: return qr_occ_nt<BITS, GATEUP, 1, 2>(s, grid, nt, a);
+  default: return cudaErrorInvalidValue;
+  }
 }
 
 #endif
