@@ -151,7 +151,9 @@
  *   versions 134-137 (4-bit g64; dev/cuda/qr_lm_lab.cuh qr_occ_launch, session 29, helper wp11): version 50 with more
  *              warps per SM at 4-8 n-tiles: registers for 3 blocks per SM (134, ring 3; 136, ring 2 at 8 n-tiles), 4
  *              (135, ring 2 at 8 n-tiles: 16 warps), or version 50's (137, ring 2 at 8 n-tiles: the ring's cost
- *              alone); bit for bit = v50
+ *              alone); 138, 139: version 50's grid, order and 64-token passes at 8 n-tiles (6 for experts of <= 48
+ *              rows) with each group's products and fold done n-tile by n-tile (qr_lean_stage: 8 live partial sums
+ *              instead of 64), registers for 3 blocks per SM (138: 12 warps) or 1 (139); bit for bit = v50
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -206,7 +208,7 @@
 #include "qr_diet_lab.cuh" /* versions 95-113: the SASS diet, its launch choices, weight rings, persistent grid, early
                                * weights, timeline, slab pairs, tail split, empty probe (lab only) */
 #include "qr_lm_lab.cuh" /* versions 130-137: passes fitted to their rows, split blocks, token halves (session 28, helper lm14);
-                           * more warps per SM (134-137, session 29, helper wp11) */
+                           * more warps per SM (134-139, session 29, helper wp11) */
 #include "cuda/qmoe_wl.cuh" /* versions 120-124: the large-M wgmma kernel (the backend gate/up of DGEMMA_WL=1 is 122) */
 extern "C" {
 #include "io/quant.h"
@@ -633,9 +635,10 @@ static cudaError_t run_lm(int ver, int prod, stack *st, routing *r) {
   return prod == GU ? qr_lm_launch<4, 1>(ver, 0, grid, a) : qr_lm_launch<4, 0>(ver, 0, grid, a);
 }
 
-/* Versions 134-137 (4-bit g64; dev/cuda/qr_lm_lab.cuh qr_occ_launch, session 29): version 50 with registers (and at 8
- * n-tiles an activation ring of 2 stages) for 12 or 16 warps per SM at 4-8 n-tiles; outputs compared with version 50's
- * bit for bit */
+/* Versions 134-139 (4-bit g64; dev/cuda/qr_lm_lab.cuh qr_occ_launch, qr_lean_launch, session 29): version 50 with
+ * registers (and at 8 n-tiles an activation ring of 2 stages) for 12 or 16 warps per SM at 4-8 n-tiles (134-137), or
+ * its 8-tile body with the lean stage order (138: registers for 12 warps per SM, 139: for 8); outputs compared with
+ * version 50's bit for bit */
 static cudaError_t run_occ(int ver, int prod, stack *st, routing *r) {
   qe_args a;
   dim3 grid;
@@ -645,6 +648,8 @@ static cudaError_t run_occ(int ver, int prod, stack *st, routing *r) {
   if (a.group != 64) return cudaErrorNotSupported;
   const int nt = qe_nt(r->T, TOPK, E);
   g_dq = 0;
+  if (ver >= 138) /* 138, 139: the lean stage at 8 n-tiles, whatever qe_nt says (its words do not depend on it) */
+    return prod == GU ? qr_lean_launch<4, 1>(ver, 0, grid, a) : qr_lean_launch<4, 0>(ver, 0, grid, a);
   return prod == GU ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
 }
 
@@ -1103,7 +1108,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
   if (ver >= 130 && ver <= 133) return run_lm(ver, prod, st, r);
-  if (ver >= 134 && ver <= 137) return run_occ(ver, prod, st, r);
+  if (ver >= 134 && ver <= 139) return run_occ(ver, prod, st, r);
   if (ver >= 95 && ver <= 113) return run_diet(ver, prod, st, r);
 #ifdef LAB_ONLY_SK /* versions 1-3, 40, 50 and 95-113 only (issue 11's session-25 call: the build in ~1-2 minutes) */
   (void)run_probe; /* (not built in: no "declared but never referenced" warnings) */

@@ -11,7 +11,9 @@
  * fail). --ver N: version N alone (133, 132's kernel with other launch bounds: one case). --occ: versions 134-137
  * (session 29, helper wp11: version 50's kernel with other launch bounds, and at 8 n-tiles a 2-stage activation ring)
  * against version 50 at the same forced tile count, 4, 5 and 8 (the emulation ignores launch bounds: what it checks
- * is the 2-stage ring and the launcher's instances).
+ * is the 2-stage ring and the launcher's instances), and 138 (the lean stage order, qr_lean_stage) against version 50
+ * at 8 n-tiles; --ver 139: 138's source with other launch bounds. Built with -DQR_LEAN_MUTATE (the lean stage's runs in
+ * the other order), --ver 138 must fail.
  *
  * Build and run (no GPU; ~8-10 minutes on a loaded 2-core machine, 24 cases):
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -110,7 +112,9 @@ static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
     cudaMemcpy(dc, c2.data(), E * 4, cudaMemcpyHostToDevice);
   }
   qr_lm_pairs = TK;
-  if (ver >= 134) /* 134-137: version 50's kernel at the same tile count with other launch bounds and ring depth */
+  if (ver >= 138) /* 138, 139: the lean stage order at 8 n-tiles (6 for experts of <= 48 rows) */
+    err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, a) : qr_lean_launch<4, 0>(ver, 0, grid, a);
+  else if (ver >= 134) /* 134-137: version 50's kernel at the same tile count with other launch bounds and ring depth */
     err = gateup ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
   else
     err = gateup ? qr_lm_launch<4, 1>(ver, 0, grid, a) : qr_lm_launch<4, 0>(ver, 0, grid, a);
@@ -139,7 +143,7 @@ int main(int argc, char **argv) {
   prob Q{12, 160, 8, 704, 448, {0, 1, 9, 20, 27, 36, 45, 64, 65, 128, 129, 200}}; /* down: 11 weight stages (odd) */
   const int occ = argc > 1 && !strcmp(argv[1], "--occ"); /* --occ: versions 134-137 only */
   long bad = 0;
-  printf("qr_lm_emu: versions %s against version 50, word for word%s\n", occ ? "134-137" : "130-133",
+  printf("qr_lm_emu: versions %s against version 50, word for word%s\n", occ ? "134-138" : "130-133",
          mutate ? " (MUTATION: must fail)" : "");
   for (int ver : {132, 130, 131, 133}) {
     if ((mutate && ver == 131) || (only && ver != only) || occ) continue;
@@ -149,10 +153,13 @@ int main(int argc, char **argv) {
       bad += run_case(Q, 0, ver, nt50, mutate);
     }
   }
-  /* 134-137 (--occ, session 29): at 4, 5 and 8 n-tiles (their own instances; below 4 they are version 50's) */
-  for (int ver : {134, 135, 136, 137}) {
+  /* 134-138 (--occ, session 29): at 4, 5 and 8 n-tiles (their own instances; below 4 they are version 50's); 138
+   * (the lean stage) against version 50 at 8 n-tiles; 139 (138's source, MINB 1) with --ver 139 */
+  for (int ver : {138, 134, 135, 136, 137, 139}) {
     if (mutate || !(only == ver || occ)) continue;
     for (int nt50 : {4, 5, 8}) {
+      if (ver >= 138 && nt50 != 8) continue; /* 138, 139: their own 8-tile choice (139: 138's source, one case) */
+      if (ver == 139 && only != 139) continue;
       bad += run_case(P, 1, ver, nt50, 0);
       bad += run_case(Q, 0, ver, nt50, 0);
     }
