@@ -41,9 +41,11 @@
 # (version 50's: 24-28 / 24-28); at 5 n-tiles <= 168: 88 / 100-104, <= 128: 580-588 / 836-972; at 4 n-tiles <= 168:
 # 36-40 / 36-44. The lean 8-tile kernel (138) at <= 168: 128 / 496 (139 at 255: none). So expected: 134 and 136 lose
 # at 8 n-tiles (the sums spill in the loop) and win 5-13 % at M 32 (5 n-tiles, little spill: ~159 / ~96 us); 135
-# loses everywhere but perhaps M 32; 137 within 2 % of 50 (ring 2 at 8 warps); 139 within 3 % of 50 (the lean order
-# at 8 warps: its n-tiles' 4-mma chains are independent); 138 the candidate: 3-6 % under 50 on gate_up and 6-10 % on
-# down at M 64 / 128 and T 1024 / 2048 if its spills sit outside the loop.
+# loses everywhere but perhaps M 32; 137 within 2 % of 50 (ring 2 at 8 warps); 139 within 3 % over 50 or 0-8 % under
+# it (the lean order at 8 warps: its n-tiles' 4-mma chains are independent, and its loop is 386 instructions per
+# weight stage against 50's 484.5, cpu-s29/wp11_sass_loops.txt); 138 the candidate: 3-6 % under 50 (and 139) on gate_up
+# and 6-10 % on down at M 64 / 128 and T 1024 / 2048 (its loop: 505 per stage, 9.5 LDL of loop-invariant values, no
+# STL; 134's 8-tile loop: 586 with 40.5 LDL and 23 STL, 135's 638 with 76.5 / 54.5).
 #
 # The rule (written before any GPU run):
 #  (a) a 134-139 row that is not "ok, = v50", or any FAIL, is a bug to fix before any of its times counts. The M 16
