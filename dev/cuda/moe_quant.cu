@@ -648,8 +648,8 @@ static cudaError_t run_occ(int ver, int prod, stack *st, routing *r) {
   if (a.group != 64) return cudaErrorNotSupported;
   const int nt = qe_nt(r->T, TOPK, E);
   g_dq = 0;
-  if (ver >= 138) /* 138, 139: the lean stage at 8 n-tiles, whatever qe_nt says (its words do not depend on it) */
-    return prod == GU ? qr_lean_launch<4, 1>(ver, 0, grid, a) : qr_lean_launch<4, 0>(ver, 0, grid, a);
+  if (ver >= 138) /* 138, 139: the lean stage in place of the 8-tile kernel (below 8 n-tiles version 50's kernels) */
+    return prod == GU ? qr_lean_launch<4, 1>(ver, 0, grid, nt, a) : qr_lean_launch<4, 0>(ver, 0, grid, nt, a);
   return prod == GU ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
 }
 

@@ -113,7 +113,7 @@ static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
   }
   qr_lm_pairs = TK;
   if (ver >= 138) /* 138, 139: the lean stage order at 8 n-tiles (6 for experts of <= 48 rows) */
-    err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, a) : qr_lean_launch<4, 0>(ver, 0, grid, a);
+    err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, 8, a) : qr_lean_launch<4, 0>(ver, 0, grid, 8, a);
   else if (ver >= 134) /* 134-137: version 50's kernel at the same tile count with other launch bounds and ring depth */
     err = gateup ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
   else

@@ -436,11 +436,14 @@ __global__ void __launch_bounds__(32 * QR_WARPS, MINB) qr_lean_kernel(qe_args a,
   }
 }
 
-/* Launch version 138 or 139 over E experts of `slabs` slabs (version 50's grid (E, slabs) as a 1-D grid). */
+/* Launch version 138 or 139 over E experts of `slabs` slabs (version 50's grid (E, slabs) as a 1-D grid) at nt
+ * n-tiles (qe_nt): the lean kernel in place of version 50's 8-tile kernel only (qr_launch_bits' default case); below 8
+ * n-tiles version 50's own kernels (qr_launch_bits), so those rows are a drift control. */
 template <int BITS, int GATEUP>
-static cudaError_t qr_lean_launch(int ver, cudaStream_t s, dim3 grid, const qe_args &a) {
+static cudaError_t qr_lean_launch(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   constexpr int GS = 64, XB = QR_LM_NTOK * qr_xs(GS, QR_SUB, BITS), SBB = qr_sbb(GS, QR_SUB, 8, 0);
   if ((ver != 138 && ver != 139) || a.group != GS || GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
+  if (nt >= 1 && nt <= 5) return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
   const int E = (int)grid.x, slabs = (int)grid.y;
   void (*kern)(qe_args, int, int) = ver == 138 ? qr_lean_kernel<BITS, GATEUP, GS, 3> : qr_lean_kernel<BITS, GATEUP, GS, 1>;
   const size_t smem = (size_t)QR_STAGES * (XB + SBB);

@@ -49,8 +49,9 @@
 #
 # The rule (written before any GPU run):
 #  (a) a 134-139 row that is not "ok, = v50", or any FAIL, is a bug to fix before any of its times counts. The M 16
-#      rows of 134-137 run version 50's own kernels (3 n-tiles): a median more than 1.5 % from 50's there says the
-#      run's drift is larger than the rule assumes; then (b) needs the other run to agree.
+#      rows of 134-139 and the M 32 rows of 138-139 run version 50's own kernels (3 and 5 n-tiles): a median more
+#      than 1.5 % from 50's there says the run's drift is larger than the rule assumes; then (b) needs the other run
+#      to agree. (138-139 are judged by (b) on the other rows only.)
 #  (b) a version is the candidate for the backend (qr_launch_bits' cases 4, 5, 8 in src/cuda/qmoe_r.cuh: their MINB,
 #      and STAGES at 8) only if, in both runs, at uniform M 64 and M 128 and gathered T 1024 and T 2048, for gate_up
 #      and for down, its median is under version 50's with min-max ranges apart, and at uniform M 32 its median is at
