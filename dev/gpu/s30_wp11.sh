@@ -101,8 +101,8 @@ grep -A3 -E "Compiling entry.*(qr_fgp_kernel|qr_lean_kernel|qr_kernelILi4ELi[01]
 if command -v cuobjdump > /dev/null && [ -s build-wp/moe_quant.o ]; then
   cuobjdump -sass build-wp/moe_quant.o > /tmp/wp.sass 2> /dev/null
   # the 8-tile instances: 50 (MINB 1, STAGES 3), 134 (3, 3), 135 (4, 2), 136 (3, 2), 137 (1, 2); gate_up and down
-  for g in 1 0; do for ms in 3ELi1 3ELi3 2ELi4 2ELi3 2ELi1; do
-    k=_Z9qr_kernelILi4ELi${g}ELi8ELi64ELi4ELi2ELi${ms}E
+  for g in 1 0; do for ms in 3ELi1 3ELi3 2ELi4 2ELi3 2ELi1; do # (the full name: a DQ instance shares MINB 3's prefix)
+    k=_Z9qr_kernelILi4ELi${g}ELi8ELi64ELi4ELi2ELi${ms}ELi2ELin2ELi1ELi6ELi0ELi0ELi0ELi0EEv7qe_args
     { echo "## stage loops of $k"; timeout 20 python3 scripts/qr_sass_loop.py /tmp/wp.sass $k --d 2 2>&1 | head -30; } >> "$O/ptxas.txt"
   done; done
   for k in _Z14qr_lean_kernelILi4ELi1ELi64ELi3E _Z14qr_lean_kernelILi4ELi0ELi64ELi3E _Z14qr_lean_kernelILi4ELi1ELi64ELi1E; do
@@ -127,13 +127,13 @@ S="--section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerS
 --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats --section InstructionStats --section SourceCounters"
 mkdir -p /tmp/wp_ncu; rm -f /tmp/wp_ncu/*
 if command -v ncu > /dev/null; then
-for c in "u64gu:^_Z9qr_kernelILi4ELi1ELi8ELi64ELi4ELi2ELi3ELi1E:50,--ms,64,--ts,none:0" \
+for c in "u64gu:^_Z9qr_kernelILi4ELi1ELi8ELi64ELi4ELi2ELi3ELi1ELi2ELin2ELi1ELi6ELi0ELi0ELi0ELi0E:50,--ms,64,--ts,none:0" \
          "f16:^_Z13qr_fgp_kernel:119,--ms,16,--ts,none:0" \
-         "u64dn:^_Z9qr_kernelILi4ELi0ELi8ELi64ELi4ELi2ELi3ELi1E:50,--ms,64,--ts,none:0" \
-         "u16gu:^_Z9qr_kernelILi4ELi1ELi3ELi64E:50,--ms,16,--ts,none:0" \
-         "u16dn:^_Z9qr_kernelILi4ELi0ELi3ELi64E:50,--ms,16,--ts,none:0" \
+         "u64dn:^_Z9qr_kernelILi4ELi0ELi8ELi64ELi4ELi2ELi3ELi1ELi2ELin2ELi1ELi6ELi0ELi0ELi0ELi0E:50,--ms,64,--ts,none:0" \
+         "u16gu:^_Z9qr_kernelILi4ELi1ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi0E:50,--ms,16,--ts,none:0" \
+         "u16dn:^_Z9qr_kernelILi4ELi0ELi3ELi64ELi4ELi2ELi3ELi4ELi2ELin2ELi1ELi2ELi0ELi0ELi0ELi0E:50,--ms,16,--ts,none:0" \
          "l64gu:^_Z14qr_lean_kernelILi4ELi1ELi64ELi3E:138,--ms,64,--ts,none:1" \
-         "o64gu:^_Z9qr_kernelILi4ELi1ELi8ELi64ELi4ELi2ELi3ELi3E:134,--ms,64,--ts,none:1" \
+         "o64gu:^_Z9qr_kernelILi4ELi1ELi8ELi64ELi4ELi2ELi3ELi3ELi2ELin2ELi1ELi6ELi0ELi0ELi0ELi0E:134,--ms,64,--ts,none:1" \
          "f256:^_Z13qr_fgp_kernel:119,--ms,none,--ts,256:1"; do
   IFS=: read -r name re args opt <<< "$c"
   need=45; [ "$opt" = 1 ] && need=60
