@@ -44,7 +44,7 @@
 # loses everywhere but perhaps M 32; 137 within 2 % of 50 (ring 2 at 8 warps); 139 within 3 % over 50 or 0-8 % under
 # it (the lean order at 8 warps: its n-tiles' 4-mma chains are independent, and its loop is 386 instructions per
 # weight stage against 50's 484.5, cpu-s29/wp11_sass_loops.txt); 138 the candidate: 3-6 % under 50 (and 139) on gate_up
-# and 6-10 % on down at M 64 / 128 and T 1024 / 2048 (its loop: 505 per stage, 9.5 LDL of loop-invariant values, no
+# and 6-10 % on down at M 64 / 128 and T 1024 / 2048 (its loop: 505 per stage, 9.5 LDL of the copies' addresses, no
 # STL; 134's 8-tile loop: 586 with 40.5 LDL and 23 STL, 135's 638 with 76.5 / 54.5).
 #
 # The rule (written before any GPU run):
