@@ -52,8 +52,8 @@
 #      rows of 134-139 and the M 32 rows of 138-139 run version 50's own kernels (3 and 5 n-tiles): a median more
 #      than 1.5 % from 50's there says the run's drift is larger than the rule assumes; then (b) needs the other run
 #      to agree. (138-139 are judged by (b) on the other rows only.)
-#  (b) a version is the candidate for the backend (qr_launch_bits' cases 4, 5, 8 in src/cuda/qmoe_r.cuh: their MINB,
-#      and STAGES at 8) only if, in both runs, at uniform M 64 and M 128 and gathered T 1024 and T 2048, for gate_up
+#  (b) a version is the candidate for the backend (qr_launch_bits' cases 4, 5, 8 in src/cuda/qmoe_r.cuh: their MINB
+#      and STAGES for 134-137, the 8-tile kernel replaced by the lean one for 138-139) only if, in both runs, at uniform M 64 and M 128 and gathered T 1024 and T 2048, for gate_up
 #      and for down, its median is under version 50's with min-max ranges apart, and at uniform M 32 its median is at
 #      most 2 % over 50's; of several, the one with the smallest sum of medians over those 8 rows. A version that
 #      passes (b) only on one product is the candidate for that product alone (qr_launch_bits<4, GATEUP> per product).
@@ -68,7 +68,7 @@
 #      (SchedulerStats), tensor pipe and issue utilisation (ComputeWorkloadAnalysis), DRAM throughput
 #      (MemoryWorkloadAnalysis) and the top-20 lines (SourceCounters). For u64gu / u64dn: "wait" (fixed-latency
 #      dependency: the unpack -> mma -> fold chain) the largest with < 1 eligible warp per scheduler and the tensor
-#      pipe < 60 % busy: latency of the warp's own chain -> more warps (134-136) or two stages' chains interleaved
+#      pipe < 60 % busy: latency of the warp's own chain -> more warps (134-138) or two stages' chains interleaved
 #      in a warp; "long scoreboard" the largest: the weight loads' latency -> a deeper register stage (D 3) or
 #      earlier prefetch; "barrier" the largest: the 4 warps out of step at the activation ring -> fewer barriers
 #      (SUB 4) or a warp-specialised copy warp; "short scoreboard" / "MIO throttle": shared memory (the B fragments,
