@@ -2,8 +2,8 @@
 # Session 30's call for issues 11, 14 and 12 (helper wp11, session 29; docs/cuda.md "Session 29 (helper wp11)"): where
 # the 4-bit expert kernels' warps wait (Nsight Compute) and lab versions 134-139 (version 50 with more warps per SM at
 # 4-8 n-tiles; 138-139 with the 8-tile stage in a register-lean order). One command, carry `.devdeb`, default kind
-# (H100); ~150-200 s on a warm machine (the lab's compile
-# ~70 s, two lab runs ~12 s each, the ncu items ~15-25 s each, each guarded by the time left):
+# (H100); ~200-260 s on a warm machine, more than the usual 150 s (the lab's compile ~80-100 s: s28_lm14.sh's 71 s
+# plus 134-139's instances; two lab runs ~15 s each; the ncu items ~15-25 s each, each guarded by the time left):
 #   1. `make ... build/libdgemma.a` (s28_lm14.sh's line: after any default build it rebuilds nothing) beside the lab's
 #      compile (-DLAB_ONLY_FG -DLAB_LM, sm_90a, -Xptxas -v: s28_lm14.sh's build, which holds 50, 119, 130-139);
 #      ptxas.txt: registers and spills of qr_kernel's 4-bit g64 instances at 3, 4, 5, 8 n-tiles (version 50's and
@@ -28,7 +28,7 @@
 #      per issued instruction by reason from the raw page) and scripts/qr_src_counts.py --top 20 (stall samples by
 #      reason and instruction class, the 20 SASS lines with the most samples and their reasons).
 # Guards: the lab's compile at most 200 s; each lab run at most 45 s; each ncu item at most 60 s and only with >= 45 s
-# left of the call (DG_CALL_S, scripts/gpu_env.sh); the optional items only with >= 60 s left and within 200 s of the
+# left of the call (DG_CALL_S, scripts/gpu_env.sh); the optional items only with >= 60 s left and within 270 s of the
 # start; every timeout capped at the call's limit.
 #
 # The prediction (written before any GPU run; the arithmetic in docs/cuda.md "Session 29 (helper wp11)"): lm14's
@@ -137,7 +137,7 @@ for c in "u64gu:^_Z9qr_kernelILi4ELi1ELi8ELi64ELi4ELi2ELi3ELi1ELi2ELin2ELi1ELi6E
          "f256:^_Z13qr_fgp_kernel:119,--ms,none,--ts,256:1"; do
   IFS=: read -r name re args opt <<< "$c"
   need=45; [ "$opt" = 1 ] && need=60
-  if [ "$(call_left)" -lt "$need" ] || { [ "$opt" = 1 ] && [ $(( $(date +%s) - t0 )) -gt 200 ]; }; then
+  if [ "$(call_left)" -lt "$need" ] || { [ "$opt" = 1 ] && [ $(( $(date +%s) - t0 )) -gt 270 ]; }; then
     echo "ncu $name skipped: $(call_left) s left of the call $(el)" | tee -a "$O/log.txt"; continue
   fi
   timeout "$(call_cap 60)" ncu $S --clock-control none --import-source no --kernel-name-base mangled -k "regex:$re" -c 1 -f -o /tmp/wp_ncu/$name \
