@@ -143,8 +143,8 @@ int main(int argc, char **argv) {
   prob Q{12, 160, 8, 704, 448, {0, 1, 9, 20, 27, 36, 45, 64, 65, 128, 129, 200}}; /* down: 11 weight stages (odd) */
   const int occ = argc > 1 && !strcmp(argv[1], "--occ"); /* --occ: versions 134-137 only */
   long bad = 0;
-  printf("qr_lm_emu: versions %s against version 50, word for word%s\n", occ ? "134-138" : only >= 134 ? "134-139" : "130-133",
-         mutate ? " (MUTATION: must fail)" : "");
+  printf("qr_lm_emu: versions %s against version 50, word for word%s\n",
+         occ ? "134-138" : only >= 134 ? "134-139" : "130-133", mutate ? " (MUTATION: must fail)" : "");
   for (int ver : {132, 130, 131, 133}) {
     if ((mutate && ver == 131) || (only && ver != only) || occ) continue;
     for (int nt50 : {0, 3, 5, 8}) {

@@ -445,7 +445,8 @@ static cudaError_t qr_lean_launch(int ver, cudaStream_t s, dim3 grid, int nt, co
   if ((ver != 138 && ver != 139) || a.group != GS || GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
   if (nt >= 1 && nt <= 5) return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
   const int E = (int)grid.x, slabs = (int)grid.y;
-  void (*kern)(qe_args, int, int) = ver == 138 ? qr_lean_kernel<BITS, GATEUP, GS, 3> : qr_lean_kernel<BITS, GATEUP, GS, 1>;
+  void (*kern)(qe_args, int, int) =
+      ver == 138 ? qr_lean_kernel<BITS, GATEUP, GS, 3> : qr_lean_kernel<BITS, GATEUP, GS, 1>;
   const size_t smem = (size_t)QR_STAGES * (XB + SBB);
 #ifndef DG_CUDA_EMU
   if (smem > 48 * 1024) {
