@@ -13,7 +13,8 @@
  * against version 50 at the same forced tile count, 4, 5 and 8 (the emulation ignores launch bounds: what it checks
  * is the 2-stage ring and the launcher's instances), and 138 (the lean stage order, qr_lean_stage) against version 50
  * at 8 n-tiles; --ver 139: 138's source with other launch bounds. Built with -DQR_LEAN_MUTATE (the lean stage's runs in
- * the other order), --ver 138 must fail.
+ * the other order), --ver 138 must fail. --uni: the lab's uniform rows (12 experts of M = 16, 32, 64, 128 rows) for
+ * 134, 135 and 138 at their own tile choice.
  *
  * Build and run (no GPU; ~8-10 minutes on a loaded 2-core machine, 24 cases):
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -113,7 +114,7 @@ static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
   }
   qr_lm_pairs = TK;
   if (ver >= 138) /* 138, 139: the lean stage order at 8 n-tiles (6 for experts of <= 48 rows) */
-    err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, 8, a) : qr_lean_launch<4, 0>(ver, 0, grid, 8, a);
+    err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, nt, a) : qr_lean_launch<4, 0>(ver, 0, grid, nt, a);
   else if (ver >= 134) /* 134-137: version 50's kernel at the same tile count with other launch bounds and ring depth */
     err = gateup ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
   else
@@ -143,10 +144,11 @@ int main(int argc, char **argv) {
   prob Q{12, 160, 8, 704, 448, {0, 1, 9, 20, 27, 36, 45, 64, 65, 128, 129, 200}}; /* down: 11 weight stages (odd) */
   const int occ = argc > 1 && !strcmp(argv[1], "--occ"); /* --occ: versions 134-137 only */
   long bad = 0;
+  const int uni = argc > 1 && !strcmp(argv[1], "--uni"); /* --uni: the uniform rows of 134, 135, 138 only */
   printf("qr_lm_emu: versions %s against version 50, word for word%s\n",
-         occ ? "134-138" : only >= 134 ? "134-139" : "130-133", mutate ? " (MUTATION: must fail)" : "");
+         occ ? "134-138" : only >= 134 || uni ? "134-139" : "130-133", mutate ? " (MUTATION: must fail)" : "");
   for (int ver : {132, 130, 131, 133}) {
-    if ((mutate && ver == 131) || (only && ver != only) || occ) continue;
+    if ((mutate && ver == 131) || (only && ver != only) || occ || uni) continue;
     for (int nt50 : {0, 3, 5, 8}) {
       if ((mutate || ver == 133) && nt50) continue; /* 133: 132's source (launch bounds aside): one case */
       bad += run_case(P, 1, ver, nt50, mutate);
@@ -162,6 +164,20 @@ int main(int argc, char **argv) {
       if (ver == 139 && only != 139) continue;
       bad += run_case(P, 1, ver, nt50, 0);
       bad += run_case(Q, 0, ver, nt50, 0);
+    }
+  }
+  /* --uni (session 29): the lab's uniform rows, every expert M rows (M 16, 32, 64, 128; T = E M / K tokens), each
+   * version at its own tile choice (qe_nt, as the lab): 134 and 135 (ring 2 at 8 n-tiles) at every M, 138 at 64 and
+   * 128 (below 8 n-tiles it runs version 50's kernels) */
+  if (uni) {
+    for (int M : {16, 32, 64, 128}) {
+      prob U{12, 12 * M / 8, 8, 640, 384, std::vector<int>(12, M)};
+      prob V{12, 12 * M / 8, 8, 704, 448, std::vector<int>(12, M)};
+      for (int ver : {134, 135, 138}) {
+        if (ver == 138 && M < 64) continue;
+        bad += run_case(U, 1, ver, 0, 0);
+        bad += run_case(V, 0, ver, 0, 0);
+      }
     }
   }
   printf("%s: %ld words differ\n", bad ? "FAIL" : "ok", bad);
