@@ -2366,6 +2366,7 @@ static dg_model *load_window16(char *dir, unsigned seed) {
  * the same two calls without the decode between them: the last decode's logits are the first's bit for bit (nothing
  * the encoder's view overwrote is read by a later decoder pass; the canvas's K/V of the first decode are
  * overwritten by the second prompt in both). */
+static int enc_chunk_env(void); /* below, beside the other encoder-chunk tests */
 static void test_enc_view(void **state) {
   (void)state;
   need_gpu();
