@@ -218,33 +218,33 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
     }
     if (last) return DG_OK; /* encoder: after the last layer's K/V nothing is needed (spec 4.4) */
   } else {
-  for (int g = 0; g < nseg; g++) {
-    const dg_cuda_seg *q = &sg[g];
-    const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
-    const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
-    const int32_t S = l->is_full ? q->S : q->S_ring;
-    if (q->dpos)
-      CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
-                           inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
-    else
-      CKK(c, k_qkv_post(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
-                        inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, eps));
-  }
-  DG_TRY(mark(c, DG_CUDA_ST_QKV));
-  /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
-  if (causal && li == d->n_layers - 1) return DG_OK;
-  for (int g = 0; g < nseg; g++) {
-    const dg_cuda_seg *q = &sg[g];
-    const float *qg = c->q + q->r0 * qrow;
-    bf16 *ag = c->att + q->r0 * qrow;
-    const int32_t S = l->is_full ? q->S : q->S_ring;
-    if (q->dpos)
-      CKK(c, k_attention_canvas(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0,
-                                d->canvas, l->is_full, d->window));
-    else
-      CKK(c, k_attention(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0, causal,
-                         l->is_full, d->window));
-  }
+    for (int g = 0; g < nseg; g++) {
+      const dg_cuda_seg *q = &sg[g];
+      const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
+      const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
+      const int32_t S = l->is_full ? q->S : q->S_ring;
+      if (q->dpos)
+        CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                             inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
+      else
+        CKK(c, k_qkv_post(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                          inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, eps));
+    }
+    DG_TRY(mark(c, DG_CUDA_ST_QKV));
+    /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
+    if (causal && li == d->n_layers - 1) return DG_OK;
+    for (int g = 0; g < nseg; g++) {
+      const dg_cuda_seg *q = &sg[g];
+      const float *qg = c->q + q->r0 * qrow;
+      bf16 *ag = c->att + q->r0 * qrow;
+      const int32_t S = l->is_full ? q->S : q->S_ring;
+      if (q->dpos)
+        CKK(c, k_attention_canvas(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0,
+                                  d->canvas, l->is_full, d->window));
+      else
+        CKK(c, k_attention(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0, causal,
+                           l->is_full, d->window));
+    }
   }
   DG_TRY(mark(c, DG_CUDA_ST_ATTN));
   for (int g = 0; g < ng; g++)
