@@ -11,7 +11,8 @@
 #      words those of a context that never decoded between its encodes), test_synth_logits (case 4: a 700-token
 #      prompt in one chunk with the rings wrapping, against the CPU), test_profile_encode (marks per chunk),
 #      test_ctx_arena (both views inside the block), test_cuda_truncate, test_replay, test_turbo_generate,
-#      test_branch, test_vocab_chain, test_step_stats, test_golden_logits, test_cuda_copy; then test_enc_view and
+#      test_branch, test_vocab_chain, test_step_stats, test_golden_logits, test_cuda_copy, test_enc_chunk_refused,
+#      test_cublas_pool (the switch's environment and refusals); then test_enc_view and
 #      test_synth_logits under DGEMMA_ENC_CHUNK=256 (the old layout's path);
 #   2. 4-bit memory and prefill: DGEMMA_CUDA_MEMLOG=1 `bench -m /tmp/dg26b --device cuda --protocol step --contexts
 #      1024,8192 --reps 3` at the default chunk (1,024), then the same under DGEMMA_ENC_CHUNK=256 (the A/B);
@@ -85,6 +86,8 @@ if [ -x build/tests/test_cuda ]; then
   one step_stats test_step_stats
   one golden test_golden_logits
   one copy test_cuda_copy
+  one enc_chunk_refused test_enc_chunk_refused
+  one cublas_pool test_cublas_pool
   one enc_view_256 test_enc_view DGEMMA_ENC_CHUNK=256
   one synth_logits_256 test_synth_logits DGEMMA_ENC_CHUNK=256
 fi
