@@ -80,7 +80,7 @@ san_cases() {
   for t in $(san_tests); do
     case $t in
       test_synth_logits|test_turbo_generate) echo $t@{0..4} ;; test_golden_logits) echo $t@{0..3} ;;
-      test_replay|test_sampled) echo $t@{0..5} ;; test_attention) echo $t@{1..15} ;; test_quant_synth_logits) echo $t@{0..2} ;;
+      test_replay|test_sampled) echo $t@{0..5} ;; test_attention) echo $t@{1..18} ;; test_quant_synth_logits) echo $t@{0..2} ;;
       *) echo $t ;;
     esac
   done | tr '\n' ' '

@@ -10,6 +10,9 @@ For every profiled kernel in the file (a kernel profiled twice is counted once),
     per HMMA the executed instructions of each class (CLASSES below: decode, fold, uniform/predicate bookkeeping,
     integer and address arithmetic, loads, branches, synchronisation, the HMMA itself; anything else by opcode);
   - the warp-stall samples ("Warp Stall Sampling (All Samples)") by reason (the stall_* columns) and by class.
+  - with --top N: the N SASS lines with the most stall samples, each with its share of the kernel's samples, its
+    offset in the function, its executed count, its three largest stall reasons and the line itself (where the warps
+    wait: a line of the stage loop or of the prologue / epilogue, by its offset against the loop's, qr_sass_loop.py).
 The executed counts are exact (ncu counts every executed instruction); the stall samples are samples.
 Session 20 read docs/results/h100-s20/call2_qr_src.csv.gz this way: 11.0 instructions per HMMA for the 26B gate/up.
 """
@@ -104,10 +107,34 @@ def summarize(name, hdr, rows):
     }
 
 
+def top_lines(hdr, rows, n):
+    """The n lines with the most stall samples: [(share %, offset, executed, [(reason, share % of the line)], source)]."""
+    H = {h: i for i, h in enumerate(hdr)}
+    if SAMPLES not in H:
+        return []
+    reasons = [h for h in hdr if h.startswith("stall_") and "(Not" not in h]
+    total = sum(num(r[H[SAMPLES]]) for r in rows) or 1.0
+    base = None
+    out = []
+    for r in rows:
+        try:
+            addr = int(r[H["Address"]], 16) if "Address" in H else 0
+        except ValueError:
+            addr = 0
+        base = addr if base is None else min(base, addr)
+        sm = num(r[H[SAMPLES]])
+        why = sorted(((h[len("stall_"):], num(r[H[h]])) for h in reasons), key=lambda x: -x[1])[:3]
+        out.append((sm, addr, num(r[H[EXEC]]) if EXEC in H else 0.0, why, r[H["Source"]].strip()))
+    out.sort(key=lambda x: -x[0])
+    return [(100 * sm / total, addr - (base or 0), ex, [(k, 100 * v / sm) for k, v in why if v > 0] if sm else [], src)
+            for sm, addr, ex, why, src in out[:n]]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv", help="ncu --page source --csv output (.gz or plain)")
     ap.add_argument("--json", action="store_true", help="one JSON object per kernel instead of the text")
+    ap.add_argument("--top", type=int, default=0, help="also the N SASS lines with the most stall samples")
     a = ap.parse_args(argv)
     opener = gzip.open if a.csv.endswith(".gz") else open
     with opener(a.csv, "rt") as f:
@@ -132,6 +159,11 @@ def main(argv=None):
             print(f"   {s['samples']:.0f} stall samples, by reason: "
                   + ", ".join(f"{k} {v:.1f} %" for k, v in list(s["stall_reasons_pct"].items())[:10]))
             print("   by class: " + ", ".join(f"{k} {v:.1f} %" for k, v in list(s["stall_classes_pct"].items())[:10]))
+        if a.top:
+            print(f"   the {a.top} lines with the most samples (share of the kernel's samples, offset, executed, reasons):")
+            for pct, off, ex, why, src in top_lines(hdr, rows, a.top):
+                print(f"   {pct:5.1f} %  +0x{off:05x}  {ex:9.0f}  "
+                      + ", ".join(f"{k} {v:.0f}%" for k, v in why).ljust(44) + "  " + src[:90])
     return 0
 
 

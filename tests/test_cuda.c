@@ -3175,8 +3175,12 @@ static void test_router_route(void **state) {
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   /* mode 1: route_kernel (DGEMMA_ROUTE=fused); mode 2: router_tile_kernel + route_tk_kernel (DGEMMA_ROUTE=tiles);
    * mode 3: router_tile_kernel + route_gr_kernel (DGEMMA_ROUTE=grid, the default since session 14); mode 4:
-   * router_tile_deep_kernel + route_gr_kernel with its gate/up copy's loads first (DGEMMA_ROUTE=deep, session 22) */
-  for (int mode = 1; mode <= 4; mode++) {
+   * router_tile_deep_kernel + route_gr_kernel with its gate/up copy's loads first (DGEMMA_ROUTE=deep, session 22); mode
+   * 5: router_one_kernel, the whole stage in one launch (DGEMMA_ROUTE=one, session 29; route slots of 2 tokens at the
+   * 26B's shape, of 8 tokens with a block taking several slots at 37 x 40 x 200, 1 x 8 x 64 and 5 x 8 x 8, 10 token
+   * tiles at 600 tokens); mode 6: mode 3 with route_gr_kernel's copy loading first, its placement in one trip and the
+   * last block's copy after its placement (DGEMMA_ROUTE=gridp, session 29) */
+  for (int mode = 1; mode <= 6; mode++) {
     int checked = 0, tokens = 0;
     check_router_route(mode, 256, 128, 2816, 8, &checked, &tokens); /* the 26B's router: 16 splits, 16 blocks of 16
                                                                        tokens (mode 2: 4 x 2 x 16 product blocks, 64
@@ -3189,8 +3193,12 @@ static void test_router_route(void **state) {
     check_router_route(mode, 40, 96, 1088, 4, &checked, &tokens);   /* 16 splits of 80: the last two past H (zeros) */
     if (mode >= 3) /* 4,800 pairs (past modes 1 and 2): route_gr_kernel on 75 blocks of 8 warps */
       check_router_route(mode, 600, 128, 256, 8, &checked, &tokens);
-    printf("# router in two launches (mode %d): every output word equal to the separate launches' (twice in a row; "
-           "modes 3 and 4 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
+    if (mode == 5) /* 48 product blocks a token tile for its 32 slots of 2 tokens (16 blocks route none), the second
+                      tile 36 tokens: slots past T */
+      check_router_route(mode, 100, 192, 1024, 8, &checked, &tokens);
+    printf("# router from its input (mode %d; mode 5 in one launch, the others in two): every output word equal to "
+           "the separate launches' (twice in a row; "
+           "modes 3 to 6 also the gate/up input's permuted copy and group sums, made inside its launch, equal to "
            "k_group_sums_perm's); "
            "choices equal to the exact top-K on %d of %d tokens (the rest within rounding of a tie)\n", mode, checked,
            tokens);
@@ -3359,14 +3367,18 @@ static void test_attention(void **state) {
   (void)state;
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
-  for (int v = 1; v <= 15; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
+  for (int v = 1; v <= 18; v++) { /* 3, 4: the lab's other tile shapes of the tensor-core kernel; 5: the earlier splits;
                                     6-8: warp pairs splitting the head dim (flash_pair_kernel; 7: 32 rows per warp;
                                     8: 7 with a 3-deep K/V ring); the first three shapes split their keys (3, 4 and 2
                                     splits at 6's tiles on the emulation's 132 one-block SMs). 9-12: the attention
                                     lab's own (dev/cuda/attention_lab.cuh; 9-11 the key splits merged in the kernel,
                                     12-15 Q K^T on wgmma (14: 12's prologue reordered, 15: and P V on wgmma; 15 through the backend's
-                                    k_attention_any, the passes' default on Hopper), sm_90a only: skipped where this build's
-                                    device code has no wgmma (CUDA_ARCH without sm_90a, or a GPU other than Hopper) */
+                                    k_attention_any, the passes' default on Hopper; 16: 15 with the key splits merged
+                                    in a thread block cluster, 17 and 18: 16's kernel for a batch of canvases, here one), sm_90a
+                                    only: skipped where this build's device code has no wgmma (CUDA_ARCH without sm_90a,
+                                    or a GPU other than Hopper). On the emulation 16-18 split the first three shapes
+                                    3, 6 and 2 ways (cluster merges, rows interleaved over the ranks, a last row tile
+                                    of 44 rows) */
     if (!test_case((int)v)) continue; /* DG_TEST_CASE: one case per process (sanitize_gpu.sh) */
     if (v >= 12) { /* whether this build's device code has wgmma: one product of test_wgmma (mode 0) as the probe */
       static uint16_t A[64 * 16], Bt[64 * 16];
@@ -3405,6 +3417,9 @@ static void test_attention(void **state) {
            : v == 13 ? "version 12, one warpgroup per block, 2 blocks per SM"
            : v == 14 ? "version 12, first K/V copies before the Q tile, Q loads batched"
            : v == 15 ? "version 14, P V on wgmma (V as a transposed B)"
+           : v == 16 ? "version 15, key splits merged in a thread block cluster"
+           : v == 17 ? "version 16's kernel for a batch of canvases, one canvas"
+           : v == 18 ? "version 17 with each canvas's own split count, one canvas"
            : "tensor cores, another tile", worst);
   }
   double worst = 0; /* head dim 16: the backend's choice is the warp-per-row kernel */
@@ -3412,11 +3427,80 @@ static void test_attention(void **state) {
   printf("# attention version 0, D 16: largest |diff| / bound %.4f (<= 1)\n", worst);
 }
 
+/* k_attention_batch (DGEMMA_ATTN=18's stacked attention, src/cuda/attention.cu: a stacked pass's canvases in one
+ * launch of att_wqc_kernel) against each canvas alone through k_attention_any's version 18 (the single run
+ * test_attention's case 18 bounds): word for word, since each canvas's split count is its own (its blocks past it add
+ * exact zeros to the cluster merge; an unsplit canvas stores directly). Three stacks, each canvas its own rows,
+ * positions, keys and cache: sliding D 256 (the canvases' own split counts 3, 3, 1 on the emulation's 132 one-block
+ * SMs: an unsplit canvas beside split ones), full D 512 (4, 3, 1: a canvas with fewer splits than the cluster), and
+ * nine D 128 canvases (two launches, 8 + 1). A canvas's keys or rows taken from another's, or one split count for the
+ * stack (the lab's version 17), changes words. */
+static void test_attention_batch(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  static uint16_t A[64 * 16], Bt[64 * 16];
+  static float C0[64 * 64], D0[64 * 64];
+  int avail = 1;
+  assert_dg_ok(cut()->test_wgmma(0, 0, A, Bt, C0, D0, &avail));
+  if (!avail) dg_test_skip("test_cuda: this build's device code has no wgmma (sm_90a only): version 18 is not run");
+  static const struct {
+    const char *label;
+    int nb, NH, NKV, D, is_full, window, S;
+    int nq[9], pos0[9], kv_hi[9];
+  } st[] = {
+      {"sliding D 256", 3, 16, 8, 256, 0, 512, 800, {64, 40, 17}, {700, 500, 40}, {764, 564, 104}},
+      {"full D 512", 3, 16, 2, 512, 1, 512, 400, {40, 24, 8}, {300, 150, 20}, {340, 190, 60}},
+      {"D 128 x 9", 9, 8, 4, 128, 0, 64, 400, {8, 11, 14, 17, 20, 23, 26, 29, 32},
+       {20, 50, 80, 110, 140, 170, 200, 230, 260}, {28, 61, 94, 127, 160, 193, 226, 259, 292}}};
+  long words = 0;
+  for (size_t k = 0; k < sizeof st / sizeof st[0]; k++) {
+    const int nb = st[k].nb, NH = st[k].NH, NKV = st[k].NKV, D = st[k].D, S = st[k].S;
+    float *q[9];
+    uint16_t *kc[9], *vc[9], *out[9], *one = NULL;
+    int32_t Sa[9], nq[9], pos0[9], kv_hi[9];
+    for (int i = 0; i < nb; i++) {
+      const size_t qn = (size_t)st[k].nq[i] * NH * D, kvn = (size_t)NKV * S * D;
+      q[i] = malloc(qn * 4);
+      kc[i] = malloc(kvn * 2);
+      vc[i] = malloc(kvn * 2);
+      out[i] = malloc(qn * 2);
+      assert_true(q[i] && kc[i] && vc[i] && out[i]);
+      for (size_t j = 0; j < qn; j++) q[i][j] = 0.25f * q_rand();
+      for (size_t j = 0; j < kvn; j++) {
+        kc[i][j] = dg_f32_to_bf16(1.7f * q_rand());
+        vc[i][j] = dg_f32_to_bf16(q_rand() + 0.25f);
+      }
+      Sa[i] = S; nq[i] = st[k].nq[i]; pos0[i] = st[k].pos0[i]; kv_hi[i] = st[k].kv_hi[i];
+    }
+    assert_dg_ok(cut()->test_attention_batch(0, nb, (const float *const *)q, (const uint16_t *const *)kc,
+                                             (const uint16_t *const *)vc, Sa, nq, pos0, kv_hi, NH, NKV, D,
+                                             st[k].is_full, st[k].window, out));
+    for (int i = 0; i < nb; i++) {
+      const size_t qn = (size_t)nq[i] * NH * D;
+      one = malloc(qn * 2);
+      assert_non_null(one);
+      assert_dg_ok(cut()->test_attention(0, 18, q[i], kc[i], vc[i], S, nq[i], NH, NKV, D, pos0[i], kv_hi[i], 0,
+                                          st[k].is_full, st[k].window, one));
+      for (size_t j = 0; j < qn; j++)
+        if (one[j] != out[i][j])
+          fail_msg("attention batch %s, canvas %d of %d: word %zu (query %zu, head %zu, dim %zu): stacked 0x%04x, alone "
+                   "0x%04x", st[k].label, i, nb, j, j / ((size_t)NH * D), j / D % NH, j % D, out[i][j], one[j]);
+      words += (long)qn;
+      free(one);
+      free(q[i]); free(kc[i]); free(vc[i]); free(out[i]);
+    }
+  }
+  printf("# attention batch (version 18, k_attention_batch): 3 stacks of 3, 3 and 9 canvases equal each canvas alone "
+         "in all %ld words\n", words);
+}
+
 /* The passes' attention versions, chosen once per context (src/cuda/attention.cu k_attention_choose; the context's
  * line through dg_cuda_api.choices, as `dgemma bench` prints it): with DGEMMA_ATTN unset, 15 (the wgmma kernel) at
  * both head-dim classes where this build's device code has wgmma (sm_90a on a Hopper GPU; the CPU emulation models
- * it), else 6; DGEMMA_ATTN=6 is 6; "2,15" is 2 and (15 where wgmma runs, else 6); a value that is not a version keeps
- * the default; each context reads the variable when it is made. The passes' own tests (test_graphs, the turbo
+ * it), else 6; DGEMMA_ATTN=6 is 6; "2,15" is 2 and (15 where wgmma runs, else 6); 16 and 18 (session 29: the cluster
+ * merge, and the stack in one launch) as 15; a value that is not a version (9, 17: the lab's) keeps the default, a
+ * second one is 6; each context reads the variable when it is made. The passes' own tests (test_graphs, the turbo
  * tests, ...) then run the default on this build: 15 on an sm_90a build on an H100 or H200. */
 static void test_attention_choice(void **state) {
   (void)state;
@@ -3440,9 +3524,10 @@ static void test_attention_choice(void **state) {
   dg_model *m;
   assert_dg_ok(dg_model_load(dir, &mp, &m));
   const int wq = avail ? 15 : 6;
+  /* -1: the default (wq); 15, 16, 18: that version where wgmma runs, else 6; 17 (the lab's only) is not a value */
   static const struct { const char *env; int small, wide; } cases[] = {
-      {NULL, -1, -1}, {"6", 6, 6}, {"15", -1, -1}, {"2,15", 2, -1}, {"15,", -1, -1}, {"9", -1, -1}, {"x", -1, -1},
-      {"", -1, -1}};
+      {NULL, -1, -1}, {"6", 6, 6}, {"15", 15, 15}, {"2,15", 2, 15}, {"15,", 15, 15}, {"9", -1, -1}, {"x", -1, -1},
+      {"", -1, -1}, {"16", 16, 16}, {"18", 18, 18}, {"16,18", 16, 18}, {"17", -1, -1}, {"6,17", 6, 6}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     if (cases[i].env) setenv("DGEMMA_ATTN", cases[i].env, 1);
     else unsetenv("DGEMMA_ATTN");
@@ -3453,7 +3538,8 @@ static void test_attention_choice(void **state) {
     assert_dg_ok(cu()->choices(x->dev, line, sizeof line));
     int a = -2, b = -2;
     assert_int_equal(sscanf(line, "attention version %d at head dims <= 256, %d above", &a, &b), 2);
-    const int ea = cases[i].small < 0 ? wq : cases[i].small, eb = cases[i].wide < 0 ? wq : cases[i].wide;
+    const int ea = cases[i].small < 0 ? wq : cases[i].small >= 15 && !avail ? 6 : cases[i].small;
+    const int eb = cases[i].wide < 0 ? wq : cases[i].wide >= 15 && !avail ? 6 : cases[i].wide;
     if (a != ea || b != eb)
       fail_msg("DGEMMA_ATTN=%s: the context chose %d and %d, expected %d and %d (wgmma %s): %s",
                cases[i].env ? cases[i].env : "(unset)", a, b, ea, eb, avail ? "runs" : "does not run", line);
@@ -4688,7 +4774,7 @@ int main(void) {
       cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_enc_view), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_enc_chunk_refused), cmocka_unit_test(test_cublas_pool), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_batch), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_enc_chunk_refused), cmocka_unit_test(test_cublas_pool), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -20,6 +20,7 @@
  *   version 7  flash_pair_kernel with two m-tiles (32 rows) per warp, 128 rows per block, 32 keys per tile at
  *              D 128 and 256 (each K and V fragment loaded from shared memory once for 32 rows); D 512 as 6
  *   version 8  version 7 with a 3-deep K/V ring (tile it + 2 issued at step it) at D 128 and 256; D 512 as 6
+ * (16-18: dev/cuda/attention_lab.cuh att_wqc_kernel, lab only.)
  * Versions 1-8 and 15 are the backend's (src/cuda/attention.cu, k_attention_any; 15, att_wq_kernel in
  * src/cuda/attention_wq.cuh, its default on Hopper since session 25, run here from the lab's own instance); 9-14 the
  * lab's own (attention_lab.cuh,
@@ -49,6 +50,11 @@
  *              trips at D 512); output bit-identical to 12's
  *   version 15 (session 24) version 14 with P V on wgmma: P from registers as A, V read MN-major (transposed B)
  *              from the same swizzled panels, DV / 128 m64n128k16 per 16 keys and warpgroup
+ *   version 16 (session 29) version 15's block launched in thread block clusters of its key splits: the partials
+ *              staged in shared memory and merged through distributed shared memory with fp_combine_kernel's
+ *              arithmetic, no partials in device memory, no combine launch (15's words where the splits agree)
+ *   version 17 (session 29) version 16's kernel over B canvases in one launch (--batch), one split count for all
+ *   version 18 (session 29) version 17 with each canvas's own split count (its single launch's words, any batch)
  * --prof (timing only): after the table, versions 12, 14 and 15 (if asked) once more per row with att_wq_kernel's
  * clock64 stamps per phase (prologue, wait + barrier, copies issued, Q K^T, softmax, P V, store: attention_lab.cuh),
  * the flash kernel and fp_combine_kernel timed apart by an event between them.
@@ -67,7 +73,10 @@
  * Build and run (GPU machine, after make CUDA=1):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc dev/cuda/attention.cu \
  *        build/libdgemma.a -lcublas -lcudart -o build/attention_lab
- *   build/attention_lab [--reps N] [--versions 1,2] [--small] [--prof]
+ *   build/attention_lab [--reps N] [--versions 1,2] [--small] [--prof] [--batch B] [--decoder]
+ * --batch B (1..8): after each row's versions, the same row for B canvases, each its own q, K/V cache and output: 15
+ * and 16 as B launches, 17 and 18 as one (rows "... B4"); --decoder: the decoder rows at P 1024 and 2048 only (the
+ * 26B decoder's 1,280 and 2,304 full-layer keys). 16-18 compare their words with 15's ("= v15 word for word").
  * (versions 1-8 are the library's, k_attention_any: built by make CUDA=1 with its CUDA_ARCH; 9-14 this file's, built
  * by the line above; dev/gpu/att12.sh builds both for sm_90a and runs 6, 12 and 13 side by side, dev/gpu/s25_at12.sh
  * 6, 12, 14 and 15, and 12, 14 and 15 with --prof.)
@@ -116,7 +125,7 @@ __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink) {
 static float time_ms(cudaEvent_t a, cudaEvent_t b) { float ms; CKL(cudaEventElapsedTime(&ms, a, b)); return ms; }
 
 int main(int argc, char **argv) {
-  int reps = 20, vmask = 30, small = 0, prof = 0;
+  int reps = 20, vmask = 30, small = 0, prof = 0, batch = 1, decoder_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--versions") && i + 1 < argc) { /* a comma-separated list of 1..ATT_LAB_LAST */
@@ -131,7 +140,14 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--prof")) prof = 1;
-    else { fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2] [--small] [--prof]\n"); return 2; }
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      batch = atoi(argv[++i]);
+      if (batch < 1 || batch > WQC_MAXB) { fprintf(stderr, "attention_lab: --batch takes 1..%d\n", WQC_MAXB); return 2; }
+    } else if (!strcmp(argv[i], "--decoder")) decoder_only = 1;
+    else {
+      fprintf(stderr, "usage: attention_lab [--reps N] [--versions 1,2] [--small] [--prof] [--batch B] [--decoder]\n");
+      return 2;
+    }
   }
   cudaDeviceProp prop;
   CKL(cudaGetDeviceProperties(&prop, 0));
@@ -202,13 +218,50 @@ int main(int argc, char **argv) {
     CKL(cudaMalloc((void **)&dprof, (size_t)PMAXB * PSTR * 8));
     hprof.resize((size_t)PMAXB * PSTR);
   }
+  /* the CPU reference's check of sampled (query, head) rows of one canvas against double precision: |diff| <= 2^-6
+   * max|o| of the row (the test's derived per-element bound is in tests/test_cuda.c; here a coarse screen); the worst
+   * ratio (NaN sticks) */
+  auto check_rows = [&](const std::vector<float> &q, const std::vector<uint16_t> &kc, const std::vector<uint16_t> &vc,
+                        const std::vector<uint16_t> &out, int nq, int NH, int NKV, int D, int S, int pos0, int kv_hi,
+                        int causal, int full, int W) {
+    const int G = NH / NKV;
+    double worst = 0;
+    const int nsmp = small ? nq * NH : 24;
+    for (int smp = 0; smp < nsmp; smp++) {
+      const int tq = small ? smp / NH : (int)(rnd() % nq), h = small ? smp % NH : (int)(rnd() % NH), g = h / G,
+                pos = pos0 + tq;
+      const int hi = causal ? pos + 1 : kv_hi;
+      const int lo = full ? 0 : causal ? std::max(0, pos + 1 - W) : std::max(0, pos0 - (W - 1));
+      std::vector<double> sc(hi - lo);
+      double m = -INFINITY, den = 0;
+      for (int j = lo; j < hi; j++) {
+        double acc = 0;
+        for (int d = 0; d < D; d++) acc += (double)q[((size_t)tq * NH + h) * D + d] * b2f(kc[((size_t)g * S + j) * D + d]);
+        sc[j - lo] = acc;
+        m = std::max(m, acc);
+      }
+      for (double &x : sc) { x = exp(x - m); den += x; }
+      double omax = 0, dmax = 0;
+      for (int d = 0; d < D; d++) {
+        double o = 0;
+        for (int j = lo; j < hi; j++) o += sc[j - lo] / den * b2f(vc[((size_t)g * S + j) * D + d]);
+        omax = std::max(omax, fabs(o));
+        const double e = fabs(o - b2f(out[((size_t)tq * NH + h) * D + d]));
+        if (e > dmax || std::isnan(e)) dmax = e; /* a NaN sticks (std::max drops it) and fails the row */
+      }
+      const double r = dmax / (ldexp(1.0, -6) * omax);
+      if (r > worst || std::isnan(r)) worst = r;
+    }
+    return worst;
+  };
   for (int ri = 0; ri < nrows; ri++) {
     const row &rw = small ? small_rows[ri] : big_rows[ri];
-    const int NKV = rw.full ? 2 : 8, D = rw.full ? 512 : 256, G = NH / NKV;
+    if (decoder_only && (rw.causal || rw.P > 2048)) continue; /* --decoder: the 26B decoder's 1,280 / 2,304 keys */
+    const int NKV = rw.full ? 2 : 8, D = rw.full ? 512 : 256;
     const int S = rw.P + C, nq = C, pos0 = rw.P, kv_hi = rw.P + C;
     const size_t kvn = (size_t)NKV * S * D, qn = (size_t)nq * NH * D;
     std::vector<float> q(qn);
-    std::vector<uint16_t> kc(kvn), vc(kvn), out(qn);
+    std::vector<uint16_t> kc(kvn), vc(kvn), out(qn), ref15;
     for (auto &x : q) x = 0.25f * frand();
     for (auto &x : kc) x = f2b(1.7f * frand());
     for (auto &x : vc) x = f2b(frand() + 0.25f);
@@ -224,6 +277,12 @@ int main(int argc, char **argv) {
     CKL(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
     CKL(cudaMemcpy(dk, kc.data(), kvn * 2, cudaMemcpyHostToDevice));
     CKL(cudaMemcpy(dv, vc.data(), kvn * 2, cudaMemcpyHostToDevice));
+    if (vmask >> 16 & 1 || vmask >> 17 & 1 || vmask >> 18 & 1) { /* version 15's words, for 16-18's comparison */
+      ref15.resize(qn);
+      CKL(k_attention_any(0, &ws, 15, dq, dk, dv, dout, S, nq, NH, NKV, D, pos0, kv_hi, rw.causal, rw.full, W));
+      CKL(cudaDeviceSynchronize());
+      CKL(cudaMemcpy(ref15.data(), dout, qn * 2, cudaMemcpyDeviceToHost));
+    }
     /* keys per row and the cost model */
     double keys_tot = 0, kv_keys = 0;
     for (int tq = 0; tq < nq; tq++) {
@@ -237,6 +296,11 @@ int main(int argc, char **argv) {
     }
     const double flops = 4.0 * NH * keys_tot * D, bytes = kv_keys * NKV * D * 2 * 2 + qn * 4 + qn * 2;
     const double roof = std::max(bytes / bw, flops / rate) * 1e3;
+    auto words_vs15 = [&](const std::vector<uint16_t> &o, const std::vector<uint16_t> &r) {
+      size_t n = 0;
+      for (size_t i = 0; i < o.size(); i++) n += o[i] != r[i];
+      return n;
+    };
     for (int v = 1; v <= ATT_LAB_LAST; v++) {
       if (!(vmask >> v & 1)) continue;
       auto launch = [&]() { /* the backend's versions, or the lab's own */
@@ -250,37 +314,15 @@ int main(int argc, char **argv) {
       CKL(launch());
       CKL(cudaDeviceSynchronize());
       CKL(cudaMemcpy(out.data(), dout, qn * 2, cudaMemcpyDeviceToHost));
-      /* check 24 sampled (query, head) rows against double precision: |diff| <= 2^-6 max|o| of the row
-       * (the test's derived per-element bound is in tests/test_cuda.c; here a coarse screen) */
-      double worst = 0;
-      const int nsmp = small ? nq * NH : 24;
-      for (int smp = 0; smp < nsmp; smp++) {
-        const int tq = small ? smp / NH : (int)(rnd() % nq), h = small ? smp % NH : (int)(rnd() % NH), g = h / G,
-                  pos = pos0 + tq;
-        const int hi = rw.causal ? pos + 1 : kv_hi;
-        const int lo = rw.full ? 0 : rw.causal ? std::max(0, pos + 1 - W) : std::max(0, pos0 - (W - 1));
-        std::vector<double> s(hi - lo);
-        double m = -INFINITY, den = 0;
-        for (int j = lo; j < hi; j++) {
-          double a = 0;
-          for (int d = 0; d < D; d++) a += (double)q[((size_t)tq * NH + h) * D + d] * b2f(kc[((size_t)g * S + j) * D + d]);
-          s[j - lo] = a;
-          m = std::max(m, a);
-        }
-        for (double &x : s) { x = exp(x - m); den += x; }
-        double omax = 0, dmax = 0;
-        for (int d = 0; d < D; d++) {
-          double o = 0;
-          for (int j = lo; j < hi; j++) o += s[j - lo] / den * b2f(vc[((size_t)g * S + j) * D + d]);
-          omax = std::max(omax, fabs(o));
-          const double e = fabs(o - b2f(out[((size_t)tq * NH + h) * D + d]));
-          if (e > dmax || std::isnan(e)) dmax = e; /* a NaN sticks (std::max drops it) and fails the row */
-        }
-        const double r = dmax / (ldexp(1.0, -6) * omax);
-        if (r > worst || std::isnan(r)) worst = r;
-      }
+      const double worst = check_rows(q, kc, vc, out, nq, NH, NKV, D, S, pos0, kv_hi, rw.causal, rw.full, W);
       const bool ok = worst <= 1.0;
       failed += !ok;
+      char cmp[64] = "";
+      if (v >= 16 && v <= 18 && !ref15.empty()) { /* same splits as 15: its words exactly (docs/cuda.md) */
+        const size_t nd = words_vs15(out, ref15);
+        snprintf(cmp, sizeof cmp, nd ? ", %d splits, %zu words != v15" : ", %d splits, = v15 word for word", wqc_last_ns,
+                 nd);
+      }
       std::vector<float> ms;
       for (int r = 0; r < (small ? 1 : reps); r++) {
         DG_LAUNCH(read_kernel, prop.multiProcessorCount * 8, 512, 0, 0)(big, std::min(RB, (size_t)256 << 20) / 16, sink); /* flush the 60 MB L2 */
@@ -292,9 +334,9 @@ int main(int argc, char **argv) {
       }
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2];
-      printf("| %s | %d | %.4f | %.4f-%.4f | %.1f | %.0f | %.4f | %.1f%% | %s (worst %.3f) |\n", rw.name, v, med, ms[0],
+      printf("| %s | %d | %.4f | %.4f-%.4f | %.1f | %.0f | %.4f | %.1f%% | %s (worst %.3f)%s |\n", rw.name, v, med, ms[0],
              ms.back(), flops / (med * 1e-3) / 1e12, bytes / (med * 1e-3) / 1e9, roof, 100.0 * roof / med,
-             ok ? "ok" : "FAILED", worst);
+             ok ? "ok" : "FAILED", worst, cmp);
       fflush(stdout);
       if (prof && (v == 12 || v == 14 || v == 15) && D != 64) { /* one stamped launch after an L2 flush */
         int nb = PMAXB;
@@ -338,6 +380,99 @@ int main(int argc, char **argv) {
         plines.push_back(buf);
       }
     }
+    /* --batch B: B canvases, each its own q, K/V cache and output (canvas 0 the row's; --small: canvas i at position
+     * pos0 - 24 i, so that per-canvas positions and, at the full rows, per-canvas split counts (2, 2, 1, 1) are
+     * exercised): version 15 and 16 as B launches (the passes' way), 17 and 18 as one launch over the B canvases
+     * (att_lab_batch; 18 with each canvas's own split count); every canvas checked and compared with 15's words, the
+     * time of all B together */
+    if (batch > 1 && (vmask >> 15 & 1 || vmask >> 16 & 1 || vmask >> 17 & 1 || vmask >> 18 & 1)) {
+      const int nb = batch;
+      std::vector<std::vector<float>> bq(nb);
+      std::vector<std::vector<uint16_t>> bk(nb), bv(nb), bo(nb), b15(nb);
+      std::vector<float *> pq(nb);
+      std::vector<bf16 *> pk(nb), pv(nb), po(nb);
+      std::vector<int32_t> bpos(nb);
+      std::vector<int> bhi(nb);
+      for (int i = 0; i < nb; i++) {
+        bpos[i] = small ? pos0 - 24 * i : pos0;
+        bhi[i] = bpos[i] + C;
+        if (i == 0) { bq[0] = q; bk[0] = kc; bv[0] = vc; }
+        else {
+          bq[i].resize(qn); bk[i].resize(kvn); bv[i].resize(kvn);
+          for (auto &x : bq[i]) x = 0.25f * frand();
+          for (auto &x : bk[i]) x = f2b(1.7f * frand());
+          for (auto &x : bv[i]) x = f2b(frand() + 0.25f);
+        }
+        bo[i].resize(qn);
+        CKL(cudaMalloc((void **)&pq[i], qn * 4)); CKL(cudaMalloc((void **)&pk[i], kvn * 2));
+        CKL(cudaMalloc((void **)&pv[i], kvn * 2)); CKL(cudaMalloc((void **)&po[i], qn * 2));
+        CKL(cudaMemcpy(pq[i], bq[i].data(), qn * 4, cudaMemcpyHostToDevice));
+        CKL(cudaMemcpy(pk[i], bk[i].data(), kvn * 2, cudaMemcpyHostToDevice));
+        CKL(cudaMemcpy(pv[i], bv[i].data(), kvn * 2, cudaMemcpyHostToDevice));
+      }
+      for (int i = 0; i < nb; i++) { /* version 15's words per canvas */
+        CKL(k_attention_any(0, &ws, 15, pq[i], pk[i], pv[i], po[i], S, nq, NH, NKV, D, bpos[i], bhi[i], rw.causal,
+                            rw.full, W));
+        CKL(cudaDeviceSynchronize());
+        b15[i].resize(qn);
+        CKL(cudaMemcpy(b15[i].data(), po[i], qn * 2, cudaMemcpyDeviceToHost));
+      }
+      for (int v = 15; v <= 18; v++) {
+        if (!(vmask >> v & 1)) continue;
+        int ns17 = 0;
+        auto launch = [&]() -> cudaError_t {
+          if (v >= 17)
+            return att_lab_batch(0, nb, pq.data(), pk.data(), pv.data(), po.data(), bpos.data(), bhi.data(), S, nq, NH,
+                                 NKV, D, rw.causal, rw.full, W, &ns17, v == 18);
+          for (int i = 0; i < nb; i++) {
+            const cudaError_t e =
+                v == 15 ? k_attention_any(0, &ws, 15, pq[i], pk[i], pv[i], po[i], S, nq, NH, NKV, D, bpos[i], bhi[i],
+                                          rw.causal, rw.full, W)
+                        : att_lab_version(16, 0, &ws, cnt, ncnt, pq[i], pk[i], pv[i], po[i], S, nq, NH, NKV, D, bpos[i],
+                                          bhi[i], rw.causal, rw.full, W);
+            if (e != cudaSuccess) return e;
+          }
+          return cudaSuccess;
+        };
+        CKL(launch());
+        for (int i = 0; i < nb; i++) CKL(cudaMemset(po[i], 0xFF, qn * 2));
+        CKL(launch());
+        CKL(cudaDeviceSynchronize());
+        double worst = 0;
+        size_t nd = 0;
+        for (int i = 0; i < nb; i++) {
+          CKL(cudaMemcpy(bo[i].data(), po[i], qn * 2, cudaMemcpyDeviceToHost));
+          const double w = check_rows(bq[i], bk[i], bv[i], bo[i], nq, NH, NKV, D, S, bpos[i], bhi[i], rw.causal,
+                                      rw.full, W);
+          if (w > worst || std::isnan(w)) worst = w;
+          nd += words_vs15(bo[i], b15[i]);
+        }
+        const bool ok = worst <= 1.0;
+        failed += !ok;
+        std::vector<float> ms;
+        for (int r = 0; r < (small ? 1 : reps); r++) {
+          DG_LAUNCH(read_kernel, prop.multiProcessorCount * 8, 512, 0, 0)(big, std::min(RB, (size_t)256 << 20) / 16, sink);
+          CKL(cudaEventRecord(e0));
+          CKL(launch());
+          CKL(cudaEventRecord(e1));
+          CKL(cudaEventSynchronize(e1));
+          ms.push_back(time_ms(e0, e1));
+        }
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2];
+        char name[96], cmp[96];
+        snprintf(name, sizeof name, "%s B%d", rw.name, nb);
+        if (v >= 17)
+          snprintf(cmp, sizeof cmp, ", one launch, %d split%s%s, %zu words != v15", ns17, ns17 > 1 ? "s" : "",
+                   v == 18 ? " (cluster; each canvas its own)" : "", nd);
+        else snprintf(cmp, sizeof cmp, ", %d launches, %zu words != v15", nb, nd);
+        printf("| %s | %d | %.4f | %.4f-%.4f | %.1f | %.0f | %.4f | %.1f%% | %s (worst %.3f)%s |\n", name, v, med, ms[0],
+               ms.back(), nb * flops / (med * 1e-3) / 1e12, nb * bytes / (med * 1e-3) / 1e9, nb * roof,
+               100.0 * nb * roof / med, ok ? "ok" : "FAILED", worst, cmp);
+        fflush(stdout);
+      }
+      for (int i = 0; i < nb; i++) { cudaFree(pq[i]); cudaFree(pk[i]); cudaFree(pv[i]); cudaFree(po[i]); }
+    }
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(ws.part); cudaFree(cnt);
   }
   if (prof) {
@@ -351,6 +486,12 @@ int main(int argc, char **argv) {
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (auto &l : plines) printf("%s\n", l.c_str());
     cudaFree(dprof);
+  }
+  if (vmask >> 16 & 1 || vmask >> 17 & 1 || vmask >> 18 & 1) { /* versions 16-18: blocks resident per split count */
+    const int *s256 = wqc_slots<256, 64, 1, 1>(), *s512 = wqc_slots<512, 32, 2, 1>();
+    printf("# version 16 (NB 1) blocks resident at once per split count 1..%d (clusters of that many x the count):", WQC_MAXS);
+    for (int ns = 1; ns <= WQC_MAXS; ns++) printf(" %d/%d", s256 ? s256[ns] : -1, s512 ? s512[ns] : -1);
+    printf(" (D 256 / D 512)\n");
   }
   printf("# check: %d failing rows\n", failed);
   return failed ? 1 : 0;

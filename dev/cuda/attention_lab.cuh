@@ -42,9 +42,13 @@
 #include "cuda/attention.cuh"
 #include "cuda/attention_wq.cuh" /* versions 12-15's kernel, att_wq_kernel (wgmma, sm_90a; in src/cuda since
                                      session 25, where version 15 is the backend's default on Hopper) */
+#include "cuda/attention_wqc.cuh" /* versions 16-18's kernel, att_wqc_kernel (session 29; in src/cuda behind
+                                      DGEMMA_ATTN=16 and 18) */
+
+static int wqc_last_ns = 0; /* the lab's report: the split count of the last launch of versions 16-18 */
 
 #define ATT_LAB_FIRST 9 /* the lab's own versions: ATT_LAB_FIRST..ATT_LAB_LAST (k_attention_any takes the others) */
-#define ATT_LAB_LAST 15
+#define ATT_LAB_LAST 18
 
 /* lab_bar_sync4<N>(k): bar.sync 1 + k, N for k in 0..3 (the same k for the whole warp): named barrier 1 + k (0 is
  * __syncthreads') of N threads (a multiple of 32), ordering shared and global memory among them as __syncthreads
@@ -135,6 +139,27 @@ static cudaError_t att_lab_launch(cudaStream_t s, const dg_att_ws *ws, int *cnt,
   return cudaGetLastError();
 }
 
+/* Version 17 (the lab's B-canvas rows): nb canvases' attention in one launch, each with its own q, caches, output,
+ * pos0 and kv_hi (the same S, nq, heads, head dim and layer kind); *ns_out the split count. cudaErrorInvalidValue for
+ * nb outside 1..WQC_MAXB or a head dim other than 128, 256, 512. */
+static inline cudaError_t att_lab_batch(cudaStream_t s, int nb, const float *const *q, const bf16 *const *kc,
+                                        const bf16 *const *vc, bf16 *const *out, const int32_t *pos0,
+                                        const int *kv_hi, int S, int nq, int NH, int NKV, int D, int causal,
+                                        int is_full, int window, int *ns_out, int inv = 0) {
+  if (nb < 1 || nb > WQC_MAXB || (D != 128 && D != 256 && D != 512) || !k_attention_flash_ok(D, NH, NKV))
+    return cudaErrorInvalidValue;
+  if (nq <= 0) return cudaSuccess;
+  fa_args a[WQC_MAXB];
+  for (int i = 0; i < nb; i++) {
+    a[i].q = q[i]; a[i].kc = kc[i]; a[i].vc = vc[i]; a[i].out = out[i]; a[i].part = NULL;
+    a[i].S = S; a[i].nq = nq; a[i].NH = NH; a[i].NKV = NKV; a[i].causal = causal; a[i].is_full = is_full;
+    a[i].window = window; a[i].n_split = 1; a[i].pos0 = pos0[i]; a[i].kv_hi = kv_hi[i];
+  }
+  return D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, a, nb, ns_out, inv)
+         : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, a, nb, ns_out, inv)
+                    : wqc_launch<512, 32, 2, WQC_MAXB>(s, a, nb, ns_out, inv);
+}
+
 /* Lab version v (ATT_LAB_FIRST..ATT_LAB_LAST) of the attention, with k_attention_any's arguments (shapes and key
  * ranges: src/cuda/common.cuh) and the arrival counters (cnt, ncnt ints, zero); cudaErrorInvalidValue for another
  * version or a head dim the tensor-core kernels do not take (k_attention_flash_ok). */
@@ -158,6 +183,14 @@ static cudaError_t att_lab_version(int v, cudaStream_t s, const dg_att_ws *ws, i
   if (v == 14)
     return D == 128 ? att_wq_launch<128, 64, 1, 2, 1>(s, ws, a) : D == 256 ? att_wq_launch<256, 64, 1, 2, 1>(s, ws, a)
                                                                            : att_wq_launch<512, 32, 2, 2, 1>(s, ws, a);
+  if (v >= 16 && v <= 18) /* one canvas: version 16's kernel (NB 1), or 17's and 18's (NB WQC_MAXB) with one canvas
+                             (for one canvas the two split rules agree) */
+    return v == 16 ? (D == 128   ? wqc_launch<128, 64, 1, 1>(s, &a, 1, &wqc_last_ns)
+                      : D == 256 ? wqc_launch<256, 64, 1, 1>(s, &a, 1, &wqc_last_ns)
+                                 : wqc_launch<512, 32, 2, 1>(s, &a, 1, &wqc_last_ns))
+                   : (D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, &a, 1, &wqc_last_ns, v == 18)
+                      : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, &a, 1, &wqc_last_ns, v == 18)
+                                 : wqc_launch<512, 32, 2, WQC_MAXB>(s, &a, 1, &wqc_last_ns, v == 18));
   if (v == 15) /* the backend's version 15 (src/cuda/attention.cu k_attention_any: the same template instances, here
                  compiled with the lab's architecture, so that the lab runs it whatever the library was built for) */
     return D == 128   ? att_wq_launch<128, 64, 1, 2, 1, 0, 1>(s, ws, a)

@@ -148,6 +148,12 @@
  *              items with 8 warps per block, two warps per 32 weight rows, each on a half of the pass's 64 tokens (4
  *              n-tiles: registers for 16 warps per SM instead of 8); 133: 132 with registers for 8 warps per SM (its
  *              occupancy alone); bit for bit = v50
+ *   versions 134-137 (4-bit g64; dev/cuda/qr_lm_lab.cuh qr_occ_launch, session 29, helper wp11): version 50 with more
+ *              warps per SM at 4-8 n-tiles: registers for 3 blocks per SM (134, ring 3; 136, ring 2 at 8 n-tiles), 4
+ *              (135, ring 2 at 8 n-tiles: 16 warps), or version 50's (137, ring 2 at 8 n-tiles: the ring's cost
+ *              alone); 138, 139: version 50's grid, order and 64-token passes at 8 n-tiles (6 for experts of <= 48
+ *              rows) with each group's products and fold done n-tile by n-tile (qr_lean_stage: 8 live partial sums
+ *              instead of 64), registers for 3 blocks per SM (138: 12 warps) or 1 (139); bit for bit = v50
  *   versions 51-60 (4-bit): version 50 with other choices at 1 and 2 n-tiles (run_small: blocks per SM the
  *              registers are capped for, register stages, line prefetches, weight stages per activation stage),
  *              the backend's from 3 n-tiles on but for 59, 60 (3 blocks per SM at 3 n-tiles; 60 also D 3)
@@ -201,7 +207,8 @@
 #include "qmoe_s.cuh" /* resident activations, a block per expert (lab only: measured slower) */
 #include "qr_diet_lab.cuh" /* versions 95-113: the SASS diet, its launch choices, weight rings, persistent grid, early
                                * weights, timeline, slab pairs, tail split, empty probe (lab only) */
-#include "qr_lm_lab.cuh" /* versions 130-133: passes fitted to their rows, split blocks, token halves (session 28, helper lm14) */
+#include "qr_lm_lab.cuh" /* versions 130-137: passes fitted to their rows, split blocks, token halves (session 28, helper lm14);
+                           * more warps per SM (134-139, session 29, helper wp11) */
 #include "cuda/qmoe_wl.cuh" /* versions 120-124: the large-M wgmma kernel (the backend gate/up of DGEMMA_WL=1 is 122) */
 extern "C" {
 #include "io/quant.h"
@@ -626,6 +633,24 @@ static cudaError_t run_lm(int ver, int prod, stack *st, routing *r) {
   if (e != cudaSuccess) return e;
   qr_lm_pairs = r->T * TOPK;
   return prod == GU ? qr_lm_launch<4, 1>(ver, 0, grid, a) : qr_lm_launch<4, 0>(ver, 0, grid, a);
+}
+
+/* Versions 134-139 (4-bit g64; dev/cuda/qr_lm_lab.cuh qr_occ_launch, qr_lean_launch, session 29): version 50 with
+ * registers (and at 8 n-tiles an activation ring of 2 stages) for 12 or 16 warps per SM at 4-8 n-tiles (134-137), or
+ * its 8-tile body with the lean stage order (138: registers for 12 warps per SM, 139: for 8); outputs compared with
+ * version 50's bit for bit */
+static cudaError_t run_occ(int ver, int prod, stack *st, routing *r) {
+  qe_args a;
+  dim3 grid;
+  if (st->w.bits != 4) return cudaErrorNotSupported;
+  const cudaError_t e = backend_args(prod, st, r, &a, &grid);
+  if (e != cudaSuccess) return e;
+  if (a.group != 64) return cudaErrorNotSupported;
+  const int nt = qe_nt(r->T, TOPK, E);
+  g_dq = 0;
+  if (ver >= 138) /* 138, 139: the lean stage in place of the 8-tile kernel (below 8 n-tiles version 50's kernels) */
+    return prod == GU ? qr_lean_launch<4, 1>(ver, 0, grid, nt, a) : qr_lean_launch<4, 0>(ver, 0, grid, nt, a);
+  return prod == GU ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
 }
 
 /* The gate/up + down rows (versions 50 and 114, 4-bit): gate/up over xe and down over the h it makes, as the backend
@@ -1083,6 +1108,7 @@ static cudaError_t run_version(int ver, int prod, stack *gu, stack *dn, routing 
   const int T = r->T;
   stack *st = prod == GU ? gu : dn;
   if (ver >= 130 && ver <= 133) return run_lm(ver, prod, st, r);
+  if (ver >= 134 && ver <= 139) return run_occ(ver, prod, st, r);
   if (ver >= 95 && ver <= 113) return run_diet(ver, prod, st, r);
 #ifdef LAB_ONLY_SK /* versions 1-3, 40, 50 and 95-113 only (issue 11's session-25 call: the build in ~1-2 minutes) */
   (void)run_probe; /* (not built in: no "declared but never referenced" warnings) */

@@ -8,7 +8,13 @@
  * forced 3, 5 and 8 n-tiles (its words must not depend on it either), gate/up (GeGLU, h bf16) and down (y fp32),
  * stacks of 10 / 11 weight stages (the DIET loop's FAST and tested iterations, an odd count and a half last
  * activation stage). Mutation check: --mutate makes versions 132 and 130 skip the last pass of each expert (must
- * fail). --ver N: version N alone (133, 132's kernel with other launch bounds: one case).
+ * fail). --ver N: version N alone (133, 132's kernel with other launch bounds: one case). --occ: versions 134-137
+ * (session 29, helper wp11: version 50's kernel with other launch bounds, and at 8 n-tiles a 2-stage activation ring)
+ * against version 50 at the same forced tile count, 4, 5 and 8 (the emulation ignores launch bounds: what it checks
+ * is the 2-stage ring and the launcher's instances), and 138 (the lean stage order, qr_lean_stage) against version 50
+ * at 8 n-tiles; --ver 139: 138's source with other launch bounds. Built with -DQR_LEAN_MUTATE (the lean stage's runs in
+ * the other order), --ver 138 must fail. --uni: the lab's uniform rows (12 experts of M = 16, 32, 64, 128 rows) for
+ * 134, 135 and 138 at their own tile choice.
  *
  * Build and run (no GPU; ~8-10 minutes on a loaded 2-core machine, 24 cases):
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -107,7 +113,12 @@ static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
     cudaMemcpy(dc, c2.data(), E * 4, cudaMemcpyHostToDevice);
   }
   qr_lm_pairs = TK;
-  err = gateup ? qr_lm_launch<4, 1>(ver, 0, grid, a) : qr_lm_launch<4, 0>(ver, 0, grid, a);
+  if (ver >= 138) /* 138, 139: the lean stage order at 8 n-tiles (6 for experts of <= 48 rows) */
+    err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, nt, a) : qr_lean_launch<4, 0>(ver, 0, grid, nt, a);
+  else if (ver >= 134) /* 134-137: version 50's kernel at the same tile count with other launch bounds and ring depth */
+    err = gateup ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
+  else
+    err = gateup ? qr_lm_launch<4, 1>(ver, 0, grid, a) : qr_lm_launch<4, 0>(ver, 0, grid, a);
   if (err != cudaSuccess) { fprintf(stderr, "v%d launch: %d\n", ver, (int)err); exit(2); }
   cudaDeviceSynchronize();
   cudaMemcpy(ov.data(), dout, obytes, cudaMemcpyDeviceToHost);
@@ -131,14 +142,42 @@ int main(int argc, char **argv) {
   /* 12 experts: every body of qr_lm_tiles (1..64 rows), pass boundaries 64/65, 128/129, 3 passes (200), empty */
   prob P{12, 160, 8, 640, 384, {0, 1, 9, 20, 27, 36, 45, 64, 65, 128, 129, 200}};
   prob Q{12, 160, 8, 704, 448, {0, 1, 9, 20, 27, 36, 45, 64, 65, 128, 129, 200}}; /* down: 11 weight stages (odd) */
+  const int occ = argc > 1 && !strcmp(argv[1], "--occ"); /* --occ: versions 134-137 only */
   long bad = 0;
-  printf("qr_lm_emu: versions 130-133 against version 50, word for word%s\n", mutate ? " (MUTATION: must fail)" : "");
+  const int uni = argc > 1 && !strcmp(argv[1], "--uni"); /* --uni: the uniform rows of 134, 135, 138 only */
+  printf("qr_lm_emu: versions %s against version 50, word for word%s\n",
+         occ ? "134-138" : only >= 134 || uni ? "134-139" : "130-133", mutate ? " (MUTATION: must fail)" : "");
   for (int ver : {132, 130, 131, 133}) {
-    if ((mutate && ver == 131) || (only && ver != only)) continue;
+    if ((mutate && ver == 131) || (only && ver != only) || occ || uni) continue;
     for (int nt50 : {0, 3, 5, 8}) {
       if ((mutate || ver == 133) && nt50) continue; /* 133: 132's source (launch bounds aside): one case */
       bad += run_case(P, 1, ver, nt50, mutate);
       bad += run_case(Q, 0, ver, nt50, mutate);
+    }
+  }
+  /* 134-138 (--occ, session 29): at 4, 5 and 8 n-tiles (their own instances; below 4 they are version 50's); 138
+   * (the lean stage) against version 50 at 8 n-tiles; 139 (138's source, MINB 1) with --ver 139 */
+  for (int ver : {138, 134, 135, 136, 137, 139}) {
+    if (mutate || !(only == ver || occ)) continue;
+    for (int nt50 : {4, 5, 8}) {
+      if (ver >= 138 && nt50 != 8) continue; /* 138, 139: their own 8-tile choice (139: 138's source, one case) */
+      if (ver == 139 && only != 139) continue;
+      bad += run_case(P, 1, ver, nt50, 0);
+      bad += run_case(Q, 0, ver, nt50, 0);
+    }
+  }
+  /* --uni (session 29): the lab's uniform rows, every expert M rows (M 16, 32, 64, 128; T = E M / K tokens), each
+   * version at its own tile choice (qe_nt, as the lab): 134 and 135 (ring 2 at 8 n-tiles) at every M, 138 at 64 and
+   * 128 (below 8 n-tiles it runs version 50's kernels) */
+  if (uni) {
+    for (int M : {16, 32, 64, 128}) {
+      prob U{12, 12 * M / 8, 8, 640, 384, std::vector<int>(12, M)};
+      prob V{12, 12 * M / 8, 8, 704, 448, std::vector<int>(12, M)};
+      for (int ver : {134, 135, 138}) {
+        if (ver == 138 && M < 64) continue;
+        bad += run_case(U, 1, ver, 0, 0);
+        bad += run_case(V, 0, ver, 0, 0);
+      }
     }
   }
   printf("%s: %ld words differ\n", bad ? "FAIL" : "ok", bad);

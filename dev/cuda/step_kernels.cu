@@ -40,6 +40,10 @@
  *               v4 router_tile_deep_kernel + route_gr_kernel<JP, 1> (DGEMMA_ROUTE=deep, session 22: a split's 11
  *               stages of 16 k in flight at once instead of 3; the gate/up copy's loads before its stores), checked
  *               word for word against v0 (the stage), v2 (the split sums alone, the stage with the copy)
+ *               v5 router_one_kernel (DGEMMA_ROUTE=one, session 29: the whole stage, gate/up copy included, in one
+ *               launch), checked word for word against v0 (the stage) and v2 (the stage with the copy)
+ *               v6 v3 with route_gr_kernel<JP, 1, 1> (DGEMMA_ROUTE=gridp, session 29: the copy's loads first, the
+ *               placement's table loads in flight at once, the last block's copy after its placement), the same checks
  *   input copies  k_group_sums_perm_v (the experts' gate/up input [T, H] and down input [T K, IE = H / 4], G 64):
  *               v0 a block of 64 threads per row, a thread per group (G / 8 load latencies in a row), v2 a thread
  *               per group over the whole input with its loads first (DGEMMA_GSP=flat, session 22); both word for
@@ -864,8 +868,10 @@ static void rows_case(int T, int H, int I, int K, int E) {
     std::vector<uint32_t> ref;
     const double in_bytes = (double)TH * 4 + (double)E * H * 4 + E * 4.0,
                  out_bytes = (double)T * E * 4 + TKn * 16.0 + E * 16.0 + (TKn / 32.0 + E) * 8;
-    const char *vnames[5] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid", "v4 deep"};
-    for (int ver : {0, 1, 2, 3, 4}) {
+    const char *vnames[7] = {"v0 chain", "v1 fused", "v2 tiles", "v3 grid", "v4 deep", "v5 one", "v6 gridp"};
+    if (!k_router_one_ok(T, E, H, K))
+      printf("(v5: router_one_kernel does not cover T %d E %d H %d: its rows are v3's)\n", T, E, H);
+    for (int ver : {0, 1, 2, 3, 4, 5, 6}) {
       auto launch = [&] { CKL(k_router_route(0, du, dW, dr, dpes, &b, T, E, H, K, dws, ver)); };
       poison();
       launch();
@@ -951,7 +957,7 @@ static void rows_case(int T, int H, int I, int K, int E) {
       b.xs = dnew<float>(TH / G);
       b.xp = dnew<bf16>(TH);
       std::vector<uint32_t> r2;
-      for (int ver : {2, 3, 4}) {
+      for (int ver : {2, 3, 4, 5, 6}) {
         auto launch = [&] {
           b.gu_x = (const bf16 *)dxe;
           b.gu_group = G;
@@ -972,7 +978,10 @@ static void rows_case(int T, int H, int I, int K, int E) {
           for (size_t i = 0; i < w.size() && i < r2.size(); i++) nd += w[i] != r2[i];
         }
         char chk[200];
-        snprintf(chk, sizeof chk, ver == 2 ? "3 launches; %zu output words" : "2 launches; %zu words differ from v2", ver == 2 ? w.size() : nd);
+        snprintf(chk, sizeof chk,
+                 ver == 2 ? "3 launches; %zu output words"
+                 : ver == 5 ? "1 launch; %zu words differ from v2" : "2 launches; %zu words differ from v2",
+                 ver == 2 ? w.size() : nd);
         double med, mn;
         timeit(launch, med, mn);
         const double xb2 = TH * 2.0 * 2 + TH / G * 4.0;

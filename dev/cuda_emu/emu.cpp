@@ -76,12 +76,54 @@ struct mbar {
   std::vector<bulk_copy> copies;
 };
 std::map<uint32_t, mbar> mbars;
-std::vector<unsigned char> smem;
 unsigned char *smem_base; /* 1024-byte aligned start of the dynamic shared memory */
 size_t smem_size;
 cudaError_t last = cudaSuccess;
 
-void yield() { swapcontext(&th[cur].ctx, &sched); }
+/* Thread block clusters (emu.h run, cluster_sync, cluster_map): the cs blocks of a cluster run together, their
+ * threads th[b n + i] switched round-robin as one block's are. The globals above (barrier counts, warps, warpgroups,
+ * wgmma queues, mbarriers, smem_base) are the current block's: blk_swap exchanges them with the block state saved in
+ * cl[b] when the scheduler passes to a thread of another block. Each block's shared memory stays in place
+ * (cl_smem[b]), so cluster_map gives another block's bytes at the same offset. cur is the thread's index in its
+ * block, cur_g in the cluster; cs 1 is the plain launch. */
+struct blk_state {
+  int bar_count;
+  unsigned bar_gen;
+  int nb_count[16];
+  unsigned nb_gen[16];
+  std::vector<warp> warps;
+  std::vector<wgroup> wgroups;
+  std::vector<wg_state> wgs;
+  std::map<uint32_t, mbar> mbars;
+  uint3_ bidx;
+};
+std::vector<blk_state> cl;
+std::vector<std::vector<unsigned char>> cl_smem;
+std::vector<unsigned char *> cl_base;
+int cs = 1, cur_b = 0, cur_g = -1;
+unsigned cl_rank_of[64]; /* %cluster_ctarank of block b of the cluster */
+int clb_count = 0;       /* barrier.cluster: arrivals of the cluster's threads */
+unsigned clb_gen = 0;
+void blk_exchange(int b) { /* the globals <-> cl[b] */
+  blk_state &s = cl[(size_t)b];
+  std::swap(s.bar_count, bar_count);
+  std::swap(s.bar_gen, bar_gen);
+  for (int i = 0; i < 16; i++) { std::swap(s.nb_count[i], nb_count[i]); std::swap(s.nb_gen[i], nb_gen[i]); }
+  s.warps.swap(warps);
+  s.wgroups.swap(wgroups);
+  s.wgs.swap(wgs);
+  s.mbars.swap(mbars);
+}
+void blk_switch(int b) { /* make block b of the cluster the current one */
+  if (b == cur_b) return;
+  blk_exchange(cur_b); /* save the current block's state into cl[cur_b] */
+  blk_exchange(b);     /* and load block b's */
+  cur_b = b;
+  smem_base = cl_base[(size_t)b];
+  blockIdx_ = cl[(size_t)b].bidx;
+}
+
+void yield() { swapcontext(&th[cur_g].ctx, &sched); }
 void entry() {
   body();
   if (!wgs[cur].q.empty()) {
@@ -90,7 +132,7 @@ void entry() {
             wgs[cur].q.size());
     abort();
   }
-  th[cur].done = true;
+  th[cur_g].done = true;
   alive--;
 }
 int warp_size(int w) { int n = nthreads - 32 * w; return n < 32 ? n : 32; }
@@ -434,65 +476,126 @@ void mbar_wait_parity(void *bar, uint32_t parity) {
   }
 }
 
-void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) {
+void run(dim3 grid, dim3 block, size_t sm, std::function<void()> fn) { run_cluster(grid, block, sm, fn, dim3(1, 1, 1)); }
+void run_cluster(dim3 grid, dim3 block, size_t sm, std::function<void()> fn, dim3 cdim) {
   const int n = (int)(block.x * block.y * block.z);
+  const int ncl = (int)(cdim.x * cdim.y * cdim.z);
   if (n <= 0 || n > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
-      sm > 227 * 1024) {
-    fprintf(stderr, "emu: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", grid.x, grid.y, grid.z, block.x,
-            block.y, block.z, sm);
+      sm > 227 * 1024 || ncl < 1 || ncl > 16 || grid.x % cdim.x || grid.y % cdim.y || grid.z % cdim.z ||
+      (ncl > 1 && n % 128)) {
+    fprintf(stderr, "emu: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %zu cluster (%u,%u,%u) (a cluster: at "
+            "most 16 blocks dividing the grid; here whole warpgroups per block)\n", grid.x, grid.y, grid.z, block.x,
+            block.y, block.z, sm, cdim.x, cdim.y, cdim.z);
     last = cudaErrorInvalidConfiguration;
     return;
   }
-  if ((int)th.size() < n) {
-    th.resize((size_t)n);
-    stacks.assign((size_t)n * STACK, 0);
+  if ((int)th.size() < n * ncl) {
+    th.resize((size_t)n * ncl);
+    stacks.assign((size_t)n * ncl * STACK, 0);
   }
-  smem.assign(sm + 16 + 1024, 0xFF); /* uninitialised: NaN */
-  smem_base = smem.data() + (1024 - (uintptr_t)smem.data() % 1024) % 1024;
+  cs = ncl;
+  cl.assign((size_t)ncl, blk_state{});
+  cl_smem.assign((size_t)ncl, std::vector<unsigned char>());
+  cl_base.assign((size_t)ncl, nullptr);
+  for (int b = 0; b < ncl; b++) { /* filled once per launch, as before clusters: a block sees the shared bytes the
+                                     block before it left */
+    cl_smem[(size_t)b].assign(sm + 16 + 1024, 0xFF); /* uninitialised: NaN */
+    unsigned char *d = cl_smem[(size_t)b].data();
+    cl_base[(size_t)b] = d + (1024 - (uintptr_t)d % 1024) % 1024;
+    cl[(size_t)b].warps.assign((size_t)(n + 31) / 32, warp{0, 0, {}});
+    cl[(size_t)b].wgroups.assign((size_t)(n + 127) / 128, wgroup{0, 0, {}});
+    cl[(size_t)b].wgs.assign((size_t)n, wg_state{{}, 0});
+  }
   smem_size = sm;
-  warps.assign((size_t)(n + 31) / 32, warp{0, 0, {}});
-  wgroups.assign((size_t)(n + 127) / 128, wgroup{0, 0, {}});
-  wgs.assign((size_t)n, wg_state{{}, 0});
   blockDim_ = block;
   gridDim_ = grid;
   body = fn;
-  for (unsigned bz = 0; bz < grid.z; bz++)
-    for (unsigned by = 0; by < grid.y; by++)
-      for (unsigned bx = 0; bx < grid.x; bx++) {
-        blockIdx_ = uint3_{bx, by, bz};
-        bar_count = 0;
-        for (int b = 0; b < 16; b++) nb_count[b] = 0;
-        for (auto &w : warps) w.count = 0;
-        for (auto &w : wgroups) w.count = 0;
-        for (auto &s : wgs) { s.q.clear(); s.committed = 0; }
-        mbars.clear();
-        for (int i = 0; i < n; i++) {
+  nthreads = n;
+  for (unsigned cz = 0; cz < grid.z; cz += cdim.z)
+    for (unsigned cy = 0; cy < grid.y; cy += cdim.y)
+      for (unsigned cx = 0; cx < grid.x; cx += cdim.x) {
+        /* the cluster's blocks, rank x fastest (%cluster_ctarank), each with a fresh state */
+        for (int b = 0; b < ncl; b++) {
+          blk_state &s = cl[(size_t)b];
+          const unsigned rx = (unsigned)b % cdim.x, ry = ((unsigned)b / cdim.x) % cdim.y,
+                         rz = (unsigned)b / (cdim.x * cdim.y);
+          s.bidx = uint3_{cx + rx, cy + ry, cz + rz};
+          cl_rank_of[b] = (unsigned)b;
+          s.bar_count = 0;
+          for (int i = 0; i < 16; i++) s.nb_count[i] = 0;
+          for (auto &w : s.warps) w.count = 0;
+          for (auto &w : s.wgroups) w.count = 0;
+          for (auto &q : s.wgs) { q.q.clear(); q.committed = 0; }
+          s.mbars.clear();
+        }
+        /* block 0 current: its state in the globals */
+        cur_b = 0;
+        blk_exchange(0);
+        smem_base = cl_base[0];
+        blockIdx_ = cl[0].bidx;
+        clb_count = 0;
+        for (int i = 0; i < n * ncl; i++) {
           getcontext(&th[i].ctx);
           th[i].ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * STACK;
           th[i].ctx.uc_stack.ss_size = STACK;
           th[i].ctx.uc_link = &sched;
           makecontext(&th[i].ctx, entry, 0);
-          th[i].idx = uint3_{(unsigned)(i % block.x), (unsigned)((i / block.x) % block.y),
-                             (unsigned)(i / (block.x * block.y))};
+          const int li = i % n;
+          th[i].idx = uint3_{(unsigned)(li % block.x), (unsigned)((li / block.x) % block.y),
+                             (unsigned)(li / (block.x * block.y))};
           th[i].done = false;
         }
-        nthreads = n;
-        alive = n;
+        alive = n * ncl;
         while (alive > 0)
-          for (int i = 0; i < n; i++) {
+          for (int i = 0; i < n * ncl; i++) {
             if (th[i].done) continue;
-            cur = i;
+            blk_switch(i / n);
+            cur = i % n;
+            cur_g = i;
             threadIdx_ = th[i].idx;
             swapcontext(&sched, &th[i].ctx);
           }
-        for (const auto &m : mbars)
-          if (!m.second.copies.empty()) {
-            fprintf(stderr, "emu: block (%u,%u,%u) exited with %zu cp.async.bulk copies on the mbarrier at shared "
-                    "offset %u never waited for\n", bx, by, bz, m.second.copies.size(), m.first);
-            abort();
-          }
+        blk_switch(0);
+        blk_exchange(0); /* the globals back into cl[0]: every block's state in cl */
+        for (int b = 0; b < ncl; b++)
+          for (const auto &m : cl[(size_t)b].mbars)
+            if (!m.second.copies.empty()) {
+              const uint3_ &bi = cl[(size_t)b].bidx;
+              fprintf(stderr, "emu: block (%u,%u,%u) exited with %zu cp.async.bulk copies on the mbarrier at shared "
+                      "offset %u never waited for\n", bi.x, bi.y, bi.z, m.second.copies.size(), m.first);
+              abort();
+            }
       }
   cur = -1;
+  cur_g = -1;
+  cs = 1;
+}
+
+unsigned cluster_rank() { return cl_rank_of[cur_b]; }
+unsigned cluster_size() { return (unsigned)cs; }
+/* barrier.cluster.arrive + wait: every thread of every block of the cluster arrives before any goes on (memory is
+ * shared, so that orders it too). */
+void cluster_sync() {
+  const unsigned g = clb_gen;
+  if (++clb_count == nthreads * cs) {
+    clb_count = 0;
+    clb_gen++;
+    return;
+  }
+  int spins = 0;
+  while (clb_gen == g) {
+    yield();
+    if (++spins > 1000000) { fprintf(stderr, "emu: barrier.cluster deadlock (threads exited early?)\n"); abort(); }
+  }
+}
+/* mapa: the address of the byte at p's offset in the dynamic shared memory of block `rank` of the cluster */
+void *cluster_map(const void *p, unsigned rank) {
+  const uint32_t o = smem_addr(p);
+  if (rank >= (unsigned)cs) {
+    fprintf(stderr, "emu: mapa to rank %u of a cluster of %d blocks\n", rank, cs);
+    abort();
+  }
+  return cl_base[rank] + o;
 }
 }  // namespace emu
 

@@ -2,7 +2,8 @@
  * that the kernels' indexing, masks, reductions and tile bookkeeping can be
  * checked against the CPU path on a machine without a GPU (dev/cuda_emu/README.md).
  *
- * Model: blocks run one after another; the threads of a block are cooperative
+ * Model: blocks run one after another (those of a thread block cluster together: run_cluster); the threads of a
+ * block are cooperative
  * user-space contexts (ucontext) switched round-robin at __syncthreads and at
  * warp shuffles, so barrier semantics are exact and the run is deterministic.
  * __shared__ becomes `static` (one block at a time). WMMA fragments hold whole
@@ -83,7 +84,16 @@ void mbar_arrive_expect_tx(void *bar, uint32_t bytes);
 void bulk_g2s(void *dst, const void *src, uint32_t bytes, void *bar);
 bool mbar_try_wait_parity(void *bar, uint32_t parity); /* true once the phase of that parity has completed */
 void mbar_wait_parity(void *bar, uint32_t parity);      /* try_wait until true, yielding to the other threads */
+/* A launch: blocks run one after another, or, with a cluster shape cdim of more than one block (a thread block
+ * cluster, sm_90: cudaLaunchAttributeClusterDimension), the blocks of one cluster together, their threads switched
+ * round-robin as one block's are, so that barrier.cluster (cluster_sync) and reads of another block's shared memory
+ * (cluster_map, mapa) behave as on the GPU; clusters one after another. */
 void run(dim3 grid, dim3 block, size_t smem, std::function<void()> fn);
+void run_cluster(dim3 grid, dim3 block, size_t smem, std::function<void()> fn, dim3 cdim);
+unsigned cluster_rank();                         /* %cluster_ctarank: x fastest within the cluster */
+unsigned cluster_size();                         /* %cluster_nctarank */
+void cluster_sync();                             /* barrier.cluster.arrive.release + barrier.cluster.wait.acquire */
+void *cluster_map(const void *p, unsigned rank); /* mapa: p's dynamic shared-memory offset in block `rank` */
 int lane();
 void check_aligned(const void *p, unsigned bytes, const char *what, const char *file, int line);
 }  // namespace emu
@@ -168,6 +178,10 @@ using std::min;
 /* A cooperative launch (common.cuh) is a plain one here: blocks run one after another, so there is no co-residency
  * to ask for, and a kernel that waits grid-wide must take its own emulated path (route_gr_kernel's, moe.cu). */
 #define DG_LAUNCH_COOP(kernel, grid, block, smem, stream) DG_LAUNCH(kernel, grid, block, smem, stream)
+/* A launch in thread block clusters of shape cdim (att_wqc_kernel's, src/cuda/attention_wqc.cuh wqc_launch; its GPU
+ * form there is cudaLaunchKernelEx with cudaLaunchAttributeClusterDimension). */
+#define DG_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, cdim) \
+  emu::launcher_cl(dim3(grid), dim3(block), (smem), kernel, dim3(cdim))
 #define DG_DYN_SMEM(type, name) type *name = (type *)emu::dyn_smem()
 #define DG_DYN_SMEM16(name) DG_DYN_SMEM(unsigned char, name)
 #define DG_PDL_ENTRY() ((void)0) /* blocks run one after another: nothing to wait for */
@@ -186,6 +200,19 @@ template <typename F> struct launch {
   }
 };
 template <typename F> launch<F> launcher(dim3 g, dim3 b, size_t sm, F *k) { return launch<F>{g, b, sm, k}; }
+template <typename F> struct launch_cl {
+  dim3 g, b;
+  size_t sm;
+  F *k;
+  dim3 c;
+  template <typename... A> void operator()(A... a) const {
+    F *kk = k;
+    run_cluster(g, b, sm, [=]() { kk(a...); }, c);
+  }
+};
+template <typename F> launch_cl<F> launcher_cl(dim3 g, dim3 b, size_t sm, F *k, dim3 c) {
+  return launch_cl<F>{g, b, sm, k, c};
+}
 }  // namespace emu
 
 #endif

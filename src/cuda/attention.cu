@@ -36,6 +36,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/attention_wq.cuh"
+#include "cuda/attention_wqc.cuh"
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 
@@ -342,7 +343,8 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
   if (version == 1 || (version == 0 && !k_attention_flash_ok(D, NH, NKV)))
     return attention_launch(s, q, kc, vc, out, S, nq, causal ? nq : kv_hi - pos0, NH, NKV, D, pos0, causal, is_full,
                             window);
-  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 || (version > DG_ATT_VERSIONS && version != DG_ATT_WQ))
+  if (!k_attention_flash_ok(D, NH, NKV) || version < 0 ||
+      (version > DG_ATT_VERSIONS && version != DG_ATT_WQ && version != DG_ATT_WQC && version != DG_ATT_WQB))
     return cudaErrorInvalidValue;
   fa_args a;
   a.q = q; a.kc = kc; a.vc = vc; a.out = out; a.part = ws ? ws->part : NULL;
@@ -353,6 +355,17 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
     case 128: return att_wq_launch<128, 64, 1, 2, 1, 0, 1>(s, ws, a);
     case 256: return att_wq_launch<256, 64, 1, 2, 1, 0, 1>(s, ws, a);
     case 512: return att_wq_launch<512, 32, 2, 2, 1, 0, 1>(s, ws, a);
+    default: version = 6;
+    }
+  }
+  if (version == DG_ATT_WQC || version == DG_ATT_WQB) { /* versions 16 and 18 (attention_wqc.cuh): 15's tiles, the
+                                                           splits merged in a cluster; 18 through the batch
+                                                           instance (k_attention_batch's); D 64 as version 6 */
+    const int b = version == DG_ATT_WQB;
+    switch (D) {
+    case 128: return b ? wqc_launch<128, 64, 1, WQC_MAXB>(s, &a, 1, NULL, 1) : wqc_launch<128, 64, 1, 1>(s, &a, 1);
+    case 256: return b ? wqc_launch<256, 64, 1, WQC_MAXB>(s, &a, 1, NULL, 1) : wqc_launch<256, 64, 1, 1>(s, &a, 1);
+    case 512: return b ? wqc_launch<512, 32, 2, WQC_MAXB>(s, &a, 1, NULL, 1) : wqc_launch<512, 32, 2, 1>(s, &a, 1);
     default: version = 6;
     }
   }
@@ -423,11 +436,14 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
  *     0.0490 -> 0.0421 ms, full 0.1225 -> 0.0795 against flash_kernel; docs/measurements.md). Version 15 on an H100
  *     (session 25, lab, two runs, decoder after 1,024 positions): sliding 0.0322 / 0.0322 ms against 6's 0.0433 /
  *     0.0431, full 0.0647 / 0.0650 against 0.0807 / 0.0812; test_attention within its bound (docs/cuda.md).
- *   - DGEMMA_ATTN=N or N,M: another of k_attention_any's versions (0..DG_ATT_VERSIONS, or 15) for the head dims that
+ *   - DGEMMA_ATTN=N or N,M: another of k_attention_any's versions (0..DG_ATT_VERSIONS, or 15, 16, 18) for the head dims that
  *     version takes, version 0 for the others (the warp-per-row kernel where no tensor-core kernel applies); N,M: N
  *     for head dims up to 256, M for wider ones; "N," is N for both. 15 asked for where the device does not run
- *     sm_90a code is 6 (the log says so: the kernel would trap there). The lab's versions 9-14 are not the
- *     backend's (dev/cuda/attention_lab.cuh).
+ *     sm_90a code is 6 (the log says so: the kernel would trap there); so are 16 and 18 (session 29, behind the
+ *     switch only, not yet measured on a GPU: 16 is 15 with the key splits merged in a thread block cluster, 18 the
+ *     same kernel run over a stacked pass's canvases in one launch, k_attention_batch, each canvas its own split
+ *     count so that its words are those of its own pass). The lab's versions 9-14 and 17 are not the backend's
+ *     (dev/cuda/attention_lab.cuh).
  * Per call, where 15 cannot run a shape, it is 6: head dim 64 (k_attention_any: halves of 32 are too narrow for
  * its panels; version 6 there is version 2's kernel), and head dims the tensor-core kernels do not take
  * (k_attention_flash_ok: then the warp-per-row kernel, as for every version >= 2). Every other shape the passes
@@ -437,19 +453,26 @@ cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, co
  * version 6's rule), CUDA graphs (the launch's attribute call comes at a shape's first, plain, pass). */
 enum { ATT_WHY_ENV = 1, ATT_WHY_WG = 2, ATT_WHY_NO_WG = 3, ATT_WHY_ENV_NO_WG = 4 };
 
+/* a version DGEMMA_ATTN may name: k_attention_any's 0..DG_ATT_VERSIONS, 15, 16 and 18 */
+static int attn_known(long n) {
+  return (n >= 0 && n <= DG_ATT_VERSIONS) || n == DG_ATT_WQ || n == DG_ATT_WQC || n == DG_ATT_WQB;
+}
+/* the versions that run wgmma (sm_90a code only) */
+static int attn_wgmma(int v) { return v == DG_ATT_WQ || v == DG_ATT_WQC || v == DG_ATT_WQB; }
+
 /* DGEMMA_ATTN's N or N,M into v[0], v[1]; 0 when unset or not one of the accepted values (v untouched) */
 static int attn_env(int v[2]) {
   const char *e = getenv("DGEMMA_ATTN");
   if (!e || !*e) return 0;
   char *end = NULL;
   const long n = strtol(e, &end, 10);
-  const int ok_n = end != e && ((n >= 0 && n <= DG_ATT_VERSIONS) || n == DG_ATT_WQ);
+  const int ok_n = end != e && attn_known(n);
   if (!ok_n || (*end != '\0' && *end != ',')) return 0; /* anything else keeps the default, as DGEMMA_ROUTE does */
   v[0] = v[1] = (int)n;
   if (*end == ',' && end[1]) {
     char *end2 = NULL;
     const long m = strtol(end + 1, &end2, 10);
-    if (end2 != end + 1 && !*end2 && ((m >= 0 && m <= DG_ATT_VERSIONS) || m == DG_ATT_WQ)) v[1] = (int)m;
+    if (end2 != end + 1 && !*end2 && attn_known(m)) v[1] = (int)m;
     else v[1] = 6; /* a second value that is not a version: 6 there, as before */
   }
   return 1;
@@ -465,7 +488,7 @@ void k_attention_choose(dg_att_ws *ws) {
   } else {
     ws->wq_why = ATT_WHY_ENV;
     for (int i = 0; i < 2; i++)
-      if (v[i] == DG_ATT_WQ && !wg) {
+      if (attn_wgmma(v[i]) && !wg) {
         v[i] = 6;
         ws->wq_why = ATT_WHY_ENV_NO_WG;
       }
@@ -479,9 +502,9 @@ void k_attention_describe(const dg_att_ws *ws, char *buf, size_t n) {
       "not chosen", "DGEMMA_ATTN",
       "default: the device runs this build's sm_90a (wgmma) code",
       "default: no sm_90a (wgmma) code that the device runs, so not version 15",
-      "DGEMMA_ATTN, its 15 replaced by 6: no sm_90a (wgmma) code that the device runs"};
+      "DGEMMA_ATTN, its 15, 16 or 18 replaced by 6: no sm_90a (wgmma) code that the device runs"};
   const int w = ws->wq_why >= 0 && ws->wq_why <= ATT_WHY_ENV_NO_WG ? ws->wq_why : 0;
-  snprintf(buf, n, "attention version %d at head dims <= 256, %d above (%s; head dim 64 takes 6 under 15)",
+  snprintf(buf, n, "attention version %d at head dims <= 256, %d above (%s; head dim 64 takes 6 under 15-18)",
            ws->ver[0], ws->ver[1], why[w]);
 }
 
@@ -502,4 +525,32 @@ cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float 
                                int window) {
   return k_attention_any(s, ws, attn_version(ws, D, NH, NKV), q, kc, vc, out, S, nq, NH, NKV, D, pos0, pos0 + C, 0,
                          is_full, window);
+}
+
+int k_attention_batched(const dg_att_ws *ws, int D, int NH, int NKV) {
+  return ws->ver[D > 256] == DG_ATT_WQB && (D == 128 || D == 256 || D == 512) && k_attention_flash_ok(D, NH, NKV);
+}
+
+cudaError_t k_attention_batch(cudaStream_t s, int nb, const float *const *q, const bf16 *const *kc,
+                              const bf16 *const *vc, bf16 *const *out, const int32_t *S, const int32_t *nq,
+                              const int32_t *pos0, const int32_t *kv_hi, int NH, int NKV, int D, int is_full,
+                              int window) {
+  if (nb < 0 || (D != 128 && D != 256 && D != 512) || !k_attention_flash_ok(D, NH, NKV)) return cudaErrorInvalidValue;
+  for (int i0 = 0; i0 < nb; i0 += WQC_MAXB) { /* WQC_MAXB canvases a launch */
+    fa_args a[WQC_MAXB];
+    int n = 0;
+    for (int i = i0; i < nb && i < i0 + WQC_MAXB; i++) {
+      if (nq[i] <= 0) continue; /* nothing to do (k_attention_any returns at once too) */
+      fa_args &x = a[n++];
+      x.q = q[i]; x.kc = kc[i]; x.vc = vc[i]; x.out = out[i]; x.part = NULL;
+      x.S = S[i]; x.nq = nq[i]; x.NH = NH; x.NKV = NKV; x.causal = 0; x.is_full = is_full; x.window = window;
+      x.n_split = 1; x.pos0 = pos0[i]; x.kv_hi = kv_hi[i];
+    }
+    if (!n) continue;
+    const cudaError_t e = D == 128   ? wqc_launch<128, 64, 1, WQC_MAXB>(s, a, n, NULL, 1)
+                          : D == 256 ? wqc_launch<256, 64, 1, WQC_MAXB>(s, a, n, NULL, 1)
+                                     : wqc_launch<512, 32, 2, WQC_MAXB>(s, a, n, NULL, 1);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }

@@ -253,6 +253,10 @@ typedef struct dg_att_ws {
 #define DG_ATT_VERSIONS 8 /* k_attention_any's versions 0..DG_ATT_VERSIONS, and DG_ATT_WQ (the lab's own 9-14:
                              dev/cuda/attention.cu) */
 #define DG_ATT_WQ 15      /* k_attention_any's wgmma version (att_wq_kernel, attention_wq.cuh; sm_90a code only) */
+#define DG_ATT_WQC 16     /* 15 with its key splits merged in a thread block cluster (att_wqc_kernel, attention_wqc.cuh;
+                             sm_90a; DGEMMA_ATTN=16 only, session 29) */
+#define DG_ATT_WQB 18     /* 16's kernel over a stack's canvases in one launch, each canvas its own split count
+                             (k_attention_batch; one canvas: k_attention_any; DGEMMA_ATTN=18 only, session 29) */
 
 /* The encoder chunk up to which the decoder's work buffers and the sliding layers' rings grow with it (session 28's
  * default chunk): a longer chunk's rows beyond them lie over the decoder-only buffers (context.cu ctx_layout) and
@@ -412,8 +416,10 @@ cudaError_t k_ffn_combine_norm_v(cudaStream_t s, int version, float *x, const fl
  * passes' default without sm_90a code); DG_ATT_WQ (15): att_wq_kernel with Q K^T
  * and P V on wgmma (the passes' default on Hopper with sm_90a code; at D 64 it is
  * version 6; the caller checks the device runs wgmma, cuda_wg_available, else it
- * traps) (cudaErrorInvalidValue where one cannot run or for another version, the
- * lab's own 9-14 included). */
+ * traps); DG_ATT_WQC (16), DG_ATT_WQB (18): att_wqc_kernel (attention_wqc.cuh: 15's
+ * block, the key splits merged in a thread block cluster; 18 through its batch instance, so that a canvas's words
+ * are the same alone and in k_attention_batch; D 64 as 6, wgmma as for 15) (cudaErrorInvalidValue where one cannot
+ * run or for another version, the lab's own 9-14 and 17 included). */
 cudaError_t k_attention_any(cudaStream_t s, const dg_att_ws *ws, int version, const float *q, const bf16 *kc,
                             const bf16 *vc, bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int kv_hi,
                             int causal, int is_full, int window);
@@ -431,6 +437,19 @@ void k_attention_describe(const dg_att_ws *ws, char *buf, size_t n);
 cudaError_t k_attention_canvas(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc,
                                bf16 *out, int S, int nq, int NH, int NKV, int D, int32_t pos0, int C, int is_full,
                                int window);
+/* The decoder attention of nb canvases (a stacked pass's segments, dg_cuda_seg) in one launch of version 18
+ * (DG_ATT_WQB, att_wqc_kernel over up to WQC_MAXB canvases at a time): canvas i's nq[i] rows of q[i] over its own cache
+ * kc[i], vc[i] of S[i] slots, keys [lo, kv_hi[i]) (lo: 0 on full layers, pos0[i] - (window - 1) on sliding ones),
+ * into out[i]; each canvas's words are those of k_attention_any(18) on it alone. The same NH, NKV, D (128, 256 or
+ * 512) and layer kind for all; cudaErrorInvalidValue otherwise or where wgmma does not run (the caller checks, as
+ * for 15). */
+cudaError_t k_attention_batch(cudaStream_t s, int nb, const float *const *q, const bf16 *const *kc,
+                              const bf16 *const *vc, bf16 *const *out, const int32_t *S, const int32_t *nq,
+                              const int32_t *pos0, const int32_t *kv_hi, int NH, int NKV, int D, int is_full,
+                              int window);
+/* Whether the passes' attention for head dim D runs stacked canvases in one launch (k_attention_batch: the context's
+ * version there is 18 and the shape is one att_wqc_kernel takes). */
+int k_attention_batched(const dg_att_ws *ws, int D, int NH, int NKV);
 /* causal = 1: encoder masks; 0: decoder (all of [lo, pos0 + T)). */
 cudaError_t k_attention(cudaStream_t s, const dg_att_ws *ws, const float *q, const bf16 *kc, const bf16 *vc, bf16 *out,
                         int S, int T, int NH, int NKV, int D, int32_t pos0, int causal, int is_full, int window);
@@ -515,7 +534,11 @@ cudaError_t k_route(cudaStream_t s, float *rlog, const float *per_expert_scale, 
  * k_router_tiles_ok; else mode 0); mode 3: k_router_tiles_product then k_route_grid (k_router_grid_ok, b->gsc; else
  * mode 2); mode 4 (DGEMMA_ROUTE=deep, session 22; not the default): mode 3 with router_tile_deep_kernel (every stage of
  * a split in flight at once) and route_gr_kernel's gate/up copy loading each group before storing it (where mode 3
- * covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate calls. */
+ * covers the shape, else mode 2); mode 5 (DGEMMA_ROUTE=one, session 29; not the default): k_router_one, the stage
+ * in one launch (where it covers the shape, else mode 3); mode 6 (DGEMMA_ROUTE=gridp, session 29; not the default):
+ * mode 3 with route_gr_kernel's copy loading first, its placement in one trip and the last block's copy after its
+ * placement (where mode 3 covers the shape, else mode 2); rlog and the groupings bit for bit those of the separate
+ * calls. */
 cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float *rlog, const float *per_expert_scale,
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode);
 /* DGEMMA_ROUTE=tiles's two launches (moe.cu): the split sums ws [S][T][E] of router_part_kernel's splits (S set
@@ -542,6 +565,15 @@ int k_qe_gate_up_group(const dg_cuda_w *W);
 int k_router_grid_ok(int T, int E, int H, int K);
 cudaError_t k_route_grid(cudaStream_t s, const float *part, int S, float *rlog, const float *per_expert_scale,
                          dg_cuda_moe_buf *b, int T, int E, int K);
+/* DGEMMA_ROUTE=one (mode 5, session 29; not the default; moe.cu): the whole router stage, mode 3's words, in one
+ * launch (router_one_kernel: router_tile_kernel's product on its grid into ws [S][T][E], each token tile's blocks
+ * waiting for one another, then route_gr_kernel's routing, grouping and gate/up input copy spread over the same
+ * blocks). Returns cudaErrorInvalidValue, launching nothing, where it does not cover the shape (k_router_one_ok: H %
+ * 4 == 0, T <= 1,984, (route slots x E) <= 16,384, i.e. T <= 256 at 128 experts, the grid resident at once; u, W
+ * not 16-byte aligned; b->gsc or b->done NULL). Sets b->gu_ready as mode 3 does. */
+int k_router_one_ok(int T, int E, int H, int K);
+cudaError_t k_router_one(cudaStream_t s, const float *u, const float *W, float *ws, float *rlog,
+                         const float *per_expert_scale, dg_cuda_moe_buf *b, int T, int E, int H, int K);
 /* Grouping of given top-k expert ids b->topk_idx [T, K] by expert and the
  * tile work list (the second half of k_route). */
 cudaError_t k_group(cudaStream_t s, dg_cuda_moe_buf *b, int T, int E, int K);

@@ -342,13 +342,19 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
  * route_tk_kernel, the default of session 13 (router + top-k 0.987 -> 0.880 ms per 26B pass in --profile, within
  * noise end to end; lab stage 29.8 -> 26.5 us; every output word the chain's; docs/measurements.md); DGEMMA_ROUTE=chain: the chain
  * of launches (router_reduce, topk, group count / scan / place; mode 0, the default before); DGEMMA_ROUTE=fused:
- * route_kernel (mode 1, 0.2 ms per pass slower than the chain in session 11). Read once when the library loads. */
+ * route_kernel (mode 1, 0.2 ms per pass slower than the chain in session 11); DGEMMA_ROUTE=one: router_one_kernel (mode
+ * 5, session 29: the stage in one launch, not yet measured on a GPU); DGEMMA_ROUTE=gridp: mode 3 with route_gr_kernel's
+ * two serial tails made short (mode 6, session 29: the copy's loads first as mode 4, the placement's table loads all in
+ * flight at once, ro_place, and the last block's copy after its placement; not yet measured on a GPU). Read once when
+ * the library loads. */
 static int route_mode_from_env(void) {
   const char *v = getenv("DGEMMA_ROUTE");
   if (v && !strcmp(v, "fused")) return 1;
   if (v && (!strcmp(v, "chain") || !strcmp(v, "split"))) return 0; /* split: session 11's name for the chain */
   if (v && !strcmp(v, "tiles")) return 2;
   if (v && !strcmp(v, "deep")) return 4; /* session 22: router_tile_deep_kernel + route_gr_kernel<JP, 1> */
+  if (v && !strcmp(v, "one")) return 5;  /* session 29: router_one_kernel (below; mode 3 where it does not cover) */
+  if (v && !strcmp(v, "gridp")) return 6; /* session 29: mode 3 with route_gr_kernel<JP, 1, 1> (below) */
   return 3; /* DGEMMA_ROUTE=grid, or unset */
 }
 static const int route_mode_default = route_mode_from_env();
@@ -740,12 +746,16 @@ __device__ __forceinline__ void route_tk_group(rtk_smem &sm, const dg_cuda_moe_b
  * t = blockIdx.x W + warp): the token's S split sums loaded at once and added in split order (router_reduce_kernel's
  * sum), topk_token's softmax, choices and weights (rlog, topk_idx, topk_w written), the block's pairs' experts in
  * sm.sid (-1 past T; after the barrier inside). Returns for thread tid < W K with a pair the pair's rank among the
- * block's pairs of its expert, else -1. */
-template <int JP>
+ * block's pairs of its expert, else -1. SLOT 1 (router_one_kernel): the tokens are a route slot's, the first t0 and
+ * their count W (<= the block's warps; warps from W on have no token), and the split sums, written by other blocks of
+ * the same grid, are loaded from L2 (ld.global.cg); SLOT 0 ignores t0 and W (route_tk_kernel, route_gr_kernel: the
+ * code as before the slots). */
+template <int JP, int SLOT = 0>
 __device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S, float *rlog, const float *pes,
-                                          const dg_cuda_moe_buf &b, int T, int E, int K) {
-  const int tid = threadIdx.x, W = blockDim.x >> 5, warp = tid >> 5, lane = tid & 31;
-  const int t = blockIdx.x * W + warp, PB = W * K;
+                                          const dg_cuda_moe_buf &b, int T, int E, int K, int t0 = 0, int W = 0) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (!SLOT) W = blockDim.x >> 5;
+  const int t = SLOT ? (warp < W ? t0 + warp : T) : blockIdx.x * W + warp, PB = W * K;
   for (int e = tid; e < E; e += blockDim.x) sm.pes[e] = pes[e];
   float v[JP];
   if (t < T) {
@@ -758,7 +768,8 @@ __device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S
       for (int jj = 0; jj < JB; jj++) { /* unconditional loads (clamped to a valid split and expert): no branches */
         const float *p = part + (size_t)t * E + min(lane + 32 * (h + jj), E - 1);
 #pragma unroll
-        for (int s2 = 0; s2 < DG_ROUTER_MAX_SPLITS; s2++) x[jj][s2] = p[(size_t)min(s2, S - 1) * n];
+        for (int s2 = 0; s2 < DG_ROUTER_MAX_SPLITS; s2++)
+          x[jj][s2] = SLOT ? __ldcg(p + (size_t)min(s2, S - 1) * n) : p[(size_t)min(s2, S - 1) * n];
       }
 #pragma unroll
       for (int jj = 0; jj < JB; jj++) { /* router_reduce_kernel's sum */
@@ -807,7 +818,7 @@ __device__ __forceinline__ int rtk_choose(rtk_rows &sm, const float *part, int S
       b.topk_w[(size_t)t * K + lane] = (myp / wsum) * sm.pes[myid];
     }
   }
-  if (lane < K) sm.sid[warp * K + lane] = myid;
+  if (lane < K && (!SLOT || warp < W)) sm.sid[warp * K + lane] = myid;
   __syncthreads();
   int r = -1; /* the pair's rank among the block's pairs of its expert */
   if (tid < PB && sm.sid[tid] >= 0) {
@@ -926,6 +937,40 @@ __device__ __forceinline__ void rgr_place(const dg_cuda_moe_buf &b, const int *t
   }
 }
 
+/* The placement of slot q's PB pairs t0 K + p (expert pe[p], -1: none; rank pr[p]; shared) once start is final:
+ * j = start[e] + (pairs of e in slots 0 .. q - 1: their table rows summed by nh threads per pair, 8 loads in flight
+ * each) + rank; pairs[j] = i, slot_row[i] = j. pre [PB] shared scratch. Every thread of the block calls it. */
+__device__ __forceinline__ void ro_place(const dg_cuda_moe_buf &b, const int *tab, const int *pe, const int *pr,
+                                         int *pre, int q, int t0, int PB, int E, int K) {
+  const int tid = threadIdx.x;
+  if (PB <= 0) return; /* the same for every thread of the block */
+  const int nh = blockDim.x / PB, e0 = tid < PB ? pe[tid] : -1;
+  const int st = e0 >= 0 ? __ldcg(b.start + e0) : 0; /* in flight with the rows' loads */
+  if (tid < PB) pre[tid] = 0;
+  __syncthreads();
+  if (tid < nh * PB) {
+    const int p = tid % PB, h = tid / PB, e = pe[p];
+    if (e >= 0) {
+      int s = 0;
+      for (int b0 = h; b0 < q; b0 += 8 * nh) {
+        int c[8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) c[m] = b0 + m * nh < q ? __ldcg(tab + (size_t)(b0 + m * nh) * E + e) : 0;
+#pragma unroll
+        for (int m = 0; m < 8; m++) s += c[m];
+      }
+      if (s) atomicAdd(pre + p, s);
+    }
+  }
+  __syncthreads();
+  if (e0 >= 0) {
+    const int i = t0 * K + tid, j = st + pre[tid] + pr[tid];
+    b.pairs[j] = i;
+    b.slot_row[i] = j;
+  }
+  __syncthreads(); /* pre, pe and pr are written again by the next slot */
+}
+
 /* Step 2b: the permuted copy xp and group sums xs of the gate/up input rows of this block's tokens (b.gu_x [T, H],
  * group b.gu_group: k_group_sums_perm's outputs for those rows, group_sum_perm's arithmetic), while it waits. */
 template <int LF> __device__ __forceinline__ void rgr_prep_rows(const dg_cuda_moe_buf &b, int t0, int nt, int H) {
@@ -938,7 +983,10 @@ template <int LF> __device__ __forceinline__ void rgr_prep_rows(const dg_cuda_mo
   }
 }
 
-template <int JP, int LF = 0>
+/* PL (DGEMMA_ROUTE=gridp, mode 6, session 29; with LF 1): step 3 by ro_place (every table load in flight at once and
+ * start[e] in the same trip, instead of rgr_place's two loads in flight per step: 8 dependent trips for block 63 of
+ * the 26B's 64), and the last block's copy (step 2b) after its placement instead of before it. The same words. */
+template <int JP, int LF = 0, int PL = 0>
 __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *part, int S, float *rlog,
                                                                  const float *pes, dg_cuda_moe_buf b, int T, int E,
                                                                  int K, int H) {
@@ -980,7 +1028,8 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *pa
       atomicAdd(gen, 1); /* wraps on the device: only compared for a change */
     }
   }
-  if (H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H); /* 2b (H 0: none) */
+  /* 2b (H 0: none); PL: the last block makes its copy after its placement */
+  if (H > 0 && !(PL && last)) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H);
 #ifdef DG_CUDA_EMU
   if (!last) return;
   for (int bb = 0; bb < nb; bb++) { /* step 3 for every block in turn, its experts and ranks read back */
@@ -991,15 +1040,22 @@ __global__ void __launch_bounds__(RTK_WMAX * 32) route_gr_kernel(const float *pa
       pr[tid] = ok ? __ldcg(b.slot_row + i) : -1;
     }
     __syncthreads();
-    rgr_place(b, tab, sm.sid, pr, pre, bb, E, PB);
+    if (PL) ro_place(b, tab, sm.sid, pr, pre, bb, bb * (bd >> 5), PB, E, K);
+    else rgr_place(b, tab, sm.sid, pr, pre, bb, E, PB);
   }
+  if (PL && H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H);
 #else
   if (!last && tid == 0) {
     while (*(volatile int *)gen == g0) __nanosleep(100);
     __threadfence();
   }
   __syncthreads();
-  rgr_place(b, tab, sm.sid, pr, pre, blk, E, PB);
+  if (PL) {
+    ro_place(b, tab, sm.sid, pr, pre, blk, blk * (bd >> 5), PB, E, K);
+    if (last && H > 0) rgr_prep_rows<LF>(b, blk * (bd >> 5), min(bd >> 5, T - blk * (bd >> 5)), H);
+  } else {
+    rgr_place(b, tab, sm.sid, pr, pre, blk, E, PB);
+  }
 #endif
 }
 
@@ -1021,7 +1077,7 @@ static const int route_coop = route_coop_from_env();
 /* Whether nb blocks of route_gr_kernel<JP> of W warps are resident at once on the current device (the grid-wide
  * wait's condition; cached per device, JP and W); with DGEMMA_ROUTE_COOP=1 also whether the device takes cooperative
  * launches (cudaDevAttrCooperativeLaunch). */
-template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
+template <int JP, int LF = 0, int PL = 0> static int route_gr_resident(int nb, int W) {
 #ifdef DG_CUDA_EMU
   (void)nb;
   (void)W;
@@ -1033,7 +1089,7 @@ template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
   int c = __atomic_load_n(&cap[dev][W], __ATOMIC_RELAXED);
   if (!c) {
     int per = 0, sms = 0, coop = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP, LF>, 32 * W, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, route_gr_kernel<JP, LF, PL>, 32 * W, 0) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         (route_coop && cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess))
       return 0;
@@ -1046,20 +1102,20 @@ template <int JP, int LF = 0> static int route_gr_resident(int nb, int W) {
 
 /* The launch of route_gr_kernel, or cudaErrorInvalidValue (nothing launched) where it does not cover the shape or
  * the grid would not be resident at once: the caller takes another mode. */
-template <int JP, int LF = 0>
+template <int JP, int LF = 0, int PL = 0>
 static cudaError_t route_gr_launch(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
                                    const dg_cuda_moe_buf *b, int T, int E, int K, int W, int H) {
   const int nb = (T + W - 1) / W;
-  if (!route_gr_resident<JP, LF>(nb, W)) return cudaErrorInvalidValue;
-  if (route_coop) DG_LAUNCH_COOP((route_gr_kernel<JP, LF>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
-  else DG_LAUNCH((route_gr_kernel<JP, LF>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  if (!route_gr_resident<JP, LF, PL>(nb, W)) return cudaErrorInvalidValue;
+  if (route_coop) DG_LAUNCH_COOP((route_gr_kernel<JP, LF, PL>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
+  else DG_LAUNCH((route_gr_kernel<JP, LF, PL>), nb, 32 * W, 0, s)(part, S, rlog, pes, *b, T, E, K, H);
   return cudaGetLastError();
 }
 
 /* H > 0 with b->gu_x and b->gu_group set: the gate/up input's copy and sums made too (b->gu_ready = b->gu_x);
  * lf: with route_gr_kernel<JP, 1> (its loads before its stores: DGEMMA_ROUTE=deep). */
 static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float *rlog, const float *pes,
-                                dg_cuda_moe_buf *b, int T, int E, int K, int H, int lf = 0) {
+                                dg_cuda_moe_buf *b, int T, int E, int K, int H, int lf = 0, int pl = 0) {
   const int W = route_gr_warps(T, E, K);
   if (!W || S < 1 || S > DG_ROUTER_MAX_SPLITS || !b->done || !b->gsc) return cudaErrorInvalidValue;
   const int G = b->gu_group;
@@ -1067,7 +1123,12 @@ static cudaError_t route_grid_h(cudaStream_t s, const float *part, int S, float 
       ((uintptr_t)b->gu_x | (uintptr_t)b->xp) & 15)
     H = 0;
   cudaError_t e;
-  if (lf) {
+  if (pl) { /* DGEMMA_ROUTE=gridp: the copy's loads first, the placement in one trip, the last block's copy after it */
+    if (E <= 32) e = route_gr_launch<1, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 64) e = route_gr_launch<2, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else if (E <= 128) e = route_gr_launch<4, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+    else e = route_gr_launch<8, 1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
+  } else if (lf) {
     if (E <= 32) e = route_gr_launch<1, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
     else if (E <= 64) e = route_gr_launch<2, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
     else if (E <= 128) e = route_gr_launch<4, 1>(s, part, S, rlog, pes, b, T, E, K, W, H);
@@ -1094,6 +1155,252 @@ int k_router_grid_ok(int T, int E, int H, int K) {
   const int nb = (T + W - 1) / W;
   return E <= 32 ? route_gr_resident<1>(nb, W) : E <= 64 ? route_gr_resident<2>(nb, W)
          : E <= 128 ? route_gr_resident<4>(nb, W) : route_gr_resident<8>(nb, W);
+}
+
+/* ---- DGEMMA_ROUTE=one (mode 5, session 29): the whole router stage in one launch (issue 12 item 3) ----
+ * router_one_kernel, on router_tile_kernel's grid (token tile tt of RT_T = 64 tokens, expert tile, split: 4 x 2 x 16
+ * = 128 blocks of 256 threads at the 26B's shape), in four steps:
+ *   1. every block: router_tile_body, the same tiles, micro-tiles and per-output chains (every split sum the same
+ *      word as router_tile_kernel's), into ws; it counts itself into its token tile (gsc[RO_TCNT + tt]);
+ *   2. every block, once the tile's nblk = (expert tiles x splits) blocks are counted (a wait on the blocks of its own
+ *      tile only): the routing of its slot, P = ceil(64 / nblk) tokens of the tile (2 at the 26B's shape; at most
+ *      RTK_WMAX, a warp per token, a block taking several slots where nblk < 8): rtk_choose (route_gr_kernel's split
+ *      sums in split order, softmax, choices, weights; the split sums loaded from L2), its count of each expert into
+ *      row q of the (slot, expert) table and the experts' totals; it counts itself done (b->done);
+ *   3. the last block to finish only: route_gr_kernel's step 2 (totals, rtk_write_groups, the generation raised);
+ *   4. every block: while it waits for the generation, the gate/up input's permuted copy and group sums of its
+ *      slot's rows (rgr_prep_rows with the loads first, DGEMMA_ROUTE=deep's form: the same words); then its pairs
+ *      placed (ro_place: start[e] + the pairs of e in earlier slots, every table load in flight at once, + rank);
+ *      the last block places first and makes its copy after.
+ * So every output word is mode 3's (and the chain's): the product's chains, the split order of the sums and
+ * rtk_choose are the same functions; the grouping's integers are exact in any order. What changes is the stage's
+ * shape: one launch instead of two (no drain of the product's grid and ramp of the routing's), the routing on 128
+ * blocks of 2 tokens instead of 64 of 4, and two serial parts of route_gr_kernel's critical path made short: the
+ * last block's copy (4 rows, G / 8 dependent load/store steps per group, before its placement) and the placement's
+ * sum over the earlier blocks' rows (up to 16 rows per thread, two loads in flight: 8 dependent L2 trips).
+ * The wait in step 2 (and 4) needs every block of the grid resident at once: launched only where the grid fits the
+ * device (k_router_one_ok: grid <= SMs x occupancy, as route_gr_kernel; DGEMMA_ROUTE_COOP=1 a cooperative launch),
+ * else mode 3. Limits: T <= 64 RO_TILES, (slots x E) <= GR_TAB (T <= 256 at 128 experts), H % 4 == 0, u and W 16-byte
+ * aligned. The emulation runs blocks one after another: there the tile's last block routes (and copies) every slot
+ * of its tile, and the last block places every slot in turn, with each slot's experts and ranks read back. */
+#define RO_TCNT 1                   /* gsc[RO_TCNT + tt]: token tile tt's product blocks counted (0 between launches) */
+#define RO_TILES (GR_TOT - RO_TCNT) /* token tiles per launch */
+
+/* The route slots of a token tile of nblk product blocks: P tokens each, nslot of them. */
+__host__ __device__ __forceinline__ void ro_slots(int nblk, int &P, int &nslot) {
+  P = (RT_T + nblk - 1) / nblk;
+  if (P > RTK_WMAX) P = RTK_WMAX;
+  nslot = (RT_T + P - 1) / P;
+}
+
+/* Slot q (tokens t0 .. t0 + nt - 1): rtk_choose, each pair's rank into pr (shared) and slot_row (global, until the
+ * placement), its count of each expert into tab row q and the totals. Every thread of the block calls it. */
+template <int JP>
+__device__ __forceinline__ void ro_route_slot(rtk_rows &sm, int *pr, const float *part, int S, float *rlog,
+                                               const float *pes, const dg_cuda_moe_buf &b, int *tab, int *tot, int T,
+                                               int E, int K, int q, int t0, int nt) {
+  const int tid = threadIdx.x, bd = blockDim.x, PB = nt * K;
+  const int r = rtk_choose<JP, 1>(sm, part, S, rlog, pes, b, T, E, K, t0, nt);
+  if (tid < PB) pr[tid] = r;
+  if (r >= 0) b.slot_row[(size_t)t0 * K + tid] = r;
+  for (int e = tid; e < E; e += bd) {
+    int c = 0;
+    for (int p = 0; p < PB; p++) c += sm.sid[p] == e;
+    tab[(size_t)q * E + e] = c;
+    if (c) atomicAdd(tot + e, c);
+  }
+  __syncthreads(); /* sm.sid and pr are written again by the next slot */
+}
+
+/* The first token and the token count of route slot r of token tile tt (P tokens a slot, T tokens in all). */
+__device__ __forceinline__ int ro_t0(int tt, int r, int P) { return tt * RT_T + r * P; }
+__device__ __forceinline__ int ro_nt(int tt, int r, int P, int T) {
+  return max(0, min(P, min(T, (tt + 1) * RT_T) - ro_t0(tt, r, P)));
+}
+
+/* Hc: the gate/up input's row length where the copy is made (b.gu_x, b.gu_group set), else 0. */
+template <int JP>
+__global__ void __launch_bounds__(RT_THREADS) router_one_kernel(const float *u, const float *Wr, float *part, int S,
+                                                                int KS, float *rlog, const float *pes,
+                                                                dg_cuda_moe_buf b, int T, int E, int K, int H, int Hc) {
+  DG_PDL_ENTRY();
+  __shared__ __align__(16) union {
+    float prod[RT_STAGES][(RT_T + RT_E) * RT_K]; /* step 1's stages */
+    rtk_rows r;                                  /* steps 2 and 4 */
+  } sm;
+  __shared__ int ecnt[ROUTE_EMAX], estart[ROUTE_EMAX + 1], etile[ROUTE_EMAX], pr[RTK_WMAX * 32], pre[RTK_WMAX * 32];
+  __shared__ int last, ntiles;
+  const int tid = threadIdx.x, bd = blockDim.x, tt = blockIdx.x, nblk = gridDim.y * gridDim.z;
+  const int rb = blockIdx.z * gridDim.y + blockIdx.y, nb = gridDim.x * nblk;
+  int P, nslot;
+  ro_slots(nblk, P, nslot);
+  int *gen = b.gsc, *tcnt = b.gsc + RO_TCNT, *tot = b.gsc + GR_TOT, *tab = b.gsc + GR_TOT + ROUTE_EMAX;
+#ifndef DG_CUDA_EMU
+  /* the generation before this block counts itself done: the last block raises it only after that */
+  const int g0 = tid == 0 ? *(volatile int *)gen : 0;
+#endif
+  router_tile_body<RT_STAGES>(sm.prod, u, Wr, part, T, E, H, KS); /* step 1 */
+  __threadfence(); /* this block's split sums visible device-wide before it counts itself into its tile */
+  __syncthreads(); /* and every read of sm.prod done before sm.r is written */
+#ifdef DG_CUDA_EMU
+  (void)rb;
+  if (tid == 0) last = atomicAdd(tcnt + tt, 1) == nblk - 1;
+  __syncthreads();
+  if (last) /* the tile's last block: every slot of the tile (step 2), and their copies (step 4's) */
+    for (int r = 0; r < nslot; r++) {
+      const int t0 = ro_t0(tt, r, P), nt = ro_nt(tt, r, P, T);
+      ro_route_slot<JP>(sm.r, pr, part, S, rlog, pes, b, tab, tot, T, E, K, tt * nslot + r, t0, nt);
+      if (Hc > 0 && nt > 0) rgr_prep_rows<1>(b, t0, nt, Hc);
+    }
+  __syncthreads(); /* last is written again below */
+#else
+  if (tid == 0) {
+    atomicAdd(tcnt + tt, 1);
+    while (*(volatile int *)(tcnt + tt) < nblk) __nanosleep(32);
+    __threadfence();
+  }
+  __syncthreads();
+  for (int r = rb; r < nslot; r += nblk) /* step 2 */
+    ro_route_slot<JP>(sm.r, pr, part, S, rlog, pes, b, tab, tot, T, E, K, tt * nslot + r, ro_t0(tt, r, P),
+                      ro_nt(tt, r, P, T));
+#endif
+  __threadfence(); /* the slots' choices, ranks, counts and totals visible device-wide before the block counts done */
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(b.done, 1) == nb - 1;
+  __syncthreads();
+  if (last) { /* step 3 */
+    __threadfence();
+    for (int e = tid; e < E; e += bd) { /* the totals (every block's atomics came before its count), zeroed */
+      ecnt[e] = __ldcg(tot + e);
+      tot[e] = 0;
+    }
+    for (int i = tid; i < (int)gridDim.x; i += bd) tcnt[i] = 0; /* every block is past its tile's wait */
+    __syncthreads();
+    rtk_write_groups(ecnt, estart, etile, &ntiles, b, E);
+    __threadfence(); /* start (and the rest) visible device-wide before the generation moves */
+    __syncthreads();
+    if (tid == 0) {
+      *b.done = 0;
+      atomicAdd(gen, 1); /* wraps on the device: only compared for a change */
+    }
+  }
+#ifdef DG_CUDA_EMU
+  if (!last) return;
+  for (int q = 0; q < (int)gridDim.x * nslot; q++) { /* step 4's placement of every slot, its pairs read back */
+    const int tq = q / nslot, t0 = ro_t0(tq, q % nslot, P), PB = ro_nt(tq, q % nslot, P, T) * K;
+    if (tid < PB) {
+      sm.r.sid[tid] = __ldcg(b.topk_idx + (size_t)t0 * K + tid);
+      pr[tid] = __ldcg(b.slot_row + (size_t)t0 * K + tid);
+    }
+    __syncthreads();
+    ro_place(b, tab, sm.r.sid, pr, pre, q, t0, PB, E, K);
+    __syncthreads();
+  }
+#else
+  if (!last) {
+    if (Hc > 0)
+      for (int r = rb; r < nslot; r += nblk)
+        if (ro_nt(tt, r, P, T) > 0) rgr_prep_rows<1>(b, ro_t0(tt, r, P), ro_nt(tt, r, P, T), Hc);
+    if (tid == 0) {
+      while (*(volatile int *)gen == g0) __nanosleep(32);
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  const int one = rb + nblk >= nslot; /* at most one slot: its experts and ranks still in sm.r.sid and pr */
+  for (int r = rb; r < nslot; r += nblk) {
+    const int t0 = ro_t0(tt, r, P), PB = ro_nt(tt, r, P, T) * K;
+    if (!one) {
+      if (tid < PB) {
+        sm.r.sid[tid] = __ldcg(b.topk_idx + (size_t)t0 * K + tid);
+        pr[tid] = __ldcg(b.slot_row + (size_t)t0 * K + tid);
+      }
+      __syncthreads();
+    }
+    ro_place(b, tab, sm.r.sid, pr, pre, tt * nslot + r, t0, PB, E, K);
+  }
+  if (last && Hc > 0)
+    for (int r = rb; r < nslot; r += nblk)
+      if (ro_nt(tt, r, P, T) > 0) rgr_prep_rows<1>(b, ro_t0(tt, r, P), ro_nt(tt, r, P, T), Hc);
+#endif
+}
+
+/* Whether nb blocks of router_one_kernel<JP> are resident at once on the current device (route_gr_resident's test;
+ * cached per device and JP). */
+template <int JP> static int ro_resident(int nb) {
+#ifdef DG_CUDA_EMU
+  (void)nb;
+  return 1;
+#else
+  static int cap[16]; /* blocks resident at once; 0: not yet asked */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
+  int c = __atomic_load_n(&cap[dev], __ATOMIC_RELAXED);
+  if (!c) {
+    int per = 0, sms = 0, coop = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, router_one_kernel<JP>, RT_THREADS, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        (route_coop && cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess))
+      return 0;
+    c = per * sms > 0 && coop ? per * sms : -1;
+    __atomic_store_n(&cap[dev], c, __ATOMIC_RELAXED);
+  }
+  return nb <= c;
+#endif
+}
+
+/* router_one_kernel's grid for the shape, or 0 where mode 5 does not cover it (before residency); S and KS the
+ * product's splits (router_parts'). */
+static int ro_grid(int T, int E, int H, int K, dim3 *grid, int *S, int *KS) {
+  if (T <= 0 || E <= 0 || E > ROUTE_EMAX || K <= 0 || K > 32 || K > E || H <= 0 || H % 4) return 0;
+  const int s = router_splits(T, E, H), ntile = (T + RT_T - 1) / RT_T, nblk = (E + RT_E - 1) / RT_E * s;
+  int P, nslot;
+  ro_slots(nblk, P, nslot);
+  if (ntile > RO_TILES || (long)ntile * nslot * E > GR_TAB) return 0;
+  *grid = dim3(ntile, (E + RT_E - 1) / RT_E, s);
+  *S = s;
+  *KS = ((H + s - 1) / s + RG_K - 1) / RG_K * RG_K;
+  return 1;
+}
+
+static int ro_fits(int E, int nb) {
+  return E <= 32 ? ro_resident<1>(nb) : E <= 64 ? ro_resident<2>(nb)
+         : E <= 128 ? ro_resident<4>(nb) : ro_resident<8>(nb);
+}
+
+int k_router_one_ok(int T, int E, int H, int K) {
+  dim3 g;
+  int S, KS;
+  return ro_grid(T, E, H, K, &g, &S, &KS) && ro_fits(E, (int)(g.x * g.y * g.z));
+}
+
+template <int JP>
+static void ro_launch(cudaStream_t s, dim3 g, const float *u, const float *W, float *ws, int S, int KS, float *rlog,
+                      const float *pes, const dg_cuda_moe_buf *b, int T, int E, int K, int H, int Hc) {
+  if (route_coop)
+    DG_LAUNCH_COOP((router_one_kernel<JP>), g, RT_THREADS, 0, s)(u, W, ws, S, KS, rlog, pes, *b, T, E, K, H, Hc);
+  else
+    DG_LAUNCH((router_one_kernel<JP>), g, RT_THREADS, 0, s)(u, W, ws, S, KS, rlog, pes, *b, T, E, K, H, Hc);
+}
+
+cudaError_t k_router_one(cudaStream_t s, const float *u, const float *W, float *ws, float *rlog, const float *pes,
+                         dg_cuda_moe_buf *b, int T, int E, int H, int K) {
+  dim3 g;
+  int S = 0, KS = 0;
+  b->gu_ready = NULL;
+  if ((((uintptr_t)u | (uintptr_t)W) & 15) || !b->done || !b->gsc || !ro_grid(T, E, H, K, &g, &S, &KS) ||
+      !ro_fits(E, (int)(g.x * g.y * g.z)))
+    return cudaErrorInvalidValue;
+  const int G = b->gu_group;
+  int Hc = H; /* the gate/up input's copy: route_grid_h's conditions */
+  if (!b->gu_x || !b->xs || !b->xp || G <= 0 || G % 8 || H % G || ((uintptr_t)b->gu_x | (uintptr_t)b->xp) & 15) Hc = 0;
+  if (E <= 32) ro_launch<1>(s, g, u, W, ws, S, KS, rlog, pes, b, T, E, K, H, Hc);
+  else if (E <= 64) ro_launch<2>(s, g, u, W, ws, S, KS, rlog, pes, b, T, E, K, H, Hc);
+  else if (E <= 128) ro_launch<4>(s, g, u, W, ws, S, KS, rlog, pes, b, T, E, K, H, Hc);
+  else ro_launch<8>(s, g, u, W, ws, S, KS, rlog, pes, b, T, E, K, H, Hc);
+  const cudaError_t e = cudaGetLastError();
+  b->gu_ready = e == cudaSuccess && Hc > 0 ? b->gu_x : NULL;
+  return e;
 }
 
 /* router_tile_deep_kernel's dynamic shared memory allowed on the current device (once per device). */
@@ -1147,10 +1454,12 @@ cudaError_t k_router_route(cudaStream_t s, const float *u, const float *W, float
                            dg_cuda_moe_buf *b, int T, int E, int H, int K, float *ws, int mode) {
   const int rm = route_mode(mode), aligned = !(((uintptr_t)u | (uintptr_t)W) & 15);
   b->gu_ready = NULL;
+  if (rm == 5 && aligned && b->gsc && b->done && k_router_one_ok(T, E, H, K)) /* one launch; else mode 3's path */
+    return k_router_one(s, u, W, ws, rlog, per_expert_scale, b, T, E, H, K);
   if (rm >= 3 && aligned && b->gsc && k_router_grid_ok(T, E, H, K)) { /* 4: the deep product, the copy's loads first */
     int S = 0;
     cudaError_t e = k_router_tiles_product_v(s, rm == 4 ? 4 : 0, u, W, ws, T, E, H, &S);
-    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H, rm == 4);
+    return e != cudaSuccess ? e : route_grid_h(s, ws, S, rlog, per_expert_scale, b, T, E, K, H, rm == 4, rm == 6);
   }
   if (rm >= 2 && k_router_tiles_ok(T, E, H, K) && aligned) { /* mode 3 where it does not cover the shape: 2 */
     int S = 0;

@@ -233,7 +233,29 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
     DG_TRY(mark(c, DG_CUDA_ST_QKV));
     /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
     if (causal && li == d->n_layers - 1) return DG_OK;
-    for (int g = 0; g < nseg; g++) {
+    /* DGEMMA_ATTN=18 (attention.cu k_attention_batched): a stack's canvases in one launch, each canvas's words those of
+     * its own pass (k_attention_batch); else one call per canvas */
+    const int batched = !causal && nseg > 1 && k_attention_batched(&c->att_ws, D, NH, NKV);
+    for (int g0 = 0; batched && g0 < nseg; g0 += 16) {
+      const float *bq[16];
+      const bf16 *bk[16], *bv[16];
+      bf16 *bo[16];
+      int32_t bS[16], bn[16], bp[16], bh[16];
+      int n = 0;
+      for (int g = g0; g < nseg && g < g0 + 16; g++, n++) {
+        const dg_cuda_seg *q = &sg[g];
+        bq[n] = c->q + q->r0 * qrow;
+        bo[n] = c->att + q->r0 * qrow;
+        bk[n] = q->kc[li];
+        bv[n] = q->vc[li];
+        bS[n] = l->is_full ? q->S : q->S_ring;
+        bn[n] = q->n;
+        bp[n] = q->pos0;
+        bh[n] = q->pos0 + (q->dpos ? d->canvas : q->n); /* k_attention_canvas's keys, or k_attention's */
+      }
+      CKK(c, k_attention_batch(s, n, bq, bk, bv, bo, bS, bn, bp, bh, NH, NKV, D, l->is_full, d->window));
+    }
+    for (int g = 0; !batched && g < nseg; g++) {
       const dg_cuda_seg *q = &sg[g];
       const float *qg = c->q + q->r0 * qrow;
       bf16 *ag = c->att + q->r0 * qrow;

@@ -560,11 +560,13 @@ static dg_status route_words(const dg_cuda_moe_buf *b, const float *rlog, int T,
 
 extern "C" dg_status dg_cuda_test_router_route(int device, int mode, const float *u, const float *W, const float *pes,
                                                int T, int E, int H, int K, int32_t *idx, float *w, long *n_diff) {
-  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 4)
+  if (T <= 0 || E <= 0 || E > 256 || H <= 0 || K <= 0 || K > E || K > 32 || mode < 1 || mode > 6)
     return dg_seterr(DG_ERR_INVALID_ARG,
-                     "dg_cuda_test_router_route: mode %d (1..4), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
+                     "dg_cuda_test_router_route: mode %d (1..6), T %d, E %d (1..256), H %d, K %d (1..min(E, 32))", mode,
                      T, E, H, K);
-  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) || (mode >= 3 && !k_router_grid_ok(T, E, H, K)))
+  if ((mode == 2 && !k_router_tiles_ok(T, E, H, K)) ||
+      ((mode == 3 || mode == 4 || mode == 6) && !k_router_grid_ok(T, E, H, K)) ||
+      (mode == 5 && !k_router_one_ok(T, E, H, K))) /* mode 5 would take mode 3's path: refused, so it is tested */
     return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_router_route: mode %d does not cover T %d, E %d, H %d, K %d",
                      mode, T, E, H, K);
   CK(cudaSetDevice(device));
@@ -826,8 +828,8 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
   TT_(test_in(&al, &dv, vc, kvn, "v cache"));
   TT_(dalloc(&al, &dout, on * 2, "out"));
   TT_(dalloc(&al, (void **)&ws.part, ws.n * 4, "key-split partials"));
-  if (version >= ATT_LAB_FIRST && version != DG_ATT_WQ) { /* the lab's versions (dev/cuda/attention_lab.cuh), not the
-                                                             backend's (15 is: k_attention_any below) */
+  if (version >= ATT_LAB_FIRST && version != DG_ATT_WQ && version != DG_ATT_WQC && version != DG_ATT_WQB) {
+    /* the lab's versions (dev/cuda/attention_lab.cuh), not the backend's (15, 16 and 18 are: k_attention_any below) */
     TT_(dalloc(&al, &dcnt, (size_t)ncnt * 4, "arrival counters"));
     TC_(cudaMemset(dcnt, 0, (size_t)ncnt * 4));
     TC_(att_lab_version(version, 0, &ws, (int *)dcnt, ncnt, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv,
@@ -836,6 +838,39 @@ extern "C" dg_status dg_cuda_test_attention(int device, int version, const float
     TC_(k_attention_any(0, &ws, version, (const float *)dq, (const bf16 *)dk, (const bf16 *)dv, (bf16 *)dout, S, nq,
                         NH, NKV, D, pos0, kv_hi, causal, is_full, window));
   TT_(test_out(out, dout, on * 2));
+done:
+  dfree_all(&al);
+  return st;
+}
+
+extern "C" dg_status dg_cuda_test_attention_batch(int device, int nb, const float *const *q, const uint16_t *const *kc,
+                                                  const uint16_t *const *vc, const int32_t *S, const int32_t *nq,
+                                                  const int32_t *pos0, const int32_t *kv_hi, int NH, int NKV, int D,
+                                                  int is_full, int window, uint16_t *const *out) {
+  if (nb < 1 || nb > 64 || NH <= 0 || NKV <= 0 || NH % NKV || (D != 128 && D != 256 && D != 512) || window <= 0)
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_attention_batch: nb %d, NH %d, NKV %d, D %d, window %d", nb, NH,
+                     NKV, D, window);
+  for (int i = 0; i < nb; i++) {
+    const int32_t lo = is_full ? 0 : (pos0[i] - (window - 1) > 0 ? pos0[i] - (window - 1) : 0);
+    if (nq[i] < 1 || S[i] <= 0 || pos0[i] < 0 || kv_hi[i] <= pos0[i] || kv_hi[i] - lo > S[i])
+      return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_attention_batch: canvas %d: nq %d, S %d, pos0 %d, kv_hi %d", i,
+                       nq[i], S[i], pos0[i], kv_hi[i]);
+  }
+  CK(cudaSetDevice(device));
+  alloc_list al = {NULL, 0, 0};
+  dg_status st = DG_OK;
+  float *dq[64];
+  bf16 *dk[64], *dv[64], *dout[64];
+  for (int i = 0; i < nb; i++) {
+    const size_t kvn = (size_t)NKV * S[i] * D * 2, on = (size_t)nq[i] * NH * D;
+    dq[i] = NULL; dk[i] = dv[i] = dout[i] = NULL;
+    TT_(test_in(&al, (void **)&dq[i], q[i], on * 4, "q"));
+    TT_(test_in(&al, (void **)&dk[i], kc[i], kvn, "k cache"));
+    TT_(test_in(&al, (void **)&dv[i], vc[i], kvn, "v cache"));
+    TT_(dalloc(&al, (void **)&dout[i], on * 2, "out"));
+  }
+  TC_(k_attention_batch(0, nb, dq, dk, dv, dout, S, nq, pos0, kv_hi, NH, NKV, D, is_full, window));
+  for (int i = 0; i < nb; i++) TT_(test_out(out[i], dout[i], (size_t)nq[i] * NH * D * 2));
 done:
   dfree_all(&al);
   return st;
@@ -1730,7 +1765,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_group_sums_perm,
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
     dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_probs,
-    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block, dg_cuda_test_soft_from_z,
+    dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block, dg_cuda_test_soft_from_z, dg_cuda_test_attention_batch,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -317,12 +317,24 @@ typedef struct dg_cuda_test_api {
   dg_status (*test_sc_probs_set)(int mode);
   dg_status (*test_weight_block)(const dg_cuda_ctx *c, int *n, size_t *used, size_t *cap, size_t *weight_bytes);
   dg_status (*test_soft_from_z)(dg_cuda_ctx *c, int *sc_group);
+  dg_status (*test_attention_batch)(int device, int nb, const float *const *q, const uint16_t *const *kc,
+                                    const uint16_t *const *vc, const int32_t *S, const int32_t *nq, const int32_t *pos0,
+                                    const int32_t *kv_hi, int NH, int NKV, int D, int is_full, int window,
+                                    uint16_t *const *out);
 } dg_cuda_test_api;
 
 /* dg_cuda_soft_from_z(c) (the reference sampler's kept self-conditioning: P, then the SC product) and c's
  * sc_group (0: P in a buffer of its own; G > 0: P over the logits in groups of G rows, common.cuh), for the test
  * that the logits are refused after it (DG_ERR_INVALID_ARG) until a decoder pass writes them again. */
 dg_status dg_cuda_test_soft_from_z(dg_cuda_ctx *c, int *sc_group);
+/* The decoder attention of nb canvases (each its own q [nq, NH, D] fp32, bf16 caches [NKV, S, D], positions pos0,
+ * keys [lo, kv_hi)) in one call of k_attention_batch (version 18, src/cuda/attention.cu: up to 8 canvases a launch,
+ * each canvas its own split count) into out[i] [nq, NH, D] bf16; D 128, 256 or 512; needs wgmma (sm_90a, the caller
+ * probes: test_wgmma). DG_ERR_INVALID_ARG for a bad shape naming the canvas. */
+dg_status dg_cuda_test_attention_batch(int device, int nb, const float *const *q, const uint16_t *const *kc,
+                                       const uint16_t *const *vc, const int32_t *S, const int32_t *nq,
+                                       const int32_t *pos0, const int32_t *kv_hi, int NH, int NKV, int D, int is_full,
+                                       int window, uint16_t *const *out);
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
 
