@@ -103,14 +103,16 @@ dg_status dg_cpu_kernels(const char **name);
 
 /* The encoder chunk of a CUDA context: prompt tokens per encoder pass, so a
  * prefill of P tokens runs as ceil(P / chunk) passes, each reading every
- * weight once, and every context holds buffers for max(canvas, chunk) rows.
- * *chunk = 256 (the CPU backend's fixed chunk, which no variable changes) unless
+ * weight once; a context holds work buffers for max(canvas, chunk) rows, those
+ * beyond max(canvas, 256) over its logits (which an encode of more rows than
+ * that leaves unreadable until the next decode). *chunk = 1024 (since session
+ * 29; the CPU backend's fixed chunk is 256, which no variable changes) unless
  * the environment variable DGEMMA_ENC_CHUNK=N asks for N, a multiple of 64 in
- * [64, 4096] written as a decimal integer (unset or empty: 256). Read at each
+ * [64, 4096] written as a decimal integer (unset or empty: 1024). Read at each
  * call; a CUDA context reads it when it is made (dg_context_new) and keeps it.
  * *chunk is set in every case. Returns DG_OK, or DG_ERR_INVALID_ARG when
  * DGEMMA_ENC_CHUNK is set to anything else ("0", "abc", "-64", "100",
- * "8192"): *chunk = 256 and dg_last_error() says so in one line naming the
+ * "8192"): *chunk = 1024 and dg_last_error() says so in one line naming the
  * variable and its value; dg_context_new on a CUDA model then fails with it. */
 dg_status dg_cuda_enc_chunk(int32_t *chunk);
 

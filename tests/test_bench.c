@@ -671,14 +671,18 @@ static void test_cli_out_atomic(void **state) {
  * (6 layers: 4 sliding of 2 KV heads x D 64, window 512; 2 full of 1 KV head x D 128; canvas 64): cap 1000 -> S 1064;
  * a full layer 2 (K, V) x 1 x 1064 x 128 x 2 bytes = 544,768; a sliding layer in a CUDA ring of
  * round_up(511 + max(64, 256), 64) = 768 slots 2 x 2 x 768 x 64 x 2 = 393,216, with every position 544,768; an encoder
- * chunk of 512 makes the ring round_up(511 + 512, 64) = 1,024 slots (524,288 bytes); a cap below the ring (S 164) the
- * same both ways. */
+ * chunk of 512 or 1,024 leaves the ring at 768 slots (since session 29: the ring holds max(canvas, min(chunk, 256))
+ * rows after the window), one of 64 makes it round_up(511 + 64, 64) = 576 (294,912 bytes); a cap below the ring
+ * (S 164) the same both ways. */
 static void test_kv_cache_bytes(void **state) {
   (void)state;
   dg_model *m = load_small(0);
   assert_true(bench_kv_cache_bytes(m, 1000, 1, 256) == 2 * 544768.0 + 4 * 393216.0);
   assert_true(bench_kv_cache_bytes(m, 1000, 0, 256) == 6 * 544768.0);
-  assert_true(bench_kv_cache_bytes(m, 1000, 1, 512) == 2 * 544768.0 + 4 * 524288.0);
+  /* a chunk beyond 256 grows no ring (its sliding layers attend in calls of 256 rows, since session 29) */
+  assert_true(bench_kv_cache_bytes(m, 1000, 1, 512) == 2 * 544768.0 + 4 * 393216.0);
+  assert_true(bench_kv_cache_bytes(m, 1000, 1, 1024) == 2 * 544768.0 + 4 * 393216.0);
+  assert_true(bench_kv_cache_bytes(m, 1000, 1, 64) == 2 * 544768.0 + 4 * 294912.0);
   const double S = 164;
   assert_true(bench_kv_cache_bytes(m, 100, 1, 256) == 2 * (2 * 1 * S * 128 * 2) + 4 * (2 * 2 * S * 64 * 2));
   assert_true(bench_kv_cache_bytes(m, 100, 0, 256) == bench_kv_cache_bytes(m, 100, 1, 256));

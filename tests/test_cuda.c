@@ -2358,6 +2358,61 @@ static dg_model *load_window16(char *dir, unsigned seed) {
   return load_synth_cuda(dir, &c);
 }
 
+/* An encoder pass of more rows than a decoder pass holds (session 29, helper mm12: the chunk's rows beyond the
+ * decoder's max(canvas, 256) lie over P's head and the logits, context.cu ctx_rows_view; its sliding layers attend
+ * in calls of 256 rows, passes.cu layer_segs). On the window-16 model (canvas 16): a prompt of 300 tokens, a decode
+ * (its logits alive: the statistics run), 300 more tokens (at a chunk > 256 the logits are then dead: the statistics
+ * are refused, naming the encoder pass; at 256 they run), a decode. A second context encodes the same 600 tokens in
+ * the same two calls without the decode between them: the last decode's logits are the first's bit for bit (nothing
+ * the encoder's view overwrote is read by a later decoder pass; the canvas's K/V of the first decode are
+ * overwritten by the second prompt in both). */
+static int enc_chunk_env(void); /* below, beside the other encoder-chunk tests */
+static void test_enc_view(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  char dir[] = "/tmp/dg_cuda_encvXXXXXX";
+  dg_model *gm = load_window16(dir, 23);
+  const int C = gm->cfg.canvas_length, V = gm->cfg.vocab_size, chunk = enc_chunk_env();
+  int32_t ids[600], canvas[64];
+  synth_random_ids(ids, 600, V, 7);
+  synth_random_ids(canvas, C, V, 8);
+  float *la = malloc((size_t)C * V * 4), *lb = malloc((size_t)C * V * 4), *uni = malloc((size_t)C * 4);
+  dg_pos_stats *ps = malloc((size_t)C * sizeof *ps);
+  assert_true(la && lb && uni && ps);
+  for (int i = 0; i < C; i++) uni[i] = (float)(i + 0.5) / C;
+  dg_context_params cp = dg_context_default_params();
+  cp.max_context = 700;
+  dg_context *a = NULL, *b = NULL;
+  assert_dg_ok(dg_context_new(gm, &cp, &a));
+  assert_dg_ok(dg_context_new(gm, &cp, &b));
+  int32_t bad = -1;
+  assert_dg_ok(dg_encode(a, ids, 300));
+  assert_dg_ok(dg_decode(a, canvas, NULL, la));
+  assert_dg_ok(cu()->step_stats(a->dev, 0.8f, DG_PROPOSAL_ARGMAX, 1, 0, 0, uni, ps, &bad)); /* alive */
+  assert_dg_ok(dg_encode(a, ids + 300, 300));
+  const dg_status st = cu()->step_stats(a->dev, 0.8f, DG_PROPOSAL_ARGMAX, 1, 0, 0, uni, ps, &bad);
+  if (chunk > 256) {
+    assert_int_equal(st, DG_ERR_INVALID_ARG);
+    assert_non_null(strstr(dg_last_error(), "overwritten by an encoder pass's rows"));
+  } else {
+    assert_dg_ok(st);
+  }
+  assert_dg_ok(dg_decode(a, canvas, NULL, la));
+  assert_dg_ok(cu()->step_stats(a->dev, 0.8f, DG_PROPOSAL_ARGMAX, 1, 0, 0, uni, ps, &bad)); /* alive again */
+  assert_dg_ok(dg_encode(b, ids, 300));
+  assert_dg_ok(dg_encode(b, ids + 300, 300));
+  assert_dg_ok(dg_decode(b, canvas, NULL, lb));
+  assert_memory_equal(la, lb, (size_t)C * V * 4);
+  printf("# encoder view (chunk %d): the statistics after an encode of 300 tokens %s; the next decode's %d logits "
+         "equal those of a context that did not decode between its encodes, bit for bit\n", chunk,
+         chunk > 256 ? "refused (dead logits)" : "run", C * V);
+  free(la); free(lb); free(uni); free(ps);
+  dg_context_free(a); dg_context_free(b);
+  dg_model_free(gm);
+  dg_test_rm_dir(dir);
+}
+
 /* dg_context_truncate on CUDA: the sliding layers' ring cache (window 16 + a 256-token encoder chunk: 320 slots)
  * refuses a roll-back whose window it has overwritten and leaves the context as it was; a context made with
  * full_window_cache rolls back anywhere; a roll-back the ring allows, and the full cache's, give the logits of a
@@ -3496,7 +3551,7 @@ static void test_attention_choice(void **state) {
   dg_model_free(m);
 }
 
-/* The CUDA context's encoder chunk (dg_cuda_enc_chunk: DGEMMA_ENC_CHUNK, else 256); a value it refuses fails the
+/* The CUDA context's encoder chunk (dg_cuda_enc_chunk: DGEMMA_ENC_CHUNK, else 1024); a value it refuses fails the
  * test, as it would fail the context. */
 static int enc_chunk_env(void) {
   int32_t chunk = 0;
@@ -3508,6 +3563,60 @@ static int enc_chunk_env(void) {
  * refuses fails dg_context_new with the query's status and line (naming the variable and the value), and leaves no
  * context; a valid value or none gives one. That the chunk taken is the value asked for is test_profile_encode's
  * (its mark count per chunk), run under DGEMMA_ENC_CHUNK=64 and 1024 too. */
+/* DGEMMA_CUBLAS_POOL (upload.cu, read when a CUDA model is made): "small" sets CUBLAS_WORKSPACE_CONFIG=:16:8 and
+ * "zero" :0:0 where it is unset, a user's own value is kept, unset / "default" set nothing, and any other value
+ * refuses the model with DG_ERR_INVALID_ARG naming the variable and the value (non-printing bytes as '?', cut at 39
+ * with "..."). Only the environment is checked here: whether cuBLAS's pools shrink is the GPU call's memory log. */
+static void test_cublas_pool(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 makes no CUDA model");
+  const char *o1 = getenv("DGEMMA_CUBLAS_POOL"), *o2 = getenv("CUBLAS_WORKSPACE_CONFIG");
+  char k1[128] = "", k2[128] = "";
+  if (o1) snprintf(k1, sizeof k1, "%s", o1);
+  if (o2) snprintf(k2, sizeof k2, "%s", o2);
+  char dir[] = "/tmp/dg_cuda_poolXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = synth_default();
+  sc.dt = DG_BF16;
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.device = DG_DEVICE_CUDA;
+  static const struct { const char *pool, *user, *want; } ok[] = {
+      {NULL, NULL, NULL}, {"default", NULL, NULL}, {"", NULL, NULL}, {"small", NULL, ":16:8"},
+      {"zero", NULL, ":0:0"}, {"small", ":4096:8", ":4096:8"}};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    if (ok[i].pool) setenv("DGEMMA_CUBLAS_POOL", ok[i].pool, 1); else unsetenv("DGEMMA_CUBLAS_POOL");
+    if (ok[i].user) setenv("CUBLAS_WORKSPACE_CONFIG", ok[i].user, 1); else unsetenv("CUBLAS_WORKSPACE_CONFIG");
+    dg_model *m = NULL;
+    assert_dg_ok(dg_model_load(dir, &mp, &m));
+    const char *got = getenv("CUBLAS_WORKSPACE_CONFIG");
+    if (ok[i].want) assert_string_equal(got ? got : "(unset)", ok[i].want);
+    else assert_null(got);
+    dg_model_free(m);
+  }
+  unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  static const struct { const char *v, *shown; } bad[] = {
+      {"1", "1"}, {"Small", "Small"}, {"small ", "small "}, {"a\nb", "a?b"},
+      {"0123456789012345678901234567890123456789xyz", "012345678901234567890123456789012345678..."}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DGEMMA_CUBLAS_POOL", bad[i].v, 1);
+    dg_model *m = NULL;
+    assert_int_equal(dg_model_load(dir, &mp, &m), DG_ERR_INVALID_ARG);
+    assert_null(m);
+    char want[256];
+    snprintf(want, sizeof want, "DGEMMA_CUBLAS_POOL=\"%s\" is not default, small or zero", bad[i].shown);
+    if (!strstr(dg_last_error(), want)) fail_msg("DGEMMA_CUBLAS_POOL=%s: \"%s\" lacks \"%s\"", bad[i].v, dg_last_error(), want);
+    assert_null(getenv("CUBLAS_WORKSPACE_CONFIG"));
+  }
+  printf("# DGEMMA_CUBLAS_POOL: small -> :16:8, zero -> :0:0, a user's value kept, bad values refused (%s)\n",
+         dg_last_error());
+  if (o1) setenv("DGEMMA_CUBLAS_POOL", k1, 1); else unsetenv("DGEMMA_CUBLAS_POOL");
+  if (o2) setenv("CUBLAS_WORKSPACE_CONFIG", k2, 1); else unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  dg_test_rm_dir(dir);
+}
+
 static void test_enc_chunk_refused(void **state) {
   (void)state;
   need_gpu();
@@ -3544,7 +3653,7 @@ static void test_enc_chunk_refused(void **state) {
     char want[256];
     snprintf(want, sizeof want,
              "DGEMMA_ENC_CHUNK=\"%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder pass; "
-             "unset: 256)",
+             "unset: 1024)",
              cases[i]);
     printf("# DGEMMA_ENC_CHUNK=%s: dg_context_new: %s\n", cases[i], dg_last_error());
     assert_string_equal(dg_last_error(), want);
@@ -3619,7 +3728,7 @@ static void test_profile(void **state) {
 }
 
 /* bench --protocol step --profile: the stage marks of an encoder pass alone (session 28, helper pp12). A prefill of
- * P = 300 tokens in chunks of the context's encoder chunk (dg_cuda_enc_chunk: DGEMMA_ENC_CHUNK, else 256; this
+ * P = 300 tokens in chunks of the context's encoder chunk (dg_cuda_enc_chunk: DGEMMA_ENC_CHUNK, else 1024; this
  * test under 64 too) marks 1 (entry) + per chunk 1 (embedding) + 10 per layer but 2 for the last (it
  * stops after its K/V). The stages that an encoder pass never runs (LM head, self-conditioning, sampler
  * statistics) are exactly 0; those it runs in every layer are > 0; nothing is negative. The stages sum to the GPU
@@ -4662,10 +4771,10 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_weight_block), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_cuda_copy),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_enc_view), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
-      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_batch), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_enc_chunk_refused), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
+      cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_batch), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_enc_chunk_refused), cmocka_unit_test(test_cublas_pool), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),
       cmocka_unit_test(test_quant_synth_logits), cmocka_unit_test(test_quant_small_model),
       cmocka_unit_test(test_gemm_pins), cmocka_unit_test(test_gemm_inv),    cmocka_unit_test(test_combine_norm),    cmocka_unit_test(test_ceilings),     cmocka_unit_test(test_bench_experts),
   };

@@ -533,10 +533,10 @@ static void test_f16_checkpoint(void **state) {
   dg_model_free(mf);
 }
 
-/* dg_cuda_enc_chunk (a CPU-built query; the CUDA context and bench read the chunk through it): 256 unset or empty,
- * N for a multiple of 64 in [64, 4096], and for anything else DG_ERR_INVALID_ARG with *chunk = 256 and one line
- * naming the variable and the value (quoted: the newline as \x0a). The CPU backend does not read the variable:
- * its chunk is the constant DG_ENC_CHUNK (src/model/forward.c), the query's default. */
+/* dg_cuda_enc_chunk (a CPU-built query; the CUDA context and bench read the chunk through it): 1024 unset or empty
+ * (DG_CUDA_ENC_CHUNK, since session 29), N for a multiple of 64 in [64, 4096], and for anything else
+ * DG_ERR_INVALID_ARG with *chunk = 1024 and one line naming the variable and the value (quoted: the newline as
+ * \x0a). The CPU backend does not read the variable: its chunk is the constant DG_ENC_CHUNK (src/model/forward.c). */
 static void test_cuda_enc_chunk(void **state) {
   (void)state;
   const char *saved = getenv("DGEMMA_ENC_CHUNK");
@@ -544,11 +544,12 @@ static void test_cuda_enc_chunk(void **state) {
   int32_t chunk = -1;
   unsetenv("DGEMMA_ENC_CHUNK");
   assert_dg_ok(dg_cuda_enc_chunk(&chunk));
-  assert_int_equal(chunk, 256);
-  assert_int_equal(chunk, DG_ENC_CHUNK);
+  assert_int_equal(chunk, 1024);
+  assert_int_equal(chunk, DG_CUDA_ENC_CHUNK);
+  assert_int_equal(DG_ENC_CHUNK, 256); /* the CPU's own, unchanged */
   assert_dg_ok(dg_cuda_enc_chunk(NULL));
   static const struct { const char *v; int32_t want; } good[] = {
-      {"", 256}, {"64", 64}, {"256", 256}, {"1024", 1024}, {"4096", 4096}, {"0128", 128}};
+      {"", 1024}, {"64", 64}, {"256", 256}, {"1024", 1024}, {"4096", 4096}, {"0128", 128}};
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     setenv("DGEMMA_ENC_CHUNK", good[i].v, 1);
     chunk = -1;
@@ -563,11 +564,11 @@ static void test_cuda_enc_chunk(void **state) {
     setenv("DGEMMA_ENC_CHUNK", bad[i].v, 1);
     chunk = -1;
     assert_int_equal(dg_cuda_enc_chunk(&chunk), DG_ERR_INVALID_ARG);
-    assert_int_equal(chunk, 256);
+    assert_int_equal(chunk, 1024);
     char want[256];
     snprintf(want, sizeof want,
              "DGEMMA_ENC_CHUNK=\"%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder pass; "
-             "unset: 256)",
+             "unset: 1024)",
              bad[i].quoted);
     assert_string_equal(dg_last_error(), want);
     assert_int_equal(dg_cuda_enc_chunk(NULL), DG_ERR_INVALID_ARG);
@@ -578,7 +579,7 @@ static void test_cuda_enc_chunk(void **state) {
   longv[200] = '\0';
   setenv("DGEMMA_ENC_CHUNK", longv, 1);
   assert_int_equal(dg_cuda_enc_chunk(&chunk), DG_ERR_INVALID_ARG);
-  assert_int_equal(chunk, 256);
+  assert_int_equal(chunk, 1024);
   printf("# DGEMMA_ENC_CHUNK=7 x 200: %s\n", dg_last_error());
   assert_true(!strncmp(dg_last_error(), "DGEMMA_ENC_CHUNK=\"7777777777", 27));
   assert_non_null(strstr(dg_last_error(), "7...\" is not a multiple of 64 in [64, 4096]"));

@@ -1481,7 +1481,9 @@ static void json_line(FILE *out, cJSON *j) {
 double bench_kv_cache_bytes(const dg_model *m, int32_t cap, int cuda_ring, int32_t enc_chunk) {
   const dg_config *c = &m->cfg;
   const double S = (double)cap + c->canvas_length;
-  const int32_t T0 = c->canvas_length > enc_chunk ? c->canvas_length : enc_chunk;
+  /* the rings hold the window and max(canvas, the chunk up to 256) rows (src/cuda/common.cuh DG_RING_CHUNK: a
+   * longer chunk's sliding layers attend in calls of that many rows, since session 29) */
+  const int32_t cr = enc_chunk < 256 ? enc_chunk : 256, T0 = c->canvas_length > cr ? c->canvas_length : cr;
   const double ring = c->sliding_window >= 1 ? (double)(((int64_t)c->sliding_window - 1 + T0 + 63) / 64 * 64) : S;
   double b = 0;
   for (int i = 0; i < c->n_layers; i++) {

@@ -228,7 +228,7 @@ dg_status dg_cpu_kernels(const char **name) {
 /* Here, beside the plugin's loader, because the CUDA plugin calls it (dg_cuda_ctx_new): a symbol of an object that
  * every program opening the plugin links. */
 dg_status dg_cuda_enc_chunk(int32_t *chunk) {
-  if (chunk) *chunk = DG_ENC_CHUNK;
+  if (chunk) *chunk = DG_CUDA_ENC_CHUNK;
   const char *v = getenv("DGEMMA_ENC_CHUNK");
   if (!v || !*v) return DG_OK;
   char *end = NULL;
@@ -242,7 +242,7 @@ dg_status dg_cuda_enc_chunk(int32_t *chunk) {
   return dg_seterr(DG_ERR_INVALID_ARG,
                    "DGEMMA_ENC_CHUNK=\"%s%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder "
                    "pass; unset: %d)",
-                   q, cut ? "..." : "", DG_ENC_CHUNK);
+                   q, cut ? "..." : "", DG_CUDA_ENC_CHUNK);
 }
 
 dg_status dg_context_profile(dg_context *ctx, int on) {

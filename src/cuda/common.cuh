@@ -258,15 +258,25 @@ typedef struct dg_att_ws {
 #define DG_ATT_WQB 18     /* 16's kernel over a stack's canvases in one launch, each canvas its own split count
                              (k_attention_batch; one canvas: k_attention_any; DGEMMA_ATTN=18 only, session 29) */
 
+/* The encoder chunk up to which the decoder's work buffers and the sliding layers' rings grow with it (session 28's
+ * default chunk): a longer chunk's rows beyond them lie over the decoder-only buffers (context.cu ctx_layout) and
+ * its sliding layers attend in calls of at most this many rows (passes.cu layer_segs). */
+#define DG_RING_CHUNK 256
+
 struct dg_cuda_ctx {
   dg_cuda_model *m;
   cudaStream_t stream;
   cublasHandle_t blas;
   int32_t cap, S;           /* cache capacity (positions) and the slots of a full layer (cap + C) */
   int32_t S_ring;           /* the slots of a sliding layer: a ring (position p in slot p % S_ring), min(S,
-                             * window - 1 + max(C, encoder chunk) in tiles of 64) */
-  int32_t tmax;             /* tokens per pass */
-  int32_t enc_chunk;        /* tokens per encoder pass (<= tmax; dg_cuda_enc_chunk when the context was made) */
+                             * window - 1 + ring_rows in tiles of 64) */
+  int32_t tmax;             /* rows of a decoder pass (its view of the work buffers: max(C, rows, the encoder chunk
+                             * up to DG_RING_CHUNK)) */
+  int32_t enc_rows;         /* rows of an encoder pass (max(tmax, enc_chunk)); > tmax: the encoder's view of the
+                             * work buffers lies over P's head and the logits (context.cu ctx_rows_view) */
+  int32_t ring_rows;        /* rows of one sliding-layer attention call of the encoder (max(C, the chunk up to
+                             * DG_RING_CHUNK)): the rings hold the window before them and them (passes.cu) */
+  int32_t enc_chunk;        /* tokens per encoder pass (<= enc_rows; dg_cuda_enc_chunk when the context was made) */
   int32_t hi;               /* 1 + the highest position whose K/V a pass has written since the last pass at position
                              * 0 (dg_cuda_truncate_check: what a ring may have overwritten) */
   int32_t lo;               /* the first position the sliding layers hold (0; dg_cuda_ctx_copy: the first it copied);
@@ -295,8 +305,9 @@ struct dg_cuda_ctx {
    * itself as the statistics' pass 1 stored it; lg_parts: what c->vws holds for that z (k_vocab_sc's have). */
   int lg_virt, lg_parts;
   float lg_cap, lg_T;
-  int lg_dead;              /* c->logits overwritten by P written in place (dg_cuda_soft_from_z with sc_group > 0):
-                               nothing may read them until a pass writes them again (logits_written clears it) */
+  int lg_dead;              /* c->logits overwritten by P written in place (1: dg_cuda_soft_from_z with sc_group >
+                               0) or by an encoder pass's rows (2: enc_rows > tmax, ctx_rows_view): nothing may read
+                               them until a pass writes them again (logits_written clears it) */
   /* [C, V] self-conditioning probabilities of the reference path (soft_from_v). sc_group 0 (DGEMMA_SC_INPLACE=0):
    * a buffer of their own, made in one launch group. sc_group G > 0 (the default, G = C / 8): P's first G rows
    * in a buffer of their own that ends where c->logits begins, rows G.. in the logits' own bytes (P row c at

@@ -21,6 +21,8 @@ struct ctx_priv {
   int32_t rows;      /* what the context was made for (ctx_carves lays it out again) */
   int full_window;
   size_t side_ws;     /* c->side.ws's bytes (side_ws_bytes when the context was made; 0 without the branches) */
+  size_t rows_off;    /* the union's first byte in the block: both views' work buffers begin there (ctx_layout) */
+  size_t enc_end;     /* the encoder's view's end in the block (ctx_layout; where enc_rows > tmax) */
 };
 
 /* DGEMMA_SC_INPLACE=0: the self-conditioning probabilities P [C, V] bf16 in a buffer of their own (as before
@@ -161,10 +163,12 @@ extern "C" dg_status dg_cuda_ctx_copy(dg_cuda_ctx *dst, const dg_cuda_ctx *src, 
   return DG_OK;
 }
 
-/* The shape of a context: its pass rows T (max(canvas, encoder chunk, rows)), cache length S (cap + canvas) and
- * ring length of the sliding layers (the buffers themselves: ctx_layout). */
+/* The shape of a context: its decoder pass rows T (max(canvas, rows, the chunk up to DG_RING_CHUNK)), its encoder
+ * pass rows Te (max(T, encoder chunk)), the rows of one sliding-layer attention call Tr (max(canvas, the chunk up to
+ * DG_RING_CHUNK)), cache length S (cap + canvas) and ring length of the sliding layers (the buffers themselves:
+ * ctx_layout). */
 typedef struct ctx_dims {
-  size_t C, H, V, I, IE, E, K, NH, T, S, S_ring, TK, W;
+  size_t C, H, V, I, IE, E, K, NH, T, Te, Tr, S, S_ring, TK, W;
 } ctx_dims;
 
 static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, int full_window, int32_t enc_chunk) {
@@ -173,30 +177,27 @@ static ctx_dims ctx_dims_of(const dg_cuda_model *m, int32_t cap, int32_t rows, i
   z.C = d->canvas; z.H = d->hidden; z.V = d->vocab; z.I = d->inter; z.IE = d->moe_inter; z.E = d->n_experts;
   z.K = d->top_k; z.NH = d->n_heads;
   const size_t C = z.C, H = z.H, I = z.I, K = z.K;
-  const size_t T0 = C > (size_t)enc_chunk ? C : (size_t)enc_chunk, T = rows > 0 && (size_t)rows > T0 ? (size_t)rows : T0,
-               S = (size_t)cap + C;
-  /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one pass, the
-   * window before a canvas or an encoder chunk and the canvas or chunk itself (attention.cu), in whole tiles
-   * of 64 */
-  const size_t ring = d->window >= 1 && !full_window ? ((size_t)d->window - 1 + T0 + 63) / 64 * 64 : S,
+  /* a chunk beyond DG_RING_CHUNK rows grows neither the decoder's rows nor the rings: its encoder passes run in a
+   * view of their own (ctx_rows_view) over the decoder-only buffers, and its sliding layers' K/V and attention in
+   * calls of Tr rows (passes.cu layer_segs); up to DG_RING_CHUNK every size is session 28's */
+  const size_t ch = (size_t)enc_chunk, cr = ch < DG_RING_CHUNK ? ch : DG_RING_CHUNK, Tr = C > cr ? C : cr,
+               T = rows > 0 && (size_t)rows > Tr ? (size_t)rows : Tr, Te = T > ch ? T : ch, S = (size_t)cap + C;
+  /* sliding layers: a ring of slots (position p in slot p % S_ring) long enough for the keys of one attention
+   * call, the window before a canvas or Tr rows of an encoder chunk and those rows themselves (attention.cu), in
+   * whole tiles of 64 */
+  const size_t ring = d->window >= 1 && !full_window ? ((size_t)d->window - 1 + Tr + 63) / 64 * 64 : S,
                S_ring = ring < S ? ring : S;
-  z.T = T; z.S = S; z.S_ring = S_ring; z.TK = T * K; z.W = H > 2 * I ? H : 2 * I;
+  z.T = T; z.Te = Te; z.Tr = Tr; z.S = S; z.S_ring = S_ring; z.TK = T * K; z.W = H > 2 * I ? H : 2 * I;
   return z;
 }
 
-/* The device buffers of c laid out by cv (carve): the KV cache first (its bytes into *kv_bytes, the block's
- * [0, *kv_bytes): one memset zeroes it), then the work buffers of passes of z.T rows. */
-static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv_bytes) {
+/* The work buffers of passes of T rows (a view: ctx_rows_view points them at the decoder's T or the encoder's Te),
+ * from cv's offset on. */
+static void ctx_layout_rows(dg_cuda_ctx *c, const ctx_dims *z, size_t T, carver *cv) {
   const dg_cuda_model *m = c->m;
-  const size_t C = z->C, H = z->H, V = z->V, I = z->I, IE = z->IE, E = z->E, NH = z->NH, T = z->T, TK = z->TK,
-               W = z->W, XQ = TK * IE > T * H ? TK * IE : T * H /* the quantized products' inputs */;
+  const size_t H = z->H, I = z->I, IE = z->IE, E = z->E, NH = z->NH, TK = T * z->K, W = z->W,
+               XQ = TK * IE > T * H ? TK * IE : T * H /* the quantized products' inputs */;
 #define B_(ptr, bytes) carve_to(cv, (ptr), (bytes))
-  for (int i = 0; i < m->d.n_layers; i++) {
-    size_t n = (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? z->S : z->S_ring) * (size_t)m->layers[i].head_dim * 2;
-    B_(c->kc[i], n);
-    B_(c->vc[i], n);
-  }
-  *kv_bytes = cv->off;
   B_(c->ids, T * 4);
   B_(c->x, T * H * 4);
   B_(c->f1, T * W * 4);
@@ -207,20 +208,46 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(c->qkv, T * (size_t)m->qkvmax * 4);
   B_(c->q, T * NH * (size_t)m->dmax * 4);
   B_(c->att, T * NH * (size_t)m->dmax * 2);
-  /* up to 8 key splits of a canvas's attention (attention.cu lowers the count for more rows) */
-  c->att_ws.n = 8 * C * NH * ((size_t)m->dmax + 2);
-  B_(c->att_ws.part, c->att_ws.n * 4);
   B_(c->gu, T * 2 * I * 4);
   B_(c->h, T * (I > IE ? I : IE) * 2);
   B_(c->rlog, T * E * 4);
   B_(c->rws, DG_ROUTER_MAX_SPLITS * T * E * 4);
   B_(c->moe.topk_idx, TK * 4);
   B_(c->moe.topk_w, TK * 4);
-  B_(c->moe.count, E * 4);
-  B_(c->moe.start, (E + 1) * 4);
   B_(c->moe.pairs, TK * 4);
   B_(c->moe.slot_row, TK * 4);
   B_(c->moe.tiles, (TK + E) * 2 * 4);
+  B_(c->moe.h, TK * IE * 2);
+  B_(c->moe.y, TK * H * 4);
+  B_(c->moe.xs, XQ / 32 * 4);
+  B_(c->moe.xp, XQ * 2);
+  B_(c->moe.hs, TK * IE / 32 * 4); /* DGEMMA_DN_FUSE's group sums of h (groups of >= 32) */
+#undef B_
+}
+
+/* The device buffers of c laid out by cv (carve): the KV cache first (its bytes into *kv_bytes, the block's
+ * [0, *kv_bytes): one memset zeroes it), then the buffers every pass keeps or that outlive a pass of the other kind
+ * (attention splits, the router's and experts' counters, P where not in place, soft, the statistics, the cuBLAS
+ * workspaces), then the union (*rows_off on): the decoder's view, the work buffers of z.T rows, P's head and the
+ * logits, and over the same bytes the encoder's view, the work buffers of z.Te rows (ctx_rows_view), the block
+ * running on to the end of the longer of the two (the encoder's only where its rows do not fit: a small model's). At
+ * the 26B's C 256, V 262,144 the logits alone (256 MiB) hold the 768 rows of a chunk of 1,024 beyond the canvas's
+ * 256 (214 MiB; dev/ctx_bytes_26b.py). */
+static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv_bytes, size_t *rows_off) {
+  const dg_cuda_model *m = c->m;
+  const size_t C = z->C, H = z->H, V = z->V, E = z->E, NH = z->NH;
+#define B_(ptr, bytes) carve_to(cv, (ptr), (bytes))
+  for (int i = 0; i < m->d.n_layers; i++) {
+    size_t n = (size_t)m->layers[i].n_kv * (m->layers[i].is_full ? z->S : z->S_ring) * (size_t)m->layers[i].head_dim * 2;
+    B_(c->kc[i], n);
+    B_(c->vc[i], n);
+  }
+  *kv_bytes = cv->off;
+  /* up to 8 key splits of a canvas's attention (attention.cu lowers the count for more rows) */
+  c->att_ws.n = 8 * C * NH * ((size_t)m->dmax + 2);
+  B_(c->att_ws.part, c->att_ws.n * 4);
+  B_(c->moe.count, E * 4);
+  B_(c->moe.start, (E + 1) * 4);
   B_(c->moe.n_tiles, 4);
   B_(c->moe.order, E * 4);
   B_(c->moe.wl_count, 2 * E * 4); /* DGEMMA_WL=1's split counts (qmoe_wl.cu) */
@@ -229,11 +256,22 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
   B_(fg, (3 + E) * 4); /* DGEMMA_EXPERTS_FG's counters (qmoe_fg.cuh; zeroed below): dg_moe_fg, at done + fg_off */
   c->moe.fg_off = cv->base ? (int)(fg - c->moe.done) : 0; /* (the sizing pass has no pointers) */
   B_(c->moe.gsc, DG_ROUTE_GSC_INTS * 4);
-  B_(c->moe.h, TK * IE * 2);
-  B_(c->moe.y, TK * H * 4);
-  B_(c->moe.xs, XQ / 32 * 4);
-  B_(c->moe.xp, XQ * 2);
-  B_(c->moe.hs, TK * IE / 32 * 4); /* DGEMMA_DN_FUSE's group sums of h (groups of >= 32) */
+  if (!c->sc_group) B_(c->P, C * V * 2);
+  B_(c->soft, C * H * 4);
+  B_(c->uni, C * 4);
+  B_(c->stats, C * sizeof(dg_cuda_pos_stats));
+  B_(c->bad, 4);
+  B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
+  B_(c->blas_ws, blas_ws_bytes(m->device));
+  if (c->side.on) B_(c->side.ws, ((ctx_priv *)c)->side_ws); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
+  *rows_off = cv->off;
+  if (z->Te > z->T) { /* the encoder's view, sized only (ctx_rows_view points the buffers into it) */
+    carver ce = {};
+    ce.off = cv->off;
+    ctx_layout_rows(c, z, z->Te, &ce);
+    ((ctx_priv *)c)->enc_end = ce.off;
+  }
+  ctx_layout_rows(c, z, z->T, cv);
   if (c->sc_group) { /* P's first sc_group rows end where the logits begin (common.cuh): P runs on into them */
     const size_t head = (size_t)c->sc_group * V * 2;
     unsigned char *hb = NULL;
@@ -243,16 +281,24 @@ static void ctx_layout(dg_cuda_ctx *c, const ctx_dims *z, carver *cv, size_t *kv
     (void)hb;
   } else {
     B_(c->logits, C * V * 4);
-    B_(c->P, C * V * 2);
   }
-  B_(c->soft, C * H * 4);
-  B_(c->uni, C * 4);
-  B_(c->stats, C * sizeof(dg_cuda_pos_stats));
-  B_(c->bad, 4);
-  B_(c->vws, k_vocab_ws_bytes((int)C, (int)V));
-  B_(c->blas_ws, blas_ws_bytes(m->device));
-  if (c->side.on) B_(c->side.ws, ((ctx_priv *)c)->side_ws); /* the concurrent branches' second cuBLAS handle's (DGEMMA_BRANCH) */
+  if (z->Te > z->T && ((ctx_priv *)c)->enc_end > cv->off) cv->off = ((ctx_priv *)c)->enc_end;
 #undef B_
+}
+
+/* c's work buffers pointed at the encoder's view (enc 1: rows for c->enc_rows, over P's head and the logits; the
+ * logits are dead from then on, lg_dead 2, until a pass writes them again) or back at the decoder's (enc 0). Where
+ * the two views are one (enc_rows == tmax) it does nothing. Host pointers only: no device work. */
+void ctx_rows_view(dg_cuda_ctx *c, int enc) {
+  ctx_priv *pv = (ctx_priv *)c;
+  if (c->enc_rows <= c->tmax || !pv->dev) return;
+  const ctx_dims z = ctx_dims_of(c->m, c->cap, pv->rows, pv->full_window, c->enc_chunk);
+  carver cv = {};
+  cv.base = (unsigned char *)pv->dev;
+  cv.off = pv->rows_off;
+  ctx_layout_rows(c, &z, enc ? z.Te : z.T, &cv);
+  c->norm_next = -1; /* no normed rows carried from one view into the other */
+  if (enc) c->lg_dead = 2;
 }
 
 /* c's device block (one cudaMalloc, laid out by ctx_layout; the KV cache and the router's block counters zeroed)
@@ -262,8 +308,8 @@ static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
   dg_cuda_ctx *c = &pv->c;
   const dg_cuda_model *m = c->m;
   carver sz = {};
-  size_t kv = 0, fr = 0, tot = 0;
-  ctx_layout(c, z, &sz, &kv);
+  size_t kv = 0, fr = 0, tot = 0, ro = 0;
+  ctx_layout(c, z, &sz, &kv, &ro);
   CK(mem_info(&fr, &tot));
   if (sz.off + (RESERVE / 2) > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
@@ -281,7 +327,7 @@ static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
   pv->dev_bytes = sz.off;
   carver cv = {};
   cv.base = (unsigned char *)pv->dev;
-  ctx_layout(c, z, &cv, &kv);
+  ctx_layout(c, z, &cv, &kv, &pv->rows_off);
   if (cudaMemset(pv->dev, 0, kv) != cudaSuccess || cudaMemset(c->moe.done, 0, 4) != cudaSuccess ||
       cudaMemset(c->moe.gsc, 0, DG_ROUTE_GSC_INTS * 4) != cudaSuccess ||
       cudaMemset(dg_moe_fg(&c->moe), 0, (3 + (size_t)z->E) * 4) != cudaSuccess)
@@ -305,10 +351,27 @@ int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, s
   cv.rec_p = p;
   cv.rec_b = bytes;
   cv.rec_cap = cap;
-  size_t kv;
-  ctx_layout(c, &z, &cv, &kv);
+  size_t kv, ro;
+  ctx_layout(c, &z, &cv, &kv, &ro);
   *block = pv->dev;
   *block_bytes = pv->dev_bytes;
+  return cv.n;
+}
+
+/* ctx_carves for the encoder's view of the work buffers (its rows' buffers only, laid out from the union's first
+ * byte; 0 buffers where the two views are one). The pointers stay the decoder's. */
+int ctx_carves_enc(dg_cuda_ctx *c, void **p, size_t *bytes, int cap) {
+  ctx_priv *pv = (ctx_priv *)c;
+  if (c->enc_rows <= c->tmax) return 0;
+  const ctx_dims z = ctx_dims_of(c->m, c->cap, pv->rows, pv->full_window, c->enc_chunk);
+  dg_cuda_ctx e = *c; /* a copy's pointers take the view: c's stay */
+  carver cv = {};
+  cv.base = (unsigned char *)pv->dev;
+  cv.off = pv->rows_off;
+  cv.rec_p = p;
+  cv.rec_b = bytes;
+  cv.rec_cap = cap;
+  ctx_layout_rows(&e, &z, z.Te, &cv);
   return cv.n;
 }
 
@@ -396,6 +459,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->S = (int32_t)z.S;
   c->S_ring = (int32_t)z.S_ring;
   c->tmax = (int32_t)z.T;
+  c->enc_rows = (int32_t)z.Te;
+  c->ring_rows = (int32_t)z.Tr;
   c->enc_chunk = enc_chunk;
   c->norm_next = -1; /* no layer's input norm written ahead (passes.cu, k_ffn_combine_norm) */
   c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */

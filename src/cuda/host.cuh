@@ -117,6 +117,7 @@ dg_status up_experts(alloc_list *al, dg_cuda_w *dst, const dg_weight *m, int gat
  * set to the same values): their count, each one's address p[i] and bytes bytes[i] for i < min(count, cap); the
  * block and its bytes. For the tests (tests/support/cuda_entry.cu: the buffers do not overlap). */
 int ctx_carves(dg_cuda_ctx *c, void **p, size_t *bytes, int cap, void **block, size_t *block_bytes);
+int ctx_carves_enc(dg_cuda_ctx *c, void **p, size_t *bytes, int cap);
 
 /* The interval that ends now belongs to stage st (no-op when profiling is off). */
 dg_status mark(dg_cuda_ctx *c, int st);
@@ -171,6 +172,8 @@ void logits_written(dg_cuda_ctx *c, float raw_cap);
 /* DG_ERR_INVALID_ARG (naming who) where c->logits were overwritten by P made in their place (c->lg_dead, common.cuh's
  * sc_group), else DG_OK: every reader of c->logits outside a pass asks first (passes.cu, turbo_host.cu). */
 dg_status logits_alive(const dg_cuda_ctx *c, const char *who);
+/* c's work buffers in the encoder's view (enc 1; the logits dead, lg_dead 2) or the decoder's (enc 0): context.cu. */
+void ctx_rows_view(dg_cuda_ctx *c, int enc);
 /* The chain over the logits the passes take from now on (passes.cu): 0 the chain, 1 fused, 2 zstore (the values of
  * DGEMMA_VOCAB=chain, fused, zstore); -1 gives the environment's choice back. For the tests, between passes. */
 void dg_cuda_vocab_set(int mode);

@@ -199,54 +199,74 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   for (int g = 0; g < ng; g++)
     DG_TRY(wsetmatmul(c, c->a + (size_t)SEG_R0(g) * H, H, SEG_N(g), &l->wqkv, c->qkv + (size_t)SEG_R0(g) * l->n_qkv,
                       (int)l->n_qkv));
-  for (int g = 0; g < nseg; g++) {
-    const dg_cuda_seg *q = &sg[g];
-    const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
-    const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
-    const int32_t S = l->is_full ? q->S : q->S_ring;
-    if (q->dpos)
-      CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
-                           inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
-    else
-      CKK(c, k_qkv_post(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
-                        inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, eps));
-  }
-  DG_TRY(mark(c, DG_CUDA_ST_QKV));
-  /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
-  if (causal && li == d->n_layers - 1) return DG_OK;
-  /* DGEMMA_ATTN=18 (attention.cu k_attention_batched): a stack's canvases in one launch, each canvas's words those of
-   * its own pass (k_attention_batch); else one call per canvas */
-  const int batched = !causal && nseg > 1 && k_attention_batched(&c->att_ws, D, NH, NKV);
-  for (int g0 = 0; batched && g0 < nseg; g0 += 16) {
-    const float *bq[16];
-    const bf16 *bk[16], *bv[16];
-    bf16 *bo[16];
-    int32_t bS[16], bn[16], bp[16], bh[16];
-    int n = 0;
-    for (int g = g0; g < nseg && g < g0 + 16; g++, n++) {
-      const dg_cuda_seg *q = &sg[g];
-      bq[n] = c->q + q->r0 * qrow;
-      bo[n] = c->att + q->r0 * qrow;
-      bk[n] = q->kc[li];
-      bv[n] = q->vc[li];
-      bS[n] = l->is_full ? q->S : q->S_ring;
-      bn[n] = q->n;
-      bp[n] = q->pos0;
-      bh[n] = q->pos0 + (q->dpos ? d->canvas : q->n); /* k_attention_canvas's keys, or k_attention's */
+  /* an encoder pass of more rows than the rings hold keys for (ring_rows: a chunk beyond DG_RING_CHUNK), on a
+   * sliding layer: its K/V and attention in calls of ring_rows rows, each call's K/V written just before its
+   * attention, so that no row's keys are overwritten before it has read them (position p + j of a call overwrites
+   * position p + j - S_ring, which is before every key of that call's rows, S_ring >= window - 1 + ring_rows) */
+  if (causal && nseg == 1 && !l->is_full && sg[0].S_ring < sg[0].S && T > c->ring_rows && !sg[0].dpos) {
+    DG_TRY(mark(c, DG_CUDA_ST_QKV));
+    const dg_cuda_seg *q = &sg[0];
+    const int last = li == d->n_layers - 1;
+    for (int r0 = 0; r0 < T; r0 += c->ring_rows) {
+      const int n = T - r0 < c->ring_rows ? T - r0 : c->ring_rows;
+      CKK(c, k_qkv_post(s, c->qkv + (size_t)r0 * l->n_qkv, l->n_qkv, c->q + r0 * qrow, q->kc[li], q->vc[li],
+                        q->S_ring, l->q_norm, l->k_norm, m->inv_freq_sliding, n, NH, NKV, D, l->has_v, q->pos0 + r0,
+                        eps));
+      if (!last)
+        CKK(c, k_attention(s, &c->att_ws, c->q + r0 * qrow, q->kc[li], q->vc[li], c->att + r0 * qrow, q->S_ring, n,
+                           NH, NKV, D, q->pos0 + r0, causal, 0, d->window));
     }
-    CKK(c, k_attention_batch(s, n, bq, bk, bv, bo, bS, bn, bp, bh, NH, NKV, D, l->is_full, d->window));
-  }
-  for (int g = 0; !batched && g < nseg; g++) {
-    const dg_cuda_seg *q = &sg[g];
-    const float *qg = c->q + q->r0 * qrow;
-    bf16 *ag = c->att + q->r0 * qrow;
-    const int32_t S = l->is_full ? q->S : q->S_ring;
-    if (q->dpos)
-      CKK(c, k_attention_canvas(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0,
-                                d->canvas, l->is_full, d->window));
-    else
-      CKK(c, k_attention(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0, causal,
-                         l->is_full, d->window));
+    if (last) return DG_OK; /* encoder: after the last layer's K/V nothing is needed (spec 4.4) */
+  } else {
+    for (int g = 0; g < nseg; g++) {
+      const dg_cuda_seg *q = &sg[g];
+      const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
+      const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
+      const int32_t S = l->is_full ? q->S : q->S_ring;
+      if (q->dpos)
+        CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                             inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
+      else
+        CKK(c, k_qkv_post(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                          inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, eps));
+    }
+    DG_TRY(mark(c, DG_CUDA_ST_QKV));
+    /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
+    if (causal && li == d->n_layers - 1) return DG_OK;
+    /* DGEMMA_ATTN=18 (attention.cu k_attention_batched): a stack's canvases in one launch, each canvas's words those of
+     * its own pass (k_attention_batch); else one call per canvas */
+    const int batched = !causal && nseg > 1 && k_attention_batched(&c->att_ws, D, NH, NKV);
+    for (int g0 = 0; batched && g0 < nseg; g0 += 16) {
+      const float *bq[16];
+      const bf16 *bk[16], *bv[16];
+      bf16 *bo[16];
+      int32_t bS[16], bn[16], bp[16], bh[16];
+      int n = 0;
+      for (int g = g0; g < nseg && g < g0 + 16; g++, n++) {
+        const dg_cuda_seg *q = &sg[g];
+        bq[n] = c->q + q->r0 * qrow;
+        bo[n] = c->att + q->r0 * qrow;
+        bk[n] = q->kc[li];
+        bv[n] = q->vc[li];
+        bS[n] = l->is_full ? q->S : q->S_ring;
+        bn[n] = q->n;
+        bp[n] = q->pos0;
+        bh[n] = q->pos0 + (q->dpos ? d->canvas : q->n); /* k_attention_canvas's keys, or k_attention's */
+      }
+      CKK(c, k_attention_batch(s, n, bq, bk, bv, bo, bS, bn, bp, bh, NH, NKV, D, l->is_full, d->window));
+    }
+    for (int g = 0; !batched && g < nseg; g++) {
+      const dg_cuda_seg *q = &sg[g];
+      const float *qg = c->q + q->r0 * qrow;
+      bf16 *ag = c->att + q->r0 * qrow;
+      const int32_t S = l->is_full ? q->S : q->S_ring;
+      if (q->dpos)
+        CKK(c, k_attention_canvas(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0,
+                                  d->canvas, l->is_full, d->window));
+      else
+        CKK(c, k_attention(s, &c->att_ws, qg, q->kc[li], q->vc[li], ag, S, q->n, NH, NKV, D, q->pos0, causal,
+                           l->is_full, d->window));
+    }
   }
   DG_TRY(mark(c, DG_CUDA_ST_ATTN));
   for (int g = 0; g < ng; g++)
@@ -283,14 +303,9 @@ static dg_status layer(dg_cuda_ctx *c, int li, int T, int32_t pos0, int causal) 
   return layer_at(c, li, T, pos0, causal, NULL);
 }
 
-extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0) {
+/* The encoder passes of dg_cuda_encode over the chunks of ids [n], in whichever view c's work buffers are in. */
+static dg_status encode_chunks(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0) {
   const dg_cuda_model_desc *d = &c->m->d;
-  if (n < 0 || pos0 < 0 || (int64_t)pos0 + n > c->cap)
-    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA encode: positions %d..%d exceed the context capacity %d", pos0,
-                     pos0 + n - 1, c->cap);
-  CK(cudaSetDevice(c->m->device));
-  DG_TRY(mark(c, DG_CUDA_ST_HOST));
-  note_written(c, pos0, pos0 + n);
   for (int32_t i = 0; i < n; i += c->enc_chunk) {
     const int T = n - i < c->enc_chunk ? n - i : c->enc_chunk;
     CK(cudaMemcpyAsync(c->ids, ids + i, (size_t)T * 4, cudaMemcpyHostToDevice, c->stream));
@@ -298,7 +313,27 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
     DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
     for (int li = 0; li < d->n_layers; li++) DG_TRY(layer(c, li, T, pos0 + i, 1));
   }
-  CK(cudaStreamSynchronize(c->stream));
+  return DG_OK;
+}
+
+extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t n, int32_t pos0) {
+  if (n < 0 || pos0 < 0 || (int64_t)pos0 + n > c->cap)
+    return dg_seterr(DG_ERR_CONTEXT_FULL, "CUDA encode: positions %d..%d exceed the context capacity %d", pos0,
+                     pos0 + n - 1, c->cap);
+  CK(cudaSetDevice(c->m->device));
+  DG_TRY(mark(c, DG_CUDA_ST_HOST));
+  note_written(c, pos0, pos0 + n);
+  /* a pass of more rows than the decoder's (n > tmax, enc_rows > tmax: a chunk beyond DG_RING_CHUNK): the passes
+   * in the encoder's view of the work buffers, which lies over P's head and the logits (dead from here on, lg_dead
+   * 2), and back to the decoder's view, after the stream has run them, whatever happened */
+  const int view = n > c->tmax && c->enc_rows > c->tmax;
+  if (view) ctx_rows_view(c, 1);
+  dg_status st = encode_chunks(c, ids, n, pos0);
+  const cudaError_t e = cudaStreamSynchronize(c->stream);
+  if (view) ctx_rows_view(c, 0);
+  DG_TRY(st);
+  if (e != cudaSuccess)
+    return dg_seterr(DG_ERR_BACKEND, "CUDA encode: cudaStreamSynchronize failed: %s", cudaGetErrorString(e));
   return DG_OK;
 }
 
@@ -341,6 +376,10 @@ void logits_written(dg_cuda_ctx *c, float raw_cap) {
  * `who`; DG_OK otherwise. */
 dg_status logits_alive(const dg_cuda_ctx *c, const char *who) {
   if (!c->lg_dead) return DG_OK;
+  if (c->lg_dead == 2)
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s: the context's logits were overwritten by an encoder pass's rows (a chunk "
+                     "of more rows than a decoder pass's: DGEMMA_ENC_CHUNK=256 keeps them): run a decoder pass first",
+                     who);
   return dg_seterr(DG_ERR_INVALID_ARG, "%s: the context's logits were overwritten by the self-conditioning "
                    "probabilities made in their place (dg_cuda_soft_from_z; DGEMMA_SC_INPLACE=0 keeps them): run a "
                    "decoder pass first", who);

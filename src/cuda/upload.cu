@@ -553,15 +553,46 @@ static dg_status upload_all(alloc_list *al, dg_cuda_model *m, const dg_cuda_mode
   return DG_OK;
 }
 
+/* DGEMMA_CUBLAS_POOL: cuBLAS's default workspace pool per handle, which each cublasCreate allocates (on the H100 of
+ * session 29 every cublasCreate of a context added 64-66 MiB of device memory, DGEMMA_CUDA_MEMLOG) although every
+ * product of the passes runs on a workspace of the context's own (cublasSetWorkspace, set again after every
+ * cublasSetStream, which resets it to that pool: context.cu ctx_stream / ctx_side, passes.cu blas_onto). The pool's
+ * size is CUBLAS_WORKSPACE_CONFIG=:SIZE_KIB:COUNT[:SIZE:COUNT...] (cuBLAS documentation, "Results reproducibility"
+ * and cublasSetWorkspace), read by cuBLAS from the environment. Unset or "default": nothing set (cuBLAS's own pool,
+ * as before); "small": CUBLAS_WORKSPACE_CONFIG=:16:8 (8 buffers of 16 KiB, a size that section names); "zero":
+ * ":0:0" (whether cuBLAS accepts an empty pool is the GPU's to show). Set in this process's environment when the
+ * first model is made, before the library's first cublasCreate, and only where CUBLAS_WORKSPACE_CONFIG is unset (the
+ * user's own is kept). Off by default until a GPU call shows the words and the speed unchanged with it (docs/cuda.md,
+ * session 29 helper mm12); bench's ceiling GEMM (ceil.cu), the one handle without a workspace of ours, then runs on
+ * the small pool. Anything else: DG_ERR_INVALID_ARG naming the variable and the value. */
+static dg_status cublas_pool_env(void) {
+  const char *v = getenv("DGEMMA_CUBLAS_POOL");
+  if (!v || !*v || !strcmp(v, "default")) return DG_OK;
+  const char *cfg = !strcmp(v, "small") ? ":16:8" : !strcmp(v, "zero") ? ":0:0" : NULL;
+  if (!cfg) {
+    char q[40];
+    size_t i = 0;
+    for (; v[i] && i + 1 < sizeof q; i++) q[i] = v[i] >= 0x20 && v[i] < 0x7f ? v[i] : '?';
+    q[i] = 0;
+    return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_CUBLAS_POOL=\"%s%s\" is not default, small or zero (cuBLAS's "
+                     "default workspace pool per handle: unset or default keeps it)", q, v[i] ? "..." : "");
+  }
+  const char *u = getenv("CUBLAS_WORKSPACE_CONFIG");
+  if (!u || !*u) setenv("CUBLAS_WORKSPACE_CONFIG", cfg, 1);
+  return DG_OK;
+}
+
 extern "C" dg_status dg_cuda_model_new(const dg_cuda_model_desc *d, dg_cuda_model **out) {
   *out = NULL;
   char info[512];
+  DG_TRY(cublas_pool_env());
   DG_TRY(dg_cuda_info(d->device, info, sizeof info));
   if (memlog_on()) {
-    const char *ml = getenv("CUDA_MODULE_LOADING"), *bw = getenv("CUBLAS_WORKSPACE_CONFIG");
-    fprintf(stderr, "dgemma cuda mem: %s; CUDA_MODULE_LOADING=%s; CUBLAS_WORKSPACE_CONFIG=%s\n", info,
-            ml && *ml ? ml : "(unset: the runtime's default, LAZY from CUDA 12.2)",
-            bw && *bw ? bw : "(unset: cuBLAS's default pool per handle)");
+    const char *ml = getenv("CUDA_MODULE_LOADING"), *bw = getenv("CUBLAS_WORKSPACE_CONFIG"),
+               *pool = getenv("DGEMMA_CUBLAS_POOL");
+    fprintf(stderr, "dgemma cuda mem: %s; CUDA_MODULE_LOADING=%s; CUBLAS_WORKSPACE_CONFIG=%s; DGEMMA_CUBLAS_POOL=%s\n",
+            info, ml && *ml ? ml : "(unset: the runtime's default, LAZY from CUDA 12.2)",
+            bw && *bw ? bw : "(unset: cuBLAS's default pool per handle)", pool && *pool ? pool : "(unset: default)");
   }
   mem_log("model: the CUDA context made (dg_cuda_info's probe kernel ran)");
   dev_limits();

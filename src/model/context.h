@@ -9,8 +9,13 @@
 #include "dgemma.h"
 
 /* Encoder tokens per pass of the CPU backend; results do not depend on it. Fixed: DGEMMA_ENC_CHUNK sets a CUDA
- * context's chunk only (dg_cuda_enc_chunk, dgemma.h), whose default this is. */
+ * context's chunk only (dg_cuda_enc_chunk, dgemma.h). */
 #define DG_ENC_CHUNK 256
+/* A CUDA context's encoder chunk unless DGEMMA_ENC_CHUNK says otherwise (dg_cuda_enc_chunk): 1,024 since session
+ * 29 (helper mm12; 256 before). Its rows beyond the decoder's lie over the logits (src/cuda/context.cu ctx_layout),
+ * so at the 26B it costs no device memory over 256, and the H100 prefilled 8,192 tokens in 243.9 ms against 348.5
+ * at 256 (session 29, docs/cuda.md). */
+#define DG_CUDA_ENC_CHUNK 1024
 /* One thread's attention scratch of a context of cap positions and tmax rows: 16 score rows
  * (cap + tmax) and a [DG_ATTN_DMAX][16] query block (dg_kernels.attn_block runs 16 queries at
  * once, for head dimensions up to DG_ATTN_DMAX; the scalar loop uses the first row). */

@@ -943,6 +943,19 @@ extern "C" dg_status dg_cuda_test_ctx_arena(dg_cuda_ctx *c, int32_t n_allocs[2],
       const int t = ord[j]; ord[j] = ord[j - 1]; ord[j - 1] = t;
     }
   for (int i = 1; i < *n_bufs; i++) *n_bad += (uintptr_t)p[ord[i - 1]] + b[ord[i - 1]] > (uintptr_t)p[ord[i]];
+  { /* the encoder's view (a chunk beyond the decoder's rows, context.cu ctx_layout): inside the block, at the
+     * block's alignment, no two of its buffers overlapping (it lies over the decoder's union by design) */
+    const int ne = ctx_carves_enc(c, p, b, CAP);
+    if (ne > CAP) { st = dg_seterr(DG_ERR_INVALID_ARG, "%d buffers in an encoder view, more than %d", ne, CAP); goto done; }
+    for (int i = 0; i < ne; i++) {
+      const uintptr_t a = (uintptr_t)p[i], lo = (uintptr_t)blk;
+      *n_bad += a < lo || a + b[i] > lo + blk_bytes || (a - lo) % 256 != 0;
+      *n_bad += i > 0 && (uintptr_t)p[i - 1] + b[i - 1] > a; /* laid out in address order */
+    }
+    *n_bad += ne == 0 && c->enc_rows > c->tmax;
+    *n_bad += ne > 0 && c->enc_rows <= c->tmax;
+    *n_bufs = ctx_carves(c, p, b, CAP, &blk, &blk_bytes); /* the decoder's again, for the pattern check below */
+  }
   if (!(h = (unsigned char *)malloc(most ? most : 1))) { st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
   for (int i = 0; i < *n_bufs; i++) TC_(cudaMemset(p[i], arena_byte(i), b[i]));
   for (int i = 0; i < *n_bufs; i++) {
