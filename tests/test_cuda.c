@@ -904,6 +904,18 @@ static void test_refuse_too_big(void **state) {
   printf("# 1 MB of device memory: dg_context_new -> %s: %s\n", dg_status_str(st), dg_last_error());
   assert_int_equal(st, DG_ERR_OUT_OF_MEMORY);
   assert_null(ctx);
+  /* a value that is not a byte count is refused, naming the variable and the value (it used to read as 0 free) */
+  static const char *const bad[] = {"abc", "16G", "-1", " 4096", "4096x", "99999999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DGEMMA_CUDA_MEM_LIMIT", bad[i], 1);
+    ctx = NULL;
+    st = dg_context_new(m, &cp, &ctx);
+    printf("# DGEMMA_CUDA_MEM_LIMIT=\"%s\": dg_context_new -> %s: %s\n", bad[i], dg_status_str(st), dg_last_error());
+    assert_int_equal(st, DG_ERR_INVALID_ARG);
+    assert_null(ctx);
+    assert_non_null(strstr(dg_last_error(), "DGEMMA_CUDA_MEM_LIMIT"));
+    assert_non_null(strstr(dg_last_error(), bad[i]));
+  }
   unsetenv("DGEMMA_CUDA_MEM_LIMIT");
   dg_model_free(m);
   dg_test_rm_dir(dir);

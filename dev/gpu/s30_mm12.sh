@@ -87,6 +87,7 @@ if [ -x build/tests/test_cuda ]; then
   one golden test_golden_logits
   one copy test_cuda_copy
   one enc_chunk_refused test_enc_chunk_refused
+  one refuse_too_big test_refuse_too_big # (session 29, lead: DGEMMA_CUDA_MEM_LIMIT bad values refused)
   one cublas_pool test_cublas_pool
   one enc_view_256 test_enc_view DGEMMA_ENC_CHUNK=256
   one synth_logits_256 test_synth_logits DGEMMA_ENC_CHUNK=256

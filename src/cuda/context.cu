@@ -310,7 +310,7 @@ static dg_status ctx_buffers(ctx_priv *pv, const ctx_dims *z) {
   carver sz = {};
   size_t kv = 0, fr = 0, tot = 0, ro = 0;
   ctx_layout(c, z, &sz, &kv, &ro);
-  CK(mem_info(&fr, &tot));
+  DG_TRY(mem_info(&fr, &tot));
   if (sz.off + (RESERVE / 2) > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
                      "a context of %d positions needs %zu bytes (%.2f GiB) of device memory (KV cache %zu, work "

@@ -90,8 +90,10 @@ void dfree_all(alloc_list *al);
  * Y MiB, stack limit S B" (the accounting of docs/cuda.md "What the context allocates"); nothing otherwise. */
 void mem_log(const char *where);
 /* Free and total device memory; DGEMMA_CUDA_MEM_LIMIT=BYTES in the environment
- * caps what dgemma considers free (to share a GPU, and to test the refusal). */
-cudaError_t mem_info(size_t *fr, size_t *tot);
+ * caps what dgemma considers free (to share a GPU, and to test the refusal).
+ * DG_ERR_BACKEND if cudaMemGetInfo fails; DG_ERR_INVALID_ARG (naming the variable
+ * and value) if it is set to anything but a decimal byte count. */
+dg_status mem_info(size_t *fr, size_t *tot);
 /* A device copy of n fp32 values. */
 dg_status up_vec(alloc_list *al, float **dst, const float *src, size_t n, const char *what);
 /* Upload the row blocks parts[0..nparts) (one format, same cols) as one device matrix (stage: STAGE_ELEMS

@@ -4,6 +4,7 @@
  * lane-record layouts of qmoe.cuh / qmoe_r.cuh), vectors fp32, all resident
  * (interface: backend.h; the host description is the loader's dg_layer /
  * dg_weight, src/base/layer.h). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,15 +26,25 @@ cudaError_t k_probe(void);
 /* ---- device ----------------------------------------------------------------- */
 
 /* Free and total device memory; DGEMMA_CUDA_MEM_LIMIT=BYTES in the environment
- * caps what dgemma considers free (to share a GPU, and to test the refusal). */
-cudaError_t mem_info(size_t *fr, size_t *tot) {
-  cudaError_t e = cudaMemGetInfo(fr, tot);
+ * caps what dgemma considers free (to share a GPU, and to test the refusal).
+ * Returns DG_ERR_BACKEND if cudaMemGetInfo fails, DG_ERR_INVALID_ARG (naming the
+ * variable and its value) if the variable is set to anything but a decimal byte
+ * count (digits only, below 2^64). */
+dg_status mem_info(size_t *fr, size_t *tot) {
+  CK(cudaMemGetInfo(fr, tot));
   const char *lim = getenv("DGEMMA_CUDA_MEM_LIMIT");
-  if (e == cudaSuccess && lim && *lim) {
-    unsigned long long v = strtoull(lim, NULL, 10);
+  if (lim && *lim) {
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long v = strtoull(lim, &end, 10);
+    if (*lim < '0' || *lim > '9' || errno || !end || *end)
+      return dg_seterr(DG_ERR_INVALID_ARG,
+                       "DGEMMA_CUDA_MEM_LIMIT=\"%.64s\" is not a byte count (digits only, e.g. 17179869184 for "
+                       "16 GiB; unset: no cap)",
+                       lim);
     if ((size_t)v < *fr) *fr = (size_t)v;
   }
-  return e;
+  return DG_OK;
 }
 
 extern "C" dg_status dg_cuda_mem_used(int device, size_t *used, size_t *total) {
@@ -67,7 +78,7 @@ extern "C" dg_status dg_cuda_info(int device, char *buf, size_t n) {
     return dg_seterr(DG_ERR_BACKEND, "GPU %d (%s, sm_%d%d) cannot run this build's kernels (built for %s): %s", device,
                      p.name, p.major, p.minor, DG_CUDA_ARCHS, cudaGetErrorString(e));
   size_t fr = 0, tot = 0;
-  CK(mem_info(&fr, &tot));
+  DG_TRY(mem_info(&fr, &tot));
   int drv = 0, rt = 0;
   CK(cudaDriverGetVersion(&drv));
   CK(cudaRuntimeGetVersion(&rt));
@@ -449,7 +460,7 @@ static dg_status check_desc(const dg_cuda_model_desc *d) {
 static dg_status check_fits(const dg_cuda_model_desc *d, size_t *need_out) {
   const size_t need = weight_bytes(d);
   size_t fr = 0, tot = 0;
-  CK(mem_info(&fr, &tot));
+  DG_TRY(mem_info(&fr, &tot));
   if (need + RESERVE > fr)
     return dg_seterr(DG_ERR_OUT_OF_MEMORY,
                      "the model does not fit on the GPU: its weights need %zu bytes (%.2f GiB) of device memory "
