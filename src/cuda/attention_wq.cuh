@@ -155,6 +155,45 @@ struct wq_args {
  * warpgroup's DV / 128 wgmmas; the wait for them ends the tile (the V buffer is refilled after the next barrier). The
  * sums: products exact, fp32 accumulation in wgmma's order (the test's bound, as for Q K^T). */
 
+/* wq_qk: one key tile's scores on wgmma, s = Q K^T for this warpgroup's 64 rows (Q at shared address qa, the tile's
+ * K in buffer buf of the K panels at ka; both in 128-byte swizzled panels of 64 dims, KB bytes a buffer); waits for
+ * the products and pins s. Versions 15-18 (att_wq_kernel, att_wqc_kernel). */
+template <int D, int BM, int BK, int KB>
+__device__ __forceinline__ void wq_qk(float (&s)[BK / 8][4], uint32_t qa, uint32_t ka, int buf) {
+  constexpr int NT = BK / 8;
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+  dg_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    const uint64_t ad = dg_wg_desc_sw128(qa + (uint32_t)((kk >> 2) * (BM * 128) + (kk & 3) * 32), 1024);
+    const uint64_t bd = dg_wg_desc_sw128(ka + (uint32_t)(buf * KB + (kk >> 2) * (BK * 128) + (kk & 3) * 32), 1024);
+    dg_wgmma_bf16_ss<NT>(s, ad, bd, kk > 0);
+  }
+  dg_wg_commit();
+  dg_wg_wait0();
+  dg_wg_pin<NT>(s);
+}
+
+/* wq_pv: version 15's P V on wgmma (the comment above): o += P V for this warpgroup's rows and its DV columns from
+ * dv0, P from registers (pa), V the tile's MN-major panels at vt; waits for the products and pins o. */
+template <int DV, int BK>
+__device__ __forceinline__ void wq_pv(float (&o)[DV / 8][4], const uint32_t (&pa)[BK / 16][4], const char *vt,
+                                      int dv0) {
+  static_assert(DV % 128 == 0, "wq_pv: P V on wgmma takes 128 columns per product");
+  const uint32_t va = dg_smem_addr(vt) + (uint32_t)(dv0 / 64) * (BK * 128);
+  dg_wg_fence(); /* o (rescaled) and pa (written) by ordinary instructions before the wgmmas read them */
+#pragma unroll
+  for (int j = 0; j < BK / 16; j++)
+#pragma unroll
+    for (int h = 0; h < DV / 128; h++)
+      dg_wgmma_bf16_tb16(*(float(*)[16][4]) & o[16 * h][0], pa[j],
+                         dg_wg_desc_sw128_mn(va + (uint32_t)(2 * h * (BK * 128) + j * 2048), BK * 128, 1024), 1);
+  dg_wg_commit();
+  dg_wg_wait0();
+  dg_wg_pin<DV / 8>(o);
+}
+
 /* PRO 0: version 12's prologue (fa_load_q, then the first copies), 1: version 14's (wq_load_q after the first
  * copies); PROF 1: the phase stamps (above) into p.prof: per block WQ_PROF_BLOCK + NWG 4 x 8 u64; PVW 1: P V on
  * wgmma (version 15) */
@@ -230,18 +269,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(wq_args p) {
     dg_cp_commit();
     stamp(2);
     float s[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    dg_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      const uint64_t ad = dg_wg_desc_sw128(qa + (uint32_t)((kk >> 2) * (BM * 128) + (kk & 3) * 32), 1024);
-      const uint64_t bd = dg_wg_desc_sw128(ka + (uint32_t)(buf * C::KB + (kk >> 2) * (BK * 128) + (kk & 3) * 32), 1024);
-      dg_wgmma_bf16_ss<NT>(s, ad, bd, kk > 0);
-    }
-    dg_wg_commit();
-    dg_wg_wait0();
-    dg_wg_pin<NT>(s);
+    wq_qk<D, BM, BK, C::KB>(s, qa, ka, buf);
     stamp(3);
     fa_mask<BK>(a, s, kb, zhi, (r0 + rl) / G, (r0 + rl + 8) / G, R_first, R_last, lane);
     uint32_t pa[BK / 16][4];
@@ -249,18 +277,7 @@ __global__ void __launch_bounds__(128 * NWG, 3 - NWG) att_wq_kernel(wq_args p) {
     stamp(4);
     const char *vt = Vs + buf * C::KB;
     if constexpr (PVW) { /* version 15: P V on wgmma, B = V MN-major */
-      static_assert(DV % 128 == 0, "att_wq_kernel: P V on wgmma takes 128 columns per product");
-      const uint32_t va = dg_smem_addr(vt) + (uint32_t)(dv0 / 64) * (BK * 128);
-      dg_wg_fence(); /* o (rescaled) and pa (written) by ordinary instructions before the wgmmas read them */
-#pragma unroll
-      for (int j = 0; j < BK / 16; j++)
-#pragma unroll
-        for (int h = 0; h < DV / 128; h++)
-          dg_wgmma_bf16_tb16(*(float(*)[16][4]) & o[16 * h][0], pa[j],
-                             dg_wg_desc_sw128_mn(va + (uint32_t)(2 * h * (BK * 128) + j * 2048), BK * 128, 1024), 1);
-      dg_wg_commit();
-      dg_wg_wait0();
-      dg_wg_pin<DV / 8>(o);
+      wq_pv<DV, BK>(o, pa, vt, dv0);
     } else {
 #pragma unroll
       for (int j = 0; j < BK / 16; j++) {

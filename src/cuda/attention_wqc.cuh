@@ -156,34 +156,12 @@ __global__ void __launch_bounds__(256, 1) att_wqc_kernel(const DG_GRID_CONSTANT 
     if (it + 1 < ntile) load_kv(it + 1, buf ^ 1);
     dg_cp_commit();
     float s[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    dg_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      const uint64_t ad = dg_wg_desc_sw128(qa + (uint32_t)((kk >> 2) * (BM * 128) + (kk & 3) * 32), 1024);
-      const uint64_t bd = dg_wg_desc_sw128(ka + (uint32_t)(buf * C::KB + (kk >> 2) * (BK * 128) + (kk & 3) * 32), 1024);
-      dg_wgmma_bf16_ss<NT>(s, ad, bd, kk > 0);
-    }
-    dg_wg_commit();
-    dg_wg_wait0();
-    dg_wg_pin<NT>(s);
+    wq_qk<D, BM, BK, C::KB>(s, qa, ka, buf);
     fa_mask<BK>(a, s, kb, zhi, (r0 + rl) / G, (r0 + rl + 8) / G, R_first, R_last, lane);
     uint32_t pa[BK / 16][4];
     fa_softmax<DV, BK>(s, m, l, o, pa);
     const char *vt = Vs + buf * C::KB;
-    static_assert(DV % 128 == 0, "att_wqc_kernel: P V on wgmma takes 128 columns per product");
-    const uint32_t va = dg_smem_addr(vt) + (uint32_t)(dv0 / 64) * (BK * 128);
-    dg_wg_fence();
-#pragma unroll
-    for (int j = 0; j < BK / 16; j++)
-#pragma unroll
-      for (int h = 0; h < DV / 128; h++)
-        dg_wgmma_bf16_tb16(*(float(*)[16][4]) & o[16 * h][0], pa[j],
-                           dg_wg_desc_sw128_mn(va + (uint32_t)(2 * h * (BK * 128) + j * 2048), BK * 128, 1024), 1);
-    dg_wg_commit();
-    dg_wg_wait0();
-    dg_wg_pin<DV / 8>(o);
+    wq_pv<DV, BK>(o, pa, vt, dv0);
   }
   if (nsc == 1) { /* no split: the rows' output (n_split 1: fa_store normalises and stores bf16) */
     fa_store<D, DV>(a, o, m, l, r0, rl, R, G, g, dv0, 0, lane);
