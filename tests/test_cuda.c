@@ -3637,15 +3637,9 @@ static void test_enc_chunk_refused(void **state) {
   char keep[64] = "";
   if (old) snprintf(keep, sizeof keep, "%s", old);
   char dir[] = "/tmp/dg_cuda_encchXXXXXX";
-  assert_non_null(mkdtemp(dir));
   synth_cfg sc = synth_default();
   sc.dt = DG_BF16;
-  assert_int_equal(synth_model_dir(dir, &sc), 0);
-  dg_model_params mp = dg_model_default_params();
-  mp.no_tokenizer = 1;
-  mp.device = DG_DEVICE_CUDA;
-  dg_model *m;
-  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  dg_model *m = load_synth_cuda(dir, &sc);
   static const char *cases[] = {NULL, "64", "100", "abc", "0", "-64", "8192"};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     if (cases[i]) setenv("DGEMMA_ENC_CHUNK", cases[i], 1);
@@ -3753,15 +3747,9 @@ static void test_profile_encode(void **state) {
   need_gpu();
   if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
   char dir[] = "/tmp/dg_cuda_profeXXXXXX";
-  assert_non_null(mkdtemp(dir));
   synth_cfg sc = synth_default();
   sc.dt = DG_BF16;
-  assert_int_equal(synth_model_dir(dir, &sc), 0);
-  dg_model_params mp = dg_model_default_params();
-  mp.no_tokenizer = 1;
-  mp.device = DG_DEVICE_CUDA;
-  dg_model *m;
-  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  dg_model *m = load_synth_cuda(dir, &sc);
   const int C = m->cfg.canvas_length, V = m->cfg.vocab_size, L = m->cfg.n_layers, P = 300;
   const int chunk = enc_chunk_env();
   dg_context_params cp = dg_context_default_params();
