@@ -298,21 +298,25 @@ static void check_lp_rows_equal(const dg_kernels *k, int B, int G, int K) {
   free(data); free(sc); free(bi); free(x); free(y1); free(y2);
 }
 
-/* avx512lp's matrix-vector products (MV1, matmul_avx512lp.c: a thread's rows in one run, two streams, for the
- * natural layout: 2-bit g128, 4-bit g64, 8-bit g32 at >= 14 groups a row, fewer than 4 activation rows, no pack)
- * against session 27's 4-row tiles (NTILE_SEQ, kept as DGEMMA_CPU_PACK=seq1) on the same weights and activations:
- * every output bit for bit (both run NTILE's operations per row), for bf16, f16 and f32 scales and biases, full and
- * partial last blocks (K = 2816: 44 groups, 480: 15 at 8-bit g32, 3840: 30 at 2-bit g128, 1920: 30 at 4-bit g64),
- * rows counts that split unevenly over 1-3 threads (1, 2, 3, 5, 9, 37 and the 26B's gate/up 1408), a row offset
- * (row0 > 0), T = 1, 2, 3 and a NaN activation (every output of its row NaN, as in the exact kernels). */
+/* avx512lp's matrix-vector products (MV1, matmul_avx512lp.c: a thread's rows in one run, two streams; fewer than 4
+ * activation rows, no pack; MV1K for the natural layout: 2-bit g128, 4-bit g64, 8-bit g32 at >= 14 groups a row;
+ * MV1S for the by-step one: fewer groups, 4-bit g128, 8-bit g64 / g128) against the 4-row tiles they replace
+ * (NTILE_SEQ and VTILE1, kept as DGEMMA_CPU_PACK=seq1) on the same weights and activations: every output bit for bit
+ * (both run the same operations per row), for bf16, f16 and f32 scales and biases, full and partial last blocks
+ * (K = 2816: 44 groups, 480: 15 at 8-bit g32, 3840: 30 at 2-bit g128, 1920: 30 at 4-bit g64) and steps (704 at 4 bits:
+ * 5.5 steps, the 26B's down product; 96 at 2 bits, 416 at 8), row counts that split unevenly over 1-3 threads (1, 2,
+ * 3, 5, 7, 9, 37 and the 26B's gate/up 1408 and down 2816), a row offset (row0 > 0), T = 1, 2, 3 and a NaN
+ * activation (every output of its row NaN, as in the exact kernels). */
 static void test_mv1(void **state) {
   (void)state;
   const dg_kernels *k = dg_kernels_avx512lp();
   if (!k) dg_test_skip("test_kernels mv1: this CPU (or build) has no AVX-512 BF16 + VNNI");
   const char *ps = getenv("DGEMMA_CPU_PACK");
   char *psv = ps ? strdup(ps) : NULL;
-  static const int sh[][4] = {{4, 64, 2816, 1408}, {4, 64, 2816, 37}, {4, 64, 1920, 9}, {8, 32, 480, 5},
-                              {2, 128, 3840, 3},   {4, 64, 2816, 2},  {8, 32, 1408, 1}};
+  static const int sh[][4] = {{4, 64, 2816, 1408}, {4, 64, 2816, 37}, {4, 64, 1920, 9},  {8, 32, 480, 5},
+                              {2, 128, 3840, 3},   {4, 64, 2816, 2},  {8, 32, 1408, 1},  /* natural (MV1K) */
+                              {4, 64, 704, 2816},  {4, 64, 704, 9},   {4, 128, 256, 5},  {8, 64, 1024, 3},
+                              {8, 128, 384, 2},    {2, 32, 96, 7},    {8, 32, 416, 1}};  /* by step (MV1S) */
   static const dg_dtype sbts[] = {DG_BF16, DG_F16, DG_F32};
   int calls = 0;
   for (size_t c = 0; c < sizeof sh / sizeof sh[0]; c++)
@@ -343,7 +347,7 @@ static void test_mv1(void **state) {
           k->matmul(y2, N, x, K, t, &W, off, N, nt);
           calls += 2;
           if (memcmp(y1, y2, (size_t)t * N * sizeof(float)))
-            fail_msg("mv1 %d-bit G=%d K=%d N=%d sb %s T=%d threads %d: differs from NTILE_SEQ", B, G, K, N,
+            fail_msg("mv1 %d-bit G=%d K=%d N=%d sb %s T=%d threads %d: differs from the 4-row tiles", B, G, K, N,
                      sbts[d] == DG_BF16 ? "bf16" : sbts[d] == DG_F16 ? "f16" : "f32", t, nt);
         }
       unsetenv("DGEMMA_CPU_PACK");
@@ -355,7 +359,7 @@ static void test_mv1(void **state) {
     }
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(psv);
-  printf("# avx512lp mv1 = NTILE_SEQ (DGEMMA_CPU_PACK=seq1) bit for bit: %zu shapes x bf16/f16/f32 scales, T 1-3, "
+  printf("# avx512lp mv1 = NTILE_SEQ / VTILE1 (DGEMMA_CPU_PACK=seq1) bit for bit: %zu shapes x bf16/f16/f32 scales, T 1-3, "
          "1-3 threads (%d calls); a NaN row NaN\n", sizeof sh / sizeof sh[0], calls);
 }
 

@@ -822,6 +822,9 @@ NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntil
 #ifndef MV1_NS
 #define MV1_NS 2
 #endif
+#ifndef MV1_BYSTEP
+#define MV1_BYSTEP 1
+#endif
 #ifndef MV1_HINT
 #define MV1_HINT _MM_HINT_T1
 #endif
@@ -903,13 +906,72 @@ static inline __attribute__((always_inline)) __m512i mv1_tree(const __m512i *ps,
 MV1K(2, DG_BF16, mv1_2_bf16) MV1K(4, DG_BF16, mv1_4_bf16) MV1K(8, DG_BF16, mv1_8_bf16)
 MV1K(2, DG_F16, mv1_2_f16) MV1K(4, DG_F16, mv1_4_f16) MV1K(8, DG_F16, mv1_8_f16)
 MV1K(2, DG_F32, mv1_2_f32) MV1K(4, DG_F32, mv1_4_f32) MV1K(8, DG_F32, mv1_8_f32)
+/* MV1S: MV1 for the by-step layout (qx_buf.tr_n = 0: fewer than 14 groups a row, as the 26B's down product [2816, 704]
+ * at 4-bit g64 with 11, or 4-bit g128, 8-bit g64 / g128): a thread's rows one after another in one run, each row's
+ * operations VTILE1's (the same s_g d_g products once per 16 groups, the same lanes' factors by one permute a step,
+ * the same exact integer sums, FMAs in step order, bias terms and horizontal sum), so every output has VTILE1's bits;
+ * whole steps loaded unmasked (the same bytes as VTILE1's all-ones masks). Rows in MV1_NS streams, prefetched as
+ * MV1K's. The 26B's down product [2816, 704] on session 30's Intel VM (128-expert stack, chrt, docs/results/cpu-s30/
+ * cpu17_runs.txt): 1 thread 95.2 -> 85.7 us a call against vnni_tiles' VTILE1 4x1, 2 threads 42.2 -> 40.7 and
+ * 41.6 -> 39.1 us. */
+#define MV1S(B, SBT, NAME)                                                                                   \
+  static void NAME(float *y, const qx_buf *xb, int64_t t0, const uint8_t *w0, const char *sc0, const char *bi0, \
+                   int64_t nrows, int64_t rbytes, int64_t sbrow) {                                            \
+    VTILE_PROLOGUE(B)                                                                                        \
+    (void)rbytes; /* = rb */                                                                                 \
+    const int8_t *xq = xb->q + (size_t)t0 * (size_t)steps * (size_t)nsub * 64;                               \
+    const float *xg = xb->dg + t0 * xb->cstride, *xc = xb->c + t0 * xb->cstride;                             \
+    const int64_t qs = (nrows + MV1_NS - 1) / MV1_NS;                                                        \
+    for (int64_t i = 0; i < qs * MV1_NS; i++) {                                                              \
+      const int64_t r = (i % MV1_NS) * qs + i / MV1_NS;                                                      \
+      if (r >= nrows) continue;                                                                              \
+      const uint8_t *row = w0 + r * rb;                                                                      \
+      const char *sc = sc0 + r * sbrow, *bi = bi0 + r * sbrow;                                               \
+      if (MV1_PFS)                                                                                           \
+        for (int64_t o = 0; o < sbrow + 63; o += 64) {                                                       \
+          const int64_t oo = MV1_PFS + (o < sbrow ? o : sbrow - 1);                                          \
+          _mm_prefetch(sc + oo, MV1_HINT);                                                                   \
+          _mm_prefetch(bi + oo, MV1_HINT);                                                                   \
+        }                                                                                                    \
+      __m512 acc = _mm512_setzero_ps();                                                                      \
+      for (int64_t g16 = 0; g16 < ng; g16 += 16) {                                                           \
+        const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);                                                  \
+        const __m512 sd = _mm512_mul_ps(load_sb(SBT, sc, g16, n), _mm512_load_ps(xg + g16));                 \
+        const int64_t s1 = ((g16 + 16) << lg) / cps;                                                         \
+        for (int64_t st = (g16 << lg) / cps; st < steps && st < s1; st++) {                                  \
+          const int64_t byte0 = st * 64;                                                                     \
+          const __m512i li = _mm512_add_epi32(gi, _mm512_set1_epi32((int)(((st * cps) >> lg) - g16)));       \
+          __m512i raw = rb - byte0 >= 64 ? _mm512_loadu_si512(row + byte0)                                   \
+                                         : _mm512_maskz_loadu_epi8(((__mmask64)1 << (rb - byte0)) - 1, row + byte0); \
+          if (MV1_PF) _mm_prefetch((const char *)row + byte0 + MV1_PF, MV1_HINT);                            \
+          __asm__("" : "+v"(raw));                                                                           \
+          __m512i isum = _mm512_setzero_si512();                                                             \
+          UNROLL for (int u = 0; u < nsub; u++)                                                              \
+            isum = _mm512_dpbusd_epi32(isum, B == 8 ? raw : _mm512_and_si512(_mm512_srli_epi16(raw, B * u), bm), \
+                                       _mm512_load_si512(xq + (st * nsub + u) * 64));                        \
+          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(li, sd), acc);               \
+        }                                                                                                    \
+      }                                                                                                      \
+      for (int64_t g = 0; g < ng; g += 16) { /* VTILE_BIAS_STORE's bias terms */                             \
+        const int n = (int)(ng - g < 16 ? ng - g : 16);                                                      \
+        acc = _mm512_fmadd_ps(load_sb(SBT, bi, g, n), _mm512_load_ps(xc + g), acc);                          \
+      }                                                                                                      \
+      y[r] = _mm512_reduce_add_ps(acc);                                                                      \
+    }                                                                                                        \
+  }
+MV1S(2, DG_BF16, mv1s_2_bf16) MV1S(4, DG_BF16, mv1s_4_bf16) MV1S(8, DG_BF16, mv1s_8_bf16)
+MV1S(2, DG_F16, mv1s_2_f16) MV1S(4, DG_F16, mv1s_4_f16) MV1S(8, DG_F16, mv1s_8_f16)
+MV1S(2, DG_F32, mv1s_2_f32) MV1S(4, DG_F32, mv1s_4_f32) MV1S(8, DG_F32, mv1s_8_f32)
 typedef void (*mv1_fn)(float *y, const qx_buf *xb, int64_t t0, const uint8_t *w, const char *sc, const char *bi,
                        int64_t nrows, int64_t rb, int64_t sbrow);
-static mv1_fn mv1_of(int B, dg_dtype sbt) {
-  static const mv1_fn f[3][3] = {{mv1_2_bf16, mv1_4_bf16, mv1_8_bf16}, {mv1_2_f16, mv1_4_f16, mv1_8_f16},
-                                 {mv1_2_f32, mv1_4_f32, mv1_8_f32}};
+/* MV1's kernel for B-bit codes, sbt scales and biases, the natural (tr_n = 8: MV1K) or by-step (tr_n = 0: MV1S)
+ * layout. */
+static mv1_fn mv1_of(int B, dg_dtype sbt, int tr_n) {
+  static const mv1_fn f[2][3][3] = {
+      {{mv1_2_bf16, mv1_4_bf16, mv1_8_bf16}, {mv1_2_f16, mv1_4_f16, mv1_8_f16}, {mv1_2_f32, mv1_4_f32, mv1_8_f32}},
+      {{mv1s_2_bf16, mv1s_4_bf16, mv1s_8_bf16}, {mv1s_2_f16, mv1s_4_f16, mv1s_8_f16}, {mv1s_2_f32, mv1s_4_f32, mv1s_8_f32}}};
   const int b = B == 2 ? 0 : B == 4 ? 1 : 2;
-  return f[sbt == DG_BF16 ? 0 : sbt == DG_F16 ? 1 : 2][b];
+  return f[tr_n == 0][sbt == DG_BF16 ? 0 : sbt == DG_F16 ? 1 : 2][b];
 }
 /* The first MV1_PF bytes of each of MV1K's streams of rows [r0, r0 + nrows) of w (before the activations are quantized:
  * the lines MV1K's own prefetch does not reach). */
@@ -924,7 +986,7 @@ static void mv1_prefetch_start(const dg_weight *w, const dg_cpu_pack_geom *g, in
 /* Rows [r0, r0 + nrows) of w (MLX layout, no pack; xb nat) times activation row t0 into y[0 .. nrows). */
 static void mv1_rows(float *y, const qx_buf *xb, int64_t t0, const dg_weight *w, const dg_cpu_pack_geom *g, int64_t r0,
                      int64_t nrows) {
-  mv1_of(w->bits, w->sb_dtype)(y, xb, t0, (const uint8_t *)w->data + (size_t)r0 * (size_t)g->rb,
+  mv1_of(w->bits, w->sb_dtype, xb->tr_n)(y, xb, t0, (const uint8_t *)w->data + (size_t)r0 * (size_t)g->rb,
                                (const char *)w->scales + (size_t)r0 * (size_t)g->sbrow,
                                (const char *)w->biases + (size_t)r0 * (size_t)g->sbrow, nrows, g->rb, g->sbrow);
 }
@@ -1297,9 +1359,10 @@ static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0,
 static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_t T, const dg_weight *w, int64_t row0,
                       int64_t N, int n_threads) {
   const int kind = lp_kind(w);
-  if (MV1 && kind == 2 && T > 0 && T < 4 && dg_lp_tr_n(w->cols, w->bits, w->group_size) == 8 && !w->cpu_pack &&
+  const int tr = kind == 2 ? dg_lp_tr_n(w->cols, w->bits, w->group_size) : -1;
+  if (MV1 && kind == 2 && T > 0 && T < 4 && (tr == 8 || (MV1_BYSTEP && tr == 0)) && !w->cpu_pack &&
       dg_cpu_pack_wanted(NULL, 0) != DG_CPU_PACK_SEQ1) {
-    /* the matrix-vector product (MV1, natural layout: T < 4, n = 8), each thread's rows in one run; the activations
+    /* the matrix-vector product (MV1: T < 4, the natural layout n = 8 or by step), each thread's rows in one run; the activations
      * quantized by each thread into its own scratch (the same function on the same rows: the same codes) while its
      * first lines are on their way, all in one parallel region */
     const dg_cpu_pack_geom g = dg_cpu_pack_geom_of(w);
