@@ -973,17 +973,7 @@ static mv1_fn mv1_of(int B, dg_dtype sbt, int tr_n) {
   const int b = B == 2 ? 0 : B == 4 ? 1 : 2;
   return f[tr_n == 0][sbt == DG_BF16 ? 0 : sbt == DG_F16 ? 1 : 2][b];
 }
-/* The first MV1_PF bytes of each of MV1K's streams of rows [r0, r0 + nrows) of w (before the activations are quantized:
- * the lines MV1K's own prefetch does not reach). */
-static void mv1_prefetch_start(const dg_weight *w, const dg_cpu_pack_geom *g, int64_t r0, int64_t nrows) {
-  const int64_t qs = (nrows + MV1_NS - 1) / MV1_NS;
-  for (int64_t r = r0; r < r0 + nrows; r += qs) {
-    const char *c = (const char *)w->data + (size_t)r * (size_t)g->rb;
-    const int64_t len = (r0 + nrows - r < qs ? r0 + nrows - r : qs) * g->rb;
-    for (int64_t o = 0; o < MV1_PF && o < len; o += 64) _mm_prefetch(c + o, MV1_HINT);
-  }
-}
-/* Rows [r0, r0 + nrows) of w (MLX layout, no pack; xb nat) times activation row t0 into y[0 .. nrows). */
+/* Rows [r0, r0 + nrows) of w (MLX layout, no pack; xb natural or by step) times activation row t0 into y[0 .. nrows). */
 static void mv1_rows(float *y, const qx_buf *xb, int64_t t0, const dg_weight *w, const dg_cpu_pack_geom *g, int64_t r0,
                      int64_t nrows) {
   mv1_of(w->bits, w->sb_dtype, xb->tr_n)(y, xb, t0, (const uint8_t *)w->data + (size_t)r0 * (size_t)g->rb,
@@ -1362,16 +1352,16 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
   const int tr = kind == 2 ? dg_lp_tr_n(w->cols, w->bits, w->group_size) : -1;
   if (MV1 && kind == 2 && T > 0 && T < 4 && (tr == 8 || (MV1_BYSTEP && tr == 0)) && !w->cpu_pack &&
       dg_cpu_pack_wanted(NULL, 0) != DG_CPU_PACK_SEQ1) {
-    /* the matrix-vector product (MV1: T < 4, the natural layout n = 8 or by step), each thread's rows in one run; the activations
-     * quantized by each thread into its own scratch (the same function on the same rows: the same codes) while its
-     * first lines are on their way, all in one parallel region */
+    /* the matrix-vector product (MV1: T < 4, the natural layout n = 8 or by step), each thread's rows in one run; the
+     * activations quantized by each thread into its own scratch (the same function on the same rows: the same codes),
+     * in one parallel region (2 threads: 3.2 against 4.1 us a call of fixed cost, session 30; prefetching each
+     * stream's first 4-16 KiB before the quantization: no change) */
     const dg_cpu_pack_geom g = dg_cpu_pack_geom_of(w);
     int fail = 0;
 #pragma omp parallel num_threads(n_threads) reduction(| : fail)
     {
       const int nt = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t a = N * id / nt, b = N * (id + 1) / nt;
-      if (b > a) mv1_prefetch_start(w, &g, row0 + a, b - a);
       qx_buf q;
       fail = qx_quantize(&q, x, ldx, T, T, w->cols, w->bits, w->group_size, 1) != 0;
       for (int64_t t = 0; t < T && b > a && !fail; t++) mv1_rows(y + t * ldy + a, &q, t, w, &g, row0 + a, b - a);
