@@ -110,8 +110,8 @@ int dg_cpu_pack_applies(const dg_weight *w);
 /* Which matrices a model run by avx512lp packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "0"
  * DG_CPU_PACK_NONE, "1" DG_CPU_PACK_ALL (every matrix dg_cpu_pack_applies to), "nat" DG_CPU_PACK_NAT (only those
  * dg_cpu_pack_nat holds for), "il" DG_CPU_PACK_IL (those, in the interleaved layout), "seq1" DG_CPU_PACK_SEQ1 (no
- * pack, as 0, and avx512lp's matrix-vector products on the MLX layout run session 27's 4-row tiles (NTILE_SEQ)
- * instead of the one run of rows a thread (MV1, matmul_avx512lp.c): the same bits, kept for the A/B), unset
+ * pack, as 0, and avx512lp's products of 1-3 activation rows on the MLX layout run the 4-row tiles (NTILE_SEQ,
+ * VTILE1) instead of the one run of rows a thread (MV1, matmul_avx512lp.c): the same bits, kept for the A/B), unset
  * DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
  * callers refuse it with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
 enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2, DG_CPU_PACK_IL = 3, DG_CPU_PACK_SEQ1 = 4 };

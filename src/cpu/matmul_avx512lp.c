@@ -806,10 +806,11 @@ NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntil
  * has NTILE's bits (tests/test_kernels.c, test_mv1: against NTILE_SEQ by DGEMMA_CPU_PACK=seq1, which keeps the 4-row
  * tiles for the A/B). Why (session 30, an Intel Xeon VM with AVX-512 VNNI, 2 cores, 4 KiB pages; gate/up [1408, 2816]
  * 4-bit g64; docs/measurements.md): with the weights in the L2, NTILE_SEQ ran at 21-22 GB/s a core and MV1 at
- * 28-31 GB/s, against the ~14 GB/s one core reads from memory; from a 128-expert stack MV1 0.93-0.97x NTILE_SEQ's time
- * a call (two streams: another ~3 %). Without the software prefetch either reads at ~9.5 GB/s a core, every other
- * line prefetched 10.3, every line 12.8: here the hardware prefetchers do not keep up with a stream consumed at this
- * rate. 2048 bytes on 11.4, 4096 12.8, 8192-12288 12.3-12.9 (T0 hint 12.1). */
+ * 28-31 GB/s, against the ~14 GB/s one core reads from memory; the side by side (dev/s27_sbs17.sh, 2 threads, ten
+ * alternations with DGEMMA_CPU_PACK=seq1) gave MV1 1.03-1.15x NTILE_SEQ's GB/s at one row (two streams: ~3 % of it),
+ * 23.9-24.7 GB/s median against ggml's AMX q4_0 25-26 and q4_K ~15. Without the software prefetch either reads at
+ * ~9.5 GB/s a core, every other line prefetched 10.3, every line 12.8: here the hardware prefetchers do not keep up
+ * with a stream consumed at this rate. 2048 bytes on 11.4, 4096 12.8, 8192-12288 12.3-12.9 (T0 hint 12.1). */
 #ifndef MV1
 #define MV1 1
 #endif
