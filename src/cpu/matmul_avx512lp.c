@@ -800,7 +800,8 @@ NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntil
  * (lp_rows, tile calls), the full blocks' loads unmasked, the partial last block's steps past the row zero without
  * loads, the accumulator and the reduction tree in registers, each step's codes loaded once (not once per plane). The
  * rows are taken from MV1_NS forward streams a thread (rows 0, q, 1, q + 1, ... for MV1_NS = 2, q = half the thread's
- * rows), every code line prefetched MV1_PF bytes on in its stream, the scales' and biases' lines MV1_PFS bytes on.
+ * rows), every code line prefetched MV1_PF bytes on in its stream into the L2 and MV1_PFL1 bytes on into the L1, the
+ * scales' and biases' lines MV1_PFS bytes on.
  * Each row's operations are NTILE's: the same exact integer sums isum (the same tree: the same lanes), the same scale
  * permute, fp32 product and FMA per block in block order, the same bias terms, the same horizontal sum, so every output
  * has NTILE's bits (tests/test_kernels.c, test_mv1: against NTILE_SEQ by DGEMMA_CPU_PACK=seq1, which keeps the 4-row
@@ -810,7 +811,11 @@ NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntil
  * alternations with DGEMMA_CPU_PACK=seq1) gave MV1 1.03-1.15x NTILE_SEQ's GB/s at one row (two streams: ~3 % of it),
  * 23.9-24.7 GB/s median against ggml's AMX q4_0 25-26 and q4_K ~15. Without the software prefetch either reads at
  * ~9.5 GB/s a core, every other line prefetched 10.3, every line 12.8: here the hardware prefetchers do not keep up
- * with a stream consumed at this rate. 2048 bytes on 11.4, 4096 12.8, 8192-12288 12.3-12.9 (T0 hint 12.1). */
+ * with a stream consumed at this rate. 2048 bytes on 11.4, 4096 12.8, 8192-12288 12.3-12.9 (T0 hint 12.1). On top of
+ * that, every line also prefetched into the L1 (prefetcht0) MV1_PFL1 = 768 bytes on (12 lines, from the L2 where the
+ * first prefetch put it): gate/up 2 threads 86.3-89.3 -> 82.1-85.7 us a call, 1 thread 175-177 -> 166-169 (256-2048
+ * bytes on all within ~2 % of each other); down (MV1S) 2 threads 37.0-40.0 -> 34.8-37.9 us (384 the same); baseline
+ * run last in each alternation (docs/results/cpu-s30/cpu17_runs.txt). */
 #ifndef MV1
 #define MV1 1
 #endif
@@ -822,6 +827,9 @@ NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntil
 #endif
 #ifndef MV1_NS
 #define MV1_NS 2
+#endif
+#ifndef MV1_PFL1
+#define MV1_PFL1 768 /* and every code line into the L1 that many bytes on (see MV1 above) */
 #endif
 #ifndef MV1_BYSTEP
 #define MV1_BYSTEP 1
@@ -878,6 +886,7 @@ static inline __attribute__((always_inline)) __m512i mv1_tree(const __m512i *ps,
         __m512i ps[N];                                                                                       \
         _Pragma("GCC unroll 8") for (int m = 0; m < N; m++) {                                                \
           if (MV1_PF) _mm_prefetch((const char *)wb + 64 * m + MV1_PF, MV1_HINT);                            \
+          if (MV1_PFL1) _mm_prefetch((const char *)wb + 64 * m + MV1_PFL1, _MM_HINT_T0);                     \
           ps[m] = mv1_dot(_mm512_loadu_si512(wb + 64 * m), xr + m * NSUB * 64, B);                           \
         }                                                                                                    \
         const __m512i isum = mv1_tree(ps, lo, hi);                                                           \
@@ -945,6 +954,7 @@ MV1K(2, DG_F32, mv1_2_f32) MV1K(4, DG_F32, mv1_4_f32) MV1K(8, DG_F32, mv1_8_f32)
           __m512i raw = rb - byte0 >= 64 ? _mm512_loadu_si512(row + byte0)                                   \
                                          : _mm512_maskz_loadu_epi8(((__mmask64)1 << (rb - byte0)) - 1, row + byte0); \
           if (MV1_PF) _mm_prefetch((const char *)row + byte0 + MV1_PF, MV1_HINT);                            \
+          if (MV1_PFL1) _mm_prefetch((const char *)row + byte0 + MV1_PFL1, _MM_HINT_T0);                     \
           __asm__("" : "+v"(raw));                                                                           \
           __m512i isum = _mm512_setzero_si512();                                                             \
           UNROLL for (int u = 0; u < nsub; u++)                                                              \
