@@ -5,6 +5,8 @@
 #   VARIANTS  space-separated NAME:BINARY[:ENV=V,ENV=V] (default: "seq1:build-cpu/dgemma
 #             il:build-cpu/dgemma:DGEMMA_CPU_PACK=il": this tree's build, without and with the interleaved pack)
 #   WAIT_POLICIES  passed on (default here active: the faster one on an idle machine; passive,active doubles the time)
+#   ROWS      passed on (default 1,8,16,64,256; session 30 ran ROWS=1: on its AMX Intel VM ggml's AMX mul_mat
+#             (the llama path's buffer type there) crashes mm_bench at M = 8, with 64 experts as with 128)
 # Takes the bench lock itself; writes uptime and the load before and after each run into OUT/log.txt.
 # ~50 s a run with one wait policy: 2 variants x 5 rounds ~ 8.5 min.
 set -u
@@ -23,7 +25,7 @@ for r in $(seq "$ROUNDS"); do
     IFS=: read -r name bin envs <<<"$v"
     e=(); [ -n "$envs" ] && IFS=, read -ra e <<<"$envs"
     case $bin in /*) ;; *) bin=$PWD/$bin;; esac
-    env "${e[@]}" DGEMMA="$bin" KERNELS=avx512lp THREADS=2 ROWS=1,8,16,64,256 \
+    env "${e[@]}" DGEMMA="$bin" KERNELS=avx512lp THREADS=2 ROWS=${ROWS:-1,8,16,64,256} \
       scripts/ggml_side_by_side.sh "$OUT/raw_${name}_r$r" >"$OUT/${name}_r$r.md" 2>"$OUT/${name}_r$r.err"
     echo "# $(date -u +%T) $name r$r rc $? $(uptime | sed 's/.*load/load/')" | tee -a "$LOG"
   done

@@ -2,7 +2,8 @@
 """s27_sbs17_summary.py OUT NAME...: the side-by-side tables NAME_rN.md of dev/s27_sbs17.sh, per row (shape, M):
 each variant's avx512lp GB/s (median [min-max] over the runs), its ratio to the fastest ggml path of the same run
 (gate/up: fastest q4_K, the table's 'avx512lp / fastest q4_K'; down: the fastest 4.5-bit ggml path, q4_0), and the
-per-round ratio of each later variant's GFLOP/s to the first's; then the gathered MoE and the copy ceilings."""
+per-round ratio of each later variant's GFLOP/s to the first's; then the gathered MoE and the copy ceilings. Gate/up
+rows also print the ratio to the fastest 4.5-bit path (q4_K or q4_0: ggml's AMX q4_0 on the session-30 Intel VM)."""
 import os, re, statistics as st, sys
 out, names = sys.argv[1], sys.argv[2:]
 runs = sorted({int(m.group(1)) for f in os.listdir(out) for m in [re.match(rf"{names[0]}_r(\d+)\.md$", f)] if m})
@@ -15,8 +16,10 @@ def parse(fn):
         if not (line.startswith("| gate_up") or line.startswith("| down")): continue
         c = [x.strip() for x in line.strip().strip("|").split("|")]
         rat = c[-2] if c[0].startswith("gate_up") else c[-1]
+        r45 = c[-1]  # vs the fastest 4.5-bit ggml path (q4_K or q4_0), both shapes
         rows[("gate_up" if c[0].startswith("gate_up") else "down", int(c[1]))] = (
-            float(c[2]), float(c[3]), float(rat.split("x")[0]) if rat != "-" else None)
+            float(c[2]), float(c[3]), float(rat.split("x")[0]) if rat != "-" else None,
+            float(r45.split("x")[0]) if r45 != "-" else None)
     return rows, moe
 data = {n: [parse(f"{out}/{n}_r{r}.md") for r in runs] for n in names}
 fmt = lambda v: f"{st.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"
@@ -28,6 +31,9 @@ for key in sorted(data[names[0]][0][0], key=lambda k: (k[0] != "gate_up", k[1]))
         gf = [x[0][key][1] for x in data[n]]
         rr = [x[0][key][2] for x in data[n] if x[0][key][2] is not None]
         print(f"  {n:8s} GB/s {fmt(g)}  GFLOP/s {st.median(gf):.1f}  vs ggml {fmt(rr) if rr else '-'}x  each {rr}")
+        if key[0] == "gate_up":  # session 30: the gate/up rows against q4_0 too (AMX q4_0 is ggml's fastest there)
+            r4 = [x[0][key][3] for x in data[n] if x[0][key][3] is not None]
+            if r4: print(f"  {'':8s} vs fastest 4.5-bit ggml {fmt(r4)}x  each {r4}")
     for n in names[1:]:
         r = [b[0][key][1] / a[0][key][1] for a, b in zip(data[names[0]], data[n])]
         print(f"  {n}/{names[0]} per round {[round(x, 2) for x in r]} median {st.median(r):.2f}")

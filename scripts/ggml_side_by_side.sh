@@ -38,8 +38,13 @@
 #     dequantized weights within a bound derived from the int8 rounding of
 #     the activations (exit 3 if either is off: a broken harness reports no
 #     number). Like `dgemma bench --protocol ceiling`, successive calls walk
-#     through a stack of 64 distinct experts (> the L3) so that the weights
-#     come from memory, max(2, 128 / M) calls per run (2 from M = 64), the
+#     through a stack of GGML_EXPERTS (default 128, the ceiling bench's CE_E)
+#     distinct experts, so that both programs walk the same bytes from memory
+#     (until session 30 the stack was 64 experts: 143 MB of gate/up and 71 MB
+#     of down, which the ~100 MB of L3 a core pair of the session-30 Intel
+#     Xeon VM reaches held in part or whole, against dgemma's 285 / 143 MB:
+#     ggml's q4_0 down read from the L3 there, 26.8 against 49.0 us a call
+#     at 128 experts; docs/measurements.md), max(2, 128 / M) calls per run (2 from M = 64), the
 #     median of REPS (default 5) runs after one warm-up, per call; ggml's
 #     time includes quantizing the activations to its dot type (q8_K /
 #     q8_0), as dgemma's avx512lp/avx2lp time includes its int8 quantization;
@@ -75,6 +80,7 @@ GGML_TYPES=${GGML_TYPES:-q4_K,q4_0}
 WAIT_POLICIES=${WAIT_POLICIES:-passive,active}
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}
+GGML_EXPERTS=${GGML_EXPERTS:-128}
 DGEMMA=${DGEMMA:-$ROOT/build-cpu/dgemma}
 MOE_TOKENS=${MOE_TOKENS:-256}
 if [ -z "${KERNELS:-}" ]; then
@@ -135,7 +141,9 @@ cat >"$GG/mm_bench.c" <<'HARNESS'
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
-#define NE 64
+#ifndef NE
+#define NE 128 /* the experts walked: -DNE=GGML_EXPERTS (scripts/ggml_side_by_side.sh) */
+#endif
 #define NCHECK 8
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
@@ -200,8 +208,10 @@ int main(int argc, char **argv) {
     void **qw = malloc(NE * sizeof *qw);
     float *tmp = malloc((size_t)N * K * sizeof(float));
     for (int e = 0; e < NE; e++) {
-      for (int64_t i = 0; i < N * K; i++) tmp[i] = ((float)rand() / RAND_MAX * 2.0f - 1.0f) * 0.05f;
       qw[e] = malloc(wb);
+      if (e >= 8) { memcpy(qw[e], qw[e % 8], wb); continue; } /* 8 distinct experts' bytes, each at its own address:
+                                                                  the same traffic, a 16th of the quantizing time */
+      for (int64_t i = 0; i < N * K; i++) tmp[i] = ((float)rand() / RAND_MAX * 2.0f - 1.0f) * 0.05f;
       ggml_quantize_chunk(ty, tmp, qw[e], 0, N, K, NULL);
     }
     ggml_get_type_traits(ty)->to_float(qw[0], tmp, N * K); /* expert 0 dequantized: the check's weights */
@@ -323,11 +333,11 @@ int main(int argc, char **argv) {
 }
 HARNESS
 libs=$(find "$GG/build" -name 'libggml-cpu.a' -o -name 'libggml.a' -o -name 'libggml-base.a' | sort -r | tr '\n' ' ')
-g++ -O2 -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
+g++ -O2 -DNE="$GGML_EXPERTS" -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
   -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
 
 amx=absent; [[ " $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) " == *" amx_tile "* ]] && amx=present
-echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; kernels $KERNELS; OMP_WAIT_POLICY $WAIT_POLICIES (both, the faster per row)" | tee "$OUT/header.txt"
+echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; ggml experts walked $GGML_EXPERTS; kernels $KERNELS; OMP_WAIT_POLICY $WAIT_POLICIES (both, the faster per row)" | tee "$OUT/header.txt"
 rm -f "$OUT"/ggml_*.txt "$OUT"/ggml_*.err
 for pol in ${WAIT_POLICIES//,/ }; do
   for ty in ${GGML_TYPES//,/ }; do

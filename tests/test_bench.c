@@ -519,7 +519,7 @@ static void test_cli_errors(void **state) {
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(psv);
   const char *want = "dgemma bench: DGEMMA_CPU_PACK=\"yes\\x22\" is none of 0 (no pack), 1 (every matrix), nat "
-                     "(gate/up-shaped ones) and il (those interleaved)\n";
+                     "(gate/up-shaped ones), il (those interleaved) and seq1 (no pack, 4-row tiles)\n";
   if (rc != 2 || strcmp(e, want) || o[0]) fail_msg("DGEMMA_CPU_PACK=yes\": exit %d, stdout \"%s\", stderr \"%s\"", rc, o, e);
   free(o);
   free(e);

@@ -298,6 +298,71 @@ static void check_lp_rows_equal(const dg_kernels *k, int B, int G, int K) {
   free(data); free(sc); free(bi); free(x); free(y1); free(y2);
 }
 
+/* avx512lp's matrix-vector products (MV1, matmul_avx512lp.c: a thread's rows in one run, two streams; fewer than 4
+ * activation rows, no pack; MV1K for the natural layout: 2-bit g128, 4-bit g64, 8-bit g32 at >= 14 groups a row;
+ * MV1S for the by-step one: fewer groups, 4-bit g128, 8-bit g64 / g128) against the 4-row tiles they replace
+ * (NTILE_SEQ and VTILE1, kept as DGEMMA_CPU_PACK=seq1) on the same weights and activations: every output bit for bit
+ * (both run the same operations per row), for bf16, f16 and f32 scales and biases, full and partial last blocks
+ * (K = 2816: 44 groups, 480: 15 at 8-bit g32, 3840: 30 at 2-bit g128, 1920: 30 at 4-bit g64) and steps (704 at 4 bits:
+ * 5.5 steps, the 26B's down product; 96 at 2 bits, 416 at 8), row counts that split unevenly over 1-3 threads (1, 2,
+ * 3, 5, 7, 9, 37 and the 26B's gate/up 1408 and down 2816), a row offset (row0 > 0), T = 1, 2, 3 and a NaN
+ * activation (every output of its row NaN, as in the exact kernels). */
+static void test_mv1(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx512lp();
+  if (!k) dg_test_skip("test_kernels mv1: this CPU (or build) has no AVX-512 BF16 + VNNI");
+  const char *ps = getenv("DGEMMA_CPU_PACK");
+  char *psv = ps ? strdup(ps) : NULL;
+  static const int sh[][4] = {{4, 64, 2816, 1408}, {4, 64, 2816, 37}, {4, 64, 1920, 9},  {8, 32, 480, 5},
+                              {2, 128, 3840, 3},   {4, 64, 2816, 2},  {8, 32, 1408, 1},  /* natural (MV1K) */
+                              {4, 64, 704, 2816},  {4, 64, 704, 9},   {4, 128, 256, 5},  {8, 64, 1024, 3},
+                              {8, 128, 384, 2},    {2, 32, 96, 7},    {8, 32, 416, 1}};  /* by step (MV1S) */
+  static const dg_dtype sbts[] = {DG_BF16, DG_F16, DG_F32};
+  int calls = 0;
+  for (size_t c = 0; c < sizeof sh / sizeof sh[0]; c++)
+    for (size_t d = 0; d < 3; d++) {
+      const int B = sh[c][0], G = sh[c][1], K = sh[c][2], N = sh[c][3], ng = K / G, off = 3, R = N + off, T = 3;
+      const size_t rb = (size_t)dg_quant_row_bytes(K, B), esz = sbts[d] == DG_F32 ? 4 : 2;
+      uint8_t *data = malloc((size_t)R * rb);
+      char *sc = malloc((size_t)R * ng * esz), *bi = malloc((size_t)R * ng * esz);
+      float *x = malloc((size_t)T * K * sizeof(float)), *y1 = malloc((size_t)T * N * sizeof(float));
+      float *y2 = malloc((size_t)T * N * sizeof(float));
+      for (size_t i = 0; i < (size_t)R * rb; i++) data[i] = (uint8_t)(rand() & 0xff);
+      for (int i = 0; i < R * ng; i++) {
+        const float s = frand() * 0.01f, b = frand() * 0.1f;
+        if (sbts[d] == DG_F32) { memcpy(sc + 4 * (size_t)i, &s, 4); memcpy(bi + 4 * (size_t)i, &b, 4); continue; }
+        const uint16_t hs = sbts[d] == DG_BF16 ? dg_f32_to_bf16(s) : dg_f32_to_f16(s);
+        const uint16_t hb = sbts[d] == DG_BF16 ? dg_f32_to_bf16(b) : dg_f32_to_f16(b);
+        memcpy(sc + 2 * (size_t)i, &hs, 2);
+        memcpy(bi + 2 * (size_t)i, &hb, 2);
+      }
+      for (int i = 0; i < T * K; i++) x[i] = frand();
+      const dg_weight W = {.dtype = DG_U32, .data = data, .rows = R, .cols = K, .bits = B, .group_size = G,
+                           .sb_dtype = sbts[d], .scales = sc, .biases = bi};
+      for (int t = 1; t <= T; t++)
+        for (int nt = 1; nt <= 3; nt++) {
+          unsetenv("DGEMMA_CPU_PACK"); /* MV1 */
+          k->matmul(y1, N, x, K, t, &W, off, N, nt);
+          setenv("DGEMMA_CPU_PACK", "seq1", 1); /* NTILE_SEQ */
+          k->matmul(y2, N, x, K, t, &W, off, N, nt);
+          calls += 2;
+          if (memcmp(y1, y2, (size_t)t * N * sizeof(float)))
+            fail_msg("mv1 %d-bit G=%d K=%d N=%d sb %s T=%d threads %d: differs from the 4-row tiles", B, G, K, N,
+                     sbts[d] == DG_BF16 ? "bf16" : sbts[d] == DG_F16 ? "f16" : "f32", t, nt);
+        }
+      unsetenv("DGEMMA_CPU_PACK");
+      x[K / 2 + 1] = NAN; /* row 0: NaN, every output; row 1 as before */
+      k->matmul(y1, N, x, K, 2, &W, off, N, 2);
+      for (int n = 0; n < N; n++)
+        if (!isnan(y1[n]) || y1[N + n] != y2[N + n]) fail_msg("mv1 %d-bit K=%d: a NaN activation row gave %g (row 1 %g vs %g)", B, K, y1[n], y1[N + n], y2[N + n]);
+      free(data); free(sc); free(bi); free(x); free(y1); free(y2);
+    }
+  if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
+  free(psv);
+  printf("# avx512lp mv1 = NTILE_SEQ / VTILE1 (DGEMMA_CPU_PACK=seq1) bit for bit: %zu shapes x bf16/f16/f32 scales, T 1-3, "
+         "1-3 threads (%d calls); a NaN row NaN\n", sizeof sh / sizeof sh[0], calls);
+}
+
 /* Non-finite activations stay non-finite, as in the exact kernels (IEEE: x_k = NaN or +-Inf
  * makes sum_k x_k w_k NaN or +-Inf): a NaN must not be quantized into a finite code, or the
  * forward pass's check of the logits (DG_ERR_NUMERIC) never sees it. Row 0 holds a NaN, row 1
@@ -501,6 +566,7 @@ static void test_pack_choice(void **state) {
     assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_ALL), c[i].B != 3);
     assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_NAT), c[i].nat);
     assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_IL), c[i].nat);
+    assert_int_equal(dg_cpu_pack_takes(&w, DG_CPU_PACK_SEQ1), 0);
   }
   /* the interleaved pack: refused (NULL) where "nat" does not take the matrix, and for R other than 4 and 8 */
   {
@@ -525,6 +591,7 @@ static void test_pack_choice(void **state) {
   assert_string_equal(why, "");
   static const struct { const char *v; int want; } e[] = {{"0", DG_CPU_PACK_NONE}, {"1", DG_CPU_PACK_ALL},
                                                            {"nat", DG_CPU_PACK_NAT}, {"il", DG_CPU_PACK_IL},
+                                                           {"seq1", DG_CPU_PACK_SEQ1}, {"SEQ1", -1},
                                                            {"NAT", -1}, {"", -1}, {"2", -1}, {"il8", -1}};
   for (size_t i = 0; i < sizeof e / sizeof e[0]; i++) {
     setenv("DGEMMA_CPU_PACK", e[i].v, 1);
@@ -532,14 +599,14 @@ static void test_pack_choice(void **state) {
     char want_why[160] = "";
     if (e[i].want < 0)
       snprintf(want_why, sizeof want_why, "DGEMMA_CPU_PACK=\"%s\" is none of 0 (no pack), 1 (every matrix), nat "
-               "(gate/up-shaped ones) and il (those interleaved)", e[i].v);
+               "(gate/up-shaped ones), il (those interleaved) and seq1 (no pack, 4-row tiles)", e[i].v);
     if (got != e[i].want || strcmp(why, want_why))
       fail_msg("DGEMMA_CPU_PACK=\"%s\": %d \"%s\", want %d \"%s\"", e[i].v, got, why, e[i].want, want_why);
   }
   if (psv) setenv("DGEMMA_CPU_PACK", psv, 1); else unsetenv("DGEMMA_CPU_PACK");
   free(psv);
   printf("# pack choice: dg_lp_tr_n and dg_cpu_pack_nat as worked out by hand in %zu formats and lengths; "
-         "DGEMMA_CPU_PACK unset / 0 / 1 / nat / il taken, other values refused\n", sizeof c / sizeof c[0]);
+         "DGEMMA_CPU_PACK unset / 0 / 1 / nat / il / seq1 taken, other values refused\n", sizeof c / sizeof c[0]);
 }
 
 /* The AVX2 int8 products (cpu/matmul_avx2lp.c): the same bound with Q = 127, or 64
@@ -783,6 +850,7 @@ int main(void) {
       cmocka_unit_test(test_rows_avx512),
       cmocka_unit_test(test_rows_avx2),
       cmocka_unit_test(test_avx512lp),
+      cmocka_unit_test(test_mv1),
       cmocka_unit_test(test_avx2lp),
       cmocka_unit_test(test_pack_choice),
       cmocka_unit_test(test_big_alloc),

@@ -97,7 +97,7 @@ typedef struct ce_stack {
  * backend refuses it. */
 static int ce_pack_mode(void) {
   const int mode = dg_cpu_pack_wanted(NULL, 0);
-  return mode > 0 && !strcmp(dg_kernels_best()->name, "avx512lp") ? mode : DG_CPU_PACK_NONE;
+  return mode > 0 && mode != DG_CPU_PACK_SEQ1 && !strcmp(dg_kernels_best()->name, "avx512lp") ? mode : DG_CPU_PACK_NONE;
 }
 
 static int stack_new(ce_stack *s, int64_t rows, int64_t cols, int bits, uint64_t seed) {

@@ -66,15 +66,15 @@ static dg_status cpu_unpack_one(const dg_model *m, dg_weight *w) {
  * they take without the pack; "nat", only those dg_cpu_pack_nat takes (by format and row length: the transposed
  * layout at 8 dwords a group, e.g. the 26B's experts' gate/up but not their down); "il", the same matrices in the
  * interleaved layout of DG_CPU_IL_ROWS rows (cpu/pack.c: one forward stream a thread in the matrix-vector products);
- * 0 or unset (DG_CPU_PACK_DEFAULT) none.
+ * 0, seq1 (the kernels' switch: cpu/kernels.h) or unset (DG_CPU_PACK_DEFAULT) none.
  * The embedding is not packed: its row lookups and the soft embedding's transposed product (exact kernels) read the
  * MLX layout, so a pack would double it. */
 static dg_status cpu_model_init(dg_model *m, int device) {
   (void)device;
-  char why[160];
+  char why[256];
   const int want = dg_cpu_pack_wanted(why, sizeof why);
   if (want < 0) return dg_seterr(DG_ERR_INVALID_ARG, "%s", why);
-  if (want == DG_CPU_PACK_NONE || strcmp(m->kern->name, "avx512lp")) return DG_OK;
+  if (want == DG_CPU_PACK_NONE || want == DG_CPU_PACK_SEQ1 || strcmp(m->kern->name, "avx512lp")) return DG_OK;
   return cpu_each_weight(m, want == DG_CPU_PACK_ALL   ? cpu_pack_all
                             : want == DG_CPU_PACK_NAT ? cpu_pack_nat
                                                       : cpu_pack_il);

@@ -109,10 +109,12 @@ const dg_kernels *dg_kernels_avx2lp(void);
 int dg_cpu_pack_applies(const dg_weight *w);
 /* Which matrices a model run by avx512lp packs (the CPU backend, tools/ceiling.c): DGEMMA_CPU_PACK "0"
  * DG_CPU_PACK_NONE, "1" DG_CPU_PACK_ALL (every matrix dg_cpu_pack_applies to), "nat" DG_CPU_PACK_NAT (only those
- * dg_cpu_pack_nat holds for), "il" DG_CPU_PACK_IL (those, in the interleaved layout), unset
+ * dg_cpu_pack_nat holds for), "il" DG_CPU_PACK_IL (those, in the interleaved layout), "seq1" DG_CPU_PACK_SEQ1 (no
+ * pack, as 0, and avx512lp's products of 1-3 activation rows on the MLX layout run the 4-row tiles (NTILE_SEQ,
+ * VTILE1) instead of the one run of rows a thread (MV1, matmul_avx512lp.c): the same bits, kept for the A/B), unset
  * DG_CPU_PACK_DEFAULT; any other value -1, with the one-line reason that both
  * callers refuse it with in why[n] (the value quoted by dg_env_quote; why[0] = 0 otherwise; why may be NULL). */
-enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2, DG_CPU_PACK_IL = 3 };
+enum { DG_CPU_PACK_NONE = 0, DG_CPU_PACK_ALL = 1, DG_CPU_PACK_NAT = 2, DG_CPU_PACK_IL = 3, DG_CPU_PACK_SEQ1 = 4 };
 /* Still no pack by default. Session 19 (idle side-by-side on a 2-core EPYC with a ~105 GFLOP/s FMA ceiling,
  * docs/results/cpu-s19/): with the scales' prefetch the pack was no slower at M = 8-256 and faster at M = 1 on gate/up
  * [1408, 2816] (4-bit g64, natural-order one-row tiles: 1.09x and 1.29x), but the down product [2816, 704] (11 groups a
@@ -143,7 +145,7 @@ static inline int dg_lp_tr_n(int64_t K, int B, int G) {
  * tiles on prepared rows. The 26B's experts' gate/up [1408, 2816] at 4-bit g64 (44 groups) are such; its down
  * [2816, 704] (11 groups) is not, nor is any by-step or n = 2 / 4 matrix (not measured with the pack at M = 1). */
 int dg_cpu_pack_nat(const dg_weight *w);
-/* Whether mode (a dg_cpu_pack_wanted value >= 0) packs w: NONE never, ALL dg_cpu_pack_applies, NAT and IL
+/* Whether mode (a dg_cpu_pack_wanted value >= 0) packs w: NONE and SEQ1 never, ALL dg_cpu_pack_applies, NAT and IL
  * dg_cpu_pack_nat. */
 int dg_cpu_pack_takes(const dg_weight *w, int mode);
 void *dg_cpu_pack_build(const dg_weight *w);

@@ -61,12 +61,13 @@ int dg_cpu_pack_wanted(char *why, size_t n) {
   if (!strcmp(v, "1")) return DG_CPU_PACK_ALL;
   if (!strcmp(v, "nat")) return DG_CPU_PACK_NAT;
   if (!strcmp(v, "il")) return DG_CPU_PACK_IL;
+  if (!strcmp(v, "seq1")) return DG_CPU_PACK_SEQ1;
   if (why && n) {
     char q[64];
     const int cut = dg_env_quote(v, q, sizeof q);
     snprintf(why, n,
-             "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix), nat (gate/up-shaped ones) and il "
-             "(those interleaved)",
+             "DGEMMA_CPU_PACK=\"%s%s\" is none of 0 (no pack), 1 (every matrix), nat (gate/up-shaped ones), il "
+             "(those interleaved) and seq1 (no pack, 4-row tiles)",
              q, cut ? "..." : "");
   }
   return -1;
