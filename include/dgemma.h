@@ -116,6 +116,17 @@ dg_status dg_cpu_kernels(const char **name);
  * variable and its value; dg_context_new on a CUDA model then fails with it. */
 dg_status dg_cuda_enc_chunk(int32_t *chunk);
 
+/* Checks every environment switch (DGEMMA_*) that the library reads for a model on dev: the host's (DGEMMA_THP,
+ * DGEMMA_TURBO_BATCH) for any device, and with DG_DEVICE_CUDA the CUDA backend's too (DGEMMA_ATTN, DGEMMA_GRAPHS,
+ * DGEMMA_ROUTE, ...: README.md's "Environment switches" lists each with its values). Unset or empty: the default.
+ * Returns DG_OK, or DG_ERR_INVALID_ARG at the first switch set to a value it does not accept, with one line in
+ * dg_last_error() naming the variable, the value and what is allowed, e.g.
+ *   DGEMMA_GRAPHS="yes" is not 0 or 1 (passes captured and replayed as CUDA graphs; unset: 1)
+ * dg_model_load and dg_context_new call it first and fail with it, so a bad value never runs (before session 30 it
+ * ran silently as the default). Reads the environment at each call. DGEMMA_KERNELS, DGEMMA_CPU_PACK and
+ * DGEMMA_CUDA_MEM_LIMIT are checked where they are read (dg_cpu_kernels; the CPU model; the CUDA model). */
+dg_status dg_switches_check(dg_device dev);
+
 dg_model_params dg_model_default_params(void);
 
 /* Load a Hugging Face DiffusionGemma directory: config.json,
