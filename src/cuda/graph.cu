@@ -46,7 +46,6 @@
 #include "backend/switches.h"
 #include "cuda/host.cuh"
 
-
 typedef struct graph_ent {
   dg_graph_key key;
   int64_t sig;           /* the signature exec was captured at */
