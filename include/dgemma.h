@@ -113,8 +113,20 @@ dg_status dg_cpu_kernels(const char **name);
  * *chunk is set in every case. Returns DG_OK, or DG_ERR_INVALID_ARG when
  * DGEMMA_ENC_CHUNK is set to anything else ("0", "abc", "-64", "100",
  * "8192"): *chunk = 1024 and dg_last_error() says so in one line naming the
- * variable and its value; dg_context_new on a CUDA model then fails with it. */
+ * variable and its value; dg_model_load and dg_context_new for a CUDA model
+ * then fail with it (dg_switches_check). */
 dg_status dg_cuda_enc_chunk(int32_t *chunk);
+
+/* Checks every environment switch (DGEMMA_*) that the library reads for a model on dev: the host's (DGEMMA_THP,
+ * DGEMMA_TURBO_BATCH) for any device, and with DG_DEVICE_CUDA the CUDA backend's too (DGEMMA_ATTN, DGEMMA_GRAPHS,
+ * DGEMMA_ROUTE, ...: README.md's "Environment switches" lists each with its values). Unset or empty: the default.
+ * Returns DG_OK, or DG_ERR_INVALID_ARG at the first switch set to a value it does not accept, with one line in
+ * dg_last_error() naming the variable, the value and what is allowed, e.g.
+ *   DGEMMA_GRAPHS="yes" is not 0 or 1 (passes captured and replayed as CUDA graphs; unset: 1)
+ * dg_model_load and dg_context_new call it first and fail with it, so a bad value never runs (before session 30 it
+ * ran silently as the default). Reads the environment at each call. DGEMMA_KERNELS, DGEMMA_CPU_PACK and
+ * DGEMMA_CUDA_MEM_LIMIT are checked where they are read (dg_cpu_kernels; the CPU model; the CUDA model). */
+dg_status dg_switches_check(dg_device dev);
 
 dg_model_params dg_model_default_params(void);
 
@@ -136,7 +148,8 @@ dg_model_params dg_model_default_params(void);
  * With params->device = DG_DEVICE_CUDA every weight is also uploaded to the GPU
  * (bf16); a model that does not fit is refused with DG_ERR_OUT_OF_MEMORY
  * naming the bytes needed and free; no GPU, a too-old GPU or a build without
- * CUDA give DG_ERR_BACKEND. */
+ * CUDA give DG_ERR_BACKEND. First of all, an environment switch set to a value it
+ * does not accept gives DG_ERR_INVALID_ARG (dg_switches_check(params->device)). */
 dg_status dg_model_load(const char *model_dir, const dg_model_params *params, dg_model **out);
 void dg_model_free(dg_model *m);
 
@@ -378,7 +391,9 @@ typedef struct dg_context_params {
 dg_context_params dg_context_default_params(void);
 /* A context on the model's device. With DG_DEVICE_CUDA the KV cache and the
  * work buffers live in device memory (refused up front with
- * DG_ERR_OUT_OF_MEMORY naming the bytes needed and free if they do not fit). */
+ * DG_ERR_OUT_OF_MEMORY naming the bytes needed and free if they do not fit).
+ * An environment switch set to a value it does not accept gives
+ * DG_ERR_INVALID_ARG first (dg_switches_check of the model's device). */
 dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_context **out);
 void dg_context_free(dg_context *ctx);
 /* Drop the KV cache (length back to 0). */

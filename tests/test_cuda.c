@@ -59,6 +59,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/switches.h"
 #include "cuda/backend.h"
 #include "support/cuda_entry.h"
 #include "dgemma_tools.h"
@@ -778,8 +779,7 @@ static void test_step_stats(void **state) {
     int32_t bad = -1;
     const float T = 0.8f;
     assert_dg_ok(cut()->test_soft_from_z(ctx->dev, &G));
-    const char *ip = getenv("DGEMMA_SC_INPLACE");
-    assert_int_equal(G, ip && !strcmp(ip, "0") ? 0 : C >= 8 ? C / 8 : C >= 2 ? 1 : 0);
+    assert_int_equal(G, dg_sw_get(DG_SW_SC_INPLACE) == 0 ? 0 : C >= 8 ? C / 8 : C >= 2 ? 1 : 0); /* the library's query */
     const dg_status st = cu()->step_stats(ctx->dev, T, DG_PROPOSAL_ARGMAX, seed, block, step, uni, dev, &bad);
     if (G > 0) {
       assert_int_equal(st, DG_ERR_INVALID_ARG);
@@ -3511,9 +3511,11 @@ static void test_attention_batch(void **state) {
  * line through dg_cuda_api.choices, as `dgemma bench` prints it): with DGEMMA_ATTN unset, 15 (the wgmma kernel) at
  * both head-dim classes where this build's device code has wgmma (sm_90a on a Hopper GPU; the CPU emulation models
  * it), else 6; DGEMMA_ATTN=6 is 6; "2,15" is 2 and (15 where wgmma runs, else 6); 16 and 18 (session 29: the cluster
- * merge, and the stack in one launch) as 15; a value that is not a version (9, 17: the lab's) keeps the default, a
- * second one is 6; each context reads the variable when it is made. The passes' own tests (test_graphs, the turbo
- * tests, ...) then run the default on this build: 15 on an sm_90a build on an H100 or H200. */
+ * merge, and the stack in one launch) as 15; each context reads the variable when it is made. Since session 30 a
+ * value that is not a version or a pair of them (9, 17: the lab's; "15,", "6,17", "x") refuses dg_context_new with
+ * DG_ERR_INVALID_ARG and the switch's line (backend/switches.c; before, it kept the default, a bad second value 6).
+ * The passes' own tests (test_graphs, the turbo tests, ...) then run the default on this build: 15 on an sm_90a
+ * build on an H100 or H200. */
 static void test_attention_choice(void **state) {
   (void)state;
   need_gpu();
@@ -3536,15 +3538,24 @@ static void test_attention_choice(void **state) {
   dg_model *m;
   assert_dg_ok(dg_model_load(dir, &mp, &m));
   const int wq = avail ? 15 : 6;
-  /* -1: the default (wq); 15, 16, 18: that version where wgmma runs, else 6; 17 (the lab's only) is not a value */
+  /* -1: the default (wq); 15, 16, 18: that version where wgmma runs, else 6; 17 (the lab's only) is not a value;
+   * -2: refused */
   static const struct { const char *env; int small, wide; } cases[] = {
-      {NULL, -1, -1}, {"6", 6, 6}, {"15", 15, 15}, {"2,15", 2, 15}, {"15,", 15, 15}, {"9", -1, -1}, {"x", -1, -1},
-      {"", -1, -1}, {"16", 16, 16}, {"18", 18, 18}, {"16,18", 16, 18}, {"17", -1, -1}, {"6,17", 6, 6}};
+      {NULL, -1, -1}, {"6", 6, 6}, {"15", 15, 15}, {"2,15", 2, 15}, {"15,", -2, -2}, {"9", -2, -2}, {"x", -2, -2},
+      {"", -1, -1}, {"16", 16, 16}, {"18", 18, 18}, {"16,18", 16, 18}, {"17", -2, -2}, {"6,17", -2, -2}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     if (cases[i].env) setenv("DGEMMA_ATTN", cases[i].env, 1);
     else unsetenv("DGEMMA_ATTN");
     dg_context_params cp = dg_context_default_params();
     dg_context *x;
+    if (cases[i].small == -2) {
+      assert_int_equal(dg_context_new(m, &cp, &x), DG_ERR_INVALID_ARG);
+      assert_null(x);
+      char want[64];
+      snprintf(want, sizeof want, "DGEMMA_ATTN=\"%s\" is not one of ", cases[i].env);
+      if (strncmp(dg_last_error(), want, strlen(want))) fail_msg("DGEMMA_ATTN=%s: %s", cases[i].env, dg_last_error());
+      continue;
+    }
     assert_dg_ok(dg_context_new(m, &cp, &x));
     char line[256] = "";
     assert_dg_ok(cu()->choices(x->dev, line, sizeof line));
@@ -3577,8 +3588,9 @@ static int enc_chunk_env(void) {
  * (its mark count per chunk), run under DGEMMA_ENC_CHUNK=64 and 1024 too. */
 /* DGEMMA_CUBLAS_POOL (upload.cu, read when a CUDA model is made): "small" sets CUBLAS_WORKSPACE_CONFIG=:16:8 and
  * "zero" :0:0 where it is unset, a user's own value is kept, unset / "default" set nothing, and any other value
- * refuses the model with DG_ERR_INVALID_ARG naming the variable and the value (non-printing bytes as '?', cut at 39
- * with "..."). Only the environment is checked here: whether cuBLAS's pools shrink is the GPU call's memory log. */
+ * refuses the model with DG_ERR_INVALID_ARG naming the variable and the value (backend/switches.c's line since
+ * session 30: control bytes as \xHH, cut with "..." past 59 bytes). Only the environment is checked here: whether
+ * cuBLAS's pools shrink is the GPU call's memory log. */
 static void test_cublas_pool(void **state) {
   (void)state;
   need_gpu();
@@ -3610,15 +3622,16 @@ static void test_cublas_pool(void **state) {
   }
   unsetenv("CUBLAS_WORKSPACE_CONFIG");
   static const struct { const char *v, *shown; } bad[] = {
-      {"1", "1"}, {"Small", "Small"}, {"small ", "small "}, {"a\nb", "a?b"},
-      {"0123456789012345678901234567890123456789xyz", "012345678901234567890123456789012345678..."}};
+      {"1", "1"}, {"Small", "Small"}, {"small ", "small "}, {"a\nb", "a\\x0ab"},
+      {"0123456789012345678901234567890123456789012345678901234567890123456789xyz",
+       "01234567890123456789012345678901234567890123456789012345678..."}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     setenv("DGEMMA_CUBLAS_POOL", bad[i].v, 1);
     dg_model *m = NULL;
     assert_int_equal(dg_model_load(dir, &mp, &m), DG_ERR_INVALID_ARG);
     assert_null(m);
     char want[256];
-    snprintf(want, sizeof want, "DGEMMA_CUBLAS_POOL=\"%s\" is not default, small or zero", bad[i].shown);
+    snprintf(want, sizeof want, "DGEMMA_CUBLAS_POOL=\"%s\" is not one of default, small, zero", bad[i].shown);
     if (!strstr(dg_last_error(), want)) fail_msg("DGEMMA_CUBLAS_POOL=%s: \"%s\" lacks \"%s\"", bad[i].v, dg_last_error(), want);
     assert_null(getenv("CUBLAS_WORKSPACE_CONFIG"));
   }

@@ -815,7 +815,7 @@ static void test_big_alloc(void **state) {
   assert_int_equal(huge, thp);
   fill_check(p, 3 * H, 5);
   free(p);
-  /* DGEMMA_THP: "1" turns it on; unset or anything else leaves it off */
+  /* DGEMMA_THP: "1" turns it on; unset, "0" or anything else (a value dg_switches_check refuses) leaves it off */
   const char *e = getenv("DGEMMA_THP");
   char *ev = e ? strdup(e) : NULL;
   unsetenv("DGEMMA_THP");

@@ -1780,9 +1780,11 @@ int dg_cli_bench(dg_model *m, const bench_opts *o) {
     fprintf(stderr, "dgemma bench: %s; see `dgemma bench --help`\n", err);
     return 2;
   }
-  if (m && !do_ceil) { /* a DGEMMA_ENC_CHUNK that every CUDA context would refuse: said before the ceilings too */
+  { /* a switch value that every context would refuse (DGEMMA_ENC_CHUNK on CUDA, ...): said before the ceilings too;
+     * without a model the host's (DGEMMA_THP: the ceilings' weight stacks) */
     dg_model_info mi;
-    if (dg_model_get_info(m, &mi) == DG_OK && mi.device == DG_DEVICE_CUDA && dg_cuda_enc_chunk(NULL) != DG_OK) {
+    const dg_device dev = m && dg_model_get_info(m, &mi) == DG_OK ? mi.device : DG_DEVICE_CPU;
+    if (dg_switches_check(dev) != DG_OK) {
       fprintf(stderr, "dgemma bench: %s\n", dg_last_error());
       return 2;
     }

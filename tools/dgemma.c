@@ -463,10 +463,16 @@ static int32_t *parse_ids(const char *arg, size_t *n) {
   return ids;
 }
 
+/* $DGEMMA_MODEL when set and not empty, else NULL (the one reader of the variable). */
+static const char *env_model(void) {
+  const char *env = getenv("DGEMMA_MODEL");
+  return env && *env ? env : NULL;
+}
+
 static const char *default_model(void) {
   static char buf[PATH_MAX + 64];
-  const char *env = getenv("DGEMMA_MODEL");
-  if (env && *env) return env;
+  const char *env = env_model();
+  if (env) return env;
   char exe[PATH_MAX];
   ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (k > 0) {
@@ -777,9 +783,9 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
   dg_status st = dg_model_load(dir, &mp, &m);
   if (st) {
     fprintf(stderr, "dgemma: cannot load model %s\n", dir);
-    const char *env = getenv("DGEMMA_MODEL");
+    const char *env = env_model();
     if (!o->model && st == DG_ERR_NOT_FOUND) {
-      if (env && *env)
+      if (env)
         fprintf(stderr, "  (no -m given, so $DGEMMA_MODEL: %s; set it to a model directory, or pass -m MODEL_DIR)\n",
                 env);
       else

@@ -24,6 +24,7 @@
 #endif
 
 #include "backend/backend.h"
+#include "backend/switches.h"
 #include "base/dg_error.h"
 #include "model/context.h"
 #include "model/model.h"
@@ -108,9 +109,11 @@ dg_status dg_cuda_api_get(const struct dg_cuda_api **out) {
 }
 
 dg_status dg_model_load(const char *dir, const dg_model_params *params, dg_model **out) {
+  const dg_model_params p = params ? *params : dg_model_default_params();
+  if (out) *out = NULL;
+  DG_TRY(dg_switches_check(p.device)); /* before the load: DGEMMA_THP shapes its allocations */
   DG_TRY(dg_model_load_host(dir, params, out));
   dg_model *m = *out;
-  const dg_model_params p = params ? *params : dg_model_default_params();
   const dg_backend *bk = NULL;
   dg_status st = dg_backend_for(p.device, &bk);
   if (!st) {
@@ -134,6 +137,7 @@ dg_status dg_context_new(const dg_model *m, const dg_context_params *p, dg_conte
 dg_status dg_context_new_rows(const dg_model *m, const dg_context_params *p, int32_t rows, dg_context **out) {
   if (!m || !out) return dg_seterr(DG_ERR_INVALID_ARG, "dg_context_new: NULL argument");
   *out = NULL;
+  DG_TRY(dg_switches_check(m->bk == dg_backend_cpu() ? DG_DEVICE_CPU : DG_DEVICE_CUDA));
   const dg_config *c = &m->cfg;
   int32_t cap = p && p->max_context > 0 ? p->max_context : 4096;
   if (cap > c->max_position_embeddings) cap = c->max_position_embeddings;
@@ -228,21 +232,10 @@ dg_status dg_cpu_kernels(const char **name) {
 /* Here, beside the plugin's loader, because the CUDA plugin calls it (dg_cuda_ctx_new): a symbol of an object that
  * every program opening the plugin links. */
 dg_status dg_cuda_enc_chunk(int32_t *chunk) {
-  if (chunk) *chunk = DG_CUDA_ENC_CHUNK;
-  const char *v = getenv("DGEMMA_ENC_CHUNK");
-  if (!v || !*v) return DG_OK;
-  char *end = NULL;
-  const long n = strtol(v, &end, 10);
-  if (end != v && !*end && n >= 64 && n <= 4096 && n % 64 == 0) {
-    if (chunk) *chunk = (int32_t)n;
-    return DG_OK;
-  }
-  char q[64];
-  const int cut = dg_env_quote(v, q, sizeof q);
-  return dg_seterr(DG_ERR_INVALID_ARG,
-                   "DGEMMA_ENC_CHUNK=\"%s%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder "
-                   "pass; unset: %d)",
-                   q, cut ? "..." : "", DG_CUDA_ENC_CHUNK);
+  long v[2];
+  const dg_status st = dg_sw_read(dg_sw_of(DG_SW_ENC_CHUNK), v); /* the table's DG_SW_ENC_CHUNK (switches.c) */
+  if (chunk) *chunk = (int32_t)v[0];
+  return st;
 }
 
 dg_status dg_context_profile(dg_context *ctx, int on) {

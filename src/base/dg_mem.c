@@ -1,15 +1,13 @@
 /* dg_mem.c: see dg_mem.h. */
 #include "base/dg_mem.h"
+#include "backend/switches.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-int dg_big_alloc_wants_huge(void) {
-  const char *e = getenv("DGEMMA_THP");
-  return e && !strcmp(e, "1");
-}
+int dg_big_alloc_wants_huge(void) { return dg_sw_get(DG_SW_THP) == 1; }
 
 #ifdef MADV_HUGEPAGE
 #define DG_MADV_HUGEPAGE MADV_HUGEPAGE

@@ -39,7 +39,8 @@ void *dg_big_alloc(size_t bytes, int *huge);
  * of madvise (NULL: madvise): the seam the tests use to make it fail. */
 void *dg_big_alloc_with(size_t bytes, int want_huge, dg_advise_fn advise, int *huge);
 
-/* 1 when DGEMMA_THP is "1" (read at each call), else 0. */
+/* 1 when DGEMMA_THP is "1" (read at each call; backend/switches.h), else 0 (unset, "0", or a value
+ * dg_switches_check refuses). */
 int dg_big_alloc_wants_huge(void);
 
 #endif

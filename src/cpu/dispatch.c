@@ -74,14 +74,4 @@ const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
   return best;
 }
 
-int dg_env_quote(const char *s, char *v, size_t n) {
-  size_t k = 0;
-  const unsigned char *c = (const unsigned char *)s;
-  for (; *c && k + 5 < n; c++)
-    k += (size_t)(*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\' ? snprintf(v + k, n - k, "\\x%02x", *c)
-                                                                      : snprintf(v + k, n - k, "%c", *c));
-  v[k] = '\0';
-  return *c != 0;
-}
-
 const dg_kernels *dg_kernels_best(void) { return dg_kernels_pick(getenv("DGEMMA_KERNELS"), NULL, 0); }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "base/weight.h" /* dg_weight (and dtype.h: dg_dtype, the bf16/f16 conversions) */
+#include "base/envsw.h" /* dg_env_quote */
 
 typedef struct dg_kernels {
   const char *name;
@@ -70,10 +71,6 @@ const dg_kernels *dg_kernels_ref(void);
  * the choice (avx512lp and avx2lp are never chosen by default). */
 const dg_kernels *dg_kernels_best(void);
 
-/* An environment variable's value s quoted for a one-line message: control characters, '"' and '\\' as \\xHH, written
- * into v (n bytes, NUL-terminated) and cut where it would not fit; returns 1 if it was cut (print "..."), else 0. Used by
- * the DGEMMA_KERNELS and DGEMMA_CPU_PACK errors. */
-int dg_env_quote(const char *s, char *v, size_t n);
 /* The set DGEMMA_KERNELS = env asks for (env NULL or "": the default, the best
  * exact set AVX-512 > AVX2 > ref; "avx512lp" and "avx2lp" only on request). A
  * name that is none of ref, avx2, avx512, avx512lp, avx2lp, or a set this CPU lacks, gives the best

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/attention.cuh"
 #include "cuda/attention_wq.cuh"
 #include "cuda/attention_wqc.cuh"
@@ -460,21 +461,14 @@ static int attn_known(long n) {
 /* the versions that run wgmma (sm_90a code only) */
 static int attn_wgmma(int v) { return v == DG_ATT_WQ || v == DG_ATT_WQC || v == DG_ATT_WQB; }
 
-/* DGEMMA_ATTN's N or N,M into v[0], v[1]; 0 when unset or not one of the accepted values (v untouched) */
+/* DGEMMA_ATTN's N or N,M into v[0], v[1] (backend/switches.c: the versions attn_known takes); 0 when unset or
+ * not one of the accepted values (v untouched: dg_switches_check refused such a value before the context) */
 static int attn_env(int v[2]) {
-  const char *e = getenv("DGEMMA_ATTN");
-  if (!e || !*e) return 0;
-  char *end = NULL;
-  const long n = strtol(e, &end, 10);
-  const int ok_n = end != e && attn_known(n);
-  if (!ok_n || (*end != '\0' && *end != ',')) return 0; /* anything else keeps the default, as DGEMMA_ROUTE does */
-  v[0] = v[1] = (int)n;
-  if (*end == ',' && end[1]) {
-    char *end2 = NULL;
-    const long m = strtol(end + 1, &end2, 10);
-    if (end2 != end + 1 && !*end2 && attn_known(m)) v[1] = (int)m;
-    else v[1] = 6; /* a second value that is not a version: 6 there, as before */
-  }
+  long e[2];
+  dg_sw_get2(DG_SW_ATTN, e);
+  if (e[0] < 0 || !attn_known(e[0]) || !attn_known(e[1])) return 0;
+  v[0] = (int)e[0];
+  v[1] = (int)e[1];
   return 1;
 }
 

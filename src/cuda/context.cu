@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 
 /* ---- context ---------------------------------------------------------------- */
@@ -26,11 +27,8 @@ struct ctx_priv {
 };
 
 /* DGEMMA_SC_INPLACE=0: the self-conditioning probabilities P [C, V] bf16 in a buffer of their own (as before
- * session 29); unset or anything else: in place (common.cuh's sc_group; read once). */
-static const int sc_inplace = [] {
-  const char *v = getenv("DGEMMA_SC_INPLACE");
-  return !(v && !strcmp(v, "0"));
-}();
+ * session 29); unset or 1: in place (common.cuh's sc_group; read once; backend/switches.c). */
+static const int sc_inplace = dg_sw_get(DG_SW_SC_INPLACE) != 0;
 /* The launch group of P written in place for a canvas of C rows (0: not in place): C / 8 rows, at least 1, so that
  * the head buffer is an eighth of P (16 MiB at the 26B's C 256, V 262,144); C < 2 has no room for it. */
 static int sc_group_for(int32_t C) { return !sc_inplace || C < 2 ? 0 : C >= 8 ? C / 8 : 1; }
@@ -60,22 +58,14 @@ static size_t blas_ws_bytes(int device) {
  * DGEMMA_BRANCH_WS_KIB=32768 gives the earlier default (the A/B of the speed). */
 #define SIDE_WS_DEFAULT ((size_t)4 << 20)
 static long side_ws_kib_env(void) {
-  static const long kib = [] {
-    const char *v = getenv("DGEMMA_BRANCH_WS_KIB");
-    char *end = NULL;
-    const long n = v && *v ? strtol(v, &end, 10) : 0;
-    return end && !*end && n >= 1 && n <= 32768 ? n : 0L;
-  }();
+  static const long kib = dg_sw_get(DG_SW_BRANCH_WS_KIB); /* 0 when unset (backend/switches.c) */
   return kib;
 }
 /* DGEMMA_BRANCH_HANDLE=one (read once): the dense branch's products on c's own cuBLAS handle, moved onto the side's
  * stream and workspace for the branch and back (passes.cu, ffn_branches), instead of a second handle: the memory
  * of one cublasCreate less per context (its share: the DGEMMA_CUDA_MEMLOG lines of ctx_stream and ctx_side). Off by
  * default until a GPU run of test_branch shows the one-stream order's words with it (docs/cuda.md, session 29). */
-static const int side_one_handle = [] {
-  const char *v = getenv("DGEMMA_BRANCH_HANDLE");
-  return v && !strcmp(v, "one");
-}();
+static const int side_one_handle = dg_sw_get(DG_SW_BRANCH_HANDLE) == 1;
 
 /* The bytes of c's cuBLAS workspace and of the side's (passes.cu's one-handle branch sets them on c->blas). */
 size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c) { return blas_ws_bytes(c->m->device); }
@@ -84,8 +74,7 @@ size_t ctx_side_ws_bytes(const dg_cuda_ctx *c);
 static size_t side_ws_bytes(int device) {
   const long kib = side_ws_kib_env();
   if (kib) return (size_t)kib << 10;
-  const char *pin = getenv("DGEMMA_GEMM_PIN");
-  if ((pin && !strcmp(pin, "1")) || stack_dense_now() == 2) return blas_ws_bytes(device);
+  if (dg_sw_get(DG_SW_GEMM_PIN) == 1 || stack_dense_now() == 2) return blas_ws_bytes(device);
   const size_t full = blas_ws_bytes(device);
   return SIDE_WS_DEFAULT < full ? SIDE_WS_DEFAULT : full;
 }
@@ -467,10 +456,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->side.on = dg_cuda_branch_now(); /* before the layout: its workspace is carved only then */
   pv->side_ws = c->side.on ? side_ws_bytes(m->device) : 0;
   c->sc_group = sc_group_for((int32_t)z.C); /* before the layout */
-  {
-    const char *dbg = getenv("DGEMMA_CUDA_SYNC");
-    c->debug_sync = dbg && *dbg == '1';
-  }
+  c->debug_sync = dg_sw_get(DG_SW_CUDA_SYNC) == 1;
   mem_log("context: before its block");
   dg_status st = ctx_buffers(pv, &z);
   if (st == DG_OK && pv->dev) {

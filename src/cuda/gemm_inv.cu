@@ -30,18 +30,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 
-/* DGEMMA_STACK_DENSE: unset or anything else 0 (the dense products of a stacked pass per canvas, cuBLAS's default),
+/* DGEMMA_STACK_DENSE: unset or "0" 0 (the dense products of a stacked pass per canvas, cuBLAS's default),
  * "1" 1 (once over the stack's rows, cuBLAS's default: a canvas's bits may differ from its single run), "inv" 2
  * (once over the stack's rows, every product of every pass through the invariant algorithms above). Read once when
- * the library loads; dg_cuda_stack_dense_set overrides it (tests). */
-static int stack_dense_from_env(void) {
-  const char *v = getenv("DGEMMA_STACK_DENSE");
-  if (v && !strcmp(v, "1")) return 1;
-  if (v && !strcmp(v, "inv")) return 2;
-  return 0;
-}
+ * the library loads (backend/switches.c); dg_cuda_stack_dense_set overrides it (tests). */
+static int stack_dense_from_env(void) { return (int)dg_sw_get(DG_SW_STACK_DENSE); }
 static const int stack_dense_env = stack_dense_from_env();
 static int stack_dense_override = -1;
 void dg_cuda_stack_dense_set(int mode) { stack_dense_override = mode >= 0 && mode <= 2 ? mode : -1; }

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 
 #ifndef DG_CUDA_EMU
@@ -52,10 +53,7 @@ struct dg_gemm_pins {
 /* Off unless DGEMMA_GEMM_PIN=1: the first H200 run of the pins (session 14) rebuilt them with
  * cublasLtMatmulAlgoInit, which cublasLt refused there; this form (the heuristic list's own entry) has not run on a
  * GPU yet. test_gemm_pins forces them on (gemm_pins_init's force) whatever the setting. */
-static int pins_from_env(void) {
-  const char *v = getenv("DGEMMA_GEMM_PIN");
-  return v && !strcmp(v, "1");
-}
+static int pins_from_env(void) { return dg_sw_get(DG_SW_GEMM_PIN) == 1; } /* backend/switches.c */
 
 /* The pins were measured on an H200: compute capability 9.0 only. */
 int gemm_pins_device(void) {

@@ -43,9 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
-
-#define GRAPH_CAP_DEFAULT 32
 
 typedef struct graph_ent {
   dg_graph_key key;
@@ -66,18 +65,9 @@ struct dg_cuda_graphs {
   dg_cuda_graph_stats st;
 };
 
-static int graphs_asked_from_env(void) { /* on unless DGEMMA_GRAPHS=0 */
-  const char *v = getenv("DGEMMA_GRAPHS");
-  return !(v && v[0] == '0' && !v[1]);
-}
-
-static int graphs_cap_from_env(void) {
-  const char *v = getenv("DGEMMA_GRAPHS_MAX");
-  if (!v || !*v) return GRAPH_CAP_DEFAULT;
-  char *end = NULL;
-  const long n = strtol(v, &end, 10);
-  return end && !*end && n >= 1 && n <= 1024 ? (int)n : GRAPH_CAP_DEFAULT;
-}
+/* on unless DGEMMA_GRAPHS=0; DGEMMA_GRAPHS_MAX entries at most, 1..1024, 32 when unset (backend/switches.c) */
+static int graphs_asked_from_env(void) { return dg_sw_get(DG_SW_GRAPHS) != 0; }
+static int graphs_cap_from_env(void) { return (int)dg_sw_get(DG_SW_GRAPHS_MAX); }
 
 dg_status graph_init(dg_cuda_ctx *c) {
   dg_cuda_graphs *g = (dg_cuda_graphs *)calloc(1, sizeof *g);

@@ -18,6 +18,7 @@
 
 #include <initializer_list>
 
+#include "backend/switches.h"
 #include "cuda/kernels.cuh"
 
 #define NT 256 /* threads of the row kernels */
@@ -25,22 +26,16 @@
 /* Every kernel launched with programmatic dependent launch (common.cuh, DG_LAUNCH) unless DGEMMA_PDL=0; read once
  * when the library loads. On by default since session 8's H200 run: test_cuda passed with and without, and the vllm
  * protocol went 1,110.4 -> 1,160.8 tok/s (docs/measurements.md). */
-static int pdl_from_env(void) {
-  const char *v = getenv("DGEMMA_PDL");
-  return !(v && v[0] == '0' && !v[1]);
-}
+static int pdl_from_env(void) { return dg_sw_get(DG_SW_PDL) != 0; } /* backend/switches.c */
 int dg_cuda_pdl = pdl_from_env();
 
-/* DGEMMA_INITCHECK=1 (read once when the library loads; any other value or none: off): every cuBLAS product's output
+/* DGEMMA_INITCHECK=1 (read once when the library loads; unset or 0: off): every cuBLAS product's output
  * is cleared (cudaMemset2DAsync) before the product writes it. For compute-sanitizer's initcheck only, which does not
  * see the stores of cuBLAS's nvjet kernels (session 19, dev/cuda/initcheck_gemm.cu: every element of a correct product
  * reported unwritten) and so reports every later read of a product as uninitialized. With the clear, a read initcheck
  * reports is one of memory nothing wrote; an element cuBLAS failed to write would read 0, which the tests' comparisons
  * with the CPU catch. No effect on any output. */
-static int initcheck_from_env(void) {
-  const char *v = getenv("DGEMMA_INITCHECK");
-  return v && v[0] == '1' && !v[1];
-}
+static int initcheck_from_env(void) { return dg_sw_get(DG_SW_INITCHECK) == 1; }
 int dg_cuda_initcheck = initcheck_from_env();
 
 /* ---- reductions ---------------------------------------------------------- */
@@ -834,10 +829,7 @@ cudaError_t k_ffn_combine(cudaStream_t s, float *x, const float *dense, const fl
 
 /* DGEMMA_COMBINE=pre: k_ffn_combine_norm takes version 2 (ffn_combine_row_kernel's PRE); read once when the library
  * loads; not the default until timed on a GPU (dev/cuda/step_kernels.cu's "ffn_combine + next norm" rows). */
-static int combine_from_env(void) {
-  const char *v = getenv("DGEMMA_COMBINE");
-  return v && !strcmp(v, "pre") ? 2 : 0;
-}
+static int combine_from_env(void) { return (int)dg_sw_get(DG_SW_COMBINE); } /* "pre" 2, unset 0 */
 static const int combine_default = combine_from_env();
 
 cudaError_t k_ffn_combine_norm(cudaStream_t s, float *x, const float *dense, const float *y, const int32_t *slot_row,

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <mma.h>
 
+#include "backend/switches.h"
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 
@@ -347,16 +348,11 @@ __global__ void __launch_bounds__(ROUTE_THREADS) route_kernel(const float *part,
  * two serial tails made short (mode 6, session 29: the copy's loads first as mode 4, the placement's table loads all in
  * flight at once, ro_place, and the last block's copy after its placement; not yet measured on a GPU). Read once when
  * the library loads. */
-static int route_mode_from_env(void) {
-  const char *v = getenv("DGEMMA_ROUTE");
-  if (v && !strcmp(v, "fused")) return 1;
-  if (v && (!strcmp(v, "chain") || !strcmp(v, "split"))) return 0; /* split: session 11's name for the chain */
-  if (v && !strcmp(v, "tiles")) return 2;
-  if (v && !strcmp(v, "deep")) return 4; /* session 22: router_tile_deep_kernel + route_gr_kernel<JP, 1> */
-  if (v && !strcmp(v, "one")) return 5;  /* session 29: router_one_kernel (below; mode 3 where it does not cover) */
-  if (v && !strcmp(v, "gridp")) return 6; /* session 29: mode 3 with route_gr_kernel<JP, 1, 1> (below) */
-  return 3; /* DGEMMA_ROUTE=grid, or unset */
-}
+/* The words and their modes: backend/switches.c's route_w, route_v: fused 1, chain and split 0 (split: session 11's
+ * name for the chain), tiles 2, deep 4 (session 22: router_tile_deep_kernel + route_gr_kernel<JP, 1>), one 5
+ * (session 29: router_one_kernel, below; mode 3 where it does not cover), gridp 6 (session 29: mode 3 with
+ * route_gr_kernel<JP, 1, 1>, below), grid or unset 3. */
+static int route_mode_from_env(void) { return (int)dg_sw_get(DG_SW_ROUTE); }
 static const int route_mode_default = route_mode_from_env();
 static int route_mode(int mode) { return mode < 0 ? route_mode_default : mode; }
 static int route_use_fused(int mode, int T, int K) { return route_mode(mode) == 1 && T * K <= ROUTE_FUSED_MAX_PAIRS; }
@@ -1068,10 +1064,7 @@ static int route_gr_warps(int T, int E, int K) {
 }
 
 /* DGEMMA_ROUTE_COOP=1: route_gr_kernel through a cooperative launch (above); read once when the library loads. */
-static int route_coop_from_env(void) {
-  const char *v = getenv("DGEMMA_ROUTE_COOP");
-  return v && !strcmp(v, "1");
-}
+static int route_coop_from_env(void) { return dg_sw_get(DG_SW_ROUTE_COOP) == 1; }
 static const int route_coop = route_coop_from_env();
 
 /* Whether nb blocks of route_gr_kernel<JP> of W warps are resident at once on the current device (the grid-wide
@@ -1651,11 +1644,7 @@ cudaError_t k_bexperts(cudaStream_t s, int gateup, const dg_cuda_w *W, const bf1
  * expert's weights) for every product instead of qe_nt's choice by the average rows per expert; read once. For
  * measuring the stacked batches' regime (an expert of more rows than 8 N streams its weights once per pass: more
  * passes at a smaller N, but more blocks per SM). */
-static int qe_nt_from_env(void) {
-  const char *v = getenv("DGEMMA_QE_NT");
-  const int n = v && v[0] >= '1' && v[0] <= '8' && !v[1] ? v[0] - '0' : 0;
-  return n == 6 || n == 7 ? 0 : n;
-}
+static int qe_nt_from_env(void) { return (int)dg_sw_get(DG_SW_QE_NT); } /* 0 when unset (backend/switches.c) */
 static const int qe_nt_env = qe_nt_from_env();
 
 static cudaError_t experts_nt(cudaStream_t s, const dg_cuda_layer *l, const bf16 *xe, dg_cuda_moe_buf *b, int T,

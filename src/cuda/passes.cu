@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 
 /* ---- products ----------------------------------------------------------------- */
@@ -64,10 +65,7 @@ dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_
 /* The two branches of a layer concurrent (ffn_branches, below): the default since H200 session 17 (vllm protocol on
  * the 26B, 1,211.3 -> 1,219.7 tok/s alone, 1,221.8 -> 1,234.6 with the zstore chain); DGEMMA_BRANCH=0 runs them one
  * after another. Read once when the library loads; dg_cuda_branch_set overrides it. */
-static int branch_from_env(void) {
-  const char *v = getenv("DGEMMA_BRANCH");
-  return !(v && v[0] == '0' && !v[1]);
-}
+static int branch_from_env(void) { return dg_sw_get(DG_SW_BRANCH) != 0; } /* backend/switches.c */
 static const int branch_env = branch_from_env();
 static int branch_override = -1;
 void dg_cuda_branch_set(int on) { branch_override = on == 0 || on == 1 ? on : -1; }
@@ -350,12 +348,7 @@ extern "C" dg_status dg_cuda_encode(dg_cuda_ctx *c, const int32_t *ids, int32_t 
  * session 17** (vllm protocol on the 26B: 1,211.3 -> 1,221.8 tok/s; LM head + self-conditioning + statistics 1.785 ->
  * 1.662 ms per pass); DGEMMA_VOCAB=chain gives the chain back. Read once when the library loads: 0 the chain,
  * 1 fused, 2 zstore; dg_cuda_vocab_set overrides it (the tests). */
-static int vocab_mode_from_env(void) {
-  const char *v = getenv("DGEMMA_VOCAB");
-  if (v && !strcmp(v, "chain")) return 0;
-  if (v && !strcmp(v, "fused")) return 1;
-  return 2;
-}
+static int vocab_mode_from_env(void) { return (int)dg_sw_get(DG_SW_VOCAB); } /* chain 0, fused 1, zstore or unset 2 */
 static const int vocab_mode_env = vocab_mode_from_env();
 static int vocab_mode_override = -1;
 void dg_cuda_vocab_set(int mode) { vocab_mode_override = mode >= 0 && mode <= 2 ? mode : -1; }

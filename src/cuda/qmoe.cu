@@ -1,6 +1,7 @@
 /* qmoe.cu: the gathered MoE products over MLX affine-quantized expert stacks
  * on tensor cores (spec 4.6 step 4): host launchers and the group sums. The
  * kernel, its math and layout: qmoe.cuh; its instantiations: qmoe_b*.cu. */
+#include "backend/switches.h"
 #include "cuda/qmoe_fg.cuh"
 
 extern template cudaError_t qe_launch_bits<2, 0>(cudaStream_t, dim3, int, const qe_args &);
@@ -47,10 +48,7 @@ void qr_dq_set(int n) { qr_dq_override = n; }
 int qr_dq_from(void) {
   if (qr_dq_override >= 0) return qr_dq_override;
   static int v = -1; /* read once (a data race on first use writes the same value) */
-  if (v < 0) {
-    const char *e = getenv("DGEMMA_QR_DQ");
-    v = e && e[0] >= '4' && e[0] <= '8' && !e[1] ? e[0] - '0' : 0;
-  }
+  if (v < 0) v = (int)dg_sw_get(DG_SW_QR_DQ); /* 4..8, 0 when unset (backend/switches.c) */
   return v;
 }
 
@@ -77,10 +75,7 @@ void qr_dn_fuse_set(int on) { dn_fuse_override = on; }
 static int dn_fuse_on(void) {
   if (dn_fuse_override >= 0) return dn_fuse_override;
   static int v = -1; /* read once (a data race on first use writes the same value) */
-  if (v < 0) {
-    const char *e = getenv("DGEMMA_DN_FUSE");
-    v = e && e[0] == '1' && !e[1];
-  }
+  if (v < 0) v = dg_sw_get(DG_SW_DN_FUSE) == 1;
   return v;
 }
 
@@ -90,10 +85,7 @@ void qr_experts_fg_set(int on) { experts_fg_override = on; }
 static int experts_fg_on(void) {
   if (experts_fg_override >= 0) return experts_fg_override;
   static int v = -1; /* read once (a data race on first use writes the same value) */
-  if (v < 0) {
-    const char *e = getenv("DGEMMA_EXPERTS_FG");
-    v = e && e[0] == '1' && !e[1];
-  }
+  if (v < 0) v = dg_sw_get(DG_SW_EXPERTS_FG) == 1;
   return v;
 }
 
@@ -288,10 +280,7 @@ __global__ void __launch_bounds__(GSP_THREADS) group_sums_perm_flat_kernel(const
 
 /* DGEMMA_GSP=flat: k_group_sums_perm takes version 2 (above); read once when the library loads; not the default
  * until timed on a GPU (dev/cuda/step_kernels.cu's "gate/up input copy" and "down input copy" rows). */
-static int gsp_from_env(void) {
-  const char *v = getenv("DGEMMA_GSP");
-  return v && !strcmp(v, "flat") ? 2 : 0;
-}
+static int gsp_from_env(void) { return (int)dg_sw_get(DG_SW_GSP); } /* "flat" 2, unset 0 */
 static const int gsp_default = gsp_from_env();
 
 cudaError_t k_group_sums_perm_v(cudaStream_t s, int version, const bf16 *x, int rows, int cols, int G, float *out,

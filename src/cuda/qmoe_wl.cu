@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 #include "cuda/qmoe_wl.cuh"
 
@@ -28,10 +29,7 @@ void qr_wl_set(int on) { wl_override = on; }
 int qr_wl_on(void) {
   if (wl_override >= 0) return wl_override;
   static int v = -1; /* read once (a data race on first use writes the same value) */
-  if (v < 0) {
-    const char *e = getenv("DGEMMA_WL");
-    v = e && e[0] == '1' && !e[1];
-  }
+  if (v < 0) v = dg_sw_get(DG_SW_WL) == 1; /* backend/switches.c */
   return v;
 }
 

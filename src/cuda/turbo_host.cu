@@ -8,16 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 
 /* ---- turbo engine (spec 7; host engine src/sample/turbo.c, kernels turbo.cu) -------------- */
 
 /* DGEMMA_SC_PROBS (host.cuh sc_probs_now): "row" the one-block-per-row kernel, else the table kernels. */
 static int sc_probs_override = -1;
-static const int sc_probs_env = [] {
-  const char *v = getenv("DGEMMA_SC_PROBS");
-  return v && !strcmp(v, "row") ? 0 : 1;
-}();
+static const int sc_probs_env = (int)dg_sw_get(DG_SW_SC_PROBS); /* "row" 0, unset 1 (backend/switches.c) */
 int sc_probs_now(void) { return sc_probs_override >= 0 ? sc_probs_override : sc_probs_env; }
 void dg_cuda_sc_probs_set(int mode) { sc_probs_override = mode < 0 ? -1 : mode != 0; }
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/switches.h"
 #include "cuda/host.cuh"
 #include "cuda/qmoe_r.cuh"
 #include "base/dtype.h"
@@ -145,8 +146,7 @@ void dfree_all(alloc_list *al) {
 /* One cudaMalloc of bytes as al's arena (recorded in al, freed by dfree_all); 0 when DGEMMA_WEIGHT_BLOCK=0 (one
  * cudaMalloc per matrix, as before session 28) or the allocation fails (dalloc then allocates each on its own). */
 static int arena_new(alloc_list *al, size_t bytes) {
-  const char *v = getenv("DGEMMA_WEIGHT_BLOCK");
-  if (v && !strcmp(v, "0")) return 0;
+  if (dg_sw_get(DG_SW_WEIGHT_BLOCK) == 0) return 0; /* backend/switches.c */
   void *p = NULL;
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -170,10 +170,7 @@ static int arena_new(alloc_list *al, size_t bytes) {
 }
 
 static int memlog_on(void) {
-  static const int on = [] {
-    const char *v = getenv("DGEMMA_CUDA_MEMLOG");
-    return v && *v == '1';
-  }();
+  static const int on = dg_sw_get(DG_SW_CUDA_MEMLOG) == 1;
   return on;
 }
 
@@ -203,8 +200,7 @@ void mem_log(const char *where) {
  * refusal (a FIFO or heap set after a kernel that uses it ran) is ignored: the limit stays as it was. */
 static void dev_limits(void) {
 #ifndef DG_CUDA_EMU
-  const char *v = getenv("DGEMMA_CUDA_LIMITS");
-  if (v && !strcmp(v, "0")) return;
+  if (dg_sw_get(DG_SW_CUDA_LIMITS) == 0) return; /* backend/switches.c */
   (void)cudaDeviceSetLimit(cudaLimitStackSize, 0);
   (void)cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 0);
   (void)cudaDeviceSetLimit(cudaLimitMallocHeapSize, 0);
@@ -577,17 +573,10 @@ static dg_status upload_all(alloc_list *al, dg_cuda_model *m, const dg_cuda_mode
  * session 29 helper mm12); bench's ceiling GEMM (ceil.cu), the one handle without a workspace of ours, then runs on
  * the small pool. Anything else: DG_ERR_INVALID_ARG naming the variable and the value. */
 static dg_status cublas_pool_env(void) {
-  const char *v = getenv("DGEMMA_CUBLAS_POOL");
-  if (!v || !*v || !strcmp(v, "default")) return DG_OK;
-  const char *cfg = !strcmp(v, "small") ? ":16:8" : !strcmp(v, "zero") ? ":0:0" : NULL;
-  if (!cfg) {
-    char q[40];
-    size_t i = 0;
-    for (; v[i] && i + 1 < sizeof q; i++) q[i] = v[i] >= 0x20 && v[i] < 0x7f ? v[i] : '?';
-    q[i] = 0;
-    return dg_seterr(DG_ERR_INVALID_ARG, "DGEMMA_CUBLAS_POOL=\"%s%s\" is not default, small or zero (cuBLAS's "
-                     "default workspace pool per handle: unset or default keeps it)", q, v[i] ? "..." : "");
-  }
+  long pool[2];
+  DG_TRY(dg_sw_read(dg_sw_of(DG_SW_CUBLAS_POOL), pool)); /* default 0, small 1, zero 2 (backend/switches.c) */
+  if (pool[0] == 0) return DG_OK;
+  const char *cfg = pool[0] == 1 ? ":16:8" : ":0:0";
   const char *u = getenv("CUBLAS_WORKSPACE_CONFIG");
   if (!u || !*u) setenv("CUBLAS_WORKSPACE_CONFIG", cfg, 1);
   return DG_OK;

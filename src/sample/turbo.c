@@ -81,6 +81,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/switches.h"
 #include "model/context.h"
 #include "base/dg_error.h"
 #include "model/model.h"
@@ -578,10 +579,7 @@ static dg_status seqs_after_forward(dg_context *work, turbo_seq *const *qs, int3
   /* DGEMMA_TURBO_BATCH=0: one sequence after another as before session 27 (each canvas's top-K and SC rows on its
    * own stream; for comparison: the same tokens) */
   static int env = -1;
-  if (env < 0) {
-    const char *v = getenv("DGEMMA_TURBO_BATCH");
-    env = !(v && !strcmp(v, "0"));
-  }
+  if (env < 0) env = dg_sw_get(DG_SW_TURBO_BATCH) != 0;
   const dg_backend *bk = work ? work->m->bk : NULL;
   if (!env || !bk || !bk->head_topk_batch || !bk->sc_rows_batch || n < 2) {
     for (int32_t i = 0; i < n; i++) st[i] = seq_after_forward(qs[i]);
