@@ -841,7 +841,14 @@ NTILE_SEQ(2, 4, ntiles_2_4x1) NTILE_SEQ(4, 4, ntiles_4_4x1) NTILE_SEQ(8, 4, ntil
 static inline __attribute__((always_inline)) __m512i mv1_dot(__m512i v, const int8_t *xr, int B) {
   __asm__("" : "+v"(v)); /* v in a register: one load of the step, not one folded into each plane's operation */
   __m512i ps = _mm512_setzero_si512();
-  _Pragma("GCC unroll 4") for (int u = 0; u < 8 / B; u++) ps = _mm512_dpbusd_epi32(ps, t_unpack(v, B, u), _mm512_load_si512(xr + u * 64));
+  /* the planes u = 0 .. 8 / B - 1 in order, written out (a "GCC unroll" over 8 / B is refused at -O1, where B is not
+   * yet a constant: CI's sanitizer build); B is 2, 4 or 8 here (the transposed tiles' widths) */
+#define MV1_PLANE(u) ps = _mm512_dpbusd_epi32(ps, t_unpack(v, B, u), _mm512_load_si512(xr + (u) * 64))
+  MV1_PLANE(0);
+  if (8 / B > 1) MV1_PLANE(1);
+  if (8 / B > 2) MV1_PLANE(2);
+  if (8 / B > 3) MV1_PLANE(3);
+#undef MV1_PLANE
   return ps;
 }
 /* NTILE's reduction tree: 8 steps' lane sums -> the 16 groups' sums in TR_GROUP[8]'s lanes. */
