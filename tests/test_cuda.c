@@ -1739,6 +1739,79 @@ static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3],
   dg_test_rm_dir(dir);
 }
 
+/* DGEMMA_SEG_STREAMS (issue 14; src/cuda/passes.cu seg_fork): a stacked pass's per-canvas products (q/k/v with its
+ * rope and K/V scatter, o-proj, the dense and SC MLPs, the LM heads) on several streams. turbo_batch_run's three
+ * canvases (one stack: q/k/v, o-proj and the dense MLP per canvas, two canvases with kept SC rows, three LM heads)
+ * with the switch at 1 (one stream: the order without it), 2 (canvases 0 and 2 on the issuing stream, 1 on its own)
+ * and 3 (each its own; the default B = 3 / 4 / 8 rows of the GPU call run 4): in each every canvas equals its own
+ * single run (batch_equals_singles: tokens, step count, every step's entropy bits, argmax and canvas), and the
+ * batch's tokens and step traces at 2 and 3 equal those at 1 word for word; the forks counted (seg_forks_total)
+ * show the streams were used at 2 and 3 and not at 1. Then the switch's values where a context is made: unset,
+ * empty, "1", "8" accepted; "0", "9", "-1", "x", "4x", " 4", "99999999999999999999" refused with
+ * DG_ERR_INVALID_ARG and the line naming the variable and value. Under the emulation, which runs every launch when
+ * it is made, the streams' launches run in another order than on one stream: a buffer two canvases' products shared
+ * (cuBLAS's workspace aside, which the emulation has none of) would change a canvas's words. */
+static void test_seg_streams(void **state) {
+  (void)state;
+  need_gpu();
+  if (as_cpu()) dg_test_skip("test_cuda: DG_TEST_CUDA_AS_CPU=1 has no device-only path to test here");
+  const char *old = getenv("DGEMMA_SEG_STREAMS");
+  char keep[64] = "";
+  if (old) snprintf(keep, sizeof keep, "%s", old);
+  unsetenv("DGEMMA_SEG_STREAMS");
+  static const int ns[3] = {1, 2, 3};
+  int32_t tok[3][3][512], nt[3][3];
+  uint64_t hh[3][3];
+  for (int k = 0; k < 3; k++) {
+    int64_t f0 = 0, f1 = 0;
+    assert_dg_ok(cut()->test_seg_streams(ns[k], &f0)); /* before the contexts (the work context too) are made */
+    turbo_batch_run(-1, tok[k], nt[k], hh[k]);
+    assert_dg_ok(cut()->test_seg_streams(-1, &f1));
+    printf("# DGEMMA_SEG_STREAMS=%d: %lld forks to the per-canvas streams\n", ns[k], (long long)(f1 - f0));
+    if (ns[k] == 1) assert_true(f1 == f0);
+    else assert_true(f1 > f0);
+  }
+  for (int k = 1; k < 3; k++)
+    for (int i = 0; i < 3; i++) {
+      assert_int_equal(nt[k][i], nt[0][i]);
+      assert_memory_equal(tok[k][i], tok[0][i], (size_t)nt[0][i] * 4);
+      assert_true(hh[k][i] == hh[0][i]);
+    }
+  printf("# DGEMMA_SEG_STREAMS 2 and 3: every canvas's tokens and step traces those of one stream\n");
+  /* the switch's values, where a context is made */
+  char dir[] = "/tmp/dg_cuda_segsXXXXXX";
+  synth_cfg sc = synth_default();
+  sc.dt = DG_BF16;
+  dg_model *m = load_synth_cuda(dir, &sc);
+  static const char *cases[] = {NULL, "", "1", "8", "0", "9", "-1", "x", "4x", "4.0", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i]) setenv("DGEMMA_SEG_STREAMS", cases[i], 1);
+    else unsetenv("DGEMMA_SEG_STREAMS");
+    const int good = i < 4;
+    dg_context_params cp = dg_context_default_params();
+    dg_context *x = (dg_context *)&x; /* not NULL: the call must set it */
+    const dg_status st = dg_context_new(m, &cp, &x);
+    if (good) {
+      assert_dg_ok(st);
+      assert_non_null(x);
+      dg_context_free(x);
+      continue;
+    }
+    assert_int_equal(st, DG_ERR_INVALID_ARG);
+    assert_null(x);
+    char want[256];
+    snprintf(want, sizeof want,
+             "DGEMMA_SEG_STREAMS=\"%s\" is not an integer in [1, 8] (streams for a stacked batch pass's per-canvas "
+             "products; unset: 1, off)",
+             cases[i]);
+    printf("# DGEMMA_SEG_STREAMS=\"%s\": dg_context_new: %s\n", cases[i], dg_last_error());
+    assert_string_equal(dg_last_error(), want);
+  }
+  if (old) setenv("DGEMMA_SEG_STREAMS", keep, 1);
+  else unsetenv("DGEMMA_SEG_STREAMS");
+  dg_model_free(m);  dg_test_rm_dir(dir);
+}
+
 /* More canvases than one table launch takes (DG_TB_TAB = 8): 9 canvases with exact SC, one canvas each (2 steps +
  * repair), prompts of 5..13 random ids, seeds 40..48. The batched pass's top-K and probabilities run as two table
  * launches (8 + 1 canvases), under DGEMMA_STACK_DENSE=inv (mode 2) the stacked SC product over all nine canvases'
@@ -4784,7 +4857,7 @@ int main(void) {
       cmocka_unit_test(test_replay),       cmocka_unit_test(test_sampled), cmocka_unit_test(test_refuse_too_big),
       cmocka_unit_test(test_step_stats), cmocka_unit_test(test_vocab_chain), cmocka_unit_test(test_vocab_modes),
       cmocka_unit_test(test_turbo_compact), cmocka_unit_test(test_turbo_topk), cmocka_unit_test(test_ctx_arena), cmocka_unit_test(test_weight_block), cmocka_unit_test(test_turbo_sc),
-      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_enc_view), cmocka_unit_test(test_cuda_copy),
+      cmocka_unit_test(test_turbo_generate), cmocka_unit_test(test_turbo_batch), cmocka_unit_test(test_turbo_batch_inv), cmocka_unit_test(test_turbo_batch9), cmocka_unit_test(test_seg_streams), cmocka_unit_test(test_turbo_sc_probs), cmocka_unit_test(test_turbo_continuous), cmocka_unit_test(test_cuda_truncate), cmocka_unit_test(test_enc_view), cmocka_unit_test(test_cuda_copy),
       cmocka_unit_test(test_graphs), cmocka_unit_test(test_branch),
       cmocka_unit_test(test_quant_matmul),
       cmocka_unit_test(test_quant_embed_soft), cmocka_unit_test(test_quant_experts), cmocka_unit_test(test_quant_expert_bodies), cmocka_unit_test(test_quant_experts_diet), cmocka_unit_test(test_quant_experts_lab), cmocka_unit_test(test_quant_experts_sk), cmocka_unit_test(test_quant_experts_fg), cmocka_unit_test(test_quant_experts_fgx), cmocka_unit_test(test_quant_experts_fgb), cmocka_unit_test(test_experts_fg_passes), cmocka_unit_test(test_wgmma), cmocka_unit_test(test_bulk_copy), cmocka_unit_test(test_quant_experts_wgmma), cmocka_unit_test(test_experts_dn_fuse), cmocka_unit_test(test_route), cmocka_unit_test(test_router_route), cmocka_unit_test(test_group_sums_perm), cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_batch), cmocka_unit_test(test_attention_choice), cmocka_unit_test(test_enc_chunk_refused), cmocka_unit_test(test_cublas_pool), cmocka_unit_test(test_profile), cmocka_unit_test(test_profile_encode), cmocka_unit_test(test_profile_batch),

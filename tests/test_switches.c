@@ -55,6 +55,8 @@ static const char *const pool_bad[] = {"Small", "small ", "1", NULL};
 static const good_val chunk_good[] = {{"64", 64, 64}, {"256", 256, 256}, {"1024", 1024, 1024}, {"4096", 4096, 4096},
                                       {"0128", 128, 128}, {NULL, 0, 0}};
 static const char *const chunk_bad[] = {"0", "32", "96", "100", "4160", "8192", "64abc", "1e3", NULL};
+static const good_val seg_good[] = {{"1", 1, 1}, {"4", 4, 4}, {"8", 8, 8}, {NULL, 0, 0}};
+static const char *const seg_bad[] = {"0", "9", "-1", "4x", "4.0", NULL};
 static const good_val gmax_good[] = {{"1", 1, 1}, {"2", 2, 2}, {"1024", 1024, 1024}, {NULL, 0, 0}};
 static const char *const gmax_bad[] = {"0", "1025", "2.5", "0x10", NULL};
 static const good_val flat_good[] = {{"flat", 2, 2}, {NULL, 0, 0}};
@@ -128,6 +130,8 @@ static const sw_case cases[] = {
      "the self-conditioning probabilities written over the logits; unset: 1"},
     {DG_SW_SC_PROBS, "DGEMMA_SC_PROBS", 1, 1, row_good, row_bad, "row",
      "the one-block-per-row self-conditioning kernel; unset: the table kernels"},
+    {DG_SW_SEG_STREAMS, "DGEMMA_SEG_STREAMS", 1, 1, seg_good, seg_bad, "an integer in [1, 8]",
+     "streams for a stacked batch pass's per-canvas products; unset: 1, off"},
     {DG_SW_STACK_DENSE, "DGEMMA_STACK_DENSE", 0, 0, dense_good, dense_bad, "one of 0, 1, inv",
      "a stacked pass's dense products once over the stack (1), batch-invariant (inv); unset: 0, per canvas"},
     {DG_SW_VOCAB, "DGEMMA_VOCAB", 2, 2, vocab_good, vocab_bad, "one of chain, fused, zstore",

@@ -263,6 +263,9 @@ typedef struct dg_att_ws {
  * its sliding layers attend in calls of at most this many rows (passes.cu layer_segs). */
 #define DG_RING_CHUNK 256
 
+/* The most streams DGEMMA_SEG_STREAMS may name (dg_cuda_ctx.segs). */
+#define DG_SEG_STREAMS_MAX 8
+
 struct dg_cuda_ctx {
   dg_cuda_model *m;
   cudaStream_t stream;
@@ -352,6 +355,30 @@ struct dg_cuda_ctx {
     cudaEvent_t fork, join; /* recorded on stream / side.stream, waited on by the other (no timing) */
     int64_t forks;         /* layers issued with the fork (host count, for the tests; a graph replay adds none) */
   } side;
+  /* DGEMMA_SEG_STREAMS=N (off by default; issue 14; passes.cu seg_fork / seg_to / seg_join): a stacked pass's
+   * per-canvas products (q/k/v with its rope and K/V scatter, o-proj, the dense and self-conditioning MLPs, the LM
+   * heads) issued on up to N streams, canvas g on stream g % N, forked from the issuing stream (c->stream, or the
+   * side's for the dense MLP) and joined into it before the next stage that reads all rows. Stream 0 is the issuing
+   * stream itself (its own cuBLAS workspace); streams 1..n-1, their workspaces and the stack's LM-head rows are made
+   * by seg_ready (context.cu) before the first stacked pass of a context made with N > 1 (the batch's work context),
+   * so that a single-sequence context holds none of it. */
+  struct dg_cuda_segs {
+    int want;                                /* N when the context was made (dg_cuda_seg_streams; 1: off) */
+    int n;                                   /* streams ready (0: seg_ready not run yet) */
+    cudaStream_t stream[DG_SEG_STREAMS_MAX]; /* [0] unused (the issuing stream); [1, n) non-blocking, ours */
+    cudaEvent_t fork, join[DG_SEG_STREAMS_MAX]; /* no timing */
+    void *blk;                               /* one cudaMalloc: n - 1 workspaces of ws_bytes, then rows */
+    void *ws[DG_SEG_STREAMS_MAX];            /* [k] stream k's cuBLAS workspace ([0] unused) */
+    size_t ws_bytes;                         /* each: the context's whole workspace (the most an issuing stream has) */
+    int32_t *rows;                           /* [tmax] a stack's LM-head rows, each canvas's at its own offset */
+    /* the fork being issued (seg_fork .. seg_join): the issuing stream, its workspace and that workspace's bytes
+     * (what cuBLAS is told on every stream, so that it chooses the algorithms it chooses on the issuing one) */
+    cudaStream_t base;
+    void *base_ws;
+    size_t base_ws_bytes;
+    int used;                                /* streams of the fork that got work (<= n) */
+    int64_t forks;                           /* forks issued (host count, for the tests) */
+  } segs;
 };
 
 /* ---- kernel launchers (kernels.cu); all asynchronous on `s` ---- */

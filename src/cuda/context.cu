@@ -395,6 +395,64 @@ static dg_status ctx_side(dg_cuda_ctx *c) {
   return DG_OK;
 }
 
+/* c->segs's streams, events and block released (after their work: the caller synchronised or nothing was issued);
+ * want kept. */
+static void seg_free(dg_cuda_ctx *c) {
+  auto *sg = &c->segs;
+  for (int k = 1; k < DG_SEG_STREAMS_MAX; k++) {
+    if (sg->stream[k]) {
+      cudaStreamSynchronize(sg->stream[k]); /* idle unless a pass failed between a fork and its join */
+      cudaStreamDestroy(sg->stream[k]);
+    }
+    if (sg->join[k]) cudaEventDestroy(sg->join[k]);
+    sg->stream[k] = NULL;
+    sg->join[k] = NULL;
+    sg->ws[k] = NULL;
+  }
+  if (sg->fork) cudaEventDestroy(sg->fork);
+  sg->fork = NULL;
+  if (sg->blk) cudaFree(sg->blk);
+  sg->blk = NULL;
+  sg->rows = NULL;
+  sg->n = 0;
+}
+
+dg_status seg_ready(dg_cuda_ctx *c) {
+  auto *sg = &c->segs;
+  if (sg->want <= 1 || sg->n > 1) return DG_OK;
+  const int n = sg->want;
+  const size_t ws = blas_ws_bytes(c->m->device), rows_at = (size_t)(n - 1) * ws;
+  dg_status st = DG_OK;
+  cudaError_t e = cudaEventCreateWithFlags(&sg->fork, cudaEventDisableTiming);
+  for (int k = 1; k < n && e == cudaSuccess; k++) {
+    e = cudaStreamCreateWithFlags(&sg->stream[k], cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&sg->join[k], cudaEventDisableTiming);
+  }
+  if (e != cudaSuccess)
+    st = dg_seterr(DG_ERR_BACKEND, "the per-canvas streams or their events (DGEMMA_SEG_STREAMS=%d; unset runs without "
+                   "them): %s", n, cudaGetErrorString(e));
+  if (st == DG_OK) {
+    e = cudaMalloc(&sg->blk, rows_at + (size_t)c->tmax * 4);
+    if (e != cudaSuccess) {
+      sg->blk = NULL;
+      (void)cudaGetLastError();
+      st = dg_seterr(DG_ERR_OUT_OF_MEMORY, "the per-canvas streams' cuBLAS workspaces and LM-head rows "
+                     "(DGEMMA_SEG_STREAMS=%d: %zu bytes; unset runs without them): %s", n,
+                     rows_at + (size_t)c->tmax * 4, cudaGetErrorString(e));
+    }
+  }
+  if (st != DG_OK) {
+    seg_free(c);
+    return st;
+  }
+  for (int k = 1; k < n; k++) sg->ws[k] = (char *)sg->blk + (size_t)(k - 1) * ws;
+  sg->rows = (int32_t *)((char *)sg->blk + rows_at);
+  sg->ws_bytes = ws;
+  sg->n = n;
+  mem_log("context: after the per-canvas streams (seg_ready, DGEMMA_SEG_STREAMS)");
+  return DG_OK;
+}
+
 /* c's stream, cuBLAS handle (its workspace c->blas_ws), graphs, and with c->side.on the second stream's. */
 static dg_status ctx_stream(dg_cuda_ctx *c) {
   cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -434,6 +492,8 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
    * pass), at the price of buffers for enc_chunk rows; kept in c->enc_chunk, which ctx_carves lays out again with */
   int32_t enc_chunk = 0;
   DG_TRY(dg_cuda_enc_chunk(&enc_chunk));
+  int seg_n = 1; /* DGEMMA_SEG_STREAMS (passes.cu; a bad value is refused here, with the reason) */
+  DG_TRY(dg_cuda_seg_streams(&seg_n));
   CK(cudaSetDevice(m->device));
   const ctx_dims z = ctx_dims_of(m, cap, rows, full_window, enc_chunk);
   ctx_priv *pv = (ctx_priv *)calloc(1, sizeof *pv + 2 * (size_t)m->d.n_layers * sizeof(bf16 *));
@@ -453,6 +513,7 @@ extern "C" dg_status dg_cuda_ctx_new(dg_cuda_model *m, int32_t cap, int32_t rows
   c->enc_chunk = enc_chunk;
   c->norm_next = -1; /* no layer's input norm written ahead (passes.cu, k_ffn_combine_norm) */
   c->lg_T = 1.0f; /* c->logits: nothing pending (lg_virt 0) */
+  c->segs.want = seg_n; /* the streams themselves come with the first stacked pass (seg_ready) */
   c->side.on = dg_cuda_branch_now(); /* before the layout: its workspace is carved only then */
   pv->side_ws = c->side.on ? side_ws_bytes(m->device) : 0;
   c->sc_group = sc_group_for((int32_t)z.C); /* before the layout */
@@ -499,6 +560,7 @@ extern "C" void dg_cuda_ctx_free(dg_cuda_ctx *c) {
   if (c->side.fork) cudaEventDestroy(c->side.fork);
   if (c->side.join) cudaEventDestroy(c->side.join);
   if (c->side.stream) cudaStreamDestroy(c->side.stream);
+  seg_free(c);
   if (pv->host) cudaFreeHost(pv->host);
   turbo_free(c);
   if (pv->dev) cudaFree(pv->dev);

@@ -187,6 +187,44 @@ void dg_cuda_vocab_set(int mode);
 int dg_cuda_branch_now(void);
 void dg_cuda_branch_set(int on);
 
+/* DGEMMA_SEG_STREAMS (passes.cu; issue 14): *n = the streams a context made now issues a stacked pass's per-canvas
+ * products on (dg_cuda_ctx.segs): dg_cuda_seg_streams_set's value where one is set, else the environment's: unset
+ * or empty 1 (off: every product on the issuing stream, the order before the switch), N in 1..DG_SEG_STREAMS_MAX
+ * (decimal digits only). Read where a context is made (dg_cuda_ctx_new). Errors: DG_ERR_INVALID_ARG naming the
+ * variable, its value and what is accepted (*n set to 1). dg_cuda_seg_streams_set(n): n in 1..DG_SEG_STREAMS_MAX
+ * overrides the environment for the contexts made next, -1 gives it back (the tests). */
+dg_status dg_cuda_seg_streams(int *n);
+void dg_cuda_seg_streams_set(int n);
+/* The streams, events, workspaces and LM-head rows of c->segs where c was made with DGEMMA_SEG_STREAMS > 1 and
+ * they are not made yet (context.cu; before a stacked pass, outside any capture): (want - 1) x the context's cuBLAS
+ * workspace bytes + tmax x 4 bytes of device memory. Errors: DG_ERR_OUT_OF_MEMORY, DG_ERR_BACKEND (nothing kept:
+ * a later call tries again). */
+dg_status seg_ready(dg_cuda_ctx *c);
+/* Whether a stacked pass of ng canvases issues its per-canvas products on c->segs's streams (c->segs.n > 1, ng > 1,
+ * not DGEMMA_CUDA_SYNC=1). */
+int seg_on(const dg_cuda_ctx *c, int ng);
+/* seg_fork: a fork from the issuing stream c->stream (its cuBLAS workspace c->blas_ws of ws_bytes) to the streams
+ * of up to ng canvases; seg_to(c, g): canvas g's launches from here on go to stream g % n (c->stream, c->blas's
+ * stream and workspace moved there; the workspace's bytes told to cuBLAS are ws_bytes on every stream); seg_join:
+ * c's stream, handle and workspace back to the issuing ones and the issuing stream waits for every stream that got
+ * work. Capture-legal (events only). Errors: DG_ERR_BACKEND (after seg_join's restore, whatever failed). */
+dg_status seg_fork(dg_cuda_ctx *c, int ng, size_t ws_bytes);
+extern int64_t seg_forks_total; /* seg_fork calls of every context so far (host count; the tests) */
+dg_status seg_to(dg_cuda_ctx *c, int g);
+dg_status seg_join(dg_cuda_ctx *c);
+/* GeGLU MLP as geglu_mlp with its intermediates at gu [T, 2I] and h [T, I] (geglu_mlp: c->gu, c->h); geglu_step:
+ * its launch `step` alone (0 gate/up into gu, 1 GeGLU into h, 2 down into out; another step: nothing), for the
+ * per-canvas streams' step-by-step issue. */
+dg_status geglu_mlp_at(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up, const dg_cuda_w *w_down,
+                       float *out, float *gu, bf16 *h);
+dg_status geglu_step(dg_cuda_ctx *c, int step, const bf16 *a, int T, const dg_cuda_wset *w_gate_up,
+                     const dg_cuda_w *w_down, float *out, float *gu, bf16 *h);
+/* Offsets (elements) of ng <= DG_CUDA_MAX_STACK regions of n[g] x per elements each, laid one after another, each
+ * start rounded up to `align` elements (the callers: 256 bytes of their type, so that every canvas's buffer is as
+ * aligned as its own pass's, which starts at a carved buffer's 256-byte-aligned base) into off[g]; 1 if they end
+ * within cap elements, else 0. */
+int seg_pack(const int *n, int ng, size_t per, size_t align, size_t cap, size_t *off);
+
 /* ---- graph.cu ---- */
 
 /* What a pass's graph is kept under (graph.cu): everything that changes its sequence of launches or their

@@ -52,14 +52,139 @@ static dg_status wsetmatmul(dg_cuda_ctx *c, const bf16 *x, int ldx, int T, const
   return DG_OK;
 }
 
-/* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H]. */
+/* GeGLU MLP (spec 4.1): out[T, H] = down(gelu(gate a) * up a), a bf16 [T, H], its intermediates in gu [T, 2I] and
+ * h [T, I]. */
+dg_status geglu_step(dg_cuda_ctx *c, int step, const bf16 *a, int T, const dg_cuda_wset *w_gate_up,
+                     const dg_cuda_w *w_down, float *out, float *gu, bf16 *h) {
+  const int H = c->m->d.hidden, I = c->m->d.inter;
+  if (step == 0) DG_TRY(wsetmatmul(c, a, H, T, w_gate_up, gu, 2 * I));
+  if (step == 1) CKK(c, k_geglu(c->stream, gu, h, T, I));
+  if (step == 2) DG_TRY(wmatmul(c, h, I, T, w_down, out, H));
+  return DG_OK;
+}
+
+dg_status geglu_mlp_at(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up, const dg_cuda_w *w_down,
+                       float *out, float *gu, bf16 *h) {
+  for (int step = 0; step < 3; step++) DG_TRY(geglu_step(c, step, a, T, w_gate_up, w_down, out, gu, h));
+  return DG_OK;
+}
+
 dg_status geglu_mlp(dg_cuda_ctx *c, const bf16 *a, int T, const dg_cuda_wset *w_gate_up,
                            const dg_cuda_w *w_down, float *out) {
-  const int H = c->m->d.hidden, I = c->m->d.inter;
-  DG_TRY(wsetmatmul(c, a, H, T, w_gate_up, c->gu, 2 * I));
-  CKK(c, k_geglu(c->stream, c->gu, c->h, T, I));
-  DG_TRY(wmatmul(c, c->h, I, T, w_down, out, H));
+  return geglu_mlp_at(c, a, T, w_gate_up, w_down, out, c->gu, c->h);
+}
+
+/* ---- a stacked pass's per-canvas products on several streams (DGEMMA_SEG_STREAMS; issue 14) -------------------
+ * A stacked pass (turbo_host.cu compact_stack: B canvases' forward sets as one T = sum n_b rows) runs its dense
+ * products per canvas, each at its own row count, so that a canvas's words are those of its own pass (layer_segs).
+ * One after another on one stream, each product of ~130-160 rows has too few tiles to fill the GPU and reads all its
+ * weights alone. With DGEMMA_SEG_STREAMS=N the canvases' products go to N streams (canvas g on g % N; stream 0 the
+ * issuing stream), forked from the issuing stream after the stage before them and joined into it before the stage
+ * that reads all rows: the same kernels on the same inputs into disjoint outputs, so every word is the sequential
+ * order's (test_seg_streams). What each canvas's products share otherwise gets a piece per canvas: cuBLAS's
+ * workspace (one per stream, c->segs.ws, the issuing stream's bytes told to cuBLAS on every stream so that it
+ * chooses the same algorithms: one handle, c->blas, moved between the streams with cublasSetStream and
+ * cublasSetWorkspace as DGEMMA_BRANCH_HANDLE=one moves it, instead of a cublasCreate (~64 MiB) per stream), the
+ * MLPs' intermediates gu and h (each canvas's at its own offset, 256-byte aligned as a pass's own are: seg_pack),
+ * the LM heads' gathered rows (compact_stack). A stage of several launches per canvas is issued step by step over
+ * the canvases (every canvas's first launch, then every canvas's second, ...): on the GPU each stream gets its
+ * first product sooner; under the CPU emulation, which runs every launch when it is made, canvas g's later steps
+ * then run after the other canvases' earlier ones, so an intermediate two canvases shared would change a canvas's
+ * words there (test_seg_streams; on one stream each canvas's launches run back to back).
+ * With stage timing on the forks stay (the marks are recorded on the issuing stream after each join, so a stage's
+ * time is its concurrent products' span); off with DGEMMA_CUDA_SYNC=1. No stacked pass is captured in a graph (it
+ * synchronises and copies from pageable memory), but the fork and join are events only, as ffn_branches's. */
+static int seg_override = -1;
+void dg_cuda_seg_streams_set(int n) { seg_override = n >= 1 && n <= DG_SEG_STREAMS_MAX ? n : -1; }
+
+dg_status dg_cuda_seg_streams(int *n) {
+  *n = 1;
+  if (seg_override > 0) {
+    *n = seg_override;
+    return DG_OK;
+  }
+  /* the switch table (backend/switches.c: 1..8, DG_SEG_STREAMS_MAX); dg_context_new's dg_switches_check has refused
+   * a bad value before any context is made */
+  const long k = dg_sw_get(DG_SW_SEG_STREAMS);
+  *n = k >= 1 && k <= DG_SEG_STREAMS_MAX ? (int)k : 1;
   return DG_OK;
+}
+
+int seg_on(const dg_cuda_ctx *c, int ng) { return ng > 1 && c->segs.n > 1 && !c->debug_sync; }
+
+int seg_pack(const int *n, int ng, size_t per, size_t align, size_t cap, size_t *off) {
+  size_t o = 0;
+  for (int g = 0; g < ng; g++) {
+    o = (o + align - 1) / align * align;
+    off[g] = o;
+    o += (size_t)(n[g] > 0 ? n[g] : 0) * per;
+  }
+  return o <= cap;
+}
+
+/* c->blas onto stream s and workspace ws of ws_bytes (cublasSetStream resets the workspace to cuBLAS's pool, so
+ * the workspace is set again after it): the one-handle branches (DGEMMA_BRANCH_HANDLE=one, c->side.blas NULL) and
+ * the per-canvas streams. */
+static dg_status blas_onto(dg_cuda_ctx *c, cudaStream_t s, void *ws, size_t ws_bytes) {
+  cublasStatus_t bs = cublasSetStream(c->blas, s);
+#ifndef DG_CUDA_EMU
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->blas, ws, ws_bytes);
+#else
+  (void)ws; (void)ws_bytes;
+#endif
+  if (bs != CUBLAS_STATUS_SUCCESS)
+    return dg_seterr(DG_ERR_BACKEND, "a cuBLAS handle onto another stream: %s", cublasGetStatusString(bs));
+  return DG_OK;
+}
+
+int64_t seg_forks_total; /* forks issued by every context so far (host count; the tests) */
+
+dg_status seg_fork(dg_cuda_ctx *c, int ng, size_t ws_bytes) {
+  dg_cuda_ctx::dg_cuda_segs *sg = &c->segs;
+  sg->base = c->stream;
+  sg->base_ws = c->blas_ws;
+  sg->base_ws_bytes = ws_bytes;
+  sg->used = 1;
+  CK(cudaEventRecord(sg->fork, c->stream));
+  const int used = ng < sg->n ? ng : sg->n;
+  for (int k = 1; k < used; k++) {
+    CK(cudaStreamWaitEvent(sg->stream[k], sg->fork, 0));
+    sg->used = k + 1;
+  }
+  sg->forks++;
+  seg_forks_total++;
+  return DG_OK;
+}
+
+dg_status seg_to(dg_cuda_ctx *c, int g) {
+  dg_cuda_ctx::dg_cuda_segs *sg = &c->segs;
+  const int k = g % sg->n;
+  if (k >= sg->used) return dg_seterr(DG_ERR_BACKEND, "seg_to: canvas %d's stream %d was not forked", g, k);
+  cudaStream_t s = k ? sg->stream[k] : sg->base;
+  void *ws = k ? sg->ws[k] : sg->base_ws;
+  if (c->stream == s) return DG_OK;
+  DG_TRY(blas_onto(c, s, ws, sg->base_ws_bytes));
+  c->stream = s;
+  c->blas_ws = ws;
+  return DG_OK;
+}
+
+dg_status seg_join(dg_cuda_ctx *c) {
+  dg_cuda_ctx::dg_cuda_segs *sg = &c->segs;
+  dg_status st = DG_OK;
+  if (c->stream != sg->base) {
+    st = blas_onto(c, sg->base, sg->base_ws, sg->base_ws_bytes);
+    c->stream = sg->base;
+    c->blas_ws = sg->base_ws;
+  }
+  for (int k = 1; k < sg->used; k++) {
+    cudaError_t e = cudaEventRecord(sg->join[k], sg->stream[k]);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(sg->base, sg->join[k], 0);
+    if (e != cudaSuccess && st == DG_OK)
+      st = dg_seterr(DG_ERR_BACKEND, "the per-canvas streams' join (DGEMMA_SEG_STREAMS): %s", cudaGetErrorString(e));
+  }
+  sg->used = 0;
+  return st;
 }
 
 /* The two branches of a layer concurrent (ffn_branches, below): the default since H200 session 17 (vllm protocol on
@@ -71,11 +196,37 @@ static int branch_override = -1;
 void dg_cuda_branch_set(int on) { branch_override = on == 0 || on == 1 ? on : -1; }
 int dg_cuda_branch_now(void) { return branch_override >= 0 ? branch_override : branch_env; }
 
+size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c); /* context.cu */
+size_t ctx_side_ws_bytes(const dg_cuda_ctx *c);
+
 /* The dense MLP of layer l (spec 4.4 step 5; its post norm comes with the combine) over the normed rows c->a [T, H]
- * into c->dense [T, H], on c->stream: per canvas sg[g] for ng > 1 (layer_segs), over all T rows for ng = 1. */
-static dg_status dense_mlp(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, const dg_cuda_seg *sg, int ng) {
-  const size_t H = (size_t)c->m->d.hidden;
-  for (int g = 0; g < ng; g++) {
+ * into c->dense [T, H], on c->stream (its cuBLAS workspace of ws_bytes): per canvas sg[g] for ng > 1 (layer_segs),
+ * over all T rows for ng = 1; with the per-canvas streams (seg_on) each canvas's on its stream, its intermediates
+ * at its own offsets of c->gu and c->h (where they fit: else one after another at their start, as without). */
+static dg_status dense_mlp(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, const dg_cuda_seg *sg, int ng,
+                           size_t ws_bytes) {
+  const size_t H = (size_t)c->m->d.hidden, I = (size_t)c->m->d.inter;
+  size_t go[DG_CUDA_MAX_STACK], ho[DG_CUDA_MAX_STACK];
+  int nn[DG_CUDA_MAX_STACK];
+  int on = seg_on(c, ng) && ng <= DG_CUDA_MAX_STACK;
+  for (int g = 0; on && g < ng; g++) nn[g] = sg[g].n;
+  on = on && seg_pack(nn, ng, 2 * I, 64, (size_t)c->tmax * 2 * I, go) &&
+       seg_pack(nn, ng, I, 128, (size_t)c->tmax * I, ho);
+  if (on) { /* step by step over the canvases (the section above) */
+    DG_TRY(seg_fork(c, ng, ws_bytes));
+    dg_status st = DG_OK;
+    for (int step = 0; step < 3 && !st; step++)
+      for (int g = 0; g < ng && !st; g++) {
+        st = seg_to(c, g);
+        if (!st)
+          st = geglu_step(c, step, c->a + sg[g].r0 * H, sg[g].n, &l->w_gate_up, &l->w_down, c->dense + sg[g].r0 * H,
+                          c->gu + go[g], c->h + ho[g]);
+      }
+    const dg_status sj = seg_join(c);
+    DG_TRY(st);
+    DG_TRY(sj);
+  }
+  for (int g = 0; !on && g < ng; g++) {
     const int r0 = ng == 1 ? 0 : sg[g].r0, n = ng == 1 ? T : sg[g].n;
     DG_TRY(geglu_mlp(c, c->a + r0 * H, n, &l->w_gate_up, &l->w_down, c->dense + r0 * H));
   }
@@ -117,26 +268,10 @@ static dg_status moe_branch(dg_cuda_ctx *c, const dg_cuda_layer *l, int T) {
  * the side stream only. The host issues the MoE branch first, then the dense one: under the CPU emulation, which
  * runs every launch when it is made, the branches then run in the opposite order to the sequential pass, so a
  * buffer the two shared would change the results there. */
-size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c); /* context.cu */
-size_t ctx_side_ws_bytes(const dg_cuda_ctx *c);
-
-/* c->blas onto stream s and workspace ws of ws_bytes (cublasSetStream resets the workspace to cuBLAS's pool, so
- * the workspace is set again after it): the one-handle branches (DGEMMA_BRANCH_HANDLE=one, c->side.blas NULL). */
-static dg_status blas_onto(dg_cuda_ctx *c, cudaStream_t s, void *ws, size_t ws_bytes) {
-  cublasStatus_t bs = cublasSetStream(c->blas, s);
-#ifndef DG_CUDA_EMU
-  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(c->blas, ws, ws_bytes);
-#else
-  (void)ws; (void)ws_bytes;
-#endif
-  if (bs != CUBLAS_STATUS_SUCCESS)
-    return dg_seterr(DG_ERR_BACKEND, "the dense branch's cuBLAS handle onto its stream: %s", cublasGetStatusString(bs));
-  return DG_OK;
-}
 
 static dg_status ffn_branches(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, const dg_cuda_seg *sg, int ng) {
   if (!c->side.on || c->prof || c->debug_sync) {
-    DG_TRY(dense_mlp(c, l, T, sg, ng));
+    DG_TRY(dense_mlp(c, l, T, sg, ng, ctx_blas_ws_bytes(c)));
     return moe_branch(c, l, T);
   }
   cudaStream_t main_s = c->stream;
@@ -153,7 +288,7 @@ static dg_status ffn_branches(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, con
   c->stream = c->side.stream;
   if (!one) c->blas = c->side.blas;
   c->blas_ws = c->side.ws;
-  dg_status st = dense_mlp(c, l, T, sg, ng);
+  dg_status st = dense_mlp(c, l, T, sg, ng, ctx_side_ws_bytes(c));
   c->stream = main_s;
   c->blas = main_blas;
   c->blas_ws = main_ws;
@@ -164,6 +299,24 @@ static dg_status ffn_branches(dg_cuda_ctx *c, const dg_cuda_layer *l, int T, con
   DG_TRY(st);
   CK(cudaEventRecord(c->side.join, c->side.stream));
   CK(cudaStreamWaitEvent(main_s, c->side.join, 0));
+  return DG_OK;
+}
+
+/* Canvas q's rows of layer li's q/k/v (c->qkv) normed and roped into c->q and its K/V into q's cache (at q->dpos, or
+ * from q->pos0), on c->stream. */
+static dg_status qkv_post_seg(dg_cuda_ctx *c, const dg_cuda_layer *l, int li, const dg_cuda_seg *q) {
+  const dg_cuda_model *m = c->m;
+  const int NH = m->d.n_heads, NKV = l->n_kv, D = l->head_dim;
+  const size_t qrow = (size_t)NH * D;
+  const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
+  const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
+  const int32_t S = l->is_full ? q->S : q->S_ring;
+  if (q->dpos)
+    CKK(c, k_qkv_post_at(c->stream, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                         inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, m->d.eps));
+  else
+    CKK(c, k_qkv_post(c->stream, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
+                      inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, m->d.eps));
   return DG_OK;
 }
 
@@ -194,7 +347,25 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
   if (c->norm_next != li || c->norm_rows != T) CKK(c, k_rmsnorm(s, c->x, l->input_norm, NULL, c->a, T, H, eps));
   c->norm_next = -1;
   DG_TRY(mark(c, DG_CUDA_ST_EMBED_NORM));
-  for (int g = 0; g < ng; g++)
+  /* DGEMMA_SEG_STREAMS: each canvas's q/k/v product and its rope and K/V scatter (which read only its rows and write
+   * its rows of c->q and its own cache) on its stream, joined before attention */
+  const int seg = seg_on(c, ng);
+  if (seg) {
+    DG_TRY(seg_fork(c, ng, ctx_blas_ws_bytes(c)));
+    dg_status st = DG_OK;
+    for (int step = 0; step < 2 && !st; step++) /* step by step (the section above) */
+      for (int g = 0; g < ng && !st; g++) {
+        st = seg_to(c, g);
+        if (!st && step == 0)
+          st = wsetmatmul(c, c->a + (size_t)sg[g].r0 * H, H, sg[g].n, &l->wqkv, c->qkv + (size_t)sg[g].r0 * l->n_qkv,
+                          (int)l->n_qkv);
+        if (!st && step == 1) st = qkv_post_seg(c, l, li, &sg[g]);
+      }
+    const dg_status sj = seg_join(c);
+    DG_TRY(st);
+    DG_TRY(sj);
+  }
+  for (int g = 0; !seg && g < ng; g++)
     DG_TRY(wsetmatmul(c, c->a + (size_t)SEG_R0(g) * H, H, SEG_N(g), &l->wqkv, c->qkv + (size_t)SEG_R0(g) * l->n_qkv,
                       (int)l->n_qkv));
   /* an encoder pass of more rows than the rings hold keys for (ring_rows: a chunk beyond DG_RING_CHUNK), on a
@@ -216,18 +387,7 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
     }
     if (last) return DG_OK; /* encoder: after the last layer's K/V nothing is needed (spec 4.4) */
   } else {
-    for (int g = 0; g < nseg; g++) {
-      const dg_cuda_seg *q = &sg[g];
-      const float *qkv = c->qkv + (size_t)q->r0 * l->n_qkv;
-      const float *inv_freq = l->is_full ? m->inv_freq_full : m->inv_freq_sliding;
-      const int32_t S = l->is_full ? q->S : q->S_ring;
-      if (q->dpos)
-        CKK(c, k_qkv_post_at(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
-                             inv_freq, q->n, NH, NKV, D, l->has_v, q->dpos, eps));
-      else
-        CKK(c, k_qkv_post(s, qkv, l->n_qkv, c->q + q->r0 * qrow, q->kc[li], q->vc[li], S, l->q_norm, l->k_norm,
-                          inv_freq, q->n, NH, NKV, D, l->has_v, q->pos0, eps));
-    }
+    for (int g = 0; !seg && g < nseg; g++) DG_TRY(qkv_post_seg(c, l, li, &sg[g]));
     DG_TRY(mark(c, DG_CUDA_ST_QKV));
     /* encoder: after the last layer's K/V nothing is needed (spec 4.4, last paragraph) */
     if (causal && li == d->n_layers - 1) return DG_OK;
@@ -267,7 +427,18 @@ dg_status layer_segs(dg_cuda_ctx *c, int li, int T, const dg_cuda_seg *sg, int n
     }
   }
   DG_TRY(mark(c, DG_CUDA_ST_ATTN));
-  for (int g = 0; g < ng; g++)
+  if (seg) { /* DGEMMA_SEG_STREAMS: each canvas's o-proj on its stream, joined before the residual */
+    DG_TRY(seg_fork(c, ng, ctx_blas_ws_bytes(c)));
+    dg_status st = DG_OK;
+    for (int g = 0; g < ng && !st; g++) {
+      st = seg_to(c, g);
+      if (!st) st = wmatmul(c, c->att + sg[g].r0 * qrow, NH * D, sg[g].n, &l->wo, c->f1 + (size_t)sg[g].r0 * H, H);
+    }
+    const dg_status sj = seg_join(c);
+    DG_TRY(st);
+    DG_TRY(sj);
+  }
+  for (int g = 0; !seg && g < ng; g++)
     DG_TRY(wmatmul(c, c->att + SEG_R0(g) * qrow, NH * D, SEG_N(g), &l->wo, c->f1 + (size_t)SEG_R0(g) * H, H));
   DG_TRY(mark(c, DG_CUDA_ST_OPROJ));
   const float root = (float)pow((double)H, -0.5);

@@ -224,6 +224,41 @@ extern "C" dg_status dg_cuda_compact(dg_cuda_ctx *c, const int32_t *tok, const i
   return head_out(c, nh, raw_out);
 }
 
+size_t ctx_blas_ws_bytes(const dg_cuda_ctx *c); /* context.cu */
+
+/* Step `step` (0..4) of a canvas's SC rows of a stack on w->stream: 0 its n kept soft rows (c_soft at the canvas
+ * positions cpos[n], device) gathered into w->u + r0 and pre-normed into w->a + r0; 1-3 the SC MLP's launches
+ * (geglu_step 0-2; intermediates gu, h) into w->f1 + r0; 4 that added to w->x + r0 (r0 in elements: the canvas's first
+ * row x H). Steps 0..4 in a row are the operations of compact_stack's per-canvas loop. */
+static dg_status sc_rows_step(dg_cuda_ctx *w, int step, const float *c_soft, const int32_t *cpos, int32_t n, size_t r0,
+                              float *gu, bf16 *h) {
+  const dg_cuda_model *m = w->m;
+  const int H = m->d.hidden;
+  if (step == 0) {
+    CKK(w, k_gather_rows(w->stream, w->u + r0, c_soft, cpos, n, H));
+    CKK(w, k_rmsnorm(w->stream, w->u + r0, m->sc_pre_norm, NULL, w->a + r0, n, H, m->d.eps));
+  }
+  if (step >= 1 && step <= 3)
+    DG_TRY(geglu_step(w, step - 1, w->a + r0, n, &m->sc_gate_up, &m->sc_down, w->f1 + r0, gu, h));
+  if (step == 4) CKK(w, k_add(w->stream, w->x + r0, w->f1 + r0, (size_t)n * H));
+  return DG_OK;
+}
+
+/* Step `step` (0, 1) of a canvas's LM head of a stack on w->stream: 0 its n rows of w->x (rows[n]: device indices)
+ * gathered into u [n, H] and final-normed into a [n, H]; 1 a times the tied embedding into logits [n, V]
+ * (compact_stack's per-canvas loop). */
+static dg_status head_rows_step(dg_cuda_ctx *w, int step, const int32_t *rows, int32_t n, float *u, bf16 *a,
+                                float *logits) {
+  const dg_cuda_model *m = w->m;
+  const int H = m->d.hidden;
+  if (step == 0) {
+    CKK(w, k_gather_rows(w->stream, u, w->x, rows, n, H));
+    CKK(w, k_rmsnorm(w->stream, u, m->final_norm, NULL, a, n, H, m->d.eps));
+  }
+  if (step == 1) DG_TRY(wmatmul(w, a, H, n, &m->embed, logits, m->d.vocab));
+  return DG_OK;
+}
+
 /* One stack of a compacted batch: canvases q[0..B) whose forward sets (N rows in all) fit work's tmax rows.
  * Rows of canvas b: [off_b, off_b + n_b) of the stack, in the order of its forward set. */
 static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B, int32_t N) {
@@ -233,6 +268,7 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   cudaStream_t s = w->stream;
   dg_cuda_turbo *t = w->tb;
   dg_cuda_seg seg[DG_CUDA_MAX_STACK];
+  DG_TRY(seg_ready(w)); /* DGEMMA_SEG_STREAMS: the per-canvas streams, made with the context's first stack */
   DG_TRY(mark(w, DG_CUDA_ST_HOST)); /* (w->prof: the lead canvas's record of stacked passes, prof_stack_begin) */
   for (int32_t b = 0, off = 0; b < B; off += q[b].n, b++) {
     for (int32_t i = 0; i < q[b].n; i++) t->h_pos[off + i] = q[b].pos0 + q[b].pos[i];
@@ -247,7 +283,35 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
   /* SC rows per canvas, from its own kept rows (as dg_cuda_compact: the MLP over that canvas's rows); with
    * DGEMMA_STACK_DENSE (1 or inv) the MLP once over each run of consecutive canvases with kept rows */
   const int stacked = stack_dense_now() != 0;
+  /* DGEMMA_SEG_STREAMS: each canvas's SC rows (gather, norm, MLP, add: its rows only) on its stream, its MLP's
+   * intermediates at its own offsets (passes.cu seg_pack), joined before the embeddings' norm over all rows */
+  const size_t I = (size_t)d->inter;
+  size_t go[DG_CUDA_MAX_STACK], ho[DG_CUDA_MAX_STACK];
+  int nn[DG_CUDA_MAX_STACK], nsc = 0;
   for (int32_t b = 0; b < B; b++) {
+    nn[b] = q[b].sc == DG_SC_KEPT ? q[b].n : 0;
+    nsc += q[b].sc == DG_SC_KEPT;
+  }
+  const int seg_sc = !stacked && nsc > 1 && seg_on(w, B) && seg_pack(nn, B, 2 * I, 64, (size_t)w->tmax * 2 * I, go) &&
+                     seg_pack(nn, B, I, 128, (size_t)w->tmax * I, ho);
+  if (seg_sc) {
+    DG_TRY(seg_fork(w, B, ctx_blas_ws_bytes(w)));
+    dg_status st = DG_OK;
+    for (int step = 0; step < 5 && !st; step++) /* step by step (passes.cu) */
+      for (int32_t b = 0; b < B && !st; b++) {
+        if (q[b].sc != DG_SC_KEPT) continue;
+        st = seg_to(w, b);
+        if (!st)
+          st = sc_rows_step(w, step, q[b].c->soft, t->cpos + seg[b].r0, q[b].n, (size_t)seg[b].r0 * H, w->gu + go[b],
+                            w->h + ho[b]);
+      }
+    const dg_status sj = seg_join(w);
+    DG_TRY(st);
+    DG_TRY(sj);
+    for (int32_t b = 0; b < B; b++)
+      if (q[b].sc == DG_SC_KEPT) DG_TRY(mark(w, DG_CUDA_ST_SC)); /* one mark per canvas, as unstacked */
+  }
+  for (int32_t b = 0; !seg_sc && b < B; b++) {
     if (q[b].sc != DG_SC_KEPT) continue;
     const size_t r0 = (size_t)seg[b].r0 * H;
     CKK(w, k_gather_rows(s, w->u + r0, q[b].c->soft, t->cpos + seg[b].r0, q[b].n, H));
@@ -300,7 +364,43 @@ static dg_status compact_stack(dg_cuda_ctx *w, const dg_cuda_cseq *q, int32_t B,
       if (q[b].raw_out && q[b].nh > 0)
         CK(cudaMemcpyAsync(q[b].raw_out, q[b].c->logits, (size_t)q[b].nh * d->vocab * 4, cudaMemcpyDeviceToHost, s));
   }
-  for (int32_t b = 0; !stacked && b < B; b++) {
+  /* DGEMMA_SEG_STREAMS: each canvas's head (gather, final norm, LM head into its own logits) on its stream, its rows
+   * at its own offsets of w->segs.rows, w->u and w->a, joined before the raw rows go to the host */
+  int nh[DG_CUDA_MAX_STACK], nhead = 0;
+  size_t ro[DG_CUDA_MAX_STACK], uo[DG_CUDA_MAX_STACK], ao[DG_CUDA_MAX_STACK];
+  for (int32_t b = 0; b < B; b++) {
+    nh[b] = q[b].nh;
+    nhead += q[b].nh > 0;
+  }
+  const int seg_head = !stacked && nhead > 1 && seg_on(w, B) && seg_pack(nh, B, 1, 1, (size_t)w->tmax, ro) &&
+                       seg_pack(nh, B, (size_t)H, 64, (size_t)w->tmax * H, uo) &&
+                       seg_pack(nh, B, (size_t)H, 128, (size_t)w->tmax * H, ao);
+  if (seg_head) {
+    int32_t NH = 0;
+    for (int32_t b = 0; b < B; b++) {
+      for (int32_t i = 0; i < q[b].nh; i++) t->h_pos[ro[b] + i] = seg[b].r0 + q[b].head[i];
+      NH = (int32_t)ro[b] + (q[b].nh > 0 ? q[b].nh : 0);
+      q[b].c->tb->nraw = q[b].nh;
+    }
+    /* from pageable memory: staged before the call returns */
+    CK(cudaMemcpyAsync(w->segs.rows, t->h_pos, (size_t)NH * 4, cudaMemcpyHostToDevice, s));
+    DG_TRY(seg_fork(w, B, ctx_blas_ws_bytes(w)));
+    dg_status st = DG_OK;
+    for (int step = 0; step < 2 && !st; step++) /* step by step (passes.cu) */
+      for (int32_t b = 0; b < B && !st; b++) {
+        if (q[b].nh <= 0) continue;
+        st = seg_to(w, b);
+        if (!st)
+          st = head_rows_step(w, step, w->segs.rows + ro[b], q[b].nh, w->u + uo[b], w->a + ao[b], q[b].c->logits);
+      }
+    const dg_status sj = seg_join(w);
+    DG_TRY(st);
+    DG_TRY(sj);
+    for (int32_t b = 0; b < B; b++)
+      if (q[b].raw_out && q[b].nh > 0)
+        CK(cudaMemcpyAsync(q[b].raw_out, q[b].c->logits, (size_t)q[b].nh * d->vocab * 4, cudaMemcpyDeviceToHost, s));
+  }
+  for (int32_t b = 0; !stacked && !seg_head && b < B; b++) {
     dg_cuda_ctx *c = q[b].c;
     c->tb->nraw = q[b].nh;
     if (q[b].nh <= 0) continue;

@@ -18,7 +18,8 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV_SH = os.path.join(ROOT, "scripts", "gpu_env.sh")
-USERS = ["dev/gpu/s28_mem12.sh", "dev/gpu/s29_m3b12.sh", "dev/gpu/s28_pp12.sh", "dev/gpu/s30_pe12.sh", "dev/gpu/s30_mm12.sh"]
+USERS = ["dev/gpu/s28_mem12.sh", "dev/gpu/s29_m3b12.sh", "dev/gpu/s28_pp12.sh", "dev/gpu/s30_pe12.sh", "dev/gpu/s30_mm12.sh",
+         "dev/gpu/s31_cs14.sh"]
 
 # A fake dgemma: prints its arguments, writes one JSON row to the file after -o, "err" on stderr, exits $FAKE_RC.
 FAKE_DGEMMA = """#!/bin/bash

@@ -309,6 +309,13 @@ extern "C" dg_status dg_cuda_test_experts_fg(int on, long *launches) {
   if (launches) *launches = qr_fg_launches;
   return DG_OK;
 }
+extern "C" dg_status dg_cuda_test_seg_streams(int n, int64_t *forks) {
+  if (n != -1 && (n < 1 || n > DG_SEG_STREAMS_MAX))
+    return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_seg_streams: %d (-1 or 1..%d)", n, DG_SEG_STREAMS_MAX);
+  dg_cuda_seg_streams_set(n);
+  if (forks) *forks = seg_forks_total;
+  return DG_OK;
+}
 extern "C" dg_status dg_cuda_test_branch_stats(const dg_cuda_ctx *c, int *on, int64_t *forks) {
   if (!c || !on || !forks) return dg_seterr(DG_ERR_INVALID_ARG, "dg_cuda_test_branch_stats: NULL argument");
   *on = c->side.on;
@@ -1766,6 +1773,7 @@ static const dg_cuda_test_api test_table = {
     dg_cuda_test_wgmma, dg_cuda_test_experts_qw, dg_cuda_test_bulk, dg_cuda_test_stack_dense_set,
     dg_cuda_test_gemm_inv, dg_cuda_test_experts_fg, dg_cuda_test_sc_probs,
     dg_cuda_test_sc_probs_set, dg_cuda_test_weight_block, dg_cuda_test_soft_from_z, dg_cuda_test_attention_batch,
+    dg_cuda_test_seg_streams,
 };
 
 extern "C" const dg_cuda_test_api *dg_cuda_test_table(void) { return &test_table; }

@@ -321,6 +321,7 @@ typedef struct dg_cuda_test_api {
                                     const uint16_t *const *vc, const int32_t *S, const int32_t *nq, const int32_t *pos0,
                                     const int32_t *kv_hi, int NH, int NKV, int D, int is_full, int window,
                                     uint16_t *const *out);
+  dg_status (*test_seg_streams)(int n, int64_t *forks);
 } dg_cuda_test_api;
 
 /* dg_cuda_soft_from_z(c) (the reference sampler's kept self-conditioning: P, then the SC product) and c's
@@ -335,6 +336,12 @@ dg_status dg_cuda_test_attention_batch(int device, int nb, const float *const *q
                                        const uint16_t *const *vc, const int32_t *S, const int32_t *nq,
                                        const int32_t *pos0, const int32_t *kv_hi, int NH, int NKV, int D, int is_full,
                                        int window, uint16_t *const *out);
+
+/* DGEMMA_SEG_STREAMS for the contexts made next (dg_cuda_seg_streams_set, src/cuda/host.cuh): n 1..8 the streams a
+ * stacked pass's per-canvas products go to (1: one, the order without the switch), -1 the environment's choice again;
+ * *forks (if not NULL): the forks to those streams every context has issued so far in this process (seg_forks_total).
+ * DG_ERR_INVALID_ARG for other n. */
+dg_status dg_cuda_test_seg_streams(int n, int64_t *forks);
 
 const dg_cuda_test_api *dg_cuda_test_table(void);
 
