@@ -105,9 +105,10 @@ static const dg_sw table[DG_SW_COUNT] = {
     /* cuda/turbo_host.cu sc_probs_env, read once */
     [DG_SW_SC_PROBS] = WORD("DGEMMA_SC_PROBS", row_w, row_v, 1,
                             "the one-block-per-row self-conditioning kernel; unset: the table kernels"),
-    /* cuda/gemm_inv.cu stack_dense_from_env, read once */
+    /* cuda/passes.cu dg_cuda_seg_streams, when a CUDA context is made */
     [DG_SW_SEG_STREAMS] = INT("DGEMMA_SEG_STREAMS", 1, 8, 1, 1,
                               "streams for a stacked batch pass's per-canvas products; unset: 1, off"),
+    /* cuda/gemm_inv.cu stack_dense_from_env, read once */
     [DG_SW_STACK_DENSE] = WORD("DGEMMA_STACK_DENSE", dense_w, NULL, 0,
                                "a stacked pass's dense products once over the stack (1), batch-invariant (inv); "
                                "unset: 0, per canvas"),
