@@ -1739,6 +1739,32 @@ static void turbo_batch_run(int mode, int32_t tok_out[3][512], int32_t n_out[3],
   dg_test_rm_dir(dir);
 }
 
+/* dg_context_new under each value of cases[0..n) for the variable var (NULL: unset): the first n_good make a context,
+ * every other is refused with DG_ERR_INVALID_ARG, no context, and the line 'var="value" is not ' + allowed (the
+ * switch table's refusal, envsw.h). The caller keeps and restores var's own value. */
+static void ctx_switch_cases(dg_model *m, const char *var, const char *const *cases, size_t n, size_t n_good,
+                             const char *allowed) {
+  for (size_t i = 0; i < n; i++) {
+    if (cases[i]) setenv(var, cases[i], 1);
+    else unsetenv(var);
+    dg_context_params cp = dg_context_default_params();
+    dg_context *x = (dg_context *)&x; /* not NULL: the call must set it */
+    const dg_status st = dg_context_new(m, &cp, &x);
+    if (i < n_good) {
+      assert_dg_ok(st);
+      assert_non_null(x);
+      dg_context_free(x);
+      continue;
+    }
+    assert_int_equal(st, DG_ERR_INVALID_ARG);
+    assert_null(x);
+    char want[256];
+    snprintf(want, sizeof want, "%s=\"%s\" is not %s", var, cases[i], allowed);
+    printf("# %s=\"%s\": dg_context_new: %s\n", var, cases[i], dg_last_error());
+    assert_string_equal(dg_last_error(), want);
+  }
+}
+
 /* DGEMMA_SEG_STREAMS (issue 14; src/cuda/passes.cu seg_fork): a stacked pass's per-canvas products (q/k/v with its
  * rope and K/V scatter, o-proj, the dense and SC MLPs, the LM heads) on several streams. turbo_batch_run's three
  * canvases (one stack: q/k/v, o-proj and the dense MLP per canvas, two canvases with kept SC rows, three LM heads)
@@ -1783,30 +1809,9 @@ static void test_seg_streams(void **state) {
   synth_cfg sc = synth_default();
   sc.dt = DG_BF16;
   dg_model *m = load_synth_cuda(dir, &sc);
-  static const char *cases[] = {NULL, "", "1", "8", "0", "9", "-1", "x", "4x", "4.0", "99999999999999999999"};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (cases[i]) setenv("DGEMMA_SEG_STREAMS", cases[i], 1);
-    else unsetenv("DGEMMA_SEG_STREAMS");
-    const int good = i < 4;
-    dg_context_params cp = dg_context_default_params();
-    dg_context *x = (dg_context *)&x; /* not NULL: the call must set it */
-    const dg_status st = dg_context_new(m, &cp, &x);
-    if (good) {
-      assert_dg_ok(st);
-      assert_non_null(x);
-      dg_context_free(x);
-      continue;
-    }
-    assert_int_equal(st, DG_ERR_INVALID_ARG);
-    assert_null(x);
-    char want[256];
-    snprintf(want, sizeof want,
-             "DGEMMA_SEG_STREAMS=\"%s\" is not an integer in [1, 8] (streams for a stacked batch pass's per-canvas "
-             "products; unset: 1, off)",
-             cases[i]);
-    printf("# DGEMMA_SEG_STREAMS=\"%s\": dg_context_new: %s\n", cases[i], dg_last_error());
-    assert_string_equal(dg_last_error(), want);
-  }
+  static const char *const cases[] = {NULL, "", "1", "8", "0", "9", "-1", "x", "4x", "4.0", "99999999999999999999"};
+  ctx_switch_cases(m, "DGEMMA_SEG_STREAMS", cases, sizeof cases / sizeof cases[0], 4,
+                   "an integer in [1, 8] (streams for a stacked batch pass's per-canvas products; unset: 1, off)");
   if (old) setenv("DGEMMA_SEG_STREAMS", keep, 1);
   else unsetenv("DGEMMA_SEG_STREAMS");
   dg_model_free(m);  dg_test_rm_dir(dir);
@@ -3726,30 +3731,9 @@ static void test_enc_chunk_refused(void **state) {
   synth_cfg sc = synth_default();
   sc.dt = DG_BF16;
   dg_model *m = load_synth_cuda(dir, &sc);
-  static const char *cases[] = {NULL, "64", "100", "abc", "0", "-64", "8192"};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (cases[i]) setenv("DGEMMA_ENC_CHUNK", cases[i], 1);
-    else unsetenv("DGEMMA_ENC_CHUNK");
-    const int good = !cases[i] || !strcmp(cases[i], "64");
-    dg_context_params cp = dg_context_default_params();
-    dg_context *x = (dg_context *)&x; /* not NULL: the call must set it */
-    const dg_status st = dg_context_new(m, &cp, &x);
-    if (good) {
-      assert_dg_ok(st);
-      assert_non_null(x);
-      dg_context_free(x);
-      continue;
-    }
-    assert_int_equal(st, DG_ERR_INVALID_ARG);
-    assert_null(x);
-    char want[256];
-    snprintf(want, sizeof want,
-             "DGEMMA_ENC_CHUNK=\"%s\" is not a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder pass; "
-             "unset: 1024)",
-             cases[i]);
-    printf("# DGEMMA_ENC_CHUNK=%s: dg_context_new: %s\n", cases[i], dg_last_error());
-    assert_string_equal(dg_last_error(), want);
-  }
+  static const char *const cases[] = {NULL, "64", "100", "abc", "0", "-64", "8192"};
+  ctx_switch_cases(m, "DGEMMA_ENC_CHUNK", cases, sizeof cases / sizeof cases[0], 2,
+                   "a multiple of 64 in [64, 4096] (prompt tokens per CUDA encoder pass; unset: 1024)");
   if (old) setenv("DGEMMA_ENC_CHUNK", keep, 1);
   else unsetenv("DGEMMA_ENC_CHUNK");
   dg_model_free(m);
