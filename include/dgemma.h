@@ -96,9 +96,11 @@ dg_status dg_device_info(dg_device dev, int index, char *buf, size_t n);
  * names (avx512lp: the lossy AVX-512 BF16/VNNI products; avx2lp: the lossy AVX2
  * int8 products; only on request). *name (a
  * static string) is set in every case. Returns DG_OK, or DG_ERR_INVALID_ARG
- * when DGEMMA_KERNELS names no kernel set or one this CPU lacks: the best
- * exact set is used instead and dg_last_error() says so in one line naming the
- * variable, its value and the set taken (the library prints nothing). */
+ * when DGEMMA_KERNELS names a set this CPU lacks: the best exact set is used
+ * instead and dg_last_error() says so in one line naming the variable, its
+ * value and the set taken (the library prints nothing). A name of no kernel set
+ * also gives DG_ERR_INVALID_ARG, with dg_switches_check's refusal line: such a
+ * value never runs (dg_model_load and dg_context_new refuse it). */
 dg_status dg_cpu_kernels(const char **name);
 
 /* The encoder chunk of a CUDA context: prompt tokens per encoder pass, so a
@@ -124,8 +126,10 @@ dg_status dg_cuda_enc_chunk(int32_t *chunk);
  * dg_last_error() naming the variable, the value and what is allowed, e.g.
  *   DGEMMA_GRAPHS="yes" is not 0 or 1 (passes captured and replayed as CUDA graphs; unset: 1)
  * dg_model_load and dg_context_new call it first and fail with it, so a bad value never runs (before session 30 it
- * ran silently as the default). Reads the environment at each call. DGEMMA_KERNELS, DGEMMA_CPU_PACK and
- * DGEMMA_CUDA_MEM_LIMIT are checked where they are read (dg_cpu_kernels; the CPU model; the CUDA model). */
+ * ran silently as the default). Reads the environment at each call. DGEMMA_KERNELS is checked here too (a name of
+ * no kernel set, for any device: one line, e.g. DGEMMA_KERNELS="avx3" is not one of ref, avx2, ...); a set this
+ * CPU lacks is not refused (dg_cpu_kernels warns). DGEMMA_CPU_PACK and DGEMMA_CUDA_MEM_LIMIT are checked where they
+ * are read (the CPU model; the CUDA model). */
 dg_status dg_switches_check(dg_device dev);
 
 dg_model_params dg_model_default_params(void);

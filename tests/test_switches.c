@@ -331,11 +331,76 @@ static void test_model_and_context(void **state) {
   dg_test_rm_dir(dir);
 }
 
+/* DGEMMA_KERNELS (its own parser, cpu/dispatch.c): a name of no kernel set is refused by dg_switches_check for any
+ * device, by dg_model_load, and reported by dg_cpu_kernels with the same line; the five names pass the check whether
+ * or not this CPU has the set (a lacked set runs the best exact one with dg_cpu_kernels's warning, test_cli). */
+static void test_kernels_name(void **state) {
+  (void)state;
+  const char *saved = getenv("DGEMMA_KERNELS");
+  char *keep = saved ? strdup(saved) : NULL;
+  unsetenv("DGEMMA_KERNELS");
+  const char *best = NULL, *name = NULL;
+  assert_dg_ok(dg_cpu_kernels(&best));
+  static const char *const known[] = {"", "ref", "avx2", "avx512", "avx512lp", "avx2lp"};
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+    setenv("DGEMMA_KERNELS", known[i], 1);
+    assert_dg_ok(dg_switches_check(DG_DEVICE_CPU));
+    assert_dg_ok(dg_switches_check(DG_DEVICE_CUDA));
+  }
+  static const struct { const char *v, *quoted; } bad[] = {
+      {"bogus", "bogus"}, {"AVX512", "AVX512"}, {"avx512 ", "avx512 "}, {"ref,avx2", "ref,avx2"},
+      {"bad\nvalue", "bad\\x0avalue"}, {"a\"b", "a\\x22b"}};
+  char want[512];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DGEMMA_KERNELS", bad[i].v, 1);
+    snprintf(want, sizeof want, "DGEMMA_KERNELS=\"%s\" is not one of ref, avx2, avx512, avx512lp, avx2lp (the CPU "
+             "kernel set; unset: the best exact set this CPU has)", bad[i].quoted);
+    assert_int_equal(dg_switches_check(DG_DEVICE_CPU), DG_ERR_INVALID_ARG);
+    assert_string_equal(dg_last_error(), want);
+    assert_int_equal(dg_switches_check(DG_DEVICE_CUDA), DG_ERR_INVALID_ARG);
+    assert_string_equal(dg_last_error(), want);
+    name = NULL;
+    assert_int_equal(dg_cpu_kernels(&name), DG_ERR_INVALID_ARG);
+    assert_string_equal(dg_last_error(), want);
+    assert_string_equal(name, best); /* what dg_kernels_best would run: never reached by a model */
+  }
+  /* a long value is cut like the table's (64 bytes, "...") */
+  char longv[101];
+  memset(longv, 'k', 100);
+  longv[100] = '\0';
+  setenv("DGEMMA_KERNELS", longv, 1);
+  assert_int_equal(dg_switches_check(DG_DEVICE_CPU), DG_ERR_INVALID_ARG);
+  snprintf(want, sizeof want, "DGEMMA_KERNELS=\"%.59s...\" is not one of ref, avx2, avx512, avx512lp, avx2lp (the CPU "
+           "kernel set; unset: the best exact set this CPU has)", longv);
+  assert_string_equal(dg_last_error(), want);
+  /* the model load refuses it before reading the checkpoint */
+  char dir[] = "/tmp/dg_switchesXXXXXX";
+  assert_non_null(mkdtemp(dir));
+  synth_cfg sc = synth_default();
+  assert_int_equal(synth_model_dir(dir, &sc), 0);
+  dg_model_params mp = dg_model_default_params();
+  mp.no_tokenizer = 1;
+  mp.n_threads = 1;
+  dg_model *m = (dg_model *)&m;
+  setenv("DGEMMA_KERNELS", "avx3", 1);
+  assert_int_equal(dg_model_load(dir, &mp, &m), DG_ERR_INVALID_ARG);
+  assert_null(m);
+  assert_non_null(strstr(dg_last_error(), "DGEMMA_KERNELS=\"avx3\" is not one of"));
+  setenv("DGEMMA_KERNELS", "ref", 1);
+  assert_dg_ok(dg_model_load(dir, &mp, &m));
+  dg_model_free(m);
+  dg_test_rm_dir(dir);
+  if (keep) setenv("DGEMMA_KERNELS", keep, 1);
+  else unsetenv("DGEMMA_KERNELS");
+  free(keep);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_each_switch, save_env, restore_env),
       cmocka_unit_test_setup_teardown(test_check_order, save_env, restore_env),
       cmocka_unit_test_setup_teardown(test_model_and_context, save_env, restore_env),
+      cmocka_unit_test_setup_teardown(test_kernels_name, save_env, restore_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -761,12 +761,14 @@ static void check_cuda(const opts *o, char *buf, size_t n) {
   }
 }
 
-/* A DGEMMA_KERNELS the library could not honour (a name of no kernel set, a set this CPU lacks):
- * one warning line naming the variable, its value and the set used instead; once per process. */
+/* A DGEMMA_KERNELS naming a set this CPU lacks: one warning line naming the variable, its value and the set used
+ * instead; once per process. A name of no kernel set (or any other switch's bad value) is left to the load, which
+ * refuses it (dg_switches_check). */
 static void warn_kernels(void) {
   static int done;
   const char *name;
-  if (!done++ && dg_cpu_kernels(&name)) fprintf(stderr, "dgemma: warning: %s\n", dg_last_error());
+  if (!done++ && dg_switches_check(DG_DEVICE_CPU) == DG_OK && dg_cpu_kernels(&name))
+    fprintf(stderr, "dgemma: warning: %s\n", dg_last_error());
 }
 
 static dg_model *load_model(const opts *o, int need_tokenizer) {

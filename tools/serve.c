@@ -1340,7 +1340,8 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   if (!o.api_key) o.api_key = getenv("DGEMMA_API_KEY");
   if (o.api_key && !*o.api_key) o.api_key = NULL;
   const char *kern;
-  if (dg_cpu_kernels(&kern)) fprintf(stderr, "dgemma serve: warning: %s\n", dg_last_error());
+  if (dg_switches_check(DG_DEVICE_CPU) == DG_OK && dg_cpu_kernels(&kern)) /* a bad name: the load refuses it */
+    fprintf(stderr, "dgemma serve: warning: %s\n", dg_last_error());
   if (mp.device == DG_DEVICE_CUDA) { /* no GPU or no CUDA in this build: say so, not "cannot load model" */
     char buf[512];
     if (dg_device_info(DG_DEVICE_CUDA, mp.cuda_device, buf, sizeof buf)) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "base/dg_error.h"
+#include "cpu/kernels.h"
 #include "model/context.h"
 
 #define DG_STR_(x) #x
@@ -138,6 +139,12 @@ long dg_sw_get(dg_sw_id id) {
 }
 
 dg_status dg_switches_check(dg_device dev) {
+  const char *kern = getenv("DGEMMA_KERNELS"); /* its own parser (cpu/dispatch.c); a name of no set is refused here */
+  if (!dg_kernels_known(kern)) {
+    char why[256];
+    dg_kernels_refusal(kern, why, sizeof why);
+    return dg_seterr(DG_ERR_INVALID_ARG, "%s", why);
+  }
   const int n = dev == DG_DEVICE_CUDA ? DG_SW_COUNT : DG_SW_CUDA_FIRST;
   for (int i = 0; i < n; i++) DG_TRY(dg_sw_read(&table[i], NULL));
   return DG_OK;

@@ -7,7 +7,8 @@
  * variable, the value and what is allowed (envsw.h). README.md's "Environment switches" table documents each one.
  *
  * Not in the table, each with a parser and a refusal of its own: DGEMMA_KERNELS (cpu/dispatch.c dg_kernels_pick: a
- * bad value or a set this CPU lacks runs the best exact set with a warning, dg_cpu_kernels), DGEMMA_CPU_PACK
+ * name of no kernel set is refused by dg_switches_check, a set this CPU lacks runs the best exact set with a warning,
+ * dg_cpu_kernels), DGEMMA_CPU_PACK
  * (cpu/pack.c, refused by the CPU backend's model), DGEMMA_CUDA_MEM_LIMIT (cuda/upload.cu mem_info: a byte count up
  * to 2^64, refused when a CUDA model is made); and the strings DGEMMA_CUDA_LIB (a path), DGEMMA_MODEL and
  * DGEMMA_API_KEY (the CLI's). */

@@ -3,9 +3,11 @@
  * DGEMMA_KERNELS=avx512lp opts in to the bf16/VNNI products (never chosen by
  * default: they round the activations, see matmul_avx512lp.c), and
  * DGEMMA_KERNELS=avx2lp to the int8 vpmaddubsw products of AVX2 CPUs (likewise
- * lossy and never the default: matmul_avx2lp.c). A value that
- * names no set, or a set this CPU lacks, gives the best exact set
- * (dg_kernels_pick says why; dg_cpu_kernels reports it to the caller). */
+ * lossy and never the default: matmul_avx2lp.c). A set this CPU lacks gives
+ * the best exact set (dg_kernels_pick says why; dg_cpu_kernels reports it to
+ * the caller as a warning); a value that names no set is refused by
+ * dg_switches_check before any model loads (session 31; it ran the best set
+ * with a warning before). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,16 +48,37 @@ static const dg_kernels *best_exact(void) {
   return k ? k : dg_kernels_ref();
 }
 
+static const struct {
+  const char *name;
+  const dg_kernels *(*get)(void);
+  const char *lacks;
+} sets[] = {
+    {"ref", dg_kernels_ref, ""},
+    {"avx2", dg_kernels_avx2, "AVX2 and FMA"},
+    {"avx512", dg_kernels_avx512, "AVX-512 F/BW/VL/DQ"},
+    {"avx512lp", dg_kernels_avx512lp, "AVX-512 BF16 and VNNI"},
+    {"avx2lp", dg_kernels_avx2lp, "AVX2 and FMA"},
+};
+
+int dg_kernels_known(const char *env) {
+  if (!env || !*env) return 1;
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+    if (!strcmp(env, sets[i].name)) return 1;
+  return 0;
+}
+
+void dg_kernels_refusal(const char *env, char *why, size_t n) {
+  char v[64];
+  const int cut = dg_env_quote(env ? env : "", v, sizeof v);
+  snprintf(why, n,
+           "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp, avx2lp (the CPU kernel set; unset: the "
+           "best exact set this CPU has)",
+           v, cut ? "..." : "");
+}
+
 const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
   if (why && n) why[0] = 0;
   if (!env || !*env) return best_exact(); /* unset or empty: the default */
-  static const struct { const char *name; const dg_kernels *(*get)(void); const char *lacks; } sets[] = {
-      {"ref", dg_kernels_ref, ""},
-      {"avx2", dg_kernels_avx2, "AVX2 and FMA"},
-      {"avx512", dg_kernels_avx512, "AVX-512 F/BW/VL/DQ"},
-      {"avx512lp", dg_kernels_avx512lp, "AVX-512 BF16 and VNNI"},
-      {"avx2lp", dg_kernels_avx2lp, "AVX2 and FMA"},
-  };
   const dg_kernels *best = best_exact();
   for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
     if (!strcmp(env, sets[i].name)) {
@@ -65,12 +88,7 @@ const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n) {
         snprintf(why, n, "DGEMMA_KERNELS=%s: this CPU lacks %s; using the %s kernels", env, sets[i].lacks, best->name);
       return best;
     }
-  if (why && n) {
-    char v[64];
-    const int cut = dg_env_quote(env, v, sizeof v);
-    snprintf(why, n, "DGEMMA_KERNELS=\"%s%s\" is not one of ref, avx2, avx512, avx512lp, avx2lp; using the %s kernels", v,
-             cut ? "..." : "", best->name);
-  }
+  if (why && n) dg_kernels_refusal(env, why, n);
   return best;
 }
 

@@ -73,10 +73,20 @@ const dg_kernels *dg_kernels_best(void);
 
 /* The set DGEMMA_KERNELS = env asks for (env NULL or "": the default, the best
  * exact set AVX-512 > AVX2 > ref; "avx512lp" and "avx2lp" only on request). A
- * name that is none of ref, avx2, avx512, avx512lp, avx2lp, or a set this CPU lacks, gives the best
- * exact set and a one-line reason in why[n] (naming the variable, the value
- * and the set taken); why[0] = 0 when env was honoured. why may be NULL. */
+ * set this CPU lacks gives the best exact set and a one-line reason in why[n]
+ * (naming the variable, the value and the set taken); a name that is none of
+ * ref, avx2, avx512, avx512lp, avx2lp also gives the best exact set, with
+ * dg_kernels_refusal's line in why (dg_switches_check refuses such a name
+ * before any model loads). why[0] = 0 when env was honoured. why may be NULL. */
 const dg_kernels *dg_kernels_pick(const char *env, char *why, size_t n);
+
+/* 1 when env is NULL, "" or the name of a kernel set (whether or not this CPU
+ * has it), else 0. */
+int dg_kernels_known(const char *env);
+
+/* The one-line refusal of a DGEMMA_KERNELS = env that names no set, in why[n]
+ * (the variable, the value quoted as envsw.h quotes it, what is allowed). */
+void dg_kernels_refusal(const char *env, char *why, size_t n);
 const dg_kernels *dg_kernels_avx2(void);   /* NULL if the CPU lacks AVX2+FMA+F16C */
 const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW/VL/DQ */
 /* Opt-in, lossy (DGEMMA_KERNELS=avx512lp): bf16 weights through vdpbf16ps with
