@@ -45,9 +45,15 @@
 # Files back: log.txt, build_tail.txt, tests.txt, step.txt (every bench's whole output with its memory log),
 # bench.jsonl (every JSON row, each run's after a {"kind": "run"} line), summary.md (the rows and the log lines).
 # Usage: DG_CALL_S=600 bash dev/gpu/s30_mm12.sh $OUT
+# Session 31 (lead): MM12_ITEMS (default "1 2 3 4 5") runs only the items named, MM12_Q (default "4 3") writes only
+# those checkpoints. Session 31's H100 call ran item 1 (all 17 tests passed) and timed item 2's first bench out (a
+# fresh machine: build 439 s beside the 4-bit checkpoint's 296 s); so the next call is MM12_ITEMS="2" MM12_Q=4 on a
+# fresh machine, then MM12_ITEMS="3 4 5" MM12_Q=3 on the warm one (the verdicts below unchanged).
 O=${1:?usage: dev/gpu/s30_mm12.sh OUT}; mkdir -p "$O"
 . scripts/gpu_env.sh
 T=$(call_budget 560)
+ITEMS=" ${MM12_ITEMS:-1 2 3 4 5} "; QS=${MM12_Q:-4 3}
+has() { case "$ITEMS" in *" $1 "*) return 0 ;; esac; return 1; }
 TP=/tmp/mm_ # left, guard, lim, bench (its files /tmp/mm_NAME.txt, .jsonl) and one: scripts/gpu_env.sh
 rm -f /tmp/mm_*.txt /tmp/mm_*.jsonl
 : > "$O/step.txt"; : > "$O/tests.txt"; : > "$O/bench.jsonl"
@@ -59,7 +65,7 @@ git log --oneline -1 | tee -a "$O/log.txt"
     make -j4 CUDA=0 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" BUILD=build-c build-c/dgemma > /tmp/build_c.txt 2>&1 ||
       { echo "build-c failed $(el)" >> "$O/log.txt"; exit 1; }
   fi
-  for q in 4 3; do
+  for q in $QS; do
     d=/tmp/dg26b; rec=""; [ $q = 3 ] && { d=/tmp/dg26b3; rec="--recipe all=bf16,experts=3"; }
     if [ -f $d.ok ] && [ -f $d/config.json ]; then echo "mkrandom $q-bit kept $(el)" >> "$O/log.txt"; continue; fi
     rm -f $d.ok
@@ -73,7 +79,7 @@ make -j12 CUDA=1 WERROR= XCFLAGS="$XC" XLDFLAGS="$XL" build/dgemma build/libdgem
 echo "build rc $? $(el)" | tee -a "$O/log.txt"
 tail -3 /tmp/mm_build.txt > "$O/build_tail.txt"
 # 1. correctness at the new defaults, then the old layout's path
-if [ -x build/tests/test_cuda ]; then
+if has 1 && [ -x build/tests/test_cuda ]; then
   one enc_view test_enc_view
   one synth_logits test_synth_logits
   one profile_encode test_profile_encode
@@ -98,11 +104,11 @@ wait_ck() { # wait_ck Q: 0 once /tmp/dg26b(3).ok is there (waiting for the backg
   while [ ! -f $d.ok ] && kill -0 $mk 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 5; done
   [ -f $d.ok ]
 }
-if wait_ck 4 && guard 60 "step 4-bit chunk 1024"; then
+if has 2 && wait_ck 4 && guard 60 "step 4-bit chunk 1024"; then
   ENVS="DGEMMA_CUDA_MEMLOG=1" DGEMMA_CUDA_MEMLOG=1 bench step4 "$(lim 120)" -m /tmp/dg26b --device cuda \
     --protocol step --contexts 1024,8192 --reps 3
 fi
-if [ -f /tmp/dg26b.ok ] && guard 60 "step 4-bit chunk 256"; then
+if has 2 && [ -f /tmp/dg26b.ok ] && guard 60 "step 4-bit chunk 256"; then
   ENVS="DGEMMA_CUDA_MEMLOG=1 DGEMMA_ENC_CHUNK=256" DGEMMA_CUDA_MEMLOG=1 DGEMMA_ENC_CHUNK=256 bench step4_256 \
     "$(lim 120)" -m /tmp/dg26b --device cuda --protocol step --contexts 1024,8192 --reps 3
 fi
@@ -114,7 +120,7 @@ s3() { # s3 NAME ENV...: the 3-bit step at 8K with the memory log under ENV (exp
     ENVS="DGEMMA_CUDA_MEMLOG=1 $*" bench "$name" "$(lim 90)" -m /tmp/dg26b3 --device cuda --protocol step \
       --contexts 8192 --reps 1 --warmup 0 )
 }
-if wait_ck 3; then
+if has 3 && wait_ck 3; then
   s3 step3
   s3 step3_one DGEMMA_BRANCH_HANDLE=one
   s3 step3_small DGEMMA_CUBLAS_POOL=small
@@ -122,7 +128,7 @@ if wait_ck 3; then
   s3 step3_zero DGEMMA_CUBLAS_POOL=zero
 fi
 # 4. the vllm A/B: A defaults, B DGEMMA_SC_INPLACE=0, C DGEMMA_BRANCH_WS_KIB=32768; A B C A B C
-if [ -f /tmp/dg26b3.ok ]; then
+if has 4 && { wait_ck 3 || true; } && [ -f /tmp/dg26b3.ok ]; then
   for i in 1 2; do
     guard 50 "vllm A $i" && ENVS="" bench vllmA$i "$(lim 80)" -m /tmp/dg26b3 --device cuda --protocol vllm --reps 2
     guard 50 "vllm B $i" && ENVS="DGEMMA_SC_INPLACE=0" DGEMMA_SC_INPLACE=0 \
@@ -132,7 +138,7 @@ if [ -f /tmp/dg26b3.ok ]; then
   done
 fi
 # 5. the pool switch's words
-if [ -x build/tests/test_cuda ]; then
+if has 5 && [ -x build/tests/test_cuda ]; then
   one branch_small test_branch DGEMMA_CUBLAS_POOL=small
   one graphs_small test_graphs DGEMMA_CUBLAS_POOL=small
   one golden_small test_golden_logits DGEMMA_CUBLAS_POOL=small
