@@ -430,8 +430,8 @@ for k in kernels:
                 j["policy"] = pol
                 if k not in moe or j["median_s"] < moe[k]["median_s"]: moe[k] = j
 seen = {k[0] for k in g}
-gcols = [c for t in types for c in sorted(x for x in seen if x == t or x.startswith(t + "@"))] + \
-        [c for c in sorted(seen) if c.startswith("q4_K") and c.endswith(" generic")]
+gcols = list(dict.fromkeys([c for t in types for c in sorted(x for x in seen if x == t or x.startswith(t + "@"))] +
+                           [c for c in sorted(seen) if c.startswith("q4_K") and c.endswith(" generic")]))  # once each
 cols = [("dgemma " + k, (k,)) for k in kernels] + [("ggml " + t, t) for t in gcols]
 print("ggml's paths (llama.cpp's choice: the first extra buffer type of the CPU device that takes the product, else CPU):")
 for (t, N, K), (b, e) in sorted(paths.items()):
