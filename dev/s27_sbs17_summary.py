@@ -11,6 +11,9 @@ runs = [r for r in runs if all(os.path.exists(f"{out}/{n}_r{r}.md") for n in nam
 def parse(fn):
     rows, moe = {}, None
     for line in open(fn):
+        if line.startswith("ratio "):  # the last kernel set against each ggml column (session 31)
+            f = line.split()
+            percol[(fn, "gate_up" if f[1] == "gate_up" else "down", int(f[2]))] = {k: float(v) for k, v in (x.split("=") for x in f[3:])}
         m = re.match(r"moe_gathered .* ([\d.]+) ms per call", line)
         if m: moe = float(m.group(1))
         if not (line.startswith("| gate_up") or line.startswith("| down")): continue
@@ -21,6 +24,7 @@ def parse(fn):
             float(c[2]), float(c[3]), float(rat.split("x")[0]) if rat != "-" else None,
             float(r45.split("x")[0]) if r45 != "-" else None)
     return rows, moe
+percol = {}
 data = {n: [parse(f"{out}/{n}_r{r}.md") for r in runs] for n in names}
 fmt = lambda v: f"{st.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"
 print(f"runs {runs}; ratio = ggml's time / dgemma's (gate/up: fastest q4_K; down: fastest 4.5-bit, q4_0)")
@@ -34,6 +38,10 @@ for key in sorted(data[names[0]][0][0], key=lambda k: (k[0] != "gate_up", k[1]))
         if key[0] == "gate_up":  # session 30: the gate/up rows against q4_0 too (AMX q4_0 is ggml's fastest there)
             r4 = [x[0][key][3] for x in data[n] if x[0][key][3] is not None]
             if r4: print(f"  {'':8s} vs fastest 4.5-bit ggml {fmt(r4)}x  each {r4}")
+        cols = sorted({c for r in runs for c in percol.get((f"{out}/{n}_r{r}.md",) + key, {})})
+        for c in cols:  # against each ggml build and type of the run (session 31: q4_K@clang = AMX, q4_K@noamx = CPU_REPACK)
+            v = [percol[(f"{out}/{n}_r{r}.md",) + key][c] for r in runs if c in percol.get((f"{out}/{n}_r{r}.md",) + key, {})]
+            print(f"  {'':8s} vs {c:18s} {fmt(v)}x  each {v}")
     for n in names[1:]:
         r = [b[0][key][1] / a[0][key][1] for a, b in zip(data[names[0]], data[n])]
         print(f"  {n}/{names[0]} per round {[round(x, 2) for x in r]} median {st.median(r):.2f}")

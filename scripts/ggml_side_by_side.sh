@@ -62,6 +62,29 @@
 #     biases are all 4.5 bits per weight: the same bytes).
 #  6. the gathered MoE of a MOE_TOKENS-token canvas (default 256; 4-bit g64, every
 #     kernel set; dgemma only: ggml's MUL_MAT_ID is not timed here), per call.
+#  7. GGML_BUILDS (default native): which builds of ggml run, space-separated, each
+#     into its own folder and harness, all in the same command:
+#       native  gcc, -DGGML_NATIVE=ON (.ggml/build, .ggml/mm_bench; the tables' plain
+#               column names). With gcc 12 on an AMX CPU this build's AMX path
+#               crashes at M >= 2: gcc 12's _tile_loadconfig declares an 8-byte
+#               memory operand, so gcc drops the stores of ggml's stack tile
+#               config (ggml_tile_config_init) and ldtilecfg faults (#GP, SIGSEGV)
+#               on the zeroed / stale rows and columns (session 31;
+#               docs/measurements.md);
+#       clang   clang / clang++, -DGGML_NATIVE=ON, the same source, plus -D__AMX_INT8__
+#               (.ggml/build-clang, .ggml/mm_bench-clang; columns TYPE@clang): clang's
+#               ldtilecfg builtin reads the whole 64-byte config, so ggml's AMX path
+#               runs at every M; the define because clang 14 names the feature
+#               __AMXINT8__ where ggml tests gcc's __AMX_INT8__ (without it ggml
+#               compiles its AMX code out and the llama path is CPU_REPACK);
+#       noamx   gcc, ggml's own ISA options instead of -march=native:
+#               -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
+#               -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+#               (AVX, AVX2, FMA, F16C, BMI2 on by default; GGML_AMX_* off):
+#               no AMX buffer type, so llama.cpp's path is CPU_REPACK (q4_K_8x8,
+#               q4_0_8x8) (.ggml/build-noamx; columns TYPE@noamx).
+#     A harness that exits non-zero (a crash) is logged in ggml_<policy>.err and
+#     its cells print '-'; the other builds still run.
 # THREADS (default 2) threads for both. Both run under each OpenMP wait policy
 # in WAIT_POLICIES (default passive,active) and each cell takes the faster:
 # spinning threads win small products on an idle machine (ggml q4_K at M = 1:
@@ -83,6 +106,7 @@ REPS=${REPS:-5}
 GGML_EXPERTS=${GGML_EXPERTS:-128}
 DGEMMA=${DGEMMA:-$ROOT/build-cpu/dgemma}
 MOE_TOKENS=${MOE_TOKENS:-256}
+GGML_BUILDS=${GGML_BUILDS:-native}
 if [ -z "${KERNELS:-}" ]; then
   flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
   has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
@@ -100,18 +124,33 @@ fi
 
 rev=$(git --git-dir="$GGML_GIT" rev-parse "$GGML_REV")
 if [ "$(cat "$GG/src.rev" 2>/dev/null)" != "$rev" ]; then
-  rm -rf "$GG/src" "$GG/build"
+  rm -rf "$GG/src" "$GG"/build "$GG"/build-*
   mkdir -p "$GG/src"
   git --git-dir="$GGML_GIT" archive "$rev" | tar -x -C "$GG/src"
   echo "$rev" >"$GG/src.rev"
 fi
-if [ ! -f "$GG/build/.built" ]; then
-  cmake -S "$GG/src" -B "$GG/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
-    -DGGML_OPENMP=ON >"$OUT/ggml_cmake.log"
-  nice cmake --build "$GG/build" -j"$(nproc)" --target ggml ggml-base ggml-cpu >"$OUT/ggml_build.log"
-  touch "$GG/build/.built"
-fi
+# gbuild LABEL: the build folder and harness of one ggml build (see GGML_BUILDS above)
+gdir() { [ "$1" = native ] && echo "$GG/build" || echo "$GG/build-$1"; }
+gbin() { [ "$1" = native ] && echo "$GG/mm_bench" || echo "$GG/mm_bench-$1"; }
+gcxx() { [ "$1" = clang ] && echo clang++ || echo g++; }
+for gb in $GGML_BUILDS; do
+  bd=$(gdir "$gb")
+  case $gb in
+    native) extra=(-DGGML_NATIVE=ON);;
+    clang) extra=(-DGGML_NATIVE=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+                  -DCMAKE_C_FLAGS=-D__AMX_INT8__ -DCMAKE_CXX_FLAGS=-D__AMX_INT8__);;
+    noamx) extra=(-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+                  -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF);;
+    *) echo "ggml_side_by_side.sh: unknown GGML_BUILDS entry '$gb' (native, clang, noamx)" >&2; exit 2;;
+  esac
+  if [ ! -f "$bd/.built" ]; then
+    cmake -S "$GG/src" -B "$bd" -DCMAKE_BUILD_TYPE=Release "${extra[@]}" -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+      -DGGML_OPENMP=ON >"$OUT/ggml_cmake_$gb.log"
+    nice cmake --build "$bd" -j"$(nproc)" --target ggml ggml-base ggml-cpu >"$OUT/ggml_build_$gb.log"
+    touch "$bd/.built"
+  fi
+done
 
 cat >"$GG/mm_bench.c" <<'HARNESS'
 /* mm_bench.c (written by scripts/ggml_side_by_side.sh into .ggml/, never committed):
@@ -332,19 +371,29 @@ int main(int argc, char **argv) {
   return 0;
 }
 HARNESS
-libs=$(find "$GG/build" -name 'libggml-cpu.a' -o -name 'libggml.a' -o -name 'libggml-base.a' | sort -r | tr '\n' ' ')
-g++ -O2 -DNE="$GGML_EXPERTS" -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$GG/mm_bench" \
-  -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
+for gb in $GGML_BUILDS; do
+  libs=$(find "$(gdir "$gb")" -name 'libggml-cpu.a' -o -name 'libggml.a' -o -name 'libggml-base.a' | sort -r | tr '\n' ' ')
+  "$(gcxx "$gb")" -O2 -DNE="$GGML_EXPERTS" -x c "$GG/mm_bench.c" -x none -I"$GG/src/include" -o "$(gbin "$gb")" \
+    -Wl,--start-group $libs -Wl,--end-group -fopenmp -lm -lpthread
+done
 
 amx=absent; [[ " $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) " == *" amx_tile "* ]] && amx=present
-echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; ggml experts walked $GGML_EXPERTS; kernels $KERNELS; OMP_WAIT_POLICY $WAIT_POLICIES (both, the faster per row)" | tee "$OUT/header.txt"
+echo "# $(date -u +%FT%TZ) $(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); AMX $amx; load: $(cat /proc/loadavg); dgemma $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); ggml $rev; threads $THREADS; ggml builds $GGML_BUILDS; ggml experts walked $GGML_EXPERTS; kernels $KERNELS; OMP_WAIT_POLICY $WAIT_POLICIES (both, the faster per row)" | tee "$OUT/header.txt"
 rm -f "$OUT"/ggml_*.txt "$OUT"/ggml_*.err
 for pol in ${WAIT_POLICIES//,/ }; do
-  for ty in ${GGML_TYPES//,/ }; do
-    OMP_WAIT_POLICY=$pol "$GG/mm_bench" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 2>>"$OUT/ggml_$pol.err" |
-      tee -a "$OUT/ggml_$pol.txt"
+  for gb in $GGML_BUILDS; do
+    for ty in ${GGML_TYPES//,/ }; do
+      sfx=; [ "$gb" = native ] || sfx=@$gb
+      rc=0
+      OMP_WAIT_POLICY=$pol "$(gbin "$gb")" "$ty" "$THREADS" "$REPS" "$ROWS" 1408:2816 2816:704 2>>"$OUT/ggml_$pol.err" \
+        >"$OUT/ggml_cur.txt" || rc=$?
+      sed -E "s/^(path|ggml|check) ([^ ]+)/\1 \2$sfx/" "$OUT/ggml_cur.txt" | tee -a "$OUT/ggml_$pol.txt"
+      [ $rc = 0 ] || echo "# ggml build $gb type $ty ($pol): mm_bench exited $rc (a crash: its later rows are missing)" |
+        tee -a "$OUT/ggml_$pol.err"
+    done
   done
 done
+rm -f "$OUT/ggml_cur.txt"
 # which repacked kernel ggml's set_tensor chose (its log line, one per weight tensor)
 grep -ho 'repack tensor .*' "$OUT"/ggml_*.err | sort | uniq -c | tee "$OUT/ggml_repack.txt" || true
 rm -f "$OUT"/dgemma_*.jsonl "$OUT"/dgemma_*.txt
@@ -380,7 +429,9 @@ for k in kernels:
             if j.get("shape") == "moe_gathered":
                 j["policy"] = pol
                 if k not in moe or j["median_s"] < moe[k]["median_s"]: moe[k] = j
-gcols = [t for t in types] + [t + " generic" for t in types if t == "q4_K"]
+seen = {k[0] for k in g}
+gcols = list(dict.fromkeys([c for t in types for c in sorted(x for x in seen if x == t or x.startswith(t + "@"))] +
+                           [c for c in sorted(seen) if c.startswith("q4_K") and c.endswith(" generic")]))  # once each
 cols = [("dgemma " + k, (k,)) for k in kernels] + [("ggml " + t, t) for t in gcols]
 print("ggml's paths (llama.cpp's choice: the first extra buffer type of the CPU device that takes the product, else CPU):")
 for (t, N, K), (b, e) in sorted(paths.items()):
@@ -389,12 +440,13 @@ if checks:
     print(f"  checks vs the double product of ggml's dequantized weights: largest error / bound generic {max(c[0] for c in checks):.3f}, "
           f"llama {max(c[1] for c in checks):.3f}; largest |generic - llama| / sum|xw| {max(c[2] for c in checks):.2g}")
 best = lambda tm, names: min(((tm[n][0], n) for n in names if tm.get(n)), default=None)
-q4k = ["ggml q4_K", "ggml q4_K generic"]
+q4k = ["ggml " + c for c in gcols if c.startswith("q4_K")]
 fourbit = ["ggml " + t for t in gcols if t.startswith("q4_")]
 last = "dgemma " + kernels[-1]
 print("\n| shape | M | " + " | ".join(f"{c} GB/s | {c} GFLOP/s" for c, _ in cols) + " | " +
       " | ".join(f"{k} / fastest q4_K" for k in reversed(kernels)) + f" | {kernels[-1]} / fastest 4.5-bit ggml |")
 print("|---|---|" + "---|---|" * len(cols) + "---|" * (len(kernels) + 1))
+ratios = []
 for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816, 704]")):
     Ms = sorted({m for (_, n, kk, m) in g if (n, kk) == (N, K)} | {m for (_, n, kk, m) in d if (n, kk) == (N, K)})
     for M in Ms:
@@ -410,6 +462,10 @@ for N, K, name in ((1408, 2816, "gate_up [1408, 2816]"), (2816, 704, "down [2816
         b = best(tm, fourbit)
         r.append(f"{b[0] / tm[last][0]:.2f}x ({b[1][5:]})" if b and tm.get(last) else "-")
         print(f"| {name} | {M} | " + " | ".join(cells) + " | " + " | ".join(r) + " |")
+        ratios.append(f"ratio {name.split()[0]} {M} " + " ".join(
+            f"{c[5:].replace(' ', '_')}={tm[c][0] / tm[last][0]:.3f}" for c, _ in cols if c.startswith("ggml ") and tm.get(c) and tm.get(last)))
+print(f"\n{kernels[-1]} against each ggml column (ggml time / dgemma time):")
+for x in ratios: print(x)
 for k, j in moe.items():
     print(f"\nmoe_gathered {j['tokens']} tokens ({j['experts']} experts hit, M = {j['M']:.1f}), {j['format']}, dgemma {k}: "
           f"{1e3 * j['median_s']:.1f} ms per call ({j['policy']}), {j['gflop_s']:.1f} GFLOP/s, {100 * j['fraction']:.0f}% of its roofline ({j['compute_rate']})")

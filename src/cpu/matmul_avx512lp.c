@@ -535,6 +535,41 @@ static inline __attribute__((always_inline)) void t_load(__m512i *v, int N, cons
 static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, int u) {
   return B == 8 ? v : _mm512_and_si512(_mm512_srli_epi16(v, B * u), _mm512_set1_epi8((char)((1 << B) - 1)));
 }
+/* TPREP_PLANES (compile time, default 0): the prepared rows pw (TPREP, il_prep) hold each packed vector's NSUB
+ * planes unpacked (one 64-byte vector a plane: 8 / B times the bytes) instead of the packed vector, so that the tiles
+ * on prepared rows load their codes instead of unpacking them (4-bit: the high plane's shift and both planes' AND
+ * leave the 4x4 tile's inner loop). The same integers, so the same bits (test_kernels: 23 rows in one call = 23
+ * one-row calls, the interleaved pack; both pass at 1, and fail with the plane index mutated in either tile). Session
+ * 31, Intel Xeon VM (AMX; 2 cores), side by side, -t 2, five alternations, gate/up [1408, 2816] 4-bit g64 GFLOP/s
+ * medians 0 / 1: M = 16 391 / 409, 64 507 / 531, 256 531 / 571, per-round ratios' medians 1.03x, 1.06x, 1.08x (one
+ * round disturbed: 0.69-0.82x; docs/results/cpu-s31/planes_t2); an earlier text of the same change 1.04x, 1.12x, 1.05x
+ * (planes_t2_prelim); M = 1, 8 and the down product, which take other tiles, 0.98-1.02x. Against ggml's AMX q4_K in
+ * the same runs 1.14-1.19x / 1.18-1.19x / 1.11-1.12x (0: 1.13-1.22x, 1.04-1.12x, 1.06-1.07x): not issue 17's 1.2x. Off by
+ * default: session 16 measured unpacked codes in pw slower on the Zen 4 EPYC (with the per-row tile then; comment at
+ * TPREP_MIN_T), and no AMD CPU was at hand to measure this tile. With 0 the code is the code before the option. */
+#ifndef TPREP_PLANES
+#define TPREP_PLANES 0
+#endif
+#define PL(B) (TPREP_PLANES ? 8 / (B) : 1) /* 64-byte vectors in pw per packed vector */
+#if TPREP_PLANES
+#define TP_V_LOAD(B, N, v, i, blk) (void)0
+#define TP_HI16(B, PREP, m) (B == 4 && (m) % NSUB == 1 && !(PREP))
+#define TP_WC(B, N, PREP, hi16, v, i, blk, m)                                                                \
+  ((PREP) ? _mm512_load_si512(pw + ((((size_t)(i) * (size_t)nblk + (size_t)(blk)) * N) * NSUB + (m)) * 64)    \
+   : hi16 ? _mm512_and_si512(v[(m) / NSUB], _mm512_set1_epi8((char)0xF0)) : t_unpack(v[(m) / NSUB], B, (m) % NSUB))
+#define TP44_VK(B, N, vk, blk, k) (void)vk
+#define TP44_WC(B, N, vk, i, blk, k, u) _mm512_load_si512(pw + ((((size_t)(i) * (size_t)nblk + (size_t)(blk)) * N + (k)) * NSUB + (u)) * 64)
+#define TP_STORE(B, N, pw, i, blk, k, v)                                                                     \
+  UNROLL for (int u = 0; u < 8 / B; u++)                                                                     \
+    _mm512_store_si512((pw) + ((((i) * xb->nblk + (blk)) * N + (k)) * (8 / B) + u) * 64, t_unpack((v)[k], B, u))
+#else
+#define TP_V_LOAD(B, N, v, i, blk) UNROLL for (int k = 0; k < N; k++) v[k] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64)
+#define TP_HI16(B, PREP, m) (B == 4 && m % NSUB == 1)
+#define TP_WC(B, N, PREP, hi16, v, i, blk, m) (hi16 ? _mm512_and_si512(v[m / NSUB], _mm512_set1_epi8((char)0xF0)) : t_unpack(v[m / NSUB], B, m % NSUB))
+#define TP44_VK(B, N, vk, blk, k) UNROLL for (int i = 0; i < RT; i++) vk[i] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64)
+#define TP44_WC(B, N, vk, i, blk, k, u) t_unpack(vk[i], B, u)
+#define TP_STORE(B, N, pw, i, blk, k, v) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k])
+#endif
 /* The start of the transposed tiles: the lane -> group map, the TT activation rows' codes,
  * d per lane and c, and the accumulators. */
 #define TTILE_PROLOGUE(N, RT, TT)                                                                            \
@@ -564,7 +599,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       UNROLL for (int i = 0; i < RT; i++) {                                                                  \
         __m512i v[N];                                                                                        \
         if (!PREP) t_load(v, N, wr, i, LS, blk, rb, pf);                                                     \
-        else UNROLL for (int k = 0; k < N; k++) v[k] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
+        else TP_V_LOAD(B, N, v, i, blk);                                                                         \
         __m512i isum[TT], ihi[TT];                                                                           \
         const int8_t *xr[TT]; /* opaque per row: the codes are read from the L1 as operands, not kept */     \
         UNROLL for (int j = 0; j < TT; j++) {                                                                \
@@ -574,9 +609,8 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
         }                                                                                                    \
         UNROLL for (int m = 0; m < N * NSUB; m++) {                                                          \
           /* 4-bit, unpacked here: the high codes as 16 q (one AND, no shift) into their own sum */          \
-          const int hi16 = B == 4 && m % NSUB == 1;                                                          \
-          const __m512i wc = hi16 ? _mm512_and_si512(v[m / NSUB], _mm512_set1_epi8((char)0xF0))              \
-                                  : t_unpack(v[m / NSUB], B, m % NSUB);                                      \
+          const int hi16 = TP_HI16(B, PREP, m);                                                                     \
+          const __m512i wc = TP_WC(B, N, PREP, hi16, v, i, blk, m);                                                    \
           UNROLL for (int j = 0; j < TT; j++) {                                                              \
             if (hi16) ihi[j] = _mm512_dpbusd_epi32(ihi[j], wc, _mm512_load_si512(xr[j] + m * 64));           \
             else isum[j] = _mm512_dpbusd_epi32(isum[j], wc, _mm512_load_si512(xr[j] + m * 64));              \
@@ -601,7 +635,7 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       for (int64_t blk = 0; blk < xb->nblk; blk++) {                                                         \
         __m512i v[N];                                                                                        \
         t_load(v, N, wr, i, LS, blk, rb, wr->pf);                                                            \
-        UNROLL for (int k = 0; k < N; k++) _mm512_store_si512(pw + ((i * xb->nblk + blk) * N + k) * 64, v[k]); \
+        UNROLL for (int k = 0; k < N; k++) TP_STORE(B, N, pw, i, blk, k, v);                                     \
       }                                                                                                      \
   }
 /* The 4x4 tile on prepared rows, step by step: for each of a block's N packed vectors the 4
@@ -626,12 +660,12 @@ static inline __attribute__((always_inline)) __m512i t_unpack(__m512i v, int B, 
       UNROLL for (int i = 0; i < RT; i++) UNROLL for (int j = 0; j < TT; j++) isum[i][j] = _mm512_setzero_si512(); \
       UNROLL for (int k = 0; k < N; k++) {                                                                   \
         __m512i vk[RT];                                                                                      \
-        UNROLL for (int i = 0; i < RT; i++) vk[i] = _mm512_load_si512(pw + (((size_t)i * (size_t)nblk + (size_t)blk) * N + k) * 64); \
+        TP44_VK(B, N, vk, blk, k);                                                                               \
         UNROLL for (int u = 0; u < NSUB; u++) {                                                              \
           __m512i xv[TT];                                                                                    \
           UNROLL for (int j = 0; j < TT; j++) xv[j] = _mm512_load_si512(xq[j] + (blk * N * NSUB + k * NSUB + u) * 64); \
           UNROLL for (int i = 0; i < RT; i++) {                                                              \
-            const __m512i wc = t_unpack(vk[i], B, u);                                                        \
+            const __m512i wc = TP44_WC(B, N, vk, i, blk, k, u);                                                  \
             UNROLL for (int j = 0; j < TT; j++) isum[i][j] = _mm512_dpbusd_epi32(isum[i][j], wc, xv[j]);     \
           }                                                                                                  \
         }                                                                                                    \
@@ -1207,7 +1241,7 @@ static void vnni_tiles(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int6
     return;
   }
   if (rt == 4) {
-    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64) : NULL;
+    int8_t *pw = vt->prep && T >= TPREP_MIN_T ? dg_kscratch(DG_KSCRATCH_LPW, (size_t)4 * (size_t)xb->nblk * xb->tr_n * 64 * PL(B)) : NULL;
     if (pw) { /* 4 rows x nblk blocks of n 64-byte vectors (NULL when out of memory: the tiles that transpose) */
       vt->prep(pw, xb, &wr);
       tf += 4;
@@ -1246,7 +1280,12 @@ static void vnni_rows(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
 #ifndef ILP_BYTES
 #define ILP_BYTES 8192
 #endif
-static void il_prep(int8_t *pw, char *sb, const dg_cpu_pack_geom *g, int64_t u, int64_t nblk) {
+#if TPREP_PLANES
+#define IL_PREP_B(x) , x /* the planes to unpack */
+#else
+#define IL_PREP_B(x)
+#endif
+static void il_prep(int8_t *pw, char *sb, const dg_cpu_pack_geom *g, int64_t u, int64_t nblk IL_PREP_B(int B)) {
   const int R = g->R;
   const int64_t esz = g->esz, sbrow = g->sbrow;
   for (int64_t blk = 0; blk < nblk; blk++) {
@@ -1261,7 +1300,12 @@ static void il_prep(int8_t *pw, char *sb, const dg_cpu_pack_geom *g, int64_t u, 
         if (ILP_BYTES && k < ns) _mm_prefetch(cb + k * 256 + ILP_BYTES, IL1_HINT);
       }
       tr_dwords(v, 8);
+#if TPREP_PLANES
+      for (int k = 0; k < 8; k++)
+        for (int q = 0; q < 8 / B; q++) _mm512_store_si512(pw + (((j * nblk + blk) * 8 + k) * (8 / B) + q) * 64, t_unpack(v[k], B, q));
+#else
       for (int k = 0; k < 8; k++) _mm512_store_si512(pw + ((j * nblk + blk) * 8 + k) * 64, v[k]);
+#endif
       memcpy(sb + 2 * j * sbrow + 16 * blk * esz, sc + j * n * esz, (size_t)(n * esz));
     }
     if (ILP_BYTES)
@@ -1294,7 +1338,7 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
   }
   const int64_t rs = (g->rb + 63) / 64 * 64, ss = (g->sbrow + 63) / 64 * 64, st = rs + 2 * ss;
   void *part[2];
-  int8_t *pw = dg_kscratch(DG_KSCRATCH_LPW, (size_t)R * (size_t)xb->nblk * 8 * 64);
+  int8_t *pw = dg_kscratch(DG_KSCRATCH_LPW, (size_t)R * (size_t)xb->nblk * 8 * 64 * PL(w->bits));
   const size_t need[2] = {(size_t)(R * st), (size_t)(2 * R * g->sbrow)}; /* a unit copied out; R rows' scales, biases */
   if (!pw || dg_kscratch_parts(DG_KSCRATCH_LPIL, 2, need, part)) {
     dg_kernels_avx512_impl()->matmul(y + a - lo, ldy, xb->x + t0 * xb->ldx, xb->ldx, T, w, a, b - a, 1);
@@ -1311,8 +1355,8 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
     wr.sbt = w->sb_dtype;
     wr.rbf = g->rb - g->tl;
     if (qa == q0 && qb == q0 + 4) {
-      if (!prepped) il_prep(pw, sb, g, u, xb->nblk), prepped = 1;
-      const int8_t *pp = pw + (size_t)4 * p * (size_t)xb->nblk * 8 * 64;
+      if (!prepped) il_prep(pw, sb, g, u, xb->nblk IL_PREP_B(w->bits)), prepped = 1;
+      const int8_t *pp = pw + (size_t)4 * p * (size_t)xb->nblk * 8 * 64 * PL(w->bits);
       for (int i = 0; i < 4; i++) {
         wr.sc[i] = sb + 2 * (4 * p + i) * g->sbrow;
         wr.bi[i] = wr.sc[i] + g->sbrow;
