@@ -1123,8 +1123,8 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
 
 /* The lean 8-tile products (session 31: lab version 139 of session 29's helper wp11, measured on an H100 in session
  * 31; docs/cuda.md "Measured on an H100 in session 31"): the down product's launch at 8 n-tiles (more than 32 rows
- * per expert on average: a stacked batch pass of 3 or more canvases, a prompt's encoder pass of 1,024 tokens) with
- * the 4-bit g64 stacks, unless DGEMMA_QR_LAUNCH=v50 (qr_launch_form). */
+ * per expert on average: at the 26B's top-8 of 128 experts a stacked batch pass of more than 512 rows, a prompt's
+ * encoder pass of 1,024 tokens) with the 4-bit g64 stacks, unless DGEMMA_QR_LAUNCH=v50 (qr_launch_form). */
 #define QR_LEAN_NTOK 64 /* tokens of a lean pass: 8 n-tiles */
 
 /* One weight stage of the lean order: the same products and folds as qr_kernel's stage at NT n-tiles (qr_run_mma,
