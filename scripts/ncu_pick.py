@@ -10,8 +10,12 @@ From the details page: the metrics named in PICK (duration, clocks, DRAM and SM 
 and active warps per scheduler, occupancy and its limits, registers, L1 / L2 hit rates), one line each as
 "section: metric [unit] value", per kernel in the file. From the raw page (optional): per kernel the average stall
 cycles per issued instruction by reason (smsp__average_warps_issue_stalled_REASON_per_issue_active.ratio, largest
-first: what a warp waits on, per instruction it issues) and every tensor-pipe utilisation metric collected.
-The columns are found by their header names, so extra columns of other ncu versions do not matter.
+first: what a warp waits on, per instruction it issues) and the RAW metrics (the mma.sync tensor pipe's busy cycles
+and issued instructions, hmma: the bf16 mma.sync products; session 30's version printed the fp64 dmma ones, all 0;
+issue slots, eligible and active warps per scheduler, shared-memory wavefronts).
+The columns are found by their header names, so extra columns of other ncu versions do not matter; a details row
+may be shorter than its header (ncu 2025.3 leaves the rule columns out of a metric row without a rule: session 30's
+version skipped every such row and printed no details at all).
 """
 import csv
 import re
@@ -26,6 +30,15 @@ PICK = [
     "Waves Per SM", "Dynamic Shared Memory Per Block", "L1/TEX Hit Rate", "L2 Hit Rate", "Mem Busy", "Max Bandwidth",
     "Executed Instructions", "Local Memory Spilling Requests",
 ]
+RAW = [
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active", "smsp__warps_eligible.avg.per_cycle_active",
+    "smsp__warps_active.avg.per_cycle_active", "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+    "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__time_duration.sum",
+]
 STALL = re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 
 
@@ -38,9 +51,10 @@ def details(path):
         return
     H = {h: i for i, h in enumerate(rows[hdr_i])}
     kcol, scol = H.get("Kernel Name"), H.get("Section Name")
+    need = max(H["Metric Name"], H["Metric Unit"], H["Metric Value"], kcol or 0, scol or 0)
     last = None
     for r in rows[hdr_i + 1:]:
-        if len(r) < len(H) or r[H["Metric Name"]] not in PICK:
+        if len(r) <= need or r[H["Metric Name"]] not in PICK:
             continue
         k = r[kcol] if kcol is not None else "?"
         if k != last:
@@ -73,9 +87,10 @@ def raw(path):
         st.sort(reverse=True)
         tot = sum(v for v, _ in st)
         print("  total %.2f: " % tot + ", ".join(f"{k} {v:.2f}" for v, k in st if v >= 0.01))
-        tp = [(h, r[i]) for i, h in enumerate(hdr) if "pipe_tensor" in h or "inst_executed_pipe_tensor" in h]
-        for h, v in tp[:8]:
-            print(f"  {h} {v}")
+        col = {h: i for i, h in enumerate(hdr)}
+        for h in RAW:
+            if h in col:
+                print(f"  {h} {r[col[h]]}")
 
 
 def main(argv):

@@ -4040,7 +4040,9 @@ static long experts_words(const wcase *cs, size_t n, int ver) {
  * (DIET 0), the backend's choice per tile count (QR_DIET_TILES) against the test library's other one: h and y word for word on stacks deep enough for the steady-state iterations (6 weight
  * stages or more) and for the tested last ones, even and odd stage counts, at the backend's tile count for 37 tokens
  * (3 n-tiles, the 2-tile body for the smaller experts), 1, 3, 4, 5 and 8 n-tiles, 4-bit g64, 3-bit g32/g64, g128 and bf16
- * lane records; an empty expert (1) in every case. */
+ * lane records; an empty expert (1) in every case. Under DGEMMA_QR_LAUNCH (read once per process: run the test under
+ * each value) the backend's side takes that value's launch at 5 and 8 n-tiles: lean (the default) the lean kernel for
+ * the 4-bit g64 down product at 8, lean5 also registers for 3 blocks per SM at 5; the words must not change. */
 static void test_quant_experts_diet(void **state) {
   (void)state;
   need_gpu();
@@ -4055,6 +4057,10 @@ static void test_quant_experts_diet(void **state) {
       /* 4 and 5 n-tiles, where the backend runs the diet since session 21 (QR_DIET_TILES) and the test library the
        * loop before it */
       {4, 4, 64, 640, 384, 61, 5}, {4, 4, 64, 704, 448, 61, 4},
+      /* 8 n-tiles at the 26B's down depth (IE 704 gate/up, down K 448: 7 weight stages, a half last activation
+       * stage; H 704: a partial last slab), where the backend's 4-bit g64 down product runs the lean kernel since
+       * session 31 (DGEMMA_QR_LAUNCH=lean: qr_lean_kernel against the test library's qr_kernel, word for word) */
+      {4, 4, 64, 704, 448, 61, 8},
   };
   const long words = experts_words(cs, sizeof cs / sizeof cs[0], 0);
   printf("# qr_kernel's stage loop after the SASS diet: h and y equal to the loop's before word for word (%ld words, "

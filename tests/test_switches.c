@@ -66,6 +66,8 @@ static const good_val nt_good[] = {{"1", 1, 1}, {"2", 2, 2}, {"3", 3, 3}, {"4", 
 static const char *const nt_bad[] = {"0", "6", "7", "9", "16", "02", NULL};
 static const good_val dq_good[] = {{"4", 4, 4}, {"5", 5, 5}, {"6", 6, 6}, {"7", 7, 7}, {"8", 8, 8}, {NULL, 0, 0}};
 static const char *const dq_bad[] = {"0", "3", "9", "16", NULL};
+static const good_val qrl_good[] = {{"v50", 0, 0}, {"lean", 1, 1}, {"lean5", 2, 2}, {NULL, 0, 0}};
+static const char *const qrl_bad[] = {"0", "1", "Lean", "lean ", "v49", "lean4", NULL};
 static const good_val route_good[] = {{"grid", 3, 3},  {"tiles", 2, 2}, {"chain", 0, 0}, {"split", 0, 0},
                                       {"fused", 1, 1}, {"deep", 4, 4},  {"one", 5, 5},   {"gridp", 6, 6},
                                       {NULL, 0, 0}};
@@ -122,6 +124,8 @@ static const sw_case cases[] = {
      "the quantized expert kernels' n-tiles for every product; unset: by the rows per expert"},
     {DG_SW_QR_DQ, "DGEMMA_QR_DQ", 0, 0, dq_good, dq_bad, "an integer in [4, 8]",
      "the quantized expert kernels' dequantization form; unset: 0"},
+    {DG_SW_QR_LAUNCH, "DGEMMA_QR_LAUNCH", 1, 1, qrl_good, qrl_bad, "one of v50, lean, lean5",
+     "the 4-bit g64 expert kernels' launch choices at 5 and 8 n-tiles; unset: lean"},
     {DG_SW_ROUTE, "DGEMMA_ROUTE", 3, 3, route_good, route_bad,
      "one of grid, tiles, chain, split, fused, deep, one, gridp", "the router and top-k launches; unset: grid"},
     {DG_SW_ROUTE_COOP, "DGEMMA_ROUTE_COOP", 0, 0, onoff_good, onoff_bad, OO,

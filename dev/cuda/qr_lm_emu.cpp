@@ -14,7 +14,9 @@
  * is the 2-stage ring and the launcher's instances), and 138 (the lean stage order, qr_lean_stage) against version 50
  * at 8 n-tiles; --ver 139: 138's source with other launch bounds. Built with -DQR_LEAN_MUTATE (the lean stage's runs in
  * the other order), --ver 138 must fail. --uni: the lab's uniform rows (12 experts of M = 16, 32, 64, 128 rows) for
- * 134, 135 and 138 at their own tile choice.
+ * 134, 135 and 138 at their own tile choice. --form (session 31): the backend's launch (qr_launch_bits) under
+ * DGEMMA_QR_LAUNCH=lean and lean5 against version 50 at session 30's choices (v50: this file's qr_launch_form is v50
+ * unless a case sets it), at 5 and 8 n-tiles; built with -DQR_LEAN_MUTATE its lean rows must differ.
  *
  * Build and run (no GPU; ~8-10 minutes on a loaded 2-core machine, 24 cases):
  *   g++ -x c++ -std=c++17 -O2 -fopenmp -Idev/cuda_emu/include -Idev/cuda_emu -include emu.h -Iinclude -Isrc \
@@ -31,6 +33,10 @@
 
 /* qr_launch_bits asks for the DQ body's threshold (qmoe.cu): never here. */
 int qr_dq_from(void) { return 0; }
+/* ... and for DGEMMA_QR_LAUNCH's form (qmoe.cu): version 50 here is session 30's qr_kernel at every tile count
+ * (QR_FORM_V50), the reference; --form runs the backend's other forms against it. */
+static int emu_form = QR_FORM_V50;
+int qr_launch_form(void) { return emu_form; }
 
 static uint64_t rs = 0x243f6a8885a308d3ull;
 static uint32_t rnd() {
@@ -50,7 +56,8 @@ struct prob {
 };
 
 /* One product: lane records for E experts (N rows per expert, Kdim columns), routing from cnt; returns the words
- * that differ between version 50 (at tile count nt50; 0: qe_nt) and version ver (130, 131). */
+ * that differ between version 50 (at tile count nt50; 0: qe_nt) and version ver (130-139; 1, 2: version 50, i.e.
+ * qr_launch_bits, under the backend's form QR_FORM_LEAN / QR_FORM_LEAN5 at the same tile count). */
 static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
   const int E = P.E, K = P.K, Kdim = gateup ? P.H : P.IE, N = gateup ? P.IE : P.H;
   const int slabs = gateup ? (N + 16 * QR_WARPS - 1) / (16 * QR_WARPS) : (N + 32 * QR_WARPS - 1) / (32 * QR_WARPS);
@@ -113,7 +120,11 @@ static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
     cudaMemcpy(dc, c2.data(), E * 4, cudaMemcpyHostToDevice);
   }
   qr_lm_pairs = TK;
-  if (ver >= 138) /* 138, 139: the lean stage order at 8 n-tiles (6 for experts of <= 48 rows) */
+  if (ver == QR_FORM_LEAN || ver == QR_FORM_LEAN5) { /* the backend's launch under DGEMMA_QR_LAUNCH=lean / lean5 */
+    emu_form = ver;
+    err = gateup ? qr_launch_bits<4, 1>(0, grid, nt, a) : qr_launch_bits<4, 0>(0, grid, nt, a);
+    emu_form = QR_FORM_V50;
+  } else if (ver >= 138) /* 138, 139: the lean stage order at 8 n-tiles (6 for experts of <= 48 rows) */
     err = gateup ? qr_lean_launch<4, 1>(ver, 0, grid, nt, a) : qr_lean_launch<4, 0>(ver, 0, grid, nt, a);
   else if (ver >= 134) /* 134-137: version 50's kernel at the same tile count with other launch bounds and ring depth */
     err = gateup ? qr_occ_launch<4, 1>(ver, 0, grid, nt, a) : qr_occ_launch<4, 0>(ver, 0, grid, nt, a);
@@ -132,7 +143,11 @@ static long run_case(const prob &P, int gateup, int ver, int nt50, int mutate) {
   }
   if (poisoned) { fprintf(stderr, "version 50 left %ld words unwritten\n", poisoned); exit(2); }
   cudaFree(dq); cudaFree(dX); cudaFree(dxs); cudaFree(dc); cudaFree(dst); cudaFree(dp); cudaFree(dord); cudaFree(dout);
-  printf("  %-7s v%d vs v50 (nt %d): %zu words, %ld differ\n", gateup ? "gate_up" : "down", ver, nt, words, nd);
+  if (ver < 100)
+    printf("  %-7s v50 under DGEMMA_QR_LAUNCH=%s vs v50 (v50) (nt %d): %zu words, %ld differ\n",
+           gateup ? "gate_up" : "down", ver == QR_FORM_LEAN ? "lean" : "lean5", nt, words, nd);
+  else
+    printf("  %-7s v%d vs v50 (nt %d): %zu words, %ld differ\n", gateup ? "gate_up" : "down", ver, nt, words, nd);
   return nd;
 }
 
@@ -145,8 +160,24 @@ int main(int argc, char **argv) {
   const int occ = argc > 1 && !strcmp(argv[1], "--occ"); /* --occ: versions 134-137 only */
   long bad = 0;
   const int uni = argc > 1 && !strcmp(argv[1], "--uni"); /* --uni: the uniform rows of 134, 135, 138 only */
-  printf("qr_lm_emu: versions %s against version 50, word for word%s\n",
-         occ ? "134-138" : only >= 134 || uni ? "134-139" : "130-133", mutate ? " (MUTATION: must fail)" : "");
+  const int form = argc > 1 && !strcmp(argv[1], "--form"); /* --form: the backend's DGEMMA_QR_LAUNCH forms only */
+  printf("qr_lm_emu: %s against version 50, word for word%s\n",
+         form  ? "the backend's forms lean, lean5"
+         : occ ? "versions 134-138"
+         : only >= 134 || uni ? "versions 134-139"
+                              : "versions 130-133",
+         mutate ? " (MUTATION: must fail)" : "");
+  /* --form (session 31): qr_launch_bits under DGEMMA_QR_LAUNCH=lean (the down product's 8-tile launch the lean kernel)
+   * and lean5 (also MINB 3 at 5 n-tiles, both products) against version 50 (v50) at the same tile count: every pass
+   * boundary and body of P / Q's experts. With -DQR_LEAN_MUTATE the lean rows must differ. */
+  if (form) {
+    bad += run_case(Q, 0, QR_FORM_LEAN, 8, 0);
+    bad += run_case(P, 1, QR_FORM_LEAN5, 5, 0);
+    bad += run_case(Q, 0, QR_FORM_LEAN5, 5, 0);
+    bad += run_case(Q, 0, QR_FORM_LEAN5, 8, 0);
+    printf("%s: %ld words differ\n", bad ? "FAIL" : "ok", bad);
+    return bad ? 1 : 0;
+  }
   for (int ver : {132, 130, 131, 133}) {
     if ((mutate && ver == 131) || (only && ver != only) || occ || uni) continue;
     for (int nt50 : {0, 3, 5, 8}) {

@@ -180,81 +180,14 @@ __device__ __forceinline__ void qr_lm_stage(float (&acc)[2][NT][4], float (&part
   }
 }
 
-/* Versions 138, 139 (session 29, helper wp11): the same products and folds as qr_lm_stage (and qr_body's loop at 8
- * n-tiles) in another order: per group, the A fragments of its CPG runs decoded once, then n-tile by n-tile the
- * group's partial sums P (2 m-tiles x 4, from 0) by the runs' mma in their order (run c: a0 then a1, c ascending: the
- * order qr_run_mma gives every (m-tile, n-tile) element) and at once folded into acc by qr_fold_group's fmaf chain.
- * Every element sees the same operations in the same order, so the words are version 50's; what changes is what is
- * live: 8 partial sums instead of 16 NT (64 at 8 n-tiles), for the A fragments of the group's runs (8 CPG per
- * m-tile) and one n-tile's B fragments, so the 8-tile loop fits fewer registers (more warps per SM). The cost: one
- * n-tile's 4 dependent mma before its fold (the warp's other n-tiles are independent chains the scheduler can
- * interleave). */
-template <int BITS, int NT, int GS, int SUB, int NTR>
-__device__ __forceinline__ void qr_lean_stage(float (&acc)[2][NT][4], const uint32_t *R, dg_sptr xl, dg_sptr sl,
-                                              int sub) {
-  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, CPG = GS / 32, CB = 4 * RUNS * BITS;
-  constexpr int XS = qr_xs(GS, SUB, BITS);
-  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
-  static_assert(BITS != 16 && GS % 32 == 0 && RUNS % CPG == 0, "qr_lean_stage: quantized weights, whole groups");
-  const dg_sptr xs = xl + 2 * KC * sub, ss = sl + 4 * NTR * GPS * sub;
-#pragma unroll
-  for (int lg = 0; lg < GPS; lg++) {
-    uint32_t af[CPG][2][8]; /* run, m-tile: a0 (4 words), a1 (4 words), as qr_run_mma builds them */
-#pragma unroll
-    for (int cc = 0; cc < CPG; cc++) {
-      const int c = lg * CPG + cc;
-#pragma unroll
-      for (int mt = 0; mt < 2; mt++) {
-        uint32_t pg[4], p8[4];
-        qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
-        qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
-        af[cc][mt][0] = pg[0]; af[cc][mt][1] = p8[0]; af[cc][mt][2] = pg[1]; af[cc][mt][3] = p8[1];
-        af[cc][mt][4] = pg[2]; af[cc][mt][5] = p8[2]; af[cc][mt][6] = pg[3]; af[cc][mt][7] = p8[3];
-      }
-    }
-    float s0[2], b0[2], s8[2], b8[2]; /* qr_fold_group's pairs of group lg, bias shifted by -OFF s */
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-      qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0[mt], &b0[mt]);
-      qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8[mt], &b8[mt]);
-      b0[mt] = fmaf(-OFF, s0[mt], b0[mt]);
-      b8[mt] = fmaf(-OFF, s8[mt], b8[mt]);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-      float P[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-      for (int c0 = 0; c0 < CPG; c0++) {
-#ifdef QR_LEAN_MUTATE /* the emulation's mutation check (dev/cuda/qr_lm_emu.cpp): the runs in the other order */
-        const int cc = CPG - 1 - c0;
-#else
-        const int cc = c0;
-#endif
-        const uint4 u = dg_lds16(xs + 8 * j * XS + 64 * (lg * CPG + cc));
-        const uint32_t bf[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          dg_mma_bf16(P[mt], &af[cc][mt][0], &bf[0]);
-          dg_mma_bf16(P[mt], &af[cc][mt][4], &bf[2]);
-        }
-      }
-      const float2 xsum = dg_lds8f(ss + 4 * (lg * NTR + 8 * j));
-#pragma unroll
-      for (int mt = 0; mt < 2; mt++) {
-        float *A = acc[mt][j];
-        A[0] = fmaf(b0[mt], xsum.x, fmaf(s0[mt], P[mt][0], A[0]));
-        A[1] = fmaf(b0[mt], xsum.y, fmaf(s0[mt], P[mt][1], A[1]));
-        A[2] = fmaf(b8[mt], xsum.x, fmaf(s8[mt], P[mt][2], A[2]));
-        A[3] = fmaf(b8[mt], xsum.y, fmaf(s8[mt], P[mt][3], A[3]));
-      }
-    }
-  }
-}
+/* Versions 138, 139 (session 29, helper wp11): the lean stage order, qr_lean_stage, moved into the backend in session
+ * 31 (src/cuda/qmoe_r.cuh, with qr_lean_pass and qr_lean_kernel; lab version 139 is the backend's down product at 8
+ * n-tiles since then, DGEMMA_QR_LAUNCH=lean). */
 
 /* One 64-token pass of version 132 for a warp of NT n-tiles (0: copies and barriers only): the ring of 64 tokens
  * filled by the block's 256 threads (qr_xdiet), the warp's weight stages (rw's records, D register stages, line
  * prefetches QR_PF ahead), its products on its token half, its outputs stored (qe_store: rows row0 + 32 th). */
-template <int BITS, int GATEUP, int NT, int GS, int THREADS = 256, int LEAN = 0>
+template <int BITS, int GATEUP, int NT, int GS, int THREADS = 256>
 __device__ __forceinline__ void qr_lm_half_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
                                                 const bool (&mvalid)[2], int row0, int mph, int slab,
                                                 const unsigned char *wstage0, const unsigned char *wq, int nst, int nsa,
@@ -266,11 +199,9 @@ __device__ __forceinline__ void qr_lm_half_pass(const qe_args &a, const int64_t 
   constexpr int NTA = NT > 0 ? NT : 1;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3, Kdim = a.Kdim;
   const dg_sptr sbase = dg_sp(smem);
-  constexpr int NTP = LEAN ? 1 : NTA; /* LEAN: the partial sums live in qr_lean_stage */
-  float acc[2][NTA][4], part[2][NTP][4];
-  (void)part;
+  float acc[2][NTA][4], part[2][NTA][4];
   qe_zero(acc);
-  if constexpr (!LEAN) qe_zero(part);
+  qe_zero(part);
   qr_xdiet<GS, NTR, THREADS, KA, XS, XB, GPW, SUB> xc;
   xc.init(a, xrow, srow, tid);
   int islot = 0, icol = 0, cslot = 0;
@@ -315,9 +246,7 @@ __device__ __forceinline__ void qr_lm_half_pass(const qe_args &a, const int64_t 
           if (s / SUB + STAGES - 1 < nsa) issue();
           dg_cp_commit();
         }
-        if constexpr (NT > 0 && LEAN)
-          qr_lean_stage<BITS, NT, GS, SUB, NTR>(acc, W[d], xl0 + cslot * STB, sl0 + cslot * STB, sub);
-        else if constexpr (NT > 0)
+        if constexpr (NT > 0)
           qr_lm_stage<BITS, NT, GS, SUB, NTR>(acc, part, W[d], xl0 + cslot * STB, sl0 + cslot * STB, sub);
       }
     }
@@ -394,68 +323,21 @@ static cudaError_t qr_lm_launch(int ver, cudaStream_t s, dim3 grid, const qe_arg
   return cudaGetLastError();
 }
 
-/* Versions 138, 139 (session 29, helper wp11): version 50 at 8 n-tiles with the lean stage (qr_lean_stage): version
- * 50's grid and block order (1-D: block lin = item * slabs + slab, item an expert in a.order's order), each expert's
- * rows in passes of 64 tokens, the 8-tile body, or the 6-tile body for an expert of at most 48 rows (version 50's
- * QR_NTS 6 at 8 n-tiles), qr_lm_half_pass's loop (qr_body's tested loop; 128 threads, one token half: all 64) with
- * the lean stage. MINB: 3 (138: registers for 12 warps per SM; a ring of 3 stages, 62,976 bytes, lets 3 blocks) or 1
- * (139: version 50's occupancy, the lean order's own cost). */
-template <int BITS, int GATEUP, int GS, int MINB>
-__global__ void __launch_bounds__(32 * QR_WARPS, MINB) qr_lean_kernel(qe_args a, int E, int slabs) {
-  DG_PDL_ENTRY();
-  DG_DYN_SMEM16(smem);
-  constexpr int WARPS = QR_WARPS, THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, GU = GATEUP != 0;
-  constexpr int KC = qr_kc(GS, BITS), WSTAGE = qr_wstage(BITS, GS, 1), PSC = qr_cb(BITS, GS) % 16 == 0 ? 16 : 8;
-  __shared__ int64_t xrow[QR_LM_NTOK], srow[QR_LM_NTOK];
-  const int lin = blockIdx.x, slab = lin % slabs, item = lin / slabs;
-  if (item >= E) return;
-  const int e = a.order ? a.order[item] : item;
-  const int cnt = a.count[e];
-  if (cnt == 0) return;
-  const int base = a.start[e];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + QR_SUB - 1) / QR_SUB;
-  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
-  bool mvalid[2];
-#pragma unroll
-  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
-  const int64_t si = (int64_t)e * slabs + slab, sstride = (int64_t)WARPS * WSTAGE;
-  const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE;
-  const unsigned char *wq = wstage0 + lane * PSC;
-  for (int p0 = 0; p0 < cnt; p0 += QR_LM_NTOK) {
-    const int mp = min(QR_LM_NTOK, cnt - p0);
-    if (p0 > 0) __syncthreads(); /* (the pass ends with a barrier before its stores; this one orders the row table) */
-    qe_pass_rows<GU, QR_LM_NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
-    __syncthreads();
-    if (cnt <= 48)
-      qr_lm_half_pass<BITS, GATEUP, 6, GS, THREADS, 1>(a, xrow, srow, mvalid, base + p0, mp, slab, wstage0, wq, nst,
-                                                      nsa, tid, warp, 0, smem);
-    else
-      qr_lm_half_pass<BITS, GATEUP, 8, GS, THREADS, 1>(a, xrow, srow, mvalid, base + p0, mp, slab, wstage0, wq, nst,
-                                                      nsa, tid, warp, 0, smem);
-  }
-}
-
-/* Launch version 138 or 139 over E experts of `slabs` slabs (version 50's grid (E, slabs) as a 1-D grid) at nt
- * n-tiles (qe_nt): the lean kernel in place of version 50's 8-tile kernel only (qr_launch_bits' default case); below 8
- * n-tiles version 50's own kernels (qr_launch_bits), so those rows are a drift control. */
+/* Versions 138, 139 (session 29, helper wp11): version 50 at 8 n-tiles with the lean stage order: the backend's
+ * qr_lean_kernel since session 31 (src/cuda/qmoe_r.cuh: qr_kernel's grid (E, slabs) and block order, each expert's
+ * rows in passes of 64 tokens, the 8-tile body or the 6-tile body for an expert of at most 48 rows, qr_lean_pass),
+ * for gate/up and down. MINB: 3 (138: registers for 12 warps per SM; a ring of 3 stages, 62,976 bytes, lets 3
+ * blocks) or 1 (139: version 50's occupancy, the lean order's own cost; the backend's down product at 8 n-tiles
+ * under DGEMMA_QR_LAUNCH=lean, the default: then version 50's down rows at 8 n-tiles are 139's kernel too, and
+ * DGEMMA_QR_LAUNCH=v50 gives version 50 its session-30 kernel back). Launch 138 or 139 over grid (E, slabs) at nt
+ * n-tiles (qe_nt): the lean kernel in place of version 50's 8-tile kernel only (qr_launch_bits' default case);
+ * below 8 n-tiles version 50's own kernels (qr_launch_bits), so those rows are a drift control. */
 template <int BITS, int GATEUP>
 static cudaError_t qr_lean_launch(int ver, cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
-  constexpr int GS = 64, XB = QR_LM_NTOK * qr_xs(GS, QR_SUB, BITS), SBB = qr_sbb(GS, QR_SUB, 8, 0);
-  if ((ver != 138 && ver != 139) || a.group != GS || GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
+  if ((ver != 138 && ver != 139) || a.group != 64 || GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
   if (nt >= 1 && nt <= 5) return qr_launch_bits<BITS, GATEUP>(s, grid, nt, a);
-  const int E = (int)grid.x, slabs = (int)grid.y;
-  void (*kern)(qe_args, int, int) =
-      ver == 138 ? qr_lean_kernel<BITS, GATEUP, GS, 3> : qr_lean_kernel<BITS, GATEUP, GS, 1>;
-  const size_t smem = (size_t)QR_STAGES * (XB + SBB);
-#ifndef DG_CUDA_EMU
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-  }
-#endif
-  DG_LAUNCH(kern, dim3((unsigned)(E * slabs)), 32 * QR_WARPS, smem, s)(a, E, slabs);
-  return cudaGetLastError();
+  if constexpr (GATEUP == QR_GATEUP_HP) return cudaErrorInvalidValue;
+  else return ver == 138 ? qr_launch_lean<BITS, GATEUP, 3>(s, grid, a) : qr_launch_lean<BITS, GATEUP, 1>(s, grid, a);
 }
 
 /* Versions 134-137 (session 29, helper wp11; docs/cuda.md "Session 29 (helper wp11)"): version 50 itself (qr_kernel,

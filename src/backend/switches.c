@@ -36,6 +36,8 @@ static const int nt_v[] = {1, 2, 3, 4, 5, 8};
 /* DGEMMA_ROUTE (cuda/moe.cu route_mode_from_env): the modes of k_route; "split" is session 11's name of "chain" */
 static const char *const route_w[] = {"grid", "tiles", "chain", "split", "fused", "deep", "one", "gridp"};
 static const int route_v[] = {3, 2, 0, 0, 1, 4, 5, 6};
+/* DGEMMA_QR_LAUNCH (cuda/qmoe.cu qr_launch_form): QR_FORM_V50, QR_FORM_LEAN, QR_FORM_LEAN5 (cuda/qmoe_r.cuh) */
+static const char *const qrl_w[] = {"v50", "lean", "lean5"};
 static const char *const row_w[] = {"row"};
 static const int row_v[] = {0};
 static const char *const dense_w[] = {"0", "1", "inv"};
@@ -96,6 +98,9 @@ static const dg_sw table[DG_SW_COUNT] = {
                          "the quantized expert kernels' n-tiles for every product; unset: by the rows per expert"),
     /* cuda/qmoe.cu qr_dq_from, read once */
     [DG_SW_QR_DQ] = INT("DGEMMA_QR_DQ", 4, 8, 1, 0, "the quantized expert kernels' dequantization form; unset: 0"),
+    /* cuda/qmoe.cu qr_launch_form, read once (QR_FORM_* in cuda/qmoe_r.cuh) */
+    [DG_SW_QR_LAUNCH] = WORD("DGEMMA_QR_LAUNCH", qrl_w, NULL, 1,
+                             "the 4-bit g64 expert kernels' launch choices at 5 and 8 n-tiles; unset: lean"),
     /* cuda/moe.cu route_mode_from_env, read once */
     [DG_SW_ROUTE] = WORD("DGEMMA_ROUTE", route_w, route_v, 3, "the router and top-k launches; unset: grid"),
     /* cuda/moe.cu route_coop_from_env, read once */

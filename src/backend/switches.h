@@ -47,6 +47,7 @@ typedef enum dg_sw_id {
   DG_SW_PDL,           /* DGEMMA_PDL */
   DG_SW_QE_NT,         /* DGEMMA_QE_NT */
   DG_SW_QR_DQ,         /* DGEMMA_QR_DQ */
+  DG_SW_QR_LAUNCH,     /* DGEMMA_QR_LAUNCH */
   DG_SW_ROUTE,         /* DGEMMA_ROUTE */
   DG_SW_ROUTE_COOP,    /* DGEMMA_ROUTE_COOP */
   DG_SW_SC_INPLACE,    /* DGEMMA_SC_INPLACE */

@@ -52,6 +52,15 @@ int qr_dq_from(void) {
   return v;
 }
 
+static int qr_form_override = -1;
+void qr_launch_form_set(int f) { qr_form_override = f; }
+int qr_launch_form(void) {
+  if (qr_form_override >= 0) return qr_form_override;
+  static int v = -1; /* read once (a data race on first use writes the same value) */
+  if (v < 0) v = (int)dg_sw_get(DG_SW_QR_LAUNCH); /* QR_FORM_*, QR_FORM_LEAN when unset (backend/switches.c) */
+  return v;
+}
+
 static qr_launcher qr_test_launcher = NULL;
 void qr_launcher_set(qr_launcher f) { qr_test_launcher = f; }
 

@@ -1121,6 +1121,215 @@ static cudaError_t qr_launch_nt(cudaStream_t s, dim3 grid, const qe_args &a) {
   }
 }
 
+/* The lean 8-tile products (session 31: lab version 139 of session 29's helper wp11, measured on an H100 in session
+ * 31; docs/cuda.md "Measured on an H100 in session 31"): the down product's launch at 8 n-tiles (more than 32 rows
+ * per expert on average: at the 26B's top-8 of 128 experts a stacked batch pass of more than 512 rows, a prompt's
+ * encoder pass of 1,024 tokens) with the 4-bit g64 stacks, unless DGEMMA_QR_LAUNCH=v50 (qr_launch_form). */
+#define QR_LEAN_NTOK 64 /* tokens of a lean pass: 8 n-tiles */
+
+/* One weight stage of the lean order: the same products and folds as qr_kernel's stage at NT n-tiles (qr_run_mma,
+ * then qr_fold_group per group) in another order. Per group lg of the stage, the A fragments of its CPG runs decoded
+ * once, then n-tile by n-tile the group's partial sums P (2 m-tiles x 4, from 0) by the runs' mma in their order (run
+ * c: a0 then a1, c ascending: the order qr_run_mma gives every (m-tile, n-tile) element) and at once folded into acc
+ * by qr_fold_group's fmaf chain. Every element sees the same operations in the same order, so every output word is
+ * qr_kernel's (the GPU lab, session 31: every row "= v50"; the emulation: dev/cuda/qr_lm_emu.cpp, test_cuda's
+ * test_quant_experts_diet). What changes is what is live: 8 partial sums instead of 16 NT (64 at 8 n-tiles): 386
+ * instructions per weight stage against qr_kernel's 484.5 at the same 255 registers (SASS, session 29). R: the
+ * lane's record of the stage (qr_load_stage); xl, sl: the lane's activation and group-sum rows of the ring slot
+ * (NTR tokens); sub: the weight stage within the activation stage. QR_LEAN_MUTATE (dev/cuda/qr_lm_emu.cpp's mutation
+ * check only): the runs in the other order, so the words must differ. */
+template <int BITS, int NT, int GS, int SUB, int NTR>
+__device__ __forceinline__ void qr_lean_stage(float (&acc)[2][NT][4], const uint32_t *R, dg_sptr xl, dg_sptr sl,
+                                              int sub) {
+  constexpr int KC = qr_kc(GS, BITS), RUNS = KC / 32, GPS = KC / GS, CPG = GS / 32, CB = 4 * RUNS * BITS;
+  constexpr int XS = qr_xs(GS, SUB, BITS);
+  constexpr float OFF = BITS == 8 ? 0.0f : 128.0f;
+  static_assert(BITS != 16 && GS % 32 == 0 && RUNS % CPG == 0, "qr_lean_stage: quantized weights, whole groups");
+  const dg_sptr xs = xl + 2 * KC * sub, ss = sl + 4 * NTR * GPS * sub;
+#pragma unroll
+  for (int lg = 0; lg < GPS; lg++) {
+    uint32_t af[CPG][2][8]; /* run, m-tile: a0 (4 words), a1 (4 words), as qr_run_mma builds them */
+#pragma unroll
+    for (int cc = 0; cc < CPG; cc++) {
+      const int c = lg * CPG + cc;
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++) {
+        uint32_t pg[4], p8[4];
+        qr_codes<BITS>(R, ((2 * mt) * RUNS + c) * BITS, pg);
+        qr_codes<BITS>(R, ((2 * mt + 1) * RUNS + c) * BITS, p8);
+        af[cc][mt][0] = pg[0]; af[cc][mt][1] = p8[0]; af[cc][mt][2] = pg[1]; af[cc][mt][3] = p8[1];
+        af[cc][mt][4] = pg[2]; af[cc][mt][5] = p8[2]; af[cc][mt][6] = pg[3]; af[cc][mt][7] = p8[3];
+      }
+    }
+    float s0[2], b0[2], s8[2], b8[2]; /* qr_fold_group's pairs of group lg, bias shifted by -OFF s */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+      qe_pair_u32(R[CB / 4 + (2 * mt) * GPS + lg], DG_CUDA_BF16, &s0[mt], &b0[mt]);
+      qe_pair_u32(R[CB / 4 + (2 * mt + 1) * GPS + lg], DG_CUDA_BF16, &s8[mt], &b8[mt]);
+      b0[mt] = fmaf(-OFF, s0[mt], b0[mt]);
+      b8[mt] = fmaf(-OFF, s8[mt], b8[mt]);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      float P[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int c0 = 0; c0 < CPG; c0++) {
+#ifdef QR_LEAN_MUTATE
+        const int cc = CPG - 1 - c0;
+#else
+        const int cc = c0;
+#endif
+        const uint4 u = dg_lds16(xs + 8 * j * XS + 64 * (lg * CPG + cc));
+        const uint32_t bf[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+          dg_mma_bf16(P[mt], &af[cc][mt][0], &bf[0]);
+          dg_mma_bf16(P[mt], &af[cc][mt][4], &bf[2]);
+        }
+      }
+      const float2 xsum = dg_lds8f(ss + 4 * (lg * NTR + 8 * j));
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++) {
+        float *A = acc[mt][j];
+        A[0] = fmaf(b0[mt], xsum.x, fmaf(s0[mt], P[mt][0], A[0]));
+        A[1] = fmaf(b0[mt], xsum.y, fmaf(s0[mt], P[mt][1], A[1]));
+        A[2] = fmaf(b8[mt], xsum.x, fmaf(s8[mt], P[mt][2], A[2]));
+        A[3] = fmaf(b8[mt], xsum.y, fmaf(s8[mt], P[mt][3], A[3]));
+      }
+    }
+  }
+}
+
+/* One lean pass of mp <= 64 tokens (row0 their first grouped row) at NT n-tiles for the block's QR_WARPS warps: the
+ * activation ring of QR_STAGES slots of 64 tokens (qr_xdiet's copies, QR_SUB weight stages each), each warp's weight
+ * stages (its slab rows' lane records, QR_D register stages, line prefetches QR_PF stages ahead: qr_kernel's choices
+ * at 8 n-tiles), qr_lean_stage per weight stage, the outputs stored (qe_store). xrow, srow: the pass's row table
+ * (qe_pass_rows); wstage0 / wq: the warp's stage 0 and the lane's piece of it; nst, nsa: weight and activation stages
+ * of the K dimension. Ends with a block barrier after the ring's last use (the next pass refills it). */
+template <int BITS, int GATEUP, int NT, int GS>
+__device__ __forceinline__ void qr_lean_pass(const qe_args &a, const int64_t *xrow, const int64_t *srow,
+                                             const bool (&mvalid)[2], int row0, int mp, int slab,
+                                             const unsigned char *wstage0, const unsigned char *wq, int nst, int nsa,
+                                             int tid, int warp, unsigned char *smem) {
+  constexpr int THREADS = 32 * QR_WARPS, D = QR_D, STAGES = QR_STAGES, SUB = QR_SUB, PF = -QR_PF, NTR = QR_LEAN_NTOK;
+  constexpr int KC = qr_kc(GS, BITS), RW = qr_rec(BITS, GS) / 4, KA = SUB * KC, GPW = KC / GS;
+  constexpr int XS = qr_xs(GS, SUB, BITS), XB = NTR * XS, STB = XB + qr_sbb(GS, SUB, NTR / 8, 0);
+  constexpr int64_t sstride = (int64_t)QR_WARPS * qr_wstage(BITS, GS, 1);
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3, Kdim = a.Kdim;
+  const dg_sptr sbase = dg_sp(smem);
+  float acc[2][NT][4];
+  qe_zero(acc);
+  qr_xdiet<GS, NTR, THREADS, KA, XS, XB, GPW, SUB> xc;
+  xc.init(a, xrow, srow, tid);
+  int islot = 0, icol = 0, cslot = 0;
+  auto issue = [&]() {
+    xc.template issue<false>(sbase + islot * STB, icol, Kdim, tid);
+    islot = islot == STAGES - 1 ? 0 : islot + 1;
+    icol += KA;
+  };
+#pragma unroll
+  for (int sa = 0; sa < STAGES - 1; sa++) {
+    if (sa < nsa) issue();
+    dg_cp_commit();
+  }
+  uint32_t W[D][RW];
+  const unsigned char *wnext = wq;
+  qr_prefetch_first<BITS, GS, 1, PF>(wstage0, wq, lane, nst, sstride);
+#pragma unroll
+  for (int d = 0; d < D - 1; d++)
+    if (d < nst) {
+      qr_load_stage<BITS, GS, 1, PF>(W[d], wnext, lane, g, d, nst, sstride);
+      wnext += sstride;
+    }
+  const dg_sptr xl0 = sbase + g * XS + 16 * t, sl0 = sbase + XB + 8 * t;
+  for (int it = 0; it < nst; it += D) {
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+      const int s = it + d;
+      if (s < nst) {
+        if (s + D - 1 < nst) {
+          qr_load_stage<BITS, GS, 1, PF>(W[(d + D - 1) % D], wnext, lane, g, s + D - 1, nst, sstride);
+          wnext += sstride;
+        }
+        const int sub = D % SUB == 0 ? d % SUB : s % SUB;
+        if (sub == 0) { /* activation stage s / SUB begins: its slot, its copies complete, the next issued */
+          if (s > 0) cslot = cslot == STAGES - 1 ? 0 : cslot + 1;
+          dg_cp_wait<STAGES - 2>();
+          __syncthreads();
+          if (s / SUB + STAGES - 1 < nsa) issue();
+          dg_cp_commit();
+        }
+        qr_lean_stage<BITS, NT, GS, SUB, NTR>(acc, W[d], xl0 + cslot * STB, sl0 + cslot * STB, sub);
+      }
+    }
+  }
+  dg_cp_wait<0>();
+  __syncthreads(); /* every warp is done with the ring before the next pass refills it */
+  qe_store<GATEUP, NT, QR_WARPS>(a, acc, mvalid, row0, mp, slab, warp, g, t);
+}
+
+/* The lean kernel: qr_kernel's grid and block order (qr_block: with a.order the experts by descending count, each
+ * expert's slabs one after another), each expert's rows in passes of 64 tokens, the 8-tile body, or the 6-tile body
+ * for an expert of at most 48 rows (qr_kernel's NTS 6 at 8 n-tiles), with qr_lean_pass. MINB: blocks per SM the
+ * registers are capped for (1: qr_kernel's choice at 8 n-tiles, 255 registers and no spill for 4-bit g64; 3, lab
+ * version 138: 168 and a spill, slower). Shared memory: QR_STAGES x (64 tokens' activations + group sums). */
+template <int BITS, int GATEUP, int GS, int MINB>
+__global__ void __launch_bounds__(32 * QR_WARPS, MINB) qr_lean_kernel(qe_args a) {
+  DG_PDL_LAUNCH();
+  qr_prewait<BITS, GATEUP, GS, QR_WARPS, 1>(a); /* QR_PREWAIT: L2 prefetches of the slab's first weight stages */
+  DG_PDL_WAIT();
+  DG_DYN_SMEM16(smem);
+  constexpr int WARPS = QR_WARPS, THREADS = 32 * WARPS, ROWS = 32 * WARPS, FEAT = 16 * WARPS, GU = GATEUP != 0;
+  constexpr int KC = qr_kc(GS, BITS), WSTAGE = qr_wstage(BITS, GS, 1), PSC = qr_cb(BITS, GS) % 16 == 0 ? 16 : 8;
+  static_assert(GATEUP == 0 || GATEUP == 1, "qr_lean_kernel: no QR_GATEUP_HP epilogue");
+  __shared__ int64_t xrow[QR_LEAN_NTOK], srow[QR_LEAN_NTOK];
+  int e, slab;
+  qr_block(a, &e, &slab);
+  const int cnt = a.count[e];
+  if (cnt == 0) return;
+  const int slabs = (int)gridDim.y, base = a.start[e];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int ng = a.Kdim / GS, nst = a.Kdim / KC, nsa = (nst + QR_SUB - 1) / QR_SUB;
+  const int valid = GATEUP ? 32 * min(WARPS, (a.N - slab * FEAT + 15) / 16) : min(ROWS, a.N - slab * ROWS);
+  bool mvalid[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) mvalid[mt] = warp * 32 + mt * 16 < valid;
+  const int64_t si = (int64_t)e * slabs + slab, sstride = (int64_t)WARPS * WSTAGE;
+  const unsigned char *wstage0 = (const unsigned char *)a.q + si * nst * sstride + (int64_t)warp * WSTAGE;
+  const unsigned char *wq = wstage0 + lane * PSC;
+  for (int p0 = 0; p0 < cnt; p0 += QR_LEAN_NTOK) {
+    const int mp = min(QR_LEAN_NTOK, cnt - p0);
+    if (p0 > 0) __syncthreads(); /* (the pass ends with a barrier before its stores; this one orders the row table) */
+    qe_pass_rows<GU, QR_LEAN_NTOK, THREADS>(a, xrow, srow, base + p0, mp, ng, tid);
+    __syncthreads();
+    if (cnt <= 48)
+      qr_lean_pass<BITS, GATEUP, 6, GS>(a, xrow, srow, mvalid, base + p0, mp, slab, wstage0, wq, nst, nsa, tid, warp,
+                                        smem);
+    else
+      qr_lean_pass<BITS, GATEUP, 8, GS>(a, xrow, srow, mvalid, base + p0, mp, slab, wstage0, wq, nst, nsa, tid, warp,
+                                        smem);
+  }
+}
+
+/* Launch qr_lean_kernel over grid (E, slabs) (qr_kernel's grid); group GS only (cudaErrorInvalidValue otherwise). */
+template <int BITS, int GATEUP, int MINB, int GS = 64>
+static cudaError_t qr_launch_lean(cudaStream_t s, dim3 grid, const qe_args &a) {
+  constexpr int XB = QR_LEAN_NTOK * qr_xs(GS, QR_SUB, BITS), SBB = qr_sbb(GS, QR_SUB, QR_LEAN_NTOK / 8, 0);
+  if (a.group != GS) return cudaErrorInvalidValue;
+  void (*kern)(qe_args) = qr_lean_kernel<BITS, GATEUP, GS, MINB>;
+  const size_t smem = (size_t)QR_STAGES * (XB + SBB);
+#ifndef DG_CUDA_EMU
+  static int set = 0; /* one attribute call per instantiation */
+  if (!set && smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = 1;
+  }
+#endif
+  DG_LAUNCH(kern, grid, 32 * QR_WARPS, smem, s)(a);
+  return cudaGetLastError();
+}
+
 /* Up to 3 n-tiles the registers are capped for 4 blocks per SM (QR_MINB; the lab measured it faster
  * despite a few spilled words at 3); more tiles keep the compiler's choice. From 3 n-tiles (the 256-token
  * canvas) each warp asks L2 for its weight stage QR_PF stages ahead (lab version 13: gathered 256 gate/up
@@ -1142,6 +1351,19 @@ int qr_dq_from(void);
 /* Override qr_dq_from: n >= 0 (0 never, 4..8) until qr_dq_set(-1) gives the environment's choice back (the tests,
  * through dg_cuda_experts_nt). */
 void qr_dq_set(int n);
+/* The launch choices of the 4-bit g64 products above 3 n-tiles (DGEMMA_QR_LAUNCH, read once; qmoe.cu):
+ *   QR_FORM_V50 ("v50"): qr_kernel at every tile count, session 30's choices (lab version 50 before session 31);
+ *   QR_FORM_LEAN ("lean", the default): the down product's launch at 8 n-tiles the lean kernel (qr_launch_lean,
+ *     MINB 1; lab version 139: on an H100 in session 31 3-6 % faster than qr_kernel at 64-128 rows per expert in both
+ *     runs, ranges apart; every word the same), the rest as v50 (the gate/up product lost 1-2.5 % there);
+ *   QR_FORM_LEAN5 ("lean5"): lean, and at 5 n-tiles (25-32 rows per expert on average: two stacked canvases) both
+ *     products' qr_kernel with registers for 3 blocks per SM (lab versions 134 / 136 there: at uniform M 32 gate/up
+ *     8 %, down 11 % faster in both runs, the same kernel source and words; off until a step measures it).
+ * The words are the same under every value (the same products and folds in the same order). */
+enum { QR_FORM_V50 = 0, QR_FORM_LEAN = 1, QR_FORM_LEAN5 = 2 };
+int qr_launch_form(void);
+/* Override qr_launch_form: f >= 0 (a QR_FORM_*) until qr_launch_form_set(-1) gives the environment's choice back. */
+void qr_launch_form_set(int f);
 /* The tests' launcher of the lane-record products (qmoe.cu's qr_launch calls it instead of qr_launch_bits while it
  * is set, the down product's input copy in the epilogue excepted; NULL gives the backend's back):
  * tests/support/cuda_entry.cu swaps in the kernels of the other stage loop (FLIP 1) to compare the outputs word for word. */
@@ -1162,7 +1384,8 @@ __host__ __device__ constexpr int qr_diet_at(int nt, int tiles, int flip) { retu
 /* The backend's lane-record products at nt n-tiles (qe_nt): the launch choices per tile count, the DIET loop at
  * the tile counts of the mask TILES (the backend's: QR_DIET_TILES); FLIP 1: the other stage loop at every tile count
  * (the tests' and the lab's comparison); TILES 0x1fe, FLIP 0: the diet everywhere (lab versions 96-106 outside their
- * own choices). */
+ * own choices). With FLIP 0 and the backend's TILES, the 4-bit g64 stacks take qr_launch_form's choices at 5 and 8
+ * n-tiles (the lean kernel for the down product at 8 by default; the words are the same under every form). */
 template <int BITS, int GATEUP, int FLIP = 0, int TILES = QR_DIET_TILES>
 cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) {
   constexpr int MB = BITS == 16 ? QR_MINB16 : QR_MINB;
@@ -1177,8 +1400,15 @@ cudaError_t qr_launch_bits(cudaStream_t s, dim3 grid, int nt, const qe_args &a) 
   case 2: return qr_launch_nt<BITS, GATEUP, 2, QR_WARPS, QR_D, QR_STAGES, MB, 0, 0, MB, L2>(s, grid, a);
   case 3: return qr_launch_nt<BITS, GATEUP, 3, QR_WARPS, QR_D, QR_STAGES, MB, -QR_PF, QR_NTS, MB, L3>(s, grid, a);
   case 4: return qr_launch_nt<BITS, GATEUP, 4, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 3, 1, L4>(s, grid, a);
-  case 5: return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, L5>(s, grid, a);
-  default: return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, L8>(s, grid, a);
+  case 5:
+    if constexpr (BITS == 4 && GATEUP != QR_GATEUP_HP && FLIP == 0 && TILES == QR_DIET_TILES) /* DGEMMA_QR_LAUNCH */
+      if (a.group == 64 && qr_launch_form() == QR_FORM_LEAN5)
+        return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 3, L5>(s, grid, a);
+    return qr_launch_nt<BITS, GATEUP, 5, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 4, 1, L5>(s, grid, a);
+  default:
+    if constexpr (BITS == 4 && GATEUP == 0 && FLIP == 0 && TILES == QR_DIET_TILES) /* DGEMMA_QR_LAUNCH */
+      if (a.group == 64 && qr_launch_form() != QR_FORM_V50) return qr_launch_lean<BITS, GATEUP, 1>(s, grid, a);
+    return qr_launch_nt<BITS, GATEUP, 8, QR_WARPS, QR_D, QR_STAGES, 1, -QR_PF, 6, 1, L8>(s, grid, a);
   }
 }
 
