@@ -279,8 +279,11 @@ fuzz: fuzz-build
 	scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS) grow $(FUZZERS)
 
 # The main job: generation with the bundled model (needs only the Debian packages).
-# PROMPT reaches the program through the environment, so any text is safe.
+# PROMPT reaches the program through the environment, so any text is safe: make would expand a PROMPT
+# given on its command line when exporting it ($5 gone, $(shell ...) run), so the override keeps its
+# text as typed ($(value ...): unexpanded; := : never expanded again; tests/python/test_make_prompt.py).
 PROMPT ?= Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?
+override PROMPT := $(value PROMPT)
 export PROMPT
 # dgemma itself makes OMP_WAIT_POLICY=passive the default (idle OpenMP threads
 # sleep instead of spinning, which made a generation 15-20x slower on a shared
