@@ -2752,6 +2752,18 @@ static void test_review2_findings(void **state) {
   assert_null(strstr(err, "config.json/config.json"));
   free(out);
   free(err);
+  /* run and tokenize (they need a tokenizer) -m FILE: the same line, and no hint that the tokenizer is
+   * missing (the hint matched "tokenizer.json" in the not-a-directory line) */
+  assert_int_equal(cli("run -m " SMALL "/config.json -p hi", &out, &err), 1);
+  assert_non_null(strstr(err, "  " SMALL "/config.json is not a directory ("));
+  assert_null(strstr(err, "needs the model's tokenizer"));
+  free(out);
+  free(err);
+  assert_int_equal(cli("tokenize -m " SMALL "/config.json hi", &out, &err), 1);
+  assert_non_null(strstr(err, "  " SMALL "/config.json is not a directory ("));
+  assert_null(strstr(err, "needs the model's tokenizer"));
+  free(out);
+  free(err);
   /* a model without generation_config.json: the library says so, the generating commands warn once */
   dg_model_info info;
   dg_model_get_info(m, &info);

@@ -794,7 +794,8 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
     const char *e = dg_last_error();
     fprintf(stderr, "dgemma: load: %s\n", dg_status_str(st));
     if (e && *e) fprintf(stderr, "  %s\n", e);
-    if (need_tokenizer && e && strstr(e, "tokenizer.json"))
+    /* "PATH/tokenizer.json: ...", the tokenizer's own errors; not "X is not a directory (... tokenizer.json)" */
+    if (need_tokenizer && e && strstr(e, "tokenizer.json:"))
       fprintf(stderr, "  (`dgemma %s` needs the model's tokenizer; info, logits, replay and bench work on ids without one)\n",
               g_cmd->name);
     exit(1);
