@@ -26,7 +26,7 @@
  *   - issue 15: every command's --help (stdout, exit 0, its own text), --version
  *     anywhere, options of other commands and unknown ones refused in one line
  *     (exit 2, before a model loads), prompts from -p, -f, -p - and a pipe (the
- *     same answer; a 1 MB prompt through stdin read whole), --json (parsed, its
+ *     same answer; a 1 MB prompt through stdin read whole, an endless one refused past 256 MiB), --json (parsed, its
  *     text and tokens checked against the library), --stop (a string spanning
  *     two blocks, several strings, one that never comes), --temp (the schedule's
  *     temperatures seen with -v), tokenize --pieces and detokenize, -t capped at
@@ -1717,6 +1717,28 @@ static void test_prompt_sources(void **state) {
   assert_non_null(strstr(err, "holds a NUL byte at offset 2"));
   free(out);
   free(err);
+  /* text that never ends (yes(1) on stdin, -f /dev/stdin): refused past 256 MiB (exit 2), before the model loads;
+   * it had grown the buffer until the OOM killer ended the process. Under a 1.5 GiB address space limit (not with
+   * ASan, whose shadow needs terabytes of it), so that the old behaviour fails fast ("out of memory", exit 1). */
+  const char *endless[] = {"run -t 1", "tokenize", "run -t 1 -f /dev/stdin", "detokenize"};
+  for (size_t i = 0; i < sizeof endless / sizeof *endless; i++) {
+    char exe[1024], cmd[2048], ef[512];
+    dg_test_cli_exe(exe, sizeof exe);
+    snprintf(ef, sizeof ef, "%s/endless.err", g_dir);
+#if defined(__SANITIZE_ADDRESS__)
+    const char *lim = ""; /* ASan reserves terabytes of address space for its shadow */
+#else
+    const char *lim = "ulimit -v 1572864;";
+#endif
+    snprintf(cmd, sizeof cmd, "yes 2>/dev/null | (%s exec %s %s -m %s) >/dev/null 2>%s", lim, exe, endless[i], SMALL, ef);
+    int rc = system(cmd);
+    err = dg_test_read_file(ef, NULL);
+    printf("# yes | dgemma %s: %s", endless[i], err);
+    assert_true(WIFEXITED(rc));
+    assert_int_equal(WEXITSTATUS(rc), 2);
+    assert_non_null(strstr(err, "holds more than 268435456 bytes, the most a text read takes"));
+    free(err);
+  }
   dg_model_free(m);
 }
 

@@ -843,9 +843,14 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
 
 /* ---- prompts from files and standard input -------------------------------- */
 
+/* The most read_stream takes: 256 MiB of text is more tokens than any model's positions (a token of the Gemma
+ * tokenizer covers at most 93 bytes of text, its longest piece; 262,144 positions x 93 bytes = 23 MiB). */
+#define CLI_TEXT_MAX ((size_t)256 << 20)
+
 /* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error, or at the first
  * NUL byte (every reader wants text, a C string: `run < /dev/zero` or `tokenize -f /dev/urandom` had read until
- * memory ran out before the NUL was looked for, and detokenize dropped the ids after a NUL silently). */
+ * memory ran out before the NUL was looked for, and detokenize dropped the ids after a NUL silently), or past
+ * CLI_TEXT_MAX bytes (exit 2, as read_all: `yes | dgemma run` grew its buffer until the OOM killer ended it). */
 static char *read_stream(FILE *f, const char *name, size_t *len) {
   size_t cap = 1 << 16, n = 0, k;
   char *buf = malloc(cap + 1);
@@ -857,8 +862,14 @@ static char *read_stream(FILE *f, const char *name, size_t *len) {
       exit(1);
     }
     n += k;
+    if (n > CLI_TEXT_MAX) {
+      fprintf(stderr, "dgemma %s: %s holds more than %zu bytes, the most a text read takes (more tokens than any "
+              "model's positions)\n", g_cmd->name, name, CLI_TEXT_MAX);
+      exit(2);
+    }
     if (n == cap) {
-      char *nb = realloc(buf, (cap *= 2) + 1);
+      cap = cap > CLI_TEXT_MAX / 2 ? CLI_TEXT_MAX + 1 : 2 * cap; /* one byte past the limit shows a longer text */
+      char *nb = realloc(buf, cap + 1);
       if (!nb) free(buf);
       buf = nb;
     }
