@@ -2377,6 +2377,7 @@ static void test_info_and_no_tokenizer(void **state) {
   snprintf(args, sizeof args, "mkrandom %s --config small -t 1", dir);
   assert_int_equal(cli(args, &out, &err), 0);
   assert_non_null(strstr(err, "note: no tokenizer.json in"));
+  assert_null(strstr(err, "bench work"));
   free(out);
   free(err);
   snprintf(args, sizeof args, "run -m %s -p hi", dir);
@@ -2387,7 +2388,20 @@ static void test_info_and_no_tokenizer(void **state) {
   free(err);
   snprintf(args, sizeof args, "info -m %s", dir);
   assert_int_equal(cli(args, &out, &err), 0);
-  assert_non_null(strstr(out, "tokenizer: none (run and tokenize refuse this model)"));
+  assert_non_null(strstr(out, "tokenizer: none (the commands of text refuse this model; info, logits and replay work on ids)"));
+  free(out);
+  free(err);
+  /* bench needs the tokenizer too (its prompts are text): the messages had said it "works on ids" */
+  snprintf(args, sizeof args, "bench -m %s --quick --protocol vllm -t 1", dir);
+  assert_int_equal(cli(args, &out, &err), 1);
+  printf("# bench on a model without a tokenizer:\n%s", err);
+  assert_non_null(strstr(err, "`dgemma bench` needs the model's tokenizer; info, logits and replay work on ids"));
+  assert_null(strstr(err, "bench work"));
+  free(out);
+  free(err);
+  assert_int_equal(cli("mkrandom --help", &out, &err), 0);
+  assert_null(strstr(out, "bench work"));
+  assert_non_null(strstr(out, "bench, serve, qreport) refuse it; info, logits and replay work on ids."));
   free(out);
   free(err);
 }

@@ -229,8 +229,8 @@ static const command kCommands[] = {
      "\n"
      "Random weights drawn as Transformers initialises them, streamed to disk (docs/cuda.md). Default:\n"
      "the 26B-A4B config, experts 4-bit group 64, the rest bf16 (17.7 GB). --config small has a\n"
-     "1024-id vocabulary that no tokenizer matches: run and tokenize refuse it; info, logits, replay\n"
-     "and bench work on ids.\n",
+     "1024-id vocabulary that no tokenizer matches: the commands of text (run, chat, tokenize,\n"
+     "detokenize, eval, bench, serve, qreport) refuse it; info, logits and replay work on ids.\n",
      "      --config C           real (default), small, or a config.json file\n"
      "      --source DIR         copy the tokenizer files from DIR\n"
      "      --seed S             reproducible byte for byte (any thread count)\n"
@@ -796,7 +796,7 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
     if (e && *e) fprintf(stderr, "  %s\n", e);
     /* "PATH/tokenizer.json: ...", the tokenizer's own errors; not "X is not a directory (... tokenizer.json)" */
     if (need_tokenizer && e && strstr(e, "tokenizer.json:"))
-      fprintf(stderr, "  (`dgemma %s` needs the model's tokenizer; info, logits, replay and bench work on ids without one)\n",
+      fprintf(stderr, "  (`dgemma %s` needs the model's tokenizer; info, logits and replay work on ids without one)\n",
               g_cmd->name);
     exit(1);
   }
@@ -1568,7 +1568,7 @@ static int cmd_info(const opts *o) {
            o->ref ? "--ref" : env && *env ? honoured ? "DGEMMA_KERNELS" : "the best this CPU has; DGEMMA_KERNELS ignored"
                                           : "the best this CPU has");
   }
-  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json" : "none (run and tokenize refuse this model)");
+  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json" : "none (the commands of text refuse this model; info, logits and replay work on ids)");
   printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
          gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
          gp.confidence_threshold);
@@ -2085,8 +2085,8 @@ static int cmd_mkrandom(const opts *o) {
   char tok[PATH_MAX + 32];
   snprintf(tok, sizeof tok, "%s/tokenizer.json", o->positional);
   if (!mp.dry_run && access(tok, R_OK) != 0)
-    fprintf(stderr, "dgemma: note: no tokenizer.json in %s (%s): `run` and `tokenize` refuse it; info, logits, "
-            "replay and bench work on ids\n", o->positional, mp.source_dir ? "--source held none" : "no --source DIR given");
+    fprintf(stderr, "dgemma: note: no tokenizer.json in %s (%s): the commands of text (run, chat, tokenize, "
+            "detokenize, eval, bench, serve, qreport) refuse it; info, logits and replay work on ids\n", o->positional, mp.source_dir ? "--source held none" : "no --source DIR given");
   fprintf(stderr,
           "dgemma: %s%s: %.3f %s parameters (config %s, seed %llu), %d tensors, %d matrices quantized, %d kept in bf16 "
           "(input dim not a multiple of the group size), %.2f GB in %d shard(s), %d tokenizer file(s) copied, "
