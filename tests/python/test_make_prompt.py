@@ -10,6 +10,7 @@ is built; plain python3 and make:
 import os
 import shutil
 import subprocess
+import tempfile
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,8 +18,10 @@ SHOW = 'brk_show_prompt: ; @printf "%s" "$$PROMPT"'
 
 
 def exported_prompt(args, env=None):
-    out = subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, "--eval", SHOW, "brk_show_prompt"] + args,
-                         capture_output=True, text=True, env=env, check=True)
+    # BUILD in a scratch folder: parsing the Makefile writes its stamps (.cuda_backend, .nvflags) into BUILD
+    with tempfile.TemporaryDirectory(prefix="dg_prompt_") as build:
+        out = subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, "BUILD=" + build, "--eval", SHOW,
+                              "brk_show_prompt"] + args, capture_output=True, text=True, env=env, check=True)
     return out.stdout
 
 
