@@ -1264,14 +1264,37 @@ static char *chat_read_line(int tty, long *nul) {
     fputs("> ", stdout);
     fflush(stdout);
   }
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t k = getline(&line, &cap, stdin);
-  if (k < 0) {
+  /* a line of at most CLI_TEXT_MAX bytes (getline grew a line without a newline until memory ran out, then
+   * ended the chat as if at the end of the input) */
+  size_t cap = 256, k = 0;
+  char *line = malloc(cap);
+  int c = EOF;
+  while (line && (c = getc(stdin)) != EOF) {
+    if (k == CLI_TEXT_MAX) {
+      fprintf(stderr, "dgemma chat: a line of standard input holds more than %zu bytes, the most a text read "
+              "takes (more tokens than any model's positions)\n", CLI_TEXT_MAX);
+      exit(2);
+    }
+    if (k + 2 > cap) {
+      cap = cap > CLI_TEXT_MAX / 2 ? CLI_TEXT_MAX + 2 : 2 * cap;
+      char *nb = realloc(line, cap);
+      if (!nb) free(line);
+      line = nb;
+      if (!line) break;
+    }
+    line[k++] = (char)c;
+    if (c == '\n') break;
+  }
+  if (!line) {
+    fprintf(stderr, "dgemma chat: cannot read standard input: out of memory\n");
+    exit(1);
+  }
+  if (c == EOF && (k == 0 || ferror(stdin))) { /* the end, or a read error: a partial line is dropped, as getline's */
     if (g_chat_interrupt) clearerr(stdin); /* Ctrl-C at the prompt (EINTR): the caller asks again */
     free(line);
     return NULL;
   }
+  line[k] = 0;
   while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
   const char *z = memchr(line, 0, (size_t)k);
   if (z) *nul = (long)(z - line);
