@@ -2803,6 +2803,18 @@ static void test_review2_findings(void **state) {
   assert_null(strstr(err, "needs the model's tokenizer"));
   free(out);
   free(err);
+  /* serve --max-context past the model's positions (131,072): said, not capped quietly (review brk31); a
+   * --gen-kwargs refused after that line ends the command before it listens */
+  assert_int_equal(cli("serve -m " SMALL " --port 0 --max-context 200000 --gen-kwargs '{\"bogus\": 1}'", &out, &err), 2);
+  printf("# serve --max-context 200000:\n%s", err);
+  assert_non_null(strstr(err, "dgemma serve: --max-context 200000 is more than the model's 131072 positions "
+                              "(max_position_embeddings); using 131072\n"));
+  free(out);
+  free(err);
+  assert_int_equal(cli("serve -m " SMALL " --port 0 --max-context 100000 --gen-kwargs '{\"bogus\": 1}'", &out, &err), 2);
+  assert_null(strstr(err, "--max-context"));
+  free(out);
+  free(err);
   /* a model without generation_config.json: the library says so, the generating commands warn once */
   dg_model_info info;
   dg_model_get_info(m, &info);

@@ -1270,7 +1270,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   dg_serve_opts o = dg_serve_default_opts();
   dg_model_params mp = dg_model_default_params();
   const char *dir = NULL;
-  int quiet = 0;
+  int quiet = 0, max_context_given = 0;
   char what[448];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -1306,7 +1306,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--gen-kwargs")) o.gen_kwargs = VAL();
     else if (!strcmp(a, "--model-id")) o.model_id = NONEMPTY(VAL(), "a name");
     else if (!strcmp(a, "--max-tokens")) o.lim.max_tokens = (int32_t)serve_int(a, VAL(), 1, 1 << 24);
-    else if (!strcmp(a, "--max-context")) o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX);
+    else if (!strcmp(a, "--max-context")) o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX), max_context_given = 1;
     else if (!strcmp(a, "--max-body")) o.lim.max_body = (size_t)serve_int(a, VAL(), 16, 1LL << 32);
     else if (!strcmp(a, "--max-messages")) o.lim.max_messages = (int32_t)serve_int(a, VAL(), 1, 1 << 20);
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
@@ -1372,7 +1372,12 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     snprintf(id, sizeof id, "%.*s", (int)(e - b), b);
     o.model_id = id[0] ? id : "dgemma";
   }
-  if ((int64_t)info.max_position_embeddings < o.lim.max_context) o.lim.max_context = info.max_position_embeddings;
+  if ((int64_t)info.max_position_embeddings < o.lim.max_context) { /* the default 16384 quietly; a given one says so */
+    if (max_context_given)
+      fprintf(stderr, "dgemma serve: --max-context %d is more than the model's %d positions (max_position_embeddings); "
+              "using %d\n", (int)o.lim.max_context, info.max_position_embeddings, info.max_position_embeddings);
+    o.lim.max_context = info.max_position_embeddings;
+  }
   o.log = quiet ? NULL : stderr;
   dg_gen_params gp = dg_gen_default_params(m);
   if (o.gen_kwargs && ((st = dg_gen_params_apply_json(&gp, o.gen_kwargs)) || (st = dg_gen_params_check(m, &gp)))) {
