@@ -1054,6 +1054,12 @@ static void test_rejected_options(void **state) {
       {"serve -m /nonexistent --device gpu",
        "dgemma serve: --device expects cpu, cuda or cuda:N, got \"gpu\"; see `dgemma serve --help`"},
       {"serve -m /nonexistent extra", "dgemma serve: unexpected argument \"extra\"; see `dgemma serve --help`"},
+      /* --host: an IPv4 address, said before the model loads (review brk31: "localhost" or "::1" loaded the model,
+       * then "cannot start on localhost:8080: invalid argument") */
+      {"serve -m /nonexistent --host localhost",
+       "dgemma serve: --host expects an IPv4 address (127.0.0.1: this machine only, 0.0.0.0: every interface), got "
+       "\"localhost\"; see `dgemma serve --help`"},
+      {"serve -m /nonexistent --host ::1", "dgemma serve: --host expects an IPv4 address"},
       /* the second newcomer review: the text given once (a repeated -p or -f is refused, not the last
        * kept), a "+" sign said, --opt=value read as --opt value (a flag takes none), id lists without
        * empty items */

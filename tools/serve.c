@@ -56,9 +56,10 @@ dg_serve_opts dg_serve_default_opts(void) {
   return o;
 }
 
+#include <arpa/inet.h> /* inet_pton: --host is checked with or without libmicrohttpd */
+
 #ifdef DG_HAVE_MHD
 
-#include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1244,7 +1245,7 @@ static void serve_usage(FILE *f) {
           "  -m, --model DIR          the model (default: $DGEMMA_MODEL, else the bundled models/dgemma-small)\n"
           "      --device cpu|cuda[:N] where the forward passes run (default cpu)\n"
           "  -t, --threads N          CPU threads (default, and 0: all cores)\n"
-          "      --host ADDR          address to listen on (default %s)\n"
+          "      --host ADDR          IPv4 address to listen on (default %s; 0.0.0.0: every interface)\n"
           "      --port P             TCP port (default %d; 0: any free port, printed at the start)\n"
           "      --max-batch N        canvases denoised together (default %d)\n"
           "      --max-queue N        requests waiting beyond the batch before 503 (default %d)\n"
@@ -1298,7 +1299,13 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       else serve_usage_exit("--device expects cpu, cuda or cuda:N, got", d);
     }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) mp.n_threads = (int)serve_int(a, VAL(), 0, DG_MAX_THREADS);
-    else if (!strcmp(a, "--host")) o.host = NONEMPTY(VAL(), "an address");
+    else if (!strcmp(a, "--host")) {
+      o.host = NONEMPTY(VAL(), "an address");
+      struct in_addr ia; /* dg_server_start binds an AF_INET address: say so before the model loads */
+      if (inet_pton(AF_INET, o.host, &ia) != 1)
+        serve_usage_exit("--host expects an IPv4 address (127.0.0.1: this machine only, 0.0.0.0: every interface), got",
+                         o.host);
+    }
     else if (!strcmp(a, "--port")) o.port = (int)serve_int(a, VAL(), 0, 65535);
     else if (!strcmp(a, "--max-batch")) o.max_batch = (int)serve_int(a, VAL(), 1, 4096);
     else if (!strcmp(a, "--max-queue")) o.max_queue = (int)serve_int(a, VAL(), 1, 1 << 20);
