@@ -1591,7 +1591,9 @@ static int cmd_info(const opts *o) {
            o->ref ? "--ref" : env && *env ? honoured ? "DGEMMA_KERNELS" : "the best this CPU has; DGEMMA_KERNELS ignored"
                                           : "the best this CPU has");
   }
-  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json" : "none (the commands of text refuse this model; info, logits and replay work on ids)");
+  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json"
+                                                  : "none (the commands of text refuse this model; info, logits and "
+                                                    "replay work on ids)");
   printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
          gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
          gp.confidence_threshold);
@@ -2109,7 +2111,8 @@ static int cmd_mkrandom(const opts *o) {
   snprintf(tok, sizeof tok, "%s/tokenizer.json", o->positional);
   if (!mp.dry_run && access(tok, R_OK) != 0)
     fprintf(stderr, "dgemma: note: no tokenizer.json in %s (%s): the commands of text (run, chat, tokenize, "
-            "detokenize, eval, bench, serve, qreport) refuse it; info, logits and replay work on ids\n", o->positional, mp.source_dir ? "--source held none" : "no --source DIR given");
+            "detokenize, eval, bench, serve, qreport) refuse it; info, logits and replay work on ids\n", o->positional,
+            mp.source_dir ? "--source held none" : "no --source DIR given");
   fprintf(stderr,
           "dgemma: %s%s: %.3f %s parameters (config %s, seed %llu), %d tensors, %d matrices quantized, %d kept in bf16 "
           "(input dim not a multiple of the group size), %.2f GB in %d shard(s), %d tokenizer file(s) copied, "

@@ -1313,7 +1313,10 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--gen-kwargs")) o.gen_kwargs = VAL();
     else if (!strcmp(a, "--model-id")) o.model_id = NONEMPTY(VAL(), "a name");
     else if (!strcmp(a, "--max-tokens")) o.lim.max_tokens = (int32_t)serve_int(a, VAL(), 1, 1 << 24);
-    else if (!strcmp(a, "--max-context")) o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX), max_context_given = 1;
+    else if (!strcmp(a, "--max-context")) {
+      o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX);
+      max_context_given = 1;
+    }
     else if (!strcmp(a, "--max-body")) o.lim.max_body = (size_t)serve_int(a, VAL(), 16, 1LL << 32);
     else if (!strcmp(a, "--max-messages")) o.lim.max_messages = (int32_t)serve_int(a, VAL(), 1, 1 << 20);
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
