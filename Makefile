@@ -54,9 +54,9 @@ CUDA_LIBDIR  ?= $(firstword $(foreach d,$(CUDA_LIBDIRS),$(if $(and $(wildcard $(
 CUDA      ?= $(if $(and $(NVCC),$(CUDA_LIBDIR)),1,0)
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 TEST_NVDEV ?= $(if $(wildcard /dev/nvidia0),,-G)
-ifneq ($(filter test,$(MAKECMDGOALS)),)
-NVDEV     ?= $(TEST_NVDEV)
-endif
+# make test's main build: NVDEV where given, else TEST_NVDEV; only its sub-make compiles with it (set as NVDEV in
+# the top-level make too, it rewrote $(BUILD)/.nvflags there, and the next `make run` rebuilt every CUDA object)
+TEST_NVDEV_USE := $(if $(filter undefined,$(origin NVDEV)),$(TEST_NVDEV),$(NVDEV))
 NVDEV     ?=
 NVFLAGS   := -O2 -g $(NVDEV) -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -MMD -MP -Xcompiler -Wall \
              -DDG_CUDA_ARCHS='"$(subst -gencode=arch=,,$(CUDA_ARCH))"' $(XCFLAGS)
@@ -221,9 +221,9 @@ TEST_JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 TEST_J      = $(if $(findstring jobserver,$(MAKEFLAGS))$(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS))
 # With -G the main build of the tests goes to build-test/, so that `make test` and `make` / `make run`
 # never rebuild each other's CUDA objects (build/ keeps the optimized kernels).
-TEST_BUILD  = $(if $(and $(filter 1,$(CUDA)),$(strip $(NVDEV))),build-test,$(BUILD))
+TEST_BUILD  = $(if $(and $(filter 1,$(CUDA)),$(strip $(TEST_NVDEV_USE))),build-test,$(BUILD))
 test: setup
-	@$(MAKE) --no-print-directory $(TEST_J) NVDEV="$(NVDEV)" BUILD=$(TEST_BUILD) test-build
+	@$(MAKE) --no-print-directory $(TEST_J) NVDEV="$(TEST_NVDEV_USE)" BUILD=$(TEST_BUILD) test-build
 	@FUZZ_BUILD=build-fuzz FUZZ_TEST_SECONDS=$(FUZZ_TEST_SECONDS) TEST_JOBS=$(TEST_JOBS) FUZZ_JOBS=$(TEST_JOBS) \
 	  scripts/run_tests.sh $(TEST_BUILD) build-asan
 
@@ -279,8 +279,11 @@ fuzz: fuzz-build
 	scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS) grow $(FUZZERS)
 
 # The main job: generation with the bundled model (needs only the Debian packages).
-# PROMPT reaches the program through the environment, so any text is safe.
+# PROMPT reaches the program through the environment, so any text is safe: make would expand a PROMPT
+# given on its command line when exporting it ($5 gone, $(shell ...) run), so the override keeps its
+# text as typed ($(value ...): unexpanded; := : never expanded again; tests/python/test_make_prompt.py).
 PROMPT ?= Sam has 23 apples. He buys 14 more apples. How many apples does Sam have now?
+override PROMPT := $(value PROMPT)
 export PROMPT
 # dgemma itself makes OMP_WAIT_POLICY=passive the default (idle OpenMP threads
 # sleep instead of spinning, which made a generation 15-20x slower on a shared

@@ -26,7 +26,7 @@
  *   - issue 15: every command's --help (stdout, exit 0, its own text), --version
  *     anywhere, options of other commands and unknown ones refused in one line
  *     (exit 2, before a model loads), prompts from -p, -f, -p - and a pipe (the
- *     same answer; a 1 MB prompt through stdin read whole), --json (parsed, its
+ *     same answer; a 1 MB prompt through stdin read whole, an endless one refused past 256 MiB), --json (parsed, its
  *     text and tokens checked against the library), --stop (a string spanning
  *     two blocks, several strings, one that never comes), --temp (the schedule's
  *     temperatures seen with -v), tokenize --pieces and detokenize, -t capped at
@@ -1054,6 +1054,12 @@ static void test_rejected_options(void **state) {
       {"serve -m /nonexistent --device gpu",
        "dgemma serve: --device expects cpu, cuda or cuda:N, got \"gpu\"; see `dgemma serve --help`"},
       {"serve -m /nonexistent extra", "dgemma serve: unexpected argument \"extra\"; see `dgemma serve --help`"},
+      /* --host: an IPv4 address, said before the model loads (review brk31: "localhost" or "::1" loaded the model,
+       * then "cannot start on localhost:8080: invalid argument") */
+      {"serve -m /nonexistent --host localhost",
+       "dgemma serve: --host expects an IPv4 address (127.0.0.1: this machine only, 0.0.0.0: every interface), got "
+       "\"localhost\"; see `dgemma serve --help`"},
+      {"serve -m /nonexistent --host ::1", "dgemma serve: --host expects an IPv4 address"},
       /* the second newcomer review: the text given once (a repeated -p or -f is refused, not the last
        * kept), a "+" sign said, --opt=value read as --opt value (a flag takes none), id lists without
        * empty items */
@@ -1717,6 +1723,31 @@ static void test_prompt_sources(void **state) {
   assert_non_null(strstr(err, "holds a NUL byte at offset 2"));
   free(out);
   free(err);
+  /* text that never ends (yes(1) on stdin, -f /dev/stdin): refused past 256 MiB (exit 2), before the model loads;
+   * it had grown the buffer until the OOM killer ended the process. Under a 1.5 GiB address space limit (not with
+   * ASan, whose shadow needs terabytes of it), so that the old behaviour fails fast ("out of memory", exit 1). */
+  const char *endless[] = {"run -t 1", "tokenize", "run -t 1 -f /dev/stdin", "detokenize", "chat -t 1"};
+  for (size_t i = 0; i < sizeof endless / sizeof *endless; i++) {
+    /* chat reads a line at a time: one line without a newline (it had ended the chat silently, exit 0, once
+     * getline's allocation failed) */
+    const char *feed = !strncmp(endless[i], "chat", 4) ? "yes 2>/dev/null | tr -d '\\n'" : "yes 2>/dev/null";
+    char exe[1024], cmd[2048], ef[512];
+    dg_test_cli_exe(exe, sizeof exe);
+    snprintf(ef, sizeof ef, "%s/endless.err", g_dir);
+#if defined(__SANITIZE_ADDRESS__)
+    const char *lim = ""; /* ASan reserves terabytes of address space for its shadow */
+#else
+    const char *lim = "ulimit -v 1572864;";
+#endif
+    snprintf(cmd, sizeof cmd, "%s | (%s exec %s %s -m %s) >/dev/null 2>%s", feed, lim, exe, endless[i], SMALL, ef);
+    int rc = system(cmd);
+    err = dg_test_read_file(ef, NULL);
+    printf("# yes | dgemma %s: %s", endless[i], err);
+    assert_true(WIFEXITED(rc));
+    assert_int_equal(WEXITSTATUS(rc), 2);
+    if (!strstr(err, "holds more than 268435456 bytes, the most a text read takes")) fail_msg("%s: %s", endless[i], err);
+    free(err);
+  }
   dg_model_free(m);
 }
 
@@ -2366,6 +2397,7 @@ static void test_info_and_no_tokenizer(void **state) {
   snprintf(args, sizeof args, "mkrandom %s --config small -t 1", dir);
   assert_int_equal(cli(args, &out, &err), 0);
   assert_non_null(strstr(err, "note: no tokenizer.json in"));
+  assert_null(strstr(err, "bench work"));
   free(out);
   free(err);
   snprintf(args, sizeof args, "run -m %s -p hi", dir);
@@ -2376,7 +2408,20 @@ static void test_info_and_no_tokenizer(void **state) {
   free(err);
   snprintf(args, sizeof args, "info -m %s", dir);
   assert_int_equal(cli(args, &out, &err), 0);
-  assert_non_null(strstr(out, "tokenizer: none (run and tokenize refuse this model)"));
+  assert_non_null(strstr(out, "tokenizer: none (the commands of text refuse this model; info, logits and replay work on ids)"));
+  free(out);
+  free(err);
+  /* bench needs the tokenizer too (its prompts are text): the messages had said it "works on ids" */
+  snprintf(args, sizeof args, "bench -m %s --quick --protocol vllm -t 1", dir);
+  assert_int_equal(cli(args, &out, &err), 1);
+  printf("# bench on a model without a tokenizer:\n%s", err);
+  assert_non_null(strstr(err, "`dgemma bench` needs the model's tokenizer; info, logits and replay work on ids"));
+  assert_null(strstr(err, "bench work"));
+  free(out);
+  free(err);
+  assert_int_equal(cli("mkrandom --help", &out, &err), 0);
+  assert_null(strstr(out, "bench work"));
+  assert_non_null(strstr(out, "bench, serve, qreport) refuse it; info, logits and replay work on ids."));
   free(out);
   free(err);
 }
@@ -2761,6 +2806,30 @@ static void test_review2_findings(void **state) {
   printf("# info -m FILE:\n%s", err);
   assert_non_null(strstr(err, "  " SMALL "/config.json is not a directory ("));
   assert_null(strstr(err, "config.json/config.json"));
+  free(out);
+  free(err);
+  /* run and tokenize (they need a tokenizer) -m FILE: the same line, and no hint that the tokenizer is
+   * missing (the hint matched "tokenizer.json" in the not-a-directory line) */
+  assert_int_equal(cli("run -m " SMALL "/config.json -p hi", &out, &err), 1);
+  assert_non_null(strstr(err, "  " SMALL "/config.json is not a directory ("));
+  assert_null(strstr(err, "needs the model's tokenizer"));
+  free(out);
+  free(err);
+  assert_int_equal(cli("tokenize -m " SMALL "/config.json hi", &out, &err), 1);
+  assert_non_null(strstr(err, "  " SMALL "/config.json is not a directory ("));
+  assert_null(strstr(err, "needs the model's tokenizer"));
+  free(out);
+  free(err);
+  /* serve --max-context past the model's positions (131,072): said, not capped quietly (review brk31); a
+   * --gen-kwargs refused after that line ends the command before it listens */
+  assert_int_equal(cli("serve -m " SMALL " --port 0 --max-context 200000 --gen-kwargs '{\"bogus\": 1}'", &out, &err), 2);
+  printf("# serve --max-context 200000:\n%s", err);
+  assert_non_null(strstr(err, "dgemma serve: --max-context 200000 is more than the model's 131072 positions "
+                              "(max_position_embeddings); using 131072\n"));
+  free(out);
+  free(err);
+  assert_int_equal(cli("serve -m " SMALL " --port 0 --max-context 100000 --gen-kwargs '{\"bogus\": 1}'", &out, &err), 2);
+  assert_null(strstr(err, "--max-context"));
   free(out);
   free(err);
   /* a model without generation_config.json: the library says so, the generating commands warn once */

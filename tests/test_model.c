@@ -163,7 +163,7 @@ typedef enum breakage {
   B_NO_CONFIG, B_CONFIG_JSON, B_MODEL_TYPE, B_MISSING_FIELD, B_FIELD_TYPE, B_LAYER_TYPES, B_TOPK,
   B_NO_WEIGHTS, B_TRUNCATED, B_HEADER_LEN, B_OVERLAP, B_OUT_OF_RANGE, B_MISSING_TENSOR, B_SHAPE, B_DTYPE,
   B_NO_V_SLIDING, B_NO_ENC_SCALAR, B_NAN_SCALAR, B_GEN_JSON, B_GEN_FIELD, B_TOK_JSON, B_VOCAB, B_INDEX_SHARD,
-  B_FIFO_CONFIG, B_FIFO_WEIGHTS, B_FIFO_GEN, B_FIFO_TOK, B_EOS_CFG, B_EOS_CFG_ONLY, B_COUNT
+  B_FIFO_CONFIG, B_FIFO_WEIGHTS, B_FIFO_GEN, B_FIFO_TOK, B_EOS_CFG, B_EOS_CFG_ONLY, B_BOS_CFG, B_PAD_CFG, B_COUNT
 } breakage;
 
 typedef struct bad_case {
@@ -206,6 +206,10 @@ static const bad_case BAD[] = {
      * nc16: accepted silently), and named in config.json, not generation_config.json, when that file is absent */
     {B_EOS_CFG, "config.json eos past the vocabulary", DG_ERR_CONFIG, "/config.json: eos_token_id 99999", "vocabulary"},
     {B_EOS_CFG_ONLY, "... and no generation_config.json", DG_ERR_CONFIG, "/config.json: eos_token_id 99999", "vocabulary"},
+    /* its bos and pad ids past the vocabulary: a config.json field (review brk31: reported as a tokenizer mismatch
+     * with the hint that the tokenizer is missing, and accepted where no tokenizer was loaded) */
+    {B_BOS_CFG, "config.json bos past the vocabulary", DG_ERR_CONFIG, "/config.json: field ", "bos_token_id = 99999"},
+    {B_PAD_CFG, "config.json pad past the vocabulary", DG_ERR_CONFIG, "/config.json: field ", "pad_token_id = 384"},
 };
 
 static void apply_breakage(const char *dir, breakage b) {
@@ -249,6 +253,8 @@ static void apply_breakage(const char *dir, breakage b) {
   case B_NAN_SCALAR: set_nan(dir, "model.decoder.layers.1.layer_scalar"); break;
   case B_GEN_JSON: edit_text(dir, "generation_config.json", "{", "{{"); break;
   case B_EOS_CFG: edit_text(dir, "config.json", "\"eos_token_id\":1,", "\"eos_token_id\":99999,"); break;
+  case B_BOS_CFG: edit_text(dir, "config.json", "\"bos_token_id\":2,", "\"bos_token_id\":99999,"); break;
+  case B_PAD_CFG: edit_text(dir, "config.json", "\"pad_token_id\":0,", "\"pad_token_id\":384,"); break;
   case B_EOS_CFG_ONLY:
     edit_text(dir, "config.json", "\"eos_token_id\":1,", "\"eos_token_id\":99999,");
     path_of(p, sizeof p, dir, "generation_config.json");

@@ -229,8 +229,8 @@ static const command kCommands[] = {
      "\n"
      "Random weights drawn as Transformers initialises them, streamed to disk (docs/cuda.md). Default:\n"
      "the 26B-A4B config, experts 4-bit group 64, the rest bf16 (17.7 GB). --config small has a\n"
-     "1024-id vocabulary that no tokenizer matches: run and tokenize refuse it; info, logits, replay\n"
-     "and bench work on ids.\n",
+     "1024-id vocabulary that no tokenizer matches: the commands of text (run, chat, tokenize,\n"
+     "detokenize, eval, bench, serve, qreport) refuse it; info, logits and replay work on ids.\n",
      "      --config C           real (default), small, or a config.json file\n"
      "      --source DIR         copy the tokenizer files from DIR\n"
      "      --seed S             reproducible byte for byte (any thread count)\n"
@@ -796,8 +796,9 @@ static dg_model *load_model(const opts *o, int need_tokenizer) {
     const char *e = dg_last_error();
     fprintf(stderr, "dgemma: load: %s\n", dg_status_str(st));
     if (e && *e) fprintf(stderr, "  %s\n", e);
-    if (need_tokenizer && e && strstr(e, "tokenizer.json"))
-      fprintf(stderr, "  (`dgemma %s` needs the model's tokenizer; info, logits, replay and bench work on ids without one)\n",
+    /* "PATH/tokenizer.json: ...", the tokenizer's own errors; not "X is not a directory (... tokenizer.json)" */
+    if (need_tokenizer && e && strstr(e, "tokenizer.json:"))
+      fprintf(stderr, "  (`dgemma %s` needs the model's tokenizer; info, logits and replay work on ids without one)\n",
               g_cmd->name);
     exit(1);
   }
@@ -844,9 +845,14 @@ static dg_gen_params gen_params(const dg_model *m, const opts *o) {
 
 /* ---- prompts from files and standard input -------------------------------- */
 
+/* The most read_stream takes: 256 MiB of text is more tokens than any model's positions (a token of the Gemma
+ * tokenizer covers at most 93 bytes of text, its longest piece; 262,144 positions x 93 bytes = 23 MiB). */
+#define CLI_TEXT_MAX ((size_t)256 << 20)
+
 /* All of stream f (named `name` in messages), NUL-terminated; exits naming it on a read error, or at the first
  * NUL byte (every reader wants text, a C string: `run < /dev/zero` or `tokenize -f /dev/urandom` had read until
- * memory ran out before the NUL was looked for, and detokenize dropped the ids after a NUL silently). */
+ * memory ran out before the NUL was looked for, and detokenize dropped the ids after a NUL silently), or past
+ * CLI_TEXT_MAX bytes (exit 2, as read_all: `yes | dgemma run` grew its buffer until the OOM killer ended it). */
 static char *read_stream(FILE *f, const char *name, size_t *len) {
   size_t cap = 1 << 16, n = 0, k;
   char *buf = malloc(cap + 1);
@@ -858,8 +864,14 @@ static char *read_stream(FILE *f, const char *name, size_t *len) {
       exit(1);
     }
     n += k;
+    if (n > CLI_TEXT_MAX) {
+      fprintf(stderr, "dgemma %s: %s holds more than %zu bytes, the most a text read takes (more tokens than any "
+              "model's positions)\n", g_cmd->name, name, CLI_TEXT_MAX);
+      exit(2);
+    }
     if (n == cap) {
-      char *nb = realloc(buf, (cap *= 2) + 1);
+      cap = cap > CLI_TEXT_MAX / 2 ? CLI_TEXT_MAX + 1 : 2 * cap; /* one byte past the limit shows a longer text */
+      char *nb = realloc(buf, cap + 1);
       if (!nb) free(buf);
       buf = nb;
     }
@@ -1254,14 +1266,37 @@ static char *chat_read_line(int tty, long *nul) {
     fputs("> ", stdout);
     fflush(stdout);
   }
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t k = getline(&line, &cap, stdin);
-  if (k < 0) {
+  /* a line of at most CLI_TEXT_MAX bytes (getline grew a line without a newline until memory ran out, then
+   * ended the chat as if at the end of the input) */
+  size_t cap = 256, k = 0;
+  char *line = malloc(cap);
+  int c = EOF;
+  while (line && (c = getc(stdin)) != EOF) {
+    if (k == CLI_TEXT_MAX) {
+      fprintf(stderr, "dgemma chat: a line of standard input holds more than %zu bytes, the most a text read "
+              "takes (more tokens than any model's positions)\n", CLI_TEXT_MAX);
+      exit(2);
+    }
+    if (k + 2 > cap) {
+      cap = cap > CLI_TEXT_MAX / 2 ? CLI_TEXT_MAX + 2 : 2 * cap;
+      char *nb = realloc(line, cap);
+      if (!nb) free(line);
+      line = nb;
+      if (!line) break;
+    }
+    line[k++] = (char)c;
+    if (c == '\n') break;
+  }
+  if (!line) {
+    fprintf(stderr, "dgemma chat: cannot read standard input: out of memory\n");
+    exit(1);
+  }
+  if (c == EOF && (k == 0 || ferror(stdin))) { /* the end, or a read error: a partial line is dropped, as getline's */
     if (g_chat_interrupt) clearerr(stdin); /* Ctrl-C at the prompt (EINTR): the caller asks again */
     free(line);
     return NULL;
   }
+  line[k] = 0;
   while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
   const char *z = memchr(line, 0, (size_t)k);
   if (z) *nul = (long)(z - line);
@@ -1558,7 +1593,9 @@ static int cmd_info(const opts *o) {
            o->ref ? "--ref" : env && *env ? honoured ? "DGEMMA_KERNELS" : "the best this CPU has; DGEMMA_KERNELS ignored"
                                           : "the best this CPU has");
   }
-  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json" : "none (run and tokenize refuse this model)");
+  printf("tokenizer: %s\n", access(tok, R_OK) == 0 ? "tokenizer.json"
+                                                  : "none (the commands of text refuse this model; info, logits and "
+                                                    "replay work on ids)");
   printf("generation: max_new_tokens %d, steps %d, entropy bound %g, T %g..%g, stability %d, confidence %g, stop ids",
          gp.max_new_tokens, gp.max_denoising_steps, gp.entropy_bound, gp.t_min, gp.t_max, gp.stability_threshold,
          gp.confidence_threshold);
@@ -2075,8 +2112,9 @@ static int cmd_mkrandom(const opts *o) {
   char tok[PATH_MAX + 32];
   snprintf(tok, sizeof tok, "%s/tokenizer.json", o->positional);
   if (!mp.dry_run && access(tok, R_OK) != 0)
-    fprintf(stderr, "dgemma: note: no tokenizer.json in %s (%s): `run` and `tokenize` refuse it; info, logits, "
-            "replay and bench work on ids\n", o->positional, mp.source_dir ? "--source held none" : "no --source DIR given");
+    fprintf(stderr, "dgemma: note: no tokenizer.json in %s (%s): the commands of text (run, chat, tokenize, "
+            "detokenize, eval, bench, serve, qreport) refuse it; info, logits and replay work on ids\n", o->positional,
+            mp.source_dir ? "--source held none" : "no --source DIR given");
   fprintf(stderr,
           "dgemma: %s%s: %.3f %s parameters (config %s, seed %llu), %d tensors, %d matrices quantized, %d kept in bf16 "
           "(input dim not a multiple of the group size), %.2f GB in %d shard(s), %d tokenizer file(s) copied, "

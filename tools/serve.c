@@ -56,9 +56,10 @@ dg_serve_opts dg_serve_default_opts(void) {
   return o;
 }
 
+#include <arpa/inet.h> /* inet_pton: --host is checked with or without libmicrohttpd */
+
 #ifdef DG_HAVE_MHD
 
-#include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1244,7 +1245,7 @@ static void serve_usage(FILE *f) {
           "  -m, --model DIR          the model (default: $DGEMMA_MODEL, else the bundled models/dgemma-small)\n"
           "      --device cpu|cuda[:N] where the forward passes run (default cpu)\n"
           "  -t, --threads N          CPU threads (default, and 0: all cores)\n"
-          "      --host ADDR          address to listen on (default %s)\n"
+          "      --host ADDR          IPv4 address to listen on (default %s; 0.0.0.0: every interface)\n"
           "      --port P             TCP port (default %d; 0: any free port, printed at the start)\n"
           "      --max-batch N        canvases denoised together (default %d)\n"
           "      --max-queue N        requests waiting beyond the batch before 503 (default %d)\n"
@@ -1270,7 +1271,7 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
   dg_serve_opts o = dg_serve_default_opts();
   dg_model_params mp = dg_model_default_params();
   const char *dir = NULL;
-  int quiet = 0;
+  int quiet = 0, max_context_given = 0;
   char what[448];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -1298,7 +1299,13 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
       else serve_usage_exit("--device expects cpu, cuda or cuda:N, got", d);
     }
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) mp.n_threads = (int)serve_int(a, VAL(), 0, DG_MAX_THREADS);
-    else if (!strcmp(a, "--host")) o.host = NONEMPTY(VAL(), "an address");
+    else if (!strcmp(a, "--host")) {
+      o.host = NONEMPTY(VAL(), "an address");
+      struct in_addr ia; /* dg_server_start binds an AF_INET address: say so before the model loads */
+      if (inet_pton(AF_INET, o.host, &ia) != 1)
+        serve_usage_exit("--host expects an IPv4 address (127.0.0.1: this machine only, 0.0.0.0: every interface), got",
+                         o.host);
+    }
     else if (!strcmp(a, "--port")) o.port = (int)serve_int(a, VAL(), 0, 65535);
     else if (!strcmp(a, "--max-batch")) o.max_batch = (int)serve_int(a, VAL(), 1, 4096);
     else if (!strcmp(a, "--max-queue")) o.max_queue = (int)serve_int(a, VAL(), 1, 1 << 20);
@@ -1306,7 +1313,10 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     else if (!strcmp(a, "--gen-kwargs")) o.gen_kwargs = VAL();
     else if (!strcmp(a, "--model-id")) o.model_id = NONEMPTY(VAL(), "a name");
     else if (!strcmp(a, "--max-tokens")) o.lim.max_tokens = (int32_t)serve_int(a, VAL(), 1, 1 << 24);
-    else if (!strcmp(a, "--max-context")) o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX);
+    else if (!strcmp(a, "--max-context")) {
+      o.lim.max_context = (int32_t)serve_int(a, VAL(), 2, INT32_MAX);
+      max_context_given = 1;
+    }
     else if (!strcmp(a, "--max-body")) o.lim.max_body = (size_t)serve_int(a, VAL(), 16, 1LL << 32);
     else if (!strcmp(a, "--max-messages")) o.lim.max_messages = (int32_t)serve_int(a, VAL(), 1, 1 << 20);
     else if (!strcmp(a, "--timeout")) o.timeout_s = (int)serve_int(a, VAL(), 0, 86400);
@@ -1373,7 +1383,12 @@ int dg_cli_serve(int argc, char **argv, const char *default_model) {
     snprintf(id, sizeof id, "%.*s", (int)(e - b), b);
     o.model_id = id[0] ? id : "dgemma";
   }
-  if ((int64_t)info.max_position_embeddings < o.lim.max_context) o.lim.max_context = info.max_position_embeddings;
+  if ((int64_t)info.max_position_embeddings < o.lim.max_context) { /* the default 16384 quietly; a given one says so */
+    if (max_context_given)
+      fprintf(stderr, "dgemma serve: --max-context %d is more than the model's %d positions (max_position_embeddings); "
+              "using %d\n", (int)o.lim.max_context, info.max_position_embeddings, info.max_position_embeddings);
+    o.lim.max_context = info.max_position_embeddings;
+  }
   o.log = quiet ? NULL : stderr;
   dg_gen_params gp = dg_gen_default_params(m);
   if (o.gen_kwargs && ((st = dg_gen_params_apply_json(&gp, o.gen_kwargs)) || (st = dg_gen_params_check(m, &gp)))) {

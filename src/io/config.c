@@ -244,8 +244,9 @@ static dg_status parse_text_config(const char *file, const cJSON *tc, dg_config 
   c->final_logit_softcapping = (float)cap;
   c->pad_token_id = 0;
   c->bos_token_id = 2;
-  DG_TRY(get_int(file, P, tc, "pad_token_id", 0, 0, INT32_MAX, &c->pad_token_id));
-  DG_TRY(get_int(file, P, tc, "bos_token_id", 0, 0, INT32_MAX, &c->bos_token_id));
+  /* ids of the vocabulary: past it they had surfaced as a tokenizer mismatch, or not at all without a tokenizer */
+  DG_TRY(get_int(file, P, tc, "pad_token_id", 0, 0, c->vocab_size - 1, &c->pad_token_id));
+  DG_TRY(get_int(file, P, tc, "bos_token_id", 0, 0, c->vocab_size - 1, &c->bos_token_id));
   DG_TRY(get_id_list(file, P, tc, "eos_token_id", c->eos_ids, &c->n_eos));
 
   /* layer_types: default 5 sliding : 1 full, last layer forced full (HF __post_init__). */
