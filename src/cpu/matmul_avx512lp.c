@@ -1519,19 +1519,49 @@ static void amx_tile16(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int6
   const int64_t ng = xb->ng, nblk = xb->nblk, tp = xb->tpad;
   const int8_t *qb = xb->qa + t0 * 4;
   const int32_t *tr = TR_GROUP[2];
-  for (int64_t blk = 0; blk < nblk; blk++) /* C [blk][l][i][j]: the integer sums of group 16 blk + tr[l] */
-    for (int l = 0; l < 16; l++) {
-      const int64_t g = blk * 16 + tr[l];
+  /* C [blk][l][i][j]: the integer sums of group 16 blk + tr[l] (zero past ng), four groups in flight (tmm0-3 their
+   * sums, tmm4-5 and tmm6-7 their A and B tiles, alternating): one tile's chain of zero, product and store is
+   * serial, four are not */
+  for (int64_t blk = 0; blk < nblk; blk++)
+    for (int l = 0; l < 16; l += 4) {
+      int64_t g[4];
+      int all = 1;
+      for (int q = 0; q < 4; q++) g[q] = blk * 16 + tr[l + q], all &= g[q] < ng;
       int32_t *c = C + (blk * 16 + l) * 256;
-      if (g >= ng) {
-        memset(c, 0, 1024);
+      if (!all) { /* a partial last block: one group at a time */
+        for (int q = 0; q < 4; q++) {
+          if (g[q] >= ng) {
+            memset(c + q * 256, 0, 1024);
+            continue;
+          }
+          AMX_ZERO(0);
+          AMX_LOAD(4, A + g[q] * 1024, 64);
+          AMX_LOAD(6, qb + g[q] * 64 * tp, 4 * tp);
+          AMX_DP(0, 4, 6);
+          AMX_STORE(0, c + q * 256, 64);
+        }
         continue;
       }
       AMX_ZERO(0);
-      AMX_LOAD(1, A + g * 1024, 64);
-      AMX_LOAD(2, qb + g * 64 * tp, 4 * tp);
-      AMX_DP(0, 1, 2);
+      AMX_ZERO(1);
+      AMX_ZERO(2);
+      AMX_ZERO(3);
+      AMX_LOAD(4, A + g[0] * 1024, 64);
+      AMX_LOAD(6, qb + g[0] * 64 * tp, 4 * tp);
+      AMX_DP(0, 4, 6);
+      AMX_LOAD(5, A + g[1] * 1024, 64);
+      AMX_LOAD(7, qb + g[1] * 64 * tp, 4 * tp);
+      AMX_DP(1, 5, 7);
+      AMX_LOAD(4, A + g[2] * 1024, 64);
+      AMX_LOAD(6, qb + g[2] * 64 * tp, 4 * tp);
+      AMX_DP(2, 4, 6);
+      AMX_LOAD(5, A + g[3] * 1024, 64);
+      AMX_LOAD(7, qb + g[3] * 64 * tp, 4 * tp);
+      AMX_DP(3, 5, 7);
       AMX_STORE(0, c, 64);
+      AMX_STORE(1, c + 256, 64);
+      AMX_STORE(2, c + 512, 64);
+      AMX_STORE(3, c + 768, 64);
     }
   for (int i = 0; i < 16; i++) {
     __m512 acc[16];
