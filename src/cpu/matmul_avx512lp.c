@@ -1437,7 +1437,12 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
 #include <unistd.h>
 
 #ifndef AMX_MIN_T
-#define AMX_MIN_T 16 /* activation rows (an expert's in the grouped product) from which the AMX tiles run */
+/* Activation rows (an expert's, in the grouped product) from which the AMX tiles run. Session 31, Intel Xeon VM (2 cores,
+ * loaded 4-6, not under the bench lock), -t 2, gate/up [1408, 2816], `bench --protocol ceiling --rows ...`, ms VNNI /
+ * AMX (4 groups in flight): M = 16 0.35-0.40 / 0.42-0.49, 24 0.48 / 0.49-0.53, 32 0.58-0.64 / 0.50-0.52, 48 0.76-0.90 /
+ * 0.75: from 32. At 16 a 16-row block's fixed cost (the weights' unpacking into A tiles, one B tile's fold) is not
+ * yet understood (no PMU on that VM). */
+#define AMX_MIN_T 32
 #endif
 
 /* Whether the CPU has AMX-TILE and AMX-INT8 (cpuid leaf 7: EDX bits 24, 25) and Linux let this process use the tile
@@ -1487,7 +1492,7 @@ static int amx_wanted(const dg_weight *w, const dg_cpu_pack_geom *g, int64_t T_m
 /* The bytes of a 16-row block's int32 tile sums (amx_tile16's C). */
 static size_t amx_c_bytes(int64_t nblk) { return (size_t)nblk * 16 * 1024; }
 
-/* 16 weight rows (wr[k]: rows 4 k .. 4 k + 3) as TDPBUSD A tiles, A [ng][16][64]: row r's group g, its 32 bytes' low
+/* 16 weight rows (wr[k]: rows 4 k .. 4 k + 3; each code line prefetches the same line 16 rows on, 4 wr->pf) as TDPBUSD A tiles, A [ng][16][64]: row r's group g, its 32 bytes' low
  * nibbles (codes 2 m) then high nibbles (codes 2 m + 1); sP, bF [16][nblk * 16]: the scales in each block's lane order
  * (TTILEP44's permuted load_sb) and the biases in natural order (VTILE_BIAS_STORE's), fp32, zero past ng. */
 static void amx_prep_w(int8_t *A, float *sP, float *bF, const lp_rows *wr, int64_t ng, int64_t nblk) {
@@ -1499,6 +1504,7 @@ static void amx_prep_w(int8_t *A, float *sP, float *bF, const lp_rows *wr, int64
     for (int64_t g = 0; g < ng; g++) {
       const int64_t o = g * 32; /* whole groups: o + 32 <= rbf below it */
       const uint8_t *a = o < s->rbf ? s->row[i] + ((o & ~(int64_t)63) << s->ls) + (o & 63) : s->tail[i] + (o - s->rbf);
+      if (!(o & 63) && s->pf) _mm_prefetch((const char *)a + 4 * s->pf, PF_HINT); /* the next 16-row block's line */
       const __m256i v = _mm256_loadu_si256((const __m256i *)a);
       _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64), _mm256_and_si256(v, lo));
       _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
