@@ -1444,6 +1444,15 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
  * yet understood (no PMU on that VM). */
 #define AMX_MIN_T 32
 #endif
+/* 4-row blocks ahead (wr->pf units) that amx_prep_w prefetches the weights: 4 = the next 16-row block. Same VM, M = 16 /
+ * 32 / 64 with AMX_MIN_T = 16, two rounds, ms: 4 0.39-0.41 / 0.45-0.46 / 0.78-0.81, 8 0.37-0.39 / 0.46-0.48 /
+ * 0.80-0.81, 16 0.37-0.39 / 0.47 / 0.77-0.86: no difference. A diagnostic build (timing only, wrong bits) at M = 16 /
+ * 32 / 256: whole 0.37-0.40 / 0.45-0.50 / 2.81-2.87 ms; without the fold 0.34 / 0.36 / 1.76; without the tile products
+ * 0.28 / 0.30 / 1.37; without amx_prep_w 0.23 / 0.31 / 2.43; the activations' quantization and amx_prep_w alone 0.20 /
+ * 0.16 / 0.54: at 16 rows the weights' unpacking (and reading) is half the time. */
+#ifndef AMX_PFB
+#define AMX_PFB 4
+#endif
 
 /* Whether the CPU has AMX-TILE and AMX-INT8 (cpuid leaf 7: EDX bits 24, 25) and Linux let this process use the tile
  * data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18: without it the first tile instruction is SIGILL);
@@ -1504,7 +1513,7 @@ static void amx_prep_w(int8_t *A, float *sP, float *bF, const lp_rows *wr, int64
     for (int64_t g = 0; g < ng; g++) {
       const int64_t o = g * 32; /* whole groups: o + 32 <= rbf below it */
       const uint8_t *a = o < s->rbf ? s->row[i] + ((o & ~(int64_t)63) << s->ls) + (o & 63) : s->tail[i] + (o - s->rbf);
-      if (!(o & 63) && s->pf) _mm_prefetch((const char *)a + 4 * s->pf, PF_HINT); /* the next 16-row block's line */
+      if (!(o & 63) && s->pf) _mm_prefetch((const char *)a + AMX_PFB * s->pf, PF_HINT); /* the next 16-row block's line */
       const __m256i v = _mm256_loadu_si256((const __m256i *)a);
       _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64), _mm256_and_si256(v, lo));
       _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
