@@ -1453,6 +1453,14 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
 #ifndef AMX_PFB
 #define AMX_PFB 4
 #endif
+/* AMX_PFS 1: those prefetches spread over the first activation tile's tile products (two code lines of each of the
+ * 16 rows per 4 groups) instead of issued all at once in amx_prep_w (0). Same VM, under the bench lock, load 5.8-6.8,
+ * AMX_MIN_T 16, two rounds, ms 0 / 1: M = 16 0.38-0.41 / 0.33-0.34, 32 0.47-0.49 / 0.44-0.45, 64 0.79-0.81 /
+ * 0.76-0.79, 256 2.76-2.78 / 2.65-2.76. Then VNNI / AMX, three rounds (load 6.7-7.7): M = 16 0.33-0.40 / 0.33-0.41, 24
+ * 0.44-0.49 / 0.40-0.49, 32 0.56-0.61 / 0.42-0.48: at 16 and 24 the same within the noise, so AMX_MIN_T stays 32. */
+#ifndef AMX_PFS
+#define AMX_PFS 1
+#endif
 
 /* Whether the CPU has AMX-TILE and AMX-INT8 (cpuid leaf 7: EDX bits 24, 25) and Linux let this process use the tile
  * data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18: without it the first tile instruction is SIGILL);
@@ -1513,7 +1521,7 @@ static void amx_prep_w(int8_t *A, float *sP, float *bF, const lp_rows *wr, int64
     for (int64_t g = 0; g < ng; g++) {
       const int64_t o = g * 32; /* whole groups: o + 32 <= rbf below it */
       const uint8_t *a = o < s->rbf ? s->row[i] + ((o & ~(int64_t)63) << s->ls) + (o & 63) : s->tail[i] + (o - s->rbf);
-      if (!(o & 63) && s->pf) _mm_prefetch((const char *)a + AMX_PFB * s->pf, PF_HINT); /* the next 16-row block's line */
+      if (!AMX_PFS && !(o & 63) && s->pf) _mm_prefetch((const char *)a + AMX_PFB * s->pf, PF_HINT); /* the next 16-row block's line */
       const __m256i v = _mm256_loadu_si256((const __m256i *)a);
       _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64), _mm256_and_si256(v, lo));
       _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
@@ -1530,7 +1538,7 @@ static void amx_prep_w(int8_t *A, float *sP, float *bF, const lp_rows *wr, int64
 /* y[j, i] (stride ldy) for the 16 weight rows of A, sP, bF and activation rows t0 + j, j < nt (<= 16; the tile's
  * other rows are computed on qa's zero or other rows and dropped); C: nblk * 16 KiB of the thread's scratch. */
 static void amx_tile16(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t nt, const int8_t *A, const float *sP,
-                       const float *bF, int32_t *C) {
+                       const float *bF, int32_t *C, const lp_rows *wr) {
   const int64_t ng = xb->ng, nblk = xb->nblk, tp = xb->tpad;
   const int8_t *qb = xb->qa + t0 * 4;
   const int32_t *tr = TR_GROUP[2];
@@ -1543,6 +1551,14 @@ static void amx_tile16(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int6
       int all = 1;
       for (int q = 0; q < 4; q++) g[q] = blk * 16 + tr[l + q], all &= g[q] < ng;
       int32_t *c = C + (blk * 16 + l) * 256;
+      if (AMX_PFS && wr) /* the next 16-row block's code lines of these 4 groups, spread over the tile products */
+        for (int r = 0; r < 16; r++) {
+          const lp_rows *s = &wr[r / 4];
+          const int64_t o = (blk * 16 + l) * 32;
+          if (!s->pf || o >= s->rbf) continue;
+          _mm_prefetch((const char *)s->row[r % 4] + (o << s->ls) + AMX_PFB * s->pf, PF_HINT);
+          _mm_prefetch((const char *)s->row[r % 4] + ((o + 64) << s->ls) + AMX_PFB * s->pf, PF_HINT);
+        }
       if (!all) { /* a partial last block: one group at a time */
         for (int q = 0; q < 4; q++) {
           if (g[q] >= ng) {
@@ -1616,7 +1632,7 @@ static int amx_rows16(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64
   for (int k = 0; k < 4; k++) lp_rows_of(&wr[k], w, g, 0, r0 + 4 * k, 4);
   amx_prep_w(part[0], part[1], part[2], wr, ng, nblk);
   for (int64_t t = 0; t < T; t += 16)
-    amx_tile16(y + t * ldy, ldy, xb, t0 + t, T - t < 16 ? T - t : 16, part[0], part[1], part[2], part[3]);
+    amx_tile16(y + t * ldy, ldy, xb, t0 + t, T - t < 16 ? T - t : 16, part[0], part[1], part[2], part[3], t ? NULL : wr);
   return 0;
 }
 
