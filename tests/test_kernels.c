@@ -540,6 +540,78 @@ static void test_avx512lp(void **state) {
          "the interleaved pack of 4 and 8 rows too\n");
 }
 
+/* avx512lp's AMX tiles (DGEMMA_CPU_AMX=1, matmul_avx512lp.c) against its VNNI tiles (DGEMMA_CPU_AMX=0), word for word:
+ * 4-bit g64 weights of N rows (N % 16 != 0: a tail of 4-row blocks by VNNI) and K columns in the transposed layout (44
+ * groups: a last block of 12; 16: one whole block; 30: a last block of 14), T activation rows (AMX_MIN_T = 32 and up:
+ * 32 two whole tiles, 33, 45, 47, 100 a partial last tile, 64, 256; 31 below it: the VNNI tiles both ways), bf16, f16 or f32 scales and biases, 1 and 2 threads, the MLX layout or the 4-row pack
+ * (pk), a call from row0 = 16 (the blocks start mid-matrix), and the grouped entry (3 experts of N / 3 rows, 5 activation
+ * rows: VNNI; 33 and 42: AMX at N / 3 >= 16, tiles straddling the experts' boundaries). The same integers and the same fp32 operations in the same order:
+ * compared with memcmp, no tolerance. */
+static void check_lp_amx(const dg_kernels *k, int N, int K, int T, dg_dtype sbt, int nth, int pk) {
+  const int ng = K / 64, esz = sbt == DG_F32 ? 4 : 2;
+  const size_t rb = (size_t)dg_quant_row_bytes(K, 4);
+  uint8_t *data = malloc((size_t)N * rb);
+  char *sc = malloc((size_t)N * ng * esz), *bi = malloc((size_t)N * ng * esz);
+  const int TM = T > 80 ? T : 80;
+  float *x = malloc((size_t)TM * K * sizeof(float)), *y1 = malloc((size_t)TM * N * sizeof(float));
+  float *y2 = malloc((size_t)TM * N * sizeof(float));
+  for (size_t i = 0; i < (size_t)N * rb; i++) data[i] = (uint8_t)(rand() & 0xff);
+  for (int i = 0; i < N * ng; i++) {
+    const float s = frand() * 0.01f, b = frand() * 0.1f;
+    if (sbt == DG_F32) { memcpy(sc + 4 * (size_t)i, &s, 4); memcpy(bi + 4 * (size_t)i, &b, 4); }
+    else {
+      const uint16_t h = sbt == DG_F16 ? dg_f32_to_f16(s) : dg_f32_to_bf16(s), g = sbt == DG_F16 ? dg_f32_to_f16(b) : dg_f32_to_bf16(b);
+      memcpy(sc + 2 * (size_t)i, &h, 2); memcpy(bi + 2 * (size_t)i, &g, 2);
+    }
+  }
+  for (int i = 0; i < TM * K; i++) x[i] = frand() * (i % 13 == 0 ? 8.0f : 1.0f);
+  dg_weight W = {.dtype = DG_U32, .data = data, .rows = N, .cols = K, .bits = 4, .group_size = 64,
+                 .sb_dtype = sbt, .scales = sc, .biases = bi};
+  if (pk) {
+    W.cpu_pack = dg_cpu_pack_build(&W);
+    assert_non_null(W.cpu_pack);
+  }
+  for (int r0 = 0; r0 <= 16; r0 += 16) {
+    const int n = N - r0;
+    memset(y1, 0, (size_t)TM * N * sizeof(float));
+    memset(y2, 0xff, (size_t)TM * N * sizeof(float));
+    setenv("DGEMMA_CPU_AMX", "0", 1);
+    k->matmul(y1, n, x, K, T, &W, r0, n, nth);
+    setenv("DGEMMA_CPU_AMX", "1", 1);
+    k->matmul(y2, n, x, K, T, &W, r0, n, nth);
+    if (memcmp(y1, y2, (size_t)T * n * sizeof(float)))
+      fail_msg("%s AMX N=%d K=%d T=%d sb %d threads %d pack %d row0 %d: the AMX tiles' bits differ from the VNNI tiles'",
+               k->name, N, K, T, (int)sbt, nth, pk, r0);
+  }
+  /* 3 experts of N / 3 rows (16 or 17 at N = 48-53: one 16-row block, and a tail row), 5, 33 and 42 activation rows */
+  const int32_t start[4] = {0, 5, 38, 80};
+  const int ne = N / 3;
+  for (int a = 0; a <= 1; a++) {
+    setenv("DGEMMA_CPU_AMX", a ? "1" : "0", 1);
+    k->matmul_grouped(a ? y2 : y1, ne, x, K, start, 3, &W, ne, 0, ne, nth);
+  }
+  if (memcmp(y1, y2, (size_t)80 * ne * sizeof(float)))
+    fail_msg("%s AMX grouped N=%d K=%d sb %d threads %d pack %d: the AMX tiles' bits differ", k->name, N, K, (int)sbt, nth, pk);
+  unsetenv("DGEMMA_CPU_AMX");
+  free((void *)W.cpu_pack); free(data); free(sc); free(bi); free(x); free(y1); free(y2);
+}
+
+static void test_avx512lp_amx(void **state) {
+  (void)state;
+  const dg_kernels *k = dg_kernels_avx512lp();
+  if (!k) dg_test_skip("test_kernels avx512lp_amx: this CPU (or build) has no AVX-512 BF16 + VNNI");
+  if (!dg_cpu_amx_usable()) dg_test_skip("test_kernels avx512lp_amx: this CPU (or kernel) has no AMX-INT8 tiles");
+  static const int cs[][6] = {/* N, K, T, scales (0 bf16, 1 f16, 2 f32), threads, pack */
+                              {50, 2816, 32, 0, 2, 0}, {40, 2816, 33, 1, 1, 0}, {52, 2816, 64, 2, 2, 0},
+                              {48, 1024, 47, 0, 1, 0}, {36, 1920, 100, 1, 2, 0}, {48, 2816, 32, 0, 2, 1},
+                              {53, 2816, 45, 2, 1, 1}, {36, 1024, 256, 0, 2, 0}, {50, 2816, 31, 0, 2, 0}};
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
+    check_lp_amx(k, cs[c][0], cs[c][1], cs[c][2], cs[c][3] == 0 ? DG_BF16 : cs[c][3] == 1 ? DG_F16 : DG_F32, cs[c][4],
+                 cs[c][5]);
+  printf("# avx512lp AMX tiles = VNNI tiles bit for bit (4-bit g64, K 1024/1920/2816, T 31-256, bf16/f16/f32 scales, "
+         "1-2 threads, MLX layout and pack, row0 0 and 16, grouped)\n");
+}
+
 /* Which matrices each DGEMMA_CPU_PACK mode packs (cpu/pack.c, kernels.h): the layout avx512lp quantizes the
  * activations in (dg_lp_tr_n: n = G B / 32 dwords a group when n <= 8 and the last block of 16 groups is at most 1/8
  * empty, else 0, by step), and DGEMMA_CPU_PACK=nat's choice (dg_cpu_pack_nat: 2/4/8-bit with n = 8), against
@@ -850,6 +922,7 @@ int main(void) {
       cmocka_unit_test(test_rows_avx512),
       cmocka_unit_test(test_rows_avx2),
       cmocka_unit_test(test_avx512lp),
+      cmocka_unit_test(test_avx512lp_amx),
       cmocka_unit_test(test_mv1),
       cmocka_unit_test(test_avx2lp),
       cmocka_unit_test(test_pack_choice),

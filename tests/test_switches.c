@@ -82,6 +82,8 @@ static const char *const vocab_bad[] = {"one", "Chain", "z", NULL};
 static const sw_case cases[] = {
     {DG_SW_THP, "DGEMMA_THP", 0, 0, onoff_good, onoff_bad, OO,
      "big host allocations 2 MiB-aligned and advised MADV_HUGEPAGE; unset: 0"},
+    {DG_SW_CPU_AMX, "DGEMMA_CPU_AMX", 0, 0, onoff_good, onoff_bad, OO,
+     "avx512lp's 4-bit g64 products of 32 or more rows by AMX int8 tiles, the same bits; unset: 0"},
     {DG_SW_TURBO_BATCH, "DGEMMA_TURBO_BATCH", 1, 1, onoff_good, onoff_bad, OO,
      "a batch's top-K and self-conditioning rows in one backend call each; unset: 1"},
     {DG_SW_ATTN, "DGEMMA_ATTN", -1, -1, attn_good, attn_bad,

@@ -46,6 +46,9 @@ static const char *const vocab_w[] = {"chain", "fused", "zstore"};
 static const dg_sw table[DG_SW_COUNT] = {
     /* base/dg_mem.c dg_big_alloc_wants_huge, at each big allocation */
     [DG_SW_THP] = ONOFF("DGEMMA_THP", 0, "big host allocations 2 MiB-aligned and advised MADV_HUGEPAGE; unset: 0"),
+    /* cpu/matmul_avx512lp.c amx_wanted, at each call */
+    [DG_SW_CPU_AMX] = ONOFF("DGEMMA_CPU_AMX", 0,
+                            "avx512lp's 4-bit g64 products of 32 or more rows by AMX int8 tiles, the same bits; unset: 0"),
     /* sample/turbo.c seqs_after_forward, read once */
     [DG_SW_TURBO_BATCH] = ONOFF("DGEMMA_TURBO_BATCH", 1,
                                 "a batch's top-K and self-conditioning rows in one backend call each; unset: 1"),

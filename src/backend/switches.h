@@ -25,6 +25,7 @@ extern "C" {
  * (only a CUDA model and its contexts check them). */
 typedef enum dg_sw_id {
   DG_SW_THP,          /* DGEMMA_THP */
+  DG_SW_CPU_AMX,      /* DGEMMA_CPU_AMX */
   DG_SW_TURBO_BATCH,  /* DGEMMA_TURBO_BATCH */
   DG_SW_CUDA_FIRST,
   DG_SW_ATTN = DG_SW_CUDA_FIRST, /* DGEMMA_ATTN */

@@ -96,6 +96,10 @@ const dg_kernels *dg_kernels_avx512(void); /* NULL if the CPU lacks AVX-512 F/BW
  * bound are derived in cpu/matmul_avx512lp.c and tested in test_kernels.c.
  * NULL if the CPU lacks AVX-512 BF16 or VNNI. */
 const dg_kernels *dg_kernels_avx512lp(void);
+/* Whether avx512lp's AMX tiles (DGEMMA_CPU_AMX=1; matmul_avx512lp.c) can run here: the CPU has AMX-TILE and AMX-INT8
+ * and Linux granted this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once). Call only where
+ * dg_kernels_avx512lp() is not NULL. */
+int dg_cpu_amx_usable(void);
 /* Opt-in, lossy (DGEMMA_KERNELS=avx2lp): MLX affine 2/3/4/6/8-bit weights (groups
  * 32/64/128) through AVX2 vpmaddubsw + vpmaddwd with the activations quantized
  * to int8 per row and weight group (to [-127, 127], or [-64, 64] for 8-bit

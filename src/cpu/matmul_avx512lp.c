@@ -50,6 +50,7 @@
 #include "cpu/kernels.h"
 #include "cpu/scratch.h"
 #include "io/quant.h"
+#include "backend/switches.h"
 
 const dg_kernels *dg_kernels_avx512_impl(void);
 
@@ -168,6 +169,14 @@ typedef struct qx_buf {
   int64_t cstride;
   const float *x; /* the call's activations (stride ldx), for the exact fallback of vnni_rows */
   int64_t ldx;
+  /* The AMX path's copy (amx_tiles below; NULL when the call does not take it), in the calling thread's scratch
+   * (DG_KSCRATCH_AMXX): qa [ng][16][tpad][4], row t's codes of group g in TDPBUSD's B layout (dword kk of row t at
+   * qa + ((g * 16 + kk) * tpad + t) * 4: the group's codes in the order of the weights' A rows, amx_prep_w), so that
+   * any 16 consecutive rows are one B tile (stride 4 tpad bytes); dpT, xcT [nblk][16][tpad]: dp and c of row t in
+   * lane l of block blk at (blk * 16 + l) * tpad + t; tpad >= T + 16, the rows past T zero. */
+  int8_t *qa;
+  float *dpT, *xcT;
+  int64_t tpad;
 } qx_buf;
 
 /* One 64-byte step's activation codes src[0 .. 64 nsub) in the weights' unpacking order:
@@ -248,11 +257,17 @@ static void qx_store_transposed(int8_t *q, const int8_t *qn, const qx_buf *b) {
   }
 }
 
+/* The 64 bytes of v even first, then odd (vpmovwb of the words and of the words shifted right by 8). */
+static inline __m512i amx_deinterleave(__m512i v) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(v)), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)), 1);
+}
+
 /* Quantizes x [T, K] (stride ldx) per row and group of G into b (layouts above; natural where
  * the format allows it and T_max, the most rows any tile meets, is below 4), with the calling
  * thread's scratch. Returns 0, or -1 when out of memory. */
 static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_t T_max, int64_t K, int B, int G,
-                       int n_threads) {
+                       int n_threads, int amx) {
+  b->qa = NULL; b->dpT = b->xcT = NULL; b->tpad = 0;
   b->B = B; b->G = G; b->nsub = 8 / B; b->cps = 512 / B; b->K = K; b->x = x; b->ldx = ldx;
   b->steps = (K + b->cps - 1) / b->cps;
   b->ng = K / G;
@@ -269,6 +284,16 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
   const size_t nc = (size_t)T * (size_t)b->cstride * sizeof(float);
   if (dg_kscratch_parts(DG_KSCRATCH_LPX, 5, (const size_t[5]){nq, ndl, nc, nc, b->tr_n ? nc : 0}, part)) return -1;
   b->q = part[0], b->dl = part[1], b->c = part[2], b->dg = part[3], b->dp = part[4];
+  if (amx) { /* the AMX copy: B = 4, G = 64, transposed (amx_wanted) */
+    b->tpad = (T + 31) / 16 * 16;
+    const size_t nqa = (size_t)b->ng * 64 * (size_t)b->tpad, nf = (size_t)b->nblk * 16 * (size_t)b->tpad * sizeof(float);
+    void *pa[3];
+    if (dg_kscratch_parts(DG_KSCRATCH_AMXX, 3, (const size_t[3]){nqa, nf, nf}, pa)) return -1;
+    b->qa = pa[0], b->dpT = pa[1], b->xcT = pa[2];
+    memset(b->qa, 0, nqa); /* the rows past T (and their dp, c) zero */
+    memset(b->dpT, 0, nf);
+    memset(b->xcT, 0, nf);
+  }
   const int nsub = b->nsub, cps = b->cps, lane = cps / 16;
   int fail = 0;
   /* 16 lanes at a time (G is a multiple of 32: a vector never spans two groups), the same
@@ -316,6 +341,19 @@ static int qx_quantize(qx_buf *b, const float *x, int64_t ldx, int64_t T, int64_
         ct[g] = (float)_mm512_reduce_add_epi32(qsum) * d; /* exact sum: |sum| <= 127 G < 2^24 */
       }
       memset(qn + b->ng * G, 0, rowq - (size_t)(b->ng * G));
+      if (b->qa) { /* the AMX copy: each group's 64 codes even k first, then odd (the A rows' order), dword kk of them
+                    * to row kk of the group's B rows, column t */
+        const __m512i kk = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32((int)b->tpad));
+        for (int64_t g = 0; g < b->ng; g++)
+          _mm512_i32scatter_epi32(b->qa + (size_t)g * 64 * (size_t)b->tpad + (size_t)t * 4, kk,
+                                  amx_deinterleave(_mm512_loadu_si512(qn + g * 64)), 4);
+        const int32_t *pg = TR_GROUP[tr_index(b->tr_n)];
+        for (int64_t g = 0; g < b->nblk * 16; g++) {
+          b->dpT[g * b->tpad + t] = dt[g - g % 16 + pg[g % 16]];
+          b->xcT[g * b->tpad + t] = ct[g];
+        }
+      }
       if (b->tr_n) {
         if (b->nat) /* a block's n steps are n consecutive 64-byte steps of the row (16 G = n cps) */
           for (int64_t st = 0; st < b->nblk * b->tr_n; st++) qx_unpack_order(b->q + (size_t)t * rowq + st * nsub * 64, qn + st * cps, nsub);
@@ -1377,6 +1415,227 @@ static void il_unit(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t
   }
 }
 
+/* ---- AMX int8 (issue 17): 4-bit g64 products of 16 or more activation rows ------------------------------------
+ *
+ * The same integers and the same fp32 operations as the transposed tiles on prepared rows (TTILEP44, TTILE 4x1), so
+ * the same bits: for each weight row i, activation row j and group g the integer sum_{k in g} q_k qx_k is exact in
+ * int32 however it is summed (|.| <= 64 * 15 * 127 < 2^24, so its fp32 conversion is exact too); TDPBUSD (Intel SDM:
+ * u8 A x s8 B, four products a dword, no saturation) sums a 16 x 16 tile of them per instruction, A = 16 weight rows x
+ * one group's 64 codes (amx_prep_w: even codes, then odd), B = the group's activation codes of 16 rows in the same
+ * order (qx_buf.qa). The fold is TTILEP44's, element for element: the accumulator lane l of (i, j) takes, block after
+ * block, fma(float(isum), s * dp, acc) with isum and s of group 16 blk + TR_GROUP[8][l] (the lane order of the
+ * transposed layout) and dp = qx_buf.dp's lane l, then the bias part fma(b, c, acc) block after block with group
+ * 16 blk + l, then _mm512_reduce_add_ps's tree over the 16 lanes (gcc 12: the high 8 lanes plus the low 8, then 4,
+ * then lanes 0 + 2 and 1 + 3, then their sum). Here a vector holds (i, l) for 16 activation rows j instead of (i, j)
+ * for 16 lanes l: the same scalar operations on the same operands (mul and fma are commutative in their factors
+ * bit for bit, and each operand order is kept), only in other vector lanes.
+ * The tile instructions are inline asm (the toolchain's assembler knows them; no -mamx flags, and no
+ * _tile_loadconfig: gcc 12 drops stores to the 64-byte configuration because that intrinsic claims to read 8 bytes;
+ * here ldtilecfg takes the whole struct as its "m" operand). */
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef AMX_MIN_T
+/* Activation rows (an expert's, in the grouped product) from which the AMX tiles run. Session 31, Intel Xeon VM (2 cores,
+ * loaded 4-6, not under the bench lock), -t 2, gate/up [1408, 2816], `bench --protocol ceiling --rows ...`, ms VNNI /
+ * AMX (4 groups in flight): M = 16 0.35-0.40 / 0.42-0.49, 24 0.48 / 0.49-0.53, 32 0.58-0.64 / 0.50-0.52, 48 0.76-0.90 /
+ * 0.75: from 32. At 16 a 16-row block's fixed cost (the weights' unpacking into A tiles, one B tile's fold) is not
+ * yet understood (no PMU on that VM). */
+#define AMX_MIN_T 32
+#endif
+/* 4-row blocks ahead (wr->pf units) that amx_prep_w prefetches the weights: 4 = the next 16-row block. Same VM, M = 16 /
+ * 32 / 64 with AMX_MIN_T = 16, two rounds, ms: 4 0.39-0.41 / 0.45-0.46 / 0.78-0.81, 8 0.37-0.39 / 0.46-0.48 /
+ * 0.80-0.81, 16 0.37-0.39 / 0.47 / 0.77-0.86: no difference. A diagnostic build (timing only, wrong bits) at M = 16 /
+ * 32 / 256: whole 0.37-0.40 / 0.45-0.50 / 2.81-2.87 ms; without the fold 0.34 / 0.36 / 1.76; without the tile products
+ * 0.28 / 0.30 / 1.37; without amx_prep_w 0.23 / 0.31 / 2.43; the activations' quantization and amx_prep_w alone 0.20 /
+ * 0.16 / 0.54: at 16 rows the weights' unpacking (and reading) is half the time. */
+#ifndef AMX_PFB
+#define AMX_PFB 4
+#endif
+/* AMX_PFS 1: those prefetches spread over the first activation tile's tile products (two code lines of each of the
+ * 16 rows per 4 groups) instead of issued all at once in amx_prep_w (0). Same VM, under the bench lock, load 5.8-6.8,
+ * AMX_MIN_T 16, two rounds, ms 0 / 1: M = 16 0.38-0.41 / 0.33-0.34, 32 0.47-0.49 / 0.44-0.45, 64 0.79-0.81 /
+ * 0.76-0.79, 256 2.76-2.78 / 2.65-2.76. Then VNNI / AMX, three rounds (load 6.7-7.7): M = 16 0.33-0.40 / 0.33-0.41, 24
+ * 0.44-0.49 / 0.40-0.49, 32 0.56-0.61 / 0.42-0.48: at 16 and 24 the same within the noise, so AMX_MIN_T stays 32. */
+#ifndef AMX_PFS
+#define AMX_PFS 1
+#endif
+
+/* Whether the CPU has AMX-TILE and AMX-INT8 (cpuid leaf 7: EDX bits 24, 25) and Linux let this process use the tile
+ * data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18: without it the first tile instruction is SIGILL);
+ * asked once, process-wide. */
+static int amx_usable(void) {
+  static int ok = -1;
+  int v = __atomic_load_n(&ok, __ATOMIC_ACQUIRE);
+  if (v >= 0) return v;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
+      syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  __atomic_store_n(&ok, v, __ATOMIC_RELEASE);
+  return v;
+}
+
+int dg_cpu_amx_usable(void) { return amx_usable(); }
+
+typedef struct amx_cfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((aligned(64))) amx_cfg;
+_Static_assert(sizeof(amx_cfg) == 64, "the tile configuration is 64 bytes");
+/* tmm0-7 all 16 rows of 64 bytes (palette 1), in the calling thread. */
+static void amx_config(void) {
+  amx_cfg c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+  __asm__ volatile("ldtilecfg %0" : : "m"(c));
+}
+#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define AMX_LOAD(t, p, st) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(p), "r"((int64_t)(st)) : "memory")
+#define AMX_DP(c, a, b) __asm__ volatile("tdpbusd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define AMX_STORE(t, p, st) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"((int64_t)(st)) : "memory")
+#define AMX_RELEASE() __asm__ volatile("tilerelease" ::)
+
+/* Whether a product of w over T_max activation rows (the most of one expert) takes the AMX tiles: the switch
+ * DGEMMA_CPU_AMX (read at each call), this CPU and process, 4-bit codes in groups of 64 in the transposed layout of 8
+ * dwords a group (the fold above is that layout's), not the interleaved pack, at least AMX_MIN_T rows. */
+static int amx_wanted(const dg_weight *w, const dg_cpu_pack_geom *g, int64_t T_max) {
+  return T_max >= AMX_MIN_T && w->bits == 4 && w->group_size == 64 && !g->il &&
+         dg_lp_tr_n(w->cols, w->bits, w->group_size) == 8 && dg_sw_get(DG_SW_CPU_AMX) && amx_usable();
+}
+
+/* The bytes of a 16-row block's int32 tile sums (amx_tile16's C). */
+static size_t amx_c_bytes(int64_t nblk) { return (size_t)nblk * 16 * 1024; }
+
+/* 16 weight rows (wr[k]: rows 4 k .. 4 k + 3; each code line prefetches the same line 16 rows on, 4 wr->pf) as TDPBUSD A tiles, A [ng][16][64]: row r's group g, its 32 bytes' low
+ * nibbles (codes 2 m) then high nibbles (codes 2 m + 1); sP, bF [16][nblk * 16]: the scales in each block's lane order
+ * (TTILEP44's permuted load_sb) and the biases in natural order (VTILE_BIAS_STORE's), fp32, zero past ng. */
+static void amx_prep_w(int8_t *A, float *sP, float *bF, const lp_rows *wr, int64_t ng, int64_t nblk) {
+  const __m256i lo = _mm256_set1_epi8(0x0f);
+  const __m512i pg = _mm512_loadu_si512(TR_GROUP[2]);
+  for (int r = 0; r < 16; r++) {
+    const lp_rows *s = &wr[r / 4];
+    const int i = r % 4;
+    for (int64_t g = 0; g < ng; g++) {
+      const int64_t o = g * 32; /* whole groups: o + 32 <= rbf below it */
+      const uint8_t *a = o < s->rbf ? s->row[i] + ((o & ~(int64_t)63) << s->ls) + (o & 63) : s->tail[i] + (o - s->rbf);
+      if (!AMX_PFS && !(o & 63) && s->pf) _mm_prefetch((const char *)a + AMX_PFB * s->pf, PF_HINT); /* the next 16-row block's line */
+      const __m256i v = _mm256_loadu_si256((const __m256i *)a);
+      _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64), _mm256_and_si256(v, lo));
+      _mm256_store_si256((__m256i *)(A + (g * 16 + r) * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+    }
+    for (int64_t blk = 0; blk < nblk; blk++) {
+      const int64_t g16 = blk * 16;
+      const int n = (int)(ng - g16 < 16 ? ng - g16 : 16);
+      _mm512_store_ps(sP + (r * nblk + blk) * 16, _mm512_permutexvar_ps(pg, load_sb(s->sbt, s->sc[i], g16, n)));
+      _mm512_store_ps(bF + (r * nblk + blk) * 16, load_sb(s->sbt, s->bi[i], g16, n));
+    }
+  }
+}
+
+/* y[j, i] (stride ldy) for the 16 weight rows of A, sP, bF and activation rows t0 + j, j < nt (<= 16; the tile's
+ * other rows are computed on qa's zero or other rows and dropped); C: nblk * 16 KiB of the thread's scratch. */
+static void amx_tile16(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t nt, const int8_t *A, const float *sP,
+                       const float *bF, int32_t *C, const lp_rows *wr) {
+  const int64_t ng = xb->ng, nblk = xb->nblk, tp = xb->tpad;
+  const int8_t *qb = xb->qa + t0 * 4;
+  const int32_t *tr = TR_GROUP[2];
+  /* C [blk][l][i][j]: the integer sums of group 16 blk + tr[l] (zero past ng), four groups in flight (tmm0-3 their
+   * sums, tmm4-5 and tmm6-7 their A and B tiles, alternating): one tile's chain of zero, product and store is
+   * serial, four are not */
+  for (int64_t blk = 0; blk < nblk; blk++)
+    for (int l = 0; l < 16; l += 4) {
+      int64_t g[4];
+      int all = 1;
+      for (int q = 0; q < 4; q++) g[q] = blk * 16 + tr[l + q], all &= g[q] < ng;
+      int32_t *c = C + (blk * 16 + l) * 256;
+      if (AMX_PFS && wr) /* the next 16-row block's code lines of these 4 groups, spread over the tile products */
+        for (int r = 0; r < 16; r++) {
+          const lp_rows *s = &wr[r / 4];
+          const int64_t o = (blk * 16 + l) * 32;
+          if (!s->pf || o >= s->rbf) continue;
+          _mm_prefetch((const char *)s->row[r % 4] + (o << s->ls) + AMX_PFB * s->pf, PF_HINT);
+          _mm_prefetch((const char *)s->row[r % 4] + ((o + 64) << s->ls) + AMX_PFB * s->pf, PF_HINT);
+        }
+      if (!all) { /* a partial last block: one group at a time */
+        for (int q = 0; q < 4; q++) {
+          if (g[q] >= ng) {
+            memset(c + q * 256, 0, 1024);
+            continue;
+          }
+          AMX_ZERO(0);
+          AMX_LOAD(4, A + g[q] * 1024, 64);
+          AMX_LOAD(6, qb + g[q] * 64 * tp, 4 * tp);
+          AMX_DP(0, 4, 6);
+          AMX_STORE(0, c + q * 256, 64);
+        }
+        continue;
+      }
+      AMX_ZERO(0);
+      AMX_ZERO(1);
+      AMX_ZERO(2);
+      AMX_ZERO(3);
+      AMX_LOAD(4, A + g[0] * 1024, 64);
+      AMX_LOAD(6, qb + g[0] * 64 * tp, 4 * tp);
+      AMX_DP(0, 4, 6);
+      AMX_LOAD(5, A + g[1] * 1024, 64);
+      AMX_LOAD(7, qb + g[1] * 64 * tp, 4 * tp);
+      AMX_DP(1, 5, 7);
+      AMX_LOAD(4, A + g[2] * 1024, 64);
+      AMX_LOAD(6, qb + g[2] * 64 * tp, 4 * tp);
+      AMX_DP(2, 4, 6);
+      AMX_LOAD(5, A + g[3] * 1024, 64);
+      AMX_LOAD(7, qb + g[3] * 64 * tp, 4 * tp);
+      AMX_DP(3, 5, 7);
+      AMX_STORE(0, c, 64);
+      AMX_STORE(1, c + 256, 64);
+      AMX_STORE(2, c + 512, 64);
+      AMX_STORE(3, c + 768, 64);
+    }
+  for (int i = 0; i < 16; i++) {
+    __m512 acc[16];
+    UNROLL for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nblk; blk++) {
+      const float *s = sP + (i * nblk + blk) * 16;
+      UNROLL for (int l = 0; l < 16; l++)
+        acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(C + (blk * 16 + l) * 256 + i * 16)),
+                                 _mm512_mul_ps(_mm512_set1_ps(s[l]), _mm512_loadu_ps(xb->dpT + (blk * 16 + l) * tp + t0)), acc[l]);
+    }
+    for (int64_t blk = 0; blk < nblk; blk++) {
+      const float *b = bF + (i * nblk + blk) * 16;
+      UNROLL for (int l = 0; l < 16; l++)
+        acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(b[l]), _mm512_loadu_ps(xb->xcT + (blk * 16 + l) * tp + t0), acc[l]);
+    }
+    /* _mm512_reduce_add_ps's tree, lane l of it being acc[l] */
+    UNROLL for (int l = 0; l < 8; l++) acc[l] = _mm512_add_ps(acc[l + 8], acc[l]);
+    UNROLL for (int l = 0; l < 4; l++) acc[l] = _mm512_add_ps(acc[l + 4], acc[l]);
+    const __m512 e0 = _mm512_add_ps(acc[0], acc[2]), e1 = _mm512_add_ps(acc[1], acc[3]);
+    float out[16] __attribute__((aligned(64)));
+    _mm512_store_ps(out, _mm512_add_ps(e0, e1));
+    for (int64_t j = 0; j < nt; j++) y[j * ldy + i] = out[j];
+  }
+}
+
+/* Weight rows r0 .. r0 + 15 of w times activation rows t0 .. t0 + T - 1 (qx_buf.qa) into y [T, 16] (stride ldy), in
+ * a thread that ran amx_config; returns -1 (nothing written) when out of memory. */
+static int amx_rows16(float *y, int64_t ldy, const qx_buf *xb, int64_t t0, int64_t T, const dg_weight *w,
+                      const dg_cpu_pack_geom *g, int64_t r0) {
+  const int64_t ng = xb->ng, nblk = xb->nblk;
+  void *part[4];
+  if (dg_kscratch_parts(DG_KSCRATCH_AMXW, 4,
+                        (const size_t[4]){(size_t)ng * 1024, (size_t)nblk * 1024, (size_t)nblk * 1024, amx_c_bytes(nblk)},
+                        part))
+    return -1;
+  lp_rows wr[4];
+  for (int k = 0; k < 4; k++) lp_rows_of(&wr[k], w, g, 0, r0 + 4 * k, 4);
+  amx_prep_w(part[0], part[1], part[2], wr, ng, nblk);
+  for (int64_t t = 0; t < T; t += 16)
+    amx_tile16(y + t * ldy, ldy, xb, t0 + t, T - t < 16 ? T - t : 16, part[0], part[1], part[2], part[3], t ? NULL : wr);
+  return 0;
+}
+
 /* ---- entry points ---------------------------------------------------------- */
 
 static int lp_kind(const dg_weight *w) {
@@ -1389,7 +1648,7 @@ static int lp_kind(const dg_weight *w) {
 typedef struct lp_x { uint16_t *xb; int64_t Kp; qx_buf q; dg_cpu_pack_geom g; } lp_x;
 
 static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T, int64_t T_max, const dg_weight *w,
-                      int n_threads) {
+                      int n_threads, int *amx) {
   memset(p, 0, sizeof *p);
   if (kind == 1) {
     p->Kp = (w->cols + 31) / 32 * 32;
@@ -1399,7 +1658,8 @@ static int lp_prepare(lp_x *p, int kind, const float *x, int64_t ldx, int64_t T,
     return 0;
   }
   p->g = dg_cpu_pack_geom_of(w); /* where the rows are (the pack or the MLX layout), once per call */
-  return qx_quantize(&p->q, x, ldx, T, T_max, w->cols, w->bits, w->group_size, n_threads);
+  *amx = amx_wanted(w, &p->g, T_max);
+  return qx_quantize(&p->q, x, ldx, T, T_max, w->cols, w->bits, w->group_size, n_threads, *amx);
 }
 
 static void lp_block(float *y, int64_t ldy, const lp_x *p, int kind, int64_t t0, int64_t T, const dg_weight *w,
@@ -1425,15 +1685,34 @@ static void matmul_lp(float *y, int64_t ldy, const float *x, int64_t ldx, int64_
       const int nt = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t a = N * id / nt, b = N * (id + 1) / nt;
       qx_buf q;
-      fail = qx_quantize(&q, x, ldx, T, T, w->cols, w->bits, w->group_size, 1) != 0;
+      fail = qx_quantize(&q, x, ldx, T, T, w->cols, w->bits, w->group_size, 1, 0) != 0;
       for (int64_t t = 0; t < T && b > a && !fail; t++) mv1_rows(y + t * ldy + a, &q, t, w, &g, row0 + a, b - a);
     }
     if (fail) dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads); /* out of memory: exact */
     return;
   }
   lp_x p;
-  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, T, w, n_threads)) { /* exact path (also when out of memory) */
+  int amx = 0;
+  if (!kind || T <= 0 || lp_prepare(&p, kind, x, ldx, T, T, w, n_threads, &amx)) { /* exact path (also when out of memory) */
     dg_kernels_avx512_impl()->matmul(y, ldy, x, ldx, T, w, row0, N, n_threads);
+    return;
+  }
+  if (amx) { /* 16-row blocks by the AMX tiles (the same bits), the last N % 16 rows (and any block out of memory) by 4 */
+    const int64_t n16 = N / 16, nb4 = (N - n16 * 16 + 3) / 4;
+#pragma omp parallel num_threads(n_threads)
+    {
+      amx_config();
+#pragma omp for schedule(static) nowait
+      for (int64_t b = 0; b < n16; b++)
+        if (amx_rows16(y + b * 16, ldy, &p.q, 0, T, w, &p.g, row0 + b * 16))
+          for (int k = 0; k < 4; k++) lp_block(y + b * 16 + 4 * k, ldy, &p, kind, 0, T, w, row0 + b * 16 + 4 * k, 4);
+      AMX_RELEASE();
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < nb4; b++) {
+        const int64_t n = n16 * 16 + b * 4;
+        lp_block(y + n, ldy, &p, kind, 0, T, w, row0 + n, N - n < 4 ? N - n : 4);
+      }
+    }
     return;
   }
   if (kind == 2 && p.g.il) { /* the interleaved pack's units, one forward stream per thread */
@@ -1455,7 +1734,8 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
   int64_t T_max = 0; /* the most rows of one expert */
   for (int e = 0; e < E; e++) T_max = start[e + 1] - start[e] > T_max ? start[e + 1] - start[e] : T_max;
   lp_x p;
-  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, T_max, w, n_threads)) {
+  int amx = 0;
+  if (!kind || R <= 0 || lp_prepare(&p, kind, x, ldx, R, T_max, w, n_threads, &amx)) {
     dg_kernels_avx512_impl()->matmul_grouped(y, ldy, x, ldx, start, E, w, rows_per_expert, row_off, N, n_threads);
     return;
   }
@@ -1467,6 +1747,30 @@ static void matmul_grouped_lp(float *y, int64_t ldy, const float *x, int64_t ldx
       const int64_t lo = (int64_t)e * rows_per_expert + row_off, u = lo / R + task % nu, T = start[e + 1] - start[e];
       if (T <= 0 || u * R >= lo + N) continue;
       il_unit(y + (int64_t)start[e] * ldy, ldy, &p.q, start[e], T, w, &p.g, u, lo, lo + N);
+    }
+    return;
+  }
+  if (amx) { /* an expert's 16-row blocks by the AMX tiles where it has AMX_MIN_T rows or more, else (and its last
+              * N % 16 rows, and any block out of memory) 4-row blocks as below: the same bits */
+    const int64_t n16 = N / 16, per = n16 + (N - n16 * 16 + 3) / 4, ntask = (int64_t)E * per;
+#pragma omp parallel num_threads(n_threads)
+    {
+      amx_config();
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t task = 0; task < ntask; task++) {
+        const int e = (int)(task / per);
+        const int64_t b = task % per, T = start[e + 1] - start[e], base = (int64_t)e * rows_per_expert + row_off;
+        if (T <= 0) continue;
+        float *ye = y + (int64_t)start[e] * ldy;
+        if (b < n16) {
+          if (T >= AMX_MIN_T && !amx_rows16(ye + b * 16, ldy, &p.q, start[e], T, w, &p.g, base + b * 16)) continue;
+          for (int k = 0; k < 4; k++) lp_block(ye + b * 16 + 4 * k, ldy, &p, kind, start[e], T, w, base + b * 16 + 4 * k, 4);
+          continue;
+        }
+        const int64_t n = n16 * 16 + (b - n16) * 4;
+        lp_block(ye + n, ldy, &p, kind, start[e], T, w, base + n, N - n < 4 ? N - n : 4);
+      }
+      AMX_RELEASE();
     }
     return;
   }

@@ -11,10 +11,12 @@
 /* QDEQ, ROWS: matmul_driver.h; LPX: a low-precision product's activations (the
  * calling thread's, shared by the product's threads while it runs); LPROW: the
  * per-thread row buffers of quantizing them; LPW: the per-thread transposed (packed) weights of
- * avx512lp's 4-row blocks; LPIL: the per-thread rows copied out of an interleaved pack (cpu/pack.c). */
+ * avx512lp's 4-row blocks; LPIL: the per-thread rows copied out of an interleaved pack (cpu/pack.c); AMXX, AMXW:
+ * the AMX path's activation tiles (the calling thread's) and a 16-row block's weight tiles (matmul_avx512lp.c). */
 enum {
   DG_KSCRATCH_QDEQ = 0, DG_KSCRATCH_ROWS = 1, DG_KSCRATCH_LPX = 2, DG_KSCRATCH_LPROW = 3, DG_KSCRATCH_LPW = 4,
-  DG_KSCRATCH_LPIL = 5, DG_KSCRATCH_SLOTS = 6
+  DG_KSCRATCH_LPIL = 5, DG_KSCRATCH_AMXX = 6, DG_KSCRATCH_AMXW = 7,
+  DG_KSCRATCH_SLOTS = 8
 };
 
 /* The calling thread's scratch of slot `slot`, at least `bytes` bytes, 64-byte
