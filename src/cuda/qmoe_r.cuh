@@ -1081,6 +1081,23 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) qr_kernel(qe_args a) {
   qr_body<BITS, GATEUP, NT, GS, WARPS, D, STAGES, SUB, PF, CP, BM, NZ, DQ, DIET>(a, smem, e, slab);
 }
 
+/* Lets kern take smem bytes of dynamic shared memory above the 48 KiB default: one cudaFuncSetAttribute per kernel
+ * (*set, the caller's static flag per instantiation); a no-op on the CPU emulation. Returns its error. */
+static inline cudaError_t qr_allow_smem(void (*kern)(qe_args), size_t smem, int *set) {
+#ifndef DG_CUDA_EMU
+  if (!*set && smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    *set = 1;
+  }
+#else
+  (void)kern;
+  (void)smem;
+  (void)set;
+#endif
+  return cudaSuccess;
+}
+
 template <int BITS, int GATEUP, int NT, int GS, int WARPS = QR_WARPS, int D = QR_D, int STAGES = QR_STAGES,
           int MINB = 1, int SUB = QR_SUB, int PF = 0, int CP = 1, int NTS = 0, int BM = 0, int NZ = 0, int DQ = 0,
           int DIET = 0>
@@ -1090,14 +1107,9 @@ static cudaError_t qr_launch_g(cudaStream_t s, dim3 grid, const qe_args &a) {
   /* D < 0: the weight ring of -D stages after the activation ring (qr_body) */
   constexpr size_t RING = D < 0 ? (size_t)(-D) * WARPS * (qr_cb(BITS, GS) / 16 + qr_kc(GS, BITS) / GS) * 32 * 16 : 0;
   const size_t smem = (size_t)STAGES * (XB + SBB) + RING;
-#ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
-  if (!set && smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = 1;
-  }
-#endif
+  const cudaError_t e = qr_allow_smem(kern, smem, &set);
+  if (e != cudaSuccess) return e;
   DG_LAUNCH(kern, grid, 32 * WARPS, smem, s)(a);
   return cudaGetLastError();
 }
@@ -1318,14 +1330,9 @@ static cudaError_t qr_launch_lean(cudaStream_t s, dim3 grid, const qe_args &a) {
   if (a.group != GS) return cudaErrorInvalidValue;
   void (*kern)(qe_args) = qr_lean_kernel<BITS, GATEUP, GS, MINB>;
   const size_t smem = (size_t)QR_STAGES * (XB + SBB);
-#ifndef DG_CUDA_EMU
   static int set = 0; /* one attribute call per instantiation */
-  if (!set && smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = 1;
-  }
-#endif
+  const cudaError_t e = qr_allow_smem(kern, smem, &set);
+  if (e != cudaSuccess) return e;
   DG_LAUNCH(kern, grid, 32 * QR_WARPS, smem, s)(a);
   return cudaGetLastError();
 }
